@@ -1,14 +1,16 @@
-"""DPAccuracyValidator: SLAed validation of an accuracy target (paper App. B), Clopper-Pearson or Bernstein."""
+"""DPAccuracyValidator: SLAed validation of an accuracy target (paper App. B): the exact binomial test of the DP
+counts (default), the spec's corrected Clopper-Pearson, or Bernstein."""
 import math
 
 import numpy as np
 
 from .bounds import clopper_pearson_lower, clopper_pearson_upper
 from .core import (Mode, NoisyTotal, Outcome, ValidationInputError, ValidationResult, check_probability,
-                   check_rng, check_values, resolve_eta)
+                   check_rng, check_values, resolve_eta, split_eta)
 from .loss import DPLossValidator, _check_epsilon
+from .noisy import confidence_limit, noisy_sum_test, release_pair
 
-BOUNDS = ("clopper_pearson", "bernstein")
+BOUNDS = ("exact", "clopper_pearson", "bernstein")
 
 
 def release_correct_and_count(correct, epsilon, rng, mode):
@@ -59,20 +61,28 @@ def accuracy_reject_bound(correct, count, eta, mode):
 
 
 class DPAccuracyValidator:
-    """SLAed validation of an accuracy target: ACCEPT iff the DP lower bound on the expected accuracy >= target.
+    """SLAed validation of an accuracy target: ACCEPT iff, with probability >= 1 - eta, the expected accuracy
+    is >= the target.
 
-    ``DPAccuracyValidator(target, epsilon, confidence=0.95, bound="clopper_pearson", train_epsilon=None,
-    mode="sage")``; ``.validate(test_correct, train_correct=None, rng=None, attempt=None, eta=None)`` with
-    per-example 0/1 correctness. Same eta split, epsilon accounting and decision order as
-    ``DPLossValidator``. ``bound="bernstein"`` runs the loss validator on the 0/1 error (B = 1, target
-    1 - accuracy target) and reports accuracy bounds (1 - the error bounds); Clopper-Pearson is exact for
-    0/1 data and needs fewer samples for the same guarantee.
+    ``DPAccuracyValidator(target, epsilon, confidence=0.95, bound="exact", train_epsilon=None, mode="sage")``;
+    ``.validate(test_correct, train_correct=None, rng=None, attempt=None, eta=None)`` with per-example 0/1
+    correctness. Same eta split, epsilon accounting, decision order and REJECT assumption as
+    ``DPLossValidator`` (for the 0/1 loss).
+
+    ``bound``:
+    - ``"exact"`` (default): the error and the correct counts with Lap(1/eps) each (disjoint records: parallel
+      composition) and the exact binomial test of the noisy counts, Clopper-Pearson's test with the Laplace
+      noise convolved in (``sage_tfx.validation.noisy``, with the proofs). Without noise (NP SLA) it is
+      Clopper-Pearson.
+    - ``"clopper_pearson"``: SAGE_SPEC.md §6 as written: k and n with Lap(2/eps) each, moved by the worst case
+      of their noise, then the Clopper-Pearson bound, the three events at eta/3.
+    - ``"bernstein"``: the loss validator's spec bound on the 0/1 error (B = 1, target 1 - the accuracy
+      target), reporting accuracy bounds (1 - the error bounds).
     """
 
     name = "accuracy"
 
-    def __init__(self, target, epsilon, confidence=0.95, *, bound="clopper_pearson", train_epsilon=None,
-                 mode="sage"):
+    def __init__(self, target, epsilon, confidence=0.95, *, bound="exact", train_epsilon=None, mode="sage"):
         self.mode = Mode.parse(mode)
         self.target = check_probability("target accuracy", target)
         self.confidence = check_probability("confidence", confidence)
@@ -90,45 +100,69 @@ class DPAccuracyValidator:
             return self._validate_bernstein(test, train, rng, attempt, eta)
         rng = check_rng(rng)
         eta = resolve_eta(self.confidence, eta, attempt)
+        eta_accept, eta_reject = split_eta(eta, train is not None)
+        decide = self._decide_exact if self.bound == "exact" else self._decide_clopper_pearson
+        lower, upper, metric, bounds, details = decide(test, train, rng, eta_accept, eta_reject)
+        details.update({"bound": self.bound, "eta_accept": eta_accept, "eta_reject": eta_reject})
+        epsilon_train = self.train_epsilon if train is not None and self.mode.noisy and \
+            self.mode is not Mode.NO_SLA else 0.0
+        return self._result(lower, upper, metric, bounds, epsilon_train, eta, attempt, details)
+
+    def _decide_exact(self, test, train, rng, eta_accept, eta_reject):
+        """(accepted, rejected, ...) in the error scale: error target 1 - target, values 1 - correctness."""
+        mode, error_target = self.mode, 1.0 - self.target
+        errors, corrects = release_pair(1.0 - test, 1.0, self.epsilon, rng, mode)
+        n_noisy = errors.value + corrects.value
+        metric = corrects.value / n_noisy if n_noisy > 0 else -math.inf
+        details = {"correct_noisy": corrects.value, "errors_noisy": errors.value, "n_noisy": n_noisy}
+        if mode is Mode.NO_SLA:
+            return metric >= self.target, False, metric, {"lower": metric}, details
+        p_value, eta_s, more = noisy_sum_test(errors, corrects, 1.0, error_target, eta_accept, mode, side=-1,
+                                              binomial=True)
+        details.update(more, p_value=p_value)
+        bounds = {"lower": 1.0 - confidence_limit(errors, corrects, 1.0, eta_accept, mode, -1, binomial=True)}
+        accepted, rejected = p_value <= eta_s, False
+        if train is not None:
+            train_errors, train_corrects = release_pair(1.0 - train, 1.0, self.train_epsilon, rng, mode)
+            p_reject, eta_r, more = noisy_sum_test(train_errors, train_corrects, 1.0, error_target, eta_reject,
+                                                   mode, side=+1, binomial=True)
+            details.update({f"train_{k}": v for k, v in more.items()}, train_p_value=p_reject)
+            bounds["upper"] = 1.0 - confidence_limit(train_errors, train_corrects, 1.0, eta_reject, mode, +1,
+                                                     binomial=True)
+            rejected = p_reject <= eta_r
+        return accepted, rejected, metric, bounds, details
+
+    def _decide_clopper_pearson(self, test, train, rng, eta_accept, eta_reject):
         mode = self.mode
         correct, count = release_correct_and_count(test, self.epsilon, rng, mode)
         metric = correct.value / count.value if count.value > 0 else -math.inf
-        details = {"correct_noisy": correct.value, "n_noisy": count.value, "bound": self.bound,
-                   "eta_accept": eta / 2, "eta_reject": eta / 2}
+        details = {"correct_noisy": correct.value, "n_noisy": count.value}
         if mode is Mode.NO_SLA:
-            lower = metric
-        else:
-            lower, more = accuracy_accept_bound(correct, count, eta / 2, mode)
-            details.update(more)
-        bounds = {"lower": lower}
-        upper, epsilon_train = math.inf, 0.0
-        if train is not None and mode is not Mode.NO_SLA:
+            return metric >= self.target, False, metric, {"lower": metric}, details
+        lower, more = accuracy_accept_bound(correct, count, eta_accept, mode)
+        details.update(more)
+        bounds, upper = {"lower": lower}, math.inf
+        if train is not None:
             train_correct, train_count = release_correct_and_count(train, self.train_epsilon, rng, mode)
-            upper, more = accuracy_reject_bound(train_correct, train_count, eta / 2, mode)
+            upper, more = accuracy_reject_bound(train_correct, train_count, eta_reject, mode)
             details.update(more)
             bounds["upper"] = upper
-            epsilon_train = self.train_epsilon if mode.noisy else 0.0
-        return self._result(lower, upper, metric, bounds, epsilon_train, eta, attempt, details)
+        return lower >= self.target, upper < self.target, metric, bounds, details
 
     def _validate_bernstein(self, test, train, rng, attempt, eta):
         errors = DPLossValidator(1.0 - self.target, self.epsilon, self.confidence, loss_bound=1.0,
-                                 train_epsilon=self.train_epsilon, mode=self.mode)
+                                 bound="bernstein", train_epsilon=self.train_epsilon, mode=self.mode)
         inner = errors.validate(1.0 - test, None if train is None else 1.0 - train, rng,
                                 attempt=attempt, eta=eta)
         bounds = {"lower": 1.0 - inner.bounds["upper"]}
         if "lower" in inner.bounds:
             bounds["upper"] = 1.0 - inner.bounds["lower"]
         details = dict(inner.details, bound=self.bound, error_bounds=inner.bounds)
-        return self._result(bounds["lower"], bounds.get("upper", math.inf), 1.0 - inner.metric, bounds,
-                            inner.epsilon_train, inner.eta, attempt, details)
+        return self._result(inner.outcome is Outcome.ACCEPT, inner.outcome is Outcome.REJECT, 1.0 - inner.metric,
+                            bounds, inner.epsilon_train, inner.eta, attempt, details)
 
-    def _result(self, lower, upper, metric, bounds, epsilon_train, eta, attempt, details):
-        if lower >= self.target:
-            outcome = Outcome.ACCEPT
-        elif upper < self.target:
-            outcome = Outcome.REJECT
-        else:
-            outcome = Outcome.RETRY
+    def _result(self, accepted, rejected, metric, bounds, epsilon_train, eta, attempt, details):
+        outcome = Outcome.ACCEPT if accepted else Outcome.REJECT if rejected else Outcome.RETRY
         return ValidationResult(
             outcome=outcome, validator=self.name, mode=self.mode.value, target=self.target, metric=metric,
             bounds=bounds, epsilon_test=self.epsilon if self.mode.noisy else 0.0, epsilon_train=epsilon_train,

@@ -95,6 +95,15 @@ def resolve_eta(confidence, eta=None, attempt=None):
     return base if attempt is None else eta_for_attempt(base, attempt)
 
 
+def split_eta(eta, reject_test):
+    """(eta_accept, eta_reject): all of eta to the ACCEPT test when no REJECT test runs, else half each.
+
+    The SLA bounds P(ACCEPT and the model misses the target) + P(REJECT and the target is reachable); with no
+    REJECT test the second term is 0, so the ACCEPT test may use all of eta (the spec's halving is for List. 2,
+    which always runs both)."""
+    return (eta / 2, eta / 2) if reject_test else (eta, 0.0)
+
+
 # ---------------------------------------------------------------- input checks
 
 def check_positive(name, value):

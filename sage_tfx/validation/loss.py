@@ -5,7 +5,8 @@ import numpy as np
 
 from .bounds import bernstein_upper, hoeffding_lower
 from .core import (Mode, NoisyTotal, Outcome, ValidationInputError, ValidationResult, check_positive,
-                   check_probability, check_rng, check_values, resolve_eta)
+                   check_probability, check_rng, check_values, resolve_eta, split_eta)
+from .noisy import confidence_limit, noisy_sum_test, release_pair
 
 
 def release_count_and_sum(values, bound, epsilon, rng, mode):
@@ -75,29 +76,47 @@ def loss_reject_bound(count, total, bound, eta, mode):
     return lower, {"train_n_lo": n_lo, "train_n_hi": n_hi, "train_sum_lo": s_lo, "train_mean_lo": mean_lo}
 
 
-class DPLossValidator:
-    """SLAed validation of a loss target: ACCEPT iff the DP upper bound on the expected loss is <= target.
+BOUNDS = ("chernoff", "bernstein")
 
-    ``DPLossValidator(target, epsilon, confidence=0.95, loss_bound=1.0, train_epsilon=None, mode="sage")``;
-    ``.validate(test_losses, train_losses=None, rng=None, attempt=None, eta=None)``.
+
+class DPLossValidator:
+    """SLAed validation of a loss target: ACCEPT iff, with probability >= 1 - eta, the expected (clipped) loss
+    is <= the target.
+
+    ``DPLossValidator(target, epsilon, confidence=0.95, loss_bound=1.0, bound="chernoff", train_epsilon=None,
+    mode="sage")``; ``.validate(test_losses, train_losses=None, rng=None, attempt=None, eta=None)``.
 
     Losses are clipped to [0, B] (B = ``loss_bound``); the guarantee is on the expected clipped loss (which
-    is <= the expected loss). eta = 1 - confidence (or ``eta``, or eta/(i(i+1)) at ``attempt`` i): half
-    for the ACCEPT test on the test set, half for the REJECT test on the training set (run when
-    ``train_values`` is given). Privacy: ``epsilon``-DP on the test set (n and the clipped sum, eps/2 each)
-    and ``train_epsilon``-DP (default ``epsilon``) on the training set; both tests always run when their
-    data is given, so the epsilon spent never depends on the data. Decision order as in List. 2: ACCEPT if
-    UB <= target, else REJECT if LB > target, else RETRY. See ``loss_accept_bound`` and
-    ``loss_reject_bound`` for the proofs.
+    is <= the expected loss). eta = 1 - confidence (or ``eta``, or eta/(i(i+1)) at ``attempt`` i). The ACCEPT
+    test on the test set gets all of eta when no training losses are given, and half of it otherwise; the
+    REJECT test on the training set (run when ``train_values`` is given) gets the other half. Privacy:
+    ``epsilon``-DP on the test set and ``train_epsilon``-DP (default ``epsilon``) on the training set; both
+    tests always run when their data is given, so the epsilon spent never depends on the data. Decision order
+    as in List. 2: ACCEPT, else REJECT, else RETRY.
+
+    ``bound``:
+    - ``"chernoff"`` (default): the sum of clipped losses and of B minus them, Lap(B/eps) each, and one
+      Chernoff bound for the sample and the noise together (``sage_tfx.validation.noisy``, with the proofs).
+      It needs about as many records as the non-private test with the same bound.
+    - ``"bernstein"``: SAGE_SPEC.md §6 as written: n and the clipped sum with eps/2 each, each moved by the
+      worst case of its noise, then Bernstein, the three events at eta/3 (``loss_accept_bound``,
+      ``loss_reject_bound``).
+    REJECT assumes (A): the model's clipped empirical loss on its training sample is at most that of a
+    reference model fixed independently of the sample (exact empirical risk minimisation over a class gives
+    this for every model of the class); it then means that even the reference model misses the target.
     """
 
     name = "loss"
 
-    def __init__(self, target, epsilon, confidence=0.95, *, loss_bound=1.0, train_epsilon=None, mode="sage"):
+    def __init__(self, target, epsilon, confidence=0.95, *, loss_bound=1.0, bound="chernoff", train_epsilon=None,
+                 mode="sage"):
         self.mode = Mode.parse(mode)
         self.target = check_positive("target loss", target)
         self.loss_bound = check_positive("loss bound B", loss_bound)
         self.confidence = check_probability("confidence", confidence)
+        if bound not in BOUNDS:
+            raise ValidationInputError(f"bound {bound!r} must be one of {BOUNDS}")
+        self.bound = bound
         self.epsilon = _check_epsilon("epsilon", epsilon, self.mode)
         self.train_epsilon = self.epsilon if train_epsilon is None else _check_epsilon(
             "train_epsilon", train_epsilon, self.mode)
@@ -107,37 +126,57 @@ class DPLossValidator:
         train = None if train_values is None else check_values("train losses", train_values)
         rng = check_rng(rng)
         eta = resolve_eta(self.confidence, eta, attempt)
+        eta_accept, eta_reject = split_eta(eta, train is not None)
+        decide = self._decide_bernstein if self.bound == "bernstein" else self._decide_chernoff
+        accepted, rejected, metric, bounds, details = decide(test, train, rng, eta_accept, eta_reject)
+        details.update({"loss_bound": self.loss_bound, "bound": self.bound, "eta_accept": eta_accept,
+                        "eta_reject": eta_reject})
+        outcome = Outcome.ACCEPT if accepted else Outcome.REJECT if rejected else Outcome.RETRY
+        noisy = self.mode.noisy
+        return ValidationResult(
+            outcome=outcome, validator=self.name, mode=self.mode.value, target=self.target, metric=metric,
+            bounds=bounds, epsilon_test=self.epsilon if noisy else 0.0,
+            epsilon_train=self.train_epsilon if noisy and train is not None and self.mode is not Mode.NO_SLA
+            else 0.0, eta=eta, attempt=attempt, details=details)
+
+    def _decide_chernoff(self, test, train, rng, eta_accept, eta_reject):
+        mode, bound = self.mode, self.loss_bound
+        tau = min(self.target, bound * (1.0 - 1e-9))  # the clipped mean is <= B: a target >= B is tested at B
+        total, complement = release_pair(test, bound, self.epsilon, rng, mode)
+        n_noisy = (total.value + complement.value) / bound
+        metric = bound * total.value / (total.value + complement.value) if n_noisy > 0 else math.inf
+        details = {"n_noisy": n_noisy, "sum_noisy": total.value, "complement_noisy": complement.value}
+        if mode is Mode.NO_SLA:
+            return metric <= self.target, False, metric, {"upper": metric}, details
+        p_value, eta_s, more = noisy_sum_test(total, complement, bound, tau, eta_accept, mode, side=-1)
+        details.update(more, p_value=p_value)
+        bounds = {"upper": confidence_limit(total, complement, bound, eta_accept, mode, side=-1)}
+        accepted, rejected = p_value <= eta_s, False
+        if train is not None:
+            train_total, train_complement = release_pair(train, bound, self.train_epsilon, rng, mode)
+            p_reject, eta_r, more = noisy_sum_test(train_total, train_complement, bound, tau, eta_reject, mode,
+                                                   side=+1)
+            details.update({f"train_{k}": v for k, v in more.items()}, train_p_value=p_reject)
+            bounds["lower"] = confidence_limit(train_total, train_complement, bound, eta_reject, mode, side=+1)
+            rejected = p_reject <= eta_r
+        return accepted, rejected, metric, bounds, details
+
+    def _decide_bernstein(self, test, train, rng, eta_accept, eta_reject):
         mode, bound = self.mode, self.loss_bound
         count, total = release_count_and_sum(test, bound, self.epsilon, rng, mode)
         metric = total.value / count.value if count.value > 0 else math.inf
-        details = {"n_noisy": count.value, "sum_noisy": total.value, "loss_bound": bound,
-                   "eta_accept": eta / 2, "eta_reject": eta / 2}
-        epsilon_train = 0.0
-
+        details = {"n_noisy": count.value, "sum_noisy": total.value}
         if mode is Mode.NO_SLA:
-            upper = metric
-        else:
-            upper, more = loss_accept_bound(count, total, bound, eta / 2, mode)
-            details.update(more)
-        bounds = {"upper": upper}
-        lower = -math.inf
-        if train is not None and mode is not Mode.NO_SLA:
+            return metric <= self.target, False, metric, {"upper": metric}, details
+        upper, more = loss_accept_bound(count, total, bound, eta_accept, mode)
+        details.update(more)
+        bounds, lower = {"upper": upper}, -math.inf
+        if train is not None:
             train_count, train_total = release_count_and_sum(train, bound, self.train_epsilon, rng, mode)
-            lower, more = loss_reject_bound(train_count, train_total, bound, eta / 2, mode)
+            lower, more = loss_reject_bound(train_count, train_total, bound, eta_reject, mode)
             details.update(more)
             bounds["lower"] = lower
-            epsilon_train = self.train_epsilon if mode.noisy else 0.0
-
-        if upper <= self.target:
-            outcome = Outcome.ACCEPT
-        elif lower > self.target:
-            outcome = Outcome.REJECT
-        else:
-            outcome = Outcome.RETRY
-        return ValidationResult(
-            outcome=outcome, validator=self.name, mode=mode.value, target=self.target, metric=metric,
-            bounds=bounds, epsilon_test=self.epsilon if mode.noisy else 0.0, epsilon_train=epsilon_train,
-            eta=eta, attempt=attempt, details=details)
+        return upper <= self.target, lower > self.target, metric, bounds, details
 
 
 def _check_epsilon(name, epsilon, mode):

@@ -1,0 +1,258 @@
+"""Tests on a DP sum of bounded per-example values that account for the Laplace noise and the sampling
+error *jointly*, the default of the loss and accuracy validators.
+
+The spec's tests (SAGE_SPEC.md §6) move each noisy count and sum by the worst case of its noise at
+probability eta/3 and then apply a concentration bound at eta/3: a union of three events that pays the
+noise's tail in full on top of the sampling tail. Here the noise and the sample enter one tail bound, so
+the noise only adds its variance (about 2 (B/eps)^2) to the sample's (n B mu): for n in the thousands at
+epsilon = 1 the test needs about as many records as the non-private one (docs/validation.md, measured by
+``sage bench sample-complexity``).
+
+The release (``release_pair``). Per-example values v_i in [0, B] (clipped losses, or 0/1 errors):
+
+    S~  = sum_i v_i       + L1        L1, L2 ~ Lap(B/eps), independent
+    S'~ = sum_i (B - v_i) + L2
+
+Privacy: adding or removing one record changes (S, S') by (v, B - v), whose L1 norm is exactly B, so the
+pair with Lap(B/eps) on each coordinate is eps-DP (the Laplace mechanism on a vector of L1 sensitivity B;
+for 0/1 errors S and S' are the error and the correct counts, disjoint, so this is parallel composition).
+The count is n = (S + S')/B, released as n~ = (S~ + S'~)/B = n + (L1 + L2)/B at no further cost.
+
+The statistic. For a target tau in (0, B), T = S - tau n = sum_i (v_i - tau) has mean n (mu - tau), and
+
+    T~ = S~ - tau n~ = T + X,     X = (1 - tau/B) L1 - (tau/B) L2 = a E1 - c E2,  a = (B - tau)/eps, c = tau/eps
+
+with E1, E2 standard Laplace. X does not depend on the data.
+
+ACCEPT (mu <= tau, "loss below target") iff the p-value sup_{n'} P_{n', tau}(T~ <= t) <= eta_s at the observed
+t, the sup over the counts n' the noisy count allows at probability eta_n (eta_s + eta_n = the test's eta).
+REJECT (on the training set, mu_h > tau under the assumption of the validators) is the mirror image, with
+upper tails. The p-value is either
+- ``chernoff_tail``: Hoeffding's (1963) Chernoff bound for values in [0, B] (the two-point law on {0, B} has
+  the largest moment generating function of any law on [0, B] with mean tau) times the exact moment
+  generating function of X; valid for any distribution of the v_i; or
+- ``binomial_tail``: the exact tail of Bin(n', tau) - tau n' + X, for 0/1 values (Clopper-Pearson's exact
+  binomial test with the noise convolved in).
+Each function's docstring has its proof; ``noisy_sum_test`` assembles them and proves the guarantee.
+"""
+import math
+
+import numpy as np
+from scipy.special import betainc, gammaln
+
+from .core import NoisyTotal
+
+COUNT_SHARE = 0.05  # fraction of a test's eta for the event "the true count is outside the noisy count's interval"
+
+
+def release_pair(values, bound, epsilon, rng, mode):
+    """(S~, S'~): the sums of ``values`` clipped to [0, B] and of B minus them, each + Lap(B/eps).
+
+    eps-DP under adding or removing one record: the pair moves by (v, B - v), L1 norm B (see the module
+    docstring). Released exactly in non_private mode (``epsilon`` may then be None).
+    """
+    clipped = np.clip(values, 0.0, bound)
+    total = NoisyTotal.release(clipped.sum(), bound, epsilon, rng, mode)
+    complement = NoisyTotal.release(bound * clipped.size - clipped.sum(), bound, epsilon, rng, mode)
+    return total, complement
+
+
+# ---------------------------------------------------------------- the noise X = a E1 - c E2
+
+def laplace_pair_sf(u):
+    """P(E1 + E2 > u) for independent standard Laplace E1, E2 and u >= 0: exp(-u) (2 + u) / 4.
+
+    (The density of E1 + E2 is (1 + |u|) exp(-|u|) / 4, from the characteristic function 1/(1 + t^2)^2;
+    integrating from u to infinity gives the formula.)"""
+    return math.exp(-u) * (2.0 + u) / 4.0
+
+
+def laplace_pair_quantile(prob, two_sided):
+    """The u >= 0 with P(E1 + E2 > u) = prob (or P(|E1 + E2| > u) = prob), by bisection on the decreasing sf."""
+    target = prob / 2.0 if two_sided else prob
+    lo, hi = 0.0, 1.0
+    while laplace_pair_sf(hi) > target:
+        hi *= 2.0
+    for _ in range(100):
+        mid = (lo + hi) / 2.0
+        lo, hi = (mid, hi) if laplace_pair_sf(mid) > target else (lo, mid)
+    return hi  # sf(hi) <= target: the interval [n~ - hi/eps, n~ + hi/eps] misses n with probability <= prob
+
+
+def noise_sf(z, a, c):
+    """P(a E1 - c E2 > z), vectorized in z (a, c >= 0).
+
+    a E1 - c E2 has the law of a E1 + c E2 (E2 is symmetric), whose characteristic function
+    1/((1 + a^2 t^2)(1 + c^2 t^2)) = [a^2/(1 + a^2 t^2) - c^2/(1 + c^2 t^2)] / (a^2 - c^2) makes its law the
+    signed mixture (a^2 Lap(a) - c^2 Lap(c)) / (a^2 - c^2). For z >= 0 that gives
+    (a^2 e^{-z/a} - c^2 e^{-z/c}) / (2 (a^2 - c^2)), and as c -> a the limit e^{-z/a} (2 + z/a) / 4 (used when
+    the scales agree to 1e-6); for z < 0, 1 - P(X > -z) by symmetry.
+    """
+    z = np.asarray(z, dtype=np.float64)
+    u = np.abs(z)
+    a, c = max(a, c), min(a, c)
+    if c == 0.0:
+        upper = 0.5 * np.exp(-u / a)
+    elif (a - c) <= 1e-6 * a:
+        b = (a + c) / 2.0
+        upper = np.exp(-u / b) * (2.0 + u / b) / 4.0
+    else:
+        upper = (a * a * np.exp(-u / a) - c * c * np.exp(-u / c)) / (2.0 * (a * a - c * c))
+    return np.where(z >= 0, upper, 1.0 - upper)
+
+
+def noise_log_mgf(lam, a, c):
+    """log E exp(lam X) = -log(1 - a^2 lam^2) - log(1 - c^2 lam^2) for |lam| < 1/max(a, c) (Laplace MGFs)."""
+    return -math.log1p(-(a * lam) ** 2) - math.log1p(-(c * lam) ** 2)
+
+
+# ---------------------------------------------------------------- tails of T~ under mean tau
+
+def chernoff_tail(t, n, tau, bound, a, c, side):
+    """An upper bound on P(T~ <= t) (side -1) or P(T~ >= t) (side +1) for n values in [0, B] with mean mu,
+    valid whenever mu >= tau (side -1) or mu <= tau (side +1); a = c = 0 for no noise.
+
+        P(s T~ >= s t) <= exp(-lam s t) * [E exp(lam s (v - tau))]^n * E exp(lam s X)        (Chernoff, lam > 0)
+        E exp(lam s (v - tau)) <= exp(-lam s tau) (1 - q + q exp(lam s B)),  q = tau / B
+
+    Proof: exp(lam s v) is convex in v, so on [0, B] it lies below its chord, and E exp(lam s v) <=
+    1 - mu/B + (mu/B) exp(lam s B) (Hoeffding 1963), which is increasing in mu for s = +1 and decreasing
+    for s = -1: the worst case over mu <= tau (resp. >= tau) is mu = tau. X is independent of the sample and
+    its MGF is exact (``noise_log_mgf``). The bound holds for every lam in (0, 1/max(a, c)); we minimise the
+    convex log-bound by golden-section search, and any lam it returns gives a valid bound.
+    Monotone in n: the bracket is >= 1 (Jensen: E exp(lam s (V - tau)) >= exp(0) for the two-point V of
+    mean tau), so the bound grows with n and an n_hi >= n keeps it valid.
+    """
+    q = tau / bound
+    lam_max = (1.0 / max(a, c)) * (1.0 - 1e-9) if max(a, c) > 0 else 200.0 / bound
+
+    def log_bound(lam):
+        sample = n * (-side * lam * tau + math.log1p(q * math.expm1(side * lam * bound)))
+        noise = noise_log_mgf(lam, a, c) if max(a, c) > 0 else 0.0
+        return -side * lam * t + sample + noise
+
+    lo, hi = 0.0, lam_max
+    ratio = (math.sqrt(5.0) - 1.0) / 2.0
+    x1, x2 = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
+    f1, f2 = log_bound(x1), log_bound(x2)
+    for _ in range(80):
+        if f1 <= f2:
+            hi, x2, f2 = x2, x1, f1
+            x1 = hi - ratio * (hi - lo)
+            f1 = log_bound(x1)
+        else:
+            lo, x1, f1 = x1, x2, f2
+            x2 = lo + ratio * (hi - lo)
+            f2 = log_bound(x2)
+    return min(1.0, math.exp(min(f1, f2, 0.0)))
+
+
+def binomial_tail(t, counts, tau, a, c, side):
+    """max over the integer counts n of P(T~ <= t) (side -1) or P(T~ >= t) (side +1), computed exactly for
+    T~ = M - tau n + X, M ~ Bin(n, tau), plus the binomial mass left out of the summation window (so each value
+    is an upper bound). ``counts`` is an int or a sequence of ints >= 1.
+
+    Valid for 0/1 values with mean mu >= tau (side -1) or mu <= tau (side +1): Bin(n, mu) is stochastically
+    increasing in mu and X is independent, so the tail at mu = tau is the largest.
+        P(T~ >= t) = sum_m P(M = m) P(X > t - m + tau n)
+    (X is continuous, so > and >= agree.) The sum runs over m within 10 standard deviations + 10 of n tau;
+    the probability of the other m is added in full. Vectorized over m and, in chunks, over n.
+    """
+    counts = np.atleast_1d(np.asarray(counts, dtype=np.int64))
+    if counts.size == 0 or counts.min() <= 0:
+        return 1.0
+    worst = 0.0
+    for chunk in np.array_split(counts, max(1, counts.size // 64)):
+        n = chunk.astype(np.float64)[:, None]
+        sd = math.sqrt(float(chunk.max()) * tau * (1.0 - tau))
+        lo = max(0, int(math.floor(chunk.min() * tau - 10 * sd - 10)))
+        hi = min(int(chunk.max()), int(math.ceil(chunk.max() * tau + 10 * sd + 10)))
+        m = np.arange(lo, hi + 1, dtype=np.float64)[None, :]
+        with np.errstate(invalid="ignore"):
+            log_pmf = (gammaln(n + 1.0) - gammaln(m + 1.0) - gammaln(n - m + 1.0)
+                       + m * math.log(tau) + (n - m) * math.log1p(-tau))
+        pmf = np.where(m <= n, np.exp(log_pmf), 0.0)
+        upper_tail = noise_sf(t - m + tau * n, a, c)  # P(X > t - m + tau n): T~ >= t given M = m
+        tail = upper_tail if side > 0 else 1.0 - upper_tail
+        left_out = np.maximum(0.0, 1.0 - pmf.sum(axis=1))
+        worst = max(worst, float(np.max((pmf * tail).sum(axis=1) + left_out)))
+    return min(1.0, worst)
+
+
+def binomial_test(m, n, tau, side):
+    """P(M <= m) (side -1) or P(M >= m) (side +1) for M ~ Bin(n, tau), through the regularised incomplete
+    beta function (which also takes real m and n: the UC ablation's noisy counts). Inverting it in tau is
+    exactly the Clopper-Pearson bound."""
+    if side < 0:
+        return 0.0 if m < 0 else 1.0 if m >= n else float(betainc(n - m, m + 1.0, 1.0 - tau))
+    return 1.0 if m <= 0 else 0.0 if m > n else float(betainc(m, n - m + 1.0, tau))
+
+
+# ---------------------------------------------------------------- the test
+
+def count_interval(total, complement, bound, prob, mode, two_sided):
+    """(n_lo, n_hi) containing n = (S + S')/B except with probability ``prob`` (with noise and correction);
+    the point (S~ + S'~)/B otherwise. One-sided tests only use n_hi (then n_lo = -inf)."""
+    n_noisy = (total.value + complement.value) / bound
+    if not mode.corrected or total.scale == 0.0:
+        return n_noisy, n_noisy
+    half_width = laplace_pair_quantile(prob, two_sided) * total.scale / bound  # (L1 + L2)/B = (scale/B)(E1 + E2)
+    return (n_noisy - half_width if two_sided else -math.inf), n_noisy + half_width
+
+
+def noisy_sum_test(total, complement, bound, tau, eta, mode, side, binomial=False):
+    """The p-value of the ACCEPT (side -1: mu <= tau) or REJECT (side +1: mu > tau) test and the count
+    interval it used. The test passes iff the p-value is <= the sampling share of eta.
+
+    Claim (side -1; side +1 is symmetric): if the n values are i.i.d. with mean mu >= tau (the model misses the
+    target), P(p-value <= eta_s) <= eta_s + eta_n = eta, where eta_n = COUNT_SHARE * eta in Sage mode.
+    Proof. Let F_n(t) be the tail bound at the true count n (``chernoff_tail`` or ``binomial_tail``): an
+    upper bound on P(T~ <= t), so P(F_n(T~) <= eta_s) <= eta_s (the probability integral transform of the
+    continuous T~, whose true CDF is <= F_n). The event E = {n outside [n_lo, n_hi]} has probability <= eta_n
+    (``count_interval``; the interval uses the same noise as T~, which the union bound allows). Outside E the
+    p-value is the max of F_{n'}(t) over n' in the interval (only n' = n_hi for the Chernoff bound, which
+    grows with n), which is >= F_n(t); so p-value <= eta_s implies F_n(T~) <= eta_s or E. Everything is
+    post-processing of the eps-DP pair (S~, S'~).
+    NP mode: exact S and n, no noise, eta_s = eta. UC mode: the same bound on the noisy S~, n~ with the noise
+    ignored (no guarantee; the paper's ablation).
+    """
+    corrected = mode.corrected and total.scale > 0.0
+    eta_n = COUNT_SHARE * eta if corrected else 0.0
+    eta_s = eta - eta_n
+    n_lo, n_hi = count_interval(total, complement, bound, eta_n, mode, two_sided=binomial)
+    statistic = total.value - tau * (total.value + complement.value) / bound
+    a = (bound - tau) / bound * total.scale if corrected else 0.0
+    c = tau / bound * total.scale if corrected else 0.0
+    details = {"n_noisy": (total.value + complement.value) / bound, "n_hi": n_hi, "statistic": statistic,
+               "eta_sampling": eta_s, "eta_count": eta_n}
+    if n_hi < 1:
+        return 1.0, eta_s, details
+    if not binomial:
+        return chernoff_tail(statistic, n_hi, tau, bound, a, c, side), eta_s, details
+    details["n_lo"] = n_lo
+    if not corrected:  # no noise to convolve: the exact binomial test (Clopper-Pearson) on the (noisy) counts
+        return binomial_test(total.value, n_hi, tau / bound, side), eta_s, details
+    counts = np.arange(max(1, math.ceil(n_lo)), math.floor(n_hi) + 1)
+    return binomial_tail(statistic, counts, tau / bound, a, c, side), eta_s, details
+
+
+def confidence_limit(total, complement, bound, eta, mode, side, binomial=False):
+    """The reported bound: for side -1 the smallest tau in (0, B) at which the ACCEPT test passes (an upper
+    confidence limit on mu; B when none does), for side +1 the largest tau at which REJECT passes (a lower
+    limit; 0 when none does). The decision is always the test at the target itself; this limit summarises the
+    data. It is the root of log p-value(tau) = log eta_s (Brent's method, to 1e-9 B): the p-value is continuous
+    in tau and, in every case we have checked, monotone, so limit <= target exactly when the test at the
+    target passes (tests/test_validation.py checks this agreement)."""
+    from scipy.optimize import brentq
+
+    def excess(tau):
+        p_value, eta_s, _ = noisy_sum_test(total, complement, bound, tau, eta, mode, side, binomial)
+        return math.log(max(p_value, 1e-300)) - math.log(eta_s)
+
+    lo, hi = bound * 1e-9, bound * (1.0 - 1e-9)
+    passing_end, failing_end = (hi, lo) if side < 0 else (lo, hi)
+    if excess(passing_end) > 0:
+        return bound if side < 0 else 0.0
+    if excess(failing_end) <= 0:
+        return failing_end
+    return brentq(excess, lo, hi, xtol=bound * 1e-9)
