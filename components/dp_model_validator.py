@@ -14,8 +14,9 @@ Outputs: ``blessing``, a standard ModelBlessing, blessed ONLY on ACCEPT (BLESSED
 ``validation_result``, a SageValidationResult whose ``result.json`` holds the outcome, the bounds, the
 epsilon spent, eta and the confidence (custom properties ``outcome``, ``bound``, ``grant_id``, ``result``).
 
-Privacy: the validator's release is epsilon-DP on the eval records (a Laplace count and a Laplace clipped
-sum, eps/2 each; see sage_tfx.validation), within the validation share the ledger charged to the grant.
+Privacy: the validator's release is epsilon-DP on the eval records (the clipped loss sum and its complement
+B - loss summed, Lap(B/eps) each: the error and correct counts for accuracy; see sage_tfx.validation.noisy),
+within the validation share the ledger charged to the grant.
 Its noise comes from the ledger's private seed for (grant, "validation"): re-running the same validation
 under the same grant releases the same values and the same outcome, so it costs nothing more. A grant
 covers ONE validation: validating another model or with another B under the same grant reuses that noise

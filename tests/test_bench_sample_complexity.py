@@ -31,7 +31,7 @@ def test_small_run_end_to_end(tmp_path):
     rows = figures["taxi_accuracy"]["targets"]
     assert [r["fraction"] for r in rows] == [0.5, 0.8]
     for r in rows:  # the easy accuracy targets are reached within 40,000 rows by NP SLA
-        assert r["np"] is not None and r["np"] >= 1000
+        assert r["np"] is not None and r["np"] >= 250  # the smallest window
         if r["sage"]["1.0"] is not None:
             assert r["ratio"]["1.0"] == pytest.approx(r["sage"]["1.0"] / r["np"])
     assert figures["summary"]["epsilon"] == 1.0 and (tmp_path / "fig.png").stat().st_size > 1000
@@ -41,7 +41,7 @@ def test_small_run_end_to_end(tmp_path):
 def test_bad_arguments_are_named():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    for argv, message in ((["--epsilons", "3"], "epsilons"), (["--fractions", "1.2"], "fractions"),
+    for argv, message in ((["--epsilons", "-1"], "epsilons"), (["--fractions", "1.2"], "fractions"),
                           (["--tasks", "criteo"], "task 'criteo'"), (["--confidence", "1"], "confidence")):
         with pytest.raises(ValueError, match=message):
             bench.run(parser.parse_args(argv))
