@@ -18,16 +18,14 @@ nothing: each transformed record is a function of that record and of the noisy t
 Noise: the DP analyzers draw from a seed derived from the ledger's private seed for (grant,
 "preprocessing") and the analyzer's graph scope, so a re-run under the same grant reproduces the same
 noisy tables (post-processing of one release: no extra privacy loss, which resumable training relies on),
-two analyzers never share noise, and two grants get independent noise. The pipeline never sees the seed.
+two analyzers never share noise, and two grants get independent noise. The executor supplies it with
+``sage_tfx.transform.noise_seed`` around the tracing (each analyzer fixes its seed while traced, and refuses
+an explicit ``seed=`` there); the pipeline never sees the seed.
 A grant covers ONE preprocessing_fn: running a different one under the same grant is a release the
 grant did not pay for.
 """
-import contextlib
-import hashlib
-import inspect
 import json
 import os
-import threading
 
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
@@ -35,6 +33,7 @@ from tfx.types import artifact_utils
 from sage_tfx.components._budget import require_budget, stage_budget
 from sage_tfx.components._grant import check_grant
 from sage_tfx.privacy import GrantError
+from sage_tfx.transform.errors import NonPrivateAnalyzer  # raised here, and by noise_seed for an explicit seed=
 
 SEED_PURPOSE = "preprocessing"
 TRANSFORMED_EXAMPLES_PREFIX = "transformed_examples"  # TFX Transform's file prefix
@@ -46,10 +45,6 @@ _NUMBER_LINEAGE = ("block_count", "dp_record_count", "dp_record_count_epsilon")
 
 class TransformConfigError(ValueError):
     """A bad DPTransform parameter; the message names it."""
-
-
-class NonPrivateAnalyzer(ValueError):
-    """The preprocessing_fn uses a tf.Transform analyzer that is not differentially private."""
 
 
 # ---------------------------------------------------------------- parameters
@@ -121,66 +116,7 @@ def load_preprocessing_fn(exec_properties):
     return udf_utils.get_fn(exec_properties, "preprocessing_fn")
 
 
-# ---------------------------------------------------------------- seeding the DP analyzers from the grant
-
-_seeding = threading.local()
-_seeding_lock = threading.Lock()
-_seeding_users = 0
-_unseeded_noisy_tables = None
-
-
-def analyzer_seed(grant_seed, scope):
-    """A 128-bit seed for one analyzer: distinct analyzers (distinct graph scopes) get unrelated seeds."""
-    return int.from_bytes(hashlib.sha256(f"{grant_seed}|{scope}".encode()).digest()[:16], "big")
-
-
-def _noisy_tables_seeded(*args, **kwargs):
-    """sage_tfx.transform.analyzers._noisy_tables with its seed derived from the grant (this thread's)."""
-    grant_seed = getattr(_seeding, "seed", None)
-    if grant_seed is not None:
-        bound = inspect.signature(_unseeded_noisy_tables).bind(*args, **kwargs)
-        scope = bound.arguments["scope"]
-        if bound.arguments["seed"] is not None:
-            raise NonPrivateAnalyzer(
-                f"{scope.rstrip('/')}: seed={bound.arguments['seed']!r} was given, but under DPTransform the "
-                "noise comes from the grant; a seed known to the pipeline lets it subtract the noise")
-        bound.arguments["seed"] = analyzer_seed(grant_seed, scope)
-        return _unseeded_noisy_tables(*bound.args, **bound.kwargs)
-    return _unseeded_noisy_tables(*args, **kwargs)
-
-
-@contextlib.contextmanager
-def grant_seeded_analyzers(grant_seed):
-    """While active (in this thread), every DP analyzer traced draws its noise from ``grant_seed``.
-
-    The analyzers take a ``seed`` argument meant for tests; the user's preprocessing_fn must not know the
-    grant's seed, so the component supplies it where the analyzers build their Beam analysis
-    (``analyzers._noisy_tables``, called while tf.Transform traces the function, before any data is read).
-    `check_traced_analyzers` verifies afterwards that every analyzer of the traced graph got a seed.
-    """
-    global _seeding_users, _unseeded_noisy_tables
-    from sage_tfx.transform import analyzers
-
-    with _seeding_lock:
-        if _seeding_users == 0:
-            params = inspect.signature(analyzers._noisy_tables).parameters
-            if not {"scope", "seed"} <= set(params):
-                raise RuntimeError("sage_tfx.transform.analyzers._noisy_tables no longer takes (scope, ..., seed): "
-                                   "DPTransform cannot seed the DP analyzers from the grant")
-            _unseeded_noisy_tables = analyzers._noisy_tables
-            analyzers._noisy_tables = _noisy_tables_seeded
-        _seeding_users += 1
-    previous = getattr(_seeding, "seed", None)
-    _seeding.seed = grant_seed
-    try:
-        yield
-    finally:
-        _seeding.seed = previous
-        with _seeding_lock:
-            _seeding_users -= 1
-            if _seeding_users == 0:
-                analyzers._noisy_tables = _unseeded_noisy_tables
-
+# ---------------------------------------------------------------- the DP analyzers of the traced function
 
 def check_traced_analyzers(graph):
     """Refuse a traced preprocessing_fn whose tf.Transform analyzers are not all seeded Sage DP analyzers.
@@ -213,11 +149,11 @@ def trace_spend(preprocessing_fn, feature_spec, custom_config, grant_seed):
 
     from tensorflow_transform import impl_helper
 
-    from sage_tfx.transform import call_preprocessing_fn
+    from sage_tfx.transform import call_preprocessing_fn, noise_seed
     from sage_tfx.transform.budget import requested_spends
 
     try:
-        with grant_seeded_analyzers(grant_seed):
+        with noise_seed(grant_seed):
             graph, _, _ = impl_helper.trace_preprocessing_function(
                 lambda inputs: call_preprocessing_fn(preprocessing_fn, inputs, custom_config), feature_spec,
                 use_tf_compat_v1=True)
@@ -342,7 +278,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         import tensorflow_transform.beam as tft_beam
         from tfx_bsl.public import tfxio
 
-        from sage_tfx.transform import call_preprocessing_fn
+        from sage_tfx.transform import call_preprocessing_fn, noise_seed
 
         fn, config = plan["preprocessing_fn"], plan["custom_config"]
 
@@ -356,7 +292,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         transformed.split_names = artifact_utils.encode_split_names(plan["transform"])
         temp_dir = os.path.join(graph.uri, TEMP_DIR)
         with self._make_beam_pipeline() as pipeline:
-            with tft_beam.Context(temp_dir=temp_dir), grant_seeded_analyzers(grant_seed):
+            # tf.Transform traces the function here, at construction: each analyzer then fixes its seed.
+            with tft_beam.Context(temp_dir=temp_dir), noise_seed(grant_seed):
                 adapter_config = source(plan["analyze"][0]).TensorAdapterConfig()
                 analyze = [pipeline | f"ReadAnalyze[{s}]" >> source(s).BeamSource() for s in plan["analyze"]]
                 analyze = analyze[0] if len(analyze) == 1 else analyze | "FlattenAnalyze" >> beam.Flatten()

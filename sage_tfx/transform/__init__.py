@@ -1,4 +1,5 @@
-"""DP preprocessing for tf.Transform: dp_group_by_mean (Sage, List. 1) and its family, and the budget helper.
+"""DP preprocessing for tf.Transform: dp_group_by_mean (Sage, List. 1) and its family, the budget helper,
+and `noise_seed` (trusted code seeds the analyzers' noise, e.g. DPTransform from the grant).
 
 The analyzers (TensorFlow, Beam) load on first use, so importing this package for
 the budget names (`BUDGET_KEY`, `PreprocessingBudget`, ...) stays fast.
@@ -14,7 +15,8 @@ from .budget import (
     requested_spends,
     trace_requested_epsilon,
 )
-from .errors import BudgetExceeded, DPTransformError, MissingBudget
+from .errors import BudgetExceeded, DPTransformError, MissingBudget, NonPrivateAnalyzer
+from .seeding import analyzer_seed, noise_seed
 
 _ANALYZERS = (
     "dp_group_by_mean",
@@ -30,7 +32,8 @@ _ANALYZERS = (
 __all__ = [
     "BUDGET_KEY", "EPSILON_FIELD", "PreprocessingBudget", "Spend", "budget_custom_config",
     "call_preprocessing_fn", "requested_epsilon", "requested_spends", "trace_requested_epsilon",
-    "BudgetExceeded", "DPTransformError", "MissingBudget", *_ANALYZERS,
+    "BudgetExceeded", "DPTransformError", "MissingBudget", "NonPrivateAnalyzer", "analyzer_seed", "noise_seed",
+    *_ANALYZERS,
 ]
 
 

@@ -27,6 +27,10 @@ key range.
 
 Every analyzer returns float32 tensors and records its epsilon with
 `sage_tfx.transform.budget.record_spend` (see `PreprocessingBudget`).
+
+Seeds: by default every analysis draws fresh OS entropy. Trusted code (DPTransform)
+makes the noise reproducible per grant with ``with sage_tfx.transform.noise_seed(s):``
+around the tracing; an analyzer's own ``seed=`` is for tests and is refused there.
 """
 import collections
 import functools
@@ -49,6 +53,7 @@ from .noise import (
     guarded_mean,
     guarded_variance,
 )
+from .seeding import resolve_seed
 
 PerKeyMean = collections.namedtuple("PerKeyMean", ["counts", "sums", "means"])
 PerKeyMean.__doc__ = """Noisy per-key tables of dp_mean_per_key, each a float32 tensor of shape [nkeys]."""
@@ -172,7 +177,13 @@ def _clipped_values(value, value_range, label):
 
 
 def _noisy_tables(scope, partials, scales, shape, finish, n_outputs, seed):
-    """The full-pass analyzer: exact per-batch `partials` in, noisy finished tables (float32) out."""
+    """The full-pass analyzer: exact per-batch `partials` in, noisy finished tables (float32) out.
+
+    The seed is fixed here, while the analyzer is traced: the test-only `seed`, or, inside
+    `noise_seed`, one derived from the grant's seed and `scope` (see `seeding`). It goes to
+    the Beam PTransform only, never into the TensorFlow graph.
+    """
+    seed = resolve_seed(seed, scope)
     outputs = tft.experimental.ptransform_analyzer(
         inputs=partials,
         ptransform=_NoiseOnce([shape] * len(partials), scales, finish, n_outputs, seed, stream=scope),

@@ -12,3 +12,8 @@ class MissingBudget(DPTransformError):
 class BudgetExceeded(DPTransformError):
     """A preprocessing_fn asked for more epsilon than its grant. Raised while it is traced,
     before tf.Transform reads any data."""
+
+
+class NonPrivateAnalyzer(DPTransformError):
+    """An analyzer whose output would not be differentially private: a non-DP tf.Transform analyzer
+    (its exact statistic would be baked into the graph), or a DP analyzer given a seed the pipeline knows."""
