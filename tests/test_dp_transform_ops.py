@@ -4,6 +4,7 @@ Statistical tests use FIXED seeds, so they are deterministic; the false-failure 
 stated at each is the chance that a correct implementation fails for a random seed.
 """
 import math
+import os
 import tempfile
 
 import numpy as np
@@ -320,3 +321,151 @@ def test_group_by_mean_benchmark_runs_end_to_end_on_a_small_input():
     for name in ("dp_seconds", "baseline_seconds", "ratio", "segment_baseline_seconds", "dp_mae", "dp_mae_expected"):
         assert math.isfinite(figures[name]) and figures[name] > 0, name
     assert figures["baseline_mae"] < 1e-3  # the plain analyzers are exact up to float32 rounding
+
+
+# ---------------------------------------------------------------- noise_seed: the grant's seed hook
+
+
+GRANT_SEED = 0x5EED_CAFE_F00D_BEEF_0123_4567_89AB_CDEF  # 128 bits, like Ledger.private_seed
+
+
+def test_analyzer_seed_keeps_its_derivation():
+    """sha256("grant_seed|scope")[:16], as DPTransform has always derived it: seeded tables stay bit-identical."""
+    from sage_tfx.transform import analyzer_seed
+
+    # Known answer, computed with the executor's former analyzer_seed (before noise_seed existed).
+    assert analyzer_seed(12345, "dp_group_by_mean/") == 145712894521507659537501047019983064460
+    seeds = {analyzer_seed(g, s) for g in (1, 2) for s in ("a/", "b/", "a/a/")}
+    assert len(seeds) == 6 and all(0 <= s < 2**128 for s in seeds)
+
+
+def test_noise_seed_nests_and_restores():
+    from sage_tfx.transform import analyzer_seed, noise_seed
+    from sage_tfx.transform.seeding import resolve_seed
+
+    assert resolve_seed(None, "m/") is None and resolve_seed(5, "m/") == 5  # outside: as given (None = fresh)
+    with noise_seed(1):
+        assert resolve_seed(None, "m/") == analyzer_seed(1, "m/")
+        with noise_seed(2):
+            assert resolve_seed(None, "m/") == analyzer_seed(2, "m/")
+        assert resolve_seed(None, "m/") == analyzer_seed(1, "m/")
+        with pytest.raises(RuntimeError, match="boom"), noise_seed(3):
+            raise RuntimeError("boom")
+        assert resolve_seed(None, "m/") == analyzer_seed(1, "m/")
+    assert resolve_seed(None, "m/") is None
+
+
+def test_noise_seed_refuses_an_explicit_seed_naming_the_analyzer():
+    from sage_tfx.transform import NonPrivateAnalyzer, noise_seed
+    from sage_tfx.transform.seeding import resolve_seed
+
+    with noise_seed(1), pytest.raises(NonPrivateAnalyzer, match=r"^outer/dp_mean: seed=7 was given"):
+        resolve_seed(7, "outer/dp_mean/")
+    for bad in (-1, True, 1.5, "3", None):
+        with pytest.raises(DPTransformError, match=f"grant_seed.*{bad!r}"), noise_seed(bad):
+            pass
+
+
+def test_noise_seed_is_per_thread_and_per_task():
+    import asyncio
+    import threading
+
+    from sage_tfx.transform import analyzer_seed, noise_seed
+    from sage_tfx.transform.seeding import resolve_seed
+
+    barrier, seen = threading.Barrier(3), {}
+
+    def worker(i):
+        with noise_seed(i):
+            barrier.wait(timeout=10)  # all three threads inside their own context at once
+            seen[i] = resolve_seed(None, "w/")
+            barrier.wait(timeout=10)
+
+    with noise_seed(99):  # a thread started here does not inherit the seed
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(3)]
+        child = threading.Thread(target=lambda: seen.setdefault("child", resolve_seed(None, "w/")))
+        for t in threads + [child]:
+            t.start()
+        for t in threads + [child]:
+            t.join()
+        assert resolve_seed(None, "w/") == analyzer_seed(99, "w/")
+    assert seen == {0: analyzer_seed(0, "w/"), 1: analyzer_seed(1, "w/"), 2: analyzer_seed(2, "w/"), "child": None}
+
+    async def task(i):
+        with noise_seed(i):
+            await asyncio.sleep(0)  # let the other task enter its context
+            return resolve_seed(None, "t/")
+
+    async def both():
+        return await asyncio.gather(task(10), task(11))
+
+    assert asyncio.run(both()) == [analyzer_seed(10, "t/"), analyzer_seed(11, "t/")]
+
+
+def _count_and_histogram(seeds=None):
+    """A preprocessing_fn with two analyzers on the same keys; `seeds` gives them explicit seeds."""
+    from sage_tfx.transform import dp_count_per_key, dp_histogram
+
+    seeds = seeds or {}
+
+    def preprocessing_fn(inputs):
+        tf, _, _ = _tf()
+        k = inputs["key"]
+        return {"count": tf.gather(dp_count_per_key(k, 8, 1.0, seed=seeds.get("count"), name="count"), k),
+                "hist": tf.gather(dp_histogram(k, 1.0, num_buckets=8, seed=seeds.get("hist"), name="hist"), k)}
+
+    return preprocessing_fn
+
+
+def _analyze_to(folder, preprocessing_fn, rows, seed=None, workers=1):
+    """Build AnalyzeDataset + WriteTransformFn (inside noise_seed(seed) when given), THEN run the pipeline."""
+    import contextlib
+
+    import apache_beam as beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+
+    from sage_tfx.transform import noise_seed
+
+    _, tft, tft_beam = _tf()
+    metadata = tft.DatasetMetadata.from_feature_spec(_spec())
+    options = PipelineOptions(direct_num_workers=workers, direct_running_mode="multi_threading")
+    with beam.Pipeline(options=options) as pipeline:  # runs on exit, after noise_seed has exited
+        with tft_beam.Context(temp_dir=str(folder / "tmp")), (
+                noise_seed(seed) if seed is not None else contextlib.nullcontext()):
+            raw = pipeline | beam.Create(rows)
+            transform_fn = (raw, metadata) | tft_beam.AnalyzeDataset(preprocessing_fn)
+            _ = transform_fn | tft_beam.WriteTransformFn(str(folder / "out"))
+    out = tft.TFTransformOutput(str(folder / "out"))
+    tf, _, _ = _tf()
+    tables = out.transform_raw_features({"key": tf.range(8, dtype=tf.int64), "value": tf.zeros([8])})
+    return {k: v.numpy() for k, v in tables.items()}
+
+
+@pytest.mark.tf
+def test_noise_seed_fixes_each_analyzer_seed_at_trace_time(tmp_path):
+    """Built under noise_seed, run after it exited on 2 Beam worker threads: the tables are bit-identical to
+    explicit seeds analyzer_seed(grant seed, scope); the two analyzers draw independent noise; and neither
+    the grant's seed nor a derived one is written into the transform graph."""
+    from sage_tfx.transform import NonPrivateAnalyzer, analyzer_seed
+
+    rows = [{"key": i % 8, "value": 1.0} for i in range(400)]  # 50 rows a key
+    seeded = _analyze_to(tmp_path / "seeded", _count_and_histogram(), rows, seed=GRANT_SEED, workers=2)
+    derived = {name: analyzer_seed(GRANT_SEED, f"{name}/") for name in ("count", "hist")}
+    explicit = _analyze_to(tmp_path / "explicit", _count_and_histogram(derived), rows)
+    for name in ("count", "hist"):
+        np.testing.assert_array_equal(seeded[name], explicit[name])
+        # Laplace(1) noise: |noise| > 20 has probability e^-20 per key.
+        assert np.all(np.abs(seeded[name] - 50.0) < 20.0) and np.any(seeded[name] != 50.0)
+    assert not np.array_equal(seeded["count"], seeded["hist"])  # same exact counts, other noise
+
+    secrets_ = [GRANT_SEED, *derived.values()]
+    forms = [str(s).encode() for s in secrets_] + [format(s, "x").encode() for s in secrets_]
+    forms += [s.to_bytes(16, order) for s in secrets_ for order in ("big", "little")]
+    for folder, _, files in os.walk(tmp_path / "seeded" / "out"):
+        for f in files:
+            with open(os.path.join(folder, f), "rb") as file:
+                data = file.read()
+            assert not any(form in data for form in forms), os.path.join(folder, f)
+
+    with pytest.raises(NonPrivateAnalyzer, match="hist: seed=3 was given"):
+        _analyze_to(tmp_path / "refused", _count_and_histogram({"hist": 3}), rows, seed=GRANT_SEED)
