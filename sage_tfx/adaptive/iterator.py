@@ -174,17 +174,17 @@ class SageIterator:
             raise LedgerError(str(exc)) from None
 
     def _available(self, blocks):
+        """What this pipeline could spend on ALL of ``blocks`` together (one grant)."""
         return self.ledger.available_epsilon(self.pipeline, self.stream, list(blocks), self.delta)
 
     def choose_blocks(self, epsilon, window):
-        """The newest ``window`` active blocks on which this pipeline can still spend ``epsilon``."""
-        chosen = []
-        for block in reversed(self.ledger.blocks(self.stream, state="active")):
-            if self._available([block.id]) >= epsilon:
-                chosen.append(block.id)
-                if len(chosen) == window:
-                    return list(reversed(chosen))
-        return None
+        """The newest ``window`` active blocks on which this pipeline can still spend ``epsilon``, oldest first.
+
+        One read of the ledger: each active block's availability for this pipeline, alone.
+        """
+        available = self.ledger.available_per_block(self.pipeline, self.stream, delta=self.delta)
+        chosen = [b for b in reversed(available) if available[b] >= epsilon][:window]
+        return chosen[::-1] if len(chosen) == window else None
 
     def _history(self):
         entries = [(g, outcome, details) for g, outcome, details in self.ledger.history(self.stream, self.pipeline)

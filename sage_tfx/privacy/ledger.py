@@ -340,8 +340,8 @@ class Ledger:
             if state:
                 sql += " AND state = ?"
                 params.append(state)
-            rows = tx.all(sql + " ORDER BY start_ts, shard, created, id", params)
-        return [self._block_row(stream, r) for r in rows]
+            rows = tx.all(sql + self._BLOCK_ORDER, params)
+        return self._block_rows(stream, rows)
 
     def private_row_count(self, stream, block_id):
         """The exact row count of a block. TRUSTED CODE ONLY (ingest, data readers' sanity checks).
@@ -356,9 +356,15 @@ class Ledger:
         return row[0]
 
     _BLOCK_COLS = "id, start_ts, end_ts, shard, created, state, spent, retired"
+    _BLOCK_ORDER = " ORDER BY start_ts, shard, created, id"  # key order: time window or shard
 
-    def _block_row(self, stream, r):
-        return Block(stream, r[0], r[1], r[2], r[3], r[4], r[5], tuple(json.loads(r[6])), r[7])
+    def _block_row(self, stream, r, decode=None):
+        spent = decode(r[6]) if decode else tuple(json.loads(r[6]))
+        return Block(stream, r[0], r[1], r[2], r[3], r[4], r[5], spent, r[7])
+
+    def _block_rows(self, stream, rows):
+        decode = _vector_decoder()
+        return [self._block_row(stream, r, decode) for r in rows]
 
     def _blocks(self, tx, stream, ids):
         found = {}
@@ -366,10 +372,9 @@ class Ledger:
         for i in range(0, len(ids), 500):  # stay under SQL variable limits
             chunk = ids[i:i + 500]
             marks = ",".join("?" * len(chunk))
-            for r in tx.all(
-                f"SELECT {self._BLOCK_COLS} FROM blocks WHERE stream = ? AND id IN ({marks})", [stream, *chunk]
-            ):
-                found[r[0]] = self._block_row(stream, r)
+            rows = tx.all(f"SELECT {self._BLOCK_COLS} FROM blocks WHERE stream = ? AND id IN ({marks})",
+                          [stream, *chunk])
+            found.update((b.id, b) for b in self._block_rows(stream, rows))
         return found
 
     def window_blocks(self, stream, start, end):
@@ -550,12 +555,7 @@ class Ledger:
         own = block_reservations.get(pipeline)
         if own is not None and filt.fits_share(own["used"], cost, own["reserved"]):
             return "own"
-        # Pool = capacity not reserved to anyone, and what of it was used = spent not drawn from reservations.
-        pool_reserved = list(filt.capacity)
-        pool_used = list(spent)
-        for r in block_reservations.values():
-            pool_reserved = [p - x for p, x in zip(pool_reserved, r["reserved"])]
-            pool_used = [p - x for p, x in zip(pool_used, r["used"])]
+        pool_used, pool_reserved = _pool(filt, spent, block_reservations)
         if filt.fits_share(pool_used, cost, pool_reserved):
             return "pool"
         asked = filt.query_epsilon(cost)
@@ -564,42 +564,77 @@ class Ledger:
                          f"{_eps_left(filt, pool_used, pool_reserved):.4g} left; the rest is reserved for other "
                          "waiting pipelines")
 
-    def _reservations(self, tx, stream, blocks):
-        out = {}
-        blocks = list(blocks)
-        for i in range(0, len(blocks), 500):
-            chunk = blocks[i:i + 500]
-            marks = ",".join("?" * len(chunk))
-            for block, pipeline, reserved, used in tx.all(
-                f"SELECT block, pipeline, reserved, used FROM reservations WHERE stream = ? AND block IN ({marks})",
-                [stream, *chunk]):
-                out.setdefault(block, {})[pipeline] = {"reserved": json.loads(reserved), "used": json.loads(used)}
+    def _reservations(self, tx, stream, blocks=None):
+        """{block: {pipeline: {"reserved", "used"}}} for ``blocks`` (None: every active block of the stream).
+
+        Pipelines come in name order, so every reader sums a block's pool in the same order.
+        """
+        if blocks is None:
+            rows = tx.all("SELECT r.block, r.pipeline, r.reserved, r.used FROM reservations r JOIN blocks b"
+                          " ON b.stream = r.stream AND b.id = r.block WHERE r.stream = ? AND b.state = 'active'"
+                          " ORDER BY r.block, r.pipeline", (stream,))
+        else:
+            blocks, rows = list(blocks), []
+            for i in range(0, len(blocks), 500):
+                chunk = blocks[i:i + 500]
+                marks = ",".join("?" * len(chunk))
+                rows += tx.all(f"SELECT block, pipeline, reserved, used FROM reservations WHERE stream = ?"
+                               f" AND block IN ({marks}) ORDER BY block, pipeline", [stream, *chunk])
+        out, decode = {}, _vector_decoder()
+        for block, pipeline, reserved, used in rows:
+            out.setdefault(block, {})[pipeline] = {"reserved": decode(reserved), "used": decode(used)}
         return out
 
+    # ------------------------------------------------------------ availability
     def available_epsilon(self, pipeline, stream, blocks, delta=0.0, tolerance=1e-4):
-        """The largest epsilon a (epsilon, delta) request by ``pipeline`` on ``blocks`` would be granted now."""
+        """The largest epsilon a (epsilon, delta) request by ``pipeline`` on ALL of ``blocks`` would be granted now.
+
+        A bisection over epsilon in [0, the stream's epsilon], from below, to within
+        ``tolerance`` times the stream's epsilon: the answer itself is granted (unless
+        another writer spends first). 0.0 if any block is unknown or retired.
+        """
+        blocks = list(blocks)
         with self._store.transaction(write=False) as tx:
             s = self.stream(stream, tx)
             filt = s.filter()
+            _check_availability_args(filt, delta, tolerance)
             found = self._blocks(tx, stream, blocks)
             if len(found) != len(set(blocks)) or any(b.state != "active" for b in found.values()):
                 return 0.0
-            reservations = self._reservations(tx, stream, blocks)
+            budgets = _BlockBudgets(filt, pipeline, {b: found[b].spent for b in found}, blocks,
+                                    self._reservations(tx, stream, blocks), delta)
+        np = _numpy()
+        return float(_bisect(lambda eps: np.array([budgets.fits(eps[0]).all()]), 1, s.epsilon, tolerance)[0])
 
-        def fits(eps):
-            cost = filt.cost(epsilon=eps, delta=delta)
-            return all(filt.admits(found[b].spent, cost)
-                       and isinstance(self._source(filt, found[b].spent, cost, reservations.get(b, {}), pipeline),
-                                      str)
-                       for b in blocks)
+    def available_per_block(self, pipeline, stream, blocks=None, delta=0.0, tolerance=1e-4):
+        """{block id: the largest epsilon ``pipeline`` could be granted on that block ALONE now}, in ONE read.
 
-        lo, hi = 0.0, s.epsilon
-        if fits(hi):
-            return hi
-        while hi - lo > tolerance * s.epsilon:
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        return lo
+        For every block b this equals ``available_epsilon(pipeline, stream, [b], delta,
+        tolerance)`` exactly (the same bisection, run on all blocks at once). ``blocks``
+        None: every active block of the stream, in key order (time window or shard),
+        oldest first. Given ids map in their order; an unknown or retired block maps to
+        0.0, as in ``available_epsilon`` (nothing can be granted on it).
+        """
+        with self._store.transaction(write=False) as tx:
+            s = self.stream(stream, tx)
+            filt = s.filter()
+            _check_availability_args(filt, delta, tolerance)
+            if blocks is None:
+                decode = _vector_decoder()
+                spent = {b: decode(text) for b, text in tx.all(
+                    "SELECT id, spent FROM blocks WHERE stream = ? AND state = 'active'" + self._BLOCK_ORDER,
+                    (stream,))}
+                blocks = active = list(spent)
+                reservations = self._reservations(tx, stream)
+            else:
+                blocks = list(dict.fromkeys(blocks))
+                spent = {b.id: b.spent for b in self._blocks(tx, stream, blocks).values() if b.state == "active"}
+                active = [b for b in blocks if b in spent]
+                reservations = self._reservations(tx, stream, active)
+        budgets = _BlockBudgets(filt, pipeline, spent, active, reservations, delta)
+        out = dict.fromkeys(blocks, 0.0)
+        out.update(zip(active, _bisect(budgets.fits, len(active), s.epsilon, tolerance).tolist()))
+        return out
 
     def plan_epsilon(self, pipeline, stream, blocks, start_epsilon, delta=0.0):
         """Epsilon for the next attempt under the stream's policy: conserve = start small, aggressive = all."""
@@ -751,6 +786,151 @@ def _eps_left(filt, used, reserved):
         return max(0.0, reserved[0] - used[0])
     shares = [(r - u) / c for u, r, c in zip(used[1:], reserved[1:], filt.capacity[1:]) if c > 0]
     return max(0.0, max(shares, default=0.0)) * filt.epsilon
+
+
+def _pool(filt, spent, block_reservations):
+    """A block's unreserved pool as (used, reserved): capacity not reserved to anyone, and the part
+    of ``spent`` not drawn from reservations. Summed in the reservations' (pipeline name) order."""
+    pool_reserved = list(filt.capacity)
+    pool_used = list(spent)
+    for r in block_reservations.values():
+        pool_reserved = [p - x for p, x in zip(pool_reserved, r["reserved"])]
+        pool_used = [p - x for p, x in zip(pool_used, r["used"])]
+    return pool_used, pool_reserved
+
+
+def _vector_decoder():
+    """A json.loads for stored budget vectors (as tuples) that parses each distinct text once.
+
+    Thousands of rows hold few distinct vectors (fresh blocks, equal shares), and parsing
+    dominates reading them.
+    """
+    cache = {}
+
+    def decode(text):
+        value = cache.get(text)
+        if value is None:
+            value = cache[text] = tuple(json.loads(text))
+        return value
+
+    return decode
+
+
+def _numpy():
+    import numpy  # lazily: the ledger CLI's other commands start without it
+
+    return numpy
+
+
+def _check_availability_args(filt, delta, tolerance):
+    try:
+        filt.cost(epsilon=filt.epsilon, delta=delta)  # the request's own check of delta
+    except ValueError as exc:
+        raise LedgerError(str(exc)) from None
+    tol = _finite(tolerance, "tolerance", allow_none=False)
+    if not 0 < tol < 1:
+        raise LedgerError(f"tolerance {tolerance!r} is invalid: need 0 < tolerance < 1 (a fraction of epsilon)")
+
+
+def _bisect(fits, size, top, tolerance):
+    """``size`` bisections over epsilon in [0, top] at once, each exactly this scalar loop::
+
+        if fits(top): return top
+        lo, hi = 0, top
+        while hi - lo > tolerance * top:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    ``fits`` maps an array of ``size`` epsilons to ``size`` booleans (entry i for bisection i).
+    Float64 arrays do the same IEEE operations as Python floats, so each result is bit-identical
+    to the scalar loop's.
+    """
+    np = _numpy()
+    lo, hi = np.zeros(size), np.full(size, float(top))
+    at_top = np.asarray(fits(hi), dtype=bool)
+    going = ~at_top
+    width = tolerance * top
+    while True:
+        going &= hi - lo > width
+        if not going.any():
+            return np.where(at_top, hi, lo)
+        mid = (lo + hi) / 2
+        ok = np.asarray(fits(mid), dtype=bool)
+        lo = np.where(going & ok, mid, lo)
+        hi = np.where(going & ~ok, mid, hi)
+
+
+class _BlockBudgets:
+    """The budget state of some blocks for one pipeline, as arrays: may it spend epsilon on each, now?
+
+    ``fits(eps)`` answers ``Ledger.request``'s question for an (eps, delta) query on every block
+    at once: the filter admits spent + cost, and the cost fits the pipeline's own reservation
+    (``fits_share``) or else the unreserved pool (``_pool``). ``eps`` is one epsilon for all
+    blocks or one per block. The filters' rules are written here as array operations, operation
+    for operation (``BasicFilter``/``RdpFilter``: ``cost`` of a plain epsilon, ``admits``,
+    ``fits_share``), so the answers are bit-identical; tests/test_ledger_availability.py checks
+    them against the scalar rules on random ledgers. Advisory only: ``request`` always re-checks
+    with the filter itself, so a mismatch could refuse a grant, never overspend a block.
+    """
+
+    def __init__(self, filt, pipeline, spent, blocks, reservations, delta):
+        """``spent``: {block: spent vector}; ``blocks``: the ids to evaluate, in order (repeats allowed)."""
+        np = _numpy()
+        self.np, self.filt, self.delta = np, filt, float(delta)
+        n, dim = len(blocks), len(filt.capacity)
+        self.spent = np.array([spent[b] for b in blocks], dtype=float).reshape(n, dim)
+        self.has_own = np.zeros(n, dtype=bool)
+        self.own_used, self.own_reserved = np.zeros((n, dim)), np.zeros((n, dim))
+        pools = []
+        for i, b in enumerate(blocks):
+            block_reservations = reservations.get(b, {})
+            own = block_reservations.get(pipeline)
+            if own is not None:
+                self.has_own[i] = True
+                self.own_used[i], self.own_reserved[i] = own["used"], own["reserved"]
+            pools.append(_pool(filt, spent[b], block_reservations))
+        self.pool_used = np.array([p[0] for p in pools], dtype=float).reshape(n, dim)
+        self.pool_reserved = np.array([p[1] for p in pools], dtype=float).reshape(n, dim)
+        self.capacity = np.array(filt.capacity, dtype=float)
+        if filt.accounting == "rdp":
+            # RdpFilter.admits: delta_left = delta_g - spent[0] - cost[0] > 0 and some order has
+            # eps_g - (spent[i] + cost[i] + conversion_term(alpha_i, delta_left)) >= 0. The
+            # conversion terms do not depend on epsilon: computed once per distinct delta_left.
+            self.orders = np.array(filt.orders, dtype=float)
+            self.delta_left = filt.delta - self.spent[:, 0] - self.delta
+            terms = {}
+            for left in set(self.delta_left.tolist()):
+                terms[left] = [curves.conversion_term(a, left) if left > 0 else math.inf for a in filt.orders]
+            self.terms = np.array([terms[x] for x in self.delta_left.tolist()], dtype=float).reshape(
+                n, len(filt.orders))
+        elif filt.accounting != "basic":
+            raise LedgerError(f"accounting {filt.accounting!r} has no array form of its filter")
+
+    def cost(self, eps):
+        """Rows of filt.cost(epsilon=eps, delta=delta): one row, or one per block."""
+        np = self.np
+        eps = np.asarray(eps, dtype=float).reshape(-1, 1)
+        if self.filt.accounting == "basic":
+            return np.hstack([eps, np.full_like(eps, self.delta)])
+        # curves.pure_dp_curve: min(eps, alpha * eps * eps / 2.0), in that evaluation order.
+        return np.hstack([np.full_like(eps, self.delta), np.minimum(eps, self.orders * eps * eps / 2.0)])
+
+    def admits(self, cost):
+        if self.filt.accounting == "basic":
+            return (self.spent + cost <= self.capacity).all(axis=1)
+        slack = self.filt.epsilon - (self.spent[:, 1:] + cost[:, 1:] + self.terms)
+        return (self.delta_left > 0) & (slack >= 0).any(axis=1)
+
+    def fits_share(self, used, cost, reserved):
+        if self.filt.accounting == "basic":
+            return (used + cost <= reserved).all(axis=1)
+        return (used[:, 0] + cost[:, 0] <= reserved[:, 0]) & (used[:, 1:] + cost[:, 1:] <= reserved[:, 1:]).any(axis=1)
+
+    def fits(self, eps):
+        cost = self.cost(eps)
+        own = self.has_own & self.fits_share(self.own_used, cost, self.own_reserved)
+        return self.admits(cost) & (own | self.fits_share(self.pool_used, cost, self.pool_reserved))
 
 
 def chain_hash(prev, seq, kind, body_text):
