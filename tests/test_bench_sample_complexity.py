@@ -45,3 +45,17 @@ def test_bad_arguments_are_named():
                           (["--tasks", "criteo"], "task 'criteo'"), (["--confidence", "1"], "confidence")):
         with pytest.raises(ValueError, match=message):
             bench.run(parser.parse_args(argv))
+
+
+def test_summary_counts_only_targets_np_reaches():
+    def row(np_n, sage_n):
+        return {"np": np_n, "sage": {"1.0": sage_n},
+                "ratio": {"1.0": sage_n / np_n if np_n and sage_n else None}}
+
+    met = bench.summarize([row(1000, 1400), row(2000, 2000), row(None, None)], 1.0)
+    assert met["goal_met"] and met["max_ratio_sage_over_np"] == pytest.approx(1.4)
+    assert met["targets_beyond_the_grid_for_both"] == 1 and met["targets_reached_by_np_not_by_sage"] == 0
+    over = bench.summarize([row(1000, 1700), row(2000, 2000)], 1.0)
+    assert not over["goal_met"]
+    unreached = bench.summarize([row(1000, 1000), row(2000, None)], 1.0)  # NP reaches it, Sage does not
+    assert not unreached["goal_met"] and unreached["targets_reached_by_np_not_by_sage"] == 1

@@ -151,6 +151,22 @@ def fit_k(rows, epsilons, ratio_key="ratio"):
     return {"k_median_per_epsilon": per_eps, "k_least_squares": least_squares}
 
 
+def summarize(rows, at):
+    """The goal check at epsilon ``at`` over every target row: max and median Sage/NP ratio over the targets NP
+    reaches (a target NP never reaches within the grid says nothing of Sage), and whether Sage reaches each of
+    them within GOAL_RATIO times NP's samples."""
+    reached_by_np = [r for r in rows if r["np"] is not None]
+    ratios = [r["ratio"][str(at)] for r in reached_by_np]
+    finite = [r for r in ratios if r is not None]
+    return {
+        "epsilon": at, "max_ratio_sage_over_np": max(finite) if finite else None,
+        "median_ratio_sage_over_np": float(np.median(finite)) if finite else None,
+        "targets_reached_by_np_not_by_sage": sum(r is None for r in ratios),
+        "targets_beyond_the_grid_for_both": sum(r["np"] is None and r["sage"][str(at)] is None for r in rows),
+        "goal_ratio": GOAL_RATIO,
+        "goal_met": bool(finite) and max(finite) <= GOAL_RATIO and None not in ratios}
+
+
 def plot(figures, tasks, epsilon, path):
     import matplotlib
 
@@ -217,13 +233,7 @@ def run(args):
         figures[name]["k"] = fit_k(figures[name]["targets"], epsilons)
         figures[name]["k_validation_only"] = fit_k(figures[name]["targets"], epsilons, "ratio_validation_only")
     at = 1.0 if 1.0 in epsilons else max(epsilons)
-    ratios = [r["ratio"][str(at)] for name in tasks for r in figures[name]["targets"]]
-    finite = [r for r in ratios if r is not None]
-    figures["summary"] = {
-        "epsilon": at, "max_ratio_sage_over_np": max(finite) if finite else None,
-        "median_ratio_sage_over_np": float(np.median(finite)) if finite else None,
-        "targets_unreached_by_sage": sum(r is None for r in ratios), "goal_ratio": GOAL_RATIO,
-        "goal_met": bool(finite) and max(finite) <= GOAL_RATIO and None not in ratios}
+    figures["summary"] = summarize([r for name in tasks for r in figures[name]["targets"]], at)
     if args.plot:
         plot(figures, tasks, at, args.plot)
         figures["plot"] = args.plot
