@@ -42,7 +42,8 @@ def test_bad_arguments_are_named():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     for argv, message in ((["--epsilons", "-1"], "epsilons"), (["--fractions", "1.2"], "fractions"),
-                          (["--tasks", "criteo"], "task 'criteo'"), (["--confidence", "1"], "confidence")):
+                          (["--tasks", "criteo"], "task 'criteo'"), (["--confidence", "1"], "confidence"),
+                          (["--steps-per-doubling", "0"], "steps_per_doubling 0")):
         with pytest.raises(ValueError, match=message):
             bench.run(parser.parse_args(argv))
 
@@ -59,3 +60,8 @@ def test_summary_counts_only_targets_np_reaches():
     assert not over["goal_met"]
     unreached = bench.summarize([row(1000, 1000), row(2000, None)], 1.0)  # NP reaches it, Sage does not
     assert not unreached["goal_met"] and unreached["targets_reached_by_np_not_by_sage"] == 1
+
+
+def test_finer_windows():
+    grid = bench.windows(1000, 4000, steps_per_doubling=8)
+    assert grid[8] == 2000 and grid[-1] == 4000 and len(grid) == 17

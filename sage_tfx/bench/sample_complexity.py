@@ -9,7 +9,8 @@ real Chicago taxi trips in the tfx wheel; the same two tasks, features, trainers
   bounds), on a per-record 90:10 train:test split (each record pays epsilon once: rule pre+max(train, val));
 - ``sage_validation_only``: the non-private model with Sage SLA validation at epsilon: the part of the
   cost due to DP validation alone.
-Per trial, one stream of rows is drawn; the window (the first n rows) grows by a factor 2^(1/4) from
+Per trial, one stream of rows is drawn; the window (the first n rows) grows by a factor 2^(1/s) (s =
+--steps-per-doubling, default 4: a ratio is resolved to one step, 1.19x) from
 --start-rows to --max-rows; at each window every variant trains on the window's train rows and validates on
 its test rows against every target (eta = 1 - confidence, no attempt schedule: the same for all variants).
 A variant's samples-needed for a target is the smallest window at which at least half of the trials ACCEPT
@@ -39,6 +40,8 @@ def add_arguments(parser):
                         help="targets: fraction of the way from the naive metric to the best one")
     parser.add_argument("--confidence", type=float, default=0.95, help="SLA confidence (eta = 1 - confidence)")
     parser.add_argument("--start-rows", type=int, default=250, help="smallest window (train + test)")
+    parser.add_argument("--steps-per-doubling", type=int, default=4,
+                        help="window grid resolution: windows grow by 2^(1/s) (default 4)")
     parser.add_argument("--max-rows", type=int, default=1 << 21, help="largest window (default 2,097,152)")
     parser.add_argument("--holdout", type=int, default=100_000, help="held-out rows for the reference metrics")
     parser.add_argument("--reference-rows", type=int, default=500_000, help="rows of the best non-private fit")
@@ -47,11 +50,11 @@ def add_arguments(parser):
                         "if measured, else the largest)")
 
 
-def windows(start, stop):
-    """Window sizes start * 2^(k/4) up to ``stop`` (integers, increasing)."""
+def windows(start, stop, steps_per_doubling=4):
+    """Window sizes start * 2^(k/steps_per_doubling) up to ``stop`` (integers, increasing)."""
     sizes, k = [], 0
     while True:
-        n = int(round(start * 2 ** (k / 4)))
+        n = int(round(start * 2 ** (k / steps_per_doubling)))
         if n > stop:
             return sizes
         if not sizes or n > sizes[-1]:
@@ -114,7 +117,7 @@ def samples_needed(runs, key, grid):
 def run_task(task, generator, args, epsilons, fractions, rng):
     best, naive = task.reference(generator, rng)
     targets = [naive + f * (best - naive) for f in fractions]
-    grid = windows(args.start_rows, args.max_rows)
+    grid = windows(args.start_rows, args.max_rows, args.steps_per_doubling)
     runs, started = [], time.time()
     for trial in range(args.trials):
         runs.append(run_trial(task, generator, grid, epsilons, targets, 1 - args.confidence, rng))
@@ -212,6 +215,8 @@ def run(args):
         raise ValueError(f"fractions {fractions}: each must be in (0, 1)")
     if not 0 < args.confidence < 1:
         raise ValueError(f"confidence {args.confidence!r} must be in (0, 1)")
+    if args.steps_per_doubling < 1:
+        raise ValueError(f"steps_per_doubling {args.steps_per_doubling!r} must be >= 1")
     if args.trials < 1 or not 100 <= args.start_rows <= args.max_rows:
         raise ValueError(f"need trials >= 1 ({args.trials}) and 100 <= start_rows ({args.start_rows}) <= "
                          f"max_rows ({args.max_rows})")
@@ -225,7 +230,7 @@ def run(args):
                  "wheel (see sage bench validation)"),
         "settings": {"trials": args.trials, "epsilons": epsilons, "fractions": fractions,
                      "confidence": args.confidence, "start_rows": args.start_rows, "max_rows": args.max_rows,
-                     "window_growth": "2^(1/4) per step", "train_test": "90:10 per record",
+                     "window_growth": f"2^(1/{args.steps_per_doubling}) per step", "train_test": "90:10 per record",
                      "seed": args.seed, "figure": "smallest window at which >= half of the trials ACCEPT"},
     }
     for name in tasks:
