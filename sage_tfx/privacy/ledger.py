@@ -428,28 +428,38 @@ class Ledger:
                    (outcome, time.time(), stream, pipeline))
             others = [r[0] for r in tx.all(
                 "SELECT name FROM pipelines WHERE stream = ? AND state = 'waiting' ORDER BY name", (stream,))]
-            moved = 0
-            for block_id, reserved, used in tx.all(
-                "SELECT r.block, r.reserved, r.used FROM reservations r JOIN blocks b"
-                " ON b.stream = r.stream AND b.id = r.block"
-                " WHERE r.stream = ? AND r.pipeline = ? AND b.state = 'active'", (stream, pipeline)):
-                reserved, used = json.loads(reserved), json.loads(used)
-                leftover = [max(0.0, r - u) for r, u in zip(reserved, used)]
+            # Every reservation on the stream's active blocks held by this pipeline or one still waiting,
+            # read at once; the new values are computed here and written back in a few statements.
+            held = collections.defaultdict(dict)
+            for block_id, holder, reserved, used in tx.all(
+                "SELECT r.block, r.pipeline, r.reserved, r.used FROM reservations r"
+                " JOIN blocks b ON b.stream = r.stream AND b.id = r.block"
+                " JOIN pipelines p ON p.stream = r.stream AND p.name = r.pipeline"
+                " WHERE r.stream = ? AND b.state = 'active' AND (r.pipeline = ? OR p.state = 'waiting')",
+                (stream, pipeline)):
+                held[block_id][holder] = (reserved, used)
+            zero = json.dumps(s.filter().zero())
+            writes = []  # (block, pipeline, reserved, used): upserted, only `reserved` changes on existing rows
+            released = sorted(b for b in held if pipeline in held[b])
+            for block_id in released:
+                reserved, used = held[block_id][pipeline]
+                leftover = [max(0.0, r - u) for r, u in zip(json.loads(reserved), json.loads(used))]
                 # The finished pipeline keeps only what it used; the rest goes back.
-                tx.run("UPDATE reservations SET reserved = ? WHERE stream = ? AND block = ? AND pipeline = ?",
-                       (json.dumps(used), stream, block_id, pipeline))
-                moved += 1
+                writes.append((block_id, pipeline, json.dumps(json.loads(used)), used))
+                share = [x / len(others) for x in leftover] if others else None
                 for other in others:  # with nobody waiting the leftover falls back to the unreserved pool
-                    share = [x / len(others) for x in leftover]
-                    cur = tx.one("SELECT reserved FROM reservations WHERE stream = ? AND block = ? AND pipeline = ?",
-                                 (stream, block_id, other))
+                    cur = held[block_id].get(other)
                     if cur is None:
-                        tx.run("INSERT INTO reservations (stream, block, pipeline, reserved, used)"
-                               " VALUES (?, ?, ?, ?, ?)",
-                               (stream, block_id, other, json.dumps(share), json.dumps(s.filter().zero())))
+                        writes.append((block_id, other, json.dumps(share), zero))
                     else:
-                        tx.run("UPDATE reservations SET reserved = ? WHERE stream = ? AND block = ? AND pipeline = ?",
-                               (json.dumps(filters.add(json.loads(cur[0]), share)), stream, block_id, other))
+                        writes.append((block_id, other, json.dumps(filters.add(json.loads(cur[0]), share)), cur[1]))
+            for i in range(0, len(writes), 400):  # 5 values a row: under every backend's parameter limit
+                chunk = writes[i:i + 400]
+                tx.run("INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES "
+                       + ",".join(["(?, ?, ?, ?, ?)"] * len(chunk))
+                       + " ON CONFLICT (stream, block, pipeline) DO UPDATE SET reserved = excluded.reserved",
+                       [v for row in chunk for v in (stream, *row)])
+            moved = len(released)
             self._log(tx, "finish", {"stream": stream, "pipeline": pipeline, "outcome": outcome,
                                      "blocks_released": moved, "to": others})
 
