@@ -168,6 +168,43 @@ def test_available_per_block_equals_the_scalar_bisection_on_random_ledgers(ledge
     assert ledger.audit().ok
 
 
+@pytest.mark.parametrize("accounting", ["basic", "rdp"])
+def test_the_array_rules_are_the_filters_bit_for_bit(tmp_path, raw_sql, accounting):
+    """Cost, RDP slack and the fit decision of ``_BlockBudgets``, against the filter's scalar code, at random
+    epsilons (one per block) and at each block's binary-exact and exact-remainder epsilons."""
+    from sage_tfx.privacy.ledger import _BlockBudgets
+
+    url = str(tmp_path / "l.db")
+    ledger = Ledger.open(url, create=True)
+    rng = random.Random(f"rules-{accounting}")
+    new_stream(ledger, "s", accounting)
+    random_history(ledger, ["s"], accounting, rng, steps=70)
+    filt = ledger.stream("s").filter()
+    blocks = ledger.blocks("s", state="active")
+    reservations = stored_reservations(raw_sql, url, "s")
+    spent = {b.id: b.spent for b in blocks}
+    ids = [b.id for b in blocks]
+    for pipeline in ASKERS:
+        for delta in DELTAS[accounting]:
+            budgets = _BlockBudgets(filt, pipeline, spent, ids, reservations, delta)
+            for trial in range(40):
+                if trial % 2:
+                    eps = [rng.uniform(1e-3, filt.epsilon) for _ in blocks]
+                else:  # edges: binary-exact values and what is exactly left on the block
+                    eps = [rng.choice([0.0625, 0.125, 0.25, 0.5, 1.0, max(1e-3, filt.epsilon - b.spent[0]),
+                                       filt.epsilon]) for b in blocks]
+                costs = budgets.cost(eps)
+                fits = budgets.fits(eps)
+                slack = budgets.best_slack(costs) if accounting == "rdp" else None
+                for i, b in enumerate(blocks):
+                    cost = filt.cost(epsilon=eps[i], delta=delta)
+                    assert tuple(costs[i].tolist()) == cost
+                    if slack is not None:
+                        assert slack[i] == filt._best_slack(b.spent, cost)[0]
+                    source = Ledger._source(filt, b.spent, cost, reservations.get(b.id, {}), pipeline)
+                    assert fits[i] == (filt.admits(b.spent, cost) and isinstance(source, str))
+
+
 def test_what_is_available_is_granted_and_a_step_more_is_not(tmp_path):
     ledger = Ledger.open(str(tmp_path / "l.db"), create=True)
     rng = random.Random(7)

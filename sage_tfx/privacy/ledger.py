@@ -926,11 +926,15 @@ class _BlockBudgets:
         # curves.pure_dp_curve: min(eps, alpha * eps * eps / 2.0), in that evaluation order.
         return np.hstack([np.full_like(eps, self.delta), np.minimum(eps, self.orders * eps * eps / 2.0)])
 
+    def best_slack(self, cost):
+        """RdpFilter._best_slack's slack for each block: the most epsilon any order leaves (-inf: no delta left)."""
+        slack = (self.filt.epsilon - (self.spent[:, 1:] + cost[:, 1:] + self.terms)).max(axis=1)
+        return self.np.where(self.delta_left > 0, slack, -math.inf)
+
     def admits(self, cost):
         if self.filt.accounting == "basic":
             return (self.spent + cost <= self.capacity).all(axis=1)
-        slack = self.filt.epsilon - (self.spent[:, 1:] + cost[:, 1:] + self.terms)
-        return (self.delta_left > 0) & (slack >= 0).any(axis=1)
+        return self.best_slack(cost) >= 0
 
     def fits_share(self, used, cost, reserved):
         if self.filt.accounting == "basic":
