@@ -15,6 +15,7 @@ curves on `rdp` streams), pipelines finishing, and blocks retiring. On it:
 * the iterator chooses the same blocks as the old newest-first walk.
 """
 import json
+import math
 import random
 
 import pytest
@@ -190,9 +191,12 @@ def test_the_array_rules_are_the_filters_bit_for_bit(tmp_path, raw_sql, accounti
             for trial in range(40):
                 if trial % 2:
                     eps = [rng.uniform(1e-3, filt.epsilon) for _ in blocks]
-                else:  # edges: binary-exact values and what is exactly left on the block
-                    eps = [rng.choice([0.0625, 0.125, 0.25, 0.5, 1.0, max(1e-3, filt.epsilon - b.spent[0]),
-                                       filt.epsilon]) for b in blocks]
+                else:  # edges: binary-exact values, and what is left on the block to the last bit
+                    eps = []
+                    for b in blocks:
+                        left = max(1e-3, filt.epsilon - b.spent[0])
+                        eps.append(rng.choice([0.0625, 0.125, 0.25, 0.5, 1.0, filt.epsilon, left,
+                                               math.nextafter(left, 0), math.nextafter(left, math.inf)]))
                 costs = budgets.cost(eps)
                 fits = budgets.fits(eps)
                 slack = budgets.best_slack(costs) if accounting == "rdp" else None
