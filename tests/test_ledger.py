@@ -435,7 +435,8 @@ def test_audit_detects_overspending_after_the_stream_table_is_edited(ledger_url,
 # ------------------------------------------------------------------ the benchmark runs (figures are not asserted)
 def test_bench_ledger_reports_its_figures(tmp_path):
     out = subprocess.run([sys.executable, "-m", "sage_tfx", "bench", "ledger", "--json", "--grants", "6",
-                          "--blocks", "4", "--writers", "1,2", "--repeats", "1", "--db-dir", str(tmp_path)],
+                          "--blocks", "4", "--writers", "1,2", "--repeats", "1", "--choose-blocks", "60",
+                          "--db-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     figures = json.loads(out.stdout)
@@ -443,6 +444,9 @@ def test_bench_ledger_reports_its_figures(tmp_path):
         assert figures[key] > 0 and figures["writers"]["1"][key] == figures[key]
         assert figures["writers"]["2"][key] > 0
     assert figures["audit_ok"] is True and figures["blocks_per_grant"] == 4
+    for accounting in ("basic", "rdp"):
+        choice = figures["choose_blocks"][accounting]
+        assert choice["same_values"] is True and choice["speedup"] > 0 and 0 < choice["active_blocks"] <= 60
     assert os.listdir(tmp_path) == []  # the run's databases are removed
 
 

@@ -9,6 +9,14 @@ figure is the ratio; ledger and baseline runs alternate and each is repeated,
 and the median of the repeats is reported. ``--postgres URL`` adds the same
 comparison on a PostgreSQL server (baseline: bare transactions updating 32 rows
 there).
+
+``choose_blocks`` times what the iterator does before each attempt on a stream of
+``--choose-blocks`` blocks (several pipelines, reservations, grants; basic and RDP
+accounting): every active block's availability for one pipeline, as ONE
+``Ledger.available_per_block`` call, against the per-block loop it replaced (one
+``available_epsilon`` transaction and bisection per block, newest first), on the same
+ledger in the same run; the figure is the loop's time over the call's, and the two
+must return the same values.
 """
 import json
 import multiprocessing
@@ -30,6 +38,8 @@ def add_arguments(parser):
     parser.add_argument("--repeats", type=int, default=3, help="alternating ledger/baseline runs per writer count")
     parser.add_argument("--db-dir", default=None,
                         help="directory for the databases (default: a fresh temporary directory)")
+    parser.add_argument("--choose-blocks", type=int, default=1400, metavar="N",
+                        help="blocks in the stream for the choose_blocks figure (0: skip it)")
     parser.add_argument("--postgres", default=None, metavar="URL",
                         help="also measure against a PostgreSQL database (tables are added to it)")
 
@@ -193,6 +203,70 @@ def _measure(pair, location, args, writer_counts, label):
     return per_writers
 
 
+# ------------------------------------------------------------------ block choice (available_per_block)
+def _choice_ledger(path, accounting, n_blocks, seed=0):
+    """A stream of ``n_blocks`` daily blocks split among pipelines that registered at different times, with grants."""
+    import random
+
+    from sage_tfx.privacy import BudgetRefused, Ledger
+
+    rng, day = random.Random(seed), 86400.0
+    ledger = Ledger.open(path, create=True)
+    ledger.create_stream("s", 1.0, 1e-6, accounting=accounting)
+    ids = [f"b{i:06d}" for i in range(n_blocks)]
+    joins = {0: "p0", n_blocks // 5: "p1", n_blocks // 2: "p2"}
+    for start in range(0, n_blocks, 50):
+        for i in range(start, min(start + 50, n_blocks)):
+            if i in joins:
+                ledger.register("s", joins[i])
+        ledger.add_blocks("s", [dict(id=ids[i], start=i * day, end=(i + 1) * day, rows=100)
+                                for i in range(start, min(start + 50, n_blocks))])
+    for _ in range(max(10, n_blocks // 25)):
+        width = min(rng.choice([1, 8, 32, 64]), n_blocks)
+        first = rng.randrange(n_blocks - width + 1)
+        try:
+            ledger.request(rng.choice(["p0", "p1", "p2", "late"]), "s", blocks=ids[first:first + width],
+                           epsilon=rng.choice([0.05, 0.1, 0.2, 0.3]), delta=1e-8)
+        except BudgetRefused:
+            pass
+    return ledger
+
+
+def _per_block_loop(ledger, pipeline, delta):
+    """The iterator's block choice before available_per_block: one transaction and bisection per block."""
+    return {b.id: ledger.available_epsilon(pipeline, "s", [b.id], delta)
+            for b in reversed(ledger.blocks("s", state="active"))}
+
+
+def _measure_choice(db_dir, n_blocks, repeats):
+    out = {}
+    for accounting in ("basic", "rdp"):
+        path = os.path.join(db_dir, f"choice-{accounting}-{uuid.uuid4().hex[:12]}.db")
+        ledger = _choice_ledger(path, accounting, n_blocks)
+        loop_times, call_times, same = [], [], True
+        for _ in range(repeats):  # alternate, so load on the machine hits both alike
+            start = time.perf_counter()
+            loop = _per_block_loop(ledger, "p1", 1e-8)
+            loop_times.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            call = ledger.available_per_block("p1", "s", delta=1e-8)
+            call_times.append(time.perf_counter() - start)
+            same = same and loop == call
+        ledger.close()
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(path + suffix):
+                os.remove(path + suffix)
+        loop_s, call_s = statistics.median(loop_times), statistics.median(call_times)
+        out[accounting] = {"per_block_loop_seconds": round(loop_s, 5), "one_call_seconds": round(call_s, 5),
+                           "speedup": round(loop_s / call_s, 2), "same_values": same,
+                           "active_blocks": len(call)}
+        print(f"[bench ledger] choose_blocks, {accounting}, {len(call)} active blocks: per-block loop "
+              f"{loop_s * 1e3:.1f} ms, one call {call_s * 1e3:.1f} ms (x{loop_s / call_s:.1f})",
+              file=sys.stderr, flush=True)
+    return {"blocks": n_blocks, "repeats": repeats, **out,
+            "speedup_is": "median per-block-loop time / median available_per_block time, same ledger, same run"}
+
+
 def _filesystem(path):
     """The mount (device, type) holding ``path``, from /proc/mounts (Linux), for the record."""
     path = os.path.realpath(path)
@@ -215,6 +289,8 @@ def _check_args(args):
         raise SystemExit(f"sage bench ledger: --writers {args.writers!r} must be comma-separated integers")
     if not writer_counts or any(w < 1 for w in writer_counts):
         raise SystemExit(f"sage bench ledger: --writers {args.writers!r} must list writer counts >= 1")
+    if args.choose_blocks < 0:
+        raise SystemExit(f"sage bench ledger: --choose-blocks {args.choose_blocks} must be >= 0")
     for name in ("grants", "blocks", "repeats"):
         if getattr(args, name) < 1:
             raise SystemExit(f"sage bench ledger: --{name} {getattr(args, name)} must be >= 1")
@@ -250,6 +326,8 @@ def run(args):
         "baseline": "bare SQLite transactions (BEGIN IMMEDIATE, WAL, synchronous=FULL) updating the same "
                     f"{args.blocks} rows, same directory, same writer count, same run",
     }
+    if args.choose_blocks:
+        figures["choose_blocks"] = _measure_choice(db_dir, args.choose_blocks, args.repeats)
     if args.postgres:
         figures["postgres"] = _measure(_postgres_pair, args.postgres, args, writer_counts, "postgresql")
     if not args.db_dir:
