@@ -412,3 +412,15 @@ def test_finish_is_one_transaction_a_failure_changes_nothing(ledger_url, raw_sql
     monkeypatch.setattr(Ledger, "_log", log)
     ledger.finish("s", "p1", "ACCEPT")
     assert ledger.audit().ok
+
+
+@pytest.mark.postgres
+def test_postgres_connections_send_statements_without_delay(postgres_url):
+    """TCP_NODELAY: without it a statement over pg8000's 8 KiB buffer (finish's batched upserts) waits
+    ~40 ms for the server's delayed ACK (Nagle's algorithm)."""
+    import socket
+
+    with Ledger.open(postgres_url, create=True) as ledger:
+        sock = ledger._store._conn._usock
+        assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) != 0

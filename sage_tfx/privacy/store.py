@@ -15,6 +15,7 @@ them to pg8000's ``%s``.
 """
 import contextlib
 import os
+import socket
 import sqlite3
 import urllib.parse
 
@@ -261,16 +262,23 @@ class PostgresStore(_Store):
         self.display = parsed._replace(netloc=parsed.netloc.rsplit("@", 1)[-1]).geturl()
         self._errors = (pg8000.dbapi.Error,)
         query = dict(urllib.parse.parse_qsl(parsed.query))
+        sock = None
         try:
+            timeout = float(query.get("timeout", 120))
+            sock = socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 5432), timeout)
+            # pg8000 leaves Nagle's algorithm on: a statement longer than its 8 KiB write buffer
+            # (a batched write, a long IN list) then waits ~40 ms for the server's delayed ACK.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # as pg8000 does by default
             self._conn = pg8000.dbapi.connect(
                 user=urllib.parse.unquote(parsed.username or "postgres"),
                 password=urllib.parse.unquote(parsed.password) if parsed.password else None,
-                host=parsed.hostname or "127.0.0.1",
-                port=parsed.port or 5432,
                 database=(parsed.path or "/postgres").lstrip("/") or "postgres",
-                timeout=float(query.get("timeout", 120)),
+                sock=sock,
             )
         except Exception as exc:  # pg8000 raises InterfaceError/OSError subclasses on connect
+            if sock is not None:
+                sock.close()
             raise LedgerError(f"cannot connect to ledger {self.display}: {exc}") from None
         self._conn.autocommit = True
         has_meta = self._query_one("SELECT to_regclass('public.meta') IS NOT NULL")[0]
