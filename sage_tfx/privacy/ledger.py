@@ -17,6 +17,9 @@ on the pipeline's own reservation first, then on the unreserved pool; when a
 pipeline ``finish``es, its unused reservation is split among those still
 waiting. The stream's policy tells the iterator how to spend a reservation
 (``plan_epsilon``): conserve starts small and doubles, aggressive takes it all.
+What a pipeline could be granted now is ``available_epsilon`` (on a set of
+blocks) or ``available_per_block`` (on each block alone, all in one read: how the
+iterator chooses blocks); both are advisory, ``request`` decides.
 
 Every change is appended to a hash-chained audit log in the same transaction;
 ``audit()`` recomputes every block's loss from the log alone.
