@@ -13,10 +13,10 @@ sources are in docs/simulation.md. The model, in short:
 * With a per-block budget eps, the pipeline's DP training + SLAed validation
   ACCEPT once its window holds ``n_required(n_np, eps) = n_np * (1 + dp_overhead / eps**dp_power)``
   records (train + test, 90:10). dp_overhead = 0.5 (1.5x NP SLA's data at eps = 1)
-  is the project's default from the validation work (paper Fig. 6: "about as much
-  data as NP SLA, except Taxi LR, about 2x", i.e. dp_overhead = 1 for Taxi LR).
-  The 1/eps shape is that of the DP corrections of the validators (SAGE_SPEC §6):
-  the Laplace corrections to counts and loss sums are O(1/eps) records.
+  is a conservative default (paper Fig. 6: "about as much data as NP SLA, except
+  Taxi LR, about 2x", i.e. dp_overhead = 1 for Taxi LR; `sage bench
+  sample-complexity` fits 0.21-0.27 for today's validators and trainers).
+  The 1/eps shape is that of the DP noise: its cost in records is O(1/eps).
 """
 import math
 from dataclasses import asdict, dataclass, fields
