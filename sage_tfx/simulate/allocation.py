@@ -1,11 +1,11 @@
 """A numpy-free, in-memory model of the ledger's budget allocation, used to CHOOSE blocks fast.
 
 The simulator asks, hundreds of times per simulated hour, "on which blocks can
-pipeline p still spend this cost?". Asking the ledger block by block
-(``Ledger.available_epsilon``: one transaction and a bisection per block) is
-far too slow at the simulation's scale, so this class keeps the same state in
-memory and applies the same rules, written from SAGE_SPEC.md §3 and using the
-real filter's ``admits``/``fits_share``:
+pipeline p still spend this cost?". The ledger answers it in one read
+(``Ledger.available_per_block``), but a read of every block's state per
+question is still too slow at the simulation's scale, so this class keeps the
+same state in memory and applies the same rules, written from SAGE_SPEC.md §3
+and using the real filter's ``admits``/``fits_share``:
 
 * a new block's capacity is split evenly among the pipelines waiting then;
 * a charge draws on the pipeline's own reservation if it fits there, else on
