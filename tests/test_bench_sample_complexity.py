@@ -65,3 +65,28 @@ def test_summary_counts_only_targets_np_reaches():
 def test_finer_windows():
     grid = bench.windows(1000, 4000, steps_per_doubling=8)
     assert grid[8] == 2000 and grid[-1] == 4000 and len(grid) == 17
+
+
+def test_samples_needed_interpolates_the_half_crossing_in_log_n():
+    import numpy as np
+
+    grid = [1000, 2000, 4000]
+    accepted = np.array([[0, 0, 1], [0, 1, 1], [0, 1, 1], [0, 0, 1]], dtype=bool)  # 0, 1/2, 1 accept
+    assert bench.samples_needed(accepted, grid) == pytest.approx(2000)
+    accepted[3, 1] = True  # 3/4 at 2000: half is reached 2/3 of the way (in log n) from 1000
+    assert bench.samples_needed(accepted, grid) == pytest.approx(1000 * 2 ** (2 / 3))
+    assert bench.samples_needed(np.zeros((4, 3), dtype=bool), grid) is None
+    assert bench.samples_needed(np.ones((4, 3), dtype=bool), grid) == 1000
+
+
+def test_ratio_interval_is_paired_and_contains_the_ratio():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    grid = [1000, 2000, 4000, 8000]
+    reference = np.array([[0, 1, 1, 1]] * 6 + [[0, 0, 1, 1]] * 6, dtype=bool)
+    shifted = np.roll(reference, 1, axis=1)  # every trial needs one window more
+    shifted[:, 0] = False
+    low, high = bench.ratio_interval(shifted, reference, grid, rng)
+    point = bench.samples_needed(shifted, grid) / bench.samples_needed(reference, grid)
+    assert low <= point <= high and point == pytest.approx(2.0)

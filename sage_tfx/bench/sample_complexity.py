@@ -13,9 +13,10 @@ Per trial, one stream of rows is drawn; the window (the first n rows) grows by a
 --steps-per-doubling, default 4: a ratio is resolved to one step, 1.19x) from
 --start-rows to --max-rows; at each window every variant trains on the window's train rows and validates on
 its test rows against every target (eta = 1 - confidence, no attempt schedule: the same for all variants).
-A variant's samples-needed for a target is the smallest window at which at least half of the trials ACCEPT
-(each window is one validation; a trial's first ACCEPT over many looks would reward lucky draws), and the
-ratio is sage / np. Targets are fractions of the way from the naive model to
+A variant's samples-needed for a target is the window size at which half of the trials ACCEPT (each window
+is one validation; a trial's first ACCEPT over many looks would reward lucky draws), interpolated in log n
+between the grid's windows, and the ratio is sage / np, with a paired bootstrap 90% interval over the
+trials (both variants see the same streams). Targets are fractions of the way from the naive model to
 the best achievable one (a non-private fit on --reference-rows rows). The load simulator's model
 n_required(eps) = n_np (1 + k/eps) is fitted to the measured ratios: k = median over targets of
 eps (ratio - 1), per epsilon, and a least-squares k over all epsilons.
@@ -106,12 +107,38 @@ def run_trial(task, generator, grid, epsilons, targets, eta, rng):
     return accepted
 
 
-def samples_needed(runs, key, grid):
-    """The smallest window at which at least half of the trials ACCEPT (None if no window of the grid)."""
-    for i, n in enumerate(grid):
-        if 2 * sum(run[key][i] for run in runs) >= len(runs):
-            return n
-    return None
+BOOTSTRAP = 400  # resamples of the trials for each ratio's interval
+
+
+def samples_needed(accepted, grid):
+    """The window size at which half of the trials ACCEPT: the first window where at least half do,
+    interpolated in log n from the window before it (None if no window of the grid gets there).
+
+    ``accepted`` is a (trials, windows) 0/1 array. Interpolating removes the grid's quantisation (one step is
+    2^(1/s)); the first-crossing rule keeps a late dip in the curve from counting."""
+    fraction = np.asarray(accepted, dtype=float).mean(axis=0)
+    reached = np.flatnonzero(fraction >= 0.5)
+    if reached.size == 0:
+        return None
+    i = int(reached[0])
+    if i == 0:
+        return float(grid[0])
+    f0, f1 = fraction[i - 1], fraction[i]
+    w = (0.5 - f0) / (f1 - f0)
+    return float(np.exp((1 - w) * np.log(grid[i - 1]) + w * np.log(grid[i])))
+
+
+def ratio_interval(sage, reference, grid, rng, level=0.9):
+    """A paired bootstrap interval of samples_needed(sage) / samples_needed(reference): the trials are
+    resampled together (each trial is one stream of rows that both variants saw), BOOTSTRAP times."""
+    trials = sage.shape[0]
+    ratios = []
+    for _ in range(BOOTSTRAP):
+        pick = rng.integers(0, trials, trials)
+        a, b = samples_needed(sage[pick], grid), samples_needed(reference[pick], grid)
+        ratios.append(np.inf if a is None or b is None else a / b)
+    low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
+    return [float(low), float(high)]
 
 
 def run_task(task, generator, args, epsilons, fractions, rng):
@@ -123,16 +150,23 @@ def run_task(task, generator, args, epsilons, fractions, rng):
         runs.append(run_trial(task, generator, grid, epsilons, targets, 1 - args.confidence, rng))
         print(f"[bench sample-complexity] {task.name}: {trial + 1}/{args.trials} trials "
               f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+
+    def flags(key):
+        return np.array([run[key] for run in runs], dtype=bool)
+
     rows = []
     for t, (fraction, target) in enumerate(zip(fractions, targets)):
-        n_np = samples_needed(runs, ("np", None, t), grid)
+        np_flags = flags(("np", None, t))
+        n_np = samples_needed(np_flags, grid)
         row = {"fraction": fraction, "target": target, "np": n_np, "sage": {}, "sage_validation_only": {},
-               "ratio": {}, "ratio_validation_only": {}}
+               "ratio": {}, "ratio_validation_only": {}, "ratio_interval90": {}}
         for e in epsilons:
             for variant, ratio_key in (("sage", "ratio"), ("sage_validation_only", "ratio_validation_only")):
-                n = samples_needed(runs, (variant, e, t), grid)
+                n = samples_needed(flags((variant, e, t)), grid)
                 row[variant][str(e)] = n
                 row[ratio_key][str(e)] = n / n_np if n is not None and n_np is not None else None
+            if n_np is not None:
+                row["ratio_interval90"][str(e)] = ratio_interval(flags(("sage", e, t)), np_flags, grid, rng)
         rows.append(row)
     return {"best_metric": best, "naive_metric": naive, "windows": [grid[0], grid[-1], len(grid)],
             "targets": rows}
@@ -166,6 +200,10 @@ def summarize(rows, at):
         "median_ratio_sage_over_np": float(np.median(finite)) if finite else None,
         "targets_reached_by_np_not_by_sage": sum(r is None for r in ratios),
         "targets_beyond_the_grid_for_both": sum(r["np"] is None and r["sage"][str(at)] is None for r in rows),
+        "ratio_interval90_highest_upper": max((r.get("ratio_interval90", {}).get(str(at), [None, None])[1]
+                                               for r in reached_by_np
+                                               if r.get("ratio_interval90", {}).get(str(at)) is not None),
+                                              default=None),
         "goal_ratio": GOAL_RATIO,
         "goal_met": bool(finite) and max(finite) <= GOAL_RATIO and None not in ratios}
 
@@ -189,7 +227,7 @@ def plot(figures, tasks, epsilon, path):
             ax.plot(targets, [np.nan if v is None else v for v in values], style, label=label)
         ax.set_yscale("log")
         ax.set_xlabel("MSE target (lower is harder)" if name == "taxi_mse" else "accuracy target (higher is harder)")
-        ax.set_ylabel("train+test samples to ACCEPT (>= half the trials)")
+        ax.set_ylabel("train+test samples at which half the trials ACCEPT")
         ax.set_title(f"{name} (generated taxi rows)")
         if name == "taxi_mse":
             ax.invert_xaxis()
@@ -231,7 +269,9 @@ def run(args):
         "settings": {"trials": args.trials, "epsilons": epsilons, "fractions": fractions,
                      "confidence": args.confidence, "start_rows": args.start_rows, "max_rows": args.max_rows,
                      "window_growth": f"2^(1/{args.steps_per_doubling}) per step", "train_test": "90:10 per record",
-                     "seed": args.seed, "figure": "smallest window at which >= half of the trials ACCEPT"},
+                     "seed": args.seed,
+                     "figure": "window at which half of the trials ACCEPT (log-interpolated); paired bootstrap "
+                               "90% interval of each ratio over the trials"},
     }
     for name in tasks:
         figures[name] = run_task(Task(name, task_args, held_out), generator, args, epsilons, fractions, rng)
