@@ -90,3 +90,14 @@ def test_ratio_interval_is_paired_and_contains_the_ratio():
     low, high = bench.ratio_interval(shifted, reference, grid, rng)
     point = bench.samples_needed(shifted, grid) / bench.samples_needed(reference, grid)
     assert low <= point <= high and point == pytest.approx(2.0)
+
+
+def test_ratio_interval_upper_end_is_unbounded_when_resamples_never_reach():
+    import numpy as np
+
+    grid = [1000, 2000]
+    reference = np.ones((10, 2), dtype=bool)
+    sage = np.zeros((10, 2), dtype=bool)
+    sage[:6, 1] = True  # 6 of 10 reach the target at 2000: some resamples have fewer than half
+    low, high = bench.ratio_interval(sage, reference, grid, np.random.default_rng(1))
+    assert 1.0 < low < 2.0 and high is None  # half-crossing interpolated between 1000 and 2000

@@ -21,6 +21,7 @@ the best achievable one (a non-private fit on --reference-rows rows). The load s
 n_required(eps) = n_np (1 + k/eps) is fitted to the measured ratios: k = median over targets of
 eps (ratio - 1), per epsilon, and a least-squares k over all epsilons.
 """
+import math
 import sys
 import time
 from types import SimpleNamespace
@@ -137,8 +138,8 @@ def ratio_interval(sage, reference, grid, rng, level=0.9):
         pick = rng.integers(0, trials, trials)
         a, b = samples_needed(sage[pick], grid), samples_needed(reference[pick], grid)
         ratios.append(np.inf if a is None or b is None else a / b)
-    low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2])
-    return [float(low), float(high)]
+    low, high = np.quantile(ratios, [(1 - level) / 2, (1 + level) / 2], method="inverted_cdf")
+    return [float(low) if np.isfinite(low) else None, float(high) if np.isfinite(high) else None]  # None: unbounded
 
 
 def run_task(task, generator, args, epsilons, fractions, rng):
@@ -188,6 +189,12 @@ def fit_k(rows, epsilons, ratio_key="ratio"):
     return {"k_median_per_epsilon": per_eps, "k_least_squares": least_squares}
 
 
+def _highest_upper(rows, at):
+    """The largest upper end of the ratios' intervals at epsilon ``at`` (inf when one is unbounded)."""
+    uppers = [r["ratio_interval90"][str(at)][1] for r in rows if str(at) in r.get("ratio_interval90", {})]
+    return None if not uppers else (math.inf if None in uppers else max(uppers))
+
+
 def summarize(rows, at):
     """The goal check at epsilon ``at`` over every target row: max and median Sage/NP ratio over the targets NP
     reaches (a target NP never reaches within the grid says nothing of Sage), and whether Sage reaches each of
@@ -200,10 +207,7 @@ def summarize(rows, at):
         "median_ratio_sage_over_np": float(np.median(finite)) if finite else None,
         "targets_reached_by_np_not_by_sage": sum(r is None for r in ratios),
         "targets_beyond_the_grid_for_both": sum(r["np"] is None and r["sage"][str(at)] is None for r in rows),
-        "ratio_interval90_highest_upper": max((r.get("ratio_interval90", {}).get(str(at), [None, None])[1]
-                                               for r in reached_by_np
-                                               if r.get("ratio_interval90", {}).get(str(at)) is not None),
-                                              default=None),
+        "ratio_interval90_highest_upper": _highest_upper(reached_by_np, at),
         "goal_ratio": GOAL_RATIO,
         "goal_met": bool(finite) and max(finite) <= GOAL_RATIO and None not in ratios}
 
