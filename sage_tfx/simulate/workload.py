@@ -15,7 +15,7 @@ sources are in docs/simulation.md. The model, in short:
   records (train + test, 90:10). dp_overhead = 0.5 (1.5x NP SLA's data at eps = 1)
   is a conservative default (paper Fig. 6: "about as much data as NP SLA, except
   Taxi LR, about 2x", i.e. dp_overhead = 1 for Taxi LR; `sage bench
-  sample-complexity` fits 0.21-0.27 for today's validators and trainers).
+  sample-complexity` fits 0.18-0.25 for today's validators and trainers).
   The 1/eps shape is that of the DP noise: its cost in records is O(1/eps).
 """
 import math
