@@ -8,7 +8,7 @@ from .bounds import clopper_pearson_lower, clopper_pearson_upper
 from .core import (Mode, NoisyTotal, Outcome, ValidationInputError, ValidationResult, check_probability,
                    check_rng, check_values, resolve_eta, split_eta)
 from .loss import DPLossValidator, _check_epsilon
-from .noisy import confidence_limit, noisy_sum_test, release_pair
+from .noisy import joint_decision
 
 BOUNDS = ("exact", "clopper_pearson", "bernstein")
 
@@ -109,28 +109,15 @@ class DPAccuracyValidator:
         return self._result(lower, upper, metric, bounds, epsilon_train, eta, attempt, details)
 
     def _decide_exact(self, test, train, rng, eta_accept, eta_reject):
-        """(accepted, rejected, ...) in the error scale: error target 1 - target, values 1 - correctness."""
-        mode, error_target = self.mode, 1.0 - self.target
-        errors, corrects = release_pair(1.0 - test, 1.0, self.epsilon, rng, mode)
-        n_noisy = errors.value + corrects.value
-        metric = corrects.value / n_noisy if n_noisy > 0 else -math.inf
-        details = {"correct_noisy": corrects.value, "errors_noisy": errors.value, "n_noisy": n_noisy}
-        if mode is Mode.NO_SLA:
-            return metric >= self.target, False, metric, {"lower": metric}, details
-        p_value, eta_s, more = noisy_sum_test(errors, corrects, 1.0, error_target, eta_accept, mode, side=-1,
-                                              binomial=True)
-        details.update(more, p_value=p_value)
-        bounds = {"lower": 1.0 - confidence_limit(errors, corrects, 1.0, eta_accept, mode, -1, binomial=True)}
-        accepted, rejected = p_value <= eta_s, False
-        if train is not None:
-            train_errors, train_corrects = release_pair(1.0 - train, 1.0, self.train_epsilon, rng, mode)
-            p_reject, eta_r, more = noisy_sum_test(train_errors, train_corrects, 1.0, error_target, eta_reject,
-                                                   mode, side=+1, binomial=True)
-            details.update({f"train_{k}": v for k, v in more.items()}, train_p_value=p_reject)
-            bounds["upper"] = 1.0 - confidence_limit(train_errors, train_corrects, 1.0, eta_reject, mode, +1,
-                                                     binomial=True)
-            rejected = p_reject <= eta_r
-        return accepted, rejected, metric, bounds, details
+        """The joint tests on the 0/1 error (B = 1, target 1 - target), reported as accuracies."""
+        accepted, rejected, error, limits, details = joint_decision(
+            1.0 - test, None if train is None else 1.0 - train, 1.0, 1.0 - self.target, self.epsilon,
+            self.train_epsilon, rng, self.mode, eta_accept, eta_reject, binomial=True)
+        details["errors_noisy"], details["correct_noisy"] = details.pop("sum_noisy"), details.pop("complement_noisy")
+        bounds = {"lower": 1.0 - limits["upper"]}
+        if "lower" in limits:
+            bounds["upper"] = 1.0 - limits["lower"]
+        return accepted, rejected, 1.0 - error, bounds, details
 
     def _decide_clopper_pearson(self, test, train, rng, eta_accept, eta_reject):
         mode = self.mode

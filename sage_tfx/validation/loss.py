@@ -6,7 +6,7 @@ import numpy as np
 from .bounds import bernstein_upper, hoeffding_lower
 from .core import (Mode, NoisyTotal, Outcome, ValidationInputError, ValidationResult, check_positive,
                    check_probability, check_rng, check_values, resolve_eta, split_eta)
-from .noisy import confidence_limit, noisy_sum_test, release_pair
+from .noisy import joint_decision
 
 
 def release_count_and_sum(values, bound, epsilon, rng, mode):
@@ -140,26 +140,8 @@ class DPLossValidator:
             else 0.0, eta=eta, attempt=attempt, details=details)
 
     def _decide_chernoff(self, test, train, rng, eta_accept, eta_reject):
-        mode, bound = self.mode, self.loss_bound
-        tau = min(self.target, bound * (1.0 - 1e-9))  # the clipped mean is <= B: a target >= B is tested at B
-        total, complement = release_pair(test, bound, self.epsilon, rng, mode)
-        n_noisy = (total.value + complement.value) / bound
-        metric = bound * total.value / (total.value + complement.value) if n_noisy > 0 else math.inf
-        details = {"n_noisy": n_noisy, "sum_noisy": total.value, "complement_noisy": complement.value}
-        if mode is Mode.NO_SLA:
-            return metric <= self.target, False, metric, {"upper": metric}, details
-        p_value, eta_s, more = noisy_sum_test(total, complement, bound, tau, eta_accept, mode, side=-1)
-        details.update(more, p_value=p_value)
-        bounds = {"upper": confidence_limit(total, complement, bound, eta_accept, mode, side=-1)}
-        accepted, rejected = p_value <= eta_s, False
-        if train is not None:
-            train_total, train_complement = release_pair(train, bound, self.train_epsilon, rng, mode)
-            p_reject, eta_r, more = noisy_sum_test(train_total, train_complement, bound, tau, eta_reject, mode,
-                                                   side=+1)
-            details.update({f"train_{k}": v for k, v in more.items()}, train_p_value=p_reject)
-            bounds["lower"] = confidence_limit(train_total, train_complement, bound, eta_reject, mode, side=+1)
-            rejected = p_reject <= eta_r
-        return accepted, rejected, metric, bounds, details
+        return joint_decision(test, train, self.loss_bound, self.target, self.epsilon, self.train_epsilon, rng,
+                              self.mode, eta_accept, eta_reject)
 
     def _decide_bernstein(self, test, train, rng, eta_accept, eta_reject):
         mode, bound = self.mode, self.loss_bound

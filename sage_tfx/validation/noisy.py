@@ -40,7 +40,7 @@ import math
 import numpy as np
 from scipy.special import betainc, gammaln
 
-from .core import NoisyTotal
+from .core import Mode, NoisyTotal
 
 COUNT_SHARE = 0.05  # fraction of a test's eta for the event "the true count is outside the noisy count's interval"
 
@@ -256,3 +256,34 @@ def confidence_limit(total, complement, bound, eta, mode, side, binomial=False):
     if excess(failing_end) <= 0:
         return failing_end
     return brentq(excess, lo, hi, xtol=bound * 1e-9)
+
+
+def joint_decision(test, train, bound, tau, epsilon, train_epsilon, rng, mode, eta_accept, eta_reject,
+                   binomial=False):
+    """Both tests of the default validators on values in [0, B] (clipped losses, or 0/1 errors with B = 1).
+
+    Returns (accepted, rejected, mean, limits, details): ``mean`` is the DP mean B S~ / (S~ + S'~) (inf when the
+    noisy count is not positive); ``limits`` has "upper" (``confidence_limit`` on the test set) and, when
+    ``train`` is given, "lower" (on the training set, released with ``train_epsilon``). The tests run at
+    min(tau, B (1 - 1e-9)): the clipped mean is at most B, so a target >= B is tested at B. No SLA (TFX's plain
+    validator) accepts iff the DP mean is <= tau, and has no limits but the mean.
+    """
+    total, complement = release_pair(test, bound, epsilon, rng, mode)
+    n_noisy = (total.value + complement.value) / bound
+    mean = bound * total.value / (total.value + complement.value) if n_noisy > 0 else math.inf
+    details = {"n_noisy": n_noisy, "sum_noisy": total.value, "complement_noisy": complement.value}
+    if mode is Mode.NO_SLA:
+        return mean <= tau, False, mean, {"upper": mean}, details
+    tested = min(tau, bound * (1.0 - 1e-9))
+    p_value, eta_s, more = noisy_sum_test(total, complement, bound, tested, eta_accept, mode, -1, binomial)
+    details.update(more, p_value=p_value)
+    limits = {"upper": confidence_limit(total, complement, bound, eta_accept, mode, -1, binomial)}
+    accepted, rejected = p_value <= eta_s, False
+    if train is not None:
+        train_total, train_complement = release_pair(train, bound, train_epsilon, rng, mode)
+        p_reject, eta_r, more = noisy_sum_test(train_total, train_complement, bound, tested, eta_reject, mode, +1,
+                                               binomial)
+        details.update({f"train_{k}": v for k, v in more.items()}, train_p_value=p_reject)
+        limits["lower"] = confidence_limit(train_total, train_complement, bound, eta_reject, mode, +1, binomial)
+        rejected = p_reject <= eta_r
+    return accepted, rejected, mean, limits, details
