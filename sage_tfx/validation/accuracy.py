@@ -7,7 +7,7 @@ import numpy as np
 from .bounds import clopper_pearson_lower, clopper_pearson_upper
 from .core import (Mode, NoisyTotal, Outcome, ValidationInputError, ValidationResult, check_probability,
                    check_rng, check_values, resolve_eta, split_eta)
-from .loss import DPLossValidator, _check_epsilon
+from .loss import DPLossValidator, _set_test_parameters
 from .noisy import joint_decision
 
 BOUNDS = ("exact", "clopper_pearson", "bernstein")
@@ -85,13 +85,7 @@ class DPAccuracyValidator:
     def __init__(self, target, epsilon, confidence=0.95, *, bound="exact", train_epsilon=None, mode="sage"):
         self.mode = Mode.parse(mode)
         self.target = check_probability("target accuracy", target)
-        self.confidence = check_probability("confidence", confidence)
-        if bound not in BOUNDS:
-            raise ValidationInputError(f"bound {bound!r} must be one of {BOUNDS}")
-        self.bound = bound
-        self.epsilon = _check_epsilon("epsilon", epsilon, self.mode)
-        self.train_epsilon = self.epsilon if train_epsilon is None else _check_epsilon(
-            "train_epsilon", train_epsilon, self.mode)
+        _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
 
     def validate(self, test_values, train_values=None, rng=None, *, attempt=None, eta=None):
         test = _check_correctness("test correctness", test_values)

@@ -113,13 +113,7 @@ class DPLossValidator:
         self.mode = Mode.parse(mode)
         self.target = check_positive("target loss", target)
         self.loss_bound = check_positive("loss bound B", loss_bound)
-        self.confidence = check_probability("confidence", confidence)
-        if bound not in BOUNDS:
-            raise ValidationInputError(f"bound {bound!r} must be one of {BOUNDS}")
-        self.bound = bound
-        self.epsilon = _check_epsilon("epsilon", epsilon, self.mode)
-        self.train_epsilon = self.epsilon if train_epsilon is None else _check_epsilon(
-            "train_epsilon", train_epsilon, self.mode)
+        _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
 
     def validate(self, test_values, train_values=None, rng=None, *, attempt=None, eta=None):
         test = check_values("test losses", test_values)
@@ -159,6 +153,18 @@ class DPLossValidator:
             details.update(more)
             bounds["lower"] = lower
         return upper <= self.target, lower > self.target, metric, bounds, details
+
+
+def _set_test_parameters(validator, confidence, bound, bounds, epsilon, train_epsilon):
+    """Check and set what the loss and accuracy validators share (after their mode and target): confidence,
+    the bound (one of ``bounds``), epsilon, and train_epsilon (default: epsilon)."""
+    validator.confidence = check_probability("confidence", confidence)
+    if bound not in bounds:
+        raise ValidationInputError(f"bound {bound!r} must be one of {bounds}")
+    validator.bound = bound
+    validator.epsilon = _check_epsilon("epsilon", epsilon, validator.mode)
+    validator.train_epsilon = validator.epsilon if train_epsilon is None else _check_epsilon(
+        "train_epsilon", train_epsilon, validator.mode)
 
 
 def _check_epsilon(name, epsilon, mode):
