@@ -6,13 +6,15 @@ from .errors import (
     LedgerCorrupt,
     LedgerError,
     LedgerNotFound,
+    RecordError,
     UnknownBlock,
     UnknownStream,
+    public_error_text,
 )
 from .ledger import OUTCOMES, POLICIES, Block, Grant, Ledger, Stream
 
 __all__ = [
     "Ledger", "Grant", "Block", "Stream", "POLICIES", "OUTCOMES",
     "LedgerError", "LedgerNotFound", "LedgerCorrupt", "UnknownStream", "UnknownBlock", "BlockRetired",
-    "GrantError", "BudgetRefused",
+    "GrantError", "BudgetRefused", "RecordError", "public_error_text",
 ]

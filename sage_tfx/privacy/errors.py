@@ -48,3 +48,28 @@ class BudgetRefused(Exception):
             f"refused: pipeline {pipeline!r} on stream {stream!r}: "
             f"{len(self.shortfalls)} block(s) lack budget ({lines})"
         )
+
+
+class RecordError(ValueError):
+    """A data-dependent failure after a grant was charged, named by column and record index, NEVER by value.
+
+    A release that fails because of one record's value, with that value in its message, reveals the
+    record (docs/growing_database.md). Code that reads records under a grant maps non-finite values to
+    public defaults instead of failing; where it must fail, it raises this, whose message holds only the
+    column, the record's index in what was read, and a fixed description of the problem. It is the one
+    error type whose message the ledger's append-only log records for a FAILED run (others: the type only).
+    """
+
+    def __init__(self, column, index, problem):
+        self.column, self.index, self.problem = str(column), None if index is None else int(index), str(problem)
+        where = "" if self.index is None else f", record {self.index}"
+        super().__init__(f"column {self.column!r}{where}: {self.problem}")
+
+
+def public_error_text(exc):
+    """What may be logged or shown about ``exc`` after a grant: its type, and its message only when the
+    message is known to hold no data value (``RecordError``, the ledger's own errors, ``BudgetRefused``)."""
+    name = type(exc).__name__
+    if isinstance(exc, (RecordError, LedgerError, BudgetRefused)):
+        return f"{name}: {exc}"
+    return f"{name} (message withheld: it may hold data values)"
