@@ -121,8 +121,7 @@ def test_grants_are_signed_and_verified(ledger_url, tmp_path):
     ledger = make_ledger(ledger_url)
     ledger.create_stream("other", 1.0, 1e-5)
     ledger.add_block("other", "o0")
-    grant = ledger.request("p", "s", blocks=["b0", "b2"], epsilon=0.5, delta=1e-6, rule="pre+max(train,val)",
-                           meta={"iteration": 1})
+    grant = ledger.request("p", "s", blocks=["b0", "b2"], epsilon=0.5, delta=1e-6, meta={"iteration": 1})
     assert len(grant.signature) == 64
     assert ledger.verify(grant) == grant
     assert ledger.verify(grant.to_json(), stream="s", epsilon=0.5, delta=1e-6) == grant

@@ -11,10 +11,12 @@ from .errors import (
     UnknownStream,
     public_error_text,
 )
-from .ledger import OUTCOMES, POLICIES, Block, Grant, Ledger, Stream
+from .ledger import OUTCOMES, POLICIES, Block, Grant, Ledger, Release, Stream
+from .split import STAGES, BudgetSplit, ChargeRule, require_budget, stage_budget
 
 __all__ = [
-    "Ledger", "Grant", "Block", "Stream", "POLICIES", "OUTCOMES",
+    "Ledger", "Grant", "Block", "Stream", "Release", "POLICIES", "OUTCOMES",
+    "BudgetSplit", "ChargeRule", "STAGES", "stage_budget", "require_budget",
     "LedgerError", "LedgerNotFound", "LedgerCorrupt", "UnknownStream", "UnknownBlock", "BlockRetired",
     "GrantError", "BudgetRefused", "RecordError", "public_error_text",
 ]

@@ -12,13 +12,19 @@ retirement was appended in the same transaction that made it. ``audit_ledger``
    touched a retired block, and that every grant's signature is valid;
 3. compares each stream's configuration, the replayed loss and state of
    every block, and the set of grants, with the ledger's tables (equality, not approximation): a table edited
-   behind the ledger's back, or a log truncated at its tail, shows up here.
+   behind the ledger's back, or a log truncated at its tail, shows up here;
+4. recomputes what the stages of every grant released (the log's ``release`` entries, one per grant and
+   stage) and checks it against the grant's charge with the rule of ``privacy/split.py``: every split
+   composes to at most its grant's charge, each stage stayed within its share, the stages together
+   within the charge, and a single-stage grant (no split) was spent by one stage only.
 """
 import hmac
 import json
 from dataclasses import dataclass, field
 
 from . import filters
+from .errors import LedgerError
+from .split import SLACK, BudgetSplit
 from .ledger import GENESIS, _canonical, chain_hash
 
 
@@ -48,7 +54,7 @@ def audit_ledger(ledger):
     entries = ledger.log_entries()
     report.entries = len(entries)
     prev_hash, expected_seq = GENESIS, 1
-    streams, stream_configs, blocks, grants = {}, {}, {}, {}
+    streams, stream_configs, blocks, grants, releases = {}, {}, {}, {}, {}
     for seq, _ts, kind, body_text, prev, digest in entries:
         if seq != expected_seq:
             problems.append(f"log entry {seq}: expected sequence number {expected_seq} (entries missing)")
@@ -72,6 +78,8 @@ def audit_ledger(ledger):
             blocks[(body["stream"], body["id"])] = {"spent": filt.zero(), "state": "active"}
         elif kind == "grant":
             _replay_grant(ledger, seq, body, streams, blocks, grants, problems)
+        elif kind == "release":
+            _replay_release(seq, body, grants, releases, problems)
         elif kind == "retire":
             for b in body["blocks"]:
                 if (body["stream"], b) in blocks:
@@ -92,6 +100,8 @@ def audit_ledger(ledger):
         table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
                         for r in tx.all("SELECT stream, id, spent, state FROM blocks")}
         table_grants = {r[0]: (r[1], r[2]) for r in tx.all("SELECT id, body, signature FROM grants")}
+        table_releases = {(r[0], r[1]): (r[2], r[3], r[4]) for r in tx.all(
+            "SELECT grant_id, stage, computation, epsilon, delta FROM releases")}
     _reconcile(problems, table_streams, stream_configs, lambda name: f"stream {name!r}", _stream_difference)
     _reconcile(problems, table_blocks, {k: (tuple(v["spent"]), v["state"]) for k, v in blocks.items()},
                lambda key: f"block {key[1]!r} of stream {key[0]!r}",
@@ -99,7 +109,67 @@ def audit_ledger(ledger):
                                   f"log replay says spent={log[0]} state={log[1]}")
     _reconcile(problems, table_grants, grants, lambda gid: f"grant {gid!r}",
                lambda table, log: "the table's record differs from the log's", missing_note=" (never charged)")
+    _reconcile(problems, table_releases, releases, lambda key: f"release of stage {key[1]!r} under grant {key[0]!r}",
+               lambda table, log: f"table says {table}, log says {log}")
+    _check_release_totals(grants, releases, problems)
     return report
+
+
+def _grant_split(grant_body_text):
+    """(grant body, its BudgetSplit or None, or an error text)."""
+    body = json.loads(grant_body_text)
+    try:
+        return body, BudgetSplit.from_meta(body.get("meta")), None
+    except LedgerError as exc:
+        return body, None, str(exc)
+
+
+def _replay_release(seq, body, grants, releases, problems):
+    key = (body.get("grant"), body.get("stage"))
+    if key[0] not in grants:
+        problems.append(f"log entry {seq}: release of stage {key[1]!r} under grant {key[0]!r}, which was never "
+                        "charged before it")
+        return
+    if key in releases:
+        problems.append(f"log entry {seq}: a second release of stage {key[1]!r} under grant {key[0]!r}")
+        return
+    releases[key] = (body.get("computation"), float(body.get("epsilon")), float(body.get("delta")))
+
+
+def _check_release_totals(grants, releases, problems):
+    """Every grant's released stages, recomposed by its split's rule, within what the grant charged."""
+    by_grant = {}
+    for (gid, stage), (_, eps, delta) in releases.items():
+        by_grant.setdefault(gid, {})[stage] = (eps, delta)
+    for gid, (body_text, _sig) in grants.items():
+        body, split, error = _grant_split(body_text)
+        if error:
+            problems.append(f"grant {gid!r}: its split is invalid ({error})")
+            continue
+        epsilon, delta = float(body["epsilon"]), float(body["delta"])
+        if split is not None and split.charged_epsilon > epsilon * (1 + SLACK):
+            problems.append(f"grant {gid!r}: its split composes to epsilon {split.charged_epsilon:.6g} under "
+                            f"{split.rule!r}, more than its charge {epsilon:.6g}")
+        spent = by_grant.get(gid, {})
+        if not spent:
+            continue
+        if split is None:
+            if len(spent) > 1:
+                problems.append(f"grant {gid!r} is single-stage but stages {sorted(spent)} each released under it")
+            for stage, (eps, dlt) in spent.items():
+                if eps > epsilon * (1 + SLACK) or dlt > delta * (1 + SLACK):
+                    problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
+                                    f"more than the charge (epsilon={epsilon:.6g}, delta={delta:.3g})")
+            continue
+        for stage, (eps, dlt) in spent.items():
+            share = split.stage_budget(stage)
+            if eps > share[0] * (1 + SLACK) or dlt > share[1] * (1 + SLACK):
+                problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
+                                f"more than its share (epsilon={share[0]:.6g}, delta={share[1]:.3g})")
+        total = split.composed({s: e for s, (e, _) in spent.items()})
+        if total > epsilon * (1 + SLACK):
+            problems.append(f"grant {gid!r}: its stages released epsilon {total:.6g} under {split.rule!r}, more "
+                            f"than its charge {epsilon:.6g}")
 
 
 def _reconcile(problems, table, log, name, difference, missing_note=""):

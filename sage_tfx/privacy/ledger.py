@@ -43,6 +43,7 @@ from .errors import (
     UnknownBlock,
     UnknownStream,
 )
+from .split import SINGLE_RULE, SLACK, SPLIT_KEY, STAGES, BudgetSplit
 from .store import open_store
 
 POLICIES = ("conserve", "aggressive")
@@ -170,6 +171,19 @@ class Grant:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise GrantError(f"grant is malformed ({type(exc).__name__}: {exc}): {str(text)[:200]!r}") from None
+
+
+@dataclass(frozen=True)
+class Release:
+    """One stage's release under a grant (``Ledger.release``): the computation's fingerprint and its spend."""
+
+    grant_id: str
+    stage: str
+    computation: str
+    epsilon: float
+    delta: float
+    created: float
+    reopened: bool = False
 
 
 class Ledger:
@@ -468,14 +482,19 @@ class Ledger:
 
     # ------------------------------------------------------------------ grants
     def request(self, pipeline, stream, blocks=None, window=None, epsilon=None, delta=0.0, curve=None,
-                rule="single", meta=None):
+                rule=None, meta=None, split=None):
         """Check and charge every block atomically; return a signed Grant, or raise BudgetRefused.
 
         Give ``blocks`` (ids) or ``window`` ((start, end), all active blocks inside).
         Give ``epsilon`` (and ``delta``) for an (epsilon, delta)-DP query, or an RDP
         ``curve`` (values aligned with the stream's orders, an {order: value} map,
-        or a dp_accounting DpEvent). ``rule`` records how the caller derived the
-        charge (e.g. "pre+max(train,val)"). Data may be read only after this returns.
+        or a dp_accounting DpEvent). Data may be read only after this returns.
+
+        ``split`` (a ``BudgetSplit``, or its dict in ``meta["split"]``) says what each pipeline
+        stage may spend; it must compose, under its rule, to at most the charge (refused
+        otherwise, nothing charged). Without one the grant is single-stage: ONE stage may
+        spend all of it (``release``). ``rule``, if given, must be the split's rule
+        ("single" without a split); the grant records it.
         """
         _check_name(pipeline, "pipeline name")
         if (blocks is None) == (window is None):
@@ -494,9 +513,15 @@ class Ledger:
         dupes = sorted(b for b, n in collections.Counter(blocks).items() if n > 1)
         if dupes:
             raise LedgerError(f"the block set names blocks more than once: {', '.join(map(str, dupes))}")
-        if not isinstance(rule, str) or not rule:
-            raise LedgerError(f"rule {rule!r} must be a non-empty string")
         meta = dict(meta or {})
+        if split is not None:
+            if not isinstance(split, BudgetSplit):
+                raise LedgerError(f"split {split!r} must be a BudgetSplit (or give its dict as meta['split'])")
+            if SPLIT_KEY in meta and meta[SPLIT_KEY] != split.to_dict():
+                raise LedgerError("give the split once: as split= or as meta['split'], not two different ones")
+            meta[SPLIT_KEY] = split.to_dict()
+        split = self._check_split(meta, rule)
+        rule = SINGLE_RULE if split is None else split.rule
         with self._store.transaction() as tx:
             s = self.stream(stream, tx)
             filt = s.filter()
@@ -538,6 +563,8 @@ class Ledger:
                 epsilon=filt.query_epsilon(cost), delta=cost[0] if s.accounting == "rdp" else cost[1],
                 accounting=s.accounting, cost=cost, rule=rule, created=now, meta=meta,
             )
+            if split is not None:  # the stages compose to at most what is charged (privacy/split.py)
+                split.check_covered(grant.epsilon, grant.delta)
             grant = Grant(**{**grant.__dict__, "signature": self._sign(grant.body())})
             min_cost = filt.cost(epsilon=s.min_epsilon)
             newly_retired = []
@@ -561,6 +588,21 @@ class Ledger:
             if newly_retired:
                 self._log(tx, "retire", {"stream": stream, "blocks": newly_retired})
         return grant
+
+    @staticmethod
+    def _check_split(meta, rule):
+        """The grant's split from ``meta`` (None: single-stage), its fields checked; refuse a rule that differs."""
+        if "count_epsilon" in meta:
+            raise LedgerError(f"meta count_epsilon {meta['count_epsilon']!r}: the DP record count is a stage of the "
+                              "split now; give split=BudgetSplit(..., count=EPSILON, ...)")
+        split = BudgetSplit.from_meta(meta)
+        if split is not None:
+            meta[SPLIT_KEY] = split.to_dict()  # canonical: every stage present, rule spelled once
+        expected = SINGLE_RULE if split is None else split.rule
+        if rule is not None and rule != expected:
+            raise LedgerError(f"rule {rule!r} does not match the grant: it is {expected!r} (the split's rule; "
+                              f"{SINGLE_RULE!r} without a split); leave rule out")
+        return split
 
     @staticmethod
     def _source(filt, spent, cost, block_reservations, pipeline):
@@ -708,6 +750,78 @@ class Ledger:
         if delta is not None and grant.delta + 1e-15 < float(delta):
             raise GrantError(f"grant {grant.id!r} covers delta {grant.delta:.3g}, but {float(delta):.3g} is needed")
         return stored
+
+    def release(self, grant, stage, computation, epsilon, delta=0.0):
+        """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn; return a ``Release``.
+
+        A grant pays for one release per stage, of one computation: the first call records the
+        computation's fingerprint (``computation``: e.g. a digest of the traced transform graph, of
+        the trainer's module and inputs, or of the validated model) with what the stage may spend.
+        Afterwards the same stage and computation is re-opened (``Release.reopened``: a re-run draws
+        the same noise from the grant's seed, so it releases nothing new), and a different computation
+        is refused with GrantError: two releases under one seed would differ by data alone (their
+        difference reveals records exactly), and under two seeds they would spend the stage twice.
+
+        What a stage may spend comes from ``privacy/split.py``: its share of the grant's split, or,
+        for a single-stage grant (no split), the whole grant for the FIRST stage that opens a release
+        and nothing for any other. The check and the record are one transaction, appended to the audit
+        log, so two writers cannot both take a stage, and the audit recomputes every grant's spend.
+        """
+        grant = self.verify(grant)
+        if stage not in STAGES:
+            raise LedgerError(f"stage {stage!r} is unknown: use one of {', '.join(STAGES)}")
+        if not isinstance(computation, str) or not 0 < len(computation) <= 256:
+            raise LedgerError(f"computation {computation!r} must be a fingerprint string of 1-256 characters")
+        epsilon = _finite(epsilon, "release epsilon", allow_none=False)
+        delta = _finite(delta, "release delta", allow_none=False)
+        if epsilon < 0 or not 0 <= delta < 1:
+            raise LedgerError(f"release (epsilon={epsilon!r}, delta={delta!r}) is invalid: need epsilon >= 0 and "
+                              "0 <= delta < 1")
+        with self._store.transaction() as tx:
+            done = {r[0]: r[1:] for r in tx.all(
+                "SELECT stage, computation, epsilon, delta, created FROM releases WHERE grant_id = ?", (grant.id,))}
+            if stage in done:
+                fingerprint, have_eps, have_delta, created = done[stage]
+                if (fingerprint, have_eps, have_delta) != (computation, epsilon, delta):
+                    raise GrantError(
+                        f"grant {grant.id!r} already released its {stage} stage for computation "
+                        f"{fingerprint[:16]} (epsilon {have_eps:.6g}); computation {computation[:16]} (epsilon "
+                        f"{epsilon:.6g}) is a different release the grant did not pay for: run it under a new grant")
+                return Release(grant.id, stage, computation, epsilon, delta, created, reopened=True)
+            split = BudgetSplit.from_meta(grant.meta)
+            if split is None:
+                if done:
+                    raise GrantError(
+                        f"grant {grant.id!r} is single-stage (it has no split) and its {sorted(done)[0]} stage "
+                        f"already spent it: the {stage} stage needs its own grant, or charge one grant with a split "
+                        "(sage ledger charge --split ..., or Ledger.request(..., split=BudgetSplit(...)))")
+                allowed = (grant.epsilon, grant.delta)
+            else:
+                try:
+                    split.check_covered(grant.epsilon, grant.delta, f"grant {grant.id!r}")
+                except LedgerError as exc:
+                    raise GrantError(str(exc)) from None
+                allowed = split.stage_budget(stage)
+            if epsilon > allowed[0] * (1 + SLACK) or delta > allowed[1] * (1 + SLACK):
+                raise GrantError(f"the {stage} stage asks for (epsilon={epsilon:.6g}, delta={delta:.3g}) but grant "
+                                 f"{grant.id!r} covers only (epsilon={allowed[0]:.6g}, delta={allowed[1]:.3g}) "
+                                 f"for {stage}")
+            now = time.time()
+            tx.run("INSERT INTO releases (grant_id, stage, stream, pipeline, computation, epsilon, delta, created)"
+                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                   (grant.id, stage, grant.stream, grant.pipeline, computation, epsilon, delta, now))
+            self._log(tx, "release", {"grant": grant.id, "stream": grant.stream, "pipeline": grant.pipeline,
+                                      "stage": stage, "computation": computation, "epsilon": epsilon,
+                                      "delta": delta})
+        return Release(grant.id, stage, computation, epsilon, delta, now, reopened=False)
+
+    def releases(self, grant_id=None):
+        """The releases opened so far (all, or one grant's), oldest first."""
+        with self._store.transaction(write=False) as tx:
+            sql = "SELECT grant_id, stage, computation, epsilon, delta, created FROM releases"
+            rows = tx.all(sql + (" WHERE grant_id = ?" if grant_id else "") + " ORDER BY created, grant_id, stage",
+                          (grant_id,) if grant_id else ())
+        return [Release(*r, reopened=False) for r in rows]
 
     def record_outcome(self, grant_id, outcome, details=None):
         """Record what a pipeline run under ``grant_id`` concluded (ACCEPT, REJECT, RETRY, FAILED).

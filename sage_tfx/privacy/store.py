@@ -21,7 +21,14 @@ import urllib.parse
 
 from .errors import LedgerCorrupt, LedgerError, LedgerNotFound
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+# DDL that brings a ledger of the key's schema version to the next one (run in one write transaction).
+_MIGRATIONS = {
+    1: ["""CREATE TABLE IF NOT EXISTS releases (
+        grant_id TEXT NOT NULL, stage TEXT NOT NULL, stream TEXT NOT NULL, pipeline TEXT NOT NULL,
+        computation TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL,
+        created DOUBLE PRECISION NOT NULL, PRIMARY KEY (grant_id, stage))"""],
+}
 
 _TABLES = [
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -48,6 +55,10 @@ _TABLES = [
     """CREATE TABLE outcomes (
         grant_id TEXT PRIMARY KEY, stream TEXT NOT NULL, pipeline TEXT NOT NULL, outcome TEXT NOT NULL,
         details TEXT NOT NULL, created DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE releases (
+        grant_id TEXT NOT NULL, stage TEXT NOT NULL, stream TEXT NOT NULL, pipeline TEXT NOT NULL,
+        computation TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL,
+        created DOUBLE PRECISION NOT NULL, PRIMARY KEY (grant_id, stage))""",
     "CREATE INDEX blocks_window ON blocks (stream, start_ts)",
     "CREATE INDEX grants_stream ON grants (stream, created)",
 ]
@@ -103,6 +114,19 @@ class _Store:
             )
         if version < 1:
             raise LedgerCorrupt(f"{self.display} has an invalid schema version {version}")
+        if version < SCHEMA_VERSION:
+            self._migrate()
+
+    def _migrate(self):
+        """Bring an older ledger to SCHEMA_VERSION, one version per step, each in one write transaction."""
+        while True:
+            with self.transaction(write=True) as tx:
+                version = int(tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0])
+                if version >= SCHEMA_VERSION:
+                    return
+                for ddl in _MIGRATIONS[version]:
+                    tx.run(ddl)
+                tx.run("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version + 1),))
 
     def _create_schema(self, secret):
         with self.transaction(write=True) as tx:

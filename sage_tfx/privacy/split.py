@@ -1,0 +1,237 @@
+"""What each stage of one grant may spend, and how the stages compose into what the ledger charged.
+
+This module is the one home of that rule. ``Ledger.request`` refuses a grant whose split does not
+compose to at most its charge; every data-reading component re-checks it (``stage_budget``) before
+reading; ``Ledger.release`` refuses a stage that asks for more than its share, and the audit
+recomputes what the stages released from the log (docs/block_composition.md, "What a grant pays for").
+
+A grant either carries a split in ``meta["split"]`` (a ``BudgetSplit``) or none:
+
+* **No split: a single-stage grant.** Its whole (epsilon, delta) may be spent by ONE stage (the
+  first to open a release under it); every other stage is refused. This is what ``sage ledger
+  charge`` makes without ``--split``.
+* **A split**: an epsilon per stage and one delta (training's: only DP-SGD and AdaSSP use delta), and
+  a ``ChargeRule`` saying how the stages compose on a record:
+
+  - ``SUM`` ("pre+count+train+reject+val"): every stage may read every granted record. By basic
+    sequential composition (Dwork & Roth 2014, Thm. 3.16) the grant is
+    (pre + count + train + reject + val, delta)-DP for each record, so the charge must be at least that.
+  - ``PARALLEL`` ("pre+count+max(train+reject,val)"): a public per-record hash splits the records
+    into training records (read by training and by the validator's REJECT test) and test records
+    (read by the validator's ACCEPT test only); preprocessing and the DP count read all of them.
+    A record is in one part only, so by parallel composition (McSherry 2009, Thm. 4) it takes part
+    in mechanisms of total epsilon pre + count + train + reject (a training record) or
+    pre + count + val (a test record): the charge must be at least the larger. This is the paper's
+    §3.3 charge with the REJECT test (§3.4) added on the training side.
+
+The stages: ``preprocessing`` (DPTransform's analyzers), ``count`` (the DP record count BlockExampleGen
+releases and DPTrainer calibrates with), ``training`` (the DP model), ``rejection`` (the validator's
+REJECT test on the training split) and ``validation`` (its ACCEPT test on the test split).
+"""
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass
+
+from .errors import GrantError, LedgerError
+
+STAGES = ("preprocessing", "count", "training", "rejection", "validation")
+SPLIT_KEY = "split"  # grant.meta key of the signed split
+SINGLE_RULE = "single"  # the rule recorded for a grant without a split
+SLACK = 1e-9  # relative float round-off allowed when a sum of stage epsilons is compared with a charge
+
+
+class ChargeRule(str, enum.Enum):
+    """How a split's stage epsilons compose into the per-block charge (see the module docstring)."""
+
+    SUM = "pre+count+train+reject+val"
+    PARALLEL = "pre+count+max(train+reject,val)"
+
+
+def _stage_value(name, value):
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise LedgerError(f"split {name} {value!r} is not a number") from None
+    if not (math.isfinite(out) and out >= 0):
+        raise LedgerError(f"split {name} {value!r} is invalid: must be finite and >= 0")
+    return out
+
+
+@dataclass(frozen=True)
+class BudgetSplit:
+    """One grant's epsilon per stage, its delta (training's), and the rule composing them into the charge."""
+
+    preprocessing: float
+    count: float
+    training: float
+    validation: float
+    delta: float
+    rule: str
+    rejection: float = 0.0
+
+    def __post_init__(self):
+        for name in ("preprocessing", "count", "training", "validation", "rejection"):
+            object.__setattr__(self, name, _stage_value(name, getattr(self, name)))
+        delta = _stage_value("delta", self.delta)
+        if delta >= 1:
+            raise LedgerError(f"split delta {self.delta!r} is invalid: must be < 1")
+        object.__setattr__(self, "delta", delta)
+        try:
+            object.__setattr__(self, "rule", ChargeRule(self.rule).value)
+        except ValueError:
+            raise LedgerError(f"split rule {self.rule!r} is unknown: use {ChargeRule.PARALLEL.value!r} (a per-record "
+                              f"train/test split) or {ChargeRule.SUM.value!r}") from None
+
+    # ------------------------------------------------------------------ the rule
+    @property
+    def parallel(self) -> bool:
+        return self.rule == ChargeRule.PARALLEL.value
+
+    @property
+    def charged_epsilon(self) -> float:
+        """The least per-block epsilon that pays for every stage under the rule (module docstring)."""
+        shared = self.preprocessing + self.count
+        if self.parallel:
+            return shared + max(self.training + self.rejection, self.validation)
+        return shared + self.training + self.rejection + self.validation
+
+    def stage_budget(self, stage: str) -> tuple[float, float]:
+        """(epsilon, delta) of ``stage``; delta belongs to training alone."""
+        _check_stage(stage)
+        return getattr(self, stage), (self.delta if stage == "training" else 0.0)
+
+    def composed(self, spent: dict) -> float:
+        """The per-record epsilon of stages that spent ``spent`` ({stage: epsilon}), under this split's rule."""
+        part = {s: float(spent.get(s, 0.0)) for s in STAGES}
+        shared = part["preprocessing"] + part["count"]
+        if self.parallel:
+            return shared + max(part["training"] + part["rejection"], part["validation"])
+        return shared + part["training"] + part["rejection"] + part["validation"]
+
+    def check_covered(self, epsilon: float, delta: float, what: str = "the grant") -> None:
+        """Refuse (LedgerError) a split that composes to more than ``what`` charged: (epsilon, delta)."""
+        if self.charged_epsilon > float(epsilon) * (1 + SLACK):
+            raise LedgerError(
+                f"split {self.to_dict()} composes to epsilon {self.charged_epsilon:.6g} under rule {self.rule!r}, "
+                f"more than {what} charges ({float(epsilon):.6g}): charge at least {self.charged_epsilon:.6g} or "
+                "shrink the stages")
+        if self.delta > float(delta) * (1 + SLACK):
+            raise LedgerError(f"split delta {self.delta:.3g} is more than {what} charges ({float(delta):.3g})")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    # ------------------------------------------------------------------ making one
+    @classmethod
+    def from_meta(cls, meta) -> BudgetSplit | None:
+        """The split signed into a grant's ``meta`` (None: a single-stage grant); LedgerError naming a bad field."""
+        raw = (meta or {}).get(SPLIT_KEY)
+        if raw is None:
+            return None
+        if not isinstance(raw, dict):
+            raise LedgerError(f"split {raw!r} must be an object of stage epsilons, delta and rule")
+        unknown = sorted(set(raw) - set(STAGES) - {"delta", "rule"})
+        if unknown:
+            raise LedgerError(f"split names unknown field(s) {unknown}: use {', '.join(STAGES)}, delta and rule")
+        if "rule" not in raw:
+            raise LedgerError(f"split {raw!r} has no rule: use {ChargeRule.PARALLEL.value!r} or "
+                              f"{ChargeRule.SUM.value!r}")
+        return cls(**{s: raw.get(s, 0.0) for s in STAGES}, delta=raw.get("delta", 0.0), rule=raw["rule"])
+
+    @classmethod
+    def parse(cls, text: str, delta: float = 0.0) -> BudgetSplit:
+        """A split from the command line: ``"preprocessing=0.1,training=0.3,validation=0.3[,rule=parallel]"``.
+
+        The rule is ``sum`` (default) or ``parallel``; missing stages get 0; ``delta`` is training's delta.
+        """
+        fields, rule = {}, ChargeRule.SUM.value
+        for part in (p.strip() for p in str(text).split(",")):
+            if not part:
+                continue
+            name, sep, value = part.partition("=")
+            name = name.strip()
+            if not sep:
+                raise LedgerError(f"split part {part!r} must be STAGE=EPSILON (stages: {', '.join(STAGES)}) or "
+                                  "rule=sum|parallel")
+            if name == "rule":
+                rule = {"sum": ChargeRule.SUM.value, "parallel": ChargeRule.PARALLEL.value}.get(value.strip(),
+                                                                                               value.strip())
+            elif name in STAGES:
+                if name in fields:
+                    raise LedgerError(f"split names stage {name!r} twice")
+                fields[name] = value.strip()
+            else:
+                raise LedgerError(f"split stage {name!r} is unknown: use {', '.join(STAGES)} (or rule=)")
+        if not fields:
+            raise LedgerError(f"split {text!r} names no stage: e.g. preprocessing=0.1,training=0.3,validation=0.1")
+        return cls(**{s: fields.get(s, 0.0) for s in STAGES}, delta=delta, rule=rule)
+
+    @classmethod
+    def for_epsilon(cls, epsilon: float, delta: float, preprocessing_share: float = 0.2, count_share: float = 0.05,
+                    validation_share: float | None = None, rejection_share: float = 0.0,
+                    disjoint_split: bool = True) -> BudgetSplit:
+        """Split a per-block charge ``epsilon`` into the stages so that ``charged_epsilon == epsilon``.
+
+        Preprocessing and the count take their shares of ``epsilon``; ``rest`` is what they leave. With
+        ``disjoint_split`` (a per-record train/test split, rule PARALLEL) the ACCEPT test gets all of
+        ``rest`` and training and the REJECT test share it (``rejection_share`` of it to the REJECT test).
+        Otherwise (rule SUM) ``validation_share`` of ``rest`` (default a third) goes to the ACCEPT test and
+        the remainder is shared between training and the REJECT test alike.
+        """
+        if not (math.isfinite(epsilon) and epsilon > 0):
+            raise ValueError(f"iteration epsilon {epsilon!r} must be finite and > 0")
+        if not 0 <= preprocessing_share < 1:
+            raise ValueError(f"preprocessing_share {preprocessing_share!r} must be in [0, 1)")
+        if not 0 <= count_share < 1 - preprocessing_share:
+            raise ValueError(f"count_share {count_share!r} must be in [0, 1 - preprocessing_share)")
+        if not 0 <= rejection_share < 1:
+            raise ValueError(f"rejection_share {rejection_share!r} must be in [0, 1)")
+        pre, count = epsilon * preprocessing_share, epsilon * count_share
+        rest = epsilon - pre - count
+        if disjoint_split:
+            rule, validation, train_side = ChargeRule.PARALLEL, rest, rest
+        else:
+            share = 1 / 3 if validation_share is None else validation_share
+            if not 0 < share < 1:
+                raise ValueError(f"validation_share {share!r} must be in (0, 1)")
+            rule, validation, train_side = ChargeRule.SUM, rest * share, rest * (1 - share)
+        rejection = train_side * rejection_share
+        return cls(pre, count, train_side - rejection, validation, delta, rule.value, rejection)
+
+
+def _check_stage(stage):
+    if stage not in STAGES:
+        raise LedgerError(f"stage {stage!r} is unknown: use one of {', '.join(STAGES)}")
+
+
+# ---------------------------------------------------------------------------------- what a stage may spend
+
+def stage_budget(grant, stage: str) -> tuple[float, float]:
+    """(epsilon, delta) that ``stage`` may spend under a verified ``grant``.
+
+    With a split: the stage's share, after re-checking that the split composes to at most the grant's
+    charge (a grant the ledger signed always does; the check makes every component refuse one that
+    does not, whoever signed it). Without a split: the whole grant, for whichever ONE stage opens a
+    release under it first (``Ledger.release`` refuses a second stage).
+    """
+    _check_stage(stage)
+    split = BudgetSplit.from_meta(grant.meta)
+    if split is None:
+        return float(grant.epsilon), float(grant.delta)
+    try:
+        split.check_covered(grant.epsilon, grant.delta, f"grant {grant.id!r}")
+    except LedgerError as exc:
+        raise GrantError(str(exc)) from None
+    return split.stage_budget(stage)
+
+
+def require_budget(grant, stage: str, epsilon: float, delta: float = 0.0) -> tuple[float, float]:
+    """Refuse (GrantError), before any data is read, a stage that asks more than its share of the grant."""
+    have_epsilon, have_delta = stage_budget(grant, stage)
+    if float(epsilon) > have_epsilon * (1 + SLACK) or float(delta) > have_delta * (1 + SLACK) + 1e-300:
+        raise GrantError(
+            f"the {stage} stage asks for (epsilon={float(epsilon):.6g}, delta={float(delta):.3g}) but grant "
+            f"{grant.id!r} covers only (epsilon={have_epsilon:.6g}, delta={have_delta:.3g}) for {stage}")
+    return have_epsilon, have_delta
