@@ -133,11 +133,42 @@ class SageIterator:
     DP pipeline execution (a TFX run) on the granted blocks only.
     ``wait_for_blocks(timeout) -> bool`` is called when the stream has too few
     blocks with budget; it returns True once new blocks may have arrived (e.g.
-    a replay step), False when no more will come (then: TIMEOUT).
+    a replay step), False when no more will come (then: TIMEOUT). ``timeout`` is
+    the time left before ``max_seconds`` (None without a deadline).
+
+    Each attempt is chosen from a fresh read of this pipeline's availability.
+    Conserve asks its current epsilon on the newest ``window`` blocks that each
+    offer it. Aggressive asks what the newest ``window`` blocks offering at least
+    the stream's ``min_epsilon`` offer together NOW (not the most it was ever
+    offered: a later window may offer less, and asking more is refused).
+
+    Termination: ``run`` ends in ACCEPT, REJECT or TIMEOUT after a bounded number
+    of steps, also with ``max_seconds=None``, because every pass of its loop does
+    one of three things, each bounded:
+
+    1. a charged attempt: at most ``max_iterations`` in all;
+    2. a refused one (``BudgetRefused``, or ``BlockRetired``: another writer spent
+       between our read and our charge; nothing is charged): the choice, (blocks,
+       epsilon), is never asked again in this run, and the ``max_refusals``-th
+       refusal ends the run in TIMEOUT;
+    3. no choice (too few blocks with budget, an aggressive window under
+       ``min_epsilon``, or only choices already refused): wait for blocks; without
+       ``wait_for_blocks``, or when it returns False, TIMEOUT. A wait after which
+       this pipeline's availability reads exactly as before changed nothing (an
+       idle wait); ``max_idle_waits`` idle waits in a row end the run in TIMEOUT.
+
+    So ``ledger.request`` is called at most ``max_iterations + max_refusals`` times,
+    and between two calls the loop passes without waiting only to make one. Waits
+    are bounded while nothing changes; a wait that changed something (a block
+    arrived, another pipeline spent or finished) was paced by that event, so only
+    an endless stream can keep a pipeline waiting without end; ``max_seconds``
+    bounds that too. Refusals and idle waits are counted per ``run`` (the ledger
+    keeps charges, not refusals): a restarted iterator starts both counts afresh.
     """
 
     def __init__(self, ledger, stream, pipeline, run_iteration, *, epsilon_start=0.125, min_window=1,
-                 delta=None, eta=0.05, max_iterations=10, max_seconds=None, preprocessing_share=0.2,
+                 delta=None, eta=0.05, max_iterations=10, max_seconds=None, max_refusals=10,
+                 max_idle_waits=100, preprocessing_share=0.2,
                  count_share=0.05, disjoint_split=True, wait_for_blocks=None, progress=None, clock=time.monotonic):
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         self.run_iteration = run_iteration
@@ -149,6 +180,13 @@ class SageIterator:
             raise LedgerError(f"min_window {min_window!r} must be an integer >= 1 (blocks)")
         if not (isinstance(max_iterations, int) and max_iterations >= 1):
             raise LedgerError(f"max_iterations {max_iterations!r} must be an integer >= 1")
+        # The two bounds that make every run end (see the class docstring); there is no "unbounded".
+        if not (isinstance(max_refusals, int) and max_refusals >= 1):
+            raise LedgerError(f"max_refusals {max_refusals!r} must be an integer >= 1 (refused requests before "
+                              "TIMEOUT; raise it if concurrent pipelines often take the budget first)")
+        if not (isinstance(max_idle_waits, int) and max_idle_waits >= 1):
+            raise LedgerError(f"max_idle_waits {max_idle_waits!r} must be an integer >= 1 (waits in a row with "
+                              "nothing new before TIMEOUT; raise it if wait_for_blocks returns before blocks arrive)")
         self.delta = stream_info.delta / 100.0 if delta is None else float(delta)
         if not 0 <= self.delta < stream_info.delta or (stream_info.accounting == "basic" and self.delta
                                                        > stream_info.delta):
@@ -157,13 +195,14 @@ class SageIterator:
         eta_for_attempt(eta, 1)
         self.epsilon_start, self.min_window, self.eta = float(epsilon_start), min_window, eta
         self.max_iterations, self.max_seconds = max_iterations, max_seconds
+        self.max_refusals, self.max_idle_waits = max_refusals, max_idle_waits
         self.preprocessing_share, self.count_share = preprocessing_share, count_share
         self.disjoint_split = disjoint_split
         self.split(self.epsilon_start)  # bad shares fail here, before anything is spent
         self.wait_for_blocks = wait_for_blocks
         self.progress = progress or (lambda line: None)
         self.clock = clock
-        self.policy = stream_info.policy
+        self.policy, self.min_epsilon = stream_info.policy, stream_info.min_epsilon
 
     # -------------------------------------------------------------- helpers
     def split(self, epsilon):
@@ -177,14 +216,41 @@ class SageIterator:
         """What this pipeline could spend on ALL of ``blocks`` together (one grant)."""
         return self.ledger.available_epsilon(self.pipeline, self.stream, list(blocks), self.delta)
 
-    def choose_blocks(self, epsilon, window):
+    def _read_availability(self) -> dict:
+        """One read of the ledger: {active block: what this pipeline could be granted on it alone}, oldest first."""
+        return self.ledger.available_per_block(self.pipeline, self.stream, delta=self.delta)
+
+    def choose_blocks(self, epsilon: float, window: int, available: dict | None = None) -> list | None:
         """The newest ``window`` active blocks on which this pipeline can still spend ``epsilon``, oldest first.
 
-        One read of the ledger: each active block's availability for this pipeline, alone.
+        ``available`` is a ``_read_availability()`` already taken this step (None: read it now), so that
+        one step decides on one read and can tell whether a wait changed anything.
         """
-        available = self.ledger.available_per_block(self.pipeline, self.stream, delta=self.delta)
+        if available is None:
+            available = self._read_availability()
         chosen = [b for b in reversed(available) if available[b] >= epsilon][:window]
         return chosen[::-1] if len(chosen) == window else None
+
+    def _choose(self, available: dict, epsilon: float, window: int):
+        """This step's attempt as (blocks, epsilon), or None when the window cannot be served now.
+
+        Aggressive takes what the chosen blocks offer together now, read fresh, never more than that: the
+        offer may be less than last time (another pipeline spent, or a wider window of older blocks), and
+        asking more would be refused every time. Under ``min_epsilon`` is no offer: wait for blocks.
+        """
+        if self.policy != "aggressive":
+            blocks = self.choose_blocks(epsilon, window, available)
+            return None if blocks is None else (tuple(blocks), epsilon)
+        blocks = self.choose_blocks(self.min_epsilon, window, available)
+        if blocks is None:
+            return None
+        offer = self._available(blocks)
+        return (tuple(blocks), offer) if offer >= self.min_epsilon else None
+
+    def _time_left(self, started: float) -> float | None:
+        if self.max_seconds is None:
+            return None
+        return max(0.0, self.max_seconds - (self.clock() - started))
 
     def _history(self):
         entries = [(g, outcome, details) for g, outcome, details in self.ledger.history(self.stream, self.pipeline)
@@ -192,7 +258,10 @@ class SageIterator:
         return sorted(entries, key=lambda e: e[0].meta["iteration"])
 
     # ------------------------------------------------------------------ run
-    def run(self):
+    def run(self) -> RunResult:
+        """Resume this pipeline's history, then attempt until ACCEPT, REJECT or TIMEOUT (bounded: see the class)."""
+        from sage_tfx.privacy import BlockRetired, public_error_text
+
         status = {p["name"]: p for p in self.ledger.pipelines(self.stream)}.get(self.pipeline)
         if status is not None and status["state"] == "done":  # finished earlier: report, spend nothing
             history = self._history()
@@ -227,22 +296,38 @@ class SageIterator:
             epsilon, window = self._next(epsilon, window, grant.blocks)
             number = record.number + 1
 
+        # Every pass charges (<= max_iterations), is refused (<= max_refusals) or waits (idle waits in a row
+        # <= max_idle_waits): see the class docstring for why that bounds the loop.
+        refused = set()  # (blocks, epsilon) the ledger refused in this run: asking it again is never useful
+        refusals = idle_waits = 0
+        before_wait = None  # the availability read before the last wait, to tell whether it changed anything
         while True:
             if number > self.max_iterations or (self.max_seconds is not None
                                                 and self.clock() - started > self.max_seconds):
                 return self._finish("TIMEOUT", iterations, None)
-            if self.policy == "aggressive":
-                blocks = self.choose_blocks(self.ledger.stream(self.stream).min_epsilon, window)
-                if blocks:
-                    epsilon = max(epsilon, self._available(blocks))
-            else:
-                blocks = self.choose_blocks(epsilon, window)
-            if blocks is None:
-                self.progress(f"[{self.pipeline}] waiting: fewer than {window} blocks with epsilon {epsilon:.4g} "
-                              "available")
-                if self.wait_for_blocks is None or not self.wait_for_blocks(self.max_seconds):
+            available = self._read_availability()
+            if before_wait is not None:
+                idle_waits = idle_waits + 1 if available == before_wait else 0
+                before_wait = None
+            choice = self._choose(available, epsilon, window)
+            if choice is None or choice in refused:
+                if choice is not None:
+                    why = (f"the only choice, epsilon {choice[1]:.4g} on {len(choice[0])} block(s), was refused "
+                           "and the ledger reads as before")
+                elif self.policy == "aggressive":
+                    why = f"fewer than {window} blocks offer min_epsilon {self.min_epsilon:.4g}"
+                else:
+                    why = f"fewer than {window} blocks with epsilon {epsilon:.4g} available"
+                if idle_waits >= self.max_idle_waits:
+                    self.progress(f"[{self.pipeline}] TIMEOUT: {why}, and {idle_waits} waits in a row brought "
+                                  f"nothing new (max_idle_waits {self.max_idle_waits})")
                     return self._finish("TIMEOUT", iterations, None)
+                self.progress(f"[{self.pipeline}] waiting: {why}")
+                if self.wait_for_blocks is None or not self.wait_for_blocks(self._time_left(started)):
+                    return self._finish("TIMEOUT", iterations, None)
+                before_wait = available
                 continue
+            blocks, epsilon = list(choice[0]), choice[1]
             eta = eta_for_attempt(self.eta, number)
             split = self.split(epsilon)
             meta = {"iteration": number, "epsilon": epsilon, "window": window, "eta": eta,
@@ -253,8 +338,16 @@ class SageIterator:
                 grant = self.ledger.request(self.pipeline, self.stream, blocks=blocks,
                                             epsilon=split.charged_epsilon, delta=split.delta, rule=split.rule,
                                             meta=meta)
-            except BudgetRefused as refusal:  # another writer took the budget between our check and charge
-                self.progress(f"[{self.pipeline}] refused, retrying the choice: {refusal}")
+            except (BudgetRefused, BlockRetired) as refusal:  # another writer spent between our read and charge
+                refused.add(choice)
+                refusals += 1
+                if refusals >= self.max_refusals:
+                    self.progress(f"[{self.pipeline}] TIMEOUT: {refusals} requests refused (max_refusals "
+                                  f"{self.max_refusals}); other pipelines took the budget first. Last: "
+                                  f"{public_error_text(refusal)}")
+                    return self._finish("TIMEOUT", iterations, None)
+                self.progress(f"[{self.pipeline}] refused, choosing again from a fresh read: "
+                              f"{public_error_text(refusal)}")
                 continue
             record = Iteration(number, grant.id, grant.blocks, epsilon, eta, None)
             iterations.append(record)
@@ -269,7 +362,13 @@ class SageIterator:
         try:
             result = self.run_iteration(grant, split, record.eta, record.number)
         except Exception as exc:  # the grant stays spent; a new run resumes after it
-            self.ledger.record_outcome(grant.id, "FAILED", {"error": f"{type(exc).__name__}: {exc}"})
+            # The log is append-only and outlives the run: a message from a data path can hold a record's
+            # values, so it keeps the type and only the messages known to hold none (public_error_text).
+            from sage_tfx.privacy import public_error_text
+
+            error = public_error_text(exc)
+            self.ledger.record_outcome(grant.id, "FAILED", {"error": error})
+            self.progress(f"[{self.pipeline}] iteration {record.number}: FAILED ({error}); its grant stays spent")
             raise
         self.ledger.record_outcome(grant.id, result.outcome, {"bound": result.bound, **result.details})
         record.outcome, record.bound = result.outcome, result.bound
