@@ -43,12 +43,15 @@ def test_eta_schedule_sums_to_eta():
 
 def test_budget_split_rules():
     s = BudgetSplit.for_epsilon(1.0, 1e-8, preprocessing_share=0.2, count_share=0.05)
-    assert (s.preprocessing, s.count, s.rule) == (0.2, 0.05, "pre+count+max(train,val)")
+    assert (s.preprocessing, s.count, s.rule) == (0.2, 0.05, "pre+count+max(train+reject,val)")
     assert s.training == s.validation == pytest.approx(0.75)
     assert s.charged_epsilon == pytest.approx(1.0)
     t = BudgetSplit.for_epsilon(1.0, 1e-8, preprocessing_share=0.1, count_share=0.0, disjoint_split=False)
-    assert t.rule == "pre+count+train+val"
+    assert t.rule == "pre+count+train+reject+val"
     assert t.preprocessing + t.training + t.validation == pytest.approx(1.0) == t.charged_epsilon
+    r = BudgetSplit.for_epsilon(1.0, 1e-8, preprocessing_share=0.2, count_share=0.05, rejection_share=0.2)
+    assert (r.training, r.rejection, r.validation) == pytest.approx((0.6, 0.15, 0.75))
+    assert r.charged_epsilon == pytest.approx(1.0)
     with pytest.raises(ValueError, match="-1"):
         BudgetSplit.for_epsilon(-1, 1e-8)
     with pytest.raises(ValueError, match="0.9"):

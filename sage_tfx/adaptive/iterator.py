@@ -14,13 +14,16 @@ the final eps overshoots the smallest sufficient one by at most 2x, so the
 total is at most 4x the ideal budget. The eta_i sum to eta over any number of
 attempts (sum 1/(i(i+1)) = 1), so the SLA holds across retries.
 
-Each iteration's epsilon is split between preprocessing, training and
-validation (``BudgetSplit``). Training reads only train records and validation
-only test records; with a per-record train/test split those sets are disjoint,
-so by parallel composition a block is charged eps_pre + max(eps_train, eps_val)
-(rule "pre+count+max(train,val)", the count being the DP record count the
-trainer calibrates with). Without that split the safe sum is charged (rule
-"pre+count+train+val"). The grant records the rule.
+Each iteration's epsilon is split between the stages (``sage_tfx.privacy.BudgetSplit``:
+preprocessing, the DP record count the trainer calibrates with, training, the
+validator's REJECT test and its ACCEPT test) and the split is signed into the
+grant. Training and the REJECT test read only training records and the ACCEPT
+test only test records; with a per-record train/test split those sets are
+disjoint, so by parallel composition a block is charged
+pre + count + max(train + reject, val) (rule ChargeRule.PARALLEL). Without
+that split the safe sum is charged (ChargeRule.SUM). The ledger refuses a split
+that composes to more than the charge, and each component spends only its
+stage's share, once (``Ledger.release``).
 
 Resumable: the ledger keeps every grant with its iteration number and the
 outcome recorded after the run. A new iterator for the same pipeline first
@@ -34,60 +37,10 @@ import math
 import time
 from dataclasses import asdict, dataclass, field
 
-from sage_tfx.privacy import BudgetRefused, LedgerError
+from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, public_error_text
 from sage_tfx.validation import eta_for_attempt
 
 OUTCOMES = ("ACCEPT", "REJECT", "RETRY")
-
-
-@dataclass(frozen=True)
-class BudgetSplit:
-    """How one iteration's epsilon is divided, and what each block is charged.
-
-    ``count`` pays for the DP record count of the granted blocks (the only data
-    size a pipeline may learn; the DP trainer calibrates DP-SGD with it). It is
-    declared in the grant as ``meta["count_epsilon"]`` and, like preprocessing,
-    reads every granted record, so it is charged in full.
-    """
-
-    preprocessing: float
-    count: float
-    training: float
-    validation: float
-    delta: float
-    rule: str
-
-    @property
-    def charged_epsilon(self):
-        if self.rule == "pre+count+max(train,val)":
-            return self.preprocessing + self.count + max(self.training, self.validation)
-        return self.preprocessing + self.count + self.training + self.validation
-
-    @classmethod
-    def for_epsilon(cls, epsilon, delta, preprocessing_share=0.2, count_share=0.05, validation_share=None,
-                    disjoint_split=True):
-        """Split ``epsilon`` (the per-block charge) into the stages.
-
-        With ``disjoint_split`` (a per-record train/test split), training and
-        validation each get everything preprocessing and the count leave:
-        charge = pre + count + max(train, val) = epsilon. Otherwise the rest is
-        shared between training and validation (``validation_share`` of it to
-        validation, default a third), and the charge is the sum.
-        """
-        if not (math.isfinite(epsilon) and epsilon > 0):
-            raise ValueError(f"iteration epsilon {epsilon!r} must be finite and > 0")
-        if not 0 <= preprocessing_share < 1:
-            raise ValueError(f"preprocessing_share {preprocessing_share!r} must be in [0, 1)")
-        if not 0 <= count_share < 1 - preprocessing_share:
-            raise ValueError(f"count_share {count_share!r} must be in [0, 1 - preprocessing_share)")
-        pre, count = epsilon * preprocessing_share, epsilon * count_share
-        rest = epsilon - pre - count
-        if disjoint_split:
-            return cls(pre, count, rest, rest, delta, "pre+count+max(train,val)")
-        share = 1 / 3 if validation_share is None else validation_share
-        if not 0 < share < 1:
-            raise ValueError(f"validation_share {share!r} must be in (0, 1)")
-        return cls(pre, count, rest * (1 - share), rest * share, delta, "pre+count+train+val")
 
 
 @dataclass
@@ -169,7 +122,7 @@ class SageIterator:
     def __init__(self, ledger, stream, pipeline, run_iteration, *, epsilon_start=0.125, min_window=1,
                  delta=None, eta=0.05, max_iterations=10, max_seconds=None, max_refusals=10,
                  max_idle_waits=100, preprocessing_share=0.2,
-                 count_share=0.05, disjoint_split=True, wait_for_blocks=None, progress=None, clock=time.monotonic):
+                 count_share=0.05, rejection_share=0.0, disjoint_split=True, wait_for_blocks=None, progress=None, clock=time.monotonic):
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         self.run_iteration = run_iteration
         stream_info = ledger.stream(stream)  # raises UnknownStream before anything is spent
@@ -197,7 +150,7 @@ class SageIterator:
         self.max_iterations, self.max_seconds = max_iterations, max_seconds
         self.max_refusals, self.max_idle_waits = max_refusals, max_idle_waits
         self.preprocessing_share, self.count_share = preprocessing_share, count_share
-        self.disjoint_split = disjoint_split
+        self.disjoint_split, self.rejection_share = disjoint_split, rejection_share
         self.split(self.epsilon_start)  # bad shares fail here, before anything is spent
         self.wait_for_blocks = wait_for_blocks
         self.progress = progress or (lambda line: None)
@@ -208,7 +161,7 @@ class SageIterator:
     def split(self, epsilon):
         try:
             return BudgetSplit.for_epsilon(epsilon, self.delta, self.preprocessing_share, self.count_share,
-                                           disjoint_split=self.disjoint_split)
+                                           rejection_share=self.rejection_share, disjoint_split=self.disjoint_split)
         except ValueError as exc:
             raise LedgerError(str(exc)) from None
 
@@ -260,7 +213,6 @@ class SageIterator:
     # ------------------------------------------------------------------ run
     def run(self) -> RunResult:
         """Resume this pipeline's history, then attempt until ACCEPT, REJECT or TIMEOUT (bounded: see the class)."""
-        from sage_tfx.privacy import BlockRetired, public_error_text
 
         status = {p["name"]: p for p in self.ledger.pipelines(self.stream)}.get(self.pipeline)
         if status is not None and status["state"] == "done":  # finished earlier: report, spend nothing
@@ -332,8 +284,6 @@ class SageIterator:
             split = self.split(epsilon)
             meta = {"iteration": number, "epsilon": epsilon, "window": window, "eta": eta,
                     "split": asdict(split)}
-            if split.count > 0:
-                meta["count_epsilon"] = split.count  # BlockExampleGen releases the DP record count
             try:
                 grant = self.ledger.request(self.pipeline, self.stream, blocks=blocks,
                                             epsilon=split.charged_epsilon, delta=split.delta, rule=split.rule,
@@ -364,7 +314,6 @@ class SageIterator:
         except Exception as exc:  # the grant stays spent; a new run resumes after it
             # The log is append-only and outlives the run: a message from a data path can hold a record's
             # values, so it keeps the type and only the messages known to hold none (public_error_text).
-            from sage_tfx.privacy import public_error_text
 
             error = public_error_text(exc)
             self.ledger.record_outcome(grant.id, "FAILED", {"error": error})

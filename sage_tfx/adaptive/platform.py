@@ -11,7 +11,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from sage_tfx.privacy import Ledger
+from sage_tfx.privacy import Ledger, public_error_text
 
 from .iterator import SageIterator
 
@@ -92,7 +92,7 @@ class Platform:
                       f"epsilon {result.total_epsilon:.4g} in all")
         except Exception as exc:  # reported, and the others go on
             self.errors[spec.name] = exc
-            self._say(f"[{spec.name}] failed: {type(exc).__name__}: {exc}")
+            self._say(f"[{spec.name}] failed: {public_error_text(exc)}")  # a data path: no value in the text
         finally:
             ledger.close()
 
