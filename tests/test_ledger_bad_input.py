@@ -114,6 +114,11 @@ ADD = ["add-block", "--stream", "s", "--block", "b9"]
 # (case id, `sage ledger` arguments after the action's --db, substrings the error must contain)
 CLI_CASES = [
     # epsilon: negative, zero, NaN, +-inf, not a number
+    ("charge-split-above-charge", CHARGE + ["--epsilon=0.1", "--split", "preprocessing=5,training=5,validation=5"],
+     ["composes to epsilon 15", "charges (0.1)"]),
+    ("charge-split-unknown-stage", CHARGE + ["--epsilon=0.1", "--split", "trainng=0.1"], ["'trainng'"]),
+    ("charge-split-bad-number", CHARGE + ["--epsilon=0.1", "--split", "training=x"], ["'x'"]),
+    ("charge-split-bad-rule", CHARGE + ["--epsilon=0.1", "--split", "training=0.1,rule=max"], ["'max'"]),
     ("charge-eps-negative", CHARGE + ["--epsilon=-1"], ["epsilon -1.0", "> 0"]),
     ("charge-eps-zero", CHARGE + ["--epsilon=0"], ["epsilon 0.0", "> 0"]),
     ("charge-eps-nan", CHARGE + ["--epsilon=nan"], ["epsilon nan", "finite"]),

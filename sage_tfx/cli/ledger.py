@@ -72,6 +72,12 @@ def add_parser(subparsers):
     p.add_argument("--blocks", required=True, help="comma-separated block ids")
     p.add_argument("--epsilon", required=True, type=_number)
     p.add_argument("--delta", type=_number, default=0.0)
+    p.add_argument("--split", default=None, metavar="STAGE=EPS,...",
+                   help="what each pipeline stage may spend, e.g. preprocessing=0.1,count=0.05,training=0.3,"
+                        "validation=0.05 (stages: preprocessing, count, training, rejection, validation; add "
+                        "rule=parallel for a per-record train/test split, default rule=sum); the stages must "
+                        "compose to at most --epsilon; training gets --delta. Without --split the grant is "
+                        "single-stage: ONE component may spend it")
     p.add_argument("--json", action="store_true", help="print the whole signed grant as JSON")
 
     p = action("status", _status, "per-block budget table (or --json)")
@@ -132,9 +138,12 @@ def _add_block(args):
 
 
 def _charge(args):
+    from sage_tfx.privacy import BudgetSplit
+
+    split = None if args.split is None else BudgetSplit.parse(args.split, delta=args.delta)
     with _open(args) as ledger:
         grant = ledger.request(args.pipeline, args.stream, blocks=args.blocks, epsilon=args.epsilon,
-                               delta=args.delta)
+                               delta=args.delta, split=split)
     print(grant.to_json() if args.json else grant.id)
 
 
@@ -156,7 +165,8 @@ def _audit(args):
         print(json.dumps(report.to_dict(), indent=2))
     elif report.ok:
         print(f"audit OK: {report.entries} log entries, {report.streams} stream(s), {report.blocks} blocks, "
-              f"{report.grants} grants; every block within its global budget; hash chain intact")
+              f"{report.grants} grants; every block within its global budget; every grant's stages within its "
+              "charge; hash chain intact")
     else:
         print(f"audit FAILED: {len(report.problems)} problem(s)")
         for problem in report.problems:
