@@ -1,19 +1,51 @@
-"""What a component may learn about its grant: the verified grant, and a DP count of its records.
+"""What a component may learn about its grant, and the one release each stage opens under it.
 
 ``check_grant`` is the one door: every data-reading component (BlockExampleGen,
-DPTransform, DPTrainer, DPModelValidator) calls it BEFORE reading a record. It
-needs no TensorFlow, TFX or Beam.
+DPTransform, DPTrainer, DPModelValidator) calls it BEFORE reading a record.
+``open_release`` is the second step, shared by every component that releases
+something: it opens the stage's one release under the grant with the ledger
+(``Ledger.release``: refused for a second computation, or beyond the stage's
+share) and only then hands out the stage's noise seed, so nothing is drawn
+before the ledger has recorded what is drawn. Neither needs TensorFlow, TFX
+or Beam.
 
 The rule for data size (docs/growing_database.md): a pipeline never sees an
 exact row count. It may see the public number of blocks in its grant, or a
-Laplace count released under epsilon_count that the grant declared in its
-``meta["count_epsilon"]`` and paid for as part of its charge.
+Laplace count released under the ``count`` stage of the grant's split, which
+the grant paid for as part of its charge.
 """
+import hashlib
+import json
 import math
 
-from sage_tfx.privacy import GrantError, Ledger
+from sage_tfx.privacy import BudgetSplit, GrantError, Ledger
 
-COUNT_META_KEY = "count_epsilon"
+# The noise seed's purpose for each stage (Ledger.private_seed): one seed per grant and stage.
+SEED_PURPOSES = {"preprocessing": "preprocessing", "count": "record_count", "training": "training",
+                 "rejection": "validation", "validation": "validation"}
+
+
+def computation_digest(*parts) -> str:
+    """A SHA-256 fingerprint of a computation from its parts (bytes as they are, anything else as canonical JSON)."""
+    digest = hashlib.sha256()
+    for part in parts:
+        data = part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode()
+        digest.update(len(data).to_bytes(8, "big"))
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def open_release(ledger_location, grant, stage, computation, epsilon, delta=0.0) -> int:
+    """Open ``stage``'s release of ``computation`` under ``grant`` with the ledger; return the stage's noise seed.
+
+    Raises GrantError before anything is drawn if the grant already released this stage for another
+    computation, if the stage asks more than its share, or if a single-stage grant was spent by
+    another stage. Re-opening the same computation returns the same seed (a re-run draws the same
+    noise: no new release).
+    """
+    with Ledger.open(ledger_location) as ledger:
+        ledger.release(grant, stage, computation, epsilon, delta)
+        return ledger.private_seed(grant.id, SEED_PURPOSES[stage])
 
 
 def check_grant(ledger_location, grant_json, stream=None, epsilon=None, delta=None):
@@ -52,26 +84,24 @@ def laplace_count(exact, epsilon, rng):
     return float(exact) + float(rng.laplace(0.0, 1.0 / epsilon))
 
 
-def released_record_count(ledger_location, grant):
-    """The DP record count of a verified grant, or None if the grant declared no ``count_epsilon``.
+RECORD_COUNT_COMPUTATION = "record_count/v1"  # one Laplace count over all granted blocks
 
-    The noise comes from a seed only the ledger can derive for (grant, "record_count"),
-    so releasing it again under the same grant returns the same value: no extra
-    privacy loss, however often a pipeline re-runs.
+
+def released_record_count(ledger_location, grant):
+    """The DP record count of a verified grant, or None if its split has no ``count`` stage.
+
+    The release is opened with the ledger (stage ``count``, one computation for every caller), and
+    the noise comes from a seed only the ledger can derive for (grant, "record_count"), so
+    BlockExampleGen and DPTrainer, and any re-run, release the same value: no extra privacy loss.
     """
     import numpy as np
 
-    eps = (grant.meta or {}).get(COUNT_META_KEY)
-    if eps is None:
+    split = BudgetSplit.from_meta(grant.meta)
+    if split is None or split.count <= 0:
         return None
-    try:
-        eps = float(eps)
-    except (TypeError, ValueError):
-        raise GrantError(f"grant {grant.id!r}: {COUNT_META_KEY} {eps!r} is not a number") from None
-    if not math.isfinite(eps) or eps <= 0 or eps > grant.epsilon + 1e-12:
-        raise GrantError(f"grant {grant.id!r}: {COUNT_META_KEY} {eps!r} must be in (0, grant epsilon "
-                         f"{grant.epsilon:g}]")
+    eps = split.count
+    rng = np.random.default_rng(open_release(ledger_location, grant, "count",
+                                             computation_digest(RECORD_COUNT_COMPUTATION, list(grant.blocks)), eps))
     with Ledger.open(ledger_location) as ledger:
         exact = sum(ledger.private_row_count(grant.stream, b) or 0 for b in grant.blocks)
-        rng = np.random.default_rng(ledger.private_seed(grant.id, "record_count"))
     return laplace_count(exact, eps, rng), eps

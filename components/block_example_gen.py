@@ -9,8 +9,9 @@ executor verifies the grant with the ledger before it reads any data.
 Lineage (MLMD custom properties of the output): ``grant_id``, ``stream``,
 ``block_ids`` (JSON list), ``block_count``, ``epsilon``, ``delta``, ``charge`` (the
 exact epsilon/delta as JSON: MLMD's SQLite store rounds doubles), and, when the
-grant declared ``meta["count_epsilon"]``, ``dp_record_count`` with
-``dp_record_count_epsilon``. No exact row count is ever recorded.
+grant's split has a ``count`` stage, ``dp_record_count`` with
+``dp_record_count_epsilon`` (that stage's one release, opened with the ledger:
+DPTrainer reads the same value). No exact row count is ever recorded.
 """
 import json
 

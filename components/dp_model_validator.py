@@ -17,14 +17,18 @@ epsilon spent, eta and the confidence (custom properties ``outcome``, ``bound``,
 Privacy: the validator's release is epsilon-DP on the eval records (the clipped loss sum and its complement
 B - loss summed, Lap(B/eps) each: the error and correct counts for accuracy; see sage_tfx.validation.noisy),
 within the validation share the ledger charged to the grant.
-Its noise comes from the ledger's private seed for (grant, "validation"): re-running the same validation
-under the same grant releases the same values and the same outcome, so it costs nothing more. A grant
-covers ONE validation: validating another model or with another B under the same grant reuses that noise
-for a different query, which the grant did not pay for.
+Its noise comes from the ledger's private seed for (grant, "validation"), handed out only after the
+executor opened the validation release with the ledger (``Ledger.release``) for this computation: the
+digest of the model's SavedModel and every test parameter. Re-running the same validation under the same
+grant releases the same values and the same outcome, at no further cost; validating another model, or
+with another B or target, under the same grant is refused before any noise is drawn (it would be a
+second release the grant did not pay for).
 
-``train_split`` (optional) adds the REJECT test on that split's records (each record then pays the
-validation epsilon once more); it is refused under a grant whose split rule is "pre+max(train,val)",
-because there the training records' charge covers training only.
+``train_split`` (optional; the ready pipelines pass "train") adds the REJECT test on that split's records.
+It is the split's ``rejection`` stage (``sage_tfx.privacy.BudgetSplit``): with a per-record train/test
+split the ledger charged each block pre + count + max(train + reject, val), so the training records pay
+for training and the REJECT test, the test records for the ACCEPT test. It is refused under a
+single-stage grant or a split without a rejection stage.
 """
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import artifact, channel, standard_artifacts

@@ -20,16 +20,15 @@ import os
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._budget import require_budget, stage_budget, train_and_validation_in_parallel
-from sage_tfx.components._grant import check_grant
-from sage_tfx.privacy import GrantError
+from sage_tfx.components._grant import check_grant, computation_digest, open_release
+from sage_tfx.privacy import BudgetSplit, GrantError, require_budget, stage_budget
 
 METRICS = ("mse", "mae", "log_loss", "accuracy")
 LOSS_METRICS = ("mse", "mae", "log_loss")
 LOG_LOSS_FLOOR = 1e-7  # probabilities are kept in [floor, 1 - floor], so a log loss is <= ln(1/floor)
 RESULT_FILE = "result.json"
 BLESSED_FILE, NOT_BLESSED_FILE = "BLESSED", "NOT_BLESSED"  # as tfx.components.evaluator.constants
-SEED_PURPOSE = "validation"
+STAGE, REJECT_STAGE = "validation", "rejection"  # the ACCEPT test on the test split, the REJECT test on train
 BATCH = 4096
 
 
@@ -61,22 +60,26 @@ def validation_plan(exec_properties, grant):
     elif loss_bound is not None:
         raise ValidatorConfigError(f"loss_bound {loss_bound!r} does not apply to metric 'accuracy'")
 
-    share, _ = stage_budget(grant, "validation")
+    share, _ = stage_budget(grant, STAGE)
     epsilon = exec_properties.get("epsilon")
     epsilon = share if epsilon is None else _number("epsilon", epsilon)
     if not (math.isfinite(epsilon) and epsilon > 0):
         raise ValidatorConfigError(f"epsilon {epsilon!r} must be finite and > 0")
-    require_budget(grant, "validation", epsilon)
+    require_budget(grant, STAGE, epsilon)
 
     train_split = exec_properties.get("train_split") or None
+    train_epsilon = None
     if train_split is not None:
-        split = grant.meta.get("split") or {}
-        # With a per-record train/test split the ledger charged each record pre + max(train, val): the
-        # training records already pay for training, so a REJECT test on them is not covered.
-        if train_and_validation_in_parallel(grant):
-            raise GrantError(
-                f"grant {grant.id!r} has split rule {split.get('rule')!r}: its validation share covers the "
-                f"test records only, so the REJECT test on split {train_split!r} is not covered")
+        # The REJECT test reads the training records: it is the split's `rejection` stage, charged on the
+        # training side of the rule (pre + count + max(train + reject, val) with a per-record split).
+        if BudgetSplit.from_meta(grant.meta) is None:
+            raise GrantError(f"grant {grant.id!r} is single-stage (no split): it pays for one test, so the REJECT "
+                             f"test on split {train_split!r} is not covered; charge a split with a rejection stage")
+        train_epsilon, _ = stage_budget(grant, REJECT_STAGE)
+        if not train_epsilon > 0:
+            raise GrantError(f"grant {grant.id!r}'s split has no rejection stage (epsilon {train_epsilon:g}): the "
+                             f"REJECT test on split {train_split!r} is not paid for (BudgetSplit rejection_share > 0)")
+        require_budget(grant, REJECT_STAGE, train_epsilon)
 
     confidence = exec_properties.get("confidence")
     confidence = 0.95 if confidence is None else _number("confidence", confidence)
@@ -87,6 +90,7 @@ def validation_plan(exec_properties, grant):
     return {"metric": metric, "target": target, "loss_bound": loss_bound, "epsilon": epsilon,
             "confidence": confidence, "eta": eta, "attempt": attempt, "label_key": str(label_key),
             "eval_split": exec_properties.get("eval_split") or "eval", "train_split": train_split,
+            "train_epsilon": train_epsilon,
             "prediction_key": exec_properties.get("prediction_key") or None}
 
 
@@ -105,8 +109,32 @@ def make_validator(plan):
     from sage_tfx.validation import DPAccuracyValidator, DPLossValidator
 
     if plan["metric"] == "accuracy":
-        return DPAccuracyValidator(plan["target"], plan["epsilon"], plan["confidence"])
-    return DPLossValidator(plan["target"], plan["epsilon"], plan["confidence"], loss_bound=plan["loss_bound"])
+        return DPAccuracyValidator(plan["target"], plan["epsilon"], plan["confidence"],
+                                   train_epsilon=plan["train_epsilon"])
+    return DPLossValidator(plan["target"], plan["epsilon"], plan["confidence"], loss_bound=plan["loss_bound"],
+                           train_epsilon=plan["train_epsilon"])
+
+
+def model_digest(path):
+    """SHA-256 over a SavedModel directory: every file's relative path and bytes, in sorted order."""
+    import hashlib
+
+    import tensorflow as tf
+
+    digest = hashlib.sha256()
+    files = sorted(os.path.relpath(os.path.join(root, name), path)
+                   for root, _, names in tf.io.gfile.walk(path) for name in names)
+    for rel in files:
+        with tf.io.gfile.GFile(os.path.join(path, rel), "rb") as f:
+            data = f.read()
+        digest.update(f"{rel}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()
+
+
+def validation_computation(plan, model_path):
+    """The validation release's fingerprint: the model's digest and every parameter of the test."""
+    return computation_digest("DPModelValidator/v1", model_digest(model_path), plan)
 
 
 # ---------------------------------------------------------------- reading records and running the model
@@ -127,8 +155,14 @@ def split_records(examples, split):
     return records
 
 
-def _feature_values(example, key):
-    """The values of ``key`` in a parsed tf.Example as a list of floats ([] when absent or empty)."""
+def _feature_values(example, key, index=None):
+    """The values of ``key`` in a parsed tf.Example as a list of floats ([] when absent or empty).
+
+    NaN / inf values are returned as they are: ``per_example_values`` gives such a record the worst value.
+    Bytes raise RecordError naming ``key`` and the record's ``index`` in the split, never a value.
+    """
+    from sage_tfx.privacy.errors import RecordError
+
     feature = example.features.feature.get(key)
     if feature is None:
         return []
@@ -136,7 +170,7 @@ def _feature_values(example, key):
     if kind in ("float_list", "int64_list"):
         return [float(v) for v in getattr(feature, kind).value]
     if kind == "bytes_list" and feature.bytes_list.value:
-        raise ValidatorConfigError(f"feature {key!r} holds bytes: a label or a model input must be numeric")
+        raise RecordError(key, index, "holds bytes: a label or a model input must be numeric")
     return []
 
 
@@ -181,18 +215,22 @@ class ServingModel:
 
 
 def model_outputs(model, records, label_key):
-    """(labels, {output: array}) over the records that carry the label and every feature the model reads."""
+    """(labels, {output: array}) over the records that carry the label and every feature the model reads.
+
+    Which records are kept is a fixed function of each record alone (its label and inputs present with the
+    right width). Values are not checked here: a NaN / inf label or output gets the worst per-example value.
+    """
     import numpy as np
     import tensorflow as tf
 
     widths = {} if model.examples_input is not None else model.widths()
     labels, kept, features = [], [], {k: [] for k in widths}
-    for record in records:
+    for index, record in enumerate(records):
         example = tf.train.Example.FromString(record)
-        label = _feature_values(example, label_key)
+        label = _feature_values(example, label_key, index)
         if len(label) != 1:
             continue
-        values = {k: _feature_values(example, k) for k in widths}
+        values = {k: _feature_values(example, k, index) for k in widths}
         if any(len(values[k]) != w for k, w in widths.items()):
             continue
         labels.append(label[0])
@@ -223,10 +261,19 @@ def _pick(outputs, wanted, metric):
 def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=None):
     """Per-example losses (mse: squared error, mae: absolute error, log_loss: -log p(label)) or 0/1
     correctness (accuracy), from the signature's outputs. Multi-class outputs ([n, k] probabilities) take
-    integer labels in [0, k)."""
+    integer labels in [0, k).
+
+    A record whose label or model output is NaN or +-inf gets the WORST value: ``loss_bound`` B for a loss
+    (what clipping its infinite loss to [0, B] gives), 0 ("incorrect") for accuracy. It is a fixed function
+    of the record alone, so the validator's sensitivity (B per record in a clipped sum, 1 in a count) and
+    its epsilon are unchanged, and nothing fails because of a value. Without ``loss_bound`` (called outside
+    the executor) a non-finite record of mse / mae raises RecordError; log_loss defaults to ln(1/floor). A
+    finite label that is not a class id raises RecordError (column, record index among the evaluated
+    records, never the value).
+    """
     import numpy as np
 
-    from sage_tfx.validation import correctness, log_losses, squared_errors
+    from sage_tfx.validation import absolute_errors, correctness, log_losses, squared_errors
 
     if prediction_key is not None:
         if prediction_key not in outputs:
@@ -242,27 +289,40 @@ def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=
     out = np.asarray(out, dtype=np.float64)
 
     if metric == "mse":
-        return squared_errors(labels, out)
+        return squared_errors(labels, out, loss_bound=loss_bound)
     if metric == "mae":
-        return np.sqrt(squared_errors(labels, out))
+        return absolute_errors(labels, out, loss_bound=loss_bound)
     if out.ndim == 2 and out.shape[1] > 1:  # multi-class probabilities
-        classes = _class_ids(labels, out.shape[1])
+        labels = np.asarray(labels, dtype=np.float64).reshape(-1)
+        classes = _class_ids(labels, out.shape[1])  # -1 where the label is not finite
+        bad = (classes < 0) | ~np.all(np.isfinite(out), axis=1)
+        safe = np.where(bad, 0, classes)
         if metric == "accuracy":
-            return (np.argmax(out, axis=1) == classes).astype(np.float64)
-        return -np.log(np.clip(out[np.arange(len(classes)), classes], LOG_LOSS_FLOOR, 1.0))
+            return ((np.argmax(np.where(bad[:, None], 0.0, out), axis=1) == safe) & ~bad).astype(np.float64)
+        worst = -math.log(LOG_LOSS_FLOOR) if loss_bound is None else loss_bound
+        picked = np.where(bad, 1.0, out[np.arange(len(safe)), safe])
+        return np.where(bad, worst, -np.log(np.clip(picked, LOG_LOSS_FLOOR, 1.0)))
     if metric == "log_loss":
-        return log_losses(labels, out, floor=LOG_LOSS_FLOOR)
+        return log_losses(labels, out, floor=LOG_LOSS_FLOOR, loss_bound=loss_bound)
     # accuracy from class ids (0/1) or from P(label = 1): correct iff (score >= 0.5) == label
     return correctness(labels, out, threshold=0.5)
 
 
 def _class_ids(labels, k):
+    """Integer class ids of ``labels`` in [0, k); -1 where a label is NaN / +-inf (the caller gives that record
+    the worst value). A finite label that is not an integer in [0, k) raises RecordError naming the column
+    and the record's index among the evaluated records, never the value."""
     import numpy as np
 
-    ids = labels.astype(np.int64)
-    bad = (ids != labels) | (ids < 0) | (ids >= k)
+    from sage_tfx.privacy.errors import RecordError
+
+    labels = np.asarray(labels, dtype=np.float64)
+    finite = np.isfinite(labels)
+    safe = np.where(finite, labels, -1.0)
+    ids = safe.astype(np.int64)
+    bad = finite & ((ids != safe) | (ids < 0) | (ids >= k))
     if bad.any():
-        raise ValidatorConfigError(f"label {labels[bad][0]!r} is not a class id in [0, {k})")
+        raise RecordError("label", int(np.flatnonzero(bad)[0]), f"is not a class id in [0, {k})")
     return ids
 
 
@@ -302,7 +362,6 @@ class Executor(base_executor.BaseExecutor):
     def Do(self, input_dict, output_dict, exec_properties):
         import numpy as np
 
-        from sage_tfx.privacy import Ledger
         from tfx.utils import path_utils
 
         ledger = exec_properties.get("ledger")
@@ -320,6 +379,12 @@ class Executor(base_executor.BaseExecutor):
         model_path = path_utils.serving_model_path(model.uri, path_utils.is_old_model_artifact(model))
 
         serving = ServingModel(model_path)
+        # One release per grant: validating another model (or with other parameters) under this grant is
+        # refused here, before any noise is drawn; the same model and test re-run draws the same noise.
+        computation = validation_computation(plan, model_path)
+        seed = open_release(ledger, grant, STAGE, computation, plan["epsilon"])
+        if plan["train_split"] is not None:
+            open_release(ledger, grant, REJECT_STAGE, computation, plan["train_epsilon"])
         labels, outputs = model_outputs(serving, split_records(examples, plan["eval_split"]), plan["label_key"])
         test = per_example_values(plan["metric"], labels, outputs, plan["prediction_key"], plan["loss_bound"])
         train = None
@@ -329,8 +394,7 @@ class Executor(base_executor.BaseExecutor):
             train = per_example_values(plan["metric"], labels, outputs, plan["prediction_key"],
                                        plan["loss_bound"])
 
-        with Ledger.open(ledger) as opened:
-            rng = np.random.default_rng(opened.private_seed(grant.id, SEED_PURPOSE))
+        rng = np.random.default_rng(seed)
         result = validator.validate(test, train, rng, attempt=plan["attempt"], eta=plan["eta"])
 
         report = result.to_dict()
@@ -339,9 +403,8 @@ class Executor(base_executor.BaseExecutor):
             "bound": report["bounds"].get(key), "bound_kind": key, "metric_name": plan["metric"],
             "grant_id": grant.id, "stream": grant.stream, "eval_split": plan["eval_split"],
             "train_split": plan["train_split"], "model_uri": model.uri, "examples_uri": examples.uri,
-            "validation_share_epsilon": stage_budget(grant, "validation")[0],
-            # train and eval records are disjoint: each record pays epsilon once (parallel composition)
-            "epsilon_per_record": plan["epsilon"],
+            "validation_share_epsilon": stage_budget(grant, STAGE)[0], "train_epsilon": plan["train_epsilon"],
+            "computation": computation,
         })
         write_blessing(artifact_utils.get_single_instance(output_dict["blessing"]), model, result.accepted)
         write_result(artifact_utils.get_single_instance(output_dict["validation_result"]), report)

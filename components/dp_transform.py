@@ -19,12 +19,15 @@ of gzipped tf.Example TFRecords). Execution parameters:
 
 Before it reads a record, the executor verifies the grant, checks the Examples were read under it, traces
 the function on placeholders and refuses it if it uses a non-DP tf.Transform analyzer or spends more than
-the grant's preprocessing share (``meta["split"]["preprocessing"]``; the whole grant if it has no split).
+the grant's preprocessing share (``meta["split"]["preprocessing"]``; the whole grant if it has no split, and
+then no other stage may spend it), then opens the preprocessing release with the ledger for the traced graph:
+a different preprocessing_fn under the same grant is refused before any noise is drawn.
 
 Outputs, in TFX Transform's layout: ``transform_graph`` (TransformGraph: ``transform_fn/``,
 ``transformed_metadata/``, ``metadata/``; read it with ``tft.TFTransformOutput(uri)``) and
 ``transformed_examples`` (Examples: ``Split-<name>/transformed_examples-*.gz``, ``split_names`` set).
-Both carry MLMD custom properties ``grant_id``, ``preprocessing_epsilon`` (the epsilon spent) and
+Both carry MLMD custom properties ``grant_id``, ``release_computation`` (the release's fingerprint, part of
+DPTrainer's), ``preprocessing_epsilon`` (the epsilon spent) and
 ``privacy_spent`` (exact JSON: epsilon, share, per-analyzer spends, analyze splits); the transformed
 examples also keep the input's lineage (``stream``, ``block_ids``, ``charge``, ``split_rule``,
 ``dp_record_count``...).

@@ -22,7 +22,10 @@ two analyzers never share noise, and two grants get independent noise. The execu
 ``sage_tfx.transform.noise_seed`` around the tracing (each analyzer fixes its seed while traced, and refuses
 an explicit ``seed=`` there); the pipeline never sees the seed.
 A grant covers ONE preprocessing_fn: running a different one under the same grant is a release the
-grant did not pay for.
+grant did not pay for. The executor fingerprints the traced graph (with the custom_config, the analyze
+splits and the analyzers' epsilons) and opens the preprocessing release with the ledger
+(``Ledger.release``) before the analysis runs: the same computation re-runs (and draws the same noise),
+a different one is refused before any noise is drawn.
 """
 import json
 import os
@@ -30,12 +33,13 @@ import os
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._budget import require_budget, stage_budget
-from sage_tfx.components._grant import check_grant
-from sage_tfx.privacy import GrantError
+from sage_tfx.components._grant import SEED_PURPOSES, check_grant, computation_digest, open_release
+from sage_tfx.privacy import GrantError, require_budget, stage_budget
 from sage_tfx.transform.errors import NonPrivateAnalyzer  # raised here, and by noise_seed for an explicit seed=
 
-SEED_PURPOSE = "preprocessing"
+STAGE = "preprocessing"
+SEED_PURPOSE = SEED_PURPOSES[STAGE]
+COMPUTATION_PROPERTY = "release_computation"  # the fingerprint of the release an artifact came from
 TRANSFORMED_EXAMPLES_PREFIX = "transformed_examples"  # TFX Transform's file prefix
 TEMP_DIR = ".temp_path"  # inside the transform graph's URI while the analysis runs, as TFX's Transform
 # Lineage of the input Examples copied onto the transformed ones (a DPTrainer checks grant_id and split_rule).
@@ -144,7 +148,9 @@ def check_traced_analyzers(graph):
 # ---------------------------------------------------------------- the plan, made before any record is read
 
 def trace_spend(preprocessing_fn, feature_spec, custom_config, grant_seed):
-    """Trace the function once on placeholders (no data): (total epsilon, [Spend]) after checking its analyzers."""
+    """Trace the function once on placeholders (no data): (total epsilon, [Spend], graph digest) after checking
+    its analyzers. The digest (SHA-256 of the traced graph, serialized deterministically) identifies the
+    computation: the same function over the same schema traces to the same graph."""
     import math
 
     from tensorflow_transform import impl_helper
@@ -162,7 +168,34 @@ def trace_spend(preprocessing_fn, feature_spec, custom_config, grant_seed):
                                    f"features are {sorted(feature_spec)}") from exc
     check_traced_analyzers(graph)
     spends = requested_spends(graph)
-    return math.fsum(s.epsilon for s in spends), spends
+    return math.fsum(s.epsilon for s in spends), spends, computation_digest(canonical_graph_text(graph.as_graph_def()))
+
+
+def canonical_graph_text(graph_def):
+    """The traced graph as text, with the process-wide counters TensorFlow appends to the names of its
+    function library (``cond``/``Assert`` branches: ``..._true_234``) replaced by their rank among the
+    functions of the same base name, and the library's functions in sorted order, so the same function
+    traced twice gives the same text (tests/test_dp_transform_component.py traces it three times)."""
+    import re
+
+    names = [f.signature.name for f in graph_def.library.function]
+    parts = {}
+    for name in names:
+        match = re.match(r"^(.*?)_(\d+)$", name)
+        base, number = (match.group(1), int(match.group(2))) if match else (name, -1)
+        parts.setdefault(base, []).append((number, name))
+    rename = {name: f"{base}__fn{rank}" for base, found in parts.items()
+              for rank, (_, name) in enumerate(sorted(found))}
+    pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in sorted(rename, key=len, reverse=True)) + r")\b")
+
+    def canonical(message):
+        text = str(message)
+        return pattern.sub(lambda m: rename[m.group(1)], text) if rename else text
+
+    nodes = type(graph_def)()
+    nodes.CopyFrom(graph_def)
+    nodes.library.ClearField("function")  # the library's order varies between traces: sorted below
+    return "\n".join([canonical(nodes)] + sorted(canonical(f) for f in graph_def.library.function)).encode()
 
 
 def preprocessing_plan(exec_properties, grant, examples, grant_seed):
@@ -178,14 +211,17 @@ def preprocessing_plan(exec_properties, grant, examples, grant_seed):
     analyze, transform = parse_splits_config(exec_properties.get("splits_config"), input_splits)
     schema = raw_schema(exec_properties, grant)
     user_config = parse_custom_config(exec_properties.get("custom_config"))
-    share, _ = stage_budget(grant, "preprocessing")
+    share, _ = stage_budget(grant, STAGE)
     # A zero share passes no budget: a function that asks for one then fails with MissingBudget.
     custom_config = budget_custom_config(share, user_config) if share > 0 else user_config
     preprocessing_fn = load_preprocessing_fn(exec_properties)
-    spent, spends = trace_spend(preprocessing_fn, raw_feature_spec(schema), custom_config, grant_seed)
-    require_budget(grant, "preprocessing", spent)
+    spent, spends, graph_digest = trace_spend(preprocessing_fn, raw_feature_spec(schema), custom_config, grant_seed)
+    require_budget(grant, STAGE, spent)
+    computation = computation_digest("DPTransform/v1", graph_digest, custom_config, analyze,
+                                     [[s.analyzer, s.epsilon] for s in spends])
     return {"preprocessing_fn": preprocessing_fn, "custom_config": custom_config, "schema": schema_proto(schema),
-            "analyze": analyze, "transform": transform, "share": share, "epsilon": spent, "spends": spends}
+            "analyze": analyze, "transform": transform, "share": share, "epsilon": spent, "spends": spends,
+            "computation": computation}
 
 
 # ---------------------------------------------------------------- outputs
@@ -194,11 +230,12 @@ def _spend_record(grant, plan):
     return {"grant_id": grant.id, "stream": grant.stream, "epsilon": plan["epsilon"], "delta": 0.0,
             "preprocessing_share": plan["share"], "analyzers": [[s.analyzer, s.epsilon] for s in plan["spends"]],
             "analyze_splits": plan["analyze"], "transform_splits": plan["transform"],
-            "composition": "basic (sum over the DP analyzers)"}
+            "composition": "basic (sum over the DP analyzers)", "computation": plan["computation"]}
 
 
 def record_spend(artifact, record):
     artifact.set_string_custom_property("grant_id", record["grant_id"])
+    artifact.set_string_custom_property(COMPUTATION_PROPERTY, record["computation"])
     artifact.set_float_custom_property("preprocessing_epsilon", record["epsilon"])
     # MLMD's SQLite store keeps ~6 decimals of a double: the exact figures as JSON.
     artifact.set_string_custom_property("privacy_spent", json.dumps(record, sort_keys=True))
@@ -255,6 +292,9 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         with Ledger.open(ledger) as opened:
             grant_seed = opened.private_seed(grant.id, SEED_PURPOSE)
         plan = preprocessing_plan(exec_properties, grant, examples, grant_seed)
+        # One release per grant: a different preprocessing_fn (another traced graph) under this grant is
+        # refused here, before the analysis draws any noise.
+        open_release(ledger, grant, STAGE, plan["computation"], plan["epsilon"])
 
         graph = artifact_utils.get_single_instance(output_dict["transform_graph"])
         transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])

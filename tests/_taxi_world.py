@@ -26,3 +26,23 @@ def block_examples(db, data, grant, uri, stream="taxi"):
     Executor().Do({}, {"examples": [examples]}, {"grant": grant.to_json(), "ledger": db, "data_root": data,
                                                   "stream": stream, "splits": None})
     return examples
+
+
+def regrant(ledger, grant, examples):
+    """A fresh grant on ``grant``'s blocks (same charge, split and meta), and ``examples`` marked as read under it.
+
+    A grant pays for ONE release per stage and computation (``Ledger.release``), so every test that releases
+    something (trains, validates, preprocesses) runs under its own grant. The records are the same blocks'
+    records, so the examples artifact is reused: a copy whose ``grant_id`` names the new grant.
+    """
+    from tfx.types import standard_artifacts
+
+    fresh = ledger.request(grant.pipeline, grant.stream, blocks=list(grant.blocks), epsilon=grant.epsilon,
+                           delta=grant.delta, meta=dict(grant.meta))
+    copy = standard_artifacts.Examples()
+    copy.uri = examples.uri
+    copy.split_names = examples.split_names
+    for key, value in examples.mlmd_artifact.custom_properties.items():
+        copy.mlmd_artifact.custom_properties[key].CopyFrom(value)
+    copy.set_string_custom_property("grant_id", fresh.id)
+    return fresh, copy

@@ -11,7 +11,7 @@ from sage_tfx.data.taxi import TIME_COLUMN, taxi_csv_path
 from sage_tfx.ingest.pipeline import ingest_batches, make_spec
 from sage_tfx.ingest.records import infer_schema, read_batches, read_tfrecords
 from sage_tfx.ingest.store import block_files
-from sage_tfx.privacy import GrantError, Ledger
+from sage_tfx.privacy import BudgetSplit, ChargeRule, GrantError, Ledger
 
 pytestmark = pytest.mark.tf
 
@@ -32,7 +32,8 @@ def world(tmp_path_factory):
                    make_spec("time", "other", TIME_COLUMN, "1d"), schema)
     blocks = [b.id for b in ledger.blocks("taxi")][:40]
     grant = ledger.request("p1", "taxi", blocks=blocks, epsilon=0.5, delta=1e-7)
-    counted = ledger.request("p2", "taxi", blocks=blocks[:10], epsilon=0.5, meta={"count_epsilon": 0.1})
+    counted = ledger.request("p2", "taxi", blocks=blocks[:10], epsilon=0.5, split=BudgetSplit(
+        0.0, 0.1, 0.4, 0.4, 0.0, ChargeRule.PARALLEL.value))
     other = ledger.request("p1", "other", blocks=[b.id for b in ledger.blocks("other")][:5], epsilon=0.5)
     # A copy of the ledger (same secret) charges a grant the real ledger never charged.
     with sqlite3.connect(db) as src, sqlite3.connect(str(root / "copy.db")) as dst:

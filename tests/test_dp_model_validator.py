@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
-from _taxi_world import block_examples as _block_examples, ingest_taxi
+from _taxi_world import block_examples as _block_examples, ingest_taxi, regrant
 from sage_tfx.data.taxi import TIME_COLUMN, load_taxi
 from sage_tfx.privacy import GrantError, Ledger
 
 pytestmark = pytest.mark.tf
 
-SPLIT = {"preprocessing": 0.0, "training": 1.0, "validation": 1.0, "delta": 1e-6, "rule": "pre+max(train,val)"}
+SPLIT = {"preprocessing": 0.0, "training": 1.0, "validation": 1.0, "delta": 1e-6, "rule": "pre+count+max(train+reject,val)"}
 FARE_B = 100.0  # squared errors in $^2 clipped to [0, 100]
 
 
@@ -27,17 +27,24 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("dpmv")
     db, data = str(root / "ledger.db"), str(root / "data")
     ledger = Ledger.open(db, create=True)
-    ledger.create_stream("taxi", 10.0, 1e-5)
+    ledger.create_stream("taxi", 100.0, 1e-4)
     ingest_taxi(ledger, data, "big_tipper")
     blocks = ledger.blocks("taxi")
     granted = [b for b in blocks if b.end <= blocks[0].start + 3 * 365 * 86400]
     grant = ledger.request("p1", "taxi", blocks=[b.id for b in granted], epsilon=1.0, delta=1e-6,
-                           rule=SPLIT["rule"], meta={"split": SPLIT})
+                           meta={"split": SPLIT})
     fit_after = max(b.end for b in granted)
     models = _export_models(root / "models", fit_after)
     examples = _block_examples(db, data, grant, root / "examples")
-    yield dict(root=root, db=db, data=data, ledger=ledger, grant=grant, models=models, examples=examples)
+    yield dict(root=root, db=db, data=data, ledger=ledger, grant=grant, models=models, examples=examples,
+               base=(grant, examples))
     ledger.close()
+
+
+@pytest.fixture(autouse=True)
+def fresh_grant(world):
+    """Each test validates under its own grant (one release per grant, stage and computation)."""
+    world["grant"], world["examples"] = regrant(world["ledger"], *world["base"])
 
 
 def _export_models(folder, fit_after):
@@ -120,7 +127,7 @@ def _forged(world):
     ("no grant", {"grant": None}, GrantError, "no grant given"),
     ("forged", {"grant": "forged"}, GrantError, "forged"),
     ("over share", {"epsilon": 1.5}, GrantError, r"asks for \(epsilon=1.5.*covers only \(epsilon=1"),
-    ("reject test not covered", {"train_split": "train"}, GrantError, "not covered"),
+    ("reject test not paid for", {"train_split": "train"}, GrantError, "no rejection stage.*not paid for"),
     ("bad metric", {"metric": "auc"}, ValueError, "metric 'auc'"),
     ("no loss bound", {"loss_bound": None}, ValueError, "needs loss_bound"),
 ])
@@ -198,17 +205,49 @@ def test_accuracy_through_an_examples_signature_with_attempt_eta(world, tmp_path
     report = _report(result)
     assert report["outcome"] == "ACCEPT" and report["bound_kind"] == "lower" and report["bound"] >= 0.6
     assert report["eta"] == pytest.approx(0.05 / 12) and report["epsilon_spent"] == pytest.approx(0.5)
+    world["grant"], world["examples"] = regrant(world["ledger"], *world["base"])  # another test: another grant
     blessing, result = _run(world, tmp_path / "b", model="tipper", metric="accuracy", target=0.95,
                             label_key="big_tipper", loss_bound=None)
     assert _report(result)["outcome"] == "RETRY" and blessing.get_int_custom_property("blessed") == 0
+    world["grant"], world["examples"] = regrant(world["ledger"], *world["base"])
     _, result = _run(world, tmp_path / "c", model="tipper", metric="log_loss", target=2.0,
                      label_key="big_tipper", loss_bound=None)
     assert _report(result)["details"]["loss_bound"] == pytest.approx(np.log(1e7))
 
 
+def test_a_second_model_under_the_same_grant_is_refused_before_any_noise(world, tmp_path):
+    """Finding 3 of the review: two models validated under one grant drew the same noise, so the difference
+    of the two releases was a difference of data alone. Now the second is refused, and nothing is written."""
+    _run(world, tmp_path / "a")
+    with pytest.raises(GrantError, match="already released its validation stage.*different release"):
+        _run(world, tmp_path / "b", model="fare_bad")
+    assert os.listdir(tmp_path / "b" / "blessing") == [] and os.listdir(tmp_path / "b" / "result") == []
+    with pytest.raises(GrantError, match="different release"):  # the same model with another target alike
+        _run(world, tmp_path / "c", target=30.0)
+    (release,) = world["ledger"].releases(world["grant"].id)
+    assert (release.stage, release.epsilon) == ("validation", 1.0)
+
+
+def test_reject_on_the_training_split_under_its_rejection_stage(world, tmp_path):
+    """The REJECT test runs on the train split under the split's rejection stage (parallel rule:
+    pre + count + max(train + reject, val)): the model that predicts 0 has a clipped training MSE near B."""
+    split = dict(SPLIT, training=0.75, rejection=0.25)
+    grant, examples = regrant(world["ledger"], world["ledger"].request(
+        "p1", "taxi", blocks=list(world["grant"].blocks), epsilon=1.0, delta=1e-6, meta={"split": split}),
+        world["examples"])
+    blessing, result = _run(world, tmp_path, model="fare_bad", grant=grant.to_json(), examples=examples,
+                            train_split="train")
+    report = _report(result)
+    assert report["outcome"] == "REJECT", report
+    assert report["train_epsilon"] == pytest.approx(0.25) and blessing.get_int_custom_property("blessed") == 0
+    assert sorted((r.stage, r.epsilon) for r in world["ledger"].releases(grant.id)) == [
+        ("rejection", 0.25), ("validation", 1.0)]
+    assert world["ledger"].audit().ok
+
+
 # ------------------------------------------------------------------ in a pipeline, with TFX's own Pusher
 
-def _pipeline(world, root, grant):
+def _pipeline(world, root, grant, names=("fare_good", "fare_bad")):
     from tfx.dsl.components.common.importer import Importer
     from tfx.components.pusher.component import Pusher
     from tfx.orchestration import metadata, pipeline
@@ -221,7 +260,7 @@ def _pipeline(world, root, grant):
 
     gen = BlockExampleGen(ledger=world["db"], data_root=world["data"], stream="taxi", grant=grant)
     components = [gen]
-    for name in ("fare_good", "fare_bad"):
+    for name in names:
         model = Importer(source_uri=world["models"][name], artifact_type=standard_artifacts.Model,
                          custom_properties={"tfx_version": tfx_version}).with_id(f"import_{name}")
         validator = DPModelValidator(
@@ -242,11 +281,14 @@ def test_pusher_pushes_only_the_accepted_model(world, tmp_path):
     from tfx.orchestration import data_types
     from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
-    grant = data_types.RuntimeParameter(name="grant", ptype=str, default=world["grant"].to_json())
-    LocalDagRunner().run(_pipeline(world, tmp_path, grant))
-    (version,) = os.listdir(tmp_path / "serving" / "fare_good")
-    assert os.path.exists(tmp_path / "serving" / "fare_good" / version / "saved_model.pb")
-    assert not os.path.exists(tmp_path / "serving" / "fare_bad")  # not ACCEPTed: never pushed
+    # One model per grant: each validation is its grant's one validation release.
+    for name in ("fare_good", "fare_bad"):
+        grant, _ = regrant(world["ledger"], *world["base"])
+        grant = data_types.RuntimeParameter(name="grant", ptype=str, default=grant.to_json())
+        LocalDagRunner().run(_pipeline(world, tmp_path / name, grant, names=(name,)))
+    (version,) = os.listdir(tmp_path / "fare_good" / "serving" / "fare_good")
+    assert os.path.exists(tmp_path / "fare_good" / "serving" / "fare_good" / version / "saved_model.pb")
+    assert not os.path.exists(tmp_path / "fare_bad" / "serving" / "fare_bad")  # not ACCEPTed: never pushed
 
     # A forged grant stops the pipeline before any data is read; nothing is pushed.
     with pytest.raises(Exception, match="forged"):

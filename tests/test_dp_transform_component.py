@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TAXI_MODULE = os.path.join(ROOT, "examples", "taxi_preprocessing.py")
 PRE_EPS = 0.5
 SPLIT = {"preprocessing": PRE_EPS, "count": 0.0, "training": 1.0, "validation": 1.0, "delta": 1e-6,
-         "rule": "pre+max(train,val)"}
+         "rule": "pre+count+max(train+reject,val)"}
 SMALL_SPLIT = dict(SPLIT, preprocessing=0.05)
 HOURS = 24
 
@@ -40,7 +40,7 @@ def world(tmp_path_factory):
     def grant(split):
         charge = split["preprocessing"] + max(split["training"], split["validation"])
         return ledger.request("p1", "taxi", blocks=blocks, epsilon=charge, delta=split["delta"],
-                              rule=split["rule"], meta={"split": split})
+                              meta={"split": split})
 
     grants = {"a": grant(SPLIT), "b": grant(SPLIT), "small": grant(SMALL_SPLIT),
               "zero": grant(dict(SPLIT, preprocessing=0.0))}
@@ -48,7 +48,7 @@ def world(tmp_path_factory):
     with sqlite3.connect(db) as src, sqlite3.connect(str(root / "copy.db")) as dst:
         src.backup(dst)
     with Ledger.open(str(root / "copy.db")) as copy:
-        grants["unknown"] = copy.request("p1", "taxi", blocks=blocks[:2], epsilon=1.5, rule=SPLIT["rule"],
+        grants["unknown"] = copy.request("p1", "taxi", blocks=blocks[:2], epsilon=1.5, delta=SPLIT["delta"],
                                          meta={"split": SPLIT})
     yield dict(root=root, db=db, data=data, ledger=ledger, grants=grants)
     ledger.close()
@@ -353,6 +353,34 @@ def test_same_grant_same_noise_other_grant_other_noise(world, examples, run_a, t
     # Another grant: independent noise. Lap(4)/~500 moves each mean by ~1e-2; all 24 must differ.
     second = _train_table(other)
     assert all(abs(second[h] - first[h]) > 1e-6 for h in range(HOURS))
+
+
+def test_an_edited_function_under_the_same_grant_is_refused_before_any_noise(world, examples, run_a, tmp_path):
+    """Finding 3 of the review: re-running an edited preprocessing_fn under the same grant drew the same noise,
+    so the difference of the two noisy tables was a difference of data alone. The traced graph is the
+    computation's fingerprint: a different one is refused before the analysis runs."""
+    with pytest.raises(GrantError, match="already released its preprocessing stage.*different release"):
+        _run(world, tmp_path, world["grants"]["a"].to_json(), examples("a"),
+             module_file=_module(tmp_path, "hard-coded 0.1"))
+    assert not os.path.exists(tmp_path / "transform_graph" / "transform_fn")
+    (release,) = world["ledger"].releases(world["grants"]["a"].id)
+    assert (release.stage, release.epsilon) == ("preprocessing", PRE_EPS)
+
+
+def test_the_fingerprint_is_the_traced_graph(world, tmp_path):
+    """The same function traced three times in one process (TensorFlow's name counters move between traces)
+    gives one fingerprint; another function, or another custom_config, gives another."""
+    from sage_tfx.components.dp_transform_executor import preprocessing_plan
+
+    examples = _unreadable_examples(tmp_path, "x")
+    props = {"module_file": TAXI_MODULE, "data_root": world["data"]}
+    same = {preprocessing_plan(props, world["grants"]["a"], examples, grant_seed=s)["computation"] for s in (1, 2, 3)}
+    assert len(same) == 1
+    edited = preprocessing_plan(dict(props, module_file=_module(tmp_path, "hard-coded 0.1")), world["grants"]["a"],
+                                examples, grant_seed=1)["computation"]
+    configured = preprocessing_plan(dict(props, custom_config=json.dumps({"x": 1})), world["grants"]["a"], examples,
+                                    grant_seed=1)["computation"]
+    assert len(same | {edited, configured}) == 3
 
 
 def test_component_parameters():

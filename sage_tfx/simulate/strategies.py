@@ -108,11 +108,9 @@ class _LedgerStrategy:
         """Charge through the real ledger; mirror the charge in the model. False if refused."""
         try:
             if self.accounting == "rdp":
-                self.ledger.request(state.name, STREAM, blocks=blocks, curve=cost[1:], delta=cost[0],
-                                    rule="sim:pre+max(train,val)")
+                self.ledger.request(state.name, STREAM, blocks=blocks, curve=cost[1:], delta=cost[0])
             else:
-                self.ledger.request(state.name, STREAM, blocks=blocks, epsilon=cost[0], delta=cost[1],
-                                    rule="sim:pre+max(train,val)")
+                self.ledger.request(state.name, STREAM, blocks=blocks, epsilon=cost[0], delta=cost[1])
         except BudgetRefused:
             self.refusals += 1
             return False
