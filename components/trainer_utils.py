@@ -11,7 +11,7 @@ A module file stays as short as a TFX one::
     def run_fn(fn_args):
         x, y = trainer_utils.load_examples(fn_args, FEATURES, "fare")
         model = DPDNNRegressor(fn_args.privacy_budget, hidden_units=(32, 16),
-                               num_examples=fn_args.num_examples, seed=fn_args.seed).fit(x, y)
+                               num_examples=fn_args.num_examples).fit(x, y)
         trainer_utils.export_model(fn_args, model, FEATURES, label_key="fare")
         return trainer_utils.report_spent(fn_args, model)
 
@@ -19,7 +19,15 @@ A module file stays as short as a TFX one::
 ``run_fn`` returns and refuses (deleting the model) a spend outside the grant's training share. The DpEvent
 is stored as JSON (``event_to_json``) so the trainer can re-account it with dp_accounting.
 
-``fn_args.seed`` derives the training noise: it is secret. Pass it to the model; never write it out.
+Seeds: pass none. DPTrainer runs ``run_fn`` inside ``sage_tfx.models.training_seed`` with the ledger's
+private seed of the grant, so every DP model fitted there (``seed=None``) draws its noise and sampling from
+it (a re-run under the same grant reproduces the model); a model given ``seed=`` there is refused, since a
+seed the module file knows makes the noise predictable.
+
+Data (finding 7): ``run_fn`` runs after the grant is charged, so reading must not fail because of one
+record: ``load_examples`` drops each record that lacks a declared feature or the label, or holds a
+non-finite value there (a fixed rule applied to each record alone), and returns empty arrays when no record
+is left; the DP models map any remaining non-finite value to a public default (sage_tfx.models.data).
 """
 import json
 import math
@@ -228,9 +236,13 @@ def load_examples(fn_args, features, label, split="train", batch_size=8192):
     ``split`` "train" reads ``fn_args.train_files``, "eval" ``fn_args.eval_files``. ``features``: a list of
     names, {name: public scale} (each value divided by it) or {name: (low, high)} (each value clipped to
     the public range, then mapped to [0, 1]); pass the same to ``export_model`` so that serving maps
-    alike. Scales and ranges must be public, chosen without looking at the data. With a transform graph (``fn_args.transform_graph_path``) the names are transformed features
-    and their widths come from its spec; raw features are scalars. Records lacking a declared feature or
-    the label (missing or empty) are dropped, each on its own values alone.
+    alike. Scales and ranges must be public, chosen without looking at the data. With a transform graph
+    (``fn_args.transform_graph_path``) the names are transformed features and their widths come from its
+    spec; raw features are scalars. Records lacking a declared feature or the label (missing, empty, or
+    another number of values than the width) or holding NaN / inf in one are dropped, each on its own
+    values alone, so one record changes what is returned by at most itself (the sensitivity the DP models
+    assume). No record left (or none read) gives empty arrays, not an error: a failure there would reveal
+    the data after the charge. Errors name features, files or the split, never a value.
     """
     import numpy as np
     import tensorflow as tf
@@ -257,14 +269,13 @@ def load_examples(fn_args, features, label, split="train", batch_size=8192):
             out[name] = tf.where(bad[:, None], tf.fill(tf.shape(values), float("nan")), values)
         return out
 
-    chunks = {name: [] for name in specs}
+    chunks = {name: [np.zeros((0, width), np.float32)] for name, (_, width) in specs.items()}
     for batch in _record_dataset(files).batch(batch_size).map(dense).as_numpy_iterator():
         for name in specs:
             chunks[name].append(batch[name])
     columns = {name: np.concatenate(chunks[name]) for name in specs}
+    # a record is kept iff each declared column holds exactly its width of finite values (its own values only)
     keep = np.all([np.all(np.isfinite(c), axis=1) for c in columns.values()], axis=0)
-    if not keep.any():
-        raise TrainerDataError(f"no record of split {split!r} carries every feature of {names}")
     x = {}
     for name, (low, high, clip) in maps.items():
         column = _apply_map(columns[name][keep], low, high, clip, np).astype(np.float32)

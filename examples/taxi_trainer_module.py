@@ -1,7 +1,8 @@
 """DPTrainer module file for the Chicago taxi fare: TFX's ``run_fn(fn_args)`` convention, DP models.
 
 The budget (``fn_args.privacy_budget``), the training-set size (``fn_args.num_examples``, a DP count) and
-the seed come from DPTrainer at run time; nothing here is private or hard-codes a budget.
+the training seed (``training_seed`` around run_fn: no ``seed=`` here) come from DPTrainer at run time;
+nothing here is private or hard-codes a budget.
 
 ``custom_config`` (all optional): ``model`` "dnn" (DPDNNRegressor, default) or "linear"
 (DPLinearRegressor, AdaSSP); ``hidden_units``, ``epochs``, ``batch_size``, ``learning_rate``,
@@ -27,13 +28,12 @@ FEATURES = {"trip_miles": (0.0, 30.0), "trip_seconds": (0.0, 7200.0), "trip_star
 def build_model(fn_args, config):
     if config.get("model", "dnn") == "linear":
         # mapped rows lie in [0, 1]^3: norm <= sqrt(3)
-        return DPLinearRegressor(fn_args.privacy_budget, feature_bound=3 ** 0.5, label_range=FARE_RANGE,
-                                 seed=fn_args.seed)
+        return DPLinearRegressor(fn_args.privacy_budget, feature_bound=3 ** 0.5, label_range=FARE_RANGE)
     return DPDNNRegressor(
         fn_args.privacy_budget, hidden_units=tuple(config.get("hidden_units", (32, 16))),
         num_examples=fn_args.num_examples, epochs=config.get("epochs", 3),
         batch_size=config.get("batch_size", 256), learning_rate=config.get("learning_rate", 0.1),
-        clip_norm=config.get("clip_norm", 1.0), seed=fn_args.seed)
+        clip_norm=config.get("clip_norm", 1.0))
 
 
 def run_fn(fn_args):

@@ -143,8 +143,11 @@ def test_bad_input_names_the_value(kwargs, bad):
         adassp.adassp(x, np.ones(5), **args)
 
 
-def test_nan_features_are_refused():
+def test_nan_features_are_mapped_to_the_public_default():
+    """Finding 7: after the charge a NaN must not fail the release; it becomes 0.0 (then row clipping)."""
     x = np.ones((3, 2))
     x[1, 1] = np.nan
-    with pytest.raises(ValueError, match="NaN"):
-        adassp.adassp(x, np.ones(3), 1.0, 1e-6, 1.0, 1.0)
+    got = adassp.adassp(x, np.ones(3), 1.0, 1e-6, 1.0, 1.0, rng=np.random.default_rng(0))
+    x[1, 1] = 0.0
+    want = adassp.adassp(x, np.ones(3), 1.0, 1e-6, 1.0, 1.0, rng=np.random.default_rng(0))
+    np.testing.assert_array_equal(got.theta, want.theta)

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from sage_tfx.privacy.errors import RecordError
 from sage_tfx.validation import (DPAbsoluteErrorValidator, DPAccuracyValidator, DPLossValidator, Mode, Outcome,
                                  ValidationInputError, bernstein_upper, clopper_pearson_lower,
                                  clopper_pearson_upper, correctness, eta_for_attempt, hoeffding_lower,
@@ -443,8 +444,11 @@ def test_bad_values_name_the_value():
         squared_errors([1.0, 2.0, 3.0], [1.0, 2.0])
     with pytest.raises(ValidationInputError, match=r"labels shape \(2,\) does not match predictions shape \(2, 2\)"):
         correctness([1, 0], np.zeros((2, 2)))
-    with pytest.raises(ValidationInputError, match=r"predictions\[1\] = nan"):
+    # finding 7: a per-example value names the record, never its value; with loss_bound it is B instead
+    with pytest.raises(RecordError, match=r"column 'predictions', record 1: .*not finite") as err:
         squared_errors([1.0, 2.0], [1.0, float("nan")])
+    assert "nan" not in str(err.value)
+    assert squared_errors([1.0, 2.0], [1.0, float("nan")], loss_bound=3.0).tolist() == [0.0, 3.0]
     stat = DPAbsoluteErrorValidator(0.1, 1.0, value_range=1.0, num_keys=2)
     with pytest.raises(ValidationInputError, match=r"keys\[1\] = 2 is outside \[0, 2\)"):
         stat.validate([0.1, 0.2], keys=np.array([0, 2]), rng=rng)

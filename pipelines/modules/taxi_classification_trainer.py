@@ -1,7 +1,8 @@
 """run_fn of taxi_classification: P(big tipper), trained under the grant's training budget (DP-SGD).
 
 ``custom_config["model"]``: "logistic" (DPLogisticRegressor) or "dnn" (DPDNNClassifier). The budget, the
-DP record count and the seed come from DPTrainer at run time. The exported model takes raw tf.Examples.
+DP record count and the training seed (``training_seed`` around run_fn: no ``seed=`` here) come from DPTrainer
+at run time. The exported model takes raw tf.Examples.
 """
 import sage_tfx  # noqa: F401  (before TensorFlow)
 
@@ -17,7 +18,7 @@ def run_fn(fn_args):
     x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)
     common = dict(num_examples=fn_args.num_examples, epochs=config.get("epochs", 5),
                   batch_size=trainer_utils.batch_size(fn_args, config), learning_rate=config.get("learning_rate", 0.5),
-                  clip_norm=config.get("clip_norm", 1.0), seed=fn_args.seed)
+                  clip_norm=config.get("clip_norm", 1.0))
     if config.get("model", "logistic") == "dnn":
         model = DPDNNClassifier(fn_args.privacy_budget, hidden_units=tuple(config.get("hidden_units", (32, 16))),
                                 **common)

@@ -3,8 +3,41 @@
 A model sees one float32 matrix. Features given as a dict are laid out in a
 fixed key order (remembered at fit time, reused by predict and by the serving
 signature), each key taking ``width`` columns.
+
+Non-finite values (finding 7): a fit runs AFTER the ledger charged the budget, so it must not fail, or
+behave visibly differently, because of one record's value. Every value is therefore mapped to a PUBLIC
+default, the same for every record and chosen without looking at the data, before any DP computation:
+
+* a feature entry that is NaN or +-inf after the conversion to float32 (which also turns values beyond
+  float32's range into +-inf) becomes ``FEATURE_DEFAULT`` = 0.0. Why 0: it is public, it adds nothing to a
+  row's L2 norm (so AdaSSP's row clipping bound still holds) and nothing to a Dense layer's
+  pre-activation, and for features scaled to a public range [low, high] -> [0, 1] it is the low end;
+* a label that is NaN or +-inf becomes ``LABEL_DEFAULT`` = 0.0 for the DP-SGD models (a regression
+  target 0, class 0 of a classifier). DPLinearRegressor clips labels to its public range first (+-inf
+  become its ends) and maps NaN to the range's midpoint (sage_tfx.privacy.adassp).
+
+Each mapping is a fixed function of the record alone, so no sensitivity changes: DP-SGD clips each
+record's gradient whatever its values, AdaSSP clips each row. The same mapping applies in predict and
+evaluate. What cannot be mapped (a finite label that is not a class id) raises ``RecordError``: the
+column and the record's index, never the value.
 """
+from typing import Optional
+
 import numpy as np
+
+from sage_tfx.privacy.errors import RecordError
+
+FEATURE_DEFAULT = 0.0
+LABEL_DEFAULT = 0.0
+
+
+def finite_or(values: np.ndarray, default: float) -> np.ndarray:
+    """``values`` with every NaN or +-inf entry replaced by the public ``default`` (same dtype)."""
+    values = np.asarray(values)
+    bad = ~np.isfinite(values)
+    if bad.any():
+        values = np.where(bad, np.asarray(default, dtype=values.dtype), values)
+    return values
 
 
 class FeatureLayout:
@@ -36,7 +69,7 @@ class FeatureLayout:
         if isinstance(x, dict):
             missing = [k for k in self.keys if k not in x]
             if missing:
-                raise ValueError(f"features: missing column(s) {missing}; the model uses {self.keys}")
+                raise ValueError(f"features: missing column(s) {missing}; the model uses {self.keys}: pass them all")
             blocks = [_column_block(x[k], k) for k in self.keys]
             for key, block, width in zip(self.keys, blocks, self.widths):
                 if block.shape[1] != width:
@@ -49,11 +82,10 @@ class FeatureLayout:
             if matrix.ndim == 1:
                 matrix = matrix[:, None]
             if matrix.ndim != 2 or matrix.shape[1] != self.dim:
-                raise ValueError(f"features have shape {matrix.shape}, the model expects (n, {self.dim})")
-        matrix = matrix.astype(np.float32, copy=False)
-        if not np.all(np.isfinite(matrix)):
-            raise ValueError("features contain NaN or inf")
-        return matrix
+                raise ValueError(f"features have {matrix.shape[1:]} columns per row, the model expects "
+                                 f"({self.dim},): pass an (n, {self.dim}) array")
+        # non-finite entries (after the float32 conversion) -> the public FEATURE_DEFAULT (module docstring)
+        return finite_or(matrix.astype(np.float32, copy=False), FEATURE_DEFAULT)
 
 
 def _column_block(values, key):
@@ -69,7 +101,9 @@ def split_input(x, y):
     """(features, labels) as numpy from arrays or a tf.data.Dataset of (features, label).
 
     A dataset is read fully into memory: Poisson sampling needs random access to
-    every record at every step. Batched and unbatched datasets both work.
+    every record at every step. Batched and unbatched datasets both work. An empty
+    dataset gives empty arrays shaped by its ``element_spec`` (no error: whether the
+    data are empty must not decide whether a charged fit fails).
     """
     if y is None:
         if not hasattr(x, "as_numpy_iterator"):
@@ -79,7 +113,7 @@ def split_input(x, y):
             feats.append(fx)
             labels.append(np.asarray(fy))
         if not labels:
-            raise ValueError("the dataset is empty")
+            return _empty_input(x.element_spec)
         batched = labels[0].ndim >= 1
         join = np.concatenate if batched else np.stack
         if isinstance(feats[0], dict):
@@ -90,10 +124,53 @@ def split_input(x, y):
     return x, np.asarray(y)
 
 
-def labels_vector(y, n, dtype):
+def _empty_input(element_spec):
+    """(features, labels) with no rows, shaped like the records of a dataset with this element_spec."""
+    feature_spec, label_spec = element_spec
+    batched = label_spec.shape.rank is not None and label_spec.shape.rank >= 1
+
+    def empty(spec):
+        dims = spec.shape.as_list() if spec.shape.rank is not None else []
+        dims = dims[1:] if batched and dims else dims
+        return np.zeros((0, *[1 if d is None else d for d in dims]), dtype=spec.dtype.as_numpy_dtype)
+
+    if isinstance(feature_spec, dict):
+        return {k: empty(s) for k, s in feature_spec.items()}, empty(label_spec)
+    return empty(feature_spec), empty(label_spec)
+
+
+def _rows(y, n):
     y = np.asarray(y).reshape(-1)
     if y.shape[0] != n:
-        raise ValueError(f"features have {n} rows but labels have {y.shape[0]}")
-    if np.issubdtype(y.dtype, np.floating) and not np.all(np.isfinite(y)):
-        raise ValueError("labels contain NaN or inf")
+        raise ValueError("features and labels have different numbers of rows: pass one label per record")
+    return y
+
+
+def labels_vector(y, n: int, dtype, default: Optional[float] = LABEL_DEFAULT) -> np.ndarray:
+    """The labels as a 1-D ``dtype`` array of ``n`` rows; NaN and +-inf (after the conversion to ``dtype``)
+    become the public ``default`` (``LABEL_DEFAULT``; None keeps them, for a caller that clips first)."""
+    y = _rows(y, n).astype(dtype)
+    if default is not None and np.issubdtype(y.dtype, np.floating):
+        y = finite_or(y, default)
+    return y
+
+
+def class_labels(y, n: int, n_classes: int, dtype=np.int32, column: str = "label") -> np.ndarray:
+    """Class ids in [0, n_classes) as a 1-D ``dtype`` array of ``n`` rows.
+
+    NaN and +-inf become class ``LABEL_DEFAULT`` (0), the public default. A finite label that is not an
+    integer in [0, n_classes) cannot be mapped without guessing: ``RecordError`` names ``column`` and the
+    first such record's index, never its value.
+    """
+    y = _rows(y, n)
+    if np.issubdtype(y.dtype, np.floating):
+        y = finite_or(y.astype(np.float64), LABEL_DEFAULT)
+        bad = (y != np.floor(y)) | (y < 0) | (y >= n_classes)
+    elif np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_:
+        y = y.astype(np.int64)
+        bad = (y < 0) | (y >= n_classes)
+    else:
+        raise ValueError(f"labels have dtype {y.dtype}: pass numeric class ids in [0, {n_classes})")
+    if bad.any():
+        raise RecordError(column, int(np.flatnonzero(bad)[0]), f"is not a class id in [0, {n_classes})")
     return y.astype(dtype)

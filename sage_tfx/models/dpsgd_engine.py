@@ -12,6 +12,14 @@ mechanism of noise multiplier sigma (sage_tfx.privacy.dpsgd accounts for it).
 The training loop divides by the EXPECTED batch size, a public number, never by
 the sampled size.
 
+A record whose gradient norm is not finite (NaN, or an overflow to inf) would
+turn the whole sum into NaN and so reveal itself; the own engines give it the
+clipped gradient 0 instead (``clip(g, C) := 0`` when ||g|| is not finite: a
+fixed function of the record and the current model, of norm 0 <= C, so the
+sensitivity stays C). The models map non-finite inputs to public defaults
+before (sage_tfx.models.data); this guards what remains. The tf_privacy engine
+has no such guard.
+
 Engines:
   * ``ghost`` (the project's own, default): models made only of Dense layers.
     One backward pass to the pre-activations z_l = a_l W_l + b_l of each layer
@@ -69,8 +77,17 @@ class _Engine:
         return [g + n for g, n in zip(clipped, self.noise())]
 
     def _factors(self, sq_norms):
+        """(clip factors, norms, finite): factor min(1, C/||g||), 0 where ||g|| is not finite."""
         norms = tf.sqrt(sq_norms)
-        return tf.minimum(1.0, self.clip_norm / tf.maximum(norms, 1e-12)), norms
+        finite = tf.math.is_finite(norms)
+        factors = tf.minimum(1.0, self.clip_norm / tf.maximum(norms, 1e-12))
+        return tf.where(finite, factors, tf.zeros_like(factors)), norms, finite
+
+
+def _zero_rows(t, keep):
+    """``t`` with the rows (first axis) where ``keep`` is False set to 0 (so that inf * 0 never makes NaN)."""
+    mask = tf.reshape(keep, tf.concat([[-1], tf.ones([tf.rank(t) - 1], tf.int32)], axis=0))
+    return tf.where(mask, t, tf.zeros_like(t))
 
 
 class GhostClipEngine(_Engine):
@@ -108,11 +125,11 @@ class GhostClipEngine(_Engine):
             g_sq = tf.reduce_sum(tf.square(g), axis=1)
             a_sq = tf.reduce_sum(tf.square(a), axis=1) + (1.0 if layer.use_bias else 0.0)
             sq = sq + a_sq * g_sq
-        factors, norms = self._factors(sq)
+        factors, norms, finite = self._factors(sq)
         sums = []
         for layer, a, g in zip(self.layers, inputs, grads_z):
-            scaled = g * factors[:, None]
-            sums.append(tf.matmul(a, scaled, transpose_a=True))
+            scaled = _zero_rows(g, finite) * factors[:, None]
+            sums.append(tf.matmul(_zero_rows(a, finite), scaled, transpose_a=True))
             if layer.use_bias:
                 sums.append(tf.reduce_sum(scaled, axis=0))
         return sums, norms
@@ -133,8 +150,8 @@ class VectorizedEngine(_Engine):
         per_example = tf.vectorized_map(one, (x, y))
         sq = tf.add_n([tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), axis=1)
                        for g in per_example])
-        factors, norms = self._factors(sq)
-        return [tf.tensordot(factors, g, axes=1) for g in per_example], norms
+        factors, norms, finite = self._factors(sq)
+        return [tf.tensordot(factors, _zero_rows(g, finite), axes=1) for g in per_example], norms
 
 
 class TfPrivacyEngine(_Engine):

@@ -23,6 +23,20 @@ probability q. Neighbouring data sets differ by adding or removing one record.
 
 ``evaluate`` computes metrics on the data it is given without noise: it is NOT
 differentially private (use Sage's DP validation for released metrics).
+
+Non-finite inputs: NaN / +-inf features become 0.0 and NaN / +-inf labels become
+0 (regression target 0, class 0), the public defaults of sage_tfx.models.data,
+before the first step; a record whose gradient norm still is not finite (e.g.
+overflow) contributes a zero gradient (sage_tfx.models.dpsgd_engine). Both are
+fixed functions of the record, so the sensitivity stays ``clip_norm`` and the
+guarantee (epsilon, delta) is unchanged; a fit never fails because of a value. A
+label that is not a class id raises RecordError (column, record index, no value).
+
+Seeds: ``seed=None`` draws fresh OS entropy; inside
+``sage_tfx.models.training_seed`` (DPTrainer) the initialisation, sampling and
+noise come from the grant's private seed and ``seed=`` is refused
+(sage_tfx.models.seeding). An explicit ``seed`` outside it is for tests and
+benchmarks: a known seed makes the noise predictable.
 """
 import math
 
@@ -31,9 +45,10 @@ import sage_tfx  # noqa: F401
 import numpy as np
 import tensorflow as tf
 
-from sage_tfx.models.data import FeatureLayout, labels_vector, split_input
+from sage_tfx.models.data import FeatureLayout, class_labels, labels_vector, split_input
 from sage_tfx.models.dpsgd_engine import DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, make_engine
 from sage_tfx.models.export import export_saved_model
+from sage_tfx.models.seeding import fit_seeds
 from sage_tfx.privacy import dpsgd
 
 
@@ -150,14 +165,19 @@ class _DPSGDEstimator:
     def _per_example_loss(self):
         return _mse
 
-    def _check_labels(self, y):
-        return y
+    def _labels(self, y, n):
+        """The training labels: non-finite ones mapped to the public LABEL_DEFAULT (sage_tfx.models.data)."""
+        return labels_vector(y, n, self._label_dtype)
 
     def fit(self, x, y=None, num_examples=None, verbose=False):
         """Train on (x, y) or a tf.data.Dataset of (features, label); return self.
 
         ``num_examples``: the DP or public row count (see the module docstring);
-        defaults to the constructor's.
+        defaults to the constructor's. Mechanism: DP-SGD, per-example gradients
+        clipped to L2 norm ``clip_norm`` (the sensitivity of each step's sum under
+        add/remove-one), Gaussian noise of std ``noise_multiplier * clip_norm``,
+        Poisson sampling; (epsilon, delta) = ``privacy_budget``. Non-finite
+        features and labels are mapped to public defaults first (module docstring).
         """
         num_examples = self.num_examples if num_examples is None else num_examples
         if num_examples is None:
@@ -165,18 +185,19 @@ class _DPSGDEstimator:
                 "num_examples is required: pass the ledger's DP (or a public) row count, "
                 "never the exact private count"
             )
+        seeds = fit_seeds(self.seed, type(self).__name__)  # refuses seed= inside training_seed
         x, y = split_input(x, y)
         self.layout = FeatureLayout.from_input(x)
         features = self.layout.to_matrix(x)
-        labels = self._check_labels(labels_vector(y, len(features), self._label_dtype))
+        labels = self._labels(y, len(features))
         sigma, event, spent_eps, steps = dpsgd.dpsgd_spend(
             self.epsilon, self.delta, num_examples, self.batch_size, self.epochs, self.accountant)
         q = dpsgd.sampling_rate(num_examples, self.batch_size)
-        self.model = build_mlp(self.layout.dim, self.hidden_units, self._output_units(labels), self.seed)
+        self.model = build_mlp(self.layout.dim, self.hidden_units, self._output_units(labels), seeds.init)
         trainer = DPSGDTrainer(
             self.model, self.layout.dim, self._per_example_loss(), tf.as_dtype(self._label_dtype), self.learning_rate,
-            self.momentum, self.batch_size, self.clip_norm, sigma, self.implementation, self.seed)
-        rng = np.random.default_rng(self.seed)
+            self.momentum, self.batch_size, self.clip_norm, sigma, self.implementation, seeds.noise)
+        rng = np.random.default_rng(seeds.sampling)
         for i, rows in enumerate(poisson_batches(rng, len(features), q, steps)):
             trainer.dp_step(features[rows], labels[rows])
             if verbose and (i + 1) % max(1, steps // 10) == 0:
@@ -244,7 +265,7 @@ class _Classifier(_DPSGDEstimator):
         """Non-private metrics (accuracy, log loss) on the given data."""
         x, y = split_input(x, y)
         proba = self.predict_proba(x)
-        y = labels_vector(y, len(proba), np.int64)
+        y = class_labels(y, len(proba), proba.shape[1], np.int64)
         picked = np.clip(proba[np.arange(len(y)), y], 1e-12, 1.0)
         return {"accuracy": float(np.mean(np.argmax(proba, axis=1) == y)),
                 "log_loss": float(-np.mean(np.log(picked)))}
@@ -268,11 +289,9 @@ class DPDNNClassifier(_Classifier):
     def _per_example_loss(self):
         return _softmax_xent
 
-    def _check_labels(self, y):
-        bad = (y < 0) | (y >= self.n_classes)
-        if bad.any():
-            raise ValueError(f"label {y[bad][0]!r} is out of range: class ids must be in [0, {self.n_classes})")
-        return y
+    def _labels(self, y, n):
+        """Class ids: NaN / +-inf -> class 0 (public default); another non-class-id -> RecordError (no value)."""
+        return class_labels(y, n, self.n_classes, np.int32)
 
     def predict_proba(self, x):
         return tf.nn.softmax(self._raw(x)).numpy()
@@ -297,11 +316,9 @@ class DPLogisticRegressor(_Classifier):
     def _per_example_loss(self):
         return _sigmoid_xent
 
-    def _check_labels(self, y):
-        bad = (y != 0) & (y != 1)
-        if bad.any():
-            raise ValueError(f"label {y[bad][0]!r} is invalid: DPLogisticRegressor needs 0/1 labels")
-        return y
+    def _labels(self, y, n):
+        """0/1 labels: NaN / +-inf -> 0 (public default); anything else but 0 or 1 -> RecordError (no value)."""
+        return class_labels(y, n, 2, np.float32)
 
     def predict_proba(self, x):
         p = tf.sigmoid(tf.reshape(self._raw(x), [-1])).numpy()

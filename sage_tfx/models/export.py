@@ -10,15 +10,21 @@ them with the raw feature spec (minus the label), applies the transform graph
 (``transform_features_layer``) and feeds the transformed features named by the
 model's layout. The DP statistics baked into that graph were released once at
 analysis time, so serving adds no privacy cost.
+
+Either way, NaN / +-inf feature values become 0.0 before the model, as in ``fit``
+and ``predict`` (sage_tfx.models.data.FEATURE_DEFAULT).
 """
 import sage_tfx  # noqa: F401
 
 import tensorflow as tf
 
+from sage_tfx.models.data import FEATURE_DEFAULT
+
 
 def _features_to_matrix(features, layout):
     blocks = [tf.reshape(tf.cast(features[k], tf.float32), [-1, w]) for k, w in zip(layout.keys, layout.widths)]
-    return tf.concat(blocks, axis=1)
+    matrix = tf.concat(blocks, axis=1)
+    return tf.where(tf.math.is_finite(matrix), matrix, tf.fill(tf.shape(matrix), FEATURE_DEFAULT))
 
 
 def export_saved_model(path, keras_model, layout, outputs_fn, transform_output=None, label_key=None):

@@ -10,6 +10,15 @@ Privacy: exactly AdaSSP's, (epsilon, delta)-DP under add/remove-one adjacency
 (three Gaussian releases; the proof is in sage_tfx.privacy.adassp).
 ``privacy_spent`` reports the DpEvent and (epsilon, delta). AdaSSP does not use
 the row count, so no ``num_examples`` is needed.
+
+Non-finite inputs (public defaults, fixed functions of the record: the bounds
+above still hold): a NaN / +-inf feature entry becomes 0.0 before row clipping; a
+label is clipped to ``label_range`` first (+-inf become its ends), and a NaN
+label becomes the range's midpoint (0 after centring: it adds nothing to X'y).
+
+Seeds: ``seed=None`` draws fresh OS entropy; inside
+``sage_tfx.models.training_seed`` (DPTrainer) the noise comes from the grant's
+private seed and ``seed=`` is refused (sage_tfx.models.seeding).
 """
 import math
 
@@ -20,10 +29,18 @@ import tensorflow as tf
 
 from sage_tfx.models.data import FeatureLayout, labels_vector, split_input
 from sage_tfx.models.export import export_saved_model
+from sage_tfx.models.seeding import fit_seeds
 from sage_tfx.privacy import adassp
 
 
 class DPLinearRegressor:
+    """Linear regression released by AdaSSP: (epsilon, delta)-DP, ``privacy_budget=(epsilon, delta)``.
+
+    Sensitivities (add/remove one record): B_x^2 for lam_min(X'X) and for X'X, B_x * B_y for X'y, with
+    B_x = sqrt(feature_bound^2 + 1) (intercept) or feature_bound, B_y = (high - low) / 2; the proof and
+    the noise are in sage_tfx.privacy.adassp.
+    """
+
     def __init__(self, privacy_budget, feature_bound, label_range, fit_intercept=True, rho=0.05,
                  calibration="paper", seed=None):
         try:
@@ -57,11 +74,16 @@ class DPLinearRegressor:
         return clipped
 
     def fit(self, x, y=None, chunk_rows=200_000):
-        """Fit on (x, y) or a tf.data.Dataset of (features, label); return self."""
+        """Fit on (x, y) or a tf.data.Dataset of (features, label); return self.
+
+        Non-finite features become 0.0 (``to_matrix``); labels keep theirs here and AdaSSP clips them
+        (+-inf to the range's ends) and maps NaN to the centre (the midpoint), see the module docstring.
+        """
+        seeds = fit_seeds(self.seed, type(self).__name__)  # refuses seed= inside training_seed
         x, y = split_input(x, y)
         self.layout = FeatureLayout.from_input(x)
         matrix = self.layout.to_matrix(x)
-        labels = labels_vector(y, len(matrix), np.float64)
+        labels = labels_vector(y, len(matrix), np.float64, default=None)
         mid, half = (self.label_low + self.label_high) / 2.0, (self.label_high - self.label_low) / 2.0
         bound_x = math.sqrt(self.feature_bound ** 2 + (1.0 if self.fit_intercept else 0.0))
         dim = self.layout.dim + (1 if self.fit_intercept else 0)
@@ -72,7 +94,7 @@ class DPLinearRegressor:
             xtx += a
             xty += b
         result = adassp.release(xtx, xty, self.epsilon, self.delta, bound_x, half, self.rho, self.calibration,
-                                np.random.default_rng(self.seed))
+                                np.random.default_rng(seeds.noise))
         theta = result.theta
         self.coef_ = theta[: self.layout.dim]
         self.intercept_ = (theta[-1] if self.fit_intercept else 0.0) + mid

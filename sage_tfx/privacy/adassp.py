@@ -52,6 +52,16 @@ they reduce to the paper's numbers exactly when c is the paper's.
 
 The result's (epsilon, delta) is the target; ``AdaSSPResult.dp_event`` is what
 a ledger on RDP accounting should charge.
+
+Non-finite data (public defaults, never an error)
+-------------------------------------------------
+The release runs after the budget is charged: it must not fail, nor behave
+visibly differently, because of one record's value. ``sufficient_statistics``
+therefore maps, before anything is computed: a NaN or +-inf feature entry to 0.0
+(then the row is clipped as usual: a zero entry adds nothing to its norm); a label
+clipped to [-B_y, B_y] first (so +-inf become +-B_y) and then NaN to 0, the centre
+of that range. Each is a fixed function of the record alone, so ||x|| <= B_x and
+|y| <= B_y still hold and the sensitivities above are unchanged.
 """
 import math
 from dataclasses import dataclass
@@ -156,15 +166,26 @@ def noise_scales(epsilon, delta, bound_x, bound_y, dim, rho=0.05, calibration="p
 
 
 def clip_rows(x, bound_x):
-    """Scale each row of x down to L2 norm <= bound_x (rows already inside are unchanged)."""
+    """Scale each row of x down to L2 norm <= bound_x (rows already inside are unchanged).
+
+    NaN / +-inf entries become 0.0 first (the public default, module docstring). The norm is taken as
+    max|x_j| * ||x / max|x_j|||, so huge finite entries cannot overflow it to inf (inf * 0 = NaN).
+    """
     x = np.asarray(x, dtype=float)
-    norms = np.linalg.norm(x, axis=1)
-    scale = np.minimum(1.0, bound_x / np.maximum(norms, 1e-300))
+    x = np.where(np.isfinite(x), x, 0.0)
+    if x.ndim != 2 or x.shape[1] == 0:
+        return x
+    peak = np.max(np.abs(x), axis=1)
+    safe = np.where(peak > 0, peak, 1.0)
+    unit = np.linalg.norm(x / safe[:, None], axis=1)  # ||x|| / peak, in [1, sqrt(d)] (0 for a zero row)
+    scale = np.minimum(1.0, (bound_x / safe) / np.maximum(unit, 1e-300))
     return x * scale[:, None]
 
 
 def clip_labels(y, bound_y):
-    return np.clip(np.asarray(y, dtype=float).reshape(-1), -bound_y, bound_y)
+    """Labels clipped to [-bound_y, bound_y] (+-inf to the ends), then NaN to 0, the range's centre."""
+    y = np.clip(np.asarray(y, dtype=float).reshape(-1), -bound_y, bound_y)
+    return np.where(np.isnan(y), 0.0, y)
 
 
 def _check_data(x, y):
@@ -173,16 +194,16 @@ def _check_data(x, y):
     if x.ndim != 2:
         raise AdaSSPConfigError(f"features must be a 2-D array, got shape {x.shape}")
     if x.shape[0] != y.shape[0]:
-        raise AdaSSPConfigError(f"features have {x.shape[0]} rows but labels have {y.shape[0]}")
-    if not np.all(np.isfinite(x)):
-        raise AdaSSPConfigError("features contain NaN or inf")
-    if not np.all(np.isfinite(y)):
-        raise AdaSSPConfigError("labels contain NaN or inf")
-    return x, y
+        raise AdaSSPConfigError("features and labels have different numbers of rows: pass one label per row")
+    return x, y  # non-finite values are mapped by clip_rows / clip_labels (module docstring), never refused
 
 
 def sufficient_statistics(x, y, bound_x, bound_y):
-    """(X'X, X'y) of the clipped data. Sum them over chunks to stream large data."""
+    """(X'X, X'y) of the clipped data. Sum them over chunks to stream large data.
+
+    Non-finite features and labels are mapped to the public defaults of the module docstring, then clipped:
+    each row contributes x x' with ||x|| <= bound_x and x y with |y| <= bound_y (the sensitivities used).
+    """
     x, y = _check_data(x, y)
     x = clip_rows(x, _check_positive(bound_x, "bound_x"))
     y = clip_labels(y, _check_positive(bound_y, "bound_y"))

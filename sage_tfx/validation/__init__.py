@@ -12,7 +12,7 @@ from .accuracy import DPAccuracyValidator
 from .bounds import bernstein_upper, clopper_pearson_lower, clopper_pearson_upper, hoeffding_lower, hoeffding_width
 from .core import Mode, Outcome, ValidationInputError, ValidationResult, eta_for_attempt, laplace_tail
 from .loss import DPLossValidator
-from .metrics import correctness, log_losses, squared_errors
+from .metrics import absolute_errors, correctness, log_losses, squared_errors
 from .statistic import DPAbsoluteErrorValidator, mean_error_bound
 
 VALIDATORS = {"loss": DPLossValidator, "accuracy": DPAccuracyValidator, "absolute_error": DPAbsoluteErrorValidator}
@@ -20,7 +20,7 @@ VALIDATORS = {"loss": DPLossValidator, "accuracy": DPAccuracyValidator, "absolut
 __all__ = [
     "Outcome", "Mode", "ValidationResult", "ValidationInputError", "eta_for_attempt",
     "DPLossValidator", "DPAccuracyValidator", "DPAbsoluteErrorValidator", "VALIDATORS",
-    "squared_errors", "log_losses", "correctness",
+    "squared_errors", "absolute_errors", "log_losses", "correctness",
     "bernstein_upper", "hoeffding_lower", "hoeffding_width", "clopper_pearson_lower", "clopper_pearson_upper",
     "laplace_tail", "mean_error_bound",
 ]

@@ -1,8 +1,20 @@
-"""Per-example values the validators take: squared errors, log losses, 0/1 correctness.
+"""Per-example values the validators take: squared and absolute errors, log losses, 0/1 correctness.
 
-Each checks that labels and predictions have the same shape and are finite, and names what is wrong.
+Each checks that labels and predictions have the same shape (naming the shapes when not).
+
+Non-finite records (finding 7): these values are computed after the budget is charged, so a NaN or +-inf
+label or prediction (e.g. a model that outputs NaN on one record) must not make the validation fail, nor
+show in an error. Such a record gets the WORST value, a fixed function of the record alone: the loss
+bound B for losses (what clipping an infinite loss to [0, B] gives), 0 ("incorrect") for correctness. The
+validators' sensitivities (one record moves a clipped sum by at most B, a count by 1) are unchanged. Where
+a value cannot be mapped (a finite label that is not 0 or 1, or a non-finite record when no B is given),
+``RecordError`` names the column and the record's index, never the value.
 """
+from typing import Optional
+
 import numpy as np
+
+from sage_tfx.privacy.errors import RecordError
 
 from .core import ValidationInputError
 
@@ -15,38 +27,61 @@ def _pair(labels, predictions):
     if labels.shape != predictions.shape:
         raise ValidationInputError(
             f"labels shape {labels.shape} does not match predictions shape {predictions.shape}")
-    for name, array in (("labels", labels), ("predictions", predictions)):
-        bad = ~np.isfinite(array)
-        if bad.any():
-            index = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise ValidationInputError(f"{name}{list(index)} = {array[index]!r} is not finite")
-    return labels.ravel(), predictions.ravel()
+    labels, predictions = labels.ravel(), predictions.ravel()
+    return labels, predictions, ~(np.isfinite(labels) & np.isfinite(predictions))
 
 
-def squared_errors(labels, predictions):
-    """(label - prediction)^2 per example."""
-    labels, predictions = _pair(labels, predictions)
-    return (labels - predictions) ** 2
+def _worst(values, bad, worst, name):
+    """``values`` with the records flagged ``bad`` (or whose value is not finite) set to ``worst``; without
+    ``worst`` the first such record raises RecordError (its index, never its value)."""
+    bad = bad | ~np.isfinite(values)
+    if not bad.any():
+        return values
+    if worst is None:
+        raise RecordError(name, int(np.flatnonzero(bad)[0]),
+                          "label or prediction is not finite: pass loss_bound=B to give it the worst loss B")
+    return np.where(bad, float(worst), values)
 
 
-def log_losses(labels, probabilities, floor=1e-7):
+def squared_errors(labels, predictions, loss_bound: Optional[float] = None) -> np.ndarray:
+    """(label - prediction)^2 per example; ``loss_bound`` (the validator's B) for a record whose label or
+    prediction is not finite, or whose error overflows (without it such a record raises RecordError)."""
+    labels, predictions, bad = _pair(labels, predictions)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _worst((labels - predictions) ** 2, bad, loss_bound, "predictions")
+
+
+def absolute_errors(labels, predictions, loss_bound: Optional[float] = None) -> np.ndarray:
+    """|label - prediction| per example; ``loss_bound`` (the validator's B) for a non-finite record, as in
+    ``squared_errors``."""
+    labels, predictions, bad = _pair(labels, predictions)
+    with np.errstate(over="ignore", invalid="ignore"):
+        return _worst(np.abs(labels - predictions), bad, loss_bound, "predictions")
+
+
+def log_losses(labels, probabilities, floor: float = 1e-7, loss_bound: Optional[float] = None) -> np.ndarray:
     """-log p(label) per example for binary labels in {0, 1} and predicted P(label = 1).
-    Probabilities are kept in [floor, 1 - floor], so each loss is at most ln(1/floor) (a valid B)."""
-    labels, probabilities = _pair(labels, probabilities)
-    _check_binary(labels)
-    p = np.clip(probabilities, floor, 1.0 - floor)
-    return -(labels * np.log(p) + (1.0 - labels) * np.log1p(-p))
+
+    Probabilities are kept in [floor, 1 - floor], so each loss is at most ln(1/floor) (a valid B). A record
+    whose label or probability is not finite gets ``loss_bound`` (default ln(1/floor), the largest loss).
+    A finite label other than 0 or 1 raises RecordError (its index, never its value)."""
+    labels, probabilities, bad = _pair(labels, probabilities)
+    _check_binary(labels, bad)
+    p = np.clip(np.where(bad, 0.5, probabilities), floor, 1.0 - floor)
+    y = np.where(bad, 0.0, labels)
+    worst = -np.log(floor) if loss_bound is None else loss_bound
+    return _worst(-(y * np.log(p) + (1.0 - y) * np.log1p(-p)), bad, worst, "probabilities")
 
 
-def correctness(labels, scores, threshold=0.5):
-    """1.0 where (score >= threshold) equals the binary label, else 0.0."""
-    labels, scores = _pair(labels, scores)
-    _check_binary(labels)
-    return ((scores >= threshold) == (labels == 1.0)).astype(np.float64)
+def correctness(labels, scores, threshold: float = 0.5) -> np.ndarray:
+    """1.0 where (score >= threshold) equals the binary label, else 0.0; 0.0 ("incorrect") for a record whose
+    label or score is not finite. A finite label other than 0 or 1 raises RecordError (index, no value)."""
+    labels, scores, bad = _pair(labels, scores)
+    _check_binary(labels, bad)
+    return (((scores >= threshold) == (labels == 1.0)) & ~bad).astype(np.float64)
 
 
-def _check_binary(labels):
-    bad = (labels != 0.0) & (labels != 1.0)
+def _check_binary(labels, skip):
+    bad = (labels != 0.0) & (labels != 1.0) & ~skip
     if bad.any():
-        index = int(np.flatnonzero(bad)[0])
-        raise ValidationInputError(f"labels[{index}] = {labels[index]!r}: binary labels must be 0 or 1")
+        raise RecordError("labels", int(np.flatnonzero(bad)[0]), "is not 0 or 1: binary labels must be 0 or 1")
