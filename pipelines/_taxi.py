@@ -25,7 +25,12 @@ def build(config, grant, eta, *, preprocessing_module, trainer_module, metric, l
     from sage_tfx.components.dp_transform import DPTransform
     from sage_tfx.pipelines._runner import metadata_config
 
+    from sage_tfx.privacy import BudgetSplit
+
     grant_json = grant.to_json()
+    split = BudgetSplit.from_meta(grant.meta)
+    # The REJECT test on the train split runs when the grant pays for it (its split's rejection stage).
+    train_split = "train" if split is not None and split.rejection > 0 else None
     gen = BlockExampleGen(ledger=config.ledger, data_root=config.data_root, stream=config.stream, grant=grant_json)
     transform = DPTransform(examples=gen.outputs["examples"], module_file=preprocessing_module,
                             ledger=config.ledger, grant=grant_json, data_root=config.data_root,
@@ -36,7 +41,7 @@ def build(config, grant, eta, *, preprocessing_module, trainer_module, metric, l
                         custom_config={"model": config.model, **(trainer_config or {}), **config.hparams})
     validator = DPModelValidator(model=trainer.outputs["model"], examples=gen.outputs["examples"],
                                  ledger=config.ledger, metric=metric, target=config.target, label_key=label_key,
-                                 grant=grant_json, loss_bound=loss_bound, eta=eta)
+                                 grant=grant_json, loss_bound=loss_bound, eta=eta, train_split=train_split)
     pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
                     push_destination=pusher_pb2.PushDestination(
                         filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=config.serving_dir)))

@@ -21,7 +21,9 @@ LABEL = "trip_seconds"
 MAX_SECONDS = 3600.0  # public bound of the training label and of predictions
 LOSS_BOUND = 1800.0 ** 2  # squared errors are clipped here, in seconds^2
 MODELS = ("linear", "dnn")
-DEFAULTS = {"epsilon_start": 0.25, "min_window": 256}
+# rejection_share: a tenth of the training side pays for the validator's REJECT test on the training split
+# (BudgetSplit, rule pre + count + max(train + reject, val)), so an unreachable target ends in REJECT.
+DEFAULTS = {"epsilon_start": 0.25, "min_window": 256, "rejection_share": 0.1}
 
 
 def check_target(target):

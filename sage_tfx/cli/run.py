@@ -7,7 +7,8 @@ resumes: the interrupted iteration re-runs under its grant, without a new charge
 
 Beam pipeline options go after a bare --, e.g. `sage run ... -- --direct_num_workers=2`.
 
-Exit codes: 0 ACCEPT (the model was pushed), 4 REJECT, 5 TIMEOUT, 2 bad input.
+Exit codes: 0 ACCEPT (the model was pushed), 4 REJECT (the REJECT test on the training split showed the
+target is out of reach), 5 TIMEOUT, 2 bad input.
 """
 import argparse
 import sys
@@ -30,11 +31,18 @@ def add_parser(subparsers):
     p.add_argument("--max-seconds", type=float, default=None, help="TIMEOUT after this wall time")
     p.add_argument("--epsilon-start", type=float, default=None, help="first iteration's epsilon")
     p.add_argument("--min-window", type=int, default=None, help="first iteration's window, in blocks")
+    add_rejection_share(p)
     p.add_argument("--model", default=None, help="model family (pipeline-specific, e.g. linear or dnn)")
     p.add_argument("--name", default=None, help="pipeline name in the ledger and MLMD (default: PIPELINE)")
     p.add_argument("--work-dir", default="sage_work", help="TFX pipeline root and metadata")
     p.add_argument("--serving-dir", default=None, help="push destination (default: WORK_DIR/serving)")
     p.set_defaults(func=_run)
+
+
+def add_rejection_share(parser):
+    parser.add_argument("--rejection-share", type=float, default=None, metavar="FRACTION",
+                        help="share of each iteration's training side paid to the validator's REJECT test on the "
+                             "training split (default: the pipeline's, 0.1); 0 turns the REJECT test off")
 
 
 def _fail(message):
@@ -101,6 +109,8 @@ def make_iterator(module, ledger, runner, args, progress=print, wait_for_blocks=
         settings["epsilon_start"] = args.epsilon_start
     if getattr(args, "min_window", None) is not None:
         settings["min_window"] = args.min_window
+    if getattr(args, "rejection_share", None) is not None:
+        settings["rejection_share"] = args.rejection_share
     return SageIterator(ledger, runner.config.stream, runner.config.name, runner.run_iteration,
                         eta=1 - runner.config.confidence, max_iterations=args.max_iterations,
                         max_seconds=getattr(args, "max_seconds", None), wait_for_blocks=wait_for_blocks,

@@ -27,6 +27,8 @@ def _pipeline_arg(text):
 
 
 def add_parser(subparsers):
+    from sage_tfx.cli.run import add_rejection_share
+
     p = subparsers.add_parser("serve", help="serve several pipelines on one replayed stream",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="ledger (the stream must exist: sage ledger init)")
@@ -43,6 +45,7 @@ def add_parser(subparsers):
                    help="NAME=PIPELINE:TARGET[:MODEL], repeatable")
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--max-iterations", type=int, default=10)
+    add_rejection_share(p)
     p.add_argument("--runner", choices=("local", "beam"), default="local")
     p.add_argument("--work-dir", default="sage_work")
     p.set_defaults(func=_run)
@@ -74,6 +77,8 @@ def _run(args):
             # Validate the iterator settings now, before any budget is spent.
             make_iterator(module, ledger, runner, args)
             settings = dict(module.DEFAULTS, eta=1 - args.confidence, max_iterations=args.max_iterations)
+            if args.rejection_share is not None:
+                settings["rejection_share"] = args.rejection_share
             specs.append(PipelineSpec(name, runner.run_iteration, settings))
     except (LedgerError, ValueError) as exc:
         print(f"sage serve: error: {exc}", file=sys.stderr)
