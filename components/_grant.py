@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 
-from sage_tfx.privacy import BudgetSplit, GrantError, Ledger
+from sage_tfx.privacy import BudgetSplit, GrantError, Ledger, stage_budget
 
 # The noise seed's purpose for each stage (Ledger.private_seed): one seed per grant and stage.
 SEED_PURPOSES = {"preprocessing": "preprocessing", "count": "record_count", "training": "training",
@@ -53,7 +53,8 @@ def check_grant(ledger_location, grant_json, stream=None, epsilon=None, delta=No
 
     Raises ``GrantError`` (a ValueError) for a missing, malformed, forged (bad
     signature), unknown (never charged by this ledger), altered, other-stream or
-    too-small grant, and if any granted block is not registered.
+    too-small grant, if any granted block is not registered, and if its split composes to more than
+    its charge (re-checked here, at every component's door, whoever signed it).
     """
     if grant_json is None or (isinstance(grant_json, str) and not grant_json.strip()):
         raise GrantError("no grant given: this component reads data only under a grant from the ledger "
@@ -67,6 +68,7 @@ def check_grant(ledger_location, grant_json, stream=None, epsilon=None, delta=No
     if missing:
         raise GrantError(f"grant {grant.id!r} names block(s) not registered in stream {grant.stream!r}: "
                          f"{', '.join(missing)}")
+    stage_budget(grant, "preprocessing")  # parses the split and checks its composition (GrantError if over)
     return grant
 
 

@@ -187,3 +187,26 @@ def test_a_version_1_ledger_is_migrated(tmp_path):
     with ledger._store.transaction(write=False) as tx:
         assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == "2"
     assert ledger.audit().ok
+
+
+def test_every_component_door_rechecks_the_split(ledger_url):
+    """A grant re-signed with an over-charged split (as a holder of the ledger's key could write it) passes
+    the signature check but is refused at check_grant, the door of every data-reading component."""
+    from sage_tfx.components._grant import check_grant
+    from sage_tfx.privacy import Grant
+    from sage_tfx.privacy.ledger import _canonical
+
+    ledger = make_ledger(ledger_url)
+    grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5, split=BudgetSplit(
+        0.1, 0.0, 0.4, 0.4, 0.0, ChargeRule.PARALLEL.value))
+    assert check_grant(ledger_url, grant.to_json()).id == grant.id
+    body = grant.body()
+    body["meta"]["split"]["training"] = 5.0
+    forged = Grant.from_json(body)
+    forged = Grant(**{**forged.__dict__, "signature": ledger._sign(forged.body())})
+    with ledger._store.transaction() as tx:
+        tx.run("UPDATE grants SET body = ?, signature = ? WHERE id = ?",
+               (_canonical(forged.body()), forged.signature, grant.id))
+    with pytest.raises(GrantError, match="composes to epsilon 5.1"):
+        check_grant(ledger_url, forged.to_json())
+    assert any("differs from the log" in p or "differ" in p for p in ledger.audit().problems)
