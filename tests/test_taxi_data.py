@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from sage_tfx.data.generator import TaxiGenerator, TaxiModel
-from sage_tfx.data.taxi import TAXI_SCHEMA, load_all_taxi, load_taxi, taxi_csv_path
+from sage_tfx.data.taxi import TAXI_SCHEMA, TRIP_KEY, load_all_taxi, load_taxi, row_keys, taxi_csv_path
 
 
 def test_real_files_load_with_empty_fields():
@@ -14,6 +14,19 @@ def test_real_files_load_with_empty_fields():
     assert simple.column("company").null_count > 0  # empty fields are nulls
     with pytest.raises(ValueError, match="'nope' is unknown"):
         taxi_csv_path("nope")
+
+
+def test_external_rows_are_simple_trips_counted_once():
+    """The wheel's 25,002 rows are 15,002 distinct trips: every external row is also a row of simple."""
+    simple, external = load_taxi("simple"), load_taxi("external")
+    trips = set(row_keys(simple, TRIP_KEY))
+    assert len(trips) == simple.num_rows == 15002
+    assert sum(key in trips for key in row_keys(external, TRIP_KEY)) == external.num_rows == 10000
+    full = set(row_keys(simple))  # full rows: coordinates rounded to 6 decimals (external has float noise)
+    assert all(key in full for key in row_keys(external))
+    every = load_all_taxi()
+    assert every.num_rows == 15002 and set(row_keys(every)) == full
+    assert TaxiModel.fit().params["fitted_rows"] == 15002
 
 
 @pytest.fixture(scope="module")

@@ -29,18 +29,40 @@ def add_arguments(parser):
 
 def taxi_task_data(seed=0):
     """(x_train, fare_train, tipper_train, x_test, fare_test, tipper_test) from the real trips."""
+    table, train, test = taxi_split(seed)
+    x, fare, tipper = _taxi_xy(table)
+    return x[train], fare[train], tipper[train], x[test], fare[test], tipper[test]
+
+
+def taxi_split(seed=0):
+    """(table, train row indices, test row indices): the real trips (big_tipper file, 15,002 distinct rows) with
+    every used field, split 80:20 at random. The test rows are the held-out set: no row is on both sides."""
     import numpy as np
 
     from sage_tfx.data.taxi import load_taxi
 
     table = load_taxi("big_tipper")
-    cols = {k: table[k].to_pylist() for k in ("trip_miles", "trip_seconds", "trip_start_hour", "trip_start_day",
+    used = _taxi_columns(table)
+    complete = [i for i in range(table.num_rows) if all(v[i] is not None for v in used.values())]
+    table = table.take(np.array(complete, dtype=np.int64))
+    perm = np.random.default_rng(seed).permutation(table.num_rows)
+    cut = int(0.8 * table.num_rows)
+    return table, perm[:cut], perm[cut:]
+
+
+def _taxi_columns(table):
+    return {k: table[k].to_pylist() for k in ("trip_miles", "trip_seconds", "trip_start_hour", "trip_start_day",
                                               "payment_type", "fare", "big_tipper")}
+
+
+def _taxi_xy(table):
+    """(features, fare, big_tipper) of every row of ``table`` (rows with every used field)."""
+    import numpy as np
+
+    cols = _taxi_columns(table)
     feats, fares, tippers = [], [], []
     for i in range(table.num_rows):
         row = {k: v[i] for k, v in cols.items()}
-        if any(v is None for v in row.values()):
-            continue
         f = np.zeros(39, np.float32)
         f[0] = min(row["trip_miles"], 30.0) / 10.0
         f[1] = min(row["trip_seconds"], 7200.0) / 1800.0
@@ -51,11 +73,7 @@ def taxi_task_data(seed=0):
         feats.append(f)
         fares.append(min(float(row["fare"]), 100.0) / 10.0)
         tippers.append(int(row["big_tipper"]))
-    x, fare, tipper = np.array(feats), np.array(fares, np.float32), np.array(tippers, np.int32)
-    perm = np.random.default_rng(seed).permutation(len(x))
-    cut = int(0.8 * len(x))
-    tr, te = perm[:cut], perm[cut:]
-    return x[tr], fare[tr], tipper[tr], x[te], fare[te], tipper[te]
+    return np.array(feats), np.array(fares, np.float32), np.array(tippers, np.int32)
 
 
 def _nondp_sgd(x, y, xt, hidden, outputs, loss, label_dtype, epochs, batch, lr, seed):

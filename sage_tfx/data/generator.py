@@ -2,7 +2,8 @@
 
 Every generated row carries ``generated = 1``, and every figure computed from
 these rows must say "generated". The model (``TaxiModel.fit``), fitted on the
-25,002 real trips shipped in the tfx wheel:
+15,002 distinct real trips shipped in the tfx wheel (``load_all_taxi``: the
+``external`` test file repeats 10,000 of them, counted once):
 
 * start time: a steady stream of ``rows_per_day`` trips per day; the hour of day
   follows the real hourly histogram, minutes are 15-minute slots (as in the real
@@ -56,7 +57,7 @@ class TaxiModel:
 
     @classmethod
     def fit(cls, table=None):
-        """Fit to a pyarrow Table of real taxi rows (default: all 25,002 shipped real trips)."""
+        """Fit to a pyarrow Table of real taxi rows (default: the 15,002 distinct shipped real trips)."""
         if table is None:
             from .taxi import load_all_taxi
 

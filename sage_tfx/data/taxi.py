@@ -1,9 +1,14 @@
 """The real Chicago taxi trips that ship inside the tfx wheel (no downloads at run time).
 
 Three files share one schema (some fields are empty): ``simple`` (15,002 trips),
-``big_tipper`` (the same trips plus a ``big_tipper`` label) and ``external``
-(10,000 more trips from TFX's test data). Timestamps are Chicago local time
-written as unix seconds, rounded to 15 minutes; trip_start_day is 1=Sunday.
+``big_tipper`` (the same 15,002 trips plus a ``big_tipper`` label) and ``external``
+(10,000 rows from TFX's test data). The ``external`` rows are NOT other trips:
+every one of them is also a row of ``simple`` (same timestamp, seconds, miles,
+fare and census tracts; only the last float digits of some coordinates differ),
+so the wheel holds 15,002 distinct real trips in all (``load_all_taxi``), and
+``external`` can never serve as held-out data for a run that reads ``simple``.
+Timestamps are Chicago local time written as unix seconds, rounded to 15
+minutes; trip_start_day is 1=Sunday.
 """
 import importlib.resources
 
@@ -70,8 +75,45 @@ def load_taxi(name="simple"):
     return pa.table(cols)
 
 
-def load_all_taxi():
-    """``simple`` and ``external`` together: 25,002 real trips (the fitting set for the generator)."""
+# The columns that identify a trip (as the overlap of ``external`` with ``simple`` was checked).
+TRIP_KEY = ("trip_start_timestamp", "trip_seconds", "trip_miles", "fare", "pickup_census_tract",
+            "dropoff_census_tract")
+COORDINATE_DECIMALS = 6  # ``external`` writes some coordinates with float noise past the 9th decimal
+
+
+def row_keys(table, columns=None):
+    """One hashable key per row of ``table``: the values of ``columns`` (default: every column of the taxi
+    schema, i.e. the full row), floats rounded to ``COORDINATE_DECIMALS`` decimals, nulls as None."""
+    import numpy as np
+
+    columns = list(TAXI_SCHEMA) if columns is None else list(columns)
+    values = []
+    for name in columns:
+        col = table.column(name).to_pylist()
+        if TAXI_SCHEMA.get(name) == "float":
+            col = [None if v is None or not np.isfinite(v) else round(float(v), COORDINATE_DECIMALS) for v in col]
+        values.append(col)
+    return list(zip(*values))
+
+
+def distinct_rows(table, columns=None):
+    """``table`` without the rows whose ``row_keys`` already appeared (the first copy is kept)."""
     import pyarrow as pa
 
-    return pa.concat_tables([load_taxi("simple"), load_taxi("external")])
+    seen, keep = set(), []
+    for i, key in enumerate(row_keys(table, columns)):
+        if key not in seen:
+            seen.add(key)
+            keep.append(i)
+    return table.take(pa.array(keep, pa.int64()))
+
+
+def load_all_taxi():
+    """Every distinct real trip of the tfx wheel (the generator's fitting set): 15,002 trips.
+
+    ``simple`` and ``external`` together, each trip once (by ``row_keys``, the full row): every ``external``
+    row is also a row of ``simple``, so this is the ``simple`` file's 15,002 trips, not 25,002.
+    """
+    import pyarrow as pa
+
+    return distinct_rows(pa.concat_tables([load_taxi("simple"), load_taxi("external")]))

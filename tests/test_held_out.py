@@ -1,0 +1,174 @@
+"""No held-out set of the demo, a bench or a docs example shares a row with what its run ingested or trained on.
+
+- ``make demo`` (sage_tfx.demos.end_to_end): the held-out trips (from HELD_OUT_FROM on) against the rows its
+  replay ingests, replayed here on the real data and read back from the block files (full-row keys: the value
+  hash that block digests sum), plus a coarser trip key (timestamp, seconds, miles, fare, census tracts).
+  A positive control shows the same comparison catches the tfx wheel's ``external`` file, which the demo
+  used to score on although every one of its rows is a row of the replayed file.
+- ``sage bench dp-quality`` (real trips): its test rows against its training rows.
+- ``sage bench validation`` and ``sage bench sample-complexity`` (GENERATED rows): every drawn row is tagged,
+  and the held-out rows must be none of the rows any model is fitted or validated on.
+No TensorFlow here.
+"""
+import argparse
+import os
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from sage_tfx.data.taxi import TRIP_KEY, load_taxi, row_keys, taxi_csv_path
+from sage_tfx.demos import end_to_end as demo
+from sage_tfx.ingest.records import infer_schema, input_format, read_batches
+
+
+def _read_csv(name):
+    path = taxi_csv_path(name)
+    fmt = input_format(path)
+    return pa.Table.from_batches(list(read_batches(path, fmt, infer_schema(path, fmt))))
+
+
+def _trip_keys(example_batch):
+    """(timestamp, seconds, miles, fare, census tracts) per row, as stored (float32 values)."""
+    cols = [example_batch.column(c).to_pylist() for c in TRIP_KEY]
+    return {tuple(v[0] if v else None for v in row) for row in zip(*cols)}
+
+
+@pytest.fixture(scope="module")
+def demo_split():
+    return demo.stream_and_held_out()
+
+
+def test_demo_held_out_range_is_a_time_range_the_stream_never_holds(demo_split):
+    stream, held = demo_split
+    cutoff = 1451606400  # 2016-01-01T00:00, the file's clock
+    assert demo.HELD_OUT_FROM == "2016-01-01"
+    times = {"stream": stream.column(demo.TIME_COLUMN).to_numpy(), "held": held.column(demo.TIME_COLUMN).to_numpy()}
+    assert times["stream"].max() < cutoff <= times["held"].min()
+    assert (stream.num_rows, held.num_rows) == (14169, 833)
+    # A partition of the replayed file by full rows: nothing on both sides, nothing lost.
+    stream_keys, held_keys = set(row_keys(stream)), set(row_keys(held))
+    assert len(stream_keys) == stream.num_rows and len(held_keys) == held.num_rows
+    assert not stream_keys & held_keys
+    assert stream_keys | held_keys == set(row_keys(load_taxi("simple")))
+    assert not set(row_keys(stream, TRIP_KEY)) & set(row_keys(held, TRIP_KEY))
+    # The old "held-out" set was no such thing: every external row is a trip of the replayed file.
+    external = load_taxi("external")
+    assert set(row_keys(external, TRIP_KEY)) <= set(row_keys(load_taxi("simple"), TRIP_KEY))
+
+
+@pytest.mark.slow  # replays 1,095 daily blocks through the ledger (about 15 s; no TensorFlow)
+def test_demo_replay_ingests_no_held_out_row(demo_split, tmp_path):
+    from sage_tfx.ingest.replay import Replay
+    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.privacy import Ledger
+
+    stream, held = demo_split
+    data_root = str(tmp_path / "data")
+    with Ledger.open(str(tmp_path / "ledger.db"), create=True) as ledger:
+        ledger.create_stream(demo.STREAM, epsilon=1.0, delta=1e-6)
+        # The demo's replay exactly (same input, column, window), run to exhaustion: a superset of what any
+        # demo run ingests (512 days, then 64 per RETRY, until the stream runs out).
+        Replay(ledger, demo.STREAM, data_root, stream, demo.TIME_COLUMN, "1d").run()
+        blocks = [b.id for b in ledger.blocks(demo.STREAM)]
+    assert len(blocks) == 1095 and all(b < demo.HELD_OUT_FROM for b in blocks)
+    schema = stream_config(data_root, demo.STREAM)["schema"]
+    ingested = demo.block_rows(data_root, demo.STREAM, blocks)
+    held_rows = demo.example_rows(held, schema)
+    assert ingested.num_rows == stream.num_rows
+    # The ingested rows are exactly the stream's rows, and none of the held-out rows.
+    assert demo.row_key_set(ingested) == demo.row_key_set(demo.example_rows(stream, schema))
+    assert not demo.row_key_set(ingested) & demo.row_key_set(held_rows)
+    assert not _trip_keys(ingested) & _trip_keys(held_rows)
+    assert demo.held_out_overlap(data_root, demo.STREAM, blocks, held) == 0
+    # Positive control: the same check flags the external file (thousands of its rows were ingested).
+    external = _read_csv("external")
+    assert demo.held_out_overlap(data_root, demo.STREAM, blocks, external) > 9000
+    assert len(_trip_keys(ingested) & _trip_keys(demo.example_rows(external, schema))) > 9000
+
+
+def test_bench_dp_quality_test_rows_are_not_training_rows():
+    from sage_tfx.bench import dp_quality
+
+    table, train, test = dp_quality.taxi_split(seed=0)
+    assert len(train) + len(test) == table.num_rows and not set(train.tolist()) & set(test.tolist())
+    keys = row_keys(table)
+    assert len(set(keys)) == table.num_rows  # distinct trips: an index split is a row split
+    assert not {keys[i] for i in train} & {keys[i] for i in test}
+    trips = row_keys(table, TRIP_KEY)
+    assert not {trips[i] for i in train} & {trips[i] for i in test}
+
+
+class _Tagged:
+    """Wraps a bench's generator: every drawn row carries a unique ``row_id``; records the ids of the rows each
+    feature call sees, split into the held-out rows (those a Task is built with) and all others."""
+
+    def __init__(self, monkeypatch, validation):
+        self.next_id, self.held, self.used = 0, set(), set()
+        self.in_task = False
+        base = validation.TaxiGenerator
+        tagger = self
+
+        class Generator(base):
+            def draw(self, n, rng):
+                rows = super().draw(n, rng)
+                rows["row_id"] = np.arange(tagger.next_id, tagger.next_id + n)
+                tagger.next_id += n
+                return rows
+
+        def recorded(features):
+            def wrapper(rows):
+                ids = rows["row_id"]  # a KeyError means rows reached the features without their tags
+                (tagger.held if tagger.in_task else tagger.used).update(ids.tolist())
+                return features(rows)
+            return wrapper
+
+        init = validation.Task.__init__
+
+        def task_init(task, *args, **kwargs):
+            tagger.in_task = True
+            try:
+                init(task, *args, **kwargs)
+            finally:
+                tagger.in_task = False
+
+        monkeypatch.setattr(validation, "TaxiGenerator", Generator)
+        monkeypatch.setattr(validation, "regression_xy", recorded(validation.regression_xy))
+        monkeypatch.setattr(validation, "classification_xy", recorded(validation.classification_xy))
+        monkeypatch.setattr(validation.Task, "__init__", task_init)
+
+
+def test_bench_validation_held_out_rows_are_never_trained_or_validated_on(monkeypatch):
+    from sage_tfx.bench import validation
+
+    tags = _Tagged(monkeypatch, validation)
+    parser = argparse.ArgumentParser()
+    validation.add_arguments(parser)
+    validation.run(parser.parse_args(["--trials", "2", "--max-iterations", "2", "--holdout", "3000",
+                                      "--reference-rows", "5000", "--start-rows", "2000", "--etas", "0.05"]))
+    assert len(tags.held) == 3000 and len(tags.used) >= 5000 + 2000
+    assert not tags.held & tags.used
+
+
+def test_bench_sample_complexity_held_out_rows_are_never_trained_or_validated_on(monkeypatch):
+    from sage_tfx.bench import sample_complexity, validation
+
+    tags = _Tagged(monkeypatch, validation)
+    parser = argparse.ArgumentParser()
+    sample_complexity.add_arguments(parser)
+    sample_complexity.run(parser.parse_args(["--trials", "2", "--epsilons", "1", "--fractions", "0.5",
+                                             "--max-rows", "4000", "--reference-rows", "5000", "--holdout", "3000"]))
+    assert len(tags.held) == 3000 and len(tags.used) >= 5000 + 4000
+    assert not tags.held & tags.used
+
+
+def test_docs_name_no_unseen_external_trips():
+    """The README and the docs never again call the external file's rows unseen, other or extra trips."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    pages = [os.path.join(root, "README.md")] + [
+        os.path.join(root, "docs", f) for f in sorted(os.listdir(os.path.join(root, "docs"))) if f.endswith(".md")]
+    for page in pages:
+        text = open(page).read()
+        for claim in ("25,002", "10,000 other real trips", "10,000 more", "the demo never read",
+                      "9,998 real trips"):
+            assert claim not in text, f"{os.path.basename(page)} still says {claim!r}"
