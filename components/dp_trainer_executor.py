@@ -4,8 +4,13 @@ what the model spent, record it in MLMD.
 Order of work (nothing is read before step 3):
   1. ``check_grant``: the grant is genuine and charged by this ledger.
   2. The Examples were read under that grant (their ``grant_id``), the asked (epsilon, delta) fits the
-     grant's training share (``require_budget``), the DP record count is taken from the ledger.
-  3. ``run_fn(fn_args)`` reads the examples and trains.
+     grant's training share (``require_budget``), the DP record count is taken from the ledger, and the
+     training release is opened with the ledger (``open_release``): its computation is the module's
+     source, ``run_fn``'s name, the run's parameters and the transform graph's own release, so a
+     different module or configuration under the same grant is refused before anything is drawn.
+  3. ``run_fn(fn_args)`` reads the examples and trains inside ``sage_tfx.models.training_seed``: every DP
+     model draws from the grant's training seed, which never reaches the module (there is no
+     ``fn_args.seed``, and a model given an explicit ``seed=`` there is refused).
   4. The spend the module reported is audited: its (epsilon, delta) within the asked budget, its DpEvent
      re-accounted here, and a DP-SGD model's ``num_examples`` equal to the DP count it was given (a sigma
      calibrated on the exact count would publish that count). On any failure the model is deleted and
@@ -22,11 +27,14 @@ import os
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._budget import require_budget, stage_budget
-from sage_tfx.components._grant import COUNT_META_KEY, check_grant, released_record_count
-from sage_tfx.privacy import GrantError
+from sage_tfx.components._grant import (check_grant, computation_digest, open_release,
+                                        released_record_count)
+from sage_tfx.components.dp_transform_executor import COMPUTATION_PROPERTY
+from sage_tfx.privacy import GrantError, require_budget, stage_budget
 
-SEED_PURPOSE = "training"
+STAGE = "training"
+# Execution parameters that define the training computation (the grant and the ledger are not part of it).
+COMPUTATION_PROPERTIES = ("custom_config", "train_args", "eval_args", "epsilon", "delta", "public_num_examples")
 RELATIVE_SLACK = 1e-6  # float round-off allowed when re-accounting a calibrated spend
 
 
@@ -35,15 +43,9 @@ class SpendError(GrantError):
 
 
 def training_share(grant):
-    """(epsilon, delta) the training stage may spend under a verified grant.
-
-    From the signed split when there is one. A split-less grant pays for its DP record count too
-    (BlockExampleGen releases it under the same grant), so its count epsilon is not training's.
-    """
-    epsilon, delta = stage_budget(grant, "training")
-    if grant.meta.get("split") is None and grant.meta.get(COUNT_META_KEY) is not None:
-        epsilon -= float(grant.meta[COUNT_META_KEY])
-    return epsilon, delta
+    """(epsilon, delta) the training stage may spend under a verified grant: its share of the signed split,
+    or the whole of a single-stage grant (then no other stage may spend it: ``Ledger.release``)."""
+    return stage_budget(grant, STAGE)
 
 
 def asked_budget(exec_properties, grant):
@@ -61,10 +63,7 @@ def asked_budget(exec_properties, grant):
             raise ValueError(f"DPTrainer {name}={value!r} is invalid: must be finite and >= 0")
     if epsilon <= 0:
         raise GrantError(f"grant {grant.id!r} leaves no training budget (epsilon {epsilon:.6g})")
-    require_budget(grant, "training", epsilon, delta)
-    if epsilon > share_eps * (1 + 1e-9):  # the count epsilon of a split-less grant is not training's
-        raise GrantError(f"the training stage asks for epsilon={epsilon:.6g} but grant {grant.id!r} leaves "
-                         f"{share_eps:.6g} for training after its DP record count")
+    require_budget(grant, STAGE, epsilon, delta)
     return epsilon, delta
 
 
@@ -94,12 +93,24 @@ def training_count(ledger, grant, examples, train_splits, public_num_examples):
     return None, None
 
 
-def private_training_seed(ledger, grant):
-    """A 63-bit seed from the ledger secret for (grant, training): a re-run reproduces the model."""
-    from sage_tfx.privacy import Ledger
+def training_computation(exec_properties, run_fn, input_dict, budget):
+    """The training release's fingerprint: the module's source, run_fn's name, the parameters that shape the
+    run (``COMPUTATION_PROPERTIES``), the budget, and the release the transform graph came from."""
+    import inspect
 
-    with Ledger.open(ledger) as opened:
-        return opened.private_seed(grant.id, SEED_PURPOSE) % (1 << 63)
+    try:
+        with open(inspect.getsourcefile(run_fn), "rb") as f:
+            source = f.read()
+    except (TypeError, OSError):  # no source file (e.g. a built-in): the compiled code object instead
+        import marshal
+
+        source = marshal.dumps(run_fn.__code__)
+    graphs = [g.get_string_custom_property(COMPUTATION_PROPERTY) for g in input_dict.get("transform_graph") or []
+              if g.has_custom_property(COMPUTATION_PROPERTY)]
+    params = {k: exec_properties.get(k) for k in COMPUTATION_PROPERTIES}
+    params = {k: v if v is None or isinstance(v, (str, int, float)) else proto_json(v) for k, v in params.items()}
+    return computation_digest("DPTrainer/v1", source, getattr(run_fn, "__qualname__", ""), params, list(budget),
+                              graphs)
 
 
 # ------------------------------------------------------------------------------------------- the audit
@@ -271,15 +282,20 @@ class Executor(base_executor.BaseExecutor):
         fn_args = make_fn_args(input_dict, output_dict, exec_properties)
         fn_args.privacy_budget = budget
         fn_args.num_examples = num_examples
-        fn_args.seed = private_training_seed(ledger, grant)
         fn_args.grant_id = grant.id
         fn_args.stream = grant.stream
         run_fn = udf_utils.get_fn(exec_properties, "run_fn")
+        # One release per grant: another module or configuration under this grant is refused here.
+        seed = open_release(ledger, grant, STAGE, training_computation(exec_properties, run_fn, input_dict, budget),
+                            *budget)
 
         model = artifact_utils.get_single_instance(output_dict["model"])
         model_run = artifact_utils.get_single_instance(output_dict["model_run"])
         try:
-            returned = run_fn(fn_args)
+            from sage_tfx.models import training_seed
+
+            with training_seed(seed % (1 << 63)):
+                returned = run_fn(fn_args)
             report = collect_report(returned, fn_args.model_run_dir)
             audited, accounting = audit_spend(report, budget, num_examples)
             import tensorflow as tf
