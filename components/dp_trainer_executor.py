@@ -294,7 +294,7 @@ class Executor(base_executor.BaseExecutor):
         try:
             from sage_tfx.models import training_seed
 
-            with training_seed(seed % (1 << 63)):
+            with training_seed(seed):  # all 128 bits of the ledger seed
                 returned = run_fn(fn_args)
             report = collect_report(returned, fn_args.model_run_dir)
             audited, accounting = audit_spend(report, budget, num_examples)

@@ -20,10 +20,12 @@ table is that of a single key's cell.
 
 Values are clipped to [0, value_range] (the paper's listing omits this; without it
 the sensitivity bound is false). NaN values count as 0 and +-inf clip to the bounds,
-so one row always moves a sum by at most value_range. Keys must lie in [0, nkeys);
-an out-of-range key fails the analysis (naming the key) rather than being dropped
-silently. Note that the failure itself is observable: let the schema guarantee the
-key range.
+so one row always moves a sum by at most value_range. Keys belong in [0, nkeys); a row
+whose key is outside counts in no table (its key becomes -1, which the per-key sums
+drop), and ``dp_group_by_mean`` gives it the public default value_range / 2. Both are
+fixed functions of the row alone, so no sensitivity changes, and nothing fails because
+of one row's key: the analysis runs after the grant is charged, and a failure (or an
+error message naming the key, as an assertion used to) would reveal that row.
 
 Every analyzer returns float32 tensors and records its epsilon with
 `sage_tfx.transform.budget.record_spend` (see `PreprocessingBudget`).
@@ -150,20 +152,17 @@ def _dense_vector(tensor, what, label):
     return tf.reshape(tensor, [-1])
 
 
+OUT_OF_RANGE = -1  # the key of a row outside [0, nkeys): unsorted_segment_sum drops negative ids
+
+
 def _key_vector(key, nkeys, label, what="key"):
-    """int64 keys of the batch; the analysis fails, naming the key(s), if any is outside [0, nkeys)."""
+    """int64 keys of the batch, a key outside [0, nkeys) replaced by OUT_OF_RANGE (the row counts nowhere)."""
     key = _dense_vector(key, what, label)
     if not key.dtype.is_integer:
         raise DPTransformError(f"{label}: {what} must be an integer tensor, got dtype {key.dtype.name}")
     key = tf.cast(key, tf.int64)
     bad = tf.logical_or(key < 0, key >= nkeys)
-    check = tf.debugging.Assert(
-        tf.logical_not(tf.reduce_any(bad)),
-        [f"{label}: every {what} must be in [0, {nkeys}); out-of-range {what}(s):", tf.boolean_mask(key, bad)],
-        summarize=10,
-    )
-    with tf.control_dependencies([check]):
-        return tf.identity(key)
+    return tf.where(bad, tf.constant(OUT_OF_RANGE, tf.int64), key)
 
 
 def _clipped_values(value, value_range, label):
@@ -281,7 +280,7 @@ def dp_group_by_mean(key_tensor, value_tensor, nkeys, epsilon, value_range, *, s
         dp_counts = group_by_sum(key, 1, nkeys) + Laplace(0, 2/epsilon, nkeys)
         dp_sums   = group_by_sum(key, v, nkeys) + Laplace(0, 2*value_range/epsilon, nkeys)
         means     = clip(dp_sums / max(dp_counts, 1), 0, value_range)
-        output    = gather(means, key)
+        output    = gather(means, key), or value_range / 2 for a key outside [0, nkeys)
     Sensitivity: one row changes one count by 1 and one sum by at most value_range
     (it has one key, and its clipped value lies in [0, value_range]).
     Guarantee: (epsilon, 0)-DP. Proof sketch: the counts are (epsilon/2)-DP (Laplace,
@@ -294,7 +293,9 @@ def dp_group_by_mean(key_tensor, value_tensor, nkeys, epsilon, value_range, *, s
     `seed` is for tests only (None draws fresh OS entropy).
     """
     keys, tables = _mean_per_key("dp_group_by_mean", key_tensor, value_tensor, nkeys, epsilon, value_range, seed, name)
-    return tf.gather(tables.means, keys)
+    in_range = keys >= 0
+    return tf.where(in_range, tf.gather(tables.means, tf.where(in_range, keys, tf.zeros_like(keys))),
+                    tf.constant(value_range / 2.0, tf.float32))
 
 
 def dp_histogram(x, epsilon, *, num_buckets=None, vocabulary=None, seed=None, name=None):
