@@ -1,19 +1,112 @@
-"""Ready TFX pipeline factories; importable as sage_tfx.pipelines.
+"""Privacy-adaptive pipelines: the public API to define your own, the loader, and the built-in ones.
 
-Each pipeline module defines ``NAME``, ``METRIC``, ``DEFAULTS`` (iterator
-settings), ``check_target(target)`` (raises ValueError for a target that can
-never be met) and ``build_pipeline(config, grant, split, eta, iteration)``.
+Define a pipeline with ``SagePipeline`` and ``SLA`` (``sage_tfx.pipelines.definition``; docs/your_pipeline.md)
+in a Python file; ``sage run`` and ``sage serve`` take a built-in name, the path of such a file, or a dotted
+module path (``load_pipeline``). The built-in pipelines are defined with the same API:
+``taxi_regression`` and ``taxi_classification``.
 """
-import importlib
+from __future__ import annotations
 
-PIPELINES = {
+import importlib
+import importlib.util
+import os
+import sys
+import traceback
+
+from sage_tfx.pipelines.definition import (
+    SLA,
+    Metric,
+    PipelineDefinitionError,
+    SagePipeline,
+    StandardComponents,
+)
+
+BUILTIN = {
     "taxi_regression": "sage_tfx.pipelines.taxi_regression",
     "taxi_classification": "sage_tfx.pipelines.taxi_classification",
 }
 
+__all__ = ["SLA", "Metric", "SagePipeline", "StandardComponents", "PipelineDefinitionError", "load_pipeline",
+           "BUILTIN"]
 
-def get(name):
-    """The pipeline module called ``name``; ValueError naming the known ones otherwise."""
-    if name not in PIPELINES:
-        raise ValueError(f"pipeline {name!r} is unknown: use one of {', '.join(sorted(PIPELINES))}")
-    return importlib.import_module(PIPELINES[name])
+
+def load_pipeline(spec: str) -> SagePipeline:
+    """The ``SagePipeline`` named by ``spec``: a built-in name, a Python file, or a dotted module path.
+
+    The module must define exactly one SagePipeline (or name the one to run ``PIPELINE``). Raises
+    PipelineDefinitionError (a ValueError) naming the file, and the line for an import error, for a
+    missing file, a module that fails to import or defines no pipeline; nothing else is touched.
+    """
+    if not isinstance(spec, str) or not spec:
+        raise PipelineDefinitionError(f"pipeline {spec!r} must be a built-in name ({', '.join(sorted(BUILTIN))}), "
+                                      "a pipeline file or a dotted module path")
+    if spec in BUILTIN:
+        module, where = importlib.import_module(BUILTIN[spec]), spec
+    elif spec.endswith(".py") or os.sep in spec or os.path.exists(spec):
+        module, where = _import_file(spec), spec
+    else:
+        module, where = _import_module(spec), spec
+    pipeline = _the_pipeline(module, where)
+    base = os.path.dirname(os.path.abspath(module.__file__)) if getattr(module, "__file__", None) else os.getcwd()
+    pipeline = pipeline.with_base_dir(base)
+    try:
+        pipeline.check_files()
+    except PipelineDefinitionError as exc:
+        raise PipelineDefinitionError(f"{exc} (defined in {getattr(module, '__file__', where)})") from None
+    return pipeline
+
+
+def _import_file(path):
+    if not os.path.isfile(path):
+        raise PipelineDefinitionError(f"pipeline file {path!r} does not exist (or give a built-in pipeline: "
+                                      f"{', '.join(sorted(BUILTIN))})")
+    path = os.path.abspath(path)
+    name = "sage_user_pipeline_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException as exc:  # its own code raised: name the file and the line
+        sys.modules.pop(name, None)
+        raise PipelineDefinitionError(f"pipeline file {path!r} failed to import{_line_in(path, exc)}: "
+                                      f"{type(exc).__name__}: {exc}") from None
+    return module
+
+
+def _import_module(dotted):
+    try:
+        return importlib.import_module(dotted)
+    except ModuleNotFoundError as exc:
+        if exc.name and dotted.startswith(exc.name):
+            raise PipelineDefinitionError(
+                f"pipeline {dotted!r} is not a built-in ({', '.join(sorted(BUILTIN))}), an existing file, nor an "
+                "importable module") from None
+        raise PipelineDefinitionError(f"pipeline module {dotted!r} failed to import: {type(exc).__name__}: "
+                                      f"{exc}") from None
+    except BaseException as exc:
+        path = getattr(importlib.util.find_spec(dotted), "origin", None) or dotted
+        raise PipelineDefinitionError(f"pipeline module {dotted!r} ({path}) failed to import{_line_in(path, exc)}: "
+                                      f"{type(exc).__name__}: {exc}") from None
+
+
+def _line_in(path, exc):
+    """' at line N' of the deepest frame of ``exc`` in ``path`` (a SyntaxError's own line), or ''."""
+    if isinstance(exc, SyntaxError) and exc.lineno:
+        return f" at line {exc.lineno}"
+    lines = [f.lineno for f in traceback.extract_tb(exc.__traceback__) if os.path.abspath(f.filename) == path]
+    return f" at line {lines[-1]}" if lines else ""
+
+
+def _the_pipeline(module, where):
+    named = getattr(module, "PIPELINE", None)
+    if isinstance(named, SagePipeline):
+        return named
+    found = {k: v for k, v in vars(module).items() if isinstance(v, SagePipeline)}
+    if len(found) == 1:
+        return next(iter(found.values()))
+    if not found:
+        raise PipelineDefinitionError(f"pipeline {where!r} defines no SagePipeline: define "
+                                      "PIPELINE = SagePipeline(name=..., sla=SLA(...), trainer_module=...)")
+    raise PipelineDefinitionError(f"pipeline {where!r} defines several SagePipelines ({', '.join(sorted(found))}): "
+                                  "name the one to run PIPELINE")

@@ -51,14 +51,6 @@ class PipelineConfig:
         return os.path.join(self.work_dir, "tfx", self.name, "metadata.sqlite")
 
 
-def model_family(config, name, models):
-    """The pipeline's model family: ``config.model`` or the first of ``models``; ValueError naming it otherwise."""
-    model = config.model or models[0]
-    if model not in models:
-        raise ValueError(f"model {model!r} is unknown for {name}: use one of {', '.join(models)}")
-    return model
-
-
 def metadata_config(path):
     from tfx.orchestration import metadata
 

@@ -4,31 +4,20 @@ BlockExampleGen -> DPTransform (the taxi features, with the DP mean speed per ho
 of day) -> DPTrainer (DPLogisticRegressor, or DPDNNClassifier: ``--model dnn``,
 both DP-SGD) -> DPModelValidator (accuracy target on the raw eval split) -> Pusher.
 The stream must hold the ``big_tipper`` column (ingest the big_tipper taxi CSV).
+Defined with the public API (sage_tfx.pipelines.SagePipeline).
 """
-import math
 import os
 
-from sage_tfx.pipelines import _runner, _taxi
+from sage_tfx.pipelines.definition import SLA, SagePipeline
 
-NAME = "taxi_classification"
-METRIC = "accuracy"
-LABEL = "big_tipper"
-MODELS = ("logistic", "dnn")
-# rejection_share: a tenth of the training side pays for the validator's REJECT test on the training split
-# (BudgetSplit, rule pre + count + max(train + reject, val)), so an unreachable target ends in REJECT.
-DEFAULTS = {"epsilon_start": 0.25, "min_window": 256, "rejection_share": 0.1}
+MODULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "modules")
 
-
-def check_target(target):
-    """An accuracy target must lie in (0, 1): 0 or less is always met, above 1 never."""
-    if not (isinstance(target, (int, float)) and math.isfinite(target) and 0 < target < 1):
-        raise ValueError(f"accuracy target {target!r} can never be met meaningfully: it must lie in (0, 1)")
-
-
-def build_pipeline(config, grant, split, eta, iteration):
-    model = _runner.model_family(config, NAME, MODELS)
-    return _taxi.build(
-        config, grant, eta,
-        preprocessing_module=os.path.join(_taxi.MODULES, "taxi_preprocessing.py"),
-        trainer_module=os.path.join(_taxi.MODULES, "taxi_classification_trainer.py"),
-        metric=METRIC, label_key=LABEL, trainer_config={"model": model})
+PIPELINE = SagePipeline(
+    name="taxi_classification",
+    sla=SLA(metric="accuracy", label="big_tipper"),
+    preprocessing_module=os.path.join(MODULES, "taxi_preprocessing.py"),
+    trainer_module=os.path.join(MODULES, "taxi_classification_trainer.py"),
+    models=("logistic", "dnn"),
+    # a tenth of the training side pays for the REJECT test on the training split (see taxi_regression)
+    defaults={"epsilon_start": 0.25, "min_window": 256, "rejection_share": 0.1},
+)

@@ -8,38 +8,26 @@ seconds^2, on the raw eval split) -> Pusher.
 The SLA is on the MSE with each squared error clipped at LOSS_BOUND = (30 min)^2:
 the validator's DP noise and concentration terms scale with that bound, and
 errors past half an hour are outliers (meter glitches) whose exact size no
-model should be judged by.
+model should be judged by. Defined with the public API (sage_tfx.pipelines.SagePipeline),
+as a user's own pipeline file would be.
 """
-import math
 import os
 
-from sage_tfx.pipelines import _runner, _taxi
+from sage_tfx.pipelines.definition import SLA, SagePipeline
 
-NAME = "taxi_regression"
-METRIC = "mse"
+MODULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "modules")
 LABEL = "trip_seconds"
 MAX_SECONDS = 3600.0  # public bound of the training label and of predictions
 LOSS_BOUND = 1800.0 ** 2  # squared errors are clipped here, in seconds^2
-MODELS = ("linear", "dnn")
-# rejection_share: a tenth of the training side pays for the validator's REJECT test on the training split
-# (BudgetSplit, rule pre + count + max(train + reject, val)), so an unreachable target ends in REJECT.
-DEFAULTS = {"epsilon_start": 0.25, "min_window": 256, "rejection_share": 0.1}
 
-
-def check_target(target):
-    """An MSE target (seconds^2) must be a positive number below the loss bound, or it can never be met."""
-    if not (isinstance(target, (int, float)) and math.isfinite(target) and 0 < target):
-        raise ValueError(f"MSE target {target!r} can never be met: it must be a positive number of seconds^2")
-    if target >= LOSS_BOUND:
-        raise ValueError(f"MSE target {target!r} is at least the loss bound {LOSS_BOUND:g} seconds^2: every model "
-                         "meets it, so there is nothing to validate")
-
-
-def build_pipeline(config, grant, split, eta, iteration):
-    model = _runner.model_family(config, NAME, MODELS)
-    return _taxi.build(
-        config, grant, eta,
-        preprocessing_module=os.path.join(_taxi.MODULES, "taxi_preprocessing.py"),
-        trainer_module=os.path.join(_taxi.MODULES, "taxi_regression_trainer.py"),
-        metric=METRIC, label_key=LABEL, loss_bound=LOSS_BOUND,
-        trainer_config={"model": model, "max_seconds": MAX_SECONDS})
+PIPELINE = SagePipeline(
+    name="taxi_regression",
+    sla=SLA(metric="mse", label=LABEL, loss_bound=LOSS_BOUND),
+    preprocessing_module=os.path.join(MODULES, "taxi_preprocessing.py"),
+    trainer_module=os.path.join(MODULES, "taxi_regression_trainer.py"),
+    models=("linear", "dnn"),
+    # rejection_share: a tenth of the training side pays for the validator's REJECT test on the training
+    # split (BudgetSplit, rule pre + count + max(train + reject, val)), so an unreachable target ends in REJECT.
+    defaults={"epsilon_start": 0.25, "min_window": 256, "rejection_share": 0.1},
+    trainer_config={"max_seconds": MAX_SECONDS},
+)

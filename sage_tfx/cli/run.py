@@ -19,7 +19,8 @@ EXIT_CODES = {"ACCEPT": 0, "REJECT": 4, "TIMEOUT": 5}
 def add_parser(subparsers):
     p = subparsers.add_parser("run", help="privacy-adaptive training of a ready pipeline (taxi_regression, ...)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("pipeline", help="taxi_regression or taxi_classification")
+    p.add_argument("pipeline", help="a built-in pipeline (taxi_regression, taxi_classification), the path of a "
+                                    "pipeline file defining a SagePipeline, or a dotted module path")
     p.add_argument("--db", required=True, help="ledger file or postgresql:// URL")
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")
@@ -55,8 +56,8 @@ def _run(args):
     from sage_tfx.privacy import Ledger, LedgerError
 
     try:
-        module = pipelines.get(args.pipeline)
-        module.check_target(args.target)
+        definition = pipelines.load_pipeline(args.pipeline)
+        definition.check_target(args.target)
         if not 0 < args.confidence < 1:
             raise ValueError(f"confidence {args.confidence!r} must be in (0, 1)")
     except ValueError as exc:
@@ -66,10 +67,10 @@ def _run(args):
         ledger = Ledger.open(args.db)
         if not ledger.blocks(args.stream):
             return _fail(f"stream {args.stream!r} has no blocks: ingest data first (sage ingest ...)")
-        runner = build_runner(module, args.db, args.stream, args.data_root, args.work_dir, args.target,
+        runner = build_runner(definition, args.db, args.stream, args.data_root, args.work_dir, args.target,
                               confidence=args.confidence, serving_dir=args.serving_dir, runner=args.runner,
                               beam_args=beam_args, model=args.model, name=args.name)
-        iterator = make_iterator(module, ledger, runner, args, progress=lambda line: print(line, flush=True))
+        iterator = make_iterator(definition, ledger, runner, args, progress=lambda line: print(line, flush=True))
     except (LedgerError, ValueError) as exc:
         return _fail(str(exc))
     result = iterator.run()
@@ -81,30 +82,30 @@ def _run(args):
 
 
 class PipelineRunner:
-    """A pipeline module bound to its config: ``run_iteration`` for the iterator."""
+    """A SagePipeline bound to its config: ``run_iteration`` for the iterator."""
 
-    def __init__(self, module, config):
-        from sage_tfx.pipelines._runner import make_run_iteration, model_family
+    def __init__(self, pipeline, config):
+        from sage_tfx.pipelines._runner import make_run_iteration
 
-        model_family(config, module.NAME, module.MODELS)  # bad input fails here, before any spend
-        self.module, self.config = module, config
-        self.run_iteration = make_run_iteration(module.build_pipeline, config)
+        pipeline.model_family(config.model)  # bad input fails here, before any spend
+        self.pipeline, self.config = pipeline, config
+        self.run_iteration = make_run_iteration(pipeline.build_pipeline, config)
 
 
-def build_runner(module, db, stream, data_root, work_dir, target, confidence=0.95, serving_dir=None,
+def build_runner(definition, db, stream, data_root, work_dir, target, confidence=0.95, serving_dir=None,
                  runner="local", beam_args=(), model=None, name=None):
     from sage_tfx.pipelines._runner import PipelineConfig
 
-    config = PipelineConfig(name=name or module.NAME, ledger=db, stream=stream, data_root=data_root,
+    config = PipelineConfig(name=name or definition.name, ledger=db, stream=stream, data_root=data_root,
                             work_dir=work_dir, target=target, confidence=confidence, serving_dir=serving_dir,
                             runner=runner, beam_pipeline_args=list(beam_args), model=model)
-    return PipelineRunner(module, config)
+    return PipelineRunner(definition, config)
 
 
-def make_iterator(module, ledger, runner, args, progress=print, wait_for_blocks=None):
+def make_iterator(definition, ledger, runner, args, progress=print, wait_for_blocks=None):
     from sage_tfx.adaptive import SageIterator
 
-    settings = dict(module.DEFAULTS)
+    settings = dict(definition.defaults)
     if getattr(args, "epsilon_start", None) is not None:
         settings["epsilon_start"] = args.epsilon_start
     if getattr(args, "min_window", None) is not None:

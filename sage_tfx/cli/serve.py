@@ -70,13 +70,13 @@ def _run(args):
         ledger.stream(args.stream)
         replay = Replay.from_file(ledger, args.stream, args.data_root, args.input, args.time_column, args.window)
         for name, pipeline, target, model in args.pipelines:
-            module = pipelines.get(pipeline)
-            module.check_target(target)
-            runner = build_runner(module, args.db, args.stream, args.data_root, args.work_dir, target,
+            definition = pipelines.load_pipeline(pipeline)
+            definition.check_target(target)
+            runner = build_runner(definition, args.db, args.stream, args.data_root, args.work_dir, target,
                                   confidence=args.confidence, runner=args.runner, model=model, name=name)
             # Validate the iterator settings now, before any budget is spent.
-            make_iterator(module, ledger, runner, args)
-            settings = dict(module.DEFAULTS, eta=1 - args.confidence, max_iterations=args.max_iterations)
+            make_iterator(definition, ledger, runner, args)
+            settings = dict(definition.defaults, eta=1 - args.confidence, max_iterations=args.max_iterations)
             if args.rejection_share is not None:
                 settings["rejection_share"] = args.rejection_share
             specs.append(PipelineSpec(name, runner.run_iteration, settings))

@@ -73,15 +73,15 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
         say(f"      [replay] {len(added)} new day(s) arrive with a fresh budget, up to {added[-1].block}")
         return True
 
-    module = pipelines.get("taxi_regression")
+    definition = pipelines.load_pipeline("taxi_regression")
     work_dir = os.path.join(out_dir, "work")
-    pipeline = build_runner(module, db, STREAM, data_root, work_dir, target, serving_dir=serving_dir,
+    pipeline = build_runner(definition, db, STREAM, data_root, work_dir, target, serving_dir=serving_dir,
                             runner=runner, model="linear")
     say(f"[3/5] taxi_regression until ACCEPT: MSE target {target:,.0f} s^2 (clipped at (30 min)^2), "
         "confidence 0.95; one TFX run per iteration")
     iterator = SageIterator(ledger, STREAM, "taxi_regression", pipeline.run_iteration, eta=0.05,
                             max_iterations=max_iterations, wait_for_blocks=wait_for_blocks,
-                            progress=lambda line: say("      " + line), **{**module.DEFAULTS, **ITERATOR})
+                            progress=lambda line: say("      " + line), **{**definition.defaults, **ITERATOR})
     result = iterator.run()
     say(f"      -> {result.outcome} after {len(result.iterations)} iteration(s)")
 
@@ -94,7 +94,7 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
         if overlap:
             raise RuntimeError(f"{overlap} held-out trip(s) are rows of ingested blocks: the held-out set is not "
                                "held out")
-        summary = held_out_scores(pushed, module.LOSS_BOUND, data_root, grant, held_out)
+        summary = held_out_scores(pushed, definition.sla.loss_bound, data_root, grant, held_out)
         summary.update({"held_out_from": HELD_OUT_FROM, "stream_trips": stream_rows.num_rows,
                         "days_replayed": len(ledger.blocks(STREAM)), "outcome": result.outcome,
                         "iterations": len(result.iterations), "target": target})

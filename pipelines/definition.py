@@ -1,0 +1,275 @@
+"""Your own privacy-adaptive pipeline: its SLA, its module files, its model families and its components.
+
+A pipeline file (any name) defines one ``SagePipeline``::
+
+    from sage_tfx.pipelines import SLA, SagePipeline
+
+    PIPELINE = SagePipeline(
+        name="taxi_fare",
+        sla=SLA(metric="mse", label="fare", loss_bound=30.0 ** 2),  # squared errors clipped at $30^2
+        preprocessing_module="preprocessing.py",  # preprocessing_fn(inputs, custom_config), beside this file
+        trainer_module="trainer.py",              # run_fn(fn_args), beside this file
+        models=("linear", "dnn"),                 # --model picks one; the first is the default
+        defaults={"epsilon_start": 0.5, "min_window": 128},
+    )
+
+and ``sage run path/to/pipeline.py --db ... --stream ... --data-root ... --target 120`` drives it to
+ACCEPT, REJECT or TIMEOUT exactly as it drives the built-in pipelines (which are defined with this same
+API: ``sage_tfx.pipelines.taxi_regression``). ``sage run`` also takes a dotted module path.
+
+Each iteration is one TFX pipeline, by default (paper List. 1)::
+
+    BlockExampleGen -> DPTransform -> DPTrainer -> DPModelValidator -> Pusher
+
+built by ``SagePipeline.standard_components``. To add or replace components, give ``components``: a
+function of the ``StandardComponents`` returning the list to run, e.g.
+``components=lambda c: [c.example_gen, c.trainer, c.validator, c.pusher]`` (no preprocessing: give no
+``preprocessing_module`` then) or a list with your own Pusher. Every data-reading Sage component gets the
+iteration's grant and checks it before it reads (docs/block_composition.md, "What a grant pays for").
+"""
+from __future__ import annotations
+
+import enum
+import inspect
+import math
+import os
+from dataclasses import dataclass, field, replace
+from typing import Callable, Optional
+
+LOG_LOSS_FLOOR = 1e-7  # as DPModelValidator: probabilities in [floor, 1 - floor], so a log loss <= ln(1e7)
+
+
+class Metric(str, enum.Enum):
+    """The validator's quality metrics (DPModelValidator's ``metric``)."""
+
+    MSE = "mse"
+    MAE = "mae"
+    LOG_LOSS = "log_loss"
+    ACCURACY = "accuracy"
+
+    @property
+    def is_loss(self) -> bool:
+        return self is not Metric.ACCURACY
+
+
+class PipelineDefinitionError(ValueError):
+    """A pipeline definition, or the file that holds it, is unusable; the message names what and where."""
+
+
+@dataclass(frozen=True)
+class SLA:
+    """What the validator certifies: ``metric`` of the model on ``label`` (a raw column of the stream), with
+    per-example losses clipped to ``[0, loss_bound]`` (a PUBLIC bound: the validator's noise and
+    concentration terms scale with it; docs/validation.md). Accuracy has no bound; log_loss defaults to
+    ln(1e7), its largest value with probabilities kept in [1e-7, 1 - 1e-7]."""
+
+    metric: str
+    label: str
+    loss_bound: Optional[float] = None
+
+    def __post_init__(self):
+        try:
+            metric = Metric(str(self.metric).strip().lower())
+        except ValueError:
+            raise PipelineDefinitionError(f"SLA metric {self.metric!r} is unknown: use one of "
+                                          f"{', '.join(m.value for m in Metric)}") from None
+        object.__setattr__(self, "metric", metric.value)
+        if not isinstance(self.label, str) or not self.label:
+            raise PipelineDefinitionError(f"SLA label {self.label!r} must name the label column")
+        bound = self.loss_bound
+        if metric is Metric.ACCURACY:
+            if bound is not None:
+                raise PipelineDefinitionError(f"SLA loss_bound {bound!r} does not apply to accuracy: leave it out")
+        else:
+            if bound is None and metric is Metric.LOG_LOSS:
+                bound = math.log(1.0 / LOG_LOSS_FLOOR)
+            if bound is None:
+                raise PipelineDefinitionError(f"SLA metric {metric.value!r} needs loss_bound: a public bound B on "
+                                              "each example's loss (losses are clipped to [0, B])")
+            try:
+                bound = float(bound)
+            except (TypeError, ValueError):
+                raise PipelineDefinitionError(f"SLA loss_bound {bound!r} is not a number") from None
+            if not (math.isfinite(bound) and bound > 0):
+                raise PipelineDefinitionError(f"SLA loss_bound {bound!r} must be finite and > 0")
+        object.__setattr__(self, "loss_bound", bound)
+
+    def check_target(self, target: float) -> float:
+        """The target as a float; ValueError naming it when it can never be met, or is always met."""
+        metric = Metric(self.metric)
+        try:
+            value = float(target)
+        except (TypeError, ValueError):
+            raise ValueError(f"{metric.value} target {target!r} is not a number") from None
+        if metric is Metric.ACCURACY:
+            if not (math.isfinite(value) and 0 < value < 1):
+                raise ValueError(f"accuracy target {value!r} can never be met meaningfully: it must lie in (0, 1)")
+            return value
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{metric.value} target {value!r} can never be met: it must be a positive number")
+        if value >= self.loss_bound:
+            raise ValueError(f"{metric.value} target {value!r} is at least the loss bound {self.loss_bound:g}: "
+                             "every model meets it, so there is nothing to validate")
+        return value
+
+
+@dataclass
+class StandardComponents:
+    """The five components of an iteration, wired together (``SagePipeline.standard_components``)."""
+
+    example_gen: object
+    transform: Optional[object]
+    trainer: object
+    validator: object
+    pusher: object
+
+    def as_list(self) -> list:
+        return [c for c in (self.example_gen, self.transform, self.trainer, self.validator, self.pusher)
+                if c is not None]
+
+
+def _iterator_settings() -> set:
+    from sage_tfx.adaptive import SageIterator
+
+    skip = {"self", "ledger", "stream", "pipeline", "run_iteration", "eta", "max_iterations", "max_seconds",
+            "wait_for_blocks", "progress", "clock"}
+    return {n for n in inspect.signature(SageIterator.__init__).parameters if n not in skip}
+
+
+@dataclass(frozen=True)
+class SagePipeline:
+    """A privacy-adaptive pipeline, as a user defines it in a pipeline file (see the module docstring).
+
+    ``preprocessing_module`` / ``trainer_module``: TFX module files (``preprocessing_fn`` / ``run_fn``),
+    absolute or relative to ``base_dir`` (default: the directory of the file that defines the pipeline,
+    set when ``sage run`` loads it). ``models``: the model families the trainer module understands, passed
+    to it as ``custom_config["model"]`` (``sage run --model``; the first is the default). ``defaults``:
+    SageIterator settings (``epsilon_start``, ``min_window``, ``rejection_share``, ...). ``trainer_config``:
+    more of the trainer's ``custom_config``. ``components``: a function of the ``StandardComponents``
+    returning the components to run (default: all five).
+    """
+
+    name: str
+    sla: SLA
+    trainer_module: str
+    preprocessing_module: Optional[str] = None
+    models: tuple = ()
+    defaults: dict = field(default_factory=dict)
+    trainer_config: dict = field(default_factory=dict)
+    components: Optional[Callable[[StandardComponents], list]] = None
+    base_dir: Optional[str] = None
+
+    def __post_init__(self):
+        from sage_tfx.privacy.ledger import _check_name  # the ledger's own rule for pipeline names
+
+        try:
+            _check_name(self.name, "pipeline name")
+        except ValueError as exc:
+            raise PipelineDefinitionError(str(exc)) from None
+        if not isinstance(self.sla, SLA):
+            raise PipelineDefinitionError(f"sla {self.sla!r} must be an SLA(metric=..., label=..., loss_bound=...)")
+        models = (self.models,) if isinstance(self.models, str) else tuple(self.models)
+        if any(not isinstance(m, str) or not m for m in models):
+            raise PipelineDefinitionError(f"models {self.models!r} must be names of model families (strings)")
+        object.__setattr__(self, "models", models)
+        unknown = sorted(set(self.defaults) - _iterator_settings())
+        if unknown:
+            raise PipelineDefinitionError(f"defaults name unknown iterator setting(s) {unknown}: use "
+                                          f"{', '.join(sorted(_iterator_settings()))}")
+        if self.components is not None and not callable(self.components):
+            raise PipelineDefinitionError(f"components {self.components!r} must be a function of the "
+                                          "StandardComponents returning the list of components")
+        for role in ("trainer_module", "preprocessing_module"):
+            value = getattr(self, role)
+            if value is not None and (not isinstance(value, str) or not value):
+                raise PipelineDefinitionError(f"{role} {value!r} must be the path of a module file")
+
+    # ------------------------------------------------------------------ what sage run asks of a pipeline
+    def check_target(self, target: float) -> float:
+        return self.sla.check_target(target)
+
+    def model_family(self, model: Optional[str] = None) -> Optional[str]:
+        """``model`` (``sage run --model``) or the first of ``models``; ValueError naming an unknown one."""
+        if model is None:
+            return self.models[0] if self.models else None
+        if model not in self.models:
+            known = ", ".join(self.models) if self.models else "none: it declares no models"
+            raise ValueError(f"model {model!r} is unknown for {self.name}: use one of {known}")
+        return model
+
+    def module_path(self, role: str) -> Optional[str]:
+        """The absolute path of the ``trainer_module`` or ``preprocessing_module`` (None if not given)."""
+        path = getattr(self, role)
+        if path is None:
+            return None
+        if not os.path.isabs(path):
+            path = os.path.join(self.base_dir or os.getcwd(), path)
+        return os.path.abspath(path)
+
+    def check_files(self) -> None:
+        """Refuse (PipelineDefinitionError naming it) a module file that does not exist: before any spend."""
+        for role in ("preprocessing_module", "trainer_module"):
+            path = self.module_path(role)
+            if path is not None and not os.path.isfile(path):
+                raise PipelineDefinitionError(f"pipeline {self.name!r}: {role} {path!r} does not exist")
+
+    def with_base_dir(self, base_dir: str) -> SagePipeline:
+        return self if self.base_dir is not None else replace(self, base_dir=os.path.abspath(base_dir))
+
+    # ------------------------------------------------------------------ the TFX pipeline of one iteration
+    def standard_components(self, config, grant, eta) -> StandardComponents:
+        """BlockExampleGen -> DPTransform -> DPTrainer -> DPModelValidator -> Pusher under ``grant``."""
+        from tfx.components.pusher.component import Pusher
+        from tfx.proto import pusher_pb2
+
+        from sage_tfx.components.block_example_gen import BlockExampleGen
+        from sage_tfx.components.dp_model_validator import DPModelValidator
+        from sage_tfx.components.dp_trainer import DPTrainer
+        from sage_tfx.components.dp_transform import DPTransform
+        from sage_tfx.privacy import BudgetSplit
+
+        grant_json = grant.to_json()
+        split = BudgetSplit.from_meta(grant.meta)
+        # The REJECT test on the train split runs when the grant pays for it (its split's rejection stage).
+        train_split = "train" if split is not None and split.rejection > 0 else None
+        gen = BlockExampleGen(ledger=config.ledger, data_root=config.data_root, stream=config.stream,
+                              grant=grant_json)
+        transform = None
+        trainer_inputs = {"examples": gen.outputs["examples"]}
+        if self.preprocessing_module is not None:
+            transform = DPTransform(examples=gen.outputs["examples"], module_file=self.module_path(
+                "preprocessing_module"), ledger=config.ledger, grant=grant_json, data_root=config.data_root,
+                stream=config.stream)
+            trainer_inputs = {"examples": transform.outputs["transformed_examples"],
+                              "transform_graph": transform.outputs["transform_graph"]}
+        custom_config = {**self.trainer_config, **config.hparams}
+        model = self.model_family(config.model)
+        if model is not None:
+            custom_config = {"model": model, **custom_config}
+        trainer = DPTrainer(**trainer_inputs, module_file=self.module_path("trainer_module"), ledger=config.ledger,
+                            grant=grant_json, custom_config=custom_config)
+        validator = DPModelValidator(model=trainer.outputs["model"], examples=gen.outputs["examples"],
+                                     ledger=config.ledger, metric=self.sla.metric, target=config.target,
+                                     label_key=self.sla.label, grant=grant_json, loss_bound=(
+                                         None if self.sla.metric == Metric.ACCURACY.value else self.sla.loss_bound),
+                                     eta=eta, train_split=train_split)
+        pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
+                        push_destination=pusher_pb2.PushDestination(
+                            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=config.serving_dir)))
+        return StandardComponents(gen, transform, trainer, validator, pusher)
+
+    def build_pipeline(self, config, grant, split, eta, iteration):
+        """The TFX Pipeline of one iteration under ``grant`` (cached by its inputs, so a resumed iteration reuses
+        what finished before a kill, with the noise it drew)."""
+        from tfx.orchestration import pipeline as tfx_pipeline
+
+        from sage_tfx.pipelines._runner import metadata_config
+
+        standard = self.standard_components(config, grant, eta)
+        components = standard.as_list() if self.components is None else list(self.components(standard))
+        if not components:
+            raise PipelineDefinitionError(f"pipeline {self.name!r}: its components function returned no component")
+        return tfx_pipeline.Pipeline(
+            pipeline_name=config.name, pipeline_root=config.pipeline_root, components=components,
+            enable_cache=True, metadata_connection_config=metadata_config(config.metadata_path),
+            beam_pipeline_args=list(config.beam_pipeline_args))

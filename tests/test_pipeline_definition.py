@@ -1,0 +1,119 @@
+"""The public pipeline API (sage_tfx.pipelines.SagePipeline / SLA) and its loader: built-in names, files, modules.
+
+Bad pipeline files are refused naming the file (and the line), and `sage run` exits 2 before any budget is
+spent. The end-to-end run of a user's pipeline file is in tests/test_sage_run.py.
+"""
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sage_tfx.pipelines import SLA, BUILTIN, PipelineDefinitionError, SagePipeline, load_pipeline
+from sage_tfx.privacy import Ledger
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+EXAMPLE = os.path.join(ROOT, "examples", "taxi_fare", "pipeline.py")
+
+
+def test_builtins_are_plain_users_of_the_public_api():
+    for name in BUILTIN:
+        pipeline = load_pipeline(name)
+        assert isinstance(pipeline, SagePipeline) and pipeline.name == name
+        assert os.path.isfile(pipeline.module_path("trainer_module"))
+    regression = load_pipeline("taxi_regression")
+    assert (regression.sla.metric, regression.sla.label, regression.sla.loss_bound) == ("mse", "trip_seconds",
+                                                                                        1800.0 ** 2)
+    assert regression.model_family() == "linear" and regression.model_family("dnn") == "dnn"
+    with pytest.raises(ValueError, match="'svm'"):
+        regression.model_family("svm")
+
+
+def test_a_user_file_resolves_its_modules_beside_it():
+    pipeline = load_pipeline(EXAMPLE)
+    assert pipeline.name == "taxi_fare" and pipeline.base_dir == os.path.dirname(EXAMPLE)
+    assert pipeline.module_path("preprocessing_module") == os.path.join(os.path.dirname(EXAMPLE), "preprocessing.py")
+    assert pipeline.check_target(120) == 120.0
+    with pytest.raises(ValueError, match="900"):
+        pipeline.check_target(900)  # the loss bound: every model meets it
+
+
+def test_a_dotted_module_path(tmp_path, monkeypatch):
+    (tmp_path / "mypkg").mkdir()
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    (tmp_path / "mypkg" / "trainer.py").write_text("def run_fn(fn_args): pass\n")
+    (tmp_path / "mypkg" / "pipe.py").write_text(textwrap.dedent("""
+        from sage_tfx.pipelines import SLA, SagePipeline
+        PIPELINE = SagePipeline(name="mine", sla=SLA(metric="accuracy", label="y"), trainer_module="trainer.py")
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    pipeline = load_pipeline("mypkg.pipe")
+    assert pipeline.name == "mine" and pipeline.module_path("trainer_module") == str(tmp_path / "mypkg" / "trainer.py")
+    assert pipeline.model_family() is None
+
+
+@pytest.mark.parametrize("bad, named", [
+    (dict(sla=SLA("mse", "y", 4.0), name="bad name!"), "'bad name!'"),
+    (dict(sla="mse"), "sla 'mse'"),
+    (dict(sla=SLA("accuracy", "y"), defaults={"epsilon_strat": 0.5}), "epsilon_strat"),
+    (dict(sla=SLA("accuracy", "y"), components="all"), "components 'all'"),
+    (dict(sla=SLA("accuracy", "y"), models=(1,)), "models"),
+])
+def test_bad_definitions_name_the_value(bad, named):
+    with pytest.raises(PipelineDefinitionError, match=named.replace("(", r"\(")):
+        SagePipeline(**{"name": "p", "trainer_module": "t.py", **bad})
+
+
+@pytest.mark.parametrize("args, named", [
+    (("auc", "y"), "'auc'"),
+    (("mse", "y"), "needs loss_bound"),
+    (("mse", "y", -1.0), "-1.0"),
+    (("accuracy", "y", 1.0), "does not apply"),
+    (("mse", ""), "label ''"),
+])
+def test_bad_slas_name_the_value(args, named):
+    with pytest.raises(PipelineDefinitionError, match=named):
+        SLA(*args)
+    assert SLA("log_loss", "y").loss_bound == pytest.approx(16.118, abs=1e-3)
+
+
+PIPE = """
+from sage_tfx.pipelines import SLA, SagePipeline
+PIPELINE = SagePipeline(name="p", sla=SLA(metric="accuracy", label="y"), trainer_module="trainer.py")
+"""
+
+
+@pytest.mark.parametrize("case, files, named", [
+    ("missing file", {}, "does not exist"),
+    ("no pipeline", {"pipe.py": "x = 1\n"}, "defines no SagePipeline"),
+    ("raises on import", {"pipe.py": "import os\n\nraise RuntimeError('boom')\n"}, "at line 3: RuntimeError: boom"),
+    ("syntax error", {"pipe.py": "def f(:\n"}, "at line 1: SyntaxError"),
+    ("two pipelines", {"pipe.py": PIPE.replace("PIPELINE =", "A =") + PIPE.replace("PIPELINE =", "B =")},
+     r"several SagePipelines \(A, B\)"),
+    ("missing trainer module", {"pipe.py": PIPE}, "trainer_module .*trainer.py' does not exist"),
+])
+def test_bad_pipeline_files_exit_2_naming_the_file_before_any_spend(tmp_path, case, files, named):
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    path = str(tmp_path / "pipe.py")
+    with pytest.raises(PipelineDefinitionError, match=named):
+        load_pipeline(path)
+    db = str(tmp_path / "ledger.db")
+    with Ledger.open(db, create=True) as ledger:
+        ledger.create_stream("s", 1.0, 1e-6)
+        ledger.add_block("s", "b0", start=0, end=86400, rows=10)
+        before = [ledger.log_entries(), [g.to_json() for g in ledger.grants()]]
+    out = subprocess.run([sys.executable, "-m", "sage_tfx", "run", path, "--db", db, "--stream", "s", "--data-root",
+                          str(tmp_path / "data"), "--target", "0.5", "--work-dir", str(tmp_path / "work")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert path in out.stderr and "Traceback" not in out.stderr, out.stderr
+    with Ledger.open(db) as ledger:
+        assert [ledger.log_entries(), [g.to_json() for g in ledger.grants()]] == before  # nothing spent
+    assert not os.path.exists(tmp_path / "work")
+
+
+def test_unknown_name_lists_the_builtins():
+    with pytest.raises(PipelineDefinitionError, match="taxi_classification, taxi_regression"):
+        load_pipeline("no_such_pipeline")
