@@ -207,3 +207,18 @@ def test_platform_serves_several_pipelines_on_one_replayed_stream(tmp_path):
         # The first block arrived while all three waited: its budget was split three ways.
         first = [e for e in ledger.log_entries() if e[2] == "reserve"][0]
         assert '"pipelines":["easy","impossible","medium"]' in first[3]
+
+
+def test_run_result_reports_the_largest_per_block_spend_and_the_final_blocks():
+    """Iterations on other windows add up per block where they overlap; a sum over iterations would say 1.5."""
+    from sage_tfx.adaptive import Iteration, RunResult
+
+    result = RunResult("ACCEPT", [Iteration(1, "g1", ("b1", "b2"), 0.5, 0.025, "RETRY"),
+                                  Iteration(2, "g2", ("b2", "b3"), 0.25, 0.008, "RETRY"),
+                                  Iteration(3, "g3", ("b3", "b4", "b5"), 0.75, 0.004, "ACCEPT")], "g3")
+    assert result.epsilon_per_block() == {"b1": 0.5, "b2": 0.75, "b3": 1.0, "b4": 0.75, "b5": 0.75}
+    assert result.max_block_epsilon == 1.0 and result.final_blocks == ("b3", "b4", "b5")
+    assert result.describe() == ("ACCEPT after 3 iteration(s); at most epsilon 1 charged on a block (5 block(s) "
+                                 "charged); the model trained on blocks b3..b5 (3)")
+    timeout = RunResult("TIMEOUT", [], None)
+    assert timeout.describe() == "TIMEOUT after 0 iteration(s); at most epsilon 0 charged on a block (0 block(s) charged)"

@@ -74,9 +74,36 @@ class RunResult:
     iterations: list
     final_grant_id: str | None = None
 
+    def epsilon_per_block(self) -> dict:
+        """{block: the epsilon this run's iterations charged it}: iterations on other windows add up per block
+        only where they overlap (a sum over iterations would overstate what any block paid)."""
+        spent = {}
+        for it in self.iterations:
+            for block in it.blocks:
+                spent[block] = spent.get(block, 0.0) + it.epsilon
+        return spent
+
     @property
-    def total_epsilon(self):
-        return sum(it.epsilon for it in self.iterations)
+    def max_block_epsilon(self) -> float:
+        """The most epsilon this run charged any one block (0 if it charged none)."""
+        return max(self.epsilon_per_block().values(), default=0.0)
+
+    @property
+    def final_blocks(self) -> tuple:
+        """The blocks the ACCEPTed (or REJECTed) model was trained on; () after TIMEOUT."""
+        if self.outcome == "TIMEOUT" or not self.iterations:
+            return ()
+        return tuple(self.iterations[-1].blocks)
+
+    def describe(self) -> str:
+        """One line: the outcome, iterations, the largest per-block spend and the final model's blocks."""
+        spent = self.epsilon_per_block()
+        text = (f"{self.outcome} after {len(self.iterations)} iteration(s); at most epsilon "
+                f"{self.max_block_epsilon:.4g} charged on a block ({len(spent)} block(s) charged)")
+        if self.final_blocks:
+            blocks = self.final_blocks
+            text += f"; the model trained on blocks {blocks[0]}..{blocks[-1]} ({len(blocks)})"
+        return text
 
 
 class SageIterator:

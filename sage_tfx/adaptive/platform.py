@@ -88,8 +88,7 @@ class Platform:
                                     wait_for_blocks=wait_for_blocks, progress=self._say, **spec.settings)
             result = iterator.run()
             self.results[spec.name] = result
-            self._say(f"[{spec.name}] done: {result.outcome} after {len(result.iterations)} iteration(s), "
-                      f"epsilon {result.total_epsilon:.4g} in all")
+            self._say(f"[{spec.name}] done: {result.describe()}")
         except Exception as exc:  # reported, and the others go on
             self.errors[spec.name] = exc
             self._say(f"[{spec.name}] failed: {public_error_text(exc)}")  # a data path: no value in the text

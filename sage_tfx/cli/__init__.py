@@ -7,9 +7,15 @@ level (no TensorFlow, Beam or dp-accounting), so `sage ledger ...` starts fast.
 
 Exit codes shared by all commands: 0 success, 2 bad input; commands document
 their own extra codes (e.g. 3 for a refused charge).
+
+Library log chatter is off by default: TensorFlow's C++ logs, and everything
+below ERROR from absl, Beam and TFX (Python exceptions always show; the few
+lines TensorFlow's C++ core prints while it loads, before its logging starts,
+cannot be turned off); ``--verbose`` anywhere on the command line turns it back on.
 """
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
 
@@ -21,7 +27,8 @@ def build_parser(command=None):
     """The `sage` parser; with ``command``, only that command's module is imported (fast start)."""
     parser = argparse.ArgumentParser(
         prog="sage",
-        description="Sage: block-level differential privacy for TFX pipelines.",
+        description="Sage: block-level differential privacy for TFX pipelines. Add --verbose to any command to "
+                    "see TensorFlow's, absl's and Beam's logs.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -34,12 +41,33 @@ def build_parser(command=None):
     return parser
 
 
+def quiet_libraries():
+    """No log chatter from TensorFlow's C++ core, and only errors from absl, Beam and TFX (set before they load;
+    ``--verbose`` skips it)."""
+    import logging
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # C++ logs; Python exceptions always show
+    for name in ("absl", "apache_beam", "tensorflow", "tfx"):
+        # A filter, not a level: absl resets its logger's level when TFX sets its verbosity.
+        logging.getLogger(name).addFilter(_errors_only)
+
+
+def _errors_only(record):
+    import logging
+
+    return record.levelno >= logging.ERROR
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     extra = []
     if "--" in argv:  # everything after a bare -- passes through (e.g. Beam pipeline options)
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
+    if "--verbose" in argv:
+        argv.remove("--verbose")
+    else:
+        quiet_libraries()
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     args.extra_args = extra

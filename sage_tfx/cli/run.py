@@ -76,8 +76,7 @@ def _run(args):
     result = iterator.run()
     ledger.close()
     pushed = f"; model pushed to {runner.config.serving_dir}" if result.outcome == "ACCEPT" else ""
-    print(f"{iterator.pipeline}: {result.outcome} after {len(result.iterations)} iteration(s), "
-          f"epsilon {result.total_epsilon:.4g} charged per block in all{pushed}", flush=True)
+    print(f"{iterator.pipeline}: {result.describe()}{pushed}", flush=True)
     return EXIT_CODES[result.outcome]
 
 
