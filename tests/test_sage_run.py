@@ -235,3 +235,30 @@ def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
     with Ledger.open(db) as ledger:
         stages = {r.stage for r in ledger.releases(history[0][0].id)}
     assert stages == {"count", "preprocessing", "training", "rejection", "validation"}
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_check_finds_module_errors_on_generated_rows_before_any_charge(taxi_stream, tmp_path):
+    """`sage run --check`: one iteration on GENERATED rows of the stream's schema in a throwaway ledger. The
+    user's pipeline runs end to end there (exit 0); a preprocessing_fn reading a column the stream lacks fails
+    there (exit 2, the column named), and the real ledger is never written either way."""
+    import shutil
+
+    db, data = _copy_stream(taxi_stream, tmp_path)
+    before = _dump(db)
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
+    out = sage("run", os.path.join(example, "pipeline.py"), "--check", "--db", db, "--stream", "taxi",
+               "--data-root", data)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "GENERATED rows" in out.stdout and "check OK: taxi_fare ran end to end" in out.stdout
+    broken = tmp_path / "broken"
+    shutil.copytree(example, broken)
+    text = (broken / "preprocessing.py").read_text().replace('inputs["fare"]', 'inputs["fare_amount"]')
+    (broken / "preprocessing.py").write_text(text)
+    out = sage("run", broken / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data)
+    assert out.returncode == 2, out.stdout + out.stderr[-3000:]
+    assert "FAILED on generated rows, before any charge" in out.stderr and "fare_amount" in out.stderr
+    out = sage("run", broken / "pipeline.py", "--db", db, "--stream", "taxi", "--data-root", data)
+    assert out.returncode == 2 and "--target is required" in out.stderr
+    assert _dump(db) == before  # nothing charged, nothing logged

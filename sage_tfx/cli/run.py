@@ -7,7 +7,10 @@ resumes: the interrupted iteration re-runs under its grant, without a new charge
 
 Beam pipeline options go after a bare --, e.g. `sage run ... -- --direct_num_workers=2`.
 
-Exit codes: 0 ACCEPT (the model was pushed), 4 REJECT (the REJECT test on the training split showed the
+--check runs one iteration on GENERATED rows of the stream's schema in a throwaway ledger first: schema
+and module errors show there, before anything is charged.
+
+Exit codes: 0 ACCEPT (the model was pushed, or --check ran end to end), 4 REJECT (the REJECT test on the training split showed the
 target is out of reach), 5 TIMEOUT, 2 bad input.
 """
 import argparse
@@ -24,8 +27,13 @@ def add_parser(subparsers):
     p.add_argument("--db", required=True, help="ledger file or postgresql:// URL")
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")
-    p.add_argument("--target", required=True, type=float,
-                   help="quality target: MSE in seconds^2 (taxi_regression), accuracy (taxi_classification)")
+    p.add_argument("--target", type=float, default=None,
+                   help="quality target (required unless --check): MSE in seconds^2 (taxi_regression), accuracy "
+                        "(taxi_classification), in the unit of the pipeline's SLA")
+    p.add_argument("--check", action="store_true",
+                   help="a dry run that spends nothing: one iteration on GENERATED rows of the stream's schema in a "
+                        "throwaway ledger, to find schema and module errors before any charge (exit 0 if it ran "
+                        "end to end, 2 with the error otherwise)")
     p.add_argument("--confidence", type=float, default=0.95, help="SLA confidence 1 - eta (default 0.95)")
     p.add_argument("--runner", choices=("local", "beam"), default="local", help="TFX orchestrator")
     p.add_argument("--max-iterations", type=int, default=10)
@@ -57,6 +65,10 @@ def _run(args):
 
     try:
         definition = pipelines.load_pipeline(args.pipeline)
+        if args.check:
+            return _check(definition, args)
+        if args.target is None:
+            raise ValueError("--target is required (the quality the SLA must certify), unless --check")
         definition.check_target(args.target)
         if not 0 < args.confidence < 1:
             raise ValueError(f"confidence {args.confidence!r} must be in (0, 1)")
@@ -78,6 +90,20 @@ def _run(args):
     pushed = f"; model pushed to {runner.config.serving_dir}" if result.outcome == "ACCEPT" else ""
     print(f"{iterator.pipeline}: {result.describe()}{pushed}", flush=True)
     return EXIT_CODES[result.outcome]
+
+
+def _check(definition, args):
+    from sage_tfx.pipelines.check import dry_run
+
+    result = dry_run(definition, args.data_root, args.stream, model=args.model, runner=args.runner,
+                     beam_args=list(getattr(args, "extra_args", [])), progress=lambda line: print(line, flush=True))
+    if not result.ok:
+        print(f"sage run --check: {definition.name} FAILED on generated rows, before any charge:\n{result.error}",
+              file=sys.stderr)
+        return 2
+    print(f"check OK: {definition.name} ran end to end on {result.rows:,} GENERATED rows (outcome {result.outcome}, "
+          f"meaningless on noise); nothing was charged on {args.db}", flush=True)
+    return 0
 
 
 class PipelineRunner:
