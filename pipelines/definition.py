@@ -160,10 +160,10 @@ class SagePipeline:
     base_dir: Optional[str] = None
 
     def __post_init__(self):
-        from sage_tfx.privacy.ledger import _check_name  # the ledger's own rule for pipeline names
+        from sage_tfx.privacy.checks import check_name  # the ledger's own rule for pipeline names
 
         try:
-            _check_name(self.name, "pipeline name")
+            check_name(self.name, "pipeline name")
         except ValueError as exc:
             raise PipelineDefinitionError(str(exc)) from None
         if not isinstance(self.sla, SLA):

@@ -29,7 +29,6 @@ import hashlib
 import hmac
 import json
 import math
-import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -43,37 +42,17 @@ from .errors import (
     UnknownBlock,
     UnknownStream,
 )
+from .checks import check_name as _check_name, finite as _finite
 from .split import SINGLE_RULE, SLACK, SPLIT_KEY, STAGES, BudgetSplit
 from .store import open_store
 
 POLICIES = ("conserve", "aggressive")
 OUTCOMES = ("ACCEPT", "REJECT", "TIMEOUT")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
 GENESIS = "0" * 64
 
 
 def _canonical(obj):
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
-
-
-def _check_name(value, what):
-    if not isinstance(value, str) or not _NAME.match(value):
-        raise LedgerError(
-            f"{what} {value!r} is invalid: use 1-128 letters, digits and ._:@+- (starting with a letter or digit)"
-        )
-    return value
-
-
-def _finite(value, what, allow_none=True):
-    if value is None and allow_none:
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise LedgerError(f"{what} {value!r} is not a number") from None
-    if not math.isfinite(out):
-        raise LedgerError(f"{what} {value!r} is invalid: must be finite")
-    return out
 
 
 @dataclass(frozen=True)

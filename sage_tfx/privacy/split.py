@@ -34,6 +34,7 @@ import enum
 import math
 from dataclasses import asdict, dataclass
 
+from .checks import finite
 from .errors import GrantError, LedgerError
 
 STAGES = ("preprocessing", "count", "training", "rejection", "validation")
@@ -50,13 +51,7 @@ class ChargeRule(str, enum.Enum):
 
 
 def _stage_value(name, value):
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        raise LedgerError(f"split {name} {value!r} is not a number") from None
-    if not (math.isfinite(out) and out >= 0):
-        raise LedgerError(f"split {name} {value!r} is invalid: must be finite and >= 0")
-    return out
+    return finite(value, f"split {name}", allow_none=False, nonnegative=True)
 
 
 @dataclass(frozen=True)
