@@ -18,7 +18,7 @@ import hashlib
 import json
 import math
 
-from sage_tfx.privacy import BudgetSplit, GrantError, Ledger, stage_budget
+from sage_tfx.privacy import GrantError, Ledger, grant_split
 
 # The noise seed's purpose for each stage (Ledger.private_seed): one seed per grant and stage.
 SEED_PURPOSES = {"preprocessing": "preprocessing", "count": "record_count", "training": "training",
@@ -68,7 +68,7 @@ def check_grant(ledger_location, grant_json, stream=None, epsilon=None, delta=No
     if missing:
         raise GrantError(f"grant {grant.id!r} names block(s) not registered in stream {grant.stream!r}: "
                          f"{', '.join(missing)}")
-    stage_budget(grant, "preprocessing")  # parses the split and checks its composition (GrantError if over)
+    grant_split(grant)  # its split composes to at most its charge (GrantError otherwise)
     return grant
 
 
@@ -98,7 +98,7 @@ def released_record_count(ledger_location, grant):
     """
     import numpy as np
 
-    split = BudgetSplit.from_meta(grant.meta)
+    split = grant_split(grant)
     if split is None or split.count <= 0:
         return None
     eps = split.count

@@ -21,7 +21,7 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components._grant import check_grant, computation_digest, open_release
-from sage_tfx.privacy import BudgetSplit, GrantError, require_budget, stage_budget
+from sage_tfx.privacy import GrantError, grant_split, require_budget, stage_budget
 
 METRICS = ("mse", "mae", "log_loss", "accuracy")
 LOSS_METRICS = ("mse", "mae", "log_loss")
@@ -72,7 +72,7 @@ def validation_plan(exec_properties, grant):
     if train_split is not None:
         # The REJECT test reads the training records: it is the split's `rejection` stage, charged on the
         # training side of the rule (pre + count + max(train + reject, val) with a per-record split).
-        if BudgetSplit.from_meta(grant.meta) is None:
+        if grant_split(grant) is None:
             raise GrantError(f"grant {grant.id!r} is single-stage (no split): it pays for one test, so the REJECT "
                              f"test on split {train_split!r} is not covered; charge a split with a rejection stage")
         train_epsilon, _ = stage_budget(grant, REJECT_STAGE)

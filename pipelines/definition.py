@@ -226,10 +226,10 @@ class SagePipeline:
         from sage_tfx.components.dp_model_validator import DPModelValidator
         from sage_tfx.components.dp_trainer import DPTrainer
         from sage_tfx.components.dp_transform import DPTransform
-        from sage_tfx.privacy import BudgetSplit
+        from sage_tfx.privacy import grant_split
 
         grant_json = grant.to_json()
-        split = BudgetSplit.from_meta(grant.meta)
+        split = grant_split(grant)
         # The REJECT test on the train split runs when the grant pays for it (its split's rejection stage).
         train_split = "train" if split is not None and split.rejection > 0 else None
         gen = BlockExampleGen(ledger=config.ledger, data_root=config.data_root, stream=config.stream,

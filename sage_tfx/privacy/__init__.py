@@ -12,11 +12,11 @@ from .errors import (
     public_error_text,
 )
 from .ledger import OUTCOMES, POLICIES, Block, Grant, Ledger, Release, Stream
-from .split import STAGES, BudgetSplit, ChargeRule, require_budget, stage_budget
+from .split import STAGES, BudgetSplit, ChargeRule, grant_split, require_budget, stage_budget
 
 __all__ = [
     "Ledger", "Grant", "Block", "Stream", "Release", "POLICIES", "OUTCOMES",
-    "BudgetSplit", "ChargeRule", "STAGES", "stage_budget", "require_budget",
+    "BudgetSplit", "ChargeRule", "STAGES", "grant_split", "stage_budget", "require_budget",
     "LedgerError", "LedgerNotFound", "LedgerCorrupt", "UnknownStream", "UnknownBlock", "BlockRetired",
     "GrantError", "BudgetRefused", "RecordError", "public_error_text",
 ]

@@ -43,7 +43,7 @@ from .errors import (
     UnknownStream,
 )
 from .checks import check_name as _check_name, finite as _finite
-from .split import SINGLE_RULE, SLACK, SPLIT_KEY, STAGES, BudgetSplit
+from .split import SINGLE_RULE, SLACK, SPLIT_KEY, STAGES, BudgetSplit, grant_split
 from .store import open_store
 
 POLICIES = ("conserve", "aggressive")
@@ -767,7 +767,7 @@ class Ledger:
                         f"{fingerprint[:16]} (epsilon {have_eps:.6g}); computation {computation[:16]} (epsilon "
                         f"{epsilon:.6g}) is a different release the grant did not pay for: run it under a new grant")
                 return Release(grant.id, stage, computation, epsilon, delta, created, reopened=True)
-            split = BudgetSplit.from_meta(grant.meta)
+            split = grant_split(grant)
             if split is None:
                 if done:
                     raise GrantError(
@@ -776,10 +776,6 @@ class Ledger:
                         "(sage ledger charge --split ..., or Ledger.request(..., split=BudgetSplit(...)))")
                 allowed = (grant.epsilon, grant.delta)
             else:
-                try:
-                    split.check_covered(grant.epsilon, grant.delta, f"grant {grant.id!r}")
-                except LedgerError as exc:
-                    raise GrantError(str(exc)) from None
                 allowed = split.stage_budget(stage)
             if epsilon > allowed[0] * (1 + SLACK) or delta > allowed[1] * (1 + SLACK):
                 raise GrantError(f"the {stage} stage asks for (epsilon={epsilon:.6g}, delta={delta:.3g}) but grant "

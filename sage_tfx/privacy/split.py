@@ -203,6 +203,19 @@ def _check_stage(stage):
 
 # ---------------------------------------------------------------------------------- what a stage may spend
 
+def grant_split(grant) -> BudgetSplit | None:
+    """The split signed into a verified ``grant`` (None: single-stage), refused with GrantError if it composes
+    to more than the grant's charge (a grant the ledger signed never does; every component's door re-checks,
+    whoever signed it)."""
+    split = BudgetSplit.from_meta(grant.meta)
+    if split is not None:
+        try:
+            split.check_covered(grant.epsilon, grant.delta, f"grant {grant.id!r}")
+        except LedgerError as exc:
+            raise GrantError(str(exc)) from None
+    return split
+
+
 def stage_budget(grant, stage: str) -> tuple[float, float]:
     """(epsilon, delta) that ``stage`` may spend under a verified ``grant``.
 
@@ -212,13 +225,9 @@ def stage_budget(grant, stage: str) -> tuple[float, float]:
     release under it first (``Ledger.release`` refuses a second stage).
     """
     _check_stage(stage)
-    split = BudgetSplit.from_meta(grant.meta)
+    split = grant_split(grant)
     if split is None:
         return float(grant.epsilon), float(grant.delta)
-    try:
-        split.check_covered(grant.epsilon, grant.delta, f"grant {grant.id!r}")
-    except LedgerError as exc:
-        raise GrantError(str(exc)) from None
     return split.stage_budget(stage)
 
 
