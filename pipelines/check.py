@@ -107,8 +107,8 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
 
     with tempfile.TemporaryDirectory(prefix="sage-check-") as tmp:
         db, data = os.path.join(tmp, "ledger.db"), os.path.join(tmp, "data")
-        say(f"[check] {table.num_rows:,} GENERATED rows of stream {stream!r}'s schema in {n_blocks} block(s), in a "
-            f"throwaway ledger ({tmp}); the real ledger is not touched")
+        say(f"[check] {table.num_rows:,} GENERATED rows of the schema of stream {stream!r} in {n_blocks} block(s), "
+            f"in a throwaway ledger ({tmp}); the real ledger is not touched")
         with Ledger.open(db, create=True) as ledger:
             ledger.create_stream(stream, 100.0, 1e-3)
             ingest_batches(ledger, stream, data, table.to_batches(), _spec(stream, config["blocks"]), schema)

@@ -119,7 +119,7 @@ def test_each_stage_within_its_share(ledger_url):
     assert report.ok, report.problems
 
 
-# ------------------------------------------------------------------ finding 3: one release per grant, stage, computation
+# --------------------------------------------------------------- finding 3: one release per grant, stage, computation
 def test_a_second_computation_is_refused_before_anything_is_drawn(ledger_url):
     ledger = make_ledger(ledger_url)
     grant = ledger.request("p", "s", blocks=["b0"], epsilon=1.0, split=BudgetSplit(

@@ -117,3 +117,32 @@ def test_bad_pipeline_files_exit_2_naming_the_file_before_any_spend(tmp_path, ca
 def test_unknown_name_lists_the_builtins():
     with pytest.raises(PipelineDefinitionError, match="taxi_classification, taxi_regression"):
         load_pipeline("no_such_pipeline")
+
+
+def test_init_pipeline_writes_three_files_that_load(tmp_path):
+    """`sage init-pipeline`: the files load as a pipeline (its --check run is in tests/test_sage_run.py), name
+    the stream's numeric features, never overwrite without --force, and bad input exits 2 writing nothing."""
+    from sage_tfx.data.taxi import taxi_csv_path
+
+    target = tmp_path / "mine"
+    out = subprocess.run([sys.executable, "-m", "sage_tfx", "init-pipeline", str(target), "--label", "fare",
+                          "--metric", "mse", "--loss-bound", "900", "--input", taxi_csv_path("simple"),
+                          "--time-column", "trip_start_timestamp"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert sorted(os.listdir(target)) == ["pipeline.py", "preprocessing.py", "trainer.py"]
+    pipeline = load_pipeline(str(target / "pipeline.py"))
+    assert (pipeline.name, pipeline.sla.metric, pipeline.sla.label, pipeline.sla.loss_bound) == ("mine", "mse", "fare",
+                                                                                                900.0)
+    text = (target / "preprocessing.py").read_text()
+    assert "'trip_miles': (0.0, 1.0)" in text and "'trip_start_timestamp'" not in text and "company" in text
+    before = {f: (target / f).read_text() for f in os.listdir(target)}
+    for args, named in [([], "exist"), (["--label", "company"], "holds bytes"), (["--label", "nope"], "'nope'"),
+                        (["--metric", "mae"], "needs loss_bound")]:
+        argv = ["--label", "fare", "--metric", "mse", "--loss-bound", "900", *args]
+        if args and args[0] == "--metric":
+            argv = ["--label", "fare", *args]
+        out = subprocess.run([sys.executable, "-m", "sage_tfx", "init-pipeline", str(target), *argv, "--input",
+                              taxi_csv_path("simple"), *(["--force"] if args else [])],
+                             capture_output=True, text=True, timeout=300)
+        assert out.returncode == 2 and named in out.stderr, (args, out.stderr)
+    assert {f: (target / f).read_text() for f in os.listdir(target)} == before

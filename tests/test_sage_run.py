@@ -262,3 +262,16 @@ def test_check_finds_module_errors_on_generated_rows_before_any_charge(taxi_stre
     out = sage("run", broken / "pipeline.py", "--db", db, "--stream", "taxi", "--data-root", data)
     assert out.returncode == 2 and "--target is required" in out.stderr
     assert _dump(db) == before  # nothing charged, nothing logged
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_init_pipeline_files_pass_the_check_on_the_stream(taxi_stream, tmp_path):
+    """`sage init-pipeline` from the stream's schema, then `sage run --check`: the three files run as written."""
+    db, data = _copy_stream(taxi_stream, tmp_path)
+    out = sage("init-pipeline", tmp_path / "mine", "--label", "fare", "--metric", "mse", "--loss-bound", "900",
+               "--data-root", data, "--stream", "taxi")
+    assert out.returncode == 0, out.stderr
+    out = sage("run", tmp_path / "mine" / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "check OK: mine ran end to end" in out.stdout

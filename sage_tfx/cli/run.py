@@ -10,8 +10,8 @@ Beam pipeline options go after a bare --, e.g. `sage run ... -- --direct_num_wor
 --check runs one iteration on GENERATED rows of the stream's schema in a throwaway ledger first: schema
 and module errors show there, before anything is charged.
 
-Exit codes: 0 ACCEPT (the model was pushed, or --check ran end to end), 4 REJECT (the REJECT test on the training split showed the
-target is out of reach), 5 TIMEOUT, 2 bad input.
+Exit codes: 0 ACCEPT (the model was pushed, or --check ran end to end), 4 REJECT (the REJECT test on the
+training split showed the target is out of reach), 5 TIMEOUT, 2 bad input.
 """
 import argparse
 import sys

@@ -1,0 +1,149 @@
+"""``sage init-pipeline DIR``: three files to start a pipeline of your own, for a stream's schema and label.
+
+In the spirit of ``tfx template copy``: ``write_template`` writes ``pipeline.py`` (the SLA and the modules),
+``preprocessing.py`` (a ``preprocessing_fn`` that clips every numeric feature to a public range and scales
+it to [0, 1]) and ``trainer.py`` (a ``run_fn`` training a DP linear model, AdaSSP, for a loss, or a DP
+logistic regression for accuracy). They run as written (``sage run DIR/pipeline.py --check`` passes on the
+stream), but the public bounds they hold are placeholders to edit: every bound must be chosen without
+looking at the data (docs/your_pipeline.md).
+"""
+from __future__ import annotations
+
+import keyword
+import os
+
+FILES = ("pipeline.py", "preprocessing.py", "trainer.py")
+NUMERIC = ("int", "float")
+
+
+class TemplateError(ValueError):
+    """Bad input to the template (names the value), or files that would be overwritten."""
+
+
+def _identifier(name):
+    return name.isidentifier() and not keyword.iskeyword(name)
+
+
+def write_template(directory: str, schema: dict, label: str, metric: str, *, name: str | None = None,
+                   loss_bound: float | None = None, time_column: str | None = None, force: bool = False) -> list:
+    """Write the three files into ``directory`` (created); return their paths. Refuses to overwrite unless
+    ``force``. ``schema``: {column: int|float|bytes}, the stream's public schema."""
+    from sage_tfx.pipelines.definition import SLA
+
+    if label not in schema:
+        raise TemplateError(f"label {label!r} is not a column of the schema (columns: {', '.join(sorted(schema))})")
+    if schema[label] not in NUMERIC:
+        raise TemplateError(f"label {label!r} holds {schema[label]}: a label must be numeric")
+    name = name or os.path.basename(os.path.abspath(directory)).replace("-", "_")
+    sla = SLA(metric=metric, label=label, loss_bound=loss_bound)  # names a bad metric or bound
+    features = [c for c, kind in sorted(schema.items()) if kind in NUMERIC and c not in (label, time_column)]
+    if not features:
+        raise TemplateError(f"the schema has no numeric feature besides the label {label!r} and the time column")
+    skipped = sorted(c for c, kind in schema.items() if kind not in NUMERIC)
+    paths = [os.path.join(directory, f) for f in FILES]
+    existing = [p for p in paths if os.path.exists(p)]
+    if existing and not force:
+        raise TemplateError(f"{', '.join(existing)} exist(s): choose another directory, or pass --force to overwrite")
+    os.makedirs(directory, exist_ok=True)
+    texts = {
+        "pipeline.py": _pipeline(name, sla),
+        "preprocessing.py": _preprocessing(features, label, skipped),
+        "trainer.py": _trainer(features, label, sla),
+    }
+    for path in paths:
+        with open(path, "w") as f:
+            f.write(texts[os.path.basename(path)])
+    return paths
+
+
+def _pipeline(name, sla):
+    bound = "" if sla.metric == "accuracy" else f", loss_bound={sla.loss_bound!r}"
+    return f'''"""The {name} pipeline (written by `sage init-pipeline`; edit freely).
+
+    sage run pipeline.py --check --db LEDGER --stream STREAM --data-root DATA    # a free dry run first
+    sage run pipeline.py --db LEDGER --stream STREAM --data-root DATA --target TARGET
+"""
+from sage_tfx.pipelines import SLA, SagePipeline
+
+PIPELINE = SagePipeline(
+    name={name!r},
+    # EDIT: the metric and, for a loss, the public bound B each example's loss is clipped to
+    sla=SLA(metric={sla.metric!r}, label={sla.label!r}{bound}),
+    preprocessing_module="preprocessing.py",
+    trainer_module="trainer.py",
+    # the first iteration's per-block epsilon and window (blocks); a tenth of the training side pays for
+    # the REJECT test on the training split
+    defaults={{"epsilon_start": 0.25, "min_window": 64, "rejection_share": 0.1}},
+)
+'''
+
+
+def _preprocessing(features, label, skipped):
+    ranges = "\n".join(f"    {f!r}: (0.0, 1.0)," for f in features)
+    keys = [f if _identifier(f) else f"f{i}" for i, f in enumerate(features)]
+    skipped_note = f"\nNot used (not numeric): {', '.join(skipped)}.\n" if skipped else ""
+    return f'''"""preprocessing_fn for DPTransform (written by `sage init-pipeline`; edit freely).
+
+Each numeric feature is clipped to a PUBLIC range and scaled to [0, 1]: that spends no privacy budget.
+EDIT the ranges: choose them from what the columns mean, never from the data. To add a DP statistic, use
+Sage's analyzers with the budget DPTransform passes in custom_config, e.g.
+
+    (epsilon,) = PreprocessingBudget.from_custom_config(custom_config).split(1)
+    outputs["rate_by_hour"] = dp_group_by_mean(hour, rate_01, 24, epsilon, 1.0)
+{skipped_note}"""
+import sage_tfx  # noqa: F401  (before TensorFlow)
+import tensorflow as tf
+
+from sage_tfx.components.transform_utils import fill_in_missing
+
+PUBLIC_RANGES = {{  # EDIT: public (low, high) of each feature
+{ranges}
+}}
+FEATURES = {keys!r}  # output names, in the order of PUBLIC_RANGES
+LABEL = {label!r}
+
+
+def preprocessing_fn(inputs, custom_config):
+    outputs = {{}}
+    for out, (column, (low, high)) in zip(FEATURES, PUBLIC_RANGES.items()):
+        value = tf.cast(fill_in_missing(inputs[column], low), tf.float32)  # a missing value counts as `low`
+        outputs[out] = (tf.clip_by_value(value, low, high) - low) / (high - low)
+    outputs[LABEL] = tf.cast(fill_in_missing(inputs[LABEL], 0), tf.float32)
+    return outputs
+'''
+
+
+def _trainer(features, label, sla):
+    keys = [f if _identifier(f) else f"f{i}" for i, f in enumerate(features)]
+    if sla.metric == "accuracy":
+        model = ("    model = DPLogisticRegressor(fn_args.privacy_budget, num_examples=fn_args.num_examples,\n"
+                 "                                batch_size=trainer_utils.batch_size(fn_args, config))\n"
+                 "    model.fit(x, (y > 0.5).astype(\"int64\"))")
+        imports, header = "DPLogisticRegressor", ""
+    else:
+        model = ("    model = DPLinearRegressor(fn_args.privacy_budget, feature_bound=len(FEATURES) ** 0.5,\n"
+                 "                              label_range=LABEL_RANGE)\n"
+                 "    model.fit(x, y)")
+        imports = "DPLinearRegressor"
+        header = "LABEL_RANGE = (0.0, 1.0)  # EDIT: the public range of the label (it is clipped to it)\n"
+    return f'''"""run_fn for DPTrainer (written by `sage init-pipeline`; edit freely).
+
+DPTrainer assigns the budget (fn_args.privacy_budget) and the DP size of the training split
+(fn_args.num_examples) at run time; the model draws its noise from the grant (pass no seed).
+"""
+import sage_tfx  # noqa: F401  (before TensorFlow)
+
+from sage_tfx.components import trainer_utils
+from sage_tfx.models import {imports}
+
+FEATURES = {keys!r}  # the transformed features, each in [0, 1]
+LABEL = {label!r}
+{header}
+
+def run_fn(fn_args):
+    config = fn_args.custom_config or {{}}
+    x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)
+{model}
+    trainer_utils.export_model(fn_args, model, label_key=LABEL)
+    return trainer_utils.report_spent(fn_args, model)
+'''

@@ -1,0 +1,62 @@
+"""`sage init-pipeline DIR`: write a pipeline file, a preprocessing module and a trainer module to start from.
+
+The schema comes from a stream (--data-root and --stream: its public _stream.json) or from a data file
+(--input). The files run as written (`sage run DIR/pipeline.py --check ...` passes on the stream) but
+hold placeholder PUBLIC bounds to edit. Existing files are never overwritten without --force.
+
+Exit codes: 0 written, 2 bad input (nothing written).
+"""
+import argparse
+import sys
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("init-pipeline", help="write a pipeline of your own to start from (3 files)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("directory", help="where to write pipeline.py, preprocessing.py and trainer.py")
+    p.add_argument("--label", required=True, help="the label column (numeric)")
+    p.add_argument("--metric", required=True, choices=("mse", "mae", "log_loss", "accuracy"))
+    p.add_argument("--loss-bound", type=float, default=None,
+                   help="public bound B each example's loss is clipped to (mse, mae; log_loss defaults to ln 1e7)")
+    p.add_argument("--data-root", help="with --stream: take the schema of an ingested stream")
+    p.add_argument("--stream")
+    p.add_argument("--input", help="or: take the schema of a data file (CSV, TFRecord or Parquet)")
+    p.add_argument("--time-column", help="with --input: the time column, left out of the features")
+    p.add_argument("--name", help="the pipeline's name (default: the directory's name)")
+    p.add_argument("--force", action="store_true", help="overwrite existing files")
+    p.set_defaults(func=_run)
+
+
+def _schema(args):
+    if args.input and (args.data_root or args.stream):
+        raise ValueError("give the schema's source once: --data-root with --stream, or --input")
+    if args.input:
+        from sage_tfx.ingest.records import infer_schema
+        from sage_tfx.ingest.records import input_format
+
+        return infer_schema(args.input, input_format(args.input, None)), args.time_column
+    if not (args.data_root and args.stream):
+        raise ValueError("give --data-root and --stream (an ingested stream's schema) or --input FILE")
+    from sage_tfx.components.transform_utils import stream_schema
+    from sage_tfx.ingest.store import stream_config
+
+    config = stream_config(args.data_root, args.stream) or {}
+    blocks = config.get("blocks") or {}
+    return stream_schema(args.data_root, args.stream), blocks.get("column") if blocks.get("by") == "time" else None
+
+
+def _run(args):
+    from sage_tfx.pipelines.template import write_template
+
+    try:
+        schema, time_column = _schema(args)
+        paths = write_template(args.directory, schema, args.label, args.metric, name=args.name,
+                               loss_bound=args.loss_bound, time_column=time_column, force=args.force)
+    except (ValueError, OSError) as exc:
+        print(f"sage init-pipeline: error: {exc}", file=sys.stderr)
+        return 2
+    for path in paths:
+        print(f"wrote {path}")
+    print("next: edit the PUBLIC bounds they hold, then `sage run "
+          f"{paths[0]} --check --db LEDGER --stream STREAM --data-root DATA` (spends nothing)")
+    return 0
