@@ -22,7 +22,6 @@ files must train through sage_tfx's DP models.
 """
 import json
 import math
-import os
 
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils

@@ -751,11 +751,10 @@ class Ledger:
             raise LedgerError(f"stage {stage!r} is unknown: use one of {', '.join(STAGES)}")
         if not isinstance(computation, str) or not 0 < len(computation) <= 256:
             raise LedgerError(f"computation {computation!r} must be a fingerprint string of 1-256 characters")
-        epsilon = _finite(epsilon, "release epsilon", allow_none=False)
-        delta = _finite(delta, "release delta", allow_none=False)
-        if epsilon < 0 or not 0 <= delta < 1:
-            raise LedgerError(f"release (epsilon={epsilon!r}, delta={delta!r}) is invalid: need epsilon >= 0 and "
-                              "0 <= delta < 1")
+        epsilon = _finite(epsilon, "release epsilon", allow_none=False, nonnegative=True)
+        delta = _finite(delta, "release delta", allow_none=False, nonnegative=True)
+        if not delta < 1:
+            raise LedgerError(f"release delta {delta!r} is invalid: need 0 <= delta < 1")
         with self._store.transaction() as tx:
             done = {r[0]: r[1:] for r in tx.all(
                 "SELECT stage, computation, epsilon, delta, created FROM releases WHERE grant_id = ?", (grant.id,))}
