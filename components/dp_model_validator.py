@@ -4,7 +4,7 @@ Inputs: ``model`` (a Model artifact whose serving SavedModel has a ``serving_def
 tf.Examples as ``examples``, or features by name, as ``sage_tfx.models.export`` writes them) and
 ``examples`` (an Examples artifact read under the same grant, e.g. by BlockExampleGen; its eval split is the
 test set). Execution parameters: the ``grant`` (JSON, or a RuntimeParameter of type str) and the ``ledger``
-location; ``metric`` (mse, mae, log_loss, accuracy), ``target``, ``label_key``, ``loss_bound`` B for a loss
+location; ``metric`` (mse, mae, log_loss, accuracy, custom), ``target``, ``label_key``, ``loss_bound`` B for a loss
 (losses are clipped to [0, B]; log_loss defaults to ln(1e7), its maximum with probabilities kept in
 [1e-7, 1 - 1e-7]); ``confidence`` (default 0.95) or an explicit ``eta``; ``attempt`` i (eta_i =
 eta/(i(i+1)) for repeated validation); ``epsilon`` (default: the grant's validation share; more is refused).
@@ -23,6 +23,12 @@ digest of the model's SavedModel and every test parameter. Re-running the same v
 grant releases the same values and the same outcome, at no further cost; validating another model, or
 with another B or target, under the same grant is refused before any noise is drawn (it would be a
 second release the grant did not pay for).
+
+``label_threshold`` (optional) derives a binary label: 1 where the raw label exceeds it, else 0 (e.g. "delayed"
+= arr_delay > 15). Metric ``custom`` takes the user's bounded per-example loss: ``loss_module`` (a Python file)
+defining ``loss_function`` (default ``per_example_loss``) of (labels, signature outputs) -> one loss per
+record, clipped to [0, ``loss_bound``] (a public B: the validator's sensitivity); the file's digest is part of
+the validation's fingerprint.
 
 ``train_split`` (optional; the ready pipelines pass "train") adds the REJECT test on that split's records.
 It is the split's ``rejection`` stage (``sage_tfx.privacy.BudgetSplit``): with a per-record train/test
@@ -58,6 +64,9 @@ class DPModelValidatorSpec(ComponentSpec):
         "eval_split": ExecutionParameter(type=str, optional=True),
         "train_split": ExecutionParameter(type=str, optional=True),
         "prediction_key": ExecutionParameter(type=str, optional=True),
+        "label_threshold": ExecutionParameter(type=float, optional=True),
+        "loss_module": ExecutionParameter(type=str, optional=True),
+        "loss_function": ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {
         "model": ChannelParameter(type=standard_artifacts.Model),
@@ -84,7 +93,7 @@ class DPModelValidator(base_component.BaseComponent):
 
     def __init__(self, model, examples, ledger, metric, target, label_key, grant=None, loss_bound=None,
                  confidence=None, eta=None, attempt=None, epsilon=None, eval_split="eval", train_split=None,
-                 prediction_key=None):
+                 prediction_key=None, label_threshold=None, loss_module=None, loss_function=None):
         """``model``/``examples``: channels (e.g. ``trainer.outputs["model"]``, ``gen.outputs["examples"]``).
         ``grant``: a Grant, its JSON, or a RuntimeParameter of type str."""
         if grant is not None and hasattr(grant, "to_json"):
@@ -93,6 +102,7 @@ class DPModelValidator(base_component.BaseComponent):
             grant=grant, ledger=str(ledger), metric=metric, target=_maybe(float, target), label_key=label_key,
             loss_bound=_maybe(float, loss_bound), confidence=_maybe(float, confidence), eta=_maybe(float, eta),
             attempt=_maybe(int, attempt), epsilon=_maybe(float, epsilon), eval_split=eval_split,
-            train_split=train_split, prediction_key=prediction_key, model=model, examples=examples,
+            train_split=train_split, prediction_key=prediction_key, label_threshold=_maybe(float, label_threshold),
+            loss_module=loss_module, loss_function=loss_function, model=model, examples=examples,
             blessing=channel.Channel(type=standard_artifacts.ModelBlessing),
             validation_result=channel.Channel(type=SageValidationResult)))

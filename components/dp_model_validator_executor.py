@@ -23,8 +23,9 @@ from tfx.types import artifact_utils
 from sage_tfx.components._grant import check_grant, computation_digest, open_release
 from sage_tfx.privacy import GrantError, grant_split, require_budget, stage_budget
 
-METRICS = ("mse", "mae", "log_loss", "accuracy")
-LOSS_METRICS = ("mse", "mae", "log_loss")
+METRICS = ("mse", "mae", "log_loss", "accuracy", "custom")
+LOSS_METRICS = ("mse", "mae", "log_loss", "custom")  # "custom": the user's per-example loss, clipped to [0, B]
+DEFAULT_LOSS_FUNCTION = "per_example_loss"
 LOG_LOSS_FLOOR = 1e-7  # probabilities are kept in [floor, 1 - floor], so a log loss is <= ln(1/floor)
 RESULT_FILE = "result.json"
 BLESSED_FILE, NOT_BLESSED_FILE = "BLESSED", "NOT_BLESSED"  # as tfx.components.evaluator.constants
@@ -39,9 +40,10 @@ class ValidatorConfigError(ValueError):
 def validation_plan(exec_properties, grant):
     """Everything the validation needs, checked against the verified grant before any data is read.
 
-    Returns a dict: metric, target, loss_bound, epsilon, confidence, eta, attempt, label_key, eval_split,
-    train_split, prediction_key. Raises ValidatorConfigError (bad parameter) or GrantError (over budget,
-    or a REJECT test the grant's split does not cover).
+    Returns a dict: metric, target, loss_bound, epsilon, confidence, eta, attempt, label_key, label_threshold,
+    eval_split, train_split, prediction_key, and for metric "custom" loss_module, loss_function and the
+    module's digest. Raises ValidatorConfigError (bad parameter) or GrantError (over budget, or a REJECT test
+    the grant's split does not cover).
     """
     metric = str(exec_properties.get("metric") or "").strip().lower()
     if metric not in METRICS:
@@ -59,6 +61,9 @@ def validation_plan(exec_properties, grant):
         loss_bound = _number("loss_bound", loss_bound)
     elif loss_bound is not None:
         raise ValidatorConfigError(f"loss_bound {loss_bound!r} does not apply to metric 'accuracy'")
+    custom = custom_loss_plan(metric, exec_properties.get("loss_module"), exec_properties.get("loss_function"))
+    label_threshold = exec_properties.get("label_threshold")
+    label_threshold = None if label_threshold is None else _number("label_threshold", label_threshold)
 
     share, _ = stage_budget(grant, STAGE)
     epsilon = exec_properties.get("epsilon")
@@ -91,7 +96,49 @@ def validation_plan(exec_properties, grant):
             "confidence": confidence, "eta": eta, "attempt": attempt, "label_key": str(label_key),
             "eval_split": exec_properties.get("eval_split") or "eval", "train_split": train_split,
             "train_epsilon": train_epsilon,
-            "prediction_key": exec_properties.get("prediction_key") or None}
+            "prediction_key": exec_properties.get("prediction_key") or None, "label_threshold": label_threshold,
+            **custom}
+
+
+def custom_loss_plan(metric, loss_module, loss_function):
+    """For metric "custom": the user's loss module (a Python file), its function's name and the file's digest
+    (part of the validation's fingerprint), checked before any data is read; {} for the other metrics."""
+    import hashlib
+
+    if metric != "custom":
+        if loss_module or loss_function:
+            raise ValidatorConfigError(f"loss_module {loss_module!r} / loss_function {loss_function!r} apply to "
+                                       "metric 'custom' only")
+        return {}
+    if not loss_module or not os.path.isfile(loss_module):
+        raise ValidatorConfigError(f"metric 'custom' needs loss_module, the path of a Python file defining "
+                                   f"{DEFAULT_LOSS_FUNCTION}(labels, outputs): got {loss_module!r}")
+    with open(loss_module, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()
+    plan = {"loss_module": os.path.abspath(loss_module), "loss_function": loss_function or DEFAULT_LOSS_FUNCTION,
+            "loss_module_digest": digest}
+    load_loss_function(plan)  # a module that fails to import, or lacks the function, fails here
+    return plan
+
+
+def load_loss_function(plan):
+    """The user's per-example loss function of a "custom" plan (imported from its file), or None."""
+    import importlib.util
+
+    if not plan.get("loss_module"):
+        return None
+    spec = importlib.util.spec_from_file_location(f"sage_loss_{plan['loss_module_digest'][:16]}", plan["loss_module"])
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        raise ValidatorConfigError(f"loss_module {plan['loss_module']!r} failed to import: {type(exc).__name__}: "
+                                   f"{exc}") from None
+    fn = getattr(module, plan["loss_function"], None)
+    if not callable(fn):
+        raise ValidatorConfigError(f"loss_module {plan['loss_module']!r} defines no function "
+                                   f"{plan['loss_function']!r}(labels, outputs)")
+    return fn
 
 
 def _number(name, value):
@@ -258,7 +305,20 @@ def _pick(outputs, wanted, metric):
                                f"{sorted(outputs)}; set prediction_key")
 
 
-def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=None):
+def split_values(model, examples, split, plan, loss_fn=None):
+    """The per-example values of one split: the model run on its records, the label (derived by
+    ``label_threshold`` when the plan has one), then ``per_example_values``."""
+    import numpy as np
+
+    labels, outputs = model_outputs(model, split_records(examples, split), plan["label_key"])
+    if plan.get("label_threshold") is not None:
+        # A derived binary label, e.g. "delayed" = arr_delay > 15: a fixed function of the record's own label
+        # (NaN compares False: 0), so every count and sum keeps its sensitivity.
+        labels = (labels > plan["label_threshold"]).astype(np.float64)
+    return per_example_values(plan["metric"], labels, outputs, plan["prediction_key"], plan["loss_bound"], loss_fn)
+
+
+def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=None, loss_fn=None):
     """Per-example losses (mse: squared error, mae: absolute error, log_loss: -log p(label)) or 0/1
     correctness (accuracy), from the signature's outputs. Multi-class outputs ([n, k] probabilities) take
     integer labels in [0, k).
@@ -274,6 +334,9 @@ def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=
     import numpy as np
 
     from sage_tfx.validation import absolute_errors, correctness, log_losses, squared_errors
+
+    if metric == "custom":
+        return custom_losses(loss_fn, labels, outputs, loss_bound)
 
     if prediction_key is not None:
         if prediction_key not in outputs:
@@ -306,6 +369,23 @@ def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=
         return log_losses(labels, out, floor=LOG_LOSS_FLOOR, loss_bound=loss_bound)
     # accuracy from class ids (0/1) or from P(label = 1): correct iff (score >= 0.5) == label
     return correctness(labels, out, threshold=0.5)
+
+
+def custom_losses(loss_fn, labels, outputs, loss_bound):
+    """The user's ``loss_fn(labels, outputs)`` per example, clipped to the public [0, B]; a non-finite loss is B.
+
+    Clipping to [0, B] is what makes the validator's sensitivity B hold whatever the function computes, and
+    the non-finite rule is a fixed function of the record alone, as for the built-in metrics.
+    """
+    import numpy as np
+
+    if loss_fn is None or loss_bound is None:
+        raise ValidatorConfigError("metric 'custom' needs a loss function and its loss_bound B")
+    values = np.asarray(loss_fn(np.asarray(labels), dict(outputs)), dtype=np.float64).reshape(-1)
+    if values.shape != (len(labels),):
+        raise ValidatorConfigError(f"the custom loss function returned {values.size} values for {len(labels)} "
+                                   "records: it must return one loss per record")
+    return np.clip(np.where(np.isfinite(values), values, loss_bound), 0.0, loss_bound)
 
 
 def _class_ids(labels, k):
@@ -385,14 +465,10 @@ class Executor(base_executor.BaseExecutor):
         seed = open_release(ledger, grant, STAGE, computation, plan["epsilon"])
         if plan["train_split"] is not None:
             open_release(ledger, grant, REJECT_STAGE, computation, plan["train_epsilon"])
-        labels, outputs = model_outputs(serving, split_records(examples, plan["eval_split"]), plan["label_key"])
-        test = per_example_values(plan["metric"], labels, outputs, plan["prediction_key"], plan["loss_bound"])
-        train = None
-        if plan["train_split"] is not None:
-            labels, outputs = model_outputs(serving, split_records(examples, plan["train_split"]),
-                                            plan["label_key"])
-            train = per_example_values(plan["metric"], labels, outputs, plan["prediction_key"],
-                                       plan["loss_bound"])
+        loss_fn = load_loss_function(plan)
+        test = split_values(serving, examples, plan["eval_split"], plan, loss_fn)
+        train = None if plan["train_split"] is None else split_values(serving, examples, plan["train_split"], plan,
+                                                                      loss_fn)
 
         rng = np.random.default_rng(seed)
         result = validator.validate(test, train, rng, attempt=plan["attempt"], eta=plan["eta"])
@@ -404,6 +480,7 @@ class Executor(base_executor.BaseExecutor):
             "grant_id": grant.id, "stream": grant.stream, "eval_split": plan["eval_split"],
             "train_split": plan["train_split"], "model_uri": model.uri, "examples_uri": examples.uri,
             "validation_share_epsilon": stage_budget(grant, STAGE)[0], "train_epsilon": plan["train_epsilon"],
+            "label_threshold": plan["label_threshold"], "loss_module": plan.get("loss_module"),
             "computation": computation,
         })
         write_blessing(artifact_utils.get_single_instance(output_dict["blessing"]), model, result.accepted)

@@ -46,6 +46,7 @@ class Metric(str, enum.Enum):
     MAE = "mae"
     LOG_LOSS = "log_loss"
     ACCURACY = "accuracy"
+    CUSTOM = "custom"  # the user's per-example loss (SLA.loss_module), clipped to [0, loss_bound]
 
     @property
     def is_loss(self) -> bool:
@@ -61,11 +62,17 @@ class SLA:
     """What the validator certifies: ``metric`` of the model on ``label`` (a raw column of the stream), with
     per-example losses clipped to ``[0, loss_bound]`` (a PUBLIC bound: the validator's noise and
     concentration terms scale with it; docs/validation.md). Accuracy has no bound; log_loss defaults to
-    ln(1e7), its largest value with probabilities kept in [1e-7, 1 - 1e-7]."""
+    ln(1e7), its largest value with probabilities kept in [1e-7, 1 - 1e-7]. ``label_threshold`` derives a
+    binary label (1 where the raw label exceeds it, e.g. arr_delay > 15). Metric ``custom``: your own
+    per-example loss, ``loss_function`` (default ``per_example_loss``) of (labels, signature outputs) in the
+    Python file ``loss_module`` (relative to the pipeline file), clipped to [0, loss_bound]."""
 
     metric: str
     label: str
     loss_bound: Optional[float] = None
+    label_threshold: Optional[float] = None
+    loss_module: Optional[str] = None
+    loss_function: Optional[str] = None
 
     def __post_init__(self):
         try:
@@ -93,6 +100,17 @@ class SLA:
             if not (math.isfinite(bound) and bound > 0):
                 raise PipelineDefinitionError(f"SLA loss_bound {bound!r} must be finite and > 0")
         object.__setattr__(self, "loss_bound", bound)
+        if self.label_threshold is not None:
+            try:
+                threshold = float(self.label_threshold)
+            except (TypeError, ValueError):
+                threshold = math.nan
+            if not math.isfinite(threshold):
+                raise PipelineDefinitionError(f"SLA label_threshold {self.label_threshold!r} must be a finite number")
+            object.__setattr__(self, "label_threshold", threshold)
+        if (metric is Metric.CUSTOM) != (self.loss_module is not None):
+            raise PipelineDefinitionError(f"SLA loss_module {self.loss_module!r}: metric 'custom' needs one (the "
+                                          "Python file of your per-example loss), the other metrics take none")
 
     def check_target(self, target: float) -> float:
         """The target as a float; ValueError naming it when it can never be met, or is always met."""
@@ -198,8 +216,9 @@ class SagePipeline:
         return model
 
     def module_path(self, role: str) -> Optional[str]:
-        """The absolute path of the ``trainer_module`` or ``preprocessing_module`` (None if not given)."""
-        path = getattr(self, role)
+        """The absolute path of the ``trainer_module``, ``preprocessing_module`` or the SLA's ``loss_module``
+        (None if not given)."""
+        path = self.sla.loss_module if role == "loss_module" else getattr(self, role)
         if path is None:
             return None
         if not os.path.isabs(path):
@@ -208,7 +227,7 @@ class SagePipeline:
 
     def check_files(self) -> None:
         """Refuse (PipelineDefinitionError naming it) a module file that does not exist: before any spend."""
-        for role in ("preprocessing_module", "trainer_module"):
+        for role in ("preprocessing_module", "trainer_module", "loss_module"):
             path = self.module_path(role)
             if path is not None and not os.path.isfile(path):
                 raise PipelineDefinitionError(f"pipeline {self.name!r}: {role} {path!r} does not exist")
@@ -252,7 +271,9 @@ class SagePipeline:
                                      ledger=config.ledger, metric=self.sla.metric, target=config.target,
                                      label_key=self.sla.label, grant=grant_json, loss_bound=(
                                          None if self.sla.metric == Metric.ACCURACY.value else self.sla.loss_bound),
-                                     eta=eta, train_split=train_split)
+                                     eta=eta, train_split=train_split, label_threshold=self.sla.label_threshold,
+                                     loss_module=self.module_path("loss_module"),
+                                     loss_function=self.sla.loss_function)
         pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
                         push_destination=pusher_pb2.PushDestination(
                             filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=config.serving_dir)))

@@ -245,6 +245,53 @@ def test_reject_on_the_training_split_under_its_rejection_stage(world, tmp_path)
     assert world["ledger"].audit().ok
 
 
+def test_a_custom_bounded_loss_and_a_derived_label(world, tmp_path):
+    """Metric "custom": the user's per-example loss (absolute fare error here, NaN for the first record) clipped
+    to the public B = 10; the good fare model's mean absolute error is ~2 $, so a target of 6 is ACCEPTed. A
+    derived label: big_tipper > 0.5 is big_tipper itself, and the card-payer rule reaches ~0.8 accuracy on it."""
+    loss = tmp_path / "loss.py"
+    loss.write_text("import numpy as np\n\ndef per_example_loss(labels, outputs):\n"
+                    "    out = np.abs(labels - outputs['predictions'].reshape(-1))\n    out[0] = np.nan\n"
+                    "    return out\n")
+    _, result = _run(world, tmp_path / "a", metric="custom", loss_bound=10.0, target=6.0, loss_module=str(loss))
+    report = _report(result)
+    assert report["outcome"] == "ACCEPT" and report["bound"] <= 6.0 and report["loss_module"] == str(loss)
+    (release,) = world["ledger"].releases(world["grant"].id)
+    world["grant"], world["examples"] = regrant(world["ledger"], *world["base"])
+    _, result = _run(world, tmp_path / "b", model="tipper", metric="accuracy", target=0.6, label_key="big_tipper",
+                     loss_bound=None, label_threshold=0.5)
+    report = _report(result)
+    assert report["outcome"] == "ACCEPT" and report["label_threshold"] == 0.5
+    from sage_tfx.components.dp_model_validator_executor import ValidatorConfigError
+
+    with pytest.raises(ValidatorConfigError, match="needs loss_module"):
+        _run(world, tmp_path / "c", metric="custom", loss_bound=10.0, target=6.0)
+    with pytest.raises(ValidatorConfigError, match="no function 'nope'"):
+        _run(world, tmp_path / "d", metric="custom", loss_bound=10.0, target=6.0, loss_module=str(loss),
+             loss_function="nope")
+    # the loss module's content is part of the validation's fingerprint: an edited loss is another release
+    from sage_tfx.components.dp_model_validator_executor import validation_computation, validation_plan
+
+    props = {"metric": "custom", "loss_bound": 10.0, "target": 6.0, "label_key": "fare", "loss_module": str(loss)}
+    plan = validation_plan(props, world["grant"])
+    model = world["models"]["fare_good"]
+    assert validation_computation(plan, model) == validation_computation(validation_plan(props, world["grant"]), model)
+    loss.write_text(loss.read_text().replace("np.abs", "np.square"))
+    assert validation_computation(validation_plan(props, world["grant"]), model) != validation_computation(plan, model)
+    assert release.stage == "validation"
+
+
+def test_custom_losses_are_clipped_to_the_public_bound():
+    import numpy as np
+
+    from sage_tfx.components.dp_model_validator_executor import ValidatorConfigError, custom_losses
+
+    out = custom_losses(lambda y, o: np.array([1.0, -3.0, 50.0, np.nan, np.inf]), np.zeros(5), {}, 10.0)
+    np.testing.assert_array_equal(out, [1.0, 0.0, 10.0, 10.0, 10.0])
+    with pytest.raises(ValidatorConfigError, match="returned 2 values for 5 records"):
+        custom_losses(lambda y, o: np.zeros(2), np.zeros(5), {}, 10.0)
+
+
 # ------------------------------------------------------------------ in a pipeline, with TFX's own Pusher
 
 def _pipeline(world, root, grant, names=("fare_good", "fare_bad")):

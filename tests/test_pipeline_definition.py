@@ -71,6 +71,9 @@ def test_bad_definitions_name_the_value(bad, named):
     (("mse", "y", -1.0), "-1.0"),
     (("accuracy", "y", 1.0), "does not apply"),
     (("mse", ""), "label ''"),
+    (("custom", "y", 4.0), "metric 'custom' needs one"),
+    (("mse", "y", 4.0, "x"), "label_threshold 'x'"),
+    (("mse", "y", 4.0, None, "loss.py"), "loss_module 'loss.py'"),
 ])
 def test_bad_slas_name_the_value(args, named):
     with pytest.raises(PipelineDefinitionError, match=named):
@@ -112,6 +115,17 @@ def test_bad_pipeline_files_exit_2_naming_the_file_before_any_spend(tmp_path, ca
     with Ledger.open(db) as ledger:
         assert [ledger.log_entries(), [g.to_json() for g in ledger.grants()]] == before  # nothing spent
     assert not os.path.exists(tmp_path / "work")
+
+
+def test_a_custom_loss_module_is_resolved_beside_the_pipeline_and_checked(tmp_path):
+    (tmp_path / "trainer.py").write_text("def run_fn(fn_args): pass\n")
+    (tmp_path / "pipe.py").write_text(PIPE.replace('SLA(metric="accuracy", label="y")',
+                                                   'SLA(metric="custom", label="y", loss_bound=9.0, loss_module="loss.py")'))
+    with pytest.raises(PipelineDefinitionError, match="loss_module .*loss.py' does not exist"):
+        load_pipeline(str(tmp_path / "pipe.py"))
+    (tmp_path / "loss.py").write_text("def per_example_loss(labels, outputs): return labels\n")
+    pipeline = load_pipeline(str(tmp_path / "pipe.py"))
+    assert pipeline.module_path("loss_module") == str(tmp_path / "loss.py") and pipeline.check_target(5) == 5.0
 
 
 def test_unknown_name_lists_the_builtins():
