@@ -298,14 +298,15 @@ def batch_size(fn_args, config, default=256):
 
 # ------------------------------------------------------------------------------------------- export
 
-def export_model(fn_args, model, features=None, label_key=None, output_scale=None):
+def export_model(fn_args, model, features=None, label_key=None, output_scale=None, output_offset=None):
     """Write ``model``'s SavedModel to ``fn_args.serving_model_dir``; return the path.
 
     With a transform graph the signature takes serialized tf.Examples and applies the graph
     (``model.export(..., transform_output=...)``). Otherwise it takes the features by name; with
     ``features`` as {name: scale or (low, high)} it takes them RAW and maps them as ``load_examples``
     does, so the serving model reads raw feature values. ``output_scale`` multiplies the ``predictions``
-    output (a regressor trained on label / scale serves in label units). Wrapping keeps the inner model in
+    output (a regressor trained on label / scale serves in label units) and ``output_offset`` is added after
+    (a regressor trained on the residual label - offset, for a PUBLIC offset, serves the label). Wrapping keeps the inner model in
     ``<model_run_dir>/inner_model``.
     """
     path = fn_args.serving_model_dir
@@ -314,17 +315,20 @@ def export_model(fn_args, model, features=None, label_key=None, output_scale=Non
     scale = 1.0 if output_scale is None else float(output_scale)
     if not (math.isfinite(scale) and scale > 0):
         raise TrainerDataError(f"output_scale={output_scale!r} must be a finite number > 0")
-    plain = all(m == (0.0, 1.0, False) for m in maps.values()) and scale == 1.0
+    offset = 0.0 if output_offset is None else float(output_offset)
+    if not math.isfinite(offset):
+        raise TrainerDataError(f"output_offset={output_offset!r} must be a finite number")
+    plain = all(m == (0.0, 1.0, False) for m in maps.values()) and scale == 1.0 and offset == 0.0
     inner_path = path if plain else os.path.join(fn_args.model_run_dir, "inner_model")
     if transform:
         model.export(inner_path, transform_output=transform, label_key=label_key)
     else:
         model.export(inner_path)
-    return path if plain else _wrap(inner_path, path, maps, scale)
+    return path if plain else _wrap(inner_path, path, maps, scale, offset)
 
 
-def _wrap(inner_path, path, maps, scale):
-    """Re-export a SavedModel: map raw features by ``maps`` before it, multiply ``predictions`` by ``scale``."""
+def _wrap(inner_path, path, maps, scale, offset=0.0):
+    """Re-export a SavedModel: map raw features by ``maps`` before it, ``predictions`` * ``scale`` + ``offset``."""
     import tensorflow as tf
 
     module = tf.Module()
@@ -340,7 +344,7 @@ def _wrap(inner_path, path, maps, scale):
     @tf.function(input_signature=signature)
     def serve(inputs):
         out = inner(**{k: _apply_map(v, *maps[k], tf) if k in maps else v for k, v in inputs.items()})
-        return {k: v * scale if k == "predictions" else v for k, v in out.items()}
+        return {k: v * scale + offset if k == "predictions" else v for k, v in out.items()}
 
     tf.saved_model.save(module, path, signatures={"serving_default": serve.get_concrete_function()})
     return path

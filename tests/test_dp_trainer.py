@@ -480,3 +480,30 @@ def run_fn(fn_args):
                              "transform_graph_path": graph.uri})
     with pytest.raises(TrainerDataError, match="'miles' is not a transformed feature"):
         load_examples(args, ["miles"], "fare")
+
+
+def test_export_serves_a_residual_over_a_public_offset(tmp_path):
+    """export_model(output_scale=s, output_offset=c): the served prediction is s * inner + c (a model trained
+    on the residual (label - c) / s serves the label). GENERATED rows."""
+    import types
+
+    import tensorflow as tf
+
+    from sage_tfx.components import trainer_utils
+    from sage_tfx.components.trainer_utils import TrainerDataError
+    from sage_tfx.models import DPLinearRegressor
+
+    rng = np.random.default_rng(5)
+    x = {"a": rng.uniform(0, 1, 2000).astype(np.float32)}
+    y = (0.2 + 0.5 * x["a"]).astype(np.float32)
+    model = DPLinearRegressor((50.0, 1e-6), feature_bound=1.0, label_range=(0.0, 1.0), seed=3).fit(x, y)
+    fn_args = types.SimpleNamespace(serving_model_dir=str(tmp_path / "serving"), model_run_dir=str(tmp_path / "run"),
+                                    transform_graph_path=None)
+    trainer_utils.export_model(fn_args, model, ["a"], output_scale=10.0, output_offset=100.0)
+    served = tf.saved_model.load(fn_args.serving_model_dir).signatures["serving_default"]
+    probe = np.array([0.0, 0.5, 1.0], dtype=np.float32)
+    inner = np.asarray(model.predict({"a": probe})).reshape(-1)
+    np.testing.assert_allclose(served(a=tf.constant(probe))["predictions"].numpy().reshape(-1), 10.0 * inner + 100.0,
+                               rtol=1e-5)
+    with pytest.raises(TrainerDataError, match="output_offset=nan"):
+        trainer_utils.export_model(fn_args, model, ["a"], output_offset=float("nan"))
