@@ -65,6 +65,25 @@ def generated_rows(schema: dict, blocks_config: dict, label: str, metric: str, n
     return pa.table(columns)
 
 
+def describe_failure(exc, limit=4000):
+    """The first error of ``exc``'s chain with its traceback (TFX's runners may raise a clean-up error while
+    handling the module's own), and the last one if it differs; at most ``limit`` characters of traceback."""
+    chain, seen = [exc], {id(exc)}
+    while True:
+        nxt = chain[-1].__cause__ or chain[-1].__context__
+        if nxt is None or id(nxt) in seen:
+            break
+        chain.append(nxt)
+        seen.add(id(nxt))
+    first = chain[-1]
+    text = "".join(traceback.format_exception(type(first), first, first.__traceback__)).rstrip()
+    if len(text) > limit:
+        text = "...\n" + text[-limit:]
+    if first is not exc:
+        text += f"\n(then, while handling it: {type(exc).__name__}: {exc})"
+    return text
+
+
 def _spec(stream, blocks_config):
     from sage_tfx.ingest.pipeline import make_spec
 
@@ -122,7 +141,7 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
             try:
                 run = iterator.run()
             except Exception as exc:  # generated rows only: the whole error may be shown
-                result.error = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)[-6:]).rstrip()
+                result.error = describe_failure(exc)
                 return result
         result.ok, result.outcome = True, run.outcome
     return result

@@ -275,3 +275,33 @@ def test_init_pipeline_files_pass_the_check_on_the_stream(taxi_stream, tmp_path)
     out = sage("run", tmp_path / "mine" / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "check OK: mine ran end to end" in out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_a_failed_iteration_exits_1_without_data_values(taxi_stream, tmp_path):
+    """A run_fn that fails after the charge, with a data value in its message: `sage run` exits 1 with the error's
+    type only (the value withheld, no traceback), the ledger records FAILED with no value either, and --check
+    shows the whole error on generated rows."""
+    import shutil
+
+    db, data = _copy_stream(taxi_stream, tmp_path)
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
+    broken = tmp_path / "broken"
+    shutil.copytree(example, broken)
+    text = (broken / "trainer.py").read_text().replace(
+        "    x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)\n",
+        "    x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)\n"
+        "    raise ValueError(f'fare {float(y[0])!r}8642 is odd')\n")
+    (broken / "trainer.py").write_text(text)
+    out = sage("run", broken / "pipeline.py", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "300",
+               "--max-iterations", "1", "--work-dir", tmp_path / "work")
+    assert out.returncode == 1, out.stdout + out.stderr[-3000:]
+    assert "an iteration failed after its charge" in out.stderr and "--check" in out.stderr
+    assert "8642" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+    history, audit = _history_of(db, "taxi", "taxi_fare")
+    assert audit.ok and [o for _g, o, _d in history] == ["FAILED"]
+    with Ledger.open(db) as ledger:
+        assert not any("8642" in e[3] for e in ledger.log_entries())
+    out = sage("run", broken / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data)
+    assert out.returncode == 2 and "8642 is odd" in out.stderr  # generated rows: the whole error may show

@@ -11,12 +11,14 @@ Beam pipeline options go after a bare --, e.g. `sage run ... -- --direct_num_wor
 and module errors show there, before anything is charged.
 
 Exit codes: 0 ACCEPT (the model was pushed, or --check ran end to end), 4 REJECT (the REJECT test on the
-training split showed the target is out of reach), 5 TIMEOUT, 2 bad input.
+training split showed the target is out of reach), 5 TIMEOUT, 2 bad input, 1 an iteration failed after its
+charge (the message withholds details that may hold data values: run --check to see them on generated rows).
 """
 import argparse
 import sys
 
 EXIT_CODES = {"ACCEPT": 0, "REJECT": 4, "TIMEOUT": 5}
+EXIT_FAILED = 1  # an iteration raised after its charge
 
 
 def add_parser(subparsers):
@@ -85,7 +87,17 @@ def _run(args):
         iterator = make_iterator(definition, ledger, runner, args, progress=lambda line: print(line, flush=True))
     except (LedgerError, ValueError) as exc:
         return _fail(str(exc))
-    result = iterator.run()
+    try:
+        result = iterator.run()
+    except Exception as exc:  # a run failed after its charge: its message may hold data values
+        from sage_tfx.privacy import public_error_text
+
+        ledger.close()
+        print(f"sage run: an iteration failed after its charge: {public_error_text(exc)}. Its grant stays spent "
+              "(the ledger records FAILED) and a new run resumes after it. The details are withheld: they may hold "
+              "data values; reproduce the failure for free on generated rows with `sage run PIPELINE --check "
+              "--db ... --stream ... --data-root ...`", file=sys.stderr)
+        return EXIT_FAILED
     ledger.close()
     pushed = f"; model pushed to {runner.config.serving_dir}" if result.outcome == "ACCEPT" else ""
     print(f"{iterator.pipeline}: {result.describe()}{pushed}", flush=True)
