@@ -127,20 +127,53 @@ def check_traced_analyzers(graph):
 
     Every analyzer output is a tensor tf.Transform will replace by a statistic of the data; only the
     outputs of ``sage_tfx.transform``'s DP analyzers (a full-pass PTransform adding Laplace noise) may be.
+    The refusal names the DP counterpart of the refused analyzer when there is one.
     """
+    import re
+
     from tensorflow_transform import analyzer_nodes
 
     from sage_tfx.transform import analyzers
 
+    # tft function or inner analyzer (the parts of a label like "ExtractCombineMergeOutputs[scale_to_z_score#
+    # mean_and_var]", outermost first) -> what to use instead.
+    counterparts = {
+        "scale_to_z_score": "sage_tfx.transform.dp_scale_to_z_score(x, epsilon, value_range)",
+        "mean": "sage_tfx.transform.dp_mean(x, epsilon, value_range)",
+        "var": "sage_tfx.transform.dp_variance(x, epsilon, value_range)",
+        "scale_to_z_score_per_key": "sage_tfx.transform.dp_mean_per_key / dp_group_by_mean",
+        "mean_and_var_per_key": "sage_tfx.transform.dp_mean_per_key / dp_group_by_mean",
+        "mean_and_var": "sage_tfx.transform.dp_scale_to_z_score (or dp_mean / dp_variance)",
+        "scale_to_0_1": "sage_tfx.transform.dp_scale_to_0_1(x, epsilon, value_range)",
+        "scale_by_min_max": "sage_tfx.transform.dp_scale_to_0_1(x, epsilon, value_range) (then rescale)",
+        "min": "sage_tfx.transform.dp_scale_to_0_1 or dp_quantiles (a DP low quantile; an exact min is not DP)",
+        "max": "sage_tfx.transform.dp_scale_to_0_1 or dp_quantiles (a DP high quantile; an exact max is not DP)",
+        "min_and_max": "sage_tfx.transform.dp_scale_to_0_1 (or dp_quantiles for DP low/high quantiles)",
+        "bucketize": "sage_tfx.transform.dp_bucketize(x, num_buckets, epsilon, value_range)",
+        "quantiles": "sage_tfx.transform.dp_quantiles(x, num_buckets, epsilon, value_range) (or dp_bucketize)",
+        "compute_and_apply_vocabulary": "a public vocabulary, counted with sage_tfx.transform.dp_histogram(x, "
+                                        "epsilon, vocabulary=[...]) (DP vocabularies are coming)",
+        "vocabulary": "a public vocabulary, counted with sage_tfx.transform.dp_histogram(x, epsilon, "
+                      "vocabulary=[...]) (DP vocabularies are coming)",
+        "sum": "sage_tfx.transform.dp_sum_per_key (one key for a total) or dp_mean",
+        "size": "sage_tfx.transform.dp_count_per_key (one key for the row count)",
+        "count_per_key": "sage_tfx.transform.dp_count_per_key or dp_histogram",
+    }
     for sink in graph.get_collection(analyzer_nodes.TENSOR_REPLACEMENTS):
         op = sink.future.parent_operation.operation_def
         ptransform = getattr(op, "ptransform", None)
         if not isinstance(op, analyzer_nodes.PTransform) or not isinstance(ptransform, analyzers._NoiseOnce):
+            label = str(op.label)
+            inside = re.search(r"\[(.*)\]", label)
+            parts = inside.group(1).split("#") if inside else [label]
+            use = next((counterparts[p] for p in parts if p in counterparts), None)
+            instead = (f"Use its DP counterpart {use} instead" if use else
+                       "Use sage_tfx.transform's DP analyzers (dp_mean, dp_group_by_mean, dp_histogram, ...)")
             raise NonPrivateAnalyzer(
                 f"the preprocessing_fn uses the tf.Transform analyzer {op.label!r} (output {sink.tensor.name!r}), "
                 "which is not differentially private: its exact statistic would be baked into the transform "
-                "graph. Use sage_tfx.transform's DP analyzers (dp_mean, dp_group_by_mean, dp_histogram, ...) or "
-                "public constants (e.g. scale with public bounds instead of tft.scale_to_0_1)")
+                f"graph. {instead}, or public constants (e.g. scale with public bounds instead of "
+                "tft.scale_to_0_1)")
         if getattr(ptransform, "_seed", None) is None:
             raise NonPrivateAnalyzer(f"the DP analyzer {op.label!r} was not seeded from the grant")
 

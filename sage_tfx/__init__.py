@@ -36,6 +36,10 @@ _LAZY = {
     "dp_mean": "sage_tfx.transform",
     "dp_variance": "sage_tfx.transform",
     "dp_mean_per_key": "sage_tfx.transform",
+    "dp_scale_to_z_score": "sage_tfx.transform",
+    "dp_scale_to_0_1": "sage_tfx.transform",
+    "dp_quantiles": "sage_tfx.transform",
+    "dp_bucketize": "sage_tfx.transform",
     "PreprocessingBudget": "sage_tfx.transform",
     # SLAed validation (numpy/scipy)
     "DPLossValidator": "sage_tfx.validation",

@@ -1,4 +1,5 @@
-"""DP preprocessing for tf.Transform: dp_group_by_mean (Sage, List. 1) and its family, the budget helper,
+"""DP preprocessing for tf.Transform: dp_group_by_mean (Sage, List. 1) and its family, DP counterparts of
+tft's scalers and bucketizers (dp_scale_to_z_score, dp_scale_to_0_1, dp_quantiles, dp_bucketize), the budget helper,
 and `noise_seed` (trusted code seeds the analyzers' noise, e.g. DPTransform from the grant).
 
 The analyzers (TensorFlow, Beam) load on first use, so importing this package for
@@ -28,12 +29,13 @@ _ANALYZERS = (
     "dp_variance",
     "PerKeyMean",
 )
+_SCALING = ("dp_scale_to_z_score", "dp_scale_to_0_1", "dp_quantiles", "dp_bucketize")  # in .scaling
 
 __all__ = [
     "BUDGET_KEY", "EPSILON_FIELD", "PreprocessingBudget", "Spend", "budget_custom_config",
     "call_preprocessing_fn", "requested_epsilon", "requested_spends", "trace_requested_epsilon",
     "BudgetExceeded", "DPTransformError", "MissingBudget", "NonPrivateAnalyzer", "analyzer_seed", "noise_seed",
-    *_ANALYZERS,
+    *_ANALYZERS, *_SCALING,
 ]
 
 
@@ -42,4 +44,8 @@ def __getattr__(name):
         from . import analyzers
 
         return getattr(analyzers, name)
+    if name in _SCALING:
+        from . import scaling
+
+        return getattr(scaling, name)
     raise AttributeError(f"module 'sage_tfx.transform' has no attribute {name!r}")

@@ -1,0 +1,324 @@
+"""DP counterparts of tf.Transform's scalers and bucketizers (issue 11, part 2):
+dp_scale_to_z_score, dp_scale_to_0_1, dp_quantiles, dp_bucketize.
+
+tf.Transform's versions read exact statistics of the data (mean and variance, min and
+max, quantiles); these read the same statistics from ONE Laplace release each, drawn
+once in Beam by `analyzers._NoiseOnce` like every Sage analyzer (see
+docs/dp_preprocessing.md, "Noise once per analysis"). Everything else, including the
+per-row mapping in the transform phase, is post-processing of that release and of the
+row itself.
+
+The public range: `value_range` is a number R (the range [0, R], as for the other
+analyzers) or a pair (low, high). Values are clipped into it, which is what bounds the
+sensitivities. A NaN row counts in no table (tf.Transform ignores missing values too),
+so one row still changes the tables by at most the stated sensitivity; in the transform
+phase it gets a public default (documented per function), never an error: the analysis
+runs after the grant is charged, and a failure would reveal the row.
+"""
+import functools
+import math
+from typing import Optional, Tuple, Union
+
+import numpy as np
+
+import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
+import tensorflow as tf
+import tensorflow_transform as tft
+
+from .analyzers import _NoiseOnce, _check_common, _dense_vector
+from .budget import record_spend
+from .errors import DPTransformError
+from .noise import check_value_range, guarded_variance
+from .seeding import resolve_seed
+
+ValueRange = Union[float, Tuple[float, float]]
+
+DEFAULT_GRID_SIZE = 1000
+DEFAULT_TAIL = 0.01
+MIN_STD_FRACTION = 1e-3  # default public floor of the noisy std: 1/1000 of the public range
+
+
+# ---------------------------------------------------------------- argument checks
+
+
+def _check_range(value_range, label) -> Tuple[float, float]:
+    """(low, high) of the public range: a number R > 0 means [0, R]; a pair needs finite low < high."""
+    if isinstance(value_range, (tuple, list)):
+        fix = "give the public range as a number R > 0 (for [0, R]) or a pair (low, high) of finite numbers, low < high"
+        if len(value_range) != 2:
+            raise DPTransformError(f"{label}: value_range {value_range!r} is not a pair; {fix}")
+        try:
+            low, high = float(value_range[0]), float(value_range[1])
+        except (TypeError, ValueError):
+            raise DPTransformError(f"{label}: value_range {value_range!r} is not numeric; {fix}") from None
+        if any(isinstance(v, bool) for v in value_range) or not (math.isfinite(low) and math.isfinite(high)):
+            raise DPTransformError(f"{label}: value_range {value_range!r} must be finite; {fix}")
+        if not low < high:
+            raise DPTransformError(f"{label}: value_range {value_range!r} needs low < high; {fix}")
+        return low, high
+    return 0.0, check_value_range(value_range, f"{label}: value_range")
+
+
+def _check_int(value, least, what, fix):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise DPTransformError(f"{what} must be an integer >= {least}, got {value!r} ({fix})")
+    return int(value)
+
+
+def _check_fraction(value, what, upper, fix):
+    try:
+        as_float = float(value)
+    except (TypeError, ValueError):
+        as_float = float("nan")
+    if isinstance(value, bool) or not 0.0 < as_float < upper:
+        raise DPTransformError(f"{what} must be a number in (0, {upper}), got {value!r} ({fix})")
+    return as_float
+
+
+# ---------------------------------------------------------------- post-processing (numpy, Beam side)
+
+
+def monotone_cdf(noisy_counts) -> np.ndarray:
+    """A nondecreasing CDF on the grid's G+1 edges, from G noisy cell counts: float64 [G+1], 0 at the
+    first edge, 1 at the last.
+
+    With F~(i) = the sum of the first i noisy counts (F~(0) = 0), the estimate is the average of the
+    running maximum of F~ from the left and its running minimum from the right, clipped into
+    [0, its last value] and divided by it. Both running extrema are nondecreasing, so the average is.
+    If the exact CDF C is within delta of F~ at every edge, so are both running extrema (C is
+    monotone), hence so is their average: the repair adds no error beyond the noise's own. If the
+    noisy total is not positive, the data say nothing usable and the CDF is uniform over the range.
+    Uses only the noisy counts: post-processing.
+    """
+    noisy = np.asarray(noisy_counts, dtype=np.float64).reshape(-1)
+    raw = np.concatenate([[0.0], np.cumsum(noisy)])
+    cdf = (np.maximum.accumulate(raw) + np.minimum.accumulate(raw[::-1])[::-1]) / 2.0
+    total = cdf[-1]
+    if not (np.isfinite(total) and total > 0.0):
+        return np.linspace(0.0, 1.0, len(raw))
+    return np.clip(cdf, 0.0, total) / total
+
+
+def cdf_quantiles(cdf, levels, low, high) -> np.ndarray:
+    """Positions in [low, high] where the grid CDF `cdf` (from `monotone_cdf`) reaches each level in (0, 1).
+
+    Linear interpolation inside the cell where the CDF crosses the level (values spread
+    evenly inside a cell). Nondecreasing in the level, strictly increasing where the levels are.
+    """
+    cdf = np.asarray(cdf, dtype=np.float64)
+    cells = len(cdf) - 1
+    levels = np.asarray(levels, dtype=np.float64)
+    right = np.clip(np.searchsorted(cdf, levels, side="left"), 1, cells)  # cdf[right-1] < level <= cdf[right]
+    below, above = cdf[right - 1], cdf[right]
+    frac = np.clip((levels - below) / np.where(above > below, above - below, 1.0), 0.0, 1.0)
+    return low + (right - 1 + frac) * ((high - low) / cells)
+
+
+def _quantile_table(noisy_counts, levels, low, high):
+    return (cdf_quantiles(monotone_cdf(noisy_counts), levels, low, high),)
+
+
+def _mean_and_variance_table(counts, centred_sums, centred_squares, width):
+    """(mean of the shifted values in [0, W], variance in [0, W^2/4]) from the noisy centred sums (c = W/2)."""
+    half = width / 2.0
+    centred_mean = np.clip(np.asarray(centred_sums) / np.maximum(np.asarray(counts), 1.0), -half, half)
+    return centred_mean + half, guarded_variance(counts, centred_sums, centred_squares, width)
+
+
+# ---------------------------------------------------------------- graph side
+
+
+def _release(scope, partials, input_shape, scales, finish, output_shapes, seed):
+    """One full-pass DP release: exact per-batch `partials` (each of `input_shape`) in, the float64 outputs
+    of `finish` (of `output_shapes`) out. As `analyzers._noisy_tables`, with outputs shaped apart from inputs."""
+    seed = resolve_seed(seed, scope)
+    return tft.experimental.ptransform_analyzer(
+        inputs=partials,
+        ptransform=_NoiseOnce([input_shape] * len(partials), scales, finish, len(output_shapes), seed, stream=scope),
+        output_dtypes=[tf.float64] * len(output_shapes),
+        output_shapes=[list(s) for s in output_shapes],
+        name="noise_once",
+    )
+
+
+def _numeric(x, label):
+    """(x as given, as a tensor; its values as float64 [batch])."""
+    if isinstance(x, (tf.SparseTensor, tf.RaggedTensor)):
+        _dense_vector(x, "x", label)  # raises, naming the fix
+    x = tf.convert_to_tensor(x)
+    values = _dense_vector(x, "x", label)
+    if not (values.dtype.is_floating or values.dtype.is_integer):
+        raise DPTransformError(f"{label}: x must be a numeric tensor, got dtype {values.dtype.name}")
+    return x, tf.cast(values, tf.float64)
+
+
+def _grid_cells(values, low, high, grid_size):
+    """The grid cell of each value in [0, grid_size); values outside [low, high] fall in the end cells, NaN in
+    none (-1, which unsorted_segment_sum drops)."""
+    nan = tf.math.is_nan(values)
+    at_low = tf.fill(tf.shape(values), tf.constant(low, tf.float64))
+    scaled = (tf.where(nan, at_low, values) - low) * (grid_size / (high - low))
+    cells = tf.cast(tf.floor(tf.clip_by_value(scaled, 0.0, grid_size - 0.5)), tf.int64)
+    return tf.where(nan, tf.constant(-1, tf.int64), cells)
+
+
+def _dp_quantile_positions(label, x, levels, epsilon, low, high, grid_size, seed, scope):
+    """Records the spend, then: noisy grid histogram of x (one release, epsilon) -> (x as a tensor, its float64
+    values [batch], the positions of `levels`, float64 [len(levels)])."""
+    record_spend(scope.rstrip("/"), epsilon)
+    x, values = _numeric(x, label)
+    cells = _grid_cells(values, low, high, grid_size)
+    counts = tf.math.unsorted_segment_sum(tf.ones_like(values), cells, grid_size)
+    finish = functools.partial(_quantile_table, levels=tuple(float(v) for v in levels), low=low, high=high)
+    (positions,) = _release(scope, [counts], [grid_size], [1.0 / epsilon], finish, [[len(levels)]], seed)
+    return x, values, positions
+
+
+def _quantile_args(label, num_buckets, epsilon, value_range, grid_size, seed):
+    epsilon, seed, _, _ = _check_common(label, epsilon, seed)
+    num_buckets = _check_int(num_buckets, 2, f"{label}: num_buckets",
+                             "num_buckets - 1 boundaries split the values into num_buckets buckets")
+    grid_size = _check_int(grid_size, 2, f"{label}: grid_size", "the number of cells of the public grid")
+    low, high = _check_range(value_range, label)
+    return epsilon, seed, num_buckets, low, high, grid_size
+
+
+def dp_quantiles(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: ValueRange, *,
+                 grid_size: int = DEFAULT_GRID_SIZE, seed: Optional[int] = None,
+                 name: Optional[str] = None) -> tf.Tensor:
+    """DP quantile boundaries of x over the whole data set, like ``tft.quantiles(x, num_buckets, ...)``:
+    float32 [1, num_buckets - 1], nondecreasing, in the public range (feed them to ``tft.apply_buckets``).
+
+    Mechanism: cut the public range [low, high] (`value_range`: R for [0, R], or (low, high)) into
+    `grid_size` equal cells; count the rows of each cell (a value outside the range counts in the end
+    cell, a NaN in none), then
+        noisy_count_c = count_c + Laplace(0, 1/epsilon)                 for every cell c
+        F = monotone_cdf(noisy counts)    (running max/min repair, normalized; uniform if the total <= 0)
+        boundary_i = where F reaches i/num_buckets, interpolated inside its cell   (i = 1..num_buckets-1)
+    Sensitivity: one row falls in at most one cell, so adding or removing it changes the histogram's L1
+    norm by at most 1. Guarantee: (epsilon, 0)-DP. Proof sketch: the Laplace mechanism with scale 1/epsilon
+    on an L1-sensitivity-1 vector is epsilon-DP (Dwork et al. 2006); the CDF, the boundaries and the
+    bucketing use only the noisy counts and public constants: post-processing.
+    Accuracy: if every noisy prefix sum is within delta rows of the exact one, the rank of each boundary
+    (rows below it) is within 2*delta plus the rows of its cell of level * rows; by Kolmogorov's
+    inequality P(delta >= t) <= 2*grid_size/(epsilon*t)^2 (docs/dp_preprocessing.md).
+
+    `seed` is for tests only (None draws fresh OS entropy).
+    """
+    label = "dp_quantiles"
+    epsilon, seed, num_buckets, low, high, grid_size = _quantile_args(
+        label, num_buckets, epsilon, value_range, grid_size, seed)
+    levels = [i / num_buckets for i in range(1, num_buckets)]
+    with tf.compat.v1.name_scope(name, label) as scope:
+        _, _, positions = _dp_quantile_positions(label, x, levels, epsilon, low, high, grid_size, seed, scope)
+        return tf.reshape(tf.cast(positions, tf.float32), [1, num_buckets - 1])
+
+
+def dp_bucketize(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: ValueRange, *,
+                 grid_size: int = DEFAULT_GRID_SIZE, seed: Optional[int] = None,
+                 name: Optional[str] = None) -> tf.Tensor:
+    """Bucket id of each row in [0, num_buckets), like ``tft.bucketize(x, num_buckets)``: int64, shaped as x.
+
+    The boundaries are `dp_quantiles(x, num_buckets, epsilon, value_range)` (same mechanism, sensitivity 1,
+    (epsilon, 0)-DP); the ids are ``tft.apply_buckets(x, boundaries)``, a function of the row and the
+    noisy boundaries alone (post-processing): b[i-1] <= x < b[i] gets i, values below the first boundary
+    0, at or above the last num_buckets - 1. A NaN row gets num_buckets - 1, tft.apply_buckets' own rule
+    (a public default), and counts in no cell of the analysis.
+    """
+    label = "dp_bucketize"
+    epsilon, seed, num_buckets, low, high, grid_size = _quantile_args(
+        label, num_buckets, epsilon, value_range, grid_size, seed)
+    levels = [i / num_buckets for i in range(1, num_buckets)]
+    with tf.compat.v1.name_scope(name, label) as scope:
+        x, _, positions = _dp_quantile_positions(label, x, levels, epsilon, low, high, grid_size, seed, scope)
+        boundaries = tf.reshape(tf.cast(positions, tf.float32), [1, num_buckets - 1])
+        return tft.apply_buckets(x, boundaries)
+
+
+def dp_scale_to_0_1(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, tail: float = DEFAULT_TAIL,
+                    grid_size: int = DEFAULT_GRID_SIZE, seed: Optional[int] = None,
+                    name: Optional[str] = None) -> tf.Tensor:
+    """x scaled to [0, 1] by the data's DP spread, like ``tft.scale_to_0_1(x)``: float32, shaped as x.
+
+    tft.scale_to_0_1 maps the data's exact min to 0 and max to 1; one row can move a min or max
+    anywhere in the range (unbounded sensitivity relative to the data), so this maps the DP `tail`
+    quantile (default the 1% quantile) to 0 and the DP 1 - `tail` quantile (99%) to 1, and clips:
+        lo, hi = dp quantiles at levels (tail, 1 - tail), from ONE noisy histogram (as dp_quantiles)
+        output = clip((x - lo) / max(hi - lo, tiny), 0, 1)
+    The rows in the outer tails (about `tail` of them on each side) land on 0 or 1, as the data's own
+    extremes do in tft's version; on data without outliers the two agree up to those tails and the
+    noise. (Scaling by the public range instead would spend nothing, but ignores the data's spread:
+    write ``(tf.clip_by_value(x, low, high) - low) / (high - low)`` for that, no analyzer needed.)
+    Sensitivity: 1 (one row is in at most one cell of the histogram). Guarantee: (epsilon, 0)-DP: the
+    Laplace mechanism with scale 1/epsilon on the histogram (Dwork et al. 2006); lo, hi and the
+    per-row mapping are post-processing. A NaN row gets the public default 0.5 and counts in no cell.
+    `tail` (in (0, 0.5)) and `grid_size` are public constants, as is `value_range`.
+
+    `seed` is for tests only (None draws fresh OS entropy).
+    """
+    label = "dp_scale_to_0_1"
+    epsilon, seed, _, _ = _check_common(label, epsilon, seed)
+    tail = _check_fraction(tail, f"{label}: tail", 0.5, "the fraction of rows mapped to 0 (and to 1), e.g. 0.01")
+    grid_size = _check_int(grid_size, 2, f"{label}: grid_size", "the number of cells of the public grid")
+    low, high = _check_range(value_range, label)
+    with tf.compat.v1.name_scope(name, label) as scope:
+        x, values, positions = _dp_quantile_positions(label, x, [tail, 1.0 - tail], epsilon, low, high, grid_size,
+                                                       seed, scope)
+        lo, hi = positions[0], positions[1]
+        span = tf.maximum(hi - lo, (high - low) * 1e-9)  # > 0 by construction; the floor only guards rounding
+        scaled = tf.clip_by_value((values - lo) / span, 0.0, 1.0)
+        scaled = tf.where(tf.math.is_nan(values), tf.fill(tf.shape(values), tf.constant(0.5, tf.float64)), scaled)
+        return tf.reshape(tf.cast(scaled, tf.float32), tf.shape(x))
+
+
+def dp_scale_to_z_score(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, min_std: Optional[float] = None,
+                        seed: Optional[int] = None, name: Optional[str] = None) -> tf.Tensor:
+    """(x - mean) / std of each row, like ``tft.scale_to_z_score(x)``, the mean and the variance from ONE
+    DP release: float32, shaped as x.
+
+    Mechanism (dp_variance's, shifted to the public range [low, high] of width W): with
+    v = clip(x, low, high) - low in [0, W] and c = W/2, over the rows that are not NaN, epsilon/3 each:
+        n~ = count + Laplace(3/epsilon)                    (sensitivity 1)
+        s~ = sum(v - c) + Laplace(3*(W/2)/epsilon)         (sensitivity W/2: |v - c| <= W/2)
+        q~ = sum((v - c)^2) + Laplace(3*(W^2/4)/epsilon)   (sensitivity W^2/4)
+        m = clip(s~/n', -c, c), n' = max(n~, 1);  mean = low + c + m
+        variance = clip(q~/n' - m^2, 0, W^2/4);   std = max(sqrt(variance), min_std)
+        output = (clip(x, low, high) - mean) / std, and 0.0 (the mean's z-score) for a NaN row
+    Guarantee: (epsilon, 0)-DP. Proof sketch: three Laplace mechanisms, each (epsilon/3)-DP for its
+    sensitivity (a row adds at most 1, W/2 and W^2/4 to the three sums; a NaN row adds nothing), compose
+    to epsilon (Dwork et al. 2006; Dwork & Roth 2014, Thm. 3.16); mean, std and the per-row mapping use
+    only the noisy sums, public constants and the row: post-processing.
+    The noisy variance can be 0 (clipped from below): the std is then the public floor `min_std`
+    (default W/1000), so no division fails and |output| <= W / min_std. Rows are clipped into the public
+    range as in the analysis, so the outputs are the z-scores of the clipped data the release describes.
+
+    `seed` is for tests only (None draws fresh OS entropy).
+    """
+    label = "dp_scale_to_z_score"
+    epsilon, seed, _, _ = _check_common(label, epsilon, seed)
+    low, high = _check_range(value_range, label)
+    width = high - low
+    if min_std is None:
+        min_std = width * MIN_STD_FRACTION
+    else:
+        min_std = check_value_range(min_std, f"{label}: min_std (a public floor of the std, e.g. {width / 1000!r})")
+    with tf.compat.v1.name_scope(name, label) as scope:
+        record_spend(scope.rstrip("/"), epsilon)
+        x, values = _numeric(x, label)
+        present = tf.logical_not(tf.math.is_nan(values))
+        at_low = tf.fill(tf.shape(values), tf.constant(low, tf.float64))
+        clipped = tf.clip_by_value(tf.where(present, values, at_low), low, high)
+        weight = tf.cast(present, tf.float64)
+        centred = (clipped - low - width / 2.0) * weight
+        partials = [tf.reshape(tf.reduce_sum(t), [1]) for t in (weight, centred, centred * centred)]
+        third = epsilon / 3.0
+        scales = [1.0 / third, (width / 2.0) / third, (width**2 / 4.0) / third]
+        finish = functools.partial(_mean_and_variance_table, width=width)
+        shifted_mean, variance = _release(scope, partials, [1], scales, finish, [[1], [1]], seed)
+        mean = low + shifted_mean[0]
+        std = tf.maximum(tf.sqrt(variance[0]), min_std)
+        z = tf.where(present, (clipped - mean) / std, tf.zeros_like(clipped))
+        return tf.reshape(tf.cast(z, tf.float32), tf.shape(x))
+
+
+__all__ = ["dp_scale_to_z_score", "dp_scale_to_0_1", "dp_quantiles", "dp_bucketize", "monotone_cdf", "cdf_quantiles"]
