@@ -15,6 +15,8 @@ import sage_tfx  # noqa: F401  (before TensorFlow)
 
 from sage_tfx.models.dpsgd_models import DPDNNClassifier, DPDNNRegressor, DPLogisticRegressor
 from sage_tfx.models.linear import DPLinearRegressor
+from sage_tfx.models.private import PrivateModel, make_private
 from sage_tfx.models.seeding import training_seed
 
-__all__ = ["DPDNNRegressor", "DPDNNClassifier", "DPLogisticRegressor", "DPLinearRegressor", "training_seed"]
+__all__ = ["DPDNNRegressor", "DPDNNClassifier", "DPLogisticRegressor", "DPLinearRegressor", "training_seed",
+           "make_private", "PrivateModel"]

@@ -1,0 +1,460 @@
+"""``make_private``: DP-SGD training of the user's own tf.keras model (Opacus-like, one call).
+
+::
+
+    from sage_tfx.models import make_private
+
+    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dense(1)])
+    private = make_private(model, privacy_budget=fn_args.privacy_budget, num_examples=fn_args.num_examples,
+                           loss="mse", clip_norm=1.0, batch_size=256, epochs=2)
+    private.fit(x, y)
+    trainer_utils.export_model(fn_args, private)
+    return trainer_utils.report_spent(fn_args, private)
+
+Mechanism (DP-SGD, Abadi et al. 2016; docs/models.md "Your own Keras model: make_private"):
+
+  * ``steps = ceil(epochs * num_examples / batch_size)``; at every step each training record is included
+    independently with probability ``q = batch_size / num_examples`` (Poisson sampling; an empty batch still
+    takes a noise-only step).
+  * Each included record's gradient of its own loss, over ALL trainable variables together, is clipped to
+    L2 norm ``clip_norm`` = C; a record whose gradient norm is not finite contributes 0 (a fixed function of
+    the record, norm 0 <= C).
+  * The clipped sum gets N(0, (sigma*C)^2) on every coordinate, is divided by the EXPECTED batch size
+    ``batch_size`` (public), and is applied by SGD or Adam (post-processing).
+
+Sensitivity: under add/remove-one-record adjacency the clipped sum changes by one clipped gradient, so its
+L2 sensitivity is C. Each step is the Poisson-subsampled Gaussian mechanism with noise multiplier sigma, the
+run is its self-composition over ``steps``; sigma is the smallest (to 1e-4 relative) whose composition is
+(epsilon, delta)-DP under dp_accounting's RDP (default) or PLD accountant (sage_tfx.privacy.dpsgd, the same
+calibration as the DP models). Proof sketch: the Gaussian mechanism of sensitivity C and std sigma*C,
+amplified by Poisson sampling, composed ``steps`` times, is exactly the DpEvent
+``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)`` that the accountant bounds; the optimizer sees
+only the noisy sums, so the weights (and the model's predictions) are post-processing. Whatever the true
+row count, each present record is sampled with probability q, so the bound holds for any data size.
+
+``num_examples`` MUST be public or a DP count (``fn_args.num_examples``, the ledger's DP row count), never
+the exact private count: sigma depends on it and is published with the model.
+
+Per-example gradients (``per_example=``):
+  * ``"ghost"``: the project's ghost-norm engine (sage_tfx.models.dpsgd_engine.GhostClipEngine; Li et al.
+    2021) for ``tf.keras.Sequential`` models made only of Dense layers: no per-example gradient is
+    materialised. ``"auto"`` (default) picks it for such models.
+  * ``"vmap"``: any model; per-example gradients by ``tf.vectorized_map`` over a GradientTape (sparse
+    Embedding gradients made dense), then clip and sum. ``"auto"`` picks it for every other model, and
+    falls back to ``"loop"`` if vectorisation fails when the step is first traced.
+  * ``"loop"``: a per-example ``tf.map_fn`` loop: slowest, works for any differentiable model.
+
+Layers whose behaviour couples examples (BatchNormalization in training mode) break per-example clipping:
+``make_private`` refuses BatchNormalization. Dropout is fine (each example's own mask). Regularisation losses
+(``model.losses``) are not added: they are data-independent and could be, but are left out for now.
+
+Seeds: ``seed=None`` draws fresh OS entropy; inside ``sage_tfx.models.training_seed`` (DPTrainer) the
+sampling and noise come from the grant's private seed and ``seed=`` is refused (sage_tfx.models.seeding).
+The model's initial weights are the user's (make_private does not re-initialise them): to reproduce a fit
+bit for bit, build the model with seeded initialisers (initial weights need no secrecy).
+"""
+import math
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
+
+import numpy as np
+import tensorflow as tf
+
+from sage_tfx.models.dpsgd_engine import GhostClipEngine, _Engine, _zero_rows, dense_layers
+from sage_tfx.models.dpsgd_models import poisson_batches
+from sage_tfx.models.seeding import active as _seed_active
+from sage_tfx.models.seeding import fit_seeds
+from sage_tfx.privacy import dpsgd
+
+__all__ = ["make_private", "PrivateModel", "PER_EXAMPLE", "LOSSES"]
+
+PER_EXAMPLE = ("auto", "ghost", "vmap", "loop")
+LOSSES = ("mse", "binary_crossentropy", "sparse_categorical_crossentropy")
+OPTIMIZERS = ("sgd", "adam")
+_NAME = "make_private"
+_LOSS_ALIASES = {"mse": "mse", "mean_squared_error": "mse", "binary_crossentropy": "binary_crossentropy",
+                 "sparse_categorical_crossentropy": "sparse_categorical_crossentropy"}
+
+
+# ------------------------------------------------------------------------------------------- losses
+
+def _as_rows(t, batch):
+    return tf.reshape(t, tf.stack([batch, -1]))
+
+
+def _mse(y, out):
+    batch = tf.shape(out)[0]
+    out = _as_rows(out, batch)
+    return tf.reduce_mean(tf.square(out - _as_rows(tf.cast(y, out.dtype), batch)), axis=1)
+
+
+def _keras_loss(cls, match_shape, **config):
+    loss = cls(reduction=tf.keras.losses.Reduction.NONE, **config)
+
+    def per_example(y, out):
+        if match_shape:
+            y = tf.reshape(tf.cast(y, out.dtype), tf.shape(out))
+        return tf.reshape(loss(y, out), [-1])
+
+    return per_example
+
+
+def _wrap_callable(loss):
+    def per_example(y, out):
+        # labels [B] for an output [B, 1]: Keras would squeeze the output and average over the BATCH
+        y, out = tf.convert_to_tensor(y), tf.convert_to_tensor(out)
+        if y.shape.rank == 1 and out.shape.rank == 2 and out.shape[1] == 1:
+            y = y[:, None]
+        values = loss(y, out)
+        return tf.reshape(values, [-1])
+
+    return per_example
+
+
+def per_example_loss(loss: Any, model: tf.keras.Model) -> Callable:
+    """A function (y, model output) -> per-example losses [batch], from ``loss`` or the model's compiled loss.
+
+    A Keras ``Loss`` with another reduction is rebuilt with reduction NONE (``from_config``); a callable must
+    return one loss per record (``fit`` checks the shape on two records).
+    """
+    if loss is None:
+        loss = getattr(model, "loss", None) if getattr(model, "compiled_loss", None) is not None else None
+        if loss is None:
+            raise ValueError(
+                f"loss=None is invalid for an uncompiled model: pass loss= one of {LOSSES}, or a per-example "
+                "Keras loss (reduction NONE), or model.compile(loss=...) first")
+    if isinstance(loss, str):
+        name = _LOSS_ALIASES.get(loss.lower())
+        if name is None:
+            raise ValueError(f"loss={loss!r} is invalid: choose one of {LOSSES}, or pass a per-example Keras "
+                             "loss (reduction NONE)")
+        if name == "mse":
+            return _mse
+        if name == "binary_crossentropy":  # Keras' string: outputs are probabilities (from_logits=False)
+            return _keras_loss(tf.keras.losses.BinaryCrossentropy, True)
+        return _keras_loss(tf.keras.losses.SparseCategoricalCrossentropy, False)
+    if isinstance(loss, tf.keras.losses.Loss):
+        if loss.reduction != tf.keras.losses.Reduction.NONE:
+            config = dict(loss.get_config())
+            config["reduction"] = tf.keras.losses.Reduction.NONE
+            try:
+                loss = type(loss).from_config(config)
+            except Exception:
+                raise ValueError(f"loss={loss!r} reduces over the batch and cannot be rebuilt with reduction "
+                                 "NONE: pass a per-example loss (reduction=tf.keras.losses.Reduction.NONE)") from None
+        return _wrap_callable(loss)
+    if callable(loss):
+        return _wrap_callable(loss)
+    raise ValueError(f"loss={loss!r} is invalid: choose one of {LOSSES}, or pass a per-example Keras loss")
+
+
+# ------------------------------------------------------------------------------------------- engines
+
+def _first(t):
+    return tf.nest.map_structure(lambda v: v[None], t)
+
+
+class _PerExampleEngine(_Engine):
+    """Per-example gradients of any Keras model (nested inputs allowed), clipped and summed.
+
+    ``vectorized=True``: ``tf.vectorized_map``; False: a ``tf.map_fn`` loop over the examples.
+    """
+
+    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None, vectorized=True):
+        super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
+        self.vectorized = vectorized
+        self.name = "vmap" if vectorized else "loop"
+
+    def per_example_gradients(self, x, y):
+        """One tensor [batch, *variable shape] per trainable variable (dense)."""
+        def one(args):
+            xi, yi = args
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(self.per_example_loss(_first(yi), self.model(_first(xi), training=True)))
+            grads = tape.gradient(loss, self.variables, unconnected_gradients="zero")
+            return [tf.convert_to_tensor(g) for g in grads]  # Embedding: IndexedSlices -> dense
+
+        if self.vectorized:
+            return tf.vectorized_map(one, (x, y))
+        signature = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
+        return tf.map_fn(one, (x, y), fn_output_signature=signature)
+
+    def clipped_sum(self, x, y):
+        per_example = self.per_example_gradients(x, y)
+        sq = tf.add_n([tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), axis=1)
+                       for g in per_example])
+        factors, norms, finite = self._factors(sq)
+        return [tf.tensordot(factors, _zero_rows(g, finite), axes=1) for g in per_example], norms
+
+
+def _ghost_ok(model):
+    return isinstance(model, tf.keras.Sequential) and dense_layers(model) is not None
+
+
+def _engine(per_example, model, loss_fn, clip_norm, sigma, seed):
+    if per_example == "ghost":
+        if not _ghost_ok(model):
+            raise ValueError("per_example='ghost' is invalid for this model: the ghost engine needs a "
+                             "tf.keras.Sequential of Dense layers only; use per_example='auto' or 'vmap'")
+        return GhostClipEngine(model, loss_fn, clip_norm, sigma, seed)
+    return _PerExampleEngine(model, loss_fn, clip_norm, sigma, seed, vectorized=per_example != "loop")
+
+
+# ------------------------------------------------------------------------------------------- wrapper
+
+def _rows(x):
+    lengths = {int(np.shape(v)[0]) for v in tf.nest.flatten(x)}
+    if len(lengths) != 1:
+        raise ValueError(f"x: every input needs the same number of rows, got {sorted(lengths)}")
+    return lengths.pop()
+
+
+def _to_numpy(x):
+    """numpy arrays; floating ones as float32 (the Keras default dtype)."""
+    def one(v):
+        v = np.asarray(v)
+        return v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
+
+    return tf.nest.map_structure(one, x)
+
+
+def _take(x, rows):
+    return tf.nest.map_structure(lambda v: v[rows], x)
+
+
+def _check_positive(name, value, integer=False):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(value) or value <= 0 or (integer and value != int(value)):
+        kind = "a whole number > 0" if integer else "finite and > 0"
+        raise ValueError(f"{name}={value!r} is invalid: must be {kind}")
+    return int(value) if integer else float(value)
+
+
+class PrivateModel:
+    """A tf.keras model trained with DP-SGD by ``fit``; see ``make_private`` and the module docstring.
+
+    After ``fit``: ``privacy_spent`` (the format of the DP models, accepted by
+    ``trainer_utils.report_spent``), ``predict``, ``export``. ``model`` is the trained Keras model.
+    """
+
+    def __init__(self, model, *, epsilon, delta, num_examples, clip_norm, batch_size, epochs, optimizer,
+                 learning_rate, momentum, accountant, loss, per_example, seed):
+        self.model = model
+        self.epsilon, self.delta = epsilon, delta
+        self.num_examples = num_examples
+        self.clip_norm = clip_norm
+        self.batch_size = batch_size
+        self.epochs = epochs
+        self.optimizer_name = optimizer
+        self.learning_rate = learning_rate
+        self.momentum = momentum
+        self.accountant = accountant
+        self.loss = loss
+        self.per_example = per_example
+        self.seed = seed
+        self.engine = None
+        self.privacy_spent: Optional[Dict[str, Any]] = None
+
+    # ---------------------------------------------------------------- training
+    def _build(self, x):
+        if not self.model.built or not self.model.trainable_variables:
+            self.model(_take(x, slice(0, 1)), training=False)
+        if not self.model.trainable_variables:
+            raise ValueError("model has no trainable variables: nothing to train")
+        for layer in self.model.submodules:
+            if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable:
+                raise ValueError(f"layer {layer.name!r} is BatchNormalization: it mixes the examples of a batch, "
+                                 "so per-example clipping does not bound one record's effect; remove it "
+                                 "(LayerNormalization is fine)")
+
+    def _make_optimizer(self):
+        if self.optimizer_name == "adam":
+            return tf.keras.optimizers.Adam(learning_rate=self.learning_rate)
+        return tf.keras.optimizers.SGD(learning_rate=self.learning_rate, momentum=self.momentum)
+
+    def fit(self, x: Any, y: Any, verbose: bool = False) -> "PrivateModel":
+        """Train on (x, y) with DP-SGD; return self. Spends ``privacy_budget`` once (a second fit is refused).
+
+        ``x``: an array, or a list / dict of arrays for a model with several inputs (rows aligned); ``y`` the
+        labels. Sensitivity C = ``clip_norm`` per step (add/remove one record); the run is
+        (epsilon, delta)-DP for ``privacy_budget`` (module docstring: mechanism and proof sketch).
+        """
+        if self.privacy_spent is not None:
+            raise ValueError("this PrivateModel is already fitted (its budget is spent): call make_private again "
+                             "for another fit")
+        seeds = fit_seeds(self.seed, _NAME)  # refuses seed= inside training_seed
+        x = _to_numpy(x)
+        y = _to_numpy(y)
+        n = _rows(x)
+        if len(y) != n:
+            raise ValueError(f"y has {len(y)} rows but x has {n}: pass one label per record")
+        self._build(x)
+        loss_fn = per_example_loss(self.loss, self.model)
+        probe = loss_fn(y[:2], self.model(_take(x, slice(0, 2)), training=False)) if n >= 2 else None
+        if probe is not None and probe.shape != (2,):
+            raise ValueError(f"loss={self.loss!r} returns shape {probe.shape} on 2 records, not (2,): pass a "
+                             "per-example loss (reduction NONE)")
+        sigma, event, spent_eps, steps = dpsgd.dpsgd_spend(
+            self.epsilon, self.delta, self.num_examples, self.batch_size, self.epochs, self.accountant)
+        q = dpsgd.sampling_rate(self.num_examples, self.batch_size)
+        per_example = self.per_example
+        if per_example == "auto":
+            per_example = "ghost" if _ghost_ok(self.model) else "vmap"
+        self.engine = _engine(per_example, self.model, loss_fn, self.clip_norm, sigma, seeds.noise)
+        optimizer = self._make_optimizer()
+        expected = float(self.batch_size)
+
+        def apply(sums):
+            optimizer.apply_gradients(zip([g / expected for g in sums], self.engine.variables))
+
+        dp_step = tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True)
+        noise_step = tf.function(lambda: apply(self.engine.noise()))
+        rng = np.random.default_rng(seeds.sampling)
+        for i, rows in enumerate(poisson_batches(rng, n, q, steps)):
+            if len(rows) == 0:
+                noise_step()
+                continue
+            xb, yb = _take(x, rows), y[rows]
+            try:
+                dp_step(xb, yb)
+            except Exception:
+                if not (self.per_example == "auto" and per_example == "vmap" and i == 0):
+                    raise
+                # vectorisation failed when first traced: the per-example loop computes the same sums
+                per_example = "loop"
+                self.engine = _engine("loop", self.model, loss_fn, self.clip_norm, sigma, seeds.noise)
+                dp_step = tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True)
+                noise_step = tf.function(lambda: apply(self.engine.noise()))
+                dp_step(xb, yb)
+            if verbose and (i + 1) % max(1, steps // 10) == 0:
+                print(f"DP-SGD step {i + 1}/{steps}", flush=True)
+        self.privacy_spent = {
+            "epsilon": spent_eps, "delta": self.delta, "dp_event": event, "noise_multiplier": sigma,
+            "steps": steps, "sampling_rate": q, "num_examples": int(self.num_examples),
+            "accountant": self.accountant, "mechanism": "dp-sgd (Poisson-sampled Gaussian)",
+            "implementation": f"make_private/{per_example}",
+        }
+        return self
+
+    # ---------------------------------------------------------------- use
+    def _require_fit(self):
+        if self.privacy_spent is None:
+            raise ValueError("the model is not fitted; call fit first")
+
+    def predict(self, x: Any) -> np.ndarray:
+        """The model's outputs on ``x`` (post-processing of the DP weights: no further privacy cost)."""
+        self._require_fit()
+        return self.model(_to_numpy(x), training=False).numpy()
+
+    def _input_specs(self):
+        names = list(getattr(self.model, "input_names", None) or ["x"])
+        inputs = tf.nest.flatten(self.model.inputs) if getattr(self.model, "inputs", None) else None
+        if inputs is None:
+            raise ValueError("export needs a model with known inputs: build it with an Input shape or fit it")
+        return {name: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype, name=name)
+                for name, t in zip(names, inputs)}
+
+    def _call(self, features, names):
+        args = [features[k] for k in names]
+        return self.model(args[0] if len(args) == 1 else args, training=False)
+
+    def export(self, path: str, transform_output: Any = None, label_key: Optional[str] = None) -> str:
+        """Write a SavedModel with a ``serving_default`` signature; return ``path``.
+
+        Without ``transform_output`` the signature takes the model's inputs by their Keras input names (one
+        input of a Sequential model is usually named after its first layer); with it (a tf.Transform output,
+        as ``trainer_utils.export_model`` passes) it takes serialized tf.Examples, applies the transform graph
+        and feeds the transformed features of those names. Output: ``predictions`` (the model's output; a
+        width-1 output is flattened to [None]). Post-processing only: no privacy cost.
+        """
+        self._require_fit()
+        specs = self._input_specs()
+        names = list(specs)
+        module = tf.Module()
+        module.model = self.model
+
+        def outputs(out):
+            if out.shape.rank == 2 and out.shape[1] == 1:
+                out = tf.reshape(out, [-1])
+            return {"predictions": out}
+
+        if transform_output is None:
+            @tf.function(input_signature=[specs])
+            def serve(features):
+                return outputs(self._call(features, names))
+        else:
+            import tensorflow_transform as tft
+
+            if not isinstance(transform_output, tft.TFTransformOutput):
+                transform_output = tft.TFTransformOutput(str(transform_output))
+            module.tft_layer = transform_output.transform_features_layer()
+            raw_spec = dict(transform_output.raw_feature_spec())
+            if label_key is not None:
+                raw_spec.pop(label_key, None)
+
+            @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+            def serve(examples):
+                transformed = module.tft_layer(tf.io.parse_example(examples, raw_spec))
+                feats = {k: tf.reshape(tf.cast(transformed[k], specs[k].dtype),
+                                       [-1] + list(specs[k].shape[1:])) for k in names}
+                return outputs(self._call(feats, names))
+
+        tf.saved_model.save(module, str(path), signatures={"serving_default": serve.get_concrete_function()})
+        return str(path)
+
+
+def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], num_examples: int,
+                 clip_norm: float = 1.0, batch_size: int = 256, epochs: Union[int, float] = 1,
+                 optimizer: str = "sgd", learning_rate: Optional[float] = None, momentum: float = 0.0,
+                 loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
+                 seed: Optional[int] = None) -> PrivateModel:
+    """Wrap a tf.keras Sequential or Functional ``model`` for DP-SGD training; return a ``PrivateModel``.
+
+    ``privacy_budget=(epsilon, delta)``: what ``fit`` spends (add/remove one record). ``num_examples``: the
+    DP or public row count (``fn_args.num_examples``), never the exact count. Sensitivity of each step's
+    gradient sum: ``clip_norm``; noise std ``sigma * clip_norm`` with sigma calibrated on dp_accounting
+    (module docstring: mechanism, proof sketch). ``optimizer``: "sgd" (``momentum``) or "adam";
+    ``learning_rate`` defaults to 0.1 (sgd) / 0.001 (adam). ``loss``: None = the model's compiled loss, one
+    of ``LOSSES`` or a per-example Keras loss. ``per_example``: one of ``PER_EXAMPLE``. ``seed``: tests only;
+    refused inside ``training_seed`` (DPTrainer).
+    """
+    if not isinstance(model, tf.keras.Model):
+        raise ValueError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional model "
+                         "(tf.keras is Keras 2 here: import sage_tfx before TensorFlow)")
+    try:
+        epsilon, delta = privacy_budget
+    except (TypeError, ValueError):
+        raise ValueError(f"privacy_budget={privacy_budget!r} is invalid: pass (epsilon, delta)") from None
+    epsilon, delta = dpsgd.check_budget(epsilon, delta)
+    if num_examples is None:
+        raise ValueError("num_examples=None is invalid: pass the ledger's DP (or a public) row count "
+                         "(fn_args.num_examples), never the exact private count")
+    num_examples = _check_positive("num_examples", num_examples, integer=True)
+    batch_size = _check_positive("batch_size", batch_size, integer=True)
+    epochs = _check_positive("epochs", epochs)
+    clip_norm = _check_positive("clip_norm", clip_norm)
+    dpsgd.num_steps(num_examples, batch_size, epochs)  # batch_size <= num_examples, named in the error
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer={optimizer!r} is invalid: choose one of {OPTIMIZERS}")
+    if learning_rate is None:
+        learning_rate = 0.1 if optimizer == "sgd" else 0.001
+    learning_rate = _check_positive("learning_rate", learning_rate)
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+        raise ValueError(f"momentum={momentum!r} is invalid: must be in [0, 1)")
+    if optimizer == "adam" and momentum:
+        raise ValueError(f"momentum={momentum!r} is invalid with optimizer='adam': leave it at 0")
+    dpsgd.check_accountant(accountant)
+    if per_example not in PER_EXAMPLE:
+        raise ValueError(f"per_example={per_example!r} is invalid: choose one of {PER_EXAMPLE}")
+    if per_example == "ghost" and model.built and not _ghost_ok(model):
+        raise ValueError("per_example='ghost' is invalid for this model: the ghost engine needs a "
+                         "tf.keras.Sequential of Dense layers only; use per_example='auto' or 'vmap'")
+    if seed is not None and _seed_active():
+        fit_seeds(seed, _NAME)  # raises: an explicit seed inside training_seed (DPTrainer)
+    if loss is not None:
+        per_example_loss(loss, model)  # names a bad loss now, not after the data is read
+    return PrivateModel(model, epsilon=epsilon, delta=delta, num_examples=num_examples, clip_norm=clip_norm,
+                        batch_size=batch_size, epochs=epochs, optimizer=optimizer,
+                        learning_rate=learning_rate, momentum=float(momentum), accountant=accountant, loss=loss,
+                        per_example=per_example, seed=seed)
