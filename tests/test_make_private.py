@@ -255,3 +255,90 @@ def test_bad_models_and_fits():
         private.fit(np.zeros((20, 4)), np.zeros(20))
     with pytest.raises(ValueError, match="not fitted"):
         _bad().predict(np.zeros((2, 4)))
+
+
+# ------------------------------------------------------------------------------ inside DPTrainer
+
+KERAS_MODULE = '''
+import sage_tfx
+import tensorflow as tf
+from sage_tfx.components import trainer_utils
+from sage_tfx.models import make_private
+
+FEATURES = {"trip_miles": (0, 20), "trip_seconds": (0, 3600)}
+
+
+def run_fn(fn_args):
+    x, y = trainer_utils.load_examples(fn_args, FEATURES, "fare")
+    inputs = {k: tf.keras.Input(shape=(), name=k) for k in FEATURES}
+    h = tf.keras.layers.Concatenate()([tf.keras.layers.Reshape((1,))(v) for v in inputs.values()])
+    h = tf.keras.layers.Dense(8, activation="relu")(h)
+    model = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(h))
+    private = make_private(model, privacy_budget=fn_args.privacy_budget, num_examples=fn_args.num_examples,
+                           loss="mse", batch_size=trainer_utils.batch_size(fn_args, {}), epochs=5,
+                           clip_norm=1.0, optimizer="adam", learning_rate=0.05)
+    private.fit(x, y / 10.0)
+    trainer_utils.export_model(fn_args, private, FEATURES, output_scale=10.0)
+    return trainer_utils.report_spent(fn_args, private)
+'''
+
+
+@pytest.mark.slow
+def test_dp_trainer_runs_a_module_with_its_own_keras_model(tmp_path):
+    """The real taxi trips (tfx wheel) in a ledger, one grant; the DPTrainer executor runs a module file
+    that builds a Functional Keras model and trains it with make_private: the spend is audited within the
+    training share, and the served model (raw features by name, public ranges) predicts the eval split's
+    fares: measured MSE 20.5 and 18.5 $^2 (two grants) against fare variances of 109 and 101; bound 0.4 x variance,
+    as the example DNN module's test."""
+    import json
+    import os
+    import sys
+
+    from tfx.types import standard_artifacts
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from _taxi_world import block_examples, ingest_taxi
+
+    from sage_tfx.components.dp_trainer_executor import Executor
+    from sage_tfx.privacy import Ledger
+
+    split = {"preprocessing": 0.1, "count": 0.1, "training": 0.9, "validation": 0.9, "delta": 1e-6,
+             "rule": "pre+count+max(train+reject,val)"}
+    db, data = str(tmp_path / "ledger.db"), str(tmp_path / "data")
+    ledger = Ledger.open(db, create=True)
+    try:
+        ledger.create_stream("taxi", 100.0, 1e-4)
+        ingest_taxi(ledger, data, "simple")
+        blocks = ledger.blocks("taxi")
+        first = [b.id for b in blocks if b.end <= blocks[0].start + 3 * 365 * 86400]
+        grant = ledger.request("p1", "taxi", blocks=first, epsilon=1.1, delta=1e-6, meta={"split": split})
+        examples = block_examples(db, data, grant, tmp_path / "examples")
+        module = tmp_path / "module.py"
+        module.write_text(KERAS_MODULE)
+        model, run = standard_artifacts.Model(), standard_artifacts.ModelRun()
+        model.uri, run.uri = str(tmp_path / "model"), str(tmp_path / "model_run")
+        os.makedirs(model.uri)
+        os.makedirs(run.uri)
+        props = {"grant": grant.to_json(), "ledger": db, "module_file": str(module),
+                 "custom_config": json.dumps(None)}
+        Executor().Do({"examples": [examples]}, {"model": [model], "model_run": [run]}, props)
+    finally:
+        ledger.close()
+    spent = json.loads(model.get_string_custom_property("privacy_spent"))
+    assert spent["epsilon_spent"] <= 0.9 and spent["delta_spent"] == 1e-6
+    assert spent["audited_epsilon"] == pytest.approx(spent["epsilon_spent"], rel=1e-6)
+    assert spent["report"]["implementation"] == "make_private/vmap"
+    served = tf.saved_model.load(os.path.join(model.uri, "Format-Serving")).signatures["serving_default"]
+    out = served(trip_miles=tf.constant([1.0, 5.0]), trip_seconds=tf.constant([300.0, 1200.0]))["predictions"]
+    assert out.shape == (2,) and np.all(np.isfinite(out.numpy()))
+    from types import SimpleNamespace
+
+    from sage_tfx.components import trainer_utils
+
+    args = SimpleNamespace(eval_files=[os.path.join(examples.uri, "Split-eval", "*")], transform_graph_path=None)
+    x, fares = trainer_utils.load_examples(args, ["trip_miles", "trip_seconds"], "fare", split="eval")
+    pred = served(**{k: tf.constant(v) for k, v in x.items()})["predictions"].numpy()
+    fares = np.clip(fares, 0, 100)
+    mse, variance = float(np.mean((pred - fares) ** 2)), float(np.var(fares))
+    print("served MSE", mse, "fare variance", variance)
+    assert mse < 0.4 * variance, (mse, variance)
