@@ -40,6 +40,8 @@ _LAZY = {
     "dp_scale_to_0_1": "sage_tfx.transform",
     "dp_quantiles": "sage_tfx.transform",
     "dp_bucketize": "sage_tfx.transform",
+    "dp_vocabulary": "sage_tfx.transform",
+    "dp_compute_and_apply_vocabulary": "sage_tfx.transform",
     "PreprocessingBudget": "sage_tfx.transform",
     # SLAed validation (numpy/scipy)
     "DPLossValidator": "sage_tfx.validation",

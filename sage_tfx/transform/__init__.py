@@ -29,13 +29,14 @@ _ANALYZERS = (
     "dp_variance",
     "PerKeyMean",
 )
+_VOCABULARY = ("dp_vocabulary", "dp_compute_and_apply_vocabulary")  # in .vocabulary_analyzer
 _SCALING = ("dp_scale_to_z_score", "dp_scale_to_0_1", "dp_quantiles", "dp_bucketize")  # in .scaling
 
 __all__ = [
     "BUDGET_KEY", "EPSILON_FIELD", "PreprocessingBudget", "Spend", "budget_custom_config",
     "call_preprocessing_fn", "requested_epsilon", "requested_spends", "trace_requested_epsilon",
     "BudgetExceeded", "DPTransformError", "MissingBudget", "NonPrivateAnalyzer", "analyzer_seed", "noise_seed",
-    *_ANALYZERS, *_SCALING,
+    *_ANALYZERS, *_SCALING, *_VOCABULARY,
 ]
 
 
@@ -48,4 +49,8 @@ def __getattr__(name):
         from . import scaling
 
         return getattr(scaling, name)
+    if name in _VOCABULARY:
+        from . import vocabulary_analyzer
+
+        return getattr(vocabulary_analyzer, name)
     raise AttributeError(f"module 'sage_tfx.transform' has no attribute {name!r}")

@@ -1,0 +1,111 @@
+"""DP vocabularies (issue 11, part 2): DP partition selection on value counts (numpy only).
+
+`select_vocabulary` is the mechanism ``dp_vocabulary`` (in `vocabulary_analyzer`) runs ONCE
+in its Beam full pass, on the exact counts of the whole data set (like `noise.add_laplace`).
+
+Mechanism (Laplace thresholding, as PipelineDP's and Tumult's partition selection;
+Korolova et al. 2009 "Releasing search queries and clicks privately"; Gopi et al. 2020
+"Differentially private set union"). With m = max_contributions (each row adds 1 to the
+count of at most m distinct values; a row holds one value here, so m = 1 is exact) and
+b = m / epsilon:
+    noisy_v = count_v + Laplace(0, b)                  for every value v with count_v >= 1
+    keep v  iff  noisy_v >= tau,  tau = m + b * ln(m / (2 delta))   (= 1 + ln(1/(2 delta))/epsilon for m = 1)
+    release the kept values ordered by noisy_v (descending; ties by value), first top_k.
+Sensitivity: one row changes at most m counts by 1 each (L1 sensitivity m).
+Guarantee: (epsilon, delta)-DP. Proof sketch: let D' = D plus one row. Values whose count
+is >= 1 in both are released by the Laplace mechanism with scale m/epsilon on an L1-
+sensitivity-m vector (epsilon-DP) followed by a threshold and a sort (post-processing).
+A value present only in D' is held by the added row alone, so its
+count there is 1 <= m; it is released only if count + Laplace(b) >= tau, i.e. with
+probability <= P[Laplace(b) >= tau - m] = exp(-ln(m/(2 delta))) / 2 = delta / m. The row
+adds at most m such values, so by a union bound all of them stay hidden except with
+probability <= delta; on that event the output distributions are within e^epsilon.
+Counts of values absent from D are never drawn (no data-dependent domain).
+The noisy counts, never the exact ones, decide the order.
+"""
+import math
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+from .errors import DPTransformError
+from .noise import check_epsilon, make_rng
+
+
+def check_delta(delta, what: str = "delta") -> float:
+    """Return delta as a float; raise naming it unless 0 < delta < 1 (partition selection needs delta > 0)."""
+    try:
+        value = float(delta)
+    except (TypeError, ValueError):
+        raise DPTransformError(f"{what} must be a number in (0, 1), got {delta!r}") from None
+    if isinstance(delta, bool) or not math.isfinite(value) or not 0.0 < value < 1.0:
+        raise DPTransformError(
+            f"{what} must be in (0, 1), got {delta!r} (a data-dependent vocabulary needs delta > 0; "
+            "use e.g. 1e-6, well below 1 / number of rows)")
+    return value
+
+
+def check_positive_int(value, what: str, allow_none: bool = False) -> Optional[int]:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise DPTransformError(f"{what} must be an integer >= 1{' or None' if allow_none else ''}, got {value!r}")
+    return int(value)
+
+
+def threshold(epsilon: float, delta: float, max_contributions: int = 1) -> float:
+    """tau = m + (m / epsilon) * ln(m / (2 delta)): a value held by one row only passes with probability <= delta / m.
+
+    For m = 1 this is the brief's tau = 1 + ln(1 / (2 delta)) / epsilon. The ln(m / ...) term
+    (a union bound over the <= m values one row can add) keeps the total at <= delta for m > 1.
+    """
+    m = max_contributions
+    return m + (m / epsilon) * math.log(m / (2.0 * delta))
+
+
+def select_vocabulary(counts: Dict, *, epsilon: float, delta: float, top_k: Optional[int] = None,
+                      max_contributions: int = 1, seed: Optional[int] = None, stream: str = "") -> List:
+    """The DP vocabulary of exact `counts` (value -> number of rows): kept values, by noisy count, descending.
+
+    (epsilon, delta)-DP, see the module docstring. Values with count <= 0 are ignored (they
+    are not in the data). One Laplace draw per value present, in a fixed (sorted) order, from
+    `noise.make_rng(seed, stream)`: seed=None draws fresh OS entropy; a seed is for tests.
+    """
+    epsilon = check_epsilon(epsilon, "select_vocabulary: epsilon")
+    delta = check_delta(delta, "select_vocabulary: delta")
+    m = check_positive_int(max_contributions, "select_vocabulary: max_contributions")
+    top_k = check_positive_int(top_k, "select_vocabulary: top_k", allow_none=True)
+    values = sorted(v for v, c in counts.items() if c > 0)
+    if not values:
+        return []
+    exact = np.array([float(counts[v]) for v in values])
+    noisy = exact + make_rng(seed, stream).laplace(0.0, m / epsilon, size=exact.shape)
+    tau = threshold(epsilon, delta, m)
+    kept = [(-n, v) for n, v in zip(noisy, values) if n >= tau]
+    kept.sort()
+    vocabulary = [v for _, v in kept]
+    return vocabulary if top_k is None else vocabulary[:top_k]
+
+
+def apply_vocabulary(values: Sequence, vocabulary: Sequence, *, num_oov_buckets: int = 1,
+                     default_value: int = -1) -> np.ndarray:
+    """Ids as tft.apply_vocabulary: index in `vocabulary`; else len(vocabulary) + hash bucket, or default_value.
+
+    Post-processing of the DP vocabulary and the row's own value: no privacy cost. The OOV
+    bucket uses a stable hash (crc32 of the value's bytes), not tft's FarmHash.
+    """
+    import zlib
+
+    if isinstance(num_oov_buckets, bool) or not isinstance(num_oov_buckets, (int, np.integer)) or num_oov_buckets < 0:
+        raise DPTransformError(f"apply_vocabulary: num_oov_buckets must be an integer >= 0, got {num_oov_buckets!r}")
+    index = {v: i for i, v in enumerate(vocabulary)}
+    out = []
+    for v in values:
+        if v in index:
+            out.append(index[v])
+        elif num_oov_buckets == 0:
+            out.append(default_value)
+        else:
+            raw = v if isinstance(v, bytes) else str(v).encode("utf-8")
+            out.append(len(vocabulary) + zlib.crc32(raw) % num_oov_buckets)
+    return np.array(out, dtype=np.int64)

@@ -1,0 +1,137 @@
+"""`dp_vocabulary` / `dp_compute_and_apply_vocabulary`: the tf.Transform side of `vocabulary.select_vocabulary`.
+
+The TensorFlow graph only passes each batch's values to a full-pass analyzer; the Beam
+PTransform `_VocabularyOnce` (a `_NoiseOnce`, so DPTransform's analyzer check accepts it)
+counts every value over the whole data set and runs `select_vocabulary` ONCE. The
+released vocabulary (a 1-D string tensor) is baked into the transform graph.
+
+Budget (delta): `budget.record_spend` and DPTransform's grant are pure epsilon (the
+executor writes delta = 0.0 in its spend record). Rather than release an (epsilon, delta)
+vocabulary under a record claiming delta = 0, these analyzers REFUSE to be traced under
+DPTransform (inside `noise_seed`) until the ledger accounts delta. Outside it (plain
+tf.Transform) they record epsilon with `record_spend` and their delta in the graph
+collection DELTA_COLLECTION (summed by `requested_delta`), for the executor to check later.
+"""
+import collections
+from typing import Optional
+
+import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
+import apache_beam as beam
+import numpy as np
+import tensorflow as tf
+import tensorflow_transform as tft
+
+from .analyzers import _NoiseOnce, _dense_vector
+from .budget import record_spend
+from .errors import DPTransformError
+from .noise import check_epsilon, check_seed
+from .seeding import _GRANT_SEED, resolve_seed
+from .vocabulary import check_delta, check_positive_int, select_vocabulary
+
+
+DELTA_COLLECTION = "sage_tfx_transform_dp_delta"
+
+
+def requested_delta(graph: Optional[tf.Graph] = None) -> float:
+    """Total delta the DP vocabularies traced in `graph` (default: the current graph) ask for."""
+    graph = graph or tf.compat.v1.get_default_graph()
+    return float(sum(graph.get_collection(DELTA_COLLECTION)))
+
+
+class _CountValuesFn(beam.CombineFn):
+    def create_accumulator(self):
+        return collections.Counter()
+
+    def add_input(self, acc, batch):
+        (values,) = batch
+        acc.update(bytes(v) if not isinstance(v, bytes) else v for v in np.asarray(values).reshape(-1))
+        return acc
+
+    def merge_accumulators(self, accs):
+        accs = iter(accs)
+        merged = next(accs)
+        for other in accs:
+            merged.update(other)
+        return merged
+
+    def extract_output(self, acc):
+        return acc
+
+
+class _VocabularyOnce(_NoiseOnce):
+    """Exact value counts of the whole data set, then ONE `select_vocabulary` draw: one 1-D bytes array."""
+
+    def __init__(self, epsilon, delta, top_k, max_contributions, seed, stream):
+        super().__init__([], [], None, 1, seed, stream)
+        self._args = dict(epsilon=epsilon, delta=delta, top_k=top_k, max_contributions=max_contributions)
+
+    def expand(self, pcoll):
+        args, seed, stream = self._args, self._seed, self._stream
+
+        def select(counts):
+            vocab = select_vocabulary(dict(counts), seed=seed, stream=stream, **args)
+            return np.array(vocab, dtype=object) if vocab else np.array([], dtype=object)
+
+        return (pcoll | "CountAllValues" >> beam.CombineGlobally(_CountValuesFn())
+                | "SelectOnce" >> beam.Map(select),)
+
+
+def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional[int] = None,
+                  max_contributions: int = 1, seed: Optional[int] = None, name: Optional[str] = None) -> tf.Tensor:
+    """The DP vocabulary of string feature x: a 1-D tf.string tensor, kept values by noisy count (descending).
+
+    Mechanism, sensitivity and the (epsilon, delta)-DP proof: `sage_tfx.transform.vocabulary`
+    (Laplace partition selection, scale max_contributions/epsilon, threshold
+    tau = m + (m/epsilon) ln(m/(2 delta))). One row holds one value, so max_contributions=1
+    is exact; a larger value only adds noise. Records epsilon with `record_spend`; the
+    preprocessing budget has no delta field (see the module `vocabulary_analyzer` report).
+    """
+    label = "dp_vocabulary"
+    epsilon = check_epsilon(epsilon, f"{label}: epsilon")
+    delta = check_delta(delta, f"{label}: delta")
+    top_k = check_positive_int(top_k, f"{label}: top_k", allow_none=True)
+    m = check_positive_int(max_contributions, f"{label}: max_contributions")
+    seed = check_seed(seed)
+    x = _dense_vector(x, "x", label)
+    if x.dtype != tf.string:
+        raise DPTransformError(f"{label}: x must be a tf.string tensor, got dtype {x.dtype.name} (tf.strings.as_string it)")
+    if _GRANT_SEED.get() is not None:
+        raise DPTransformError(
+            f"{label}: delta={delta!r} > 0 is needed to release a data-dependent vocabulary, but DPTransform's "
+            "preprocessing share is pure epsilon (its spend record says delta=0.0). Use a public vocabulary with "
+            "sage_tfx.transform.dp_histogram(x, epsilon, vocabulary=[...]) inside DPTransform")
+    with tf.compat.v1.name_scope(name, label) as scope:
+        record_spend(scope.rstrip("/"), epsilon)
+        tf.compat.v1.add_to_collection(DELTA_COLLECTION, delta)
+        seed = resolve_seed(seed, scope)
+        (vocab,) = tft.experimental.ptransform_analyzer(
+            inputs=[x], ptransform=_VocabularyOnce(epsilon, delta, top_k, m, seed, stream=scope),
+            output_dtypes=[tf.string], output_shapes=[[None]], name="vocabulary_once")
+        return vocab
+
+
+def dp_compute_and_apply_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional[int] = None,
+                                    num_oov_buckets: int = 1, default_value: int = -1, seed: Optional[int] = None,
+                                    name: Optional[str] = None) -> tf.Tensor:
+    """int64 id of each row's value in `dp_vocabulary(x, ...)`; OOV: len(vocab) + hash bucket, or default_value.
+
+    Same (epsilon, delta)-DP guarantee as dp_vocabulary; the lookup is post-processing of the
+    released vocabulary and the row's own value. OOV buckets use tf.strings.to_hash_bucket_fast.
+    """
+    if isinstance(num_oov_buckets, bool) or not isinstance(num_oov_buckets, (int, np.integer)) or num_oov_buckets < 0:
+        raise DPTransformError(
+            f"dp_compute_and_apply_vocabulary: num_oov_buckets must be an integer >= 0, got {num_oov_buckets!r}")
+    with tf.compat.v1.name_scope(name, "dp_compute_and_apply_vocabulary"):
+        vocab = dp_vocabulary(x, epsilon, delta, top_k=top_k, seed=seed)
+        x = _dense_vector(x, "x", "dp_compute_and_apply_vocabulary")
+        size = tf.size(vocab, out_type=tf.int64)
+        hit = tf.equal(tf.expand_dims(x, 1), tf.expand_dims(vocab, 0))  # [batch, len(vocab)]
+        found = tf.reduce_any(hit, axis=1)
+        # a padding column keeps argmax defined when the DP vocabulary is empty (nothing may fail after the charge)
+        padded = tf.concat([tf.cast(hit, tf.int64), tf.zeros([tf.shape(x)[0], 1], tf.int64)], axis=1)
+        index = tf.argmax(padded, axis=1, output_type=tf.int64)
+        if num_oov_buckets == 0:
+            oov = tf.fill(tf.shape(x), tf.constant(default_value, tf.int64))
+        else:
+            oov = size + tf.strings.to_hash_bucket_fast(x, num_oov_buckets)
+        return tf.where(found, index, oov)

@@ -1,0 +1,178 @@
+"""DP partition selection behind the DP vocabulary (sage_tfx.transform.vocabulary; numpy only, fast)."""
+import math
+import tempfile
+
+import numpy as np
+import pytest
+
+from sage_tfx.transform.errors import DPTransformError
+from sage_tfx.transform.vocabulary import apply_vocabulary, select_vocabulary, threshold
+
+
+def test_threshold_matches_the_formula():
+    assert threshold(1.0, 1e-6) == pytest.approx(1 + math.log(1 / 2e-6))
+    assert threshold(0.5, 1e-5, 2) == pytest.approx(2 + 4 * math.log(2 / 2e-5))
+
+
+def test_frequent_values_kept_rare_ones_dropped():
+    counts = {"a": 1000, "b": 500, "c": 200}
+    counts.update({f"rare{i}": 1 for i in range(200)})
+    for seed in range(5):
+        vocab = select_vocabulary(counts, epsilon=1.0, delta=1e-6, seed=seed)
+        assert vocab == ["a", "b", "c"]  # ordered by noisy count; gaps >> Laplace(1) noise
+    assert select_vocabulary(counts, epsilon=1.0, delta=1e-6, top_k=2, seed=0) == ["a", "b"]
+
+
+def test_single_row_values_released_with_probability_at_most_delta():
+    # 20000 draws of a count-1 value at delta = 0.01: P(release) = delta exactly for Laplace.
+    # Expected releases 200, sd ~14.1; failing bound 200 + 5 sd = 270.5 (false failure < 1e-6).
+    delta, n = 0.01, 20000
+    counts = {f"v{i}": 1 for i in range(n)}
+    released = len(select_vocabulary(counts, epsilon=1.0, delta=delta, seed=123))
+    assert released <= n * delta + 5 * math.sqrt(n * delta * (1 - delta))
+    assert released >= n * delta - 5 * math.sqrt(n * delta * (1 - delta))  # the calibration is not far too strict
+
+
+def test_order_uses_noisy_counts_and_seed_reproduces():
+    counts = {"x": 10, "y": 10, "z": 10}
+    a = select_vocabulary(counts, epsilon=0.1, delta=0.4, seed=7)
+    assert a == select_vocabulary(counts, epsilon=0.1, delta=0.4, seed=7)
+    orders = {tuple(select_vocabulary(counts, epsilon=0.1, delta=0.4, seed=s)) for s in range(30)}
+    assert len(orders) > 1  # equal exact counts, different noisy orders
+
+
+@pytest.mark.parametrize("kwargs", [dict(delta=0.0), dict(delta=1.0), dict(epsilon=-1), dict(top_k=0),
+                                    dict(max_contributions=0)])
+def test_bad_arguments_are_named(kwargs):
+    args = dict(epsilon=1.0, delta=1e-6)
+    args.update(kwargs)
+    with pytest.raises(DPTransformError, match=next(iter(kwargs))):
+        select_vocabulary({"a": 5}, **args)
+
+
+def test_apply_vocabulary_ids_and_oov():
+    vocab = ["a", "b"]
+    ids = apply_vocabulary(["b", "a", "zz"], vocab, num_oov_buckets=3)
+    assert list(ids[:2]) == [1, 0] and 2 <= ids[2] < 5
+    assert list(apply_vocabulary(["zz", "a"], vocab, num_oov_buckets=0, default_value=-1)) == [-1, 0]
+    with pytest.raises(DPTransformError, match="num_oov_buckets"):
+        apply_vocabulary(["a"], vocab, num_oov_buckets=-1)
+
+
+# ---------------------------------------------------------------- the tf.Transform analyzers (Beam runs, ~3 s each)
+
+
+def _run(fn, rows, batch_size=50):
+    import tensorflow as tf
+    import tensorflow_transform as tft
+    import tensorflow_transform.beam as tft_beam
+
+    spec = {"s": tf.io.FixedLenFeature([], tf.string)}
+    with tft_beam.Context(temp_dir=tempfile.mkdtemp(), desired_batch_size=batch_size):
+        (data, _), _ = (rows, tft.DatasetMetadata.from_feature_spec(spec)) | tft_beam.AnalyzeAndTransformDataset(fn)
+    return data
+
+
+_ROWS = [{"s": "a"}] * 300 + [{"s": "b"}] * 200 + [{"s": "c"}] * 100
+
+
+@pytest.mark.tf
+def test_ids_match_tft_compute_and_apply_vocabulary_when_every_value_is_frequent():
+    import tensorflow_transform as tft
+
+    from sage_tfx.transform import dp_compute_and_apply_vocabulary
+
+    def fn(i):
+        return {"dp": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=0, seed=3),
+                "tft": tft.compute_and_apply_vocabulary(i["s"])}
+
+    rows = _ROWS + [{"s": f"rare{k}"} for k in range(10)]
+    data = _run(fn, rows)
+    frequent = [r for r, raw in zip(data, rows) if not raw["s"].startswith("rare")]
+    assert all(r["dp"] == r["tft"] for r in frequent)
+    # rare values (count 1) are dropped at delta = 1e-6 and take default_value
+    assert all(r["dp"] == -1 for r in data[len(_ROWS):])
+
+
+@pytest.mark.tf
+def test_the_vocabulary_is_drawn_once_for_all_batches_and_oov_hashes_after_it():
+    from sage_tfx.transform import dp_compute_and_apply_vocabulary, dp_vocabulary
+
+    # equal counts: the order is decided by noise only, so per-batch draws would disagree
+    rows = [{"s": v} for _ in range(100) for v in ("x", "y", "z")] + [{"s": "once"}]
+
+    def fn(i):
+        vocab = dp_vocabulary(i["s"], 1.0, 1e-6, seed=11, name="v")
+        return {"id": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=2, seed=11, name="v2"),
+                "n": tf_size(vocab, i["s"])}
+
+    data = _run(fn, rows, batch_size=7)
+    by_value = {}
+    for raw, out in zip(rows, data):
+        by_value.setdefault(raw["s"], set()).add(int(out["id"]))
+    assert all(len(ids) == 1 for ids in by_value.values())  # one id per value across ~43 batches
+    assert sorted(next(iter(by_value[v])) for v in "xyz") == [0, 1, 2]
+    assert next(iter(by_value["once"])) in (3, 4)
+    assert {int(r["n"]) for r in data} == {3}
+
+
+def tf_size(vocab, x):
+    import tensorflow as tf
+
+    return tf.fill(tf.shape(x), tf.size(vocab, out_type=tf.int64))
+
+
+@pytest.mark.tf
+def test_budget_records_epsilon_and_delta_check_accepts_it_and_dptransform_refuses_delta():
+    import tensorflow as tf
+    import tensorflow_transform as tft
+    from tensorflow_transform import impl_helper
+
+    from sage_tfx.components.dp_transform_executor import NonPrivateAnalyzer, check_traced_analyzers, trace_spend
+    from sage_tfx.transform import dp_compute_and_apply_vocabulary, dp_vocabulary
+    from sage_tfx.transform.budget import requested_spends
+    from sage_tfx.transform.vocabulary_analyzer import requested_delta
+
+    spec = {"s": tf.io.FixedLenFeature([], tf.string)}
+
+    def fn(i):
+        v = dp_vocabulary(i["s"], 0.25, 1e-6, seed=1)
+        return {"id": dp_compute_and_apply_vocabulary(i["s"], 0.5, 2e-6, seed=2),
+                "n": tf.fill(tf.shape(i["s"]), tf.size(v))}
+
+    graph, _, _ = impl_helper.trace_preprocessing_function(fn, spec, use_tf_compat_v1=True)
+    check_traced_analyzers(graph)  # our PTransform is accepted (and seeded)
+    assert sorted(s.epsilon for s in requested_spends(graph)) == [0.25, 0.5]
+    assert requested_delta(graph) == pytest.approx(3e-6)
+    with pytest.raises(NonPrivateAnalyzer, match="not differentially private"):
+        trace_spend(lambda i: {"o": tft.compute_and_apply_vocabulary(i["s"])}, spec, {}, grant_seed=7)
+    # DPTransform's grant is pure epsilon: an (epsilon, delta) vocabulary is refused there, by name
+    with pytest.raises(DPTransformError, match=r"dp_vocabulary: delta=1e-06 > 0.*pure epsilon.*dp_histogram"):
+        trace_spend(lambda i: {"o": dp_compute_and_apply_vocabulary(i["s"], 0.5, 1e-6)}, spec, {}, grant_seed=7)
+
+
+@pytest.mark.tf
+def test_an_empty_dp_vocabulary_maps_every_row_to_oov_without_failing():
+    from sage_tfx.transform import dp_compute_and_apply_vocabulary
+
+    rows = [{"s": f"rare{k}"} for k in range(20)]
+    data = _run(lambda i: {"a": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=0, seed=3),
+                           "b": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=2, seed=3,
+                                                                name="b")}, rows)
+    assert all(r["a"] == -1 and r["b"] in (0, 1) for r in data)
+
+
+@pytest.mark.tf
+def test_bad_analyzer_arguments_are_named():
+    import tensorflow as tf
+
+    from sage_tfx.transform import dp_compute_and_apply_vocabulary, dp_vocabulary
+
+    with tf.Graph().as_default():
+        s = tf.compat.v1.placeholder(tf.string, [None])
+        with pytest.raises(DPTransformError, match="delta"):
+            dp_vocabulary(s, 1.0, 0.0)
+        with pytest.raises(DPTransformError, match="num_oov_buckets"):
+            dp_compute_and_apply_vocabulary(s, 1.0, 1e-6, num_oov_buckets=-1)
+        with pytest.raises(DPTransformError, match="tf.string"):
+            dp_vocabulary(tf.compat.v1.placeholder(tf.int64, [None]), 1.0, 1e-6)
