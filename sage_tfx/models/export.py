@@ -48,14 +48,7 @@ def export_saved_model(path, keras_model, layout, outputs_fn, transform_output=N
 
         signature = serve.get_concrete_function()
     else:
-        import tensorflow_transform as tft
-
-        if not isinstance(transform_output, tft.TFTransformOutput):
-            transform_output = tft.TFTransformOutput(str(transform_output))
-        module.tft_layer = transform_output.transform_features_layer()
-        raw_spec = dict(transform_output.raw_feature_spec())
-        if label_key is not None:
-            raw_spec.pop(label_key, None)
+        raw_spec = attach_transform(module, transform_output, label_key)
 
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
         def serve(examples):
@@ -67,3 +60,17 @@ def export_saved_model(path, keras_model, layout, outputs_fn, transform_output=N
 
     tf.saved_model.save(module, str(path), signatures={"serving_default": signature})
     return str(path)
+
+
+def attach_transform(module, transform_output, label_key=None):
+    """Attach a tf.Transform graph's layer to ``module`` (as ``module.tft_layer``, saved with it); return the raw
+    feature spec the serving signature parses: every raw feature but the label."""
+    import tensorflow_transform as tft
+
+    if not isinstance(transform_output, tft.TFTransformOutput):
+        transform_output = tft.TFTransformOutput(str(transform_output))
+    module.tft_layer = transform_output.transform_features_layer()
+    raw_spec = dict(transform_output.raw_feature_spec())
+    if label_key is not None:
+        raw_spec.pop(label_key, None)
+    return raw_spec

@@ -384,14 +384,9 @@ class PrivateModel:
             def serve(features):
                 return outputs(self._call(features, names))
         else:
-            import tensorflow_transform as tft
+            from sage_tfx.models.export import attach_transform
 
-            if not isinstance(transform_output, tft.TFTransformOutput):
-                transform_output = tft.TFTransformOutput(str(transform_output))
-            module.tft_layer = transform_output.transform_features_layer()
-            raw_spec = dict(transform_output.raw_feature_spec())
-            if label_key is not None:
-                raw_spec.pop(label_key, None)
+            raw_spec = attach_transform(module, transform_output, label_key)
 
             @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
             def serve(examples):
