@@ -29,11 +29,19 @@ def check_value_range(value_range, what="value_range"):
     return check_epsilon(value_range, what)
 
 
+def check_int(value, what, least=1, allow_none=False, fix=None):
+    """Return ``value`` as an int; raise naming it unless an integer >= ``least`` (or None if ``allow_none``)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise DPTransformError(f"{what} must be an integer >= {least}{' or None' if allow_none else ''}, got "
+                               f"{value!r}" + (f" ({fix})" if fix else ""))
+    return int(value)
+
+
 def check_nkeys(nkeys, what="nkeys"):
     """Return the number of keys as an int; raise naming it unless an integer >= 1."""
-    if isinstance(nkeys, bool) or not isinstance(nkeys, (int, np.integer)) or nkeys < 1:
-        raise DPTransformError(f"{what} must be an integer >= 1, got {nkeys!r}")
-    return int(nkeys)
+    return check_int(nkeys, what)
 
 
 def check_seed(seed):

@@ -28,7 +28,7 @@ import tensorflow_transform as tft
 from .analyzers import _NoiseOnce, _check_common, _dense_vector
 from .budget import record_spend
 from .errors import DPTransformError
-from .noise import check_value_range, guarded_variance
+from .noise import check_int, check_value_range, guarded_variance
 from .seeding import resolve_seed
 
 ValueRange = Union[float, Tuple[float, float]]
@@ -57,12 +57,6 @@ def _check_range(value_range, label) -> Tuple[float, float]:
             raise DPTransformError(f"{label}: value_range {value_range!r} needs low < high; {fix}")
         return low, high
     return 0.0, check_value_range(value_range, f"{label}: value_range")
-
-
-def _check_int(value, least, what, fix):
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-        raise DPTransformError(f"{what} must be an integer >= {least}, got {value!r} ({fix})")
-    return int(value)
 
 
 def _check_fraction(value, what, upper, fix):
@@ -176,9 +170,9 @@ def _dp_quantile_positions(label, x, levels, epsilon, low, high, grid_size, seed
 
 def _quantile_args(label, num_buckets, epsilon, value_range, grid_size, seed):
     epsilon, seed, _, _ = _check_common(label, epsilon, seed)
-    num_buckets = _check_int(num_buckets, 2, f"{label}: num_buckets",
-                             "num_buckets - 1 boundaries split the values into num_buckets buckets")
-    grid_size = _check_int(grid_size, 2, f"{label}: grid_size", "the number of cells of the public grid")
+    num_buckets = check_int(num_buckets, f"{label}: num_buckets", 2,
+                            fix="num_buckets - 1 boundaries split the values into num_buckets buckets")
+    grid_size = check_int(grid_size, f"{label}: grid_size", 2, fix="the number of cells of the public grid")
     low, high = _check_range(value_range, label)
     return epsilon, seed, num_buckets, low, high, grid_size
 
@@ -205,13 +199,18 @@ def dp_quantiles(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: Va
 
     `seed` is for tests only (None draws fresh OS entropy).
     """
-    label = "dp_quantiles"
+    _, boundaries = _dp_boundaries("dp_quantiles", x, num_buckets, epsilon, value_range, grid_size, seed, name)
+    return boundaries
+
+
+def _dp_boundaries(label, x, num_buckets, epsilon, value_range, grid_size, seed, name):
+    """(x as analyzed, the num_buckets - 1 DP boundaries as float32 [1, num_buckets - 1]): dp_quantiles' release."""
     epsilon, seed, num_buckets, low, high, grid_size = _quantile_args(
         label, num_buckets, epsilon, value_range, grid_size, seed)
     levels = [i / num_buckets for i in range(1, num_buckets)]
     with tf.compat.v1.name_scope(name, label) as scope:
-        _, _, positions = _dp_quantile_positions(label, x, levels, epsilon, low, high, grid_size, seed, scope)
-        return tf.reshape(tf.cast(positions, tf.float32), [1, num_buckets - 1])
+        x, _, positions = _dp_quantile_positions(label, x, levels, epsilon, low, high, grid_size, seed, scope)
+        return x, tf.reshape(tf.cast(positions, tf.float32), [1, num_buckets - 1])
 
 
 def dp_bucketize(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: ValueRange, *,
@@ -225,14 +224,8 @@ def dp_bucketize(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: Va
     0, at or above the last num_buckets - 1. A NaN row gets num_buckets - 1, tft.apply_buckets' own rule
     (a public default), and counts in no cell of the analysis.
     """
-    label = "dp_bucketize"
-    epsilon, seed, num_buckets, low, high, grid_size = _quantile_args(
-        label, num_buckets, epsilon, value_range, grid_size, seed)
-    levels = [i / num_buckets for i in range(1, num_buckets)]
-    with tf.compat.v1.name_scope(name, label) as scope:
-        x, _, positions = _dp_quantile_positions(label, x, levels, epsilon, low, high, grid_size, seed, scope)
-        boundaries = tf.reshape(tf.cast(positions, tf.float32), [1, num_buckets - 1])
-        return tft.apply_buckets(x, boundaries)
+    x, boundaries = _dp_boundaries("dp_bucketize", x, num_buckets, epsilon, value_range, grid_size, seed, name)
+    return tft.apply_buckets(x, boundaries)
 
 
 def dp_scale_to_0_1(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, tail: float = DEFAULT_TAIL,
@@ -259,7 +252,7 @@ def dp_scale_to_0_1(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, ta
     label = "dp_scale_to_0_1"
     epsilon, seed, _, _ = _check_common(label, epsilon, seed)
     tail = _check_fraction(tail, f"{label}: tail", 0.5, "the fraction of rows mapped to 0 (and to 1), e.g. 0.01")
-    grid_size = _check_int(grid_size, 2, f"{label}: grid_size", "the number of cells of the public grid")
+    grid_size = check_int(grid_size, f"{label}: grid_size", 2, fix="the number of cells of the public grid")
     low, high = _check_range(value_range, label)
     with tf.compat.v1.name_scope(name, label) as scope:
         x, values, positions = _dp_quantile_positions(label, x, [tail, 1.0 - tail], epsilon, low, high, grid_size,

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .errors import DPTransformError
-from .noise import check_epsilon, make_rng
+from .noise import check_epsilon, check_int, make_rng
 
 
 def check_delta(delta, what: str = "delta") -> float:
@@ -43,14 +43,6 @@ def check_delta(delta, what: str = "delta") -> float:
             f"{what} must be in (0, 1), got {delta!r} (a data-dependent vocabulary needs delta > 0; "
             "use e.g. 1e-6, well below 1 / number of rows)")
     return value
-
-
-def check_positive_int(value, what: str, allow_none: bool = False) -> Optional[int]:
-    if value is None and allow_none:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise DPTransformError(f"{what} must be an integer >= 1{' or None' if allow_none else ''}, got {value!r}")
-    return int(value)
 
 
 def threshold(epsilon: float, delta: float, max_contributions: int = 1) -> float:
@@ -73,8 +65,8 @@ def select_vocabulary(counts: Dict, *, epsilon: float, delta: float, top_k: Opti
     """
     epsilon = check_epsilon(epsilon, "select_vocabulary: epsilon")
     delta = check_delta(delta, "select_vocabulary: delta")
-    m = check_positive_int(max_contributions, "select_vocabulary: max_contributions")
-    top_k = check_positive_int(top_k, "select_vocabulary: top_k", allow_none=True)
+    m = check_int(max_contributions, "select_vocabulary: max_contributions")
+    top_k = check_int(top_k, "select_vocabulary: top_k", allow_none=True)
     values = sorted(v for v, c in counts.items() if c > 0)
     if not values:
         return []

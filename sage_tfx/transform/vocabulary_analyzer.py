@@ -26,7 +26,8 @@ from .budget import record_spend
 from .errors import DPTransformError
 from .noise import check_epsilon, check_seed
 from .seeding import _GRANT_SEED, resolve_seed
-from .vocabulary import check_delta, check_positive_int, select_vocabulary
+from .noise import check_int
+from .vocabulary import check_delta, select_vocabulary
 
 
 DELTA_COLLECTION = "sage_tfx_transform_dp_delta"
@@ -89,8 +90,8 @@ def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional
     label = "dp_vocabulary"
     epsilon = check_epsilon(epsilon, f"{label}: epsilon")
     delta = check_delta(delta, f"{label}: delta")
-    top_k = check_positive_int(top_k, f"{label}: top_k", allow_none=True)
-    m = check_positive_int(max_contributions, f"{label}: max_contributions")
+    top_k = check_int(top_k, f"{label}: top_k", allow_none=True)
+    m = check_int(max_contributions, f"{label}: max_contributions")
     seed = check_seed(seed)
     x = _dense_vector(x, "x", label)
     if x.dtype != tf.string:
