@@ -33,12 +33,12 @@ import os
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._grant import SEED_PURPOSES, check_grant, computation_digest, open_release
+from sage_tfx.components._grant import check_grant, computation_digest, open_release
 from sage_tfx.privacy import GrantError, require_budget, stage_budget
 from sage_tfx.transform.errors import NonPrivateAnalyzer  # raised here, and by noise_seed for an explicit seed=
 
 STAGE = "preprocessing"
-SEED_PURPOSE = SEED_PURPOSES[STAGE]
+PLANNING_SEED = 0  # traces the function for the plan and its fingerprint; the release's seed runs the analysis
 COMPUTATION_PROPERTY = "release_computation"  # the fingerprint of the release an artifact came from
 TRANSFORMED_EXAMPLES_PREFIX = "transformed_examples"  # TFX Transform's file prefix
 TEMP_DIR = ".temp_path"  # inside the transform graph's URI while the analysis runs, as TFX's Transform
@@ -311,8 +311,6 @@ class _EncodeExamples:
 class Executor(base_beam_executor.BaseBeamExecutor):
 
     def Do(self, input_dict, output_dict, exec_properties):
-        from sage_tfx.privacy import Ledger
-
         ledger = exec_properties.get("ledger")
         # The one door: grant, provenance, analyzers and budget are all checked before a record is read.
         grant = check_grant(ledger, exec_properties.get("grant"), stream=exec_properties.get("stream") or None)
@@ -322,12 +320,12 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         if read_under != grant.id:
             raise GrantError(f"the Examples artifact was read under grant {read_under or 'none'!r}, not "
                              f"{grant.id!r}: preprocess only data the grant covers")
-        with Ledger.open(ledger) as opened:
-            grant_seed = opened.private_seed(grant.id, SEED_PURPOSE)
-        plan = preprocessing_plan(exec_properties, grant, examples, grant_seed)
+        # The plan traces the function with a placeholder seed: no seed enters the traced graph, so the
+        # fingerprint is the same, and the grant's seed is handed out only once the release is open.
+        plan = preprocessing_plan(exec_properties, grant, examples, PLANNING_SEED)
         # One release per grant: a different preprocessing_fn (another traced graph) under this grant is
         # refused here, before the analysis draws any noise.
-        open_release(ledger, grant, STAGE, plan["computation"], plan["epsilon"])
+        grant_seed = open_release(ledger, grant, STAGE, plan["computation"], plan["epsilon"])
 
         graph = artifact_utils.get_single_instance(output_dict["transform_graph"])
         transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])
