@@ -5,14 +5,15 @@ Order of work (the privacy argument depends on it):
 2. load the preprocessing_fn and the raw schema, and trace the function on placeholders (no data): refuse it
    if it uses any tf.Transform analyzer that is not one of Sage's DP analyzers (tft.mean, tft.min/max,
    scale_to_z_score, vocabularies... would bake an exact statistic into the graph), and refuse it unless
-   the grant's preprocessing share (its signed ``meta["split"]``) covers the epsilon it spends;
+   the grant's preprocessing share (its signed ``meta["split"]``) covers the epsilon and the delta it spends
+   (delta: the DP vocabularies' partition selection, paid from the split's ``preprocessing_delta``);
 3. only then read records: analyze the ``analyze`` splits (default: train) and transform every
    ``transform`` split (default: all) with tf.Transform, the budget passed to the function in
    ``custom_config`` (``budget_custom_config``).
 
 What the grant pays for: the analysis reads the records of the analyze splits only; it is ONE
-(epsilon_spent, 0)-DP release over those records (basic composition over the DP analyzers), within the
-preprocessing share that the ledger charged to every block of the grant. The transform phase releases
+(epsilon_spent, delta_spent)-DP release over those records (basic composition over the DP analyzers),
+within the preprocessing share that the ledger charged to every block of the grant. The transform phase releases
 nothing: each transformed record is a function of that record and of the noisy tables alone.
 
 Noise: the DP analyzers draw from a seed derived from the ledger's private seed for (grant,
@@ -151,10 +152,9 @@ def check_traced_analyzers(graph):
         "min_and_max": "sage_tfx.transform.dp_scale_to_0_1 (or dp_quantiles for DP low/high quantiles)",
         "bucketize": "sage_tfx.transform.dp_bucketize(x, num_buckets, epsilon, value_range)",
         "quantiles": "sage_tfx.transform.dp_quantiles(x, num_buckets, epsilon, value_range) (or dp_bucketize)",
-        "compute_and_apply_vocabulary": "a public vocabulary, counted with sage_tfx.transform.dp_histogram(x, "
-                                        "epsilon, vocabulary=[...]) (DP vocabularies are coming)",
-        "vocabulary": "a public vocabulary, counted with sage_tfx.transform.dp_histogram(x, epsilon, "
-                      "vocabulary=[...]) (DP vocabularies are coming)",
+        "compute_and_apply_vocabulary": "sage_tfx.transform.dp_compute_and_apply_vocabulary(x, epsilon, delta, "
+                                        "top_k=...) (or a public vocabulary: apply_public_vocabulary)",
+        "vocabulary": "sage_tfx.transform.dp_vocabulary(x, epsilon, delta, top_k=...)",
         "sum": "sage_tfx.transform.dp_sum_per_key (one key for a total) or dp_mean",
         "size": "sage_tfx.transform.dp_count_per_key (one key for the row count)",
         "count_per_key": "sage_tfx.transform.dp_count_per_key or dp_histogram",
@@ -181,8 +181,8 @@ def check_traced_analyzers(graph):
 # ---------------------------------------------------------------- the plan, made before any record is read
 
 def trace_spend(preprocessing_fn, feature_spec, custom_config, grant_seed):
-    """Trace the function once on placeholders (no data): (total epsilon, [Spend], graph digest) after checking
-    its analyzers. The digest (SHA-256 of the traced graph, serialized deterministically) identifies the
+    """Trace the function once on placeholders (no data): (total epsilon, total delta, [Spend], graph digest)
+    after checking its analyzers. The digest (SHA-256 of the traced graph, serialized deterministically) identifies the
     computation: the same function over the same schema traces to the same graph."""
     import math
 
@@ -201,7 +201,8 @@ def trace_spend(preprocessing_fn, feature_spec, custom_config, grant_seed):
                                    f"features are {sorted(feature_spec)}") from exc
     check_traced_analyzers(graph)
     spends = requested_spends(graph)
-    return math.fsum(s.epsilon for s in spends), spends, computation_digest(canonical_graph_text(graph.as_graph_def()))
+    return (math.fsum(s.epsilon for s in spends), math.fsum(s.delta for s in spends), spends,
+            computation_digest(canonical_graph_text(graph.as_graph_def())))
 
 
 def canonical_graph_text(graph_def):
@@ -235,7 +236,8 @@ def preprocessing_plan(exec_properties, grant, examples, grant_seed):
     """Everything the run needs, checked against the verified grant before any record is read.
 
     Raises TransformConfigError / SchemaError (bad parameter), NonPrivateAnalyzer, BudgetExceeded (the
-    function's own PreprocessingBudget) or GrantError (it spends more than the preprocessing share).
+    function's own PreprocessingBudget) or GrantError (it spends more than the preprocessing share, in
+    epsilon or in delta).
     """
     from sage_tfx.components.transform_utils import raw_feature_spec, schema_proto
     from sage_tfx.transform import budget_custom_config
@@ -244,24 +246,31 @@ def preprocessing_plan(exec_properties, grant, examples, grant_seed):
     analyze, transform = parse_splits_config(exec_properties.get("splits_config"), input_splits)
     schema = raw_schema(exec_properties, grant)
     user_config = parse_custom_config(exec_properties.get("custom_config"))
-    share, _ = stage_budget(grant, STAGE)
+    share, share_delta = stage_budget(grant, STAGE)
     # A zero share passes no budget: a function that asks for one then fails with MissingBudget.
-    custom_config = budget_custom_config(share, user_config) if share > 0 else user_config
+    custom_config = budget_custom_config(share, user_config, delta=share_delta) if share > 0 else user_config
     preprocessing_fn = load_preprocessing_fn(exec_properties)
-    spent, spends, graph_digest = trace_spend(preprocessing_fn, raw_feature_spec(schema), custom_config, grant_seed)
-    require_budget(grant, STAGE, spent)
-    computation = computation_digest("DPTransform/v1", graph_digest, custom_config, analyze,
-                                     [[s.analyzer, s.epsilon] for s in spends])
+    spent, spent_delta, spends, graph_digest = trace_spend(preprocessing_fn, raw_feature_spec(schema), custom_config,
+                                                           grant_seed)
+    require_budget(grant, STAGE, spent, spent_delta)
+    computation = computation_digest("DPTransform/v1", graph_digest, custom_config, analyze, _analyzer_list(spends))
     return {"preprocessing_fn": preprocessing_fn, "custom_config": custom_config, "schema": schema_proto(schema),
-            "analyze": analyze, "transform": transform, "share": share, "epsilon": spent, "spends": spends,
-            "computation": computation}
+            "analyze": analyze, "transform": transform, "share": share, "share_delta": share_delta,
+            "epsilon": spent, "delta": spent_delta, "spends": spends, "computation": computation}
+
+
+def _analyzer_list(spends):
+    """[[analyzer, epsilon], ...], with the delta as a third entry where an analyzer spends one (so a plan
+    without a DP vocabulary keeps the fingerprint it had before deltas were recorded)."""
+    return [[s.analyzer, s.epsilon] + ([s.delta] if s.delta else []) for s in spends]
 
 
 # ---------------------------------------------------------------- outputs
 
 def _spend_record(grant, plan):
-    return {"grant_id": grant.id, "stream": grant.stream, "epsilon": plan["epsilon"], "delta": 0.0,
-            "preprocessing_share": plan["share"], "analyzers": [[s.analyzer, s.epsilon] for s in plan["spends"]],
+    return {"grant_id": grant.id, "stream": grant.stream, "epsilon": plan["epsilon"], "delta": plan["delta"],
+            "preprocessing_share": plan["share"], "preprocessing_delta_share": plan["share_delta"],
+            "analyzers": _analyzer_list(plan["spends"]),
             "analyze_splits": plan["analyze"], "transform_splits": plan["transform"],
             "composition": "basic (sum over the DP analyzers)", "computation": plan["computation"]}
 
@@ -325,7 +334,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         plan = preprocessing_plan(exec_properties, grant, examples, PLANNING_SEED)
         # One release per grant: a different preprocessing_fn (another traced graph) under this grant is
         # refused here, before the analysis draws any noise.
-        grant_seed = open_release(ledger, grant, STAGE, plan["computation"], plan["epsilon"])
+        grant_seed = open_release(ledger, grant, STAGE, plan["computation"], plan["epsilon"], plan["delta"])
 
         graph = artifact_utils.get_single_instance(output_dict["transform_graph"])
         transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])

@@ -25,6 +25,8 @@ PRE_EPS = 0.5
 SPLIT = {"preprocessing": PRE_EPS, "count": 0.0, "training": 1.0, "validation": 1.0, "delta": 1e-6,
          "rule": "pre+count+max(train+reject,val)"}
 SMALL_SPLIT = dict(SPLIT, preprocessing=0.05)
+VOCAB_DELTA = 1e-7
+VOCAB_SPLIT = dict(SPLIT, preprocessing_delta=VOCAB_DELTA)  # preprocessing has a delta: DP vocabularies run
 HOURS = 24
 
 
@@ -39,11 +41,11 @@ def world(tmp_path_factory):
 
     def grant(split):
         charge = split["preprocessing"] + max(split["training"], split["validation"])
-        return ledger.request("p1", "taxi", blocks=blocks, epsilon=charge, delta=split["delta"],
-                              meta={"split": split})
+        return ledger.request("p1", "taxi", blocks=blocks, epsilon=charge,
+                              delta=split["delta"] + split.get("preprocessing_delta", 0.0), meta={"split": split})
 
     grants = {"a": grant(SPLIT), "b": grant(SPLIT), "small": grant(SMALL_SPLIT),
-              "zero": grant(dict(SPLIT, preprocessing=0.0))}
+              "zero": grant(dict(SPLIT, preprocessing=0.0)), "vocab": grant(VOCAB_SPLIT)}
     # A copy of the ledger (same secret) charges a grant the real ledger never charged.
     with sqlite3.connect(db) as src, sqlite3.connect(str(root / "copy.db")) as dst:
         src.backup(dst)
@@ -216,6 +218,25 @@ MODULES = {
         hour, miles = _hour_speed(inputs)
         return {"s": dp_group_by_mean(hour, miles, 24, 0.1, 100.0, seed=1)}
 """,
+    "vocabulary, delta written in the code": """
+    from sage_tfx.transform import dp_compute_and_apply_vocabulary
+
+    def preprocessing_fn(inputs):
+        return {"c": dp_compute_and_apply_vocabulary(fill_in_missing(inputs["company"], ""), 0.1, 1e-6)}
+""",
+    "vocabulary from the budget": """
+    from sage_tfx.transform import dp_compute_and_apply_vocabulary
+
+    def preprocessing_fn(inputs, custom_config):
+        budget = PreprocessingBudget.from_custom_config(custom_config)
+        eps_company, eps_payment = budget.split(2)
+        delta_company, delta_payment = budget.split_delta(weights=[3, 1])
+        return {"company": dp_compute_and_apply_vocabulary(fill_in_missing(inputs["company"], ""), eps_company,
+                                                           delta_company, num_oov_buckets=1),
+                "payment": dp_compute_and_apply_vocabulary(fill_in_missing(inputs["payment_type"], ""),
+                                                           eps_payment, delta_payment, num_oov_buckets=1),
+                "payment_raw": fill_in_missing(inputs["payment_type"], "")}
+""",
 }
 
 
@@ -260,13 +281,23 @@ def _refusal(world, tmp_path, case):
         "budget in custom_config": (g["a"].to_json(), g["a"].id,
                                     {"custom_config": json.dumps({"sage": {"preprocessing_epsilon": 9.0}})},
                                     TransformConfigError, "sets 'sage'"),
+        "a DP vocabulary under a grant with no preprocessing delta": (
+            g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "vocabulary, delta written in the code")},
+            GrantError, r"asks for \(epsilon=0.1, delta=1e-06\).*covers only \(epsilon=0.5, delta=0\)"),
+        "a DP vocabulary asking a delta of a budget without one": (
+            g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "vocabulary from the budget")},
+            BudgetExceeded, "no delta to split"),
+        "a DP vocabulary asking more delta than the grant's": (
+            g["vocab"].to_json(), g["vocab"].id, {"module_file": _module(tmp_path, "vocabulary, delta written in the code")},
+            GrantError, r"covers only \(epsilon=0.5, delta=1e-07\)"),
     }
     return cases[case]
 
 
 REFUSALS = ["no grant", "forged grant", "unknown grant", "examples of another grant", "share smaller than the spend",
             "asks more than its budget", "non-DP analyzer", "own seed", "no preprocessing share",
-            "budget in custom_config"]
+            "budget in custom_config", "a DP vocabulary under a grant with no preprocessing delta",
+            "a DP vocabulary asking a delta of a budget without one", "a DP vocabulary asking more delta than the grant's"]
 
 
 @pytest.mark.parametrize("case", REFUSALS)
@@ -291,6 +322,31 @@ def test_the_share_covers_exactly_what_the_function_spends(world, tmp_path):
     assert (plan["analyze"], plan["transform"]) == (["train"], ["train", "eval"])
     with pytest.raises(GrantError, match="covers only"):
         preprocessing_plan(props, world["grants"]["small"], examples, grant_seed=0)
+
+
+def test_dp_vocabularies_run_under_a_grant_whose_split_gives_preprocessing_a_delta(world, examples, tmp_path):
+    """tft.compute_and_apply_vocabulary's DP counterpart inside DPTransform: the delta comes from the split's
+    preprocessing_delta through the PreprocessingBudget, the ledger records it with the release, and the ids
+    are a function of each row's own value and the released vocabulary."""
+    from sage_tfx.privacy import BudgetSplit
+
+    grant = world["grants"]["vocab"]
+    assert BudgetSplit.from_meta(grant.meta).total_delta == pytest.approx(SPLIT["delta"] + VOCAB_DELTA)
+    graph, transformed = _run(world, tmp_path, grant.to_json(), examples("vocab"),
+                              module_file=_module(tmp_path, "vocabulary from the budget"))
+    spent = _spent(graph)
+    assert spent["delta"] == pytest.approx(VOCAB_DELTA) and spent["epsilon"] == pytest.approx(PRE_EPS)
+    assert [a[2] for a in spent["analyzers"]] == pytest.approx([0.75 * VOCAB_DELTA, 0.25 * VOCAB_DELTA])
+    (release,) = [r for r in world["ledger"].releases(grant.id) if r.stage == "preprocessing"]
+    assert (release.epsilon, release.delta) == (pytest.approx(PRE_EPS), pytest.approx(VOCAB_DELTA))
+    out = _transformed(graph.uri, transformed, "train")
+    ids_of = {}
+    for raw, i in zip(out["payment_raw"], out["payment"]):
+        ids_of.setdefault(raw, set()).add(int(i))
+    assert all(len(ids) == 1 for ids in ids_of.values()), ids_of  # one id per value
+    # the two payment types of thousands of rows pass any threshold: ids 0 and 1, by noisy count
+    assert {next(iter(ids_of[b"Cash"])), next(iter(ids_of[b"Credit Card"]))} == {0, 1}
+    assert out["company"].min() >= 0
 
 
 # ------------------------------------------------------------------ noise once, seeded by the grant

@@ -123,15 +123,15 @@ def tf_size(vocab, x):
 
 
 @pytest.mark.tf
-def test_budget_records_epsilon_and_delta_check_accepts_it_and_dptransform_refuses_delta():
+def test_budget_records_epsilon_and_delta_and_the_check_accepts_it():
     import tensorflow as tf
     import tensorflow_transform as tft
     from tensorflow_transform import impl_helper
 
     from sage_tfx.components.dp_transform_executor import NonPrivateAnalyzer, check_traced_analyzers, trace_spend
     from sage_tfx.transform import dp_compute_and_apply_vocabulary, dp_vocabulary
-    from sage_tfx.transform.budget import requested_spends
-    from sage_tfx.transform.vocabulary_analyzer import requested_delta
+    from sage_tfx.transform import BudgetExceeded, PreprocessingBudget
+    from sage_tfx.transform.budget import requested_delta, requested_spends
 
     spec = {"s": tf.io.FixedLenFeature([], tf.string)}
 
@@ -144,11 +144,22 @@ def test_budget_records_epsilon_and_delta_check_accepts_it_and_dptransform_refus
     check_traced_analyzers(graph)  # our PTransform is accepted (and seeded)
     assert sorted(s.epsilon for s in requested_spends(graph)) == [0.25, 0.5]
     assert requested_delta(graph) == pytest.approx(3e-6)
+    assert [s.delta for s in requested_spends(graph)] == [1e-6, 2e-6]
     with pytest.raises(NonPrivateAnalyzer, match="not differentially private"):
         trace_spend(lambda i: {"o": tft.compute_and_apply_vocabulary(i["s"])}, spec, {}, grant_seed=7)
-    # DPTransform's grant is pure epsilon: an (epsilon, delta) vocabulary is refused there, by name
-    with pytest.raises(DPTransformError, match=r"dp_vocabulary: delta=1e-06 > 0.*pure epsilon.*dp_histogram"):
-        trace_spend(lambda i: {"o": dp_compute_and_apply_vocabulary(i["s"], 0.5, 1e-6)}, spec, {}, grant_seed=7)
+    # DPTransform's trace sums both: (epsilon, delta, spends, digest)
+    eps, delta, spends, _ = trace_spend(lambda i: {"o": dp_compute_and_apply_vocabulary(i["s"], 0.5, 1e-6)},
+                                        spec, {}, grant_seed=7)
+    assert (eps, delta, len(spends)) == (0.5, 1e-6, 1)
+
+    # a PreprocessingBudget refuses a delta beyond its own, while traced
+    def over(i, custom_config):
+        budget = PreprocessingBudget.from_custom_config(custom_config)
+        return {"o": dp_compute_and_apply_vocabulary(i["s"], budget.epsilon, 2 * budget.delta)}
+
+    config = {"sage": {"preprocessing_epsilon": 0.5, "preprocessing_delta": 1e-6}}
+    with pytest.raises(BudgetExceeded, match=r"asks delta=2e-06.*more than its grant of 1e-06"):
+        trace_spend(over, spec, config, grant_seed=7)
 
 
 @pytest.mark.tf

@@ -119,6 +119,39 @@ def test_each_stage_within_its_share(ledger_url):
     assert report.ok, report.problems
 
 
+def test_preprocessing_delta_is_its_own_share_and_adds_to_training_delta(ledger_url):
+    """DP vocabularies need a delta at preprocessing: the split carries it beside training's, the grant's delta
+    must cover their sum (basic composition), each stage is held to its own, and the audit recomputes both."""
+    split = BudgetSplit.for_epsilon(1.0, 1e-6, preprocessing_share=0.25, count_share=0.0, preprocessing_delta=1e-7)
+    assert split.total_delta == pytest.approx(1.1e-6)
+    assert split.stage_budget("preprocessing") == (0.25, 1e-7) and split.stage_budget("training")[1] == 1e-6
+    assert BudgetSplit.from_meta({"split": split.to_dict()}) == split
+    # a split without one is stored as before the field existed (old grants and fingerprints unchanged)
+    assert "preprocessing_delta" not in BudgetSplit.for_epsilon(1.0, 1e-6).to_dict()
+    # on the command line the grant's delta is given: preprocessing_delta is taken out of it
+    parsed = BudgetSplit.parse("preprocessing=0.1,training=0.3,preprocessing_delta=1e-8", delta=1e-7)
+    assert parsed.stage_budget("preprocessing") == (0.1, 1e-8) and parsed.total_delta == pytest.approx(1e-7)
+    assert parsed.stage_budget("training")[1] == pytest.approx(9e-8)
+    for bad, named in [("preprocessing_delta=1.5", "preprocessing_delta 1.5 is more"),
+                       ("preprocessing_delta=-1e-9", "-1e-9"), ("preprocessing_delta=x", "'x'"),
+                       ("preprocessing_delta=1e-3", "more than the grant's delta 0.0001")]:
+        with pytest.raises(LedgerError, match=named):
+            BudgetSplit.parse("training=0.1," + bad, delta=1e-4)
+
+    ledger = make_ledger(ledger_url)
+    before = spent(ledger)
+    with pytest.raises(LedgerError, match=r"split delta training's 1e-06 \+ preprocessing's 1e-07 is more than"):
+        ledger.request("p", "s", blocks=["b0"], epsilon=1.0, delta=1e-6, split=split)  # delta covers training's only
+    assert spent(ledger) == before
+    grant = ledger.request("p", "s", blocks=["b0"], epsilon=1.0, delta=split.total_delta, split=split)
+    with pytest.raises(GrantError, match=r"covers only \(epsilon=0.25, delta=1e-07\) for preprocessing"):
+        ledger.release(grant, "preprocessing", "graph", 0.25, delta=2e-7)
+    ledger.release(grant, "preprocessing", "graph", 0.25, delta=1e-7)
+    ledger.release(grant, "training", "module", 0.75, delta=1e-6)
+    report = ledger.audit()
+    assert report.ok, report.problems
+
+
 # --------------------------------------------------------------- finding 3: one release per grant, stage, computation
 def test_a_second_computation_is_refused_before_anything_is_drawn(ledger_url):
     ledger = make_ledger(ledger_url)

@@ -35,7 +35,7 @@ they already drew, and are not recomputed with fresh noise.
 """
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, public_error_text
 from sage_tfx.validation import eta_for_attempt
@@ -148,8 +148,9 @@ class SageIterator:
 
     def __init__(self, ledger, stream, pipeline, run_iteration, *, epsilon_start=0.125, min_window=1,
                  delta=None, eta=0.05, max_iterations=10, max_seconds=None, max_refusals=10,
-                 max_idle_waits=100, preprocessing_share=0.2,
-                 count_share=0.05, rejection_share=0.0, disjoint_split=True, wait_for_blocks=None, progress=None, clock=time.monotonic):
+                 max_idle_waits=100, preprocessing_share=0.2, preprocessing_delta=0.0,
+                 count_share=0.05, rejection_share=0.0, disjoint_split=True, wait_for_blocks=None, progress=None,
+                 clock=time.monotonic):
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         self.run_iteration = run_iteration
         stream_info = ledger.stream(stream)  # raises UnknownStream before anything is spent
@@ -172,6 +173,13 @@ class SageIterator:
                                                        > stream_info.delta):
             raise LedgerError(f"iteration delta {self.delta!r} must be in [0, {stream_info.delta}) "
                               "(the stream's global delta)")
+        self.preprocessing_delta = float(preprocessing_delta)
+        # what each grant charges in delta: training's plus preprocessing's (BudgetSplit.total_delta)
+        self.grant_delta = self.delta + self.preprocessing_delta
+        if not (math.isfinite(self.preprocessing_delta) and self.preprocessing_delta >= 0
+                and self.grant_delta < stream_info.delta):
+            raise LedgerError(f"preprocessing_delta {preprocessing_delta!r} must be >= 0 with the iteration delta "
+                              f"{self.delta!r} adding to less than the stream's global delta {stream_info.delta}")
         eta_for_attempt(eta, 1)
         self.epsilon_start, self.min_window, self.eta = float(epsilon_start), min_window, eta
         self.max_iterations, self.max_seconds = max_iterations, max_seconds
@@ -188,17 +196,18 @@ class SageIterator:
     def split(self, epsilon):
         try:
             return BudgetSplit.for_epsilon(epsilon, self.delta, self.preprocessing_share, self.count_share,
-                                           rejection_share=self.rejection_share, disjoint_split=self.disjoint_split)
+                                           rejection_share=self.rejection_share, disjoint_split=self.disjoint_split,
+                                           preprocessing_delta=self.preprocessing_delta)
         except ValueError as exc:
             raise LedgerError(str(exc)) from None
 
     def _available(self, blocks):
         """What this pipeline could spend on ALL of ``blocks`` together (one grant)."""
-        return self.ledger.available_epsilon(self.pipeline, self.stream, list(blocks), self.delta)
+        return self.ledger.available_epsilon(self.pipeline, self.stream, list(blocks), self.grant_delta)
 
     def _read_availability(self) -> dict:
         """One read of the ledger: {active block: what this pipeline could be granted on it alone}, oldest first."""
-        return self.ledger.available_per_block(self.pipeline, self.stream, delta=self.delta)
+        return self.ledger.available_per_block(self.pipeline, self.stream, delta=self.grant_delta)
 
     def choose_blocks(self, epsilon: float, window: int, available: dict | None = None) -> list | None:
         """The newest ``window`` active blocks on which this pipeline can still spend ``epsilon``, oldest first.
@@ -310,10 +319,10 @@ class SageIterator:
             eta = eta_for_attempt(self.eta, number)
             split = self.split(epsilon)
             meta = {"iteration": number, "epsilon": epsilon, "window": window, "eta": eta,
-                    "split": asdict(split)}
+                    "split": split.to_dict()}
             try:
                 grant = self.ledger.request(self.pipeline, self.stream, blocks=blocks,
-                                            epsilon=split.charged_epsilon, delta=split.delta, rule=split.rule,
+                                            epsilon=split.charged_epsilon, delta=split.total_delta, rule=split.rule,
                                             meta=meta)
             except (BudgetRefused, BlockRetired) as refusal:  # another writer spent between our read and charge
                 refused.add(choice)
@@ -335,7 +344,7 @@ class SageIterator:
             number += 1
 
     def _execute(self, grant, record):
-        split = BudgetSplit(**grant.meta["split"])
+        split = BudgetSplit.from_meta(grant.meta)
         try:
             result = self.run_iteration(grant, split, record.eta, record.number)
         except Exception as exc:  # the grant stays spent; a new run resumes after it

@@ -76,7 +76,8 @@ def add_parser(subparsers):
                    help="what each pipeline stage may spend, e.g. preprocessing=0.1,count=0.05,training=0.3,"
                         "validation=0.05 (stages: preprocessing, count, training, rejection, validation; add "
                         "rule=parallel for a per-record train/test split, default rule=sum); the stages must "
-                        "compose to at most --epsilon; training gets --delta. Without --split the grant is "
+                        "compose to at most --epsilon; training gets --delta (less preprocessing_delta=D, "
+                        "which a DP vocabulary needs, if given). Without --split the grant is "
                         "single-stage: ONE component may spend it")
     p.add_argument("--json", action="store_true", help="print the whole signed grant as JSON")
 

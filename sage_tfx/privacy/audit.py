@@ -150,6 +150,9 @@ def _check_release_totals(grants, releases, problems):
         if split is not None and split.charged_epsilon > epsilon * (1 + SLACK):
             problems.append(f"grant {gid!r}: its split composes to epsilon {split.charged_epsilon:.6g} under "
                             f"{split.rule!r}, more than its charge {epsilon:.6g}")
+        if split is not None and split.total_delta > delta * (1 + SLACK):
+            problems.append(f"grant {gid!r}: its split's deltas add to {split.total_delta:.3g}, more than its "
+                            f"charge {delta:.3g}")
         spent = by_grant.get(gid, {})
         if not spent:
             continue
@@ -170,6 +173,10 @@ def _check_release_totals(grants, releases, problems):
         if total > epsilon * (1 + SLACK):
             problems.append(f"grant {gid!r}: its stages released epsilon {total:.6g} under {split.rule!r}, more "
                             f"than its charge {epsilon:.6g}")
+        total_delta = sum(d for _, d in spent.values())
+        if total_delta > delta * (1 + SLACK):
+            problems.append(f"grant {gid!r}: its stages released delta {total_delta:.3g}, more than its charge "
+                            f"{delta:.3g}")
 
 
 def _reconcile(problems, table, log, name, difference, missing_note=""):

@@ -10,8 +10,12 @@ A grant either carries a split in ``meta["split"]`` (a ``BudgetSplit``) or none:
 * **No split: a single-stage grant.** Its whole (epsilon, delta) may be spent by ONE stage (the
   first to open a release under it); every other stage is refused. This is what ``sage ledger
   charge`` makes without ``--split``.
-* **A split**: an epsilon per stage and one delta (training's: only DP-SGD and AdaSSP use delta), and
-  a ``ChargeRule`` saying how the stages compose on a record:
+* **A split**: an epsilon per stage, training's delta (DP-SGD and AdaSSP), preprocessing's delta
+  (``preprocessing_delta``: DP vocabularies, whose partition selection needs one; 0 by default), and a
+  ``ChargeRule`` saying how the stages compose on a record. Deltas add under basic composition (Dwork &
+  Roth 2014, Thm. 3.16) and every rule lets preprocessing and training read the same record, so the
+  grant's delta must be at least ``delta + preprocessing_delta`` (``total_delta``).
+  The epsilons compose by the rule:
 
   - ``SUM`` ("pre+count+train+reject+val"): every stage may read every granted record. By basic
     sequential composition (Dwork & Roth 2014, Thm. 3.16) the grant is
@@ -38,6 +42,7 @@ from .checks import finite
 from .errors import GrantError, LedgerError
 
 STAGES = ("preprocessing", "count", "training", "rejection", "validation")
+DELTA_FIELDS = ("delta", "preprocessing_delta")  # training's delta, preprocessing's delta
 SPLIT_KEY = "split"  # grant.meta key of the signed split
 SINGLE_RULE = "single"  # the rule recorded for a grant without a split
 SLACK = 1e-9  # relative float round-off allowed when a sum of stage epsilons is compared with a charge
@@ -56,7 +61,7 @@ def _stage_value(name, value):
 
 @dataclass(frozen=True)
 class BudgetSplit:
-    """One grant's epsilon per stage, its delta (training's), and the rule composing them into the charge."""
+    """One grant's epsilon per stage, training's delta, preprocessing's delta, and the rule composing them."""
 
     preprocessing: float
     count: float
@@ -65,14 +70,19 @@ class BudgetSplit:
     delta: float
     rule: str
     rejection: float = 0.0
+    preprocessing_delta: float = 0.0
 
     def __post_init__(self):
         for name in ("preprocessing", "count", "training", "validation", "rejection"):
             object.__setattr__(self, name, _stage_value(name, getattr(self, name)))
-        delta = _stage_value("delta", self.delta)
-        if delta >= 1:
-            raise LedgerError(f"split delta {self.delta!r} is invalid: must be < 1")
-        object.__setattr__(self, "delta", delta)
+        for name in DELTA_FIELDS:
+            value = _stage_value(name, getattr(self, name))
+            if value >= 1:
+                raise LedgerError(f"split {name} {getattr(self, name)!r} is invalid: must be < 1")
+            object.__setattr__(self, name, value)
+        if self.total_delta >= 1:
+            raise LedgerError(f"split deltas {self.delta!r} + {self.preprocessing_delta!r} are invalid: their sum "
+                              "must be < 1")
         try:
             object.__setattr__(self, "rule", ChargeRule(self.rule).value)
         except ValueError:
@@ -85,6 +95,11 @@ class BudgetSplit:
         return self.rule == ChargeRule.PARALLEL.value
 
     @property
+    def total_delta(self) -> float:
+        """The least delta that pays for every stage: training's plus preprocessing's (basic composition)."""
+        return self.delta + self.preprocessing_delta
+
+    @property
     def charged_epsilon(self) -> float:
         """The least per-block epsilon that pays for every stage under the rule (module docstring)."""
         shared = self.preprocessing + self.count
@@ -93,9 +108,10 @@ class BudgetSplit:
         return shared + self.training + self.rejection + self.validation
 
     def stage_budget(self, stage: str) -> tuple[float, float]:
-        """(epsilon, delta) of ``stage``; delta belongs to training alone."""
+        """(epsilon, delta) of ``stage``; only training and preprocessing have a delta."""
         _check_stage(stage)
-        return getattr(self, stage), (self.delta if stage == "training" else 0.0)
+        delta = {"training": self.delta, "preprocessing": self.preprocessing_delta}.get(stage, 0.0)
+        return getattr(self, stage), delta
 
     def composed(self, spent: dict) -> float:
         """The per-record epsilon of stages that spent ``spent`` ({stage: epsilon}), under this split's rule."""
@@ -112,11 +128,18 @@ class BudgetSplit:
                 f"split {self.to_dict()} composes to epsilon {self.charged_epsilon:.6g} under rule {self.rule!r}, "
                 f"more than {what} charges ({float(epsilon):.6g}): charge at least {self.charged_epsilon:.6g} or "
                 "shrink the stages")
-        if self.delta > float(delta) * (1 + SLACK):
-            raise LedgerError(f"split delta {self.delta:.3g} is more than {what} charges ({float(delta):.3g})")
+        if self.total_delta > float(delta) * (1 + SLACK):
+            parts = (f"training's {self.delta:.3g} + preprocessing's {self.preprocessing_delta:.3g}"
+                     if self.preprocessing_delta else f"{self.delta:.3g}")
+            raise LedgerError(f"split delta {parts} is more than {what} charges ({float(delta):.3g})")
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The split as signed into a grant's meta (``preprocessing_delta`` only when set, so a split without
+        one is stored as before it existed)."""
+        out = asdict(self)
+        if not self.preprocessing_delta:
+            del out["preprocessing_delta"]
+        return out
 
     # ------------------------------------------------------------------ making one
     @classmethod
@@ -127,21 +150,25 @@ class BudgetSplit:
             return None
         if not isinstance(raw, dict):
             raise LedgerError(f"split {raw!r} must be an object of stage epsilons, delta and rule")
-        unknown = sorted(set(raw) - set(STAGES) - {"delta", "rule"})
+        unknown = sorted(set(raw) - set(STAGES) - set(DELTA_FIELDS) - {"rule"})
         if unknown:
-            raise LedgerError(f"split names unknown field(s) {unknown}: use {', '.join(STAGES)}, delta and rule")
+            raise LedgerError(f"split names unknown field(s) {unknown}: use {', '.join(STAGES)}, "
+                              f"{', '.join(DELTA_FIELDS)} and rule")
         if "rule" not in raw:
             raise LedgerError(f"split {raw!r} has no rule: use {ChargeRule.PARALLEL.value!r} or "
                               f"{ChargeRule.SUM.value!r}")
-        return cls(**{s: raw.get(s, 0.0) for s in STAGES}, delta=raw.get("delta", 0.0), rule=raw["rule"])
+        return cls(**{s: raw.get(s, 0.0) for s in STAGES}, **{d: raw.get(d, 0.0) for d in DELTA_FIELDS},
+                   rule=raw["rule"])
 
     @classmethod
     def parse(cls, text: str, delta: float = 0.0) -> BudgetSplit:
         """A split from the command line: ``"preprocessing=0.1,training=0.3,validation=0.3[,rule=parallel]"``.
 
-        The rule is ``sum`` (default) or ``parallel``; missing stages get 0; ``delta`` is training's delta.
+        The rule is ``sum`` (default) or ``parallel``; missing stages get 0; ``delta`` is the grant's
+        delta, all of it training's unless ``preprocessing_delta=D`` gives preprocessing D of it (for DP
+        vocabularies); training then gets ``delta - D``.
         """
-        fields, rule = {}, ChargeRule.SUM.value
+        fields, rule, pre_delta = {}, ChargeRule.SUM.value, 0.0
         for part in (p.strip() for p in str(text).split(",")):
             if not part:
                 continue
@@ -153,27 +180,37 @@ class BudgetSplit:
             if name == "rule":
                 rule = {"sum": ChargeRule.SUM.value, "parallel": ChargeRule.PARALLEL.value}.get(value.strip(),
                                                                                                value.strip())
+            elif name == "preprocessing_delta":
+                pre_delta = value.strip()
             elif name in STAGES:
                 if name in fields:
                     raise LedgerError(f"split names stage {name!r} twice")
                 fields[name] = value.strip()
             else:
-                raise LedgerError(f"split stage {name!r} is unknown: use {', '.join(STAGES)} (or rule=)")
+                raise LedgerError(f"split stage {name!r} is unknown: use {', '.join(STAGES)} (or rule=, "
+                                  "preprocessing_delta=)")
         if not fields:
             raise LedgerError(f"split {text!r} names no stage: e.g. preprocessing=0.1,training=0.3,validation=0.1")
-        return cls(**{s: fields.get(s, 0.0) for s in STAGES}, delta=delta, rule=rule)
+        if pre_delta:
+            pre_delta = _stage_value("preprocessing_delta", pre_delta)
+            if pre_delta > float(delta):
+                raise LedgerError(f"split preprocessing_delta {pre_delta!r} is more than the grant's delta {delta!r}: "
+                                  "it is taken out of the grant's delta (give a larger --delta)")
+            delta = float(delta) - pre_delta
+        return cls(**{s: fields.get(s, 0.0) for s in STAGES}, delta=delta, rule=rule, preprocessing_delta=pre_delta)
 
     @classmethod
     def for_epsilon(cls, epsilon: float, delta: float, preprocessing_share: float = 0.2, count_share: float = 0.05,
                     validation_share: float | None = None, rejection_share: float = 0.0,
-                    disjoint_split: bool = True) -> BudgetSplit:
+                    disjoint_split: bool = True, preprocessing_delta: float = 0.0) -> BudgetSplit:
         """Split a per-block charge ``epsilon`` into the stages so that ``charged_epsilon == epsilon``.
 
         Preprocessing and the count take their shares of ``epsilon``; ``rest`` is what they leave. With
         ``disjoint_split`` (a per-record train/test split, rule PARALLEL) the ACCEPT test gets all of
         ``rest`` and training and the REJECT test share it (``rejection_share`` of it to the REJECT test).
         Otherwise (rule SUM) ``validation_share`` of ``rest`` (default a third) goes to the ACCEPT test and
-        the remainder is shared between training and the REJECT test alike.
+        the remainder is shared between training and the REJECT test alike. ``delta`` is training's;
+        ``preprocessing_delta`` (default 0) is preprocessing's, charged on top (``total_delta``).
         """
         if not (math.isfinite(epsilon) and epsilon > 0):
             raise ValueError(f"iteration epsilon {epsilon!r} must be finite and > 0")
@@ -193,7 +230,7 @@ class BudgetSplit:
                 raise ValueError(f"validation_share {share!r} must be in (0, 1)")
             rule, validation, train_side = ChargeRule.SUM, rest * share, rest * (1 - share)
         rejection = train_side * rejection_share
-        return cls(pre, count, train_side - rejection, validation, delta, rule.value, rejection)
+        return cls(pre, count, train_side - rejection, validation, delta, rule.value, rejection, preprocessing_delta)
 
 
 def _check_stage(stage):

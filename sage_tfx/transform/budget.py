@@ -2,7 +2,9 @@
 
 Sage assigns the budget at run time (the "parameterized DP pipeline"): the grant's
 preprocessing epsilon reaches the user's ``preprocessing_fn(inputs, custom_config)``
-as ``custom_config[BUDGET_KEY][EPSILON_FIELD]`` (build it with `budget_custom_config`).
+as ``custom_config[BUDGET_KEY][EPSILON_FIELD]``, and its preprocessing delta (when the
+grant's split gives one, for DP vocabularies) as ``custom_config[BUDGET_KEY][DELTA_FIELD]``
+(build both with `budget_custom_config`).
 
 Every DP analyzer records what it spends in the graph being traced (a graph
 collection), before it adds anything that reads data. So:
@@ -15,8 +17,9 @@ collection), before it adds anything that reads data. So:
   returns what it would spend, so a component can refuse to run it without a
   grant that covers it, whether or not the function uses the helper.
 
-The total is the sum over the analyzers (basic composition): each analyzer is
-(eps_i, 0)-DP, so the preprocessing_fn is (sum eps_i, 0)-DP.
+The total is the sum over the analyzers (basic composition, Dwork & Roth 2014, Thm. 3.16):
+each analyzer is (eps_i, delta_i)-DP (delta_i = 0 but for the DP vocabularies), so the
+preprocessing_fn is (sum eps_i, sum delta_i)-DP.
 
 This module imports TensorFlow only if TensorFlow is already loaded (or when tracing).
 """
@@ -25,23 +28,38 @@ import inspect
 import math
 import sys
 
-from .errors import BudgetExceeded, MissingBudget
+from .errors import BudgetExceeded, DPTransformError, MissingBudget
 from .noise import check_epsilon
 
 BUDGET_KEY = "sage"
 EPSILON_FIELD = "preprocessing_epsilon"
+DELTA_FIELD = "preprocessing_delta"
 
 SPEND_COLLECTION = "sage_tfx.transform/spends"
 GRANT_COLLECTION = "sage_tfx.transform/grants"
 
-Spend = collections.namedtuple("Spend", ["analyzer", "epsilon"])
+Spend = collections.namedtuple("Spend", ["analyzer", "epsilon", "delta"], defaults=(0.0,))
 
 
-def budget_custom_config(epsilon, custom_config=None):
+def check_budget_delta(delta, what: str = "preprocessing delta") -> float:
+    """Return delta as a float; raise naming it unless 0 <= delta < 1."""
+    try:
+        value = float(delta)
+    except (TypeError, ValueError):
+        raise DPTransformError(f"{what} must be a number in [0, 1), got {delta!r}") from None
+    if isinstance(delta, bool) or not math.isfinite(value) or not 0.0 <= value < 1.0:
+        raise DPTransformError(f"{what} must be in [0, 1), got {delta!r}")
+    return value
+
+
+def budget_custom_config(epsilon, custom_config=None, *, delta=0.0):
     """A copy of custom_config with the preprocessing grant set where `PreprocessingBudget` reads it."""
     out = dict(custom_config or {})
     section = dict(out.get(BUDGET_KEY) or {})
     section[EPSILON_FIELD] = check_epsilon(epsilon, "preprocessing epsilon")
+    delta = check_budget_delta(delta)
+    if delta > 0:
+        section[DELTA_FIELD] = delta
     out[BUDGET_KEY] = section
     return out
 
@@ -68,14 +86,21 @@ def requested_epsilon(graph=None):
     return math.fsum(s.epsilon for s in requested_spends(graph))
 
 
-def record_spend(analyzer, epsilon):
-    """Record that `analyzer` spends `epsilon` in the graph being built.
+def requested_delta(graph=None):
+    """Total delta the DP analyzers in `graph` spend (basic composition: the deltas add)."""
+    return math.fsum(s.delta for s in requested_spends(graph))
+
+
+def record_spend(analyzer, epsilon, delta=0.0):
+    """Record that `analyzer` spends (`epsilon`, `delta`) in the graph being built.
 
     Called by every DP analyzer before it builds anything that reads data. Raises
     `BudgetExceeded` (naming the analyzer, its ask, the new total and the grant) if a
-    `PreprocessingBudget` of this graph would be exceeded; nothing is recorded then.
+    `PreprocessingBudget` of this graph would be exceeded, in epsilon or in delta;
+    nothing is recorded then.
     """
     epsilon = check_epsilon(epsilon, f"epsilon of {analyzer}")
+    delta = check_budget_delta(delta, f"delta of {analyzer}")
     graph = _current_graph()
     if graph is None:
         raise RuntimeError(
@@ -83,67 +108,91 @@ def record_spend(analyzer, epsilon):
             "(while tf.Transform traces it), not eagerly"
         )
     total = math.fsum([requested_epsilon(graph), epsilon])
-    for grant in graph.get_collection(GRANT_COLLECTION):
-        if total > grant:
+    total_delta = math.fsum([requested_delta(graph), delta])
+    for grant_epsilon, grant_delta in graph.get_collection(GRANT_COLLECTION):
+        if total > grant_epsilon:
             raise BudgetExceeded(
                 f"{analyzer} asks epsilon={epsilon!r}, which brings this preprocessing_fn to "
-                f"epsilon={total!r} in total, more than its grant of {grant!r}"
+                f"epsilon={total!r} in total, more than its grant of {grant_epsilon!r}"
             )
-    graph.add_to_collection(SPEND_COLLECTION, Spend(analyzer, epsilon))
+        if total_delta > grant_delta:
+            raise BudgetExceeded(
+                f"{analyzer} asks delta={delta!r}, which brings this preprocessing_fn to delta={total_delta!r} "
+                f"in total, more than its grant of {grant_delta!r}"
+                + ("" if grant_delta else ": the grant gives preprocessing no delta; charge one with a split "
+                   "that has preprocessing_delta (sage run: the pipeline default 'preprocessing_delta')"))
+    graph.add_to_collection(SPEND_COLLECTION, Spend(analyzer, epsilon, delta))
     return epsilon
 
 
+def _shares(total, n, weights):
+    """``total`` split into n even shares or in proportion to ``weights``, never summing above it by rounding."""
+    if (n is None) == (weights is None):
+        raise ValueError(f"give either n or weights, got n={n!r}, weights={weights!r}")
+    if weights is None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an integer >= 1, got {n!r}")
+        weights = [1.0] * n
+    weights = list(weights)
+    if not weights:
+        raise ValueError(f"weights must not be empty, got {weights!r}")
+    for w in weights:
+        check_epsilon(w, f"weight {w!r} in weights={weights!r}")
+    total_weight = math.fsum(weights)
+    shares = [total * w / total_weight for w in weights]
+    while math.fsum(shares) > total:
+        shares[-1] = math.nextafter(shares[-1], 0.0)
+    return tuple(shares)
+
+
 class PreprocessingBudget:
-    """The epsilon granted to one preprocessing_fn, split among its DP analyzers.
+    """The (epsilon, delta) granted to one preprocessing_fn, split among its DP analyzers.
 
     Create it inside the preprocessing_fn (``PreprocessingBudget.from_custom_config``):
     it then guards the graph tf.Transform is tracing, so an analyzer that would push the
-    total past the grant raises `BudgetExceeded` before any data is read.
+    total past the grant (in epsilon or in delta) raises `BudgetExceeded` before any data
+    is read. ``delta`` is 0 unless the grant's split gives preprocessing a delta (needed
+    only by the DP vocabularies).
 
     >>> budget = PreprocessingBudget.from_custom_config(custom_config)
-    >>> eps_speed, eps_fare = budget.split(weights=[3, 1])
+    >>> eps_speed, eps_fare, eps_vocab = budget.split(weights=[3, 1, 1])
     >>> speed = dp_group_by_mean(hour, speed, 24, eps_speed, 100.0)
+    >>> ids = dp_compute_and_apply_vocabulary(company, eps_vocab, budget.delta)
     """
 
-    def __init__(self, epsilon):
+    def __init__(self, epsilon, delta=0.0):
         self.epsilon = check_epsilon(epsilon, "preprocessing epsilon")
+        self.delta = check_budget_delta(delta)
         self._graph = _current_graph()
         if self._graph is not None:
-            self._graph.add_to_collection(GRANT_COLLECTION, self.epsilon)
+            self._graph.add_to_collection(GRANT_COLLECTION, (self.epsilon, self.delta))
 
     @classmethod
     def from_custom_config(cls, custom_config):
-        """The budget Sage put in custom_config[BUDGET_KEY][EPSILON_FIELD]; raises naming what is missing."""
+        """The budget Sage put in custom_config[BUDGET_KEY] (EPSILON_FIELD, and DELTA_FIELD if the grant gives
+        preprocessing a delta); raises naming what is missing."""
         section = custom_config.get(BUDGET_KEY) if isinstance(custom_config, dict) else None
         if not isinstance(section, dict) or EPSILON_FIELD not in section:
             raise MissingBudget(
                 f"custom_config has no preprocessing budget at [{BUDGET_KEY!r}][{EPSILON_FIELD!r}] "
                 f"(got {custom_config!r}); Sage sets it from the grant, see budget_custom_config()"
             )
-        return cls(section[EPSILON_FIELD])
+        return cls(section[EPSILON_FIELD], section.get(DELTA_FIELD, 0.0))
 
     def split(self, n=None, weights=None):
-        """Split the grant into n even shares, or in proportion to `weights`.
+        """Split the grant's epsilon into n even shares, or in proportion to `weights`.
 
         The shares never add up to more than the grant, not even by rounding: the last
         share is lowered by ulps until the float sum fits.
         """
-        if (n is None) == (weights is None):
-            raise ValueError(f"give either n or weights, got n={n!r}, weights={weights!r}")
-        if weights is None:
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ValueError(f"n must be an integer >= 1, got {n!r}")
-            weights = [1.0] * n
-        weights = list(weights)
-        if not weights:
-            raise ValueError(f"weights must not be empty, got {weights!r}")
-        for w in weights:
-            check_epsilon(w, f"weight {w!r} in weights={weights!r}")
-        total_weight = math.fsum(weights)
-        shares = [self.epsilon * w / total_weight for w in weights]
-        while math.fsum(shares) > self.epsilon:
-            shares[-1] = math.nextafter(shares[-1], 0.0)
-        return tuple(shares)
+        return _shares(self.epsilon, n, weights)
+
+    def split_delta(self, n=None, weights=None):
+        """Split the grant's delta as `split` splits its epsilon (for several DP vocabularies)."""
+        if not self.delta:
+            raise BudgetExceeded("this preprocessing grant has no delta to split: charge one with a split that has "
+                                 "preprocessing_delta (sage run: the pipeline default 'preprocessing_delta')")
+        return _shares(self.delta, n, weights)
 
     @property
     def requested(self):
@@ -151,11 +200,17 @@ class PreprocessingBudget:
         return requested_epsilon(self._graph)
 
     @property
+    def requested_delta(self):
+        """Delta the DP analyzers of this budget's graph have asked for so far."""
+        return requested_delta(self._graph)
+
+    @property
     def remaining(self):
         return max(0.0, self.epsilon - self.requested)
 
     def __repr__(self):
-        return f"PreprocessingBudget(epsilon={self.epsilon!r}, requested={self.requested!r})"
+        return (f"PreprocessingBudget(epsilon={self.epsilon!r}, delta={self.delta!r}, "
+                f"requested={self.requested!r})")
 
 
 def call_preprocessing_fn(preprocessing_fn, inputs, custom_config):
@@ -168,7 +223,7 @@ def call_preprocessing_fn(preprocessing_fn, inputs, custom_config):
 
 def trace_requested_epsilon(preprocessing_fn, feature_spec, custom_config=None):
     """Trace preprocessing_fn once on placeholders (reading no data) and return
-    (total epsilon, list of `Spend`) its DP analyzers ask for.
+    (total epsilon, list of `Spend`) its DP analyzers ask for (each `Spend` carries its delta too).
 
     Raises `BudgetExceeded` if the function's own `PreprocessingBudget` is exceeded.
     """

@@ -5,12 +5,11 @@ PTransform `_VocabularyOnce` (a `_NoiseOnce`, so DPTransform's analyzer check ac
 counts every value over the whole data set and runs `select_vocabulary` ONCE. The
 released vocabulary (a 1-D string tensor) is baked into the transform graph.
 
-Budget (delta): `budget.record_spend` and DPTransform's grant are pure epsilon (the
-executor writes delta = 0.0 in its spend record). Rather than release an (epsilon, delta)
-vocabulary under a record claiming delta = 0, these analyzers REFUSE to be traced under
-DPTransform (inside `noise_seed`) until the ledger accounts delta. Outside it (plain
-tf.Transform) they record epsilon with `record_spend` and their delta in the graph
-collection DELTA_COLLECTION (summed by `requested_delta`), for the executor to check later.
+Budget: each records its (epsilon, delta) with `budget.record_spend`, so a
+`PreprocessingBudget` refuses one that would exceed the preprocessing grant in epsilon or
+in delta while the function is traced, and DPTransform charges both to the grant's
+preprocessing stage (``BudgetSplit.preprocessing_delta``: a grant whose split gives
+preprocessing no delta refuses a DP vocabulary before any record is read).
 """
 import collections
 from typing import Optional
@@ -22,21 +21,12 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from .analyzers import _NoiseOnce, _dense_vector
-from .budget import record_spend
+from .budget import record_spend, requested_delta  # noqa: F401  (requested_delta: the graph's total delta)
 from .errors import DPTransformError
 from .noise import check_epsilon, check_seed
-from .seeding import _GRANT_SEED, resolve_seed
+from .seeding import resolve_seed
 from .noise import check_int
 from .vocabulary import check_delta, select_vocabulary
-
-
-DELTA_COLLECTION = "sage_tfx_transform_dp_delta"
-
-
-def requested_delta(graph: Optional[tf.Graph] = None) -> float:
-    """Total delta the DP vocabularies traced in `graph` (default: the current graph) ask for."""
-    graph = graph or tf.compat.v1.get_default_graph()
-    return float(sum(graph.get_collection(DELTA_COLLECTION)))
 
 
 class _CountValuesFn(beam.CombineFn):
@@ -84,8 +74,8 @@ def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional
     Mechanism, sensitivity and the (epsilon, delta)-DP proof: `sage_tfx.transform.vocabulary`
     (Laplace partition selection, scale max_contributions/epsilon, threshold
     tau = m + (m/epsilon) ln(m/(2 delta))). One row holds one value, so max_contributions=1
-    is exact; a larger value only adds noise. Records epsilon with `record_spend`; the
-    preprocessing budget has no delta field (see the module `vocabulary_analyzer` report).
+    is exact; a larger value only adds noise. Records (epsilon, delta) with `record_spend`: under
+    DPTransform the grant's split must give preprocessing a delta (``preprocessing_delta``).
     """
     label = "dp_vocabulary"
     epsilon = check_epsilon(epsilon, f"{label}: epsilon")
@@ -96,14 +86,8 @@ def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional
     x = _dense_vector(x, "x", label)
     if x.dtype != tf.string:
         raise DPTransformError(f"{label}: x must be a tf.string tensor, got dtype {x.dtype.name} (tf.strings.as_string it)")
-    if _GRANT_SEED.get() is not None:
-        raise DPTransformError(
-            f"{label}: delta={delta!r} > 0 is needed to release a data-dependent vocabulary, but DPTransform's "
-            "preprocessing share is pure epsilon (its spend record says delta=0.0). Use a public vocabulary with "
-            "sage_tfx.transform.dp_histogram(x, epsilon, vocabulary=[...]) inside DPTransform")
     with tf.compat.v1.name_scope(name, label) as scope:
-        record_spend(scope.rstrip("/"), epsilon)
-        tf.compat.v1.add_to_collection(DELTA_COLLECTION, delta)
+        record_spend(scope.rstrip("/"), epsilon, delta)
         seed = resolve_seed(seed, scope)
         (vocab,) = tft.experimental.ptransform_analyzer(
             inputs=[x], ptransform=_VocabularyOnce(epsilon, delta, top_k, m, seed, stream=scope),
