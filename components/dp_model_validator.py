@@ -25,7 +25,9 @@ with another B or target, under the same grant is refused before any noise is dr
 second release the grant did not pay for).
 
 ``label_threshold`` (optional) derives a binary label: 1 where the raw label exceeds it, else 0 (e.g. "delayed"
-= arr_delay > 15). Metric ``custom`` takes the user's bounded per-example loss: ``loss_module`` (a Python file)
+= arr_delay > 15). ``label_signature`` (optional) takes the label from a signature of the model instead, as
+TFMA's ``preprocessing_function_names``: e.g. ``"transform_features"`` with ``label_key="tips_xf"`` reads the
+transformed label TFX's taxi example computes (tips > 0.2 * fare) from each raw record. Metric ``custom`` takes the user's bounded per-example loss: ``loss_module`` (a Python file)
 defining ``loss_function`` (default ``per_example_loss``) of (labels, signature outputs) -> one loss per
 record, clipped to [0, ``loss_bound``] (a public B: the validator's sensitivity); the file's digest is part of
 the validation's fingerprint.
@@ -65,6 +67,7 @@ class DPModelValidatorSpec(ComponentSpec):
         "train_split": ExecutionParameter(type=str, optional=True),
         "prediction_key": ExecutionParameter(type=str, optional=True),
         "label_threshold": ExecutionParameter(type=float, optional=True),
+        "label_signature": ExecutionParameter(type=str, optional=True),
         "loss_module": ExecutionParameter(type=str, optional=True),
         "loss_function": ExecutionParameter(type=str, optional=True),
     }
@@ -93,7 +96,8 @@ class DPModelValidator(base_component.BaseComponent):
 
     def __init__(self, model, examples, ledger, metric, target, label_key, grant=None, loss_bound=None,
                  confidence=None, eta=None, attempt=None, epsilon=None, eval_split="eval", train_split=None,
-                 prediction_key=None, label_threshold=None, loss_module=None, loss_function=None):
+                 prediction_key=None, label_threshold=None, loss_module=None, loss_function=None,
+                 label_signature=None):
         """``model``/``examples``: channels (e.g. ``trainer.outputs["model"]``, ``gen.outputs["examples"]``).
         ``grant``: a Grant, its JSON, or a RuntimeParameter of type str."""
         if grant is not None and hasattr(grant, "to_json"):
@@ -103,6 +107,7 @@ class DPModelValidator(base_component.BaseComponent):
             loss_bound=_maybe(float, loss_bound), confidence=_maybe(float, confidence), eta=_maybe(float, eta),
             attempt=_maybe(int, attempt), epsilon=_maybe(float, epsilon), eval_split=eval_split,
             train_split=train_split, prediction_key=prediction_key, label_threshold=_maybe(float, label_threshold),
-            loss_module=loss_module, loss_function=loss_function, model=model, examples=examples,
+            loss_module=loss_module, loss_function=loss_function, label_signature=label_signature,
+            model=model, examples=examples,
             blessing=channel.Channel(type=standard_artifacts.ModelBlessing),
             validation_result=channel.Channel(type=SageValidationResult)))

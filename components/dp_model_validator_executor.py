@@ -41,8 +41,8 @@ def validation_plan(exec_properties, grant):
     """Everything the validation needs, checked against the verified grant before any data is read.
 
     Returns a dict: metric, target, loss_bound, epsilon, confidence, eta, attempt, label_key, label_threshold,
-    eval_split, train_split, prediction_key, and for metric "custom" loss_module, loss_function and the
-    module's digest. Raises ValidatorConfigError (bad parameter) or GrantError (over budget, or a REJECT test
+    eval_split, train_split, prediction_key, label_signature (when set), and for metric "custom" loss_module,
+    loss_function and the module's digest. Raises ValidatorConfigError (bad parameter) or GrantError (over budget, or a REJECT test
     the grant's split does not cover).
     """
     metric = str(exec_properties.get("metric") or "").strip().lower()
@@ -64,6 +64,10 @@ def validation_plan(exec_properties, grant):
     custom = custom_loss_plan(metric, exec_properties.get("loss_module"), exec_properties.get("loss_function"))
     label_threshold = exec_properties.get("label_threshold")
     label_threshold = None if label_threshold is None else _number("label_threshold", label_threshold)
+    label_signature = exec_properties.get("label_signature") or None
+    if label_signature is not None and (not isinstance(label_signature, str) or not label_signature.strip()):
+        raise ValidatorConfigError(f"label_signature {label_signature!r} must name a signature of the SavedModel "
+                                   "(e.g. 'transform_features')")
 
     share, _ = stage_budget(grant, STAGE)
     epsilon = exec_properties.get("epsilon")
@@ -97,7 +101,8 @@ def validation_plan(exec_properties, grant):
             "eval_split": exec_properties.get("eval_split") or "eval", "train_split": train_split,
             "train_epsilon": train_epsilon,
             "prediction_key": exec_properties.get("prediction_key") or None, "label_threshold": label_threshold,
-            **custom}
+            # only when set, so a plan without one keeps the fingerprint it had before the option existed
+            **({"label_signature": label_signature} if label_signature else {}), **custom}
 
 
 def custom_loss_plan(metric, loss_module, loss_function):
@@ -260,12 +265,45 @@ class ServingModel:
             out = self.signature(**feeds)
         return {k: v.numpy() for k, v in out.items()}
 
+    def labels(self, records, signature_name, label_key):
+        """The label of each serialized record as the SavedModel's ``signature_name`` signature computes it
+        (TFMA's ``preprocessing_function_names``: e.g. TFX's ``transform_features`` gives the transformed
+        label, such as the taxi example's ``tips > 0.2 * fare``). One float per record."""
+        import numpy as np
+        import tensorflow as tf
 
-def model_outputs(model, records, label_key):
+        signature = self._loaded.signatures.get(signature_name)
+        if signature is None:
+            raise ValidatorConfigError(f"label_signature {signature_name!r} is not a signature of the SavedModel "
+                                       f"(it has {sorted(self._loaded.signatures)})")
+        _, specs = signature.structured_input_signature
+        if len(specs) != 1 or next(iter(specs.values())).dtype != tf.string:
+            raise ValidatorConfigError(f"label_signature {signature_name!r} must take one string input (serialized "
+                                       f"tf.Examples), not {sorted(specs)}")
+        (name,) = specs
+        out = []
+        for start in range(0, len(records), BATCH):
+            batch = records[start:start + BATCH]
+            result = signature(**{name: tf.constant(batch)})
+            if label_key not in result:
+                raise ValidatorConfigError(f"label_signature {signature_name!r} returns no {label_key!r} (it returns "
+                                           f"{sorted(result)})")
+            values = np.asarray(result[label_key].numpy(), dtype=np.float64).reshape(-1)
+            if values.shape != (len(batch),):
+                raise ValidatorConfigError(f"label_signature {signature_name!r} gave {values.size} values of "
+                                           f"{label_key!r} for {len(batch)} records: the label must be one per record")
+            out.append(values)
+        return np.concatenate(out) if out else np.zeros(0)
+
+
+def model_outputs(model, records, label_key, label_signature=None):
     """(labels, {output: array}) over the records that carry the label and every feature the model reads.
 
     Which records are kept is a fixed function of each record alone (its label and inputs present with the
     right width). Values are not checked here: a NaN / inf label or output gets the worst per-example value.
+    With ``label_signature`` the label is that signature's ``label_key`` output for the record (a fixed
+    function of the record and of the model, which was fixed before this test read anything), so every
+    record is kept for its label and each per-example value still depends on its own record alone.
     """
     import numpy as np
     import tensorflow as tf
@@ -274,19 +312,22 @@ def model_outputs(model, records, label_key):
     labels, kept, features = [], [], {k: [] for k in widths}
     for index, record in enumerate(records):
         example = tf.train.Example.FromString(record)
-        label = _feature_values(example, label_key, index)
-        if len(label) != 1:
-            continue
+        if label_signature is None:
+            label = _feature_values(example, label_key, index)
+            if len(label) != 1:
+                continue
         values = {k: _feature_values(example, k, index) for k in widths}
         if any(len(values[k]) != w for k, w in widths.items()):
             continue
-        labels.append(label[0])
+        labels.append(label[0] if label_signature is None else None)
         kept.append(record)
         for k in widths:
             features[k].append(values[k])
     if not labels:
         raise ValidatorConfigError(f"no eval record carries label {label_key!r} and the model's inputs "
                                    f"{sorted(widths) or ['examples']}")
+    if label_signature is not None:
+        labels = model.labels(kept, label_signature, label_key)
     outputs = {}
     for start in range(0, len(labels), BATCH):
         part = model.run(kept[start:start + BATCH], {k: v[start:start + BATCH] for k, v in features.items()})
@@ -310,7 +351,8 @@ def split_values(model, examples, split, plan, loss_fn=None):
     ``label_threshold`` when the plan has one), then ``per_example_values``."""
     import numpy as np
 
-    labels, outputs = model_outputs(model, split_records(examples, split), plan["label_key"])
+    labels, outputs = model_outputs(model, split_records(examples, split), plan["label_key"],
+                                    plan.get("label_signature"))
     if plan.get("label_threshold") is not None:
         # A derived binary label, e.g. "delayed" = arr_delay > 15: a fixed function of the record's own label
         # (NaN compares False: 0), so every count and sum keeps its sensitivity.

@@ -108,7 +108,7 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
         raise ValueError(f"stream {stream!r} has no schema under {os.path.abspath(data_root)}: ingest data first "
                          "(sage ingest ...), so the check knows the stream's columns")
     schema = stream_schema(data_root, stream)
-    if definition.sla.label not in schema:
+    if definition.sla.label not in schema and definition.sla.label_signature is None:  # else the model derives it
         raise ValueError(f"pipeline {definition.name!r}: its SLA label {definition.sla.label!r} is not a column of "
                          f"stream {stream!r} (columns: {', '.join(sorted(schema))})")
     definition.model_family(model)

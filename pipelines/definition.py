@@ -65,7 +65,10 @@ class SLA:
     ln(1e7), its largest value with probabilities kept in [1e-7, 1 - 1e-7]. ``label_threshold`` derives a
     binary label (1 where the raw label exceeds it, e.g. arr_delay > 15). Metric ``custom``: your own
     per-example loss, ``loss_function`` (default ``per_example_loss``) of (labels, signature outputs) in the
-    Python file ``loss_module`` (relative to the pipeline file), clipped to [0, loss_bound]."""
+    Python file ``loss_module`` (relative to the pipeline file), clipped to [0, loss_bound].
+    ``label_signature``: read ``label`` from that signature of the trained model instead of the raw record,
+    as TFMA's ``preprocessing_function_names`` (e.g. ``label="tips_xf", label_signature="transform_features"``:
+    the label your preprocessing_fn derives, such as TFX's taxi "big tipper" tips > 0.2 * fare)."""
 
     metric: str
     label: str
@@ -73,6 +76,7 @@ class SLA:
     label_threshold: Optional[float] = None
     loss_module: Optional[str] = None
     loss_function: Optional[str] = None
+    label_signature: Optional[str] = None
 
     def __post_init__(self):
         try:
@@ -108,6 +112,10 @@ class SLA:
             if not math.isfinite(threshold):
                 raise PipelineDefinitionError(f"SLA label_threshold {self.label_threshold!r} must be a finite number")
             object.__setattr__(self, "label_threshold", threshold)
+        if self.label_signature is not None and (not isinstance(self.label_signature, str)
+                                                 or not self.label_signature.strip()):
+            raise PipelineDefinitionError(f"SLA label_signature {self.label_signature!r} must name a signature of "
+                                          "the trained model, e.g. 'transform_features'")
         if (metric is Metric.CUSTOM) != (self.loss_module is not None):
             raise PipelineDefinitionError(f"SLA loss_module {self.loss_module!r}: metric 'custom' needs one (the "
                                           "Python file of your per-example loss), the other metrics take none")
@@ -273,7 +281,8 @@ class SagePipeline:
                                          None if self.sla.metric == Metric.ACCURACY.value else self.sla.loss_bound),
                                      eta=eta, train_split=train_split, label_threshold=self.sla.label_threshold,
                                      loss_module=self.module_path("loss_module"),
-                                     loss_function=self.sla.loss_function)
+                                     loss_function=self.sla.loss_function,
+                                     label_signature=self.sla.label_signature)
         pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
                         push_destination=pusher_pb2.PushDestination(
                             filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=config.serving_dir)))

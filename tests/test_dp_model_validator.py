@@ -86,6 +86,21 @@ def _export_models(folder, fit_after):
 
     paths["tipper"] = str(folder / "tipper" / "Format-Serving")
     tf.saved_model.save(module, paths["tipper"], signatures={"serving_default": serve.get_concrete_function()})
+
+    # The same rule with TFX's taxi label derived by the model's own transform_features signature, as TFX's
+    # taxi_utils_native_keras.py exports it: tips_xf = tips > 0.2 * fare (0 where the fare is missing).
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+    def transform_features(examples):
+        parsed = tf.io.parse_example(examples, {k: tf.io.FixedLenFeature([], tf.float32, float("nan"))
+                                                for k in ("tips", "fare")})
+        big = tf.logical_and(tf.logical_not(tf.math.is_nan(parsed["fare"])),
+                             parsed["tips"] > 0.2 * parsed["fare"])
+        return {"tips_xf": tf.cast(big, tf.int64), "fare_xf": parsed["fare"]}
+
+    paths["tipper_xf"] = str(folder / "tipper_xf" / "Format-Serving")
+    tf.saved_model.save(module, paths["tipper_xf"], signatures={
+        "serving_default": serve.get_concrete_function(),
+        "transform_features": transform_features.get_concrete_function()})
     return {k: os.path.dirname(v) for k, v in paths.items()}
 
 
@@ -279,6 +294,38 @@ def test_a_custom_bounded_loss_and_a_derived_label(world, tmp_path):
     loss.write_text(loss.read_text().replace("np.abs", "np.square"))
     assert validation_computation(validation_plan(props, world["grant"]), model) != validation_computation(plan, model)
     assert release.stage == "validation"
+
+
+def test_a_label_from_the_models_transform_features_signature(world, tmp_path):
+    """TFX's taxi label (tips > 0.2 * fare) is not a raw column: the validator reads it through the model's
+    ``transform_features`` signature (TFMA's preprocessing_function_names), a function of each record alone."""
+    from sage_tfx.components.dp_model_validator_executor import (ServingModel, ValidatorConfigError,
+                                                                 model_outputs, split_records)
+
+    _, result = _run(world, tmp_path / "a", model="tipper_xf", metric="accuracy", target=0.6, label_key="tips_xf",
+                     loss_bound=None, label_signature="transform_features")
+    report = _report(result)
+    assert report["outcome"] == "ACCEPT" and report["bound"] >= 0.6, report
+    # the labels are exactly the derived ones, one per eval record
+    model = ServingModel(os.path.join(world["models"]["tipper_xf"], "Format-Serving"))
+    records = split_records(world["examples"], "eval")
+    labels, _ = model_outputs(model, records, "tips_xf", "transform_features")
+    import tensorflow as tf
+
+    expected = []
+    for r in records:
+        f = tf.train.Example.FromString(r).features.feature
+        tips = f["tips"].float_list.value[0] if f["tips"].float_list.value else np.nan
+        fare = f["fare"].float_list.value[0] if f["fare"].float_list.value else np.nan
+        expected.append(float(np.isfinite(fare) and np.float32(tips) > np.float32(0.2) * np.float32(fare)))
+    assert len(labels) == len(records) and np.array_equal(labels, np.array(expected))
+    assert 0.1 < labels.mean() < 0.5  # TFX's big tippers: about a fifth of the trips
+    for signature, key, message in [("nope", "tips_xf", r"'nope' is not a signature.*'transform_features'"),
+                                    ("transform_features", "tips", r"returns no 'tips'.*'fare_xf', 'tips_xf'")]:
+        world["grant"], world["examples"] = regrant(world["ledger"], *world["base"])
+        with pytest.raises(ValidatorConfigError, match=message):
+            _run(world, tmp_path / signature / key, model="tipper_xf", metric="accuracy", target=0.6, label_key=key,
+                 loss_bound=None, label_signature=signature)
 
 
 def test_custom_losses_are_clipped_to_the_public_bound():
