@@ -27,7 +27,14 @@ BUILTIN = {
 }
 
 __all__ = ["SLA", "Metric", "SagePipeline", "StandardComponents", "PipelineDefinitionError", "load_pipeline",
-           "BUILTIN"]
+           "pushed_models", "BUILTIN"]
+
+
+def pushed_models(serving_dir: str) -> list:
+    """The model versions Pusher wrote under ``serving_dir`` (each a SavedModel directory), oldest first."""
+    if not os.path.isdir(serving_dir):
+        return []
+    return sorted(os.path.join(serving_dir, d) for d in os.listdir(serving_dir) if d.isdigit())
 
 
 def load_pipeline(spec: str) -> SagePipeline:

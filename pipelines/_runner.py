@@ -88,13 +88,6 @@ def validation_result(metadata_path, grant_id):
         return json.load(f)
 
 
-def pushed_models(serving_dir):
-    """Versions under the push destination (each a SavedModel directory), oldest first."""
-    if not os.path.isdir(serving_dir):
-        return []
-    return sorted(os.path.join(serving_dir, d) for d in os.listdir(serving_dir) if d.isdigit())
-
-
 def make_run_iteration(build_pipeline, config):
     """A ``run_iteration(grant, split, eta, iteration)`` for SageIterator over a pipeline factory.
 

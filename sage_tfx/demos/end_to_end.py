@@ -136,7 +136,7 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
 
 
 def _pushed_model(serving_dir):
-    from sage_tfx.pipelines._runner import pushed_models
+    from sage_tfx.pipelines import pushed_models
 
     models = pushed_models(serving_dir)
     return models[-1] if models else None
