@@ -187,3 +187,22 @@ def test_bad_analyzer_arguments_are_named():
             dp_compute_and_apply_vocabulary(s, 1.0, 1e-6, num_oov_buckets=-1)
         with pytest.raises(DPTransformError, match="tf.string"):
             dp_vocabulary(tf.compat.v1.placeholder(tf.int64, [None]), 1.0, 1e-6)
+
+
+@pytest.mark.tf
+def test_vocabulary_index_is_an_exact_lookup_at_any_size():
+    """The lookup behind dp_compute_and_apply_vocabulary: index in the released vocabulary or -1, exact for a
+    100,000-value vocabulary (binary search on fingerprints, then the strings compared) and for an empty one."""
+    import tensorflow as tf
+
+    from sage_tfx.transform.vocabulary_analyzer import vocabulary_index
+
+    rng = np.random.default_rng(5)
+    vocab = [f"v{k}".encode() for k in rng.permutation(100_000)]
+    rows = [f"v{k}".encode() for k in rng.integers(0, 150_000, size=20_000)] + [b"", b"v-1"]
+    expected = {v: i for i, v in enumerate(vocab)}
+    got = vocabulary_index(tf.constant(rows), tf.constant(vocab)).numpy()
+    assert got.tolist() == [expected.get(r, -1) for r in rows]
+    assert 0 < (got >= 0).mean() < 1
+    empty = vocabulary_index(tf.constant(rows[:5]), tf.constant([], dtype=tf.string)).numpy()
+    assert empty.tolist() == [-1] * 5

@@ -95,6 +95,32 @@ def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional
         return vocab
 
 
+def vocabulary_index(x: tf.Tensor, vocab: tf.Tensor) -> tf.Tensor:
+    """Index of each value of the 1-D string tensor ``x`` in the 1-D string tensor ``vocab``, or -1.
+
+    O((len(x) + len(vocab)) log len(vocab)) time and linear memory, however large the vocabulary (no
+    [len(x), len(vocab)] comparison): 62-bit fingerprints of the vocabulary sorted once, each row's
+    fingerprint found by binary search, then the strings compared, so a fingerprint collision can only
+    make a value OOV, never give it another value's id. No lookup table: a table initialised from an
+    analyzer's output cannot be saved in tf.Transform's TF2 graphs. An empty vocabulary finds nothing
+    (nothing may fail after the charge).
+    """
+    buckets = 2 ** 62
+    size = tf.size(vocab, out_type=tf.int64)
+    fingerprints = tf.strings.to_hash_bucket_fast(vocab, buckets)
+    order = tf.argsort(fingerprints, stable=True)
+    sentinel = tf.constant([buckets], tf.int64)  # above every fingerprint: pads the empty and the last position
+    sorted_fp = tf.concat([tf.gather(fingerprints, order), sentinel], axis=0)
+    padded_order = tf.concat([tf.cast(order, tf.int64), tf.zeros([1], tf.int64)], axis=0)
+    padded_vocab = tf.concat([vocab, tf.constant([""])], axis=0)
+    row_fp = tf.strings.to_hash_bucket_fast(x, buckets)
+    position = tf.searchsorted(sorted_fp, row_fp, side="left", out_type=tf.int64)
+    candidate = tf.gather(padded_order, position)
+    found = (tf.less(position, size) & tf.equal(tf.gather(sorted_fp, position), row_fp)
+             & tf.equal(tf.gather(padded_vocab, candidate), x))
+    return tf.where(found, candidate, tf.constant(-1, tf.int64))
+
+
 def dp_compute_and_apply_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional[int] = None,
                                     num_oov_buckets: int = 1, default_value: int = -1, seed: Optional[int] = None,
                                     name: Optional[str] = None) -> tf.Tensor:
@@ -110,11 +136,8 @@ def dp_compute_and_apply_vocabulary(x: tf.Tensor, epsilon: float, delta: float, 
         vocab = dp_vocabulary(x, epsilon, delta, top_k=top_k, seed=seed)
         x = _dense_vector(x, "x", "dp_compute_and_apply_vocabulary")
         size = tf.size(vocab, out_type=tf.int64)
-        hit = tf.equal(tf.expand_dims(x, 1), tf.expand_dims(vocab, 0))  # [batch, len(vocab)]
-        found = tf.reduce_any(hit, axis=1)
-        # a padding column keeps argmax defined when the DP vocabulary is empty (nothing may fail after the charge)
-        padded = tf.concat([tf.cast(hit, tf.int64), tf.zeros([tf.shape(x)[0], 1], tf.int64)], axis=1)
-        index = tf.argmax(padded, axis=1, output_type=tf.int64)
+        index = vocabulary_index(x, vocab)
+        found = tf.greater_equal(index, 0)
         if num_oov_buckets == 0:
             oov = tf.fill(tf.shape(x), tf.constant(default_value, tf.int64))
         else:
