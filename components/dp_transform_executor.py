@@ -153,7 +153,8 @@ def check_traced_analyzers(graph):
         "bucketize": "sage_tfx.transform.dp_bucketize(x, num_buckets, epsilon, value_range)",
         "quantiles": "sage_tfx.transform.dp_quantiles(x, num_buckets, epsilon, value_range) (or dp_bucketize)",
         "compute_and_apply_vocabulary": "sage_tfx.transform.dp_compute_and_apply_vocabulary(x, epsilon, delta, "
-                                        "top_k=...) (or a public vocabulary: apply_public_vocabulary)",
+                                        "top_k=...) (or count a public vocabulary with dp_histogram(x, epsilon, "
+                                        "vocabulary=[...]))",
         "vocabulary": "sage_tfx.transform.dp_vocabulary(x, epsilon, delta, top_k=...)",
         "sum": "sage_tfx.transform.dp_sum_per_key (one key for a total) or dp_mean",
         "size": "sage_tfx.transform.dp_count_per_key (one key for the row count)",

@@ -184,7 +184,7 @@ def test_dptransform_refuses_tfts_analyzers_naming_the_dp_counterpart_and_accept
         "dp_scale_to_0_1 or dp_quantiles": lambda i: {"o": i["x"] - tft.min(i["x"])},
         "dp_quantiles": lambda i: {"o": tft.apply_buckets(i["x"], tft.quantiles(i["x"], 4, 0.01))},
         "dp_bucketize": lambda i: {"o": tft.bucketize(i["x"], 4)},
-        "dp_histogram.*vocabulary=.*DP vocabularies are coming": lambda i: {
+        r"dp_compute_and_apply_vocabulary\(x, epsilon, delta.*dp_histogram\(x, epsilon, vocabulary=": lambda i: {
             "o": tft.compute_and_apply_vocabulary(i["s"])},
         # a scope of the user's own name: the inner analyzer still names the counterpart
         r"dp_scale_to_z_score \(or dp_mean / dp_variance\)": lambda i: {"o": tft.scale_to_z_score(i["x"], name="z")},
@@ -198,8 +198,8 @@ def test_dptransform_refuses_tfts_analyzers_naming_the_dp_counterpart_and_accept
         return {"z": dp_scale_to_z_score(x, 0.1, 10.0), "s": dp_scale_to_0_1(x, 0.1, 10.0),
                 "q": tf.ones_like(x)[:, None] * dp_quantiles(x, 4, 0.1, 10.0), "b": dp_bucketize(x, 4, 0.1, 10.0)}
 
-    total, spends, _ = trace_spend(dp_fn, spec, {}, grant_seed=7)
-    assert math.isclose(total, 0.4) and len(spends) == 4
+    total, delta, spends, _ = trace_spend(dp_fn, spec, {}, grant_seed=7)
+    assert math.isclose(total, 0.4) and delta == 0.0 and len(spends) == 4
     with pytest.raises(NonPrivateAnalyzer, match="dp_quantiles: seed=3 was given"):
         trace_spend(lambda i: {"q": dp_quantiles(i["x"], 4, 0.1, 10.0, seed=3)}, spec, {}, grant_seed=7)
 
