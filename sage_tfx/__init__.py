@@ -42,6 +42,8 @@ _LAZY = {
     "dp_bucketize": "sage_tfx.transform",
     "dp_vocabulary": "sage_tfx.transform",
     "dp_compute_and_apply_vocabulary": "sage_tfx.transform",
+    "apply_public_vocabulary": "sage_tfx.transform",
+    "one_hot": "sage_tfx.transform",
     "PreprocessingBudget": "sage_tfx.transform",
     # SLAed validation (numpy/scipy)
     "DPLossValidator": "sage_tfx.validation",

@@ -1,5 +1,6 @@
 """DP preprocessing for tf.Transform: dp_group_by_mean (Sage, List. 1) and its family, DP counterparts of
-tft's scalers and bucketizers (dp_scale_to_z_score, dp_scale_to_0_1, dp_quantiles, dp_bucketize), the budget helper,
+tft's scalers and bucketizers (dp_scale_to_z_score, dp_scale_to_0_1, dp_quantiles, dp_bucketize), public-vocabulary lookups
+(apply_public_vocabulary, one_hot), the budget helper,
 and `noise_seed` (trusted code seeds the analyzers' noise, e.g. DPTransform from the grant).
 
 The analyzers (TensorFlow, Beam) load on first use, so importing this package for
@@ -31,12 +32,13 @@ _ANALYZERS = (
 )
 _VOCABULARY = ("dp_vocabulary", "dp_compute_and_apply_vocabulary")  # in .vocabulary_analyzer
 _SCALING = ("dp_scale_to_z_score", "dp_scale_to_0_1", "dp_quantiles", "dp_bucketize")  # in .scaling
+_LOOKUP = ("apply_public_vocabulary", "one_hot")  # in .lookup: public vocabularies, no privacy cost
 
 __all__ = [
     "BUDGET_KEY", "EPSILON_FIELD", "PreprocessingBudget", "Spend", "budget_custom_config",
     "call_preprocessing_fn", "requested_epsilon", "requested_spends", "trace_requested_epsilon",
     "BudgetExceeded", "DPTransformError", "MissingBudget", "NonPrivateAnalyzer", "analyzer_seed", "noise_seed",
-    *_ANALYZERS, *_SCALING, *_VOCABULARY,
+    *_ANALYZERS, *_SCALING, *_VOCABULARY, *_LOOKUP,
 ]
 
 
@@ -49,6 +51,10 @@ def __getattr__(name):
         from . import scaling
 
         return getattr(scaling, name)
+    if name in _LOOKUP:
+        from . import lookup
+
+        return getattr(lookup, name)
     if name in _VOCABULARY:
         from . import vocabulary_analyzer
 
