@@ -195,7 +195,7 @@ def test_vocabulary_index_is_an_exact_lookup_at_any_size():
     100,000-value vocabulary (binary search on fingerprints, then the strings compared) and for an empty one."""
     import tensorflow as tf
 
-    from sage_tfx.transform.vocabulary_analyzer import vocabulary_index
+    from sage_tfx.transform.lookup import _search_index as vocabulary_index
 
     rng = np.random.default_rng(5)
     vocab = [f"v{k}".encode() for k in rng.permutation(100_000)]

@@ -26,6 +26,7 @@ from .errors import DPTransformError
 from .noise import check_epsilon, check_seed
 from .seeding import resolve_seed
 from .noise import check_int
+from .lookup import _search_index
 from .vocabulary import check_delta, select_vocabulary
 
 
@@ -95,32 +96,6 @@ def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional
         return vocab
 
 
-def vocabulary_index(x: tf.Tensor, vocab: tf.Tensor) -> tf.Tensor:
-    """Index of each value of the 1-D string tensor ``x`` in the 1-D string tensor ``vocab``, or -1.
-
-    O((len(x) + len(vocab)) log len(vocab)) time and linear memory, however large the vocabulary (no
-    [len(x), len(vocab)] comparison): 62-bit fingerprints of the vocabulary sorted once, each row's
-    fingerprint found by binary search, then the strings compared, so a fingerprint collision can only
-    make a value OOV, never give it another value's id. No lookup table: a table initialised from an
-    analyzer's output cannot be saved in tf.Transform's TF2 graphs. An empty vocabulary finds nothing
-    (nothing may fail after the charge).
-    """
-    buckets = 2 ** 62
-    size = tf.size(vocab, out_type=tf.int64)
-    fingerprints = tf.strings.to_hash_bucket_fast(vocab, buckets)
-    order = tf.argsort(fingerprints, stable=True)
-    sentinel = tf.constant([buckets], tf.int64)  # above every fingerprint: pads the empty and the last position
-    sorted_fp = tf.concat([tf.gather(fingerprints, order), sentinel], axis=0)
-    padded_order = tf.concat([tf.cast(order, tf.int64), tf.zeros([1], tf.int64)], axis=0)
-    padded_vocab = tf.concat([vocab, tf.constant([""])], axis=0)
-    row_fp = tf.strings.to_hash_bucket_fast(x, buckets)
-    position = tf.searchsorted(sorted_fp, row_fp, side="left", out_type=tf.int64)
-    candidate = tf.gather(padded_order, position)
-    found = (tf.less(position, size) & tf.equal(tf.gather(sorted_fp, position), row_fp)
-             & tf.equal(tf.gather(padded_vocab, candidate), x))
-    return tf.where(found, candidate, tf.constant(-1, tf.int64))
-
-
 def dp_compute_and_apply_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional[int] = None,
                                     num_oov_buckets: int = 1, default_value: int = -1, seed: Optional[int] = None,
                                     name: Optional[str] = None) -> tf.Tensor:
@@ -136,7 +111,9 @@ def dp_compute_and_apply_vocabulary(x: tf.Tensor, epsilon: float, delta: float, 
         vocab = dp_vocabulary(x, epsilon, delta, top_k=top_k, seed=seed)
         x = _dense_vector(x, "x", "dp_compute_and_apply_vocabulary")
         size = tf.size(vocab, out_type=tf.int64)
-        index = vocabulary_index(x, vocab)
+        # binary search on the vocabulary's sorted fingerprints, then an exact compare (lookup._search_index:
+        # linear memory at any size; a table initialised from an analyzer output cannot be saved in tft's TF2 graphs)
+        index = _search_index(x, vocab)
         found = tf.greater_equal(index, 0)
         if num_oov_buckets == 0:
             oov = tf.fill(tf.shape(x), tf.constant(default_value, tf.int64))
