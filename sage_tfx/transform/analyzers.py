@@ -57,8 +57,26 @@ from .noise import (
 )
 from .seeding import resolve_seed
 
-PerKeyMean = collections.namedtuple("PerKeyMean", ["counts", "sums", "means"])
-PerKeyMean.__doc__ = """Noisy per-key tables of dp_mean_per_key, each a float32 tensor of shape [nkeys]."""
+class PerKeyMean(collections.namedtuple("PerKeyMean", ["counts", "sums", "means"])):
+    """Noisy per-key tables of dp_mean_per_key, each a float32 tensor of shape [nkeys].
+
+    ``means`` already holds the public fallback for keys whose noisy count is below ``min_count``
+    (when dp_mean_per_key was given one). `lookup` maps rows to their key's mean.
+    """
+
+    __slots__ = ()
+
+    def lookup(self, key, *, default: float) -> tf.Tensor:
+        """float32 [batch]: ``means[key]`` for each row, the PUBLIC ``default`` for a key outside [0, nkeys).
+
+        Post-processing of the released table with the row's own key: no privacy cost. Out-of-range
+        keys get ``default`` instead of failing (nothing may fail after the charge).
+        """
+        default = _check_finite(default, "PerKeyMean.lookup: default")
+        nkeys = self.means.shape[0]
+        if nkeys is None:
+            raise DPTransformError("PerKeyMean.lookup: the tables have no static size; use tf.gather on .means")
+        return _lookup(self.means, _key_vector(key, nkeys, "PerKeyMean.lookup"), default)
 
 
 # ---------------------------------------------------------------- Beam side
@@ -126,8 +144,11 @@ def _as_is(*tables):
     return tables
 
 
-def _mean_tables(counts, sums, value_range):
-    return counts, sums, guarded_mean(sums, counts, value_range)
+def _mean_tables(counts, sums, value_range, min_count=None, fallback=None):
+    means = guarded_mean(sums, counts, value_range)
+    if min_count is not None:  # the choice reads only the noisy count: post-processing
+        means = np.where(np.asarray(counts) < min_count, fallback, means)
+    return counts, sums, means
 
 
 def _variance_table(counts, centred_sums, centred_squares, value_range):
@@ -163,6 +184,60 @@ def _key_vector(key, nkeys, label, what="key"):
     key = tf.cast(key, tf.int64)
     bad = tf.logical_or(key < 0, key >= nkeys)
     return tf.where(bad, tf.constant(OUT_OF_RANGE, tf.int64), key)
+
+
+def _masked(keys, mask, label):
+    """Keys with every row whose mask is not set replaced by OUT_OF_RANGE (the row then counts nowhere).
+
+    ``mask``: bool, or numeric where exactly 1 keeps the row (0, NaN or any other value drops it), one
+    value per row. A fixed function of the row alone, so a masked row is as if absent from the tables.
+    """
+    if mask is None:
+        return keys
+    mask = _dense_vector(mask, "mask", label)
+    if mask.dtype != tf.bool:
+        if not (mask.dtype.is_integer or mask.dtype.is_floating):
+            raise DPTransformError(f"{label}: mask must be a bool (or 0/1 numeric) tensor, got dtype "
+                                   f"{mask.dtype.name} (e.g. mask=inputs['arr_delay'] > 0)")
+        mask = tf.equal(mask, tf.ones_like(mask))
+    if mask.shape[0] is not None and keys.shape[0] is not None and mask.shape[0] != keys.shape[0]:
+        raise DPTransformError(f"{label}: mask has {mask.shape[0]} rows but key has {keys.shape[0]}; "
+                               "give one mask value per row of key")
+    same = tf.debugging.assert_equal(tf.size(mask), tf.size(keys), message=f"{label}: mask and key differ in "
+                                     "rows (a shape error of the preprocessing_fn, never of a value)")
+    with tf.control_dependencies([same]):
+        return tf.where(mask, keys, tf.constant(OUT_OF_RANGE, tf.int64))
+
+
+def _lookup(table, keys, default):
+    """table[key] per row (keys from _key_vector), the public ``default`` where the key is OUT_OF_RANGE."""
+    in_range = keys >= 0
+    return tf.where(in_range, tf.gather(table, tf.where(in_range, keys, tf.zeros_like(keys))),
+                    tf.constant(default, tf.float32))
+
+
+def _check_finite(value, what):
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise DPTransformError(f"{what} must be a finite number (a public constant), got {value!r}") from None
+    if isinstance(value, bool) or not np.isfinite(number):
+        raise DPTransformError(f"{what} must be a finite number (a public constant), got {value!r}")
+    return number
+
+
+def _check_fallback(label, min_count, fallback):
+    """(min_count, fallback) as floats, both or neither; raise naming the bad or missing one."""
+    if min_count is None and fallback is None:
+        return None, None
+    if min_count is None or fallback is None:
+        raise DPTransformError(
+            f"{label}: give both min_count and fallback, got min_count={min_count!r}, fallback={fallback!r} "
+            "(e.g. min_count=20, fallback=value_range / 2 or a public prior)")
+    min_count = _check_finite(min_count, f"{label}: min_count")
+    if min_count < 0:
+        raise DPTransformError(f"{label}: min_count must be >= 0, got {min_count!r}")
+    return min_count, _check_finite(fallback, f"{label}: fallback")
 
 
 def _clipped_values(value, value_range, label):
@@ -248,31 +323,55 @@ def dp_sum_per_key(key, value, nkeys, epsilon, value_range, *, seed=None, name=N
         return noisy
 
 
-def _mean_per_key(label, key, value, nkeys, epsilon, value_range, seed, name):
+def _mean_per_key(label, key, value, nkeys, epsilon, value_range, seed, name, mask=None, min_count=None,
+                  fallback=None):
     epsilon, seed, nkeys, value_range = _check_common(label, epsilon, seed, nkeys=nkeys, value_range=value_range)
+    min_count, fallback = _check_fallback(label, min_count, fallback)
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
-        keys = _key_vector(key, nkeys, label)
+        keys = _masked(_key_vector(key, nkeys, label), mask, label)
         values = _clipped_values(value, value_range, label)
         partials = _per_key_sums(keys, [tf.ones_like(values), values], nkeys)
         # Half the budget for the counts (sensitivity 1), half for the sums (sensitivity R).
         scales = [2.0 / epsilon, 2.0 * value_range / epsilon]
-        finish = functools.partial(_mean_tables, value_range=value_range)
+        finish = functools.partial(_mean_tables, value_range=value_range, min_count=min_count, fallback=fallback)
         counts, sums, means = _noisy_tables(scope, partials, scales, [nkeys], finish, 3, seed)
-        return keys, PerKeyMean(counts, sums, means)
+        return PerKeyMean(counts, sums, means), fallback
 
 
-def dp_mean_per_key(key, value, nkeys, epsilon, value_range, *, seed=None, name=None):
+_MEAN_OPTIONS = """
+    Options (keyword-only, public constants; none changes the sensitivity or the guarantee):
+
+    - ``mask``: a bool tensor (or numeric: exactly 1 keeps the row), one value per row of ``key``.
+      A row whose mask is not set contributes to no count and no sum, exactly as if it were absent
+      (e.g. the mean arr_delay per carrier over delayed flights only: ``mask=arr_delay > 0``).
+      Sensitivity unchanged: a row still moves at most one count by 1 and one sum by at most
+      value_range (a masked row moves nothing); whether a row counts is a function of that row alone.
+    - ``min_count`` and ``fallback`` (both or neither): a key whose NOISY count is below ``min_count``
+      gets the PUBLIC ``fallback`` (e.g. value_range / 2 or a public prior) as its mean instead of
+      a ratio of two small noisy numbers. The choice reads only the released noisy count, so it is
+      post-processing: free. ``fallback`` must not be computed from the data.
+"""
+
+
+def dp_mean_per_key(key, value, nkeys, epsilon, value_range, *, mask=None, min_count=None, fallback=None,
+                    seed=None, name=None) -> PerKeyMean:
     """Noisy per-key counts, sums and means of clip(value, 0, value_range): a `PerKeyMean` of float32 [nkeys].
 
-    The tables behind `dp_group_by_mean` (same mechanism, same guarantee); the noisy
-    counts and sums are what an absolute-error SLA needs (SAGE_SPEC.md section 6).
+    The tables behind `dp_group_by_mean` (same mechanism, same (epsilon, 0)-DP guarantee and proof);
+    the noisy counts and sums are what an absolute-error SLA needs (SAGE_SPEC.md section 6). Map rows
+    to their key's mean with ``tables.lookup(any_key, default=...)`` (any key tensor over [0, nkeys),
+    e.g. another column than the one aggregated over), or use ``dp_group_by_mean(..., lookup_key=)``.
+    ``means`` holds the fallback where the noisy count is below ``min_count``; ``counts`` and ``sums``
+    are the raw noisy tables.
     """
-    _, tables = _mean_per_key("dp_mean_per_key", key, value, nkeys, epsilon, value_range, seed, name)
+    tables, _ = _mean_per_key("dp_mean_per_key", key, value, nkeys, epsilon, value_range, seed, name, mask,
+                              min_count, fallback)
     return tables
 
 
-def dp_group_by_mean(key_tensor, value_tensor, nkeys, epsilon, value_range, *, seed=None, name=None):
+def dp_group_by_mean(key_tensor, value_tensor, nkeys, epsilon, value_range, *, mask=None, min_count=None,
+                     fallback=None, lookup_key=None, seed=None, name=None) -> tf.Tensor:
     """Sage's DP feature (paper List. 1): each row gets the noisy mean value of its key. float32 [batch].
 
     Mechanism (SAGE_SPEC.md section 4), with v = clip(value, 0, value_range) and
@@ -290,12 +389,27 @@ def dp_group_by_mean(key_tensor, value_tensor, nkeys, epsilon, value_range, *, s
     The noise is drawn once per analysis over the whole data set; every row of a key,
     every transform batch and serving see the same value.
 
+    ``lookup_key`` (keyword-only, with the options below): the output is ``means[lookup_key]``
+    instead of ``means[key]`` (an integer tensor over the same key space [0, nkeys), one value per
+    OUTPUT row; out-of-range values are handled like out-of-range keys): aggregate over one
+    column and look up by another (the mean delay at each row's origin, looked up by its
+    destination), or aggregate with a mask and look up every row (masked rows too get their key's
+    mean: the mask only selects what is aggregated). Post-processing with the row's own key.
+    A lookup key outside [0, nkeys) gets ``fallback`` if given, else value_range / 2 (public).
+
     `seed` is for tests only (None draws fresh OS entropy).
     """
-    keys, tables = _mean_per_key("dp_group_by_mean", key_tensor, value_tensor, nkeys, epsilon, value_range, seed, name)
-    in_range = keys >= 0
-    return tf.where(in_range, tf.gather(tables.means, tf.where(in_range, keys, tf.zeros_like(keys))),
-                    tf.constant(value_range / 2.0, tf.float32))
+    label = "dp_group_by_mean"
+    tables, fallback = _mean_per_key(label, key_tensor, value_tensor, nkeys, epsilon, value_range, seed, name,
+                                     mask, min_count, fallback)
+    nkeys = tables.means.shape[0]
+    by = key_tensor if lookup_key is None else lookup_key
+    keys = _key_vector(by, nkeys, label, what="key" if lookup_key is None else "lookup_key")
+    return _lookup(tables.means, keys, float(value_range) / 2.0 if fallback is None else fallback)
+
+
+dp_mean_per_key.__doc__ += _MEAN_OPTIONS
+dp_group_by_mean.__doc__ += _MEAN_OPTIONS
 
 
 def dp_histogram(x, epsilon, *, num_buckets=None, vocabulary=None, seed=None, name=None):
@@ -362,7 +476,7 @@ def dp_mean(x, epsilon, value_range, *, seed=None, name=None):
     Sensitivity 1 (count) and value_range (sum). Guarantee: (epsilon, 0)-DP, epsilon/2
     each by basic composition; the rest is post-processing.
     """
-    _, tables = _mean_per_key("dp_mean", tf.zeros_like(_dense_vector(x, "x", "dp_mean"), dtype=tf.int64),
+    tables, _ = _mean_per_key("dp_mean", tf.zeros_like(_dense_vector(x, "x", "dp_mean"), dtype=tf.int64),
                               x, 1, epsilon, value_range, seed, name)
     return tables.means[0]
 
