@@ -8,7 +8,8 @@ resumes: the interrupted iteration re-runs under its grant, without a new charge
 Beam pipeline options go after a bare --, e.g. `sage run ... -- --direct_num_workers=2`.
 
 --check runs one iteration on GENERATED rows of the stream's schema in a throwaway ledger first: schema
-and module errors show there, before anything is charged.
+and module errors show there, before anything is charged. With --target it then estimates the rows the
+validator's ACCEPT test needs at a few epsilons, for a public guess of the model's loss (--expected-loss).
 
 Exit codes: 0 ACCEPT (the model was pushed, or --check ran end to end), 4 REJECT (the REJECT test on the
 training split showed the target is out of reach), 5 TIMEOUT, 2 bad input, 1 an iteration failed after its
@@ -36,6 +37,10 @@ def add_parser(subparsers):
                    help="a dry run that spends nothing: one iteration on GENERATED rows of the stream's schema in a "
                         "throwaway ledger, to find schema and module errors before any charge (exit 0 if it ran "
                         "end to end, 2 with the error otherwise)")
+    p.add_argument("--expected-loss", type=float, default=None, metavar="VALUE",
+                   help="with --check and --target: a PUBLIC guess of the model's true metric in the SLA's unit (a "
+                        "loss; for accuracy pipelines, the accuracy) for the estimate of the rows to ACCEPT (default: "
+                        "half the target loss; accuracy: half the target's error rate)")
     p.add_argument("--confidence", type=float, default=0.95, help="SLA confidence 1 - eta (default 0.95)")
     p.add_argument("--runner", choices=("local", "beam"), default="local", help="TFX orchestrator")
     p.add_argument("--max-iterations", type=int, default=10)
@@ -107,8 +112,14 @@ def _run(args):
 def _check(definition, args):
     from sage_tfx.pipelines.check import dry_run
 
+    if args.expected_loss is not None and args.target is None:
+        raise ValueError("--expected-loss needs --target (the estimate is of the rows to ACCEPT at that target)")
+    overrides = {"epsilon_start": args.epsilon_start, "min_window": args.min_window,
+                 "rejection_share": args.rejection_share}
     result = dry_run(definition, args.data_root, args.stream, model=args.model, runner=args.runner,
-                     beam_args=list(getattr(args, "extra_args", [])), progress=lambda line: print(line, flush=True))
+                     beam_args=list(getattr(args, "extra_args", [])), progress=lambda line: print(line, flush=True),
+                     target=args.target, expected=args.expected_loss, confidence=args.confidence,
+                     overrides={k: v for k, v in overrides.items() if v is not None})
     if not result.ok:
         print(f"sage run --check: {definition.name} FAILED on generated rows, before any charge:\n{result.error}",
               file=sys.stderr)
