@@ -61,7 +61,7 @@ import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 import numpy as np
 import tensorflow as tf
 
-from sage_tfx.models.dpsgd_engine import GhostClipEngine, _Engine, _zero_rows, dense_layers
+from sage_tfx.models.dpsgd_engine import LayerGhostEngine, _Engine, _zero_rows, ghost_layers
 from sage_tfx.models.dpsgd_models import poisson_batches
 from sage_tfx.models.seeding import active as _seed_active
 from sage_tfx.models.seeding import fit_seeds
@@ -189,15 +189,21 @@ class _PerExampleEngine(_Engine):
 
 
 def _ghost_ok(model):
-    return isinstance(model, tf.keras.Sequential) and dense_layers(model) is not None
+    """True if the layer ghost engine applies: a graph network with at least one Dense or Embedding layer."""
+    found = ghost_layers(model)
+    return found is not None and bool(found[0])
 
 
-def _engine(per_example, model, loss_fn, clip_norm, sigma, seed):
+_GHOST_REFUSED = ("per_example='ghost' is invalid for this model: the ghost engine needs a Keras graph network "
+                  "(Functional, or Sequential with a known input shape) with at least one Dense or Embedding "
+                  "layer; use per_example='auto' or 'vmap'")
+
+
+def _engine(per_example, model, loss_fn, clip_norm, sigma, seed, vectorized=True):
     if per_example == "ghost":
         if not _ghost_ok(model):
-            raise ValueError("per_example='ghost' is invalid for this model: the ghost engine needs a "
-                             "tf.keras.Sequential of Dense layers only; use per_example='auto' or 'vmap'")
-        return GhostClipEngine(model, loss_fn, clip_norm, sigma, seed)
+            raise ValueError(_GHOST_REFUSED)
+        return LayerGhostEngine(model, loss_fn, clip_norm, sigma, seed, vectorized=vectorized)
     return _PerExampleEngine(model, loss_fn, clip_norm, sigma, seed, vectorized=per_example != "loop")
 
 
@@ -273,11 +279,13 @@ class PrivateModel:
             return tf.keras.optimizers.Adam(learning_rate=self.learning_rate)
         return tf.keras.optimizers.SGD(learning_rate=self.learning_rate, momentum=self.momentum)
 
-    def fit(self, x: Any, y: Any, verbose: bool = False) -> "PrivateModel":
+    def fit(self, x: Any, y: Any, verbose: bool = False, *,
+            callback: Optional[Callable[[int], None]] = None) -> "PrivateModel":
         """Train on (x, y) with DP-SGD; return self. Spends ``privacy_budget`` once (a second fit is refused).
 
         ``x``: an array, or a list / dict of arrays for a model with several inputs (rows aligned); ``y`` the
-        labels. Sensitivity C = ``clip_norm`` per step (add/remove one record); the run is
+        labels. ``callback(step)``, if given, is called after each step (0-based; timing, progress: it sees
+        nothing private beyond what the weights already show). Sensitivity C = ``clip_norm`` per step (add/remove one record); the run is
         (epsilon, delta)-DP for ``privacy_budget`` (module docstring: mechanism and proof sketch).
         """
         if self.privacy_spent is not None:
@@ -308,32 +316,46 @@ class PrivateModel:
         def apply(sums):
             optimizer.apply_gradients(zip([g / expected for g in sums], self.engine.variables))
 
-        dp_step = tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True)
-        noise_step = tf.function(lambda: apply(self.engine.noise()))
+        def steps_for_engine():
+            return (tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True),
+                    tf.function(lambda: apply(self.engine.noise())))
+
+        dp_step, noise_step = steps_for_engine()
+        traced = False
         rng = np.random.default_rng(seeds.sampling)
         for i, rows in enumerate(poisson_batches(rng, n, q, steps)):
             if len(rows) == 0:
                 noise_step()
-                continue
-            xb, yb = _take(x, rows), y[rows]
-            try:
-                dp_step(xb, yb)
-            except Exception:
-                if not (self.per_example == "auto" and per_example == "vmap" and i == 0):
-                    raise
-                # vectorisation failed when first traced: the per-example loop computes the same sums
-                per_example = "loop"
-                self.engine = _engine("loop", self.model, loss_fn, self.clip_norm, sigma, seeds.noise)
-                dp_step = tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True)
-                noise_step = tf.function(lambda: apply(self.engine.noise()))
-                dp_step(xb, yb)
+            else:
+                xb, yb = _take(x, rows), y[rows]
+                try:
+                    dp_step(xb, yb)
+                except Exception:
+                    if traced or self.per_example != "auto" or not getattr(self.engine, "vectorized", False) \
+                            or (per_example == "ghost" and not self.engine.fallback):
+                        raise
+                    # vectorisation failed when first traced: the per-example loop computes the same sums.
+                    # The new engine continues the old one's noise generator: no noise draw is ever reused.
+                    generator = self.engine._generator
+                    per_example = "ghost" if per_example == "ghost" else "loop"
+                    self.engine = _engine(per_example, self.model, loss_fn, self.clip_norm, sigma, seeds.noise,
+                                          vectorized=False)
+                    self.engine._generator = generator
+                    dp_step, noise_step = steps_for_engine()
+                    dp_step(xb, yb)
+                traced = True
+            if callback is not None:
+                callback(i)
             if verbose and (i + 1) % max(1, steps // 10) == 0:
                 print(f"DP-SGD step {i + 1}/{steps}", flush=True)
+        implementation = per_example
+        if per_example == "ghost" and self.engine.fallback:
+            implementation = "ghost+" + ("vmap" if self.engine.vectorized else "loop")
         self.privacy_spent = {
             "epsilon": spent_eps, "delta": self.delta, "dp_event": event, "noise_multiplier": sigma,
             "steps": steps, "sampling_rate": q, "num_examples": int(self.num_examples),
             "accountant": self.accountant, "mechanism": "dp-sgd (Poisson-sampled Gaussian)",
-            "implementation": f"make_private/{per_example}",
+            "implementation": f"make_private/{implementation}",
         }
         return self
 
@@ -443,8 +465,7 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
     if per_example not in PER_EXAMPLE:
         raise ValueError(f"per_example={per_example!r} is invalid: choose one of {PER_EXAMPLE}")
     if per_example == "ghost" and model.built and not _ghost_ok(model):
-        raise ValueError("per_example='ghost' is invalid for this model: the ghost engine needs a "
-                         "tf.keras.Sequential of Dense layers only; use per_example='auto' or 'vmap'")
+        raise ValueError(_GHOST_REFUSED)
     if seed is not None and _seed_active():
         fit_seeds(seed, _NAME)  # raises: an explicit seed inside training_seed (DPTrainer)
     if loss is not None:
