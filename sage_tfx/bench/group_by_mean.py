@@ -19,19 +19,18 @@ same tiny sink. The figures:
   the same epsilon and bounds, run by benchmarks/pipelinedp_mean.py in the
   benchmark-only venv benchmarks/.venv-bench (create it with benchmarks/setup_bench_venv.sh).
 """
+import functools
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from sage_tfx.bench import _tft_harness as harness
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BENCH_PYTHON = REPO / "benchmarks" / ".venv-bench" / "bin" / "python"
 PIPELINEDP_SCRIPT = REPO / "benchmarks" / "pipelinedp_mean.py"
-
-_SINKS = {}  # run id -> collected output (the DirectRunner runs in this process)
 
 
 def add_arguments(parser):
@@ -49,7 +48,7 @@ def add_arguments(parser):
 
 
 def _log(message):
-    print(f"[group-by-mean] {message}", file=sys.stderr, flush=True)
+    harness.log("group-by-mean", message)
 
 
 def generate_keys_and_speeds(rows, nkeys, seed, batch_rows):
@@ -75,15 +74,9 @@ def _generate_batch(index, rows, nkeys, seed, batch_rows):
 def _record_batch(index, rows, nkeys, seed, batch_rows):
     """Batch `index` as an Arrow record batch, generated inside the pipeline (nothing big is pickled)."""
     import numpy as np
-    import pyarrow as pa
 
     keys, speeds = _generate_batch(index, rows, nkeys, seed, batch_rows)
-    offsets = pa.array(np.arange(len(keys) + 1, dtype=np.int64))
-    return pa.RecordBatch.from_arrays(
-        [pa.LargeListArray.from_arrays(offsets, pa.array(keys.astype(np.int64))),
-         pa.LargeListArray.from_arrays(offsets, pa.array(speeds.astype(np.float32)))],
-        ["key", "speed"],
-    )
+    return harness.arrow_batch({"key": keys.astype(np.int64), "speed": speeds.astype(np.float32)})
 
 
 def _key_values(output):
@@ -102,10 +95,6 @@ def _merge(dicts):
         for k, values in d.items():
             merged.setdefault(k, set()).update(values)
     return merged
-
-
-def _collect(value, run_id):
-    _SINKS[run_id].append(value)
 
 
 def _preprocessing_fns(nkeys, epsilon, value_range):
@@ -144,32 +133,12 @@ def _preprocessing_fns(nkeys, epsilon, value_range):
 
 def _run_tft(preprocessing_fn, args, n_batches, run_id):
     """Analyze and transform the first n_batches generated batches; return (seconds, {key: set of output values})."""
-    import apache_beam as beam
     import tensorflow as tf
-    import tensorflow_transform as tft
-    import tensorflow_transform.beam as tft_beam
-    from tfx_bsl.tfxio import tensor_adapter, tensor_representation_util
 
     spec = {"key": tf.io.FixedLenFeature([], tf.int64), "speed": tf.io.FixedLenFeature([], tf.float32)}
-    schema = tft.DatasetMetadata.from_feature_spec(spec).schema
-    generate = (args.rows, args.keys, args.seed, args.batch_rows)
-    config = tensor_adapter.TensorAdapterConfig(
-        _record_batch(0, *generate).schema, tensor_representation_util.InferTensorRepresentationsFromSchema(schema))
-    _SINKS[run_id] = []
-    start = time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        with beam.Pipeline(argv=[]) as pipeline, tft_beam.Context(temp_dir=tmp):
-            raw = (pipeline
-                   | "BatchIndices" >> beam.Create(range(n_batches), reshuffle=False)
-                   | "Generate" >> beam.Map(_record_batch, *generate))
-            (transformed, _), _ = (raw, config) | tft_beam.AnalyzeAndTransformDataset(
-                preprocessing_fn, output_record_batches=True)
-            _ = (transformed
-                 | "PerKey" >> beam.Map(_key_values)
-                 | "Merge" >> beam.CombineGlobally(_merge)
-                 | "Sink" >> beam.Map(_collect, run_id))
-    seconds = time.perf_counter() - start
-    return seconds, _SINKS.pop(run_id)[0]
+    make_batch = functools.partial(_record_batch, rows=args.rows, nkeys=args.keys, seed=args.seed,
+                                   batch_rows=args.batch_rows)
+    return harness.run_tft(preprocessing_fn, spec, make_batch, n_batches, _key_values, _merge, run_id)
 
 
 def _mae(per_key_values, exact_means):
@@ -247,16 +216,12 @@ def run(args):
     _run_tft(dp_fn, args, 1, "warm-dp")
     _run_tft(segment_fn, args, 1, "warm-segment")
 
-    times = {"dp": [], "baseline": [], "segment": []}
-    maes = {"dp": [], "baseline": [], "segment": []}
-    order = [("dp", dp_fn), ("baseline", plain_fn), ("segment", segment_fn)]
-    for repeat in range(args.repeats):
-        for label, fn in order[repeat % 3:] + order[:repeat % 3]:  # rotate the order
-            _log(f"repeat {repeat + 1}/{args.repeats}: {label} pipeline over {args.rows} rows")
-            seconds, per_key = _run_tft(fn, args, n_batches, f"{label}-{repeat}")
-            _log(f"  {label}: {seconds:.2f} s")
-            times[label].append(seconds)
-            maes[label].append(_mae(per_key, exact_means))
+    runs = [(label, functools.partial(_run_tft, fn, args, n_batches))
+            for label, fn in (("dp", dp_fn), ("baseline", plain_fn), ("segment", segment_fn))]
+    _log(f"{args.repeats} repeats of each pipeline over {args.rows} rows, rotating the order")
+    results = harness.alternate(runs, args.repeats, "group-by-mean")
+    times = {label: [seconds for seconds, _ in done] for label, done in results.items()}
+    maes = {label: [_mae(per_key, exact_means) for _, per_key in done] for label, done in results.items()}
     dp_seconds, baseline_seconds = statistics.median(times["dp"]), statistics.median(times["baseline"])
     segment_seconds = statistics.median(times["segment"])
     figures = {

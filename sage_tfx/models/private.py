@@ -36,11 +36,22 @@ row count, each present record is sampled with probability q, so the bound holds
 the exact private count: sigma depends on it and is published with the model.
 
 Per-example gradients (``per_example=``):
-  * ``"ghost"``: the project's ghost-norm engine (sage_tfx.models.dpsgd_engine.GhostClipEngine; Li et al.
-    2021) for ``tf.keras.Sequential`` models made only of Dense layers: no per-example gradient is
-    materialised. ``"auto"`` (default) picks it for such models.
+  * ``"ghost"``: ghost clipping per layer (sage_tfx.models.dpsgd_engine.LayerGhostEngine; Goodfellow 2015,
+    Li et al. 2022, Bu et al. 2023) on any Keras graph network (Functional, or Sequential with a known input
+    shape): one forward pass through the model's graph keeps each Dense and Embedding layer's input and
+    output, one backward pass gives the output gradients g, and each record's squared gradient norm follows
+    without materialising its gradient: Dense ||a_i||^2 ||g_i||^2 (+ ||g_i||^2 for the bias; a sequence
+    input sums over pairs of positions), Embedding sum_{t,s} [id_t = id_s] g_t . g_s (repeated ids merged),
+    a Dense fed by CategoryEncoding (through Concatenate) takes ||a_i||^2 from the ids. Layers without
+    trainable weights (Normalization, CategoryEncoding, Concatenate, Reshape, ...) run as they are. Every
+    other trainable variable (another layer type, a layer called twice, a nested model) gets exact
+    per-example gradients (vmap, or the loop below): the clip factor uses the sum of both parts' squared
+    norms, i.e. the norm of the record's whole gradient. ``"auto"`` (default) picks it whenever the model
+    has a graph with at least one Dense or Embedding layer; ``privacy_spent["implementation"]`` says
+    ``ghost`` or ``ghost+vmap`` / ``ghost+loop`` (with a fallback part).
   * ``"vmap"``: any model; per-example gradients by ``tf.vectorized_map`` over a GradientTape (sparse
-    Embedding gradients made dense), then clip and sum. ``"auto"`` picks it for every other model, and
+    Embedding gradients made dense), then clip and sum. ``"auto"`` picks it for a model without a graph
+    (subclassed) or without Dense / Embedding layers, and (for it and for a ghost engine's fallback part)
     falls back to ``"loop"`` if vectorisation fails when the step is first traced.
   * ``"loop"``: a per-example ``tf.map_fn`` loop: slowest, works for any differentiable model.
 

@@ -1,0 +1,43 @@
+"""sage bench dp-sgd, the TFX taxi wide-and-deep part: the model is TFX's own architecture, and a tiny run
+gives sane figures (GENERATED rows; imports TensorFlow). Never checks speed."""
+import argparse
+
+import pytest
+
+pytestmark = pytest.mark.tf
+
+import sage_tfx  # noqa: E402,F401  (before TensorFlow)
+
+from sage_tfx.bench import dp_sgd as bench  # noqa: E402
+
+
+def _signature(model):
+    import tensorflow as tf
+
+    layers = [(type(layer).__name__, tuple(tuple(w.shape) for w in layer.weights)) for layer in model.layers
+              if not isinstance(layer, tf.keras.layers.InputLayer)]
+    inputs = sorted((t.name.split(":")[0], t.dtype.name, tuple(t.shape)) for t in model.inputs)
+    return sorted(layers), inputs, model.count_params()
+
+
+def test_wide_and_deep_is_tfx_taxi_architecture():
+    tfx_module = pytest.importorskip("tfx.examples.chicago_taxi_pipeline.taxi_utils_native_keras")
+    ours = bench.build_wide_and_deep(0)
+    theirs = tfx_module._build_keras_model()  # default hidden units 100/70/50/25
+    assert _signature(ours) == _signature(theirs)
+
+
+def test_tiny_wide_deep_run():
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--only-wide-deep", "--wide-deep-rows", "3000", "--wide-deep-batch", "100",
+                              "--wide-deep-steps", "4", "--warmup", "1", "--repeats", "2"])
+    figures = bench.run(args)
+    assert "GENERATED" in figures["wide_deep_data"]
+    assert figures["wide_deep_implementation"] == "make_private/ghost"
+    assert figures["wide_deep_timed_steps"] >= 4
+    assert figures["wide_deep_dp_examples_per_second"] > 0 and figures["wide_deep_nondp_examples_per_second"] > 0
+    assert len(figures["wide_deep_overhead_ratio_all"]) == 2
+    assert figures["wide_deep_overhead_ratio"] > 0 and figures["wide_deep_overhead_ratio_total_time"] > 0
+    with pytest.raises(SystemExit, match="--wide-deep-batch 5000 exceeds"):
+        bench.run(parser.parse_args(["--only-wide-deep", "--wide-deep-rows", "3000", "--wide-deep-batch", "5000"]))
