@@ -119,7 +119,8 @@ def _preprocessing_fns(name, epsilon):
                       lambda i: {"bucket": tft.bucketize(i["x"], NUM_BUCKETS)}),
         "vocabulary": (lambda i: {"n": rows_of(tf.size(dp_vocabulary(i["s"], epsilon, DELTA, top_k=TOP_K),
                                                        out_type=tf.int64), i)},
-                       lambda i: {"n": rows_of(tf.cast(tf.strings.length(tft.vocabulary(i["s"], top_k=TOP_K)), tf.int64), i)}),
+                       # tft.vocabulary gives the vocabulary FILE's path: a column depending on it keeps it
+                       lambda i: {"path": rows_of(tft.vocabulary(i["s"], top_k=TOP_K), i)}),
         "compute_and_apply_vocabulary": (
             lambda i: {"s": i["s"], "id": dp_compute_and_apply_vocabulary(
                 i["s"], epsilon, DELTA, top_k=TOP_K, num_oov_buckets=0, default_value=-1)},
@@ -153,8 +154,8 @@ def _summarize(name, outputs):
         return {"boundaries": _column(batch, "b")[: NUM_BUCKETS - 1].astype(np.float64)}
     if name == "bucketize":
         return {"counts": np.bincount(_column(batch, "bucket"), minlength=NUM_BUCKETS).astype(np.float64)}
-    if name == "vocabulary":
-        return {"n": int(_column(batch, "n")[0])}
+    if name == "vocabulary":  # DP: the vocabulary's size; tft: its file's path (no size to read back)
+        return {"n": int(_column(batch, "n")[0])} if "n" in batch.schema.names else {}
     ids, values = _column(batch, "id"), _column(batch, "s")
     return {"vocab": {bytes(v): int(i) for v, i in zip(values[ids >= 0], ids[ids >= 0])}}
 
@@ -219,7 +220,7 @@ def _errors(name, merged, x, counts):
         shares = merged["counts"] / merged["counts"].sum()
         return {"max_share_error": float(np.max(np.abs(shares - 1.0 / NUM_BUCKETS)))}
     if name == "vocabulary":
-        return {"size": merged["n"]}
+        return {"size": merged["n"]} if "n" in merged else {}
     vocab = set(merged.get("vocab", {}))
     ranked = sorted(counts.values(), reverse=True)
     total = sum(counts.values())
