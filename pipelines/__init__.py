@@ -27,7 +27,7 @@ BUILTIN = {
 }
 
 __all__ = ["SLA", "Metric", "SagePipeline", "StandardComponents", "PipelineDefinitionError", "load_pipeline",
-           "pushed_models", "BUILTIN"]
+           "pushed_models", "accepted_model", "BUILTIN"]
 
 
 def pushed_models(serving_dir: str) -> list:
@@ -35,6 +35,22 @@ def pushed_models(serving_dir: str) -> list:
     if not os.path.isdir(serving_dir):
         return []
     return sorted(os.path.join(serving_dir, d) for d in os.listdir(serving_dir) if d.isdigit())
+
+
+def accepted_model(ledger_location: str, stream: str, pipeline: str, serving_dir: str):
+    """(the pipeline's last ACCEPTed grant, the newest model pushed under ``serving_dir``), e.g. to score it on
+    held-out rows; LookupError naming what is missing."""
+    from sage_tfx.privacy import Ledger
+
+    with Ledger.open(ledger_location) as ledger:
+        accepted = [g for g, outcome, _ in ledger.history(stream, pipeline) if outcome == "ACCEPT"]
+    if not accepted:
+        raise LookupError(f"no ACCEPTed {pipeline!r} grant on stream {stream!r} in {ledger_location}: run the "
+                          "pipeline first")
+    models = pushed_models(serving_dir)
+    if not models:
+        raise LookupError(f"no pushed model under {serving_dir}")
+    return accepted[-1], models[-1]
 
 
 def load_pipeline(spec: str) -> SagePipeline:

@@ -79,21 +79,16 @@ def score(db, data_root, serving_dir, held_out_from):
     from sage_tfx.demos.end_to_end import block_rows, example_rows, held_out_overlap
     from sage_tfx.ingest.records import encode
     from sage_tfx.ingest.store import stream_config
-    from sage_tfx.pipelines import pushed_models
-    from sage_tfx.privacy import Ledger
+    from sage_tfx.pipelines import accepted_model
 
     sys.path.insert(0, HERE)
     from preprocessing import DELAY_RANGE
 
-    with Ledger.open(db) as ledger:
-        accepted = [g for g, outcome, _ in ledger.history(STREAM, PIPELINE) if outcome == "ACCEPT"]
-    if not accepted:
-        raise SystemExit(f"no ACCEPTed {PIPELINE!r} grant in {db}: run the pipeline first")
-    grant = accepted[-1]
-    models = pushed_models(serving_dir)
-    if not models:
-        raise SystemExit(f"no pushed model under {serving_dir}")
-    serve = tf.saved_model.load(models[-1]).signatures["serving_default"]
+    try:
+        grant, model_dir = accepted_model(db, STREAM, PIPELINE, serving_dir)
+    except LookupError as exc:
+        raise SystemExit(str(exc)) from None
+    serve = tf.saved_model.load(model_dir).signatures["serving_default"]
 
     schema = stream_config(data_root, STREAM)["schema"]
     _, held = split_at(load_flights(), held_out_from)

@@ -205,6 +205,23 @@ def _first(t):
     return tf.nest.map_structure(lambda v: v[None], t)
 
 
+def per_example_gradients(model, per_example_loss, variables, x, y, vectorized=True):
+    """Each example's own gradient of its own loss w.r.t. ``variables``: one dense tensor [batch, *shape] per
+    variable (Embedding's IndexedSlices made dense). ``vectorized``: ``tf.vectorized_map``; otherwise a
+    ``tf.map_fn`` loop over the examples (slower, works for any differentiable model)."""
+    def one(args):
+        xi, yi = args
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(per_example_loss(_first(yi), model(_first(xi), training=True)))
+        grads = tape.gradient(loss, variables, unconnected_gradients="zero")
+        return [tf.convert_to_tensor(g) for g in grads]
+
+    if vectorized:
+        return tf.vectorized_map(one, (x, y))
+    signature = [tf.TensorSpec(v.shape, v.dtype) for v in variables]
+    return tf.map_fn(one, (x, y), fn_output_signature=signature)
+
+
 def _row_sq(t):
     """Squared L2 norm of each row of a [B, d] tensor."""
     return tf.reduce_sum(tf.square(t), axis=1)
@@ -514,17 +531,7 @@ class LayerGhostEngine(_Engine):
         return tf.nest.pack_sequence_as(model._nested_outputs, outputs), saved
 
     def _fallback_gradients(self, x, y):
-        def one(args):
-            xi, yi = args
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(self.per_example_loss(_first(yi), self.model(_first(xi), training=True)))
-            grads = tape.gradient(loss, self.fallback, unconnected_gradients="zero")
-            return [tf.convert_to_tensor(g) for g in grads]
-
-        if self.vectorized:
-            return tf.vectorized_map(one, (x, y))
-        signature = [tf.TensorSpec(v.shape, v.dtype) for v in self.fallback]
-        return tf.map_fn(one, (x, y), fn_output_signature=signature)
+        return per_example_gradients(self.model, self.per_example_loss, self.fallback, x, y, self.vectorized)
 
     def clipped_sum(self, x, y):
         """(clipped gradient sum aligned with ``self.variables``, per-example gradient norms)."""

@@ -72,7 +72,7 @@ import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 import numpy as np
 import tensorflow as tf
 
-from sage_tfx.models.dpsgd_engine import LayerGhostEngine, _Engine, _zero_rows, ghost_layers
+from sage_tfx.models.dpsgd_engine import LayerGhostEngine, _Engine, _zero_rows, ghost_layers, per_example_gradients
 from sage_tfx.models.dpsgd_models import poisson_batches
 from sage_tfx.models.seeding import active as _seed_active
 from sage_tfx.models.seeding import fit_seeds
@@ -162,10 +162,6 @@ def per_example_loss(loss: Any, model: tf.keras.Model) -> Callable:
 
 # ------------------------------------------------------------------------------------------- engines
 
-def _first(t):
-    return tf.nest.map_structure(lambda v: v[None], t)
-
-
 class _PerExampleEngine(_Engine):
     """Per-example gradients of any Keras model (nested inputs allowed), clipped and summed.
 
@@ -179,17 +175,7 @@ class _PerExampleEngine(_Engine):
 
     def per_example_gradients(self, x, y):
         """One tensor [batch, *variable shape] per trainable variable (dense)."""
-        def one(args):
-            xi, yi = args
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(self.per_example_loss(_first(yi), self.model(_first(xi), training=True)))
-            grads = tape.gradient(loss, self.variables, unconnected_gradients="zero")
-            return [tf.convert_to_tensor(g) for g in grads]  # Embedding: IndexedSlices -> dense
-
-        if self.vectorized:
-            return tf.vectorized_map(one, (x, y))
-        signature = [tf.TensorSpec(v.shape, v.dtype) for v in self.variables]
-        return tf.map_fn(one, (x, y), fn_output_signature=signature)
+        return per_example_gradients(self.model, self.per_example_loss, self.variables, x, y, self.vectorized)
 
     def clipped_sum(self, x, y):
         per_example = self.per_example_gradients(x, y)
