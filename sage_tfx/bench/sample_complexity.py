@@ -30,8 +30,10 @@ its public range, and a per-carrier mean delay; squared errors clipped at the SL
   (``BudgetSplit.for_epsilon(epsilon, 1e-8)`` with the example's defaults: preprocessing 20%, count 5%, a
   tenth of the training side to the REJECT test): ``dp_group_by_mean``'s mechanism (Laplace on the
   per-carrier counts and sums, epsilon_pre/2 each) on the train rows, ``DPLinearRegressor``'s AdaSSP at
-  (epsilon_train, 1e-8) with the example's feature centre 0.5 and bound 1 (``--flights-trainer
-  uncentred-paper``: bound 2, no centre and the paper's calibration, the library before issue 11 part 6),
+  (epsilon_train, 1e-8) with the example's feature centre 0.5, bound 1 and public prior (arrival delay =
+  departure delay, residuals clipped to +-60 min; ``--flights-trainer centred``: no prior;
+  ``uncentred-paper``: no prior, bound 2, no centre and the paper's calibration, the library before issue 11
+  part 6),
   DPLossValidator at epsilon_validation. This epsilon is a per-block CHARGE, stricter than the taxi tasks'
   (where training and validation each get epsilon);
 - ``sage_validation_only``: the NP model with the Sage validator at epsilon_validation.
@@ -51,7 +53,7 @@ import numpy as np
 TASKS = ("taxi_mse", "taxi_accuracy")
 DATASETS = ("taxi", "flights")
 FLIGHTS_TASK = "flights_mse"
-FLIGHTS_TRAINERS = ("centred", "uncentred-paper")
+FLIGHTS_TRAINERS = ("prior", "centred", "uncentred-paper")
 VARIANTS = ("np", "sage", "sage_validation_only")
 GOAL_RATIO = 1.5  # the issue's goal at epsilon = 1
 
@@ -74,9 +76,10 @@ def add_arguments(parser):
     parser.add_argument("--dataset", default="taxi", choices=DATASETS,
                         help="taxi: GENERATED taxi rows (tasks taxi_mse, taxi_accuracy); flights: the REAL NYC flights "
                              "of 2013 on the examples/flights pipeline (task flights_mse; --tasks is ignored)")
-    parser.add_argument("--flights-trainer", default="centred", choices=FLIGHTS_TRAINERS,
-                        help="flights: AdaSSP as examples/flights/trainer.py runs it (centred), or as the library "
-                             "ran it before issue 11 part 6 (uncentred-paper)")
+    parser.add_argument("--flights-trainer", default="prior", choices=FLIGHTS_TRAINERS,
+                        help="flights: AdaSSP as examples/flights/trainer.py runs it (prior: centred, with the public "
+                             "prior arrival = departure delay), without the prior (centred), or as the library ran it "
+                             "before issue 11 part 6 (uncentred-paper)")
     parser.add_argument("--loss-bound", type=float, default=3600.0,
                         help="flights: the SLA's bound B on each squared error, minutes^2 (default 3600, the example's)")
     parser.add_argument("--plot", metavar="FILE", help="write a PNG of samples needed vs target (epsilon 1 "
@@ -337,7 +340,7 @@ class FlightsTask:
     name = FLIGHTS_TASK
     regression = True
 
-    def __init__(self, loss_bound=3600.0, trainer="centred", until="2013-12-01"):
+    def __init__(self, loss_bound=3600.0, trainer="prior", until="2013-12-01"):
         from sage_tfx.data.flights import CARRIERS, TIME_COLUMN, load_flights, split_at
 
         if not (math.isfinite(loss_bound) and loss_bound > 0):
@@ -404,21 +407,31 @@ class FlightsTask:
         from sage_tfx.privacy import adassp
 
         means = self._means(train, split.preprocessing, rng)
-        if self.trainer == "centred":
+        if self.trainer in ("prior", "centred"):
             center, bound, calibration = 0.5, 1.0, "exact"
         else:
             center, bound, calibration = 0.0, 2.0, "paper"
-        mid, half = (self.low + self.high) / 2, (self.high - self.low) / 2
+        # the prior (examples/flights/trainer.py): arrival = departure delay, i.e. span * dep_01 + low, in the
+        # centred coordinates rows @ w0 + (centre . w0 + b0); without a prior the residual is the label itself
+        w0 = np.zeros(4)
+        if self.trainer == "prior":
+            w0[0], b0, low, high = self.high - self.low, self.low + center * (self.high - self.low), -60.0, 60.0
+        else:
+            b0, low, high = 0.0, self.low, self.high
+        mid, half = (low + high) / 2, (high - low) / 2
 
         def design(idx):
             rows = adassp.clip_rows(self._features(idx, means) - center, bound)
             return np.column_stack([rows, np.ones(len(idx))])
 
         bound_x = math.sqrt(bound ** 2 + 1)
-        xtx, xty = adassp.sufficient_statistics(design(train), self.y_clipped[train] - mid, bound_x, half)
+        rows = design(train)
+        residual = adassp.prior_residuals(rows[:, :4], self.y_clipped[train], w0, b0, low, high)
+        xtx, xty = adassp.sufficient_statistics(rows, residual - mid, bound_x, half)
         theta = adassp.release(xtx, xty, split.training, FLIGHTS_DELTA, bound_x, half, calibration=calibration,
                                rng=rng).theta
-        return lambda idx: design(idx) @ theta + mid
+        coef = np.append(w0, 0.0) + theta
+        return lambda idx: design(idx) @ coef + mid + b0
 
     def run_trial(self, grid, epsilons, targets, eta, rng):
         """As ``run_trial``: {(variant, epsilon, target index): [ACCEPTed at each window]} for one random order of

@@ -210,6 +210,21 @@ def sufficient_statistics(x, y, bound_x, bound_y):
     return x.T @ x, x.T @ y
 
 
+def prior_residuals(rows, labels, prior_coef, prior_intercept, low, high):
+    """Labels minus a PUBLIC prior prediction ``rows @ prior_coef + prior_intercept``, clipped to [low, high].
+
+    Fitting the residual instead of the label makes AdaSSP's ridge shrink the coefficients towards the prior
+    instead of towards 0 (``DPLinearRegressor(prior_coef=...)``). Privacy: each residual is a fixed function of
+    its own record (its already clipped row and label) and of public constants, and lies in [low, high]; centred
+    at (low + high) / 2 it is bounded by B_y = (high - low) / 2, so the sensitivities of the module docstring hold
+    with that B_y. A NaN residual (from a NaN label) becomes the centre, as in ``clip_labels``.
+    """
+    rows = np.asarray(rows, dtype=float)
+    prior = rows @ np.asarray(prior_coef, dtype=float).reshape(-1) + float(prior_intercept)
+    residual = np.clip(np.asarray(labels, dtype=float).reshape(-1) - prior, low, high)
+    return np.where(np.isnan(residual), (low + high) / 2.0, residual)
+
+
 @dataclass
 class AdaSSPResult:
     theta: np.ndarray
