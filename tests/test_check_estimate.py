@@ -129,7 +129,8 @@ def test_expected_loss_needs_a_target_on_the_command_line(tmp_path):
 @pytest.mark.tf
 def test_check_prints_the_estimate_after_the_dry_run(tmp_path):
     """`sage run PIPELINE --check --target T --expected-loss L` on a small real stream: the dry run, then the rows
-    to ACCEPT at four epsilons; a guess that misses the target fails before the dry run (exit 2, named)."""
+    to ACCEPT at four epsilons, the real ledger untouched; a guess that misses the target fails before the dry
+    run (exit 2, named)."""
     from sage_tfx.data.taxi import taxi_csv_path
     from sage_tfx.ingest.replay import Replay
     from sage_tfx.privacy import Ledger
@@ -145,8 +146,14 @@ def test_check_prints_the_estimate_after_the_dry_run(tmp_path):
     out = subprocess.run(base + ["--expected-loss", "400"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 2 and "expected loss 400.0 must be in [0, target 300)" in out.stderr, out.stderr[-2000:]
     assert "GENERATED rows" not in out.stdout  # refused before the dry run
+    def dump():
+        with Ledger.open(db) as ledger:
+            return [ledger.log_entries(), [g.to_json() for g in ledger.grants()]]
+
+    before = dump()
     out = subprocess.run(base + ["--expected-loss", "150"], capture_output=True, text=True, timeout=1800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert dump() == before  # a passing check writes nothing to the real ledger either
     lines = [line for line in out.stdout.splitlines() if line.startswith("[check]")]
     text = "\n".join(lines)
     assert "estimate for target 300 (mse" in text and "true loss is 150 (--expected-loss)" in text
