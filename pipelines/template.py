@@ -121,8 +121,10 @@ def _trainer(features, label, sla):
                  "    model.fit(x, (y > 0.5).astype(\"int64\"))")
         imports, header = "DPLogisticRegressor", ""
     else:
-        model = ("    model = DPLinearRegressor(fn_args.privacy_budget, feature_bound=len(FEATURES) ** 0.5,\n"
-                 "                              label_range=LABEL_RANGE)\n"
+        model = ("    # each feature in [0, 1], centred at 0.5: rows in [-0.5, 0.5]^d, norm <= sqrt(d) / 2 (a quarter of\n"
+                 "    # AdaSSP's noise and ridge against no centre; docs/your_pipeline.md, \"A second data set\")\n"
+                 "    model = DPLinearRegressor(fn_args.privacy_budget, feature_bound=len(FEATURES) ** 0.5 / 2,\n"
+                 "                              label_range=LABEL_RANGE, feature_center=0.5)\n"
                  "    model.fit(x, y)")
         imports = "DPLinearRegressor"
         header = "LABEL_RANGE = (0.0, 1.0)  # EDIT: the public range of the label (it is clipped to it)\n"
