@@ -321,7 +321,7 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
         say(f"[check] {table.num_rows:,} GENERATED rows of the schema of stream {stream!r} in {n_blocks} block(s), "
             f"in a throwaway ledger ({tmp}); the real ledger is not touched")
         with Ledger.open(db, create=True) as ledger:
-            ledger.create_stream(stream, 100.0, 1e-3)
+            ledger.create_stream(stream, 100.0, 1e-3, max_epsilon=100.0)
             ingest_batches(ledger, stream, data, table.to_batches(), _spec(stream, config["blocks"]), schema)
             pipeline_config = PipelineConfig(name=definition.name, ledger=db, stream=stream, data_root=data,
                                              work_dir=os.path.join(tmp, "work"), target=target, runner=runner,

@@ -52,6 +52,7 @@ class PostgresServer:
         self.datadir = os.path.join(self.root, "data")
         self.logfile = os.path.join(self.root, "server.log")
         self.port = None
+        self.ssl_ca = None  # the self-signed certificate (PEM path) the server offers TLS with, if openssl made one
         # initdb and pg_ctl refuse to run as root: run them as the `postgres` system user.
         self._as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         if self._as_user:
@@ -76,7 +77,7 @@ class PostgresServer:
         options = " ".join([
             "-c listen_addresses=127.0.0.1", f"-c unix_socket_directories={self.root}", "-c max_connections=200",
             "-c fsync=off", "-c full_page_writes=off", "-c shared_buffers=64MB",
-        ])
+        ] + self._ssl_options())
         for attempt in range(5):  # another process may grab the free port between probe and bind
             self.port = _free_port()
             try:
@@ -89,6 +90,23 @@ class PostgresServer:
                 time.sleep(0.5)
         return self
 
+    def _ssl_options(self):
+        """TLS with a fresh self-signed certificate for 127.0.0.1 (plain connections stay allowed), if openssl is
+        installed; else none (the TLS tests then skip)."""
+        crt, key = os.path.join(self.root, "server.crt"), os.path.join(self.root, "server.key")
+        try:
+            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", crt,
+                            "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                           check=True, capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError):
+            return []
+        os.chmod(key, 0o600)
+        if self._as_user:
+            for path in (crt, key):
+                shutil.chown(path, user="postgres", group="postgres")
+        self.ssl_ca = crt
+        return ["-c ssl=on", f"-c ssl_cert_file={crt}", f"-c ssl_key_file={key}"]
+
     def stop(self):
         try:
             if self.port is not None:
@@ -96,8 +114,10 @@ class PostgresServer:
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
 
-    def url(self, database="postgres"):
-        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}"
+    def url(self, database="postgres", query="sslmode=disable"):
+        """A ledger URL. sslmode=disable: the ledger's default is verified TLS, and the tests' loopback server
+        has only a self-signed certificate (``ssl_ca``; tests/test_postgres_tls.py checks TLS itself)."""
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{database}" + (f"?{query}" if query else "")
 
     def new_database(self, prefix="t"):
         import pg8000.dbapi

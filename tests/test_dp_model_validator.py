@@ -27,7 +27,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("dpmv")
     db, data = str(root / "ledger.db"), str(root / "data")
     ledger = Ledger.open(db, create=True)
-    ledger.create_stream("taxi", 100.0, 1e-4)
+    ledger.create_stream("taxi", 100.0, 1e-4, max_epsilon=100.0)
     ingest_taxi(ledger, data, "big_tipper")
     blocks = ledger.blocks("taxi")
     granted = [b for b in blocks if b.end <= blocks[0].start + 3 * 365 * 86400]

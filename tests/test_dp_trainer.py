@@ -30,7 +30,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("dptr")
     db, data = str(root / "ledger.db"), str(root / "data")
     ledger = Ledger.open(db, create=True)
-    ledger.create_stream("taxi", 100.0, 1e-4)
+    ledger.create_stream("taxi", 100.0, 1e-4, max_epsilon=100.0)
     ingest_taxi(ledger, data, "simple")
     blocks = ledger.blocks("taxi")
     first = [b.id for b in blocks if b.end <= blocks[0].start + 3 * 365 * 86400]

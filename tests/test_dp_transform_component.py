@@ -35,7 +35,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("dptx")
     db, data = str(root / "ledger.db"), str(root / "data")
     ledger = Ledger.open(db, create=True)
-    ledger.create_stream("taxi", 100.0, 1e-4)
+    ledger.create_stream("taxi", 100.0, 1e-4, max_epsilon=100.0)
     ingest_taxi(ledger, data, "simple")
     blocks = [b.id for b in ledger.blocks("taxi")]
 

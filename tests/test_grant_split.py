@@ -11,6 +11,7 @@ import json
 import pytest
 
 from sage_tfx.privacy import BudgetSplit, ChargeRule, GrantError, Ledger, LedgerError, stage_budget
+from sage_tfx.privacy.store import SCHEMA_VERSION
 
 DAY = 86400.0
 
@@ -218,7 +219,7 @@ def test_a_version_1_ledger_is_migrated(tmp_path):
     grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5)
     assert not ledger.release(grant, "training", "c", 0.5).reopened
     with ledger._store.transaction(write=False) as tx:
-        assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == "2"
+        assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == str(SCHEMA_VERSION)
     assert ledger.audit().ok
 
 

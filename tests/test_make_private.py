@@ -450,7 +450,7 @@ def test_dp_trainer_runs_a_module_with_its_own_keras_model(tmp_path):
     db, data = str(tmp_path / "ledger.db"), str(tmp_path / "data")
     ledger = Ledger.open(db, create=True)
     try:
-        ledger.create_stream("taxi", 100.0, 1e-4)
+        ledger.create_stream("taxi", 100.0, 1e-4, max_epsilon=100.0)
         ingest_taxi(ledger, data, "simple")
         blocks = ledger.blocks("taxi")
         first = [b.id for b in blocks if b.end <= blocks[0].start + 3 * 365 * 86400]

@@ -267,7 +267,7 @@ def test_through_the_dp_transform_component(tmp_path):
              "rule": "pre+count+max(train+reject,val)"}
     db, data = str(tmp_path / "ledger.db"), str(tmp_path / "data")
     with Ledger.open(db, create=True) as ledger:
-        ledger.create_stream("taxi", 100.0, 1e-4)
+        ledger.create_stream("taxi", 100.0, 1e-4, max_epsilon=100.0)
         ingest_taxi(ledger, data, "simple")
         blocks = [b.id for b in ledger.blocks("taxi")]
         grant = ledger.request("p1", "taxi", blocks=blocks, epsilon=1.5, delta=1e-6, meta={"split": split})

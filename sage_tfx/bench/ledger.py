@@ -175,7 +175,7 @@ def _postgres_pair(url, blocks, total, writers, run_id):
 
 def _prepare_stream(ledger, stream, blocks):
     # A budget no grant of the run can exhaust: every grant is admitted and charged.
-    ledger.create_stream(stream, 1e12, 0.5, min_epsilon=1e-9)
+    ledger.create_stream(stream, 1e12, 0.5, min_epsilon=1e-9, max_epsilon=1e12)
     for b in blocks:
         ledger.add_block(stream, b)
 

@@ -6,7 +6,9 @@ Each module in this package is one top-level command: it defines
 level (no TensorFlow, Beam or dp-accounting), so `sage ledger ...` starts fast.
 
 Exit codes shared by all commands: 0 success, 2 bad input; commands document
-their own extra codes (e.g. 3 for a refused charge).
+their own extra codes (e.g. 3 for a refused charge). When the reader of the output
+goes away (``sage ledger status | head``) a command stops quietly with 141, as a
+Unix tool killed by SIGPIPE does.
 
 Library log chatter is off by default: TensorFlow's C++ logs, and everything
 below ERROR from absl, Beam and TFX (Python exceptions always show; the few
@@ -72,10 +74,30 @@ def main(argv=None):
     args = parser.parse_args(argv)
     args.extra_args = extra
     try:
-        return args.func(args)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
+        return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        return _closed_pipe()
+
+
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a Unix tool whose reader went away
+
+
+def _closed_pipe():
+    """The reader of stdout went away (`sage ledger status | head`): stop quietly, as Unix tools do.
+
+    stdout is pointed at /dev/null so the interpreter's final flush does not raise again.
+    """
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":

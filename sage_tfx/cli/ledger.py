@@ -57,6 +57,12 @@ def add_parser(subparsers):
                    help="how pipelines spend their reservations (paper Block/Conserve, Block/Aggressive)")
     p.add_argument("--min-epsilon", type=_number, default=None,
                    help="retire a block once a query of this epsilon no longer fits (default: epsilon/100)")
+    p.add_argument("--min-grant-epsilon", type=_number, default=None,
+                   help="refuse grants below this epsilon (default 0.001, or --min-epsilon if smaller): a tinier "
+                        "grant buys a data read for nothing")
+    p.add_argument("--max-epsilon", type=_number, default=None,
+                   help="refuse a stream --epsilon above this (default 10: beyond it the guarantee says little); "
+                        "raise it only knowingly")
 
     p = action("add-block", _add_block, "add a fresh block (a time window or a user shard)")
     p.add_argument("--stream", required=True)
@@ -122,9 +128,16 @@ def _open(args, create=False):
 
 
 def _init(args):
+    from sage_tfx.privacy import Ledger
+    from sage_tfx.privacy.ledger import DEFAULT_MAX_STREAM_EPSILON
+
+    limits = dict(accounting=args.accounting, policy=args.policy, min_epsilon=args.min_epsilon,
+                  max_epsilon=DEFAULT_MAX_STREAM_EPSILON if args.max_epsilon is None else args.max_epsilon,
+                  min_grant_epsilon=args.min_grant_epsilon)
+    # Every check that needs no ledger runs before the ledger is created: a refused init leaves nothing.
+    Ledger.check_stream_args(args.stream, args.epsilon, args.delta, **limits)
     with _open(args, create=True) as ledger:
-        s = ledger.create_stream(args.stream, args.epsilon, args.delta, accounting=args.accounting,
-                                 policy=args.policy, min_epsilon=args.min_epsilon)
+        s = ledger.create_stream(args.stream, args.epsilon, args.delta, **limits)
     print(f"stream {s.name}: global (epsilon={s.epsilon:g}, delta={s.delta:g}), accounting={s.accounting}, "
           f"policy={s.policy}")
 
@@ -176,11 +189,22 @@ def _audit(args):
 
 
 def _plot(args):
+    import os
+
+    from sage_tfx.privacy import LedgerError
     from sage_tfx.privacy.report import heatmap_png
 
+    folder = os.path.dirname(os.path.abspath(args.out))
+    if not os.path.isdir(folder):
+        raise LedgerError(f"--out {args.out!r}: folder {folder} does not exist: create it first or write elsewhere")
+    if os.path.isdir(args.out):
+        raise LedgerError(f"--out {args.out!r} is a folder: give the path of a .png file")
     with _open(args) as ledger:
         ledger.stream(args.stream)
-        path = heatmap_png(ledger, args.stream, args.out)
+        try:
+            path = heatmap_png(ledger, args.stream, args.out)
+        except OSError as exc:
+            raise LedgerError(f"--out {args.out!r}: cannot write the plot ({exc.strerror or exc})") from None
     print(f"wrote {path}")
 
 

@@ -44,12 +44,15 @@ def add_parser(subparsers):
     p.add_argument("--confidence", type=float, default=0.95, help="SLA confidence 1 - eta (default 0.95)")
     p.add_argument("--runner", choices=("local", "beam"), default="local", help="TFX orchestrator")
     p.add_argument("--max-iterations", type=int, default=10)
-    p.add_argument("--max-seconds", type=float, default=None, help="TIMEOUT after this wall time")
+    p.add_argument("--max-seconds", type=float, default=None,
+                   help="TIMEOUT after this wall time, in seconds > 0 (default: none)")
     p.add_argument("--epsilon-start", type=float, default=None, help="first iteration's epsilon")
     p.add_argument("--min-window", type=int, default=None, help="first iteration's window, in blocks")
     add_rejection_share(p)
     p.add_argument("--model", default=None, help="model family (pipeline-specific, e.g. linear or dnn)")
-    p.add_argument("--name", default=None, help="pipeline name in the ledger and MLMD (default: PIPELINE)")
+    p.add_argument("--name", default=None,
+                   help="pipeline name in the ledger and MLMD (default: PIPELINE): 1-128 letters, digits and "
+                        "._:@+-, starting with a letter or digit")
     p.add_argument("--work-dir", default="sage_work", help="TFX pipeline root and metadata")
     p.add_argument("--serving-dir", default=None, help="push destination (default: WORK_DIR/serving)")
     p.set_defaults(func=_run)
@@ -79,6 +82,7 @@ def _run(args):
         definition.check_target(args.target)
         if not 0 < args.confidence < 1:
             raise ValueError(f"confidence {args.confidence!r} must be in (0, 1)")
+        check_run_limits(args)
     except ValueError as exc:
         return _fail(str(exc))
     beam_args = list(getattr(args, "extra_args", []))
@@ -107,6 +111,22 @@ def _run(args):
     pushed = f"; model pushed to {runner.config.serving_dir}" if result.outcome == "ACCEPT" else ""
     print(f"{iterator.pipeline}: {result.describe()}{pushed}", flush=True)
     return EXIT_CODES[result.outcome]
+
+
+def check_run_limits(args):
+    """Refuse bad --name, --max-seconds and --max-iterations (ValueError naming the value) before anything is
+    opened, registered or charged."""
+    import math
+
+    from sage_tfx.privacy.checks import check_name
+
+    if args.name is not None:
+        check_name(args.name, "--name")
+    if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
+        raise ValueError(f"--max-seconds {args.max_seconds!r} is invalid: give a number of seconds > 0 "
+                         "(or leave it out for no time limit)")
+    if args.max_iterations is not None and args.max_iterations < 1:
+        raise ValueError(f"--max-iterations {args.max_iterations!r} is invalid: give an integer >= 1")
 
 
 def _check(definition, args):

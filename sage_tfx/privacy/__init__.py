@@ -4,6 +4,7 @@ from .errors import (
     BudgetRefused,
     GrantError,
     LedgerCorrupt,
+    DuplicateContent,
     LedgerError,
     LedgerNotFound,
     RecordError,
@@ -17,6 +18,6 @@ from .split import STAGES, BudgetSplit, ChargeRule, grant_split, require_budget,
 __all__ = [
     "Ledger", "Grant", "Block", "Stream", "Release", "POLICIES", "OUTCOMES",
     "BudgetSplit", "ChargeRule", "STAGES", "grant_split", "stage_budget", "require_budget",
-    "LedgerError", "LedgerNotFound", "LedgerCorrupt", "UnknownStream", "UnknownBlock", "BlockRetired",
+    "LedgerError", "DuplicateContent", "LedgerNotFound", "LedgerCorrupt", "UnknownStream", "UnknownBlock", "BlockRetired",
     "GrantError", "BudgetRefused", "RecordError", "public_error_text",
 ]

@@ -67,7 +67,7 @@ def audit_ledger(ledger):
             problems.append(f"log entry {seq}: body is not JSON")
             continue
         if kind == "stream":
-            stream_configs[body["name"]] = body
+            stream_configs[body["name"]] = dict({"min_grant_epsilon": None}, **body)  # absent before schema 3
             streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
                                                         body["orders"] or None)
         elif kind == "block":
@@ -94,9 +94,10 @@ def audit_ledger(ledger):
 
     with store.transaction(write=False) as tx:
         table_streams = {r[0]: {"name": r[0], "accounting": r[1], "epsilon": r[2], "delta": r[3],
-                                "orders": json.loads(r[4]), "policy": r[5], "min_epsilon": r[6]}
-                         for r in tx.all("SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon"
-                                         " FROM streams")}
+                                "orders": json.loads(r[4]), "policy": r[5], "min_epsilon": r[6],
+                                "min_grant_epsilon": r[7]}
+                         for r in tx.all("SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon,"
+                                         " min_grant_epsilon FROM streams")}
         table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
                         for r in tx.all("SELECT stream, id, spent, state FROM blocks")}
         table_grants = {r[0]: (r[1], r[2]) for r in tx.all("SELECT id, body, signature FROM grants")}

@@ -29,6 +29,10 @@ class BlockRetired(LedgerError):
     """A request named a block whose budget is exhausted; retired blocks are never offered again."""
 
 
+class DuplicateContent(LedgerError):
+    """A new block's records (its content digest) are already registered in another stream."""
+
+
 class GrantError(LedgerError):
     """A grant is missing, unknown, forged, of another stream, or was never charged."""
 

@@ -29,6 +29,7 @@ import hashlib
 import hmac
 import json
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from . import curves, filters
 from .errors import (
     BlockRetired,
+    DuplicateContent,
     BudgetRefused,
     GrantError,
     LedgerError,
@@ -47,8 +49,15 @@ from .split import SINGLE_RULE, SLACK, SPLIT_KEY, STAGES, BudgetSplit, grant_spl
 from .store import open_store
 
 POLICIES = ("conserve", "aggressive")
+# The largest global epsilon a stream may promise unless its creator raises the limit (max_epsilon=): beyond
+# e^10 (about 22,000) the ratio of any outcome's odds with and without a person's records, the guarantee says
+# little. And the smallest epsilon a grant may charge (min_grant_epsilon=, per stream; by default this, or the
+# stream's min_epsilon if smaller): a grant of 1e-300 would buy a data read for nothing, noise a million times the data is no release.
+DEFAULT_MAX_STREAM_EPSILON = 10.0
+DEFAULT_MIN_GRANT_EPSILON = 1e-3
 OUTCOMES = ("ACCEPT", "REJECT", "TIMEOUT")
 GENESIS = "0" * 64
+_DIGEST = re.compile(r"^[0-9a-f]{1,64}$")
 
 
 def _canonical(obj):
@@ -65,6 +74,14 @@ class Stream:
     policy: str
     min_epsilon: float
     created: float
+    min_grant_epsilon: float | None = None
+
+    @property
+    def grant_floor(self):
+        """The smallest epsilon a grant may charge: min_grant_epsilon (default 0.001, or min_epsilon if smaller)."""
+        if self.min_grant_epsilon is None:
+            return min(DEFAULT_MIN_GRANT_EPSILON, self.min_epsilon)
+        return self.min_grant_epsilon
 
     def filter(self):
         return filters.make_filter(self.accounting, self.epsilon, self.delta, self.orders)
@@ -191,9 +208,12 @@ class Ledger:
         self.close()
 
     # ----------------------------------------------------------------- streams
-    def create_stream(self, name, epsilon, delta, accounting="basic", orders=None, policy="conserve",
-                      min_epsilon=None):
-        """Create a stream with a global (epsilon, delta) guarantee over all its blocks, forever."""
+    @staticmethod
+    def check_stream_args(name, epsilon, delta, accounting="basic", orders=None, policy="conserve",
+                          min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
+                          min_grant_epsilon=None):
+        """``create_stream``'s checks alone, without a ledger: (filter, min_epsilon), or LedgerError naming the
+        value. ``sage ledger init`` runs them before it creates a ledger file, so a refusal leaves nothing."""
         _check_name(name, "stream name")
         if accounting not in ("basic", "rdp"):
             raise LedgerError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")
@@ -203,24 +223,52 @@ class Ledger:
             filt = filters.make_filter(accounting, epsilon, delta, orders)
         except ValueError as exc:
             raise LedgerError(str(exc)) from None
-        orders = tuple(getattr(filt, "orders", ()))
+        max_epsilon = _finite(max_epsilon, "max_epsilon", allow_none=False)
+        if not max_epsilon > 0:
+            raise LedgerError(f"max_epsilon {max_epsilon!r} is invalid: need max_epsilon > 0")
+        if filt.epsilon > max_epsilon:
+            raise LedgerError(
+                f"stream epsilon {epsilon!r} is above the maximum {max_epsilon:g}: a guarantee that weak says little "
+                f"(e^epsilon bounds how much one person's records may change any outcome's odds); give epsilon <= "
+                f"{max_epsilon:g}, or raise the limit knowingly (sage ledger init --max-epsilon E; "
+                "create_stream(..., max_epsilon=E))")
         if min_epsilon is None:
             min_epsilon = filt.epsilon / 100.0
         min_epsilon = _finite(min_epsilon, "min_epsilon", allow_none=False)
         if not 0 < min_epsilon <= filt.epsilon:
             raise LedgerError(f"min_epsilon {min_epsilon!r} is invalid: need 0 < min_epsilon <= epsilon")
+        if min_grant_epsilon is None:
+            min_grant_epsilon = min(DEFAULT_MIN_GRANT_EPSILON, min_epsilon)
+        min_grant = _finite(min_grant_epsilon, "min_grant_epsilon", allow_none=False)
+        if not 0 < min_grant <= filt.epsilon:
+            raise LedgerError(f"min_grant_epsilon {min_grant_epsilon!r} is invalid: need 0 < min_grant_epsilon <= "
+                              "epsilon")
+        return filt, min_epsilon, min_grant
+
+    def create_stream(self, name, epsilon, delta, accounting="basic", orders=None, policy="conserve",
+                      min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
+                      min_grant_epsilon=None):
+        """Create a stream with a global (epsilon, delta) guarantee over all its blocks, forever.
+
+        ``epsilon`` may be at most ``max_epsilon`` (default 10, ``DEFAULT_MAX_STREAM_EPSILON``);
+        ``min_epsilon`` (default epsilon / 100) is the query a block must still admit to stay active;
+        every grant must charge at least ``min_grant_epsilon`` (default: 0.001, or ``min_epsilon`` if smaller).
+        """
+        filt, min_epsilon, min_grant = self.check_stream_args(name, epsilon, delta, accounting, orders, policy,
+                                                              min_epsilon, max_epsilon, min_grant_epsilon)
+        orders = tuple(getattr(filt, "orders", ()))
         now = time.time()
         with self._store.transaction() as tx:
             if tx.one("SELECT 1 FROM streams WHERE name = ?", (name,)):
                 raise LedgerError(f"stream {name!r} already exists")
             tx.run(
-                "INSERT INTO streams (name, accounting, epsilon, delta, orders, policy, min_epsilon, created)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (name, accounting, filt.epsilon, filt.delta, json.dumps(orders), policy, min_epsilon, now),
+                "INSERT INTO streams (name, accounting, epsilon, delta, orders, policy, min_epsilon, created,"
+                " min_grant_epsilon) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (name, accounting, filt.epsilon, filt.delta, json.dumps(orders), policy, min_epsilon, now, min_grant),
             )
             self._log(tx, "stream", {
                 "name": name, "accounting": accounting, "epsilon": filt.epsilon, "delta": filt.delta,
-                "orders": list(orders), "policy": policy, "min_epsilon": min_epsilon,
+                "orders": list(orders), "policy": policy, "min_epsilon": min_epsilon, "min_grant_epsilon": min_grant,
             })
         return self.stream(name)
 
@@ -229,48 +277,86 @@ class Ledger:
             with self._store.transaction(write=False) as tx:
                 return self.stream(name, tx)
         row = tx.one(
-            "SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, created FROM streams WHERE name = ?",
+            "SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon"
+            " FROM streams WHERE name = ?",
             (name,),
         )
         if row is None:
             known = [r[0] for r in tx.all("SELECT name FROM streams ORDER BY name")]
             raise UnknownStream(f"stream {name!r} does not exist (streams: {', '.join(known) or 'none'})")
-        return Stream(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6], row[7])
+        return Stream(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6], row[7],
+                      row[8])
 
     def streams(self):
         with self._store.transaction(write=False) as tx:
             return [self.stream(r[0], tx) for r in tx.all("SELECT name FROM streams ORDER BY name")]
 
     # ------------------------------------------------------------------ blocks
-    def add_block(self, stream, block_id, start=None, end=None, shard=None, rows=None, created=None):
+    def add_block(self, stream, block_id, start=None, end=None, shard=None, rows=None, created=None, digest=None,
+                  allow_duplicate_of=()):
         """Add a fresh block (zero loss). Its budget is split among the pipelines waiting now.
 
         ``start``/``end`` (unix seconds) key a time window [start, end); ``shard``
-        keys a user shard. ``rows`` is the exact row count, kept inside the ledger.
+        keys a user shard. ``rows`` is the exact row count, kept inside the ledger;
+        ``digest`` the content digest of its records (ingest's), see ``add_blocks``.
         """
-        self.add_blocks(stream, [dict(id=block_id, start=start, end=end, shard=shard, rows=rows, created=created)])
+        self.add_blocks(stream, [dict(id=block_id, start=start, end=end, shard=shard, rows=rows, created=created,
+                                      digest=digest)], allow_duplicate_of=allow_duplicate_of)
         return self.block(stream, block_id)
 
-    def add_blocks(self, stream, blocks):
+    def add_blocks(self, stream, blocks, allow_duplicate_of=()):
         """Add many fresh blocks in ONE transaction: all are added, or none (e.g. one ingest's blocks).
 
-        ``blocks`` are dicts with ``id`` and the keyword arguments of ``add_block``.
+        ``blocks`` are dicts with ``id`` and the keyword arguments of ``add_block``. A block whose
+        ``digest`` another stream already registered is refused (DuplicateContent: the same records
+        would get a fresh budget here), unless that stream is in ``allow_duplicate_of``.
         """
         checked = [self._check_block(**b) for b in blocks]
         ids = [b[0] for b in checked]
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         if dupes:
             raise LedgerError(f"block id(s) given more than once: {', '.join(dupes)}")
+        allowed = set(allow_duplicate_of or ())
         with self._store.transaction() as tx:
             s = self.stream(stream, tx)
             filt = s.filter()
+            for block_id in ids:  # before the digest check: a block of this stream is never taken for a copy
+                if tx.one("SELECT 1 FROM blocks WHERE stream = ? AND id = ?", (stream, block_id)):
+                    raise LedgerError(f"block {block_id!r} already exists in stream {stream!r}")
+            owners = self._digest_owners(tx, [b[-1] for b in checked if b[-1]], stream)
+            for args in checked:
+                others = [o for o in owners.get(args[-1], []) if o[0] not in allowed]
+                if others:
+                    raise DuplicateContent(
+                        f"block {args[0]!r}: its records (digest {args[-1]}) are already registered as block "
+                        f"{others[0][1]!r} of stream {others[0][0]!r}; in stream {stream!r} they would get a fresh "
+                        f"budget: nothing was added (allow the copy knowingly with "
+                        f"--allow-duplicate-of-stream {others[0][0]}, allow_duplicate_of=({others[0][0]!r},))")
             waiting = [r[0] for r in tx.all(
                 "SELECT name FROM pipelines WHERE stream = ? AND state = 'waiting' ORDER BY name", (stream,))]
             for args in checked:
                 self._insert_block(tx, stream, filt, waiting, *args)
 
+    def digest_owners(self, digests, exclude_stream=None):
+        """{digest: [(stream, block id), ...]} for the given content digests registered in streams other than
+        ``exclude_stream``. TRUSTED CODE ONLY (ingest)."""
+        with self._store.transaction(write=False) as tx:
+            return self._digest_owners(tx, digests, exclude_stream)
+
     @staticmethod
-    def _check_block(id, start=None, end=None, shard=None, rows=None, created=None):
+    def _digest_owners(tx, digests, exclude_stream):
+        digests, out = sorted(set(digests)), {}
+        for i in range(0, len(digests), 500):
+            chunk = digests[i:i + 500]
+            marks = ",".join("?" * len(chunk))
+            for digest, stream, block_id in tx.all(
+                    f"SELECT digest, stream, id FROM blocks WHERE digest IN ({marks}) AND stream <> ?"
+                    " ORDER BY stream, id", [*chunk, exclude_stream or ""]):
+                out.setdefault(digest, []).append((stream, block_id))
+        return out
+
+    @staticmethod
+    def _check_block(id, start=None, end=None, shard=None, rows=None, created=None, digest=None):
         block_id = _check_name(id, "block id")
         start, end = _finite(start, "start"), _finite(end, "end")
         if (start is None) != (end is None):
@@ -285,9 +371,11 @@ class Ledger:
         if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
             raise LedgerError(f"block {block_id!r}: rows {rows!r} must be an integer >= 0")
         created = time.time() if created is None else _finite(created, "created", allow_none=False)
-        return block_id, start, end, shard, rows, created
+        if digest is not None and not (isinstance(digest, str) and _DIGEST.match(digest)):
+            raise LedgerError(f"block {block_id!r}: digest {digest!r} must be 1-64 lowercase hex digits")
+        return block_id, start, end, shard, rows, created, digest
 
-    def _insert_block(self, tx, stream, filt, waiting, block_id, start, end, shard, rows, created):
+    def _insert_block(self, tx, stream, filt, waiting, block_id, start, end, shard, rows, created, digest=None):
         if tx.one("SELECT 1 FROM blocks WHERE stream = ? AND id = ?", (stream, block_id)):
             raise LedgerError(f"block {block_id!r} already exists in stream {stream!r}")
         if start is not None:
@@ -302,9 +390,9 @@ class Ledger:
                 raise LedgerError(f"block {block_id!r}: shard {shard} is already block {clash[0]!r}")
         zero = filt.zero()
         tx.run(
-            "INSERT INTO blocks (stream, id, start_ts, end_ts, shard, n_rows, created, state, spent)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, 'active', ?)",
-            (stream, block_id, start, end, shard, rows, created, json.dumps(zero)),
+            "INSERT INTO blocks (stream, id, start_ts, end_ts, shard, n_rows, created, state, spent, digest)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, 'active', ?, ?)",
+            (stream, block_id, start, end, shard, rows, created, json.dumps(zero), digest),
         )
         self._log(tx, "block", {"stream": stream, "id": block_id, "start": start, "end": end,
                                 "shard": shard, "created": created})
@@ -518,6 +606,7 @@ class Ledger:
             if retired:
                 raise BlockRetired(f"block(s) {', '.join(retired)} of stream {stream!r} are retired "
                                    "(budget exhausted) and are never offered again")
+            _check_minimum(filt, s, cost, epsilon if curve is None else None)
             state = tx.one("SELECT state FROM pipelines WHERE stream = ? AND name = ?", (stream, pipeline))
             if state is not None and state[0] != "waiting":
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
@@ -847,7 +936,8 @@ class Ledger:
             out_blocks.append(entry)
         return {
             "stream": s.name, "accounting": s.accounting, "epsilon": s.epsilon, "delta": s.delta,
-            "policy": s.policy, "min_epsilon": s.min_epsilon, "orders": list(s.orders),
+            "policy": s.policy, "min_epsilon": s.min_epsilon, "min_grant_epsilon": s.grant_floor,
+            "orders": list(s.orders),
             "active_blocks": sum(b["state"] == "active" for b in out_blocks),
             "retired_blocks": sum(b["state"] == "retired" for b in out_blocks),
             "grants": self._grant_count(stream), "pipelines": self.pipelines(stream), "blocks": out_blocks,
@@ -874,6 +964,26 @@ class Ledger:
         from .audit import audit_ledger
 
         return audit_ledger(self)
+
+
+def _check_minimum(filt, stream, cost, epsilon):
+    """Refuse a grant smaller than the stream's grant floor (LedgerError, before anything is charged).
+
+    Basic accounting compares the charged epsilon; RDP calls a query too small when its curve lies below a
+    min_epsilon query's at every order (whatever its delta: the minimum is on the epsilon part).
+    """
+    least = stream.grant_floor
+    floor = filt.cost(epsilon=least)
+    if filt.accounting == "basic":
+        small = cost[0] < floor[0]
+    else:
+        small = all(c < f for c, f in zip(cost[1:], floor[1:]))
+    if small:
+        asked = f"epsilon {epsilon!r}" if epsilon is not None else "an RDP curve below the minimum's at every order"
+        raise LedgerError(
+            f"grant {asked} is below stream {stream.name!r}'s minimum grant epsilon {least:g}: a read that costs "
+            f"less buys data for nothing; ask for epsilon >= {least:g} (set per stream by `sage ledger init "
+            "--min-grant-epsilon`, default 0.001, or the stream's --min-epsilon if smaller)")
 
 
 class _NoSource:

@@ -12,6 +12,14 @@ writers never interleave:
 
 SQL is written once with ``?`` placeholders; the PostgreSQL adapter rewrites
 them to pg8000's ``%s``.
+
+PostgreSQL connections use VERIFIED TLS by default, as libpq's ``sslmode=verify-full``:
+the server's certificate must chain to ``sslrootcert=PATH`` (or the system's CAs) and
+name the host, and a server that does not offer TLS is refused (never plain text).
+The URL's ``sslmode`` says otherwise explicitly, with libpq's names: ``verify-ca``
+(chain only, any host name), ``require`` (TLS, unverified) or ``disable`` (plain text:
+for a loopback test server). ``allow`` and ``prefer``, which fall back to plain text
+silently, are refused. ``sslcert=PATH&sslkey=PATH`` give a client certificate.
 """
 import contextlib
 import os
@@ -21,25 +29,42 @@ import urllib.parse
 
 from .errors import LedgerCorrupt, LedgerError, LedgerNotFound
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # DDL that brings a ledger of the key's schema version to the next one (run in one write transaction).
 _MIGRATIONS = {
     1: ["""CREATE TABLE IF NOT EXISTS releases (
         grant_id TEXT NOT NULL, stage TEXT NOT NULL, stream TEXT NOT NULL, pipeline TEXT NOT NULL,
         computation TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL,
         created DOUBLE PRECISION NOT NULL, PRIMARY KEY (grant_id, stage))"""],
+    # 3: each block's content digest (ingest), to refuse the same records registered in a second stream, and
+    # each stream's minimum grant epsilon (NULL on older streams: the default)
+    2: [lambda tx: _add_column(tx, "blocks", "digest", "TEXT"),
+        lambda tx: _add_column(tx, "streams", "min_grant_epsilon", "DOUBLE PRECISION"),
+        "CREATE INDEX IF NOT EXISTS blocks_digest ON blocks (digest)"],
 }
+
+
+def _add_column(tx, table, column, sql_type):
+    """ALTER TABLE ... ADD COLUMN unless the column is there (a migration may be re-run on either backend)."""
+    if tx._store.kind == "sqlite":
+        present = any(r[1] == column for r in tx.all(f"PRAGMA table_info({table})"))
+    else:
+        present = tx.one("SELECT 1 FROM information_schema.columns WHERE table_schema = 'public' AND table_name = ?"
+                         " AND column_name = ?", (table, column)) is not None
+    if not present:
+        tx.run(f"ALTER TABLE {table} ADD COLUMN {column} {sql_type}")
 
 _TABLES = [
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
     """CREATE TABLE streams (
         name TEXT PRIMARY KEY, accounting TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL,
         delta DOUBLE PRECISION NOT NULL, orders TEXT NOT NULL, policy TEXT NOT NULL,
-        min_epsilon DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL)""",
+        min_epsilon DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL,
+        min_grant_epsilon DOUBLE PRECISION)""",
     """CREATE TABLE blocks (
         stream TEXT NOT NULL, id TEXT NOT NULL, start_ts DOUBLE PRECISION, end_ts DOUBLE PRECISION,
         shard BIGINT, n_rows BIGINT, created DOUBLE PRECISION NOT NULL, state TEXT NOT NULL,
-        spent TEXT NOT NULL, retired DOUBLE PRECISION, PRIMARY KEY (stream, id))""",
+        spent TEXT NOT NULL, retired DOUBLE PRECISION, digest TEXT, PRIMARY KEY (stream, id))""",
     """CREATE TABLE grants (
         id TEXT PRIMARY KEY, stream TEXT NOT NULL, pipeline TEXT NOT NULL, body TEXT NOT NULL,
         signature TEXT NOT NULL, created DOUBLE PRECISION NOT NULL)""",
@@ -61,6 +86,7 @@ _TABLES = [
         created DOUBLE PRECISION NOT NULL, PRIMARY KEY (grant_id, stage))""",
     "CREATE INDEX blocks_window ON blocks (stream, start_ts)",
     "CREATE INDEX grants_stream ON grants (stream, created)",
+    "CREATE INDEX blocks_digest ON blocks (digest)",
 ]
 
 
@@ -125,7 +151,7 @@ class _Store:
                 if version >= SCHEMA_VERSION:
                     return
                 for ddl in _MIGRATIONS[version]:
-                    tx.run(ddl)
+                    ddl(tx) if callable(ddl) else tx.run(ddl)
                 tx.run("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version + 1),))
 
     def _create_schema(self, secret):
@@ -275,6 +301,55 @@ class SqliteStore(_Store):
         self._conn.close()
 
 
+SSLMODES = ("verify-full", "verify-ca", "require", "disable")
+DEFAULT_SSLMODE = "verify-full"
+
+
+def postgres_ssl_context(query, display):
+    """pg8000's ``ssl_context`` for a URL's query parameters: an SSLContext (TLS required), or False (sslmode=disable).
+
+    Never None or True: with those pg8000 tries unverified TLS and falls back to plain text.
+    """
+    import ssl
+
+    mode = query.get("sslmode", DEFAULT_SSLMODE)
+    if mode in ("allow", "prefer"):
+        raise LedgerError(f"sslmode={mode} in {display} may fall back to plain text silently: use sslmode=verify-full "
+                          "(the default: TLS with a verified server certificate), or sslmode=disable explicitly for a "
+                          "loopback or test server")
+    if mode not in SSLMODES:
+        raise LedgerError(f"sslmode={mode!r} in {display} is unknown: use one of {', '.join(SSLMODES)}")
+    if mode == "disable":
+        return False
+    for key in ("sslrootcert", "sslcert", "sslkey"):
+        if key in query and not os.path.isfile(query[key]):
+            raise LedgerError(f"{key}={query[key]!r} in {display} is not a readable file")
+    try:
+        context = ssl.create_default_context(cafile=query.get("sslrootcert"))
+        if "sslcert" in query:
+            context.load_cert_chain(query["sslcert"], query.get("sslkey"))
+    except (ssl.SSLError, OSError) as exc:
+        raise LedgerError(f"TLS settings of {display} are unusable: {exc}") from None
+    if mode == "require":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    elif mode == "verify-ca":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_REQUIRED
+    return context
+
+
+def _connect_hint(exc):
+    text = str(exc)
+    if "refuses SSL" in text:
+        return ("the server does not offer TLS, and plain text is refused by default: enable TLS on the server, or "
+                "add sslmode=disable to the URL for a loopback or test server")
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text or "match target host" in text:
+        return (f"{text}: the server's certificate must verify against sslrootcert=PATH (or the system's CAs) and "
+                "name the host; sslmode=require skips the check explicitly (encrypted, not authenticated)")
+    return text
+
+
 class PostgresStore(_Store):
     kind = "postgresql"
     placeholder = "%s"
@@ -286,6 +361,7 @@ class PostgresStore(_Store):
         self.display = parsed._replace(netloc=parsed.netloc.rsplit("@", 1)[-1]).geturl()
         self._errors = (pg8000.dbapi.Error,)
         query = dict(urllib.parse.parse_qsl(parsed.query))
+        ssl_context = postgres_ssl_context(query, self.display)
         sock = None
         try:
             timeout = float(query.get("timeout", 120))
@@ -298,12 +374,14 @@ class PostgresStore(_Store):
                 user=urllib.parse.unquote(parsed.username or "postgres"),
                 password=urllib.parse.unquote(parsed.password) if parsed.password else None,
                 database=(parsed.path or "/postgres").lstrip("/") or "postgres",
+                host=parsed.hostname or "127.0.0.1",  # with sock, only the name TLS verifies
                 sock=sock,
+                ssl_context=ssl_context,
             )
-        except Exception as exc:  # pg8000 raises InterfaceError/OSError subclasses on connect
+        except Exception as exc:  # pg8000 raises InterfaceError/OSError/SSLError subclasses on connect
             if sock is not None:
                 sock.close()
-            raise LedgerError(f"cannot connect to ledger {self.display}: {exc}") from None
+            raise LedgerError(f"cannot connect to ledger {self.display}: {_connect_hint(exc)}") from None
         self._conn.autocommit = True
         has_meta = self._query_one("SELECT to_regclass('public.meta') IS NOT NULL")[0]
         if not has_meta:
