@@ -29,7 +29,7 @@ def world(tmp_path_factory):
     spec = make_spec("time", "taxi", TIME_COLUMN, "1d")
     ingest_batches(ledger, "taxi", data, read_batches(path, "csv", schema), spec, schema)
     ingest_batches(ledger, "other", data, read_batches(path, "csv", schema),
-                   make_spec("time", "other", TIME_COLUMN, "1d"), schema)
+                   make_spec("time", "other", TIME_COLUMN, "1d"), schema, allow_duplicate_of=("taxi",))
     blocks = [b.id for b in ledger.blocks("taxi")][:40]
     grant = ledger.request("p1", "taxi", blocks=blocks, epsilon=0.5, delta=1e-7)
     counted = ledger.request("p2", "taxi", blocks=blocks[:10], epsilon=0.5, split=BudgetSplit(

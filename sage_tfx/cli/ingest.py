@@ -4,9 +4,18 @@
     sage ingest ... --block-by user --user-column C --shards N
 
 Blocks land in DATA_ROOT/STREAM/BLOCK_ID/part-*.tfrecord.gz and are registered
-in the ledger with their exact row count (kept private there). Re-ingesting the
-same input adds nothing. Unknown options (e.g. --runner, --direct_num_workers)
-go to Beam; the default runner is the DirectRunner.
+in the ledger with their exact row count (kept private there) and content digest.
+Re-ingesting the same input adds nothing. Unknown options (e.g. --runner,
+--direct_num_workers) go to Beam; the default runner is the DirectRunner.
+
+Refused, naming the file, column and row: a header naming a column twice, a quote
+that never closes on its line, inf or nan in an int or float column, a whole number
+a float column cannot keep exactly (tf.Example floats are 32-bit), a time outside
+[1000-01-01, 9000-01-01) UTC (e.g. milliseconds), and blocks whose records another
+stream already registered (they would get a fresh budget; --allow-duplicate-of-stream).
+A refused ingest leaves nothing: no ledger change, no block, no _staging folder.
+Staging folders of killed ingests are removed at the next ingest of the stream
+(each live ingest holds a lock on its own folder; see sage_tfx/ingest/store.py).
 
 Exit codes: 0 success; 2 bad input (nothing registered).
 """
@@ -31,6 +40,9 @@ def add_parser(subparsers):
     p.add_argument("--user-column", help="the user of each record (for --block-by user)")
     p.add_argument("--shards", type=int, help="number of user shards (blocks)")
     p.add_argument("--hash-key", help="key of the user-shard hash (default: the stream name)")
+    p.add_argument("--allow-duplicate-of-stream", action="append", default=[], metavar="STREAM",
+                   help="register blocks whose records stream STREAM already holds (refused by default: the copy "
+                        "gets a fresh budget here, so a person's loss adds up across both streams); repeatable")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--runner", help="Beam runner (default DirectRunner); other Beam options pass through")
     p.set_defaults(func=run)
@@ -64,7 +76,7 @@ def run(args, beam_args=None):
         result = ingest(args.db, args.stream, args.input, args.data_root, block_by=args.block_by,
                         time_column=args.time_column, window=args.window, user_column=args.user_column,
                         shards=args.shards, hash_key=args.hash_key, fmt=args.format, beam_args=beam_args,
-                        progress=not args.quiet)
+                        progress=not args.quiet, allow_duplicate_of=args.allow_duplicate_of_stream)
     except (ValueError, LedgerError, OSError) as exc:
         print(f"sage ingest: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -18,7 +18,8 @@ import sys
 
 from .blocks import TimeBlocks, UserShards
 from .records import InputError, infer_schema, input_format, read_batches
-from .store import BlockWriter, check_stream_config, commit, new_run_dir, read_parts, write_parts
+from .store import (BlockWriter, check_stream_config, commit, missing_dirs, new_run_dir, read_parts,
+                    remove_empty_dirs, remove_run_dir, write_parts)
 
 
 def resolve_inputs(inputs):
@@ -67,11 +68,12 @@ def _dofns():
     import apache_beam as beam
 
     class ReadBatches(beam.DoFn):
-        def __init__(self, fmts, schema, batch_rows):
-            self.fmts, self.schema, self.batch_rows = fmts, schema, batch_rows
+        def __init__(self, fmts, schema, batch_rows, time_column=None):
+            self.fmts, self.schema, self.batch_rows, self.time_column = fmts, schema, batch_rows, time_column
 
         def process(self, path):
-            yield from read_batches(path, self.fmts[path], self.schema, self.batch_rows)
+            yield from read_batches(path, self.fmts[path], self.schema, self.batch_rows,
+                                    time_column=getattr(self, "time_column", None))
 
     class WriteBlockParts(beam.DoFn):
         def __init__(self, run_dir, spec, schema, compresslevel):
@@ -104,20 +106,28 @@ def beam_options(beam_args):
 
 def ingest(ledger_location, stream, inputs, data_root, block_by="time", time_column=None, window=None,
            user_column=None, shards=None, hash_key=None, fmt=None, beam_args=None, batch_rows=65536,
-           compresslevel=6, progress=True):
+           compresslevel=6, progress=True, allow_duplicate_of=()):
     """Ingest input files into blocks of ``stream``; returns {"added", "unchanged", "blocks", "rows_read"...}.
 
-    On any error nothing is registered and the staging directory is removed.
+    On any error nothing is registered, the staging run is removed, and so are the data root, stream and
+    staging folders this call created (when empty). Blocks whose records are already registered in another
+    stream are refused, unless that stream is in ``allow_duplicate_of`` (see ``store.commit``).
     """
+    import logging
+
     import apache_beam as beam
 
     from sage_tfx.privacy import Ledger
 
+    # Beam logs a worker's exception with its traceback before re-raising it; bad input is reported once, below.
+    logging.getLogger("apache_beam.runners.common").addFilter(_not_input_errors)
     spec = make_spec(block_by, stream, time_column, window, user_column, shards, hash_key)
     files = resolve_inputs([inputs] if isinstance(inputs, str) else inputs)
     with Ledger.open(ledger_location) as ledger:
         ledger.stream(stream)  # the stream must exist before data arrives
+        created = missing_dirs(data_root, stream)
         run_dir = new_run_dir(data_root, stream)
+        ok = False
         try:
             schema, fmts = plan_schema(files, fmt, data_root, stream, spec)
             ReadBatches, WriteBlockParts = _dofns()
@@ -125,7 +135,8 @@ def ingest(ledger_location, stream, inputs, data_root, block_by="time", time_col
             try:
                 with beam.Pipeline(options=beam_options(beam_args)) as p:
                     _ = (p | "Files" >> beam.Create(files)
-                         | "Read" >> beam.ParDo(ReadBatches(fmts, schema, batch_rows))
+                         | "Read" >> beam.ParDo(ReadBatches(fmts, schema, batch_rows,
+                                                            spec.column if spec.by == "time" else None))
                          | "WriteBlocks" >> beam.ParDo(WriteBlockParts(run_dir, spec, schema, compresslevel))
                          | "AllParts" >> beam.combiners.ToList()
                          | "PartList" >> beam.Map(lambda parts: write_parts(run_dir, parts)))
@@ -134,34 +145,51 @@ def ingest(ledger_location, stream, inputs, data_root, block_by="time", time_col
             except Exception as exc:  # a runner wraps worker errors; surface the cause's message
                 raise InputError(_root_message(exc)) from None
             parts = read_parts(run_dir)
-            result = commit(ledger, stream, data_root, run_dir, parts, spec, schema)
+            result = commit(ledger, stream, data_root, run_dir, parts, spec, schema,
+                            allow_duplicate_of=allow_duplicate_of)
+            ok = True
         finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
+            remove_run_dir(run_dir)
+            if not ok:
+                remove_empty_dirs(created)
     result["blocks"] = len(result["added"]) + len(result["unchanged"])
     _say(progress, f"ingest: {len(result['added'])} block(s) added, {len(result['unchanged'])} already present")
     return result
 
 
-def ingest_batches(ledger, stream, data_root, batches, spec, schema):
+def ingest_batches(ledger, stream, data_root, batches, spec, schema, allow_duplicate_of=()):
     """In-process ingest of RecordBatches (no Beam): the same writer and commit as ``ingest``."""
+    created = missing_dirs(data_root, stream)
     run_dir = new_run_dir(data_root, stream)
+    ok = False
     try:
         schema = check_stream_config(data_root, stream, schema, spec)
         writer = BlockWriter(run_dir, spec, schema)
         for batch in batches:
             writer.add(batch)
-        return commit(ledger, stream, data_root, run_dir, writer.close(), spec, schema)
+        result = commit(ledger, stream, data_root, run_dir, writer.close(), spec, schema,
+                        allow_duplicate_of=allow_duplicate_of)
+        ok = True
+        return result
     finally:
-        shutil.rmtree(run_dir, ignore_errors=True)
+        remove_run_dir(run_dir)
+        if not ok:
+            remove_empty_dirs(created)
+
+
+def _not_input_errors(record):
+    return not (record.exc_info and isinstance(record.exc_info[1], InputError))
 
 
 def _root_message(exc):
     """The innermost InputError/ValueError message of a (runner-wrapped) exception."""
+    import re
+
     seen, cur, best = set(), exc, None
     while cur is not None and id(cur) not in seen:
         seen.add(id(cur))
         if isinstance(cur, InputError):
-            return str(cur)
+            return re.sub(r"( \[while running '[^']*'\])+$", "", str(cur))
         best = best or (str(cur) if isinstance(cur, ValueError) else None)
         cur = cur.__cause__ or cur.__context__
     text = best or str(exc)

@@ -170,6 +170,147 @@ def read_tfrecords(path, check_crc=True):
 
 
 # ------------------------------------------------------------------ readers
+# ------------------------------------------------------------------ input checks
+# Times a record may carry: [1000-01-01, 9000-01-01) UTC in unix seconds. A time in milliseconds or microseconds
+# since 1970 lands far beyond it, and every block window stays inside what dates can name.
+TIME_MIN = -30610224000
+TIME_MAX = 221845392000
+_F32_EXACT = 2 ** 24   # beyond it a 32-bit float skips whole numbers
+_F64_EXACT = 2 ** 53   # CSV ints are parsed as float64: beyond it whole numbers are already rounded
+
+
+def check_unique_columns(names, path):
+    """Refuse a header that names a column twice (pyarrow keeps one of them silently)."""
+    seen = {}
+    for i, name in enumerate(names):
+        if name in seen:
+            raise InputError(f"input {path}: column {name!r} appears twice in the header (columns {seen[name] + 1} "
+                             f"and {i + 1}); one would be dropped silently: rename or remove one")
+        seen[name] = i
+
+
+def check_csv_quotes(path, chunk_bytes=8 << 20):
+    """Refuse a CSV line with an unclosed quote (pyarrow would merge it with the next lines into one record).
+
+    Values may not span lines, so every line holds an even number of quote characters; the check is a
+    vectorised pass over the raw bytes (``""`` escapes count twice and pass).
+    """
+    import numpy as np
+
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    parity, line = 0, 1  # quotes seen on the current line (mod 2); its 1-based line number
+    with opener(path, "rb") as f:
+        while True:
+            chunk = f.read(chunk_bytes)
+            if not chunk:
+                break
+            data = np.frombuffer(chunk, dtype=np.uint8)
+            quotes = np.cumsum(data == 34, dtype=np.int64)  # '"'
+            ends = np.flatnonzero(data == 10)  # '\n'
+            if len(ends):
+                at_end = quotes[ends]
+                per_line = np.diff(np.concatenate([[0], at_end]))
+                per_line[0] += parity
+                odd = np.flatnonzero(per_line % 2)
+                if len(odd):
+                    _unclosed(path, line + int(odd[0]))
+                line += len(ends)
+                parity = int(quotes[-1] - at_end[-1]) % 2
+            else:
+                parity = (parity + int(quotes[-1])) % 2
+    if parity:
+        _unclosed(path, line)
+
+
+def _unclosed(path, line_number):
+    """Raise the unclosed-quote error with the column of the quote that never closes."""
+    import csv
+
+    opener = gzip.open if path.lower().endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as f:
+        header = next(csv.reader([f.readline()]), [])
+        for _ in range(line_number - 2):
+            f.readline()
+        text = f.readline() if line_number > 1 else ""
+    column, inside, start = 0, False, 0
+    for ch in text:
+        if ch == '"':
+            inside = not inside
+            if inside:
+                start = column
+        elif ch == "," and not inside:
+            column += 1
+    name = header[start] if start < len(header) else f"#{start + 1}"
+    where = f"row {line_number - 1} (line {line_number})" if line_number > 1 else "the header (line 1)"
+    raise InputError(f"input {path}: column {name!r}, {where}: a quote opens and never closes on its line; the "
+                     "rows after it would merge into one record: close the quote (write a quote inside a value "
+                     "as \"\"; values may not span lines)")
+
+
+def check_batch(batch, path, first_row, schema, time_column=None):
+    """Refuse values a typed column must not hold, naming the file, the column and the (1-based) row.
+
+    int and float columns: non-finite values (inf, nan); whole numbers a float column cannot store exactly in
+    tf.Example's 32-bit floats, and CSV ints beyond 2^53; the time column: times outside
+    [1000-01-01, 9000-01-01) UTC.
+    """
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    def fail(name, index, value, problem, fix):
+        raise InputError(f"input {path}: column {name!r}, row {first_row + int(index) + 1}: value {value!r} "
+                         f"{problem}: {fix}")
+
+    for name, kind in schema.items():
+        if kind == "bytes" or name not in batch.schema.names:
+            continue
+        col = batch.column(name)
+        rows = None
+        if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+            rows = np.asarray(pc.list_parent_indices(col))
+            col = pc.list_flatten(col)
+        if not (pa.types.is_floating(col.type) or pa.types.is_decimal(col.type)):
+            continue
+        values = np.asarray(col.cast(pa.float64()).fill_null(0.0), dtype=np.float64)
+        row_of = (lambda i: i) if rows is None else (lambda i: rows[i])
+        bad = np.flatnonzero(~np.isfinite(values))
+        if len(bad):
+            fail(name, row_of(bad[0]), float(values[bad[0]]), f"is not finite in a {kind} column",
+                 "a typed column holds finite numbers only; fix the value, or leave the field empty")
+        whole = values == np.round(values)
+        if kind == "float":
+            lossy = np.flatnonzero(whole & (values.astype(np.float32).astype(np.float64) != values))
+            if len(lossy):
+                v = float(values[lossy[0]])
+                fail(name, row_of(lossy[0]), v, f"is a whole number that tf.Example's 32-bit floats store as "
+                     f"{float(np.float32(v))!r}",
+                     "write the column's whole numbers without a decimal point so a new stream types it int, or "
+                     "round them yourself")
+        elif kind == "int":
+            big = np.flatnonzero(np.abs(values) >= _F64_EXACT)
+            if len(big):
+                fail(name, row_of(big[0]), float(values[big[0]]), "is beyond 2^53, where CSV parsing already "
+                     "rounds whole numbers", "keep int values within +-9007199254740992")
+    if time_column and time_column in batch.schema.names:
+        from .blocks import seconds
+
+        col = batch.column(time_column)
+        if pa.types.is_floating(col.type):
+            values = np.asarray(col.fill_null(0.0), dtype=np.float64)
+            t = np.where(np.isfinite(values), values, 0.0)
+        else:
+            try:
+                t = seconds(batch, time_column).astype(np.float64)
+            except InputError as exc:
+                raise InputError(f"input {path}: {exc}") from None
+        out = np.flatnonzero((t < TIME_MIN) | (t >= TIME_MAX))
+        if len(out):
+            raw = batch.column(time_column)[int(out[0])].as_py()
+            fail(time_column, out[0], raw, "is outside [1000-01-01, 9000-01-01) UTC as a time",
+                 "times are unix SECONDS or ISO 8601 (a time in milliseconds or microseconds lands far beyond)")
+
+
 def infer_schema(path, fmt):
     """The feature schema of an input file (CSV: from its first 16 MiB; TFRecord: first 1,000 records)."""
     import pyarrow as pa
@@ -179,11 +320,14 @@ def infer_schema(path, fmt):
             import pyarrow.csv as pacsv
 
             with pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=CSV_SAMPLE_BYTES)) as reader:
+                check_unique_columns(reader.schema.names, path)
                 return schema_of(reader.schema)
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            return schema_of(pq.read_schema(path))
+            arrow_schema = pq.read_schema(path)
+            check_unique_columns(arrow_schema.names, path)
+            return schema_of(arrow_schema)
         kinds = {}
         from tfx_bsl.coders import example_coder
 
@@ -202,15 +346,32 @@ def infer_schema(path, fmt):
         raise InputError(f"cannot read {fmt} input {path}: {exc}") from None
 
 
-def read_batches(path, fmt, schema, batch_rows=65536):
-    """Yield RecordBatches of the input file, typed to the stream's ``schema`` (extra columns dropped)."""
+def read_batches(path, fmt, schema, batch_rows=65536, time_column=None, check=True):
+    """Yield RecordBatches of the input file, typed to the stream's ``schema`` (extra columns dropped).
+
+    ``check`` (default): refuse duplicate header names, unclosed quotes (CSV), and values a typed column must
+    not hold (``check_batch``; ``time_column``'s times too), naming the file, column and row.
+    """
+    first_row = 0
+    for batch in _read_batches(path, fmt, schema, batch_rows, check):
+        if check:
+            check_batch(batch, path, first_row, schema, time_column)
+        first_row += batch.num_rows
+        yield batch
+
+
+def _read_batches(path, fmt, schema, batch_rows, check):
     import pyarrow as pa
 
     try:
         if fmt == "csv":
             import pyarrow.csv as pacsv
 
+            if check:
+                check_csv_quotes(path)
             with pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 20)) as probe:
+                if check:
+                    check_unique_columns(probe.schema.names, path)
                 sniffed = {f.name: f.type for f in probe.schema}
             missing = [n for n in schema if n not in sniffed]
             if missing:
@@ -227,6 +388,8 @@ def read_batches(path, fmt, schema, batch_rows=65536):
             import pyarrow.parquet as pq
 
             pf = pq.ParquetFile(path)
+            if check:
+                check_unique_columns(pf.schema_arrow.names, path)
             missing = [n for n in schema if n not in pf.schema_arrow.names]
             if missing:
                 raise InputError(f"input {path} lacks column(s) {', '.join(missing)} of the stream's schema")

@@ -6,6 +6,14 @@ Layout (easy to see with ``ls``)::
     DATA_ROOT/STREAM/BLOCK_ID/part-*.tfrecord.gz   the block's tf.Examples (gzip TFRecord)
     DATA_ROOT/STREAM/BLOCK_ID/_BLOCK.json          content digest, files, key (no row count)
     DATA_ROOT/STREAM/_staging/RUN_ID/...           an ingest in progress (never read)
+    DATA_ROOT/STREAM/_staging/RUN_ID/.run.lock     held (flock) by that ingest's process while it runs
+
+Staging runs left by killed ingests are removed by the next ingest of the stream (``clean_stale_runs``):
+a run whose ``.run.lock`` can be locked belongs to a process that is gone (the kernel drops a dead
+process's flock), so it is removed; a locked one is live and kept. A new run is created under a
+dot-name, locked, then renamed into place, so no run is ever visible unlocked. Folders without a lock
+(left by older versions) are removed once older than ``STALE_SECONDS``. The lock is host-local: with a
+distributed Beam runner on a shared filesystem, run one ingest of a stream at a time.
 
 Visibility: a block is visible to pipelines only once the ledger holds it; the
 ledger is the only index readers use. Commit order per block: finish every part
@@ -34,6 +42,9 @@ STREAM_FILE = "_stream.json"
 BLOCK_FILE = "_BLOCK.json"
 STAGING = "_staging"
 PARTS_FILE = "_parts.json"
+RUN_LOCK = ".run.lock"
+STALE_SECONDS = 3600  # an unlocked staging folder (older versions, or a creation cut short) older than this is gone
+_HELD = {}  # run dir -> the open file whose flock marks it live
 _MASK = (1 << 64) - 1
 
 
@@ -88,27 +99,110 @@ def digest_hex(batches, schema):
     return f"{total:016x}"
 
 
-def prepare_stream_dir(data_root, stream):
-    """Create DATA_ROOT/STREAM/_staging and prove it is writable; clear errors otherwise."""
+def _data_root(data_root):
     root = os.path.abspath(str(data_root))
     if os.path.exists(root) and not os.path.isdir(root):
         raise InputError(f"data root {root} is not a directory")
-    staging = os.path.join(root, stream, STAGING)
+    return root
+
+
+def missing_dirs(data_root, stream):
+    """The folders an ingest would create (data root, stream, staging), outermost first: removed again when
+    a refused ingest leaves them empty."""
+    root = _data_root(data_root)
+    chain = [root, os.path.join(root, stream), os.path.join(root, stream, STAGING)]
+    return [d for d in chain if not os.path.exists(d)]
+
+
+def remove_empty_dirs(dirs):
+    """rmdir each of ``dirs`` (innermost first) that is still empty; a folder another ingest uses stays."""
+    for d in reversed(list(dirs)):
+        try:
+            os.rmdir(d)
+        except OSError:
+            pass
+
+
+def prepare_stream_dir(data_root, stream):
+    """DATA_ROOT/STREAM/_staging (created if needed); clear errors if the data root is unusable."""
+    staging = os.path.join(_data_root(data_root), stream, STAGING)
     try:
         os.makedirs(staging, exist_ok=True)
-        probe = os.path.join(staging, f".probe-{uuid.uuid4().hex[:8]}")
-        with open(probe, "w") as f:
-            f.write("ok")
-        os.remove(probe)
     except OSError as exc:
-        raise InputError(f"data root {root} is not writable: {exc.strerror or exc}") from None
+        raise InputError(f"data root {_data_root(data_root)} is not writable: {exc.strerror or exc}") from None
     return staging
 
 
 def new_run_dir(data_root, stream):
-    run = os.path.join(prepare_stream_dir(data_root, stream), uuid.uuid4().hex[:16])
-    os.makedirs(run)
-    return run
+    """A fresh staging run, locked by this process until ``remove_run_dir``; stale runs are cleaned first."""
+    import fcntl
+
+    root = _data_root(data_root)
+    for attempt in range(3):  # a refused ingest nearby may rmdir an empty _staging between our mkdirs
+        staging = prepare_stream_dir(data_root, stream)
+        clean_stale_runs(staging)
+        run_id = uuid.uuid4().hex[:16]
+        hidden, run = os.path.join(staging, f".new-{run_id}"), os.path.join(staging, run_id)
+        try:
+            os.makedirs(hidden)
+            lock = open(os.path.join(hidden, RUN_LOCK), "w")
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+            continue
+        except OSError as exc:
+            raise InputError(f"data root {root} is not writable: {exc.strerror or exc}") from None
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: always free
+        os.rename(hidden, run)  # visible only once locked
+        _HELD[run] = lock
+        return run
+
+
+def remove_run_dir(run):
+    """Remove a staging run of this process and release its lock."""
+    shutil.rmtree(run, ignore_errors=True)
+    lock = _HELD.pop(run, None)
+    if lock is not None:
+        lock.close()
+
+
+def clean_stale_runs(staging, now=None):
+    """Remove the staging runs no live ingest holds (see the module docstring); returns the names removed."""
+    import fcntl
+    import time
+
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        names = os.listdir(staging)
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(staging, name)
+        if path in _HELD or not os.path.isdir(path) or os.path.islink(path):
+            continue
+        lock_path = os.path.join(path, RUN_LOCK)
+        if name.startswith(".") or not os.path.exists(lock_path):
+            try:
+                old = now - os.stat(path).st_mtime > STALE_SECONDS
+            except OSError:
+                continue
+            if old:
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(name)
+            continue
+        try:
+            lock = open(lock_path, "a")
+        except OSError:
+            continue
+        with lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held: a live ingest
+                continue
+            shutil.rmtree(path, ignore_errors=True)  # its process is gone: nobody will read these files
+            removed.append(name)
+    return removed
 
 
 def stream_config(data_root, stream):
@@ -201,12 +295,17 @@ def read_parts(run_dir):
         return json.load(f)
 
 
-def commit(ledger, stream, data_root, run_dir, parts, spec, schema):
+def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplicate_of=()):
     """Move staged blocks into place and register them; returns {"added": [...], "unchanged": [...]}.
 
-    Every check (immutability, window/shard clashes) runs before the first block
-    is moved or registered, so bad input registers nothing.
+    Every check (immutability, window/shard clashes, records already registered in another stream) runs
+    before the first block is moved or registered, so bad input registers nothing. Each new block's content
+    digest goes into the ledger with it; a block whose digest another stream already registered is refused
+    (the same records in a second stream would get a fresh budget there), unless that stream is named in
+    ``allow_duplicate_of`` (``sage ingest --allow-duplicate-of-stream S``). The ledger checks it again in the
+    transaction that registers the blocks.
     """
+    allow_duplicate_of = tuple(allow_duplicate_of or ())
     blocks = {}
     for part in parts:
         b = blocks.setdefault(part["block"], {"key": part["key"], "rows": 0, "digest": 0, "files": []})
@@ -236,8 +335,20 @@ def commit(ledger, stream, data_root, run_dir, parts, spec, schema):
                                  "(nothing registered)")
         plan.append((block_id, info, key))
 
+    digests = {f"{info['digest']:016x}": block_id for block_id, info, _ in plan}
+    owners = ledger.digest_owners(list(digests), exclude_stream=stream)
+    for digest, block_id in sorted(digests.items(), key=lambda kv: kv[1]):
+        others = [o for o in owners.get(digest, []) if o[0] not in allow_duplicate_of]
+        if others:
+            other_stream, other_block = others[0]
+            raise InputError(
+                f"block {block_id!r}: its records (content digest {digest}) are already registered as block "
+                f"{other_block!r} of stream {other_stream!r}; in stream {stream!r} they would get a fresh budget, "
+                f"so nothing was registered. If this copy is intended (its privacy loss adds up with the other "
+                f"stream's), pass --allow-duplicate-of-stream {other_stream}")
+
     with _commit_lock(data_root, stream):
-        return _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema)
+        return _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of)
 
 
 @contextlib.contextmanager
@@ -253,7 +364,7 @@ def _commit_lock(data_root, stream):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema):
+def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of=()):
     from sage_tfx.privacy import UnknownBlock
 
     config_path = os.path.join(stream_dir(data_root, stream), STREAM_FILE)
@@ -287,8 +398,15 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
         if os.path.exists(final):  # left by a crash before add_block: unregistered, so invisible; replace it
             shutil.rmtree(final)
         os.rename(staged, final)
-        new.append(dict(id=block_id, rows=int(info["rows"]), **key))
+        new.append(dict(id=block_id, rows=int(info["rows"]), digest=f"{info['digest']:016x}", **key))
     if new:
+        from sage_tfx.privacy import DuplicateContent
+
         _fsync_dir(stream_dir(data_root, stream))  # the renames are durable before the ledger shows them
-        ledger.add_blocks(stream, new)  # one transaction: all of this ingest's new blocks, or none
+        try:  # one transaction: all of this ingest's new blocks, or none
+            ledger.add_blocks(stream, new, allow_duplicate_of=allow_duplicate_of)
+        except DuplicateContent as exc:  # another stream registered these records meanwhile: take ours back
+            for b in new:
+                shutil.rmtree(block_dir(data_root, stream, b["id"]), ignore_errors=True)
+            raise InputError(str(exc)) from None
     return {"added": [b["id"] for b in new], "unchanged": sorted(unchanged)}
