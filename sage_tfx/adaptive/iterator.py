@@ -186,7 +186,11 @@ class SageIterator:
         self.max_refusals, self.max_idle_waits = max_refusals, max_idle_waits
         self.preprocessing_share, self.count_share = preprocessing_share, count_share
         self.disjoint_split, self.rejection_share = disjoint_split, rejection_share
-        self.split(self.epsilon_start)  # bad shares fail here, before anything is spent
+        first = self.split(self.epsilon_start).charged_epsilon  # bad shares fail here, before anything is spent
+        if first < stream_info.grant_floor:  # the ledger would refuse every grant: say so before anything
+            raise LedgerError(f"epsilon_start {epsilon_start!r} charges epsilon {first:.6g}, below stream {stream!r}'s "
+                              f"minimum grant epsilon {stream_info.grant_floor:g}: start at a larger epsilon "
+                              "(--epsilon-start), or lower the stream's --min-grant-epsilon")
         self.wait_for_blocks = wait_for_blocks
         self.progress = progress or (lambda line: None)
         self.clock = clock
