@@ -275,6 +275,26 @@ def test_noise_is_present_at_zero_learning_signal():
     assert np.abs(model.layers[-1].kernel.numpy() - before).max() > 1e-3
 
 
+def test_weight_decay_bounds_the_noise_walk_of_weights_no_record_moves():
+    """With every x = 0 no record moves the kernels, so each kernel entry is its start plus the Gaussian noise: a
+    random walk of std s sqrt(T) without decay (s = lr sigma C / batch_size per step), and with decoupled decay
+    d a walk pulled back to 0, of stationary std s / sqrt(2 lr d) (start decayed by (1 - lr d)^T). Here T = 400,
+    lr d = 0.05: the decayed spread is about sqrt(1 / (2 * 0.05 * 400)) = 0.16 of the free walk's; same seed,
+    same noise draws. The run spends the same budget either way (decay is post-processing)."""
+    n = 400
+    x, y = np.zeros((n, 4), np.float32), np.zeros(n, np.float32)
+    spreads, spent = [], []
+    for decay in (0.0, 0.05):
+        model = _sequential()
+        private = make_private(model, privacy_budget=(1.0, 1e-5), num_examples=n, loss="mse", batch_size=50,
+                               epochs=50, learning_rate=1.0, weight_decay=decay, seed=5)
+        private.fit(x, y)
+        spreads.append(np.concatenate([layer.kernel.numpy().ravel() for layer in model.layers]).std())
+        spent.append(private.privacy_spent["epsilon"])
+    assert spreads[1] < 0.35 * spreads[0], spreads
+    assert spent[0] == spent[1]
+
+
 def test_explicit_seed_refused_inside_training_seed():
     with training_seed(7):
         with pytest.raises(ValueError, match="seed=3.*Drop the seed= argument"):
@@ -357,6 +377,8 @@ def _bad(**overrides):
     ({"epochs": float("nan")}, r"epochs=nan"),
     ({"optimizer": "rmsprop"}, r"optimizer='rmsprop' is invalid"),
     ({"learning_rate": -1}, r"learning_rate=-1 is invalid"),
+    ({"weight_decay": -0.1}, r"weight_decay=-0\.1 is invalid"),
+    ({"weight_decay": 20.0}, r"weight_decay=20\.0 is invalid.*learning_rate 0\.1"),
     ({"loss": "hinge"}, r"loss='hinge' is invalid"),
     ({"accountant": "moments"}, r"accountant='moments' is invalid"),
     ({"per_example": "jax"}, r"per_example='jax' is invalid"),

@@ -57,14 +57,19 @@ def test_sage_run_accepts_and_the_pushed_model_scores_on_days_never_replayed(tmp
     stream = json.loads(made.stdout.strip().splitlines()[-1])
     assert stream == {"blocks": 1095, "stream_trips": 14169, "held_out_trips": 833}
     out = _run("-m", "sage_tfx", "run", os.path.join(EXAMPLE, "pipeline.py"), "--db", db, "--stream", "taxi",
-               "--data-root", data, "--target", "0.8", "--min-window", "1095", "--max-iterations", "1",
+               "--data-root", data, "--target", "0.8", "--min-window", "1095", "--max-iterations", "2",
                "--work-dir", work)
+    # Two iterations at most: the first (epsilon 1 per block) ACCEPTed in the runs measured (validator bounds
+    # 0.810-0.849); a noise draw that lands the model just short RETRYs at epsilon 2 on the same 1,095 blocks
+    # (the stream holds 4), where 10 of 10 training noise draws reached 0.86 (docs/your_pipeline.md).
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "[tfx_taxi] iteration 1:" in out.stdout and "-> ACCEPT" in out.stdout and "model pushed" in out.stdout
     with Ledger.open(db) as ledger:
-        ((grant, outcome, details),) = ledger.history("taxi", "tfx_taxi")
+        history = ledger.history("taxi", "tfx_taxi")
+        grant, outcome, details = history[-1]
         releases = {r.stage: r for r in ledger.releases(grant.id)}
         assert ledger.audit().ok
+    assert [o for _g, o, _d in history[:-1]] in ([], ["RETRY"])
     assert outcome == "ACCEPT" and details["validation"]["bound"] >= 0.8
     # the two DP vocabularies spent the split's preprocessing delta, charged on top of training's
     assert releases["preprocessing"].delta == pytest.approx(1e-8)

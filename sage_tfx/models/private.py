@@ -242,7 +242,7 @@ class PrivateModel:
     """
 
     def __init__(self, model, *, epsilon, delta, num_examples, clip_norm, batch_size, epochs, optimizer,
-                 learning_rate, momentum, accountant, loss, per_example, seed):
+                 learning_rate, momentum, accountant, loss, per_example, seed, weight_decay=0.0):
         self.model = model
         self.epsilon, self.delta = epsilon, delta
         self.num_examples = num_examples
@@ -252,6 +252,7 @@ class PrivateModel:
         self.optimizer_name = optimizer
         self.learning_rate = learning_rate
         self.momentum = momentum
+        self.weight_decay = weight_decay
         self.accountant = accountant
         self.loss = loss
         self.per_example = per_example
@@ -272,9 +273,10 @@ class PrivateModel:
                                  "(LayerNormalization is fine)")
 
     def _make_optimizer(self):
+        decay = {"weight_decay": self.weight_decay} if self.weight_decay else {}
         if self.optimizer_name == "adam":
-            return tf.keras.optimizers.Adam(learning_rate=self.learning_rate)
-        return tf.keras.optimizers.SGD(learning_rate=self.learning_rate, momentum=self.momentum)
+            return tf.keras.optimizers.Adam(learning_rate=self.learning_rate, **decay)
+        return tf.keras.optimizers.SGD(learning_rate=self.learning_rate, momentum=self.momentum, **decay)
 
     def fit(self, x: Any, y: Any, verbose: bool = False, *,
             callback: Optional[Callable[[int], None]] = None) -> "PrivateModel":
@@ -421,7 +423,7 @@ class PrivateModel:
 def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], num_examples: int,
                  clip_norm: float = 1.0, batch_size: int = 256, epochs: Union[int, float] = 1,
                  optimizer: str = "sgd", learning_rate: Optional[float] = None, momentum: float = 0.0,
-                 loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
+                 weight_decay: float = 0.0, loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
                  seed: Optional[int] = None) -> PrivateModel:
     """Wrap a tf.keras Sequential or Functional ``model`` for DP-SGD training; return a ``PrivateModel``.
 
@@ -432,6 +434,14 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
     ``learning_rate`` defaults to 0.1 (sgd) / 0.001 (adam). ``loss``: None = the model's compiled loss, one
     of ``LOSSES`` or a per-example Keras loss. ``per_example``: one of ``PER_EXAMPLE``. ``seed``: tests only;
     refused inside ``training_seed`` (DPTrainer).
+
+    ``weight_decay``: decoupled weight decay (Keras optimizers' ``weight_decay``: each step every weight w
+    becomes w - learning_rate * weight_decay * w besides the noisy gradient step). It reads no data, so it is
+    post-processing and changes no privacy statement. Why a DP user wants it: the Gaussian noise of every
+    step lands on every weight, and on weights the data barely moves it adds up as a random walk (after T
+    steps its std is learning_rate * sigma * clip_norm / batch_size * sqrt(T)); the decay pulls those weights
+    back, bounding the walk. On TFX's taxi wide-and-deep model at epsilon 0.675, 0.01 turned a run that fell
+    below the majority class in most noise draws into one above 0.84 in most (docs/your_pipeline.md).
     """
     if not isinstance(model, tf.keras.Model):
         raise ValueError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional model "
@@ -458,6 +468,10 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
         raise ValueError(f"momentum={momentum!r} is invalid: must be in [0, 1)")
     if optimizer == "adam" and momentum:
         raise ValueError(f"momentum={momentum!r} is invalid with optimizer='adam': leave it at 0")
+    if (isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float))
+            or not 0 <= weight_decay < 1 / learning_rate):
+        raise ValueError(f"weight_decay={weight_decay!r} is invalid: pass a number in [0, 1/learning_rate) "
+                         f"(learning_rate {learning_rate}), e.g. 0.01")
     dpsgd.check_accountant(accountant)
     if per_example not in PER_EXAMPLE:
         raise ValueError(f"per_example={per_example!r} is invalid: choose one of {PER_EXAMPLE}")
@@ -469,5 +483,5 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
         per_example_loss(loss, model)  # names a bad loss now, not after the data is read
     return PrivateModel(model, epsilon=epsilon, delta=delta, num_examples=num_examples, clip_norm=clip_norm,
                         batch_size=batch_size, epochs=epochs, optimizer=optimizer,
-                        learning_rate=learning_rate, momentum=float(momentum), accountant=accountant, loss=loss,
-                        per_example=per_example, seed=seed)
+                        learning_rate=learning_rate, momentum=float(momentum), weight_decay=float(weight_decay),
+                        accountant=accountant, loss=loss, per_example=per_example, seed=seed)
