@@ -335,7 +335,7 @@ def run_fn(fn_args: FnArgs):
   # original's Adam: Adam rescales every coordinate alike, so the DP noise in the ~2,100 wide weights moves
   # them as far as the signal does (on the taxi stream, Adam stayed at the majority class; SGD reached 0.88).
   # Weight decay 0.01 and 15 epochs: the noise lands on all ~15,000 weights, and on those the data barely moves
-  # it adds up as a random walk; without decay (20 epochs) the model fell below the majority class in 4 of 6
+  # it adds up as a random walk; without decay (20 epochs) the model fell below the majority class in 5 of 6
   # noise draws, with it all of 10 reached 0.865-0.887 (docs/your_pipeline.md).
   config = fn_args.custom_config or {}
   private = make_private(
