@@ -151,17 +151,25 @@ def postgres_server():
         server.stop()
 
 
+def _postgres_key_file(tmp_path, monkeypatch):
+    """A PostgreSQL ledger has no default key file: each test's is SAGE_KEY_FILE (docs/security.md)."""
+    monkeypatch.setenv("SAGE_KEY_FILE", str(tmp_path / "pg_ledger.key"))
+
+
 @pytest.fixture
-def postgres_url(postgres_server):
-    """URL of a fresh, empty PostgreSQL database (one per test)."""
+def postgres_url(postgres_server, tmp_path, monkeypatch):
+    """URL of a fresh, empty PostgreSQL database (one per test); its key file is $SAGE_KEY_FILE in tmp_path."""
+    _postgres_key_file(tmp_path, monkeypatch)
     return postgres_server.new_database()
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def ledger_url(request, tmp_path):
-    """A fresh ledger location on each backend: an SQLite file path, then a PostgreSQL database URL."""
+def ledger_url(request, tmp_path, monkeypatch):
+    """A fresh ledger location on each backend: an SQLite file path, then a PostgreSQL database URL (its key
+    file: $SAGE_KEY_FILE in tmp_path)."""
     if request.param == "sqlite":
         return str(tmp_path / "ledger.db")
+    _postgres_key_file(tmp_path, monkeypatch)
     return request.getfixturevalue("postgres_server").new_database()
 
 

@@ -140,7 +140,9 @@ def test_grants_are_signed_and_verified(ledger_url, tmp_path):
     with pytest.raises(GrantError, match="malformed"):
         ledger.verify("{not json")
     # Signed by another ledger (another secret): forged here.
-    foreign = make_ledger(str(tmp_path / "foreign.db"))
+    with pytest.MonkeyPatch.context() as mp:  # its own key file beside it, whatever SAGE_KEY_FILE says
+        mp.delenv("SAGE_KEY_FILE", raising=False)
+        foreign = make_ledger(str(tmp_path / "foreign.db"))
     with pytest.raises(GrantError, match="forged"):
         ledger.verify(foreign.request("p", "s", blocks=["b0"], epsilon=0.5))
     # Correctly signed (as a holder of the key could) but never charged by this ledger: unknown.

@@ -101,10 +101,14 @@ def populated(request, tmp_path_factory):
     """One populated ledger per backend, shared by the module: bad input must never change it."""
     if request.param == "sqlite":
         location = str(tmp_path_factory.mktemp("bad-input") / "ledger.db")
-    else:
+        grant_id = populate(location)
+        yield location, grant_id
+        return
+    with pytest.MonkeyPatch.context() as mp:  # a PostgreSQL ledger's key file (docs/security.md)
+        mp.setenv("SAGE_KEY_FILE", str(tmp_path_factory.mktemp("bad-input-pg") / "ledger.key"))
         location = request.getfixturevalue("postgres_server").new_database("bad")
-    grant_id = populate(location)
-    return location, grant_id
+        grant_id = populate(location)
+        yield location, grant_id
 
 
 CHARGE = ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", "b0,b1"]

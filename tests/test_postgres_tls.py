@@ -24,6 +24,11 @@ def tls_server(postgres_server):
     return postgres_server
 
 
+@pytest.fixture(autouse=True)
+def _key_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("SAGE_KEY_FILE", str(tmp_path / "ledger.key"))  # PostgreSQL has no default key file
+
+
 def _database(server):
     return server.new_database("tls").split("?")[0]  # the URL without the tests' sslmode=disable
 

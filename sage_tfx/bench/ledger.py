@@ -27,6 +27,9 @@ import tempfile
 import time
 import uuid
 
+# Files a SQLite ledger leaves beside itself: WAL, shared memory, and its key file with the head file and its lock.
+LEDGER_FILE_SUFFIXES = ("", "-wal", "-shm", ".key", ".key.head", ".key.head.lock")
+
 GOAL_RATIO = 0.5
 
 
@@ -143,7 +146,7 @@ def _sqlite_pair(db_dir, blocks, total, writers, run_id):
     conn.close()
     baseline = _timed(_sqlite_baseline_worker, writers, total, (base_path, blocks))
     for path in (ledger_path, base_path):
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in LEDGER_FILE_SUFFIXES:
             if os.path.exists(path + suffix):
                 os.remove(path + suffix)
     return grants, baseline, audit_ok
@@ -253,7 +256,7 @@ def _measure_choice(db_dir, n_blocks, repeats):
             call_times.append(time.perf_counter() - start)
             same = same and loop == call
         ledger.close()
-        for suffix in ("", "-wal", "-shm"):
+        for suffix in LEDGER_FILE_SUFFIXES:
             if os.path.exists(path + suffix):
                 os.remove(path + suffix)
         loop_s, call_s = statistics.median(loop_times), statistics.median(call_times)

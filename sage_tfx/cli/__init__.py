@@ -73,8 +73,11 @@ def main(argv=None):
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     args.extra_args = extra
+    from ._keys import key_file_env
+
     try:
-        code = args.func(args)
+        with key_file_env(getattr(args, "key_file", None)):
+            code = args.func(args)
         sys.stdout.flush()  # a closed pipe shows here, not at interpreter exit
         return code
     except KeyboardInterrupt:

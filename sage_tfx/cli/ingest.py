@@ -22,6 +22,8 @@ Exit codes: 0 success; 2 bad input (nothing registered).
 import argparse
 import sys
 
+from ._keys import add_key_file
+
 EXIT_BAD_INPUT = 2
 
 
@@ -29,6 +31,7 @@ def add_parser(subparsers):
     p = subparsers.add_parser("ingest", help="ingest a data set into ledger-registered blocks (Beam)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="ledger file path (SQLite) or postgresql:// URL")
+    add_key_file(p)
     p.add_argument("--stream", required=True, help="stream name (create it with `sage ledger init`)")
     p.add_argument("--input", required=True, action="append",
                    help="input file or glob (repeatable); each file is read by one Beam worker")

@@ -8,6 +8,8 @@ import datetime as _dt
 import json
 import sys
 
+from ._keys import add_key_file
+
 EXIT_VIOLATION = 1
 EXIT_BAD_INPUT = 2
 EXIT_REFUSED = 3
@@ -44,6 +46,7 @@ def add_parser(subparsers):
     def action(name, func, help_text):
         p = sub.add_parser(name, help=help_text, description=help_text)
         p.add_argument("--db", required=True, help="ledger file path (SQLite) or postgresql:// URL")
+        add_key_file(p)
         p.set_defaults(func=lambda args: _guarded(func, args))
         return p
 

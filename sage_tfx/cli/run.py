@@ -18,6 +18,8 @@ charge (the message withholds details that may hold data values: run --check to 
 import argparse
 import sys
 
+from ._keys import add_key_file
+
 EXIT_CODES = {"ACCEPT": 0, "REJECT": 4, "TIMEOUT": 5}
 EXIT_FAILED = 1  # an iteration raised after its charge
 
@@ -28,6 +30,7 @@ def add_parser(subparsers):
     p.add_argument("pipeline", help="a built-in pipeline (taxi_regression, taxi_classification), the path of a "
                                     "pipeline file defining a SagePipeline, or a dotted module path")
     p.add_argument("--db", required=True, help="ledger file or postgresql:// URL")
+    add_key_file(p)
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")
     p.add_argument("--target", type=float, default=None,

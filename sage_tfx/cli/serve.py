@@ -14,6 +14,8 @@ Example:
 import argparse
 import sys
 
+from ._keys import add_key_file
+
 
 def _pipeline_arg(text):
     try:
@@ -32,6 +34,7 @@ def add_parser(subparsers):
     p = subparsers.add_parser("serve", help="serve several pipelines on one replayed stream",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--db", required=True, help="ledger (the stream must exist: sage ledger init)")
+    add_key_file(p)
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True)
     p.add_argument("--input", required=True, help="historical data to replay (CSV, TFRecord or Parquet)")

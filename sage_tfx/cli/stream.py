@@ -13,6 +13,8 @@ Exit codes: 0 success; 2 bad input.
 import argparse
 import sys
 
+from ._keys import add_key_file
+
 EXIT_BAD_INPUT = 2
 GENERATED_NOTE = "GENERATED taxi-like data (fitted to the real Chicago taxi rows; not real trips)"
 
@@ -25,6 +27,7 @@ def add_parser(subparsers):
 
     p = sub.add_parser("replay", help="add a historical data set's blocks one window at a time")
     p.add_argument("--db", required=True, help="ledger file path (SQLite) or postgresql:// URL")
+    add_key_file(p)
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True)
     src = p.add_mutually_exclusive_group(required=True)

@@ -53,13 +53,19 @@ def audit_ledger(ledger):
 
     entries = ledger.log_entries()
     report.entries = len(entries)
+    keys = ledger.keyring
+    legacy_until = ledger._migration_entry().get("legacy_chain_until", 0) if keys.legacy_secret is not None else 0
     prev_hash, expected_seq = GENESIS, 1
     streams, stream_configs, blocks, grants, releases = {}, {}, {}, {}, {}
     for seq, _ts, kind, body_text, prev, digest in entries:
         if seq != expected_seq:
             problems.append(f"log entry {seq}: expected sequence number {expected_seq} (entries missing)")
-        if prev != prev_hash or digest != chain_hash(prev, seq, kind, body_text):
-            problems.append(f"log entry {seq} ({kind}): hash chain broken (the log was altered)")
+        # Entries before a key migration keep the old unkeyed chain; the keyed entry after them covers its value.
+        value = (chain_hash(prev, seq, kind, body_text) if seq <= legacy_until
+                 else keys.chain_value(prev, seq, kind, body_text))
+        if prev != prev_hash or not hmac.compare_digest(digest, value):
+            problems.append(f"log entry {seq} ({kind}): keyed hash chain broken (the log was altered, or "
+                            "rewritten without the ledger's key)")
         prev_hash, expected_seq = digest, seq + 1
         try:
             body = json.loads(body_text)
@@ -201,7 +207,7 @@ def _replay_grant(ledger, seq, body, streams, blocks, grants, problems):
     signature = body.pop("signature", "")
     body.pop("sources", None)
     gid = body.get("id")
-    if not hmac.compare_digest(ledger._sign(body), signature):
+    if not ledger._signature_ok(body, signature):
         problems.append(f"log entry {seq}: grant {gid!r} has an invalid signature")
     filt = streams.get(body["stream"])
     if filt is None:

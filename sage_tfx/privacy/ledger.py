@@ -21,14 +21,24 @@ What a pipeline could be granted now is ``available_epsilon`` (on a set of
 blocks) or ``available_per_block`` (on each block alone, all in one read: how the
 iterator chooses blocks); both are advisory, ``request`` decides.
 
-Every change is appended to a hash-chained audit log in the same transaction;
-``audit()`` recomputes every block's loss from the log alone.
+Every change is appended to a keyed, hash-chained audit log in the same transaction;
+``audit()`` recomputes every table from the log alone.
+
+Keys (docs/security.md): the ledger holds no key. ``Ledger.open(location, key_file=...)`` loads the
+master key from a key file outside the database (``keys.py``: ``key_file=``, else $SAGE_KEY_FILE, else
+``<sqlite path>.key``; PostgreSQL needs one explicitly); grants are signed with its derived signing key,
+release seeds come from its noise key, and the log is chained with its audit key. After every committed
+write the log's head (last sequence number and chain value) is written to the head file beside the key
+file, outside the database. A ledger of an older version (its secret in ``meta.secret``) is migrated on
+open: the key file is written first (0600, fsync), then the secret is deleted in one transaction.
 """
 import collections
 import hashlib
 import hmac
 import json
+import logging
 import math
+import os
 import re
 import secrets
 import time
@@ -46,6 +56,7 @@ from .errors import (
 )
 from .checks import check_name as _check_name, finite as _finite
 from .split import SINGLE_RULE, SLACK, SPLIT_KEY, STAGES, BudgetSplit, grant_split
+from .keys import HeadFile, KeyFileError, KeyRing, resolve_key_path
 from .store import open_store
 
 POLICIES = ("conserve", "aggressive")
@@ -183,16 +194,133 @@ class Release:
 
 
 class Ledger:
-    """Open with ``Ledger.open(path_or_url)``; ``create=True`` makes a new ledger if none exists."""
+    """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists."""
 
-    def __init__(self, store):
+    def __init__(self, store, keys):
+        """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
         self._store = store
+        self._key_source = keys
+        self._legacy_grants = frozenset()
         with store.transaction(write=False) as tx:
-            self._secret = tx.one("SELECT value FROM meta WHERE key = 'secret'")[0].encode()
+            meta = dict(tx.all("SELECT key, value FROM meta"))
+        if "secret" in meta and "key_id" not in meta:
+            self._keys = self._migrate_secret(meta["secret"])
+            with store.transaction(write=False) as tx:
+                meta = dict(tx.all("SELECT key, value FROM meta"))
+        else:
+            self._keys = keys.keyring()
+        if meta.get("key_id") != self._keys.key_id:
+            raise KeyFileError(
+                f"key file {keys.path} is not the key of ledger {store.display} (key id {self._keys.key_id}, the "
+                f"ledger's {meta.get('key_id')}): give this ledger's key file (--key-file PATH or SAGE_KEY_FILE=PATH)")
+        self._ledger_id = meta.get("ledger_id") or ""
+        self._head = HeadFile(self._keys.head_path)
+        store.after_commit = self._advance_head
+        if keys.created_ledger:
+            self._advance_head((0, GENESIS), reset=True)
+        if self._keys.legacy_secret is not None:
+            self._legacy_grants = frozenset(self._migration_entry().get("legacy_grants", ()))
 
     @classmethod
-    def open(cls, location, create=False):
-        return cls(open_store(location, create=create))
+    def open(cls, location, create=False, key_file=None):
+        """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
+        $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
+        (mode 0600) if that does not exist yet."""
+        if not isinstance(location, (str, os.PathLike)) or not str(location):
+            raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
+        try:
+            keys = _KeySource(resolve_key_path(location, key_file), create)
+        except KeyFileError as exc:
+            if create:
+                raise  # before anything is created
+            keys = _KeySource(None, create, error=exc)  # PostgreSQL: a connection error is named first
+        if keys.path is None:
+            pass
+        elif os.path.exists(keys.path):
+            keys.keyring()  # a key file that is too open or malformed is refused before anything is created
+        elif create and not os.path.isdir(os.path.dirname(keys.path)):
+            raise KeyFileError(f"cannot create key file {keys.path}: folder {os.path.dirname(keys.path)} does not "
+                               "exist (create it, mode 0700, or give another --key-file)")
+        try:
+            store = open_store(location, create=create, on_create=keys.new_ledger_meta)
+        except BaseException:
+            keys.undo_created()
+            raise
+        try:
+            return cls(store, keys)
+        except BaseException:
+            store.close()
+            raise
+
+    @property
+    def keyring(self):
+        """The ledger's ``KeyRing`` (derived keys; ``block_key(stream, block)``). TRUSTED CODE ONLY."""
+        return self._keys
+
+    @property
+    def key_file(self):
+        return self._keys.path
+
+    def _advance_head(self, head, reset=False):
+        """After a committed write: record its last log entry in the head file (outside the database)."""
+        seq, chain = head
+        try:
+            self._head.advance(self._ledger_id, seq, chain, reset=reset)
+        except (OSError, LedgerError) as exc:  # the write is committed: the audit will say the head is behind
+            logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self._head.path, exc)
+
+    def _migrate_secret(self, secret):
+        """Move an older ledger's ``meta.secret`` out of the database (docs/security.md, "Migration").
+
+        1. the key file is written (new master key + the old secret, 0600, fsync) unless it exists already
+           holding this secret (a migration killed after step 1);
+        2. one transaction deletes ``meta.secret``, records the key id and a ledger id, and appends a keyed
+           ``keys`` log entry naming the grants signed with the old secret and the last entry chained without
+           a key (the audit verifies those with the old rules).
+        A kill between the steps leaves the secret in the database and the key file beside it: the next open
+        finds both and finishes step 2.
+        """
+        if self._key_source.path is None:
+            self._key_source.keyring()  # raises: no key file location (PostgreSQL)
+        path = self._key_source.path
+        if not os.path.exists(path):
+            try:
+                KeyRing.create_migrated(path, secret)
+            except KeyFileError:
+                if not os.path.exists(path):  # else: another process migrating at the same moment
+                    raise
+        keys = KeyRing.load(path)
+        if keys.legacy_secret != secret.encode():
+            raise KeyFileError(
+                f"key file {path} exists but does not hold ledger {self._store.display}'s old secret: this ledger "
+                "is from an older version and is migrated on open; give its own key file, or a path where none "
+                "exists yet (--key-file PATH or SAGE_KEY_FILE=PATH)")
+        self._keys = keys
+        with self._store.transaction() as tx:
+            if tx.one("SELECT 1 FROM meta WHERE key = 'secret'") is None or tx.one(
+                    "SELECT 1 FROM meta WHERE key = 'key_id'") is not None:
+                return keys  # migrated by another process meanwhile
+            last = tx.one("SELECT seq FROM log ORDER BY seq DESC LIMIT 1")
+            grants = sorted(r[0] for r in tx.all("SELECT id FROM grants"))
+            ledger_id = (tx.one("SELECT value FROM meta WHERE key = 'ledger_id'") or [None])[0] or secrets.token_hex(16)
+            tx.run("DELETE FROM meta WHERE key IN ('secret', 'key_id', 'ledger_id')")
+            tx.run("INSERT INTO meta (key, value) VALUES ('key_id', ?)", (keys.key_id,))
+            tx.run("INSERT INTO meta (key, value) VALUES ('ledger_id', ?)", (ledger_id,))
+            self._ledger_id = ledger_id
+            self._head = HeadFile(keys.head_path)
+            self._store.after_commit = self._advance_head
+            self._log(tx, "keys", {"key_id": keys.key_id, "legacy_chain_until": last[0] if last else 0,
+                                   "legacy_grants": grants})
+        return keys
+
+    def _migration_entry(self):
+        """The body of the keyed ``keys`` entry a migration wrote ({} if none, or if it does not verify)."""
+        with self._store.transaction(write=False) as tx:
+            row = tx.one("SELECT seq, kind, body, prev, hash FROM log WHERE kind = 'keys' ORDER BY seq LIMIT 1")
+        if row is None or not hmac.compare_digest(self._keys.chain_value(row[3], row[0], row[1], row[2]), row[4]):
+            return {}
+        body = json.loads(row[2])
+        return body if body.get("legacy_chain_until") == row[0] - 1 else {}
 
     @property
     def backend(self):
@@ -767,18 +895,30 @@ class Ledger:
         return min(float(start_epsilon), available)
 
     def _sign(self, body):
-        return hmac.new(self._secret, _canonical(body).encode(), hashlib.sha256).hexdigest()
+        """A grant's signature: HMAC-SHA256 under the key ring's signing key (never the master key)."""
+        return self._keys.sign(_canonical(body).encode())
+
+    def _signature_ok(self, body, signature):
+        """``signature`` signs ``body``: under the signing key, or, for a grant made before the ledger's key
+        migration (listed in its keyed ``keys`` entry), under the old secret with the old rule."""
+        signature = signature or ""
+        if hmac.compare_digest(self._sign(body), signature):
+            return True
+        if body.get("id") in self._legacy_grants:
+            return hmac.compare_digest(self._keys.legacy_sign(_canonical(body).encode()) or "", signature)
+        return False
 
     def private_seed(self, grant_id, purpose):
-        """A 128-bit seed only trusted code can derive (HMAC of the ledger secret). TRUSTED CODE ONLY.
+        """A 128-bit seed only trusted code can derive (HMAC under the key ring's noise key). TRUSTED CODE ONLY.
 
         A DP release made under a grant draws its noise from this seed, so re-running
         the release under the same grant returns the same value (post-processing, no
         extra privacy loss), while the pipeline, which never sees the secret, cannot
-        reproduce the noise.
+        reproduce the noise. A grant made before the ledger's key migration keeps its old seed (the old
+        secret's HMAC), so its re-runs still draw the same noise.
         """
         text = f"seed|{grant_id}|{purpose}".encode()
-        return int.from_bytes(hmac.new(self._secret, text, hashlib.sha256).digest()[:16], "big")
+        return self._keys.seed(text, legacy=grant_id in self._legacy_grants)
 
     def get_grant(self, grant_id):
         with self._store.transaction(write=False) as tx:
@@ -805,7 +945,7 @@ class Ledger:
         if grant is None or grant == "":
             raise GrantError("no grant given: a pipeline reads data only under a grant from the ledger")
         grant = Grant.from_json(grant)
-        if not hmac.compare_digest(self._sign(grant.body()), grant.signature or ""):
+        if not self._signature_ok(grant.body(), grant.signature):
             raise GrantError(f"grant {grant.id!r} is forged: its signature does not match its contents")
         stored = self.get_grant(grant.id)
         if stored.to_json() != grant.to_json():
@@ -952,8 +1092,10 @@ class Ledger:
         last = tx.one("SELECT seq, hash FROM log ORDER BY seq DESC LIMIT 1")
         seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
         text = _canonical(body)
+        value = self._keys.chain_value(prev, seq, kind, text)
         tx.run("INSERT INTO log (seq, ts, kind, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?)",
-               (seq, time.time(), kind, text, prev, chain_hash(prev, seq, kind, text)))
+               (seq, time.time(), kind, text, prev, value))
+        tx.head = (seq, value)  # written to the head file once the transaction commits
 
     def log_entries(self):
         with self._store.transaction(write=False) as tx:
@@ -1148,5 +1290,39 @@ class _BlockBudgets:
         return self.admits(cost) & (own | self.fits_share(self.pool_used, cost, self.pool_reserved))
 
 
+class _KeySource:
+    """Where a ledger's key file is, and creating it with a new ledger (``Ledger.open``)."""
+
+    def __init__(self, path, create, error=None):
+        self.path, self.create, self._error = path, create, error
+        self._keyring = None
+        self.created_key = self.created_ledger = False
+
+    def keyring(self):
+        if self._error is not None:
+            raise self._error
+        if self._keyring is None:
+            self._keyring = KeyRing.load(self.path)
+        return self._keyring
+
+    def new_ledger_meta(self):
+        """Called by the store as it creates a ledger: the meta rows (key id, ledger id); creates the key file
+        if it does not exist (an existing key file is used: one key may serve a ledger re-created at its path)."""
+        if not os.path.exists(self.path):
+            self._keyring = KeyRing.create(self.path)
+            self.created_key = True
+        self.created_ledger = True
+        return {"key_id": self.keyring().key_id, "ledger_id": secrets.token_hex(16)}
+
+    def undo_created(self):
+        """The ledger was not created after all: remove the key file made for it."""
+        if self.created_key:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+
+
 def chain_hash(prev, seq, kind, body_text):
+    """The UNKEYED chain of ledgers before the key migration (kept to verify their old entries)."""
     return hashlib.sha256(f"{prev}|{seq}|{kind}|{body_text}".encode()).hexdigest()

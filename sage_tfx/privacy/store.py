@@ -90,20 +90,26 @@ _TABLES = [
 ]
 
 
-def open_store(location, create=False):
-    """A SqliteStore for a path, a PostgresStore for a ``postgresql://`` URL."""
+def open_store(location, create=False, on_create=None):
+    """A SqliteStore for a path, a PostgresStore for a ``postgresql://`` URL.
+
+    ``on_create()``, called as a new ledger's schema is written, returns the meta rows to add (the key id and
+    ledger id: ``Ledger.open``); the database never holds a key (docs/security.md).
+    """
     if not isinstance(location, (str, os.PathLike)) or not str(location):
         raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
     location = str(location)
     if location.startswith(("postgresql://", "postgres://")):
-        return PostgresStore(location, create=create)
-    return SqliteStore(location, create=create)
+        return PostgresStore(location, create=create, on_create=on_create)
+    return SqliteStore(location, create=create, on_create=on_create)
 
 
 class _Store:
     """Shared logic; subclasses provide _connect, _begin_write, _begin_read, _errors, placeholder."""
 
     placeholder = "?"
+    after_commit = None  # called with a write transaction's ``tx.head`` once it committed (Ledger's head file)
+    on_create = None
 
     def _sql(self, sql):
         return sql if self.placeholder == "?" else sql.replace("?", self.placeholder)
@@ -120,6 +126,9 @@ class _Store:
             raise
         else:
             self._commit()
+            head = getattr(tx, "head", None)
+            if write and head is not None and self.after_commit is not None:
+                self.after_commit(head)
 
     def _check_schema(self):
         try:
@@ -154,14 +163,25 @@ class _Store:
                     ddl(tx) if callable(ddl) else tx.run(ddl)
                 tx.run("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version + 1),))
 
-    def _create_schema(self, secret):
+    def _create_schema(self):
         with self.transaction(write=True) as tx:
             if tx.one("SELECT 1 FROM meta WHERE key = 'schema_version'") is not None:
                 return False
+            extra = self.on_create() if self.on_create is not None else {}
             tx.run("INSERT INTO meta (key, value) VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),))
-            tx.run("INSERT INTO meta (key, value) VALUES ('secret', ?)", (secret,))
             tx.run("INSERT INTO meta (key, value) VALUES ('lock', '0')")
+            for key, value in sorted(extra.items()):
+                tx.run("INSERT INTO meta (key, value) VALUES (?, ?)", (key, value))
         return True
+
+
+def _restrict(path):
+    """A new SQLite ledger and its WAL/SHM files: mode 0600 (the owner's alone; docs/security.md)."""
+    for p in (path, path + "-wal", path + "-shm"):
+        try:
+            os.chmod(p, 0o600)
+        except FileNotFoundError:
+            pass
 
 
 class Tx:
@@ -194,7 +214,8 @@ class Tx:
 class SqliteStore(_Store):
     kind = "sqlite"
 
-    def __init__(self, path, create=False):
+    def __init__(self, path, create=False, on_create=None):
+        self.on_create = on_create
         self.path = os.path.abspath(path)
         self.display = self.path
         self._errors = (sqlite3.Error,)
@@ -205,6 +226,14 @@ class SqliteStore(_Store):
             raise LedgerError(f"ledger path {self.path} is a directory, not a ledger file")
         if exists:
             self._check_header()
+        else:  # created 0600 before SQLite opens it (its -wal and -shm files take the same mode)
+            try:
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise LedgerError(f"cannot create ledger at {self.path}: {exc.strerror}; check the path and its "
+                                  "permissions") from None
         try:
             self._conn = sqlite3.connect(self.path, timeout=120.0, isolation_level=None, check_same_thread=False)
             self._conn.execute("PRAGMA busy_timeout=120000")
@@ -229,8 +258,6 @@ class SqliteStore(_Store):
             self._conn.close()
             raise
         if empty:
-            import secrets
-
             try:
                 self._conn.execute("BEGIN IMMEDIATE")
                 for ddl in _TABLES:
@@ -240,7 +267,8 @@ class SqliteStore(_Store):
             except sqlite3.Error as exc:
                 self._conn.rollback() if self._conn.in_transaction else None
                 raise self._wrap(exc, f"cannot create ledger at {self.path}") from None
-            self._create_schema(secrets.token_hex(32))
+            self._create_schema()
+            _restrict(self.path)
         self._check_schema()
 
     def _check_header(self):
@@ -354,9 +382,10 @@ class PostgresStore(_Store):
     kind = "postgresql"
     placeholder = "%s"
 
-    def __init__(self, url, create=False):
+    def __init__(self, url, create=False, on_create=None):
         import pg8000.dbapi
 
+        self.on_create = on_create
         parsed = urllib.parse.urlparse(url)
         self.display = parsed._replace(netloc=parsed.netloc.rsplit("@", 1)[-1]).geturl()
         self._errors = (pg8000.dbapi.Error,)
@@ -387,8 +416,6 @@ class PostgresStore(_Store):
         if not has_meta:
             if not create:
                 raise LedgerNotFound(f"no ledger at {self.display}: create it with `sage ledger init`")
-            import secrets
-
             self._conn.autocommit = False
             try:
                 cur = self._conn.cursor()
@@ -401,7 +428,7 @@ class PostgresStore(_Store):
             except pg8000.dbapi.Error as exc:
                 self._conn.rollback()
                 raise LedgerError(f"cannot create ledger at {self.display}: {exc}") from None
-            self._create_schema(secrets.token_hex(32))
+            self._create_schema()
         self._conn.autocommit = False
         self._check_schema()
 

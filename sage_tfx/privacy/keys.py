@@ -1,0 +1,275 @@
+"""The ledger's keys, kept OUT of the ledger (docs/security.md; paper §3.2: only trusted code holds the key
+that signs grants and seeds releases).
+
+One master key, 32 random bytes from ``secrets``, lives in a key file the operator chooses:
+
+* ``key_file=`` (``--key-file``), else the environment variable ``SAGE_KEY_FILE``, else, for an SQLite
+  ledger only, ``<ledger path>.key`` beside the ledger file. A PostgreSQL ledger has no default: its
+  database is shared by many hosts and the key must never be in it.
+* created with ``O_CREAT|O_EXCL`` and mode 0600; loading refuses a key file that its group or others may
+  read or write (as ssh refuses a private key), naming the path and the ``chmod 600`` fix.
+
+Nothing uses the master key itself: HKDF-SHA256 (RFC 5869) derives one key per purpose, with distinct
+``info`` labels: ``signing_key`` signs grants (``Ledger._sign``), ``noise_key`` seeds every DP release
+(``Ledger.private_seed``), ``audit_key`` chains the audit log (``chain_value``), and
+``block_key(stream, block)`` encrypts one block's records. Knowing one derived key reveals neither the
+master nor another derived key.
+
+Migrated ledgers (schema 3 kept the signing secret in ``meta.secret``): the key file then holds the NEW
+master key (32 bytes) followed by the OLD secret (its 64 hex characters). The old secret is kept only to
+re-verify grants signed, and re-derive seeds of grants made, before the migration (``legacy_secret``);
+old copies of the database still hold it, which is why new grants never use it.
+
+The head file (``<key file>.head``, 0600, beside the key file) records, per ledger, the last log entry
+this host committed: its sequence number and keyed chain value (``HeadFile``). A database behind it was
+truncated; see ``audit.py``.
+"""
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import stat
+
+from .errors import LedgerError
+
+KEY_BYTES = 32
+LEGACY_SECRET_CHARS = 64  # schema 3's meta.secret: secrets.token_hex(32)
+ENV_KEY_FILE = "SAGE_KEY_FILE"
+KEY_SUFFIX = ".key"
+HEAD_SUFFIX = ".head"
+
+
+class KeyFileError(LedgerError):
+    """A key file that is missing, unreadable, too open, malformed, or not this ledger's."""
+
+
+def _hkdf(master, info, length=32):
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+    return HKDF(algorithm=hashes.SHA256(), length=length, salt=b"sage-tfx/keyring/v1", info=info).derive(master)
+
+
+def resolve_key_path(location, key_file=None):
+    """The key file's path for a ledger ``location``: ``key_file``, else $SAGE_KEY_FILE, else ``<sqlite path>.key``.
+
+    A PostgreSQL ledger has no default (the key must never sit in or beside the shared database): KeyFileError
+    naming ``--key-file`` and ``SAGE_KEY_FILE``.
+    """
+    if key_file is None or key_file == "":
+        key_file = os.environ.get(ENV_KEY_FILE) or None
+    if key_file is not None:
+        if not isinstance(key_file, (str, os.PathLike)):
+            raise KeyFileError(f"key file {key_file!r} is invalid: give a file path (--key-file PATH or "
+                               f"{ENV_KEY_FILE}=PATH)")
+        return os.path.abspath(os.fspath(key_file))
+    text = str(location)
+    if text.startswith(("postgresql://", "postgres://")):
+        raise KeyFileError(
+            "a PostgreSQL ledger needs an explicit key file (the key never goes into the database): give "
+            f"--key-file PATH (Ledger.open(..., key_file=PATH)) or set {ENV_KEY_FILE}=PATH, the same key file on "
+            "every host; `sage ledger init` creates it (mode 0600)")
+    return os.path.abspath(text) + KEY_SUFFIX
+
+
+def _check_mode(path, st):
+    if not stat.S_ISREG(st.st_mode):
+        raise KeyFileError(f"key file {path} is not a regular file")
+    if st.st_mode & 0o077:
+        raise KeyFileError(
+            f"key file {path} is readable or writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
+            f"the key signs grants and seeds every DP release; refusing to use it. Fix: chmod 600 {path}")
+
+
+def _write_new(path, data):
+    """Create ``path`` with ``data``, mode 0600, O_EXCL (never overwrites), fsynced with its folder."""
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        raise KeyFileError(f"cannot create key file {path}: folder {folder} does not exist (create it, mode 0700)")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        raise KeyFileError(f"key file {path} already exists: not overwritten (a key file is never replaced; "
+                           "move it away only if it belongs to no ledger)") from None
+    except OSError as exc:
+        raise KeyFileError(f"cannot create key file {path}: {exc.strerror}") from None
+    try:
+        os.fchmod(fd, 0o600)  # whatever the umask
+        os.write(fd, data)
+        os.fsync(fd)
+    except OSError as exc:
+        os.close(fd)
+        os.unlink(path)
+        raise KeyFileError(f"cannot write key file {path}: {exc.strerror}") from None
+    os.close(fd)
+    _fsync_dir(folder)
+
+
+def _fsync_dir(folder):
+    with contextlib.suppress(OSError):
+        dfd = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+
+class KeyRing:
+    """The master key and the keys derived from it (HKDF-SHA256). Load with ``KeyRing.load(path)``."""
+
+    def __init__(self, master, path=None, legacy_secret=None):
+        if not isinstance(master, bytes) or len(master) != KEY_BYTES:
+            raise KeyFileError(f"a master key is {KEY_BYTES} bytes")
+        self._master = master
+        self.path = path
+        self.legacy_secret = legacy_secret
+        self.signing_key = _hkdf(master, b"sage-tfx signing")
+        self.noise_key = _hkdf(master, b"sage-tfx noise")
+        self.audit_key = _hkdf(master, b"sage-tfx audit")
+        self.key_id = hmac.new(_hkdf(master, b"sage-tfx key id"), b"sage-tfx key id", hashlib.sha256).hexdigest()[:32]
+
+    def __repr__(self):  # never the key bytes
+        return f"KeyRing(path={self.path!r}, key_id={self.key_id!r}, legacy={self.legacy_secret is not None})"
+
+    @property
+    def head_path(self):
+        return None if self.path is None else self.path + HEAD_SUFFIX
+
+    def block_key(self, stream: str, block: str) -> bytes:
+        """A 32-byte key for one block of one stream (distinct per (stream, block); e.g. AES-256-GCM)."""
+        if not isinstance(stream, str) or not isinstance(block, str):
+            raise LedgerError(f"block_key needs a stream and block id as text, not {stream!r}, {block!r}")
+        info = b"sage-tfx block|" + json.dumps([stream, block]).encode()
+        return _hkdf(self._master, info)
+
+    @classmethod
+    def create(cls, path):
+        """Create a new key file at ``path`` (32 random bytes, mode 0600, never overwriting); return its KeyRing."""
+        master = secrets.token_bytes(KEY_BYTES)
+        _write_new(path, master)
+        return cls(master, path)
+
+    @classmethod
+    def create_migrated(cls, path, legacy_secret):
+        """A new master key plus the old ledger secret (schema 3's meta.secret), written to a new key file."""
+        legacy = legacy_secret.encode() if isinstance(legacy_secret, str) else bytes(legacy_secret)
+        if len(legacy) != LEGACY_SECRET_CHARS:
+            raise KeyFileError(f"the ledger's old secret has {len(legacy)} characters, not {LEGACY_SECRET_CHARS}")
+        master = secrets.token_bytes(KEY_BYTES)
+        _write_new(path, master + legacy)
+        return cls(master, path, legacy)
+
+    @classmethod
+    def load(cls, path):
+        """Load a key file; KeyFileError naming the path and the fix if missing, too open, or malformed."""
+        try:
+            fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            raise KeyFileError(
+                f"key file {path} does not exist: the ledger's key is needed to sign grants, seed releases and "
+                "audit; give the right one (--key-file PATH or SAGE_KEY_FILE=PATH) or restore it from your backup "
+                "(without it no grant of this ledger can be verified)") from None
+        except OSError as exc:
+            raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
+        try:
+            _check_mode(path, os.fstat(fd))
+            data = os.read(fd, 4096)
+        finally:
+            os.close(fd)
+        if len(data) == KEY_BYTES:
+            return cls(data, path)
+        if len(data) == KEY_BYTES + LEGACY_SECRET_CHARS:
+            return cls(data[:KEY_BYTES], path, data[KEY_BYTES:])
+        raise KeyFileError(f"key file {path} is malformed ({len(data)} bytes, expected {KEY_BYTES}): not a sage key "
+                           "file; give the right one (--key-file PATH or SAGE_KEY_FILE=PATH)")
+
+    # -------------------------------------------------------------- uses
+    def sign(self, text: bytes) -> str:
+        return hmac.new(self.signing_key, text, hashlib.sha256).hexdigest()
+
+    def legacy_sign(self, text: bytes) -> str | None:
+        """Schema 3's signature (HMAC-SHA256 of the raw old secret), for grants made before the migration."""
+        if self.legacy_secret is None:
+            return None
+        return hmac.new(self.legacy_secret, text, hashlib.sha256).hexdigest()
+
+    def seed(self, text: bytes, legacy=False) -> int:
+        key = self.legacy_secret if legacy else self.noise_key
+        return int.from_bytes(hmac.new(key, text, hashlib.sha256).digest()[:16], "big")
+
+    def chain_value(self, prev, seq, kind, body_text) -> str:
+        """A log entry's keyed chain value: HMAC-SHA256(audit_key, prev | seq | kind | body)."""
+        return hmac.new(self.audit_key, f"{prev}|{seq}|{kind}|{body_text}".encode(), hashlib.sha256).hexdigest()
+
+    def secret_forms(self):
+        """Every form of the key bytes that must never appear in the database (tests grep for these)."""
+        forms = [self._master, self._master.hex().encode(), self.signing_key, self.noise_key, self.audit_key,
+                 self.signing_key.hex().encode(), self.noise_key.hex().encode(), self.audit_key.hex().encode()]
+        return forms
+
+
+class HeadFile:
+    """``<key file>.head``: {ledger id: {"seq": n, "chain": value}} of the last entry this host committed.
+
+    Replaced atomically (a temporary file, fsync, rename) under an flock, and only forwards: two writers
+    finishing out of order never move it back.
+    """
+
+    def __init__(self, path):
+        self.path = path
+
+    def read(self):
+        """The recorded heads, {} if the file does not exist; KeyFileError if it is unreadable or too open."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        except FileNotFoundError:
+            return {}
+        except OSError as exc:
+            raise KeyFileError(f"cannot read head file {self.path}: {exc.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if st.st_mode & 0o022:
+                raise KeyFileError(f"head file {self.path} is writable by group or others: fix: chmod 600 {self.path}")
+            data = b""
+            while chunk := os.read(fd, 1 << 20):
+                data += chunk
+        finally:
+            os.close(fd)
+        try:
+            heads = json.loads(data.decode())
+            if not isinstance(heads, dict):
+                raise ValueError("not a map")
+            return heads
+        except ValueError:
+            raise KeyFileError(f"head file {self.path} is malformed (not the JSON sage writes)") from None
+
+    def get(self, ledger_id):
+        return self.read().get(ledger_id)
+
+    def advance(self, ledger_id, seq, chain, reset=False):
+        """Record (seq, chain) for ``ledger_id`` if ``seq`` is beyond what is recorded (or ``reset``: a new ledger)."""
+        import fcntl
+
+        folder = os.path.dirname(self.path) or "."
+        lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX)
+            heads = self.read()
+            current = heads.get(ledger_id)
+            if not reset and current is not None and int(current.get("seq", 0)) >= seq:
+                return
+            heads[ledger_id] = {"seq": int(seq), "chain": chain}
+            tmp = f"{self.path}.tmp{os.getpid()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.fchmod(fd, 0o600)
+                os.write(fd, json.dumps(heads, sort_keys=True).encode())
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, self.path)
+            _fsync_dir(folder)
+        finally:
+            os.close(lock_fd)
