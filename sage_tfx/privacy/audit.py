@@ -1,19 +1,25 @@
-"""Audit a ledger from its append-only, hash-chained log alone.
+"""Audit a ledger from its append-only, KEYED hash-chained log alone (docs/security.md; paper §3.2).
 
 The log is the ledger's source of truth: every stream, block, grant and
 retirement was appended in the same transaction that made it. ``audit_ledger``
 
-1. checks the hash chain (each entry hashes its predecessor's hash, its
-   sequence number, kind and body): editing, reordering or deleting an entry
-   in the middle breaks it;
-2. replays the grants in log order, re-adding each grant's cost to each of its
+1. checks the keyed chain: each entry's value is HMAC-SHA256(audit key, prev | seq | kind | body), the
+   audit key derived from the key file outside the database (``keys.py``), so a writer of the database
+   without the key cannot edit, reorder, delete or re-chain entries; entries written before a ledger's key
+   migration keep their unkeyed SHA-256 chain, sealed by the keyed ``keys`` entry after them;
+2. checks the log against the head file (outside the database, written after every commit): a log behind
+   the head (a cleanly truncated tail) or a rewritten head entry is a problem; a log AHEAD of the head is
+   accepted, with a note, as its entries verify under the key (a crash between a commit and the head write,
+   or, on PostgreSQL, another host's writes: each host's head file knows its own writes);
+3. replays the grants in log order, re-adding each grant's cost to each of its
    blocks with exactly the ledger's float operations, and checks that every
    grant was admissible by the block's filter when it was made, that no grant
    touched a retired block, and that every grant's signature is valid;
-3. compares each stream's configuration, the replayed loss and state of
-   every block, and the set of grants, with the ledger's tables (equality, not approximation): a table edited
-   behind the ledger's back, or a log truncated at its tail, shows up here;
-4. recomputes what the stages of every grant released (the log's ``release`` entries, one per grant and
+4. compares EVERY table with the replay (equality, not approximation): streams; blocks (spent, state, window,
+   shard, created, row count, digest); grants (record and columns); pipelines (state, outcome); reservations
+   (``register``/``reserve``/``finish`` and the grants' sources replayed with ``Ledger.finish``'s operations);
+   outcomes; releases; and meta (schema version, key id, no secret);
+5. recomputes what the stages of every grant released (the log's ``release`` entries, one per grant and
    stage) and checks it against the grant's charge with the rule of ``privacy/split.py``: every split
    composes to at most its grant's charge, each stage stayed within its share, the stages together
    within the charge, and a single-stage grant (no split) was spent by one stage only.
@@ -35,6 +41,7 @@ class AuditReport:
     blocks: int = 0
     grants: int = 0
     problems: list = field(default_factory=list)
+    notes: list = field(default_factory=list)
 
     @property
     def ok(self):
@@ -42,7 +49,7 @@ class AuditReport:
 
     def to_dict(self):
         return {"ok": self.ok, "entries": self.entries, "streams": self.streams, "blocks": self.blocks,
-                "grants": self.grants, "problems": list(self.problems)}
+                "grants": self.grants, "problems": list(self.problems), "notes": list(self.notes)}
 
 
 def audit_ledger(ledger):
@@ -57,6 +64,7 @@ def audit_ledger(ledger):
     legacy_until = ledger._migration_entry().get("legacy_chain_until", 0) if keys.legacy_secret is not None else 0
     prev_hash, expected_seq = GENESIS, 1
     streams, stream_configs, blocks, grants, releases = {}, {}, {}, {}, {}
+    block_rows, pipelines, reservations, outcomes = {}, {}, {}, {}
     for seq, _ts, kind, body_text, prev, digest in entries:
         if seq != expected_seq:
             problems.append(f"log entry {seq}: expected sequence number {expected_seq} (entries missing)")
@@ -82,8 +90,28 @@ def audit_ledger(ledger):
                 problems.append(f"log entry {seq}: block {body['id']!r} of unknown stream {body['stream']!r}")
                 continue
             blocks[(body["stream"], body["id"])] = {"spent": filt.zero(), "state": "active"}
+            block_rows[(body["stream"], body["id"])] = (
+                body.get("start"), body.get("end"), body.get("shard"), body.get("created"),
+                body.get("rows", _UNLOGGED), body.get("digest", _UNLOGGED))
+        elif kind == "register":
+            pipelines[(body["stream"], body["pipeline"])] = ("waiting", None)
+        elif kind == "reserve":
+            for p in body["pipelines"]:
+                reservations[(body["stream"], body["block"], p)] = (tuple(body["share"]),
+                                                                    tuple(streams[body["stream"]].zero()))
+        elif kind == "finish":
+            _replay_finish(body, streams, blocks, pipelines, reservations)
+        elif kind == "outcome":
+            outcomes[body["grant"]] = (body["stream"], body["pipeline"], body["outcome"], _canonical(body["details"]))
         elif kind == "grant":
+            sources = body.get("sources")
             _replay_grant(ledger, seq, body, streams, blocks, grants, problems)
+            if sources and body.get("id") in grants:
+                for b, source in zip(body["blocks"], sources):
+                    key = (body["stream"], b, body["pipeline"])
+                    if source == "own" and key in reservations:
+                        reserved, used = reservations[key]
+                        reservations[key] = (reserved, tuple(filters.add(list(used), tuple(body["cost"]))))
         elif kind == "release":
             _replay_release(seq, body, grants, releases, problems)
         elif kind == "retire":
@@ -91,6 +119,7 @@ def audit_ledger(ledger):
                 if (body["stream"], b) in blocks:
                     blocks[(body["stream"], b)]["state"] = "retired"
 
+    _check_head(ledger, entries, problems, report.notes)
     report.streams, report.blocks, report.grants = len(streams), len(blocks), len(grants)
     for (stream, block_id), replayed in blocks.items():
         filt = streams[stream]
@@ -109,6 +138,34 @@ def audit_ledger(ledger):
         table_grants = {r[0]: (r[1], r[2]) for r in tx.all("SELECT id, body, signature FROM grants")}
         table_releases = {(r[0], r[1]): (r[2], r[3], r[4]) for r in tx.all(
             "SELECT grant_id, stage, computation, epsilon, delta FROM releases")}
+        table_block_rows = {(r[0], r[1]): tuple(r[2:]) for r in tx.all(
+            "SELECT stream, id, start_ts, end_ts, shard, created, n_rows, digest FROM blocks")}
+        table_grant_cols = {r[0]: (r[1], r[2], r[3]) for r in tx.all("SELECT id, stream, pipeline, created FROM grants")}
+        table_pipelines = {(r[0], r[1]): (r[2], r[3]) for r in tx.all(
+            "SELECT stream, name, state, outcome FROM pipelines")}
+        table_reservations = {(r[0], r[1], r[2]): (tuple(json.loads(r[3])), tuple(json.loads(r[4]))) for r in tx.all(
+            "SELECT stream, block, pipeline, reserved, used FROM reservations")}
+        table_outcomes = {r[0]: (r[1], r[2], r[3], r[4]) for r in tx.all(
+            "SELECT grant_id, stream, pipeline, outcome, details FROM outcomes")}
+        meta = dict(tx.all("SELECT key, value FROM meta"))
+    _check_meta(ledger, meta, problems)
+    for key, logged in block_rows.items():  # columns a block's log entry did not hold (before keys) are not compared
+        if key in table_block_rows:
+            block_rows[key] = tuple(t if v is _UNLOGGED else v for v, t in zip(logged, table_block_rows[key]))
+    _reconcile(problems, table_block_rows, block_rows, lambda key: f"block {key[1]!r} of stream {key[0]!r}",
+               lambda table, log: f"table says (start, end, shard, created, rows, digest)={_brief(table)}, the log "
+                                  f"says {_brief(log)}")
+    log_grant_cols = {gid: (json.loads(b)["stream"], json.loads(b)["pipeline"], json.loads(b)["created"])
+                      for gid, (b, _sig) in grants.items()}
+    _reconcile(problems, table_grant_cols, log_grant_cols, lambda gid: f"grant {gid!r}'s columns",
+               lambda table, log: f"table says (stream, pipeline, created)={table}, the log says {log}")
+    _reconcile(problems, table_pipelines, pipelines, lambda key: f"pipeline {key[1]!r} of stream {key[0]!r}",
+               lambda table, log: f"table says (state, outcome)={table}, the log replay says {log}")
+    _reconcile(problems, table_reservations, reservations,
+               lambda key: f"reservation of block {key[1]!r} of stream {key[0]!r} for pipeline {key[2]!r}",
+               lambda table, log: f"table says (reserved, used)={table}, the log replay says {log}")
+    _reconcile(problems, table_outcomes, outcomes, lambda gid: f"outcome of grant {gid!r}",
+               lambda table, log: f"table says {table}, the log says {log}")
     _reconcile(problems, table_streams, stream_configs, lambda name: f"stream {name!r}", _stream_difference)
     _reconcile(problems, table_blocks, {k: (tuple(v["spent"]), v["state"]) for k, v in blocks.items()},
                lambda key: f"block {key[1]!r} of stream {key[0]!r}",
@@ -120,6 +177,80 @@ def audit_ledger(ledger):
                lambda table, log: f"table says {table}, log says {log}")
     _check_release_totals(grants, releases, problems)
     return report
+
+
+_UNLOGGED = object()  # a block column its log entry did not hold (entries written before the key migration)
+
+
+def _brief(values):
+    return tuple("<not logged>" if v is _UNLOGGED else v for v in values)
+
+
+def _check_meta(ledger, meta, problems):
+    """meta: the schema version this code writes, this key's id, and never a key or secret."""
+    from .store import SCHEMA_VERSION
+
+    if "secret" in meta:
+        problems.append("meta holds a 'secret': the ledger's key must never be in the database (a key in the data "
+                        "it protects); it was put back by a writer of the database")
+    if meta.get("schema_version") != str(SCHEMA_VERSION):
+        problems.append(f"meta's schema_version is {meta.get('schema_version')!r}, not {str(SCHEMA_VERSION)!r}")
+    if meta.get("key_id") != ledger.keyring.key_id:
+        problems.append(f"meta's key_id {meta.get('key_id')!r} is not the key file's {ledger.keyring.key_id!r}")
+    forms = ledger.keyring.secret_forms()
+    if any(form in str(v).encode() for v in meta.values() for form in forms):
+        problems.append("meta holds the ledger's key bytes")
+
+
+def _check_head(ledger, entries, problems, notes):
+    """The log against the head file (outside the database): the entry it names must be there, unchanged.
+
+    A log BEHIND the head was truncated. A log AHEAD of it is accepted when its later entries verify under the
+    key (checked above): a crash between a commit and the head write, or, on PostgreSQL, another host's writes
+    (each host's head file knows its own); a writer without the key cannot append such entries.
+    """
+    head = ledger._head.get(ledger._ledger_id)
+    path = ledger._head.path
+    if head is None:
+        problems.append(f"the head file {path} has no record of this ledger (id {ledger._ledger_id!r}): the log's "
+                        "tail cannot be checked (restore the head file from backup, or audit on the host that "
+                        "writes this ledger)")
+        return
+    seq, chain = int(head.get("seq", 0)), head.get("chain")
+    by_seq = {e[0]: e for e in entries}
+    last = entries[-1][0] if entries else 0
+    if seq > last:
+        problems.append(f"the log ends at entry {last}, but the head file {path} recorded entry {seq}: "
+                        f"{seq - last} entr{'y was' if seq - last == 1 else 'ies were'} removed from its tail")
+    elif seq > 0 and (seq not in by_seq or not hmac.compare_digest(by_seq[seq][5], chain or "")):
+        problems.append(f"log entry {seq} is not the one the head file {path} recorded: the log was rewritten")
+    if last > seq:
+        notes.append(f"{last - seq} log entr{'y' if last - seq == 1 else 'ies'} after the head file's entry {seq} "
+                     "verify under the key: accepted (a crash between a commit and the head write, or another "
+                     "host's writes)")
+
+
+def _replay_finish(body, streams, blocks, pipelines, reservations):
+    """``Ledger.finish``'s reservation moves, operation for operation, on the replayed state."""
+    stream, pipeline, others = body["stream"], body["pipeline"], list(body["to"])
+    pipelines[(stream, pipeline)] = ("done", body["outcome"])
+    filt = streams.get(stream)
+    if filt is None:
+        return
+    zero = tuple(filt.zero())
+    mine = sorted(b for (s, b, p) in reservations if s == stream and p == pipeline
+                  and blocks.get((s, b), {}).get("state") == "active")
+    for b in mine:
+        reserved, used = reservations[(stream, b, pipeline)]
+        leftover = [max(0.0, r - u) for r, u in zip(reserved, used)]
+        reservations[(stream, b, pipeline)] = (tuple(used), tuple(used))
+        share = [x / len(others) for x in leftover] if others else None
+        for other in others:
+            cur = reservations.get((stream, b, other))
+            if cur is None:
+                reservations[(stream, b, other)] = (tuple(share), zero)
+            else:
+                reservations[(stream, b, other)] = (tuple(filters.add(list(cur[0]), share)), cur[1])
 
 
 def _grant_split(grant_body_text):

@@ -523,7 +523,7 @@ class Ledger:
             (stream, block_id, start, end, shard, rows, created, json.dumps(zero), digest),
         )
         self._log(tx, "block", {"stream": stream, "id": block_id, "start": start, "end": end,
-                                "shard": shard, "created": created})
+                                "shard": shard, "created": created, "rows": rows, "digest": digest})
         if waiting:
             share = tuple(c / len(waiting) for c in filt.capacity)
             tx.many(
