@@ -21,6 +21,6 @@ setup(
         "sage_tfx.components": "components",
         "sage_tfx.pipelines": "pipelines",
     },
-    install_requires=["numpy", "dp-accounting"],
+    install_requires=["numpy", "dp-accounting", "cryptography"],
     entry_points={"console_scripts": ["sage = sage_tfx.cli:main"]},
 )

@@ -6,9 +6,19 @@ an execution parameter of every data-reading component, runs it on
 then reads the DPModelValidator's result for that grant from MLMD. TFX caching
 is on: re-running an iteration under the same grant (after a crash) reuses the
 components that already finished, with the DP noise they already drew.
+
+Raw records in the work folder (docs/security.md, "The pipeline work folder"): BlockExampleGen's output
+(the granted blocks' records, decrypted: TFX's Transform and Trainer read plain TFRecords) and DPTransform's
+transformed examples hold one entry per record. The pipeline root is made 0700 and every TFX run writes under
+umask 077 (files 0600, folders 0700); when a run ends, on success or failure, ``scrub_raw_artifacts`` removes
+every Examples artifact of the pipeline and marks it DELETED in MLMD (so TFX's cache never hands a removed
+artifact to a re-run: a resumed iteration re-reads its blocks under its grant, without a new charge, and
+re-opens its releases with the same seeds). A run killed outright (SIGKILL) leaves them until the next run of
+the pipeline starts, which scrubs first.
 """
 import json
 import os
+import shutil
 import threading
 from dataclasses import dataclass, field
 
@@ -60,7 +70,62 @@ def metadata_config(path):
 
 def run_tfx(pipeline, runner):
     with _TFX_LOCK:
-        _run_tfx(pipeline, runner)
+        old_umask = os.umask(0o077)  # what the run writes (raw copies among it): 0600 files, 0700 folders
+        try:
+            _run_tfx(pipeline, runner)
+        finally:
+            os.umask(old_umask)
+
+
+RAW_OUTPUTS = ("examples", "transformed_examples")  # output keys of BlockExampleGen and DPTransform
+
+
+def make_private_dir(path):
+    """Create ``path`` (and parents) and make it 0700."""
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    os.chmod(path, 0o700)
+
+
+def scrub_raw_artifacts(config):
+    """Remove the pipeline's artifacts that hold records (Examples), mark them DELETED in MLMD; return the
+    folders removed. Only folders inside the pipeline root are touched."""
+    root = os.path.realpath(config.pipeline_root)
+    removed = []
+
+    def inside(uri):
+        real = os.path.realpath(uri)
+        return real != root and real.startswith(root + os.sep)
+
+    if os.path.exists(config.metadata_path):
+        from ml_metadata.metadata_store import metadata_store
+        from ml_metadata.proto import metadata_store_pb2
+
+        store = metadata_store.MetadataStore(metadata_config(config.metadata_path))
+        try:
+            artifacts = store.get_artifacts_by_type("Examples")
+        except Exception:  # no Examples type registered yet
+            artifacts = []
+        changed = []
+        for artifact in artifacts:
+            if artifact.uri and inside(artifact.uri) and os.path.exists(artifact.uri):
+                shutil.rmtree(artifact.uri, ignore_errors=True)
+                removed.append(artifact.uri)
+            if artifact.state != metadata_store_pb2.Artifact.DELETED:
+                artifact.state = metadata_store_pb2.Artifact.DELETED
+                changed.append(artifact)
+        if changed:
+            store.put_artifacts(changed)
+    if os.path.isdir(root):  # outputs of executions cut short before MLMD recorded them
+        for component in os.listdir(root):
+            for key in RAW_OUTPUTS:
+                folder = os.path.join(root, component, key)
+                if os.path.isdir(folder) and not os.path.islink(folder):
+                    for name in os.listdir(folder):
+                        path = os.path.join(folder, name)
+                        if os.path.isdir(path) and not os.path.islink(path):
+                            shutil.rmtree(path, ignore_errors=True)
+                            removed.append(path)
+    return removed
 
 
 def _run_tfx(pipeline, runner):
@@ -97,8 +162,14 @@ def make_run_iteration(build_pipeline, config):
     from sage_tfx.adaptive import IterationResult
 
     def run_iteration(grant, split, eta, iteration):
+        make_private_dir(os.path.dirname(config.pipeline_root))  # WORK_DIR/tfx (WORK_DIR itself is left as it is)
+        make_private_dir(config.pipeline_root)
+        scrub_raw_artifacts(config)  # left by a run killed outright
         pipeline = build_pipeline(config, grant, split, eta, iteration)
-        run_tfx(pipeline, config.runner)
+        try:
+            run_tfx(pipeline, config.runner)
+        finally:
+            scrub_raw_artifacts(config)  # the run ended (ACCEPT, RETRY, REJECT or an error): no raw copy stays
         result = validation_result(config.metadata_path, grant.id)
         if result is None:
             raise RuntimeError(f"the pipeline run under grant {grant.id} recorded no validation result")

@@ -10,7 +10,7 @@ import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.data.taxi import TIME_COLUMN, taxi_csv_path
 from sage_tfx.ingest.pipeline import ingest_batches, make_spec
 from sage_tfx.ingest.records import infer_schema, read_batches, read_tfrecords
-from sage_tfx.ingest.store import block_files
+from sage_tfx.ingest.access import read_block_records
 from sage_tfx.privacy import BudgetSplit, ChargeRule, GrantError, Ledger
 
 pytestmark = pytest.mark.tf
@@ -35,10 +35,10 @@ def world(tmp_path_factory):
     counted = ledger.request("p2", "taxi", blocks=blocks[:10], epsilon=0.5, split=BudgetSplit(
         0.0, 0.1, 0.4, 0.4, 0.0, ChargeRule.PARALLEL.value))
     other = ledger.request("p1", "other", blocks=[b.id for b in ledger.blocks("other")][:5], epsilon=0.5)
-    # A copy of the ledger (same secret) charges a grant the real ledger never charged.
+    # A copy of the ledger (same key) charges a grant the real ledger never charged.
     with sqlite3.connect(db) as src, sqlite3.connect(str(root / "copy.db")) as dst:
         src.backup(dst)  # a consistent copy, WAL included
-    with Ledger.open(str(root / "copy.db")) as copy:
+    with Ledger.open(str(root / "copy.db"), key_file=db + ".key") as copy:  # the same key file
         unknown = copy.request("p1", "taxi", blocks=blocks[:3], epsilon=0.5)
     yield dict(root=root, db=db, data=data, ledger=ledger, blocks=blocks, grant=grant, counted=counted,
                other=other, unknown=unknown)
@@ -92,7 +92,7 @@ def _split_records(uri, split):
 def _check_output(world, examples, grant):
     from sage_tfx.components.block_example_gen_executor import split_index
 
-    granted = [r for b in grant.blocks for f in block_files(world["data"], "taxi", b) for r in read_tfrecords(f)]
+    granted = list(read_block_records(world["ledger"], world["data"], "taxi", grant.blocks))
     train, evals = _split_records(examples.uri, "train"), _split_records(examples.uri, "eval")
     assert sorted(train + evals) == sorted(granted)  # exactly the granted blocks' records, once each
     exact = sum(world["ledger"].private_row_count("taxi", b) for b in grant.blocks)

@@ -73,17 +73,18 @@ def test_demo_replay_ingests_no_held_out_row(demo_split, tmp_path):
         blocks = [b.id for b in ledger.blocks(demo.STREAM)]
     assert len(blocks) == 1095 and all(b < demo.HELD_OUT_FROM for b in blocks)
     schema = stream_config(data_root, demo.STREAM)["schema"]
-    ingested = demo.block_rows(data_root, demo.STREAM, blocks)
+    db = str(tmp_path / "ledger.db")
+    ingested = demo.block_rows(data_root, demo.STREAM, blocks, ledger=db)
     held_rows = demo.example_rows(held, schema)
     assert ingested.num_rows == stream.num_rows
     # The ingested rows are exactly the stream's rows, and none of the held-out rows.
     assert demo.row_key_set(ingested) == demo.row_key_set(demo.example_rows(stream, schema))
     assert not demo.row_key_set(ingested) & demo.row_key_set(held_rows)
     assert not _trip_keys(ingested) & _trip_keys(held_rows)
-    assert demo.held_out_overlap(data_root, demo.STREAM, blocks, held) == 0
+    assert demo.held_out_overlap(data_root, demo.STREAM, blocks, held, ledger=db) == 0
     # Positive control: the same check flags the external file (thousands of its rows were ingested).
     external = _read_csv("external")
-    assert demo.held_out_overlap(data_root, demo.STREAM, blocks, external) > 9000
+    assert demo.held_out_overlap(data_root, demo.STREAM, blocks, external, ledger=db) > 9000
     assert len(_trip_keys(ingested) & _trip_keys(demo.example_rows(external, schema))) > 9000
 
 

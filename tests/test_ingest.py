@@ -13,7 +13,8 @@ from sage_tfx.data.taxi import TIME_COLUMN, load_taxi, taxi_csv_path
 from sage_tfx.ingest import store
 from sage_tfx.ingest.blocks import UserShards, parse_window
 from sage_tfx.ingest.pipeline import ingest, ingest_batches, make_spec
-from sage_tfx.ingest.records import InputError, decode, encode, read_tfrecords, schema_of, write_tfrecords
+from sage_tfx.ingest.access import read_block_records
+from sage_tfx.ingest.records import InputError, decode, encode, schema_of, write_tfrecords
 from sage_tfx.ingest.replay import Replay
 from sage_tfx.privacy import Ledger
 
@@ -42,7 +43,7 @@ def test_real_taxi_by_day_with_beam_is_exact_and_idempotent(env):
         assert all(b.spent == (0.0, 0.0) for b in blocks)
         b = blocks[0]
         assert b.id == "2013-01-01.1d" and (b.start, b.end) == (1356998400.0, 1357084800.0)
-        on_disk = sum(1 for f in store.block_files(env["data"], "taxi", b.id) for _ in read_tfrecords(f))
+        on_disk = sum(1 for _ in read_block_records(ledger, env["data"], "taxi", [b.id]))
         assert on_disk == ledger.private_row_count("taxi", b.id)
     again = ingest(env["db"], "taxi", taxi_csv_path("simple"), env["data"], time_column=TIME_COLUMN, window="1d",
                    progress=False)
@@ -120,7 +121,7 @@ def test_three_input_formats_give_the_same_blocks(env, fmt):
         assert _rows(ledger, "taxi") == 1500
         assert len(ledger.blocks("taxi")) == len(np.unique(table.column(TIME_COLUMN).to_numpy() // 86400))
         first = ledger.blocks("taxi")[0]
-    recs = [r for f in store.block_files(env["data"], "taxi", first.id) for r in read_tfrecords(f)]
+        recs = list(read_block_records(ledger, env["data"], "taxi", [first.id]))
     back = decode(recs, store.stream_config(env["data"], "taxi")["schema"])
     assert all(first.start <= v[0] < first.end for v in back.column(TIME_COLUMN).to_pylist())
 

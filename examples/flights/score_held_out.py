@@ -95,8 +95,8 @@ def score(db, data_root, serving_dir, held_out_from):
     # the stream's schema read the whole-minute columns as int: cast alike so that full-row keys compare
     held = pa.table({name: held.column(name).cast(pa.int64()) if kind == "int" else held.column(name)
                      for name, kind in schema.items()})
-    overlap = held_out_overlap(data_root, STREAM, grant.blocks, held)
-    train = _numpy_columns(block_rows(data_root, STREAM, grant.blocks, split="train"))
+    overlap = held_out_overlap(data_root, STREAM, grant.blocks, held, ledger=db)
+    train = _numpy_columns(block_rows(data_root, STREAM, grant.blocks, split="train", ledger=db))
     latest_read = float(np.nanmax(train[TIME_COLUMN]))
     held_cols = _numpy_columns(example_rows(held, schema))
     y_held = held_cols["arr_delay"]

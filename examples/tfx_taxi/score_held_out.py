@@ -70,7 +70,7 @@ def score(db, data_root, serving_dir, seed=0):
 
     _, held_out = stream_and_held_out()
     schema = stream_config(data_root, STREAM)["schema"]
-    overlap = held_out_overlap(data_root, STREAM, grant.blocks, held_out)
+    overlap = held_out_overlap(data_root, STREAM, grant.blocks, held_out, ledger=db)
     held = _serialized(held_out, schema)
     label = module._transformed_name(module._LABEL_KEY)
 
@@ -83,7 +83,7 @@ def score(db, data_root, serving_dir, seed=0):
     dp_accuracy = float(((dp_pred >= 0.5) == (y_held > 0.5)).mean())
 
     # the non-private baseline: TFX's own training (model.fit) on the same rows and features
-    train = block_rows(data_root, STREAM, grant.blocks, split="train")
+    train = block_rows(data_root, STREAM, grant.blocks, split="train", ledger=db)
     train_records = list(encode(train, schema))
     y_train, f_train = labels_and_features(train_records)
     tf.keras.utils.set_random_seed(seed)

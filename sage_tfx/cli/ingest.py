@@ -84,5 +84,10 @@ def run(args, beam_args=None):
         print(f"sage ingest: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"stream {args.stream}: {len(result['added'])} block(s) added, {len(result['unchanged'])} already "
-          f"present (unchanged); data under {args.data_root}")
+          f"present (unchanged){_encrypted(result)}; data under {args.data_root}")
     return 0
+
+
+def _encrypted(result):
+    n = len(result.get("encrypted", ()))
+    return f", {n} of them re-written encrypted (they were stored unencrypted)" if n else ""

@@ -90,11 +90,11 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
         grant = ledger.get_grant(result.final_grant_id)
         say(f"[4/5] pushed to {pushed}; scoring it with plain TensorFlow on the held-out trips "
             f"(from {HELD_OUT_FROM} on, never replayed)")
-        overlap = held_out_overlap(data_root, STREAM, [b.id for b in ledger.blocks(STREAM)], held_out)
+        overlap = held_out_overlap(data_root, STREAM, [b.id for b in ledger.blocks(STREAM)], held_out, ledger=ledger)
         if overlap:
             raise RuntimeError(f"{overlap} held-out trip(s) are rows of ingested blocks: the held-out set is not "
                                "held out")
-        summary = held_out_scores(pushed, definition.sla.loss_bound, data_root, grant, held_out)
+        summary = held_out_scores(pushed, definition.sla.loss_bound, data_root, grant, held_out, ledger=ledger)
         summary.update({"held_out_from": HELD_OUT_FROM, "stream_trips": stream_rows.num_rows,
                         "days_replayed": len(ledger.blocks(STREAM)), "outcome": result.outcome,
                         "iterations": len(result.iterations), "target": target})
@@ -168,17 +168,25 @@ def stream_and_held_out(held_out_from=HELD_OUT_FROM):
     return table.filter(before), table.filter(pc.invert(before))
 
 
-def block_rows(data_root, stream, blocks, split=None):
+def block_rows(data_root, stream, blocks, split=None, *, ledger):
     """The rows of committed blocks as one RecordBatch of list columns, in the stream's schema.
 
-    Read the way trusted code reads them: the blocks' files under the data root. With ``split`` ("train" or
-    "eval"), only the records BlockExampleGen assigns to that split (its per-record hash, default splits).
+    Read the way trusted code reads them: the blocks' encrypted files under the data root, with their keys from
+    ``ledger`` (a Ledger or its location; ``access.read_block_records``, TRUSTED CODE ONLY: for the non-private
+    baselines). With ``split`` ("train" or "eval"), only the records BlockExampleGen assigns to that split (its
+    per-record hash, default splits).
     """
-    from sage_tfx.ingest.records import decode, read_tfrecords
-    from sage_tfx.ingest.store import block_files, stream_config
+    from sage_tfx.ingest.access import read_block_records
+    from sage_tfx.ingest.records import decode
+    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.privacy import Ledger
 
     schema = stream_config(data_root, stream)["schema"]
-    records = [r for b in blocks for f in block_files(data_root, stream, b) for r in read_tfrecords(f)]
+    if isinstance(ledger, Ledger):
+        records = list(read_block_records(ledger, data_root, stream, blocks))
+    else:
+        with Ledger.open(ledger) as opened:
+            records = list(read_block_records(opened, data_root, stream, blocks))
     if split is not None:
         from sage_tfx.components.block_example_gen_executor import DEFAULT_SPLITS, split_index
 
@@ -207,12 +215,12 @@ def row_key_set(example_batch):
     return set(row_hashes(example_batch).tolist())
 
 
-def held_out_overlap(data_root, stream, blocks, held_out):
+def held_out_overlap(data_root, stream, blocks, held_out, *, ledger):
     """How many held-out rows are also rows of ``blocks`` (full-row keys); a held-out set must give 0."""
     from sage_tfx.ingest.store import stream_config
 
     schema = stream_config(data_root, stream)["schema"]
-    ingested = row_key_set(block_rows(data_root, stream, blocks))
+    ingested = row_key_set(block_rows(data_root, stream, blocks, ledger=ledger))
     return sum(key in ingested for key in row_key_set(example_rows(held_out, schema)))
 
 
@@ -258,7 +266,7 @@ def _errors(pred, labels, loss_bound):
             "clipped_mse_se": float(clipped.std(ddof=1) / np.sqrt(len(clipped)))}
 
 
-def held_out_scores(model_dir, loss_bound, data_root, grant, held_out, stream=STREAM):
+def held_out_scores(model_dir, loss_bound, data_root, grant, held_out, stream=STREAM, *, ledger):
     """Held-out MSE (and MSE with squared errors clipped at ``loss_bound``) of the pushed model and of two
     NON-PRIVATE baselines fitted on the train split of ``grant``'s blocks: least squares on the same features
     (exact hourly speeds) and the mean training label. Labels are the raw trip_seconds (trips without one are
@@ -284,7 +292,7 @@ def held_out_scores(model_dir, loss_bound, data_root, grant, held_out, stream=ST
         predictions.append(np.asarray(next(iter(out.values()))).reshape(-1))
     dp_pred = np.concatenate(predictions)
 
-    train = block_rows(data_root, stream, grant.blocks, split="train")
+    train = block_rows(data_root, stream, grant.blocks, split="train", ledger=ledger)
     x, y, hourly = taxi_features(train)
     design = np.column_stack([x, np.ones(len(x))])
     coef, *_ = np.linalg.lstsq(design, y, rcond=None)

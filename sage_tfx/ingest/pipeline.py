@@ -16,6 +16,7 @@ import os
 import shutil
 import sys
 
+from . import sealed
 from .blocks import TimeBlocks, UserShards
 from .records import InputError, infer_schema, input_format, read_batches
 from .store import (BlockWriter, check_stream_config, commit, missing_dirs, new_run_dir, read_parts,
@@ -76,11 +77,15 @@ def _dofns():
                                     time_column=getattr(self, "time_column", None))
 
     class WriteBlockParts(beam.DoFn):
-        def __init__(self, run_dir, spec, schema, compresslevel):
+        """``run_key``: the run's random key (sealed.new_run_key), held in memory by the driver and its writers."""
+
+        def __init__(self, run_dir, spec, schema, compresslevel, stream, run_key):
             self.run_dir, self.spec, self.schema, self.compresslevel = run_dir, spec, schema, compresslevel
+            self.stream, self.run_key = stream, run_key
 
         def start_bundle(self):
-            self.writer = BlockWriter(self.run_dir, self.spec, self.schema, compresslevel=self.compresslevel)
+            self.writer = BlockWriter(self.run_dir, self.spec, self.schema, compresslevel=self.compresslevel,
+                                      stream=self.stream, run_key=self.run_key)
 
         def process(self, batch):
             self.writer.add(batch)
@@ -131,13 +136,15 @@ def ingest(ledger_location, stream, inputs, data_root, block_by="time", time_col
         try:
             schema, fmts = plan_schema(files, fmt, data_root, stream, spec)
             ReadBatches, WriteBlockParts = _dofns()
+            run_key = sealed.new_run_key()
             _say(progress, f"ingest: {len(files)} file(s) -> stream {stream} ({spec.describe()}), staging {run_dir}")
             try:
                 with beam.Pipeline(options=beam_options(beam_args)) as p:
                     _ = (p | "Files" >> beam.Create(files)
                          | "Read" >> beam.ParDo(ReadBatches(fmts, schema, batch_rows,
                                                             spec.column if spec.by == "time" else None))
-                         | "WriteBlocks" >> beam.ParDo(WriteBlockParts(run_dir, spec, schema, compresslevel))
+                         | "WriteBlocks" >> beam.ParDo(WriteBlockParts(run_dir, spec, schema, compresslevel, stream,
+                                                                       run_key))
                          | "AllParts" >> beam.combiners.ToList()
                          | "PartList" >> beam.Map(lambda parts: write_parts(run_dir, parts)))
             except InputError:
@@ -146,7 +153,7 @@ def ingest(ledger_location, stream, inputs, data_root, block_by="time", time_col
                 raise InputError(_root_message(exc)) from None
             parts = read_parts(run_dir)
             result = commit(ledger, stream, data_root, run_dir, parts, spec, schema,
-                            allow_duplicate_of=allow_duplicate_of)
+                            allow_duplicate_of=allow_duplicate_of, run_key=run_key)
             ok = True
         finally:
             remove_run_dir(run_dir)
@@ -164,11 +171,12 @@ def ingest_batches(ledger, stream, data_root, batches, spec, schema, allow_dupli
     ok = False
     try:
         schema = check_stream_config(data_root, stream, schema, spec)
-        writer = BlockWriter(run_dir, spec, schema)
+        run_key = sealed.new_run_key()
+        writer = BlockWriter(run_dir, spec, schema, stream=stream, run_key=run_key)
         for batch in batches:
             writer.add(batch)
         result = commit(ledger, stream, data_root, run_dir, writer.close(), spec, schema,
-                        allow_duplicate_of=allow_duplicate_of)
+                        allow_duplicate_of=allow_duplicate_of, run_key=run_key)
         ok = True
         return result
     finally:

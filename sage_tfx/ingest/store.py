@@ -3,8 +3,9 @@
 Layout (easy to see with ``ls``)::
 
     DATA_ROOT/STREAM/_stream.json                  feature schema + block rule of the stream
-    DATA_ROOT/STREAM/BLOCK_ID/part-*.tfrecord.gz   the block's tf.Examples (gzip TFRecord)
-    DATA_ROOT/STREAM/BLOCK_ID/_BLOCK.json          content digest, files, key (no row count)
+    DATA_ROOT/STREAM/BLOCK_ID/part-*.sealed        the block's tf.Examples (gzip TFRecord), encrypted (sealed.py)
+    DATA_ROOT/STREAM/BLOCK_ID/_BLOCK.json          content digest, files (size, SHA-256), window or shard, the
+                                                   block's data key wrapped under its block key (no row count)
     DATA_ROOT/STREAM/_staging/RUN_ID/...           an ingest in progress (never read)
     DATA_ROOT/STREAM/_staging/RUN_ID/.run.lock     held (flock) by that ingest's process while it runs
 
@@ -27,6 +28,12 @@ or blocks. A registered block is immutable: different rows for it are refused.
 
 Exact row counts go only into the ledger (``add_block(rows=...)``), never into
 the data root's manifests or any output a pipeline sees.
+
+At rest every part file is encrypted (``sealed.py``, the one writer and reader of block files): writers
+encrypt each block under a data key derived from the run's random key (``BlockWriter(run_key=...)``, in
+memory only), and ``commit`` wraps it under the block's key from the ledger's key ring, with the manifest as
+associated data. Folders are created 0700 and files 0600. Reading needs the block's key: a charged,
+signed grant (``access.grant_block_keys``) or trusted code (``access.trusted_block_keys``).
 """
 import contextlib
 import json
@@ -36,7 +43,8 @@ import uuid
 
 import numpy as np
 
-from .records import InputError, row_hashes, to_example_batch, write_tfrecords
+from . import sealed
+from .records import InputError, row_hashes, to_example_batch
 
 STREAM_FILE = "_stream.json"
 BLOCK_FILE = "_BLOCK.json"
@@ -57,12 +65,12 @@ def block_dir(data_root, stream, block_id):
 
 
 def block_files(data_root, stream, block_id):
-    """The part files of a committed block (from its manifest)."""
+    """The part files of a committed block (from its manifest; encrypted: read them with ``access``)."""
     path = block_dir(data_root, stream, block_id)
     manifest = read_manifest(path)
     if manifest is None:
         raise InputError(f"block {block_id!r} of stream {stream!r} has no data under {path}")
-    return [os.path.join(path, f) for f in manifest["files"]]
+    return [os.path.join(path, f["name"] if isinstance(f, dict) else f) for f in manifest["files"]]
 
 
 def read_manifest(path):
@@ -75,7 +83,7 @@ def read_manifest(path):
 
 def _write_json(path, obj, fsync=True):
     tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(tmp, "w") as f:
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, sealed.FILE_MODE), "w") as f:
         json.dump(obj, f, indent=1, sort_keys=True)
         f.flush()
         if fsync:
@@ -125,9 +133,12 @@ def remove_empty_dirs(dirs):
 
 def prepare_stream_dir(data_root, stream):
     """DATA_ROOT/STREAM/_staging (created if needed); clear errors if the data root is unusable."""
-    staging = os.path.join(_data_root(data_root), stream, STAGING)
+    root = _data_root(data_root)
+    staging = os.path.join(root, stream, STAGING)
     try:
-        os.makedirs(staging, exist_ok=True)
+        os.makedirs(os.path.dirname(root), exist_ok=True)
+        for folder in (root, os.path.join(root, stream), staging):  # the folders sage creates are 0700
+            os.makedirs(folder, mode=sealed.DIR_MODE, exist_ok=True)
     except OSError as exc:
         raise InputError(f"data root {_data_root(data_root)} is not writable: {exc.strerror or exc}") from None
     return staging
@@ -144,7 +155,8 @@ def new_run_dir(data_root, stream):
         run_id = uuid.uuid4().hex[:16]
         hidden, run = os.path.join(staging, f".new-{run_id}"), os.path.join(staging, run_id)
         try:
-            os.makedirs(hidden)
+            os.makedirs(hidden, mode=sealed.DIR_MODE)
+            os.chmod(hidden, sealed.DIR_MODE)
             lock = open(os.path.join(hidden, RUN_LOCK), "w")
         except FileNotFoundError:
             if attempt == 2:
@@ -234,8 +246,14 @@ class BlockWriter:
     ``part_bytes``, and the largest buffer whenever all pass ``max_buffered``.
     """
 
-    def __init__(self, run_dir, spec, schema, part_bytes=64 << 20, max_buffered=256 << 20, compresslevel=6):
+    def __init__(self, run_dir, spec, schema, part_bytes=64 << 20, max_buffered=256 << 20, compresslevel=6,
+                 stream=None, run_key=None):
+        """``stream`` and ``run_key`` (``sealed.new_run_key()``, the same for every writer of one run, kept in
+        memory): each block's parts are encrypted under ``sealed.data_key(run_key, stream, block)``."""
+        if stream is None or run_key is None:
+            raise ValueError("BlockWriter needs the stream and the run key (block files are always encrypted)")
         self.run_dir, self.spec, self.schema = run_dir, spec, schema
+        self.stream, self._run_key, self._deks = stream, run_key, {}
         self.part_bytes, self.max_buffered, self.compresslevel = part_bytes, max_buffered, compresslevel
         self.tag = uuid.uuid4().hex[:12]
         self._buffers, self._sizes, self._digests, self._parts, self._seq = {}, {}, {}, [], 0
@@ -272,12 +290,16 @@ class BlockWriter:
         self._total -= self._sizes.pop(key)
         block_id = self.spec.block_id(key)
         folder = os.path.join(self.run_dir, block_id)
-        os.makedirs(folder, exist_ok=True)
-        name = f"part-{self.tag}-{self._seq:05d}.tfrecord.gz"
+        os.makedirs(folder, mode=sealed.DIR_MODE, exist_ok=True)
+        name = f"part-{self.tag}-{self._seq:05d}{sealed.SUFFIX}"
         self._seq += 1
-        write_tfrecords(os.path.join(folder, name), records, self.compresslevel)
+        if block_id not in self._deks:
+            self._deks[block_id] = sealed.data_key(self._run_key, self.stream, block_id)
+        written = sealed.write_records(os.path.join(folder, name), records, self._deks[block_id], self.stream,
+                                       block_id, self.compresslevel)
         self._parts.append({"key": key, "block": block_id, "file": name, "rows": len(records),
-                            "digest": f"{digest:016x}"})  # hex: Beam coders mangle ints >= 2^63
+                            "digest": f"{digest:016x}",  # hex: Beam coders mangle ints >= 2^63
+                            "bytes": written["bytes"], "sha256": written["sha256"]})
 
     def close(self):
         """Write what is buffered; return the part descriptions (for ``commit``)."""
@@ -295,8 +317,11 @@ def read_parts(run_dir):
         return json.load(f)
 
 
-def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplicate_of=()):
+def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplicate_of=(), run_key=None):
     """Move staged blocks into place and register them; returns {"added": [...], "unchanged": [...]}.
+
+    ``run_key``: the key the run's writers encrypted with; each new block's data key is wrapped under its block
+    key (``ledger.keyring.block_key``) with the manifest as associated data (``sealed.seal_manifest``).
 
     Every check (immutability, window/shard clashes, records already registered in another stream) runs
     before the first block is moved or registered, so bad input registers nothing. Each new block's content
@@ -311,19 +336,26 @@ def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplic
         b = blocks.setdefault(part["block"], {"key": part["key"], "rows": 0, "digest": 0, "files": []})
         b["rows"] += part["rows"]
         b["digest"] = (b["digest"] + int(part["digest"], 16)) & _MASK
-        b["files"].append(part["file"])
+        b["files"].append({"name": part["file"], "bytes": part["bytes"], "sha256": part["sha256"]})
     if not blocks or sum(b["rows"] for b in blocks.values()) == 0:
         raise InputError("the input is empty: no records to ingest (nothing registered)")
 
     registered = {b.id: b for b in ledger.blocks(stream)}
-    plan, unchanged = [], []
+    plan, unchanged, reseal = [], [], []
     for block_id in sorted(blocks):
         info = blocks[block_id]
         if block_id in registered:
             manifest = read_manifest(block_dir(data_root, stream, block_id))
-            if manifest is None or manifest["digest"] != f"{info['digest']:016x}":
+            if manifest is None or manifest.get("digest") != f"{info['digest']:016x}":
                 raise InputError(f"block {block_id!r} of stream {stream!r} is already registered with different "
                                  "records; registered blocks are immutable (nothing registered)")
+            if not sealed.is_sealed(manifest):  # written before encryption at rest: replaced by this sealed copy
+                from .access import ledger_digest
+
+                if ledger_digest(ledger, stream, block_id) not in (None, f"{info['digest']:016x}"):
+                    raise InputError(f"block {block_id!r} of stream {stream!r}: the ledger registered other records "
+                                     "for it (nothing changed)")
+                reseal.append((block_id, info, spec.ledger_key(info["key"])))
             unchanged.append(block_id)
             continue
         key = spec.ledger_key(info["key"])
@@ -348,7 +380,8 @@ def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplic
                 f"stream's), pass --allow-duplicate-of-stream {other_stream}")
 
     with _commit_lock(data_root, stream):
-        return _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of)
+        return _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of,
+                            run_key, reseal)
 
 
 @contextlib.contextmanager
@@ -364,23 +397,34 @@ def _commit_lock(data_root, stream):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of=()):
+def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of=(),
+                 run_key=None, reseal=()):
     from sage_tfx.privacy import UnknownBlock
+
+    if run_key is None:
+        raise ValueError("commit needs the run key its writers encrypted with")
 
     config_path = os.path.join(stream_dir(data_root, stream), STREAM_FILE)
     if not os.path.exists(config_path):
         _write_json(config_path, {"schema": schema, "blocks": spec.describe()})
-    for block_id, info, key in plan:
+    for block_id, info, key in [*plan, *reseal]:
         staged = os.path.join(run_dir, block_id)
-        listed = set(info["files"])
+        listed = {f["name"] for f in info["files"]}
         for name in os.listdir(staged):  # parts of retried bundles that were never committed
             if name not in listed:
                 os.remove(os.path.join(staged, name))
-        _write_json(os.path.join(staged, BLOCK_FILE), {
-            "stream": stream, "block": block_id, "digest": f"{info['digest']:016x}", "files": sorted(listed),
-            **key},
-            fsync=False)
+        manifest = sealed.seal_manifest(
+            {"stream": stream, "block": block_id, "digest": f"{info['digest']:016x}",
+             "files": sorted(info["files"], key=lambda f: f["name"]), **key},
+            sealed.data_key(run_key, stream, block_id), ledger.keyring.block_key(stream, block_id))
+        _write_json(os.path.join(staged, BLOCK_FILE), manifest, fsync=False)
     os.sync()  # every staged file is durable before any block moves into place (one sync, not one per file)
+    for block_id, info, key in reseal:  # an unencrypted block of an older version: the sealed copy replaces it
+        final = block_dir(data_root, stream, block_id)
+        old = os.path.join(run_dir, f".plain-{block_id}")
+        os.rename(final, old)
+        os.rename(os.path.join(run_dir, block_id), final)
+        shutil.rmtree(old, ignore_errors=True)
     new = []
     for block_id, info, key in plan:
         staged = os.path.join(run_dir, block_id)
@@ -409,4 +453,5 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
             for b in new:
                 shutil.rmtree(block_dir(data_root, stream, b["id"]), ignore_errors=True)
             raise InputError(str(exc)) from None
-    return {"added": [b["id"] for b in new], "unchanged": sorted(unchanged)}
+    return {"added": [b["id"] for b in new], "unchanged": sorted(unchanged),
+            "encrypted": sorted(b for b, _, _ in reseal)}

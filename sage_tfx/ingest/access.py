@@ -1,0 +1,73 @@
+"""Who gets a block's key: a charged, signed grant, or trusted code (docs/security.md, "Blocks at rest").
+
+Block files are encrypted (``sealed.py``); a block's key is ``KeyRing.block_key(stream, block)``, derived
+from the ledger's master key, which only processes holding the key file can derive. Two doors hand keys out:
+
+* ``grant_block_keys(ledger, grant)``: for a grant the ledger signed AND recorded (``Ledger.verify``: a
+  forged, altered or never-charged grant is refused; the record is written in the transaction that
+  charges its blocks), on blocks registered in its stream: the keys of exactly its blocks. BlockExampleGen
+  reads through this door only (``grant_blocks``).
+* ``trusted_block_keys(ledger, stream, blocks)``: TRUSTED CODE ONLY (ingest's checks, ``sage data encrypt``,
+  the demo's non-private baselines and tests), as ``Ledger.private_row_count`` is.
+
+``open_blocks`` then opens each block (``sealed.open_block``: safe paths, the manifest authenticated by
+unwrapping the data key) and checks the manifest's content digest against the one the ledger registered
+at ingest.
+"""
+from . import sealed
+
+
+class GrantKeyError(ValueError):
+    """No keys: the grant is forged, unknown, of another stream, or names unregistered blocks."""
+
+
+def ledger_digest(ledger, stream, block):
+    """The content digest the ledger registered for a block at ingest (None for blocks registered without one).
+
+    TRUSTED CODE ONLY. Reads the ledger's ``blocks.digest`` column; the Ledger has no public getter for it yet.
+    """
+    with ledger._store.transaction(write=False) as tx:
+        row = tx.one("SELECT digest FROM blocks WHERE stream = ? AND id = ?", (stream, block))
+    if row is None:
+        raise sealed.SealedError(f"block {block!r} is not registered in stream {stream!r}: no key for it")
+    return row[0]
+
+
+def grant_block_keys(ledger, grant, stream=None):
+    """``(grant, {block id: key})`` for a grant the ledger signed and charged; GrantError otherwise.
+
+    ``grant``: a Grant or its JSON. The signature, the ledger's record of the grant (so it was charged), the
+    stream and that every block is registered are all checked before any key is derived.
+    """
+    from sage_tfx.privacy import GrantError
+
+    grant = ledger.verify(grant, stream=stream)  # forged / altered / unknown (never charged) / other stream
+    registered = {b.id for b in ledger.blocks(grant.stream)}
+    missing = [b for b in grant.blocks if b not in registered]
+    if missing:
+        raise GrantError(f"grant {grant.id!r} names block(s) not registered in stream {grant.stream!r}: "
+                         f"{', '.join(missing)}: no keys given")
+    return grant, {b: ledger.keyring.block_key(grant.stream, b) for b in grant.blocks}
+
+
+def trusted_block_keys(ledger, stream, blocks):
+    """{block id: key} without a grant. TRUSTED CODE ONLY: never call it from a pipeline component."""
+    return {b: ledger.keyring.block_key(stream, b) for b in blocks}
+
+
+def open_blocks(ledger, data_root, stream, keys):
+    """Open every block of ``keys`` ({block: key}) for reading; each is checked before any record is read."""
+    return [sealed.open_block(data_root, stream, block, key, expected_digest=ledger_digest(ledger, stream, block))
+            for block, key in keys.items()]
+
+
+def grant_blocks(ledger, data_root, grant, stream=None):
+    """``(grant, [sealed.Block])``: the opened blocks of a charged, signed grant (BlockExampleGen's door)."""
+    grant, keys = grant_block_keys(ledger, grant, stream=stream)
+    return grant, open_blocks(ledger, data_root, grant.stream, keys)
+
+
+def read_block_records(ledger, data_root, stream, blocks):
+    """Yield the records of ``blocks`` of ``stream``, in order. TRUSTED CODE ONLY (no grant is checked)."""
+    for block in open_blocks(ledger, data_root, stream, trusted_block_keys(ledger, stream, list(blocks))):
+        yield from block.records()
