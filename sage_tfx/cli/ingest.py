@@ -3,7 +3,7 @@
     sage ingest --db PATH --stream S --input FILE --data-root DIR --block-by time --time-column C --window 1d
     sage ingest ... --block-by user --user-column C --shards N
 
-Blocks land in DATA_ROOT/STREAM/BLOCK_ID/part-*.tfrecord.gz and are registered
+Blocks land in DATA_ROOT/STREAM/BLOCK_ID/part-*.sealed (encrypted, docs/security.md) and are registered
 in the ledger with their exact row count (kept private there) and content digest.
 Re-ingesting the same input adds nothing. Unknown options (e.g. --runner,
 --direct_num_workers) go to Beam; the default runner is the DirectRunner.
