@@ -73,17 +73,23 @@ def check_grant(ledger_location, grant_json, stream=None, epsilon=None, delta=No
 
 
 def laplace_count(exact, epsilon, rng):
-    """``exact + Laplace(0, 1/epsilon)``: an epsilon-DP count.
+    """``exact + Laplace(0, 1/epsilon)`` drawn floating-point safe: an epsilon-DP count.
 
-    Sensitivity: adding or removing one record changes a count by at most 1, so
-    Laplace noise of scale 1/epsilon gives (epsilon, 0)-DP (Dwork et al. 2006).
-    The granted blocks are disjoint parts of the stream, so one count over
+    Mechanism: ``sage_tfx.privacy.samplers.grid_laplace(exact, 1, epsilon, rng)``: the count (an
+    integer, on the grid) plus gamma times exact discrete Laplace noise, gamma = 2^-20 for
+    epsilon <= 1, integer scale t = ceil((2^20 + 1)/epsilon) (noise scale within 2^-20 of 1/epsilon).
+    ``rng``: a ``samplers.SecureRNG`` (or anything ``as_secure_rng`` takes).
+    Sensitivity: adding or removing one record changes a count by at most 1 (one cell), so the
+    release is (epsilon, 0)-DP, exactly (proof in ``grid_laplace``; Dwork et al. 2006 for the
+    continuous analogue). The granted blocks are disjoint parts of the stream, so one count over
     their union is one query charged to every block of the grant.
     """
+    from sage_tfx.privacy.samplers import grid_laplace
+
     epsilon = float(epsilon)
     if not math.isfinite(epsilon) or epsilon <= 0:
         raise ValueError(f"count epsilon {epsilon!r} must be finite and > 0")
-    return float(exact) + float(rng.laplace(0.0, 1.0 / epsilon))
+    return float(grid_laplace([float(exact)], 1.0, epsilon, rng, cells=1)[0])
 
 
 RECORD_COUNT_COMPUTATION = "record_count/v1"  # one Laplace count over all granted blocks
@@ -96,14 +102,15 @@ def released_record_count(ledger_location, grant):
     the noise comes from a seed only the ledger can derive for (grant, "record_count"), so
     BlockExampleGen and DPTrainer, and any re-run, release the same value: no extra privacy loss.
     """
-    import numpy as np
+    from sage_tfx.privacy.samplers import secure_rng
 
     split = grant_split(grant)
     if split is None or split.count <= 0:
         return None
     eps = split.count
-    rng = np.random.default_rng(open_release(ledger_location, grant, "count",
-                                             computation_digest(RECORD_COUNT_COMPUTATION, list(grant.blocks)), eps))
+    rng = secure_rng(open_release(ledger_location, grant, "count",
+                                  computation_digest(RECORD_COUNT_COMPUTATION, list(grant.blocks)), eps),
+                     "record_count")
     with Ledger.open(ledger_location) as ledger:
         exact = sum(ledger.private_row_count(grant.stream, b) or 0 for b in grant.blocks)
     return laplace_count(exact, eps, rng), eps

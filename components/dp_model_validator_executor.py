@@ -21,6 +21,7 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components._grant import check_grant, computation_digest, open_release
+from sage_tfx.privacy.samplers import secure_rng
 from sage_tfx.privacy import GrantError, grant_split, require_budget, stage_budget
 
 METRICS = ("mse", "mae", "log_loss", "accuracy", "custom")
@@ -512,7 +513,8 @@ class Executor(base_executor.BaseExecutor):
         train = None if plan["train_split"] is None else split_values(serving, examples, plan["train_split"], plan,
                                                                       loss_fn)
 
-        rng = np.random.default_rng(seed)
+        # the validators' noise: exact grid Laplace from a ChaCha20 generator keyed by the grant's seed
+        rng = secure_rng(seed, "validation")
         result = validator.validate(test, train, rng, attempt=plan["attempt"], eta=plan["eta"])
 
         report = result.to_dict()

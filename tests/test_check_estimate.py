@@ -98,11 +98,14 @@ def test_the_validator_itself_accepts_above_the_estimate_and_not_below():
     """DPLossValidator / DPAccuracyValidator as DPModelValidator builds them (make_validator), on test sets whose
     mean is exactly the guess, at an epsilon so large that the noise (Lap(B/1e6)) is negligible: ACCEPT at 1.1 n,
     RETRY at 0.9 n. (The estimate's rows shrink from 0.9 n to 1.1 n only through the data, so the validator's own
-    decision crosses between them.) Deterministic up to noise of order 1e-6 B, far inside the 10% margins."""
+    decision crosses between them.) With noise this small the accuracy test's binomial tail is a step function of
+    the noisy correct count, so a count sitting exactly on a step (0.9 x 44 = 40 correct of 44: the decision then
+    follows the sign of noise of order 1e-6, ACCEPT in 3 of 20 noise draws) decides by the draw; the guess 0.85
+    puts neither 0.9 n nor 1.1 n on a step (20 of 20 draws each way), as does any real test set's noise."""
     from sage_tfx.validation import DPAccuracyValidator, DPLossValidator
 
     rng = np.random.default_rng(5)
-    for sla, target, expected in ((MSE, 300.0, 150.0), (ACCURACY, 0.8, 0.9)):
+    for sla, target, expected in ((MSE, 300.0, 150.0), (ACCURACY, 0.8, 0.85)):
         estimate = estimate_accept(sla, target, expected=expected, settings={"epsilon_start": 1e6})
         row = estimate.rows[0]
         for factor, outcome in ((1.1, "ACCEPT"), (0.9, "RETRY")):

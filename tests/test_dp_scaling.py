@@ -238,7 +238,7 @@ def test_each_release_is_exactly_the_stated_mechanism():
     centred = np.clip(xs[finite].astype(np.float64), low, high) - low - width / 2
     exact = [np.array([finite.sum()], float), np.array([centred.sum()]), np.array([(centred**2).sum()])]
     n, s, q = noise.add_laplace(exact, [3 / eps, 3 * (width / 2) / eps, 3 * (width**2 / 4) / eps], seed=seed,
-                                stream="z/")
+                                stream="z/", sensitivities=[1.0, width / 2, width**2 / 4], cells=[1, 1, 1])
     m = np.clip(s / max(n[0], 1.0), -width / 2, width / 2)
     mean = low + width / 2 + m[0]
     std = max(math.sqrt(noise.guarded_variance(n, s, q, width)[0]), width / 1000)
@@ -248,7 +248,8 @@ def test_each_release_is_exactly_the_stated_mechanism():
     # the three quantile releases: the grid histogram plus Laplace(1/eps) per cell, each its own stream
     counts = _grid_counts(xs, low, high, grid)
     for name, levels in (("s", [0.05, 0.95]), ("q", [0.2, 0.4, 0.6, 0.8]), ("b", [0.2, 0.4, 0.6, 0.8])):
-        (noisy,) = noise.add_laplace([counts], [1 / eps], seed=seed, stream=f"{name}/")
+        (noisy,) = noise.add_laplace([counts], [1 / eps], seed=seed, stream=f"{name}/", sensitivities=[1.0],
+                                     cells=[1])
         want = cdf_quantiles(monotone_cdf(noisy), levels, low, high)
         if name == "s":
             lo, hi = want
@@ -262,7 +263,8 @@ def test_each_release_is_exactly_the_stated_mechanism():
             np.testing.assert_array_equal(_column(out, "b"), want_b)
     # the streams are independent: the two quantile analyzers on the same data drew different noise
     assert not np.array_equal(out[0]["q"], np.float32(cdf_quantiles(
-        monotone_cdf(noise.add_laplace([counts], [1 / eps], seed=seed, stream="b/")[0]), [.2, .4, .6, .8], low, high)))
+        monotone_cdf(noise.add_laplace([counts], [1 / eps], seed=seed, stream="b/", sensitivities=[1.0], cells=[1])[0]),
+        [.2, .4, .6, .8], low, high)))
 
 
 @pytest.mark.tf

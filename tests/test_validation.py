@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from sage_tfx.privacy.samplers import as_secure_rng, grid_laplace, grid_laplace_coupling
 from sage_tfx.privacy.errors import RecordError
 from sage_tfx.validation import (DPAbsoluteErrorValidator, DPAccuracyValidator, DPLossValidator, Mode, Outcome,
                                  ValidationInputError, bernstein_upper, clopper_pearson_lower,
@@ -50,8 +51,12 @@ def test_loss_accept_bound_matches_the_spec_formula():
         losses, rng=np.random.default_rng(5))
     eta_a = 1 - conf  # no REJECT test: the ACCEPT test has all of eta
     n_noisy, s_noisy = result.details["n_noisy"], result.details["sum_noisy"]
-    n_lo = n_noisy - (2 / eps) * math.log(3 / (2 * eta_a))
-    s_hi = s_noisy + (2 * B / eps) * math.log(3 / (2 * eta_a))
+    # The stated scales 2/eps and 2B/eps are now those of the exact grid Laplace: in law the release is
+    # exact + Lap(b') + xi, |xi| <= slack (samplers.grid_laplace_coupling, proof there), b' within 2^-20 of 2/eps.
+    (b_n, s_n), (b_s, s_s) = grid_laplace_coupling(1.0, eps / 2), grid_laplace_coupling(B, eps / 2)
+    assert 2 / eps <= b_n <= (2 / eps) * (1 + 2e-6) and 2 * B / eps <= b_s <= (2 * B / eps) * (1 + 2e-6)
+    n_lo = n_noisy - b_n * math.log(3 / (2 * eta_a)) - s_n
+    s_hi = s_noisy + b_s * math.log(3 / (2 * eta_a)) + s_s
     l_hi = s_hi / n_lo
     ub = l_hi + math.sqrt(2 * B * l_hi * math.log(3 / eta_a) / n_lo) + 4 * B * math.log(3 / eta_a) / n_lo
     assert result.bounds["upper"] == pytest.approx(ub, rel=1e-12)
@@ -67,7 +72,8 @@ def test_loss_reject_bound_formula_uses_a_two_sided_count_interval():
         rng.uniform(0.3, 0.5, 500), rng.uniform(0.3, 0.5, 4000), rng=np.random.default_rng(3))
     eta_r = (1 - conf) / 2
     d = result.details
-    c_n = (2 / eps) * math.log(3 / eta_r)
+    b_n, s_n = grid_laplace_coupling(1.0, eps / 2)  # the grid release's scale and slack (see the test above)
+    c_n = b_n * math.log(3 / eta_r) + s_n
     s_lo = d["train_sum_lo"]
     assert d["train_n_hi"] - d["train_n_lo"] == pytest.approx(2 * c_n)
     lb = s_lo / d["train_n_hi"] - B * math.sqrt(math.log(3 / eta_r) / (2 * d["train_n_lo"]))
@@ -83,7 +89,8 @@ def test_accuracy_accept_bound_matches_clopper_pearson_on_corrected_counts():
     result = DPAccuracyValidator(0.8, eps, conf, bound="clopper_pearson").validate(
         correct, rng=np.random.default_rng(6))
     eta_a = 1 - conf  # no REJECT test: the ACCEPT test has all of eta
-    t = (2 / eps) * math.log(3 / (2 * eta_a))
+    b_1, s_1 = grid_laplace_coupling(1.0, eps / 2)  # the grid release's scale and slack (see above)
+    t = b_1 * math.log(3 / (2 * eta_a)) + s_1
     k_lo, n_hi = result.details["correct_noisy"] - t, result.details["n_noisy"] + t
     assert result.bounds["lower"] == pytest.approx(stats.beta.ppf(eta_a / 3, k_lo, n_hi - k_lo + 1), rel=1e-9)
     assert result.outcome is Outcome.ACCEPT
@@ -96,10 +103,14 @@ def test_absolute_error_bound_matches_the_spec_formula():
     result = DPAbsoluteErrorValidator(1.0, eps, conf, value_range=R).validate(values, rng=np.random.default_rng(8))
     eta = 1 - conf
     # Recover c~ from the returned mean is not possible; recompute the bound from the released pair instead.
-    rng2 = np.random.default_rng(8)
-    s_noisy = values.sum() + rng2.laplace(0, 2 * R / eps, 1)[0]
-    c_noisy = values.size + rng2.laplace(0, 2 / eps, 1)[0]
-    t_s, t_c = (2 * R / eps) * math.log(3 / eta), (2 / eps) * math.log(3 / eta)
+    # the validator's generator: ChaCha20 keyed by 32 bytes of the Generator, stream "validation"
+    rng2 = as_secure_rng(np.random.default_rng(8), "validation")
+    s_noisy = grid_laplace(np.array([values.sum()]), R, eps / 2, rng2)[0]
+    c_noisy = grid_laplace(np.array([float(values.size)]), 1.0, eps / 2, rng2)[0]
+    (b_s, sl_s), (b_c, sl_c) = (grid_laplace_coupling(R, eps / 2, 1, epsilon_tolerance=2.0**-40),
+                                grid_laplace_coupling(1.0, eps / 2, 1, epsilon_tolerance=2.0**-40))
+    assert 2 * R / eps <= b_s <= (2 * R / eps) * (1 + 2e-6) and 2 / eps <= b_c <= (2 / eps) * (1 + 2e-6)
+    t_s, t_c = b_s * math.log(3 / eta) + sl_s, b_c * math.log(3 / eta) + sl_c
     c_lo = c_noisy - t_c
     err = (t_s + R * t_c) / c_lo + R * math.sqrt(math.log(6 / eta) / (2 * c_lo))
     assert result.bounds["error"] == pytest.approx(err, rel=1e-12)

@@ -54,6 +54,8 @@ import time
 
 import numpy as np
 
+from sage_tfx.privacy.samplers import grid_laplace, secure_rng
+
 DELAY_RANGE = (-60.0, 180.0)  # minutes: the flights example's public label range
 RESIDUAL_RANGE = (-60.0, 60.0)  # minutes: arrival minus departure delay, the example's prior
 LOSS_BOUND = 3600.0  # the flights SLA's B: 60 min^2
@@ -108,9 +110,13 @@ def one_hot_matrix(data, rows, categoricals):
 
 
 def dp_key_means(keys, values01, nkeys, epsilon, rng):
-    """dp_group_by_mean's tables in numpy, on values already in [0, 1] (value_range 1): (epsilon, 0)-DP."""
-    counts = np.bincount(keys, minlength=nkeys).astype(float) + rng.laplace(0.0, 2.0 / epsilon, nkeys)
-    sums = np.bincount(keys, weights=values01, minlength=nkeys) + rng.laplace(0.0, 2.0 / epsilon, nkeys)
+    """dp_group_by_mean's tables in numpy, on values already in [0, 1] (value_range 1): (epsilon, 0)-DP.
+
+    Counts and sums each get epsilon / 2 (sensitivity 1 each: one row is in one key's cell), released with
+    the floating-point-safe grid Laplace (``samplers.grid_laplace``), as dp_group_by_mean releases them.
+    """
+    counts = grid_laplace(np.bincount(keys, minlength=nkeys).astype(float), 1.0, epsilon / 2.0, rng, cells=1)
+    sums = grid_laplace(np.bincount(keys, weights=values01, minlength=nkeys), 1.0, epsilon / 2.0, rng, cells=1)
     means = np.clip(sums / np.maximum(counts, 1.0), 0.0, 1.0)
     return np.where(counts < 1.0, 0.5, means)  # the public fallback (value_range / 2) for a key barely seen
 
@@ -132,7 +138,7 @@ def fit_dp(model, train, test, rows, categoricals, epsilon, delta, seed, encodin
     m = len(categoricals)
     prior = model.endswith("_prior")
     base = model[: -len("_prior")] if prior else model
-    rng = np.random.default_rng([seed, 7])
+    rng = secure_rng(seed, f"many_features/{model}")  # the encodings' noise: exact discrete Laplace draws
     y = train["y"][rows]
     adassp_epsilon = epsilon
     if base == "target_encoding":

@@ -198,8 +198,9 @@ class DPLinearRegressor:
             a, b = adassp.sufficient_statistics(design, residual - mid, bound_x, half)
             xtx += a
             xty += b
+        # seeds.noise (None: a fresh key) keys the ChaCha20 generator of the exact discrete Gaussian draws
         result = adassp.release(xtx, xty, self.epsilon, self.delta, bound_x, half, self.rho, self.calibration,
-                                np.random.default_rng(seeds.noise))
+                                seeds.noise)
         theta = result.theta
         self.coef_ = w0 + theta[: self.layout.dim]
         self.intercept_ = (theta[-1] if self.fit_intercept else 0.0) + mid + b0

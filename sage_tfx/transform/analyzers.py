@@ -8,7 +8,11 @@ How the noise is drawn ONCE per analysis (SAGE_SPEC.md section 4):
    tables of all batches to a Beam PTransform (`_NoiseOnce`): ``CombineGlobally``
    adds them into the exact tables of the whole data set (one element, even for an
    empty data set), then ONE ``Map`` draws Laplace noise for every cell of those
-   tables, and post-processes them (e.g. guarded means).
+   tables, and post-processes them (e.g. guarded means). The noise is floating-point
+   safe: each table is rounded to a public power-of-two grid gamma and gets gamma times
+   exact discrete Laplace noise (`noise.add_laplace`, `sage_tfx.privacy.samplers`). Each
+   analyzer's "Laplace(0, b)" below means that release: (sensitivity / b)-DP exactly,
+   with a noise scale within a relative 2^-20 of b.
 3. tf.Transform bakes the noisy tables into the transform graph as constants. The
    transform phase, every batch of it and serving all read those constants;
    nothing in the transform graph draws noise.
@@ -108,22 +112,25 @@ class _SumTablesFn(beam.CombineFn):
         return accumulator
 
 
-def _noise_and_finish(exact_tables, scales, finish, seed, stream):
-    noisy = add_laplace(exact_tables, scales, seed=seed, stream=stream)
+def _noise_and_finish(exact_tables, scales, finish, seed, stream, sensitivities):
+    # one record touches at most one cell of each table (one key, one bucket, or a one-cell total)
+    noisy = add_laplace(exact_tables, scales, seed=seed, stream=stream, sensitivities=sensitivities,
+                        cells=[1] * len(scales))
     return tuple(np.asarray(t, dtype=np.float64) for t in finish(*noisy))
 
 
 class _NoiseOnce(beam.PTransform):
-    """Exact tables of the whole data set + one Laplace draw per cell, then post-processing.
+    """Exact tables of the whole data set + one exact grid-Laplace draw per cell (`noise.add_laplace`), then post-processing.
 
     Input: one element per batch, the tuple of that batch's exact partial tables.
     Output: one PCollection per output of `finish`, each holding ONE array.
     """
 
-    def __init__(self, shapes, scales, finish, n_outputs, seed, stream):
+    def __init__(self, shapes, scales, finish, n_outputs, seed, stream, sensitivities):
         super().__init__()
         self._shapes = shapes
         self._scales = tuple(float(s) for s in scales)
+        self._sensitivities = tuple(float(s) for s in sensitivities)
         self._finish = finish
         self._n_outputs = n_outputs
         self._seed = seed
@@ -133,7 +140,8 @@ class _NoiseOnce(beam.PTransform):
         outputs = (
             pcoll
             | "SumAllBatches" >> beam.CombineGlobally(_SumTablesFn(self._shapes))
-            | "AddNoiseOnce" >> beam.Map(_noise_and_finish, self._scales, self._finish, self._seed, self._stream)
+            | "AddNoiseOnce" >> beam.Map(_noise_and_finish, self._scales, self._finish, self._seed, self._stream,
+                                      self._sensitivities)
         )
         return tuple(
             outputs | f"Output{i}" >> beam.Map(operator.itemgetter(i)) for i in range(self._n_outputs)
@@ -250,8 +258,12 @@ def _clipped_values(value, value_range, label):
     return tf.clip_by_value(value, 0.0, value_range)
 
 
-def _noisy_tables(scope, partials, scales, shape, finish, n_outputs, seed):
+def _noisy_tables(scope, partials, scales, shape, finish, n_outputs, seed, sensitivities):
     """The full-pass analyzer: exact per-batch `partials` in, noisy finished tables (float32) out.
+
+    `scales` are the Laplace scales b = sensitivity / epsilon and `sensitivities` the L1 sensitivities,
+    one per table; one record touches at most one cell of each table (every caller's sensitivity
+    argument). The noise: `noise.add_laplace`, the exact discrete Laplace on a power-of-two grid.
 
     The seed is fixed here, while the analyzer is traced: the test-only `seed`, or, inside
     `noise_seed`, one derived from the grant's seed and `scope` (see `seeding`). It goes to
@@ -260,7 +272,8 @@ def _noisy_tables(scope, partials, scales, shape, finish, n_outputs, seed):
     seed = resolve_seed(seed, scope)
     outputs = tft.experimental.ptransform_analyzer(
         inputs=partials,
-        ptransform=_NoiseOnce([shape] * len(partials), scales, finish, n_outputs, seed, stream=scope),
+        ptransform=_NoiseOnce([shape] * len(partials), scales, finish, n_outputs, seed, stream=scope,
+                              sensitivities=sensitivities),
         output_dtypes=[tf.float64] * n_outputs,
         output_shapes=[list(shape)] * n_outputs,
         name="noise_once",
@@ -301,7 +314,7 @@ def dp_count_per_key(key, nkeys, epsilon, *, seed=None, name=None):
         record_spend(scope.rstrip("/"), epsilon)
         keys = _key_vector(key, nkeys, label)
         (counts,) = _per_key_sums(keys, [tf.ones_like(keys, dtype=tf.float64)], nkeys)
-        (noisy,) = _noisy_tables(scope, [counts], [1.0 / epsilon], [nkeys], _as_is, 1, seed)
+        (noisy,) = _noisy_tables(scope, [counts], [1.0 / epsilon], [nkeys], _as_is, 1, seed, [1.0])
         return noisy
 
 
@@ -319,7 +332,8 @@ def dp_sum_per_key(key, value, nkeys, epsilon, value_range, *, seed=None, name=N
         record_spend(scope.rstrip("/"), epsilon)
         keys = _key_vector(key, nkeys, label)
         (sums,) = _per_key_sums(keys, [_clipped_values(value, value_range, label)], nkeys)
-        (noisy,) = _noisy_tables(scope, [sums], [value_range / epsilon], [nkeys], _as_is, 1, seed)
+        (noisy,) = _noisy_tables(scope, [sums], [value_range / epsilon], [nkeys], _as_is, 1, seed,
+                                 [value_range])
         return noisy
 
 
@@ -335,7 +349,7 @@ def _mean_per_key(label, key, value, nkeys, epsilon, value_range, seed, name, ma
         # Half the budget for the counts (sensitivity 1), half for the sums (sensitivity R).
         scales = [2.0 / epsilon, 2.0 * value_range / epsilon]
         finish = functools.partial(_mean_tables, value_range=value_range, min_count=min_count, fallback=fallback)
-        counts, sums, means = _noisy_tables(scope, partials, scales, [nkeys], finish, 3, seed)
+        counts, sums, means = _noisy_tables(scope, partials, scales, [nkeys], finish, 3, seed, [1.0, value_range])
         return PerKeyMean(counts, sums, means), fallback
 
 
@@ -448,7 +462,7 @@ def dp_histogram(x, epsilon, *, num_buckets=None, vocabulary=None, seed=None, na
         else:
             ids = _vocabulary_ids(_dense_vector(x, "x", label), vocabulary, label)
         (counts,) = _per_key_sums(ids, [tf.ones_like(ids, dtype=tf.float64)], nbuckets)
-        (noisy,) = _noisy_tables(scope, [counts], [1.0 / epsilon], [nbuckets], _as_is, 1, seed)
+        (noisy,) = _noisy_tables(scope, [counts], [1.0 / epsilon], [nbuckets], _as_is, 1, seed, [1.0])
         return noisy
 
 
@@ -502,5 +516,6 @@ def dp_variance(x, epsilon, value_range, *, seed=None, name=None):
         third = epsilon / 3.0
         scales = [1.0 / third, (value_range / 2.0) / third, (value_range**2 / 4.0) / third]
         finish = functools.partial(_variance_table, value_range=value_range)
-        (variance,) = _noisy_tables(scope, partials, scales, [1], finish, 1, seed)
+        (variance,) = _noisy_tables(scope, partials, scales, [1], finish, 1, seed,
+                                    [1.0, value_range / 2.0, value_range**2 / 4.0])
         return variance[0]

@@ -1,8 +1,10 @@
 """The Laplace mechanism on exact tables, and argument checks (numpy and stdlib only).
 
-This is the one place noise is drawn. The Beam analysis calls `add_laplace` once,
-on the per-key totals of the whole data set; the benchmark calls the same
-function to estimate the expected error without re-running a pipeline.
+This is the one place the tf.Transform analyzers' noise is drawn. The Beam analysis calls
+`add_laplace` once, on the per-key totals of the whole data set; the benchmark calls the same
+function to estimate the expected error without re-running a pipeline. The noise is the exact
+discrete Laplace on a power-of-two grid (`sage_tfx.privacy.samplers.grid_laplace`), drawn from a
+ChaCha20 keystream (`samplers.SecureRNG`): no floating-point leak (Mironov 2012).
 """
 import math
 import secrets
@@ -67,17 +69,45 @@ def make_rng(seed=None, stream=""):
     return np.random.Generator(np.random.PCG64([seed, zlib.crc32(stream.encode("utf-8"))]))
 
 
-def add_laplace(tables, scales, seed=None, stream=""):
-    """Return each exact table plus independent Laplace(0, scale) noise, one draw per cell.
+def add_laplace(tables, scales, seed=None, stream="", sensitivities=None, cells=None):
+    """Return each exact table released with Laplace-scale noise on a grid, one exact draw per cell.
 
-    tables: sequence of float arrays; scales: one Laplace scale b = sensitivity/epsilon
-    per table. Every cell gets its own independent draw from one fresh generator.
+    tables: sequence of float arrays; scales: one Laplace scale b = sensitivity/epsilon per table;
+    sensitivities: the L1 sensitivity Delta of each table (one record added or removed moves the
+    table by at most Delta in L1); cells: how many cells of each table that change touches at most
+    (default: the table's size, always safe). All tables draw, in order, from ONE generator
+    `samplers.secure_rng(seed, stream)` (seed=None: a fresh 256-bit key from `secrets`; an int seed,
+    e.g. the analyzer's grant-derived seed, and the stream name make it reproducible).
+
+    Mechanism (per table, `samplers.grid_laplace`): gamma * (round(x / gamma) + Y) with gamma a public
+    power of two <= min(b, Delta / k) / 2^20 and Y iid exact discrete Laplace of integer scale
+    t = ceil((floor(Delta / gamma) + k) / epsilon_i), epsilon_i = Delta / b (taken one float step
+    down, so never above Delta / b).
+    Guarantee: each table is (Delta / b)-DP, exactly (proof in `grid_laplace`: rounding moves a
+    k-cell change of L1 norm Delta by at most floor(Delta / gamma) + k grid units, and the discrete
+    Laplace of scale t is (units / t)-DP for that many units); the tables compose as before.
+    The noise is the float Laplace(b) it replaces up to a relative 2^-20 in scale: in law,
+    gamma * Y = Lap(gamma t) + xi with |xi| < gamma (a difference of two geometrics is a difference
+    of floors of exponentials), and the rounding moves x by <= gamma / 2 (`samplers.grid_laplace_coupling`).
+    Without `sensitivities` (legacy callers, tests), Delta is taken as b and k as the table's size:
+    a table of true L1 sensitivity Delta' touching k' cells is then (Delta'/b + k' gamma / b)-DP,
+    i.e. at most (Delta'/b + 2^-20)-DP; every analyzer passes its sensitivities.
     """
-    rng = make_rng(seed, stream)
-    return tuple(
-        np.asarray(table, dtype=np.float64) + rng.laplace(0.0, scale, size=np.shape(table))
-        for table, scale in zip(tables, scales)
-    )
+    from sage_tfx.privacy.samplers import grid_laplace, secure_rng
+
+    rng = secure_rng(seed, stream)
+    out = []
+    for i, (table, scale) in enumerate(zip(tables, scales)):
+        table = np.asarray(table, dtype=np.float64)
+        scale = float(scale)
+        if sensitivities is None:
+            delta, k = scale, max(1, table.size)
+        else:
+            delta = float(sensitivities[i])
+            k = max(1, table.size) if cells is None else int(cells[i])
+        epsilon = math.nextafter(delta / scale, 0.0)
+        out.append(grid_laplace(table, delta, epsilon, rng, cells=k))
+    return tuple(out)
 
 
 def guarded_mean(dp_sums, dp_counts, value_range):

@@ -8,16 +8,20 @@ Korolova et al. 2009 "Releasing search queries and clicks privately"; Gopi et al
 "Differentially private set union"). With m = max_contributions (each row adds 1 to the
 count of at most m distinct values; a row holds one value here, so m = 1 is exact) and
 b = m / epsilon:
-    noisy_v = count_v + Laplace(0, b)                  for every value v with count_v >= 1
-    keep v  iff  noisy_v >= tau,  tau = m + b * ln(m / (2 delta))   (= 1 + ln(1/(2 delta))/epsilon for m = 1)
+    noisy_v = the grid-Laplace release of count_v      for every value v with count_v >= 1
+              (`sage_tfx.privacy.samplers.grid_laplace(counts, m, epsilon, cells=m)`: exact discrete
+              Laplace on a power-of-two grid, noise scale b' = gamma t in [b, b (1 + 2^-20) + gamma])
+    keep v  iff  noisy_v >= tau,  tau = m + b' * ln(m / (2 delta)) + s,  s = 3 gamma / 2
+              (~ 1 + ln(1/(2 delta))/epsilon for m = 1, larger by a relative ~1e-6)
     release the kept values ordered by noisy_v (descending; ties by value), first top_k.
-Sensitivity: one row changes at most m counts by 1 each (L1 sensitivity m).
+Sensitivity: one row changes at most m counts by 1 each (L1 sensitivity m, m cells).
 Guarantee: (epsilon, delta)-DP. Proof sketch: let D' = D plus one row. Values whose count
-is >= 1 in both are released by the Laplace mechanism with scale m/epsilon on an L1-
-sensitivity-m vector (epsilon-DP) followed by a threshold and a sort (post-processing).
-A value present only in D' is held by the added row alone, so its
-count there is 1 <= m; it is released only if count + Laplace(b) >= tau, i.e. with
-probability <= P[Laplace(b) >= tau - m] = exp(-ln(m/(2 delta))) / 2 = delta / m. The row
+is >= 1 in both are released by `grid_laplace` on an L1-sensitivity-m vector touching at
+most m cells (epsilon-DP exactly, see its docstring) followed by a threshold and a sort
+(post-processing). A value present only in D' is held by the added row alone, so its
+count there is 1 <= m; in law its release is count + L + xi with L ~ Laplace(b') and
+|xi| <= s (`samplers.grid_laplace_coupling`), so it is released only with probability
+<= P[L >= tau - m - s] = exp(-ln(m/(2 delta))) / 2 = delta / m. The row
 adds at most m such values, so by a union bound all of them stay hidden except with
 probability <= delta; on that event the output distributions are within e^epsilon.
 Counts of values absent from D are never drawn (no data-dependent domain).
@@ -29,7 +33,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 from .errors import DPTransformError
-from .noise import check_epsilon, check_int, make_rng
+from .noise import check_epsilon, check_int
 
 
 def check_delta(delta, what: str = "delta") -> float:
@@ -46,13 +50,18 @@ def check_delta(delta, what: str = "delta") -> float:
 
 
 def threshold(epsilon: float, delta: float, max_contributions: int = 1) -> float:
-    """tau = m + (m / epsilon) * ln(m / (2 delta)): a value held by one row only passes with probability <= delta / m.
+    """tau = m + b' * ln(m / (2 delta)) + s: a value held by one row only passes with probability <= delta / m.
 
-    For m = 1 this is the brief's tau = 1 + ln(1 / (2 delta)) / epsilon. The ln(m / ...) term
-    (a union bound over the <= m values one row can add) keeps the total at <= delta for m > 1.
+    b' and s are the grid release's coupled Laplace scale and slack (`samplers.grid_laplace_coupling(m,
+    epsilon, m)`; b' is within a relative 2^-20 of m / epsilon, s = 3 gamma / 2 tiny), so for m = 1 this
+    is the brief's tau = 1 + ln(1 / (2 delta)) / epsilon up to ~1e-6 relative, never below it. The
+    ln(m / ...) term (a union bound over the <= m values one row can add) keeps the total at <= delta.
     """
+    from sage_tfx.privacy.samplers import grid_laplace_coupling
+
     m = max_contributions
-    return m + (m / epsilon) * math.log(m / (2.0 * delta))
+    scale, slack = grid_laplace_coupling(m, epsilon, m)
+    return m + scale * math.log(m / (2.0 * delta)) + slack
 
 
 def select_vocabulary(counts: Dict, *, epsilon: float, delta: float, top_k: Optional[int] = None,
@@ -60,8 +69,9 @@ def select_vocabulary(counts: Dict, *, epsilon: float, delta: float, top_k: Opti
     """The DP vocabulary of exact `counts` (value -> number of rows): kept values, by noisy count, descending.
 
     (epsilon, delta)-DP, see the module docstring. Values with count <= 0 are ignored (they
-    are not in the data). One Laplace draw per value present, in a fixed (sorted) order, from
-    `noise.make_rng(seed, stream)`: seed=None draws fresh OS entropy; a seed is for tests.
+    are not in the data). One exact grid-Laplace draw per value present, in a fixed (sorted) order, from
+    `samplers.secure_rng(seed, stream)`: seed=None draws a fresh key from `secrets`; a seed (the grant's
+    derived seed under DPTransform, or a test seed) makes it reproducible.
     """
     epsilon = check_epsilon(epsilon, "select_vocabulary: epsilon")
     delta = check_delta(delta, "select_vocabulary: delta")
@@ -71,7 +81,9 @@ def select_vocabulary(counts: Dict, *, epsilon: float, delta: float, top_k: Opti
     if not values:
         return []
     exact = np.array([float(counts[v]) for v in values])
-    noisy = exact + make_rng(seed, stream).laplace(0.0, m / epsilon, size=exact.shape)
+    from sage_tfx.privacy.samplers import grid_laplace, secure_rng
+
+    noisy = grid_laplace(exact, m, epsilon, secure_rng(seed, stream), cells=m)
     tau = threshold(epsilon, delta, m)
     kept = [(-n, v) for n, v in zip(noisy, values) if n >= tau]
     kept.sort()

@@ -145,12 +145,14 @@ def check_values(name, values):
 
 
 def check_rng(rng):
-    """The caller's numpy Generator, or a fresh OS-seeded one. Never a fixed seed here."""
-    if rng is None:
-        return np.random.default_rng()
-    if not isinstance(rng, np.random.Generator):
-        raise ValidationInputError(f"rng {rng!r} must be a numpy.random.Generator (or None)")
-    return rng
+    """The noise generator: a ``samplers.SecureRNG`` (as DPModelValidator passes, keyed by the grant's seed),
+    one keyed by 32 bytes of the caller's numpy Generator (reproducible for a seeded Generator), or, for
+    None, one with a fresh key from ``secrets``. Never a fixed seed here."""
+    from sage_tfx.privacy.samplers import SecureRNG, as_secure_rng
+
+    if rng is not None and not isinstance(rng, (np.random.Generator, SecureRNG)):
+        raise ValidationInputError(f"rng {rng!r} must be a numpy.random.Generator, a SecureRNG (or None)")
+    return as_secure_rng(rng, "validation")
 
 
 # ---------------------------------------------------------------- noisy totals
@@ -168,27 +170,43 @@ def laplace_tail(scale, prob, two_sided=False):
 
 @dataclass(frozen=True)
 class NoisyTotal:
-    """A count or a sum released as ``exact + Lap(scale)`` (scale 0: released exactly)."""
+    """A count or a sum released as ``exact + Lap(scale) + xi`` in law, |xi| <= slack (scale 0: released exactly).
+
+    The release is the exact grid Laplace (``samplers.grid_laplace``); ``scale`` and ``slack`` are its
+    coupling (``samplers.grid_laplace_coupling``): in law value = exact + L + xi with L ~ Laplace(scale)
+    and |xi| <= slack = 3 gamma / 2, so every float-Laplace tail bound below holds after widening by slack.
+    """
 
     value: float
     scale: float
+    slack: float = 0.0
 
     @classmethod
-    def release(cls, exact, sensitivity, epsilon, rng, mode):
-        """``exact + Lap(sensitivity/epsilon)``: epsilon-DP for a total whose value one record changes by at
-        most ``sensitivity`` (Laplace mechanism). Released exactly in non_private mode."""
+    def release(cls, exact, sensitivity, epsilon, rng, mode, cells=1):
+        """The grid-Laplace release of ``exact`` (one cell) with ``sensitivity`` and ``epsilon``: epsilon-DP,
+        exactly, for a total whose value one record changes by at most ``sensitivity`` (``grid_laplace``:
+        rounding to the public grid gamma and adding gamma times exact discrete Laplace noise of integer scale
+        t = ceil((floor(sensitivity/gamma) + 1)/epsilon)). Its noise scale gamma t is within a relative 2^-20
+        of sensitivity/epsilon. Released exactly in non_private mode. ``rng``: see ``check_rng``. ``cells`` > 1:
+        this total is one coordinate of a vector released together (every coordinate with the same
+        sensitivity, epsilon and cells), whose change by one record has L1 norm <= sensitivity and touches
+        at most ``cells`` coordinates: then the vector is epsilon-DP (``grid_laplace`` with k = cells)."""
         if not mode.noisy:
             return cls(float(exact), 0.0)
-        scale = sensitivity / epsilon
-        return cls(float(exact) + float(rng.laplace(0.0, scale)), scale)
+        from sage_tfx.privacy.samplers import as_secure_rng, grid_laplace, grid_laplace_coupling
+
+        value = grid_laplace(np.array([float(exact)]), sensitivity, epsilon, as_secure_rng(rng), cells=cells)[0]
+        scale, slack = grid_laplace_coupling(sensitivity, epsilon, cells)
+        return cls(float(value), scale, slack)
 
     def lower(self, prob, mode, two_sided=False):
-        """<= the exact total except with probability ``prob`` (one-sided), when the mode corrects."""
-        return self.value - (laplace_tail(self.scale, prob, two_sided) if mode.corrected else 0.0)
+        """<= the exact total except with probability ``prob`` (one-sided), when the mode corrects.
+        (value - exact = L + xi with |xi| <= slack: value - tail - slack > exact needs L > tail.)"""
+        return self.value - (laplace_tail(self.scale, prob, two_sided) + self.slack if mode.corrected else 0.0)
 
     def upper(self, prob, mode, two_sided=False):
         """>= the exact total except with probability ``prob`` (one-sided), when the mode corrects."""
-        return self.value + (laplace_tail(self.scale, prob, two_sided) if mode.corrected else 0.0)
+        return self.value + (laplace_tail(self.scale, prob, two_sided) + self.slack if mode.corrected else 0.0)
 
 
 # ---------------------------------------------------------------- the result

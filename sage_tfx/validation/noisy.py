@@ -46,14 +46,16 @@ COUNT_SHARE = 0.05  # fraction of a test's eta for the event "the true count is 
 
 
 def release_pair(values, bound, epsilon, rng, mode):
-    """(S~, S'~): the sums of ``values`` clipped to [0, B] and of B minus them, each + Lap(B/eps).
+    """(S~, S'~): the sums of ``values`` clipped to [0, B] and of B minus them, each + Lap(B/eps), drawn as the
+    exact grid Laplace (``NoisyTotal.release`` with ``cells=2``: the pair is one vector of L1 sensitivity B
+    whose change touches its 2 cells, so ``samplers.grid_laplace``'s proof gives eps-DP for the pair, exactly).
 
     eps-DP under adding or removing one record: the pair moves by (v, B - v), L1 norm B (see the module
     docstring). Released exactly in non_private mode (``epsilon`` may then be None).
     """
     clipped = np.clip(values, 0.0, bound)
-    total = NoisyTotal.release(clipped.sum(), bound, epsilon, rng, mode)
-    complement = NoisyTotal.release(bound * clipped.size - clipped.sum(), bound, epsilon, rng, mode)
+    total = NoisyTotal.release(clipped.sum(), bound, epsilon, rng, mode, cells=2)
+    complement = NoisyTotal.release(bound * clipped.size - clipped.sum(), bound, epsilon, rng, mode, cells=2)
     return total, complement
 
 
@@ -197,6 +199,8 @@ def count_interval(total, complement, bound, prob, mode, two_sided):
     if not mode.corrected or total.scale == 0.0:
         return n_noisy, n_noisy
     half_width = laplace_pair_quantile(prob, two_sided) * total.scale / bound  # (L1 + L2)/B = (scale/B)(E1 + E2)
+    # the grid release: each total is exact + L + xi in law, |xi| <= slack (samplers.grid_laplace_coupling)
+    half_width += (total.slack + complement.slack) / bound
     return (n_noisy - half_width if two_sided else -math.inf), n_noisy + half_width
 
 
@@ -209,7 +213,8 @@ def noisy_sum_test(total, complement, bound, tau, eta, mode, side, binomial=Fals
     Proof. Let F_n(t) be the tail bound at the true count n (``chernoff_tail`` or ``binomial_tail``): an
     upper bound on P(T~ <= t), so P(F_n(T~) <= eta_s) <= eta_s (the probability integral transform of the
     continuous T~, whose true CDF is <= F_n). The event E = {n outside [n_lo, n_hi]} has probability <= eta_n
-    (``count_interval``; the interval uses the same noise as T~, which the union bound allows). Outside E the
+    (``count_interval``; the interval uses the same noise as T~, which the union bound allows; it is widened
+    by the grid release's slack, and the bound is evaluated at t -+ slack, see the code). Outside E the
     p-value is the max of F_{n'}(t) over n' in the interval (only n' = n_hi for the Chernoff bound, which
     grows with n), which is >= F_n(t); so p-value <= eta_s implies F_n(T~) <= eta_s or E. Everything is
     post-processing of the eps-DP pair (S~, S'~).
@@ -221,6 +226,12 @@ def noisy_sum_test(total, complement, bound, tau, eta, mode, side, binomial=Fals
     eta_s = eta - eta_n
     n_lo, n_hi = count_interval(total, complement, bound, eta_n, mode, two_sided=binomial)
     statistic = total.value - tau * (total.value + complement.value) / bound
+    # Grid noise (samplers.grid_laplace_coupling): in law S~ = S + L1 + xi1, S'~ = S' + L2 + xi2 with
+    # |xi_i| <= slack_i, so T~ = T + X + xi, |xi| <= (1 - tau/B) slack1 + (tau/B) slack2 <= slack. The
+    # tail bounds are for T + X: side -1 evaluates P(T + X <= t + slack) >= P(T~ <= t) (side +1: t - slack);
+    # F is monotone, so P(F(T~ - side slack) <= eta_s) <= P(F(T + X) <= eta_s) <= eta_s.
+    slack = max(total.slack, complement.slack) if corrected else 0.0
+    tested = statistic - side * slack
     a = (bound - tau) / bound * total.scale if corrected else 0.0
     c = tau / bound * total.scale if corrected else 0.0
     details = {"n_noisy": (total.value + complement.value) / bound, "n_hi": n_hi, "statistic": statistic,
@@ -228,12 +239,12 @@ def noisy_sum_test(total, complement, bound, tau, eta, mode, side, binomial=Fals
     if n_hi < 1:
         return 1.0, eta_s, details
     if not binomial:
-        return chernoff_tail(statistic, n_hi, tau, bound, a, c, side), eta_s, details
+        return chernoff_tail(tested, n_hi, tau, bound, a, c, side), eta_s, details
     details["n_lo"] = n_lo
     if not corrected:  # no noise to convolve: the exact binomial test (Clopper-Pearson) on the (noisy) counts
         return binomial_test(total.value, n_hi, tau / bound, side), eta_s, details
     counts = np.arange(max(1, math.ceil(n_lo)), math.floor(n_hi) + 1)
-    return binomial_tail(statistic, counts, tau / bound, a, c, side), eta_s, details
+    return binomial_tail(tested, counts, tau / bound, a, c, side), eta_s, details
 
 
 def confidence_limit(total, complement, bound, eta, mode, side, binomial=False):

@@ -20,6 +20,11 @@ def mean_error_bound(dp_sum, dp_count, value_range, epsilon, delta, mode):
         t_s = (2R/eps) ln(3/delta)     t_c = (2/eps) ln(3/delta)     c_lo = c~ - t_c
         err = (t_s + R t_c) / c_lo + R sqrt(ln(6/delta) / (2 c_lo))      (infinite unless c_lo > 0)
 
+    The releases are the exact grid Laplace (``samplers.grid_laplace`` with sensitivity R, resp. 1, at eps/2,
+    one cell per record): in law S~ = S + L_s + xi_s with L_s ~ Lap(b_s), |xi_s| <= slack_s
+    (``samplers.grid_laplace_coupling``; b_s within a relative 2^-20 of 2R/eps), likewise for c~; so the
+    code takes t_s = b_s ln(3/delta) + slack_s and t_c = b_c ln(3/delta) + slack_c, and the events below
+    are about L_s and L_c.
     Proof: three events, delta/3 each: (1) |Lap(2R/eps)| > t_s (P = exp(-ln(3/delta)) = delta/3),
     (2) |Lap(2/eps)| > t_c, (3) two-sided Hoeffding |S/c - mu| > R sqrt(ln(6/delta)/(2c)). Outside them,
     with e_s, e_c the noises: S~/c~ - S/c = (e_s - (S/c) e_c) / c~, so |S~/c~ - S/c| <= (t_s + R t_c)/c~;
@@ -30,8 +35,14 @@ def mean_error_bound(dp_sum, dp_count, value_range, epsilon, delta, mode):
     """
     sampling_delta = mode.event_eta(delta)
     if mode.corrected:
-        t_s = laplace_tail(2.0 * value_range / epsilon, delta / 3, two_sided=True)
-        t_c = laplace_tail(2.0 / epsilon, delta / 3, two_sided=True)
+        from sage_tfx.privacy.samplers import grid_laplace_coupling
+
+        # tolerance: dp_group_by_mean's tables were drawn at epsilon' = R / fl(2R/eps), within float
+        # rounding of eps/2 (noise.add_laplace); the bounds hold for every epsilon' in that range
+        scale_s, slack_s = grid_laplace_coupling(value_range, epsilon / 2.0, 1, epsilon_tolerance=2.0 ** -40)
+        scale_c, slack_c = grid_laplace_coupling(1.0, epsilon / 2.0, 1, epsilon_tolerance=2.0 ** -40)
+        t_s = laplace_tail(scale_s, delta / 3, two_sided=True) + slack_s
+        t_c = laplace_tail(scale_c, delta / 3, two_sided=True) + slack_c
     else:
         t_s = t_c = 0.0
     c_lo = dp_count - t_c
@@ -48,7 +59,9 @@ class DPAbsoluteErrorValidator:
     mode="sage")``; ``.validate(values, rng=None, keys=None, attempt=None, eta=None)`` with the raw values (clipped
     to [0, R]) and their integer keys in [0, K) (``values`` may also be a ``(keys, values)`` pair). The
     validator releases the statistic itself: per key, c~ = count + Lap(2/eps) and S~ = clipped sum +
-    Lap(2R/eps) (eps-DP: each record is in one key, so keys compose in parallel), the DP mean
+    Lap(2R/eps), each drawn as the exact grid Laplace (``samplers.grid_laplace(sums, R, eps/2, cells=1)`` and
+    ``grid_laplace(counts, 1, eps/2, cells=1)``: eps/2-DP each, exactly; eps-DP together; each record is in
+    one key, so one record touches one cell of each), the DP mean
     clip(S~/c~, 0, R) (R/2 when c~ <= 0), returned in ``details["means"]``; the validation is post-processing.
     ``validate_released`` validates means already released that way (e.g. by ``dp_group_by_mean``) at no
     extra privacy cost. Each key gets eta/K (union bound over K public keys); ``per_key=True`` instead states
@@ -84,9 +97,11 @@ class DPAbsoluteErrorValidator:
         clipped = np.clip(values, 0.0, self.value_range)
         sums = np.bincount(keys, weights=clipped, minlength=self.num_keys).astype(np.float64)
         counts = np.bincount(keys, minlength=self.num_keys).astype(np.float64)
-        if self.mode.noisy:
-            sums = sums + rng.laplace(0.0, 2.0 * self.value_range / self.epsilon, self.num_keys)
-            counts = counts + rng.laplace(0.0, 2.0 / self.epsilon, self.num_keys)
+        if self.mode.noisy:  # exact grid Laplace, one record in one key's cell (see mean_error_bound)
+            from sage_tfx.privacy.samplers import grid_laplace
+
+            sums = grid_laplace(sums, self.value_range, self.epsilon / 2.0, rng, cells=1)
+            counts = grid_laplace(counts, 1.0, self.epsilon / 2.0, rng, cells=1)
         result = self._decide(sums, counts, self.epsilon, resolve_eta(self.confidence, eta, attempt), attempt)
         result.epsilon_test = self.epsilon if self.mode.noisy else 0.0
         return result

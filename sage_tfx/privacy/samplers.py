@@ -1,0 +1,580 @@
+"""Floating-point-safe noise: exact discrete Laplace and discrete Gaussian samplers on a public grid.
+
+numpy, the standard library and ``cryptography``'s ChaCha20 (the privacy core imports without TensorFlow).
+
+Why. A release ``x + rng.laplace(0, b)`` in float64 leaks: the set of doubles it can output depends on
+``x`` (Mironov 2012), e.g. at b = 1 most releases of the value 1 are impossible from the value 0. Here
+every release is ``gamma * (r(x / gamma) + Y)`` with ``gamma`` a public power of two, ``r`` a fixed
+rounding to the integers and ``Y`` integer noise drawn EXACTLY (integer and rational arithmetic only,
+no floating point) by the algorithms of Canonne, Kamath, Steinke 2020 ("The Discrete Gaussian for
+Differential Privacy", CKS below):
+
+* ``bernoulli_exp``: Bernoulli(exp(-num/den)) for integers num >= 0, den >= 1 (CKS Algorithm 1, with
+  the exp(-1) product for num/den > 1);
+* ``discrete_laplace``: P(Y = y) proportional to exp(-|y| / t) for an integer t >= 1 (CKS Algorithm 2
+  with s = 1: U uniform in [0, t) accepted with probability exp(-U/t), V geometric by exp(-1)
+  Bernoullis, X = U + tV, a random sign, rejecting the negative zero);
+* ``discrete_gaussian``: P(Y = y) proportional to exp(-y^2 / (2 S)) for an integer variance
+  parameter S >= 1 (CKS Algorithm 3: discrete Laplace proposals of scale floor(sqrt(S)) + 1 accepted
+  with probability exp(-(|Y| - S/t)^2 / (2S))).
+
+Every output value is on the grid gamma * Z whatever the input, so the support of a release of 0 and of
+1 is the same grid: the Mironov attack no longer separates them. The samplers are vectorised: each
+step runs on the whole batch of cells still pending, with numpy integer arrays.
+
+The randomness: ``SecureRNG``, a ChaCha20 keystream keyed by SHA-256(key || stream name, length-prefixed),
+reproducible from its key and unpredictable without it. ``secure_rng(seed, stream)``
+keeps the calling convention of ``sage_tfx.transform.noise.make_rng``: seed=None takes a 256-bit key
+from ``secrets`` (production without a grant), an int seed (a grant's private seed from the ledger, or
+a test seed) and a stream name give reproducible noise, and distinct stream names give independent
+streams (distinct ChaCha20 keys). ``as_secure_rng`` also accepts a numpy Generator (the validators'
+historical ``rng=`` argument): its key is 32 bytes drawn from it, so a seeded Generator stays
+reproducible; trusted code should pass a ``SecureRNG`` built from the grant's seed directly.
+
+The grid releases (``grid_laplace``, ``grid_gaussian``) state their privacy in their docstrings; the
+rounding ``r(y) = floor(y + 1/2)`` is computed exactly in float64 (``y = x / gamma`` is exact because
+gamma is a power of two, ``floor`` is exact, and ``y - floor(y)`` is exact for the |y| < 2^52 we
+allow), is non-decreasing and satisfies r(y + n) = r(y) + n for integers n. Hence for reals a, b
+(Lemma G): |r(a) - r(b)| <= ceil(|a - b|), and the grid sensitivity of a table whose change by one
+record has L1 norm <= Delta and touches at most k cells is at most floor(Delta / gamma) + k grid
+units (sum over the changed cells of ceil(d_i / gamma) <= floor(sum d_i / gamma) + k).
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+import secrets
+from fractions import Fraction
+
+import numpy as np
+
+__all__ = ["SecureRNG", "secure_rng", "as_secure_rng", "bernoulli_exp", "discrete_laplace",
+           "discrete_gaussian", "grid_laplace", "grid_laplace_params", "grid_gaussian",
+           "grid_gaussian_params", "grid_laplace_coupling", "GRID_BITS", "GAUSS_GRID_BITS"]
+
+# The grid is at least 2^GRID_BITS times finer than the Laplace scale and than Delta / k (see grid_laplace).
+GRID_BITS = 20
+# The discrete Gaussian's grid: sigma / gamma in [2^GAUSS_GRID_BITS, 2^(GAUSS_GRID_BITS + 2)),
+# which keeps every intermediate of CKS Algorithm 3 below 2^63 (see _gauss_accept).
+GAUSS_GRID_BITS = 13
+_MAX_GAUSS_S = 2 ** 30  # the discrete Gaussian's variance parameter S stays below this (int64 arithmetic)
+_MAX_INDEX = 2.0 ** 52  # |x / gamma| must stay below this: float64 then holds every grid index exactly
+_U64 = np.uint64
+
+
+class SecureRNG:
+    """A ChaCha20 keystream keyed by SHA-256(len(key) key len(stream) stream): a cryptographically secure generator.
+
+    Reproducible from (key, stream); without the key its output is indistinguishable from uniform (ChaCha20 as
+    a pseudo-random function, RFC 8439; ``cryptography``'s implementation). Distinct stream names give distinct
+    ChaCha20 keys (the length-prefixed encoding is injective), hence independent streams; the keystream is read
+    once, front to back, so no output is ever reused.
+    """
+
+    _REFILL = 1 << 16  # keystream bytes per refill (more when one request asks for more)
+
+    def __init__(self, key: bytes, stream: str = ""):
+        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+
+        if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
+            raise ValueError("SecureRNG: key must be at least 16 bytes")
+        name = stream.encode("utf-8")
+        prefix = (len(key).to_bytes(4, "big") + bytes(key) + len(name).to_bytes(4, "big") + name)
+        chacha_key = hashlib.sha256(b"sage-tfx/secure-rng/v2|" + prefix).digest()
+        self._keystream = Cipher(algorithms.ChaCha20(chacha_key, bytes(16)), mode=None).encryptor()
+        self._buffer = b""
+        self._pos = 0
+
+    def random_bytes(self, n: int) -> bytes:
+        """The next n bytes of the stream."""
+        if self._pos + n > len(self._buffer):
+            fresh = self._keystream.update(bytes(max(self._REFILL, n)))
+            self._buffer = self._buffer[self._pos:] + fresh
+            self._pos = 0
+        out = self._buffer[self._pos:self._pos + n]
+        self._pos += n
+        return out
+
+    def words(self, n: int, bits: int = 64) -> np.ndarray:
+        """n uniform unsigned integers of 64 (uint64) or 32 (uint32) bits."""
+        dtype = np.uint64 if bits == 64 else np.uint32
+        return np.frombuffer(self.random_bytes(n * (bits // 8)), dtype=dtype).copy()
+
+    def uniform_below(self, m) -> np.ndarray:
+        """Uniform integers in [0, m) for each entry of the int array m (1 <= m < 2^63), exactly.
+
+        Rejection on the bit length: a word masked to the bits of m - 1 is kept iff it is below m (each round
+        keeps every entry with probability > 1/2); 32-bit words when every m <= 2^32, else 64-bit words.
+        """
+        m = np.asarray(m, dtype=np.int64)
+        out = np.empty(m.shape, dtype=np.int64)
+        if m.size == 0:
+            return out
+        if int(m.min()) < 1:
+            raise ValueError("uniform_below: bounds must be >= 1")
+        top = int(m.max())
+        small = top <= (1 << 32)
+        dtype = np.uint32 if small else np.uint64
+        bits = 32 if small else 64
+        flat = m.reshape(-1)
+        res = out.reshape(-1)
+        if top == int(m.min()):  # one bound for all (the common case): scalar mask and limit, one draw
+            width = 1 << (top - 1).bit_length()
+            mask, limit = dtype(width - 1), dtype(top - 1)
+            filled = 0
+            while filled < flat.size:  # oversample by the rejection rate, keep accepted words in order
+                need = flat.size - filled
+                r = self.words(int(need * width / top * 1.1) + 16, bits) & mask
+                r = r[r <= limit][:need]
+                res[filled:filled + r.size] = r
+                filled += r.size
+            return out
+        mask = (flat - 1).astype(np.uint64)  # smear the top bit down: mask = 2^bitlength(m - 1) - 1
+        for shift in (1, 2, 4, 8, 16, 32):
+            mask |= mask >> _U64(shift)
+        mask = mask.astype(dtype)
+        mu = (flat - 1).astype(dtype)  # compare r <= m - 1 (m = 2^32 itself does not fit a uint32)
+        pending = np.arange(flat.size)
+        while pending.size:
+            r = self.words(pending.size, bits) & mask[pending]
+            ok = r <= mu[pending]
+            res[pending[ok]] = r[ok].astype(np.int64)
+            pending = pending[~ok]
+        return out
+
+    def randbelow(self, m: int) -> int:
+        """One uniform integer in [0, m) (Python int m >= 1), exactly: rejection on the bit length of m - 1."""
+        if m <= 1:
+            return 0
+        nbits = (m - 1).bit_length()
+        nbytes = (nbits + 7) // 8
+        mask = (1 << nbits) - 1
+        while True:
+            r = int.from_bytes(self.random_bytes(nbytes), "big") & mask
+            if r < m:
+                return r
+
+    def bits(self, n: int) -> np.ndarray:
+        """n fair bits (0/1 int8)."""
+        raw = np.frombuffer(self.random_bytes((n + 7) // 8), dtype=np.uint8)
+        return np.unpackbits(raw)[:n].astype(np.int8)
+
+
+def _key_from_seed(seed: int) -> bytes:
+    seed = int(seed)
+    if seed < 0:
+        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    raw = seed.to_bytes(max(1, (seed.bit_length() + 7) // 8), "big")
+    return hashlib.sha256(b"sage-tfx/noise-key/v1|" + raw).digest()
+
+
+def secure_rng(seed=None, stream: str = "") -> SecureRNG:
+    """The generator of one noise draw: seed=None -> a 256-bit key from ``secrets``; an int -> its key.
+
+    The same (seed, stream) always gives the same noise; distinct stream names give independent noise.
+    A seed known to whoever sees the release lets them subtract the noise: production passes either
+    None or a seed only trusted code can derive (the ledger's per-grant private seed).
+    """
+    if seed is None:
+        return SecureRNG(secrets.token_bytes(32), stream)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise ValueError(f"seed must be None or an integer >= 0, got {seed!r}")
+    return SecureRNG(_key_from_seed(int(seed)), stream)
+
+
+def as_secure_rng(rng, stream: str = "") -> SecureRNG:
+    """A SecureRNG from None (fresh key), a SecureRNG (itself), an int seed, or a numpy Generator.
+
+    A numpy Generator gives its next 32 bytes as the key: reproducible for a seeded Generator, and as
+    unpredictable as the Generator's seed (trusted code passes a SecureRNG or the seed instead).
+    """
+    if rng is None or isinstance(rng, (int, np.integer)) and not isinstance(rng, bool):
+        return secure_rng(rng, stream)
+    if isinstance(rng, SecureRNG):
+        return rng
+    if isinstance(rng, np.random.Generator):
+        return SecureRNG(rng.bytes(32), stream)
+    raise ValueError(f"rng {rng!r} must be None, an int seed, a SecureRNG or a numpy Generator")
+
+
+# ------------------------------------------------------------------------------------------- samplers
+
+def _bernoulli_ratio(num, den, rng):
+    """Bernoulli(num / den) per entry (0 <= num <= den, den >= 1), exactly."""
+    return rng.uniform_below(den) < num
+
+
+_UNIT_ROUND = 4  # A_1..A_4 drawn in one vectorised round; P(all four are 1) <= 1/4! < 0.042
+_LCM_1_TO_8 = 840  # Bernoulli(1/k) for k <= 8 is "u < 840 / k" for u uniform in [0, 840): exact, k divides 840
+
+
+def _bernoulli_exp_unit(num, den, rng):
+    """CKS Algorithm 1: Bernoulli(exp(-g)) for g = num/den in [0, 1].
+
+    Draw A_k ~ Bernoulli(g / k) for k = 1, 2, ... until the first A_k = 0; return 1 iff that k is odd.
+    P(K > k) = g^k / k!, so P(K odd) = sum_k (-1)^k g^k / k! = exp(-g). A_k is drawn as the AND of
+    independent Bernoulli(num / den) and Bernoulli(1 / k) (probability (g / k) exactly), so no product
+    den * k is ever formed: den may be any int64 >= 1. Vectorised: A_1..A_8 of every entry in one round
+    (drawing A_k past the first zero changes nothing: only the first zero is read); the entries
+    whose four are all 1 go on one k at a time.
+    """
+    num = np.asarray(num, dtype=np.int64).reshape(-1)
+    den = np.asarray(den, dtype=np.int64).reshape(-1)
+    n = num.size
+    out = np.zeros(n, dtype=bool)
+    if n == 0:
+        return out
+    kk = _UNIT_ROUND
+    ratio = rng.uniform_below(np.tile(den, kk)).reshape(kk, n) < num  # Bernoulli(num/den), kk per entry
+    inverse = rng.uniform_below(np.full(kk * n, _LCM_1_TO_8, dtype=np.int64)).reshape(kk, n)
+    a = ratio & (inverse < (_LCM_1_TO_8 // np.arange(1, kk + 1, dtype=np.int64))[:, None])  # Bernoulli(g / k)
+    first_zero = np.argmin(a, axis=0)  # the index of the first A_k = 0 (0 if none: resolved below)
+    stopped = ~a.all(axis=0)
+    out[stopped] = (first_zero[stopped] % 2) == 0  # k = index + 1 odd
+    pending = np.flatnonzero(~stopped)
+    k = kk + 1
+    while pending.size:
+        a = _bernoulli_ratio(num[pending], den[pending], rng)
+        a &= rng.uniform_below(np.full(pending.size, k, dtype=np.int64)) == 0
+        out[pending[~a]] = (k % 2) == 1
+        pending = pending[a]
+        k += 1
+    return out
+
+
+def _bernoulli_exp_parts(whole, frac, den, rng):
+    """Bernoulli(exp(-(whole + frac / den))) per entry (int64 arrays, 0 <= frac < den): floor(g) independent
+    Bernoulli(exp(-1)) factors, then Bernoulli(exp(-frac/den)), stopped at the first 0 (a later factor cannot
+    change a 0)."""
+    out = np.ones(whole.shape, dtype=bool)
+    pending = np.flatnonzero(whole > 0)
+    left = whole.copy()
+    while pending.size:
+        one = np.ones(pending.size, dtype=np.int64)
+        ok = _bernoulli_exp_unit(one, one, rng)
+        out[pending[~ok]] = False
+        left[pending] -= 1
+        pending = pending[ok & (left[pending] > 0)]
+    alive = np.flatnonzero(out)
+    if alive.size:
+        out[alive] = _bernoulli_exp_unit(frac[alive], den[alive], rng)
+    return out
+
+
+def bernoulli_exp(num, den, rng) -> np.ndarray:
+    """Bernoulli(exp(-num/den)) per entry, exactly, for integer arrays num >= 0 and den >= 1.
+
+    exp(-g) = exp(-1)^floor(g) * exp(-(g - floor(g))): a product of independent Bernoullis (CKS Alg. 1),
+    stopped at the first 0 (a later factor cannot change a 0).
+    """
+    rng = as_secure_rng(rng)
+    num = np.atleast_1d(np.asarray(num, dtype=np.int64))
+    den = np.broadcast_to(np.asarray(den, dtype=np.int64), num.shape).copy()
+    if (num < 0).any() or (den < 1).any():
+        raise ValueError("bernoulli_exp: need num >= 0 and den >= 1")
+    return _bernoulli_exp_parts(num // den, num % den, den, rng)
+
+
+_GEOMETRIC_ROUND = 4  # Bernoulli(exp(-1)) trials per entry per round; all four succeed with probability e^-4
+
+
+def _geometric_exp1(n, rng):
+    """n draws of V with P(V = v) = (1 - e^-1) e^-v: the number of Bernoulli(exp(-1)) successes before a failure.
+
+    Vectorised: four independent trials per entry per round; V adds the successes before the first failure
+    (trials after it are drawn but never read), and entries whose four all succeed go on to another round.
+    """
+    v = np.zeros(n, dtype=np.int64)
+    pending = np.arange(n)
+    kk = _GEOMETRIC_ROUND
+    while pending.size:
+        m = pending.size
+        one = np.ones(kk * m, dtype=np.int64)
+        ok = _bernoulli_exp_unit(one, one, rng).reshape(kk, m)
+        failed = ~ok.all(axis=0)
+        v[pending] += np.where(failed, np.argmin(ok, axis=0), kk)
+        pending = pending[~failed]
+    return v
+
+
+# Larger batches are drawn in consecutive chunks of this many cells (the vectorised rounds hold ~40 words per cell).
+_CHUNK = 1 << 16
+# Batches up to this size are drawn one by one with Python integers (the same algorithms; faster than the
+# vectorised rounds for a handful of cells, e.g. a validator's totals or a record count).
+_SCALAR_BATCH = 48
+
+
+def _bernoulli_exp_unit_scalar(num: int, den: int, rng) -> bool:
+    """CKS Algorithm 1 for g = num/den in [0, 1], with Python integers."""
+    k = 1
+    while rng.randbelow(den * k) < num:  # A_k ~ Bernoulli(g / k) is 1: go on
+        k += 1
+    return k % 2 == 1
+
+
+def _bernoulli_exp_scalar(num: int, den: int, rng) -> bool:
+    """Bernoulli(exp(-num/den)) with Python integers: floor(num/den) exp(-1) factors, then the fraction."""
+    whole, frac = divmod(num, den)
+    for _ in range(whole):
+        if not _bernoulli_exp_unit_scalar(1, 1, rng):
+            return False
+    return _bernoulli_exp_unit_scalar(frac, den, rng)
+
+
+def _discrete_laplace_scalar(t: int, rng) -> int:
+    """CKS Algorithm 2 (s = 1) for one draw, with Python integers."""
+    while True:
+        u = rng.randbelow(t)
+        if not _bernoulli_exp_unit_scalar(u, t, rng):
+            continue
+        v = 0
+        while _bernoulli_exp_unit_scalar(1, 1, rng):
+            v += 1
+        x = u + t * v
+        negative = rng.randbelow(2) == 1
+        if negative and x == 0:
+            continue
+        return -x if negative else x
+
+
+def discrete_laplace(t, size, rng) -> np.ndarray:
+    """``size`` iid draws of the discrete Laplace of integer scale t >= 1: P(y) = tanh(1/(2t)) exp(-|y|/t).
+
+    CKS Algorithm 2 with s = 1, vectorised: U uniform in [0, t), kept with probability exp(-U/t); then
+    V ~ Geometric(1 - e^-1) and X = U + tV, so P(X = x) is proportional to exp(-x/t) on {0, 1, ...};
+    a fair sign B; (B = 1, X = 0) is rejected so that 0 is not counted twice. Exact: only integer
+    arithmetic and exact Bernoullis.
+    """
+    rng = as_secure_rng(rng)
+    t = int(t)
+    if t < 1 or t > 2 ** 52:
+        raise ValueError(f"discrete_laplace: the scale t must be an integer in [1, 2^52], got {t}")
+    n = int(np.prod(size)) if np.ndim(size) else int(size)
+    if n <= _SCALAR_BATCH:
+        return np.array([_discrete_laplace_scalar(t, rng) for _ in range(n)], dtype=np.int64).reshape(size)
+    if n > _CHUNK:  # bounded memory: consecutive chunks from the same generator
+        return np.concatenate([discrete_laplace(t, min(_CHUNK, n - i), rng) for i in range(0, n, _CHUNK)]).reshape(size)
+    out = np.empty(n, dtype=np.int64)
+    pending = np.arange(n)
+    tt = np.int64(t)
+    while pending.size:
+        m = pending.size
+        u = rng.uniform_below(np.full(m, t, dtype=np.int64)) if t > 1 else np.zeros(m, dtype=np.int64)
+        keep = _bernoulli_exp_unit(u, np.full(m, t, dtype=np.int64), rng)  # U / t < 1
+        idx, u = pending[keep], u[keep]
+        x = u + tt * _geometric_exp1(idx.size, rng)
+        sign = rng.bits(idx.size)
+        good = ~((sign == 1) & (x == 0))
+        out[idx[good]] = np.where(sign[good] == 1, -x[good], x[good])
+        done = np.zeros(m, dtype=bool)
+        done[np.flatnonzero(keep)[good]] = True
+        pending = pending[~done]
+    return out.reshape(size)
+
+
+def _gauss_accept(y, s, t, rng):
+    """Bernoulli(exp(-(|y| - s/t)^2 / (2s))) = Bernoulli(exp(-num / den)), num = (|y| t - s)^2, den = 2 s t^2, exactly.
+
+    With s < 2^30 and t = floor(sqrt(s)) + 1 <= 2^15 + 1, den = 2 s t^2 < 2^62; num, whole = num // den and frac =
+    num % den are computed in int64 while |y| t < 2^31 (then |num| < 2^62), and with Python integers
+    otherwise (the rare large |y|); whole is capped at 2^62 exp(-1) factors (surviving that many has
+    probability below exp(-2^62): the cap changes nothing a float could represent). Then one vectorised
+    ``_bernoulli_exp_parts``.
+    """
+    y = np.abs(np.asarray(y, dtype=np.int64))
+    den = 2 * s * t * t
+    fast = y < (2 ** 31) // t
+    whole = np.empty(y.shape, dtype=np.int64)
+    frac = np.empty(y.shape, dtype=np.int64)
+    num = (y[fast] * t - s) ** 2
+    whole[fast], frac[fast] = num // den, num % den
+    for i in np.flatnonzero(~fast):
+        w, f = divmod((int(y[i]) * t - s) ** 2, den)
+        whole[i], frac[i] = min(w, 2 ** 62), f
+    return _bernoulli_exp_parts(whole, frac, np.full(y.shape, den, dtype=np.int64), rng)
+
+
+def discrete_gaussian(s, size, rng) -> np.ndarray:
+    """``size`` iid draws of the discrete Gaussian N_Z(0, s): P(y) proportional to exp(-y^2 / (2s)), s an integer.
+
+    CKS Algorithm 3, vectorised: t = floor(sqrt(s)) + 1; Y ~ discrete Laplace(t); accept with
+    probability exp(-(|Y| - s/t)^2 / (2s)), else draw again. Requires 1 <= s < 2^30.
+    """
+    rng = as_secure_rng(rng)
+    s = int(s)
+    if not 1 <= s < _MAX_GAUSS_S:
+        raise ValueError(f"discrete_gaussian: the variance parameter must be an integer in [1, 2^30), got {s}")
+    t = math.isqrt(s) + 1
+    n = int(np.prod(size)) if np.ndim(size) else int(size)
+    if n <= _SCALAR_BATCH:
+        draws = []
+        for _ in range(n):
+            while True:
+                y = _discrete_laplace_scalar(t, rng)
+                if _bernoulli_exp_scalar((abs(y) * t - s) ** 2, 2 * s * t * t, rng):
+                    draws.append(y)
+                    break
+        return np.array(draws, dtype=np.int64).reshape(size)
+    if n > _CHUNK:  # bounded memory: consecutive chunks from the same generator
+        return np.concatenate([discrete_gaussian(s, min(_CHUNK, n - i), rng) for i in range(0, n, _CHUNK)]).reshape(size)
+    out = np.empty(n, dtype=np.int64)
+    pending = np.arange(n)
+    while pending.size:
+        y = discrete_laplace(t, pending.size, rng)
+        ok = _gauss_accept(y, s, t, rng)
+        out[pending[ok]] = y[ok]
+        pending = pending[~ok]
+    return out.reshape(size)
+
+
+# -------------------------------------------------------------------------------------- grid releases
+
+def _pow2_at_most(value: float) -> float:
+    """The largest power of two <= value (value > 0 and finite)."""
+    mantissa, exponent = math.frexp(value)  # value = mantissa * 2^exponent, mantissa in [0.5, 1)
+    return math.ldexp(1.0, exponent - 1)
+
+
+def _check_positive(name, value):
+    value = float(value)
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return value
+
+
+def _grid_index(values, gamma):
+    """r(x / gamma) = floor(x / gamma + 1/2) as int64, computed exactly (see the module docstring)."""
+    x = np.asarray(values, dtype=np.float64)
+    if not np.isfinite(x).all():
+        raise ValueError("grid release: values must be finite")
+    y = x / gamma
+    if x.size and float(np.abs(y).max()) >= _MAX_INDEX:
+        raise ValueError(f"grid release: |value| / gamma must stay below 2^52 (gamma = {gamma!r})")
+    fl = np.floor(y)
+    return (fl + (y - fl >= 0.5)).astype(np.int64)
+
+
+def grid_laplace_params(sensitivity, epsilon, cells=1):
+    """(gamma, t): the grid and the integer noise scale of ``grid_laplace``; gamma * t is the noise's scale.
+
+    gamma = the largest power of two <= min(b, Delta / k) / 2^GRID_BITS, b = Delta / epsilon;
+    D = floor(Delta / gamma) + k grid units (Lemma G); t = ceil(D / epsilon) (exact rational arithmetic).
+    Then b <= gamma * t <= b (1 + 2^-GRID_BITS) + gamma: the noise is at most ~1e-6 relative larger than
+    the float Laplace(b) it replaces.
+    """
+    delta = _check_positive("sensitivity", sensitivity)
+    epsilon = _check_positive("epsilon", epsilon)
+    k = int(cells)
+    if k < 1:
+        raise ValueError(f"cells must be an integer >= 1, got {cells!r}")
+    gamma = _pow2_at_most(min(delta / epsilon, delta / k) / 2.0 ** GRID_BITS)
+    units = math.floor(delta / gamma) + k
+    t = math.ceil(Fraction(units) / Fraction(epsilon))
+    return gamma, int(t)
+
+
+def grid_laplace(values, sensitivity, epsilon, rng=None, cells=1):
+    """An epsilon-DP release of ``values`` on the grid gamma * Z: gamma * (r(values / gamma) + Y), Y iid discrete Laplace(t).
+
+    Mechanism: (gamma, t) = grid_laplace_params(sensitivity, epsilon, cells); each cell is rounded to
+    the grid (r(y) = floor(y + 1/2)) and gets gamma times its own discrete Laplace draw
+    (P(Y = y) proportional to exp(-|y| / t)), drawn exactly by CKS Algorithm 2 from ``rng``
+    (``as_secure_rng``: None, an int seed, a SecureRNG, a numpy Generator).
+    Sensitivity: ``sensitivity`` Delta bounds the L1 norm of the change of the whole array when one
+    record is added or removed, and ``cells`` k bounds how many cells that change touches (k = the
+    array's size is always safe).
+    Guarantee: (epsilon, 0)-DP, exactly, with no floating-point caveat.
+    Proof sketch: by Lemma G (module docstring) the integer vectors r(x / gamma), r(x' / gamma) of
+    neighbouring inputs differ by at most D = floor(Delta / gamma) + k in L1. The discrete Laplace
+    density ratio is p(z) / p(z + d) <= exp(|d| / t), so the product over cells of the density
+    ratios at any output is at most exp(D / t) <= exp(epsilon) because t >= D / epsilon. The output
+    is an exact integer times a power of two (float64 holds it exactly since |index| < 2^52 and
+    |Y| < 2^52 with overwhelming probability), so floating point adds nothing.
+    Noise: scale gamma * t in [b, b (1 + 2^-20) + gamma], b = Delta / epsilon; plus the rounding,
+    |r(x / gamma) gamma - x| <= gamma / 2.
+    """
+    gamma, t = grid_laplace_params(sensitivity, epsilon, cells)
+    rng = as_secure_rng(rng)
+    index = _grid_index(values, gamma)
+    noise = discrete_laplace(t, index.shape, rng)
+    return (index + noise).astype(np.float64) * gamma
+
+
+def grid_laplace_coupling(sensitivity, epsilon, cells=1, epsilon_tolerance=0.0):
+    """(scale, slack): a grid_laplace release is x + L + xi in law, L ~ Laplace(scale), |xi| <= slack.
+
+    scale = gamma t and slack = 3 gamma / 2 for (gamma, t) = grid_laplace_params(...). Proof: the discrete
+    Laplace Y of scale t is G1 - G2 for iid geometrics with P(G >= m) = q^m, q = exp(-1/t), and
+    floor(t E) for E ~ Exp(1) is such a geometric (P(floor(tE) >= m) = P(E >= m/t) = q^m). So
+    gamma Y = gamma t (E1 - E2) - gamma (frac(t E1) - frac(t E2)) = L + xi1 with L ~ Laplace(gamma t) and
+    |xi1| < gamma; the rounding adds xi2 = gamma r(x / gamma) - x, |xi2| <= gamma / 2. Any tail bound
+    of the float Laplace(scale) therefore holds for the release after widening it by ``slack`` (e.g.
+    P(release - x > u + slack) <= P(L > u) = exp(-u / scale) / 2).
+
+    epsilon_tolerance = tau > 0: bounds valid for a release made with any epsilon' in [epsilon (1 - tau),
+    epsilon] (e.g. an epsilon recomputed in float as sensitivity / scale): scale = Delta / eps_lo
+    (1 + 2^-20) + gamma_lo and slack = 3 gamma_lo / 2, eps_lo = epsilon (1 - tau), gamma_lo its grid (the
+    largest of the range, gamma being non-increasing in epsilon); by ``grid_laplace_params``, every such
+    release has gamma' t' <= Delta / eps' (1 + 2^-20) + gamma' <= scale, and a larger Laplace scale only
+    loosens a tail bound.
+    """
+    if epsilon_tolerance:
+        low = float(epsilon) * (1.0 - float(epsilon_tolerance))
+        gamma, _ = grid_laplace_params(sensitivity, low, cells)
+        return float(sensitivity) / low * (1.0 + 2.0 ** -GRID_BITS) + gamma, 1.5 * gamma
+    gamma, t = grid_laplace_params(sensitivity, epsilon, cells)
+    return gamma * t, 1.5 * gamma
+
+
+def grid_gaussian_params(l2_sensitivity, sigma, cells=1):
+    """(gamma, S): the grid and the integer variance parameter of ``grid_gaussian``.
+
+    gamma = the largest power of two <= min(sigma, Delta_2 / sqrt(k)) / 2^GAUSS_GRID_BITS, raised (doubled)
+    until sigma / gamma < 2^(GAUSS_GRID_BITS + 2); D2 = Delta_2 / gamma + sqrt(k) bounds the grid L2
+    sensitivity (Lemma G per cell and the triangle inequality); S = ceil((sigma / gamma * D2 /
+    (Delta_2 / gamma))^2), so that S >= (D2 sigma / Delta_2)^2 / gamma^2: the grid release keeps
+    rho = Delta_2^2 / (2 sigma^2).
+    """
+    d2 = _check_positive("l2_sensitivity", l2_sensitivity)
+    sigma = _check_positive("sigma", sigma)
+    k = int(cells)
+    if k < 1:
+        raise ValueError(f"cells must be an integer >= 1, got {cells!r}")
+    gamma = _pow2_at_most(min(sigma, d2 / math.sqrt(k)) / 2.0 ** GAUSS_GRID_BITS)
+    while sigma / gamma >= 2.0 ** (GAUSS_GRID_BITS + 2):
+        gamma *= 2.0
+    while True:
+        # sigma_grid >= sigma / gamma * (1 + sqrt(k) gamma / Delta_2), rounded up via a safe rational bound
+        inflation = (Fraction(1) + Fraction(math.ceil(math.sqrt(k) * 2 ** 20) + 1, 2 ** 20) * Fraction(gamma)
+                     / Fraction(d2))
+        sigma_grid = Fraction(sigma) / Fraction(gamma) * inflation
+        s = math.ceil(sigma_grid * sigma_grid)
+        if s < _MAX_GAUSS_S:
+            break
+        gamma *= 2.0  # a coarser grid: S falls about fourfold (the inflation grows by at most 2x its excess)
+    return gamma, int(s)
+
+
+def grid_gaussian(values, l2_sensitivity, sigma, rng=None, cells=1):
+    """A release of ``values`` on the grid gamma * Z: gamma * (r(values / gamma) + Y), Y iid discrete Gaussian N_Z(0, S).
+
+    Mechanism: (gamma, S) = grid_gaussian_params(l2_sensitivity, sigma, cells); each cell rounded to the
+    grid gets gamma times its own exact discrete Gaussian draw (CKS Algorithm 3).
+    Sensitivity: Delta_2 bounds the L2 norm of the change of the array when one record is added or
+    removed; ``cells`` k bounds how many cells it touches (the array's size is always safe).
+    Guarantee: rho-zCDP with rho = Delta_2^2 / (2 sigma^2), the same as the continuous Gaussian
+    mechanism N(0, sigma^2) it replaces; hence (rho + 2 sqrt(rho ln(1/delta)), delta)-DP for every
+    delta > 0 (Bun, Steinke 2016, Prop. 1.3).
+    Proof sketch: by Lemma G, neighbouring inputs give integer vectors at L2 distance <= D2 =
+    Delta_2 / gamma + sqrt(k). CKS 2020 (Thm. 4 and its multivariate form, Sec. 4: adding iid
+    N_Z(0, S) to an integer vector of L2 sensitivity D2 is (D2^2 / (2S))-zCDP, proved via the Renyi
+    divergence D_alpha(N_Z(m, S) || N_Z(m', S)) <= alpha (m - m')^2 / (2S)). S >= (D2 sigma / Delta_2)^2
+    gives D2^2 / (2S) <= Delta_2^2 / (2 sigma^2) = rho. Outputs are exact grid points.
+    Noise: standard deviation gamma sqrt(Var N_Z(0, S)) <= gamma sqrt(S) (CKS Prop. 19: the discrete
+    Gaussian's variance is below its parameter), and gamma sqrt(S) ~ sigma (1 + sqrt(k) gamma / Delta_2).
+    """
+    gamma, s = grid_gaussian_params(l2_sensitivity, sigma, cells)
+    rng = as_secure_rng(rng)
+    index = _grid_index(values, gamma)
+    noise = discrete_gaussian(s, index.shape, rng)
+    return (index + noise).astype(np.float64) * gamma
