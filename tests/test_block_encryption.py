@@ -51,6 +51,9 @@ def test_a_block_read_without_a_grant_is_ciphertext(world):
     companies = {c for c in rows.column("company").to_pylist() if c and len(c) > 8}
     assert companies  # known raw values to look for
     on_disk = b""
+    # the data root and the stream's folder are private too (issue 16 part 1: data roots 0700, files 0600)
+    assert stat.S_IMODE(os.stat(data).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.dirname(store.block_dir(data, "a", blocks[0].id))).st_mode) == 0o700
     for blk in blocks:
         folder = store.block_dir(data, "a", blk.id)
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
