@@ -5,8 +5,10 @@
 
 Blocks land in DATA_ROOT/STREAM/BLOCK_ID/part-*.sealed (encrypted, docs/security.md) and are registered
 in the ledger with their exact row count (kept private there) and content digest.
-Re-ingesting the same input adds nothing. Unknown options (e.g. --runner,
+Re-ingesting the same input adds nothing. Unknown options (e.g.
 --direct_num_workers) go to Beam; the default runner is the DirectRunner.
+Distributed: --runner dask --dask-address HOST:PORT, or --direct_running_mode=multi_processing
+--direct_num_workers=N (docs/scale_out.md).
 
 Refused, naming the file, column and row: a header naming a column twice, a quote
 that never closes on its line, inf or nan in an int or float column, a whole number
@@ -47,7 +49,10 @@ def add_parser(subparsers):
                    help="register blocks whose records stream STREAM already holds (refused by default: the copy "
                         "gets a fresh budget here, so a person's loss adds up across both streams); repeatable")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.add_argument("--runner", help="Beam runner (default DirectRunner); other Beam options pass through")
+    p.add_argument("--runner", help="Beam runner (default DirectRunner; `dask` = Beam's DaskRunner, see "
+                                    "docs/scale_out.md); other Beam options pass through")
+    p.add_argument("--dask-address", help="with --runner dask: the Dask scheduler (host:port or tcp://...); "
+                                          "default: Dask starts a LocalCluster of its own")
     p.set_defaults(func=run)
     pass_unknown_to_beam(p)
 
@@ -73,8 +78,10 @@ def run(args, beam_args=None):
     if stray:
         print(f"sage ingest: error: unexpected argument(s) {' '.join(stray)}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.runner:
+    if args.runner:  # shorthands (dask, direct) are resolved by sage_tfx.ingest.pipeline.beam_options
         beam_args.append(f"--runner={args.runner}")
+    if args.dask_address:
+        beam_args.append(f"--dask-address={args.dask_address}")
     try:
         result = ingest(args.db, args.stream, args.input, args.data_root, block_by=args.block_by,
                         time_column=args.time_column, window=args.window, user_column=args.user_column,

@@ -1,15 +1,18 @@
 """``sage ingest``: a Beam pipeline from input files to registered blocks.
 
-    Create(files) -> ReadBatches (pyarrow/tfx_bsl, typed to the stream schema)
-                  -> WriteBlockParts (block of each record, tf.Example bytes, part files in staging)
+    Create(files) -> IngestFile (per file: read Arrow RecordBatches typed to the stream schema, block of
+                     each record, tf.Example bytes, encrypted part files in staging; yields the part list)
                   -> ToList -> write the part list
     then, in the driver: commit (rename each block into place, register it in the ledger).
 
-Records travel as Arrow RecordBatches, so Beam's per-element cost is paid per
-batch. Each input file is read by one worker: pass several files (or a glob) to
-read in parallel. Runs on the DirectRunner unless ``--runner`` and the other
-standard Beam options say otherwise (staging and data root must then be a
-filesystem every worker and the driver share).
+Records travel as Arrow RecordBatches inside one DoFn call per file, so Beam's per-element cost is paid
+per file. Each input file is read by one worker: pass several files (or a glob) to read in parallel.
+Parts are emitted from ``process``, never from ``finish_bundle``: Beam 2.77's DaskRunner drops what
+``finish_bundle`` outputs (apache_beam/runners/dask/transform_evaluator.py, ``apply_dofn_to_bundle``
+collects the outputs before it calls ``invoke_finish_bundle``; docs/scale_out.md).
+Runs on the DirectRunner unless ``--runner`` and the other standard Beam options say otherwise
+(``--runner dask``: Beam's DaskRunner; see ``beam_options``). The staging folder is under the data root,
+which must then be a filesystem every worker and the driver share (docs/scale_out.md).
 """
 import glob
 import os
@@ -76,37 +79,65 @@ def _dofns():
             yield from read_batches(path, self.fmts[path], self.schema, self.batch_rows,
                                     time_column=getattr(self, "time_column", None))
 
-    class WriteBlockParts(beam.DoFn):
-        """``run_key``: the run's random key (sealed.new_run_key), held in memory by the driver and its writers."""
+    class IngestFile(beam.DoFn):
+        """One input file -> its part files in staging; yields each part's description (from ``process``).
 
-        def __init__(self, run_dir, spec, schema, compresslevel, stream, run_key):
-            self.run_dir, self.spec, self.schema, self.compresslevel = run_dir, spec, schema, compresslevel
+        ``run_key``: the run's random key (sealed.new_run_key), held in memory by the driver and its writers.
+        One BlockWriter per file: the parts a file makes do not depend on how a runner bundles the files.
+        """
+
+        def __init__(self, fmts, schema, batch_rows, time_column, run_dir, spec, compresslevel, stream, run_key):
+            self.fmts, self.schema, self.batch_rows, self.time_column = fmts, schema, batch_rows, time_column
+            self.run_dir, self.spec, self.compresslevel = run_dir, spec, compresslevel
             self.stream, self.run_key = stream, run_key
 
-        def start_bundle(self):
-            self.writer = BlockWriter(self.run_dir, self.spec, self.schema, compresslevel=self.compresslevel,
-                                      stream=self.stream, run_key=self.run_key)
+        def process(self, path):
+            writer = BlockWriter(self.run_dir, self.spec, self.schema, compresslevel=self.compresslevel,
+                                 stream=self.stream, run_key=self.run_key)
+            for batch in read_batches(path, self.fmts[path], self.schema, self.batch_rows,
+                                      time_column=self.time_column):
+                writer.add(batch)
+            yield from writer.close()
 
-        def process(self, batch):
-            self.writer.add(batch)
-
-        def finish_bundle(self):
-            from apache_beam.transforms.window import GlobalWindow
-            from apache_beam.utils.windowed_value import WindowedValue
-
-            for part in self.writer.close():
-                yield WindowedValue(part, -1, [GlobalWindow()])
-
-    return ReadBatches, WriteBlockParts
+    return ReadBatches, IngestFile
 
 
-def beam_options(beam_args):
+RUNNER_ALIASES = {"dask": "apache_beam.runners.dask.dask_runner.DaskRunner",
+                  "direct": "DirectRunner"}
+
+
+def beam_options(beam_args, n_inputs=None):
+    """PipelineOptions of ``sage ingest``: the one home of its runner options.
+
+    ``--runner`` defaults to the DirectRunner; ``--runner dask`` (or ``direct``) is a shorthand for Beam's
+    DaskRunner class (``RUNNER_ALIASES``); ``--dask-address ADDR`` stands for ``--dask_client_address=ADDR``.
+    On Dask, unless ``--dask_npartitions``/``--dask_partition_size`` is given, each input file is its own
+    partition (Beam's default puts up to 128 files in one partition, i.e. on one worker).
+    """
     from apache_beam.options.pipeline_options import PipelineOptions
 
-    args = list(beam_args or [])
-    if not any(a.startswith("--runner") for a in args):
-        args.append("--runner=DirectRunner")
-    return PipelineOptions(args)
+    args, runner, rest = list(beam_args or []), None, []
+    i = 0
+    while i < len(args):
+        a = args[i]
+        name, eq, value = a.partition("=")
+        if name in ("--runner", "--dask-address", "--dask_address"):
+            if not eq:
+                if i + 1 >= len(args):
+                    raise InputError(f"{name} needs a value")
+                i, value = i + 1, args[i + 1]
+            if name == "--runner":
+                runner = RUNNER_ALIASES.get(value.lower(), value)
+            else:
+                rest.append(f"--dask_client_address={value}")
+        else:
+            rest.append(a)
+        i += 1
+    runner = runner or "DirectRunner"
+    if runner.endswith("DaskRunner") and n_inputs and not any(
+            a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in rest):
+        rest.append(f"--dask_npartitions={n_inputs}")
+    return PipelineOptions([f"--runner={runner}"] + rest)
 
 
 def ingest(ledger_location, stream, inputs, data_root, block_by="time", time_column=None, window=None,
@@ -135,18 +166,18 @@ def ingest(ledger_location, stream, inputs, data_root, block_by="time", time_col
         ok = False
         try:
             schema, fmts = plan_schema(files, fmt, data_root, stream, spec)
-            ReadBatches, WriteBlockParts = _dofns()
+            _, IngestFile = _dofns()
             run_key = sealed.new_run_key()
             _say(progress, f"ingest: {len(files)} file(s) -> stream {stream} ({spec.describe()}), staging {run_dir}")
             try:
-                with beam.Pipeline(options=beam_options(beam_args)) as p:
-                    _ = (p | "Files" >> beam.Create(files)
-                         | "Read" >> beam.ParDo(ReadBatches(fmts, schema, batch_rows,
-                                                            spec.column if spec.by == "time" else None))
-                         | "WriteBlocks" >> beam.ParDo(WriteBlockParts(run_dir, spec, schema, compresslevel, stream,
-                                                                       run_key))
-                         | "AllParts" >> beam.combiners.ToList()
-                         | "PartList" >> beam.Map(lambda parts: write_parts(run_dir, parts)))
+                p = beam.Pipeline(options=beam_options(beam_args, len(files)))
+                _ = (p | "Files" >> beam.Create(files)
+                     | "IngestFiles" >> beam.ParDo(IngestFile(fmts, schema, batch_rows,
+                                                              spec.column if spec.by == "time" else None,
+                                                              run_dir, spec, compresslevel, stream, run_key))
+                     | "AllParts" >> beam.combiners.ToList()
+                     | "PartList" >> beam.Map(lambda parts: write_parts(run_dir, parts)))
+                _run(p)
             except InputError:
                 raise
             except Exception as exc:  # a runner wraps worker errors; surface the cause's message
@@ -183,6 +214,17 @@ def ingest_batches(ledger, stream, data_root, batches, spec, schema, allow_dupli
         remove_run_dir(run_dir)
         if not ok:
             remove_empty_dirs(created)
+
+
+def _run(pipeline):
+    """Run and wait; then close the runner's client if it holds one (the DaskRunner leaves its Client open)."""
+    result = pipeline.run()
+    try:
+        result.wait_until_finish()
+    finally:
+        client = getattr(result, "client", None)
+        if client is not None:
+            client.close()
 
 
 def _not_input_errors(record):
