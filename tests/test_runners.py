@@ -84,6 +84,21 @@ def test_runner_shorthands():
     assert beam_options(["--runner=direct"]).get_all_options()["runner"] == "DirectRunner"
 
 
+def test_cli_passes_runner_shorthands_to_beam_options(monkeypatch):
+    """`sage ingest --runner dask --dask-address A` reaches ``ingest`` as Beam args that beam_options resolves."""
+    import sage_tfx.ingest.pipeline as pipeline
+    from sage_tfx.cli import build_parser
+
+    seen = {}
+    monkeypatch.setattr(pipeline, "ingest", lambda *a, **kw: seen.update(kw) or {"added": [], "unchanged": []})
+    args = build_parser("ingest").parse_args(
+        ["ingest", "--db", "l.db", "--stream", "s", "--input", "x.csv", "--data-root", "d", "--runner", "dask",
+         "--dask-address", "tcp://127.0.0.1:8786", "--direct_num_workers=2"])
+    assert args.func(args) == 0
+    opts = beam_options(seen["beam_args"], n_inputs=1).get_all_options()
+    assert opts["runner"] == DASK_RUNNER and opts["address"] == "tcp://127.0.0.1:8786"
+
+
 def _count_in_finish_bundle(beam_args):
     """A DoFn that outputs only from finish_bundle (what the ingest job did before issue 12): how many of
     the 10 inputs reach the output."""

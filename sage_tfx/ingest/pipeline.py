@@ -134,6 +134,8 @@ def beam_options(beam_args, n_inputs=None):
             rest.append(a)
         i += 1
     runner = runner or "DirectRunner"
+    if runner.endswith("DaskRunner"):
+        import apache_beam.runners.dask.dask_runner  # noqa: F401 (registers DaskOptions: --dask_* are parsed)
     if runner.endswith("DaskRunner") and n_inputs and not any(
             a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in rest):
         rest.append(f"--dask_npartitions={n_inputs}")
