@@ -23,9 +23,10 @@ import threading
 from dataclasses import dataclass, field
 
 RUNNERS = ("local", "beam")
-# TFX's orchestrators keep process-wide state and are not safe to run concurrently in one process;
-# `sage serve` runs several iterators in threads, so their TFX runs take turns (each run's Beam jobs
-# still use the machine's cores).
+# TFX's orchestrators keep process-wide state and are not safe to run concurrently in one process:
+# iterators run in threads of one process (sage_tfx.adaptive.platform.Platform) take turns. `sage serve`
+# runs each pipeline in its own worker process instead (sage_tfx.adaptive.workers), where this lock is
+# never contended, so its pipelines' TFX runs go at once.
 _TFX_LOCK = threading.Lock()
 
 

@@ -3,8 +3,17 @@
 Several pipelines wait on one stream; a replay of a historical data set adds
 its blocks step by step, and each new block's budget is split evenly among the
 pipelines waiting at that moment. Each pipeline runs its privacy-adaptive
-iterator (one TFX run per iteration). A live status line is printed per event;
-it ends when every pipeline is done or the stream ends.
+iterator (one TFX run per iteration) in its own worker process, so the pipelines
+progress at once (--parallel bounds how many TFX runs go at once). A live status
+line is printed per event; it ends when every pipeline is done or the stream ends.
+
+A worker that dies (killed, or an error outside an iteration) is reported with its
+pipeline's name and exit status and started again: it resumes its unfinished
+iteration under the grant already charged (no new charge). After --max-restarts
+restarts the pipeline is reported FAILED; the others go on.
+
+Exit codes: 0 every pipeline reached an outcome and the audit passed; 1 a pipeline
+failed or the audit did not pass; 2 bad input.
 
 Example:
   sage serve --db ledger.db --stream taxi --data-root data --input trips.csv \\
@@ -12,6 +21,7 @@ Example:
       --pipeline fast=taxi_regression:600000 --pipeline tight=taxi_regression:300000
 """
 import argparse
+import os
 import sys
 
 from ._keys import add_key_file
@@ -51,24 +61,34 @@ def add_parser(subparsers):
     add_rejection_share(p)
     p.add_argument("--runner", choices=("local", "beam"), default="local")
     p.add_argument("--work-dir", default="sage_work")
+    p.add_argument("--parallel", type=int, default=0, metavar="N",
+                   help="at most N TFX runs at once (default 0: every pipeline at once; 1: one at a time). Each "
+                        "pipeline has its own worker process either way")
+    p.add_argument("--max-restarts", type=int, default=3, metavar="N",
+                   help="restarts of a pipeline's worker that died before the pipeline is reported FAILED "
+                        "(default 3)")
     p.set_defaults(func=_run)
 
 
 def _run(args):
     from sage_tfx import pipelines
-    from sage_tfx.adaptive.platform import PipelineSpec, Platform
+    from sage_tfx.adaptive.workers import ProcessPlatform, WorkerSpec
     from sage_tfx.cli.run import build_runner, make_iterator
     from sage_tfx.ingest.replay import Replay
     from sage_tfx.privacy import Ledger, LedgerError
+    from sage_tfx.privacy.keys import ENV_KEY_FILE
     from sage_tfx.privacy.report import status_table
 
     try:
         if args.blocks_per_step < 1 or args.initial_blocks < 0:
             raise ValueError("--blocks-per-step must be >= 1 and --initial-blocks >= 0")
+        if args.parallel < 0 or args.max_restarts < 0:
+            raise ValueError("--parallel and --max-restarts must be >= 0")
         names = [name for name, *_ in args.pipelines]
         if len(set(names)) != len(names):
             raise ValueError(f"pipeline names must be unique: {names}")
         specs = []
+        key_file = os.environ.get(ENV_KEY_FILE)  # --key-file, exported by the CLI; the workers get the path
         ledger = Ledger.open(args.db)
         ledger.stream(args.stream)
         replay = Replay.from_file(ledger, args.stream, args.data_root, args.input, args.time_column, args.window)
@@ -77,12 +97,12 @@ def _run(args):
             definition.check_target(target)
             runner = build_runner(definition, args.db, args.stream, args.data_root, args.work_dir, target,
                                   confidence=args.confidence, runner=args.runner, model=model, name=name)
-            # Validate the iterator settings now, before any budget is spent.
+            # Validate the iterator settings now, before any budget is spent (the worker builds its own).
             make_iterator(definition, ledger, runner, args)
-            settings = dict(definition.defaults, eta=1 - args.confidence, max_iterations=args.max_iterations)
-            if args.rejection_share is not None:
-                settings["rejection_share"] = args.rejection_share
-            specs.append(PipelineSpec(name, runner.run_iteration, settings))
+            specs.append(WorkerSpec(name, pipeline, target, model, args.db, args.stream, args.data_root,
+                                    args.work_dir, confidence=args.confidence, runner=args.runner,
+                                    max_iterations=args.max_iterations, rejection_share=args.rejection_share,
+                                    key_file=key_file))
     except (LedgerError, ValueError) as exc:
         print(f"sage serve: error: {exc}", file=sys.stderr)
         return 2
@@ -102,8 +122,9 @@ def _run(args):
             added.append(step.block)
         return added or None
 
-    platform = Platform(args.db, args.stream, specs, replay_step, step_seconds=args.step_seconds,
-                        progress=lambda line: print(line, flush=True))
+    platform = ProcessPlatform(args.db, args.stream, specs, replay_step, step_seconds=args.step_seconds,
+                               progress=lambda line: print(line, flush=True), parallel=args.parallel,
+                               max_restarts=args.max_restarts)
     results = platform.run()
     print("")
     for name in names:
@@ -111,7 +132,7 @@ def _run(args):
             print(f"{name}: FAILED ({platform.errors[name]})")
         else:
             r = results[name]
-            print(f"{name}: {r.outcome} after {len(r.iterations)} iteration(s)")
+            print(f"{name}: {r.outcome} after {r.iterations} iteration(s)")
     print("")
     print(status_table(ledger.status(args.stream)).split("\n\n")[0])
     report = ledger.audit()

@@ -25,6 +25,7 @@ import contextlib
 import os
 import socket
 import sqlite3
+import threading
 import urllib.parse
 
 from .errors import LedgerCorrupt, LedgerError, LedgerNotFound
@@ -211,8 +212,28 @@ class Tx:
         return self.run(sql, params).fetchall()
 
 
+# SQLite files this process has open through a SqliteStore: {(st_dev, st_ino): connections}. SQLite's locks are
+# POSIX record locks, held per PROCESS and file: closing ANY descriptor of the file in this process drops every
+# lock this process holds on it, those of its open connections too (the WAL's shared lock among them). Another
+# process then believes it holds the last connection, checkpoints and deletes the WAL under the first one's
+# feet: a corrupt ledger (seen with `sage serve`'s worker processes, each holding its ledger while a pipeline
+# component opens a second one). So the header is read with open()/close() only while this process has no
+# connection to the file; otherwise an open connection already checked it.
+_OPEN_FILES = {}
+_OPEN_FILES_LOCK = threading.Lock()
+
+
+def _file_id(path):
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
 class SqliteStore(_Store):
     kind = "sqlite"
+    _file = None
 
     def __init__(self, path, create=False, on_create=None):
         self.on_create = on_create
@@ -224,9 +245,11 @@ class SqliteStore(_Store):
             raise LedgerNotFound(f"no ledger at {self.path}: create it with `sage ledger init --db {path} ...`")
         if exists and os.path.isdir(self.path):
             raise LedgerError(f"ledger path {self.path} is a directory, not a ledger file")
-        if exists:
+        with _OPEN_FILES_LOCK:
+            opened_here = bool(_OPEN_FILES.get(_file_id(self.path))) if exists else False
+        if exists and not opened_here:  # never open()/close() the file while a connection of ours has it
             self._check_header()
-        else:  # created 0600 before SQLite opens it (its -wal and -shm files take the same mode)
+        elif not exists:  # created 0600 before SQLite opens it (its -wal and -shm files take the same mode)
             try:
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             except FileExistsError:
@@ -270,6 +293,9 @@ class SqliteStore(_Store):
             self._create_schema()
             _restrict(self.path)
         self._check_schema()
+        with _OPEN_FILES_LOCK:
+            self._file = _file_id(self.path)
+            _OPEN_FILES[self._file] = _OPEN_FILES.get(self._file, 0) + 1
 
     def _check_header(self):
         try:
@@ -327,6 +353,12 @@ class SqliteStore(_Store):
 
     def close(self):
         self._conn.close()
+        with _OPEN_FILES_LOCK:
+            if self._file is not None and _OPEN_FILES.get(self._file):
+                _OPEN_FILES[self._file] -= 1
+                if not _OPEN_FILES[self._file]:
+                    del _OPEN_FILES[self._file]
+            self._file = None
 
 
 SSLMODES = ("verify-full", "verify-ca", "require", "disable")

@@ -1,0 +1,303 @@
+"""`sage serve`'s pipelines in parallel: one worker PROCESS per pipeline (issue 12 part 2).
+
+TFX's orchestrators keep process-wide state and are not safe to run concurrently in one process, so the
+threaded ``Platform`` makes its pipelines' TFX runs take turns. ``ProcessPlatform`` runs each pipeline's
+``SageIterator`` in its own process, started with multiprocessing's "spawn" context (a fresh interpreter:
+no TensorFlow, TFX or ledger state is inherited); each worker opens the ledger itself, by its location, and
+the key file's path reaches it in ``SAGE_KEY_FILE`` (``--key-file``), never the key. The ledger is safe under
+concurrent writers (SQLite WAL or PostgreSQL), so N pipelines progress at once on one ledger.
+
+The parent keeps the replay clock, as the threaded platform does: it talks to each worker over a pipe
+(progress lines, "waiting for blocks", "may I run an iteration", the result) and advances the replay when
+every unfinished pipeline waits for data. ``parallel`` bounds how many iterations (TFX runs) run at once
+(0: all pipelines at once; 1: one at a time, as before).
+
+A worker that dies (killed, a signal, or an exception outside an iteration) is reported with the pipeline's
+name and exit status and started again: the new worker's iterator finds the unfinished attempt in the ledger
+and re-runs it under its grant, with no new charge (``SageIterator.run``). After ``max_restarts`` restarts
+the pipeline is reported as failed; the other workers go on throughout. An iteration that RAISES after its
+charge is not a death: the iterator records FAILED on its grant and the pipeline fails, as in the threaded
+platform and `sage run` (restarting would move on to a new, charged iteration).
+"""
+import multiprocessing
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait as wait_any
+
+from sage_tfx.privacy import Ledger
+
+
+@dataclass
+class WorkerSpec:
+    """What a worker needs to rebuild its pipeline in a fresh process (picklable: names and numbers only)."""
+
+    name: str
+    pipeline: str  # built-in name, file path or dotted module path (sage_tfx.pipelines.load_pipeline)
+    target: float
+    model: str | None
+    ledger: str
+    stream: str
+    data_root: str
+    work_dir: str
+    confidence: float = 0.95
+    runner: str = "local"
+    max_iterations: int = 10
+    rejection_share: float | None = None
+    key_file: str | None = None
+    beam_args: list = field(default_factory=list)
+
+
+@dataclass
+class WorkerResult:
+    """A finished worker's report: the RunResult's outcome, iteration count and one-line description."""
+
+    outcome: str
+    iterations: int
+    description: str
+
+
+def _signal_name(number):
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def describe_exit(exitcode):
+    """'exit status 1' or 'killed by SIGKILL (signal 9)' for a multiprocessing exit code."""
+    if exitcode is None:
+        return "still running"
+    if exitcode < 0:
+        return f"killed by {_signal_name(-exitcode)} (signal {-exitcode})"
+    return f"exit status {exitcode}"
+
+
+def worker_main(spec, conn):
+    """A worker process: run ``spec``'s iterator, talking to the parent over ``conn``. Module level (spawn)."""
+    import argparse
+
+    from sage_tfx.privacy import public_error_text
+    from sage_tfx.privacy.keys import ENV_KEY_FILE
+
+    if spec.key_file:
+        os.environ[ENV_KEY_FILE] = spec.key_file
+    known = [0]  # the replay generation this worker last heard of
+    raised = [None]  # the exception an iteration raised (the iterator records FAILED on its grant)
+
+    def say(line):
+        conn.send(("progress", line))
+
+    def wait_for_blocks(timeout):
+        seen = known[0]
+        conn.send(("wait", seen))
+        while True:
+            if not conn.poll(timeout):
+                return False
+            kind, generation, ended = conn.recv()
+            known[0] = max(known[0], generation)
+            if generation > seen or ended:
+                return generation > seen
+
+    try:
+        from sage_tfx import pipelines
+        from sage_tfx.cli.run import build_runner, make_iterator
+
+        definition = pipelines.load_pipeline(spec.pipeline)
+        runner = build_runner(definition, spec.ledger, spec.stream, spec.data_root, spec.work_dir, spec.target,
+                              confidence=spec.confidence, runner=spec.runner, beam_args=spec.beam_args,
+                              model=spec.model, name=spec.name)
+        run_iteration = runner.run_iteration
+
+        def run_in_slot(grant, split, eta, iteration):
+            conn.send(("acquire", None))
+            conn.recv()  # ("slot",): the parent lets at most `parallel` iterations run at once
+            try:
+                return run_iteration(grant, split, eta, iteration)
+            except Exception as exc:
+                raised[0] = exc
+                raise
+            finally:
+                conn.send(("release", None))
+
+        runner.run_iteration = run_in_slot
+        ledger = Ledger.open(spec.ledger)
+        args = argparse.Namespace(max_iterations=spec.max_iterations, rejection_share=spec.rejection_share)
+        iterator = make_iterator(definition, ledger, runner, args, progress=say,
+                                 wait_for_blocks=lambda _t: wait_for_blocks(3600.0))
+        try:
+            result = iterator.run()
+        finally:
+            ledger.close()
+    except Exception as exc:
+        text = public_error_text(exc)  # a data path: no value in the text
+        if exc is raised[0]:  # the iterator recorded FAILED on the grant: the pipeline's outcome, not a death
+            conn.send(("failed", text))
+            conn.close()
+            return
+        conn.send(("crash", text))
+        conn.close()
+        print(f"sage serve: worker {spec.name}: {text}", file=sys.stderr, flush=True)
+        os._exit(1)
+    conn.send(("done", WorkerResult(result.outcome, len(result.iterations), result.describe())))
+    conn.close()
+
+
+class _Worker:
+    def __init__(self, spec):
+        self.spec, self.process, self.conn = spec, None, None
+        self.restarts, self.finished, self.waiting, self.wants_slot, self.in_slot = 0, False, None, False, False
+        self.crash_text = None
+
+
+class ProcessPlatform:
+    """Run ``specs`` (WorkerSpec), one worker process each, while ``replay_step()`` adds blocks.
+
+    ``replay_step``, ``step_seconds`` and ``progress`` as ``Platform``'s. ``parallel``: at most this many
+    iterations (TFX runs) at once, 0 for no bound. ``max_restarts``: restarts of a dead worker before its
+    pipeline is reported as failed. After ``run()``: ``results`` {name: WorkerResult}, ``errors`` {name: text}.
+    """
+
+    def __init__(self, ledger_location, stream, specs, replay_step, step_seconds=0.0, progress=print,
+                 parallel=0, max_restarts=3):
+        self.location, self.stream, self.specs = ledger_location, stream, list(specs)
+        names = [s.name for s in self.specs]
+        if len(set(names)) != len(names):
+            raise ValueError(f"pipeline names must be unique: {names}")
+        if parallel < 0 or max_restarts < 0:
+            raise ValueError("parallel and max_restarts must be >= 0")
+        self.replay_step, self.step_seconds, self.progress = replay_step, step_seconds, progress
+        self.parallel, self.max_restarts = parallel, max_restarts
+        self.results, self.errors = {}, {}
+        self._ctx = multiprocessing.get_context("spawn")
+        self._generation, self._ended = 0, False
+
+    # ------------------------------------------------------------ workers
+    def _start(self, w):
+        parent, child = self._ctx.Pipe(duplex=True)
+        w.process = self._ctx.Process(target=worker_main, args=(w.spec, child), name=f"sage-serve-{w.spec.name}")
+        w.process.start()
+        child.close()
+        w.conn, w.waiting, w.wants_slot, w.in_slot, w.crash_text = parent, None, False, False, None
+        self.progress(f"[{w.spec.name}] worker started (pid {w.process.pid})")
+
+    def _handle(self, w, message):
+        kind, value = message
+        if kind == "progress":
+            self.progress(value)
+        elif kind == "wait":
+            w.waiting = value
+        elif kind == "acquire":
+            w.wants_slot = True
+        elif kind == "release":
+            w.in_slot = False
+        elif kind == "done":
+            w.finished = True
+            self.results[w.spec.name] = value
+            self.progress(f"[{w.spec.name}] done: {value.description}")
+        elif kind == "failed":
+            w.finished = True
+            self.errors[w.spec.name] = value
+            self.progress(f"[{w.spec.name}] failed: {value}")
+        elif kind == "crash":
+            w.crash_text = value
+
+    def _drain(self, w):
+        """Handle every message the worker sent; False once its end of the pipe is closed."""
+        try:
+            while w.conn.poll():
+                self._handle(w, w.conn.recv())
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def _reap(self, w):
+        """The worker's process ended: a finished pipeline, or a death (reported; restarted or failed)."""
+        self._drain(w)
+        w.process.join()
+        w.conn.close()
+        if w.finished:
+            return
+        status = describe_exit(w.process.exitcode)
+        why = f"{status}{'; ' + w.crash_text if w.crash_text else ''}"
+        if w.restarts >= self.max_restarts:
+            w.finished = True
+            self.errors[w.spec.name] = f"the worker died {w.restarts + 1} time(s); last: {why}"
+            self.progress(f"[{w.spec.name}] failed: worker (pid {w.process.pid}) died ({why}); "
+                          f"{w.restarts} restart(s) already, giving up")
+            return
+        w.restarts += 1
+        self.progress(f"[{w.spec.name}] worker (pid {w.process.pid}) died ({why}); restarting "
+                      f"({w.restarts}/{self.max_restarts}): it resumes under its grant")
+        self._start(w)
+
+    def _grant_slots(self, workers):
+        busy = sum(w.in_slot for w in workers)
+        for w in workers:
+            if w.wants_slot and (self.parallel == 0 or busy < self.parallel):
+                w.wants_slot, w.in_slot = False, True
+                busy += 1
+                try:
+                    w.conn.send(("slot",))
+                except OSError:
+                    pass  # it died; reaped next turn
+
+    def _wake(self, workers):
+        """Answer every worker waiting for blocks that the replay has advanced past (or ended)."""
+        for w in workers:
+            if w.waiting is not None and (self._generation > w.waiting or self._ended):
+                try:
+                    w.conn.send(("advanced", self._generation, self._ended))
+                except OSError:
+                    pass
+                w.waiting = None
+
+    # ---------------------------------------------------------------- run
+    def run(self):
+        with Ledger.open(self.location) as ledger:  # everyone registered before the first block arrives
+            for spec in self.specs:
+                ledger.register(self.stream, spec.name)
+        workers = [_Worker(spec) for spec in self.specs]
+        for w in workers:
+            self._start(w)
+        step, last_step = 0, time.monotonic()
+        try:
+            while True:
+                live = [w for w in workers if not w.finished]
+                if not live:
+                    break
+                ready = wait_any([w.conn for w in live] + [w.process.sentinel for w in live], timeout=0.05)
+                for w in live:
+                    if w.conn in ready and not self._drain(w):
+                        self._reap(w)
+                    elif w.process.sentinel in ready:
+                        self._reap(w)
+                live = [w for w in workers if not w.finished]
+                self._grant_slots(live)
+                self._wake(live)
+                if not live or self._ended:
+                    continue
+                if self.step_seconds > 0:
+                    if time.monotonic() - last_step < self.step_seconds:
+                        continue
+                elif not all(w.waiting is not None for w in live):
+                    continue  # simulated clock: advance once every live pipeline waits for data
+                waiting = sorted(w.spec.name for w in live if w.waiting is not None)
+                added = self.replay_step()
+                step, last_step = step + 1, time.monotonic()
+                if added is None:
+                    self.progress(f"[replay] step {step}: the stream has ended")
+                    self._ended = True
+                else:
+                    self._generation += 1
+                    self.progress(f"[replay] step {step}: {len(added)} new block(s) {', '.join(added[:3])}"
+                                  f"{'...' if len(added) > 3 else ''}; waiting: {', '.join(waiting) or '-'}")
+                self._wake(live)
+        finally:
+            for w in workers:
+                if w.process is not None and w.process.is_alive():
+                    w.process.kill()
+                    w.process.join()
+        return self.results
