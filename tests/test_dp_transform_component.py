@@ -6,6 +6,7 @@ grant covers all blocks. The preprocessing_fn is examples/taxi_preprocessing.py 
 """
 import json
 import os
+import shutil
 import sqlite3
 import textwrap
 
@@ -49,6 +50,7 @@ def world(tmp_path_factory):
     # A copy of the ledger (same secret) charges a grant the real ledger never charged.
     with sqlite3.connect(db) as src, sqlite3.connect(str(root / "copy.db")) as dst:
         src.backup(dst)
+    shutil.copy(f"{db}.key", root / "copy.db.key")  # the same key beside it (its own head file); mode 0600 kept
     with Ledger.open(str(root / "copy.db")) as copy:
         grants["unknown"] = copy.request("p1", "taxi", blocks=blocks[:2], epsilon=1.5, delta=SPLIT["delta"],
                                          meta={"split": SPLIT})

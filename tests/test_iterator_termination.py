@@ -14,6 +14,7 @@ Also finding 7 (in part): what a failed run leaves in the append-only log holds
 no data value.
 """
 import random
+import shutil
 import sqlite3
 import threading
 
@@ -93,6 +94,7 @@ def snapshot(ledger_path, copy_path):
     """A consistent copy of a SQLite ledger file, opened as a Ledger: what a lagging reader sees."""
     with sqlite3.connect(ledger_path) as src, sqlite3.connect(copy_path) as dst:
         src.backup(dst)
+    shutil.copy(f"{ledger_path}.key", f"{copy_path}.key")  # the ledger's key beside the copy (mode 0600 kept)
     return Ledger.open(copy_path)
 
 
