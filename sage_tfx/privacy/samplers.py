@@ -24,7 +24,7 @@ step runs on the whole batch of cells still pending, with numpy integer arrays.
 
 The randomness: ``SecureRNG``, a ChaCha20 keystream keyed by SHA-256(key || stream name, length-prefixed),
 reproducible from its key and unpredictable without it. ``secure_rng(seed, stream)``
-keeps the calling convention of ``sage_tfx.transform.noise.make_rng``: seed=None takes a 256-bit key
+is how every release gets one: seed=None takes a 256-bit key
 from ``secrets`` (production without a grant), an int seed (a grant's private seed from the ledger, or
 a test seed) and a stream name give reproducible noise, and distinct stream names give independent
 streams (distinct ChaCha20 keys). ``as_secure_rng`` also accepts a numpy Generator (the validators'

@@ -7,8 +7,6 @@ discrete Laplace on a power-of-two grid (`sage_tfx.privacy.samplers.grid_laplace
 ChaCha20 keystream (`samplers.SecureRNG`): no floating-point leak (Mironov 2012).
 """
 import math
-import secrets
-import zlib
 
 import numpy as np
 
@@ -53,20 +51,6 @@ def check_seed(seed):
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
         raise DPTransformError(f"seed must be None or an integer >= 0, got {seed!r}")
     return int(seed)
-
-
-def make_rng(seed=None, stream=""):
-    """A numpy Generator for one noise draw.
-
-    seed=None (production) seeds it with 128 bits from the OS's cryptographic
-    source (`secrets`), so nobody can predict or replay the noise. An explicit
-    seed is for tests only: anyone who knows it can subtract the noise. `stream`
-    (the analyzer's name) separates the noise of analyzers that share a test seed,
-    so their noise stays independent as the composition argument needs.
-    """
-    if seed is None:
-        return np.random.Generator(np.random.PCG64(secrets.randbits(128)))
-    return np.random.Generator(np.random.PCG64([seed, zlib.crc32(stream.encode("utf-8"))]))
 
 
 def add_laplace(tables, scales, seed=None, stream="", sensitivities=None, cells=None):
