@@ -14,6 +14,8 @@ from the ledger's master key, which only processes holding the key file can deri
 unwrapping the data key) and checks the manifest's content digest against the one the ledger registered
 at ingest.
 """
+from sage_tfx.privacy.errors import UnknownBlock
+
 from . import sealed
 
 
@@ -24,13 +26,12 @@ class GrantKeyError(ValueError):
 def ledger_digest(ledger, stream, block):
     """The content digest the ledger registered for a block at ingest (None for blocks registered without one).
 
-    TRUSTED CODE ONLY. Reads the ledger's ``blocks.digest`` column; the Ledger has no public getter for it yet.
+    TRUSTED CODE ONLY (``Ledger.block_digest``); an unregistered block gets no key (SealedError).
     """
-    with ledger._store.transaction(write=False) as tx:
-        row = tx.one("SELECT digest FROM blocks WHERE stream = ? AND id = ?", (stream, block))
-    if row is None:
-        raise sealed.SealedError(f"block {block!r} is not registered in stream {stream!r}: no key for it")
-    return row[0]
+    try:
+        return ledger.block_digest(stream, block)
+    except UnknownBlock:
+        raise sealed.SealedError(f"block {block!r} is not registered in stream {stream!r}: no key for it") from None
 
 
 def grant_block_keys(ledger, grant, stream=None):

@@ -567,6 +567,17 @@ class Ledger:
             raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
         return row[0]
 
+    def block_digest(self, stream, block_id):
+        """The content digest registered for a block at ingest (None for blocks registered without one).
+
+        TRUSTED CODE ONLY (the block readers check the block files against it, docs/security.md).
+        """
+        with self._store.transaction(write=False) as tx:
+            row = tx.one("SELECT digest FROM blocks WHERE stream = ? AND id = ?", (stream, block_id))
+        if row is None:
+            raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
+        return row[0]
+
     _BLOCK_COLS = "id, start_ts, end_ts, shard, created, state, spent, retired"
     _BLOCK_ORDER = " ORDER BY start_ts, shard, created, id"  # key order: time window or shard
 
