@@ -58,7 +58,14 @@ def audit_ledger(ledger):
     store = ledger._store
     problems.extend(f"database integrity: {p}" for p in store.integrity_problems())
 
-    entries = ledger.log_entries()
+    # The head file first, then the log and every table in ONE read transaction (one snapshot: SQLite's WAL
+    # read transaction; PostgreSQL's REPEATABLE READ, store.py): another process writing meanwhile, on this
+    # host or another, changes neither what the log says nor what the tables say, and a head it writes after
+    # our snapshot is never ahead of the log we read (docs/scale_out.md, "Several hosts on one PostgreSQL ledger").
+    head = ledger._head.get(ledger._ledger_id)
+    with store.transaction(write=False) as tx:
+        entries = tx.all("SELECT seq, ts, kind, body, prev, hash FROM log ORDER BY seq")
+        tables = _read_tables(tx)
     report.entries = len(entries)
     keys = ledger.keyring
     legacy_until = ledger._migration_entry().get("legacy_chain_until", 0) if keys.legacy_secret is not None else 0
@@ -119,7 +126,7 @@ def audit_ledger(ledger):
                 if (body["stream"], b) in blocks:
                     blocks[(body["stream"], b)]["state"] = "retired"
 
-    _check_head(ledger, entries, problems, report.notes)
+    _check_head(ledger, head, entries, problems, report.notes)
     report.streams, report.blocks, report.grants = len(streams), len(blocks), len(grants)
     for (stream, block_id), replayed in blocks.items():
         filt = streams[stream]
@@ -127,27 +134,8 @@ def audit_ledger(ledger):
             problems.append(f"block {block_id!r} of stream {stream!r} exceeds the global budget: "
                             f"{filt.shortfall(replayed['spent'], filt.zero()) or replayed['spent']}")
 
-    with store.transaction(write=False) as tx:
-        table_streams = {r[0]: {"name": r[0], "accounting": r[1], "epsilon": r[2], "delta": r[3],
-                                "orders": json.loads(r[4]), "policy": r[5], "min_epsilon": r[6],
-                                "min_grant_epsilon": r[7]}
-                         for r in tx.all("SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon,"
-                                         " min_grant_epsilon FROM streams")}
-        table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
-                        for r in tx.all("SELECT stream, id, spent, state FROM blocks")}
-        table_grants = {r[0]: (r[1], r[2]) for r in tx.all("SELECT id, body, signature FROM grants")}
-        table_releases = {(r[0], r[1]): (r[2], r[3], r[4]) for r in tx.all(
-            "SELECT grant_id, stage, computation, epsilon, delta FROM releases")}
-        table_block_rows = {(r[0], r[1]): tuple(r[2:]) for r in tx.all(
-            "SELECT stream, id, start_ts, end_ts, shard, created, n_rows, digest FROM blocks")}
-        table_grant_cols = {r[0]: (r[1], r[2], r[3]) for r in tx.all("SELECT id, stream, pipeline, created FROM grants")}
-        table_pipelines = {(r[0], r[1]): (r[2], r[3]) for r in tx.all(
-            "SELECT stream, name, state, outcome FROM pipelines")}
-        table_reservations = {(r[0], r[1], r[2]): (tuple(json.loads(r[3])), tuple(json.loads(r[4]))) for r in tx.all(
-            "SELECT stream, block, pipeline, reserved, used FROM reservations")}
-        table_outcomes = {r[0]: (r[1], r[2], r[3], r[4]) for r in tx.all(
-            "SELECT grant_id, stream, pipeline, outcome, details FROM outcomes")}
-        meta = dict(tx.all("SELECT key, value FROM meta"))
+    (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
+     table_pipelines, table_reservations, table_outcomes, meta) = tables
     _check_meta(ledger, meta, problems)
     for key, logged in block_rows.items():  # columns a block's log entry did not hold (before keys) are not compared
         if key in table_block_rows:
@@ -179,6 +167,32 @@ def audit_ledger(ledger):
     return report
 
 
+def _read_tables(tx):
+    """Every table the audit compares with the log replay, read in the caller's transaction."""
+    table_streams = {r[0]: {"name": r[0], "accounting": r[1], "epsilon": r[2], "delta": r[3],
+                            "orders": json.loads(r[4]), "policy": r[5], "min_epsilon": r[6],
+                            "min_grant_epsilon": r[7]}
+                     for r in tx.all("SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon,"
+                                     " min_grant_epsilon FROM streams")}
+    table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
+                    for r in tx.all("SELECT stream, id, spent, state FROM blocks")}
+    table_grants = {r[0]: (r[1], r[2]) for r in tx.all("SELECT id, body, signature FROM grants")}
+    table_releases = {(r[0], r[1]): (r[2], r[3], r[4]) for r in tx.all(
+        "SELECT grant_id, stage, computation, epsilon, delta FROM releases")}
+    table_block_rows = {(r[0], r[1]): tuple(r[2:]) for r in tx.all(
+        "SELECT stream, id, start_ts, end_ts, shard, created, n_rows, digest FROM blocks")}
+    table_grant_cols = {r[0]: (r[1], r[2], r[3]) for r in tx.all("SELECT id, stream, pipeline, created FROM grants")}
+    table_pipelines = {(r[0], r[1]): (r[2], r[3]) for r in tx.all(
+        "SELECT stream, name, state, outcome FROM pipelines")}
+    table_reservations = {(r[0], r[1], r[2]): (tuple(json.loads(r[3])), tuple(json.loads(r[4]))) for r in tx.all(
+        "SELECT stream, block, pipeline, reserved, used FROM reservations")}
+    table_outcomes = {r[0]: (r[1], r[2], r[3], r[4]) for r in tx.all(
+        "SELECT grant_id, stream, pipeline, outcome, details FROM outcomes")}
+    meta = dict(tx.all("SELECT key, value FROM meta"))
+    return (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
+            table_pipelines, table_reservations, table_outcomes, meta)
+
+
 _UNLOGGED = object()  # a block column its log entry did not hold (entries written before the key migration)
 
 
@@ -202,14 +216,14 @@ def _check_meta(ledger, meta, problems):
         problems.append("meta holds the ledger's key bytes")
 
 
-def _check_head(ledger, entries, problems, notes):
+def _check_head(ledger, head, entries, problems, notes):
     """The log against the head file (outside the database): the entry it names must be there, unchanged.
 
     A log BEHIND the head was truncated. A log AHEAD of it is accepted when its later entries verify under the
     key (checked above): a crash between a commit and the head write, or, on PostgreSQL, another host's writes
-    (each host's head file knows its own); a writer without the key cannot append such entries.
+    (each host's head file knows its own); a writer without the key cannot append such entries. ``head`` was read
+    before the log's snapshot, so this host's writes after the snapshot cannot put it ahead of the log.
     """
-    head = ledger._head.get(ledger._ledger_id)
     path = ledger._head.path
     if head is None:
         problems.append(f"the head file {path} has no record of this ledger (id {ledger._ledger_id!r}): the log's "

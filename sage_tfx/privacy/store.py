@@ -478,7 +478,11 @@ class PostgresStore(_Store):
         cur.execute("SELECT value FROM meta WHERE key = 'lock' FOR UPDATE")
 
     def _begin_read(self):
+        # One snapshot for the whole read transaction (READ COMMITTED, the default, takes one per statement):
+        # a read of several tables while another host writes sees one state of the ledger, as the audit
+        # needs (audit.py). Read-only, so it never meets a serialization failure.
         self._conn.autocommit = False
+        self._conn.cursor().execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
 
     def _commit(self):
         self._conn.commit()
