@@ -225,3 +225,98 @@ def test_audit_of_a_ledger_another_process_is_writing(postgres_server, tmp_path,
     assert writer.returncode == 0
     assert writes >= 5 and audits >= 3, (writes, audits)  # the audits really ran while the writes went on
     assert problems == [], problems[:5]
+
+
+_HOLDER = """
+import sys, time
+from sage_tfx.privacy import Ledger
+ledger = Ledger.open(sys.argv[1], key_file=sys.argv[2])
+ledger.claim("s", ["p"])
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def _hold_claim(location, key_file):
+    """A process (another 'host') that claims pipeline 'p' of stream 's' and holds it until killed."""
+    env = {k: v for k, v in os.environ.items() if k != "SAGE_KEY_FILE"}
+    holder = subprocess.Popen([PY, "-c", _HOLDER, str(location), str(key_file)], stdout=subprocess.PIPE, text=True,
+                              env=env)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def _claim_eventually(ledger, names, seconds=30):
+    """The claim once the server has seen the holder's connection drop (PostgreSQL: at once, or nearly)."""
+    from sage_tfx.privacy import PipelineBusy
+
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            return ledger.claim("s", names)
+        except PipelineBusy:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def test_one_process_runs_a_pipeline_name_at_a_time(ledger_url, tmp_path):
+    """Two serve/run processes (two hosts on one PostgreSQL ledger) running the same pipeline name would charge
+    grants for its iterations side by side and resume each other's unfinished grant: the second is refused,
+    naming the pipeline and the holder, until the holder's process ends (killed: its name is free again)."""
+    from sage_tfx.privacy import PipelineBusy
+
+    key_file = os.environ.get("SAGE_KEY_FILE") or f"{ledger_url}.key"
+    with Ledger.open(ledger_url, create=True, key_file=key_file) as ledger:
+        ledger.create_stream("s", 1.0, 1e-6)
+    holder = _hold_claim(ledger_url, key_file)
+    try:
+        with Ledger.open(ledger_url, key_file=key_file) as ledger:
+            with pytest.raises(PipelineBusy, match=rf"'p' \(held by sage@\S+ pid {holder.pid}.*--name OTHER"):
+                ledger.claim("s", ["q", "p"])
+            with ledger.claim("s", ["q"]):  # 'q' was not kept by the refused claim; other names are free
+                pass
+            holder.kill()
+            holder.wait()
+            with _claim_eventually(ledger, ["p", "q"]):  # a killed holder's names are free for its restart
+                with pytest.raises(PipelineBusy):  # and held again, now by this process's claim
+                    with Ledger.open(ledger_url, key_file=key_file) as other:
+                        other.claim("s", ["p"])
+            with Ledger.open(ledger_url, key_file=key_file) as other:  # released: free
+                other.claim("s", ["p"]).release()
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait()
+
+
+@pytest.mark.postgres
+def test_serve_and_run_refuse_a_pipeline_name_another_host_runs(postgres_server, tmp_path):
+    """`sage serve` and `sage run` refuse a name another process (another host) runs: exit 2, before anything is
+    registered or charged; the ledger is unchanged."""
+    from sage_tfx.data.taxi import taxi_csv_path
+
+    url = postgres_server.new_database("names")
+    key_file = tmp_path / "ledger.key"
+    with Ledger.open(url, create=True, key_file=key_file) as ledger:
+        ledger.create_stream("s", 1.0, 1e-6)
+        ledger.add_block("s", "b1", start=0, end=86400, rows=10)
+        before = ledger.log_entries()
+    holder = _hold_claim(url, key_file)
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "SAGE_KEY_FILE"}
+        serve = sage("serve", "--db", url, "--key-file", key_file, "--stream", "s", "--data-root", tmp_path / "data",
+                     "--input", taxi_csv_path("simple"), "--time-column", "trip_start_timestamp",
+                     "--pipeline", "mine=taxi_regression:3000000", "--pipeline", "p=taxi_regression:3000000", env=env)
+        run = sage("run", "taxi_regression", "--name", "p", "--db", url, "--key-file", key_file, "--stream", "s",
+                   "--data-root", tmp_path / "data", "--target", "3000000", env=env)
+        for out in (serve, run):
+            assert out.returncode == 2, out.stdout + out.stderr
+            assert f"'p' (held by sage@" in out.stderr and f"pid {holder.pid}" in out.stderr, out.stderr
+            assert "--pipeline OTHER=" in out.stderr, out.stderr
+        with Ledger.open(url, key_file=key_file) as ledger:
+            assert ledger.log_entries() == before and ledger.pipelines("s") == []
+        assert not (tmp_path / "data").exists()
+    finally:
+        holder.kill()
+        holder.wait()

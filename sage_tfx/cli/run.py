@@ -93,6 +93,7 @@ def _run(args):
         ledger = Ledger.open(args.db)
         if not ledger.blocks(args.stream):
             return _fail(f"stream {args.stream!r} has no blocks: ingest data first (sage ingest ...)")
+        ledger.claim(args.stream, [args.name or definition.name])  # one process runs a pipeline name at a time
         runner = build_runner(definition, args.db, args.stream, args.data_root, args.work_dir, args.target,
                               confidence=args.confidence, serving_dir=args.serving_dir, runner=args.runner,
                               beam_args=beam_args, model=args.model, name=args.name)

@@ -91,6 +91,9 @@ def _run(args):
         key_file = os.environ.get(ENV_KEY_FILE)  # --key-file, exported by the CLI; the workers get the path
         ledger = Ledger.open(args.db)
         ledger.stream(args.stream)
+        # This process runs these names until it exits; another serve or run (here or on another host sharing
+        # the ledger) holding one of them is refused before anything is registered or charged.
+        ledger.claim(args.stream, names)
         replay = Replay.from_file(ledger, args.stream, args.data_root, args.input, args.time_column, args.window)
         for name, pipeline, target, model in args.pipelines:
             definition = pipelines.load_pipeline(pipeline)

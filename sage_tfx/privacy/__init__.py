@@ -7,6 +7,7 @@ from .errors import (
     DuplicateContent,
     LedgerError,
     LedgerNotFound,
+    PipelineBusy,
     RecordError,
     UnknownBlock,
     UnknownStream,
@@ -19,5 +20,5 @@ __all__ = [
     "Ledger", "Grant", "Block", "Stream", "Release", "POLICIES", "OUTCOMES",
     "BudgetSplit", "ChargeRule", "STAGES", "grant_split", "stage_budget", "require_budget",
     "LedgerError", "DuplicateContent", "LedgerNotFound", "LedgerCorrupt", "UnknownStream", "UnknownBlock", "BlockRetired",
-    "GrantError", "BudgetRefused", "RecordError", "public_error_text",
+    "PipelineBusy", "GrantError", "BudgetRefused", "RecordError", "public_error_text",
 ]

@@ -33,6 +33,10 @@ class DuplicateContent(LedgerError):
     """A new block's records (its content digest) are already registered in another stream."""
 
 
+class PipelineBusy(LedgerError):
+    """A pipeline name is already being run by another process (``Ledger.claim``): pick another name or wait."""
+
+
 class GrantError(LedgerError):
     """A grant is missing, unknown, forged, of another stream, or was never charged."""
 

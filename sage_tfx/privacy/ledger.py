@@ -51,6 +51,7 @@ from .errors import (
     BudgetRefused,
     GrantError,
     LedgerError,
+    PipelineBusy,
     UnknownBlock,
     UnknownStream,
 )
@@ -193,12 +194,31 @@ class Release:
     reopened: bool = False
 
 
+class PipelineClaim:
+    """Pipeline names this process holds (``Ledger.claim``); ``release()`` or leave the ``with`` block."""
+
+    def __init__(self, store, handles):
+        self._store, self._handles = store, list(handles)
+
+    def release(self):
+        handles, self._handles = self._handles, []
+        for handle in handles:
+            self._store.release_claim(handle)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+
 class Ledger:
     """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists."""
 
     def __init__(self, store, keys):
         """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
         self._store = store
+        self._claims = []  # PipelineClaims of this process (Ledger.claim), released by close()
         self._key_source = keys
         self._legacy_grants = frozenset()
         with store.transaction(write=False) as tx:
@@ -327,6 +347,8 @@ class Ledger:
         return self._store.kind
 
     def close(self):
+        for claim in getattr(self, "_claims", ()):
+            claim.release()
         self._store.close()
 
     def __enter__(self):
@@ -628,6 +650,38 @@ class Ledger:
             tx.run("INSERT INTO pipelines (stream, name, state, registered) VALUES (?, ?, 'waiting', ?)",
                    (stream, pipeline, time.time()))
             self._log(tx, "register", {"stream": stream, "pipeline": pipeline})
+
+    def claim(self, stream, pipelines):
+        """Claim ``pipelines`` of ``stream`` for this process while it runs them; return a ``PipelineClaim``.
+
+        One process runs a pipeline name at a time: two `sage serve`/`sage run` processes (on one host or on
+        several sharing a PostgreSQL ledger) running the same name would charge grants for one pipeline's
+        iterations side by side and resume each other's unfinished grant (docs/scale_out.md, "Several hosts
+        on one PostgreSQL ledger"). A claim is a lock the holder's exit drops (a PostgreSQL session advisory
+        lock, or an flock beside an SQLite ledger), so a killed run's name is free for its restart. Raises
+        PipelineBusy, naming the pipeline and who holds it, if another process holds any of them (then none is
+        claimed). The claim holds until ``release()`` (or ``with``), the ledger's ``close()`` or the exit.
+        """
+        names = [_check_name(p, "pipeline name") for p in pipelines]
+        self.stream(stream)
+        held, busy = [], []
+        for name in dict.fromkeys(names):
+            handle, holder = self._store.try_claim(f"{stream}\0{name}")
+            if handle is None:
+                busy.append(f"{name!r} (held by {holder})")
+            else:
+                held.append(handle)
+        if busy:
+            for handle in held:
+                self._store.release_claim(handle)
+            raise PipelineBusy(
+                f"pipeline(s) {', '.join(busy)} of stream {stream!r} are being run by another process: one process "
+                "runs a pipeline name at a time (else both would charge and resume the same pipeline's grants). "
+                "Give this run other names (sage serve --pipeline OTHER=..., sage run --name OTHER), or wait until "
+                "that process ends")
+        claim = PipelineClaim(self._store, held)
+        self._claims.append(claim)
+        return claim
 
     def pipelines(self, stream):
         with self._store.transaction(write=False) as tx:

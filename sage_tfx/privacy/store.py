@@ -185,6 +185,18 @@ def _restrict(path):
             pass
 
 
+def claim_key(name):
+    """A claim's lock key: 63 bits of SHA-256 of its name (a PostgreSQL advisory lock key, a lock file's name)."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(b"sage-claim\0" + name.encode()).digest()[:8], "big", signed=True)
+
+
+def process_label():
+    """'sage@HOST pid N': who holds a claim (PostgreSQL's application_name; the text of an SQLite claim file)."""
+    return f"sage@{socket.gethostname()} pid {os.getpid()}"[:63]
+
+
 class Tx:
     """One open transaction: ``run`` executes, ``one``/``all`` fetch."""
 
@@ -347,6 +359,32 @@ class SqliteStore(_Store):
         if self._conn.in_transaction:
             self._conn.execute("ROLLBACK")
 
+    def try_claim(self, name):
+        """Hold the claim ``name`` for this process: (handle, None), or (None, who holds it).
+
+        An flock on ``<ledger>.claims/<key>.lock`` (0600, in a 0700 folder): held per open file, so it is this
+        process's until ``release_claim`` or its exit (the kernel drops a dead process's flock)."""
+        import fcntl
+
+        folder = self.path + ".claims"
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        path = os.path.join(folder, f"{claim_key(name) & ((1 << 64) - 1):016x}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            try:
+                holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            finally:
+                os.close(fd)
+            return None, holder
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, process_label().encode(), 0)
+        return fd, None
+
+    def release_claim(self, handle):
+        os.close(handle)  # drops the flock
+
     def integrity_problems(self):
         rows = self._conn.execute("PRAGMA integrity_check").fetchall()
         return [] if rows == [("ok",)] else [r[0] for r in rows]
@@ -438,6 +476,7 @@ class PostgresStore(_Store):
                 host=parsed.hostname or "127.0.0.1",  # with sock, only the name TLS verifies
                 sock=sock,
                 ssl_context=ssl_context,
+                application_name=process_label(),  # who holds a claim (try_claim), in pg_stat_activity
             )
         except Exception as exc:  # pg8000 raises InterfaceError/OSError/SSLError subclasses on connect
             if sock is not None:
@@ -489,6 +528,36 @@ class PostgresStore(_Store):
 
     def _rollback(self):
         self._conn.rollback()
+
+    def try_claim(self, name):
+        """Hold the claim ``name`` for this connection: (handle, None), or (None, who holds it).
+
+        A session-level advisory lock (``pg_try_advisory_lock``), seen by every host of the ledger and dropped
+        by the server when the holder's connection ends (its process exited or was killed)."""
+        key = claim_key(name)
+        cur = self._conn.cursor()
+        try:
+            cur.execute("SELECT pg_try_advisory_lock(%s)", (key,))
+            if cur.fetchone()[0]:
+                return key, None
+            unsigned = key & ((1 << 64) - 1)
+            cur.execute("SELECT a.application_name, host(a.client_addr) FROM pg_locks l JOIN pg_stat_activity a"
+                        " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+                        " AND l.classid = %s::bigint::oid AND l.objid = %s::bigint::oid AND l.database ="
+                        " (SELECT oid FROM pg_database WHERE datname = current_database())",
+                        (unsigned >> 32, unsigned & 0xFFFFFFFF))
+            row = cur.fetchone()
+            holder = "another process"
+            if row is not None and row[0]:
+                holder = row[0] + (f", connected from {row[1]}" if row[1] else "")
+            return None, holder
+        finally:
+            self._conn.commit()  # a session lock outlives the transaction it was taken in
+
+    def release_claim(self, handle):
+        cur = self._conn.cursor()
+        cur.execute("SELECT pg_advisory_unlock(%s)", (handle,))
+        self._conn.commit()
 
     def integrity_problems(self):
         return []
