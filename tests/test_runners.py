@@ -7,6 +7,7 @@ import collections
 
 import pytest
 
+from sage_tfx import clusters
 from sage_tfx.data.taxi import TIME_COLUMN, taxi_csv_path
 from sage_tfx.ingest.access import read_block_records
 from sage_tfx.ingest.pipeline import beam_options, ingest
@@ -19,13 +20,9 @@ DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 
 @pytest.fixture(scope="module")
 def dask_cluster():
-    distributed = pytest.importorskip("distributed")  # in requirements.lock: present wherever `make` ran
-    cluster = distributed.LocalCluster(n_workers=2, processes=True, threads_per_worker=1, host="127.0.0.1",
-                                       dashboard_address=None)
-    try:
+    pytest.importorskip("distributed")  # in requirements.lock: present wherever `make` ran
+    with clusters.dask_cluster(workers=2) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 def _rows(table):
@@ -71,7 +68,7 @@ def test_direct_runner_multi_processing_matches_in_process(tmp_path, in_process)
 
 @pytest.mark.slow
 def test_dask_local_cluster_matches_in_process(tmp_path, in_process, dask_cluster):
-    got = _ingest(tmp_path, "dask", ["--runner=dask", f"--dask-address={dask_cluster.scheduler_address}"])
+    got = _ingest(tmp_path, "dask", ["--runner=dask", f"--dask-address={dask_cluster.address}"])
     _same_as_in_process(got, in_process)
 
 
@@ -137,4 +134,4 @@ def test_finish_bundle_output_on_direct_runner():
                           "(apache_beam/runners/dask/transform_evaluator.py apply_dofn_to_bundle collects the "
                           "receivers' values before invoke_finish_bundle); sage ingest emits from process")
 def test_finish_bundle_output_on_dask_runner(dask_cluster):
-    _count_in_finish_bundle(["--runner=dask", f"--dask-address={dask_cluster.scheduler_address}"])
+    _count_in_finish_bundle(["--runner=dask", f"--dask-address={dask_cluster.address}"])
