@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import ContextManager, Iterator, Sequence
 
 HOST = "127.0.0.1"
+BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "beam_boot.py")  # the workers' boot program
 START_TIMEOUT = 120.0  # seconds for a process to answer on its port (a loaded 2-core machine is slow to import)
 
 
@@ -133,12 +134,13 @@ def _environment() -> dict[str, str]:
     return env
 
 
-def _launch(name: str, command: Sequence[str], log_dir: str, started: list) -> tuple:
-    """Start ``command`` in a session of its own, stdout and stderr to LOG_DIR/NAME.log."""
+def _launch(name: str, command: Sequence[str], log_dir: str, started: list, umask: int = -1) -> tuple:
+    """Start ``command`` in a session of its own (with ``umask`` if >= 0), stdout and stderr to
+    LOG_DIR/NAME.log."""
     log_path = os.path.join(log_dir, f"{name.replace(' ', '_')}.log")
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=_environment(), start_new_session=True)
+                                env=_environment(), start_new_session=True, umask=umask)
     started.append(proc)
     return name, command, proc, log_path
 
@@ -185,7 +187,8 @@ def portable_cluster(*, workers: int = 2, worker_prefix: Sequence[str] = ()) -> 
                 pool_port = _free_port()
             pool = _launch("worker pool", [*worker_prefix, sys.executable, "-m",
                                            "apache_beam.runners.worker.worker_pool_main",
-                                           f"--service_port={pool_port}"], log_dir, started)
+                                           f"--service_port={pool_port}", f"--container_executable={BOOT}"],
+                           log_dir, started, umask=0o077)
             service = _launch("job service", [sys.executable, "-m", "sage_tfx.clusters", "job-service",
                                               f"--port={job_port}"], log_dir, started)
             _wait(pool, pool_port)  # both import Beam at once

@@ -10,21 +10,48 @@ import pytest
 from sage_tfx.clusters import dask_cluster, portable_cluster
 
 
-def _pids(beam_args, n=40):
+def make_wheel(folder, module, source):
+    """A pure-Python wheel holding one module (what Beam's --extra_package stages)."""
+    import base64
+    import hashlib
+    import zipfile
+
+    dist = f"{module}-0.1.dist-info"
+    files = {f"{module}.py": source.encode(),
+             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n".encode(),
+             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: sage-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    digest = {n: base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode() for n, d in files.items()}
+    files[f"{dist}/RECORD"] = ("".join(f"{n},sha256={digest[n]},{len(d)}\n" for n, d in files.items())
+                               + f"{dist}/RECORD,,\n").encode()
+    path = os.path.join(folder, f"{module}-0.1-py3-none-any.whl")
+    with zipfile.ZipFile(path, "w") as wheel:
+        for name, data in files.items():
+            wheel.writestr(name, data)
+    return path
+
+
+PROBE = "import os\n\ndef where():\n    return os.getpid(), __file__\n"
+
+
+def _pids(beam_args, n=40, module=None):
     """Run a job of ``n`` elements with ``beam_args``; {pid: elements processed there}, from Beam counters
-    (namespace sage_pids) read back through the job service: nothing is written to a shared disk."""
+    (namespace sage_pids) read back through the job service: nothing is written to a shared disk. With
+    ``module`` (the name of a module whose ``where()`` gives (pid, __file__)), the DoFn imports it and the
+    keys are (pid, the module's file)."""
     import apache_beam as beam
     from apache_beam.metrics.metric import MetricsFilter
     from apache_beam.options.pipeline_options import PipelineOptions
 
     def mark(x):
+        import importlib
         import os
         import time
 
         from apache_beam.metrics.metric import Metrics
 
         time.sleep(0.02)  # keeps one worker from finishing its half before the other starts
-        Metrics.counter("sage_pids", str(os.getpid())).inc()
+        where = importlib.import_module(module).where() if module else (os.getpid(), "")
+        Metrics.counter("sage_pids", "%d:%s" % where).inc()
         return x
 
     p = beam.Pipeline(options=PipelineOptions(list(beam_args)))
@@ -32,7 +59,11 @@ def _pids(beam_args, n=40):
     result = p.run()
     result.wait_until_finish()
     counters = result.metrics().query(MetricsFilter().with_namespace("sage_pids"))["counters"]
-    return {int(c.key.metric.name): c.committed for c in counters}
+    found = {}
+    for c in counters:
+        pid, file = c.key.metric.name.split(":", 1)
+        found[(int(pid), file) if module else int(pid)] = c.committed
+    return found
 
 
 def _stopped(pid):
@@ -45,19 +76,29 @@ def _stopped(pid):
 
 
 @pytest.mark.slow
-def test_portable_cluster_runs_a_job_on_two_worker_processes_and_stops_them():
+def test_portable_cluster_runs_a_job_on_two_worker_processes_and_stops_them(tmp_path):
+    """Two SDK worker processes share the elements; each imports a module the launcher never imported, from
+    the wheel the job staged with --extra_package (fetched over the artifact service and installed into the
+    worker's own folder by sage_tfx/beam_boot.py)."""
+    import sys
+
+    wheel = make_wheel(str(tmp_path), "sage_probe_module", PROBE)
     with portable_cluster(workers=2) as cluster:
         assert cluster.beam_args[:4] == ["--runner=PortableRunner", f"--job_endpoint={cluster.job_endpoint}",
                                          "--environment_type=EXTERNAL",
                                          f"--environment_config={cluster.worker_address}"]
         assert "--sdk_worker_parallelism=2" in cluster.beam_args
-        pids = _pids(cluster.beam_args)
-        assert sum(pids.values()) == 40
-        assert len(pids) == 2, pids  # two SDK workers shared the elements
-        assert os.getpid() not in pids and not set(pids) & set(cluster.pids)
-        for pid in pids:  # SDK workers are children of the worker pool, in its process group
-            assert os.getpgid(pid) == os.getpgid(cluster.pids[0])
+        seen = _pids(cluster.beam_args + [f"--extra_package={wheel}"], module="sage_probe_module")
+        pids = {pid for pid, _ in seen}
+        assert sum(seen.values()) == 40
+        assert len(pids) == 2, seen  # two SDK workers shared the elements
+        assert os.getpid() not in pids and not pids & set(cluster.pids)
+        for pid, file in seen:
+            assert os.getpgid(pid) == os.getpgid(cluster.pids[0])  # children of the worker pool, in its group
+            assert file.endswith(os.path.join("site", "sage_probe_module.py")) and str(tmp_path) not in file
+        assert "sage_probe_module" not in sys.modules
     assert all(_stopped(pid) for pid in [*cluster.pids, *pids])
+    assert not any(os.path.exists(os.path.dirname(file)) for _, file in seen)  # workers' folders removed
 
 
 def test_bad_arguments_are_refused_naming_the_value():

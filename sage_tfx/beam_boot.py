@@ -1,0 +1,189 @@
+#!/usr/bin/env python
+"""A Beam SDK worker boot for worker pools without Beam's SDK container (docs/scale_out.md, "PortableRunner with
+an external worker pool").
+
+Beam's worker pool (``python -m apache_beam.runners.worker.worker_pool_main``) starts each Python SDK worker
+either as a bare ``python -c SdkHarness(...)``, which installs none of the job's staged packages
+(``--extra_package``, ``--setup_file``, ``--requirements_file``), or as ``--container_executable BOOT`` with
+the SDK container's contract (``BOOT --id=... --logging_endpoint=... --artifact_endpoint=...
+--provision_endpoint=... --control_endpoint=...``). Inside Beam's SDK container BOOT is its Go program
+``/opt/apache/beam/boot``; this file is that contract in Python, for a worker pool run from a Python
+environment that already holds Beam, TFX and sage-tfx (``sage_tfx.clusters.portable_cluster`` runs one):
+
+1. asks the provision service for the job's pipeline options and staged artifacts;
+2. fetches every artifact from the artifact service (over gRPC: nothing is read from the launcher's disk) into
+   SEMI_PERSIST_DIR/staged;
+3. installs the packages the job staged, in ``extra_packages.txt`` order, then ``workflow.tar.gz`` (a
+   ``--setup_file`` package) and ``requirements.txt`` (from the staged files only), into
+   SEMI_PERSIST_DIR/site: pure-Python wheels (``*-none-any.whl``) by unpacking, anything else with
+   ``pip install --no-deps --target``;
+4. runs ``python -m apache_beam.runners.worker.sdk_worker_main`` with SEMI_PERSIST_DIR/site first on its
+   PYTHONPATH, and removes SEMI_PERSIST_DIR (a fresh private temporary folder unless ``--semi_persist_dir``
+   is given) when the worker exits.
+
+Use it with any worker pool: ``python -m apache_beam.runners.worker.worker_pool_main --service_port=50000
+--container_executable=$(python -c "import sage_tfx.beam_boot as b; print(b.__file__)")`` (the file is
+executable and runs the ``python`` found on PATH, as Beam's worker pool does).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import zipfile
+from typing import Sequence
+
+EXTRA_PACKAGES_FILE = "extra_packages.txt"  # Beam's stager: the --extra_package names, in order
+WORKFLOW_TARBALL_FILE = "workflow.tar.gz"  # Beam's stager: the --setup_file package
+REQUIREMENTS_FILE = "requirements.txt"
+
+
+class BootError(RuntimeError):
+    """The worker cannot start: the message names the artifact or endpoint and why."""
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="beam_boot.py", description=__doc__.split("\n\n")[0])
+    for name in ("id", "logging_endpoint", "artifact_endpoint", "provision_endpoint", "control_endpoint"):
+        parser.add_argument(f"--{name}", required=True)
+    parser.add_argument("--semi_persist_dir", default=None)
+    args, _ = parser.parse_known_args(list(argv))  # the contract may grow flags: ignore the ones we do not use
+    return args
+
+
+def _channel(endpoint: str, worker_id: str):
+    import grpc
+    from apache_beam.runners.worker.worker_id_interceptor import WorkerIdInterceptor
+
+    options = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+    return grpc.intercept_channel(grpc.insecure_channel(endpoint, options=options), WorkerIdInterceptor(worker_id))
+
+
+def provision_info(args: argparse.Namespace):
+    """The job's ProvisionInfo (pipeline options, staged artifacts) from the provision service."""
+    from apache_beam.portability.api import beam_provision_api_pb2, beam_provision_api_pb2_grpc
+
+    stub = beam_provision_api_pb2_grpc.ProvisionServiceStub(_channel(args.provision_endpoint, args.id))
+    return stub.GetProvisionInfo(beam_provision_api_pb2.GetProvisionInfoRequest()).info
+
+
+def fetch_artifacts(args: argparse.Namespace, dependencies, staged_dir: str) -> list[str]:
+    """Fetch every staged artifact into ``staged_dir`` under its staged name; return the names."""
+    from apache_beam.portability import common_urns
+    from apache_beam.portability.api import beam_artifact_api_pb2, beam_artifact_api_pb2_grpc, beam_runner_api_pb2
+    from apache_beam.utils import proto_utils
+
+    if not dependencies:
+        return []
+    stub = beam_artifact_api_pb2_grpc.ArtifactRetrievalServiceStub(_channel(args.artifact_endpoint, args.id))
+    resolved = stub.ResolveArtifacts(beam_artifact_api_pb2.ResolveArtifactsRequest(
+        artifacts=list(dependencies))).replacements
+    names = []
+    for i, dep in enumerate(resolved):
+        if dep.role_urn == common_urns.artifact_roles.STAGING_TO.urn:
+            name = proto_utils.parse_Bytes(dep.role_payload,
+                                           beam_runner_api_pb2.ArtifactStagingToRolePayload).staged_name
+        else:
+            name = f"artifact-{i}"
+        if not name or os.path.basename(name) != name or name in (".", ".."):
+            raise BootError(f"staged artifact name {name!r} is not a plain file name")
+        with open(os.path.join(staged_dir, name), "xb") as out:
+            for chunk in stub.GetArtifact(beam_artifact_api_pb2.GetArtifactRequest(artifact=dep)):
+                out.write(chunk.data)
+        names.append(name)
+    return names
+
+
+def _pip(args: Sequence[str], what: str) -> None:
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input",
+               *args]
+    done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        raise BootError(f"installing {what} failed ({' '.join(command)}):\n{done.stdout[-4000:]}")
+
+
+def install(staged_dir: str, names: Sequence[str], site_dir: str) -> list[str]:
+    """Install the staged packages into ``site_dir`` (see the module docstring); return what was installed."""
+    installed = []
+    packages = []
+    if EXTRA_PACKAGES_FILE in names:
+        with open(os.path.join(staged_dir, EXTRA_PACKAGES_FILE)) as f:
+            packages = [line.strip() for line in f if line.strip()]
+        missing = [p for p in packages if p not in names]
+        if missing:
+            raise BootError(f"{EXTRA_PACKAGES_FILE} names {missing}, which the job did not stage")
+    if WORKFLOW_TARBALL_FILE in names:
+        packages.append(WORKFLOW_TARBALL_FILE)
+    for name in packages:
+        path = os.path.join(staged_dir, name)
+        if name.endswith(".whl") and name[:-4].endswith("-none-any"):
+            with zipfile.ZipFile(path) as wheel:  # a pure-Python wheel is its files: unpacking installs it
+                for member in wheel.namelist():
+                    target = os.path.realpath(os.path.join(site_dir, member))
+                    if not target.startswith(os.path.realpath(site_dir) + os.sep):
+                        raise BootError(f"wheel {name!r} holds a path outside its folder: {member!r}")
+                wheel.extractall(site_dir)
+        else:
+            _pip(["--no-build-isolation", "--target", site_dir, path], repr(name))
+        installed.append(name)
+    if REQUIREMENTS_FILE in names:
+        _pip(["--no-index", "--find-links", staged_dir, "--target", site_dir, "-r",
+              os.path.join(staged_dir, REQUIREMENTS_FILE)], REQUIREMENTS_FILE)
+        installed.append(REQUIREMENTS_FILE)
+    return installed
+
+
+def worker_environment(args: argparse.Namespace, info, semi_dir: str, site_dir: str) -> dict[str, str]:
+    """The environment ``sdk_worker_main`` reads (as Beam's container boot sets it)."""
+    from google.protobuf import json_format, text_format
+
+    from apache_beam.portability.api import endpoints_pb2
+
+    def descriptor(url: str) -> str:
+        return text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url))
+
+    env = dict(os.environ)
+    env.update({
+        "WORKER_ID": args.id,
+        "PIPELINE_OPTIONS": json_format.MessageToJson(info.pipeline_options),
+        "SEMI_PERSISTENT_DIRECTORY": semi_dir,
+        "LOGGING_API_SERVICE_DESCRIPTOR": descriptor(args.logging_endpoint),
+        "CONTROL_API_SERVICE_DESCRIPTOR": descriptor(args.control_endpoint),
+        "RUNNER_CAPABILITIES": " ".join(info.runner_capabilities),
+        "PYTHONPATH": os.pathsep.join([site_dir, *filter(None, [env.get("PYTHONPATH")])]),
+    })
+    if info.HasField("status_endpoint") and info.status_endpoint.url:
+        env["STATUS_API_SERVICE_DESCRIPTOR"] = descriptor(info.status_endpoint.url)
+    return env
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(sys.argv[1:] if argv is None else argv)
+    own_dir = args.semi_persist_dir is None
+    semi_dir = tempfile.mkdtemp(prefix=f"beam-worker-{args.id}-") if own_dir else args.semi_persist_dir
+    try:
+        staged_dir, site_dir = os.path.join(semi_dir, "staged"), os.path.join(semi_dir, "site")
+        os.makedirs(staged_dir, mode=0o700, exist_ok=True)
+        os.makedirs(site_dir, mode=0o700, exist_ok=True)
+        info = provision_info(args)
+        install(staged_dir, fetch_artifacts(args, info.dependencies, staged_dir), site_dir)
+        worker = subprocess.Popen([sys.executable, "-m", "apache_beam.runners.worker.sdk_worker_main"],
+                                  env=worker_environment(args, info, semi_dir, site_dir))
+
+        def forward(signum, _frame):  # the worker pool stops a worker with SIGTERM
+            worker.send_signal(signum)
+
+        signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, forward)
+        return worker.wait()
+    finally:
+        if own_dir:
+            shutil.rmtree(semi_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
