@@ -2,13 +2,18 @@
 
 Two `sage serve` processes, "host A" and "host B", share nothing but a PostgreSQL ledger's URL, the ledger's
 key file (each host holds its own copy, as a key distributed to two machines) and the data root (a shared
-filesystem). Each has its own work folder (TFX pipeline root and MLMD), serves two pipelines of its own, and
-replays the same input into the one stream: whichever host commits a window first registers its block, the
-other finds it registered. They run at the same time; the ledger decides every charge.
+filesystem). Each has its own work folder (TFX pipeline root and MLMD) and TMPDIR, serves two pipelines of its
+own, and replays the same input into the one stream: whichever host commits a window first registers its
+block, the other finds it registered. They run at the same time; the ledger decides every charge.
+
+As root, each host runs in its own network namespace and reaches PostgreSQL only over a veth pair (through a
+relay in the test process to the loopback server), so it shares no network with the other host or the server;
+without root (or without `ip netns`), both run on loopback and the test says so.
 """
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
@@ -21,6 +26,22 @@ from sage_tfx.privacy import Ledger
 PY = sys.executable
 HOSTS = {"A": ("a-easy", "a-hard"), "B": ("b-easy", "b-hard")}
 TARGETS = {"easy": 3000000, "hard": 100000}  # MSE in s^2: ACCEPT at the first iteration; out of reach (TIMEOUT)
+# The smallest real workload: taxi_regression's modules on MONTHLY blocks, 8 per window (~2,400 real trips, as
+# 256 daily blocks hold), so each host's replay commits a handful of blocks instead of hundreds.
+PIPELINE_FILE = """
+from sage_tfx.pipelines import SLA, SagePipeline
+from sage_tfx.pipelines.taxi_regression import LABEL, LOSS_BOUND, MAX_SECONDS, MODULES
+
+PIPELINE = SagePipeline(
+    name="taxi_monthly",
+    sla=SLA(metric="mse", label=LABEL, loss_bound=LOSS_BOUND),
+    preprocessing_module=MODULES + "/taxi_preprocessing.py",
+    trainer_module=MODULES + "/taxi_regression_trainer.py",
+    # 0.2 per block: under the quarter of a block each of four waiting pipelines is reserved
+    defaults={"epsilon_start": 0.2, "min_window": 8, "rejection_share": 0.0},
+    trainer_config={"max_seconds": MAX_SECONDS},
+)
+"""
 
 
 def sage(*args, env=None, timeout=300):
@@ -36,10 +57,99 @@ def _host_env(host_root):
     return env
 
 
+class Relay:
+    """A TCP relay in the test process from ``listen`` (the root end of a host's veth) to PostgreSQL on loopback;
+    counts the connections and bytes it carried."""
+
+    def __init__(self, listen, target):
+        self.target, self.connections, self.bytes = target, 0, 0
+        self.sock = socket.create_server((listen, 0))
+        self.address = (listen, self.sock.getsockname()[1])
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self.sock.accept()
+            except OSError:
+                return
+            self.connections += 1
+            try:
+                upstream = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            for src, dst in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    def _pump(self, src, dst):
+        try:
+            while data := src.recv(65536):
+                self.bytes += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:  # either side gone (a killed host): close both, so the server drops the session and its locks
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+    def close(self):
+        self.sock.close()
+
+
+class Network:
+    """Each host in its own network namespace, joined to the root namespace by a veth pair /30; None if
+    ``ip netns`` is unavailable (not root, no iproute2): then the hosts share loopback."""
+
+    def __init__(self, tag):
+        self.tag, self.namespaces, self.relays = tag, {}, {}
+
+    def add(self, host, index, pg_port):
+        ns, outer, inner = f"sage-{self.tag}-{host}", f"smh{self.tag}{host}0", f"smh{self.tag}{host}1"
+        net = f"10.213.{int(self.tag) % 250}"
+        here, there = f"{net}.{4 * index + 1}", f"{net}.{4 * index + 2}"
+        for cmd in (["ip", "netns", "add", ns],
+                    ["ip", "link", "add", outer, "type", "veth", "peer", "name", inner],
+                    ["ip", "link", "set", inner, "netns", ns],
+                    ["ip", "addr", "add", f"{here}/30", "dev", outer], ["ip", "link", "set", outer, "up"],
+                    ["ip", "-n", ns, "addr", "add", f"{there}/30", "dev", inner],
+                    ["ip", "-n", ns, "link", "set", inner, "up"], ["ip", "-n", ns, "link", "set", "lo", "up"]):
+            subprocess.run(cmd, check=True, capture_output=True, timeout=30)
+            if cmd[:3] == ["ip", "netns", "add"]:
+                self.namespaces[host] = ns
+        self.relays[host] = Relay(here, ("127.0.0.1", pg_port))
+        return ["ip", "netns", "exec", ns]
+
+    def close(self):
+        for relay in self.relays.values():
+            relay.close()
+        for host, ns in self.namespaces.items():  # deleting the namespace removes its veth end, and so the pair
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True, timeout=30)
+            subprocess.run(["ip", "link", "del", f"smh{self.tag}{host}0"], capture_output=True, timeout=30)
+
+
+def _network(hosts, pg_port):
+    """A Network with a namespace per host, or None (loopback), and why not."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        return None, "not root or no iproute2"
+    network = Network(str(os.getpid() % 100000))
+    try:
+        prefixes = {host: network.add(host, i, pg_port) for i, host in enumerate(hosts)}
+    except (OSError, subprocess.SubprocessError) as exc:
+        network.close()
+        return None, f"ip netns failed: {getattr(exc, 'stderr', '') or exc}"
+    network.prefixes = prefixes
+    return network, None
+
+
 class Host:
     """One `sage serve` process with its own folder: key file copy, work dir (pipeline root, MLMD), TMPDIR."""
 
-    def __init__(self, name, root, url, key_file, data, csv):
+    def __init__(self, name, root, url, key_file, data, csv, pipeline_file, prefix=()):
         self.name, self.root, self.url = name, root, url
         root.mkdir(mode=0o700)
         self.key_file = root / "ledger.key"
@@ -47,11 +157,11 @@ class Host:
         self.work = root / "work"
         pipelines = []
         for pipeline in HOSTS[name]:
-            pipelines += ["--pipeline", f"{pipeline}=taxi_regression:{TARGETS[pipeline.split('-')[1]]}"]
-        self.argv = [PY, "-m", "sage_tfx", "serve", "--db", url, "--key-file", self.key_file, "--stream", "taxi",
-                     "--data-root", data, "--input", csv, "--time-column", "trip_start_timestamp", "--window", "1d",
-                     "--initial-blocks", "0", "--blocks-per-step", "256", *pipelines, "--max-iterations", "1",
-                     "--rejection-share", "0", "--work-dir", self.work]
+            pipelines += ["--pipeline", f"{pipeline}={pipeline_file}:{TARGETS[pipeline.split('-')[1]]}"]
+        self.argv = [*prefix, PY, "-m", "sage_tfx", "serve", "--db", url, "--key-file", self.key_file,
+                     "--stream", "taxi", "--data-root", data, "--input", csv, "--time-column", "trip_start_timestamp",
+                     "--window", "30d", "--blocks-per-step", "8", *pipelines, "--max-iterations", "1",
+                     "--work-dir", self.work]
         self.lines, self.proc, self.started, self.ended = [], None, None, None
 
     def start(self):
@@ -63,11 +173,11 @@ class Host:
 
     def _read(self):
         for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+            self.lines.append(f"{time.time() - self.started:7.1f}s {line.rstrip()}")
 
     def wait(self, timeout):
         try:
-            code = self.proc.wait(timeout=timeout)
+            code = self.proc.wait(timeout=max(1.0, timeout))
         finally:
             if self.proc.poll() is None:
                 self.proc.kill()
@@ -81,8 +191,8 @@ class Host:
         return "\n".join(self.lines)
 
 
-def _tfx_spans(host, name):
-    """[(create, last update)] of the pipeline's TFX executions in this host's own MLMD, in seconds."""
+def _tfx_span(host, name):
+    """(first execution's creation, last execution's update) in the pipeline's MLMD on this host, in seconds."""
     from ml_metadata.metadata_store import metadata_store
 
     from sage_tfx.pipelines._runner import metadata_config
@@ -111,16 +221,39 @@ def test_two_hosts_serve_two_pipelines_each_on_one_postgres_ledger(postgres_serv
     assert init.returncode == 0, init.stderr
     data = tmp_path / "shared" / "data"  # the data root both hosts mount
     data.parent.mkdir()
+    pipeline_file = tmp_path / "shared" / "taxi_monthly.py"
+    pipeline_file.write_text(PIPELINE_FILE)
     csv = taxi_csv_path("simple")
-    hosts = {name: Host(name, tmp_path / f"host{name}", url, key_file, data, csv) for name in HOSTS}
-    for host in hosts.values():
-        host.start()
-    codes = {name: host.wait(timeout=1200) for name, host in hosts.items()}
+    network, why = _network(list(HOSTS), postgres_server.port)
+    print(f"hosts in network namespaces over veth: {'no (' + why + '), loopback' if network is None else 'yes'}")
+    try:
+        hosts = {}
+        for name in HOSTS:
+            prefix, host_url = (), url
+            if network is not None:  # the same database, reached only through this host's veth
+                prefix, (addr, port) = network.prefixes[name], network.relays[name].address
+                host_url = url.replace(f"127.0.0.1:{postgres_server.port}", f"{addr}:{port}")
+                probe = subprocess.run([*prefix, PY, "-c", "import socket, sys; socket.create_connection(("
+                                        f"'127.0.0.1', {postgres_server.port}), 5)"], capture_output=True)
+                assert probe.returncode != 0, f"host {name}'s namespace reaches the server's loopback"
+            hosts[name] = Host(name, tmp_path / f"host{name}", host_url, key_file, data, csv, pipeline_file, prefix)
+        for host in hosts.values():
+            host.start()
+        deadline = time.monotonic() + 1200
+        codes = {name: host.wait(timeout=deadline - time.monotonic()) for name, host in hosts.items()}
+    finally:
+        if network is not None:
+            network.close()
+    for name, host in hosts.items():
+        print(f"--- host {name}: exit {codes[name]}, {host.ended - host.started:.1f} s\n{host.output}")
     for name, host in hosts.items():
         assert codes[name] == 0, f"host {name}:\n{host.output}"
         assert "audit: OK" in host.output, host.output
         for pipeline in HOSTS[name]:
             assert f"{pipeline}: " in host.output, host.output
+        if network is not None:  # every ledger connection of the host went over its own veth
+            relay = network.relays[name]
+            assert relay.connections >= 1 + len(HOSTS[name]) and relay.bytes > 0, (name, relay.connections)
 
     names = [p for ps in HOSTS.values() for p in ps]
     with Ledger.open(url, key_file=key_file) as ledger:
@@ -163,7 +296,7 @@ def test_two_hosts_serve_two_pipelines_each_on_one_postgres_ledger(postgres_serv
     # Each host ran its own pipelines in its own work dir, and the two hosts ran at the same time.
     for name, host in hosts.items():
         assert sorted(os.listdir(host.work / "tfx")) == sorted(HOSTS[name]), os.listdir(host.work / "tfx")
-    spans = {name: [_tfx_spans(host, p) for p in HOSTS[name]] for name, host in hosts.items()}
+    spans = {name: [_tfx_span(host, p) for p in HOSTS[name]] for name, host in hosts.items()}
     overlap = max(min(a[1], b[1]) - max(a[0], b[0]) for a in spans["A"] for b in spans["B"])
     shortest = min(end - start for s in spans.values() for start, end in s)
     assert overlap > 0.5 * shortest, spans
@@ -320,3 +453,50 @@ def test_serve_and_run_refuse_a_pipeline_name_another_host_runs(postgres_server,
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_replay_step_another_host_committed_is_checked_not_written_again(ledger_url, tmp_path):
+    """Two hosts replay the same input into one stream (each `sage serve` replays it): a step whose window the
+    other replay registered meanwhile checks the block's digest and moves on, writing nothing (before, it
+    staged, encrypted and synced the window again, to find it registered at commit: on the loaded 2-core
+    machine ~0.5 s a window, serialized under the commit lock); other records for it are refused."""
+    from sage_tfx.data.taxi import taxi_csv_path
+    from sage_tfx.ingest.records import InputError
+    from sage_tfx.ingest.replay import Replay
+
+    key_file = os.environ.get("SAGE_KEY_FILE") or f"{ledger_url}.key"
+    data = tmp_path / "data"
+    with Ledger.open(ledger_url, create=True, key_file=key_file) as ledger:
+        ledger.create_stream("taxi", 1.0, 1e-6)
+    first, second = (Ledger.open(ledger_url, key_file=key_file) for _ in range(2))
+    try:
+        csv = taxi_csv_path("simple")
+        a = Replay.from_file(first, "taxi", str(data), csv, "trip_start_timestamp", "30d")
+        b = Replay.from_file(second, "taxi", str(data), csv, "trip_start_timestamp", "30d")
+        # A third host's input lacks one row of the fifth window (made before anything is registered).
+        c = Replay(second, "taxi", str(data), _without_row(a._table, int(a._bounds[4])), "trip_start_timestamp",
+                   "30d")
+        ahead = a.run(steps=3)
+        assert [s.added for s in ahead] == [True] * 3
+        staging = data / "taxi" / "_staging"
+        before = os.stat(staging).st_mtime_ns
+        behind = b.run(steps=3)
+        assert [(s.block, s.added) for s in behind] == [(s.block, False) for s in ahead]
+        assert os.stat(staging).st_mtime_ns == before  # no staging run was made: nothing written again
+        assert b.step().added and not a.step().added  # the next window: B first this time
+        fifth = a.step()
+        assert fifth.added
+        assert [s.added for s in c.run(steps=4)] == [False] * 4  # the same rows as registered: moves on
+        with pytest.raises(InputError, match=f"block '{fifth.block}' .* already registered with different records"):
+            c.step()
+    finally:
+        first.close()
+        second.close()
+    with Ledger.open(ledger_url, key_file=key_file) as ledger:
+        assert len(ledger.blocks("taxi")) == 5 and ledger.audit().ok
+
+
+def _without_row(table, index):
+    import pyarrow as pa
+
+    return pa.concat_tables([table.slice(0, index), table.slice(index + 1)])

@@ -6,7 +6,9 @@ commits that window as a fresh block (zero spend) with the same writer and
 commit as ``sage ingest``. The clock is simulated (steps run back to back, or
 whenever the caller drives them) or real time (``run(realtime=True, speedup=S)``
 sleeps window/S seconds of wall time per window of data time). Re-running a
-replay resumes after the windows already registered (checked by content digest).
+replay resumes after the windows already registered (checked by content digest), and a step whose window
+another replay of the stream registered meanwhile (another host's `sage serve`, docs/scale_out.md, "Several
+hosts on one PostgreSQL ledger") checks that block's digest and moves on, without writing it again.
 """
 import time
 from dataclasses import dataclass
@@ -53,11 +55,7 @@ class Replay:
         registered = {b.id for b in ledger.blocks(stream)}
         self._next = 0  # resume: skip the windows a previous replay registered, if they hold these very rows
         while self._next < len(self._windows) and self.spec.block_id(self._windows[self._next]) in registered:
-            block = self.spec.block_id(self._windows[self._next])
-            manifest = read_manifest(block_dir(data_root, stream, block)) or {}
-            if manifest.get("digest") != digest_hex(self._window_rows(self._next).to_batches(), self.schema):
-                raise InputError(f"block {block!r} of stream {stream!r} is already registered with different "
-                                 "records: this data set cannot resume there")
+            self._check_registered(self._next)
             self._next += 1
         self.clock = float(self._windows[min(self._next, len(self._windows) - 1)] * self.spec.window)
 
@@ -85,12 +83,35 @@ class Replay:
             return None
         i = self._next
         key = int(self._windows[i])
-        rows = self._window_rows(i)
-        result = ingest_batches(self.ledger, self.stream, self.data_root, rows.to_batches(), self.spec, self.schema)
+        block = self.spec.block_id(key)
+        if self._registered(block):  # another replay of this stream (another host) committed it meanwhile
+            self._check_registered(i)
+            added = False
+        else:
+            rows = self._window_rows(i)
+            result = ingest_batches(self.ledger, self.stream, self.data_root, rows.to_batches(), self.spec,
+                                    self.schema)
+            added = block in result["added"]
         self._next += 1
         self.clock = float((key + 1) * self.spec.window)
-        block = self.spec.block_id(key)
-        return Step(block=block, clock=self.clock, added=block in result["added"], generated=self.generated)
+        return Step(block=block, clock=self.clock, added=added, generated=self.generated)
+
+    def _registered(self, block):
+        from sage_tfx.privacy import UnknownBlock
+
+        try:
+            self.ledger.block(self.stream, block)
+        except UnknownBlock:
+            return False
+        return True
+
+    def _check_registered(self, i):
+        """Window ``i``'s block is registered: it must hold these very rows (its manifest's content digest)."""
+        block = self.spec.block_id(self._windows[i])
+        manifest = read_manifest(block_dir(self.data_root, self.stream, block)) or {}
+        if manifest.get("digest") != digest_hex(self._window_rows(i).to_batches(), self.schema):
+            raise InputError(f"block {block!r} of stream {self.stream!r} is already registered with different "
+                             "records: this data set cannot be replayed there")
 
     def _window_rows(self, i):
         return self._table.slice(int(self._bounds[i]), int(self._bounds[i + 1] - self._bounds[i]))
