@@ -90,6 +90,7 @@ def test_tiny_run_keys_and_sanity():
     figures = bench.run(_parse("--tiny", "--setups", "direct,dask2"))
     json.dumps(figures)  # --json can print it
     assert "GENERATED" in figures["data"] and figures["tiny"] is True and "serve" not in figures
+    assert figures["code"].endswith("sage_tfx")
     assert figures["machine_start"]["cores"] >= 1 and len(figures["machine_end"]["load_average"]) == 3
     ing = figures["ingest"]
     assert ing["baseline"] == "direct" and ing["rows"] == bench.TINY["rows"] and ing["files"] == bench.TINY["files"]
@@ -99,7 +100,7 @@ def test_tiny_run_keys_and_sanity():
         assert s["same_blocks_rows_digests_as_baseline"] is True
         assert len(s["seconds_all"]) == len(s["rows_per_second_all"]) == len(s["ratio_all"]) == 1
         assert s["rows_per_second"] == pytest.approx(ing["rows"] / s["seconds_all"][0], rel=1e-2)
-        assert s["start_seconds"] >= 0
+        assert s["start_seconds"] >= 0 and s["warmup_seconds"] > 0
     assert ing["setups"]["direct"]["ratio"] == 1.0 and ing["setups"]["direct"]["beam_args"] == []
     dask = ing["setups"]["dask2"]
     assert dask["ratio"] == pytest.approx(dask["rows_per_second"] / ing["setups"]["direct"]["rows_per_second"],

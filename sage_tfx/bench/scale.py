@@ -215,6 +215,7 @@ def ingest_part(args: argparse.Namespace, setups: list[str], work: str) -> dict:
     _say(f"generated in {time.perf_counter() - t0:.1f} s")
     seconds: dict[str, list[float]] = {s: [] for s in setups}
     started: dict[str, float] = {}
+    warmup: dict[str, float] = {}
     beam_args: dict[str, list[str]] = {}
     want: dict | None = None
     with contextlib.ExitStack() as stack:
@@ -223,9 +224,10 @@ def ingest_part(args: argparse.Namespace, setups: list[str], work: str) -> dict:
             t0 = time.perf_counter()
             beam_args[name] = stack.enter_context(_setup(name, args.workers))
             started[name] = time.perf_counter() - t0
-            warm_s, _ = ingest_once(os.path.join(work, f"warm-{name}"), warm, beam_args[name])
+            warmup[name], _ = ingest_once(os.path.join(work, f"warm-{name}"), warm, beam_args[name])
             shutil.rmtree(os.path.join(work, f"warm-{name}"), ignore_errors=True)
-            _say(f"{name}: up in {started[name]:.1f} s, warm-up ingest of {args.warm_rows:,} rows {warm_s:.1f} s")
+            _say(f"{name}: up in {started[name]:.1f} s, warm-up ingest of {args.warm_rows:,} rows "
+                 f"{warmup[name]:.1f} s")
         for r in range(args.repeats):
             for name in setups:
                 folder = os.path.join(work, f"run-{name}-{r}")
@@ -249,6 +251,8 @@ def ingest_part(args: argparse.Namespace, setups: list[str], work: str) -> dict:
         ratios = [b / s for b, s in zip(seconds[base], seconds[name])]
         out[name] = {
             "setup": SETUPS[name], "beam_args": beam_args[name], "start_seconds": round(started[name], 2),
+            # a whole ingest job of --warm-rows rows: about the job's fixed cost (workers started per job)
+            "warmup_seconds": round(warmup[name], 2),
             "seconds_all": [round(s, 2) for s in seconds[name]],
             "rows_per_second": round(_median(rps), 1), "rows_per_second_all": [round(x, 1) for x in rps],
             "ratio": round(_median(ratios), 3), "ratio_all": [round(x, 3) for x in ratios],
@@ -356,7 +360,10 @@ def run(args: argparse.Namespace) -> dict:
     # unparseable args) per job: noise among the progress lines. Errors still show.
     logging.getLogger("apache_beam.runners.portability.local_job_service").setLevel(logging.ERROR)
     logging.getLogger("distributed").setLevel(logging.WARNING)  # the LocalCluster's INFO lines, likewise
-    figures: dict = {"data": GENERATED, "machine_start": machine(), "tiny": bool(args.tiny)}
+    import sage_tfx
+
+    figures: dict = {"data": GENERATED, "machine_start": machine(), "tiny": bool(args.tiny),
+                     "code": os.path.dirname(os.path.abspath(sage_tfx.__file__))}
     _say(f"machine: {figures['machine_start']}")
     t0 = time.perf_counter()
     work = tempfile.mkdtemp(prefix="sage-bench-scale-")
