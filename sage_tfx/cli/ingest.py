@@ -8,7 +8,11 @@ in the ledger with their exact row count (kept private there) and content digest
 Re-ingesting the same input adds nothing. Unknown options (e.g.
 --direct_num_workers) go to Beam; the default runner is the DirectRunner.
 Distributed: --runner dask --dask-address HOST:PORT, or --direct_running_mode=multi_processing
---direct_num_workers=N (docs/scale_out.md).
+--direct_num_workers=N (docs/scale_out.md). Inputs may be URLs of any Beam filesystem
+(--input 'gs://bucket/trips-*.csv'). --staging-location URL_OR_DIR (gs://B/P, s3://B/P,
+hdfs://H/P or a folder outside the data root) is where the workers write the run's sealed
+part files: then only this process touches the data root (it copies the parts in, checks
+their digests, and deletes the staged run); default DATA_ROOT/STREAM/_staging.
 
 Refused, naming the file, column and row: a header naming a column twice, a quote
 that never closes on its line, inf or nan in an int or float column, a whole number
@@ -48,6 +52,10 @@ def add_parser(subparsers):
     p.add_argument("--allow-duplicate-of-stream", action="append", default=[], metavar="STREAM",
                    help="register blocks whose records stream STREAM already holds (refused by default: the copy "
                         "gets a fresh budget here, so a person's loss adds up across both streams); repeatable")
+    p.add_argument("--staging-location", metavar="URL_OR_DIR",
+                   help="where Beam workers write the run's sealed part files and part list: a Beam FileSystems URL "
+                        "(gs://, s3://, hdfs://) or a folder outside the data root; the workers then need no access "
+                        "to the data root (default: DATA_ROOT/STREAM/_staging; docs/scale_out.md)")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     p.add_argument("--runner", help="Beam runner (default DirectRunner; `dask` = Beam's DaskRunner, see "
                                     "docs/scale_out.md); other Beam options pass through")
@@ -86,7 +94,8 @@ def run(args, beam_args=None):
         result = ingest(args.db, args.stream, args.input, args.data_root, block_by=args.block_by,
                         time_column=args.time_column, window=args.window, user_column=args.user_column,
                         shards=args.shards, hash_key=args.hash_key, fmt=args.format, beam_args=beam_args,
-                        progress=not args.quiet, allow_duplicate_of=args.allow_duplicate_of_stream)
+                        progress=not args.quiet, allow_duplicate_of=args.allow_duplicate_of_stream,
+                        staging_location=args.staging_location)
     except (ValueError, LedgerError, OSError) as exc:
         print(f"sage ingest: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -11,24 +11,40 @@ Parts are emitted from ``process``, never from ``finish_bundle``: Beam 2.77's Da
 ``finish_bundle`` outputs (apache_beam/runners/dask/transform_evaluator.py, ``apply_dofn_to_bundle``
 collects the outputs before it calls ``invoke_finish_bundle``; docs/scale_out.md).
 Runs on the DirectRunner unless ``--runner`` and the other standard Beam options say otherwise
-(``--runner dask``: Beam's DaskRunner; see ``beam_options``). The staging folder is under the data root,
-which must then be a filesystem every worker and the driver share (docs/scale_out.md).
+(``--runner dask``: Beam's DaskRunner; see ``beam_options``).
+
+No step assumes that workers share the launcher's disk when ``staging_location`` is given (docs/scale_out.md):
+inputs given as URLs (``gs://bucket/*.csv``) are matched with ``FileSystems.match`` and read by the workers
+through ``FileSystems.open``; the workers write the sealed part files and the sealed part list under a
+fresh run prefix of the staging location through ``FileSystems.create`` (a local folder: O_EXCL, 0600); the
+driver alone touches the data root: it copies the parts it commits into it (sizes and SHA-256 checked against
+what the workers reported), commits as before, and deletes the staged run, also after an error
+(``store.fetch_parts``, ``store.remove_staged_run``; why an object store without O_EXCL or file modes is
+acceptable: docs/security.md, "Staging outside the data root"). Without it, staging is
+``DATA_ROOT/STREAM/_staging`` as before: then workers and driver must share the data root.
 """
 import glob
 import os
 import shutil
 import sys
+from typing import Iterable, Optional, Sequence, Union
 
 from . import sealed
 from .blocks import TimeBlocks, UserShards
-from .records import InputError, infer_schema, input_format, read_batches
-from .store import (BlockWriter, check_stream_config, commit, missing_dirs, new_run_dir, read_parts,
-                    remove_empty_dirs, remove_run_dir, write_parts)
+from .records import InputError, infer_schema, input_format, is_url, read_batches
+from .store import (BlockWriter, check_staging_location, check_stream_config, commit, missing_dirs,
+                    missing_staging_dirs, new_run_dir, new_staged_run, read_parts, remove_empty_dirs, remove_run_dir,
+                    remove_staged_run, write_parts)
 
 
-def resolve_inputs(inputs):
+def resolve_inputs(inputs: Sequence[str]) -> list:
+    """The input files: local paths and globs (absolute paths), and URLs or URL globs of any Beam filesystem
+    (``gs://bucket/*.csv``: ``FileSystems.match``, read later by the workers themselves)."""
     files = []
     for pattern in inputs:
+        if is_url(pattern):
+            files.extend(_match_url(pattern))
+            continue
         matched = sorted(glob.glob(pattern)) if glob.has_magic(pattern) else [pattern]
         for path in matched:
             if not os.path.isfile(path):
@@ -37,6 +53,22 @@ def resolve_inputs(inputs):
     if not files:
         raise InputError(f"no input files match {', '.join(inputs)}")
     return files
+
+
+def _match_url(pattern):
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        found = FileSystems.match([pattern])[0].metadata_list
+    except Exception as exc:  # an unknown scheme, a missing Beam extra, a store refusing the listing
+        detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise InputError(f"input {pattern!r} cannot be listed through Beam's FileSystems ({detail}): check the URL, "
+                         "and install the Beam extra of its scheme (gs://: apache-beam[gcp], s3://: [aws], hdfs://: "
+                         "[hadoopfs])") from None
+    paths = sorted(m.path for m in found if not m.path.endswith("/"))
+    if not paths:
+        raise InputError(f"input {pattern!r} does not exist (no object matches it)")
+    return paths
 
 
 def make_spec(block_by, stream, time_column=None, window=None, user_column=None, shards=None, hash_key=None):
@@ -142,10 +174,21 @@ def beam_options(beam_args, n_inputs=None):
     return PipelineOptions([f"--runner={runner}"] + rest)
 
 
-def ingest(ledger_location, stream, inputs, data_root, block_by="time", time_column=None, window=None,
-           user_column=None, shards=None, hash_key=None, fmt=None, beam_args=None, batch_rows=65536,
-           compresslevel=6, progress=True, allow_duplicate_of=()):
+def ingest(ledger_location: str, stream: str, inputs: Union[str, Sequence[str]], data_root: str,
+           block_by: str = "time", time_column: Optional[str] = None, window: Optional[str] = None,
+           user_column: Optional[str] = None, shards: Optional[int] = None, hash_key: Optional[str] = None,
+           fmt: Optional[str] = None, beam_args: Optional[Iterable[str]] = None, batch_rows: int = 65536,
+           compresslevel: int = 6, progress: bool = True, allow_duplicate_of: Iterable[str] = (),
+           staging_location: Optional[str] = None) -> dict:
     """Ingest input files into blocks of ``stream``; returns {"added", "unchanged", "blocks", "rows_read"...}.
+
+    ``inputs``: local paths or globs, or URLs/URL globs of any Beam filesystem (``gs://bucket/*.csv``).
+    ``staging_location``: where the Beam workers write the run's sealed part files and part list: a Beam
+    FileSystems URL (``gs://``, ``s3://``, ``hdfs://``) or a local folder outside the data root; default
+    ``DATA_ROOT/STREAM/_staging`` (docs/scale_out.md). With it, workers need not reach the data root: the driver
+    copies the parts in (sizes and SHA-256 checked against the workers' sealed part list) and deletes the
+    staged run afterwards, on success or error (docs/security.md, "Staging outside the data root"); a run it
+    could not delete is reported on stderr and in ``result["staging_left"]``.
 
     On any error nothing is registered, the staging run is removed, and so are the data root, stream and
     staging folders this call created (when empty). Blocks whose records are already registered in another
@@ -154,44 +197,62 @@ def ingest(ledger_location, stream, inputs, data_root, block_by="time", time_col
     import logging
 
     import apache_beam as beam
+    from apache_beam.io.filesystems import FileSystems
 
     from sage_tfx.privacy import Ledger
 
     # Beam logs a worker's exception with its traceback before re-raising it; bad input is reported once, below.
     logging.getLogger("apache_beam.runners.common").addFilter(_not_input_errors)
     spec = make_spec(block_by, stream, time_column, window, user_column, shards, hash_key)
+    options = beam_options(beam_args, None)
+    FileSystems.set_options(options)  # the driver's own FileSystems calls (inputs, staging) see e.g. --s3_* too
     files = resolve_inputs([inputs] if isinstance(inputs, str) else inputs)
+    options = beam_options(beam_args, len(files))
     with Ledger.open(ledger_location) as ledger:
         ledger.stream(stream)  # the stream must exist before data arrives
+        staging = check_staging_location(data_root, stream, staging_location)  # before anything is created
         created = missing_dirs(data_root, stream)
+        created_staging = missing_staging_dirs(staging)
         run_dir = new_run_dir(data_root, stream)
+        stage, left = run_dir, None
         ok = False
         try:
+            if staging is not None:
+                stage = new_staged_run(staging)
             schema, fmts = plan_schema(files, fmt, data_root, stream, spec)
             _, IngestFile = _dofns()
             run_key = sealed.new_run_key()
-            _say(progress, f"ingest: {len(files)} file(s) -> stream {stream} ({spec.describe()}), staging {run_dir}")
+            _say(progress, f"ingest: {len(files)} file(s) -> stream {stream} ({spec.describe()}), staging {stage}")
             try:
-                p = beam.Pipeline(options=beam_options(beam_args, len(files)))
+                p = beam.Pipeline(options=options)
                 _ = (p | "Files" >> beam.Create(files)
                      | "IngestFiles" >> beam.ParDo(IngestFile(fmts, schema, batch_rows,
                                                               spec.column if spec.by == "time" else None,
-                                                              run_dir, spec, compresslevel, stream, run_key))
+                                                              stage, spec, compresslevel, stream, run_key))
                      | "AllParts" >> beam.combiners.ToList()
-                     | "PartList" >> beam.Map(lambda parts: write_parts(run_dir, parts)))
+                     | "PartList" >> beam.Map(_PartList(stage, run_key)))
                 _run(p)
             except InputError:
                 raise
             except Exception as exc:  # a runner wraps worker errors; surface the cause's message
                 raise InputError(_root_message(exc)) from None
-            parts = read_parts(run_dir)
+            parts = read_parts(stage, run_key)
             result = commit(ledger, stream, data_root, run_dir, parts, spec, schema,
-                            allow_duplicate_of=allow_duplicate_of, run_key=run_key)
+                            allow_duplicate_of=allow_duplicate_of, run_key=run_key, staged_run=stage)
             ok = True
         finally:
             remove_run_dir(run_dir)
+            if stage != run_dir:
+                left = remove_staged_run(stage)
+                if left:
+                    print(f"sage ingest: warning: the staged run {stage} could not be removed ({left}): delete it "
+                          "by hand. Its part files are sealed under this run's key, which sage never stores",
+                          file=sys.stderr, flush=True)
             if not ok:
+                remove_empty_dirs(created_staging)
                 remove_empty_dirs(created)
+    if left:
+        result["staging_left"] = stage
     result["blocks"] = len(result["added"]) + len(result["unchanged"])
     _say(progress, f"ingest: {len(result['added'])} block(s) added, {len(result['unchanged'])} already present")
     return result
@@ -218,11 +279,27 @@ def ingest_batches(ledger, stream, data_root, batches, spec, schema, allow_dupli
             remove_empty_dirs(created)
 
 
+class _PartList:
+    """The last step of the ingest job: write the run's part list, sealed under the run key."""
+
+    def __init__(self, run, run_key):
+        self.run, self.run_key = run, run_key
+
+    def __call__(self, parts):
+        write_parts(self.run, parts, self.run_key)
+
+
 def _run(pipeline):
     """Run and wait; then close the runner's client if it holds one (the DaskRunner leaves its Client open)."""
     result = pipeline.run()
     try:
         result.wait_until_finish()
+    except BaseException:  # a failed or interrupted (Ctrl-C) job: stop its workers before staging is deleted
+        try:
+            result.cancel()
+        except Exception:  # finished already, or a runner that cannot cancel (the in-process DirectRunner)
+            pass
+        raise
     finally:
         client = getattr(result, "client", None)
         if client is not None:

@@ -6,10 +6,13 @@ the stream has the same feature types. Empty fields become empty features, as
 in TFX's CsvExampleGen. tf.Example floats are 32-bit: keep exact integers
 (such as unix timestamps) in int columns.
 """
+import contextlib
 import gzip
 import hashlib
+import io
 import json
 import os
+import re
 import struct
 
 KINDS = ("int", "float", "bytes")
@@ -19,6 +22,49 @@ CSV_SAMPLE_BYTES = 16 << 20  # types of a new stream are inferred from the first
 
 class InputError(ValueError):
     """Bad ingest input: names the file, column or value at fault."""
+
+
+_URL = re.compile(r"^[a-zA-Z][-a-zA-Z0-9+.]*://")  # the scheme rule of Beam's FileSystems.get_scheme
+
+
+def is_url(path: str) -> bool:
+    """True for a path with a scheme (``gs://``, ``s3://``, ``hdfs://``...): read and written through Beam's
+    FileSystems; False for a local path (docs/scale_out.md)."""
+    return bool(_URL.match(str(path)))
+
+
+@contextlib.contextmanager
+def open_input(path, decompress=False):
+    """An input file opened for binary reading: a local path with ``open``, a URL through Beam's
+    ``FileSystems.open`` (so ``gs://``/``s3://``/``hdfs://`` inputs are read by the workers themselves, not
+    from the launcher's disk; docs/scale_out.md). ``decompress``: a ``.gz`` file is gunzipped."""
+    if is_url(path):
+        from apache_beam.io.filesystem import CompressionTypes
+        from apache_beam.io.filesystems import FileSystems
+
+        raw = FileSystems.open(path, mime_type="application/octet-stream",
+                               compression_type=CompressionTypes.UNCOMPRESSED)
+    else:
+        raw = open(path, "rb")
+    try:
+        if decompress and str(path).lower().endswith(".gz"):
+            with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
+                yield gz
+        else:
+            yield raw
+    finally:
+        raw.close()
+
+
+@contextlib.contextmanager
+def arrow_source(path):
+    """What pyarrow reads: a local path as is (pyarrow opens it and gunzips ``.gz`` by its name), a URL as a
+    file object from ``open_input`` (gunzipped here)."""
+    if not is_url(path):
+        yield path
+        return
+    with open_input(path, decompress=True) as f:
+        yield f
 
 
 def input_format(path, given=None):
@@ -160,9 +206,9 @@ def write_tfrecords(path, records, compresslevel=6, fsync=False):
 
 def read_tfrecords(path, check_crc=True):
     """Yield the records of a TFRecord file, gzip-compressed or not (checks CRCs)."""
-    with open(path, "rb") as probe:
-        gz = probe.read(2) == b"\x1f\x8b"
-    with (gzip.open(path, "rb") if gz else open(path, "rb")) as f:
+    with open_input(path) as raw:
+        gz = raw.read(2) == b"\x1f\x8b"
+    with open_input(path) as raw, (gzip.GzipFile(fileobj=raw, mode="rb") if gz else contextlib.nullcontext(raw)) as f:
         yield from iter_tfrecords(f, path, check_crc)
 
 
@@ -213,9 +259,8 @@ def check_csv_quotes(path, chunk_bytes=8 << 20):
     """
     import numpy as np
 
-    opener = gzip.open if path.lower().endswith(".gz") else open
     parity, line = 0, 1  # quotes seen on the current line (mod 2); its 1-based line number
-    with opener(path, "rb") as f:
+    with open_input(path, decompress=True) as f:
         while True:
             chunk = f.read(chunk_bytes)
             if not chunk:
@@ -242,8 +287,8 @@ def _unclosed(path, line_number):
     """Raise the unclosed-quote error with the column of the quote that never closes."""
     import csv
 
-    opener = gzip.open if path.lower().endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8", errors="replace", newline="") as f:
+    with open_input(path, decompress=True) as raw, \
+            io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as f:
         header = next(csv.reader([f.readline()]), [])
         for _ in range(line_number - 2):
             f.readline()
@@ -328,13 +373,15 @@ def infer_schema(path, fmt):
         if fmt == "csv":
             import pyarrow.csv as pacsv
 
-            with pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=CSV_SAMPLE_BYTES)) as reader:
+            with arrow_source(path) as src, \
+                    pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=CSV_SAMPLE_BYTES)) as reader:
                 check_unique_columns(reader.schema.names, path)
                 return schema_of(reader.schema)
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
-            arrow_schema = pq.read_schema(path)
+            with arrow_source(path) as src:
+                arrow_schema = pq.read_schema(src)
             check_unique_columns(arrow_schema.names, path)
             return schema_of(arrow_schema)
         kinds = {}
@@ -378,7 +425,8 @@ def _read_batches(path, fmt, schema, batch_rows, check):
 
             if check:
                 check_csv_quotes(path)
-            with pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=1 << 20)) as probe:
+            with arrow_source(path) as src, \
+                    pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=1 << 20)) as probe:
                 if check:
                     check_unique_columns(probe.schema.names, path)
                 sniffed = {f.name: f.type for f in probe.schema}
@@ -388,22 +436,24 @@ def _read_batches(path, fmt, schema, batch_rows, check):
             types = {n: (sniffed[n] if k == "int" and pa.types.is_timestamp(sniffed[n]) else _csv_type(k))
                      for n, k in schema.items()}  # ISO times stay timestamps (made unix seconds later)
             opts = pacsv.ConvertOptions(column_types=types, include_columns=list(schema), strings_can_be_null=True)
-            with pacsv.open_csv(path, read_options=pacsv.ReadOptions(block_size=8 << 20),
-                                convert_options=opts) as reader:
+            with arrow_source(path) as src, \
+                    pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=8 << 20),
+                                   convert_options=opts) as reader:
                 for batch in reader:
                     if batch.num_rows:
                         yield batch
         elif fmt == "parquet":
             import pyarrow.parquet as pq
 
-            pf = pq.ParquetFile(path)
-            if check:
-                check_unique_columns(pf.schema_arrow.names, path)
-            missing = [n for n in schema if n not in pf.schema_arrow.names]
-            if missing:
-                raise InputError(f"input {path} lacks column(s) {', '.join(missing)} of the stream's schema")
-            for batch in pf.iter_batches(batch_size=batch_rows, columns=list(schema)):
-                yield batch
+            with arrow_source(path) as src:
+                pf = pq.ParquetFile(src)
+                if check:
+                    check_unique_columns(pf.schema_arrow.names, path)
+                missing = [n for n in schema if n not in pf.schema_arrow.names]
+                if missing:
+                    raise InputError(f"input {path} lacks column(s) {', '.join(missing)} of the stream's schema")
+                for batch in pf.iter_batches(batch_size=batch_rows, columns=list(schema)):
+                    yield batch
         else:
             chunk = []
             for rec in read_tfrecords(path):

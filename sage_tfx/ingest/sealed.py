@@ -92,17 +92,22 @@ class SealedWriter:
     """A write-only file object: what is written goes out as encrypted chunks of one block file.
 
     ``digest()`` after ``close()``: {"bytes": size, "sha256": hex} of the file as written (the manifest's).
-    The file is created with O_EXCL and mode 0600.
+    The file is created with O_EXCL and mode 0600; or, given ``raw`` (a binary file object the caller opened,
+    e.g. Beam's ``FileSystems.create`` on an object store), the chunks go there: the caller owns creating
+    and, after ``abort``, removing it (docs/security.md, "Staging outside the data root").
     """
 
-    def __init__(self, path, dek, stream, block):
+    def __init__(self, path, dek, stream, block, raw=None):
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
         _check_key(dek, "data key")
-        self.path, self.name, self.stream, self.block = path, os.path.basename(path), stream, block
+        self.path, self.name, self.stream, self.block = path, os.path.basename(str(path)), stream, block
         self._aead = AESGCM(bytes(dek))
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
-        self._raw = os.fdopen(fd, "wb")
+        self._own = raw is None
+        if raw is None:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
+            raw = os.fdopen(fd, "wb")
+        self._raw = raw
         self._buf = bytearray()
         self._index = 0
         self._sha = hashlib.sha256()
@@ -149,16 +154,21 @@ class SealedWriter:
         self._chunk(self._buf, final=True)
         self._buf = bytearray()
         self._raw.flush()
-        if fsync:
+        if fsync and self._own:
             os.fsync(self._raw.fileno())
         self._raw.close()
         self.closed = True
 
     def abort(self):
-        """Close and remove a file cut short by an error."""
+        """Close and remove a file cut short by an error (a ``raw`` file: closed only; its opener removes it)."""
         if not self.closed:
-            self._raw.close()
+            try:
+                self._raw.close()
+            except Exception:  # an object store's upload may fail again on close: the caller removes it
+                pass
             self.closed = True
+        if not self._own:
+            return
         try:
             os.unlink(self.path)
         except OSError:
@@ -168,11 +178,12 @@ class SealedWriter:
         return {"bytes": self._size, "sha256": self._sha.hexdigest()}
 
 
-def write_records(path, records, dek, stream, block, compresslevel=6, fsync=False):
-    """Write records as one sealed block file (a gzip TFRecord stream, encrypted); return {"bytes", "sha256"}."""
+def write_records(path, records, dek, stream, block, compresslevel=6, fsync=False, raw=None):
+    """Write records as one sealed block file (a gzip TFRecord stream, encrypted); return {"bytes", "sha256"}.
+    ``raw``: an opened binary file object to write to instead of creating ``path`` (see ``SealedWriter``)."""
     from .records import frame_tfrecords
 
-    out = SealedWriter(path, dek, stream, block)
+    out = SealedWriter(path, dek, stream, block, raw=raw)
     try:
         with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=compresslevel, mtime=0) as gz:
             frame_tfrecords(gz, records)
