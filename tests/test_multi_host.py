@@ -267,7 +267,8 @@ def test_two_hosts_serve_two_pipelines_each_on_one_postgres_ledger(postgres_serv
             assert history, f"{name} was never granted anything"
             assert all(outcome in ("ACCEPT", "REJECT", "RETRY") for _g, outcome, _d in history), (name, history)
         assert status["a-easy"]["outcome"] == status["b-easy"]["outcome"] == "ACCEPT", status
-        # The audit passes, from Python and from the CLI (with another copy of the key: its head file is behind).
+        # The audit passes, from Python and from the CLI (with the first copy of the key, whose head file knows
+        # only `ledger init`'s entries: the hosts' later ones verify under the key, accepted with a note).
         report = audit_ledger(ledger)
         assert report.ok, report.problems
         # No block over its budget, through the public API.
