@@ -28,6 +28,7 @@ splits and the analyzers' epsilons) and opens the preprocessing release with the
 (``Ledger.release``) before the analysis runs: the same computation re-runs (and draws the same noise),
 a different one is refused before any noise is drawn.
 """
+import contextlib
 import json
 import os
 
@@ -46,6 +47,24 @@ TEMP_DIR = ".temp_path"  # inside the transform graph's URI while the analysis r
 # Lineage of the input Examples copied onto the transformed ones (a DPTrainer checks grant_id and split_rule).
 _STRING_LINEAGE = ("stream", "block_ids", "charge", "split_rule")
 _NUMBER_LINEAGE = ("block_count", "dp_record_count", "dp_record_count_epsilon")
+
+
+@contextlib.contextmanager
+def stdout_to_stderr():
+    """Point this process's stdout (file descriptor 1, which subprocesses inherit) at stderr while inside: the
+    wheel build and pip install of a packaged module print there, and `sage run` keeps stdout for its progress
+    lines."""
+    import sys
+
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(2, 1)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 class TransformConfigError(ValueError):
@@ -332,13 +351,15 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                              f"{grant.id!r}: preprocess only data the grant covers")
         # The plan traces the function with a placeholder seed: no seed enters the traced graph, so the
         # fingerprint is the same, and the grant's seed is handed out only once the release is open.
-        plan = preprocessing_plan(exec_properties, grant, examples, PLANNING_SEED)
+        with stdout_to_stderr():  # a packaged module is pip-installed here (pipelines/_runner.py stage_user_modules)
+            plan = preprocessing_plan(exec_properties, grant, examples, PLANNING_SEED)
         # One release per grant: a different preprocessing_fn (another traced graph) under this grant is
         # refused here, before the analysis draws any noise.
         grant_seed = open_release(ledger, grant, STAGE, plan["computation"], plan["epsilon"], plan["delta"])
 
         graph = artifact_utils.get_single_instance(output_dict["transform_graph"])
         transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])
+        self._stage_module_wheel(exec_properties)
         self._run_transform(examples, graph, transformed, plan, grant_seed)
 
         from tfx.components.util import examples_utils
@@ -350,6 +371,19 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         record = _spend_record(grant, plan)
         record_spend(graph, record)
         record_spend(transformed, record)
+
+    def _stage_module_wheel(self, exec_properties):
+        """A module packaged as a wheel (``module_path`` MODULE@WHEEL, as TFX's Transform gets it: see
+        pipelines/_runner.py ``stage_user_modules``) travels with the Beam job (``--extra_package``), so the
+        workers import it by name; docs/scale_out.md, "PortableRunner with an external worker pool"."""
+        from tfx.components.util import udf_utils
+        from tfx.utils import io_utils
+
+        _, wheels = udf_utils.decode_user_module_key(exec_properties.get("module_path"))
+        for wheel in wheels:
+            flag = f"--extra_package={io_utils.ensure_local(wheel)}"
+            if flag not in self._beam_pipeline_args:
+                self._beam_pipeline_args.append(flag)
 
     def _run_transform(self, examples, graph, transformed, plan, grant_seed):
         import shutil

@@ -140,6 +140,57 @@ def _run_tfx(pipeline, runner):
         LocalDagRunner().run(pipeline)
 
 
+# Beam's in-process runners: their workers are this process, which has imported the module files already.
+IN_PROCESS_RUNNERS = ("directrunner", "direct", "bundlebaseddirectrunner", "switchingdirectrunner")
+
+
+def runs_on_remote_workers(beam_args):
+    """Whether ``beam_args`` name a Beam runner other than the DirectRunner (PortableRunner, Flink, Spark,
+    Dataflow, Dask...): its workers import what a job pickled by module name, so module files must travel."""
+    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+
+    runner = PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
+    if runner is None:
+        return False
+    name = runner if isinstance(runner, str) else type(runner).__name__
+    return name.rsplit(".", 1)[-1].lower() not in IN_PROCESS_RUNNERS
+
+
+def stage_user_modules(pipeline, pipeline_root):
+    """Package each Beam component's module file into a wheel under PIPELINE_ROOT/_wheels and stage it with the
+    component's Beam jobs (docs/scale_out.md, "PortableRunner with an external worker pool").
+
+    As TFX's own Transform does (``tfx.components.util.udf_utils``): the wheel holds the ``.py`` files of the
+    module's folder, named by a hash of their contents; the component's ``module_path`` becomes
+    ``MODULE@WHEEL`` and its ``module_file`` is cleared, so the executor imports the module by name from the wheel
+    (installed into a temporary folder) and the pickled functions refer to it by that name; ``--extra_package=
+    WHEEL`` is added to the Beam args of every Beam component of the run, so the workers of each job install the
+    wheels before they unpickle anything. That flag also stops TFX from building and staging an sdist of TFX itself with every job
+    (``tfx.utils.dependency_utils.make_beam_dependency_flags``): the workers must already hold the launcher's
+    stack (TFX, TensorFlow, sage-tfx). Returns the wheels' paths.
+    """
+    from tfx.components.util import udf_utils
+    from tfx.dsl.components.base.base_beam_component import BaseBeamComponent
+
+    from sage_tfx.components.dp_transform_executor import stdout_to_stderr
+
+    beam_components = [c for c in pipeline.components if isinstance(c, BaseBeamComponent)]
+    wheels = []
+    for component in beam_components:
+        props = component.spec.exec_properties
+        module_file = props.get("module_file")
+        if isinstance(module_file, str) and module_file and "module_path" in props:
+            with stdout_to_stderr():  # setup.py bdist_wheel's chatter
+                wheel, key = udf_utils.package_user_module_file(component.id, module_file, pipeline_root)
+            props["module_path"], props["module_file"] = key, None
+            wheels.append(wheel)
+    if wheels:  # every Beam job of the run stages them (small): no job falls back to TFX's sdist of itself
+        flags = [f"--extra_package={wheel}" for wheel in sorted(set(wheels))]
+        for component in beam_components:
+            component.with_beam_pipeline_args(flags)
+    return wheels
+
+
 def validation_result(metadata_path, grant_id):
     """The DPModelValidator result (dict from its result.json) recorded for ``grant_id``, or None."""
     from ml_metadata.metadata_store import metadata_store
@@ -167,6 +218,8 @@ def make_run_iteration(build_pipeline, config):
         make_private_dir(config.pipeline_root)
         scrub_raw_artifacts(config)  # left by a run killed outright
         pipeline = build_pipeline(config, grant, split, eta, iteration)
+        if runs_on_remote_workers(config.beam_pipeline_args):  # either orchestrator hands them to Beam components
+            stage_user_modules(pipeline, config.pipeline_root)
         try:
             run_tfx(pipeline, config.runner)
         finally:

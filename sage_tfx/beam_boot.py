@@ -17,9 +17,13 @@ environment that already holds Beam, TFX and sage-tfx (``sage_tfx.clusters.porta
    ``--setup_file`` package) and ``requirements.txt`` (from the staged files only), into
    SEMI_PERSIST_DIR/site: pure-Python wheels (``*-none-any.whl``) by unpacking, anything else with
    ``pip install --no-deps --target``;
-4. runs ``python -m apache_beam.runners.worker.sdk_worker_main`` with SEMI_PERSIST_DIR/site first on its
-   PYTHONPATH, and removes SEMI_PERSIST_DIR (a fresh private temporary folder unless ``--semi_persist_dir``
-   is given) when the worker exits.
+4. runs Beam's ``apache_beam.runners.worker.sdk_worker_main`` with SEMI_PERSIST_DIR/site last on its
+   ``sys.path`` (where a pip install would put it: it shadows nothing installed), and removes
+   SEMI_PERSIST_DIR (a fresh private temporary folder unless ``--semi_persist_dir`` is given) when the
+   worker exits.
+
+It reports each worker on stderr (the worker pool's output): ``beam_boot: worker ID (pid PID) installed
+[NAMES]``.
 
 Use it with any worker pool: ``python -m apache_beam.runners.worker.worker_pool_main --service_port=50000
 --container_executable=$(python -c "import sage_tfx.beam_boot as b; print(b.__file__)")`` (the file is
@@ -137,7 +141,7 @@ def install(staged_dir: str, names: Sequence[str], site_dir: str) -> list[str]:
     return installed
 
 
-def worker_environment(args: argparse.Namespace, info, semi_dir: str, site_dir: str) -> dict[str, str]:
+def worker_environment(args: argparse.Namespace, info, semi_dir: str) -> dict[str, str]:
     """The environment ``sdk_worker_main`` reads (as Beam's container boot sets it)."""
     from google.protobuf import json_format, text_format
 
@@ -154,7 +158,6 @@ def worker_environment(args: argparse.Namespace, info, semi_dir: str, site_dir: 
         "LOGGING_API_SERVICE_DESCRIPTOR": descriptor(args.logging_endpoint),
         "CONTROL_API_SERVICE_DESCRIPTOR": descriptor(args.control_endpoint),
         "RUNNER_CAPABILITIES": " ".join(info.runner_capabilities),
-        "PYTHONPATH": os.pathsep.join([site_dir, *filter(None, [env.get("PYTHONPATH")])]),
     })
     if info.HasField("status_endpoint") and info.status_endpoint.url:
         env["STATUS_API_SERVICE_DESCRIPTOR"] = descriptor(info.status_endpoint.url)
@@ -170,9 +173,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.makedirs(staged_dir, mode=0o700, exist_ok=True)
         os.makedirs(site_dir, mode=0o700, exist_ok=True)
         info = provision_info(args)
-        install(staged_dir, fetch_artifacts(args, info.dependencies, staged_dir), site_dir)
-        worker = subprocess.Popen([sys.executable, "-m", "apache_beam.runners.worker.sdk_worker_main"],
-                                  env=worker_environment(args, info, semi_dir, site_dir))
+        installed = install(staged_dir, fetch_artifacts(args, info.dependencies, staged_dir), site_dir)
+        # SITE goes LAST on the worker's sys.path, where site-packages is for a pip install: a module file of the
+        # job named like a module of the stack (e.g. a user's typing.py) does not shadow it
+        run = (f"import runpy, sys; sys.path.append({site_dir!r}); "
+               "runpy.run_module('apache_beam.runners.worker.sdk_worker_main', run_name='__main__', alter_sys=True)")
+        worker = subprocess.Popen([sys.executable, "-c", run], env=worker_environment(args, info, semi_dir))
+        print(f"beam_boot: worker {args.id} (pid {worker.pid}) installed {installed or 'nothing'}", file=sys.stderr,
+              flush=True)
 
         def forward(signum, _frame):  # the worker pool stops a worker with SIGTERM
             worker.send_signal(signum)

@@ -44,7 +44,8 @@ class PortableCluster:
     ``job_endpoint``: the job service's ``host:port`` (Beam's ``--job_endpoint``). ``worker_address``: the
     worker pool's ``host:port`` (Beam's ``--environment_config`` with ``--environment_type=EXTERNAL``).
     ``workers``: the SDK workers a job gets per stage. ``beam_args``: the Beam options a job needs to run
-    on this cluster. ``pids``: the launched processes (job service, worker pool), for diagnostics.
+    on this cluster. ``pids``: the launched processes (worker pool, job service); ``log_dir``: the folder of
+    their output (``worker_pool.log``, ``job_service.log``), removed on exit.
     """
 
     job_endpoint: str
@@ -52,6 +53,17 @@ class PortableCluster:
     workers: int
     beam_args: list[str] = field(default_factory=list)
     pids: tuple[int, ...] = ()
+    log_dir: str = ""
+
+    @property
+    def worker_log(self) -> str:
+        """The worker pool's output so far: Beam's pool logs each worker it starts, and sage_tfx/beam_boot.py
+        each worker's pid and the packages it installed (``beam_boot: worker ID (pid PID) installed [...]``)."""
+        try:
+            with open(os.path.join(self.log_dir, "worker_pool.log"), errors="replace") as f:
+                return f.read()
+        except OSError:
+            return ""
 
 
 @dataclass(frozen=True)
@@ -197,7 +209,7 @@ def portable_cluster(*, workers: int = 2, worker_prefix: Sequence[str] = ()) -> 
             beam_args = ["--runner=PortableRunner", f"--job_endpoint={job_endpoint}", "--environment_type=EXTERNAL",
                          f"--environment_config={worker_address}", f"--sdk_worker_parallelism={workers}"]
             yield PortableCluster(job_endpoint=job_endpoint, worker_address=worker_address, workers=workers,
-                                  beam_args=beam_args, pids=tuple(p.pid for p in started))
+                                  beam_args=beam_args, pids=tuple(p.pid for p in started), log_dir=log_dir)
         finally:
             for proc in reversed(started):
                 _stop(proc)
