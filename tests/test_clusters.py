@@ -131,3 +131,32 @@ def test_beams_own_local_job_service_runs_one_worker():
     finally:
         servicer.stop()
     assert len(pids) == 2, pids
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, raises=ModuleNotFoundError,
+                   reason="upstream: Beam 2.77's worker pool without --container_executable (apache_beam/runners/"
+                          "worker/worker_pool_main.py StartWorker, use_process) starts a bare `python -c SdkHarness(...)` "
+                          "that installs none of the job's staged packages (--extra_package): ModuleNotFoundError in "
+                          "the worker. portable_cluster's pool runs its workers through sage_tfx/beam_boot.py")
+def test_beams_bare_process_worker_pool_ignores_extra_packages(tmp_path, monkeypatch):
+    import sys
+
+    from apache_beam.runners.portability import local_job_service
+    from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer
+
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    wheel = make_wheel(str(tmp_path), "sage_probe_module_bare", PROBE)
+    address, pool = BeamFnExternalWorkerPoolServicer.start(use_process=True)  # Beam's own, in this process
+    servicer = local_job_service.LocalJobServicer()
+    port = servicer.start_grpc_server(0)
+    try:
+        _pids(["--runner=PortableRunner", f"--job_endpoint=localhost:{port}", "--environment_type=EXTERNAL",
+               f"--environment_config={address}", f"--extra_package={wheel}"], n=4, module="sage_probe_module_bare")
+    except RuntimeError as exc:  # the job's failure, with the worker's traceback in its message
+        if "No module named 'sage_probe_module_bare'" in str(exc):
+            raise ModuleNotFoundError("the worker did not install the staged wheel") from exc
+        raise
+    finally:
+        servicer.stop()
+        pool.stop(0)
