@@ -386,9 +386,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                 self._beam_pipeline_args.append(flag)
 
     def _run_transform(self, examples, graph, transformed, plan, grant_seed):
-        import shutil
-
         import apache_beam as beam
+        import tensorflow as tf
         import tensorflow_transform as tft
         import tensorflow_transform.beam as tft_beam
         from tfx_bsl.public import tfxio
@@ -424,4 +423,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                     out = os.path.join(artifact_utils.get_split_uri([transformed], split), TRANSFORMED_EXAMPLES_PREFIX)
                     _ = (rows | f"Encode[{split}]" >> beam.FlatMap(encode)
                          | f"Write[{split}]" >> beam.io.WriteToTFRecord(out, file_name_suffix=".gz"))
-        shutil.rmtree(temp_dir, ignore_errors=True)
+        try:  # the job's temporary files, wherever the pipeline root is (a leftover is harmless, as before)
+            if tf.io.gfile.exists(temp_dir):
+                tf.io.gfile.rmtree(temp_dir)
+        except tf.errors.OpError:
+            pass

@@ -201,8 +201,10 @@ def validation_result(metadata_path, grant_id):
     if not found:
         return None
     latest = max(found, key=lambda a: a.id)
-    with open(os.path.join(latest.uri, "result.json")) as f:
-        return json.load(f)
+    from tfx.dsl.io import fileio  # the validator wrote it with TF's file system layer: any pipeline root
+
+    with fileio.open(os.path.join(latest.uri, "result.json")) as f:
+        return json.loads(f.read())
 
 
 def make_run_iteration(build_pipeline, config):

@@ -5,7 +5,11 @@ one progress line per iteration gives its blocks, epsilon, the validator's
 bound and the outcome. Killed and run again with the same arguments, it
 resumes: the interrupted iteration re-runs under its grant, without a new charge.
 
-Beam pipeline options go after a bare --, e.g. `sage run ... -- --direct_num_workers=2`.
+Beam pipeline options go after a bare --, e.g. `sage run ... -- --direct_num_workers=2`. On a Beam job service
+with an external SDK worker pool (docs/scale_out.md, "PortableRunner with an external worker pool"):
+`sage run ... --runner beam -- --runner=PortableRunner --job_endpoint=HOST:PORT --environment_type=EXTERNAL
+--environment_config=HOST:POOL_PORT --sdk_worker_parallelism=2`; module files are then staged with each Beam job
+as a wheel (--extra_package), and the workers need the data root and --work-dir at the same paths.
 
 --check runs one iteration on GENERATED rows of the stream's schema in a throwaway ledger first: schema
 and module errors show there, before anything is charged. With --target it then estimates the rows the
