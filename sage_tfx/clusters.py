@@ -5,7 +5,8 @@ stops them on exit:
 
 - ``portable_cluster``: a Beam job service and an EXTERNAL SDK worker pool (Beam's
   ``apache_beam.runners.worker.worker_pool_main``, the way Flink, Spark and Dataflow run Python workers),
-  whose SDK workers are processes of their own. Its ``beam_args`` are the options a job needs
+  whose SDK workers are processes of their own, started through ``sage_tfx.beam_boot`` so that they install
+  the packages a job stages (``--extra_package``). Its ``beam_args`` are the options a job needs
   (``--runner=PortableRunner --job_endpoint=... --environment_type=EXTERNAL --environment_config=...
   --sdk_worker_parallelism=N``), e.g. ``sage run taxi_regression --runner beam ... -- *cluster.beam_args``.
 - ``dask_cluster``: a ``distributed.LocalCluster`` of worker processes, for Beam's DaskRunner
@@ -180,7 +181,9 @@ def portable_cluster(*, workers: int = 2, worker_prefix: Sequence[str] = ()) -> 
     stage on ``--sdk_worker_parallelism`` workers) runs jobs submitted with ``cluster.beam_args``; for each
     job it asks the worker pool (``python -m apache_beam.runners.worker.worker_pool_main``) for ``workers``
     SDK workers, which the pool starts as processes of their own (as Flink, Spark and Dataflow start Python
-    workers from an SDK container's worker pool). ``worker_prefix`` is put before the worker pool's command
+    workers from an SDK container's worker pool), through ``sage_tfx/beam_boot.py`` (``--container_executable``:
+    each worker installs what its job staged, e.g. ``--extra_package`` wheels, into a temporary folder of its
+    own), under umask 077 (the workers write raw records). ``worker_prefix`` is put before the worker pool's command
     (e.g. ``["unshare", "-m", ...]`` to run the pool and its workers in a mount namespace of their own); its
     processes must keep the pool's process group. Both are started in sessions of their own, with their output
     in a temporary folder; on exit both process groups (workers included) get SIGTERM, then SIGKILL.

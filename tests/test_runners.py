@@ -2,7 +2,10 @@
 the DirectRunner in multi-process mode (2 workers) and Beam's DaskRunner on a distributed.LocalCluster of
 2 worker processes (started and closed here, on loopback) gives the same blocks, the same private row
 counts and the same decrypted records. Plus the upstream limitation the ingest job works around:
-the DaskRunner drops what a DoFn outputs from finish_bundle (docs/scale_out.md)."""
+the DaskRunner drops what a DoFn outputs from finish_bundle (docs/scale_out.md). And `sage run` on a
+PortableRunner whose Beam jobs run on an EXTERNAL worker pool (sage_tfx.clusters.portable_cluster), the
+module files travelling with each job as a wheel (docs/scale_out.md, "PortableRunner with an external worker
+pool")."""
 import collections
 
 import pytest
