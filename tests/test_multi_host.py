@@ -12,6 +12,7 @@ without root (or without `ip netns`), both run on loopback and the test says so.
 """
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -275,6 +276,10 @@ def test_two_hosts_serve_two_pipelines_each_on_one_postgres_ledger(postgres_serv
         stream = ledger.stream("taxi")
         blocks = {b.id: b for b in ledger.blocks("taxi")}
         assert blocks
+        # Each block was added by exactly one host's replay; the other's step found it registered and said so.
+        added = [int(m) for host in hosts.values()
+                 for m in re.findall(r"\[replay\] step \d+: (\d+) new block\(s\)", host.output)]
+        assert sum(added) == len(blocks), (added, len(blocks))
         for b in blocks.values():
             assert b.spent[0] <= stream.epsilon + 1e-9 and b.spent[1] <= stream.delta + 1e-15, (b.id, b.spent)
         grants = ledger.grants("taxi")

@@ -117,13 +117,20 @@ def _run(args):
         print(f"[replay] {len(steps)} initial block(s) up to {steps[-1].block if steps else '-'}", flush=True)
 
     def replay_step():
-        added = []
+        """The blocks this step added; [] if another replay of the stream (another host) had added them all;
+        None once the input is exhausted."""
+        added, steps = [], 0
         for _ in range(args.blocks_per_step):
             step = replay.step()
             if step is None:
                 break
-            added.append(step.block)
-        return added or None
+            steps += 1
+            if step.added:
+                added.append(step.block)
+        if steps and len(added) < steps:
+            print(f"[replay] {steps - len(added)} of this step's {steps} block(s) were already registered by "
+                  "another replay of the stream", flush=True)
+        return added if steps else None
 
     platform = ProcessPlatform(args.db, args.stream, specs, replay_step, step_seconds=args.step_seconds,
                                progress=lambda line: print(line, flush=True), parallel=args.parallel,
