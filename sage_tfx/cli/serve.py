@@ -12,8 +12,14 @@ pipeline's name and exit status and started again: it resumes its unfinished
 iteration under the grant already charged (no new charge). After --max-restarts
 restarts the pipeline is reported FAILED; the others go on.
 
+A pipeline name is served by one process at a time: a name another `sage serve` or
+`sage run` is running (on this host, or on any host sharing a PostgreSQL ledger) is
+refused (exit 2) before anything is registered. Several hosts on one stream: give each
+its own pipeline names and work dir (docs/scale_out.md, "Several hosts on one
+PostgreSQL ledger").
+
 Exit codes: 0 every pipeline reached an outcome and the audit passed; 1 a pipeline
-failed or the audit did not pass; 2 bad input.
+failed or the audit did not pass; 2 bad input, or a pipeline name another process runs.
 
 Example:
   sage serve --db ledger.db --stream taxi --data-root data --input trips.csv \\
