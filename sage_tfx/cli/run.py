@@ -16,7 +16,8 @@ and module errors show there, before anything is charged. With --target it then 
 validator's ACCEPT test needs at a few epsilons, for a public guess of the model's loss (--expected-loss).
 
 Exit codes: 0 ACCEPT (the model was pushed, or --check ran end to end), 4 REJECT (the REJECT test on the
-training split showed the target is out of reach), 5 TIMEOUT, 2 bad input, 1 an iteration failed after its
+training split showed the target is out of reach), 5 TIMEOUT, 2 bad input (or a --name another process runs:
+one process runs a pipeline name at a time, on any host of the ledger), 1 an iteration failed after its
 charge (the message withholds details that may hold data values: run --check to see them on generated rows).
 """
 import argparse
