@@ -359,8 +359,9 @@ class Executor(base_beam_executor.BaseBeamExecutor):
 
         graph = artifact_utils.get_single_instance(output_dict["transform_graph"])
         transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])
-        self._stage_module_wheel(exec_properties)
-        self._run_transform(examples, graph, transformed, plan, grant_seed)
+        wheels = self._stage_module_wheel(exec_properties)
+        with self._local_worker_path(wheels):
+            self._run_transform(examples, graph, transformed, plan, grant_seed)
 
         from tfx.components.util import examples_utils
         from tfx.proto import example_gen_pb2
@@ -380,10 +381,32 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         from tfx.utils import io_utils
 
         _, wheels = udf_utils.decode_user_module_key(exec_properties.get("module_path"))
+        wheels = [io_utils.ensure_local(wheel) for wheel in wheels]
         for wheel in wheels:
-            flag = f"--extra_package={io_utils.ensure_local(wheel)}"
+            flag = f"--extra_package={wheel}"
             if flag not in self._beam_pipeline_args:
                 self._beam_pipeline_args.append(flag)
+        return wheels
+
+    @contextlib.contextmanager
+    def _local_worker_path(self, wheels):
+        """On the DirectRunner's multi_processing mode the workers are subprocesses of this process, which install
+        nothing a job stages: the wheels are installed into a temporary folder on PYTHONPATH while the job runs
+        (TFX's ``udf_utils.TempPipInstallContext``, as TFX's Transform does), so the workers find the module."""
+        from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions
+        from tfx.components.util import udf_utils
+
+        mode = PipelineOptions(list(self._beam_pipeline_args)).view_as(DirectOptions).direct_running_mode
+        if not wheels or mode != "multi_processing":
+            yield
+            return
+        context = udf_utils.TempPipInstallContext(list(wheels))
+        with stdout_to_stderr():  # pip's output
+            context.__enter__()
+        try:
+            yield
+        finally:
+            context.__exit__(None, None, None)
 
     def _run_transform(self, examples, graph, transformed, plan, grant_seed):
         import apache_beam as beam

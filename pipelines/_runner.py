@@ -145,11 +145,15 @@ IN_PROCESS_RUNNERS = ("directrunner", "direct", "bundlebaseddirectrunner", "swit
 
 
 def runs_on_remote_workers(beam_args):
-    """Whether ``beam_args`` name a Beam runner other than the DirectRunner (PortableRunner, Flink, Spark,
-    Dataflow, Dask...): its workers import what a job pickled by module name, so module files must travel."""
-    from apache_beam.options.pipeline_options import PipelineOptions, StandardOptions
+    """Whether ``beam_args`` run Beam jobs in worker processes other than this one: a runner other than the
+    DirectRunner (PortableRunner, Flink, Spark, Dataflow, Dask...), or the DirectRunner's multi_processing mode.
+    Those workers import what a job pickled by module name, so module files must travel."""
+    from apache_beam.options.pipeline_options import DirectOptions, PipelineOptions, StandardOptions
 
-    runner = PipelineOptions(list(beam_args)).view_as(StandardOptions).runner
+    options = PipelineOptions(list(beam_args))
+    if options.view_as(DirectOptions).direct_running_mode == "multi_processing":
+        return True
+    runner = options.view_as(StandardOptions).runner
     if runner is None:
         return False
     name = runner if isinstance(runner, str) else type(runner).__name__

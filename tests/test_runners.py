@@ -140,37 +140,43 @@ def test_finish_bundle_output_on_dask_runner(dask_cluster):
     _count_in_finish_bundle(["--runner=dask", f"--dask-address={dask_cluster.address}"])
 
 
-# ------------------------------------------------------------------ sage run on a PortableRunner (issue 12)
+# ------------------------------------------------------------------ sage run on worker processes (issue 12)
 
-@pytest.mark.slow
-@pytest.mark.tf
-def test_sage_run_on_portable_runner_with_external_workers(tmp_path):
-    """A whole taxi_regression iteration (`sage run --runner beam -- <the portable cluster's Beam args>`) on a
-    stream ingested here: BlockExampleGen's and DPTransform's Beam jobs run on the SDK worker processes of an
-    EXTERNAL worker pool, which import the preprocessing module from the wheel staged with each job
-    (docs/scale_out.md, "PortableRunner with an external worker pool"). Target 1 s^2 is out of reach: the REJECT
-    test on the train split rejects at iteration 1 (README), one grant charged once, audit OK."""
-    import os
-    import re
-    import subprocess
-    import sys
-
+@pytest.fixture(scope="module")
+def taxi_days(tmp_path_factory):
+    """A ledger and data root holding the first 260 real taxi days as daily blocks (ingested here)."""
     from sage_tfx.data.taxi import taxi_csv_path
     from sage_tfx.ingest.replay import Replay
 
-    db, data, work = tmp_path / "ledger.db", tmp_path / "data", tmp_path / "work"
+    root = tmp_path_factory.mktemp("taxi_days")
+    db, data = root / "ledger.db", root / "data"
     with Ledger.open(db, create=True) as ledger:
         ledger.create_stream("taxi", 1.0, 1e-6)
         Replay.from_file(ledger, "taxi", str(data), taxi_csv_path("simple"), TIME_COLUMN, "1d").run(steps=260)
-    with clusters.portable_cluster(workers=2) as cluster:
-        out = subprocess.run(
-            [sys.executable, "-m", "sage_tfx", "run", "taxi_regression", "--db", str(db), "--stream", "taxi",
-             "--data-root", str(data), "--target", "1", "--epsilon-start", "1", "--min-window", "256",
-             "--max-iterations", "1", "--runner", "beam", "--work-dir", str(work), "--", *cluster.beam_args],
-            capture_output=True, text=True, timeout=1500)
-        worker_log = cluster.worker_log
+    return db, data
+
+
+def _sage_run_rejects(taxi_days, tmp_path, beam_args):
+    """`sage run taxi_regression --runner beam -- BEAM_ARGS` on a private copy of the ledger: target 1 s^2 is out
+    of reach, so the REJECT test on the train split rejects at iteration 1 (README); one grant charged once,
+    audit OK, stdout free of the wheel build's and pip's chatter. Returns the staged wheel's name."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    db, data = taxi_days
+    shutil.copy(db, tmp_path / "ledger.db")
+    shutil.copy(f"{db}.key", tmp_path / "ledger.db.key")
+    db, work = tmp_path / "ledger.db", tmp_path / "work"
+    out = subprocess.run(
+        [sys.executable, "-m", "sage_tfx", "run", "taxi_regression", "--db", str(db), "--stream", "taxi",
+         "--data-root", str(data), "--target", "1", "--epsilon-start", "1", "--min-window", "256",
+         "--max-iterations", "1", "--runner", "beam", "--work-dir", str(work), "--", *beam_args],
+        capture_output=True, text=True, timeout=1500)
     assert out.returncode == 4, out.stdout + out.stderr[-4000:]
     assert "-> REJECT" in out.stdout and "taxi_regression: REJECT after 1 iteration(s)" in out.stdout, out.stdout
+    assert "Successfully installed" not in out.stdout and "bdist_wheel" not in out.stdout, out.stdout
     with Ledger.open(db) as ledger:
         history = ledger.history("taxi", "taxi_regression")
         assert [o for _g, o, _d in history] == ["REJECT"]
@@ -180,24 +186,50 @@ def test_sage_run_on_portable_runner_with_external_workers(tmp_path):
         assert all(abs(spent[b] - grant.cost[0]) < 1e-12 for b in grant.blocks)  # charged once
         assert {r.stage for r in ledger.releases(grant.id)} >= {"count", "preprocessing", "rejection"}
         assert ledger.audit().ok
-    # The preprocessing module travelled as a wheel under the pipeline root, and every Beam job's workers (SDK
-    # worker processes of the pool, 2 per job, none of them the launcher) installed it before running.
-    (wheel,) = os.listdir(work / "tfx" / "taxi_regression" / "_wheels")
+    (wheel,) = os.listdir(work / "tfx" / "taxi_regression" / "_wheels")  # the preprocessing module, packaged
     assert wheel.startswith("tfx_user_code_DPTransform-") and wheel.endswith("-py3-none-any.whl")
+    return wheel
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_sage_run_on_portable_runner_with_external_workers(taxi_days, tmp_path):
+    """A whole taxi_regression iteration (`sage run --runner beam -- <the portable cluster's Beam args>`):
+    BlockExampleGen's and DPTransform's Beam jobs run on the SDK worker processes of an EXTERNAL worker pool,
+    which import the preprocessing module from the wheel staged with each job (docs/scale_out.md, "PortableRunner
+    with an external worker pool"): REJECT at iteration 1."""
+    import os
+    import re
+
+    with clusters.portable_cluster(workers=2) as cluster:
+        wheel = _sage_run_rejects(taxi_days, tmp_path, cluster.beam_args)
+        worker_log = cluster.worker_log
+    # Every Beam job's workers (SDK worker processes of the pool, 2 per job, none of them the launcher)
+    # installed the wheel before running.
     booted = re.findall(r"beam_boot: worker (\S+) \(pid (\d+)\) installed \[(.*)\]", worker_log)
     assert len(booted) >= 4 and len({pid for _w, pid, _i in booted}) == len(booted), worker_log[-4000:]
     assert all(installed == repr(wheel) for _w, _pid, installed in booted), booted
     assert os.getpid() not in {int(pid) for _w, pid, _i in booted}
 
 
+@pytest.mark.slow
+@pytest.mark.tf
+def test_sage_run_on_direct_runner_multi_processing(taxi_days, tmp_path):
+    """The DirectRunner's multi_processing mode runs the jobs in worker subprocesses too (before: ModuleNotFoundError
+    'user_module_0' in DPTransform's job); the wheel is installed on PYTHONPATH while the job runs."""
+    _sage_run_rejects(taxi_days, tmp_path, ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
+
+
 def test_module_files_travel_only_to_remote_workers():
-    """Wheels are built and staged only when the Beam args name a runner whose workers are other processes
-    (pipelines/_runner.py stage_user_modules); the in-process DirectRunner imports the module files itself."""
+    """Wheels are built and staged only when the Beam jobs run in worker processes other than the launcher
+    (pipelines/_runner.py stage_user_modules): another runner, or the DirectRunner's multi_processing mode; the
+    in-process DirectRunner imports the module files itself."""
     from sage_tfx.pipelines._runner import runs_on_remote_workers
 
     for args in ([], ["--runner=DirectRunner"], ["--runner", "direct"], ["--direct_num_workers=2"],
                  ["--runner=apache_beam.runners.direct.direct_runner.DirectRunner"]):
         assert not runs_on_remote_workers(args), args
     for args in (["--runner=PortableRunner", "--job_endpoint=127.0.0.1:1"], ["--runner=FlinkRunner"],
-                 ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"], ["--runner", "DataflowRunner"]):
+                 ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"], ["--runner", "DataflowRunner"],
+                 ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]):
         assert runs_on_remote_workers(args), args
