@@ -132,6 +132,21 @@ class PostgresServer:
         return self.url(name)
 
 
+def replay_taxi_days(root, days, *, extra_streams=()):
+    """A ledger (root/ledger.db, epsilon 1, delta 1e-6) and data root (root/data) holding the first ``days``
+    real taxi days of stream "taxi" as daily blocks, replayed here; ``extra_streams`` are created empty."""
+    from sage_tfx.data.taxi import TIME_COLUMN, taxi_csv_path
+    from sage_tfx.ingest.replay import Replay
+    from sage_tfx.privacy import Ledger
+
+    db, data = root / "ledger.db", root / "data"
+    with Ledger.open(db, create=True) as ledger:
+        for stream in ("taxi", *extra_streams):
+            ledger.create_stream(stream, 1.0, 1e-6)
+        Replay.from_file(ledger, "taxi", str(data), taxi_csv_path("simple"), TIME_COLUMN, "1d").run(steps=days)
+    return db, data
+
+
 @pytest.fixture(scope="session")
 def postgres_server():
     """A real PostgreSQL server for the whole session (skips without the binaries, unless CI is set)."""

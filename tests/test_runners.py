@@ -9,6 +9,7 @@ pool")."""
 import collections
 
 import pytest
+from conftest import replay_taxi_days
 
 from sage_tfx import clusters
 from sage_tfx.data.taxi import TIME_COLUMN, taxi_csv_path
@@ -145,15 +146,7 @@ def test_finish_bundle_output_on_dask_runner(dask_cluster):
 @pytest.fixture(scope="module")
 def taxi_days(tmp_path_factory):
     """A ledger and data root holding the first 260 real taxi days as daily blocks (ingested here)."""
-    from sage_tfx.data.taxi import taxi_csv_path
-    from sage_tfx.ingest.replay import Replay
-
-    root = tmp_path_factory.mktemp("taxi_days")
-    db, data = root / "ledger.db", root / "data"
-    with Ledger.open(db, create=True) as ledger:
-        ledger.create_stream("taxi", 1.0, 1e-6)
-        Replay.from_file(ledger, "taxi", str(data), taxi_csv_path("simple"), TIME_COLUMN, "1d").run(steps=260)
-    return db, data
+    return replay_taxi_days(tmp_path_factory.mktemp("taxi_days"), 260)
 
 
 def _sage_run_rejects(taxi_days, tmp_path, beam_args):

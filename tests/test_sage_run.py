@@ -8,6 +8,7 @@ import sys
 import time
 
 import pytest
+from conftest import replay_taxi_days
 
 from sage_tfx.privacy import Ledger
 
@@ -22,17 +23,7 @@ def sage(*args, timeout=900, **kwargs):
 @pytest.fixture(scope="module")
 def taxi_stream(tmp_path_factory):
     """A ledger and data root holding the first 300 real taxi days (about 3,000 trips) as daily blocks."""
-    from sage_tfx.data.taxi import taxi_csv_path
-    from sage_tfx.ingest.replay import Replay
-
-    root = tmp_path_factory.mktemp("stream")
-    db, data = root / "ledger.db", root / "data"
-    with Ledger.open(db, create=True) as ledger:
-        ledger.create_stream("taxi", 1.0, 1e-6)
-        ledger.create_stream("empty", 1.0, 1e-6)
-        Replay.from_file(ledger, "taxi", str(data), taxi_csv_path("simple"), "trip_start_timestamp", "1d").run(
-            steps=300)
-    return db, data
+    return replay_taxi_days(tmp_path_factory.mktemp("stream"), 300, extra_streams=("empty",))
 
 
 def _copy_stream(taxi_stream, tmp_path):
