@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--workers", type=int, default=2, help="workers of the multi-process setups (default 2)")
     parser.add_argument("--serve-pipelines", type=int, default=2,
                         help="pipelines in each `sage serve` run (0: skip the serve part; default 2: the default "
-                             "run takes about 15 min on 2 shared cores, docs/BENCHMARKS.md)")
+                             "run took 11 min on 2 shared cores, docs/BENCHMARKS.md)")
     parser.add_argument("--serve-parallel", default="1,2",
                         help="`sage serve --parallel` values to compare, the first is the reference (default 1,2)")
     parser.add_argument("--serve-initial-blocks", type=int, default=256,
