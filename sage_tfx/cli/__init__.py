@@ -6,7 +6,8 @@ Each module in this package is one top-level command: it defines
 level (no TensorFlow, Beam or dp-accounting), so `sage ledger ...` starts fast.
 
 Exit codes shared by all commands: 0 success, 2 bad input; commands document
-their own extra codes (e.g. 3 for a refused charge). When the reader of the output
+their own extra codes (e.g. 3 for a refused charge); ``sage_tfx.cli._exits`` defines
+every code once, with a table of what each means. When the reader of the output
 goes away (``sage ledger status | head``) a command stops quietly with 141, as a
 Unix tool killed by SIGPIPE does.
 
@@ -21,8 +22,7 @@ import os
 import pkgutil
 import sys
 
-EXIT_OK = 0
-EXIT_BAD_INPUT = 2
+from ._exits import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK  # noqa: F401  (re-exported)
 
 
 def build_parser(command=None):
@@ -82,12 +82,10 @@ def main(argv=None):
         return code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return _closed_pipe()
 
-
-EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for a Unix tool whose reader went away
 
 
 def _closed_pipe():

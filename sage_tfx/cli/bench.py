@@ -9,6 +9,8 @@ import json
 import pkgutil
 import sys
 
+from ._exits import EXIT_OK
+
 
 def add_parser(subparsers):
     import sage_tfx.bench as benches
@@ -35,4 +37,4 @@ def _run(module, args):
         for key, value in figures.items():
             print(f"{key}: {value}")
     sys.stdout.flush()
-    return 0
+    return EXIT_OK

@@ -28,9 +28,8 @@ Exit codes: 0 success; 2 bad input (nothing registered).
 import argparse
 import sys
 
+from ._exits import EXIT_BAD_INPUT, EXIT_OK
 from ._keys import add_key_file
-
-EXIT_BAD_INPUT = 2
 
 
 def add_parser(subparsers):
@@ -101,7 +100,7 @@ def run(args, beam_args=None):
         return EXIT_BAD_INPUT
     print(f"stream {args.stream}: {len(result['added'])} block(s) added, {len(result['unchanged'])} already "
           f"present (unchanged){_encrypted(result)}; data under {args.data_root}")
-    return 0
+    return EXIT_OK
 
 
 def _encrypted(result):

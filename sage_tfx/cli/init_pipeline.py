@@ -9,6 +9,8 @@ Exit codes: 0 written, 2 bad input (nothing written).
 import argparse
 import sys
 
+from ._exits import EXIT_BAD_INPUT, EXIT_OK
+
 
 def add_parser(subparsers):
     p = subparsers.add_parser("init-pipeline", help="write a pipeline of your own to start from (3 files)",
@@ -54,9 +56,9 @@ def _run(args):
                                loss_bound=args.loss_bound, time_column=time_column, force=args.force)
     except (ValueError, OSError) as exc:
         print(f"sage init-pipeline: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     for path in paths:
         print(f"wrote {path}")
     print("next: edit the PUBLIC bounds they hold, then `sage run "
           f"{paths[0]} --check --db LEDGER --stream STREAM --data-root DATA` (spends nothing)")
-    return 0
+    return EXIT_OK

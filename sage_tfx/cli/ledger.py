@@ -8,11 +8,8 @@ import datetime as _dt
 import json
 import sys
 
+from ._exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, EXIT_VIOLATION
 from ._keys import add_key_file
-
-EXIT_VIOLATION = 1
-EXIT_BAD_INPUT = 2
-EXIT_REFUSED = 3
 
 
 def parse_time(text):
@@ -115,7 +112,7 @@ def _guarded(func, args):
     from sage_tfx.privacy import BudgetRefused, LedgerError
 
     try:
-        return func(args) or 0
+        return func(args) or EXIT_OK
     except BudgetRefused as exc:
         print(f"sage ledger: {exc}", file=sys.stderr)
         return EXIT_REFUSED
@@ -188,7 +185,7 @@ def _audit(args):
         print(f"audit FAILED: {len(report.problems)} problem(s)")
         for problem in report.problems:
             print(f"  - {problem}")
-    return 0 if report.ok else EXIT_VIOLATION
+    return EXIT_OK if report.ok else EXIT_VIOLATION
 
 
 def _plot(args):

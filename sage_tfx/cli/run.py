@@ -23,10 +23,9 @@ charge (the message withholds details that may hold data values: run --check to 
 import argparse
 import sys
 
+from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
+from ._exits import OUTCOME_EXIT_CODES as EXIT_CODES
 from ._keys import add_key_file
-
-EXIT_CODES = {"ACCEPT": 0, "REJECT": 4, "TIMEOUT": 5}
-EXIT_FAILED = 1  # an iteration raised after its charge
 
 
 def add_parser(subparsers):
@@ -74,7 +73,7 @@ def add_rejection_share(parser):
 
 def _fail(message):
     print(f"sage run: error: {message}", file=sys.stderr)
-    return 2
+    return EXIT_BAD_INPUT
 
 
 def _run(args):
@@ -152,10 +151,10 @@ def _check(definition, args):
     if not result.ok:
         print(f"sage run --check: {definition.name} FAILED on generated rows, before any charge:\n{result.error}",
               file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     print(f"check OK: {definition.name} ran end to end on {result.rows:,} GENERATED rows (outcome {result.outcome}, "
           f"meaningless on noise); nothing was charged on {args.db}", flush=True)
-    return 0
+    return EXIT_OK
 
 
 class PipelineRunner:

@@ -30,6 +30,7 @@ import argparse
 import os
 import sys
 
+from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from ._keys import add_key_file
 
 
@@ -114,7 +115,7 @@ def _run(args):
                                     key_file=key_file))
     except (LedgerError, ValueError) as exc:
         print(f"sage serve: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
 
     for name in names:  # waiting before the first block arrives: each gets its share of every block
         ledger.register(args.stream, name)
@@ -153,4 +154,4 @@ def _run(args):
     print(status_table(ledger.status(args.stream)).split("\n\n")[0])
     report = ledger.audit()
     print(f"audit: {'OK' if report.ok else 'FAILED'}")
-    return 0 if report.ok and not platform.errors else 1
+    return EXIT_OK if report.ok and not platform.errors else EXIT_FAILED

@@ -1,7 +1,7 @@
 """`sage simulate`: the load simulation of paper Fig. 8 (model release time under increasing load)."""
 import sys
 
-EXIT_OK, EXIT_BAD_INPUT = 0, 2
+from ._exits import EXIT_BAD_INPUT, EXIT_OK
 
 
 def _rates(text):

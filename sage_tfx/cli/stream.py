@@ -13,9 +13,9 @@ Exit codes: 0 success; 2 bad input.
 import argparse
 import sys
 
+from ._exits import EXIT_BAD_INPUT, EXIT_OK
 from ._keys import add_key_file
 
-EXIT_BAD_INPUT = 2
 GENERATED_NOTE = "GENERATED taxi-like data (fitted to the real Chicago taxi rows; not real trips)"
 
 
@@ -86,7 +86,7 @@ def _replay(args):
         print(f"sage stream replay: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"replayed {len(steps)} block(s){label}; {replay.remaining} window(s) left", file=sys.stderr)
-    return 0
+    return EXIT_OK
 
 
 def _generate(args):
@@ -111,7 +111,7 @@ def _generate(args):
         print(f"sage stream generate: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"wrote {args.rows} rows of {GENERATED_NOTE} to {args.out} (column generated=1)")
-    return 0
+    return EXIT_OK
 
 
 def _iso(ts):
