@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sage-installed
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= -n 2 --dist worksteal
 
 .PHONY: demo test venv clean-venv
 
