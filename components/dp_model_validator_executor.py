@@ -23,6 +23,7 @@ from tfx.types import artifact_utils
 from sage_tfx.components._grant import check_grant, computation_digest, open_release
 from sage_tfx.privacy.samplers import secure_rng
 from sage_tfx.privacy import GrantError, grant_split, require_budget, stage_budget
+from sage_tfx.privacy.errors import SageError
 
 METRICS = ("mse", "mae", "log_loss", "accuracy", "custom")
 LOSS_METRICS = ("mse", "mae", "log_loss", "custom")  # "custom": the user's per-example loss, clipped to [0, B]
@@ -34,7 +35,7 @@ STAGE, REJECT_STAGE = "validation", "rejection"  # the ACCEPT test on the test s
 BATCH = 4096
 
 
-class ValidatorConfigError(ValueError):
+class ValidatorConfigError(SageError, ValueError):
     """A bad DPModelValidator parameter; the message names it."""
 
 

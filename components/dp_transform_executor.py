@@ -38,6 +38,7 @@ from tfx.types import artifact_utils
 from sage_tfx.components._grant import check_grant, computation_digest, open_release
 from sage_tfx.privacy import GrantError, require_budget, stage_budget
 from sage_tfx.transform.errors import NonPrivateAnalyzer  # raised here, and by noise_seed for an explicit seed=
+from sage_tfx.privacy.errors import SageError
 
 STAGE = "preprocessing"
 PLANNING_SEED = 0  # traces the function for the plan and its fingerprint; the release's seed runs the analysis
@@ -67,7 +68,7 @@ def stdout_to_stderr():
         os.close(saved)
 
 
-class TransformConfigError(ValueError):
+class TransformConfigError(SageError, ValueError):
     """A bad DPTransform parameter; the message names it."""
 
 

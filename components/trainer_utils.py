@@ -33,6 +33,8 @@ import json
 import math
 import os
 
+from sage_tfx.privacy.errors import SageError
+
 SPENT_FILE = "privacy_spent.json"
 TYPE_KEY = "__event__"  # the DpEvent class name in its JSON (events have a field called "event")
 # privacy_spent keys copied into the report (the DpEvent goes in as JSON)
@@ -40,7 +42,7 @@ _REPORTED = ("epsilon", "delta", "noise_multiplier", "steps", "sampling_rate", "
              "mechanism", "implementation", "calibration", "ridge")
 
 
-class TrainerDataError(ValueError):
+class TrainerDataError(SageError, ValueError):
     """A module file's data request cannot be met; the message names the feature or file."""
 
 

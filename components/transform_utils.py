@@ -17,10 +17,12 @@ data (e.g. the exact mean) would put an exact statistic into every transformed r
 """
 import json
 
+from sage_tfx.privacy.errors import SageError
+
 KINDS = ("int", "float", "bytes")
 
 
-class SchemaError(ValueError):
+class SchemaError(SageError, ValueError):
     """A raw schema that cannot be used; the message names the bad feature or kind."""
 
 

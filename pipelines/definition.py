@@ -36,6 +36,8 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
+from sage_tfx.privacy.errors import SageError
+
 LOG_LOSS_FLOOR = 1e-7  # as DPModelValidator: probabilities in [floor, 1 - floor], so a log loss <= ln(1e7)
 
 
@@ -53,7 +55,7 @@ class Metric(str, enum.Enum):
         return self is not Metric.ACCURACY
 
 
-class PipelineDefinitionError(ValueError):
+class PipelineDefinitionError(SageError, ValueError):
     """A pipeline definition, or the file that holds it, is unusable; the message names what and where."""
 
 

@@ -12,11 +12,13 @@ from __future__ import annotations
 import keyword
 import os
 
+from sage_tfx.privacy.errors import SageError
+
 FILES = ("pipeline.py", "preprocessing.py", "trainer.py")
 NUMERIC = ("int", "float")
 
 
-class TemplateError(ValueError):
+class TemplateError(SageError, ValueError):
     """Bad input to the template (names the value), or files that would be overwritten."""
 
 

@@ -14,12 +14,12 @@ from the ledger's master key, which only processes holding the key file can deri
 unwrapping the data key) and checks the manifest's content digest against the one the ledger registered
 at ingest.
 """
-from sage_tfx.privacy.errors import UnknownBlock
+from sage_tfx.privacy.errors import SageError, UnknownBlock
 
 from . import sealed
 
 
-class GrantKeyError(ValueError):
+class GrantKeyError(SageError, ValueError):
     """No keys: the grant is forged, unknown, of another stream, or names unregistered blocks."""
 
 

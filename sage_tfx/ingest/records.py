@@ -15,12 +15,14 @@ import os
 import re
 import struct
 
+from sage_tfx.privacy.errors import SageError
+
 KINDS = ("int", "float", "bytes")
 FORMATS = ("csv", "tfrecord", "parquet")
 CSV_SAMPLE_BYTES = 16 << 20  # types of a new stream are inferred from the first 16 MiB of a CSV
 
 
-class InputError(ValueError):
+class InputError(SageError, ValueError):
     """Bad ingest input: names the file, column or value at fault."""
 
 

@@ -42,6 +42,8 @@ import re
 import stat
 import struct
 
+from sage_tfx.privacy.errors import SageError
+
 MAGIC = b"SAGEBLK1"
 FORMAT = "sage-sealed-v1"
 CHUNK = 64 << 10        # plaintext bytes per chunk (each chunk: 12-byte nonce + CHUNK + 16-byte tag)
@@ -55,7 +57,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 FILE_MODE, DIR_MODE = 0o600, 0o700
 
 
-class SealedError(ValueError):
+class SealedError(SageError, ValueError):
     """A block file or manifest that is missing, altered, moved, unsafe, unencrypted or under another key."""
 
 

@@ -9,6 +9,7 @@ from .errors import (
     LedgerNotFound,
     PipelineBusy,
     RecordError,
+    SageError,
     UnknownBlock,
     UnknownStream,
     public_error_text,
@@ -20,5 +21,5 @@ __all__ = [
     "Ledger", "Grant", "Block", "Stream", "Release", "POLICIES", "OUTCOMES",
     "BudgetSplit", "ChargeRule", "STAGES", "grant_split", "stage_budget", "require_budget",
     "LedgerError", "DuplicateContent", "LedgerNotFound", "LedgerCorrupt", "UnknownStream", "UnknownBlock", "BlockRetired",
-    "PipelineBusy", "GrantError", "BudgetRefused", "RecordError", "public_error_text",
+    "PipelineBusy", "GrantError", "BudgetRefused", "RecordError", "SageError", "public_error_text",
 ]

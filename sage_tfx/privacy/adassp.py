@@ -77,10 +77,12 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import log_ndtr
 
+from .errors import SageError
+
 CALIBRATIONS = ("paper", "exact")
 
 
-class AdaSSPConfigError(ValueError):
+class AdaSSPConfigError(SageError, ValueError):
     """An AdaSSP parameter is invalid; the message names it."""
 
 

@@ -28,10 +28,12 @@ dp_accounting is imported lazily (it takes over a second to load).
 """
 import math
 
+from .errors import SageError
+
 ACCOUNTANTS = ("rdp", "pld")
 
 
-class DpSgdConfigError(ValueError):
+class DpSgdConfigError(SageError, ValueError):
     """A DP-SGD privacy or training parameter is invalid; the message names it."""
 
 

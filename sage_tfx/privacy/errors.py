@@ -2,10 +2,22 @@
 
 ``LedgerError`` (a ValueError) is bad input: the CLI exits 2. ``BudgetRefused``
 is a well-formed request that the budget cannot cover: the CLI exits 3.
+``SageError`` is the root of them all, and of every other error sage-tfx raises on purpose.
 """
+from __future__ import annotations
+
+from typing import Any
 
 
-class LedgerError(ValueError):
+class SageError(Exception):
+    """The root of every error sage-tfx raises on purpose; ``except SageError`` catches them all.
+
+    Each sage-tfx error also keeps the built-in base it had before this root existed (most are
+    ``ValueError``s, ``BudgetRefused`` is not), so ``except ValueError`` catches what it caught before.
+    """
+
+
+class LedgerError(SageError, ValueError):
     """Bad input or an unusable ledger."""
 
 
@@ -41,7 +53,7 @@ class GrantError(LedgerError):
     """A grant is missing, unknown, forged, of another stream, or was never charged."""
 
 
-class BudgetRefused(Exception):
+class BudgetRefused(SageError):
     """The request is valid but some blocks lack the budget. Nothing was charged.
 
     ``shortfalls`` maps each refused block id to what it lacked.
@@ -57,8 +69,11 @@ class BudgetRefused(Exception):
             f"{len(self.shortfalls)} block(s) lack budget ({lines})"
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles across processes (sage serve workers, Beam)
+        return (type(self), (self.stream, self.pipeline, self.shortfalls), self.__dict__)
 
-class RecordError(ValueError):
+
+class RecordError(SageError, ValueError):
     """A data-dependent failure after a grant was charged, named by column and record index, NEVER by value.
 
     A release that fails because of one record's value, with that value in its message, reveals the
@@ -72,6 +87,9 @@ class RecordError(ValueError):
         self.column, self.index, self.problem = str(column), None if index is None else int(index), str(problem)
         where = "" if self.index is None else f", record {self.index}"
         super().__init__(f"column {self.column!r}{where}: {self.problem}")
+
+    def __reduce__(self) -> tuple[Any, ...]:  # pickles across processes (sage serve workers, Beam)
+        return (type(self), (self.column, self.index, self.problem), self.__dict__)
 
 
 def public_error_text(exc):

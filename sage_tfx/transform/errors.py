@@ -1,7 +1,9 @@
 """Errors of DP preprocessing. Every one names the bad value."""
 
+from sage_tfx.privacy.errors import SageError
 
-class DPTransformError(ValueError):
+
+class DPTransformError(SageError, ValueError):
     """Bad argument to a DP preprocessing function (epsilon, range, number of keys...)."""
 
 

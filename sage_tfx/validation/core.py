@@ -10,8 +10,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sage_tfx.privacy.errors import SageError
 
-class ValidationInputError(ValueError):
+
+class ValidationInputError(SageError, ValueError):
     """Bad validator input. The message names the bad value."""
 
 
