@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
@@ -392,18 +393,24 @@ def test_missing_ledger_is_not_created_by_other_actions(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["proc", "under-a-file"])
-def test_read_only_path(tmp_path, where):
-    """As root, permissions do not stop writes: use places no one can create files in."""
+def test_read_only_path(tmp_path, monkeypatch, where):
+    """As root, permissions do not stop writes: use places no one can create files in. The key file is the
+    default ``<db>.key`` (a SAGE_KEY_FILE left by another test's fixture must not decide which check speaks):
+    under a plain file its folder is missing, so the key file is refused first, before any ledger exists."""
+    monkeypatch.delenv("SAGE_KEY_FILE", raising=False)
     if where == "proc":
         path = "/proc/sage-ledger-test.db"
+        refusal = "cannot create ledger"
     else:
         (tmp_path / "plain-file").write_text("not a directory")
         path = str(tmp_path / "plain-file" / "ledger.db")
+        refusal = "cannot create key file " + re.escape(path + ".key")
     out = sage("init", "--db", path, "--stream", "s", "--epsilon", "1", "--delta", "1e-6")
     assert out.returncode == 2, out.stdout + out.stderr
     assert path in out.stderr and "cannot" in out.stderr and "Traceback" not in out.stderr, out.stderr
     assert not os.path.exists(path)
-    with pytest.raises(LedgerError, match="cannot create ledger"):
+    assert not os.path.exists(path + ".key")
+    with pytest.raises(LedgerError, match=refusal):
         Ledger.open(path, create=True)
 
 
