@@ -1,0 +1,349 @@
+"""Private incremental linear regression by the Tree Mechanism (PrivIncReg1), one regressor per arriving block.
+
+Kasiviswanathan, Nissim, Jin, "Private Incremental Regression" (PODS 2017): Section 4 (Algorithm 2,
+PrivIncReg1), Appendix B (NoisyProjGrad) and Appendix C (Algorithm 4, TreeMech). Numpy only (no TensorFlow).
+
+What it does
+------------
+A stream of blocks b_1, ..., b_T arrives (T = ``horizon``, declared up front). Block t's rows are clipped
+(||x|| <= B_x, |y| <= B_y, ``adassp.clip_rows`` / ``clip_labels``: non-finite values map to public defaults)
+and summarised as the leaf v_t = (upper triangle of sum x x^T, sum x y). The Tree Mechanism releases every
+dyadic range sum [m 2^k + 1, (m + 1) 2^k] of the leaves once, with Gaussian noise, when its last block arrives;
+the prefix sum at t is the sum of the <= floor(log2 t) + 1 noisy nodes of t's binary expansion (Appendix C). With
+(Q_t, q_t) the noisy prefix of (X'X, X'y), the private gradient function is g_t(theta) = 2 (Q_t theta - q_t)
+(Algorithm 2, step 5) and the released regressor theta_t is projected gradient descent on g_t over the declared
+L2 ball C = {||theta|| <= R} (step 6). Memory: the noisy nodes of the binary expansion of t and the matching
+exact partial sums (the a_j of Algorithm 4), at most floor(log2 T) + 1 of each (``stored_nodes``).
+
+Sensitivity (add/remove one record, the ledger's adjacency)
+-----------------------------------------------------------
+A record (x, y) with ||x|| <= B_x, |y| <= B_y changes the upper triangle (with diagonal) of x x^T, as a vector,
+by sqrt(sum_{i<=j} (x_i x_j)^2) <= ||x||^2 <= B_x^2, and x y by ||x|| |y| <= B_x B_y (as in
+``sage_tfx.privacy.adassp``). It lies in exactly one block, hence in one leaf, hence in at most
+L = floor(log2 T) + 1 tree nodes (one per level, only nodes that end by T are ever released).
+
+Privacy: (epsilon, delta) per block over the whole horizon
+----------------------------------------------------------
+Each node releases its two parts with ``samplers.grid_gaussian`` at standard deviation c B_x^2 and c B_x B_y
+(noise multiplier c): each is 1/(2 c^2)-zCDP with respect to the record (grid_gaussian's docstring: the exact
+discrete Gaussian on a public grid keeps the continuous Gaussian's Renyi divergences, alpha / (2 c^2)). A
+record enters at most L nodes, so all its releases over the horizon are at most 2 L Gaussian-type releases of
+multiplier c: RDP alpha * 2L / (2 c^2), i.e. (L / c^2)-zCDP. Everything else (prefix sums, Q_t, g_t, the
+descent, theta_t) is post-processing. ``noise_multiplier`` is the smallest c whose composition
+``ComposedDpEvent([GaussianDpEvent(c)] * 2L)`` is (epsilon, delta)-DP under dp_accounting's ``RdpAccountant``,
+found by ``mechanism_calibration.calibrate_dp_mechanism``. This replaces the paper's split (epsilon/2,
+delta/2) per TreeMech and its closed-form sigma (Algorithm 4, step 8): the same proof shape (Gaussian
+mechanism composed over the log T levels, Theorem A.3 there, RDP here), a tighter constant.
+
+Ledger: what is charged, when, and what each release reads
+----------------------------------------------------------
+Under Sage's block composition (docs/block_composition.md) a record's loss is what its block is charged. The
+bound above is the WHOLE loss a record of block t can ever suffer under this strategy instance, over all T
+releases. ``IncrementalRegression.arrive(block)`` therefore, in this order: (1) refuses if the horizon is
+exhausted (nothing charged); (2) charges that block alone the whole bound (``Ledger.request`` with
+epsilon/delta on a basic stream, or the 2L-Gaussian DpEvent as an RDP curve on an RDP stream, ``meta``
+naming the strategy and its parameters); (3) opens the grant's ONE release (stage ``training``, the
+instance's fingerprint); (4) only then reads the block, through the caller's ``reader(grant)``; (5) releases
+the one tree node that ends at t (noise keyed by ``ledger.private_seed(grant.id, ...)``) and theta_t.
+A block is read exactly once, at its arrival, under its own grant. Its exact contribution stays in process
+memory only inside the O(log T) exact partial sums a_j of Algorithm 4 (never released, never written), and
+leaves the process only through the <= L noisy nodes that contain it -- all of them covered by its own
+charge. So the release at time t reads nothing new but block t, and only block t's grant is opened; earlier
+blocks are neither re-read nor re-charged (a re-charge would double-count: the bound is already reserved).
+
+Deviation from the paper's descent: NoisyProjGrad (Appendix B) with the step ||C|| / (sqrt(r) (alpha + L))
+and the averaged iterate is a worst-case device; here the step is 1 / (2 ||Q_t||_2) (the smoothness step of
+the noisy quadratic, a function of released values only) and the last iterate of ``iterations`` steps from 0.
+Both are post-processing of (Q_t, q_t): the privacy statement is unchanged.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+
+import numpy as np
+
+from sage_tfx.privacy.errors import SageError
+
+__all__ = ["IncrementalRegressionError", "HorizonExhausted", "IncrementalRegressionParams", "TreeRegressor",
+           "IncrementalRegression", "ArrivalRelease", "tree_levels", "project_ball", "projected_gradient"]
+
+STRATEGY = "incremental_regression"
+STAGE = "training"
+_NODE_PURPOSE = "incremental-regression/tree-node"
+
+
+class IncrementalRegressionError(SageError, ValueError):
+    """A bad parameter or input of the incremental regression (raised before anything is charged)."""
+
+
+class HorizonExhausted(SageError, ValueError):
+    """All ``horizon`` blocks have arrived: the charge covered no more; start a new instance (a new horizon)."""
+
+
+def tree_levels(horizon: int) -> int:
+    """L = floor(log2 T) + 1: the most tree nodes one leaf (block) ever enters over a horizon of T blocks."""
+    return int(horizon).bit_length()
+
+
+def _positive(name: str, value) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise IncrementalRegressionError(f"{name}={value!r} is invalid: give a finite number > 0") from None
+    if not math.isfinite(value) or value <= 0:
+        raise IncrementalRegressionError(f"{name}={value!r} is invalid: give a finite number > 0")
+    return value
+
+
+@dataclass(frozen=True)
+class IncrementalRegressionParams:
+    """The declared public parameters of one PrivIncReg1 instance (checked before anything is charged).
+
+    horizon T: how many blocks it will ever take; epsilon, delta: the (epsilon, delta)-DP guarantee of each
+    block over the whole horizon (the per-block charge); bound_x, bound_y: the clipping bounds (public);
+    radius R: the L2 ball the regressor is constrained to; iterations: projected-gradient steps per release.
+    """
+
+    horizon: int
+    epsilon: float
+    delta: float
+    bound_x: float
+    bound_y: float
+    radius: float
+    iterations: int = 200
+
+    def __post_init__(self):
+        if isinstance(self.horizon, bool) or not isinstance(self.horizon, (int, np.integer)) or self.horizon < 1:
+            raise IncrementalRegressionError(f"horizon={self.horizon!r} is invalid: give an integer >= 1 (blocks)")
+        if isinstance(self.iterations, bool) or not isinstance(self.iterations, (int, np.integer)) \
+                or self.iterations < 1:
+            raise IncrementalRegressionError(f"iterations={self.iterations!r} is invalid: give an integer >= 1")
+        for name in ("epsilon", "bound_x", "bound_y", "radius"):
+            object.__setattr__(self, name, _positive(name, getattr(self, name)))
+        delta = _positive("delta", self.delta)
+        if not delta < 1:
+            raise IncrementalRegressionError(f"delta={self.delta!r} is invalid: need 0 < delta < 1 (e.g. 1e-6)")
+        object.__setattr__(self, "delta", delta)
+        object.__setattr__(self, "horizon", int(self.horizon))
+        object.__setattr__(self, "iterations", int(self.iterations))
+        self.noise_multiplier  # noqa: B018 -- calibrate now: an infeasible budget is refused before any charge
+
+    @property
+    def levels(self) -> int:
+        return tree_levels(self.horizon)
+
+    @cached_property
+    def noise_multiplier(self) -> float:
+        """Smallest c making 2L Gaussian releases of multiplier c (epsilon, delta)-DP (RDP accountant)."""
+        import dp_accounting
+        from dp_accounting import mechanism_calibration, rdp
+
+        releases = 2 * self.levels
+        guess = math.sqrt(2.0 * releases * math.log(1.25 / self.delta)) / self.epsilon
+
+        def event(c):
+            return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(noise_multiplier=c)] * releases)
+
+        try:
+            return float(mechanism_calibration.calibrate_dp_mechanism(
+                rdp.RdpAccountant, event, self.epsilon, self.delta,
+                bracket_interval=mechanism_calibration.LowerEndpointAndGuess(guess * 1e-3, guess),
+                tol=guess * 1e-7))
+        except (ValueError, RuntimeError) as exc:
+            raise IncrementalRegressionError(
+                f"epsilon={self.epsilon!r}, delta={self.delta!r}: no noise multiplier found ({exc}); "
+                "give a larger budget") from None
+
+    @property
+    def dp_event(self):
+        """What one block is charged on an RDP stream: 2L Gaussian releases of multiplier c."""
+        import dp_accounting
+
+        g = dp_accounting.GaussianDpEvent(noise_multiplier=self.noise_multiplier)
+        return dp_accounting.ComposedDpEvent([g] * (2 * self.levels))
+
+    def meta(self) -> dict:
+        """The grant's ``meta``: the strategy and its parameters (signed into the grant by the ledger)."""
+        return {"strategy": STRATEGY, "mechanism": "PrivIncReg1 (Tree Mechanism)", **asdict(self),
+                "levels": self.levels, "noise_multiplier": self.noise_multiplier}
+
+    def fingerprint(self, stream: str, pipeline: str) -> str:
+        text = json.dumps({"stream": stream, "pipeline": pipeline, **self.meta()}, sort_keys=True)
+        return f"{STRATEGY}:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def project_ball(theta: np.ndarray, radius: float) -> np.ndarray:
+    """P_C(theta) for C the L2 ball of ``radius`` (Appendix B's projection)."""
+    norm = float(np.linalg.norm(theta))
+    return theta if norm <= radius else theta * (radius / norm)
+
+
+def projected_gradient(q_matrix: np.ndarray, q_vector: np.ndarray, radius: float, iterations: int) -> np.ndarray:
+    """Projected gradient descent on g(theta) = 2 (Q theta - q) over the ball of ``radius``, from 0.
+
+    Step 1 / (2 ||Q||_2) (the noisy quadratic's smoothness constant; Q is symmetrised first), last iterate.
+    Uses only its arguments: post-processing of released values.
+    """
+    q_matrix = 0.5 * (q_matrix + q_matrix.T)
+    scale = float(np.linalg.norm(q_matrix, 2))
+    theta = np.zeros(q_vector.shape[0])
+    if scale <= 0.0:  # g = -2q: the ball's minimiser is R q / ||q|| (0 if q = 0)
+        norm = float(np.linalg.norm(q_vector))
+        return theta if norm == 0.0 else q_vector * (radius / norm)
+    step = 1.0 / (2.0 * scale)
+    for _ in range(iterations):
+        theta = project_ball(theta - step * 2.0 * (q_matrix @ theta - q_vector), radius)
+    return theta
+
+
+@dataclass
+class _Node:
+    exact: np.ndarray   # the exact range sum a_j (never released)
+    noisy: np.ndarray   # its released noisy value b_j
+
+
+@dataclass
+class TreeRegressor:
+    """The Tree Mechanism over (upper(x x^T), x y) leaves plus the projected-gradient release (no ledger).
+
+    ``add(x, y, rng)`` takes block t's rows, releases the node ending at t with noise from ``rng`` (anything
+    ``samplers.as_secure_rng`` takes; in production the grant's private seed) and returns theta_t.
+    """
+
+    params: IncrementalRegressionParams
+    dim: int
+    t: int = 0
+    _nodes: dict = field(default_factory=dict)  # level -> _Node, levels of t's binary expansion only
+
+    def __post_init__(self):
+        if isinstance(self.dim, bool) or not isinstance(self.dim, (int, np.integer)) or self.dim < 1:
+            raise IncrementalRegressionError(f"dim={self.dim!r} is invalid: give the number of features (>= 1)")
+        self._upper = np.triu_indices(self.dim)
+
+    @property
+    def stored_nodes(self) -> int:
+        """Noisy nodes held now (each with its exact partial sum): popcount(t) <= floor(log2 T) + 1."""
+        return len(self._nodes)
+
+    @property
+    def cells(self) -> int:
+        return self._upper[0].size + self.dim
+
+    def leaf(self, x, y) -> np.ndarray:
+        """Block sum of the clipped rows: (upper triangle of X'X, X'y) as one vector."""
+        from sage_tfx.privacy.adassp import clip_labels, clip_rows
+
+        x = np.asarray(x, dtype=float)
+        y = np.asarray(y, dtype=float).reshape(-1)
+        if x.ndim != 2 or x.shape[1] != self.dim or x.shape[0] != y.shape[0]:
+            raise IncrementalRegressionError(
+                f"block rows have shape {x.shape} with {y.shape[0]} labels: need (rows, {self.dim}) and one label "
+                "per row")
+        x = clip_rows(x, self.params.bound_x)
+        y = clip_labels(y, self.params.bound_y)
+        return np.concatenate([(x.T @ x)[self._upper], x.T @ y])
+
+    def check_room(self) -> None:
+        if self.t >= self.params.horizon:
+            raise HorizonExhausted(
+                f"horizon={self.params.horizon} blocks exhausted: all {self.t} have arrived and each block's charge "
+                "covered this horizon only; start a new IncrementalRegression with a new horizon")
+
+    def _release_node(self, value: np.ndarray, rng) -> np.ndarray:
+        from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian
+
+        p, c, k = self.params, self.params.noise_multiplier, self._upper[0].size
+        rng = as_secure_rng(rng, _NODE_PURPOSE)
+        matrix = grid_gaussian(value[:k], p.bound_x ** 2, c * p.bound_x ** 2, rng, cells=k)
+        vector = grid_gaussian(value[k:], p.bound_x * p.bound_y, c * p.bound_x * p.bound_y, rng, cells=self.dim)
+        return np.concatenate([matrix, vector])
+
+    def add_leaf(self, leaf: np.ndarray, rng) -> None:
+        """Algorithm 4, steps 2-8 at t + 1: merge the levels below the lowest set bit, release that node."""
+        self.check_room()
+        t = self.t + 1
+        level = (t & -t).bit_length() - 1
+        exact = leaf.copy()
+        for j in range(level):
+            exact += self._nodes.pop(j).exact
+        self._nodes[level] = _Node(exact=exact, noisy=self._release_node(exact, rng))
+        self.t = t
+
+    def noisy_prefix(self) -> tuple[np.ndarray, np.ndarray]:
+        """(Q_t, q_t): the sum of the noisy nodes of t's binary expansion, Q_t as a symmetric matrix."""
+        total = np.zeros(self.cells)
+        for node in self._nodes.values():
+            total += node.noisy
+        k = self._upper[0].size
+        matrix = np.zeros((self.dim, self.dim))
+        matrix[self._upper] = total[:k]
+        matrix = matrix + np.triu(matrix, 1).T
+        return matrix, total[k:]
+
+    def regressor(self) -> np.ndarray:
+        q_matrix, q_vector = self.noisy_prefix()
+        return projected_gradient(q_matrix, q_vector, self.params.radius, self.params.iterations)
+
+    def add(self, x, y, rng) -> np.ndarray:
+        self.check_room()
+        self.add_leaf(self.leaf(x, y), rng)
+        return self.regressor()
+
+
+@dataclass(frozen=True)
+class ArrivalRelease:
+    """What one arrival released: theta_t after t blocks, under ``grant_id`` (block ``block``)."""
+
+    t: int
+    block: str
+    grant_id: str
+    theta: np.ndarray
+
+
+Reader = Callable[[object], tuple]
+
+
+class IncrementalRegression:
+    """PrivIncReg1 on a ledger stream: one grant per arriving block, charged the whole-horizon bound first.
+
+    ``reader(grant)`` returns the (x, y) rows of the grant's one block; it is called only after the grant is
+    charged and its release opened (e.g. ``sage_tfx.ingest.access.grant_blocks(ledger, data_root, grant)``
+    and a feature function). See the module docstring for what is charged and why.
+    """
+
+    def __init__(self, ledger, stream: str, pipeline: str, params: IncrementalRegressionParams, *, dim: int,
+                 reader: Reader):
+        if not isinstance(params, IncrementalRegressionParams):
+            raise IncrementalRegressionError(f"params={params!r} is invalid: give an IncrementalRegressionParams")
+        if not callable(reader):
+            raise IncrementalRegressionError(f"reader={reader!r} is invalid: give a callable reader(grant) -> (x, y)")
+        self.ledger, self.stream, self.pipeline, self.params = ledger, stream, pipeline, params
+        self.accounting = str(ledger.stream(stream).accounting)
+        self.tree = TreeRegressor(params, dim)
+        self.reader = reader
+        self.fingerprint = params.fingerprint(stream, pipeline)
+
+    def _charge(self, block: str):
+        meta = self.params.meta()
+        if self.accounting == "rdp":
+            return self.ledger.request(self.pipeline, self.stream, blocks=[block], curve=self.params.dp_event,
+                                       meta=meta)
+        return self.ledger.request(self.pipeline, self.stream, blocks=[block], epsilon=self.params.epsilon,
+                                   delta=self.params.delta, meta=meta)
+
+    def arrive(self, block: str) -> ArrivalRelease:
+        """Charge ``block`` the whole-horizon bound, open its release, read it, release theta_t."""
+        self.tree.check_room()  # before any charge
+        if not isinstance(block, str) or not block:
+            raise IncrementalRegressionError(f"block={block!r} is invalid: give the block id (a string)")
+        grant = self._charge(block)
+        self.ledger.release(grant, STAGE, self.fingerprint, grant.epsilon, grant.delta)
+        x, y = self.reader(grant)
+        seed = self.ledger.private_seed(grant.id, _NODE_PURPOSE)
+        theta = self.tree.add(x, y, seed)
+        return ArrivalRelease(t=self.tree.t, block=block, grant_id=grant.id, theta=theta)
