@@ -205,3 +205,81 @@ def test_window_larger_than_the_stream_is_refused(tmp_path):
         ContinualRelease(ledger, "s", "p", ReleaseParams(epsilon=1.0, delta=1e-6, records_per_block=2), reader,
                          dim=0)
     assert ledger.grants() == [] and reader.read == []
+
+
+def _taxi_featurize(schema):
+    from sage_tfx.ingest.records import decode
+
+    def featurize(records):
+        batch = decode(records, schema)
+
+        def col(name):
+            return np.array([(v[0] if v else 0.0) for v in batch.column(name).to_pylist()], dtype=np.float64)
+
+        fare, tips = col("fare"), col("tips")
+        x = np.stack([np.clip(fare / 100, 0, 1), np.clip(col("trip_miles") / 30, 0, 1), np.ones(len(fare))], 1)
+        return x / math.sqrt(3), np.where(tips > 0.2 * fare, 1.0, -1.0)
+
+    return featurize
+
+
+def test_release_stream_on_real_taxi_blocks_with_sla_and_push(tmp_path):
+    # REAL taxi days ingested as sealed daily blocks; every block read through grant_blocks (charged grants only).
+    import os
+
+    from conftest import replay_taxi_days
+    from sage_tfx.release.continual import release_stream
+    from sage_tfx.validation.loss import DPLossValidator
+
+    db, data = replay_taxi_days(tmp_path, 4)
+    ledger = Ledger.open(db)
+    schema = {"fare": "float", "tips": "float", "trip_miles": "float"}  # the columns the features need
+    params = ReleaseParams(epsilon=1.0, delta=1e-7, records_per_block=100)
+    with pytest.raises(ContinualReleaseError, match="validation_epsilon 2.0 is larger than epsilon"):
+        release_stream(ledger, str(data), "taxi", "cr", params, featurize=_taxi_featurize(schema), dim=3,
+                       validator=DPLossValidator(5.0, 2.0, loss_bound=5.0))
+    assert ledger.grants() == []
+    rel, out = release_stream(ledger, str(data), "taxi", "cr", params, featurize=_taxi_featurize(schema), dim=3,
+                              validator=DPLossValidator(5.0, 0.5, loss_bound=5.0), push_dir=str(tmp_path / "push"))
+    blocks = [b.id for b in ledger.blocks("taxi")]
+    assert [o["block"] for o in out] == blocks and len(blocks) == 4
+    assert all(o["sla"] in ("ACCEPT", "REJECT", "RETRY") for o in out)
+    for o in out:
+        assert os.path.exists(os.path.join(o["pushed"], "weights.npy"))
+        assert os.path.exists(os.path.join(o["pushed"], "BLESSED")) == (o["sla"] == "ACCEPT")
+    status = ledger.status("taxi")["blocks"]
+    assert all(b["epsilon_spent"] == pytest.approx(1.0) for b in status)  # max(training 1.0, validation 0.5)
+    stages = sorted((r.grant_id, r.stage) for r in ledger.releases())
+    assert len(stages) == 8 and {s for _, s in stages} == {"training", "validation"}
+    assert ledger.audit().ok
+
+
+def test_sla_check_accepts_a_good_model_and_blesses_only_it(tmp_path):
+    # GENERATED blocks of 2000 rows (about 200 test records each, a public per-record hash split).
+    import os
+
+    from sage_tfx.release.continual import check_sla, push_model
+    from sage_tfx.validation.loss import DPLossValidator
+
+    ledger = make_ledger(tmp_path, 3)
+
+    def reader(grant):
+        (block,) = ledger.verify(grant).blocks
+        return generated_block(int(block[1:]), n=2000)
+
+    params = ReleaseParams(epsilon=2.0, delta=1e-6, records_per_block=2000)
+    rel = ContinualRelease(ledger, "s", "p", params, reader, dim=D, validation_epsilon=1.0)
+    easy, impossible = DPLossValidator(1.0, 1.0, loss_bound=2.0), DPLossValidator(0.01, 1.0, loss_bound=2.0)
+    model = rel.observe("b000")
+    assert 100 < len(rel.tests["b000"][1]) < 300 and len(rel.data["b000"][1]) + len(rel.tests["b000"][1]) == 2000
+    good = check_sla(rel, model, easy)
+    assert good.outcome == "ACCEPT"
+    assert check_sla(rel, model, easy).outcome == "ACCEPT"  # re-opened: the same release, the same noise
+    with pytest.raises(Exception, match="already released its validation stage"):
+        check_sla(rel, model, impossible)  # a second, different check of the same test records is refused
+    model2 = rel.observe("b001")
+    bad = check_sla(rel, model2, impossible)
+    assert bad.outcome != "ACCEPT"
+    assert os.path.exists(os.path.join(push_model(str(tmp_path), model, good), "BLESSED"))
+    assert not os.path.exists(os.path.join(push_model(str(tmp_path), model2, bad), "BLESSED"))
+    assert ledger.audit().ok

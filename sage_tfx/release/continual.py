@@ -305,7 +305,17 @@ class _Base:
     strategy: Strategy
 
     def __init__(self, ledger, stream: str, pipeline: str, params: ReleaseParams, reader: Reader, *,
-                 dim: int):
+                 dim: int, validation_epsilon: Optional[float] = None, test_fraction: float = 0.1):
+        if validation_epsilon is not None:
+            v = _positive("validation_epsilon", validation_epsilon, f"give 0 < validation_epsilon <= epsilon")
+            if v > params.epsilon:
+                raise ContinualReleaseError(f"validation_epsilon {validation_epsilon!r} is larger than epsilon "
+                                            f"{params.epsilon!r}: the parallel split charges max(training, "
+                                            "validation); give validation_epsilon <= epsilon")
+            if not 0 < float(test_fraction) < 1:
+                raise ContinualReleaseError(f"test_fraction {test_fraction!r} is invalid: give 0 < fraction < 1")
+        self.validation_epsilon, self.test_fraction = validation_epsilon, float(test_fraction)
+        self.tests: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         if not isinstance(params, ReleaseParams):
             raise ContinualReleaseError(f"params {params!r} must be a ReleaseParams")
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
@@ -327,7 +337,19 @@ class _Base:
 
     @property
     def meta(self) -> dict:
-        return {"strategy": self.strategy.value, **self.params.to_dict(), "dim": self.dim}
+        out = {"strategy": self.strategy.value, **self.params.to_dict(), "dim": self.dim}
+        if self.validation_epsilon is not None:
+            out.update(validation_epsilon=self.validation_epsilon, test_fraction=self.test_fraction)
+        return out
+
+    def _split(self):
+        from sage_tfx.privacy.split import BudgetSplit
+        from sage_tfx.privacy.vocabulary import ChargeRule
+
+        if self.validation_epsilon is None:
+            return None
+        return BudgetSplit(preprocessing=0.0, count=0.0, training=self.params.epsilon,
+                           validation=self.validation_epsilon, delta=self.params.delta, rule=ChargeRule.PARALLEL.value)
 
     @property
     def fingerprint(self) -> str:
@@ -339,7 +361,7 @@ class _Base:
         if block in self.grants:
             raise ContinualReleaseError(f"block {block!r} was already observed: give each block once, in order")
         grant = self.ledger.request(self.pipeline, self.stream, blocks=[block], epsilon=self.params.epsilon,
-                                    delta=self.params.delta, meta=self.meta)
+                                    delta=self.params.delta, meta=self.meta, split=self._split())
         self.grants[block] = grant
         self.order.append(block)
         self._open(block)  # before reading: the read is under this release
@@ -348,7 +370,12 @@ class _Base:
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise ContinualReleaseError(f"block {block!r} gave features of shape {x.shape}; expected (n, {self.dim})")
-        self.data[block] = clip_features(x, y, self.params.loss)
+        x, y = clip_features(x, y, self.params.loss)
+        if self.validation_epsilon is not None:  # a public per-record hash: a record is in one part only
+            test = record_hash_fraction(x, y) < self.test_fraction
+            self.tests[block] = (x[test], y[test])
+            x, y = x[~test], y[~test]
+        self.data[block] = (x, y)
         rel = self._step()
         self.released.append(rel)
         return rel
@@ -502,3 +529,86 @@ def grant_reader(ledger, data_root: str, featurize: Callable[[list[bytes]], tupl
         return featurize(records)
 
     return read
+
+
+def record_hash_fraction(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """A public per-record number in [0, 1) from the record's own (clipped) values: the train/test split."""
+    out = np.empty(len(y))
+    for i in range(len(y)):
+        digest = hashlib.sha256(x[i].tobytes() + y[i:i + 1].tobytes()).digest()
+        out[i] = int.from_bytes(digest[:8], "big") / 2.0 ** 64
+    return out
+
+
+def check_sla(release: "_Base", model: "Released", validator) -> object:
+    """The SLA check of Sage's iterator on a released model: ``validator`` (a ``sage_tfx.validation``
+    DPLossValidator, its epsilon == the strategy's validation_epsilon) on the test part of the NEWEST block,
+    under that block's grant's ``validation`` release (parallel split: each test record is used by this one
+    check, so it loses validation_epsilon once). Losses are the model's log / squared losses."""
+    if release.validation_epsilon is None:
+        raise ContinualReleaseError("validation_epsilon None: build the release with validation_epsilon=... to "
+                                    "run an SLA check (its grants then carry a parallel train/test split)")
+    if not math.isclose(float(validator.epsilon), release.validation_epsilon, rel_tol=1e-12):
+        raise ContinualReleaseError(f"validator epsilon {validator.epsilon!r} differs from validation_epsilon "
+                                    f"{release.validation_epsilon!r}: give the validator that epsilon")
+    block = release.order[model.t - 1]
+    grant = release.grants[block]
+    fingerprint = hashlib.sha256((release.fingerprint + "/sla/" + model.weights.tobytes().hex() +
+                                  json.dumps(getattr(validator, "target", None))).encode()).hexdigest()
+    release.ledger.release(grant, "validation", fingerprint, release.validation_epsilon, 0.0)
+    x, y = release.tests[block]
+    if len(y) == 0:  # the validators refuse an empty set: RETRY, as for too little data (the release is paid)
+        from sage_tfx.validation.core import Outcome, ValidationResult
+
+        return ValidationResult(outcome=Outcome.RETRY, validator=validator.name, mode=str(validator.mode),
+                                target=validator.target, metric=math.nan, bounds={},
+                                epsilon_test=release.validation_epsilon, epsilon_train=0.0,
+                                eta=1 - validator.confidence, attempt=None, details={"test_records": 0})
+    z = x @ model.weights
+    losses = (np.logaddexp(0.0, -y * z) if release.params.loss is Loss.LOGISTIC else 0.5 * (z - y) ** 2)
+    rng = as_secure_rng(release.ledger.private_seed(grant.id, f"sla/{model.t}"))
+    return validator.validate(losses, rng=rng)
+
+
+def push_model(push_dir: str, model: "Released", result=None) -> str:
+    """Write ``model`` to push_dir/model-<t>/ (weights.npy, model.json) with a BLESSED marker when the SLA check
+    ACCEPTed (or none was set) — a ModelBlessing-like directory, not a TFX Pusher. Returns the folder."""
+    import os
+
+    folder = os.path.join(push_dir, f"model-{model.t:06d}")
+    os.makedirs(folder, exist_ok=True)
+    np.save(os.path.join(folder, "weights.npy"), model.weights)
+    outcome = None if result is None else str(result.outcome)
+    info = {"t": model.t, "blocks": model.blocks, "kind": model.kind, "sla_outcome": outcome}
+    with open(os.path.join(folder, "model.json"), "w") as f:
+        json.dump(info, f, indent=1)
+    if result is None or outcome == "ACCEPT":
+        with open(os.path.join(folder, "BLESSED"), "w") as f:
+            f.write("blessed\n")
+    return folder
+
+
+def release_stream(ledger, data_root: str, stream: str, pipeline: str, params: ReleaseParams, *,
+                   featurize: Callable[[list[bytes]], tuple[np.ndarray, np.ndarray]], dim: int,
+                   blocks: Optional[Sequence[str]] = None, validator=None, push_dir: Optional[str] = None,
+                   release: Optional["_Base"] = None) -> tuple["_Base", list[dict]]:
+    """The entry point: release a model for every new block of ``stream`` (``blocks``, default the stream's
+    blocks not yet observed, in ledger order), each charged before it is read; with ``validator`` every model
+    goes through the SLA check (``check_sla``) and, with ``push_dir``, is pushed (``push_model``: BLESSED only
+    on ACCEPT). A window in ``params`` selects SlidingWindowRelease. Pass the returned release back in as
+    ``release`` on the next call to continue the same stream."""
+    if release is None:
+        cls = ContinualRelease if params.window is None else SlidingWindowRelease
+        v_eps = None if validator is None else float(validator.epsilon)
+        release = cls(ledger, stream, pipeline, params, grant_reader(ledger, data_root, featurize), dim=dim,
+                      validation_epsilon=v_eps)
+    if blocks is None:
+        blocks = [b.id for b in ledger.blocks(stream) if b.id not in release.grants]
+    out = []
+    for block in blocks:
+        model = release.observe(block)
+        result = check_sla(release, model, validator) if validator is not None else None
+        folder = push_model(push_dir, model, result) if push_dir else None
+        out.append({"t": model.t, "block": block, "kind": model.kind,
+                    "sla": None if result is None else str(result.outcome), "pushed": folder})
+    return release, out
