@@ -1,0 +1,23 @@
+"""sage bench continual-release: a tiny run on the REAL taxi trips (numpy only, a few seconds)."""
+import argparse
+
+import pytest
+
+from sage_tfx.bench import continual_release as bench
+
+
+def test_tiny_run(tmp_path):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--blocks", "6", "--rows-per-block", "150", "--window", "3", "--trials", "1",
+                              "--plot", str(tmp_path / "fig.png")])
+    figures = bench.run(args)
+    for v in bench.VARIANTS:
+        curve = figures["excess_median_by_t"][v]
+        assert len(curve) == 6 and min(curve) >= -1e-9  # excess over the exact minimiser of the same objective
+    assert figures["audit_ok"] and figures["block_epsilon_charged"] == [pytest.approx(1.0), pytest.approx(1.0)]
+    assert 0.5 < figures["max_block_rho_over_bound"] <= 1 + 1e-9
+    assert figures["z_scratch_per_release"] == pytest.approx(figures["z_eff"] * 6 ** 0.5)
+    assert (tmp_path / "fig.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="--window 9 is larger than the stream"):
+        bench.run(parser.parse_args(["--blocks", "6", "--window", "9", "--plot", ""]))
