@@ -17,6 +17,7 @@ def test_tiny_run(tmp_path):
         assert len(curve) == 6 and min(curve) >= -1e-9  # excess over the exact minimiser of the same objective
     assert figures["audit_ok"] and figures["block_epsilon_charged"] == [pytest.approx(1.0), pytest.approx(1.0)]
     assert 0.5 < figures["max_block_rho_over_bound"] <= 1 + 1e-9
+    assert set(figures["next_block_logloss_ratio_vs_non_private"]) == set(bench.VARIANTS)
     assert figures["z_scratch_per_release"] == pytest.approx(figures["z_eff"] * 6 ** 0.5)
     assert (tmp_path / "fig.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="--window 9 is larger than the stream"):

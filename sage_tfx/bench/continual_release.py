@@ -13,8 +13,8 @@ NON-PRIVATE minimiser of J on the same blocks:
   perturbation with the same Gaussian; block 0 is read at all T arrivals, so under zCDP composition each
   release gets rho/T of the same per-record budget (noise multiplier z_eff sqrt(T)): the horizon T must be
   declared in advance (with T unbounded it cannot run at all).
-Also the mean log loss on the NEWEST block (the paper's target b0, Theorem 5) of each release and of the
-non-private all-history ERM. Figures: per-t medians over ``--trials`` noise seeds; the ratio scratch / continual per t; the late/early
+Also the mean log loss on the NEWEST block (the paper's target b0, Theorem 5; trained on) and on the NEXT
+block (held out: what the deployed model meets) of each release and of the non-private all-history ERM. Figures: per-t medians over ``--trials`` noise seeds; the ratio scratch / continual per t; the late/early
 excess ratio of each variant (flatness); each block's rho against its charged bound.
 """
 from __future__ import annotations
@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> dict:
     cum_params, sw_params = ReleaseParams(**base), ReleaseParams(**base, window=args.window)
     excess = {v: np.zeros((args.trials, T)) for v in VARIANTS}
     newest = {v: np.zeros((args.trials, T)) for v in (*VARIANTS, "non_private")}
+    following = {v: np.zeros((args.trials, T - 1)) for v in (*VARIANTS, "non_private")}
     rho_ratio, audit_ok, charged = [], [], []
     # the non-private minimisers (same objective, same blocks), computed once
     def np_fit(blocks_):
@@ -133,12 +134,15 @@ def run(args: argparse.Namespace) -> dict:
                 excess["sliding"][trial, t - 1] = _excess(rs.weights, xs, ys, ws_np, min(t, args.window) * m0,
                                                          args.lam)
                 delta_t = sensitivity(cum_params, t)
-                w_scratch = grid_gaussian(w_np, delta_t, z_scratch * delta_t, rng=rng)
+                w_scratch = grid_gaussian(w_np, delta_t, z_scratch * delta_t, rng=rng, cells=d)
                 excess["scratch"][trial, t - 1] = _excess(w_scratch, x, y, w_np, t * m0, args.lam)
                 xb, yb = clip_features(*data[t - 1], "logistic")  # the newest block: the paper's target window
                 for v, w in (("continual", rc.weights), ("sliding", rs.weights), ("scratch", w_scratch),
                              ("non_private", w_np)):
                     newest[v][trial, t - 1] = float(np.mean(np.logaddexp(0.0, -yb * (xb @ w))))
+                    if t < T:  # held out: the block that arrives next (what a deployed model meets)
+                        xn, yn = clip_features(*data[t], "logistic")
+                        following[v][trial, t - 1] = float(np.mean(np.logaddexp(0.0, -yn * (xn @ w))))
             for strat in (cum, sw):
                 rho_ratio.append(max(strat.per_record_rho().values()) / strat.rho_bound())
             report = ledger.audit()
@@ -159,6 +163,9 @@ def run(args: argparse.Namespace) -> dict:
         "scratch_over_continual_first_quarter": float(np.mean(med["scratch"][:q]) / np.mean(med["continual"][:q])),
         "scratch_over_continual_last_quarter": float(np.mean(med["scratch"][-q:]) / np.mean(med["continual"][-q:])),
         "newest_block_logloss_mean": {v: float(np.mean(newest[v])) for v in newest},
+        "next_block_logloss_mean": {v: float(np.mean(following[v])) for v in following},
+        "next_block_logloss_ratio_vs_non_private": {v: float(np.mean(following[v]) / np.mean(following["non_private"]))
+                                                    for v in VARIANTS},
         "newest_block_logloss_by_t": {v: [round(float(e), 4) for e in np.median(newest[v], axis=0)]
                                       for v in newest},
         "max_block_rho_over_bound": float(max(rho_ratio)),

@@ -254,7 +254,7 @@ def private_erm(x: np.ndarray, y: np.ndarray, *, params: ReleaseParams, blocks: 
     n_norm = blocks * params.records_per_block
     w = solve_erm(x, y, normaliser=n_norm, lam=params.lam, radius=params.radius, loss=params.loss,
                   reference=reference)
-    return grid_gaussian(w, sensitivity(params, blocks), sigma, rng=rng)
+    return grid_gaussian(w, sensitivity(params, blocks), sigma, rng=rng, cells=w.size)  # a record moves every cell
 
 
 # ------------------------------------------------------------------ accounting
