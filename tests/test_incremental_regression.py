@@ -239,7 +239,10 @@ def test_bench_tiny_run(tmp_path):
     for r in figures["horizons"]:
         for key in ("tree_excess_mean", "rerun_excess_mean", "tree_excess_final", "rerun_excess_final"):
             assert r[key] >= -1e-9 and math.isfinite(r[key])
-        assert r["ratio_mean_rerun_over_tree"] > 0
+        assert r["ratio_mean_rerun_over_tree"] > 0 and 0 <= r["tree_better_fraction"] <= 1
+        assert len(r["tree_excess_by_t"]) == len(r["rerun_excess_by_t"]) == r["horizon"]
+        assert r["tree_excess_second_half"] == pytest.approx(np.mean(r["tree_excess_by_t"][r["horizon"] // 2:]))
+        assert r["tree_excess_final"] == pytest.approx(r["tree_excess_by_t"][-1])
         assert 0 < r["rerun_epsilon_per_run"] < args.epsilon
     assert (tmp_path / "plot.png").stat().st_size > 1000
 
