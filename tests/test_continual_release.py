@@ -9,7 +9,7 @@ import pytest
 from sage_tfx.privacy import Ledger
 from sage_tfx.privacy.samplers import secure_rng
 from sage_tfx.release.continual import (
-    ContinualRelease, ContinualReleaseError, Loss, ReleaseParams, SlidingWindowRelease, calibrate_z_eff,
+    ContinualRelease, ContinualReleaseError, ReleaseParams, SlidingWindowRelease, calibrate_z_eff,
     clip_features, dyadic_cover, private_erm, rdp_epsilon, sensitivity, solve_erm)
 
 D = 4
