@@ -1,5 +1,11 @@
 """What a component may learn about its grant, and the one release each stage opens under it.
 
+Written once for the four components (issue 13 part 5): the execution-parameter keys ``GRANT_KEY`` /
+``LEDGER_KEY`` (their ``ExecutionParameter`` fragment is ``components/_spec.py``'s ``GRANT_PARAMETERS``),
+the grant-to-JSON coercion ``grant_to_json``, and the executors' shared first step
+``GrantedExecutor.CheckGrant``: one ledger connection for the whole run, the grant verified through it, and
+the run's releases (``GrantRun.open_release``) and DP record count opened on that same connection.
+
 ``check_grant`` is the one door: every data-reading component (BlockExampleGen,
 DPTransform, DPTrainer, DPModelValidator) calls it BEFORE reading a record.
 ``open_release`` is the second step, shared by every component that releases
@@ -14,11 +20,33 @@ exact row count. It may see the public number of blocks in its grant, or a
 Laplace count released under the ``count`` stage of the grant's split, which
 the grant paid for as part of its charge.
 """
+import contextlib
 import hashlib
 import json
-import math
 
 from sage_tfx.privacy import GrantError, Ledger, grant_split
+from sage_tfx.privacy.checks import positive
+
+# The execution-parameter keys every data-reading component spec declares (components/_spec.py).
+GRANT_KEY = "grant"
+LEDGER_KEY = "ledger"
+
+
+def grant_to_json(grant):
+    """A ``Grant`` (anything with ``to_json``) as its JSON; JSON text, None and RuntimeParameters pass as they are."""
+    if grant is not None and hasattr(grant, "to_json"):
+        return grant.to_json()
+    return grant
+
+
+@contextlib.contextmanager
+def _connection(ledger):
+    """``ledger`` itself if it is an open ``Ledger`` (left open), else ``Ledger.open(ledger)`` closed on exit."""
+    if isinstance(ledger, Ledger):
+        yield ledger
+    else:
+        with Ledger.open(ledger) as opened:
+            yield opened
 
 # The noise seed's purpose for each stage (Ledger.private_seed): one seed per grant and stage.
 SEED_PURPOSES = {"preprocessing": "preprocessing", "count": "record_count", "training": "training",
@@ -35,17 +63,17 @@ def computation_digest(*parts) -> str:
     return digest.hexdigest()
 
 
-def open_release(ledger_location, grant, stage, computation, epsilon, delta=0.0) -> int:
+def open_release(ledger, grant, stage, computation, epsilon, delta=0.0) -> int:
     """Open ``stage``'s release of ``computation`` under ``grant`` with the ledger; return the stage's noise seed.
 
     Raises GrantError before anything is drawn if the grant already released this stage for another
     computation, if the stage asks more than its share, or if a single-stage grant was spent by
     another stage. Re-opening the same computation returns the same seed (a re-run draws the same
-    noise: no new release).
+    noise: no new release). ``ledger``: its location, or an open ``Ledger`` (then used and left open).
     """
-    with Ledger.open(ledger_location) as ledger:
-        ledger.release(grant, stage, computation, epsilon, delta)
-        return ledger.private_seed(grant.id, SEED_PURPOSES[stage])
+    with _connection(ledger) as opened:
+        opened.release(grant, stage, computation, epsilon, delta)
+        return opened.private_seed(grant.id, SEED_PURPOSES[stage])
 
 
 def check_grant(ledger_location, grant_json, stream=None, epsilon=None, delta=None):
@@ -54,16 +82,33 @@ def check_grant(ledger_location, grant_json, stream=None, epsilon=None, delta=No
     Raises ``GrantError`` (a ValueError) for a missing, malformed, forged (bad
     signature), unknown (never charged by this ledger), altered, other-stream or
     too-small grant, if any granted block is not registered, and if its split composes to more than
-    its charge (re-checked here, at every component's door, whoever signed it).
+    its charge (re-checked here, at every component's door, whoever signed it). Opens the ledger at
+    ``ledger_location`` for the check only; an executor holds one connection with
+    ``GrantedExecutor.CheckGrant`` instead.
     """
+    _require_inputs(ledger_location, grant_json)
+    with Ledger.open(ledger_location) as ledger:
+        return verify_grant(ledger, grant_json, stream=stream, epsilon=epsilon, delta=delta)
+
+
+def _require_inputs(ledger_location, grant_json):
+    """GrantError, before the ledger is opened, for a missing grant or ledger location."""
+    _require_grant(grant_json)
+    if not ledger_location:
+        raise GrantError("no ledger location given: a grant can only be checked against its ledger")
+
+
+def _require_grant(grant_json):
     if grant_json is None or (isinstance(grant_json, str) and not grant_json.strip()):
         raise GrantError("no grant given: this component reads data only under a grant from the ledger "
                          "(pass the JSON of Ledger.request(...) as its `grant`)")
-    if not ledger_location:
-        raise GrantError("no ledger location given: a grant can only be checked against its ledger")
-    with Ledger.open(ledger_location) as ledger:
-        grant = ledger.verify(grant_json, stream=stream, epsilon=epsilon, delta=delta)
-        registered = {b.id for b in ledger.blocks(grant.stream)}
+
+
+def verify_grant(ledger, grant_json, stream=None, epsilon=None, delta=None):
+    """``check_grant`` on an open ``Ledger``: the ledger's copy of the grant, or GrantError."""
+    _require_grant(grant_json)
+    grant = ledger.verify(grant_json, stream=stream, epsilon=epsilon, delta=delta)
+    registered = {b.id for b in ledger.blocks(grant.stream)}
     missing = [b for b in grant.blocks if b not in registered]
     if missing:
         raise GrantError(f"grant {grant.id!r} names block(s) not registered in stream {grant.stream!r}: "
@@ -86,21 +131,20 @@ def laplace_count(exact, epsilon, rng):
     """
     from sage_tfx.privacy.samplers import grid_laplace
 
-    epsilon = float(epsilon)
-    if not math.isfinite(epsilon) or epsilon <= 0:
-        raise ValueError(f"count epsilon {epsilon!r} must be finite and > 0")
+    epsilon = positive(epsilon, "count epsilon", error=ValueError, message="{what} {value!r} must be {rule}")
     return float(grid_laplace([float(exact)], 1.0, epsilon, rng, cells=1)[0])
 
 
 RECORD_COUNT_COMPUTATION = "record_count/v1"  # one Laplace count over all granted blocks
 
 
-def released_record_count(ledger_location, grant):
+def released_record_count(ledger, grant):
     """The DP record count of a verified grant, or None if its split has no ``count`` stage.
 
     The release is opened with the ledger (stage ``count``, one computation for every caller), and
     the noise comes from a seed only the ledger can derive for (grant, "record_count"), so
     BlockExampleGen and DPTrainer, and any re-run, release the same value: no extra privacy loss.
+    ``ledger``: its location, or an open ``Ledger`` (one connection for the release and the count).
     """
     from sage_tfx.privacy.samplers import secure_rng
 
@@ -108,9 +152,69 @@ def released_record_count(ledger_location, grant):
     if split is None or split.count <= 0:
         return None
     eps = split.count
-    rng = secure_rng(open_release(ledger_location, grant, "count",
-                                  computation_digest(RECORD_COUNT_COMPUTATION, list(grant.blocks)), eps),
-                     "record_count")
-    with Ledger.open(ledger_location) as ledger:
-        exact = sum(ledger.private_row_count(grant.stream, b) or 0 for b in grant.blocks)
+    with _connection(ledger) as opened:
+        rng = secure_rng(open_release(opened, grant, "count",
+                                      computation_digest(RECORD_COUNT_COMPUTATION, list(grant.blocks)), eps),
+                         "record_count")
+        exact = sum(opened.private_row_count(grant.stream, b) or 0 for b in grant.blocks)
     return laplace_count(exact, eps, rng), eps
+
+
+def check_read_under(artifact, grant, fix, what=None, required=True):
+    """GrantError unless ``artifact`` (an MLMD artifact) carries custom property ``grant_id`` equal to
+    ``grant.id``: data made under another grant (or none) is refused. ``fix`` ends the message (what to do);
+    ``what`` names the artifact (default "the Examples artifact was read"); with ``required=False`` an
+    artifact without ``grant_id`` passes (e.g. a TransformGraph made outside any grant)."""
+    read_under = artifact.get_string_custom_property("grant_id") if artifact.has_custom_property("grant_id") else ""
+    if not required and not read_under:
+        return
+    if read_under != grant.id:
+        raise GrantError(f"{what or 'the Examples artifact was read'} under grant {read_under or 'none'!r}, not "
+                         f"{grant.id!r}: {fix}")
+
+
+class GrantRun:
+    """One executor run under one verified grant, on ONE open ledger connection (``GrantedExecutor.CheckGrant``).
+
+    ``grant``: the ledger's copy of the grant; ``ledger``: the open ``Ledger`` (closed when the run's
+    ``with`` block ends); ``location``: where it lives. Its methods are ``open_release`` and
+    ``released_record_count`` on that connection.
+    """
+
+    def __init__(self, ledger, location, grant):
+        self.ledger, self.location, self.grant = ledger, location, grant
+
+    def open_release(self, stage, computation, epsilon, delta=0.0) -> int:
+        """``open_release`` for this run's grant on this run's connection: the stage's noise seed."""
+        return open_release(self.ledger, self.grant, stage, computation, epsilon, delta)
+
+    def released_record_count(self):
+        """``released_record_count`` for this run's grant on this run's connection."""
+        return released_record_count(self.ledger, self.grant)
+
+    def check_read_under(self, artifact, fix, what=None, required=True):
+        """``check_read_under`` against this run's grant."""
+        check_read_under(artifact, self.grant, fix, what=what, required=required)
+
+
+class GrantedExecutor:
+    """The executors' shared first step, as TFX's Pusher has ``CheckBlessing``: mix in before TFX's executor
+    base (``class Executor(GrantedExecutor, base_executor.BaseExecutor)``) and open the run with::
+
+        with self.CheckGrant(exec_properties, stream=...) as run:
+            ...  # run.grant verified; run.open_release(...), run.released_record_count() on one connection
+
+    ``CheckGrant`` opens the ledger named by ``exec_properties[LEDGER_KEY]`` ONCE, verifies
+    ``exec_properties[GRANT_KEY]`` through it (``verify_grant``: GrantError before any record is read)
+    and closes the connection when the run ends, whatever happens. Override it to add checks (call the
+    base first) or to resolve the grant differently.
+    """
+
+    @contextlib.contextmanager
+    def CheckGrant(self, exec_properties, *, stream=None, epsilon=None, delta=None):  # noqa: N802 (TFX style)
+        location = exec_properties.get(LEDGER_KEY)
+        grant_json = exec_properties.get(GRANT_KEY)
+        _require_inputs(location, grant_json)
+        with Ledger.open(location) as ledger:
+            grant = verify_grant(ledger, grant_json, stream=stream, epsilon=epsilon, delta=delta)
+            yield GrantRun(ledger, location, grant)

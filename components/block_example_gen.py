@@ -19,13 +19,14 @@ from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
+from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
+
 from sage_tfx.components.block_example_gen_executor import DEFAULT_SPLITS, Executor
 
 
 class BlockExampleGenSpec(ComponentSpec):
     PARAMETERS = {
-        "grant": ExecutionParameter(type=str, optional=True),
-        "ledger": ExecutionParameter(type=str),
+        **GRANT_PARAMETERS,
         "data_root": ExecutionParameter(type=str),
         "stream": ExecutionParameter(type=str),
         "splits": ExecutionParameter(type=str, optional=True),
@@ -42,9 +43,7 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
 
     def __init__(self, ledger, data_root, stream, grant=None, splits=None):
         """``grant``: a Grant, its JSON, or a RuntimeParameter of type str. ``splits``: {name: buckets}."""
-        if grant is not None and hasattr(grant, "to_json"):
-            grant = grant.to_json()
         splits = dict(splits or DEFAULT_SPLITS)
         super().__init__(spec=BlockExampleGenSpec(
-            grant=grant, ledger=str(ledger), data_root=str(data_root), stream=stream,
+            **grant_parameters(grant, ledger), data_root=str(data_root), stream=stream,
             splits=json.dumps(splits), examples=channel.Channel(type=standard_artifacts.Examples)))

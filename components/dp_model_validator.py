@@ -42,6 +42,8 @@ from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import artifact, channel, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
+from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
+
 from sage_tfx.components.dp_model_validator_executor import Executor
 
 
@@ -53,8 +55,7 @@ class SageValidationResult(artifact.Artifact):
 
 class DPModelValidatorSpec(ComponentSpec):
     PARAMETERS = {
-        "grant": ExecutionParameter(type=str, optional=True),
-        "ledger": ExecutionParameter(type=str),
+        **GRANT_PARAMETERS,
         "metric": ExecutionParameter(type=str),
         "target": ExecutionParameter(type=float),
         "label_key": ExecutionParameter(type=str),
@@ -100,10 +101,8 @@ class DPModelValidator(base_component.BaseComponent):
                  label_signature=None):
         """``model``/``examples``: channels (e.g. ``trainer.outputs["model"]``, ``gen.outputs["examples"]``).
         ``grant``: a Grant, its JSON, or a RuntimeParameter of type str."""
-        if grant is not None and hasattr(grant, "to_json"):
-            grant = grant.to_json()
         super().__init__(spec=DPModelValidatorSpec(
-            grant=grant, ledger=str(ledger), metric=metric, target=_maybe(float, target), label_key=label_key,
+            **grant_parameters(grant, ledger), metric=metric, target=_maybe(float, target), label_key=label_key,
             loss_bound=_maybe(float, loss_bound), confidence=_maybe(float, confidence), eta=_maybe(float, eta),
             attempt=_maybe(int, attempt), epsilon=_maybe(float, epsilon), eval_split=eval_split,
             train_split=train_split, prediction_key=prediction_key, label_threshold=_maybe(float, label_threshold),

@@ -20,9 +20,10 @@ import os
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._grant import check_grant, computation_digest, open_release
+from sage_tfx.components._grant import GrantedExecutor, computation_digest
 from sage_tfx.privacy.samplers import secure_rng
 from sage_tfx.privacy import GrantError, grant_split, require_budget, stage_budget
+from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError
 
 METRICS = ("mse", "mae", "log_loss", "accuracy", "custom")
@@ -73,9 +74,8 @@ def validation_plan(exec_properties, grant):
 
     share, _ = stage_budget(grant, STAGE)
     epsilon = exec_properties.get("epsilon")
-    epsilon = share if epsilon is None else _number("epsilon", epsilon)
-    if not (math.isfinite(epsilon) and epsilon > 0):
-        raise ValidatorConfigError(f"epsilon {epsilon!r} must be finite and > 0")
+    epsilon = positive(share if epsilon is None else epsilon, "epsilon", error=ValidatorConfigError,
+                       message="{what} {value!r} must be {rule}", not_number="{what} {value!r} must be a number")
     require_budget(grant, STAGE, epsilon)
 
     train_split = exec_properties.get("train_split") or None
@@ -149,13 +149,8 @@ def load_loss_function(plan):
 
 
 def _number(name, value):
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise ValidatorConfigError(f"{name} {value!r} must be a number") from None
-    if not math.isfinite(value):
-        raise ValidatorConfigError(f"{name} {value!r} must be finite")
-    return value
+    return number(value, name, error=ValidatorConfigError, allow_bool=True, message="{what} {value!r} must be {rule}",
+                  not_number="{what} {value!r} must be a number")
 
 
 def make_validator(plan):
@@ -481,24 +476,24 @@ def write_result(artifact, report):
         {k: report[k] for k in ("outcome", "bound", "epsilon_spent", "eta", "confidence", "target", "metric")}))
 
 
-class Executor(base_executor.BaseExecutor):
+class Executor(GrantedExecutor, base_executor.BaseExecutor):
 
     def Do(self, input_dict, output_dict, exec_properties):
+        # The one door (one ledger connection for the run): the grant is verified, and the budget and the
+        # data's provenance are checked, before a single record is read.
+        with self.CheckGrant(exec_properties) as run:
+            self._run(run, input_dict, output_dict, exec_properties)
+
+    def _run(self, run, input_dict, output_dict, exec_properties):
         import numpy as np
 
         from tfx.utils import path_utils
 
-        ledger = exec_properties.get("ledger")
-        # The one door: the grant is verified, and the budget and the data's provenance are checked,
-        # before a single record is read.
-        grant = check_grant(ledger, exec_properties.get("grant"))
+        grant = run.grant
         plan = validation_plan(exec_properties, grant)
         validator = make_validator(plan)
         examples = artifact_utils.get_single_instance(input_dict["examples"])
-        read_under = examples.get_string_custom_property("grant_id")
-        if read_under != grant.id:
-            raise GrantError(f"the Examples artifact was read under grant {read_under or 'none'!r}, not "
-                             f"{grant.id!r}: validate only data the grant covers")
+        run.check_read_under(examples, "validate only data the grant covers")
         model = artifact_utils.get_single_instance(input_dict["model"])
         model_path = path_utils.serving_model_path(model.uri, path_utils.is_old_model_artifact(model))
 
@@ -506,9 +501,9 @@ class Executor(base_executor.BaseExecutor):
         # One release per grant: validating another model (or with other parameters) under this grant is
         # refused here, before any noise is drawn; the same model and test re-run draws the same noise.
         computation = validation_computation(plan, model_path)
-        seed = open_release(ledger, grant, STAGE, computation, plan["epsilon"])
+        seed = run.open_release(STAGE, computation, plan["epsilon"])
         if plan["train_split"] is not None:
-            open_release(ledger, grant, REJECT_STAGE, computation, plan["train_epsilon"])
+            run.open_release(REJECT_STAGE, computation, plan["train_epsilon"])
         loss_fn = load_loss_function(plan)
         test = split_values(serving, examples, plan["eval_split"], plan, loss_fn)
         train = None if plan["train_split"] is None else split_values(serving, examples, plan["train_split"], plan,

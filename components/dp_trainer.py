@@ -37,13 +37,14 @@ from tfx.proto import trainer_pb2
 from tfx.types import channel, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
+from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
+
 from sage_tfx.components.dp_trainer_executor import Executor
 
 
 class DPTrainerSpec(ComponentSpec):
     PARAMETERS = {
-        "grant": ExecutionParameter(type=str, optional=True),
-        "ledger": ExecutionParameter(type=str),
+        **GRANT_PARAMETERS,
         "module_file": ExecutionParameter(type=str, optional=True),
         "module_path": ExecutionParameter(type=str, optional=True),
         "run_fn": ExecutionParameter(type=str, optional=True),
@@ -78,12 +79,10 @@ class DPTrainer(base_component.BaseComponent):
         ``module_path`` or ``run_fn`` (a dotted path) names the training function, as in TFX's Trainer."""
         if sum(x is not None for x in (module_file, module_path, run_fn)) != 1:
             raise ValueError("give exactly one of module_file, module_path or run_fn")
-        if grant is not None and hasattr(grant, "to_json"):
-            grant = grant.to_json()
         if custom_config is not None and not isinstance(custom_config, dict):
             raise ValueError(f"custom_config must be a dict, got {type(custom_config).__name__}")
         super().__init__(spec=DPTrainerSpec(
-            grant=grant, ledger=str(ledger), module_file=None if module_file is None else str(module_file),
+            **grant_parameters(grant, ledger), module_file=None if module_file is None else str(module_file),
             module_path=module_path, run_fn=run_fn, train_args=train_args or trainer_pb2.TrainArgs(),
             eval_args=eval_args or trainer_pb2.EvalArgs(),
             custom_config=json.dumps(custom_config) if custom_config is not None else None,

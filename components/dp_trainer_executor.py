@@ -26,10 +26,10 @@ import math
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._grant import (check_grant, computation_digest, open_release,
-                                        released_record_count)
+from sage_tfx.components._grant import GrantedExecutor, computation_digest, released_record_count
 from sage_tfx.components.dp_transform_executor import COMPUTATION_PROPERTY
 from sage_tfx.privacy import GrantError, require_budget, stage_budget
+from sage_tfx.privacy.checks import number
 
 STAGE = "training"
 # Execution parameters that define the training computation (the grant and the ledger are not part of it).
@@ -55,11 +55,9 @@ def asked_budget(exec_properties, grant):
     share_eps, share_delta = training_share(grant)
     epsilon = exec_properties.get("epsilon")
     delta = exec_properties.get("delta")
-    epsilon = share_eps if epsilon is None else float(epsilon)
-    delta = share_delta if delta is None else float(delta)
-    for name, value in (("epsilon", epsilon), ("delta", delta)):
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"DPTrainer {name}={value!r} is invalid: must be finite and >= 0")
+    epsilon, delta = (number(share if value is None else value, f"DPTrainer {name}", error=ValueError, low=0.0,
+                             message="{what}={value!r} is invalid: must be {rule}")
+                      for name, value, share in (("epsilon", epsilon, share_eps), ("delta", delta, share_delta)))
     if epsilon <= 0:
         raise GrantError(f"grant {grant.id!r} leaves no training budget (epsilon {epsilon:.6g})")
     require_budget(grant, STAGE, epsilon, delta)
@@ -258,24 +256,24 @@ def train_split_names(exec_properties):
     return list(args.splits) or ["train"]
 
 
-class Executor(base_executor.BaseExecutor):
+class Executor(GrantedExecutor, base_executor.BaseExecutor):
 
     def Do(self, input_dict, output_dict, exec_properties):
+        # The one door (one ledger connection for the run): the grant, its provenance and the training
+        # budget are checked before any read.
+        with self.CheckGrant(exec_properties) as run:
+            self._run(run, input_dict, output_dict, exec_properties)
+
+    def _run(self, run, input_dict, output_dict, exec_properties):
         from tfx.components.util import udf_utils
 
-        ledger = exec_properties.get("ledger")
-        # The one door: the grant, its provenance and the training budget are checked before any read.
-        grant = check_grant(ledger, exec_properties.get("grant"))
+        grant = run.grant
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         for item in [examples] + list(input_dict.get("transform_graph") or []):
-            read_under = item.get_string_custom_property("grant_id") if item.has_custom_property(
-                "grant_id") else ""
-            if item is examples or read_under:
-                if read_under != grant.id:
-                    raise GrantError(f"the {item.type_name} artifact was made under grant {read_under or 'none'!r}, "
-                                     f"not {grant.id!r}: train only on data read under the grant")
+            run.check_read_under(item, "train only on data read under the grant",
+                                 what=f"the {item.type_name} artifact was made", required=item is examples)
         budget = asked_budget(exec_properties, grant)
-        num_examples, count_source = training_count(ledger, grant, examples, train_split_names(exec_properties),
+        num_examples, count_source = training_count(run.ledger, grant, examples, train_split_names(exec_properties),
                                                      exec_properties.get("public_num_examples"))
 
         fn_args = make_fn_args(input_dict, output_dict, exec_properties)
@@ -285,8 +283,7 @@ class Executor(base_executor.BaseExecutor):
         fn_args.stream = grant.stream
         run_fn = udf_utils.get_fn(exec_properties, "run_fn")
         # One release per grant: another module or configuration under this grant is refused here.
-        seed = open_release(ledger, grant, STAGE, training_computation(exec_properties, run_fn, input_dict, budget),
-                            *budget)
+        seed = run.open_release(STAGE, training_computation(exec_properties, run_fn, input_dict, budget), *budget)
 
         model = artifact_utils.get_single_instance(output_dict["model"])
         model_run = artifact_utils.get_single_instance(output_dict["model_run"])

@@ -41,13 +41,14 @@ from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
+from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
+
 from sage_tfx.components.dp_transform_executor import Executor
 
 
 class DPTransformSpec(ComponentSpec):
     PARAMETERS = {
-        "grant": ExecutionParameter(type=str, optional=True),
-        "ledger": ExecutionParameter(type=str),
+        **GRANT_PARAMETERS,
         "module_file": ExecutionParameter(type=str, optional=True),
         "module_path": ExecutionParameter(type=str, optional=True),
         "preprocessing_fn": ExecutionParameter(type=str, optional=True),
@@ -91,8 +92,6 @@ class DPTransform(base_beam_component.BaseBeamComponent):
         function's name), ``module_path``, or ``preprocessing_fn`` (a dotted path). Give ``schema`` (dict)
         or ``data_root`` (+ optional ``stream``). ``custom_config``: dict; ``splits_config``: dict or
         TFX's ``transform_pb2.SplitsConfig``."""
-        if grant is not None and hasattr(grant, "to_json"):
-            grant = grant.to_json()
         if module_file is not None and module_path is not None:
             raise ValueError("give module_file or module_path, not both")
         if module_file is None and module_path is None and preprocessing_fn is None:
@@ -100,7 +99,7 @@ class DPTransform(base_beam_component.BaseBeamComponent):
         if (schema is None) == (data_root is None):
             raise ValueError("give exactly one of schema ({feature: kind}) or data_root (+ stream)")
         super().__init__(spec=DPTransformSpec(
-            grant=grant, ledger=str(ledger), module_file=None if module_file is None else str(module_file),
+            **grant_parameters(grant, ledger), module_file=None if module_file is None else str(module_file),
             module_path=module_path, preprocessing_fn=preprocessing_fn,
             custom_config=_json_param("custom_config", custom_config), schema=_json_param("schema", schema),
             data_root=None if data_root is None else str(data_root), stream=stream,

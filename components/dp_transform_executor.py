@@ -35,8 +35,8 @@ import os
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._grant import check_grant, computation_digest, open_release
-from sage_tfx.privacy import GrantError, require_budget, stage_budget
+from sage_tfx.components._grant import GrantedExecutor, computation_digest
+from sage_tfx.privacy import require_budget, stage_budget
 from sage_tfx.transform.errors import NonPrivateAnalyzer  # raised here, and by noise_seed for an explicit seed=
 from sage_tfx.privacy.errors import SageError
 
@@ -338,25 +338,25 @@ class _EncodeExamples:
         return {"_schema_bytes": self._schema_bytes, "_encoder": None}
 
 
-class Executor(base_beam_executor.BaseBeamExecutor):
+class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
 
     def Do(self, input_dict, output_dict, exec_properties):
-        ledger = exec_properties.get("ledger")
-        # The one door: grant, provenance, analyzers and budget are all checked before a record is read.
-        grant = check_grant(ledger, exec_properties.get("grant"), stream=exec_properties.get("stream") or None)
+        # The one door (one ledger connection for the run): grant, provenance, analyzers and budget are all
+        # checked before a record is read.
+        with self.CheckGrant(exec_properties, stream=exec_properties.get("stream") or None) as run:
+            self._run(run, input_dict, output_dict, exec_properties)
+
+    def _run(self, run, input_dict, output_dict, exec_properties):
+        grant = run.grant
         examples = artifact_utils.get_single_instance(input_dict["examples"])
-        read_under = examples.get_string_custom_property("grant_id") if examples.has_custom_property(
-            "grant_id") else ""
-        if read_under != grant.id:
-            raise GrantError(f"the Examples artifact was read under grant {read_under or 'none'!r}, not "
-                             f"{grant.id!r}: preprocess only data the grant covers")
+        run.check_read_under(examples, "preprocess only data the grant covers")
         # The plan traces the function with a placeholder seed: no seed enters the traced graph, so the
         # fingerprint is the same, and the grant's seed is handed out only once the release is open.
         with stdout_to_stderr():  # a packaged module is pip-installed here (pipelines/_runner.py stage_user_modules)
             plan = preprocessing_plan(exec_properties, grant, examples, PLANNING_SEED)
         # One release per grant: a different preprocessing_fn (another traced graph) under this grant is
         # refused here, before the analysis draws any noise.
-        grant_seed = open_release(ledger, grant, STAGE, plan["computation"], plan["epsilon"], plan["delta"])
+        grant_seed = run.open_release(STAGE, plan["computation"], plan["epsilon"], plan["delta"])
 
         graph = artifact_utils.get_single_instance(output_dict["transform_graph"])
         transformed = artifact_utils.get_single_instance(output_dict["transformed_examples"])

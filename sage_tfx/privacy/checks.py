@@ -1,14 +1,21 @@
-"""Argument checks of the privacy core, in one place: names, and finite (non-negative) numbers.
+"""Argument checks, in one place: names, and finite numbers in a range (issue 13 part 5).
 
-Each raises LedgerError naming the argument and the bad value (the CLI turns it into exit 2), before anything
-is changed.
+Every layer uses these with its own error class and message style: ``error`` is the class to raise
+(LedgerError by default, the privacy core's; DPTransformError, ValidationInputError, ... elsewhere, each a
+``SageError`` and a ValueError), and ``message`` a template of ``{what}`` (the argument's name), ``{value}``
+(the bad value, as given) and ``{rule}`` (what it must be, e.g. "finite and > 0", "in (0, 1)"), so the
+message names the argument, the value and the fix. Raised before anything is changed. No numpy: the
+privacy core's checks run without it.
 """
 import math
+import numbers
 import re
 
 from .errors import LedgerError
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
+
+INVALID = "{what} {value!r} is invalid: must be {rule}"
 
 
 def check_name(value, what):
@@ -20,16 +27,68 @@ def check_name(value, what):
     return value
 
 
-def finite(value, what, allow_none=True, nonnegative=False):
-    """``value`` as a finite float (None stays None when ``allow_none``); ``nonnegative`` also refuses < 0."""
+def rule_text(low=None, high=None, *, low_open=False, high_open=False):
+    """The range a number must lie in, in words: "finite", "finite and > 0", "in (0, 1)", "in [0, 1)", ..."""
+    if low is not None and high is not None:
+        return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+    if low is not None:
+        return f"finite and {'>' if low_open else '>='} {low:g}"
+    if high is not None:
+        return f"finite and {'<' if high_open else '<='} {high:g}"
+    return "finite"
+
+
+def number(value, what, *, error=LedgerError, low=None, high=None, low_open=False, high_open=False,
+           allow_none=False, allow_bool=False, message=INVALID, not_number=None):
+    """``value`` as a finite float within [low, high] (an end ``*_open`` excludes it; None: unbounded).
+
+    None returns None when ``allow_none``. A bool is refused unless ``allow_bool`` (True is not a budget).
+    Otherwise raises ``error(message.format(what=what, value=value, rule=...))``; a value ``float`` cannot
+    convert uses ``not_number`` instead when given (same fields).
+    """
     if value is None and allow_none:
         return None
+    rule = rule_text(low, high, low_open=low_open, high_open=high_open)
     try:
+        if isinstance(value, bool) and not allow_bool:
+            raise TypeError
         out = float(value)
     except (TypeError, ValueError):
-        raise LedgerError(f"{what} {value!r} is not a number") from None
-    if not math.isfinite(out):
-        raise LedgerError(f"{what} {value!r} is invalid: must be finite")
-    if nonnegative and out < 0:
-        raise LedgerError(f"{what} {value!r} is invalid: must be >= 0")
+        raise error((not_number or message).format(what=what, value=value, rule=rule)) from None
+    if (not math.isfinite(out) or (low is not None and (out <= low if low_open else out < low))
+            or (high is not None and (out >= high if high_open else out > high))):
+        raise error(message.format(what=what, value=value, rule=rule))
     return out
+
+
+def positive(value, what, *, error=LedgerError, message=INVALID, not_number=None, allow_none=False,
+             allow_bool=False):
+    """``value`` as a finite float > 0 (an epsilon, a scale, a bound); see ``number``."""
+    return number(value, what, error=error, low=0.0, low_open=True, message=message, not_number=not_number,
+                  allow_none=allow_none, allow_bool=allow_bool)
+
+
+def probability(value, what, *, error=LedgerError, zero=False, message=INVALID, not_number=None, allow_none=False):
+    """``value`` as a float in (0, 1), or [0, 1) with ``zero`` (a delta, a confidence); see ``number``."""
+    return number(value, what, error=error, low=0.0, high=1.0, low_open=not zero, high_open=True, message=message,
+                  not_number=not_number, allow_none=allow_none)
+
+
+def finite(value, what, allow_none=True, nonnegative=False, *, positive=False, error=LedgerError):
+    """``value`` as a finite float (None stays None when ``allow_none``); ``nonnegative`` also refuses < 0,
+    ``positive`` refuses <= 0. The ledger's form (a bool counts as 0/1): "{what} {value!r} is not a number",
+    "... is invalid: must be finite" / ">= 0" / "> 0"."""
+    if value is None and allow_none:
+        return None
+    out = number(value, what, error=error, allow_bool=True, message="{what} {value!r} is invalid: must be finite",
+                 not_number="{what} {value!r} is not a number")
+    if nonnegative and out < 0:
+        raise error(f"{what} {value!r} is invalid: must be >= 0")
+    if positive and out <= 0:
+        raise error(f"{what} {value!r} is invalid: must be > 0")
+    return out
+
+
+def is_real(value) -> bool:
+    """True for an int or float (numbers.Real) that is not a bool: a number a caller may have meant."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
