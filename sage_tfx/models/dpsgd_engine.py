@@ -9,6 +9,9 @@ trainable variables::
 so one record changes the sum by at most C in L2 norm (its clipped gradient),
 and the noise is Gaussian of std sigma*C on every coordinate: a Gaussian
 mechanism of noise multiplier sigma (sage_tfx.privacy.dpsgd accounts for it).
+sigma may change between steps (``set_noise_multiplier``: a noise schedule's
+sigma_t, sage_tfx.privacy.noise_schedules, accounted step by step there); it is
+held in a variable the traced step reads.
 The training loop divides by the EXPECTED batch size, a public number, never by
 the sampled size.
 
@@ -66,10 +69,25 @@ class _Engine:
         self.variables = list(model.trainable_variables)
         self._generator = (tf.random.Generator.from_seed(seed) if seed is not None
                            else tf.random.Generator.from_non_deterministic_state())
+        # the noise std sigma*C lives in a variable the traced steps read, so a noise schedule
+        # (sage_tfx.privacy.noise_schedules) changes sigma_t per step without retracing; float64, cast to
+        # each variable's dtype (the same rounding as the constant it replaces)
+        self._noise_std = tf.Variable(self.noise_multiplier * self.clip_norm, trainable=False, dtype=tf.float64,
+                                      name="dp_noise_std")
+
+    def set_noise_multiplier(self, noise_multiplier):
+        """Set sigma for the following steps (a noise schedule's sigma_t); call outside the traced step."""
+        if not noise_multiplier >= 0:
+            raise ValueError(f"noise_multiplier={noise_multiplier!r} is invalid: must be >= 0")
+        self.noise_multiplier = float(noise_multiplier)
+        self._noise_std.assign(self.noise_multiplier * self.clip_norm)
+
+    def _std(self, dtype):
+        return tf.cast(self._noise_std, dtype)
 
     def noise(self):
-        std = self.noise_multiplier * self.clip_norm
-        return [self._generator.normal(tf.shape(v), stddev=std, dtype=v.dtype) for v in self.variables]
+        return [self._generator.normal(tf.shape(v), stddev=self._std(v.dtype), dtype=v.dtype)
+                for v in self.variables]
 
     def noisy_sum(self, x, y):
         """sum of clipped per-example gradients + N(0, (sigma C)^2), aligned with ``self.variables``."""
@@ -174,6 +192,11 @@ class TfPrivacyEngine(_Engine):
             l2_norm_clip=self.clip_norm, noise_multiplier=self.noise_multiplier,
             num_microbatches=num_microbatches, learning_rate=1.0,
         )
+
+    def set_noise_multiplier(self, noise_multiplier):
+        if noise_multiplier != self.noise_multiplier:
+            raise ValueError("the tf_privacy engine has a fixed noise multiplier: a noise schedule needs the "
+                             "'ghost' or 'vmap' implementation")
 
     def noisy_sum(self, x, y):
         def loss():
@@ -498,8 +521,8 @@ class LayerGhostEngine(_Engine):
         if len({v.dtype for v in self.variables}) > 1:
             return super().noise()
         sizes = [v.shape.num_elements() for v in self.variables]
-        flat = self._generator.normal([sum(sizes)], stddev=self.noise_multiplier * self.clip_norm,
-                                      dtype=self.variables[0].dtype)
+        dtype = self.variables[0].dtype
+        flat = self._generator.normal([sum(sizes)], stddev=self._std(dtype), dtype=dtype)
         return [tf.reshape(part, v.shape) for part, v in zip(tf.split(flat, sizes), self.variables)]
 
     def _forward(self, x):

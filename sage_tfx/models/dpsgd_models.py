@@ -21,6 +21,15 @@ multiplier is derived from it and published with the model. The guarantee holds
 whatever the true row count, because each present record is sampled with
 probability q. Neighbouring data sets differ by adding or removing one record.
 
+Noise schedules (keyword ``noise_schedule``; docs/models.md "Noise schedules"): a
+sigma_t that decays over the steps (sage_tfx.privacy.noise_schedules: step,
+exponential, polynomial, the bound-optimal shape of Hong et al.), its scale
+calibrated so that the composition of the per-step Poisson-sampled Gaussian
+events spends the budget; step t adds N(0, (sigma_t C)^2). ``privacy_spent``
+then holds the composed DpEvent, ``noise_multiplier`` = sigma_0 (the largest)
+and ``noise_schedule`` (kind, parameters, the per-stage sigmas). Default
+constant: the run, its sigma and its report are those without the option.
+
 ``evaluate`` computes metrics on the data it is given without noise: it is NOT
 differentially private (use Sage's DP validation for released metrics).
 
@@ -49,7 +58,7 @@ from sage_tfx.models.data import FeatureLayout, class_labels, labels_vector, spl
 from sage_tfx.models.dpsgd_engine import DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, make_engine
 from sage_tfx.models.export import export_saved_model
 from sage_tfx.models.seeding import fit_seeds
-from sage_tfx.privacy import dpsgd
+from sage_tfx.privacy import dpsgd, noise_schedules
 
 
 def poisson_batches(rng, n, q, steps):
@@ -128,7 +137,7 @@ class _DPSGDEstimator:
 
     def __init__(self, privacy_budget, num_examples=None, hidden_units=(), learning_rate=0.01, epochs=3,
                  batch_size=1024, clip_norm=1.0, momentum=0.9, implementation=DEFAULT_IMPLEMENTATION,
-                 accountant="rdp", seed=None):
+                 accountant="rdp", seed=None, *, noise_schedule=None):
         try:
             epsilon, delta = privacy_budget
         except (TypeError, ValueError):
@@ -145,6 +154,10 @@ class _DPSGDEstimator:
         if implementation not in IMPLEMENTATIONS:
             raise ValueError(f"implementation={implementation!r} is invalid: choose one of {IMPLEMENTATIONS}")
         dpsgd.check_accountant(accountant)
+        self.noise_schedule = noise_schedules.as_schedule(noise_schedule)
+        if implementation == "tf_privacy" and not self.noise_schedule.is_constant:
+            raise ValueError(f"noise_schedule={self.noise_schedule.describe()} is invalid with "
+                             "implementation='tf_privacy' (a fixed sigma): use 'ghost' or 'vmap'")
         self.num_examples = num_examples
         self.learning_rate = float(learning_rate)
         self.epochs = epochs
@@ -190,24 +203,29 @@ class _DPSGDEstimator:
         self.layout = FeatureLayout.from_input(x)
         features = self.layout.to_matrix(x)
         labels = self._labels(y, len(features))
-        sigma, event, spent_eps, steps = dpsgd.dpsgd_spend(
-            self.epsilon, self.delta, num_examples, self.batch_size, self.epochs, self.accountant)
-        q = dpsgd.sampling_rate(num_examples, self.batch_size)
+        run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, num_examples,
+                                              self.batch_size, self.epochs, self.accountant)
+        sigmas, steps, q = run.noise_multipliers, run.steps, run.sampling_rate
+        sigma = float(sigmas[0])
         self.model = build_mlp(self.layout.dim, self.hidden_units, self._output_units(labels), seeds.init)
         trainer = DPSGDTrainer(
             self.model, self.layout.dim, self._per_example_loss(), tf.as_dtype(self._label_dtype), self.learning_rate,
             self.momentum, self.batch_size, self.clip_norm, sigma, self.implementation, seeds.noise)
         rng = np.random.default_rng(seeds.sampling)
         for i, rows in enumerate(poisson_batches(rng, len(features), q, steps)):
+            if sigmas[i] != trainer.engine.noise_multiplier:
+                trainer.engine.set_noise_multiplier(float(sigmas[i]))  # the schedule's sigma_t
             trainer.dp_step(features[rows], labels[rows])
             if verbose and (i + 1) % max(1, steps // 10) == 0:
                 print(f"DP-SGD step {i + 1}/{steps}", flush=True)
         self.privacy_spent = {
-            "epsilon": spent_eps, "delta": self.delta, "dp_event": event, "noise_multiplier": sigma,
+            "epsilon": run.epsilon, "delta": self.delta, "dp_event": run.dp_event, "noise_multiplier": sigma,
             "steps": steps, "sampling_rate": q, "num_examples": int(num_examples),
             "accountant": self.accountant, "mechanism": "dp-sgd (Poisson-sampled Gaussian)",
             "implementation": self.implementation,
         }
+        if not self.noise_schedule.is_constant:  # the constant default's report is unchanged
+            self.privacy_spent["noise_schedule"] = run.report()
         return self
 
     def _require_fit(self):

@@ -76,7 +76,7 @@ from sage_tfx.models.dpsgd_engine import LayerGhostEngine, _Engine, _zero_rows, 
 from sage_tfx.models.dpsgd_models import poisson_batches
 from sage_tfx.models.seeding import active as _seed_active
 from sage_tfx.models.seeding import fit_seeds
-from sage_tfx.privacy import dpsgd
+from sage_tfx.privacy import dpsgd, noise_schedules
 
 __all__ = ["make_private", "PrivateModel", "PER_EXAMPLE", "LOSSES"]
 
@@ -242,7 +242,8 @@ class PrivateModel:
     """
 
     def __init__(self, model, *, epsilon, delta, num_examples, clip_norm, batch_size, epochs, optimizer,
-                 learning_rate, momentum, accountant, loss, per_example, seed, weight_decay=0.0):
+                 learning_rate, momentum, accountant, loss, per_example, seed, weight_decay=0.0,
+                 noise_schedule=None):
         self.model = model
         self.epsilon, self.delta = epsilon, delta
         self.num_examples = num_examples
@@ -257,6 +258,7 @@ class PrivateModel:
         self.loss = loss
         self.per_example = per_example
         self.seed = seed
+        self.noise_schedule = noise_schedules.as_schedule(noise_schedule)
         self.engine = None
         self.privacy_spent: Optional[Dict[str, Any]] = None
 
@@ -302,9 +304,10 @@ class PrivateModel:
         if probe is not None and probe.shape != (2,):
             raise ValueError(f"loss={self.loss!r} returns shape {probe.shape} on 2 records, not (2,): pass a "
                              "per-example loss (reduction NONE)")
-        sigma, event, spent_eps, steps = dpsgd.dpsgd_spend(
-            self.epsilon, self.delta, self.num_examples, self.batch_size, self.epochs, self.accountant)
-        q = dpsgd.sampling_rate(self.num_examples, self.batch_size)
+        run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, self.num_examples,
+                                              self.batch_size, self.epochs, self.accountant)
+        sigmas, steps, q = run.noise_multipliers, run.steps, run.sampling_rate
+        sigma = float(sigmas[0])
         per_example = self.per_example
         if per_example == "auto":
             per_example = "ghost" if _ghost_ok(self.model) else "vmap"
@@ -323,6 +326,8 @@ class PrivateModel:
         traced = False
         rng = np.random.default_rng(seeds.sampling)
         for i, rows in enumerate(poisson_batches(rng, n, q, steps)):
+            if sigmas[i] != self.engine.noise_multiplier:
+                self.engine.set_noise_multiplier(float(sigmas[i]))  # the schedule's sigma_t (a variable)
             if len(rows) == 0:
                 noise_step()
             else:
@@ -337,8 +342,8 @@ class PrivateModel:
                     # The new engine continues the old one's noise generator: no noise draw is ever reused.
                     generator = self.engine._generator
                     per_example = "ghost" if per_example == "ghost" else "loop"
-                    self.engine = _engine(per_example, self.model, loss_fn, self.clip_norm, sigma, seeds.noise,
-                                          vectorized=False)
+                    self.engine = _engine(per_example, self.model, loss_fn, self.clip_norm, float(sigmas[i]),
+                                          seeds.noise, vectorized=False)
                     self.engine._generator = generator
                     dp_step, noise_step = steps_for_engine()
                     dp_step(xb, yb)
@@ -351,11 +356,13 @@ class PrivateModel:
         if per_example == "ghost" and self.engine.fallback:
             implementation = "ghost+" + ("vmap" if self.engine.vectorized else "loop")
         self.privacy_spent = {
-            "epsilon": spent_eps, "delta": self.delta, "dp_event": event, "noise_multiplier": sigma,
+            "epsilon": run.epsilon, "delta": self.delta, "dp_event": run.dp_event, "noise_multiplier": sigma,
             "steps": steps, "sampling_rate": q, "num_examples": int(self.num_examples),
             "accountant": self.accountant, "mechanism": "dp-sgd (Poisson-sampled Gaussian)",
             "implementation": f"make_private/{implementation}",
         }
+        if not self.noise_schedule.is_constant:  # the constant default's report is unchanged
+            self.privacy_spent["noise_schedule"] = run.report()
         return self
 
     # ---------------------------------------------------------------- use
@@ -424,7 +431,8 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
                  clip_norm: float = 1.0, batch_size: int = 256, epochs: Union[int, float] = 1,
                  optimizer: str = "sgd", learning_rate: Optional[float] = None, momentum: float = 0.0,
                  weight_decay: float = 0.0, loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
-                 seed: Optional[int] = None) -> PrivateModel:
+                 seed: Optional[int] = None,
+                 noise_schedule: Optional[noise_schedules.NoiseSchedule] = None) -> PrivateModel:
     """Wrap a tf.keras Sequential or Functional ``model`` for DP-SGD training; return a ``PrivateModel``.
 
     ``privacy_budget=(epsilon, delta)``: what ``fit`` spends (add/remove one record). ``num_examples``: the
@@ -442,6 +450,15 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
     steps its std is learning_rate * sigma * clip_norm / batch_size * sqrt(T)); the decay pulls those weights
     back, bounding the walk. On TFX's taxi wide-and-deep model at epsilon 0.675, 0.01 turned a run that fell
     below the majority class in most noise draws into one above 0.84 in most (docs/your_pipeline.md).
+
+    ``noise_schedule``: None (constant sigma, the default: unchanged behaviour) or a
+    ``sage_tfx.privacy.noise_schedules`` schedule (step, exponential, polynomial, bound_optimal; or a
+    dict / kind name): step t adds N(0, (sigma_t C)^2) with sigma_t = s * f_t, the scale s calibrated
+    so that the composition of the per-step Poisson-sampled Gaussian events (sensitivity C each) is
+    (epsilon, delta)-DP on the accountant (proof sketch in that module: the schedule is fixed before
+    training, so the run is an adaptive composition of T sampled Gaussian mechanisms). Refused here,
+    before any data is read, if invalid for the run's step count. ``privacy_spent["dp_event"]`` is the
+    composed event, ``["noise_schedule"]`` the schedule and its per-stage sigmas.
     """
     if not isinstance(model, tf.keras.Model):
         raise ValueError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional model "
@@ -481,7 +498,10 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
         fit_seeds(seed, _NAME)  # raises: an explicit seed inside training_seed (DPTrainer)
     if loss is not None:
         per_example_loss(loss, model)  # names a bad loss now, not after the data is read
+    schedule = noise_schedules.as_schedule(noise_schedule)  # a bad schedule is refused here
+    schedule.check_for_run(dpsgd.num_steps(num_examples, batch_size, epochs))
     return PrivateModel(model, epsilon=epsilon, delta=delta, num_examples=num_examples, clip_norm=clip_norm,
                         batch_size=batch_size, epochs=epochs, optimizer=optimizer,
                         learning_rate=learning_rate, momentum=float(momentum), weight_decay=float(weight_decay),
-                        accountant=accountant, loss=loss, per_example=per_example, seed=seed)
+                        accountant=accountant, loss=loss, per_example=per_example, seed=seed,
+                        noise_schedule=schedule)

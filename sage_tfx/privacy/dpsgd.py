@@ -126,42 +126,74 @@ def epsilon_for(noise_multiplier, delta, num_examples, batch_size, epochs, accou
     return event_epsilon(event, delta, accountant)
 
 
+MIN_SIGMA = 1e-3
+
+
+def calibrate_scale(make_event, epsilon, delta, accountant="rdp", rtol=1e-4, max_sigma=1e4, context=""):
+    """Smallest scale s (to ``rtol`` relative) with ``make_event(s)`` (epsilon, delta)-DP on the accountant.
+
+    ``make_event(s)`` must give a DpEvent whose epsilon decreases as s grows (a noise multiplier, or
+    the scale of a whole noise schedule). The search is dp_accounting's ``calibrate_dp_mechanism``
+    (Brent's method) over x = log(s) in a bracket [log(s/2), log(s)] found by doubling s from 1
+    (down to MIN_SIGMA when 1 already suffices; above ``max_sigma`` refused), with tolerance
+    log(1 + rtol) in x, i.e. relative ``rtol`` in s; calibrate_dp_mechanism only returns a value
+    whose epsilon is <= the target (it steps by the tolerance if Brent's root is above it), so the
+    result never overspends. ``context`` names the training shape in the error messages.
+    """
+    from dp_accounting import mechanism_calibration as mc
+
+    epsilon, delta = check_budget(epsilon, delta)
+    check_accountant(accountant)
+    rtol = _positive(rtol, "rtol")
+    max_sigma = _positive(max_sigma, "max_sigma")
+
+    def eps_at(scale):
+        return event_epsilon(make_event(scale), delta, accountant)
+
+    # bracket: double from 1 (as far out as needed only: the RDP of a huge sigma is numerically unstable)
+    high = 1.0
+    while eps_at(high) > epsilon:
+        high *= 2.0
+        if high > max_sigma:
+            raise DpSgdConfigError(
+                f"epsilon={epsilon!r} at delta={delta!r} needs a noise multiplier above {max_sigma} "
+                f"{context}; raise epsilon or num_examples, or lower batch_size or epochs"
+            )
+    low = high / 2.0
+    if high == 1.0:
+        low = MIN_SIGMA
+        if eps_at(low) <= epsilon:
+            raise DpSgdConfigError(
+                f"epsilon={epsilon!r} at delta={delta!r} is met with a noise multiplier below {MIN_SIGMA} "
+                f"{context}: that is no meaningful privacy; lower epsilon"
+            )
+    log_scale = mc.calibrate_dp_mechanism(
+        lambda: _make_accountant(accountant),
+        lambda x: make_event(math.exp(x)),
+        epsilon, delta,
+        bracket_interval=mc.ExplicitBracketInterval(math.log(low), math.log(high)),
+        tol=math.log1p(rtol),
+    )
+    return math.exp(log_scale)
+
+
 def calibrate_noise_multiplier(epsilon, delta, num_examples, batch_size, epochs, accountant="rdp",
                                rtol=1e-4, max_sigma=1e4):
     """Smallest noise multiplier (to ``rtol``) whose DP-SGD run is (epsilon, delta)-DP.
 
-    Binary search on the accountant's epsilon, which decreases as sigma grows.
-    The returned sigma always satisfies ``epsilon_for(sigma, ...) <= epsilon``
-    (it is the upper end of the final bracket), and the search stops when the
-    bracket is narrower than ``rtol`` relative, so the realised epsilon is within
-    a fraction of a percent of the target.
+    ``calibrate_scale`` (dp_accounting's ``calibrate_dp_mechanism``) on the run's DpEvent: the
+    returned sigma always satisfies ``epsilon_for(sigma, ...) <= epsilon`` and is within ``rtol``
+    relative of the smallest such sigma, so the realised epsilon is within a fraction of a percent
+    of the target.
     """
     epsilon, delta = check_budget(epsilon, delta)
     check_accountant(accountant)
     # validate the training shape once, with a readable error
     num_steps(num_examples, batch_size, epochs)
-
-    def eps_at(sigma):
-        return epsilon_for(sigma, delta, num_examples, batch_size, epochs, accountant)
-
-    low, high = 0.0, 1.0
-    while eps_at(high) > epsilon:
-        low, high = high, high * 2.0
-        if high > max_sigma:
-            raise DpSgdConfigError(
-                f"epsilon={epsilon!r} at delta={delta!r} needs a noise multiplier above {max_sigma} "
-                f"(num_examples={num_examples}, batch_size={batch_size}, epochs={epochs}); "
-                "raise epsilon or num_examples, or lower batch_size or epochs"
-            )
-    while high - low > rtol * high:
-        mid = (low + high) / 2.0
-        if mid <= 0:
-            break
-        if eps_at(mid) > epsilon:
-            low = mid
-        else:
-            high = mid
-    return high
+    return calibrate_scale(
+        lambda sigma: dpsgd_event(sigma, num_examples, batch_size, epochs), epsilon, delta, accountant,
+        rtol=rtol, max_sigma=max_sigma,
+        context=f"(num_examples={num_examples}, batch_size={batch_size}, epochs={epochs})")
 
 
 def dpsgd_spend(epsilon, delta, num_examples, batch_size, epochs, accountant="rdp"):
