@@ -33,6 +33,7 @@ import json
 import math
 import os
 
+from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError
 
 SPENT_FILE = "privacy_spent.json"
@@ -314,12 +315,10 @@ def export_model(fn_args, model, features=None, label_key=None, output_scale=Non
     path = fn_args.serving_model_dir
     transform = getattr(fn_args, "transform_graph_path", None)
     maps = {} if transform or features is None else _feature_maps(features)
-    scale = 1.0 if output_scale is None else float(output_scale)
-    if not (math.isfinite(scale) and scale > 0):
-        raise TrainerDataError(f"output_scale={output_scale!r} must be a finite number > 0")
-    offset = 0.0 if output_offset is None else float(output_offset)
-    if not math.isfinite(offset):
-        raise TrainerDataError(f"output_offset={output_offset!r} must be a finite number")
+    scale = 1.0 if output_scale is None else positive(output_scale, "output_scale", error=TrainerDataError,
+                                                      message="{what}={value!r} must be a finite number > 0")
+    offset = 0.0 if output_offset is None else number(output_offset, "output_offset", error=TrainerDataError,
+                                                      message="{what}={value!r} must be a finite number")
     plain = all(m == (0.0, 1.0, False) for m in maps.values()) and scale == 1.0 and offset == 0.0
     inner_path = path if plain else os.path.join(fn_args.model_run_dir, "inner_model")
     if transform:

@@ -36,6 +36,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
+from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError
 
 LOG_LOSS_FLOOR = 1e-7  # as DPModelValidator: probabilities in [floor, 1 - floor], so a log loss <= ln(1e7)
@@ -99,20 +100,12 @@ class SLA:
             if bound is None:
                 raise PipelineDefinitionError(f"SLA metric {metric.value!r} needs loss_bound: a public bound B on "
                                               "each example's loss (losses are clipped to [0, B])")
-            try:
-                bound = float(bound)
-            except (TypeError, ValueError):
-                raise PipelineDefinitionError(f"SLA loss_bound {bound!r} is not a number") from None
-            if not (math.isfinite(bound) and bound > 0):
-                raise PipelineDefinitionError(f"SLA loss_bound {bound!r} must be finite and > 0")
+            bound = positive(bound, "SLA loss_bound", error=PipelineDefinitionError, allow_bool=True,
+                             message="{what} {value!r} must be {rule}", not_number="{what} {value!r} is not a number")
         object.__setattr__(self, "loss_bound", bound)
         if self.label_threshold is not None:
-            try:
-                threshold = float(self.label_threshold)
-            except (TypeError, ValueError):
-                threshold = math.nan
-            if not math.isfinite(threshold):
-                raise PipelineDefinitionError(f"SLA label_threshold {self.label_threshold!r} must be a finite number")
+            threshold = number(self.label_threshold, "SLA label_threshold", error=PipelineDefinitionError,
+                               allow_bool=True, message="{what} {value!r} must be a finite number")
             object.__setattr__(self, "label_threshold", threshold)
         if self.label_signature is not None and (not isinstance(self.label_signature, str)
                                                  or not self.label_signature.strip()):

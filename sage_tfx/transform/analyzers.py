@@ -48,6 +48,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_transform as tft
 
+from sage_tfx.privacy import checks
+
 from .budget import record_spend
 from .errors import DPTransformError
 from .noise import (
@@ -225,13 +227,8 @@ def _lookup(table, keys, default):
 
 
 def _check_finite(value, what):
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise DPTransformError(f"{what} must be a finite number (a public constant), got {value!r}") from None
-    if isinstance(value, bool) or not np.isfinite(number):
-        raise DPTransformError(f"{what} must be a finite number (a public constant), got {value!r}")
-    return number
+    return checks.number(value, what, error=DPTransformError,
+                         message="{what} must be a finite number (a public constant), got {value!r}")
 
 
 def _check_fallback(label, min_count, fallback):

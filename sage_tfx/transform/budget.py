@@ -28,6 +28,8 @@ import inspect
 import math
 import sys
 
+from sage_tfx.privacy.checks import probability
+
 from .errors import BudgetExceeded, DPTransformError, MissingBudget
 from .noise import check_epsilon
 
@@ -43,13 +45,8 @@ Spend = collections.namedtuple("Spend", ["analyzer", "epsilon", "delta"], defaul
 
 def check_budget_delta(delta, what: str = "preprocessing delta") -> float:
     """Return delta as a float; raise naming it unless 0 <= delta < 1."""
-    try:
-        value = float(delta)
-    except (TypeError, ValueError):
-        raise DPTransformError(f"{what} must be a number in [0, 1), got {delta!r}") from None
-    if isinstance(delta, bool) or not math.isfinite(value) or not 0.0 <= value < 1.0:
-        raise DPTransformError(f"{what} must be in [0, 1), got {delta!r}")
-    return value
+    return probability(delta, what, error=DPTransformError, zero=True, message="{what} must be {rule}, got {value!r}",
+                       not_number="{what} must be a number {rule}, got {value!r}")
 
 
 def budget_custom_config(epsilon, custom_config=None, *, delta=0.0):

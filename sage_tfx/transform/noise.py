@@ -10,18 +10,15 @@ import math
 
 import numpy as np
 
+from sage_tfx.privacy.checks import positive
+
 from .errors import DPTransformError
 
 
 def check_epsilon(epsilon, what="epsilon"):
     """Return epsilon as a float; raise naming it unless it is finite and > 0."""
-    try:
-        value = float(epsilon)
-    except (TypeError, ValueError):
-        raise DPTransformError(f"{what} must be a positive number, got {epsilon!r}") from None
-    if isinstance(epsilon, bool) or not math.isfinite(value) or value <= 0:
-        raise DPTransformError(f"{what} must be a finite number > 0, got {epsilon!r}")
-    return value
+    return positive(epsilon, what, error=DPTransformError, message="{what} must be a finite number > 0, got {value!r}",
+                    not_number="{what} must be a positive number, got {value!r}")
 
 
 def check_value_range(value_range, what="value_range"):

@@ -25,6 +25,8 @@ import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
 import tensorflow as tf
 import tensorflow_transform as tft
 
+from sage_tfx.privacy import checks
+
 from .analyzers import _NoiseOnce, _check_common, _dense_vector
 from .budget import record_spend
 from .errors import DPTransformError
@@ -60,13 +62,9 @@ def _check_range(value_range, label) -> Tuple[float, float]:
 
 
 def _check_fraction(value, what, upper, fix):
-    try:
-        as_float = float(value)
-    except (TypeError, ValueError):
-        as_float = float("nan")
-    if isinstance(value, bool) or not 0.0 < as_float < upper:
-        raise DPTransformError(f"{what} must be a number in (0, {upper}), got {value!r} ({fix})")
-    return as_float
+    fix = fix.replace("{", "{{").replace("}", "}}")
+    return checks.number(value, what, error=DPTransformError, low=0.0, high=upper, low_open=True, high_open=True,
+                         message="{what} must be a number {rule}, got {value!r} (" + fix + ")")
 
 
 # ---------------------------------------------------------------- post-processing (numpy, Beam side)

@@ -32,20 +32,17 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 
+from sage_tfx.privacy.checks import probability
+
 from .errors import DPTransformError
 from .noise import check_epsilon, check_int
 
 
 def check_delta(delta, what: str = "delta") -> float:
     """Return delta as a float; raise naming it unless 0 < delta < 1 (partition selection needs delta > 0)."""
-    try:
-        value = float(delta)
-    except (TypeError, ValueError):
-        raise DPTransformError(f"{what} must be a number in (0, 1), got {delta!r}") from None
-    if isinstance(delta, bool) or not math.isfinite(value) or not 0.0 < value < 1.0:
-        raise DPTransformError(
-            f"{what} must be in (0, 1), got {delta!r} (a data-dependent vocabulary needs delta > 0; "
-            "use e.g. 1e-6, well below 1 / number of rows)")
+    value = probability(delta, what, error=DPTransformError, not_number="{what} must be a number {rule}, got {value!r}",
+                        message="{what} must be {rule}, got {value!r} (a data-dependent vocabulary needs delta > 0; "
+                                "use e.g. 1e-6, well below 1 / number of rows)")
     return value
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from sage_tfx.privacy.checks import is_real, positive
 from sage_tfx.privacy.errors import SageError
 
 
@@ -110,12 +111,9 @@ def split_eta(eta, reject_test):
 
 def check_positive(name, value):
     """A finite number > 0, as float; otherwise an error naming ``name`` and the value."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not is_real(value):
         raise ValidationInputError(f"{name} {value!r} must be a positive number")
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ValidationInputError(f"{name} {value!r} must be finite and > 0")
-    return value
+    return positive(value, name, error=ValidationInputError, message="{what} {value!r} must be {rule}")
 
 
 def check_probability(name, value):
