@@ -118,16 +118,13 @@ class SLA:
     def check_target(self, target: float) -> float:
         """The target as a float; ValueError naming it when it can never be met, or is always met."""
         metric = Metric(self.metric)
-        try:
-            value = float(target)
-        except (TypeError, ValueError):
-            raise ValueError(f"{metric.value} target {target!r} is not a number") from None
+        what, not_number = f"{metric.value} target", "{what} {value!r} is not a number"
         if metric is Metric.ACCURACY:
-            if not (math.isfinite(value) and 0 < value < 1):
-                raise ValueError(f"accuracy target {value!r} can never be met meaningfully: it must lie in (0, 1)")
-            return value
-        if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{metric.value} target {value!r} can never be met: it must be a positive number")
+            return number(target, what, error=ValueError, low=0.0, high=1.0, low_open=True, high_open=True,
+                          allow_bool=True, not_number=not_number,
+                          message="{what} {value!r} can never be met meaningfully: it must lie {rule}")
+        value = positive(target, what, error=ValueError, allow_bool=True, not_number=not_number,
+                         message="{what} {value!r} can never be met: it must be a positive number")
         if value >= self.loss_bound:
             raise ValueError(f"{metric.value} target {value!r} is at least the loss bound {self.loss_bound:g}: "
                              "every model meets it, so there is nothing to validate")
