@@ -208,6 +208,11 @@ class GrantedExecutor:
     ``exec_properties[GRANT_KEY]`` through it (``verify_grant``: GrantError before any record is read)
     and closes the connection when the run ends, whatever happens. Override it to add checks (call the
     base first) or to resolve the grant differently.
+
+    BlockExampleGen's executor can use it the same way: ``class Executor(GrantedExecutor,
+    base_beam_executor.BaseBeamExecutor)``, then ``with self.CheckGrant(exec_properties,
+    stream=exec_properties.get("stream")) as run:`` and ``run.ledger`` for ``grant_blocks``,
+    ``run.released_record_count()`` for the DP count: one connection instead of three.
     """
 
     @contextlib.contextmanager
