@@ -1,0 +1,478 @@
+"""Release on a growing database: BBScheduler, BBImprover and PMWG (Cummings et al., "Differential privacy for
+growing databases", NeurIPS 2018; the paper seed 001). numpy only, no TensorFlow.
+
+Size unit: the database grows by ledger blocks; its size is counted in blocks t = 1, 2, ... and its public record
+count n_t is the sum of the blocks' DECLARED rows (``rows`` given to ``Ledger.add_block``), so every
+normalisation below uses a public number (add/remove neighbours: a record changes a sum of values in [0, B] by at
+most B, so a sum divided by the public n_t has sensitivity B / n_t).
+
+Schedules (Section 3 of the paper). A black box ``mechanism(data, epsilon, rng)`` must be epsilon-DP (pure) on
+its input for every epsilon > 0.
+- ``BBScheduler`` (Section 3.1, Algorithm 1, Theorem 10): re-run when the database has grown by a factor
+  (1 + gamma): epoch i starts at the first block count t >= t0 (1 + gamma)^i. Pure mode (delta = 0):
+  epsilon_i = epsilon * gamma / (1 + gamma)^(i + 1), so sum_i epsilon_i = epsilon (geometric series) and by basic
+  composition (Theorem 3) every record, which can at worst be read by every run, is epsilon-DP over the infinite
+  horizon. zCDP mode (delta > 0; Theorem 4, the paper's CDP composition): rho = 1 / (2 z^2) with z the Gaussian
+  multiplier calibrated by dp-accounting's RDP accountant to (epsilon, delta); epsilon_i = sqrt(2 rho (1 - r^2))
+  r^i, r = 1 / (1 + gamma); an epsilon_i-DP run is epsilon_i^2 / 2-zCDP, the sum is rho (1 - r^2) sum r^(2i) =
+  rho, and rho-zCDP has the same RDP curve (alpha rho) as the calibrated Gaussian, so the accountant's
+  conversion gives (epsilon, delta)-DP. Accuracy: n_i epsilon_i ~ t0 (1+gamma)^i r^i = t0 stays constant in both modes, so an error ~ 1/(n eps)
+  is held, as in Theorem 10, plus the mid-epoch staleness of Lemma 11 (at most a factor (1 + gamma) of growth).
+  When several epoch thresholds are passed by one block arrival, one run is made with their summed epsilon (pure)
+  or summed rho (zCDP): the same privacy as running each, so the totals above are unchanged.
+- ``BBImprover`` (Section 3.2, Algorithm 2, Theorem 13): re-run at every block count t >= t0 with
+  epsilon_t = c t^-(1/2 + a) (a > 0), zCDP mode only (the series of squares converges; the series of epsilon_t
+  does not): rho_total = c^2 / 2 sum_{t >= t0} t^-(1 + 2a) <= c^2 / 2 (t0^-(1+2a) + t0^-2a / (2a)) (integral
+  bound), and c is set so this bound equals rho; then as above. Accuracy ~ 1/(n_t epsilon_t) ~ t^-(1/2 - a): it
+  improves as the database grows.
+
+Charging (docs/growing_database.md, issue 14): every arriving block gets ONE grant charging the whole
+(epsilon, delta) its records can ever lose under the schedule, BEFORE it is read; each run re-opens the release of
+the grant of every block it reads with the schedule instance's fingerprint (same computation: counted once).
+
+``PMWG`` (Section 4, Algorithm 3): private multiplicative weights on a growing database for a stream of linear
+queries over a declared finite universe (``Universe``: per-column bin edges). Its public histogram is updated on
+arrival (the new records are assumed uniform: x~ <- (n_old x~ + m u) / (n_old + m)) and by multiplicative weights
+on hard queries; hardness is decided by the sparse vector technique (AboveThreshold, Dwork & Roth Alg. 1) whose
+noise is scaled to the CURRENT sensitivity 1 / n_t, so the error shrinks as the database grows. Privacy (pure):
+at most ``hard_budget`` = k hard queries are ever answered; each hard query closes one AboveThreshold round
+(epsilon_1 = epsilon / (2k): threshold noise Laplace(2 D / epsilon_1), query noise Laplace(4 D / epsilon_1), D the
+sensitivity 1 / n at the round's start, an upper bound for the round's later queries since n only grows) and
+releases one Laplace(D / epsilon_2) answer (epsilon_2 = epsilon / (2k)); by basic composition the whole stream is
+epsilon-DP for every record (the number of easy queries does not matter). After k hard queries PMWG answers from
+the public histogram only. This is the paper's algorithm with a fixed hard-query budget and pure-DP composition
+(the paper's Theorem 18 also allows a budget growing with n); the noise functions are ours.
+Noise: ``sage_tfx.privacy.samplers.grid_laplace`` (exact discrete Laplace on a grid, keyed by the grant's seed;
+docs/noise.md).
+"""
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+
+from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.samplers import as_secure_rng, grid_laplace
+
+STAGE = "training"  # the ledger's stage vocabulary: a released statistic is the grant's one release
+
+
+class GrowthError(SageError, ValueError):
+    """Bad parameters or input for a growth schedule / PMWG (raised before anything is charged)."""
+
+
+class Mode(enum.StrEnum):
+    PURE = "pure"    # delta = 0, basic composition
+    ZCDP = "zcdp"    # delta > 0, zCDP composition + RDP conversion
+
+
+def _positive(name: str, value, fix: str) -> float:
+    if isinstance(value, bool):
+        raise GrowthError(f"{name} {value!r} is invalid: {fix}")
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise GrowthError(f"{name} {value!r} is invalid: {fix}") from None
+    if not math.isfinite(v) or v <= 0:
+        raise GrowthError(f"{name} {value!r} is invalid: {fix}")
+    return v
+
+
+def _int_at_least(name: str, value, low: int, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
+        raise GrowthError(f"{name} {value!r} is invalid: {fix}")
+    return int(value)
+
+
+def rho_for(epsilon: float, delta: float) -> float:
+    """rho with rho-zCDP => (epsilon, delta)-DP: 1/(2 z^2), z calibrated by dp-accounting (RDP, Gaussian)."""
+    from sage_tfx.release.continual import calibrate_z_eff
+
+    return 1.0 / (2.0 * calibrate_z_eff(epsilon, delta) ** 2)
+
+
+@dataclass(frozen=True)
+class SchedulerParams:
+    """BBScheduler: total per-record (epsilon, delta); growth factor 1 + gamma; first run at t0 blocks."""
+
+    epsilon: float
+    delta: float = 0.0
+    gamma: float = 0.5
+    t0: int = 1
+
+    def __post_init__(self):
+        _positive("epsilon", self.epsilon, "give the total per-record epsilon > 0")
+        if not (isinstance(self.delta, (int, float)) and 0 <= self.delta < 1):
+            raise GrowthError(f"delta {self.delta!r} is invalid: give 0 <= delta < 1 (0 = pure epsilon-DP)")
+        _positive("gamma", self.gamma, "give the growth factor gamma > 0 (re-run at size t0 (1 + gamma)^i)")
+        _int_at_least("t0", self.t0, 1, "give the first run's block count t0 >= 1")
+
+    @property
+    def mode(self) -> Mode:
+        return Mode.ZCDP if self.delta > 0 else Mode.PURE
+
+
+@dataclass(frozen=True)
+class ImproverParams:
+    """BBImprover: total per-record (epsilon, delta > 0); exponent a in (0, 1/2); first run at t0 blocks."""
+
+    epsilon: float
+    delta: float
+    a: float = 0.1
+    t0: int = 1
+
+    def __post_init__(self):
+        _positive("epsilon", self.epsilon, "give the total per-record epsilon > 0")
+        if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
+            raise GrowthError(f"delta {self.delta!r} is invalid: BBImprover composes infinitely many runs under "
+                              "zCDP, give 0 < delta < 1 (use BBScheduler for pure epsilon-DP)")
+        if not (isinstance(self.a, (int, float)) and 0 < self.a < 0.5):
+            raise GrowthError(f"a {self.a!r} is invalid: give 0 < a < 1/2 (epsilon_t ~ t^-(1/2 + a))")
+        _int_at_least("t0", self.t0, 1, "give the first run's block count t0 >= 1")
+
+
+class BBScheduler:
+    """Re-run times and per-run epsilons of BBScheduler (the paper's Section 3.1, Algorithm 1, Theorem 10).
+
+    Privacy: every record is (epsilon, delta)-DP over the infinite sequence of runs (module docstring: pure mode
+    sum_i epsilon_i = epsilon, Theorem 3; zCDP mode sum_i epsilon_i^2 / 2 = rho, Theorem 4).
+    """
+
+    def __init__(self, params: SchedulerParams):
+        if not isinstance(params, SchedulerParams):
+            raise GrowthError(f"params {params!r} must be a SchedulerParams")
+        self.params = params
+        self.rho = rho_for(params.epsilon, params.delta) if params.mode is Mode.ZCDP else None
+
+    def epoch_start(self, i: int) -> int:
+        """The first block count at which epoch i's run is made: ceil(t0 (1 + gamma)^i)."""
+        return int(math.ceil(self.params.t0 * (1.0 + self.params.gamma) ** i - 1e-9))
+
+    def epsilon_of(self, i: int) -> float:
+        g = self.params.gamma
+        if self.params.mode is Mode.PURE:
+            return self.params.epsilon * g / (1.0 + g) ** (i + 1)
+        r = 1.0 / (1.0 + g)
+        return math.sqrt(2.0 * self.rho * (1.0 - r * r)) * r ** i
+
+    def run_at(self, t: int) -> Optional[tuple[int, float]]:
+        """(epoch, epsilon) of the run made when the database reaches t blocks, None if no run then."""
+        if t < self.params.t0:
+            return None
+        e_now, e_before = self._epoch(t), self._epoch(t - 1)
+        if e_before is not None and e_now == e_before:
+            return None  # no epoch threshold was passed by this arrival
+        first = 0 if e_before is None else e_before + 1
+        eps = [self.epsilon_of(i) for i in range(first, e_now + 1)]
+        if self.params.mode is Mode.PURE:  # one run at the epochs' summed epsilon (basic composition)
+            return e_now, sum(eps)
+        return e_now, math.sqrt(sum(e * e for e in eps))  # zCDP: the epochs' rhos add up
+
+    def _epoch(self, t: int) -> Optional[int]:
+        """The largest epoch i with epoch_start(i) <= t (None if t < t0)."""
+        if t < self.params.t0:
+            return None
+        i = max(0, int(math.floor(math.log(t / self.params.t0) / math.log1p(self.params.gamma))) - 1)
+        while self.epoch_start(i + 1) <= t:
+            i += 1
+        return i
+
+    def total_loss(self, horizon: int) -> float:
+        """A record's worst-case loss (epsilon in pure mode, rho in zCDP mode) over runs up to ``horizon`` blocks."""
+        runs = [self.run_at(t) for t in range(1, horizon + 1)]
+        eps = [r[1] for r in runs if r]
+        return sum(eps) if self.params.mode is Mode.PURE else sum(e * e / 2 for e in eps)
+
+    @property
+    def meta(self) -> dict:
+        return {"strategy": "bbscheduler", **asdict(self.params)}
+
+
+class BBImprover:
+    """Run at every block count t >= t0 with epsilon_t = c t^-(1/2 + a) (the paper's Section 3.2, Theorem 13).
+
+    Privacy: (epsilon, delta)-DP per record over the infinite horizon (zCDP: sum_t epsilon_t^2 / 2 <= rho by the
+    integral bound in the module docstring; Theorem 4).
+    """
+
+    def __init__(self, params: ImproverParams):
+        if not isinstance(params, ImproverParams):
+            raise GrowthError(f"params {params!r} must be an ImproverParams")
+        self.params = params
+        self.rho = rho_for(params.epsilon, params.delta)
+        t0, a = params.t0, params.a
+        tail = t0 ** -(1 + 2 * a) + t0 ** (-2 * a) / (2 * a)  # >= sum_{t >= t0} t^-(1+2a)
+        self.c = math.sqrt(2.0 * self.rho / tail)
+
+    def epsilon_of(self, t: int) -> float:
+        return self.c * t ** -(0.5 + self.params.a)
+
+    def run_at(self, t: int) -> Optional[tuple[int, float]]:
+        return (t, self.epsilon_of(t)) if t >= self.params.t0 else None
+
+    def total_loss(self, horizon: int) -> float:
+        """A record's worst-case rho over runs up to ``horizon`` blocks."""
+        return sum(self.epsilon_of(t) ** 2 / 2 for t in range(self.params.t0, horizon + 1))
+
+    @property
+    def meta(self) -> dict:
+        return {"strategy": "bbimprover", **asdict(self.params)}
+
+
+Schedule = Any  # BBScheduler | BBImprover
+Mechanism = Callable[[list, float, Any], Any]  # (blocks' data, epsilon, rng) -> output; must be epsilon-DP
+Reader = Callable[[object], Any]  # grant -> the data of its (single) block
+
+
+@dataclass
+class Run:
+    t: int
+    epoch: int
+    epsilon: float
+    blocks: list
+    output: Any
+
+
+class ScheduledRelease:
+    """Runs an epsilon-DP static ``mechanism`` under a schedule (BBScheduler or BBImprover) against the ledger.
+
+    ``observe(block)``: charges the block's grant (the schedule's whole per-record (epsilon, delta)), reads it
+    under that grant, and, if the schedule runs at this block count, runs ``mechanism(list of all blocks' data,
+    epsilon_i, rng)`` after re-opening every read block's release with this instance's fingerprint. The
+    mechanism's output is public; it is answered from until the next run. Privacy: as the schedule's.
+    """
+
+    def __init__(self, ledger, stream: str, pipeline: str, schedule: Schedule, mechanism: Mechanism,
+                 reader: Reader, *, name: str = "mechanism"):
+        if not isinstance(schedule, (BBScheduler, BBImprover)):
+            raise GrowthError(f"schedule {schedule!r} must be a BBScheduler or BBImprover")
+        if not callable(mechanism) or not callable(reader):
+            raise GrowthError("mechanism and reader must be callables (data, epsilon, rng) and (grant)")
+        self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
+        self.schedule, self.mechanism, self.reader, self.name = schedule, mechanism, reader, name
+        self.epsilon, self.delta = schedule.params.epsilon, schedule.params.delta
+        self.grants: dict[str, object] = {}
+        self.order: list[str] = []
+        self.data: dict[str, Any] = {}
+        self.runs: list[Run] = []
+        self.reads: list[tuple[str, str]] = []
+        self.current: Any = None
+
+    @property
+    def meta(self) -> dict:
+        return {**self.schedule.meta, "mechanism": self.name}
+
+    @property
+    def fingerprint(self) -> str:
+        text = json.dumps({"pipeline": self.pipeline, "stream": self.stream, **self.meta}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def observe(self, block: str) -> Optional[Run]:
+        if block in self.grants:
+            raise GrowthError(f"block {block!r} was already observed: give each block once, in order")
+        grant = self.ledger.request(self.pipeline, self.stream, blocks=[block], epsilon=self.epsilon,
+                                    delta=self.delta, meta=self.meta)
+        self.grants[block] = grant
+        self.order.append(block)
+        self.ledger.release(grant, STAGE, self.fingerprint, self.epsilon, self.delta)
+        self.data[block] = self.reader(grant)
+        self.reads.append((block, grant.id))
+        t = len(self.order)
+        plan = self.schedule.run_at(t)
+        if plan is None:
+            return None
+        epoch, eps = plan
+        for b in self.order:  # re-open (same computation): nothing counted twice
+            self.ledger.release(self.grants[b], STAGE, self.fingerprint, self.epsilon, self.delta)
+        rng = as_secure_rng(self.ledger.private_seed(self.grants[self.order[0]].id, f"{self.name}/run/{t}"))
+        out = self.mechanism([self.data[b] for b in self.order], eps, rng)
+        run = Run(t, epoch, eps, list(self.order), out)
+        self.runs.append(run)
+        self.current = out
+        return run
+
+
+# ------------------------------------------------------------------ PMWG
+
+@dataclass(frozen=True)
+class Universe:
+    """A declared finite discretisation: for each column, bin edges (values are clipped into the outer bins)."""
+
+    columns: tuple
+    edges: tuple  # one increasing sequence of edges per column
+
+    def __post_init__(self):
+        if len(self.columns) == 0 or len(self.columns) != len(self.edges):
+            raise GrowthError(f"columns {self.columns!r} and edges must be non-empty and of the same length")
+        for c, e in zip(self.columns, self.edges):
+            e = np.asarray(e, dtype=float)
+            if e.ndim != 1 or len(e) < 2 or not np.all(np.diff(e) > 0) or not np.isfinite(e).all():
+                raise GrowthError(f"edges of column {c!r} are invalid: give >= 2 finite increasing edges")
+
+    @property
+    def shape(self) -> tuple:
+        return tuple(len(e) - 1 for e in self.edges)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    def cells(self, rows: np.ndarray) -> np.ndarray:
+        """Flat cell index of each row (rows: (n, len(columns)) array)."""
+        rows = np.asarray(rows, dtype=float)
+        if rows.ndim != 2 or rows.shape[1] != len(self.columns):
+            raise GrowthError(f"rows of shape {rows.shape} do not match the universe's {len(self.columns)} columns")
+        idx = [np.clip(np.searchsorted(np.asarray(e), rows[:, k], side="right") - 1, 0, len(e) - 2)
+               for k, e in enumerate(self.edges)]
+        return np.ravel_multi_index(idx, self.shape)
+
+    def centres(self) -> np.ndarray:
+        """(size, columns) array of the cells' centres (for sum queries)."""
+        mids = [(np.asarray(e)[1:] + np.asarray(e)[:-1]) / 2 for e in self.edges]
+        grid = np.meshgrid(*mids, indexing="ij")
+        return np.stack([g.ravel() for g in grid], axis=1)
+
+
+@dataclass(frozen=True)
+class PMWGParams:
+    """PMWG: total per-record epsilon (pure), hard-query budget k, threshold T, MW learning rate eta."""
+
+    epsilon: float
+    hard_budget: int = 20
+    threshold: float = 0.05
+    eta: float = 0.5
+
+    def __post_init__(self):
+        _positive("epsilon", self.epsilon, "give the total per-record epsilon > 0")
+        _int_at_least("hard_budget", self.hard_budget, 1, "give the number of hard queries k >= 1")
+        _positive("threshold", self.threshold, "give the hardness threshold T > 0 (in fraction units)")
+        _positive("eta", self.eta, "give the multiplicative-weights rate eta > 0")
+
+
+@dataclass
+class Answer:
+    t: int
+    answer: float
+    hard: bool
+
+
+class PMWG:
+    """Private multiplicative weights for a growing database (the paper's Section 4, Algorithm 3).
+
+    Queries are linear: a weight vector w over the universe's cells with values in [0, 1]; the answer is
+    sum_i w(cell(x_i)) / n_t (n_t the public record count), sensitivity 1 / n_t (add/remove). Counts over
+    a predicate use 0/1 weights; a sum of a column is the cells' centres scaled by 1 / B into [0, 1]
+    (``sum_query``). Privacy: epsilon-DP per record over the whole query stream (module docstring), charged
+    per block: each arriving block's grant charges epsilon before it is read.
+    """
+
+    def __init__(self, ledger, stream: str, pipeline: str, params: PMWGParams, universe: Universe,
+                 reader: Reader):
+        if not isinstance(params, PMWGParams):
+            raise GrowthError(f"params {params!r} must be a PMWGParams")
+        if not isinstance(universe, Universe):
+            raise GrowthError(f"universe {universe!r} must be a Universe")
+        self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
+        self.params, self.universe, self.reader = params, universe, reader
+        self.grants: dict[str, object] = {}
+        self.order: list[str] = []
+        self.counts = np.zeros(universe.size)
+        self.n = 0  # public record count (declared rows)
+        self.public = np.full(universe.size, 1.0 / universe.size)
+        self.hard_used = 0
+        self.eps1 = self.eps2 = params.epsilon / (2 * params.hard_budget)
+        self.noisy_threshold: Optional[float] = None
+        self.round_sensitivity: Optional[float] = None
+        self.answers: list[Answer] = []
+        self.reads: list[tuple[str, str]] = []
+        self._draws = 0
+
+    @property
+    def meta(self) -> dict:
+        return {"strategy": "pmwg", **asdict(self.params), "universe_shape": list(self.universe.shape)}
+
+    @property
+    def fingerprint(self) -> str:
+        text = json.dumps({"pipeline": self.pipeline, "stream": self.stream, **self.meta}, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
+    def observe(self, block: str, declared_rows: int) -> None:
+        """Charge ``block`` epsilon, read it under its grant, update the counts and the public histogram."""
+        if block in self.grants:
+            raise GrowthError(f"block {block!r} was already observed: give each block once, in order")
+        m = _int_at_least("declared_rows", declared_rows, 1, "give the block's declared (public) row count >= 1")
+        grant = self.ledger.request(self.pipeline, self.stream, blocks=[block], epsilon=self.params.epsilon,
+                                    delta=0.0, meta=self.meta)
+        self.grants[block] = grant
+        self.order.append(block)
+        self.ledger.release(grant, STAGE, self.fingerprint, self.params.epsilon, 0.0)
+        rows = self.reader(grant)
+        self.reads.append((block, grant.id))
+        self.counts += np.bincount(self.universe.cells(rows), minlength=self.universe.size)
+        uniform = np.full(self.universe.size, 1.0 / self.universe.size)
+        self.public = (self.n * self.public + m * uniform) / (self.n + m)  # the arrival update (Algorithm 3)
+        self.n += m
+
+    def _rng(self):
+        self._draws += 1
+        return as_secure_rng(self.ledger.private_seed(self.grants[self.order[0]].id, f"pmwg/{self._draws}"))
+
+    def true_answer(self, weights: np.ndarray) -> float:
+        """The exact (non-private) answer; for tests and benches only."""
+        return float(np.asarray(weights) @ self.counts / self.n)
+
+    def query(self, weights: Sequence[float]) -> Answer:
+        """Answer a linear query (weights in [0, 1] per cell) on the current database."""
+        w = np.asarray(weights, dtype=float)
+        if w.shape != (self.universe.size,) or not np.isfinite(w).all() or w.min() < 0 or w.max() > 1:
+            raise GrowthError(f"query weights of shape {w.shape} are invalid: give {self.universe.size} values "
+                              "in [0, 1], one per cell")
+        if not self.order:
+            raise GrowthError("no block observed yet: observe a block before querying")
+        estimate = float(w @ self.public)
+        t = len(self.order)
+        if self.hard_used >= self.params.hard_budget:
+            ans = Answer(t, estimate, False)
+            self.answers.append(ans)
+            return ans
+        for b in self.order:  # every query reads all blocks: re-open their releases (same computation)
+            self.ledger.release(self.grants[b], STAGE, self.fingerprint, self.params.epsilon, 0.0)
+        if self.noisy_threshold is None:  # a new AboveThreshold round at the current sensitivity
+            self.round_sensitivity = 1.0 / self.n
+            self.noisy_threshold = float(grid_laplace(np.array([self.params.threshold]), self.round_sensitivity,
+                                                      self.eps1 / 2, rng=self._rng())[0])
+        d = self.round_sensitivity
+        true = self.true_answer(w)
+        gap = abs(true - estimate)
+        noisy_gap = float(grid_laplace(np.array([gap]), d, self.eps1 / 4, rng=self._rng())[0])
+        if noisy_gap < self.noisy_threshold:
+            ans = Answer(t, estimate, False)
+        else:
+            noisy = float(grid_laplace(np.array([true]), 1.0 / self.n, self.eps2, rng=self._rng())[0])
+            sign = 1.0 if noisy > estimate else -1.0
+            self.public = self.public * np.exp(sign * self.params.eta * w)
+            self.public /= self.public.sum()
+            self.hard_used += 1
+            self.noisy_threshold = None
+            ans = Answer(t, noisy, True)
+        self.answers.append(ans)
+        return ans
+
+
+def count_query(universe: Universe, predicate: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """0/1 weights of the cells whose centre satisfies ``predicate`` (centres: (size, columns) array)."""
+    return np.asarray(predicate(universe.centres()), dtype=float)
+
+
+def sum_query(universe: Universe, column: int, bound: float,
+              predicate: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> np.ndarray:
+    """Weights centre[column] / bound (clipped to [0, 1]) on the cells satisfying ``predicate``."""
+    bound = _positive("bound", bound, "give the column's public upper bound B > 0")
+    c = universe.centres()
+    w = np.clip(c[:, column] / bound, 0, 1)
+    return w * (count_query(universe, predicate) if predicate else 1.0)

@@ -1,0 +1,23 @@
+"""sage bench growth: a tiny run on the REAL taxi trips (numpy only, seconds)."""
+import argparse
+
+import pytest
+
+from sage_tfx.bench import growth as bench
+
+
+def test_tiny_run(tmp_path):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--blocks", "6", "--rows-per-block", "100", "--trials", "1", "--queries-per-block", "2",
+                              "--plot", str(tmp_path / "fig.png")])
+    figures = bench.run(args)
+    for v in bench.VARIANTS:
+        assert len(figures["median_abs_error_by_t"][v]) == 6 and min(figures["median_abs_error_by_t"][v]) >= 0
+    assert figures["audit_ok"]
+    assert figures["block_epsilon_charged"] == {"sched": [1.0], "impr": [1.0], "pmwg": [1.0]}
+    assert figures["scheduler_runs"] == [1, 2, 3, 4, 6]  # ceil(1.5^i) for i = 0..4 (gamma 0.5, t0 1)
+    assert len(figures["pmwg_error_by_t"]) == 6 and figures["pmw_per_epoch_over_pmwg"] > 0
+    assert (tmp_path / "fig.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="--blocks 0 is invalid"):
+        bench.run(parser.parse_args(["--blocks", "0", "--plot", ""]))
