@@ -171,9 +171,9 @@ def test_available_per_block_equals_the_scalar_bisection_on_random_ledgers(ledge
 
 @pytest.mark.parametrize("accounting", ["basic", "rdp"])
 def test_the_array_rules_are_the_filters_bit_for_bit(tmp_path, raw_sql, accounting):
-    """Cost, RDP slack and the fit decision of ``_BlockBudgets``, against the filter's scalar code, at random
+    """Cost, RDP slack and the fit decision of ``allocation.BudgetArrays``, against the filter's scalar code, at random
     epsilons (one per block) and at each block's binary-exact and exact-remainder epsilons."""
-    from sage_tfx.privacy.ledger import _BlockBudgets
+    from sage_tfx.privacy.allocation import BudgetArrays
 
     url = str(tmp_path / "l.db")
     ledger = Ledger.open(url, create=True)
@@ -187,7 +187,7 @@ def test_the_array_rules_are_the_filters_bit_for_bit(tmp_path, raw_sql, accounti
     ids = [b.id for b in blocks]
     for pipeline in ASKERS:
         for delta in DELTAS[accounting]:
-            budgets = _BlockBudgets(filt, pipeline, spent, ids, reservations, delta)
+            budgets = BudgetArrays(filt, pipeline, spent, ids, reservations, delta)
             for trial in range(40):
                 if trial % 2:
                     eps = [rng.uniform(1e-3, filt.epsilon) for _ in blocks]

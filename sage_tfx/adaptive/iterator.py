@@ -38,9 +38,11 @@ import time
 from dataclasses import dataclass, field
 
 from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, public_error_text
+from sage_tfx.privacy.vocabulary import Accounting, GrantOutcome, Outcome, Policy
 from sage_tfx.validation import eta_for_attempt
 
-OUTCOMES = ("ACCEPT", "REJECT", "RETRY")
+OUTCOMES = (GrantOutcome.ACCEPT, GrantOutcome.REJECT, GrantOutcome.RETRY)  # what one iteration may conclude
+DECIDED = (Outcome.ACCEPT, Outcome.REJECT)  # the outcomes that end a pipeline before its TIMEOUT
 
 
 @dataclass
@@ -53,7 +55,7 @@ class IterationResult:
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:
-            raise ValueError(f"iteration outcome {self.outcome!r} must be one of {OUTCOMES}")
+            raise ValueError(f"iteration outcome {self.outcome!r} must be one of {', '.join(OUTCOMES)}")
 
 
 @dataclass
@@ -91,7 +93,7 @@ class RunResult:
     @property
     def final_blocks(self) -> tuple:
         """The blocks the ACCEPTed (or REJECTed) model was trained on; () after TIMEOUT."""
-        if self.outcome == "TIMEOUT" or not self.iterations:
+        if self.outcome == Outcome.TIMEOUT or not self.iterations:
             return ()
         return tuple(self.iterations[-1].blocks)
 
@@ -169,7 +171,7 @@ class SageIterator:
             raise LedgerError(f"max_idle_waits {max_idle_waits!r} must be an integer >= 1 (waits in a row with "
                               "nothing new before TIMEOUT; raise it if wait_for_blocks returns before blocks arrive)")
         self.delta = stream_info.delta / 100.0 if delta is None else float(delta)
-        if not 0 <= self.delta < stream_info.delta or (stream_info.accounting == "basic" and self.delta
+        if not 0 <= self.delta < stream_info.delta or (stream_info.accounting == Accounting.BASIC and self.delta
                                                        > stream_info.delta):
             raise LedgerError(f"iteration delta {self.delta!r} must be in [0, {stream_info.delta}) "
                               "(the stream's global delta)")
@@ -231,7 +233,7 @@ class SageIterator:
         offer may be less than last time (another pipeline spent, or a wider window of older blocks), and
         asking more would be refused every time. Under ``min_epsilon`` is no offer: wait for blocks.
         """
-        if self.policy != "aggressive":
+        if self.policy != Policy.AGGRESSIVE:
             blocks = self.choose_blocks(epsilon, window, available)
             return None if blocks is None else (tuple(blocks), epsilon)
         blocks = self.choose_blocks(self.min_epsilon, window, available)
@@ -260,7 +262,7 @@ class SageIterator:
             return RunResult(status["outcome"], [
                 Iteration(g.meta["iteration"], g.id, g.blocks, g.meta["epsilon"], g.meta["eta"], outcome,
                           (details or {}).get("bound"), resumed=True) for g, outcome, details in history],
-                history[-1][0].id if history and status["outcome"] != "TIMEOUT" else None)
+                history[-1][0].id if history and status["outcome"] != Outcome.TIMEOUT else None)
         self.ledger.register(self.stream, self.pipeline)
         started = self.clock()
         iterations = []
@@ -274,7 +276,7 @@ class SageIterator:
             epsilon, window, number = meta["epsilon"], meta["window"], meta["iteration"] + 1
             if outcome is None:
                 pending = (grant, record)
-            elif outcome in ("ACCEPT", "REJECT"):
+            elif outcome in DECIDED:
                 return RunResult(outcome, iterations, grant.id)
             else:  # RETRY, or FAILED (the run raised: its budget is spent, move on as after a RETRY)
                 epsilon, window = self._next(epsilon, window, grant.blocks)
@@ -283,7 +285,7 @@ class SageIterator:
             self.progress(f"[{self.pipeline}] resuming iteration {record.number} under its grant {grant.id} "
                           "(already charged; not charged again)")
             result = self._execute(grant, record)
-            if result.outcome in ("ACCEPT", "REJECT"):
+            if result.outcome in DECIDED:
                 return self._finish(result.outcome, iterations, grant.id)
             epsilon, window = self._next(epsilon, window, grant.blocks)
             number = record.number + 1
@@ -296,7 +298,7 @@ class SageIterator:
         while True:
             if number > self.max_iterations or (self.max_seconds is not None
                                                 and self.clock() - started > self.max_seconds):
-                return self._finish("TIMEOUT", iterations, None)
+                return self._finish(Outcome.TIMEOUT, iterations, None)
             available = self._read_availability()
             if before_wait is not None:
                 idle_waits = idle_waits + 1 if available == before_wait else 0
@@ -306,17 +308,17 @@ class SageIterator:
                 if choice is not None:
                     why = (f"the only choice, epsilon {choice[1]:.4g} on {len(choice[0])} block(s), was refused "
                            "and the ledger reads as before")
-                elif self.policy == "aggressive":
+                elif self.policy == Policy.AGGRESSIVE:
                     why = f"fewer than {window} blocks offer min_epsilon {self.min_epsilon:.4g}"
                 else:
                     why = f"fewer than {window} blocks with epsilon {epsilon:.4g} available"
                 if idle_waits >= self.max_idle_waits:
                     self.progress(f"[{self.pipeline}] TIMEOUT: {why}, and {idle_waits} waits in a row brought "
                                   f"nothing new (max_idle_waits {self.max_idle_waits})")
-                    return self._finish("TIMEOUT", iterations, None)
+                    return self._finish(Outcome.TIMEOUT, iterations, None)
                 self.progress(f"[{self.pipeline}] waiting: {why}")
                 if self.wait_for_blocks is None or not self.wait_for_blocks(self._time_left(started)):
-                    return self._finish("TIMEOUT", iterations, None)
+                    return self._finish(Outcome.TIMEOUT, iterations, None)
                 before_wait = available
                 continue
             blocks, epsilon = list(choice[0]), choice[1]
@@ -335,14 +337,14 @@ class SageIterator:
                     self.progress(f"[{self.pipeline}] TIMEOUT: {refusals} requests refused (max_refusals "
                                   f"{self.max_refusals}); other pipelines took the budget first. Last: "
                                   f"{public_error_text(refusal)}")
-                    return self._finish("TIMEOUT", iterations, None)
+                    return self._finish(Outcome.TIMEOUT, iterations, None)
                 self.progress(f"[{self.pipeline}] refused, choosing again from a fresh read: "
                               f"{public_error_text(refusal)}")
                 continue
             record = Iteration(number, grant.id, grant.blocks, epsilon, eta, None)
             iterations.append(record)
             result = self._execute(grant, record)
-            if result.outcome in ("ACCEPT", "REJECT"):
+            if result.outcome in DECIDED:
                 return self._finish(result.outcome, iterations, grant.id)
             epsilon, window = self._next(epsilon, window, blocks)
             number += 1
@@ -369,7 +371,7 @@ class SageIterator:
 
     def _next(self, epsilon, window, blocks):
         """After RETRY: double epsilon if the allocation on the window allows it, else double the window."""
-        if self.policy != "aggressive" and self._available(blocks) >= 2 * epsilon:
+        if self.policy != Policy.AGGRESSIVE and self._available(blocks) >= 2 * epsilon:
             return 2 * epsilon, window
         return epsilon, 2 * window
 

@@ -10,6 +10,7 @@ import sys
 
 from ._exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, EXIT_VIOLATION
 from ._keys import add_key_file
+from sage_tfx.privacy.vocabulary import Accounting, Outcome, Policy
 
 
 def parse_time(text):
@@ -51,9 +52,9 @@ def add_parser(subparsers):
     p.add_argument("--stream", required=True)
     p.add_argument("--epsilon", required=True, type=_number)
     p.add_argument("--delta", required=True, type=_number)
-    p.add_argument("--accounting", choices=("basic", "rdp"), default="basic",
+    p.add_argument("--accounting", choices=tuple(Accounting), default=Accounting.BASIC.value,
                    help="basic: per-block basic composition (the paper); rdp: per-block Renyi filter")
-    p.add_argument("--policy", choices=("conserve", "aggressive"), default="conserve",
+    p.add_argument("--policy", choices=tuple(Policy), default=Policy.CONSERVE.value,
                    help="how pipelines spend their reservations (paper Block/Conserve, Block/Aggressive)")
     p.add_argument("--min-epsilon", type=_number, default=None,
                    help="retire a block once a query of this epsilon no longer fits (default: epsilon/100)")
@@ -105,7 +106,7 @@ def add_parser(subparsers):
     p = action("finish", _finish, "end a pipeline; its unused reservation goes to those still waiting")
     p.add_argument("--stream", required=True)
     p.add_argument("--pipeline", required=True)
-    p.add_argument("--outcome", required=True, choices=("ACCEPT", "REJECT", "TIMEOUT"))
+    p.add_argument("--outcome", required=True, choices=tuple(Outcome))
 
 
 def _guarded(func, args):

@@ -31,7 +31,8 @@ from dataclasses import dataclass, field
 from . import filters
 from .errors import LedgerError
 from .split import SLACK, BudgetSplit
-from .ledger import GENESIS, _canonical, chain_hash
+from .vocabulary import BlockState, PipelineState, Source
+from .chain import GENESIS, canonical as _canonical, chain_hash
 
 
 @dataclass
@@ -55,20 +56,20 @@ class AuditReport:
 def audit_ledger(ledger):
     report = AuditReport()
     problems = report.problems
-    store = ledger._store
+    store = ledger.store
     problems.extend(f"database integrity: {p}" for p in store.integrity_problems())
 
     # The head file first, then the log and every table in ONE read transaction (one snapshot: SQLite's WAL
     # read transaction; PostgreSQL's REPEATABLE READ, store.py): another process writing meanwhile, on this
     # host or another, changes neither what the log says nor what the tables say, and a head it writes after
     # our snapshot is never ahead of the log we read (docs/scale_out.md, "Several hosts on one PostgreSQL ledger").
-    head = ledger._head.get(ledger._ledger_id)
+    head = ledger.head_file.get(ledger.ledger_id)
     with store.transaction(write=False) as tx:
         entries = tx.all("SELECT seq, ts, kind, body, prev, hash FROM log ORDER BY seq")
         tables = _read_tables(tx)
     report.entries = len(entries)
     keys = ledger.keyring
-    legacy_until = ledger._migration_entry().get("legacy_chain_until", 0) if keys.legacy_secret is not None else 0
+    legacy_until = ledger.migration_entry().get("legacy_chain_until", 0) if keys.legacy_secret is not None else 0
     prev_hash, expected_seq = GENESIS, 1
     streams, stream_configs, blocks, grants, releases = {}, {}, {}, {}, {}
     block_rows, pipelines, reservations, outcomes = {}, {}, {}, {}
@@ -96,12 +97,12 @@ def audit_ledger(ledger):
             if filt is None:
                 problems.append(f"log entry {seq}: block {body['id']!r} of unknown stream {body['stream']!r}")
                 continue
-            blocks[(body["stream"], body["id"])] = {"spent": filt.zero(), "state": "active"}
+            blocks[(body["stream"], body["id"])] = {"spent": filt.zero(), "state": BlockState.ACTIVE.value}
             block_rows[(body["stream"], body["id"])] = (
                 body.get("start"), body.get("end"), body.get("shard"), body.get("created"),
                 body.get("rows", _UNLOGGED), body.get("digest", _UNLOGGED))
         elif kind == "register":
-            pipelines[(body["stream"], body["pipeline"])] = ("waiting", None)
+            pipelines[(body["stream"], body["pipeline"])] = (PipelineState.WAITING.value, None)
         elif kind == "reserve":
             for p in body["pipelines"]:
                 reservations[(body["stream"], body["block"], p)] = (tuple(body["share"]),
@@ -116,7 +117,7 @@ def audit_ledger(ledger):
             if sources and body.get("id") in grants:
                 for b, source in zip(body["blocks"], sources):
                     key = (body["stream"], b, body["pipeline"])
-                    if source == "own" and key in reservations:
+                    if source == Source.OWN and key in reservations:
                         reserved, used = reservations[key]
                         reservations[key] = (reserved, tuple(filters.add(list(used), tuple(body["cost"]))))
         elif kind == "release":
@@ -124,7 +125,7 @@ def audit_ledger(ledger):
         elif kind == "retire":
             for b in body["blocks"]:
                 if (body["stream"], b) in blocks:
-                    blocks[(body["stream"], b)]["state"] = "retired"
+                    blocks[(body["stream"], b)]["state"] = BlockState.RETIRED.value
 
     _check_head(ledger, head, entries, problems, report.notes)
     report.streams, report.blocks, report.grants = len(streams), len(blocks), len(grants)
@@ -224,9 +225,9 @@ def _check_head(ledger, head, entries, problems, notes):
     (each host's head file knows its own); a writer without the key cannot append such entries. ``head`` was read
     before the log's snapshot, so this host's writes after the snapshot cannot put it ahead of the log.
     """
-    path = ledger._head.path
+    path = ledger.head_file.path
     if head is None:
-        problems.append(f"the head file {path} has no record of this ledger (id {ledger._ledger_id!r}): the log's "
+        problems.append(f"the head file {path} has no record of this ledger (id {ledger.ledger_id!r}): the log's "
                         "tail cannot be checked (restore the head file from backup, or audit on the host that "
                         "writes this ledger)")
         return
@@ -247,13 +248,13 @@ def _check_head(ledger, head, entries, problems, notes):
 def _replay_finish(body, streams, blocks, pipelines, reservations):
     """``Ledger.finish``'s reservation moves, operation for operation, on the replayed state."""
     stream, pipeline, others = body["stream"], body["pipeline"], list(body["to"])
-    pipelines[(stream, pipeline)] = ("done", body["outcome"])
+    pipelines[(stream, pipeline)] = (PipelineState.DONE.value, body["outcome"])
     filt = streams.get(stream)
     if filt is None:
         return
     zero = tuple(filt.zero())
     mine = sorted(b for (s, b, p) in reservations if s == stream and p == pipeline
-                  and blocks.get((s, b), {}).get("state") == "active")
+                  and blocks.get((s, b), {}).get("state") == BlockState.ACTIVE)
     for b in mine:
         reserved, used = reservations[(stream, b, pipeline)]
         leftover = [max(0.0, r - u) for r, u in zip(reserved, used)]
@@ -352,7 +353,7 @@ def _replay_grant(ledger, seq, body, streams, blocks, grants, problems):
     signature = body.pop("signature", "")
     body.pop("sources", None)
     gid = body.get("id")
-    if not ledger._signature_ok(body, signature):
+    if not ledger.signature_ok(body, signature):
         problems.append(f"log entry {seq}: grant {gid!r} has an invalid signature")
     filt = streams.get(body["stream"])
     if filt is None:
@@ -364,7 +365,7 @@ def _replay_grant(ledger, seq, body, streams, blocks, grants, problems):
         if block is None:
             problems.append(f"log entry {seq}: grant {gid!r} charged unknown block {b!r}")
             continue
-        if block["state"] != "active":
+        if block["state"] != BlockState.ACTIVE:
             problems.append(f"log entry {seq}: grant {gid!r} charged retired block {b!r}")
         if not filt.admits(block["spent"], cost):
             problems.append(f"log entry {seq}: grant {gid!r} overspent block {b!r} "

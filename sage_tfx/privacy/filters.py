@@ -34,6 +34,7 @@ guarantee rests on ``admits`` alone, which the ledger always checks.
 import math
 
 from . import curves
+from .vocabulary import Accounting
 
 
 def add(a, b):
@@ -64,7 +65,7 @@ def check_delta(delta, what="delta", allow_zero=True):
 class BasicFilter:
     """Adaptive basic composition per block: spent (eps, delta) + query <= (eps_g, delta_g)."""
 
-    accounting = "basic"
+    accounting = Accounting.BASIC
 
     def __init__(self, epsilon, delta):
         self.epsilon = check_epsilon(epsilon, "global epsilon")
@@ -112,7 +113,7 @@ class BasicFilter:
 class RdpFilter:
     """Per-block Rényi filter over a vector of orders (see the module docstring for the proof)."""
 
-    accounting = "rdp"
+    accounting = Accounting.RDP
 
     def __init__(self, epsilon, delta, orders=curves.DEFAULT_ORDERS):
         self.epsilon = check_epsilon(epsilon, "global epsilon")
@@ -181,8 +182,8 @@ class RdpFilter:
 
 
 def make_filter(accounting, epsilon, delta, orders=None):
-    if accounting == "basic":
+    if accounting == Accounting.BASIC:
         return BasicFilter(epsilon, delta)
-    if accounting == "rdp":
+    if accounting == Accounting.RDP:
         return RdpFilter(epsilon, delta, orders or curves.DEFAULT_ORDERS)
     raise ValueError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")

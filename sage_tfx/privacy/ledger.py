@@ -37,14 +37,16 @@ import hashlib
 import hmac
 import json
 import logging
-import math
 import os
 import re
 import secrets
 import time
 from dataclasses import dataclass, field
 
-from . import curves, filters
+from . import filters
+from .audit import audit_ledger
+from .chain import GENESIS, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
+from .allocation import BudgetArrays, bisect as _bisect, get_policy
 from .errors import (
     BlockRetired,
     DuplicateContent,
@@ -59,21 +61,20 @@ from .checks import check_name as _check_name, finite as _finite
 from .split import SINGLE_RULE, SLACK, SPLIT_KEY, STAGES, BudgetSplit, grant_split
 from .keys import HeadFile, KeyFileError, KeyRing, resolve_key_path
 from .store import open_store
+from .vocabulary import Accounting, BlockState, GrantOutcome, Outcome, PipelineState, Policy, Source
 
-POLICIES = ("conserve", "aggressive")
+POLICIES = tuple(Policy)  # members equal their stored strings: "conserve", "aggressive"
 # The largest global epsilon a stream may promise unless its creator raises the limit (max_epsilon=): beyond
 # e^10 (about 22,000) the ratio of any outcome's odds with and without a person's records, the guarantee says
 # little. And the smallest epsilon a grant may charge (min_grant_epsilon=, per stream; by default this, or the
 # stream's min_epsilon if smaller): a grant of 1e-300 would buy a data read for nothing, noise a million times the data is no release.
 DEFAULT_MAX_STREAM_EPSILON = 10.0
 DEFAULT_MIN_GRANT_EPSILON = 1e-3
-OUTCOMES = ("ACCEPT", "REJECT", "TIMEOUT")
-GENESIS = "0" * 64
+OUTCOMES = tuple(Outcome)  # "ACCEPT", "REJECT", "TIMEOUT"
 _DIGEST = re.compile(r"^[0-9a-f]{1,64}$")
 
 
-def _canonical(obj):
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+_canonical = canonical  # the name older code and tests import from here
 
 
 @dataclass(frozen=True)
@@ -359,16 +360,15 @@ class Ledger:
 
     # ----------------------------------------------------------------- streams
     @staticmethod
-    def check_stream_args(name, epsilon, delta, accounting="basic", orders=None, policy="conserve",
+    def check_stream_args(name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
                           min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
                           min_grant_epsilon=None):
         """``create_stream``'s checks alone, without a ledger: (filter, min_epsilon), or LedgerError naming the
         value. ``sage ledger init`` runs them before it creates a ledger file, so a refusal leaves nothing."""
         _check_name(name, "stream name")
-        if accounting not in ("basic", "rdp"):
+        if accounting not in tuple(Accounting):
             raise LedgerError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")
-        if policy not in POLICIES:
-            raise LedgerError(f"policy {policy!r} is unknown: use one of {', '.join(POLICIES)}")
+        get_policy(policy)  # LedgerError naming the registered policies
         try:
             filt = filters.make_filter(accounting, epsilon, delta, orders)
         except ValueError as exc:
@@ -395,7 +395,7 @@ class Ledger:
                               "epsilon")
         return filt, min_epsilon, min_grant
 
-    def create_stream(self, name, epsilon, delta, accounting="basic", orders=None, policy="conserve",
+    def create_stream(self, name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
                       min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
                       min_grant_epsilon=None):
         """Create a stream with a global (epsilon, delta) guarantee over all its blocks, forever.
@@ -484,8 +484,9 @@ class Ledger:
                         f"--allow-duplicate-of-stream {others[0][0]}, allow_duplicate_of=({others[0][0]!r},))")
             waiting = [r[0] for r in tx.all(
                 "SELECT name FROM pipelines WHERE stream = ? AND state = 'waiting' ORDER BY name", (stream,))]
+            share = get_policy(s.policy).new_block_shares(filt.capacity, waiting)  # the same for every new block
             for args in checked:
-                self._insert_block(tx, stream, filt, waiting, *args)
+                self._insert_block(tx, stream, filt, waiting, share, *args)
 
     def digest_owners(self, digests, exclude_stream=None):
         """{digest: [(stream, block id), ...]} for the given content digests registered in streams other than
@@ -525,7 +526,7 @@ class Ledger:
             raise LedgerError(f"block {block_id!r}: digest {digest!r} must be 1-64 lowercase hex digits")
         return block_id, start, end, shard, rows, created, digest
 
-    def _insert_block(self, tx, stream, filt, waiting, block_id, start, end, shard, rows, created, digest=None):
+    def _insert_block(self, tx, stream, filt, waiting, share, block_id, start, end, shard, rows, created, digest=None):
         if tx.one("SELECT 1 FROM blocks WHERE stream = ? AND id = ?", (stream, block_id)):
             raise LedgerError(f"block {block_id!r} already exists in stream {stream!r}")
         if start is not None:
@@ -546,8 +547,7 @@ class Ledger:
         )
         self._log(tx, "block", {"stream": stream, "id": block_id, "start": start, "end": end,
                                 "shard": shard, "created": created, "rows": rows, "digest": digest})
-        if waiting:
-            share = tuple(c / len(waiting) for c in filt.capacity)
+        if share is not None:
             tx.many(
                 "INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES (?, ?, ?, ?, ?)",
                 [(stream, block_id, p, json.dumps(share), json.dumps(zero)) for p in waiting],
@@ -565,7 +565,7 @@ class Ledger:
 
     def blocks(self, stream, state=None):
         """The stream's blocks in key order (time or shard), optionally only 'active' or 'retired'."""
-        if state not in (None, "active", "retired"):
+        if state is not None and state not in tuple(BlockState):
             raise LedgerError(f"block state {state!r} is unknown: use 'active' or 'retired'")
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
@@ -644,7 +644,7 @@ class Ledger:
             self.stream(stream, tx)
             row = tx.one("SELECT state, outcome FROM pipelines WHERE stream = ? AND name = ?", (stream, pipeline))
             if row is not None:
-                if row[0] == "waiting":
+                if row[0] == PipelineState.WAITING:
                     return
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r} with {row[1]}")
             tx.run("INSERT INTO pipelines (stream, name, state, registered) VALUES (?, ?, 'waiting', ?)",
@@ -699,7 +699,7 @@ class Ledger:
             row = tx.one("SELECT state FROM pipelines WHERE stream = ? AND name = ?", (stream, pipeline))
             if row is None:
                 raise LedgerError(f"pipeline {pipeline!r} is not registered on stream {stream!r}")
-            if row[0] != "waiting":
+            if row[0] != PipelineState.WAITING:
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
             tx.run("UPDATE pipelines SET state = 'done', outcome = ?, finished = ? WHERE stream = ? AND name = ?",
                    (outcome, time.time(), stream, pipeline))
@@ -715,21 +715,16 @@ class Ledger:
                 " WHERE r.stream = ? AND b.state = 'active' AND (r.pipeline = ? OR p.state = 'waiting')",
                 (stream, pipeline)):
                 held[block_id][holder] = (reserved, used)
-            zero = json.dumps(s.filter().zero())
+            zero = s.filter().zero()
+            rules = get_policy(s.policy)
             writes = []  # (block, pipeline, reserved, used): upserted, only `reserved` changes on existing rows
             released = sorted(b for b in held if pipeline in held[b])
             for block_id in released:
-                reserved, used = held[block_id][pipeline]
-                leftover = [max(0.0, r - u) for r, u in zip(json.loads(reserved), json.loads(used))]
-                # The finished pipeline keeps only what it used; the rest goes back.
-                writes.append((block_id, pipeline, json.dumps(json.loads(used)), used))
-                share = [x / len(others) for x in leftover] if others else None
-                for other in others:  # with nobody waiting the leftover falls back to the unreserved pool
-                    cur = held[block_id].get(other)
-                    if cur is None:
-                        writes.append((block_id, other, json.dumps(share), zero))
-                    else:
-                        writes.append((block_id, other, json.dumps(filters.add(json.loads(cur[0]), share)), cur[1]))
+                holdings = {holder: {"reserved": json.loads(reserved), "used": json.loads(used)}
+                            for holder, (reserved, used) in held[block_id].items()}
+                # The finished pipeline keeps only what it used; the rest goes to those waiting (allocation.py).
+                for holder, (reserved, used) in rules.redistribute(holdings, pipeline, others, zero).items():
+                    writes.append((block_id, holder, json.dumps(list(reserved)), json.dumps(list(used))))
             for i in range(0, len(writes), 400):  # 5 values a row: under every backend's parameter limit
                 chunk = writes[i:i + 400]
                 tx.run("INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES "
@@ -795,13 +790,13 @@ class Ledger:
             missing = [b for b in blocks if b not in found]
             if missing:
                 raise UnknownBlock(f"unknown block(s) in stream {stream!r}: {', '.join(map(str, missing))}")
-            retired = [b for b in blocks if found[b].state != "active"]
+            retired = [b for b in blocks if found[b].state != BlockState.ACTIVE]
             if retired:
                 raise BlockRetired(f"block(s) {', '.join(retired)} of stream {stream!r} are retired "
                                    "(budget exhausted) and are never offered again")
             _check_minimum(filt, s, cost, epsilon if curve is None else None)
             state = tx.one("SELECT state FROM pipelines WHERE stream = ? AND name = ?", (stream, pipeline))
-            if state is not None and state[0] != "waiting":
+            if state is not None and state[0] != PipelineState.WAITING:
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
             reservations = self._reservations(tx, stream, blocks)
             shortfalls, sources = {}, {}
@@ -810,7 +805,7 @@ class Ledger:
                 if not filt.admits(spent, cost):
                     shortfalls[b] = filt.shortfall(spent, cost)
                     continue
-                source = self._source(filt, spent, cost, reservations.get(b, {}), pipeline)
+                source = self._source(filt, spent, cost, reservations.get(b, {}), pipeline, s.policy)
                 if isinstance(source, str):
                     sources[b] = source
                 else:
@@ -821,23 +816,24 @@ class Ledger:
             now = time.time()
             grant = Grant(
                 id="g-" + secrets.token_hex(12), stream=stream, pipeline=pipeline, blocks=tuple(blocks),
-                epsilon=filt.query_epsilon(cost), delta=cost[0] if s.accounting == "rdp" else cost[1],
+                epsilon=filt.query_epsilon(cost), delta=cost[0] if s.accounting == Accounting.RDP else cost[1],
                 accounting=s.accounting, cost=cost, rule=rule, created=now, meta=meta,
             )
             if split is not None:  # the stages compose to at most what is charged (privacy/split.py)
                 split.check_covered(grant.epsilon, grant.delta)
             grant = Grant(**{**grant.__dict__, "signature": self._sign(grant.body())})
             min_cost = filt.cost(epsilon=s.min_epsilon)
+            rules = get_policy(s.policy)
             newly_retired = []
             updates = []
             for b in blocks:
                 spent = filters.add(found[b].spent, cost)
-                alive = filt.admits(spent, min_cost)
+                alive = not rules.retires(filt, spent, min_cost)
                 if not alive:
                     newly_retired.append(b)
-                updates.append((json.dumps(spent), "active" if alive else "retired", None if alive else now,
+                updates.append((json.dumps(spent), BlockState.ACTIVE.value if alive else BlockState.RETIRED.value, None if alive else now,
                                 stream, b))
-                if sources[b] == "own":
+                if sources[b] == Source.OWN:
                     r = reservations[b][pipeline]
                     tx.run("UPDATE reservations SET used = ? WHERE stream = ? AND block = ? AND pipeline = ?",
                            (json.dumps(filters.add(r["used"], cost)), stream, b, pipeline))
@@ -866,14 +862,15 @@ class Ledger:
         return split
 
     @staticmethod
-    def _source(filt, spent, cost, block_reservations, pipeline):
-        """'own' reservation first, then the unreserved 'pool'; else a _NoSource saying what each had left."""
+    def _source(filt, spent, cost, block_reservations, pipeline, policy=Policy.CONSERVE):
+        """The policy's source (allocation.py: own reservation first, then the unreserved pool); else a
+        _NoSource saying what each had left."""
+        rules = get_policy(policy)
+        source = rules.source(filt, spent, cost, block_reservations, pipeline)
+        if source is not None:
+            return source
         own = block_reservations.get(pipeline)
-        if own is not None and filt.fits_share(own["used"], cost, own["reserved"]):
-            return "own"
-        pool_used, pool_reserved = _pool(filt, spent, block_reservations)
-        if filt.fits_share(pool_used, cost, pool_reserved):
-            return "pool"
+        pool_used, pool_reserved = rules.pool(filt, spent, block_reservations)
         asked = filt.query_epsilon(cost)
         own_left = "none reserved" if own is None else f"{_eps_left(filt, own['used'], own['reserved']):.4g} left"
         return _NoSource(f"epsilon {asked:.4g} asked; this pipeline's reservation: {own_left}; unreserved pool: "
@@ -915,12 +912,11 @@ class Ledger:
             filt = s.filter()
             _check_availability_args(filt, delta, tolerance)
             found = self._blocks(tx, stream, blocks)
-            if len(found) != len(set(blocks)) or any(b.state != "active" for b in found.values()):
+            if len(found) != len(set(blocks)) or any(b.state != BlockState.ACTIVE for b in found.values()):
                 return 0.0
-            budgets = _BlockBudgets(filt, pipeline, {b: found[b].spent for b in found}, blocks,
-                                    self._reservations(tx, stream, blocks), delta)
-        np = _numpy()
-        return float(_bisect(lambda eps: np.array([budgets.fits(eps[0]).all()]), 1, s.epsilon, tolerance)[0])
+            budgets = BudgetArrays(filt, pipeline, {b: found[b].spent for b in found}, blocks,
+                                   self._reservations(tx, stream, blocks), delta, get_policy(s.policy))
+        return float(_bisect(lambda eps: budgets.fits(eps[0]).all().reshape(1), 1, s.epsilon, tolerance)[0])
 
     def available_per_block(self, pipeline, stream, blocks=None, delta=0.0, tolerance=1e-4):
         """{block id: the largest epsilon ``pipeline`` could be granted on that block ALONE now}, in ONE read.
@@ -944,10 +940,10 @@ class Ledger:
                 reservations = self._reservations(tx, stream)
             else:
                 blocks = list(dict.fromkeys(blocks))
-                spent = {b.id: b.spent for b in self._blocks(tx, stream, blocks).values() if b.state == "active"}
+                spent = {b.id: b.spent for b in self._blocks(tx, stream, blocks).values() if b.state == BlockState.ACTIVE}
                 active = [b for b in blocks if b in spent]
                 reservations = self._reservations(tx, stream, active)
-        budgets = _BlockBudgets(filt, pipeline, spent, active, reservations, delta)
+        budgets = BudgetArrays(filt, pipeline, spent, active, reservations, delta, get_policy(s.policy))
         out = dict.fromkeys(blocks, 0.0)
         out.update(zip(active, _bisect(budgets.fits, len(active), s.epsilon, tolerance).tolist()))
         return out
@@ -955,9 +951,7 @@ class Ledger:
     def plan_epsilon(self, pipeline, stream, blocks, start_epsilon, delta=0.0):
         """Epsilon for the next attempt under the stream's policy: conserve = start small, aggressive = all."""
         available = self.available_epsilon(pipeline, stream, blocks, delta)
-        if self.stream(stream).policy == "aggressive":
-            return available
-        return min(float(start_epsilon), available)
+        return get_policy(self.stream(stream).policy).plan_epsilon(available, start_epsilon)
 
     def _sign(self, body):
         """A grant's signature: HMAC-SHA256 under the key ring's signing key (never the master key)."""
@@ -1097,8 +1091,8 @@ class Ledger:
         One outcome per grant, appended to the audit log: with the grants, it is the
         pipeline's iteration history, from which a killed iterator resumes.
         """
-        if outcome not in ("ACCEPT", "REJECT", "RETRY", "FAILED"):
-            raise LedgerError(f"outcome {outcome!r} is unknown: use ACCEPT, REJECT, RETRY or FAILED")
+        if outcome not in tuple(GrantOutcome):
+            raise LedgerError(f"outcome {outcome!r} is unknown: use {', '.join(GrantOutcome)}")
         details = dict(details or {})
         with self._store.transaction() as tx:
             row = tx.one("SELECT stream, pipeline FROM grants WHERE id = ?", (grant_id,))
@@ -1133,18 +1127,18 @@ class Ledger:
             eps_spent, delta_spent, eps_left = filt.summary(b.spent)
             entry = {
                 "id": b.id, "state": b.state, "epsilon_spent": eps_spent, "delta_spent": delta_spent,
-                "epsilon_remaining": 0.0 if b.state == "retired" else eps_left, "created": b.created,
+                "epsilon_remaining": 0.0 if b.state == BlockState.RETIRED else eps_left, "created": b.created,
                 "retired": b.retired, **b.key,
             }
-            if s.accounting == "rdp":
+            if s.accounting == Accounting.RDP:
                 entry["rdp_spent"] = dict(zip((str(a) for a in s.orders), b.spent[1:]))
             out_blocks.append(entry)
         return {
             "stream": s.name, "accounting": s.accounting, "epsilon": s.epsilon, "delta": s.delta,
             "policy": s.policy, "min_epsilon": s.min_epsilon, "min_grant_epsilon": s.grant_floor,
             "orders": list(s.orders),
-            "active_blocks": sum(b["state"] == "active" for b in out_blocks),
-            "retired_blocks": sum(b["state"] == "retired" for b in out_blocks),
+            "active_blocks": sum(b["state"] == BlockState.ACTIVE for b in out_blocks),
+            "retired_blocks": sum(b["state"] == BlockState.RETIRED for b in out_blocks),
             "grants": self._grant_count(stream), "pipelines": self.pipelines(stream), "blocks": out_blocks,
         }
 
@@ -1168,9 +1162,30 @@ class Ledger:
 
     def audit(self):
         """Recompute every block's loss from the log alone; see ``audit.audit_ledger``."""
-        from .audit import audit_ledger
-
         return audit_ledger(self)
+
+    # What the audit reads of a ledger (audit.py imports no ledger name: it is handed the ledger).
+    @property
+    def store(self):
+        """The backend store (``store.py``): the audit reads every table through it. TRUSTED CODE ONLY."""
+        return self._store
+
+    @property
+    def head_file(self):
+        """The head file outside the database (``keys.HeadFile``) recording this ledger's last log entry."""
+        return self._head
+
+    @property
+    def ledger_id(self):
+        return self._ledger_id
+
+    def migration_entry(self):
+        """The body of the keyed ``keys`` entry a key migration wrote ({} if none, or if it does not verify)."""
+        return self._migration_entry()
+
+    def signature_ok(self, body, signature):
+        """``signature`` is this ledger's signature of the grant ``body`` (or a pre-migration one it lists)."""
+        return self._signature_ok(body, signature)
 
 
 def _check_minimum(filt, stream, cost, epsilon):
@@ -1181,7 +1196,7 @@ def _check_minimum(filt, stream, cost, epsilon):
     """
     least = stream.grant_floor
     floor = filt.cost(epsilon=least)
-    if filt.accounting == "basic":
+    if filt.accounting == Accounting.BASIC:
         small = cost[0] < floor[0]
     else:
         small = all(c < f for c, f in zip(cost[1:], floor[1:]))
@@ -1200,21 +1215,10 @@ class _NoSource:
 
 def _eps_left(filt, used, reserved):
     """Epsilon still available in a reservation, in the stream's epsilon units (for messages)."""
-    if filt.accounting == "basic":
+    if filt.accounting == Accounting.BASIC:
         return max(0.0, reserved[0] - used[0])
     shares = [(r - u) / c for u, r, c in zip(used[1:], reserved[1:], filt.capacity[1:]) if c > 0]
     return max(0.0, max(shares, default=0.0)) * filt.epsilon
-
-
-def _pool(filt, spent, block_reservations):
-    """A block's unreserved pool as (used, reserved): capacity not reserved to anyone, and the part
-    of ``spent`` not drawn from reservations. Summed in the reservations' (pipeline name) order."""
-    pool_reserved = list(filt.capacity)
-    pool_used = list(spent)
-    for r in block_reservations.values():
-        pool_reserved = [p - x for p, x in zip(pool_reserved, r["reserved"])]
-        pool_used = [p - x for p, x in zip(pool_used, r["used"])]
-    return pool_used, pool_reserved
 
 
 def _vector_decoder():
@@ -1234,12 +1238,6 @@ def _vector_decoder():
     return decode
 
 
-def _numpy():
-    import numpy  # lazily: the ledger CLI's other commands start without it
-
-    return numpy
-
-
 def _check_availability_args(filt, delta, tolerance):
     try:
         filt.cost(epsilon=filt.epsilon, delta=delta)  # the request's own check of delta
@@ -1248,111 +1246,6 @@ def _check_availability_args(filt, delta, tolerance):
     tol = _finite(tolerance, "tolerance", allow_none=False)
     if not 0 < tol < 1:
         raise LedgerError(f"tolerance {tolerance!r} is invalid: need 0 < tolerance < 1 (a fraction of epsilon)")
-
-
-def _bisect(fits, size, top, tolerance):
-    """``size`` bisections over epsilon in [0, top] at once, each exactly this scalar loop::
-
-        if fits(top): return top
-        lo, hi = 0, top
-        while hi - lo > tolerance * top:
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        return lo
-
-    ``fits`` maps an array of ``size`` epsilons to ``size`` booleans (entry i for bisection i).
-    Float64 arrays do the same IEEE operations as Python floats, so each result is bit-identical
-    to the scalar loop's.
-    """
-    np = _numpy()
-    lo, hi = np.zeros(size), np.full(size, float(top))
-    at_top = np.asarray(fits(hi), dtype=bool)
-    going = ~at_top
-    width = tolerance * top
-    while True:
-        going &= hi - lo > width
-        if not going.any():
-            return np.where(at_top, hi, lo)
-        mid = (lo + hi) / 2
-        ok = np.asarray(fits(mid), dtype=bool)
-        lo = np.where(going & ok, mid, lo)
-        hi = np.where(going & ~ok, mid, hi)
-
-
-class _BlockBudgets:
-    """The budget state of some blocks for one pipeline, as arrays: may it spend epsilon on each, now?
-
-    ``fits(eps)`` answers ``Ledger.request``'s question for an (eps, delta) query on every block
-    at once: the filter admits spent + cost, and the cost fits the pipeline's own reservation
-    (``fits_share``) or else the unreserved pool (``_pool``). ``eps`` is one epsilon for all
-    blocks or one per block. The filters' rules are written here as array operations, operation
-    for operation (``BasicFilter``/``RdpFilter``: ``cost`` of a plain epsilon, ``admits``,
-    ``fits_share``), so the answers are bit-identical; tests/test_ledger_availability.py checks
-    them against the scalar rules on random ledgers. Advisory only: ``request`` always re-checks
-    with the filter itself, so a mismatch could refuse a grant, never overspend a block.
-    """
-
-    def __init__(self, filt, pipeline, spent, blocks, reservations, delta):
-        """``spent``: {block: spent vector}; ``blocks``: the ids to evaluate, in order (repeats allowed)."""
-        np = _numpy()
-        self.np, self.filt, self.delta = np, filt, float(delta)
-        n, dim = len(blocks), len(filt.capacity)
-        self.spent = np.array([spent[b] for b in blocks], dtype=float).reshape(n, dim)
-        self.has_own = np.zeros(n, dtype=bool)
-        self.own_used, self.own_reserved = np.zeros((n, dim)), np.zeros((n, dim))
-        pools = []
-        for i, b in enumerate(blocks):
-            block_reservations = reservations.get(b, {})
-            own = block_reservations.get(pipeline)
-            if own is not None:
-                self.has_own[i] = True
-                self.own_used[i], self.own_reserved[i] = own["used"], own["reserved"]
-            pools.append(_pool(filt, spent[b], block_reservations))
-        self.pool_used = np.array([p[0] for p in pools], dtype=float).reshape(n, dim)
-        self.pool_reserved = np.array([p[1] for p in pools], dtype=float).reshape(n, dim)
-        self.capacity = np.array(filt.capacity, dtype=float)
-        if filt.accounting == "rdp":
-            # RdpFilter.admits: delta_left = delta_g - spent[0] - cost[0] > 0 and some order has
-            # eps_g - (spent[i] + cost[i] + conversion_term(alpha_i, delta_left)) >= 0. The
-            # conversion terms do not depend on epsilon: computed once per distinct delta_left.
-            self.orders = np.array(filt.orders, dtype=float)
-            self.delta_left = filt.delta - self.spent[:, 0] - self.delta
-            terms = {}
-            for left in set(self.delta_left.tolist()):
-                terms[left] = [curves.conversion_term(a, left) if left > 0 else math.inf for a in filt.orders]
-            self.terms = np.array([terms[x] for x in self.delta_left.tolist()], dtype=float).reshape(
-                n, len(filt.orders))
-        elif filt.accounting != "basic":
-            raise LedgerError(f"accounting {filt.accounting!r} has no array form of its filter")
-
-    def cost(self, eps):
-        """Rows of filt.cost(epsilon=eps, delta=delta): one row, or one per block."""
-        np = self.np
-        eps = np.asarray(eps, dtype=float).reshape(-1, 1)
-        if self.filt.accounting == "basic":
-            return np.hstack([eps, np.full_like(eps, self.delta)])
-        # curves.pure_dp_curve: min(eps, alpha * eps * eps / 2.0), in that evaluation order.
-        return np.hstack([np.full_like(eps, self.delta), np.minimum(eps, self.orders * eps * eps / 2.0)])
-
-    def best_slack(self, cost):
-        """RdpFilter._best_slack's slack for each block: the most epsilon any order leaves (-inf: no delta left)."""
-        slack = (self.filt.epsilon - (self.spent[:, 1:] + cost[:, 1:] + self.terms)).max(axis=1)
-        return self.np.where(self.delta_left > 0, slack, -math.inf)
-
-    def admits(self, cost):
-        if self.filt.accounting == "basic":
-            return (self.spent + cost <= self.capacity).all(axis=1)
-        return self.best_slack(cost) >= 0
-
-    def fits_share(self, used, cost, reserved):
-        if self.filt.accounting == "basic":
-            return (used + cost <= reserved).all(axis=1)
-        return (used[:, 0] + cost[:, 0] <= reserved[:, 0]) & (used[:, 1:] + cost[:, 1:] <= reserved[:, 1:]).any(axis=1)
-
-    def fits(self, eps):
-        cost = self.cost(eps)
-        own = self.has_own & self.fits_share(self.own_used, cost, self.own_reserved)
-        return self.admits(cost) & (own | self.fits_share(self.pool_used, cost, self.pool_reserved))
 
 
 class _KeySource:
@@ -1387,7 +1280,3 @@ class _KeySource:
             except OSError:
                 pass
 
-
-def chain_hash(prev, seq, kind, body_text):
-    """The UNKEYED chain of ledgers before the key migration (kept to verify their old entries)."""
-    return hashlib.sha256(f"{prev}|{seq}|{kind}|{body_text}".encode()).hexdigest()

@@ -34,25 +34,21 @@ REJECT test on the training split) and ``validation`` (its ACCEPT test on the te
 """
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import asdict, dataclass
 
 from .checks import finite
 from .errors import GrantError, LedgerError
+from .vocabulary import ChargeRule, Stage
 
-STAGES = ("preprocessing", "count", "training", "rejection", "validation")
+STAGES = tuple(Stage)  # members equal their strings: "preprocessing", "count", "training", ...
 DELTA_FIELDS = ("delta", "preprocessing_delta")  # training's delta, preprocessing's delta
 SPLIT_KEY = "split"  # grant.meta key of the signed split
-SINGLE_RULE = "single"  # the rule recorded for a grant without a split
+SINGLE_RULE = ChargeRule.SINGLE  # the rule recorded for a grant without a split
 SLACK = 1e-9  # relative float round-off allowed when a sum of stage epsilons is compared with a charge
 
 
-class ChargeRule(str, enum.Enum):
-    """How a split's stage epsilons compose into the per-block charge (see the module docstring)."""
-
-    SUM = "pre+count+train+reject+val"
-    PARALLEL = "pre+count+max(train+reject,val)"
+SPLIT_RULES = (ChargeRule.SUM, ChargeRule.PARALLEL)  # the rules a split may carry (SINGLE is for no split)
 
 
 def _stage_value(name, value):
@@ -84,7 +80,10 @@ class BudgetSplit:
             raise LedgerError(f"split deltas {self.delta!r} + {self.preprocessing_delta!r} are invalid: their sum "
                               "must be < 1")
         try:
-            object.__setattr__(self, "rule", ChargeRule(self.rule).value)
+            rule = ChargeRule(self.rule)
+            if rule not in SPLIT_RULES:
+                raise ValueError(rule)
+            object.__setattr__(self, "rule", rule.value)
         except ValueError:
             raise LedgerError(f"split rule {self.rule!r} is unknown: use {ChargeRule.PARALLEL.value!r} (a per-record "
                               f"train/test split) or {ChargeRule.SUM.value!r}") from None

@@ -36,8 +36,8 @@ import os
 
 from sage_tfx.adaptive.iterator import BudgetSplit
 from sage_tfx.privacy import BudgetRefused, Ledger
-
-from .allocation import Allocation
+from sage_tfx.privacy.allocation import BlockAllocation
+from sage_tfx.privacy.vocabulary import Accounting, Outcome, Policy
 
 STRATEGIES = ("query", "streaming", "block-aggressive", "block-conserve", "block-conserve-rdp")
 LABELS = {
@@ -72,8 +72,8 @@ class PipelineState:
 
 def make_strategy(name, config, workdir):
     if name in ("block-conserve", "block-aggressive", "block-conserve-rdp"):
-        policy = "aggressive" if name == "block-aggressive" else "conserve"
-        accounting = "rdp" if name.endswith("rdp") else "basic"
+        policy = Policy.AGGRESSIVE if name == "block-aggressive" else Policy.CONSERVE
+        accounting = Accounting.RDP if name.endswith("rdp") else Accounting.BASIC
         return BlockStrategy(name, config, workdir, policy, accounting)
     if name == "query":
         return QueryStrategy(name, config, workdir)
@@ -83,8 +83,8 @@ def make_strategy(name, config, workdir):
 
 
 class _LedgerStrategy:
-    accounting = "basic"
-    policy = "conserve"
+    accounting = Accounting.BASIC
+    policy = Policy.CONSERVE
 
     def __init__(self, name, config, workdir):
         self.name, self.config = name, config
@@ -93,7 +93,7 @@ class _LedgerStrategy:
         self.ledger.create_stream(STREAM, config.epsilon, config.delta, accounting=self.accounting,
                                   policy=self.policy, min_epsilon=config.min_epsilon)
         self.filt = self.ledger.stream(STREAM).filter()
-        self.model = Allocation(self.filt, self.filt.cost(epsilon=config.min_epsilon))
+        self.model = BlockAllocation(self.filt, self.filt.cost(epsilon=config.min_epsilon), self.policy)
         self.waiting = {}
         self.refusals = 0   # charges the model proposed but the ledger refused (expected 0)
 
@@ -107,7 +107,7 @@ class _LedgerStrategy:
     def _charge(self, state, blocks, epsilon, cost):
         """Charge through the real ledger; mirror the charge in the model. False if refused."""
         try:
-            if self.accounting == "rdp":
+            if self.accounting == Accounting.RDP:
                 self.ledger.request(state.name, STREAM, blocks=blocks, curve=cost[1:], delta=cost[0])
             else:
                 self.ledger.request(state.name, STREAM, blocks=blocks, epsilon=cost[0], delta=cost[1])
@@ -122,7 +122,7 @@ class _LedgerStrategy:
     def _release(self, state, now):
         state.released_at = now
         del self.waiting[state.name]
-        self.ledger.finish(STREAM, state.name, "ACCEPT")
+        self.ledger.finish(STREAM, state.name, Outcome.ACCEPT)
         self.model.finish(state.name, self.waiting)
 
     def close(self):
@@ -144,7 +144,7 @@ class BlockStrategy(_LedgerStrategy):
         self.hours = hour
 
     def cost(self, epsilon, n_rows):
-        if self.accounting == "basic":
+        if self.accounting == Accounting.BASIC:
             return super().cost(epsilon, n_rows)
         key = (epsilon, n_rows)
         if key not in self._curves:
@@ -155,7 +155,7 @@ class BlockStrategy(_LedgerStrategy):
         """Run attempts until ACCEPT (True) or until the pipeline must wait for budget or blocks (False)."""
         rows = self.config.rows_per_hour
         while True:
-            if self.policy == "aggressive":
+            if self.policy == Policy.AGGRESSIVE:
                 floor = self.cost(self.config.min_epsilon, rows)
                 blocks = self.model.choose(state.name, floor, state.window)
                 if blocks is None:
@@ -178,7 +178,7 @@ class BlockStrategy(_LedgerStrategy):
                 return True
             # RETRY (SAGE_SPEC §3): double eps if it fits the allocation on the window, else the window.
             double = 2 * state.epsilon
-            if (self.policy == "conserve" and double <= self.config.epsilon
+            if (self.policy == Policy.CONSERVE and double <= self.config.epsilon
                     and all(self.model.fits(b, state.name, self.cost(double, n_rows)) for b in blocks)):
                 state.epsilon = double
             else:

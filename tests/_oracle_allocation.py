@@ -1,4 +1,11 @@
-"""A numpy-free, in-memory model of the ledger's budget allocation, used to CHOOSE blocks fast.
+"""TEST ORACLE: the simulator's former in-memory allocation model (sage_tfx/simulate/allocation.py until
+issue 13 part 1), kept as an independent implementation of the allocation rules. The simulator and the
+ledger now share sage_tfx/privacy/allocation.py; tests/test_allocation.py drives this copy and that
+module with the same random workloads and checks they agree. Do not import it from sage_tfx.
+
+The original docstring follows.
+
+A numpy-free, in-memory model of the ledger's budget allocation, used to CHOOSE blocks fast.
 
 The simulator asks, hundreds of times per simulated hour, "on which blocks can
 pipeline p still spend this cost?". The ledger answers it in one read

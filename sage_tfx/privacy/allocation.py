@@ -1,0 +1,371 @@
+"""Budget allocation among a stream's pipelines: the rules, written once, and the policies that plug into them.
+
+Sage's allocation (paper §3.3; SAGE_SPEC.md §3), on in-memory state. A block's *holdings* map each
+pipeline holding a reservation on it to ``{"reserved": vector, "used": vector}``, in pipeline name
+order (every reader sums a block's pool in that order, so the floats agree everywhere):
+
+* **new-block shares**: a new block's capacity is split evenly among the pipelines waiting then;
+* **own reservation, then the pool**: a charge draws on the pipeline's own reservation if it fits
+  there (``filt.fits_share``), else on the unreserved pool (capacity not reserved, minus what was
+  spent outside reservations);
+* **redistribution on finish**: a finished pipeline keeps what it used; the rest of each of its
+  reservations on active blocks is split evenly among those still waiting (with nobody waiting it
+  falls back to the pool);
+* **retirement**: a block that cannot admit the stream's ``min_epsilon`` more is retired for good.
+
+Privacy rests on the filter alone (``filt.admits``, checked by the ledger on every charge, whatever
+the policy); reservations are a fairness device. A policy never grants more than the filter admits.
+
+``AllocationPolicy`` is the plug-in point: Conserve and Aggressive (the paper's two, §3.3) differ
+only in how much epsilon a pipeline asks for (``plan_epsilon``); a policy that changes the rules
+(DPF-N, DPF-T, a DPack-style one) overrides the methods it changes and registers itself by name
+(``register``). ``Ledger`` (the tables) and the simulator (``BlockAllocation``, in memory) both apply
+the rules through a policy, so they cannot drift apart.
+
+``BudgetArrays`` is the same rule as array operations, for the ledger's availability queries.
+"""
+from __future__ import annotations
+
+import abc
+import math
+from typing import ClassVar
+
+from . import curves, filters
+from .errors import LedgerError
+from .vocabulary import Accounting, Policy, Source
+
+
+# ------------------------------------------------------------------------------------------------- the rules
+class AllocationPolicy(abc.ABC):
+    """The allocation rules of one policy, on plain vectors (tuples of floats). Stateless."""
+
+    name: ClassVar[str]
+
+    def new_block_shares(self, capacity, waiting) -> tuple | None:
+        """The reservation each of ``waiting`` gets on a new block (None: nobody waits, all goes to the pool)."""
+        if not waiting:
+            return None
+        return tuple(c / len(waiting) for c in capacity)
+
+    @staticmethod
+    def pool(filt, spent, holdings):
+        """A block's unreserved pool as (used, reserved): capacity not reserved to anyone, and the part of
+        ``spent`` not drawn from reservations. Summed in the holdings' (pipeline name) order."""
+        pool_reserved = list(filt.capacity)
+        pool_used = list(spent)
+        for r in holdings.values():
+            pool_reserved = [p - x for p, x in zip(pool_reserved, r["reserved"])]
+            pool_used = [p - x for p, x in zip(pool_used, r["used"])]
+        return pool_used, pool_reserved
+
+    def source(self, filt, spent, cost, holdings, pipeline) -> Source | None:
+        """Where ``pipeline``'s charge of ``cost`` on one block is drawn from: its own reservation first, then the
+        pool; None if neither has room. The caller checks ``filt.admits(spent, cost)`` as well (privacy)."""
+        own = holdings.get(pipeline)
+        if own is not None and filt.fits_share(own["used"], cost, own["reserved"]):
+            return Source.OWN
+        pool_used, pool_reserved = self.pool(filt, spent, holdings)
+        if filt.fits_share(pool_used, cost, pool_reserved):
+            return Source.POOL
+        return None
+
+    @staticmethod
+    def retires(filt, spent, min_cost) -> bool:
+        """A block whose filter cannot admit ``min_cost`` more is retired for good."""
+        return not filt.admits(spent, min_cost)
+
+    def redistribute(self, holdings, pipeline, others, zero) -> dict:
+        """``pipeline`` finished: {holder: (new reserved, used)} for every holding of this block that changes.
+
+        ``pipeline`` keeps what it used; the rest of its reservation is split evenly among ``others`` (the
+        pipelines still waiting, name order); a waiting pipeline without a holding gets one with ``zero`` used.
+        """
+        mine = holdings[pipeline]
+        changes = {pipeline: (tuple(mine["used"]), tuple(mine["used"]))}
+        if others:
+            leftover = [max(0.0, r - u) for r, u in zip(mine["reserved"], mine["used"])]
+            share = [x / len(others) for x in leftover]
+            for other in others:
+                cur = holdings.get(other)
+                if cur is None:
+                    changes[other] = (tuple(share), tuple(zero))
+                else:
+                    changes[other] = (filters.add(cur["reserved"], share), tuple(cur["used"]))
+        return changes
+
+    @abc.abstractmethod
+    def plan_epsilon(self, available: float, start_epsilon: float) -> float:
+        """The epsilon a pipeline asks for next, given what it could be granted now."""
+
+
+class Conserve(AllocationPolicy):
+    """Sage's conserve policy (paper §3.3): start small (``start_epsilon``), never more than available."""
+
+    name = Policy.CONSERVE
+
+    def plan_epsilon(self, available, start_epsilon):
+        return min(float(start_epsilon), available)
+
+
+class Aggressive(AllocationPolicy):
+    """Sage's aggressive policy (paper §3.3): ask for everything available at once."""
+
+    name = Policy.AGGRESSIVE
+
+    def plan_epsilon(self, available, start_epsilon):
+        return available
+
+
+_REGISTRY: dict[str, type[AllocationPolicy]] = {}
+
+
+def register(cls: type[AllocationPolicy]) -> type[AllocationPolicy]:
+    """Register a policy class under its ``name`` (usable as a class decorator); refuses a name taken twice."""
+    if not (isinstance(cls, type) and issubclass(cls, AllocationPolicy)):
+        raise TypeError(f"{cls!r} is not an AllocationPolicy subclass")
+    name = str(cls.name)
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise ValueError(f"allocation policy {name!r} is already registered ({_REGISTRY[name].__name__})")
+    _REGISTRY[name] = cls
+    return cls
+
+
+register(Conserve)
+register(Aggressive)
+
+
+def policy_names() -> tuple[str, ...]:
+    return tuple(_REGISTRY)
+
+
+def get_policy(name) -> AllocationPolicy:
+    """The policy registered as ``name``; LedgerError (a ValueError) naming the known ones otherwise."""
+    cls = _REGISTRY.get(str(name))
+    if cls is None:
+        raise LedgerError(f"policy {name!r} is unknown: use one of {', '.join(_REGISTRY)}")
+    return cls()
+
+
+# ------------------------------------------------------------------------------- in-memory state (simulator)
+class BlockAllocation:
+    """A stream's allocation state in memory, under one policy: what the ledger keeps in its tables.
+
+    The simulator asks, hundreds of times per simulated hour, "on which blocks can pipeline p still spend
+    this cost?"; this answers from memory with the ledger's own rules (the policy's). It only proposes:
+    every charge is then made by the real ledger, which refuses anything this state gets wrong.
+    """
+
+    def __init__(self, filt, min_cost, policy: AllocationPolicy | str = Policy.CONSERVE):
+        self.filt = filt
+        self.min_cost = tuple(min_cost)
+        self.policy = policy if isinstance(policy, AllocationPolicy) else get_policy(policy)
+        self.spent = {}          # block -> spent vector
+        self.holdings = {}       # block -> {pipeline: {"reserved", "used"}}, pipeline name order
+        self.active = []         # active block ids, oldest first
+        self.retired = set()
+        self._pools = {}         # block -> (pool_used, pool_reserved), dropped whenever the block changes
+
+    def add_block(self, block, waiting):
+        zero = self.filt.zero()
+        self.spent[block] = zero
+        self.active.append(block)
+        share = self.policy.new_block_shares(self.filt.capacity, waiting)
+        self.holdings[block] = {} if share is None else {
+            p: {"reserved": share, "used": zero} for p in sorted(waiting)}
+
+    def _pool(self, block):
+        pool = self._pools.get(block)
+        if pool is None:
+            pool = self._pools[block] = self.policy.pool(self.filt, self.spent[block], self.holdings[block])
+        return pool
+
+    def source(self, block, pipeline, cost):
+        """Source.OWN, Source.POOL or None, by the policy's rule (the filter must admit as well)."""
+        if block in self.retired or not self.filt.admits(self.spent[block], cost):
+            return None
+        holdings = self.holdings[block]
+        own = holdings.get(pipeline)
+        if own is not None and self.filt.fits_share(own["used"], cost, own["reserved"]):
+            return Source.OWN
+        pool_used, pool_reserved = self._pool(block)
+        if self.filt.fits_share(pool_used, cost, pool_reserved):
+            return Source.POOL
+        return None
+
+    def fits(self, block, pipeline, cost):
+        return self.source(block, pipeline, cost) is not None
+
+    def available_epsilon(self, block, pipeline, delta):
+        """Basic accounting only: the largest epsilon ``pipeline`` may spend on ``block`` (closed form)."""
+        if self.filt.accounting != Accounting.BASIC:
+            raise ValueError(f"available_epsilon has a closed form under basic accounting only, not "
+                             f"{self.filt.accounting!r}")
+        if block in self.retired:
+            return 0.0
+        cap_eps, cap_delta = self.filt.capacity
+        spent_eps, spent_delta = self.spent[block]
+        if spent_delta + delta > cap_delta:
+            return 0.0
+        best = 0.0
+        own = self.holdings[block].get(pipeline)
+        if own is not None and own["used"][1] + delta <= own["reserved"][1]:
+            best = own["reserved"][0] - own["used"][0]
+        pool_used, pool_reserved = self._pool(block)
+        if pool_used[1] + delta <= pool_reserved[1]:
+            best = max(best, pool_reserved[0] - pool_used[0])
+        return max(0.0, min(best, cap_eps - spent_eps))
+
+    def choose(self, pipeline, cost, window):
+        """The newest ``window`` active blocks on which ``pipeline`` can spend ``cost``, oldest first; or None."""
+        chosen = []
+        for block in reversed(self.active):
+            if self.fits(block, pipeline, cost):
+                chosen.append(block)
+                if len(chosen) == window:
+                    return chosen[::-1]
+        return None
+
+    def charge(self, blocks, pipeline, cost):
+        """Charge ``cost`` on every block (all must fit: AssertionError otherwise); retire exhausted blocks."""
+        sources = [self.source(block, pipeline, cost) for block in blocks]
+        missing = [b for b, s in zip(blocks, sources) if s is None]
+        if missing:
+            raise AssertionError(f"allocation: block(s) {missing} cannot take {cost} for {pipeline}")
+        for block, source in zip(blocks, sources):
+            self.spent[block] = filters.add(self.spent[block], cost)
+            self._pools.pop(block, None)
+            if source == Source.OWN:
+                own = self.holdings[block][pipeline]
+                own["used"] = filters.add(own["used"], cost)
+            if self.policy.retires(self.filt, self.spent[block], self.min_cost):
+                self.retired.add(block)
+                self.active.remove(block)
+
+    def finish(self, pipeline, others):
+        """``pipeline`` finished; ``others`` are the pipelines still waiting."""
+        others = sorted(others)
+        zero = self.filt.zero()
+        for block in self.active:
+            holdings = self.holdings[block]
+            if pipeline not in holdings:
+                continue
+            self._pools.pop(block, None)
+            changes = self.policy.redistribute(holdings, pipeline, others, zero)
+            for holder, (reserved, used) in changes.items():
+                holdings[holder] = {"reserved": reserved, "used": used}
+            if any(h not in holdings for h in changes) or list(holdings) != sorted(holdings):
+                self.holdings[block] = dict(sorted(holdings.items()))
+
+
+# ------------------------------------------------------------------------------------- array form (ledger)
+def _numpy():
+    import numpy  # lazily: the ledger CLI's other commands start without it
+
+    return numpy
+
+
+def bisect(fits, size, top, tolerance):
+    """``size`` bisections over epsilon in [0, top] at once, each exactly this scalar loop::
+
+        if fits(top): return top
+        lo, hi = 0, top
+        while hi - lo > tolerance * top:
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+
+    ``fits`` maps an array of ``size`` epsilons to ``size`` booleans (entry i for bisection i).
+    Float64 arrays do the same IEEE operations as Python floats, so each result is bit-identical
+    to the scalar loop's.
+    """
+    np = _numpy()
+    lo, hi = np.zeros(size), np.full(size, float(top))
+    at_top = np.asarray(fits(hi), dtype=bool)
+    going = ~at_top
+    width = tolerance * top
+    while True:
+        going &= hi - lo > width
+        if not going.any():
+            return np.where(at_top, hi, lo)
+        mid = (lo + hi) / 2
+        ok = np.asarray(fits(mid), dtype=bool)
+        lo = np.where(going & ok, mid, lo)
+        hi = np.where(going & ~ok, mid, hi)
+
+
+class BudgetArrays:
+    """The budget state of some blocks for one pipeline, as arrays: may it spend epsilon on each, now?
+
+    ``fits(eps)`` answers ``Ledger.request``'s question for an (eps, delta) query on every block
+    at once: the filter admits spent + cost, and the cost fits the pipeline's own reservation
+    (``fits_share``) or else the unreserved pool (``AllocationPolicy.pool``). ``eps`` is one epsilon
+    for all blocks or one per block. The filters' rules are written here as array operations, operation
+    for operation (``BasicFilter``/``RdpFilter``: ``cost`` of a plain epsilon, ``admits``,
+    ``fits_share``), so the answers are bit-identical; tests/test_ledger_availability.py checks
+    them against the scalar rules on random ledgers. Advisory only: ``request`` always re-checks
+    with the filter itself, so a mismatch could refuse a grant, never overspend a block.
+    """
+
+    def __init__(self, filt, pipeline, spent, blocks, reservations, delta, policy: AllocationPolicy | None = None):
+        """``spent``: {block: spent vector}; ``blocks``: the ids to evaluate, in order (repeats allowed);
+        ``reservations``: {block: holdings}."""
+        np = _numpy()
+        policy = policy or Conserve()
+        self.np, self.filt, self.delta = np, filt, float(delta)
+        n, dim = len(blocks), len(filt.capacity)
+        self.spent = np.array([spent[b] for b in blocks], dtype=float).reshape(n, dim)
+        self.has_own = np.zeros(n, dtype=bool)
+        self.own_used, self.own_reserved = np.zeros((n, dim)), np.zeros((n, dim))
+        pools = []
+        for i, b in enumerate(blocks):
+            block_reservations = reservations.get(b, {})
+            own = block_reservations.get(pipeline)
+            if own is not None:
+                self.has_own[i] = True
+                self.own_used[i], self.own_reserved[i] = own["used"], own["reserved"]
+            pools.append(policy.pool(filt, spent[b], block_reservations))
+        self.pool_used = np.array([p[0] for p in pools], dtype=float).reshape(n, dim)
+        self.pool_reserved = np.array([p[1] for p in pools], dtype=float).reshape(n, dim)
+        self.capacity = np.array(filt.capacity, dtype=float)
+        if filt.accounting == Accounting.RDP:
+            # RdpFilter.admits: delta_left = delta_g - spent[0] - cost[0] > 0 and some order has
+            # eps_g - (spent[i] + cost[i] + conversion_term(alpha_i, delta_left)) >= 0. The
+            # conversion terms do not depend on epsilon: computed once per distinct delta_left.
+            self.orders = np.array(filt.orders, dtype=float)
+            self.delta_left = filt.delta - self.spent[:, 0] - self.delta
+            terms = {}
+            for left in set(self.delta_left.tolist()):
+                terms[left] = [curves.conversion_term(a, left) if left > 0 else math.inf for a in filt.orders]
+            self.terms = np.array([terms[x] for x in self.delta_left.tolist()], dtype=float).reshape(
+                n, len(filt.orders))
+        elif filt.accounting != Accounting.BASIC:
+            raise LedgerError(f"accounting {filt.accounting!r} has no array form of its filter")
+
+    def cost(self, eps):
+        """Rows of filt.cost(epsilon=eps, delta=delta): one row, or one per block."""
+        np = self.np
+        eps = np.asarray(eps, dtype=float).reshape(-1, 1)
+        if self.filt.accounting == Accounting.BASIC:
+            return np.hstack([eps, np.full_like(eps, self.delta)])
+        # curves.pure_dp_curve: min(eps, alpha * eps * eps / 2.0), in that evaluation order.
+        return np.hstack([np.full_like(eps, self.delta), np.minimum(eps, self.orders * eps * eps / 2.0)])
+
+    def best_slack(self, cost):
+        """RdpFilter._best_slack's slack for each block: the most epsilon any order leaves (-inf: no delta left)."""
+        slack = (self.filt.epsilon - (self.spent[:, 1:] + cost[:, 1:] + self.terms)).max(axis=1)
+        return self.np.where(self.delta_left > 0, slack, -math.inf)
+
+    def admits(self, cost):
+        if self.filt.accounting == Accounting.BASIC:
+            return (self.spent + cost <= self.capacity).all(axis=1)
+        return self.best_slack(cost) >= 0
+
+    def fits_share(self, used, cost, reserved):
+        if self.filt.accounting == Accounting.BASIC:
+            return (used + cost <= reserved).all(axis=1)
+        return (used[:, 0] + cost[:, 0] <= reserved[:, 0]) & (used[:, 1:] + cost[:, 1:] <= reserved[:, 1:]).any(axis=1)
+
+    def fits(self, eps):
+        cost = self.cost(eps)
+        own = self.has_own & self.fits_share(self.own_used, cost, self.own_reserved)
+        return self.admits(cost) & (own | self.fits_share(self.pool_used, cost, self.pool_reserved))

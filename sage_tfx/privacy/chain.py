@@ -1,0 +1,20 @@
+"""The ledger's hash-chained log: canonical bodies and the chain's constants (docs/security.md; paper §3.2).
+
+Shared by the ledger, which appends entries, and the audit, which re-verifies them, so neither imports the
+other. The KEYED chain value of an entry is ``KeyRing.chain_value`` (``keys.py``); ``chain_hash`` is the
+UNKEYED chain of ledgers written before the key migration, kept to verify their old entries.
+"""
+import hashlib
+import json
+
+GENESIS = "0" * 64  # the ``prev`` of the first log entry
+
+
+def canonical(obj) -> str:
+    """The one JSON text of ``obj`` that is signed, chained and stored: sorted keys, no spaces."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def chain_hash(prev: str, seq: int, kind: str, body_text: str) -> str:
+    """The UNKEYED chain of ledgers before the key migration (kept to verify their old entries)."""
+    return hashlib.sha256(f"{prev}|{seq}|{kind}|{body_text}".encode()).hexdigest()

@@ -1,0 +1,97 @@
+"""The privacy core's modules import one way (issue 13 part 1): no import cycle, each importable alone.
+
+The graph is read statically from every ``import`` statement of the core's modules, including the ones inside
+functions (a lazy import is still a dependency), so a cycle hidden behind a function-level import is found too.
+A package's ``__init__`` is left out: it only gathers its modules' names for the public surface.
+"""
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+CORE_PACKAGES = ("sage_tfx.privacy", "sage_tfx.adaptive", "sage_tfx.simulate")
+
+
+def _modules():
+    out = {}
+    for package in CORE_PACKAGES:
+        folder = ROOT.joinpath(*package.split("."))
+        for path in sorted(folder.rglob("*.py")):
+            rel = path.relative_to(ROOT).with_suffix("")
+            name = ".".join(rel.parts)
+            if name.endswith(".__init__"):
+                continue
+            out[name] = path
+    return out
+
+
+def _imports(name, path, known):
+    """The core modules ``name`` imports (absolute names), from its source."""
+    package = name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                parts = parts[:len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for target in targets:
+            if target in known and target != name:
+                found.add(target)
+    return found
+
+
+def _cycle(graph):
+    """One cycle of ``graph`` as a list of names, or None."""
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = visit(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = "done"
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = visit(node)
+            if found:
+                return found
+    return None
+
+
+def test_the_core_import_graph_has_no_cycle():
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert "sage_tfx.privacy.ledger" not in graph["sage_tfx.privacy.audit"], "the audit imports the ledger facade"
+    assert "sage_tfx.privacy.audit" in graph["sage_tfx.privacy.ledger"]  # the one direction
+    assert graph["sage_tfx.privacy.vocabulary"] == set()  # every module may import it
+    assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("module", sorted(m for m in _modules() if m.startswith("sage_tfx.privacy.")))
+def test_each_privacy_module_imports_alone_in_a_fresh_interpreter(module):
+    code = (f"import sys, {module}\n"
+            "assert 'tensorflow' not in sys.modules, 'the privacy core imported TensorFlow'\n")
+    run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
