@@ -5,10 +5,20 @@ grant's blocks through ``access.grant_blocks`` (a signed grant the ledger record
 every block's manifest, paths and file digests, and decrypts in the read step. Its output is the plain
 TFRecords TFX's Transform and Trainer read: files 0600 in 0700 folders (umask 077 while it writes), removed
 with the run's other raw artifacts when the run ends (``pipelines/_runner.py``, ``scrub_raw_artifacts``).
+
+Workers without the launcher's disk (docs/scale_out.md, "BlockExampleGen on remote workers"): given a
+staging location (the ``staging_location`` exec property, else the Beam ``--temp_location`` of the run;
+a local folder or any Beam FileSystems URL), the launcher, which alone opens the ledger and the data root,
+copies the granted blocks' sealed files (ciphertext: safe to copy) to a fresh run folder there, and the
+workers read those copies through Beam's FileSystems with the same checks as the local reader
+(``sealed.read_file``: the manifest's size and SHA-256, every chunk authenticated as the file the manifest
+names in its block and stream). The workers get the grant's blocks' data keys (in the pickled DoFn), never
+the ledger's master key or a block key. The staged run is deleted when the job ends, success or failure.
 """
 import hashlib
 import json
 import os
+import uuid
 
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
@@ -50,16 +60,22 @@ def _read_sealed_dofn():
     import apache_beam as beam
 
     class ReadSealed(beam.DoFn):
-        """(stream, block, path, bytes, sha256) -> the file's records, checked and decrypted (sealed.read_file)."""
+        """(stream, block, path or staged URL, bytes, sha256, manifest file name) -> the file's records, checked
+        and decrypted (sealed.read_file, the same checks for a local path and a FileSystems URL)."""
 
         def __init__(self, deks):
             self._deks = deks  # in memory only (pickled with the DoFn for the runner)
 
         def process(self, task):
-            from sage_tfx.ingest.sealed import read_file
+            from sage_tfx.ingest.sealed import SealedError, is_url, read_file
 
-            stream, block, path, size, sha256 = task
-            yield from read_file(path, self._deks[block], stream, block, size, sha256)
+            stream, block, path, size, sha256, name = task
+            if not is_url(path) and not os.path.exists(path):
+                raise SealedError(f"block file {path} does not exist on the Beam worker: the workers do not see "
+                                  "the launcher's data root. Give the run a staging location every worker can "
+                                  "read (sage run --staging-location URL_OR_DIR, or the Beam --temp_location); "
+                                  "nothing of it was read")
+            yield from read_file(path, self._deks[block], stream, block, size, sha256, name=name)
 
     return ReadSealed
 
@@ -80,6 +96,79 @@ def _make_private(root):
             os.chmod(os.path.join(folder, f), 0o600)
 
 
+STAGED_PREFIX = "sage-blocks-"
+
+
+def staging_location(exec_properties, beam_pipeline_args):
+    """The staging location of a run: the ``staging_location`` exec property, else the Beam ``--temp_location``
+    (None: the workers read the data root's files directly, so they must see the launcher's disk)."""
+    location = exec_properties.get("staging_location")
+    if location:
+        return str(location)
+    from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
+
+    return PipelineOptions(list(beam_pipeline_args or [])).view_as(GoogleCloudOptions).temp_location or None
+
+
+def staged_run(location):
+    """A fresh run folder under the staging location (a Beam FileSystems path); SealedError for a location
+    Beam has no filesystem for."""
+    from apache_beam.io.filesystems import FileSystems
+
+    from sage_tfx.ingest.sealed import SealedError
+
+    if FileSystems.get_scheme(location) is None:
+        location = os.path.abspath(location)
+    try:
+        FileSystems.get_filesystem(location)
+    except ValueError as exc:
+        raise SealedError(f"staging location {location!r} has no Beam filesystem ({exc}): give a local folder or "
+                          "a URL of a filesystem Beam has (gs://, s3://, hdfs://...); nothing was read") from None
+    return FileSystems.join(location, STAGED_PREFIX + uuid.uuid4().hex)
+
+
+def stage_files(blocks, run, tasks):
+    """Copy the sealed files of ``blocks`` (opened ``sealed.Block``) to ``run`` through Beam's FileSystems,
+    appending (stream, block, staged path, bytes, sha256, manifest name) to ``tasks`` as each is created.
+
+    The copies are ciphertext; the workers check them (sizes, SHA-256, chunk authentication) as if they were
+    the data root's. The caller deletes the run (``unstage``) whatever happens."""
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    for b in blocks:
+        names = b.file_names()
+        for stream, block, path, size, sha256 in b.file_tasks():
+            staged = FileSystems.join(run, stream, block, names[path])
+            tasks.append((stream, block, staged, size, sha256, names[path]))
+            with open(path, "rb") as src, FileSystems.create(staged, mime_type="application/octet-stream",
+                                                             compression_type=CompressionTypes.UNCOMPRESSED) as dst:
+                while chunk := src.read(1 << 20):
+                    dst.write(chunk)
+
+
+def unstage(run, tasks):
+    """Delete a staged run (its files, then its folder where the filesystem has folders); errors are ignored
+    for files already gone."""
+    from apache_beam.io.filesystems import FileSystems
+
+    paths = [t[2] for t in tasks]
+    if paths:
+        try:
+            FileSystems.delete(paths)
+        except Exception:  # some already gone: delete the rest one by one
+            for path in paths:
+                try:
+                    FileSystems.delete([path])
+                except Exception:
+                    pass
+    try:
+        if FileSystems.exists(run):
+            FileSystems.delete([run])
+    except Exception:
+        pass
+
+
 class Executor(base_beam_executor.BaseBeamExecutor):
 
     def Do(self, input_dict, output_dict, exec_properties):
@@ -96,7 +185,7 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         with Ledger.open(ledger) as opened:
             _, blocks = grant_blocks(opened, exec_properties["data_root"], exec_properties.get("grant"),
                                      stream=grant.stream)
-        tasks = [t for b in blocks for t in b.file_tasks()]
+        tasks = [(*t, b.file_names()[t[2]]) for b in blocks for t in b.file_tasks()]
         deks = {b.block: b.dek for b in blocks}
         released = released_record_count(ledger, grant)
 
@@ -107,8 +196,13 @@ class Executor(base_beam_executor.BaseBeamExecutor):
         for _, buckets in splits:
             total += buckets
             bounds.append(total)
-        old_umask = os.umask(0o077)  # the raw copies: 0600 files in 0700 folders
+        location = staging_location(exec_properties, self._beam_pipeline_args)
+        staged, staged_tasks = (staged_run(location) if location else None), []
+        old_umask = os.umask(0o077)  # the raw copies (and local staged ciphertext): 0600 files in 0700 folders
         try:
+            if staged is not None:
+                stage_files(blocks, staged, staged_tasks)
+                tasks = staged_tasks
             with self._make_beam_pipeline() as p:
                 records = (p | "GrantedFiles" >> beam.Create(tasks)
                            | "Read" >> beam.ParDo(_ReadSealed(deks)))
@@ -120,6 +214,8 @@ class Executor(base_beam_executor.BaseBeamExecutor):
                         os.path.join(uri, FILE_PREFIX), file_name_suffix=".gz")
         finally:
             os.umask(old_umask)
+            if staged is not None:
+                unstage(staged, staged_tasks)
         _make_private(examples.uri)
 
         from tfx.components.util import examples_utils

@@ -62,7 +62,23 @@ def add_parser(subparsers):
                         "._:@+-, starting with a letter or digit")
     p.add_argument("--work-dir", default="sage_work", help="TFX pipeline root and metadata")
     p.add_argument("--serving-dir", default=None, help="push destination (default: WORK_DIR/serving)")
+    p.add_argument("--staging-location", default=None, metavar="URL_OR_DIR",
+                   help="where BlockExampleGen stages the granted sealed block files for the Beam workers (a local "
+                        "folder or a Beam FileSystems URL every worker can read; passed as Beam's --temp_location). "
+                        "Needed when the workers do not see --data-root (docs/scale_out.md)")
     p.set_defaults(func=_run)
+
+
+def staging_beam_args(beam_args, staging_location):
+    """``beam_args`` with ``--temp_location=STAGING_LOCATION`` (BlockExampleGen stages the granted sealed files
+    there); ValueError if the Beam args already name another --temp_location."""
+    if not staging_location:
+        return beam_args
+    for arg in beam_args:
+        if arg.startswith("--temp_location") and arg != f"--temp_location={staging_location}":
+            raise ValueError(f"--staging-location {staging_location!r} and the Beam option {arg!r} disagree: give "
+                             "one of them")
+    return [*beam_args, f"--temp_location={staging_location}"]
 
 
 def add_rejection_share(parser):
@@ -90,9 +106,9 @@ def _run(args):
         if not 0 < args.confidence < 1:
             raise ValueError(f"confidence {args.confidence!r} must be in (0, 1)")
         check_run_limits(args)
+        beam_args = staging_beam_args(list(getattr(args, "extra_args", [])), getattr(args, "staging_location", None))
     except ValueError as exc:
         return _fail(str(exc))
-    beam_args = list(getattr(args, "extra_args", []))
     try:
         ledger = Ledger.open(args.db)
         if not ledger.blocks(args.stream):

@@ -257,6 +257,10 @@ class Block:
         """(stream, block, path, bytes, sha256) per file: what a parallel reader needs besides the DEK."""
         return [(self.stream, self.block, path, size, sha) for path, name, size, sha in self.files]
 
+    def file_names(self):
+        """{path: the manifest's file name} (a staged copy is read as the file the manifest names)."""
+        return {path: name for path, name, size, sha in self.files}
+
     @property
     def dek(self):
         return self._dek
@@ -343,10 +347,37 @@ def open_block(data_root, stream, block, block_key, expected_digest=None):
     return Block(folder, stream, block, manifest.get("digest"), dek, files)
 
 
+def is_url(path):
+    """True for a Beam FileSystems URL (``scheme://...``), False for a local path."""
+    return "://" in str(path)
+
+
+def open_raw(path):
+    """A binary read-only file object of ``path``: ``open`` for a local path, Beam's ``FileSystems.open``
+    (uncompressed) for a URL (a staged copy on an object store, docs/scale_out.md "BlockExampleGen on remote
+    workers"). The checks that follow (``verify_file``, ``SealedReader``) are the same for both."""
+    if not is_url(path):
+        return open(path, "rb", buffering=0)
+    from apache_beam.io.filesystem import CompressionTypes
+    from apache_beam.io.filesystems import FileSystems
+
+    try:
+        return FileSystems.open(str(path), mime_type="application/octet-stream",
+                                compression_type=CompressionTypes.UNCOMPRESSED)
+    except Exception as exc:  # BeamIOError and the filesystems' own errors
+        raise SealedError(f"block file {path} cannot be opened through Beam's FileSystems ({exc}): "
+                          "nothing was read") from None
+
+
 def verify_file(path, size, sha256):
-    """SealedError unless ``path`` has exactly ``size`` bytes with SHA-256 ``sha256`` (the manifest's record)."""
+    """SealedError unless ``path`` has exactly ``size`` bytes with SHA-256 ``sha256`` (the manifest's record).
+    ``path``: a local path or a Beam FileSystems URL (``open_raw``)."""
     h, n = hashlib.sha256(), 0
-    with open(path, "rb", buffering=0) as f:
+    try:
+        f = open_raw(path)
+    except FileNotFoundError:
+        raise SealedError(f"block file {path} is missing: nothing was read; restore it from your backup") from None
+    with f:
         while chunk := f.read(1 << 20):
             h.update(chunk)
             n += len(chunk)
@@ -357,21 +388,26 @@ def verify_file(path, size, sha256):
 
 
 class SealedReader:
-    """A read-only file object of a sealed file's plain stream; each chunk is authenticated before use."""
+    """A read-only file object of a sealed file's plain stream; each chunk is authenticated before use.
 
-    def __init__(self, path, dek, stream, block):
+    ``path``: a local path or a Beam FileSystems URL (``open_raw``). ``name``: the file's name in its block's
+    manifest, bound into every chunk's associated data (default: the path's last component); a staged copy
+    read under another path still authenticates only as the file the manifest names."""
+
+    def __init__(self, path, dek, stream, block, name=None):
         from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
         _check_key(dek, "data key")
-        self.path, self.name, self.stream, self.block = path, os.path.basename(path), stream, block
+        self.path, self.stream, self.block = path, stream, block
+        self.name = name if name is not None else str(path).rstrip("/").rsplit("/", 1)[-1]
         self._aead = AESGCM(bytes(dek))
-        self._raw = open(path, "rb", buffering=0)
-        header = self._raw.read(len(_HEADER))
+        self._raw = open_raw(path)
+        header = self._read(len(_HEADER))
         if header != _HEADER:
             self._raw.close()
             raise SealedError(f"block file {path} is not a {FORMAT} file (bad header): nothing was read")
         self._size = NONCE + CHUNK + TAG
-        self._next = self._raw.read(self._size)
+        self._next = self._read(self._size)
         self._buf = b""
         self._pos = 0
         self._index = 0
@@ -380,8 +416,19 @@ class SealedReader:
     def readable(self):
         return True
 
+    def _read(self, n):
+        """Exactly ``n`` bytes, fewer only at the end (a FileSystems stream may return short reads)."""
+        parts, got = [], 0
+        while got < n:
+            part = self._raw.read(n - got)
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts)
+
     def _fill(self):
-        current, self._next = self._next, self._raw.read(self._size)
+        current, self._next = self._next, self._read(self._size)
         final = not self._next
         if len(current) < NONCE + TAG or (not final and len(current) != self._size):
             raise SealedError(f"block file {self.path} is truncated at chunk {self._index}: nothing more was read")
@@ -431,13 +478,16 @@ class SealedReader:
         self.close()
 
 
-def read_file(path, dek, stream, block, size=None, sha256=None):
-    """Yield the records of one sealed block file, after checking its size and SHA-256 (when given)."""
+def read_file(path, dek, stream, block, size=None, sha256=None, name=None):
+    """Yield the records of one sealed block file, after checking its size and SHA-256 (when given).
+
+    ``path``: a local path or a Beam FileSystems URL (a staged copy); ``name``: the manifest's file name
+    (``SealedReader``). One code path for both: the same size, digest and chunk checks."""
     from .records import iter_tfrecords
 
     if sha256 is not None:
         verify_file(path, size, sha256)
-    with SealedReader(path, dek, stream, block) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz:
+    with SealedReader(path, dek, stream, block, name=name) as raw, gzip.GzipFile(fileobj=raw, mode="rb") as gz:
         try:
             yield from iter_tfrecords(gz, path)
         except (OSError, EOFError) as exc:  # gzip errors inside an authenticated stream: a writer bug
