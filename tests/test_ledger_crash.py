@@ -53,6 +53,11 @@ def acknowledged_grants(directory):
     return out
 
 
+def any_retired(location):
+    with Ledger.open(location) as ledger:
+        return bool(ledger.blocks("s", state="retired"))
+
+
 def run_crash_rounds(location, ack_dir, seed=7):
     rng = random.Random(seed)
     with Ledger.open(location, create=True) as ledger:
@@ -71,6 +76,9 @@ def run_crash_rounds(location, ack_dir, seed=7):
         deadline = time.time() + 60
         while time.time() < deadline and not any(os.path.exists(p) and os.path.getsize(p) for p in paths):
             time.sleep(0.02)
+        if round_no == ROUNDS - 1:  # on a loaded machine, let a block run out before the kills (the test needs one)
+            while time.time() < deadline and not any_retired(location):
+                time.sleep(0.05)
         time.sleep(rng.uniform(0.2, 1.0))
         for p in rng.sample(procs, len(procs)):
             time.sleep(rng.uniform(0.0, 0.25))
