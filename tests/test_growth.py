@@ -179,3 +179,18 @@ def test_pmwg_public_histogram_arrival_update(tmp_path):
     assert pm.public == pytest.approx([0.75, 0.25])  # (100 * [1, 0] + 100 * [.5, .5]) / 200
     with pytest.raises(GrowthError, match="edges"):
         Universe(columns=("x",), edges=([1.0, 0.0],))
+
+
+def test_pmwg_bad_input_refused_before_charge(tmp_path):
+    ledger = make_ledger(tmp_path, 2)
+    uni = Universe(columns=("x", "y"), edges=(np.linspace(0, 1, 3), np.linspace(0, 1, 3)))
+    pm = PMWG(ledger, "s", "p", PMWGParams(epsilon=1.0), uni, CheckedReader(ledger))
+    with pytest.raises(GrowthError, match="declared_rows 0"):
+        pm.observe("b000", 0)
+    with pytest.raises(GrowthError, match="no block observed"):
+        pm.query(np.zeros(uni.size))
+    assert all(v == (0.0, 0.0) for v in spent(ledger).values())  # nothing charged
+    pm.observe("b000", ROWS)
+    with pytest.raises(GrowthError, match="in \\[0, 1\\]"):
+        pm.query(np.full(uni.size, 2.0))
+    assert spent(ledger)["b001"] == (0.0, 0.0)
