@@ -7,5 +7,32 @@ One module per method; each charges the ledger, per block and before it reads, w
 - ``growth``: BBScheduler / BBImprover growth schedules and PMWG for linear queries (Cummings et al.).
 - DP-SGD noise schedules (Hong et al.) live with DP-SGD: ``sage_tfx.privacy.noise_schedules``.
 
-Importing this package imports no TensorFlow.
+Importing this package imports no TensorFlow, and none of the modules until a name is used.
 """
+import importlib
+
+# name -> module that defines it (loaded on first use)
+_EXPORTS = {
+    "ContinualRelease": "continual", "SlidingWindowRelease": "continual", "ReleaseParams": "continual",
+    "ContinualReleaseError": "continual", "release_stream": "continual", "check_sla": "continual",
+    "push_model": "continual",
+    "IncrementalRegression": "incremental_regression", "IncrementalRegressionParams": "incremental_regression",
+    "TreeRegressor": "incremental_regression", "IncrementalRegressionError": "incremental_regression",
+    "HorizonExhausted": "incremental_regression",
+    "BBScheduler": "growth", "BBImprover": "growth", "ScheduledRelease": "growth", "SchedulerParams": "growth",
+    "ImproverParams": "growth", "PMWG": "growth", "PMWGParams": "growth", "Universe": "growth",
+    "GrowthError": "growth",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'sage_tfx.release' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_EXPORTS))

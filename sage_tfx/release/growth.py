@@ -2,9 +2,11 @@
 growing databases", NeurIPS 2018; the paper seed 001). numpy only, no TensorFlow.
 
 Size unit: the database grows by ledger blocks; its size is counted in blocks t = 1, 2, ... and its public record
-count n_t is the sum of the blocks' DECLARED rows (``rows`` given to ``Ledger.add_block``), so every
-normalisation below uses a public number (add/remove neighbours: a record changes a sum of values in [0, B] by at
-most B, so a sum divided by the public n_t has sensitivity B / n_t).
+count n_t is the sum of the blocks' DECLARED row counts: a number the caller fixes independently of the data (a
+design block size, as ``m0`` in ``release.continual``), NEVER the ledger's exact count (``Ledger.private_row_count``
+is trusted-only: docs/growing_database.md, "what a pipeline learns about its data size"). So every normalisation
+below uses a public number (add/remove neighbours: a record changes a sum of values in [0, B] by at most B, so a
+sum divided by the public n_t has sensitivity B / n_t, whatever the block really holds).
 
 Schedules (Section 3 of the paper). A black box ``mechanism(data, epsilon, rng)`` must be epsilon-DP (pure) on
 its input for every epsilon > 0.
