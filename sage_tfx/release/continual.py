@@ -74,6 +74,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from sage_tfx.privacy import checks
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian
 
@@ -107,13 +108,9 @@ def smoothness(loss: Loss) -> float:
 
 
 def _positive(name: str, value, fix: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise ContinualReleaseError(f"{name} {value!r} is not a number: {fix}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise ContinualReleaseError(f"{name} {value!r} is invalid: {fix}")
-    return v
+    fix = fix.replace("{", "{{").replace("}", "}}")  # a literal in the message template
+    return checks.positive(value, name, error=ContinualReleaseError, message="{what} {value!r} is invalid: " + fix,
+                           not_number="{what} {value!r} is not a number: " + fix)
 
 
 @dataclass(frozen=True)

@@ -58,6 +58,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
+from sage_tfx.privacy import checks
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.samplers import as_secure_rng, grid_laplace
 
@@ -74,15 +75,8 @@ class Mode(enum.StrEnum):
 
 
 def _positive(name: str, value, fix: str) -> float:
-    if isinstance(value, bool):
-        raise GrowthError(f"{name} {value!r} is invalid: {fix}")
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise GrowthError(f"{name} {value!r} is invalid: {fix}") from None
-    if not math.isfinite(v) or v <= 0:
-        raise GrowthError(f"{name} {value!r} is invalid: {fix}")
-    return v
+    fix = fix.replace("{", "{{").replace("}", "}}")  # a literal in the message template
+    return checks.positive(value, name, error=GrowthError, message="{what} {value!r} is invalid: " + fix)
 
 
 def _int_at_least(name: str, value, low: int, fix: str) -> int:

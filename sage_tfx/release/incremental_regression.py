@@ -67,6 +67,7 @@ from functools import cached_property
 
 import numpy as np
 
+from sage_tfx.privacy import checks
 from sage_tfx.privacy.errors import SageError
 
 __all__ = ["IncrementalRegressionError", "HorizonExhausted", "IncrementalRegressionParams", "TreeRegressor",
@@ -91,13 +92,8 @@ def tree_levels(horizon: int) -> int:
 
 
 def _positive(name: str, value) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise IncrementalRegressionError(f"{name}={value!r} is invalid: give a finite number > 0") from None
-    if not math.isfinite(value) or value <= 0:
-        raise IncrementalRegressionError(f"{name}={value!r} is invalid: give a finite number > 0")
-    return value
+    return checks.positive(value, name, error=IncrementalRegressionError,
+                           message="{what}={value!r} is invalid: give a finite number > 0")
 
 
 @dataclass(frozen=True)
