@@ -23,9 +23,10 @@ import uuid
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._grant import check_grant, released_record_count
+from sage_tfx.components._grant import GrantedExecutor
 
 DEFAULT_SPLITS = {"train": 9, "eval": 1}
+STAGING_LOCATION_KEY = "staging_location"  # the optional execution property (components/block_example_gen.py)
 FILE_PREFIX = "data_tfrecord"
 
 
@@ -102,7 +103,7 @@ STAGED_PREFIX = "sage-blocks-"
 def staging_location(exec_properties, beam_pipeline_args):
     """The staging location of a run: the ``staging_location`` exec property, else the Beam ``--temp_location``
     (None: the workers read the data root's files directly, so they must see the launcher's disk)."""
-    location = exec_properties.get("staging_location")
+    location = exec_properties.get(STAGING_LOCATION_KEY)
     if location:
         return str(location)
     from apache_beam.options.pipeline_options import GoogleCloudOptions, PipelineOptions
@@ -169,25 +170,28 @@ def unstage(run, tasks):
         pass
 
 
-class Executor(base_beam_executor.BaseBeamExecutor):
+class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
+    """Verify the grant (``GrantedExecutor.CheckGrant``: one ledger connection for the run), get exactly its
+    blocks' keys, open its DP record count, then read and split the blocks in one Beam job."""
 
     def Do(self, input_dict, output_dict, exec_properties):
+        from sage_tfx.ingest.access import grant_blocks
+
+        # The grant is checked with the ledger before a single record is read; one connection serves the key
+        # door and the DP count too.
+        with self.CheckGrant(exec_properties, stream=exec_properties.get("stream")) as run:
+            splits = parse_splits(exec_properties.get("splits"))
+            # The keys of the grant's blocks, and only those: signature and charge re-checked by the key door itself.
+            _, blocks = grant_blocks(run.ledger, exec_properties["data_root"], exec_properties.get("grant"),
+                                     stream=run.grant.stream)
+            released = run.released_record_count()
+        self._read_blocks(output_dict, exec_properties, run.grant, splits, blocks, released)
+
+    def _read_blocks(self, output_dict, exec_properties, grant, splits, blocks, released):
         import apache_beam as beam
 
-        from sage_tfx.ingest.access import grant_blocks
-        from sage_tfx.privacy import Ledger
-
-        ledger = exec_properties.get("ledger")
-        # The grant is checked with the ledger before a single record is read.
-        grant = check_grant(ledger, exec_properties.get("grant"), stream=exec_properties.get("stream"))
-        splits = parse_splits(exec_properties.get("splits"))
-        # The keys of the grant's blocks, and only those: signature and charge re-checked by the key door itself.
-        with Ledger.open(ledger) as opened:
-            _, blocks = grant_blocks(opened, exec_properties["data_root"], exec_properties.get("grant"),
-                                     stream=grant.stream)
         tasks = [(*t, b.file_names()[t[2]]) for b in blocks for t in b.file_tasks()]
         deks = {b.block: b.dek for b in blocks}
-        released = released_record_count(ledger, grant)
 
         examples = artifact_utils.get_single_instance(output_dict["examples"])
         names = [name for name, _ in splits]
