@@ -12,6 +12,10 @@ exact epsilon/delta as JSON: MLMD's SQLite store rounds doubles), and, when the
 grant's split has a ``count`` stage, ``dp_record_count`` with
 ``dp_record_count_epsilon`` (that stage's one release, opened with the ledger:
 DPTrainer reads the same value). No exact row count is ever recorded.
+
+``staging_location`` (optional): for Beam workers that do not share the launcher's disk, the launcher
+copies the granted sealed (encrypted) files there and the workers read them through Beam's FileSystems
+(docs/scale_out.md); `sage run`/`sage serve --staging-location` set it.
 """
 import json
 
@@ -21,7 +25,7 @@ from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionP
 
 from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
 
-from sage_tfx.components.block_example_gen_executor import DEFAULT_SPLITS, Executor
+from sage_tfx.components.block_example_gen_executor import DEFAULT_SPLITS, STAGING_LOCATION_KEY, Executor
 
 
 class BlockExampleGenSpec(ComponentSpec):
@@ -30,6 +34,9 @@ class BlockExampleGenSpec(ComponentSpec):
         "data_root": ExecutionParameter(type=str),
         "stream": ExecutionParameter(type=str),
         "splits": ExecutionParameter(type=str, optional=True),
+        # Where the launcher stages the granted sealed files for Beam workers that do not see data_root (a local
+        # folder or a Beam FileSystems URL); unset: the run's Beam --temp_location, else no staging.
+        STAGING_LOCATION_KEY: ExecutionParameter(type=str, optional=True),
     }
     INPUTS = {}
     OUTPUTS = {"examples": ChannelParameter(type=standard_artifacts.Examples)}
@@ -41,9 +48,13 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
     SPEC_CLASS = BlockExampleGenSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, ledger, data_root, stream, grant=None, splits=None):
-        """``grant``: a Grant, its JSON, or a RuntimeParameter of type str. ``splits``: {name: buckets}."""
+    def __init__(self, ledger, data_root, stream, grant=None, splits=None, *, staging_location=None):
+        """``grant``: a Grant, its JSON, or a RuntimeParameter of type str. ``splits``: {name: buckets}.
+        ``staging_location``: where the granted sealed block files are staged for Beam workers that do not see
+        ``data_root`` (a local folder or a Beam FileSystems URL every worker can read; docs/scale_out.md,
+        "BlockExampleGen on remote workers"); None: the run's Beam ``--temp_location``, else no staging."""
         splits = dict(splits or DEFAULT_SPLITS)
+        staging = {} if staging_location is None else {STAGING_LOCATION_KEY: str(staging_location)}
         super().__init__(spec=BlockExampleGenSpec(
             **grant_parameters(grant, ledger), data_root=str(data_root), stream=stream,
-            splits=json.dumps(splits), examples=channel.Channel(type=standard_artifacts.Examples)))
+            splits=json.dumps(splits), **staging, examples=channel.Channel(type=standard_artifacts.Examples)))

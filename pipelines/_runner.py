@@ -46,6 +46,9 @@ class PipelineConfig:
     beam_pipeline_args: list = field(default_factory=list)
     model: str | None = None
     hparams: dict = field(default_factory=dict)
+    # BlockExampleGen's staging_location (docs/scale_out.md, "BlockExampleGen on remote workers"): None leaves it
+    # to the Beam --temp_location of beam_pipeline_args, if any.
+    staging_location: str | None = None
 
     def __post_init__(self):
         if self.runner not in RUNNERS:

@@ -252,7 +252,7 @@ class SagePipeline:
         # The REJECT test on the train split runs when the grant pays for it (its split's rejection stage).
         train_split = "train" if split is not None and split.rejection > 0 else None
         gen = BlockExampleGen(ledger=config.ledger, data_root=config.data_root, stream=config.stream,
-                              grant=grant_json)
+                              grant=grant_json, staging_location=getattr(config, "staging_location", None))
         transform = None
         trainer_inputs = {"examples": gen.outputs["examples"]}
         if self.preprocessing_module is not None:

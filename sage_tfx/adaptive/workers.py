@@ -47,7 +47,8 @@ class WorkerSpec:
     max_iterations: int = 10
     rejection_share: float | None = None
     key_file: str | None = None
-    beam_args: list = field(default_factory=list)
+    beam_args: list = field(default_factory=list)  # Beam pipeline options of its TFX runs (`sage serve ... -- ARGS`)
+    staging_location: str | None = None  # BlockExampleGen's staging location (`sage serve --staging-location`)
 
 
 @dataclass
@@ -73,6 +74,21 @@ def describe_exit(exitcode):
     if exitcode < 0:
         return f"killed by {_signal_name(-exitcode)} (signal {-exitcode})"
     return f"exit status {exitcode}"
+
+
+def build_worker_runner(spec):
+    """``(definition, PipelineRunner)`` of a ``WorkerSpec``: the pipeline loaded, checked against its target and
+    bound to its config (Beam options and staging location included) by `sage run`'s ``build_runner``. ValueError
+    for bad input (the parent calls it before anything is charged, the worker to run)."""
+    from sage_tfx import pipelines
+    from sage_tfx.cli.run import build_runner
+
+    definition = pipelines.load_pipeline(spec.pipeline)
+    definition.check_target(spec.target)
+    runner = build_runner(definition, spec.ledger, spec.stream, spec.data_root, spec.work_dir, spec.target,
+                          confidence=spec.confidence, runner=spec.runner, beam_args=spec.beam_args,
+                          model=spec.model, name=spec.name, staging_location=spec.staging_location)
+    return definition, runner
 
 
 def worker_main(spec, conn):
@@ -102,13 +118,9 @@ def worker_main(spec, conn):
                 return generation > seen
 
     try:
-        from sage_tfx import pipelines
-        from sage_tfx.cli.run import build_runner, make_iterator
+        from sage_tfx.cli.run import make_iterator
 
-        definition = pipelines.load_pipeline(spec.pipeline)
-        runner = build_runner(definition, spec.ledger, spec.stream, spec.data_root, spec.work_dir, spec.target,
-                              confidence=spec.confidence, runner=spec.runner, beam_args=spec.beam_args,
-                              model=spec.model, name=spec.name)
+        definition, runner = build_worker_runner(spec)
         run_iteration = runner.run_iteration
 
         def run_in_slot(grant, split, eta, iteration):

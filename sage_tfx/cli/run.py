@@ -21,6 +21,7 @@ one process runs a pipeline name at a time, on any host of the ledger), 1 an ite
 charge (the message withholds details that may hold data values: run --check to see them on generated rows).
 """
 import argparse
+import os
 import sys
 
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
@@ -49,7 +50,7 @@ def add_parser(subparsers):
                         "loss; for accuracy pipelines, the accuracy) for the estimate of the rows to ACCEPT (default: "
                         "half the target loss; accuracy: half the target's error rate)")
     p.add_argument("--confidence", type=float, default=0.95, help="SLA confidence 1 - eta (default 0.95)")
-    p.add_argument("--runner", choices=("local", "beam"), default="local", help="TFX orchestrator")
+    add_beam_options(p)
     p.add_argument("--max-iterations", type=int, default=10)
     p.add_argument("--max-seconds", type=float, default=None,
                    help="TIMEOUT after this wall time, in seconds > 0 (default: none)")
@@ -62,11 +63,38 @@ def add_parser(subparsers):
                         "._:@+-, starting with a letter or digit")
     p.add_argument("--work-dir", default="sage_work", help="TFX pipeline root and metadata")
     p.add_argument("--serving-dir", default=None, help="push destination (default: WORK_DIR/serving)")
-    p.add_argument("--staging-location", default=None, metavar="URL_OR_DIR",
-                   help="where BlockExampleGen stages the granted sealed block files for the Beam workers (a local "
-                        "folder or a Beam FileSystems URL every worker can read; passed as Beam's --temp_location). "
-                        "Needed when the workers do not see --data-root (docs/scale_out.md)")
     p.set_defaults(func=_run)
+
+
+def add_beam_options(parser):
+    """``--runner`` (the TFX orchestrator) and ``--staging-location``: the Beam side of `sage run` and `sage serve`
+    (the Beam pipeline options themselves go after a bare --; ``beam_options`` reads them all)."""
+    parser.add_argument("--runner", choices=("local", "beam"), default="local", help="TFX orchestrator")
+    parser.add_argument("--staging-location", default=None, metavar="URL_OR_DIR",
+                        help="where BlockExampleGen stages the granted sealed block files for the Beam workers (a "
+                             "local folder or a Beam FileSystems URL every worker can read; BlockExampleGen's "
+                             "staging_location, and Beam's --temp_location). Needed when the workers do not see "
+                             "--data-root (docs/scale_out.md)")
+
+
+def beam_options(args):
+    """``(beam_args, staging_location)`` of a `sage run`/`sage serve` command line: the Beam pipeline options after
+    the bare -- with ``--temp_location`` from ``--staging-location`` (``staging_beam_args``), and the staging
+    location (absolute if a local folder). ValueError naming the value, before anything is opened or charged,
+    for a staging location Beam has no filesystem for or one the Beam options contradict."""
+    location = getattr(args, "staging_location", None)
+    if location:
+        from apache_beam.io.filesystems import FileSystems
+
+        if FileSystems.get_scheme(location) is None:
+            location = os.path.abspath(location)
+        else:
+            try:
+                FileSystems.get_filesystem(location)
+            except ValueError:
+                raise ValueError(f"--staging-location {location!r} has no Beam filesystem: give a local folder or a "
+                                 "URL of a filesystem Beam has (gs://, s3://, hdfs://...)") from None
+    return staging_beam_args(list(getattr(args, "extra_args", [])), location), location or None
 
 
 def staging_beam_args(beam_args, staging_location):
@@ -106,7 +134,7 @@ def _run(args):
         if not 0 < args.confidence < 1:
             raise ValueError(f"confidence {args.confidence!r} must be in (0, 1)")
         check_run_limits(args)
-        beam_args = staging_beam_args(list(getattr(args, "extra_args", [])), getattr(args, "staging_location", None))
+        beam_args, staging = beam_options(args)
     except ValueError as exc:
         return _fail(str(exc))
     try:
@@ -116,7 +144,7 @@ def _run(args):
         ledger.claim(args.stream, [args.name or definition.name])  # one process runs a pipeline name at a time
         runner = build_runner(definition, args.db, args.stream, args.data_root, args.work_dir, args.target,
                               confidence=args.confidence, serving_dir=args.serving_dir, runner=args.runner,
-                              beam_args=beam_args, model=args.model, name=args.name)
+                              beam_args=beam_args, model=args.model, name=args.name, staging_location=staging)
         iterator = make_iterator(definition, ledger, runner, args, progress=lambda line: print(line, flush=True))
     except (LedgerError, ValueError) as exc:
         return _fail(str(exc))
@@ -185,12 +213,13 @@ class PipelineRunner:
 
 
 def build_runner(definition, db, stream, data_root, work_dir, target, confidence=0.95, serving_dir=None,
-                 runner="local", beam_args=(), model=None, name=None):
+                 runner="local", beam_args=(), model=None, name=None, staging_location=None):
     from sage_tfx.pipelines._runner import PipelineConfig
 
     config = PipelineConfig(name=name or definition.name, ledger=db, stream=stream, data_root=data_root,
                             work_dir=work_dir, target=target, confidence=confidence, serving_dir=serving_dir,
-                            runner=runner, beam_pipeline_args=list(beam_args), model=model)
+                            runner=runner, beam_pipeline_args=list(beam_args), model=model,
+                            staging_location=staging_location)
     return PipelineRunner(definition, config)
 
 

@@ -18,6 +18,11 @@ refused (exit 2) before anything is registered. Several hosts on one stream: giv
 its own pipeline names and work dir (docs/scale_out.md, "Several hosts on one
 PostgreSQL ledger").
 
+Beam: --runner, --staging-location and the Beam pipeline options after a bare -- are `sage run`'s (the same
+code, sage_tfx/cli/run.py ``beam_options``) and reach every worker's TFX runs, e.g. `sage serve ... --staging-location
+gs://bucket/staging -- --runner=PortableRunner --job_endpoint=HOST:PORT --environment_type=EXTERNAL
+--environment_config=HOST:POOL_PORT` for Beam workers that do not see --data-root (docs/scale_out.md).
+
 Exit codes: 0 every pipeline reached an outcome and the audit passed; 1 a pipeline
 failed or the audit did not pass; 2 bad input, or a pipeline name another process runs.
 
@@ -46,7 +51,7 @@ def _pipeline_arg(text):
 
 
 def add_parser(subparsers):
-    from sage_tfx.cli.run import add_rejection_share
+    from sage_tfx.cli.run import add_beam_options, add_rejection_share
 
     p = subparsers.add_parser("serve", help="serve several pipelines on one replayed stream",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,7 +71,7 @@ def add_parser(subparsers):
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--max-iterations", type=int, default=10)
     add_rejection_share(p)
-    p.add_argument("--runner", choices=("local", "beam"), default="local")
+    add_beam_options(p)  # --runner, --staging-location; Beam pipeline options after a bare --, as for `sage run`
     p.add_argument("--work-dir", default="sage_work")
     p.add_argument("--parallel", type=int, default=0, metavar="N",
                    help="at most N TFX runs at once (default 0: every pipeline at once; 1: one at a time). Each "
@@ -77,10 +82,22 @@ def add_parser(subparsers):
     p.set_defaults(func=_run)
 
 
+def worker_specs(args, beam_args=(), staging_location=None, key_file=None):
+    """One ``WorkerSpec`` per --pipeline of a parsed `sage serve` command line, carrying the Beam options
+    (``beam_options``: the args after a bare --, --temp_location from --staging-location) and BlockExampleGen's
+    staging location to each worker's TFX runs, as `sage run` passes them to its own."""
+    from sage_tfx.adaptive.workers import WorkerSpec
+
+    return [WorkerSpec(name, pipeline, target, model, args.db, args.stream, args.data_root, args.work_dir,
+                       confidence=args.confidence, runner=args.runner, max_iterations=args.max_iterations,
+                       rejection_share=args.rejection_share, key_file=key_file, beam_args=list(beam_args),
+                       staging_location=staging_location)
+            for name, pipeline, target, model in args.pipelines]
+
+
 def _run(args):
-    from sage_tfx import pipelines
-    from sage_tfx.adaptive.workers import ProcessPlatform, WorkerSpec
-    from sage_tfx.cli.run import build_runner, make_iterator
+    from sage_tfx.adaptive.workers import ProcessPlatform, build_worker_runner
+    from sage_tfx.cli.run import beam_options, make_iterator
     from sage_tfx.ingest.replay import Replay
     from sage_tfx.privacy import Ledger, LedgerError
     from sage_tfx.privacy.keys import ENV_KEY_FILE
@@ -94,7 +111,7 @@ def _run(args):
         names = [name for name, *_ in args.pipelines]
         if len(set(names)) != len(names):
             raise ValueError(f"pipeline names must be unique: {names}")
-        specs = []
+        beam_args, staging = beam_options(args)  # ValueError before anything is opened
         key_file = os.environ.get(ENV_KEY_FILE)  # --key-file, exported by the CLI; the workers get the path
         ledger = Ledger.open(args.db)
         ledger.stream(args.stream)
@@ -102,17 +119,12 @@ def _run(args):
         # the ledger) holding one of them is refused before anything is registered or charged.
         ledger.claim(args.stream, names)
         replay = Replay.from_file(ledger, args.stream, args.data_root, args.input, args.time_column, args.window)
-        for name, pipeline, target, model in args.pipelines:
-            definition = pipelines.load_pipeline(pipeline)
-            definition.check_target(target)
-            runner = build_runner(definition, args.db, args.stream, args.data_root, args.work_dir, target,
-                                  confidence=args.confidence, runner=args.runner, model=model, name=name)
-            # Validate the iterator settings now, before any budget is spent (the worker builds its own).
+        specs = worker_specs(args, beam_args, staging, key_file=key_file)
+        for spec in specs:
+            # Validate the pipeline and its iterator settings now, before any budget is spent (the worker builds
+            # its own, from the same spec).
+            definition, runner = build_worker_runner(spec)
             make_iterator(definition, ledger, runner, args)
-            specs.append(WorkerSpec(name, pipeline, target, model, args.db, args.stream, args.data_root,
-                                    args.work_dir, confidence=args.confidence, runner=args.runner,
-                                    max_iterations=args.max_iterations, rejection_share=args.rejection_share,
-                                    key_file=key_file))
     except (LedgerError, ValueError) as exc:
         print(f"sage serve: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
