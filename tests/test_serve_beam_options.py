@@ -104,3 +104,39 @@ def test_serve_refuses_a_bad_staging_location_before_registering_anything(tmp_pa
         assert ledger.pipelines("s") == []  # nothing registered (nor claimed, nor charged)
         assert ledger.audit().ok
     assert not os.path.exists(tmp_path / "data")
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_serve_runs_an_iteration_on_multi_processing_workers_with_a_staging_dir(tmp_path):
+    """One `sage serve` iteration of one pipeline whose Beam jobs run on the DirectRunner's multi_processing
+    workers (other processes: module files travel as wheels), BlockExampleGen staging the granted sealed files
+    under --staging-location: an outcome, the staging_location recorded on BlockExampleGen's MLMD execution, the
+    staged run deleted, the audit OK and no block over budget."""
+    from ml_metadata.metadata_store import metadata_store
+
+    from sage_tfx.data.taxi import taxi_csv_path
+    from sage_tfx.pipelines._runner import metadata_config
+
+    db, staging = tmp_path / "ledger.db", tmp_path / "staging"
+    staging.mkdir()
+    init = subprocess.run([sys.executable, "-m", "sage_tfx", "ledger", "init", "--db", db, "--stream", "taxi",
+                           "--epsilon", "1", "--delta", "1e-6"], capture_output=True, text=True)
+    assert init.returncode == 0, init.stderr
+    proc = subprocess.run([sys.executable, "-m", "sage_tfx", "serve", "--db", db, "--stream", "taxi", "--data-root",
+                           tmp_path / "data", "--input", taxi_csv_path("simple"), "--time-column",
+                           "trip_start_timestamp", "--window", "1d", "--initial-blocks", "256", "--blocks-per-step",
+                           "256", "--pipeline", "easy=taxi_regression:3000000", "--max-iterations", "1",
+                           "--rejection-share", "0", "--work-dir", tmp_path / "work", "--staging-location", staging,
+                           "--", *BEAM], capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "easy: ACCEPT after 1 iteration(s)" in proc.stdout and "audit: OK" in proc.stdout, proc.stdout
+    store = metadata_store.MetadataStore(metadata_config(str(tmp_path / "work" / "tfx" / "easy" / "metadata.sqlite")))
+    gens = [e for e in store.get_executions() if "BlockExampleGen" in e.type]
+    assert gens and all(e.custom_properties["staging_location"].string_value == str(staging) for e in gens)
+    assert os.listdir(staging) == []  # the staged run was deleted
+    with Ledger.open(db) as ledger:
+        assert ledger.audit().ok
+        budget = ledger.stream("taxi").epsilon
+        assert all(b.spent[0] <= budget + 1e-9 for b in ledger.blocks("taxi"))
+        assert len(ledger.history("taxi", "easy")) == 1

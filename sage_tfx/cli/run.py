@@ -9,7 +9,8 @@ Beam pipeline options go after a bare --, e.g. `sage run ... -- --direct_num_wor
 with an external SDK worker pool (docs/scale_out.md, "PortableRunner with an external worker pool"):
 `sage run ... --runner beam -- --runner=PortableRunner --job_endpoint=HOST:PORT --environment_type=EXTERNAL
 --environment_config=HOST:POOL_PORT --sdk_worker_parallelism=2`; module files are then staged with each Beam job
-as a wheel (--extra_package), and the workers need the data root and --work-dir at the same paths.
+as a wheel (--extra_package), and the workers need --work-dir at the same path, and the data root too unless
+--staging-location URL_OR_DIR is given (BlockExampleGen then stages the granted sealed files there for them).
 
 --check runs one iteration on GENERATED rows of the stream's schema in a throwaway ledger first: schema
 and module errors show there, before anything is charged. With --target it then estimates the rows the
