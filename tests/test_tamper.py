@@ -148,8 +148,11 @@ def t_meta_secret_reinserted(path, grant):
 
 
 def t_schema_version_edited(path, grant):
-    sql(path, "UPDATE meta SET value = '03' WHERE key = 'schema_version'")
-    return "meta's schema_version is '03'"
+    # the current version spelled differently ('04'): opened as is, not migrated, and named by the audit
+    from sage_tfx.privacy.store import SCHEMA_VERSION
+
+    sql(path, "UPDATE meta SET value = ? WHERE key = 'schema_version'", (f"0{SCHEMA_VERSION}",))
+    return f"meta's schema_version is '0{SCHEMA_VERSION}'"
 
 
 CASES = [t_chain_recomputed, t_last_grant_truncated, t_log_body_edited, t_log_reordered, t_forged_zero_cost_grant,

@@ -17,7 +17,15 @@ accounting): every active block's availability for one pipeline, as ONE
 ``available_epsilon`` transaction and bisection per block, newest first), on the same
 ledger in the same run; the figure is the loop's time over the call's, and the two
 must return the same values.
+
+``add_blocks`` times adding blocks to a young and to an old stream (``--growth-blocks``,
+default 100,000): one ``Ledger.add_blocks`` of ``--growth-batch`` (1,000) GENERATED hourly
+blocks, with content digests and two pipelines waiting (so each block also gets their
+reservations), on a stream of 1,000 blocks and on one of 100,000, alternating, in the same
+ledger and the same run; the figure is the cost per added block at each size and their
+ratio (goal: at most 2), and the ledger is audited afterwards.
 """
+import hashlib
 import json
 import multiprocessing
 import os
@@ -31,6 +39,8 @@ import uuid
 LEDGER_FILE_SUFFIXES = ("", "-wal", "-shm", ".key", ".key.head", ".key.head.lock")
 
 GOAL_RATIO = 0.5
+GOAL_GROWTH_RATIO = 2.0  # cost per added block at --growth-blocks over at 1,000 blocks
+YOUNG_BLOCKS = 1000
 
 
 def add_arguments(parser):
@@ -43,6 +53,10 @@ def add_arguments(parser):
                         help="directory for the databases (default: a fresh temporary directory)")
     parser.add_argument("--choose-blocks", type=int, default=1400, metavar="N",
                         help="blocks in the stream for the choose_blocks figure (0: skip it)")
+    parser.add_argument("--growth-blocks", type=int, default=100_000, metavar="N",
+                        help="blocks in the old stream for the add_blocks figure (0: skip it)")
+    parser.add_argument("--growth-batch", type=int, default=1000, metavar="N",
+                        help="blocks per timed add_blocks call for the add_blocks figure")
     parser.add_argument("--postgres", default=None, metavar="URL",
                         help="also measure against a PostgreSQL database (tables are added to it)")
 
@@ -270,6 +284,65 @@ def _measure_choice(db_dir, n_blocks, repeats):
             "speedup_is": "median per-block-loop time / median available_per_block time, same ledger, same run"}
 
 
+# ------------------------------------------------------------------ add_blocks on a young and an old stream
+def _growth_batch(stream, first, count):
+    """GENERATED hourly blocks ``first`` .. ``first + count - 1`` of ``stream``, each with a distinct digest."""
+    hour = 3600.0
+    return [dict(id=f"b{i:07d}", start=i * hour, end=(i + 1) * hour, rows=100,
+                 digest=hashlib.sha256(f"{stream}/{i}".encode()).hexdigest()) for i in range(first, first + count)]
+
+
+def _growth_stream(ledger, stream, size, batch):
+    ledger.create_stream(stream, 10.0, 1e-6)
+    for pipeline in ("p1", "p2"):  # waiting: every new block gets their reservations (and a log entry for them)
+        ledger.register(stream, pipeline)
+    for first in range(0, size, batch):
+        ledger.add_blocks(stream, _growth_batch(stream, first, min(batch, size - first)))
+
+
+def _timed_add(ledger, stream, first, batch):
+    start = time.perf_counter()
+    ledger.add_blocks(stream, _growth_batch(stream, first, batch))
+    return (time.perf_counter() - start) / batch
+
+
+def _measure_growth(location, n_old, batch, repeats, label):
+    """Cost per added block on a YOUNG_BLOCKS-block stream and on an ``n_old``-block one, same ledger, same run."""
+    from sage_tfx.privacy import Ledger
+
+    run_id = uuid.uuid4().hex[:12]
+    old = f"old-{run_id}"
+    with Ledger.open(location, create=True) as ledger:
+        start = time.perf_counter()
+        _growth_stream(ledger, old, n_old, batch)
+        grow_s = time.perf_counter() - start
+        young_costs, old_costs = [], []
+        for r in range(repeats):  # alternate, so load on the machine hits both alike
+            young = f"young-{run_id}-{r}"
+            _growth_stream(ledger, young, YOUNG_BLOCKS, batch)
+            young_costs.append(_timed_add(ledger, young, YOUNG_BLOCKS, batch))
+            old_costs.append(_timed_add(ledger, old, n_old + r * batch, batch))
+            print(f"[bench ledger] add_blocks, {label}, run {r + 1}/{repeats}: {young_costs[-1] * 1e3:.3f} ms per "
+                  f"block at {YOUNG_BLOCKS:,} blocks, {old_costs[-1] * 1e3:.3f} ms at {n_old + r * batch:,}",
+                  file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        audit_ok = ledger.audit().ok and len(ledger.blocks(old)) == n_old + repeats * batch
+        audit_s = time.perf_counter() - start
+    young_ms, old_ms = statistics.median(young_costs) * 1e3, statistics.median(old_costs) * 1e3
+    ratio = old_ms / young_ms
+    print(f"[bench ledger] add_blocks, {label}: {young_ms:.3f} ms per block at {YOUNG_BLOCKS:,} blocks, "
+          f"{old_ms:.3f} ms at {n_old:,} (ratio {ratio:.2f}); audit {'ok' if audit_ok else 'FAILED'} "
+          f"in {audit_s:.1f} s", file=sys.stderr, flush=True)
+    return {"young_blocks": YOUNG_BLOCKS, "old_blocks": n_old, "batch": batch, "repeats": repeats,
+            "ms_per_block_young": round(young_ms, 4), "ms_per_block_old": round(old_ms, 4),
+            "ratio": round(ratio, 3), "goal_ratio": GOAL_GROWTH_RATIO, "meets_goal": ratio <= GOAL_GROWTH_RATIO,
+            "audit_ok": audit_ok, "grow_seconds": round(grow_s, 1), "audit_seconds": round(audit_s, 1),
+            "young_runs_ms": [round(c * 1e3, 4) for c in young_costs],
+            "old_runs_ms": [round(c * 1e3, 4) for c in old_costs],
+            "ratio_is": "median ms per block of one add_blocks of `batch` blocks (windows, digests, 2 waiting "
+                        "pipelines) on the old stream / the same on a young stream, alternating, same ledger, same run"}
+
+
 def _filesystem(path):
     """The mount (device, type) holding ``path``, from /proc/mounts (Linux), for the record."""
     path = os.path.realpath(path)
@@ -292,6 +365,9 @@ def _check_args(args):
         raise SystemExit(f"sage bench ledger: --writers {args.writers!r} must be comma-separated integers")
     if not writer_counts or any(w < 1 for w in writer_counts):
         raise SystemExit(f"sage bench ledger: --writers {args.writers!r} must list writer counts >= 1")
+    if args.growth_blocks < 0 or args.growth_batch < 1:
+        raise SystemExit(f"sage bench ledger: --growth-blocks {args.growth_blocks} must be >= 0 and --growth-batch "
+                         f"{args.growth_batch} >= 1")
     if args.choose_blocks < 0:
         raise SystemExit(f"sage bench ledger: --choose-blocks {args.choose_blocks} must be >= 0")
     for name in ("grants", "blocks", "repeats"):
@@ -331,8 +407,17 @@ def run(args):
     }
     if args.choose_blocks:
         figures["choose_blocks"] = _measure_choice(db_dir, args.choose_blocks, args.repeats)
+    if args.growth_blocks:
+        path = os.path.join(db_dir, f"growth-{uuid.uuid4().hex[:12]}.db")
+        figures["add_blocks"] = _measure_growth(path, args.growth_blocks, args.growth_batch, args.repeats, "sqlite")
+        for suffix in LEDGER_FILE_SUFFIXES:
+            if os.path.exists(path + suffix):
+                os.remove(path + suffix)
     if args.postgres:
         figures["postgres"] = _measure(_postgres_pair, args.postgres, args, writer_counts, "postgresql")
+        if args.growth_blocks:
+            figures["postgres_add_blocks"] = _measure_growth(args.postgres, args.growth_blocks, args.growth_batch,
+                                                             args.repeats, "postgresql")
     if not args.db_dir:
         try:
             os.rmdir(db_dir)

@@ -463,15 +463,23 @@ class Ledger:
         """
         checked = [self._check_block(**b) for b in blocks]
         ids = [b[0] for b in checked]
-        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        dupes = sorted(i for i, n in collections.Counter(ids).items() if n > 1)
         if dupes:
             raise LedgerError(f"block id(s) given more than once: {', '.join(dupes)}")
         allowed = set(allow_duplicate_of or ())
         with self._store.transaction() as tx:
             s = self.stream(stream, tx)
             filt = s.filter()
-            for block_id in ids:  # before the digest check: a block of this stream is never taken for a copy
-                if tx.one("SELECT 1 FROM blocks WHERE stream = ? AND id = ?", (stream, block_id)):
+            # before the digest check: a block of this stream is never taken for a copy. One query per 500 ids
+            # (primary key look-ups), so the cost does not grow with the stream (docs/BENCHMARKS.md).
+            existing = set()
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                existing.update(r[0] for r in tx.all(
+                    f"SELECT id FROM blocks WHERE stream = ? AND id IN ({','.join('?' * len(chunk))})",
+                    [stream, *chunk]))
+            for block_id in ids:
+                if block_id in existing:
                     raise LedgerError(f"block {block_id!r} already exists in stream {stream!r}")
             owners = self._digest_owners(tx, [b[-1] for b in checked if b[-1]], stream)
             for args in checked:
@@ -527,13 +535,20 @@ class Ledger:
         return block_id, start, end, shard, rows, created, digest
 
     def _insert_block(self, tx, stream, filt, waiting, share, block_id, start, end, shard, rows, created, digest=None):
-        if tx.one("SELECT 1 FROM blocks WHERE stream = ? AND id = ?", (stream, block_id)):
-            raise LedgerError(f"block {block_id!r} already exists in stream {stream!r}")
+        # The caller (add_blocks) refused ids present in the stream or repeated in the batch, in the same transaction.
         if start is not None:
+            # Does [start, end) overlap a window of the stream? The windows already there are pairwise disjoint
+            # (each was checked here), so it is enough to look at the ONE window that starts last before ``end``:
+            # if some window B overlaps (B.start < end, B.end > start) and the last-starting one M is not B, then
+            # B.start < M.start, so M.start >= B.end > start, and M overlaps too (M.end > M.start > start). The
+            # look-up is one descent of the (stream, start_ts) index, not a scan of every older window.
             clash = tx.one(
-                "SELECT id FROM blocks WHERE stream = ? AND start_ts < ? AND end_ts > ?", (stream, end, start)
+                "SELECT id FROM (SELECT id, end_ts FROM blocks WHERE stream = ? AND start_ts < ?"
+                " ORDER BY start_ts DESC LIMIT 1) last_window WHERE end_ts > ?", (stream, end, start)
             )
-            if clash:
+            if clash:  # refused: name the earliest overlapping window, as the scan this replaced did
+                clash = tx.one("SELECT id FROM blocks WHERE stream = ? AND start_ts < ? AND end_ts > ?"
+                               " ORDER BY start_ts LIMIT 1", (stream, end, start)) or clash
                 raise LedgerError(f"block {block_id!r}: window [{start}, {end}) overlaps block {clash[0]!r}")
         if shard is not None:
             clash = tx.one("SELECT id FROM blocks WHERE stream = ? AND shard = ?", (stream, shard))
@@ -1148,7 +1163,8 @@ class Ledger:
 
     # ------------------------------------------------------------------- audit
     def _log(self, tx, kind, body):
-        last = tx.one("SELECT seq, hash FROM log ORDER BY seq DESC LIMIT 1")
+        # The entry this write transaction logged last is the log's last one (a write transaction is exclusive).
+        last = getattr(tx, "head", None) or tx.one("SELECT seq, hash FROM log ORDER BY seq DESC LIMIT 1")
         seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
         text = _canonical(body)
         value = self._keys.chain_value(prev, seq, kind, text)
