@@ -209,10 +209,10 @@ class GrantedExecutor:
     and closes the connection when the run ends, whatever happens. Override it to add checks (call the
     base first) or to resolve the grant differently.
 
-    BlockExampleGen's executor can use it the same way: ``class Executor(GrantedExecutor,
-    base_beam_executor.BaseBeamExecutor)``, then ``with self.CheckGrant(exec_properties,
-    stream=exec_properties.get("stream")) as run:`` and ``run.ledger`` for ``grant_blocks``,
-    ``run.released_record_count()`` for the DP count: one connection instead of three.
+    All four data-reading executors use it. BlockExampleGen's does so as a Beam executor: ``class
+    Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor)``, then ``with self.CheckGrant(exec_properties,
+    stream=exec_properties.get("stream")) as run:``, ``run.ledger`` for ``grant_blocks`` and
+    ``run.released_record_count()`` for the DP count (tests/test_block_example_gen_grant_step.py).
     """
 
     @contextlib.contextmanager
