@@ -1,0 +1,438 @@
+"""`sage release ...`: the stream release strategies of issue 14 from the command line (docs/release_strategies.md).
+
+  sage release continual --db LEDGER --stream S --data-root DIR --pipeline NAME --label COL --features C1,C2
+      --loss logistic|squared --epsilon E --delta D --rows-per-block M [--window W] [--push-dir DIR]
+      [--sla-target LOSS --sla-epsilon E2 [--sla-confidence C] [--sla-loss-bound B]] [--json]
+  sage release incremental-regression ... the same feature options ... --horizon T [--bound-x BX --bound-y BY]
+
+Each command releases one model for every block of the stream this pipeline has not yet observed, in the
+ledger's block order, through ``sage_tfx.release.continual`` (ContinualRelease / SlidingWindowRelease) or
+``sage_tfx.release.incremental_regression`` (IncrementalRegression): each new block is charged its whole
+per-record bound in ONE grant (meta naming the strategy and its parameters) BEFORE it is read through
+``sage_tfx.ingest.access.grant_blocks``.
+
+Restart: nothing is kept outside the ledger. The state is re-derived from the ledger's grants of this
+pipeline on this stream: the blocks already granted are REPLAYED under their existing grants (no new charge;
+each grant's release is re-opened with the same computation fingerprint, which the ledger allows; the noise
+is keyed by the grant's private seed, so the replayed models are the models released before), then every
+block without a grant is charged and released. A run with parameters other than those signed into the
+pipeline's grants is refused (exit 2) before anything is charged: a second strategy instance on the same
+blocks would be a second charge the analysis did not count -- use another --pipeline.
+
+Features: the named numeric columns of the stream's schema, each divided by its public --scales divisor
+(default 1); a missing or non-finite value becomes 0 (a public default, never an error naming a record); then
+clipped as the strategy declares (continual: ||x|| <= 1, logistic labels {-1, +1} by value > --positive-above,
+squared labels / --label-scale clipped to [-1, 1]; incremental regression: ||x|| <= --bound-x, |y| <= --bound-y).
+
+Exit codes (sage_tfx.cli._exits): 0 success; 1 a release failed after its charge; 2 bad input (nothing
+charged); 3 the budget refused a block's charge (that block and later ones are not released; earlier ones are).
+"""
+import argparse
+import json
+import math
+import sys
+
+from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REFUSED
+from ._keys import add_key_file
+
+NUMERIC_TYPES = ("float", "int")
+
+
+class _BadInput(Exception):
+    """A bad command-line value, found before anything was charged (exit 2)."""
+
+
+def add_parser(subparsers):
+    parser = subparsers.add_parser("release", help="continual / sliding-window / incremental-regression release "
+                                   "of a model at every block of a stream", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="strategy", metavar="STRATEGY")
+    sub.required = True
+    cont = sub.add_parser("continual", help="a regularised ERM model (logistic / least squares) at every block, "
+                          "all history or a sliding window (Watson et al.)",
+                          description="Continual (all history) or, with --window, sliding-window release of a "
+                                      "regularised ERM model at every new block; each block is charged its whole "
+                                      "per-record bound (--epsilon, --delta) once, before it is read.")
+    _common(cont)
+    cont.add_argument("--loss", choices=("logistic", "squared"), default="logistic")
+    cont.add_argument("--rows-per-block", type=int, required=True, metavar="M",
+                      help="the DECLARED records per block m0 that normalises the objective (public; the "
+                           "sensitivity is 1/(lam * blocks * M), whatever the data holds)")
+    cont.add_argument("--window", type=int, default=None, metavar="W",
+                      help="sliding window in blocks (default: all history, the cumulative release)")
+    cont.add_argument("--lam", type=float, default=0.05, help="ridge weight lam (default 0.05)")
+    cont.add_argument("--radius", type=float, default=10.0, help="parameter-ball radius R (default 10)")
+    cont.add_argument("--positive-above", type=float, default=0.0, metavar="VALUE",
+                      help="logistic: a label is +1 iff its value > VALUE (default 0), else -1")
+    cont.add_argument("--push-dir", default=None, metavar="DIR",
+                      help="write every model to DIR/model-<t>/ (BLESSED iff its SLA check ACCEPTed or none is set)")
+    cont.add_argument("--sla-target", type=float, default=None, metavar="LOSS",
+                      help="SLA: ACCEPT a model iff its expected (clipped) loss is <= LOSS (DPLossValidator), "
+                           "checked on the newest block's test part; needs --sla-epsilon")
+    cont.add_argument("--sla-epsilon", type=float, default=None, metavar="E",
+                      help="the SLA check's epsilon (<= --epsilon: a parallel train/test split of each block)")
+    cont.add_argument("--sla-confidence", type=float, default=0.95, help="SLA confidence 1 - eta (default 0.95)")
+    cont.add_argument("--sla-loss-bound", type=float, default=5.0, metavar="B",
+                      help="losses are clipped to [0, B] for the SLA check (default 5)")
+    cont.set_defaults(func=run_continual)
+
+    inc = sub.add_parser("incremental-regression", help="a least-squares regressor at every block by the Tree "
+                         "Mechanism over a declared horizon (Kasiviswanathan et al.)",
+                         description="PrivIncReg1: a linear regressor released at every new block, up to "
+                                     "--horizon blocks; each block is charged the whole-horizon bound "
+                                     "(--epsilon, --delta) once, before it is read.")
+    _common(inc)
+    inc.add_argument("--horizon", type=int, required=True, metavar="T", help="the blocks this pipeline will "
+                     "ever take (the charge covers T; more blocks need a new --pipeline)")
+    inc.add_argument("--bound-x", type=float, default=1.0, help="feature clipping ||x|| <= BX (default 1)")
+    inc.add_argument("--bound-y", type=float, default=1.0, help="label clipping |y| <= BY (default 1)")
+    inc.add_argument("--radius", type=float, default=10.0, help="the regressor's L2 ball R (default 10)")
+    inc.add_argument("--iterations", type=int, default=200, help="projected-gradient steps per release")
+    inc.set_defaults(func=run_incremental)
+
+
+def _common(p):
+    p.add_argument("--db", required=True, help="ledger file or postgresql:// URL")
+    p.add_argument("--stream", required=True)
+    p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")
+    p.add_argument("--pipeline", required=True, help="the name charged in the ledger; its grants are the state")
+    p.add_argument("--label", required=True, metavar="COL", help="the label column (numeric)")
+    p.add_argument("--features", required=True, metavar="C1,C2,...", help="numeric feature columns")
+    p.add_argument("--scales", default=None, metavar="S1,S2,...",
+                   help="public divisors of the features, one per column (default 1 each)")
+    p.add_argument("--label-scale", type=float, default=1.0, help="public divisor of the label (default 1)")
+    p.add_argument("--intercept", action="store_true", help="append a constant feature 1 (after scaling)")
+    p.add_argument("--epsilon", type=float, required=True, help="each block's whole-lifetime epsilon")
+    p.add_argument("--delta", type=float, required=True, help="each block's whole-lifetime delta (> 0)")
+    p.add_argument("--json", action="store_true", help="print the released models' summary as JSON on stdout "
+                   "(progress lines go to stderr)")
+    add_key_file(p)
+
+
+# ------------------------------------------------------------------ shared checks and reading
+def _features(args, schema):
+    cols = [c.strip() for c in args.features.split(",") if c.strip()]
+    if not cols:
+        raise _BadInput(f"--features {args.features!r} names no column: give C1,C2,... of the stream's schema")
+    if len(set(cols)) != len(cols):
+        raise _BadInput(f"--features {args.features!r} names a column twice: give each once")
+    for c in cols + [args.label]:
+        if c not in schema:
+            raise _BadInput(f"column {c!r} is not in stream {args.stream!r}'s schema: use one of "
+                            f"{', '.join(sorted(n for n, t in schema.items() if t in NUMERIC_TYPES))}")
+        if schema[c] not in NUMERIC_TYPES:
+            raise _BadInput(f"column {c!r} is {schema[c]}, not numeric: give a float or int column")
+    if args.scales is None:
+        scales = [1.0] * len(cols)
+    else:
+        try:
+            scales = [float(s) for s in args.scales.split(",")]
+        except ValueError:
+            raise _BadInput(f"--scales {args.scales!r} is not a list of numbers: give S1,S2,... (> 0)") from None
+        if len(scales) != len(cols):
+            raise _BadInput(f"--scales {args.scales!r} has {len(scales)} value(s) for {len(cols)} feature(s): "
+                            "give one divisor per column")
+    for name, s in [("--scales", s) for s in scales] + [("--label-scale", args.label_scale)]:
+        if not (math.isfinite(s) and s > 0):
+            raise _BadInput(f"{name} value {s!r} is invalid: give a finite divisor > 0")
+    return cols, scales
+
+
+def _featurizer(schema, cols, scales, label, label_scale, intercept):
+    """records -> (X, y): the scaled columns (missing / non-finite -> 0, a public default), label / label_scale."""
+    import numpy as np
+
+    from sage_tfx.ingest.records import decode
+
+    def featurize(records):
+        batch = decode(records, schema)
+
+        def col(name):
+            v = np.array([(float(x[0]) if x else 0.0) for x in batch.column(name).to_pylist()], dtype=np.float64)
+            return np.where(np.isfinite(v), v, 0.0)
+
+        parts = [col(c) / s for c, s in zip(cols, scales)]
+        if intercept:
+            parts.append(np.ones(batch.num_rows))
+        x = np.stack(parts, 1) if parts else np.zeros((batch.num_rows, 0))
+        return x, col(label) / label_scale
+
+    return featurize
+
+
+def _open(args):
+    """The ledger and the stream's schema; a _BadInput if either is missing (nothing charged)."""
+    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.privacy import Ledger
+    from sage_tfx.privacy.errors import SageError
+
+    try:
+        ledger = Ledger.open(args.db)
+    except (SageError, OSError, ValueError) as exc:
+        raise _BadInput(f"--db {args.db!r}: {exc}") from None
+    try:
+        ledger.stream(args.stream)
+    except SageError as exc:
+        ledger.close()
+        raise _BadInput(f"--stream {args.stream!r}: {exc}") from None
+    config = stream_config(args.data_root, args.stream)
+    if config is None:
+        ledger.close()
+        raise _BadInput(f"--data-root {args.data_root!r} holds no stream {args.stream!r}: give the directory "
+                        "`sage ingest` wrote it to")
+    return ledger, dict(config["schema"])
+
+
+def _previous(ledger, args, strategies, meta):
+    """The grants of this pipeline on this stream, in charge order, {block: grant}; refused unless every one is a
+    one-block grant of this strategy with exactly these parameters."""
+    previous = {}
+    for g in ledger.grants(args.stream):
+        if g.pipeline != args.pipeline:
+            continue
+        mismatch = None
+        if len(g.blocks) != 1 or g.meta.get("strategy") not in strategies:
+            mismatch = f"grant {g.id} is not a {'/'.join(strategies)} grant (strategy {g.meta.get('strategy')!r})"
+        else:
+            diff = _meta_diff(g.meta, meta)
+            if diff:
+                mismatch = ("its grants were charged with " + ", ".join(f"{k}={g.meta.get(k)!r}" for k in diff)
+                            + ", this run asks for " + ", ".join(f"{k}={meta.get(k)!r}" for k in diff))
+        if mismatch:
+            raise _BadInput(f"--pipeline {args.pipeline!r} already released on stream {args.stream!r} with other "
+                            f"parameters: {mismatch}; rerun with the same parameters to resume, or give a new "
+                            "--pipeline (its blocks are charged again)")
+        previous[g.blocks[0]] = g
+    return previous
+
+
+def _meta_diff(signed, ours):
+    """The keys where a grant's signed meta and this run's meta differ; ``split`` is the ledger's own addition
+    (derived from epsilon and validation_epsilon, which are compared)."""
+    keys = sorted((set(signed) | set(ours)) - {"split"})
+    return [k for k in keys if signed.get(k) != ours.get(k)]
+
+
+class _ResumingLedger:
+    """The ledger, except that ``request`` for a block this pipeline already holds a grant for returns that
+    grant (no new charge) -- how a restart replays the blocks it observed before. Everything else is the
+    ledger's own (``release`` re-opens the same computation; ``private_seed`` gives the same noise)."""
+
+    def __init__(self, ledger, previous):
+        self._ledger, self._previous, self.replayed = ledger, dict(previous), set()
+
+    def request(self, pipeline, stream, blocks=None, **kwargs):
+        if blocks and len(blocks) == 1 and blocks[0] in self._previous:
+            grant = self._previous[blocks[0]]
+            if _meta_diff(grant.meta, kwargs.get("meta") or {}) or grant.pipeline != pipeline or grant.stream != stream:
+                raise RuntimeError(f"grant {grant.id} does not match the resumed strategy")  # checked up front
+            self.replayed.add(blocks[0])
+            return self._ledger.verify(grant)
+        return self._ledger.request(pipeline, stream, blocks=blocks, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._ledger, name)
+
+
+def _say(args, line):
+    print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def _spent_line(grant, replayed):
+    if replayed:
+        return f"resumed (grant {grant.id}, nothing charged)"
+    return f"charged eps {grant.epsilon:g} delta {grant.delta:g}"
+
+
+def _finish(args, ledger, summary, code):
+    report = ledger.audit()
+    summary["audit_ok"] = bool(report.ok)
+    ledger.close()
+    if args.json:
+        print(json.dumps(summary, indent=1, sort_keys=True))
+    else:
+        n_new, n_old = summary["charged_blocks"], summary["resumed_blocks"]
+        print(f"[{summary['command']}] {n_new} block(s) charged and released, {n_old} resumed without a charge; "
+              f"audit {'OK' if report.ok else 'FAILED'}")
+    return code if report.ok or code != EXIT_OK else EXIT_FAILED
+
+
+# ------------------------------------------------------------------ continual / sliding window
+def run_continual(args):
+    from sage_tfx.privacy.errors import BudgetRefused, SageError
+
+    try:
+        ledger, schema = _open(args)
+    except _BadInput as exc:
+        return _bad(exc)
+    try:
+        try:
+            release, validator, previous, new_blocks, resuming = _prepare_continual(args, ledger, schema)
+        except (_BadInput, SageError, ValueError) as exc:
+            ledger.close()
+            return _bad(exc)
+        summary = {"command": "continual", "strategy": release.strategy.value, "stream": args.stream,
+                   "pipeline": args.pipeline, "epsilon": args.epsilon, "delta": args.delta,
+                   "params": release.meta, "fingerprint": release.fingerprint, "models": [],
+                   "charged_blocks": 0, "resumed_blocks": 0}
+        code = EXIT_OK
+        from sage_tfx.release.continual import check_sla, push_model
+
+        tag = "continual" if args.window is None else "sliding-window"
+        for block in list(previous) + new_blocks:
+            try:
+                model = release.observe(block)
+            except BudgetRefused as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                code = EXIT_REFUSED
+                break
+            except SageError as exc:  # a charge already made stays spent (the ledger's rule)
+                print(f"error: block {block}: {exc}", file=sys.stderr)
+                code = EXIT_FAILED
+                break
+            replayed = block in resuming.replayed
+            grant = release.grants[block]
+            try:
+                result = check_sla(release, model, validator) if validator is not None else None
+                folder = push_model(args.push_dir, model, result) if args.push_dir else None
+            except SageError as exc:  # e.g. a replay whose SLA computation differs: the ledger refuses it
+                print(f"error: block {block}: {exc}", file=sys.stderr)
+                code = EXIT_FAILED
+                break
+            sla = None if result is None else str(result.outcome)
+            summary["resumed_blocks" if replayed else "charged_blocks"] += 1
+            _say(args, f"[{tag}] block {block}: t={model.t} kind={model.kind} {_spent_line(grant, replayed)}"
+                       + (f" SLA {sla}" if sla else "") + (f" pushed {folder}" if folder else ""))
+            summary["models"].append({"t": model.t, "block": block, "kind": model.kind, "grant": grant.id,
+                                      "charged": not replayed, "window_blocks": list(model.blocks),
+                                      "weights": [float(w) for w in model.weights], "sla": sla,
+                                      "pushed": folder})
+        return _finish(args, ledger, summary, code)
+    except BaseException:
+        ledger.close()
+        raise
+
+
+def _prepare_continual(args, ledger, schema):
+    """Every check, before any charge: the columns, the parameters, the SLA validator, the pipeline's past."""
+    from sage_tfx.release.continual import ContinualRelease, ReleaseParams, SlidingWindowRelease, Strategy
+    from sage_tfx.release.continual import grant_reader
+
+    cols, scales = _features(args, schema)
+    dim = len(cols) + (1 if args.intercept else 0)
+    if args.sla_target is None and args.sla_epsilon is not None or args.sla_target is not None \
+            and args.sla_epsilon is None:
+        raise _BadInput("--sla-target and --sla-epsilon go together: give both for an SLA check, or neither")
+    if args.push_dir is not None:  # made now: an unwritable folder must fail before any charge
+        import os
+
+        try:
+            os.makedirs(args.push_dir, exist_ok=True)
+        except OSError as exc:
+            raise _BadInput(f"--push-dir {args.push_dir!r} cannot be created ({exc.strerror}): give a writable "
+                            "directory") from None
+    params = ReleaseParams(epsilon=args.epsilon, delta=args.delta, records_per_block=args.rows_per_block,
+                           lam=args.lam, radius=args.radius, loss=args.loss, window=args.window)
+    validator = None
+    if args.sla_target is not None:
+        from sage_tfx.validation.loss import DPLossValidator
+
+        validator = DPLossValidator(args.sla_target, args.sla_epsilon, args.sla_confidence,
+                                    loss_bound=args.sla_loss_bound)
+    label_pos = args.positive_above
+    featurize = _featurizer(schema, cols, scales, args.label, args.label_scale, args.intercept)
+    if args.loss == "logistic":  # the label is +1 iff its value > --positive-above (clip_features: y > 0 -> +1)
+        base = featurize
+
+        def featurize(records):
+            x, y = base(records)
+            return x, (y > label_pos / args.label_scale).astype(float) * 2 - 1
+
+    cls = ContinualRelease if args.window is None else SlidingWindowRelease
+    probe = cls(ledger, args.stream, args.pipeline, params, lambda g: None, dim=dim,
+                validation_epsilon=None if validator is None else float(validator.epsilon))
+    previous = _previous(ledger, args, {s.value for s in Strategy}, probe.meta)
+    resuming = _ResumingLedger(ledger, previous)
+    release = cls(resuming, args.stream, args.pipeline, params, grant_reader(ledger, args.data_root, featurize),
+                  dim=dim, validation_epsilon=probe.validation_epsilon)
+    new_blocks = [b.id for b in ledger.blocks(args.stream) if b.id not in previous]
+    return release, validator, previous, new_blocks, resuming
+
+
+# ------------------------------------------------------------------ incremental regression
+def run_incremental(args):
+    from sage_tfx.privacy.errors import BudgetRefused, SageError
+
+    try:
+        ledger, schema = _open(args)
+    except _BadInput as exc:
+        return _bad(exc)
+    try:
+        try:
+            inc, previous, new_blocks, resuming = _prepare_incremental(args, ledger, schema)
+        except (_BadInput, SageError, ValueError) as exc:
+            ledger.close()
+            return _bad(exc)
+        p = inc.params
+        summary = {"command": "incremental-regression", "strategy": "incremental_regression",
+                   "stream": args.stream, "pipeline": args.pipeline, "epsilon": args.epsilon, "delta": args.delta,
+                   "params": p.meta(), "fingerprint": inc.fingerprint, "models": [], "charged_blocks": 0,
+                   "resumed_blocks": 0, "unobserved": []}
+        code = EXIT_OK
+        blocks = list(previous) + new_blocks
+        room = max(0, p.horizon - len(previous))
+        if len(new_blocks) > room:
+            summary["unobserved"] = new_blocks[room:]
+            blocks = list(previous) + new_blocks[:room]
+            print(f"warning: horizon {p.horizon} reached: {len(new_blocks) - room} block(s) left unobserved "
+                  "(the charge covers the horizon only); give a new --pipeline with a new --horizon",
+                  file=sys.stderr)
+        for block in blocks:
+            try:
+                out = inc.arrive(block)
+            except BudgetRefused as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                code = EXIT_REFUSED
+                break
+            except SageError as exc:  # a charge already made stays spent (the ledger's rule)
+                print(f"error: block {block}: {exc}", file=sys.stderr)
+                code = EXIT_FAILED
+                break
+            replayed = block in resuming.replayed
+            grant = ledger.get_grant(out.grant_id)
+            summary["resumed_blocks" if replayed else "charged_blocks"] += 1
+            _say(args, f"[incremental-regression] block {block}: t={out.t} kind=tree-prefix "
+                       f"{_spent_line(grant, replayed)} nodes={inc.tree.stored_nodes}")
+            summary["models"].append({"t": out.t, "block": block, "grant": out.grant_id, "charged": not replayed,
+                                      "weights": [float(w) for w in out.theta]})
+        return _finish(args, ledger, summary, code)
+    except BaseException:
+        ledger.close()
+        raise
+
+
+def _prepare_incremental(args, ledger, schema):
+    from sage_tfx.release.continual import grant_reader
+    from sage_tfx.release.incremental_regression import (STRATEGY, IncrementalRegression,
+                                                         IncrementalRegressionParams)
+
+    cols, scales = _features(args, schema)
+    dim = len(cols) + (1 if args.intercept else 0)
+    params = IncrementalRegressionParams(horizon=args.horizon, epsilon=args.epsilon, delta=args.delta,
+                                         bound_x=args.bound_x, bound_y=args.bound_y, radius=args.radius,
+                                         iterations=args.iterations)
+    previous = _previous(ledger, args, {STRATEGY}, params.meta())
+    if len(previous) > params.horizon:  # cannot happen with one instance; a guard
+        raise _BadInput(f"--pipeline {args.pipeline!r} holds {len(previous)} grants, more than --horizon "
+                        f"{params.horizon}")
+    resuming = _ResumingLedger(ledger, previous)
+    featurize = _featurizer(schema, cols, scales, args.label, args.label_scale, args.intercept)
+    inc = IncrementalRegression(resuming, args.stream, args.pipeline, params, dim=dim,
+                                reader=grant_reader(ledger, args.data_root, featurize))
+    new_blocks = [b.id for b in ledger.blocks(args.stream) if b.id not in previous]
+    return inc, previous, new_blocks, resuming
+
+
+def _bad(exc):
+    print(f"error: {exc}", file=sys.stderr)
+    return EXIT_BAD_INPUT
