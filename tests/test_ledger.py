@@ -448,7 +448,11 @@ def test_bench_ledger_reports_its_figures(tmp_path):
     for accounting in ("basic", "rdp"):
         choice = figures["choose_blocks"][accounting]
         assert choice["same_values"] is True and choice["speedup"] > 0 and 0 < choice["active_blocks"] <= 60
-    assert os.listdir(tmp_path) == []  # the run's databases are removed
+    storage = figures["storage"]  # what fsync costs on this storage, next to the figures
+    assert storage["fsync_page_ms"] > 0 and storage["head_file_write_ms"] > 0 and 0 < storage["ratio_ceiling"] < 1
+    assert storage["fsync_page_ms_range"][0] <= storage["fsync_page_ms"] <= storage["fsync_page_ms_range"][1]
+    assert "fsync" in storage["note"] and figures["filesystem"] in storage["note"]
+    assert os.listdir(tmp_path) == []  # the run's databases (and the storage note's files) are removed
 
 
 def test_audit_reports_a_stream_budget_raised_behind_the_ledgers_back(tmp_path):

@@ -24,6 +24,14 @@ blocks, with content digests and two pipelines waiting (so each block also gets 
 reservations), on a stream of 1,000 blocks and on one of 100,000, alternating, in the same
 ledger and the same run; the figure is the cost per added block at each size and their
 ratio (goal: at most 2), and the ledger is audited afterwards.
+
+``storage`` says what durability costs on the file system of ``--db-dir`` (``--storage-samples``
+of each, median): one fsync'd write of one 4 KiB page (what a WAL commit with ``synchronous=FULL``
+waits for), and one head-file write (``keys.HeadFile.advance``: a temporary file written and
+fsync'd, renamed, its folder fsync'd), which every committed ledger write does after its commit
+(docs/security.md) and the baseline does not. ``ratio_ceiling`` is the ratio a ledger whose only cost
+beyond the baseline transaction were that head-file write would reach: the fsyncs, not Python, bound
+the figure on slow storage.
 """
 import hashlib
 import json
@@ -57,6 +65,8 @@ def add_arguments(parser):
                         help="blocks in the old stream for the add_blocks figure (0: skip it)")
     parser.add_argument("--growth-batch", type=int, default=1000, metavar="N",
                         help="blocks per timed add_blocks call for the add_blocks figure")
+    parser.add_argument("--storage-samples", type=int, default=50, metavar="N",
+                        help="fsync'd page writes and head-file writes timed for the storage note (0: skip it)")
     parser.add_argument("--postgres", default=None, metavar="URL",
                         help="also measure against a PostgreSQL database (tables are added to it)")
 
@@ -343,6 +353,53 @@ def _measure_growth(location, n_old, batch, repeats, label):
                         "pipelines) on the old stream / the same on a young stream, alternating, same ledger, same run"}
 
 
+def _measure_storage(db_dir, samples, baseline_tps, grants_tps):
+    """What fsync costs in ``db_dir``: a bare fsync'd 4 KiB page write and a head-file write, median ms."""
+    from sage_tfx.privacy.keys import HeadFile
+
+    page = os.urandom(4096)
+    path = os.path.join(db_dir, f"fsync-{uuid.uuid4().hex[:12]}")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+    page_s = []
+    try:
+        for _ in range(samples):
+            start = time.perf_counter()
+            os.pwrite(fd, page, 0)
+            os.fsync(fd)
+            page_s.append(time.perf_counter() - start)
+    finally:
+        os.close(fd)
+        os.remove(path)
+    head = HeadFile(os.path.join(db_dir, f"head-{uuid.uuid4().hex[:12]}.key.head"))
+    head_s = []
+    for i in range(samples):
+        start = time.perf_counter()
+        head.advance("bench", i + 1, "0" * 64)
+        head_s.append(time.perf_counter() - start)
+    for suffix in ("", ".lock"):
+        if os.path.exists(head.path + suffix):
+            os.remove(head.path + suffix)
+    page_ms, head_ms = statistics.median(page_s) * 1e3, statistics.median(head_s) * 1e3
+    page_range = (min(page_s) * 1e3, max(page_s) * 1e3)
+    baseline_ms, grant_ms = 1e3 / baseline_tps, 1e3 / grants_tps
+    ceiling = baseline_ms / (baseline_ms + head_ms)
+    note = (f"on {_filesystem(db_dir)} one fsync'd 4 KiB page write takes {page_ms:.3f} ms and one head-file write "
+            f"(temporary file fsync'd, renamed, folder fsync'd: after every committed ledger write) {head_ms:.3f} ms; "
+            f"a baseline transaction took {baseline_ms:.3f} ms and a grant {grant_ms:.3f} ms, of which the head-file "
+            f"write is {min(head_ms / grant_ms, 1.0):.0%}; with no cost but the baseline transaction and the "
+            f"head-file write the ratio would be {ceiling:.2f} (fsync here ranged {page_range[0]:.3f}-"
+            f"{page_range[1]:.3f} ms within these samples, timed after the grant runs: on shared storage it varies "
+            "from second to second, so compare figures within one run)")
+    print(f"[bench ledger] storage: {note}", file=sys.stderr, flush=True)
+    return {"fsync_page_ms": round(page_ms, 4), "fsync_page_ms_range": [round(x, 4) for x in page_range],
+            "head_file_write_ms": round(head_ms, 4),
+            "baseline_ms_per_transaction": round(baseline_ms, 4), "ms_per_grant": round(grant_ms, 4),
+            "head_file_share_of_grant": round(min(head_ms / grant_ms, 1.0), 3), "ratio_ceiling": round(ceiling, 3),
+            "samples": samples, "note": note,
+            "ratio_ceiling_is": "baseline ms / (baseline ms + head-file write ms): the ratio if a grant cost only the "
+                                "baseline transaction and the head-file write (headline writer count)"}
+
+
 def _filesystem(path):
     """The mount (device, type) holding ``path``, from /proc/mounts (Linux), for the record."""
     path = os.path.realpath(path)
@@ -368,6 +425,8 @@ def _check_args(args):
     if args.growth_blocks < 0 or args.growth_batch < 1:
         raise SystemExit(f"sage bench ledger: --growth-blocks {args.growth_blocks} must be >= 0 and --growth-batch "
                          f"{args.growth_batch} >= 1")
+    if args.storage_samples < 0:
+        raise SystemExit(f"sage bench ledger: --storage-samples {args.storage_samples} must be >= 0")
     if args.choose_blocks < 0:
         raise SystemExit(f"sage bench ledger: --choose-blocks {args.choose_blocks} must be >= 0")
     for name in ("grants", "blocks", "repeats"):
@@ -405,6 +464,9 @@ def run(args):
         "baseline": "bare SQLite transactions (BEGIN IMMEDIATE, WAL, synchronous=FULL) updating the same "
                     f"{args.blocks} rows, same directory, same writer count, same run",
     }
+    if args.storage_samples:
+        figures["storage"] = _measure_storage(db_dir, args.storage_samples, headline["baseline_transactions_per_second"],
+                                              headline["grants_per_second"])
     if args.choose_blocks:
         figures["choose_blocks"] = _measure_choice(db_dir, args.choose_blocks, args.repeats)
     if args.growth_blocks:

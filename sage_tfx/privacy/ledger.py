@@ -33,6 +33,7 @@ file, outside the database. A ledger of an older version (its secret in ``meta.s
 open: the key file is written first (0600, fsync), then the secret is deleted in one transaction.
 """
 import collections
+import functools
 import hashlib
 import hmac
 import json
@@ -98,6 +99,25 @@ class Stream:
 
     def filter(self):
         return filters.make_filter(self.accounting, self.epsilon, self.delta, self.orders)
+
+
+@functools.lru_cache(maxsize=64)
+def _parsed_stream(row):
+    """The Stream of a ``streams`` row and its filter, parsed once per distinct row (a tuple of the row's values).
+
+    Keyed by the whole row as read in the caller's transaction, so a stream re-created under the same name with
+    other parameters (a different row) is parsed afresh: nothing read earlier is trusted, only the parsing is
+    reused. Stream and filter are immutable.
+    """
+    s = Stream(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6], row[7], row[8])
+    object.__setattr__(s, "_filter", s.filter())
+    return s
+
+
+def _stream_filter(s):
+    """``s.filter()``, built once per parsed stream row (filters are not changed after construction)."""
+    filt = s.__dict__.get("_filter")
+    return filt if filt is not None else s.filter()
 
 
 @dataclass(frozen=True)
@@ -434,8 +454,7 @@ class Ledger:
         if row is None:
             known = [r[0] for r in tx.all("SELECT name FROM streams ORDER BY name")]
             raise UnknownStream(f"stream {name!r} does not exist (streams: {', '.join(known) or 'none'})")
-        return Stream(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6], row[7],
-                      row[8])
+        return _parsed_stream(tuple(row))
 
     def streams(self):
         with self._store.transaction(write=False) as tx:
@@ -637,6 +656,18 @@ class Ledger:
             found.update((b.id, b) for b in self._block_rows(stream, rows))
         return found
 
+    @staticmethod
+    def _block_budgets(tx, stream, ids):
+        """{id: (state, spent)} of the blocks ``ids`` that exist: what ``request`` checks, without the rest."""
+        found, decode = {}, _vector_decoder()
+        ids = list(ids)
+        for i in range(0, len(ids), 500):  # stay under SQL variable limits
+            chunk = ids[i:i + 500]
+            rows = tx.all(f"SELECT id, state, spent FROM blocks WHERE stream = ? AND id IN ({','.join('?' * len(chunk))})",
+                          [stream, *chunk])
+            found.update((r[0], _BlockBudget(r[1], decode(r[2]))) for r in rows)
+        return found
+
     def window_blocks(self, stream, start, end):
         """Active blocks whose time window lies inside [start, end)."""
         start, end = _finite(start, "window start", False), _finite(end, "window end", False)
@@ -794,14 +825,14 @@ class Ledger:
         rule = SINGLE_RULE if split is None else split.rule
         with self._store.transaction() as tx:
             s = self.stream(stream, tx)
-            filt = s.filter()
+            filt = _stream_filter(s)
             try:
                 if curve is None and epsilon is None:
                     raise ValueError("give epsilon (and delta) or an RDP curve")
                 cost = filt.cost(epsilon=epsilon, delta=delta, curve=curve)
             except ValueError as exc:
                 raise LedgerError(str(exc)) from None
-            found = self._blocks(tx, stream, blocks)
+            found = self._block_budgets(tx, stream, blocks)
             missing = [b for b in blocks if b not in found]
             if missing:
                 raise UnknownBlock(f"unknown block(s) in stream {stream!r}: {', '.join(map(str, missing))}")
@@ -814,17 +845,25 @@ class Ledger:
             if state is not None and state[0] != PipelineState.WAITING:
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
             reservations = self._reservations(tx, stream, blocks)
-            shortfalls, sources = {}, {}
+            # Every block is checked; blocks in the same state (spent vector and reservations) get the same answer
+            # from these pure functions, so each distinct state is evaluated once (32 fresh blocks: once).
+            shortfalls, sources, decided, states = {}, {}, {}, {}
             for b in blocks:
-                spent = found[b].spent
-                if not filt.admits(spent, cost):
-                    shortfalls[b] = filt.shortfall(spent, cost)
-                    continue
-                source = self._source(filt, spent, cost, reservations.get(b, {}), pipeline, s.policy)
-                if isinstance(source, str):
-                    sources[b] = source
+                spent, holdings = found[b].spent, reservations.get(b, {})
+                key = (spent, tuple((p, h["reserved"], h["used"]) for p, h in holdings.items()))
+                states[b] = key
+                verdict = decided.get(key)
+                if verdict is None:
+                    if not filt.admits(spent, cost):
+                        verdict = (False, filt.shortfall(spent, cost))
+                    else:
+                        source = self._source(filt, spent, cost, holdings, pipeline, s.policy)
+                        verdict = (True, source) if isinstance(source, str) else (False, source.reason)
+                    decided[key] = verdict
+                if verdict[0]:
+                    sources[b] = verdict[1]
                 else:
-                    shortfalls[b] = source.reason
+                    shortfalls[b] = verdict[1]
             if shortfalls:
                 raise BudgetRefused(stream, pipeline, shortfalls)
 
@@ -836,25 +875,44 @@ class Ledger:
             )
             if split is not None:  # the stages compose to at most what is charged (privacy/split.py)
                 split.check_covered(grant.epsilon, grant.delta)
-            grant = Grant(**{**grant.__dict__, "signature": self._sign(grant.body())})
+            body = grant.body()
+            body_text = _canonical(body)  # signed and stored: one text
+            grant = Grant(**{**grant.__dict__, "signature": self._keys.sign(body_text.encode())})
             min_cost = filt.cost(epsilon=s.min_epsilon)
             rules = get_policy(s.policy)
             newly_retired = []
-            updates = []
+            # The new values, grouped: one UPDATE per distinct new block value and one per distinct new reservation
+            # value, each naming its blocks (write transactions are exclusive: SQLite's write lock, PostgreSQL's
+            # meta lock row), so a 32-block grant of fresh blocks is one UPDATE, not 32.
+            block_groups, own_groups, after = {}, {}, {}
             for b in blocks:
-                spent = filters.add(found[b].spent, cost)
-                alive = not rules.retires(filt, spent, min_cost)
+                new = after.get(states[b])
+                if new is None:
+                    spent = filters.add(found[b].spent, cost)
+                    alive = not rules.retires(filt, spent, min_cost)
+                    used = None
+                    if sources[b] == Source.OWN:
+                        used = json.dumps(filters.add(reservations[b][pipeline]["used"], cost))
+                    new = after[states[b]] = (json.dumps(spent), alive, used)
+                spent_text, alive, used = new
                 if not alive:
                     newly_retired.append(b)
-                updates.append((json.dumps(spent), BlockState.ACTIVE.value if alive else BlockState.RETIRED.value, None if alive else now,
-                                stream, b))
+                state = BlockState.ACTIVE.value if alive else BlockState.RETIRED.value
+                block_groups.setdefault((spent_text, state, None if alive else now), []).append(b)
                 if sources[b] == Source.OWN:
-                    r = reservations[b][pipeline]
-                    tx.run("UPDATE reservations SET used = ? WHERE stream = ? AND block = ? AND pipeline = ?",
-                           (json.dumps(filters.add(r["used"], cost)), stream, b, pipeline))
-            tx.many("UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id = ?", updates)
+                    own_groups.setdefault(used, []).append(b)
+            for used, ids in sorted(own_groups.items(), key=lambda kv: kv[1][0]):
+                for i in range(0, len(ids), 500):  # stay under SQL variable limits
+                    chunk = ids[i:i + 500]
+                    tx.run(f"UPDATE reservations SET used = ? WHERE stream = ? AND pipeline = ? AND block IN"
+                           f" ({','.join('?' * len(chunk))})", [used, stream, pipeline, *chunk])
+            for (spent_text, state, retired_at), ids in sorted(block_groups.items(), key=lambda kv: kv[1][0]):
+                for i in range(0, len(ids), 500):
+                    chunk = ids[i:i + 500]
+                    tx.run(f"UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id IN"
+                           f" ({','.join('?' * len(chunk))})", [spent_text, state, retired_at, stream, *chunk])
             tx.run("INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
-                   (grant.id, stream, pipeline, _canonical(grant.body()), grant.signature, now))
+                   (grant.id, stream, pipeline, body_text, grant.signature, now))
             self._log(tx, "grant", dict(grant.body(), signature=grant.signature,
                                         sources=[sources[b] for b in blocks]))
             if newly_retired:
@@ -1222,6 +1280,9 @@ def _check_minimum(filt, stream, cost, epsilon):
             f"grant {asked} is below stream {stream.name!r}'s minimum grant epsilon {least:g}: a read that costs "
             f"less buys data for nothing; ask for epsilon >= {least:g} (set per stream by `sage ledger init "
             "--min-grant-epsilon`, default 0.001, or the stream's --min-epsilon if smaller)")
+
+
+_BlockBudget = collections.namedtuple("_BlockBudget", "state spent")
 
 
 class _NoSource:
