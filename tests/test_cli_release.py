@@ -177,3 +177,22 @@ def test_sliding_window_releases_the_window_and_resumes(world):
     again = run()
     assert again.returncode == 0 and snapshot(db) == before
     assert [m["weights"] for m in json.loads(again.stdout)["models"]] == [m["weights"] for m in out["models"]]
+
+
+def test_a_refused_or_failed_block_maps_to_its_exit_code(capsys):
+    """The step both subcommands run per block: a budget refusal is exit 3, any other sage-tfx error exit 1."""
+    from sage_tfx.cli._exits import EXIT_FAILED, EXIT_REFUSED
+    from sage_tfx.cli.release import _step
+    from sage_tfx.privacy.errors import BudgetRefused, LedgerError
+
+    def refused(block):
+        raise BudgetRefused("taxi", "cr", {block: "epsilon 0.5 > 0.1 left"})
+
+    def failed(block):
+        raise LedgerError("the grant is gone")
+
+    assert _step(refused, "b1") == (None, EXIT_REFUSED)
+    assert _step(failed, "b2") == (None, EXIT_FAILED)
+    assert _step(lambda block: block.upper(), "b3") == ("B3", None)
+    err = capsys.readouterr().err
+    assert "b1: epsilon 0.5 > 0.1 left" in err and "error: block b2: the grant is gone" in err

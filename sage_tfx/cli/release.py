@@ -234,6 +234,22 @@ class _ResumingLedger:
         return getattr(self._ledger, name)
 
 
+def _step(observe, block):
+    """``(observe(block), None)``, or ``(None, exit code)`` after saying why: EXIT_REFUSED when the budget
+    refused the block (nothing charged), EXIT_FAILED for any other sage-tfx error (a charge already made
+    stays spent: the ledger's rule)."""
+    from sage_tfx.privacy.errors import BudgetRefused, SageError
+
+    try:
+        return observe(block), None
+    except BudgetRefused as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None, EXIT_REFUSED
+    except SageError as exc:
+        print(f"error: block {block}: {exc}", file=sys.stderr)
+        return None, EXIT_FAILED
+
+
 def _say(args, line):
     print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
 
@@ -259,7 +275,7 @@ def _finish(args, ledger, summary, code):
 
 # ------------------------------------------------------------------ continual / sliding window
 def run_continual(args):
-    from sage_tfx.privacy.errors import BudgetRefused, SageError
+    from sage_tfx.privacy.errors import SageError
 
     try:
         ledger, schema = _open(args)
@@ -280,15 +296,9 @@ def run_continual(args):
 
         tag = "continual" if args.window is None else "sliding-window"
         for block in list(previous) + new_blocks:
-            try:
-                model = release.observe(block)
-            except BudgetRefused as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                code = EXIT_REFUSED
-                break
-            except SageError as exc:  # a charge already made stays spent (the ledger's rule)
-                print(f"error: block {block}: {exc}", file=sys.stderr)
-                code = EXIT_FAILED
+            model, failed = _step(release.observe, block)
+            if failed is not None:
+                code = failed
                 break
             replayed = block in resuming.replayed
             grant = release.grants[block]
@@ -361,7 +371,7 @@ def _prepare_continual(args, ledger, schema):
 
 # ------------------------------------------------------------------ incremental regression
 def run_incremental(args):
-    from sage_tfx.privacy.errors import BudgetRefused, SageError
+    from sage_tfx.privacy.errors import SageError
 
     try:
         ledger, schema = _open(args)
@@ -388,15 +398,9 @@ def run_incremental(args):
                   "(the charge covers the horizon only); give a new --pipeline with a new --horizon",
                   file=sys.stderr)
         for block in blocks:
-            try:
-                out = inc.arrive(block)
-            except BudgetRefused as exc:
-                print(f"error: {exc}", file=sys.stderr)
-                code = EXIT_REFUSED
-                break
-            except SageError as exc:  # a charge already made stays spent (the ledger's rule)
-                print(f"error: block {block}: {exc}", file=sys.stderr)
-                code = EXIT_FAILED
+            out, failed = _step(inc.arrive, block)
+            if failed is not None:
+                code = failed
                 break
             replayed = block in resuming.replayed
             grant = ledger.get_grant(out.grant_id)
