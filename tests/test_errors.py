@@ -61,6 +61,9 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
 # TF_USE_LEGACY_KERAS in the environment the worker inherits) and sage_tfx.privacy/__init__ (the ledger).
 NOT_SAGE: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.beam_boot.BootError": (RuntimeError,),
+    # private to `sage release`, always caught there and turned into exit 2; the CLI's modules import no privacy
+    # core while the parser is built (`sage --help` stays fast), so it is a plain Exception
+    "sage_tfx.cli.release._BadInput": (Exception,),
 }
 
 # Constructor arguments of the errors whose __init__ is not Exception's.
@@ -76,7 +79,7 @@ CORE_MODULES = (
     "sage_tfx.ingest.sealed", "sage_tfx.components.transform_utils", "sage_tfx.components.trainer_utils",
     "sage_tfx.pipelines.definition", "sage_tfx.pipelines.template", "sage_tfx.beam_boot",
     "sage_tfx.privacy.noise_schedules", "sage_tfx.release.continual", "sage_tfx.release.growth",
-    "sage_tfx.release.incremental_regression",
+    "sage_tfx.release.incremental_regression", "sage_tfx.cli.release",
 )
 
 
