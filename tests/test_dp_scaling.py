@@ -241,7 +241,9 @@ def test_each_release_is_exactly_the_stated_mechanism():
                                 stream="z/", sensitivities=[1.0, width / 2, width**2 / 4], cells=[1, 1, 1])
     m = np.clip(s / max(n[0], 1.0), -width / 2, width / 2)
     mean = low + width / 2 + m[0]
-    std = max(math.sqrt(noise.guarded_variance(n, s, q, width)[0]), width / 1000)
+    b = 3 * (width**2 / 4) / eps
+    variance = max(noise.guarded_variance(n, s, q, width)[0], min(2 * math.sqrt(2) * b / max(n[0], 1.0), width**2 / 4))
+    std = max(math.sqrt(variance), width / 1000)
     want_z = np.where(np.isnan(x), 0.0, (np.clip(x, low, high) - mean) / std)
     np.testing.assert_allclose(_column(out, "z"), want_z, rtol=1e-5, atol=1e-5)
 
@@ -334,6 +336,37 @@ def test_nan_and_out_of_range_rows_get_public_defaults_and_change_no_table():
     empty = _analyze([float("nan")] * 5, preprocessing_fn)  # no usable row: public defaults, no failure
     assert all(r["z"] == 0.0 and r["s"] == 0.5 and r["b"] == 3 for r in empty)
     assert np.all(np.diff(empty[0]["q"]) >= 0) and 0.0 <= empty[0]["q"][0] and empty[0]["q"][-1] <= 10.0
+
+
+@pytest.mark.tf
+def test_z_score_variance_floor_keeps_a_small_epsilon_from_blowing_up_a_feature():
+    """The real taxi trips (tfx wheel), each dense feature at the epsilon the tfx_taxi example gives it (0.2 of
+    epsilon 1 over 9 analyzers): 20,000 draws of the three noisy sums. Without the noise floor the variance is
+    clipped to 0 in a few % of the draws (std = W/1000: the feature scaled up about 1,000x; this is what sank
+    a CI run of the example). With it, the std is never under half the true std: for that the floor
+    2 sqrt(2) b / n' itself would have to be under a quarter of the true variance, i.e. n' > 2.4x the true
+    count, a count noise of over 170 scales (probability below e^-170): no false failures in practice."""
+    from sage_tfx.data.taxi import load_all_taxi
+    from sage_tfx.transform.scaling import _mean_and_variance_table
+
+    table = load_all_taxi()
+    eps, draws = 0.2 / 9, 20000
+    rng = np.random.default_rng(20261123)
+    for key, (low, high) in (("trip_miles", (0.0, 50.0)), ("fare", (0.0, 100.0)), ("trip_seconds", (0.0, 7200.0))):
+        x = np.array(table[key].to_pylist(), dtype=float)
+        x = np.clip(x[~np.isnan(x)], low, high)
+        width, third = high - low, eps / 3
+        centred = x - low - width / 2
+        b = (width**2 / 4) / third
+        n = len(x) + rng.laplace(0, 1 / third, draws)
+        s = centred.sum() + rng.laplace(0, (width / 2) / third, draws)
+        q = (centred**2).sum() + rng.laplace(0, b, draws)
+        _, variance = _mean_and_variance_table(n, s, q, width, b)
+        floored = np.sqrt(variance) / x.std()
+        unfloored = np.sqrt(noise.guarded_variance(n, s, q, width)) / x.std()
+        assert (unfloored == 0).mean() > 0.01, (key, (unfloored == 0).mean())  # the failure the floor prevents
+        assert floored.min() >= 0.5, (key, floored.min())
+        assert np.all(variance <= width**2 / 4)
 
 
 @pytest.mark.tf
@@ -462,7 +495,7 @@ def _z_error_bound(values, epsilon, width, alpha):
     third = epsilon / 3
     axes = [np.linspace(-big, big, 9) * scale for scale in (1 / third, width / 2 / third, width**2 / 4 / third)]
     noisy = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3) + [n, s, q]
-    means, variances = _mean_and_variance_table(noisy[:, 0], noisy[:, 1], noisy[:, 2], width)
+    means, variances = _mean_and_variance_table(noisy[:, 0], noisy[:, 1], noisy[:, 2], width, width**2 / 4 / third)
     stds = np.sqrt(variances)
     return max(abs((x - m) / d - (x - mean) / std) for x in (0.0, width)
                for m in (means.min(), means.max()) for d in (stds.min(), stds.max()))
