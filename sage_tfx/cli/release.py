@@ -4,10 +4,17 @@
       --loss logistic|squared --epsilon E --delta D --rows-per-block M [--window W] [--push-dir DIR]
       [--sla-target LOSS --sla-epsilon E2 [--sla-confidence C] [--sla-loss-bound B]] [--json]
   sage release incremental-regression ... the same feature options ... --horizon T [--bound-x BX --bound-y BY]
+  sage release growth --db LEDGER --stream S --data-root DIR --pipeline NAME --column COL --bound B
+      --rows-per-block M --epsilon E [--delta D] [--schedule scheduler|improver] [--gamma G] [--a A] [--t0 T0]
+  sage release pmwg --db LEDGER --stream S --data-root DIR --pipeline NAME --bins COL=LO:HI:K,...
+      --queries FILE --rows-per-block M --epsilon E [--hard-budget K] [--threshold T] [--eta ETA]
 
 Each command releases one model for every block of the stream this pipeline has not yet observed, in the
-ledger's block order, through ``sage_tfx.release.continual`` (ContinualRelease / SlidingWindowRelease) or
-``sage_tfx.release.incremental_regression`` (IncrementalRegression): each new block is charged its whole
+ledger's block order, through ``sage_tfx.release.continual`` (ContinualRelease / SlidingWindowRelease),
+``sage_tfx.release.incremental_regression`` (IncrementalRegression) or ``sage_tfx.release.growth``
+(ScheduledRelease under BBScheduler / BBImprover: a DP mean of a column re-run when the schedule says, with the
+schedule's epsilon; PMWG: the declared linear queries of --queries answered as blocks arrive): each new block is
+charged its whole
 per-record bound in ONE grant (meta naming the strategy and its parameters) BEFORE it is read through
 ``sage_tfx.ingest.access.grant_blocks``.
 
@@ -28,6 +35,7 @@ Exit codes (sage_tfx.cli._exits): 0 success; 1 a release failed after its charge
 charged); 3 the budget refused a block's charge (that block and later ones are not released; earlier ones are).
 """
 import argparse
+import hashlib
 import json
 import math
 import sys
@@ -90,12 +98,66 @@ def add_parser(subparsers):
     inc.add_argument("--iterations", type=int, default=200, help="projected-gradient steps per release")
     inc.set_defaults(func=run_incremental)
 
+    grow = sub.add_parser("growth", help="BBScheduler / BBImprover: when to re-run a DP statistic and with which "
+                          "epsilon as the stream grows (Cummings et al.)",
+                          description="A growth schedule for a pipeline: at each new block, say whether the "
+                                      "schedule re-runs and with which epsilon_i, and run its black box (the "
+                                      "epsilon_i-DP mean of --column clipped to [0, --bound] over the DECLARED "
+                                      "records, --rows-per-block per block). Each block is charged the whole "
+                                      "per-record (--epsilon, --delta) once, before it is read.")
+    _base(grow)
+    grow.add_argument("--schedule", choices=("scheduler", "improver"), default="scheduler",
+                      help="scheduler: BBScheduler, re-run when the stream grew by 1 + gamma (accuracy held); "
+                           "improver: BBImprover, re-run at every block (accuracy improves; needs --delta > 0)")
+    grow.add_argument("--column", required=True, metavar="COL", help="the numeric column whose mean is released")
+    grow.add_argument("--bound", type=float, required=True, metavar="B",
+                      help="public bound: values are clipped to [0, B] (the sensitivity is B / n)")
+    grow.add_argument("--rows-per-block", type=int, required=True, metavar="M",
+                      help="the DECLARED records per block (public; n = blocks * M normalises the mean)")
+    grow.add_argument("--epsilon", type=float, required=True, help="each record's whole-lifetime epsilon")
+    grow.add_argument("--delta", type=float, default=0.0,
+                      help="each record's whole-lifetime delta (default 0: pure DP, scheduler only)")
+    grow.add_argument("--gamma", type=float, default=0.5, help="scheduler: growth factor 1 + gamma (default 0.5)")
+    grow.add_argument("--a", type=float, default=0.1, help="improver: epsilon_t ~ t^-(1/2 + a), 0 < a < 1/2")
+    grow.add_argument("--t0", type=int, default=1, help="the first run's block count (default 1)")
+    grow.set_defaults(func=run_growth)
 
-def _common(p):
+    pm = sub.add_parser("pmwg", help="PMWG: a declared stream of linear queries (counts, sums over predicates) "
+                        "answered on the growing stream (Cummings et al.)",
+                        description="Private multiplicative weights for a growing database over the declared "
+                                    "universe --bins. The queries of --queries (JSON lines) are answered as the "
+                                    "blocks arrive; each block is charged --epsilon once, before it is read. "
+                                    "A query line: {\"count\": {COL: [LO, HI], ...}} or {\"sum\": COL, "
+                                    "\"bound\": B, \"where\": {COL: [LO, HI]}}, with \"at\": T to ask it "
+                                    "once when the stream has T blocks (default: after every block). A cell "
+                                    "is in [LO, HI) when its centre is.")
+    _base(pm)
+    pm.add_argument("--bins", required=True, metavar="COL=LO:HI:K,...",
+                    help="the declared universe: K equal bins on [LO, HI] per column (values outside are clipped "
+                         "into the outer bins)")
+    pm.add_argument("--queries", required=True, metavar="FILE", help="the declared query stream (JSON lines); it "
+                    "is part of the computation: a pipeline that answered it refuses another file")
+    pm.add_argument("--rows-per-block", type=int, required=True, metavar="M",
+                    help="the DECLARED records per block (public; answers are fractions of n = blocks * M)")
+    pm.add_argument("--epsilon", type=float, required=True, help="each record's whole-lifetime epsilon (pure)")
+    pm.add_argument("--hard-budget", type=int, default=20, help="hard queries k at the first block (default 20)")
+    pm.add_argument("--threshold", type=float, default=0.05, help="hardness threshold (fraction; default 0.05)")
+    pm.add_argument("--eta", type=float, default=0.5, help="multiplicative-weights rate (default 0.5)")
+    pm.set_defaults(func=run_pmwg)
+
+
+def _base(p):
     p.add_argument("--db", required=True, help="ledger file or postgresql:// URL")
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")
     p.add_argument("--pipeline", required=True, help="the name charged in the ledger; its grants are the state")
+    p.add_argument("--json", action="store_true", help="print the release's summary as JSON on stdout "
+                   "(progress lines go to stderr)")
+    add_key_file(p)
+
+
+def _common(p):
+    _base(p)
     p.add_argument("--label", required=True, metavar="COL", help="the label column (numeric)")
     p.add_argument("--features", required=True, metavar="C1,C2,...", help="numeric feature columns")
     p.add_argument("--scales", default=None, metavar="S1,S2,...",
@@ -104,9 +166,6 @@ def _common(p):
     p.add_argument("--intercept", action="store_true", help="append a constant feature 1 (after scaling)")
     p.add_argument("--epsilon", type=float, required=True, help="each block's whole-lifetime epsilon")
     p.add_argument("--delta", type=float, required=True, help="each block's whole-lifetime delta (> 0)")
-    p.add_argument("--json", action="store_true", help="print the released models' summary as JSON on stdout "
-                   "(progress lines go to stderr)")
-    add_key_file(p)
 
 
 # ------------------------------------------------------------------ shared checks and reading
@@ -116,12 +175,7 @@ def _features(args, schema):
         raise _BadInput(f"--features {args.features!r} names no column: give C1,C2,... of the stream's schema")
     if len(set(cols)) != len(cols):
         raise _BadInput(f"--features {args.features!r} names a column twice: give each once")
-    for c in cols + [args.label]:
-        if c not in schema:
-            raise _BadInput(f"column {c!r} is not in stream {args.stream!r}'s schema: use one of "
-                            f"{', '.join(sorted(n for n, t in schema.items() if t in NUMERIC_TYPES))}")
-        if schema[c] not in NUMERIC_TYPES:
-            raise _BadInput(f"column {c!r} is {schema[c]}, not numeric: give a float or int column")
+    _numeric(args, schema, cols + [args.label])
     if args.scales is None:
         scales = [1.0] * len(cols)
     else:
@@ -138,24 +192,45 @@ def _features(args, schema):
     return cols, scales
 
 
-def _featurizer(schema, cols, scales, label, label_scale, intercept):
-    """records -> (X, y): the scaled columns (missing / non-finite -> 0, a public default), label / label_scale."""
+def _numeric(args, schema, cols):
+    """Refuse a column that is not a numeric column of the stream's schema (naming it and the choices)."""
+    for c in cols:
+        if c not in schema:
+            raise _BadInput(f"column {c!r} is not in stream {args.stream!r}'s schema: use one of "
+                            f"{', '.join(sorted(n for n, t in schema.items() if t in NUMERIC_TYPES))}")
+        if schema[c] not in NUMERIC_TYPES:
+            raise _BadInput(f"column {c!r} is {schema[c]}, not numeric: give a float or int column")
+
+
+def _column_reader(schema, cols):
+    """records -> (n, len(cols)) array of the columns (missing / non-finite -> 0, a public default)."""
     import numpy as np
 
     from sage_tfx.ingest.records import decode
 
-    def featurize(records):
+    def read(records):
         batch = decode(records, schema)
-
-        def col(name):
+        out = np.zeros((batch.num_rows, len(cols)))
+        for k, name in enumerate(cols):
             v = np.array([(float(x[0]) if x else 0.0) for x in batch.column(name).to_pylist()], dtype=np.float64)
-            return np.where(np.isfinite(v), v, 0.0)
+            out[:, k] = np.where(np.isfinite(v), v, 0.0)
+        return out
 
-        parts = [col(c) / s for c, s in zip(cols, scales)]
+    return read
+
+
+def _featurizer(schema, cols, scales, label, label_scale, intercept):
+    """records -> (X, y): the scaled columns (missing / non-finite -> 0, a public default), label / label_scale."""
+    import numpy as np
+
+    read = _column_reader(schema, list(cols) + [label])
+
+    def featurize(records):
+        values = read(records)
+        x = values[:, :-1] / np.asarray(scales, dtype=np.float64)
         if intercept:
-            parts.append(np.ones(batch.num_rows))
-        x = np.stack(parts, 1) if parts else np.zeros((batch.num_rows, 0))
-        return x, col(label) / label_scale
+            x = np.concatenate([x, np.ones((len(values), 1))], 1)
+        return x, values[:, -1] / label_scale
 
     return featurize
 
@@ -435,6 +510,243 @@ def _prepare_incremental(args, ledger, schema):
                                 reader=grant_reader(ledger, args.data_root, featurize))
     new_blocks = [b.id for b in ledger.blocks(args.stream) if b.id not in previous]
     return inc, previous, new_blocks, resuming
+
+
+# ------------------------------------------------------------------ the shared preamble
+def _run(args, prepare):
+    """Open the ledger and the stream's schema, run ``prepare(args, ledger, schema)`` -- every check, before any
+    charge; bad input (``_BadInput``, a sage-tfx error, a ValueError) exits 2 with the ledger closed and
+    unchanged -- then the job it returns, ``job() -> (summary, exit code)``, and the audit (``_finish``)."""
+    from sage_tfx.privacy.errors import SageError
+
+    try:
+        ledger, schema = _open(args)
+    except _BadInput as exc:
+        return _bad(exc)
+    try:
+        try:
+            job = prepare(args, ledger, schema)
+        except (_BadInput, SageError, ValueError) as exc:
+            ledger.close()
+            return _bad(exc)
+        summary, code = job()
+        return _finish(args, ledger, summary, code)
+    except BaseException:
+        ledger.close()
+        raise
+
+
+# ------------------------------------------------------------------ growth schedules (BBScheduler / BBImprover)
+def run_growth(args):
+    return _run(args, _prepare_growth)
+
+
+def _prepare_growth(args, ledger, schema):
+    from sage_tfx.release.continual import grant_reader
+    from sage_tfx.release.growth import (BBImprover, BBScheduler, ImproverParams, ScheduledRelease,
+                                         SchedulerParams, clipped_mean)
+
+    _numeric(args, schema, [args.column])
+    if args.schedule == "scheduler":
+        schedule = BBScheduler(SchedulerParams(epsilon=args.epsilon, delta=args.delta, gamma=args.gamma,
+                                               t0=args.t0))
+    else:
+        schedule = BBImprover(ImproverParams(epsilon=args.epsilon, delta=args.delta, a=args.a, t0=args.t0))
+    mechanism = clipped_mean(args.bound, args.rows_per_block)
+    name = f"clipped_mean(column={args.column},bound={args.bound!r},rows_per_block={args.rows_per_block})"
+    read_column = _column_reader(schema, [args.column])
+    reader = grant_reader(ledger, args.data_root, lambda records: read_column(records)[:, 0])
+    probe = ScheduledRelease(ledger, args.stream, args.pipeline, schedule, mechanism, reader, name=name)
+    previous = _previous(ledger, args, {"bbscheduler", "bbimprover"}, probe.meta)
+    resuming = _ResumingLedger(ledger, previous)
+    rel = ScheduledRelease(resuming, args.stream, args.pipeline, schedule, mechanism, reader, name=name)
+    new_blocks = [b.id for b in ledger.blocks(args.stream) if b.id not in previous]
+
+    def job():
+        summary = {"command": "growth", "strategy": schedule.meta["strategy"], "stream": args.stream,
+                   "pipeline": args.pipeline, "epsilon": args.epsilon, "delta": args.delta, "params": rel.meta,
+                   "fingerprint": rel.fingerprint, "blocks": [], "runs": [], "charged_blocks": 0,
+                   "resumed_blocks": 0}
+        code = EXIT_OK
+        for block in list(previous) + new_blocks:
+            run, failed = _step(rel.observe, block)
+            if failed is not None:
+                code = failed
+                break
+            replayed = block in resuming.replayed
+            grant = rel.grants[block]
+            t = len(rel.order)
+            summary["resumed_blocks" if replayed else "charged_blocks"] += 1
+            entry = {"t": t, "block": block, "grant": grant.id, "charged": not replayed, "run": run is not None}
+            if run is None:
+                what = "no run (the schedule keeps the last output)"
+            else:
+                what = f"run epoch {run.epoch} eps_i {run.epsilon:.6g} mean {run.output:.6g}"
+                summary["runs"].append({"t": t, "epoch": run.epoch, "epsilon_i": run.epsilon, "mean": run.output,
+                                        "blocks": len(run.blocks)})
+                entry.update(epoch=run.epoch, epsilon_i=run.epsilon, mean=run.output)
+            summary["blocks"].append(entry)
+            _say(args, f"[growth:{args.schedule}] block {block}: t={t} {_spent_line(grant, replayed)} {what}")
+        summary["current"] = rel.current
+        return summary, code
+
+    return job
+
+
+# ------------------------------------------------------------------ PMWG
+def run_pmwg(args):
+    return _run(args, _prepare_pmwg)
+
+
+def _parse_bins(text):
+    """COL=LO:HI:K,... -> (columns, edges): K equal bins on [LO, HI] per column."""
+    import numpy as np
+
+    cols, edges = [], []
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        try:
+            name, spec = part.split("=", 1)
+            lo, hi, k = spec.split(":")
+            lo, hi, k = float(lo), float(hi), int(k)
+        except ValueError:
+            raise _BadInput(f"--bins part {part!r} is invalid: give COL=LO:HI:K (K equal bins on [LO, HI])") from None
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi and k >= 1):
+            raise _BadInput(f"--bins part {part!r} is invalid: give finite LO < HI and K >= 1 bins")
+        name = name.strip()
+        if name in cols:
+            raise _BadInput(f"--bins names column {name!r} twice: give each column once")
+        cols.append(name)
+        edges.append(np.linspace(lo, hi, k + 1))
+    if not cols:
+        raise _BadInput(f"--bins {text!r} names no column: give COL=LO:HI:K,...")
+    return cols, edges
+
+
+def _parse_queries(path, cols, universe):
+    """The declared query stream: [(at or None, weights, text)]; every line checked before any charge."""
+    import numpy as np
+
+    from sage_tfx.release.growth import count_query, sum_query
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise _BadInput(f"--queries {path!r} cannot be read ({exc.strerror}): give a JSON-lines file") from None
+    index = {c: k for k, c in enumerate(cols)}
+
+    def predicate(where, where_name, lineno):
+        if not isinstance(where, dict):
+            raise _BadInput(f"--queries line {lineno}: {where_name} {where!r} must be {{COL: [LO, HI], ...}}")
+        checks = []
+        for c, rng in where.items():
+            if c not in index:
+                raise _BadInput(f"--queries line {lineno}: column {c!r} is not in --bins ({', '.join(cols)})")
+            if not (isinstance(rng, list) and len(rng) == 2 and all(isinstance(v, (int, float)) and
+                                                                    not isinstance(v, bool) for v in rng)
+                    and rng[0] < rng[1]):
+                raise _BadInput(f"--queries line {lineno}: range {rng!r} of {c!r} is invalid: give [LO, HI], LO < HI")
+            checks.append((index[c], float(rng[0]), float(rng[1])))
+
+        def pred(centres):
+            ok = np.ones(len(centres), dtype=bool)
+            for k, lo, hi in checks:
+                ok &= (centres[:, k] >= lo) & (centres[:, k] < hi)
+            return ok
+
+        return pred
+
+    out = []
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        try:
+            q = json.loads(line)
+        except ValueError:
+            raise _BadInput(f"--queries line {lineno} is not JSON: {line[:60]!r}") from None
+        if not isinstance(q, dict) or ("count" in q) == ("sum" in q):
+            raise _BadInput(f"--queries line {lineno}: give exactly one of \"count\" or \"sum\"")
+        unknown = set(q) - {"count", "sum", "bound", "where", "at"}
+        if unknown:
+            raise _BadInput(f"--queries line {lineno}: unknown key(s) {sorted(unknown)}: use count, sum, bound, "
+                            "where, at")
+        at = q.get("at")
+        if at is not None and (isinstance(at, bool) or not isinstance(at, int) or at < 1):
+            raise _BadInput(f"--queries line {lineno}: at {at!r} is invalid: give a block count >= 1")
+        if "count" in q:
+            weights = count_query(universe, predicate(q["count"], "count", lineno))
+        else:
+            if q["sum"] not in index:
+                raise _BadInput(f"--queries line {lineno}: sum column {q['sum']!r} is not in --bins "
+                                f"({', '.join(cols)})")
+            bound = q.get("bound")
+            if isinstance(bound, bool) or not isinstance(bound, (int, float)) or not bound > 0:
+                raise _BadInput(f"--queries line {lineno}: bound {bound!r} is invalid: give the column's public "
+                                "upper bound B > 0")
+            where = predicate(q.get("where", {}), "where", lineno)
+            weights = sum_query(universe, index[q["sum"]], float(bound), where)
+        out.append((at, weights, q))
+    if not out:
+        raise _BadInput(f"--queries {path!r} holds no query: give one JSON object per line")
+    return out, hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
+
+def _prepare_pmwg(args, ledger, schema):
+    from sage_tfx.release.continual import grant_reader
+    from sage_tfx.release.growth import PMWG, GrowthError, PMWGParams, Universe
+
+    cols, edges = _parse_bins(args.bins)
+    _numeric(args, schema, cols)
+    universe = Universe(columns=tuple(cols), edges=tuple(tuple(float(v) for v in e) for e in edges))
+    params = PMWGParams(epsilon=args.epsilon, hard_budget=args.hard_budget, threshold=args.threshold, eta=args.eta)
+    if args.rows_per_block < 1:
+        raise GrowthError(f"--rows-per-block {args.rows_per_block!r} is invalid: give the declared (public) rows "
+                          "per block >= 1")
+    queries, digest = _parse_queries(args.queries, cols, universe)
+    computation = json.dumps({"bins": args.bins, "queries_sha256": digest, "rows_per_block": args.rows_per_block},
+                             sort_keys=True)
+    read = _column_reader(schema, cols)
+    reader = grant_reader(ledger, args.data_root, read)
+    probe = PMWG(ledger, args.stream, args.pipeline, params, universe, reader, computation=computation)
+    previous = _previous(ledger, args, {"pmwg"}, probe.meta)
+    resuming = _ResumingLedger(ledger, previous)
+    pm = PMWG(resuming, args.stream, args.pipeline, params, universe, reader, computation=computation)
+    new_blocks = [b.id for b in ledger.blocks(args.stream) if b.id not in previous]
+
+    def job():
+        summary = {"command": "pmwg", "strategy": "pmwg", "stream": args.stream, "pipeline": args.pipeline,
+                   "epsilon": args.epsilon, "delta": 0.0, "params": pm.meta, "fingerprint": pm.fingerprint,
+                   "answers": [], "charged_blocks": 0, "resumed_blocks": 0}
+        code = EXIT_OK
+        for block in list(previous) + new_blocks:
+            _, failed = _step(lambda b: pm.observe(b, args.rows_per_block), block)
+            if failed is not None:
+                code = failed
+                break
+            replayed = block in resuming.replayed
+            grant, t = pm.grants[block], len(pm.order)
+            summary["resumed_blocks" if replayed else "charged_blocks"] += 1
+            asked = hard = 0
+            for k, (at, weights, q) in enumerate(queries):
+                if at is not None and at != t:
+                    continue
+                try:
+                    ans = pm.query(weights)
+                except SageError as exc:
+                    print(f"error: block {block}: query {k + 1}: {exc}", file=sys.stderr)
+                    return summary, EXIT_FAILED
+                asked, hard = asked + 1, hard + ans.hard
+                scale = pm.n * (float(q["bound"]) if "sum" in q else 1.0)
+                summary["answers"].append({"t": t, "block": block, "query": k + 1, "fraction": ans.answer,
+                                           "estimate": ans.answer * scale, "hard": ans.hard})
+            _say(args, f"[pmwg] block {block}: t={t} {_spent_line(grant, replayed)} n={pm.n} {asked} "
+                       f"quer{'y' if asked == 1 else 'ies'} answered ({hard} hard; "
+                       f"{pm.hard_used}/{pm.hard_limit()} hard used)")
+        return summary, code
+
+    from sage_tfx.privacy.errors import SageError
+
+    return job
 
 
 def _bad(exc):

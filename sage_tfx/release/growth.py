@@ -220,6 +220,26 @@ class BBImprover:
         return {"strategy": "bbimprover", **asdict(self.params)}
 
 
+def clipped_mean(bound: float, rows_per_block: int) -> "Mechanism":
+    """A black box for ``ScheduledRelease``: the epsilon-DP mean of values clipped to [0, bound].
+
+    Input: one 1-D array of values per block read. Output: sum_i clip(v_i, 0, bound) / n + noise, with
+    n = blocks * ``rows_per_block`` the PUBLIC declared record count (never the data's own count).
+    Sensitivity (add/remove one record): the clipped sum moves by at most ``bound`` and n is public, so the
+    output moves by at most bound / n. Noise: ``samplers.grid_laplace`` at that sensitivity and the run's
+    epsilon, so each run is (epsilon, 0)-DP exactly (docs/noise.md), as the schedules' analysis needs of its
+    black box (the paper's Section 3: an epsilon-DP static algorithm)."""
+    bound = _positive("bound", bound, "give the column's public upper bound B > 0 (values are clipped to [0, B])")
+    m = _int_at_least("rows_per_block", rows_per_block, 1, "give the declared (public) rows per block >= 1")
+
+    def mechanism(blocks: list, epsilon: float, rng) -> float:
+        n = m * len(blocks)
+        total = sum(float(np.clip(np.asarray(b, dtype=float), 0.0, bound).sum()) for b in blocks)
+        return float(grid_laplace(np.array([total / n]), bound / n, epsilon, rng=rng)[0])
+
+    return mechanism
+
+
 Schedule = Any  # BBScheduler | BBImprover
 Mechanism = Callable[[list, float, Any], Any]  # (blocks' data, epsilon, rng) -> output; must be epsilon-DP
 Reader = Callable[[object], Any]  # grant -> the data of its (single) block
@@ -368,13 +388,16 @@ class PMWG:
     """
 
     def __init__(self, ledger, stream: str, pipeline: str, params: PMWGParams, universe: Universe,
-                 reader: Reader):
+                 reader: Reader, *, computation: Optional[str] = None):
         if not isinstance(params, PMWGParams):
             raise GrowthError(f"params {params!r} must be a PMWGParams")
         if not isinstance(universe, Universe):
             raise GrowthError(f"universe {universe!r} must be a Universe")
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
-        self.params, self.universe, self.reader = params, universe, reader
+        if computation is not None and not isinstance(computation, str):
+            raise GrowthError(f"computation {computation!r} must be a string (a public description of the "
+                              "declared query stream, e.g. its digest) or None")
+        self.params, self.universe, self.reader, self.computation = params, universe, reader, computation
         self.grants: dict[str, object] = {}
         self.order: list[str] = []
         self.counts = np.zeros(universe.size)
@@ -390,7 +413,10 @@ class PMWG:
 
     @property
     def meta(self) -> dict:
-        return {"strategy": "pmwg", **asdict(self.params), "universe_shape": list(self.universe.shape)}
+        meta = {"strategy": "pmwg", **asdict(self.params), "universe_shape": list(self.universe.shape)}
+        if self.computation is not None:  # signed into every grant and the release fingerprint
+            meta["computation"] = self.computation
+        return meta
 
     @property
     def fingerprint(self) -> str:
@@ -413,6 +439,10 @@ class PMWG:
         uniform = np.full(self.universe.size, 1.0 / self.universe.size)
         self.public = (self.n * self.public + m * uniform) / (self.n + m)  # the arrival update (Algorithm 3)
         self.n += m
+
+    def hard_limit(self) -> int:
+        """How many hard queries PMWG may have answered at its current public size (``hard_budget``)."""
+        return self.params.hard_budget
 
     def _rng(self):
         self._draws += 1
