@@ -131,6 +131,9 @@ def test_pmwg_answers_the_declared_stream_charges_once_and_resumes(world):
     assert spent(db, "pm") == {b: (pytest.approx(0.2), 0.0) for b in blocks} and out["audit_ok"]
     assert out["params"]["strategy"] == "pmwg" and "queries_sha256" in out["params"]["computation"]
     assert "[pmwg] block " in first.stderr and " hard used)" in first.stderr
+    # the hard-query budget grows with the declared size n = 100 t: floor(20 (1 + ln t)) (Corollary 16)
+    assert "/20 hard used)" in first.stderr.splitlines()[0] and "/33 hard used)" in first.stderr.splitlines()[1]
+    assert "/41 hard used)" in first.stderr.splitlines()[2]
 
     before = snapshot(db)
     again = pmwg(db, data, queries, "--json")
@@ -175,6 +178,7 @@ def test_growth_bad_input_exits_2_with_nothing_charged(world, extra, named):
     (['{"count": {}, "every": 2}'], [], "unknown key(s) ['every']"),
     ([], [], "holds no query"),
     (None, ["--hard-budget", 0], "hard_budget 0 is invalid"),
+    (None, ["--growth-exponent", 2], "growth_exponent 2.0 is invalid"),
     (None, ["--queries", "/no/such/file"], "--queries '/no/such/file' cannot be read"),
 ])
 def test_pmwg_bad_input_exits_2_with_nothing_charged(world, lines, extra, named):

@@ -8,6 +8,7 @@
       --rows-per-block M --epsilon E [--delta D] [--schedule scheduler|improver] [--gamma G] [--a A] [--t0 T0]
   sage release pmwg --db LEDGER --stream S --data-root DIR --pipeline NAME --bins COL=LO:HI:K,...
       --queries FILE --rows-per-block M --epsilon E [--hard-budget K] [--threshold T] [--eta ETA]
+      [--growth-exponent P]
 
 Each command releases one model for every block of the stream this pipeline has not yet observed, in the
 ledger's block order, through ``sage_tfx.release.continual`` (ContinualRelease / SlidingWindowRelease),
@@ -143,6 +144,9 @@ def add_parser(subparsers):
     pm.add_argument("--hard-budget", type=int, default=20, help="hard queries k at the first block (default 20)")
     pm.add_argument("--threshold", type=float, default=0.05, help="hardness threshold (fraction; default 0.05)")
     pm.add_argument("--eta", type=float, default=0.5, help="multiplicative-weights rate (default 0.5)")
+    pm.add_argument("--growth-exponent", type=float, default=0.5, metavar="P",
+                    help="a hardness round opened at n records costs c (n0 / n)^P, 0 < P <= 1 (default 0.5); the "
+                         "hard-query budget grows as K (1 + ln(n / n0)) and the rounds sum to --epsilon")
     pm.set_defaults(func=run_pmwg)
 
 
@@ -698,7 +702,8 @@ def _prepare_pmwg(args, ledger, schema):
     cols, edges = _parse_bins(args.bins)
     _numeric(args, schema, cols)
     universe = Universe(columns=tuple(cols), edges=tuple(tuple(float(v) for v in e) for e in edges))
-    params = PMWGParams(epsilon=args.epsilon, hard_budget=args.hard_budget, threshold=args.threshold, eta=args.eta)
+    params = PMWGParams(epsilon=args.epsilon, hard_budget=args.hard_budget, threshold=args.threshold, eta=args.eta,
+                        growth_exponent=args.growth_exponent)
     if args.rows_per_block < 1:
         raise GrowthError(f"--rows-per-block {args.rows_per_block!r} is invalid: give the declared (public) rows "
                           "per block >= 1")

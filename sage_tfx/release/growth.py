@@ -33,17 +33,34 @@ Charging (docs/growing_database.md, issue 14): every arriving block gets ONE gra
 the grant of every block it reads with the schedule instance's fingerprint (same computation: counted once).
 
 ``PMWG`` (Section 4, Algorithm 3): private multiplicative weights on a growing database for a stream of linear
-queries over a declared finite universe (``Universe``: per-column bin edges). Its public histogram is updated on
+queries over a declared finite universe X (``Universe``: per-column bin edges). Its public histogram is updated on
 arrival (the new records are assumed uniform: x~ <- (n_old x~ + m u) / (n_old + m)) and by multiplicative weights
 on hard queries; hardness is decided by the sparse vector technique (AboveThreshold, Dwork & Roth Alg. 1) whose
-noise is scaled to the CURRENT sensitivity 1 / n_t, so the error shrinks as the database grows. Privacy (pure):
-at most ``hard_budget`` = k hard queries are ever answered; each hard query closes one AboveThreshold round
-(epsilon_1 = epsilon / (2k): threshold noise Laplace(2 D / epsilon_1), query noise Laplace(4 D / epsilon_1), D the
-sensitivity 1 / n at the round's start, an upper bound for the round's later queries since n only grows) and
-releases one Laplace(D / epsilon_2) answer (epsilon_2 = epsilon / (2k)); by basic composition the whole stream is
-epsilon-DP for every record (the number of easy queries does not matter). After k hard queries PMWG answers from
-the public histogram only. This is the paper's algorithm with a fixed hard-query budget and pure-DP composition
-(the paper's Theorem 18 also allows a budget growing with n); the noise functions are ours.
+noise is scaled to the CURRENT sensitivity 1 / n (n the public declared record count), so the error shrinks as
+the database grows.
+
+Hard-query budget growing with n (the paper's Lemma 15, Corollary 16, Theorem 18). The uniform arrival update
+raises the relative entropy D(x || x~) between the database and the public histogram by at most log|X| / (n + 1)
+per arriving record: by joint convexity of D, D(x' || x~') <= n/(n+1) D(x || x~) + 1/(n+1) D(e_j || u)
+and D(e_j || u) = log|X| (Lemma 15). Each hard query lowers it by a constant (static PMW), so the number of hard
+queries by size n is at most the static budget k plus k sum_{tau = n0+1..n} 1/tau <= k (1 + ln(n / n0))
+(Corollary 16; k = 4 log|X| / alpha^2 in the paper, ``hard_budget`` here, n0 the declared count after the first
+block). PMWG ENFORCES h(n) = floor(k (1 + ln(n / n0))): a new AboveThreshold round opens only while
+hard_used < h(n); otherwise the query is answered from the public histogram alone (no privacy cost).
+Per-round epsilon (the paper's noise function that falls with n, Algorithm 3 / Theorem 18): a round opened at
+size n gets eps_r(n) = c min(1, (n0 / n)^p) (p = ``growth_exponent`` in (0, 1]), split eps_1 = eps_2 = eps_r / 2:
+threshold noise Laplace(2 D / eps_1), query noise Laplace(4 D / eps_1) (AboveThreshold, eps_1-DP for a round that
+halts at its first hard query; D = 1 / n at the round's start bounds the sensitivity of every later query of
+the round since n only grows), and the hard query's answer Laplace((1 / n) / eps_2). The noise scale is
+D / eps_r ~ n^(p - 1) / (c n0^p): the answers get more accurate as the database grows (for p < 1).
+Privacy proof sketch (pure, add/remove one record; Theorem 18's argument with our constants): round i (i = 1,
+2, ...) can only open at a size n_i with i <= h(n_i), i.e. n_i >= n0 exp(i/k - 1), and eps_r is non-increasing in
+n, so the worst case is every round opening as early as the budget allows: rounds i <= k cost at most c each and
+round k + j costs at most c exp(-p j / k). Basic composition over all rounds, however many queries are asked
+and however long the stream grows: total <= c (k + sum_{j >= 1} exp(-p j / k)) = c (k + 1 / (exp(p / k) - 1)),
+and c = epsilon / (k + 1 / (exp(p / k) - 1)) makes it epsilon. The arrival and MW updates use only public numbers
+and released answers (post-processing). So every record is epsilon-DP over the infinite query stream, charged
+epsilon per block, once. ``PMWG.epsilon_spent_bound`` sums the rounds actually opened (<= epsilon; tested).
 Noise: ``sage_tfx.privacy.samplers.grid_laplace`` (exact discrete Laplace on a grid, keyed by the grant's seed;
 docs/noise.md).
 """
@@ -356,18 +373,31 @@ class Universe:
 
 @dataclass(frozen=True)
 class PMWGParams:
-    """PMWG: total per-record epsilon (pure), hard-query budget k, threshold T, MW learning rate eta."""
+    """PMWG: total per-record epsilon (pure); hard-query budget k at the first block's size n0 (growing as
+    k (1 + ln(n / n0)), Corollary 16); threshold T; MW learning rate eta; growth_exponent p of the per-round
+    epsilon c (n0 / n)^p (module docstring)."""
 
     epsilon: float
     hard_budget: int = 20
     threshold: float = 0.05
     eta: float = 0.5
+    growth_exponent: float = 0.5
 
     def __post_init__(self):
         _positive("epsilon", self.epsilon, "give the total per-record epsilon > 0")
         _int_at_least("hard_budget", self.hard_budget, 1, "give the number of hard queries k >= 1")
         _positive("threshold", self.threshold, "give the hardness threshold T > 0 (in fraction units)")
         _positive("eta", self.eta, "give the multiplicative-weights rate eta > 0")
+        p = self.growth_exponent
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
+            raise GrowthError(f"growth_exponent {p!r} is invalid: give 0 < p <= 1 (a round opened at size n "
+                              "gets epsilon c (n0 / n)^p; p <= 0 would not converge under a growing budget)")
+
+    @property
+    def round_scale(self) -> float:
+        """c = epsilon / (k + 1 / (exp(p / k) - 1)): a round opened at n <= n0 costs c (module docstring)."""
+        k, p = self.hard_budget, self.growth_exponent
+        return self.epsilon / (k + 1.0 / math.expm1(p / k))
 
 
 @dataclass
@@ -383,8 +413,10 @@ class PMWG:
     Queries are linear: a weight vector w over the universe's cells with values in [0, 1]; the answer is
     sum_i w(cell(x_i)) / n_t (n_t the public record count), sensitivity 1 / n_t (add/remove). Counts over
     a predicate use 0/1 weights; a sum of a column is the cells' centres scaled by 1 / B into [0, 1]
-    (``sum_query``). Privacy: epsilon-DP per record over the whole query stream (module docstring), charged
-    per block: each arriving block's grant charges epsilon before it is read.
+    (``sum_query``). Privacy: epsilon-DP per record over the whole (unbounded) query stream and unbounded
+    growth (module docstring: at most h(n) = floor(k (1 + ln(n / n0))) hard queries by size n, a round opened
+    at size n costs c min(1, (n0 / n)^p), and the rounds' sum is at most epsilon), charged per block: each
+    arriving block's grant charges epsilon before it is read.
     """
 
     def __init__(self, ledger, stream: str, pipeline: str, params: PMWGParams, universe: Universe,
@@ -404,7 +436,9 @@ class PMWG:
         self.n = 0  # public record count (declared rows)
         self.public = np.full(universe.size, 1.0 / universe.size)
         self.hard_used = 0
-        self.eps1 = self.eps2 = params.epsilon / (2 * params.hard_budget)
+        self.n0: Optional[int] = None  # the declared count after the first block
+        self.round_epsilons: list[float] = []  # eps_r of every AboveThreshold round opened (the privacy spent)
+        self.eps1 = self.eps2 = None  # the open round's halves
         self.noisy_threshold: Optional[float] = None
         self.round_sensitivity: Optional[float] = None
         self.answers: list[Answer] = []
@@ -439,10 +473,26 @@ class PMWG:
         uniform = np.full(self.universe.size, 1.0 / self.universe.size)
         self.public = (self.n * self.public + m * uniform) / (self.n + m)  # the arrival update (Algorithm 3)
         self.n += m
+        if self.n0 is None:
+            self.n0 = self.n
 
-    def hard_limit(self) -> int:
-        """How many hard queries PMWG may have answered at its current public size (``hard_budget``)."""
-        return self.params.hard_budget
+    def hard_limit(self, n: Optional[int] = None) -> int:
+        """h(n) = floor(k (1 + ln(n / n0))): how many hard queries PMWG may have answered by public size n
+        (default: now; Corollary 16, module docstring). 0 before the first block."""
+        n = self.n if n is None else n
+        if self.n0 is None or n <= 0:
+            return 0
+        return int(math.floor(self.params.hard_budget * (1.0 + math.log(max(n, self.n0) / self.n0)) + 1e-9))
+
+    def round_epsilon(self, n: Optional[int] = None) -> float:
+        """eps_r(n) = c min(1, (n0 / n)^p): the epsilon of an AboveThreshold round opened at public size n."""
+        n = self.n if n is None else n
+        return self.params.round_scale * min(1.0, (self.n0 / n) ** self.params.growth_exponent)
+
+    @property
+    def epsilon_spent_bound(self) -> float:
+        """The sum of the opened rounds' epsilons: a record's loss so far (<= params.epsilon, module docstring)."""
+        return float(sum(self.round_epsilons))
 
     def _rng(self):
         self._draws += 1
@@ -462,14 +512,17 @@ class PMWG:
             raise GrowthError("no block observed yet: observe a block before querying")
         estimate = float(w @ self.public)
         t = len(self.order)
-        if self.hard_used >= self.params.hard_budget:
-            ans = Answer(t, estimate, False)
+        if self.noisy_threshold is None and self.hard_used >= self.hard_limit():
+            ans = Answer(t, estimate, False)  # budget h(n) used up: the public histogram alone (no privacy cost)
             self.answers.append(ans)
             return ans
         for b in self.order:  # every query reads all blocks: re-open their releases (same computation)
             self.ledger.release(self.grants[b], STAGE, self.fingerprint, self.params.epsilon, 0.0)
-        if self.noisy_threshold is None:  # a new AboveThreshold round at the current sensitivity
+        if self.noisy_threshold is None:  # a new AboveThreshold round at the current sensitivity and epsilon
             self.round_sensitivity = 1.0 / self.n
+            eps_r = self.round_epsilon()
+            self.round_epsilons.append(eps_r)
+            self.eps1 = self.eps2 = eps_r / 2
             self.noisy_threshold = float(grid_laplace(np.array([self.params.threshold]), self.round_sensitivity,
                                                       self.eps1 / 2, rng=self._rng())[0])
         d = self.round_sensitivity
