@@ -156,6 +156,8 @@ def test_pmwg_answers_the_declared_stream_charges_once_and_resumes(world):
     (["--schedule", "improver"], "delta 0.0 is invalid"),
     (["--rows-per-block", 0], "rows_per_block 0 is invalid"),
     (["--epsilon", 0], "epsilon 0.0 is invalid"),
+    (["--composition", "zcdp"], "composition 'zcdp' needs delta > 0"),
+    (["--schedule", "improver", "--delta", 1e-8, "--composition", "basic"], "--composition 'basic' is for"),
 ])
 def test_growth_bad_input_exits_2_with_nothing_charged(world, extra, named):
     root, db, data, _ = world
@@ -196,3 +198,15 @@ def test_help():
     for sub, flag in (("growth", "--schedule"), ("pmwg", "--queries")):
         proc = sage("release", sub, "--help")
         assert proc.returncode == 0 and "--epsilon" in proc.stdout and flag in proc.stdout
+
+
+def test_growth_scheduler_basic_composition_charges_epsilon_and_delta(world):
+    root, db, data, _ = world
+    proc = growth(db, data, "--delta", 1e-8, "--composition", "basic", "--json", pipeline="gb", epsilon=0.1)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    schedule = BBScheduler(SchedulerParams(epsilon=0.1, delta=1e-8, composition="basic"))
+    assert [(r["epsilon_i"], r["delta_i"]) for r in out["runs"]] == [
+        (pytest.approx(schedule.run_budget(t)[1]), pytest.approx(schedule.run_budget(t)[2])) for t in (1, 2, 3)]
+    assert spent(db, "gb") == {b: (pytest.approx(0.1), pytest.approx(1e-8)) for b in blocks_of(db)}
+    assert out["audit_ok"] and " delta_i " in proc.stderr

@@ -270,3 +270,59 @@ def test_pmwg_growth_exponent_refused():
     for bad in (0, -0.5, 1.5, True):
         with pytest.raises(GrowthError, match=f"growth_exponent {bad!r} is invalid"):
             PMWGParams(epsilon=1.0, growth_exponent=bad)
+
+
+@pytest.mark.parametrize("composition", ["zcdp", "basic"])
+def test_scheduler_with_delta_ledger_spend_equals_the_analysis_bound(tmp_path, composition):
+    """BBScheduler with delta > 0 on a real ledger: each block is charged the whole (epsilon, delta) once, before
+    it is read, and that is exactly the analysis' bound. zCDP mode: the runs are pure epsilon_i-DP and their
+    zCDP sum_i epsilon_i^2 / 2 stays <= rho, which dp-accounting converts back to <= epsilon at delta. Basic
+    mode: the runs' own (epsilon_i, delta_i) shrink geometrically and sum to <= (epsilon, delta)."""
+    import dp_accounting
+    from dp_accounting.rdp import RdpAccountant
+
+    from sage_tfx.release.growth import clipped_mean
+
+    T, eps, delta = 20, 1.0, 1e-6
+    ledger = make_ledger(tmp_path, T, epsilon=2.0, delta=1e-5)
+    schedule = BBScheduler(SchedulerParams(epsilon=eps, delta=delta, gamma=0.25, composition=composition))
+    reader = CheckedReader(ledger)
+    rel = ScheduledRelease(ledger, "s", f"sched-{composition}", schedule, clipped_mean(1.0, ROWS),
+                           lambda g: reader(g)[:, 0], name="clipped_mean(x0)")
+    for i in range(T):
+        rel.observe(f"b{i:03d}")
+        assert reader.read[-1] == f"b{i:03d}"  # read only after its charge (CheckedReader asserts it)
+    # the ledger: every block's spend is the whole bound, charged once, and the audit passes
+    assert spent(ledger) == {f"b{i:03d}": (pytest.approx(eps), pytest.approx(delta)) for i in range(T)}
+    assert len(ledger.grants("s")) == T and ledger.audit().ok
+    runs = rel.runs
+    assert [r.t for r in runs] == [t for t in range(1, T + 1) if schedule.run_at(t)] and len(runs) >= 6
+    if composition == "zcdp":
+        assert all(r.delta == 0.0 for r in runs)
+        rho_used = sum(r.epsilon ** 2 / 2 for r in runs)
+        assert rho_used <= schedule.rho * (1 + 1e-12)
+        z = 1.0 / math.sqrt(2 * rho_used)  # rho-zCDP has the RDP curve of the Gaussian with multiplier z
+        eps_used = RdpAccountant().compose(dp_accounting.GaussianDpEvent(z)).get_epsilon(delta)
+        assert eps_used <= eps * (1 + 1e-6)
+        # the infinite horizon reaches the bound: the geometric tail after T blocks is what is left
+        assert schedule.total_loss(10 ** 5) == pytest.approx(schedule.rho, rel=1e-6)
+    else:
+        eps_i, delta_i = [r.epsilon for r in runs], [r.delta for r in runs]
+        # run k covers the epochs after the previous run's up to its own: (eps, delta) g / (1 + g)^(j + 1) each
+        first = [0] + [r.epoch + 1 for r in runs[:-1]]
+        share = [sum(0.25 / 1.25 ** (j + 1) for j in range(f, r.epoch + 1)) for f, r in zip(first, runs)]
+        assert eps_i == [pytest.approx(eps * w) for w in share] and delta_i == [pytest.approx(delta * w) for w in share]
+        assert eps_i[-1] < eps_i[-2] < eps_i[-3]  # they shrink as the stream grows
+        assert [d / e for d, e in zip(delta_i, eps_i)] == [pytest.approx(delta / eps)] * len(runs)
+        assert sum(eps_i) < eps and sum(delta_i) < delta
+        assert schedule.total_loss(10 ** 5) == pytest.approx(eps, rel=1e-4)  # tail 1.25^-52 ~ 1e-5 left
+        assert schedule.total_delta(10 ** 5) == pytest.approx(delta, rel=1e-4)
+    # the output stays near the truth: noise at the last run is far below the [0, 1] range (fixed seed)
+    assert abs(rel.current - np.mean([generated_block(i)[:, 0].mean() for i in range(T)])) < 0.5
+
+
+def test_scheduler_composition_refused():
+    with pytest.raises(GrowthError, match="composition 'advanced' is invalid"):
+        SchedulerParams(epsilon=1.0, delta=1e-6, composition="advanced")
+    with pytest.raises(GrowthError, match="composition 'zcdp' needs delta > 0"):
+        SchedulerParams(epsilon=1.0, composition="zcdp")

@@ -5,7 +5,8 @@
       [--sla-target LOSS --sla-epsilon E2 [--sla-confidence C] [--sla-loss-bound B]] [--json]
   sage release incremental-regression ... the same feature options ... --horizon T [--bound-x BX --bound-y BY]
   sage release growth --db LEDGER --stream S --data-root DIR --pipeline NAME --column COL --bound B
-      --rows-per-block M --epsilon E [--delta D] [--schedule scheduler|improver] [--gamma G] [--a A] [--t0 T0]
+      --rows-per-block M --epsilon E [--delta D [--composition zcdp|basic]] [--schedule scheduler|improver]
+      [--gamma G] [--a A] [--t0 T0]
   sage release pmwg --db LEDGER --stream S --data-root DIR --pipeline NAME --bins COL=LO:HI:K,...
       --queries FILE --rows-per-block M --epsilon E [--hard-budget K] [--threshold T] [--eta ETA]
       [--growth-exponent P]
@@ -118,6 +119,9 @@ def add_parser(subparsers):
     grow.add_argument("--epsilon", type=float, required=True, help="each record's whole-lifetime epsilon")
     grow.add_argument("--delta", type=float, default=0.0,
                       help="each record's whole-lifetime delta (default 0: pure DP, scheduler only)")
+    grow.add_argument("--composition", choices=("zcdp", "basic"), default=None,
+                      help="scheduler with --delta > 0: zcdp (default; pure runs composed in zCDP) or basic "
+                           "(each run (epsilon_i, delta_i)-DP with Gaussian noise, both shrinking geometrically)")
     grow.add_argument("--gamma", type=float, default=0.5, help="scheduler: growth factor 1 + gamma (default 0.5)")
     grow.add_argument("--a", type=float, default=0.1, help="improver: epsilon_t ~ t^-(1/2 + a), 0 < a < 1/2")
     grow.add_argument("--t0", type=int, default=1, help="the first run's block count (default 1)")
@@ -553,8 +557,11 @@ def _prepare_growth(args, ledger, schema):
     _numeric(args, schema, [args.column])
     if args.schedule == "scheduler":
         schedule = BBScheduler(SchedulerParams(epsilon=args.epsilon, delta=args.delta, gamma=args.gamma,
-                                               t0=args.t0))
+                                               t0=args.t0, composition=args.composition))
     else:
+        if args.composition is not None:
+            raise _BadInput(f"--composition {args.composition!r} is for --schedule scheduler: BBImprover always "
+                            "composes in zCDP")
         schedule = BBImprover(ImproverParams(epsilon=args.epsilon, delta=args.delta, a=args.a, t0=args.t0))
     mechanism = clipped_mean(args.bound, args.rows_per_block)
     name = f"clipped_mean(column={args.column},bound={args.bound!r},rows_per_block={args.rows_per_block})"
@@ -585,10 +592,11 @@ def _prepare_growth(args, ledger, schema):
             if run is None:
                 what = "no run (the schedule keeps the last output)"
             else:
-                what = f"run epoch {run.epoch} eps_i {run.epsilon:.6g} mean {run.output:.6g}"
-                summary["runs"].append({"t": t, "epoch": run.epoch, "epsilon_i": run.epsilon, "mean": run.output,
-                                        "blocks": len(run.blocks)})
-                entry.update(epoch=run.epoch, epsilon_i=run.epsilon, mean=run.output)
+                what = (f"run epoch {run.epoch} eps_i {run.epsilon:.6g}" + (f" delta_i {run.delta:.3g}" if run.delta
+                                                                             else "") + f" mean {run.output:.6g}")
+                summary["runs"].append({"t": t, "epoch": run.epoch, "epsilon_i": run.epsilon, "delta_i": run.delta,
+                                        "mean": run.output, "blocks": len(run.blocks)})
+                entry.update(epoch=run.epoch, epsilon_i=run.epsilon, delta_i=run.delta, mean=run.output)
             summary["blocks"].append(entry)
             _say(args, f"[growth:{args.schedule}] block {block}: t={t} {_spent_line(grant, replayed)} {what}")
         summary["current"] = rel.current

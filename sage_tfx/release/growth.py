@@ -20,6 +20,11 @@ its input for every epsilon > 0.
   rho, and rho-zCDP has the same RDP curve (alpha rho) as the calibrated Gaussian, so the accountant's
   conversion gives (epsilon, delta)-DP. Accuracy: n_i epsilon_i ~ t0 (1+gamma)^i r^i = t0 stays constant in both modes, so an error ~ 1/(n eps)
   is held, as in Theorem 10, plus the mid-epoch staleness of Lemma 11 (at most a factor (1 + gamma) of growth).
+  Basic (eps, delta) mode (``composition="basic"``, delta >= 0; Theorem 3 for (epsilon, delta) black boxes):
+  run i is (epsilon_i, delta_i)-DP with epsilon_i = epsilon gamma / (1 + gamma)^(i + 1) and delta_i = delta
+  gamma / (1 + gamma)^(i + 1): both shrink geometrically, so sum_i epsilon_i = epsilon and sum_i delta_i = delta
+  and basic composition gives (epsilon, delta)-DP over the infinite horizon (the black box is called with
+  ``delta=delta_i``; ``clipped_mean`` then adds grid Gaussian noise calibrated by dp-accounting).
   When several epoch thresholds are passed by one block arrival, one run is made with their summed epsilon (pure)
   or summed rho (zCDP): the same privacy as running each, so the totals above are unchanged.
 - ``BBImprover`` (Section 3.2, Algorithm 2, Theorem 13): re-run at every block count t >= t0 with
@@ -77,7 +82,7 @@ import numpy as np
 
 from sage_tfx.privacy import checks
 from sage_tfx.privacy.errors import SageError
-from sage_tfx.privacy.samplers import as_secure_rng, grid_laplace
+from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian, grid_laplace
 
 STAGE = "training"  # the ledger's stage vocabulary: a released statistic is the grant's one release
 
@@ -89,6 +94,7 @@ class GrowthError(SageError, ValueError):
 class Mode(enum.StrEnum):
     PURE = "pure"    # delta = 0, basic composition
     ZCDP = "zcdp"    # delta > 0, zCDP composition + RDP conversion
+    BASIC = "basic"  # delta >= 0, (epsilon_i, delta_i) runs, basic composition of both
 
 
 def _positive(name: str, value, fix: str) -> float:
@@ -117,6 +123,7 @@ class SchedulerParams:
     delta: float = 0.0
     gamma: float = 0.5
     t0: int = 1
+    composition: Optional[str] = None  # None: pure if delta = 0, zCDP otherwise; "basic": (eps_i, delta_i) runs
 
     def __post_init__(self):
         _positive("epsilon", self.epsilon, "give the total per-record epsilon > 0")
@@ -124,9 +131,16 @@ class SchedulerParams:
             raise GrowthError(f"delta {self.delta!r} is invalid: give 0 <= delta < 1 (0 = pure epsilon-DP)")
         _positive("gamma", self.gamma, "give the growth factor gamma > 0 (re-run at size t0 (1 + gamma)^i)")
         _int_at_least("t0", self.t0, 1, "give the first run's block count t0 >= 1")
+        if self.composition not in (None, "basic", "zcdp"):
+            raise GrowthError(f"composition {self.composition!r} is invalid: give None (pure if delta = 0, zCDP "
+                              "otherwise), 'zcdp' (needs delta > 0) or 'basic' ((epsilon_i, delta_i) runs)")
+        if self.composition == "zcdp" and self.delta == 0:
+            raise GrowthError("composition 'zcdp' needs delta > 0: give delta, or composition None for pure DP")
 
     @property
     def mode(self) -> Mode:
+        if self.composition == "basic":
+            return Mode.BASIC
         return Mode.ZCDP if self.delta > 0 else Mode.PURE
 
 
@@ -153,7 +167,8 @@ class BBScheduler:
     """Re-run times and per-run epsilons of BBScheduler (the paper's Section 3.1, Algorithm 1, Theorem 10).
 
     Privacy: every record is (epsilon, delta)-DP over the infinite sequence of runs (module docstring: pure mode
-    sum_i epsilon_i = epsilon, Theorem 3; zCDP mode sum_i epsilon_i^2 / 2 = rho, Theorem 4).
+    sum_i epsilon_i = epsilon, Theorem 3; zCDP mode sum_i epsilon_i^2 / 2 = rho, Theorem 4; basic mode
+    sum_i epsilon_i = epsilon and sum_i delta_i = delta, Theorem 3).
     """
 
     def __init__(self, params: SchedulerParams):
@@ -168,10 +183,30 @@ class BBScheduler:
 
     def epsilon_of(self, i: int) -> float:
         g = self.params.gamma
-        if self.params.mode is Mode.PURE:
+        if self.params.mode is not Mode.ZCDP:
             return self.params.epsilon * g / (1.0 + g) ** (i + 1)
         r = 1.0 / (1.0 + g)
         return math.sqrt(2.0 * self.rho * (1.0 - r * r)) * r ** i
+
+    def delta_of(self, i: int) -> float:
+        """delta_i of epoch i's run: delta gamma / (1 + gamma)^(i + 1) in basic mode, else 0 (pure runs)."""
+        if self.params.mode is not Mode.BASIC:
+            return 0.0
+        g = self.params.gamma
+        return self.params.delta * g / (1.0 + g) ** (i + 1)
+
+    def run_budget(self, t: int) -> Optional[tuple[int, float, float]]:
+        """(epoch, epsilon_i, delta_i) of the run made at t blocks (None if none); several epochs passed at once
+        are one run at their summed epsilon and delta (basic mode) -- the same privacy as running each."""
+        plan = self.run_at(t)
+        if plan is None:
+            return None
+        first = 0 if self._epoch(t - 1) is None else self._epoch(t - 1) + 1
+        return plan[0], plan[1], sum(self.delta_of(i) for i in range(first, plan[0] + 1))
+
+    def total_delta(self, horizon: int) -> float:
+        """A record's worst-case delta over the runs up to ``horizon`` blocks (basic mode; 0 otherwise)."""
+        return sum(r[2] for r in (self.run_budget(t) for t in range(1, horizon + 1)) if r)
 
     def run_at(self, t: int) -> Optional[tuple[int, float]]:
         """(epoch, epsilon) of the run made when the database reaches t blocks, None if no run then."""
@@ -182,7 +217,7 @@ class BBScheduler:
             return None  # no epoch threshold was passed by this arrival
         first = 0 if e_before is None else e_before + 1
         eps = [self.epsilon_of(i) for i in range(first, e_now + 1)]
-        if self.params.mode is Mode.PURE:  # one run at the epochs' summed epsilon (basic composition)
+        if self.params.mode is not Mode.ZCDP:  # one run at the epochs' summed epsilon (basic composition)
             return e_now, sum(eps)
         return e_now, math.sqrt(sum(e * e for e in eps))  # zCDP: the epochs' rhos add up
 
@@ -196,10 +231,11 @@ class BBScheduler:
         return i
 
     def total_loss(self, horizon: int) -> float:
-        """A record's worst-case loss (epsilon in pure mode, rho in zCDP mode) over runs up to ``horizon`` blocks."""
+        """A record's worst-case loss (epsilon in pure / basic mode, rho in zCDP mode) over runs up to ``horizon``
+        blocks."""
         runs = [self.run_at(t) for t in range(1, horizon + 1)]
         eps = [r[1] for r in runs if r]
-        return sum(eps) if self.params.mode is Mode.PURE else sum(e * e / 2 for e in eps)
+        return sum(eps) if self.params.mode is not Mode.ZCDP else sum(e * e / 2 for e in eps)
 
     @property
     def meta(self) -> dict:
@@ -245,13 +281,21 @@ def clipped_mean(bound: float, rows_per_block: int) -> "Mechanism":
     Sensitivity (add/remove one record): the clipped sum moves by at most ``bound`` and n is public, so the
     output moves by at most bound / n. Noise: ``samplers.grid_laplace`` at that sensitivity and the run's
     epsilon, so each run is (epsilon, 0)-DP exactly (docs/noise.md), as the schedules' analysis needs of its
-    black box (the paper's Section 3: an epsilon-DP static algorithm)."""
+    black box (the paper's Section 3: an epsilon-DP static algorithm). Called with ``delta > 0`` (a basic-mode
+    BBScheduler run), it adds ``samplers.grid_gaussian`` noise of sigma = z bound / n instead, z the Gaussian
+    multiplier dp-accounting's RDP accountant calibrates to (epsilon, delta) (``continual.calibrate_z_eff``):
+    the grid release keeps the continuous Gaussian's rho-zCDP, hence its RDP curve and (epsilon, delta)."""
     bound = _positive("bound", bound, "give the column's public upper bound B > 0 (values are clipped to [0, B])")
     m = _int_at_least("rows_per_block", rows_per_block, 1, "give the declared (public) rows per block >= 1")
 
-    def mechanism(blocks: list, epsilon: float, rng) -> float:
+    def mechanism(blocks: list, epsilon: float, rng, delta: float = 0.0) -> float:
         n = m * len(blocks)
         total = sum(float(np.clip(np.asarray(b, dtype=float), 0.0, bound).sum()) for b in blocks)
+        if delta > 0:  # (epsilon, delta)-DP: the Gaussian multiplier z calibrated by dp-accounting (RDP)
+            from sage_tfx.release.continual import calibrate_z_eff
+
+            sigma = calibrate_z_eff(epsilon, delta) * bound / n
+            return float(grid_gaussian(np.array([total / n]), bound / n, sigma, rng=rng)[0])
         return float(grid_laplace(np.array([total / n]), bound / n, epsilon, rng=rng)[0])
 
     return mechanism
@@ -269,6 +313,7 @@ class Run:
     epsilon: float
     blocks: list
     output: Any
+    delta: float = 0.0  # the run's own delta_i (basic mode; 0 for pure runs)
 
 
 class ScheduledRelease:
@@ -276,7 +321,8 @@ class ScheduledRelease:
 
     ``observe(block)``: charges the block's grant (the schedule's whole per-record (epsilon, delta)), reads it
     under that grant, and, if the schedule runs at this block count, runs ``mechanism(list of all blocks' data,
-    epsilon_i, rng)`` after re-opening every read block's release with this instance's fingerprint. The
+    epsilon_i, rng)`` (a basic-mode BBScheduler: ``mechanism(..., delta=delta_i)``, which must then be
+    (epsilon_i, delta_i)-DP) after re-opening every read block's release with this instance's fingerprint. The
     mechanism's output is public; it is answered from until the next run. Privacy: as the schedule's.
     """
 
@@ -320,11 +366,14 @@ class ScheduledRelease:
         if plan is None:
             return None
         epoch, eps = plan
+        basic = isinstance(self.schedule, BBScheduler) and self.schedule.params.mode is Mode.BASIC
+        delta_i = self.schedule.run_budget(t)[2] if basic else 0.0
         for b in self.order:  # re-open (same computation): nothing counted twice
             self.ledger.release(self.grants[b], STAGE, self.fingerprint, self.epsilon, self.delta)
         rng = as_secure_rng(self.ledger.private_seed(self.grants[self.order[0]].id, f"{self.name}/run/{t}"))
-        out = self.mechanism([self.data[b] for b in self.order], eps, rng)
-        run = Run(t, epoch, eps, list(self.order), out)
+        data = [self.data[b] for b in self.order]
+        out = self.mechanism(data, eps, rng, delta=delta_i) if basic else self.mechanism(data, eps, rng)
+        run = Run(t, epoch, eps, list(self.order), out, delta_i)
         self.runs.append(run)
         self.current = out
         return run
