@@ -32,6 +32,12 @@ fsync'd, renamed, its folder fsync'd), which every committed ledger write does a
 (docs/security.md) and the baseline does not. ``ratio_ceiling`` is the ratio a ledger whose only cost
 beyond the baseline transaction were that head-file write would reach: the fsyncs, not Python, bound
 the figure on slow storage.
+
+``--head-sync`` (default ``commit,group``) measures the grants in each head-file sync mode of
+``keys.HeadSync`` in the same run, each against its own baseline runs (``by_head_sync``): ``commit`` (the
+default mode, the headline) makes the head durable before each write returns, ``group`` within 50 ms, one
+write per interval; each writer makes its last head durable inside its timed span. What ``group`` gives up
+is in docs/security.md.
 """
 import hashlib
 import json
@@ -42,6 +48,8 @@ import sys
 import tempfile
 import time
 import uuid
+
+from sage_tfx.privacy.keys import ENV_HEAD_SYNC
 
 # Files a SQLite ledger leaves beside itself: WAL, shared memory, and its key file with the head file and its lock.
 LEDGER_FILE_SUFFIXES = ("", "-wal", "-shm", ".key", ".key.head", ".key.head.lock")
@@ -67,6 +75,9 @@ def add_arguments(parser):
                         help="blocks per timed add_blocks call for the add_blocks figure")
     parser.add_argument("--storage-samples", type=int, default=50, metavar="N",
                         help="fsync'd page writes and head-file writes timed for the storage note (0: skip it)")
+    parser.add_argument("--head-sync", default="commit,group", metavar="MODES",
+                        help="comma-separated head-file sync modes to measure the grants in (keys.HeadSync: commit, "
+                             "the default mode, and group); the first is the headline")
     parser.add_argument("--postgres", default=None, metavar="URL",
                         help="also measure against a PostgreSQL database (tables are added to it)")
 
@@ -81,6 +92,7 @@ def _ledger_worker(location, stream, blocks, count, barrier, results):
     start = time.monotonic()
     for _ in range(count):
         ledger.request(pipeline, stream, blocks=blocks, epsilon=1.0)
+    ledger.head_file.flush()  # HeadSync.GROUP: the last head made durable inside the timed span (commit: no-op)
     results.put((start, time.monotonic()))
     ledger.close()
 
@@ -432,6 +444,14 @@ def _check_args(args):
     for name in ("grants", "blocks", "repeats"):
         if getattr(args, name) < 1:
             raise SystemExit(f"sage bench ledger: --{name} {getattr(args, name)} must be >= 1")
+    from sage_tfx.privacy.keys import KeyFileError, head_sync_mode
+
+    try:
+        args.head_sync_modes = [head_sync_mode(m) for m in str(args.head_sync).split(",") if m.strip()]
+    except KeyFileError as exc:
+        raise SystemExit(f"sage bench ledger: --head-sync: {exc}")
+    if not args.head_sync_modes:
+        raise SystemExit(f"sage bench ledger: --head-sync {args.head_sync!r} names no mode (commit, group)")
     if args.grants < max(writer_counts):
         raise SystemExit(f"sage bench ledger: --grants {args.grants} must be at least the writer count")
     return writer_counts
@@ -441,7 +461,18 @@ def run(args):
     writer_counts = _check_args(args)
     db_dir = args.db_dir or tempfile.mkdtemp(prefix="sage-bench-ledger-")
     os.makedirs(db_dir, exist_ok=True)
-    sqlite = _measure(_sqlite_pair, db_dir, args, writer_counts, "sqlite")
+    by_mode = {}
+    saved = os.environ.get(ENV_HEAD_SYNC)
+    try:
+        for mode in args.head_sync_modes:  # spawned writers inherit the mode through the environment
+            os.environ[ENV_HEAD_SYNC] = mode.value
+            by_mode[mode.value] = _measure(_sqlite_pair, db_dir, args, writer_counts, f"sqlite, head sync {mode}")
+    finally:
+        if saved is None:
+            os.environ.pop(ENV_HEAD_SYNC, None)
+        else:
+            os.environ[ENV_HEAD_SYNC] = saved
+    sqlite = by_mode[args.head_sync_modes[0].value]
     headline = sqlite["1"] if "1" in sqlite else sqlite[str(writer_counts[0])]
     figures = {
         "grants_per_second": headline["grants_per_second"],
@@ -458,6 +489,13 @@ def run(args):
         "grants_per_run": args.grants,
         "repeats": args.repeats,
         "writers": sqlite,
+        "head_sync": args.head_sync_modes[0].value,
+        "by_head_sync": {mode: {"ratio": (v["1"] if "1" in v else v[str(writer_counts[0])])["ratio"],
+                                "meets_goal": all(w["ratio"] >= GOAL_RATIO for w in v.values()),
+                                "audit_ok": all(w["audit_ok"] for w in v.values()), "writers": v}
+                         for mode, v in by_mode.items()},
+        "head_sync_is": "keys.HeadSync: commit makes the head file durable before each write returns (the default); "
+                        "group within 50 ms, one write per interval (docs/security.md, what it gives up)",
         "db_dir": os.path.abspath(db_dir),
         "filesystem": _filesystem(db_dir),
         "cpus": os.cpu_count(),

@@ -24,13 +24,19 @@ The head file (``<key file>.head``, 0600, beside the key file) records, per ledg
 this host committed: its sequence number and keyed chain value (``HeadFile``). A database behind it was
 truncated; see ``audit.py``.
 """
+import atexit
 import contextlib
 import hashlib
 import hmac
 import json
+import logging
 import os
 import secrets
 import stat
+import threading
+import time
+import weakref
+from enum import StrEnum
 
 from .errors import LedgerError
 
@@ -39,6 +45,37 @@ LEGACY_SECRET_CHARS = 64  # schema 3's meta.secret: secrets.token_hex(32)
 ENV_KEY_FILE = "SAGE_KEY_FILE"
 KEY_SUFFIX = ".key"
 HEAD_SUFFIX = ".head"
+ENV_HEAD_SYNC = "SAGE_HEAD_SYNC"
+GROUP_INTERVAL_S = 0.05  # HeadSync.GROUP: the head file is made durable at most this long after a commit
+
+
+class HeadSync(StrEnum):
+    """When the head file is made durable after a committed ledger write (``SAGE_HEAD_SYNC``; docs/security.md).
+
+    ``commit`` (the default): before the write returns (a temporary file fsync'd, renamed, folder fsync'd).
+    ``group``: by a background thread, at most ``GROUP_INTERVAL_S`` later, one durable write for every
+    commit of that interval (group commit), and at once when the process exits normally or the head is
+    read (`HeadFile.get`, so an audit in the same process sees every commit of it). What ``group`` gives
+    up: a process killed, or a machine losing power, within that interval leaves the head BEHIND the log by
+    the entries of the interval. The audit accepts a log ahead of its head when the extra entries verify
+    under the key (a writer without the key cannot append them; a note says how many), so nothing is
+    reported falsely; but a truncation of exactly those entries by someone with write access to the
+    database and not to the key file would then go undetected. The ledger's own commits (budget spent,
+    grants) are as durable in both modes.
+    """
+    COMMIT = "commit"
+    GROUP = "group"
+
+
+def head_sync_mode(value=None) -> HeadSync:
+    """``value``, else $SAGE_HEAD_SYNC, else ``commit``; KeyFileError naming a bad value and the choices."""
+    raw = value if value is not None else os.environ.get(ENV_HEAD_SYNC) or HeadSync.COMMIT
+    try:
+        return HeadSync(str(raw).strip().lower())
+    except ValueError:
+        source = "head_sync" if value is not None else ENV_HEAD_SYNC
+        raise KeyFileError(f"{source}={raw!r} is not a head-file sync mode: use one of "
+                           f"{', '.join(m.value for m in HeadSync)} (docs/security.md)") from None
 
 
 class KeyFileError(LedgerError):
@@ -214,11 +251,22 @@ class HeadFile:
     """``<key file>.head``: {ledger id: {"seq": n, "chain": value}} of the last entry this host committed.
 
     Replaced atomically (a temporary file, fsync, rename) under an flock, and only forwards: two writers
-    finishing out of order never move it back.
+    finishing out of order never move it back. ``sync`` (a `HeadSync`, default $SAGE_HEAD_SYNC, else
+    ``commit``) says when: at each ``advance`` (``commit``), or by a background thread that writes the
+    newest pending head of each ledger at most ``GROUP_INTERVAL_S`` later (``group``: one durable write for
+    all the commits of the interval; flushed at normal exit and before every read through ``get``).
     """
 
-    def __init__(self, path):
+    def __init__(self, path, sync=None):
         self.path = path
+        self.sync = head_sync_mode(sync)
+        self._pending = {}  # ledger id -> (seq, chain), HeadSync.GROUP only
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._thread = None
+        self._pid = os.getpid()
+        if self.sync is HeadSync.GROUP:
+            _GROUP_HEADS.add(self)
 
     def read(self):
         """The recorded heads, {} if the file does not exist; KeyFileError if it is unreadable or too open."""
@@ -246,10 +294,54 @@ class HeadFile:
             raise KeyFileError(f"head file {self.path} is malformed (not the JSON sage writes)") from None
 
     def get(self, ledger_id):
+        """The recorded head of ``ledger_id`` (None if none), after writing this process's pending heads."""
+        self.flush()
         return self.read().get(ledger_id)
 
     def advance(self, ledger_id, seq, chain, reset=False):
-        """Record (seq, chain) for ``ledger_id`` if ``seq`` is beyond what is recorded (or ``reset``: a new ledger)."""
+        """Record (seq, chain) for ``ledger_id`` if ``seq`` is beyond what is recorded (or ``reset``: a new ledger).
+
+        ``commit`` mode, and every ``reset``: durable before this returns. ``group`` mode: queued for the
+        background writer (the newest seq per ledger wins), durable within ``GROUP_INTERVAL_S``.
+        """
+        if reset or self.sync is HeadSync.COMMIT:
+            self._write({ledger_id: (int(seq), chain)}, reset=reset)
+            return
+        with self._lock:
+            if self._pid != os.getpid():  # a forked child: the parent's queue and thread are the parent's
+                self._pending, self._thread, self._pid = {}, None, os.getpid()
+            current = self._pending.get(ledger_id)
+            if current is None or int(seq) > current[0]:
+                self._pending[ledger_id] = (int(seq), chain)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=f"sage-head-file {self.path}", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def flush(self):
+        """Write this process's pending heads now (``group`` mode; nothing to do in ``commit`` mode)."""
+        with self._lock:
+            if self._pid != os.getpid():
+                self._pending, self._thread, self._pid = {}, None, os.getpid()
+            pending, self._pending = self._pending, {}
+        if pending:
+            self._write(pending)
+
+    def _run(self):
+        """The ``group`` writer: wait for a pending head, let the interval's commits gather, write them once."""
+        while True:
+            with self._lock:
+                if not self._pending and not self._wake.wait(timeout=1.0) and not self._pending:
+                    self._thread = None  # idle for a second: exit; the next advance starts a new writer
+                    return
+            time.sleep(GROUP_INTERVAL_S)
+            try:
+                self.flush()
+            except (OSError, LedgerError) as exc:  # as Ledger._advance_head: the commits stand, the head lags
+                logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self.path, exc)
+
+    def _write(self, updates, reset=False):
+        """Merge ``updates`` {ledger id: (seq, chain)} into the file, forwards only (unless ``reset``), durably."""
         import fcntl
 
         folder = os.path.dirname(self.path) or "."
@@ -257,11 +349,16 @@ class HeadFile:
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX)
             heads = self.read()
-            current = heads.get(ledger_id)
-            if not reset and current is not None and int(current.get("seq", 0)) >= seq:
+            changed = False
+            for ledger_id, (seq, chain) in updates.items():
+                current = heads.get(ledger_id)
+                if not reset and current is not None and int(current.get("seq", 0)) >= seq:
+                    continue
+                heads[ledger_id] = {"seq": int(seq), "chain": chain}
+                changed = True
+            if not changed:
                 return
-            heads[ledger_id] = {"seq": int(seq), "chain": chain}
-            tmp = f"{self.path}.tmp{os.getpid()}"
+            tmp = f"{self.path}.tmp{os.getpid()}.{threading.get_ident()}"
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             try:
                 os.fchmod(fd, 0o600)
@@ -273,3 +370,15 @@ class HeadFile:
             _fsync_dir(folder)
         finally:
             os.close(lock_fd)
+
+
+_GROUP_HEADS = weakref.WeakSet()  # the live HeadSync.GROUP head files of this process, flushed at exit
+
+
+@atexit.register
+def _flush_at_exit():
+    for head in list(_GROUP_HEADS):
+        try:
+            head.flush()
+        except (OSError, LedgerError) as exc:
+            logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", head.path, exc)
