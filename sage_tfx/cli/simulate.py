@@ -34,6 +34,17 @@ def add_parser(subparsers):
                    help="skip the search for each strategy's highest rate with mean release under 24 h")
     p.add_argument("--set", action="append", default=[], metavar="PARAM=VALUE",
                    help="override a workload parameter (e.g. --set epsilon_start=0.0625; see docs/simulation.md)")
+    p.add_argument("--compare-policies", action="store_true",
+                   help="instead of the sweep: every registered allocation policy (conserve, aggressive, dpf-n, "
+                        "dpf-t, dpack) on the Fig. 8 workload at --fig8-rate and on a mice/elephants workload after "
+                        "PrivateKube's microbenchmark (docs/simulation.md)")
+    p.add_argument("--fig8-rate", type=float, default=1.5, help="--compare-policies: Fig. 8 arrival rate per hour")
+    p.add_argument("--fig8-n", type=int, default=4,
+                   help="--compare-policies: arrivals that unlock a block (DPF-N, DPack; DPF-T: n/rate hours)")
+    p.add_argument("--micro-rate", type=float, default=128.0,
+                   help="--compare-policies: microbenchmark arrivals per hour (one block per hour)")
+    p.add_argument("--micro-n", type=int, default=400, help="--compare-policies: microbenchmark unlocking n")
+    p.add_argument("--micro-hours", type=int, default=30, help="--compare-policies: microbenchmark hours of arrivals")
     p.set_defaults(func=_run)
 
 
@@ -55,8 +66,51 @@ def _config(overrides):
     return SimConfig(**values)
 
 
+def _compare(args):
+    import json
+
+    from sage_tfx.privacy.errors import LedgerError
+    from sage_tfx.simulate import compare, microbench
+
+    try:
+        config = _config(args.set)
+        for name in ("fig8_rate", "micro_rate"):
+            value = getattr(args, name)
+            if not (value > 0 and value < float("inf")):
+                raise ValueError(f"--{name.replace('_', '-')} {value!r} must be a finite number > 0")
+        if args.warmup >= args.hours or min(args.warmup, args.drain) < 0:
+            raise ValueError(f"--warmup {args.warmup} must be >= 0 and shorter than --hours {args.hours}")
+        micro = microbench.MicroConfig(rate=args.micro_rate, hours=args.micro_hours)
+        for n in (args.fig8_n, args.micro_n):
+            compare.queued_params(n, 1.0)
+            from sage_tfx.privacy.allocation import get_policy
+
+            get_policy("dpf-n", {"n": n})
+    except (ValueError, LedgerError) as exc:
+        print(f"sage simulate: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    result = compare.compare(fig8_rate=args.fig8_rate, fig8_n=args.fig8_n, micro_n=args.micro_n, hours=args.hours,
+                             warmup=args.warmup, drain=args.drain, seed=args.seed, config=config,
+                             micro_config=micro)
+    if args.plot:
+        compare.plot(result, args.plot)
+        print(f"plot written to {args.plot}", file=sys.stderr)
+    if args.json:
+        print(json.dumps(result, indent=2, default=str))
+        return EXIT_OK
+    for workload, count, mean in (("fig8", "released", "mean_release_h"), ("microbenchmark", "granted",
+                                                                          "mean_delay_h")):
+        print(f"{workload}:")
+        for r in result[workload]["results"]:
+            print(f"  {r['policy']:12s} {r[count]:6d} / {r['pipelines']:<6d} mean {r[mean]:.2f} h")
+    return EXIT_OK
+
+
 def _run(args):
     import json
+
+    if args.compare_policies:
+        return _compare(args)
 
     from sage_tfx.simulate import LABELS, STRATEGIES
     from sage_tfx.simulate import sweep as sw

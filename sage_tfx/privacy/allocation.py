@@ -40,6 +40,11 @@ class AllocationPolicy(abc.ABC):
     """The allocation rules of one policy, on plain vectors (tuples of floats). Stateless."""
 
     name: ClassVar[str]
+    queued: ClassVar[bool] = False   # True: demands wait in a queue the policy orders (QueuedPolicy)
+
+    def params(self) -> dict:
+        """The policy's parameters, as stored with a stream (none for Conserve and Aggressive)."""
+        return {}
 
     def new_block_shares(self, capacity, waiting) -> tuple | None:
         """The reservation each of ``waiting`` gets on a new block (None: nobody waits, all goes to the pool)."""
@@ -134,16 +139,177 @@ register(Conserve)
 register(Aggressive)
 
 
+# ------------------------------------------------------------------------------------- queued policies
+def _int_param(policy, name, value, floor):
+    if isinstance(value, bool) or not isinstance(value, int) or value < floor:
+        raise LedgerError(f"policy {policy!r} parameter {name}={value!r} is invalid: give an integer >= {floor}")
+    return value
+
+
+def _positive_param(policy, name, value, unit):
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise LedgerError(f"policy {policy!r} parameter {name}={value!r} is invalid: give a finite number > 0 "
+                          f"({unit})")
+    return float(value)
+
+
+class QueuedPolicy(AllocationPolicy):
+    """A policy that queues demands and grants them all-or-nothing in its own order (docs/scheduling_policies.md).
+
+    State (``QueuedAllocation`` in memory): per block its ``spent`` vector, its arrival time and the number of
+    pipeline arrivals since; per pipeline at most one pending *demand* (blocks, cost: the same cost on every
+    block named, as ``Ledger.request`` charges). At every scheduling point (a block or pipeline arrives, a
+    demand is made or withdrawn, time passes) the pending demands are considered in the order of
+    ``demand_key`` (ties: oldest demand first); each is granted only if, on EVERY block it names, the
+    filter admits it (``filt.admits``: privacy, the global budget) and it fits the block's unlocked budget
+    minus what was spent (``filt.fits_share(spent, cost, unlocked)``: for RDP the curve need only fit at one
+    order, PrivateKube's rule). Nothing is charged on any block otherwise (all-or-nothing). Unlocking only
+    gates *when* budget may be granted; the filter alone bounds what is spent, so no policy overspends.
+
+    No reservations: ``new_block_shares`` gives none and ``redistribute`` moves nothing; ``plan_epsilon``
+    is Conserve's (a pipeline asks small and doubles on RETRY, paper §3.3).
+    """
+
+    queued = True
+
+    def new_block_shares(self, capacity, waiting):
+        return None
+
+    def redistribute(self, holdings, pipeline, others, zero):
+        return {}
+
+    def plan_epsilon(self, available, start_epsilon):
+        return min(float(start_epsilon), available)
+
+    @abc.abstractmethod
+    def unlocked_fraction(self, *, arrivals: int, age: float) -> float:
+        """The share of a block's capacity unlocked ``age`` seconds after it arrived, ``arrivals`` pipelines later."""
+
+    def demand_key(self, filt, cost, spents, orders_index=None) -> float:
+        """Sort key of a demand of ``cost`` on blocks whose spent vectors are ``spents`` (smaller: served first)."""
+        return dominant_share(filt, cost, len(spents))
+
+
+def block_share(filt, cost, capacity) -> float:
+    """A demand's share of one block: basic, the largest of cost/capacity over (epsilon, delta); RDP, the
+    smallest over the orders of cost/capacity (the best alpha, PrivateKube §4.3: an RDP demand only needs to
+    fit at one order). ``capacity``: the block's capacity vector (or what remains of it); inf where it is 0."""
+    if filt.accounting == Accounting.RDP:
+        ratios = [c / cap if cap > 0 else math.inf for c, cap in zip(cost[1:], capacity[1:])]
+        return min(ratios) if ratios else math.inf
+    ratios = [(c / cap if cap > 0 else math.inf) if c > 0 else 0.0 for c, cap in zip(cost, capacity)]
+    return max(ratios)
+
+
+def dominant_share(filt, cost, n_blocks) -> float:
+    """DPF's dominant share of a demand: the max over its blocks of its share of the block's capacity (all
+    blocks have the stream's capacity, so it is one block's share; 0 for a demand naming no block)."""
+    return block_share(filt, cost, filt.capacity) if n_blocks else 0.0
+
+
+class DpfN(QueuedPolicy):
+    """DPF-N: Dominant Private-block Fairness with budget unlocked per pipeline arrival (PrivateKube, Luo et
+    al., OSDI'21 "Privacy Budget Scheduling" §4; docs/scheduling_policies.md).
+
+    Unlocking: a block's capacity unlocks in ``n`` equal shares, one per pipeline that arrives while the block
+    is live, until fully unlocked. Order: increasing dominant share (``dominant_share``; RDP: best alpha per
+    block). Guarantees: all-or-nothing; no overspend (the filter checks every grant); fairness share: a
+    demand whose dominant share is at most 1/n of a block is granted once the block has seen its arrival and
+    nothing smaller waits (nothing smaller waits; a demand within one share of every block it names is served before any larger one
+    (the order behind DPF's sharing incentive, PrivateKube §4.2).
+    """
+
+    name = Policy.DPF_N
+    DEFAULT_N = 100
+
+    def __init__(self, *, n: int = DEFAULT_N):
+        self.n = _int_param(str(self.name), "n", n, 1)
+
+    def params(self):
+        return {"n": self.n}
+
+    def unlocked_fraction(self, *, arrivals, age):
+        return min(1.0, arrivals / self.n)
+
+
+class DpfT(QueuedPolicy):
+    """DPF-T: DPF with each block's capacity unlocked linearly over ``lifetime`` seconds after it arrives
+    (PrivateKube, OSDI'21 §4.4; docs/scheduling_policies.md). Order and guarantees as ``DpfN``."""
+
+    name = Policy.DPF_T
+    DEFAULT_LIFETIME = 24 * 3600.0
+
+    def __init__(self, *, lifetime: float = DEFAULT_LIFETIME):
+        self.lifetime = _positive_param(str(self.name), "lifetime", lifetime, "seconds")
+
+    def params(self):
+        return {"lifetime": self.lifetime}
+
+    def unlocked_fraction(self, *, arrivals, age):
+        return min(1.0, max(0.0, age) / self.lifetime)
+
+
+class DPack(QueuedPolicy):
+    """An efficiency-oriented policy in the spirit of DPack (Tholoniat et al., EuroSys'25 "DPack:
+    Efficiency-Oriented Privacy Budget Scheduling" §4; docs/scheduling_policies.md).
+
+    Unlocking as ``DpfN`` (``n`` shares, one per pipeline arrival), so DPack and DPF-N differ only in the
+    order. Order: decreasing efficiency weight / sum over the demanded blocks of demand / remaining capacity
+    (all weights 1 here); under RDP the ratio on block j is taken at the order alpha_j that DPack's per-block
+    heuristic picks: the order at which the most pending demands on j fit, packed smallest first (ties: the
+    lower order). Guarantees: all-or-nothing and no overspend as every queued policy; NO fairness share (it
+    trades fairness for the number of pipelines granted, DPack §6).
+    """
+
+    name = Policy.DPACK
+    DEFAULT_N = 100
+
+    def __init__(self, *, n: int = DEFAULT_N):
+        self.n = _int_param(str(self.name), "n", n, 1)
+
+    def params(self):
+        return {"n": self.n}
+
+    def unlocked_fraction(self, *, arrivals, age):
+        return min(1.0, arrivals / self.n)
+
+    def demand_key(self, filt, cost, spents, orders_index=None):
+        total = 0.0
+        for i, spent in enumerate(spents):
+            remaining = [max(0.0, c - s) for c, s in zip(filt.capacity, spent)]
+            if filt.accounting == Accounting.RDP and orders_index is not None and orders_index[i] is not None:
+                k = orders_index[i]
+                total += cost[k] / remaining[k] if remaining[k] > 0 else math.inf
+            else:
+                total += block_share(filt, cost, remaining)
+        return total  # weight 1: ascending total = descending efficiency
+
+
+register(DpfN)
+register(DpfT)
+register(DPack)
+
+
 def policy_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def get_policy(name) -> AllocationPolicy:
-    """The policy registered as ``name``; LedgerError (a ValueError) naming the known ones otherwise."""
+def get_policy(name, params: dict | None = None) -> AllocationPolicy:
+    """The policy registered as ``name`` with ``params`` (a queued policy's n / lifetime; None: defaults);
+    LedgerError (a ValueError) naming the known ones, or the bad parameter, otherwise."""
     cls = _REGISTRY.get(str(name))
     if cls is None:
         raise LedgerError(f"policy {name!r} is unknown: use one of {', '.join(_REGISTRY)}")
-    return cls()
+    params = dict(params or {})
+    if not params:
+        return cls()
+    if not cls.queued:
+        raise LedgerError(f"policy {str(name)!r} takes no parameters, got {params!r}")
+    try:
+        return cls(**params)
+    except TypeError:
+        known = ", ".join(cls().params())
+        raise LedgerError(f"policy {str(name)!r} parameters {params!r} are invalid: it takes {known}") from None
 
 
 # ------------------------------------------------------------------------------- in-memory state (simulator)
@@ -255,6 +421,152 @@ class BlockAllocation:
                 holdings[holder] = {"reserved": reserved, "used": used}
             if any(h not in holdings for h in changes) or list(holdings) != sorted(holdings):
                 self.holdings[block] = dict(sorted(holdings.items()))
+
+
+class QueuedAllocation:
+    """A stream's state under a queued policy (``QueuedPolicy``: DPF-N, DPF-T, DPack), in memory.
+
+    Times are in seconds (the ledger's block times). ``arrive`` counts a pipeline arrival on every live
+    block (DPF-N's and DPack's unlocking); ``demand`` records a pipeline's pending demand (one per pipeline;
+    a new one replaces it); ``schedule`` grants pending demands in the policy's order, all-or-nothing, and
+    returns them. Only demands that might have become grantable are re-checked: a demand that failed on a
+    block stays failed while that block's unlocked fraction is unchanged (spent only grows), so the result
+    is the same as checking all of them (tests/test_allocation_policies.py checks it against a full scan).
+    """
+
+    def __init__(self, filt, min_cost, policy: QueuedPolicy | str):
+        self.filt = filt
+        self.min_cost = tuple(min_cost)
+        self.policy = policy if isinstance(policy, AllocationPolicy) else get_policy(policy)
+        if not self.policy.queued:
+            raise LedgerError(f"policy {str(self.policy.name)!r} is not a queued policy: use BlockAllocation")
+        self.spent = {}          # block -> spent vector
+        self.arrived = {}        # block -> arrival time (s)
+        self.arrivals = {}       # block -> pipeline arrivals since the block arrived (capped once unlocked)
+        self.active = []         # active block ids, oldest first
+        self.retired = set()
+        self.pending = {}        # pipeline -> [blocks tuple, cost, seq, blocked_on, fraction_then]
+        self._seq = 0
+        self.full_scan = False   # tests: check every pending demand at every scheduling point
+
+    # -- blocks and arrivals
+    def add_block(self, block, now):
+        if block in self.spent:
+            raise LedgerError(f"block {block!r} exists already")
+        self.spent[block] = self.filt.zero()
+        self.arrived[block] = float(now)
+        self.arrivals[block] = 0
+        self.active.append(block)
+
+    def arrive(self, now=None):
+        """A pipeline arrived: one more share of every live block unlocks (policies that unlock per arrival)."""
+        for block in self.active:
+            self.arrivals[block] += 1
+
+    def fraction(self, block, now):
+        return self.policy.unlocked_fraction(arrivals=self.arrivals[block], age=float(now) - self.arrived[block])
+
+    def unlocked(self, block, now):
+        f = self.fraction(block, now)
+        return tuple(c * f for c in self.filt.capacity)
+
+    def fits(self, block, cost, now):
+        """Privacy (the filter admits ``cost`` on the block) AND the policy (it fits unlocked minus spent)."""
+        if block in self.retired or block not in self.spent:
+            return False
+        spent = self.spent[block]
+        return self.filt.admits(spent, cost) and self.filt.fits_share(spent, cost, self.unlocked(block, now))
+
+    def choose(self, cost, window, now):
+        """The newest ``window`` active blocks on which ``cost`` fits now, oldest first; or None."""
+        chosen = []
+        for block in reversed(self.active):
+            if self.fits(block, cost, now):
+                chosen.append(block)
+                if len(chosen) == window:
+                    return chosen[::-1]
+        return None
+
+    # -- demands
+    def demand(self, pipeline, blocks, cost):
+        """Record ``pipeline``'s pending demand of ``cost`` on each of ``blocks`` (replacing any earlier one)."""
+        blocks = tuple(blocks)
+        if not blocks or len(set(blocks)) != len(blocks):
+            raise LedgerError(f"demand of {pipeline!r} names blocks {list(blocks)!r}: give distinct blocks")
+        unknown = [b for b in blocks if b not in self.spent]
+        if unknown:
+            raise LedgerError(f"demand of {pipeline!r} names unknown blocks {unknown!r}")
+        self._seq += 1
+        self.pending[pipeline] = [blocks, tuple(cost), self._seq, None, None]
+
+    def withdraw(self, pipeline):
+        self.pending.pop(pipeline, None)
+
+    def key(self, pipeline, orders_index=None):
+        blocks, cost, seq = self.pending[pipeline][:3]
+        spents = [self.spent[b] for b in blocks]
+        idx = None if orders_index is None else [orders_index.get(b) for b in blocks]
+        return (self.policy.demand_key(self.filt, cost, spents, idx), seq)
+
+    def _best_orders(self):
+        """DPack under RDP: per block, the order index at which the most pending demands fit, smallest first."""
+        if not (self.filt.accounting == Accounting.RDP and isinstance(self.policy, DPack)):
+            return None
+        per_block = {}
+        for blocks, cost, *_ in self.pending.values():
+            for b in blocks:
+                per_block.setdefault(b, []).append(cost)
+        best = {}
+        for b, costs in per_block.items():
+            remaining = [max(0.0, c - s) for c, s in zip(self.filt.capacity, self.spent[b])]
+            top, top_k = -1, None
+            for k in range(1, len(self.filt.capacity)):
+                room, count = remaining[k], 0
+                for c in sorted(x[k] for x in costs):
+                    if c > room:
+                        break
+                    room -= c
+                    count += 1
+                if count > top:
+                    top, top_k = count, k
+            best[b] = top_k
+        return best
+
+    def _maybe(self, entry, now):
+        blocked_on, fraction_then = entry[3], entry[4]
+        if self.full_scan or blocked_on is None:
+            return True
+        return blocked_on not in self.retired and self.fraction(blocked_on, now) != fraction_then
+
+    def schedule(self, now) -> list:
+        """Grant pending demands in the policy's order, all-or-nothing; returns [(pipeline, blocks, cost)]."""
+        orders_index = self._best_orders()
+        candidates = [p for p, e in self.pending.items() if self._maybe(e, now)]
+        candidates.sort(key=lambda p: self.key(p, orders_index))
+        granted = []
+        for pipeline in candidates:
+            entry = self.pending[pipeline]
+            blocks, cost = entry[0], entry[1]
+            failed = next((b for b in blocks if not self.fits(b, cost, now)), None)
+            if failed is not None:
+                entry[3] = failed
+                entry[4] = self.fraction(failed, now) if failed in self.spent else None
+                continue
+            self.charge(blocks, cost, now)
+            del self.pending[pipeline]
+            granted.append((pipeline, blocks, cost))
+        return granted
+
+    def charge(self, blocks, cost, now):
+        """Charge ``cost`` on every block (all must fit: AssertionError otherwise); retire exhausted blocks."""
+        missing = [b for b in blocks if not self.fits(b, cost, now)]
+        if missing:
+            raise AssertionError(f"allocation: block(s) {missing} cannot take {cost}")
+        for block in blocks:
+            self.spent[block] = filters.add(self.spent[block], cost)
+            if self.policy.retires(self.filt, self.spent[block], self.min_cost):
+                self.retired.add(block)
+                self.active.remove(block)
 
 
 # ------------------------------------------------------------------------------------- array form (ledger)

@@ -388,7 +388,11 @@ class Ledger:
         _check_name(name, "stream name")
         if accounting not in tuple(Accounting):
             raise LedgerError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")
-        get_policy(policy)  # LedgerError naming the registered policies
+        if get_policy(policy).queued:  # LedgerError naming the registered policies if unknown
+            raise LedgerError(
+                f"policy {str(policy)!r} is not available in the ledger yet: it queues refused requests as demands, "
+                "and the ledger has no demand queue (docs/scheduling_policies.md); use conserve or aggressive "
+                "(sage simulate --compare-policies runs dpf-n, dpf-t and dpack in the simulator)")
         try:
             filt = filters.make_filter(accounting, epsilon, delta, orders)
         except ValueError as exc:

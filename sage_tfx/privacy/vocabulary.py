@@ -34,6 +34,9 @@ class Policy(enum.StrEnum):
 
     CONSERVE = "conserve"
     AGGRESSIVE = "aggressive"
+    DPF_N = "dpf-n"     # PrivateKube's DPF, budget unlocked per pipeline arrival (docs/scheduling_policies.md)
+    DPF_T = "dpf-t"     # PrivateKube's DPF, budget unlocked over a block lifetime T
+    DPACK = "dpack"     # efficiency-ordered, in the spirit of DPack (EuroSys'25)
 
 
 class Accounting(enum.StrEnum):

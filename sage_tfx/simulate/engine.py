@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .strategies import STRATEGIES, PipelineState, make_strategy
+from .strategies import ALL_STRATEGIES, PipelineState, make_strategy
 from .workload import SimConfig, make_workload
 
 
@@ -75,7 +75,7 @@ class SimResult:
 
 
 def simulate(strategy, rate, hours=336, seed=0, config=SimConfig(), warmup=48, drain=96, workdir=None,
-             keep=False, inspect=None, max_waiting=200):
+             keep=False, inspect=None, max_waiting=200, policy_params=None):
     """Run one strategy at one arrival rate. Returns a SimResult.
 
     The run stops early, flagged ``overloaded``, once more than ``max_waiting``
@@ -85,8 +85,8 @@ def simulate(strategy, rate, hours=336, seed=0, config=SimConfig(), warmup=48, d
     ``inspect(strategy_object)`` is called before the ledger is closed (tests
     use it to audit the ledger); with ``keep`` the temporary directory stays.
     """
-    if strategy not in STRATEGIES:
-        raise ValueError(f"strategy {strategy!r} is unknown: use one of {', '.join(STRATEGIES)}")
+    if strategy not in ALL_STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} is unknown: use one of {', '.join(ALL_STRATEGIES)}")
     for name, value in (("hours", hours), ("warmup", warmup), ("drain", drain)):
         if not (isinstance(value, int) and value >= 0):
             raise ValueError(f"{name} {value!r} must be an integer >= 0 (hours)")
@@ -97,9 +97,24 @@ def simulate(strategy, rate, hours=336, seed=0, config=SimConfig(), warmup=48, d
     specs = make_workload(rate, end, seed, config)
     own_dir = workdir is None
     workdir = workdir or tempfile.mkdtemp(prefix="sage-sim-", dir=_tmp_root())
-    sim = make_strategy(strategy, config, workdir)
+    sim = make_strategy(strategy, config, workdir, policy_params)
     states = [PipelineState(s, config) for s in specs]
     waiting = []  # arrival order
+    order = getattr(sim, "order", None)   # queued policies: who is served first at a scheduling point
+
+    def serve(waiting, now):
+        progress = True
+        while progress and waiting:  # a release hands budget back: let the others try again
+            progress = False
+            still = []
+            for state in (waiting if order is None else order(waiting, now)):
+                if sim.advance(state, now):
+                    progress = True
+                else:
+                    still.append(state)
+            waiting = still if order is None else [s for s in waiting if s in still]
+        return waiting
+
     try:
         i = 0
         overloaded = None
@@ -110,20 +125,13 @@ def simulate(strategy, rate, hours=336, seed=0, config=SimConfig(), warmup=48, d
             while i < len(states) and states[i].spec.arrival < hour:
                 state = states[i]
                 sim.arrive(state)
-                if not sim.advance(state, state.spec.arrival):
+                if getattr(sim, "reschedule_on_arrival", False):
+                    waiting = serve(waiting + [state], state.spec.arrival)
+                elif not sim.advance(state, state.spec.arrival):
                     waiting.append(state)
                 i += 1
             sim.new_hour(hour)
-            progress = True
-            while progress and waiting:  # a release hands budget back: let the others try again
-                progress = False
-                still = []
-                for state in waiting:
-                    if sim.advance(state, float(hour)):
-                        progress = True
-                    else:
-                        still.append(state)
-                waiting = still
+            waiting = serve(waiting, float(hour))
         stats = {"refusals": sim.refusals, "waiting_at_end": len(waiting), "overloaded_at_h": overloaded}
         if inspect is not None:
             inspect(sim)

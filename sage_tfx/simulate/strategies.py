@@ -28,6 +28,14 @@ waiting pipelines by ``add_block``. An in-memory copy of the allocation
   window (min_window hours of records, doubling after each RETRY). No ledger:
   a record is never reused, so each record's loss is eps_g by construction.
 
+* ``block-dpf-n``, ``block-dpf-t``, ``block-dpack`` (issue 13): the queued policies of
+  ``privacy/allocation.py`` (docs/scheduling_policies.md) on the same per-block filters, in memory
+  (``QueuedAllocation``; the ledger does not run queued policies yet). A pipeline's attempt is a demand
+  (eps on its newest ``window`` blocks that fit the unlocked budget, cost as block-conserve's); the
+  engine offers the waiting pipelines their turn in the policy's order (``order``) at every scheduling
+  point (arrival, block, release), and a demand is charged all-or-nothing. RETRY as block-conserve's
+  (double eps if it fits the unlocked budget on the same blocks, else double the window).
+
 An attempt ACCEPTs iff the records it reads are at least
 ``config.n_required(n_np, eps)``; there is no REJECT in this workload.
 """
@@ -36,7 +44,7 @@ import os
 
 from sage_tfx.adaptive.iterator import BudgetSplit
 from sage_tfx.privacy import BudgetRefused, Ledger
-from sage_tfx.privacy.allocation import BlockAllocation
+from sage_tfx.privacy.allocation import BlockAllocation, QueuedAllocation, get_policy
 from sage_tfx.privacy.vocabulary import Accounting, Outcome, Policy
 
 STRATEGIES = ("query", "streaming", "block-aggressive", "block-conserve", "block-conserve-rdp")
@@ -47,6 +55,12 @@ LABELS = {
     "block-conserve": "Block/Conserve (Sage)",
     "block-conserve-rdp": "Block/Conserve, RDP",
 }
+# The queued policies as strategies of the same engine (not in STRATEGIES: the default sweep is Fig. 8's five).
+POLICY_STRATEGIES = {Policy.CONSERVE: "block-conserve", Policy.AGGRESSIVE: "block-aggressive",
+                     Policy.DPF_N: "block-dpf-n", Policy.DPF_T: "block-dpf-t", Policy.DPACK: "block-dpack"}
+QUEUED_STRATEGIES = ("block-dpf-n", "block-dpf-t", "block-dpack")
+ALL_STRATEGIES = STRATEGIES + QUEUED_STRATEGIES
+LABELS.update({"block-dpf-n": "Block/DPF-N", "block-dpf-t": "Block/DPF-T", "block-dpack": "Block/DPack"})
 STREAM = "sim"
 HOUR = 3600.0
 
@@ -70,7 +84,9 @@ class PipelineState:
                 "final_epsilon": self.epsilon, "final_window": self.window, "block_epsilon": self.block_epsilon}
 
 
-def make_strategy(name, config, workdir):
+def make_strategy(name, config, workdir, policy_params=None):
+    if name in QUEUED_STRATEGIES:
+        return QueuedStrategy(name, config, get_policy(name[len("block-"):], (policy_params or {}).get(name)))
     if name in ("block-conserve", "block-aggressive", "block-conserve-rdp"):
         policy = Policy.AGGRESSIVE if name == "block-aggressive" else Policy.CONSERVE
         accounting = Accounting.RDP if name.endswith("rdp") else Accounting.BASIC
@@ -253,6 +269,74 @@ class StreamingStrategy:
                 del self.waiting[state.name]
                 return True
             state.window *= 2
+
+    def close(self):
+        pass
+
+
+class QueuedStrategy:
+    """Block strategy under a queued policy (DPF-N, DPF-T, DPack), on ``QueuedAllocation`` in memory."""
+
+    def __init__(self, name, config, policy):
+        from sage_tfx.privacy import filters
+
+        self.name, self.config, self.policy = name, config, policy
+        self.filt = filters.BasicFilter(config.epsilon, config.delta)
+        self.model = QueuedAllocation(self.filt, self.filt.cost(epsilon=config.min_epsilon), policy)
+        self.waiting = {}
+        self.refusals = 0
+        self.hours = 0
+        self.reschedule_on_arrival = True   # an arrival unlocks budget (DPF-N): the engine lets all retry
+
+    def arrive(self, state):
+        self.model.arrive(state.spec.arrival * HOUR)
+        self.waiting[state.name] = state
+
+    def new_hour(self, hour):
+        self.model.add_block(f"h{hour:06d}", hour * HOUR)
+        self.hours = hour
+
+    def cost(self, epsilon):
+        return self.filt.cost(epsilon=epsilon, delta=self.config.query_delta)
+
+    def _demand(self, state, now):
+        """The pipeline's next demand: (blocks, cost); blocks None when too few fit now."""
+        cost = self.cost(state.epsilon)
+        return self.model.choose(cost, state.window, now * HOUR), cost
+
+    def order(self, waiting, now):
+        """The waiting pipelines in the policy's order of their next demand (the others last, arrival order)."""
+        keyed = []
+        for i, state in enumerate(waiting):
+            blocks, cost = self._demand(state, now)
+            if blocks is None:
+                keyed.append(((1, 0.0, i), state))
+            else:
+                spents = [self.model.spent[b] for b in blocks]
+                keyed.append(((0, self.policy.demand_key(self.filt, cost, spents), i), state))
+        keyed.sort(key=lambda kv: kv[0])
+        return [state for _, state in keyed]
+
+    def advance(self, state, now):
+        rows = self.config.rows_per_hour
+        t = now * HOUR
+        while True:
+            blocks, cost = self._demand(state, now)
+            if blocks is None:
+                return False
+            self.model.charge(blocks, cost, t)
+            state.attempts += 1
+            state.block_epsilon += state.epsilon * len(blocks)
+            n_rows = len(blocks) * rows
+            if n_rows >= self.config.n_required(state.spec.n_np, state.epsilon):
+                state.released_at = now
+                del self.waiting[state.name]
+                return True
+            double = 2 * state.epsilon
+            if double <= self.config.epsilon and all(self.model.fits(b, self.cost(double), t) for b in blocks):
+                state.epsilon = double
+            else:
+                state.window *= 2
 
     def close(self):
         pass

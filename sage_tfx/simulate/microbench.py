@@ -1,0 +1,220 @@
+"""A GENERATED multi-block workload of small and large pipelines, after PrivateKube's microbenchmark.
+
+PrivateKube (Luo et al., OSDI'21 "Privacy Budget Scheduling" §6.2; its artifact's
+``evaluation/microbenchmark/microbench_multi_block.py``) schedules a stream of pipelines of two sizes on
+blocks that arrive at a fixed interval: *mice* demand the newest block, *elephants* the newest 10; a
+pipeline's epsilon is independently 0.01 (mouse) or 0.1 (elephant); 75% mice on each axis; blocks of
+global (1, 1e-6); 11 blocks at the start; 30 block intervals of arrivals; a pipeline not granted within
+its timeout leaves. Our units: one block per hour, arrivals Poisson at ``rate`` per hour. PrivateKube's
+contention point is 128 arrivals per block interval (10 s blocks, 0.078 s between arrivals) with a
+timeout of 117 s (11.7 intervals); our default ``rate`` is 32/h (a quarter, so that the reservation
+policies' per-waiting-pipeline bookkeeping stays fast) with a 12 h timeout: the epsilon demanded per
+block is still about 3.4x its capacity (mice 32 * 0.75 * 0.0325 * 1 h + elephants 32 * 0.25 * 0.0325
+* 10 h), so the policies compete for budget.
+
+Each pipeline has ONE demand (eps on its blocks, fixed at arrival: the newest ``k`` blocks that exist
+then); it is granted all-or-nothing or times out. There is no RETRY (PrivateKube's pipelines do not
+adapt). Policies: every registered policy of ``privacy/allocation.py``: Conserve and Aggressive (Sage's
+reservations: new blocks split among the waiting pipelines, own reservation then pool; a demand is fixed,
+so both behave the same here), DPF-N, DPF-T and DPack (``QueuedAllocation``), and, as PrivateKube's
+baseline, FCFS (arrival order, no unlocking, all-or-nothing; ``Fcfs``, not a registered policy).
+"""
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+
+from sage_tfx.privacy import filters
+from sage_tfx.privacy.allocation import BlockAllocation, QueuedAllocation, QueuedPolicy, get_policy, policy_names
+
+HOUR = 3600.0
+
+
+@dataclass(frozen=True)
+class MicroConfig:
+    """The microbenchmark's parameters (module docstring: PrivateKube's values and ours)."""
+
+    rate: float = 32.0                 # pipeline arrivals per hour (one block per hour)
+    hours: int = 30                    # hours of arrivals (PrivateKube: 30 block intervals)
+    initial_blocks: int = 11           # blocks present at time 0 (PrivateKube: 11)
+    epsilon: float = 1.0               # per-block global epsilon (PrivateKube: 1, normalised)
+    delta: float = 1e-6                # per-block global delta
+    mice_blocks: int = 1
+    elephant_blocks: int = 10
+    mice_epsilon: float = 0.01
+    elephant_epsilon: float = 0.1
+    mice_blocks_share: float = 0.75    # P(a pipeline demands mice_blocks blocks)
+    mice_epsilon_share: float = 0.75   # P(a pipeline demands mice_epsilon), independent of the above
+    timeout: float = 12.0              # hours a pipeline waits before it leaves ungranted
+    min_epsilon: float = 0.001         # a block that cannot admit this much more is retired
+
+    def __post_init__(self):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"microbenchmark parameter {f.name}={value!r} must be a finite number > 0")
+        for name in ("hours", "initial_blocks", "mice_blocks", "elephant_blocks"):
+            if not isinstance(getattr(self, name), int):
+                raise ValueError(f"microbenchmark parameter {name}={getattr(self, name)!r} must be an integer")
+        for name in ("mice_blocks_share", "mice_epsilon_share"):
+            if getattr(self, name) > 1:
+                raise ValueError(f"microbenchmark parameter {name}={getattr(self, name)!r} must be <= 1")
+        if max(self.mice_epsilon, self.elephant_epsilon) > self.epsilon:
+            raise ValueError(f"a demand's epsilon ({self.mice_epsilon}, {self.elephant_epsilon}) must be <= epsilon "
+                             f"{self.epsilon}")
+
+    def to_dict(self):
+        return asdict(self)
+
+
+class Fcfs(QueuedPolicy):
+    """PrivateKube's FCFS baseline: everything unlocked at once, demands served in arrival order. Simulator only."""
+
+    name = "fcfs"
+
+    def unlocked_fraction(self, *, arrivals, age):
+        return 1.0
+
+    def demand_key(self, filt, cost, spents, orders_index=None):
+        return 0.0   # ties: arrival order
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    index: int
+    arrival: float        # hours
+    n_blocks: int
+    epsilon: float
+
+
+def make_pipelines(config: MicroConfig, seed: int) -> list[Pipeline]:
+    """GENERATED: Poisson arrivals over [0, hours); blocks and epsilon drawn independently (mice or elephant)."""
+    rng = np.random.default_rng(seed)
+    n = int(config.rate * config.hours * 1.5 + 50)
+    times = np.cumsum(rng.exponential(1.0 / config.rate, size=n))
+    times = times[times < config.hours]
+    mice_b = rng.random(len(times)) < config.mice_blocks_share
+    mice_e = rng.random(len(times)) < config.mice_epsilon_share
+    return [Pipeline(i, float(t), config.mice_blocks if mb else config.elephant_blocks,
+                     config.mice_epsilon if me else config.elephant_epsilon)
+            for i, (t, mb, me) in enumerate(zip(times, mice_b, mice_e))]
+
+
+def _name(i):
+    return f"p{i:06d}"
+
+
+def run(policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict | None = None,
+        full_scan: bool = False) -> dict:
+    """One policy on the workload: pipelines granted, their mean and median delay (arrival to grant, hours).
+
+    ``policy``: a registered policy name or "fcfs". Deterministic per (policy, config, seed, params).
+    """
+    started = time.perf_counter()
+    filt = filters.BasicFilter(config.epsilon, config.delta)
+    min_cost = filt.cost(epsilon=config.min_epsilon)
+    pol = Fcfs() if str(policy) == "fcfs" else get_policy(policy, params)
+    queued = pol.queued
+    model = QueuedAllocation(filt, min_cost, pol) if queued else BlockAllocation(filt, min_cost, pol)
+    if queued:
+        model.full_scan = full_scan
+    pipelines = make_pipelines(config, seed)
+    blocks = []
+    granted_at = {}
+    # events: (time h, kind order, seq, kind, payload); blocks before arrivals before timeouts at equal times
+    events = [(0.0, 0, i, "block", i) for i in range(config.initial_blocks)]
+    events += [(float(h), 0, config.initial_blocks + h, "block", config.initial_blocks + h)
+               for h in range(1, config.hours + int(math.ceil(config.timeout)) + 1)]
+    events += [(p.arrival, 1, p.index, "arrive", p) for p in pipelines]
+    heapq.heapify(events)
+    waiting = {}     # name -> (blocks, cost), arrival order (reservation policies)
+    end = config.hours + config.timeout
+
+    def grant(name, now):
+        granted_at[name] = now
+
+    def try_waiting(now):   # reservation policies: FCFS over the waiting pipelines
+        for name in list(waiting):
+            bl, cost = waiting[name]
+            if all(model.source(b, name, cost) is not None for b in bl):
+                model.charge(bl, name, cost)
+                del waiting[name]
+                model.finish(name, waiting)
+                grant(name, now)
+
+    while events:
+        now, _, _, kind, payload = heapq.heappop(events)
+        if now > end:
+            break
+        if kind == "block":
+            block = f"b{payload:05d}"
+            blocks.append(block)
+            if queued:
+                model.add_block(block, now * HOUR)
+                for name, bl, cost in model.schedule(now * HOUR):
+                    grant(name, now)
+            else:
+                model.add_block(block, list(waiting))
+                try_waiting(now)
+        elif kind == "arrive":
+            p = payload
+            name = _name(p.index)
+            bl = blocks[-p.n_blocks:]
+            cost = filt.cost(epsilon=p.epsilon)
+            if queued:
+                model.arrive(now * HOUR)
+                model.demand(name, bl, cost)
+                for gname, gbl, gcost in model.schedule(now * HOUR):
+                    grant(gname, now)
+            else:
+                waiting[name] = (bl, cost)
+                _try_one(model, waiting, name, now, grant)
+            heapq.heappush(events, (p.arrival + config.timeout, 2, p.index, "timeout", name))
+        else:  # timeout
+            name = payload
+            if name in granted_at:
+                continue
+            if queued:
+                if name in model.pending:
+                    model.withdraw(name)
+                    for gname, gbl, gcost in model.schedule(now * HOUR):
+                        grant(gname, now)
+            elif name in waiting:
+                del waiting[name]
+                model.finish(name, waiting)
+                try_waiting(now)
+    arrival = {_name(p.index): p.arrival for p in pipelines}
+    delays = np.array([granted_at[n] - arrival[n] for n in granted_at]) if granted_at else np.array([])
+    spent = [model.spent[b][0] for b in blocks]
+    kinds = {}
+    for p in pipelines:
+        kind = ("mice" if p.n_blocks == config.mice_blocks else "elephant") + "-blocks"
+        kinds.setdefault(kind, [0, 0])
+        kinds[kind][0] += 1
+        kinds[kind][1] += _name(p.index) in granted_at
+    return {"policy": str(policy), "params": pol.params(), "pipelines": len(pipelines), "granted": len(granted_at),
+            "granted_share": len(granted_at) / len(pipelines) if pipelines else math.nan,
+            "granted_by_kind": {k: {"pipelines": v[0], "granted": v[1]} for k, v in sorted(kinds.items())},
+            "mean_delay_h": float(delays.mean()) if len(delays) else math.nan,
+            "median_delay_h": float(np.median(delays)) if len(delays) else math.nan,
+            "max_block_spent": max(spent) if spent else 0.0, "blocks": len(blocks),
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+def _try_one(model, waiting, name, now, grant):
+    """A new arrival under a reservation policy: only its own demand can have become grantable."""
+    bl, cost = waiting[name]
+    if all(model.source(b, name, cost) is not None for b in bl):
+        model.charge(bl, name, cost)
+        del waiting[name]
+        model.finish(name, waiting)
+        grant(name, now)
+
+
+def policies() -> tuple[str, ...]:
+    """Every registered policy, then the FCFS baseline."""
+    return tuple(policy_names()) + ("fcfs",)
