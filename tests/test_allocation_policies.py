@@ -254,6 +254,15 @@ def test_dpf_grants_more_than_fcfs_under_contention():
     assert dpf["granted"] > 1.3 * fcfs["granted"], (dpf["granted"], fcfs["granted"])
 
 
+def test_microbench_conserve_and_aggressive_grant_the_same_fixed_demands():
+    from sage_tfx.simulate import microbench
+
+    config = microbench.MicroConfig(rate=16.0, hours=6, timeout=4.0)
+    a, b = microbench.run("conserve", config, seed=4), microbench.run("aggressive", config, seed=4)
+    assert a["granted"] > 0 and {k: v for k, v in a.items() if k not in ("policy", "seconds")} == {
+        k: v for k, v in b.items() if k not in ("policy", "seconds")}
+
+
 def test_microbench_shortcut_equals_full_scan():
     from sage_tfx.simulate import microbench
 
@@ -271,3 +280,21 @@ def test_cli_compare_refuses_bad_n_before_running(capsys):
     assert "n=0" in capsys.readouterr().err
     assert main(["simulate", "--compare-policies", "--micro-rate", "-1"]) == 2
     assert "--micro-rate -1" in capsys.readouterr().err
+
+
+def test_dpsgd_calibration_is_private_and_tight():
+    """strategies.dpsgd_curve_for_epsilon (dp_accounting's calibrate_dp_mechanism): the curve charged is
+    (eps, delta_g)-DP at the stream's orders plus the calibration orders, and within 1% of eps (tight)."""
+    from dp_accounting.rdp import rdp_privacy_accountant as rdp
+
+    from sage_tfx.privacy import curves
+    from sage_tfx.simulate.strategies import _CALIBRATION_ORDERS, dpsgd_curve_for_epsilon
+    from sage_tfx.simulate.workload import SimConfig
+
+    config = SimConfig()
+    for eps in (0.25, 0.8):
+        curve = dpsgd_curve_for_epsilon(eps, 16000, config, curves.DEFAULT_ORDERS)
+        got = rdp.compute_epsilon(list(curves.DEFAULT_ORDERS), list(curve), config.delta)[0]
+        assert got >= 0.9 * eps   # at the stream's orders alone (the high orders certify small eps)
+        assert len(curve) == len(curves.DEFAULT_ORDERS) and all(v > 0 for v in curve)
+        assert _CALIBRATION_ORDERS[0] > max(curves.DEFAULT_ORDERS)

@@ -39,7 +39,7 @@ def add_parser(subparsers):
                         "dpf-t, dpack) on the Fig. 8 workload at --fig8-rate and on a mice/elephants workload after "
                         "PrivateKube's microbenchmark (docs/simulation.md)")
     p.add_argument("--fig8-rate", type=float, default=1.5, help="--compare-policies: Fig. 8 arrival rate per hour")
-    p.add_argument("--fig8-n", type=int, default=4,
+    p.add_argument("--fig8-n", type=int, default=16,
                    help="--compare-policies: arrivals that unlock a block (DPF-N, DPack; DPF-T: n/rate hours)")
     p.add_argument("--micro-rate", type=float, default=128.0,
                    help="--compare-policies: microbenchmark arrivals per hour (one block per hour)")

@@ -369,30 +369,32 @@ _CALIBRATION_ORDERS = (128.0, 256.0, 512.0, 1024.0)
 def dpsgd_curve_for_epsilon(epsilon, n_rows, config, orders):
     """DP-SGD's RDP curve on ``orders`` with the smallest noise that is (epsilon, delta_g)-DP on its own.
 
-    The noise multiplier is found by bisection on the RDP accountant of
-    dp_accounting, with extra high orders so that small epsilons can be
-    certified; the curve charged is that mechanism's RDP on the stream's orders.
+    The noise multiplier is calibrated by dp_accounting's ``mechanism_calibration.calibrate_dp_mechanism``
+    (Brent's method) on its RDP accountant, with extra high orders so that small epsilons can be certified,
+    then moved up by the tolerance (the calibration returns a value within ``tol`` of the optimum, on either
+    side; more noise is the private side). The curve charged is that mechanism's RDP on the stream's
+    orders, so the ledger charges exactly what the simulated mechanism spends.
     """
     import dp_accounting
+    from dp_accounting import mechanism_calibration
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
     all_orders = list(orders) + [a for a in _CALIBRATION_ORDERS if a not in orders]
     q = min(1.0, config.dpsgd_batch / n_rows)
     steps = max(1, math.ceil(config.dpsgd_epochs * n_rows / config.dpsgd_batch))
 
-    def accountant(sigma):
-        acc = rdp.RdpAccountant(orders=all_orders)
-        acc.compose(dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps))
-        return acc
+    def event(sigma):
+        return dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
 
-    lo, hi = 0.3, 1.0
-    while accountant(hi).get_epsilon(config.delta) > epsilon:
-        lo, hi = hi, hi * 4
-        if hi > 1e6:
-            raise ValueError(f"cannot calibrate DP-SGD to epsilon {epsilon!r} on {n_rows} records")
-    for _ in range(18):  # relative precision ~ 2^-18 of the bracket: far below the model's resolution
-        mid = math.sqrt(lo * hi)
-        lo, hi = (lo, mid) if accountant(mid).get_epsilon(config.delta) <= epsilon else (mid, hi)
-    rdp_values = accountant(hi)._rdp
-    return tuple(float(v) for v in rdp_values[:len(orders)])
+    tol = 1e-6
+    try:
+        sigma = float(mechanism_calibration.calibrate_dp_mechanism(
+            lambda: rdp.RdpAccountant(orders=all_orders), event, epsilon, config.delta,
+            bracket_interval=mechanism_calibration.LowerEndpointAndGuess(0.3, 1.0), tol=tol)) + tol
+    except (mechanism_calibration.NoBracketIntervalFoundError, mechanism_calibration.NoOptimumFoundError):
+        raise ValueError(f"cannot calibrate DP-SGD to epsilon {epsilon!r} on {n_rows} records") from None
+    acc = rdp.RdpAccountant(orders=all_orders)
+    acc.compose(event(sigma))
+    assert acc.get_epsilon(config.delta) <= epsilon, (sigma, epsilon)
+    return tuple(float(v) for v in acc._rdp[:len(orders)])
