@@ -53,8 +53,8 @@ def world(tmp_path_factory):
 
 def test_continual_charges_each_block_once_and_resumes(world):
     root, db, data = world
-    push = root / "push"
-    sla = ["--sla-target", 0.8, "--sla-epsilon", 0.25, "--push-dir", push]
+    push, serve = root / "push", root / "serve"
+    sla = ["--sla-target", 0.8, "--sla-epsilon", 0.25, "--push-dir", push, "--serving-dir", serve]
     first = continual(db, data, *sla, "--json")
     assert first.returncode == 0, first.stderr
     out = json.loads(first.stdout)
@@ -66,7 +66,15 @@ def test_continual_charges_each_block_once_and_resumes(world):
     assert all(len(m["weights"]) == 3 and m["sla"] in ("ACCEPT", "REJECT", "RETRY") for m in out["models"])
     progress = first.stderr.splitlines()  # with --json the progress lines go to stderr
     assert progress[0].startswith(f"[continual] block {blocks[0]}: t=1 kind=base charged eps 0.5 ")
-    assert all(f"pushed {push}" in line for line in progress)
+    assert all(f"wrote {push}/model-00000" in line for line in progress)
+    # the Pusher convention: every model has a ModelBlessing, blessed iff its SLA check ACCEPTed, and only the
+    # blessed ones are pushed (serving dir version = t)
+    for m in out["models"]:
+        blessing = json.loads((push / f"blessing-{m['t']:06d}" / "blessing.json").read_text())
+        assert blessing["blessed"] == m["blessed"] == (m["sla"] == "ACCEPT")
+        assert blessing["current_model"] == m["model"] == str(push / f"model-{m['t']:06d}")
+        assert (m["pushed"] == str(serve / str(m["t"]))) == (m["sla"] == "ACCEPT")
+    assert sorted(p.name for p in serve.iterdir()) == [str(m["t"]) for m in out["models"] if m["sla"] == "ACCEPT"]
     # per block: exactly ONE grant of this pipeline, charged the whole per-record bound (the parallel split's
     # max(training 0.5, validation 0.25) = 0.5), as the ledger's per-block spend shows
     assert spent(db, "cr") == {b: (pytest.approx(EPS), pytest.approx(DELTA)) for b in blocks}
@@ -77,7 +85,7 @@ def test_continual_charges_each_block_once_and_resumes(world):
         assert sorted(r.stage for r in releases) == ["training"] * 3 + ["validation"] * 3
         assert {r.computation for r in releases if r.stage == "training"} == {out["fingerprint"]}
         assert ledger.audit().ok
-    assert (push / "model-000003" / "weights.npy").exists()
+    assert (push / "model-000003" / "Format-Serving" / "weights.npy").exists()
 
     # a restart: everything is replayed under the existing grants; nothing is charged, the models are the same
     before = snapshot(db)
@@ -119,6 +127,7 @@ def test_continual_charges_each_block_once_and_resumes(world):
     (["--scales", "100"], "--scales '100' has 1 value(s) for 2 feature(s)"),
     (["--sla-target", 0.8], "--sla-target and --sla-epsilon go together"),
     (["--push-dir", "/proc/no/such"], "--push-dir '/proc/no/such' cannot be created"),
+    (["--serving-dir", "/tmp/x"], "--serving-dir '/tmp/x' needs --push-dir"),
     (["--sla-target", 0.8, "--sla-epsilon", 2.0], "validation_epsilon 2.0 is larger than epsilon"),
 ])
 def test_bad_input_exits_2_naming_the_value_with_nothing_charged(world, args, named):

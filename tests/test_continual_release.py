@@ -240,13 +240,15 @@ def test_release_stream_on_real_taxi_blocks_with_sla_and_push(tmp_path):
                        validator=DPLossValidator(5.0, 2.0, loss_bound=5.0))
     assert ledger.grants() == []
     rel, out = release_stream(ledger, str(data), "taxi", "cr", params, featurize=_taxi_featurize(schema), dim=3,
-                              validator=DPLossValidator(5.0, 0.5, loss_bound=5.0), push_dir=str(tmp_path / "push"))
+                              validator=DPLossValidator(5.0, 0.5, loss_bound=5.0), push_dir=str(tmp_path / "push"),
+                              serving_dir=str(tmp_path / "serve"))
     blocks = [b.id for b in ledger.blocks("taxi")]
     assert [o["block"] for o in out] == blocks and len(blocks) == 4
     assert all(o["sla"] in ("ACCEPT", "REJECT", "RETRY") for o in out)
     for o in out:
-        assert os.path.exists(os.path.join(o["pushed"], "weights.npy"))
-        assert os.path.exists(os.path.join(o["pushed"], "BLESSED")) == (o["sla"] == "ACCEPT")
+        assert os.path.exists(os.path.join(o["model"], "Format-Serving", "weights.npy"))
+        assert os.path.exists(os.path.join(o["blessing"], "BLESSED")) == (o["sla"] == "ACCEPT") == o["blessed"]
+        assert (o["pushed"] is not None) == o["blessed"]  # only blessed models reach the serving dir
     status = ledger.status("taxi")["blocks"]
     assert all(b["epsilon_spent"] == pytest.approx(1.0) for b in status)  # max(training 1.0, validation 0.5)
     stages = sorted((r.grant_id, r.stage) for r in ledger.releases())
@@ -280,6 +282,6 @@ def test_sla_check_accepts_a_good_model_and_blesses_only_it(tmp_path):
     model2 = rel.observe("b001")
     bad = check_sla(rel, model2, impossible)
     assert bad.outcome != "ACCEPT"
-    assert os.path.exists(os.path.join(push_model(str(tmp_path), model, good), "BLESSED"))
-    assert not os.path.exists(os.path.join(push_model(str(tmp_path), model2, bad), "BLESSED"))
+    assert os.path.exists(os.path.join(push_model(str(tmp_path), model, good).blessing_uri, "BLESSED"))
+    assert not os.path.exists(os.path.join(push_model(str(tmp_path), model2, bad).blessing_uri, "BLESSED"))
     assert ledger.audit().ok

@@ -1,7 +1,8 @@
 """`sage release ...`: the stream release strategies of issue 14 from the command line (docs/release_strategies.md).
 
   sage release continual --db LEDGER --stream S --data-root DIR --pipeline NAME --label COL --features C1,C2
-      --loss logistic|squared --epsilon E --delta D --rows-per-block M [--window W] [--push-dir DIR]
+      --loss logistic|squared --epsilon E --delta D --rows-per-block M [--window W] [--push-dir DIR
+      [--serving-dir DIR2]]
       [--sla-target LOSS --sla-epsilon E2 [--sla-confidence C] [--sla-loss-bound B]] [--json]
   sage release incremental-regression ... the same feature options ... --horizon T [--bound-x BX --bound-y BY]
   sage release growth --db LEDGER --stream S --data-root DIR --pipeline NAME --column COL --bound B
@@ -75,7 +76,11 @@ def add_parser(subparsers):
     cont.add_argument("--positive-above", type=float, default=0.0, metavar="VALUE",
                       help="logistic: a label is +1 iff its value > VALUE (default 0), else -1")
     cont.add_argument("--push-dir", default=None, metavar="DIR",
-                      help="write every model to DIR/model-<t>/ (BLESSED iff its SLA check ACCEPTed or none is set)")
+                      help="write every model as a TFX Model artifact DIR/model-<t>/Format-Serving/ and its "
+                           "ModelBlessing DIR/blessing-<t>/ (BLESSED iff its SLA check ACCEPTed or none is set; "
+                           "what a TFX Pusher reads)")
+    cont.add_argument("--serving-dir", default=None, metavar="DIR",
+                      help="push the BLESSED models to DIR/<t>/ as TFX's Pusher does (needs --push-dir)")
     cont.add_argument("--sla-target", type=float, default=None, metavar="LOSS",
                       help="SLA: ACCEPT a model iff its expected (clipped) loss is <= LOSS (DPLossValidator), "
                            "checked on the newest block's test part; needs --sla-epsilon")
@@ -387,19 +392,25 @@ def run_continual(args):
             grant = release.grants[block]
             try:
                 result = check_sla(release, model, validator) if validator is not None else None
-                folder = push_model(args.push_dir, model, result) if args.push_dir else None
+                pushed = push_model(args.push_dir, model, result, args.serving_dir) if args.push_dir else None
             except SageError as exc:  # e.g. a replay whose SLA computation differs: the ledger refuses it
                 print(f"error: block {block}: {exc}", file=sys.stderr)
                 code = EXIT_FAILED
                 break
             sla = None if result is None else str(result.outcome)
             summary["resumed_blocks" if replayed else "charged_blocks"] += 1
+            wrote = "" if pushed is None else (f" wrote {pushed.model_uri} "
+                                               f"{'BLESSED' if pushed.blessed else 'NOT_BLESSED'}")
+            if pushed is not None and args.serving_dir:
+                wrote += f" pushed {pushed.pushed_to}" if pushed.pushed_to else " not pushed"
             _say(args, f"[{tag}] block {block}: t={model.t} kind={model.kind} {_spent_line(grant, replayed)}"
-                       + (f" SLA {sla}" if sla else "") + (f" pushed {folder}" if folder else ""))
+                       + (f" SLA {sla}" if sla else "") + wrote)
             summary["models"].append({"t": model.t, "block": block, "kind": model.kind, "grant": grant.id,
                                       "charged": not replayed, "window_blocks": list(model.blocks),
                                       "weights": [float(w) for w in model.weights], "sla": sla,
-                                      "pushed": folder})
+                                      "model": pushed and pushed.model_uri,
+                                      "blessing": pushed and pushed.blessing_uri,
+                                      "blessed": pushed and pushed.blessed, "pushed": pushed and pushed.pushed_to})
         return _finish(args, ledger, summary, code)
     except BaseException:
         ledger.close()
@@ -416,14 +427,18 @@ def _prepare_continual(args, ledger, schema):
     if args.sla_target is None and args.sla_epsilon is not None or args.sla_target is not None \
             and args.sla_epsilon is None:
         raise _BadInput("--sla-target and --sla-epsilon go together: give both for an SLA check, or neither")
-    if args.push_dir is not None:  # made now: an unwritable folder must fail before any charge
-        import os
+    if args.serving_dir is not None and args.push_dir is None:
+        raise _BadInput(f"--serving-dir {args.serving_dir!r} needs --push-dir: the models and their blessings are "
+                        "written there first (the artifacts a Pusher reads)")
+    for flag, folder in (("--push-dir", args.push_dir), ("--serving-dir", args.serving_dir)):
+        if folder is not None:  # made now: an unwritable folder must fail before any charge
+            import os
 
-        try:
-            os.makedirs(args.push_dir, exist_ok=True)
-        except OSError as exc:
-            raise _BadInput(f"--push-dir {args.push_dir!r} cannot be created ({exc.strerror}): give a writable "
-                            "directory") from None
+            try:
+                os.makedirs(folder, exist_ok=True)
+            except OSError as exc:
+                raise _BadInput(f"{flag} {folder!r} cannot be created ({exc.strerror}): give a writable "
+                                "directory") from None
     params = ReleaseParams(epsilon=args.epsilon, delta=args.delta, records_per_block=args.rows_per_block,
                            lam=args.lam, radius=args.radius, loss=args.loss, window=args.window)
     validator = None

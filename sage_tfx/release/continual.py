@@ -567,33 +567,109 @@ def check_sla(release: "_Base", model: "Released", validator) -> object:
     return validator.validate(losses, rng=rng)
 
 
-def push_model(push_dir: str, model: "Released", result=None) -> str:
-    """Write ``model`` to push_dir/model-<t>/ (weights.npy, model.json) with a BLESSED marker when the SLA check
-    ACCEPTed (or none was set) — a ModelBlessing-like directory, not a TFX Pusher. Returns the folder."""
+SERVING_MODEL_DIR = "Format-Serving"  # tfx.utils.path_constants.SERVING_MODEL_DIR: what TFX's Pusher copies
+BLESSED_FILE, NOT_BLESSED_FILE = "BLESSED", "NOT_BLESSED"  # as components/dp_model_validator_executor.py
+BLESSING_PROPERTIES = "blessing.json"  # the ModelBlessing's custom properties, for a reader without MLMD
+
+
+@dataclass(frozen=True)
+class Pushed:
+    """Where ``push_model`` put a released model: its Model artifact URI, its ModelBlessing URI, whether it was
+    blessed, and the serving path it was pushed to (None: not pushed -- not blessed, or no serving dir)."""
+
+    model_uri: str
+    blessing_uri: str
+    blessed: bool
+    pushed_to: Optional[str]
+
+
+def write_blessing(blessing_uri: str, model_uri: str, model_id: int, accepted: bool,
+                   outcome: Optional[str] = None) -> str:
+    """A ModelBlessing in the layout Sage's DPModelValidator writes (components/dp_model_validator_executor.py,
+    ``write_blessing``) and TFX's Pusher reads: a BLESSED / NOT_BLESSED file in the URI and the custom properties
+    ``blessed`` = 1 / 0, ``current_model`` (the model's URI), ``current_model_id`` -- here also written to
+    blessing.json (with the SLA ``outcome``), since no MLMD store holds them. No TensorFlow."""
     import os
 
-    folder = os.path.join(push_dir, f"model-{model.t:06d}")
-    os.makedirs(folder, exist_ok=True)
-    np.save(os.path.join(folder, "weights.npy"), model.weights)
+    os.makedirs(blessing_uri, exist_ok=True)
+    for stale in (BLESSED_FILE, NOT_BLESSED_FILE):  # a replay rewrites the same outcome; never leave both
+        if os.path.exists(os.path.join(blessing_uri, stale)):
+            os.remove(os.path.join(blessing_uri, stale))
+    with open(os.path.join(blessing_uri, BLESSED_FILE if accepted else NOT_BLESSED_FILE), "w"):
+        pass
+    with open(os.path.join(blessing_uri, BLESSING_PROPERTIES), "w") as f:
+        json.dump({"blessed": 1 if accepted else 0, "current_model": model_uri, "current_model_id": int(model_id),
+                   "sla_outcome": outcome}, f, indent=1, sort_keys=True)
+    return blessing_uri
+
+
+def is_blessed(blessing_uri: str) -> bool:
+    """TFX Pusher's CheckBlessing on our ModelBlessing: ``blessed`` == 1 and the BLESSED file, nothing else."""
+    import os
+
+    try:
+        with open(os.path.join(blessing_uri, BLESSING_PROPERTIES)) as f:
+            props = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return props.get("blessed") == 1 and os.path.exists(os.path.join(blessing_uri, BLESSED_FILE)) and \
+        not os.path.exists(os.path.join(blessing_uri, NOT_BLESSED_FILE))
+
+
+def push_blessed(model_uri: str, blessing_uri: str, serving_dir: str, version: int) -> Optional[str]:
+    """Our push path, as TFX's Pusher does it: only if ``is_blessed(blessing_uri)``, copy the model's serving
+    directory (model_uri/Format-Serving) to serving_dir/<version>/ (an existing version is kept, as Pusher
+    skips an existing destination). Returns the serving path, or None when the model is not blessed."""
+    import os
+    import shutil
+
+    if not is_blessed(blessing_uri):
+        return None
+    target = os.path.join(serving_dir, str(int(version)))
+    if not os.path.exists(target):
+        tmp = target + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(os.path.join(model_uri, SERVING_MODEL_DIR), tmp)
+        os.replace(tmp, target)  # atomic: a serving system never sees a half-copied version
+    return target
+
+
+def push_model(push_dir: str, model: "Released", result=None, serving_dir: Optional[str] = None) -> Pushed:
+    """Write ``model`` as a TFX Model artifact (push_dir/model-<t>/Format-Serving/: weights.npy, model.json) and
+    its ModelBlessing (push_dir/blessing-<t>/, ``write_blessing``): blessed iff the SLA check ACCEPTed, or
+    when no SLA check is set (``result`` None -- as a Pusher without a model_blessing input pushes every
+    model). With ``serving_dir``, push it there (``push_blessed``: blessed models only, version t). A TFX
+    Pusher given these two artifacts (tests/test_release_pusher.py) pushes exactly the same models."""
+    import os
+
+    model_uri = os.path.join(push_dir, f"model-{model.t:06d}")
+    serving = os.path.join(model_uri, SERVING_MODEL_DIR)
+    os.makedirs(serving, exist_ok=True)
+    np.save(os.path.join(serving, "weights.npy"), model.weights)
     outcome = None if result is None else str(result.outcome)
     info = {"t": model.t, "blocks": model.blocks, "kind": model.kind, "sla_outcome": outcome}
-    with open(os.path.join(folder, "model.json"), "w") as f:
+    with open(os.path.join(serving, "model.json"), "w") as f:
         json.dump(info, f, indent=1)
-    if result is None or outcome == "ACCEPT":
-        with open(os.path.join(folder, "BLESSED"), "w") as f:
-            f.write("blessed\n")
-    return folder
+    accepted = result is None or outcome == "ACCEPT"
+    blessing_uri = write_blessing(os.path.join(push_dir, f"blessing-{model.t:06d}"), model_uri, model.t, accepted,
+                                  outcome)
+    pushed = push_blessed(model_uri, blessing_uri, serving_dir, model.t) if serving_dir else None
+    return Pushed(model_uri, blessing_uri, accepted, pushed)
 
 
 def release_stream(ledger, data_root: str, stream: str, pipeline: str, params: ReleaseParams, *,
                    featurize: Callable[[list[bytes]], tuple[np.ndarray, np.ndarray]], dim: int,
                    blocks: Optional[Sequence[str]] = None, validator=None, push_dir: Optional[str] = None,
-                   release: Optional["_Base"] = None) -> tuple["_Base", list[dict]]:
+                   serving_dir: Optional[str] = None, release: Optional["_Base"] = None
+                   ) -> tuple["_Base", list[dict]]:
     """The entry point: release a model for every new block of ``stream`` (``blocks``, default the stream's
     blocks not yet observed, in ledger order), each charged before it is read; with ``validator`` every model
-    goes through the SLA check (``check_sla``) and, with ``push_dir``, is pushed (``push_model``: BLESSED only
-    on ACCEPT). A window in ``params`` selects SlidingWindowRelease. Pass the returned release back in as
+    goes through the SLA check (``check_sla``) and, with ``push_dir``, is written with its ModelBlessing
+    (``push_model``: blessed only on ACCEPT) and, with ``serving_dir`` too, pushed there if blessed. A window in ``params`` selects SlidingWindowRelease. Pass the returned release back in as
     ``release`` on the next call to continue the same stream."""
+    if serving_dir is not None and push_dir is None:
+        raise ContinualReleaseError(f"serving_dir {serving_dir!r} needs push_dir: the models and their blessings "
+                                    "are written there first (the artifacts a Pusher reads)")
     if release is None:
         cls = ContinualRelease if params.window is None else SlidingWindowRelease
         v_eps = None if validator is None else float(validator.epsilon)
@@ -605,7 +681,9 @@ def release_stream(ledger, data_root: str, stream: str, pipeline: str, params: R
     for block in blocks:
         model = release.observe(block)
         result = check_sla(release, model, validator) if validator is not None else None
-        folder = push_model(push_dir, model, result) if push_dir else None
+        pushed = push_model(push_dir, model, result, serving_dir) if push_dir else None
         out.append({"t": model.t, "block": block, "kind": model.kind,
-                    "sla": None if result is None else str(result.outcome), "pushed": folder})
+                    "sla": None if result is None else str(result.outcome),
+                    "model": pushed and pushed.model_uri, "blessing": pushed and pushed.blessing_uri,
+                    "blessed": pushed and pushed.blessed, "pushed": pushed and pushed.pushed_to})
     return release, out
