@@ -263,6 +263,21 @@ def test_microbench_conserve_and_aggressive_grant_the_same_fixed_demands():
         k: v for k, v in b.items() if k not in ("policy", "seconds")}
 
 
+def test_microbench_rdp_demands_stay_within_the_filters():
+    from sage_tfx.privacy import filters as f
+    from sage_tfx.simulate import microbench
+
+    config = microbench.MicroConfig(rate=32.0, hours=4, timeout=3.0, accounting="rdp")
+    filt = f.RdpFilter(1.0, 1e-6)
+    costs = microbench.demand_curves(filt, (0.01, 0.1))
+    best = {k: min((i for i in range(1, len(c)) if filt.capacity[i] > 0), key=lambda i: c[i] / filt.capacity[i])
+            for k, c in costs.items()}
+    assert len({best[(m, 0.1)] for m in microbench.RDP_MECHANISMS}) > 1   # heterogeneous best orders
+    for policy in ("fcfs", "dpf-n", "dpack"):
+        r = microbench.run(policy, config, seed=1, params=None if policy == "fcfs" else {"n": 50})
+        assert r["granted"] > 10 and r["max_block_spent"] <= 1.0
+
+
 def test_microbench_shortcut_equals_full_scan():
     from sage_tfx.simulate import microbench
 

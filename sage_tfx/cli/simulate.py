@@ -45,6 +45,8 @@ def add_parser(subparsers):
                    help="--compare-policies: microbenchmark arrivals per hour (one block per hour)")
     p.add_argument("--micro-n", type=int, default=400, help="--compare-policies: microbenchmark unlocking n")
     p.add_argument("--micro-hours", type=int, default=30, help="--compare-policies: microbenchmark hours of arrivals")
+    p.add_argument("--micro-accounting", choices=("basic", "rdp"), default="basic",
+                   help="--compare-policies: microbenchmark filters (rdp: heterogeneous Renyi curves)")
     p.set_defaults(func=_run)
 
 
@@ -80,11 +82,11 @@ def _compare(args):
                 raise ValueError(f"--{name.replace('_', '-')} {value!r} must be a finite number > 0")
         if args.warmup >= args.hours or min(args.warmup, args.drain) < 0:
             raise ValueError(f"--warmup {args.warmup} must be >= 0 and shorter than --hours {args.hours}")
-        micro = microbench.MicroConfig(rate=args.micro_rate, hours=args.micro_hours)
-        for n in (args.fig8_n, args.micro_n):
-            compare.queued_params(n, 1.0)
-            from sage_tfx.privacy.allocation import get_policy
+        micro = microbench.MicroConfig(rate=args.micro_rate, hours=args.micro_hours,
+                                       accounting=args.micro_accounting)
+        from sage_tfx.privacy.allocation import get_policy
 
+        for n in (args.fig8_n, args.micro_n):
             get_policy("dpf-n", {"n": n})
     except (ValueError, LedgerError) as exc:
         print(f"sage simulate: {exc}", file=sys.stderr)

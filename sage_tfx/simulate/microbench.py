@@ -51,9 +51,14 @@ class MicroConfig:
     mice_epsilon_share: float = 0.75   # P(a pipeline demands mice_epsilon), independent of the above
     timeout: float = 12.0              # hours a pipeline waits before it leaves ungranted
     min_epsilon: float = 0.001         # a block that cannot admit this much more is retired
+    accounting: str = "basic"          # "rdp": Rényi filters, each demand a curve (``demand_curves``)
 
     def __post_init__(self):
+        if self.accounting not in ("basic", "rdp"):
+            raise ValueError(f"microbenchmark accounting={self.accounting!r} must be 'basic' or 'rdp'")
         for f in fields(self):
+            if f.name == "accounting":
+                continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise ValueError(f"microbenchmark parameter {f.name}={value!r} must be a finite number > 0")
@@ -104,6 +109,26 @@ def make_pipelines(config: MicroConfig, seed: int) -> list[Pipeline]:
             for i, (t, mb, me) in enumerate(zip(times, mice_b, mice_e))]
 
 
+RDP_MECHANISMS = ("gaussian", "laplace", "dpsgd")
+
+
+def demand_curves(filt, epsilons):
+    """RDP mode (GENERATED): {(mechanism, eps): cost}. Three mechanism shapes whose best orders differ (a
+    Gaussian, a Laplace, and a subsampled Gaussian of 100 steps at rate 0.01), each scaled so that its
+    best-order share of a fresh block, min over alpha of curve(alpha) / capacity(alpha), equals ``eps``: the
+    same size as the basic demand by DPF's measure, with heterogeneous curves (DPack's setting, §6)."""
+    from sage_tfx.privacy import curves
+
+    base = {"gaussian": curves.gaussian_curve(1.0, filt.orders), "laplace": curves.laplace_curve(1.0, filt.orders),
+            "dpsgd": curves.dpsgd_curve(1.0, 0.01, 100, filt.orders)}
+    out = {}
+    for mech, curve in base.items():
+        share = min(c / k for c, k in zip(curve, filt.capacity[1:]) if k > 0)
+        for eps in epsilons:
+            out[(mech, eps)] = filt.cost(curve=tuple(c * eps / share for c in curve))
+    return out
+
+
 def _name(i):
     return f"p{i:06d}"
 
@@ -115,8 +140,10 @@ def run(policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict
     ``policy``: a registered policy name or "fcfs". Deterministic per (policy, config, seed, params).
     """
     started = time.perf_counter()
-    filt = filters.BasicFilter(config.epsilon, config.delta)
+    filt = filters.make_filter(config.accounting, config.epsilon, config.delta)
     min_cost = filt.cost(epsilon=config.min_epsilon)
+    rdp_costs = (demand_curves(filt, (config.mice_epsilon, config.elephant_epsilon))
+                 if config.accounting == "rdp" else None)
     pol = Fcfs() if str(policy) == "fcfs" else get_policy(policy, params)
     queued = pol.queued
     model = QueuedAllocation(filt, min_cost, pol) if queued else BlockAllocation(filt, min_cost, pol)
@@ -164,7 +191,8 @@ def run(policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict
             p = payload
             name = _name(p.index)
             bl = blocks[-p.n_blocks:]
-            cost = filt.cost(epsilon=p.epsilon)
+            cost = (filt.cost(epsilon=p.epsilon) if rdp_costs is None
+                    else rdp_costs[(RDP_MECHANISMS[p.index % len(RDP_MECHANISMS)], p.epsilon)])
             if queued:
                 model.arrive(now * HOUR)
                 model.demand(name, bl, cost)
@@ -189,7 +217,7 @@ def run(policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict
                 try_waiting(now)
     arrival = {_name(p.index): p.arrival for p in pipelines}
     delays = np.array([granted_at[n] - arrival[n] for n in granted_at]) if granted_at else np.array([])
-    spent = [model.spent[b][0] for b in blocks]
+    spent = [filt.summary(model.spent[b])[0] for b in blocks]   # epsilon spent (RDP: at the best order)
     kinds = {}
     for p in pipelines:
         kind = ("mice" if p.n_blocks == config.mice_blocks else "elephant") + "-blocks"
