@@ -361,8 +361,11 @@ def _finish(args, ledger, summary, code):
     return code if report.ok or code != EXIT_OK else EXIT_FAILED
 
 
-# ------------------------------------------------------------------ continual / sliding window
-def run_continual(args):
+# ------------------------------------------------------------------ the shared preamble and block walk
+def _run(args, prepare):
+    """Open the ledger and the stream's schema, run ``prepare(args, ledger, schema)`` -- every check, before any
+    charge; bad input (``_BadInput``, a sage-tfx error, a ValueError) exits 2 with the ledger closed and
+    unchanged -- then the job it returns, ``job() -> (summary, exit code)``, and the audit (``_finish``)."""
     from sage_tfx.privacy.errors import SageError
 
     try:
@@ -371,56 +374,63 @@ def run_continual(args):
         return _bad(exc)
     try:
         try:
-            release, validator, previous, new_blocks, resuming = _prepare_continual(args, ledger, schema)
+            job = prepare(args, ledger, schema)
         except (_BadInput, SageError, ValueError) as exc:
             ledger.close()
             return _bad(exc)
-        summary = {"command": "continual", "strategy": release.strategy.value, "stream": args.stream,
-                   "pipeline": args.pipeline, "epsilon": args.epsilon, "delta": args.delta,
-                   "params": release.meta, "fingerprint": release.fingerprint, "models": [],
-                   "charged_blocks": 0, "resumed_blocks": 0}
-        code = EXIT_OK
-        from sage_tfx.release.continual import check_sla, push_model
-
-        tag = "continual" if args.window is None else "sliding-window"
-        for block in list(previous) + new_blocks:
-            model, failed = _step(release.observe, block)
-            if failed is not None:
-                code = failed
-                break
-            replayed = block in resuming.replayed
-            grant = release.grants[block]
-            try:
-                result = check_sla(release, model, validator) if validator is not None else None
-                pushed = push_model(args.push_dir, model, result, args.serving_dir) if args.push_dir else None
-            except SageError as exc:  # e.g. a replay whose SLA computation differs: the ledger refuses it
-                print(f"error: block {block}: {exc}", file=sys.stderr)
-                code = EXIT_FAILED
-                break
-            sla = None if result is None else str(result.outcome)
-            summary["resumed_blocks" if replayed else "charged_blocks"] += 1
-            wrote = "" if pushed is None else (f" wrote {pushed.model_uri} "
-                                               f"{'BLESSED' if pushed.blessed else 'NOT_BLESSED'}")
-            if pushed is not None and args.serving_dir:
-                wrote += f" pushed {pushed.pushed_to}" if pushed.pushed_to else " not pushed"
-            _say(args, f"[{tag}] block {block}: t={model.t} kind={model.kind} {_spent_line(grant, replayed)}"
-                       + (f" SLA {sla}" if sla else "") + wrote)
-            summary["models"].append({"t": model.t, "block": block, "kind": model.kind, "grant": grant.id,
-                                      "charged": not replayed, "window_blocks": list(model.blocks),
-                                      "weights": [float(w) for w in model.weights], "sla": sla,
-                                      "model": pushed and pushed.model_uri,
-                                      "blessing": pushed and pushed.blessing_uri,
-                                      "blessed": pushed and pushed.blessed, "pushed": pushed and pushed.pushed_to})
+        summary, code = job()
         return _finish(args, ledger, summary, code)
     except BaseException:
         ledger.close()
         raise
 
 
+def _resume(ledger, args, strategies, build, meta=None):
+    """``build(ledger)`` -> the strategy instance, resumed: (instance on a _ResumingLedger, previous grants
+    {block: grant}, new blocks, the resuming ledger). ``_previous`` refuses (before any charge) a pipeline whose
+    grants were signed with other parameters than the probe's ``meta``."""
+    probe_meta = build(ledger).meta if meta is None else meta
+    previous = _previous(ledger, args, strategies, probe_meta)
+    resuming = _ResumingLedger(ledger, previous)
+    new_blocks = [b.id for b in ledger.blocks(args.stream) if b.id not in previous]
+    return build(resuming), previous, new_blocks, resuming
+
+
+def _summary(command, strategy, args, params, fingerprint, delta, **lists):
+    return {"command": command, "strategy": strategy, "stream": args.stream, "pipeline": args.pipeline,
+            "epsilon": args.epsilon, "delta": delta, "params": params, "fingerprint": fingerprint,
+            "charged_blocks": 0, "resumed_blocks": 0, **lists}
+
+
+class _Walk:
+    """The blocks in order, each through ``observe`` (``_step``): yields (block, output, replayed) and counts it
+    charged or resumed in ``summary``; stops at the first refused / failed block with ``code`` set."""
+
+    def __init__(self, blocks, observe, resuming, summary):
+        self.blocks, self.observe, self.resuming, self.summary = blocks, observe, resuming, summary
+        self.code = EXIT_OK
+
+    def __iter__(self):
+        for block in self.blocks:
+            out, failed = _step(self.observe, block)
+            if failed is not None:
+                self.code = failed
+                return
+            replayed = block in self.resuming.replayed
+            self.summary["resumed_blocks" if replayed else "charged_blocks"] += 1
+            yield block, out, replayed
+
+
+# ------------------------------------------------------------------ continual / sliding window
+def run_continual(args):
+    return _run(args, _prepare_continual)
+
+
 def _prepare_continual(args, ledger, schema):
     """Every check, before any charge: the columns, the parameters, the SLA validator, the pipeline's past."""
-    from sage_tfx.release.continual import ContinualRelease, ReleaseParams, SlidingWindowRelease, Strategy
-    from sage_tfx.release.continual import grant_reader
+    from sage_tfx.privacy.errors import SageError
+    from sage_tfx.release.continual import (ContinualRelease, ReleaseParams, SlidingWindowRelease, Strategy,
+                                            check_sla, grant_reader, push_model)
 
     cols, scales = _features(args, schema)
     dim = len(cols) + (1 if args.intercept else 0)
@@ -457,60 +467,46 @@ def _prepare_continual(args, ledger, schema):
             return x, (y > label_pos / args.label_scale).astype(float) * 2 - 1
 
     cls = ContinualRelease if args.window is None else SlidingWindowRelease
-    probe = cls(ledger, args.stream, args.pipeline, params, lambda g: None, dim=dim,
-                validation_epsilon=None if validator is None else float(validator.epsilon))
-    previous = _previous(ledger, args, {s.value for s in Strategy}, probe.meta)
-    resuming = _ResumingLedger(ledger, previous)
-    release = cls(resuming, args.stream, args.pipeline, params, grant_reader(ledger, args.data_root, featurize),
-                  dim=dim, validation_epsilon=probe.validation_epsilon)
-    new_blocks = [b.id for b in ledger.blocks(args.stream) if b.id not in previous]
-    return release, validator, previous, new_blocks, resuming
+    v_eps = None if validator is None else float(validator.epsilon)
+    reader = grant_reader(ledger, args.data_root, featurize)
+    release, previous, new_blocks, resuming = _resume(
+        ledger, args, {s.value for s in Strategy},
+        lambda led: cls(led, args.stream, args.pipeline, params, reader, dim=dim, validation_epsilon=v_eps))
+
+    def job():
+        summary = _summary("continual", release.strategy.value, args, release.meta, release.fingerprint,
+                           args.delta, models=[])
+        tag = "continual" if args.window is None else "sliding-window"
+        walk = _Walk(list(previous) + new_blocks, release.observe, resuming, summary)
+        for block, model, replayed in walk:
+            grant = release.grants[block]
+            try:
+                result = check_sla(release, model, validator) if validator is not None else None
+                pushed = push_model(args.push_dir, model, result, args.serving_dir) if args.push_dir else None
+            except SageError as exc:  # e.g. a replay whose SLA computation differs: the ledger refuses it
+                print(f"error: block {block}: {exc}", file=sys.stderr)
+                return summary, EXIT_FAILED
+            sla = None if result is None else str(result.outcome)
+            wrote = "" if pushed is None else (f" wrote {pushed.model_uri} "
+                                               f"{'BLESSED' if pushed.blessed else 'NOT_BLESSED'}")
+            if pushed is not None and args.serving_dir:
+                wrote += f" pushed {pushed.pushed_to}" if pushed.pushed_to else " not pushed"
+            _say(args, f"[{tag}] block {block}: t={model.t} kind={model.kind} {_spent_line(grant, replayed)}"
+                       + (f" SLA {sla}" if sla else "") + wrote)
+            summary["models"].append({"t": model.t, "block": block, "kind": model.kind, "grant": grant.id,
+                                      "charged": not replayed, "window_blocks": list(model.blocks),
+                                      "weights": [float(w) for w in model.weights], "sla": sla,
+                                      "model": pushed and pushed.model_uri,
+                                      "blessing": pushed and pushed.blessing_uri,
+                                      "blessed": pushed and pushed.blessed, "pushed": pushed and pushed.pushed_to})
+        return summary, walk.code
+
+    return job
 
 
 # ------------------------------------------------------------------ incremental regression
 def run_incremental(args):
-    from sage_tfx.privacy.errors import SageError
-
-    try:
-        ledger, schema = _open(args)
-    except _BadInput as exc:
-        return _bad(exc)
-    try:
-        try:
-            inc, previous, new_blocks, resuming = _prepare_incremental(args, ledger, schema)
-        except (_BadInput, SageError, ValueError) as exc:
-            ledger.close()
-            return _bad(exc)
-        p = inc.params
-        summary = {"command": "incremental-regression", "strategy": "incremental_regression",
-                   "stream": args.stream, "pipeline": args.pipeline, "epsilon": args.epsilon, "delta": args.delta,
-                   "params": p.meta(), "fingerprint": inc.fingerprint, "models": [], "charged_blocks": 0,
-                   "resumed_blocks": 0, "unobserved": []}
-        code = EXIT_OK
-        blocks = list(previous) + new_blocks
-        room = max(0, p.horizon - len(previous))
-        if len(new_blocks) > room:
-            summary["unobserved"] = new_blocks[room:]
-            blocks = list(previous) + new_blocks[:room]
-            print(f"warning: horizon {p.horizon} reached: {len(new_blocks) - room} block(s) left unobserved "
-                  "(the charge covers the horizon only); give a new --pipeline with a new --horizon",
-                  file=sys.stderr)
-        for block in blocks:
-            out, failed = _step(inc.arrive, block)
-            if failed is not None:
-                code = failed
-                break
-            replayed = block in resuming.replayed
-            grant = ledger.get_grant(out.grant_id)
-            summary["resumed_blocks" if replayed else "charged_blocks"] += 1
-            _say(args, f"[incremental-regression] block {block}: t={out.t} kind=tree-prefix "
-                       f"{_spent_line(grant, replayed)} nodes={inc.tree.stored_nodes}")
-            summary["models"].append({"t": out.t, "block": block, "grant": out.grant_id, "charged": not replayed,
-                                      "weights": [float(w) for w in out.theta]})
-        return _finish(args, ledger, summary, code)
-    except BaseException:
-        ledger.close()
-        raise
+    return _run(args, _prepare_incremental)
 
 
 def _prepare_incremental(args, ledger, schema):
@@ -523,40 +519,36 @@ def _prepare_incremental(args, ledger, schema):
     params = IncrementalRegressionParams(horizon=args.horizon, epsilon=args.epsilon, delta=args.delta,
                                          bound_x=args.bound_x, bound_y=args.bound_y, radius=args.radius,
                                          iterations=args.iterations)
-    previous = _previous(ledger, args, {STRATEGY}, params.meta())
+    reader = grant_reader(ledger, args.data_root,
+                          _featurizer(schema, cols, scales, args.label, args.label_scale, args.intercept))
+    inc, previous, new_blocks, resuming = _resume(
+        ledger, args, {STRATEGY}, lambda led: IncrementalRegression(led, args.stream, args.pipeline, params,
+                                                                    dim=dim, reader=reader), meta=params.meta())
     if len(previous) > params.horizon:  # cannot happen with one instance; a guard
         raise _BadInput(f"--pipeline {args.pipeline!r} holds {len(previous)} grants, more than --horizon "
                         f"{params.horizon}")
-    resuming = _ResumingLedger(ledger, previous)
-    featurize = _featurizer(schema, cols, scales, args.label, args.label_scale, args.intercept)
-    inc = IncrementalRegression(resuming, args.stream, args.pipeline, params, dim=dim,
-                                reader=grant_reader(ledger, args.data_root, featurize))
-    new_blocks = [b.id for b in ledger.blocks(args.stream) if b.id not in previous]
-    return inc, previous, new_blocks, resuming
 
+    def job():
+        summary = _summary("incremental-regression", "incremental_regression", args, params.meta(),
+                           inc.fingerprint, args.delta, models=[], unobserved=[])
+        blocks = list(previous) + new_blocks
+        room = max(0, params.horizon - len(previous))
+        if len(new_blocks) > room:
+            summary["unobserved"] = new_blocks[room:]
+            blocks = list(previous) + new_blocks[:room]
+            print(f"warning: horizon {params.horizon} reached: {len(new_blocks) - room} block(s) left unobserved "
+                  "(the charge covers the horizon only); give a new --pipeline with a new --horizon",
+                  file=sys.stderr)
+        walk = _Walk(blocks, inc.arrive, resuming, summary)
+        for block, out, replayed in walk:
+            grant = ledger.get_grant(out.grant_id)
+            _say(args, f"[incremental-regression] block {block}: t={out.t} kind=tree-prefix "
+                       f"{_spent_line(grant, replayed)} nodes={inc.tree.stored_nodes}")
+            summary["models"].append({"t": out.t, "block": block, "grant": out.grant_id, "charged": not replayed,
+                                      "weights": [float(w) for w in out.theta]})
+        return summary, walk.code
 
-# ------------------------------------------------------------------ the shared preamble
-def _run(args, prepare):
-    """Open the ledger and the stream's schema, run ``prepare(args, ledger, schema)`` -- every check, before any
-    charge; bad input (``_BadInput``, a sage-tfx error, a ValueError) exits 2 with the ledger closed and
-    unchanged -- then the job it returns, ``job() -> (summary, exit code)``, and the audit (``_finish``)."""
-    from sage_tfx.privacy.errors import SageError
-
-    try:
-        ledger, schema = _open(args)
-    except _BadInput as exc:
-        return _bad(exc)
-    try:
-        try:
-            job = prepare(args, ledger, schema)
-        except (_BadInput, SageError, ValueError) as exc:
-            ledger.close()
-            return _bad(exc)
-        summary, code = job()
-        return _finish(args, ledger, summary, code)
-    except BaseException:
-        ledger.close()
-        raise
+    return job
 
 
 # ------------------------------------------------------------------ growth schedules (BBScheduler / BBImprover)
@@ -582,27 +574,16 @@ def _prepare_growth(args, ledger, schema):
     name = f"clipped_mean(column={args.column},bound={args.bound!r},rows_per_block={args.rows_per_block})"
     read_column = _column_reader(schema, [args.column])
     reader = grant_reader(ledger, args.data_root, lambda records: read_column(records)[:, 0])
-    probe = ScheduledRelease(ledger, args.stream, args.pipeline, schedule, mechanism, reader, name=name)
-    previous = _previous(ledger, args, {"bbscheduler", "bbimprover"}, probe.meta)
-    resuming = _ResumingLedger(ledger, previous)
-    rel = ScheduledRelease(resuming, args.stream, args.pipeline, schedule, mechanism, reader, name=name)
-    new_blocks = [b.id for b in ledger.blocks(args.stream) if b.id not in previous]
+    rel, previous, new_blocks, resuming = _resume(
+        ledger, args, {"bbscheduler", "bbimprover"},
+        lambda led: ScheduledRelease(led, args.stream, args.pipeline, schedule, mechanism, reader, name=name))
 
     def job():
-        summary = {"command": "growth", "strategy": schedule.meta["strategy"], "stream": args.stream,
-                   "pipeline": args.pipeline, "epsilon": args.epsilon, "delta": args.delta, "params": rel.meta,
-                   "fingerprint": rel.fingerprint, "blocks": [], "runs": [], "charged_blocks": 0,
-                   "resumed_blocks": 0}
-        code = EXIT_OK
-        for block in list(previous) + new_blocks:
-            run, failed = _step(rel.observe, block)
-            if failed is not None:
-                code = failed
-                break
-            replayed = block in resuming.replayed
-            grant = rel.grants[block]
-            t = len(rel.order)
-            summary["resumed_blocks" if replayed else "charged_blocks"] += 1
+        summary = _summary("growth", schedule.meta["strategy"], args, rel.meta, rel.fingerprint, args.delta,
+                           blocks=[], runs=[])
+        walk = _Walk(list(previous) + new_blocks, rel.observe, resuming, summary)
+        for block, run, replayed in walk:
+            grant, t = rel.grants[block], len(rel.order)
             entry = {"t": t, "block": block, "grant": grant.id, "charged": not replayed, "run": run is not None}
             if run is None:
                 what = "no run (the schedule keeps the last output)"
@@ -615,7 +596,7 @@ def _prepare_growth(args, ledger, schema):
             summary["blocks"].append(entry)
             _say(args, f"[growth:{args.schedule}] block {block}: t={t} {_spent_line(grant, replayed)} {what}")
         summary["current"] = rel.current
-        return summary, code
+        return summary, walk.code
 
     return job
 
@@ -735,25 +716,17 @@ def _prepare_pmwg(args, ledger, schema):
                              sort_keys=True)
     read = _column_reader(schema, cols)
     reader = grant_reader(ledger, args.data_root, read)
-    probe = PMWG(ledger, args.stream, args.pipeline, params, universe, reader, computation=computation)
-    previous = _previous(ledger, args, {"pmwg"}, probe.meta)
-    resuming = _ResumingLedger(ledger, previous)
-    pm = PMWG(resuming, args.stream, args.pipeline, params, universe, reader, computation=computation)
-    new_blocks = [b.id for b in ledger.blocks(args.stream) if b.id not in previous]
+    pm, previous, new_blocks, resuming = _resume(
+        ledger, args, {"pmwg"},
+        lambda led: PMWG(led, args.stream, args.pipeline, params, universe, reader, computation=computation))
 
     def job():
-        summary = {"command": "pmwg", "strategy": "pmwg", "stream": args.stream, "pipeline": args.pipeline,
-                   "epsilon": args.epsilon, "delta": 0.0, "params": pm.meta, "fingerprint": pm.fingerprint,
-                   "answers": [], "charged_blocks": 0, "resumed_blocks": 0}
-        code = EXIT_OK
-        for block in list(previous) + new_blocks:
-            _, failed = _step(lambda b: pm.observe(b, args.rows_per_block), block)
-            if failed is not None:
-                code = failed
-                break
-            replayed = block in resuming.replayed
+        from sage_tfx.privacy.errors import SageError
+
+        summary = _summary("pmwg", "pmwg", args, pm.meta, pm.fingerprint, 0.0, answers=[])
+        walk = _Walk(list(previous) + new_blocks, lambda b: pm.observe(b, args.rows_per_block), resuming, summary)
+        for block, _, replayed in walk:
             grant, t = pm.grants[block], len(pm.order)
-            summary["resumed_blocks" if replayed else "charged_blocks"] += 1
             asked = hard = 0
             for k, (at, weights, q) in enumerate(queries):
                 if at is not None and at != t:
@@ -770,9 +743,7 @@ def _prepare_pmwg(args, ledger, schema):
             _say(args, f"[pmwg] block {block}: t={t} {_spent_line(grant, replayed)} n={pm.n} {asked} "
                        f"quer{'y' if asked == 1 else 'ies'} answered ({hard} hard; "
                        f"{pm.hard_used}/{pm.hard_limit()} hard used)")
-        return summary, code
-
-    from sage_tfx.privacy.errors import SageError
+        return summary, walk.code
 
     return job
 
