@@ -15,13 +15,14 @@ import importlib
 _EXPORTS = {
     "ContinualRelease": "continual", "SlidingWindowRelease": "continual", "ReleaseParams": "continual",
     "ContinualReleaseError": "continual", "release_stream": "continual", "check_sla": "continual",
-    "push_model": "continual",
+    "push_model": "continual", "push_blessed": "continual", "write_blessing": "continual",
+    "is_blessed": "continual", "Pushed": "continual",
     "IncrementalRegression": "incremental_regression", "IncrementalRegressionParams": "incremental_regression",
     "TreeRegressor": "incremental_regression", "IncrementalRegressionError": "incremental_regression",
     "HorizonExhausted": "incremental_regression",
     "BBScheduler": "growth", "BBImprover": "growth", "ScheduledRelease": "growth", "SchedulerParams": "growth",
     "ImproverParams": "growth", "PMWG": "growth", "PMWGParams": "growth", "Universe": "growth",
-    "GrowthError": "growth",
+    "GrowthError": "growth", "clipped_mean": "growth", "count_query": "growth", "sum_query": "growth",
 }
 __all__ = sorted(_EXPORTS)
 
