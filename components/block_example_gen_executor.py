@@ -86,8 +86,9 @@ def _ReadSealed(deks):
 
 
 def _make_private(root):
-    """chmod 0700 every folder and 0600 every file under ``root`` (local paths only)."""
-    if not os.path.isdir(root):
+    """chmod 0700 every folder and 0600 every file under ``root`` (local paths only: a URL's access is the object
+    store's, docs/scale_out.md)."""
+    if "://" in str(root) or not os.path.isdir(root):
         return
     os.chmod(root, 0o700)
     for folder, dirs, files in os.walk(root):

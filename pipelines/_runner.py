@@ -49,20 +49,79 @@ class PipelineConfig:
     # BlockExampleGen's staging_location (docs/scale_out.md, "BlockExampleGen on remote workers"): None leaves it
     # to the Beam --temp_location of beam_pipeline_args, if any.
     staging_location: str | None = None
+    # Where the pipelines' TFX roots live (docs/scale_out.md, "The pipeline root on a URL filesystem"): a local
+    # folder or a URL of a filesystem TFX's file layer has (gs://, s3://, hdfs://, file://, ram://); this
+    # pipeline's root is ARTIFACT_ROOT/NAME. None: WORK_DIR/tfx.
+    artifact_root: str | None = None
+    # The MLMD SQLite file: always a local path (SQLite does not work on an object store). None:
+    # WORK_DIR/tfx/NAME/metadata.sqlite, local whatever the pipeline root.
+    metadata_file: str | None = None
 
     def __post_init__(self):
         if self.runner not in RUNNERS:
             raise ValueError(f"runner {self.runner!r} is unknown: use one of {', '.join(RUNNERS)}")
         self.work_dir = os.path.abspath(self.work_dir)
         self.serving_dir = os.path.abspath(self.serving_dir or os.path.join(self.work_dir, "serving"))
+        if self.artifact_root is not None:
+            self.artifact_root = (self.artifact_root.rstrip("/") if is_url(self.artifact_root)
+                                  else os.path.abspath(self.artifact_root))
+        if self.metadata_file is not None:
+            if is_url(self.metadata_file):
+                raise ValueError(f"metadata path {self.metadata_file!r} is a URL: MLMD's SQLite file must be a local "
+                                 "path (SQLite does not work on an object store); give a local file, or leave it "
+                                 "out for WORK_DIR/tfx/NAME/metadata.sqlite")
+            self.metadata_file = os.path.abspath(self.metadata_file)
+
+    @property
+    def remote_root(self):
+        """Whether the pipeline root is a URL (no local chmod, every access through TFX's file layer)."""
+        return is_url(self.pipeline_root)
 
     @property
     def pipeline_root(self):
-        return os.path.join(self.work_dir, "tfx", self.name)
+        if self.artifact_root is None:
+            return os.path.join(self.work_dir, "tfx", self.name)
+        if is_url(self.artifact_root):
+            return f"{self.artifact_root}/{self.name}"
+        return os.path.join(self.artifact_root, self.name)
 
     @property
     def metadata_path(self):
-        return os.path.join(self.work_dir, "tfx", self.name, "metadata.sqlite")
+        return self.metadata_file or os.path.join(self.work_dir, "tfx", self.name, "metadata.sqlite")
+
+
+def is_url(path):
+    """Whether ``path`` names a filesystem by a scheme (``gs://...``) rather than a local path."""
+    return "://" in str(path)
+
+
+def check_pipeline_root(root):
+    """``root`` (a `--pipeline-root`) checked before anything is charged: a local folder comes back absolute; a URL
+    must have a scheme both TFX's file layer (``tf.io.gfile``) and Beam's FileSystems can use, and be reachable
+    (a folder is created there). ValueError naming the value and the fix otherwise."""
+    if not is_url(root):
+        return os.path.abspath(root)
+    import tensorflow as tf
+    from apache_beam.io.filesystems import FileSystems
+
+    import sage_tfx.components._gfile_beam  # noqa: F401  (Beam's ram:// and file:// filesystems)
+
+    try:
+        FileSystems.get_filesystem(root)
+    except Exception as exc:  # ValueError (no such scheme), BeamIOError (its client library is missing)
+        raise ValueError(f"--pipeline-root {root!r} has no Beam filesystem ({exc}): give a local folder or a URL "
+                         "of a filesystem both TensorFlow and Beam have (gs://; s3:// and hdfs:// with their "
+                         "filesystem packages installed; file://, ram:// in one process)") from None
+    try:
+        tf.io.gfile.makedirs(root)
+        if not tf.io.gfile.isdir(root):
+            raise OSError("not a folder after makedirs")
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ValueError(f"--pipeline-root {root!r} cannot be used: {type(exc).__name__}: {first}. Give a URL of a "
+                         "filesystem TensorFlow has (gs://; s3:// with tensorflow-io; file://, ram://) that this "
+                         "host can reach and write, or a local folder") from None
+    return root.rstrip("/")
 
 
 def metadata_config(path):
@@ -85,20 +144,77 @@ RAW_OUTPUTS = ("examples", "transformed_examples")  # output keys of BlockExampl
 
 
 def make_private_dir(path):
-    """Create ``path`` (and parents) and make it 0700."""
+    """Create ``path`` (and parents) and make it 0700; a URL folder is created through TFX's file layer, with no
+    chmod (its access is the object store's: docs/scale_out.md)."""
+    if is_url(path):
+        from tfx.dsl.io import fileio
+
+        fileio.makedirs(path)
+        return
     os.makedirs(path, mode=0o700, exist_ok=True)
     os.chmod(path, 0o700)
 
 
 def scrub_raw_artifacts(config):
     """Remove the pipeline's artifacts that hold records (Examples), mark them DELETED in MLMD; return the
-    folders removed. Only folders inside the pipeline root are touched."""
-    root = os.path.realpath(config.pipeline_root)
+    folders removed. Only folders inside the pipeline root are touched. A URL pipeline root goes through TFX's
+    file layer (``tfx.dsl.io.fileio``), a local one through os/shutil as before (symbolic links not followed)."""
+    if config.remote_root:
+        # no ".." segment may walk a URL out of the root (a local root resolves its paths with realpath instead)
+        return _scrub(config, config.pipeline_root.rstrip("/"),
+                      lambda uri: "" if ".." in uri.split("/") else uri.rstrip("/"), _UrlFiles())
+    return _scrub(config, os.path.realpath(config.pipeline_root), os.path.realpath, _LocalFiles())
+
+
+class _LocalFiles:
+    sep = os.sep
+    exists, isdir, listdir, islink = (staticmethod(os.path.exists), staticmethod(os.path.isdir),
+                                      staticmethod(os.listdir), staticmethod(os.path.islink))
+    join = staticmethod(os.path.join)
+
+    @staticmethod
+    def rmtree(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class _UrlFiles:
+    sep = "/"
+
+    def __init__(self):
+        from tfx.dsl.io import fileio
+
+        self.fileio = fileio
+
+    def exists(self, path):
+        return self.fileio.exists(path)
+
+    def isdir(self, path):
+        return self.fileio.isdir(path)
+
+    def listdir(self, path):
+        return [name.rstrip("/") for name in self.fileio.listdir(path)]
+
+    @staticmethod
+    def islink(path):
+        return False
+
+    @staticmethod
+    def join(*parts):
+        return "/".join([parts[0].rstrip("/"), *(p.strip("/") for p in parts[1:])])
+
+    def rmtree(self, path):
+        try:
+            self.fileio.rmtree(path)
+        except Exception:  # already gone (as ignore_errors=True locally)
+            pass
+
+
+def _scrub(config, root, real, files):
     removed = []
 
     def inside(uri):
-        real = os.path.realpath(uri)
-        return real != root and real.startswith(root + os.sep)
+        resolved = real(uri)
+        return resolved != root and resolved.startswith(root + files.sep)
 
     if os.path.exists(config.metadata_path):
         from ml_metadata.metadata_store import metadata_store
@@ -111,23 +227,23 @@ def scrub_raw_artifacts(config):
             artifacts = []
         changed = []
         for artifact in artifacts:
-            if artifact.uri and inside(artifact.uri) and os.path.exists(artifact.uri):
-                shutil.rmtree(artifact.uri, ignore_errors=True)
+            if artifact.uri and inside(artifact.uri) and files.exists(artifact.uri):
+                files.rmtree(artifact.uri)
                 removed.append(artifact.uri)
             if artifact.state != metadata_store_pb2.Artifact.DELETED:
                 artifact.state = metadata_store_pb2.Artifact.DELETED
                 changed.append(artifact)
         if changed:
             store.put_artifacts(changed)
-    if os.path.isdir(root):  # outputs of executions cut short before MLMD recorded them
-        for component in os.listdir(root):
+    if files.isdir(root):  # outputs of executions cut short before MLMD recorded them
+        for component in files.listdir(root):
             for key in RAW_OUTPUTS:
-                folder = os.path.join(root, component, key)
-                if os.path.isdir(folder) and not os.path.islink(folder):
-                    for name in os.listdir(folder):
-                        path = os.path.join(folder, name)
-                        if os.path.isdir(path) and not os.path.islink(path):
-                            shutil.rmtree(path, ignore_errors=True)
+                folder = files.join(root, component, key)
+                if files.isdir(folder) and not files.islink(folder):
+                    for name in files.listdir(folder):
+                        path = files.join(folder, name)
+                        if files.isdir(path) and not files.islink(path):
+                            files.rmtree(path)
                             removed.append(path)
     return removed
 
@@ -223,8 +339,14 @@ def make_run_iteration(build_pipeline, config):
     from sage_tfx.adaptive import IterationResult
 
     def run_iteration(grant, split, eta, iteration):
-        make_private_dir(os.path.dirname(config.pipeline_root))  # WORK_DIR/tfx (WORK_DIR itself is left as it is)
+        if config.remote_root:  # Beam's ram:// and file:// filesystems (gs://, s3://, hdfs:// are Beam's own)
+            import sage_tfx.components._gfile_beam  # noqa: F401
+        # WORK_DIR/tfx/NAME or ARTIFACT_ROOT/NAME, and its parent (WORK_DIR itself is left as it is)
+        make_private_dir(config.artifact_root or os.path.dirname(config.pipeline_root))
         make_private_dir(config.pipeline_root)
+        if config.metadata_file is None and config.artifact_root is not None:  # MLMD stays in WORK_DIR/tfx/NAME, 0700
+            make_private_dir(os.path.dirname(os.path.dirname(config.metadata_path)))
+            make_private_dir(os.path.dirname(config.metadata_path))
         scrub_raw_artifacts(config)  # left by a run killed outright
         pipeline = build_pipeline(config, grant, split, eta, iteration)
         if runs_on_remote_workers(config.beam_pipeline_args):  # either orchestrator hands them to Beam components

@@ -49,6 +49,8 @@ class WorkerSpec:
     key_file: str | None = None
     beam_args: list = field(default_factory=list)  # Beam pipeline options of its TFX runs (`sage serve ... -- ARGS`)
     staging_location: str | None = None  # BlockExampleGen's staging location (`sage serve --staging-location`)
+    pipeline_root: str | None = None  # folder or URL the TFX roots go under (`--pipeline-root`; None: WORK_DIR/tfx)
+    metadata_path: str | None = None  # local MLMD SQLite file, {name} replaced (`--metadata-path`)
 
 
 @dataclass
@@ -87,7 +89,8 @@ def build_worker_runner(spec):
     definition.check_target(spec.target)
     runner = build_runner(definition, spec.ledger, spec.stream, spec.data_root, spec.work_dir, spec.target,
                           confidence=spec.confidence, runner=spec.runner, beam_args=spec.beam_args,
-                          model=spec.model, name=spec.name, staging_location=spec.staging_location)
+                          model=spec.model, name=spec.name, staging_location=spec.staging_location,
+                          pipeline_root=spec.pipeline_root, metadata_path=spec.metadata_path)
     return definition, runner
 
 

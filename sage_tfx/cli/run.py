@@ -62,7 +62,8 @@ def add_parser(subparsers):
     p.add_argument("--name", default=None,
                    help="pipeline name in the ledger and MLMD (default: PIPELINE): 1-128 letters, digits and "
                         "._:@+-, starting with a letter or digit")
-    p.add_argument("--work-dir", default="sage_work", help="TFX pipeline root and metadata")
+    p.add_argument("--work-dir", default="sage_work",
+                   help="local work folder: the TFX pipeline root (unless --pipeline-root) and MLMD metadata")
     p.add_argument("--serving-dir", default=None, help="push destination (default: WORK_DIR/serving)")
     p.set_defaults(func=_run)
 
@@ -76,6 +77,14 @@ def add_beam_options(parser):
                              "local folder or a Beam FileSystems URL every worker can read; BlockExampleGen's "
                              "staging_location, and Beam's --temp_location). Needed when the workers do not see "
                              "--data-root (docs/scale_out.md)")
+    parser.add_argument("--pipeline-root", default=None, metavar="URL_OR_DIR",
+                        help="where the TFX artifacts go (Examples, Transform graph, Model, blessings), under "
+                             "PIPELINE_ROOT/NAME: a local folder or a URL every Beam worker can read (gs://, s3://, "
+                             "hdfs://; ram:// for in-process runs). Default: WORK_DIR/tfx. The MLMD store stays "
+                             "local (--metadata-path); docs/scale_out.md")
+    parser.add_argument("--metadata-path", default=None, metavar="FILE",
+                        help="the MLMD SQLite file, a LOCAL path (never on an object store; with several `sage "
+                             "serve` pipelines it must contain {name}). Default: WORK_DIR/tfx/NAME/metadata.sqlite")
 
 
 def beam_options(args):
@@ -96,6 +105,32 @@ def beam_options(args):
                 raise ValueError(f"--staging-location {location!r} has no Beam filesystem: give a local folder or a "
                                  "URL of a filesystem Beam has (gs://, s3://, hdfs://...)") from None
     return staging_beam_args(list(getattr(args, "extra_args", [])), location), location or None
+
+
+def root_options(args, names=None):
+    """``(pipeline_root, metadata_path)`` of a `sage run`/`sage serve` command line, checked before anything is
+    opened or charged (ValueError naming the value and the fix): a --pipeline-root URL must have a filesystem both
+    TensorFlow's file layer and Beam have, and be reachable and writable from here (a folder is created); a local
+    one comes back absolute. --metadata-path must be local, and hold ``{name}`` when ``names`` (the pipelines of a
+    `sage serve`) are several, so each pipeline has its own SQLite file."""
+    root, metadata = getattr(args, "pipeline_root", None), getattr(args, "metadata_path", None)
+    if root is not None:
+        from sage_tfx.pipelines._runner import check_pipeline_root
+
+        if not root.strip():
+            raise ValueError("--pipeline-root '' is empty: give a local folder or a URL (gs://bucket/path)")
+        root = check_pipeline_root(root)
+    if metadata is not None:
+        from sage_tfx.pipelines._runner import is_url
+
+        if is_url(metadata) or not metadata.strip():
+            raise ValueError(f"--metadata-path {metadata!r} must be a local file path: MLMD's SQLite store does not "
+                             "work on an object store (the artifacts go to --pipeline-root)")
+        if names is not None and len(names) > 1 and "{name}" not in metadata:
+            raise ValueError(f"--metadata-path {metadata!r} would be shared by the pipelines {', '.join(names)}: put "
+                             "{name} in it (e.g. mlmd/{name}.sqlite), one SQLite file per pipeline")
+        metadata = os.path.abspath(metadata)
+    return root, metadata
 
 
 def staging_beam_args(beam_args, staging_location):
@@ -136,6 +171,7 @@ def _run(args):
             raise ValueError(f"confidence {args.confidence!r} must be in (0, 1)")
         check_run_limits(args)
         beam_args, staging = beam_options(args)
+        pipeline_root, metadata_path = root_options(args)  # a bad or unreachable --pipeline-root: before any charge
     except ValueError as exc:
         return _fail(str(exc))
     try:
@@ -145,7 +181,8 @@ def _run(args):
         ledger.claim(args.stream, [args.name or definition.name])  # one process runs a pipeline name at a time
         runner = build_runner(definition, args.db, args.stream, args.data_root, args.work_dir, args.target,
                               confidence=args.confidence, serving_dir=args.serving_dir, runner=args.runner,
-                              beam_args=beam_args, model=args.model, name=args.name, staging_location=staging)
+                              beam_args=beam_args, model=args.model, name=args.name, staging_location=staging,
+                              pipeline_root=pipeline_root, metadata_path=metadata_path)
         iterator = make_iterator(definition, ledger, runner, args, progress=lambda line: print(line, flush=True))
     except (LedgerError, ValueError) as exc:
         return _fail(str(exc))
@@ -214,13 +251,18 @@ class PipelineRunner:
 
 
 def build_runner(definition, db, stream, data_root, work_dir, target, confidence=0.95, serving_dir=None,
-                 runner="local", beam_args=(), model=None, name=None, staging_location=None):
+                 runner="local", beam_args=(), model=None, name=None, staging_location=None, pipeline_root=None,
+                 metadata_path=None):
+    """A ``PipelineRunner``; ``pipeline_root`` is the folder or URL the pipeline's TFX root goes under (None:
+    WORK_DIR/tfx), ``metadata_path`` its local MLMD SQLite file (``{name}`` is replaced by the pipeline name)."""
     from sage_tfx.pipelines._runner import PipelineConfig
 
-    config = PipelineConfig(name=name or definition.name, ledger=db, stream=stream, data_root=data_root,
+    name = name or definition.name
+    config = PipelineConfig(name=name, ledger=db, stream=stream, data_root=data_root,
                             work_dir=work_dir, target=target, confidence=confidence, serving_dir=serving_dir,
                             runner=runner, beam_pipeline_args=list(beam_args), model=model,
-                            staging_location=staging_location)
+                            staging_location=staging_location, artifact_root=pipeline_root,
+                            metadata_file=metadata_path.replace("{name}", name) if metadata_path else None)
     return PipelineRunner(definition, config)
 
 

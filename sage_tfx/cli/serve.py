@@ -18,7 +18,8 @@ refused (exit 2) before anything is registered. Several hosts on one stream: giv
 its own pipeline names and work dir (docs/scale_out.md, "Several hosts on one
 PostgreSQL ledger").
 
-Beam: --runner, --staging-location and the Beam pipeline options after a bare -- are `sage run`'s (the same
+Beam: --runner, --staging-location, --pipeline-root (a URL the Beam workers can read; MLMD stays local, per
+pipeline: --metadata-path with {name}) and the Beam pipeline options after a bare -- are `sage run`'s (the same
 code, sage_tfx/cli/run.py ``beam_options``) and reach every worker's TFX runs, e.g. `sage serve ... --staging-location
 gs://bucket/staging -- --runner=PortableRunner --job_endpoint=HOST:PORT --environment_type=EXTERNAL
 --environment_config=HOST:POOL_PORT` for Beam workers that do not see --data-root (docs/scale_out.md).
@@ -82,22 +83,23 @@ def add_parser(subparsers):
     p.set_defaults(func=_run)
 
 
-def worker_specs(args, beam_args=(), staging_location=None, key_file=None):
+def worker_specs(args, beam_args=(), staging_location=None, key_file=None, roots=(None, None)):
     """One ``WorkerSpec`` per --pipeline of a parsed `sage serve` command line, carrying the Beam options
     (``beam_options``: the args after a bare --, --temp_location from --staging-location) and BlockExampleGen's
-    staging location to each worker's TFX runs, as `sage run` passes them to its own."""
+    staging location to each worker's TFX runs, as `sage run` passes them to its own; ``roots`` is the checked
+    ``(pipeline_root, metadata_path)`` of ``root_options``."""
     from sage_tfx.adaptive.workers import WorkerSpec
 
     return [WorkerSpec(name, pipeline, target, model, args.db, args.stream, args.data_root, args.work_dir,
                        confidence=args.confidence, runner=args.runner, max_iterations=args.max_iterations,
                        rejection_share=args.rejection_share, key_file=key_file, beam_args=list(beam_args),
-                       staging_location=staging_location)
+                       staging_location=staging_location, pipeline_root=roots[0], metadata_path=roots[1])
             for name, pipeline, target, model in args.pipelines]
 
 
 def _run(args):
     from sage_tfx.adaptive.workers import ProcessPlatform, build_worker_runner
-    from sage_tfx.cli.run import beam_options, make_iterator
+    from sage_tfx.cli.run import beam_options, make_iterator, root_options
     from sage_tfx.ingest.replay import Replay
     from sage_tfx.privacy import Ledger, LedgerError
     from sage_tfx.privacy.keys import ENV_KEY_FILE
@@ -112,6 +114,7 @@ def _run(args):
         if len(set(names)) != len(names):
             raise ValueError(f"pipeline names must be unique: {names}")
         beam_args, staging = beam_options(args)  # ValueError before anything is opened
+        roots = root_options(args, names)  # a bad or unreachable --pipeline-root, a shared --metadata-path
         key_file = os.environ.get(ENV_KEY_FILE)  # --key-file, exported by the CLI; the workers get the path
         ledger = Ledger.open(args.db)
         ledger.stream(args.stream)
@@ -119,7 +122,7 @@ def _run(args):
         # the ledger) holding one of them is refused before anything is registered or charged.
         ledger.claim(args.stream, names)
         replay = Replay.from_file(ledger, args.stream, args.data_root, args.input, args.time_column, args.window)
-        specs = worker_specs(args, beam_args, staging, key_file=key_file)
+        specs = worker_specs(args, beam_args, staging, key_file=key_file, roots=roots)
         for spec in specs:
             # Validate the pipeline and its iterator settings now, before any budget is spent (the worker builds
             # its own, from the same spec).
