@@ -531,7 +531,8 @@ class PMWG:
         n = self.n if n is None else n
         if self.n0 is None or n <= 0:
             return 0
-        return int(math.floor(self.params.hard_budget * (1.0 + math.log(max(n, self.n0) / self.n0)) + 1e-9))
+        # no rounding slack upward: a budget one short is safe, one over would break the privacy bound
+        return int(math.floor(self.params.hard_budget * (1.0 + math.log(max(n, self.n0) / self.n0))))
 
     def round_epsilon(self, n: Optional[int] = None) -> float:
         """eps_r(n) = c min(1, (n0 / n)^p): the epsilon of an AboveThreshold round opened at public size n."""
