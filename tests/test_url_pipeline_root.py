@@ -13,7 +13,9 @@ a URL filesystem").
   --metadata-path, exit 2 naming the value, with the ledger unchanged (nothing charged);
 - the config: the default MLMD file stays in WORK_DIR whatever the root; `sage serve` needs {name} in a
   --metadata-path shared by several pipelines and hands both to each worker;
-- the scrub on a URL root removes the Examples folders (and those of cut-short runs) through TFX's file layer.
+- the scrub on a URL root removes the Examples folders (and those of cut-short runs) through TFX's file layer,
+  never a folder reached by "..";
+- Beam's TFRecord write/read on ram:// through the bridge; make_private_dir: 0700 locally, no chmod on a URL.
 """
 import argparse
 import json
@@ -285,3 +287,42 @@ def test_ram_directory_rename_keeps_its_files():
         f.write("x")
     tf.io.gfile.rename(f"{base}/a", f"{base}/b")
     assert tf.io.gfile.exists(f"{base}/b/sub/file")
+
+
+@pytest.mark.tf
+def test_make_private_dir_local_0700_url_no_chmod(tmp_path):
+    from tfx.dsl.io import fileio
+
+    from sage_tfx.pipelines._runner import make_private_dir
+
+    local = tmp_path / "roots" / "p"
+    os.umask(old := os.umask(0o022))  # the test process's umask, restored: the 0700 comes from make_private_dir
+    make_private_dir(str(local))
+    assert oct(os.stat(local).st_mode & 0o777) == "0o700"
+    url = f"ram://private-{uuid.uuid4().hex}/roots/p"
+    make_private_dir(url)
+    assert fileio.isdir(url)
+
+
+@pytest.mark.tf
+def test_beam_reads_and_writes_gzip_tfrecords_on_ram_through_gfile():
+    """components/_gfile_beam.py: Beam's WriteToTFRecord / ReadFromTFRecord (gzip, temp folder then rename, as
+    BlockExampleGen and DPTransform use them) on a ram:// path, read back by TensorFlow itself."""
+    import apache_beam as beam
+    import tensorflow as tf
+
+    import sage_tfx.components._gfile_beam  # noqa: F401
+
+    base = f"ram://beam-{uuid.uuid4().hex}"
+    records = [f"record {i}".encode() for i in range(500)]
+    with beam.Pipeline() as p:
+        _ = p | beam.Create(records) | beam.io.WriteToTFRecord(f"{base}/out/data", file_name_suffix=".gz")
+    files = tf.io.gfile.glob(f"{base}/out/data*.gz")
+    assert files and all(not f.startswith(f"{base}/out/.temp") for f in files)
+    got = sorted(r.numpy() for f in files for r in tf.data.TFRecordDataset(f, compression_type="GZIP"))
+    assert got == sorted(records)
+    from apache_beam.testing.util import assert_that, equal_to
+
+    with beam.Pipeline() as p:
+        assert_that(p | beam.io.ReadFromTFRecord(f"{base}/out/data*.gz"), equal_to(records))
+    assert [d for d in tf.io.gfile.listdir(f"{base}/out") if "temp" in d] == []  # Beam's temp folder removed
