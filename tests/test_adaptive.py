@@ -154,6 +154,12 @@ def test_aggressive_spends_the_whole_allocation_at_once(tmp_path):
     ({"min_window": 0}, "min_window 0"),
     ({"max_iterations": 0}, "max_iterations 0"),
     ({"delta": 1e-3}, "0.001"),
+    # checked by sage_tfx.privacy.checks: a non-number, a fraction or a bool is named, not a TypeError
+    ({"epsilon_start": "x"}, r"^epsilon_start 'x' is invalid: must be in \(0, 1\] \(the stream's global epsilon\)$"),
+    ({"min_window": 1.5}, r"^min_window 1\.5 is invalid: must be an integer >= 1 \(blocks\)$"),
+    ({"max_refusals": True}, r"^max_refusals True is invalid: must be an integer >= 1 \(refused requests"),
+    ({"delta": "x"}, r"^iteration delta 'x' is invalid: must be in \[0, "),
+    ({"preprocessing_delta": -1e-9}, r"^preprocessing_delta -1e-09 is invalid: must be finite and >= 0$"),
 ])
 def test_bad_iterator_settings_fail_before_any_charge(tmp_path, kwargs, match):
     ledger = make_ledger(tmp_path)

@@ -33,13 +33,16 @@ safe because the TFX pipeline is cached by its inputs (the grant is one of
 them), so components that finished before the kill are reused, with the noise
 they already drew, and are not recomputed with fresh noise.
 """
-import math
 import time
 from dataclasses import dataclass, field
 
 from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, public_error_text
-from sage_tfx.privacy.vocabulary import Accounting, GrantOutcome, Outcome, Policy
+from sage_tfx.privacy.checks import integer, number
+from sage_tfx.privacy.vocabulary import GrantOutcome, Outcome, Policy
 from sage_tfx.validation import eta_for_attempt
+
+# a bad iterator setting: names it, its value and the rule; raised before anything is charged
+_SETTING = "{what} {value!r} is invalid: must be {rule}"
 
 OUTCOMES = (GrantOutcome.ACCEPT, GrantOutcome.REJECT, GrantOutcome.RETRY)  # what one iteration may conclude
 DECIDED = (Outcome.ACCEPT, Outcome.REJECT)  # the outcomes that end a pipeline before its TIMEOUT
@@ -55,7 +58,7 @@ class IterationResult:
 
     def __post_init__(self):
         if self.outcome not in OUTCOMES:
-            raise ValueError(f"iteration outcome {self.outcome!r} must be one of {', '.join(OUTCOMES)}")
+            raise LedgerError(f"iteration outcome {self.outcome!r} must be one of {', '.join(OUTCOMES)}")
 
 
 @dataclass
@@ -156,30 +159,23 @@ class SageIterator:
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         self.run_iteration = run_iteration
         stream_info = ledger.stream(stream)  # raises UnknownStream before anything is spent
-        if not (math.isfinite(epsilon_start) and 0 < epsilon_start <= stream_info.epsilon):
-            raise LedgerError(f"epsilon_start {epsilon_start!r} must be in (0, {stream_info.epsilon}] "
-                              "(the stream's global epsilon)")
-        if not (isinstance(min_window, int) and min_window >= 1):
-            raise LedgerError(f"min_window {min_window!r} must be an integer >= 1 (blocks)")
-        if not (isinstance(max_iterations, int) and max_iterations >= 1):
-            raise LedgerError(f"max_iterations {max_iterations!r} must be an integer >= 1")
+        epsilon_start = number(epsilon_start, "epsilon_start", low=0.0, low_open=True, high=stream_info.epsilon,
+                               message=_SETTING + " (the stream's global epsilon)")
+        min_window = integer(min_window, "min_window", low=1, message=_SETTING + " (blocks)")
+        max_iterations = integer(max_iterations, "max_iterations", low=1, message=_SETTING)
         # The two bounds that make every run end (see the class docstring); there is no "unbounded".
-        if not (isinstance(max_refusals, int) and max_refusals >= 1):
-            raise LedgerError(f"max_refusals {max_refusals!r} must be an integer >= 1 (refused requests before "
-                              "TIMEOUT; raise it if concurrent pipelines often take the budget first)")
-        if not (isinstance(max_idle_waits, int) and max_idle_waits >= 1):
-            raise LedgerError(f"max_idle_waits {max_idle_waits!r} must be an integer >= 1 (waits in a row with "
-                              "nothing new before TIMEOUT; raise it if wait_for_blocks returns before blocks arrive)")
-        self.delta = stream_info.delta / 100.0 if delta is None else float(delta)
-        if not 0 <= self.delta < stream_info.delta or (stream_info.accounting == Accounting.BASIC and self.delta
-                                                       > stream_info.delta):
-            raise LedgerError(f"iteration delta {self.delta!r} must be in [0, {stream_info.delta}) "
-                              "(the stream's global delta)")
-        self.preprocessing_delta = float(preprocessing_delta)
+        max_refusals = integer(max_refusals, "max_refusals", low=1, message=_SETTING + (
+            " (refused requests before TIMEOUT; raise it if concurrent pipelines often take the budget first)"))
+        max_idle_waits = integer(max_idle_waits, "max_idle_waits", low=1, message=_SETTING + (
+            " (waits in a row with nothing new before TIMEOUT; raise it if wait_for_blocks returns before blocks "
+            "arrive)"))
+        self.delta = stream_info.delta / 100.0 if delta is None else number(
+            delta, "iteration delta", low=0.0, high=stream_info.delta, high_open=True,
+            message=_SETTING + " (the stream's global delta)")
+        self.preprocessing_delta = number(preprocessing_delta, "preprocessing_delta", low=0.0, message=_SETTING)
         # what each grant charges in delta: training's plus preprocessing's (BudgetSplit.total_delta)
         self.grant_delta = self.delta + self.preprocessing_delta
-        if not (math.isfinite(self.preprocessing_delta) and self.preprocessing_delta >= 0
-                and self.grant_delta < stream_info.delta):
+        if not self.grant_delta < stream_info.delta:
             raise LedgerError(f"preprocessing_delta {preprocessing_delta!r} must be >= 0 with the iteration delta "
                               f"{self.delta!r} adding to less than the stream's global delta {stream_info.delta}")
         eta_for_attempt(eta, 1)

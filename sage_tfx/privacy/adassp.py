@@ -77,7 +77,11 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.special import log_ndtr
 
+from .checks import integer, positive, probability
 from .errors import SageError
+
+INVALID = "{what}={value!r} is invalid: must be {rule}"
+NOT_A_NUMBER = "{what}={value!r} is not a number"
 
 CALIBRATIONS = ("paper", "exact")
 
@@ -87,20 +91,12 @@ class AdaSSPConfigError(SageError, ValueError):
 
 
 def _check_positive(value, name):
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise AdaSSPConfigError(f"{name}={value!r} is not a number") from None
-    if not math.isfinite(number) or number <= 0:
-        raise AdaSSPConfigError(f"{name}={value!r} is invalid: must be finite and > 0")
-    return number
+    return positive(value, name, error=AdaSSPConfigError, message=INVALID, not_number=NOT_A_NUMBER)
 
 
 def _check_budget(epsilon, delta):
     epsilon = _check_positive(epsilon, "epsilon")
-    delta = float(delta) if isinstance(delta, (int, float, np.floating)) else delta
-    if not (isinstance(delta, float) and math.isfinite(delta) and 0 < delta < 1):
-        raise AdaSSPConfigError(f"delta={delta!r} is invalid: must be in (0, 1)")
+    delta = probability(delta, "delta", error=AdaSSPConfigError, message=INVALID, not_number=INVALID)
     return epsilon, delta
 
 
@@ -159,12 +155,9 @@ def noise_scales(epsilon, delta, bound_x, bound_y, dim, rho=0.05, calibration="p
     """The noise standard deviations and offsets AdaSSP uses (Algorithm 2's formulas)."""
     bound_x = _check_positive(bound_x, "bound_x")
     bound_y = _check_positive(bound_y, "bound_y")
-    rho = _check_positive(rho, "rho")
-    if rho >= 1:
-        raise AdaSSPConfigError(f"rho={rho!r} is invalid: must be in (0, 1)")
-    dim = int(dim)
-    if dim < 1:
-        raise AdaSSPConfigError(f"dim={dim!r} is invalid: need at least one feature")
+    rho = probability(rho, "rho", error=AdaSSPConfigError, message=INVALID, not_number=INVALID)
+    dim = integer(dim, "dim", low=1, error=AdaSSPConfigError,
+                  message="{what}={value!r} is invalid: need at least one feature ({rule})")
     c = noise_multiplier(epsilon, delta, calibration)
     log6 = math.log(6.0 / float(delta))
     return {

@@ -1,4 +1,5 @@
-"""Argument checks, in one place: names, and finite numbers in a range (issue 13 part 5).
+"""Argument checks, in one place: names, finite numbers in a range, integers in a range, and public
+(low, high) ranges (issue 13 part 5).
 
 Every layer uses these with its own error class and message style: ``error`` is the class to raise
 (LedgerError by default, the privacy core's; DPTransformError, ValidationInputError, ... elsewhere, each a
@@ -72,6 +73,57 @@ def probability(value, what, *, error=LedgerError, zero=False, message=INVALID, 
     """``value`` as a float in (0, 1), or [0, 1) with ``zero`` (a delta, a confidence); see ``number``."""
     return number(value, what, error=error, low=0.0, high=1.0, low_open=not zero, high_open=True, message=message,
                   not_number=not_number, allow_none=allow_none)
+
+
+def integer(value, what, *, error=LedgerError, low=None, high=None, high_open=False, message=INVALID,
+            allow_none=False):
+    """``value`` as an int within [low, high] (``high_open`` excludes high; None: unbounded).
+
+    An int (numpy's too) or an integral float (3.0) passes; a bool, a fraction (2.5: truncating it would
+    silently change a noise scale or a count), a non-finite or non-number value raises
+    ``error(message.format(what=what, value=value, rule=...))``, the rule reading "an integer >= 1",
+    "an integer in [1, 1073741824)", ... None returns None when ``allow_none``.
+    """
+    if value is None and allow_none:
+        return None
+    if low is not None and high is not None:
+        rule = f"an integer in [{low}, {high}{')' if high_open else ']'}"
+    elif low is not None:
+        rule = f"an integer >= {low}"
+    elif high is not None:
+        rule = f"an integer {'<' if high_open else '<='} {high}"
+    else:
+        rule = "an integer"
+    out = None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        out = int(value)
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+        as_float = float(value)
+        if math.isfinite(as_float) and as_float.is_integer():
+            out = int(as_float)
+    if out is None or (low is not None and out < low) or (
+            high is not None and (out >= high if high_open else out > high)):
+        raise error(message.format(what=what, value=value, rule=rule))
+    return out
+
+
+INTERVAL = "{what} {value!r} is invalid: must be {rule}"
+
+
+def interval(value, what, *, error=LedgerError, message=INTERVAL):
+    """``value`` as a pair of floats (low, high) with both finite and low < high (a public range).
+
+    Anything else (not a pair, a non-number, inf/nan, low >= high) raises
+    ``error(message.format(what=what, value=value, rule="a pair (low, high) of finite numbers, low < high"))``.
+    """
+    rule = "a pair (low, high) of finite numbers, low < high"
+    try:
+        low, high = (number(v, what) for v in value)
+    except (TypeError, ValueError):
+        raise error(message.format(what=what, value=value, rule=rule)) from None
+    if not low < high:
+        raise error(message.format(what=what, value=value, rule=rule))
+    return low, high
 
 
 def finite(value, what, allow_none=True, nonnegative=False, *, positive=False, error=LedgerError):

@@ -18,21 +18,27 @@ conversion_term(alpha, delta) <= epsilon_global" without dp-accounting.
 """
 import math
 
+from .checks import number
+from .errors import LedgerError
+
 # SAGE_SPEC.md section 2. Low orders serve small-noise (large eps) queries, high
 # orders the many-small-steps DP-SGD regime.
 DEFAULT_ORDERS = (1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 16.0, 32.0, 64.0)
 
 
 def check_orders(orders):
-    orders = tuple(float(a) for a in orders)
+    """``orders`` as a tuple of distinct finite floats > 1.01, else a LedgerError naming the bad order."""
+    orders = tuple(_order(a) for a in orders)
     if not orders:
-        raise ValueError("RDP orders: need at least one order")
-    for a in orders:
-        if not (math.isfinite(a) and a > 1.01):
-            raise ValueError(f"RDP order {a!r} is invalid: orders must be finite and > 1.01")
+        raise LedgerError("RDP orders: need at least one order")
     if len(set(orders)) != len(orders):
-        raise ValueError(f"RDP orders {orders!r} contain duplicates")
+        raise LedgerError(f"RDP orders {orders!r} contain duplicates")
     return orders
+
+
+def _order(value):
+    return number(value, "RDP order", low=1.01, low_open=True,
+                  message="{what} {value!r} is invalid: orders must be {rule}")
 
 
 def conversion_term(alpha, delta):
@@ -118,18 +124,17 @@ def as_curve(value, orders):
     if hasattr(value, "to_named_tuple") or type(value).__module__.startswith("dp_accounting"):
         return event_curve(value, orders)
     if isinstance(value, dict):
-        by_order = {float(k): float(v) for k, v in value.items()}
+        by_order = {_order(k): v for k, v in value.items()}
         missing = [a for a in orders if a not in by_order]
         if missing:
-            raise ValueError(f"RDP curve lacks the stream's orders {missing}")
+            raise LedgerError(f"RDP curve lacks the stream's orders {missing}")
         values = [by_order[a] for a in orders]
     else:
-        values = [float(v) for v in value]
+        values = list(value)
         if len(values) != len(orders):
-            raise ValueError(
+            raise LedgerError(
                 f"RDP curve has {len(values)} values but the stream has {len(orders)} orders {list(orders)}"
             )
-    for alpha, v in zip(orders, values):
-        if not math.isfinite(v) or v < 0:
-            raise ValueError(f"RDP curve value {v!r} at order {alpha} is invalid: must be finite and >= 0")
-    return tuple(values)
+    return tuple(number(v, "RDP curve value", low=0.0,
+                        message=f"{{what}} {{value!r}} at order {alpha} is invalid: must be {{rule}}")
+                 for alpha, v in zip(orders, values))

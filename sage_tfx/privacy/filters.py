@@ -34,7 +34,11 @@ guarantee rests on ``admits`` alone, which the ledger always checks.
 import math
 
 from . import curves
+from .checks import positive, probability
+from .errors import LedgerError
 from .vocabulary import Accounting
+
+NOT_A_NUMBER = "{what} {value!r} is not a number"
 
 
 def add(a, b):
@@ -42,24 +46,15 @@ def add(a, b):
 
 
 def check_epsilon(epsilon, what="epsilon"):
-    try:
-        value = float(epsilon)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} {epsilon!r} is not a number") from None
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{what} {epsilon!r} is invalid: must be finite and > 0")
-    return value
+    """``epsilon`` as a finite float > 0, else a LedgerError naming ``what`` and the value."""
+    return positive(epsilon, what, not_number=NOT_A_NUMBER)
 
 
 def check_delta(delta, what="delta", allow_zero=True):
-    try:
-        value = float(delta)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} {delta!r} is not a number") from None
-    if not math.isfinite(value) or value < 0 or value >= 1 or (value == 0 and not allow_zero):
-        bound = "0 <= delta < 1" if allow_zero else "0 < delta < 1"
-        raise ValueError(f"{what} {delta!r} is invalid: need {bound}")
-    return value
+    """``delta`` as a float in [0, 1) ((0, 1) unless ``allow_zero``), else a LedgerError naming it."""
+    bound = "0 <= delta < 1" if allow_zero else "0 < delta < 1"
+    return probability(delta, what, zero=allow_zero, not_number=NOT_A_NUMBER,
+                       message="{what} {value!r} is invalid: need " + bound)
 
 
 class BasicFilter:
@@ -80,7 +75,7 @@ class BasicFilter:
         delta = check_delta(delta)
         if curve is not None:
             if delta <= 0:
-                raise ValueError("an RDP curve on a 'basic' stream needs delta > 0 to convert to (epsilon, delta)")
+                raise LedgerError("an RDP curve on a 'basic' stream needs delta > 0 to convert to (epsilon, delta)")
             epsilon, _ = curves.rdp_to_dp(curves.DEFAULT_ORDERS, curve, delta)
         return (check_epsilon(epsilon), delta)
 
@@ -124,7 +119,7 @@ class RdpFilter:
             max(0.0, self.epsilon - curves.conversion_term(a, self.delta)) for a in self.orders
         )
         if not any(self.capacity[1:]):
-            raise ValueError(
+            raise LedgerError(
                 f"global (epsilon={self.epsilon}, delta={self.delta}) leaves no RDP budget at any order "
                 f"{list(self.orders)}: raise epsilon or delta"
             )
@@ -186,4 +181,4 @@ def make_filter(accounting, epsilon, delta, orders=None):
         return BasicFilter(epsilon, delta)
     if accounting == Accounting.RDP:
         return RdpFilter(epsilon, delta, orders or curves.DEFAULT_ORDERS)
-    raise ValueError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")
+    raise LedgerError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")

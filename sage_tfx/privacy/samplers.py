@@ -48,7 +48,10 @@ from fractions import Fraction
 
 import numpy as np
 
-__all__ = ["SecureRNG", "secure_rng", "as_secure_rng", "bernoulli_exp", "discrete_laplace",
+from .checks import integer, positive
+from .errors import SageError
+
+__all__ = ["SamplerError", "SecureRNG", "secure_rng", "as_secure_rng", "bernoulli_exp", "discrete_laplace",
            "discrete_gaussian", "grid_laplace", "grid_laplace_params", "grid_gaussian",
            "grid_gaussian_params", "grid_laplace_coupling", "GRID_BITS", "GAUSS_GRID_BITS"]
 
@@ -60,6 +63,16 @@ GAUSS_GRID_BITS = 13
 _MAX_GAUSS_S = 2 ** 30  # the discrete Gaussian's variance parameter S stays below this (int64 arithmetic)
 _MAX_INDEX = 2.0 ** 52  # |x / gamma| must stay below this: float64 then holds every grid index exactly
 _U64 = np.uint64
+# a bad sampler argument: "{what} must be {rule}, got {value!r}" (the messages these functions always gave)
+_MESSAGE = "{what} must be {rule}, got {value!r}"
+
+
+class SamplerError(SageError, ValueError):
+    """A sampler argument is invalid (a scale, a seed, a cell count, a generator); the message names it.
+
+    Raised before any randomness is drawn. Never carries a data value: ``grid release: values must be
+    finite`` names no value (the values may be records read under a grant).
+    """
 
 
 class SecureRNG:
@@ -77,7 +90,7 @@ class SecureRNG:
         from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
-            raise ValueError("SecureRNG: key must be at least 16 bytes")
+            raise SamplerError("SecureRNG: key must be at least 16 bytes")
         name = stream.encode("utf-8")
         prefix = (len(key).to_bytes(4, "big") + bytes(key) + len(name).to_bytes(4, "big") + name)
         chacha_key = hashlib.sha256(b"sage-tfx/secure-rng/v2|" + prefix).digest()
@@ -111,7 +124,7 @@ class SecureRNG:
         if m.size == 0:
             return out
         if int(m.min()) < 1:
-            raise ValueError("uniform_below: bounds must be >= 1")
+            raise SamplerError("uniform_below: bounds must be >= 1")
         top = int(m.max())
         small = top <= (1 << 32)
         dtype = np.uint32 if small else np.uint64
@@ -161,9 +174,7 @@ class SecureRNG:
 
 
 def _key_from_seed(seed: int) -> bytes:
-    seed = int(seed)
-    if seed < 0:
-        raise ValueError(f"seed must be an integer >= 0, got {seed!r}")
+    seed = integer(seed, "seed", low=0, error=SamplerError, message=_MESSAGE)
     raw = seed.to_bytes(max(1, (seed.bit_length() + 7) // 8), "big")
     return hashlib.sha256(b"sage-tfx/noise-key/v1|" + raw).digest()
 
@@ -178,7 +189,7 @@ def secure_rng(seed=None, stream: str = "") -> SecureRNG:
     if seed is None:
         return SecureRNG(secrets.token_bytes(32), stream)
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise ValueError(f"seed must be None or an integer >= 0, got {seed!r}")
+        raise SamplerError(f"seed must be None or an integer >= 0, got {seed!r}")
     return SecureRNG(_key_from_seed(int(seed)), stream)
 
 
@@ -194,7 +205,7 @@ def as_secure_rng(rng, stream: str = "") -> SecureRNG:
         return rng
     if isinstance(rng, np.random.Generator):
         return SecureRNG(rng.bytes(32), stream)
-    raise ValueError(f"rng {rng!r} must be None, an int seed, a SecureRNG or a numpy Generator")
+    raise SamplerError(f"rng {rng!r} must be None, an int seed, a SecureRNG or a numpy Generator")
 
 
 # ------------------------------------------------------------------------------------------- samplers
@@ -271,7 +282,7 @@ def bernoulli_exp(num, den, rng) -> np.ndarray:
     num = np.atleast_1d(np.asarray(num, dtype=np.int64))
     den = np.broadcast_to(np.asarray(den, dtype=np.int64), num.shape).copy()
     if (num < 0).any() or (den < 1).any():
-        raise ValueError("bernoulli_exp: need num >= 0 and den >= 1")
+        raise SamplerError("bernoulli_exp: need num >= 0 and den >= 1")
     return _bernoulli_exp_parts(num // den, num % den, den, rng)
 
 
@@ -346,9 +357,7 @@ def discrete_laplace(t, size, rng) -> np.ndarray:
     arithmetic and exact Bernoullis.
     """
     rng = as_secure_rng(rng)
-    t = int(t)
-    if t < 1 or t > 2 ** 52:
-        raise ValueError(f"discrete_laplace: the scale t must be an integer in [1, 2^52], got {t}")
+    t = integer(t, "discrete_laplace: the scale t", low=1, high=2 ** 52, error=SamplerError, message=_MESSAGE)
     n = int(np.prod(size)) if np.ndim(size) else int(size)
     if n <= _SCALAR_BATCH:
         return np.array([_discrete_laplace_scalar(t, rng) for _ in range(n)], dtype=np.int64).reshape(size)
@@ -401,9 +410,8 @@ def discrete_gaussian(s, size, rng) -> np.ndarray:
     probability exp(-(|Y| - s/t)^2 / (2s)), else draw again. Requires 1 <= s < 2^30.
     """
     rng = as_secure_rng(rng)
-    s = int(s)
-    if not 1 <= s < _MAX_GAUSS_S:
-        raise ValueError(f"discrete_gaussian: the variance parameter must be an integer in [1, 2^30), got {s}")
+    s = integer(s, "discrete_gaussian: the variance parameter", low=1, high=_MAX_GAUSS_S, high_open=True,
+                error=SamplerError, message=_MESSAGE)
     t = math.isqrt(s) + 1
     n = int(np.prod(size)) if np.ndim(size) else int(size)
     if n <= _SCALAR_BATCH:
@@ -436,20 +444,21 @@ def _pow2_at_most(value: float) -> float:
 
 
 def _check_positive(name, value):
-    value = float(value)
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
-    return value
+    return positive(value, name, error=SamplerError, message="{what} must be a finite number > 0, got {value!r}")
+
+
+def _cells(cells):
+    return integer(cells, "cells", low=1, error=SamplerError, message=_MESSAGE)
 
 
 def _grid_index(values, gamma):
     """r(x / gamma) = floor(x / gamma + 1/2) as int64, computed exactly (see the module docstring)."""
     x = np.asarray(values, dtype=np.float64)
     if not np.isfinite(x).all():
-        raise ValueError("grid release: values must be finite")
+        raise SamplerError("grid release: values must be finite")
     y = x / gamma
     if x.size and float(np.abs(y).max()) >= _MAX_INDEX:
-        raise ValueError(f"grid release: |value| / gamma must stay below 2^52 (gamma = {gamma!r})")
+        raise SamplerError(f"grid release: |value| / gamma must stay below 2^52 (gamma = {gamma!r})")
     fl = np.floor(y)
     return (fl + (y - fl >= 0.5)).astype(np.int64)
 
@@ -464,9 +473,7 @@ def grid_laplace_params(sensitivity, epsilon, cells=1):
     """
     delta = _check_positive("sensitivity", sensitivity)
     epsilon = _check_positive("epsilon", epsilon)
-    k = int(cells)
-    if k < 1:
-        raise ValueError(f"cells must be an integer >= 1, got {cells!r}")
+    k = _cells(cells)
     gamma = _pow2_at_most(min(delta / epsilon, delta / k) / 2.0 ** GRID_BITS)
     units = math.floor(delta / gamma) + k
     t = math.ceil(Fraction(units) / Fraction(epsilon))
@@ -537,9 +544,7 @@ def grid_gaussian_params(l2_sensitivity, sigma, cells=1):
     """
     d2 = _check_positive("l2_sensitivity", l2_sensitivity)
     sigma = _check_positive("sigma", sigma)
-    k = int(cells)
-    if k < 1:
-        raise ValueError(f"cells must be an integer >= 1, got {cells!r}")
+    k = _cells(cells)
     gamma = _pow2_at_most(min(sigma, d2 / math.sqrt(k)) / 2.0 ** GAUSS_GRID_BITS)
     while sigma / gamma >= 2.0 ** (GAUSS_GRID_BITS + 2):
         gamma *= 2.0

@@ -34,10 +34,9 @@ REJECT test on the training split) and ``validation`` (its ACCEPT test on the te
 """
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass
 
-from .checks import finite
+from .checks import finite, number, positive, probability
 from .errors import GrantError, LedgerError
 from .vocabulary import ChargeRule, Stage
 
@@ -211,25 +210,26 @@ class BudgetSplit:
         the remainder is shared between training and the REJECT test alike. ``delta`` is training's;
         ``preprocessing_delta`` (default 0) is preprocessing's, charged on top (``total_delta``).
         """
-        if not (math.isfinite(epsilon) and epsilon > 0):
-            raise ValueError(f"iteration epsilon {epsilon!r} must be finite and > 0")
-        if not 0 <= preprocessing_share < 1:
-            raise ValueError(f"preprocessing_share {preprocessing_share!r} must be in [0, 1)")
-        if not 0 <= count_share < 1 - preprocessing_share:
-            raise ValueError(f"count_share {count_share!r} must be in [0, 1 - preprocessing_share)")
-        if not 0 <= rejection_share < 1:
-            raise ValueError(f"rejection_share {rejection_share!r} must be in [0, 1)")
+        epsilon = positive(epsilon, "iteration epsilon")
+        preprocessing_share = _share(preprocessing_share, "preprocessing_share", 1.0)
+        count_share = _share(count_share, "count_share", 1.0 - preprocessing_share, "1 - preprocessing_share = ")
+        rejection_share = _share(rejection_share, "rejection_share", 1.0)
         pre, count = epsilon * preprocessing_share, epsilon * count_share
         rest = epsilon - pre - count
         if disjoint_split:
             rule, validation, train_side = ChargeRule.PARALLEL, rest, rest
         else:
             share = 1 / 3 if validation_share is None else validation_share
-            if not 0 < share < 1:
-                raise ValueError(f"validation_share {share!r} must be in (0, 1)")
+            share = probability(share, "validation_share")
             rule, validation, train_side = ChargeRule.SUM, rest * share, rest * (1 - share)
         rejection = train_side * rejection_share
         return cls(pre, count, train_side - rejection, validation, delta, rule.value, rejection, preprocessing_delta)
+
+
+def _share(value, what, high, high_text=""):
+    """A stage's share of the iteration epsilon: a float in [0, high), else a LedgerError naming it."""
+    return number(value, what, low=0.0, high=high, high_open=True,
+                  message=f"{{what}} {{value!r}} is invalid: must be in [0, {high_text}{high:g})")
 
 
 def _check_stage(stage):
