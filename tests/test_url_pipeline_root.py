@@ -15,7 +15,9 @@ a URL filesystem").
   --metadata-path shared by several pipelines and hands both to each worker;
 - the scrub on a URL root removes the Examples folders (and those of cut-short runs) through TFX's file layer,
   never a folder reached by "..";
-- Beam's TFRecord write/read on ram:// through the bridge; make_private_dir: 0700 locally, no chmod on a URL.
+- Beam's TFRecord write/read on ram:// through the bridge; make_private_dir: 0700 locally, no chmod on a URL;
+- `sage serve`: a --metadata-path without {name} for two pipelines, or a bad root, exits 2 before anything is
+  registered; (slow) one pipeline on a file:// root with MLMD at --metadata-path reaches ACCEPT in its worker.
 """
 import argparse
 import json
@@ -326,3 +328,62 @@ def test_beam_reads_and_writes_gzip_tfrecords_on_ram_through_gfile():
     with beam.Pipeline() as p:
         assert_that(p | beam.io.ReadFromTFRecord(f"{base}/out/data*.gz"), equal_to(records))
     assert [d for d in tf.io.gfile.listdir(f"{base}/out") if "temp" in d] == []  # Beam's temp folder removed
+
+
+def _serve(tmp_path, *extra, timeout=300):
+    import subprocess
+    import sys
+
+    from sage_tfx.data.taxi import taxi_csv_path
+
+    return subprocess.run([sys.executable, "-m", "sage_tfx", "serve", "--db", tmp_path / "ledger.db", "--stream",
+                           "taxi", "--data-root", tmp_path / "data", "--input", taxi_csv_path("simple"),
+                           "--time-column", "trip_start_timestamp", "--window", "1d", "--work-dir", tmp_path / "work",
+                           *map(str, extra)], capture_output=True, text=True, timeout=timeout)
+
+
+def _init(tmp_path):
+    with Ledger.open(tmp_path / "ledger.db", create=True) as ledger:
+        ledger.create_stream("taxi", 1.0, 1e-6)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--metadata-path", "mlmd.sqlite"], "--metadata-path 'mlmd.sqlite' would be shared by the pipelines a, b"),
+    (["--pipeline-root", "nosuchfs://b/r"], "--pipeline-root 'nosuchfs://b/r' has no Beam filesystem"),
+])
+def test_serve_refuses_a_shared_metadata_path_or_bad_root_before_registering_anything(tmp_path, extra, message):
+    _init(tmp_path)
+    proc = _serve(tmp_path, "--pipeline", "a=taxi_regression:600000", "--pipeline", "b=taxi_regression:600000",
+                  *extra)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    with Ledger.open(tmp_path / "ledger.db") as ledger:
+        assert ledger.pipelines("taxi") == [] and ledger.blocks("taxi") == []  # nothing registered, added, charged
+    assert not (tmp_path / "data").exists() and not (tmp_path / "work").exists()
+
+
+@pytest.mark.slow  # one `sage serve` TFX iteration in a worker process, ~2-3 min on 2 shared cores
+@pytest.mark.tf
+def test_serve_runs_its_worker_on_a_url_root_with_mlmd_at_metadata_path(tmp_path):
+    """`sage serve --pipeline-root file://... --metadata-path mlmd/{name}.sqlite`: the worker process (spawned)
+    gets both; an outcome, artifacts under URL/NAME, MLMD at the given local path, raw Examples scrubbed, audit OK."""
+    from ml_metadata.metadata_store import metadata_store
+    from tfx.dsl.io import fileio
+
+    from sage_tfx.pipelines._runner import metadata_config
+
+    _init(tmp_path)
+    root = f"file://{tmp_path / 'object-store'}"
+    proc = _serve(tmp_path, "--initial-blocks", 256, "--blocks-per-step", 256, "--pipeline",
+                  "easy=taxi_regression:3000000", "--max-iterations", 1, "--rejection-share", 0,
+                  "--pipeline-root", root, "--metadata-path", tmp_path / "mlmd" / "{name}.sqlite", timeout=1500)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "easy: ACCEPT after 1 iteration(s)" in proc.stdout and "audit: OK" in proc.stdout, proc.stdout
+    assert not (tmp_path / "work" / "tfx").exists()  # the MLMD file went to --metadata-path
+    store = metadata_store.MetadataStore(metadata_config(str(tmp_path / "mlmd" / "easy.sqlite")))
+    artifacts = store.get_artifacts()
+    assert artifacts and all(a.uri.startswith(f"{root}/easy/") for a in artifacts), [a.uri for a in artifacts]
+    by_type = {t.id: t.name for t in store.get_artifact_types()}
+    examples = [a for a in artifacts if by_type[a.type_id] == "Examples"]
+    assert len(examples) == 2 and all(a.state == a.DELETED and not fileio.exists(a.uri) for a in examples)
+    with Ledger.open(tmp_path / "ledger.db") as ledger:
+        assert ledger.audit().ok
