@@ -6,6 +6,7 @@ implementation with probability below 1e-6 (stated per test).
 import csv
 import importlib.resources
 import math
+import re
 
 import numpy as np
 import pytest
@@ -209,12 +210,40 @@ def test_fit_from_dataset_and_linear_export(tmp_path):
     (dict(momentum=1.2), "momentum=1.2"),
     (dict(clip_norm=-1.0), "clip_norm=-1.0"),
     (dict(implementation="fast"), "implementation='fast'"),
+    # through sage_tfx.privacy.checks: a fraction, a bool or a string is named, not truncated or a TypeError
+    (dict(hidden_units=(4, 2.5)), "hidden_units=(4, 2.5) is invalid"),
+    (dict(hidden_units=(4, 0)), "hidden_units=(4, 0) is invalid"),
+    (dict(momentum=True), "momentum=True is invalid: must be in [0, 1)"),
+    (dict(learning_rate="fast"), "learning_rate='fast' is invalid: must be finite and > 0"),
 ])
 def test_bad_hyperparameters_name_the_value(kwargs, bad):
+    from sage_tfx.privacy.dpsgd import DpSgdConfigError
+
     args = dict(privacy_budget=(1.0, 1e-5), hidden_units=(4,))
     args.update(kwargs)
-    with pytest.raises(ValueError, match=bad.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(DpSgdConfigError, match=re.escape(bad)):
         DPDNNRegressor(**args)
+
+
+def test_classifier_n_classes_is_an_integer_of_at_least_two():
+    from sage_tfx.privacy.dpsgd import DpSgdConfigError
+
+    for bad in (1, 2.5, "3"):
+        with pytest.raises(DpSgdConfigError, match=rf"^n_classes={bad!r} is invalid: must be an integer >= 2$"):
+            DPDNNClassifier((1.0, 1e-5), hidden_units=(4,), n_classes=bad)
+    assert DPDNNClassifier((1.0, 1e-5), hidden_units=(4,), n_classes=3.0).n_classes == 3
+
+
+def test_linear_ranges_are_finite_pairs_low_below_high():
+    from sage_tfx.privacy.adassp import AdaSSPConfigError
+
+    rule = r"is invalid: must be a pair \(low, high\) of finite numbers, low < high$"
+    for bad in ((1.0, 1.0), (0.0, math.inf), 5.0):
+        with pytest.raises(AdaSSPConfigError, match=rf"^label_range={re.escape(repr(bad))} {rule}"):
+            DPLinearRegressor((1.0, 1e-5), feature_bound=1.0, label_range=bad)
+    with pytest.raises(AdaSSPConfigError, match=rf"^residual_range=\(2\.0, -2\.0\) {rule}"):
+        DPLinearRegressor((1.0, 1e-5), feature_bound=1.0, label_range=(0, 1), prior_coef=[1.0],
+                          residual_range=(2.0, -2.0))
 
 
 def test_fit_refuses_without_a_dp_count_and_names_bad_labels():

@@ -382,9 +382,13 @@ def _bad(**overrides):
     ({"loss": "hinge"}, r"loss='hinge' is invalid"),
     ({"accountant": "moments"}, r"accountant='moments' is invalid"),
     ({"per_example": "jax"}, r"per_example='jax' is invalid"),
+    # through sage_tfx.privacy.checks
+    ({"batch_size": 2.5}, r"^batch_size=2\.5 is invalid: must be an integer >= 1$"),
+    ({"momentum": True}, r"^momentum=True is invalid: must be in \[0, 1\)$"),
+    ({"weight_decay": "x"}, r"^weight_decay='x' is invalid: pass a number in \[0, 1/learning_rate\)"),
 ])
 def test_bad_arguments_name_the_value(overrides, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(dpsgd.DpSgdConfigError, match=match):
         _bad(**overrides)
 
 

@@ -44,6 +44,9 @@ import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 
 import tensorflow as tf
 
+from sage_tfx.privacy import checks
+from sage_tfx.privacy.dpsgd import DpSgdConfigError
+
 IMPLEMENTATIONS = ("ghost", "vmap", "tf_privacy")
 DEFAULT_IMPLEMENTATION = "ghost"
 
@@ -56,16 +59,20 @@ def dense_layers(model):
     return None
 
 
+_INVALID = "{what}={value!r} is invalid: must be {rule}"
+
+
+def _check_noise_multiplier(noise_multiplier):
+    """sigma as a finite float >= 0 (0: no noise, e.g. clipped_sum), else a DpSgdConfigError naming it."""
+    return checks.number(noise_multiplier, "noise_multiplier", low=0.0, error=DpSgdConfigError, message=_INVALID)
+
+
 class _Engine:
     def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None):
-        if not clip_norm > 0:
-            raise ValueError(f"clip_norm={clip_norm!r} is invalid: must be > 0")
-        if not noise_multiplier >= 0:
-            raise ValueError(f"noise_multiplier={noise_multiplier!r} is invalid: must be >= 0")
+        self.clip_norm = checks.positive(clip_norm, "clip_norm", error=DpSgdConfigError, message=_INVALID)
+        self.noise_multiplier = _check_noise_multiplier(noise_multiplier)
         self.model = model
         self.per_example_loss = per_example_loss
-        self.clip_norm = float(clip_norm)
-        self.noise_multiplier = float(noise_multiplier)
         self.variables = list(model.trainable_variables)
         self._generator = (tf.random.Generator.from_seed(seed) if seed is not None
                            else tf.random.Generator.from_non_deterministic_state())
@@ -77,9 +84,7 @@ class _Engine:
 
     def set_noise_multiplier(self, noise_multiplier):
         """Set sigma for the following steps (a noise schedule's sigma_t); call outside the traced step."""
-        if not noise_multiplier >= 0:
-            raise ValueError(f"noise_multiplier={noise_multiplier!r} is invalid: must be >= 0")
-        self.noise_multiplier = float(noise_multiplier)
+        self.noise_multiplier = _check_noise_multiplier(noise_multiplier)
         self._noise_std.assign(self.noise_multiplier * self.clip_norm)
 
     def _std(self, dtype):
@@ -117,7 +122,7 @@ class GhostClipEngine(_Engine):
         super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
         self.layers = dense_layers(model)
         if self.layers is None:
-            raise ValueError("the ghost engine needs a model made only of Dense layers; use 'vmap'")
+            raise DpSgdConfigError("the ghost engine needs a model made only of Dense layers; use 'vmap'")
         self.variables = []
         for layer in self.layers:
             self.variables.append(layer.kernel)
@@ -195,8 +200,8 @@ class TfPrivacyEngine(_Engine):
 
     def set_noise_multiplier(self, noise_multiplier):
         if noise_multiplier != self.noise_multiplier:
-            raise ValueError("the tf_privacy engine has a fixed noise multiplier: a noise schedule needs the "
-                             "'ghost' or 'vmap' implementation")
+            raise DpSgdConfigError("the tf_privacy engine has a fixed noise multiplier: a noise schedule needs the "
+                                   "'ghost' or 'vmap' implementation")
 
     def noisy_sum(self, x, y):
         def loss():
@@ -209,7 +214,7 @@ class TfPrivacyEngine(_Engine):
 
     def clipped_sum(self, x, y):
         if self.noise_multiplier != 0:
-            raise ValueError("tf_privacy engine: clipped_sum needs noise_multiplier=0 (it always adds noise)")
+            raise DpSgdConfigError("tf_privacy engine: clipped_sum needs noise_multiplier=0 (it always adds noise)")
         return self.noisy_sum(x, y), None
 
 
@@ -218,7 +223,7 @@ _ENGINES = {e.name: e for e in (GhostClipEngine, VectorizedEngine, TfPrivacyEngi
 
 def make_engine(implementation, model, per_example_loss, clip_norm, noise_multiplier, seed=None, **options):
     if implementation not in _ENGINES:
-        raise ValueError(f"implementation={implementation!r} is invalid: choose one of {IMPLEMENTATIONS}")
+        raise DpSgdConfigError(f"implementation={implementation!r} is invalid: choose one of {IMPLEMENTATIONS}")
     return _ENGINES[implementation](model, per_example_loss, clip_norm, noise_multiplier, seed, **options)
 
 
@@ -508,8 +513,8 @@ class LayerGhostEngine(_Engine):
         super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
         found = ghost_layers(model)
         if found is None or not found[0]:
-            raise ValueError("the layer ghost engine needs a Keras graph network (Functional or built "
-                             "Sequential) with at least one Dense or Embedding layer; use 'vmap'")
+            raise DpSgdConfigError("the layer ghost engine needs a Keras graph network (Functional or built "
+                                   "Sequential) with at least one Dense or Embedding layer; use 'vmap'")
         self.plans, ghost, self.fallback = found
         self.nodes = graph_nodes(model)
         self.vectorized = vectorized

@@ -47,7 +47,6 @@ noise come from the grant's private seed and ``seed=`` is refused
 (sage_tfx.models.seeding). An explicit ``seed`` outside it is for tests and
 benchmarks: a known seed makes the noise predictable.
 """
-import math
 
 import sage_tfx  # noqa: F401
 
@@ -55,10 +54,17 @@ import numpy as np
 import tensorflow as tf
 
 from sage_tfx.models.data import FeatureLayout, class_labels, labels_vector, split_input
-from sage_tfx.models.dpsgd_engine import DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, make_engine
+from sage_tfx.models.dpsgd_engine import _INVALID, DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, make_engine
 from sage_tfx.models.export import export_saved_model
 from sage_tfx.models.seeding import fit_seeds
-from sage_tfx.privacy import dpsgd, noise_schedules
+from sage_tfx.privacy import checks, dpsgd, noise_schedules
+from sage_tfx.privacy.dpsgd import DpSgdConfigError
+
+
+def check_momentum(momentum):
+    """``momentum`` as a float in [0, 1), else a DpSgdConfigError naming it (a bool is refused)."""
+    return checks.number(momentum, "momentum", low=0.0, high=1.0, high_open=True, error=DpSgdConfigError,
+                         message=_INVALID)
 
 
 def poisson_batches(rng, n, q, steps):
@@ -141,23 +147,24 @@ class _DPSGDEstimator:
         try:
             epsilon, delta = privacy_budget
         except (TypeError, ValueError):
-            raise ValueError(f"privacy_budget={privacy_budget!r} is invalid: pass (epsilon, delta)") from None
+            raise DpSgdConfigError(f"privacy_budget={privacy_budget!r} is invalid: pass (epsilon, delta)") from None
         self.epsilon, self.delta = dpsgd.check_budget(epsilon, delta)
-        self.hidden_units = tuple(int(u) for u in hidden_units)
-        if any(u <= 0 for u in self.hidden_units):
-            raise ValueError(f"hidden_units={hidden_units!r} is invalid: every layer needs >= 1 unit")
+        try:
+            self.hidden_units = tuple(checks.integer(u, "hidden_units", low=1, error=DpSgdConfigError)
+                                      for u in hidden_units)
+        except (TypeError, DpSgdConfigError):
+            raise DpSgdConfigError(f"hidden_units={hidden_units!r} is invalid: pass whole numbers, every layer "
+                                   "needs >= 1 unit") from None
         for name, value in (("learning_rate", learning_rate), ("clip_norm", clip_norm)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name}={value!r} is invalid: must be finite and > 0")
-        if not (isinstance(momentum, (int, float)) and 0 <= momentum < 1):
-            raise ValueError(f"momentum={momentum!r} is invalid: must be in [0, 1)")
+            checks.positive(value, name, error=DpSgdConfigError, message=_INVALID)
+        check_momentum(momentum)
         if implementation not in IMPLEMENTATIONS:
-            raise ValueError(f"implementation={implementation!r} is invalid: choose one of {IMPLEMENTATIONS}")
+            raise DpSgdConfigError(f"implementation={implementation!r} is invalid: choose one of {IMPLEMENTATIONS}")
         dpsgd.check_accountant(accountant)
         self.noise_schedule = noise_schedules.as_schedule(noise_schedule)
         if implementation == "tf_privacy" and not self.noise_schedule.is_constant:
-            raise ValueError(f"noise_schedule={self.noise_schedule.describe()} is invalid with "
-                             "implementation='tf_privacy' (a fixed sigma): use 'ghost' or 'vmap'")
+            raise DpSgdConfigError(f"noise_schedule={self.noise_schedule.describe()} is invalid with "
+                                   "implementation='tf_privacy' (a fixed sigma): use 'ghost' or 'vmap'")
         self.num_examples = num_examples
         self.learning_rate = float(learning_rate)
         self.epochs = epochs
@@ -194,7 +201,7 @@ class _DPSGDEstimator:
         """
         num_examples = self.num_examples if num_examples is None else num_examples
         if num_examples is None:
-            raise ValueError(
+            raise DpSgdConfigError(
                 "num_examples is required: pass the ledger's DP (or a public) row count, "
                 "never the exact private count"
             )
@@ -297,9 +304,7 @@ class DPDNNClassifier(_Classifier):
 
     def __init__(self, privacy_budget, hidden_units, n_classes=2, **kwargs):
         super().__init__(privacy_budget, hidden_units=hidden_units, **kwargs)
-        if int(n_classes) < 2:
-            raise ValueError(f"n_classes={n_classes!r} is invalid: need at least 2")
-        self.n_classes = int(n_classes)
+        self.n_classes = checks.integer(n_classes, "n_classes", low=2, error=DpSgdConfigError, message=_INVALID)
 
     def _output_units(self, y):
         return self.n_classes

@@ -47,27 +47,24 @@ from sage_tfx.models.data import FeatureLayout, labels_vector, split_input
 from sage_tfx.models.export import export_saved_model
 from sage_tfx.models.seeding import fit_seeds
 from sage_tfx.privacy import adassp
+from sage_tfx.privacy.adassp import INVALID, AdaSSPConfigError
+from sage_tfx.privacy.checks import interval
 
 
 def _check_center(value):
     """The public feature centre as a 1-D float64 array (one value, or one per feature); finite."""
-    try:
-        center = np.asarray(value, dtype=np.float64).reshape(-1)
-    except (TypeError, ValueError):
-        raise ValueError(f"feature_center={value!r} is invalid: pass a number or one number per feature") from None
-    if center.size == 0 or not np.all(np.isfinite(center)):
-        raise ValueError(f"feature_center={value!r} is invalid: pass finite numbers (a public centre, e.g. 0.5 "
-                         "for features scaled to [0, 1])")
-    return center
+    return _finite_vector(value, "feature_center", " (a public centre: one number, or one per feature, e.g. 0.5 "
+                                                   "for features scaled to [0, 1])")
 
 
-def _finite_vector(value, what):
+def _finite_vector(value, what, fix=""):
+    """``value`` as a non-empty 1-D float64 array of finite numbers, else an AdaSSPConfigError naming it."""
     try:
         vector = np.asarray(value, dtype=np.float64).reshape(-1)
     except (TypeError, ValueError):
-        raise ValueError(f"{what}={value!r} is invalid: pass numbers") from None
+        raise AdaSSPConfigError(f"{what}={value!r} is invalid: pass numbers{fix}") from None
     if vector.size == 0 or not np.all(np.isfinite(vector)):
-        raise ValueError(f"{what}={value!r} is invalid: pass finite numbers")
+        raise AdaSSPConfigError(f"{what}={value!r} is invalid: pass finite numbers{fix}")
     return vector
 
 
@@ -75,22 +72,17 @@ def _check_prior(prior_coef, prior_intercept, residual_range):
     """(prior_coef as an array or {name: array} or None, prior_intercept as float, residual_range or None)."""
     intercept = _finite_vector(prior_intercept, "prior_intercept")
     if intercept.size != 1:
-        raise ValueError(f"prior_intercept={prior_intercept!r} is invalid: pass one number")
+        raise AdaSSPConfigError(f"prior_intercept={prior_intercept!r} is invalid: pass one number")
     has_prior = prior_coef is not None or float(intercept[0]) != 0.0
     if residual_range is None:
         if has_prior:
-            raise ValueError("a prior (prior_coef / prior_intercept) needs residual_range=(low, high): the public "
-                             "range each residual label - prior is clipped to")
+            raise AdaSSPConfigError("a prior (prior_coef / prior_intercept) needs residual_range=(low, high): the "
+                                    "public range each residual label - prior is clipped to")
         return None, 0.0, None
     if not has_prior:
-        raise ValueError(f"residual_range={residual_range!r} without a prior: pass prior_coef (and prior_intercept), "
-                         "or bound the label with label_range alone")
-    try:
-        low, high = (float(v) for v in residual_range)
-    except (TypeError, ValueError):
-        raise ValueError(f"residual_range={residual_range!r} is invalid: pass (low, high)") from None
-    if not (math.isfinite(low) and math.isfinite(high) and high > low):
-        raise ValueError(f"residual_range={residual_range!r} is invalid: need finite low < high")
+        raise AdaSSPConfigError(f"residual_range={residual_range!r} without a prior: pass prior_coef (and "
+                                "prior_intercept), or bound the label with label_range alone")
+    low, high = interval(residual_range, "residual_range", error=AdaSSPConfigError, message=INVALID)
     if isinstance(prior_coef, dict):
         coef = {str(k): _finite_vector(v, f"prior_coef[{k!r}]") for k, v in prior_coef.items()}
     elif prior_coef is None:
@@ -127,16 +119,11 @@ class DPLinearRegressor:
         try:
             epsilon, delta = privacy_budget
         except (TypeError, ValueError):
-            raise ValueError(f"privacy_budget={privacy_budget!r} is invalid: pass (epsilon, delta)") from None
+            raise AdaSSPConfigError(f"privacy_budget={privacy_budget!r} is invalid: pass (epsilon, delta)") from None
         self.epsilon, self.delta = adassp._check_budget(epsilon, delta)
         self.feature_bound = adassp._check_positive(feature_bound, "feature_bound")
-        try:
-            low, high = (float(v) for v in label_range)
-        except (TypeError, ValueError):
-            raise ValueError(f"label_range={label_range!r} is invalid: pass (low, high)") from None
-        if not (math.isfinite(low) and math.isfinite(high) and high > low):
-            raise ValueError(f"label_range={label_range!r} is invalid: need finite low < high")
-        self.label_low, self.label_high = low, high
+        self.label_low, self.label_high = interval(label_range, "label_range", error=AdaSSPConfigError,
+                                                   message=INVALID)
         self.fit_intercept = bool(fit_intercept)
         self.rho = rho
         self.calibration = calibration
@@ -155,8 +142,8 @@ class DPLinearRegressor:
         """The public centre as one number per column (``dim`` columns)."""
         center = self.feature_center
         if center.size not in (1, dim):
-            raise ValueError(f"feature_center has {center.size} values for {dim} features: pass one "
-                             f"number, or one per feature in the order of {self.layout.keys}")
+            raise AdaSSPConfigError(f"feature_center has {center.size} values for {dim} features: pass one "
+                                    f"number, or one per feature in the order of {self.layout.keys}")
         return np.broadcast_to(center, (dim,))
 
     def _center(self, matrix):
@@ -219,17 +206,17 @@ class DPLinearRegressor:
             return np.zeros(dim)
         if not isinstance(prior, dict):
             if prior.size != dim:
-                raise ValueError(f"prior_coef has {prior.size} values for {dim} feature columns: pass one per "
-                                 f"column in the order of {self.layout.keys}, or a dict by feature name")
+                raise AdaSSPConfigError(f"prior_coef has {prior.size} values for {dim} feature columns: pass one "
+                                        f"per column in the order of {self.layout.keys}, or a dict by feature name")
             return prior
         unknown = sorted(set(prior) - set(self.layout.keys))
         if unknown:
-            raise ValueError(f"prior_coef names {unknown}, not features of the model ({self.layout.keys})")
+            raise AdaSSPConfigError(f"prior_coef names {unknown}, not features of the model ({self.layout.keys})")
         parts = []
         for key, width in zip(self.layout.keys, self.layout.widths):
             value = prior.get(key, np.zeros(width))
             if value.size not in (1, width):
-                raise ValueError(f"prior_coef[{key!r}] has {value.size} values for a feature of width {width}")
+                raise AdaSSPConfigError(f"prior_coef[{key!r}] has {value.size} values for a feature of width {width}")
             parts.append(np.broadcast_to(value, (width,)))
         return np.concatenate(parts).astype(np.float64)
 

@@ -64,7 +64,6 @@ sampling and noise come from the grant's private seed and ``seed=`` is refused (
 The model's initial weights are the user's (make_private does not re-initialise them): to reproduce a fit
 bit for bit, build the model with seeded initialisers (initial weights need no secrecy).
 """
-import math
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
@@ -73,10 +72,11 @@ import numpy as np
 import tensorflow as tf
 
 from sage_tfx.models.dpsgd_engine import LayerGhostEngine, _Engine, _zero_rows, ghost_layers, per_example_gradients
-from sage_tfx.models.dpsgd_models import poisson_batches
+from sage_tfx.models.dpsgd_models import _INVALID, check_momentum, poisson_batches
 from sage_tfx.models.seeding import active as _seed_active
 from sage_tfx.models.seeding import fit_seeds
-from sage_tfx.privacy import dpsgd, noise_schedules
+from sage_tfx.privacy import checks, dpsgd, noise_schedules
+from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
 __all__ = ["make_private", "PrivateModel", "PER_EXAMPLE", "LOSSES"]
 
@@ -132,14 +132,14 @@ def per_example_loss(loss: Any, model: tf.keras.Model) -> Callable:
     if loss is None:
         loss = getattr(model, "loss", None) if getattr(model, "compiled_loss", None) is not None else None
         if loss is None:
-            raise ValueError(
+            raise DpSgdConfigError(
                 f"loss=None is invalid for an uncompiled model: pass loss= one of {LOSSES}, or a per-example "
                 "Keras loss (reduction NONE), or model.compile(loss=...) first")
     if isinstance(loss, str):
         name = _LOSS_ALIASES.get(loss.lower())
         if name is None:
-            raise ValueError(f"loss={loss!r} is invalid: choose one of {LOSSES}, or pass a per-example Keras "
-                             "loss (reduction NONE)")
+            raise DpSgdConfigError(f"loss={loss!r} is invalid: choose one of {LOSSES}, or pass a per-example Keras "
+                                   "loss (reduction NONE)")
         if name == "mse":
             return _mse
         if name == "binary_crossentropy":  # Keras' string: outputs are probabilities (from_logits=False)
@@ -152,12 +152,13 @@ def per_example_loss(loss: Any, model: tf.keras.Model) -> Callable:
             try:
                 loss = type(loss).from_config(config)
             except Exception:
-                raise ValueError(f"loss={loss!r} reduces over the batch and cannot be rebuilt with reduction "
-                                 "NONE: pass a per-example loss (reduction=tf.keras.losses.Reduction.NONE)") from None
+                raise DpSgdConfigError(
+                    f"loss={loss!r} reduces over the batch and cannot be rebuilt with reduction NONE: pass a "
+                    "per-example loss (reduction=tf.keras.losses.Reduction.NONE)") from None
         return _wrap_callable(loss)
     if callable(loss):
         return _wrap_callable(loss)
-    raise ValueError(f"loss={loss!r} is invalid: choose one of {LOSSES}, or pass a per-example Keras loss")
+    raise DpSgdConfigError(f"loss={loss!r} is invalid: choose one of {LOSSES}, or pass a per-example Keras loss")
 
 
 # ------------------------------------------------------------------------------------------- engines
@@ -199,7 +200,7 @@ _GHOST_REFUSED = ("per_example='ghost' is invalid for this model: the ghost engi
 def _engine(per_example, model, loss_fn, clip_norm, sigma, seed, vectorized=True):
     if per_example == "ghost":
         if not _ghost_ok(model):
-            raise ValueError(_GHOST_REFUSED)
+            raise DpSgdConfigError(_GHOST_REFUSED)
         return LayerGhostEngine(model, loss_fn, clip_norm, sigma, seed, vectorized=vectorized)
     return _PerExampleEngine(model, loss_fn, clip_norm, sigma, seed, vectorized=per_example != "loop")
 
@@ -227,11 +228,9 @@ def _take(x, rows):
 
 
 def _check_positive(name, value, integer=False):
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or value <= 0 or (integer and value != int(value)):
-        kind = "a whole number > 0" if integer else "finite and > 0"
-        raise ValueError(f"{name}={value!r} is invalid: must be {kind}")
-    return int(value) if integer else float(value)
+    if integer:
+        return checks.integer(value, name, low=1, error=DpSgdConfigError, message=_INVALID)
+    return checks.positive(value, name, error=DpSgdConfigError, message=_INVALID)
 
 
 class PrivateModel:
@@ -267,12 +266,12 @@ class PrivateModel:
         if not self.model.built or not self.model.trainable_variables:
             self.model(_take(x, slice(0, 1)), training=False)
         if not self.model.trainable_variables:
-            raise ValueError("model has no trainable variables: nothing to train")
+            raise DpSgdConfigError("model has no trainable variables: nothing to train")
         for layer in self.model.submodules:
             if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable:
-                raise ValueError(f"layer {layer.name!r} is BatchNormalization: it mixes the examples of a batch, "
-                                 "so per-example clipping does not bound one record's effect; remove it "
-                                 "(LayerNormalization is fine)")
+                raise DpSgdConfigError(f"layer {layer.name!r} is BatchNormalization: it mixes the examples of a batch, "
+                                       "so per-example clipping does not bound one record's effect; remove it "
+                                       "(LayerNormalization is fine)")
 
     def _make_optimizer(self):
         decay = {"weight_decay": self.weight_decay} if self.weight_decay else {}
@@ -461,39 +460,37 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
     composed event, ``["noise_schedule"]`` the schedule and its per-stage sigmas.
     """
     if not isinstance(model, tf.keras.Model):
-        raise ValueError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional model "
-                         "(tf.keras is Keras 2 here: import sage_tfx before TensorFlow)")
+        raise DpSgdConfigError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional "
+                               "model (tf.keras is Keras 2 here: import sage_tfx before TensorFlow)")
     try:
         epsilon, delta = privacy_budget
     except (TypeError, ValueError):
-        raise ValueError(f"privacy_budget={privacy_budget!r} is invalid: pass (epsilon, delta)") from None
+        raise DpSgdConfigError(f"privacy_budget={privacy_budget!r} is invalid: pass (epsilon, delta)") from None
     epsilon, delta = dpsgd.check_budget(epsilon, delta)
     if num_examples is None:
-        raise ValueError("num_examples=None is invalid: pass the ledger's DP (or a public) row count "
-                         "(fn_args.num_examples), never the exact private count")
+        raise DpSgdConfigError("num_examples=None is invalid: pass the ledger's DP (or a public) row count "
+                               "(fn_args.num_examples), never the exact private count")
     num_examples = _check_positive("num_examples", num_examples, integer=True)
     batch_size = _check_positive("batch_size", batch_size, integer=True)
     epochs = _check_positive("epochs", epochs)
     clip_norm = _check_positive("clip_norm", clip_norm)
     dpsgd.num_steps(num_examples, batch_size, epochs)  # batch_size <= num_examples, named in the error
     if optimizer not in OPTIMIZERS:
-        raise ValueError(f"optimizer={optimizer!r} is invalid: choose one of {OPTIMIZERS}")
+        raise DpSgdConfigError(f"optimizer={optimizer!r} is invalid: choose one of {OPTIMIZERS}")
     if learning_rate is None:
         learning_rate = 0.1 if optimizer == "sgd" else 0.001
     learning_rate = _check_positive("learning_rate", learning_rate)
-    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
-        raise ValueError(f"momentum={momentum!r} is invalid: must be in [0, 1)")
+    momentum = check_momentum(momentum)
     if optimizer == "adam" and momentum:
-        raise ValueError(f"momentum={momentum!r} is invalid with optimizer='adam': leave it at 0")
-    if (isinstance(weight_decay, bool) or not isinstance(weight_decay, (int, float))
-            or not 0 <= weight_decay < 1 / learning_rate):
-        raise ValueError(f"weight_decay={weight_decay!r} is invalid: pass a number in [0, 1/learning_rate) "
-                         f"(learning_rate {learning_rate}), e.g. 0.01")
+        raise DpSgdConfigError(f"momentum={momentum!r} is invalid with optimizer='adam': leave it at 0")
+    checks.number(weight_decay, "weight_decay", low=0.0, high=1 / learning_rate, high_open=True,
+                  error=DpSgdConfigError, message="{what}={value!r} is invalid: pass a number in [0, 1/learning_rate) "
+                  f"(learning_rate {learning_rate}), e.g. 0.01")
     dpsgd.check_accountant(accountant)
     if per_example not in PER_EXAMPLE:
-        raise ValueError(f"per_example={per_example!r} is invalid: choose one of {PER_EXAMPLE}")
+        raise DpSgdConfigError(f"per_example={per_example!r} is invalid: choose one of {PER_EXAMPLE}")
     if per_example == "ghost" and model.built and not _ghost_ok(model):
-        raise ValueError(_GHOST_REFUSED)
+        raise DpSgdConfigError(_GHOST_REFUSED)
     if seed is not None and _seed_active():
         fit_seeds(seed, _NAME)  # raises: an explicit seed inside training_seed (DPTrainer)
     if loss is not None:

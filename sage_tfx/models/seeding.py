@@ -32,7 +32,14 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-__all__ = ["training_seed", "fit_seeds", "FitSeeds", "derive_seed"]
+from sage_tfx.privacy.checks import integer
+from sage_tfx.privacy.errors import SageError
+
+__all__ = ["training_seed", "fit_seeds", "FitSeeds", "derive_seed", "TrainingSeedError"]
+
+
+class TrainingSeedError(SageError, ValueError):
+    """A training seed is not an integer >= 0, or ``seed=`` was given where the component supplies it."""
 
 
 class _Active:
@@ -75,9 +82,11 @@ def training_seed(seed: int) -> Iterator[None]:
     For trusted code only (DPTrainer passes the ledger's private seed of the grant); the user's ``run_fn``
     must never learn ``seed``. Re-running the same fits in a new block with the same ``seed`` reproduces them.
     """
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"training_seed: seed must be an integer >= 0, got {seed!r}")
-    token = _TRAINING_SEED.set(_Active(int(seed)))
+    if not isinstance(seed, (int, np.integer)):  # a float seed (3.0) is a caller's bug: refused, not rounded
+        raise TrainingSeedError(f"training_seed: seed must be an integer >= 0, got {seed!r}")
+    seed = integer(seed, "training_seed: seed", low=0, error=TrainingSeedError,
+                   message="{what} must be {rule}, got {value!r}")
+    token = _TRAINING_SEED.set(_Active(seed))
     try:
         yield
     finally:
@@ -99,7 +108,7 @@ def fit_seeds(seed: Optional[int], model_name: str) -> FitSeeds:
     if current is None:
         return FitSeeds(seed, seed, seed)
     if seed is not None:
-        raise ValueError(
+        raise TrainingSeedError(
             f"{model_name}: seed={seed!r} was given inside sage_tfx.models.training_seed: the component "
             "(DPTrainer) supplies the training seed from the grant; a seed known to the module file makes the "
             "noise predictable. Drop the seed= argument")
