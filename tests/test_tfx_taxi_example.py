@@ -60,7 +60,7 @@ def test_sage_run_accepts_and_the_pushed_model_scores_on_days_never_replayed(tmp
                "--data-root", data, "--target", "0.8", "--min-window", "1095", "--max-iterations", "2",
                "--work-dir", work)
     # Two iterations at most: the first (epsilon 1 per block) ACCEPTed in the runs measured (validator bounds
-    # 0.857-0.891 in 9 of 9 runs since dp_scale_to_z_score floors its variance at its noise); a noise draw that
+    # 0.857-0.891 in 12 of 12 runs since dp_scale_to_z_score floors its variance at its noise); a noise draw that
     # lands the model just short RETRYs at epsilon 2 on the same 1,095 blocks (the stream holds 4), where 10 of
     # 10 training noise draws reached 0.86 (docs/your_pipeline.md). A CI run before that floor REJECTed (bound
     # 0.753): at this epsilon a z-score's noisy variance was clipped to 0 in 5-7% of draws per dense feature.
