@@ -115,8 +115,12 @@ def plot(result: dict, path: str) -> str:
         for bar, r in zip(bars, rows):
             m = r[mean]
             text = "n/a" if not (isinstance(m, float) and math.isfinite(m)) else f"{m:.2g} h"
+            if r.get("mean_is_lower_bound"):
+                text = ">=" + text
+            if r.get("overloaded_at_h") is not None:
+                text += f"\n(overloaded,\n{r['pipelines']} measured)"
             ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), text, ha="center", va="bottom", fontsize=8)
-        total = rows[0]["pipelines"] if rows else 0
+        total = max((r["pipelines"] for r in rows), default=0)
         ax.axhline(total, color="grey", linestyle="--", linewidth=1)
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)
