@@ -55,7 +55,8 @@ def add_parser(subparsers):
     p.add_argument("--accounting", choices=tuple(Accounting), default=Accounting.BASIC.value,
                    help="basic: per-block basic composition (the paper); rdp: per-block Renyi filter")
     p.add_argument("--policy", choices=tuple(Policy), default=Policy.CONSERVE.value,
-                   help="how pipelines spend their reservations (paper Block/Conserve, Block/Aggressive)")
+                   help="how pipelines spend their reservations (paper Block/Conserve, Block/Aggressive); dpf-n, "
+                        "dpf-t and dpack are refused until the ledger has a demand queue (docs/scheduling_policies.md)")
     p.add_argument("--min-epsilon", type=_number, default=None,
                    help="retire a block once a query of this epsilon no longer fits (default: epsilon/100)")
     p.add_argument("--min-grant-epsilon", type=_number, default=None,
