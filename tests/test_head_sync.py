@@ -139,3 +139,21 @@ def test_a_bad_mode_is_refused_naming_the_value(monkeypatch):
     with pytest.raises(KeyFileError, match=r"head_sync='never'"):
         head_sync_mode("never")
     assert head_sync_mode("GROUP") is HeadSync.GROUP and keys_module.GROUP_INTERVAL_S == 0.05
+
+
+def test_a_bad_mode_creates_nothing_and_open_takes_the_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_HEAD_SYNC, "sometimes")
+    with pytest.raises(KeyFileError, match="SAGE_HEAD_SYNC='sometimes'"):
+        Ledger.open(tmp_path / "l.db", create=True)
+    with pytest.raises(KeyFileError, match="head_sync='never'"):
+        Ledger.open(tmp_path / "l.db", create=True, head_sync="never")
+    assert os.listdir(tmp_path) == []  # no ledger, no key file, no head file
+    # the argument wins over the environment; close() makes the last head durable at once
+    ledger = Ledger.open(tmp_path / "l.db", create=True, head_sync="group")
+    assert ledger.head_file.sync is HeadSync.GROUP
+    ledger.create_stream("s", 10.0, 1e-6)
+    ledger.add_block("s", "b0")
+    last = _last_seq(ledger)
+    ledger.close()
+    with open(str(tmp_path / "l.db") + ".key.head") as f:
+        assert json.load(f)[ledger.ledger_id]["seq"] == last

@@ -60,7 +60,7 @@ from .errors import (
 )
 from .checks import check_name as _check_name, finite as _finite
 from .split import SINGLE_RULE, SLACK, SPLIT_KEY, STAGES, BudgetSplit, grant_split
-from .keys import HeadFile, KeyFileError, KeyRing, resolve_key_path
+from .keys import HeadFile, KeyFileError, KeyRing, head_sync_mode, resolve_key_path
 from .store import open_store
 from .vocabulary import Accounting, BlockState, GrantOutcome, Outcome, PipelineState, Policy, Source
 
@@ -236,8 +236,9 @@ class PipelineClaim:
 class Ledger:
     """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists."""
 
-    def __init__(self, store, keys):
+    def __init__(self, store, keys, head_sync=None):
         """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
+        self._head_sync = head_sync_mode(head_sync)
         self._store = store
         self._claims = []  # PipelineClaims of this process (Ledger.claim), released by close()
         self._key_source = keys
@@ -255,7 +256,7 @@ class Ledger:
                 f"key file {keys.path} is not the key of ledger {store.display} (key id {self._keys.key_id}, the "
                 f"ledger's {meta.get('key_id')}): give this ledger's key file (--key-file PATH or SAGE_KEY_FILE=PATH)")
         self._ledger_id = meta.get("ledger_id") or ""
-        self._head = HeadFile(self._keys.head_path)
+        self._head = HeadFile(self._keys.head_path, self._head_sync)
         store.after_commit = self._advance_head
         if keys.created_ledger:
             self._advance_head((0, GENESIS), reset=True)
@@ -263,12 +264,15 @@ class Ledger:
             self._legacy_grants = frozenset(self._migration_entry().get("legacy_grants", ()))
 
     @classmethod
-    def open(cls, location, create=False, key_file=None):
+    def open(cls, location, create=False, key_file=None, head_sync=None):
         """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
         $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
-        (mode 0600) if that does not exist yet."""
+        (mode 0600) if that does not exist yet. ``head_sync`` (``keys.HeadSync``: ``commit`` or ``group``;
+        default $SAGE_HEAD_SYNC, else ``commit``) says when the audit's head file is made durable
+        (docs/security.md)."""
         if not isinstance(location, (str, os.PathLike)) or not str(location):
             raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
+        head_sync = head_sync_mode(head_sync)  # a bad mode is refused before anything is created
         try:
             keys = _KeySource(resolve_key_path(location, key_file), create)
         except KeyFileError as exc:
@@ -288,7 +292,7 @@ class Ledger:
             keys.undo_created()
             raise
         try:
-            return cls(store, keys)
+            return cls(store, keys, head_sync)
         except BaseException:
             store.close()
             raise
@@ -348,7 +352,7 @@ class Ledger:
             tx.run("INSERT INTO meta (key, value) VALUES ('key_id', ?)", (keys.key_id,))
             tx.run("INSERT INTO meta (key, value) VALUES ('ledger_id', ?)", (ledger_id,))
             self._ledger_id = ledger_id
-            self._head = HeadFile(keys.head_path)
+            self._head = HeadFile(keys.head_path, self._head_sync)
             self._store.after_commit = self._advance_head
             self._log(tx, "keys", {"key_id": keys.key_id, "legacy_chain_until": last[0] if last else 0,
                                    "legacy_grants": grants})
@@ -370,7 +374,13 @@ class Ledger:
     def close(self):
         for claim in getattr(self, "_claims", ()):
             claim.release()
-        self._store.close()
+        try:
+            if hasattr(self, "_head"):
+                self._head.flush()  # HeadSync.GROUP: this ledger's last head made durable now (commit: nothing)
+        except (OSError, LedgerError) as exc:  # as _advance_head: the commits stand, the audit says the head lags
+            logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self._head.path, exc)
+        finally:
+            self._store.close()
 
     def __enter__(self):
         return self
