@@ -313,6 +313,17 @@ def get_policy(name, params: dict | None = None) -> AllocationPolicy:
 
 
 # ------------------------------------------------------------------------------- in-memory state (simulator)
+def newest_fitting(active, fits, window):
+    """The newest ``window`` blocks of ``active`` (kept oldest first) for which ``fits(block)``, oldest first; or None."""
+    chosen = []
+    for block in reversed(active):
+        if fits(block):
+            chosen.append(block)
+            if len(chosen) == window:
+                return chosen[::-1]
+    return None
+
+
 class BlockAllocation:
     """A stream's allocation state in memory, under one policy: what the ledger keeps in its tables.
 
@@ -383,13 +394,7 @@ class BlockAllocation:
 
     def choose(self, pipeline, cost, window):
         """The newest ``window`` active blocks on which ``pipeline`` can spend ``cost``, oldest first; or None."""
-        chosen = []
-        for block in reversed(self.active):
-            if self.fits(block, pipeline, cost):
-                chosen.append(block)
-                if len(chosen) == window:
-                    return chosen[::-1]
-        return None
+        return newest_fitting(self.active, lambda block: self.fits(block, pipeline, cost), window)
 
     def charge(self, blocks, pipeline, cost):
         """Charge ``cost`` on every block (all must fit: AssertionError otherwise); retire exhausted blocks."""
@@ -479,13 +484,7 @@ class QueuedAllocation:
 
     def choose(self, cost, window, now):
         """The newest ``window`` active blocks on which ``cost`` fits now, oldest first; or None."""
-        chosen = []
-        for block in reversed(self.active):
-            if self.fits(block, cost, now):
-                chosen.append(block)
-                if len(chosen) == window:
-                    return chosen[::-1]
-        return None
+        return newest_fitting(self.active, lambda block: self.fits(block, cost, now), window)
 
     # -- demands
     def demand(self, pipeline, blocks, cost):

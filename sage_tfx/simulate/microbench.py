@@ -166,12 +166,7 @@ def run(policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict
 
     def try_waiting(now):   # reservation policies: FCFS over the waiting pipelines
         for name in list(waiting):
-            bl, cost = waiting[name]
-            if all(model.source(b, name, cost) is not None for b in bl):
-                model.charge(bl, name, cost)
-                del waiting[name]
-                model.finish(name, waiting)
-                grant(name, now)
+            _try_one(model, waiting, name, now, grant)
 
     while events:
         now, _, _, kind, payload = heapq.heappop(events)
