@@ -207,19 +207,10 @@ def dominant_share(filt, cost, n_blocks) -> float:
     return block_share(filt, cost, filt.capacity) if n_blocks else 0.0
 
 
-class DpfN(QueuedPolicy):
-    """DPF-N: Dominant Private-block Fairness with budget unlocked per pipeline arrival (PrivateKube, Luo et
-    al., OSDI'21 "Privacy Budget Scheduling" §4; docs/scheduling_policies.md).
+class ArrivalUnlocking(QueuedPolicy):
+    """A queued policy whose blocks unlock per pipeline arrival: a block's capacity unlocks in ``n`` equal
+    shares, one per pipeline that arrives while the block is live, until fully unlocked (DPF-N and DPack)."""
 
-    Unlocking: a block's capacity unlocks in ``n`` equal shares, one per pipeline that arrives while the block
-    is live, until fully unlocked. Order: increasing dominant share (``dominant_share``; RDP: best alpha per
-    block). Guarantees: all-or-nothing; no overspend (the filter checks every grant); fairness share: a
-    demand whose dominant share is at most 1/n of a block is granted once the block has seen its arrival and
-    nothing smaller waits (nothing smaller waits; a demand within one share of every block it names is served before any larger one
-    (the order behind DPF's sharing incentive, PrivateKube §4.2).
-    """
-
-    name = Policy.DPF_N
     DEFAULT_N = 100
 
     def __init__(self, *, n: int = DEFAULT_N):
@@ -230,6 +221,20 @@ class DpfN(QueuedPolicy):
 
     def unlocked_fraction(self, *, arrivals, age):
         return min(1.0, arrivals / self.n)
+
+
+class DpfN(ArrivalUnlocking):
+    """DPF-N: Dominant Private-block Fairness with budget unlocked per pipeline arrival (PrivateKube, Luo et
+    al., OSDI'21 "Privacy Budget Scheduling" §4; docs/scheduling_policies.md).
+
+    Unlocking: ``ArrivalUnlocking`` (``n`` shares, one per arrival). Order: increasing dominant share
+    (``dominant_share``; RDP: best alpha per block). Guarantees: all-or-nothing; no overspend (the filter
+    checks every grant); fairness share: a demand within one share (1/n) of every block it names is served
+    once its blocks have unlocked that share and no smaller demand waits (the order behind DPF's sharing
+    incentive, PrivateKube §4.2).
+    """
+
+    name = Policy.DPF_N
 
 
 class DpfT(QueuedPolicy):
@@ -249,7 +254,7 @@ class DpfT(QueuedPolicy):
         return min(1.0, max(0.0, age) / self.lifetime)
 
 
-class DPack(QueuedPolicy):
+class DPack(ArrivalUnlocking):
     """An efficiency-oriented policy in the spirit of DPack (Tholoniat et al., EuroSys'25 "DPack:
     Efficiency-Oriented Privacy Budget Scheduling" §4; docs/scheduling_policies.md).
 
@@ -262,16 +267,6 @@ class DPack(QueuedPolicy):
     """
 
     name = Policy.DPACK
-    DEFAULT_N = 100
-
-    def __init__(self, *, n: int = DEFAULT_N):
-        self.n = _int_param(str(self.name), "n", n, 1)
-
-    def params(self):
-        return {"n": self.n}
-
-    def unlocked_fraction(self, *, arrivals, age):
-        return min(1.0, arrivals / self.n)
 
     def demand_key(self, filt, cost, spents, orders_index=None):
         total = 0.0
