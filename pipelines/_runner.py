@@ -314,6 +314,22 @@ def stage_user_modules(pipeline, pipeline_root):
     return wheels
 
 
+GFILE_BEAM_PLUGIN = "sage_tfx.components._gfile_beam"
+
+
+def register_url_filesystems_on_workers(pipeline):
+    """Add ``--beam_plugins=sage_tfx.components._gfile_beam`` to every Beam component's args, so that the SDK
+    workers of a remote runner import it (``sdk_worker_main`` imports each beam plugin at start) and have the
+    ``file://`` and ``ram://`` Beam filesystems the launcher registered by importing it: without it a worker that
+    writes Examples under a ``file://`` pipeline root fails with "Unable to get filesystem" (docs/scale_out.md,
+    "The pipeline root on a URL filesystem"). gs://, s3:// and hdfs:// are Beam's own; the flag is harmless there."""
+    from tfx.dsl.components.base.base_beam_component import BaseBeamComponent
+
+    for component in pipeline.components:
+        if isinstance(component, BaseBeamComponent):
+            component.with_beam_pipeline_args([f"--beam_plugins={GFILE_BEAM_PLUGIN}"])
+
+
 def validation_result(metadata_path, grant_id):
     """The DPModelValidator result (dict from its result.json) recorded for ``grant_id``, or None."""
     from ml_metadata.metadata_store import metadata_store
@@ -351,6 +367,8 @@ def make_run_iteration(build_pipeline, config):
         pipeline = build_pipeline(config, grant, split, eta, iteration)
         if runs_on_remote_workers(config.beam_pipeline_args):  # either orchestrator hands them to Beam components
             stage_user_modules(pipeline, config.pipeline_root)
+            if config.remote_root:
+                register_url_filesystems_on_workers(pipeline)
         try:
             run_tfx(pipeline, config.runner)
         finally:

@@ -5,8 +5,10 @@ counts and the same decrypted records. Plus the upstream limitation the ingest j
 the DaskRunner drops what a DoFn outputs from finish_bundle (docs/scale_out.md). And `sage run` on a
 PortableRunner whose Beam jobs run on an EXTERNAL worker pool (sage_tfx.clusters.portable_cluster), the
 module files travelling with each job as a wheel (docs/scale_out.md, "PortableRunner with an external worker
-pool")."""
+pool"), the pool in a mount namespace that hides the launcher's ledger, data root and work dir: the workers
+share only a staging folder and a file:// pipeline root with it."""
 import collections
+import json
 
 import pytest
 from conftest import replay_taxi_days
@@ -149,23 +151,27 @@ def taxi_days(tmp_path_factory):
     return replay_taxi_days(tmp_path_factory.mktemp("taxi_days"), 260)
 
 
-def _sage_run_rejects(taxi_days, tmp_path, beam_args):
-    """`sage run taxi_regression --runner beam -- BEAM_ARGS` on a private copy of the ledger: target 1 s^2 is out
-    of reach, so the REJECT test on the train split rejects at iteration 1 (README); one grant charged once,
-    audit OK, stdout free of the wheel build's and pip's chatter. Returns the staged wheel's name."""
+def _sage_run_rejects(taxi_days, tmp_path, beam_args, *, data=None, options=(), wheels=None):
+    """`sage run taxi_regression --runner beam [OPTIONS] -- BEAM_ARGS` on a private copy of the ledger (in
+    TMP_PATH; the data root DATA, default the fixture's): target 1 s^2 is out of reach, so the REJECT test on the
+    train split rejects at iteration 1 (README); one grant charged once, audit OK, stdout free of the wheel build's
+    and pip's chatter. ``wheels``: the local folder the wheel is built in (default WORK/tfx/taxi_regression/_wheels).
+    Returns the staged wheel's name."""
     import os
     import shutil
     import subprocess
     import sys
 
-    db, data = taxi_days
+    db, fixture_data = taxi_days
+    data = fixture_data if data is None else data
     shutil.copy(db, tmp_path / "ledger.db")
     shutil.copy(f"{db}.key", tmp_path / "ledger.db.key")
     db, work = tmp_path / "ledger.db", tmp_path / "work"
     out = subprocess.run(
         [sys.executable, "-m", "sage_tfx", "run", "taxi_regression", "--db", str(db), "--stream", "taxi",
          "--data-root", str(data), "--target", "1", "--epsilon-start", "1", "--min-window", "256",
-         "--max-iterations", "1", "--runner", "beam", "--work-dir", str(work), "--", *beam_args],
+         "--max-iterations", "1", "--runner", "beam", "--work-dir", str(work), *map(str, options),
+         "--", *beam_args],
         capture_output=True, text=True, timeout=1500)
     assert out.returncode == 4, out.stdout + out.stderr[-4000:]
     assert "-> REJECT" in out.stdout and "taxi_regression: REJECT after 1 iteration(s)" in out.stdout, out.stdout
@@ -179,7 +185,7 @@ def _sage_run_rejects(taxi_days, tmp_path, beam_args):
         assert all(abs(spent[b] - grant.cost[0]) < 1e-12 for b in grant.blocks)  # charged once
         assert {r.stage for r in ledger.releases(grant.id)} >= {"count", "preprocessing", "rejection"}
         assert ledger.audit().ok
-    (wheel,) = os.listdir(work / "tfx" / "taxi_regression" / "_wheels")  # the preprocessing module, packaged
+    (wheel,) = os.listdir(wheels or work / "tfx" / "taxi_regression" / "_wheels")  # the preprocessing module
     assert wheel.startswith("tfx_user_code_DPTransform-") and wheel.endswith("-py3-none-any.whl")
     return wheel
 
@@ -187,22 +193,66 @@ def _sage_run_rejects(taxi_days, tmp_path, beam_args):
 @pytest.mark.slow
 @pytest.mark.tf
 def test_sage_run_on_portable_runner_with_external_workers(taxi_days, tmp_path):
-    """A whole taxi_regression iteration (`sage run --runner beam -- <the portable cluster's Beam args>`):
-    BlockExampleGen's and DPTransform's Beam jobs run on the SDK worker processes of an EXTERNAL worker pool,
-    which import the preprocessing module from the wheel staged with each job (docs/scale_out.md, "PortableRunner
-    with an external worker pool"): REJECT at iteration 1."""
+    """A whole taxi_regression iteration (`sage run --runner beam -- <the portable cluster's Beam args>`) whose
+    Beam workers do not share the launcher's local disk (issue 12; docs/scale_out.md, "A whole iteration on
+    workers without the launcher's disk"): BlockExampleGen's and DPTransform's Beam jobs run on the SDK worker
+    processes of an EXTERNAL worker pool, which import the preprocessing module from the wheel staged with each
+    job (docs/scale_out.md, "PortableRunner with an external worker pool"), in a mount namespace of their own
+    where the folder holding the launcher's ledger, key file, data root and work dir (with the MLMD SQLite file,
+    --metadata-path) is an empty read-only tmpfs. The workers share with the launcher only the staging folder
+    (--staging-location) and the pipeline root, given as a file:// URL: the stand-in for a bucket (gs://, s3://),
+    reached through TFX's file layer and Beam's FileSystems, never as the launcher's path. REJECT at iteration 1,
+    the audit passes, every artifact MLMD records is under the root URL, the MLMD file is in the hidden work dir."""
     import os
     import re
+    import shutil
+    import subprocess
 
-    with clusters.portable_cluster(workers=2) as cluster:
-        wheel = _sage_run_rejects(taxi_days, tmp_path, cluster.beam_args)
+    if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
+        pytest.skip("needs root and util-linux's unshare and nsenter (a mount namespace for the workers)")
+    from ml_metadata.metadata_store import metadata_store
+    from tfx.dsl.io import fileio
+
+    from sage_tfx.pipelines._runner import metadata_config
+
+    hidden, staging, roots = tmp_path / "hidden", tmp_path / "staging", tmp_path / "object-store"
+    hidden.mkdir()
+    staging.mkdir()
+    data = hidden / "data"
+    shutil.copytree(taxi_days[1], data)
+    metadata = hidden / "work" / "metadata.sqlite"
+    root = f"file://{roots}"
+    prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c",
+              'mount -t tmpfs -o ro,size=1m,mode=0700 tmpfs "$0" && exec "$@"', str(hidden)]
+    with clusters.portable_cluster(workers=2, worker_prefix=prefix) as cluster:
+        self_ns = os.readlink("/proc/self/ns/mnt")
+        pool = [pid for pid in cluster.pids if os.readlink(f"/proc/{pid}/ns/mnt") != self_ns]
+        assert len(pool) == 1, "the worker pool runs in a mount namespace of its own"
+        wheel = _sage_run_rejects(taxi_days, hidden, cluster.beam_args, data=data,
+                                  wheels=roots / "taxi_regression" / "_wheels", options=[
+                                      "--staging-location", staging, "--pipeline-root", root,
+                                      "--metadata-path", metadata])
+        seen = subprocess.run(["nsenter", "-t", str(pool[0]), "-m", "ls", "-A", str(hidden)],
+                              capture_output=True, text=True, check=True)
+        assert seen.stdout == "", f"the workers see {seen.stdout!r} in the launcher's folder"
         worker_log = cluster.worker_log
+    assert os.listdir(staging) == []  # BlockExampleGen's staged run was deleted
     # Every Beam job's workers (SDK worker processes of the pool, 2 per job, none of them the launcher)
     # installed the wheel before running.
     booted = re.findall(r"beam_boot: worker (\S+) \(pid (\d+)\) installed \[(.*)\]", worker_log)
     assert len(booted) >= 4 and len({pid for _w, pid, _i in booted}) == len(booted), worker_log[-4000:]
     assert all(installed == repr(wheel) for _w, _pid, installed in booted), booted
     assert os.getpid() not in {int(pid) for _w, pid, _i in booted}
+    # The MLMD file is in the hidden work dir; every artifact it records is under the root URL.
+    assert metadata.is_file()
+    store = metadata_store.MetadataStore(metadata_config(str(metadata)))
+    artifacts = store.get_artifacts()
+    assert artifacts and all(a.uri.startswith(f"{root}/taxi_regression/") for a in artifacts), \
+        [a.uri for a in artifacts]
+    by_type = {t.id: t.name for t in store.get_artifact_types()}
+    (result,) = [a for a in artifacts if by_type[a.type_id] == "SageValidationResult"]
+    with fileio.open(f"{result.uri}/result.json") as f:
+        assert json.loads(f.read())["outcome"] == "REJECT"
 
 
 @pytest.mark.slow
