@@ -269,6 +269,8 @@ API_CASES = [
     ("block-rows-float", lambda l, g: l.add_block("s", "b9", shard=9, rows=1.5), ["rows 1.5"]),
     ("block-start-inf", lambda l, g: l.add_block("s", "b9", start=math.inf, end=math.inf), ["start inf"]),
     ("block-id-too-long", lambda l, g: l.add_block("s", "b" * 200), ["'" + "b" * 200 + "'"]),
+    ("add-blocks-names-not-dicts", lambda l, g: l.add_blocks("s", ["b8", "b9"]), ["block 'b8' is not a dict"]),
+    ("add-blocks-a-string", lambda l, g: l.add_blocks("s", "b9"), ["block 'b9' is not a dict"]),
     ("rdp-grant-below-minimum", lambda l, g: l.request("p1", "r", blocks=["r0"], epsilon=1e-300, delta=1e-7),
      ["epsilon 1e-300", "minimum grant epsilon 0.001"]),
     ("rdp-curve-below-minimum", lambda l, g: l.request("p1", "r", blocks=["r0"], curve=[1e-12] * 12),

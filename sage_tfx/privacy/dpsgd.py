@@ -28,6 +28,7 @@ dp_accounting is imported lazily (it takes over a second to load).
 """
 import math
 
+from . import checks
 from .errors import SageError
 
 ACCOUNTANTS = ("rdp", "pld")
@@ -37,13 +38,12 @@ class DpSgdConfigError(SageError, ValueError):
     """A DP-SGD privacy or training parameter is invalid; the message names it."""
 
 
+_INVALID = "{what}={value!r} is invalid: must be {rule}"
+_NOT_NUMBER = "{what}={value!r} is not a number"
+
+
 def _positive(value, name, integer=False):
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise DpSgdConfigError(f"{name}={value!r} is not a number") from None
-    if not math.isfinite(number) or number <= 0:
-        raise DpSgdConfigError(f"{name}={value!r} is invalid: must be finite and > 0")
+    number = checks.positive(value, name, error=DpSgdConfigError, message=_INVALID, not_number=_NOT_NUMBER)
     if integer:
         if number != int(number):
             raise DpSgdConfigError(f"{name}={value!r} is invalid: must be a whole number")
@@ -54,12 +54,8 @@ def _positive(value, name, integer=False):
 def check_budget(epsilon, delta):
     """Validate an (epsilon, delta) target for a Gaussian-noise mechanism; return floats."""
     epsilon = _positive(epsilon, "epsilon")
-    try:
-        delta = float(delta)
-    except (TypeError, ValueError):
-        raise DpSgdConfigError(f"delta={delta!r} is not a number") from None
-    if not (math.isfinite(delta) and 0 < delta < 1):
-        raise DpSgdConfigError(f"delta={delta!r} is invalid: must be in (0, 1) for Gaussian noise")
+    delta = checks.probability(delta, "delta", error=DpSgdConfigError, not_number=_NOT_NUMBER,
+                               message=_INVALID + " for Gaussian noise")
     return epsilon, delta
 
 

@@ -33,6 +33,7 @@ file, outside the database. A ledger of an older version (its secret in ``meta.s
 open: the key file is written first (0600, fsync), then the secret is deleted in one transaction.
 """
 import collections
+import collections.abc
 import functools
 import hashlib
 import hmac
@@ -494,6 +495,11 @@ class Ledger:
         ``digest`` another stream already registered is refused (DuplicateContent: the same records
         would get a fresh budget here), unless that stream is in ``allow_duplicate_of``.
         """
+        if isinstance(blocks, (str, bytes)) or not all(isinstance(b, collections.abc.Mapping) for b in blocks):
+            bad = blocks if isinstance(blocks, (str, bytes)) else next(
+                b for b in blocks if not isinstance(b, collections.abc.Mapping))
+            raise LedgerError(f"add_blocks: block {bad!r} is not a dict: give a list of dicts with 'id' and the keyword "
+                              "arguments of add_block (e.g. [{'id': 'b0'}]), or call add_block(stream, id)")
         checked = [self._check_block(**b) for b in blocks]
         ids = [b[0] for b in checked]
         dupes = sorted(i for i, n in collections.Counter(ids).items() if n > 1)
