@@ -273,16 +273,18 @@ def test_a_failed_iteration_exits_1_without_data_values(taxi_stream, tmp_path):
     text = (broken / "trainer.py").read_text().replace(
         "    x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)\n",
         "    x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)\n"
-        "    raise ValueError(f'fare {float(y[0])!r}8642 is odd')\n")
+        "    raise ValueError(f'fare {float(y[0])!r}QX8642QX is odd')\n")
+    # the marker has letters outside hex: the bare 4-digit marker "8642" matched a block's creation timestamp in
+    # the log by chance ("created": 1795464862.1386428; a fresh-clone run failed on it), as it could a hex digest
     (broken / "trainer.py").write_text(text)
     out = sage("run", broken / "pipeline.py", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "300",
                "--max-iterations", "1", "--work-dir", tmp_path / "work")
     assert out.returncode == 1, out.stdout + out.stderr[-3000:]
     assert "an iteration failed after its charge" in out.stderr and "--check" in out.stderr
-    assert "8642" not in out.stdout + out.stderr and "Traceback" not in out.stderr
+    assert "QX8642QX" not in out.stdout + out.stderr and "Traceback" not in out.stderr
     history, audit = _history_of(db, "taxi", "taxi_fare")
     assert audit.ok and [o for _g, o, _d in history] == ["FAILED"]
     with Ledger.open(db) as ledger:
-        assert not any("8642" in e[3] for e in ledger.log_entries())
+        assert not any("QX8642QX" in e[3] for e in ledger.log_entries())
     out = sage("run", broken / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data)
-    assert out.returncode == 2 and "8642 is odd" in out.stderr  # generated rows: the whole error may show
+    assert out.returncode == 2 and "QX8642QX is odd" in out.stderr  # generated rows: the whole error may show
