@@ -18,6 +18,13 @@ and re-runs it under its grant, with no new charge (``SageIterator.run``). After
 the pipeline is reported as failed; the other workers go on throughout. An iteration that RAISES after its
 charge is not a death: the iterator records FAILED on its grant and the pipeline fails, as in the threaded
 platform and `sage run` (restarting would move on to a new, charged iteration).
+
+A release strategy (`sage serve --release NAME=STRATEGY:FILE`, docs/release_strategies.md) is a participant too:
+``ReleaseSpec`` names it, and ``release_worker_main`` runs it in its own worker through `sage release`'s own code
+(``sage_tfx.cli.release.open_release`` / ``ReleaseSession.advance``): after every replay step it charges each
+new block the strategy's whole bound in one grant, before reading it, and releases. It needs no TFX slot. Killed,
+it is restarted like a pipeline's worker and resumes under its grants (the blocks already granted are replayed
+with no new charge, the same noise); a block refused by the budget or failing after its charge ends it as failed.
 """
 import multiprocessing
 import os
@@ -51,6 +58,20 @@ class WorkerSpec:
     staging_location: str | None = None  # BlockExampleGen's staging location (`sage serve --staging-location`)
     pipeline_root: str | None = None  # folder or URL the TFX roots go under (`--pipeline-root`; None: WORK_DIR/tfx)
     metadata_path: str | None = None  # local MLMD SQLite file, {name} replaced (`--metadata-path`)
+
+
+@dataclass
+class ReleaseSpec:
+    """A release strategy's worker (`sage serve --release`): its name, strategy, the `sage release` command line
+    (``argv``, --db/--stream/--data-root/--pipeline included) and the stream's schema for a data root that holds
+    none yet (picklable: names and numbers only)."""
+
+    name: str
+    strategy: str
+    argv: list
+    schema: dict | None = None
+    key_file: str | None = None
+    source: str = ""  # the --release value, for messages
 
 
 @dataclass
@@ -94,6 +115,74 @@ def build_worker_runner(spec):
     return definition, runner
 
 
+class _BlockWaiter:
+    """A worker's side of the replay clock: ``wait(timeout)`` says "waiting" and returns True once the parent's
+    replay advanced past what this worker last heard of, False once the stream ended (or on the timeout)."""
+
+    def __init__(self, conn):
+        self.conn, self.known = conn, 0
+
+    def wait(self, timeout):
+        seen = self.known
+        self.conn.send(("wait", seen))
+        while True:
+            if not self.conn.poll(timeout):
+                return False
+            kind, generation, ended = self.conn.recv()
+            self.known = max(self.known, generation)
+            if generation > seen or ended:
+                return generation > seen
+
+
+def release_worker_main(spec, conn):
+    """A release strategy's worker process (``ReleaseSpec``): `sage release`'s session, advanced after every replay
+    step until the stream ends. Module level (spawn)."""
+    from sage_tfx.cli._exits import EXIT_OK, EXIT_REFUSED
+    from sage_tfx.cli.release import open_release, parse_release_argv
+    from sage_tfx.privacy import public_error_text
+    from sage_tfx.privacy.keys import ENV_KEY_FILE
+
+    if spec.key_file:
+        os.environ[ENV_KEY_FILE] = spec.key_file
+    waiter = _BlockWaiter(conn)
+
+    def say(line):
+        conn.send(("progress", f"[{spec.name}] {line}"))
+
+    try:
+        args, error = parse_release_argv(spec.argv)
+        session = None
+        if args is not None:
+            args.progress = say
+            session, error = open_release(args, schema=spec.schema, claim=False)  # the parent holds the claim
+        if session is None:
+            raise ValueError(error)
+        try:
+            while True:
+                code = session.advance()
+                if code != EXIT_OK:
+                    why = ("the budget refused a block's charge (nothing charged for it)" if code == EXIT_REFUSED
+                           else "a block failed after its charge")
+                    conn.send(("failed", f"{why}; {session.observed} block(s) released before it (exit {code})"))
+                    conn.close()
+                    return
+                if not waiter.wait(3600.0):
+                    break
+            summary = session.summary
+        finally:
+            session.close(audit=False)
+    except Exception as exc:
+        text = public_error_text(exc)
+        conn.send(("crash", text))
+        conn.close()
+        print(f"sage serve: worker {spec.name}: {text}", file=sys.stderr, flush=True)
+        os._exit(1)
+    conn.send(("done", WorkerResult("RELEASED", summary["charged_blocks"] + summary["resumed_blocks"],
+                                    f"{spec.strategy}: {summary['charged_blocks']} block(s) charged and released, "
+                                    f"{summary['resumed_blocks']} resumed without a charge")))
+    conn.close()
+
+
 def worker_main(spec, conn):
     """A worker process: run ``spec``'s iterator, talking to the parent over ``conn``. Module level (spawn)."""
     import argparse
@@ -103,22 +192,11 @@ def worker_main(spec, conn):
 
     if spec.key_file:
         os.environ[ENV_KEY_FILE] = spec.key_file
-    known = [0]  # the replay generation this worker last heard of
+    waiter = _BlockWaiter(conn)  # the replay generation this worker last heard of
     raised = [None]  # the exception an iteration raised (the iterator records FAILED on its grant)
 
     def say(line):
         conn.send(("progress", line))
-
-    def wait_for_blocks(timeout):
-        seen = known[0]
-        conn.send(("wait", seen))
-        while True:
-            if not conn.poll(timeout):
-                return False
-            kind, generation, ended = conn.recv()
-            known[0] = max(known[0], generation)
-            if generation > seen or ended:
-                return generation > seen
 
     try:
         from sage_tfx.cli.run import make_iterator
@@ -141,7 +219,7 @@ def worker_main(spec, conn):
         ledger = Ledger.open(spec.ledger)
         args = argparse.Namespace(max_iterations=spec.max_iterations, rejection_share=spec.rejection_share)
         iterator = make_iterator(definition, ledger, runner, args, progress=say,
-                                 wait_for_blocks=lambda _t: wait_for_blocks(3600.0))
+                                 wait_for_blocks=lambda _t: waiter.wait(3600.0))
         try:
             result = iterator.run()
         finally:
@@ -168,7 +246,7 @@ class _Worker:
 
 
 class ProcessPlatform:
-    """Run ``specs`` (WorkerSpec), one worker process each, while ``replay_step()`` adds blocks.
+    """Run ``specs`` (WorkerSpec, or ReleaseSpec for a release strategy), one worker process each, while ``replay_step()`` adds blocks.
 
     ``replay_step``, ``step_seconds`` and ``progress`` as ``Platform``'s. ``parallel``: at most this many
     iterations (TFX runs) at once, 0 for no bound. ``max_restarts``: restarts of a dead worker before its
@@ -192,7 +270,8 @@ class ProcessPlatform:
     # ------------------------------------------------------------ workers
     def _start(self, w):
         parent, child = self._ctx.Pipe(duplex=True)
-        w.process = self._ctx.Process(target=worker_main, args=(w.spec, child), name=f"sage-serve-{w.spec.name}")
+        target = release_worker_main if isinstance(w.spec, ReleaseSpec) else worker_main
+        w.process = self._ctx.Process(target=target, args=(w.spec, child), name=f"sage-serve-{w.spec.name}")
         w.process.start()
         child.close()
         w.conn, w.waiting, w.wants_slot, w.in_slot, w.crash_text = parent, None, False, False, None

@@ -34,6 +34,13 @@ Features: the named numeric columns of the stream's schema, each divided by its 
 clipped as the strategy declares (continual: ||x|| <= 1, logistic labels {-1, +1} by value > --positive-above,
 squared labels / --label-scale clipped to [-1, 1]; incremental regression: ||x|| <= --bound-x, |y| <= --bound-y).
 
+From `sage serve` (docs/release_strategies.md, "From sage serve / sage run"): ``sage serve ... --release
+NAME=STRATEGY:FILE`` runs one of these commands as a serve participant in its own worker, FILE a JSON object of
+its options (``release_argv``: {"column": "fare", "bound": 100, "rows_per_block": 100, "epsilon": 0.3} for
+``growth``), checked by this parser and ``open_release`` before serve registers anything; after every replay step
+the worker calls ``ReleaseSession.advance`` -- the code this command runs once. This command, too, claims
+--pipeline for its run (``Ledger.claim``): a name a running `sage serve` or `sage run` holds is refused (exit 2).
+
 Exit codes (sage_tfx.cli._exits): 0 success; 1 a release failed after its charge; 2 bad input (nothing
 charged); 3 the budget refused a block's charge (that block and later ones are not released; earlier ones are).
 """
@@ -248,8 +255,9 @@ def _featurizer(schema, cols, scales, label, label_scale, intercept):
     return featurize
 
 
-def _open(args):
-    """The ledger and the stream's schema; a _BadInput if either is missing (nothing charged)."""
+def _open(args, schema=None):
+    """The ledger and the stream's schema (``schema`` when the data root holds none yet); a _BadInput if either is
+    missing (nothing charged)."""
     from sage_tfx.ingest.store import stream_config
     from sage_tfx.privacy import Ledger
     from sage_tfx.privacy.errors import SageError
@@ -264,6 +272,8 @@ def _open(args):
         ledger.close()
         raise _BadInput(f"--stream {args.stream!r}: {exc}") from None
     config = stream_config(args.data_root, args.stream)
+    if config is None and schema is not None:
+        return ledger, dict(schema)
     if config is None:
         ledger.close()
         raise _BadInput(f"--data-root {args.data_root!r} holds no stream {args.stream!r}: give the directory "
@@ -322,7 +332,7 @@ class _ResumingLedger:
         return getattr(self._ledger, name)
 
 
-def _step(observe, block):
+def _step(observe, block, args=None):
     """``(observe(block), None)``, or ``(None, exit code)`` after saying why: EXIT_REFUSED when the budget
     refused the block (nothing charged), EXIT_FAILED for any other sage-tfx error (a charge already made
     stays spent: the ledger's rule)."""
@@ -331,15 +341,29 @@ def _step(observe, block):
     try:
         return observe(block), None
     except BudgetRefused as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(args, f"error: {exc}")
         return None, EXIT_REFUSED
     except SageError as exc:
-        print(f"error: block {block}: {exc}", file=sys.stderr)
+        _error(args, f"error: block {block}: {exc}")
         return None, EXIT_FAILED
 
 
 def _say(args, line):
-    print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+    """A progress line: to ``args.progress`` when a `sage serve` worker set one, else stdout (stderr with --json)."""
+    progress = getattr(args, "progress", None)
+    if progress is not None:
+        progress(line)
+    else:
+        print(line, file=sys.stderr if args.json else sys.stdout, flush=True)
+
+
+def _error(args, line):
+    """An error line: to ``args.progress`` when a `sage serve` worker set one, else stderr."""
+    progress = getattr(args, "progress", None) if args is not None else None
+    if progress is not None:
+        progress(line)
+    else:
+        print(line, file=sys.stderr, flush=True)
 
 
 def _spent_line(grant, replayed):
@@ -362,38 +386,196 @@ def _finish(args, ledger, summary, code):
 
 
 # ------------------------------------------------------------------ the shared preamble and block walk
-def _run(args, prepare):
-    """Open the ledger and the stream's schema, run ``prepare(args, ledger, schema)`` -- every check, before any
-    charge; bad input (``_BadInput``, a sage-tfx error, a ValueError) exits 2 with the ledger closed and
-    unchanged -- then the job it returns, ``job() -> (summary, exit code)``, and the audit (``_finish``)."""
+class _Plan:
+    """What a strategy's ``_prepare_*`` returns, every check done and nothing charged: the summary it fills,
+    ``observe(block)`` (the strategy's step: charge, then read), ``emit(block, output, replayed)`` (the block's
+    line and summary entry; an exit code if it failed after the charge, else None), the resuming ledger and the
+    previous grants {block: grant} (``_resume``); ``limit``: the most blocks the charge covers (a horizon), or
+    None; ``finalize()``: the summary's last fields."""
+
+    def __init__(self, summary, observe, emit, resuming, previous, *, limit=None, finalize=None):
+        self.summary, self.observe, self.emit = summary, observe, emit
+        self.resuming, self.previous, self.limit, self.finalize = resuming, dict(previous), limit, finalize
+
+
+class ReleaseSession:
+    """One release strategy on one ledger and stream: ``advance()`` releases every block not yet observed, as
+    often as blocks arrive; ``close()`` ends it. `sage release` advances once; a `sage serve --release` worker
+    (sage_tfx/adaptive/workers.py) advances after every replay step -- one code path.
+
+    The first ``advance()`` replays the pipeline's previous grants (no charge, the same noise: a restart), then
+    every later block of the stream in the ledger's block order is charged its whole bound in ONE grant before it
+    is read (the strategy's ``observe``). After a block is refused (exit 3) or fails after its charge (exit 1),
+    the session stops: a later block cannot be released without it (the strategy's state is the whole history).
+    Build one with ``open_release``.
+    """
+
+    def __init__(self, args, ledger, plan):
+        self.args, self.ledger, self.plan = args, ledger, plan
+        self.summary = plan.summary
+        self.code = EXIT_OK
+        self._seen = set()  # blocks observed in this session (released or replayed)
+
+    @property
+    def observed(self) -> int:
+        return len(self._seen)
+
+    def pending(self) -> list:
+        """The blocks the next ``advance`` walks: the previous grants' blocks not yet replayed (in charge order),
+        then the stream's blocks without a grant of this pipeline (in the ledger's block order)."""
+        previous = self.plan.previous
+        return ([b for b in previous if b not in self._seen]
+                + [b.id for b in self.ledger.blocks(self.args.stream) if b.id not in previous and b.id not in self._seen])
+
+    def advance(self) -> int:
+        """Release every pending block; the session's exit code (EXIT_OK while it can go on)."""
+        if self.code != EXIT_OK:
+            return self.code
+        blocks = self.pending()
+        limit = self.plan.limit
+        if limit is not None:
+            room = max(0, limit - len(self._seen))
+            left = [b for b in blocks[room:] if b not in self.summary["unobserved"]]
+            blocks = blocks[:room]
+            if left:
+                self.summary["unobserved"].extend(left)
+                _error(self.args, f"warning: horizon {limit} reached: {len(left)} block(s) left unobserved "
+                                  "(the charge covers the horizon only); give a new --pipeline with a new --horizon")
+        walk = _Walk(blocks, self.plan.observe, self.plan.resuming, self.summary, self.args)
+        for block, out, replayed in walk:
+            self._seen.add(block)
+            failed = self.plan.emit(block, out, replayed)
+            if failed is not None:
+                self.code = failed
+                return failed
+        self.code = walk.code
+        return self.code
+
+    def close(self, *, audit=True) -> int:
+        """Fill the summary's last fields and close the ledger; with ``audit`` (`sage release`) audit it, print
+        the summary (JSON or one line) and return the exit code."""
+        if self.plan.finalize is not None:
+            self.plan.finalize()
+        if audit:
+            return _finish(self.args, self.ledger, self.summary, self.code)
+        self.ledger.close()
+        return self.code
+
+
+_PREPARE = {}  # strategy subcommand -> its _prepare_* (filled below each definition)
+
+
+def open_release(args, *, schema=None, claim=True):
+    """``(ReleaseSession, None)`` for a parsed `sage release STRATEGY` command line, every check done and nothing
+    charged; or ``(None, message)`` for bad input (the ledger closed and unchanged). ``schema``: the stream's
+    schema when its data root holds none yet (`sage serve` before its first replay step: the replay's schema).
+    ``claim``: hold the pipeline name for this process (``Ledger.claim``: a name another `sage release`,
+    `sage serve` or `sage run` runs is refused); `sage serve` claims its names itself, in the parent."""
     from sage_tfx.privacy.errors import SageError
 
     try:
-        ledger, schema = _open(args)
+        ledger, schema = _open(args, schema)
     except _BadInput as exc:
-        return _bad(exc)
+        return None, str(exc)
     try:
-        try:
-            job = prepare(args, ledger, schema)
-        except (_BadInput, SageError, ValueError) as exc:
-            ledger.close()
-            return _bad(exc)
-        summary, code = job()
-        return _finish(args, ledger, summary, code)
+        if claim:
+            ledger.claim(args.stream, [args.pipeline])
+        plan = _PREPARE[args.strategy](args, ledger, schema)
+    except (_BadInput, SageError, ValueError) as exc:
+        ledger.close()
+        return None, str(exc)
     except BaseException:
         ledger.close()
         raise
+    return ReleaseSession(args, ledger, plan), None
+
+
+STRATEGIES = ("continual", "incremental-regression", "growth", "pmwg")  # the `sage release` subcommands
+_FROM_SERVE = ("db", "stream", "data-root", "pipeline", "json", "key-file")  # options `sage serve` gives itself
+
+
+class _RaisingParser(argparse.ArgumentParser):
+    """argparse, raising _BadInput instead of printing and exiting (a `sage serve --release` options file)."""
+
+    def error(self, message):
+        raise _BadInput(message)
+
+
+def release_argv(strategy, options, *, db, stream, data_root, pipeline, source="the options"):
+    """``(argv, None)``: the `sage release STRATEGY` command line that ``options`` (a JSON object's dict: an option
+    name without its dashes -> its value) spells, with ``--db``, ``--stream``, ``--data-root`` and ``--pipeline``
+    given, checked by the command's own parser (``parse_release_argv``); or ``(None, message)`` naming the bad
+    value.
+
+    A key is the option's name, ``-`` or ``_`` alike ("rows_per_block" or "rows-per-block"); a value is a string
+    or number (``--epsilon 0.5``), ``true`` for a flag (``--intercept``; ``false`` leaves it out) or a list for a
+    comma list (``"features": ["fare", "trip_miles"]``). The options `sage serve` gives itself are refused."""
+    try:
+        if strategy not in STRATEGIES:
+            raise _BadInput(f"strategy {strategy!r} is unknown: use one of {', '.join(STRATEGIES)}")
+        if not isinstance(options, dict):
+            raise _BadInput(f"{source} must be a JSON object of `sage release {strategy}` options, not "
+                            f"{type(options).__name__}")
+        argv = ["release", strategy, "--db", str(db), "--stream", stream, "--data-root", str(data_root),
+                "--pipeline", pipeline]
+        for key, value in options.items():
+            flag = str(key).replace("_", "-").lstrip("-")
+            if flag in _FROM_SERVE:
+                raise _BadInput(f"{source}: option {key!r} is given by `sage serve` itself (--db, --stream, "
+                                "--data-root, the --release NAME; no --json, --key-file): leave it out")
+            if value is True:
+                argv.append("--" + flag)
+            elif value is False or value is None:
+                continue
+            elif isinstance(value, list) and value and all(isinstance(v, (str, int, float)) and
+                                                           not isinstance(v, bool) for v in value):
+                argv += ["--" + flag, ",".join(str(v) for v in value)]
+            elif isinstance(value, (str, int, float)):
+                argv += ["--" + flag, str(value)]
+            else:
+                raise _BadInput(f"{source}: option {key!r} has value {value!r}: give a string, a number, true/false "
+                                "or a list of strings/numbers")
+    except _BadInput as exc:
+        return None, str(exc)
+    args, error = parse_release_argv(argv)
+    return (argv, None) if args is not None else (None, f"{source}: {error}")
+
+
+def parse_release_argv(argv):
+    """``(args, None)``: ``argv`` (``["release", STRATEGY, ...]``) parsed by `sage release`'s own parser, without
+    --json; or ``(None, argparse's message)``."""
+    root = _RaisingParser(prog="sage", add_help=False)
+    add_parser(root.add_subparsers(dest="command"))
+    try:
+        args = root.parse_args(list(argv))
+    except _BadInput as exc:
+        return None, str(exc)
+    args.json = False
+    return args, None
+
+
+def _run(args):
+    """`sage release STRATEGY`: ``open_release`` (every check before any charge; bad input exits 2 with the ledger
+    closed and unchanged), one ``advance`` over the stream's blocks, then the audit (``_finish``)."""
+    session, error = open_release(args)
+    if session is None:
+        return _bad(error)
+    try:
+        session.advance()
+    except BaseException:
+        session.ledger.close()
+        raise
+    return session.close()
 
 
 def _resume(ledger, args, strategies, build, meta=None):
     """``build(ledger)`` -> the strategy instance, resumed: (instance on a _ResumingLedger, previous grants
-    {block: grant}, new blocks, the resuming ledger). ``_previous`` refuses (before any charge) a pipeline whose
-    grants were signed with other parameters than the probe's ``meta``."""
+    {block: grant}, the resuming ledger). ``_previous`` refuses (before any charge) a pipeline whose grants were
+    signed with other parameters than the probe's ``meta``."""
     probe_meta = build(ledger).meta if meta is None else meta
     previous = _previous(ledger, args, strategies, probe_meta)
     resuming = _ResumingLedger(ledger, previous)
-    new_blocks = [b.id for b in ledger.blocks(args.stream) if b.id not in previous]
-    return build(resuming), previous, new_blocks, resuming
+    return build(resuming), previous, resuming
 
 
 def _summary(command, strategy, args, params, fingerprint, delta, **lists):
@@ -406,13 +588,13 @@ class _Walk:
     """The blocks in order, each through ``observe`` (``_step``): yields (block, output, replayed) and counts it
     charged or resumed in ``summary``; stops at the first refused / failed block with ``code`` set."""
 
-    def __init__(self, blocks, observe, resuming, summary):
-        self.blocks, self.observe, self.resuming, self.summary = blocks, observe, resuming, summary
+    def __init__(self, blocks, observe, resuming, summary, args=None):
+        self.blocks, self.observe, self.resuming, self.summary, self.args = blocks, observe, resuming, summary, args
         self.code = EXIT_OK
 
     def __iter__(self):
         for block in self.blocks:
-            out, failed = _step(self.observe, block)
+            out, failed = _step(self.observe, block, self.args)
             if failed is not None:
                 self.code = failed
                 return
@@ -423,7 +605,7 @@ class _Walk:
 
 # ------------------------------------------------------------------ continual / sliding window
 def run_continual(args):
-    return _run(args, _prepare_continual)
+    return _run(args)
 
 
 def _prepare_continual(args, ledger, schema):
@@ -469,44 +651,46 @@ def _prepare_continual(args, ledger, schema):
     cls = ContinualRelease if args.window is None else SlidingWindowRelease
     v_eps = None if validator is None else float(validator.epsilon)
     reader = grant_reader(ledger, args.data_root, featurize)
-    release, previous, new_blocks, resuming = _resume(
+    release, previous, resuming = _resume(
         ledger, args, {s.value for s in Strategy},
         lambda led: cls(led, args.stream, args.pipeline, params, reader, dim=dim, validation_epsilon=v_eps))
 
-    def job():
-        summary = _summary("continual", release.strategy.value, args, release.meta, release.fingerprint,
-                           args.delta, models=[])
-        tag = "continual" if args.window is None else "sliding-window"
-        walk = _Walk(list(previous) + new_blocks, release.observe, resuming, summary)
-        for block, model, replayed in walk:
-            grant = release.grants[block]
-            try:
-                result = check_sla(release, model, validator) if validator is not None else None
-                pushed = push_model(args.push_dir, model, result, args.serving_dir) if args.push_dir else None
-            except SageError as exc:  # e.g. a replay whose SLA computation differs: the ledger refuses it
-                print(f"error: block {block}: {exc}", file=sys.stderr)
-                return summary, EXIT_FAILED
-            sla = None if result is None else str(result.outcome)
-            wrote = "" if pushed is None else (f" wrote {pushed.model_uri} "
-                                               f"{'BLESSED' if pushed.blessed else 'NOT_BLESSED'}")
-            if pushed is not None and args.serving_dir:
-                wrote += f" pushed {pushed.pushed_to}" if pushed.pushed_to else " not pushed"
-            _say(args, f"[{tag}] block {block}: t={model.t} kind={model.kind} {_spent_line(grant, replayed)}"
-                       + (f" SLA {sla}" if sla else "") + wrote)
-            summary["models"].append({"t": model.t, "block": block, "kind": model.kind, "grant": grant.id,
-                                      "charged": not replayed, "window_blocks": list(model.blocks),
-                                      "weights": [float(w) for w in model.weights], "sla": sla,
-                                      "model": pushed and pushed.model_uri,
-                                      "blessing": pushed and pushed.blessing_uri,
-                                      "blessed": pushed and pushed.blessed, "pushed": pushed and pushed.pushed_to})
-        return summary, walk.code
+    summary = _summary("continual", release.strategy.value, args, release.meta, release.fingerprint,
+                       args.delta, models=[])
+    tag = "continual" if args.window is None else "sliding-window"
 
-    return job
+    def emit(block, model, replayed):
+        grant = release.grants[block]
+        try:
+            result = check_sla(release, model, validator) if validator is not None else None
+            pushed = push_model(args.push_dir, model, result, args.serving_dir) if args.push_dir else None
+        except SageError as exc:  # e.g. a replay whose SLA computation differs: the ledger refuses it
+            _error(args, f"error: block {block}: {exc}")
+            return EXIT_FAILED
+        sla = None if result is None else str(result.outcome)
+        wrote = "" if pushed is None else (f" wrote {pushed.model_uri} "
+                                           f"{'BLESSED' if pushed.blessed else 'NOT_BLESSED'}")
+        if pushed is not None and args.serving_dir:
+            wrote += f" pushed {pushed.pushed_to}" if pushed.pushed_to else " not pushed"
+        _say(args, f"[{tag}] block {block}: t={model.t} kind={model.kind} {_spent_line(grant, replayed)}"
+                   + (f" SLA {sla}" if sla else "") + wrote)
+        summary["models"].append({"t": model.t, "block": block, "kind": model.kind, "grant": grant.id,
+                                  "charged": not replayed, "window_blocks": list(model.blocks),
+                                  "weights": [float(w) for w in model.weights], "sla": sla,
+                                  "model": pushed and pushed.model_uri,
+                                  "blessing": pushed and pushed.blessing_uri,
+                                  "blessed": pushed and pushed.blessed, "pushed": pushed and pushed.pushed_to})
+        return None
+
+    return _Plan(summary, release.observe, emit, resuming, previous)
+
+
+_PREPARE["continual"] = _prepare_continual
 
 
 # ------------------------------------------------------------------ incremental regression
 def run_incremental(args):
-    return _run(args, _prepare_incremental)
+    return _run(args)
 
 
 def _prepare_incremental(args, ledger, schema):
@@ -521,39 +705,34 @@ def _prepare_incremental(args, ledger, schema):
                                          iterations=args.iterations)
     reader = grant_reader(ledger, args.data_root,
                           _featurizer(schema, cols, scales, args.label, args.label_scale, args.intercept))
-    inc, previous, new_blocks, resuming = _resume(
+    inc, previous, resuming = _resume(
         ledger, args, {STRATEGY}, lambda led: IncrementalRegression(led, args.stream, args.pipeline, params,
                                                                     dim=dim, reader=reader), meta=params.meta())
     if len(previous) > params.horizon:  # cannot happen with one instance; a guard
         raise _BadInput(f"--pipeline {args.pipeline!r} holds {len(previous)} grants, more than --horizon "
                         f"{params.horizon}")
 
-    def job():
-        summary = _summary("incremental-regression", "incremental_regression", args, params.meta(),
-                           inc.fingerprint, args.delta, models=[], unobserved=[])
-        blocks = list(previous) + new_blocks
-        room = max(0, params.horizon - len(previous))
-        if len(new_blocks) > room:
-            summary["unobserved"] = new_blocks[room:]
-            blocks = list(previous) + new_blocks[:room]
-            print(f"warning: horizon {params.horizon} reached: {len(new_blocks) - room} block(s) left unobserved "
-                  "(the charge covers the horizon only); give a new --pipeline with a new --horizon",
-                  file=sys.stderr)
-        walk = _Walk(blocks, inc.arrive, resuming, summary)
-        for block, out, replayed in walk:
-            grant = ledger.get_grant(out.grant_id)
-            _say(args, f"[incremental-regression] block {block}: t={out.t} kind=tree-prefix "
-                       f"{_spent_line(grant, replayed)} nodes={inc.tree.stored_nodes}")
-            summary["models"].append({"t": out.t, "block": block, "grant": out.grant_id, "charged": not replayed,
-                                      "weights": [float(w) for w in out.theta]})
-        return summary, walk.code
+    summary = _summary("incremental-regression", "incremental_regression", args, params.meta(), inc.fingerprint,
+                       args.delta, models=[], unobserved=[])
 
-    return job
+    def emit(block, out, replayed):
+        grant = ledger.get_grant(out.grant_id)
+        _say(args, f"[incremental-regression] block {block}: t={out.t} kind=tree-prefix "
+                   f"{_spent_line(grant, replayed)} nodes={inc.tree.stored_nodes}")
+        summary["models"].append({"t": out.t, "block": block, "grant": out.grant_id, "charged": not replayed,
+                                  "weights": [float(w) for w in out.theta]})
+        return None
+
+    # the horizon: blocks past it are left unobserved (ReleaseSession.advance warns), never charged
+    return _Plan(summary, inc.arrive, emit, resuming, previous, limit=params.horizon)
+
+
+_PREPARE["incremental-regression"] = _prepare_incremental
 
 
 # ------------------------------------------------------------------ growth schedules (BBScheduler / BBImprover)
 def run_growth(args):
-    return _run(args, _prepare_growth)
+    return _run(args)
 
 
 def _prepare_growth(args, ledger, schema):
@@ -574,36 +753,38 @@ def _prepare_growth(args, ledger, schema):
     name = f"clipped_mean(column={args.column},bound={args.bound!r},rows_per_block={args.rows_per_block})"
     read_column = _column_reader(schema, [args.column])
     reader = grant_reader(ledger, args.data_root, lambda records: read_column(records)[:, 0])
-    rel, previous, new_blocks, resuming = _resume(
+    rel, previous, resuming = _resume(
         ledger, args, {"bbscheduler", "bbimprover"},
         lambda led: ScheduledRelease(led, args.stream, args.pipeline, schedule, mechanism, reader, name=name))
 
-    def job():
-        summary = _summary("growth", schedule.meta["strategy"], args, rel.meta, rel.fingerprint, args.delta,
-                           blocks=[], runs=[])
-        walk = _Walk(list(previous) + new_blocks, rel.observe, resuming, summary)
-        for block, run, replayed in walk:
-            grant, t = rel.grants[block], len(rel.order)
-            entry = {"t": t, "block": block, "grant": grant.id, "charged": not replayed, "run": run is not None}
-            if run is None:
-                what = "no run (the schedule keeps the last output)"
-            else:
-                what = (f"run epoch {run.epoch} eps_i {run.epsilon:.6g}" + (f" delta_i {run.delta:.3g}" if run.delta
-                                                                             else "") + f" mean {run.output:.6g}")
-                summary["runs"].append({"t": t, "epoch": run.epoch, "epsilon_i": run.epsilon, "delta_i": run.delta,
-                                        "mean": run.output, "blocks": len(run.blocks)})
-                entry.update(epoch=run.epoch, epsilon_i=run.epsilon, delta_i=run.delta, mean=run.output)
-            summary["blocks"].append(entry)
-            _say(args, f"[growth:{args.schedule}] block {block}: t={t} {_spent_line(grant, replayed)} {what}")
-        summary["current"] = rel.current
-        return summary, walk.code
+    summary = _summary("growth", schedule.meta["strategy"], args, rel.meta, rel.fingerprint, args.delta,
+                       blocks=[], runs=[])
 
-    return job
+    def emit(block, run, replayed):
+        grant, t = rel.grants[block], len(rel.order)
+        entry = {"t": t, "block": block, "grant": grant.id, "charged": not replayed, "run": run is not None}
+        if run is None:
+            what = "no run (the schedule keeps the last output)"
+        else:
+            what = (f"run epoch {run.epoch} eps_i {run.epsilon:.6g}" + (f" delta_i {run.delta:.3g}" if run.delta
+                                                                         else "") + f" mean {run.output:.6g}")
+            summary["runs"].append({"t": t, "epoch": run.epoch, "epsilon_i": run.epsilon, "delta_i": run.delta,
+                                    "mean": run.output, "blocks": len(run.blocks)})
+            entry.update(epoch=run.epoch, epsilon_i=run.epsilon, delta_i=run.delta, mean=run.output)
+        summary["blocks"].append(entry)
+        _say(args, f"[growth:{args.schedule}] block {block}: t={t} {_spent_line(grant, replayed)} {what}")
+        return None
+
+    return _Plan(summary, rel.observe, emit, resuming, previous,
+                 finalize=lambda: summary.update(current=rel.current))
+
+
+_PREPARE["growth"] = _prepare_growth
 
 
 # ------------------------------------------------------------------ PMWG
 def run_pmwg(args):
-    return _run(args, _prepare_pmwg)
+    return _run(args)
 
 
 def _parse_bins(text):
@@ -716,36 +897,38 @@ def _prepare_pmwg(args, ledger, schema):
                              sort_keys=True)
     read = _column_reader(schema, cols)
     reader = grant_reader(ledger, args.data_root, read)
-    pm, previous, new_blocks, resuming = _resume(
+    pm, previous, resuming = _resume(
         ledger, args, {"pmwg"},
         lambda led: PMWG(led, args.stream, args.pipeline, params, universe, reader, computation=computation))
 
-    def job():
-        from sage_tfx.privacy.errors import SageError
+    from sage_tfx.privacy.errors import SageError
 
-        summary = _summary("pmwg", "pmwg", args, pm.meta, pm.fingerprint, 0.0, answers=[])
-        walk = _Walk(list(previous) + new_blocks, lambda b: pm.observe(b, args.rows_per_block), resuming, summary)
-        for block, _, replayed in walk:
-            grant, t = pm.grants[block], len(pm.order)
-            asked = hard = 0
-            for k, (at, weights, q) in enumerate(queries):
-                if at is not None and at != t:
-                    continue
-                try:
-                    ans = pm.query(weights)
-                except SageError as exc:
-                    print(f"error: block {block}: query {k + 1}: {exc}", file=sys.stderr)
-                    return summary, EXIT_FAILED
-                asked, hard = asked + 1, hard + ans.hard
-                scale = pm.n * (float(q["bound"]) if "sum" in q else 1.0)
-                summary["answers"].append({"t": t, "block": block, "query": k + 1, "fraction": ans.answer,
-                                           "estimate": ans.answer * scale, "hard": ans.hard})
-            _say(args, f"[pmwg] block {block}: t={t} {_spent_line(grant, replayed)} n={pm.n} {asked} "
-                       f"quer{'y' if asked == 1 else 'ies'} answered ({hard} hard; "
-                       f"{pm.hard_used}/{pm.hard_limit()} hard used)")
-        return summary, walk.code
+    summary = _summary("pmwg", "pmwg", args, pm.meta, pm.fingerprint, 0.0, answers=[])
 
-    return job
+    def emit(block, _, replayed):
+        grant, t = pm.grants[block], len(pm.order)
+        asked = hard = 0
+        for k, (at, weights, q) in enumerate(queries):
+            if at is not None and at != t:
+                continue
+            try:
+                ans = pm.query(weights)
+            except SageError as exc:
+                _error(args, f"error: block {block}: query {k + 1}: {exc}")
+                return EXIT_FAILED
+            asked, hard = asked + 1, hard + ans.hard
+            scale = pm.n * (float(q["bound"]) if "sum" in q else 1.0)
+            summary["answers"].append({"t": t, "block": block, "query": k + 1, "fraction": ans.answer,
+                                       "estimate": ans.answer * scale, "hard": ans.hard})
+        _say(args, f"[pmwg] block {block}: t={t} {_spent_line(grant, replayed)} n={pm.n} {asked} "
+                   f"quer{'y' if asked == 1 else 'ies'} answered ({hard} hard; "
+                   f"{pm.hard_used}/{pm.hard_limit()} hard used)")
+        return None
+
+    return _Plan(summary, lambda b: pm.observe(b, args.rows_per_block), emit, resuming, previous)
+
+
+_PREPARE["pmwg"] = _prepare_pmwg
 
 
 def _bad(exc):

@@ -24,13 +24,29 @@ code, sage_tfx/cli/run.py ``beam_options``) and reach every worker's TFX runs, e
 gs://bucket/staging -- --runner=PortableRunner --job_endpoint=HOST:PORT --environment_type=EXTERNAL
 --environment_config=HOST:POOL_PORT` for Beam workers that do not see --data-root (docs/scale_out.md).
 
-Exit codes: 0 every pipeline reached an outcome and the audit passed; 1 a pipeline
-failed or the audit did not pass; 2 bad input, or a pipeline name another process runs.
+Release strategies (issue 14, docs/release_strategies.md, "From sage serve / sage run"): --release
+NAME=STRATEGY:FILE, repeatable, runs `sage release STRATEGY` (continual, incremental-regression, growth, pmwg) as
+a participant named NAME, in its own worker beside the pipelines: FILE is a JSON object holding that command's
+options (without --db, --stream, --data-root and --pipeline, which serve gives; NAME is the ledger's pipeline
+name), e.g. {"label": "tips", "features": ["fare", "trip_miles"], "scales": [100, 30], "intercept": true,
+"loss": "logistic", "positive_above": 2, "epsilon": 0.3, "delta": 1e-7, "rows_per_block": 100}. Every file is
+checked by `sage release`'s own parser and checks before anything is registered (a bad value exits 2 naming it).
+After each replay step the strategy charges every new block its whole bound in ONE grant, before reading it, and
+releases (the `sage release` code, not a copy); a killed strategy worker is restarted and resumes under its
+grants with no second charge. Like a pipeline it is registered, so it gets an even share of every block that
+arrives (its bound must fit in that share, or the block is refused and the strategy FAILS: it cannot skip a
+block), and it stays registered afterwards: a later `sage serve --release` or `sage release --pipeline NAME`
+resumes it. Its name is claimed like a pipeline's. --pipeline is optional when a --release is given.
+
+Exit codes: 0 every pipeline reached an outcome, every strategy released every block and the audit passed; 1 a
+pipeline or strategy failed or the audit did not pass; 2 bad input, or a name another process runs.
 
 Example:
   sage serve --db ledger.db --stream taxi --data-root data --input trips.csv \\
       --time-column trip_start_timestamp --window 1d --initial-blocks 256 --blocks-per-step 64 \\
       --pipeline fast=taxi_regression:600000 --pipeline tight=taxi_regression:300000
+  sage serve --db ledger.db --stream taxi --data-root data --input trips.csv \\
+      --time-column trip_start_timestamp --window 1d --release tips=continual:tips_release.json
 """
 import argparse
 import os
@@ -51,6 +67,19 @@ def _pipeline_arg(text):
     return name, pipeline, target, model
 
 
+def _release_arg(text):
+    try:
+        name, rest = text.split("=", 1)
+        strategy, path = rest.split(":", 1)
+        if not (name and strategy and path):
+            raise ValueError
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--release {text!r} must look like NAME=STRATEGY:FILE (STRATEGY one of "
+                                         "continual, incremental-regression, growth, pmwg; FILE a JSON object of "
+                                         "its `sage release STRATEGY` options)") from None
+    return name, strategy, path
+
+
 def add_parser(subparsers):
     from sage_tfx.cli.run import add_beam_options, add_rejection_share
 
@@ -67,8 +96,13 @@ def add_parser(subparsers):
     p.add_argument("--blocks-per-step", type=int, default=1, help="blocks added per replay step")
     p.add_argument("--step-seconds", type=float, default=0.0,
                    help="real-time pacing of replay steps (0: a simulated clock that advances when all wait)")
-    p.add_argument("--pipeline", action="append", type=_pipeline_arg, required=True, dest="pipelines",
-                   help="NAME=PIPELINE:TARGET[:MODEL], repeatable")
+    p.add_argument("--pipeline", action="append", type=_pipeline_arg, default=[], dest="pipelines",
+                   help="NAME=PIPELINE:TARGET[:MODEL], repeatable (at least one --pipeline or --release)")
+    p.add_argument("--release", action="append", type=_release_arg, default=[], dest="releases",
+                   metavar="NAME=STRATEGY:FILE",
+                   help="a release strategy as a participant NAME: `sage release STRATEGY` (continual, "
+                        "incremental-regression, growth, pmwg) with the options of the JSON object in FILE, "
+                        "releasing for every new block after each replay step; repeatable (see above)")
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--max-iterations", type=int, default=10)
     add_rejection_share(p)
@@ -97,6 +131,48 @@ def worker_specs(args, beam_args=(), staging_location=None, key_file=None, roots
             for name, pipeline, target, model in args.pipelines]
 
 
+def release_specs(args, key_file=None):
+    """One ``ReleaseSpec`` per --release: its FILE read and turned into the `sage release STRATEGY` command line
+    (``sage_tfx.cli.release.release_argv``, checked by that command's parser). ValueError naming the bad value."""
+    import json
+
+    from sage_tfx.adaptive.workers import ReleaseSpec
+    from sage_tfx.cli.release import release_argv
+
+    specs = []
+    for name, strategy, path in args.releases:
+        source = f"--release {name}={strategy}:{path}"
+        try:
+            with open(path, encoding="utf-8") as f:
+                options = json.load(f)
+        except OSError as exc:
+            raise ValueError(f"{source}: the file cannot be read ({exc.strerror}): give a JSON file of "
+                             f"`sage release {strategy}` options") from None
+        except ValueError as exc:
+            raise ValueError(f"{source}: the file is not JSON ({exc}): give one JSON object of "
+                             f"`sage release {strategy}` options") from None
+        argv, error = release_argv(strategy, options, db=args.db, stream=args.stream, data_root=args.data_root,
+                                   pipeline=name, source=source)
+        if argv is None:
+            raise ValueError(error)
+        specs.append(ReleaseSpec(name, strategy, argv, key_file=key_file, source=source))
+    return specs
+
+
+def check_release(spec, schema):
+    """Run `sage release`'s every check of ``spec`` (``open_release``: the columns, the parameters, the pipeline's
+    previous grants) on ``schema`` and close it; nothing is charged. ValueError naming the bad value."""
+    from sage_tfx.cli.release import open_release, parse_release_argv
+
+    args, error = parse_release_argv(spec.argv)
+    session = None
+    if args is not None:
+        session, error = open_release(args, schema=schema, claim=False)  # serve holds the claim
+    if session is None:
+        raise ValueError(f"{spec.source}: {error}")
+    session.ledger.close()
+
+
 def _run(args):
     from sage_tfx.adaptive.workers import ProcessPlatform, build_worker_runner
     from sage_tfx.cli.run import beam_options, make_iterator, root_options
@@ -110,11 +186,13 @@ def _run(args):
             raise ValueError("--blocks-per-step must be >= 1 and --initial-blocks >= 0")
         if args.parallel < 0 or args.max_restarts < 0:
             raise ValueError("--parallel and --max-restarts must be >= 0")
-        names = [name for name, *_ in args.pipelines]
+        if not args.pipelines and not args.releases:
+            raise ValueError("give at least one --pipeline NAME=PIPELINE:TARGET or --release NAME=STRATEGY:FILE")
+        names = [name for name, *_ in args.pipelines] + [name for name, *_ in args.releases]
         if len(set(names)) != len(names):
-            raise ValueError(f"pipeline names must be unique: {names}")
+            raise ValueError(f"pipeline and release names must be unique: {names}")
         beam_args, staging = beam_options(args)  # ValueError before anything is opened
-        roots = root_options(args, names)  # a bad or unreachable --pipeline-root, a shared --metadata-path
+        roots = root_options(args, [name for name, *_ in args.pipelines])  # a bad or unreachable --pipeline-root, a shared --metadata-path
         key_file = os.environ.get(ENV_KEY_FILE)  # --key-file, exported by the CLI; the workers get the path
         ledger = Ledger.open(args.db)
         ledger.stream(args.stream)
@@ -122,6 +200,11 @@ def _run(args):
         # the ledger) holding one of them is refused before anything is registered or charged.
         ledger.claim(args.stream, names)
         replay = Replay.from_file(ledger, args.stream, args.data_root, args.input, args.time_column, args.window)
+        releases = release_specs(args, key_file=key_file)
+        schema = _stream_schema(args, replay)
+        for spec in releases:
+            spec.schema = schema
+            check_release(spec, schema)
         specs = worker_specs(args, beam_args, staging, key_file=key_file, roots=roots)
         for spec in specs:
             # Validate the pipeline and its iterator settings now, before any budget is spent (the worker builds
@@ -154,7 +237,7 @@ def _run(args):
                   "another replay of the stream", flush=True)
         return added if steps else None
 
-    platform = ProcessPlatform(args.db, args.stream, specs, replay_step, step_seconds=args.step_seconds,
+    platform = ProcessPlatform(args.db, args.stream, specs + releases, replay_step, step_seconds=args.step_seconds,
                                progress=lambda line: print(line, flush=True), parallel=args.parallel,
                                max_restarts=args.max_restarts)
     results = platform.run()
@@ -162,11 +245,23 @@ def _run(args):
     for name in names:
         if name in platform.errors:
             print(f"{name}: FAILED ({platform.errors[name]})")
-        else:
-            r = results[name]
-            print(f"{name}: {r.outcome} after {r.iterations} iteration(s)")
+        elif name not in results:
+            print(f"{name}: no result")
+        elif r := results[name]:
+            if r.outcome == "RELEASED":
+                print(f"{name}: RELEASED {r.description}")
+            else:
+                print(f"{name}: {r.outcome} after {r.iterations} iteration(s)")
     print("")
     print(status_table(ledger.status(args.stream)).split("\n\n")[0])
     report = ledger.audit()
     print(f"audit: {'OK' if report.ok else 'FAILED'}")
-    return EXIT_OK if report.ok and not platform.errors else EXIT_FAILED
+    return EXIT_OK if report.ok and not platform.errors and set(results) == set(names) else EXIT_FAILED
+
+
+def _stream_schema(args, replay):
+    """The stream's schema: its data root's, else (nothing replayed there yet) the replay's."""
+    from sage_tfx.ingest.store import stream_config
+
+    config = stream_config(args.data_root, args.stream)
+    return dict(config["schema"]) if config is not None else dict(replay.schema)
