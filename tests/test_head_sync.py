@@ -9,6 +9,7 @@ truncated log is still caught once the head was written; a bad mode is refused n
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import textwrap
@@ -123,9 +124,9 @@ def test_the_group_writer_makes_the_head_durable_without_a_read(tmp_path, monkey
     last = _last_seq(ledger)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
-        with open(ledger.head_file.path) as f:
-            if json.load(f)[ledger.ledger_id]["seq"] == last:
-                break
+        # the file itself, no flush
+        if HeadFile(ledger.head_file.path, "commit").read()[ledger.ledger_id]["seq"] == last:
+            break
         time.sleep(0.05)
     else:
         pytest.fail("the group writer did not write the head within 30 s")
@@ -155,5 +156,195 @@ def test_a_bad_mode_creates_nothing_and_open_takes_the_mode(tmp_path, monkeypatc
     ledger.add_block("s", "b0")
     last = _last_seq(ledger)
     ledger.close()
-    with open(str(tmp_path / "l.db") + ".key.head") as f:
-        assert json.load(f)[ledger.ledger_id]["seq"] == last
+    assert HeadFile(str(tmp_path / "l.db") + ".key.head", "commit").read()[ledger.ledger_id]["seq"] == last
+
+
+# ------------------------------------------------------------------ the two-slot head file (keys.HeadFile)
+def _head_bytes(ledger):
+    with open(ledger.head_file.path, "rb") as f:
+        return f.read()
+
+
+def _slot_end(data, offset):
+    """Where the meaningful bytes of the slot at ``offset`` end (header, payload, digest; then zero padding)."""
+    _magic, _size, _generation, length = keys_module._SLOT_HEADER.unpack_from(data, offset)
+    return keys_module._SLOT_HEADER.size + length + keys_module._SLOT_DIGEST
+
+
+@pytest.mark.parametrize("tear", ["nothing", "header", "half", "all but one byte", "new tail, old head",
+                                  "garbage after the header"])
+def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_ahead_of_it(tmp_path, tear):
+    """A crash mid-write (the newer slot partly written) leaves the older slot: the previous head, never a false
+    alarm, and a truncation below that head is still caught."""
+    ledger = _ledger(tmp_path / "l.db")
+    ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
+    before, old_seq = _head_bytes(ledger), _last_seq(ledger)
+    ledger.request("p", "s", blocks=["b1"], epsilon=1.0)
+    after, last = _head_bytes(ledger), _last_seq(ledger)
+    assert len(before) == len(after) == 2 * keys_module.HEAD_SLOT_BYTES and last > old_seq
+    size = keys_module.HEAD_SLOT_BYTES
+    written = [i for i in (0, 1) if before[i * size:(i + 1) * size] != after[i * size:(i + 1) * size]]
+    assert len(written) == 1  # one slot written in place, the other untouched
+    offset = written[0] * size
+    old, new = before[offset:offset + size], after[offset:offset + size]
+    end = _slot_end(after, offset)
+    header = keys_module._SLOT_HEADER.size
+    torn = {"nothing": old,
+            "header": new[:header] + old[header:],
+            "half": new[:end // 2] + old[end // 2:],
+            "all but one byte": new[:end - 1] + old[end - 1:],
+            "new tail, old head": old[:header] + new[header:],
+            "garbage after the header": new[:header] + bytes(b ^ 0x5A for b in new[header:end]) + new[end:]}[tear]
+    with open(ledger.head_file.path, "r+b") as f:
+        f.seek(offset)
+        f.write(torn)
+    head = HeadFile(ledger.head_file.path, "commit").read()[ledger.ledger_id]
+    # a torn slot identical to the complete write (old and new bytes equal where the tear is) is the new head
+    assert head["seq"] == (last if torn == new else old_seq), (tear, head)
+    report = ledger.audit()
+    assert report.ok, report.problems
+    if torn != new:
+        assert any(f"{last - old_seq} log entr" in n and f"after the head file's entry {old_seq}" in n
+                   for n in report.notes), report.notes
+    torn_file = _head_bytes(ledger)
+    # the next write goes to the torn slot (the other is intact and newest): the head moves on, audit clean
+    ledger.request("p", "s", blocks=["b2"], epsilon=1.0)
+    assert HeadFile(ledger.head_file.path, "commit").read()[ledger.ledger_id]["seq"] == _last_seq(ledger)
+    assert ledger.audit().ok
+    # never a missed truncation: back to the torn file, the log cut below the surviving head's entry
+    with open(ledger.head_file.path, "wb") as f:
+        f.write(torn_file)
+    with ledger._store.transaction() as tx:
+        tx.run("DELETE FROM log WHERE seq >= ?", (old_seq,))
+    report = ledger.audit()
+    assert not report.ok
+    assert any(f"recorded entry {old_seq}" in p for p in report.problems), report.problems
+    ledger.close()
+
+
+OLD_WRITER_OUTPUT = ('{{"{other}": {{"chain": "{other_chain}", "seq": 41}}, '
+                     '"{ledger}": {{"chain": "{chain}", "seq": {seq}}}}}')
+# ^ what HeadFile wrote before the two-slot form (json.dumps(heads, sort_keys=True), replaced atomically), for a
+# file holding two ledgers' heads; "{other}" sorts first.
+OTHER_LEDGER = "0" * 32
+
+
+def test_an_old_json_head_file_is_read_and_migrated_on_the_first_write(tmp_path):
+    ledger = _ledger(tmp_path / "l.db")
+    ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
+    path = ledger.head_file.path
+    current = HeadFile(path, "commit").read()[ledger.ledger_id]
+    old_text = OLD_WRITER_OUTPUT.format(other=OTHER_LEDGER, other_chain="ab" * 32, ledger=ledger.ledger_id,
+                                        chain=current["chain"], seq=current["seq"])
+    assert old_text == json.dumps({OTHER_LEDGER: {"seq": 41, "chain": "ab" * 32}, ledger.ledger_id: current},
+                                  sort_keys=True)  # the literal is the old writer's format
+    os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, old_text.encode())
+    os.close(fd)
+    heads = HeadFile(path, "commit").read()
+    assert heads == {OTHER_LEDGER: {"seq": 41, "chain": "ab" * 32}, ledger.ledger_id: current}
+    report = ledger.audit()
+    assert report.ok and not report.notes, (report.problems, report.notes)
+    ledger.request("p", "s", blocks=["b1"], epsilon=1.0)  # the first write migrates the file
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data.startswith(keys_module.HEAD_MAGIC) and len(data) == 2 * keys_module.HEAD_SLOT_BYTES
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    heads = HeadFile(path, "commit").read()
+    assert heads[OTHER_LEDGER] == {"seq": 41, "chain": "ab" * 32}  # the other ledger's head kept
+    assert heads[ledger.ledger_id]["seq"] == _last_seq(ledger)
+    assert ledger.audit().ok
+    last = _last_seq(ledger)
+    with ledger._store.transaction() as tx:
+        tx.run("DELETE FROM log WHERE seq = ?", (last,))
+    assert any(f"recorded entry {last}" in p for p in ledger.audit().problems)
+    ledger.close()
+
+
+def test_an_in_place_write_is_one_fdatasync_and_a_head_beyond_its_slot_grows_the_file(tmp_path, monkeypatch):
+    syncs = []
+    real_fdatasync, real_fsync = keys_module._fdatasync, os.fsync
+    monkeypatch.setattr(keys_module, "_fdatasync", lambda fd: (syncs.append("fdatasync"), real_fdatasync(fd)))
+    monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append("fsync"), real_fsync(fd)))
+    path = str(tmp_path / "k.key.head")
+    head = HeadFile(path, "commit")
+    head.advance("L", 1, "c1")  # a new file: written whole (file fsync'd, folder fsync'd)
+    assert syncs == ["fsync", "fsync"]
+    inode = os.stat(path).st_ino
+    ledgers = [f"ledger-{i:03d}-" + "x" * 80 for i in range(30)]  # ~30 x 190 bytes: beyond one 4 KiB slot, within 8 KiB
+    grown_at = None
+    for i, name in enumerate(ledgers):
+        syncs.clear()
+        head.advance(name, i + 1, "c" * 64)
+        if os.stat(path).st_size > 2 * keys_module.HEAD_SLOT_BYTES and grown_at is None:
+            grown_at = i
+            assert syncs == ["fsync", "fsync"] and os.stat(path).st_ino != inode  # replaced whole, bigger slots
+            inode = os.stat(path).st_ino
+        else:
+            assert syncs == ["fdatasync"] and os.stat(path).st_ino == inode, (i, syncs)  # one durable write, in place
+    assert grown_at is not None and os.stat(path).st_size == 4 * keys_module.HEAD_SLOT_BYTES
+    heads = HeadFile(path, "commit").read()
+    assert len(heads) == 31 and heads["L"] == {"seq": 1, "chain": "c1"}
+    assert all(heads[name]["seq"] == i + 1 for i, name in enumerate(ledgers))
+    syncs.clear()
+    head.advance("L", 1, "c1-again")  # not forwards: nothing written
+    assert syncs == [] and HeadFile(path, "commit").read()["L"]["chain"] == "c1"
+
+
+def test_a_stale_writer_never_moves_the_head_back_and_follows_a_replaced_file(tmp_path):
+    path = str(tmp_path / "k.key.head")
+    a, b = HeadFile(path, "commit"), HeadFile(path, "commit")  # two descriptors, as two processes
+    a.advance("L", 5, "c5")
+    b.advance("L", 7, "c7")
+    a.advance("L", 6, "c6")  # a's last view said 5: it must see b's 7 and not move back
+    assert HeadFile(path, "commit").read()["L"] == {"seq": 7, "chain": "c7"}
+    for i in range(60):  # b grows the file: a new file (bigger slots) renamed over the one a has open
+        b.advance(f"other-{i:02d}-" + "y" * 100, 1, "c")
+    assert os.stat(path).st_size > 2 * keys_module.HEAD_SLOT_BYTES
+    a.advance("L", 9, "c9")  # written into the new file, keeping b's heads
+    heads = HeadFile(path, "commit").read()
+    assert heads["L"] == {"seq": 9, "chain": "c9"} and len(heads) == 61
+    b.advance("L", 8, "c8")
+    assert HeadFile(path, "commit").read()["L"]["seq"] == 9
+
+
+def test_writers_in_several_processes_lose_no_head_and_never_go_back(tmp_path):
+    """Three processes advance one shared ledger id (interleaved sequence numbers) and one id each: the file
+    ends at the highest of each, so no write was lost to a stale view of the file."""
+    path = str(tmp_path / "k.key.head")
+    HeadFile(path, "commit").advance("shared", 0, "c")
+    child = textwrap.dedent("""
+        import sys
+        from sage_tfx.privacy.keys import HeadFile
+        path, me, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+        head = HeadFile(path, "commit")
+        for i in range(n):
+            head.advance("shared", 3 * i + me + 1, f"c{3 * i + me + 1}")
+            head.advance(f"own-{me}", i + 1, f"o{i + 1}")
+    """)
+    n = 60
+    procs = [subprocess.Popen([sys.executable, "-c", child, path, str(me), str(n)]) for me in range(3)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    heads = HeadFile(path, "commit").read()
+    assert heads["shared"] == {"seq": 3 * n, "chain": f"c{3 * n}"}
+    assert all(heads[f"own-{me}"] == {"seq": n, "chain": f"o{n}"} for me in range(3))
+
+
+def test_a_head_file_open_to_others_or_malformed_is_refused_naming_the_fix(tmp_path):
+    path = str(tmp_path / "k.key.head")
+    head = HeadFile(path, "commit")
+    head.advance("L", 1, "c1")
+    os.chmod(path, 0o664)
+    with pytest.raises(KeyFileError, match=r"writable by group or others: fix: chmod 600"):
+        head.advance("L", 2, "c2")
+    with pytest.raises(KeyFileError, match=r"writable by group or others: fix: chmod 600"):
+        HeadFile(path, "commit").read()
+    os.chmod(path, 0o600)
+    with open(path, "r+b") as f:  # both slots destroyed
+        f.write(bytes(2 * keys_module.HEAD_SLOT_BYTES))
+    with pytest.raises(KeyFileError, match=r"is malformed .*no intact slot"):
+        HeadFile(path, "commit").read()
+    with pytest.raises(KeyFileError, match=r"is malformed"):
+        head.advance("L", 3, "c3")

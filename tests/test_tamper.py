@@ -179,11 +179,12 @@ def test_a_log_ahead_of_the_head_under_the_key_is_accepted_and_said(tmp_path):
     """A crash between a commit and the head write: the entries verify under the key, so they are accepted."""
     path = str(tmp_path / "ledger.db")
     honest(path)
-    head = json.load(open(path + ".key.head"))
+    with open(path + ".key.head", "rb") as f:
+        head = f.read()
     with Ledger.open(path) as ledger:
         ledger.add_block("s", "b2", start=172800.0, end=259200.0, rows=1)
-    with open(path + ".key.head", "w") as f:  # as if the head write had not happened
-        json.dump(head, f)
+    with open(path + ".key.head", "wb") as f:  # as if the head write had not happened
+        f.write(head)
     with Ledger.open(path) as ledger:
         report = ledger.audit()
     assert report.ok, report.problems

@@ -33,6 +33,7 @@ import logging
 import os
 import secrets
 import stat
+import struct
 import threading
 import time
 import weakref
@@ -247,14 +248,115 @@ class KeyRing:
         return forms
 
 
+HEAD_MAGIC = b"SAGEHD02"  # the first bytes of every slot of the two-slot head file (an old head file is JSON: "{")
+HEAD_SLOT_BYTES = 4096  # the smallest slot: one page; a bigger head doubles it (HeadFile._replace)
+_SLOT_HEADER = struct.Struct(">8sIQI")  # magic, slot size, generation, payload length
+_SLOT_DIGEST = 32  # SHA-256 of header + payload, after the payload
+_fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
+
+
+def _slot_bytes(slot_size, generation, payload):
+    """One slot: header, payload (the heads as JSON), SHA-256 of both, zeros up to ``slot_size``."""
+    head = _SLOT_HEADER.pack(HEAD_MAGIC, slot_size, generation, len(payload)) + payload
+    return (head + hashlib.sha256(head).digest()).ljust(slot_size, b"\0")
+
+
+def _slot_size_for(payload):
+    size = HEAD_SLOT_BYTES
+    while size < _SLOT_HEADER.size + len(payload) + _SLOT_DIGEST:
+        size *= 2
+    return size
+
+
+def _parse_slot(data, slot_size):
+    """(generation, heads) of one slot, or None if it is not intact (torn by a crash mid-write, or never written)."""
+    if len(data) < _SLOT_HEADER.size:
+        return None
+    magic, size, generation, length = _SLOT_HEADER.unpack_from(data)
+    end = _SLOT_HEADER.size + length
+    if magic != HEAD_MAGIC or size != slot_size or end + _SLOT_DIGEST > slot_size:
+        return None
+    if not hmac.compare_digest(hashlib.sha256(data[:end]).digest(), data[end:end + _SLOT_DIGEST]):
+        return None
+    try:
+        heads = json.loads(data[_SLOT_HEADER.size:end].decode())
+    except ValueError:
+        return None
+    return (generation, heads) if isinstance(heads, dict) else None
+
+
+class _HeadState:
+    """A head file's content as parsed: the heads, and where the next in-place write goes (None: old JSON file)."""
+    __slots__ = ("heads", "slot_size", "generation", "newest")
+
+    def __init__(self, heads, slot_size=None, generation=0, newest=None):
+        self.heads, self.slot_size, self.generation, self.newest = heads, slot_size, generation, newest
+
+
+def _parse_head_file(data, path):
+    """A head file's bytes -> _HeadState; KeyFileError if neither the old JSON form nor a slot is intact."""
+    if data[:1] == b"{":  # written by sage before the two-slot form: one JSON map, replaced atomically
+        try:
+            heads = json.loads(data.decode())
+            if not isinstance(heads, dict):
+                raise ValueError("not a map")
+        except ValueError:
+            raise KeyFileError(f"head file {path} is malformed (not the JSON sage writes)") from None
+        return _HeadState(heads)
+    slot_size = len(data) // 2
+    slots = []
+    if len(data) == 2 * slot_size and slot_size >= HEAD_SLOT_BYTES and slot_size % HEAD_SLOT_BYTES == 0:
+        slots = [(_parse_slot(data[i * slot_size:(i + 1) * slot_size], slot_size), i) for i in (0, 1)]
+        slots = [(slot[0], i, slot[1]) for slot, i in slots if slot is not None]
+    if not slots:
+        raise KeyFileError(f"head file {path} is malformed ({len(data)} bytes and no intact slot: not a head file "
+                           "sage writes); restore it from backup, or move it away and audit (the audit will say the "
+                           "ledger has no head record)")
+    generation, newest, heads = max(slots)
+    return _HeadState(heads, slot_size, generation, newest)
+
+
+class _HeadFds:
+    """The lock file's and the head file's descriptors a HeadFile keeps open between writes (closed when it goes)."""
+
+    def __init__(self):
+        self.lock = self.data = None
+        self.inode = None  # (st_dev, st_ino) of the head file ``data`` is open on
+        self.raw = None  # that file's bytes as of this process's last read or write of it
+        self.state = None  # ... and as parsed
+
+    def close_data(self):
+        if self.data is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.data)
+        self.data = self.inode = self.raw = self.state = None
+
+    def close(self):
+        self.close_data()
+        if self.lock is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.lock)
+            self.lock = None
+
+
 class HeadFile:
     """``<key file>.head``: {ledger id: {"seq": n, "chain": value}} of the last entry this host committed.
 
-    Replaced atomically (a temporary file, fsync, rename) under an flock, and only forwards: two writers
-    finishing out of order never move it back. ``sync`` (a `HeadSync`, default $SAGE_HEAD_SYNC, else
-    ``commit``) says when: at each ``advance`` (``commit``), or by a background thread that writes the
-    newest pending head of each ledger at most ``GROUP_INTERVAL_S`` later (``group``: one durable write for
-    all the commits of the interval; flushed at normal exit and before every read through ``get``).
+    Two fixed-size slots (A at offset 0, B at offset ``slot size``; each a header with a generation number and
+    the payload's length, the heads as JSON, and a SHA-256 of both). A write merges its update into the newest
+    intact slot's heads, only forwards (two writers finishing out of order never move it back), and overwrites
+    the OTHER slot in place (``pwrite``) with the next generation, then ``fdatasync``: one durable write per
+    commit, all under an flock of ``<head>.lock``. A reader takes the intact slot with the highest generation.
+    A crash mid-write can tear only the slot being written; the other one still holds the previous head (the
+    log is then ahead of the head, which the audit accepts when the extra entries verify under the key;
+    docs/security.md). A head too big for its slots, a missing file, and an old head file (one JSON map, as
+    sage wrote before) are written whole instead: a temporary file with bigger slots fsync'd, renamed, its
+    folder fsync'd (old files are thus migrated on their first write).
+
+    ``sync`` (a `HeadSync`, default $SAGE_HEAD_SYNC, else ``commit``) says when: at each ``advance``
+    (``commit``), or by a background thread that writes the newest pending head of each ledger at most
+    ``GROUP_INTERVAL_S`` later (``group``: one durable write for all the commits of the interval; flushed at
+    normal exit and before every read through ``get``).
     """
 
     def __init__(self, path, sync=None):
@@ -265,8 +367,18 @@ class HeadFile:
         self._wake = threading.Condition(self._lock)
         self._thread = None
         self._pid = os.getpid()
+        self._io = threading.Lock()  # one writer per HeadFile at a time (its threads share one flock'd descriptor)
+        self._fds = _HeadFds()
+        self._fds_pid = os.getpid()
+        # closed when this HeadFile goes (not at interpreter exit: a group writer may still be writing then)
+        weakref.finalize(self, self._fds.close).atexit = False
         if self.sync is HeadSync.GROUP:
             _GROUP_HEADS.add(self)
+
+    def close(self):
+        """Close the descriptors kept open between writes (the next write opens them again)."""
+        with self._io:
+            self._fds.close()
 
     def read(self):
         """The recorded heads, {} if the file does not exist; KeyFileError if it is unreadable or too open."""
@@ -277,21 +389,17 @@ class HeadFile:
         except OSError as exc:
             raise KeyFileError(f"cannot read head file {self.path}: {exc.strerror}") from None
         try:
-            st = os.fstat(fd)
-            if st.st_mode & 0o022:
-                raise KeyFileError(f"head file {self.path} is writable by group or others: fix: chmod 600 {self.path}")
+            self._check_mode(os.fstat(fd))
             data = b""
             while chunk := os.read(fd, 1 << 20):
                 data += chunk
         finally:
             os.close(fd)
-        try:
-            heads = json.loads(data.decode())
-            if not isinstance(heads, dict):
-                raise ValueError("not a map")
-            return heads
-        except ValueError:
-            raise KeyFileError(f"head file {self.path} is malformed (not the JSON sage writes)") from None
+        return _parse_head_file(data, self.path).heads
+
+    def _check_mode(self, st):
+        if st.st_mode & 0o022:
+            raise KeyFileError(f"head file {self.path} is writable by group or others: fix: chmod 600 {self.path}")
 
     def get(self, ledger_id):
         """The recorded head of ``ledger_id`` (None if none), after writing this process's pending heads."""
@@ -344,32 +452,91 @@ class HeadFile:
         """Merge ``updates`` {ledger id: (seq, chain)} into the file, forwards only (unless ``reset``), durably."""
         import fcntl
 
-        folder = os.path.dirname(self.path) or "."
-        lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            heads = self.read()
-            changed = False
-            for ledger_id, (seq, chain) in updates.items():
-                current = heads.get(ledger_id)
-                if not reset and current is not None and int(current.get("seq", 0)) >= seq:
-                    continue
-                heads[ledger_id] = {"seq": int(seq), "chain": chain}
-                changed = True
-            if not changed:
-                return
-            tmp = f"{self.path}.tmp{os.getpid()}.{threading.get_ident()}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with self._io:
+            fds = self._fds
+            if self._fds_pid != os.getpid():  # a forked child shares the parent's descriptions (and flock): its own
+                fds.close()
+                self._fds_pid = os.getpid()
+            if fds.lock is None:
+                fds.lock = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+            fcntl.flock(fds.lock, fcntl.LOCK_EX)
             try:
-                os.fchmod(fd, 0o600)
-                os.write(fd, json.dumps(heads, sort_keys=True).encode())
-                os.fsync(fd)
+                state = self._load_locked(fds)
+                heads = dict(state.heads)
+                changed = False
+                for ledger_id, (seq, chain) in updates.items():
+                    current = heads.get(ledger_id)
+                    if not reset and current is not None and int(current.get("seq", 0)) >= seq:
+                        continue
+                    heads[ledger_id] = {"seq": int(seq), "chain": chain}
+                    changed = True
+                if not changed:
+                    return
+                payload = json.dumps(heads, sort_keys=True, separators=(",", ":")).encode()
+                generation = state.generation + 1
+                if state.slot_size is None or _slot_size_for(payload) > state.slot_size:
+                    self._replace(fds, _slot_size_for(payload), generation, payload, heads)
+                    return
+                target = 1 - state.newest  # the older slot: the newest intact one is never touched
+                slot = _slot_bytes(state.slot_size, generation, payload)
+                offset = target * state.slot_size
+                os.pwrite(fds.data, slot, offset)
+                _fdatasync(fds.data)  # the file's size never changes here: its data alone is made durable
+                fds.raw = fds.raw[:offset] + slot + fds.raw[offset + state.slot_size:]
+                fds.state = _HeadState(heads, state.slot_size, generation, target)
+            except BaseException:
+                fds.close_data()  # re-read from the file next time
+                raise
             finally:
-                os.close(fd)
-            os.replace(tmp, self.path)
-            _fsync_dir(folder)
-        finally:
-            os.close(lock_fd)
+                fcntl.flock(fds.lock, fcntl.LOCK_UN)
+
+    def _load_locked(self, fds):
+        """The file's current content (under the flock): parsed again only if its bytes changed since we saw them."""
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except FileNotFoundError:
+            fds.close_data()
+            return _HeadState({})
+        if stat.S_ISLNK(st.st_mode):
+            raise KeyFileError(f"cannot open head file {self.path}: it is a symbolic link (give the real file)")
+        self._check_mode(st)
+        if fds.data is None or fds.inode != (st.st_dev, st.st_ino):  # replaced by a writer (bigger slots, migration)
+            fds.close_data()
+            try:
+                fds.data = os.open(self.path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+            except OSError as exc:
+                raise KeyFileError(f"cannot open head file {self.path}: {exc.strerror}") from None
+            st = os.fstat(fds.data)
+            self._check_mode(st)
+            fds.inode = (st.st_dev, st.st_ino)
+        raw = os.pread(fds.data, max(st.st_size, 0) + 1, 0)
+        if raw != fds.raw or fds.state is None:
+            fds.raw, fds.state = raw, _parse_head_file(raw, self.path)
+        return fds.state
+
+    def _replace(self, fds, slot_size, generation, payload, heads):
+        """Write the file anew (slot A this head, slot B empty): temporary file fsync'd, renamed, folder fsync'd."""
+        folder = os.path.dirname(self.path) or "."
+        tmp = f"{self.path}.tmp{os.getpid()}.{threading.get_ident()}"
+        data = _slot_bytes(slot_size, generation, payload) + bytes(slot_size)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.fchmod(fd, 0o600)
+            os.write(fd, data)
+            os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+        os.close(fd)
+        os.replace(tmp, self.path)
+        _fsync_dir(folder)
+        fds.close_data()
+        fds.data = os.open(self.path, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        st = os.fstat(fds.data)
+        fds.inode, fds.raw = (st.st_dev, st.st_ino), data
+        fds.state = _HeadState(heads, slot_size, generation, 0)
 
 
 _GROUP_HEADS = weakref.WeakSet()  # the live HeadSync.GROUP head files of this process, flushed at exit
