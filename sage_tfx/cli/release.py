@@ -465,7 +465,8 @@ class ReleaseSession:
 _PREPARE = {}  # strategy subcommand -> its _prepare_* (filled below each definition)
 
 
-def open_release(args, *, schema=None, claim=True):
+def open_release(args: argparse.Namespace, *, schema: dict | None = None,
+                 claim: bool = True) -> "tuple[ReleaseSession | None, str | None]":
     """``(ReleaseSession, None)`` for a parsed `sage release STRATEGY` command line, every check done and nothing
     charged; or ``(None, message)`` for bad input (the ledger closed and unchanged). ``schema``: the stream's
     schema when its data root holds none yet (`sage serve` before its first replay step: the replay's schema).
@@ -501,7 +502,8 @@ class _RaisingParser(argparse.ArgumentParser):
         raise _BadInput(message)
 
 
-def release_argv(strategy, options, *, db, stream, data_root, pipeline, source="the options"):
+def release_argv(strategy: str, options: dict, *, db: str, stream: str, data_root: str, pipeline: str,
+                 source: str = "the options") -> "tuple[list[str] | None, str | None]":
     """``(argv, None)``: the `sage release STRATEGY` command line that ``options`` (a JSON object's dict: an option
     name without its dashes -> its value) spells, with ``--db``, ``--stream``, ``--data-root`` and ``--pipeline``
     given, checked by the command's own parser (``parse_release_argv``); or ``(None, message)`` naming the bad
@@ -541,7 +543,7 @@ def release_argv(strategy, options, *, db, stream, data_root, pipeline, source="
     return (argv, None) if args is not None else (None, f"{source}: {error}")
 
 
-def parse_release_argv(argv):
+def parse_release_argv(argv: list) -> "tuple[argparse.Namespace | None, str | None]":
     """``(args, None)``: ``argv`` (``["release", STRATEGY, ...]``) parsed by `sage release`'s own parser, without
     --json; or ``(None, argparse's message)``."""
     root = _RaisingParser(prog="sage", add_help=False)

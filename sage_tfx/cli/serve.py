@@ -131,7 +131,7 @@ def worker_specs(args, beam_args=(), staging_location=None, key_file=None, roots
             for name, pipeline, target, model in args.pipelines]
 
 
-def release_specs(args, key_file=None):
+def release_specs(args: argparse.Namespace, key_file: str | None = None) -> list:
     """One ``ReleaseSpec`` per --release: its FILE read and turned into the `sage release STRATEGY` command line
     (``sage_tfx.cli.release.release_argv``, checked by that command's parser). ValueError naming the bad value."""
     import json
@@ -159,7 +159,7 @@ def release_specs(args, key_file=None):
     return specs
 
 
-def check_release(spec, schema):
+def check_release(spec, schema: dict) -> None:
     """Run `sage release`'s every check of ``spec`` (``open_release``: the columns, the parameters, the pipeline's
     previous grants) on ``schema`` and close it; nothing is charged. ValueError naming the bad value."""
     from sage_tfx.cli.release import open_release, parse_release_argv
