@@ -246,7 +246,8 @@ class _Worker:
 
 
 class ProcessPlatform:
-    """Run ``specs`` (WorkerSpec, or ReleaseSpec for a release strategy), one worker process each, while ``replay_step()`` adds blocks.
+    """Run ``specs`` (WorkerSpec, or ReleaseSpec for a release strategy), one worker process each, while
+    ``replay_step()`` adds blocks.
 
     ``replay_step``, ``step_seconds`` and ``progress`` as ``Platform``'s. ``parallel``: at most this many
     iterations (TFX runs) at once, 0 for no bound. ``max_restarts``: restarts of a dead worker before its

@@ -425,7 +425,8 @@ class ReleaseSession:
         then the stream's blocks without a grant of this pipeline (in the ledger's block order)."""
         previous = self.plan.previous
         return ([b for b in previous if b not in self._seen]
-                + [b.id for b in self.ledger.blocks(self.args.stream) if b.id not in previous and b.id not in self._seen])
+                + [b.id for b in self.ledger.blocks(self.args.stream)
+                   if b.id not in previous and b.id not in self._seen])
 
     def advance(self) -> int:
         """Release every pending block; the session's exit code (EXIT_OK while it can go on)."""

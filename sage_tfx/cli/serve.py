@@ -192,7 +192,8 @@ def _run(args):
         if len(set(names)) != len(names):
             raise ValueError(f"pipeline and release names must be unique: {names}")
         beam_args, staging = beam_options(args)  # ValueError before anything is opened
-        roots = root_options(args, [name for name, *_ in args.pipelines])  # a bad or unreachable --pipeline-root, a shared --metadata-path
+        # a bad or unreachable --pipeline-root, a shared --metadata-path (the TFX pipelines' only)
+        roots = root_options(args, [name for name, *_ in args.pipelines])
         key_file = os.environ.get(ENV_KEY_FILE)  # --key-file, exported by the CLI; the workers get the path
         ledger = Ledger.open(args.db)
         ledger.stream(args.stream)
