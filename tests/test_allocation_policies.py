@@ -183,32 +183,45 @@ def test_a_demand_must_name_distinct_known_blocks():
     assert m.pending == {}
 
 
-@pytest.mark.parametrize("policy", ["dpf-n", "dpf-t", "dpack"])
-def test_the_ledger_refuses_a_queued_policy_before_writing(ledger_url, policy):
+@pytest.mark.parametrize("policy,bad,good,stored", [
+    ("dpf-n", ["n=0"], ["n=50"], {"n": 50}),
+    ("dpf-t", ["lifetime=-1"], ["lifetime=3600"], {"lifetime": 3600.0}),
+    ("dpack", ["n=2.5"], [], {"n": 100}),
+])
+def test_the_ledger_runs_a_queued_policy_and_refuses_bad_parameters_before_writing(ledger_url, policy, bad, good,
+                                                                                   stored):
     from sage_tfx.cli import main
     from sage_tfx.privacy import Ledger
 
-    assert main(["ledger", "init", "--db", ledger_url, "--stream", "s", "--epsilon", "1", "--delta", "1e-6",
-                 "--policy", policy]) == 2
-    if ledger_url.startswith("postgresql://"):
-        from conftest import raw_connection
+    def init(params):
+        return main(["ledger", "init", "--db", ledger_url, "--stream", "s", "--epsilon", "1", "--delta", "1e-6",
+                     "--policy", policy, *[a for p in params for a in ("--policy-param", p)]])
 
-        conn = raw_connection(ledger_url)
-        cur = conn.cursor()
-        cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
-        assert cur.fetchall() in ([], ())
-        conn.close()
-    else:
-        import os
+    for params in (bad, ["bogus=1"], ["n"]):
+        assert init(params) == 2, params
+        if ledger_url.startswith("postgresql://"):
+            from conftest import raw_connection
 
-        assert not os.path.exists(ledger_url)
-    with pytest.raises(LedgerError, match=f"policy '{policy}' is not available in the ledger yet"):
-        Ledger.check_stream_args("s", 1.0, 1e-6, policy=policy)
-    # conserve and aggressive still create streams, as before
-    assert main(["ledger", "init", "--db", ledger_url, "--stream", "s", "--epsilon", "1", "--delta", "1e-6",
-                 "--policy", "aggressive"]) == 0
+            conn = raw_connection(ledger_url)
+            cur = conn.cursor()
+            cur.execute("SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
+            assert cur.fetchall() in ([], ())
+            conn.close()
+        else:
+            import os
+
+            assert not os.path.exists(ledger_url)
+    with pytest.raises(LedgerError, match=f"policy '{policy}' parameter"):
+        Ledger.check_stream_args("s", 1.0, 1e-6, policy=policy, policy_params=dict(
+            [(bad[0].split("=")[0], float(bad[0].split("=")[1]) if "." in bad[0] else int(bad[0].split("=")[1]))]))
+    with pytest.raises(LedgerError, match="takes no parameters"):
+        Ledger.check_stream_args("s", 1.0, 1e-6, policy="conserve", policy_params={"n": 5})
+    # the queued policy is accepted and its parameters (defaults written down) stored with the stream
+    assert init(good) == 0
     with Ledger.open(ledger_url) as ledger:
-        assert ledger.stream("s").policy == "aggressive"
+        s = ledger.stream("s")
+        assert (s.policy, s.policy_params, s.rules().params()) == (policy, stored, stored)
+        assert ledger.audit().ok
 
 
 # ----------------------------------------------------------------------------------------- the simulator

@@ -55,8 +55,14 @@ def add_parser(subparsers):
     p.add_argument("--accounting", choices=tuple(Accounting), default=Accounting.BASIC.value,
                    help="basic: per-block basic composition (the paper); rdp: per-block Renyi filter")
     p.add_argument("--policy", choices=tuple(Policy), default=Policy.CONSERVE.value,
-                   help="how pipelines spend their reservations (paper Block/Conserve, Block/Aggressive); dpf-n, "
-                        "dpf-t and dpack are refused until the ledger has a demand queue (docs/scheduling_policies.md)")
+                   help="who may spend a block's budget, and when (docs/scheduling_policies.md): conserve, "
+                        "aggressive (the paper's reservations), or the queued dpf-n, dpf-t (PrivateKube's DPF) and "
+                        "dpack (efficiency-ordered), under which a refused request waits as a demand and is granted "
+                        "in the policy's order; repeat the request to collect it")
+    p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
+                   help="a queued policy's parameter, repeatable: n=INT (dpf-n, dpack: the budget unlocks in n "
+                        "shares, one per pipeline arrival; default 100), lifetime=SECONDS (dpf-t: it unlocks "
+                        "linearly over that time after a block's created time; default 86400)")
     p.add_argument("--min-epsilon", type=_number, default=None,
                    help="retire a block once a query of this epsilon no longer fits (default: epsilon/100)")
     p.add_argument("--min-grant-epsilon", type=_number, default=None,
@@ -135,13 +141,36 @@ def _init(args):
 
     limits = dict(accounting=args.accounting, policy=args.policy, min_epsilon=args.min_epsilon,
                   max_epsilon=DEFAULT_MAX_STREAM_EPSILON if args.max_epsilon is None else args.max_epsilon,
-                  min_grant_epsilon=args.min_grant_epsilon)
+                  min_grant_epsilon=args.min_grant_epsilon, policy_params=_policy_params(args.policy_param))
     # Every check that needs no ledger runs before the ledger is created: a refused init leaves nothing.
     Ledger.check_stream_args(args.stream, args.epsilon, args.delta, **limits)
     with _open(args, create=True) as ledger:
         s = ledger.create_stream(args.stream, args.epsilon, args.delta, **limits)
+    params = "".join(f" {k}={v:g}" for k, v in sorted((s.policy_params or {}).items()))
     print(f"stream {s.name}: global (epsilon={s.epsilon:g}, delta={s.delta:g}), accounting={s.accounting}, "
-          f"policy={s.policy}")
+          f"policy={s.policy}{params}")
+
+
+def _policy_params(items):
+    """``--policy-param NAME=VALUE`` options as a dict (None if none): integers as int, else numbers as float."""
+    from sage_tfx.privacy.errors import LedgerError
+
+    params = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name:
+            raise LedgerError(f"--policy-param {item!r} is invalid: give NAME=VALUE, e.g. --policy-param n=50")
+        try:
+            value = int(text)
+        except ValueError:
+            try:
+                value = float(text)
+            except ValueError:
+                raise LedgerError(f"--policy-param {item!r}: value {text!r} is not a number") from None
+        if name in params:
+            raise LedgerError(f"--policy-param {name} is given twice: give each parameter once")
+        params[name] = value
+    return params or None
 
 
 def _add_block(args):

@@ -458,6 +458,17 @@ class QueuedAllocation:
         self.arrivals[block] = 0
         self.active.append(block)
 
+    def load_block(self, block, *, spent, arrived, arrivals, retired=False):
+        """Restore one block's state as stored elsewhere (the ledger's tables, the audit's replay): the same
+        fields ``add_block``, ``arrive`` and ``charge`` keep, so the rules run unchanged on them."""
+        self.spent[block] = tuple(spent)
+        self.arrived[block] = float(arrived)
+        self.arrivals[block] = int(arrivals)
+        if retired:
+            self.retired.add(block)
+        else:
+            self.active.append(block)
+
     def arrive(self, now=None):
         """A pipeline arrived: one more share of every live block unlocks (policies that unlock per arrival)."""
         for block in self.active:
@@ -482,16 +493,19 @@ class QueuedAllocation:
         return newest_fitting(self.active, lambda block: self.fits(block, cost, now), window)
 
     # -- demands
-    def demand(self, pipeline, blocks, cost):
-        """Record ``pipeline``'s pending demand of ``cost`` on each of ``blocks`` (replacing any earlier one)."""
+    def demand(self, pipeline, blocks, cost, seq=None):
+        """Record ``pipeline``'s pending demand of ``cost`` on each of ``blocks`` (replacing any earlier one).
+
+        ``seq`` orders demands whose keys tie (smaller: older, first); None: after every demand so far. The
+        ledger passes the log sequence number of the demand's entry, so its audit can recompute the order."""
         blocks = tuple(blocks)
         if not blocks or len(set(blocks)) != len(blocks):
             raise LedgerError(f"demand of {pipeline!r} names blocks {list(blocks)!r}: give distinct blocks")
         unknown = [b for b in blocks if b not in self.spent]
         if unknown:
             raise LedgerError(f"demand of {pipeline!r} names unknown blocks {unknown!r}")
-        self._seq += 1
-        self.pending[pipeline] = [blocks, tuple(cost), self._seq, None, None]
+        self._seq = self._seq + 1 if seq is None else max(self._seq, int(seq))
+        self.pending[pipeline] = [blocks, tuple(cost), self._seq if seq is None else int(seq), None, None]
 
     def withdraw(self, pipeline):
         self.pending.pop(pipeline, None)

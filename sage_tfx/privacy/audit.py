@@ -19,6 +19,12 @@ retirement was appended in the same transaction that made it. ``audit_ledger``
    shard, created, row count, digest); grants (record and columns); pipelines (state, outcome); reservations
    (``register``/``reserve``/``finish`` and the grants' sources replayed with ``Ledger.finish``'s operations);
    outcomes; releases; and meta (schema version, key id, no secret);
+   on a queued stream (DPF-N, DPF-T, DPack: docs/scheduling_policies.md) also the demands table and each block's
+   arrival count: ``demand``/``collect``/``finish`` entries replayed, and at every ``admit`` entry the policy's
+   scheduler (``allocation.QueuedAllocation``, the ledger's own) re-run on the replayed state at the logged time,
+   which must admit exactly the logged pipelines in the logged order (so each admission fitted the unlocked
+   budget at that point, all-or-nothing, in the policy's order); every grant of a queued stream must be one of
+   those admissions, with the demand's blocks and cost;
 5. recomputes what the stages of every grant released (the log's ``release`` entries, one per grant and
    stage) and checks it against the grant's charge with the rule of ``privacy/split.py``: every split
    composes to at most its grant's charge, each stage stayed within its share, the stages together
@@ -29,6 +35,7 @@ import json
 from dataclasses import dataclass, field
 
 from . import filters
+from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
 from .split import SLACK, BudgetSplit
 from .vocabulary import BlockState, PipelineState, Source
@@ -73,6 +80,7 @@ def audit_ledger(ledger):
     prev_hash, expected_seq = GENESIS, 1
     streams, stream_configs, blocks, grants, releases = {}, {}, {}, {}, {}
     block_rows, pipelines, reservations, outcomes = {}, {}, {}, {}
+    queued = _QueueReplay(streams, stream_configs, blocks, block_rows, problems)
     for seq, _ts, kind, body_text, prev, digest in entries:
         if seq != expected_seq:
             problems.append(f"log entry {seq}: expected sequence number {expected_seq} (entries missing)")
@@ -89,7 +97,7 @@ def audit_ledger(ledger):
             problems.append(f"log entry {seq}: body is not JSON")
             continue
         if kind == "stream":
-            stream_configs[body["name"]] = dict({"min_grant_epsilon": None}, **body)  # absent before schema 3
+            stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None}, **body)
             streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
                                                         body["orders"] or None)
         elif kind == "block":
@@ -101,18 +109,28 @@ def audit_ledger(ledger):
             block_rows[(body["stream"], body["id"])] = (
                 body.get("start"), body.get("end"), body.get("shard"), body.get("created"),
                 body.get("rows", _UNLOGGED), body.get("digest", _UNLOGGED))
+            queued.arrivals[(body["stream"], body["id"])] = 0
         elif kind == "register":
             pipelines[(body["stream"], body["pipeline"])] = (PipelineState.WAITING.value, None)
+            queued.arrive(body["stream"])
         elif kind == "reserve":
             for p in body["pipelines"]:
                 reservations[(body["stream"], body["block"], p)] = (tuple(body["share"]),
                                                                     tuple(streams[body["stream"]].zero()))
         elif kind == "finish":
             _replay_finish(body, streams, blocks, pipelines, reservations)
+            queued.demands.pop((body["stream"], body["pipeline"]), None)
+        elif kind == "demand":
+            queued.demand(seq, body)
+        elif kind == "admit":
+            queued.admit(seq, body)
+        elif kind == "collect":
+            queued.collect(seq, body)
         elif kind == "outcome":
             outcomes[body["grant"]] = (body["stream"], body["pipeline"], body["outcome"], _canonical(body["details"]))
         elif kind == "grant":
             sources = body.get("sources")
+            queued.grant(seq, body)
             _replay_grant(ledger, seq, body, streams, blocks, grants, problems)
             if sources and body.get("id") in grants:
                 for b, source in zip(body["blocks"], sources):
@@ -136,7 +154,7 @@ def audit_ledger(ledger):
                             f"{filt.shortfall(replayed['spent'], filt.zero()) or replayed['spent']}")
 
     (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
-     table_pipelines, table_reservations, table_outcomes, meta) = tables
+     table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals) = tables
     _check_meta(ledger, meta, problems)
     for key, logged in block_rows.items():  # columns a block's log entry did not hold (before keys) are not compared
         if key in table_block_rows:
@@ -165,16 +183,126 @@ def audit_ledger(ledger):
     _reconcile(problems, table_releases, releases, lambda key: f"release of stage {key[1]!r} under grant {key[0]!r}",
                lambda table, log: f"table says {table}, log says {log}")
     _check_release_totals(grants, releases, problems)
+    queued.finish_checks()
+    _reconcile(problems, table_demands, {k: tuple(v) for k, v in queued.demands.items()},
+               lambda key: f"demand of pipeline {key[1]!r} on stream {key[0]!r}",
+               lambda table, log: f"table says (blocks, cost, rule, meta, seq, state, grant)={table}, the log "
+                                  f"replay says {log}")
+    _reconcile(problems, table_arrivals, queued.arrivals, lambda key: f"block {key[1]!r} of stream {key[0]!r}",
+               lambda table, log: f"table says {table} pipeline arrivals since it arrived, the log replay says {log}")
     return report
+
+
+class _QueueReplay:
+    """The queued policies' state replayed from the log: demands, per-block arrivals, admissions (audit step 4)."""
+
+    def __init__(self, streams, configs, blocks, block_rows, problems):
+        self.streams, self.configs, self.blocks, self.block_rows = streams, configs, blocks, block_rows
+        self.problems = problems
+        self.arrivals = {}     # (stream, block) -> pipeline arrivals counted while it was active (queued streams)
+        self.demands = {}      # (stream, pipeline) -> [blocks, cost, rule, meta text, seq, state, grant id]
+        self.admissions = {}   # grant id -> (stream, pipeline, blocks, cost, seq of its admit entry)
+        self.granted = set()   # admitted grant ids whose grant entry followed
+        self._rules = {}       # stream -> its AllocationPolicy
+
+    def rules(self, stream):
+        config = self.configs.get(stream)
+        if config is None:
+            return None
+        rules = self._rules.get(stream)
+        if rules is None:
+            try:
+                rules = get_policy(config["policy"], config.get("policy_params"))
+            except LedgerError as exc:
+                self.problems.append(f"stream {stream!r}: its policy cannot be applied ({exc})")
+                rules = get_policy("conserve")
+            self._rules[stream] = rules
+        return rules
+
+    def queued(self, stream):
+        rules = self.rules(stream)
+        return rules is not None and rules.queued
+
+    def arrive(self, stream):
+        if self.queued(stream):
+            for (s, b), block in self.blocks.items():
+                if s == stream and block["state"] == BlockState.ACTIVE:
+                    self.arrivals[(s, b)] += 1
+
+    def demand(self, seq, body):
+        if not self.queued(body["stream"]):
+            self.problems.append(f"log entry {seq}: a demand on stream {body['stream']!r}, whose policy queues none")
+            return
+        self.demands[(body["stream"], body["pipeline"])] = [
+            tuple(body["blocks"]), tuple(body["cost"]), body["rule"], _canonical(body["meta"]), seq, "pending", None]
+
+    def admit(self, seq, body):
+        stream = body["stream"]
+        if not self.queued(stream):
+            self.problems.append(f"log entry {seq}: admissions on stream {stream!r}, whose policy queues none")
+            return
+        filt, config = self.streams[stream], self.configs[stream]
+        queue = QueuedAllocation(filt, filt.cost(epsilon=config["min_epsilon"]), self.rules(stream))
+        pending = sorted((d[4], p, d) for (s, p), d in self.demands.items() if s == stream and d[5] == "pending")
+        for b in dict.fromkeys(b for _, _, d in pending for b in d[0]):
+            block = self.blocks.get((stream, b))
+            if block is not None:
+                queue.load_block(b, spent=block["spent"], arrived=self.block_rows[(stream, b)][3],
+                                 arrivals=self.arrivals[(stream, b)], retired=block["state"] != BlockState.ACTIVE)
+        for demand_seq, pipeline, d in pending:
+            queue.demand(pipeline, d[0], d[1], seq=demand_seq)
+        expected = [p for p, _, _ in queue.schedule(float(body["now"]))]
+        logged = [p for p, _ in body["admitted"]]
+        if logged != expected:
+            self.problems.append(f"log entry {seq}: the {config['policy']} scheduler at time {body['now']} admits "
+                                 f"{expected} in that order, but the log admitted {logged} (an admission that did "
+                                 "not fit the unlocked budget, or out of the policy's order)")
+        for pipeline, gid in body["admitted"]:
+            d = self.demands.get((stream, pipeline))
+            if d is None or d[5] != "pending":
+                self.problems.append(f"log entry {seq}: pipeline {pipeline!r} admitted without a pending demand")
+                continue
+            self.admissions[gid] = (stream, pipeline, d[0], d[1], seq)
+            if pipeline == body.get("collected"):
+                del self.demands[(stream, pipeline)]
+            else:
+                d[5], d[6] = "admitted", gid
+
+    def collect(self, seq, body):
+        d = self.demands.get((body["stream"], body["pipeline"]))
+        if d is None or d[5] != "admitted" or d[6] != body["grant"]:
+            self.problems.append(f"log entry {seq}: pipeline {body['pipeline']!r} collected grant {body['grant']!r}, "
+                                 "which was not admitted for it")
+        self.demands.pop((body["stream"], body["pipeline"]), None)
+
+    def grant(self, seq, body):
+        if not self.queued(body["stream"]):
+            return
+        gid = body.get("id")
+        admitted = self.admissions.get(gid)
+        if admitted is None:
+            self.problems.append(f"log entry {seq}: grant {gid!r} on queued stream {body['stream']!r} was not "
+                                 "admitted by its scheduler")
+            return
+        stream, pipeline, blocks, cost, _ = admitted
+        if (body["stream"], body["pipeline"], tuple(body["blocks"]), tuple(body["cost"])) != (
+                stream, pipeline, blocks, cost):
+            self.problems.append(f"log entry {seq}: grant {gid!r} differs from the demand its admission granted "
+                                 f"(pipeline {pipeline!r}, blocks {list(blocks)}, cost {list(cost)})")
+        self.granted.add(gid)
+
+    def finish_checks(self):
+        for gid in sorted(set(self.admissions) - self.granted):
+            self.problems.append(f"grant {gid!r} was admitted (log entry {self.admissions[gid][4]}) but never charged")
 
 
 def _read_tables(tx):
     """Every table the audit compares with the log replay, read in the caller's transaction."""
     table_streams = {r[0]: {"name": r[0], "accounting": r[1], "epsilon": r[2], "delta": r[3],
                             "orders": json.loads(r[4]), "policy": r[5], "min_epsilon": r[6],
-                            "min_grant_epsilon": r[7]}
+                            "min_grant_epsilon": r[7], "policy_params": json.loads(r[8]) if r[8] else None}
                      for r in tx.all("SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon,"
-                                     " min_grant_epsilon FROM streams")}
+                                     " min_grant_epsilon, policy_params FROM streams")}
     table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
                     for r in tx.all("SELECT stream, id, spent, state FROM blocks")}
     table_grants = {r[0]: (r[1], r[2]) for r in tx.all("SELECT id, body, signature FROM grants")}
@@ -190,8 +318,12 @@ def _read_tables(tx):
     table_outcomes = {r[0]: (r[1], r[2], r[3], r[4]) for r in tx.all(
         "SELECT grant_id, stream, pipeline, outcome, details FROM outcomes")}
     meta = dict(tx.all("SELECT key, value FROM meta"))
+    table_demands = {(r[0], r[1]): (tuple(json.loads(r[2])), tuple(json.loads(r[3])), r[4], r[5], r[6], r[7], r[8])
+                     for r in tx.all("SELECT stream, pipeline, blocks, cost, rule, meta, seq, state, grant_id"
+                                     " FROM demands")}
+    table_arrivals = {(r[0], r[1]): r[2] for r in tx.all("SELECT stream, id, arrivals FROM blocks")}
     return (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
-            table_pipelines, table_reservations, table_outcomes, meta)
+            table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals)
 
 
 _UNLOGGED = object()  # a block column its log entry did not hold (entries written before the key migration)

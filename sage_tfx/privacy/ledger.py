@@ -21,6 +21,11 @@ What a pipeline could be granted now is ``available_epsilon`` (on a set of
 blocks) or ``available_per_block`` (on each block alone, all in one read: how the
 iterator chooses blocks); both are advisory, ``request`` decides.
 
+Under a queued policy (DPF-N, DPF-T, DPack: docs/scheduling_policies.md) there are no reservations: a
+request the scheduler does not grant at once is recorded as the pipeline's demand, every write that is a
+scheduling point runs ``allocation.QueuedAllocation`` over the pending demands, and an admitted demand is
+charged at admission and handed to the pipeline's next identical request.
+
 Every change is appended to a keyed, hash-chained audit log in the same transaction;
 ``audit()`` recomputes every table from the log alone.
 
@@ -48,7 +53,7 @@ from dataclasses import dataclass, field
 from . import filters
 from .audit import audit_ledger
 from .chain import GENESIS, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
-from .allocation import BudgetArrays, bisect as _bisect, get_policy
+from .allocation import BudgetArrays, QueuedAllocation, bisect as _bisect, get_policy
 from .errors import (
     BlockRetired,
     DuplicateContent,
@@ -74,6 +79,7 @@ DEFAULT_MAX_STREAM_EPSILON = 10.0
 DEFAULT_MIN_GRANT_EPSILON = 1e-3
 OUTCOMES = tuple(Outcome)  # "ACCEPT", "REJECT", "TIMEOUT"
 _DIGEST = re.compile(r"^[0-9a-f]{1,64}$")
+_PENDING, _ADMITTED = "pending", "admitted"  # a queued stream's demand: waiting, or charged and not yet collected
 
 
 _canonical = canonical  # the name older code and tests import from here
@@ -90,6 +96,15 @@ class Stream:
     min_epsilon: float
     created: float
     min_grant_epsilon: float | None = None
+    policy_params: dict | None = None  # a queued policy's parameters as stored (n, lifetime); None: none
+
+    def rules(self):
+        """The stream's ``AllocationPolicy`` (allocation.py) with its stored parameters."""
+        rules = self.__dict__.get("_rules")
+        if rules is None:
+            rules = get_policy(self.policy, self.policy_params)
+            object.__setattr__(self, "_rules", rules)
+        return rules
 
     @property
     def grant_floor(self):
@@ -110,7 +125,8 @@ def _parsed_stream(row):
     other parameters (a different row) is parsed afresh: nothing read earlier is trusted, only the parsing is
     reused. Stream and filter are immutable.
     """
-    s = Stream(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6], row[7], row[8])
+    s = Stream(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6], row[7], row[8],
+               json.loads(row[9]) if row[9] else None)
     object.__setattr__(s, "_filter", s.filter())
     return s
 
@@ -393,17 +409,16 @@ class Ledger:
     @staticmethod
     def check_stream_args(name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
                           min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
-                          min_grant_epsilon=None):
-        """``create_stream``'s checks alone, without a ledger: (filter, min_epsilon), or LedgerError naming the
-        value. ``sage ledger init`` runs them before it creates a ledger file, so a refusal leaves nothing."""
+                          min_grant_epsilon=None, policy_params=None):
+        """``create_stream``'s checks alone, without a ledger: (filter, min_epsilon, min_grant_epsilon), or
+        LedgerError naming the value. ``sage ledger init`` runs them before it creates a ledger file, so a refusal
+        leaves nothing. ``policy_params``: a queued policy's parameters (``n``, ``lifetime``; allocation.py)."""
         _check_name(name, "stream name")
         if accounting not in tuple(Accounting):
             raise LedgerError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")
-        if get_policy(policy).queued:  # LedgerError naming the registered policies if unknown
-            raise LedgerError(
-                f"policy {str(policy)!r} is not available in the ledger yet: it queues refused requests as demands, "
-                "and the ledger has no demand queue (docs/scheduling_policies.md); use conserve or aggressive "
-                "(sage simulate --compare-policies runs dpf-n, dpf-t and dpack in the simulator)")
+        if policy_params is not None and not isinstance(policy_params, collections.abc.Mapping):
+            raise LedgerError(f"policy_params {policy_params!r} is invalid: give a dict such as {{'n': 50}}")
+        get_policy(policy, policy_params)  # LedgerError naming the known policies, or the bad parameter
         try:
             filt = filters.make_filter(accounting, epsilon, delta, orders)
         except ValueError as exc:
@@ -432,29 +447,40 @@ class Ledger:
 
     def create_stream(self, name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
                       min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
-                      min_grant_epsilon=None):
+                      min_grant_epsilon=None, policy_params=None):
         """Create a stream with a global (epsilon, delta) guarantee over all its blocks, forever.
+
+        ``policy`` (``Policy``) decides who may spend a block's budget and when (docs/scheduling_policies.md);
+        a queued one (dpf-n, dpf-t, dpack) takes ``policy_params`` (``{"n": 50}``, ``{"lifetime": 3600.0}``;
+        defaults otherwise), stored with the stream in full so every process applies the same rule.
 
         ``epsilon`` may be at most ``max_epsilon`` (default 10, ``DEFAULT_MAX_STREAM_EPSILON``);
         ``min_epsilon`` (default epsilon / 100) is the query a block must still admit to stay active;
         every grant must charge at least ``min_grant_epsilon`` (default: 0.001, or ``min_epsilon`` if smaller).
         """
         filt, min_epsilon, min_grant = self.check_stream_args(name, epsilon, delta, accounting, orders, policy,
-                                                              min_epsilon, max_epsilon, min_grant_epsilon)
+                                                              min_epsilon, max_epsilon, min_grant_epsilon,
+                                                              policy_params)
         orders = tuple(getattr(filt, "orders", ()))
+        rules = get_policy(policy, policy_params)
+        params = rules.params() if rules.queued else None  # in full: defaults written down
         now = time.time()
         with self._store.transaction() as tx:
             if tx.one("SELECT 1 FROM streams WHERE name = ?", (name,)):
                 raise LedgerError(f"stream {name!r} already exists")
             tx.run(
                 "INSERT INTO streams (name, accounting, epsilon, delta, orders, policy, min_epsilon, created,"
-                " min_grant_epsilon) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (name, accounting, filt.epsilon, filt.delta, json.dumps(orders), policy, min_epsilon, now, min_grant),
+                " min_grant_epsilon, policy_params) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (name, accounting, filt.epsilon, filt.delta, json.dumps(orders), policy, min_epsilon, now, min_grant,
+                 None if params is None else _canonical(params)),
             )
-            self._log(tx, "stream", {
+            body = {
                 "name": name, "accounting": accounting, "epsilon": filt.epsilon, "delta": filt.delta,
                 "orders": list(orders), "policy": policy, "min_epsilon": min_epsilon, "min_grant_epsilon": min_grant,
-            })
+            }
+            if params is not None:  # only queued streams carry it: other streams' entries stay as they were
+                body["policy_params"] = params
+            self._log(tx, "stream", body)
         return self.stream(name)
 
     def stream(self, name, tx=None):
@@ -462,8 +488,8 @@ class Ledger:
             with self._store.transaction(write=False) as tx:
                 return self.stream(name, tx)
         row = tx.one(
-            "SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon"
-            " FROM streams WHERE name = ?",
+            "SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon,"
+            " policy_params FROM streams WHERE name = ?",
             (name,),
         )
         if row is None:
@@ -531,9 +557,11 @@ class Ledger:
                         f"--allow-duplicate-of-stream {others[0][0]}, allow_duplicate_of=({others[0][0]!r},))")
             waiting = [r[0] for r in tx.all(
                 "SELECT name FROM pipelines WHERE stream = ? AND state = 'waiting' ORDER BY name", (stream,))]
-            share = get_policy(s.policy).new_block_shares(filt.capacity, waiting)  # the same for every new block
+            share = s.rules().new_block_shares(filt.capacity, waiting)  # the same for every new block
             for args in checked:
                 self._insert_block(tx, stream, filt, waiting, share, *args)
+            if s.rules().queued:  # a scheduling point (DPF-T: time has passed)
+                self._schedule(tx, s, filt, time.time())
 
     def digest_owners(self, digests, exclude_stream=None):
         """{digest: [(stream, block id), ...]} for the given content digests registered in streams other than
@@ -707,7 +735,7 @@ class Ledger:
         """Mark a pipeline as waiting: it gets an even share of every block that arrives from now on."""
         _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
-            self.stream(stream, tx)
+            s = self.stream(stream, tx)
             row = tx.one("SELECT state, outcome FROM pipelines WHERE stream = ? AND name = ?", (stream, pipeline))
             if row is not None:
                 if row[0] == PipelineState.WAITING:
@@ -716,6 +744,9 @@ class Ledger:
             tx.run("INSERT INTO pipelines (stream, name, state, registered) VALUES (?, ?, 'waiting', ?)",
                    (stream, pipeline, time.time()))
             self._log(tx, "register", {"stream": stream, "pipeline": pipeline})
+            if s.rules().queued:  # an arrival: one more share of every live block unlocks (DPF-N, DPack)
+                tx.run("UPDATE blocks SET arrivals = arrivals + 1 WHERE stream = ? AND state = 'active'", (stream,))
+                self._schedule(tx, s, s.filter(), time.time())
 
     def claim(self, stream, pipelines):
         """Claim ``pipelines`` of ``stream`` for this process while it runs them; return a ``PipelineClaim``.
@@ -782,7 +813,7 @@ class Ledger:
                 (stream, pipeline)):
                 held[block_id][holder] = (reserved, used)
             zero = s.filter().zero()
-            rules = get_policy(s.policy)
+            rules = s.rules()
             writes = []  # (block, pipeline, reserved, used): upserted, only `reserved` changes on existing rows
             released = sorted(b for b in held if pipeline in held[b])
             for block_id in released:
@@ -800,6 +831,9 @@ class Ledger:
             moved = len(released)
             self._log(tx, "finish", {"stream": stream, "pipeline": pipeline, "outcome": outcome,
                                      "blocks_released": moved, "to": others})
+            if rules.queued:  # its demand (pending, or admitted and never collected) is withdrawn
+                tx.run("DELETE FROM demands WHERE stream = ? AND pipeline = ?", (stream, pipeline))
+                self._schedule(tx, s, s.filter(), time.time())
 
     # ------------------------------------------------------------------ grants
     def request(self, pipeline, stream, blocks=None, window=None, epsilon=None, delta=0.0, curve=None,
@@ -864,80 +898,201 @@ class Ledger:
             state = tx.one("SELECT state FROM pipelines WHERE stream = ? AND name = ?", (stream, pipeline))
             if state is not None and state[0] != PipelineState.WAITING:
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
-            reservations = self._reservations(tx, stream, blocks)
-            # Every block is checked; blocks in the same state (spent vector and reservations) get the same answer
-            # from these pure functions, so each distinct state is evaluated once (32 fresh blocks: once).
-            shortfalls, sources, decided, states = {}, {}, {}, {}
-            for b in blocks:
-                spent, holdings = found[b].spent, reservations.get(b, {})
-                key = (spent, tuple((p, h["reserved"], h["used"]) for p, h in holdings.items()))
-                states[b] = key
-                verdict = decided.get(key)
-                if verdict is None:
-                    if not filt.admits(spent, cost):
-                        verdict = (False, filt.shortfall(spent, cost))
-                    else:
-                        source = self._source(filt, spent, cost, holdings, pipeline, s.policy)
-                        verdict = (True, source) if isinstance(source, str) else (False, source.reason)
-                    decided[key] = verdict
-                if verdict[0]:
-                    sources[b] = verdict[1]
-                else:
-                    shortfalls[b] = verdict[1]
-            if shortfalls:
-                raise BudgetRefused(stream, pipeline, shortfalls)
-
-            now = time.time()
-            grant = Grant(
-                id="g-" + secrets.token_hex(12), stream=stream, pipeline=pipeline, blocks=tuple(blocks),
-                epsilon=filt.query_epsilon(cost), delta=cost[0] if s.accounting == Accounting.RDP else cost[1],
-                accounting=s.accounting, cost=cost, rule=rule, created=now, meta=meta,
-            )
-            if split is not None:  # the stages compose to at most what is charged (privacy/split.py)
-                split.check_covered(grant.epsilon, grant.delta)
-            body = grant.body()
-            body_text = _canonical(body)  # signed and stored: one text
-            grant = Grant(**{**grant.__dict__, "signature": self._keys.sign(body_text.encode())})
-            min_cost = filt.cost(epsilon=s.min_epsilon)
-            rules = get_policy(s.policy)
-            newly_retired = []
-            # The new values, grouped: one UPDATE per distinct new block value and one per distinct new reservation
-            # value, each naming its blocks (write transactions are exclusive: SQLite's write lock, PostgreSQL's
-            # meta lock row), so a 32-block grant of fresh blocks is one UPDATE, not 32.
-            block_groups, own_groups, after = {}, {}, {}
-            for b in blocks:
-                new = after.get(states[b])
-                if new is None:
-                    spent = filters.add(found[b].spent, cost)
-                    alive = not rules.retires(filt, spent, min_cost)
-                    used = None
-                    if sources[b] == Source.OWN:
-                        used = json.dumps(filters.add(reservations[b][pipeline]["used"], cost))
-                    new = after[states[b]] = (json.dumps(spent), alive, used)
-                spent_text, alive, used = new
-                if not alive:
-                    newly_retired.append(b)
-                state = BlockState.ACTIVE.value if alive else BlockState.RETIRED.value
-                block_groups.setdefault((spent_text, state, None if alive else now), []).append(b)
-                if sources[b] == Source.OWN:
-                    own_groups.setdefault(used, []).append(b)
-            for used, ids in sorted(own_groups.items(), key=lambda kv: kv[1][0]):
-                for i in range(0, len(ids), 500):  # stay under SQL variable limits
-                    chunk = ids[i:i + 500]
-                    tx.run(f"UPDATE reservations SET used = ? WHERE stream = ? AND pipeline = ? AND block IN"
-                           f" ({','.join('?' * len(chunk))})", [used, stream, pipeline, *chunk])
-            for (spent_text, state, retired_at), ids in sorted(block_groups.items(), key=lambda kv: kv[1][0]):
-                for i in range(0, len(ids), 500):
-                    chunk = ids[i:i + 500]
-                    tx.run(f"UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id IN"
-                           f" ({','.join('?' * len(chunk))})", [spent_text, state, retired_at, stream, *chunk])
-            tx.run("INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
-                   (grant.id, stream, pipeline, body_text, grant.signature, now))
-            self._log(tx, "grant", dict(grant.body(), signature=grant.signature,
-                                        sources=[sources[b] for b in blocks]))
-            if newly_retired:
-                self._log(tx, "retire", {"stream": stream, "blocks": newly_retired})
+            if s.rules().queued:
+                if split is not None:  # checked before the demand is recorded: its grant's split must compose
+                    split.check_covered(filt.query_epsilon(cost), cost[0] if s.accounting == Accounting.RDP else cost[1])
+                grant, refusal = self._queued_request(tx, s, filt, pipeline, blocks, found, cost, rule, meta)
+            else:
+                grant, refusal = self._charge_now(tx, s, filt, pipeline, blocks, found, cost, rule, meta, split), None
+        if refusal:  # after the commit: the demand stays recorded, and the scheduler grants it when it fits
+            raise BudgetRefused(stream, pipeline, refusal)
         return grant
+
+    def _charge_now(self, tx, s, filt, pipeline, blocks, found, cost, rule, meta, split):
+        """Conserve/Aggressive: charge ``cost`` on every block now if the policy's source admits it on all, or
+        raise BudgetRefused (nothing charged); return the signed Grant."""
+        stream = s.name
+        reservations = self._reservations(tx, stream, blocks)
+        # Every block is checked; blocks in the same state (spent vector and reservations) get the same answer
+        # from these pure functions, so each distinct state is evaluated once (32 fresh blocks: once).
+        shortfalls, sources, decided, states = {}, {}, {}, {}
+        for b in blocks:
+            spent, holdings = found[b].spent, reservations.get(b, {})
+            key = (spent, tuple((p, h["reserved"], h["used"]) for p, h in holdings.items()))
+            states[b] = key
+            verdict = decided.get(key)
+            if verdict is None:
+                if not filt.admits(spent, cost):
+                    verdict = (False, filt.shortfall(spent, cost))
+                else:
+                    source = self._source(filt, spent, cost, holdings, pipeline, s.policy)
+                    verdict = (True, source) if isinstance(source, str) else (False, source.reason)
+                decided[key] = verdict
+            if verdict[0]:
+                sources[b] = verdict[1]
+            else:
+                shortfalls[b] = verdict[1]
+        if shortfalls:
+            raise BudgetRefused(stream, pipeline, shortfalls)
+
+        now = time.time()
+        grant, body_text = self._new_grant(s, filt, pipeline, blocks, cost, rule, meta, now, split)
+        min_cost = filt.cost(epsilon=s.min_epsilon)
+        rules = s.rules()
+        newly_retired = []
+        # The new values, grouped: one UPDATE per distinct new block value and one per distinct new reservation
+        # value, each naming its blocks (write transactions are exclusive: SQLite's write lock, PostgreSQL's
+        # meta lock row), so a 32-block grant of fresh blocks is one UPDATE, not 32.
+        block_groups, own_groups, after = {}, {}, {}
+        for b in blocks:
+            new = after.get(states[b])
+            if new is None:
+                spent = filters.add(found[b].spent, cost)
+                alive = not rules.retires(filt, spent, min_cost)
+                used = None
+                if sources[b] == Source.OWN:
+                    used = json.dumps(filters.add(reservations[b][pipeline]["used"], cost))
+                new = after[states[b]] = (json.dumps(spent), alive, used)
+            spent_text, alive, used = new
+            if not alive:
+                newly_retired.append(b)
+            state = BlockState.ACTIVE.value if alive else BlockState.RETIRED.value
+            block_groups.setdefault((spent_text, state, None if alive else now), []).append(b)
+            if sources[b] == Source.OWN:
+                own_groups.setdefault(used, []).append(b)
+        for used, ids in sorted(own_groups.items(), key=lambda kv: kv[1][0]):
+            for i in range(0, len(ids), 500):  # stay under SQL variable limits
+                chunk = ids[i:i + 500]
+                tx.run(f"UPDATE reservations SET used = ? WHERE stream = ? AND pipeline = ? AND block IN"
+                       f" ({','.join('?' * len(chunk))})", [used, stream, pipeline, *chunk])
+        for (spent_text, state, retired_at), ids in sorted(block_groups.items(), key=lambda kv: kv[1][0]):
+            for i in range(0, len(ids), 500):
+                chunk = ids[i:i + 500]
+                tx.run(f"UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id IN"
+                       f" ({','.join('?' * len(chunk))})", [spent_text, state, retired_at, stream, *chunk])
+        tx.run("INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
+               (grant.id, stream, pipeline, body_text, grant.signature, now))
+        self._log(tx, "grant", dict(grant.body(), signature=grant.signature,
+                                    sources=[sources[b] for b in blocks]))
+        if newly_retired:
+            self._log(tx, "retire", {"stream": stream, "blocks": newly_retired})
+        return grant
+
+    def _new_grant(self, s, filt, pipeline, blocks, cost, rule, meta, now, split=None):
+        """A signed Grant of ``cost`` on ``blocks`` and its body text (signed and stored: one text)."""
+        grant = Grant(
+            id="g-" + secrets.token_hex(12), stream=s.name, pipeline=pipeline, blocks=tuple(blocks),
+            epsilon=filt.query_epsilon(cost), delta=cost[0] if s.accounting == Accounting.RDP else cost[1],
+            accounting=s.accounting, cost=cost, rule=rule, created=now, meta=meta,
+        )
+        if split is not None:  # the stages compose to at most what is charged (privacy/split.py)
+            split.check_covered(grant.epsilon, grant.delta)
+        body_text = _canonical(grant.body())
+        return Grant(**{**grant.__dict__, "signature": self._keys.sign(body_text.encode())}), body_text
+
+    # ------------------------------------------------------------ queued policies (DPF-N, DPF-T, DPack)
+    # docs/scheduling_policies.md. A refused request is recorded as the pipeline's demand (table ``demands``, log
+    # ``demand``) in the transaction that refuses it; every scheduling point (request, add_blocks, register,
+    # finish) runs ``allocation.QueuedAllocation.schedule`` (the simulator's code: the rules are not written
+    # here) over the pending demands, charges each admitted one at once (the filter checked as it is charged,
+    # all blocks or none: log ``admit`` then one ``grant`` per admission) and keeps its grant for the
+    # pipeline's next identical request (log ``collect``). The audit replays all of it (audit.py).
+    def _queued_request(self, tx, s, filt, pipeline, blocks, found, cost, rule, meta):
+        """(grant, None) if granted now or collected; (None, {block: why}) once the demand is recorded."""
+        stream, meta_text = s.name, _canonical(meta)
+        row = tx.one("SELECT blocks, cost, rule, meta, state, grant_id FROM demands WHERE stream = ? AND pipeline = ?",
+                     (stream, pipeline))
+        same = row is not None and (json.loads(row[0]), tuple(json.loads(row[1])), row[2], row[3]) == (
+            list(blocks), tuple(cost), rule, meta_text)
+        if same and row[4] == _ADMITTED:  # admitted and charged by an earlier scheduling point: hand it over
+            tx.run("DELETE FROM demands WHERE stream = ? AND pipeline = ?", (stream, pipeline))
+            self._log(tx, "collect", {"stream": stream, "pipeline": pipeline, "grant": row[5]})
+            body, signature = tx.one("SELECT body, signature FROM grants WHERE id = ?", (row[5],))
+            return Grant.from_json(dict(json.loads(body), signature=signature)), None
+        if not same:  # a new demand (replacing any earlier one of this pipeline; an admitted grant stays charged)
+            self._log(tx, "demand", {"stream": stream, "pipeline": pipeline, "blocks": list(blocks),
+                                     "cost": list(cost), "rule": rule, "meta": meta})
+            tx.run("DELETE FROM demands WHERE stream = ? AND pipeline = ?", (stream, pipeline))
+            tx.run("INSERT INTO demands (stream, pipeline, blocks, cost, rule, meta, seq, state, grant_id)"
+                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+                   (stream, pipeline, json.dumps(list(blocks)), json.dumps(list(cost)), rule, meta_text, tx.head[0],
+                    _PENDING))
+        now = time.time()
+        granted, queue = self._schedule(tx, s, filt, now, caller=pipeline)
+        if pipeline in granted:
+            return granted[pipeline], None
+        why = {}
+        for b in blocks:
+            if queue.fits(b, cost, now):
+                continue
+            if b in queue.retired:
+                why[b] = "retired meanwhile (budget exhausted)"
+            elif not filt.admits(queue.spent[b], cost):
+                why[b] = filt.shortfall(queue.spent[b], cost)
+            else:
+                why[b] = (f"waits in the {s.policy} queue: {queue.fraction(b, now):.4g} of the block's budget is "
+                          "unlocked so far, and unlocked minus spent does not fit this demand; it is recorded and "
+                          "granted (charged) when it fits, in the policy's order: repeat this request to collect it")
+        return None, why or {b: f"waits in the {s.policy} queue behind earlier demands" for b in blocks}
+
+    def _queue(self, tx, s, filt, blocks=()):
+        """The stream's queue as ``QueuedAllocation`` state: the pending demands, and the blocks they (and
+        ``blocks``) name, as stored. ({pipeline: (rule, meta text)}, state)."""
+        queue = QueuedAllocation(filt, filt.cost(epsilon=s.min_epsilon), s.rules())
+        pending = tx.all("SELECT pipeline, blocks, cost, rule, meta, seq FROM demands WHERE stream = ? AND state = ?"
+                         " ORDER BY seq", (s.name, _PENDING))
+        demands = [(p, json.loads(b), tuple(json.loads(c)), r, m, q) for p, b, c, r, m, q in pending]
+        ids = list(dict.fromkeys([*blocks, *(b for d in demands for b in d[1])]))
+        decode = _vector_decoder()
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            for block_id, state, spent, created, arrivals in tx.all(
+                    f"SELECT id, state, spent, created, arrivals FROM blocks WHERE stream = ? AND id IN"
+                    f" ({','.join('?' * len(chunk))})", [s.name, *chunk]):
+                queue.load_block(block_id, spent=decode(spent), arrived=created, arrivals=arrivals,
+                                 retired=state != BlockState.ACTIVE)
+        for pipeline, demand_blocks, cost, *_rest, seq in demands:
+            queue.demand(pipeline, demand_blocks, cost, seq=seq)
+        return {d[0]: (d[3], d[4]) for d in demands}, queue
+
+    def _schedule(self, tx, s, filt, now, caller=None):
+        """A scheduling point: grant the pending demands the policy admits now, in its order, each charged at
+        once. Returns ({pipeline: Grant} admitted, the queue's state after). ``caller``'s grant is handed to it
+        now (its demand row removed); the others wait in ``demands`` as admitted, for their next request."""
+        infos, queue = self._queue(tx, s, filt)
+        if not infos:
+            return {}, queue
+        before = set(queue.retired)
+        admitted = queue.schedule(now)
+        if not admitted:
+            return {}, queue
+        grants = {}
+        for pipeline, blocks, cost in admitted:
+            rule, meta_text = infos[pipeline]
+            grants[pipeline] = self._new_grant(s, filt, pipeline, blocks, cost, rule, json.loads(meta_text), now)
+        self._log(tx, "admit", {"stream": s.name, "now": now, "admitted": [[p, grants[p][0].id] for p, _, _ in admitted],
+                                "collected": caller if caller in grants else None})
+        touched = []
+        for pipeline, blocks, _cost in admitted:
+            grant, body_text = grants[pipeline]
+            touched.extend(b for b in blocks if b not in touched)
+            tx.run("INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
+                   (grant.id, s.name, pipeline, body_text, grant.signature, now))
+            self._log(tx, "grant", dict(grant.body(), signature=grant.signature))
+            if pipeline == caller:
+                tx.run("DELETE FROM demands WHERE stream = ? AND pipeline = ?", (s.name, pipeline))
+            else:
+                tx.run("UPDATE demands SET state = ?, grant_id = ? WHERE stream = ? AND pipeline = ?",
+                       (_ADMITTED, grant.id, s.name, pipeline))
+        for b in touched:  # the queue's own sums (filters.add, in admission order) are what is stored
+            retired = b in queue.retired
+            tx.run("UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id = ?",
+                   (json.dumps(queue.spent[b]), BlockState.RETIRED.value if retired else BlockState.ACTIVE.value,
+                    now if retired else None, s.name, b))
+        newly_retired = [b for b in touched if b in queue.retired and b not in before]
+        if newly_retired:
+            self._log(tx, "retire", {"stream": s.name, "blocks": newly_retired})
+        return {p: g for p, (g, _text) in grants.items()}, queue
 
     @staticmethod
     def _check_split(meta, rule):
@@ -1228,7 +1383,7 @@ class Ledger:
             out_blocks.append(entry)
         return {
             "stream": s.name, "accounting": s.accounting, "epsilon": s.epsilon, "delta": s.delta,
-            "policy": s.policy, "min_epsilon": s.min_epsilon, "min_grant_epsilon": s.grant_floor,
+            "policy": s.policy, "policy_params": s.policy_params, "min_epsilon": s.min_epsilon, "min_grant_epsilon": s.grant_floor,
             "orders": list(s.orders),
             "active_blocks": sum(b["state"] == BlockState.ACTIVE for b in out_blocks),
             "retired_blocks": sum(b["state"] == BlockState.RETIRED for b in out_blocks),

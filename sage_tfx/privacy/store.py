@@ -30,7 +30,10 @@ import urllib.parse
 
 from .errors import LedgerCorrupt, LedgerError, LedgerNotFound
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
+_DEMANDS = """CREATE TABLE demands (
+        stream TEXT NOT NULL, pipeline TEXT NOT NULL, blocks TEXT NOT NULL, cost TEXT NOT NULL, rule TEXT NOT NULL,
+        meta TEXT NOT NULL, seq BIGINT NOT NULL, state TEXT NOT NULL, grant_id TEXT, PRIMARY KEY (stream, pipeline))"""
 # DDL that brings a ledger of the key's schema version to the next one (run in one write transaction).
 _MIGRATIONS = {
     1: ["""CREATE TABLE IF NOT EXISTS releases (
@@ -45,6 +48,12 @@ _MIGRATIONS = {
     # 4: an index on each stream's shards, so add_blocks' shard-clash check is one index look-up, not a scan of the
     # stream's blocks (its cost no longer grows with the stream: docs/BENCHMARKS.md); nothing stored changes
     3: ["CREATE INDEX IF NOT EXISTS blocks_shard ON blocks (stream, shard)"],
+    # 5: the queued policies (docs/scheduling_policies.md): each stream's policy parameters (NULL: none, as every
+    # stream before), each block's count of pipeline arrivals since it arrived (0 on older blocks: only queued
+    # streams count them), and the demands a queued stream's scheduler holds (pending or admitted)
+    4: [lambda tx: _add_column(tx, "streams", "policy_params", "TEXT"),
+        lambda tx: _add_column(tx, "blocks", "arrivals", "BIGINT NOT NULL DEFAULT 0"),
+        _DEMANDS.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS")],
 }
 
 
@@ -64,11 +73,13 @@ _TABLES = [
         name TEXT PRIMARY KEY, accounting TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL,
         delta DOUBLE PRECISION NOT NULL, orders TEXT NOT NULL, policy TEXT NOT NULL,
         min_epsilon DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL,
-        min_grant_epsilon DOUBLE PRECISION)""",
+        min_grant_epsilon DOUBLE PRECISION, policy_params TEXT)""",
     """CREATE TABLE blocks (
         stream TEXT NOT NULL, id TEXT NOT NULL, start_ts DOUBLE PRECISION, end_ts DOUBLE PRECISION,
         shard BIGINT, n_rows BIGINT, created DOUBLE PRECISION NOT NULL, state TEXT NOT NULL,
-        spent TEXT NOT NULL, retired DOUBLE PRECISION, digest TEXT, PRIMARY KEY (stream, id))""",
+        spent TEXT NOT NULL, retired DOUBLE PRECISION, digest TEXT, arrivals BIGINT NOT NULL DEFAULT 0,
+        PRIMARY KEY (stream, id))""",
+    _DEMANDS,
     """CREATE TABLE grants (
         id TEXT PRIMARY KEY, stream TEXT NOT NULL, pipeline TEXT NOT NULL, body TEXT NOT NULL,
         signature TEXT NOT NULL, created DOUBLE PRECISION NOT NULL)""",
