@@ -900,7 +900,8 @@ class Ledger:
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
             if s.rules().queued:
                 if split is not None:  # checked before the demand is recorded: its grant's split must compose
-                    split.check_covered(filt.query_epsilon(cost), cost[0] if s.accounting == Accounting.RDP else cost[1])
+                    split.check_covered(filt.query_epsilon(cost),
+                                        cost[0] if s.accounting == Accounting.RDP else cost[1])
                 grant, refusal = self._queued_request(tx, s, filt, pipeline, blocks, found, cost, rule, meta)
             else:
                 grant, refusal = self._charge_now(tx, s, filt, pipeline, blocks, found, cost, rule, meta, split), None
@@ -1070,7 +1071,8 @@ class Ledger:
         for pipeline, blocks, cost in admitted:
             rule, meta_text = infos[pipeline]
             grants[pipeline] = self._new_grant(s, filt, pipeline, blocks, cost, rule, json.loads(meta_text), now)
-        self._log(tx, "admit", {"stream": s.name, "now": now, "admitted": [[p, grants[p][0].id] for p, _, _ in admitted],
+        self._log(tx, "admit", {"stream": s.name, "now": now,
+                                "admitted": [[p, grants[p][0].id] for p, _, _ in admitted],
                                 "collected": caller if caller in grants else None})
         touched = []
         for pipeline, blocks, _cost in admitted:
@@ -1383,7 +1385,8 @@ class Ledger:
             out_blocks.append(entry)
         return {
             "stream": s.name, "accounting": s.accounting, "epsilon": s.epsilon, "delta": s.delta,
-            "policy": s.policy, "policy_params": s.policy_params, "min_epsilon": s.min_epsilon, "min_grant_epsilon": s.grant_floor,
+            "policy": s.policy, "policy_params": s.policy_params, "min_epsilon": s.min_epsilon,
+            "min_grant_epsilon": s.grant_floor,
             "orders": list(s.orders),
             "active_blocks": sum(b["state"] == BlockState.ACTIVE for b in out_blocks),
             "retired_blocks": sum(b["state"] == BlockState.RETIRED for b in out_blocks),
