@@ -348,3 +348,21 @@ def test_a_head_file_open_to_others_or_malformed_is_refused_naming_the_fix(tmp_p
         HeadFile(path, "commit").read()
     with pytest.raises(KeyFileError, match=r"is malformed"):
         head.advance("L", 3, "c3")
+
+
+def test_a_process_keeps_at_most_max_open_head_files_descriptors_open(tmp_path):
+    """Ledgers closed but not yet collected keep their HeadFile: its descriptors are bounded, and a HeadFile whose
+    descriptors were closed writes again (forwards only) by opening them anew."""
+    def open_fds():
+        return len(os.listdir("/proc/self/fd"))
+
+    heads = [HeadFile(str(tmp_path / f"h{i}.key.head"), "commit") for i in range(3 * keys_module.MAX_OPEN_HEAD_FILES)]
+    heads[0].advance("L", 1, "c1")
+    start = open_fds()
+    for i, head in enumerate(heads[1:]):
+        head.advance("L", i + 1, "c")
+    assert open_fds() - start <= 2 * keys_module.MAX_OPEN_HEAD_FILES
+    assert heads[0]._fds.lock is None  # the oldest closed its descriptors
+    heads[0].advance("L", 2, "c2")
+    heads[0].advance("L", 1, "c1-again")
+    assert HeadFile(heads[0].path, "commit").read()["L"] == {"seq": 2, "chain": "c2"}

@@ -459,6 +459,7 @@ class HeadFile:
                 self._fds_pid = os.getpid()
             if fds.lock is None:
                 fds.lock = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+                _keep_open(self)
             fcntl.flock(fds.lock, fcntl.LOCK_EX)
             try:
                 state = self._load_locked(fds)
@@ -537,6 +538,31 @@ class HeadFile:
         st = os.fstat(fds.data)
         fds.inode, fds.raw = (st.st_dev, st.st_ino), data
         fds.state = _HeadState(heads, slot_size, generation, 0)
+
+
+MAX_OPEN_HEAD_FILES = 32  # HeadFiles of one process keeping descriptors open; beyond it the oldest close theirs
+_OPEN_HEADS = []  # weak references to them, oldest first
+_OPEN_HEADS_LOCK = threading.Lock()
+
+
+def _keep_open(head):
+    """Note that ``head`` keeps descriptors open; close those of the oldest beyond MAX_OPEN_HEAD_FILES.
+
+    A Ledger that is closed but not yet collected still holds its HeadFile: without this bound a process opening
+    ledgers in a loop would hold two descriptors per ledger until the garbage collector ran. A HeadFile whose
+    descriptors were closed opens them again at its next write (one open: the head is re-read under the flock).
+    """
+    with _OPEN_HEADS_LOCK:
+        _OPEN_HEADS[:] = [ref for ref in _OPEN_HEADS if ref() is not None and ref() is not head]
+        _OPEN_HEADS.append(weakref.ref(head))
+        excess, _OPEN_HEADS[:] = _OPEN_HEADS[:-MAX_OPEN_HEAD_FILES], _OPEN_HEADS[-MAX_OPEN_HEAD_FILES:]
+    for ref in excess:
+        other = ref()
+        if other is not None and other is not head and other._io.acquire(blocking=False):  # busy: left open
+            try:
+                other._fds.close()
+            finally:
+                other._io.release()
 
 
 _GROUP_HEADS = weakref.WeakSet()  # the live HeadSync.GROUP head files of this process, flushed at exit
