@@ -5,6 +5,7 @@ Fast: a parsed `sage serve` command line -> its workers' specs -> the pipeline a
 ``build_worker_runner``) -> TFX's compiled IR: BlockExampleGen's ``staging_location`` execution property and the
 Beam args of its executor spec. Bad staging locations are refused (exit 2) before any pipeline is registered.
 """
+import json
 import os
 import subprocess
 import sys
@@ -108,17 +109,31 @@ def test_serve_refuses_a_bad_staging_location_before_registering_anything(tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.tf
-def test_serve_runs_an_iteration_on_multi_processing_workers_with_a_staging_dir(tmp_path):
-    """One `sage serve` iteration of one pipeline whose Beam jobs run on the DirectRunner's multi_processing
-    workers (other processes: module files travel as wheels), BlockExampleGen staging the granted sealed files
-    under --staging-location: an outcome, the staging_location recorded on BlockExampleGen's MLMD execution, the
-    staged run deleted, the audit OK and no block over budget."""
+def test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and_a_url_root(tmp_path):
+    """One `sage serve` run (one replay, one iteration per pipeline) holding what three end-to-end serve tests
+    checked apart, each a whole TFX iteration on the same 256 replayed taxi days:
+
+    - Beam options (issue 12): the pipelines' Beam jobs run on the DirectRunner's multi_processing workers (other
+      processes: module files travel as wheels), BlockExampleGen staging the granted sealed files under
+      --staging-location: the staging_location recorded on BlockExampleGen's MLMD executions, the staged runs
+      deleted, the audit OK and no block over budget (was test_serve_runs_an_iteration_on_multi_processing_
+      workers_with_a_staging_dir);
+    - the pipeline root on a URL (docs/scale_out.md, "The pipeline root on a URL filesystem"): --pipeline-root
+      file://... and --metadata-path mlmd/{name}.sqlite reach each worker process: artifacts under URL/NAME, MLMD
+      at the given local path (nothing under WORK_DIR/tfx), the raw Examples scrubbed and DELETED in MLMD (was
+      tests/test_url_pipeline_root.py::test_serve_runs_its_worker_on_a_url_root_with_mlmd_at_metadata_path);
+    - several pipelines on one replayed stream: easy (target 3,000,000 s^2) ACCEPTs, hard (100,000 s^2, out of the
+      model's reach) TIMEs OUT, the first block's reservation split two ways (was tests/test_sage_run.py::
+      test_sage_serve_runs_several_pipelines_on_one_replayed_stream).
+    """
     from ml_metadata.metadata_store import metadata_store
+    from tfx.dsl.io import fileio
 
     from sage_tfx.data.taxi import taxi_csv_path
     from sage_tfx.pipelines._runner import metadata_config
 
     db, staging = tmp_path / "ledger.db", tmp_path / "staging"
+    root = f"file://{tmp_path / 'object-store'}"
     staging.mkdir()
     init = subprocess.run([sys.executable, "-m", "sage_tfx", "ledger", "init", "--db", db, "--stream", "taxi",
                            "--epsilon", "1", "--delta", "1e-6"], capture_output=True, text=True)
@@ -126,17 +141,29 @@ def test_serve_runs_an_iteration_on_multi_processing_workers_with_a_staging_dir(
     proc = subprocess.run([sys.executable, "-m", "sage_tfx", "serve", "--db", db, "--stream", "taxi", "--data-root",
                            tmp_path / "data", "--input", taxi_csv_path("simple"), "--time-column",
                            "trip_start_timestamp", "--window", "1d", "--initial-blocks", "256", "--blocks-per-step",
-                           "256", "--pipeline", "easy=taxi_regression:3000000", "--max-iterations", "1",
-                           "--rejection-share", "0", "--work-dir", tmp_path / "work", "--staging-location", staging,
-                           "--", *BEAM], capture_output=True, text=True, timeout=1500)
+                           "256", "--pipeline", "easy=taxi_regression:3000000", "--pipeline",
+                           "hard=taxi_regression:100000", "--max-iterations", "1", "--rejection-share", "0",
+                           "--work-dir", tmp_path / "work", "--staging-location", staging, "--pipeline-root", root,
+                           "--metadata-path", tmp_path / "mlmd" / "{name}.sqlite", "--", *BEAM],
+                          capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "easy: ACCEPT after 1 iteration(s)" in proc.stdout and "audit: OK" in proc.stdout, proc.stdout
-    store = metadata_store.MetadataStore(metadata_config(str(tmp_path / "work" / "tfx" / "easy" / "metadata.sqlite")))
-    gens = [e for e in store.get_executions() if "BlockExampleGen" in e.type]
-    assert gens and all(e.custom_properties["staging_location"].string_value == str(staging) for e in gens)
-    assert os.listdir(staging) == []  # the staged run was deleted
+    assert "hard: TIMEOUT" in proc.stdout, proc.stdout
+    assert not (tmp_path / "work" / "tfx").exists()  # the MLMD files went to --metadata-path
+    for name in ("easy", "hard"):
+        store = metadata_store.MetadataStore(metadata_config(str(tmp_path / "mlmd" / f"{name}.sqlite")))
+        gens = [e for e in store.get_executions() if "BlockExampleGen" in e.type]
+        assert gens and all(e.custom_properties["staging_location"].string_value == str(staging) for e in gens)
+        artifacts = store.get_artifacts()
+        assert artifacts and all(a.uri.startswith(f"{root}/{name}/") for a in artifacts), [a.uri for a in artifacts]
+        by_type = {t.id: t.name for t in store.get_artifact_types()}
+        examples = [a for a in artifacts if by_type[a.type_id] == "Examples"]
+        assert len(examples) == 2 and all(a.state == a.DELETED and not fileio.exists(a.uri) for a in examples)
+    assert os.listdir(staging) == []  # the staged runs were deleted
     with Ledger.open(db) as ledger:
         assert ledger.audit().ok
         budget = ledger.stream("taxi").epsilon
         assert all(b.spent[0] <= budget + 1e-9 for b in ledger.blocks("taxi"))
         assert len(ledger.history("taxi", "easy")) == 1
+        first = [e for e in ledger.log_entries() if e[2] == "reserve"][0]
+        assert json.loads(first[3])["pipelines"] == ["easy", "hard"]  # the first block split two ways
