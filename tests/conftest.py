@@ -148,6 +148,16 @@ def replay_taxi_days(root, days, *, extra_streams=()):
 
 
 @pytest.fixture(scope="session")
+def taxi_stream_300(tmp_path_factory):
+    """A ledger and data root holding the first 300 real taxi days (about 3,000 trips) as daily blocks of stream
+    "taxi", plus an empty stream "empty": replayed once per test process (pytest-xdist worker), shared by the
+    modules whose `sage run` tests start from it (tests/test_sage_run.py, test_url_pipeline_root.py,
+    test_runners.py). Read only: a test that spends budget copies the ledger and its key file first; one that
+    writes into the data root copies it (shutil.copytree)."""
+    return replay_taxi_days(tmp_path_factory.mktemp("taxi_stream_300"), 300, extra_streams=("empty",))
+
+
+@pytest.fixture(scope="session")
 def postgres_server():
     """A real PostgreSQL server for the whole session (skips without the binaries, unless CI is set)."""
     bindir = _postgres_bindir()

@@ -1,11 +1,12 @@
 """The TFX pipeline root on a URL filesystem, the MLMD store local (issue 12; docs/scale_out.md, "The pipeline root on
 a URL filesystem").
 
-- (slow, tf) a whole taxi iteration by `sage run taxi_regression --pipeline-root file://...` (a URL: TFX's file
-  layer and Beam through ``components/_gfile_beam.py``, no chmod): it reaches a validation outcome, every
-  artifact MLMD records is under the URL, the MLMD SQLite file is the only file in the local work dir, the raw
-  Examples under the URL are gone and DELETED in MLMD, the Model and validation result are there, the audit
-  passes;
+- (slow, tf; in tests/test_sage_run.py::test_one_iteration_runs_the_whole_tfx_pipeline_under_its_grant, one
+  run shared with its lineage checks) a whole taxi iteration by `sage run taxi_regression --pipeline-root
+  file://...` (a URL: TFX's file layer and Beam through ``components/_gfile_beam.py``, no chmod): it reaches a
+  validation outcome, every artifact MLMD records is under the URL, the MLMD SQLite file is the only file in the
+  local work dir, the raw Examples under the URL are gone and DELETED in MLMD, the Model and validation result
+  are there, the audit passes;
 - (slow, tf) BlockExampleGen's Beam job writes its Examples to a ram:// root (TensorFlow's in-process store, no
   local disk), the next component reads them there, the scrub removes them;
 - (xfail, upstream) why a whole iteration cannot run on ram://: its folder rename loses the files;
@@ -17,23 +18,24 @@ a URL filesystem").
   never a folder reached by "..";
 - Beam's TFRecord write/read on ram:// through the bridge; make_private_dir: 0700 locally, no chmod on a URL;
 - `sage serve`: a --metadata-path without {name} for two pipelines, or a bad root, exits 2 before anything is
-  registered; (slow) one pipeline on a file:// root with MLMD at --metadata-path reaches ACCEPT in its worker.
+  registered. (Its whole iterations on a file:// root with MLMD at --metadata-path {name}: one `sage serve` run
+  shared with the Beam options' and several pipelines' checks, tests/test_serve_beam_options.py::
+  test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and_a_url_root.)
 """
 import argparse
-import json
 import os
 import uuid
 
 import pytest
-from conftest import replay_taxi_days
 
 from sage_tfx.privacy import Ledger
 
 
 @pytest.fixture(scope="module")
-def taxi_stream(tmp_path_factory):
-    """A ledger and data root holding the first 300 real taxi days (about 3,000 trips) as daily blocks."""
-    return replay_taxi_days(tmp_path_factory.mktemp("stream"), 300)
+def taxi_stream(taxi_stream_300):
+    """A ledger and data root holding the first 300 real taxi days (about 3,000 trips) as daily blocks
+    (conftest's session-wide ``taxi_stream_300``, replayed once per test process)."""
+    return taxi_stream_300
 
 
 def _copy_stream(taxi_stream, tmp_path):
@@ -160,58 +162,6 @@ def test_scrub_on_a_url_root_goes_through_tfx_file_layer(tmp_path):
     assert fileio.exists(f"{model}/Split-train/data.gz") and fileio.exists(f"{outside}/keep")
     assert [a.state for a in store.get_artifacts_by_type("Examples")] == [metadata_store_pb2.Artifact.DELETED] * 2
     assert os.path.isfile(config.metadata_path) and config.metadata_path.startswith(str(tmp_path))
-
-
-@pytest.mark.slow  # a whole TFX iteration, ~1.5-3 min on 2 shared cores
-@pytest.mark.tf
-def test_a_taxi_iteration_with_its_pipeline_root_on_a_url_and_mlmd_local(taxi_stream, tmp_path):
-    """`sage run` with --pipeline-root file://... (TensorFlow's local filesystem by URL, reached by Beam through
-    components/_gfile_beam.py): every artifact access takes the URL path (TFX's file layer, no chmod), the MLMD
-    file stays in the work dir. A whole iteration on ram:// is blocked upstream (test_ram_directory_rename...)."""
-    import subprocess
-    import sys
-
-    from ml_metadata.metadata_store import metadata_store
-    from tfx.dsl.io import fileio
-
-    from sage_tfx.pipelines._runner import metadata_config
-
-    db, data = _copy_stream(taxi_stream, tmp_path)
-    work, roots = tmp_path / "work", tmp_path / "object-store"
-    root = f"file://{roots}"
-    out = subprocess.run([sys.executable, "-m", "sage_tfx", "run", "taxi_regression", "--db", db, "--stream", "taxi",
-                          "--data-root", data, "--target", "100000", "--max-iterations", "1", "--min-window", "128",
-                          "--rejection-share", "0", "--work-dir", str(work), "--pipeline-root", root],
-                         capture_output=True, text=True, timeout=1200)
-    # 100,000 s^2 is out of the model's reach on 128 days (test_sage_run): RETRY, then TIMEOUT (exit 5)
-    assert out.returncode == 5, out.stdout + out.stderr[-3000:]
-    lines = [line for line in out.stdout.splitlines() if "iteration 1" in line]
-    assert len(lines) == 1 and "-> RETRY" in lines[0] and "bound" in lines[0], out.stdout
-
-    metadata = work / "tfx" / "taxi_regression" / "metadata.sqlite"
-    local = sorted(os.path.relpath(os.path.join(d, f), work) for d, _, fs in os.walk(work) for f in fs)
-    assert local == [os.path.relpath(metadata, work)], local  # nothing in the work dir but the MLMD file
-    assert oct(os.stat(metadata.parent).st_mode & 0o777) == "0o700"
-    store = metadata_store.MetadataStore(metadata_config(str(metadata)))
-    artifacts = store.get_artifacts()
-    base = f"{root}/taxi_regression/"
-    assert artifacts and all(a.uri.startswith(base) for a in artifacts), [a.uri for a in artifacts]
-    by_type = {t.id: t.name for t in store.get_artifact_types()}
-    examples = [a for a in artifacts if by_type[a.type_id] == "Examples"]
-    assert len(examples) == 2 and all(a.state == a.DELETED for a in examples)  # BlockExampleGen's, DPTransform's
-    assert all(not fileio.exists(a.uri) for a in examples)  # scrubbed from the URL root
-    raw = [os.path.join(d, f) for d, _, fs in os.walk(roots) for f in fs
-           if f.startswith(("data_tfrecord", "transformed_examples"))]
-    assert raw == []
-    model = [a for a in artifacts if by_type[a.type_id] == "Model"]
-    assert len(model) == 1 and fileio.exists(model[0].uri) and fileio.listdir(model[0].uri)
-    (result,) = [a for a in artifacts if by_type[a.type_id] == "SageValidationResult"]
-    with fileio.open(f"{result.uri}/result.json") as f:
-        assert json.loads(f.read())["outcome"] == "RETRY"
-    with Ledger.open(db) as ledger:
-        assert ledger.audit().ok
-        (grant,) = ledger.grants()
-        assert grant.id == result.custom_properties["grant_id"].string_value and len(grant.blocks) == 128
 
 
 _SEEN = {}
@@ -359,31 +309,3 @@ def test_serve_refuses_a_shared_metadata_path_or_bad_root_before_registering_any
     with Ledger.open(tmp_path / "ledger.db") as ledger:
         assert ledger.pipelines("taxi") == [] and ledger.blocks("taxi") == []  # nothing registered, added, charged
     assert not (tmp_path / "data").exists() and not (tmp_path / "work").exists()
-
-
-@pytest.mark.slow  # one `sage serve` TFX iteration in a worker process, ~2-3 min on 2 shared cores
-@pytest.mark.tf
-def test_serve_runs_its_worker_on_a_url_root_with_mlmd_at_metadata_path(tmp_path):
-    """`sage serve --pipeline-root file://... --metadata-path mlmd/{name}.sqlite`: the worker process (spawned)
-    gets both; an outcome, artifacts under URL/NAME, MLMD at the given local path, raw Examples scrubbed, audit OK."""
-    from ml_metadata.metadata_store import metadata_store
-    from tfx.dsl.io import fileio
-
-    from sage_tfx.pipelines._runner import metadata_config
-
-    _init(tmp_path)
-    root = f"file://{tmp_path / 'object-store'}"
-    proc = _serve(tmp_path, "--initial-blocks", 256, "--blocks-per-step", 256, "--pipeline",
-                  "easy=taxi_regression:3000000", "--max-iterations", 1, "--rejection-share", 0,
-                  "--pipeline-root", root, "--metadata-path", tmp_path / "mlmd" / "{name}.sqlite", timeout=1500)
-    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
-    assert "easy: ACCEPT after 1 iteration(s)" in proc.stdout and "audit: OK" in proc.stdout, proc.stdout
-    assert not (tmp_path / "work" / "tfx").exists()  # the MLMD file went to --metadata-path
-    store = metadata_store.MetadataStore(metadata_config(str(tmp_path / "mlmd" / "easy.sqlite")))
-    artifacts = store.get_artifacts()
-    assert artifacts and all(a.uri.startswith(f"{root}/easy/") for a in artifacts), [a.uri for a in artifacts]
-    by_type = {t.id: t.name for t in store.get_artifact_types()}
-    examples = [a for a in artifacts if by_type[a.type_id] == "Examples"]
-    assert len(examples) == 2 and all(a.state == a.DELETED and not fileio.exists(a.uri) for a in examples)
-    with Ledger.open(tmp_path / "ledger.db") as ledger:
-        assert ledger.audit().ok
