@@ -349,3 +349,28 @@ def test_queued_stream_survives_sigkill(ledger_url, tmp_path):
             ledger.register("s", f"late{i}")
         grant = ledger.request("late0", "s", blocks=["after"], epsilon=1.0)
         assert ledger.verify(grant) == grant and ledger.audit().ok
+
+
+@pytest.mark.parametrize("accounting", ["basic", "rdp"])
+def test_availability_answers_what_fits_the_unlocked_budget(ledger_url, accounting):
+    """available_per_block / available_epsilon on a queued stream: the largest epsilon that fits unlocked minus
+    spent (and the filter), within the bisection's tolerance; each answer is granted at once, a little more
+    is queued."""
+    ledger = Ledger.open(ledger_url, create=True)
+    ledger.create_stream("s", 1.0, 1e-6, accounting=accounting, policy="dpf-n", policy_params={"n": 4})
+    ledger.add_blocks("s", [{"id": "b0"}, {"id": "b1"}])
+    ledger.register("s", "a")                      # 1/4 of b0 and b1 unlocked
+    ledger.add_block("s", "b2")                    # nothing of b2 unlocked
+    ledger.request("a", "s", blocks=["b1"], epsilon=0.1, delta=1e-8)
+    tol = 1e-4
+    per_block = ledger.available_per_block("p", "s", delta=1e-8, tolerance=tol)
+    assert per_block["b2"] == 0.0
+    if accounting == "basic":  # closed form: unlocked 0.25 minus spent
+        assert 0.25 - tol <= per_block["b0"] <= 0.25 and 0.15 - tol <= per_block["b1"] <= 0.15
+    assert per_block["b1"] < per_block["b0"]
+    assert ledger.available_epsilon("p", "s", ["b0", "b1"], delta=1e-8, tolerance=tol) == per_block["b1"]
+    for block in ("b0", "b1"):
+        with pytest.raises(BudgetRefused):
+            ledger.request(f"over-{block}", "s", blocks=[block], epsilon=per_block[block] + 2 * tol, delta=1e-8)
+        assert ledger.request(f"at-{block}", "s", blocks=[block], epsilon=per_block[block], delta=1e-8)
+    assert ledger.audit().ok

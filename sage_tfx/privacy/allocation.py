@@ -626,9 +626,12 @@ class BudgetArrays:
     with the filter itself, so a mismatch could refuse a grant, never overspend a block.
     """
 
-    def __init__(self, filt, pipeline, spent, blocks, reservations, delta, policy: AllocationPolicy | None = None):
+    def __init__(self, filt, pipeline, spent, blocks, reservations, delta, policy: AllocationPolicy | None = None,
+                 unlocked: dict | None = None):
         """``spent``: {block: spent vector}; ``blocks``: the ids to evaluate, in order (repeats allowed);
-        ``reservations``: {block: holdings}."""
+        ``reservations``: {block: holdings}. ``unlocked`` ({block: unlocked vector}, a queued policy's
+        ``QueuedAllocation.unlocked``) replaces reservations and pool: the cost must then fit unlocked minus
+        spent (``QueuedAllocation.fits``), the same ``fits_share`` with spent as used and unlocked as reserved."""
         np = _numpy()
         policy = policy or Conserve()
         self.np, self.filt, self.delta = np, filt, float(delta)
@@ -646,6 +649,11 @@ class BudgetArrays:
             pools.append(policy.pool(filt, spent[b], block_reservations))
         self.pool_used = np.array([p[0] for p in pools], dtype=float).reshape(n, dim)
         self.pool_reserved = np.array([p[1] for p in pools], dtype=float).reshape(n, dim)
+        if unlocked is not None:  # queued: no pool; "own" is the unlocked budget, spent all of what is drawn on it
+            self.has_own[:] = True
+            self.own_used = self.spent.copy()
+            self.own_reserved = np.array([unlocked[b] for b in blocks], dtype=float).reshape(n, dim)
+            self.pool_used, self.pool_reserved = np.ones((n, dim)), np.zeros((n, dim))
         self.capacity = np.array(filt.capacity, dtype=float)
         if filt.accounting == Accounting.RDP:
             # RdpFilter.admits: delta_left = delta_g - spent[0] - cost[0] > 0 and some order has

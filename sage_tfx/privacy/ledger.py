@@ -1165,7 +1165,8 @@ class Ledger:
             if len(found) != len(set(blocks)) or any(b.state != BlockState.ACTIVE for b in found.values()):
                 return 0.0
             budgets = BudgetArrays(filt, pipeline, {b: found[b].spent for b in found}, blocks,
-                                   self._reservations(tx, stream, blocks), delta, get_policy(s.policy))
+                                   self._reservations(tx, stream, blocks), delta, s.rules(),
+                                   self._unlocked(tx, s, filt, found))
         return float(_bisect(lambda eps: budgets.fits(eps[0]).all().reshape(1), 1, s.epsilon, tolerance)[0])
 
     def available_per_block(self, pipeline, stream, blocks=None, delta=0.0, tolerance=1e-4):
@@ -1193,10 +1194,20 @@ class Ledger:
                 spent = {b.id: b.spent for b in self._blocks(tx, stream, blocks).values() if b.state == BlockState.ACTIVE}
                 active = [b for b in blocks if b in spent]
                 reservations = self._reservations(tx, stream, active)
-        budgets = BudgetArrays(filt, pipeline, spent, active, reservations, delta, get_policy(s.policy))
+            unlocked = self._unlocked(tx, s, filt, active)
+        budgets = BudgetArrays(filt, pipeline, spent, active, reservations, delta, s.rules(), unlocked)
         out = dict.fromkeys(blocks, 0.0)
         out.update(zip(active, _bisect(budgets.fits, len(active), s.epsilon, tolerance).tolist()))
         return out
+
+    def _unlocked(self, tx, s, filt, blocks):
+        """A queued stream: {block: its unlocked budget now} (``QueuedAllocation.unlocked``; the availability
+        answers then say what fits unlocked minus spent, as the scheduler checks). None under other policies."""
+        if not s.rules().queued:
+            return None
+        _infos, queue = self._queue(tx, s, filt, blocks)
+        now = time.time()
+        return {b: queue.unlocked(b, now) for b in queue.spent}
 
     def plan_epsilon(self, pipeline, stream, blocks, start_epsilon, delta=0.0):
         """Epsilon for the next attempt under the stream's policy: conserve = start small, aggressive = all."""
