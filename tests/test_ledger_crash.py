@@ -13,6 +13,7 @@ import time
 
 from sage_tfx.privacy import BlockRetired, BudgetRefused, Ledger
 
+from _kill import kill_after_first_ack
 from test_ledger_concurrency import assert_ledger_consistent
 
 WORKERS, ROUNDS, FIRST_BLOCKS, NEW_BLOCKS_PER_ROUND = 4, 3, 12, 4
@@ -70,22 +71,10 @@ def run_crash_rounds(location, ack_dir, seed=7):
         paths = [os.path.join(ack_dir, f"ack-{round_no}-{w}.txt") for w in range(WORKERS)]
         procs = [ctx.Process(target=crash_worker, args=(location, path, 100 * round_no + w))
                  for w, path in enumerate(paths)]
-        for p in procs:
-            p.start()
-        # Let the workers get going (at least one acknowledged grant), then kill each at a random moment.
-        deadline = time.time() + 60
-        while time.time() < deadline and not any(os.path.exists(p) and os.path.getsize(p) for p in paths):
-            time.sleep(0.02)
-        if round_no == ROUNDS - 1:  # on a loaded machine, let a block run out before the kills (the test needs one)
-            while time.time() < deadline and not any_retired(location):
-                time.sleep(0.05)
-        time.sleep(rng.uniform(0.2, 1.0))
-        for p in rng.sample(procs, len(procs)):
-            time.sleep(rng.uniform(0.0, 0.25))
-            p.kill()  # SIGKILL
-        for p in procs:
-            p.join(timeout=30)
-            assert p.exitcode == -9, p.exitcode
+        # Let the workers get going (at least one acknowledged grant), then kill each at a random moment; on a
+        # loaded machine, let a block run out before the last round's kills (the test needs one).
+        ready = (lambda: any_retired(location)) if round_no == ROUNDS - 1 else None
+        kill_after_first_ack(procs, paths, rng, settle=(0.2, 1.0), spacing=0.25, ready=ready)
         # New data arrives between rounds, while old blocks run out.
         with Ledger.open(location) as ledger:
             for _ in range(NEW_BLOCKS_PER_ROUND):

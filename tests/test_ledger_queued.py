@@ -16,6 +16,7 @@ import pytest
 from sage_tfx.privacy import BlockRetired, BudgetRefused, Ledger, LedgerError
 from sage_tfx.privacy.store import SCHEMA_VERSION
 
+from _kill import kill_after_first_ack
 from test_ledger_concurrency import assert_ledger_consistent
 
 
@@ -325,19 +326,9 @@ def test_queued_stream_survives_sigkill(ledger_url, tmp_path):
         procs = [ctx.Process(target=queue_worker, args=(ledger_url, 10 * round_no + i, 900 + 10 * round_no + i,
                                                         time.time() + 120, str(ack_dir / f"{round_no}-{i}.txt")))
                  for i in range(3)]
-        for p in procs:
-            p.start()
         paths = [str(ack_dir / f"{round_no}-{i}.txt") for i in range(3)]
-        wait = time.time() + 60  # the workers get going (one acknowledged grant), then each is killed at random
-        while time.time() < wait and not any(os.path.exists(x) and os.path.getsize(x) for x in paths):
-            time.sleep(0.02)
-        time.sleep(rng.uniform(0.5, 2.0))
-        for p in rng.sample(procs, len(procs)):
-            time.sleep(rng.uniform(0.0, 0.3))
-            p.kill()  # SIGKILL
-        for p in procs:
-            p.join(timeout=30)
-            assert p.exitcode == -9, p.exitcode
+        # the workers get going (one acknowledged grant), then each is killed at random
+        kill_after_first_ack(procs, paths, rng, settle=(0.5, 2.0), spacing=0.3)
         with Ledger.open(ledger_url) as ledger:
             ledger.add_block("s", f"r{round_no}")
     acknowledged = _acks(str(ack_dir))
