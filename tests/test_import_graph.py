@@ -2,7 +2,10 @@
 
 The graph is read statically from every ``import`` statement of the core's modules, including the ones inside
 functions (a lazy import is still a dependency), so a cycle hidden behind a function-level import is found too.
-A package's ``__init__`` is left out: it only gathers its modules' names for the public surface.
+A package's ``__init__`` is left out of the cycle check: it only gathers its modules' names for the public surface.
+The store package's one-way rule (it imports neither the ledger facade nor the audit; the audit imports the store's
+SQL module, never the ledger) is checked on what each module REACHES, ``__init__`` files included, since importing
+``sage_tfx.privacy.store.sql`` runs the package's ``__init__`` first.
 """
 import ast
 import pathlib
@@ -15,7 +18,8 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 CORE_PACKAGES = ("sage_tfx.privacy", "sage_tfx.adaptive", "sage_tfx.simulate")
 
 
-def _modules():
+def _modules(packages=False):
+    """The core's modules by name; with ``packages``, each package's ``__init__`` too (under the package's name)."""
     out = {}
     for package in CORE_PACKAGES:
         folder = ROOT.joinpath(*package.split("."))
@@ -23,14 +27,16 @@ def _modules():
             rel = path.relative_to(ROOT).with_suffix("")
             name = ".".join(rel.parts)
             if name.endswith(".__init__"):
-                continue
+                if not packages:
+                    continue
+                name = name[:-len(".__init__")]
             out[name] = path
     return out
 
 
 def _imports(name, path, known):
     """The core modules ``name`` imports (absolute names), from its source."""
-    package = name.rsplit(".", 1)[0]
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         targets = []
@@ -82,6 +88,49 @@ def test_the_core_import_graph_has_no_cycle():
     assert "sage_tfx.privacy.audit" in graph["sage_tfx.privacy.ledger"]  # the one direction
     assert graph["sage_tfx.privacy.vocabulary"] == set()  # every module may import it
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph))}"
+
+
+def _reached(graph, start):
+    """Every module importing ``start`` runs: what it imports, transitively, and the packages above each of those
+    (importing ``a.b.c`` runs ``a/__init__`` and ``a/b/__init__`` first)."""
+    seen, todo = set(), [start]
+    while todo:
+        node = todo.pop()
+        parts = node.split(".")
+        for nxt in list(graph.get(node, ())) + [".".join(parts[:i]) for i in range(1, len(parts))]:
+            if nxt in graph and nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    seen.discard(start)
+    return seen
+
+
+def test_the_store_package_and_the_audit_import_one_way():
+    """The store package (every module, its ``__init__`` too) reaches neither the ledger facade nor the audit; the
+    audit reaches the store's SQL module and never the ledger."""
+    # the core packages' own __init__ files gather the public surface (sage_tfx.privacy's imports the ledger):
+    # left out, as in the cycle check; a subpackage's __init__ (the store's) is in
+    modules = {m: p for m, p in _modules(packages=True).items() if m not in CORE_PACKAGES}
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    store = sorted(m for m in graph if m == "sage_tfx.privacy.store" or m.startswith("sage_tfx.privacy.store."))
+    assert {"sage_tfx.privacy.store", "sage_tfx.privacy.store.base", "sage_tfx.privacy.store.sql",
+            "sage_tfx.privacy.store.sqlite", "sage_tfx.privacy.store.postgres"} <= set(store)
+    for module in store:
+        reached = _reached(graph, module)
+        for banned in ("sage_tfx.privacy.ledger", "sage_tfx.privacy.audit"):
+            assert banned not in reached, f"{module} imports {banned} (the store must import neither)"
+    assert graph["sage_tfx.privacy.store.sql"] == set(), "the SQL module imports nothing"
+    audit = _reached(graph, "sage_tfx.privacy.audit")
+    assert "sage_tfx.privacy.store.sql" in graph["sage_tfx.privacy.audit"]
+    assert "sage_tfx.privacy.ledger" not in audit, "the audit reaches the ledger facade"
+    assert "sage_tfx.privacy.store" in graph["sage_tfx.privacy.ledger"]  # the one direction
+
+
+def test_the_reach_finder_follows_imports_and_parent_packages():
+    graph = {"p": set(), "p.a": {"p.b"}, "p.b": set(), "q": {"p.a"}, "r": set(), "p.c": {"r"}}
+    assert _reached(graph, "q") == {"p", "p.a", "p.b"}
+    assert _reached(graph, "p.c") == {"p", "r"}
+    assert _reached({"a": {"b"}, "b": {"a"}}, "a") == {"b"}
 
 
 def test_the_cycle_finder_finds_one():

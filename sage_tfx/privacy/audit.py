@@ -38,6 +38,7 @@ from . import filters
 from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
 from .split import SLACK, BudgetSplit
+from .store import sql
 from .vocabulary import BlockState, PipelineState, Source
 from .chain import GENESIS, canonical as _canonical, chain_hash
 
@@ -67,12 +68,12 @@ def audit_ledger(ledger):
     problems.extend(f"database integrity: {p}" for p in store.integrity_problems())
 
     # The head file first, then the log and every table in ONE read transaction (one snapshot: SQLite's WAL
-    # read transaction; PostgreSQL's REPEATABLE READ, store.py): another process writing meanwhile, on this
+    # read transaction; PostgreSQL's REPEATABLE READ, store/postgres.py): another process writing meanwhile, on this
     # host or another, changes neither what the log says nor what the tables say, and a head it writes after
     # our snapshot is never ahead of the log we read (docs/scale_out.md, "Several hosts on one PostgreSQL ledger").
     head = ledger.head_file.get(ledger.ledger_id)
     with store.transaction(write=False) as tx:
-        entries = tx.all("SELECT seq, ts, kind, body, prev, hash FROM log ORDER BY seq")
+        entries = tx.all(sql.AUDIT_LOG)
         tables = _read_tables(tx)
     report.entries = len(entries)
     keys = ledger.keyring
@@ -301,27 +302,21 @@ def _read_tables(tx):
     table_streams = {r[0]: {"name": r[0], "accounting": r[1], "epsilon": r[2], "delta": r[3],
                             "orders": json.loads(r[4]), "policy": r[5], "min_epsilon": r[6],
                             "min_grant_epsilon": r[7], "policy_params": json.loads(r[8]) if r[8] else None}
-                     for r in tx.all("SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon,"
-                                     " min_grant_epsilon, policy_params FROM streams")}
+                     for r in tx.all(sql.AUDIT_STREAMS)}
     table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
-                    for r in tx.all("SELECT stream, id, spent, state FROM blocks")}
-    table_grants = {r[0]: (r[1], r[2]) for r in tx.all("SELECT id, body, signature FROM grants")}
-    table_releases = {(r[0], r[1]): (r[2], r[3], r[4]) for r in tx.all(
-        "SELECT grant_id, stage, computation, epsilon, delta FROM releases")}
-    table_block_rows = {(r[0], r[1]): tuple(r[2:]) for r in tx.all(
-        "SELECT stream, id, start_ts, end_ts, shard, created, n_rows, digest FROM blocks")}
-    table_grant_cols = {r[0]: (r[1], r[2], r[3]) for r in tx.all("SELECT id, stream, pipeline, created FROM grants")}
-    table_pipelines = {(r[0], r[1]): (r[2], r[3]) for r in tx.all(
-        "SELECT stream, name, state, outcome FROM pipelines")}
-    table_reservations = {(r[0], r[1], r[2]): (tuple(json.loads(r[3])), tuple(json.loads(r[4]))) for r in tx.all(
-        "SELECT stream, block, pipeline, reserved, used FROM reservations")}
-    table_outcomes = {r[0]: (r[1], r[2], r[3], r[4]) for r in tx.all(
-        "SELECT grant_id, stream, pipeline, outcome, details FROM outcomes")}
-    meta = dict(tx.all("SELECT key, value FROM meta"))
+                    for r in tx.all(sql.AUDIT_BLOCK_SPENT)}
+    table_grants = {r[0]: (r[1], r[2]) for r in tx.all(sql.AUDIT_GRANTS)}
+    table_releases = {(r[0], r[1]): (r[2], r[3], r[4]) for r in tx.all(sql.AUDIT_RELEASES)}
+    table_block_rows = {(r[0], r[1]): tuple(r[2:]) for r in tx.all(sql.AUDIT_BLOCK_ROWS)}
+    table_grant_cols = {r[0]: (r[1], r[2], r[3]) for r in tx.all(sql.AUDIT_GRANT_COLUMNS)}
+    table_pipelines = {(r[0], r[1]): (r[2], r[3]) for r in tx.all(sql.AUDIT_PIPELINES)}
+    table_reservations = {(r[0], r[1], r[2]): (tuple(json.loads(r[3])), tuple(json.loads(r[4])))
+                          for r in tx.all(sql.AUDIT_RESERVATIONS)}
+    table_outcomes = {r[0]: (r[1], r[2], r[3], r[4]) for r in tx.all(sql.AUDIT_OUTCOMES)}
+    meta = dict(tx.all(sql.AUDIT_META))
     table_demands = {(r[0], r[1]): (tuple(json.loads(r[2])), tuple(json.loads(r[3])), r[4], r[5], r[6], r[7], r[8])
-                     for r in tx.all("SELECT stream, pipeline, blocks, cost, rule, meta, seq, state, grant_id"
-                                     " FROM demands")}
-    table_arrivals = {(r[0], r[1]): r[2] for r in tx.all("SELECT stream, id, arrivals FROM blocks")}
+                     for r in tx.all(sql.AUDIT_DEMANDS)}
+    table_arrivals = {(r[0], r[1]): r[2] for r in tx.all(sql.AUDIT_BLOCK_ARRIVALS)}
     return (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
             table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals)
 
@@ -335,13 +330,11 @@ def _brief(values):
 
 def _check_meta(ledger, meta, problems):
     """meta: the schema version this code writes, this key's id, and never a key or secret."""
-    from .store import SCHEMA_VERSION
-
     if "secret" in meta:
         problems.append("meta holds a 'secret': the ledger's key must never be in the database (a key in the data "
                         "it protects); it was put back by a writer of the database")
-    if meta.get("schema_version") != str(SCHEMA_VERSION):
-        problems.append(f"meta's schema_version is {meta.get('schema_version')!r}, not {str(SCHEMA_VERSION)!r}")
+    if meta.get("schema_version") != str(sql.SCHEMA_VERSION):
+        problems.append(f"meta's schema_version is {meta.get('schema_version')!r}, not {str(sql.SCHEMA_VERSION)!r}")
     if meta.get("key_id") != ledger.keyring.key_id:
         problems.append(f"meta's key_id {meta.get('key_id')!r} is not the key file's {ledger.keyring.key_id!r}")
     forms = ledger.keyring.secret_forms()

@@ -1,0 +1,137 @@
+"""The ledger store's backend-independent part: transactions, the schema check and migration driver, ``Tx``.
+
+Every write is one serializable transaction that first takes the ledger's write lock, so a check-and-charge over
+many blocks is atomic and concurrent writers never interleave; how a backend takes that lock is its own
+(``sqlite.py``: ``BEGIN IMMEDIATE``; ``postgres.py``: ``SELECT ... FOR UPDATE`` on the ``meta`` lock row). The SQL
+text lives in ``sql.py``, written once with ``?`` placeholders; a backend whose driver wants another placeholder
+sets ``placeholder`` and ``Tx`` rewrites each statement. This package imports nothing from the ledger facade or
+the audit (tests/test_import_graph.py).
+"""
+import contextlib
+import hashlib
+import os
+import socket
+
+from ..errors import LedgerCorrupt, LedgerError
+from . import sql
+from .sql import SCHEMA_VERSION
+
+
+class Store:
+    """Shared logic; a backend provides ``kind``, ``display``, ``_conn``, ``_errors``, ``_wrap``, ``_begin_write``,
+    ``_begin_read``, ``_commit``, ``_rollback``, ``_has_column``, ``try_claim``, ``release_claim``,
+    ``integrity_problems`` and ``close``, and ``placeholder`` if its driver does not take ``?``."""
+
+    kind = None
+    placeholder = "?"
+    statements = 0  # SQL statements this store executed (an executemany counts one per row): tests bound them
+    after_commit = None  # called with a write transaction's ``tx.head`` once it committed (Ledger's head file)
+    on_create = None
+
+    def _sql(self, text):
+        return text if self.placeholder == "?" else text.replace("?", self.placeholder)
+
+    @contextlib.contextmanager
+    def transaction(self, write=True):
+        """Yield a Tx; commit on success, roll back on any exception (nothing changes)."""
+        self._begin_write() if write else self._begin_read()
+        tx = Tx(self)
+        try:
+            yield tx
+        except BaseException:
+            self._rollback()
+            raise
+        else:
+            self._commit()
+            head = getattr(tx, "head", None)
+            if write and head is not None and self.after_commit is not None:
+                self.after_commit(head)
+
+    def _check_schema(self):
+        try:
+            with self.transaction(write=False) as tx:
+                row = tx.one(sql.META_SCHEMA_VERSION)
+        except self._errors as exc:
+            raise LedgerCorrupt(f"{self.display} is not a readable sage ledger: {exc}") from None
+        if row is None:
+            raise LedgerCorrupt(f"{self.display} is not a sage ledger (no schema version)")
+        try:
+            version = int(row[0])
+        except ValueError:
+            raise LedgerCorrupt(f"{self.display} has an invalid schema version {row[0]!r}") from None
+        if version > SCHEMA_VERSION:
+            raise LedgerError(
+                f"{self.display} was written by a newer sage-tfx (schema version {version}; "
+                f"this version reads up to {SCHEMA_VERSION}): upgrade sage-tfx"
+            )
+        if version < 1:
+            raise LedgerCorrupt(f"{self.display} has an invalid schema version {version}")
+        if version < SCHEMA_VERSION:
+            self._migrate()
+
+    def _migrate(self):
+        """Bring an older ledger to SCHEMA_VERSION, one version per step, each in one write transaction."""
+        while True:
+            with self.transaction(write=True) as tx:
+                version = int(tx.one(sql.META_SCHEMA_VERSION)[0])
+                if version >= SCHEMA_VERSION:
+                    return
+                for step in sql.MIGRATIONS[version]:
+                    if isinstance(step, sql.AddColumn):
+                        # a migration may be re-run on either backend: add the column only where it is missing
+                        if not self._has_column(tx, step.table, step.column):
+                            tx.run(sql.add_column(step))
+                    else:
+                        tx.run(step)
+                tx.run(sql.META_SET_SCHEMA_VERSION, (str(version + 1),))
+
+    def _create_schema(self):
+        with self.transaction(write=True) as tx:
+            if tx.one(sql.META_HAS_SCHEMA_VERSION) is not None:
+                return False
+            extra = self.on_create() if self.on_create is not None else {}
+            tx.run(sql.META_INSERT_SCHEMA_VERSION, (str(SCHEMA_VERSION),))
+            tx.run(sql.META_INSERT_LOCK)
+            for key, value in sorted(extra.items()):
+                tx.run(sql.META_INSERT, (key, value))
+        return True
+
+
+def claim_key(name):
+    """A claim's lock key: 63 bits of SHA-256 of its name (a PostgreSQL advisory lock key, a lock file's name)."""
+    return int.from_bytes(hashlib.sha256(b"sage-claim\0" + name.encode()).digest()[:8], "big", signed=True)
+
+
+def process_label():
+    """'sage@HOST pid N': who holds a claim (PostgreSQL's application_name; the text of an SQLite claim file)."""
+    return f"sage@{socket.gethostname()} pid {os.getpid()}"[:63]
+
+
+class Tx:
+    """One open transaction: ``run`` executes, ``one``/``all`` fetch."""
+
+    def __init__(self, store):
+        self._store = store
+        self._cur = store._conn.cursor()
+
+    def run(self, sql, params=()):
+        self._store.statements += 1
+        try:
+            self._cur.execute(self._store._sql(sql), tuple(params))
+        except self._store._errors as exc:
+            raise self._store._wrap(exc) from None
+        return self._cur
+
+    def many(self, sql, rows):
+        rows = [tuple(r) for r in rows]
+        self._store.statements += len(rows)
+        try:
+            self._cur.executemany(self._store._sql(sql), rows)
+        except self._store._errors as exc:
+            raise self._store._wrap(exc) from None
+
+    def one(self, sql, params=()):
+        return self.run(sql, params).fetchone()
+
+    def all(self, sql, params=()):
+        return self.run(sql, params).fetchall()

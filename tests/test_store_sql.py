@@ -1,0 +1,79 @@
+"""The store's SQL module (sage_tfx/privacy/store/sql.py): every statement it holds is valid SQL on the schema it
+describes, a fresh schema and a migrated one agree, and its placeholder helpers build what they say."""
+import re
+import sqlite3
+
+import pytest
+
+from sage_tfx.privacy.store import sql
+
+
+def _fresh():
+    conn = sqlite3.connect(":memory:")
+    for ddl in sql.TABLES:
+        conn.execute(ddl)
+    return conn
+
+
+def _columns(conn):
+    tables = [r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")]
+    return {t: sorted((r[1], r[2].upper(), r[3], r[4]) for r in conn.execute(sql.sqlite_columns(t))) for t in tables}
+
+
+def _indexes(conn):
+    return sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"))
+
+
+@pytest.mark.parametrize("name", sorted(n for n in dir(sql) if n.startswith(("AUDIT_", "META_"))))
+def test_each_audit_and_meta_statement_prepares_on_the_schema(name):
+    """SQLite prepares a statement only if its tables and columns exist: a typo in a name fails here."""
+    conn = _fresh()
+    text = getattr(sql, name)
+    conn.execute("EXPLAIN " + text, (None,) * text.count("?"))
+
+
+def test_the_schema_reached_by_the_migrations_is_the_fresh_schema():
+    """Version 1's tables (the fresh schema less what each migration adds), migrated step by step, end with the
+    columns and indexes of a new ledger: the migrations and TABLES describe the same SCHEMA_VERSION."""
+    conn = sqlite3.connect(":memory:")
+    added = {(s.table, s.column) for steps in sql.MIGRATIONS.values() for s in steps if isinstance(s, sql.AddColumn)}
+    assert added == {("blocks", "digest"), ("streams", "min_grant_epsilon"), ("streams", "policy_params"),
+                     ("blocks", "arrivals")}
+    for ddl in sql.TABLES:
+        if ddl.startswith("CREATE INDEX") or " releases " in ddl or " demands " in ddl:
+            continue  # tables and indexes the migrations create (the two version-1 indexes follow)
+        for table, column in added:  # version 1 had not the column a migration adds: ", column TYPE ..." removed
+            if f"CREATE TABLE {table} " in ddl:
+                ddl, n = re.subn(rf",\s*{column} [^,)]*", "", ddl)
+                assert n == 1, (table, column)
+        conn.execute(ddl)
+    conn.execute("CREATE INDEX blocks_window ON blocks (stream, start_ts)")
+    conn.execute("CREATE INDEX grants_stream ON grants (stream, created)")
+    for version in sorted(sql.MIGRATIONS):
+        assert version + 1 <= sql.SCHEMA_VERSION
+        for step in sql.MIGRATIONS[version]:
+            if isinstance(step, sql.AddColumn):
+                conn.execute(sql.add_column(step))
+            else:
+                conn.execute(step)
+    assert max(sql.MIGRATIONS) + 1 == sql.SCHEMA_VERSION
+    fresh = _fresh()
+    assert _columns(conn) == _columns(fresh)
+    assert _indexes(conn) == _indexes(fresh)
+
+
+def test_if_not_exists_makes_the_schema_re_runnable():
+    conn = _fresh()
+    for ddl in sql.TABLES:
+        conn.execute(sql.if_not_exists(ddl))  # no "already exists" error
+
+
+def test_placeholder_helpers():
+    assert sql.marks(1) == "?" and sql.marks(3) == "?,?,?"
+    assert sql.value_rows(1, 3) == "(?, ?, ?)" and sql.value_rows(2, 2) == "(?, ?),(?, ?)"
+    conn = sqlite3.connect(":memory:")
+    assert conn.execute(f"SELECT count(*) FROM (VALUES {sql.value_rows(3, 2)}) WHERE 1 IN ({sql.marks(2)})",
+                        (1, 2, 3, 4, 5, 6, 1, 9)).fetchone() == (3,)
+    for bad in (lambda: sql.marks(0), lambda: sql.value_rows(0, 2), lambda: sql.value_rows(2, 0)):
+        with pytest.raises(ValueError, match="got"):
+            bad()
