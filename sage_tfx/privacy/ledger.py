@@ -394,6 +394,7 @@ class Ledger:
         try:
             if hasattr(self, "_head"):
                 self._head.flush()  # HeadSync.GROUP: this ledger's last head made durable now (commit: nothing)
+                self._head.close()  # the descriptors kept open between writes
         except (OSError, LedgerError) as exc:  # as _advance_head: the commits stand, the audit says the head lags
             logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self._head.path, exc)
         finally:
@@ -706,14 +707,15 @@ class Ledger:
 
     @staticmethod
     def _block_budgets(tx, stream, ids):
-        """{id: (state, spent)} of the blocks ``ids`` that exist: what ``request`` checks, without the rest."""
-        found, decode = {}, _vector_decoder()
+        """{id: (state, spent TEXT as stored)} of the blocks ``ids`` that exist: what ``request`` checks, without
+        the rest. The spent text is decoded by the caller once per distinct text (most blocks share a few)."""
+        found = {}
         ids = list(ids)
         for i in range(0, len(ids), 500):  # stay under SQL variable limits
             chunk = ids[i:i + 500]
             rows = tx.all(f"SELECT id, state, spent FROM blocks WHERE stream = ? AND id IN ({','.join('?' * len(chunk))})",
                           [stream, *chunk])
-            found.update((r[0], _BlockBudget(r[1], decode(r[2]))) for r in rows)
+            found.update((r[0], (r[1], r[2])) for r in rows)
         return found
 
     def window_blocks(self, stream, start, end):
@@ -865,7 +867,7 @@ class Ledger:
         blocks = list(blocks)
         if not blocks:
             raise LedgerError("the block set is empty: name at least one block")
-        dupes = sorted(b for b, n in collections.Counter(blocks).items() if n > 1)
+        dupes = len(set(blocks)) != len(blocks) and sorted(b for b, n in collections.Counter(blocks).items() if n > 1)
         if dupes:
             raise LedgerError(f"the block set names blocks more than once: {', '.join(map(str, dupes))}")
         meta = dict(meta or {})
@@ -878,7 +880,14 @@ class Ledger:
         split = self._check_split(meta, rule)
         rule = SINGLE_RULE if split is None else split.rule
         with self._store.transaction() as tx:
-            s = self.stream(stream, tx)
+            # One statement reads the stream row, the pipeline's state and the log's last entry (what ``_log``
+            # chains the grant's entry to): all three as of this write transaction, which is exclusive (SQLite's
+            # write lock, PostgreSQL's meta lock row), so nothing read here is from before another writer's commit.
+            row = tx.one(_REQUEST_READ, (stream, pipeline, stream))
+            if row is None:
+                self.stream(stream, tx)  # raises UnknownStream, naming the streams there are
+            s = _parsed_stream(tuple(row[:10]))
+            pipeline_state, tx.log_last = row[10], (row[11], row[12]) if row[11] is not None else None
             filt = _stream_filter(s)
             try:
                 if curve is None and epsilon is None:
@@ -890,13 +899,13 @@ class Ledger:
             missing = [b for b in blocks if b not in found]
             if missing:
                 raise UnknownBlock(f"unknown block(s) in stream {stream!r}: {', '.join(map(str, missing))}")
-            retired = [b for b in blocks if found[b].state != BlockState.ACTIVE]
+            active = BlockState.ACTIVE.value
+            retired = [b for b in blocks if found[b][0] != active]
             if retired:
                 raise BlockRetired(f"block(s) {', '.join(retired)} of stream {stream!r} are retired "
                                    "(budget exhausted) and are never offered again")
             _check_minimum(filt, s, cost, epsilon if curve is None else None)
-            state = tx.one("SELECT state FROM pipelines WHERE stream = ? AND name = ?", (stream, pipeline))
-            if state is not None and state[0] != PipelineState.WAITING:
+            if pipeline_state is not None and pipeline_state != PipelineState.WAITING:
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
             if s.rules().queued:
                 if split is not None:  # checked before the demand is recorded: its grant's split must compose
@@ -911,56 +920,53 @@ class Ledger:
 
     def _charge_now(self, tx, s, filt, pipeline, blocks, found, cost, rule, meta, split):
         """Conserve/Aggressive: charge ``cost`` on every block now if the policy's source admits it on all, or
-        raise BudgetRefused (nothing charged); return the signed Grant."""
+        raise BudgetRefused (nothing charged); return the signed Grant.
+
+        Every block is checked, but blocks in the same state (the same stored spent text and the same
+        reservations) get the same answer and the same new values from these pure functions, so each distinct
+        state is decoded, evaluated and encoded once (32 fresh blocks: once), and written in one UPDATE per
+        distinct new value, naming its blocks."""
         stream = s.name
         reservations = self._reservations(tx, stream, blocks)
-        # Every block is checked; blocks in the same state (spent vector and reservations) get the same answer
-        # from these pure functions, so each distinct state is evaluated once (32 fresh blocks: once).
-        shortfalls, sources, decided, states = {}, {}, {}, {}
-        for b in blocks:
-            spent, holdings = found[b].spent, reservations.get(b, {})
-            key = (spent, tuple((p, h["reserved"], h["used"]) for p, h in holdings.items()))
-            states[b] = key
-            verdict = decided.get(key)
-            if verdict is None:
-                if not filt.admits(spent, cost):
-                    verdict = (False, filt.shortfall(spent, cost))
-                else:
-                    source = self._source(filt, spent, cost, holdings, pipeline, s.policy)
-                    verdict = (True, source) if isinstance(source, str) else (False, source.reason)
-                decided[key] = verdict
-            if verdict[0]:
-                sources[b] = verdict[1]
+        if reservations:  # a block's state: its spent text and its reservations
+            keys = [(found[b][1], tuple((p, h["reserved"], h["used"]) for p, h in reservations.get(b, {}).items()))
+                    for b in blocks]
+        else:  # no reservation on any of the blocks: its spent text alone
+            keys = [(found[b][1], ()) for b in blocks]
+        groups = {}  # {state key: [blocks, in grant order]}
+        for b, key in zip(blocks, keys):
+            group = groups.get(key)
+            if group is None:
+                groups[key] = [b]
             else:
-                shortfalls[b] = verdict[1]
-        if shortfalls:
-            raise BudgetRefused(stream, pipeline, shortfalls)
+                group.append(b)
+        verdicts, decode = {}, _vector_decoder()
+        for key, members in groups.items():
+            spent, holdings = decode(key[0]), reservations.get(members[0], {})
+            if not filt.admits(spent, cost):
+                verdicts[key] = (False, filt.shortfall(spent, cost), spent)
+            else:
+                source = self._source(filt, spent, cost, holdings, pipeline, s.policy)
+                verdicts[key] = ((True, source, spent) if isinstance(source, str) else (False, source.reason, spent))
+        if not all(v[0] for v in verdicts.values()):
+            raise BudgetRefused(stream, pipeline, {b: verdicts[k][1] for b, k in zip(blocks, keys)
+                                                   if not verdicts[k][0]})
 
         now = time.time()
         grant, body_text = self._new_grant(s, filt, pipeline, blocks, cost, rule, meta, now, split)
-        min_cost = filt.cost(epsilon=s.min_epsilon)
+        min_cost = _stream_cost(s, filt, s.min_epsilon)
         rules = s.rules()
-        newly_retired = []
-        # The new values, grouped: one UPDATE per distinct new block value and one per distinct new reservation
-        # value, each naming its blocks (write transactions are exclusive: SQLite's write lock, PostgreSQL's
-        # meta lock row), so a 32-block grant of fresh blocks is one UPDATE, not 32.
-        block_groups, own_groups, after = {}, {}, {}
-        for b in blocks:
-            new = after.get(states[b])
-            if new is None:
-                spent = filters.add(found[b].spent, cost)
-                alive = not rules.retires(filt, spent, min_cost)
-                used = None
-                if sources[b] == Source.OWN:
-                    used = json.dumps(filters.add(reservations[b][pipeline]["used"], cost))
-                new = after[states[b]] = (json.dumps(spent), alive, used)
-            spent_text, alive, used = new
-            if not alive:
-                newly_retired.append(b)
-            state = BlockState.ACTIVE.value if alive else BlockState.RETIRED.value
-            block_groups.setdefault((spent_text, state, None if alive else now), []).append(b)
-            if sources[b] == Source.OWN:
-                own_groups.setdefault(used, []).append(b)
+        active, retired_state, own = BlockState.ACTIVE.value, BlockState.RETIRED.value, Source.OWN
+        block_groups, own_groups, alive_of = {}, {}, {}
+        for key, members in groups.items():
+            _ok, source, spent = verdicts[key]
+            spent = filters.add(spent, cost)
+            alive = alive_of[key] = not rules.retires(filt, spent, min_cost)
+            block_groups.setdefault((json.dumps(spent), active if alive else retired_state, None if alive else now),
+                                    []).extend(members)
+            if source == own:
+                used = json.dumps(filters.add(reservations[members[0]][pipeline]["used"], cost))
+                own_groups.setdefault(used, []).extend(members)
         for used, ids in sorted(own_groups.items(), key=lambda kv: kv[1][0]):
             for i in range(0, len(ids), 500):  # stay under SQL variable limits
                 chunk = ids[i:i + 500]
@@ -974,9 +980,9 @@ class Ledger:
         tx.run("INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
                (grant.id, stream, pipeline, body_text, grant.signature, now))
         self._log(tx, "grant", dict(grant.body(), signature=grant.signature,
-                                    sources=[sources[b] for b in blocks]))
-        if newly_retired:
-            self._log(tx, "retire", {"stream": stream, "blocks": newly_retired})
+                                    sources=[verdicts[k][1] for k in keys]))
+        if not all(alive_of.values()):
+            self._log(tx, "retire", {"stream": stream, "blocks": [b for b, k in zip(blocks, keys) if not alive_of[k]]})
         return grant
 
     def _new_grant(self, s, filt, pipeline, blocks, cost, rule, meta, now, split=None):
@@ -1411,7 +1417,9 @@ class Ledger:
     # ------------------------------------------------------------------- audit
     def _log(self, tx, kind, body):
         # The entry this write transaction logged last is the log's last one (a write transaction is exclusive).
-        last = getattr(tx, "head", None) or tx.one("SELECT seq, hash FROM log ORDER BY seq DESC LIMIT 1")
+        # ``request`` reads it with the stream row in its own write transaction (``tx.log_last``).
+        last = (getattr(tx, "head", None) or getattr(tx, "log_last", None)
+                or tx.one("SELECT seq, hash FROM log ORDER BY seq DESC LIMIT 1"))
         seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
         text = _canonical(body)
         value = self._keys.chain_value(prev, seq, kind, text)
@@ -1458,7 +1466,7 @@ def _check_minimum(filt, stream, cost, epsilon):
     min_epsilon query's at every order (whatever its delta: the minimum is on the epsilon part).
     """
     least = stream.grant_floor
-    floor = filt.cost(epsilon=least)
+    floor = _stream_cost(stream, filt, least)
     if filt.accounting == Accounting.BASIC:
         small = cost[0] < floor[0]
     else:
@@ -1471,7 +1479,28 @@ def _check_minimum(filt, stream, cost, epsilon):
             "--min-grant-epsilon`, default 0.001, or the stream's --min-epsilon if smaller)")
 
 
-_BlockBudget = collections.namedtuple("_BlockBudget", "state spent")
+def _stream_cost(stream, filt, epsilon):
+    """``filt.cost(epsilon=epsilon)``; for the parsed stream row's own filter (``_stream_filter``) computed once
+    per row and epsilon (a stream's grant floor and min_epsilon cost are fixed by its row, which
+    ``_parsed_stream`` keys on; filters are not changed after construction)."""
+    if stream.__dict__.get("_filter") is not filt:
+        return filt.cost(epsilon=epsilon)
+    costs = stream.__dict__.get("_costs")
+    if costs is None:
+        costs = {}
+        object.__setattr__(stream, "_costs", costs)
+    cost = costs.get(epsilon)
+    if cost is None:
+        cost = costs[epsilon] = filt.cost(epsilon=epsilon)
+    return cost
+
+
+# ``request``'s one read: the stream row (``Ledger.stream``'s columns), the pipeline's state, the log's last entry.
+_REQUEST_READ = (
+    "SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon, policy_params,"
+    " (SELECT state FROM pipelines WHERE stream = ? AND name = ?),"
+    " (SELECT seq FROM log ORDER BY seq DESC LIMIT 1), (SELECT hash FROM log ORDER BY seq DESC LIMIT 1)"
+    " FROM streams WHERE name = ?")
 
 
 class _NoSource:
