@@ -707,16 +707,22 @@ class Ledger:
 
     @staticmethod
     def _block_budgets(tx, stream, ids):
-        """{id: (state, spent TEXT as stored)} of the blocks ``ids`` that exist: what ``request`` checks, without
-        the rest. The spent text is decoded by the caller once per distinct text (most blocks share a few)."""
-        found = {}
+        """What ``request`` checks of the blocks ``ids`` that exist, in one read: ({id: (state, spent TEXT as
+        stored)}, their reservations as ``_reservations`` gives them: {block: {pipeline: {"reserved", "used"}}},
+        pipelines in name order). The spent text is decoded by the caller once per distinct text."""
+        found, reservations, decode = {}, {}, _vector_decoder()
         ids = list(ids)
         for i in range(0, len(ids), 500):  # stay under SQL variable limits
             chunk = ids[i:i + 500]
-            rows = tx.all(f"SELECT id, state, spent FROM blocks WHERE stream = ? AND id IN ({','.join('?' * len(chunk))})",
+            rows = tx.all("SELECT b.id, b.state, b.spent, r.pipeline, r.reserved, r.used FROM blocks b"
+                          " LEFT JOIN reservations r ON r.stream = b.stream AND r.block = b.id"
+                          f" WHERE b.stream = ? AND b.id IN ({','.join('?' * len(chunk))}) ORDER BY b.id, r.pipeline",
                           [stream, *chunk])
-            found.update((r[0], (r[1], r[2])) for r in rows)
-        return found
+            for block, state, spent, pipeline, reserved, used in rows:
+                found[block] = (state, spent)
+                if pipeline is not None:
+                    reservations.setdefault(block, {})[pipeline] = {"reserved": decode(reserved), "used": decode(used)}
+        return found, reservations
 
     def window_blocks(self, stream, start, end):
         """Active blocks whose time window lies inside [start, end)."""
@@ -895,7 +901,7 @@ class Ledger:
                 cost = filt.cost(epsilon=epsilon, delta=delta, curve=curve)
             except ValueError as exc:
                 raise LedgerError(str(exc)) from None
-            found = self._block_budgets(tx, stream, blocks)
+            found, reservations = self._block_budgets(tx, stream, blocks)
             missing = [b for b in blocks if b not in found]
             if missing:
                 raise UnknownBlock(f"unknown block(s) in stream {stream!r}: {', '.join(map(str, missing))}")
@@ -913,12 +919,13 @@ class Ledger:
                                         cost[0] if s.accounting == Accounting.RDP else cost[1])
                 grant, refusal = self._queued_request(tx, s, filt, pipeline, blocks, found, cost, rule, meta)
             else:
-                grant, refusal = self._charge_now(tx, s, filt, pipeline, blocks, found, cost, rule, meta, split), None
+                grant = self._charge_now(tx, s, filt, pipeline, blocks, found, reservations, cost, rule, meta, split)
+                refusal = None
         if refusal:  # after the commit: the demand stays recorded, and the scheduler grants it when it fits
             raise BudgetRefused(stream, pipeline, refusal)
         return grant
 
-    def _charge_now(self, tx, s, filt, pipeline, blocks, found, cost, rule, meta, split):
+    def _charge_now(self, tx, s, filt, pipeline, blocks, found, reservations, cost, rule, meta, split):
         """Conserve/Aggressive: charge ``cost`` on every block now if the policy's source admits it on all, or
         raise BudgetRefused (nothing charged); return the signed Grant.
 
@@ -927,7 +934,6 @@ class Ledger:
         state is decoded, evaluated and encoded once (32 fresh blocks: once), and written in one UPDATE per
         distinct new value, naming its blocks."""
         stream = s.name
-        reservations = self._reservations(tx, stream, blocks)
         if reservations:  # a block's state: its spent text and its reservations
             keys = [(found[b][1], tuple((p, h["reserved"], h["used"]) for p, h in reservations.get(b, {}).items()))
                     for b in blocks]
@@ -940,13 +946,13 @@ class Ledger:
                 groups[key] = [b]
             else:
                 group.append(b)
-        verdicts, decode = {}, _vector_decoder()
+        verdicts, rules = {}, s.rules()
         for key, members in groups.items():
-            spent, holdings = decode(key[0]), reservations.get(members[0], {})
+            spent, holdings = tuple(json.loads(key[0])), reservations.get(members[0], {})
             if not filt.admits(spent, cost):
                 verdicts[key] = (False, filt.shortfall(spent, cost), spent)
             else:
-                source = self._source(filt, spent, cost, holdings, pipeline, s.policy)
+                source = self._source(filt, spent, cost, holdings, pipeline, rules)
                 verdicts[key] = ((True, source, spent) if isinstance(source, str) else (False, source.reason, spent))
         if not all(v[0] for v in verdicts.values()):
             raise BudgetRefused(stream, pipeline, {b: verdicts[k][1] for b, k in zip(blocks, keys)
@@ -955,7 +961,6 @@ class Ledger:
         now = time.time()
         grant, body_text = self._new_grant(s, filt, pipeline, blocks, cost, rule, meta, now, split)
         min_cost = _stream_cost(s, filt, s.min_epsilon)
-        rules = s.rules()
         active, retired_state, own = BlockState.ACTIVE.value, BlockState.RETIRED.value, Source.OWN
         block_groups, own_groups, alive_of = {}, {}, {}
         for key, members in groups.items():
@@ -979,8 +984,8 @@ class Ledger:
                        f" ({','.join('?' * len(chunk))})", [spent_text, state, retired_at, stream, *chunk])
         tx.run("INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
                (grant.id, stream, pipeline, body_text, grant.signature, now))
-        self._log(tx, "grant", dict(grant.body(), signature=grant.signature,
-                                    sources=[verdicts[k][1] for k in keys]))
+        sources = [verdicts[k][1] for k in keys]
+        self._log(tx, "grant", None, _grant_log_text(grant, body_text, sources))
         if not all(alive_of.values()):
             self._log(tx, "retire", {"stream": stream, "blocks": [b for b, k in zip(blocks, keys) if not alive_of[k]]})
         return grant
@@ -1120,8 +1125,8 @@ class Ledger:
     @staticmethod
     def _source(filt, spent, cost, block_reservations, pipeline, policy=Policy.CONSERVE):
         """The policy's source (allocation.py: own reservation first, then the unreserved pool); else a
-        _NoSource saying what each had left."""
-        rules = get_policy(policy)
+        _NoSource saying what each had left. ``policy``: its name, or the ``AllocationPolicy`` itself."""
+        rules = get_policy(policy) if isinstance(policy, str) else policy
         source = rules.source(filt, spent, cost, block_reservations, pipeline)
         if source is not None:
             return source
@@ -1415,13 +1420,14 @@ class Ledger:
             return tx.one("SELECT count(*) FROM grants WHERE stream = ?", (stream,))[0]
 
     # ------------------------------------------------------------------- audit
-    def _log(self, tx, kind, body):
+    def _log(self, tx, kind, body, text=None):
+        """Append ``body`` (its canonical text ``text`` if the caller has it) to the chained log."""
         # The entry this write transaction logged last is the log's last one (a write transaction is exclusive).
         # ``request`` reads it with the stream row in its own write transaction (``tx.log_last``).
         last = (getattr(tx, "head", None) or getattr(tx, "log_last", None)
                 or tx.one("SELECT seq, hash FROM log ORDER BY seq DESC LIMIT 1"))
         seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
-        text = _canonical(body)
+        text = _canonical(body) if text is None else text
         value = self._keys.chain_value(prev, seq, kind, text)
         tx.run("INSERT INTO log (seq, ts, kind, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?)",
                (seq, time.time(), kind, text, prev, value))
@@ -1477,6 +1483,24 @@ def _check_minimum(filt, stream, cost, epsilon):
             f"grant {asked} is below stream {stream.name!r}'s minimum grant epsilon {least:g}: a read that costs "
             f"less buys data for nothing; ask for epsilon >= {least:g} (set per stream by `sage ledger init "
             "--min-grant-epsilon`, default 0.001, or the stream's --min-epsilon if smaller)")
+
+
+def _grant_log_text(grant, body_text, sources):
+    """The canonical text of a grant's log body, ``dict(grant.body(), signature=..., sources=...)``, spliced
+    from ``body_text`` (the canonical text of ``grant.body()``, already made to sign it) instead of encoding the
+    block list a second time. Canonical text has sorted keys, and ``signature`` and ``sources`` sort after every
+    key of the body but ``stream``, its last (``_SPLICE_GRANT_LOG``, checked on import against ``Grant.body``):
+    so they go just before ``"stream":``, the text's end. The same text as ``_canonical`` of the whole dict
+    (tests/test_ledger_request_reads.py compares them); anything else falls back to encoding the dict."""
+    tail = ',"stream":' + _canonical(grant.stream) + "}"
+    if _SPLICE_GRANT_LOG and body_text.endswith(tail):
+        return (body_text[:-len(tail)] + ',"signature":' + _canonical(grant.signature) + ',"sources":'
+                + _canonical(sources) + tail)
+    return _canonical(dict(grant.body(), signature=grant.signature, sources=sources))
+
+
+_SPLICE_GRANT_LOG = sorted([*Grant("", "", "", (), 0.0, 0.0, "", (), "", 0.0).body(), "signature", "sources"])[-4:] == [
+    "rule", "signature", "sources", "stream"]
 
 
 def _stream_cost(stream, filt, epsilon):
