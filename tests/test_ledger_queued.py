@@ -232,19 +232,21 @@ def test_a_schema_4_ledger_opens_unchanged_and_stays_valid(ledger_url):
 
 
 # ------------------------------------------------------------------------------- concurrency and kill -9
-def queue_worker(location, index, seed, deadline, ack_path):
-    """Jobs one after another, each a new pipeline (an arrival): register, then repeat one request until it is
-    granted (collected) or 2 s pass (then finish TIMEOUT, withdrawing it). Every grant handed over is appended
-    to ``ack_path`` (fsync) only after request returned."""
+def queue_worker(location, index, seed, seconds, ack_path):
+    """Jobs one after another for ``seconds`` from the worker's start (not its launch: spawning is slow under
+    load), each a new pipeline (an arrival): register, then repeat one request until it is granted (collected)
+    or 2 s pass (then finish TIMEOUT, withdrawing it). Every grant handed over is appended to ``ack_path``
+    (fsync) only after request returned."""
     rng = random.Random(seed)
     ledger = Ledger.open(location)
+    deadline = time.time() + seconds
     with open(ack_path, "a") as ack:
         job = 0
         while time.time() < deadline:
             job += 1
             name = f"w{index}-{job}"
             ledger.register("s", name)
-            active = [b.id for b in ledger.blocks("s", state="active")]
+            active = [b.id for b in ledger.blocks("s", state="active") if not b.id.startswith("m")]
             if not active:
                 time.sleep(0.05)
                 continue
@@ -296,10 +298,16 @@ def test_queued_stream_never_overspends_under_concurrent_writers(ledger_url, tmp
     _setup_queue(ledger_url)
     ack_dir = tmp_path / "acks"
     ack_dir.mkdir()
+    with Ledger.open(ledger_url) as ledger:
+        # One demand that only ANOTHER process can admit: on block m0 (no worker asks for m-blocks) after one
+        # arrival 1/6 of it is unlocked (< 0.25); a worker's first register unlocks 2/6 and admits it there.
+        ledger.add_blocks("s", [{"id": "m0"}])
+        ledger.register("s", "main")
+        with pytest.raises(BudgetRefused):
+            ledger.request("main", "s", blocks=["m0"], epsilon=0.25)
     ctx = multiprocessing.get_context("spawn")
-    deadline = time.time() + 15.0
-    procs = [ctx.Process(target=queue_worker, args=(ledger_url, i, 500 + i, deadline, str(ack_dir / f"{i}.txt")))
-             for i in range(4)]
+    procs = [ctx.Process(target=queue_worker, args=(ledger_url, i, 500 + i, 12.0, str(ack_dir / f"{i}.txt")))
+             for i in range(4)]  # 12 s each from its own start: spawning is slow under load
     for p in procs:
         p.start()
     with Ledger.open(ledger_url) as ledger:  # new data arrives meanwhile
@@ -310,6 +318,10 @@ def test_queued_stream_never_overspends_under_concurrent_writers(ledger_url, tmp
         p.join(timeout=120)
         assert p.exitcode == 0
     acknowledged = _acks(str(ack_dir))
+    with Ledger.open(ledger_url) as ledger:  # the admitted demand is collected by its identical request
+        grant = ledger.request("main", "s", blocks=["m0"], epsilon=0.25)
+        acknowledged[grant.id] = grant.to_json()
+        ledger.finish("s", "main", "ACCEPT")
     blocks, grants, by_other = _check_queue_ledger(ledger_url, acknowledged)
     assert len(acknowledged) >= 10, len(acknowledged)
     assert by_other >= 1, "no demand was admitted at another process's scheduling point: the queue went untested"
@@ -324,7 +336,7 @@ def test_queued_stream_survives_sigkill(ledger_url, tmp_path):
     rng = random.Random(11)
     for round_no in range(2):
         procs = [ctx.Process(target=queue_worker, args=(ledger_url, 10 * round_no + i, 900 + 10 * round_no + i,
-                                                        time.time() + 120, str(ack_dir / f"{round_no}-{i}.txt")))
+                                                        120.0, str(ack_dir / f"{round_no}-{i}.txt")))
                  for i in range(3)]
         paths = [str(ack_dir / f"{round_no}-{i}.txt") for i in range(3)]
         # the workers get going (one acknowledged grant), then each is killed at random
