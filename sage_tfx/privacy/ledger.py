@@ -1444,7 +1444,7 @@ class Ledger:
     # What the audit reads of a ledger (audit.py imports no ledger name: it is handed the ledger).
     @property
     def store(self):
-        """The backend store (``store.py``): the audit reads every table through it. TRUSTED CODE ONLY."""
+        """The backend store (``store/``): the audit reads every table through it. TRUSTED CODE ONLY."""
         return self._store
 
     @property
