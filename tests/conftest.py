@@ -238,3 +238,43 @@ def run_sql(location, sql, params=(), conn=None):
 def raw_sql():
     """``raw_sql(location, sql, params=())``: SQL on a ledger behind its back, on either backend."""
     return run_sql
+
+
+SLOW_WEIGHT = 60  # a slow test counts as 60 fast ones (CI: slow tests take 30-190 s, most others well under 1 s)
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Order modules for `make test`'s ``-n 2 --dist worksteal``: each worker's first range starts with slow modules.
+
+    worksteal gives each worker one contiguous range of the collection and lets an idle worker steal from the TAIL
+    of another's queue, so a slow test at the end of a range runs last and stretches the run. Modules stay whole
+    (module fixtures are set up once) and keep their order inside; the slow modules are shared out between the
+    workers by weight, the fast ones fill the ranges to equal length, and each range runs its slowest modules
+    first. Deterministic (every worker computes the same order, as xdist requires); with one process it only
+    moves slow modules first.
+    """
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    modules = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::")[0], []).append(item)
+    weight = {m: sum(SLOW_WEIGHT if it.get_closest_marker("slow") else 1 for it in its) for m, its in modules.items()}
+    piles = [[] for _ in range(workers)]
+    loads = [0] * workers
+    for m in sorted(modules, key=lambda m: (-weight[m], m)):  # heaviest first, each to the lightest pile
+        i = min(range(workers), key=lambda i: (loads[i], i)) if weight[m] >= SLOW_WEIGHT else \
+            min(range(workers), key=lambda i: (sum(len(modules[x]) for x in piles[i]), i))
+        piles[i].append(m)
+        loads[i] += weight[m]
+    # Each range at least as long as xdist's split (len // workers per worker, in order), so that no pile's
+    # slowest module lands at the tail of the range before it: move the earliest fast modules forwards if short.
+    share = len(items) // workers
+    for i in range(workers - 1):
+        while sum(len(modules[x]) for x in piles[i]) < share:
+            later = [(j, m) for j in range(i + 1, workers) for m in piles[j] if weight[m] < SLOW_WEIGHT]
+            if not later:
+                break
+            j, m = later[-1]
+            piles[j].remove(m)
+            piles[i].append(m)
+    order = [m for pile in piles for m in sorted(pile, key=lambda m: -weight[m])]
+    items[:] = [it for m in order for it in modules[m]]
