@@ -99,18 +99,22 @@ def test_a_process_killed_in_group_mode_leaves_the_head_behind_and_the_audit_acc
         assert spent["b0"] == pytest.approx(0.01 * granted) and spent["b0"] <= 1000.0
 
 
+def _assert_truncation_caught(ledger, first):
+    """Cut the log from entry ``first`` on (behind the ledger's back) and check the audit names that entry."""
+    with ledger._store.transaction() as tx:
+        tx.run("DELETE FROM log WHERE seq >= ?", (first,))
+    report = ledger.audit()
+    assert not report.ok
+    assert any(f"recorded entry {first}" in p for p in report.problems), report.problems
+
+
 def test_group_mode_still_catches_a_truncated_log(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_HEAD_SYNC, "group")
     ledger = _ledger(tmp_path / "l.db")
     for _ in range(5):
         ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
     ledger.head_file.flush()
-    last = _last_seq(ledger)
-    with ledger._store.transaction() as tx:
-        tx.run("DELETE FROM log WHERE seq = ?", (last,))
-    report = ledger.audit()
-    assert not report.ok
-    assert any(f"recorded entry {last}" in p for p in report.problems), report.problems
+    _assert_truncation_caught(ledger, _last_seq(ledger))
     ledger.close()
 
 
@@ -214,11 +218,7 @@ def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_a
     # never a missed truncation: back to the torn file, the log cut below the surviving head's entry
     with open(ledger.head_file.path, "wb") as f:
         f.write(torn_file)
-    with ledger._store.transaction() as tx:
-        tx.run("DELETE FROM log WHERE seq >= ?", (old_seq,))
-    report = ledger.audit()
-    assert not report.ok
-    assert any(f"recorded entry {old_seq}" in p for p in report.problems), report.problems
+    _assert_truncation_caught(ledger, old_seq)
     ledger.close()
 
 
