@@ -137,23 +137,21 @@ class SqliteStore(Store):
     def _has_column(self, tx, table, column):
         return any(r[1] == column for r in tx.all(sql.sqlite_columns(table)))
 
-    def _begin_write(self):
+    def _control(self, statement):
+        """Run a transaction-control statement; an SQLite error becomes the store's LedgerError."""
         try:
-            self._conn.execute(sql.SQLITE_BEGIN_WRITE)
+            self._conn.execute(statement)
         except sqlite3.Error as exc:
             raise self._wrap(exc) from None
+
+    def _begin_write(self):
+        self._control(sql.SQLITE_BEGIN_WRITE)
 
     def _begin_read(self):
-        try:
-            self._conn.execute(sql.SQLITE_BEGIN_READ)
-        except sqlite3.Error as exc:
-            raise self._wrap(exc) from None
+        self._control(sql.SQLITE_BEGIN_READ)
 
     def _commit(self):
-        try:
-            self._conn.execute(sql.SQLITE_COMMIT)
-        except sqlite3.Error as exc:
-            raise self._wrap(exc) from None
+        self._control(sql.SQLITE_COMMIT)
 
     def _rollback(self):
         if self._conn.in_transaction:
