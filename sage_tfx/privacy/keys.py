@@ -38,6 +38,7 @@ import threading
 import time
 import weakref
 from enum import StrEnum
+from json.encoder import encode_basestring_ascii as _json_string
 
 from .errors import LedgerError
 
@@ -261,6 +262,24 @@ def _slot_bytes(slot_size, generation, payload):
     return (head + hashlib.sha256(head).digest()).ljust(slot_size, b"\0")
 
 
+def _heads_payload(heads):
+    """``json.dumps(heads, sort_keys=True, separators=(",", ":")).encode()``, byte for byte, at a third of its cost.
+
+    An entry of the form this module writes ({"chain": text, "seq": int}, a text ledger id) is formatted directly
+    (ASCII-escaped as json.dumps escapes text by default; keys in sorted order); anything else (a form another
+    version wrote) goes through json.dumps. tests/test_head_file_payload.py compares the two on odd ids and entries.
+    """
+    parts = []
+    for ledger_id in sorted(heads):
+        entry = heads[ledger_id]
+        if (type(ledger_id) is str and type(entry) is dict and len(entry) == 2 and type(entry.get("seq")) is int
+                and type(entry.get("chain")) is str):
+            parts.append(f'{_json_string(ledger_id)}:{{"chain":{_json_string(entry["chain"])},"seq":{entry["seq"]}}}')
+        else:
+            parts.append(json.dumps({ledger_id: entry}, sort_keys=True, separators=(",", ":"))[1:-1])
+    return ("{" + ",".join(parts) + "}").encode()
+
+
 def _slot_size_for(payload):
     size = HEAD_SLOT_BYTES
     while size < _SLOT_HEADER.size + len(payload) + _SLOT_DIGEST:
@@ -473,7 +492,7 @@ class HeadFile:
                     changed = True
                 if not changed:
                     return
-                payload = json.dumps(heads, sort_keys=True, separators=(",", ":")).encode()
+                payload = _heads_payload(heads)
                 generation = state.generation + 1
                 if state.slot_size is None or _slot_size_for(payload) > state.slot_size:
                     self._replace(fds, _slot_size_for(payload), generation, payload, heads)
