@@ -32,7 +32,11 @@ the file's bytes read back and compared with this process's last view, the older
 slots overwritten in place and fdatasync'd: one durable write), which every committed ledger write
 does after its commit (docs/security.md) and the baseline does not. ``ratio_ceiling`` is the ratio a
 ledger whose only cost beyond the baseline transaction were that head-file write would reach: the
-fsyncs, not Python, bound the figure on slow storage.
+fsyncs, not Python, bound the figure on slow storage. The head-file write's CPU time is given beside its
+wall time (``head_file_write_cpu_ms``), and each run's writers report their CPU time per grant and per
+baseline transaction (``cpu_ms_per_grant``, ``baseline_cpu_ms_per_transaction``: user and system time of
+the writer processes, so the kernel's part of fsync counts): the wall-time ratio moves with the shared
+storage's fsync latency, the CPU figures much less.
 
 ``--head-sync`` (default ``commit,group``) measures the grants in each head-file sync mode of
 ``keys.HeadSync`` in the same run, each against its own baseline runs (``by_head_sync``): ``commit`` (the
@@ -90,11 +94,11 @@ def _ledger_worker(location, stream, blocks, count, barrier, results):
     ledger = Ledger.open(location)
     pipeline = f"bench-{os.getpid()}"
     barrier.wait()
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     for _ in range(count):
         ledger.request(pipeline, stream, blocks=blocks, epsilon=1.0)
     ledger.head_file.flush()  # HeadSync.GROUP: the last head made durable inside the timed span (commit: no-op)
-    results.put((start, time.monotonic()))
+    results.put((start, time.monotonic(), time.process_time() - cpu))
     ledger.close()
 
 
@@ -105,13 +109,13 @@ def _sqlite_baseline_worker(path, blocks, count, barrier, results):
     for pragma in ("journal_mode=WAL", "synchronous=FULL", "busy_timeout=120000"):  # the ledger's pragmas
         conn.execute(f"PRAGMA {pragma}")
     barrier.wait()
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     for i in range(count):
         value = json.dumps([float(i), 0.0])
         conn.execute("BEGIN IMMEDIATE")
         conn.executemany("UPDATE blocks SET spent = ? WHERE id = ?", [(value, b) for b in blocks])
         conn.execute("COMMIT")
-    results.put((start, time.monotonic()))
+    results.put((start, time.monotonic(), time.process_time() - cpu))
     conn.close()
 
 
@@ -119,12 +123,12 @@ def _postgres_baseline_worker(url, table, blocks, count, barrier, results):
     conn = _pg_connect(url)
     cur = conn.cursor()
     barrier.wait()
-    start = time.monotonic()
+    start, cpu = time.monotonic(), time.process_time()
     for i in range(count):
         value = json.dumps([float(i), 0.0])
         cur.executemany(f"UPDATE {table} SET spent = %s WHERE id = %s", [(value, b) for b in blocks])
         conn.commit()
-    results.put((start, time.monotonic()))
+    results.put((start, time.monotonic(), time.process_time() - cpu))
     conn.close()
 
 
@@ -141,10 +145,13 @@ def _pg_connect(url):
 
 
 def _timed(target, writers, total, args):
-    """Run ``writers`` spawned processes doing ``total`` operations between them; operations per second.
+    """Run ``writers`` spawned processes doing ``total`` operations between them: (operations per second, CPU ms
+    per operation).
 
     Timing starts when the last process passes the start barrier (process start-up excluded)
-    and ends when the last one finishes.
+    and ends when the last one finishes. The CPU time is the writers' own (user and system, so the kernel's work
+    in fsync counts; a PostgreSQL server's does not), summed over the writers, per operation: on a machine shared
+    with other work it moves much less than the wall time.
     """
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(writers), ctx.Queue()
@@ -157,13 +164,14 @@ def _timed(target, writers, total, args):
         p.join()
         if p.exitcode != 0:
             raise RuntimeError(f"a benchmark writer process failed (exit code {p.exitcode})")
-    elapsed = max(end for _, end in spans) - min(start for start, _ in spans)
-    return total / elapsed
+    elapsed = max(end for _, end, _ in spans) - min(start for start, _, _ in spans)
+    return total / elapsed, 1e3 * sum(cpu for _, _, cpu in spans) / total
 
 
 # ------------------------------------------------------------------ one backend
 def _sqlite_pair(db_dir, blocks, total, writers, run_id):
-    """(ledger grants/s, baseline transactions/s, audit ok) on fresh SQLite files in ``db_dir``."""
+    """(ledger grants/s, baseline transactions/s, audit ok, (ledger, baseline) CPU ms per operation) on fresh SQLite
+    files in ``db_dir``."""
     import sqlite3
 
     from sage_tfx.privacy import Ledger
@@ -171,7 +179,7 @@ def _sqlite_pair(db_dir, blocks, total, writers, run_id):
     ledger_path = os.path.join(db_dir, f"ledger-{run_id}.db")
     with Ledger.open(ledger_path, create=True) as ledger:
         _prepare_stream(ledger, "bench", blocks)
-    grants = _timed(_ledger_worker, writers, total, (ledger_path, "bench", blocks))
+    grants, grant_cpu = _timed(_ledger_worker, writers, total, (ledger_path, "bench", blocks))
     with Ledger.open(ledger_path) as ledger:
         audit_ok = ledger.audit().ok and len(ledger.grants("bench")) == total
 
@@ -181,12 +189,12 @@ def _sqlite_pair(db_dir, blocks, total, writers, run_id):
     conn.execute("CREATE TABLE blocks (id TEXT PRIMARY KEY, spent TEXT NOT NULL)")
     conn.executemany("INSERT INTO blocks VALUES (?, ?)", [(b, "[0.0, 0.0]") for b in blocks])
     conn.close()
-    baseline = _timed(_sqlite_baseline_worker, writers, total, (base_path, blocks))
+    baseline, baseline_cpu = _timed(_sqlite_baseline_worker, writers, total, (base_path, blocks))
     for path in (ledger_path, base_path):
         for suffix in LEDGER_FILE_SUFFIXES:
             if os.path.exists(path + suffix):
                 os.remove(path + suffix)
-    return grants, baseline, audit_ok
+    return grants, baseline, audit_ok, (grant_cpu, baseline_cpu)
 
 
 def _postgres_pair(url, blocks, total, writers, run_id):
@@ -195,7 +203,7 @@ def _postgres_pair(url, blocks, total, writers, run_id):
     stream = f"bench-{run_id}"
     with Ledger.open(url, create=True) as ledger:
         _prepare_stream(ledger, stream, blocks)
-    grants = _timed(_ledger_worker, writers, total, (url, stream, blocks))
+    grants, grant_cpu = _timed(_ledger_worker, writers, total, (url, stream, blocks))
     with Ledger.open(url) as ledger:
         audit_ok = ledger.audit().ok and len(ledger.grants(stream)) == total
 
@@ -206,11 +214,11 @@ def _postgres_pair(url, blocks, total, writers, run_id):
     cur.execute(f"CREATE TABLE {table} (id TEXT PRIMARY KEY, spent TEXT NOT NULL)")
     cur.executemany(f"INSERT INTO {table} VALUES (%s, %s)", [(b, "[0.0, 0.0]") for b in blocks])
     try:
-        baseline = _timed(_postgres_baseline_worker, writers, total, (url, table, blocks))
+        baseline, baseline_cpu = _timed(_postgres_baseline_worker, writers, total, (url, table, blocks))
     finally:
         cur.execute(f"DROP TABLE {table}")
         conn.close()
-    return grants, baseline, audit_ok
+    return grants, baseline, audit_ok, (grant_cpu, baseline_cpu)
 
 
 def _prepare_stream(ledger, stream, blocks):
@@ -227,17 +235,23 @@ def _measure(pair, location, args, writer_counts, label):
         runs = []
         for r in range(args.repeats):
             run_id = uuid.uuid4().hex[:12]
-            grants, baseline, audit_ok = pair(location, blocks, args.grants, writers, run_id)
+            grants, baseline, audit_ok, (grant_cpu, baseline_cpu) = pair(location, blocks, args.grants, writers,
+                                                                         run_id)
             runs.append({"grants_per_second": round(grants, 2), "baseline_transactions_per_second": round(baseline, 2),
-                         "ratio": round(grants / baseline, 3), "audit_ok": audit_ok})
+                         "ratio": round(grants / baseline, 3), "audit_ok": audit_ok,
+                         "cpu_ms_per_grant": round(grant_cpu, 4),
+                         "baseline_cpu_ms_per_transaction": round(baseline_cpu, 4)})
             print(f"[bench ledger] {label}, {writers} writer(s), run {r + 1}/{args.repeats}: "
                   f"{grants:.1f} grants/s vs {baseline:.1f} baseline transactions/s "
-                  f"(ratio {grants / baseline:.3f})", file=sys.stderr, flush=True)
+                  f"(ratio {grants / baseline:.3f}; CPU {grant_cpu:.3f} ms per grant vs {baseline_cpu:.3f} ms per "
+                  "transaction)", file=sys.stderr, flush=True)
         grants = statistics.median(x["grants_per_second"] for x in runs)
         baseline = statistics.median(x["baseline_transactions_per_second"] for x in runs)
         per_writers[str(writers)] = {
             "grants_per_second": grants, "baseline_transactions_per_second": baseline,
             "ratio": round(statistics.median(x["ratio"] for x in runs), 3),
+            "cpu_ms_per_grant": statistics.median(x["cpu_ms_per_grant"] for x in runs),
+            "baseline_cpu_ms_per_transaction": statistics.median(x["baseline_cpu_ms_per_transaction"] for x in runs),
             "audit_ok": all(x["audit_ok"] for x in runs), "runs": runs,
         }
     return per_writers
@@ -366,8 +380,9 @@ def _measure_growth(location, n_old, batch, repeats, label):
                         "pipelines) on the old stream / the same on a young stream, alternating, same ledger, same run"}
 
 
-def _measure_storage(db_dir, samples, baseline_tps, grants_tps):
-    """What fsync costs in ``db_dir``: a bare fsync'd 4 KiB page write and a head-file write, median ms."""
+def _measure_storage(db_dir, samples, headline):
+    """What fsync costs in ``db_dir``: a bare fsync'd 4 KiB page write and a head-file write, median ms (and the
+    head-file write's CPU time), beside the ``headline`` writer count's grant and baseline figures."""
     from sage_tfx.privacy.keys import HeadFile
 
     page = os.urandom(4096)
@@ -385,31 +400,37 @@ def _measure_storage(db_dir, samples, baseline_tps, grants_tps):
         os.remove(path)
     head = HeadFile(os.path.join(db_dir, f"head-{uuid.uuid4().hex[:12]}.key.head"), "commit")
     head.advance("bench", 1, "0" * 64)  # creates the file (written whole, once); the timed writes are in place
-    head_s = []
+    head_s, head_cpu_s = [], []
     for i in range(samples):
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         head.advance("bench", i + 2, "0" * 64)
         head_s.append(time.perf_counter() - start)
+        head_cpu_s.append(time.process_time() - cpu)
     head.close()
     for suffix in ("", ".lock"):
         if os.path.exists(head.path + suffix):
             os.remove(head.path + suffix)
     page_ms, head_ms = statistics.median(page_s) * 1e3, statistics.median(head_s) * 1e3
+    head_cpu_ms = statistics.mean(head_cpu_s) * 1e3  # a mean: one sample is below the CPU clock's tick on some kernels
     page_range = (min(page_s) * 1e3, max(page_s) * 1e3)
-    baseline_ms, grant_ms = 1e3 / baseline_tps, 1e3 / grants_tps
+    baseline_ms, grant_ms = 1e3 / headline["baseline_transactions_per_second"], 1e3 / headline["grants_per_second"]
+    grant_cpu_ms, baseline_cpu_ms = headline["cpu_ms_per_grant"], headline["baseline_cpu_ms_per_transaction"]
     ceiling = baseline_ms / (baseline_ms + head_ms)
     note = (f"on {_filesystem(db_dir)} one fsync'd 4 KiB page write takes {page_ms:.3f} ms and one head-file write "
             f"(one of its two slots overwritten in place and fdatasync'd, under an flock: after every committed ledger "
-            f"write) {head_ms:.3f} ms; "
-            f"a baseline transaction took {baseline_ms:.3f} ms and a grant {grant_ms:.3f} ms, of which the head-file "
+            f"write) {head_ms:.3f} ms, {head_cpu_ms:.3f} ms of it CPU time (user and system: the flock, the read-back, "
+            f"the write and the kernel's part of the fdatasync; the rest is waiting for the device); "
+            f"a baseline transaction took {baseline_ms:.3f} ms ({baseline_cpu_ms:.3f} ms CPU) and a grant "
+            f"{grant_ms:.3f} ms ({grant_cpu_ms:.3f} ms CPU), of which the head-file "
             f"write is {min(head_ms / grant_ms, 1.0):.0%}; with no cost but the baseline transaction and the "
             f"head-file write the ratio would be {ceiling:.2f} (fsync here ranged {page_range[0]:.3f}-"
             f"{page_range[1]:.3f} ms within these samples, timed after the grant runs: on shared storage it varies "
             "from second to second, so compare figures within one run)")
     print(f"[bench ledger] storage: {note}", file=sys.stderr, flush=True)
     return {"fsync_page_ms": round(page_ms, 4), "fsync_page_ms_range": [round(x, 4) for x in page_range],
-            "head_file_write_ms": round(head_ms, 4),
+            "head_file_write_ms": round(head_ms, 4), "head_file_write_cpu_ms": round(head_cpu_ms, 4),
             "baseline_ms_per_transaction": round(baseline_ms, 4), "ms_per_grant": round(grant_ms, 4),
+            "baseline_cpu_ms_per_transaction": round(baseline_cpu_ms, 4), "cpu_ms_per_grant": round(grant_cpu_ms, 4),
             "head_file_share_of_grant": round(min(head_ms / grant_ms, 1.0), 3), "ratio_ceiling": round(ceiling, 3),
             "samples": samples, "note": note,
             "ratio_ceiling_is": "baseline ms / (baseline ms + head-file write ms): the ratio if a grant cost only the "
@@ -507,8 +528,7 @@ def run(args):
                     f"{args.blocks} rows, same directory, same writer count, same run",
     }
     if args.storage_samples:
-        figures["storage"] = _measure_storage(db_dir, args.storage_samples, headline["baseline_transactions_per_second"],
-                                              headline["grants_per_second"])
+        figures["storage"] = _measure_storage(db_dir, args.storage_samples, headline)
     if args.choose_blocks:
         figures["choose_blocks"] = _measure_choice(db_dir, args.choose_blocks, args.repeats)
     if args.growth_blocks:
