@@ -1,5 +1,9 @@
 """The store's SQL module (sage_tfx/privacy/store/sql.py): every statement it holds is valid SQL on the schema it
-describes, a fresh schema and a migrated one agree, and its placeholder helpers build what they say."""
+describes, a fresh schema and a migrated one agree, and its placeholder helpers build what they say; the ledger's
+modules hold no SQL text of their own (issue 13 part 1: all of it lives in sql.py)."""
+import ast
+import inspect
+import pathlib
 import re
 import sqlite3
 
@@ -24,12 +28,66 @@ def _indexes(conn):
     return sorted(r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL"))
 
 
-@pytest.mark.parametrize("name", sorted(n for n in dir(sql) if n.startswith(("AUDIT_", "META_"))))
-def test_each_audit_and_meta_statement_prepares_on_the_schema(name):
+SQL_WORDS = ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE")
+# the module's statements: every upper-case constant holding one (the schema's DDL and the backends' PRAGMAs and
+# PostgreSQL-only statements aside: TABLES and MIGRATIONS are run by the migration test below)
+STATEMENTS = sorted(n for n in dir(sql) if n.isupper() and isinstance(getattr(sql, n), str)
+                    and getattr(sql, n).startswith(SQL_WORDS[:4]) and not n.startswith(("PG_", "SQLITE_")))
+# the statements whose text depends on how many ids they name: sql.<name>(n)
+BUILDERS = sorted(n for n, f in vars(sql).items() if inspect.isfunction(f) and n.startswith(
+    ("block_", "reservation_")))
+
+
+def test_the_ledgers_statements_are_all_here():
+    assert len(STATEMENTS) >= 70 and {"STREAM_REQUEST_READ", "GRANT_INSERT", "LOG_INSERT", "DEMAND_ADMIT",
+                                      "AUDIT_LOG", "META_ALL"} <= set(STATEMENTS)
+    assert set(BUILDERS) == {"block_ids_present", "block_digest_owners", "block_rows", "block_budgets",
+                             "block_queue_rows", "block_set_spent", "reservation_rows", "reservation_set_used",
+                             "reservation_upsert"}
+
+
+@pytest.mark.parametrize("name", STATEMENTS)
+def test_each_statement_prepares_on_the_schema(name):
     """SQLite prepares a statement only if its tables and columns exist: a typo in a name fails here."""
     conn = _fresh()
     text = getattr(sql, name)
     conn.execute("EXPLAIN " + text, (None,) * text.count("?"))
+
+
+@pytest.mark.parametrize("name", BUILDERS)
+@pytest.mark.parametrize("n", [1, 3])
+def test_each_statement_builder_prepares_on_the_schema(name, n):
+    conn = _fresh()
+    text = getattr(sql, name)(n)
+    assert text.count("?") >= n
+    conn.execute("EXPLAIN " + text, (None,) * text.count("?"))
+
+
+# the ledger facade and the modules split out of it (sage_tfx/privacy/__init__.py's layout)
+LEDGER_MODULES = ["ledger.py"]
+SQL_TEXT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE)\s")  # how every statement here starts
+
+
+def _string_literals(path):
+    """Every string constant of a module's source, with its line (an f-string's literal parts included)."""
+    tree = ast.parse(path.read_text(), str(path))
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+
+
+@pytest.mark.parametrize("module", LEDGER_MODULES)
+def test_the_ledger_modules_hold_no_sql_text(module):
+    path = pathlib.Path(sql.__file__).resolve().parent.parent / module
+    found = [(line, text[:60]) for line, text in _string_literals(path) if SQL_TEXT.match(text)]
+    assert found == [], f"{module} holds SQL text (move it to store/sql.py): {found}"
+
+
+def test_the_sql_text_check_finds_sql(tmp_path):
+    """The check above can fail: SQL in a string or in an f-string's literal part is found."""
+    path = tmp_path / "m.py"
+    path.write_text('X = 1\nq = "SELECT 1"\ndef f(n):\n    return f"UPDATE t SET a = {n}"\n')
+    assert [t for _line, t in _string_literals(path) if SQL_TEXT.match(t)] == ["SELECT 1", "UPDATE t SET a = "]
+    assert not SQL_TEXT.match("Create a stream") and not SQL_TEXT.match("created")
 
 
 def test_the_schema_reached_by_the_migrations_is_the_fresh_schema():

@@ -67,7 +67,7 @@ from .errors import (
 from .checks import check_name as _check_name, finite as _finite
 from .split import SINGLE_RULE, SLACK, SPLIT_KEY, STAGES, BudgetSplit, grant_split
 from .keys import HeadFile, KeyFileError, KeyRing, head_sync_mode, resolve_key_path
-from .store import open_store
+from .store import open_store, sql
 from .vocabulary import Accounting, BlockState, GrantOutcome, Outcome, PipelineState, Policy, Source
 
 POLICIES = tuple(Policy)  # members equal their stored strings: "conserve", "aggressive"
@@ -261,11 +261,11 @@ class Ledger:
         self._key_source = keys
         self._legacy_grants = frozenset()
         with store.transaction(write=False) as tx:
-            meta = dict(tx.all("SELECT key, value FROM meta"))
+            meta = dict(tx.all(sql.META_ALL))
         if "secret" in meta and "key_id" not in meta:
             self._keys = self._migrate_secret(meta["secret"])
             with store.transaction(write=False) as tx:
-                meta = dict(tx.all("SELECT key, value FROM meta"))
+                meta = dict(tx.all(sql.META_ALL))
         else:
             self._keys = keys.keyring()
         if meta.get("key_id") != self._keys.key_id:
@@ -359,15 +359,14 @@ class Ledger:
                 "exists yet (--key-file PATH or SAGE_KEY_FILE=PATH)")
         self._keys = keys
         with self._store.transaction() as tx:
-            if tx.one("SELECT 1 FROM meta WHERE key = 'secret'") is None or tx.one(
-                    "SELECT 1 FROM meta WHERE key = 'key_id'") is not None:
+            if tx.one(sql.META_HAS_SECRET) is None or tx.one(sql.META_HAS_KEY_ID) is not None:
                 return keys  # migrated by another process meanwhile
-            last = tx.one("SELECT seq FROM log ORDER BY seq DESC LIMIT 1")
-            grants = sorted(r[0] for r in tx.all("SELECT id FROM grants"))
-            ledger_id = (tx.one("SELECT value FROM meta WHERE key = 'ledger_id'") or [None])[0] or secrets.token_hex(16)
-            tx.run("DELETE FROM meta WHERE key IN ('secret', 'key_id', 'ledger_id')")
-            tx.run("INSERT INTO meta (key, value) VALUES ('key_id', ?)", (keys.key_id,))
-            tx.run("INSERT INTO meta (key, value) VALUES ('ledger_id', ?)", (ledger_id,))
+            last = tx.one(sql.LOG_LAST_SEQ)
+            grants = sorted(r[0] for r in tx.all(sql.GRANT_IDS))
+            ledger_id = (tx.one(sql.META_LEDGER_ID) or [None])[0] or secrets.token_hex(16)
+            tx.run(sql.META_DELETE_KEY_ROWS)
+            tx.run(sql.META_INSERT_KEY_ID, (keys.key_id,))
+            tx.run(sql.META_INSERT_LEDGER_ID, (ledger_id,))
             self._ledger_id = ledger_id
             self._head = HeadFile(keys.head_path, self._head_sync)
             self._store.after_commit = self._advance_head
@@ -378,7 +377,7 @@ class Ledger:
     def _migration_entry(self):
         """The body of the keyed ``keys`` entry a migration wrote ({} if none, or if it does not verify)."""
         with self._store.transaction(write=False) as tx:
-            row = tx.one("SELECT seq, kind, body, prev, hash FROM log WHERE kind = 'keys' ORDER BY seq LIMIT 1")
+            row = tx.one(sql.LOG_FIRST_KEYS_ENTRY)
         if row is None or not hmac.compare_digest(self._keys.chain_value(row[3], row[0], row[1], row[2]), row[4]):
             return {}
         body = json.loads(row[2])
@@ -467,11 +466,10 @@ class Ledger:
         params = rules.params() if rules.queued else None  # in full: defaults written down
         now = time.time()
         with self._store.transaction() as tx:
-            if tx.one("SELECT 1 FROM streams WHERE name = ?", (name,)):
+            if tx.one(sql.STREAM_EXISTS, (name,)):
                 raise LedgerError(f"stream {name!r} already exists")
             tx.run(
-                "INSERT INTO streams (name, accounting, epsilon, delta, orders, policy, min_epsilon, created,"
-                " min_grant_epsilon, policy_params) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                sql.STREAM_INSERT,
                 (name, accounting, filt.epsilon, filt.delta, json.dumps(orders), policy, min_epsilon, now, min_grant,
                  None if params is None else _canonical(params)),
             )
@@ -488,19 +486,15 @@ class Ledger:
         if tx is None:
             with self._store.transaction(write=False) as tx:
                 return self.stream(name, tx)
-        row = tx.one(
-            "SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon,"
-            " policy_params FROM streams WHERE name = ?",
-            (name,),
-        )
+        row = tx.one(sql.STREAM_ROW, (name,))
         if row is None:
-            known = [r[0] for r in tx.all("SELECT name FROM streams ORDER BY name")]
+            known = [r[0] for r in tx.all(sql.STREAM_NAMES)]
             raise UnknownStream(f"stream {name!r} does not exist (streams: {', '.join(known) or 'none'})")
         return _parsed_stream(tuple(row))
 
     def streams(self):
         with self._store.transaction(write=False) as tx:
-            return [self.stream(r[0], tx) for r in tx.all("SELECT name FROM streams ORDER BY name")]
+            return [self.stream(r[0], tx) for r in tx.all(sql.STREAM_NAMES)]
 
     # ------------------------------------------------------------------ blocks
     def add_block(self, stream, block_id, start=None, end=None, shard=None, rows=None, created=None, digest=None,
@@ -541,9 +535,7 @@ class Ledger:
             existing = set()
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
-                existing.update(r[0] for r in tx.all(
-                    f"SELECT id FROM blocks WHERE stream = ? AND id IN ({','.join('?' * len(chunk))})",
-                    [stream, *chunk]))
+                existing.update(r[0] for r in tx.all(sql.block_ids_present(len(chunk)), [stream, *chunk]))
             for block_id in ids:
                 if block_id in existing:
                     raise LedgerError(f"block {block_id!r} already exists in stream {stream!r}")
@@ -556,8 +548,7 @@ class Ledger:
                         f"{others[0][1]!r} of stream {others[0][0]!r}; in stream {stream!r} they would get a fresh "
                         f"budget: nothing was added (allow the copy knowingly with "
                         f"--allow-duplicate-of-stream {others[0][0]}, allow_duplicate_of=({others[0][0]!r},))")
-            waiting = [r[0] for r in tx.all(
-                "SELECT name FROM pipelines WHERE stream = ? AND state = 'waiting' ORDER BY name", (stream,))]
+            waiting = [r[0] for r in tx.all(sql.PIPELINE_WAITING, (stream,))]
             share = s.rules().new_block_shares(filt.capacity, waiting)  # the same for every new block
             for args in checked:
                 self._insert_block(tx, stream, filt, waiting, share, *args)
@@ -575,10 +566,7 @@ class Ledger:
         digests, out = sorted(set(digests)), {}
         for i in range(0, len(digests), 500):
             chunk = digests[i:i + 500]
-            marks = ",".join("?" * len(chunk))
-            for digest, stream, block_id in tx.all(
-                    f"SELECT digest, stream, id FROM blocks WHERE digest IN ({marks}) AND stream <> ?"
-                    " ORDER BY stream, id", [*chunk, exclude_stream or ""]):
+            for digest, stream, block_id in tx.all(sql.block_digest_owners(len(chunk)), [*chunk, exclude_stream or ""]):
                 out.setdefault(digest, []).append((stream, block_id))
         return out
 
@@ -610,29 +598,24 @@ class Ledger:
             # if some window B overlaps (B.start < end, B.end > start) and the last-starting one M is not B, then
             # B.start < M.start, so M.start >= B.end > start, and M overlaps too (M.end > M.start > start). The
             # look-up is one descent of the (stream, start_ts) index, not a scan of every older window.
-            clash = tx.one(
-                "SELECT id FROM (SELECT id, end_ts FROM blocks WHERE stream = ? AND start_ts < ?"
-                " ORDER BY start_ts DESC LIMIT 1) last_window WHERE end_ts > ?", (stream, end, start)
-            )
+            clash = tx.one(sql.BLOCK_LAST_WINDOW_CLASH, (stream, end, start))
             if clash:  # refused: name the earliest overlapping window, as the scan this replaced did
-                clash = tx.one("SELECT id FROM blocks WHERE stream = ? AND start_ts < ? AND end_ts > ?"
-                               " ORDER BY start_ts LIMIT 1", (stream, end, start)) or clash
+                clash = tx.one(sql.BLOCK_FIRST_WINDOW_CLASH, (stream, end, start)) or clash
                 raise LedgerError(f"block {block_id!r}: window [{start}, {end}) overlaps block {clash[0]!r}")
         if shard is not None:
-            clash = tx.one("SELECT id FROM blocks WHERE stream = ? AND shard = ?", (stream, shard))
+            clash = tx.one(sql.BLOCK_SHARD_CLASH, (stream, shard))
             if clash:
                 raise LedgerError(f"block {block_id!r}: shard {shard} is already block {clash[0]!r}")
         zero = filt.zero()
         tx.run(
-            "INSERT INTO blocks (stream, id, start_ts, end_ts, shard, n_rows, created, state, spent, digest)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, 'active', ?, ?)",
+            sql.BLOCK_INSERT,
             (stream, block_id, start, end, shard, rows, created, json.dumps(zero), digest),
         )
         self._log(tx, "block", {"stream": stream, "id": block_id, "start": start, "end": end,
                                 "shard": shard, "created": created, "rows": rows, "digest": digest})
         if share is not None:
             tx.many(
-                "INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES (?, ?, ?, ?, ?)",
+                sql.RESERVATION_INSERT,
                 [(stream, block_id, p, json.dumps(share), json.dumps(zero)) for p in waiting],
             )
             self._log(tx, "reserve", {"stream": stream, "block": block_id, "pipelines": waiting,
@@ -652,12 +635,7 @@ class Ledger:
             raise LedgerError(f"block state {state!r} is unknown: use 'active' or 'retired'")
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
-            sql = "SELECT " + self._BLOCK_COLS + " FROM blocks WHERE stream = ?"
-            params = [stream]
-            if state:
-                sql += " AND state = ?"
-                params.append(state)
-            rows = tx.all(sql + self._BLOCK_ORDER, params)
+            rows = tx.all(sql.BLOCK_ROWS_IN_STATE, (stream, state)) if state else tx.all(sql.BLOCK_ROWS, (stream,))
         return self._block_rows(stream, rows)
 
     def private_row_count(self, stream, block_id):
@@ -667,7 +645,7 @@ class Ledger:
         must be the public block count or a DP count charged to its grant.
         """
         with self._store.transaction(write=False) as tx:
-            row = tx.one("SELECT n_rows FROM blocks WHERE stream = ? AND id = ?", (stream, block_id))
+            row = tx.one(sql.BLOCK_N_ROWS, (stream, block_id))
         if row is None:
             raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
         return row[0]
@@ -678,13 +656,10 @@ class Ledger:
         TRUSTED CODE ONLY (the block readers check the block files against it, docs/security.md).
         """
         with self._store.transaction(write=False) as tx:
-            row = tx.one("SELECT digest FROM blocks WHERE stream = ? AND id = ?", (stream, block_id))
+            row = tx.one(sql.BLOCK_DIGEST, (stream, block_id))
         if row is None:
             raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
         return row[0]
-
-    _BLOCK_COLS = "id, start_ts, end_ts, shard, created, state, spent, retired"
-    _BLOCK_ORDER = " ORDER BY start_ts, shard, created, id"  # key order: time window or shard
 
     def _block_row(self, stream, r, decode=None):
         spent = decode(r[6]) if decode else tuple(json.loads(r[6]))
@@ -699,9 +674,7 @@ class Ledger:
         ids = list(ids)
         for i in range(0, len(ids), 500):  # stay under SQL variable limits
             chunk = ids[i:i + 500]
-            marks = ",".join("?" * len(chunk))
-            rows = tx.all(f"SELECT {self._BLOCK_COLS} FROM blocks WHERE stream = ? AND id IN ({marks})",
-                          [stream, *chunk])
+            rows = tx.all(sql.block_rows(len(chunk)), [stream, *chunk])
             found.update((b.id, b) for b in self._block_rows(stream, rows))
         return found
 
@@ -714,10 +687,7 @@ class Ledger:
         ids = list(ids)
         for i in range(0, len(ids), 500):  # stay under SQL variable limits
             chunk = ids[i:i + 500]
-            rows = tx.all("SELECT b.id, b.state, b.spent, r.pipeline, r.reserved, r.used FROM blocks b"
-                          " LEFT JOIN reservations r ON r.stream = b.stream AND r.block = b.id"
-                          f" WHERE b.stream = ? AND b.id IN ({','.join('?' * len(chunk))}) ORDER BY b.id, r.pipeline",
-                          [stream, *chunk])
+            rows = tx.all(sql.block_budgets(len(chunk)), [stream, *chunk])
             for block, state, spent, pipeline, reserved, used in rows:
                 found[block] = (state, spent)
                 if pipeline is not None:
@@ -731,9 +701,7 @@ class Ledger:
             raise LedgerError(f"window [{start}, {end}) is empty: start must be before end")
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
-            ids = [r[0] for r in tx.all(
-                "SELECT id FROM blocks WHERE stream = ? AND state = 'active' AND start_ts >= ? AND end_ts <= ?"
-                " ORDER BY start_ts", (stream, start, end))]
+            ids = [r[0] for r in tx.all(sql.BLOCK_WINDOW_IDS, (stream, start, end))]
         if not ids:
             raise LedgerError(f"window [{start}, {end}) holds no active blocks of stream {stream!r}")
         return ids
@@ -744,16 +712,15 @@ class Ledger:
         _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
             s = self.stream(stream, tx)
-            row = tx.one("SELECT state, outcome FROM pipelines WHERE stream = ? AND name = ?", (stream, pipeline))
+            row = tx.one(sql.PIPELINE_STATE_OUTCOME, (stream, pipeline))
             if row is not None:
                 if row[0] == PipelineState.WAITING:
                     return
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r} with {row[1]}")
-            tx.run("INSERT INTO pipelines (stream, name, state, registered) VALUES (?, ?, 'waiting', ?)",
-                   (stream, pipeline, time.time()))
+            tx.run(sql.PIPELINE_INSERT, (stream, pipeline, time.time()))
             self._log(tx, "register", {"stream": stream, "pipeline": pipeline})
             if s.rules().queued:  # an arrival: one more share of every live block unlocks (DPF-N, DPack)
-                tx.run("UPDATE blocks SET arrivals = arrivals + 1 WHERE stream = ? AND state = 'active'", (stream,))
+                tx.run(sql.BLOCK_COUNT_ARRIVAL, (stream,))
                 self._schedule(tx, s, s.filter(), time.time())
 
     def claim(self, stream, pipelines):
@@ -791,9 +758,8 @@ class Ledger:
     def pipelines(self, stream):
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
-            return [dict(zip(("name", "state", "outcome", "registered", "finished"), r)) for r in tx.all(
-                "SELECT name, state, outcome, registered, finished FROM pipelines WHERE stream = ? ORDER BY registered",
-                (stream,))]
+            return [dict(zip(("name", "state", "outcome", "registered", "finished"), r))
+                    for r in tx.all(sql.PIPELINE_ROWS, (stream,))]
 
     def finish(self, stream, pipeline, outcome):
         """End a pipeline (ACCEPT, REJECT or TIMEOUT); split its unused reservations among those still waiting."""
@@ -801,24 +767,17 @@ class Ledger:
             raise LedgerError(f"outcome {outcome!r} is unknown: use one of {', '.join(OUTCOMES)}")
         with self._store.transaction() as tx:
             s = self.stream(stream, tx)
-            row = tx.one("SELECT state FROM pipelines WHERE stream = ? AND name = ?", (stream, pipeline))
+            row = tx.one(sql.PIPELINE_STATE, (stream, pipeline))
             if row is None:
                 raise LedgerError(f"pipeline {pipeline!r} is not registered on stream {stream!r}")
             if row[0] != PipelineState.WAITING:
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
-            tx.run("UPDATE pipelines SET state = 'done', outcome = ?, finished = ? WHERE stream = ? AND name = ?",
-                   (outcome, time.time(), stream, pipeline))
-            others = [r[0] for r in tx.all(
-                "SELECT name FROM pipelines WHERE stream = ? AND state = 'waiting' ORDER BY name", (stream,))]
+            tx.run(sql.PIPELINE_FINISH, (outcome, time.time(), stream, pipeline))
+            others = [r[0] for r in tx.all(sql.PIPELINE_WAITING, (stream,))]
             # Every reservation on the stream's active blocks held by this pipeline or one still waiting,
             # read at once; the new values are computed here and written back in a few statements.
             held = collections.defaultdict(dict)
-            for block_id, holder, reserved, used in tx.all(
-                "SELECT r.block, r.pipeline, r.reserved, r.used FROM reservations r"
-                " JOIN blocks b ON b.stream = r.stream AND b.id = r.block"
-                " JOIN pipelines p ON p.stream = r.stream AND p.name = r.pipeline"
-                " WHERE r.stream = ? AND b.state = 'active' AND (r.pipeline = ? OR p.state = 'waiting')",
-                (stream, pipeline)):
+            for block_id, holder, reserved, used in tx.all(sql.RESERVATION_HELD, (stream, pipeline)):
                 held[block_id][holder] = (reserved, used)
             zero = s.filter().zero()
             rules = s.rules()
@@ -832,15 +791,12 @@ class Ledger:
                     writes.append((block_id, holder, json.dumps(list(reserved)), json.dumps(list(used))))
             for i in range(0, len(writes), 400):  # 5 values a row: under every backend's parameter limit
                 chunk = writes[i:i + 400]
-                tx.run("INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES "
-                       + ",".join(["(?, ?, ?, ?, ?)"] * len(chunk))
-                       + " ON CONFLICT (stream, block, pipeline) DO UPDATE SET reserved = excluded.reserved",
-                       [v for row in chunk for v in (stream, *row)])
+                tx.run(sql.reservation_upsert(len(chunk)), [v for row in chunk for v in (stream, *row)])
             moved = len(released)
             self._log(tx, "finish", {"stream": stream, "pipeline": pipeline, "outcome": outcome,
                                      "blocks_released": moved, "to": others})
             if rules.queued:  # its demand (pending, or admitted and never collected) is withdrawn
-                tx.run("DELETE FROM demands WHERE stream = ? AND pipeline = ?", (stream, pipeline))
+                tx.run(sql.DEMAND_DELETE, (stream, pipeline))
                 self._schedule(tx, s, s.filter(), time.time())
 
     # ------------------------------------------------------------------ grants
@@ -889,7 +845,7 @@ class Ledger:
             # One statement reads the stream row, the pipeline's state and the log's last entry (what ``_log``
             # chains the grant's entry to): all three as of this write transaction, which is exclusive (SQLite's
             # write lock, PostgreSQL's meta lock row), so nothing read here is from before another writer's commit.
-            row = tx.one(_REQUEST_READ, (stream, pipeline, stream))
+            row = tx.one(sql.STREAM_REQUEST_READ, (stream, pipeline, stream))
             if row is None:
                 self.stream(stream, tx)  # raises UnknownStream, naming the streams there are
             s = _parsed_stream(tuple(row[:10]))
@@ -975,15 +931,12 @@ class Ledger:
         for used, ids in sorted(own_groups.items(), key=lambda kv: kv[1][0]):
             for i in range(0, len(ids), 500):  # stay under SQL variable limits
                 chunk = ids[i:i + 500]
-                tx.run(f"UPDATE reservations SET used = ? WHERE stream = ? AND pipeline = ? AND block IN"
-                       f" ({','.join('?' * len(chunk))})", [used, stream, pipeline, *chunk])
+                tx.run(sql.reservation_set_used(len(chunk)), [used, stream, pipeline, *chunk])
         for (spent_text, state, retired_at), ids in sorted(block_groups.items(), key=lambda kv: kv[1][0]):
             for i in range(0, len(ids), 500):
                 chunk = ids[i:i + 500]
-                tx.run(f"UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id IN"
-                       f" ({','.join('?' * len(chunk))})", [spent_text, state, retired_at, stream, *chunk])
-        tx.run("INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
-               (grant.id, stream, pipeline, body_text, grant.signature, now))
+                tx.run(sql.block_set_spent(len(chunk)), [spent_text, state, retired_at, stream, *chunk])
+        tx.run(sql.GRANT_INSERT, (grant.id, stream, pipeline, body_text, grant.signature, now))
         sources = [verdicts[k][1] for k in keys]
         self._log(tx, "grant", None, _grant_log_text(grant, body_text, sources))
         if not all(alive_of.values()):
@@ -1012,21 +965,19 @@ class Ledger:
     def _queued_request(self, tx, s, filt, pipeline, blocks, found, cost, rule, meta):
         """(grant, None) if granted now or collected; (None, {block: why}) once the demand is recorded."""
         stream, meta_text = s.name, _canonical(meta)
-        row = tx.one("SELECT blocks, cost, rule, meta, state, grant_id FROM demands WHERE stream = ? AND pipeline = ?",
-                     (stream, pipeline))
+        row = tx.one(sql.DEMAND_ROW, (stream, pipeline))
         same = row is not None and (json.loads(row[0]), tuple(json.loads(row[1])), row[2], row[3]) == (
             list(blocks), tuple(cost), rule, meta_text)
         if same and row[4] == _ADMITTED:  # admitted and charged by an earlier scheduling point: hand it over
-            tx.run("DELETE FROM demands WHERE stream = ? AND pipeline = ?", (stream, pipeline))
+            tx.run(sql.DEMAND_DELETE, (stream, pipeline))
             self._log(tx, "collect", {"stream": stream, "pipeline": pipeline, "grant": row[5]})
-            body, signature = tx.one("SELECT body, signature FROM grants WHERE id = ?", (row[5],))
+            body, signature = tx.one(sql.GRANT_BODY, (row[5],))
             return Grant.from_json(dict(json.loads(body), signature=signature)), None
         if not same:  # a new demand (replacing any earlier one of this pipeline; an admitted grant stays charged)
             self._log(tx, "demand", {"stream": stream, "pipeline": pipeline, "blocks": list(blocks),
                                      "cost": list(cost), "rule": rule, "meta": meta})
-            tx.run("DELETE FROM demands WHERE stream = ? AND pipeline = ?", (stream, pipeline))
-            tx.run("INSERT INTO demands (stream, pipeline, blocks, cost, rule, meta, seq, state, grant_id)"
-                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)",
+            tx.run(sql.DEMAND_DELETE, (stream, pipeline))
+            tx.run(sql.DEMAND_INSERT,
                    (stream, pipeline, json.dumps(list(blocks)), json.dumps(list(cost)), rule, meta_text, tx.head[0],
                     _PENDING))
         now = time.time()
@@ -1051,16 +1002,14 @@ class Ledger:
         """The stream's queue as ``QueuedAllocation`` state: the pending demands, and the blocks they (and
         ``blocks``) name, as stored. ({pipeline: (rule, meta text)}, state)."""
         queue = QueuedAllocation(filt, filt.cost(epsilon=s.min_epsilon), s.rules())
-        pending = tx.all("SELECT pipeline, blocks, cost, rule, meta, seq FROM demands WHERE stream = ? AND state = ?"
-                         " ORDER BY seq", (s.name, _PENDING))
+        pending = tx.all(sql.DEMAND_IN_STATE, (s.name, _PENDING))
         demands = [(p, json.loads(b), tuple(json.loads(c)), r, m, q) for p, b, c, r, m, q in pending]
         ids = list(dict.fromkeys([*blocks, *(b for d in demands for b in d[1])]))
         decode = _vector_decoder()
         for i in range(0, len(ids), 500):
             chunk = ids[i:i + 500]
-            for block_id, state, spent, created, arrivals in tx.all(
-                    f"SELECT id, state, spent, created, arrivals FROM blocks WHERE stream = ? AND id IN"
-                    f" ({','.join('?' * len(chunk))})", [s.name, *chunk]):
+            for block_id, state, spent, created, arrivals in tx.all(sql.block_queue_rows(len(chunk)),
+                                                                    [s.name, *chunk]):
                 queue.load_block(block_id, spent=decode(spent), arrived=created, arrivals=arrivals,
                                  retired=state != BlockState.ACTIVE)
         for pipeline, demand_blocks, cost, *_rest, seq in demands:
@@ -1089,17 +1038,16 @@ class Ledger:
         for pipeline, blocks, _cost in admitted:
             grant, body_text = grants[pipeline]
             touched.extend(b for b in blocks if b not in touched)
-            tx.run("INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
-                   (grant.id, s.name, pipeline, body_text, grant.signature, now))
+            tx.run(sql.GRANT_INSERT, (grant.id, s.name, pipeline, body_text, grant.signature, now))
             self._log(tx, "grant", dict(grant.body(), signature=grant.signature))
             if pipeline == caller:
-                tx.run("DELETE FROM demands WHERE stream = ? AND pipeline = ?", (s.name, pipeline))
+                tx.run(sql.DEMAND_DELETE, (s.name, pipeline))
             else:
-                tx.run("UPDATE demands SET state = ?, grant_id = ? WHERE stream = ? AND pipeline = ?",
+                tx.run(sql.DEMAND_ADMIT,
                        (_ADMITTED, grant.id, s.name, pipeline))
         for b in touched:  # the queue's own sums (filters.add, in admission order) are what is stored
             retired = b in queue.retired
-            tx.run("UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id = ?",
+            tx.run(sql.BLOCK_SET_SPENT,
                    (json.dumps(queue.spent[b]), BlockState.RETIRED.value if retired else BlockState.ACTIVE.value,
                     now if retired else None, s.name, b))
         newly_retired = [b for b in touched if b in queue.retired and b not in before]
@@ -1144,16 +1092,12 @@ class Ledger:
         Pipelines come in name order, so every reader sums a block's pool in the same order.
         """
         if blocks is None:
-            rows = tx.all("SELECT r.block, r.pipeline, r.reserved, r.used FROM reservations r JOIN blocks b"
-                          " ON b.stream = r.stream AND b.id = r.block WHERE r.stream = ? AND b.state = 'active'"
-                          " ORDER BY r.block, r.pipeline", (stream,))
+            rows = tx.all(sql.RESERVATION_ACTIVE, (stream,))
         else:
             blocks, rows = list(blocks), []
             for i in range(0, len(blocks), 500):
                 chunk = blocks[i:i + 500]
-                marks = ",".join("?" * len(chunk))
-                rows += tx.all(f"SELECT block, pipeline, reserved, used FROM reservations WHERE stream = ?"
-                               f" AND block IN ({marks}) ORDER BY block, pipeline", [stream, *chunk])
+                rows += tx.all(sql.reservation_rows(len(chunk)), [stream, *chunk])
         out, decode = {}, _vector_decoder()
         for block, pipeline, reserved, used in rows:
             out.setdefault(block, {})[pipeline] = {"reserved": decode(reserved), "used": decode(used)}
@@ -1195,9 +1139,7 @@ class Ledger:
             _check_availability_args(filt, delta, tolerance)
             if blocks is None:
                 decode = _vector_decoder()
-                spent = {b: decode(text) for b, text in tx.all(
-                    "SELECT id, spent FROM blocks WHERE stream = ? AND state = 'active'" + self._BLOCK_ORDER,
-                    (stream,))}
+                spent = {b: decode(text) for b, text in tx.all(sql.BLOCK_ACTIVE_SPENT, (stream,))}
                 blocks = active = list(spent)
                 reservations = self._reservations(tx, stream)
             else:
@@ -1253,7 +1195,7 @@ class Ledger:
 
     def get_grant(self, grant_id):
         with self._store.transaction(write=False) as tx:
-            row = tx.one("SELECT body, signature FROM grants WHERE id = ?", (grant_id,))
+            row = tx.one(sql.GRANT_BODY, (grant_id,))
         if row is None:
             raise GrantError(f"grant {grant_id!r} is unknown to this ledger")
         return Grant.from_json(dict(json.loads(row[0]), signature=row[1]))
@@ -1261,9 +1203,9 @@ class Ledger:
     def grants(self, stream=None):
         with self._store.transaction(write=False) as tx:
             if stream is None:
-                rows = tx.all("SELECT body, signature FROM grants ORDER BY created")
+                rows = tx.all(sql.GRANT_BODIES)
             else:
-                rows = tx.all("SELECT body, signature FROM grants WHERE stream = ? ORDER BY created", (stream,))
+                rows = tx.all(sql.GRANT_STREAM_BODIES, (stream,))
         return [Grant.from_json(dict(json.loads(b), signature=sig)) for b, sig in rows]
 
     def verify(self, grant, stream=None, epsilon=None, delta=None):
@@ -1316,8 +1258,7 @@ class Ledger:
         if not delta < 1:
             raise LedgerError(f"release delta {delta!r} is invalid: need 0 <= delta < 1")
         with self._store.transaction() as tx:
-            done = {r[0]: r[1:] for r in tx.all(
-                "SELECT stage, computation, epsilon, delta, created FROM releases WHERE grant_id = ?", (grant.id,))}
+            done = {r[0]: r[1:] for r in tx.all(sql.RELEASE_OF_GRANT, (grant.id,))}
             if stage in done:
                 fingerprint, have_eps, have_delta, created = done[stage]
                 if (fingerprint, have_eps, have_delta) != (computation, epsilon, delta):
@@ -1341,8 +1282,7 @@ class Ledger:
                                  f"{grant.id!r} covers only (epsilon={allowed[0]:.6g}, delta={allowed[1]:.3g}) "
                                  f"for {stage}")
             now = time.time()
-            tx.run("INSERT INTO releases (grant_id, stage, stream, pipeline, computation, epsilon, delta, created)"
-                   " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            tx.run(sql.RELEASE_INSERT,
                    (grant.id, stage, grant.stream, grant.pipeline, computation, epsilon, delta, now))
             self._log(tx, "release", {"grant": grant.id, "stream": grant.stream, "pipeline": grant.pipeline,
                                       "stage": stage, "computation": computation, "epsilon": epsilon,
@@ -1352,9 +1292,7 @@ class Ledger:
     def releases(self, grant_id=None):
         """The releases opened so far (all, or one grant's), oldest first."""
         with self._store.transaction(write=False) as tx:
-            sql = "SELECT grant_id, stage, computation, epsilon, delta, created FROM releases"
-            rows = tx.all(sql + (" WHERE grant_id = ?" if grant_id else "") + " ORDER BY created, grant_id, stage",
-                          (grant_id,) if grant_id else ())
+            rows = tx.all(sql.RELEASE_ROWS_OF_GRANT, (grant_id,)) if grant_id else tx.all(sql.RELEASE_ROWS)
         return [Release(*r, reopened=False) for r in rows]
 
     def record_outcome(self, grant_id, outcome, details=None):
@@ -1367,13 +1305,12 @@ class Ledger:
             raise LedgerError(f"outcome {outcome!r} is unknown: use {', '.join(GrantOutcome)}")
         details = dict(details or {})
         with self._store.transaction() as tx:
-            row = tx.one("SELECT stream, pipeline FROM grants WHERE id = ?", (grant_id,))
+            row = tx.one(sql.GRANT_OWNER, (grant_id,))
             if row is None:
                 raise GrantError(f"grant {grant_id!r} is unknown to this ledger")
-            if tx.one("SELECT 1 FROM outcomes WHERE grant_id = ?", (grant_id,)):
+            if tx.one(sql.OUTCOME_EXISTS, (grant_id,)):
                 raise LedgerError(f"grant {grant_id!r} already has an outcome")
-            tx.run("INSERT INTO outcomes (grant_id, stream, pipeline, outcome, details, created)"
-                   " VALUES (?, ?, ?, ?, ?, ?)",
+            tx.run(sql.OUTCOME_INSERT,
                    (grant_id, row[0], row[1], outcome, _canonical(details), time.time()))
             self._log(tx, "outcome", {"grant": grant_id, "stream": row[0], "pipeline": row[1],
                                       "outcome": outcome, "details": details})
@@ -1382,10 +1319,7 @@ class Ledger:
         """The pipeline's grants in order, each with its recorded outcome (None while running or killed)."""
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
-            rows = tx.all(
-                "SELECT g.body, g.signature, o.outcome, o.details FROM grants g LEFT JOIN outcomes o"
-                " ON o.grant_id = g.id WHERE g.stream = ? AND g.pipeline = ? ORDER BY g.created, g.id",
-                (stream, pipeline))
+            rows = tx.all(sql.GRANT_HISTORY, (stream, pipeline))
         return [(Grant.from_json(dict(json.loads(body), signature=sig)), outcome,
                  json.loads(details) if details else None) for body, sig, outcome, details in rows]
 
@@ -1417,7 +1351,7 @@ class Ledger:
 
     def _grant_count(self, stream):
         with self._store.transaction(write=False) as tx:
-            return tx.one("SELECT count(*) FROM grants WHERE stream = ?", (stream,))[0]
+            return tx.one(sql.GRANT_COUNT, (stream,))[0]
 
     # ------------------------------------------------------------------- audit
     def _log(self, tx, kind, body, text=None):
@@ -1425,17 +1359,17 @@ class Ledger:
         # The entry this write transaction logged last is the log's last one (a write transaction is exclusive).
         # ``request`` reads it with the stream row in its own write transaction (``tx.log_last``).
         last = (getattr(tx, "head", None) or getattr(tx, "log_last", None)
-                or tx.one("SELECT seq, hash FROM log ORDER BY seq DESC LIMIT 1"))
+                or tx.one(sql.LOG_LAST))
         seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
         text = _canonical(body) if text is None else text
         value = self._keys.chain_value(prev, seq, kind, text)
-        tx.run("INSERT INTO log (seq, ts, kind, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?)",
+        tx.run(sql.LOG_INSERT,
                (seq, time.time(), kind, text, prev, value))
         tx.head = (seq, value)  # written to the head file once the transaction commits
 
     def log_entries(self):
         with self._store.transaction(write=False) as tx:
-            return tx.all("SELECT seq, ts, kind, body, prev, hash FROM log ORDER BY seq")
+            return tx.all(sql.LOG_ALL)
 
     def audit(self):
         """Recompute every block's loss from the log alone; see ``audit.audit_ledger``."""
@@ -1517,14 +1451,6 @@ def _stream_cost(stream, filt, epsilon):
     if cost is None:
         cost = costs[epsilon] = filt.cost(epsilon=epsilon)
     return cost
-
-
-# ``request``'s one read: the stream row (``Ledger.stream``'s columns), the pipeline's state, the log's last entry.
-_REQUEST_READ = (
-    "SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon, policy_params,"
-    " (SELECT state FROM pipelines WHERE stream = ? AND name = ?),"
-    " (SELECT seq FROM log ORDER BY seq DESC LIMIT 1), (SELECT hash FROM log ORDER BY seq DESC LIMIT 1)"
-    " FROM streams WHERE name = ?")
 
 
 class _NoSource:

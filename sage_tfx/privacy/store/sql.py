@@ -4,14 +4,17 @@ Nothing here runs a statement: the store (``base``, ``sqlite``, ``postgres``) an
 these. Every statement is written once with ``?`` placeholders; ``PostgresStore`` rewrites them to pg8000's
 ``%s``. The module imports nothing, so any module of the privacy core may import it.
 
-Sections, each a prefix of its names (the ledger's own statements, still in ``ledger.py``, are to join as
-``LEDGER_*`` constants, and as small functions of ``n`` where a statement's text depends on how many ids it
-names: ``marks(n)`` for an ``IN (...)`` list, ``value_rows(n, width)`` for a multi-row ``VALUES``):
+Sections, each a prefix of its names; a statement whose text depends on how many ids it names is a small
+lower-case function of ``n`` (``marks(n)`` for an ``IN (...)`` list, ``value_rows(n, width)`` for a multi-row
+``VALUES``), named after its table as the constants are:
 
 * the schema: ``SCHEMA_VERSION``, ``TABLES`` (a new ledger's DDL) and ``MIGRATIONS`` (the DDL that brings a
   ledger of one version to the next: text, or an ``AddColumn`` the store applies when the column is missing);
-* ``META_*``: the schema version and the write-lock row in ``meta``;
+* ``META_*``: the schema version, the write-lock row and the key's rows in ``meta``;
 * ``SQLITE_*`` and ``PG_*``: statements one backend alone runs;
+* the ledger's statements, one section per table: ``STREAM_*``, ``BLOCK_*``/``block_*``, ``PIPELINE_*``,
+  ``RESERVATION_*``/``reservation_*``, ``GRANT_*``, ``DEMAND_*``, ``RELEASE_*``, ``OUTCOME_*``, ``LOG_*``
+  (``ledger.py`` and its modules hold no SQL text: tests/test_store_sql.py checks it);
 * ``AUDIT_*``: what the audit reads, in its one read transaction.
 
 Changing a text here changes stored data only through ``TABLES``/``MIGRATIONS``: a change of those needs a new
@@ -128,6 +131,14 @@ META_HAS_SCHEMA_VERSION = "SELECT 1 FROM meta WHERE key = 'schema_version'"
 META_INSERT_SCHEMA_VERSION = "INSERT INTO meta (key, value) VALUES ('schema_version', ?)"
 META_INSERT_LOCK = "INSERT INTO meta (key, value) VALUES ('lock', '0')"
 META_INSERT = "INSERT INTO meta (key, value) VALUES (?, ?)"
+META_ALL = "SELECT key, value FROM meta"  # every meta row (the ledger's open, the audit)
+# an older ledger's secret moved out (Ledger._migrate_secret): what is there, then the key's rows replaced
+META_HAS_SECRET = "SELECT 1 FROM meta WHERE key = 'secret'"
+META_HAS_KEY_ID = "SELECT 1 FROM meta WHERE key = 'key_id'"
+META_LEDGER_ID = "SELECT value FROM meta WHERE key = 'ledger_id'"
+META_DELETE_KEY_ROWS = "DELETE FROM meta WHERE key IN ('secret', 'key_id', 'ledger_id')"
+META_INSERT_KEY_ID = "INSERT INTO meta (key, value) VALUES ('key_id', ?)"
+META_INSERT_LEDGER_ID = "INSERT INTO meta (key, value) VALUES ('ledger_id', ?)"
 
 # --------------------------------------------------------------------------------------------------------- SQLite
 SQLITE_BUSY_TIMEOUT = "PRAGMA busy_timeout=120000"
@@ -163,8 +174,156 @@ PG_CLAIM_HOLDER = ("SELECT a.application_name, host(a.client_addr) FROM pg_locks
                    " AND l.classid = ?::bigint::oid AND l.objid = ?::bigint::oid AND l.database ="
                    " (SELECT oid FROM pg_database WHERE datname = current_database())")
 
+# ------------------------------------------------------------------------------------------- the ledger: streams
+STREAM_COLUMNS = ("name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon,"
+                  " policy_params")  # a stream row as Ledger.stream parses it
+STREAM_EXISTS = "SELECT 1 FROM streams WHERE name = ?"
+STREAM_INSERT = ("INSERT INTO streams (" + STREAM_COLUMNS + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+STREAM_ROW = "SELECT " + STREAM_COLUMNS + " FROM streams WHERE name = ?"
+STREAM_NAMES = "SELECT name FROM streams ORDER BY name"
+# ``request``'s one read: the stream row, the pipeline's state, the log's last entry (seq, hash)
+STREAM_REQUEST_READ = (
+    "SELECT " + STREAM_COLUMNS + ","
+    " (SELECT state FROM pipelines WHERE stream = ? AND name = ?),"
+    " (SELECT seq FROM log ORDER BY seq DESC LIMIT 1), (SELECT hash FROM log ORDER BY seq DESC LIMIT 1)"
+    " FROM streams WHERE name = ?")
+
+# -------------------------------------------------------------------------------------------- the ledger: blocks
+BLOCK_COLUMNS = "id, start_ts, end_ts, shard, created, state, spent, retired"  # a Block's row
+BLOCK_KEY_ORDER = " ORDER BY start_ts, shard, created, id"  # key order: time window or shard
+BLOCK_ROWS = "SELECT " + BLOCK_COLUMNS + " FROM blocks WHERE stream = ?" + BLOCK_KEY_ORDER
+BLOCK_ROWS_IN_STATE = "SELECT " + BLOCK_COLUMNS + " FROM blocks WHERE stream = ? AND state = ?" + BLOCK_KEY_ORDER
+# add_blocks' overlap check: the one window starting last before ``end``, if it ends after ``start``
+BLOCK_LAST_WINDOW_CLASH = ("SELECT id FROM (SELECT id, end_ts FROM blocks WHERE stream = ? AND start_ts < ?"
+                           " ORDER BY start_ts DESC LIMIT 1) last_window WHERE end_ts > ?")
+BLOCK_FIRST_WINDOW_CLASH = ("SELECT id FROM blocks WHERE stream = ? AND start_ts < ? AND end_ts > ?"
+                            " ORDER BY start_ts LIMIT 1")  # the earliest overlapping window, for the refusal
+BLOCK_SHARD_CLASH = "SELECT id FROM blocks WHERE stream = ? AND shard = ?"
+BLOCK_INSERT = ("INSERT INTO blocks (stream, id, start_ts, end_ts, shard, n_rows, created, state, spent, digest)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, 'active', ?, ?)")  # a fresh block: active, spent zero
+BLOCK_N_ROWS = "SELECT n_rows FROM blocks WHERE stream = ? AND id = ?"
+BLOCK_DIGEST = "SELECT digest FROM blocks WHERE stream = ? AND id = ?"
+BLOCK_WINDOW_IDS = ("SELECT id FROM blocks WHERE stream = ? AND state = 'active' AND start_ts >= ? AND end_ts <= ?"
+                    " ORDER BY start_ts")  # the active blocks inside a window
+BLOCK_ACTIVE_SPENT = "SELECT id, spent FROM blocks WHERE stream = ? AND state = 'active'" + BLOCK_KEY_ORDER
+BLOCK_COUNT_ARRIVAL = "UPDATE blocks SET arrivals = arrivals + 1 WHERE stream = ? AND state = 'active'"
+BLOCK_SET_SPENT = "UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id = ?"
+
+
+def block_ids_present(n: int) -> str:
+    """Which of ``n`` ids are blocks of a stream (params: stream, ids)."""
+    return f"SELECT id FROM blocks WHERE stream = ? AND id IN ({marks(n)})"
+
+
+def block_digest_owners(n: int) -> str:
+    """The blocks of other streams holding any of ``n`` digests (params: digests, the stream left out)."""
+    return f"SELECT digest, stream, id FROM blocks WHERE digest IN ({marks(n)}) AND stream <> ? ORDER BY stream, id"
+
+
+def block_rows(n: int) -> str:
+    """``n`` blocks' rows (``BLOCK_COLUMNS``; params: stream, ids)."""
+    return f"SELECT {BLOCK_COLUMNS} FROM blocks WHERE stream = ? AND id IN ({marks(n)})"
+
+
+def block_budgets(n: int) -> str:
+    """``n`` blocks' state and spent with their reservations, one row per (block, holder) (params: stream, ids)."""
+    return ("SELECT b.id, b.state, b.spent, r.pipeline, r.reserved, r.used FROM blocks b"
+            " LEFT JOIN reservations r ON r.stream = b.stream AND r.block = b.id"
+            f" WHERE b.stream = ? AND b.id IN ({marks(n)}) ORDER BY b.id, r.pipeline")
+
+
+def block_queue_rows(n: int) -> str:
+    """What a queued stream's scheduler loads of ``n`` blocks (params: stream, ids)."""
+    return f"SELECT id, state, spent, created, arrivals FROM blocks WHERE stream = ? AND id IN ({marks(n)})"
+
+
+def block_set_spent(n: int) -> str:
+    """One new (spent, state, retired) for ``n`` blocks (params: the three values, stream, ids)."""
+    return f"UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id IN ({marks(n)})"
+
+
+# ----------------------------------------------------------------------------------------- the ledger: pipelines
+PIPELINE_INSERT = "INSERT INTO pipelines (stream, name, state, registered) VALUES (?, ?, 'waiting', ?)"
+PIPELINE_STATE = "SELECT state FROM pipelines WHERE stream = ? AND name = ?"
+PIPELINE_STATE_OUTCOME = "SELECT state, outcome FROM pipelines WHERE stream = ? AND name = ?"
+PIPELINE_WAITING = "SELECT name FROM pipelines WHERE stream = ? AND state = 'waiting' ORDER BY name"
+PIPELINE_ROWS = ("SELECT name, state, outcome, registered, finished FROM pipelines WHERE stream = ?"
+                 " ORDER BY registered")
+PIPELINE_FINISH = "UPDATE pipelines SET state = 'done', outcome = ?, finished = ? WHERE stream = ? AND name = ?"
+
+# -------------------------------------------------------------------------------------- the ledger: reservations
+RESERVATION_INSERT = "INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES (?, ?, ?, ?, ?)"
+# finish: the reservations on active blocks held by the finishing pipeline or one still waiting
+RESERVATION_HELD = ("SELECT r.block, r.pipeline, r.reserved, r.used FROM reservations r"
+                    " JOIN blocks b ON b.stream = r.stream AND b.id = r.block"
+                    " JOIN pipelines p ON p.stream = r.stream AND p.name = r.pipeline"
+                    " WHERE r.stream = ? AND b.state = 'active' AND (r.pipeline = ? OR p.state = 'waiting')")
+RESERVATION_ACTIVE = ("SELECT r.block, r.pipeline, r.reserved, r.used FROM reservations r JOIN blocks b"
+                      " ON b.stream = r.stream AND b.id = r.block WHERE r.stream = ? AND b.state = 'active'"
+                      " ORDER BY r.block, r.pipeline")  # every active block's reservations
+
+
+def reservation_rows(n: int) -> str:
+    """The reservations on ``n`` blocks (params: stream, block ids)."""
+    return (f"SELECT block, pipeline, reserved, used FROM reservations WHERE stream = ? AND block IN ({marks(n)})"
+            " ORDER BY block, pipeline")
+
+
+def reservation_set_used(n: int) -> str:
+    """One pipeline's new ``used`` on ``n`` blocks (params: used, stream, pipeline, block ids)."""
+    return f"UPDATE reservations SET used = ? WHERE stream = ? AND pipeline = ? AND block IN ({marks(n)})"
+
+
+def reservation_upsert(n: int) -> str:
+    """``n`` reservation rows written; an existing row's ``reserved`` alone changes (params: 5 values a row)."""
+    return ("INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES " + value_rows(n, 5)
+            + " ON CONFLICT (stream, block, pipeline) DO UPDATE SET reserved = excluded.reserved")
+
+
+# -------------------------------------------------------------------------------------------- the ledger: grants
+GRANT_INSERT = "INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)"
+GRANT_BODY = "SELECT body, signature FROM grants WHERE id = ?"
+GRANT_BODIES = "SELECT body, signature FROM grants ORDER BY created"
+GRANT_STREAM_BODIES = "SELECT body, signature FROM grants WHERE stream = ? ORDER BY created"
+GRANT_OWNER = "SELECT stream, pipeline FROM grants WHERE id = ?"
+GRANT_COUNT = "SELECT count(*) FROM grants WHERE stream = ?"
+GRANT_IDS = "SELECT id FROM grants"
+# a pipeline's grants in order, each with its outcome if recorded
+GRANT_HISTORY = ("SELECT g.body, g.signature, o.outcome, o.details FROM grants g LEFT JOIN outcomes o"
+                 " ON o.grant_id = g.id WHERE g.stream = ? AND g.pipeline = ? ORDER BY g.created, g.id")
+
+# ------------------------------------------------------------------------------ the ledger: demands (queued policies)
+DEMAND_ROW = "SELECT blocks, cost, rule, meta, state, grant_id FROM demands WHERE stream = ? AND pipeline = ?"
+DEMAND_DELETE = "DELETE FROM demands WHERE stream = ? AND pipeline = ?"
+DEMAND_INSERT = ("INSERT INTO demands (stream, pipeline, blocks, cost, rule, meta, seq, state, grant_id)"
+                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)")
+DEMAND_IN_STATE = ("SELECT pipeline, blocks, cost, rule, meta, seq FROM demands WHERE stream = ? AND state = ?"
+                   " ORDER BY seq")  # the queue, in arrival order
+DEMAND_ADMIT = "UPDATE demands SET state = ?, grant_id = ? WHERE stream = ? AND pipeline = ?"
+
+# ------------------------------------------------------------------------------------------ the ledger: releases
+RELEASE_OF_GRANT = "SELECT stage, computation, epsilon, delta, created FROM releases WHERE grant_id = ?"
+RELEASE_INSERT = ("INSERT INTO releases (grant_id, stage, stream, pipeline, computation, epsilon, delta, created)"
+                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
+RELEASE_ROWS = ("SELECT grant_id, stage, computation, epsilon, delta, created FROM releases"
+                " ORDER BY created, grant_id, stage")
+RELEASE_ROWS_OF_GRANT = ("SELECT grant_id, stage, computation, epsilon, delta, created FROM releases"
+                         " WHERE grant_id = ? ORDER BY created, grant_id, stage")
+
+# ------------------------------------------------------------------------------------------ the ledger: outcomes
+OUTCOME_EXISTS = "SELECT 1 FROM outcomes WHERE grant_id = ?"
+OUTCOME_INSERT = ("INSERT INTO outcomes (grant_id, stream, pipeline, outcome, details, created)"
+                  " VALUES (?, ?, ?, ?, ?, ?)")
+
+# ----------------------------------------------------------------------------------------------- the ledger: log
+LOG_ALL = "SELECT seq, ts, kind, body, prev, hash FROM log ORDER BY seq"
+LOG_LAST = "SELECT seq, hash FROM log ORDER BY seq DESC LIMIT 1"  # what the next entry chains to
+LOG_LAST_SEQ = "SELECT seq FROM log ORDER BY seq DESC LIMIT 1"
+LOG_INSERT = "INSERT INTO log (seq, ts, kind, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?)"
+LOG_FIRST_KEYS_ENTRY = "SELECT seq, kind, body, prev, hash FROM log WHERE kind = 'keys' ORDER BY seq LIMIT 1"
+
 # ------------------------------------------------------------------------------------- the audit (audit.py, step 4)
-AUDIT_LOG = "SELECT seq, ts, kind, body, prev, hash FROM log ORDER BY seq"
+AUDIT_LOG = LOG_ALL
 AUDIT_STREAMS = ("SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, min_grant_epsilon,"
                  " policy_params FROM streams")
 AUDIT_BLOCK_SPENT = "SELECT stream, id, spent, state FROM blocks"
@@ -175,6 +334,6 @@ AUDIT_GRANT_COLUMNS = "SELECT id, stream, pipeline, created FROM grants"
 AUDIT_PIPELINES = "SELECT stream, name, state, outcome FROM pipelines"
 AUDIT_RESERVATIONS = "SELECT stream, block, pipeline, reserved, used FROM reservations"
 AUDIT_OUTCOMES = "SELECT grant_id, stream, pipeline, outcome, details FROM outcomes"
-AUDIT_META = "SELECT key, value FROM meta"
+AUDIT_META = META_ALL
 AUDIT_DEMANDS = "SELECT stream, pipeline, blocks, cost, rule, meta, seq, state, grant_id FROM demands"
 AUDIT_BLOCK_ARRIVALS = "SELECT stream, id, arrivals FROM blocks"
