@@ -126,6 +126,29 @@ def test_the_store_package_and_the_audit_import_one_way():
     assert "sage_tfx.privacy.store" in graph["sage_tfx.privacy.ledger"]  # the one direction
 
 
+LEDGER_STEPS = ("streams", "blocks", "charges", "grants", "session")  # the modules split out of the facade
+
+
+def test_the_ledger_facade_is_imported_only_from_above_and_its_steps_never_import_it():
+    """The ledger's step modules (``LEDGER_STEPS``) reach neither the ``Ledger`` facade nor the audit; the facade
+    imports each of them; no module of the core imports the facade (only the package's ``__init__`` does, for the
+    public surface, and the CLI and higher layers outside the core)."""
+    modules = {m: p for m, p in _modules(packages=True).items() if m not in CORE_PACKAGES}
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    facade = "sage_tfx.privacy.ledger"
+    for step in LEDGER_STEPS:
+        module = f"sage_tfx.privacy.{step}"
+        assert module in graph, f"{module} is missing"
+        assert module in graph[facade], f"the facade does not import {module}"
+        reached = _reached(graph, module)
+        for banned in (facade, "sage_tfx.privacy.audit"):
+            assert banned not in reached, f"{module} imports {banned} (a ledger step imports neither)"
+    importers = sorted(m for m, targets in graph.items() if facade in targets)
+    assert importers == [], f"core modules import the ledger facade: {importers}"
+    init = _imports("sage_tfx.privacy", ROOT / "sage_tfx" / "privacy" / "__init__.py", _modules(packages=True))
+    assert facade in init  # the public surface: sage_tfx.privacy.Ledger
+
+
 def test_the_reach_finder_follows_imports_and_parent_packages():
     graph = {"p": set(), "p.a": {"p.b"}, "p.b": set(), "q": {"p.a"}, "r": set(), "p.c": {"r"}}
     assert _reached(graph, "q") == {"p", "p.a", "p.b"}

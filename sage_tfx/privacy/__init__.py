@@ -4,16 +4,23 @@ Layout (issue 13); imports run one way:
 
 * ``store/``: the ledger's storage. ``base`` (the backend-independent ``Store``: transactions, schema check and
   migration driver, ``Tx``), ``sqlite`` (``SqliteStore``: one host), ``postgres`` (``PostgresStore``: several
-  hosts, verified TLS by default), ``sql`` (the SQL of the store and the audit: the schema of each version, the
-  migrations, the statements; it imports nothing) and ``open_store`` in its ``__init__``. The store imports
-  neither the ledger nor the audit.
+  hosts, verified TLS by default), ``sql`` (ALL the SQL of the store, the ledger and the audit: the schema of
+  each version, the migrations, the statements; it imports nothing) and ``open_store`` in its ``__init__``. The
+  store imports neither the ledger nor the audit.
 * ``audit.py``: replays the hash-chained log (``chain.py``) and compares every table with it; it reads through
   ``store.sql`` and never imports the ledger (tests/test_import_graph.py checks both rules).
 * ``allocation.py``: the allocation rules and scheduling policies on in-memory state (Conserve, Aggressive,
   DPF-N, DPF-T, DPack), used by the ledger, the audit and the simulator alike; ``filters.py`` the per-block
   filters; ``vocabulary.py`` the stored strings as enums; ``checks.py`` the argument checks.
-* ``ledger.py``: the ``Ledger`` facade over the store, the allocation rules, filters and signing; it imports the
-  store and the audit, never the other way round.
+* ``streams.py`` (a stream's row, its checks, the grant floor), ``blocks.py`` (a new block's checks and
+  registration; block and reservation reads), ``charges.py`` (a grant's check and charge under each policy, the
+  queued policies' demands and scheduling points, a finishing pipeline's reservation moves), ``grants.py``
+  (``Grant``, ``Release``, signing, what a stage may release), ``session.py`` (the key file's source, pipeline
+  claims, the key migration): the ledger's steps, run in the facade's transactions; they import the store's SQL
+  and the modules above, never the facade or the audit.
+* ``ledger.py``: the thin ``Ledger`` facade: one store transaction per public method, running the steps of the
+  modules above; it imports them, the store and the audit, never the other way round. Only this package's
+  ``__init__``, the CLI and higher layers import it.
 """
 from .errors import (
     BlockRetired,

@@ -1,0 +1,222 @@
+"""Grants and releases: what a grant says, how it is signed and checked, what each stage may release under it.
+
+A ``Grant`` is permission to read some blocks of a stream, already charged (paper §3.2; docs/security.md). Its
+body is signed with the key ring's signing key (HMAC-SHA256, never the master key); a grant made before a ledger's
+key migration is checked under the old secret with the old rule. A ``Release`` is one stage's release under a
+grant (``Ledger.release``): a grant pays for one release per stage, of one computation, within the stage's share
+of its split (``split.py``), or the whole grant for a single-stage grant's first stage.
+
+The ``Ledger`` facade (``ledger.py``) writes and reads grants through these; this module imports neither the facade
+nor the store.
+"""
+import hmac
+import json
+import secrets
+from dataclasses import dataclass, field
+
+from .chain import canonical
+from .errors import GrantError, LedgerError
+from .split import SINGLE_RULE, SLACK, SPLIT_KEY, BudgetSplit, grant_split
+from .vocabulary import Accounting
+
+
+@dataclass(frozen=True)
+class Grant:
+    """Permission to read ``blocks`` of ``stream``, already charged. Verify with ``Ledger.verify``."""
+
+    id: str
+    stream: str
+    pipeline: str
+    blocks: tuple
+    epsilon: float
+    delta: float
+    accounting: str
+    cost: tuple
+    rule: str
+    created: float
+    meta: dict = field(default_factory=dict)
+    signature: str = ""
+
+    def body(self):
+        return {
+            "id": self.id,
+            "stream": self.stream,
+            "pipeline": self.pipeline,
+            "blocks": list(self.blocks),
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "accounting": self.accounting,
+            "cost": list(self.cost),
+            "rule": self.rule,
+            "created": self.created,
+            "meta": self.meta,
+        }
+
+    def to_json(self):
+        return canonical(dict(self.body(), signature=self.signature))
+
+    @classmethod
+    def from_json(cls, text):
+        if isinstance(text, Grant):
+            return text
+        try:
+            data = json.loads(text) if isinstance(text, (str, bytes)) else dict(text)
+            return cls(
+                id=data["id"],
+                stream=data["stream"],
+                pipeline=data["pipeline"],
+                blocks=tuple(data["blocks"]),
+                epsilon=float(data["epsilon"]),
+                delta=float(data["delta"]),
+                accounting=data["accounting"],
+                cost=tuple(float(c) for c in data["cost"]),
+                rule=data["rule"],
+                created=float(data["created"]),
+                meta=dict(data.get("meta") or {}),
+                signature=data.get("signature", ""),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise GrantError(f"grant is malformed ({type(exc).__name__}: {exc}): {str(text)[:200]!r}") from None
+
+    @classmethod
+    def from_row(cls, body: str, signature: str) -> "Grant":
+        """The grant of a stored ``grants`` row: its body text and its signature."""
+        return cls.from_json(dict(json.loads(body), signature=signature))
+
+
+@dataclass(frozen=True)
+class Release:
+    """One stage's release under a grant (``Ledger.release``): the computation's fingerprint and its spend."""
+
+    grant_id: str
+    stage: str
+    computation: str
+    epsilon: float
+    delta: float
+    created: float
+    reopened: bool = False
+
+
+def grant_terms(meta, split, rule):
+    """``request``'s meta, split and rule made one: (meta with the canonical split, the split or None, its rule).
+
+    ``split`` (a ``BudgetSplit``) or ``meta["split"]`` (its dict), given once; ``rule``, if given, must be the
+    split's rule (``SINGLE_RULE`` without a split). LedgerError naming the value otherwise, before anything is read.
+    """
+    meta = dict(meta or {})
+    if split is not None:
+        if not isinstance(split, BudgetSplit):
+            raise LedgerError(f"split {split!r} must be a BudgetSplit (or give its dict as meta['split'])")
+        if SPLIT_KEY in meta and meta[SPLIT_KEY] != split.to_dict():
+            raise LedgerError("give the split once: as split= or as meta['split'], not two different ones")
+        meta[SPLIT_KEY] = split.to_dict()
+    split = check_split(meta, rule)
+    return meta, split, SINGLE_RULE if split is None else split.rule
+
+
+def check_split(meta, rule):
+    """The grant's split from ``meta`` (None: single-stage), its fields checked; refuse a rule that differs."""
+    if "count_epsilon" in meta:
+        raise LedgerError(f"meta count_epsilon {meta['count_epsilon']!r}: the DP record count is a stage of the "
+                          "split now; give split=BudgetSplit(..., count=EPSILON, ...)")
+    split = BudgetSplit.from_meta(meta)
+    if split is not None:
+        meta[SPLIT_KEY] = split.to_dict()  # canonical: every stage present, rule spelled once
+    expected = SINGLE_RULE if split is None else split.rule
+    if rule is not None and rule != expected:
+        raise LedgerError(f"rule {rule!r} does not match the grant: it is {expected!r} (the split's rule; "
+                          f"{SINGLE_RULE!r} without a split); leave rule out")
+    return split
+
+
+def new_grant(keys, s, filt, pipeline, blocks, cost, rule, meta, now, split=None):
+    """A Grant of ``cost`` on ``blocks`` of stream ``s``, signed under ``keys`` (a ``KeyRing``), and its body text
+    (signed and stored: one text). A fresh random id (``g-`` and 24 hex digits)."""
+    grant = Grant(
+        id="g-" + secrets.token_hex(12), stream=s.name, pipeline=pipeline, blocks=tuple(blocks),
+        epsilon=filt.query_epsilon(cost), delta=cost[0] if s.accounting == Accounting.RDP else cost[1],
+        accounting=s.accounting, cost=cost, rule=rule, created=now, meta=meta,
+    )
+    if split is not None:  # the stages compose to at most what is charged (privacy/split.py)
+        split.check_covered(grant.epsilon, grant.delta)
+    body_text = canonical(grant.body())
+    return Grant(**{**grant.__dict__, "signature": keys.sign(body_text.encode())}), body_text
+
+
+def sign(keys, body):
+    """A grant body's signature: HMAC-SHA256 under the key ring's signing key (never the master key)."""
+    return keys.sign(canonical(body).encode())
+
+
+def signature_ok(keys, legacy_grants, body, signature):
+    """``signature`` signs ``body``: under the signing key, or, for a grant made before the ledger's key
+    migration (its id in ``legacy_grants``, from the keyed ``keys`` entry), under the old secret with the old
+    rule."""
+    signature = signature or ""
+    if hmac.compare_digest(sign(keys, body), signature):
+        return True
+    if body.get("id") in legacy_grants:
+        return hmac.compare_digest(keys.legacy_sign(canonical(body).encode()) or "", signature)
+    return False
+
+
+def check_grant_copy(grant, stored, stream=None, epsilon=None, delta=None):
+    """``Ledger.verify``'s checks once the signature verified: ``grant`` is the ledger's record ``stored``, of
+    ``stream`` if given, covering at least ``epsilon``/``delta`` if given; GrantError naming what differs."""
+    if stored.to_json() != grant.to_json():
+        raise GrantError(f"grant {grant.id!r} differs from the ledger's record of it")
+    if stream is not None and grant.stream != stream:
+        raise GrantError(f"grant {grant.id!r} is for stream {grant.stream!r}, not {stream!r}")
+    if epsilon is not None and grant.epsilon + 1e-12 < float(epsilon):
+        raise GrantError(f"grant {grant.id!r} covers epsilon {grant.epsilon:.6g}, but {float(epsilon):.6g} "
+                         "is needed")
+    if delta is not None and grant.delta + 1e-15 < float(delta):
+        raise GrantError(f"grant {grant.id!r} covers delta {grant.delta:.3g}, but {float(delta):.3g} is needed")
+
+
+def grant_log_text(grant, body_text, sources):
+    """The canonical text of a grant's log body, ``dict(grant.body(), signature=..., sources=...)``, spliced
+    from ``body_text`` (the canonical text of ``grant.body()``, already made to sign it) instead of encoding the
+    block list a second time. Canonical text has sorted keys, and ``signature`` and ``sources`` sort after every
+    key of the body but ``stream``, its last (``SPLICE_GRANT_LOG``, checked on import against ``Grant.body``):
+    so they go just before ``"stream":``, the text's end. The same text as ``canonical`` of the whole dict
+    (tests/test_ledger_request_reads.py compares them); anything else falls back to encoding the dict."""
+    tail = ',"stream":' + canonical(grant.stream) + "}"
+    if SPLICE_GRANT_LOG and body_text.endswith(tail):
+        return (body_text[:-len(tail)] + ',"signature":' + canonical(grant.signature) + ',"sources":'
+                + canonical(sources) + tail)
+    return canonical(dict(grant.body(), signature=grant.signature, sources=sources))
+
+
+SPLICE_GRANT_LOG = sorted([*Grant("", "", "", (), 0.0, 0.0, "", (), "", 0.0).body(), "signature", "sources"])[-4:] == [
+    "rule", "signature", "sources", "stream"]
+
+
+def stage_allowance(grant, stage, done, computation, epsilon, delta):
+    """What ``stage`` may release under ``grant``, given its releases ``done`` ({stage: (computation, epsilon,
+    delta, created)}): the earlier ``Release`` of the same computation (re-opened: nothing new is released), or
+    None once the new release is checked to fit the stage's budget. GrantError naming the grant and the fix
+    otherwise."""
+    if stage in done:
+        fingerprint, have_eps, have_delta, created = done[stage]
+        if (fingerprint, have_eps, have_delta) != (computation, epsilon, delta):
+            raise GrantError(
+                f"grant {grant.id!r} already released its {stage} stage for computation "
+                f"{fingerprint[:16]} (epsilon {have_eps:.6g}); computation {computation[:16]} (epsilon "
+                f"{epsilon:.6g}) is a different release the grant did not pay for: run it under a new grant")
+        return Release(grant.id, stage, computation, epsilon, delta, created, reopened=True)
+    split = grant_split(grant)
+    if split is None:
+        if done:
+            raise GrantError(
+                f"grant {grant.id!r} is single-stage (it has no split) and its {sorted(done)[0]} stage "
+                f"already spent it: the {stage} stage needs its own grant, or charge one grant with a split "
+                "(sage ledger charge --split ..., or Ledger.request(..., split=BudgetSplit(...)))")
+        allowed = (grant.epsilon, grant.delta)
+    else:
+        allowed = split.stage_budget(stage)
+    if epsilon > allowed[0] * (1 + SLACK) or delta > allowed[1] * (1 + SLACK):
+        raise GrantError(f"the {stage} stage asks for (epsilon={epsilon:.6g}, delta={delta:.3g}) but grant "
+                         f"{grant.id!r} covers only (epsilon={allowed[0]:.6g}, delta={allowed[1]:.3g}) "
+                         f"for {stage}")
+    return None

@@ -1,0 +1,208 @@
+"""Streams: a stream's row parsed into its ``Stream`` and filter, the checks of a new stream's arguments, and the
+grant floor every request must reach (paper §3.2; docs/scheduling_policies.md for the policies).
+
+A stream has a global (epsilon, delta) guarantee over all its blocks, forever; ``min_epsilon`` is the query a block
+must still admit to stay active, and every grant charges at least ``min_grant_epsilon``. The ``Ledger`` facade
+(``ledger.py``) reads and writes streams through these; this module imports neither the facade nor the audit.
+"""
+import collections.abc
+import functools
+import json
+from dataclasses import dataclass
+
+from . import filters
+from .allocation import get_policy
+from .chain import canonical
+from .checks import check_name, finite
+from .errors import LedgerError, UnknownStream
+from .store import sql
+from .vocabulary import Accounting, BlockState, Policy
+
+# The largest global epsilon a stream may promise unless its creator raises the limit (max_epsilon=): beyond
+# e^10 (about 22,000) the ratio of any outcome's odds with and without a person's records, the guarantee says
+# little. And the smallest epsilon a grant may charge (min_grant_epsilon=, per stream; by default this, or the
+# stream's min_epsilon if smaller): a grant of 1e-300 would buy a data read for nothing, noise a million times
+# the data is no release.
+DEFAULT_MAX_STREAM_EPSILON = 10.0
+DEFAULT_MIN_GRANT_EPSILON = 1e-3
+
+
+@dataclass(frozen=True)
+class Stream:
+    name: str
+    accounting: str
+    epsilon: float
+    delta: float
+    orders: tuple
+    policy: str
+    min_epsilon: float
+    created: float
+    min_grant_epsilon: float | None = None
+    policy_params: dict | None = None  # a queued policy's parameters as stored (n, lifetime); None: none
+
+    def rules(self):
+        """The stream's ``AllocationPolicy`` (allocation.py) with its stored parameters."""
+        rules = self.__dict__.get("_rules")
+        if rules is None:
+            rules = get_policy(self.policy, self.policy_params)
+            object.__setattr__(self, "_rules", rules)
+        return rules
+
+    @property
+    def grant_floor(self):
+        """The smallest epsilon a grant may charge: min_grant_epsilon (default 0.001, or min_epsilon if smaller)."""
+        if self.min_grant_epsilon is None:
+            return min(DEFAULT_MIN_GRANT_EPSILON, self.min_epsilon)
+        return self.min_grant_epsilon
+
+    def filter(self):
+        return filters.make_filter(self.accounting, self.epsilon, self.delta, self.orders)
+
+
+@functools.lru_cache(maxsize=64)
+def parsed_stream(row):
+    """The Stream of a ``streams`` row and its filter, parsed once per distinct row (a tuple of the row's values).
+
+    Keyed by the whole row as read in the caller's transaction, so a stream re-created under the same name with
+    other parameters (a different row) is parsed afresh: nothing read earlier is trusted, only the parsing is
+    reused. Stream and filter are immutable.
+    """
+    s = Stream(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6], row[7], row[8],
+               json.loads(row[9]) if row[9] else None)
+    object.__setattr__(s, "_filter", s.filter())
+    return s
+
+
+def stream_filter(s):
+    """``s.filter()``, built once per parsed stream row (filters are not changed after construction)."""
+    filt = s.__dict__.get("_filter")
+    return filt if filt is not None else s.filter()
+
+
+def read_stream(tx, name):
+    """The stream ``name`` as of ``tx``; UnknownStream naming the streams there are."""
+    row = tx.one(sql.STREAM_ROW, (name,))
+    if row is None:
+        known = [r[0] for r in tx.all(sql.STREAM_NAMES)]
+        raise UnknownStream(f"stream {name!r} does not exist (streams: {', '.join(known) or 'none'})")
+    return parsed_stream(tuple(row))
+
+
+def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, min_grant, now):
+    """Write a new stream (checked by ``check_stream_args``: its filter ``filt``, ``policy`` as given and its
+    ``rules``) and its log entry (``log(tx, kind, body)``); LedgerError if the name is taken. A queued policy's
+    parameters are stored in full (defaults written down), so every process applies the same rule."""
+    orders = tuple(getattr(filt, "orders", ()))
+    params = rules.params() if rules.queued else None
+    if tx.one(sql.STREAM_EXISTS, (name,)):
+        raise LedgerError(f"stream {name!r} already exists")
+    tx.run(sql.STREAM_INSERT, (name, accounting, filt.epsilon, filt.delta, json.dumps(orders), policy,
+                               min_epsilon, now, min_grant, None if params is None else canonical(params)))
+    body = {
+        "name": name, "accounting": accounting, "epsilon": filt.epsilon, "delta": filt.delta,
+        "orders": list(orders), "policy": policy, "min_epsilon": min_epsilon, "min_grant_epsilon": min_grant,
+    }
+    if params is not None:  # only queued streams carry it: other streams' entries stay as they were
+        body["policy_params"] = params
+    log(tx, "stream", body)
+
+
+def check_stream_args(name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
+                      min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
+                      min_grant_epsilon=None, policy_params=None):
+    """``create_stream``'s checks alone, without a ledger: (filter, min_epsilon, min_grant_epsilon), or
+    LedgerError naming the value. ``sage ledger init`` runs them before it creates a ledger file, so a refusal
+    leaves nothing. ``policy_params``: a queued policy's parameters (``n``, ``lifetime``; allocation.py)."""
+    check_name(name, "stream name")
+    if accounting not in tuple(Accounting):
+        raise LedgerError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")
+    if policy_params is not None and not isinstance(policy_params, collections.abc.Mapping):
+        raise LedgerError(f"policy_params {policy_params!r} is invalid: give a dict such as {{'n': 50}}")
+    get_policy(policy, policy_params)  # LedgerError naming the known policies, or the bad parameter
+    try:
+        filt = filters.make_filter(accounting, epsilon, delta, orders)
+    except ValueError as exc:
+        raise LedgerError(str(exc)) from None
+    max_epsilon = finite(max_epsilon, "max_epsilon", allow_none=False)
+    if not max_epsilon > 0:
+        raise LedgerError(f"max_epsilon {max_epsilon!r} is invalid: need max_epsilon > 0")
+    if filt.epsilon > max_epsilon:
+        raise LedgerError(
+            f"stream epsilon {epsilon!r} is above the maximum {max_epsilon:g}: a guarantee that weak says little "
+            f"(e^epsilon bounds how much one person's records may change any outcome's odds); give epsilon <= "
+            f"{max_epsilon:g}, or raise the limit knowingly (sage ledger init --max-epsilon E; "
+            "create_stream(..., max_epsilon=E))")
+    if min_epsilon is None:
+        min_epsilon = filt.epsilon / 100.0
+    min_epsilon = finite(min_epsilon, "min_epsilon", allow_none=False)
+    if not 0 < min_epsilon <= filt.epsilon:
+        raise LedgerError(f"min_epsilon {min_epsilon!r} is invalid: need 0 < min_epsilon <= epsilon")
+    if min_grant_epsilon is None:
+        min_grant_epsilon = min(DEFAULT_MIN_GRANT_EPSILON, min_epsilon)
+    min_grant = finite(min_grant_epsilon, "min_grant_epsilon", allow_none=False)
+    if not 0 < min_grant <= filt.epsilon:
+        raise LedgerError(f"min_grant_epsilon {min_grant_epsilon!r} is invalid: need 0 < min_grant_epsilon <= "
+                          "epsilon")
+    return filt, min_epsilon, min_grant
+
+
+def stream_cost(stream, filt, epsilon):
+    """``filt.cost(epsilon=epsilon)``; for the parsed stream row's own filter (``stream_filter``) computed once
+    per row and epsilon (a stream's grant floor and min_epsilon cost are fixed by its row, which
+    ``parsed_stream`` keys on; filters are not changed after construction)."""
+    if stream.__dict__.get("_filter") is not filt:
+        return filt.cost(epsilon=epsilon)
+    costs = stream.__dict__.get("_costs")
+    if costs is None:
+        costs = {}
+        object.__setattr__(stream, "_costs", costs)
+    cost = costs.get(epsilon)
+    if cost is None:
+        cost = costs[epsilon] = filt.cost(epsilon=epsilon)
+    return cost
+
+
+def check_minimum(filt, stream, cost, epsilon):
+    """Refuse a grant smaller than the stream's grant floor (LedgerError, before anything is charged).
+
+    Basic accounting compares the charged epsilon; RDP calls a query too small when its curve lies below a
+    min_epsilon query's at every order (whatever its delta: the minimum is on the epsilon part).
+    """
+    least = stream.grant_floor
+    floor = stream_cost(stream, filt, least)
+    if filt.accounting == Accounting.BASIC:
+        small = cost[0] < floor[0]
+    else:
+        small = all(c < f for c, f in zip(cost[1:], floor[1:]))
+    if small:
+        asked = f"epsilon {epsilon!r}" if epsilon is not None else "an RDP curve below the minimum's at every order"
+        raise LedgerError(
+            f"grant {asked} is below stream {stream.name!r}'s minimum grant epsilon {least:g}: a read that costs "
+            f"less buys data for nothing; ask for epsilon >= {least:g} (set per stream by `sage ledger init "
+            "--min-grant-epsilon`, default 0.001, or the stream's --min-epsilon if smaller)")
+
+
+def stream_status(s, blocks, grants, pipelines):
+    """``Ledger.status``: a JSON-ready summary of stream ``s``, its ``blocks`` (``Block``s in key order) with each
+    one's spent and remaining budget, its count of ``grants`` and its ``pipelines``."""
+    filt = s.filter()
+    out_blocks = []
+    for b in blocks:
+        eps_spent, delta_spent, eps_left = filt.summary(b.spent)
+        entry = {
+            "id": b.id, "state": b.state, "epsilon_spent": eps_spent, "delta_spent": delta_spent,
+            "epsilon_remaining": 0.0 if b.state == BlockState.RETIRED else eps_left, "created": b.created,
+            "retired": b.retired, **b.key,
+        }
+        if s.accounting == Accounting.RDP:
+            entry["rdp_spent"] = dict(zip((str(a) for a in s.orders), b.spent[1:]))
+        out_blocks.append(entry)
+    return {
+        "stream": s.name, "accounting": s.accounting, "epsilon": s.epsilon, "delta": s.delta,
+        "policy": s.policy, "policy_params": s.policy_params, "min_epsilon": s.min_epsilon,
+        "min_grant_epsilon": s.grant_floor,
+        "orders": list(s.orders),
+        "active_blocks": sum(b["state"] == BlockState.ACTIVE for b in out_blocks),
+        "retired_blocks": sum(b["state"] == BlockState.RETIRED for b in out_blocks),
+        "grants": grants, "pipelines": pipelines, "blocks": out_blocks,
+    }
