@@ -132,7 +132,7 @@ META_INSERT_SCHEMA_VERSION = "INSERT INTO meta (key, value) VALUES ('schema_vers
 META_INSERT_LOCK = "INSERT INTO meta (key, value) VALUES ('lock', '0')"
 META_INSERT = "INSERT INTO meta (key, value) VALUES (?, ?)"
 META_ALL = "SELECT key, value FROM meta"  # every meta row (the ledger's open, the audit)
-# an older ledger's secret moved out (Ledger._migrate_secret): what is there, then the key's rows replaced
+# an older ledger's secret moved out (session.migrate_secret): what is there, then the key's rows replaced
 META_HAS_SECRET = "SELECT 1 FROM meta WHERE key = 'secret'"
 META_HAS_KEY_ID = "SELECT 1 FROM meta WHERE key = 'key_id'"
 META_LEDGER_ID = "SELECT value FROM meta WHERE key = 'ledger_id'"
