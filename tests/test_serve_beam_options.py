@@ -124,7 +124,12 @@ def test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and
       tests/test_url_pipeline_root.py::test_serve_runs_its_worker_on_a_url_root_with_mlmd_at_metadata_path);
     - several pipelines on one replayed stream: easy (target 3,000,000 s^2) ACCEPTs, hard (100,000 s^2, out of the
       model's reach) TIMEs OUT, the first block's reservation split two ways (was tests/test_sage_run.py::
-      test_sage_serve_runs_several_pipelines_on_one_replayed_stream).
+      test_sage_serve_runs_several_pipelines_on_one_replayed_stream);
+    - each pipeline's TFX run in its own worker process, at the same time as the other's (issue 12 part 2): the
+      spans of the two pipelines' MLMD executions overlap by more than half the shorter one (with --parallel 1
+      the second run would start after the first), each pipeline granted once, the audit OK and no block over
+      budget (was tests/test_serve_parallel.py::test_two_pipelines_run_their_tfx_iterations_at_once, which ran
+      the same serve of easy and hard on the same 256 days without the Beam options).
     """
     from ml_metadata.metadata_store import metadata_store
     from tfx.dsl.io import fileio
@@ -148,11 +153,15 @@ def test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and
                           capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "easy: ACCEPT after 1 iteration(s)" in proc.stdout and "audit: OK" in proc.stdout, proc.stdout
-    assert "hard: TIMEOUT" in proc.stdout, proc.stdout
+    assert "hard: TIMEOUT after 1 iteration(s)" in proc.stdout, proc.stdout
     assert not (tmp_path / "work" / "tfx").exists()  # the MLMD files went to --metadata-path
+    spans = {}
     for name in ("easy", "hard"):
         store = metadata_store.MetadataStore(metadata_config(str(tmp_path / "mlmd" / f"{name}.sqlite")))
-        gens = [e for e in store.get_executions() if "BlockExampleGen" in e.type]
+        runs = store.get_executions()
+        assert runs, name
+        spans[name] = (min(e.create_time_since_epoch for e in runs), max(e.last_update_time_since_epoch for e in runs))
+        gens = [e for e in runs if "BlockExampleGen" in e.type]
         assert gens and all(e.custom_properties["staging_location"].string_value == str(staging) for e in gens)
         artifacts = store.get_artifacts()
         assert artifacts and all(a.uri.startswith(f"{root}/{name}/") for a in artifacts), [a.uri for a in artifacts]
@@ -164,6 +173,10 @@ def test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and
         assert ledger.audit().ok
         budget = ledger.stream("taxi").epsilon
         assert all(b.spent[0] <= budget + 1e-9 for b in ledger.blocks("taxi"))
-        assert len(ledger.history("taxi", "easy")) == 1
+        assert len(ledger.history("taxi", "easy")) == 1 and len(ledger.history("taxi", "hard")) == 1
         first = [e for e in ledger.log_entries() if e[2] == "reserve"][0]
         assert json.loads(first[3])["pipelines"] == ["easy", "hard"]  # the first block split two ways
+    # The two TFX runs went at once, each in its own worker process (ms since the epoch).
+    (easy, hard) = spans["easy"], spans["hard"]
+    overlap = min(easy[1], hard[1]) - max(easy[0], hard[0])
+    assert overlap > 0.5 * min(easy[1] - easy[0], hard[1] - hard[0]), (easy, hard)

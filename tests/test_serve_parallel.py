@@ -39,7 +39,7 @@ def test_a_second_ledger_in_a_process_keeps_the_first_ones_locks(tmp_path):
 
 def _serve(tmp_path, *extra):
     """`sage serve` of two taxi_regression pipelines on 256 real taxi days, one iteration each (easy ACCEPTs,
-    hard RETRYs then TIMEOUTs), as tests/test_sage_run.py's serve test; a Popen whose stdout lines are
+    hard RETRYs then TIMEOUTs), as tests/test_serve_beam_options.py's serve test; a Popen whose stdout lines are
     collected with their arrival times."""
     from sage_tfx.data.taxi import taxi_csv_path
 
@@ -70,18 +70,6 @@ def _finish(proc, reader, timeout=900):
     return code
 
 
-def _tfx_span(work, name):
-    """(first execution's creation, last execution's update) in the pipeline's MLMD, in ms since the epoch."""
-    from ml_metadata.metadata_store import metadata_store
-
-    from sage_tfx.pipelines._runner import metadata_config
-
-    store = metadata_store.MetadataStore(metadata_config(str(work / "tfx" / name / "metadata.sqlite")))
-    runs = store.get_executions()
-    assert runs, name
-    return min(e.create_time_since_epoch for e in runs), max(e.last_update_time_since_epoch for e in runs)
-
-
 def _check_ledger(db):
     with Ledger.open(db) as ledger:
         assert ledger.audit().ok
@@ -91,22 +79,9 @@ def _check_ledger(db):
         return {p: [g for g, _o, _d in ledger.history("taxi", p)] for p in ("easy", "hard")}
 
 
-@pytest.mark.slow
-@pytest.mark.tf
-def test_two_pipelines_run_their_tfx_iterations_at_once(tmp_path):
-    """Each pipeline's TFX run happens in its own worker process, at the same time as the other's: the spans of
-    their MLMD executions overlap (with --parallel 1 they would not: the second run starts after the first)."""
-    db, proc, lines, reader = _serve(tmp_path)
-    code = _finish(proc, reader)
-    out = "\n".join(line for _t, line in lines)
-    assert code == 0, out
-    assert "easy: ACCEPT after 1 iteration(s)" in out and "hard: TIMEOUT after 1 iteration(s)" in out, out
-    assert "audit: OK" in out
-    easy, hard = _tfx_span(tmp_path / "work", "easy"), _tfx_span(tmp_path / "work", "hard")
-    overlap = min(easy[1], hard[1]) - max(easy[0], hard[0])
-    assert overlap > 0.5 * min(easy[1] - easy[0], hard[1] - hard[0]), (easy, hard)
-    history = _check_ledger(db)
-    assert [len(history["easy"]), len(history["hard"])] == [1, 1]
+# That the two pipelines' TFX runs go at once (their MLMD executions' spans overlap) is checked on the same serve
+# run (easy and hard on 256 taxi days, one iteration each) by tests/test_serve_beam_options.py::
+# test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and_a_url_root.
 
 
 @pytest.mark.slow
