@@ -35,7 +35,7 @@ STATEMENTS = sorted(n for n in dir(sql) if n.isupper() and isinstance(getattr(sq
                     and getattr(sql, n).startswith(SQL_WORDS[:4]) and not n.startswith(("PG_", "SQLITE_")))
 # the statements whose text depends on how many ids they name: sql.<name>(n)
 BUILDERS = sorted(n for n, f in vars(sql).items() if inspect.isfunction(f) and n.startswith(
-    ("block_", "reservation_")))
+    ("block_", "reservation_", "draw_")))
 
 
 def test_the_ledgers_statements_are_all_here():
@@ -43,7 +43,7 @@ def test_the_ledgers_statements_are_all_here():
                                       "AUDIT_LOG", "META_ALL"} <= set(STATEMENTS)
     assert set(BUILDERS) == {"block_ids_present", "block_digest_owners", "block_rows", "block_budgets",
                              "block_queue_rows", "block_set_spent", "reservation_rows", "reservation_set_used",
-                             "reservation_upsert"}
+                             "reservation_upsert", "draw_grants", "draw_releases", "draw_rows"}
 
 
 @pytest.mark.parametrize("name", STATEMENTS)
@@ -64,7 +64,7 @@ def test_each_statement_builder_prepares_on_the_schema(name, n):
 
 
 # the ledger facade and the modules split out of it (sage_tfx/privacy/__init__.py's layout)
-LEDGER_MODULES = ["ledger.py", "streams.py", "blocks.py", "charges.py", "grants.py", "session.py"]
+LEDGER_MODULES = ["ledger.py", "streams.py", "blocks.py", "charges.py", "grants.py", "session.py", "draws.py"]
 SQL_TEXT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE)\s")  # how every statement here starts
 
 

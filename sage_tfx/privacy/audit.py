@@ -25,7 +25,12 @@ retirement was appended in the same transaction that made it. ``audit_ledger``
    which must admit exactly the logged pipelines in the logged order (so each admission fitted the unlocked
    budget at that point, all-or-nothing, in the policy's order); every grant of a queued stream must be one of
    those admissions, with the demand's blocks and cost;
-5. recomputes what the stages of every grant released (the log's ``release`` entries, one per grant and
+5. replays the ``draw`` entries (run grants drawn from per-block lifetime grants under a growth schedule:
+   ``draws.py``): each run grant's signature, the rule of ``draws.py`` re-run against the replayed lifetime
+   grants, their releases and the earlier draws (no run index drawn twice from a lifetime grant, no lifetime
+   grant's draws beyond its (epsilon, delta) by basic composition), and the ``draws`` table against the replay;
+   a run grant charges no block, so the block replay leaves it out;
+6. recomputes what the stages of every grant released (the log's ``release`` entries, one per grant and
    stage) and checks it against the grant's charge with the rule of ``privacy/split.py``: every split
    composes to at most its grant's charge, each stage stayed within its share, the stages together
    within the charge, and a single-stage grant (no split) was spent by one stage only.
@@ -35,6 +40,7 @@ import json
 from dataclasses import dataclass, field
 
 from . import filters
+from .draws import audit_draw
 from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
 from .split import SLACK, BudgetSplit
@@ -80,7 +86,7 @@ def audit_ledger(ledger):
     legacy_until = ledger.migration_entry().get("legacy_chain_until", 0) if keys.legacy_secret is not None else 0
     prev_hash, expected_seq = GENESIS, 1
     streams, stream_configs, blocks, grants, releases = {}, {}, {}, {}, {}
-    block_rows, pipelines, reservations, outcomes = {}, {}, {}, {}
+    block_rows, pipelines, reservations, outcomes, draws = {}, {}, {}, {}, {}
     queued = _QueueReplay(streams, stream_configs, blocks, block_rows, problems)
     for seq, _ts, kind, body_text, prev, digest in entries:
         if seq != expected_seq:
@@ -141,6 +147,8 @@ def audit_ledger(ledger):
                         reservations[key] = (reserved, tuple(filters.add(list(used), tuple(body["cost"]))))
         elif kind == "release":
             _replay_release(seq, body, grants, releases, problems)
+        elif kind == "draw":
+            audit_draw(ledger, seq, body, grants, releases, draws, problems)
         elif kind == "retire":
             for b in body["blocks"]:
                 if (body["stream"], b) in blocks:
@@ -155,7 +163,7 @@ def audit_ledger(ledger):
                             f"{filt.shortfall(replayed['spent'], filt.zero()) or replayed['spent']}")
 
     (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
-     table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals) = tables
+     table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals, table_draws) = tables
     _check_meta(ledger, meta, problems)
     for key, logged in block_rows.items():  # columns a block's log entry did not hold (before keys) are not compared
         if key in table_block_rows:
@@ -184,6 +192,8 @@ def audit_ledger(ledger):
     _reconcile(problems, table_releases, releases, lambda key: f"release of stage {key[1]!r} under grant {key[0]!r}",
                lambda table, log: f"table says {table}, log says {log}")
     _check_release_totals(grants, releases, problems)
+    _reconcile(problems, table_draws, draws, lambda key: f"draw of run {key[1]!r} from lifetime grant {key[0]!r}",
+               lambda table, log: f"table says (run grant, stream, epsilon, delta)={table}, the log replay says {log}")
     queued.finish_checks()
     _reconcile(problems, table_demands, {k: tuple(v) for k, v in queued.demands.items()},
                lambda key: f"demand of pipeline {key[1]!r} on stream {key[0]!r}",
@@ -317,8 +327,9 @@ def _read_tables(tx):
     table_demands = {(r[0], r[1]): (tuple(json.loads(r[2])), tuple(json.loads(r[3])), r[4], r[5], r[6], r[7], r[8])
                      for r in tx.all(sql.AUDIT_DEMANDS)}
     table_arrivals = {(r[0], r[1]): r[2] for r in tx.all(sql.AUDIT_BLOCK_ARRIVALS)}
+    table_draws = {(r[0], r[1]): (r[2], r[3], float(r[4]), float(r[5])) for r in tx.all(sql.AUDIT_DRAWS)}
     return (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
-            table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals)
+            table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals, table_draws)
 
 
 _UNLOGGED = object()  # a block column its log entry did not hold (entries written before the key migration)

@@ -51,7 +51,7 @@ import logging
 import os
 import time
 
-from . import blocks as _blocks, charges as _charges
+from . import blocks as _blocks, charges as _charges, draws as _draws
 from .allocation import bisect as _bisect, get_policy
 from .audit import audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
@@ -619,6 +619,19 @@ class Ledger:
         with self._store.transaction(write=False) as tx:
             rows = tx.all(sql.RELEASE_ROWS_OF_GRANT, (grant_id,)) if grant_id else tx.all(sql.RELEASE_ROWS)
         return [Release(*r, reopened=False) for r in rows]
+
+    def draw(self, lifetime_grants, run, epsilon, delta, *, schedule, split=None, meta=None):
+        """A run grant of ``run`` at (``epsilon``, ``delta``) over ``lifetime_grants`` (one-block grants, in block
+        order, each released once under ``schedule``'s fingerprint), charging no block: its budget is drawn from
+        theirs, by basic composition (``draws.py``: the rule and its proof). Asked again with the same arguments,
+        the same grant comes back; BudgetRefused / GrantError otherwise, nothing written."""
+        return _draws.draw(self._store, self._log, self._keys, self.signature_ok, lifetime_grants, run, epsilon, delta,
+                           schedule=schedule, split=split, meta=meta)
+
+    def draws(self):
+        """Every draw row: (lifetime grant, run, run grant, stream, epsilon, delta), by run."""
+        with self._store.transaction(write=False) as tx:
+            return [tuple(r) for r in tx.all(sql.DRAW_ALL)]
 
     def record_outcome(self, grant_id, outcome, details=None):
         """Record what a pipeline run under ``grant_id`` concluded (ACCEPT, REJECT, RETRY, FAILED).

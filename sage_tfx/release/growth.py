@@ -301,6 +301,23 @@ def clipped_mean(bound: float, rows_per_block: int) -> "Mechanism":
     return mechanism
 
 
+def schedule_fingerprint(pipeline: str, stream: str, meta: dict) -> str:
+    """The release fingerprint of a schedule instance: SHA-256 of its pipeline, stream and meta (public)."""
+    text = json.dumps({"pipeline": pipeline, "stream": stream, **meta}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def charge_lifetime(ledger, stream: str, pipeline: str, block: str, epsilon: float, delta: float, meta: dict,
+                    fingerprint: str):
+    """A block's lifetime grant under a schedule: ONE grant charging ``block`` alone the whole (epsilon, delta)
+    its records can ever lose under the schedule, BEFORE it is read, and its one release opened (or re-opened)
+    with the schedule's ``fingerprint``, so nothing but the schedule's runs ever spends it (docs/growing_database.md).
+    Returns the Grant."""
+    grant = ledger.request(pipeline, stream, blocks=[block], epsilon=epsilon, delta=delta, meta=meta)
+    ledger.release(grant, STAGE, fingerprint, epsilon, delta)
+    return grant
+
+
 Schedule = Any  # BBScheduler | BBImprover
 Mechanism = Callable[[list, float, Any], Any]  # (blocks' data, epsilon, rng) -> output; must be epsilon-DP
 Reader = Callable[[object], Any]  # grant -> the data of its (single) block
@@ -316,7 +333,21 @@ class Run:
     delta: float = 0.0  # the run's own delta_i (basic mode; 0 for pure runs)
 
 
-class ScheduledRelease:
+class ScheduleIdentity:
+    """The public identity of a schedule instance on a pipeline and stream: its ``meta`` (the schedule's
+    parameters and the mechanism's name, signed into every lifetime grant) and its release ``fingerprint``.
+    Needs ``schedule``, ``name``, ``pipeline`` and ``stream`` attributes."""
+
+    @property
+    def meta(self) -> dict:
+        return {**self.schedule.meta, "mechanism": self.name}
+
+    @property
+    def fingerprint(self) -> str:
+        return schedule_fingerprint(self.pipeline, self.stream, self.meta)
+
+
+class ScheduledRelease(ScheduleIdentity):
     """Runs an epsilon-DP static ``mechanism`` under a schedule (BBScheduler or BBImprover) against the ledger.
 
     ``observe(block)``: charges the block's grant (the schedule's whole per-record (epsilon, delta)), reads it
@@ -342,23 +373,13 @@ class ScheduledRelease:
         self.reads: list[tuple[str, str]] = []
         self.current: Any = None
 
-    @property
-    def meta(self) -> dict:
-        return {**self.schedule.meta, "mechanism": self.name}
-
-    @property
-    def fingerprint(self) -> str:
-        text = json.dumps({"pipeline": self.pipeline, "stream": self.stream, **self.meta}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()
-
     def observe(self, block: str) -> Optional[Run]:
         if block in self.grants:
             raise GrowthError(f"block {block!r} was already observed: give each block once, in order")
-        grant = self.ledger.request(self.pipeline, self.stream, blocks=[block], epsilon=self.epsilon,
-                                    delta=self.delta, meta=self.meta)
+        grant = charge_lifetime(self.ledger, self.stream, self.pipeline, block, self.epsilon, self.delta,
+                                self.meta, self.fingerprint)
         self.grants[block] = grant
         self.order.append(block)
-        self.ledger.release(grant, STAGE, self.fingerprint, self.epsilon, self.delta)
         self.data[block] = self.reader(grant)
         self.reads.append((block, grant.id))
         t = len(self.order)
@@ -503,8 +524,7 @@ class PMWG:
 
     @property
     def fingerprint(self) -> str:
-        text = json.dumps({"pipeline": self.pipeline, "stream": self.stream, **self.meta}, sort_keys=True)
-        return hashlib.sha256(text.encode()).hexdigest()
+        return schedule_fingerprint(self.pipeline, self.stream, self.meta)
 
     def observe(self, block: str, declared_rows: int) -> None:
         """Charge ``block`` epsilon, read it under its grant, update the counts and the public histogram."""

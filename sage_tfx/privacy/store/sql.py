@@ -22,7 +22,7 @@ Changing a text here changes stored data only through ``TABLES``/``MIGRATIONS``:
 """
 from typing import NamedTuple
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 
 
 class AddColumn(NamedTuple):
@@ -62,6 +62,12 @@ DEMANDS = """CREATE TABLE demands (
         stream TEXT NOT NULL, pipeline TEXT NOT NULL, blocks TEXT NOT NULL, cost TEXT NOT NULL, rule TEXT NOT NULL,
         meta TEXT NOT NULL, seq BIGINT NOT NULL, state TEXT NOT NULL, grant_id TEXT, PRIMARY KEY (stream, pipeline))"""
 
+# The draws of run grants from per-block lifetime grants (privacy/draws.py): one row per (lifetime grant, run).
+DRAWS = """CREATE TABLE draws (
+        lifetime_grant TEXT NOT NULL, run BIGINT NOT NULL, run_grant TEXT NOT NULL, stream TEXT NOT NULL,
+        epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (lifetime_grant, run))"""
+
 # The schema of SCHEMA_VERSION: a new ledger's tables and indexes.
 TABLES = [
     "CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
@@ -76,6 +82,7 @@ TABLES = [
         spent TEXT NOT NULL, retired DOUBLE PRECISION, digest TEXT, arrivals BIGINT NOT NULL DEFAULT 0,
         PRIMARY KEY (stream, id))""",
     DEMANDS,
+    DRAWS,
     """CREATE TABLE grants (
         id TEXT PRIMARY KEY, stream TEXT NOT NULL, pipeline TEXT NOT NULL, body TEXT NOT NULL,
         signature TEXT NOT NULL, created DOUBLE PRECISION NOT NULL)""",
@@ -122,6 +129,9 @@ MIGRATIONS = {
     4: [AddColumn("streams", "policy_params", "TEXT"),
         AddColumn("blocks", "arrivals", "BIGINT NOT NULL DEFAULT 0"),
         if_not_exists(DEMANDS)],
+    # 6: growth schedules over a TFX pipeline (docs/release_strategies.md): the draws of each run grant from the
+    # per-block lifetime grants it reads under (privacy/draws.py); nothing stored before changes
+    5: [if_not_exists(DRAWS)],
 }
 
 # ------------------------------------------------------------------------------------------------------ meta rows
@@ -337,3 +347,26 @@ AUDIT_OUTCOMES = "SELECT grant_id, stream, pipeline, outcome, details FROM outco
 AUDIT_META = META_ALL
 AUDIT_DEMANDS = "SELECT stream, pipeline, blocks, cost, rule, meta, seq, state, grant_id FROM demands"
 AUDIT_BLOCK_ARRIVALS = "SELECT stream, id, arrivals FROM blocks"
+
+# --------------------------------------------------------------------- draws of run grants (privacy/draws.py)
+DRAW_INSERT = ("INSERT INTO draws (lifetime_grant, run, run_grant, stream, epsilon, delta, created)"
+               " VALUES (?, ?, ?, ?, ?, ?, ?)")
+DRAW_ALL = "SELECT lifetime_grant, run, run_grant, stream, epsilon, delta FROM draws ORDER BY run, lifetime_grant"
+
+
+def draw_grants(n: int) -> str:
+    """``n`` grants' records (params: ids): the lifetime grants a draw names, or the run grant drawn before."""
+    return f"SELECT id, body, signature FROM grants WHERE id IN ({marks(n)})"
+
+
+def draw_releases(n: int) -> str:
+    """The releases opened under ``n`` grants (params: ids)."""
+    return f"SELECT grant_id, stage, computation FROM releases WHERE grant_id IN ({marks(n)})"
+
+
+def draw_rows(n: int) -> str:
+    """The draws on ``n`` lifetime grants (params: ids)."""
+    return f"SELECT lifetime_grant, run, run_grant, epsilon, delta FROM draws WHERE lifetime_grant IN ({marks(n)})"
+
+
+AUDIT_DRAWS = "SELECT lifetime_grant, run, run_grant, stream, epsilon, delta FROM draws"
