@@ -16,6 +16,16 @@ as a wheel (--extra_package), and the workers need --work-dir at the same path, 
 and module errors show there, before anything is charged. With --target it then estimates the rows the
 validator's ACCEPT test needs at a few epsilons, for a public guess of the model's loss (--expected-loss).
 
+--schedule bbscheduler:FILE re-runs the pipeline under a growth schedule instead (BBScheduler, Cummings et al.
+2018, Section 3.1; docs/release_strategies.md, "A TFX pipeline under a growth schedule"): FILE is a JSON object
+{"epsilon": E, "delta": D, "gamma": G, "t0": T0} (composition "basic", the only one a pipeline runs under). Each
+block of the stream is charged ONCE its lifetime (E, D) before anything reads it, and at block counts
+ceil(T0 (1 + G)^i) the pipeline runs on ALL blocks so far under a run grant of (epsilon_i, delta_i) =
+(E, D) G / (1 + G)^(i + 1) drawn from those charges (Ledger.draw: nothing more is charged). --max-iterations
+bounds the runs made by one invocation (blocks after the last run stay uncharged); run again as blocks arrive: it
+resumes (a run without an outcome re-runs under its same run grant). Exit 0 when this invocation's runs ended,
+whatever their outcomes (one progress line each), 1 if a run failed.
+
 Exit codes: 0 ACCEPT (the model was pushed, or --check ran end to end), 4 REJECT (the REJECT test on the
 training split showed the target is out of reach), 5 TIMEOUT, 2 bad input (or a --name another process runs:
 one process runs a pipeline name at a time, on any host of the ledger), 1 an iteration failed after its
@@ -58,6 +68,9 @@ def add_parser(subparsers):
     p.add_argument("--epsilon-start", type=float, default=None, help="first iteration's epsilon")
     p.add_argument("--min-window", type=int, default=None, help="first iteration's window, in blocks")
     add_rejection_share(p)
+    p.add_argument("--schedule", default=None, metavar="bbscheduler:FILE",
+                   help="re-run the pipeline under a growth schedule (BBScheduler) as blocks arrive instead of the "
+                        "Sage iterator: FILE is a JSON object of its options epsilon, delta, gamma, t0 (see above)")
     p.add_argument("--model", default=None, help="model family (pipeline-specific, e.g. linear or dnn)")
     p.add_argument("--name", default=None,
                    help="pipeline name in the ledger and MLMD (default: PIPELINE): 1-128 letters, digits and "
@@ -170,6 +183,7 @@ def _run(args):
         if not 0 < args.confidence < 1:
             raise ValueError(f"confidence {args.confidence!r} must be in (0, 1)")
         check_run_limits(args)
+        schedule = schedule_option(args) if args.schedule is not None else None
         beam_args, staging = beam_options(args)
         pipeline_root, metadata_path = root_options(args)  # a bad or unreachable --pipeline-root: before any charge
     except ValueError as exc:
@@ -183,6 +197,8 @@ def _run(args):
                               confidence=args.confidence, serving_dir=args.serving_dir, runner=args.runner,
                               beam_args=beam_args, model=args.model, name=args.name, staging_location=staging,
                               pipeline_root=pipeline_root, metadata_path=metadata_path)
+        if schedule is not None:
+            return _run_scheduled(definition, ledger, runner, schedule, args)
         iterator = make_iterator(definition, ledger, runner, args, progress=lambda line: print(line, flush=True))
     except (LedgerError, ValueError) as exc:
         return _fail(str(exc))
@@ -201,6 +217,66 @@ def _run(args):
     pushed = f"; model pushed to {runner.config.serving_dir}" if result.outcome == "ACCEPT" else ""
     print(f"{iterator.pipeline}: {result.describe()}{pushed}", flush=True)
     return EXIT_CODES[result.outcome]
+
+
+def schedule_option(args):
+    """The BBScheduler of ``--schedule bbscheduler:FILE`` (the FILE's JSON options), refused with ValueError naming
+    the bad value before anything is opened or charged; --epsilon-start and --min-window have no meaning under it."""
+    from sage_tfx.release.scheduled_pipeline import scheduler_from_options
+
+    strategy, sep, path = args.schedule.partition(":")
+    if not sep or strategy != "bbscheduler" or not path:
+        raise ValueError(f"--schedule {args.schedule!r} must look like bbscheduler:FILE (FILE: a JSON object of "
+                         "its options epsilon, delta, gamma, t0)")
+    for flag, value in (("--epsilon-start", args.epsilon_start), ("--min-window", args.min_window)):
+        if value is not None:
+            raise ValueError(f"{flag} {value!r} has no meaning under --schedule: the schedule sets each run's epsilon "
+                             "and window (all blocks so far); leave it out")
+    source = f"--schedule {args.schedule}"
+    options = read_json_options(path, source, "BBScheduler options")
+    return scheduler_from_options(options, source)
+
+
+def read_json_options(path, source, what):
+    """The JSON object of an options FILE (``sage run --schedule``, ``sage serve --release``); ValueError naming
+    ``source`` (the command-line value) when it cannot be read or is not JSON."""
+    import json
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except OSError as exc:
+        raise ValueError(f"{source}: the file cannot be read ({exc.strerror}): give a JSON file of {what}") from None
+    except ValueError as exc:
+        raise ValueError(f"{source}: the file is not JSON ({exc}): give one JSON object of {what}") from None
+
+
+def _run_scheduled(definition, ledger, runner, schedule, args):
+    """`sage run --schedule`: ``ScheduledPipeline.advance`` over the stream's blocks; one progress line per charge
+    and per run. Exit 0 when the runs ended, 1 if one failed after its draw (details withheld, as `sage run`)."""
+    from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline
+
+    shares = {k: v for k, v in definition.defaults.items()
+              if k in ("preprocessing_share", "count_share", "rejection_share", "disjoint_split")}
+    if args.rejection_share is not None:
+        shares["rejection_share"] = args.rejection_share
+    driver = ScheduledPipeline(ledger, runner.config.stream, runner.config.name, schedule, runner.run_iteration,
+                               name=f"tfx:{definition.name}", eta=1 - runner.config.confidence,
+                               progress=lambda line: print(line, flush=True), **shares)
+    try:
+        runs = driver.advance(max_runs=args.max_iterations)
+    except RunFailed as exc:  # its message holds the public part of the error only
+        ledger.close()
+        print(f"sage run: a scheduled {exc}. Its run grant stays "
+              "drawn (the ledger records FAILED). The details are withheld: they may hold data values; reproduce "
+              "the failure for free on generated rows with `sage run PIPELINE --check ...`", file=sys.stderr)
+        return EXIT_FAILED
+    ledger.close()
+    made = [r for r in runs if not r.resumed]
+    print(f"{runner.config.name}: {len(made)} scheduled run(s) made, {len(runs) - len(made)} resumed; "
+          f"{len(driver.order)} block(s) charged their lifetime (epsilon {schedule.params.epsilon:g}, delta "
+          f"{schedule.params.delta:g}) under bbscheduler", flush=True)
+    return EXIT_OK
 
 
 def check_run_limits(args):

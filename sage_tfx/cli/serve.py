@@ -134,23 +134,14 @@ def worker_specs(args, beam_args=(), staging_location=None, key_file=None, roots
 def release_specs(args: argparse.Namespace, key_file: str | None = None) -> list:
     """One ``ReleaseSpec`` per --release: its FILE read and turned into the `sage release STRATEGY` command line
     (``sage_tfx.cli.release.release_argv``, checked by that command's parser). ValueError naming the bad value."""
-    import json
-
     from sage_tfx.adaptive.workers import ReleaseSpec
     from sage_tfx.cli.release import release_argv
+    from sage_tfx.cli.run import read_json_options
 
     specs = []
     for name, strategy, path in args.releases:
         source = f"--release {name}={strategy}:{path}"
-        try:
-            with open(path, encoding="utf-8") as f:
-                options = json.load(f)
-        except OSError as exc:
-            raise ValueError(f"{source}: the file cannot be read ({exc.strerror}): give a JSON file of "
-                             f"`sage release {strategy}` options") from None
-        except ValueError as exc:
-            raise ValueError(f"{source}: the file is not JSON ({exc}): give one JSON object of "
-                             f"`sage release {strategy}` options") from None
+        options = read_json_options(path, source, f"`sage release {strategy}` options")
         argv, error = release_argv(strategy, options, db=args.db, stream=args.stream, data_root=args.data_root,
                                    pipeline=name, source=source)
         if argv is None:

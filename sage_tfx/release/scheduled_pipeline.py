@@ -1,0 +1,204 @@
+"""A TFX pipeline re-run under a growth schedule (BBScheduler, the paper seed 001's Section 3.1; issue 14 item 3).
+
+``ScheduledPipeline`` drives any pipeline's ``run_iteration(grant, split, eta, iteration)`` (the function the Sage
+iterator calls: ``sage_tfx.pipelines`` builds one per pipeline, ``sage run`` too) by a ``BBScheduler`` instead of
+the Sage iterator: for each arriving block it charges the block's LIFETIME grant (``growth.charge_lifetime``: the
+whole per-record (epsilon, delta) of the schedule on that block alone, before anything reads it, its one release
+opened with the schedule's fingerprint); when the schedule runs at block count t (epoch i), it draws the run grant
+of epoch i from the lifetime grants of blocks 1..t (``Ledger.draw``: a signed grant of (epsilon_i, delta_i) that
+charges no block) and runs the pipeline under it, validated at eta_i = eta / ((i + 1) (i + 2)) (the Sage
+iterator's union bound over attempts: the eta_i sum to eta over any number of runs).
+
+Privacy (per record, add/remove, over the infinite horizon): a record of block b is read by run grants drawn from
+b's lifetime grant only; run i is (epsilon_i, delta_i)-DP (its stage split composes to at most that: BudgetSplit,
+``Ledger.release``); the schedule's basic mode gives sum_i epsilon_i = epsilon and sum_i delta_i = delta
+(growth.py module docstring, Theorem 3 of the paper), and the ledger refuses any draw beyond the lifetime grant by
+basic composition (privacy/draws.py, with the proof): so every record is (epsilon, delta)-DP over all runs, what
+its block was charged once. Only BBScheduler's basic mode applies: a TFX run is (epsilon_i, delta_i)-DP (DP-SGD),
+not the pure epsilon_i-DP black box that the zCDP composition of BBImprover and of BBScheduler's zcdp mode needs
+(docs/release_strategies.md, "A TFX pipeline under a growth schedule").
+
+Resuming: everything is recovered from the ledger (the pipeline's lifetime grants, in charge order, and its run
+grants with their outcomes). A run killed before its outcome was recorded is re-run under the SAME run grant (the
+draw returns it again: no second draw; its releases re-open with the same seeds); a run with an outcome is not
+re-run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from sage_tfx.privacy import BudgetSplit, public_error_text
+from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.draws import DRAW_KEY, is_run_grant
+from sage_tfx.release.growth import (BBScheduler, GrowthError, Mode, ScheduleIdentity, SchedulerParams,
+                                     charge_lifetime)
+from sage_tfx.validation import eta_for_attempt
+
+RunIteration = Callable[[Any, BudgetSplit, float, int], Any]  # -> sage_tfx.adaptive.IterationResult
+
+
+class RunFailed(SageError):
+    """A scheduled run's pipeline raised after its draw (FAILED recorded); the message holds the public part."""
+
+
+@dataclass
+class ScheduledRun:
+    """One scheduled run: the epoch, the block count t, its budget, its run grant and what the pipeline said."""
+
+    epoch: int
+    t: int
+    epsilon: float
+    delta: float
+    eta: float
+    grant_id: str
+    blocks: list
+    outcome: Optional[str] = None
+    bound: Optional[float] = None
+    resumed: bool = False
+    details: dict = field(default_factory=dict)
+
+
+def check_pipeline_schedule(schedule: BBScheduler) -> BBScheduler:
+    """Refuse (GrowthError naming the value) a schedule a TFX pipeline cannot run under (module docstring)."""
+    if not isinstance(schedule, BBScheduler):
+        raise GrowthError(f"schedule {schedule!r} cannot drive a TFX pipeline: give a BBScheduler with composition "
+                          "'basic' (a pipeline run is (epsilon, delta)-DP, not pure: BBImprover's zCDP composition "
+                          "does not bound it)")
+    _check_params(schedule.params)
+    return schedule
+
+
+def _check_params(params: SchedulerParams) -> SchedulerParams:
+    if params.mode is not Mode.BASIC or params.delta <= 0:
+        raise GrowthError(f"composition {params.composition!r} with delta {params.delta!r} cannot drive a TFX "
+                          "pipeline: give composition 'basic' and delta > 0 (each run is (epsilon_i, delta_i)-DP, "
+                          "DP-SGD needs delta_i > 0, and only basic composition of both bounds such runs)")
+    return params
+
+
+class ScheduledPipeline(ScheduleIdentity):
+    """``run_iteration`` re-run by ``schedule`` as blocks arrive, each run under a run grant (module docstring).
+
+    ``observe(block)``: charge the block's lifetime grant (again: the same grant back, nothing charged twice) and,
+    if the schedule runs at this block count, draw and run. ``advance()``: observe every active block of the
+    stream not observed yet, in the ledger's order. Split settings are the Sage iterator's (``BudgetSplit.
+    for_epsilon``): each run's epsilon_i is split between the stages, training's delta is delta_i.
+    """
+
+    def __init__(self, ledger, stream: str, pipeline: str, schedule: BBScheduler, run_iteration: RunIteration, *,
+                 name: str = "tfx", eta: float = 0.05, preprocessing_share: float = 0.2, count_share: float = 0.05,
+                 rejection_share: float = 0.0, disjoint_split: bool = True,
+                 progress: Optional[Callable[[str], None]] = None):
+        self.schedule = check_pipeline_schedule(schedule)
+        if not callable(run_iteration):
+            raise GrowthError(f"run_iteration {run_iteration!r} must be a callable (grant, split, eta, iteration)")
+        eta_for_attempt(eta, 1)  # a bad eta fails here, before anything is charged
+        self.ledger, self.stream, self.pipeline, self.name = ledger, stream, pipeline, name
+        self.run_iteration, self.eta = run_iteration, eta
+        self.shares = dict(preprocessing_share=preprocessing_share, count_share=count_share,
+                           rejection_share=rejection_share, disjoint_split=disjoint_split)
+        first = schedule.run_budget(schedule.epoch_start(0))
+        self.split(first[1], first[2])  # bad shares fail here, before anything is charged
+        self.epsilon, self.delta = schedule.params.epsilon, schedule.params.delta
+        self.progress = progress or (lambda line: None)
+        self.grants: dict[str, Any] = {}
+        self.order: list[str] = []
+        self.runs: list[ScheduledRun] = []
+        self._recover()
+
+    def split(self, epsilon: float, delta: float) -> BudgetSplit:
+        return BudgetSplit.for_epsilon(epsilon, delta, self.shares["preprocessing_share"],
+                                       self.shares["count_share"], rejection_share=self.shares["rejection_share"],
+                                       disjoint_split=self.shares["disjoint_split"])
+
+    def _recover(self) -> None:
+        """The pipeline's lifetime grants of this schedule (charge order) and its run grants' outcomes."""
+        self._outcomes = {}
+        for grant, outcome, details in self.ledger.history(self.stream, self.pipeline):
+            if is_run_grant(grant.body()):
+                if grant.meta[DRAW_KEY].get("schedule") == self.fingerprint:
+                    self._outcomes[grant.id] = (outcome, details)
+            elif grant.meta == self.meta and len(grant.blocks) == 1 and grant.blocks[0] not in self.grants:
+                self.grants[grant.blocks[0]] = grant
+                self.order.append(grant.blocks[0])
+
+    def observe(self, block: str) -> Optional[ScheduledRun]:
+        """Charge ``block``'s lifetime grant if not yet charged; run the pipeline if the schedule says so at this
+        block count (or re-run a run that has no outcome yet). Returns the run, or None."""
+        if block not in self.grants:
+            self.grants[block] = charge_lifetime(self.ledger, self.stream, self.pipeline, block, self.epsilon,
+                                                 self.delta, self.meta, self.fingerprint)
+            self.order.append(block)
+            self.progress(f"[{self.pipeline}] block {block}: t={len(self.order)} charged its lifetime "
+                          f"(epsilon {self.epsilon:.6g}, delta {self.delta:.3g}) under {self.schedule.meta['strategy']}")
+        t = self.order.index(block) + 1
+        plan = self.schedule.run_budget(t)
+        if plan is None:
+            return None
+        return self._run(t, *plan)
+
+    def _run(self, t: int, epoch: int, epsilon: float, delta: float) -> ScheduledRun:
+        blocks = self.order[:t]
+        split = self.split(epsilon, delta)
+        eta = eta_for_attempt(self.eta, epoch + 1)
+        grant = self.ledger.draw([self.grants[b] for b in blocks], epoch, split.charged_epsilon, split.total_delta,
+                                 schedule=self.fingerprint, split=split,
+                                 meta={"t": t, "epsilon": epsilon, "eta": eta})
+        run = ScheduledRun(epoch, t, grant.epsilon, grant.delta, eta, grant.id, blocks)
+        done = self._outcomes.get(grant.id)
+        if done is not None and done[0] is not None:  # ran before: its outcome stands, nothing is re-run
+            run.outcome, run.resumed = done[0], True
+            run.bound = (done[1] or {}).get("bound")
+            self.runs.append(run)
+            return run
+        try:
+            result = self.run_iteration(grant, split, eta, epoch + 1)
+        except Exception as exc:  # the run grant stays drawn; the error text may hold data values: public part only
+            error = public_error_text(exc)
+            self.ledger.record_outcome(grant.id, "FAILED", {"error": error})
+            self.progress(f"[{self.pipeline}] run {epoch} (t={t}): FAILED ({error}); its run grant stays drawn")
+            raise RunFailed(f"run {epoch} (t={t}) under run grant {grant.id} failed: {error}") from exc
+        self.ledger.record_outcome(grant.id, result.outcome, {"bound": result.bound, **result.details})
+        self._outcomes[grant.id] = (result.outcome, {"bound": result.bound})
+        run.outcome, run.bound, run.details = result.outcome, result.bound, result.details
+        self.runs.append(run)
+        bound = "-" if result.bound is None else f"{result.bound:.6g}"
+        self.progress(f"[{self.pipeline}] run {epoch}: blocks {blocks[0]}..{blocks[-1]} ({t}), epsilon_i "
+                      f"{grant.epsilon:.4g}, delta_i {grant.delta:.3g}, eta {eta:.3g}, bound {bound} -> "
+                      f"{result.outcome}")
+        return run
+
+    def advance(self, max_runs: Optional[int] = None) -> list[ScheduledRun]:
+        """Observe every active block not observed yet (ledger order), stopping after ``max_runs`` runs made by
+        this call (blocks after that stay uncharged). Returns the runs made or resumed."""
+        from sage_tfx.privacy.vocabulary import BlockState
+
+        made = []
+        pending = [b.id for b in self.ledger.blocks(self.stream) if b.id in self.grants
+                   or b.state == BlockState.ACTIVE]
+        for block in self.order + [b for b in pending if b not in self.grants]:
+            if max_runs is not None and len([r for r in made if not r.resumed]) >= max_runs:
+                break
+            run = self.observe(block)
+            if run is not None:
+                made.append(run)
+        return made
+
+
+def scheduler_from_options(options: dict, source: str = "the schedule") -> BBScheduler:
+    """A BBScheduler from a JSON object of options {"epsilon", "delta", "gamma", "t0", "composition"} (the
+    composition defaults to "basic", the one a TFX pipeline runs under). GrowthError naming the bad value."""
+    if not isinstance(options, dict):
+        raise GrowthError(f"{source}: {options!r} is not a JSON object of BBScheduler options")
+    known = {"epsilon", "delta", "gamma", "t0", "composition"}
+    unknown = sorted(set(options) - known)
+    if unknown:
+        raise GrowthError(f"{source}: unknown option(s) {unknown}: give {', '.join(sorted(known))}")
+    if "epsilon" not in options:
+        raise GrowthError(f"{source}: 'epsilon' is missing: give the total per-record epsilon")
+    try:
+        # the parameters checked before BBScheduler calibrates anything (a zCDP mode would call dp-accounting)
+        return BBScheduler(_check_params(SchedulerParams(**{"composition": "basic", **options})))
+    except GrowthError as exc:
+        raise GrowthError(f"{source}: {exc}") from None

@@ -1,0 +1,424 @@
+"""A pipeline re-run under a growth schedule (issue 14 item 3): run grants drawn from per-block lifetime grants.
+
+Ledger level, on both backends: ``Ledger.draw`` (privacy/draws.py) and its audit: the draw charges no block, the
+same draw again returns the same grant, a run index cannot be drawn twice with another budget (concurrent writers
+too), a draw beyond a lifetime grant's (epsilon, delta) is refused, a malformed one too (nothing written), the
+audit replays draws and catches tampering, and kill -9 mid-draw leaves an audited ledger. Then the driver
+(``ScheduledPipeline``) and `sage run --schedule`, and ONE real TFX pipeline (taxi_regression) through two runs.
+"""
+import json
+import multiprocessing
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sage_tfx.privacy import BudgetRefused, BudgetSplit, GrantError, Ledger, LedgerError
+from sage_tfx.privacy import draws as draws_module
+from sage_tfx.release.growth import (BBScheduler, GrowthError, SchedulerParams, charge_lifetime,
+                                     schedule_fingerprint)
+
+from _kill import kill_after_first_ack
+
+E, D = 0.5, 1e-7
+META = {"strategy": "bbscheduler", "test": 1}
+FP = schedule_fingerprint("p", "s", META)
+
+
+def _ledger(location, blocks=6):
+    ledger = Ledger.open(location, create=True)
+    ledger.create_stream("s", 1.0, 1e-6)
+    for i in range(blocks):
+        ledger.add_block("s", f"b{i}")
+    return ledger
+
+
+def _lifetimes(ledger, n, pipeline="p", meta=META, fingerprint=FP):
+    return [charge_lifetime(ledger, "s", pipeline, f"b{i}", E, D, meta, fingerprint) for i in range(n)]
+
+
+def _snapshot(ledger):
+    return len(ledger.log_entries()), ledger.draws(), len(ledger.grants("s"))
+
+
+def test_draw_charges_nothing_and_is_audited(ledger_url):
+    with _ledger(ledger_url) as ledger:
+        lifes = _lifetimes(ledger, 3)
+        spent = {b["id"]: (b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("s")["blocks"]}
+        split = BudgetSplit.for_epsilon(0.2, 4e-8)
+        run = ledger.draw(lifes, 0, split.charged_epsilon, split.total_delta, schedule=FP, split=split,
+                          meta={"t": 3})
+        assert run.blocks == ("b0", "b1", "b2") and run.pipeline == "p"
+        assert run.epsilon == pytest.approx(0.2) and run.delta == pytest.approx(4e-8)
+        assert run.meta["draw"] == {"from": [g.id for g in lifes], "run": 0, "schedule": FP,
+                                    "composition": "basic"}
+        assert ledger.verify(run) == run  # an ordinary grant to every reader
+        assert {b["id"]: (b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("s")["blocks"]} == spent
+        assert sorted(ledger.draws()) == sorted((g.id, 0, run.id, "s", run.epsilon, run.delta) for g in lifes)
+        # the stages release under it as under any split grant
+        ledger.release(run, "training", "train-fp", split.training, split.delta)
+        before = _snapshot(ledger)
+        again = ledger.draw([g.id for g in lifes], 0, split.charged_epsilon, split.total_delta, schedule=FP,
+                            split=split, meta={"t": 3})
+        assert again == run and _snapshot(ledger) == before  # the same grant back, nothing written
+        assert ledger.release(run, "training", "train-fp", split.training, split.delta).reopened
+        second = ledger.draw(lifes, 1, 0.1, 2e-8, schedule=FP)
+        report = ledger.audit()
+        assert report.ok, report.problems
+        assert report.grants == 5
+        kinds = [e[2] for e in ledger.log_entries()]
+        assert kinds.count("draw") == 2 and second.id != run.id
+
+
+def test_overdraw_and_second_draw_refused(ledger_url):
+    with _ledger(ledger_url) as ledger:
+        lifes = _lifetimes(ledger, 2)
+        ledger.draw(lifes[:1], 0, 0.3, 5e-8, schedule=FP)
+        before = _snapshot(ledger)
+        with pytest.raises(GrantError, match="run 0 was already drawn"):
+            ledger.draw(lifes[:1], 0, 0.25, 5e-8, schedule=FP)  # the same index, another budget
+        with pytest.raises(BudgetRefused, match="b0.*would compose to \\(epsilon 0.6"):
+            ledger.draw(lifes, 1, 0.3, 1e-8, schedule=FP)  # b0: 0.3 + 0.3 > 0.5
+        with pytest.raises(BudgetRefused, match="delta"):
+            ledger.draw(lifes, 1, 0.1, 6e-8, schedule=FP)  # b0: 5e-8 + 6e-8 > 1e-7
+        assert _snapshot(ledger) == before
+        ledger.draw(lifes, 1, 0.2, 5e-8, schedule=FP)  # exactly what is left on b0: admitted
+        with pytest.raises(BudgetRefused, match="b0"):
+            ledger.draw(lifes, 2, 1e-6, 0.0, schedule=FP)
+        assert ledger.audit().ok
+
+
+def test_malformed_draws_refused_before_anything(ledger_url):
+    with _ledger(ledger_url) as ledger:
+        lifes = _lifetimes(ledger, 2)
+        other = charge_lifetime(ledger, "s", "p", "b2", E, D, {**META, "test": 2}, FP)  # another schedule's meta
+        no_release = ledger.request("p", "s", blocks=["b3"], epsilon=E, delta=D, meta=META)
+        foreign = charge_lifetime(ledger, "s", "p", "b4", E, D, META, "another-fingerprint")
+        wide = ledger.request("p", "s", blocks=["b5", "b0"], epsilon=0.1, meta=META)
+        run = ledger.draw(lifes, 0, 0.1, 0.0, schedule=FP)
+        before = _snapshot(ledger)
+        cases = [
+            ([*lifes, other], "different meta"),
+            ([*lifes, no_release], "not the one release of the schedule"),
+            ([*lifes, foreign], "not the one release of the schedule"),
+            ([wide], "names 2 blocks"),
+            ([run], "is a run grant itself"),
+            (["g-nope"], "unknown"),
+            ([lifes[0], lifes[0]], "more than once"),
+        ]
+        for grants, match in cases:
+            with pytest.raises(GrantError, match=match):
+                ledger.draw(grants, 5, 0.01, 0.0, schedule=FP)
+        for bad, match in [(dict(run=-1), "run -1"), (dict(epsilon=0.0), "run epsilon 0.0"),
+                           (dict(delta=1.0), "run delta 1.0"), (dict(meta={"draw": 1}), "meta key 'draw'")]:
+            args = dict(run=6, epsilon=0.01, delta=0.0, meta=None) | bad
+            with pytest.raises(LedgerError, match=match):
+                ledger.draw(lifes, args["run"], args["epsilon"], args["delta"], schedule=FP, meta=args["meta"])
+        with pytest.raises(LedgerError, match="composes to epsilon"):  # the split must fit the run's budget
+            ledger.draw(lifes, 7, 0.01, 1e-8, schedule=FP, split=BudgetSplit.for_epsilon(0.02, 1e-8))
+        assert _snapshot(ledger) == before
+        assert ledger.audit().ok
+
+
+@pytest.mark.parametrize("tamper, match", [
+    ("UPDATE draws SET epsilon = 0.01 WHERE run = 0", "draw of run 0 from lifetime grant"),
+    ("DELETE FROM draws WHERE run = 1", "is in the log but missing from the table"),
+    ("UPDATE draws SET run = 7 WHERE run = 1", "is in the table but not in the log"),
+    ("UPDATE grants SET body = replace(body, '\"run\":0', '\"run\":3') WHERE body LIKE '%\"draw\"%'",
+     "the table's record differs from the log's"),
+])
+def test_audit_catches_tampered_draws(ledger_url, raw_sql, tamper, match):
+    with _ledger(ledger_url) as ledger:
+        lifes = _lifetimes(ledger, 2)
+        ledger.draw(lifes, 0, 0.2, 0.0, schedule=FP)
+        ledger.draw(lifes, 1, 0.1, 0.0, schedule=FP)
+        assert ledger.audit().ok
+    raw_sql(ledger_url, tamper)
+    with Ledger.open(ledger_url) as ledger:
+        report = ledger.audit()
+    assert not report.ok and any(match in p for p in report.problems), report.problems
+
+
+def test_audit_recomputes_the_rule_from_the_log(tmp_path, monkeypatch):
+    """A writer with the key but a broken check (the rule switched off) overdraws: the audit's replay says so."""
+    with _ledger(str(tmp_path / "l.db")) as ledger:
+        lifes = _lifetimes(ledger, 1)
+        ledger.draw(lifes, 0, 0.4, 0.0, schedule=FP)
+        monkeypatch.setattr(draws_module, "overdraws", lambda *a, **k: {})
+        ledger.draw(lifes, 1, 0.4, 0.0, schedule=FP)
+        monkeypatch.undo()
+        report = ledger.audit()
+    assert any("overdraws block 'b0'" in p and "epsilon 0.8" in p for p in report.problems), report.problems
+
+
+def test_schema_5_ledger_migrates_to_6(tmp_path, raw_sql):
+    location = str(tmp_path / "old.db")
+    with _ledger(location) as ledger:
+        _lifetimes(ledger, 1)
+    raw_sql(location, "DROP TABLE draws")
+    raw_sql(location, "UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    with Ledger.open(location) as ledger:
+        run = ledger.draw([g for g, _, _ in ledger.history("s", "p")], 0, 0.1, 0.0, schedule=FP)
+        assert ledger.draws()[0][2] == run.id
+        assert raw_sql(location, "SELECT value FROM meta WHERE key = 'schema_version'") == [("6",)]
+        assert ledger.audit().ok
+
+
+# --------------------------------------------------------------- concurrent writers and kill -9
+def _draw_worker(location, lifetime_ids, epsilon, out_path, start_at):
+    ledger = Ledger.open(location)
+    while time.time() < start_at:
+        time.sleep(0.001)
+    try:
+        grant = ledger.draw(lifetime_ids, 0, epsilon, 0.0, schedule=FP)
+        text = grant.id
+    except GrantError as exc:
+        text = "refused: " + str(exc)
+    with open(out_path, "w") as f:
+        f.write(text)
+
+
+@pytest.mark.parametrize("same_budget", [True, False])
+def test_concurrent_draws_of_one_index(ledger_url, tmp_path, same_budget):
+    with _ledger(ledger_url) as ledger:
+        ids = [g.id for g in _lifetimes(ledger, 3)]
+    ctx = multiprocessing.get_context("spawn")
+    start = time.time() + 3.0
+    outs = [str(tmp_path / f"out{i}") for i in range(4)]
+    procs = [ctx.Process(target=_draw_worker,
+                         args=(ledger_url, ids, 0.1 if same_budget else 0.1 + 0.01 * i, outs[i], start))
+             for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+        assert p.exitcode == 0
+    results = [open(o).read() for o in outs]
+    won = [r for r in results if not r.startswith("refused")]
+    with Ledger.open(ledger_url) as ledger:
+        rows = ledger.draws()
+        assert len({r[2] for r in rows}) == 1 and len(rows) == 3  # one run grant, one row per lifetime grant
+        assert [e[2] for e in ledger.log_entries()].count("draw") == 1
+        assert set(won) == {rows[0][2]}
+        assert len(won) == (4 if same_budget else 1)  # the same draw gets the same grant back; another budget loses
+        assert ledger.audit().ok
+
+
+def _draw_loop(location, ack_path, seed):
+    rng = random.Random(seed)
+    ledger = Ledger.open(location)
+    ids = [g.id for g, _, _ in ledger.history("s", "p") if "draw" not in g.meta]
+    with open(ack_path, "a") as ack:
+        for run in range(seed * 100000, seed * 100000 + 100000):
+            grant = ledger.draw(ids, run, rng.choice((1e-4, 2e-4)), 0.0, schedule=FP)
+            ack.write(grant.id + "\n")
+            ack.flush()
+            os.fsync(ack.fileno())
+
+
+def test_sigkill_mid_draw_leaves_an_audited_ledger(ledger_url, tmp_path):
+    with _ledger(ledger_url) as ledger:
+        _lifetimes(ledger, 4)
+    ctx = multiprocessing.get_context("spawn")
+    paths = [str(tmp_path / f"ack{w}") for w in range(3)]
+    procs = [ctx.Process(target=_draw_loop, args=(ledger_url, paths[w], w + 1)) for w in range(3)]
+    kill_after_first_ack(procs, paths, random.Random(3))
+    acked = {line.strip() for p in paths if os.path.exists(p) for line in open(p) if line.strip()}
+    with Ledger.open(ledger_url) as ledger:
+        report = ledger.audit()
+        assert report.ok, report.problems
+        rows = ledger.draws()
+        by_grant = {}
+        for row in rows:
+            by_grant.setdefault(row[2], []).append(row)
+        assert acked <= set(by_grant)  # every acknowledged draw is there, with all its rows
+        assert all(len(v) == 4 for v in by_grant.values())
+        assert {g.id for g in ledger.grants("s") if "draw" in g.meta} == set(by_grant)
+        ledger.draw([g.id for g, _, _ in ledger.history("s", "p") if "draw" not in g.meta], 10 ** 7, 1e-4, 0.0,
+                    schedule=FP)  # still works
+        assert ledger.audit().ok
+
+
+# ------------------------------------------------------------------------------------ the driver (Python API)
+class _Crash(BaseException):
+    """A process killed mid-run: nothing catches it, no outcome is recorded."""
+
+
+class _Pipeline:
+    """A stand-in ``run_iteration`` (a real callable: it records what it was run under) for the driver's logic;
+    the real TFX pipeline runs in test_a_tfx_pipeline_runs_under_a_growth_schedule."""
+
+    def __init__(self, crash_at=None, fail_at=None):
+        self.calls, self.crash_at, self.fail_at = [], crash_at, fail_at
+
+    def __call__(self, grant, split, eta, iteration):
+        from sage_tfx.adaptive import IterationResult
+
+        self.calls.append((grant.id, grant.epsilon, grant.delta, grant.blocks, split, eta, iteration))
+        if iteration == self.crash_at:
+            self.crash_at = None
+            raise _Crash()
+        if iteration == self.fail_at:
+            raise ValueError("a data value 12.5 in a message")
+        return IterationResult("RETRY", bound=float(iteration))
+
+
+def _driver(ledger, run_iteration, **params):
+    from sage_tfx.release.scheduled_pipeline import ScheduledPipeline
+
+    schedule = BBScheduler(SchedulerParams(**({"epsilon": E, "delta": D, "gamma": 1.0, "t0": 2,
+                                               "composition": "basic"} | params)))
+    return ScheduledPipeline(ledger, "s", "p", schedule, run_iteration, name="stand-in"), schedule
+
+
+def test_driver_charges_each_block_once_and_resumes_a_killed_run_under_its_grant(tmp_path):
+    with _ledger(str(tmp_path / "l.db"), blocks=8) as ledger:
+        pipeline = _Pipeline(crash_at=2)
+        driver, schedule = _driver(ledger, pipeline)
+        with pytest.raises(_Crash):
+            driver.advance()
+        assert [c[6] for c in pipeline.calls] == [1, 2] and len(driver.order) == 4  # t = 2: run 0; t = 4: run 1
+        crashed = pipeline.calls[1][0]
+        driver, _ = _driver(ledger, pipeline)  # a restart: everything recovered from the ledger
+        runs = driver.advance()
+        assert [(r.epoch, r.t, r.resumed) for r in runs] == [(0, 2, True), (1, 4, False), (2, 8, False)]
+        assert [c[6] for c in pipeline.calls] == [1, 2, 2, 3] and pipeline.calls[2][0] == crashed  # same grant
+        for call, (epoch, t) in zip(pipeline.calls[2:], [(1, 4), (2, 8)]):
+            _, eps, delta, blocks, split, eta, _ = call
+            assert eps == pytest.approx(schedule.epsilon_of(epoch)) and delta == pytest.approx(schedule.delta_of(epoch))
+            assert blocks == tuple(f"b{i}" for i in range(t)) and split.charged_epsilon == pytest.approx(eps)
+            assert eta == pytest.approx(0.05 / ((epoch + 1) * (epoch + 2)))
+        status = {b["id"]: (b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("s")["blocks"]}
+        assert status == {f"b{i}": (E, D) for i in range(8)}  # each block: its lifetime bound, once
+        assert [e[2] for e in ledger.log_entries()].count("draw") == 3
+        assert ledger.audit().ok
+        assert _driver(ledger, pipeline)[0].advance() and len(pipeline.calls) == 4  # all resumed: nothing re-run
+
+
+def test_driver_records_a_failed_run_without_its_message(tmp_path):
+    from sage_tfx.release.scheduled_pipeline import RunFailed
+
+    with _ledger(str(tmp_path / "l.db"), blocks=2) as ledger:
+        driver, _ = _driver(ledger, _Pipeline(fail_at=1))
+        with pytest.raises(RunFailed, match="ValueError") as info:
+            driver.advance()
+        assert "12.5" not in str(info.value)
+        (failed,) = [(g, o, d) for g, o, d in ledger.history("s", "p") if "draw" in g.meta]
+        assert failed[1] == "FAILED" and "12.5" not in json.dumps(failed[2])
+        assert _driver(ledger, _Pipeline())[0].advance()[0].resumed  # not re-run
+
+
+@pytest.mark.parametrize("params, match", [
+    ({"composition": None, "delta": 0.0}, "composition None with delta 0.0"),
+    ({"composition": "zcdp"}, "composition 'zcdp'"),
+    ({"composition": "basic", "delta": 0.0}, "delta 0.0"),
+])
+def test_driver_refuses_schedules_a_pipeline_cannot_run_under(tmp_path, params, match):
+    with _ledger(str(tmp_path / "l.db"), blocks=2) as ledger:
+        before = _snapshot(ledger)
+        with pytest.raises(GrowthError, match=match):
+            _driver(ledger, _Pipeline(), **params)
+        from sage_tfx.release.growth import BBImprover, ImproverParams
+        from sage_tfx.release.scheduled_pipeline import ScheduledPipeline
+
+        with pytest.raises(GrowthError, match="BBScheduler with composition 'basic'"):
+            ScheduledPipeline(ledger, "s", "p", BBImprover(ImproverParams(epsilon=E, delta=D)), _Pipeline())
+        assert _snapshot(ledger) == before
+
+
+# ------------------------------------------------------------------------------------------- sage run --schedule
+PY = sys.executable
+
+
+def _sage(*args, timeout=900):
+    return subprocess.run([PY, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True, timeout=timeout)
+
+
+def _copy_stream(taxi_stream_300, tmp_path):
+    db, data = taxi_stream_300
+    shutil.copy(db, tmp_path / "ledger.db")
+    shutil.copy(f"{db}.key", tmp_path / "ledger.db.key")
+    return tmp_path / "ledger.db", data
+
+
+@pytest.mark.parametrize("options, message", [
+    ([1], "is not a JSON object"),
+    ({"delta": 1e-7}, "'epsilon' is missing"),
+    ({"epsilon": -1, "delta": 1e-7}, "epsilon -1"),
+    ({"epsilon": 0.8, "delta": 0.0}, "delta 0.0"),
+    ({"epsilon": 0.8, "delta": 1e-7, "gama": 1}, "unknown option(s) ['gama']"),
+    ({"epsilon": 0.8, "delta": 1e-7, "gamma": 0}, "gamma 0"),
+    ({"epsilon": 0.8, "delta": 1e-7, "t0": 0}, "t0 0"),
+])
+def test_schedule_options_refused_naming_the_value(options, message):
+    from sage_tfx.release.scheduled_pipeline import scheduler_from_options
+
+    with pytest.raises(GrowthError, match="FILE: .*" + __import__("re").escape(message)):
+        scheduler_from_options(options, "FILE")
+
+
+@pytest.mark.parametrize("schedule, options, extra, message", [
+    ("bbimprover:{file}", {"epsilon": 1}, [], "'bbimprover:"),
+    ("bbscheduler:{file}", "not json", [], "the file is not JSON"),
+    ("bbscheduler:{file}", {"epsilon": 0.8, "delta": 1e-7, "composition": "zcdp"}, [], "composition 'zcdp'"),
+    ("bbscheduler:{file}", {"epsilon": 0.8, "delta": 1e-7}, ["--epsilon-start", "0.5"], "--epsilon-start 0.5"),
+])
+def test_sage_run_schedule_bad_values_exit_2_before_any_charge(taxi_stream_300, tmp_path, schedule, options,
+                                                                extra, message):
+    db, data = _copy_stream(taxi_stream_300, tmp_path)
+    path = tmp_path / "schedule.json"
+    if options is not None:
+        path.write_text(options if isinstance(options, str) else json.dumps(options))
+    with Ledger.open(db) as ledger:
+        before = (ledger.log_entries(), [g.to_json() for g in ledger.grants()])
+    out = _sage("run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "1e5",
+                "--schedule", schedule.format(file=path), "--work-dir", tmp_path / "work", *extra)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr, out.stderr
+    with Ledger.open(db) as ledger:
+        assert (ledger.log_entries(), [g.to_json() for g in ledger.grants()]) == before
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_a_tfx_pipeline_runs_under_a_growth_schedule(taxi_stream_300, tmp_path):
+    """taxi_regression (real taxi days) through two scheduled runs: BBScheduler basic, t0 = 64 blocks, gamma = 1
+    (runs at 64 and 128 blocks), the run grants' (epsilon_i, delta_i) the schedule's, each charged block exactly
+    its lifetime (E, D), nothing else charged, the audit OK; every component ran under the run grant (the
+    validator's result is recorded for it)."""
+    db, data = _copy_stream(taxi_stream_300, tmp_path)
+    options = {"epsilon": 0.8, "delta": 5e-7, "gamma": 1.0, "t0": 64}
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps(options))
+    started = time.monotonic()
+    out = _sage("run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "1e5",
+                "--schedule", f"bbscheduler:{path}", "--max-iterations", "2", "--rejection-share", "0",
+                "--work-dir", tmp_path / "work")
+    elapsed = time.monotonic() - started
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    schedule = BBScheduler(SchedulerParams(**options, composition="basic"))
+    run_lines = [line for line in out.stdout.splitlines() if "] run " in line]
+    assert len(run_lines) == 2 and all("-> RETRY" in line for line in run_lines), out.stdout[-3000:]
+    assert "blocks " in run_lines[0] and "(64)" in run_lines[0] and "(128)" in run_lines[1]
+    with Ledger.open(db) as ledger:
+        report = ledger.audit()
+        assert report.ok, report.problems
+        history = ledger.history("taxi", "taxi_regression")
+        runs = [(g, o) for g, o, _ in history if "draw" in g.meta]
+        lifetimes = [g for g, _, _ in history if "draw" not in g.meta]
+        assert [(g.meta["draw"]["run"], len(g.blocks), o) for g, o in runs] == [(0, 64, "RETRY"), (1, 128, "RETRY")]
+        for g, _ in runs:
+            epoch = g.meta["draw"]["run"]
+            assert g.epsilon == pytest.approx(schedule.epsilon_of(epoch), rel=1e-12)
+            assert g.delta == pytest.approx(schedule.delta_of(epoch), rel=1e-12)
+            assert {r.stage for r in ledger.releases(g.id)} >= {"count", "training", "validation"}
+        assert len(lifetimes) == 128 and all(len(g.blocks) == 1 for g in lifetimes)
+        spent = {b["id"]: (b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("taxi")["blocks"]}
+        charged = {g.blocks[0] for g in lifetimes}
+        assert all(spent[b] == (0.8, 5e-7) for b in charged)
+        assert all(spent[b] == (0.0, 0.0) for b in spent if b not in charged)  # after the last run: uncharged
+    print(f"two scheduled TFX runs took {elapsed:.0f} s")
