@@ -99,6 +99,9 @@ def test_malformed_draws_refused_before_anything(ledger_url):
         no_release = ledger.request("p", "s", blocks=["b3"], epsilon=E, delta=D, meta=META)
         foreign = charge_lifetime(ledger, "s", "p", "b4", E, D, META, "another-fingerprint")
         wide = ledger.request("p", "s", blocks=["b5", "b0"], epsilon=0.1, meta=META)
+        staged = ledger.request("p", "s", blocks=["b5"], epsilon=0.2, delta=D, meta=META,
+                                split=BudgetSplit.for_epsilon(0.2, D))
+        ledger.release(staged, "training", FP, 0.1, D)
         run = ledger.draw(lifes, 0, 0.1, 0.0, schedule=FP)
         before = _snapshot(ledger)
         cases = [
@@ -106,6 +109,7 @@ def test_malformed_draws_refused_before_anything(ledger_url):
             ([*lifes, no_release], "not the one release of the schedule"),
             ([*lifes, foreign], "not the one release of the schedule"),
             ([wide], "names 2 blocks"),
+            ([*lifes, staged], "has a stage split"),
             ([run], "is a run grant itself"),
             (["g-nope"], "unknown"),
             ([lifes[0], lifes[0]], "more than once"),

@@ -83,6 +83,9 @@ def structure_problems(run_body: Mapping, lifetimes: Sequence[tuple[str, Optiona
                        f"not {run_body['pipeline']!r} on {run_body['stream']!r}")
         if len(body["blocks"]) != 1:
             out.append(f"grant {gid!r} names {len(body['blocks'])} blocks: a lifetime grant charges one block")
+        if body.get("rule") != SINGLE_RULE:
+            out.append(f"grant {gid!r} has a stage split (rule {body.get('rule')!r}): a lifetime grant is "
+                       "single-stage, so its one release, the schedule's, is all that ever spends it")
         blocks.extend(body["blocks"])
         metas.append(canonical(body.get("meta") or {}))
         done = releases.get(gid, [])
