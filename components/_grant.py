@@ -53,6 +53,88 @@ SEED_PURPOSES = {"preprocessing": "preprocessing", "count": "record_count", "tra
                  "rejection": "validation", "validation": "validation"}
 
 
+def _function_renamer(functions):
+    """A text form of proto messages with the process-wide counters TensorFlow appends to the names of a function
+    library (``..._true_234``, ``__inference_signature_wrapper_7055``) replaced by their rank among the library's
+    functions of the same base name: the same functions traced in another process (other counters, same order of
+    creation) give the same text, and the renaming is one-to-one, so different functions stay different."""
+    import re
+
+    parts = {}
+    for f in functions:
+        name = f.signature.name
+        match = re.match(r"^(.*?)_(\d+)$", name)
+        base, number = (match.group(1), int(match.group(2))) if match else (name, -1)
+        parts.setdefault(base, []).append((number, name))
+    rename = {name: f"{base}__fn{rank}" for base, found in parts.items()
+              for rank, (_, name) in enumerate(sorted(found))}
+    pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in sorted(rename, key=len, reverse=True)) + r")\b")
+
+    def canonical(message) -> str:
+        text = str(message)
+        return pattern.sub(lambda m: rename[m.group(1)], text) if rename else text
+
+    return canonical
+
+
+def canonical_graph_text(graph_def) -> bytes:
+    """A GraphDef as text with its function library's counters ranked (``_function_renamer``) and the library's
+    functions in sorted order (their order varies between traces), so the same function traced twice gives the
+    same text (tests/test_dp_transform_component.py traces it three times)."""
+    canonical = _function_renamer(graph_def.library.function)
+    nodes = type(graph_def)()
+    nodes.CopyFrom(graph_def)
+    nodes.library.ClearField("function")
+    return "\n".join([canonical(nodes)] + sorted(canonical(f) for f in graph_def.library.function)).encode()
+
+
+def canonical_saved_model_text(saved_model) -> bytes:
+    """A SavedModel proto (``saved_model.pb``) as text, canonical across processes.
+
+    TensorFlow names what it exports with one process-wide counter: the library's functions
+    (``__inference_signature_wrapper_7055``), the nodes and arguments inside them (``dense_7115``, a captured
+    variable's handle) and their arguments' ``_user_specified_name`` (``"7417"``). Two exports of the same model in two
+    processes (a resumed iteration re-trains under the same seed: bit-identical variables) differ in those numbers
+    only (tests/test_model_digest.py). Here every such name is rewritten with the RANK of its number among all of
+    them (one-to-one and order-preserving: the same creation order gives the same text, and two models that differ
+    in anything but those counters still differ), and the library's functions and the object graph's concrete
+    functions (a map keyed by function names) are listed in sorted order."""
+    import re
+
+    uid = re.compile(r"^(.*?)_?(\d+)$")
+    out = []
+    for meta_graph in saved_model.meta_graphs:
+        library = meta_graph.graph_def.library.function
+        names = {f.signature.name for f in library}
+        names.update(n.name for n in meta_graph.graph_def.node)
+        for f in library:
+            names.update(n.name for n in f.node_def)
+            names.update(a.name for a in (*f.signature.input_arg, *f.signature.output_arg))
+            for attrs in f.arg_attr.values():
+                if "_user_specified_name" in attrs.attr:
+                    names.add(attrs.attr["_user_specified_name"].s.decode("utf-8", "replace"))
+        found = {name: uid.match(name) for name in names}
+        numbers = sorted({int(m.group(2)) for m in found.values() if m})
+        rank = {n: i for i, n in enumerate(numbers)}
+        rename = {name: f"{m.group(1)}__uid{rank[int(m.group(2))]}" for name, m in found.items() if m}
+        pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(n) for n in sorted(rename, key=len, reverse=True))
+                             + r")(?![\w.])") if rename else None
+
+        def canonical(message) -> str:
+            text = str(message)
+            return pattern.sub(lambda m: rename[m.group(1)], text) if pattern else text
+
+        rest = type(meta_graph)()
+        rest.CopyFrom(meta_graph)
+        rest.graph_def.library.ClearField("function")
+        rest.object_graph_def.ClearField("concrete_functions")
+        out.append(canonical(rest))
+        out.extend(sorted(canonical(f) for f in library))
+        out.extend(sorted(f"{canonical(key)}\n{canonical(value)}"
+                          for key, value in meta_graph.object_graph_def.concrete_functions.items()))
+    return "\n".join(out).encode()
+
+
 def computation_digest(*parts) -> str:
     """A SHA-256 fingerprint of a computation from its parts (bytes as they are, anything else as canonical JSON)."""
     digest = hashlib.sha256()

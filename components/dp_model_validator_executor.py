@@ -20,11 +20,14 @@ import os
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._grant import GrantedExecutor, computation_digest
+from sage_tfx.components._grant import GrantedExecutor, canonical_saved_model_text, computation_digest
 from sage_tfx.privacy.samplers import secure_rng
 from sage_tfx.privacy import GrantError, grant_split, require_budget, stage_budget
 from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError
+
+SAVED_MODEL_FILE = "saved_model.pb"  # hashed in canonical form by model_digest
+FINGERPRINT_FILE = "fingerprint.pb"  # derived from the other files plus a random uuid: not hashed
 
 METRICS = ("mse", "mae", "log_loss", "accuracy", "custom")
 LOSS_METRICS = ("mse", "mae", "log_loss", "custom")  # "custom": the user's per-example loss, clipped to [0, B]
@@ -165,17 +168,34 @@ def make_validator(plan):
 
 
 def model_digest(path):
-    """SHA-256 over a SavedModel directory: every file's relative path and bytes, in sorted order."""
+    """SHA-256 over a SavedModel directory: every file's relative path and bytes, in sorted order, with
+    ``saved_model.pb`` in canonical form and ``fingerprint.pb`` left out.
+
+    A resumed iteration re-trains under the same grant and seed (the train stage's release re-opened) and gets
+    bit-identical variables and assets, but TensorFlow numbers the exported functions with process-wide counters
+    (``__inference_signature_wrapper_7055`` one time, ``_7167`` the next) and ``fingerprint.pb`` holds a random
+    uuid and a checksum of ``saved_model.pb``. So ``saved_model.pb`` is hashed as
+    ``canonical_saved_model_text`` (the counters ranked, one-to-one: a different graph still gives a different
+    digest) and ``fingerprint.pb`` (derived from the other files, plus that uuid) is skipped: the same model
+    exported twice has one digest, any change to a variable, asset or the graph gives another
+    (tests/test_model_digest.py)."""
     import hashlib
 
     import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
 
     digest = hashlib.sha256()
     files = sorted(os.path.relpath(os.path.join(root, name), path)
                    for root, _, names in tf.io.gfile.walk(path) for name in names)
     for rel in files:
+        if rel == FINGERPRINT_FILE:
+            continue
         with tf.io.gfile.GFile(os.path.join(path, rel), "rb") as f:
             data = f.read()
+        if rel == SAVED_MODEL_FILE:
+            saved_model = saved_model_pb2.SavedModel()
+            saved_model.ParseFromString(data)
+            data = canonical_saved_model_text(saved_model)
         digest.update(f"{rel}\0{len(data)}\0".encode())
         digest.update(data)
     return digest.hexdigest()
@@ -183,7 +203,7 @@ def model_digest(path):
 
 def validation_computation(plan, model_path):
     """The validation release's fingerprint: the model's digest and every parameter of the test."""
-    return computation_digest("DPModelValidator/v1", model_digest(model_path), plan)
+    return computation_digest("DPModelValidator/v2", model_digest(model_path), plan)
 
 
 # ---------------------------------------------------------------- reading records and running the model

@@ -35,7 +35,7 @@ import os
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._grant import GrantedExecutor, computation_digest
+from sage_tfx.components._grant import GrantedExecutor, canonical_graph_text, computation_digest
 from sage_tfx.privacy import require_budget, stage_budget
 from sage_tfx.transform.errors import NonPrivateAnalyzer  # raised here, and by noise_seed for an explicit seed=
 from sage_tfx.privacy.errors import SageError
@@ -224,33 +224,6 @@ def trace_spend(preprocessing_fn, feature_spec, custom_config, grant_seed):
     spends = requested_spends(graph)
     return (math.fsum(s.epsilon for s in spends), math.fsum(s.delta for s in spends), spends,
             computation_digest(canonical_graph_text(graph.as_graph_def())))
-
-
-def canonical_graph_text(graph_def):
-    """The traced graph as text, with the process-wide counters TensorFlow appends to the names of its
-    function library (``cond``/``Assert`` branches: ``..._true_234``) replaced by their rank among the
-    functions of the same base name, and the library's functions in sorted order, so the same function
-    traced twice gives the same text (tests/test_dp_transform_component.py traces it three times)."""
-    import re
-
-    names = [f.signature.name for f in graph_def.library.function]
-    parts = {}
-    for name in names:
-        match = re.match(r"^(.*?)_(\d+)$", name)
-        base, number = (match.group(1), int(match.group(2))) if match else (name, -1)
-        parts.setdefault(base, []).append((number, name))
-    rename = {name: f"{base}__fn{rank}" for base, found in parts.items()
-              for rank, (_, name) in enumerate(sorted(found))}
-    pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in sorted(rename, key=len, reverse=True)) + r")\b")
-
-    def canonical(message):
-        text = str(message)
-        return pattern.sub(lambda m: rename[m.group(1)], text) if rename else text
-
-    nodes = type(graph_def)()
-    nodes.CopyFrom(graph_def)
-    nodes.library.ClearField("function")  # the library's order varies between traces: sorted below
-    return "\n".join([canonical(nodes)] + sorted(canonical(f) for f in graph_def.library.function)).encode()
 
 
 def preprocessing_plan(exec_properties, grant, examples, grant_seed):
