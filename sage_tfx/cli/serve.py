@@ -38,6 +38,17 @@ arrives (its bound must fit in that share, or the block is refused and the strat
 block), and it stays registered afterwards: a later `sage serve --release` or `sage release --pipeline NAME`
 resumes it. Its name is claimed like a pipeline's. --pipeline is optional when a --release is given.
 
+Growth schedules (issue 14, docs/release_strategies.md, "A TFX pipeline under a growth schedule"): --schedule
+NAME=bbscheduler:FILE, at most one per --pipeline NAME, runs that pipeline under a BBScheduler instead of the Sage
+iterator, through `sage run --schedule`'s code (``ScheduledPipeline``), in its own worker: after each replay step it
+charges each new block the schedule's lifetime (epsilon, delta) in one grant, before anything reads it, and runs the
+pipeline when the schedule says (a run grant drawn from the lifetime grants of every block so far; --max-iterations
+bounds the runs). FILE is `sage run --schedule`'s JSON object (epsilon, delta, gamma, t0; composition basic) and is
+refused as that command refuses it. A killed worker restarts and resumes from the ledger: no block charged twice, no
+run drawn twice, a run with an outcome not re-run. The lifetime must fit in the pipeline's share of every block
+(or the block is refused and the pipeline FAILS). The spelling names a --pipeline, as --release names a strategy:
+the other pipelines of the same serve keep the Sage iterator.
+
 Exit codes: 0 every pipeline reached an outcome, every strategy released every block and the audit passed; 1 a
 pipeline or strategy failed or the audit did not pass; 2 bad input, or a name another process runs.
 
@@ -47,13 +58,27 @@ Example:
       --pipeline fast=taxi_regression:600000 --pipeline tight=taxi_regression:300000
   sage serve --db ledger.db --stream taxi --data-root data --input trips.csv \\
       --time-column trip_start_timestamp --window 1d --release tips=continual:tips_release.json
+  sage serve --db ledger.db --stream taxi --data-root data --input trips.csv \\
+      --time-column trip_start_timestamp --window 1d --pipeline grow=taxi_regression:300000 \\
+      --schedule grow=bbscheduler:schedule.json
 """
 import argparse
 import os
 import sys
+from dataclasses import dataclass
 
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from ._keys import add_key_file
+
+
+@dataclass
+class ScheduleSpec:
+    """A --pipeline run under a growth schedule (--schedule NAME=bbscheduler:FILE): the pipeline's ``WorkerSpec``
+    (``worker``) and its checked ``BBScheduler``; ``schedule_worker_main`` runs it (picklable)."""
+
+    name: str
+    worker: object
+    schedule: object
 
 
 def _pipeline_arg(text):
@@ -80,6 +105,14 @@ def _release_arg(text):
     return name, strategy, path
 
 
+def _schedule_arg(text):
+    name, sep, value = text.partition("=")
+    if not (sep and name and value):
+        raise argparse.ArgumentTypeError(f"--schedule {text!r} must look like NAME=bbscheduler:FILE (NAME a --pipeline "
+                                         "name; FILE a JSON object of BBScheduler options, as `sage run --schedule`)")
+    return name, value
+
+
 def add_parser(subparsers):
     from sage_tfx.cli.run import add_beam_options, add_rejection_share
 
@@ -103,6 +136,10 @@ def add_parser(subparsers):
                    help="a release strategy as a participant NAME: `sage release STRATEGY` (continual, "
                         "incremental-regression, growth, pmwg) with the options of the JSON object in FILE, "
                         "releasing for every new block after each replay step; repeatable (see above)")
+    p.add_argument("--schedule", action="append", type=_schedule_arg, default=[], dest="schedules",
+                   metavar="NAME=bbscheduler:FILE",
+                   help="run --pipeline NAME under a growth schedule (BBScheduler) instead of the Sage iterator, "
+                        "as `sage run --schedule bbscheduler:FILE` does; repeatable, one per pipeline (see above)")
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--max-iterations", type=int, default=10)
     add_rejection_share(p)
@@ -117,18 +154,125 @@ def add_parser(subparsers):
     p.set_defaults(func=_run)
 
 
-def worker_specs(args, beam_args=(), staging_location=None, key_file=None, roots=(None, None)):
-    """One ``WorkerSpec`` per --pipeline of a parsed `sage serve` command line, carrying the Beam options
+def worker_specs(args, beam_args=(), staging_location=None, key_file=None, roots=(None, None), schedules=None):
+    """One ``WorkerSpec`` (a ``ScheduleSpec`` around it for a --schedule'd name) per --pipeline of a parsed `sage serve` command line, carrying the Beam options
     (``beam_options``: the args after a bare --, --temp_location from --staging-location) and BlockExampleGen's
     staging location to each worker's TFX runs, as `sage run` passes them to its own; ``roots`` is the checked
-    ``(pipeline_root, metadata_path)`` of ``root_options``."""
+    ``(pipeline_root, metadata_path)`` of ``root_options``; ``schedules`` those of ``schedule_options`` (None: read
+    them from ``args``)."""
     from sage_tfx.adaptive.workers import WorkerSpec
 
-    return [WorkerSpec(name, pipeline, target, model, args.db, args.stream, args.data_root, args.work_dir,
+    if schedules is None:
+        schedules = schedule_options(args) if getattr(args, "schedules", None) else {}
+    specs = [WorkerSpec(name, pipeline, target, model, args.db, args.stream, args.data_root, args.work_dir,
                        confidence=args.confidence, runner=args.runner, max_iterations=args.max_iterations,
                        rejection_share=args.rejection_share, key_file=key_file, beam_args=list(beam_args),
                        staging_location=staging_location, pipeline_root=roots[0], metadata_path=roots[1])
-            for name, pipeline, target, model in args.pipelines]
+             for name, pipeline, target, model in args.pipelines]
+    return [ScheduleSpec(s.name, s, schedules[s.name]) if s.name in schedules else s for s in specs]
+
+
+def schedule_options(args: argparse.Namespace) -> dict:
+    """{pipeline name: its BBScheduler} of the --schedule NAME=bbscheduler:FILE values, each FILE read and checked
+    by `sage run --schedule`'s own code (``schedule_option``). ValueError naming the bad value: NAME not a
+    --pipeline (a --release name included), a second schedule for a name, a FILE `sage run` refuses."""
+    from sage_tfx.cli.run import schedule_option
+    from sage_tfx.release.growth import GrowthError
+
+    pipelines = [name for name, *_ in args.pipelines]
+    releases = [name for name, *_ in args.releases]
+    schedules = {}
+    for name, value in args.schedules:
+        source = f"--schedule {name}={value}"
+        if name in releases:
+            raise ValueError(f"{source}: {name!r} is a --release strategy, which runs its own `sage release` "
+                             "schedule: give a --pipeline name (or use --release NAME=growth:FILE)")
+        if name not in pipelines:
+            raise ValueError(f"{source}: no --pipeline is named {name!r}: give one of {pipelines}")
+        if name in schedules:
+            raise ValueError(f"{source}: pipeline {name!r} has a schedule already: give one --schedule per pipeline")
+        try:
+            schedules[name] = schedule_option(argparse.Namespace(schedule=value, epsilon_start=None,
+                                                                 min_window=None))
+        except (GrowthError, ValueError) as exc:
+            raise ValueError(f"pipeline {name!r}: {exc}") from None
+    return schedules
+
+
+def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
+    """A --schedule'd pipeline's worker process: ``ScheduledPipeline.for_runner`` (`sage run --schedule`'s driver)
+    advanced after every replay step until the stream ends or --max-iterations runs were made; each run waits for a
+    TFX slot (--parallel) as the Sage iterator's do. Restarted after a death, the driver resumes from the ledger
+    (no second charge or draw). Module level (spawn)."""
+    from sage_tfx.adaptive.workers import WorkerResult, _BlockWaiter, build_worker_runner
+    from sage_tfx.privacy import Ledger, public_error_text
+    from sage_tfx.privacy.keys import ENV_KEY_FILE
+    from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline
+
+    worker = spec.worker
+    if worker.key_file:
+        os.environ[ENV_KEY_FILE] = worker.key_file
+    waiter = _BlockWaiter(conn)
+
+    def say(line):
+        conn.send(("progress", line))
+
+    try:
+        definition, runner = build_worker_runner(worker)
+
+        def run_in_slot(grant, split, eta, iteration):
+            conn.send(("acquire", None))
+            conn.recv()  # ("slot",): at most --parallel TFX runs at once
+            try:
+                return runner.run_iteration(grant, split, eta, iteration)
+            finally:
+                conn.send(("release", None))
+
+        made, resumed = set(), set()
+        with Ledger.open(worker.ledger) as ledger:
+            driver = ScheduledPipeline.for_runner(ledger, definition, runner, spec.schedule,
+                                                  rejection_share=worker.rejection_share, progress=say,
+                                                  run_iteration=run_in_slot)
+            while True:  # --max-iterations bounds the runs made or resumed (a restarted worker makes no more)
+                for run in driver.advance(max_runs=max(0, worker.max_iterations - len(made | resumed))):
+                    (resumed if run.resumed else made).add(run.grant_id)
+                if len(made | resumed) >= worker.max_iterations or not waiter.wait(3600.0):
+                    break
+            charged = len(driver.order)
+    except RunFailed as exc:  # FAILED recorded on its run grant: the pipeline's outcome, not a death
+        conn.send(("failed", f"a scheduled {exc}; its run grant stays drawn"))
+        conn.close()
+        return
+    except Exception as exc:
+        text = public_error_text(exc)
+        conn.send(("crash", text))
+        conn.close()
+        print(f"sage serve: worker {spec.name}: {text}", file=sys.stderr, flush=True)
+        os._exit(1)
+    conn.send(("done", WorkerResult("SCHEDULED", len(made | resumed),
+                                    f"bbscheduler: {len(made)} scheduled run(s) made, {len(resumed - made)} "
+                                    f"resumed; {charged} block(s) charged their lifetime (epsilon "
+                                    f"{spec.schedule.params.epsilon:g}, delta {spec.schedule.params.delta:g})")))
+    conn.close()
+
+
+def _platform(*args, **kwargs):
+    """``ProcessPlatform`` whose ``ScheduleSpec`` participants run in ``schedule_worker_main``."""
+    from sage_tfx.adaptive.workers import ProcessPlatform
+
+    class ServePlatform(ProcessPlatform):
+        def _start(self, w):
+            if not isinstance(w.spec, ScheduleSpec):
+                return super()._start(w)
+            parent, child = self._ctx.Pipe(duplex=True)
+            w.process = self._ctx.Process(target=schedule_worker_main, args=(w.spec, child),
+                                          name=f"sage-serve-{w.spec.name}")
+            w.process.start()
+            child.close()
+            w.conn, w.waiting, w.wants_slot, w.in_slot, w.crash_text = parent, None, False, False, None
+            self.progress(f"[{w.spec.name}] worker started (pid {w.process.pid}) under its growth schedule")
+
+    return ServePlatform(*args, **kwargs)
 
 
 def release_specs(args: argparse.Namespace, key_file: str | None = None) -> list:
@@ -165,12 +309,13 @@ def check_release(spec, schema: dict) -> None:
 
 
 def _run(args):
-    from sage_tfx.adaptive.workers import ProcessPlatform, build_worker_runner
+    from sage_tfx.adaptive.workers import build_worker_runner
     from sage_tfx.cli.run import beam_options, make_iterator, root_options
     from sage_tfx.ingest.replay import Replay
     from sage_tfx.privacy import Ledger, LedgerError
     from sage_tfx.privacy.keys import ENV_KEY_FILE
     from sage_tfx.privacy.report import status_table
+    from sage_tfx.release.scheduled_pipeline import ScheduledPipeline
 
     try:
         if args.blocks_per_step < 1 or args.initial_blocks < 0:
@@ -183,6 +328,7 @@ def _run(args):
         if len(set(names)) != len(names):
             raise ValueError(f"pipeline and release names must be unique: {names}")
         beam_args, staging = beam_options(args)  # ValueError before anything is opened
+        schedules = schedule_options(args)  # likewise: a --schedule naming no --pipeline, a FILE sage run refuses
         # a bad or unreachable --pipeline-root, a shared --metadata-path (the TFX pipelines' only)
         roots = root_options(args, [name for name, *_ in args.pipelines])
         key_file = os.environ.get(ENV_KEY_FILE)  # --key-file, exported by the CLI; the workers get the path
@@ -197,12 +343,17 @@ def _run(args):
         for spec in releases:
             spec.schema = schema
             check_release(spec, schema)
-        specs = worker_specs(args, beam_args, staging, key_file=key_file, roots=roots)
+        specs = worker_specs(args, beam_args, staging, key_file=key_file, roots=roots, schedules=schedules)
         for spec in specs:
-            # Validate the pipeline and its iterator settings now, before any budget is spent (the worker builds
-            # its own, from the same spec).
-            definition, runner = build_worker_runner(spec)
-            make_iterator(definition, ledger, runner, args)
+            # Validate the pipeline and its iterator (or schedule driver) settings now, before any budget is spent
+            # (the worker builds its own, from the same spec).
+            if isinstance(spec, ScheduleSpec):
+                definition, runner = build_worker_runner(spec.worker)
+                ScheduledPipeline.for_runner(ledger, definition, runner, spec.schedule,
+                                             rejection_share=args.rejection_share)
+            else:
+                definition, runner = build_worker_runner(spec)
+                make_iterator(definition, ledger, runner, args)
     except (LedgerError, ValueError) as exc:
         print(f"sage serve: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -229,7 +380,7 @@ def _run(args):
                   "another replay of the stream", flush=True)
         return added if steps else None
 
-    platform = ProcessPlatform(args.db, args.stream, specs + releases, replay_step, step_seconds=args.step_seconds,
+    platform = _platform(args.db, args.stream, specs + releases, replay_step, step_seconds=args.step_seconds,
                                progress=lambda line: print(line, flush=True), parallel=args.parallel,
                                max_restarts=args.max_restarts)
     results = platform.run()
@@ -240,8 +391,8 @@ def _run(args):
         elif name not in results:
             print(f"{name}: no result")
         elif r := results[name]:
-            if r.outcome == "RELEASED":
-                print(f"{name}: RELEASED {r.description}")
+            if r.outcome in ("RELEASED", "SCHEDULED"):  # a --release strategy; a --schedule'd pipeline
+                print(f"{name}: {r.outcome} {r.description}")
             else:
                 print(f"{name}: {r.outcome} after {r.iterations} iteration(s)")
     print("")

@@ -107,6 +107,21 @@ class ScheduledPipeline(ScheduleIdentity):
         self.runs: list[ScheduledRun] = []
         self._recover()
 
+    @classmethod
+    def for_runner(cls, ledger, definition, runner, schedule: BBScheduler, *, rejection_share: Optional[float] = None,
+                   progress: Optional[Callable[[str], None]] = None,
+                   run_iteration: Optional[RunIteration] = None) -> "ScheduledPipeline":
+        """The driver of a built pipeline (``definition``: its split defaults and name; ``runner``: a
+        ``PipelineRunner``, whose config names the stream and pipeline and whose confidence gives eta), as `sage
+        run --schedule` and `sage serve --schedule` run it; ``run_iteration`` replaces ``runner.run_iteration``
+        (serve's wrapper that waits for a TFX slot), ``rejection_share`` the pipeline's default when not None."""
+        shares = {k: v for k, v in definition.defaults.items()
+                  if k in ("preprocessing_share", "count_share", "rejection_share", "disjoint_split")}
+        if rejection_share is not None:
+            shares["rejection_share"] = rejection_share
+        return cls(ledger, runner.config.stream, runner.config.name, schedule, run_iteration or runner.run_iteration,
+                   name=f"tfx:{definition.name}", eta=1 - runner.config.confidence, progress=progress, **shares)
+
     def split(self, epsilon: float, delta: float) -> BudgetSplit:
         return BudgetSplit.for_epsilon(epsilon, delta, self.shares["preprocessing_share"],
                                        self.shares["count_share"], rejection_share=self.shares["rejection_share"],
