@@ -155,11 +155,11 @@ def add_parser(subparsers):
 
 
 def worker_specs(args, beam_args=(), staging_location=None, key_file=None, roots=(None, None), schedules=None):
-    """One ``WorkerSpec`` (a ``ScheduleSpec`` around it for a --schedule'd name) per --pipeline of a parsed `sage serve` command line, carrying the Beam options
-    (``beam_options``: the args after a bare --, --temp_location from --staging-location) and BlockExampleGen's
-    staging location to each worker's TFX runs, as `sage run` passes them to its own; ``roots`` is the checked
-    ``(pipeline_root, metadata_path)`` of ``root_options``; ``schedules`` those of ``schedule_options`` (None: read
-    them from ``args``)."""
+    """One ``WorkerSpec`` (in a ``ScheduleSpec`` for a --schedule'd name) per --pipeline of a parsed `sage serve`
+    command line, carrying the Beam options (``beam_options``: the args after a bare --, --temp_location from
+    --staging-location) and BlockExampleGen's staging location to each worker's TFX runs, as `sage run` passes them
+    to its own; ``roots`` is the checked ``(pipeline_root, metadata_path)`` of ``root_options``; ``schedules`` those
+    of ``schedule_options`` (None: read them from ``args``)."""
     from sage_tfx.adaptive.workers import WorkerSpec
 
     if schedules is None:
