@@ -154,7 +154,7 @@ def test_a_killed_scheduled_worker_resumes_without_a_second_charge_or_draw(tmp_p
                 break  # run 0's grant is drawn: its TFX run is under way
             time.sleep(0.1)
         else:
-            pytest.fail("the scheduled worker never charged block 2: " + "\n".join(lines))
+            pytest.fail(f"the scheduled worker never drew run 0 at block {FIRST}: " + "\n".join(lines))
         time.sleep(1.5)  # inside run 0 (its TFX run takes several seconds)
         assert not any(line.startswith("[grow] run 0") for line in list(lines)), lines  # not finished yet
         os.kill(pid, signal.SIGKILL)
