@@ -56,6 +56,7 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.release.growth.GrowthError": (ValueError,),
     "sage_tfx.release.incremental_regression.IncrementalRegressionError": (ValueError,),
     "sage_tfx.release.incremental_regression.HorizonExhausted": (ValueError,),
+    "sage_tfx.release.scheduled_pipeline.RunFailed": (),  # a scheduled run's pipeline raised: not bad input
 }
 
 # Exceptions that deliberately do NOT derive from SageError, with their bases. beam_boot.py runs as a Beam worker's

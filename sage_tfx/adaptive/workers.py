@@ -134,6 +134,15 @@ class _BlockWaiter:
                 return generation > seen
 
 
+def die(conn, name: str, text: str) -> None:
+    """A worker's death: tell the platform (``("crash", text)``: it restarts the worker up to its limit), say it
+    on stderr and exit at once (no clean-up that could block). ``text`` is the error's public part only."""
+    conn.send(("crash", text))
+    conn.close()
+    print(f"sage serve: worker {name}: {text}", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
 def release_worker_main(spec, conn):
     """A release strategy's worker process (``ReleaseSpec``): `sage release`'s session, advanced after every replay
     step until the stream ends. Module level (spawn)."""
@@ -172,11 +181,7 @@ def release_worker_main(spec, conn):
         finally:
             session.close(audit=False)
     except Exception as exc:
-        text = public_error_text(exc)
-        conn.send(("crash", text))
-        conn.close()
-        print(f"sage serve: worker {spec.name}: {text}", file=sys.stderr, flush=True)
-        os._exit(1)
+        die(conn, spec.name, public_error_text(exc))
     conn.send(("done", WorkerResult("RELEASED", summary["charged_blocks"] + summary["resumed_blocks"],
                                     f"{spec.strategy}: {summary['charged_blocks']} block(s) charged and released, "
                                     f"{summary['resumed_blocks']} resumed without a charge")))
@@ -230,10 +235,7 @@ def worker_main(spec, conn):
             conn.send(("failed", text))
             conn.close()
             return
-        conn.send(("crash", text))
-        conn.close()
-        print(f"sage serve: worker {spec.name}: {text}", file=sys.stderr, flush=True)
-        os._exit(1)
+        die(conn, spec.name, text)
     conn.send(("done", WorkerResult(result.outcome, len(result.iterations), result.describe())))
     conn.close()
 
@@ -269,9 +271,13 @@ class ProcessPlatform:
         self._generation, self._ended = 0, False
 
     # ------------------------------------------------------------ workers
+    def worker_target(self, spec):
+        """The function a participant's worker process runs (``sage serve`` adds its scheduled pipelines)."""
+        return release_worker_main if isinstance(spec, ReleaseSpec) else worker_main
+
     def _start(self, w):
         parent, child = self._ctx.Pipe(duplex=True)
-        target = release_worker_main if isinstance(w.spec, ReleaseSpec) else worker_main
+        target = self.worker_target(w.spec)
         w.process = self._ctx.Process(target=target, args=(w.spec, child), name=f"sage-serve-{w.spec.name}")
         w.process.start()
         child.close()

@@ -256,13 +256,8 @@ def _run_scheduled(definition, ledger, runner, schedule, args):
     and per run. Exit 0 when the runs ended, 1 if one failed after its draw (details withheld, as `sage run`)."""
     from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline
 
-    shares = {k: v for k, v in definition.defaults.items()
-              if k in ("preprocessing_share", "count_share", "rejection_share", "disjoint_split")}
-    if args.rejection_share is not None:
-        shares["rejection_share"] = args.rejection_share
-    driver = ScheduledPipeline(ledger, runner.config.stream, runner.config.name, schedule, runner.run_iteration,
-                               name=f"tfx:{definition.name}", eta=1 - runner.config.confidence,
-                               progress=lambda line: print(line, flush=True), **shares)
+    driver = ScheduledPipeline.for_runner(ledger, definition, runner, schedule, rejection_share=args.rejection_share,
+                                          progress=lambda line: print(line, flush=True))
     try:
         runs = driver.advance(max_runs=args.max_iterations)
     except RunFailed as exc:  # its message holds the public part of the error only

@@ -204,7 +204,7 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
     advanced after every replay step until the stream ends or --max-iterations runs were made; each run waits for a
     TFX slot (--parallel) as the Sage iterator's do. Restarted after a death, the driver resumes from the ledger
     (no second charge or draw). Module level (spawn)."""
-    from sage_tfx.adaptive.workers import WorkerResult, _BlockWaiter, build_worker_runner
+    from sage_tfx.adaptive.workers import WorkerResult, _BlockWaiter, build_worker_runner, die
     from sage_tfx.privacy import Ledger, public_error_text
     from sage_tfx.privacy.keys import ENV_KEY_FILE
     from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline
@@ -218,6 +218,9 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
         conn.send(("progress", line))
 
     try:
+        p = spec.schedule.params
+        say(f"[{spec.name}] runs under its growth schedule (bbscheduler: epsilon {p.epsilon:g}, delta {p.delta:g}, "
+            f"gamma {p.gamma:g}, t0 {p.t0})")
         definition, runner = build_worker_runner(worker)
 
         def run_in_slot(grant, split, eta, iteration):
@@ -244,11 +247,7 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
         conn.close()
         return
     except Exception as exc:
-        text = public_error_text(exc)
-        conn.send(("crash", text))
-        conn.close()
-        print(f"sage serve: worker {spec.name}: {text}", file=sys.stderr, flush=True)
-        os._exit(1)
+        die(conn, spec.name, public_error_text(exc))
     conn.send(("done", WorkerResult("SCHEDULED", len(made | resumed),
                                     f"bbscheduler: {len(made)} scheduled run(s) made, {len(resumed - made)} "
                                     f"resumed; {charged} block(s) charged their lifetime (epsilon "
@@ -261,16 +260,8 @@ def _platform(*args, **kwargs):
     from sage_tfx.adaptive.workers import ProcessPlatform
 
     class ServePlatform(ProcessPlatform):
-        def _start(self, w):
-            if not isinstance(w.spec, ScheduleSpec):
-                return super()._start(w)
-            parent, child = self._ctx.Pipe(duplex=True)
-            w.process = self._ctx.Process(target=schedule_worker_main, args=(w.spec, child),
-                                          name=f"sage-serve-{w.spec.name}")
-            w.process.start()
-            child.close()
-            w.conn, w.waiting, w.wants_slot, w.in_slot, w.crash_text = parent, None, False, False, None
-            self.progress(f"[{w.spec.name}] worker started (pid {w.process.pid}) under its growth schedule")
+        def worker_target(self, spec):
+            return schedule_worker_main if isinstance(spec, ScheduleSpec) else super().worker_target(spec)
 
     return ServePlatform(*args, **kwargs)
 
