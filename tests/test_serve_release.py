@@ -6,16 +6,13 @@ is restarted and resumes under its grants; bad --release values exit 2 with the 
 No TFX here: strategy-only serve runs (the TFX side of `sage serve` is tests/test_serve_parallel.py's). The data
 are the first real taxi days of the tfx wheel's shipped CSV, replayed as daily blocks."""
 import json
-import os
 import re
-import signal
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
+from _kill import kill_serve_worker
 from sage_tfx.privacy import Ledger
 
 PY = sys.executable
@@ -137,31 +134,16 @@ def test_a_killed_strategy_worker_restarts_and_resumes_under_its_grants(tmp_path
     `sage release` on the same pipeline (the same code path) resumes every block under its grant: no charge."""
     db, data = _init(tmp_path), tmp_path / "data"
     cont = _options(tmp_path, "cr", CONTINUAL)
-    proc = subprocess.Popen(_serve_cmd(db, data, replay_input, "--release", f"cr=continual:{cont}",
-                                       "--step-seconds", "8"), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True)
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in proc.stdout), daemon=True)
-    reader.start()
-    try:
-        pid, deadline = None, time.monotonic() + 300
-        while time.monotonic() < deadline:  # the worker, once its first block is charged and released
-            for line in list(lines):
-                m = re.match(r"\[cr\] worker started \(pid (\d+)\)", line)
-                pid = int(m.group(1)) if m else pid
-            if pid is not None and any(line.startswith("[cr] [continual] block ") for line in list(lines)):
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the strategy never released a block: " + "\n".join(lines))
+    cmd = _serve_cmd(db, data, replay_input, "--release", f"cr=continual:{cont}", "--step-seconds", "8")
+
+    def charged(lines):
         charged_before = len(_grants(db, "cr"))
         assert 1 <= charged_before < DAYS
-        os.kill(pid, signal.SIGKILL)
-        code = proc.wait(timeout=600)
-        reader.join(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        return charged_before
+
+    code, lines, pid, charged_before = kill_serve_worker(  # the worker, once its first block is charged and released
+        cmd, "cr", lambda lines: any(line.startswith("[cr] [continual] block ") for line in lines),
+        "the strategy never released a block", charged, poll=0.2)
     out = "\n".join(lines)
     assert code == 0, out
     assert f"[cr] worker (pid {pid}) died (killed by SIGKILL (signal 9)); restarting (1/3)" in out, out

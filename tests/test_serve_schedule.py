@@ -5,15 +5,13 @@ once, and runs the pipeline when the schedule says. Bad values exit 2 naming the
 
 The data are the first real taxi days of the tfx wheel's shipped CSV, replayed as daily blocks (tests/
 test_serve_release.py's fixture)."""
-import os
 import re
-import signal
 import subprocess
-import threading
 import time
 
 import pytest
 
+from _kill import kill_serve_worker
 from sage_tfx.privacy import Ledger
 from sage_tfx.release.growth import BBScheduler, SchedulerParams
 from test_serve_release import PY, GROWTH, _blocks, _days_csv, _grants, _init, _options, _serve_cmd
@@ -136,33 +134,20 @@ def test_a_killed_scheduled_worker_resumes_without_a_second_charge_or_draw(tmp_p
     outcome; the audit passes."""
     db, data = _init(tmp_path), tmp_path / "data"
     schedule = _options(tmp_path, "schedule", SCHEDULE)
-    proc = subprocess.Popen(_serve_cmd(db, data, replay_input, "--pipeline", PIPELINE, "--schedule",
-                                       f"grow=bbscheduler:{schedule}", "--max-iterations", "1", "--rejection-share",
-                                       "0", "--initial-blocks", FIRST - 1, "--work-dir", tmp_path / "work"),
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    lines = []
-    reader = threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in proc.stdout), daemon=True)
-    reader.start()
-    try:
-        pid, deadline = None, time.monotonic() + 300
-        while time.monotonic() < deadline:  # the worker, once block 20 is charged: run 0 starts right after
-            for line in list(lines):
-                m = re.match(r"\[grow\] worker started \(pid (\d+)\)", line)
-                pid = int(m.group(1)) if m else pid
-            started = [line for line in list(lines) if re.match(rf"\[grow\] block \S+: t={FIRST} charged", line)]
-            if pid is not None and started and any("draw" in g.meta for g in _grants(db, "grow")):
-                break  # run 0's grant is drawn: its TFX run is under way
-            time.sleep(0.1)
-        else:
-            pytest.fail(f"the scheduled worker never drew run 0 at block {FIRST}: " + "\n".join(lines))
+    cmd = _serve_cmd(db, data, replay_input, "--pipeline", PIPELINE, "--schedule", f"grow=bbscheduler:{schedule}",
+                     "--max-iterations", "1", "--rejection-share", "0", "--initial-blocks", FIRST - 1,
+                     "--work-dir", tmp_path / "work")
+
+    def drawn(lines):  # the worker, once block 20 is charged and run 0's grant drawn: its TFX run is under way
+        return (any(re.match(rf"\[grow\] block \S+: t={FIRST} charged", line) for line in lines)
+                and any("draw" in g.meta for g in _grants(db, "grow")))
+
+    def inside_run_0(lines):
         time.sleep(1.5)  # inside run 0 (its TFX run takes several seconds)
-        assert not any(line.startswith("[grow] run 0") for line in list(lines)), lines  # not finished yet
-        os.kill(pid, signal.SIGKILL)
-        code = proc.wait(timeout=600)
-        reader.join(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+        assert not any(line.startswith("[grow] run 0") for line in lines), lines  # not finished yet
+
+    code, lines, pid, _ = kill_serve_worker(cmd, "grow", drawn, f"the scheduled worker never drew run 0 at block {FIRST}",
+                                            inside_run_0)
     out = "\n".join(lines)
     assert code == 0, out
     assert f"[grow] worker (pid {pid}) died (killed by SIGKILL (signal 9)); restarting (1/3)" in out, out
