@@ -53,6 +53,21 @@ SEED_PURPOSES = {"preprocessing": "preprocessing", "count": "record_count", "tra
                  "rejection": "validation", "validation": "validation"}
 
 
+def _renamer(rename: dict, before: str = r"\b", after: str = r"\b"):
+    """``canonical(message)``: the message's text with every name of ``rename`` (a whole token: ``before`` and
+    ``after`` bound it) replaced by its new name, longest names first."""
+    import re
+
+    pattern = re.compile(before + "(" + "|".join(re.escape(n) for n in sorted(rename, key=len, reverse=True)) + ")"
+                         + after) if rename else None
+
+    def canonical(message) -> str:
+        text = str(message)
+        return pattern.sub(lambda m: rename[m.group(1)], text) if pattern else text
+
+    return canonical
+
+
 def _function_renamer(functions):
     """A text form of proto messages with the process-wide counters TensorFlow appends to the names of a function
     library (``..._true_234``, ``__inference_signature_wrapper_7055``) replaced by their rank among the library's
@@ -66,15 +81,8 @@ def _function_renamer(functions):
         match = re.match(r"^(.*?)_(\d+)$", name)
         base, number = (match.group(1), int(match.group(2))) if match else (name, -1)
         parts.setdefault(base, []).append((number, name))
-    rename = {name: f"{base}__fn{rank}" for base, found in parts.items()
-              for rank, (_, name) in enumerate(sorted(found))}
-    pattern = re.compile(r"\b(" + "|".join(re.escape(n) for n in sorted(rename, key=len, reverse=True)) + r")\b")
-
-    def canonical(message) -> str:
-        text = str(message)
-        return pattern.sub(lambda m: rename[m.group(1)], text) if rename else text
-
-    return canonical
+    return _renamer({name: f"{base}__fn{rank}" for base, found in parts.items()
+                     for rank, (_, name) in enumerate(sorted(found))})
 
 
 def canonical_graph_text(graph_def) -> bytes:
@@ -116,14 +124,8 @@ def canonical_saved_model_text(saved_model) -> bytes:
         found = {name: uid.match(name) for name in names}
         numbers = sorted({int(m.group(2)) for m in found.values() if m})
         rank = {n: i for i, n in enumerate(numbers)}
-        rename = {name: f"{m.group(1)}__uid{rank[int(m.group(2))]}" for name, m in found.items() if m}
-        pattern = re.compile(r"(?<![\w.])(" + "|".join(re.escape(n) for n in sorted(rename, key=len, reverse=True))
-                             + r")(?![\w.])") if rename else None
-
-        def canonical(message) -> str:
-            text = str(message)
-            return pattern.sub(lambda m: rename[m.group(1)], text) if pattern else text
-
+        canonical = _renamer({name: f"{m.group(1)}__uid{rank[int(m.group(2))]}" for name, m in found.items() if m},
+                             r"(?<![\w.])", r"(?![\w.])")
         rest = type(meta_graph)()
         rest.CopyFrom(meta_graph)
         rest.graph_def.library.ClearField("function")
