@@ -13,6 +13,7 @@ writer that keeps its descriptor and its last view of the file between commits s
 """
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -123,3 +124,41 @@ def test_a_file_replaced_by_one_of_the_same_size_is_reopened(tmp_path):
     head.advance("L", 3, "c3")  # written into the new file (not the unlinked one this process had open)
     assert HeadFile(path, "commit").read() == {"L": {"seq": 3, "chain": "c3"}, "Y": {"seq": 8, "chain": "y"}}
     assert head._fds.inode == (os.stat(path).st_dev, os.stat(path).st_ino)
+
+
+# ---- the per-write look at the path: statx without timestamps (keys._identify)
+def test_identify_gives_what_stat_gives_and_never_follows_a_link(tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 10)
+    os.chmod(path, 0o640)
+    st, got = os.stat(path), keys_module._identify(str(path))
+    assert (got.st_dev, got.st_ino, got.st_mode, got.st_size) == (st.st_dev, st.st_ino, st.st_mode, st.st_size)
+    link = tmp_path / "link"
+    link.symlink_to(path)
+    assert stat.S_ISLNK(keys_module._identify(str(link)).st_mode)
+    with pytest.raises(FileNotFoundError):
+        keys_module._identify(str(tmp_path / "missing"))
+
+
+def test_identify_asks_for_no_timestamp():
+    # STATX_ATIME 0x20, STATX_MTIME 0x40, STATX_CTIME 0x80, STATX_BTIME 0x800: asking for any of them would make the
+    # next head write take a fine-grained timestamp on Linux >= 6.13 (docs/BENCHMARKS.md, the ledger's throughput)
+    assert keys_module._STATX_ASK & (0x20 | 0x40 | 0x80 | 0x800) == 0
+    if sys.platform.startswith("linux"):
+        assert keys_module._statx is not None  # glibc >= 2.28 here: the statx path is the one measured
+
+
+def test_without_statx_the_head_file_still_follows_a_replacement_and_refuses_an_open_mode(tmp_path, monkeypatch):
+    monkeypatch.setattr(keys_module, "_statx", None)  # another OS or an old libc: os.stat
+    path = str(tmp_path / "k.key.head")
+    head = HeadFile(path, "commit")
+    head.advance("L", 1, "c1")
+    other = HeadFile(path, "commit")
+    other._fds.close()
+    os.replace(path, path + ".old")  # a missing file: written whole again, and followed by the first writer
+    other.advance("L", 5, "c5")
+    head.advance("L", 6, "c6")
+    assert HeadFile(path, "commit").read() == {"L": {"seq": 6, "chain": "c6"}}
+    os.chmod(path, 0o620)
+    with pytest.raises(keys_module.KeyFileError, match="chmod 600"):
+        head.advance("L", 7, "c7")
