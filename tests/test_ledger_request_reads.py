@@ -95,3 +95,17 @@ def test_grant_log_text_is_the_canonical_text_of_the_log_body(stream, meta):
     sources = ["own", "pool"]
     expected = _canonical(dict(grant.body(), signature=grant.signature, sources=sources))
     assert _grant_log_text(grant, _canonical(grant.body()), sources) == expected
+
+
+@pytest.mark.parametrize("obj", [
+    {"b": 1, "a": [1.5, "x\u00e9\n\u2603", None, True, -0.0, 1e300]},
+    "stream-é", 7, [], {}, {"k": {"z": 1, "y": [{}, []]}, "1": "one", "10": 2.5},
+])
+def test_canonical_is_the_json_text_every_stored_ledger_holds(obj):
+    """``chain.canonical`` (one encoder built once) gives json.dumps(sort_keys, compact separators) character for
+    character: the text signed, chained and stored by every earlier version."""
+    import json
+
+    from sage_tfx.privacy.chain import canonical
+
+    assert canonical(obj) == json.dumps(obj, sort_keys=True, separators=(",", ":"))

@@ -140,7 +140,8 @@ def new_grant(keys, s, filt, pipeline, blocks, cost, rule, meta, now, split=None
     if split is not None:  # the stages compose to at most what is charged (privacy/split.py)
         split.check_covered(grant.epsilon, grant.delta)
     body_text = canonical(grant.body())
-    return Grant(**{**grant.__dict__, "signature": keys.sign(body_text.encode())}), body_text
+    object.__setattr__(grant, "signature", keys.sign(body_text.encode()))  # not yet seen by anyone: signed in place
+    return grant, body_text
 
 
 def sign(keys, body):
