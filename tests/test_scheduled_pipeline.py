@@ -7,20 +7,23 @@ audit replays draws and catches tampering, and kill -9 mid-draw leaves an audite
 (``ScheduledPipeline``) and `sage run --schedule`, and ONE real TFX pipeline (taxi_regression) through two runs.
 """
 import json
+import math
 import multiprocessing
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from sage_tfx.privacy import BudgetRefused, BudgetSplit, GrantError, Ledger, LedgerError
 from sage_tfx.privacy import draws as draws_module
-from sage_tfx.release.growth import (BBScheduler, GrowthError, SchedulerParams, charge_lifetime,
-                                     schedule_fingerprint)
+from sage_tfx.release.growth import (BBImprover, BBScheduler, GrowthError, ImproverParams, SchedulerParams,
+                                     charge_lifetime, schedule_fingerprint)
 
 from _kill import kill_after_first_ack
 
@@ -92,6 +95,56 @@ def test_overdraw_and_second_draw_refused(ledger_url):
         assert ledger.audit().ok
 
 
+ZE, ZD = 1.0, 1e-6  # the lifetime grants of the "zcdp" draw tests
+
+
+def _zcdp_fits(epsilons, cap_eps=ZE, cap_delta=ZD):
+    """The "zcdp" rule written out (privacy/draws.py): some default order has sum min(e, alpha e^2 / 2) plus the
+    conversion term at half the lifetime delta within the lifetime epsilon."""
+    from sage_tfx.privacy.curves import DEFAULT_ORDERS
+
+    half = cap_delta / 2
+    return any(math.fsum(min(e, a * e * e / 2) for e in epsilons) + math.log1p(-1 / a)
+               - math.log(half * a) / (a - 1) <= cap_eps for a in DEFAULT_ORDERS)
+
+
+def test_zcdp_draws_admitted_to_the_filter_bound(ledger_url):
+    """Under "zcdp" the draws of 0.02 fit ~100 times where basic composition fits 50; the one beyond the filter is
+    refused with nothing written; the deltas may use half the lifetime delta; the same draw again is the same
+    grant; a lifetime grant drawn under one composition refuses the other (both named)."""
+    with _ledger(ledger_url) as ledger:
+        lifes = [charge_lifetime(ledger, "s", "p", f"b{i}", ZE, ZD, META, FP) for i in range(3)]
+        zcdp = dict(schedule=FP, composition="zcdp")
+        before = _snapshot(ledger)
+        with pytest.raises(BudgetRefused, match="delta 6e-07 over its runs, above the runs' share 5e-07"):
+            ledger.draw(lifes[:2], 0, 0.02, 0.6 * ZD, **zcdp)  # <= D: basic would admit it
+        with pytest.raises(LedgerError, match="composition 'rdp' is unknown"):
+            ledger.draw(lifes[:2], 0, 0.02, 0.0, schedule=FP, composition="rdp")
+        assert _snapshot(ledger) == before
+        fits = max(n for n in range(1, 400) if _zcdp_fits([0.02] * n))
+        assert fits > 2 * int(ZE / 0.02) - 5 and not _zcdp_fits([0.02] * (fits + 1))
+        for run in range(fits):
+            last = ledger.draw(lifes[:2], run, 0.02, ZD / 400, **zcdp)
+        assert last.meta["draw"]["composition"] == "zcdp"
+        before = _snapshot(ledger)
+        with pytest.raises(BudgetRefused, match="b0.*Renyi filter under composition 'zcdp'"):
+            ledger.draw(lifes[:2], fits, 0.02, ZD / 400, **zcdp)
+        assert ledger.draw(lifes[:2], fits - 1, 0.02, ZD / 400, **zcdp) == last  # the same draw: the same grant
+        with pytest.raises(GrantError, match=f"run {fits - 1} was already drawn"):
+            ledger.draw(lifes[:2], fits - 1, 0.02, ZD / 400, schedule=FP)  # the same index under "basic"
+        with pytest.raises(GrantError, match="drawn under composition 'zcdp': a draw under 'basic'"):
+            ledger.draw(lifes, fits + 1, 1e-6, 0.0, schedule=FP)
+        assert _snapshot(ledger) == before
+        ledger.draw(lifes[2:], 0, 0.3, 0.0, schedule=FP)  # b2 under basic: then it refuses "zcdp"
+        with pytest.raises(GrantError, match="drawn under composition 'basic': a draw under 'zcdp'"):
+            ledger.draw(lifes, fits + 1, 1e-6, 0.0, **zcdp)
+        zero = charge_lifetime(ledger, "s", "p", "b3", ZE, 0.0, META, FP)
+        with pytest.raises(BudgetRefused, match="delta 0: composition 'zcdp' needs a lifetime delta > 0"):
+            ledger.draw([zero], 0, 1e-3, 0.0, **zcdp)
+        report = ledger.audit()
+        assert report.ok, report.problems
+
+
 def test_malformed_draws_refused_before_anything(ledger_url):
     with _ledger(ledger_url) as ledger:
         lifes = _lifetimes(ledger, 2)
@@ -128,18 +181,23 @@ def test_malformed_draws_refused_before_anything(ledger_url):
         assert ledger.audit().ok
 
 
-@pytest.mark.parametrize("tamper, match", [
-    ("UPDATE draws SET epsilon = 0.01 WHERE run = 0", "draw of run 0 from lifetime grant"),
-    ("DELETE FROM draws WHERE run = 1", "is in the log but missing from the table"),
-    ("UPDATE draws SET run = 7 WHERE run = 1", "is in the table but not in the log"),
+@pytest.mark.parametrize("tamper, match, composition", [
+    ("UPDATE draws SET epsilon = 0.01 WHERE run = 0", "draw of run 0 from lifetime grant", "basic"),
+    ("DELETE FROM draws WHERE run = 1", "is in the log but missing from the table", "basic"),
+    ("UPDATE draws SET run = 7 WHERE run = 1", "is in the table but not in the log", "basic"),
     ("UPDATE grants SET body = replace(body, '\"run\":0', '\"run\":3') WHERE body LIKE '%\"draw\"%'",
-     "the table's record differs from the log's"),
+     "the table's record differs from the log's", "basic"),
+    ("UPDATE draws SET epsilon = 0.3 WHERE run = 1", "draw of run 1 from lifetime grant", "zcdp"),
+    ("UPDATE log SET body = replace(body, '\"composition\":\"zcdp\"', '\"composition\":\"basic\"') "
+     "WHERE kind = 'draw'", "hash", "zcdp"),
+    ("UPDATE log SET body = replace(body, '\"epsilon\":0.1,', '\"epsilon\":0.3,') WHERE kind = 'draw'",
+     "hash", "zcdp"),
 ])
-def test_audit_catches_tampered_draws(ledger_url, raw_sql, tamper, match):
+def test_audit_catches_tampered_draws(ledger_url, raw_sql, tamper, match, composition):
     with _ledger(ledger_url) as ledger:
         lifes = _lifetimes(ledger, 2)
-        ledger.draw(lifes, 0, 0.2, 0.0, schedule=FP)
-        ledger.draw(lifes, 1, 0.1, 0.0, schedule=FP)
+        ledger.draw(lifes, 0, 0.2, 0.0, schedule=FP, composition=composition)
+        ledger.draw(lifes, 1, 0.1, 0.0, schedule=FP, composition=composition)
         assert ledger.audit().ok
     raw_sql(ledger_url, tamper)
     with Ledger.open(ledger_url) as ledger:
@@ -147,16 +205,25 @@ def test_audit_catches_tampered_draws(ledger_url, raw_sql, tamper, match):
     assert not report.ok and any(match in p for p in report.problems), report.problems
 
 
-def test_audit_recomputes_the_rule_from_the_log(tmp_path, monkeypatch):
-    """A writer with the key but a broken check (the rule switched off) overdraws: the audit's replay says so."""
+@pytest.mark.parametrize("broken, first, second, match", [
+    ("overdraws", "basic", ("basic", 0.4), "overdraws block 'b0'.*epsilon 0.6"),
+    ("overdraws", "zcdp", ("zcdp", 0.2), "overdraws block 'b0'.*Renyi filter under composition 'zcdp'"),
+    ("mixed_compositions", "zcdp", ("basic", 0.01), "drawn under composition 'zcdp': a draw under 'basic'"),
+    ("mixed_compositions", "basic", ("zcdp", 0.01), "drawn under composition 'basic': a draw under 'zcdp'"),
+])
+def test_audit_recomputes_the_rule_from_the_log(tmp_path, monkeypatch, broken, first, second, match):
+    """A writer with the key but a broken check (the rule or the one-composition check switched off) overdraws or
+    mixes compositions (a draw whose composition or epsilon is not what the rule admits): the audit's replay says
+    so."""
     with _ledger(str(tmp_path / "l.db")) as ledger:
         lifes = _lifetimes(ledger, 1)
-        ledger.draw(lifes, 0, 0.4, 0.0, schedule=FP)
-        monkeypatch.setattr(draws_module, "overdraws", lambda *a, **k: {})
-        ledger.draw(lifes, 1, 0.4, 0.0, schedule=FP)
+        ledger.draw(lifes, 0, 0.2, 0.0, schedule=FP, composition=first)
+        assert ledger.audit().ok
+        monkeypatch.setattr(draws_module, broken, lambda *a, **k: {} if broken == "overdraws" else [])
+        ledger.draw(lifes, 1, second[1], 0.0, schedule=FP, composition=second[0])
         monkeypatch.undo()
         report = ledger.audit()
-    assert any("overdraws block 'b0'" in p and "epsilon 0.8" in p for p in report.problems), report.problems
+    assert any(re.search(match, p) for p in report.problems), report.problems
 
 
 def test_schema_5_ledger_migrates_to_6(tmp_path, raw_sql):
@@ -173,28 +240,37 @@ def test_schema_5_ledger_migrates_to_6(tmp_path, raw_sql):
 
 
 # --------------------------------------------------------------- concurrent writers and kill -9
-def _draw_worker(location, lifetime_ids, epsilon, out_path, start_at):
+def _draw_worker(location, lifetime_ids, run, epsilon, composition, out_path, start_at):
     ledger = Ledger.open(location)
     while time.time() < start_at:
         time.sleep(0.001)
     try:
-        grant = ledger.draw(lifetime_ids, 0, epsilon, 0.0, schedule=FP)
+        grant = ledger.draw(lifetime_ids, run, epsilon, 0.0, schedule=FP, composition=composition)
         text = grant.id
-    except GrantError as exc:
+    except (GrantError, BudgetRefused) as exc:
         text = "refused: " + str(exc)
     with open(out_path, "w") as f:
         f.write(text)
 
 
-@pytest.mark.parametrize("same_budget", [True, False])
-def test_concurrent_draws_of_one_index(ledger_url, tmp_path, same_budget):
+@pytest.mark.parametrize("case, composition", [("same budget", "basic"), ("other budgets", "basic"),
+                                               ("same budget", "zcdp"), ("other budgets", "zcdp"),
+                                               ("last budget", "basic"), ("last budget", "zcdp")])
+def test_concurrent_draws_of_one_index(ledger_url, tmp_path, case, composition):
+    """Four writers at once: one run index with the same budget (all get the one grant) or other budgets (one
+    wins); or four run indices racing for the last budget (2 fit: 0.2 each of E = 0.5 under basic; 0.12 each
+    under zcdp, where a third would exceed the filter): never more than fits."""
     with _ledger(ledger_url) as ledger:
         ids = [g.id for g in _lifetimes(ledger, 3)]
+    last = case == "last budget"
+    if last:
+        assert _zcdp_fits([0.12] * 2, E, D) and not _zcdp_fits([0.12] * 3, E, D)
     ctx = multiprocessing.get_context("spawn")
     start = time.time() + 3.0
     outs = [str(tmp_path / f"out{i}") for i in range(4)]
-    procs = [ctx.Process(target=_draw_worker,
-                         args=(ledger_url, ids, 0.1 if same_budget else 0.1 + 0.01 * i, outs[i], start))
+    budgets = [(i, {"basic": 0.2, "zcdp": 0.12}[composition]) if last else
+               (0, 0.1 if case == "same budget" else 0.1 + 0.01 * i) for i in range(4)]
+    procs = [ctx.Process(target=_draw_worker, args=(ledger_url, ids, *budgets[i], composition, outs[i], start))
              for i in range(4)]
     for p in procs:
         p.start()
@@ -205,10 +281,12 @@ def test_concurrent_draws_of_one_index(ledger_url, tmp_path, same_budget):
     won = [r for r in results if not r.startswith("refused")]
     with Ledger.open(ledger_url) as ledger:
         rows = ledger.draws()
-        assert len({r[2] for r in rows}) == 1 and len(rows) == 3  # one run grant, one row per lifetime grant
-        assert [e[2] for e in ledger.log_entries()].count("draw") == 1
-        assert set(won) == {rows[0][2]}
-        assert len(won) == (4 if same_budget else 1)  # the same draw gets the same grant back; another budget loses
+        grants = len(won) if last else 1
+        assert len({r[2] for r in rows}) == grants and len(rows) == 3 * grants  # one row per lifetime grant
+        assert [e[2] for e in ledger.log_entries()].count("draw") == grants
+        assert set(won) == {r[2] for r in rows}
+        # the same draw gets the same grant back; another budget loses; the last budget goes to two writers
+        assert len(won) == {"same budget": 4, "other budgets": 1, "last budget": 2}[case]
         assert ledger.audit().ok
 
 
@@ -318,7 +396,7 @@ def test_driver_records_a_failed_run_without_its_message(tmp_path):
 
 @pytest.mark.parametrize("params, match", [
     ({"composition": None, "delta": 0.0}, "composition None with delta 0.0"),
-    ({"composition": "zcdp"}, "composition 'zcdp'"),
+    ({"composition": "zcdp"}, "BBScheduler .*'composition': 'zcdp'.* has pure runs: .*approximate=True"),
     ({"composition": "basic", "delta": 0.0}, "delta 0.0"),
 ])
 def test_driver_refuses_schedules_a_pipeline_cannot_run_under(tmp_path, params, match):
@@ -326,12 +404,83 @@ def test_driver_refuses_schedules_a_pipeline_cannot_run_under(tmp_path, params, 
         before = _snapshot(ledger)
         with pytest.raises(GrowthError, match=match):
             _driver(ledger, _Pipeline(), **params)
-        from sage_tfx.release.growth import BBImprover, ImproverParams
         from sage_tfx.release.scheduled_pipeline import ScheduledPipeline
 
-        with pytest.raises(GrowthError, match="BBScheduler with composition 'basic'"):
+        with pytest.raises(GrowthError, match="BBImprover .* has pure runs: .*approximate=True"):
             ScheduledPipeline(ledger, "s", "p", BBImprover(ImproverParams(epsilon=E, delta=D)), _Pipeline())
+        with pytest.raises(GrowthError, match="approximate runs need composition 'zcdp'"):
+            BBScheduler(SchedulerParams(epsilon=E, delta=D, composition="basic"), approximate=True)
         assert _snapshot(ledger) == before
+
+
+APPROXIMATE = [
+    ("bbimprover", lambda e, d: BBImprover(ImproverParams(epsilon=e, delta=d, a=0.1, t0=3), approximate=True)),
+    ("bbscheduler zcdp", lambda e, d: BBScheduler(SchedulerParams(epsilon=e, delta=d, gamma=0.5, t0=2,
+                                                                  composition="zcdp"), approximate=True)),
+]
+
+
+@pytest.mark.parametrize("name, build", APPROXIMATE)
+def test_driver_runs_approximate_schedules_under_zcdp_draws(tmp_path, name, build):
+    """BBImprover (a run at every t >= t0) and BBScheduler's zcdp mode over a pipeline: each run drawn under
+    "zcdp" at the schedule's (epsilon_i, delta_i), validated at eta / ((i + 1) (i + 2)) by run index; each block
+    charged its lifetime (E, D) once; the audit replays the "zcdp" rule."""
+    from sage_tfx.release.scheduled_pipeline import ScheduledPipeline
+
+    with _ledger(str(tmp_path / "l.db"), blocks=8) as ledger:
+        schedule, pipeline = build(ZE, ZD), _Pipeline()
+        runs = ScheduledPipeline(ledger, "s", "p", schedule, pipeline, name="stand-in").advance()
+        expected = [(t, *schedule.run_budget(t)) for t in range(1, 9) if schedule.run_budget(t)]
+        assert [(r.t, r.epoch) for r in runs] == [(t, i) for t, i, _, _ in expected]
+        assert len(runs) == (6 if name == "bbimprover" else 4)  # t = 3..8; t = 2, 3, 5, 7 (epochs 0, 1, 2, 4)
+        for run, call, (t, i, eps, delta) in zip(runs, pipeline.calls, expected):
+            (grant,) = [g for g in ledger.grants("s") if g.id == call[0]]
+            assert grant.meta["draw"]["composition"] == "zcdp" and grant.meta["draw"]["run"] == i
+            assert call[1] == pytest.approx(eps, rel=1e-9) and call[2] == pytest.approx(delta, rel=1e-9)
+            assert call[3] == tuple(f"b{k}" for k in range(t)) and call[5] == pytest.approx(0.05 / ((i + 1) * (i + 2)))
+        status = {b["id"]: (b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("s")["blocks"]}
+        assert status == {f"b{k}": (ZE, ZD) for k in range(8)}
+        report = ledger.audit()
+        assert report.ok, report.problems
+
+
+def _admitted_runs(epsilons, deltas, cap_eps=ZE, cap_delta=ZD):
+    """How many of the runs (epsilon_i, delta_i), in order, the ledger's "zcdp" rule admits on a lifetime grant
+    of (cap_eps, cap_delta): the RDP filter (privacy/filters.py) over the cumulative sums (numpy, exact enough:
+    the schedules keep a 1e-9 margin), and the deltas within half the lifetime delta."""
+    from sage_tfx.privacy.curves import DEFAULT_ORDERS
+    from sage_tfx.privacy.filters import RdpFilter
+
+    eps = np.asarray(epsilons)
+    costs = np.minimum(eps[:, None], np.asarray(DEFAULT_ORDERS)[None, :] * eps[:, None] ** 2 / 2)
+    spent = np.vstack([np.zeros(len(DEFAULT_ORDERS)), np.cumsum(costs, axis=0)[:-1]])
+    filt, half = RdpFilter(cap_eps, cap_delta), cap_delta / 2
+    assert np.cumsum(deltas)[-1] <= half * (1 + 1e-9)
+
+    def admits(k):
+        return filt.admits((half, *spent[k]), (0.0, *costs[k]))
+
+    low, high = 0, len(eps)  # admitted is a prefix (the sums only grow): the first refused run, by bisection
+    while low < high:
+        mid = (low + high) // 2
+        low, high = (mid + 1, high) if admits(mid) else (low, mid)
+    return low
+
+
+@pytest.mark.parametrize("name, build", APPROXIMATE)
+def test_approximate_schedules_are_admitted_forever_and_tightly(name, build):
+    """A typical schedule's first 10^5 runs (BBScheduler: 200 epochs, their epsilons below 1e-30 by then) are all
+    admitted by the ledger's rule; with c 10% larger, a run is refused: the calibration is tight, not just safe."""
+    schedule = build(0.8, 1e-6)
+    n = 10 ** 5 if name == "bbimprover" else 200
+    budgets = [schedule.run_budget(schedule.epoch_start(i)) for i in range(n)] if name == "bbimprover" else \
+        [(i, schedule.epsilon_of(i), schedule.delta_of(i)) for i in range(n)]
+    eps, deltas = np.array([b[1] for b in budgets]), np.array([b[2] for b in budgets])
+    assert math.fsum(deltas) <= 1e-6 / 2 * (1 + 1e-12)
+    assert _admitted_runs(eps, deltas, 0.8, 1e-6) == n
+    refused_at = _admitted_runs(1.1 * eps, deltas, 0.8, 1e-6)
+    assert refused_at < n, "a 10% larger c is admitted too: the calibration is loose"
+    print(f"{name}: c {schedule.c:.6g}, first run epsilon {eps[0]:.4g}; with 1.1 c, run {refused_at} is refused")
 
 
 # ------------------------------------------------------------------------------------------- sage run --schedule
@@ -349,26 +498,39 @@ def _copy_stream(taxi_stream_300, tmp_path):
     return tmp_path / "ledger.db", data
 
 
-@pytest.mark.parametrize("options, message", [
-    ([1], "is not a JSON object"),
-    ({"delta": 1e-7}, "'epsilon' is missing"),
-    ({"epsilon": -1, "delta": 1e-7}, "epsilon -1"),
-    ({"epsilon": 0.8, "delta": 0.0}, "delta 0.0"),
-    ({"epsilon": 0.8, "delta": 1e-7, "gama": 1}, "unknown option(s) ['gama']"),
-    ({"epsilon": 0.8, "delta": 1e-7, "gamma": 0}, "gamma 0"),
-    ({"epsilon": 0.8, "delta": 1e-7, "t0": 0}, "t0 0"),
+@pytest.mark.parametrize("strategy, options, message", [
+    ("bbscheduler", [1], "is not a JSON object of BBScheduler options"),
+    ("bbscheduler", {"delta": 1e-7}, "'epsilon' is missing"),
+    ("bbscheduler", {"epsilon": -1, "delta": 1e-7}, "epsilon -1"),
+    ("bbscheduler", {"epsilon": 0.8, "delta": 0.0}, "delta 0.0"),
+    ("bbscheduler", {"epsilon": 0.8, "delta": 0.0, "composition": "zcdp"}, "composition 'zcdp' needs delta > 0"),
+    ("bbscheduler", {"epsilon": 0.8, "delta": 1e-7, "gama": 1}, "unknown option(s) ['gama']"),
+    ("bbscheduler", {"epsilon": 0.8, "delta": 1e-7, "gamma": 0}, "gamma 0"),
+    ("bbscheduler", {"epsilon": 0.8, "delta": 1e-7, "t0": 0}, "t0 0"),
+    ("bbimprover", "x", "is not a JSON object of BBImprover options"),
+    ("bbimprover", {"epsilon": 0.8}, "'delta' is missing"),
+    ("bbimprover", {"epsilon": 0.8, "delta": 1e-7, "gamma": 1}, "unknown option(s) ['gamma']"),
+    ("bbimprover", {"epsilon": 0.8, "delta": 1e-7, "a": 0.5}, "a 0.5"),
+    ("bbimprover", {"epsilon": 0.8, "delta": 1.0}, "delta 1.0"),
+    ("bbimprover", {"epsilon": 0.8, "delta": 1e-7, "t0": 1.5}, "t0 1.5"),
+    ("bbimprover", {"epsilon": 1e-3, "delta": 1e-7}, "leaves no Renyi budget at any order"),
+    ("growth", {}, "strategy 'growth' is unknown"),
 ])
-def test_schedule_options_refused_naming_the_value(options, message):
+def test_schedule_options_refused_naming_the_value(strategy, options, message):
     from sage_tfx.release.scheduled_pipeline import scheduler_from_options
 
-    with pytest.raises(GrowthError, match="FILE: .*" + __import__("re").escape(message)):
-        scheduler_from_options(options, "FILE")
+    with pytest.raises(GrowthError, match="FILE: .*" + re.escape(message)):
+        scheduler_from_options(options, "FILE", strategy)
 
 
 @pytest.mark.parametrize("schedule, options, extra, message", [
-    ("bbimprover:{file}", {"epsilon": 1}, [], "'bbimprover:"),
+    ("bbimprover:{file}", {"epsilon": 1}, [], "bbimprover:"),  # the source named, then what is missing:
+    ("bbimprover:{file}", {"epsilon": 1}, [], "'delta' is missing"),
+    ("bbimprover:{file}", {"epsilon": 1, "delta": 1e-7, "a": 0.75}, [], "a 0.75 is invalid"),
+    ("bbimprover:{file}", {"epsilon": 1, "delta": 1e-7}, ["--min-window", "3"], "--min-window 3"),
+    ("pmwg:{file}", {"epsilon": 1}, [], "must look like bbscheduler:FILE"),
     ("bbscheduler:{file}", "not json", [], "the file is not JSON"),
-    ("bbscheduler:{file}", {"epsilon": 0.8, "delta": 1e-7, "composition": "zcdp"}, [], "composition 'zcdp'"),
+    ("bbscheduler:{file}", {"epsilon": 0.8, "delta": 0.0, "composition": "zcdp"}, [], "composition 'zcdp' needs"),
     ("bbscheduler:{file}", {"epsilon": 0.8, "delta": 1e-7}, ["--epsilon-start", "0.5"], "--epsilon-start 0.5"),
 ])
 def test_sage_run_schedule_bad_values_exit_2_before_any_charge(taxi_stream_300, tmp_path, schedule, options,

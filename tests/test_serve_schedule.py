@@ -32,9 +32,11 @@ BAD = [
     (["--release", "gr=growth:{grow}", "--schedule", "gr=bbscheduler:{ok}"], "'gr' is a --release strategy", ""),
     (["--schedule", "grow=bbscheduler:{notjson}"], "the file is not JSON", "notjson.json"),
     (["--schedule", "grow=bbscheduler:{missing}"], "the file cannot be read", "missing.json"),
-    (["--schedule", "grow=bbscheduler:{zcdp}"], "composition 'zcdp'", "zcdp.json"),
+    (["--schedule", "grow=bbscheduler:{zcdp}"], "composition 'zcdp' needs delta > 0", "zcdp.json"),
     (["--schedule", "grow=bbscheduler:{typo}"], "unknown option(s) ['epsilonn']", "typo.json"),
-    (["--schedule", "grow=bbimprover:{ok}"], "--schedule 'bbimprover:", "must look like bbscheduler:FILE"),
+    (["--schedule", "grow=bbimprover:{ok}"], "unknown option(s) ['gamma']", "--schedule bbimprover:"),
+    (["--schedule", "grow=bbimprover:{improver}"], "a 0.6 is invalid", "improver.json"),
+    (["--schedule", "grow=pmwg:{ok}"], "--schedule 'pmwg:", "must look like bbscheduler:FILE"),
     (["--schedule", "grow"], "--schedule 'grow' must look like NAME=bbscheduler:FILE", ""),
     (["--schedule", "grow=bbscheduler:{ok}", "--schedule", "grow=bbscheduler:{ok}"],
      "pipeline 'grow' has a schedule already", ""),
@@ -48,7 +50,8 @@ def test_bad_schedule_values_exit_2_with_nothing_written(tmp_path, replay_input,
     db, data = _init(tmp_path), tmp_path / "data"
     files = {"ok": _options(tmp_path, "ok", SCHEDULE), "grow": _options(tmp_path, "gr", GROWTH),
              "missing": tmp_path / "missing.json",
-             "zcdp": _options(tmp_path, "zcdp", {**SCHEDULE, "composition": "zcdp"}),
+             "zcdp": _options(tmp_path, "zcdp", {**SCHEDULE, "composition": "zcdp", "delta": 0}),
+             "improver": _options(tmp_path, "improver", {"epsilon": 0.45, "delta": 1e-7, "a": 0.6}),
              "typo": _options(tmp_path, "typo", {**SCHEDULE, "epsilonn": 0.45})}
     (tmp_path / "notjson.json").write_text("{epsilon: 0.5")
     files["notjson"] = tmp_path / "notjson.json"

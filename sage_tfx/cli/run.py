@@ -18,10 +18,14 @@ validator's ACCEPT test needs at a few epsilons, for a public guess of the model
 
 --schedule bbscheduler:FILE re-runs the pipeline under a growth schedule instead (BBScheduler, Cummings et al.
 2018, Section 3.1; docs/release_strategies.md, "A TFX pipeline under a growth schedule"): FILE is a JSON object
-{"epsilon": E, "delta": D, "gamma": G, "t0": T0} (composition "basic", the only one a pipeline runs under). Each
-block of the stream is charged ONCE its lifetime (E, D) before anything reads it, and at block counts
-ceil(T0 (1 + G)^i) the pipeline runs on ALL blocks so far under a run grant of (epsilon_i, delta_i) =
-(E, D) G / (1 + G)^(i + 1) drawn from those charges (Ledger.draw: nothing more is charged). --max-iterations
+{"epsilon": E, "delta": D, "gamma": G, "t0": T0, "composition": "basic" (default) or "zcdp"}. Each block of the
+stream is charged ONCE its lifetime (E, D) before anything reads it, and at block counts ceil(T0 (1 + G)^i) the
+pipeline runs on ALL blocks so far under a run grant of (epsilon_i, delta_i) drawn from those charges (Ledger.draw:
+nothing more is charged): (E, D) G / (1 + G)^(i + 1) under "basic"; under "zcdp" epsilon_i = c / (1 + G)^i, c
+calibrated to the ledger's RDP filter of (E, D), and delta_i = (D / 2) G / (1 + G)^(i + 1) (composed as
+approximate zCDP: more runs' worth of epsilon for the same (E, D)). --schedule bbimprover:FILE (Section 3.2), FILE
+{"epsilon": E, "delta": D, "a": A, "t0": T0}: a run at EVERY block count t >= T0, epsilon_t = c t^-(1/2 + A),
+delta_t = (D / 2) (6 / pi^2) / (t - T0 + 1)^2, composed as approximate zCDP likewise. --max-iterations
 bounds the runs made by one invocation (blocks after the last run stay uncharged); run again as blocks arrive: it
 resumes (a run without an outcome re-runs under its same run grant). Exit 0 when this invocation's runs ended,
 whatever their outcomes (one progress line each), 1 if a run failed.
@@ -68,9 +72,9 @@ def add_parser(subparsers):
     p.add_argument("--epsilon-start", type=float, default=None, help="first iteration's epsilon")
     p.add_argument("--min-window", type=int, default=None, help="first iteration's window, in blocks")
     add_rejection_share(p)
-    p.add_argument("--schedule", default=None, metavar="bbscheduler:FILE",
-                   help="re-run the pipeline under a growth schedule (BBScheduler) as blocks arrive instead of the "
-                        "Sage iterator: FILE is a JSON object of its options epsilon, delta, gamma, t0 (see above)")
+    p.add_argument("--schedule", default=None, metavar="{bbscheduler,bbimprover}:FILE",
+                   help="re-run the pipeline under a growth schedule (BBScheduler or BBImprover) as blocks arrive "
+                        "instead of the Sage iterator: FILE is a JSON object of its options (see above)")
     p.add_argument("--model", default=None, help="model family (pipeline-specific, e.g. linear or dnn)")
     p.add_argument("--name", default=None,
                    help="pipeline name in the ledger and MLMD (default: PIPELINE): 1-128 letters, digits and "
@@ -220,21 +224,23 @@ def _run(args):
 
 
 def schedule_option(args):
-    """The BBScheduler of ``--schedule bbscheduler:FILE`` (the FILE's JSON options), refused with ValueError naming
-    the bad value before anything is opened or charged; --epsilon-start and --min-window have no meaning under it."""
-    from sage_tfx.release.scheduled_pipeline import scheduler_from_options
+    """The schedule of ``--schedule bbscheduler:FILE`` or ``bbimprover:FILE`` (the FILE's JSON options), refused with
+    ValueError naming the bad value before anything is opened or charged; --epsilon-start and --min-window have no
+    meaning under it."""
+    from sage_tfx.release.scheduled_pipeline import STRATEGIES, scheduler_from_options
 
     strategy, sep, path = args.schedule.partition(":")
-    if not sep or strategy != "bbscheduler" or not path:
+    if not sep or strategy not in STRATEGIES or not path:
         raise ValueError(f"--schedule {args.schedule!r} must look like bbscheduler:FILE (FILE: a JSON object of "
-                         "its options epsilon, delta, gamma, t0)")
+                         "its options epsilon, delta, gamma, t0, composition) or bbimprover:FILE (epsilon, delta, a, "
+                         "t0)")
     for flag, value in (("--epsilon-start", args.epsilon_start), ("--min-window", args.min_window)):
         if value is not None:
             raise ValueError(f"{flag} {value!r} has no meaning under --schedule: the schedule sets each run's epsilon "
                              "and window (all blocks so far); leave it out")
     source = f"--schedule {args.schedule}"
-    options = read_json_options(path, source, "BBScheduler options")
-    return scheduler_from_options(options, source)
+    options = read_json_options(path, source, f"{strategy} options")
+    return scheduler_from_options(options, source, strategy)
 
 
 def read_json_options(path, source, what):
@@ -254,7 +260,7 @@ def read_json_options(path, source, what):
 def _run_scheduled(definition, ledger, runner, schedule, args):
     """`sage run --schedule`: ``ScheduledPipeline.advance`` over the stream's blocks; one progress line per charge
     and per run. Exit 0 when the runs ended, 1 if one failed after its draw (details withheld, as `sage run`)."""
-    from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline
+    from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline, describe
 
     driver = ScheduledPipeline.for_runner(ledger, definition, runner, schedule, rejection_share=args.rejection_share,
                                           progress=lambda line: print(line, flush=True))
@@ -270,7 +276,7 @@ def _run_scheduled(definition, ledger, runner, schedule, args):
     made = [r for r in runs if not r.resumed]
     print(f"{runner.config.name}: {len(made)} scheduled run(s) made, {len(runs) - len(made)} resumed; "
           f"{len(driver.order)} block(s) charged their lifetime (epsilon {schedule.params.epsilon:g}, delta "
-          f"{schedule.params.delta:g}) under bbscheduler", flush=True)
+          f"{schedule.params.delta:g}) under {describe(schedule)}", flush=True)
     return EXIT_OK
 
 

@@ -39,12 +39,13 @@ block), and it stays registered afterwards: a later `sage serve --release` or `s
 resumes it. Its name is claimed like a pipeline's. --pipeline is optional when a --release is given.
 
 Growth schedules (issue 14, docs/release_strategies.md, "A TFX pipeline under a growth schedule"): --schedule
-NAME=bbscheduler:FILE, at most one per --pipeline NAME, runs that pipeline under a BBScheduler instead of the Sage
+NAME=bbscheduler:FILE or NAME=bbimprover:FILE, at most one per --pipeline NAME, runs that pipeline under a
+BBScheduler or BBImprover instead of the Sage
 iterator, through `sage run --schedule`'s code (``ScheduledPipeline``), in its own worker: after each replay step it
 charges each new block the schedule's lifetime (epsilon, delta) in one grant, before anything reads it, and runs the
 pipeline when the schedule says (a run grant drawn from the lifetime grants of every block so far; --max-iterations
-bounds the runs). FILE is `sage run --schedule`'s JSON object (epsilon, delta, gamma, t0; composition basic) and is
-refused as that command refuses it. A killed worker restarts and resumes from the ledger: no block charged twice, no
+bounds the runs). FILE is `sage run --schedule`'s JSON object (bbscheduler: epsilon, delta, gamma, t0,
+composition basic or zcdp; bbimprover: epsilon, delta, a, t0) and is refused as that command refuses it. A killed worker restarts and resumes from the ledger: no block charged twice, no
 run drawn twice, a run with an outcome not re-run. The lifetime must fit in the pipeline's share of every block
 (or the block is refused and the pipeline FAILS). The spelling names a --pipeline, as --release names a strategy:
 the other pipelines of the same serve keep the Sage iterator.
@@ -73,8 +74,8 @@ from ._keys import add_key_file
 
 @dataclass
 class ScheduleSpec:
-    """A --pipeline run under a growth schedule (--schedule NAME=bbscheduler:FILE): the pipeline's ``WorkerSpec``
-    (``worker``) and its checked ``BBScheduler``; ``schedule_worker_main`` runs it (picklable)."""
+    """A --pipeline run under a growth schedule (--schedule NAME=bbscheduler:FILE or NAME=bbimprover:FILE): the
+    pipeline's ``WorkerSpec`` (``worker``) and its checked schedule; ``schedule_worker_main`` runs it (picklable)."""
 
     name: str
     worker: object
@@ -108,8 +109,9 @@ def _release_arg(text):
 def _schedule_arg(text):
     name, sep, value = text.partition("=")
     if not (sep and name and value):
-        raise argparse.ArgumentTypeError(f"--schedule {text!r} must look like NAME=bbscheduler:FILE (NAME a --pipeline "
-                                         "name; FILE a JSON object of BBScheduler options, as `sage run --schedule`)")
+        raise argparse.ArgumentTypeError(f"--schedule {text!r} must look like NAME=bbscheduler:FILE or "
+                                         "NAME=bbimprover:FILE (NAME a --pipeline name; FILE a JSON object of the "
+                                         "schedule's options, as `sage run --schedule`)")
     return name, value
 
 
@@ -137,9 +139,10 @@ def add_parser(subparsers):
                         "incremental-regression, growth, pmwg) with the options of the JSON object in FILE, "
                         "releasing for every new block after each replay step; repeatable (see above)")
     p.add_argument("--schedule", action="append", type=_schedule_arg, default=[], dest="schedules",
-                   metavar="NAME=bbscheduler:FILE",
-                   help="run --pipeline NAME under a growth schedule (BBScheduler) instead of the Sage iterator, "
-                        "as `sage run --schedule bbscheduler:FILE` does; repeatable, one per pipeline (see above)")
+                   metavar="NAME={bbscheduler,bbimprover}:FILE",
+                   help="run --pipeline NAME under a growth schedule (BBScheduler or BBImprover) instead of the Sage "
+                        "iterator, as `sage run --schedule STRATEGY:FILE` does; repeatable, one per pipeline (see "
+                        "above)")
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--max-iterations", type=int, default=10)
     add_rejection_share(p)
@@ -173,7 +176,7 @@ def worker_specs(args, beam_args=(), staging_location=None, key_file=None, roots
 
 
 def schedule_options(args: argparse.Namespace) -> dict:
-    """{pipeline name: its BBScheduler} of the --schedule NAME=bbscheduler:FILE values, each FILE read and checked
+    """{pipeline name: its schedule} of the --schedule NAME=STRATEGY:FILE values, each FILE read and checked
     by `sage run --schedule`'s own code (``schedule_option``). ValueError naming the bad value: NAME not a
     --pipeline (a --release name included), a second schedule for a name, a FILE `sage run` refuses."""
     from sage_tfx.cli.run import schedule_option
@@ -207,7 +210,7 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
     from sage_tfx.adaptive.workers import WorkerResult, _BlockWaiter, build_worker_runner, die
     from sage_tfx.privacy import Ledger, public_error_text
     from sage_tfx.privacy.keys import ENV_KEY_FILE
-    from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline
+    from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline, describe
 
     worker = spec.worker
     if worker.key_file:
@@ -218,9 +221,7 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
         conn.send(("progress", line))
 
     try:
-        p = spec.schedule.params
-        say(f"[{spec.name}] runs under its growth schedule (bbscheduler: epsilon {p.epsilon:g}, delta {p.delta:g}, "
-            f"gamma {p.gamma:g}, t0 {p.t0})")
+        say(f"[{spec.name}] runs under its growth schedule ({describe(spec.schedule)})")
         definition, runner = build_worker_runner(worker)
 
         def run_in_slot(grant, split, eta, iteration):
@@ -249,7 +250,7 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
     except Exception as exc:
         die(conn, spec.name, public_error_text(exc))
     conn.send(("done", WorkerResult("SCHEDULED", len(made | resumed),
-                                    f"bbscheduler: {len(made)} scheduled run(s) made, {len(resumed - made)} "
+                                    f"{spec.schedule.meta['strategy']}: {len(made)} scheduled run(s) made, {len(resumed - made)} "
                                     f"resumed; {charged} block(s) charged their lifetime (epsilon "
                                     f"{spec.schedule.params.epsilon:g}, delta {spec.schedule.params.delta:g})")))
     conn.close()

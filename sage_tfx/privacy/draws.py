@@ -30,9 +30,30 @@ The primary key (lifetime grant, run) makes a second draw of one run index impos
 too (each draw is one write transaction, the ledger's write lock held); a draw asked again with the same budget
 returns the SAME run grant (a re-run after a crash re-opens its releases with the same seeds: nothing new).
 
-Why not zCDP (BBImprover, BBScheduler's zcdp mode): their composition needs each run to be epsilon_i-DP (pure);
-a TFX pipeline run is (epsilon_i, delta_i)-DP (DP-SGD, Gaussian noise), so only basic composition of both
-parameters bounds it without knowing the mechanism's curve (docs/release_strategies.md).
+The second rule, composition "zcdp" (approximate zCDP; BBImprover and BBScheduler's zcdp mode over a pipeline).
+A draw records its composition in the run grant's meta (``DRAW_KEY``: "composition"; a draw without one, from
+an older ledger, is "basic") and all draws of one lifetime grant share ONE composition (a mix is refused, naming
+both). Under "zcdp" the draws (epsilon_i, delta_i) on L_j of (E_j, D_j), D_j > 0, are admitted iff
+    sum_i delta_i <= D_j / 2  (slack ``split.SLACK``)  and
+    ``RdpFilter(E_j, D_j).admits((D_j / 2, sum_i c_i), (0, c))``, c_i = ``curves.pure_dp_curve(epsilon_i)``,
+i.e. some order alpha of ``curves.DEFAULT_ORDERS`` has sum_i min(epsilon_i, alpha epsilon_i^2 / 2) +
+``curves.conversion_term(alpha, D_j / 2) <= E_j``: the filter's own test, with its delta coordinate FIXED at half
+the lifetime delta (the orders are the ledger's defaults because the lifetime grant is charged on a 'basic'
+block, which has no orders of its own; any fixed set is valid). Proof sketch (add/remove one record x of b, as
+above, only L's draws read x). Each run is (epsilon_i, delta_i)-DP, so its output distributions on neighbours
+are mixtures (1 - delta_i) P'_i + delta_i P''_i, (1 - delta_i) Q'_i + delta_i Q''_i with P'_i, Q'_i
+epsilon_i-indistinguishable both ways, whose Renyi divergence is at most min(epsilon_i, alpha epsilon_i^2 / 2)
+at every order (Bun & Steinke 2016, "Concentrated differential privacy", Prop. 3.3 and Section 8, approximate
+zCDP). Couple the runs with the "good" process that always draws from P'_i: they differ with probability at most
+sum_i delta_i <= D / 2 on every path, and the good part of each transcript measure is below the real one. The
+good process is an adaptive composition of RDP queries stopped by a Renyi filter of fixed per-order budgets
+E - conversion_term(alpha, D / 2) (Feldman & Zrnic 2021, "Individual privacy accounting via a Renyi filter",
+per order; Lecuyer 2021 for several orders), so it is (E, D / 2)-DP (conversion: Balle et al. 2020); adding the
+coupled-away mass gives (E, D) over any number of runs, parameters chosen adaptively or not. The delta half is
+FIXED, as in the advanced-composition filter of Rogers, Roth, Ullman & Vadhan 2016: converting at the path-
+dependent D - sum_i delta_i (what ``RdpFilter`` does for a plain query) is not covered by these proofs when the
+deltas are chosen adaptively. A schedule drawing under "zcdp" therefore keeps sum_i delta_i <= D / 2 and
+calibrates its epsilons so the filter admits its whole infinite sequence (``release.growth``).
 
 This module holds the rule once: ``Ledger.draw`` runs it in its write transaction and the audit (audit.py)
 re-runs it on the replayed log. It imports neither the ledger facade nor the audit (the facade hands ``draw`` its
@@ -45,21 +66,38 @@ import math
 import time
 from typing import Callable, Iterable, Mapping, Optional, Sequence
 
+from . import curves
 from .chain import canonical
 from .errors import BudgetRefused, GrantError, LedgerError
+from .filters import RdpFilter
 from .grants import Grant, check_split, new_grant
 from .split import SINGLE_RULE, SLACK, BudgetSplit
 from .store import sql
 from .streams import read_stream, stream_filter
 from .vocabulary import Accounting
 
-DRAW_KEY = "draw"  # grant.meta key of a run grant: {"from": [lifetime grant ids], "run": i, "schedule": F}
-COMPOSITION = "basic"
+DRAW_KEY = "draw"  # grant.meta key of a run grant: {"from": [ids], "run": i, "schedule": F, "composition": C}
+COMPOSITION = "basic"  # the default rule, and the rule of a draw that records none (older ledgers)
+COMPOSITIONS = ("basic", "zcdp")
+ZCDP_RUN_DELTA_SHARE = 0.5  # under "zcdp": the draws' deltas may sum to this share of D; the filter converts at the rest
 
 
 def is_run_grant(body: Mapping) -> bool:
     """Whether a grant body (or Grant.body()) is a run grant (drawn, charging nothing)."""
     return isinstance((body.get("meta") or {}).get(DRAW_KEY), dict)
+
+
+def composition_of(body: Mapping) -> str:
+    """The draw rule a run grant body was drawn under ("basic" when it records none: older ledgers)."""
+    return (body.get("meta") or {}).get(DRAW_KEY, {}).get("composition", COMPOSITION)
+
+
+def mixed_compositions(composition: str, earlier: Mapping[str, str]) -> list[str]:
+    """What refuses a draw under ``composition`` from lifetime grants whose earlier draws were under
+    ``earlier`` ({lifetime grant id: composition}); [] if all agree (one composition per lifetime grant)."""
+    return [f"lifetime grant {gid!r} was drawn under composition {was!r}: a draw under {composition!r} would mix "
+            "two rules on it (all draws of one lifetime grant use one composition)"
+            for gid, was in earlier.items() if was != composition]
 
 
 def structure_problems(run_body: Mapping, lifetimes: Sequence[tuple[str, Optional[Mapping]]],
@@ -101,26 +139,57 @@ def structure_problems(run_body: Mapping, lifetimes: Sequence[tuple[str, Optiona
 
 
 def overdraws(run: int, epsilon: float, delta: float, lifetimes: Sequence[tuple[str, Mapping]],
-              prior: Mapping[str, Iterable[tuple[int, float, float]]]) -> dict:
+              prior: Mapping[str, Iterable[tuple[int, float, float]]], composition: str = COMPOSITION) -> dict:
     """{block: why} for every lifetime grant on which the draws of the other runs (``prior``: {id: [(run, eps,
-    delta)]}) plus this one exceed its (epsilon, delta) by basic composition; {} if all fit (module docstring)."""
+    delta)]}) plus this one break ``composition``'s rule ("basic" or "zcdp", module docstring); {} if all fit."""
     out = {}
     for gid, body in lifetimes:
         others = [(e, d) for r, e, d in prior.get(gid, ()) if r != run]
-        eps_sum = math.fsum([e for e, _ in others] + [epsilon])
-        delta_sum = math.fsum([d for _, d in others] + [delta])
         cap_eps, cap_delta = float(body["epsilon"]), float(body["delta"])
-        if eps_sum > cap_eps * (1 + SLACK) or delta_sum > cap_delta * (1 + SLACK):
-            out[body["blocks"][0]] = (f"lifetime grant {gid} (epsilon {cap_eps:.6g}, delta {cap_delta:.3g}) would "
-                                      f"compose to (epsilon {eps_sum:.6g}, delta {delta_sum:.3g}) over "
-                                      f"{len(others) + 1} runs")
+        why = (_basic_overdraw if composition == COMPOSITION else _zcdp_overdraw)(
+            others + [(epsilon, delta)], cap_eps, cap_delta)
+        if why:
+            out[body["blocks"][0]] = (f"lifetime grant {gid} (epsilon {cap_eps:.6g}, delta {cap_delta:.3g}) "
+                                      f"{why} over {len(others) + 1} runs")
     return out
 
 
+def _basic_overdraw(draws: list, cap_eps: float, cap_delta: float) -> str:
+    eps_sum = math.fsum(e for e, _ in draws)
+    delta_sum = math.fsum(d for _, d in draws)
+    if eps_sum > cap_eps * (1 + SLACK) or delta_sum > cap_delta * (1 + SLACK):
+        return f"would compose to (epsilon {eps_sum:.6g}, delta {delta_sum:.3g})"
+    return ""
+
+
+def _zcdp_overdraw(draws: list, cap_eps: float, cap_delta: float) -> str:
+    """Why the RDP filter of (cap_eps, cap_delta), its delta coordinate fixed at the runs' share, refuses the
+    last of ``draws`` [(eps, delta)] after the others ("" if it admits it; module docstring)."""
+    if cap_delta <= 0:
+        return "has delta 0: composition 'zcdp' needs a lifetime delta > 0 (draw under 'basic')"
+    runs_delta = cap_delta * ZCDP_RUN_DELTA_SHARE
+    delta_sum = math.fsum(d for _, d in draws)
+    if delta_sum > runs_delta * (1 + SLACK):
+        return (f"would compose to delta {delta_sum:.3g} over its runs, above the runs' share "
+                f"{runs_delta:.3g} (half its delta; the other half converts the Renyi sum) under composition 'zcdp'")
+    try:
+        filt = RdpFilter(cap_eps, cap_delta)
+    except LedgerError as exc:
+        return f"admits no run under composition 'zcdp': {exc}"
+    curves_ = [curves.pure_dp_curve(e, filt.orders) for e, _ in draws]
+    spent = (runs_delta,) + tuple(math.fsum(c[k] for c in curves_[:-1]) for k in range(len(filt.orders)))
+    cost = (0.0,) + curves_[-1]
+    if filt.admits(spent, cost):
+        return ""
+    return f"would exceed its Renyi filter under composition 'zcdp' ({filt.shortfall(spent, cost)})"
+
+
 def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Sequence, run: int, epsilon: float,
-         delta: float, *, schedule: str, split: Optional[BudgetSplit] = None, meta: Optional[dict] = None) -> Grant:
+         delta: float, *, schedule: str, split: Optional[BudgetSplit] = None, meta: Optional[dict] = None,
+         composition: str = COMPOSITION) -> Grant:
     """``Ledger.draw``: the run grant of run ``run`` at (epsilon, delta) over ``lifetime_grants`` (Grants or ids,
-    in block order), drawn in one write transaction of ``store`` (module docstring), signed under ``keys`` (the
+    in block order), drawn under ``composition`` ("basic" or "zcdp": the module docstring's two rules) in one
+    write transaction of ``store``, signed under ``keys`` (the
     ledger's ``KeyRing``), logged with ``log`` (the facade's ``_log``); ``signature_ok(body, signature)`` checks
     the lifetime grants. Returns the signed Grant; the same grant again for the same (lifetime grants, run,
     budget, split, meta). GrantError for a malformed draw or a run index already drawn otherwise; BudgetRefused
@@ -134,6 +203,9 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
         raise LedgerError(f"run epsilon {epsilon!r} is invalid: give a finite epsilon > 0")
     if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
         raise LedgerError(f"run delta {delta!r} is invalid: give 0 <= delta < 1")
+    if composition not in COMPOSITIONS:
+        raise LedgerError(f"composition {composition!r} is unknown: give 'basic' (sums of epsilon and delta) or "
+                          "'zcdp' (approximate zCDP through the RDP filter; privacy/draws.py)")
     if not isinstance(schedule, str) or not 0 < len(schedule) <= 256:
         raise LedgerError(f"schedule {schedule!r} must be the schedule's fingerprint (1-256 characters)")
     meta = dict(meta or {})
@@ -154,8 +226,8 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
             raise GrantError(f"lifetime grant(s) {ids} are unknown to this ledger")
         s = read_stream(tx, first["stream"])
         if s.accounting != Accounting.BASIC:
-            raise LedgerError(f"stream {s.name!r} accounts in {s.accounting}: run grants compose by basic "
-                              "composition of (epsilon, delta), on a stream with basic accounting only")
+            raise LedgerError(f"stream {s.name!r} accounts in {s.accounting}: run grants are drawn from lifetime "
+                              "grants charged (epsilon, delta), on a stream with basic accounting only")
         releases = {}
         for gid, stage, computation in tx.all(sql.draw_releases(n), ids):
             releases.setdefault(gid, []).append((stage, computation))
@@ -163,14 +235,15 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
         filt = stream_filter(s)
         cost = filt.cost(epsilon=epsilon, delta=delta)
         split = check_split(meta, None)  # the split canonical, its fields checked
-        meta[DRAW_KEY] = {"from": ids, "run": run, "schedule": schedule, "composition": COMPOSITION}
+        meta[DRAW_KEY] = {"from": ids, "run": run, "schedule": schedule, "composition": composition}
         probe = {"stream": s.name, "pipeline": first["pipeline"], "blocks": blocks}
         problems = structure_problems(probe, lifetimes, releases, schedule)
         if problems:
             raise GrantError("cannot draw a run grant: " + "; ".join(problems))
-        prior, same_run, again = {}, [], None
+        prior, same_run, again, latest = {}, [], None, {}
         for gid, r, run_grant, eps, dlt in tx.all(sql.draw_rows(n), ids):
             prior.setdefault(gid, []).append((r, eps, dlt))
+            latest[gid] = max(latest.get(gid, (r, run_grant)), (r, run_grant))
             if r == run:
                 same_run.append(run_grant)
         if same_run:  # this run index was drawn: the same draw gets its grant back, any other is refused
@@ -184,7 +257,11 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
                 raise GrantError(f"run {run} was already drawn from these lifetime grants (run grant(s) {drawn}) with "
                                  "another budget, split or block set: one release per run index")
         if again is None:
-            short = overdraws(run, epsilon, delta, lifetimes, prior)
+            earlier = _compositions(tx, latest)
+            mixed = mixed_compositions(composition, earlier)
+            if mixed:
+                raise GrantError("cannot draw a run grant: " + "; ".join(mixed))
+            short = overdraws(run, epsilon, delta, lifetimes, prior, composition)
             if short:
                 raise BudgetRefused(s.name, first["pipeline"], short)
             now = time.time()
@@ -194,6 +271,14 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
             tx.many(sql.DRAW_INSERT, [(gid, run, grant.id, s.name, epsilon, delta, now) for gid in ids])
             log(tx, "draw", dict(grant.body(), signature=grant.signature))
     return grant if again is None else again
+
+
+def _compositions(tx, latest: Mapping[str, tuple]) -> dict:
+    """{lifetime grant: the composition of its latest earlier draw} (``latest``: {id: (run, run grant id)}); by
+    induction every draw of a lifetime grant has that one composition."""
+    wanted = sorted({rg for _, rg in latest.values()})
+    bodies = {r[0]: json.loads(r[1]) for r in tx.all(sql.draw_grants(len(wanted)), wanted)} if wanted else {}
+    return {gid: composition_of(bodies.get(rg, {})) for gid, (_, rg) in latest.items()}
 
 
 def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, draws: dict, problems: list) -> None:
@@ -213,14 +298,24 @@ def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, draws
     where = f"log entry {seq}: run grant {gid!r}"
     for text in structure_problems(body, lifetimes, done, str(info.get("schedule"))):
         problems.append(f"{where}: {text}")
-    prior = {}
-    for (g, r), (_rg, _s, e, d) in draws.items():
-        prior.setdefault(g, []).append((r, e, d))
+    prior, latest = {}, {}
+    for (g, r), (rg, _s, e, d) in draws.items():
+        if g in ids:
+            prior.setdefault(g, []).append((r, e, d))
+            latest[g] = max(latest.get(g, (r, rg)), (r, rg))
+    composition = composition_of(body)
+    parsed = {rg: json.loads(grants[rg][0]) for rg in {rg for _, rg in latest.values()} if rg in grants}
+    earlier = {g: composition_of(parsed.get(rg, {})) for g, (_, rg) in latest.items()}
+    if composition not in COMPOSITIONS:
+        problems.append(f"{where}: composition {composition!r} is unknown")
+    for text in mixed_compositions(composition, earlier):
+        problems.append(f"{where}: {text}")
     for g in ids:
         if (g, run) in draws:
             problems.append(f"{where}: run {run} was already drawn from lifetime grant {g!r}")
     known = [(g, b) for g, b in lifetimes if b is not None]
-    for block, why in sorted(overdraws(run, float(body["epsilon"]), float(body["delta"]), known, prior).items()):
+    for block, why in sorted(overdraws(run, float(body["epsilon"]), float(body["delta"]), known, prior,
+                                       composition).items()):
         problems.append(f"{where} overdraws block {block!r}: {why}")
     grants[gid] = (canonical(body), signature)
     for g in ids:

@@ -620,13 +620,14 @@ class Ledger:
             rows = tx.all(sql.RELEASE_ROWS_OF_GRANT, (grant_id,)) if grant_id else tx.all(sql.RELEASE_ROWS)
         return [Release(*r, reopened=False) for r in rows]
 
-    def draw(self, lifetime_grants, run, epsilon, delta, *, schedule, split=None, meta=None):
+    def draw(self, lifetime_grants, run, epsilon, delta, *, schedule, split=None, meta=None, composition="basic"):
         """A run grant of ``run`` at (``epsilon``, ``delta``) over ``lifetime_grants`` (one-block grants, in block
         order, each released once under ``schedule``'s fingerprint), charging no block: its budget is drawn from
-        theirs, by basic composition (``draws.py``: the rule and its proof). Asked again with the same arguments,
-        the same grant comes back; BudgetRefused / GrantError otherwise, nothing written."""
+        theirs, by ``composition``: "basic" (sums of epsilon and delta) or "zcdp" (approximate zCDP through the
+        RDP filter), one per lifetime grant (``draws.py``: the rules and their proofs). Asked again with the same
+        arguments, the same grant comes back; BudgetRefused / GrantError otherwise, nothing written."""
         return _draws.draw(self._store, self._log, self._keys, self.signature_ok, lifetime_grants, run, epsilon, delta,
-                           schedule=schedule, split=split, meta=meta)
+                           schedule=schedule, split=split, meta=meta, composition=composition)
 
     def draws(self):
         """Every draw row: (lifetime grant, run, run grant, stream, epsilon, delta), by run."""

@@ -33,6 +33,22 @@ its input for every epsilon > 0.
   bound), and c is set so this bound equals rho; then as above. Accuracy ~ 1/(n_t epsilon_t) ~ t^-(1/2 - a): it
   improves as the database grows.
 
+Approximate runs (``approximate=True``: BBScheduler's zcdp mode and BBImprover over a TFX pipeline, whose runs are
+(epsilon_i, delta_i)-DP, not pure; ``release.scheduled_pipeline``). Each run is delta_i-approximately
+(epsilon_i^2 / 2)-zCDP (Bun & Steinke 2016, Section 8 and Prop. 3.3), and the ledger draws every run from the
+per-block lifetime grants under the "zcdp" rule of ``sage_tfx.privacy.draws``: the runs' deltas sum to at most
+delta / 2, and the RDP filter of (epsilon, delta) admits sum_i min(epsilon_i, alpha epsilon_i^2 / 2) at some order
+alpha of ``curves.DEFAULT_ORDERS`` with the conversion term at delta / 2. So here: delta_i = (delta / 2) (1 - r)
+r^i (BBScheduler, r = 1 / (1 + gamma)) or (delta / 2) (6 / pi^2) / (t - t0 + 1)^2 (BBImprover), each summing to
+delta / 2 over the infinite horizon; and epsilon_i = c w_i (w_i = r^i, or t^-(1/2 + a)) with c the largest scale
+for which some order's bound on the INFINITE sum, sum_{i < N} min(c w_i, alpha c^2 w_i^2 / 2) + alpha c^2 / 2
+sum_{i >= N} w_i^2 (the tail of squares in closed form: r^(2N) / (1 - r^2), or the integral bound N'^-2a / (2a)),
+plus conversion_term(alpha, delta / 2), is at most epsilon (``filter_scale``, bisection; times (1 - 1e-9) for
+float round-off). Then every prefix of the run sequence is admitted by the ledger, forever; and the bound is
+tight (the head is exact, the tail's integral bound is within a term of the sum), so a 10% larger c is refused
+at a finite run (tests/test_scheduled_pipeline.py). Several epochs merged into one run (BBScheduler) cost
+min(sqrt(S), alpha S / 2) <= the sum of their own costs (S the sum of their squares), so the calibration holds.
+
 Charging (docs/growing_database.md, issue 14): every arriving block gets ONE grant charging the whole
 (epsilon, delta) its records can ever lose under the schedule, BEFORE it is read; each run re-opens the release of
 the grant of every block it reads with the schedule instance's fingerprint (same computation: counted once).
@@ -80,7 +96,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from sage_tfx.privacy import checks
+from sage_tfx.privacy import checks, curves
+from sage_tfx.privacy.draws import ZCDP_RUN_DELTA_SHARE as ZCDP_SHARE
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian, grid_laplace
 
@@ -163,19 +180,55 @@ class ImproverParams:
         _int_at_least("t0", self.t0, 1, "give the first run's block count t0 >= 1")
 
 
+def filter_scale(epsilon: float, delta: float, head: np.ndarray, tail_squares: float) -> float:
+    """The largest c (times 1 - 1e-9) such that runs epsilon_i = c w_i, w = ``head`` followed by weights whose
+    squares sum to at most ``tail_squares``, stay admitted by the ledger's "zcdp" draw rule on a lifetime grant of
+    (epsilon, delta) over the infinite horizon: some order alpha of ``curves.DEFAULT_ORDERS`` has
+    sum_i min(c w_i, alpha c^2 w_i^2 / 2) <= epsilon - conversion_term(alpha, delta / 2) (module docstring)."""
+    head = np.asarray(head, dtype=float)
+    best = 0.0
+    for alpha in curves.DEFAULT_ORDERS:
+        budget = epsilon - curves.conversion_term(alpha, delta * (1.0 - ZCDP_SHARE))
+        if budget <= 0:
+            continue
+
+        def cost(c: float) -> float:
+            return float(np.minimum(c * head, alpha * c * c * head * head / 2).sum()) + alpha * c * c * tail_squares / 2
+
+        low, high = 0.0, 1.0
+        while cost(high) <= budget:
+            low, high = high, 2.0 * high
+        for _ in range(200):
+            mid = (low + high) / 2
+            low, high = (mid, high) if cost(mid) <= budget else (low, mid)
+        best = max(best, low)
+    if best <= 0:
+        raise GrowthError(f"(epsilon {epsilon!r}, delta {delta!r}) leaves no Renyi budget at any order once delta / 2 "
+                          "converts it: raise epsilon or delta")
+    return best * (1.0 - 1e-9)
+
+
 class BBScheduler:
     """Re-run times and per-run epsilons of BBScheduler (the paper's Section 3.1, Algorithm 1, Theorem 10).
 
     Privacy: every record is (epsilon, delta)-DP over the infinite sequence of runs (module docstring: pure mode
     sum_i epsilon_i = epsilon, Theorem 3; zCDP mode sum_i epsilon_i^2 / 2 = rho, Theorem 4; basic mode
-    sum_i epsilon_i = epsilon and sum_i delta_i = delta, Theorem 3).
+    sum_i epsilon_i = epsilon and sum_i delta_i = delta, Theorem 3). ``approximate=True`` (zCDP mode only): runs
+    of (epsilon_i, delta_i), drawn by the ledger's "zcdp" rule (module docstring, "Approximate runs").
     """
 
-    def __init__(self, params: SchedulerParams):
+    def __init__(self, params: SchedulerParams, *, approximate: bool = False):
         if not isinstance(params, SchedulerParams):
             raise GrowthError(f"params {params!r} must be a SchedulerParams")
-        self.params = params
-        self.rho = rho_for(params.epsilon, params.delta) if params.mode is Mode.ZCDP else None
+        if approximate and params.mode is not Mode.ZCDP:
+            raise GrowthError(f"approximate runs need composition 'zcdp' and delta > 0, not composition "
+                              f"{params.composition!r} with delta {params.delta!r}")
+        self.params, self.approximate = params, bool(approximate)
+        self.rho = rho_for(params.epsilon, params.delta) if params.mode is Mode.ZCDP and not approximate else None
+        self.c = None
+        if self.approximate:
+            r, n = 1.0 / (1.0 + params.gamma), 400
+            self.c = filter_scale(params.epsilon, params.delta, r ** np.arange(n), r ** (2 * n) / (1.0 - r * r))
 
     def epoch_start(self, i: int) -> int:
         """The first block count at which epoch i's run is made: ceil(t0 (1 + gamma)^i)."""
@@ -186,18 +239,23 @@ class BBScheduler:
         if self.params.mode is not Mode.ZCDP:
             return self.params.epsilon * g / (1.0 + g) ** (i + 1)
         r = 1.0 / (1.0 + g)
+        if self.approximate:
+            return self.c * r ** i
         return math.sqrt(2.0 * self.rho * (1.0 - r * r)) * r ** i
 
     def delta_of(self, i: int) -> float:
-        """delta_i of epoch i's run: delta gamma / (1 + gamma)^(i + 1) in basic mode, else 0 (pure runs)."""
+        """delta_i of epoch i's run: delta gamma / (1 + gamma)^(i + 1) in basic mode, (delta / 2) gamma /
+        (1 + gamma)^(i + 1) for approximate runs (module docstring), else 0 (pure runs)."""
+        g = self.params.gamma
+        if self.approximate:
+            return self.params.delta * ZCDP_SHARE * g / (1.0 + g) ** (i + 1)
         if self.params.mode is not Mode.BASIC:
             return 0.0
-        g = self.params.gamma
         return self.params.delta * g / (1.0 + g) ** (i + 1)
 
     def run_budget(self, t: int) -> Optional[tuple[int, float, float]]:
         """(epoch, epsilon_i, delta_i) of the run made at t blocks (None if none); several epochs passed at once
-        are one run at their summed epsilon and delta (basic mode) -- the same privacy as running each."""
+        are one run at their summed epsilon (zCDP: summed squares) and summed delta -- no more than running each."""
         plan = self.run_at(t)
         if plan is None:
             return None
@@ -238,31 +296,70 @@ class BBScheduler:
         return sum(eps) if self.params.mode is not Mode.ZCDP else sum(e * e / 2 for e in eps)
 
     @property
+    def draw_composition(self) -> Optional[str]:
+        """The ledger's draw rule for this schedule's runs over a pipeline (``sage_tfx.privacy.draws``): "basic"
+        in basic mode, "zcdp" for approximate runs, None for pure runs (no pipeline runs under them)."""
+        if self.approximate:
+            return "zcdp"
+        return "basic" if self.params.mode is Mode.BASIC else None
+
+    @property
     def meta(self) -> dict:
-        return {"strategy": "bbscheduler", **asdict(self.params)}
+        return {"strategy": "bbscheduler", **asdict(self.params), **({"approximate": True} if self.approximate else {})}
 
 
 class BBImprover:
     """Run at every block count t >= t0 with epsilon_t = c t^-(1/2 + a) (the paper's Section 3.2, Theorem 13).
 
     Privacy: (epsilon, delta)-DP per record over the infinite horizon (zCDP: sum_t epsilon_t^2 / 2 <= rho by the
-    integral bound in the module docstring; Theorem 4).
+    integral bound in the module docstring; Theorem 4). ``approximate=True``: runs of (epsilon_t, delta_t), drawn
+    by the ledger's "zcdp" rule, c calibrated to its RDP filter (module docstring, "Approximate runs"). Run index
+    (epoch) of the run at t blocks: t - t0.
     """
 
-    def __init__(self, params: ImproverParams):
+    HEAD = 4096  # exact terms of the approximate calibration before the integral bound
+
+    def __init__(self, params: ImproverParams, *, approximate: bool = False):
         if not isinstance(params, ImproverParams):
             raise GrowthError(f"params {params!r} must be an ImproverParams")
-        self.params = params
-        self.rho = rho_for(params.epsilon, params.delta)
+        self.params, self.approximate = params, bool(approximate)
         t0, a = params.t0, params.a
+        if self.approximate:
+            self.rho = None
+            end = t0 + self.HEAD  # sum_{t >= end} t^-(1+2a) <= int_{end-1}^inf = (end - 1)^-2a / (2a)
+            head = np.arange(t0, end, dtype=float) ** -(0.5 + a)
+            self.c = filter_scale(params.epsilon, params.delta, head, (end - 1) ** (-2 * a) / (2 * a))
+            return
+        self.rho = rho_for(params.epsilon, params.delta)
         tail = t0 ** -(1 + 2 * a) + t0 ** (-2 * a) / (2 * a)  # >= sum_{t >= t0} t^-(1+2a)
         self.c = math.sqrt(2.0 * self.rho / tail)
 
     def epsilon_of(self, t: int) -> float:
         return self.c * t ** -(0.5 + self.params.a)
 
+    def delta_of(self, t: int) -> float:
+        """delta_t of the run at t blocks: (delta / 2) (6 / pi^2) / (t - t0 + 1)^2 for approximate runs (summing to
+        delta / 2 over t >= t0), else 0."""
+        if not self.approximate or t < self.params.t0:
+            return 0.0
+        return self.params.delta * ZCDP_SHARE * 6.0 / math.pi ** 2 / (t - self.params.t0 + 1) ** 2
+
     def run_at(self, t: int) -> Optional[tuple[int, float]]:
         return (t, self.epsilon_of(t)) if t >= self.params.t0 else None
+
+    def epoch_start(self, i: int) -> int:
+        """The block count of run i: t0 + i."""
+        return self.params.t0 + i
+
+    def run_budget(self, t: int) -> Optional[tuple[int, float, float]]:
+        """(run index t - t0, epsilon_t, delta_t) of the run at t blocks, None before t0."""
+        return (t - self.params.t0, self.epsilon_of(t), self.delta_of(t)) if t >= self.params.t0 else None
+
+    @property
+    def draw_composition(self) -> Optional[str]:
+        """The ledger's draw rule for this schedule's runs over a pipeline (``sage_tfx.privacy.draws``): "zcdp"
+        for approximate runs, None for pure runs (no pipeline runs under them)."""
+        return "zcdp" if self.approximate else None
 
     def total_loss(self, horizon: int) -> float:
         """A record's worst-case rho over runs up to ``horizon`` blocks."""
@@ -270,7 +367,7 @@ class BBImprover:
 
     @property
     def meta(self) -> dict:
-        return {"strategy": "bbimprover", **asdict(self.params)}
+        return {"strategy": "bbimprover", **asdict(self.params), **({"approximate": True} if self.approximate else {})}
 
 
 def clipped_mean(bound: float, rows_per_block: int) -> "Mechanism":

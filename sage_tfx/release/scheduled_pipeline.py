@@ -1,22 +1,27 @@
-"""A TFX pipeline re-run under a growth schedule (BBScheduler, the paper seed 001's Section 3.1; issue 14 item 3).
+"""A TFX pipeline re-run under a growth schedule (BBScheduler and BBImprover, the paper seed 001's Sections 3.1
+and 3.2; issue 14 item 3).
 
 ``ScheduledPipeline`` drives any pipeline's ``run_iteration(grant, split, eta, iteration)`` (the function the Sage
-iterator calls: ``sage_tfx.pipelines`` builds one per pipeline, ``sage run`` too) by a ``BBScheduler`` instead of
-the Sage iterator: for each arriving block it charges the block's LIFETIME grant (``growth.charge_lifetime``: the
-whole per-record (epsilon, delta) of the schedule on that block alone, before anything reads it, its one release
-opened with the schedule's fingerprint); when the schedule runs at block count t (epoch i), it draws the run grant
-of epoch i from the lifetime grants of blocks 1..t (``Ledger.draw``: a signed grant of (epsilon_i, delta_i) that
-charges no block) and runs the pipeline under it, validated at eta_i = eta / ((i + 1) (i + 2)) (the Sage
-iterator's union bound over attempts: the eta_i sum to eta over any number of runs).
+iterator calls: ``sage_tfx.pipelines`` builds one per pipeline, ``sage run`` too) by a schedule instead of the Sage
+iterator: for each arriving block it charges the block's LIFETIME grant (``growth.charge_lifetime``: the whole
+per-record (epsilon, delta) of the schedule on that block alone, before anything reads it, its one release opened
+with the schedule's fingerprint); when the schedule runs at block count t (run index i: BBScheduler's epoch, or
+t - t0 for BBImprover), it draws the run grant of run i from the lifetime grants of blocks 1..t (``Ledger.draw``:
+a signed grant of (epsilon_i, delta_i) that charges no block) and runs the pipeline under it, validated at
+eta_i = eta / ((i + 1) (i + 2)) (the Sage iterator's union bound over attempts: the eta_i sum to eta over any
+number of runs, BBImprover's infinitely many included).
 
 Privacy (per record, add/remove, over the infinite horizon): a record of block b is read by run grants drawn from
 b's lifetime grant only; run i is (epsilon_i, delta_i)-DP (its stage split composes to at most that: BudgetSplit,
-``Ledger.release``); the schedule's basic mode gives sum_i epsilon_i = epsilon and sum_i delta_i = delta
-(growth.py module docstring, Theorem 3 of the paper), and the ledger refuses any draw beyond the lifetime grant by
-basic composition (privacy/draws.py, with the proof): so every record is (epsilon, delta)-DP over all runs, what
-its block was charged once. Only BBScheduler's basic mode applies: a TFX run is (epsilon_i, delta_i)-DP (DP-SGD),
-not the pure epsilon_i-DP black box that the zCDP composition of BBImprover and of BBScheduler's zcdp mode needs
-(docs/release_strategies.md, "A TFX pipeline under a growth schedule").
+``Ledger.release``). Two schedules of runs, two draw rules of the ledger (privacy/draws.py, with the proofs):
+- BBScheduler's basic mode, draw rule "basic": sum_i epsilon_i = epsilon and sum_i delta_i = delta (growth.py,
+  Theorem 3 of the paper);
+- BBScheduler's zcdp mode and BBImprover, built with ``approximate=True``, draw rule "zcdp": each run is
+  delta_i-approximately (epsilon_i^2 / 2)-zCDP (Bun & Steinke 2016, Section 8), the deltas sum to delta / 2 and the
+  epsilons are calibrated so the ledger's RDP filter of (epsilon, delta) admits the whole infinite sequence
+  (growth.py, "Approximate runs").
+The ledger refuses any draw beyond the lifetime grant by its rule, so every record is (epsilon, delta)-DP over all
+runs, what its block was charged once (docs/release_strategies.md, "A TFX pipeline under a growth schedule").
 
 Resuming: everything is recovered from the ledger (the pipeline's lifetime grants, in charge order, and its run
 grants with their outcomes). A run killed before its outcome was recorded is re-run under the SAME run grant (the
@@ -31,8 +36,8 @@ from typing import Any, Callable, Optional
 from sage_tfx.privacy import BudgetSplit, public_error_text
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.draws import DRAW_KEY, is_run_grant
-from sage_tfx.release.growth import (BBScheduler, GrowthError, Mode, ScheduleIdentity, SchedulerParams,
-                                     charge_lifetime)
+from sage_tfx.release.growth import (BBImprover, BBScheduler, GrowthError, ImproverParams, Mode, ScheduleIdentity,
+                                     SchedulerParams, charge_lifetime)
 from sage_tfx.validation import eta_for_attempt
 
 RunIteration = Callable[[Any, BudgetSplit, float, int], Any]  # -> sage_tfx.adaptive.IterationResult
@@ -59,21 +64,27 @@ class ScheduledRun:
     details: dict = field(default_factory=dict)
 
 
-def check_pipeline_schedule(schedule: BBScheduler) -> BBScheduler:
+Schedule = BBScheduler | BBImprover
+
+
+def check_pipeline_schedule(schedule: Schedule) -> Schedule:
     """Refuse (GrowthError naming the value) a schedule a TFX pipeline cannot run under (module docstring)."""
-    if not isinstance(schedule, BBScheduler):
-        raise GrowthError(f"schedule {schedule!r} cannot drive a TFX pipeline: give a BBScheduler with composition "
-                          "'basic' (a pipeline run is (epsilon, delta)-DP, not pure: BBImprover's zCDP composition "
-                          "does not bound it)")
-    _check_params(schedule.params)
-    return schedule
+    if not isinstance(schedule, (BBScheduler, BBImprover)):
+        raise GrowthError(f"schedule {schedule!r} cannot drive a TFX pipeline: give a BBScheduler or a BBImprover")
+    if isinstance(schedule, BBScheduler):
+        _check_params(schedule.params)
+    if schedule.draw_composition is not None:
+        return schedule
+    raise GrowthError(f"{type(schedule).__name__} {schedule.meta} has pure runs: a TFX pipeline run is (epsilon_i, "
+                      "delta_i)-DP (DP-SGD), so build it with approximate=True (runs of (epsilon_i, delta_i) drawn "
+                      "under the ledger's 'zcdp' rule)")
 
 
 def _check_params(params: SchedulerParams) -> SchedulerParams:
-    if params.mode is not Mode.BASIC or params.delta <= 0:
+    if params.mode is Mode.PURE or params.delta <= 0:
         raise GrowthError(f"composition {params.composition!r} with delta {params.delta!r} cannot drive a TFX "
-                          "pipeline: give composition 'basic' and delta > 0 (each run is (epsilon_i, delta_i)-DP, "
-                          "DP-SGD needs delta_i > 0, and only basic composition of both bounds such runs)")
+                          "pipeline: give delta > 0 and composition 'basic' or 'zcdp' (each run is (epsilon_i, "
+                          "delta_i)-DP and DP-SGD needs delta_i > 0)")
     return params
 
 
@@ -86,7 +97,7 @@ class ScheduledPipeline(ScheduleIdentity):
     for_epsilon``): each run's epsilon_i is split between the stages, training's delta is delta_i.
     """
 
-    def __init__(self, ledger, stream: str, pipeline: str, schedule: BBScheduler, run_iteration: RunIteration, *,
+    def __init__(self, ledger, stream: str, pipeline: str, schedule: Schedule, run_iteration: RunIteration, *,
                  name: str = "tfx", eta: float = 0.05, preprocessing_share: float = 0.2, count_share: float = 0.05,
                  rejection_share: float = 0.0, disjoint_split: bool = True,
                  progress: Optional[Callable[[str], None]] = None):
@@ -108,7 +119,7 @@ class ScheduledPipeline(ScheduleIdentity):
         self._recover()
 
     @classmethod
-    def for_runner(cls, ledger, definition, runner, schedule: BBScheduler, *, rejection_share: Optional[float] = None,
+    def for_runner(cls, ledger, definition, runner, schedule: Schedule, *, rejection_share: Optional[float] = None,
                    progress: Optional[Callable[[str], None]] = None,
                    run_iteration: Optional[RunIteration] = None) -> "ScheduledPipeline":
         """The driver of a built pipeline (``definition``: its split defaults and name; ``runner``: a
@@ -159,7 +170,8 @@ class ScheduledPipeline(ScheduleIdentity):
         eta = eta_for_attempt(self.eta, epoch + 1)
         grant = self.ledger.draw([self.grants[b] for b in blocks], epoch, split.charged_epsilon, split.total_delta,
                                  schedule=self.fingerprint, split=split,
-                                 meta={"t": t, "epsilon": epsilon, "eta": eta})
+                                 meta={"t": t, "epsilon": epsilon, "eta": eta},
+                                 composition=self.schedule.draw_composition)
         run = ScheduledRun(epoch, t, grant.epsilon, grant.delta, eta, grant.id, blocks)
         done = self._outcomes.get(grant.id)
         if done is not None and done[0] is not None:  # ran before: its outcome stands, nothing is re-run
@@ -201,19 +213,38 @@ class ScheduledPipeline(ScheduleIdentity):
         return made
 
 
-def scheduler_from_options(options: dict, source: str = "the schedule") -> BBScheduler:
-    """A BBScheduler from a JSON object of options {"epsilon", "delta", "gamma", "t0", "composition"} (the
-    composition defaults to "basic", the one a TFX pipeline runs under). GrowthError naming the bad value."""
+STRATEGIES = ("bbscheduler", "bbimprover")
+
+
+def scheduler_from_options(options: dict, source: str = "the schedule", strategy: str = "bbscheduler") -> Schedule:
+    """The schedule of a pipeline from a JSON object of options: ``strategy`` "bbscheduler" {"epsilon", "delta",
+    "gamma", "t0", "composition"} (the composition defaults to "basic"; "zcdp" gives approximate runs) or
+    "bbimprover" {"epsilon", "delta", "a", "t0"} (approximate runs). GrowthError naming the bad value."""
+    if strategy not in STRATEGIES:
+        raise GrowthError(f"{source}: strategy {strategy!r} is unknown: give one of {', '.join(STRATEGIES)}")
+    what = "BBScheduler" if strategy == "bbscheduler" else "BBImprover"
     if not isinstance(options, dict):
-        raise GrowthError(f"{source}: {options!r} is not a JSON object of BBScheduler options")
-    known = {"epsilon", "delta", "gamma", "t0", "composition"}
+        raise GrowthError(f"{source}: {options!r} is not a JSON object of {what} options")
+    known = {"epsilon", "delta", "gamma", "t0", "composition"} if strategy == "bbscheduler" else \
+        {"epsilon", "delta", "a", "t0"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise GrowthError(f"{source}: unknown option(s) {unknown}: give {', '.join(sorted(known))}")
-    if "epsilon" not in options:
-        raise GrowthError(f"{source}: 'epsilon' is missing: give the total per-record epsilon")
+    for name, fix in (("epsilon", "the total per-record epsilon"), ("delta", "the total per-record delta > 0")):
+        if name not in options and (name == "epsilon" or strategy == "bbimprover"):
+            raise GrowthError(f"{source}: {name!r} is missing: give {fix}")
     try:
-        # the parameters checked before BBScheduler calibrates anything (a zCDP mode would call dp-accounting)
-        return BBScheduler(_check_params(SchedulerParams(**{"composition": "basic", **options})))
+        if strategy == "bbimprover":
+            return BBImprover(ImproverParams(**options), approximate=True)
+        # the parameters checked before BBScheduler calibrates anything
+        params = _check_params(SchedulerParams(**{"composition": "basic", **options}))
+        return BBScheduler(params, approximate=params.mode is Mode.ZCDP)
     except GrowthError as exc:
         raise GrowthError(f"{source}: {exc}") from None
+
+
+def describe(schedule: Schedule) -> str:
+    """One line naming a pipeline schedule and its options (progress and summary lines)."""
+    options = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in schedule.meta.items() if k not in ("strategy", "approximate") and v is not None)
+    return f"{schedule.meta['strategy']}: {options}"
