@@ -551,40 +551,48 @@ def test_sage_run_schedule_bad_values_exit_2_before_any_charge(taxi_stream_300, 
 
 @pytest.mark.slow
 @pytest.mark.tf
-def test_a_tfx_pipeline_runs_under_a_growth_schedule(taxi_stream_300, tmp_path):
+@pytest.mark.parametrize("strategy, options, at", [
+    ("bbscheduler", {"epsilon": 0.8, "delta": 5e-7, "gamma": 1.0, "t0": 64}, (64, 128)),
+    ("bbimprover", {"epsilon": 1.0, "delta": 5e-7, "a": 0.4, "t0": 64}, (64, 65)),
+])
+def test_a_tfx_pipeline_runs_under_a_growth_schedule(taxi_stream_300, tmp_path, strategy, options, at):
     """taxi_regression (real taxi days) through two scheduled runs: BBScheduler basic, t0 = 64 blocks, gamma = 1
-    (runs at 64 and 128 blocks), the run grants' (epsilon_i, delta_i) the schedule's, each charged block exactly
-    its lifetime (E, D), nothing else charged, the audit OK; every component ran under the run grant (the
-    validator's result is recorded for it)."""
+    (runs at 64 and 128 blocks, draw rule "basic"), or BBImprover, t0 = 64 (runs at 64 and 65 blocks, draw rule
+    "zcdp"); the run grants' (epsilon_i, delta_i) the schedule's, each charged block exactly its lifetime (E, D),
+    nothing else charged, the audit OK; every component ran under the run grant (the validator's result is
+    recorded for it)."""
+    from sage_tfx.release.scheduled_pipeline import scheduler_from_options
+
     db, data = _copy_stream(taxi_stream_300, tmp_path)
-    options = {"epsilon": 0.8, "delta": 5e-7, "gamma": 1.0, "t0": 64}
     path = tmp_path / "schedule.json"
     path.write_text(json.dumps(options))
     started = time.monotonic()
     out = _sage("run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "1e5",
-                "--schedule", f"bbscheduler:{path}", "--max-iterations", "2", "--rejection-share", "0",
+                "--schedule", f"{strategy}:{path}", "--max-iterations", "2", "--rejection-share", "0",
                 "--work-dir", tmp_path / "work")
     elapsed = time.monotonic() - started
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    schedule = BBScheduler(SchedulerParams(**options, composition="basic"))
+    schedule = scheduler_from_options(options, "test", strategy)
     run_lines = [line for line in out.stdout.splitlines() if "] run " in line]
     assert len(run_lines) == 2 and all("-> RETRY" in line for line in run_lines), out.stdout[-3000:]
-    assert "blocks " in run_lines[0] and "(64)" in run_lines[0] and "(128)" in run_lines[1]
+    assert "blocks " in run_lines[0] and f"({at[0]})" in run_lines[0] and f"({at[1]})" in run_lines[1]
     with Ledger.open(db) as ledger:
         report = ledger.audit()
         assert report.ok, report.problems
         history = ledger.history("taxi", "taxi_regression")
         runs = [(g, o) for g, o, _ in history if "draw" in g.meta]
         lifetimes = [g for g, _, _ in history if "draw" not in g.meta]
-        assert [(g.meta["draw"]["run"], len(g.blocks), o) for g, o in runs] == [(0, 64, "RETRY"), (1, 128, "RETRY")]
+        assert [(g.meta["draw"]["run"], len(g.blocks), o) for g, o in runs] == [
+            (schedule.run_budget(t)[0], t, "RETRY") for t in at]
         for g, _ in runs:
-            epoch = g.meta["draw"]["run"]
-            assert g.epsilon == pytest.approx(schedule.epsilon_of(epoch), rel=1e-12)
-            assert g.delta == pytest.approx(schedule.delta_of(epoch), rel=1e-12)
+            _, epsilon_i, delta_i = schedule.run_budget(len(g.blocks))
+            assert g.meta["draw"]["composition"] == schedule.draw_composition
+            assert g.epsilon == pytest.approx(epsilon_i, rel=1e-12)
+            assert g.delta == pytest.approx(delta_i, rel=1e-12)
             assert {r.stage for r in ledger.releases(g.id)} >= {"count", "training", "validation"}
-        assert len(lifetimes) == 128 and all(len(g.blocks) == 1 for g in lifetimes)
+        assert len(lifetimes) == at[1] and all(len(g.blocks) == 1 for g in lifetimes)
         spent = {b["id"]: (b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("taxi")["blocks"]}
         charged = {g.blocks[0] for g in lifetimes}
-        assert all(spent[b] == (0.8, 5e-7) for b in charged)
+        assert all(spent[b] == (options["epsilon"], options["delta"]) for b in charged)
         assert all(spent[b] == (0.0, 0.0) for b in spent if b not in charged)  # after the last run: uncharged
-    print(f"two scheduled TFX runs took {elapsed:.0f} s")
+    print(f"two scheduled TFX runs ({strategy}) took {elapsed:.0f} s")
