@@ -260,7 +260,7 @@ def read_json_options(path, source, what):
 def _run_scheduled(definition, ledger, runner, schedule, args):
     """`sage run --schedule`: ``ScheduledPipeline.advance`` over the stream's blocks; one progress line per charge
     and per run. Exit 0 when the runs ended, 1 if one failed after its draw (details withheld, as `sage run`)."""
-    from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline, describe
+    from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline
 
     driver = ScheduledPipeline.for_runner(ledger, definition, runner, schedule, rejection_share=args.rejection_share,
                                           progress=lambda line: print(line, flush=True))
@@ -276,7 +276,7 @@ def _run_scheduled(definition, ledger, runner, schedule, args):
     made = [r for r in runs if not r.resumed]
     print(f"{runner.config.name}: {len(made)} scheduled run(s) made, {len(runs) - len(made)} resumed; "
           f"{len(driver.order)} block(s) charged their lifetime (epsilon {schedule.params.epsilon:g}, delta "
-          f"{schedule.params.delta:g}) under {describe(schedule)}", flush=True)
+          f"{schedule.params.delta:g}) under {schedule.meta['strategy']}", flush=True)
     return EXIT_OK
 
 
