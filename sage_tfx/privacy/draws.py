@@ -61,6 +61,7 @@ store, log and keys; the audit hands ``audit_draw`` the ledger).
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import time
@@ -162,6 +163,13 @@ def _basic_overdraw(draws: list, cap_eps: float, cap_delta: float) -> str:
     return ""
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _pure_curve(epsilon: float) -> tuple:
+    """``curves.pure_dp_curve(epsilon)`` at the default orders (cached: a run's epsilon recurs on every lifetime
+    grant it was drawn from)."""
+    return curves.pure_dp_curve(epsilon, curves.DEFAULT_ORDERS)
+
+
 def _zcdp_overdraw(draws: list, cap_eps: float, cap_delta: float) -> str:
     """Why the RDP filter of (cap_eps, cap_delta), its delta coordinate fixed at the runs' share, refuses the
     last of ``draws`` [(eps, delta)] after the others ("" if it admits it; module docstring)."""
@@ -176,9 +184,9 @@ def _zcdp_overdraw(draws: list, cap_eps: float, cap_delta: float) -> str:
         filt = RdpFilter(cap_eps, cap_delta)
     except LedgerError as exc:
         return f"admits no run under composition 'zcdp': {exc}"
-    curves_ = [curves.pure_dp_curve(e, filt.orders) for e, _ in draws]
-    spent = (runs_delta,) + tuple(math.fsum(c[k] for c in curves_[:-1]) for k in range(len(filt.orders)))
-    cost = (0.0,) + curves_[-1]
+    columns = zip(*(_pure_curve(e) for e, _ in draws[:-1])) if len(draws) > 1 else [()] * len(filt.orders)
+    spent = (runs_delta,) + tuple(math.fsum(column) for column in columns)
+    cost = (0.0,) + _pure_curve(draws[-1][0])
     if filt.admits(spent, cost):
         return ""
     return f"would exceed its Renyi filter under composition 'zcdp' ({filt.shortfall(spent, cost)})"
