@@ -23,7 +23,8 @@ stream is charged ONCE its lifetime (E, D) before anything reads it, and at bloc
 pipeline runs on ALL blocks so far under a run grant of (epsilon_i, delta_i) drawn from those charges (Ledger.draw:
 nothing more is charged): (E, D) G / (1 + G)^(i + 1) under "basic"; under "zcdp" epsilon_i = c / (1 + G)^i, c
 calibrated to the ledger's RDP filter of (E, D), and delta_i = (D / 2) G / (1 + G)^(i + 1) (composed as
-approximate zCDP: more runs' worth of epsilon for the same (E, D)). --schedule bbimprover:FILE (Section 3.2), FILE
+approximate zCDP; for BBScheduler's few, geometrically shrinking runs this gives slightly SMALLER epsilon_i than
+"basic", docs/release_strategies.md). --schedule bbimprover:FILE (Section 3.2), FILE
 {"epsilon": E, "delta": D, "a": A, "t0": T0}: a run at EVERY block count t >= T0, epsilon_t = c t^-(1/2 + A),
 delta_t = (D / 2) (6 / pi^2) / (t - T0 + 1)^2, composed as approximate zCDP likewise. --max-iterations
 bounds the runs made by one invocation (blocks after the last run stay uncharged); run again as blocks arrive: it
