@@ -306,9 +306,9 @@ def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, draws
     where = f"log entry {seq}: run grant {gid!r}"
     for text in structure_problems(body, lifetimes, done, str(info.get("schedule"))):
         problems.append(f"{where}: {text}")
-    prior, latest = {}, {}
+    prior, latest, named = {}, {}, set(ids)
     for (g, r), (rg, _s, e, d) in draws.items():
-        if g in ids:
+        if g in named:
             prior.setdefault(g, []).append((r, e, d))
             latest[g] = max(latest.get(g, (r, rg)), (r, rg))
     composition = composition_of(body)
