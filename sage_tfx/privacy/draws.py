@@ -251,7 +251,8 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
         prior, same_run, again, latest = {}, [], None, {}
         for gid, r, run_grant, eps, dlt in tx.all(sql.draw_rows(n), ids):
             prior.setdefault(gid, []).append((r, eps, dlt))
-            latest[gid] = max(latest.get(gid, (r, run_grant)), (r, run_grant))
+            if r >= latest.get(gid, (-1,))[0]:
+                latest[gid] = (r, run_grant)
             if r == run:
                 same_run.append(run_grant)
         if same_run:  # this run index was drawn: the same draw gets its grant back, any other is refused
@@ -307,10 +308,10 @@ def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, draws
     for text in structure_problems(body, lifetimes, done, str(info.get("schedule"))):
         problems.append(f"{where}: {text}")
     prior, latest, named = {}, {}, set(ids)
-    for (g, r), (rg, _s, e, d) in draws.items():
+    for (g, r), (rg, _s, e, d) in draws.items():  # replay order: the last seen is the latest draw
         if g in named:
             prior.setdefault(g, []).append((r, e, d))
-            latest[g] = max(latest.get(g, (r, rg)), (r, rg))
+            latest[g] = (r, rg)
     composition = composition_of(body)
     parsed = {rg: json.loads(grants[rg][0]) for rg in {rg for _, rg in latest.values()} if rg in grants}
     earlier = {g: composition_of(parsed.get(rg, {})) for g, (_, rg) in latest.items()}
