@@ -25,6 +25,12 @@ and sum them identically on every backend:
   privacy filters and odometers with Rényi DP"). Conversion at that order
   (Balle et al. 2020) gives eps_g with the remaining delta; the approximate-DP
   queries add their deltas (approximate RDP composition, Bun & Steinke 2016).
+  Caveat (docs/block_composition.md, found 2026-11-24, not yet fixed): the
+  conversion delta above, delta_g - delta_spent - delta_q, depends on deltas an
+  analyst may choose after seeing outputs; the filter proofs need it fixed in
+  advance. Proven as it stands: (eps_g, delta_g) for a block charged curves only
+  (no delta), (eps_g, 2 delta_g) otherwise. ``draws.py``'s "zcdp" rule fixes
+  the split (half of delta for the queries, half for the conversion).
 
 Both filters also check *reservations* (budget set aside for one pipeline, paper
 §3.3): ``fits_share(used, cost, reserved)`` tests a query against a reserved
