@@ -259,3 +259,14 @@ def test_the_privacy_core_imports_without_tensorflow():
     code = ("import sys; import sage_tfx.privacy.samplers, sage_tfx.transform.noise; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_grid_gaussian_refuses_more_noise_than_its_int64_sampler_holds_naming_the_values():
+    from sage_tfx.privacy.samplers import SamplerError, grid_gaussian_params
+
+    gamma, s = grid_gaussian_params(1.0, 30000.0)  # just inside: sigma / sensitivity < 2^15
+    assert s < 2 ** 30 and gamma > 0
+    with pytest.raises(SamplerError, match=r"sigma 100000.0 is 1e\+05 times the L2 sensitivity 1.0 over 1 cell"):
+        grid_gaussian_params(1.0, 1e5)  # was an OverflowError from a grid doubled to infinity
+    with pytest.raises(SamplerError, match="over 4 cell"):
+        grid_gaussian_params(1.0, 20000.0, cells=4)  # sqrt(cells) counts: 40,000 > 32,768

@@ -128,7 +128,9 @@ def exact_multiplier(epsilon, delta, releases=3):
     ``mechanism_calibration.calibrate_dp_mechanism``, which returns a c that meets the target (tolerance 1e-7 c).
     """
     import dp_accounting
-    from dp_accounting import mechanism_calibration, rdp
+    from dp_accounting import mechanism_calibration
+
+    from .curves import calibration_accountant
 
     epsilon, delta = _check_budget(epsilon, delta)
     guess = paper_multiplier(epsilon, delta)
@@ -137,7 +139,7 @@ def exact_multiplier(epsilon, delta, releases=3):
         return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(noise_multiplier=c)] * releases)
 
     return float(mechanism_calibration.calibrate_dp_mechanism(
-        rdp.RdpAccountant, event, epsilon, delta,
+        calibration_accountant, event, epsilon, delta,
         bracket_interval=mechanism_calibration.LowerEndpointAndGuess(guess * 1e-3, guess), tol=guess * 1e-7))
 
 

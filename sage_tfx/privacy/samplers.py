@@ -545,6 +545,11 @@ def grid_gaussian_params(l2_sensitivity, sigma, cells=1):
     d2 = _check_positive("l2_sensitivity", l2_sensitivity)
     sigma = _check_positive("sigma", sigma)
     k = _cells(cells)
+    # S >= (D2 sigma / Delta_2)^2 > k (sigma / Delta_2)^2 whatever the grid: beyond this no S fits the int64 sampler
+    if sigma * math.sqrt(k) / d2 >= math.sqrt(_MAX_GAUSS_S):
+        raise SamplerError(f"sigma {sigma!r} is {sigma / d2:.4g} times the L2 sensitivity {d2!r} over {k} cell(s): "
+                           f"the grid Gaussian supports sigma * sqrt(cells) / sensitivity < {math.sqrt(_MAX_GAUSS_S):g}; "
+                           "so much noise leaves nothing of the value: give the release a larger epsilon")
     gamma = _pow2_at_most(min(sigma, d2 / math.sqrt(k)) / 2.0 ** GAUSS_GRID_BITS)
     while sigma / gamma >= 2.0 ** (GAUSS_GRID_BITS + 2):
         gamma *= 2.0

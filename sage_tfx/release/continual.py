@@ -259,10 +259,11 @@ def calibrate_z_eff(epsilon: float, delta: float) -> float:
     """Smallest Gaussian noise multiplier that is (epsilon, delta)-DP under the RDP accountant."""
     import dp_accounting
     from dp_accounting.mechanism_calibration import ExplicitBracketInterval, calibrate_dp_mechanism
-    from dp_accounting.rdp import RdpAccountant
+
+    from sage_tfx.privacy.curves import calibration_accountant
 
     return float(calibrate_dp_mechanism(
-        RdpAccountant, lambda z: dp_accounting.GaussianDpEvent(z), epsilon, delta,
+        calibration_accountant, lambda z: dp_accounting.GaussianDpEvent(z), epsilon, delta,
         ExplicitBracketInterval(1e-3, 1e4), tol=1e-6))
 
 
@@ -276,9 +277,10 @@ def participation_sum(strategy: Strategy, window: Optional[int] = None) -> float
 
 def rdp_epsilon(z_eff: float, delta: float) -> float:
     import dp_accounting
-    from dp_accounting.rdp import RdpAccountant
 
-    acc = RdpAccountant()
+    from sage_tfx.privacy.curves import calibration_accountant
+
+    acc = calibration_accountant()
     acc.compose(dp_accounting.GaussianDpEvent(z_eff))
     return float(acc.get_epsilon(delta))
 

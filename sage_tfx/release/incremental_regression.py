@@ -137,7 +137,9 @@ class IncrementalRegressionParams:
     def noise_multiplier(self) -> float:
         """Smallest c making 2L Gaussian releases of multiplier c (epsilon, delta)-DP (RDP accountant)."""
         import dp_accounting
-        from dp_accounting import mechanism_calibration, rdp
+        from dp_accounting import mechanism_calibration
+
+        from sage_tfx.privacy.curves import calibration_accountant
 
         releases = 2 * self.levels
         guess = math.sqrt(2.0 * releases * math.log(1.25 / self.delta)) / self.epsilon
@@ -147,7 +149,7 @@ class IncrementalRegressionParams:
 
         try:
             return float(mechanism_calibration.calibrate_dp_mechanism(
-                rdp.RdpAccountant, event, self.epsilon, self.delta,
+                calibration_accountant, event, self.epsilon, self.delta,
                 bracket_interval=mechanism_calibration.LowerEndpointAndGuess(guess * 1e-3, guess),
                 tol=guess * 1e-7))
         except (ValueError, RuntimeError) as exc:
