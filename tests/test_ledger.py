@@ -262,7 +262,8 @@ def test_rdp_stream_fits_many_dpsgd_runs_where_basic_refuses(ledger_url):
 
     ledger = Ledger.open(ledger_url, create=True)
     ledger.create_stream("basic", EPS_G, DELTA_G, accounting="basic")
-    ledger.create_stream("rdp", EPS_G, DELTA_G, accounting="rdp")
+    # charged curves only: a stream that spends no delta on queries (query_delta_share 0) converts at all of it
+    ledger.create_stream("rdp", EPS_G, DELTA_G, accounting="rdp", query_delta_share=0)
     for stream in ("basic", "rdp"):
         for i in range(4):
             ledger.add_block(stream, f"b{i}", start=i * DAY, end=(i + 1) * DAY)

@@ -7,7 +7,9 @@ window, shard and digest, registrations and reservations, grants from a pipeline
 a refusal, retirement, a split grant's releases, outcomes, a finish that redistributes, and a queued demand that is
 admitted and collected. Randomness (``secrets.token_bytes``/``token_hex``: the key, the ledger id, grant ids) and the
 clock (``time.time``, set before each operation) are fixed, so every column, signatures and chain values included,
-is determined. The snapshot was recorded at commit b5b8b03 (before the split) with ``SAGE_SNAPSHOT_WRITE=1``.
+is determined. The snapshot was recorded at commit b5b8b03 (before the split) with ``SAGE_SNAPSHOT_WRITE=1``, and
+recorded again for schema 7 (its rdp stream now stores its delta split, query_delta_share 0.5: the stream row, its
+log entry, schema_version and the reservation shares that follow from the split changed; nothing else).
 """
 import json
 import os

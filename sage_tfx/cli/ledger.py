@@ -65,6 +65,10 @@ def add_parser(subparsers):
                         "linearly over that time after a block's created time; default 86400)")
     p.add_argument("--min-epsilon", type=_number, default=None,
                    help="retire a block once a query of this epsilon no longer fits (default: epsilon/100)")
+    p.add_argument("--query-delta-share", type=_number, default=None, metavar="Q",
+                   help="--accounting rdp: the part of --delta its (epsilon, delta) charges may spend, fixed now "
+                        "(default 0.5; 0: a stream charged RDP curves only); the rest converts the Renyi sum "
+                        "(docs/block_composition.md)")
     p.add_argument("--min-grant-epsilon", type=_number, default=None,
                    help="refuse grants below this epsilon (default 0.001, or --min-epsilon if smaller): a tinier "
                         "grant buys a data read for nothing")
@@ -141,13 +145,15 @@ def _init(args):
 
     limits = dict(accounting=args.accounting, policy=args.policy, min_epsilon=args.min_epsilon,
                   max_epsilon=DEFAULT_MAX_STREAM_EPSILON if args.max_epsilon is None else args.max_epsilon,
-                  min_grant_epsilon=args.min_grant_epsilon, policy_params=_policy_params(args.policy_param))
+                  min_grant_epsilon=args.min_grant_epsilon, policy_params=_policy_params(args.policy_param),
+                  query_delta_share=args.query_delta_share)
     # Every check that needs no ledger runs before the ledger is created: a refused init leaves nothing.
     Ledger.check_stream_args(args.stream, args.epsilon, args.delta, **limits)
     with _open(args, create=True) as ledger:
         s = ledger.create_stream(args.stream, args.epsilon, args.delta, **limits)
     params = "".join(f" {k}={v:g}" for k, v in sorted((s.policy_params or {}).items()))
-    print(f"stream {s.name}: global (epsilon={s.epsilon:g}, delta={s.delta:g}), accounting={s.accounting}, "
+    share = "" if s.query_delta_share is None else f", query_delta_share={s.query_delta_share:g}"
+    print(f"stream {s.name}: global (epsilon={s.epsilon:g}, delta={s.delta:g}), accounting={s.accounting}{share}, "
           f"policy={s.policy}{params}")
 
 

@@ -656,16 +656,23 @@ class BudgetArrays:
             self.pool_used, self.pool_reserved = np.ones((n, dim)), np.zeros((n, dim))
         self.capacity = np.array(filt.capacity, dtype=float)
         if filt.accounting == Accounting.RDP:
-            # RdpFilter.admits: delta_left = delta_g - spent[0] - cost[0] > 0 and some order has
-            # eps_g - (spent[i] + cost[i] + conversion_term(alpha_i, delta_left)) >= 0. The
-            # conversion terms do not depend on epsilon: computed once per distinct delta_left.
             self.orders = np.array(filt.orders, dtype=float)
-            self.delta_left = filt.delta - self.spent[:, 0] - self.delta
-            terms = {}
-            for left in set(self.delta_left.tolist()):
-                terms[left] = [curves.conversion_term(a, left) if left > 0 else math.inf for a in filt.orders]
-            self.terms = np.array([terms[x] for x in self.delta_left.tolist()], dtype=float).reshape(
-                n, len(filt.orders))
+            if filt.terms is not None:
+                # RdpFilter.admits: spent[0] + cost[0] <= delta_queries and some order has
+                # eps_g - (spent[i] + cost[i] + terms[i]) >= 0, the terms fixed by the filter's delta split.
+                self.delta_ok = self.spent[:, 0] + self.delta <= filt.delta_queries
+                self.terms = np.array(filt.terms, dtype=float)
+            else:
+                # the legacy rule: delta_left = delta_g - spent[0] - cost[0] > 0 and some order has
+                # eps_g - (spent[i] + cost[i] + conversion_term(alpha_i, delta_left)) >= 0. The
+                # conversion terms do not depend on epsilon: computed once per distinct delta_left.
+                delta_left = filt.delta - (self.spent[:, 0] + self.delta)
+                self.delta_ok = delta_left > 0
+                terms = {}
+                for left in set(delta_left.tolist()):
+                    terms[left] = [curves.conversion_term(a, left) if left > 0 else math.inf for a in filt.orders]
+                self.terms = np.array([terms[x] for x in delta_left.tolist()], dtype=float).reshape(
+                    n, len(filt.orders))
         elif filt.accounting != Accounting.BASIC:
             raise LedgerError(f"accounting {filt.accounting!r} has no array form of its filter")
 
@@ -681,7 +688,7 @@ class BudgetArrays:
     def best_slack(self, cost):
         """RdpFilter._best_slack's slack for each block: the most epsilon any order leaves (-inf: no delta left)."""
         slack = (self.filt.epsilon - (self.spent[:, 1:] + cost[:, 1:] + self.terms)).max(axis=1)
-        return self.np.where(self.delta_left > 0, slack, -math.inf)
+        return self.np.where(self.delta_ok, slack, -math.inf)
 
     def admits(self, cost):
         if self.filt.accounting == Accounting.BASIC:

@@ -104,9 +104,15 @@ def audit_ledger(ledger):
             problems.append(f"log entry {seq}: body is not JSON")
             continue
         if kind == "stream":
-            stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None}, **body)
-            streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
-                                                        body["orders"] or None)
+            stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None,
+                                                 "query_delta_share": None}, **body)
+            try:  # an entry without a query_delta_share (before schema 7, or basic) replays the legacy rule
+                streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
+                                                            body["orders"] or None, body.get("query_delta_share"))
+            except LedgerError as exc:
+                problems.append(f"log entry {seq}: stream {body['name']!r} cannot be replayed ({exc})")
+                streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
+                                                            body["orders"] or None, None)
         elif kind == "block":
             filt = streams.get(body["stream"])
             if filt is None:
@@ -311,7 +317,8 @@ def _read_tables(tx):
     """Every table the audit compares with the log replay, read in the caller's transaction."""
     table_streams = {r[0]: {"name": r[0], "accounting": r[1], "epsilon": r[2], "delta": r[3],
                             "orders": json.loads(r[4]), "policy": r[5], "min_epsilon": r[6],
-                            "min_grant_epsilon": r[7], "policy_params": json.loads(r[8]) if r[8] else None}
+                            "min_grant_epsilon": r[7], "policy_params": json.loads(r[8]) if r[8] else None,
+                            "query_delta_share": r[9]}
                      for r in tx.all(sql.AUDIT_STREAMS)}
     table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
                     for r in tx.all(sql.AUDIT_BLOCK_SPENT)}

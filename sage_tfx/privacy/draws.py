@@ -51,8 +51,8 @@ E - conversion_term(alpha, D / 2) (Feldman & Zrnic 2021, "Individual privacy acc
 per order; Lecuyer 2021 for several orders), so it is (E, D / 2)-DP (conversion: Balle et al. 2020); adding the
 coupled-away mass gives (E, D) over any number of runs, parameters chosen adaptively or not. The delta half is
 FIXED, as in the advanced-composition filter of Rogers, Roth, Ullman & Vadhan 2016: converting at the path-
-dependent D - sum_i delta_i (what ``RdpFilter`` does for a plain query) is not covered by these proofs when the
-deltas are chosen adaptively. A schedule drawing under "zcdp" therefore keeps sum_i delta_i <= D / 2 and
+dependent D - sum_i delta_i (what ``RdpFilter``'s legacy rule, on streams made before schema 7, does for a plain
+query) is not covered by these proofs when the deltas are chosen adaptively. A schedule drawing under "zcdp" therefore keeps sum_i delta_i <= D / 2 and
 calibrates its epsilons so the filter admits its whole infinite sequence (``release.growth``).
 
 This module holds the rule once: ``Ledger.draw`` runs it in its write transaction and the audit (audit.py)

@@ -15,22 +15,35 @@ and sum them identically on every backend:
 * ``RdpFilter`` (beyond the paper): vector (delta, rdp(alpha_1), ..., rdp(alpha_k)).
   The delta coordinate sums the delta of approximate-DP queries that declared
   no curve (their eps part is charged with the pure-DP curve); the rest sums
-  RDP curves. A query is admitted iff delta_spent + delta_q < delta_g and there
-  is an order alpha with rdp(alpha) + rdp_q(alpha) + T(alpha, delta_g - delta_spent - delta_q) <= eps_g,
-  T the conversion term of ``curves.conversion_term``.
-  Proof sketch: for each fixed alpha, the Rényi filter of Feldman & Zrnic
-  (2021) makes the adaptive composition (alpha, sum)-RDP; with several orders,
-  the block stays valid at every order that never exceeded its bound, and at
-  least one did not, since admission requires one (Lécuyer 2021, "Practical
-  privacy filters and odometers with Rényi DP"). Conversion at that order
-  (Balle et al. 2020) gives eps_g with the remaining delta; the approximate-DP
-  queries add their deltas (approximate RDP composition, Bun & Steinke 2016).
-  Caveat (docs/block_composition.md, found 2026-11-24, not yet fixed): the
-  conversion delta above, delta_g - delta_spent - delta_q, depends on deltas an
-  analyst may choose after seeing outputs; the filter proofs need it fixed in
-  advance. Proven as it stands: (eps_g, delta_g) for a block charged curves only
-  (no delta), (eps_g, 2 delta_g) otherwise. ``draws.py``'s "zcdp" rule fixes
-  the split (half of delta for the queries, half for the conversion).
+  RDP curves. The global delta_g is split ONCE, when the stream is made
+  (``query_delta_share`` q, default ``DEFAULT_QUERY_DELTA_SHARE``):
+  delta_q_max = q delta_g for the queries' deltas, delta_c = delta_g - delta_q_max
+  for the conversion. A query is admitted iff delta_spent + delta_q <= delta_q_max
+  and there is an order alpha with rdp(alpha) + rdp_q(alpha) + T(alpha, delta_c)
+  <= eps_g, T the conversion term of ``curves.conversion_term``. q = 0 is a
+  curves-only stream: a query with a delta is refused, the conversion is at
+  delta_g.
+  Proof sketch: an (eps_i, delta_i)-DP query is delta_i-approximately
+  (eps_i^2/2)-zCDP, its good part within min(eps_i, alpha eps_i^2/2) at every
+  order (Bun & Steinke 2016, Prop. 3.3 and Section 8; a curve query has
+  delta_i = 0 and its own curve). Couple the real interaction with the one that
+  always takes the good parts: they differ with probability at most the deltas'
+  sum, <= delta_q_max on EVERY path, however adaptively the deltas were chosen.
+  For each fixed alpha, the Rényi filter of Feldman & Zrnic (2021) makes the
+  good interaction (alpha, eps_g - T(alpha, delta_c))-RDP, a budget fixed in
+  advance; with several orders, the block stays valid at every order that never
+  exceeded its bound, and at least one did not, since admission requires one
+  (Lécuyer 2021, "Practical privacy filters and odometers with Rényi DP").
+  Conversion at that order (Balle et al. 2020) gives (eps_g, delta_c), and the
+  coupling adds delta_q_max: (eps_g, delta_g).
+  Streams made before schema 7 (``query_delta_share`` None, the LEGACY rule)
+  convert at the delta left, delta_g - delta_spent - delta_q: a budget that
+  depends on deltas an analyst may choose after seeing outputs, which the filter
+  proofs do not cover. Proven for them: (eps_g, delta_g) for a block charged
+  curves only, (eps_g, 2 delta_g) otherwise (coupling away at most delta_g, and
+  T(alpha, delta_g - D) >= T(alpha, delta_g), so every path stays within the
+  fixed budget eps_g - T(alpha, delta_g)). They keep that rule so their grants
+  still audit; docs/block_composition.md says what to do.
 
 Both filters also check *reservations* (budget set aside for one pipeline, paper
 §3.3): ``fits_share(used, cost, reserved)`` tests a query against a reserved
@@ -45,6 +58,7 @@ from .errors import LedgerError
 from .vocabulary import Accounting
 
 NOT_A_NUMBER = "{what} {value!r} is not a number"
+DEFAULT_QUERY_DELTA_SHARE = 0.5  # RdpFilter: the share of delta_g its approximate-DP queries' deltas may sum to
 
 
 def add(a, b):
@@ -116,13 +130,23 @@ class RdpFilter:
 
     accounting = Accounting.RDP
 
-    def __init__(self, epsilon, delta, orders=curves.DEFAULT_ORDERS):
+    def __init__(self, epsilon, delta, orders=curves.DEFAULT_ORDERS, query_delta_share=DEFAULT_QUERY_DELTA_SHARE):
+        """``query_delta_share``: q in [0, 1), the fixed split of delta (module docstring); None: the legacy rule of
+        streams made before schema 7."""
         self.epsilon = check_epsilon(epsilon, "global epsilon")
         self.delta = check_delta(delta, "global delta", allow_zero=False)
         self.orders = curves.check_orders(orders)
-        # Reservation capacity: the per-order RDP headroom of a fresh block.
-        self.capacity = (self.delta,) + tuple(
-            max(0.0, self.epsilon - curves.conversion_term(a, self.delta)) for a in self.orders
+        self.query_delta_share = check_query_delta_share(query_delta_share)
+        if self.query_delta_share is None:  # legacy: the conversion at the delta left (module docstring)
+            self.delta_queries, self.terms = self.delta, None
+            conversion = self.delta
+        else:
+            self.delta_queries = self.delta * self.query_delta_share
+            conversion = self.delta - self.delta_queries
+            self.terms = tuple(curves.conversion_term(a, conversion) for a in self.orders)
+        # Reservation capacity: the queries' delta and the per-order RDP headroom of a fresh block.
+        self.capacity = (self.delta_queries,) + tuple(
+            max(0.0, self.epsilon - curves.conversion_term(a, conversion)) for a in self.orders
         )
         if not any(self.capacity[1:]):
             raise LedgerError(
@@ -142,12 +166,18 @@ class RdpFilter:
         return (delta,) + tuple(curve)
 
     def _best_slack(self, spent, cost):
-        delta_left = self.delta - spent[0] - cost[0]
-        if delta_left <= 0:
-            return -math.inf, None
+        if self.terms is None:  # legacy
+            delta_left = self.delta - (spent[0] + cost[0])  # the stored sum, so the audit's replay agrees
+            if delta_left <= 0:
+                return -math.inf, None
+            terms = [curves.conversion_term(alpha, delta_left) for alpha in self.orders]
+        else:
+            if spent[0] + cost[0] > self.delta_queries:
+                return -math.inf, None
+            terms = self.terms
         best, best_order = -math.inf, None
-        for i, alpha in enumerate(self.orders, start=1):
-            slack = self.epsilon - (spent[i] + cost[i] + curves.conversion_term(alpha, delta_left))
+        for i, (alpha, term) in enumerate(zip(self.orders, terms), start=1):
+            slack = self.epsilon - (spent[i] + cost[i] + term)
             if slack > best:
                 best, best_order = slack, alpha
         return best, best_order
@@ -162,8 +192,15 @@ class RdpFilter:
         return any(u + c <= r for u, c, r in zip(used[1:], cost[1:], reserved[1:]))
 
     def shortfall(self, spent, cost):
-        if spent[0] + cost[0] >= self.delta:
+        if self.terms is None and spent[0] + cost[0] >= self.delta:
             return f"delta: {cost[0]:.6g} asked, {max(self.delta - spent[0], 0):.6g} left"
+        if self.terms is not None and spent[0] + cost[0] > self.delta_queries:
+            if self.query_delta_share == 0:
+                return (f"delta: {cost[0]:.6g} asked on a curves-only stream (query_delta_share 0): charge an RDP "
+                        "curve, or use a stream with a query delta share")
+            return (f"delta: {cost[0]:.6g} asked, {max(self.delta_queries - spent[0], 0):.6g} left (the queries' "
+                    f"deltas may sum to {self.query_delta_share:g} of the stream's delta {self.delta:.6g}; the rest "
+                    "converts the Renyi sum)")
         slack, alpha = self._best_slack(spent, cost)
         return f"RDP: at the best order {alpha:g} the query overshoots epsilon by {-slack:.6g}"
 
@@ -182,9 +219,29 @@ class RdpFilter:
         return curves.rdp_to_dp(self.orders, cost[1:], self.delta)[0]
 
 
-def make_filter(accounting, epsilon, delta, orders=None):
+def check_query_delta_share(value):
+    """An RDP stream's ``query_delta_share`` as a float in [0, 1), or None (legacy); LedgerError naming it."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value < 1:
+        raise LedgerError(f"query_delta_share {value!r} is invalid: give 0 <= share < 1, the part of the stream's "
+                          "delta its approximate-DP queries may spend (0: curves only; the rest converts the Renyi "
+                          f"sum; default {DEFAULT_QUERY_DELTA_SHARE:g})")
+    return float(value)
+
+
+_DEFAULT = object()  # make_filter without a query_delta_share: an RDP stream gets DEFAULT_QUERY_DELTA_SHARE
+
+
+def make_filter(accounting, epsilon, delta, orders=None, query_delta_share=_DEFAULT):
+    """The stream's filter. ``query_delta_share`` is an RDP stream's (default ``DEFAULT_QUERY_DELTA_SHARE``; None:
+    the legacy rule of a stream stored before schema 7); a basic stream has none (its deltas simply add up)."""
     if accounting == Accounting.BASIC:
+        if query_delta_share is not _DEFAULT and query_delta_share is not None:
+            raise LedgerError(f"query_delta_share {query_delta_share!r} is for an 'rdp' stream: a 'basic' stream's "
+                              "deltas simply add up (leave it out)")
         return BasicFilter(epsilon, delta)
     if accounting == Accounting.RDP:
-        return RdpFilter(epsilon, delta, orders or curves.DEFAULT_ORDERS)
+        share = DEFAULT_QUERY_DELTA_SHARE if query_delta_share is _DEFAULT else query_delta_share
+        return RdpFilter(epsilon, delta, orders or curves.DEFAULT_ORDERS, share)
     raise LedgerError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")

@@ -214,7 +214,7 @@ class Ledger:
 
     def create_stream(self, name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
                       min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
-                      min_grant_epsilon=None, policy_params=None):
+                      min_grant_epsilon=None, policy_params=None, query_delta_share=None):
         """Create a stream with a global (epsilon, delta) guarantee over all its blocks, forever.
 
         ``policy`` (``Policy``) decides who may spend a block's budget and when (docs/scheduling_policies.md);
@@ -224,10 +224,13 @@ class Ledger:
         ``epsilon`` may be at most ``max_epsilon`` (default 10, ``DEFAULT_MAX_STREAM_EPSILON``);
         ``min_epsilon`` (default epsilon / 100) is the query a block must still admit to stay active;
         every grant must charge at least ``min_grant_epsilon`` (default: 0.001, or ``min_epsilon`` if smaller).
+        An ``rdp`` stream splits its delta once, here: ``query_delta_share`` of it (default 0.5; 0 for a stream
+        charged curves only) for the approximate-DP queries' deltas, the rest for converting the Rényi sum
+        (``filters.RdpFilter``, docs/block_composition.md).
         """
         filt, min_epsilon, min_grant = self.check_stream_args(name, epsilon, delta, accounting, orders, policy,
                                                               min_epsilon, max_epsilon, min_grant_epsilon,
-                                                              policy_params)
+                                                              policy_params, query_delta_share)
         now = time.time()
         with self._store.transaction() as tx:
             insert_stream(tx, self._log, name, accounting, filt, policy, get_policy(policy, policy_params),
@@ -446,8 +449,9 @@ class Ledger:
             row = tx.one(sql.STREAM_REQUEST_READ, (stream, pipeline, stream))
             if row is None:
                 self.stream(stream, tx)  # raises UnknownStream, naming the streams there are
-            s = parsed_stream(tuple(row[:10]))
-            pipeline_state, tx.log_last = row[10], (row[11], row[12]) if row[11] is not None else None
+            w = sql.STREAM_WIDTH
+            s = parsed_stream(tuple(row[:w]))
+            pipeline_state, tx.log_last = row[w], (row[w + 1], row[w + 2]) if row[w + 1] is not None else None
             filt = stream_filter(s)
             try:
                 if curve is None and epsilon is None:

@@ -39,6 +39,8 @@ class Stream:
     created: float
     min_grant_epsilon: float | None = None
     policy_params: dict | None = None  # a queued policy's parameters as stored (n, lifetime); None: none
+    query_delta_share: float | None = None  # an rdp stream's fixed delta split (filters.RdpFilter); None: basic, or
+    # an rdp stream made before schema 7 (the legacy rule)
 
     def rules(self):
         """The stream's ``AllocationPolicy`` (allocation.py) with its stored parameters."""
@@ -56,7 +58,7 @@ class Stream:
         return self.min_grant_epsilon
 
     def filter(self):
-        return filters.make_filter(self.accounting, self.epsilon, self.delta, self.orders)
+        return filters.make_filter(self.accounting, self.epsilon, self.delta, self.orders, self.query_delta_share)
 
 
 @functools.lru_cache(maxsize=64)
@@ -68,7 +70,7 @@ def parsed_stream(row):
     reused. Stream and filter are immutable.
     """
     s = Stream(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6], row[7], row[8],
-               json.loads(row[9]) if row[9] else None)
+               json.loads(row[9]) if row[9] else None, row[10])
     object.__setattr__(s, "_filter", s.filter())
     return s
 
@@ -96,23 +98,28 @@ def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, m
     params = rules.params() if rules.queued else None
     if tx.one(sql.STREAM_EXISTS, (name,)):
         raise LedgerError(f"stream {name!r} already exists")
+    share = getattr(filt, "query_delta_share", None)
     tx.run(sql.STREAM_INSERT, (name, accounting, filt.epsilon, filt.delta, json.dumps(orders), policy,
-                               min_epsilon, now, min_grant, None if params is None else canonical(params)))
+                               min_epsilon, now, min_grant, None if params is None else canonical(params), share))
     body = {
         "name": name, "accounting": accounting, "epsilon": filt.epsilon, "delta": filt.delta,
         "orders": list(orders), "policy": policy, "min_epsilon": min_epsilon, "min_grant_epsilon": min_grant,
     }
     if params is not None:  # only queued streams carry it: other streams' entries stay as they were
         body["policy_params"] = params
+    if share is not None:  # only rdp streams (schema 7 on) carry it: an entry without it replays the legacy rule
+        body["query_delta_share"] = share
     log(tx, "stream", body)
 
 
 def check_stream_args(name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
                       min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
-                      min_grant_epsilon=None, policy_params=None):
+                      min_grant_epsilon=None, policy_params=None, query_delta_share=None):
     """``create_stream``'s checks alone, without a ledger: (filter, min_epsilon, min_grant_epsilon), or
     LedgerError naming the value. ``sage ledger init`` runs them before it creates a ledger file, so a refusal
-    leaves nothing. ``policy_params``: a queued policy's parameters (``n``, ``lifetime``; allocation.py)."""
+    leaves nothing. ``policy_params``: a queued policy's parameters (``n``, ``lifetime``; allocation.py).
+    ``query_delta_share``: an rdp stream's fixed split of its delta (``filters.RdpFilter``; None: the default
+    ``filters.DEFAULT_QUERY_DELTA_SHARE``); refused on a basic stream."""
     check_name(name, "stream name")
     if accounting not in tuple(Accounting):
         raise LedgerError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")
@@ -120,7 +127,11 @@ def check_stream_args(name, epsilon, delta, accounting=Accounting.BASIC, orders=
         raise LedgerError(f"policy_params {policy_params!r} is invalid: give a dict such as {{'n': 50}}")
     get_policy(policy, policy_params)  # LedgerError naming the known policies, or the bad parameter
     try:
-        filt = filters.make_filter(accounting, epsilon, delta, orders)
+        if query_delta_share is None:
+            filt = filters.make_filter(accounting, epsilon, delta, orders)
+        else:
+            filt = filters.make_filter(accounting, epsilon, delta, orders, filters.check_query_delta_share(
+                query_delta_share))
     except ValueError as exc:
         raise LedgerError(str(exc)) from None
     max_epsilon = finite(max_epsilon, "max_epsilon", allow_none=False)

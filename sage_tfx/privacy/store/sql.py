@@ -22,7 +22,7 @@ Changing a text here changes stored data only through ``TABLES``/``MIGRATIONS``:
 """
 from typing import NamedTuple
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 
 class AddColumn(NamedTuple):
@@ -75,7 +75,7 @@ TABLES = [
         name TEXT PRIMARY KEY, accounting TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL,
         delta DOUBLE PRECISION NOT NULL, orders TEXT NOT NULL, policy TEXT NOT NULL,
         min_epsilon DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL,
-        min_grant_epsilon DOUBLE PRECISION, policy_params TEXT)""",
+        min_grant_epsilon DOUBLE PRECISION, policy_params TEXT, query_delta_share DOUBLE PRECISION)""",
     """CREATE TABLE blocks (
         stream TEXT NOT NULL, id TEXT NOT NULL, start_ts DOUBLE PRECISION, end_ts DOUBLE PRECISION,
         shard BIGINT, n_rows BIGINT, created DOUBLE PRECISION NOT NULL, state TEXT NOT NULL,
@@ -132,6 +132,9 @@ MIGRATIONS = {
     # 6: growth schedules over a TFX pipeline (docs/release_strategies.md): the draws of each run grant from the
     # per-block lifetime grants it reads under (privacy/draws.py); nothing stored before changes
     5: [if_not_exists(DRAWS)],
+    # 7: an rdp stream's fixed split of its delta (filters.RdpFilter: the queries' share, the rest converts); NULL on
+    # every stream made before, which keeps the legacy rule (docs/block_composition.md)
+    6: [AddColumn("streams", "query_delta_share", "DOUBLE PRECISION")],
 }
 
 # ------------------------------------------------------------------------------------------------------ meta rows
@@ -186,9 +189,10 @@ PG_CLAIM_HOLDER = ("SELECT a.application_name, host(a.client_addr) FROM pg_locks
 
 # ------------------------------------------------------------------------------------------- the ledger: streams
 STREAM_COLUMNS = ("name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon,"
-                  " policy_params")  # a stream row as Ledger.stream parses it
+                  " policy_params, query_delta_share")  # a stream row as Ledger.stream parses it
+STREAM_WIDTH = 11  # how many columns STREAM_COLUMNS names
 STREAM_EXISTS = "SELECT 1 FROM streams WHERE name = ?"
-STREAM_INSERT = ("INSERT INTO streams (" + STREAM_COLUMNS + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+STREAM_INSERT = ("INSERT INTO streams (" + STREAM_COLUMNS + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
 STREAM_ROW = "SELECT " + STREAM_COLUMNS + " FROM streams WHERE name = ?"
 STREAM_NAMES = "SELECT name FROM streams ORDER BY name"
 # ``request``'s one read: the stream row, the pipeline's state, the log's last entry (seq, hash)
@@ -335,7 +339,7 @@ LOG_FIRST_KEYS_ENTRY = "SELECT seq, kind, body, prev, hash FROM log WHERE kind =
 # ------------------------------------------------------------------------------------- the audit (audit.py, step 4)
 AUDIT_LOG = LOG_ALL
 AUDIT_STREAMS = ("SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, min_grant_epsilon,"
-                 " policy_params FROM streams")
+                 " policy_params, query_delta_share FROM streams")
 AUDIT_BLOCK_SPENT = "SELECT stream, id, spent, state FROM blocks"
 AUDIT_GRANTS = "SELECT id, body, signature FROM grants"
 AUDIT_RELEASES = "SELECT grant_id, stage, computation, epsilon, delta FROM releases"
