@@ -40,6 +40,7 @@ def test_the_default_split_caps_query_deltas_at_half_and_converts_curves_at_the_
     ledger = Ledger.open(ledger_url, create=True)
     s = ledger.create_stream("r", EPS_G, DELTA_G, accounting="rdp")
     assert s.query_delta_share == filters.DEFAULT_QUERY_DELTA_SHARE == 0.5
+    assert ledger.status("r")["query_delta_share"] == 0.5
     ledger.create_stream("c", EPS_G, DELTA_G, accounting="rdp", query_delta_share=0)
     for stream in ("r", "c"):
         ledger.add_block(stream, "b0")

@@ -213,6 +213,8 @@ def stream_status(s, blocks, grants, pipelines):
         "policy": s.policy, "policy_params": s.policy_params, "min_epsilon": s.min_epsilon,
         "min_grant_epsilon": s.grant_floor,
         "orders": list(s.orders),
+        # an rdp stream's delta split (filters.RdpFilter); None: basic, or an rdp stream made before schema 7
+        "query_delta_share": s.query_delta_share,
         "active_blocks": sum(b["state"] == BlockState.ACTIVE for b in out_blocks),
         "retired_blocks": sum(b["state"] == BlockState.RETIRED for b in out_blocks),
         "grants": grants, "pipelines": pipelines, "blocks": out_blocks,
