@@ -96,7 +96,7 @@ def calibration_accountant():
     lower (tighten) the epsilon it reports: each order's conversion is valid alone (Balle et al. 2020)."""
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
-    return rdp.RdpAccountant(orders=list(rdp.RdpAccountant()._orders) + list(WIDE_ORDERS_TAIL))
+    return rdp.RdpAccountant(orders=list(rdp.DEFAULT_RDP_ORDERS) + list(WIDE_ORDERS_TAIL))
 
 
 def event_curve(event, orders=DEFAULT_ORDERS):

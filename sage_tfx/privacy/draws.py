@@ -35,7 +35,7 @@ A draw records its composition in the run grant's meta (``DRAW_KEY``: "compositi
 an older ledger, is "basic") and all draws of one lifetime grant share ONE composition (a mix is refused, naming
 both). Under "zcdp" the draws (epsilon_i, delta_i) on L_j of (E_j, D_j), D_j > 0, are admitted iff
     sum_i delta_i <= D_j / 2  (slack ``split.SLACK``)  and
-    ``RdpFilter(E_j, D_j).admits((D_j / 2, sum_i c_i), (0, c))``, c_i = ``curves.pure_dp_curve(epsilon_i)``,
+    ``zcdp_filter(E_j, D_j).admits((D_j / 2, sum_i c_i), (0, c))`` (``RdpFilter`` split at D_j / 2), c_i = ``curves.pure_dp_curve(epsilon_i)``,
 i.e. some order alpha of ``curves.DEFAULT_ORDERS`` has sum_i min(epsilon_i, alpha epsilon_i^2 / 2) +
 ``curves.conversion_term(alpha, D_j / 2) <= E_j``: the filter's own test, with its delta coordinate FIXED at half
 the lifetime delta (the orders are the ledger's defaults because the lifetime grant is charged on a 'basic'
@@ -170,6 +170,13 @@ def _pure_curve(epsilon: float) -> tuple:
     return curves.pure_dp_curve(epsilon, curves.DEFAULT_ORDERS)
 
 
+def zcdp_filter(epsilon: float, delta: float) -> RdpFilter:
+    """The RDP filter of a lifetime grant of (epsilon, delta) under the "zcdp" rule: its delta split at
+    ``ZCDP_RUN_DELTA_SHARE`` (the runs' deltas; the rest converts), at the default orders (module docstring).
+    LedgerError if it leaves no budget at any order."""
+    return RdpFilter(epsilon, delta, query_delta_share=ZCDP_RUN_DELTA_SHARE)
+
+
 def _zcdp_overdraw(draws: list, cap_eps: float, cap_delta: float) -> str:
     """Why the RDP filter of (cap_eps, cap_delta), its delta coordinate fixed at the runs' share, refuses the
     last of ``draws`` [(eps, delta)] after the others ("" if it admits it; module docstring)."""
@@ -181,7 +188,7 @@ def _zcdp_overdraw(draws: list, cap_eps: float, cap_delta: float) -> str:
         return (f"would compose to delta {delta_sum:.3g} over its runs, above the runs' share "
                 f"{runs_delta:.3g} (half its delta; the other half converts the Renyi sum) under composition 'zcdp'")
     try:
-        filt = RdpFilter(cap_eps, cap_delta)
+        filt = zcdp_filter(cap_eps, cap_delta)
     except LedgerError as exc:
         return f"admits no run under composition 'zcdp': {exc}"
     columns = zip(*(_pure_curve(e) for e, _ in draws[:-1])) if len(draws) > 1 else [()] * len(filt.orders)

@@ -360,8 +360,7 @@ def _identify(path):
             return _Identity(os.makedev(buf.dev_major, buf.dev_minor), buf.ino, buf.mode, buf.size)
         err = ctypes.get_errno()
         if err not in (errno.ENOSYS, errno.EPERM, errno.EINVAL):
-            raise OSError(err, os.strerror(err), path) if err != errno.ENOENT else FileNotFoundError(
-                err, os.strerror(err), path)
+            raise OSError(err, os.strerror(err), path)  # ENOENT gives a FileNotFoundError (PEP 3151)
         _statx = None  # this system cannot: os.stat from now on
     st = os.stat(path, follow_symlinks=False)
     return _Identity(st.st_dev, st.st_ino, st.st_mode, st.st_size)

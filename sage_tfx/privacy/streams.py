@@ -127,11 +127,8 @@ def check_stream_args(name, epsilon, delta, accounting=Accounting.BASIC, orders=
         raise LedgerError(f"policy_params {policy_params!r} is invalid: give a dict such as {{'n': 50}}")
     get_policy(policy, policy_params)  # LedgerError naming the known policies, or the bad parameter
     try:
-        if query_delta_share is None:
-            filt = filters.make_filter(accounting, epsilon, delta, orders)
-        else:
-            filt = filters.make_filter(accounting, epsilon, delta, orders, filters.check_query_delta_share(
-                query_delta_share))
+        share = () if query_delta_share is None else (query_delta_share,)  # None here: the default, not legacy
+        filt = filters.make_filter(accounting, epsilon, delta, orders, *share)
     except ValueError as exc:
         raise LedgerError(str(exc)) from None
     max_epsilon = finite(max_epsilon, "max_epsilon", allow_none=False)

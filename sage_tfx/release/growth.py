@@ -96,9 +96,9 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from sage_tfx.privacy import checks, curves
-from sage_tfx.privacy.draws import ZCDP_RUN_DELTA_SHARE as ZCDP_SHARE
-from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy import checks
+from sage_tfx.privacy.draws import ZCDP_RUN_DELTA_SHARE as ZCDP_SHARE, zcdp_filter
+from sage_tfx.privacy.errors import LedgerError, SageError
 from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian, grid_laplace
 
 STAGE = "training"  # the ledger's stage vocabulary: a released statistic is the grant's one release
@@ -187,8 +187,12 @@ def filter_scale(epsilon: float, delta: float, head: np.ndarray, tail_squares: f
     sum_i min(c w_i, alpha c^2 w_i^2 / 2) <= epsilon - conversion_term(alpha, delta / 2) (module docstring)."""
     head = np.asarray(head, dtype=float)
     best = 0.0
-    for alpha in curves.DEFAULT_ORDERS:
-        budget = epsilon - curves.conversion_term(alpha, delta * (1.0 - ZCDP_SHARE))
+    try:
+        filt = zcdp_filter(epsilon, delta)
+    except LedgerError:  # no order has any budget once delta / 2 converts: refused below
+        filt = None
+    for alpha, term in ([] if filt is None else zip(filt.orders, filt.terms)):
+        budget = epsilon - term
         if budget <= 0:
             continue
 

@@ -190,9 +190,9 @@ PG_CLAIM_HOLDER = ("SELECT a.application_name, host(a.client_addr) FROM pg_locks
 # ------------------------------------------------------------------------------------------- the ledger: streams
 STREAM_COLUMNS = ("name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon,"
                   " policy_params, query_delta_share")  # a stream row as Ledger.stream parses it
-STREAM_WIDTH = 11  # how many columns STREAM_COLUMNS names
+STREAM_WIDTH = len(STREAM_COLUMNS.split(","))  # how many columns STREAM_COLUMNS names
 STREAM_EXISTS = "SELECT 1 FROM streams WHERE name = ?"
-STREAM_INSERT = ("INSERT INTO streams (" + STREAM_COLUMNS + ") VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+STREAM_INSERT = "INSERT INTO streams (" + STREAM_COLUMNS + ") VALUES (" + marks(STREAM_WIDTH) + ")"
 STREAM_ROW = "SELECT " + STREAM_COLUMNS + " FROM streams WHERE name = ?"
 STREAM_NAMES = "SELECT name FROM streams ORDER BY name"
 # ``request``'s one read: the stream row, the pipeline's state, the log's last entry (seq, hash)
