@@ -33,8 +33,8 @@ SQL_WORDS = ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE")
 # PostgreSQL-only statements aside: TABLES and MIGRATIONS are run by the migration test below)
 STATEMENTS = sorted(n for n in dir(sql) if n.isupper() and isinstance(getattr(sql, n), str)
                     and getattr(sql, n).startswith(SQL_WORDS[:4]) and not n.startswith(("PG_", "SQLITE_")))
-# the statements whose text depends on how many ids they name: sql.<name>(n)
-BUILDERS = sorted(n for n, f in vars(sql).items() if inspect.isfunction(f) and n.startswith(
+# the statements whose text depends on how many ids they name: sql.<name>(n) (a grant's own: built once per n, cached)
+BUILDERS = sorted(n for n, f in vars(sql).items() if inspect.isfunction(inspect.unwrap(f)) and n.startswith(
     ("block_", "reservation_", "draw_")))
 
 

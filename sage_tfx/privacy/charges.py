@@ -22,7 +22,7 @@ import time
 
 from . import filters
 from .allocation import BudgetArrays, QueuedAllocation, get_policy
-from .blocks import chunks, read_blocks, read_reservations, vector_decoder
+from .blocks import chunks, read_blocks, read_reservations, vector_decoder, vector_text
 from .chain import canonical
 from .checks import finite
 from .errors import BudgetRefused, LedgerError
@@ -92,10 +92,10 @@ def charge_now(tx, log, keyring, s, filt, pipeline, blocks, found, reservations,
         _ok, source, spent = verdicts[key]
         spent = filters.add(spent, cost)
         alive = alive_of[key] = not rules.retires(filt, spent, min_cost)
-        block_groups.setdefault((json.dumps(spent), active if alive else retired_state, None if alive else now),
+        block_groups.setdefault((vector_text(spent), active if alive else retired_state, None if alive else now),
                                 []).extend(members)
         if source == own:
-            used = json.dumps(filters.add(reservations[members[0]][pipeline]["used"], cost))
+            used = vector_text(filters.add(reservations[members[0]][pipeline]["used"], cost))
             own_groups.setdefault(used, []).extend(members)
     for used, ids in sorted(own_groups.items(), key=lambda kv: kv[1][0]):
         for i in range(0, len(ids), 500):  # stay under SQL variable limits

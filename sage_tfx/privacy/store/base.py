@@ -7,7 +7,6 @@ text lives in ``sql.py``, written once with ``?`` placeholders; a backend whose 
 sets ``placeholder`` and ``Tx`` rewrites each statement. This package imports nothing from the ledger facade or
 the audit (tests/test_import_graph.py).
 """
-import contextlib
 import hashlib
 import os
 import socket
@@ -31,21 +30,9 @@ class Store:
     def _sql(self, text):
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 
-    @contextlib.contextmanager
     def transaction(self, write=True):
-        """Yield a Tx; commit on success, roll back on any exception (nothing changes)."""
-        self._begin_write() if write else self._begin_read()
-        tx = Tx(self)
-        try:
-            yield tx
-        except BaseException:
-            self._rollback()
-            raise
-        else:
-            self._commit()
-            head = getattr(tx, "head", None)
-            if write and head is not None and self.after_commit is not None:
-                self.after_commit(head)
+        """A context giving a Tx; commit on success, roll back on any exception (nothing changes)."""
+        return _Transaction(self, write)
 
     def _check_schema(self):
         try:
@@ -107,6 +94,33 @@ def process_label():
     return f"sage@{socket.gethostname()} pid {os.getpid()}"[:63]
 
 
+class _Transaction:
+    """``Store.transaction``'s context (a class, not a generator: entered once per ledger call, the hot path of a
+    grant): begin; on leaving, roll back on any exception, else commit and hand a write's ``tx.head`` to
+    ``after_commit``."""
+    __slots__ = ("store", "write", "tx")
+
+    def __init__(self, store, write):
+        self.store, self.write, self.tx = store, write, None
+
+    def __enter__(self):
+        store = self.store
+        store._begin_write() if self.write else store._begin_read()
+        self.tx = Tx(store)
+        return self.tx
+
+    def __exit__(self, exc_type, exc, tb):
+        store = self.store
+        if exc_type is not None:
+            store._rollback()
+            return False
+        store._commit()
+        head = getattr(self.tx, "head", None)
+        if self.write and head is not None and store.after_commit is not None:
+            store.after_commit(head)
+        return False
+
+
 class Tx:
     """One open transaction: ``run`` executes, ``one``/``all`` fetch."""
 
@@ -115,11 +129,14 @@ class Tx:
         self._cur = store._conn.cursor()
 
     def run(self, sql, params=()):
-        self._store.statements += 1
+        store = self._store
+        store.statements += 1
+        if store.placeholder != "?":
+            sql = sql.replace("?", store.placeholder)
         try:
-            self._cur.execute(self._store._sql(sql), tuple(params))
-        except self._store._errors as exc:
-            raise self._store._wrap(exc) from None
+            self._cur.execute(sql, tuple(params))
+        except store._errors as exc:
+            raise store._wrap(exc) from None
         return self._cur
 
     def many(self, sql, rows):

@@ -20,6 +20,7 @@ lower-case function of ``n`` (``marks(n)`` for an ``IN (...)`` list, ``value_row
 Changing a text here changes stored data only through ``TABLES``/``MIGRATIONS``: a change of those needs a new
 ``SCHEMA_VERSION`` and a migration step, so that every existing ledger still opens (tests/test_ledger*.py).
 """
+import functools
 from typing import NamedTuple
 
 SCHEMA_VERSION = 7
@@ -239,6 +240,7 @@ def block_rows(n: int) -> str:
     return f"SELECT {BLOCK_COLUMNS} FROM blocks WHERE stream = ? AND id IN ({marks(n)})"
 
 
+@functools.lru_cache(maxsize=None)  # a grant's statement, built once per block count
 def block_budgets(n: int) -> str:
     """``n`` blocks' state and spent with their reservations, one row per (block, holder) (params: stream, ids)."""
     return ("SELECT b.id, b.state, b.spent, r.pipeline, r.reserved, r.used FROM blocks b"
@@ -251,6 +253,7 @@ def block_queue_rows(n: int) -> str:
     return f"SELECT id, state, spent, created, arrivals FROM blocks WHERE stream = ? AND id IN ({marks(n)})"
 
 
+@functools.lru_cache(maxsize=None)  # a grant's statement, built once per block count
 def block_set_spent(n: int) -> str:
     """One new (spent, state, retired) for ``n`` blocks (params: the three values, stream, ids)."""
     return f"UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id IN ({marks(n)})"
