@@ -100,6 +100,8 @@ def test_grant_log_text_is_the_canonical_text_of_the_log_body(stream, meta):
 @pytest.mark.parametrize("obj", [
     {"b": 1, "a": [1.5, "x\u00e9\n\u2603", None, True, -0.0, 1e300]},
     "stream-é", 7, [], {}, {"k": {"z": 1, "y": [{}, []]}, "1": "one", "10": 2.5},
+    {3: "an int key", 1: 2}, {"nan": float("nan"), "inf": [float("inf"), -float("inf")], "t": (1, 2.0)},
+    [{"blocks": [f"b{i:03d}" for i in range(32)], "cost": (1.0, 0.0)}, 1e-320, 12345678901234567890],
 ])
 def test_canonical_is_the_json_text_every_stored_ledger_holds(obj):
     """``chain.canonical`` (one encoder built once) gives json.dumps(sort_keys, compact separators) character for
@@ -109,3 +111,14 @@ def test_canonical_is_the_json_text_every_stored_ledger_holds(obj):
     from sage_tfx.privacy.chain import canonical
 
     assert canonical(obj) == json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+@pytest.mark.parametrize("vector", [(0.0, 0.0), [1.5, 1e-7], (3, 2.5e300, -0.0), (float("inf"),), (), [0.1 + 0.2]])
+def test_vector_text_is_the_stored_spent_text(vector):
+    """``blocks.vector_text`` (the C encoder built once) gives json.dumps(vector): the spent and used texts every
+    earlier version stored, which a grant groups blocks by."""
+    import json
+
+    from sage_tfx.privacy.blocks import vector_text
+
+    assert vector_text(vector) == json.dumps(vector)
