@@ -40,7 +40,7 @@ import json
 from dataclasses import dataclass, field
 
 from . import filters
-from .draws import audit_draw
+from .draws import DrawReplay, audit_draw
 from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
 from .split import SLACK, BudgetSplit
@@ -86,7 +86,7 @@ def audit_ledger(ledger):
     legacy_until = ledger.migration_entry().get("legacy_chain_until", 0) if keys.legacy_secret is not None else 0
     prev_hash, expected_seq = GENESIS, 1
     streams, stream_configs, blocks, grants, releases = {}, {}, {}, {}, {}
-    block_rows, pipelines, reservations, outcomes, draws = {}, {}, {}, {}, {}
+    block_rows, pipelines, reservations, outcomes, draws = {}, {}, {}, {}, DrawReplay()
     queued = _QueueReplay(streams, stream_configs, blocks, block_rows, problems)
     for seq, _ts, kind, body_text, prev, digest in entries:
         if seq != expected_seq:
@@ -152,7 +152,7 @@ def audit_ledger(ledger):
                         reserved, used = reservations[key]
                         reservations[key] = (reserved, tuple(filters.add(list(used), tuple(body["cost"]))))
         elif kind == "release":
-            _replay_release(seq, body, grants, releases, problems)
+            _replay_release(seq, body, grants, releases, problems, draws)
         elif kind == "draw":
             audit_draw(ledger, seq, body, grants, releases, draws, problems)
         elif kind == "retire":
@@ -198,7 +198,7 @@ def audit_ledger(ledger):
     _reconcile(problems, table_releases, releases, lambda key: f"release of stage {key[1]!r} under grant {key[0]!r}",
                lambda table, log: f"table says {table}, log says {log}")
     _check_release_totals(grants, releases, problems)
-    _reconcile(problems, table_draws, draws, lambda key: f"draw of run {key[1]!r} from lifetime grant {key[0]!r}",
+    _reconcile(problems, table_draws, draws.rows, lambda key: f"draw of run {key[1]!r} from lifetime grant {key[0]!r}",
                lambda table, log: f"table says (run grant, stream, epsilon, delta)={table}, the log replay says {log}")
     queued.finish_checks()
     _reconcile(problems, table_demands, {k: tuple(v) for k, v in queued.demands.items()},
@@ -420,7 +420,7 @@ def _grant_split(grant_body_text):
         return body, None, str(exc)
 
 
-def _replay_release(seq, body, grants, releases, problems):
+def _replay_release(seq, body, grants, releases, problems, draws):
     key = (body.get("grant"), body.get("stage"))
     if key[0] not in grants:
         problems.append(f"log entry {seq}: release of stage {key[1]!r} under grant {key[0]!r}, which was never "
@@ -430,6 +430,7 @@ def _replay_release(seq, body, grants, releases, problems):
         problems.append(f"log entry {seq}: a second release of stage {key[1]!r} under grant {key[0]!r}")
         return
     releases[key] = (body.get("computation"), float(body.get("epsilon")), float(body.get("delta")))
+    draws.release(*key)  # the draw replay's per-grant index of releases
 
 
 def _check_release_totals(grants, releases, problems):

@@ -139,25 +139,106 @@ def structure_problems(run_body: Mapping, lifetimes: Sequence[tuple[str, Optiona
     return out
 
 
+class ExactSum:
+    """The exact sum of the floats added so far, held as non-overlapping partials (Shewchuk's algorithm, the one
+    ``math.fsum`` runs): ``math.fsum(partials + more)`` is the correctly rounded sum of every value added and of
+    ``more``, so the same float as ``math.fsum`` over the whole list (tests/test_draw_replay.py). Adding is O(1)
+    amortized: a replay keeps each lifetime grant's totals as its draws come, instead of summing its history at
+    every draw. Finite values only (budgets are)."""
+    __slots__ = ("partials",)
+
+    def __init__(self):
+        self.partials = []
+
+    def add(self, x: float) -> None:
+        partials, i = self.partials, 0
+        for y in partials:
+            if abs(x) < abs(y):
+                x, y = y, x
+            hi = x + y
+            lo = y - (hi - x)
+            if lo:
+                partials[i] = lo
+                i += 1
+            x = hi
+        partials[i:] = [x]
+
+
+class DrawTotals:
+    """One lifetime grant's draws as a replay sees them: ``rows`` {run: (run grant, epsilon, delta)} in replay order
+    (a run seen again keeps its place and takes the new values, as a dict does), and exact running sums of their
+    epsilons, deltas and (folded on first use) pure-DP curves, which ``overdraws`` reads instead of the rows."""
+    __slots__ = ("grant", "rows", "eps", "delta", "order", "_curves", "_pending", "_stale")
+
+    def __init__(self, grant: str = "", order: int = 0):
+        self.grant, self.order = grant, order  # order: of the grant's first draw in the replay
+        self.rows, self.eps, self.delta = {}, ExactSum(), ExactSum()
+        self._curves, self._pending, self._stale = None, [], False
+
+    def add(self, run: int, run_grant: str, epsilon: float, delta: float) -> None:
+        if run in self.rows:  # a run index drawn twice (the audit reports it): the sums are rebuilt from the rows
+            self._stale = True
+        self.rows[run] = (run_grant, epsilon, delta)
+        if not self._stale:
+            self.eps.add(epsilon)
+            self.delta.add(delta)
+            self._pending.append(epsilon)  # its curve is added to the per-order sums when first needed
+
+    def terms(self, run: int, epsilon: float, delta: float, curves_too: bool):
+        """(number of other runs, epsilon terms, delta terms, per-order curve terms of the other runs or None):
+        lists whose ``math.fsum`` is what summing the other runs' rows and this draw gives."""
+        if self._stale or run in self.rows:  # the rare case: sum the rows themselves
+            others = [(e, d) for r, (_g, e, d) in self.rows.items() if r != run]
+            return _list_terms(others, epsilon, delta, curves_too)
+        curve_terms = None
+        if curves_too:
+            if self._curves is None:
+                self._curves = [ExactSum() for _ in curves.DEFAULT_ORDERS]
+            for e in self._pending:
+                for total, c in zip(self._curves, _pure_curve(e)):
+                    total.add(c)
+            self._pending = []
+            curve_terms = [list(total.partials) for total in self._curves]
+        return (len(self.rows), self.eps.partials + [epsilon], self.delta.partials + [delta], curve_terms)
+
+
+def _list_terms(others: list, epsilon: float, delta: float, curves_too: bool):
+    curve_terms = None
+    if curves_too:
+        curve_terms = ([list(column) for column in zip(*(_pure_curve(e) for e, _ in others))] if others
+                       else [[] for _ in curves.DEFAULT_ORDERS])
+    return (len(others), [e for e, _ in others] + [epsilon], [d for _, d in others] + [delta], curve_terms)
+
+
 def overdraws(run: int, epsilon: float, delta: float, lifetimes: Sequence[tuple[str, Mapping]],
-              prior: Mapping[str, Iterable[tuple[int, float, float]]], composition: str = COMPOSITION) -> dict:
+              prior: Mapping[str, "Iterable[tuple[int, float, float]] | DrawTotals"],
+              composition: str = COMPOSITION) -> dict:
     """{block: why} for every lifetime grant on which the draws of the other runs (``prior``: {id: [(run, eps,
-    delta)]}) plus this one break ``composition``'s rule ("basic" or "zcdp", module docstring); {} if all fit."""
+    delta)]}, or {id: ``DrawTotals``} as the audit's replay keeps them) plus this one break ``composition``'s rule
+    ("basic" or "zcdp", module docstring); {} if all fit. Both forms give the same sums (``ExactSum``)."""
     out = {}
+    zcdp = composition != COMPOSITION
     for gid, body in lifetimes:
-        others = [(e, d) for r, e, d in prior.get(gid, ()) if r != run]
+        got = prior.get(gid, ())
+        if isinstance(got, DrawTotals):
+            n_others, eps_terms, delta_terms, curve_terms = got.terms(run, epsilon, delta, zcdp)
+        else:
+            others = [(e, d) for r, e, d in got if r != run]
+            n_others, eps_terms, delta_terms, curve_terms = _list_terms(others, epsilon, delta, zcdp)
         cap_eps, cap_delta = float(body["epsilon"]), float(body["delta"])
-        why = (_basic_overdraw if composition == COMPOSITION else _zcdp_overdraw)(
-            others + [(epsilon, delta)], cap_eps, cap_delta)
+        if zcdp:
+            why = _zcdp_overdraw(delta_terms, curve_terms, epsilon, cap_eps, cap_delta)
+        else:
+            why = _basic_overdraw(eps_terms, delta_terms, cap_eps, cap_delta)
         if why:
             out[body["blocks"][0]] = (f"lifetime grant {gid} (epsilon {cap_eps:.6g}, delta {cap_delta:.3g}) "
-                                      f"{why} over {len(others) + 1} runs")
+                                      f"{why} over {n_others + 1} runs")
     return out
 
 
-def _basic_overdraw(draws: list, cap_eps: float, cap_delta: float) -> str:
-    eps_sum = math.fsum(e for e, _ in draws)
-    delta_sum = math.fsum(d for _, d in draws)
+def _basic_overdraw(eps_terms: list, delta_terms: list, cap_eps: float, cap_delta: float) -> str:
+    eps_sum = math.fsum(eps_terms)
+    delta_sum = math.fsum(delta_terms)
     if eps_sum > cap_eps * (1 + SLACK) or delta_sum > cap_delta * (1 + SLACK):
         return f"would compose to (epsilon {eps_sum:.6g}, delta {delta_sum:.3g})"
     return ""
@@ -170,20 +251,23 @@ def _pure_curve(epsilon: float) -> tuple:
     return curves.pure_dp_curve(epsilon, curves.DEFAULT_ORDERS)
 
 
+@functools.lru_cache(maxsize=256)
 def zcdp_filter(epsilon: float, delta: float) -> RdpFilter:
     """The RDP filter of a lifetime grant of (epsilon, delta) under the "zcdp" rule: its delta split at
     ``ZCDP_RUN_DELTA_SHARE`` (the runs' deltas; the rest converts), at the default orders (module docstring).
-    LedgerError if it leaves no budget at any order."""
+    LedgerError if it leaves no budget at any order. Built once per (epsilon, delta) (filters are not changed
+    after construction; a schedule's lifetime grants share one budget, and every draw checks each of them)."""
     return RdpFilter(epsilon, delta, query_delta_share=ZCDP_RUN_DELTA_SHARE)
 
 
-def _zcdp_overdraw(draws: list, cap_eps: float, cap_delta: float) -> str:
-    """Why the RDP filter of (cap_eps, cap_delta), its delta coordinate fixed at the runs' share, refuses the
-    last of ``draws`` [(eps, delta)] after the others ("" if it admits it; module docstring)."""
+def _zcdp_overdraw(delta_terms: list, curve_terms: list, epsilon: float, cap_eps: float, cap_delta: float) -> str:
+    """Why the RDP filter of (cap_eps, cap_delta), its delta coordinate fixed at the runs' share, refuses a draw of
+    ``epsilon`` after the other runs (their pure-DP curves summed per order: ``curve_terms``; every run's delta,
+    this one's too: ``delta_terms``) ("" if it admits it; module docstring)."""
     if cap_delta <= 0:
         return "has delta 0: composition 'zcdp' needs a lifetime delta > 0 (draw under 'basic')"
     runs_delta = cap_delta * ZCDP_RUN_DELTA_SHARE
-    delta_sum = math.fsum(d for _, d in draws)
+    delta_sum = math.fsum(delta_terms)
     if delta_sum > runs_delta * (1 + SLACK):
         return (f"would compose to delta {delta_sum:.3g} over its runs, above the runs' share "
                 f"{runs_delta:.3g} (half its delta; the other half converts the Renyi sum) under composition 'zcdp'")
@@ -191,9 +275,8 @@ def _zcdp_overdraw(draws: list, cap_eps: float, cap_delta: float) -> str:
         filt = zcdp_filter(cap_eps, cap_delta)
     except LedgerError as exc:
         return f"admits no run under composition 'zcdp': {exc}"
-    columns = zip(*(_pure_curve(e) for e, _ in draws[:-1])) if len(draws) > 1 else [()] * len(filt.orders)
-    spent = (runs_delta,) + tuple(math.fsum(column) for column in columns)
-    cost = (0.0,) + _pure_curve(draws[-1][0])
+    spent = (runs_delta,) + tuple(math.fsum(column) for column in curve_terms)
+    cost = (0.0,) + _pure_curve(epsilon)
     if filt.admits(spent, cost):
         return ""
     return f"would exceed its Renyi filter under composition 'zcdp' ({filt.shortfall(spent, cost)})"
@@ -297,9 +380,25 @@ def _compositions(tx, latest: Mapping[str, tuple]) -> dict:
     return {gid: composition_of(bodies.get(rg, {})) for gid, (_, rg) in latest.items()}
 
 
-def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, draws: dict, problems: list) -> None:
+class DrawReplay:
+    """The audit's replay of the draws: ``rows`` {(lifetime grant, run): (run grant, stream, epsilon, delta)} in
+    replay order (what the ``draws`` table must hold), ``totals`` {lifetime grant: ``DrawTotals``} and ``stages``
+    {grant: its released stages in replay order, ``release``}, so that replaying one draw reads its own lifetime
+    grants' state only, not every earlier draw and release of the ledger."""
+    __slots__ = ("rows", "totals", "stages")
+
+    def __init__(self):
+        self.rows, self.totals, self.stages = {}, {}, {}
+
+    def release(self, grant_id: str, stage: str) -> None:
+        """A release the audit recorded (``releases[(grant_id, stage)]``)."""
+        self.stages.setdefault(grant_id, []).append(stage)
+
+
+def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, replay: DrawReplay,
+               problems: list) -> None:
     """Replay one ``draw`` log entry (audit.py): the run grant's signature, the rule against the replayed
-    grants, releases and earlier draws; record the grant (``grants``) and its rows (``draws``)."""
+    grants, releases and earlier draws; record the grant (``grants``) and its rows (``replay``)."""
     signature = body.pop("signature", "")
     gid = body.get("id")
     if not ledger.signature_ok(body, signature):
@@ -308,17 +407,18 @@ def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, draws
     ids, run = list(info.get("from") or []), info.get("run")
     lifetimes = [(g, json.loads(grants[g][0]) if g in grants else None) for g in ids]
     done = {}
-    for (g, stage), (computation, _e, _d) in releases.items():
-        if g in ids:
-            done.setdefault(g, []).append((stage, computation))
+    for g in dict.fromkeys(ids):
+        for stage in replay.stages.get(g, ()):
+            done.setdefault(g, []).append((stage, releases[(g, stage)][0]))
     where = f"log entry {seq}: run grant {gid!r}"
     for text in structure_problems(body, lifetimes, done, str(info.get("schedule"))):
         problems.append(f"{where}: {text}")
-    prior, latest, named = {}, {}, set(ids)
-    for (g, r), (rg, _s, e, d) in draws.items():  # replay order: the last seen is the latest draw
-        if g in named:
-            prior.setdefault(g, []).append((r, e, d))
-            latest[g] = (r, rg)
+    prior, latest = {}, {}
+    drawn = sorted((replay.totals[g] for g in dict.fromkeys(ids) if g in replay.totals), key=lambda t: t.order)
+    for g, totals in ((t.grant, t) for t in drawn):
+        prior[g] = totals
+        r, (rg, _e, _d) = next(reversed(totals.rows.items()))  # replay order: the last seen is the latest draw
+        latest[g] = (r, rg)
     composition = composition_of(body)
     parsed = {rg: json.loads(grants[rg][0]) for rg in {rg for _, rg in latest.values()} if rg in grants}
     earlier = {g: composition_of(parsed.get(rg, {})) for g, (_, rg) in latest.items()}
@@ -327,7 +427,7 @@ def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, draws
     for text in mixed_compositions(composition, earlier):
         problems.append(f"{where}: {text}")
     for g in ids:
-        if (g, run) in draws:
+        if (g, run) in replay.rows:
             problems.append(f"{where}: run {run} was already drawn from lifetime grant {g!r}")
     known = [(g, b) for g, b in lifetimes if b is not None]
     for block, why in sorted(overdraws(run, float(body["epsilon"]), float(body["delta"]), known, prior,
@@ -335,4 +435,8 @@ def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, draws
         problems.append(f"{where} overdraws block {block!r}: {why}")
     grants[gid] = (canonical(body), signature)
     for g in ids:
-        draws[(g, run)] = (gid, body["stream"], float(body["epsilon"]), float(body["delta"]))
+        replay.rows[(g, run)] = (gid, body["stream"], float(body["epsilon"]), float(body["delta"]))
+        totals = replay.totals.get(g)
+        if totals is None:
+            totals = replay.totals[g] = DrawTotals(g, len(replay.totals))
+        totals.add(run, gid, float(body["epsilon"]), float(body["delta"]))
