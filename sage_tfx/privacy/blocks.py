@@ -15,6 +15,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from .chain import json_text
 from .checks import check_name, finite
 from .errors import DuplicateContent, LedgerError
 from .store import sql
@@ -52,18 +53,12 @@ def chunks(items, size=CHUNK):
         yield items[i:i + size]
 
 
-# json.dumps(values) with its defaults, its C encoder built once instead of per call (as chain.canonical's): the
-# stored text of a budget vector, character for character (tests/test_ledger_request_reads.py).
-_VECTOR_ENCODE = (json.encoder.c_make_encoder(None, json.JSONEncoder().default, json.encoder.encode_basestring_ascii,
-                                              None, ": ", ", ", False, False, True)
-                  if json.encoder.c_make_encoder is not None else None)
-
-
 def vector_text(values) -> str:
     """The stored text of a budget vector (a tuple or list of floats): ``json.dumps(values)``."""
-    if _VECTOR_ENCODE is not None and type(values) in (tuple, list):
-        return "".join(_VECTOR_ENCODE(values, 0))
-    return json.dumps(values)
+    return _VECTOR_TEXT(values)
+
+
+_VECTOR_TEXT = json_text()  # json.dumps's own defaults, its encoders built once (chain.json_text)
 
 
 def vector_decoder():

@@ -10,24 +10,35 @@ import json
 GENESIS = "0" * 64  # the ``prev`` of the first log entry
 
 
-# json.dumps(obj, sort_keys=True, separators=(",", ":")) builds this encoder anew on every call (about 2 us, as much
-# as encoding a grant's short texts); one encoder, built once, gives the same text (json.dumps is its ``encode``).
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
-# ... and ``encode`` itself builds its C encoder on every call of a map or list (another 1-2 us): this one is built
-# once, with the same arguments ``_CANONICAL.iterencode`` passes it, except ``markers``: None, not a fresh {} per
-# call (no check for a map or list containing itself, which no ledger text does; that one recursion would end in a
-# RecursionError instead of a ValueError). Without the C encoder (another Python implementation): ``_CANONICAL``.
-_C_ENCODE = (json.encoder.c_make_encoder(None, _CANONICAL.default, json.encoder.encode_basestring_ascii, None, ":",
-                                         ",", True, False, True)
-             if json.encoder.c_make_encoder is not None else None)
+def json_text(*, sort_keys: bool = False, separators: tuple = (", ", ": ")):
+    """``json.dumps(obj, sort_keys=sort_keys, separators=separators)`` as a function of ``obj``, character for
+    character, at a fraction of its cost on the ledger's hot path (a grant's body, its spent vectors).
+
+    json.dumps with arguments builds a JSONEncoder on every call (about 2 us, as much as encoding a grant's short
+    texts), and ``encode`` builds its C encoder on every call of a map, list or tuple (another 1-2 us): both are
+    built once here, the C encoder with the arguments ``iterencode`` passes it, except ``markers``: None, not a fresh
+    {} per call (no check for a container holding itself, which no ledger text does; that one recursion would end in
+    a RecursionError instead of a ValueError). Without the C encoder (another Python implementation): ``encode``."""
+    encoder = json.JSONEncoder(sort_keys=sort_keys, separators=separators)
+    make = json.encoder.c_make_encoder
+    fast = (make(None, encoder.default, json.encoder.encode_basestring_ascii, None, separators[1], separators[0],
+                 sort_keys, False, True) if make is not None else None)
+
+    def text(obj) -> str:
+        if fast is not None and type(obj) in (dict, list, tuple):
+            return "".join(fast(obj, 0))
+        return encoder.encode(obj)
+
+    return text
+
+
+_CANONICAL = json_text(sort_keys=True, separators=(",", ":"))
 
 
 def canonical(obj) -> str:
     """The one JSON text of ``obj`` that is signed, chained and stored: sorted keys, no spaces (``json.dumps(obj,
     sort_keys=True, separators=(",", ":"))``, character for character; tests/test_ledger_request_reads.py)."""
-    if _C_ENCODE is not None and type(obj) in (dict, list):
-        return "".join(_C_ENCODE(obj, 0))
-    return _CANONICAL.encode(obj)
+    return _CANONICAL(obj)
 
 
 def chain_hash(prev: str, seq: int, kind: str, body_text: str) -> str:

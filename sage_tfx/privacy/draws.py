@@ -406,16 +406,16 @@ def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, repla
     info = (body.get("meta") or {}).get(DRAW_KEY) or {}
     ids, run = list(info.get("from") or []), info.get("run")
     lifetimes = [(g, json.loads(grants[g][0]) if g in grants else None) for g in ids]
-    done = {}
-    for g in dict.fromkeys(ids):
+    distinct, done = list(dict.fromkeys(ids)), {}
+    for g in distinct:
         for stage in replay.stages.get(g, ()):
             done.setdefault(g, []).append((stage, releases[(g, stage)][0]))
     where = f"log entry {seq}: run grant {gid!r}"
     for text in structure_problems(body, lifetimes, done, str(info.get("schedule"))):
         problems.append(f"{where}: {text}")
     prior, latest = {}, {}
-    drawn = sorted((replay.totals[g] for g in dict.fromkeys(ids) if g in replay.totals), key=lambda t: t.order)
-    for g, totals in ((t.grant, t) for t in drawn):
+    for totals in sorted((replay.totals[g] for g in distinct if g in replay.totals), key=lambda t: t.order):
+        g = totals.grant
         prior[g] = totals
         r, (rg, _e, _d) = next(reversed(totals.rows.items()))  # replay order: the last seen is the latest draw
         latest[g] = (r, rg)
