@@ -131,10 +131,8 @@ class Tx:
     def run(self, sql, params=()):
         store = self._store
         store.statements += 1
-        if store.placeholder != "?":
-            sql = sql.replace("?", store.placeholder)
         try:
-            self._cur.execute(sql, tuple(params))
+            self._cur.execute(store._sql(sql), tuple(params))
         except store._errors as exc:
             raise store._wrap(exc) from None
         return self._cur
