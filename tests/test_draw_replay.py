@@ -86,3 +86,54 @@ def test_overdraws_decide_the_same_from_totals_and_from_rows(composition, seed):
         want = overdraws(run, eps, delta, lifetimes, prior_rows, composition)
         assert overdraws(run, eps, delta, lifetimes, prior_totals, composition) == want
     assert any(overdraws(40, 0.02, 1e-9, lifetimes, prior_rows, composition).values())  # the caps do bite
+
+
+@pytest.mark.parametrize("composition", ["basic", "zcdp"])
+def test_the_audit_replays_a_draw_from_its_own_grants_state_only(tmp_path, monkeypatch, composition):
+    """Replaying a draw entry must not walk every earlier draw or release of the ledger (that made auditing T runs
+    grow as T^3): the replay's rows are walked once, by the final reconciliation with the table, and the
+    ledger's releases never by a draw's replay. A real ledger: 12 lifetime grants, a run at each arrival
+    drawn from every grant so far, audited OK."""
+    from sage_tfx.privacy import Ledger
+    from sage_tfx.privacy import draws as draws_module
+    from sage_tfx.release.growth import charge_lifetime
+
+    ledger = Ledger.open(str(tmp_path / "l.db"), create=True)
+    ledger.create_stream("s", 10.0, 1e-3)
+    lifetimes = []
+    for t in range(12):
+        ledger.add_block("s", f"b{t}")
+        lifetimes.append(charge_lifetime(ledger, "s", "p", f"b{t}", 1.0, 1e-5, {"k": "v"}, "fp"))
+        ledger.draw(lifetimes, t, 0.01, 1e-9, schedule="fp", composition=composition)
+
+    walks = {"rows": 0, "releases": 0}
+
+    def walker(name, method):
+        def walk(self, *args):
+            walks[name] += 1
+            return method(self, *args)
+        return walk
+
+    class CountedRows(dict):
+        items, keys, values, __iter__ = (walker("rows", m) for m in (dict.items, dict.keys, dict.values,
+                                                                      dict.__iter__))
+
+    real_init, real_audit_draw = draws_module.DrawReplay.__init__, draws_module.audit_draw
+
+    def init(self):
+        real_init(self)
+        self.rows = CountedRows()
+
+    class WatchedReleases(dict):
+        items, keys, values, __iter__ = (walker("releases", m) for m in (dict.items, dict.keys, dict.values,
+                                                                          dict.__iter__))
+
+    def audit_draw(ledger_, seq, body, grants, releases, replay, problems):
+        return real_audit_draw(ledger_, seq, body, grants, WatchedReleases(releases), replay, problems)
+
+    monkeypatch.setattr(draws_module.DrawReplay, "__init__", init)
+    monkeypatch.setattr("sage_tfx.privacy.audit.audit_draw", audit_draw)
+    report = ledger.audit()
+    assert report.ok, report.problems
+    assert walks == {"rows": 1, "releases": 0}, walks
+    ledger.close()
