@@ -137,17 +137,13 @@ class RdpFilter:
         self.delta = check_delta(delta, "global delta", allow_zero=False)
         self.orders = curves.check_orders(orders)
         self.query_delta_share = check_query_delta_share(query_delta_share)
-        if self.query_delta_share is None:  # legacy: the conversion at the delta left (module docstring)
-            self.delta_queries, self.terms = self.delta, None
-            conversion = self.delta
-        else:
-            self.delta_queries = self.delta * self.query_delta_share
-            conversion = self.delta - self.delta_queries
-            self.terms = tuple(curves.conversion_term(a, conversion) for a in self.orders)
+        legacy = self.query_delta_share is None  # legacy: the conversion at the delta left (module docstring)
+        self.delta_queries = self.delta if legacy else self.delta * self.query_delta_share
+        conversion = self.delta if legacy else self.delta - self.delta_queries
+        terms = tuple(curves.conversion_term(a, conversion) for a in self.orders)
+        self.terms = None if legacy else terms  # fixed by the split; the legacy rule recomputes them per check
         # Reservation capacity: the queries' delta and the per-order RDP headroom of a fresh block.
-        self.capacity = (self.delta_queries,) + tuple(
-            max(0.0, self.epsilon - curves.conversion_term(a, conversion)) for a in self.orders
-        )
+        self.capacity = (self.delta_queries,) + tuple(max(0.0, self.epsilon - term) for term in terms)
         if not any(self.capacity[1:]):
             raise LedgerError(
                 f"global (epsilon={self.epsilon}, delta={self.delta}) leaves no RDP budget at any order "
