@@ -36,7 +36,15 @@ def test_bench_ledger_reports_cpu_per_grant_and_per_head_file_write(tmp_path):
     assert noted, storage["note"]  # the note gives the figures (to 3 places; the JSON's are rounded to 4)
     assert abs(float(noted[1]) - storage["head_file_write_ms"]) <= 0.0011
     assert abs(float(noted[2]) - storage["head_file_write_cpu_ms"]) <= 0.0011
-    grant_cpu = re.search(r"and a grant \d+\.\d{3} ms \((\d+\.\d{3}) ms CPU\)", storage["note"])
+    # use mode's grant write (no fdatasync) and what the grant's first use then pays, both named in the note
+    assert storage["grant_head_file_write_ms"] > 0 and storage["grant_head_file_write_cpu_ms"] > 0
+    assert storage["first_use_ms"] >= 0 and storage["head_sync"] == "commit"
+    lazy = re.search(r"a grant's head-file write in use mode \(slot C, no fdatasync\) (\d+\.\d{3}) ms", storage["note"])
+    assert lazy and abs(float(lazy[1]) - storage["grant_head_file_write_ms"]) <= 0.0011, storage["note"]
+    # the ceiling counts the headline mode's head-file write per grant (commit: the durable one)
+    base = storage["baseline_ms_per_transaction"]
+    assert abs(storage["ratio_ceiling"] - base / (base + storage["head_file_write_ms"])) <= 0.002
+    grant_cpu = re.search(r"and a grant in commit mode \d+\.\d{3} ms \((\d+\.\d{3}) ms CPU\)", storage["note"])
     assert grant_cpu, storage["note"]  # the grant's CPU time, to 3 places (double rounding aside, as above)
     assert abs(float(grant_cpu[1]) - storage["cpu_ms_per_grant"]) <= 0.0011
     # each run's line names its CPU figures

@@ -1,5 +1,6 @@
-"""The head file's two sync modes (keys.HeadSync; docs/security.md): ``commit`` makes the head durable before a
-ledger write returns, ``group`` by a background writer within 50 ms, one write for all the commits of the interval.
+"""The head file's ``commit`` and ``group`` sync modes (keys.HeadSync; docs/security.md): ``commit`` makes the head
+durable before a ledger write returns, ``group`` by a background writer within 50 ms, one write for all the commits
+of the interval; and the two-slot file they write. The default mode, ``use``, is in tests/test_head_use.py.
 
 Checked on real SQLite ledgers: group mode writes the head fewer times than it commits and still ends at the
 log's last entry (read through the head file, which flushes first); a process killed with SIGKILL in group mode
@@ -177,9 +178,11 @@ def _slot_end(data, offset):
 
 @pytest.mark.parametrize("tear", ["nothing", "header", "half", "all but one byte", "new tail, old head",
                                   "garbage after the header"])
-def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_ahead_of_it(tmp_path, tear):
+def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_ahead_of_it(tmp_path, monkeypatch,
+                                                                                          tear):
     """A crash mid-write (the newer slot partly written) leaves the older slot: the previous head, never a false
     alarm, and a truncation below that head is still caught."""
+    monkeypatch.setenv(ENV_HEAD_SYNC, "commit")  # every write in place into A or B (use mode: tests/test_head_use.py)
     ledger = _ledger(tmp_path / "l.db")
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
     before, old_seq = _head_bytes(ledger), _last_seq(ledger)
@@ -230,7 +233,8 @@ OLD_WRITER_OUTPUT = ('{{"{other}": {{"chain": "{other_chain}", "seq": 41}}, '
 OTHER_LEDGER = "0" * 32
 
 
-def test_an_old_json_head_file_is_read_and_migrated_on_the_first_write(tmp_path):
+def test_an_old_json_head_file_is_read_and_migrated_on_the_first_write(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_HEAD_SYNC, "commit")  # migrated to two slots (use mode's three: tests/test_head_use.py)
     ledger = _ledger(tmp_path / "l.db")
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
     path = ledger.head_file.path

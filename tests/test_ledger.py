@@ -446,9 +446,9 @@ def test_bench_ledger_reports_its_figures(tmp_path):
         assert figures[key] > 0 and figures["writers"]["1"][key] == figures[key]
         assert figures["writers"]["2"][key] > 0
     assert figures["audit_ok"] is True and figures["blocks_per_grant"] == 4
-    # both head-file sync modes measured in the run, the default (commit) the headline, each audited
-    assert figures["head_sync"] == "commit" and set(figures["by_head_sync"]) == {"commit", "group"}
-    assert figures["by_head_sync"]["commit"]["ratio"] == figures["ratio"]
+    # the three head-file sync modes measured in the run, the default (use) the headline, each audited
+    assert figures["head_sync"] == "use" and set(figures["by_head_sync"]) == {"use", "commit", "group"}
+    assert figures["by_head_sync"]["use"]["ratio"] == figures["ratio"]
     assert all(m["audit_ok"] is True and m["ratio"] > 0 for m in figures["by_head_sync"].values())
     for accounting in ("basic", "rdp"):
         choice = figures["choose_blocks"][accounting]

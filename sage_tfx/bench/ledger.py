@@ -27,22 +27,26 @@ ratio (goal: at most 2), and the ledger is audited afterwards.
 
 ``storage`` says what durability costs on the file system of ``--db-dir`` (``--storage-samples``
 of each, median): one fsync'd write of one 4 KiB page (what a WAL commit with ``synchronous=FULL``
-waits for), and one head-file write (``keys.HeadFile.advance`` in ``commit`` mode: under an flock,
-the file's bytes read back and compared with this process's last view, the older of its two 4 KiB
-slots overwritten in place and fdatasync'd: one durable write), which every committed ledger write
-does after its commit (docs/security.md) and the baseline does not. ``ratio_ceiling`` is the ratio a
-ledger whose only cost beyond the baseline transaction were that head-file write would reach: the
-fsyncs, not Python, bound the figure on slow storage. The head-file write's CPU time is given beside its
-wall time (``head_file_write_cpu_ms``), and each run's writers report their CPU time per grant and per
-baseline transaction (``cpu_ms_per_grant``, ``baseline_cpu_ms_per_transaction``: user and system time of
-the writer processes, so the kernel's part of fsync counts): the wall-time ratio moves with the shared
-storage's fsync latency, the CPU figures much less.
+waits for); one durable head-file write (``keys.HeadFile.advance`` in ``commit`` mode: under an flock,
+the file's bytes read back and compared with this process's last view, the older of its two durable
+4 KiB slots overwritten in place and fdatasync'd), which every committed ledger write does after its
+commit in ``commit`` mode, and every write but a grant's in ``use`` mode (docs/security.md); one grant's
+head-file write in ``use`` mode (the same, into slot C, without the fdatasync); and what a grant's first
+use then pays (``HeadFile.make_durable`` after it: the head copied into a durable slot, fdatasync'd), which
+``Ledger.verify`` does before any block of the grant is opened. The baseline does none of these.
+``ratio_ceiling`` is the ratio a ledger whose only cost beyond the baseline transaction were the headline
+mode's head-file write per grant would reach. The head-file writes' CPU time is given beside their wall
+time, and each run's writers report their CPU time per grant and per baseline transaction
+(``cpu_ms_per_grant``, ``baseline_cpu_ms_per_transaction``: user and system time of the writer processes,
+so the kernel's part of fsync counts): the wall-time ratio moves with the shared storage's fsync latency,
+the CPU figures much less.
 
-``--head-sync`` (default ``commit,group``) measures the grants in each head-file sync mode of
-``keys.HeadSync`` in the same run, each against its own baseline runs (``by_head_sync``): ``commit`` (the
-default mode, the headline) makes the head durable before each write returns, ``group`` within 50 ms, one
-write per interval; each writer makes its last head durable inside its timed span. What ``group`` gives up
-is in docs/security.md.
+``--head-sync`` (default ``use,commit,group``) measures the grants in each head-file sync mode of
+``keys.HeadSync`` in the same run, each against its own baseline runs (``by_head_sync``): ``use`` (the
+default mode, the headline) makes a grant's head durable before the grant's first use and every other
+write's before it returns, ``commit`` every write's before it returns, ``group`` within 50 ms, one write
+per interval; each writer makes its last head durable inside its timed span. What ``use`` and ``group``
+give up is in docs/security.md.
 """
 import hashlib
 import json
@@ -80,9 +84,9 @@ def add_arguments(parser):
                         help="blocks per timed add_blocks call for the add_blocks figure")
     parser.add_argument("--storage-samples", type=int, default=50, metavar="N",
                         help="fsync'd page writes and head-file writes timed for the storage note (0: skip it)")
-    parser.add_argument("--head-sync", default="commit,group", metavar="MODES",
-                        help="comma-separated head-file sync modes to measure the grants in (keys.HeadSync: commit, "
-                             "the default mode, and group); the first is the headline")
+    parser.add_argument("--head-sync", default="use,commit,group", metavar="MODES",
+                        help="comma-separated head-file sync modes to measure the grants in (keys.HeadSync: use, "
+                             "the default mode, commit and group); the first is the headline")
     parser.add_argument("--postgres", default=None, metavar="URL",
                         help="also measure against a PostgreSQL database (tables are added to it)")
 
@@ -97,7 +101,7 @@ def _ledger_worker(location, stream, blocks, count, barrier, results):
     start, cpu = time.monotonic(), time.process_time()
     for _ in range(count):
         ledger.request(pipeline, stream, blocks=blocks, epsilon=1.0)
-    ledger.head_file.flush()  # HeadSync.GROUP: the last head made durable inside the timed span (commit: no-op)
+    ledger.head_file.flush()  # GROUP and USE: the last head made durable inside the timed span (commit: no-op)
     results.put((start, time.monotonic(), time.process_time() - cpu))
     ledger.close()
 
@@ -380,11 +384,39 @@ def _measure_growth(location, n_old, batch, repeats, label):
                         "pipelines) on the old stream / the same on a young stream, alternating, same ledger, same run"}
 
 
-def _measure_storage(db_dir, samples, headline):
-    """What fsync costs in ``db_dir``: a bare fsync'd 4 KiB page write and a head-file write, median ms (and the
-    head-file write's CPU time), beside the ``headline`` writer count's grant and baseline figures."""
+def _timed_head_writes(db_dir, samples, mode, write):
+    """Median wall ms and mean CPU ms of ``samples`` calls of ``write(head, i)`` on a fresh head file in ``mode``
+    (created, and given its slots, before the timed calls)."""
     from sage_tfx.privacy.keys import HeadFile
 
+    head = HeadFile(os.path.join(db_dir, f"head-{uuid.uuid4().hex[:12]}.key.head"), mode)
+    head.advance("bench", 1, "0" * 64)  # creates the file (written whole, once)
+    head.advance("bench", 2, "0" * 64, until_use=True)  # use mode: gives it slot C (written whole, once)
+    wall, cpu = [], []
+    try:
+        for i in range(samples):
+            start, cpu_start = time.perf_counter(), time.process_time()
+            write(head, 3 + 2 * i)
+            wall.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - cpu_start)
+    finally:
+        head.close()
+        for suffix in ("", ".lock"):
+            if os.path.exists(head.path + suffix):
+                os.remove(head.path + suffix)
+    # CPU: a mean, as one sample is below the CPU clock's tick on some kernels
+    return statistics.median(wall) * 1e3, statistics.mean(cpu) * 1e3
+
+
+def _grant_then_first_use(head, seq):
+    head.advance("bench", seq, "0" * 64, until_use=True)  # a grant's write, then its first use
+    head.make_durable("bench", seq, "0" * 64)
+
+
+def _measure_storage(db_dir, samples, headline, mode):
+    """What fsync costs in ``db_dir``: a bare fsync'd 4 KiB page write and the head-file writes (durable; a grant's
+    in ``use`` mode; a grant's first use after it), median ms and CPU ms, beside the ``headline`` writer count's
+    grant and baseline figures in the headline head-sync ``mode``."""
     page = os.urandom(4096)
     path = os.path.join(db_dir, f"fsync-{uuid.uuid4().hex[:12]}")
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
@@ -398,43 +430,43 @@ def _measure_storage(db_dir, samples, headline):
     finally:
         os.close(fd)
         os.remove(path)
-    head = HeadFile(os.path.join(db_dir, f"head-{uuid.uuid4().hex[:12]}.key.head"), "commit")
-    head.advance("bench", 1, "0" * 64)  # creates the file (written whole, once); the timed writes are in place
-    head_s, head_cpu_s = [], []
-    for i in range(samples):
-        start, cpu = time.perf_counter(), time.process_time()
-        head.advance("bench", i + 2, "0" * 64)
-        head_s.append(time.perf_counter() - start)
-        head_cpu_s.append(time.process_time() - cpu)
-    head.close()
-    for suffix in ("", ".lock"):
-        if os.path.exists(head.path + suffix):
-            os.remove(head.path + suffix)
-    page_ms, head_ms = statistics.median(page_s) * 1e3, statistics.median(head_s) * 1e3
-    head_cpu_ms = statistics.mean(head_cpu_s) * 1e3  # a mean: one sample is below the CPU clock's tick on some kernels
+    head_ms, head_cpu_ms = _timed_head_writes(db_dir, samples, "commit", lambda h, i: h.advance("bench", i, "0" * 64))
+    lazy_ms, lazy_cpu_ms = _timed_head_writes(db_dir, samples, "use",
+                                              lambda h, i: h.advance("bench", i, "0" * 64, until_use=True))
+    pair_ms, _ = _timed_head_writes(db_dir, samples, "use", _grant_then_first_use)
+    first_use_ms = max(pair_ms - lazy_ms, 0.0)
+    page_ms = statistics.median(page_s) * 1e3
     page_range = (min(page_s) * 1e3, max(page_s) * 1e3)
     baseline_ms, grant_ms = 1e3 / headline["baseline_transactions_per_second"], 1e3 / headline["grants_per_second"]
     grant_cpu_ms, baseline_cpu_ms = headline["cpu_ms_per_grant"], headline["baseline_cpu_ms_per_transaction"]
-    ceiling = baseline_ms / (baseline_ms + head_ms)
-    note = (f"on {_filesystem(db_dir)} one fsync'd 4 KiB page write takes {page_ms:.3f} ms and one head-file write "
-            f"(one of its two slots overwritten in place and fdatasync'd, under an flock: after every committed ledger "
-            f"write) {head_ms:.3f} ms, {head_cpu_ms:.3f} ms of it CPU time (user and system: the flock, the read-back, "
-            f"the write and the kernel's part of the fdatasync; the rest is waiting for the device); "
-            f"a baseline transaction took {baseline_ms:.3f} ms ({baseline_cpu_ms:.3f} ms CPU) and a grant "
-            f"{grant_ms:.3f} ms ({grant_cpu_ms:.3f} ms CPU), of which the head-file "
-            f"write is {min(head_ms / grant_ms, 1.0):.0%}; with no cost but the baseline transaction and the "
-            f"head-file write the ratio would be {ceiling:.2f} (fsync here ranged {page_range[0]:.3f}-"
-            f"{page_range[1]:.3f} ms within these samples, timed after the grant runs: on shared storage it varies "
-            "from second to second, so compare figures within one run)")
+    per_grant_ms = lazy_ms if mode == "use" else head_ms if mode == "commit" else 0.0
+    ceiling = baseline_ms / (baseline_ms + per_grant_ms)
+    note = (f"on {_filesystem(db_dir)} one fsync'd 4 KiB page write takes {page_ms:.3f} ms; a durable head-file "
+            f"write (a slot overwritten in place and fdatasync'd, under an flock: after every committed ledger write "
+            f"in commit mode, every write but a grant's in use mode) {head_ms:.3f} ms, {head_cpu_ms:.3f} ms of it CPU "
+            f"time (user and system: the flock, the read-back, the write and the kernel's part of the fdatasync; the "
+            f"rest is waiting for the device); a grant's head-file write in use mode (slot C, no fdatasync) "
+            f"{lazy_ms:.3f} ms ({lazy_cpu_ms:.3f} ms CPU), and the grant's first use then {first_use_ms:.3f} ms more "
+            f"(the head made durable before any block is opened); a baseline transaction took {baseline_ms:.3f} ms "
+            f"({baseline_cpu_ms:.3f} ms CPU) and a grant in {mode} mode {grant_ms:.3f} ms ({grant_cpu_ms:.3f} ms "
+            f"CPU); with no cost but the baseline transaction and that mode's head-file write per grant the ratio "
+            f"would be {ceiling:.2f} (fsync here ranged {page_range[0]:.3f}-{page_range[1]:.3f} ms within these "
+            "samples, timed after the grant runs: on shared storage it varies from second to second, so compare "
+            "figures within one run)")
     print(f"[bench ledger] storage: {note}", file=sys.stderr, flush=True)
     return {"fsync_page_ms": round(page_ms, 4), "fsync_page_ms_range": [round(x, 4) for x in page_range],
             "head_file_write_ms": round(head_ms, 4), "head_file_write_cpu_ms": round(head_cpu_ms, 4),
+            "grant_head_file_write_ms": round(lazy_ms, 4), "grant_head_file_write_cpu_ms": round(lazy_cpu_ms, 4),
+            "first_use_ms": round(first_use_ms, 4),
             "baseline_ms_per_transaction": round(baseline_ms, 4), "ms_per_grant": round(grant_ms, 4),
             "baseline_cpu_ms_per_transaction": round(baseline_cpu_ms, 4), "cpu_ms_per_grant": round(grant_cpu_ms, 4),
-            "head_file_share_of_grant": round(min(head_ms / grant_ms, 1.0), 3), "ratio_ceiling": round(ceiling, 3),
-            "samples": samples, "note": note,
-            "ratio_ceiling_is": "baseline ms / (baseline ms + head-file write ms): the ratio if a grant cost only the "
-                                "baseline transaction and the head-file write (headline writer count)"}
+            "head_sync": mode, "head_file_share_of_grant": round(min(per_grant_ms / grant_ms, 1.0), 3),
+            "ratio_ceiling": round(ceiling, 3), "samples": samples, "note": note,
+            "ratio_ceiling_is": "baseline ms / (baseline ms + the headline mode's head-file write per grant): the "
+                                "ratio if a grant cost only the baseline transaction and that write (headline writer "
+                                "count; group mode's writes are off the grant's path)",
+            "first_use_ms_is": "a grant's head-file write followed by make_durable (what Ledger.verify does in use "
+                               "mode), minus the grant's write alone: medians of separate samples"}
 
 
 def _filesystem(path):
@@ -476,7 +508,7 @@ def _check_args(args):
     except KeyFileError as exc:
         raise SystemExit(f"sage bench ledger: --head-sync: {exc}")
     if not args.head_sync_modes:
-        raise SystemExit(f"sage bench ledger: --head-sync {args.head_sync!r} names no mode (commit, group)")
+        raise SystemExit(f"sage bench ledger: --head-sync {args.head_sync!r} names no mode (use, commit, group)")
     if args.grants < max(writer_counts):
         raise SystemExit(f"sage bench ledger: --grants {args.grants} must be at least the writer count")
     return writer_counts
@@ -519,8 +551,9 @@ def run(args):
                                 "meets_goal": all(w["ratio"] >= GOAL_RATIO for w in v.values()),
                                 "audit_ok": all(w["audit_ok"] for w in v.values()), "writers": v}
                          for mode, v in by_mode.items()},
-        "head_sync_is": "keys.HeadSync: commit makes the head file durable before each write returns (the default); "
-                        "group within 50 ms, one write per interval (docs/security.md, what it gives up)",
+        "head_sync_is": "keys.HeadSync: use (the default) makes a grant's head durable before the grant's first use "
+                        "(Ledger.verify) and every other write's before it returns; commit every write's before it "
+                        "returns; group within 50 ms, one write per interval (docs/security.md, what each gives up)",
         "db_dir": os.path.abspath(db_dir),
         "filesystem": _filesystem(db_dir),
         "cpus": os.cpu_count(),
@@ -528,7 +561,7 @@ def run(args):
                     f"{args.blocks} rows, same directory, same writer count, same run",
     }
     if args.storage_samples:
-        figures["storage"] = _measure_storage(db_dir, args.storage_samples, headline)
+        figures["storage"] = _measure_storage(db_dir, args.storage_samples, headline, args.head_sync_modes[0].value)
     if args.choose_blocks:
         figures["choose_blocks"] = _measure_choice(db_dir, args.choose_blocks, args.repeats)
     if args.growth_blocks:

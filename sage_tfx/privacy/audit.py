@@ -364,7 +364,8 @@ def _check_head(ledger, head, entries, problems, notes):
     """The log against the head file (outside the database): the entry it names must be there, unchanged.
 
     A log BEHIND the head was truncated. A log AHEAD of it is accepted when its later entries verify under the
-    key (checked above): a crash between a commit and the head write, or, on PostgreSQL, another host's writes
+    key (checked above): a crash between a commit and the head write, a power loss that took a grant's head from
+    slot C before the grant's first use (``keys.HeadSync.USE``), or, on PostgreSQL, another host's writes
     (each host's head file knows its own); a writer without the key cannot append such entries. ``head`` was read
     before the log's snapshot, so this host's writes after the snapshot cannot put it ahead of the log.
     """
@@ -384,8 +385,8 @@ def _check_head(ledger, head, entries, problems, notes):
         problems.append(f"log entry {seq} is not the one the head file {path} recorded: the log was rewritten")
     if last > seq:
         notes.append(f"{last - seq} log entr{'y' if last - seq == 1 else 'ies'} after the head file's entry {seq} "
-                     "verify under the key: accepted (a crash between a commit and the head write, or another "
-                     "host's writes)")
+                     "verify under the key: accepted (a crash between a commit and the head write, a power loss "
+                     "before a grant's first use, or another host's writes)")
 
 
 def _replay_finish(body, streams, blocks, pipelines, reservations):

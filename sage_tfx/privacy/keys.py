@@ -57,24 +57,37 @@ GROUP_INTERVAL_S = 0.05  # HeadSync.GROUP: the head file is made durable at most
 class HeadSync(StrEnum):
     """When the head file is made durable after a committed ledger write (``SAGE_HEAD_SYNC``; docs/security.md).
 
-    ``commit`` (the default): before the write returns (a temporary file fsync'd, renamed, folder fsync'd).
+    ``use`` (the default): a grant's head (``Ledger.request``) is written to the head file's third slot
+    before the grant returns, without a sync: it is then in the operating system's page cache, which a
+    killed process does not lose, and the audit reads it. It is made durable before the grant is first
+    USED: ``Ledger.verify``, the door before any block of it is opened and any executor works under it,
+    writes the log's last entry into a durable slot (one ``fdatasync``) first; every other write (draws,
+    releases, blocks, outcomes, ...) is durable before it returns, as in ``commit``, and so is a grant's
+    head once any later write, a ``close`` or a normal exit made the head durable. What a power loss or an
+    operating-system crash can lose is the head of grants returned but not yet used: a truncation of
+    exactly those grants leaves a ledger that an honest crash just before their commits leaves too, with
+    nothing read under them (their blocks were never opened) and their budget back as if never granted.
+    Every truncation below an entry anything depended on is caught as in ``commit`` (docs/security.md).
+    ``commit``: every write's head durable before the write returns (one ``fdatasync`` per grant besides
+    the database's own).
     ``group``: by a background thread, at most ``GROUP_INTERVAL_S`` later, one durable write for every
     commit of that interval (group commit), and at once when the process exits normally or the head is
     read (`HeadFile.get`, so an audit in the same process sees every commit of it). What ``group`` gives
     up: a process killed, or a machine losing power, within that interval leaves the head BEHIND the log by
-    the entries of the interval. The audit accepts a log ahead of its head when the extra entries verify
-    under the key (a writer without the key cannot append them; a note says how many), so nothing is
-    reported falsely; but a truncation of exactly those entries by someone with write access to the
-    database and not to the key file would then go undetected. The ledger's own commits (budget spent,
-    grants) are as durable in both modes.
+    the entries of the interval, whether they were used or not. The audit accepts a log ahead of its head
+    when the extra entries verify under the key (a writer without the key cannot append them; a note says
+    how many), so nothing is reported falsely; but a truncation of exactly those entries by someone with
+    write access to the database and not to the key file would then go undetected. The ledger's own
+    commits (budget spent, grants) are as durable in every mode.
     """
+    USE = "use"
     COMMIT = "commit"
     GROUP = "group"
 
 
 def head_sync_mode(value=None) -> HeadSync:
-    """``value``, else $SAGE_HEAD_SYNC, else ``commit``; KeyFileError naming a bad value and the choices."""
-    raw = value if value is not None else os.environ.get(ENV_HEAD_SYNC) or HeadSync.COMMIT
+    """``value``, else $SAGE_HEAD_SYNC, else ``use``; KeyFileError naming a bad value and the choices."""
+    raw = value if value is not None else os.environ.get(ENV_HEAD_SYNC) or HeadSync.USE
     try:
         return HeadSync(str(raw).strip().lower())
     except ValueError:
@@ -380,12 +393,31 @@ def _open_head(path):
     return os.open(path, flags)
 
 
-class _HeadState:
-    """A head file's content as parsed: the heads, and where the next in-place write goes (None: old JSON file)."""
-    __slots__ = ("heads", "slot_size", "generation", "newest")
+HEAD_DURABLE_SLOTS = 2  # slots A and B: written in place, each write fdatasync'd before the flock is released
+HEAD_LAZY_SLOT = 2  # slot C, after them (HeadSync.USE): a grant's head, written without a sync
 
-    def __init__(self, heads, slot_size=None, generation=0, newest=None):
+
+def _is_slot_size(size):
+    """Slot sizes are HEAD_SLOT_BYTES times a power of two (``_slot_size_for``): so a file of two slots (a power
+    of two pages) and one of three (three times one) never have the same length."""
+    pages, rest = divmod(size, HEAD_SLOT_BYTES)
+    return rest == 0 and pages >= 1 and pages & (pages - 1) == 0
+
+
+class _HeadState:
+    """A head file's content as parsed: the heads (of the newest intact slot), and where the next in-place write goes
+    (``slot_size`` None: an old JSON file). ``count``: the file's slots (2, or 3 with slot C); ``durable``: the index
+    of the newest intact slot among A and B (None if neither is), whose heads are ``durable_heads`` and generation
+    ``durable_generation``: what the file holds durably, where slot C may hold more, not yet synced."""
+    __slots__ = ("heads", "slot_size", "generation", "newest", "count", "durable", "durable_heads",
+                 "durable_generation")
+
+    def __init__(self, heads, slot_size=None, generation=0, newest=None, count=HEAD_DURABLE_SLOTS, durable=None,
+                 durable_heads=None, durable_generation=0):
         self.heads, self.slot_size, self.generation, self.newest = heads, slot_size, generation, newest
+        self.count, self.durable = count, durable
+        self.durable_heads = heads if durable_heads is None else durable_heads
+        self.durable_generation = generation if durable_heads is None else durable_generation
 
 
 def _parse_head_file(data, path):
@@ -398,17 +430,21 @@ def _parse_head_file(data, path):
         except ValueError:
             raise KeyFileError(f"head file {path} is malformed (not the JSON sage writes)") from None
         return _HeadState(heads)
-    slot_size = len(data) // 2
-    slots = []
-    if len(data) == 2 * slot_size and slot_size >= HEAD_SLOT_BYTES and slot_size % HEAD_SLOT_BYTES == 0:
-        slots = [(_parse_slot(data[i * slot_size:(i + 1) * slot_size], slot_size), i) for i in (0, 1)]
-        slots = [(slot[0], i, slot[1]) for slot, i in slots if slot is not None]
+    slots, slot_size, count = [], None, HEAD_DURABLE_SLOTS
+    for count in (HEAD_DURABLE_SLOTS, HEAD_DURABLE_SLOTS + 1):  # A and B; or A, B and C (HeadSync.USE)
+        slot_size = len(data) // count
+        if len(data) == count * slot_size and _is_slot_size(slot_size):
+            slots = [(_parse_slot(data[i * slot_size:(i + 1) * slot_size], slot_size), i) for i in range(count)]
+            slots = [(slot[0], i, slot[1]) for slot, i in slots if slot is not None]
+            break
     if not slots:
         raise KeyFileError(f"head file {path} is malformed ({len(data)} bytes and no intact slot: not a head file "
                            "sage writes); restore it from backup, or move it away and audit (the audit will say the "
                            "ledger has no head record)")
     generation, newest, heads = max(slots)
-    return _HeadState(heads, slot_size, generation, newest)
+    durable = [slot for slot in slots if slot[1] < HEAD_DURABLE_SLOTS]
+    durable_generation, durable_index, durable_heads = max(durable) if durable else (0, None, {})
+    return _HeadState(heads, slot_size, generation, newest, count, durable_index, durable_heads, durable_generation)
 
 
 class _HeadFds:
@@ -419,12 +455,14 @@ class _HeadFds:
         self.inode = None  # (st_dev, st_ino) of the head file ``data`` is open on
         self.raw = None  # that file's bytes as of this process's last read or write of it
         self.state = None  # ... and as parsed
+        self.synced = -1  # the newest generation in that file when this process last made it durable
 
     def close_data(self):
         if self.data is not None:
             with contextlib.suppress(OSError):
                 os.close(self.data)
         self.data = self.inode = self.raw = self.state = None
+        self.synced = -1
 
     def close(self):
         self.close_data()
@@ -438,26 +476,34 @@ class HeadFile:
     """``<key file>.head``: {ledger id: {"seq": n, "chain": value}} of the last entry this host committed.
 
     Two fixed-size slots (A at offset 0, B at offset ``slot size``; each a header with a generation number and
-    the payload's length, the heads as JSON, and a SHA-256 of both). A write merges its update into the newest
-    intact slot's heads, only forwards (two writers finishing out of order never move it back), and overwrites
-    the OTHER slot in place (``pwrite``) with the next generation, then ``fdatasync``: one durable write per
-    commit, all under an flock of ``<head>.lock``. A reader takes the intact slot with the highest generation.
-    A crash mid-write can tear only the slot being written; the other one still holds the previous head (the
-    log is then ahead of the head, which the audit accepts when the extra entries verify under the key;
-    docs/security.md). A head too big for its slots, a missing file, and an old head file (one JSON map, as
-    sage wrote before) are written whole instead: a temporary file with bigger slots fsync'd, renamed, its
-    folder fsync'd (old files are thus migrated on their first write).
+    the payload's length, the heads as JSON, and a SHA-256 of both). A durable write merges its update into the
+    newest intact slot's heads, only forwards (two writers finishing out of order never move it back), and
+    overwrites the older of A and B in place (``pwrite``) with the next generation, then ``fdatasync``: one
+    durable write per commit, all under an flock of ``<head>.lock``. A reader takes the intact slot with the
+    highest generation. A crash mid-write can tear only the slot being written; the other one still holds the
+    previous head (the log is then ahead of the head, which the audit accepts when the extra entries verify
+    under the key; docs/security.md). A head too big for its slots, a missing file, and an old head file (one
+    JSON map, as sage wrote before) are written whole instead: a temporary file with bigger slots fsync'd,
+    renamed, its folder fsync'd (old files are thus migrated on their first write).
 
-    ``sync`` (a `HeadSync`, default $SAGE_HEAD_SYNC, else ``commit``) says when: at each ``advance``
-    (``commit``), or by a background thread that writes the newest pending head of each ledger at most
-    ``GROUP_INTERVAL_S`` later (``group``: one durable write for all the commits of the interval; flushed at
-    normal exit and before every read through ``get``).
+    ``HeadSync.USE`` adds a third slot, C, after B: a grant's head is written there in place WITHOUT a sync
+    (``advance(..., until_use=True)``): in the page cache, so a killed process loses nothing and every reader
+    sees it, and made durable by the next durable write (which copies the newest heads, C's included, into
+    A or B) or by ``make_durable`` before the grant's first use. A and B are never written without a sync, so
+    a power loss can lose or tear only C, and the newest intact slot of A and B is still the last durable head.
+    A two-slot file gains its third slot on the first such write (written whole, once).
+
+    ``sync`` (a `HeadSync`, default $SAGE_HEAD_SYNC, else ``use``) says when: at each ``advance`` (``commit``;
+    ``use`` for every write but a grant's), or by a background thread that writes the newest pending head of
+    each ledger at most ``GROUP_INTERVAL_S`` later (``group``: one durable write for all the commits of the
+    interval; flushed at normal exit and before every read through ``get``).
     """
 
     def __init__(self, path, sync=None):
         self.path = path
         self.sync = head_sync_mode(sync)
         self._pending = {}  # ledger id -> (seq, chain), HeadSync.GROUP only
+        self._unsynced = False  # HeadSync.USE: this process wrote slot C since its last durable write
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._thread = None
@@ -467,8 +513,8 @@ class HeadFile:
         self._fds_pid = os.getpid()
         # closed when this HeadFile goes (not at interpreter exit: a group writer may still be writing then)
         weakref.finalize(self, self._fds.close).atexit = False
-        if self.sync is HeadSync.GROUP:
-            _GROUP_HEADS.add(self)
+        if self.sync is not HeadSync.COMMIT:
+            _FLUSHED_AT_EXIT.add(self)
 
     def close(self):
         """Close the descriptors kept open between writes (the next write opens them again)."""
@@ -501,14 +547,23 @@ class HeadFile:
         self.flush()
         return self.read().get(ledger_id)
 
-    def advance(self, ledger_id, seq, chain, reset=False):
+    def advance(self, ledger_id, seq, chain, reset=False, until_use=False):
         """Record (seq, chain) for ``ledger_id`` if ``seq`` is beyond what is recorded (or ``reset``: a new ledger).
 
-        ``commit`` mode, and every ``reset``: durable before this returns. ``group`` mode: queued for the
-        background writer (the newest seq per ledger wins), durable within ``GROUP_INTERVAL_S``.
+        ``commit`` mode, and every ``reset``: durable before this returns. ``use`` mode: durable before this
+        returns too, unless ``until_use`` (a grant's commit): then written to slot C unsynced, made durable
+        before the grant's first use (``make_durable``). ``group`` mode: queued for the background writer (the
+        newest seq per ledger wins), durable within ``GROUP_INTERVAL_S``.
         """
-        if reset or self.sync is HeadSync.COMMIT:
-            self._write({ledger_id: (int(seq), chain)}, reset=reset)
+        update = {ledger_id: (int(seq), chain)}
+        if reset or self.sync is HeadSync.COMMIT or (self.sync is HeadSync.USE and not until_use):
+            self._write(update, reset=reset)
+            if self.sync is HeadSync.USE:
+                self._unsynced = False  # the durable write carried slot C's heads into A or B
+            return
+        if self.sync is HeadSync.USE:
+            self._unsynced = True
+            self._write(update, lazy=True)
             return
         with self._lock:
             if self._pid != os.getpid():  # a forked child: the parent's queue and thread are the parent's
@@ -521,8 +576,22 @@ class HeadFile:
                 self._thread.start()
             self._wake.notify()
 
+    def make_durable(self, ledger_id, seq, chain):
+        """Before a grant's first use (``Ledger.verify``, ``use`` mode): the head of ``ledger_id`` durable in slot A
+        or B and at least (seq, chain) (the log's last entry, at or after the grant's). Writes the newest heads
+        (slot C's, forwards) into a durable slot when those lag; otherwise makes the file durable unless this
+        process already did since that slot was written (a writer killed between its write and its sync leaves
+        a slot nobody made durable)."""
+        self._write({ledger_id: (int(seq), chain)}, sync_unknown=True)
+
     def flush(self):
-        """Write this process's pending heads now (``group`` mode; nothing to do in ``commit`` mode)."""
+        """Write this process's pending heads now: ``group`` mode's queue, ``use`` mode's unsynced slot C (copied
+        into a durable slot); in ``commit`` mode there is nothing to do."""
+        if self.sync is HeadSync.USE:
+            if self._unsynced:
+                self._write({})
+                self._unsynced = False
+            return
         with self._lock:
             if self._pid != os.getpid():
                 self._pending, self._thread, self._pid = {}, None, os.getpid()
@@ -543,8 +612,13 @@ class HeadFile:
             except (OSError, LedgerError) as exc:  # as Ledger._advance_head: the commits stand, the head lags
                 logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self.path, exc)
 
-    def _write(self, updates, reset=False):
-        """Merge ``updates`` {ledger id: (seq, chain)} into the file, forwards only (unless ``reset``), durably."""
+    def _write(self, updates, reset=False, lazy=False, sync_unknown=False):
+        """Merge ``updates`` {ledger id: (seq, chain)} into the file, forwards only (unless ``reset``).
+
+        Durable (the default): into the older of slots A and B, fdatasync'd, when the merged heads (the newest
+        slot's, C's included, with ``updates``) are beyond what A and B hold; with ``sync_unknown``, otherwise
+        the file is fdatasync'd unless this process did so since A's or B's newest write. ``lazy``: into slot C,
+        unsynced (``HeadSync.USE``), when ``updates`` move the newest heads forwards."""
         import fcntl
 
         with self._io:
@@ -566,20 +640,33 @@ class HeadFile:
                         continue
                     heads[ledger_id] = {"seq": int(seq), "chain": chain}
                     changed = True
-                if not changed:
+                if not (changed if lazy else changed or heads != state.durable_heads):
+                    if sync_unknown and state.slot_size is not None and state.durable_generation > fds.synced:
+                        _fdatasync(fds.data)  # A's or B's newest was written by a process that did not say it synced
+                        fds.synced = state.generation
                     return
                 payload = _heads_payload(heads)
                 generation = state.generation + 1
-                if state.slot_size is None or _slot_size_for(payload) > state.slot_size:
-                    self._replace(fds, _slot_size_for(payload), generation, payload, heads)
+                count = HEAD_DURABLE_SLOTS + 1 if lazy else max(state.count, HEAD_DURABLE_SLOTS)
+                if state.slot_size is None or _slot_size_for(payload) > state.slot_size or count > state.count:
+                    self._replace(fds, max(_slot_size_for(payload), state.slot_size or 0), generation, payload,
+                                  heads, count)
                     return
-                target = 1 - state.newest  # the older slot: the newest intact one is never touched
                 slot = _slot_bytes(state.slot_size, generation, payload)
+                if lazy:  # slot C, in place, no sync: A and B keep the last durable head
+                    target, durable, durable_heads, durable_generation = (HEAD_LAZY_SLOT, state.durable,
+                                                                          state.durable_heads, state.durable_generation)
+                else:  # the older of A and B: the newest intact one of them is never touched
+                    target = 1 - state.durable if state.durable is not None else 0
+                    durable, durable_heads, durable_generation = target, heads, generation
                 offset = target * state.slot_size
                 os.pwrite(fds.data, slot, offset)
-                _fdatasync(fds.data)  # the file's size never changes here: its data alone is made durable
+                if not lazy:
+                    _fdatasync(fds.data)  # the file's size never changes here: its data alone is made durable
+                    fds.synced = generation
                 fds.raw = fds.raw[:offset] + slot + fds.raw[offset + state.slot_size:]
-                fds.state = _HeadState(heads, state.slot_size, generation, target)
+                fds.state = _HeadState(heads, state.slot_size, generation, target, state.count, durable,
+                                       durable_heads, durable_generation)
             except BaseException:
                 fds.close_data()  # re-read from the file next time
                 raise
@@ -610,11 +697,12 @@ class HeadFile:
             fds.raw, fds.state = raw, _parse_head_file(raw, self.path)
         return fds.state
 
-    def _replace(self, fds, slot_size, generation, payload, heads):
-        """Write the file anew (slot A this head, slot B empty): temporary file fsync'd, renamed, folder fsync'd."""
+    def _replace(self, fds, slot_size, generation, payload, heads, count=HEAD_DURABLE_SLOTS):
+        """Write the file anew (slot A this head, the other ``count - 1`` slots empty): temporary file fsync'd,
+        renamed, folder fsync'd."""
         folder = os.path.dirname(self.path) or "."
         tmp = f"{self.path}.tmp{os.getpid()}.{threading.get_ident()}"
-        data = _slot_bytes(slot_size, generation, payload) + bytes(slot_size)
+        data = _slot_bytes(slot_size, generation, payload) + bytes(slot_size * (count - 1))
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.fchmod(fd, 0o600)
@@ -631,8 +719,8 @@ class HeadFile:
         fds.close_data()
         fds.data = _open_head(self.path)
         st = os.fstat(fds.data)
-        fds.inode, fds.raw = (st.st_dev, st.st_ino), data
-        fds.state = _HeadState(heads, slot_size, generation, 0)
+        fds.inode, fds.raw, fds.synced = (st.st_dev, st.st_ino), data, generation
+        fds.state = _HeadState(heads, slot_size, generation, 0, count, 0, heads, generation)
 
 
 MAX_OPEN_HEAD_FILES = 32  # HeadFiles of one process keeping descriptors open; beyond it the oldest close theirs
@@ -660,12 +748,12 @@ def _keep_open(head):
                 other._io.release()
 
 
-_GROUP_HEADS = weakref.WeakSet()  # the live HeadSync.GROUP head files of this process, flushed at exit
+_FLUSHED_AT_EXIT = weakref.WeakSet()  # the live HeadSync.GROUP and .USE head files of this process
 
 
 @atexit.register
 def _flush_at_exit():
-    for head in list(_GROUP_HEADS):
+    for head in list(_FLUSHED_AT_EXIT):
         try:
             head.flush()
         except (OSError, LedgerError) as exc:

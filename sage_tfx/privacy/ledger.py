@@ -43,7 +43,8 @@ master key from a key file outside the database (``keys.py``: ``key_file=``, els
 ``<sqlite path>.key``; PostgreSQL needs one explicitly); grants are signed with its derived signing key,
 release seeds come from its noise key, and the log is chained with its audit key. After every committed
 write the log's head (last sequence number and chain value) is written to the head file beside the key
-file, outside the database. A ledger of an older version (its secret in ``meta.secret``) is migrated on
+file, outside the database: durable before the write returns, except a grant's (``HeadSync.USE``, the
+default), durable before the grant's first use (``verify``). A ledger of an older version (its secret in ``meta.secret``) is migrated on
 open: the key file is written first (0600, fsync), then the secret is deleted in one transaction.
 """
 import json
@@ -126,8 +127,8 @@ class Ledger:
     def open(cls, location, create=False, key_file=None, head_sync=None):
         """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
         $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
-        (mode 0600) if that does not exist yet. ``head_sync`` (``keys.HeadSync``: ``commit`` or ``group``;
-        default $SAGE_HEAD_SYNC, else ``commit``) says when the audit's head file is made durable
+        (mode 0600) if that does not exist yet. ``head_sync`` (``keys.HeadSync``: ``use``, ``commit`` or
+        ``group``; default $SAGE_HEAD_SYNC, else ``use``) says when the audit's head file is made durable
         (docs/security.md)."""
         if not isinstance(location, (str, os.PathLike)) or not str(location):
             raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
@@ -165,11 +166,12 @@ class Ledger:
     def key_file(self):
         return self._keys.path
 
-    def _advance_head(self, head, reset=False):
-        """After a committed write: record its last log entry in the head file (outside the database)."""
+    def _advance_head(self, head, until_use=False, reset=False):
+        """After a committed write: record its last log entry in the head file (outside the database); ``until_use``
+        (a grant's write, ``HeadSync.USE``): durable before the grant's first use (``verify``), not before now."""
         seq, chain = head
         try:
-            self._head.advance(self._ledger_id, seq, chain, reset=reset)
+            self._head.advance(self._ledger_id, seq, chain, reset=reset, until_use=until_use)
         except (OSError, LedgerError) as exc:  # the write is committed: the audit will say the head is behind
             logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self._head.path, exc)
 
@@ -196,7 +198,7 @@ class Ledger:
             claim.release()
         try:
             if hasattr(self, "_head"):
-                self._head.flush()  # HeadSync.GROUP: this ledger's last head made durable now (commit: nothing)
+                self._head.flush()  # GROUP and USE: this ledger's last head made durable now (commit: nothing)
                 self._head.close()  # the descriptors kept open between writes
         except (OSError, LedgerError) as exc:  # as _advance_head: the commits stand, the audit says the head lags
             logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self._head.path, exc)
@@ -452,6 +454,7 @@ class Ledger:
             w = sql.STREAM_WIDTH
             s = parsed_stream(tuple(row[:w]))
             pipeline_state, tx.log_last = row[w], (row[w + 1], row[w + 2]) if row[w + 1] is not None else None
+            tx.head_until_use = True  # HeadSync.USE: its head durable before the grant's first use (verify)
             filt = stream_filter(s)
             try:
                 if curve is None and epsilon is None:
@@ -578,7 +581,21 @@ class Ledger:
             raise GrantError(f"grant {grant.id!r} is forged: its signature does not match its contents")
         stored = self.get_grant(grant.id)
         check_grant_copy(grant, stored, stream, epsilon, delta)
+        self._head_before_use()
         return stored
+
+    def _head_before_use(self):
+        """The head file durably at or beyond the log's last entry (so beyond the grant just verified) before
+        anything is read under the grant (docs/security.md, ``HeadSync.USE``). In every mode: the grant may have
+        been made by a process in ``use`` mode, whose head of it may still be in slot C only."""
+        with self._store.transaction(write=False) as tx:
+            last = tx.one(sql.LOG_LAST)
+        if last is None:
+            return
+        try:
+            self._head.make_durable(self._ledger_id, last[0], last[1])
+        except (OSError, LedgerError) as exc:  # as _advance_head: the audit will say the head is behind
+            logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self._head.path, exc)
 
     def release(self, grant, stage, computation, epsilon, delta=0.0):
         """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn; return a ``Release``.

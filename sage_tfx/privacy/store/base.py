@@ -24,7 +24,7 @@ class Store:
     kind = None
     placeholder = "?"
     statements = 0  # SQL statements this store executed (an executemany counts one per row): tests bound them
-    after_commit = None  # called with a write transaction's ``tx.head`` once it committed (Ledger's head file)
+    after_commit = None  # called with a write transaction's ``tx.head`` (and ``tx.head_until_use``) once it committed
     on_create = None
 
     def _sql(self, text):
@@ -117,7 +117,7 @@ class _Transaction:
         store._commit()
         head = getattr(self.tx, "head", None)
         if self.write and head is not None and store.after_commit is not None:
-            store.after_commit(head)
+            store.after_commit(head, getattr(self.tx, "head_until_use", False))
         return False
 
 
