@@ -18,22 +18,10 @@ import time
 
 import pytest
 
+from _head_file import last_seq, small_ledger
 from sage_tfx.privacy import Ledger
 from sage_tfx.privacy import keys as keys_module
 from sage_tfx.privacy.keys import ENV_HEAD_SYNC, HeadFile, HeadSync, KeyFileError, head_sync_mode
-
-
-def _ledger(path, blocks=4):
-    ledger = Ledger.open(path, create=True)
-    ledger.create_stream("s", 1000.0, 1e-6, min_epsilon=1e-6, max_epsilon=1000.0)
-    for i in range(blocks):
-        ledger.add_block("s", f"b{i}")
-    return ledger
-
-
-def _last_seq(ledger):
-    with ledger._store.transaction(write=False) as tx:
-        return tx.one("SELECT seq FROM log ORDER BY seq DESC LIMIT 1")[0]
 
 
 @pytest.mark.parametrize("mode", ["commit", "group"])
@@ -47,14 +35,14 @@ def test_the_head_ends_at_the_logs_last_entry_with_fewer_writes_in_group_mode(tm
         return original(self, updates, reset=reset)
 
     monkeypatch.setattr(HeadFile, "_write", counting)
-    ledger = _ledger(tmp_path / "l.db")
+    ledger = small_ledger(tmp_path / "l.db")
     assert ledger.head_file.sync is HeadSync(mode)
     before = len(writes)
     commits = 60
     for _ in range(commits):
         ledger.request("p", "s", blocks=["b0", "b1", "b2", "b3"], epsilon=1.0)
     head = ledger.head_file.get(ledger.ledger_id)  # flushes this process's pending head first
-    assert head["seq"] == _last_seq(ledger)
+    assert head["seq"] == last_seq(ledger)
     report = ledger.audit()
     assert report.ok, report.problems
     made = len(writes) - before
@@ -67,7 +55,7 @@ def test_the_head_ends_at_the_logs_last_entry_with_fewer_writes_in_group_mode(tm
 
 def test_a_process_killed_in_group_mode_leaves_the_head_behind_and_the_audit_accepts_it(tmp_path):
     path = tmp_path / "l.db"
-    _ledger(path).close()
+    small_ledger(path).close()
     child = textwrap.dedent(f"""
         import sys
         from sage_tfx.privacy import Ledger
@@ -90,7 +78,7 @@ def test_a_process_killed_in_group_mode_leaves_the_head_behind_and_the_audit_acc
         report = ledger.audit()
         assert report.ok, report.problems
         head = ledger.head_file.get(ledger.ledger_id)
-        last = _last_seq(ledger)
+        last = last_seq(ledger)
         assert 0 < head["seq"] <= last
         if head["seq"] < last:  # the entries of the last interval: accepted, and said
             assert any("after the head file's entry" in n for n in report.notes), report.notes
@@ -111,11 +99,11 @@ def _assert_truncation_caught(ledger, first):
 
 def test_group_mode_still_catches_a_truncated_log(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_HEAD_SYNC, "group")
-    ledger = _ledger(tmp_path / "l.db")
+    ledger = small_ledger(tmp_path / "l.db")
     for _ in range(5):
         ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
     ledger.head_file.flush()
-    _assert_truncation_caught(ledger, _last_seq(ledger))
+    _assert_truncation_caught(ledger, last_seq(ledger))
     ledger.close()
 
 
@@ -123,10 +111,10 @@ def test_the_group_writer_makes_the_head_durable_without_a_read(tmp_path, monkey
     """No flush, no exit: the background writer alone brings the head file to the last entry (within 50 ms
     of the last commit; polled for up to 30 s on a loaded machine)."""
     monkeypatch.setenv(ENV_HEAD_SYNC, "group")
-    ledger = _ledger(tmp_path / "l.db")
+    ledger = small_ledger(tmp_path / "l.db")
     for _ in range(3):
         ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
-    last = _last_seq(ledger)
+    last = last_seq(ledger)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         # the file itself, no flush
@@ -159,7 +147,7 @@ def test_a_bad_mode_creates_nothing_and_open_takes_the_mode(tmp_path, monkeypatc
     assert ledger.head_file.sync is HeadSync.GROUP
     ledger.create_stream("s", 10.0, 1e-6)
     ledger.add_block("s", "b0")
-    last = _last_seq(ledger)
+    last = last_seq(ledger)
     ledger.close()
     assert HeadFile(str(tmp_path / "l.db") + ".key.head", "commit").read()[ledger.ledger_id]["seq"] == last
 
@@ -183,11 +171,11 @@ def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_a
     """A crash mid-write (the newer slot partly written) leaves the older slot: the previous head, never a false
     alarm, and a truncation below that head is still caught."""
     monkeypatch.setenv(ENV_HEAD_SYNC, "commit")  # every write in place into A or B (use mode: tests/test_head_use.py)
-    ledger = _ledger(tmp_path / "l.db")
+    ledger = small_ledger(tmp_path / "l.db")
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
-    before, old_seq = _head_bytes(ledger), _last_seq(ledger)
+    before, old_seq = _head_bytes(ledger), last_seq(ledger)
     ledger.request("p", "s", blocks=["b1"], epsilon=1.0)
-    after, last = _head_bytes(ledger), _last_seq(ledger)
+    after, last = _head_bytes(ledger), last_seq(ledger)
     assert len(before) == len(after) == 2 * keys_module.HEAD_SLOT_BYTES and last > old_seq
     size = keys_module.HEAD_SLOT_BYTES
     written = [i for i in (0, 1) if before[i * size:(i + 1) * size] != after[i * size:(i + 1) * size]]
@@ -216,7 +204,7 @@ def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_a
     torn_file = _head_bytes(ledger)
     # the next write goes to the torn slot (the other is intact and newest): the head moves on, audit clean
     ledger.request("p", "s", blocks=["b2"], epsilon=1.0)
-    assert HeadFile(ledger.head_file.path, "commit").read()[ledger.ledger_id]["seq"] == _last_seq(ledger)
+    assert HeadFile(ledger.head_file.path, "commit").read()[ledger.ledger_id]["seq"] == last_seq(ledger)
     assert ledger.audit().ok
     # never a missed truncation: back to the torn file, the log cut below the surviving head's entry (the new one
     # when the tear changed nothing: "all but one byte" whose last byte the old slot happened to share, 1 in 256)
@@ -235,7 +223,7 @@ OTHER_LEDGER = "0" * 32
 
 def test_an_old_json_head_file_is_read_and_migrated_on_the_first_write(tmp_path, monkeypatch):
     monkeypatch.setenv(ENV_HEAD_SYNC, "commit")  # migrated to two slots (use mode's three: tests/test_head_use.py)
-    ledger = _ledger(tmp_path / "l.db")
+    ledger = small_ledger(tmp_path / "l.db")
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
     path = ledger.head_file.path
     current = HeadFile(path, "commit").read()[ledger.ledger_id]
@@ -258,9 +246,9 @@ def test_an_old_json_head_file_is_read_and_migrated_on_the_first_write(tmp_path,
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     heads = HeadFile(path, "commit").read()
     assert heads[OTHER_LEDGER] == {"seq": 41, "chain": "ab" * 32}  # the other ledger's head kept
-    assert heads[ledger.ledger_id]["seq"] == _last_seq(ledger)
+    assert heads[ledger.ledger_id]["seq"] == last_seq(ledger)
     assert ledger.audit().ok
-    last = _last_seq(ledger)
+    last = last_seq(ledger)
     with ledger._store.transaction() as tx:
         tx.run("DELETE FROM log WHERE seq = ?", (last,))
     assert any(f"recorded entry {last}" in p for p in ledger.audit().problems)
@@ -314,27 +302,31 @@ def test_a_stale_writer_never_moves_the_head_back_and_follows_a_replaced_file(tm
     assert HeadFile(path, "commit").read()["L"]["seq"] == 9
 
 
-def test_writers_in_several_processes_lose_no_head_and_never_go_back(tmp_path):
+@pytest.mark.parametrize("mode", ["commit", "use"])
+def test_writers_in_several_processes_lose_no_head_and_never_go_back(tmp_path, mode):
     """Three processes advance one shared ledger id (interleaved sequence numbers) and one id each: the file
-    ends at the highest of each, so no write was lost to a stale view of the file."""
+    ends at the highest of each, so no write was lost to a stale view of the file. In ``use`` mode the writers mix
+    grants' unsynced writes (slot C) with durable ones, and each makes its last heads durable as it exits."""
     path = str(tmp_path / "k.key.head")
-    HeadFile(path, "commit").advance("shared", 0, "c")
+    HeadFile(path, mode).advance("shared", 0, "c")
     child = textwrap.dedent("""
         import sys
         from sage_tfx.privacy.keys import HeadFile
-        path, me, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-        head = HeadFile(path, "commit")
+        path, me, n, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+        head, lazy = HeadFile(path, mode), mode == "use"
         for i in range(n):
-            head.advance("shared", 3 * i + me + 1, f"c{3 * i + me + 1}")
-            head.advance(f"own-{me}", i + 1, f"o{i + 1}")
+            head.advance("shared", 3 * i + me + 1, f"c{3 * i + me + 1}", until_use=lazy and i % 3 != 0)
+            head.advance(f"own-{me}", i + 1, f"o{i + 1}", until_use=lazy and i % 2 == 0)
     """)
     n = 60
-    procs = [subprocess.Popen([sys.executable, "-c", child, path, str(me), str(n)]) for me in range(3)]
+    procs = [subprocess.Popen([sys.executable, "-c", child, path, str(me), str(n), mode]) for me in range(3)]
     for p in procs:
         assert p.wait(timeout=120) == 0
     heads = HeadFile(path, "commit").read()
     assert heads["shared"] == {"seq": 3 * n, "chain": f"c{3 * n}"}
     assert all(heads[f"own-{me}"] == {"seq": n, "chain": f"o{n}"} for me in range(3))
+    with open(path, "rb") as f:
+        assert keys_module._parse_head_file(f.read(), path).durable_heads == heads  # durable: synced, or at exit
 
 
 def test_a_head_file_open_to_others_or_malformed_is_refused_naming_the_fix(tmp_path):

@@ -22,25 +22,13 @@ import textwrap
 
 import pytest
 
+from _head_file import last_seq, small_ledger
 from sage_tfx.privacy import GrantError, Ledger
 from sage_tfx.privacy import keys as keys_module
 from sage_tfx.privacy.keys import ENV_HEAD_SYNC, HeadFile, HeadSync
 
 SLOT = keys_module.HEAD_SLOT_BYTES
 C = keys_module.HEAD_LAZY_SLOT
-
-
-def _ledger(path, blocks=4):
-    ledger = Ledger.open(path, create=True)
-    ledger.create_stream("s", 1000.0, 1e-6, min_epsilon=1e-6, max_epsilon=1000.0)
-    for i in range(blocks):
-        ledger.add_block("s", f"b{i}")
-    return ledger
-
-
-def _last_seq(ledger):
-    with ledger._store.transaction(write=False) as tx:
-        return tx.one("SELECT seq FROM log ORDER BY seq DESC LIMIT 1")[0]
 
 
 def _state(path):
@@ -83,23 +71,23 @@ def _default_mode(monkeypatch):
 
 
 def test_use_is_the_default_and_a_grant_is_durable_before_its_first_use(tmp_path):
-    ledger = _ledger(tmp_path / "l.db")
+    ledger = small_ledger(tmp_path / "l.db")
     assert ledger.head_file.sync is HeadSync.USE and keys_module.head_sync_mode() is HeadSync.USE
     path, me = ledger.head_file.path, ledger.ledger_id
-    setup = _last_seq(ledger)
+    setup = last_seq(ledger)
     assert _durable_seq(_state(path), me) == setup  # stream and blocks: durable before each write returned
     grant = ledger.request("p", "s", blocks=["b0", "b1"], epsilon=1.0)
     state = _state(path)
     assert state.count == 3 and os.path.getsize(path) == 3 * SLOT  # the file gained slot C (written whole, once)
     second = ledger.request("p", "s", blocks=["b2"], epsilon=1.0)
-    last = _last_seq(ledger)
+    last = last_seq(ledger)
     state = _state(path)
     assert state.newest == C and _newest_seq(state, me) == last  # the grant's head: in slot C ...
     assert _durable_seq(state, me) < last  # ... not yet in a durable slot
     report = ledger.audit()  # reads the head (the newest slot) after making this process's heads durable
     assert report.ok and not report.notes, (report.problems, report.notes)
     ledger.request("p", "s", blocks=["b3"], epsilon=1.0)
-    last = _last_seq(ledger)
+    last = last_seq(ledger)
     assert _durable_seq(_state(path), me) < last
     assert ledger.verify(second).id == second.id  # the door: the log's last entry durable first
     state = _state(path)
@@ -111,11 +99,11 @@ def test_use_is_the_default_and_a_grant_is_durable_before_its_first_use(tmp_path
 @pytest.mark.parametrize("verifier_mode", ["commit", "group"])
 def test_a_verifier_in_another_mode_still_makes_the_grant_durable_first(tmp_path, verifier_mode):
     """The executor that verifies may run with another SAGE_HEAD_SYNC than the process that granted."""
-    ledger = _ledger(tmp_path / "l.db")
+    ledger = small_ledger(tmp_path / "l.db")
     path, me = ledger.head_file.path, ledger.ledger_id
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
     grant = ledger.request("p", "s", blocks=["b1"], epsilon=1.0)
-    last = _last_seq(ledger)
+    last = last_seq(ledger)
     assert _durable_seq(_state(path), me) < last
     with Ledger.open(tmp_path / "l.db", head_sync=verifier_mode) as verifier:
         verifier.verify(grant.to_json())
@@ -124,13 +112,13 @@ def test_a_verifier_in_another_mode_still_makes_the_grant_durable_first(tmp_path
 
 
 def test_every_write_but_a_grant_is_durable_before_it_returns(tmp_path):
-    ledger = _ledger(tmp_path / "l.db")
+    ledger = small_ledger(tmp_path / "l.db")
     path, me = ledger.head_file.path, ledger.ledger_id
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)  # the first grant gives the file slot C (durably)
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
-    assert _durable_seq(_state(path), me) < _last_seq(ledger)
+    assert _durable_seq(_state(path), me) < last_seq(ledger)
     ledger.add_block("s", "b9")  # a write that is not a grant: durable at once, carrying the grant's head with it
-    assert _durable_seq(_state(path), me) == _last_seq(ledger)
+    assert _durable_seq(_state(path), me) == last_seq(ledger)
     ledger.request("p", "s", blocks=["b1"], epsilon=1.0)
     ledger.close()  # a normal close makes the last grant's head durable too
     assert _durable_seq(_state(path), me) == _newest_seq(_state(path), me)
@@ -141,7 +129,7 @@ def test_every_write_but_a_grant_is_durable_before_it_returns(tmp_path):
 def test_after_a_power_loss_a_used_grant_s_truncation_is_caught_and_an_unused_one_cannot_be_read(tmp_path, used,
                                                                                                  lost):
     path = tmp_path / "l.db"
-    ledger = _ledger(path)
+    ledger = small_ledger(path)
     me, head_path = ledger.ledger_id, ledger.head_file.path
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)  # the file has its three slots from here on
     before_grant = tmp_path / "before.db"
@@ -149,7 +137,7 @@ def test_after_a_power_loss_a_used_grant_s_truncation_is_caught_and_an_unused_on
     with open(head_path, "rb") as f:
         head_before = f.read()
     grant = ledger.request("p", "s", blocks=["b1", "b2"], epsilon=2.0)
-    grant_seq = _last_seq(ledger)
+    grant_seq = last_seq(ledger)
     if used:
         ledger.verify(grant)  # e.g. BlockExampleGen's door, before any block is opened
     with open(head_path, "rb") as f:
@@ -178,7 +166,7 @@ def test_a_killed_writer_loses_no_grant_head(tmp_path):
     """SIGKILL right after the grant returns (no flush, no exit handler): the head is in the page cache, the audit
     reads it, and the grant's truncation is caught."""
     path = tmp_path / "l.db"
-    with _ledger(path) as ledger:
+    with small_ledger(path) as ledger:
         ledger.request("p", "s", blocks=["b3"], epsilon=1.0)  # the file has its three slots from here on
     before_grant = tmp_path / "before.db"
     _backup(path, before_grant)
@@ -195,7 +183,7 @@ def test_a_killed_writer_loses_no_grant_head(tmp_path):
     proc = subprocess.run([sys.executable, "-c", child], env=env, timeout=120)
     assert proc.returncode == -signal.SIGKILL
     with Ledger.open(path) as ledger:
-        last = _last_seq(ledger)
+        last = last_seq(ledger)
         state = _state(ledger.head_file.path)
         assert state.newest == C and _newest_seq(state, me) == last > _durable_seq(state, me)  # never synced
         report = ledger.audit()
@@ -263,27 +251,3 @@ def test_a_commit_mode_writer_keeps_slot_c_and_never_goes_back(tmp_path):
     assert HeadFile(path, "commit").read()["L"]["seq"] == 5
     lazy.advance("L", 6, "c6", until_use=True)
     assert HeadFile(path, "commit").read() == {"L": {"seq": 6, "chain": "c6"}, "M": {"seq": 1, "chain": "m1"}}
-
-
-def test_writers_in_several_processes_mixing_both_writes_lose_no_head(tmp_path):
-    path = str(tmp_path / "k.key.head")
-    HeadFile(path, "use").advance("shared", 0, "c")
-    child = textwrap.dedent("""
-        import sys
-        from sage_tfx.privacy.keys import HeadFile
-        path, me, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-        head = HeadFile(path, "use")
-        for i in range(n):
-            head.advance("shared", 3 * i + me + 1, f"c{3 * i + me + 1}", until_use=i % 3 != 0)
-            head.advance(f"own-{me}", i + 1, f"o{i + 1}", until_use=i % 2 == 0)
-    """)
-    n = 60
-    env = {k: v for k, v in os.environ.items() if k != ENV_HEAD_SYNC}
-    procs = [subprocess.Popen([sys.executable, "-c", child, path, str(me), str(n)], env=env) for me in range(3)]
-    for p in procs:
-        assert p.wait(timeout=120) == 0
-    heads = HeadFile(path, "commit").read()
-    assert heads["shared"] == {"seq": 3 * n, "chain": f"c{3 * n}"}
-    assert all(heads[f"own-{me}"] == {"seq": n, "chain": f"o{n}"} for me in range(3))
-    # each child exited normally: its last heads were made durable at exit
-    assert _state(path).durable_heads == heads
