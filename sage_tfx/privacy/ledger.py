@@ -93,6 +93,13 @@ OUTCOMES = tuple(Outcome)  # "ACCEPT", "REJECT", "TIMEOUT"
 _canonical = canonical  # the name older code and tests import from here
 
 
+def _recorded_grant(grant_id, row):
+    """The Grant of a ``sql.GRANT_BODY`` row; GrantError if there is none (never charged by this ledger)."""
+    if row is None:
+        raise GrantError(f"grant {grant_id!r} is unknown to this ledger")
+    return Grant.from_row(*row)
+
+
 class Ledger:
     """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists."""
 
@@ -554,10 +561,7 @@ class Ledger:
 
     def get_grant(self, grant_id):
         with self._store.transaction(write=False) as tx:
-            row = tx.one(sql.GRANT_BODY, (grant_id,))
-        if row is None:
-            raise GrantError(f"grant {grant_id!r} is unknown to this ledger")
-        return Grant.from_row(*row)
+            return _recorded_grant(grant_id, tx.one(sql.GRANT_BODY, (grant_id,)))
 
     def grants(self, stream=None):
         with self._store.transaction(write=False) as tx:
@@ -579,17 +583,17 @@ class Ledger:
         grant = Grant.from_json(grant)
         if not self._signature_ok(grant.body(), grant.signature):
             raise GrantError(f"grant {grant.id!r} is forged: its signature does not match its contents")
-        stored = self.get_grant(grant.id)
+        with self._store.transaction(write=False) as tx:  # the grant's record and a log tail at or after its entry
+            stored, last = _recorded_grant(grant.id, tx.one(sql.GRANT_BODY, (grant.id,))), tx.one(sql.LOG_LAST)
         check_grant_copy(grant, stored, stream, epsilon, delta)
-        self._head_before_use()
+        self._head_before_use(last)
         return stored
 
-    def _head_before_use(self):
-        """The head file durably at or beyond the log's last entry (so beyond the grant just verified) before
-        anything is read under the grant (docs/security.md, ``HeadSync.USE``). In every mode: the grant may have
-        been made by a process in ``use`` mode, whose head of it may still be in slot C only."""
-        with self._store.transaction(write=False) as tx:
-            last = tx.one(sql.LOG_LAST)
+    def _head_before_use(self, last):
+        """The head file durably at or beyond ``last`` (the log's last entry as of the read that found the grant,
+        so at or beyond the grant's own entry) before anything is read under the grant (docs/security.md,
+        ``HeadSync.USE``). In every mode: the grant may have been made by a process in ``use`` mode, whose head of
+        it may still be in slot C only."""
         if last is None:
             return
         try:
