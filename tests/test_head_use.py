@@ -251,3 +251,18 @@ def test_a_commit_mode_writer_keeps_slot_c_and_never_goes_back(tmp_path):
     assert HeadFile(path, "commit").read()["L"]["seq"] == 5
     lazy.advance("L", 6, "c6", until_use=True)
     assert HeadFile(path, "commit").read() == {"L": {"seq": 6, "chain": "c6"}, "M": {"seq": 1, "chain": "m1"}}
+
+
+def test_a_head_file_that_cannot_be_written_at_first_use_is_warned_about_and_the_grant_still_given(tmp_path, caplog):
+    """As a failed head write after a commit: the grant was charged and is given, and the warning names the file and
+    the fix (here: a head file opened to others, which every write refuses)."""
+    ledger = small_ledger(tmp_path / "l.db")
+    ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
+    grant = ledger.request("p", "s", blocks=["b1"], epsilon=1.0)
+    os.chmod(ledger.head_file.path, 0o664)
+    with caplog.at_level("WARNING", logger="sage_tfx.privacy.keys"):
+        assert ledger.verify(grant).id == grant.id
+    assert any("could not update head file" in r.getMessage() and "chmod 600" in r.getMessage()
+               for r in caplog.records), caplog.records
+    os.chmod(ledger.head_file.path, 0o600)
+    ledger.close()

@@ -96,6 +96,12 @@ def head_sync_mode(value=None) -> HeadSync:
                            f"{', '.join(m.value for m in HeadSync)} (docs/security.md)") from None
 
 
+def warn_head_write(path, exc) -> None:
+    """A head-file write that failed after its commit (or before a grant's use): the commit stands and the grant is
+    given; the audit will say the head lags the log (docs/security.md)."""
+    logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", path, exc)
+
+
 class KeyFileError(LedgerError):
     """A key file that is missing, unreadable, too open, malformed, or not this ledger's."""
 
@@ -610,7 +616,7 @@ class HeadFile:
             try:
                 self.flush()
             except (OSError, LedgerError) as exc:  # as Ledger._advance_head: the commits stand, the head lags
-                logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self.path, exc)
+                warn_head_write(self.path, exc)
 
     def _write(self, updates, reset=False, lazy=False, sync_unknown=False):
         """Merge ``updates`` {ledger id: (seq, chain)} into the file, forwards only (unless ``reset``).
@@ -757,4 +763,4 @@ def _flush_at_exit():
         try:
             head.flush()
         except (OSError, LedgerError) as exc:
-            logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", head.path, exc)
+            warn_head_write(head.path, exc)

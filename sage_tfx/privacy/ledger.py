@@ -48,7 +48,6 @@ default), durable before the grant's first use (``verify``). A ledger of an olde
 open: the key file is written first (0600, fsync), then the secret is deleted in one transaction.
 """
 import json
-import logging
 import os
 import time
 
@@ -70,7 +69,7 @@ from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-export
     signature_ok,
     stage_allowance,
 )
-from .keys import HeadFile, KeyFileError, head_sync_mode, resolve_key_path
+from .keys import HeadFile, KeyFileError, head_sync_mode, resolve_key_path, warn_head_write
 from .session import KeySource as _KeySource, PipelineClaim, migrate_secret, migration_entry
 from .split import STAGES
 from .store import open_store, sql
@@ -180,7 +179,7 @@ class Ledger:
         try:
             self._head.advance(self._ledger_id, seq, chain, reset=reset, until_use=until_use)
         except (OSError, LedgerError) as exc:  # the write is committed: the audit will say the head is behind
-            logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self._head.path, exc)
+            warn_head_write(self._head.path, exc)
 
     def _migrate_secret(self, secret):
         """Move an older ledger's ``meta.secret`` out of the database (``session.migrate_secret``); the ledger id
@@ -208,7 +207,7 @@ class Ledger:
                 self._head.flush()  # GROUP and USE: this ledger's last head made durable now (commit: nothing)
                 self._head.close()  # the descriptors kept open between writes
         except (OSError, LedgerError) as exc:  # as _advance_head: the commits stand, the audit says the head lags
-            logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self._head.path, exc)
+            warn_head_write(self._head.path, exc)
         finally:
             self._store.close()
 
@@ -599,7 +598,7 @@ class Ledger:
         try:
             self._head.make_durable(self._ledger_id, last[0], last[1])
         except (OSError, LedgerError) as exc:  # as _advance_head: the audit will say the head is behind
-            logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", self._head.path, exc)
+            warn_head_write(self._head.path, exc)
 
     def release(self, grant, stage, computation, epsilon, delta=0.0):
         """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn; return a ``Release``.
