@@ -44,8 +44,9 @@ master key from a key file outside the database (``keys.py``: ``key_file=``, els
 release seeds come from its noise key, and the log is chained with its audit key. After every committed
 write the log's head (last sequence number and chain value) is written to the head file beside the key
 file, outside the database: durable before the write returns, except a grant's (``HeadSync.USE``, the
-default), durable before the grant's first use (``verify``). A ledger of an older version (its secret in ``meta.secret``) is migrated on
-open: the key file is written first (0600, fsync), then the secret is deleted in one transaction.
+default), durable before the grant's first use (``verify``). A ledger of an older version (its secret in
+``meta.secret``) is migrated on open: the key file is written first (0600, fsync), then the secret is deleted
+in one transaction.
 """
 import json
 import os
@@ -571,7 +572,7 @@ class Ledger:
         return [Grant.from_row(*row) for row in rows]
 
     def verify(self, grant, stream=None, epsilon=None, delta=None):
-        """Check a grant before reading data; return the ledger's copy.
+        """Check a grant before reading data; return the ledger's copy (its head made durable first: docs/security.md).
 
         Raises GrantError if the grant is missing, malformed, forged (bad signature
         or altered fields), unknown (never charged by this ledger), of another
