@@ -146,14 +146,20 @@ def _blessings_under_the_grant(work, pipeline, grant):
 @pytest.mark.slow
 @pytest.mark.tf
 def test_killed_runs_resume_without_double_charging(taxi_stream, tmp_path):
-    """kill -9 `sage run` at random moments, run it again each time, until it finishes."""
+    """kill -9 `sage run` at random moments, run it again each time, until it finishes.
+
+    A kill after an iteration opened a release and before it ended makes the resumed iteration compute that stage
+    again; when the recomputation is not bit for bit the same (the validator's model digest after the trainer ran
+    again), the ledger refuses it as a release the grant did not pay for, the iteration is FAILED with its grant
+    spent, and `sage run` exits 1 (README): run again, it goes on after that iteration. Only that exit 1 is
+    tolerated here, and every other assertion (one grant per iteration, audit, spend) holds across it."""
     db, data = _copy_stream(taxi_stream, tmp_path)
     cmd = [PY, "-m", "sage_tfx", "run", "taxi_regression", "--db", str(db), "--stream", "taxi",
            "--data-root", str(data), "--target", "100000", "--max-iterations", "3", "--min-window", "64",
            "--rejection-share", "0",
            "--work-dir", str(tmp_path / "work")]
     rng = random.Random(7)
-    kills, final = 0, None
+    kills, refused, final = 0, 0, None
     for attempt in range(12):
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         if attempt < 3:  # kill the first runs somewhere inside their TFX iterations
@@ -165,8 +171,11 @@ def test_killed_runs_resume_without_double_charging(taxi_stream, tmp_path):
             continue
         stdout, _ = proc.communicate(timeout=900)
         final = (proc.returncode, stdout)
+        if proc.returncode == 1 and "is a different release the grant did not pay for" in stdout:
+            refused += 1  # a resumed iteration's release refused (see above): run again
+            continue
         break
-    assert kills >= 1
+    assert kills >= 1 and refused <= 1, (kills, refused)
     assert final is not None and final[0] == 5, final
     history, audit = _history_of(db, "taxi", "taxi_regression")
     assert audit.ok, audit.problems
