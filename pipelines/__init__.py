@@ -71,7 +71,7 @@ def load_pipeline(spec: str) -> SagePipeline:
         module, where = _import_module(spec), spec
     pipeline = _the_pipeline(module, where)
     base = os.path.dirname(os.path.abspath(module.__file__)) if getattr(module, "__file__", None) else os.getcwd()
-    pipeline = pipeline.with_base_dir(base)
+    pipeline = pipeline.with_base_dir(base).with_source_file(getattr(module, "__file__", None))
     try:
         pipeline.check_files()
     except PipelineDefinitionError as exc:

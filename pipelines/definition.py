@@ -30,7 +30,9 @@ iteration's grant and checks it before it reads (docs/block_composition.md, "Wha
 from __future__ import annotations
 
 import enum
+import hashlib
 import inspect
+import json
 import math
 import os
 from dataclasses import dataclass, field, replace
@@ -131,6 +133,15 @@ class SLA:
         return value
 
 
+def _file_digest(path: str) -> Optional[str]:
+    """SHA-256 (hex) of a file's bytes; None if it cannot be read (a module file is checked before any spend)."""
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
 @dataclass
 class StandardComponents:
     """The five components of an iteration, wired together (``SagePipeline.standard_components``)."""
@@ -150,7 +161,7 @@ def _iterator_settings() -> set:
     from sage_tfx.adaptive import SageIterator
 
     skip = {"self", "ledger", "stream", "pipeline", "run_iteration", "eta", "max_iterations", "max_seconds",
-            "wait_for_blocks", "progress", "clock"}
+            "wait_for_blocks", "progress", "clock", "request"}
     return {n for n in inspect.signature(SageIterator.__init__).parameters if n not in skip}
 
 
@@ -176,6 +187,7 @@ class SagePipeline:
     trainer_config: dict = field(default_factory=dict)
     components: Optional[Callable[[StandardComponents], list]] = None
     base_dir: Optional[str] = None
+    source_file: Optional[str] = None  # the file that defines it (set by ``load_pipeline``): part of its digest
 
     def __post_init__(self):
         from sage_tfx.privacy.checks import check_name  # the ledger's own rule for pipeline names
@@ -234,6 +246,33 @@ class SagePipeline:
 
     def with_base_dir(self, base_dir: str) -> SagePipeline:
         return self if self.base_dir is not None else replace(self, base_dir=os.path.abspath(base_dir))
+
+    def with_source_file(self, path: Optional[str]) -> SagePipeline:
+        if self.source_file is not None or path is None:
+            return self
+        return replace(self, source_file=os.path.abspath(path))
+
+    def certificate_request(self, target: float, confidence: float, model: Optional[str] = None,
+                            hparams: Optional[dict] = None) -> dict:
+        """What an ACCEPT of this pipeline certifies, as the JSON the iterator signs into each grant and compares
+        with a later run of the same pipeline name: the target and confidence, the SLA (metric, label, loss bound,
+        label threshold and signature, loss function), the model family, and ``definition``, a SHA-256 over the
+        files that define the pipeline (its pipeline file, trainer, preprocessing and loss modules) and the
+        trainer's configuration."""
+        sla = self.sla
+        return {"target": float(target), "confidence": float(confidence), "metric": sla.metric, "label": sla.label,
+                "loss_bound": sla.loss_bound, "label_threshold": sla.label_threshold,
+                "label_signature": sla.label_signature, "loss_function": sla.loss_function,
+                "model": self.model_family(model), "definition": self.definition_digest(hparams)}
+
+    def definition_digest(self, hparams: Optional[dict] = None) -> str:
+        """SHA-256 (hex) of the pipeline file's, the module files' contents and the trainer's configuration."""
+        files = {"pipeline_file": self.source_file, **{role: self.module_path(role) for role in (
+            "trainer_module", "preprocessing_module", "loss_module")}}
+        contents = {role: _file_digest(path) for role, path in files.items() if path is not None}
+        config = json.dumps({"files": contents, "trainer_config": self.trainer_config, "hparams": hparams or {},
+                             "models": list(self.models)}, sort_keys=True, default=repr)
+        return hashlib.sha256(config.encode()).hexdigest()
 
     # ------------------------------------------------------------------ the TFX pipeline of one iteration
     def standard_components(self, config, grant, eta) -> StandardComponents:

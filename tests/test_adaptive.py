@@ -228,3 +228,99 @@ def test_run_result_reports_the_largest_per_block_spend_and_the_final_blocks():
                                  "charged); the model trained on blocks b3..b5 (3)")
     timeout = RunResult("TIMEOUT", [], None)
     assert timeout.describe() == "TIMEOUT after 0 iteration(s); at most epsilon 0 charged on a block (0 block(s) charged)"
+
+
+def _request(target, **changes):
+    return {"confidence": 0.95, "metric": "mse", "label": "y", "loss_bound": 1.0,
+            "label_threshold": None, "label_signature": None, "loss_function": None, "model": "linear",
+            "definition": "d" * 64, "target": target, **changes}
+
+
+@pytest.mark.parametrize("changes, named", [
+    ({"target": 0.30}, "target 0.355 -> 0.3"),
+    ({"confidence": 0.99}, "confidence 0.95 -> 0.99"),
+    ({"loss_bound": 2.0}, "loss_bound 1.0 -> 2.0"),
+    ({"label": "z"}, "label 'y' -> 'z'"),
+    ({"model": "dnn"}, "model 'linear' -> 'dnn'"),
+    ({"definition": "e" * 64}, "definition"),
+])
+def test_a_finished_pipeline_asked_another_request_is_refused_before_anything_is_written(tmp_path, changes, named):
+    """The certificate: an ACCEPT at target 0.355 certifies 0.355. Asked again for a stricter target (or another
+    SLA, model or definition), the iterator used to report the stored ACCEPT as this request's; it is now refused,
+    naming the stored target and bound and the fix, with nothing registered, charged or logged."""
+    from sage_tfx.adaptive.iterator import RequestMismatch
+
+    ledger = make_ledger(tmp_path)
+    first = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5, request=_request(0.355)).run()
+    assert first.outcome == "ACCEPT" and first.iterations[-1].bound is not None
+    assert first.iterations and all(g.meta["request"] == _request(0.355) for g in ledger.grants())
+    log = ledger.log_entries()
+    with pytest.raises(RequestMismatch) as refused:
+        SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5,
+                     request={**_request(0.355), **changes}).run()
+    message = str(refused.value)
+    assert named in message and "finished with ACCEPT" in message and "target 0.355" in message, message
+    assert f"bound {first.bound:.6g}" in message and "new pipeline name" in message, message
+    assert ledger.log_entries() == log
+    same = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5, request=_request(0.355)).run()
+    assert same.outcome == "ACCEPT" and ledger.log_entries() == log  # the stored outcome, for the same request
+    assert same.describe().endswith(f"; target 0.355, bound {first.bound:.6g}"), same.describe()
+
+
+def test_an_unfinished_pipeline_resumed_with_another_target_is_refused(tmp_path):
+    """A pipeline name killed mid-run (an iteration without an outcome) resumes only for its own request."""
+    from sage_tfx.adaptive.iterator import RequestMismatch
+
+    ledger = make_ledger(tmp_path)
+
+    def killed(grant, split, eta, iteration):
+        raise KeyboardInterrupt  # the process dies inside the iteration: no outcome recorded
+
+    with pytest.raises(KeyboardInterrupt):
+        SageIterator(ledger, "s", "p", killed, epsilon_start=0.5, request=_request(0.355)).run()
+    log = ledger.log_entries()
+    with pytest.raises(RequestMismatch, match="has 1 iteration"):
+        SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5, request=_request(0.3))
+    assert ledger.log_entries() == log
+    resumed = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5,
+                           request=_request(0.355)).run()
+    assert resumed.outcome == "ACCEPT" and len(ledger.grants()) == 1
+
+
+def test_a_finished_pipeline_from_before_requests_were_signed_compares_its_validators_target(tmp_path):
+    """Grants without a signed request: the target and metric of the last validator result decide."""
+    from sage_tfx.adaptive.iterator import RequestMismatch
+
+    ledger = make_ledger(tmp_path)
+
+    def validated(grant, split, eta, iteration):
+        return IterationResult("ACCEPT", bound=0.3415, details={"validation": {"target": 0.355, "metric": "mse"}})
+
+    SageIterator(ledger, "s", "p", validated, epsilon_start=0.5).run()
+    with pytest.raises(RequestMismatch, match=r"target 0.355 \(bound 0.3415\); this run asks target 0.355 -> 0.3"):
+        SageIterator(ledger, "s", "p", validated, epsilon_start=0.5, request=_request(0.3))
+    assert SageIterator(ledger, "s", "p", validated, epsilon_start=0.5, request=_request(0.355)).run().outcome == "ACCEPT"
+
+
+def test_the_platform_reports_a_finished_pipelines_stored_outcome_for_the_same_request(tmp_path):
+    """`sage serve` again with a finished pipeline name and its own request: the stored outcome, with its target
+    and bound (registering a finished name raised, so the platform could not start)."""
+    from sage_tfx.adaptive.platform import PipelineSpec, Platform
+
+    location = tmp_path / "ledger.db"
+    with Ledger.open(location, create=True) as ledger:
+        ledger.create_stream("s", 1.0, 1e-6)
+        for i in range(4):
+            ledger.add_block("s", f"h{i}", start=i * 3600.0, end=(i + 1) * 3600.0, rows=1000)
+
+    def accept(grant, split, eta, iteration):
+        return IterationResult("ACCEPT", bound=0.25)
+
+    spec = PipelineSpec("p", accept, {"epsilon_start": 0.5, "request": _request(0.3)})
+    for _ in range(2):
+        platform = Platform(location, "s", [spec], lambda: None, progress=lambda line: None)
+        results = platform.run()
+        assert not platform.errors and results["p"].outcome == "ACCEPT"
+        assert results["p"].describe().endswith("target 0.3, bound 0.25")
+    with Ledger.open(location) as ledger:
+        assert len(ledger.grants()) == 1 and ledger.audit().ok

@@ -259,6 +259,57 @@ def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.tf
+def test_a_finished_pipeline_name_certifies_only_the_request_it_was_run_for(taxi_stream, tmp_path):
+    """The certificate: after an ACCEPT at target 300, `sage run` of the same name with a stricter --target used to
+    print ACCEPT and exit 0 (a target never tested reported as certified). Now another target, confidence, model
+    or module file is refused (exit 2) naming the stored target and bound and the fix, with nothing registered,
+    charged or logged; the same request reports the stored outcome, and the last line names the target and the
+    bound. (examples/taxi_fare copied, so that its trainer module can change.)"""
+    import shutil
+
+    db, data = _copy_stream(taxi_stream, tmp_path)
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
+    folder = tmp_path / "taxi_fare"
+    shutil.copytree(example, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    common = ["--db", db, "--stream", "taxi", "--data-root", data, "--epsilon-start", "1", "--min-window", "256",
+              "--max-iterations", "1", "--work-dir", tmp_path / "work"]
+    out = sage("run", folder / "pipeline.py", "--target", "300", *common)
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    history, _audit = _history_of(db, "taxi", "taxi_fare")
+    ((grant, outcome, details),) = history
+    bound = details["bound"]
+    assert outcome == "ACCEPT" and grant.meta["request"]["target"] == 300.0
+    assert out.stdout.strip().splitlines()[-1].split("; model pushed")[0].endswith(
+        f"target 300, bound {bound:.6g}"), out.stdout
+    before = _dump(db)
+
+    for changed, named in ((["--target", "150"], "target 300.0 -> 150.0"),
+                           (["--target", "300", "--confidence", "0.99"], "confidence 0.95 -> 0.99"),
+                           (["--target", "300", "--model", "dnn"], "model 'linear' -> 'dnn'")):
+        again = sage("run", folder / "pipeline.py", *changed, *common)
+        assert again.returncode == 2, again.stdout + again.stderr[-3000:]
+        assert "ACCEPT" not in again.stdout and named in again.stderr, again.stderr
+        assert (f"finished with ACCEPT on stream 'taxi' for target 300.0 (bound {bound:.6g})" in again.stderr
+                and "new pipeline name" in again.stderr), again.stderr
+        assert _dump(db) == before
+    with open(folder / "trainer.py", "a") as f:
+        f.write("\n# another model than the one certified\n")
+    again = sage("run", folder / "pipeline.py", "--target", "300", *common)
+    assert again.returncode == 2 and "definition" in again.stderr, again.stdout + again.stderr[-3000:]
+    assert _dump(db) == before
+
+    with open(folder / "trainer.py") as f:
+        text = f.read()
+    with open(folder / "trainer.py", "w") as f:
+        f.write(text[:-len("\n# another model than the one certified\n")])
+    same = sage("run", folder / "pipeline.py", "--target", "300", *common)
+    assert same.returncode == 0, same.stdout + same.stderr[-3000:]
+    assert f"ACCEPT after 1 iteration(s)" in same.stdout and f"target 300, bound {bound:.6g}" in same.stdout
+    assert _dump(db) == before
+
+
+@pytest.mark.slow
+@pytest.mark.tf
 def test_check_finds_module_errors_on_generated_rows_before_any_charge(taxi_stream, tmp_path):
     """`sage run --check`: one iteration on GENERATED rows of the stream's schema in a throwaway ledger. A
     preprocessing_fn reading a column the stream lacks fails there (exit 2, the column named), and the real

@@ -25,6 +25,13 @@ that split the safe sum is charged (ChargeRule.SUM). The ledger refuses a split
 that composes to more than the charge, and each component spends only its
 stage's share, once (``Ledger.release``).
 
+The certificate: with a ``request`` (``SagePipeline.certificate_request``: the target, confidence, SLA, model
+family and a digest of the files that define the pipeline), each grant carries it in its signed meta, and a
+pipeline name that already has iterations is refused (``RequestMismatch``, before anything is registered or
+charged) when asked for another request: an outcome certifies only the request it tested, and a stricter
+target needs a run of its own under a new name. The final line (``RunResult.describe``) names the target and
+the bound.
+
 Resumable: the ledger keeps every grant with its iteration number and the
 outcome recorded after the run. A new iterator for the same pipeline first
 looks at that history; a grant without an outcome (the process was killed
@@ -38,14 +45,22 @@ from dataclasses import dataclass, field
 
 from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, public_error_text
 from sage_tfx.privacy.checks import integer, number
+from sage_tfx.privacy.errors import LedgerError as _LedgerError
 from sage_tfx.privacy.vocabulary import GrantOutcome, Outcome, Policy
 from sage_tfx.validation import eta_for_attempt
 
 # a bad iterator setting: names it, its value and the rule; raised before anything is charged
 _SETTING = "{what} {value!r} is invalid: must be {rule}"
 
+REQUEST_KEY = "request"  # the grant meta's copy of what the pipeline was asked to certify
+# the request's fields that a stored outcome predating REQUEST_KEY still shows (its validator's result)
+LOGGED_REQUEST = ("target", "metric")
 OUTCOMES = (GrantOutcome.ACCEPT, GrantOutcome.REJECT, GrantOutcome.RETRY)  # what one iteration may conclude
 DECIDED = (Outcome.ACCEPT, Outcome.REJECT)  # the outcomes that end a pipeline before its TIMEOUT
+
+
+class RequestMismatch(_LedgerError):
+    """A pipeline name with iterations asked for another target, SLA, model or definition than it was run with."""
 
 
 @dataclass
@@ -78,6 +93,7 @@ class RunResult:
     outcome: str  # ACCEPT, REJECT or TIMEOUT
     iterations: list
     final_grant_id: str | None = None
+    target: float | None = None  # what was asked (None: the caller gave no request)
 
     def epsilon_per_block(self) -> dict:
         """{block: the epsilon this run's iterations charged it}: iterations on other windows add up per block
@@ -100,15 +116,46 @@ class RunResult:
             return ()
         return tuple(self.iterations[-1].blocks)
 
+    @property
+    def bound(self) -> float | None:
+        """The validator's bound of the last iteration (None if none ran or it computed none)."""
+        return self.iterations[-1].bound if self.iterations else None
+
     def describe(self) -> str:
-        """One line: the outcome, iterations, the largest per-block spend and the final model's blocks."""
+        """One line: the outcome, iterations, the largest per-block spend, the final model's blocks, and (with a
+        ``target``) the target and the last bound."""
         spent = self.epsilon_per_block()
         text = (f"{self.outcome} after {len(self.iterations)} iteration(s); at most epsilon "
                 f"{self.max_block_epsilon:.4g} charged on a block ({len(spent)} block(s) charged)")
         if self.final_blocks:
             blocks = self.final_blocks
             text += f"; the model trained on blocks {blocks[0]}..{blocks[-1]} ({len(blocks)})"
+        if self.target is not None:
+            text += f"; target {self.target:g}, bound {_bound_text(self.bound)}"
         return text
+
+
+def _bound_text(bound):
+    return "none" if bound is None else f"{bound:.6g}"
+
+
+def stored_request(history) -> dict | None:
+    """What a pipeline's ``history`` (``Ledger.history`` entries, oldest first) was asked to certify: the request
+    signed into its last grant's meta; for grants from before it was signed, the target and metric its
+    last validator result names; None if neither is recorded."""
+    for grant, _outcome, _details in reversed(history):
+        if REQUEST_KEY in grant.meta:
+            return dict(grant.meta[REQUEST_KEY])
+    for _grant, _outcome, details in reversed(history):
+        validation = (details or {}).get("validation")
+        if isinstance(validation, dict) and all(k in validation for k in LOGGED_REQUEST):
+            return {k: validation[k] for k in LOGGED_REQUEST}
+    return None
+
+
+def request_differences(stored: dict, asked: dict) -> list:
+    """The fields of ``stored`` that ``asked`` gives otherwise, as "field stored -> asked" texts."""
+    return [f"{key} {stored[key]!r} -> {asked.get(key)!r}" for key in stored if stored[key] != asked.get(key)]
 
 
 class SageIterator:
@@ -155,10 +202,12 @@ class SageIterator:
                  delta=None, eta=0.05, max_iterations=10, max_seconds=None, max_refusals=10,
                  max_idle_waits=100, preprocessing_share=0.2, preprocessing_delta=0.0,
                  count_share=0.05, rejection_share=0.0, disjoint_split=True, wait_for_blocks=None, progress=None,
-                 clock=time.monotonic):
+                 clock=time.monotonic, request=None):
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         self.run_iteration = run_iteration
         stream_info = ledger.stream(stream)  # raises UnknownStream before anything is spent
+        self.request = None if request is None else dict(request)
+        self.check_request()
         epsilon_start = number(epsilon_start, "epsilon_start", low=0.0, low_open=True, high=stream_info.epsilon,
                                message=_SETTING + " (the stream's global epsilon)")
         min_window = integer(min_window, "min_window", low=1, message=_SETTING + " (blocks)")
@@ -243,6 +292,27 @@ class SageIterator:
             return None
         return max(0.0, self.max_seconds - (self.clock() - started))
 
+    def check_request(self) -> None:
+        """Refuse (``RequestMismatch``, nothing written) a ``request`` other than the one this pipeline name's
+        iterations were run for: its stored outcome certifies that request only. The message names the stored
+        target, the last bound and the fix (a new pipeline name)."""
+        if self.request is None:
+            return
+        history = self._history()
+        stored = stored_request(history)
+        differences = [] if stored is None else request_differences(stored, self.request)
+        if not differences:
+            return
+        status = {p["name"]: p for p in self.ledger.pipelines(self.stream)}.get(self.pipeline) or {}
+        bound = (history[-1][2] or {}).get("bound") if history else None
+        state = (f"finished with {status['outcome']}" if status.get("state") == "done"
+                 else f"has {len(history)} iteration(s) (not finished)")
+        raise RequestMismatch(
+            f"pipeline {self.pipeline!r} {state} on stream {self.stream!r} for target {stored.get('target')!r} "
+            f"(bound {_bound_text(bound)}); this run asks {', '.join(differences)}. Its outcome certifies only what "
+            "it was run for: run the new request under a new pipeline name (sage run --name NEW, sage serve "
+            "--pipeline NEW=...), or repeat the stored request to see its outcome")
+
     def _history(self):
         entries = [(g, outcome, details) for g, outcome, details in self.ledger.history(self.stream, self.pipeline)
                    if "iteration" in g.meta]
@@ -254,11 +324,12 @@ class SageIterator:
 
         status = {p["name"]: p for p in self.ledger.pipelines(self.stream)}.get(self.pipeline)
         if status is not None and status["state"] == "done":  # finished earlier: report, spend nothing
+            self.check_request()
             history = self._history()
             return RunResult(status["outcome"], [
                 Iteration(g.meta["iteration"], g.id, g.blocks, g.meta["epsilon"], g.meta["eta"], outcome,
                           (details or {}).get("bound"), resumed=True) for g, outcome, details in history],
-                history[-1][0].id if history and status["outcome"] != Outcome.TIMEOUT else None)
+                history[-1][0].id if history and status["outcome"] != Outcome.TIMEOUT else None, self._target())
         self.ledger.register(self.stream, self.pipeline)
         started = self.clock()
         iterations = []
@@ -273,7 +344,7 @@ class SageIterator:
             if outcome is None:
                 pending = (grant, record)
             elif outcome in DECIDED:
-                return RunResult(outcome, iterations, grant.id)
+                return RunResult(outcome, iterations, grant.id, self._target())
             else:  # RETRY, or FAILED (the run raised: its budget is spent, move on as after a RETRY)
                 epsilon, window = self._next(epsilon, window, grant.blocks)
         if pending is not None:
@@ -322,6 +393,8 @@ class SageIterator:
             split = self.split(epsilon)
             meta = {"iteration": number, "epsilon": epsilon, "window": window, "eta": eta,
                     "split": split.to_dict()}
+            if self.request is not None:
+                meta[REQUEST_KEY] = self.request
             try:
                 grant = self.ledger.request(self.pipeline, self.stream, blocks=blocks,
                                             epsilon=split.charged_epsilon, delta=split.total_delta, rule=split.rule,
@@ -376,4 +449,7 @@ class SageIterator:
             self.ledger.finish(self.stream, self.pipeline, outcome)
         except LedgerError:
             pass  # already finished by an earlier run of this pipeline
-        return RunResult(outcome, iterations, grant_id)
+        return RunResult(outcome, iterations, grant_id, self._target())
+
+    def _target(self):
+        return None if self.request is None else self.request.get("target")

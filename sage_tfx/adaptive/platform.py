@@ -12,8 +12,18 @@ import time
 from dataclasses import dataclass, field
 
 from sage_tfx.privacy import Ledger, public_error_text
+from sage_tfx.privacy.vocabulary import PipelineState
 
 from .iterator import SageIterator
+
+
+def register_unfinished(ledger, stream, names) -> None:
+    """Register ``names`` as waiting on ``stream``, except those already finished: their iterators report the
+    stored outcome (for the request they were run for; ``SageIterator.check_request``) and take no share."""
+    done = {p["name"] for p in ledger.pipelines(stream) if p["state"] == PipelineState.DONE}
+    for name in names:
+        if name not in done:
+            ledger.register(stream, name)
 
 
 @dataclass
@@ -98,8 +108,7 @@ class Platform:
     def run(self):
         # Register everyone before the first block arrives, so each gets a share of it.
         with Ledger.open(self.location) as ledger:
-            for spec in self.pipelines:
-                ledger.register(self.stream, spec.name)
+            register_unfinished(ledger, self.stream, [spec.name for spec in self.pipelines])
         threads = [threading.Thread(target=self._run_one, args=(spec,), name=spec.name, daemon=True)
                    for spec in self.pipelines]
         for t in threads:

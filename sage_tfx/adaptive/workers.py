@@ -36,6 +36,8 @@ from multiprocessing.connection import wait as wait_any
 
 from sage_tfx.privacy import Ledger
 
+from .platform import register_unfinished
+
 
 @dataclass
 class WorkerSpec:
@@ -358,8 +360,7 @@ class ProcessPlatform:
     # ---------------------------------------------------------------- run
     def run(self):
         with Ledger.open(self.location) as ledger:  # everyone registered before the first block arrives
-            for spec in self.specs:
-                ledger.register(self.stream, spec.name)
+            register_unfinished(ledger, self.stream, [spec.name for spec in self.specs])
         workers = [_Worker(spec) for spec in self.specs]
         for w in workers:
             self._start(w)

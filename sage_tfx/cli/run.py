@@ -3,7 +3,8 @@
 Each iteration is one TFX run under a fresh grant (charged before any read);
 one progress line per iteration gives its blocks, epsilon, the validator's
 bound and the outcome. Killed and run again with the same arguments, it
-resumes: the interrupted iteration re-runs under its grant, without a new charge.
+resumes: the interrupted iteration re-runs under its grant, without a new charge. Run again once finished, with the
+same request, it reports the stored outcome and charges nothing. The last line names the target and the bound.
 
 Beam pipeline options go after a bare --, e.g. `sage run ... -- --direct_num_workers=2`. On a Beam job service
 with an external SDK worker pool (docs/scale_out.md, "PortableRunner with an external worker pool"):
@@ -33,7 +34,9 @@ whatever their outcomes (one progress line each), 1 if a run failed.
 
 Exit codes: 0 ACCEPT (the model was pushed, or --check ran end to end), 4 REJECT (the REJECT test on the
 training split showed the target is out of reach), 5 TIMEOUT, 2 bad input (or a --name another process runs:
-one process runs a pipeline name at a time, on any host of the ledger), 1 an iteration failed after its
+one process runs a pipeline name at a time, on any host of the ledger; or a name already run for another
+--target, --confidence, --model, SLA or pipeline/module file: its outcome certifies only what it was run for,
+so a new request needs a new --name), 1 an iteration failed after its
 charge (the message withholds details that may hold data values: run --check to see them on generated rows).
 """
 import argparse
@@ -327,6 +330,11 @@ class PipelineRunner:
         self.pipeline, self.config = pipeline, config
         self.run_iteration = make_run_iteration(pipeline.build_pipeline, config)
 
+    def request(self) -> dict:
+        """What an ACCEPT of this runner certifies (``SagePipeline.certificate_request``), signed into each grant."""
+        config = self.config
+        return self.pipeline.certificate_request(config.target, config.confidence, config.model, config.hparams)
+
 
 def build_runner(definition, db, stream, data_root, work_dir, target, confidence=0.95, serving_dir=None,
                  runner="local", beam_args=(), model=None, name=None, staging_location=None, pipeline_root=None,
@@ -345,6 +353,9 @@ def build_runner(definition, db, stream, data_root, work_dir, target, confidence
 
 
 def make_iterator(definition, ledger, runner, args, progress=print, wait_for_blocks=None):
+    """The ``SageIterator`` of a `sage run`/`sage serve` pipeline, its grants signed with the runner's request:
+    ``RequestMismatch`` (a LedgerError: exit 2, nothing registered or charged) if the pipeline name was run for
+    another target, SLA, model or definition."""
     from sage_tfx.adaptive import SageIterator
 
     settings = dict(definition.defaults)
@@ -357,4 +368,4 @@ def make_iterator(definition, ledger, runner, args, progress=print, wait_for_blo
     return SageIterator(ledger, runner.config.stream, runner.config.name, runner.run_iteration,
                         eta=1 - runner.config.confidence, max_iterations=args.max_iterations,
                         max_seconds=getattr(args, "max_seconds", None), wait_for_blocks=wait_for_blocks,
-                        progress=progress, **settings)
+                        progress=progress, request=runner.request(), **settings)

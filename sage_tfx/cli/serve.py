@@ -301,6 +301,7 @@ def check_release(spec, schema: dict) -> None:
 
 
 def _run(args):
+    from sage_tfx.adaptive.platform import register_unfinished
     from sage_tfx.adaptive.workers import build_worker_runner
     from sage_tfx.cli.run import beam_options, make_iterator, root_options
     from sage_tfx.ingest.replay import Replay
@@ -350,8 +351,7 @@ def _run(args):
         print(f"sage serve: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
-    for name in names:  # waiting before the first block arrives: each gets its share of every block
-        ledger.register(args.stream, name)
+    register_unfinished(ledger, args.stream, names)  # waiting before the first block arrives: a share of each
     if args.initial_blocks:
         steps = replay.run(steps=args.initial_blocks)
         print(f"[replay] {len(steps)} initial block(s) up to {steps[-1].block if steps else '-'}", flush=True)
