@@ -46,7 +46,7 @@ def test_a_block_read_without_a_grant_is_ciphertext(world):
     data, ledger, rows = world["data"], world["ledger"], world["a"]
     blocks = ledger.blocks("a")
     # With the key (trusted code) the files give back every record; without it, the bytes below are all there is.
-    records = list(access.read_block_records(ledger, data, "a", [blk.id for blk in blocks]))
+    records = list(access.read_block_records(ledger, data, "a", [blk.id for blk in blocks], purpose="test"))
     assert len(records) == ROWS == sum(ledger.private_row_count("a", blk.id) for blk in blocks)
     companies = {c for c in rows.column("company").to_pylist() if c and len(c) > 8}
     assert companies  # known raw values to look for
@@ -196,7 +196,7 @@ def test_unencrypted_blocks_are_refused_then_encrypted_by_reingesting(world):
     input again re-writes it encrypted, nothing registered or charged."""
     data, ledger, rows = world["data"], world["ledger"], world["a"]
     block = _biggest(ledger, "a")
-    records = list(access.read_block_records(ledger, data, "a", [block]))
+    records = list(access.read_block_records(ledger, data, "a", [block], purpose="test"))
     folder = store.block_dir(data, "a", block)
     manifest = json.load(open(os.path.join(folder, store.BLOCK_FILE)))
     shutil.rmtree(folder)
@@ -205,7 +205,7 @@ def test_unencrypted_blocks_are_refused_then_encrypted_by_reingesting(world):
     json.dump({"stream": "a", "block": block, "digest": manifest["digest"], "files": ["part-old-00000.tfrecord.gz"],
                "start": manifest["start"], "end": manifest["end"]}, open(os.path.join(folder, store.BLOCK_FILE), "w"))
     with pytest.raises(sealed.SealedError, match="stored unencrypted .* ingesting the same input again"):
-        list(access.read_block_records(ledger, data, "a", [block]))
+        list(access.read_block_records(ledger, data, "a", [block], purpose="test"))
     before = [(blk.id, blk.spent) for blk in ledger.blocks("a")]
     result = ingest_batches(ledger, "a", data, rows.to_batches(), make_spec("time", "a", TIME_COLUMN, "1d"),
                             schema_of(rows.schema))
@@ -216,7 +216,7 @@ def test_unencrypted_blocks_are_refused_then_encrypted_by_reingesting(world):
     def rows_of(recs):  # tf.Example bytes may order their map differently: compare the decoded rows
         return sorted(map(str, decode(list(recs), schema).to_pylist()))
 
-    assert rows_of(access.read_block_records(ledger, data, "a", [block])) == rows_of(records)
+    assert rows_of(access.read_block_records(ledger, data, "a", [block], purpose="test")) == rows_of(records)
     assert all(p.endswith(sealed.SUFFIX) for p in _files(data, "a", block))
 
 

@@ -92,7 +92,7 @@ def _split_records(uri, split):
 def _check_output(world, examples, grant):
     from sage_tfx.components.block_example_gen_executor import split_index
 
-    granted = list(read_block_records(world["ledger"], world["data"], "taxi", grant.blocks))
+    granted = list(read_block_records(world["ledger"], world["data"], "taxi", grant.blocks, purpose="test"))
     train, evals = _split_records(examples.uri, "train"), _split_records(examples.uri, "eval")
     assert sorted(train + evals) == sorted(granted)  # exactly the granted blocks' records, once each
     exact = sum(world["ledger"].private_row_count("taxi", b) for b in grant.blocks)

@@ -74,7 +74,7 @@ def test_demo_replay_ingests_no_held_out_row(demo_split, tmp_path):
     assert len(blocks) == 1095 and all(b < demo.HELD_OUT_FROM for b in blocks)
     schema = stream_config(data_root, demo.STREAM)["schema"]
     db = str(tmp_path / "ledger.db")
-    ingested = demo.block_rows(data_root, demo.STREAM, blocks, ledger=db)
+    ingested = demo.block_rows(data_root, demo.STREAM, blocks, ledger=db, purpose="test: the held-out split")
     held_rows = demo.example_rows(held, schema)
     assert ingested.num_rows == stream.num_rows
     # The ingested rows are exactly the stream's rows, and none of the held-out rows.

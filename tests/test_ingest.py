@@ -43,7 +43,7 @@ def test_real_taxi_by_day_with_beam_is_exact_and_idempotent(env):
         assert all(b.spent == (0.0, 0.0) for b in blocks)
         b = blocks[0]
         assert b.id == "2013-01-01.1d" and (b.start, b.end) == (1356998400.0, 1357084800.0)
-        on_disk = sum(1 for _ in read_block_records(ledger, env["data"], "taxi", [b.id]))
+        on_disk = sum(1 for _ in read_block_records(ledger, env["data"], "taxi", [b.id], purpose="test"))
         assert on_disk == ledger.private_row_count("taxi", b.id)
     again = ingest(env["db"], "taxi", taxi_csv_path("simple"), env["data"], time_column=TIME_COLUMN, window="1d",
                    progress=False)
@@ -121,7 +121,7 @@ def test_three_input_formats_give_the_same_blocks(env, fmt):
         assert _rows(ledger, "taxi") == 1500
         assert len(ledger.blocks("taxi")) == len(np.unique(table.column(TIME_COLUMN).to_numpy() // 86400))
         first = ledger.blocks("taxi")[0]
-        recs = list(read_block_records(ledger, env["data"], "taxi", [first.id]))
+        recs = list(read_block_records(ledger, env["data"], "taxi", [first.id], purpose="test"))
     back = decode(recs, store.stream_config(env["data"], "taxi")["schema"])
     assert all(first.start <= v[0] < first.end for v in back.column(TIME_COLUMN).to_pylist())
 

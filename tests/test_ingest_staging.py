@@ -151,7 +151,8 @@ def _blocks(db, data, stream="s"):
     with Ledger.open(db) as ledger:
         counts = {b.id: ledger.private_row_count(stream, b.id) for b in ledger.blocks(stream)}
         schema = store.stream_config(data, stream)["schema"]
-        records = {b: _rows(decode(list(read_block_records(ledger, data, stream, [b])), schema)) for b in counts}
+        records = {b: _rows(decode(list(read_block_records(ledger, data, stream, [b], purpose="test")), schema))
+                   for b in counts}
     return counts, records
 
 

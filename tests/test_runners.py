@@ -47,7 +47,8 @@ def _ingest(tmp_path, name, beam_args):
     with Ledger.open(db) as ledger:
         blocks = {b.id: ledger.private_row_count("taxi", b.id) for b in ledger.blocks("taxi")}
         schema = stream_config(data, "taxi")["schema"]
-        records = {b: _rows(decode(list(read_block_records(ledger, data, "taxi", [b])), schema)) for b in blocks}
+        records = {b: _rows(decode(list(read_block_records(ledger, data, "taxi", [b], purpose="test")), schema))
+                   for b in blocks}
     return result, blocks, records
 
 

@@ -96,7 +96,8 @@ def score(db, data_root, serving_dir, held_out_from):
     held = pa.table({name: held.column(name).cast(pa.int64()) if kind == "int" else held.column(name)
                      for name, kind in schema.items()})
     overlap = held_out_overlap(data_root, STREAM, grant.blocks, held, ledger=db)
-    train = _numpy_columns(block_rows(data_root, STREAM, grant.blocks, split="train", ledger=db))
+    train = _numpy_columns(block_rows(data_root, STREAM, grant.blocks, split="train", ledger=db,
+                                      purpose="non-private baseline on the accepted model's training split"))
     latest_read = float(np.nanmax(train[TIME_COLUMN]))
     held_cols = _numpy_columns(example_rows(held, schema))
     y_held = held_cols["arr_delay"]

@@ -83,7 +83,8 @@ def score(db, data_root, serving_dir, seed=0):
     dp_accuracy = float(((dp_pred >= 0.5) == (y_held > 0.5)).mean())
 
     # the non-private baseline: TFX's own training (model.fit) on the same rows and features
-    train = block_rows(data_root, STREAM, grant.blocks, split="train", ledger=db)
+    train = block_rows(data_root, STREAM, grant.blocks, split="train", ledger=db,
+                       purpose="non-private baseline: model.fit on the accepted model's training split")
     train_records = list(encode(train, schema))
     y_train, f_train = labels_and_features(train_records)
     tf.keras.utils.set_random_seed(seed)

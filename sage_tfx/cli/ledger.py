@@ -214,7 +214,8 @@ def _audit(args):
         report = ledger.audit()
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
-    elif report.ok:
+        return EXIT_OK if report.ok else EXIT_VIOLATION
+    if report.ok:
         print(f"audit OK: {report.entries} log entries, {report.streams} stream(s), {report.blocks} blocks, "
               f"{report.grants} grants; every block within its global budget; every grant's stages within its "
               "charge; hash chain intact")
@@ -222,7 +223,20 @@ def _audit(args):
         print(f"audit FAILED: {len(report.problems)} problem(s)")
         for problem in report.problems:
             print(f"  - {problem}")
+    print(_trusted_reads_text(report.trusted_reads))
     return EXIT_OK if report.ok else EXIT_VIOLATION
+
+
+def _trusted_reads_text(reads):
+    """The audit's list of decryptions outside a grant (uncharged): one line each, with its blocks and purpose."""
+    lines = [f"{len(reads)} trusted read(s) outside a grant (decrypted, not charged)" + (":" if reads else "")]
+    for read in reads:
+        when = _dt.datetime.fromtimestamp(read["time"], _dt.timezone.utc).isoformat(timespec="seconds")
+        blocks = read["blocks"]
+        shown = ", ".join(blocks[:5]) + (f" and {len(blocks) - 5} more" if len(blocks) > 5 else "")
+        lines.append(f"  - log entry {read['seq']} at {when}: stream {read['stream']!r}, {len(blocks)} block(s) "
+                     f"{shown}; purpose: {read['purpose']}")
+    return "\n".join(lines)
 
 
 def _plot(args):

@@ -168,12 +168,12 @@ def stream_and_held_out(held_out_from=HELD_OUT_FROM):
     return table.filter(before), table.filter(pc.invert(before))
 
 
-def block_rows(data_root, stream, blocks, split=None, *, ledger):
+def block_rows(data_root, stream, blocks, split=None, *, ledger, purpose):
     """The rows of committed blocks as one RecordBatch of list columns, in the stream's schema.
 
     Read the way trusted code reads them: the blocks' encrypted files under the data root, with their keys from
     ``ledger`` (a Ledger or its location; ``access.read_block_records``, TRUSTED CODE ONLY: for the non-private
-    baselines). With ``split`` ("train" or "eval"), only the records BlockExampleGen assigns to that split (its
+    baselines), after a ``trusted_read`` entry naming the blocks and ``purpose`` is in the ledger's audit log. With ``split`` ("train" or "eval"), only the records BlockExampleGen assigns to that split (its
     per-record hash, default splits).
     """
     from sage_tfx.ingest.access import read_block_records
@@ -183,10 +183,10 @@ def block_rows(data_root, stream, blocks, split=None, *, ledger):
 
     schema = stream_config(data_root, stream)["schema"]
     if isinstance(ledger, Ledger):
-        records = list(read_block_records(ledger, data_root, stream, blocks))
+        records = list(read_block_records(ledger, data_root, stream, blocks, purpose=purpose))
     else:
         with Ledger.open(ledger) as opened:
-            records = list(read_block_records(opened, data_root, stream, blocks))
+            records = list(read_block_records(opened, data_root, stream, blocks, purpose=purpose))
     if split is not None:
         from sage_tfx.components.block_example_gen_executor import DEFAULT_SPLITS, split_index
 
@@ -220,7 +220,8 @@ def held_out_overlap(data_root, stream, blocks, held_out, *, ledger):
     from sage_tfx.ingest.store import stream_config
 
     schema = stream_config(data_root, stream)["schema"]
-    ingested = row_key_set(block_rows(data_root, stream, blocks, ledger=ledger))
+    ingested = row_key_set(block_rows(data_root, stream, blocks, ledger=ledger,
+                                      purpose="held-out check: no held-out row is a stream row"))
     return sum(key in ingested for key in row_key_set(example_rows(held_out, schema)))
 
 
@@ -292,7 +293,8 @@ def held_out_scores(model_dir, loss_bound, data_root, grant, held_out, stream=ST
         predictions.append(np.asarray(next(iter(out.values()))).reshape(-1))
     dp_pred = np.concatenate(predictions)
 
-    train = block_rows(data_root, stream, grant.blocks, split="train", ledger=ledger)
+    train = block_rows(data_root, stream, grant.blocks, split="train", ledger=ledger,
+                       purpose="non-private baseline: least squares on the accepted model's training split")
     x, y, hourly = taxi_features(train)
     design = np.column_stack([x, np.ones(len(x))])
     coef, *_ = np.linalg.lstsq(design, y, rcond=None)

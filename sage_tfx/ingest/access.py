@@ -7,8 +7,12 @@ from the ledger's master key, which only processes holding the key file can deri
   forged, altered or never-charged grant is refused; the record is written in the transaction that
   charges its blocks), on blocks registered in its stream: the keys of exactly its blocks. BlockExampleGen
   reads through this door only (``grant_blocks``).
-* ``trusted_block_keys(ledger, stream, blocks)``: TRUSTED CODE ONLY (ingest's checks, ``sage data encrypt``,
-  the demo's non-private baselines and tests), as ``Ledger.private_row_count`` is.
+* ``trusted_block_keys(ledger, stream, blocks, purpose=...)``: TRUSTED CODE ONLY (the demo's non-private
+  baselines, held-out checks and tests), as ``Ledger.private_row_count`` is. Nothing is charged, but the read
+  is not invisible: before any key is derived it writes a ``trusted_read`` entry naming the blocks and the
+  caller's purpose into the ledger's keyed audit log (``Ledger.record_trusted_read``), which ``sage ledger
+  audit`` lists. Whoever holds the key file can still derive keys by hand (``ledger.keyring``): the key file
+  is the trust boundary (docs/security.md); these doors are the only ones this package has.
 
 ``open_blocks`` then opens each block (``sealed.open_block``: safe paths, the manifest authenticated by
 unwrapping the data key) and checks the manifest's content digest against the one the ledger registered
@@ -51,8 +55,12 @@ def grant_block_keys(ledger, grant, stream=None):
     return grant, {b: ledger.keyring.block_key(grant.stream, b) for b in grant.blocks}
 
 
-def trusted_block_keys(ledger, stream, blocks):
-    """{block id: key} without a grant. TRUSTED CODE ONLY: never call it from a pipeline component."""
+def trusted_block_keys(ledger, stream, blocks, *, purpose: str) -> dict:
+    """{block id: key} without a grant, after the ledger logged a ``trusted_read`` of ``blocks`` for ``purpose``
+    (committed first: a refused or failed log write derives no key). TRUSTED CODE ONLY: never call it from a
+    pipeline component."""
+    blocks = list(blocks)
+    ledger.record_trusted_read(stream, blocks, purpose)
     return {b: ledger.keyring.block_key(stream, b) for b in blocks}
 
 
@@ -68,7 +76,8 @@ def grant_blocks(ledger, data_root, grant, stream=None):
     return grant, open_blocks(ledger, data_root, grant.stream, keys)
 
 
-def read_block_records(ledger, data_root, stream, blocks):
-    """Yield the records of ``blocks`` of ``stream``, in order. TRUSTED CODE ONLY (no grant is checked)."""
-    for block in open_blocks(ledger, data_root, stream, trusted_block_keys(ledger, stream, list(blocks))):
-        yield from block.records()
+def read_block_records(ledger, data_root, stream, blocks, *, purpose: str):
+    """The records of ``blocks`` of ``stream``, in order (an iterator). TRUSTED CODE ONLY (no grant is checked):
+    the ``trusted_read`` of ``blocks`` for ``purpose`` is logged when it is called, before any block is opened."""
+    keys = trusted_block_keys(ledger, stream, blocks, purpose=purpose)
+    return (record for block in open_blocks(ledger, data_root, stream, keys) for record in block.records())

@@ -33,7 +33,10 @@ retirement was appended in the same transaction that made it. ``audit_ledger``
 6. recomputes what the stages of every grant released (the log's ``release`` entries, one per grant and
    stage) and checks it against the grant's charge with the rule of ``privacy/split.py``: every split
    composes to at most its grant's charge, each stage stayed within its share, the stages together
-   within the charge, and a single-stage grant (no split) was spent by one stage only.
+   within the charge, and a single-stage grant (no split) was spent by one stage only;
+7. lists the ``trusted_read`` entries (trusted code decrypting blocks outside a grant: no charge, a keyed entry
+   naming the blocks and the purpose, written before the decryption) in ``AuditReport.trusted_reads``; one naming
+   a block the log never registered, or no purpose, is a problem.
 """
 import hmac
 import json
@@ -46,7 +49,7 @@ from .errors import LedgerError
 from .split import SLACK, BudgetSplit
 from .store import sql
 from .vocabulary import BlockState, PipelineState, Source
-from .chain import GENESIS, canonical as _canonical, chain_hash
+from .chain import GENESIS, TRUSTED_READ, canonical as _canonical, chain_hash
 
 
 @dataclass
@@ -57,6 +60,8 @@ class AuditReport:
     grants: int = 0
     problems: list = field(default_factory=list)
     notes: list = field(default_factory=list)
+    # the log's trusted_read entries, oldest first: {"seq", "time", "stream", "blocks", "purpose"}
+    trusted_reads: list = field(default_factory=list)
 
     @property
     def ok(self):
@@ -64,7 +69,8 @@ class AuditReport:
 
     def to_dict(self):
         return {"ok": self.ok, "entries": self.entries, "streams": self.streams, "blocks": self.blocks,
-                "grants": self.grants, "problems": list(self.problems), "notes": list(self.notes)}
+                "grants": self.grants, "problems": list(self.problems), "notes": list(self.notes),
+                "trusted_read_count": len(self.trusted_reads), "trusted_reads": list(self.trusted_reads)}
 
 
 def audit_ledger(ledger):
@@ -88,7 +94,7 @@ def audit_ledger(ledger):
     streams, stream_configs, blocks, grants, releases = {}, {}, {}, {}, {}
     block_rows, pipelines, reservations, outcomes, draws = {}, {}, {}, {}, DrawReplay()
     queued = _QueueReplay(streams, stream_configs, blocks, block_rows, problems)
-    for seq, _ts, kind, body_text, prev, digest in entries:
+    for seq, ts, kind, body_text, prev, digest in entries:
         if seq != expected_seq:
             problems.append(f"log entry {seq}: expected sequence number {expected_seq} (entries missing)")
         # Entries before a key migration keep the old unkeyed chain; the keyed entry after them covers its value.
@@ -155,6 +161,8 @@ def audit_ledger(ledger):
             _replay_release(seq, body, grants, releases, problems, draws)
         elif kind == "draw":
             audit_draw(ledger, seq, body, grants, releases, draws, problems)
+        elif kind == TRUSTED_READ:
+            _replay_trusted_read(seq, ts, body, blocks, report.trusted_reads, problems)
         elif kind == "retire":
             for b in body["blocks"]:
                 if (body["stream"], b) in blocks:
@@ -344,6 +352,16 @@ _UNLOGGED = object()  # a block column its log entry did not hold (entries writt
 
 def _brief(values):
     return tuple("<not logged>" if v is _UNLOGGED else v for v in values)
+
+
+def _replay_trusted_read(seq, ts, body, blocks, reads, problems):
+    """A ``trusted_read`` entry: listed; a block the log never registered in its stream is a problem."""
+    stream, ids = body.get("stream"), list(body.get("blocks") or ())
+    unknown = [b for b in ids if (stream, b) not in blocks]
+    if unknown or not ids or not str(body.get("purpose") or "").strip():
+        problems.append(f"log entry {seq} (trusted_read): blocks {ids} of stream {stream!r} with purpose "
+                        f"{body.get('purpose')!r} do not name registered blocks and a purpose")
+    reads.append({"seq": seq, "time": ts, "stream": stream, "blocks": ids, "purpose": body.get("purpose")})
 
 
 def _check_meta(ledger, meta, problems):

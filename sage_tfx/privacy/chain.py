@@ -8,6 +8,7 @@ import hashlib
 import json
 
 GENESIS = "0" * 64  # the ``prev`` of the first log entry
+TRUSTED_READ = "trusted_read"  # the kind of the entry trusted code writes before it decrypts blocks outside a grant
 
 
 def json_text(*, sort_keys: bool = False, separators: tuple = (", ", ": ")):

@@ -56,7 +56,7 @@ from . import blocks as _blocks, charges as _charges, draws as _draws
 from .allocation import bisect as _bisect, get_policy
 from .audit import audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
-from .chain import GENESIS, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
+from .chain import GENESIS, TRUSTED_READ, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
 from .checks import check_name as _check_name, finite as _finite
 from .errors import BlockRetired, BudgetRefused, GrantError, LedgerError, PipelineBusy, UnknownBlock
 from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-exported under their old names)
@@ -336,6 +336,26 @@ class Ledger:
         if row is None:
             raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
         return row[0]
+
+    def record_trusted_read(self, stream, blocks, purpose):
+        """Log, in the keyed chain and committed before it returns, that TRUSTED code is about to decrypt
+        ``blocks`` of ``stream`` outside any grant (no charge), and why: a ``trusted_read`` entry naming the blocks
+        and ``purpose`` (a non-empty text), which ``sage ledger audit`` lists. The block doors call it before they
+        derive a key (``ingest.access.trusted_block_keys``). LedgerError / UnknownBlock, nothing written, for an
+        empty purpose or a block the stream does not hold."""
+        if not isinstance(purpose, str) or not purpose.strip():
+            raise LedgerError(f"purpose {purpose!r} must say why trusted code decrypts blocks outside a grant "
+                              "(e.g. 'non-private baseline'): it is written to the audit log")
+        ids = [str(b) for b in blocks]
+        if not ids:
+            raise LedgerError("a trusted read names no block: give the blocks it decrypts")
+        with self._store.transaction() as tx:
+            self.stream(stream, tx)
+            missing = sorted(set(ids) - set(_blocks.read_blocks(tx, stream, ids)))
+            if missing:
+                raise UnknownBlock(f"block(s) {', '.join(map(repr, missing))} do not exist in stream {stream!r}: "
+                                   "no key for them")
+            self._log(tx, TRUSTED_READ, {"stream": stream, "blocks": ids, "purpose": purpose.strip()})
 
     def window_blocks(self, stream, start, end):
         """Active blocks whose time window lies inside [start, end)."""
