@@ -228,7 +228,7 @@ def _feature_values(example, key, index=None):
     """The values of ``key`` in a parsed tf.Example as a list of floats ([] when absent or empty).
 
     NaN / inf values are returned as they are: ``per_example_values`` gives such a record the worst value.
-    Bytes raise RecordError naming ``key`` and the record's ``index`` in the split, never a value.
+    Bytes raise RecordError naming ``key`` only (never a value, nor the record's index).
     """
     from sage_tfx.privacy.errors import RecordError
 
@@ -306,9 +306,9 @@ class ServingModel:
                 raise ValidatorConfigError(f"label_signature {signature_name!r} returns no {label_key!r} (it returns "
                                            f"{sorted(result)})")
             values = np.asarray(result[label_key].numpy(), dtype=np.float64).reshape(-1)
-            if values.shape != (len(batch),):
-                raise ValidatorConfigError(f"label_signature {signature_name!r} gave {values.size} values of "
-                                           f"{label_key!r} for {len(batch)} records: the label must be one per record")
+            if values.shape != (len(batch),):  # the sizes are counts of records: not in the message
+                raise ValidatorConfigError(f"label_signature {signature_name!r} did not give one {label_key!r} per "
+                                           "record: the label must be one value per record")
             out.append(values)
         return np.concatenate(out) if out else np.zeros(0)
 
@@ -340,9 +340,8 @@ def model_outputs(model, records, label_key, label_signature=None):
         kept.append(record)
         for k in widths:
             features[k].append(values[k])
-    if not labels:
-        raise ValidatorConfigError(f"no eval record carries label {label_key!r} and the model's inputs "
-                                   f"{sorted(widths) or ['examples']}")
+    if not labels:  # validated as an empty set (noise only): saying so after the charge would publish a count
+        return np.zeros(0), {}
     if label_signature is not None:
         labels = model.labels(kept, label_signature, label_key)
     outputs = {}
@@ -370,6 +369,8 @@ def split_values(model, examples, split, plan, loss_fn=None):
 
     labels, outputs = model_outputs(model, split_records(examples, split), plan["label_key"],
                                     plan.get("label_signature"))
+    if not len(labels):
+        return np.zeros(0)
     if plan.get("label_threshold") is not None:
         # A derived binary label, e.g. "delayed" = arr_delay > 15: a fixed function of the record's own label
         # (NaN compares False: 0), so every count and sum keeps its sensitivity.
@@ -387,8 +388,8 @@ def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=
     of the record alone, so the validator's sensitivity (B per record in a clipped sum, 1 in a count) and
     its epsilon are unchanged, and nothing fails because of a value. Without ``loss_bound`` (called outside
     the executor) a non-finite record of mse / mae raises RecordError; log_loss defaults to ln(1/floor). A
-    finite label that is not a class id raises RecordError (column, record index among the evaluated
-    records, never the value).
+    finite label that is not a class id (multi-class outputs) or not 0/1 (binary) is a bad record too: the
+    worst value, never an error naming it.
     """
     import numpy as np
 
@@ -416,7 +417,7 @@ def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=
         return absolute_errors(labels, out, loss_bound=loss_bound)
     if out.ndim == 2 and out.shape[1] > 1:  # multi-class probabilities
         labels = np.asarray(labels, dtype=np.float64).reshape(-1)
-        classes = _class_ids(labels, out.shape[1])  # -1 where the label is not finite
+        classes = _class_ids(labels, out.shape[1])  # -1 where the label is not finite or not a class id
         bad = (classes < 0) | ~np.all(np.isfinite(out), axis=1)
         safe = np.where(bad, 0, classes)
         if metric == "accuracy":
@@ -441,28 +442,23 @@ def custom_losses(loss_fn, labels, outputs, loss_bound):
     if loss_fn is None or loss_bound is None:
         raise ValidatorConfigError("metric 'custom' needs a loss function and its loss_bound B")
     values = np.asarray(loss_fn(np.asarray(labels), dict(outputs)), dtype=np.float64).reshape(-1)
-    if values.shape != (len(labels),):
-        raise ValidatorConfigError(f"the custom loss function returned {values.size} values for {len(labels)} "
-                                   "records: it must return one loss per record")
+    if values.shape != (len(labels),):  # the sizes are counts of records: not in the message
+        raise ValidatorConfigError("the custom loss function did not return one loss per record: it must return "
+                                   "an array of shape [n] for n labels (reproduce it with `sage run --check`)")
     return np.clip(np.where(np.isfinite(values), values, loss_bound), 0.0, loss_bound)
 
 
 def _class_ids(labels, k):
-    """Integer class ids of ``labels`` in [0, k); -1 where a label is NaN / +-inf (the caller gives that record
-    the worst value). A finite label that is not an integer in [0, k) raises RecordError naming the column
-    and the record's index among the evaluated records, never the value."""
+    """Integer class ids of ``labels`` in [0, k); -1 where a label is NaN / +-inf or not an integer in [0, k):
+    the caller gives that record the worst value (a fixed function of the record alone, as for NaN), so no
+    record's label fails the release after its charge."""
     import numpy as np
-
-    from sage_tfx.privacy.errors import RecordError
 
     labels = np.asarray(labels, dtype=np.float64)
     finite = np.isfinite(labels)
     safe = np.where(finite, labels, -1.0)
     ids = safe.astype(np.int64)
-    bad = finite & ((ids != safe) | (ids < 0) | (ids >= k))
-    if bad.any():
-        raise RecordError("label", int(np.flatnonzero(bad)[0]), f"is not a class id in [0, {k})")
-    return ids
+    return np.where(finite & (ids == safe) & (ids >= 0) & (ids < k), ids, -1)
 
 
 # ---------------------------------------------------------------- outputs

@@ -170,8 +170,9 @@ def audit_spend(report, budget, num_examples):
                          f"training share allows (epsilon={epsilon:.6g}, delta={delta:.3g})")
     reported_n = report.get("num_examples")
     if reported_n is not None and (num_examples is None or int(reported_n) != int(num_examples)):
-        raise SpendError(f"the model calibrated its noise with num_examples={reported_n} but the run's DP (or "
-                         f"public) count is {num_examples}: use fn_args.num_examples, never the exact count")
+        # the reported value is not echoed: it may be the exact count the run_fn must never use
+        raise SpendError(f"the model calibrated its noise with another num_examples than the run's DP (or public) "
+                         f"count {num_examples}: use fn_args.num_examples, never the exact count")
 
     multipliers = _gaussian_multipliers(event)
     if multipliers:

@@ -335,7 +335,7 @@ def test_custom_losses_are_clipped_to_the_public_bound():
 
     out = custom_losses(lambda y, o: np.array([1.0, -3.0, 50.0, np.nan, np.inf]), np.zeros(5), {}, 10.0)
     np.testing.assert_array_equal(out, [1.0, 0.0, 10.0, 10.0, 10.0])
-    with pytest.raises(ValidatorConfigError, match="returned 2 values for 5 records"):
+    with pytest.raises(ValidatorConfigError, match="did not return one loss per record"):
         custom_losses(lambda y, o: np.zeros(2), np.zeros(5), {}, 10.0)
 
 

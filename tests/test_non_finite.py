@@ -5,7 +5,8 @@
   its documented public default (same seed: identical noise), so the row's only effect is that of a
   default-valued record.
 * The validator's per-example values give a NaN label or prediction the worst value (B, or "incorrect").
-* RecordError messages name the column and the record's index, never the value.
+* RecordError messages name the column only: never the value, the record's index or a count; a label that is not
+  0/1 or not a class id gets the validator's worst value, as a NaN does.
 * ``sage_tfx.models.training_seed``: reproducible inside, explicit ``seed=`` refused inside, allowed outside.
 
 All comparisons are exact (same seeds, same mapped data) except "two fits differ", which fails only if two
@@ -45,9 +46,13 @@ _SPEND_CACHE = {}
 
 
 def _no_value(err, *values):
+    """The message of ``err``, checked to hold none of ``values`` and no record index ("record N")."""
+    import re
+
     text = str(err)
     for value in values:
         assert value not in text, (value, text)
+    assert not re.search(r"record \d", text), text
     return text
 
 
@@ -117,19 +122,19 @@ def test_metric_helpers_give_a_non_finite_record_the_worst_value():
     assert squared_errors(labels[:1], predictions[:1], loss_bound=4.0).tolist() == [0.25]
 
 
-def test_metric_errors_name_the_record_never_the_value():
+def test_metric_errors_name_the_column_never_the_record():
+    """The messages named the record's index ("record 1"), and a label other than 0/1 failed the validation
+    after its charge; now the column only, and such a label gets the worst value as a NaN does."""
     with pytest.raises(RecordError) as err:
         squared_errors([1.0, 2.0], [1.0, float("nan")])
     text = _no_value(err.value, "nan")
-    assert "record 1" in text and "loss_bound" in text
-    with pytest.raises(RecordError) as err:
-        correctness([1.0, 0.0, 0.37], [0.9, 0.1, 0.5])
-    text = _no_value(err.value, "0.37")
-    assert "'labels'" in text and "record 2" in text
-    with pytest.raises(RecordError) as err:
-        log_losses([0.0, 7.5], [0.5, 0.5])
-    assert "record 1" in _no_value(err.value, "7.5")
-    assert public_error_text(err.value).startswith("RecordError: column 'labels', record 1")
+    assert "column 'predictions'" in text and "loss_bound" in text
+    assert public_error_text(err.value).startswith("RecordError: column 'predictions': ")
+    assert correctness([1.0, 0.0, 0.37], [0.9, 0.1, 0.5]).tolist() == [1.0, 1.0, 0.0]
+    assert log_losses([0.0, 7.5], [0.5, 0.5], loss_bound=5.0).tolist() == [pytest.approx(math.log(2)), 5.0]
+    with pytest.raises(ValueError) as err:  # lengths are counts of records: only the trailing shapes
+        squared_errors(np.zeros(5), np.zeros(7))
+    assert "5" not in str(err.value) and "7" not in str(err.value) and "one prediction per label" in str(err.value)
 
 
 def test_validators_run_on_values_with_a_nan_record():
@@ -254,16 +259,21 @@ def test_a_record_whose_gradient_overflows_contributes_zero(implementation):
 
 
 @pytest.mark.tf
-def test_a_label_that_is_not_a_class_id_names_the_record_not_the_value():
+def test_a_label_that_is_not_a_class_id_names_the_column_not_the_record():
     m = _tf()
     x = np.zeros((10, 2), np.float32)
     with pytest.raises(RecordError) as err:
         m.DPDNNClassifier(BUDGET, hidden_units=(2,), n_classes=3, num_examples=10, batch_size=2).fit(
             x, np.array([0, 1, 2, 2.5, 0, 0, 0, 0, 0, 0]))
-    assert "column 'label', record 3: is not a class id in [0, 3)" in _no_value(err.value, "2.5")
+    assert str(err.value) == "column 'label': is not a class id in [0, 3)"
     with pytest.raises(RecordError) as err:
         m.DPLogisticRegressor(BUDGET, num_examples=10, batch_size=2).fit(x, np.array([0, 1, 0, 0, 0.75] + [0] * 5))
-    assert "record 4" in _no_value(err.value, "0.75")
+    assert "column 'label'" in _no_value(err.value, "0.75", "4")
+    from sage_tfx.models.data import labels_vector
+
+    with pytest.raises(ValueError) as err:  # x and y of other lengths: counts of records, not in the message
+        labels_vector(np.zeros(9), 10, np.float32)
+    assert "9" not in str(err.value) and "10" not in str(err.value)
 
 
 @pytest.mark.tf
@@ -310,22 +320,36 @@ def test_validator_values_give_a_nan_prediction_the_worst_value():
 
 
 @pytest.mark.tf
-def test_validator_errors_name_the_record_never_the_value():
+def test_validator_messages_after_the_charge_name_no_record_count_or_value():
+    """After the charge, the validator failed on a label that is not a class id naming the record's index, on a
+    custom loss of the wrong length naming both lengths (counts of records), and on an eval split with no usable
+    record ("no eval record carries label", a count of 0). Now a non-class label gets the worst value (as NaN),
+    an empty split is validated as one (noise only), and the remaining messages name columns only."""
     ex = _executor()
-    with pytest.raises(RecordError) as err:
-        ex._class_ids(np.array([0.0, 2.5, 1.0]), 3)
-    assert "column 'label', record 1" in _no_value(err.value, "2.5")
-    with pytest.raises(RecordError) as err:
-        ex.per_example_values("accuracy", np.array([0.0, 1.0, 7.0]),
-                              {"probabilities": np.full((3, 3), 1 / 3)})
-    assert "record 2" in _no_value(err.value, "7.0", "7")
+    assert ex._class_ids(np.array([0.0, 2.5, 1.0, -1.0, 3.0, np.nan]), 3).tolist() == [0, -1, 1, -1, -1, -1]
+    uniform = {"probabilities": np.full((3, 3), 1 / 3)}
+    assert ex.per_example_values("accuracy", np.array([0.0, 1.0, 7.0]), uniform).tolist()[2] == 0.0
+    assert ex.per_example_values("log_loss", np.array([0.0, 1.0, 7.0]), uniform, loss_bound=3.0)[2] == 3.0
     import tensorflow as tf
 
     example = tf.train.Example()
     example.features.feature["fare"].bytes_list.value.append(b"secret-123")
     with pytest.raises(RecordError) as err:
         ex._feature_values(example, "fare", 41)
-    assert "column 'fare', record 41" in _no_value(err.value, "secret-123")
+    assert str(_no_value(err.value, "secret-123", "41")).startswith("column 'fare': ")
+    with pytest.raises(ex.ValidatorConfigError) as err:
+        ex.custom_losses(lambda y, o: np.zeros(1234), np.zeros(4321), {}, 10.0)
+    assert "1234" not in str(err.value) and "4321" not in str(err.value), err.value
+    assert "one loss per record" in str(err.value)
+
+    class NoRecordCarriesTheLabel:
+        examples_input = "examples"
+
+    labels, outputs = ex.model_outputs(NoRecordCarriesTheLabel(), [tf.train.Example().SerializeToString()] * 3,
+                                       "tips")
+    assert labels.size == 0 and outputs == {}
+    for validator in (DPLossValidator(0.5, 1.0, loss_bound=1.0), DPAccuracyValidator(0.5, 1.0)):
+        assert validator.validate(np.zeros(0), np.zeros(0), None, eta=0.01).outcome == "RETRY"
 
 
 # ---------------------------------------------------------------- load_examples

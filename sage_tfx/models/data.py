@@ -19,7 +19,7 @@ default, the same for every record and chosen without looking at the data, befor
 Each mapping is a fixed function of the record alone, so no sensitivity changes: DP-SGD clips each
 record's gradient whatever its values, AdaSSP clips each row. The same mapping applies in predict and
 evaluate. What cannot be mapped (a finite label that is not a class id) raises ``RecordError``: the
-column and the record's index, never the value.
+column only, never a value, index or count.
 """
 from typing import Optional
 
@@ -62,7 +62,7 @@ class FeatureLayout:
         if matrix.ndim == 1:
             matrix = matrix[:, None]
         if matrix.ndim != 2:
-            raise ValueError(f"features must be a 2-D array or a dict of arrays, got shape {matrix.shape}")
+            raise ValueError(f"features must be a 2-D array or a dict of arrays, got {matrix.ndim} dimensions")
         return cls(["x"], [matrix.shape[1]])
 
     def to_matrix(self, x):
@@ -93,7 +93,7 @@ def _column_block(values, key):
     if block.ndim == 1:
         block = block[:, None]
     if block.ndim != 2:
-        raise ValueError(f"feature {key!r} must be 1-D or 2-D, got shape {block.shape}")
+        raise ValueError(f"feature {key!r} must be 1-D or 2-D, got {block.ndim} dimensions")
     return block
 
 
@@ -172,5 +172,5 @@ def class_labels(y, n: int, n_classes: int, dtype=np.int32, column: str = "label
     else:
         raise ValueError(f"labels have dtype {y.dtype}: pass numeric class ids in [0, {n_classes})")
     if bad.any():
-        raise RecordError(column, int(np.flatnonzero(bad)[0]), f"is not a class id in [0, {n_classes})")
+        raise RecordError(column, None, f"is not a class id in [0, {n_classes})")
     return y.astype(dtype)

@@ -210,7 +210,8 @@ def _engine(per_example, model, loss_fn, clip_norm, sigma, seed, vectorized=True
 def _rows(x):
     lengths = {int(np.shape(v)[0]) for v in tf.nest.flatten(x)}
     if len(lengths) != 1:
-        raise ValueError(f"x: every input needs the same number of rows, got {sorted(lengths)}")
+        raise ValueError("x: every input needs the same number of rows (they differ): pass one row per record in "
+                         "each")
     return lengths.pop()
 
 
@@ -296,7 +297,7 @@ class PrivateModel:
         y = _to_numpy(y)
         n = _rows(x)
         if len(y) != n:
-            raise ValueError(f"y has {len(y)} rows but x has {n}: pass one label per record")
+            raise ValueError("y and x have different numbers of rows: pass one label per record")
         self._build(x)
         loss_fn = per_example_loss(self.loss, self.model)
         probe = loss_fn(y[:2], self.model(_take(x, slice(0, 2)), training=False)) if n >= 2 else None

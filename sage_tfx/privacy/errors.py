@@ -74,19 +74,21 @@ class BudgetRefused(SageError):
 
 
 class RecordError(SageError, ValueError):
-    """A data-dependent failure after a grant was charged, named by column and record index, NEVER by value.
+    """A data-dependent failure after a grant was charged, named by its column only: NEVER a record's value,
+    index or an exact count.
 
     A release that fails because of one record's value, with that value in its message, reveals the
-    record (docs/growing_database.md). Code that reads records under a grant maps non-finite values to
-    public defaults instead of failing; where it must fail, it raises this, whose message holds only the
-    column, the record's index in what was read, and a fixed description of the problem. It is the one
-    error type whose message the ledger's append-only log records for a FAILED run (others: the type only).
+    record (docs/growing_database.md); its index (where it sits among what was read) or a count of records is
+    data too. Code that reads records under a grant maps non-finite values to public defaults instead of
+    failing; where it must fail, it raises this, whose message holds only the column and a fixed description
+    of the problem (``problem`` must hold no value or count). ``index`` is accepted for the callers' signature
+    and dropped. It is the one error type whose message the ledger's append-only log records for a FAILED run
+    (others: the type only).
     """
 
     def __init__(self, column, index, problem):
-        self.column, self.index, self.problem = str(column), None if index is None else int(index), str(problem)
-        where = "" if self.index is None else f", record {self.index}"
-        super().__init__(f"column {self.column!r}{where}: {self.problem}")
+        self.column, self.index, self.problem = str(column), None, str(problem)
+        super().__init__(f"column {self.column!r}: {self.problem}")
 
     def __reduce__(self) -> tuple[Any, ...]:  # pickles across processes (sage serve workers, Beam)
         return (type(self), (self.column, self.index, self.problem), self.__dict__)

@@ -127,15 +127,15 @@ def check_probability(name, value):
 
 
 def check_values(name, values):
-    """A non-empty 1-D float array of finite numbers; names the first bad entry otherwise."""
+    """A 1-D float array of finite numbers; names the first bad entry otherwise. An empty array is a valid set
+    of records (the DP release of zero records is noise only): a validator reading a split in which no record
+    is usable decides on it like on any other, rather than failing after the charge with a count of 0."""
     try:
         array = np.asarray(values, dtype=np.float64)
     except (TypeError, ValueError) as err:
         raise ValidationInputError(f"{name} must be numbers: {err}") from None
     if array.ndim != 1:
         raise ValidationInputError(f"{name} must be 1-D, got shape {array.shape}")
-    if array.size == 0:
-        raise ValidationInputError(f"{name} is empty: nothing to validate")
     bad = ~np.isfinite(array)
     if bad.any():
         index = int(np.flatnonzero(bad)[0])

@@ -1,14 +1,15 @@
 """Per-example values the validators take: squared and absolute errors, log losses, 0/1 correctness.
 
-Each checks that labels and predictions have the same shape (naming the shapes when not).
+Each checks that labels and predictions have the same shape (naming their trailing shapes when not: their
+lengths are counts of records).
 
 Non-finite records (finding 7): these values are computed after the budget is charged, so a NaN or +-inf
 label or prediction (e.g. a model that outputs NaN on one record) must not make the validation fail, nor
 show in an error. Such a record gets the WORST value, a fixed function of the record alone: the loss
 bound B for losses (what clipping an infinite loss to [0, B] gives), 0 ("incorrect") for correctness. The
-validators' sensitivities (one record moves a clipped sum by at most B, a count by 1) are unchanged. Where
-a value cannot be mapped (a finite label that is not 0 or 1, or a non-finite record when no B is given),
-``RecordError`` names the column and the record's index, never the value.
+validators' sensitivities (one record moves a clipped sum by at most B, a count by 1) are unchanged. A finite
+label other than 0 or 1 (binary log loss, correctness) is mapped alike. Where a value cannot be mapped (a
+non-finite record when no B is given), ``RecordError`` names the column only: never a value, index or count.
 """
 from typing import Optional
 
@@ -24,22 +25,23 @@ def _pair(labels, predictions):
     predictions = np.asarray(predictions, dtype=np.float64)
     if predictions.ndim == 2 and predictions.shape[1] == 1 and labels.ndim == 1:
         predictions = predictions[:, 0]  # a Keras (n, 1) output against (n,) labels
-    if labels.shape != predictions.shape:
+    if labels.shape != predictions.shape:  # their lengths are counts of records: only the rest is named
         raise ValidationInputError(
-            f"labels shape {labels.shape} does not match predictions shape {predictions.shape}")
+            f"labels and predictions have different shapes (per record: {labels.shape[1:]} and "
+            f"{predictions.shape[1:]}; their lengths are counts of records, not shown): give one prediction per label")
     labels, predictions = labels.ravel(), predictions.ravel()
     return labels, predictions, ~(np.isfinite(labels) & np.isfinite(predictions))
 
 
 def _worst(values, bad, worst, name):
     """``values`` with the records flagged ``bad`` (or whose value is not finite) set to ``worst``; without
-    ``worst`` the first such record raises RecordError (its index, never its value)."""
+    ``worst`` it raises RecordError (the column only: never a value, index or count)."""
     bad = bad | ~np.isfinite(values)
     if not bad.any():
         return values
     if worst is None:
-        raise RecordError(name, int(np.flatnonzero(bad)[0]),
-                          "label or prediction is not finite: pass loss_bound=B to give it the worst loss B")
+        raise RecordError(name, None, "label or prediction is not finite: pass loss_bound=B to give it the worst "
+                                      "loss B")
     return np.where(bad, float(worst), values)
 
 
@@ -64,9 +66,9 @@ def log_losses(labels, probabilities, floor: float = 1e-7, loss_bound: Optional[
 
     Probabilities are kept in [floor, 1 - floor], so each loss is at most ln(1/floor) (a valid B). A record
     whose label or probability is not finite gets ``loss_bound`` (default ln(1/floor), the largest loss).
-    A finite label other than 0 or 1 raises RecordError (its index, never its value)."""
+    A finite label other than 0 or 1 is a bad record too: the worst loss, never an error naming it."""
     labels, probabilities, bad = _pair(labels, probabilities)
-    _check_binary(labels, bad)
+    bad = _not_binary(labels, bad)
     p = np.clip(np.where(bad, 0.5, probabilities), floor, 1.0 - floor)
     y = np.where(bad, 0.0, labels)
     worst = -np.log(floor) if loss_bound is None else loss_bound
@@ -75,13 +77,13 @@ def log_losses(labels, probabilities, floor: float = 1e-7, loss_bound: Optional[
 
 def correctness(labels, scores, threshold: float = 0.5) -> np.ndarray:
     """1.0 where (score >= threshold) equals the binary label, else 0.0; 0.0 ("incorrect") for a record whose
-    label or score is not finite. A finite label other than 0 or 1 raises RecordError (index, no value)."""
+    label or score is not finite, or whose finite label is other than 0 or 1."""
     labels, scores, bad = _pair(labels, scores)
-    _check_binary(labels, bad)
+    bad = _not_binary(labels, bad)
     return (((scores >= threshold) == (labels == 1.0)) & ~bad).astype(np.float64)
 
 
-def _check_binary(labels, skip):
-    bad = (labels != 0.0) & (labels != 1.0) & ~skip
-    if bad.any():
-        raise RecordError("labels", int(np.flatnonzero(bad)[0]), "is not 0 or 1: binary labels must be 0 or 1")
+def _not_binary(labels, bad):
+    """``bad`` with the records whose label is not 0 or 1 added: they get the worst value (a fixed function of
+    the record alone), so no label fails a release after its charge."""
+    return bad | ((labels != 0.0) & (labels != 1.0))
