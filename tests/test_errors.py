@@ -28,6 +28,7 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.privacy.errors.BlockRetired": (ValueError,),
     "sage_tfx.privacy.errors.DuplicateContent": (ValueError,),
     "sage_tfx.privacy.errors.PipelineBusy": (ValueError,),
+    "sage_tfx.adaptive.iterator.RequestMismatch": (ValueError,),  # a name asked for another certificate request
     "sage_tfx.privacy.errors.GrantError": (ValueError,),
     "sage_tfx.privacy.errors.BudgetRefused": (),  # Exception only, never a ValueError (the CLI exits 3, not 2)
     "sage_tfx.privacy.errors.RecordError": (ValueError,),
