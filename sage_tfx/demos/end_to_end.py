@@ -81,9 +81,11 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
         "confidence 0.95; one TFX run per iteration")
     iterator = SageIterator(ledger, STREAM, "taxi_regression", pipeline.run_iteration, eta=0.05,
                             max_iterations=max_iterations, wait_for_blocks=wait_for_blocks,
-                            progress=lambda line: say("      " + line), **{**definition.defaults, **ITERATOR})
+                            progress=lambda line: say("      " + line), request=pipeline.request(),
+                            **{**definition.defaults, **ITERATOR})
     result = iterator.run()
-    say(f"      -> {result.outcome} after {len(result.iterations)} iteration(s)")
+    say(f"      -> {result.outcome} after {len(result.iterations)} iteration(s); target {target:g}, bound "
+        f"{'none' if result.bound is None else format(result.bound, '.6g')}")
 
     pushed = _pushed_model(serving_dir)
     if result.outcome == "ACCEPT":

@@ -152,8 +152,6 @@ class DPAccuracyValidator:
 
 def _check_correctness(name, values):
     array = check_values(name, values)
-    bad = (array != 0.0) & (array != 1.0)
-    if bad.any():
-        index = int(np.flatnonzero(bad)[0])
-        raise ValidationInputError(f"{name}[{index}] = {array[index]!r}: correctness must be 0 or 1")
+    if ((array != 0.0) & (array != 1.0)).any():  # per-record values: no value, index or count in the message
+        raise ValidationInputError(f"{name} holds a value other than 0 or 1: correctness must be 0 or 1")
     return array

@@ -127,7 +127,9 @@ def check_probability(name, value):
 
 
 def check_values(name, values):
-    """A 1-D float array of finite numbers; names the first bad entry otherwise. An empty array is a valid set
+    """A 1-D float array of finite numbers. The refusal of a non-finite one names the array only: these are
+    per-record values, often computed after a charge, so neither the value, its index nor a count is shown
+    (map NaN / inf to the worst value first, as ``squared_errors(..., loss_bound=B)`` does). An empty array is a valid set
     of records (the DP release of zero records is noise only): a validator reading a split in which no record
     is usable decides on it like on any other, rather than failing after the charge with a count of 0."""
     try:
@@ -136,11 +138,9 @@ def check_values(name, values):
         raise ValidationInputError(f"{name} must be numbers: {err}") from None
     if array.ndim != 1:
         raise ValidationInputError(f"{name} must be 1-D, got shape {array.shape}")
-    bad = ~np.isfinite(array)
-    if bad.any():
-        index = int(np.flatnonzero(bad)[0])
-        raise ValidationInputError(
-            f"{name}[{index}] = {array[index]!r} is not finite ({int(bad.sum())} non-finite value(s))")
+    if not np.isfinite(array).all():
+        raise ValidationInputError(f"{name} holds a value that is not finite (NaN or +-inf): give each such record "
+                                   "the worst value first (e.g. squared_errors(..., loss_bound=B))")
     return array
 
 
