@@ -62,6 +62,9 @@ def test_a_trusted_read_of_spent_blocks_is_in_the_audit_with_its_blocks_and_purp
                              capture_output=True, text=True)
     report = json.loads(as_json.stdout)
     assert report["ok"] and report["trusted_read_count"] == 1 and report["trusted_reads"][0]["blocks"] == blocks
+    status = subprocess.run([sys.executable, "-m", "sage_tfx", "ledger", "status", "--db", db, "--stream", "a",
+                             "--json"], capture_output=True, text=True)
+    assert json.loads(status.stdout)["trusted_reads"] == 1, status.stdout + status.stderr
 
 
 def test_the_entry_is_committed_before_any_block_is_opened(world, monkeypatch):

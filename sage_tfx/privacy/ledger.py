@@ -357,6 +357,13 @@ class Ledger:
                                    "no key for them")
             self._log(tx, TRUSTED_READ, {"stream": stream, "blocks": ids, "purpose": purpose.strip()})
 
+    def trusted_reads(self, stream):
+        """The ``trusted_read`` log entries of ``stream`` (bodies: stream, blocks, purpose), oldest first."""
+        with self._store.transaction(write=False) as tx:
+            self.stream(stream, tx)
+            bodies = [json.loads(r[0]) for r in tx.all(sql.LOG_TRUSTED_READS)]
+        return [b for b in bodies if b.get("stream") == stream]
+
     def window_blocks(self, stream, start, end):
         """Active blocks whose time window lies inside [start, end)."""
         start, end = _finite(start, "window start", False), _finite(end, "window end", False)

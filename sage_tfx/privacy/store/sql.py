@@ -337,6 +337,7 @@ LOG_ALL = "SELECT seq, ts, kind, body, prev, hash FROM log ORDER BY seq"
 LOG_LAST = "SELECT seq, hash FROM log ORDER BY seq DESC LIMIT 1"  # what the next entry chains to
 LOG_LAST_SEQ = "SELECT seq FROM log ORDER BY seq DESC LIMIT 1"
 LOG_INSERT = "INSERT INTO log (seq, ts, kind, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?)"
+LOG_TRUSTED_READS = "SELECT body FROM log WHERE kind = 'trusted_read' ORDER BY seq"  # decryptions outside a grant
 LOG_FIRST_KEYS_ENTRY = "SELECT seq, kind, body, prev, hash FROM log WHERE kind = 'keys' ORDER BY seq LIMIT 1"
 
 # ------------------------------------------------------------------------------------- the audit (audit.py, step 4)
