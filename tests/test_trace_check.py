@@ -199,3 +199,44 @@ def test_every_later_trace_is_compared_with_the_checked_one():
         state["mode"] = mode
         with pytest.raises(TraceMismatch, match=message):
             trace()
+
+
+def test_tf_transform_runs_an_honest_multi_phase_function_through_every_check(tmp_path, monkeypatch):
+    """Every trace tf.Transform makes of an ordinary function passes: its budget helper, a DP vocabulary, a DP
+    scaler, and a second-phase analyzer whose input depends on a released mean (traced once more per phase in a
+    Beam step, with the released values as constants, and checked there against a check trace on synthetic
+    rows)."""
+    import tensorflow as tf
+    import tensorflow_transform as tft
+    import tensorflow_transform.beam as tft_beam
+
+    from sage_tfx.transform import (PreprocessingBudget, budget_custom_config, dp_compute_and_apply_vocabulary,
+                                    dp_mean, dp_scale_to_z_score, noise_seed)
+    from sage_tfx.transform import trace_check
+    from sage_tfx.transform.trace_check import TracedFn, check_row_local, reference_trace
+
+    checked_in_beam = []  # the row checks of the traces made with released values as constants
+    monkeypatch.setattr(trace_check, "check_row_local", lambda *a: checked_in_beam.append(check_row_local(*a)))
+
+    def fn(inputs, custom_config):
+        budget = PreprocessingBudget.from_custom_config(custom_config)
+        eps_mean, eps_spread, eps_vocab, eps_z = budget.split(4)
+        miles, _, company = _dense(inputs)
+        mean = dp_mean(miles, eps_mean, 10.0)
+        spread = dp_mean(tf.abs(miles - mean), eps_spread, 10.0, name="spread")  # second phase
+        return {"c": (miles - mean) / (spread + 1.0), "z": dp_scale_to_z_score(miles, eps_z, 10.0),
+                "id": dp_compute_and_apply_vocabulary(company, eps_vocab, budget.delta)}
+
+    kinds = {"miles": "float", "hour": "int", "company": "bytes"}
+    config = budget_custom_config(EPS, delta=1e-7)
+    expected, concrete = reference_trace(fn, config, kinds)
+    check_row_local(concrete, kinds)
+    spec = {"miles": tf.io.VarLenFeature(tf.float32), "hour": tf.io.VarLenFeature(tf.int64),
+            "company": tf.io.VarLenFeature(tf.string)}
+    rows = [{"miles": [float(i % 7)], "hour": [i % 24], "company": [b"a" if i % 3 else b"b"]} for i in range(300)]
+    with tft_beam.Context(temp_dir=str(tmp_path)), noise_seed(5):
+        (data, _), _ = ((rows, tft.DatasetMetadata.from_feature_spec(spec))
+                        | tft_beam.AnalyzeAndTransformDataset(TracedFn(fn, config, kinds, expected)))
+    assert len(data) == 300 and {r["id"] for r in data} == {0, 1}
+    # phase 2's analyzer inputs (the mean released), the transform graph and its schema (everything released)
+    assert len(checked_in_beam) >= 3

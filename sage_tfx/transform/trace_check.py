@@ -28,7 +28,6 @@ missing values). A function that mixes rows only for values the synthetic rows n
 check is made for ordinary code, and the docs say so.
 """
 import collections
-import contextlib
 from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -59,14 +58,20 @@ class RowMixing(DPTransformError):
 
 # ---------------------------------------------------------------- the signature of one trace
 
-def _analyzer_labels(graph) -> tuple:
-    """(label, is a Sage DP analyzer) of every tf.Transform analyzer of the trace, evaluated or not."""
+def _sinks(graph) -> list:
+    from tensorflow_transform import analyzer_nodes
+
+    return graph.get_collection(analyzer_nodes.ALL_REPLACEMENTS)
+
+
+def _analyzer_labels(sinks) -> tuple:
+    """(label, is a Sage DP analyzer) of tf.Transform analyzers (their sinks), evaluated or not."""
     from tensorflow_transform import analyzer_nodes
 
     from .analyzers import _NoiseOnce
 
     labels = []
-    for sink in graph.get_collection(analyzer_nodes.ALL_REPLACEMENTS):
+    for sink in sinks:
         op = sink.future.parent_operation.operation_def
         dp = isinstance(op, analyzer_nodes.PTransform) and isinstance(getattr(op, "ptransform", None), _NoiseOnce)
         labels.append((str(op.label), dp))
@@ -94,8 +99,10 @@ def _replacement_keys(replacements) -> set:
     return keys
 
 
-def trace_signature(graph, new_ops: Sequence, outputs: Dict, replacements=None) -> TraceSignature:
-    """The signature of one trace: `new_ops` are the operations the preprocessing_fn built in `graph`."""
+def trace_signature(graph, before: tuple, outputs: Dict, replacements=None) -> TraceSignature:
+    """The signature of what the preprocessing_fn added to `graph` since `before` (`_marks(graph)` before the call:
+    a graph traced inside another one starts with a copy of its collections)."""
+    new_ops = graph.get_operations()[before[0]:]
     ops, constants = collections.Counter(), collections.Counter()
     replaced = _replacement_keys(replacements)
     for op in new_ops:
@@ -107,8 +114,8 @@ def trace_signature(graph, new_ops: Sequence, outputs: Dict, replacements=None) 
                 constants[key] += 1
             continue
         ops[op.type] += 1
-    spends = tuple((s.analyzer, s.epsilon, s.delta) for s in requested_spends(graph))
-    return TraceSignature(_describe_outputs(outputs), spends, _analyzer_labels(graph),
+    spends = tuple((s.analyzer, s.epsilon, s.delta) for s in requested_spends(graph)[before[1]:])
+    return TraceSignature(_describe_outputs(outputs), spends, _analyzer_labels(_sinks(graph)[before[2]:]),
                           tuple(sorted(ops.items())), tuple(sorted(constants.items(), key=repr)))
 
 
@@ -165,27 +172,47 @@ class TracedFn:
         from tensorflow_transform import graph_context
 
         graph = tf.compat.v1.get_default_graph()
-        first = len(graph.get_operations())
+        before = (len(graph.get_operations()), len(requested_spends(graph)), len(_sinks(graph)))
         outputs = call_preprocessing_fn(self.preprocessing_fn, inputs, self.custom_config)
         if not isinstance(outputs, dict):
             return outputs  # tf.Transform refuses it, naming the type
-        new_ops = graph.get_operations()[first:]
         replacements = graph_context.TFGraphContext.get_evaluated_replacements()
-        signature = trace_signature(graph, new_ops, outputs, replacements)
+        signature = trace_signature(graph, before, outputs, replacements)
         check_analyzers_are_dp(signature)
         if self.expected is None:
             self.recorded = signature
-            return dict(outputs, **_analyzer_inputs(graph, new_ops, signature.spends))
+            return dict(outputs, **_analyzer_inputs(graph, graph.get_operations()[before[0]:], signature.spends))
         if not replacements:
             _require_same(self.expected, signature, "the trace DPTransform checked")
         else:
             _require_same(self.expected[:3], signature[:3], "the trace DPTransform checked")
-            with tf.init_scope():  # eagerly, outside the graph being built
-                checked, concrete = reference_trace(self.preprocessing_fn, self.custom_config, self.kinds,
-                                                    replacements)
-                check_row_local(concrete, self.kinds)
+            checked = _in_own_thread(self._checked_trace, replacements)
             _require_same(checked, signature, "a check trace under the same analyzer outputs")
         return outputs
+
+
+    def _checked_trace(self, replacements) -> TraceSignature:
+        """A check trace under `replacements`, run on synthetic rows (`check_row_local`); its signature."""
+        checked, concrete = reference_trace(self.preprocessing_fn, self.custom_config, self.kinds, replacements)
+        check_row_local(concrete, self.kinds)
+        return checked
+
+
+def _in_own_thread(fn, *args):
+    """fn(*args) in a new thread, which starts with TensorFlow's and tf.Transform's per-thread state empty (eager,
+    no graph being built, no graph context): a graph traced inside another trace would copy that trace's
+    collections (its spends and budget among them). tf.Transform's object tracker, a module global, is set
+    aside meanwhile (this thread waits)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tensorflow_transform import annotators
+
+    tracker, annotators._OBJECT_TRACKER = annotators._OBJECT_TRACKER, None
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(fn, *args).result()
+    finally:
+        annotators._OBJECT_TRACKER = tracker
 
 
 def _require_same(expected, got, what: str) -> None:
@@ -236,29 +263,14 @@ def reference_trace(preprocessing_fn: Callable, custom_config: Dict, kinds: Dict
     traced = TracedFn(preprocessing_fn, custom_config, kinds)
     context = graph_context.TFGraphContext(module_to_export=tf.Module(), temp_dir=None,
                                            evaluated_replacements=replacements)
-    with _outside_tft_trace(), annotators.object_tracker_scope(annotators.ObjectTracker()):
+    with annotators.object_tracker_scope(annotators.ObjectTracker()):
         concrete = impl_helper.get_traced_transform_fn(traced, type_specs(kinds), context).get_concrete_function()
     return traced.recorded, concrete
 
 
-@contextlib.contextmanager
-def _outside_tft_trace():
-    """Set aside tf.Transform's per-thread tracing state while tracing a check trace inside one of its traces
-    (its graph context and object tracker do not nest), and restore it after."""
-    from tensorflow_transform import annotators, graph_context
-
-    local = graph_context.TFGraphContext._thread_local
-    state, tracker = getattr(local, "current_state", None), annotators._OBJECT_TRACKER
-    local.current_state, annotators._OBJECT_TRACKER = None, None
-    try:
-        yield
-    finally:
-        local.current_state, annotators._OBJECT_TRACKER = state, tracker
-
-
 def synthetic_rows(kinds: Dict[str, str], n: int = SYNTHETIC_ROWS) -> List[Dict]:
     """n public rows {feature: value or None (missing)} of the given kinds (int / float / bytes)."""
-    pools = {"int": [0, 1, 2, 7, 23, 1000, -3, 5], "float": [0.0, 0.5, 3.25, 17.0, 99.5, 1e4, -2.0, 1.0],
+    pools = {"int": [0, 1, 2, 3, 7, 12, 23, 5], "float": [0.0, 0.5, 3.25, 17.0, 99.5, 42.0, 1.0, 7.75],
              "bytes": [b"a", b"b", b"Cash", b"", b"zz", b"Credit Card", b"7"]}
     rng = np.random.default_rng(_SEED)
     rows = []
@@ -319,7 +331,17 @@ def check_row_local(concrete, kinds: Dict[str, str], n: int = SYNTHETIC_ROWS) ->
     """Raise RowMixing unless every row's outputs (and DP analyzer inputs) of `concrete` are the same alone in
     a batch, in the whole synthetic batch, in that batch reversed, and on a second run of the batch."""
     rows = synthetic_rows(kinds, n)
-    run = lambda batch_rows: concrete(_batch(batch_rows, kinds))  # noqa: E731
+
+    def run(batch_rows):
+        import tensorflow as tf
+
+        try:
+            return concrete(_batch(batch_rows, kinds))
+        except tf.errors.OpError as exc:
+            raise DPTransformError(
+                f"the preprocessing_fn failed on synthetic rows ({batch_rows!r}), on which DPTransform runs it to "
+                f"check that it transforms each row on its own: {exc.message}. It must accept any value of each "
+                "feature's kind, and missing values (fill them with fill_in_missing)") from None
     full = run(rows)
     views = {"the same batch run again": (run(rows), list(range(n))),
              "the batch in reverse order": (run(rows[::-1]), list(range(n))[::-1])}
