@@ -260,7 +260,8 @@ def check_reference_trace(preprocessing_fn, custom_config, schema, spends):
     planning trace spent and that it transforms each row on its own (``trace_check.check_row_local`` on
     synthetic rows), and return its signature: every trace tf.Transform makes is compared with it
     (``trace_check.TracedFn``). Raises TraceMismatch or RowMixing before any record is read."""
-    from sage_tfx.transform.trace_check import TraceMismatch, check_row_local, reference_trace
+    from sage_tfx.transform.errors import TraceMismatch
+    from sage_tfx.transform.trace_check import check_row_local, reference_trace
 
     signature, concrete = reference_trace(preprocessing_fn, custom_config, schema)
     planned = tuple((s.analyzer, s.epsilon, s.delta) for s in spends)

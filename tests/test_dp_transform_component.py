@@ -300,7 +300,7 @@ def _unreadable_examples(tmp_path, grant_id):
 
 def _refusal(world, tmp_path, case):
     from sage_tfx.components.dp_transform_executor import NonPrivateAnalyzer, TransformConfigError
-    from sage_tfx.transform.trace_check import RowMixing, TraceMismatch
+    from sage_tfx.transform.errors import RowMixing, TraceMismatch
 
     g = world["grants"]
     forged = json.loads(g["a"].to_json())
@@ -381,10 +381,10 @@ def test_a_function_that_mixes_rows_only_in_a_beam_trace_is_refused_before_any_o
     batch-centres a feature only from such a call on (a call counter) passed every landed check, and the
     transformed records and the served graph were batch-centred. Those traces are checked too (call 6 against
     a check trace under the same tables, run on synthetic rows): refused before any output is written."""
-    from sage_tfx.transform import trace_check
+    from sage_tfx.transform import errors
 
     grant = world["grants"][f"mixed{call}"]
-    with pytest.raises(getattr(trace_check, error), match=message):
+    with pytest.raises(getattr(errors, error), match=message):
         _run(world, tmp_path, grant.to_json(), examples(f"mixed{call}"),
              module_file=_module(tmp_path, f"row mixing from call {call}"))
     assert not os.path.exists(tmp_path / "transform_graph" / "transform_fn")

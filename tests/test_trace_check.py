@@ -137,7 +137,7 @@ def _mixing_fns():
 @pytest.mark.parametrize("name", ["centred", "per batch size", "rank", "previous row", "batch gram",
                                   "batch sum into dp_mean", "random"])
 def test_row_mixing_is_refused_naming_the_output(name):
-    from sage_tfx.transform.trace_check import RowMixing
+    from sage_tfx.transform.errors import RowMixing
 
     fn, message = _mixing_fns()[name]
     with pytest.raises(RowMixing, match=message):
@@ -149,7 +149,7 @@ def test_a_function_that_changes_after_the_planning_trace_is_refused():
     import tensorflow_transform as tft
 
     from sage_tfx.transform import dp_mean
-    from sage_tfx.transform.trace_check import TraceMismatch
+    from sage_tfx.transform.errors import TraceMismatch
 
     calls = []
 
@@ -167,7 +167,8 @@ def test_every_later_trace_is_compared_with_the_checked_one():
     import tensorflow as tf
 
     from sage_tfx.transform import dp_mean
-    from sage_tfx.transform.trace_check import TracedFn, TraceMismatch, reference_trace, type_specs
+    from sage_tfx.transform.errors import TraceMismatch
+    from sage_tfx.transform.trace_check import TracedFn, reference_trace, type_specs
 
     state = {"mode": "plain"}
 

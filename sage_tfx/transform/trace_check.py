@@ -33,7 +33,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import numpy as np
 
 from .budget import call_preprocessing_fn, requested_spends
-from .errors import DPTransformError
+from .errors import DPTransformError, RowMixing, TraceMismatch
 
 TraceSignature = collections.namedtuple("TraceSignature", ["outputs", "spends", "analyzers", "ops", "constants"])
 
@@ -45,15 +45,6 @@ ANALYZER_INPUT_PREFIX = "\x00analyzer input "  # keys of the analyzer inputs the
 SYNTHETIC_ROWS = 6
 _SEED = 20261127  # fixed: the synthetic batches are public and the same on every run
 _RTOL, _ATOL = 1e-5, 1e-6  # float outputs: kernels may round differently for another batch size
-
-
-class TraceMismatch(DPTransformError):
-    """A trace of the preprocessing_fn differs from the checked one (analyzers, spend, operations)."""
-
-
-class RowMixing(DPTransformError):
-    """A preprocessing_fn whose output for one row depends on the other rows of its batch (outside a DP
-    analyzer), or is not a function of its inputs."""
 
 
 # ---------------------------------------------------------------- the signature of one trace
