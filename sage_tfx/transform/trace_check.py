@@ -10,10 +10,11 @@ counter, a global flag), so checking one trace says nothing about the others. Tw
   (its outputs, the spends its DP analyzers record, its analyzers, the multiset of the operation types
   it built and of its constants) and compares it with the signature of the checked trace; a call
   that differs raises `TraceMismatch`, naming what differs. The analysis trace and the schema trace run
-  while the Beam pipeline is built, before any record is read; the last one runs in Beam before the
-  transform graph is written, so a mismatch there fails the run before any output is written or used.
-  The analyzers' outputs are placeholders in the first traces and constants (the noisy tables) in the
-  last: both are left out of the comparison, everything else must match.
+  while the Beam pipeline is built, before any record is read; the traces for each analysis phase's inputs
+  and for the transform graph run in Beam steps, so a mismatch there fails the run before any output is
+  written or used. The analyzers' outputs are placeholders in the first traces and constants (the noisy
+  tables) in the later ones, where TensorFlow may fold shapes of those constants: a trace with constants is
+  compared with a check trace made there under the same constants (and run on synthetic rows).
 - `check_row_local` runs the checked trace on synthetic batches (no private data): each row's outputs,
   and each row's inputs to the DP analyzers, must be the same whether the row is alone in its batch or
   among other rows, in any order. Code that mixes the rows of a batch outside a DP analyzer
@@ -28,7 +29,7 @@ missing values). A function that mixes rows only for values the synthetic rows n
 check is made for ordinary code, and the docs say so.
 """
 import collections
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
