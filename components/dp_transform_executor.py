@@ -246,11 +246,31 @@ def preprocessing_plan(exec_properties, grant, examples, grant_seed):
     preprocessing_fn = load_preprocessing_fn(exec_properties)
     spent, spent_delta, spends, graph_digest = trace_spend(preprocessing_fn, raw_feature_spec(schema), custom_config,
                                                            grant_seed)
+    trace = check_reference_trace(preprocessing_fn, custom_config, schema, spends)
     require_budget(grant, STAGE, spent, spent_delta)
     computation = computation_digest("DPTransform/v1", graph_digest, custom_config, analyze, _analyzer_list(spends))
     return {"preprocessing_fn": preprocessing_fn, "custom_config": custom_config, "schema": schema_proto(schema),
             "analyze": analyze, "transform": transform, "share": share, "share_delta": share_delta,
-            "epsilon": spent, "delta": spent_delta, "spends": spends, "computation": computation}
+            "epsilon": spent, "delta": spent_delta, "spends": spends, "computation": computation, "trace": trace,
+            "kinds": schema}
+
+
+def check_reference_trace(preprocessing_fn, custom_config, schema, spends):
+    """Trace the function again as tf.Transform will (TF2 mode, no data), check that this trace spends what the
+    planning trace spent and that it transforms each row on its own (``trace_check.check_row_local`` on
+    synthetic rows), and return its signature: every trace tf.Transform makes is compared with it
+    (``trace_check.TracedFn``). Raises TraceMismatch or RowMixing before any record is read."""
+    from sage_tfx.transform.errors import TraceMismatch
+    from sage_tfx.transform.trace_check import check_row_local, reference_trace
+
+    signature, concrete = reference_trace(preprocessing_fn, custom_config, schema)
+    planned = tuple((s.analyzer, s.epsilon, s.delta) for s in spends)
+    if signature.spends != planned:
+        raise TraceMismatch(f"the preprocessing_fn spent {list(signature.spends)} when traced again, but "
+                            f"{list(planned)} when DPTransform planned it: tf.Transform calls it several times, and "
+                            "each call must build the same computation (remove counters or global flags)")
+    check_row_local(concrete, schema)
+    return signature
 
 
 def _analyzer_list(spends):
@@ -389,12 +409,11 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
         import tensorflow_transform.beam as tft_beam
         from tfx_bsl.public import tfxio
 
-        from sage_tfx.transform import call_preprocessing_fn, noise_seed
+        from sage_tfx.transform import noise_seed
+        from sage_tfx.transform.trace_check import TracedFn
 
-        fn, config = plan["preprocessing_fn"], plan["custom_config"]
-
-        def preprocessing_fn(inputs):
-            return call_preprocessing_fn(fn, inputs, config)
+        # Every trace tf.Transform makes is compared with the checked one (refused if it differs).
+        preprocessing_fn = TracedFn(plan["preprocessing_fn"], plan["custom_config"], plan["kinds"], plan["trace"])
 
         def source(split):
             pattern = os.path.join(artifact_utils.get_split_uri([examples], split), "*")
@@ -402,26 +421,29 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
 
         transformed.split_names = artifact_utils.encode_split_names(plan["transform"])
         temp_dir = os.path.join(graph.uri, TEMP_DIR)
-        with self._make_beam_pipeline() as pipeline:
-            # tf.Transform traces the function here, at construction: each analyzer then fixes its seed.
-            with tft_beam.Context(temp_dir=temp_dir), noise_seed(grant_seed):
-                adapter_config = source(plan["analyze"][0]).TensorAdapterConfig()
-                analyze = [pipeline | f"ReadAnalyze[{s}]" >> source(s).BeamSource() for s in plan["analyze"]]
-                analyze = analyze[0] if len(analyze) == 1 else analyze | "FlattenAnalyze" >> beam.Flatten()
-                transform_fn = (analyze, adapter_config) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
-                _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(graph.uri)
-                _ = (tft.DatasetMetadata(plan["schema"]) | "WriteRawMetadata" >> tft_beam.WriteMetadata(
-                    os.path.join(graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR), pipeline))
-                encode = _EncodeExamples(transform_fn[1].schema.SerializeToString())
-                for split in plan["transform"]:
-                    data = pipeline | f"ReadTransform[{split}]" >> source(split).BeamSource()
-                    rows, _ = (((data, adapter_config), transform_fn)
-                               | f"Transform[{split}]" >> tft_beam.TransformDataset(output_record_batches=True))
-                    out = os.path.join(artifact_utils.get_split_uri([transformed], split), TRANSFORMED_EXAMPLES_PREFIX)
-                    _ = (rows | f"Encode[{split}]" >> beam.FlatMap(encode)
-                         | f"Write[{split}]" >> beam.io.WriteToTFRecord(out, file_name_suffix=".gz"))
-        try:  # the job's temporary files, wherever the pipeline root is (a leftover is harmless, as before)
-            if tf.io.gfile.exists(temp_dir):
-                tf.io.gfile.rmtree(temp_dir)
-        except tf.errors.OpError:
-            pass
+        try:
+            with self._make_beam_pipeline() as pipeline:
+                # tf.Transform traces the function here, at construction: each analyzer then fixes its seed.
+                with tft_beam.Context(temp_dir=temp_dir), noise_seed(grant_seed):
+                    adapter_config = source(plan["analyze"][0]).TensorAdapterConfig()
+                    analyze = [pipeline | f"ReadAnalyze[{s}]" >> source(s).BeamSource() for s in plan["analyze"]]
+                    analyze = analyze[0] if len(analyze) == 1 else analyze | "FlattenAnalyze" >> beam.Flatten()
+                    transform_fn = (analyze, adapter_config) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
+                    _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(graph.uri)
+                    _ = (tft.DatasetMetadata(plan["schema"]) | "WriteRawMetadata" >> tft_beam.WriteMetadata(
+                        os.path.join(graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR), pipeline))
+                    encode = _EncodeExamples(transform_fn[1].schema.SerializeToString())
+                    for split in plan["transform"]:
+                        data = pipeline | f"ReadTransform[{split}]" >> source(split).BeamSource()
+                        rows, _ = (((data, adapter_config), transform_fn)
+                                   | f"Transform[{split}]" >> tft_beam.TransformDataset(output_record_batches=True))
+                        out = os.path.join(artifact_utils.get_split_uri([transformed], split),
+                                           TRANSFORMED_EXAMPLES_PREFIX)
+                        _ = (rows | f"Encode[{split}]" >> beam.FlatMap(encode)
+                             | f"Write[{split}]" >> beam.io.WriteToTFRecord(out, file_name_suffix=".gz"))
+        finally:  # the job's temporary files, also after a refused trace (a leftover is harmless, as before)
+            try:
+                if tf.io.gfile.exists(temp_dir):
+                    tf.io.gfile.rmtree(temp_dir)
+            except tf.errors.OpError:
+                pass

@@ -45,7 +45,8 @@ def world(tmp_path_factory):
         return ledger.request("p1", "taxi", blocks=blocks, epsilon=charge,
                               delta=split["delta"] + split.get("preprocessing_delta", 0.0), meta={"split": split})
 
-    grants = {"a": grant(SPLIT), "b": grant(SPLIT), "small": grant(SMALL_SPLIT),
+    grants = {"a": grant(SPLIT), "b": grant(SPLIT), "small": grant(SMALL_SPLIT), "traced": grant(SPLIT),
+              "mixed5": grant(SPLIT), "mixed6": grant(SPLIT),
               "zero": grant(dict(SPLIT, preprocessing=0.0)), "vocab": grant(VOCAB_SPLIT)}
     # A copy of the ledger (same secret) charges a grant the real ledger never charged.
     with sqlite3.connect(db) as src, sqlite3.connect(str(root / "copy.db")) as dst:
@@ -220,6 +221,46 @@ MODULES = {
         hour, miles = _hour_speed(inputs)
         return {"s": dp_group_by_mean(hour, miles, 24, 0.1, 100.0, seed=1)}
 """,
+    # Each call of the function is a trace: DPTransform plans on the first, tf.Transform traces it again.
+    "tft.mean after the planning trace": HOUR_SPEED + """
+    CALLS = []
+
+    def preprocessing_fn(inputs, custom_config):
+        CALLS.append(1)
+        hour, miles = _hour_speed(inputs)
+        mean = dp_mean(miles, 0.5, 100.0) if len(CALLS) == 1 else tft.mean(miles)
+        return {"centred": miles - mean}
+""",
+    "row mixing after the checked trace": HOUR_SPEED + """
+    CALLS = []
+
+    def preprocessing_fn(inputs, custom_config):
+        CALLS.append(1)
+        hour, miles = _hour_speed(inputs)
+        centred = miles - tf.reduce_mean(miles) if len(CALLS) > 2 else miles - 0.0
+        return {"s": dp_group_by_mean(hour, miles, 24, 0.1, 100.0), "centred": centred}
+""",
+    # Calls 1-4: DPTransform's plan and tf.Transform's traces while the pipeline is built; 5: tf.Transform's trace
+    # for the analyzers' inputs, in a Beam step; 6: the transform graph's, in a Beam step after the analysis.
+    **{f"row mixing from call {n}": HOUR_SPEED + f"""
+    CALLS = []
+
+    def preprocessing_fn(inputs, custom_config):
+        CALLS.append(1)
+        hour, miles = _hour_speed(inputs)
+        centred = miles - tf.reduce_mean(miles) if len(CALLS) >= {n} else miles - 0.0
+        return {{"s": dp_group_by_mean(hour, miles, 24, 0.1, 100.0), "centred": centred}}
+""" for n in (5, 6)},
+    "batch-centred": HOUR_SPEED + """
+    def preprocessing_fn(inputs, custom_config):
+        hour, miles = _hour_speed(inputs)
+        return {"s": dp_group_by_mean(hour, miles, 24, 0.1, 100.0), "centred": miles - tf.reduce_mean(miles)}
+""",
+    "batch total into the analyzer": HOUR_SPEED + """
+    def preprocessing_fn(inputs, custom_config):
+        hour, miles = _hour_speed(inputs)
+        return {"s": dp_group_by_mean(hour, tf.reduce_sum(miles) + 0.0 * miles, 24, 0.1, 100.0)}
+""",
     "vocabulary, delta written in the code": """
     from sage_tfx.transform import dp_compute_and_apply_vocabulary
 
@@ -259,6 +300,7 @@ def _unreadable_examples(tmp_path, grant_id):
 
 def _refusal(world, tmp_path, case):
     from sage_tfx.components.dp_transform_executor import NonPrivateAnalyzer, TransformConfigError
+    from sage_tfx.transform.errors import RowMixing, TraceMismatch
 
     g = world["grants"]
     forged = json.loads(g["a"].to_json())
@@ -289,6 +331,21 @@ def _refusal(world, tmp_path, case):
         "a DP vocabulary asking a delta of a budget without one": (
             g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "vocabulary from the budget")},
             BudgetExceeded, "no delta to split"),
+        # The landed check traced the function once; tf.Transform's own trace then baked the exact tft.mean.
+        "tft.mean after the planning trace": (
+            g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "tft.mean after the planning trace")},
+            TraceMismatch, r"'ExtractCombineMergeOutputs\[mean#mean_and_var\]', which is not differentially"),
+        # Refused at tf.Transform's analysis trace, while the Beam pipeline is built (under its own grant: the
+        # release is opened first).
+        "row mixing after the checked trace": (
+            g["traced"].to_json(), g["traced"].id,
+            {"module_file": _module(tmp_path, "row mixing after the checked trace")},
+            TraceMismatch, r"traced differently from the trace DPTransform checked \(ops: \[\('Mean', 1\)\]"),
+        "batch-centred": (g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "batch-centred")},
+                          RowMixing, "the output 'centred' changes with the other rows of its batch"),
+        "batch total into the analyzer": (
+            g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "batch total into the analyzer")},
+            RowMixing, "the input 'add:0' of the DP analyzer 'dp_group_by_mean' changes with the other rows"),
         "a DP vocabulary asking more delta than the grant's": (
             g["vocab"].to_json(), g["vocab"].id, {"module_file": _module(tmp_path, "vocabulary, delta written in the code")},
             GrantError, r"covers only \(epsilon=0.5, delta=1e-07\)"),
@@ -299,7 +356,9 @@ def _refusal(world, tmp_path, case):
 REFUSALS = ["no grant", "forged grant", "unknown grant", "examples of another grant", "share smaller than the spend",
             "asks more than its budget", "non-DP analyzer", "own seed", "no preprocessing share",
             "budget in custom_config", "a DP vocabulary under a grant with no preprocessing delta",
-            "a DP vocabulary asking a delta of a budget without one", "a DP vocabulary asking more delta than the grant's"]
+            "a DP vocabulary asking a delta of a budget without one",
+            "a DP vocabulary asking more delta than the grant's", "tft.mean after the planning trace", "row mixing after the checked trace", "batch-centred",
+            "batch total into the analyzer"]
 
 
 @pytest.mark.parametrize("case", REFUSALS)
@@ -310,6 +369,26 @@ def test_refuses_before_reading(world, tmp_path, case):
         _run(world, tmp_path, grant_json, examples, **params)
     # Nothing read (the records are garbage: reading them fails otherwise), nothing written.
     assert os.listdir(tmp_path / "transform_graph") == [] and os.listdir(tmp_path / "transformed_examples") == []
+
+
+@pytest.mark.parametrize("call, error, message", [
+    (5, "TraceMismatch", r"differently from the trace DPTransform checked \(ops: \[\('Mean', 1\)\] added"),
+    (6, "RowMixing", "the output 'centred' changes with the other rows of its batch")])
+def test_a_function_that_mixes_rows_only_in_a_beam_trace_is_refused_before_any_output(world, examples, tmp_path,
+                                                                                     call, error, message):
+    """tf.Transform traces the function again in Beam steps: for the analyzers' inputs (call 5) and, after the
+    analysis, with the noisy tables as constants for the transform graph it saves (call 6). A function that
+    batch-centres a feature only from such a call on (a call counter) passed every landed check, and the
+    transformed records and the served graph were batch-centred. Those traces are checked too (call 6 against
+    a check trace under the same tables, run on synthetic rows): refused before any output is written."""
+    from sage_tfx.transform import errors
+
+    grant = world["grants"][f"mixed{call}"]
+    with pytest.raises(getattr(errors, error), match=message):
+        _run(world, tmp_path, grant.to_json(), examples(f"mixed{call}"),
+             module_file=_module(tmp_path, f"row mixing from call {call}"))
+    assert not os.path.exists(tmp_path / "transform_graph" / "transform_fn")
+    assert not [f for _, _, files in os.walk(tmp_path / "transformed_examples") for f in files]
 
 
 def test_the_share_covers_exactly_what_the_function_spends(world, tmp_path):

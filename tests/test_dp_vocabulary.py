@@ -206,3 +206,136 @@ def test_vocabulary_index_is_an_exact_lookup_at_any_size():
     assert 0 < (got >= 0).mean() < 1
     empty = vocabulary_index(tf.constant(rows[:5]), tf.constant([], dtype=tf.string)).numpy()
     assert empty.tolist() == [-1] * 5
+
+
+# ---------------------------------------------------------------- the Beam path: every count once, one draw
+# A review run saw "b" (39,999 of 100,000 rows) take the out-of-vocabulary id, as if its count had been lost.
+# These runs take the paths where a count could be lost or split, or the vocabulary drawn twice: bundles split
+# while they run, the DirectRunner's parallel workers, many small batches, a re-run of the draw.
+
+_A, _B = 12_000, 7_999  # the review's 60,000 / 39,999 / 1 scaled down 5x; the rows ordered by value
+
+
+def _ordered_values():
+    return np.array([b"a"] * _A + [b"b"] * _B + [b"rare"], dtype=object)
+
+
+class _ElementCounter:
+    """Counts elements in a running bundle, so a test split manager can split it mid-bundle (Beam's own
+    fn_runner_test.ElementCounter, which needs hamcrest); pickles to the same object in this process."""
+
+    _live = {}
+
+    def __init__(self):
+        import threading
+
+        self._cv = threading.Condition()
+        self.count, self.stop_at, self.resume = 0, None, None
+
+    def increment(self):
+        with self._cv:
+            self.count += 1
+            self._cv.notify_all()
+            resume = self.resume if self.count == self.stop_at else None
+        if resume is not None:
+            resume.wait(30)
+
+    def pause_at(self, n):
+        import threading
+
+        with self._cv:
+            self.stop_at, self.resume = n, threading.Event()
+        return self.resume
+
+    def wait_for(self, n):
+        with self._cv:
+            assert self._cv.wait_for(lambda: self.count >= n, 30), f"the bundle never reached element {n}"
+
+    def __reduce__(self):
+        key = id(self)
+        _ElementCounter._live[key] = self
+        return _counter_by_key, (key,)
+
+
+def _counter_by_key(key):
+    return _ElementCounter._live[key]
+
+
+def _tap(batch, counter):
+    counter.increment()
+    return batch
+
+
+@pytest.mark.tf
+def test_value_counts_are_exact_when_bundles_are_split_while_running():
+    """The counting stage's bundle is split three times while it runs (Beam's runner-initiated splits, as a
+    runner under load or a streaming one makes them): the residuals run as further bundles, and every value's
+    count is combined exactly once; the one draw then keeps "a" and "b" in that order."""
+    import apache_beam as beam
+    from apache_beam.runners.portability.fn_api_runner import fn_runner
+    from apache_beam.testing.util import assert_that, equal_to
+    from apache_beam.transforms import environments
+
+    from sage_tfx.transform.vocabulary_analyzer import _CountValuesFn, _VocabularyOnce
+
+    values = _ordered_values()
+    batches = [[values[i:i + 97]] for i in range(0, len(values), 97)]
+    counter, splits = _ElementCounter(), []
+
+    def split_manager(num_elements):
+        if num_elements != len(batches):
+            return
+        resume = counter.pause_at(5)
+        yield
+        counter.wait_for(5)
+        for fraction in (0.5, 0.5, 0.3):
+            splits.append((yield fraction))
+        resume.set()
+
+    runner = fn_runner.FnApiRunner(default_environment=environments.EmbeddedPythonGrpcEnvironment.default())
+    with fn_runner.split_manager("Tap", split_manager), beam.Pipeline(runner=runner) as p:
+        tapped = (p | beam.Create(batches) | beam.Reshuffle() | "Tap" >> beam.Map(_tap, counter))
+        counts = tapped | "Count" >> beam.CombineGlobally(_CountValuesFn())
+        (vocabulary,) = tapped | "Vocabulary" >> _VocabularyOnce(1.0, 1e-6, None, 1, seed=5, stream="v")
+        assert_that(counts | beam.Map(dict), equal_to([{b"a": _A, b"b": _B, b"rare": 1}]), label="Counts")
+        assert_that(vocabulary | beam.Map(list), equal_to([[b"a", b"b"]]), label="Drawn")
+    assert len([s for s in splits if s is not None and s.channel_splits]) == 3, splits
+
+
+@pytest.mark.tf
+@pytest.mark.parametrize("mode", ["multi_threading", pytest.param("multi_processing", marks=pytest.mark.slow)])
+def test_ids_are_exact_on_the_multi_worker_direct_runner(mode, tmp_path):
+    """The review's case (a DP vocabulary beside dp_scale_to_z_score in one preprocessing_fn) on the DirectRunner
+    with 3 parallel workers and 200 batches: one id per value, "a" 0, "b" 1, "rare" out of vocabulary (2)."""
+    import apache_beam as beam
+    import tensorflow as tf
+    import tensorflow_transform as tft
+    import tensorflow_transform.beam as tft_beam
+    from apache_beam.options.pipeline_options import PipelineOptions
+    from apache_beam.testing.util import assert_that, equal_to
+
+    from sage_tfx.transform import dp_compute_and_apply_vocabulary, dp_scale_to_z_score, noise_seed
+
+    def fn(inputs):
+        return {"id": dp_compute_and_apply_vocabulary(inputs["s"], 1.0, 1e-6),
+                "z": dp_scale_to_z_score(inputs["x"], 1.0, 10.0), "s": inputs["s"]}
+
+    spec = {"s": tf.io.FixedLenFeature([], tf.string), "x": tf.io.FixedLenFeature([], tf.float32)}
+    rows = [{"s": v, "x": float(i % 10)} for i, v in enumerate(_ordered_values())]
+    options = PipelineOptions([f"--direct_running_mode={mode}", "--direct_num_workers=3"])
+    with beam.Pipeline(options=options) as p, noise_seed(11):  # seeded as under DPTransform
+        with tft_beam.Context(temp_dir=str(tmp_path), desired_batch_size=100):
+            (data, _), _ = ((p | beam.Create(rows), tft.DatasetMetadata.from_feature_spec(spec))
+                            | tft_beam.AnalyzeAndTransformDataset(fn))
+            pairs = data | beam.Map(lambda r: (r["s"], int(r["id"]))) | beam.Distinct()
+            assert_that(pairs, equal_to([(b"a", 0), (b"b", 1), (b"rare", 2)]))
+
+
+def test_a_redrawn_vocabulary_is_the_same_draw():
+    """A bundle that runs the draw again (a runner's retry) draws the same vocabulary: the draw is seeded (under
+    DPTransform from the grant and the analyzer's scope) and reads the counts in sorted order, whatever order
+    the combiner produced them in."""
+    counts = {b"a": 60_000, b"b": 39_999, b"rare": 1, **{f"v{k}".encode(): 14 + k % 5 for k in range(200)}}
+    shuffled = dict(sorted(counts.items(), key=lambda kv: hash(kv[0]) % 97))
+    draws = {tuple(select_vocabulary(c, epsilon=1.0, delta=1e-6, seed=9, stream="s")) for c in (counts, shuffled)}
+    assert len(draws) == 1 and next(iter(draws))[:2] == (b"a", b"b")

@@ -41,6 +41,8 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.transform.errors.MissingBudget": (ValueError,),
     "sage_tfx.transform.errors.BudgetExceeded": (ValueError,),
     "sage_tfx.transform.errors.NonPrivateAnalyzer": (ValueError,),
+    "sage_tfx.transform.errors.TraceMismatch": (ValueError,),
+    "sage_tfx.transform.errors.RowMixing": (ValueError,),
     "sage_tfx.validation.core.ValidationInputError": (ValueError,),
     "sage_tfx.ingest.records.InputError": (ValueError,),
     "sage_tfx.ingest.access.GrantKeyError": (ValueError,),

@@ -17,7 +17,7 @@ from .budget import (
     requested_spends,
     trace_requested_epsilon,
 )
-from .errors import BudgetExceeded, DPTransformError, MissingBudget, NonPrivateAnalyzer
+from .errors import BudgetExceeded, DPTransformError, MissingBudget, NonPrivateAnalyzer, RowMixing, TraceMismatch
 from .seeding import analyzer_seed, noise_seed
 
 _ANALYZERS = (
@@ -37,7 +37,8 @@ _LOOKUP = ("apply_public_vocabulary", "one_hot")  # in .lookup: public vocabular
 __all__ = [
     "BUDGET_KEY", "EPSILON_FIELD", "PreprocessingBudget", "Spend", "budget_custom_config",
     "call_preprocessing_fn", "requested_epsilon", "requested_spends", "trace_requested_epsilon",
-    "BudgetExceeded", "DPTransformError", "MissingBudget", "NonPrivateAnalyzer", "analyzer_seed", "noise_seed",
+    "BudgetExceeded", "DPTransformError", "MissingBudget", "NonPrivateAnalyzer", "RowMixing", "TraceMismatch",
+    "analyzer_seed", "noise_seed",
     *_ANALYZERS, *_SCALING, *_VOCABULARY, *_LOOKUP,
 ]
 

@@ -19,3 +19,12 @@ class BudgetExceeded(DPTransformError):
 class NonPrivateAnalyzer(DPTransformError):
     """An analyzer whose output would not be differentially private: a non-DP tf.Transform analyzer
     (its exact statistic would be baked into the graph), or a DP analyzer given a seed the pipeline knows."""
+
+
+class TraceMismatch(DPTransformError):
+    """A trace of the preprocessing_fn differs from the checked one (analyzers, spend, operations, constants)."""
+
+
+class RowMixing(DPTransformError):
+    """A preprocessing_fn whose output for one row depends on the other rows of its batch (outside a DP
+    analyzer), or is not a function of its inputs."""
