@@ -282,7 +282,8 @@ def test_rdp_stream_fits_many_dpsgd_runs_where_basic_refuses(ledger_url):
         for _ in range(9):
             rdp_grants.append(ledger.request("p", "rdp", blocks=blocks, curve=curve))
     assert len(rdp_grants) == 8
-    assert rdp_grants[0].epsilon == compute_epsilon(orders, curve, DELTA_G)[0]
+    assert rdp_grants[0].converted_epsilon == compute_epsilon(orders, curve, DELTA_G)[0]  # for information
+    assert rdp_grants[0].epsilon == curves.pure_epsilon(curve, orders)  # what its stages may spend
     # The ledger's per-block guarantee is what dp_accounting says of the 8 composed runs.
     for b in blocks:
         status = ledger.block("rdp", b)

@@ -124,6 +124,11 @@ class BasicFilter:
     def query_epsilon(self, cost):
         return cost[0]
 
+    @staticmethod
+    def spendable(cost):
+        """(epsilon, delta) the stages of a grant charged ``cost`` may spend: what was asked."""
+        return cost[0], cost[1]
+
 
 class RdpFilter:
     """Per-block Rényi filter over a vector of orders (see the module docstring for the proof)."""
@@ -211,8 +216,21 @@ class RdpFilter:
         return used * self.epsilon, spent[0], (1.0 - used) * self.epsilon
 
     def query_epsilon(self, cost):
-        """The query's own epsilon at the stream's delta (for grant records)."""
+        """The query's own epsilon at the stream's delta: the charged curve converted (for information only; the
+        stages of its grant may spend ``spendable(cost)``, never this)."""
         return curves.rdp_to_dp(self.orders, cost[1:], self.delta)[0]
+
+    def spendable(self, cost):
+        """(epsilon, delta) the stages of a grant charged ``cost`` may spend: what was asked.
+
+        The filter charged the pure-DP curve of the epsilon asked (or the curve given) and the delta asked, and its
+        proof covers a query that spends exactly that (module docstring). So the stages get the largest epsilon
+        whose pure-DP curve lies within the charged curve (``curves.pure_epsilon``: the epsilon asked, for an
+        (epsilon, delta) charge) and the charge's own delta; never ``query_epsilon``, the curve converted at the
+        stream's delta, which is larger (0.1875 for a charge of 0.05 at delta 1e-6) and which the filter did not
+        charge.
+        """
+        return curves.pure_epsilon(cost[1:], self.orders), cost[0]
 
 
 def check_query_delta_share(value):
