@@ -5,8 +5,9 @@ deltas chosen after seeing outputs, which the filter proofs do not cover; stream
 (their grants still audit) and say so.
 
 * the default split (0.5): the queries' deltas stop at half the stream's delta, and curves are admitted exactly as
-  far as dp_accounting's conversion at the other half allows;
-* ``query_delta_share=0``: a curves-only stream, converting at all of its delta; a charge with a delta is refused;
+  far as dp_accounting's conversion at the other half allows (split evenly over the orders);
+* ``query_delta_share=0``: a curves-only stream, converting at all of its delta (split over the orders); a charge
+  with a delta is refused;
 * bad shares are refused before anything is written, naming the value (``sage ledger init`` too);
 * a stream stored before schema 7 (no share) migrates to NULL and keeps the legacy rule, and its ledger audits;
 * the audit replays the split from the stream's log entry and catches a table edited behind the log's back;
@@ -58,9 +59,10 @@ def test_the_default_split_caps_query_deltas_at_half_and_converts_curves_at_the_
     def fit(delta):
         return max(n for n in range(1, 50) if compute_epsilon(orders, [n * c for c in curve], delta)[0] <= EPS_G)
 
-    assert (fit(DELTA_G / 2), fit(DELTA_G)) == (7, 8)  # the split costs one run of eight here
-    assert _runs_that_fit(ledger, "r", ["b1"], curve) == fit(DELTA_G / 2)
-    assert _runs_that_fit(ledger, "c", ["b1"], curve) == fit(DELTA_G)
+    k = len(orders)  # each order converts at its even part of the conversion delta (the union bound over the orders)
+    assert (fit(DELTA_G / 2 / k), fit(DELTA_G / k)) == (6, 6)  # the query share costs no run of six here
+    assert _runs_that_fit(ledger, "r", ["b1"], curve) == fit(DELTA_G / 2 / k)
+    assert _runs_that_fit(ledger, "c", ["b1"], curve) == fit(DELTA_G / k)
     assert ledger.audit().ok
 
 

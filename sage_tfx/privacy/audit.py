@@ -108,10 +108,12 @@ def audit_ledger(ledger):
             continue
         if kind == "stream":
             stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None,
-                                                 "query_delta_share": None}, **body)
-            try:  # an entry without a query_delta_share (before schema 7, or basic) replays the legacy rule
+                                                 "query_delta_share": None, "split_orders": None}, **body)
+            try:  # an entry without a query_delta_share (before schema 7, or basic) replays the legacy rule, one
+                # without split_orders (before schema 8) every order converting at all of the conversion delta
                 streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
-                                                            body["orders"] or None, body.get("query_delta_share"))
+                                                            body["orders"] or None, body.get("query_delta_share"),
+                                                            bool(body.get("split_orders")))
             except LedgerError as exc:
                 problems.append(f"log entry {seq}: stream {body['name']!r} cannot be replayed ({exc})")
                 streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
@@ -322,7 +324,7 @@ def _read_tables(tx):
     table_streams = {r[0]: {"name": r[0], "accounting": r[1], "epsilon": r[2], "delta": r[3],
                             "orders": json.loads(r[4]), "policy": r[5], "min_epsilon": r[6],
                             "min_grant_epsilon": r[7], "policy_params": json.loads(r[8]) if r[8] else None,
-                            "query_delta_share": r[9]}
+                            "query_delta_share": r[9], "split_orders": r[10]}
                      for r in tx.all(sql.AUDIT_STREAMS)}
     table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
                     for r in tx.all(sql.AUDIT_BLOCK_SPENT)}
