@@ -9,11 +9,10 @@ rule (``split_orders`` NULL), so their grants still audit.
   conversion at delta_c / k allows (tests/test_rdp_delta_split.py counts DP-SGD runs);
 * a stream stored before schema 8 migrates to NULL, keeps every order at all of delta_c (17 charges of 0.05 fit on a
   (1, 1e-6) block where the split admits 16) and its ledger audits;
-* the audit replays the rule from the stream's log entry and catches a table edited behind the log's back;
+* the audit replays the rule from the stream's log entry and catches a table edited behind the log's back
+  (tests/test_rdp_delta_split.py, with the delta split);
 * the array form (``allocation.BudgetArrays``) answers as the scalar filter under both rules.
 """
-import sqlite3
-
 import numpy as np
 import pytest
 
@@ -43,19 +42,11 @@ def test_each_order_converts_at_its_part_of_the_conversion_delta():
 
 
 def test_a_stream_stored_before_schema_8_keeps_its_rule_and_audits(tmp_path, monkeypatch):
-    from sage_tfx.privacy import streams as streams_module
+    from _old_streams import stream_stored_before
 
-    path = str(tmp_path / "v7.db")
-    real = filters.make_filter
-    with monkeypatch.context() as m:  # the filter sage built before schema 8: every order at all of delta_c
-        m.setattr(streams_module.filters, "make_filter", lambda *a, **k: real(*a[:5], split_orders=False))
-        with Ledger.open(path, create=True) as ledger:
-            ledger.create_stream("old", 1.0, 1e-6, accounting="rdp")
-    conn = sqlite3.connect(path)
-    conn.execute("ALTER TABLE streams DROP COLUMN split_orders")
-    conn.execute("UPDATE meta SET value = '7' WHERE key = 'schema_version'")
-    conn.commit()
-    conn.close()
+    path = str(tmp_path / "v7.db")  # the filter sage built before schema 8: every order at all of delta_c
+    stream_stored_before(path, monkeypatch, 7, "split_orders", lambda real, *a: real(*a[:5], split_orders=False), "old",
+                         1.0, 1e-6)
     with Ledger.open(path) as ledger:
         s = ledger.stream("old")
         assert s.split_orders is None and not s.filter().split_orders and s.query_delta_share == 0.5
@@ -66,23 +57,6 @@ def test_a_stream_stored_before_schema_8_keeps_its_rule_and_audits(tmp_path, mon
         assert (_charges_that_fit(ledger, "old", 0.05), _charges_that_fit(ledger, "new", 0.05)) == (17, 16)
         report = ledger.audit()
         assert report.ok, report.problems
-
-
-def test_the_audit_replays_the_rule_and_catches_a_table_edit(ledger_url):
-    from conftest import raw_connection
-
-    ledger = Ledger.open(ledger_url, create=True)
-    ledger.create_stream("r", 1.0, 1e-6, accounting="rdp")
-    ledger.add_block("r", "b0")
-    ledger.request("p", "r", blocks=["b0"], epsilon=0.1, delta=2e-7)
-    assert ledger.audit().ok
-    conn = raw_connection(ledger_url)
-    cur = conn.cursor()
-    cur.execute("UPDATE streams SET split_orders = NULL WHERE name = 'r'")
-    conn.commit()
-    conn.close()
-    problems = Ledger.open(ledger_url).audit().problems
-    assert any("stream 'r'" in p and "split_orders" in p for p in problems), problems
 
 
 @pytest.mark.parametrize("split_orders", [True, False])
