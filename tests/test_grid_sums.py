@@ -47,6 +47,15 @@ def test_the_grid_release_adds_its_noise_to_the_exact_grid_sum(keyed):
     assert floated - noise_only == 2.0 ** 20 + 4 * GAMMA  # what a float64 running sum released before
 
 
+def test_the_grid_gaussian_adds_its_noise_to_the_exact_grid_sum():
+    rows = np.stack([RECORDS, 2 * RECORDS], axis=1)  # two cells per record
+    gamma, _ = samplers.grid_gaussian_params(2.0, 4.0, 2)
+    released = samplers.grid_gaussian_sum(rows, 2.0, 4.0, rng=9, cells=2)
+    noise_only = samplers.grid_gaussian_sum(np.zeros_like(rows), 2.0, 4.0, rng=9, cells=2)
+    expected = [samplers.grid_sums(rows[:, j], gamma)[0] * gamma for j in range(2)]
+    assert (released - noise_only).tolist() == expected == [2.0 ** 20, 2.0 ** 21]
+
+
 def test_the_validators_release_the_exact_grid_sums():
     rng = np.random.default_rng  # a seeded Generator keys the release's SecureRNG: the same seed, the same noise
     _, total = release_count_and_sum(RECORDS, 1.0, 2.0, rng(3), Mode.SAGE)  # the loss validator: eps/2 = 1
