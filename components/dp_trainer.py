@@ -20,8 +20,8 @@ transform_output, schema_path, serving_model_dir, model_run_dir, custom_config, 
 
 Outputs: standard ``model`` (Model; the SavedModel in ``Format-Serving``) and ``model_run`` (ModelRun,
 holding ``privacy_spent.json``). Both carry MLMD custom properties ``grant_id``, ``stream``,
-``epsilon_spent``, ``delta_spent``, ``accounting`` (``rdp`` / ``pld`` for DP-SGD, ``gaussian-exact`` for
-AdaSSP), ``mechanism``, ``noise_multiplier``, ``steps`` (DP-SGD), ``num_examples`` with
+``epsilon_spent``, ``delta_spent``, ``accounting`` (``rdp`` / ``pld`` for DP-SGD, ``rdp`` for AdaSSP's
+grid-Gaussian releases), ``mechanism``, ``noise_multiplier``, ``steps`` (DP-SGD), ``num_examples`` with
 ``num_examples_source``, ``training_share_epsilon`` / ``_delta``, and ``privacy_spent`` (exact JSON with the
 DpEvent).
 

@@ -132,29 +132,16 @@ def _gaussian_multipliers(event):
     return None
 
 
-def _gaussian_epsilon(multiplier, delta):
-    """Smallest epsilon with the exact Gaussian profile delta(eps) <= delta (Balle & Wang 2018, Thm. 8)."""
-    from sage_tfx.privacy.adassp import gaussian_delta
-
-    if gaussian_delta(0.0, multiplier) <= delta:
-        return 0.0
-    low, high = 0.0, 1.0
-    while gaussian_delta(high, multiplier) > delta:
-        low, high = high, 2 * high
-    while high - low > 1e-12 * high:
-        mid = (low + high) / 2
-        low, high = (low, mid) if gaussian_delta(mid, multiplier) <= delta else (mid, high)
-    return high
-
-
 def audit_spend(report, budget, num_examples):
     """Check a spend report against the run's (epsilon, delta); return (audited epsilon, accounting).
 
-    Compositions of Gaussian mechanisms (AdaSSP) are accounted exactly: k releases of multipliers s_i
-    are one Gaussian mechanism of multiplier (sum s_i^-2)^-1/2. Anything else (DP-SGD's Poisson-sampled
-    Gaussian) goes through dp_accounting's RDP accountant, or PLD if the model used PLD.
+    Compositions of Gaussian mechanisms (AdaSSP's grid-Gaussian releases) are accounted by their RDP curve, the
+    only guarantee their proof gives (``adassp.gaussian_type_epsilon``), whatever accountant the report names.
+    Anything else (DP-SGD's Poisson-sampled Gaussian) goes through dp_accounting's RDP accountant, or PLD if the
+    model used PLD.
     """
     from sage_tfx.components.trainer_utils import event_from_json
+    from sage_tfx.privacy.adassp import gaussian_type_epsilon
     from sage_tfx.privacy.dpsgd import event_epsilon
 
     epsilon, delta = budget
@@ -174,14 +161,12 @@ def audit_spend(report, budget, num_examples):
         raise SpendError(f"the model calibrated its noise with another num_examples than the run's DP (or public) "
                          f"count {num_examples}: use fn_args.num_examples, never the exact count")
 
-    multipliers = _gaussian_multipliers(event)
-    if multipliers:
-        joint = sum(m ** -2 for m in multipliers) ** -0.5
-        audited, accounting = _gaussian_epsilon(joint, spent_delta), "gaussian-exact"
+    accounting = report.get("accountant") or "rdp"
+    if accounting not in ("rdp", "pld"):
+        raise SpendError(f"accountant {accounting!r} is unknown: use 'rdp' or 'pld'")
+    if _gaussian_multipliers(event):  # AdaSSP's grid-Gaussian releases: proven through their Renyi divergences only
+        audited, accounting = gaussian_type_epsilon(event, spent_delta), "rdp"
     else:
-        accounting = report.get("accountant") or "rdp"
-        if accounting not in ("rdp", "pld"):
-            raise SpendError(f"accountant {accounting!r} is unknown: use 'rdp' or 'pld'")
         audited = event_epsilon(event, spent_delta, accounting) if spent_delta > 0 else math.inf
     if not audited <= epsilon * (1 + RELATIVE_SLACK):
         raise SpendError(f"re-accounting the model's DpEvent ({accounting}) gives epsilon={audited:.6g} at "

@@ -185,7 +185,9 @@ def test_rows_are_clipped_and_bad_shapes_refused():
     tree = TreeRegressor(params(bound_x=1.0, bound_y=0.5), 2)
     leaf = tree.leaf([[30.0, 40.0], [np.nan, 0.0]], [7.0, np.nan])
     # row 1 scaled to norm 1: (0.6, 0.8); row 2 becomes 0; labels 0.5 and 0
-    assert np.allclose(leaf, [0.36, 0.48, 0.64, 0.3, 0.4])
+    (gamma_m, _), (gamma_v, _) = tree._grids()  # each row's part on its release's grid, summed exactly
+    assert np.allclose(leaf, [0.36, 0.48, 0.64, 0.3, 0.4], rtol=0, atol=max(gamma_m, gamma_v) / 2)
+    assert all(float(v / g).is_integer() for v, g in zip(leaf, [gamma_m] * 3 + [gamma_v] * 2))
     with pytest.raises(IncrementalRegressionError, match=r"need \(rows, 2\)"):
         tree.leaf(np.zeros((3, 3)), np.zeros(3))
 

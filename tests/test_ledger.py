@@ -245,8 +245,9 @@ def test_rdp_stream_fits_many_dpsgd_runs_where_basic_refuses(ledger_url):
     * basic composition charges each run its (epsilon, delta): at (2.127, 1e-6) per run, 2 runs fit
       (4.254 <= 5), the 3rd is refused. No choice of per-run delta fits 3: even all of delta_g for one
       run costs epsilon 1.798 > 5/3.
-    * the RDP filter composes the runs' curves: 8 runs fit (8 runs are (4.974, 1e-5)-DP by dp_accounting),
-      the 9th is refused (9 runs would be (5.314, 1e-5)-DP).
+    * the RDP filter composes the runs' curves, each order converting at delta_g / 12 (its conversion delta split
+      over the 12 orders: filters.RdpFilter): 6 runs fit (6 runs are (4.761, 1e-5 / 12)-DP by dp_accounting),
+      the 7th is refused (7 runs would be (5.178, 1e-5 / 12)-DP).
     """
     from dp_accounting.rdp.rdp_privacy_accountant import compute_epsilon
 
@@ -256,9 +257,10 @@ def test_rdp_stream_fits_many_dpsgd_runs_where_basic_refuses(ledger_url):
     eps_run_all_delta, _ = compute_epsilon(orders, curve, DELTA_G)
     assert round(eps_run, 3) == 2.127 and round(eps_run_all_delta, 3) == 1.798
     assert 2 * eps_run <= EPS_G < 3 * eps_run and 3 * eps_run_all_delta > EPS_G
-    eps_8, _ = compute_epsilon(orders, [8 * c for c in curve], DELTA_G)
-    eps_9, _ = compute_epsilon(orders, [9 * c for c in curve], DELTA_G)
-    assert round(eps_8, 3) == 4.974 and round(eps_9, 3) == 5.314
+    per_order = DELTA_G / len(orders)
+    eps_6, _ = compute_epsilon(orders, [6 * c for c in curve], per_order)
+    eps_7, _ = compute_epsilon(orders, [7 * c for c in curve], per_order)
+    assert round(eps_6, 3) == 4.761 and round(eps_7, 3) == 5.178
 
     ledger = Ledger.open(ledger_url, create=True)
     ledger.create_stream("basic", EPS_G, DELTA_G, accounting="basic")
@@ -279,16 +281,17 @@ def test_rdp_stream_fits_many_dpsgd_runs_where_basic_refuses(ledger_url):
 
     rdp_grants = []
     with pytest.raises(BudgetRefused):
-        for _ in range(9):
+        for _ in range(7):
             rdp_grants.append(ledger.request("p", "rdp", blocks=blocks, curve=curve))
-    assert len(rdp_grants) == 8
-    assert rdp_grants[0].epsilon == compute_epsilon(orders, curve, DELTA_G)[0]
-    # The ledger's per-block guarantee is what dp_accounting says of the 8 composed runs.
+    assert len(rdp_grants) == 6
+    assert rdp_grants[0].converted_epsilon == compute_epsilon(orders, curve, DELTA_G)[0]  # for information
+    assert rdp_grants[0].epsilon == curves.pure_epsilon(curve, orders)  # what its stages may spend
+    # The ledger's per-block guarantee is what dp_accounting says of the 6 composed runs at delta_g / 12.
     for b in blocks:
         status = ledger.block("rdp", b)
         composed = status.spent[1:]
-        assert compute_epsilon(orders, composed, DELTA_G)[0] <= EPS_G
-        assert compute_epsilon(orders, composed, DELTA_G)[0] == pytest.approx(eps_8, rel=1e-12)
+        assert compute_epsilon(orders, composed, per_order)[0] <= EPS_G
+        assert compute_epsilon(orders, composed, per_order)[0] == pytest.approx(eps_6, rel=1e-12)
     assert ledger.audit().ok
 
 

@@ -9,7 +9,12 @@ admitted and collected. Randomness (``secrets.token_bytes``/``token_hex``: the k
 clock (``time.time``, set before each operation) are fixed, so every column, signatures and chain values included,
 is determined. The snapshot was recorded at commit b5b8b03 (before the split) with ``SAGE_SNAPSHOT_WRITE=1``, and
 recorded again for schema 7 (its rdp stream now stores its delta split, query_delta_share 0.5: the stream row, its
-log entry, schema_version and the reservation shares that follow from the split changed; nothing else).
+log entry, schema_version and the reservation shares that follow from the split changed; nothing else), and again
+when rdp grants began to record what was asked apart from the conversion (the two rdp grants' epsilon and their
+converted_epsilon: their rows, their log entries and the chain values from there on changed; nothing else), and
+for schema 8 (its rdp stream splits its conversion delta over its orders, split_orders 1: the streams' rows, the
+rdp stream's log entry and the chain values from there on, schema_version and the rdp reservation share that
+follows from the split changed; nothing else).
 """
 import json
 import os

@@ -5,8 +5,9 @@ deltas chosen after seeing outputs, which the filter proofs do not cover; stream
 (their grants still audit) and say so.
 
 * the default split (0.5): the queries' deltas stop at half the stream's delta, and curves are admitted exactly as
-  far as dp_accounting's conversion at the other half allows;
-* ``query_delta_share=0``: a curves-only stream, converting at all of its delta; a charge with a delta is refused;
+  far as dp_accounting's conversion at the other half allows (split evenly over the orders);
+* ``query_delta_share=0``: a curves-only stream, converting at all of its delta (split over the orders); a charge
+  with a delta is refused;
 * bad shares are refused before anything is written, naming the value (``sage ledger init`` too);
 * a stream stored before schema 7 (no share) migrates to NULL and keeps the legacy rule, and its ledger audits;
 * the audit replays the split from the stream's log entry and catches a table edited behind the log's back;
@@ -58,9 +59,10 @@ def test_the_default_split_caps_query_deltas_at_half_and_converts_curves_at_the_
     def fit(delta):
         return max(n for n in range(1, 50) if compute_epsilon(orders, [n * c for c in curve], delta)[0] <= EPS_G)
 
-    assert (fit(DELTA_G / 2), fit(DELTA_G)) == (7, 8)  # the split costs one run of eight here
-    assert _runs_that_fit(ledger, "r", ["b1"], curve) == fit(DELTA_G / 2)
-    assert _runs_that_fit(ledger, "c", ["b1"], curve) == fit(DELTA_G)
+    k = len(orders)  # each order converts at its even part of the conversion delta (the union bound over the orders)
+    assert (fit(DELTA_G / 2 / k), fit(DELTA_G / k)) == (6, 6)  # the query share costs no run of six here
+    assert _runs_that_fit(ledger, "r", ["b1"], curve) == fit(DELTA_G / 2 / k)
+    assert _runs_that_fit(ledger, "c", ["b1"], curve) == fit(DELTA_G / k)
     assert ledger.audit().ok
 
 
@@ -94,21 +96,11 @@ def test_a_stream_stored_before_schema_7_keeps_the_legacy_rule_and_audits(tmp_pa
     """A legacy stream (made the way sage made rdp streams before: no share stored, none in its log entry), in a
     schema-6 file: it migrates to a NULL share, keeps converting at the delta left (nine or ten 1e-6 charges fit
     under 1e-5, by float rounding, where the split allows five) and its ledger audits."""
-    import sqlite3
+    from _old_streams import stream_stored_before
 
-    from sage_tfx.privacy import streams as streams_module
-
-    path = str(tmp_path / "v6.db")
-    real = filters.make_filter
-    with monkeypatch.context() as m:  # the filter sage built before schema 7
-        m.setattr(streams_module.filters, "make_filter", lambda *a, **k: real(*a[:4], None))
-        with Ledger.open(path, create=True) as ledger:
-            ledger.create_stream("old", 1.0, 1e-5, accounting="rdp")
-    conn = sqlite3.connect(path)
-    conn.execute("ALTER TABLE streams DROP COLUMN query_delta_share")
-    conn.execute("UPDATE meta SET value = '6' WHERE key = 'schema_version'")
-    conn.commit()
-    conn.close()
+    path = str(tmp_path / "v6.db")  # the filter sage built before schema 7: no delta split
+    stream_stored_before(path, monkeypatch, 6, "query_delta_share", lambda real, *a: real(*a[:4], None), "old", 1.0,
+                         1e-5)
     with Ledger.open(path) as ledger:
         s = ledger.stream("old")
         assert s.query_delta_share is None and s.filter().terms is None
@@ -124,7 +116,10 @@ def test_a_stream_stored_before_schema_7_keeps_the_legacy_rule_and_audits(tmp_pa
         assert new.query_delta_share == 0.5  # streams made now split their delta
 
 
-def test_the_audit_replays_the_split_and_catches_a_table_edit(ledger_url):
+@pytest.mark.parametrize("column, edit", [("query_delta_share", "0.75"), ("split_orders", "NULL")])
+def test_the_audit_replays_the_split_and_catches_a_table_edit(ledger_url, column, edit):
+    """The stream's delta split, and its split over the orders (tests/test_rdp_order_split.py), replayed from its
+    log entry: a table edited behind the log's back is named."""
     from conftest import raw_connection
 
     ledger = Ledger.open(ledger_url, create=True)
@@ -134,11 +129,11 @@ def test_the_audit_replays_the_split_and_catches_a_table_edit(ledger_url):
     assert ledger.audit().ok
     conn = raw_connection(ledger_url)
     cur = conn.cursor()
-    cur.execute("UPDATE streams SET query_delta_share = 0.75 WHERE name = 'r'")
+    cur.execute(f"UPDATE streams SET {column} = {edit} WHERE name = 'r'")
     conn.commit()
     conn.close()
     problems = Ledger.open(ledger_url).audit().problems
-    assert any("stream 'r'" in p and "query_delta_share" in p for p in problems), problems
+    assert any("stream 'r'" in p and column in p for p in problems), problems
 
 
 @pytest.mark.parametrize("share", [None, 0.0, 0.5, 0.9])

@@ -226,7 +226,7 @@ def test_audit_recomputes_the_rule_from_the_log(tmp_path, monkeypatch, broken, f
     assert any(re.search(match, p) for p in report.problems), report.problems
 
 
-def test_schema_5_ledger_migrates_through_6_to_7(tmp_path, raw_sql):
+def test_schema_5_ledger_migrates_through_6_and_7_to_8(tmp_path, raw_sql):
     location = str(tmp_path / "old.db")
     with _ledger(location) as ledger:
         _lifetimes(ledger, 1)
@@ -235,7 +235,7 @@ def test_schema_5_ledger_migrates_through_6_to_7(tmp_path, raw_sql):
     with Ledger.open(location) as ledger:
         run = ledger.draw([g for g, _, _ in ledger.history("s", "p")], 0, 0.1, 0.0, schedule=FP)
         assert ledger.draws()[0][2] == run.id
-        assert raw_sql(location, "SELECT value FROM meta WHERE key = 'schema_version'") == [("7",)]  # via 6
+        assert raw_sql(location, "SELECT value FROM meta WHERE key = 'schema_version'") == [("8",)]  # via 6 and 7
         assert ledger.audit().ok
 
 
@@ -450,12 +450,12 @@ def _admitted_runs(epsilons, deltas, cap_eps=ZE, cap_delta=ZD):
     of (cap_eps, cap_delta): the RDP filter (privacy/filters.py) over the cumulative sums (numpy, exact enough:
     the schedules keep a 1e-9 margin), and the deltas within half the lifetime delta."""
     from sage_tfx.privacy.curves import DEFAULT_ORDERS
-    from sage_tfx.privacy.filters import RdpFilter
+    from sage_tfx.privacy.draws import zcdp_filter
 
     eps = np.asarray(epsilons)
     costs = np.minimum(eps[:, None], np.asarray(DEFAULT_ORDERS)[None, :] * eps[:, None] ** 2 / 2)
     spent = np.vstack([np.zeros(len(DEFAULT_ORDERS)), np.cumsum(costs, axis=0)[:-1]])
-    filt, half = RdpFilter(cap_eps, cap_delta), cap_delta / 2
+    filt, half = zcdp_filter(cap_eps, cap_delta), cap_delta / 2
     assert np.cumsum(deltas)[-1] <= half * (1 + 1e-9)
 
     def admits(k):

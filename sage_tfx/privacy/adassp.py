@@ -143,6 +143,19 @@ def exact_multiplier(epsilon, delta, releases=3):
         bracket_interval=mechanism_calibration.LowerEndpointAndGuess(guess * 1e-3, guess), tol=guess * 1e-7))
 
 
+def gaussian_type_epsilon(event, delta):
+    """Epsilon at ``delta`` of a composition of Gaussian-type releases (``event``: a dp_accounting DpEvent of
+    ``GaussianDpEvent``s, as ``AdaSSPResult.dp_event``), by the RDP conversion over ``calibration_accountant``'s
+    orders: the guarantee the module docstring proves for the grid releases, and the one ``exact_multiplier``
+    calibrates against (never the continuous Gaussian's analytic profile, which is not proven for them).
+    inf at delta 0 (no RDP conversion to pure DP)."""
+    from .curves import calibration_accountant
+
+    if not delta > 0:
+        return math.inf
+    return float(calibration_accountant().compose(event).get_epsilon(float(delta)))
+
+
 def noise_multiplier(epsilon, delta, calibration="paper"):
     """Per-release noise multiplier c (see the module docstring for the proof)."""
     if calibration not in CALIBRATIONS:

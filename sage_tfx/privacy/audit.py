@@ -33,7 +33,9 @@ retirement was appended in the same transaction that made it. ``audit_ledger``
 6. recomputes what the stages of every grant released (the log's ``release`` entries, one per grant and
    stage) and checks it against the grant's charge with the rule of ``privacy/split.py``: every split
    composes to at most its grant's charge, each stage stayed within its share, the stages together
-   within the charge, and a single-stage grant (no split) was spent by one stage only;
+   within the charge, and a single-stage grant (no split) was spent by one stage only. What a grant's stages may
+   spend is recomputed from its cost (``grants.grant_budget``: on an ``rdp`` stream the epsilon and delta asked,
+   never the charge converted at the stream's delta) and must be what the grant records;
 7. lists the ``trusted_read`` entries (trusted code decrypting blocks outside a grant: no charge, a keyed entry
    naming the blocks and the purpose, written before the decryption) in ``AuditReport.trusted_reads``; one naming
    a block the log never registered, or no purpose, is a problem.
@@ -46,9 +48,10 @@ from . import filters
 from .draws import DrawReplay, audit_draw
 from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
+from .grants import grant_budget
 from .split import SLACK, BudgetSplit
 from .store import sql
-from .vocabulary import BlockState, PipelineState, Source
+from .vocabulary import Accounting, BlockState, PipelineState, Source
 from .chain import GENESIS, TRUSTED_READ, canonical as _canonical, chain_hash
 
 
@@ -111,10 +114,12 @@ def audit_ledger(ledger):
             continue
         if kind == "stream":
             stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None,
-                                                 "query_delta_share": None}, **body)
-            try:  # an entry without a query_delta_share (before schema 7, or basic) replays the legacy rule
+                                                 "query_delta_share": None, "split_orders": None}, **body)
+            try:  # an entry without a query_delta_share (before schema 7, or basic) replays the legacy rule, one
+                # without split_orders (before schema 8) every order converting at all of the conversion delta
                 streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
-                                                            body["orders"] or None, body.get("query_delta_share"))
+                                                            body["orders"] or None, body.get("query_delta_share"),
+                                                            bool(body.get("split_orders")))
             except LedgerError as exc:
                 problems.append(f"log entry {seq}: stream {body['name']!r} cannot be replayed ({exc})")
                 streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
@@ -206,6 +211,7 @@ def audit_ledger(ledger):
     _reconcile(problems, table_releases, releases, lambda key: f"release of stage {key[1]!r} under grant {key[0]!r}",
                lambda table, log: f"table says {table}, log says {log}")
     _check_release_totals(grants, releases, problems)
+    _note_converted_rule(grants, report.notes)
     _reconcile(problems, table_draws, draws.rows, lambda key: f"draw of run {key[1]!r} from lifetime grant {key[0]!r}",
                lambda table, log: f"table says (run grant, stream, epsilon, delta)={table}, the log replay says {log}")
     queued.finish_checks()
@@ -326,7 +332,7 @@ def _read_tables(tx):
     table_streams = {r[0]: {"name": r[0], "accounting": r[1], "epsilon": r[2], "delta": r[3],
                             "orders": json.loads(r[4]), "policy": r[5], "min_epsilon": r[6],
                             "min_grant_epsilon": r[7], "policy_params": json.loads(r[8]) if r[8] else None,
-                            "query_delta_share": r[9]}
+                            "query_delta_share": r[9], "split_orders": r[10]}
                      for r in tx.all(sql.AUDIT_STREAMS)}
     table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
                     for r in tx.all(sql.AUDIT_BLOCK_SPENT)}
@@ -495,6 +501,30 @@ def _check_release_totals(grants, releases, problems):
                             f"{delta:.3g}")
 
 
+def _note_converted_rule(grants, notes):
+    """A note naming how many ``rdp`` grants keep the older rule (their stages may spend the converted epsilon)."""
+    older = sum(1 for text, _sig in grants.values()
+                if '"converted_epsilon"' not in text and json.loads(text).get("accounting") == Accounting.RDP)
+    if older:
+        notes.append(f"{older} rdp grant(s) were made before grants recorded what was asked: their epsilon is the "
+                     "charge converted at the stream's delta, which their stages were allowed to spend (more than "
+                     "the filter charged; docs/block_composition.md, 'What an rdp grant's stages may spend')")
+
+
+def _check_grant_budget(seq, body, filt, cost, problems):
+    """The (epsilon, delta) a grant records for its stages is what its charge pays for (``grants.grant_budget``,
+    recomputed from its cost with the stream's filter: equality). An ``rdp`` grant without ``converted_epsilon`` was
+    made before the stages' budget was recorded apart from the conversion: its epsilon is the conversion, and it
+    keeps that rule (docs/block_composition.md)."""
+    if filt.accounting == Accounting.RDP and "converted_epsilon" not in body:
+        return
+    epsilon, delta, converted = grant_budget(filt, cost)
+    recorded = (float(body["epsilon"]), float(body["delta"]), body.get("converted_epsilon"))
+    if recorded != (epsilon, delta, converted):
+        problems.append(f"log entry {seq}: grant {body.get('id')!r} records (epsilon, delta, converted_epsilon)="
+                        f"{recorded}, but its charge pays for {(epsilon, delta, converted)}")
+
+
 def _reconcile(problems, table, log, name, difference, missing_note=""):
     """Report every key the table and the log disagree on: present in one only, or with other values."""
     for key in sorted(set(table) | set(log)):
@@ -523,6 +553,7 @@ def _replay_grant(ledger, seq, body, streams, blocks, grants, problems):
         problems.append(f"log entry {seq}: grant {gid!r} on unknown stream {body['stream']!r}")
         return
     cost = tuple(body["cost"])
+    _check_grant_budget(seq, body, filt, cost, problems)
     for b in body["blocks"]:
         block = blocks.get((body["stream"], b))
         if block is None:

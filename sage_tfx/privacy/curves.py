@@ -82,6 +82,17 @@ def pure_dp_curve(epsilon, orders=DEFAULT_ORDERS):
     return tuple(min(eps, a * eps * eps / 2.0) for a in orders)
 
 
+def pure_epsilon(curve, orders=DEFAULT_ORDERS):
+    """The largest epsilon whose ``pure_dp_curve`` lies on or below ``curve`` at every order: an epsilon-DP
+    mechanism of at most this epsilon spends no more than ``curve`` at any order.
+
+    At order alpha, min(e, alpha e^2 / 2) <= c holds iff e <= c or e <= sqrt(2 c / alpha), so the answer is the
+    least over the orders of max(c, sqrt(2 c / alpha)). For the curve of an epsilon-DP charge
+    (``pure_dp_curve(epsilon)``) it is that epsilon (to within a rounding of the square root).
+    """
+    return min(max(float(c), math.sqrt(2.0 * float(c) / a)) for a, c in zip(orders, curve))
+
+
 # Orders beyond dp_accounting's default 1,024, for searching a noise multiplier: at a small epsilon the best order
 # of a Gaussian-type composition, about 1 + sqrt(log(1/delta) / rho), passes 1,024 (rho ~ epsilon^2 / (4 log(1/delta))
 # puts it near 4,400 at epsilon 0.0078, delta 3.8e-8), and an accountant stopped at 1,024 then asks for far more

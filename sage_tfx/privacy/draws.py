@@ -48,8 +48,12 @@ zCDP). Couple the runs with the "good" process that always draws from P'_i: they
 sum_i delta_i <= D / 2 on every path, and the good part of each transcript measure is below the real one. The
 good process is an adaptive composition of RDP queries stopped by a Renyi filter of fixed per-order budgets
 E - conversion_term(alpha, D / 2) (Feldman & Zrnic 2021, "Individual privacy accounting via a Renyi filter",
-per order; Lecuyer 2021 for several orders), so it is (E, D / 2)-DP (conversion: Balle et al. 2020); adding the
-coupled-away mass gives (E, D) over any number of runs, parameters chosen adaptively or not. The delta half is
+per order), so it is (E, D / 2)-DP at an order fixed in advance (conversion: Balle et al. 2020); adding the
+coupled-away mass gives (E, D) over any number of runs. The rule accepts whichever default order fits, every
+order converting at all of D / 2: sound because the runs' budgets are the schedule's, fixed before any data is read
+(their composed curve is one fixed curve, whose best order may be chosen after the fact). Budgets a caller chose
+after seeing outputs would need the union bound over the orders that ``filters.RdpFilter`` pays; the draw rule
+does not check that draws follow a schedule and does not apply it. The delta half is
 FIXED, as in the advanced-composition filter of Rogers, Roth, Ullman & Vadhan 2016: converting at the path-
 dependent D - sum_i delta_i (what ``RdpFilter``'s legacy rule, on streams made before schema 7, does for a plain
 query) is not covered by these proofs when the deltas are chosen adaptively. A schedule drawing under "zcdp" therefore keeps sum_i delta_i <= D / 2 and
@@ -257,7 +261,11 @@ def zcdp_filter(epsilon: float, delta: float) -> RdpFilter:
     ``ZCDP_RUN_DELTA_SHARE`` (the runs' deltas; the rest converts), at the default orders (module docstring).
     LedgerError if it leaves no budget at any order. Built once per (epsilon, delta) (filters are not changed
     after construction; a schedule's lifetime grants share one budget, and every draw checks each of them)."""
-    return RdpFilter(epsilon, delta, query_delta_share=ZCDP_RUN_DELTA_SHARE)
+    # every order converts at all of the conversion's half: the rule the draws were made and are audited by. Its
+    # runs' budgets are the schedule's, fixed before any data is read (module docstring), so their composed curve
+    # is one fixed curve, whose best order may be chosen after the fact (the ordinary conversion); the per-path
+    # choice that filters.RdpFilter pays a union bound for does not arise.
+    return RdpFilter(epsilon, delta, query_delta_share=ZCDP_RUN_DELTA_SHARE, split_orders=False)
 
 
 def _zcdp_overdraw(delta_terms: list, curve_terms: list, epsilon: float, cap_eps: float, cap_delta: float) -> str:

@@ -18,32 +18,52 @@ and sum them identically on every backend:
   RDP curves. The global delta_g is split ONCE, when the stream is made
   (``query_delta_share`` q, default ``DEFAULT_QUERY_DELTA_SHARE``):
   delta_q_max = q delta_g for the queries' deltas, delta_c = delta_g - delta_q_max
-  for the conversion. A query is admitted iff delta_spent + delta_q <= delta_q_max
-  and there is an order alpha with rdp(alpha) + rdp_q(alpha) + T(alpha, delta_c)
-  <= eps_g, T the conversion term of ``curves.conversion_term``. q = 0 is a
-  curves-only stream: a query with a delta is refused, the conversion is at
-  delta_g.
-  Proof sketch: an (eps_i, delta_i)-DP query is delta_i-approximately
-  (eps_i^2/2)-zCDP, its good part within min(eps_i, alpha eps_i^2/2) at every
-  order (Bun & Steinke 2016, Prop. 3.3 and Section 8; a curve query has
-  delta_i = 0 and its own curve). Couple the real interaction with the one that
-  always takes the good parts: they differ with probability at most the deltas'
-  sum, <= delta_q_max on EVERY path, however adaptively the deltas were chosen.
-  For each fixed alpha, the Rényi filter of Feldman & Zrnic (2021) makes the
-  good interaction (alpha, eps_g - T(alpha, delta_c))-RDP, a budget fixed in
-  advance; with several orders, the block stays valid at every order that never
-  exceeded its bound, and at least one did not, since admission requires one
-  (Lécuyer 2021, "Practical privacy filters and odometers with Rényi DP").
-  Conversion at that order (Balle et al. 2020) gives (eps_g, delta_c), and the
-  coupling adds delta_q_max: (eps_g, delta_g).
+  for the conversion, and delta_c is split evenly over the k orders
+  (``split_orders``). A query is admitted iff delta_spent + delta_q <= delta_q_max
+  and there is an order alpha with
+  rdp(alpha) + rdp_q(alpha) + T(alpha, delta_c / k) <= eps_g, T the conversion
+  term of ``curves.conversion_term``. q = 0 is a curves-only stream: a query with
+  a delta is refused, the conversion is at delta_g / k.
+  Proof sketch (add or remove one record of the block). An (eps_i, delta_i)-DP
+  query is delta_i-approximately (eps_i^2/2)-zCDP, its good part within
+  min(eps_i, alpha eps_i^2/2) at every order (Bun & Steinke 2016, Prop. 3.3 and
+  Section 8; a curve query has delta_i = 0 and its own curve). Couple the real
+  interaction with the one that always takes the good parts: they differ with
+  probability at most the deltas' sum, <= delta_q_max on EVERY path, however
+  adaptively the deltas were chosen. In the good interaction fix an order alpha
+  and let M_alpha be the same interaction stopped the first time an admitted
+  query would take alpha's sum past B_alpha = eps_g - T(alpha, delta_c / k):
+  the Rényi filter of Feldman & Zrnic (2021, "Individual privacy accounting via
+  a Rényi filter": adaptively chosen queries stopped at a budget fixed in
+  advance, at ONE order), so M_alpha is (alpha, B_alpha)-RDP, and by the
+  conversion (Balle et al. 2020, Prop. 12) (eps_g, delta_c / k)-DP. Which orders
+  stayed within their bound is a function of the transcript (each query's curve
+  is chosen from the outputs before it), and some order did, since admission
+  requires one; let a(t) be the first such order of transcript t. For any set S
+  of transcripts, on S_alpha = {t in S : a(t) = alpha} the interaction and
+  M_alpha give the same transcript (M_alpha never stopped), so
+      P[out in S] = sum_alpha P[M_alpha in S_alpha]
+                 <= sum_alpha (e^eps_g P'[M_alpha in S_alpha] + delta_c / k)
+                  = e^eps_g P'[out in S] + delta_c,
+  P' the neighbouring data set's. The coupling adds delta_q_max: (eps_g, delta_g).
+  Why delta_c is split: "some order fits" lets each path use the order that
+  suits it after seeing outputs, and the filter theorem above is for one order
+  with its budget fixed in advance; we found no theorem that covers the choice
+  per path with every order converting at all of delta_c, so the union bound
+  over the k orders pays for it (T(alpha, delta_c / k) = T(alpha, delta_c) +
+  log(k) / (alpha - 1): 0.04 more epsilon at order 64, 0.36 at order 8 for the
+  12 default orders). Streams made before schema 8 (``split_orders`` False,
+  NULL in the table) convert every order at all of delta_c: what this proof
+  gives them is (eps_g, delta_q_max + k delta_c). They keep that rule so their
+  grants still audit; docs/block_composition.md says what to do.
   Streams made before schema 7 (``query_delta_share`` None, the LEGACY rule)
   convert at the delta left, delta_g - delta_spent - delta_q: a budget that
   depends on deltas an analyst may choose after seeing outputs, which the filter
-  proofs do not cover. Proven for them: (eps_g, delta_g) for a block charged
-  curves only, (eps_g, 2 delta_g) otherwise (coupling away at most delta_g, and
-  T(alpha, delta_g - D) >= T(alpha, delta_g), so every path stays within the
-  fixed budget eps_g - T(alpha, delta_g)). They keep that rule so their grants
-  still audit; docs/block_composition.md says what to do.
+  proofs do not cover. Proven for them: T(alpha, delta_g - D) >= T(alpha, delta_g),
+  so every path stays within the fixed budget eps_g - T(alpha, delta_g) at its
+  order and the argument above gives (eps_g, k delta_g) for a block charged
+  curves only, (eps_g, (k + 1) delta_g) otherwise (coupling away at most delta_g).
+  They keep that rule so their grants still audit.
 
 Both filters also check *reservations* (budget set aside for one pipeline, paper
 §3.3): ``fits_share(used, cost, reserved)`` tests a query against a reserved
@@ -124,23 +144,33 @@ class BasicFilter:
     def query_epsilon(self, cost):
         return cost[0]
 
+    @staticmethod
+    def spendable(cost):
+        """(epsilon, delta) the stages of a grant charged ``cost`` may spend: what was asked."""
+        return cost[0], cost[1]
+
 
 class RdpFilter:
     """Per-block Rényi filter over a vector of orders (see the module docstring for the proof)."""
 
     accounting = Accounting.RDP
 
-    def __init__(self, epsilon, delta, orders=curves.DEFAULT_ORDERS, query_delta_share=DEFAULT_QUERY_DELTA_SHARE):
+    def __init__(self, epsilon, delta, orders=curves.DEFAULT_ORDERS, query_delta_share=DEFAULT_QUERY_DELTA_SHARE,
+                 split_orders=True):
         """``query_delta_share``: q in [0, 1), the fixed split of delta (module docstring); None: the legacy rule of
-        streams made before schema 7."""
+        streams made before schema 7. ``split_orders``: the conversion's delta is split evenly over the orders (the
+        union bound of the module docstring); False: every order converts at all of it, the rule of streams made
+        before schema 8 (and of the legacy rule, whatever is given)."""
         self.epsilon = check_epsilon(epsilon, "global epsilon")
         self.delta = check_delta(delta, "global delta", allow_zero=False)
         self.orders = curves.check_orders(orders)
         self.query_delta_share = check_query_delta_share(query_delta_share)
         legacy = self.query_delta_share is None  # legacy: the conversion at the delta left (module docstring)
+        self.split_orders = bool(split_orders) and not legacy
         self.delta_queries = self.delta if legacy else self.delta * self.query_delta_share
         conversion = self.delta if legacy else self.delta - self.delta_queries
-        terms = tuple(curves.conversion_term(a, conversion) for a in self.orders)
+        self.delta_per_order = conversion / len(self.orders) if self.split_orders else conversion
+        terms = tuple(curves.conversion_term(a, self.delta_per_order) for a in self.orders)
         self.terms = None if legacy else terms  # fixed by the split; the legacy rule recomputes them per check
         # Reservation capacity: the queries' delta and the per-order RDP headroom of a fresh block.
         self.capacity = (self.delta_queries,) + tuple(max(0.0, self.epsilon - term) for term in terms)
@@ -211,8 +241,21 @@ class RdpFilter:
         return used * self.epsilon, spent[0], (1.0 - used) * self.epsilon
 
     def query_epsilon(self, cost):
-        """The query's own epsilon at the stream's delta (for grant records)."""
+        """The query's own epsilon at the stream's delta: the charged curve converted (for information only; the
+        stages of its grant may spend ``spendable(cost)``, never this)."""
         return curves.rdp_to_dp(self.orders, cost[1:], self.delta)[0]
+
+    def spendable(self, cost):
+        """(epsilon, delta) the stages of a grant charged ``cost`` may spend: what was asked.
+
+        The filter charged the pure-DP curve of the epsilon asked (or the curve given) and the delta asked, and its
+        proof covers a query that spends exactly that (module docstring). So the stages get the largest epsilon
+        whose pure-DP curve lies within the charged curve (``curves.pure_epsilon``: the epsilon asked, for an
+        (epsilon, delta) charge) and the charge's own delta; never ``query_epsilon``, the curve converted at the
+        stream's delta, which is larger (0.1875 for a charge of 0.05 at delta 1e-6) and which the filter did not
+        charge.
+        """
+        return curves.pure_epsilon(cost[1:], self.orders), cost[0]
 
 
 def check_query_delta_share(value):
@@ -229,9 +272,11 @@ def check_query_delta_share(value):
 _DEFAULT = object()  # make_filter without a query_delta_share: an RDP stream gets DEFAULT_QUERY_DELTA_SHARE
 
 
-def make_filter(accounting, epsilon, delta, orders=None, query_delta_share=_DEFAULT):
+def make_filter(accounting, epsilon, delta, orders=None, query_delta_share=_DEFAULT, split_orders=True):
     """The stream's filter. ``query_delta_share`` is an RDP stream's (default ``DEFAULT_QUERY_DELTA_SHARE``; None:
-    the legacy rule of a stream stored before schema 7); a basic stream has none (its deltas simply add up)."""
+    the legacy rule of a stream stored before schema 7); a basic stream has none (its deltas simply add up).
+    ``split_orders``: an RDP stream's conversion delta split over its orders (False: a stream stored before
+    schema 8, whose orders each convert at all of it)."""
     if accounting == Accounting.BASIC:
         if query_delta_share is not _DEFAULT and query_delta_share is not None:
             raise LedgerError(f"query_delta_share {query_delta_share!r} is for an 'rdp' stream: a 'basic' stream's "
@@ -239,5 +284,5 @@ def make_filter(accounting, epsilon, delta, orders=None, query_delta_share=_DEFA
         return BasicFilter(epsilon, delta)
     if accounting == Accounting.RDP:
         share = DEFAULT_QUERY_DELTA_SHARE if query_delta_share is _DEFAULT else query_delta_share
-        return RdpFilter(epsilon, delta, orders or curves.DEFAULT_ORDERS, share)
+        return RdpFilter(epsilon, delta, orders or curves.DEFAULT_ORDERS, share, split_orders)
     raise LedgerError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")

@@ -22,7 +22,15 @@ from .vocabulary import Accounting
 
 @dataclass(frozen=True)
 class Grant:
-    """Permission to read ``blocks`` of ``stream``, already charged. Verify with ``Ledger.verify``."""
+    """Permission to read ``blocks`` of ``stream``, already charged. Verify with ``Ledger.verify``.
+
+    ``epsilon`` and ``delta`` are what the grant's stages may spend (``split.stage_budget``, ``Ledger.release``): what
+    was asked. On an ``rdp`` stream the filter charged the asked epsilon's pure-DP curve (or the curve given) and
+    ``converted_epsilon`` records that charge converted to epsilon at the stream's delta, for information only
+    (``filters.RdpFilter.spendable``). An ``rdp`` grant without ``converted_epsilon`` was made before it was
+    recorded: its ``epsilon`` IS that converted figure, and its stages keep the rule they had (they may spend it);
+    docs/block_composition.md says what that means for such grants.
+    """
 
     id: str
     stream: str
@@ -36,9 +44,10 @@ class Grant:
     created: float
     meta: dict = field(default_factory=dict)
     signature: str = ""
+    converted_epsilon: float | None = None
 
     def body(self):
-        return {
+        body = {
             "id": self.id,
             "stream": self.stream,
             "pipeline": self.pipeline,
@@ -51,6 +60,9 @@ class Grant:
             "created": self.created,
             "meta": self.meta,
         }
+        if self.converted_epsilon is not None:  # rdp grants only: a basic grant's body is as it always was
+            body["converted_epsilon"] = self.converted_epsilon
+        return body
 
     def to_json(self):
         return canonical(dict(self.body(), signature=self.signature))
@@ -74,6 +86,7 @@ class Grant:
                 created=float(data["created"]),
                 meta=dict(data.get("meta") or {}),
                 signature=data.get("signature", ""),
+                converted_epsilon=None if data.get("converted_epsilon") is None else float(data["converted_epsilon"]),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise GrantError(f"grant is malformed ({type(exc).__name__}: {exc}): {str(text)[:200]!r}") from None
@@ -129,13 +142,22 @@ def check_split(meta, rule):
     return split
 
 
+def grant_budget(filt, cost):
+    """(epsilon, delta, converted_epsilon) a grant charged ``cost`` records: what its stages may spend
+    (``spendable``: what was asked) and, on an ``rdp`` stream, the charge converted at the stream's delta (None on
+    a basic stream, whose charge needs no conversion)."""
+    epsilon, delta = filt.spendable(cost)
+    return epsilon, delta, filt.query_epsilon(cost) if filt.accounting == Accounting.RDP else None
+
+
 def new_grant(keys, s, filt, pipeline, blocks, cost, rule, meta, now, split=None):
     """A Grant of ``cost`` on ``blocks`` of stream ``s``, signed under ``keys`` (a ``KeyRing``), and its body text
     (signed and stored: one text). A fresh random id (``g-`` and 24 hex digits)."""
+    epsilon, delta, converted = grant_budget(filt, cost)
     grant = Grant(
         id="g-" + secrets.token_hex(12), stream=s.name, pipeline=pipeline, blocks=tuple(blocks),
-        epsilon=filt.query_epsilon(cost), delta=cost[0] if s.accounting == Accounting.RDP else cost[1],
-        accounting=s.accounting, cost=cost, rule=rule, created=now, meta=meta,
+        epsilon=epsilon, delta=delta, accounting=s.accounting, cost=cost, rule=rule, created=now, meta=meta,
+        converted_epsilon=converted,
     )
     if split is not None:  # the stages compose to at most what is charged (privacy/split.py)
         split.check_covered(grant.epsilon, grant.delta)

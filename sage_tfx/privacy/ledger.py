@@ -510,8 +510,7 @@ class Ledger:
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
             if s.rules().queued:
                 if split is not None:  # checked before the demand is recorded: its grant's split must compose
-                    split.check_covered(filt.query_epsilon(cost),
-                                        cost[0] if s.accounting == Accounting.RDP else cost[1])
+                    split.check_covered(*filt.spendable(cost))
                 grant, refusal = _charges.queued_request(tx, self._log, self._keys, s, filt, pipeline, blocks, found,
                                                          cost, rule, meta)
             else:

@@ -53,7 +53,9 @@ from .errors import SageError
 
 __all__ = ["SamplerError", "SecureRNG", "secure_rng", "as_secure_rng", "bernoulli_exp", "discrete_laplace",
            "discrete_gaussian", "grid_laplace", "grid_laplace_params", "grid_gaussian",
-           "grid_gaussian_params", "grid_laplace_coupling", "GRID_BITS", "GAUSS_GRID_BITS"]
+           "grid_gaussian_params", "grid_laplace_coupling", "grid_sums", "grid_laplace_sum", "grid_gaussian_sum",
+           "grid_laplace_pair",
+           "GRID_BITS", "GAUSS_GRID_BITS"]
 
 # The grid is at least 2^GRID_BITS times finer than the Laplace scale and than Delta / k (see grid_laplace).
 GRID_BITS = 20
@@ -588,3 +590,98 @@ def grid_gaussian(values, l2_sensitivity, sigma, rng=None, cells=1):
     index = _grid_index(values, gamma)
     noise = discrete_gaussian(s, index.shape, rng)
     return (index + noise).astype(np.float64) * gamma
+
+
+# ------------------------------------------------------------------------- grid releases of sums, summed exactly
+
+def grid_sums(records, gamma, keys=None, num_cells=None) -> list:
+    """The exact integer sums, per cell, of the records' grid indices r(v / gamma) (Python ints: no rounding).
+
+    ``records``: one record's contribution per row, shape (n,) (one cell) or (n, m) (m cells); with ``keys``
+    (n integers in [0, num_cells)) record i adds its value to cell keys[i] only (a keyed sum, shape (n,)).
+    Each record is put on the grid on its own (``_grid_index``: exact), and the integers are added exactly:
+    in int64 while no partial sum can reach 2^62, else as Python ints.
+    """
+    x = np.asarray(records, dtype=np.float64)
+    if keys is not None:
+        keys = np.asarray(keys)
+        if x.ndim != 1 or keys.shape != x.shape or num_cells is None:
+            raise SamplerError("grid sums by key: give 1-D records, one integer key per record and num_cells")
+        if keys.size and (keys.min() < 0 or keys.max() >= num_cells):
+            raise SamplerError(f"grid sums by key: keys must be in [0, {num_cells})")
+    elif x.ndim not in (1, 2):
+        raise SamplerError(f"grid sums: records must be one value or one row of cells per record, got shape {x.shape}")
+    index = _grid_index(x, gamma)
+    bound = float(np.abs(index).max()) * max(len(index), 1) if index.size else 0.0
+    if keys is not None:
+        if bound < 2.0 ** 62:
+            out = np.zeros(int(num_cells), dtype=np.int64)
+            np.add.at(out, keys.astype(np.int64), index)
+            return [int(v) for v in out]
+        out = [0] * int(num_cells)
+        for k, v in zip(keys.tolist(), index.tolist()):
+            out[k] += v
+        return out
+    columns = index.reshape(len(index), -1)
+    if bound < 2.0 ** 62:
+        return [int(v) for v in columns.sum(axis=0, dtype=np.int64)]
+    return [sum(col.tolist()) for col in columns.T]
+
+
+def _grid_total(sums, noise, gamma):
+    """gamma * (sums + noise) as float64, refused (SamplerError) unless every cell is an integer below 2^53: float64
+    then holds it, and its product with the power of two gamma, exactly."""
+    total = [int(s_) + int(y) for s_, y in zip(sums, noise.tolist())]
+    if any(abs(v) >= 2 ** 53 for v in total):
+        raise SamplerError("grid release: a sum is too large for its grid (|sum| / gamma must stay below 2^53)")
+    return np.array(total, dtype=np.float64) * gamma
+
+
+def grid_laplace_sum(records, sensitivity, epsilon, rng=None, cells=1, keys=None, num_cells=None):
+    """``grid_laplace`` of the sums of ``records`` (``grid_sums``' shapes), summed exactly on the grid.
+
+    Mechanism: (gamma, t) = grid_laplace_params(sensitivity, epsilon, cells); each cell's release is
+    gamma * (sum_i r(v_i / gamma) + Y), the integers summed exactly (``grid_sums``), Y iid discrete Laplace(t).
+    Sensitivity: ``sensitivity`` Delta bounds the L1 norm of one record's contribution (its row, or its one keyed
+    value), ``cells`` k how many cells it touches. Guarantee: (epsilon, 0)-DP, exactly, and with no float sum in
+    between: adding or removing record i changes the integer sums by r(v_i / gamma) alone, and |r(a)| <=
+    ceil(|a|) (Lemma G with b = 0), so by at most floor(Delta / gamma) + k in L1: the D of ``grid_laplace``'s
+    proof. A float64 sum of the records first (``grid_laplace(np.sum(...))``) has rounding that depends on the
+    other records and their order, so two neighbouring inputs may round beyond that integer bound.
+    """
+    gamma, t = grid_laplace_params(sensitivity, epsilon, cells)
+    sums = grid_sums(records, gamma, keys, num_cells)
+    return _grid_total(sums, discrete_laplace(t, (len(sums),), as_secure_rng(rng)), gamma)
+
+
+def grid_gaussian_sum(records, l2_sensitivity, sigma, rng=None, cells=1, keys=None, num_cells=None):
+    """``grid_gaussian`` of the sums of ``records`` (``grid_sums``' shapes), summed exactly on the grid.
+
+    As ``grid_laplace_sum``: gamma * (sum_i r(v_i / gamma) + Y), Y iid N_Z(0, S) for (gamma, S) =
+    grid_gaussian_params(l2_sensitivity, sigma, cells). One record changes the integer sums by its own grid vector,
+    of L2 norm <= Delta_2 / gamma + sqrt(k) (|r(a)| <= |a| + 1 per cell, the triangle inequality): the D2 of
+    ``grid_gaussian``'s proof, so the release is rho-zCDP, rho = Delta_2^2 / (2 sigma^2), exactly.
+    """
+    gamma, s = grid_gaussian_params(l2_sensitivity, sigma, cells)
+    sums = grid_sums(records, gamma, keys, num_cells)
+    return _grid_total(sums, discrete_gaussian(s, (len(sums),), as_secure_rng(rng)), gamma)
+
+
+def grid_laplace_pair(records, bound, epsilon, rng=None):
+    """(S~, S'~): the sums of ``records`` (each in [0, bound]) and of bound minus them, as ONE epsilon-DP grid
+    release of the pair, summed exactly on the grid.
+
+    Mechanism: (gamma, t) = grid_laplace_params(bound, epsilon, 2), R = r(bound / gamma); record i contributes
+    the integer pair (r(v_i / gamma), R - r(v_i / gamma)), both in [0, R] (r is non-decreasing); the release is
+    gamma * (sum of the pairs + (Y1, Y2)), Y iid discrete Laplace(t), the integers summed exactly. Guarantee:
+    (epsilon, 0)-DP, exactly: one record changes the integer pair by its own pair, of L1 norm R <= floor(bound /
+    gamma) + 1, within the D = floor(bound / gamma) + 2 ``grid_laplace``'s proof allows for two cells.
+    """
+    gamma, t = grid_laplace_params(bound, epsilon, 2)
+    values = np.asarray(records, dtype=np.float64).ravel()
+    if values.size and (values.min() < 0 or values.max() > bound):
+        raise SamplerError(f"grid pair: records must lie in [0, {bound!r}]")
+    (total,) = grid_sums(values, gamma)
+    top = int(_grid_index(np.array([float(bound)]), gamma)[0])
+    return tuple(_grid_total([total, top * values.size - total], discrete_laplace(t, (2,), as_secure_rng(rng)),
+                             gamma).tolist())

@@ -41,6 +41,8 @@ class Stream:
     policy_params: dict | None = None  # a queued policy's parameters as stored (n, lifetime); None: none
     query_delta_share: float | None = None  # an rdp stream's fixed delta split (filters.RdpFilter); None: basic, or
     # an rdp stream made before schema 7 (the legacy rule)
+    split_orders: int | None = None  # 1: an rdp stream's conversion delta split over its orders (filters.RdpFilter);
+    # None: basic, or an rdp stream made before schema 8 (every order converts at all of it)
 
     def rules(self):
         """The stream's ``AllocationPolicy`` (allocation.py) with its stored parameters."""
@@ -58,7 +60,8 @@ class Stream:
         return self.min_grant_epsilon
 
     def filter(self):
-        return filters.make_filter(self.accounting, self.epsilon, self.delta, self.orders, self.query_delta_share)
+        return filters.make_filter(self.accounting, self.epsilon, self.delta, self.orders, self.query_delta_share,
+                                   bool(self.split_orders))
 
 
 @functools.lru_cache(maxsize=64)
@@ -70,7 +73,7 @@ def parsed_stream(row):
     reused. Stream and filter are immutable.
     """
     s = Stream(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6], row[7], row[8],
-               json.loads(row[9]) if row[9] else None, row[10])
+               json.loads(row[9]) if row[9] else None, row[10], row[11])
     object.__setattr__(s, "_filter", s.filter())
     return s
 
@@ -99,8 +102,10 @@ def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, m
     if tx.one(sql.STREAM_EXISTS, (name,)):
         raise LedgerError(f"stream {name!r} already exists")
     share = getattr(filt, "query_delta_share", None)
+    split_orders = 1 if getattr(filt, "split_orders", False) else None
     tx.run(sql.STREAM_INSERT, (name, accounting, filt.epsilon, filt.delta, json.dumps(orders), policy,
-                               min_epsilon, now, min_grant, None if params is None else canonical(params), share))
+                               min_epsilon, now, min_grant, None if params is None else canonical(params), share,
+                               split_orders))
     body = {
         "name": name, "accounting": accounting, "epsilon": filt.epsilon, "delta": filt.delta,
         "orders": list(orders), "policy": policy, "min_epsilon": min_epsilon, "min_grant_epsilon": min_grant,
@@ -109,6 +114,8 @@ def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, m
         body["policy_params"] = params
     if share is not None:  # only rdp streams (schema 7 on) carry it: an entry without it replays the legacy rule
         body["query_delta_share"] = share
+    if split_orders:  # only rdp streams (schema 8 on) carry it: an entry without it replays every order at all of it
+        body["split_orders"] = split_orders
     log(tx, "stream", body)
 
 
@@ -212,6 +219,8 @@ def stream_status(s, blocks, grants, pipelines):
         "orders": list(s.orders),
         # an rdp stream's delta split (filters.RdpFilter); None: basic, or an rdp stream made before schema 7
         "query_delta_share": s.query_delta_share,
+        # 1: an rdp stream's conversion delta split over its orders; None: basic, or made before schema 8
+        "split_orders": s.split_orders,
         "active_blocks": sum(b["state"] == BlockState.ACTIVE for b in out_blocks),
         "retired_blocks": sum(b["state"] == BlockState.RETIRED for b in out_blocks),
         "grants": grants, "pipelines": pipelines, "blocks": out_blocks,

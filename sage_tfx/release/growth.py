@@ -99,7 +99,7 @@ import numpy as np
 from sage_tfx.privacy import checks
 from sage_tfx.privacy.draws import ZCDP_RUN_DELTA_SHARE as ZCDP_SHARE, zcdp_filter
 from sage_tfx.privacy.errors import LedgerError, SageError
-from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian, grid_laplace
+from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian_sum, grid_laplace, grid_laplace_sum
 
 STAGE = "training"  # the ledger's stage vocabulary: a released statistic is the grant's one release
 
@@ -380,10 +380,11 @@ def clipped_mean(bound: float, rows_per_block: int) -> "Mechanism":
     Input: one 1-D array of values per block read. Output: sum_i clip(v_i, 0, bound) / n + noise, with
     n = blocks * ``rows_per_block`` the PUBLIC declared record count (never the data's own count).
     Sensitivity (add/remove one record): the clipped sum moves by at most ``bound`` and n is public, so the
-    output moves by at most bound / n. Noise: ``samplers.grid_laplace`` at that sensitivity and the run's
+    output moves by at most bound / n. Noise: ``samplers.grid_laplace_sum`` (the records' shares summed exactly
+    on the grid) at that sensitivity and the run's
     epsilon, so each run is (epsilon, 0)-DP exactly (docs/noise.md), as the schedules' analysis needs of its
     black box (the paper's Section 3: an epsilon-DP static algorithm). Called with ``delta > 0`` (a basic-mode
-    BBScheduler run), it adds ``samplers.grid_gaussian`` noise of sigma = z bound / n instead, z the Gaussian
+    BBScheduler run), it adds ``samplers.grid_gaussian_sum`` noise of sigma = z bound / n instead, z the Gaussian
     multiplier dp-accounting's RDP accountant calibrates to (epsilon, delta) (``continual.calibrate_z_eff``):
     the grid release keeps the continuous Gaussian's rho-zCDP, hence its RDP curve and (epsilon, delta)."""
     bound = _positive("bound", bound, "give the column's public upper bound B > 0 (values are clipped to [0, B])")
@@ -391,13 +392,15 @@ def clipped_mean(bound: float, rows_per_block: int) -> "Mechanism":
 
     def mechanism(blocks: list, epsilon: float, rng, delta: float = 0.0) -> float:
         n = m * len(blocks)
-        total = sum(float(np.clip(np.asarray(b, dtype=float), 0.0, bound).sum()) for b in blocks)
+        # each record's share of the mean, v / n <= bound / n (float division is monotone), summed exactly on the
+        # grid by the release (never a float64 sum first: its rounding would depend on the other records)
+        shares = np.concatenate([np.clip(np.asarray(b, dtype=float).ravel(), 0.0, bound) for b in blocks]) / n
         if delta > 0:  # (epsilon, delta)-DP: the Gaussian multiplier z calibrated by dp-accounting (RDP)
             from sage_tfx.release.continual import calibrate_z_eff
 
             sigma = calibrate_z_eff(epsilon, delta) * bound / n
-            return float(grid_gaussian(np.array([total / n]), bound / n, sigma, rng=rng)[0])
-        return float(grid_laplace(np.array([total / n]), bound / n, epsilon, rng=rng)[0])
+            return float(grid_gaussian_sum(shares, bound / n, sigma, rng=rng)[0])
+        return float(grid_laplace_sum(shares, bound / n, epsilon, rng=rng)[0])
 
     return mechanism
 

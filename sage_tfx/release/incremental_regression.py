@@ -69,6 +69,7 @@ import numpy as np
 
 from sage_tfx.privacy import checks
 from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.samplers import grid_gaussian_params, grid_sums
 
 __all__ = ["IncrementalRegressionError", "HorizonExhausted", "IncrementalRegressionParams", "TreeRegressor",
            "IncrementalRegression", "ArrivalRelease", "tree_levels", "project_ball", "projected_gradient"]
@@ -233,7 +234,8 @@ class TreeRegressor:
         return self._upper[0].size + self.dim
 
     def leaf(self, x, y) -> np.ndarray:
-        """Block sum of the clipped rows: (upper triangle of X'X, X'y) as one vector."""
+        """Block sum of the clipped rows: (upper triangle of X'X, X'y) as one vector, summed exactly on the node
+        releases' grids (each row rounded to the grid alone: within gamma / 2 per row and cell of the float sum)."""
         from sage_tfx.privacy.adassp import clip_labels, clip_rows
 
         x = np.asarray(x, dtype=float)
@@ -244,7 +246,21 @@ class TreeRegressor:
                 "per row")
         x = clip_rows(x, self.params.bound_x)
         y = clip_labels(y, self.params.bound_y)
-        return np.concatenate([(x.T @ x)[self._upper], x.T @ y])
+        # each row's (upper(x x'), x y) put on its release's grid alone and the integers summed exactly
+        # (samplers.grid_sums): gamma times an integer below 2^53, so every node's sum of leaves is exact in float64
+        # and its release adds the noise to those exact integers (never to a float64 sum of the rows)
+        (gamma_m, _), (gamma_v, _) = self._grids()
+        rows = np.einsum("ni,nj->nij", x, x)[:, self._upper[0], self._upper[1]]
+        matrix = np.array(grid_sums(rows, gamma_m), dtype=np.float64) * gamma_m
+        vector = np.array(grid_sums(x * y[:, None], gamma_v), dtype=np.float64) * gamma_v
+        return np.concatenate([matrix, vector])
+
+    def _grids(self):
+        """The (gamma, S) of the node releases' two parts (``samplers.grid_gaussian_params``): X'X's upper triangle
+        (L2 sensitivity B_x^2, sigma c B_x^2) and X'y (B_x B_y, c B_x B_y)."""
+        p, c, k = self.params, self.params.noise_multiplier, self._upper[0].size
+        return (grid_gaussian_params(p.bound_x ** 2, c * p.bound_x ** 2, k),
+                grid_gaussian_params(p.bound_x * p.bound_y, c * p.bound_x * p.bound_y, self.dim))
 
     def check_room(self) -> None:
         if self.t >= self.params.horizon:

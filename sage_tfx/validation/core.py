@@ -183,7 +183,12 @@ class NoisyTotal:
 
     @classmethod
     def release(cls, exact, sensitivity, epsilon, rng, mode, cells=1):
-        """The grid-Laplace release of ``exact`` (one cell) with ``sensitivity`` and ``epsilon``: epsilon-DP,
+        """The grid-Laplace release of ``exact`` (one cell) with ``sensitivity`` and ``epsilon``.
+
+        ``exact``: an integer total (a count: exact in float64 below 2^53), or the per-record values of a sum (a
+        1-D array), then summed exactly on the grid (``samplers.grid_laplace_sum``), never in float64 first: a
+        float sum's rounding depends on the other records and their order, and breaks the integer sensitivity
+        the proof uses. Epsilon-DP,
         exactly, for a total whose value one record changes by at most ``sensitivity`` (``grid_laplace``:
         rounding to the public grid gamma and adding gamma times exact discrete Laplace noise of integer scale
         t = ceil((floor(sensitivity/gamma) + 1)/epsilon)). Its noise scale gamma t is within a relative 2^-20
@@ -191,11 +196,23 @@ class NoisyTotal:
         this total is one coordinate of a vector released together (every coordinate with the same
         sensitivity, epsilon and cells), whose change by one record has L1 norm <= sensitivity and touches
         at most ``cells`` coordinates: then the vector is epsilon-DP (``grid_laplace`` with k = cells)."""
+        records = np.ndim(exact) > 0
         if not mode.noisy:
-            return cls(float(exact), 0.0)
-        from sage_tfx.privacy.samplers import as_secure_rng, grid_laplace, grid_laplace_coupling
+            return cls(math.fsum(np.asarray(exact, dtype=np.float64).tolist()) if records else float(exact), 0.0)
+        from sage_tfx.privacy.samplers import as_secure_rng, grid_laplace, grid_laplace_coupling, grid_laplace_sum
 
-        value = grid_laplace(np.array([float(exact)]), sensitivity, epsilon, as_secure_rng(rng), cells=cells)[0]
+        if records:
+            value = grid_laplace_sum(np.asarray(exact, dtype=np.float64), sensitivity, epsilon, as_secure_rng(rng),
+                                     cells=cells)[0]
+        else:
+            value = grid_laplace(np.array([float(exact)]), sensitivity, epsilon, as_secure_rng(rng), cells=cells)[0]
+        return cls.coupled(value, sensitivity, epsilon, cells)
+
+    @classmethod
+    def coupled(cls, value, sensitivity, epsilon, cells=1):
+        """A grid-Laplace release ``value`` with its coupling's scale and slack (``samplers.grid_laplace_coupling``)."""
+        from sage_tfx.privacy.samplers import grid_laplace_coupling
+
         scale, slack = grid_laplace_coupling(sensitivity, epsilon, cells)
         return cls(float(value), scale, slack)
 

@@ -19,7 +19,7 @@ def release_count_and_sum(values, bound, epsilon, rng, mode):
     clipped = np.clip(values, 0.0, bound)
     half = None if epsilon is None else epsilon / 2.0  # None only in non_private mode
     count = NoisyTotal.release(clipped.size, 1.0, half, rng, mode)
-    total = NoisyTotal.release(clipped.sum(), bound, half, rng, mode)
+    total = NoisyTotal.release(clipped, bound, half, rng, mode)  # the records, summed exactly on the grid
     return count, total
 
 

@@ -47,16 +47,20 @@ COUNT_SHARE = 0.05  # fraction of a test's eta for the event "the true count is 
 
 def release_pair(values, bound, epsilon, rng, mode):
     """(S~, S'~): the sums of ``values`` clipped to [0, B] and of B minus them, each + Lap(B/eps), drawn as the
-    exact grid Laplace (``NoisyTotal.release`` with ``cells=2``: the pair is one vector of L1 sensitivity B
-    whose change touches its 2 cells, so ``samplers.grid_laplace``'s proof gives eps-DP for the pair, exactly).
+    exact grid Laplace of the pair, summed exactly on the grid (``samplers.grid_laplace_pair``: one vector of L1
+    sensitivity B whose change touches its 2 cells, eps-DP for the pair, exactly).
 
     eps-DP under adding or removing one record: the pair moves by (v, B - v), L1 norm B (see the module
     docstring). Released exactly in non_private mode (``epsilon`` may then be None).
     """
     clipped = np.clip(values, 0.0, bound)
-    total = NoisyTotal.release(clipped.sum(), bound, epsilon, rng, mode, cells=2)
-    complement = NoisyTotal.release(bound * clipped.size - clipped.sum(), bound, epsilon, rng, mode, cells=2)
-    return total, complement
+    if not mode.noisy:
+        total = NoisyTotal.release(clipped, bound, epsilon, rng, mode)
+        return total, NoisyTotal(bound * clipped.size - total.value, 0.0)
+    from sage_tfx.privacy.samplers import as_secure_rng, grid_laplace_pair
+
+    pair = grid_laplace_pair(clipped, bound, epsilon, as_secure_rng(rng))  # summed exactly on the grid
+    return tuple(NoisyTotal.coupled(value, bound, epsilon, cells=2) for value in pair)
 
 
 # ---------------------------------------------------------------- the noise X = a E1 - c E2

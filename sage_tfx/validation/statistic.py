@@ -95,13 +95,16 @@ class DPAbsoluteErrorValidator:
         keys = self._check_keys(keys, values.size)
         rng = check_rng(rng)
         clipped = np.clip(values, 0.0, self.value_range)
-        sums = np.bincount(keys, weights=clipped, minlength=self.num_keys).astype(np.float64)
         counts = np.bincount(keys, minlength=self.num_keys).astype(np.float64)
         if self.mode.noisy:  # exact grid Laplace, one record in one key's cell (see mean_error_bound)
-            from sage_tfx.privacy.samplers import grid_laplace
+            from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_sum
 
-            sums = grid_laplace(sums, self.value_range, self.epsilon / 2.0, rng, cells=1)
+            # the records summed exactly on the grid, per key (never a float64 sum first)
+            sums = grid_laplace_sum(clipped, self.value_range, self.epsilon / 2.0, rng, cells=1, keys=keys,
+                                    num_cells=self.num_keys)
             counts = grid_laplace(counts, 1.0, self.epsilon / 2.0, rng, cells=1)
+        else:
+            sums = np.bincount(keys, weights=clipped, minlength=self.num_keys).astype(np.float64)
         result = self._decide(sums, counts, self.epsilon, resolve_eta(self.confidence, eta, attempt), attempt)
         result.epsilon_test = self.epsilon if self.mode.noisy else 0.0
         return result

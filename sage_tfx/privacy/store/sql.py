@@ -23,7 +23,7 @@ Changing a text here changes stored data only through ``TABLES``/``MIGRATIONS``:
 import functools
 from typing import NamedTuple
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 
 class AddColumn(NamedTuple):
@@ -76,7 +76,8 @@ TABLES = [
         name TEXT PRIMARY KEY, accounting TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL,
         delta DOUBLE PRECISION NOT NULL, orders TEXT NOT NULL, policy TEXT NOT NULL,
         min_epsilon DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL,
-        min_grant_epsilon DOUBLE PRECISION, policy_params TEXT, query_delta_share DOUBLE PRECISION)""",
+        min_grant_epsilon DOUBLE PRECISION, policy_params TEXT, query_delta_share DOUBLE PRECISION,
+        split_orders INTEGER)""",
     """CREATE TABLE blocks (
         stream TEXT NOT NULL, id TEXT NOT NULL, start_ts DOUBLE PRECISION, end_ts DOUBLE PRECISION,
         shard BIGINT, n_rows BIGINT, created DOUBLE PRECISION NOT NULL, state TEXT NOT NULL,
@@ -136,6 +137,9 @@ MIGRATIONS = {
     # 7: an rdp stream's fixed split of its delta (filters.RdpFilter: the queries' share, the rest converts); NULL on
     # every stream made before, which keeps the legacy rule (docs/block_composition.md)
     6: [AddColumn("streams", "query_delta_share", "DOUBLE PRECISION")],
+    # 8: an rdp stream's conversion delta split evenly over its orders (filters.RdpFilter: the union bound over the
+    # orders); NULL on every stream made before, whose orders each convert at all of it (docs/block_composition.md)
+    7: [AddColumn("streams", "split_orders", "INTEGER")],
 }
 
 # ------------------------------------------------------------------------------------------------------ meta rows
@@ -190,7 +194,7 @@ PG_CLAIM_HOLDER = ("SELECT a.application_name, host(a.client_addr) FROM pg_locks
 
 # ------------------------------------------------------------------------------------------- the ledger: streams
 STREAM_COLUMNS = ("name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon,"
-                  " policy_params, query_delta_share")  # a stream row as Ledger.stream parses it
+                  " policy_params, query_delta_share, split_orders")  # a stream row as Ledger.stream parses it
 STREAM_WIDTH = len(STREAM_COLUMNS.split(","))  # how many columns STREAM_COLUMNS names
 STREAM_EXISTS = "SELECT 1 FROM streams WHERE name = ?"
 STREAM_INSERT = "INSERT INTO streams (" + STREAM_COLUMNS + ") VALUES (" + marks(STREAM_WIDTH) + ")"
@@ -343,7 +347,7 @@ LOG_FIRST_KEYS_ENTRY = "SELECT seq, kind, body, prev, hash FROM log WHERE kind =
 # ------------------------------------------------------------------------------------- the audit (audit.py, step 4)
 AUDIT_LOG = LOG_ALL
 AUDIT_STREAMS = ("SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, min_grant_epsilon,"
-                 " policy_params, query_delta_share FROM streams")
+                 " policy_params, query_delta_share, split_orders FROM streams")
 AUDIT_BLOCK_SPENT = "SELECT stream, id, spent, state FROM blocks"
 AUDIT_GRANTS = "SELECT id, body, signature FROM grants"
 AUDIT_RELEASES = "SELECT grant_id, stage, computation, epsilon, delta FROM releases"

@@ -1,0 +1,22 @@
+"""A stream stored the way an older sage stored it: made with the filter of that version, its column dropped and
+the ledger's schema version set back, so that the next ``Ledger.open`` migrates it (tests of the rdp rules)."""
+import sqlite3
+
+from sage_tfx.privacy import Ledger, filters
+
+
+def stream_stored_before(path, monkeypatch, version, column, old_filter, name, epsilon, delta):
+    """Make rdp stream ``name`` at ``path`` with ``old_filter(real_make_filter, *args)`` as the filter, then drop
+    ``column`` and set the schema version to ``version``."""
+    from sage_tfx.privacy import streams as streams_module
+
+    real = filters.make_filter
+    with monkeypatch.context() as m:
+        m.setattr(streams_module.filters, "make_filter", lambda *a, **k: old_filter(real, *a))
+        with Ledger.open(path, create=True) as ledger:
+            ledger.create_stream(name, epsilon, delta, accounting="rdp")
+    conn = sqlite3.connect(path)
+    conn.execute(f"ALTER TABLE streams DROP COLUMN {column}")
+    conn.execute(f"UPDATE meta SET value = '{version}' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
