@@ -622,7 +622,7 @@ def grid_sums(records, gamma, keys=None, num_cells=None) -> list:
         for k, v in zip(keys.tolist(), index.tolist()):
             out[k] += v
         return out
-    columns = index.reshape(len(index), -1)
+    columns = index if index.ndim == 2 else index.reshape(-1, 1)  # one column per cell (an empty 1-D: one cell)
     if bound < 2.0 ** 62:
         return [int(v) for v in columns.sum(axis=0, dtype=np.int64)]
     return [sum(col.tolist()) for col in columns.T]
