@@ -269,10 +269,10 @@ class RecordSplit:
     test: tuple
 
     def __post_init__(self):
-        try:
-            buckets = tuple((_split_name(name), count) for name, count in self.buckets)
-        except (TypeError, ValueError):
-            raise LedgerError(f"record split buckets {self.buckets!r} must be [[name, count], ...]") from None
+        if not isinstance(self.buckets, (list, tuple)) or not all(
+                isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in self.buckets):
+            raise LedgerError(f"record split buckets {self.buckets!r} must be [[name, count], ...]")
+        buckets = tuple((_split_name(name), count) for name, count in self.buckets)
         for name, count in buckets:
             if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
                 raise LedgerError(f"record split {name!r} has {count!r} buckets: need an integer > 0")
@@ -308,8 +308,7 @@ class RecordSplit:
             raise LedgerError(f"record split {raw!r} must be an object with buckets, training and test")
         if not all(isinstance(raw[side], (list, tuple)) for side in SIDES):
             raise LedgerError(f"record split {raw!r}: training and test must be lists of split names")
-        return cls(tuple(tuple(pair) if isinstance(pair, (list, tuple)) else pair for pair in raw["buckets"]),
-                   tuple(raw["training"]), tuple(raw["test"]))
+        return cls(raw["buckets"], tuple(raw["training"]), tuple(raw["test"]))
 
     def describe(self) -> str:
         """The rule in one line for error messages: splits {...}, training [...], test [...]."""
