@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
-from _taxi_world import block_examples, ingest_taxi
+from _taxi_world import block_examples, ingest_taxi, relabelled
 from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, GrantError, Ledger, record_split
 
 pytestmark = pytest.mark.tf
@@ -68,19 +68,6 @@ def _fare_model(folder):
     export_saved_model(str(folder / "Format-Serving"), keras_model, FeatureLayout(["trip_miles"], [1]),
                        lambda out: {"predictions": tf.reshape(out, [-1])})
     return str(folder)
-
-
-def _relabelled(examples, grant):
-    """``examples`` as made under ``grant``: the lineage the landed BlockExampleGen wrote (the same custom
-    properties, the grant's id), e.g. for a second run under one grant with other ``splits``."""
-    from tfx.types import standard_artifacts
-
-    copy = standard_artifacts.Examples()
-    copy.uri, copy.split_names = examples.uri, examples.split_names
-    for key, value in examples.mlmd_artifact.custom_properties.items():
-        copy.mlmd_artifact.custom_properties[key].CopyFrom(value)
-    copy.set_string_custom_property("grant_id", grant.id)
-    return copy
 
 
 def _validate(world, tmp_path, grant, examples, **params):
@@ -207,7 +194,7 @@ def _other_split_examples(world, tmp_path, grant):
     blocks hashed into 8:2 buckets, with the grant's lineage (made here under a sibling grant that signs that
     rule, then marked as the grant's, as a second run under it was)."""
     sibling = _grant(world, records=OTHER_RULE)
-    return _relabelled(block_examples(world["db"], world["data"], sibling, tmp_path / "other_split"), grant)
+    return relabelled(block_examples(world["db"], world["data"], sibling, tmp_path / "other_split"), grant)
 
 
 def test_validator_reopened_on_other_records_is_refused(world, tmp_path):
@@ -243,7 +230,7 @@ def test_components_refuse_examples_of_other_blocks_naming_both_digests(world, t
 
     grant = _grant(world)
     elsewhere = _grant(world, blocks=world["year"][:3])
-    examples = _relabelled(block_examples(world["db"], world["data"], elsewhere, tmp_path / "ex"), grant)
+    examples = relabelled(block_examples(world["db"], world["data"], elsewhere, tmp_path / "ex"), grant)
     want = data_digest(world["ledger"], grant)[:16]
     have = examples.get_string_custom_property("data_digest")[:16]
     assert want != have
@@ -267,7 +254,7 @@ def test_components_refuse_examples_without_the_lineage(world, tmp_path):
     """Examples with the grant's id but no split rule / data digest (not BlockExampleGen's) are refused."""
     grant = _grant(world)
     examples = block_examples(world["db"], world["data"], grant, tmp_path / "ex")
-    bare = _relabelled(examples, grant)
+    bare = relabelled(examples, grant)
     bare.mlmd_artifact.custom_properties.pop("data_digest")
     with pytest.raises(GrantError, match="carries no data_digest"):
         _validate(world, tmp_path / "v", grant, bare)
