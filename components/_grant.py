@@ -216,17 +216,17 @@ def data_digest(ledger, grant) -> str:
     return computation_digest("records/v1", grant.stream, blocks, record_split(grant).to_dict())
 
 
-def release_data(ledger, grant, splits) -> dict:
+def release_data(digest, splits) -> dict:
     """The data part of a release's fingerprint: the grant's ``data_digest`` and the split(s) the release reads
     (in the order read). Two releases under one grant on other records (other blocks, another split rule,
     other splits) get other fingerprints."""
-    return {"records": data_digest(ledger, grant), "splits": list(splits)}
+    return {"records": digest, "splits": list(splits)}
 
 
-def check_examples_data(ledger, grant, examples, reader):
+def check_examples_data(grant, examples, reader, expected):
     """Refuse (GrantError, before a record is read) Examples whose records are not the grant's: made without
     BlockExampleGen's lineage, split by another rule than the grant's signed one, or of other data (another
-    ``data_digest``). The messages name both values."""
+    ``data_digest`` than ``expected``, the grant's). The messages name both values."""
     rule = record_split(grant)
     have = {key: examples.get_string_custom_property(key) if examples.has_custom_property(key) else ""
             for key in (SPLIT_RULE_PROPERTY, DATA_PROPERTY)}
@@ -243,7 +243,6 @@ def check_examples_data(ledger, grant, examples, reader):
         raise GrantError(f"{reader}: the Examples were split by {have[SPLIT_RULE_PROPERTY]}, but grant {grant.id!r} "
                          f"signs the record split {rule.describe()}: a release of other records under one grant "
                          "would draw the same noise on different data. Re-run BlockExampleGen without `splits`")
-    expected = data_digest(ledger, grant)
     if have[DATA_PROPERTY] != expected:
         raise GrantError(f"{reader}: the Examples hold data {have[DATA_PROPERTY][:16]}, but grant {grant.id!r}'s "
                          f"records are data {expected[:16]} (its blocks split by its signed rule): a release of "
@@ -317,6 +316,7 @@ class GrantRun:
 
     def __init__(self, ledger, location, grant):
         self.ledger, self.location, self.grant = ledger, location, grant
+        self._data_digest = None
 
     def open_release(self, stage, computation, epsilon, delta=0.0) -> int:
         """``open_release`` for this run's grant on this run's connection: the stage's noise seed."""
@@ -330,13 +330,19 @@ class GrantRun:
         """``check_read_under`` against this run's grant."""
         check_read_under(artifact, self.grant, fix, what=what, required=required)
 
+    def data_digest(self) -> str:
+        """``data_digest`` of this run's grant (read from the ledger once per run)."""
+        if self._data_digest is None:
+            self._data_digest = data_digest(self.ledger, self.grant)
+        return self._data_digest
+
     def check_examples_data(self, examples, reader):
-        """``check_examples_data`` for this run's grant on this run's connection."""
-        check_examples_data(self.ledger, self.grant, examples, reader)
+        """``check_examples_data`` against this run's grant."""
+        check_examples_data(self.grant, examples, reader, self.data_digest())
 
     def release_data(self, splits) -> dict:
-        """``release_data`` for this run's grant on this run's connection."""
-        return release_data(self.ledger, self.grant, splits)
+        """``release_data`` for this run's grant."""
+        return release_data(self.data_digest(), splits)
 
 
 class GrantedExecutor:

@@ -23,7 +23,7 @@ import uuid
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._grant import DATA_PROPERTY, SPLIT_RULE_PROPERTY, GrantedExecutor, data_digest
+from sage_tfx.components._grant import DATA_PROPERTY, SPLIT_RULE_PROPERTY, GrantedExecutor
 from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, GrantError, record_split
 
 DEFAULT_SPLITS = DEFAULT_RECORD_SPLIT.splits  # {"train": 9, "eval": 1}: the record split a grant signs by default
@@ -200,7 +200,7 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
         # door and the DP count too.
         with self.CheckGrant(exec_properties, stream=exec_properties.get("stream")) as run:
             splits = granted_splits(exec_properties.get("splits"), run.grant)
-            data = data_digest(run.ledger, run.grant)
+            data = run.data_digest()
             # The keys of the grant's blocks, and only those: signature and charge re-checked by the key door itself.
             _, blocks = grant_blocks(run.ledger, exec_properties["data_root"], exec_properties.get("grant"),
                                      stream=run.grant.stream)

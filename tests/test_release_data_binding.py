@@ -34,6 +34,7 @@ SUM = {"preprocessing": 0.1, "count": 0.0, "training": 0.5, "validation": 0.4, "
 WITH_REJECT = dict(PARALLEL, training=0.8, rejection=0.1)
 OTHER_RULE = {"buckets": [["train", 8], ["eval", 2]], "training": ["train"], "test": ["eval"]}
 FARE_B = 100.0
+VALIDATION = {"metric": "mse", "target": 40.0, "label_key": "fare", "loss_bound": FARE_B}
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +84,7 @@ def _validate(world, tmp_path, grant, examples, **params):
     blessing.uri, result.uri = str(tmp_path / "blessing"), str(tmp_path / "result")
     os.makedirs(blessing.uri, exist_ok=True)
     os.makedirs(result.uri, exist_ok=True)
-    props = {"grant": grant.to_json(), "ledger": world["db"], "metric": "mse", "target": 40.0,
-             "label_key": "fare", "loss_bound": FARE_B, **params}
+    props = {"grant": grant.to_json(), "ledger": world["db"], **VALIDATION, **params}
     Executor().Do({"model": [model], "examples": [examples]}, {"blessing": [blessing], "validation_result": [result]},
                   props)
     with open(os.path.join(result.uri, "result.json")) as f:
@@ -261,17 +261,32 @@ def test_components_refuse_examples_without_the_lineage(world, tmp_path):
     assert world["ledger"].releases(grant.id) == []
 
 
-def test_release_fingerprints_bind_the_records(world):
+def test_release_fingerprints_bind_the_records(world, tmp_path):
     """``data_digest``: the same for two grants on the same blocks and rule (a regrant or a resumed run keeps its
-    fingerprint), another for other blocks or another signed rule; ``release_data`` adds the splits read."""
+    fingerprint), another for other blocks or another signed rule; a release's stored fingerprint includes it."""
     from sage_tfx.components._grant import data_digest, release_data
 
     ledger = world["ledger"]
     a, b = _grant(world), _grant(world)
     assert data_digest(ledger, a) == data_digest(ledger, b)
-    assert data_digest(ledger, _grant(world, blocks=world["year"][1:])) != data_digest(ledger, a)
+    fewer = _grant(world, blocks=world["year"][1:])
+    assert data_digest(ledger, fewer) != data_digest(ledger, a)
     assert data_digest(ledger, _grant(world, records=OTHER_RULE)) != data_digest(ledger, a)
-    assert release_data(ledger, a, ["eval"]) != release_data(ledger, a, ["train"])
+
+    # the validation release's stored fingerprint is that of these records: the same test on another
+    # grant's records is another computation
+    from sage_tfx.components.dp_model_validator_executor import validation_computation, validation_plan
+
+    grant = _grant(world, SUM)
+    examples = block_examples(world["db"], world["data"], grant, tmp_path / "ex")
+    _validate(world, tmp_path / "v", grant, examples)
+    (release,) = ledger.releases(grant.id)
+    plan = validation_plan(dict(VALIDATION, grant=grant.to_json()), grant)
+    model = os.path.join(world["model"], "Format-Serving")
+    assert release.computation == validation_computation(plan, model, release_data(data_digest(ledger, grant),
+                                                                                   ["eval"]))
+    assert release.computation != validation_computation(plan, model, release_data(data_digest(ledger, fewer),
+                                                                                   ["eval"]))
 
 
 # ------------------------------------------------------------------------------------- the parallel rule
