@@ -16,6 +16,7 @@ Data: the real Chicago taxi trips (tfx wheel) ingested in 30-day blocks; grants 
 """
 import json
 import os
+import re
 import textwrap
 
 import numpy as np
@@ -220,20 +221,28 @@ def test_validator_reopened_on_other_records_is_refused(world, tmp_path):
     assert world["ledger"].releases(grant.id) == releases
 
 
-def test_components_refuse_examples_of_other_blocks_naming_both_digests(world, tmp_path):
-    """Examples of other records under the grant's id (here: another grant's blocks, same rule) are refused by
-    the validator, DPTransform and DPTrainer before they read or draw anything, naming both data digests."""
+@pytest.mark.parametrize("other", ["8:2 split", "other blocks"])
+def test_components_refuse_other_records_under_the_grant(world, tmp_path, other):
+    """The exploit's second step on each component: Examples of other records under the grant's id (the 8:2
+    split of its blocks, as a second BlockExampleGen run made them; or another grant's blocks split by the same
+    rule) are refused by the validator, DPTransform and DPTrainer before they read or draw anything, naming
+    both rules or both data digests; the grant releases nothing."""
     from tfx.types import standard_artifacts
 
     from sage_tfx.components import dp_transform_executor
     from sage_tfx.components._grant import data_digest
 
     grant = _grant(world)
-    elsewhere = _grant(world, blocks=world["year"][:3])
-    examples = relabelled(block_examples(world["db"], world["data"], elsewhere, tmp_path / "ex"), grant)
-    want = data_digest(world["ledger"], grant)[:16]
-    have = examples.get_string_custom_property("data_digest")[:16]
-    assert want != have
+    if other == "8:2 split":
+        examples = _other_split_examples(world, tmp_path, grant)
+        match = (re.escape('split by {"train": 8, "eval": 2}') + ".*"
+                 + re.escape("signs the record split buckets {'train': 9, 'eval': 1}"))
+    else:
+        elsewhere = _grant(world, blocks=world["year"][:3])
+        examples = relabelled(block_examples(world["db"], world["data"], elsewhere, tmp_path / "ex"), grant)
+        have, want = examples.get_string_custom_property("data_digest"), data_digest(world["ledger"], grant)
+        assert have != want
+        match = f"hold data {have[:16]}.*are data {want[:16]}"
     module = _module(tmp_path, TRAIN_RUN_FN)
     runs = {
         "validator": lambda: _validate(world, tmp_path / "v", grant, examples),
@@ -244,7 +253,7 @@ def test_components_refuse_examples_of_other_blocks_naming_both_digests(world, t
             {"grant": grant.to_json(), "ledger": world["db"], "module_file": str(module), "data_root": world["data"]}),
     }
     for name, run in runs.items():
-        with pytest.raises(GrantError, match=f"hold data {have}.*are data {want}"):
+        with pytest.raises(GrantError, match=match):
             run()
     assert world["ledger"].releases(grant.id) == []
     assert not (tmp_path / "seen.json").exists()

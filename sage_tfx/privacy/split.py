@@ -311,8 +311,8 @@ class RecordSplit:
         return cls(raw["buckets"], tuple(raw["training"]), tuple(raw["test"]))
 
     def describe(self) -> str:
-        """The rule in one line for error messages: splits {...}, training [...], test [...]."""
-        return f"splits {self.splits}, training {list(self.training)}, test {list(self.test)}"
+        """The rule in one line for error messages: buckets {...}, training [...], test [...]."""
+        return f"buckets {self.splits}, training {list(self.training)}, test {list(self.test)}"
 
 
 DEFAULT_RECORD_SPLIT = RecordSplit((("train", 9), ("eval", 1)), ("train",), ("eval",))
