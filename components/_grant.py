@@ -24,7 +24,7 @@ import contextlib
 import hashlib
 import json
 
-from sage_tfx.privacy import GrantError, Ledger, grant_split
+from sage_tfx.privacy import GrantError, Ledger, grant_split, record_split
 from sage_tfx.privacy.checks import positive
 
 # The execution-parameter keys every data-reading component spec declares (components/_spec.py).
@@ -198,7 +198,56 @@ def verify_grant(ledger, grant_json, stream=None, epsilon=None, delta=None):
         raise GrantError(f"grant {grant.id!r} names block(s) not registered in stream {grant.stream!r}: "
                          f"{', '.join(missing)}")
     grant_split(grant)  # its split composes to at most its charge (GrantError otherwise)
+    record_split(grant)  # the records it reads are split by a signed rule (a parallel grant without one: refused)
     return grant
+
+
+# The lineage BlockExampleGen writes on its Examples (DPTransform copies it): the rule its records were split by
+# ({name: buckets} as JSON, in hashing order) and the digest of the grant's data (``data_digest``).
+SPLIT_RULE_PROPERTY, DATA_PROPERTY = "split_rule", "data_digest"
+
+
+def data_digest(ledger, grant) -> str:
+    """A SHA-256 of the records a grant gives to read: its stream, each granted block with the content digest
+    the ledger registered for it at ingest (None for a block registered without one: its id stands for it), and
+    the grant's record split (``record_split``). BlockExampleGen reads exactly these records, split by exactly
+    that rule, so two Examples of one grant with the same digest hold the same records in the same splits."""
+    blocks = [[b, ledger.block_digest(grant.stream, b)] for b in grant.blocks]
+    return computation_digest("records/v1", grant.stream, blocks, record_split(grant).to_dict())
+
+
+def release_data(digest, splits) -> dict:
+    """The data part of a release's fingerprint: the grant's ``data_digest`` and the split(s) the release reads
+    (in the order read). Two releases under one grant on other records (other blocks, another split rule,
+    other splits) get other fingerprints."""
+    return {"records": digest, "splits": list(splits)}
+
+
+def check_examples_data(grant, examples, reader, expected):
+    """Refuse (GrantError, before a record is read) Examples whose records are not the grant's: made without
+    BlockExampleGen's lineage, split by another rule than the grant's signed one, or of other data (another
+    ``data_digest`` than ``expected``, the grant's). The messages name both values."""
+    rule = record_split(grant)
+    have = {key: examples.get_string_custom_property(key) if examples.has_custom_property(key) else ""
+            for key in (SPLIT_RULE_PROPERTY, DATA_PROPERTY)}
+    if not have[SPLIT_RULE_PROPERTY] or not have[DATA_PROPERTY]:
+        missing = [k for k, v in have.items() if not v]
+        raise GrantError(f"{reader}: the Examples artifact carries no {' / '.join(missing)}: it was not made by "
+                         f"BlockExampleGen (or DPTransform from its output) under grant {grant.id!r}; read the "
+                         "grant's blocks with BlockExampleGen")
+    try:
+        made_by = list(json.loads(have[SPLIT_RULE_PROPERTY]).items())
+    except (ValueError, AttributeError):
+        made_by = have[SPLIT_RULE_PROPERTY]
+    if made_by != list(rule.splits.items()):
+        raise GrantError(f"{reader}: the Examples were split by {have[SPLIT_RULE_PROPERTY]}, but grant {grant.id!r} "
+                         f"signs the record split {rule.describe()}: a release of other records under one grant "
+                         "would draw the same noise on different data. Re-run BlockExampleGen without `splits`")
+    if have[DATA_PROPERTY] != expected:
+        raise GrantError(f"{reader}: the Examples hold data {have[DATA_PROPERTY][:16]}, but grant {grant.id!r}'s "
+                         f"records are data {expected[:16]} (its blocks split by its signed rule): a release of "
+                         "other records under one grant would draw the same noise on different data. Re-run "
+                         "BlockExampleGen under this grant")
 
 
 def laplace_count(exact, epsilon, rng):
@@ -267,6 +316,7 @@ class GrantRun:
 
     def __init__(self, ledger, location, grant):
         self.ledger, self.location, self.grant = ledger, location, grant
+        self._data_digest = None
 
     def open_release(self, stage, computation, epsilon, delta=0.0) -> int:
         """``open_release`` for this run's grant on this run's connection: the stage's noise seed."""
@@ -279,6 +329,20 @@ class GrantRun:
     def check_read_under(self, artifact, fix, what=None, required=True):
         """``check_read_under`` against this run's grant."""
         check_read_under(artifact, self.grant, fix, what=what, required=required)
+
+    def data_digest(self) -> str:
+        """``data_digest`` of this run's grant (read from the ledger once per run)."""
+        if self._data_digest is None:
+            self._data_digest = data_digest(self.ledger, self.grant)
+        return self._data_digest
+
+    def check_examples_data(self, examples, reader):
+        """``check_examples_data`` against this run's grant."""
+        check_examples_data(self.grant, examples, reader, self.data_digest())
+
+    def release_data(self, splits) -> dict:
+        """``release_data`` for this run's grant."""
+        return release_data(self.data_digest(), splits)
 
 
 class GrantedExecutor:

@@ -3,15 +3,21 @@
 Input: a grant from the ledger (JSON; an execution parameter or a
 RuntimeParameter), the ledger location, the data root and the stream. Output: a
 standard ``Examples`` artifact holding exactly the granted blocks' records,
-split train/eval (default 9:1 buckets) by a hash of each record alone. The
-executor verifies the grant with the ledger before it reads any data.
+split by a hash of each record alone into the splits of the grant's signed record
+split (default train/eval, 9:1 buckets; ``sage_tfx.privacy.split.RecordSplit``). The
+executor verifies the grant with the ledger before it reads any data, and refuses
+``splits`` other than the grant's rule.
 
 Lineage (MLMD custom properties of the output): ``grant_id``, ``stream``,
 ``block_ids`` (JSON list), ``block_count``, ``epsilon``, ``delta``, ``charge`` (the
 exact epsilon/delta as JSON: MLMD's SQLite store rounds doubles), and, when the
 grant's split has a ``count`` stage, ``dp_record_count`` with
 ``dp_record_count_epsilon`` (that stage's one release, opened with the ledger:
-DPTrainer reads the same value). No exact row count is ever recorded.
+DPTrainer reads the same value), ``split_rule`` ({name: buckets} JSON) and
+``data_digest`` (the grant's blocks, their registered content digests and its
+record split: ``components/_grant.py`` ``data_digest``; the other components refuse
+Examples whose rule or digest is not their grant's). No exact row count is ever
+recorded.
 
 ``staging_location`` (optional): for Beam workers that do not share the launcher's disk, the launcher
 copies the granted sealed (encrypted) files there and the workers read them through Beam's FileSystems
@@ -25,7 +31,7 @@ from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionP
 
 from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
 
-from sage_tfx.components.block_example_gen_executor import DEFAULT_SPLITS, STAGING_LOCATION_KEY, Executor
+from sage_tfx.components.block_example_gen_executor import STAGING_LOCATION_KEY, Executor
 
 
 class BlockExampleGenSpec(ComponentSpec):
@@ -49,12 +55,13 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
     def __init__(self, ledger, data_root, stream, grant=None, splits=None, *, staging_location=None):
-        """``grant``: a Grant, its JSON, or a RuntimeParameter of type str. ``splits``: {name: buckets}.
+        """``grant``: a Grant, its JSON, or a RuntimeParameter of type str. ``splits``: {name: buckets}, which must
+        be the grant's signed record split (None: that rule, the default).
         ``staging_location``: where the granted sealed block files are staged for Beam workers that do not see
         ``data_root`` (a local folder or a Beam FileSystems URL every worker can read; docs/scale_out.md,
         "BlockExampleGen on remote workers"); None: the run's Beam ``--temp_location``, else no staging."""
-        splits = dict(splits or DEFAULT_SPLITS)
+        given = {} if splits is None else {"splits": json.dumps(dict(splits))}
         staging = {} if staging_location is None else {STAGING_LOCATION_KEY: str(staging_location)}
         super().__init__(spec=BlockExampleGenSpec(
             **grant_parameters(grant, ledger), data_root=str(data_root), stream=stream,
-            splits=json.dumps(splits), **staging, examples=channel.Channel(type=standard_artifacts.Examples)))
+            **given, **staging, examples=channel.Channel(type=standard_artifacts.Examples)))

@@ -23,9 +23,10 @@ import uuid
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
-from sage_tfx.components._grant import GrantedExecutor
+from sage_tfx.components._grant import DATA_PROPERTY, SPLIT_RULE_PROPERTY, GrantedExecutor
+from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, GrantError, record_split
 
-DEFAULT_SPLITS = {"train": 9, "eval": 1}
+DEFAULT_SPLITS = DEFAULT_RECORD_SPLIT.splits  # {"train": 9, "eval": 1}: the record split a grant signs by default
 STAGING_LOCATION_KEY = "staging_location"  # the optional execution property (components/block_example_gen.py)
 FILE_PREFIX = "data_tfrecord"
 
@@ -46,6 +47,23 @@ def parse_splits(text):
             raise ValueError(f"split {name!r} has {buckets!r} buckets: need an integer > 0")
         out.append((name, buckets))
     return out
+
+
+def granted_splits(text, grant):
+    """The [(name, buckets), ...] a run under ``grant`` splits its records by: the grant's signed record split
+    (``record_split``). ``text`` (the component's ``splits``), if given, must be that same rule in the same order;
+    another one is refused with GrantError naming both, before anything is read: two runs under one grant
+    with other splits would give its releases other records under the same noise."""
+    signed = list(record_split(grant).splits.items())
+    if text in (None, ""):
+        return signed
+    given = parse_splits(text)
+    if given != signed:
+        raise GrantError(f"splits {dict(given)} differ from the record split signed into grant {grant.id!r}: "
+                         f"{dict(signed)} (in this order): a grant's records are split by its signed rule only. "
+                         "Leave BlockExampleGen's `splits` unset, or request a grant with another record split "
+                         "(Ledger.request(..., meta={'records': {...}})); nothing was read")
+    return signed
 
 
 def split_index(record, bounds):
@@ -181,14 +199,15 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
         # The grant is checked with the ledger before a single record is read; one connection serves the key
         # door and the DP count too.
         with self.CheckGrant(exec_properties, stream=exec_properties.get("stream")) as run:
-            splits = parse_splits(exec_properties.get("splits"))
+            splits = granted_splits(exec_properties.get("splits"), run.grant)
+            data = run.data_digest()
             # The keys of the grant's blocks, and only those: signature and charge re-checked by the key door itself.
             _, blocks = grant_blocks(run.ledger, exec_properties["data_root"], exec_properties.get("grant"),
                                      stream=run.grant.stream)
             released = run.released_record_count()
-        self._read_blocks(output_dict, exec_properties, run.grant, splits, blocks, released)
+        self._read_blocks(output_dict, exec_properties, run.grant, splits, blocks, released, data)
 
-    def _read_blocks(self, output_dict, exec_properties, grant, splits, blocks, released):
+    def _read_blocks(self, output_dict, exec_properties, grant, splits, blocks, released, data):
         import apache_beam as beam
 
         tasks = [(*t, b.file_names()[t[2]]) for b in blocks for t in b.file_tasks()]
@@ -237,7 +256,8 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
         # MLMD 1.17's SQLite store keeps only ~6 decimals of a double (1e-7 reads back as 0.0): exact values here.
         examples.set_string_custom_property("charge", json.dumps({
             "epsilon": grant.epsilon, "delta": grant.delta, "accounting": grant.accounting, "rule": grant.rule}))
-        examples.set_string_custom_property("split_rule", json.dumps(dict(splits)))
+        examples.set_string_custom_property(SPLIT_RULE_PROPERTY, json.dumps(dict(splits)))
+        examples.set_string_custom_property(DATA_PROPERTY, data)
         if released is not None:
             value, eps = released
             examples.set_float_custom_property("dp_record_count", value)

@@ -36,7 +36,9 @@ the validation's fingerprint.
 It is the split's ``rejection`` stage (``sage_tfx.privacy.BudgetSplit``): with a per-record train/test
 split the ledger charged each block pre + count + max(train + reject, val), so the training records pay
 for training and the REJECT test, the test records for the ACCEPT test. It is refused under a
-single-stage grant or a split without a rejection stage.
+single-stage grant or a split without a rejection stage. Under that parallel rule ``eval_split`` must be on
+the test side and ``train_split`` on the training side of the grant's signed record split (refused otherwise,
+before any read).
 """
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import artifact, channel, standard_artifacts

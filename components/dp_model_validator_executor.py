@@ -2,7 +2,9 @@
 
 Order of work (the privacy argument depends on it):
 1. verify the grant with the ledger and take the validation stage's epsilon from its signed split
-   (refuse a larger one); refuse Examples not read under this grant — all before a record is read;
+   (refuse a larger one); refuse Examples not read under this grant or not of its records (another split rule,
+   another ``data_digest``); under a parallel grant refuse an ``eval_split`` off the test side or a
+   ``train_split`` off the training side of its signed record split — all before a record is read;
 2. read the eval split's tf.Examples, run the SavedModel's serving signature, form per-example losses or
    0/1 correctness;
 3. validate with ``sage_tfx.validation`` (Sage mode), the Laplace noise drawn from the ledger's private seed
@@ -22,7 +24,7 @@ from tfx.types import artifact_utils
 
 from sage_tfx.components._grant import GrantedExecutor, canonical_saved_model_text, computation_digest
 from sage_tfx.privacy.samplers import secure_rng
-from sage_tfx.privacy import GrantError, grant_split, require_budget, stage_budget
+from sage_tfx.privacy import GrantError, grant_split, require_budget, require_side, stage_budget
 from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError
 
@@ -95,6 +97,11 @@ def validation_plan(exec_properties, grant):
                              f"REJECT test on split {train_split!r} is not paid for (BudgetSplit rejection_share > 0)")
         require_budget(grant, REJECT_STAGE, train_epsilon)
 
+    eval_split = exec_properties.get("eval_split") or "eval"
+    require_side(grant, [eval_split], "test", "the validator's ACCEPT test (eval_split)")
+    if train_split is not None:
+        require_side(grant, [train_split], "training", "the validator's REJECT test (train_split)")
+
     confidence = exec_properties.get("confidence")
     confidence = 0.95 if confidence is None else _number("confidence", confidence)
     eta = exec_properties.get("eta")
@@ -103,7 +110,7 @@ def validation_plan(exec_properties, grant):
     attempt = None if attempt is None else int(attempt)
     return {"metric": metric, "target": target, "loss_bound": loss_bound, "epsilon": epsilon,
             "confidence": confidence, "eta": eta, "attempt": attempt, "label_key": str(label_key),
-            "eval_split": exec_properties.get("eval_split") or "eval", "train_split": train_split,
+            "eval_split": eval_split, "train_split": train_split,
             "train_epsilon": train_epsilon,
             "prediction_key": exec_properties.get("prediction_key") or None, "label_threshold": label_threshold,
             # only when set, so a plan without one keeps the fingerprint it had before the option existed
@@ -201,9 +208,10 @@ def model_digest(path):
     return digest.hexdigest()
 
 
-def validation_computation(plan, model_path):
-    """The validation release's fingerprint: the model's digest and every parameter of the test."""
-    return computation_digest("DPModelValidator/v2", model_digest(model_path), plan)
+def validation_computation(plan, model_path, data):
+    """The validation release's fingerprint: the model's digest, every parameter of the test and the records it
+    reads (``data``: ``GrantRun.release_data`` of its splits)."""
+    return computation_digest("DPModelValidator/v3", model_digest(model_path), plan, data)
 
 
 # ---------------------------------------------------------------- reading records and running the model
@@ -510,13 +518,15 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
         validator = make_validator(plan)
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         run.check_read_under(examples, "validate only data the grant covers")
+        run.check_examples_data(examples, "DPModelValidator")
         model = artifact_utils.get_single_instance(input_dict["model"])
         model_path = path_utils.serving_model_path(model.uri, path_utils.is_old_model_artifact(model))
 
         serving = ServingModel(model_path)
         # One release per grant: validating another model (or with other parameters) under this grant is
         # refused here, before any noise is drawn; the same model and test re-run draws the same noise.
-        computation = validation_computation(plan, model_path)
+        splits = [plan["eval_split"]] + ([] if plan["train_split"] is None else [plan["train_split"]])
+        computation = validation_computation(plan, model_path, run.release_data(splits))
         seed = run.open_release(STAGE, computation, plan["epsilon"])
         if plan["train_split"] is not None:
             run.open_release(REJECT_STAGE, computation, plan["train_epsilon"])

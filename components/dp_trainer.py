@@ -8,7 +8,8 @@ optional ``schema``. Execution parameters: ``grant`` (JSON, or a RuntimeParamete
 ``epsilon`` / ``delta`` (spend less than the training share; more is refused) and ``public_num_examples``
 (a public training-set size, used only when the grant released no DP record count).
 
-``fn_args`` is TFX's ``FnArgs`` (train_files, eval_files, data_accessor, transform_graph_path /
+``fn_args`` is TFX's ``FnArgs`` (train_files, eval_files (empty under a parallel grant: its test records are
+the validator's alone), data_accessor, transform_graph_path /
 transform_output, schema_path, serving_model_dir, model_run_dir, custom_config, ...) plus:
   * ``privacy_budget``: (epsilon, delta), the grant's training share (from its signed split), assigned at
     run time: module files never hard-code it;
@@ -26,7 +27,8 @@ grid-Gaussian releases), ``mechanism``, ``noise_multiplier``, ``steps`` (DP-SGD)
 DpEvent).
 
 The executor refuses to run, before reading any data, without a genuine grant, on Examples read under
-another grant, or when asked for more than the training share; after ``run_fn`` it re-accounts the spend
+another grant or not of its records (``split_rule`` / ``data_digest``), on a test-side split among
+``train_args.splits`` under a parallel grant, or when asked for more than the training share; after ``run_fn`` it re-accounts the spend
 the module reported (``trainer_utils.report_spent`` or the returned model) and deletes the model if it is
 outside the asked budget (sage_tfx.components.dp_trainer_executor).
 """

@@ -3,11 +3,14 @@ what the model spent, record it in MLMD.
 
 Order of work (nothing is read before step 3):
   1. ``check_grant``: the grant is genuine and charged by this ledger.
-  2. The Examples were read under that grant (their ``grant_id``), the asked (epsilon, delta) fits the
+  2. The Examples were read under that grant (their ``grant_id``) and hold its records (its signed split rule
+     and ``data_digest``); under a parallel grant the training splits are on the training side of its signed
+     record split and ``run_fn`` gets no eval files (``hide_test_records``); the asked (epsilon, delta) fits the
      grant's training share (``require_budget``), the DP record count is taken from the ledger, and the
      training release is opened with the ledger (``open_release``): its computation is the module's
-     source, ``run_fn``'s name, the run's parameters and the transform graph's own release, so a
-     different module or configuration under the same grant is refused before anything is drawn.
+     source, ``run_fn``'s name, the run's parameters, the transform graph's own release and the records
+     read, so a different module, configuration or data under the same grant is refused before anything is
+     drawn.
   3. ``run_fn(fn_args)`` reads the examples and trains inside ``sage_tfx.models.training_seed``: every DP
      model draws from the grant's training seed, which never reaches the module (there is no
      ``fn_args.seed``, and a model given an explicit ``seed=`` there is refused).
@@ -28,7 +31,7 @@ from tfx.types import artifact_utils
 
 from sage_tfx.components._grant import GrantedExecutor, computation_digest, released_record_count
 from sage_tfx.components.dp_transform_executor import COMPUTATION_PROPERTY
-from sage_tfx.privacy import GrantError, require_budget, stage_budget
+from sage_tfx.privacy import GrantError, grant_split, require_budget, require_side, stage_budget
 from sage_tfx.privacy.checks import number
 
 STAGE = "training"
@@ -90,9 +93,10 @@ def training_count(ledger, grant, examples, train_splits, public_num_examples):
     return None, None
 
 
-def training_computation(exec_properties, run_fn, input_dict, budget):
+def training_computation(exec_properties, run_fn, input_dict, budget, data=None):
     """The training release's fingerprint: the module's source, run_fn's name, the parameters that shape the
-    run (``COMPUTATION_PROPERTIES``), the budget, and the release the transform graph came from."""
+    run (``COMPUTATION_PROPERTIES``), the budget, the release the transform graph came from, and the records
+    it reads (``data``: ``GrantRun.release_data`` of the training splits)."""
     import inspect
 
     try:
@@ -107,7 +111,7 @@ def training_computation(exec_properties, run_fn, input_dict, budget):
     params = {k: exec_properties.get(k) for k in COMPUTATION_PROPERTIES}
     params = {k: v if v is None or isinstance(v, (str, int, float)) else proto_json(v) for k, v in params.items()}
     return computation_digest("DPTrainer/v1", source, getattr(run_fn, "__qualname__", ""), params, list(budget),
-                              graphs)
+                              graphs, *([] if data is None else [data]))
 
 
 # ------------------------------------------------------------------------------------------- the audit
@@ -233,6 +237,15 @@ def proto_json(value):
     return proto_utils.proto_to_json(value)
 
 
+def hide_test_records(fn_args, grant):
+    """Under a parallel grant ``run_fn`` gets no eval files (``fn_args.eval_files`` empty): its test records are
+    charged for the validator's ACCEPT test only, so training (early stopping, model selection) may not read
+    them; ``trainer_utils.load_examples(..., split="eval")`` then refuses. Other grants keep TFX's eval files."""
+    split = grant_split(grant)
+    if split is not None and split.parallel:
+        fn_args.eval_files = []
+
+
 def train_split_names(exec_properties):
     from tfx.proto import trainer_pb2
     from tfx.utils import proto_utils
@@ -258,18 +271,23 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
         for item in [examples] + list(input_dict.get("transform_graph") or []):
             run.check_read_under(item, "train only on data read under the grant",
                                  what=f"the {item.type_name} artifact was made", required=item is examples)
+        run.check_examples_data(examples, "DPTrainer")
+        train_splits = train_split_names(exec_properties)
+        require_side(grant, train_splits, "training", "DPTrainer (train_args.splits)")
         budget = asked_budget(exec_properties, grant)
-        num_examples, count_source = training_count(run.ledger, grant, examples, train_split_names(exec_properties),
+        num_examples, count_source = training_count(run.ledger, grant, examples, train_splits,
                                                      exec_properties.get("public_num_examples"))
 
         fn_args = make_fn_args(input_dict, output_dict, exec_properties)
+        hide_test_records(fn_args, grant)
         fn_args.privacy_budget = budget
         fn_args.num_examples = num_examples
         fn_args.grant_id = grant.id
         fn_args.stream = grant.stream
         run_fn = udf_utils.get_fn(exec_properties, "run_fn")
         # One release per grant: another module or configuration under this grant is refused here.
-        seed = run.open_release(STAGE, training_computation(exec_properties, run_fn, input_dict, budget), *budget)
+        seed = run.open_release(STAGE, training_computation(exec_properties, run_fn, input_dict, budget,
+                                                            run.release_data(train_splits)), *budget)
 
         model = artifact_utils.get_single_instance(output_dict["model"])
         model_run = artifact_utils.get_single_instance(output_dict["model_run"])

@@ -1,7 +1,8 @@
 """DPTransform executor: verify the grant, trace the preprocessing_fn, then run tf.Transform on Beam.
 
 Order of work (the privacy argument depends on it):
-1. verify the grant with the ledger (``check_grant``) and refuse Examples not read under it;
+1. verify the grant with the ledger (``check_grant``) and refuse Examples not read under it or not of its
+   records (another split rule or ``data_digest``: ``_grant.check_examples_data``);
 2. load the preprocessing_fn and the raw schema, and trace the function on placeholders (no data): refuse it
    if it uses any tf.Transform analyzer that is not one of Sage's DP analyzers (tft.mean, tft.min/max,
    scale_to_z_score, vocabularies... would bake an exact statistic into the graph), and refuse it unless
@@ -24,7 +25,7 @@ two analyzers never share noise, and two grants get independent noise. The execu
 an explicit ``seed=`` there); the pipeline never sees the seed.
 A grant covers ONE preprocessing_fn: running a different one under the same grant is a release the
 grant did not pay for. The executor fingerprints the traced graph (with the custom_config, the analyze
-splits and the analyzers' epsilons) and opens the preprocessing release with the ledger
+splits, the analyzers' epsilons and the records read: ``_grant.release_data``) and opens the preprocessing release with the ledger
 (``Ledger.release``) before the analysis runs: the same computation re-runs (and draws the same noise),
 a different one is refused before any noise is drawn.
 """
@@ -45,8 +46,9 @@ PLANNING_SEED = 0  # traces the function for the plan and its fingerprint; the r
 COMPUTATION_PROPERTY = "release_computation"  # the fingerprint of the release an artifact came from
 TRANSFORMED_EXAMPLES_PREFIX = "transformed_examples"  # TFX Transform's file prefix
 TEMP_DIR = ".temp_path"  # inside the transform graph's URI while the analysis runs, as TFX's Transform
-# Lineage of the input Examples copied onto the transformed ones (a DPTrainer checks grant_id and split_rule).
-_STRING_LINEAGE = ("stream", "block_ids", "charge", "split_rule")
+# Lineage of the input Examples copied onto the transformed ones (a DPTrainer checks grant_id, split_rule and
+# data_digest).
+_STRING_LINEAGE = ("stream", "block_ids", "charge", "split_rule", "data_digest")
 _NUMBER_LINEAGE = ("block_count", "dp_record_count", "dp_record_count_epsilon")
 
 
@@ -343,10 +345,13 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
         grant = run.grant
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         run.check_read_under(examples, "preprocess only data the grant covers")
+        run.check_examples_data(examples, "DPTransform")
         # The plan traces the function with a placeholder seed: no seed enters the traced graph, so the
         # fingerprint is the same, and the grant's seed is handed out only once the release is open.
         with stdout_to_stderr():  # a packaged module is pip-installed here (pipelines/_runner.py stage_user_modules)
             plan = preprocessing_plan(exec_properties, grant, examples, PLANNING_SEED)
+        # ... of these records: the grant's blocks, split by its signed rule, the analyze splits.
+        plan["computation"] = computation_digest(plan["computation"], run.release_data(plan["analyze"]))
         # One release per grant: a different preprocessing_fn (another traced graph) under this grant is
         # refused here, before the analysis draws any noise.
         grant_seed = run.open_release(STAGE, plan["computation"], plan["epsilon"], plan["delta"])

@@ -236,7 +236,9 @@ def _specs_from_records(files, names):
 def load_examples(fn_args, features, label, split="train", batch_size=8192):
     """(features {name: float32 array}, labels float32 array) of a split, as numpy.
 
-    ``split`` "train" reads ``fn_args.train_files``, "eval" ``fn_args.eval_files``. ``features``: a list of
+    ``split`` "train" reads ``fn_args.train_files``, "eval" ``fn_args.eval_files``; under a parallel grant
+    DPTrainer hands ``run_fn`` no eval files (its test records are the validator's ACCEPT test's alone) and
+    "eval" is refused with TrainerDataError. ``features``: a list of
     names, {name: public scale} (each value divided by it) or {name: (low, high)} (each value clipped to
     the public range, then mapped to [0, 1]); pass the same to ``export_model`` so that serving maps
     alike. Scales and ranges must be public, chosen without looking at the data. With a transform graph
@@ -253,6 +255,11 @@ def load_examples(fn_args, features, label, split="train", batch_size=8192):
     maps = _feature_maps(features)
     if split not in ("train", "eval"):
         raise TrainerDataError(f"split {split!r} must be 'train' or 'eval'")
+    if split == "eval" and getattr(fn_args, "grant_id", None) and not fn_args.eval_files:
+        raise TrainerDataError(f"split 'eval' is not given to run_fn under grant {fn_args.grant_id!r}: its parallel "
+                               "rule charges each test record for the validator's ACCEPT test only, so training may "
+                               "not read it (no early stopping or model selection on it). Hold out part of the "
+                               "training split for that, or charge a grant with the sum rule")
     files = _files(fn_args.train_files if split == "train" else fn_args.eval_files)
     names = list(maps) + ([label] if label not in maps else [])
     transform = getattr(fn_args, "transform_graph_path", None)

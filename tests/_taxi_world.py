@@ -35,14 +35,20 @@ def regrant(ledger, grant, examples):
     something (trains, validates, preprocesses) runs under its own grant. The records are the same blocks'
     records, so the examples artifact is reused: a copy whose ``grant_id`` names the new grant.
     """
-    from tfx.types import standard_artifacts
-
     fresh = ledger.request(grant.pipeline, grant.stream, blocks=list(grant.blocks), epsilon=grant.epsilon,
                            delta=grant.delta, meta=dict(grant.meta))
+    return fresh, relabelled(examples, fresh)
+
+
+def relabelled(examples, grant):
+    """A copy of the Examples artifact ``examples`` (same files, same custom properties) marked as read under
+    ``grant`` (its ``grant_id``)."""
+    from tfx.types import standard_artifacts
+
     copy = standard_artifacts.Examples()
     copy.uri = examples.uri
     copy.split_names = examples.split_names
     for key, value in examples.mlmd_artifact.custom_properties.items():
         copy.mlmd_artifact.custom_properties[key].CopyFrom(value)
-    copy.set_string_custom_property("grant_id", fresh.id)
-    return fresh, copy
+    copy.set_string_custom_property("grant_id", grant.id)
+    return copy

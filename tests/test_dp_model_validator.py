@@ -289,10 +289,12 @@ def test_a_custom_bounded_loss_and_a_derived_label(world, tmp_path):
 
     props = {"metric": "custom", "loss_bound": 10.0, "target": 6.0, "label_key": "fare", "loss_module": str(loss)}
     plan = validation_plan(props, world["grant"])
-    model = world["models"]["fare_good"]
-    assert validation_computation(plan, model) == validation_computation(validation_plan(props, world["grant"]), model)
+    model, data = world["models"]["fare_good"], {"records": "d", "splits": ["eval"]}
+    assert validation_computation(plan, model, data) == validation_computation(validation_plan(props, world["grant"]),
+                                                                               model, data)
     loss.write_text(loss.read_text().replace("np.abs", "np.square"))
-    assert validation_computation(validation_plan(props, world["grant"]), model) != validation_computation(plan, model)
+    assert validation_computation(validation_plan(props, world["grant"]), model, data) != validation_computation(
+        plan, model, data)
     assert release.stage == "validation"
 
 

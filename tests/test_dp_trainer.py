@@ -132,8 +132,8 @@ def test_taxi_module_dnn_within_share_and_serves(world, tmp_path):
 
 def test_fn_args_carry_the_grant_share_and_a_dp_count(world, tmp_path):
     """fn_args: TFX's fields plus privacy_budget (the split's training share), the DP count of the train
-    split (never the exact count); no seed (the models draw from the grant's training seed, which the module
-    never sees: the same grant trains the same model)."""
+    split (never the exact count), no eval files (the grant's rule is parallel); no seed (the models draw from
+    the grant's training seed, which the module never sees: the same grant trains the same model)."""
     from sage_tfx.components._grant import released_record_count
 
     module = _module(tmp_path, LINEAR_RUN_FN.replace("def run_fn(fn_args):", """def run_fn(fn_args):
@@ -155,7 +155,7 @@ def test_fn_args_carry_the_grant_share_and_a_dp_count(world, tmp_path):
     assert seen["grant_id"] == world["grant"].id and seen["custom_config"] == {"x": 1}
     assert seen["has_data_accessor"] and seen["transform_graph_path"] is None
     assert seen["train_files"] == [os.path.join(world["examples"].uri, "Split-train", "*")]
-    assert seen["eval_files"] == [os.path.join(world["examples"].uri, "Split-eval", "*")]
+    assert seen["eval_files"] == []  # the grant's rule is parallel: its test records are the validator's alone
     assert seen["serving_model_dir"] == os.path.join(a_model.uri, "Format-Serving")
     assert not seen["has_seed"] and not again["has_seed"]
     # AdaSSP: re-accounted by its RDP curve, the whole share spent; the same grant trains the same model
@@ -471,6 +471,8 @@ def test_transform_graph_path_and_export_through_it(world, tmp_path):
     examples.uri = str(tmp_path / "transformed_examples")
     examples.split_names = json.dumps(["train", "eval"])
     examples.set_string_custom_property("grant_id", world["grant"].id)  # as DPTransform marks its output
+    for key in ("split_rule", "data_digest"):  # ... and copies the lineage of BlockExampleGen's records
+        examples.set_string_custom_property(key, world["examples"].get_string_custom_property(key))
     for split, part in (("train", transformed[:5000]), ("eval", transformed[5000:])):
         os.makedirs(os.path.join(examples.uri, f"Split-{split}"))
         path = os.path.join(examples.uri, f"Split-{split}", "transformed_examples-00000-of-00001.gz")

@@ -283,9 +283,13 @@ MODULES = {
 }
 
 
-def _unreadable_examples(tmp_path, grant_id):
-    """An Examples artifact whose records are garbage: reading any of them fails with another error."""
+def _unreadable_examples(tmp_path, grant_id, world=None):
+    """An Examples artifact whose records are garbage: reading any of them fails with another error. With
+    ``world``, it carries BlockExampleGen's lineage for the world's grant ``grant_id`` (its split rule and data
+    digest), so only the refusal under test stops the run."""
     from tfx.types import standard_artifacts
+
+    from sage_tfx.components._grant import data_digest
 
     examples = standard_artifacts.Examples()
     examples.uri = str(tmp_path / "garbage_examples")
@@ -295,6 +299,10 @@ def _unreadable_examples(tmp_path, grant_id):
             f.write(b"not a gzip file, not a TFRecord")
     examples.split_names = json.dumps(["train", "eval"])
     examples.set_string_custom_property("grant_id", grant_id)
+    grant = next((g for g in (world or {}).get("grants", {}).values() if g.id == grant_id), None)
+    if grant is not None and grant.id != world["grants"]["unknown"].id:
+        examples.set_string_custom_property("split_rule", json.dumps({"train": 9, "eval": 1}))
+        examples.set_string_custom_property("data_digest", data_digest(world["ledger"], grant))
     return examples
 
 
@@ -364,7 +372,7 @@ REFUSALS = ["no grant", "forged grant", "unknown grant", "examples of another gr
 @pytest.mark.parametrize("case", REFUSALS)
 def test_refuses_before_reading(world, tmp_path, case):
     grant_json, read_under, params, error, message = _refusal(world, tmp_path, case)
-    examples = _unreadable_examples(tmp_path, read_under)
+    examples = _unreadable_examples(tmp_path, read_under, world)
     with pytest.raises(error, match=message):
         _run(world, tmp_path, grant_json, examples, **params)
     # Nothing read (the records are garbage: reading them fails otherwise), nothing written.

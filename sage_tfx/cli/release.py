@@ -50,6 +50,8 @@ import json
 import math
 import sys
 
+from sage_tfx.privacy.split import RECORDS_KEY, SPLIT_KEY
+
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REFUSED
 from ._keys import add_key_file
 
@@ -305,9 +307,10 @@ def _previous(ledger, args, strategies, meta):
 
 
 def _meta_diff(signed, ours):
-    """The keys where a grant's signed meta and this run's meta differ; ``split`` is the ledger's own addition
-    (derived from epsilon and validation_epsilon, which are compared)."""
-    keys = sorted((set(signed) | set(ours)) - {"split"})
+    """The keys where a grant's signed meta and this run's meta differ; ``split`` and ``records`` are the
+    ledger's own additions (the split derived from epsilon and validation_epsilon, which are compared; the record
+    split signed with it)."""
+    keys = sorted((set(signed) | set(ours)) - {SPLIT_KEY, RECORDS_KEY})
     return [k for k in keys if signed.get(k) != ours.get(k)]
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .chain import canonical
 from .errors import GrantError, LedgerError
-from .split import SINGLE_RULE, SLACK, SPLIT_KEY, BudgetSplit, grant_split
+from .split import SINGLE_RULE, SLACK, SPLIT_KEY, BudgetSplit, grant_split, sign_records
 from .vocabulary import Accounting
 
 
@@ -128,13 +128,15 @@ def grant_terms(meta, split, rule):
 
 
 def check_split(meta, rule):
-    """The grant's split from ``meta`` (None: single-stage), its fields checked; refuse a rule that differs."""
+    """The grant's split from ``meta`` (None: single-stage), its fields checked; refuse a rule that differs.
+    The record split is signed into ``meta`` here too (``split.sign_records``)."""
     if "count_epsilon" in meta:
         raise LedgerError(f"meta count_epsilon {meta['count_epsilon']!r}: the DP record count is a stage of the "
                           "split now; give split=BudgetSplit(..., count=EPSILON, ...)")
     split = BudgetSplit.from_meta(meta)
     if split is not None:
         meta[SPLIT_KEY] = split.to_dict()  # canonical: every stage present, rule spelled once
+    sign_records(meta, split)
     expected = SINGLE_RULE if split is None else split.rule
     if rule is not None and rule != expected:
         raise LedgerError(f"rule {rule!r} does not match the grant: it is {expected!r} (the split's rule; "

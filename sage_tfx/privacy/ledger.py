@@ -465,7 +465,9 @@ class Ledger:
         stage may spend; it must compose, under its rule, to at most the charge (refused
         otherwise, nothing charged). Without one the grant is single-stage: ONE stage may
         spend all of it (``release``). ``rule``, if given, must be the split's rule
-        ("single" without a split); the grant records it.
+        ("single" without a split); the grant records it. ``meta["records"]`` (a ``RecordSplit``'s
+        dict) says which records each split holds and which side it is on; a grant with a split
+        without one gets the default signed (``split.sign_records``).
         """
         _check_name(pipeline, "pipeline name")
         if (blocks is None) == (window is None):

@@ -28,6 +28,14 @@ A grant either carries a split in ``meta["split"]`` (a ``BudgetSplit``) or none:
     pre + count + val (a test record): the charge must be at least the larger. This is the paper's
     §3.3 charge with the REJECT test (§3.4) added on the training side.
 
+Which records are training records and which are test records is part of the grant too: its
+``RecordSplit`` (``meta["records"]``), signed when the grant is made (the platform's default, "train" 9
+buckets on the training side and "eval" 1 bucket on the test side, unless the request names another). It
+says how BlockExampleGen hashes each record into named splits and which splits are on which side; under
+``PARALLEL`` the components refuse to read a test-side split for training or for the REJECT test, and a
+training-side split for the ACCEPT test (``require_side``). A grant made before records were signed reads
+by the default rule, unless its rule is ``PARALLEL`` (then its separation cannot be enforced: refused).
+
 The stages: ``preprocessing`` (DPTransform's analyzers), ``count`` (the DP record count BlockExampleGen
 releases and DPTrainer calibrates with), ``training`` (the DP model), ``rejection`` (the validator's
 REJECT test on the training split) and ``validation`` (its ACCEPT test on the test split).
@@ -235,6 +243,125 @@ def _share(value, what, high, high_text=""):
 def _check_stage(stage):
     if stage not in STAGES:
         raise LedgerError(f"stage {stage!r} is unknown: use one of {', '.join(STAGES)}")
+
+
+# ---------------------------------------------------------------------------------- which record is where
+
+RECORDS_KEY = "records"  # grant.meta key of the signed record split
+SIDES = ("training", "test")
+
+
+def _split_name(name):
+    if not isinstance(name, str) or not name or "-" in name:
+        raise LedgerError(f"record split name {name!r} is invalid: a non-empty string without '-'")
+    return name
+
+
+@dataclass(frozen=True)
+class RecordSplit:
+    """How a grant's records are split: ``buckets`` ((name, count), ... in hashing order: a record's hash
+    modulo the total picks its bucket, the buckets of the first name come first), and the split names on the
+    ``training`` side (read by training and the REJECT test) and on the ``test`` side (the ACCEPT test's).
+    Every name is on exactly one side; the training side is not empty."""
+
+    buckets: tuple
+    training: tuple
+    test: tuple
+
+    def __post_init__(self):
+        if not isinstance(self.buckets, (list, tuple)) or not all(
+                isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in self.buckets):
+            raise LedgerError(f"record split buckets {self.buckets!r} must be [[name, count], ...]")
+        buckets = tuple((_split_name(name), count) for name, count in self.buckets)
+        for name, count in buckets:
+            if isinstance(count, bool) or not isinstance(count, int) or count <= 0:
+                raise LedgerError(f"record split {name!r} has {count!r} buckets: need an integer > 0")
+        names = [name for name, _ in buckets]
+        if not names or len(set(names)) != len(names):
+            raise LedgerError(f"record split buckets {self.buckets!r} must name at least one split, each once")
+        sides = {side: tuple(_split_name(n) for n in getattr(self, side)) for side in SIDES}
+        placed = [n for side in SIDES for n in sides[side]]
+        if sorted(placed) != sorted(names) or not sides["training"]:
+            raise LedgerError(f"record split sides training={list(sides['training'])}, test={list(sides['test'])} "
+                              f"must place every split of {names} on exactly one side, training not empty")
+        object.__setattr__(self, "buckets", buckets)
+        for side in SIDES:
+            object.__setattr__(self, side, sides[side])
+
+    @property
+    def splits(self) -> dict:
+        """{name: buckets} in hashing order (BlockExampleGen's ``splits``)."""
+        return dict(self.buckets)
+
+    def side(self, name: str) -> str | None:
+        """"training" or "test" for a split of this rule, None for a name it does not have."""
+        return next((side for side in SIDES if name in getattr(self, side)), None)
+
+    def to_dict(self) -> dict:
+        """The rule as signed into a grant's meta (a list of pairs: JSON objects lose their order when signed)."""
+        return {"buckets": [[name, count] for name, count in self.buckets], "training": list(self.training),
+                "test": list(self.test)}
+
+    @classmethod
+    def from_dict(cls, raw) -> RecordSplit:
+        if not isinstance(raw, dict) or sorted(raw) != ["buckets", "test", "training"]:
+            raise LedgerError(f"record split {raw!r} must be an object with buckets, training and test")
+        if not all(isinstance(raw[side], (list, tuple)) for side in SIDES):
+            raise LedgerError(f"record split {raw!r}: training and test must be lists of split names")
+        return cls(raw["buckets"], tuple(raw["training"]), tuple(raw["test"]))
+
+    def describe(self) -> str:
+        """The rule in one line for error messages: buckets {...}, training [...], test [...]."""
+        return f"buckets {self.splits}, training {list(self.training)}, test {list(self.test)}"
+
+
+DEFAULT_RECORD_SPLIT = RecordSplit((("train", 9), ("eval", 1)), ("train",), ("eval",))
+
+
+def sign_records(meta: dict, split: BudgetSplit | None) -> None:
+    """Put the record split into a new grant's ``meta`` (in place): the one the request gives, checked, or
+    the platform's default for a grant with a split. A grant without either keeps none (it reads by the
+    default rule: ``record_split``)."""
+    if RECORDS_KEY in meta:
+        meta[RECORDS_KEY] = RecordSplit.from_dict(meta[RECORDS_KEY]).to_dict()
+    elif split is not None:
+        meta[RECORDS_KEY] = DEFAULT_RECORD_SPLIT.to_dict()
+
+
+def record_split(grant) -> RecordSplit:
+    """The record split a verified ``grant`` reads by: the one signed into it, else (a grant made before
+    records were signed, or one without a split) the default, except for a ``PARALLEL`` grant: its
+    separation of training and test records was never signed, so it is refused (GrantError)."""
+    raw = (grant.meta or {}).get(RECORDS_KEY)
+    if raw is not None:
+        try:
+            return RecordSplit.from_dict(raw)
+        except LedgerError as exc:
+            raise GrantError(f"grant {grant.id!r}: {exc}") from None
+    split = BudgetSplit.from_meta(grant.meta)
+    if split is not None and split.parallel:
+        raise GrantError(f"grant {grant.id!r} charges the parallel rule ({split.rule}) but carries no signed record "
+                         "split, so nothing enforces that its test records stay out of training: it was made before "
+                         "grants signed one. Request a new grant for these blocks (sage run, Ledger.request and "
+                         "sage ledger charge sign the record split now)")
+    return DEFAULT_RECORD_SPLIT
+
+
+def require_side(grant, splits, side: str, reader: str) -> None:
+    """Under a ``PARALLEL`` grant, refuse (GrantError) ``reader`` reading any of ``splits`` unless it is on
+    ``side`` of the grant's record split ("training" or "test"): a record must be read on one side only, as
+    the charge pre + count + max(train + reject, val) assumes. Under any other rule nothing is refused (every
+    stage is charged for every record)."""
+    split = grant_split(grant)
+    if split is None or not split.parallel:
+        return
+    records = record_split(grant)
+    wrong = [name for name in splits if records.side(name) != side]
+    if wrong:
+        raise GrantError(
+            f"{reader} reads split(s) {wrong}, which grant {grant.id!r}'s record split ({records.describe()}) does "
+            f"not put on the {side} side; its parallel rule charges each record for one side only, so {reader} "
+            f"may read the {side} split(s) {list(getattr(records, side))} only")
 
 
 # ---------------------------------------------------------------------------------- what a stage may spend
