@@ -55,8 +55,10 @@ Per-example gradients (``per_example=``):
     falls back to ``"loop"`` if vectorisation fails when the step is first traced.
   * ``"loop"``: a per-example ``tf.map_fn`` loop: slowest, works for any differentiable model.
 
-Layers whose behaviour couples examples (BatchNormalization in training mode) break per-example clipping:
-``make_private`` refuses BatchNormalization. Dropout is fine (each example's own mask). Regularisation losses
+Layers or losses that couple examples (any BatchNormalization in training mode, a batch mean, a loss
+normalised over the batch) or keep batch statistics break per-example clipping: ``fit`` refuses them before
+its first step by the structural checks of ``sage_tfx.models.row_checks`` (synthetic batches built from the
+shapes and dtypes of x and y, no value of the data). Dropout is fine (each example's own mask). Regularisation losses
 (``model.losses``) are not added: they are data-independent and could be, but are left out for now.
 
 Seeds: ``seed=None`` draws fresh OS entropy; inside ``sage_tfx.models.training_seed`` (DPTrainer) the
@@ -298,7 +300,8 @@ class PrivateModel:
         if len(y) != n:
             raise ValueError(f"y has {len(y)} rows but x has {n}: pass one label per record")
         loss_fn = self._build(spec_of(x), spec_of(y))
-        seeds = fit_seeds(self.seed, _NAME)  # refuses seed= inside training_seed
+        seeds = fit_seeds(self.seed, _NAME, (self.epsilon, self.delta),  # seed= refused, the share's filter
+                           {"batch_size": self.batch_size, "epochs": self.epochs})
         run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, self.num_examples,
                                               self.batch_size, self.epochs, self.accountant)
         sigmas, steps, q = run.noise_multipliers, run.steps, run.sampling_rate
@@ -358,6 +361,7 @@ class PrivateModel:
         }
         if not self.noise_schedule.is_constant:  # the constant default's report is unchanged
             self.privacy_spent["noise_schedule"] = run.report()
+        seeds.report_spent(self.privacy_spent)
         return self
 
     # ---------------------------------------------------------------- use
