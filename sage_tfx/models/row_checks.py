@@ -18,6 +18,9 @@ same mask at the same position) it compares, on the first half of the rows:
   3. no variable of the model (other than a random generator's state) may change in the training-mode
      forward and backward passes.
 
+When Keras draws Dropout masks from ``tf.random.Generator`` objects (``enable_tf_random_generator``), their
+states are reset before each compared pass, so the masks are the same there too.
+
 Any difference beyond float round-off (relative 1e-4) is refused with ``RowCouplingError`` naming what
 differs. The model's variables and TensorFlow's global seed are restored afterwards: the check changes
 nothing. What it does not prove: a layer written to couple rows only for some values (it sees one synthetic
@@ -81,15 +84,16 @@ def _rows(x, rows):
     return tf.nest.map_structure(lambda v: v[rows], x)
 
 
-def _generator_states(model) -> set:
-    """Refs of the state variables of random generators inside ``model`` (Dropout's, when Keras uses one)."""
-    refs = set()
+def _generator_states(model) -> list:
+    """The state variables of the random generators inside ``model`` (Dropout's, when Keras uses
+    ``tf.random.Generator``: they exist after the first training-mode call)."""
+    states = []
     for module in [model] + list(model.submodules):
         generator = getattr(getattr(module, "_random_generator", None), "_generator", None)
         state = getattr(generator, "state", None)
         if isinstance(state, tf.Variable):
-            refs.add(state.ref())
-    return refs
+            states.append(state)
+    return states
 
 
 def _pass(model, loss_fn, x, y, first):
@@ -124,9 +128,9 @@ def _compare(base, other, rows, what):
     return None
 
 
-def _changed_variables(model, before, skip) -> List[str]:
-    return [v.name for v, value in zip(model.variables, before)
-            if v.ref() not in skip and not np.array_equal(value, v.numpy())]
+def _changed_variables(before, skip) -> List[str]:
+    """Names of the variables of ``before`` ((variable, value) pairs) whose value changed, ``skip`` aside."""
+    return [v.name for v, value in before if v.ref() not in skip and not np.array_equal(value, v.numpy())]
 
 
 def _check_losses_shape(losses, rows):
@@ -148,20 +152,27 @@ def check_rows_independent(model: tf.keras.Model, loss_fn: Callable, x_spec: Any
     y_other = np.concatenate([y[:HALF], synthetic_batch(y_spec, rows, _SEED + 1)[HALF:]])
     ctx = context.context()
     saved_seed = (ctx._seed, getattr(ctx, "_rng", None))  # restored below: the module sees its own seed
-    skip = _generator_states(model)
-    before = [v.numpy() for v in model.variables]
+    before = [(v, v.numpy()) for v in model.variables]  # pairs: a layer may create variables in the pass
     try:
         base = _pass(model, loss_fn, x, y, HALF)
         _check_losses_shape(base[1], rows)
-        changed = _changed_variables(model, before, skip)
+        generators = [(v, v.numpy()) for v in _generator_states(model)]
+        changed = _changed_variables(before, {v.ref() for v, _ in generators})
         if changed:
             raise RowCouplingError(
                 f"a training-mode pass of the model changes its non-trainable variable(s) {', '.join(changed)} "
                 "(batch statistics, e.g. any BatchNormalization): they would hold values of the training records "
                 "outside DP-SGD's noisy gradient sum. Remove the layer (LayerNormalization is per-record) or freeze "
                 "it (layer.trainable = False)")
-        for other, what in ((_pass(model, loss_fn, x_other, y_other, HALF), "the other records of the batch"),
-                            (_pass(model, loss_fn, _rows(x, slice(0, HALF)), y[:HALF], HALF), "the batch size")):
+        def again(xs, ys):  # each pass from the same generator states: the same Dropout masks
+            for v, value in generators:
+                v.assign(value)
+            return _pass(model, loss_fn, xs, ys, HALF)
+
+        if generators:
+            base = again(x, y)
+        for other, what in ((again(x_other, y_other), "the other records of the batch"),
+                            (again(_rows(x, slice(0, HALF)), y[:HALF]), "the batch size")):
             problem = _compare(base, other, HALF, what)
             if problem:
                 raise RowCouplingError(
@@ -171,6 +182,6 @@ def check_rows_independent(model: tf.keras.Model, loss_fn: Callable, x_spec: Any
                     "that treat each record on its own (Dense, Embedding, Dropout, LayerNormalization, Keras' "
                     "per-example losses)")
     finally:
-        for v, value in zip(model.variables, before):
+        for v, value in before:
             v.assign(value)
         ctx._seed, ctx._rng = saved_seed
