@@ -111,6 +111,7 @@ def module_source(run_fn):
 
 
 def _numbers_in(value):
+    """Every number (not a bool) in a JSON value, as floats."""
     if isinstance(value, bool):
         return set()
     if isinstance(value, (int, float)):

@@ -53,7 +53,7 @@ from sage_tfx.privacy.checks import integer
 from sage_tfx.privacy.errors import SageError
 
 __all__ = ["training_seed", "fit_seeds", "FitSeeds", "derive_seed", "TrainingSeedError", "FitBudgetError",
-           "TrainingBlock", "candidate_budgets"]
+           "PublicParameterError", "TrainingBlock", "candidate_budgets"]
 
 SLACK = 1e-9  # relative float round-off allowed when k candidate budgets add back up to the share
 
