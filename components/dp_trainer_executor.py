@@ -16,8 +16,14 @@ Order of work (nothing is read before step 3):
      ``fn_args.seed``, and a model given an explicit ``seed=`` there is refused).
   4. The spend the module reported is audited: its (epsilon, delta) within the asked budget, its DpEvent
      re-accounted here, and a DP-SGD model's ``num_examples`` equal to the DP count it was given (a sigma
-     calibrated on the exact count would publish that count). On any failure the model is deleted and
-     the run fails.
+     calibrated on the exact count would publish that count). Every DP fit run_fn started counts: the
+     training seed's block refused, before it read anything, a fit that would take them past the share
+     (``sage_tfx.models.seeding``: a basic-composition filter), and their composition is recorded as the
+     spend (``epsilon_spent``, ``fits``). On any failure the model is deleted and the run fails.
+  5. The audited model is kept beside the component's Model artifacts (``kept_release_dir``). A re-run of
+     the same release (a resumed iteration: the ledger re-opens it with the same seed) copies that first
+     model into its outputs and does not call run_fn: one training release, one model, never a second,
+     different one (DP-SGD is not bit-for-bit reproducible) under the same noise.
 
 The module file runs inside this trusted executor and sees every record; the audit catches a module that
 spends more than its share through the DP models, not a module written to leak data on purpose: module
@@ -25,6 +31,7 @@ files must train through sage_tfx's DP models.
 """
 import json
 import math
+from types import SimpleNamespace
 
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
@@ -93,19 +100,68 @@ def training_count(ledger, grant, examples, train_splits, public_num_examples):
     return None, None
 
 
-def training_computation(exec_properties, run_fn, input_dict, budget, data=None):
-    """The training release's fingerprint: the module's source, run_fn's name, the parameters that shape the
-    run (``COMPUTATION_PROPERTIES``), the budget, the release the transform graph came from, and the records
-    it reads (``data``: ``GrantRun.release_data`` of the training splits)."""
+def module_source(run_fn):
+    """The bytes of ``run_fn``'s source file, or its compiled code object if it has none (e.g. a built-in)."""
     import inspect
 
     try:
         with open(inspect.getsourcefile(run_fn), "rb") as f:
-            source = f.read()
-    except (TypeError, OSError):  # no source file (e.g. a built-in): the compiled code object instead
+            return f.read()
+    except (TypeError, OSError):
         import marshal
 
-        source = marshal.dumps(run_fn.__code__)
+        return marshal.dumps(run_fn.__code__)
+
+
+def _numbers_in(value):
+    """Every number (not a bool) in a JSON value, as floats."""
+    if isinstance(value, bool):
+        return set()
+    if isinstance(value, (int, float)):
+        return {float(value)}
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        return set().union(*(_numbers_in(v) for v in value)) if value else set()
+    return set()
+
+
+def public_numbers(source, custom_config, num_examples):
+    """The numbers a DP fit's batch size and epochs may take under this run (``training_seed(public=...)``):
+    the numeric constants of the module's source, the numbers of ``custom_config``, the DP models' defaults,
+    and ``trainer_utils.batch_size`` of each of them at the DP (or public) count ``num_examples``. All are
+    public: the source and custom_config are part of the training computation, the count is DP."""
+    import ast
+    import inspect
+
+    from sage_tfx.components import trainer_utils
+    from sage_tfx.models import make_private
+    from sage_tfx.models.dpsgd_models import DPLogisticRegressor, _DPSGDEstimator
+
+    numbers = _numbers_in(custom_config)
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, TypeError):  # compiled code: no constants to read
+        tree = None
+    if tree is not None:
+        numbers |= {float(n.value) for n in ast.walk(tree)
+                    if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool)}
+    for fn, names in ((make_private, ("batch_size", "epochs")), (_DPSGDEstimator.__init__, ("batch_size", "epochs")),
+                      (trainer_utils.batch_size, ("default",))):
+        parameters = inspect.signature(fn).parameters
+        numbers |= {float(parameters[name].default) for name in names}
+    numbers.add(float(DPLogisticRegressor.DEFAULT_BATCH_SIZE))
+    if num_examples is not None:
+        args = SimpleNamespace(num_examples=num_examples)
+        numbers |= {float(trainer_utils.batch_size(args, {"batch_size": w})) for w in list(numbers) if w >= 1}
+    return frozenset(numbers)
+
+
+def training_computation(exec_properties, run_fn, input_dict, budget, data=None):
+    """The training release's fingerprint: the module's source, run_fn's name, the parameters that shape the
+    run (``COMPUTATION_PROPERTIES``), the budget, the release the transform graph came from, and the records
+    it reads (``data``: ``GrantRun.release_data`` of the training splits)."""
+    source = module_source(run_fn)
     graphs = [g.get_string_custom_property(COMPUTATION_PROPERTY) for g in input_dict.get("transform_graph") or []
               if g.has_custom_property(COMPUTATION_PROPERTY)]
     params = {k: exec_properties.get(k) for k in COMPUTATION_PROPERTIES}
@@ -176,6 +232,23 @@ def audit_spend(report, budget, num_examples):
         raise SpendError(f"re-accounting the model's DpEvent ({accounting}) gives epsilon={audited:.6g} at "
                          f"delta={spent_delta:.3g}, above the training share epsilon={epsilon:.6g}")
     return audited, accounting
+
+
+def audit_fits(block, budget):
+    """(epsilon, delta) of every DP fit of the run composed (basic composition), checked against the share.
+
+    ``block``: the run's ``TrainingBlock``; its filter already refused any fit past the share before it read
+    anything, so this re-checks the composition of what the fits reported. A run that reports a spend but
+    fitted no sage_tfx DP model under the grant's seed is refused: its model was not trained by one.
+    """
+    if not block.fits:
+        raise SpendError("run_fn reported a spend but fitted no sage_tfx DP model in its own thread under the "
+                         "grant's training seed: train with sage_tfx.models (DP models or make_private)")
+    epsilon, delta = block.composed()
+    if epsilon > budget[0] * (1 + RELATIVE_SLACK) or delta > budget[1] * (1 + RELATIVE_SLACK):
+        raise SpendError(f"the run's {len(block.fits)} DP fits compose to (epsilon={epsilon:.6g}, delta={delta:.3g}), "
+                         f"above the training share (epsilon={budget[0]:.6g}, delta={budget[1]:.3g})")
+    return epsilon, delta
 
 
 def collect_report(returned, model_run_dir):
@@ -286,36 +359,106 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
         fn_args.stream = grant.stream
         run_fn = udf_utils.get_fn(exec_properties, "run_fn")
         # One release per grant: another module or configuration under this grant is refused here.
-        seed = run.open_release(STAGE, training_computation(exec_properties, run_fn, input_dict, budget,
-                                                            run.release_data(train_splits)), *budget)
+        computation = training_computation(exec_properties, run_fn, input_dict, budget,
+                                           run.release_data(train_splits))
+        seed = run.open_release(STAGE, computation, *budget)
 
         model = artifact_utils.get_single_instance(output_dict["model"])
         model_run = artifact_utils.get_single_instance(output_dict["model_run"])
-        try:
-            from sage_tfx.models import training_seed
-
-            with training_seed(seed):  # all 128 bits of the ledger seed
-                returned = run_fn(fn_args)
-            report = collect_report(returned, fn_args.model_run_dir)
-            audited, accounting = audit_spend(report, budget, num_examples)
-            import tensorflow as tf
-
-            if not tf.io.gfile.exists(fn_args.serving_model_dir):
-                raise RuntimeError(f"run_fn wrote no model to fn_args.serving_model_dir ({fn_args.serving_model_dir})")
-        except Exception:
-            # An unaudited model must never leave the executor: delete what run_fn wrote.
-            _discard([model.uri, model_run.uri])
-            raise
-
-        record = {
-            "grant_id": grant.id, "stream": grant.stream, "epsilon_spent": float(report["epsilon"]),
-            "delta_spent": float(report["delta"]), "audited_epsilon": audited, "accounting": accounting,
-            "mechanism": report.get("mechanism", ""), "noise_multiplier": report.get("noise_multiplier"),
-            "steps": report.get("steps"), "num_examples": num_examples, "num_examples_source": count_source,
-            "training_share_epsilon": budget[0], "training_share_delta": budget[1],
-        }
+        kept = kept_release_dir(model.uri, grant.id, computation)
+        released = restore_release(kept, model.uri, model_run.uri)  # a re-opened release: its first model
+        if released is None:
+            public = public_numbers(module_source(run_fn), fn_args.custom_config, num_examples)
+            record, report = train_and_audit(run_fn, fn_args, seed, budget, num_examples, public,
+                                             [model.uri, model_run.uri])
+            record.update({"grant_id": grant.id, "stream": grant.stream, "num_examples": num_examples,
+                           "num_examples_source": count_source, "training_share_epsilon": budget[0],
+                           "training_share_delta": budget[1]})
+            keep_release(kept, model.uri, model_run.uri, record, report)
+        else:
+            record, report = released
         write_spend_properties(model, record, report)
         write_spend_properties(model_run, record, report)
+
+
+def train_and_audit(run_fn, fn_args, seed, budget, num_examples, public, outputs):
+    """Run ``run_fn`` under the grant's training seed, share and ``public`` numbers (``public_numbers``),
+    audit its spend; return (record, report).
+
+    On any failure what run_fn wrote (``outputs``) is deleted: an unaudited model never leaves the executor.
+    """
+    try:
+        from sage_tfx.models import training_seed
+
+        with training_seed(seed, share=budget, public=public) as block:  # the ledger seed (128 bits), the filter
+            returned = run_fn(fn_args)
+        report = collect_report(returned, fn_args.model_run_dir)
+        audited, accounting = audit_spend(report, budget, num_examples)
+        composed = audit_fits(block, budget)
+        import tensorflow as tf
+
+        if not tf.io.gfile.exists(fn_args.serving_model_dir):
+            raise RuntimeError(f"run_fn wrote no model to fn_args.serving_model_dir ({fn_args.serving_model_dir})")
+    except Exception:
+        _discard(outputs)
+        raise
+    record = {
+        "epsilon_spent": composed[0], "delta_spent": composed[1], "audited_epsilon": audited,
+        "accounting": accounting,
+        "fits": [{"model": f.model, "epsilon": f.charged()[0], "delta": f.charged()[1]} for f in block.fits],
+        "mechanism": report.get("mechanism", ""), "noise_multiplier": report.get("noise_multiplier"),
+        "steps": report.get("steps"),
+    }
+    return record, report
+
+
+# ------------------------------------------------------------------------------------------- the kept release
+
+KEPT_RECORD = "release.json"  # written last: a kept release without it is incomplete and ignored
+
+
+def kept_release_dir(model_uri, grant_id, computation):
+    """Where the first model of a training release is kept: beside the Model artifacts of the component
+    (TFX: ``<pipeline root>/<component>/model/.released/...``), named by the grant and the computation."""
+    return "/".join([model_uri.rstrip("/").rsplit("/", 1)[0], ".released", f"{grant_id}-{computation[:32]}"])
+
+
+def _copy_tree(src, dst):
+    import tensorflow as tf
+
+    for folder, _, files in tf.io.gfile.walk(src):
+        target = dst + folder[len(src):]
+        tf.io.gfile.makedirs(target)
+        for name in files:
+            tf.io.gfile.copy(f"{folder}/{name}", f"{target}/{name}", overwrite=True)
+
+
+def keep_release(kept, model_uri, model_run_uri, record, report):
+    """Copy the audited model and run folder to ``kept``, then its record (the marker that it is complete)."""
+    import tensorflow as tf
+
+    if tf.io.gfile.exists(kept):
+        tf.io.gfile.rmtree(kept)  # an incomplete copy of a killed run
+    _copy_tree(model_uri, f"{kept}/model")
+    _copy_tree(model_run_uri, f"{kept}/model_run")
+    with tf.io.gfile.GFile(f"{kept}/{KEPT_RECORD}", "w") as f:
+        f.write(json.dumps({"record": record, "report": report}, sort_keys=True))
+
+
+def restore_release(kept, model_uri, model_run_uri):
+    """The kept first model of this training release copied into the new outputs: (record, report), or None
+    if the release has no complete kept model (its first run). DP-SGD is not bit-for-bit reproducible (thread
+    scheduling, a model's unseeded initial weights), so a re-opened release re-uses the model it released
+    instead of training a second, different one under the same noise seed."""
+    import tensorflow as tf
+
+    if not tf.io.gfile.exists(f"{kept}/{KEPT_RECORD}"):
+        return None
+    _copy_tree(f"{kept}/model", model_uri)
+    _copy_tree(f"{kept}/model_run", model_run_uri)
+    with tf.io.gfile.GFile(f"{kept}/{KEPT_RECORD}") as f:
+        kept_json = json.loads(f.read())
+    return kept_json["record"], kept_json["report"]
 
 
 def write_spend_properties(artifact, record, report):

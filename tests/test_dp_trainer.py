@@ -202,7 +202,7 @@ def test_refuses_before_reading(world, tmp_path, case, params, message):
 
 @pytest.mark.parametrize("case,body,message", [
     ("hard-coded budget above the share", LINEAR_RUN_FN.replace("BUDGET", "(5.0, 1e-6)"),
-     r"spent \(epsilon=5.*allows \(epsilon=0.9"),
+     r"asks \(epsilon=5, delta=1e-06\) but the training share \(epsilon=0.9, delta=1e-06\)"),
     ("calibrated on the exact count", """
 def run_fn(fn_args):
     x, y = trainer_utils.load_examples(fn_args, ["trip_miles"], "fare")
@@ -219,9 +219,12 @@ def run_fn(fn_args):
 """, "reported no privacy spend"),
 ])
 def test_overspend_is_refused_and_the_model_deleted(world, tmp_path, case, body, message):
+    """A budget above the share is refused when the fit starts (the share's filter), before it reads anything;
+    the others by the audit of the reported spend."""
     from sage_tfx.components.dp_trainer_executor import SpendError
+    from sage_tfx.models.seeding import FitBudgetError
 
-    with pytest.raises(SpendError, match=message):
+    with pytest.raises(FitBudgetError if case.startswith("hard-coded") else SpendError, match=message):
         _run(world, tmp_path, _module(tmp_path, body))
     assert not os.path.exists(tmp_path / "model" / "Format-Serving")  # the unaudited model is gone
     assert not os.path.exists(tmp_path / "model_run" / "privacy_spent.json")
@@ -539,3 +542,157 @@ def test_export_serves_a_residual_over_a_public_offset(tmp_path):
                                rtol=1e-5)
     with pytest.raises(TrainerDataError, match="output_offset=nan"):
         trainer_utils.export_model(fn_args, model, ["a"], output_offset=float("nan"))
+
+
+# ------------------------------------------------------------------------------ one share, every fit
+
+SEARCH_RUN_FN = """
+from sage_tfx.models import candidate_budgets
+
+def run_fn(fn_args):
+    x, y = trainer_utils.load_examples(fn_args, {"trip_miles": 10.0}, "fare")
+    budgets = BUDGETS
+    models = [DPLinearRegressor(b, feature_bound=bound, label_range=(0, 100)).fit(x, y)
+              for b, bound in zip(budgets, (1.0, 2.0, 3.0, 4.0, 5.0))]
+    best = min(models, key=lambda m: abs(float(m.coef_[0]) - 15.0))  # a public criterion on the DP models
+    trainer_utils.export_model(fn_args, best, {"trip_miles": 10.0})
+    return trainer_utils.report_spent(fn_args, best)
+"""
+
+
+def test_a_search_of_five_fits_at_the_full_share_is_refused(world, tmp_path):
+    """The exploit: run_fn fits five DP models each at the whole training share and reports the one it
+    exports; the audit of that one report accepted a run that spent five times the share. The training
+    seed's block now refuses the second fit before it reads anything, and the run fails with no model."""
+    from sage_tfx.models.seeding import FitBudgetError
+
+    body = SEARCH_RUN_FN.replace("BUDGETS", "[fn_args.privacy_budget] * 5")
+    with pytest.raises(FitBudgetError, match=r"DPLinearRegressor: this fit asks \(epsilon=0.9, delta=1e-06\) but "
+                                             r"the training share .* has \(epsilon=0, delta=0\) left after 1"):
+        _run(world, tmp_path, _module(tmp_path, body))
+    assert not os.path.exists(tmp_path / "model" / "Format-Serving")
+
+
+def test_a_search_declared_up_front_is_accepted_and_charged_as_its_composition(world, tmp_path):
+    """Five candidates at candidate_budgets(share, 5) each: accepted; the recorded spend is the five fits
+    composed (basic composition: 5 x 0.18 = the share 0.9), each fit listed."""
+    body = SEARCH_RUN_FN.replace("BUDGETS", "candidate_budgets(fn_args.privacy_budget, 5)")
+    model, _ = _run(world, tmp_path, _module(tmp_path, body))
+    spent = json.loads(model.get_string_custom_property("privacy_spent"))
+    assert [f["model"] for f in spent["fits"]] == ["DPLinearRegressor"] * 5
+    assert all(f["epsilon"] == pytest.approx(0.18) and f["delta"] == pytest.approx(2e-7) for f in spent["fits"])
+    assert spent["epsilon_spent"] == pytest.approx(0.9) and spent["delta_spent"] == pytest.approx(1e-6)
+    assert spent["report"]["epsilon"] == pytest.approx(0.18)  # the exported candidate's own spend
+    assert model.get_float_custom_property("epsilon_spent") == pytest.approx(0.9)
+
+
+def test_fits_outside_run_fns_thread_or_without_a_dp_model_are_refused(world, tmp_path):
+    """A fit in a thread pool would escape the grant's seed and the share's filter: refused. A run that
+    reports a spend without fitting any sage_tfx DP model is refused too."""
+    from sage_tfx.components.dp_trainer_executor import SpendError
+    from sage_tfx.models.seeding import FitBudgetError
+
+    threaded = LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget").replace(
+        "    model = DPLinearRegressor(", "    from concurrent.futures import ThreadPoolExecutor\n"
+        "    model = ThreadPoolExecutor(1).submit(lambda: DPLinearRegressor(").replace(
+        ".fit(x, y)\n", ".fit(x, y)).result()\n")
+    with pytest.raises(FitBudgetError, match="outside the thread of the DPTrainer run"):
+        _run(world, tmp_path / "a", _module(tmp_path, threaded))
+    made_up = """
+def run_fn(fn_args):
+    os.makedirs(fn_args.serving_model_dir)
+    return {"epsilon": 0.1, "delta": 1e-7, "dp_event": {"__event__": "NoOpDpEvent"}}
+"""
+    (tmp_path / "b").mkdir()
+    world["grant"], world["examples"] = regrant(world["ledger"], *world["base"])  # another module: a new grant
+    with pytest.raises(SpendError, match="fitted no sage_tfx DP model"):
+        _run(world, tmp_path / "b", _module(tmp_path / "b", made_up))
+
+
+# ------------------------------------------------------------------------------ a re-opened release
+
+UNSEEDED_KERAS_RUN_FN = """
+import tensorflow as tf
+from sage_tfx.models import make_private
+
+def run_fn(fn_args):
+    with open(os.path.join(os.path.dirname(os.path.dirname(fn_args.model_run_dir)), "calls"), "a") as f:
+        f.write("run_fn\\n")
+    x, y = trainer_utils.load_examples(fn_args, {"trip_miles": 10.0}, "fare")
+    model = tf.keras.Sequential([tf.keras.Input((1,), name="trip_miles"), tf.keras.layers.Dense(1)])  # unseeded init
+    private = make_private(model, privacy_budget=fn_args.privacy_budget, num_examples=fn_args.num_examples,
+                           loss="mse", batch_size=64, epochs=0.2, learning_rate=0.05)
+    private.fit(x["trip_miles"][:, None], y / 10.0)
+    trainer_utils.export_model(fn_args, private)
+    return trainer_utils.report_spent(fn_args, private)
+"""
+
+
+def test_a_reopened_training_release_keeps_its_first_model(world, tmp_path):
+    """The exploit: a resumed iteration re-runs DPTrainer under the re-opened training release (the same seed),
+    and retraining gives another model (here: Keras' unseeded initial weights; in general DP-SGD is not bit-for-
+    bit reproducible), a second release of the same noise. Now the second execution (TFX's layout: a new model
+    folder beside the first) gets the first model, byte for byte, and run_fn is not called again."""
+    import filecmp
+
+    from tfx.types import standard_artifacts
+
+    from sage_tfx.components.dp_trainer_executor import Executor
+
+    module = _module(tmp_path, UNSEEDED_KERAS_RUN_FN)
+    root = tmp_path / "DPTrainer"
+    models = []
+    for execution in ("1", "2"):
+        model, run = standard_artifacts.Model(), standard_artifacts.ModelRun()
+        model.uri, run.uri = str(root / "model" / execution), str(root / "model_run" / execution)
+        os.makedirs(model.uri)
+        os.makedirs(run.uri)
+        props = {"grant": world["grant"].to_json(), "ledger": world["db"], "module_file": str(module),
+                 "custom_config": json.dumps(None)}
+        Executor().Do({"examples": [world["examples"]]}, {"model": [model], "model_run": [run]}, props)
+        models.append(model)
+    assert (root / "calls").read_text() == "run_fn\n"  # trained once
+    first, second = (os.path.join(m.uri, "Format-Serving") for m in models)
+    compared = filecmp.dircmp(first, second)
+    assert not compared.diff_files and not compared.left_only and not compared.right_only
+    for name in ("variables/variables.data-00000-of-00001", "saved_model.pb"):
+        assert filecmp.cmp(os.path.join(first, name), os.path.join(second, name), shallow=False)
+    assert models[0].get_string_custom_property("privacy_spent") == models[1].get_string_custom_property(
+        "privacy_spent")
+
+
+# ------------------------------------------------------------------------------ public batch size and epochs
+
+COUNTED_BATCH_RUN_FN = """
+def run_fn(fn_args):
+    x, y = trainer_utils.load_examples(fn_args, ["trip_miles"], "fare")
+    model = DPDNNRegressor(fn_args.privacy_budget, hidden_units=(4,), num_examples=fn_args.num_examples,
+                           epochs=EPOCHS, batch_size=BATCH).fit(x, y)
+    trainer_utils.export_model(fn_args, model)
+    return trainer_utils.report_spent(fn_args, model)
+"""
+
+
+@pytest.mark.parametrize("batch,epochs", [("len(y) // 50", "0.05"), ("64", "1000.0 / len(y)")])
+def test_a_batch_size_or_epochs_computed_from_the_data_is_refused(world, tmp_path, batch, epochs):
+    """The exploit: the model's published sampling rate times the DP count gave back len(y) // 50, an exact
+    count (and 1000 / len(y) epochs the step count). Such values are not among the run's public numbers
+    (module constants, custom_config, defaults, trainer_utils.batch_size of the DP count): refused before the
+    fit reads anything, without naming the value."""
+    from sage_tfx.models.seeding import PublicParameterError
+
+    body = COUNTED_BATCH_RUN_FN.replace("BATCH", batch).replace("EPOCHS", epochs)
+    with pytest.raises(PublicParameterError, match="is not one of this run's public numbers") as raised:
+        _run(world, tmp_path, _module(tmp_path, body))
+    exact = sum(world["ledger"].private_row_count("taxi", b) for b in world["grant"].blocks)
+    assert not any(str(v) in str(raised.value) for v in range(exact // 100, exact + 1) if v > 99)
+    assert not os.path.exists(tmp_path / "model" / "Format-Serving")
+
+
+def test_public_batch_sizes_and_epochs_are_accepted(world, tmp_path):
+    """custom_config values, module constants and trainer_utils.batch_size of the DP count pass."""
+    body = COUNTED_BATCH_RUN_FN.replace("BATCH", "trainer_utils.batch_size(fn_args, fn_args.custom_config)").replace(
+        "EPOCHS", "fn_args.custom_config['epochs']")
+    model, _ = _run(world, tmp_path, _module(tmp_path, body), custom_config={"epochs": 0.05, "batch_size": 96})
+    spent = json.loads(model.get_string_custom_property("privacy_spent"))
+    assert spent["report"]["sampling_rate"] * spent["num_examples"] == pytest.approx(96)

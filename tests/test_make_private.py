@@ -511,3 +511,117 @@ def test_dp_trainer_runs_a_module_with_its_own_keras_model(tmp_path):
     mse, variance = float(np.mean((pred - fares) ** 2)), float(np.var(fares))
     print("served MSE", mse, "fare variance", variance)
     assert mse < 0.4 * variance, (mse, variance)
+
+
+# ------------------------------------------------------------------------------ records mixed in a batch
+
+def _with(*middle, inputs=3):
+    return tf.keras.Sequential([tf.keras.Input((inputs,)), tf.keras.layers.Dense(4), *middle,
+                                tf.keras.layers.Dense(1)])
+
+
+def _batch_softmax(y, out):
+    """A 'per-example' loss normalised over the batch: record i's loss depends on every other output."""
+    return -tf.nn.log_softmax(tf.reshape(out, [-1]), axis=0)
+
+
+def _centred_by_batch(t):
+    return t - tf.reduce_mean(t, axis=0)
+
+
+def _gradient_only_coupling(t):
+    """The same values as its input, but the gradient of record i flows to every record."""
+    mean = tf.reduce_mean(t, axis=0)
+    return t + (mean - tf.stop_gradient(mean))
+
+
+COUPLED = {
+    "SyncBatchNormalization": (lambda: _with(tf.keras.layers.experimental.SyncBatchNormalization()), "mse",
+                               "changes its non-trainable variable"),
+    "tf.compat.v1 BatchNormalization": (lambda: _with(tf.compat.v1.keras.layers.BatchNormalization()), "mse",
+                                        "changes its non-trainable variable"),
+    "BatchNormalization(moving statistics frozen)": (
+        lambda: _with(tf.keras.layers.BatchNormalization(momentum=1.0)), "mse", "outputs for the same records"),
+    "batch-centring Lambda": (lambda: _with(tf.keras.layers.Lambda(_centred_by_batch)), "mse",
+                              "outputs for the same records change with the other records"),
+    "batch-size Lambda": (lambda: _with(tf.keras.layers.Lambda(lambda t: t * tf.cast(tf.shape(t)[0], t.dtype))),
+                          "mse", "change with the batch size"),
+    "gradient-only coupling": (lambda: _with(tf.keras.layers.Lambda(_gradient_only_coupling)), "mse",
+                               "gradients of the same records' losses"),
+    "batch-softmax loss": (lambda: _with(), _batch_softmax, "per-example losses of the same records"),
+}
+
+
+def _regression_rows(n=200, seed=3):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, 3)).astype(np.float32)
+    return x, (x @ np.array([1.0, -2.0, 0.5], np.float32) + 0.1 * rng.normal(size=n)).astype(np.float32)
+
+
+def test_a_batch_mixing_model_moves_the_clipped_sum_by_more_than_the_clip():
+    """The exploit the structural check closes, on the engine itself: with a batch-centring layer, adding one
+    record moves the ghost engine's 'per-example' clipped sum by many times C (every record's gradient moves),
+    while on a model that treats records one by one it moves by at most C."""
+    x, y = _regression_rows(64)
+    x[-1], y[-1] = 1000.0, -1000.0  # the added record: far from the others
+    moves = {}
+    for name, model in (("centred", _with(tf.keras.layers.Lambda(_centred_by_batch))), ("plain", _with())):
+        engine = LayerGhostEngine(model, per_example_loss("mse", model), CLIP, 0.0)
+        without, _ = engine.clipped_sum(x[:-1], y[:-1])
+        with_it, _ = engine.clipped_sum(x, y)
+        moves[name] = math.sqrt(sum(float(np.sum((a - b).numpy() ** 2)) for a, b in zip(with_it, without)))
+    assert moves["plain"] <= CLIP * (1 + 1e-5), moves
+    assert moves["centred"] > 10 * CLIP, moves  # measured 30.6 (61 C)
+
+
+@pytest.mark.parametrize("case", sorted(COUPLED))
+def test_batch_mixing_models_and_losses_are_refused_before_training(case):
+    """Each is refused by fit from the shapes of x and y alone (the same error for other data), before any
+    step, and the model is left as it was: a BatchNormalization's moving mean never takes a record's value."""
+    from sage_tfx.models.row_checks import RowCouplingError
+
+    build, loss, message = COUPLED[case]
+    model = build()
+    before = [v.numpy().copy() for v in model.variables]
+    errors = []
+    for seed in (3, 4):
+        x, y = _regression_rows(seed=seed)
+        with pytest.raises(RowCouplingError, match=message) as raised:
+            make_private(model, privacy_budget=(1.0, 1e-5), num_examples=200, batch_size=20, loss=loss,
+                         seed=0).fit(x, y)
+        errors.append(str(raised.value))
+    assert errors[0] == errors[1]
+    for value, v in zip(before, model.variables):
+        np.testing.assert_array_equal(value, v.numpy())
+
+
+def test_records_treated_one_by_one_are_accepted_and_the_check_leaves_no_trace():
+    """Dense, Dropout, LayerNormalization, a frozen BatchNormalization (inference mode: per record) and an
+    Embedding model pass; the check restores TensorFlow's global seed (a module's own seed is untouched)."""
+    x, y = _regression_rows()
+    for model in (_with(), _with(tf.keras.layers.Dropout(0.5)), _with(tf.keras.layers.LayerNormalization()),
+                  _with(tf.keras.layers.BatchNormalization(trainable=False))):
+        private = make_private(model, privacy_budget=(1.0, 1e-5), num_examples=200, batch_size=20, loss="mse",
+                               seed=0)
+        assert private.fit(x, y).privacy_spent["steps"] == 10
+    tf.keras.backend.experimental.enable_tf_random_generator()  # Dropout masks from tf.random.Generator states
+    try:
+        make_private(_with(tf.keras.layers.Dropout(0.5)), privacy_budget=(1.0, 1e-5), num_examples=200,
+                     batch_size=20, loss="mse", seed=0).fit(x, y)
+    finally:
+        tf.keras.backend.experimental.disable_tf_random_generator()
+    ids, _ = _functional_data(n=200)
+    make_private(_functional(), privacy_budget=(1.0, 1e-5), num_examples=200, batch_size=20, loss="mse",
+                 seed=0).fit(ids, y)
+    tf.random.set_seed(11)
+    expected = tf.random.uniform([3]).numpy()
+    tf.random.set_seed(11)
+    make_private(_with(tf.keras.layers.Dropout(0.5)), privacy_budget=(1.0, 1e-5), num_examples=200,
+                 batch_size=20, loss="mse", seed=0, epochs=0.1)._build(*map(_spec_of, (x, y)))
+    np.testing.assert_array_equal(tf.random.uniform([3]).numpy(), expected)
+
+
+def _spec_of(a):
+    from sage_tfx.models.row_checks import spec_of
+
+    return spec_of(a)

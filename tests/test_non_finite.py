@@ -457,3 +457,29 @@ def test_training_seed_refuses_a_bad_seed(bad):
     with pytest.raises(ValueError, match="training_seed: seed must be an integer >= 0"):
         with m.training_seed(bad):
             pass
+
+
+@pytest.mark.tf
+def test_the_tf_privacy_engine_is_refused_inside_training_seed():
+    """tensorflow-privacy's noise comes from TensorFlow's global generator, not from the seed it is given: two
+    engines with different seeds (the grant's would be one) draw the SAME noise after a module's
+    tf.random.set_seed(0), so the module could subtract it. Inside training_seed (DPTrainer) the engine is
+    refused before the fit reads anything; 'ghost' and 'vmap' draw from the grant's seed."""
+    import tensorflow as tf
+
+    from sage_tfx.models.dpsgd_engine import TfPrivacyEngine
+    from sage_tfx.models.dpsgd_models import build_mlp
+
+    m = _tf()
+    model = build_mlp(3, (4,), 1, seed=0)
+    sums = []
+    for seed in (123, 456):
+        engine = TfPrivacyEngine(model, lambda y, out: tf.square(tf.reshape(out, [-1]) - y), 1.0, 1.0, seed=seed)
+        tf.random.set_seed(0)
+        sums.append([g.numpy() for g in engine.noisy_sum(tf.zeros([2, 3]), tf.zeros([2]))])
+    for a, b in zip(*sums):
+        np.testing.assert_array_equal(a, b)
+    x, y = _data("real")
+    with m.training_seed(5):
+        with pytest.raises(ValueError, match="implementation='tf_privacy' is refused under DPTrainer"):
+            m.DPDNNRegressor(BUDGET, hidden_units=(4,), implementation="tf_privacy", **_dpsgd_common()).fit(x, y)

@@ -44,7 +44,9 @@ label that is not a class id raises RecordError (column, record index, no value)
 Seeds: ``seed=None`` draws fresh OS entropy; inside
 ``sage_tfx.models.training_seed`` (DPTrainer) the initialisation, sampling and
 noise come from the grant's private seed and ``seed=`` is refused
-(sage_tfx.models.seeding). An explicit ``seed`` outside it is for tests and
+(sage_tfx.models.seeding), and so is ``implementation="tf_privacy"``, whose
+noise comes from TensorFlow's global generator (a module's
+``tf.random.set_seed`` fixes it). An explicit ``seed`` outside it is for tests and
 benchmarks: a known seed makes the noise predictable.
 """
 
@@ -56,6 +58,7 @@ import tensorflow as tf
 from sage_tfx.models.data import FeatureLayout, class_labels, labels_vector, split_input
 from sage_tfx.models.dpsgd_engine import _INVALID, DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, make_engine
 from sage_tfx.models.export import export_saved_model
+from sage_tfx.models.seeding import active as seed_active
 from sage_tfx.models.seeding import fit_seeds
 from sage_tfx.privacy import checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
@@ -205,7 +208,13 @@ class _DPSGDEstimator:
                 "num_examples is required: pass the ledger's DP (or a public) row count, "
                 "never the exact private count"
             )
-        seeds = fit_seeds(self.seed, type(self).__name__)  # refuses seed= inside training_seed
+        if self.implementation == "tf_privacy" and seed_active():
+            raise DpSgdConfigError(
+                f"{type(self).__name__}: implementation='tf_privacy' is refused under DPTrainer (training_seed): "
+                "tensorflow-privacy draws its noise from TensorFlow's global generator, which tf.random.set_seed in "
+                "a module fixes, not from the grant's seed; use 'ghost' (default) or 'vmap'")
+        seeds = fit_seeds(self.seed, type(self).__name__, (self.epsilon, self.delta),  # seed=, share: refused
+                          {"batch_size": self.batch_size, "epochs": self.epochs})
         x, y = split_input(x, y)
         self.layout = FeatureLayout.from_input(x)
         features = self.layout.to_matrix(x)
@@ -233,6 +242,7 @@ class _DPSGDEstimator:
         }
         if not self.noise_schedule.is_constant:  # the constant default's report is unchanged
             self.privacy_spent["noise_schedule"] = run.report()
+        seeds.report_spent(self.privacy_spent)
         return self
 
     def _require_fit(self):
@@ -331,9 +341,10 @@ class DPLogisticRegressor(_Classifier):
     """
 
     _label_dtype = np.float32
+    DEFAULT_BATCH_SIZE = 512  # the paper's Criteo LG config
 
     def __init__(self, privacy_budget, **kwargs):
-        kwargs.setdefault("batch_size", 512)  # the paper's Criteo LG config
+        kwargs.setdefault("batch_size", self.DEFAULT_BATCH_SIZE)
         super().__init__(privacy_budget, hidden_units=(), **kwargs)
 
     def _per_example_loss(self):

@@ -162,7 +162,7 @@ class DPLinearRegressor:
         Non-finite features become 0.0 (``to_matrix``); labels keep theirs here and AdaSSP clips them
         (+-inf to the range's ends) and maps NaN to the centre (the midpoint), see the module docstring.
         """
-        seeds = fit_seeds(self.seed, type(self).__name__)  # refuses seed= inside training_seed
+        seeds = fit_seeds(self.seed, type(self).__name__, (self.epsilon, self.delta))  # seed=, share: refused
         x, y = split_input(x, y)
         self.layout = FeatureLayout.from_input(x)
         matrix = self.layout.to_matrix(x)
@@ -196,6 +196,7 @@ class DPLinearRegressor:
             "noise_multiplier": result.noise_multiplier, "ridge": result.ridge,
             "calibration": result.calibration, "mechanism": "adassp (Wang 2018, Alg. 2)",
         }
+        seeds.report_spent(self.privacy_spent)
         self._model = None
         return self
 

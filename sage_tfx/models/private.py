@@ -55,8 +55,10 @@ Per-example gradients (``per_example=``):
     falls back to ``"loop"`` if vectorisation fails when the step is first traced.
   * ``"loop"``: a per-example ``tf.map_fn`` loop: slowest, works for any differentiable model.
 
-Layers whose behaviour couples examples (BatchNormalization in training mode) break per-example clipping:
-``make_private`` refuses BatchNormalization. Dropout is fine (each example's own mask). Regularisation losses
+Layers or losses that couple examples (any BatchNormalization in training mode, a batch mean, a loss
+normalised over the batch) or keep batch statistics break per-example clipping: ``fit`` refuses them before
+its first step by the structural checks of ``sage_tfx.models.row_checks`` (synthetic batches built from the
+shapes and dtypes of x and y, no value of the data). Dropout is fine (each example's own mask). Regularisation losses
 (``model.losses``) are not added: they are data-independent and could be, but are left out for now.
 
 Seeds: ``seed=None`` draws fresh OS entropy; inside ``sage_tfx.models.training_seed`` (DPTrainer) the
@@ -73,6 +75,7 @@ import tensorflow as tf
 
 from sage_tfx.models.dpsgd_engine import LayerGhostEngine, _Engine, _zero_rows, ghost_layers, per_example_gradients
 from sage_tfx.models.dpsgd_models import _INVALID, check_momentum, poisson_batches
+from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch
 from sage_tfx.models.seeding import active as _seed_active
 from sage_tfx.models.seeding import fit_seeds
 from sage_tfx.privacy import checks, dpsgd, noise_schedules
@@ -263,16 +266,16 @@ class PrivateModel:
         self.privacy_spent: Optional[Dict[str, Any]] = None
 
     # ---------------------------------------------------------------- training
-    def _build(self, x):
+    def _build(self, x_spec, y_spec):
+        """Build the model on a synthetic record and run the structural checks (``row_checks``): refused
+        before any value of the data is used, from the shapes and dtypes of x and y alone."""
         if not self.model.built or not self.model.trainable_variables:
-            self.model(_take(x, slice(0, 1)), training=False)
+            self.model(synthetic_batch(x_spec, 1), training=False)
         if not self.model.trainable_variables:
             raise DpSgdConfigError("model has no trainable variables: nothing to train")
-        for layer in self.model.submodules:
-            if isinstance(layer, tf.keras.layers.BatchNormalization) and layer.trainable:
-                raise DpSgdConfigError(f"layer {layer.name!r} is BatchNormalization: it mixes the examples of a batch, "
-                                       "so per-example clipping does not bound one record's effect; remove it "
-                                       "(LayerNormalization is fine)")
+        loss_fn = per_example_loss(self.loss, self.model)
+        check_rows_independent(self.model, loss_fn, x_spec, y_spec)
+        return loss_fn
 
     def _make_optimizer(self):
         decay = {"weight_decay": self.weight_decay} if self.weight_decay else {}
@@ -292,18 +295,14 @@ class PrivateModel:
         if self.privacy_spent is not None:
             raise ValueError("this PrivateModel is already fitted (its budget is spent): call make_private again "
                              "for another fit")
-        seeds = fit_seeds(self.seed, _NAME)  # refuses seed= inside training_seed
         x = _to_numpy(x)
         y = _to_numpy(y)
         n = _rows(x)
         if len(y) != n:
             raise ValueError("y and x have different numbers of rows: pass one label per record")
-        self._build(x)
-        loss_fn = per_example_loss(self.loss, self.model)
-        probe = loss_fn(y[:2], self.model(_take(x, slice(0, 2)), training=False)) if n >= 2 else None
-        if probe is not None and probe.shape != (2,):
-            raise ValueError(f"loss={self.loss!r} returns shape {probe.shape} on 2 records, not (2,): pass a "
-                             "per-example loss (reduction NONE)")
+        loss_fn = self._build(spec_of(x), spec_of(y))
+        seeds = fit_seeds(self.seed, _NAME, (self.epsilon, self.delta),  # seed= refused, the share's filter
+                           {"batch_size": self.batch_size, "epochs": self.epochs})
         run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, self.num_examples,
                                               self.batch_size, self.epochs, self.accountant)
         sigmas, steps, q = run.noise_multipliers, run.steps, run.sampling_rate
@@ -363,6 +362,7 @@ class PrivateModel:
         }
         if not self.noise_schedule.is_constant:  # the constant default's report is unchanged
             self.privacy_spent["noise_schedule"] = run.report()
+        seeds.report_spent(self.privacy_spent)
         return self
 
     # ---------------------------------------------------------------- use

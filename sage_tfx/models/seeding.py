@@ -15,57 +15,161 @@ Derivation: the k-th fit started inside one ``with training_seed(s):`` block (k 
 M uses ``sha256("s|fit k|M|<purpose>")`` for purpose "init" (31 bits: Keras initialisers take small
 seeds; the initial weights need no secrecy), "sampling" (128 bits, numpy's PCG64) and "noise" (192 bits:
 all three words of TensorFlow's Philox state, key included). So re-running the same ``run_fn`` under the
-same seed (a new block) reproduces every fit bit for bit (CPU; and the tf_privacy engine excepted, which
-draws from TensorFlow's global generator), while two fits in one block get unrelated, independent noise,
+same seed (a new block) reproduces every fit bit for bit (CPU; the tf_privacy engine, which draws from
+TensorFlow's global generator, is refused inside a block), while two fits in one block get unrelated, independent noise,
 as the composition of their releases assumes.
 
 The active seed lives in a ``contextvars.ContextVar``: threads do not share it (a new thread starts
 without one), asyncio tasks get their own copy, and nested blocks restore the outer one (and its fit
 count) on exit.
+
+One training share, every fit (``training_seed(seed, share=(epsilon, delta))``, as DPTrainer opens it):
+each DP fit declares its ``privacy_budget`` when it starts, before it reads anything, and the block refuses
+(``FitBudgetError``) a fit whose budget, added to those of the fits already started in the block, exceeds
+the share in epsilon or in delta. The block is a basic-composition privacy filter (Rogers et al. 2016: the
+sum of the (epsilon_i, delta_i) of adaptively chosen mechanisms, stopped before it exceeds the share), so
+whatever ``run_fn`` does with the fitted models (keep the best of a search, retrain), all its fits together
+are (epsilon, delta)-DP for the share. A hyper-parameter search declares its candidates' shares up front:
+``candidate_budgets(fn_args.privacy_budget, k)``. While such a block is open in the process, a DP fit in a
+thread without it (a thread pool in ``run_fn``) is refused: it would escape both the seed and the filter.
+
+Public batch size and epochs (``training_seed(..., public=numbers)``): they set the sampling rate and the
+step count published with the model, so a value computed from the data (``len(x) // 100``) would publish
+it. DPTrainer passes the numbers a module may use: the constants of its source, the numbers of its
+``custom_config``, the models' defaults and ``trainer_utils.batch_size`` of the DP count; a DP-SGD fit
+whose batch size or epochs is another number is refused before it reads anything (the error does not
+name the value).
 """
 import contextlib
 import contextvars
 import hashlib
 import threading
-from dataclasses import dataclass
-from typing import Iterator, Optional
+from dataclasses import dataclass, field
+from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from sage_tfx.privacy.checks import integer
 from sage_tfx.privacy.errors import SageError
 
-__all__ = ["training_seed", "fit_seeds", "FitSeeds", "derive_seed", "TrainingSeedError"]
+__all__ = ["training_seed", "fit_seeds", "FitSeeds", "derive_seed", "TrainingSeedError", "FitBudgetError",
+           "PublicParameterError", "TrainingBlock", "candidate_budgets"]
+
+SLACK = 1e-9  # relative float round-off allowed when k candidate budgets add back up to the share
 
 
 class TrainingSeedError(SageError, ValueError):
     """A training seed is not an integer >= 0, or ``seed=`` was given where the component supplies it."""
 
 
-class _Active:
-    """The seed of one ``training_seed`` block and how many fits have started in it."""
+class FitBudgetError(TrainingSeedError):
+    """A DP fit would take the fits under one training share past it, or runs outside the share's thread."""
 
-    def __init__(self, seed: int):
+
+class PublicParameterError(TrainingSeedError):
+    """A DP fit's batch size or epochs is not one of the run's public numbers (it could come from the data)."""
+
+
+@dataclass
+class FitRecord:
+    """One DP fit started in a block: the model class, the budget it declared, what it reported (None: not
+    finished, then its declared budget counts)."""
+
+    model: str
+    epsilon: float
+    delta: float
+    spent: Optional[Tuple[float, float]] = None
+
+    def charged(self) -> Tuple[float, float]:
+        return self.spent if self.spent is not None else (self.epsilon, self.delta)
+
+
+class TrainingBlock:
+    """The seed of one ``training_seed`` block, the share its fits may spend (None: no limit) and its fits."""
+
+    def __init__(self, seed: int, share: Optional[Tuple[float, float]] = None,
+                 public: Optional[FrozenSet[float]] = None):
         self.seed = seed
-        self._fits = 0
+        self.share = share
+        self.public = public
+        self.fits: List[FitRecord] = []
         self._lock = threading.Lock()
 
-    def next_fit(self) -> int:
+    def start_fit(self, model_name: str, budget: Optional[Tuple[float, float]],
+                  params: Optional[Dict[str, float]] = None) -> int:
+        """Record a fit of ``model_name`` asking ``budget``; return its index k. FitBudgetError (nothing recorded)
+        if the block has a share and the declared budgets would exceed it; PublicParameterError if it has
+        public numbers and one of ``params`` (batch size, epochs) is not among them."""
+        self._check_public(model_name, params or {})
         with self._lock:
-            k, self._fits = self._fits, self._fits + 1
-        return k
+            if self.share is not None:
+                self._admit(model_name, budget)
+            epsilon, delta = budget if budget is not None else (0.0, 0.0)
+            self.fits.append(FitRecord(model_name, float(epsilon), float(delta)))
+            return len(self.fits) - 1
+
+    def _check_public(self, model_name, params):
+        if self.public is None:
+            return
+        for name, value in sorted(params.items()):
+            if float(value) not in self.public:  # the value itself is not named: it may come from the data
+                raise PublicParameterError(
+                    f"{model_name}: its {name} is not one of this run's public numbers (the constants of the module "
+                    "file, the numbers of custom_config, the models' defaults, and trainer_utils.batch_size(fn_args, "
+                    f"config) of the DP count): {name} shapes the published sampling rate and step count, so it "
+                    "must not be computed from the data (e.g. len(x)); pass a constant or a custom_config value")
+
+    def _admit(self, model_name, budget):
+        if budget is None:
+            raise FitBudgetError(f"{model_name}: a fit under a training share must declare its privacy_budget")
+        used_eps = sum(f.epsilon for f in self.fits)
+        used_delta = sum(f.delta for f in self.fits)
+        share_eps, share_delta = self.share
+        if used_eps + budget[0] > share_eps * (1 + SLACK) or used_delta + budget[1] > share_delta * (1 + SLACK):
+            raise FitBudgetError(
+                f"{model_name}: this fit asks (epsilon={budget[0]:.6g}, delta={budget[1]:.3g}) but the training share "
+                f"(epsilon={share_eps:.6g}, delta={share_delta:.3g}) has (epsilon={max(0.0, share_eps - used_eps):.6g}, "
+                f"delta={max(0.0, share_delta - used_delta):.3g}) left after {len(self.fits)} DP fit(s) in this run: "
+                "every DP fit of run_fn spends from the one share. For a hyper-parameter search give candidate i "
+                "the budget sage_tfx.models.candidate_budgets(fn_args.privacy_budget, k)[i]")
+
+    def composed(self) -> Tuple[float, float]:
+        """(epsilon, delta) of all fits of the block by basic composition (a finished fit counts what it
+        reported, an unfinished one what it declared)."""
+        with self._lock:
+            charged = [f.charged() for f in self.fits]
+        return sum(c[0] for c in charged), sum(c[1] for c in charged)
 
 
 _TRAINING_SEED = contextvars.ContextVar("sage_tfx.models.training_seed", default=None)
+_SHARED_BLOCKS = [0]  # blocks with a share open in this process (any thread)
+_SHARED_LOCK = threading.Lock()
+
+
+def candidate_budgets(privacy_budget: Tuple[float, float], k: int) -> List[Tuple[float, float]]:
+    """``k`` equal budgets (epsilon/k, delta/k) that compose (basic composition) to ``privacy_budget``: one per
+    candidate of a hyper-parameter search, declared before any of them trains."""
+    epsilon, delta = privacy_budget
+    k = integer(k, "candidate_budgets: k", low=1, error=TrainingSeedError, message="{what} must be {rule}, got {value!r}")
+    return [(float(epsilon) / k, float(delta) / k)] * k
 
 
 @dataclass(frozen=True)
 class FitSeeds:
-    """The seeds of one fit: weight ``init``, Poisson ``sampling``, Gaussian ``noise``. None = fresh OS entropy."""
+    """The seeds of one fit: weight ``init``, Poisson ``sampling``, Gaussian ``noise``. None = fresh OS entropy.
+
+    ``record``: the fit's entry in its ``training_seed`` block (None outside one); ``report_spent`` fills it.
+    """
 
     init: Optional[int]
     sampling: Optional[int]
     noise: Optional[int]
+    record: Optional[FitRecord] = field(default=None, compare=False, repr=False)
+
+    def report_spent(self, privacy_spent: dict) -> None:
+        """Record what the fit reported (its ``privacy_spent``) in its block, for the block's composition."""
+        if self.record is not None:
+            self.record.spent = (float(privacy_spent["epsilon"]), float(privacy_spent["delta"]))
 
 
 def derive_seed(*parts: object, bits: int = 128) -> int:
@@ -75,22 +179,34 @@ def derive_seed(*parts: object, bits: int = 128) -> int:
 
 
 @contextlib.contextmanager
-def training_seed(seed: int) -> Iterator[None]:
+def training_seed(seed: int, share: Optional[Tuple[float, float]] = None,
+                  public: Optional[FrozenSet[float]] = None) -> Iterator[TrainingBlock]:
     """While active (in this thread or task), DP models fitted with ``seed=None`` derive their randomness from
-    ``seed``, and models given ``seed=`` are refused.
+    ``seed``, and models given ``seed=`` are refused. Yields the ``TrainingBlock`` (its fits).
 
     For trusted code only (DPTrainer passes the ledger's private seed of the grant); the user's ``run_fn``
     must never learn ``seed``. Re-running the same fits in a new block with the same ``seed`` reproduces them.
+    ``share=(epsilon, delta)``: the fits of the block together may spend at most that (module docstring).
+    ``public``: the numbers a fit's batch size and epochs must be among (None: any).
     """
     if not isinstance(seed, (int, np.integer)):  # a float seed (3.0) is a caller's bug: refused, not rounded
         raise TrainingSeedError(f"training_seed: seed must be an integer >= 0, got {seed!r}")
     seed = integer(seed, "training_seed: seed", low=0, error=TrainingSeedError,
                    message="{what} must be {rule}, got {value!r}")
-    token = _TRAINING_SEED.set(_Active(seed))
+    block = TrainingBlock(seed, None if share is None else (float(share[0]), float(share[1])), public)
+    token = _TRAINING_SEED.set(block)
+    _count_shared(block, +1)
     try:
-        yield
+        yield block
     finally:
+        _count_shared(block, -1)
         _TRAINING_SEED.reset(token)
+
+
+def _count_shared(block, step):
+    if block.share is not None:
+        with _SHARED_LOCK:
+            _SHARED_BLOCKS[0] += step
 
 
 def active() -> bool:
@@ -98,20 +214,32 @@ def active() -> bool:
     return _TRAINING_SEED.get() is not None
 
 
-def fit_seeds(seed: Optional[int], model_name: str) -> FitSeeds:
-    """The seeds for one fit of ``model_name`` given its ``seed=`` argument.
+def fit_seeds(seed: Optional[int], model_name: str, budget: Optional[Tuple[float, float]] = None,
+              params: Optional[Dict[str, float]] = None) -> FitSeeds:
+    """The seeds for one fit of ``model_name`` given its ``seed=`` argument; call it when the fit starts, before
+    it reads data, with the fit's ``budget`` (epsilon, delta).
 
-    Outside ``training_seed``: ``seed`` for all three (None: fresh OS entropy), as before the hook existed.
-    Inside: seeds derived from the block's seed (module docstring), or ValueError if ``seed`` was given.
+    Outside ``training_seed``: ``seed`` for all three (None: fresh OS entropy), as before the hook existed
+    (FitBudgetError while a block with a share is open in another thread). Inside: seeds derived from the
+    block's seed (module docstring), TrainingSeedError if ``seed`` was given, FitBudgetError if the fit
+    would take the block past its share, PublicParameterError if one of ``params`` (its batch size and
+    epochs) is not among the block's public numbers.
     """
     current = _TRAINING_SEED.get()
     if current is None:
+        with _SHARED_LOCK:
+            open_elsewhere = _SHARED_BLOCKS[0] > 0
+        if open_elsewhere:
+            raise FitBudgetError(f"{model_name}: a DP fit outside the thread of the DPTrainer run open in this "
+                                 "process: fit DP models in run_fn's own thread (it carries the grant's seed and "
+                                 "training share)")
         return FitSeeds(seed, seed, seed)
     if seed is not None:
         raise TrainingSeedError(
             f"{model_name}: seed={seed!r} was given inside sage_tfx.models.training_seed: the component "
             "(DPTrainer) supplies the training seed from the grant; a seed known to the module file makes the "
             "noise predictable. Drop the seed= argument")
-    base = (current.seed, f"fit {current.next_fit()}", model_name)
+    k = current.start_fit(model_name, budget, params)
+    base = (current.seed, f"fit {k}", model_name)
     return FitSeeds(init=derive_seed(*base, "init", bits=31), sampling=derive_seed(*base, "sampling", bits=128),
-                    noise=derive_seed(*base, "noise", bits=192))
+                    noise=derive_seed(*base, "noise", bits=192), record=current.fits[k])
