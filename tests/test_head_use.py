@@ -23,7 +23,7 @@ import textwrap
 import pytest
 
 from _head_file import last_seq, small_ledger
-from sage_tfx.privacy import GrantError, Ledger
+from sage_tfx.privacy import GrantError, Ledger, LedgerRollback
 from sage_tfx.privacy import keys as keys_module
 from sage_tfx.privacy.keys import ENV_HEAD_SYNC, HeadFile, HeadSync
 
@@ -150,9 +150,12 @@ def test_after_a_power_loss_a_used_grant_s_truncation_is_caught_and_an_unused_on
     _restore(path, before_grant)
     with open(head_path, "wb") as f:
         f.write(on_disk)
-    with Ledger.open(path) as ledger:
+    if used:  # the head says the grant's entry: the log behind it is refused at open, before any write
+        with pytest.raises(LedgerRollback, match=f"recorded entry {grant_seq}"):
+            Ledger.open(path)
+    with Ledger.open(path, check_head=not used) as ledger:
         report = ledger.audit()
-        if used:  # the head says the grant's entry: the log behind it is caught
+        if used:  # ... and caught by the audit
             assert not report.ok
             assert any(f"recorded entry {grant_seq}" in p for p in report.problems), report.problems
         else:  # the state an honest crash before the grant's commit leaves; the grant opens nothing
@@ -189,7 +192,9 @@ def test_a_killed_writer_loses_no_grant_head(tmp_path):
         report = ledger.audit()
         assert report.ok and not report.notes, (report.problems, report.notes)
     _restore(path, before_grant)
-    with Ledger.open(path) as ledger:
+    with pytest.raises(LedgerRollback, match=f"recorded entry {last}"):
+        Ledger.open(path)
+    with Ledger.open(path, check_head=False) as ledger:
         report = ledger.audit()
         assert not report.ok and any(f"recorded entry {last}" in p for p in report.problems), report.problems
 

@@ -9,7 +9,9 @@ admitted and collected. Randomness (``secrets.token_bytes``/``token_hex``: the k
 clock (``time.time``, set before each operation) are fixed, so every column, signatures and chain values included,
 is determined. The snapshot was recorded at commit b5b8b03 (before the split) with ``SAGE_SNAPSHOT_WRITE=1``, and
 recorded again for schema 7 (its rdp stream now stores its delta split, query_delta_share 0.5: the stream row, its
-log entry, schema_version and the reservation shares that follow from the split changed; nothing else).
+log entry, schema_version and the reservation shares that follow from the split changed; nothing else), and again
+when every ledger began binding its id in a keyed first log entry (the ``ledger`` entry 1: every later entry's
+sequence number one higher, its chain values and the queued demand's log sequence number changed; nothing else).
 """
 import json
 import os

@@ -30,6 +30,7 @@ from .errors import (
     DuplicateContent,
     LedgerError,
     LedgerNotFound,
+    LedgerRollback,
     PipelineBusy,
     RecordError,
     SageError,
@@ -43,6 +44,7 @@ from .split import STAGES, BudgetSplit, ChargeRule, grant_split, require_budget,
 __all__ = [
     "Ledger", "Grant", "Block", "Stream", "Release", "POLICIES", "OUTCOMES",
     "BudgetSplit", "ChargeRule", "STAGES", "grant_split", "stage_budget", "require_budget",
-    "LedgerError", "DuplicateContent", "LedgerNotFound", "LedgerCorrupt", "UnknownStream", "UnknownBlock", "BlockRetired",
+    "LedgerError", "DuplicateContent", "LedgerNotFound", "LedgerCorrupt", "LedgerRollback", "UnknownStream",
+    "UnknownBlock", "BlockRetired",
     "PipelineBusy", "GrantError", "BudgetRefused", "RecordError", "SageError", "public_error_text",
 ]
