@@ -7,44 +7,19 @@ explicit and logged. SQLite, no TensorFlow."""
 import os
 import secrets
 import shutil
-import sqlite3
 
 import pytest
 
+from _head_file import backup, restore
 from sage_tfx.cli import main
 from sage_tfx.privacy import BlockRetired, Ledger, LedgerRollback
 from sage_tfx.privacy import anchor as anchor_module
+from test_tamper import sql
 
 
 @pytest.fixture(autouse=True)
 def _no_env_key(monkeypatch):
     monkeypatch.delenv("SAGE_KEY_FILE", raising=False)
-
-
-def _sql(path, statement, params=()):
-    conn = sqlite3.connect(path)
-    try:
-        rows = conn.execute(statement, params).fetchall()
-        conn.commit()
-        return rows
-    finally:
-        conn.close()
-
-
-def _backup(path, to):
-    src, dst = sqlite3.connect(path), sqlite3.connect(to)
-    try:
-        src.backup(dst)
-    finally:
-        src.close()
-        dst.close()
-
-
-def _restore(path, copy):
-    for suffix in ("-wal", "-shm"):
-        if os.path.exists(f"{path}{suffix}"):
-            os.unlink(f"{path}{suffix}")
-    shutil.copyfile(copy, path)
 
 
 def _charged_once(tmp_path):
@@ -54,7 +29,7 @@ def _charged_once(tmp_path):
         ledger.create_stream("s", 1.0, 1e-6)
         ledger.add_block("s", "b0", shard=0, rows=10)
     before = str(tmp_path / "before.db")
-    _backup(path, before)
+    backup(path, before)
     with Ledger.open(path) as ledger:
         ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
         with pytest.raises(BlockRetired):  # spent: never offered again
@@ -64,7 +39,7 @@ def _charged_once(tmp_path):
 
 
 def _new_id(path):
-    _sql(path, "UPDATE meta SET value = ? WHERE key = 'ledger_id'", (secrets.token_hex(16),))
+    sql(path, "UPDATE meta SET value = ? WHERE key = 'ledger_id'", (secrets.token_hex(16),))
 
 
 def _files(path):
@@ -96,7 +71,7 @@ def _refused_then_audited(path, found, capsys):
 
 def test_an_old_copy_restored_with_a_new_ledger_id_is_refused_at_open_and_named_by_the_audit(tmp_path, capsys):
     path, before = _charged_once(tmp_path)
-    _restore(path, before)
+    restore(path, before)
     _new_id(path)
     out = _refused_then_audited(path, "the ledger's id was changed", capsys)
     assert "the database was rolled back or its tail cut" in out  # the head of the bound id: the log is behind it
@@ -104,16 +79,16 @@ def test_an_old_copy_restored_with_a_new_ledger_id_is_refused_at_open_and_named_
 
 def test_an_old_copy_restored_as_is_is_refused_at_open(tmp_path, capsys):
     path, before = _charged_once(tmp_path)
-    _restore(path, before)
+    restore(path, before)
     _refused_then_audited(path, "the database was rolled back or its tail cut", capsys)
 
 
 def test_the_last_grant_cut_with_a_new_ledger_id_is_refused_at_open_and_named_by_the_audit(tmp_path, capsys):
     path, _ = _charged_once(tmp_path)
-    seq = _sql(path, "SELECT max(seq) FROM log WHERE kind = 'grant'")[0][0]
-    _sql(path, "DELETE FROM log WHERE seq >= ?", (seq,))
-    _sql(path, "DELETE FROM grants")
-    _sql(path, "UPDATE blocks SET spent = '[0.0, 0.0]'")
+    seq = sql(path, "SELECT max(seq) FROM log WHERE kind = 'grant'")[0][0]
+    sql(path, "DELETE FROM log WHERE seq >= ?", (seq,))
+    sql(path, "DELETE FROM grants")
+    sql(path, "UPDATE blocks SET spent = '[0.0, 0.0]'")
     _new_id(path)
     out = _refused_then_audited(path, "the ledger's id was changed", capsys)
     assert "the database was rolled back or its tail cut" in out
@@ -124,34 +99,34 @@ def test_a_deleted_head_file_is_refused_at_open_and_an_ordinary_write_cannot_era
     os.unlink(path + ".key.head")
     _refused_then_audited(path, "has no record of this ledger", capsys)
     assert not os.path.exists(path + ".key.head")  # no fresh head was taken
-    _restore(path, before)  # ... nor after the database is rolled back as well
+    restore(path, before)  # ... nor after the database is rolled back as well
     _refused_then_audited(path, "has no record of this ledger", capsys)
 
 
 def test_an_audit_only_open_writes_nothing(tmp_path):
     path, before = _charged_once(tmp_path)
-    _restore(path, before)
+    restore(path, before)
     with Ledger.open(path, check_head=False) as ledger:
         assert "rolled back" in ledger.anchor_problem
         with pytest.raises(LedgerRollback, match="writes nothing"):
             ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
-    assert _sql(path, "SELECT count(*) FROM grants")[0][0] == 0
+    assert sql(path, "SELECT count(*) FROM grants")[0][0] == 0
 
 
 def test_the_ledger_id_is_bound_in_the_first_keyed_log_entry(tmp_path):
     path = str(tmp_path / "ledger.db")
     with Ledger.open(path, create=True) as ledger:
         ledger_id = ledger.ledger_id
-    seq, kind, body = _sql(path, "SELECT seq, kind, body FROM log ORDER BY seq")[0]
+    seq, kind, body = sql(path, "SELECT seq, kind, body FROM log ORDER BY seq")[0]
     assert (seq, kind, body) == (1, "ledger", f'{{"ledger_id":"{ledger_id}"}}')
-    _sql(path, "UPDATE log SET body = ? WHERE seq = 1", (f'{{"ledger_id":"{secrets.token_hex(16)}"}}',))
+    sql(path, "UPDATE log SET body = ? WHERE seq = 1", (f'{{"ledger_id":"{secrets.token_hex(16)}"}}',))
     with pytest.raises(LedgerRollback, match="does not verify under the key"):
         Ledger.open(path)
 
 
 def test_an_operator_re_anchors_a_known_good_copy_explicitly_and_the_audit_lists_it(tmp_path, capsys):
     path, before = _charged_once(tmp_path)
-    _restore(path, before)
+    restore(path, before)
     _new_id(path)
     with pytest.raises(SystemExit) as usage:  # the reason is required
         main(["ledger", "anchor", "--db", path])
@@ -164,11 +139,11 @@ def test_an_operator_re_anchors_a_known_good_copy_explicitly_and_the_audit_lists
         report = ledger.audit()
         assert report.ok, report.problems
         assert any("re-anchored by an operator" in n and "restored the nightly backup" in n for n in report.notes)
-        kind, = _sql(path, "SELECT kind FROM log ORDER BY seq DESC LIMIT 1")[0]
+        kind, = sql(path, "SELECT kind FROM log ORDER BY seq DESC LIMIT 1")[0]
         assert kind == "anchor"
-        bound = _sql(path, "SELECT body FROM log WHERE kind = 'ledger'")[0][0]
+        bound = sql(path, "SELECT body FROM log WHERE kind = 'ledger'")[0][0]
         assert ledger.ledger_id in bound  # meta's id put back to the bound one
-        assert _sql(path, "SELECT value FROM meta WHERE key = 'ledger_id'")[0][0] == ledger.ledger_id
+        assert sql(path, "SELECT value FROM meta WHERE key = 'ledger_id'")[0][0] == ledger.ledger_id
         ledger.add_block("s", "b1", shard=1, rows=1)  # writes again
     assert main(["ledger", "audit", "--db", path]) == 0
 
@@ -197,14 +172,14 @@ def test_a_ledger_of_an_older_version_is_bound_on_its_first_open_and_then_protec
         with Ledger.open(path, create=True) as ledger:
             ledger.create_stream("s", 1.0, 1e-6)
             ledger.add_block("s", "b0", shard=0, rows=10)
-    assert _sql(path, "SELECT count(*) FROM log WHERE kind = 'ledger'")[0][0] == 0
+    assert sql(path, "SELECT count(*) FROM log WHERE kind = 'ledger'")[0][0] == 0
     before = str(tmp_path / "before.db")
-    _backup(path, before)
+    backup(path, before)
     with Ledger.open(path) as ledger:
-        assert _sql(path, "SELECT seq, kind FROM log ORDER BY seq DESC LIMIT 1")[0] == (3, "ledger")
+        assert sql(path, "SELECT seq, kind FROM log ORDER BY seq DESC LIMIT 1")[0] == (3, "ledger")
         ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
         assert ledger.audit().ok
-    _restore(path, before)
+    restore(path, before)
     _new_id(path)
     with pytest.raises(LedgerRollback, match="has no record of this ledger"):
         Ledger.open(path)

@@ -44,7 +44,9 @@ master key from a key file outside the database (``keys.py``: ``key_file=``, els
 release seeds come from its noise key, and the log is chained with its audit key. After every committed
 write the log's head (last sequence number and chain value) is written to the head file beside the key
 file, outside the database: durable before the write returns, except a grant's (``HeadSync.USE``, the
-default), durable before the grant's first use (``verify``). A ledger of an older version (its secret in
+default), durable before the grant's first use (``verify``). Every open checks the database against that head
+and the ledger id its first keyed log entry binds, before any write (``anchor.py``: a rollback, a cut tail, a
+changed id or a missing head raises ``LedgerRollback``). A ledger of an older version (its secret in
 ``meta.secret``) is migrated on open: the key file is written first (0600, fsync), then the secret is deleted
 in one transaction.
 """
