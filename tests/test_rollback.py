@@ -103,11 +103,18 @@ def test_a_deleted_head_file_is_refused_at_open_and_an_ordinary_write_cannot_era
     _refused_then_audited(path, "has no record of this ledger", capsys)
 
 
-def test_an_audit_only_open_writes_nothing(tmp_path):
+def test_an_audit_only_open_writes_nothing_and_verifies_no_grant(tmp_path):
     path, before = _charged_once(tmp_path)
+    with Ledger.open(path) as ledger:
+        grant = ledger.grants("s")[0]
+    os.unlink(path + ".key.head")
+    with Ledger.open(path, check_head=False) as ledger:
+        assert "has no record of this ledger" in ledger.anchor_problem
+        with pytest.raises(LedgerRollback, match="verifies no grant"):
+            ledger.verify(grant)
+    assert not os.path.exists(path + ".key.head")  # no head made durable for it either
     restore(path, before)
     with Ledger.open(path, check_head=False) as ledger:
-        assert "rolled back" in ledger.anchor_problem
         with pytest.raises(LedgerRollback, match="writes nothing"):
             ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
     assert sql(path, "SELECT count(*) FROM grants")[0][0] == 0

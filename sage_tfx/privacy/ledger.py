@@ -671,7 +671,8 @@ class Ledger:
         """The head file durably at or beyond ``last`` (the log's last entry as of the read that found the grant,
         so at or beyond the grant's own entry) before anything is read under the grant (docs/security.md,
         ``HeadSync.USE``). In every mode: the grant may have been made by a process in ``use`` mode, whose head of
-        it may still be in slot C only."""
+        it may still be in slot C only. A ledger that does not match its anchor reads nothing under a grant."""
+        self._refuse_unanchored()
         if last is None:
             return
         try:
@@ -779,11 +780,15 @@ class Ledger:
     def _log(self, tx, kind, body, text=None):
         """Append ``body`` (its canonical text ``text`` if the caller has it) to the chained log; refused (the write
         rolled back) on a ledger that does not match its anchor (opened with ``check_head=False``)."""
+        self._refuse_unanchored()
+        self._append(tx, kind, body, text)
+
+    def _refuse_unanchored(self):
+        """LedgerRollback if this ledger was opened (``check_head=False``) although it does not match its anchor."""
         if self.anchor_problem is not None:
             raise LedgerRollback(f"ledger {self._store.display} does not match its anchor ({self.anchor_problem}): "
-                                 "it is opened for the audit only and writes nothing; fix: "
+                                 "it is opened for the audit only, writes nothing and verifies no grant; fix: "
                                  f"{_anchor.fix_text(self._store.display, self._key_source.path)}")
-        self._append(tx, kind, body, text)
 
     def _append(self, tx, kind, body, text=None):
         """``_log`` without the anchor's guard (``reanchor`` writes its entry through it)."""
