@@ -190,3 +190,23 @@ def test_a_ledger_of_an_older_version_is_bound_on_its_first_open_and_then_protec
     _new_id(path)
     with pytest.raises(LedgerRollback, match="has no record of this ledger"):
         Ledger.open(path)
+
+
+def test_a_copy_from_before_the_key_migration_is_caught_after_it_migrates_again(tmp_path):
+    """A schema-3 ledger (secret in meta, no id) restored from before its migration migrates again to the SAME id
+    (derived from its old secret), so the head of that id catches the rollback."""
+    from test_keys import _make_schema3_ledger
+
+    path = str(tmp_path / "old.db")
+    _make_schema3_ledger(path)
+    before = str(tmp_path / "before.db")
+    backup(path, before)
+    with Ledger.open(path) as ledger:  # migrates: key file, keys entry, ledger entry
+        first_id = ledger.ledger_id
+        ledger.request("p", "s", blocks=["b1"], epsilon=0.5)
+    restore(path, before)
+    with pytest.raises(LedgerRollback, match="removed from its tail"):
+        Ledger.open(path)
+    with Ledger.open(path, check_head=False) as ledger:
+        assert ledger.ledger_id == first_id
+        assert not ledger.audit().ok
