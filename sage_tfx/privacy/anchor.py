@@ -60,9 +60,13 @@ def bound_id(store, keys, meta_id):
     if ledger_id is None:
         return meta_id, f"log entry {seq} ({LEDGER_KIND}) does not verify under the key: the log was rewritten"
     if ledger_id != meta_id:
-        return ledger_id, (f"meta.ledger_id is {meta_id!r}, but the keyed log entry {seq} binds this ledger to id "
-                           f"{ledger_id!r}: the ledger's id was changed")
+        return ledger_id, changed_id_text(meta_id, seq, ledger_id)
     return ledger_id, None
+
+
+def changed_id_text(meta_id, seq, ledger_id) -> str:
+    return (f"meta.ledger_id is {meta_id!r}, but the keyed log entry {seq} binds this ledger to id {ledger_id!r}: "
+            "the ledger's id was changed")
 
 
 def missing_head_text(head_path, ledger_id, entries) -> str:

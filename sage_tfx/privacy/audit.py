@@ -43,7 +43,7 @@ import json
 from dataclasses import dataclass, field
 
 from . import filters
-from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, missing_head_text, rewritten_text
+from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, missing_head_text, rewritten_text
 from .draws import DrawReplay, audit_draw
 from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
@@ -187,7 +187,7 @@ def audit_ledger(ledger):
     (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
      table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals, table_draws) = tables
     _check_meta(ledger, meta, problems)
-    _check_binding(ledger, meta, bindings, len(entries), problems)
+    _check_binding(meta, bindings, len(entries), problems)
     for key, logged in block_rows.items():  # columns a block's log entry did not hold (before keys) are not compared
         if key in table_block_rows:
             block_rows[key] = tuple(t if v is _UNLOGGED else v for v, t in zip(logged, table_block_rows[key]))
@@ -387,7 +387,7 @@ def _check_meta(ledger, meta, problems):
         problems.append("meta holds the ledger's key bytes")
 
 
-def _check_binding(ledger, meta, bindings, entry_count, problems):
+def _check_binding(meta, bindings, entry_count, problems):
     """The ledger's id as its keyed ``ledger`` entry binds it (anchor.py): exactly one such entry in a used log, naming
     the id in meta (the head file's record is looked up by that id)."""
     if entry_count and not bindings:
@@ -397,8 +397,7 @@ def _check_binding(ledger, meta, bindings, entry_count, problems):
         problems.append(f"the log binds the ledger's id {len(bindings)} times (entries "
                         f"{', '.join(str(seq) for seq, _ in bindings)}): only one is ever written")
     if bindings and bindings[0][1] != meta.get("ledger_id"):
-        problems.append(f"meta.ledger_id is {meta.get('ledger_id')!r}, but log entry {bindings[0][0]} binds this "
-                        f"ledger to id {bindings[0][1]!r}: the ledger's id was changed")
+        problems.append(changed_id_text(meta.get("ledger_id"), bindings[0][0], bindings[0][1]))
 
 
 def _check_head(ledger, head, entries, problems, notes):

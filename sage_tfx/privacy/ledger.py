@@ -149,8 +149,8 @@ class Ledger:
         if problem is not None:
             if check_head:
                 raise LedgerRollback(f"ledger {self._store.display} does not match its anchor: {problem}. "
-                                             f"Nothing was written. Fix: "
-                                             f"{_anchor.fix_text(self._store.display, self._key_source.path)}")
+                                     "Nothing was written. Fix: "
+                                     f"{_anchor.fix_text(self._store.display, self._key_source.path)}")
             return
         self._anchored = True
         _anchor.bind_ledger_id(self._store, self._keys, self._ledger_id, self._log)
