@@ -50,18 +50,19 @@ def ledger_entry(tx, keys):
 
 
 def bound_id(store, keys, meta_id):
-    """The ledger's id: the one its keyed ``ledger`` entry names, else (not yet bound) ``meta_id``; and a problem
-    (text) if the entry does not verify or names another id than ``meta_id``, else None."""
+    """(id, bound, problem): the ledger's id, the one its keyed ``ledger`` entry names, else (not yet bound,
+    ``bound`` False) ``meta_id``; ``problem`` (text) if the entry does not verify or names another id than
+    ``meta_id``, else None."""
     with store.transaction(write=False) as tx:
         entry = ledger_entry(tx, keys)
     if entry is None:
-        return meta_id, None
+        return meta_id, False, None
     seq, ledger_id = entry
     if ledger_id is None:
-        return meta_id, f"log entry {seq} ({LEDGER_KIND}) does not verify under the key: the log was rewritten"
+        return meta_id, True, f"log entry {seq} ({LEDGER_KIND}) does not verify under the key: the log was rewritten"
     if ledger_id != meta_id:
-        return ledger_id, changed_id_text(meta_id, seq, ledger_id)
-    return ledger_id, None
+        return ledger_id, True, changed_id_text(meta_id, seq, ledger_id)
+    return ledger_id, True, None
 
 
 def changed_id_text(meta_id, seq, ledger_id) -> str:
@@ -104,8 +105,9 @@ def head_problem(store, head, ledger_id, head_path):
 
 
 def bind_ledger_id(store, keys, ledger_id, log) -> None:
-    """Write the keyed ``ledger`` entry naming ``ledger_id`` unless the log has one (a new ledger: entry 1; an older
-    ledger: on its first open, after its head was checked). ``log(tx, kind, body)`` appends a keyed entry."""
+    """Write the keyed ``ledger`` entry naming ``ledger_id`` unless the log has one by now (a new ledger: entry 1; an
+    older ledger: on its first open, after its head was checked; called only when ``bound_id`` found none, so an open
+    of a bound ledger takes no write transaction). ``log(tx, kind, body)`` appends a keyed entry."""
     with store.transaction() as tx:
         if ledger_entry(tx, keys) is None:
             log(tx, LEDGER_KIND, {"ledger_id": ledger_id})

@@ -140,7 +140,7 @@ class Ledger:
         with ``check_head=False`` (the audit, ``reanchor``) it is kept in ``anchor_problem`` instead, and this
         ledger then never writes the head file (a missing head is never recreated) nor binds its id. A ledger
         that passes and has no ``ledger`` entry yet (new, or from an older version) gets it now."""
-        self._ledger_id, problem = _anchor.bound_id(self._store, self._keys, meta_id)
+        self._ledger_id, bound, problem = _anchor.bound_id(self._store, self._keys, meta_id)
         if created:
             self._advance_head((0, GENESIS), reset=True)
         problem = problem or _anchor.head_problem(self._store, self._head.get(self._ledger_id), self._ledger_id,
@@ -153,7 +153,8 @@ class Ledger:
                                      f"{_anchor.fix_text(self._store.display, self._key_source.path)}")
             return
         self._anchored = True
-        _anchor.bind_ledger_id(self._store, self._keys, self._ledger_id, self._log)
+        if not bound:
+            _anchor.bind_ledger_id(self._store, self._keys, self._ledger_id, self._log)
 
     @classmethod
     def reanchor(cls, location, reason, key_file=None):
