@@ -126,6 +126,9 @@ def test_the_ledger_id_is_bound_in_the_first_keyed_log_entry(tmp_path):
         ledger_id = ledger.ledger_id
     seq, kind, body = sql(path, "SELECT seq, kind, body FROM log ORDER BY seq")[0]
     assert (seq, kind, body) == (1, "ledger", f'{{"ledger_id":"{ledger_id}"}}')
+    for _ in range(3):  # opens of a bound ledger write nothing
+        Ledger.open(path).close()
+    assert sql(path, "SELECT count(*) FROM log")[0][0] == 1
     sql(path, "UPDATE log SET body = ? WHERE seq = 1", (f'{{"ledger_id":"{secrets.token_hex(16)}"}}',))
     with pytest.raises(LedgerRollback, match="does not verify under the key"):
         Ledger.open(path)
