@@ -1,6 +1,7 @@
 """BlockExampleGen: exactly the granted blocks, deterministic splits, lineage, and the five refusals."""
 import json
 import os
+import shutil
 import sqlite3
 
 import numpy as np
@@ -38,7 +39,9 @@ def world(tmp_path_factory):
     # A copy of the ledger (same key) charges a grant the real ledger never charged.
     with sqlite3.connect(db) as src, sqlite3.connect(str(root / "copy.db")) as dst:
         src.backup(dst)  # a consistent copy, WAL included
-    with Ledger.open(str(root / "copy.db"), key_file=db + ".key") as copy:  # the same key file
+    for suffix in (".key", ".key.head"):  # the same key, with a head file of its own (a shared head would see the
+        shutil.copy(db + suffix, str(root / "copy.db") + suffix)  # copy's grant and refuse the real ledger's log)
+    with Ledger.open(str(root / "copy.db")) as copy:
         unknown = copy.request("p1", "taxi", blocks=blocks[:3], epsilon=0.5)
     yield dict(root=root, db=db, data=data, ledger=ledger, blocks=blocks, grant=grant, counted=counted,
                other=other, unknown=unknown)

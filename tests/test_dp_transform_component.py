@@ -52,6 +52,7 @@ def world(tmp_path_factory):
     with sqlite3.connect(db) as src, sqlite3.connect(str(root / "copy.db")) as dst:
         src.backup(dst)
     shutil.copy(f"{db}.key", root / "copy.db.key")  # the same key beside it (its own head file); mode 0600 kept
+    shutil.copy(f"{db}.key.head", root / "copy.db.key.head")  # a copy goes with its head (Ledger.open checks it)
     with Ledger.open(str(root / "copy.db")) as copy:
         grants["unknown"] = copy.request("p1", "taxi", blocks=blocks[:2], epsilon=1.5, delta=SPLIT["delta"],
                                          meta={"split": SPLIT})

@@ -15,15 +15,14 @@ crash before the grant's commit). What is claimed, and checked:
 """
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import textwrap
 
 import pytest
 
-from _head_file import last_seq, small_ledger
-from sage_tfx.privacy import GrantError, Ledger
+from _head_file import backup, last_seq, restore, small_ledger
+from sage_tfx.privacy import GrantError, Ledger, LedgerRollback
 from sage_tfx.privacy import keys as keys_module
 from sage_tfx.privacy.keys import ENV_HEAD_SYNC, HeadFile, HeadSync
 
@@ -42,27 +41,6 @@ def _newest_seq(state, ledger_id):
 
 def _durable_seq(state, ledger_id):
     return state.durable_heads.get(ledger_id, {}).get("seq", 0)
-
-
-def _backup(path, to):
-    """A consistent copy of the ledger's database at ``path`` as of now (SQLite's online backup)."""
-    src, dst = sqlite3.connect(path), sqlite3.connect(to)
-    try:
-        src.backup(dst)
-    finally:
-        src.close()
-        dst.close()
-
-
-def _restore(path, copy):
-    """Put ``copy`` back as the ledger's database (no ledger open on it): WAL and shared memory go with it."""
-    for suffix in ("-wal", "-shm"):
-        if os.path.exists(str(path) + suffix):
-            os.remove(str(path) + suffix)
-    with open(copy, "rb") as f:
-        data = f.read()
-    with open(path, "wb") as f:
-        f.write(data)
 
 
 @pytest.fixture(autouse=True)
@@ -133,7 +111,7 @@ def test_after_a_power_loss_a_used_grant_s_truncation_is_caught_and_an_unused_on
     me, head_path = ledger.ledger_id, ledger.head_file.path
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)  # the file has its three slots from here on
     before_grant = tmp_path / "before.db"
-    _backup(path, before_grant)
+    backup(path, before_grant)
     with open(head_path, "rb") as f:
         head_before = f.read()
     grant = ledger.request("p", "s", blocks=["b1", "b2"], epsilon=2.0)
@@ -147,12 +125,15 @@ def test_after_a_power_loss_a_used_grant_s_truncation_is_caught_and_an_unused_on
     slot_c = head_before[C * SLOT:(C + 1) * SLOT] if lost == "unwritten" else bytes(SLOT)
     on_disk = at_power_loss[:C * SLOT] + slot_c
     # ... and someone who can write the database and not the key file puts back the database before the grant
-    _restore(path, before_grant)
+    restore(path, before_grant)
     with open(head_path, "wb") as f:
         f.write(on_disk)
-    with Ledger.open(path) as ledger:
+    if used:  # the head says the grant's entry: the log behind it is refused at open, before any write
+        with pytest.raises(LedgerRollback, match=f"recorded entry {grant_seq}"):
+            Ledger.open(path)
+    with Ledger.open(path, check_head=not used) as ledger:
         report = ledger.audit()
-        if used:  # the head says the grant's entry: the log behind it is caught
+        if used:  # ... and caught by the audit
             assert not report.ok
             assert any(f"recorded entry {grant_seq}" in p for p in report.problems), report.problems
         else:  # the state an honest crash before the grant's commit leaves; the grant opens nothing
@@ -169,7 +150,7 @@ def test_a_killed_writer_loses_no_grant_head(tmp_path):
     with small_ledger(path) as ledger:
         ledger.request("p", "s", blocks=["b3"], epsilon=1.0)  # the file has its three slots from here on
     before_grant = tmp_path / "before.db"
-    _backup(path, before_grant)
+    backup(path, before_grant)
     with Ledger.open(path) as ledger:
         me = ledger.ledger_id
     child = textwrap.dedent(f"""
@@ -188,8 +169,10 @@ def test_a_killed_writer_loses_no_grant_head(tmp_path):
         assert state.newest == C and _newest_seq(state, me) == last > _durable_seq(state, me)  # never synced
         report = ledger.audit()
         assert report.ok and not report.notes, (report.problems, report.notes)
-    _restore(path, before_grant)
-    with Ledger.open(path) as ledger:
+    restore(path, before_grant)
+    with pytest.raises(LedgerRollback, match=f"recorded entry {last}"):
+        Ledger.open(path)
+    with Ledger.open(path, check_head=False) as ledger:
         report = ledger.audit()
         assert not report.ok and any(f"recorded entry {last}" in p for p in report.problems), report.problems
 

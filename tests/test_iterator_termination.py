@@ -95,6 +95,7 @@ def snapshot(ledger_path, copy_path):
     with sqlite3.connect(ledger_path) as src, sqlite3.connect(copy_path) as dst:
         src.backup(dst)
     shutil.copy(f"{ledger_path}.key", f"{copy_path}.key")  # the ledger's key beside the copy (mode 0600 kept)
+    shutil.copy(f"{ledger_path}.key.head", f"{copy_path}.key.head")  # and its head (Ledger.open checks it)
     return Ledger.open(copy_path)
 
 

@@ -204,6 +204,9 @@ def _make_schema3_ledger(path):
     conn.execute("INSERT INTO meta (key, value) VALUES ('secret', ?)", (secret,))
     sig = sign(grant.body())
     conn.execute("UPDATE grants SET signature = ? WHERE id = ?", (sig, grant.id))
+    conn.execute("DELETE FROM log WHERE kind = 'ledger'")  # schema 3 bound no ledger id in its log (entry 1 now)
+    conn.execute("UPDATE log SET seq = -seq")
+    conn.execute("UPDATE log SET seq = -seq - 1")
     prev = GENESIS
     for seq, kind, body in conn.execute("SELECT seq, kind, body FROM log ORDER BY seq").fetchall():
         if kind == "grant":

@@ -14,7 +14,11 @@ when rdp grants began to record what was asked apart from the conversion (the tw
 converted_epsilon: their rows, their log entries and the chain values from there on changed; nothing else), and
 for schema 8 (its rdp stream splits its conversion delta over its orders, split_orders 1: the streams' rows, the
 rdp stream's log entry and the chain values from there on, schema_version and the rdp reservation share that
-follows from the split changed; nothing else).
+follows from the split changed; nothing else), and again
+when every ledger began binding its id in a keyed first log entry (the ``ledger`` entry 1: every later entry's
+sequence number one higher, its chain values and the queued demand's log sequence number changed; nothing else),
+and with it for the record split every grant with a split now signs (``meta["records"]``: the grants' rows,
+their log entries and the chain values from there on changed; nothing else).
 """
 import json
 import os

@@ -155,6 +155,7 @@ class Host:
         root.mkdir(mode=0o700)
         self.key_file = root / "ledger.key"
         shutil.copy2(key_file, self.key_file)  # "distributed securely": mode 0600 kept
+        shutil.copy2(f"{key_file}.head", f"{self.key_file}.head")  # and its head: Ledger.open checks the log against it
         self.work = root / "work"
         pipelines = []
         for pipeline in HOSTS[name]:
@@ -345,6 +346,7 @@ def test_audit_of_a_ledger_another_process_is_writing(postgres_server, tmp_path,
         writer_key = tmp_path / "other" / "ledger.key"
         writer_key.parent.mkdir(mode=0o700)
         shutil.copy2(key_file, writer_key)
+        shutil.copy2(f"{key_file}.head", f"{writer_key}.head")  # a host joins with a copy of a head file
     env = {k: v for k, v in os.environ.items() if k != "SAGE_KEY_FILE"}
     writer = subprocess.Popen([PY, "-c", _WRITER, url, str(writer_key), "6"], stdout=subprocess.PIPE, text=True,
                               env=env)

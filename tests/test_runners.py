@@ -167,6 +167,7 @@ def _sage_run_rejects(taxi_days, tmp_path, beam_args, *, data=None, options=(), 
     data = fixture_data if data is None else data
     shutil.copy(db, tmp_path / "ledger.db")
     shutil.copy(f"{db}.key", tmp_path / "ledger.db.key")
+    shutil.copy(f"{db}.key.head", tmp_path / "ledger.db.key.head")  # a copy goes with its head (Ledger.open checks it)
     db, work = tmp_path / "ledger.db", tmp_path / "work"
     out = subprocess.run(
         [sys.executable, "-m", "sage_tfx", "run", "taxi_regression", "--db", str(db), "--stream", "taxi",

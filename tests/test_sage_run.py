@@ -33,6 +33,7 @@ def _copy_stream(taxi_stream, tmp_path):
     db, data = taxi_stream
     shutil.copy(db, tmp_path / "ledger.db")
     shutil.copy(f"{db}.key", tmp_path / "ledger.db.key")  # its key file beside it (mode 0600 kept)
+    shutil.copy(f"{db}.key.head", tmp_path / "ledger.db.key.head")  # and its head (Ledger.open checks it)
     return tmp_path / "ledger.db", data
 
 

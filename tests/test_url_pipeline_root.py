@@ -44,6 +44,7 @@ def _copy_stream(taxi_stream, tmp_path):
     db, data = taxi_stream
     shutil.copy(db, tmp_path / "ledger.db")
     shutil.copy(f"{db}.key", tmp_path / "ledger.db.key")
+    shutil.copy(f"{db}.key.head", tmp_path / "ledger.db.key.head")  # a copy goes with its head (Ledger.open checks it)
     return str(tmp_path / "ledger.db"), str(data)
 
 

@@ -106,6 +106,13 @@ def add_parser(subparsers):
     p = action("audit", _audit, "recompute every block's loss from the hash-chained log (exit 1 on violation)")
     p.add_argument("--json", action="store_true")
 
+    p = action("anchor", _anchor,
+               "re-anchor this host's head file on the ledger as it is now, ON PURPOSE: after restoring a known-good "
+               "copy deliberately, or on a host joining a PostgreSQL ledger without a copy of a head file (logged "
+               "in the ledger with the reason and host; the audit lists it; docs/security.md)")
+    p.add_argument("--reason", required=True, help="why (recorded in the ledger's keyed log)")
+    p.add_argument("--json", action="store_true")
+
     p = action("plot", _plot, "heat-map PNG of budget spent per block over time")
     p.add_argument("--stream", required=True)
     p.add_argument("--out", required=True, help="output .png path")
@@ -133,10 +140,10 @@ def _guarded(func, args):
         return EXIT_BAD_INPUT
 
 
-def _open(args, create=False):
+def _open(args, create=False, check_head=True):
     from sage_tfx.privacy import Ledger
 
-    return Ledger.open(args.db, create=create)
+    return Ledger.open(args.db, create=create, check_head=check_head)
 
 
 def _init(args):
@@ -212,8 +219,23 @@ def _status(args):
 
 
 def _audit(args):
-    with _open(args) as ledger:
+    with _open(args, check_head=False) as ledger:  # a database that does not match its head is reported, not refused
         report = ledger.audit()
+    return _print_audit(args, report)
+
+
+def _anchor(args):
+    from sage_tfx.privacy import Ledger
+
+    with Ledger.reanchor(args.db, args.reason) as ledger:
+        seq = ledger.head_file.get(ledger.ledger_id)["seq"]
+        print(f"re-anchored: this host's head file now records log entry {seq} of ledger {ledger.ledger_id} "
+              "(logged with the reason)", file=sys.stderr)
+        report = ledger.audit()
+    return _print_audit(args, report)
+
+
+def _print_audit(args, report):
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return EXIT_OK if report.ok else EXIT_VIOLATION

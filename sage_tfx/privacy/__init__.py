@@ -30,6 +30,7 @@ from .errors import (
     DuplicateContent,
     LedgerError,
     LedgerNotFound,
+    LedgerRollback,
     PipelineBusy,
     RecordError,
     SageError,
@@ -45,6 +46,7 @@ __all__ = [
     "Ledger", "Grant", "Block", "Stream", "Release", "POLICIES", "OUTCOMES",
     "BudgetSplit", "ChargeRule", "STAGES", "grant_split", "stage_budget", "require_budget",
     "RecordSplit", "DEFAULT_RECORD_SPLIT", "record_split", "require_side",
-    "LedgerError", "DuplicateContent", "LedgerNotFound", "LedgerCorrupt", "UnknownStream", "UnknownBlock", "BlockRetired",
+    "LedgerError", "DuplicateContent", "LedgerNotFound", "LedgerCorrupt", "LedgerRollback", "UnknownStream",
+    "UnknownBlock", "BlockRetired",
     "PipelineBusy", "GrantError", "BudgetRefused", "RecordError", "SageError", "public_error_text",
 ]

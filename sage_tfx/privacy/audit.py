@@ -45,6 +45,7 @@ import json
 from dataclasses import dataclass, field
 
 from . import filters
+from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, missing_head_text, rewritten_text
 from .draws import DrawReplay, audit_draw
 from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
@@ -97,6 +98,7 @@ def audit_ledger(ledger):
     streams, stream_configs, blocks, grants, releases = {}, {}, {}, {}, {}
     block_rows, pipelines, reservations, outcomes, draws = {}, {}, {}, {}, DrawReplay()
     queued = _QueueReplay(streams, stream_configs, blocks, block_rows, problems)
+    bindings = []  # (seq, ledger id) of each keyed ``ledger`` entry (anchor.py)
     for seq, ts, kind, body_text, prev, digest in entries:
         if seq != expected_seq:
             problems.append(f"log entry {seq}: expected sequence number {expected_seq} (entries missing)")
@@ -168,6 +170,12 @@ def audit_ledger(ledger):
             audit_draw(ledger, seq, body, grants, releases, draws, problems)
         elif kind == TRUSTED_READ:
             _replay_trusted_read(seq, ts, body, blocks, report.trusted_reads, problems)
+        elif kind == LEDGER_KIND:
+            bindings.append((seq, body.get("ledger_id")))
+        elif kind == ANCHOR_KIND:
+            report.notes.append(f"log entry {seq}: this ledger was re-anchored by an operator on host "
+                                f"{body.get('host')!r} ({body.get('reason')!r}; the head file's record it replaced: "
+                                f"{body.get('replaced_head')})")
         elif kind == "retire":
             for b in body["blocks"]:
                 if (body["stream"], b) in blocks:
@@ -184,6 +192,7 @@ def audit_ledger(ledger):
     (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
      table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals, table_draws) = tables
     _check_meta(ledger, meta, problems)
+    _check_binding(meta, bindings, len(entries), problems)
     for key, logged in block_rows.items():  # columns a block's log entry did not hold (before keys) are not compared
         if key in table_block_rows:
             block_rows[key] = tuple(t if v is _UNLOGGED else v for v, t in zip(logged, table_block_rows[key]))
@@ -384,6 +393,19 @@ def _check_meta(ledger, meta, problems):
         problems.append("meta holds the ledger's key bytes")
 
 
+def _check_binding(meta, bindings, entry_count, problems):
+    """The ledger's id as its keyed ``ledger`` entry binds it (anchor.py): exactly one such entry in a used log, naming
+    the id in meta (the head file's record is looked up by that id)."""
+    if entry_count and not bindings:
+        problems.append("the log has no keyed ledger entry binding the ledger's id (a ledger of an older version "
+                        "is bound when first opened; a log without it was replaced or cut)")
+    if len(bindings) > 1:
+        problems.append(f"the log binds the ledger's id {len(bindings)} times (entries "
+                        f"{', '.join(str(seq) for seq, _ in bindings)}): only one is ever written")
+    if bindings and bindings[0][1] != meta.get("ledger_id"):
+        problems.append(changed_id_text(meta.get("ledger_id"), bindings[0][0], bindings[0][1]))
+
+
 def _check_head(ledger, head, entries, problems, notes):
     """The log against the head file (outside the database): the entry it names must be there, unchanged.
 
@@ -394,19 +416,19 @@ def _check_head(ledger, head, entries, problems, notes):
     before the log's snapshot, so this host's writes after the snapshot cannot put it ahead of the log.
     """
     path = ledger.head_file.path
+    last = entries[-1][0] if entries else 0
     if head is None:
-        problems.append(f"the head file {path} has no record of this ledger (id {ledger.ledger_id!r}): the log's "
-                        "tail cannot be checked (restore the head file from backup, or audit on the host that "
-                        "writes this ledger)")
+        if entries:
+            problems.append(missing_head_text(path, ledger.ledger_id, len(entries)) + ": the log's tail cannot be "
+                            "checked (restore the head file from backup, audit on the host that writes this ledger, "
+                            "or re-anchor on purpose: sage ledger anchor)")
         return
     seq, chain = int(head.get("seq", 0)), head.get("chain")
     by_seq = {e[0]: e for e in entries}
-    last = entries[-1][0] if entries else 0
     if seq > last:
-        problems.append(f"the log ends at entry {last}, but the head file {path} recorded entry {seq}: "
-                        f"{seq - last} entr{'y was' if seq - last == 1 else 'ies were'} removed from its tail")
+        problems.append(behind_text(path, last, seq))
     elif seq > 0 and (seq not in by_seq or not hmac.compare_digest(by_seq[seq][5], chain or "")):
-        problems.append(f"log entry {seq} is not the one the head file {path} recorded: the log was rewritten")
+        problems.append(rewritten_text(path, seq))
     if last > seq:
         notes.append(f"{last - seq} log entr{'y' if last - seq == 1 else 'ies'} after the head file's entry {seq} "
                      "verify under the key: accepted (a crash between a commit and the head write, a power loss "

@@ -29,6 +29,11 @@ class LedgerCorrupt(LedgerError):
     """The ledger file or database is corrupt, truncated, or not a sage ledger."""
 
 
+class LedgerRollback(LedgerError):
+    """The database does not match the head file outside it: rolled back, cut, re-identified or replaced
+    (``anchor.py``)."""
+
+
 class UnknownStream(LedgerError):
     pass
 

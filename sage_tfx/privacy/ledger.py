@@ -44,21 +44,25 @@ master key from a key file outside the database (``keys.py``: ``key_file=``, els
 release seeds come from its noise key, and the log is chained with its audit key. After every committed
 write the log's head (last sequence number and chain value) is written to the head file beside the key
 file, outside the database: durable before the write returns, except a grant's (``HeadSync.USE``, the
-default), durable before the grant's first use (``verify``). A ledger of an older version (its secret in
+default), durable before the grant's first use (``verify``). Every open checks the database against that head
+and the ledger id its first keyed log entry binds, before any write (``anchor.py``: a rollback, a cut tail, a
+changed id or a missing head raises ``LedgerRollback``). A ledger of an older version (its secret in
 ``meta.secret``) is migrated on open: the key file is written first (0600, fsync), then the secret is deleted
 in one transaction.
 """
 import json
 import os
+import socket
 import time
 
-from . import blocks as _blocks, charges as _charges, draws as _draws
+from . import anchor as _anchor, blocks as _blocks, charges as _charges, draws as _draws
 from .allocation import bisect as _bisect, get_policy
 from .audit import audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
 from .chain import GENESIS, TRUSTED_READ, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
 from .checks import check_name as _check_name, finite as _finite
-from .errors import BlockRetired, BudgetRefused, GrantError, LedgerError, PipelineBusy, UnknownBlock
+from .errors import (BlockRetired, BudgetRefused, GrantError, LedgerError, LedgerRollback, PipelineBusy,
+                     UnknownBlock)
 from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-exported under their old names)
     SPLICE_GRANT_LOG as _SPLICE_GRANT_LOG,
     Grant,
@@ -70,7 +74,7 @@ from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-export
     signature_ok,
     stage_allowance,
 )
-from .keys import HeadFile, KeyFileError, head_sync_mode, resolve_key_path, warn_head_write
+from .keys import HeadFile, HeadSync, KeyFileError, head_sync_mode, resolve_key_path, warn_head_write
 from .session import KeySource as _KeySource, PipelineClaim, migrate_secret, migration_entry
 from .split import STAGES
 from .store import open_store, sql
@@ -103,13 +107,15 @@ def _recorded_grant(grant_id, row):
 class Ledger:
     """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists."""
 
-    def __init__(self, store, keys, head_sync=None):
+    def __init__(self, store, keys, head_sync=None, check_head=True):
         """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
         self._head_sync = head_sync_mode(head_sync)
         self._store = store
         self._claims = []  # PipelineClaims of this process (Ledger.claim), released by close()
         self._key_source = keys
         self._legacy_grants = frozenset()
+        self._anchored = False  # the head file may record this ledger's writes (set by _check_anchor)
+        self.anchor_problem = None  # what _check_anchor found (check_head=False): then nothing is written
         with store.transaction(write=False) as tx:
             meta = dict(tx.all(sql.META_ALL))
         if "secret" in meta and "key_id" not in meta:
@@ -122,21 +128,64 @@ class Ledger:
             raise KeyFileError(
                 f"key file {keys.path} is not the key of ledger {store.display} (key id {self._keys.key_id}, the "
                 f"ledger's {meta.get('key_id')}): give this ledger's key file (--key-file PATH or SAGE_KEY_FILE=PATH)")
-        self._ledger_id = meta.get("ledger_id") or ""
         self._head = HeadFile(self._keys.head_path, self._head_sync)
         store.after_commit = self._advance_head
-        if keys.created_ledger:
-            self._advance_head((0, GENESIS), reset=True)
+        self._check_anchor(meta.get("ledger_id") or "", keys.created_ledger, check_head)
         if self._keys.legacy_secret is not None:
             self._legacy_grants = frozenset(self._migration_entry().get("legacy_grants", ()))
 
+    def _check_anchor(self, meta_id, created, check_head):
+        """The database against the anchor outside it (``anchor.py``), before any write: the id its keyed ``ledger``
+        entry binds, and this host's head. A mismatch raises ``LedgerRollback`` naming what was found and the fix;
+        with ``check_head=False`` (the audit, ``reanchor``) it is kept in ``anchor_problem`` instead, and this
+        ledger then never writes the head file (a missing head is never recreated) nor binds its id. A ledger
+        that passes and has no ``ledger`` entry yet (new, or from an older version) gets it now."""
+        self._ledger_id, bound, problem = _anchor.bound_id(self._store, self._keys, meta_id)
+        if created:
+            self._advance_head((0, GENESIS), reset=True)
+        problem = problem or _anchor.head_problem(self._store, self._head.get(self._ledger_id), self._ledger_id,
+                                                  self._head.path)
+        self.anchor_problem = problem
+        if problem is not None:
+            if check_head:
+                raise LedgerRollback(f"ledger {self._store.display} does not match its anchor: {problem}. "
+                                     "Nothing was written. Fix: "
+                                     f"{_anchor.fix_text(self._store.display, self._key_source.path)}")
+            return
+        self._anchored = True
+        if not bound:
+            _anchor.bind_ledger_id(self._store, self._keys, self._ledger_id, self._log)
+
     @classmethod
-    def open(cls, location, create=False, key_file=None, head_sync=None):
+    def reanchor(cls, location, reason, key_file=None):
+        """Re-anchor this host's head on the ledger as it is now, on purpose (``anchor.reanchor``): a known-good
+        copy restored deliberately, or a host joining a PostgreSQL ledger without a copy of a head file. The keyed
+        ``anchor`` entry records ``reason``, the host and the head it replaces; the head file is reset to it.
+        Returns the open ledger (audit it: ``ledger.audit()``)."""
+        ledger = cls.open(location, key_file=key_file, head_sync=HeadSync.COMMIT, check_head=False)
+        try:
+            head = ledger._head.get(ledger._ledger_id)
+            with ledger._store.transaction(write=False) as tx:
+                meta_id = dict(tx.all(sql.META_ALL)).get("ledger_id") or ""
+            entry = _anchor.reanchor(ledger._store, ledger._keys, ledger._ledger_id, meta_id, head, reason,
+                                     socket.gethostname(), ledger._append)
+            ledger._head.advance(ledger._ledger_id, entry[0], entry[1], reset=True)
+            ledger._anchored, ledger.anchor_problem = True, None
+        except BaseException:
+            ledger.close()
+            raise
+        return ledger
+
+    @classmethod
+    def open(cls, location, create=False, key_file=None, head_sync=None, check_head=True):
         """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
         $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
         (mode 0600) if that does not exist yet. ``head_sync`` (``keys.HeadSync``: ``use``, ``commit`` or
         ``group``; default $SAGE_HEAD_SYNC, else ``use``) says when the audit's head file is made durable
-        (docs/security.md)."""
+        (docs/security.md). The database is checked against the head file before any write
+        (``LedgerRollback`` if it was rolled back, cut, re-identified or replaced); ``check_head=False``
+        (the audit) records the problem in ``anchor_problem`` instead and opens a ledger that never writes the
+        head file."""
         if not isinstance(location, (str, os.PathLike)) or not str(location):
             raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
         head_sync = head_sync_mode(head_sync)  # a bad mode is refused before anything is created
@@ -159,7 +208,7 @@ class Ledger:
             keys.undo_created()
             raise
         try:
-            return cls(store, keys, head_sync)
+            return cls(store, keys, head_sync, check_head)
         except BaseException:
             store.close()
             raise
@@ -177,6 +226,8 @@ class Ledger:
         """After a committed write: record its last log entry in the head file (outside the database); ``until_use``
         (a grant's write, ``HeadSync.USE``): durable before the grant's first use (``verify``), not before now."""
         seq, chain = head
+        if not (self._anchored or reset):  # a failed anchor check: never a fresh head for a used ledger
+            return
         try:
             self._head.advance(self._ledger_id, seq, chain, reset=reset, until_use=until_use)
         except (OSError, LedgerError) as exc:  # the write is committed: the audit will say the head is behind
@@ -188,6 +239,7 @@ class Ledger:
         def adopt(keys, ledger_id):
             self._keys, self._ledger_id = keys, ledger_id
             self._head = HeadFile(keys.head_path, self._head_sync)
+            self._anchored = True  # the migration's commit is where an older ledger's head begins
             self._store.after_commit = self._advance_head
 
         return migrate_secret(self._store, self._key_source, secret, self._log, adopt)
@@ -621,7 +673,8 @@ class Ledger:
         """The head file durably at or beyond ``last`` (the log's last entry as of the read that found the grant,
         so at or beyond the grant's own entry) before anything is read under the grant (docs/security.md,
         ``HeadSync.USE``). In every mode: the grant may have been made by a process in ``use`` mode, whose head of
-        it may still be in slot C only."""
+        it may still be in slot C only. A ledger that does not match its anchor reads nothing under a grant."""
+        self._refuse_unanchored()
         if last is None:
             return
         try:
@@ -727,7 +780,20 @@ class Ledger:
 
     # ------------------------------------------------------------------- audit
     def _log(self, tx, kind, body, text=None):
-        """Append ``body`` (its canonical text ``text`` if the caller has it) to the chained log."""
+        """Append ``body`` (its canonical text ``text`` if the caller has it) to the chained log; refused (the write
+        rolled back) on a ledger that does not match its anchor (opened with ``check_head=False``)."""
+        self._refuse_unanchored()
+        self._append(tx, kind, body, text)
+
+    def _refuse_unanchored(self):
+        """LedgerRollback if this ledger was opened (``check_head=False``) although it does not match its anchor."""
+        if self.anchor_problem is not None:
+            raise LedgerRollback(f"ledger {self._store.display} does not match its anchor ({self.anchor_problem}): "
+                                 "it is opened for the audit only, writes nothing and verifies no grant; fix: "
+                                 f"{_anchor.fix_text(self._store.display, self._key_source.path)}")
+
+    def _append(self, tx, kind, body, text=None):
+        """``_log`` without the anchor's guard (``reanchor`` writes its entry through it)."""
         # The entry this write transaction logged last is the log's last one (a write transaction is exclusive).
         # ``request`` reads it with the stream row in its own write transaction (``tx.log_last``).
         last = (getattr(tx, "head", None) or getattr(tx, "log_last", None)

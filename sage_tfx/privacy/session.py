@@ -99,7 +99,7 @@ def migrate_secret(store, key_source, secret, log, adopt):
             return keys  # migrated by another process meanwhile
         last = tx.one(sql.LOG_LAST_SEQ)
         grants = sorted(r[0] for r in tx.all(sql.GRANT_IDS))
-        ledger_id = (tx.one(sql.META_LEDGER_ID) or [None])[0] or secrets.token_hex(16)
+        ledger_id = (tx.one(sql.META_LEDGER_ID) or [None])[0] or _migrated_ledger_id(secret)
         tx.run(sql.META_DELETE_KEY_ROWS)
         tx.run(sql.META_INSERT_KEY_ID, (keys.key_id,))
         tx.run(sql.META_INSERT_LEDGER_ID, (ledger_id,))
@@ -107,6 +107,12 @@ def migrate_secret(store, key_source, secret, log, adopt):
         log(tx, "keys", {"key_id": keys.key_id, "legacy_chain_until": last[0] if last else 0,
                          "legacy_grants": grants})
     return keys
+
+
+def _migrated_ledger_id(secret):
+    """A migrated ledger's id, derived from its old secret: a copy of it restored from before the migration and
+    migrated again gets the same id, so this host's head of the ledger still catches the rollback (anchor.py)."""
+    return hmac.new(secret.encode(), b"sage-tfx ledger id", "sha256").hexdigest()[:32]
 
 
 def migration_entry(store, keys):

@@ -157,6 +157,7 @@ META_LEDGER_ID = "SELECT value FROM meta WHERE key = 'ledger_id'"
 META_DELETE_KEY_ROWS = "DELETE FROM meta WHERE key IN ('secret', 'key_id', 'ledger_id')"
 META_INSERT_KEY_ID = "INSERT INTO meta (key, value) VALUES ('key_id', ?)"
 META_INSERT_LEDGER_ID = "INSERT INTO meta (key, value) VALUES ('ledger_id', ?)"
+META_SET_LEDGER_ID = "UPDATE meta SET value = ? WHERE key = 'ledger_id'"  # anchor.reanchor: the bound id back
 
 # --------------------------------------------------------------------------------------------------------- SQLite
 SQLITE_BUSY_TIMEOUT = "PRAGMA busy_timeout=120000"
@@ -342,6 +343,8 @@ LOG_LAST = "SELECT seq, hash FROM log ORDER BY seq DESC LIMIT 1"  # what the nex
 LOG_LAST_SEQ = "SELECT seq FROM log ORDER BY seq DESC LIMIT 1"
 LOG_INSERT = "INSERT INTO log (seq, ts, kind, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?)"
 LOG_TRUSTED_READS = "SELECT body FROM log WHERE kind = 'trusted_read' ORDER BY seq"  # decryptions outside a grant
+LOG_FIRST_OF_KIND = "SELECT seq, kind, body, prev, hash FROM log WHERE kind = ? ORDER BY seq LIMIT 1"  # anchor.py
+LOG_HASH_AT = "SELECT hash FROM log WHERE seq = ?"  # the entry a head file names (anchor.head_problem)
 LOG_FIRST_KEYS_ENTRY = "SELECT seq, kind, body, prev, hash FROM log WHERE kind = 'keys' ORDER BY seq LIMIT 1"
 
 # ------------------------------------------------------------------------------------- the audit (audit.py, step 4)

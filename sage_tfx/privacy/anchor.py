@@ -1,0 +1,131 @@
+"""The ledger's anchor outside the database, checked on every open before any write (docs/security.md, "Rollback").
+
+A writer of the database alone can restore an old copy of it, cut its log's tail, or change the unkeyed
+``meta.ledger_id``; it cannot write a keyed log entry. Two facts a restored copy cannot match make every
+rollback of a used ledger visible, at ``Ledger.open`` (refused before any write) and in the audit:
+
+* the **ledger entry**: the first keyed log entry of kind ``ledger`` names the ledger's id ({"ledger_id": id}). A new
+  ledger writes it as entry 1; an older one when it is first opened (``bind_ledger_id``). The ledger's id is the
+  one this entry names; a ``meta.ledger_id`` that differs was changed.
+* the **head**: the head file beside the key file records, per ledger id, the sequence number and keyed chain value
+  of the last entry this host committed (``keys.HeadFile``): a monotonic counter. The log must reach that entry
+  with that chain value; a ledger whose log has entries must have a head (a missing head is never recreated).
+
+A deliberate recovery (a known-good backup restored on purpose, or a host that joins a PostgreSQL ledger without a
+copy of a head file) is ``sage ledger anchor --reason TEXT`` (``Ledger.reanchor``): a keyed ``anchor`` log entry
+records the reason, the host and the head it replaced, and the head file is reset to it; the audit lists every
+such entry. This module imports neither the ``Ledger`` facade nor the audit.
+"""
+import hmac
+import json
+
+from .errors import LedgerError
+from .store import sql
+
+LEDGER_KIND = "ledger"  # the keyed log entry binding the ledger's id
+ANCHOR_KIND = "anchor"  # an operator's explicit re-anchoring of this host's head
+
+
+def fix_text(display, key_path) -> str:
+    """What an operator does about a refused open: restore the matching database, or re-anchor on purpose."""
+    return (f"restore the ledger database that matches the head file {key_path}.head (it is the newer copy), or, "
+            f"ONLY if this database is a known-good copy restored on purpose (or this host joins a PostgreSQL ledger "
+            f"and has no copy of a head file), re-anchor it explicitly: sage ledger anchor --db {display} "
+            f"--key-file {key_path} --reason TEXT (logged in the ledger and listed by the audit)")
+
+
+def ledger_entry(tx, keys):
+    """(seq, ledger id) of the log's first ``ledger`` entry, or None if there is none; the id is None when the entry
+    does not verify under the key."""
+    row = tx.one(sql.LOG_FIRST_OF_KIND, (LEDGER_KIND,))
+    if row is None:
+        return None
+    seq, kind, body_text, prev, chain = row
+    if not hmac.compare_digest(keys.chain_value(prev, seq, kind, body_text), chain):
+        return seq, None
+    try:
+        return seq, json.loads(body_text).get("ledger_id")
+    except (ValueError, AttributeError):
+        return seq, None
+
+
+def bound_id(store, keys, meta_id):
+    """(id, bound, problem): the ledger's id, the one its keyed ``ledger`` entry names, else (not yet bound,
+    ``bound`` False) ``meta_id``; ``problem`` (text) if the entry does not verify or names another id than
+    ``meta_id``, else None."""
+    with store.transaction(write=False) as tx:
+        entry = ledger_entry(tx, keys)
+    if entry is None:
+        return meta_id, False, None
+    seq, ledger_id = entry
+    if ledger_id is None:
+        return meta_id, True, f"log entry {seq} ({LEDGER_KIND}) does not verify under the key: the log was rewritten"
+    if ledger_id != meta_id:
+        return ledger_id, True, changed_id_text(meta_id, seq, ledger_id)
+    return ledger_id, True, None
+
+
+def changed_id_text(meta_id, seq, ledger_id) -> str:
+    return (f"meta.ledger_id is {meta_id!r}, but the keyed log entry {seq} binds this ledger to id {ledger_id!r}: "
+            "the ledger's id was changed")
+
+
+def missing_head_text(head_path, ledger_id, entries) -> str:
+    return (f"the head file {head_path} has no record of this ledger (id {ledger_id!r}), whose log has {entries} "
+            "entries: the head file was deleted or replaced, or the database was swapped or its id changed (a missing "
+            "head is never recreated for a used ledger)")
+
+
+def behind_text(head_path, last_seq, seq) -> str:
+    return (f"the log ends at entry {last_seq}, but the head file {head_path} recorded entry {seq}: "
+            f"{seq - last_seq} entr{'y was' if seq - last_seq == 1 else 'ies were'} removed from its tail (the "
+            "database was rolled back or its tail cut)")
+
+
+def rewritten_text(head_path, seq) -> str:
+    return f"log entry {seq} is not the one the head file {head_path} recorded: the log was rewritten or replaced"
+
+
+def head_problem(store, head, ledger_id, head_path):
+    """The log against this host's head (``head``: the head file's record of ``ledger_id``, or None): None if the log
+    reaches the head's entry with its chain value (a log AHEAD of the head is accepted here; the audit verifies the
+    later entries under the key), else what was found."""
+    with store.transaction(write=False) as tx:
+        last = tx.one(sql.LOG_LAST)
+        at = None if head is None else tx.one(sql.LOG_HASH_AT, (int(head.get("seq", 0)),))
+    last_seq = last[0] if last else 0
+    if head is None:
+        return missing_head_text(head_path, ledger_id, last_seq) if last_seq else None
+    seq = int(head.get("seq", 0))
+    if seq > last_seq:
+        return behind_text(head_path, last_seq, seq)
+    if seq > 0 and (at is None or not hmac.compare_digest(at[0], head.get("chain") or "")):
+        return rewritten_text(head_path, seq)
+    return None
+
+
+def bind_ledger_id(store, keys, ledger_id, log) -> None:
+    """Write the keyed ``ledger`` entry naming ``ledger_id`` unless the log has one by now (a new ledger: entry 1; an
+    older ledger: on its first open, after its head was checked; called only when ``bound_id`` found none, so an open
+    of a bound ledger takes no write transaction). ``log(tx, kind, body)`` appends a keyed entry."""
+    with store.transaction() as tx:
+        if ledger_entry(tx, keys) is None:
+            log(tx, LEDGER_KIND, {"ledger_id": ledger_id})
+
+
+def reanchor(store, keys, ledger_id, meta_id, head, reason, host, log):
+    """The operator's explicit re-anchoring, in one write transaction: bind the id if the log has no ``ledger``
+    entry, put ``ledger_id`` back into meta if it was changed, and log a keyed ``anchor`` entry (the reason, the host,
+    the head it replaces, meta's id if it differed). Returns the anchor entry's (seq, chain) for the head file."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise LedgerError("a re-anchoring needs a reason (--reason TEXT): it is logged in the ledger and listed by "
+                          "the audit")
+    with store.transaction() as tx:
+        if ledger_entry(tx, keys) is None:
+            log(tx, LEDGER_KIND, {"ledger_id": ledger_id})
+        body = {"reason": reason.strip(), "host": host, "replaced_head": head}
+        if meta_id != ledger_id:
+            tx.run(sql.META_SET_LEDGER_ID, (ledger_id,))
+            body["meta_ledger_id_was"] = meta_id
+        log(tx, ANCHOR_KIND, body)
+        return tx.head
