@@ -35,7 +35,9 @@ retirement was appended in the same transaction that made it. ``audit_ledger``
    composes to at most its grant's charge, each stage stayed within its share, the stages together
    within the charge, and a single-stage grant (no split) was spent by one stage only. What a grant's stages may
    spend is recomputed from its cost (``grants.grant_budget``: on an ``rdp`` stream the epsilon and delta asked,
-   never the charge converted at the stream's delta) and must be what the grant records;
+   never the charge converted at the stream's delta) and must be what the grant records; an ``rdp`` grant made
+   before that (no ``converted_epsilon``) is checked against what its cost pays for (``grants.stage_cap``), as
+   ``Ledger.release`` refuses, whenever its releases were made;
 7. lists the ``trusted_read`` entries (trusted code decrypting blocks outside a grant: no charge, a keyed entry
    naming the blocks and the purpose, written before the decryption) in ``AuditReport.trusted_reads``; one naming
    a block the log never registered, or no purpose, is a problem.
@@ -49,7 +51,7 @@ from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, miss
 from .draws import DrawReplay, audit_draw
 from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
-from .grants import grant_budget
+from .grants import Grant, cap_text, capped, grant_budget, older_rdp, stage_cap
 from .split import SLACK, BudgetSplit
 from .store import sql
 from .vocabulary import Accounting, BlockState, PipelineState, Source
@@ -219,7 +221,7 @@ def audit_ledger(ledger):
                lambda table, log: "the table's record differs from the log's", missing_note=" (never charged)")
     _reconcile(problems, table_releases, releases, lambda key: f"release of stage {key[1]!r} under grant {key[0]!r}",
                lambda table, log: f"table says {table}, log says {log}")
-    _check_release_totals(grants, releases, problems)
+    _check_release_totals(grants, releases, streams, problems)
     _note_converted_rule(grants, report.notes)
     _reconcile(problems, table_draws, draws.rows, lambda key: f"draw of run {key[1]!r} from lifetime grant {key[0]!r}",
                lambda table, log: f"table says (run grant, stream, epsilon, delta)={table}, the log replay says {log}")
@@ -480,8 +482,11 @@ def _replay_release(seq, body, grants, releases, problems, draws):
     draws.release(*key)  # the draw replay's per-grant index of releases
 
 
-def _check_release_totals(grants, releases, problems):
-    """Every grant's released stages, recomposed by its split's rule, within what the grant charged."""
+def _check_release_totals(grants, releases, streams, problems):
+    """Every grant's released stages, recomposed by its split's rule, within what the grant charged. An older ``rdp``
+    grant's stages within what its cost pays for (``grants.stage_cap``, with its stream's replayed filter: the rule
+    ``Ledger.release`` applies); a release above it is a problem whenever it was made (the sage of its day allowed
+    it, but it spent more than the filter charged its blocks, so the stream's guarantee does not cover it)."""
     by_grant = {}
     for (gid, stage), (_, eps, delta) in releases.items():
         by_grant.setdefault(gid, {})[stage] = (eps, delta)
@@ -500,44 +505,50 @@ def _check_release_totals(grants, releases, problems):
         spent = by_grant.get(gid, {})
         if not spent:
             continue
+        cap = stage_cap(Grant.from_json(body), streams[body["stream"]])
+        recorded = epsilon
+        epsilon, delta, split = capped(epsilon, delta, split, cap)
+        why = "" if cap is None else (f" ({cap_text(gid, recorded, cap, split)}; a release above that spent more "
+                                      "than the filter charged the grant's blocks, whichever sage allowed it)")
         if split is None:
             if len(spent) > 1:
                 problems.append(f"grant {gid!r} is single-stage but stages {sorted(spent)} each released under it")
             for stage, (eps, dlt) in spent.items():
                 if eps > epsilon * (1 + SLACK) or dlt > delta * (1 + SLACK):
                     problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
-                                    f"more than the charge (epsilon={epsilon:.6g}, delta={delta:.3g})")
+                                    f"more than the charge (epsilon={epsilon:.6g}, delta={delta:.3g}){why}")
             continue
         for stage, (eps, dlt) in spent.items():
             share = split.stage_budget(stage)
             if eps > share[0] * (1 + SLACK) or dlt > share[1] * (1 + SLACK):
                 problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
-                                f"more than its share (epsilon={share[0]:.6g}, delta={share[1]:.3g})")
+                                f"more than its share (epsilon={share[0]:.6g}, delta={share[1]:.3g}){why}")
         total = split.composed({s: e for s, (e, _) in spent.items()})
         if total > epsilon * (1 + SLACK):
             problems.append(f"grant {gid!r}: its stages released epsilon {total:.6g} under {split.rule!r}, more "
-                            f"than its charge {epsilon:.6g}")
+                            f"than its charge {epsilon:.6g}{why}")
         total_delta = sum(d for _, d in spent.values())
         if total_delta > delta * (1 + SLACK):
             problems.append(f"grant {gid!r}: its stages released delta {total_delta:.3g}, more than its charge "
-                            f"{delta:.3g}")
+                            f"{delta:.3g}{why}")
 
 
 def _note_converted_rule(grants, notes):
-    """A note naming how many ``rdp`` grants keep the older rule (their stages may spend the converted epsilon)."""
-    older = sum(1 for text, _sig in grants.values()
-                if '"converted_epsilon"' not in text and json.loads(text).get("accounting") == Accounting.RDP)
+    """A note naming how many ``rdp`` grants were made before grants recorded what was asked (``grants.older_rdp``:
+    their epsilon the conversion; their stages capped at what their charge pays for)."""
+    older = sum(1 for text, _sig in grants.values() if older_rdp(Grant.from_json(text)))
     if older:
         notes.append(f"{older} rdp grant(s) were made before grants recorded what was asked: their epsilon is the "
-                     "charge converted at the stream's delta, which their stages were allowed to spend (more than "
-                     "the filter charged; docs/block_composition.md, 'What an rdp grant's stages may spend')")
+                     "charge converted at the stream's delta, more than the filter charged; their stages may spend "
+                     "only what the charge pays for, and a release above it is listed as a problem "
+                     "(docs/block_composition.md, 'What an rdp grant's stages may spend')")
 
 
 def _check_grant_budget(seq, body, filt, cost, problems):
     """The (epsilon, delta) a grant records for its stages is what its charge pays for (``grants.grant_budget``,
     recomputed from its cost with the stream's filter: equality). An ``rdp`` grant without ``converted_epsilon`` was
-    made before the stages' budget was recorded apart from the conversion: its epsilon is the conversion, and it
-    keeps that rule (docs/block_composition.md)."""
+    made before the stages' budget was recorded apart from the conversion: its epsilon is the conversion, and its
+    releases are checked against what its cost pays for instead (``_check_release_totals``)."""
     if filt.accounting == Accounting.RDP and "converted_epsilon" not in body:
         return
     epsilon, delta, converted = grant_budget(filt, cost)

@@ -28,8 +28,8 @@ class Grant:
     was asked. On an ``rdp`` stream the filter charged the asked epsilon's pure-DP curve (or the curve given) and
     ``converted_epsilon`` records that charge converted to epsilon at the stream's delta, for information only
     (``filters.RdpFilter.spendable``). An ``rdp`` grant without ``converted_epsilon`` was made before it was
-    recorded: its ``epsilon`` IS that converted figure, and its stages keep the rule they had (they may spend it);
-    docs/block_composition.md says what that means for such grants.
+    recorded: its ``epsilon`` IS that converted figure, and its stages may spend only what its cost pays for
+    (``stage_cap``; docs/block_composition.md).
     """
 
     id: str
@@ -152,6 +152,45 @@ def grant_budget(filt, cost):
     return epsilon, delta, filt.query_epsilon(cost) if filt.accounting == Accounting.RDP else None
 
 
+def older_rdp(grant) -> bool:
+    """An ``rdp`` grant made before grants recorded what was asked: no ``converted_epsilon``, and its ``epsilon`` is
+    its charge converted at the stream's delta, more than the filter charged (0.1875 for an ask of 0.05 at 1e-6)."""
+    return grant.accounting == Accounting.RDP and grant.converted_epsilon is None
+
+
+def stage_cap(grant, filt) -> tuple[float, float] | None:
+    """What the stages of an older ``rdp`` grant (``older_rdp``) may spend in all: the (epsilon, delta) its cost pays
+    for (``grant_budget`` with the stream's filter ``filt``: the largest pure epsilon whose curve lies within the
+    charged curve, and the charge's delta), where that is below what the grant records. None for every other grant:
+    what it records is what its stages may spend. ``Ledger.release`` and the audit apply it alike (``capped``)."""
+    if not older_rdp(grant):
+        return None
+    epsilon, delta, _ = grant_budget(filt, grant.cost)
+    if epsilon >= grant.epsilon and delta >= grant.delta:
+        return None
+    return min(epsilon, grant.epsilon), min(delta, grant.delta)
+
+
+def capped(epsilon, delta, split, cap):
+    """(epsilon, delta, split) a grant recording ``epsilon``, ``delta`` and ``split`` (None: single-stage) lets its
+    stages spend under ``cap`` (``stage_cap``; None: what it records). Under a cap a single stage gets the cap, and a
+    split is scaled down by cap / recorded (every stage's share by the same factor: it keeps its proportions and
+    composes to at most the cap, ``BudgetSplit.scaled``)."""
+    if cap is None:
+        return epsilon, delta, split
+    if split is not None:
+        split = split.scaled(cap[0] / epsilon if epsilon > 0 else 1.0, cap[1] / delta if delta > 0 else 1.0)
+    return cap[0], cap[1], split
+
+
+def cap_text(grant_id, epsilon, cap, split) -> str:
+    """Why an older ``rdp`` grant's stage gets less than the grant records (refusals, the audit)."""
+    what = ", its split scaled down to it" if split is not None else ""
+    return (f"grant {grant_id!r} is an rdp grant made before grants recorded what was asked: its recorded epsilon "
+            f"{epsilon:.6g} is its charge converted at the stream's delta, but the charge pays for epsilon "
+            f"{cap[0]:.6g} (delta {cap[1]:.3g}){what}")
+
+
 def new_grant(keys, s, filt, pipeline, blocks, cost, rule, meta, now, split=None):
     """A Grant of ``cost`` on ``blocks`` of stream ``s``, signed under ``keys`` (a ``KeyRing``), and its body text
     (signed and stored: one text). A fresh random id (``g-`` and 24 hex digits)."""
@@ -217,11 +256,12 @@ SPLICE_GRANT_LOG = sorted([*Grant("", "", "", (), 0.0, 0.0, "", (), "", 0.0).bod
     "rule", "signature", "sources", "stream"]
 
 
-def stage_allowance(grant, stage, done, computation, epsilon, delta):
+def stage_allowance(grant, stage, done, computation, epsilon, delta, cap=None):
     """What ``stage`` may release under ``grant``, given its releases ``done`` ({stage: (computation, epsilon,
     delta, created)}): the earlier ``Release`` of the same computation (re-opened: nothing new is released), or
     None once the new release is checked to fit the stage's budget. GrantError naming the grant and the fix
-    otherwise."""
+    otherwise. ``cap`` (``stage_cap``: an older ``rdp`` grant's) bounds the budget by what the grant's cost pays
+    for (``capped``)."""
     if stage in done:
         fingerprint, have_eps, have_delta, created = done[stage]
         if (fingerprint, have_eps, have_delta) != (computation, epsilon, delta):
@@ -230,18 +270,21 @@ def stage_allowance(grant, stage, done, computation, epsilon, delta):
                 f"{fingerprint[:16]} (epsilon {have_eps:.6g}); computation {computation[:16]} (epsilon "
                 f"{epsilon:.6g}) is a different release the grant did not pay for: run it under a new grant")
         return Release(grant.id, stage, computation, epsilon, delta, created, reopened=True)
-    split = grant_split(grant)
+    _, _, split = capped(grant.epsilon, grant.delta, grant_split(grant), cap)
     if split is None:
         if done:
             raise GrantError(
                 f"grant {grant.id!r} is single-stage (it has no split) and its {sorted(done)[0]} stage "
                 f"already spent it: the {stage} stage needs its own grant, or charge one grant with a split "
                 "(sage ledger charge --split ..., or Ledger.request(..., split=BudgetSplit(...)))")
-        allowed = (grant.epsilon, grant.delta)
+        allowed = (grant.epsilon, grant.delta) if cap is None else cap
     else:
         allowed = split.stage_budget(stage)
     if epsilon > allowed[0] * (1 + SLACK) or delta > allowed[1] * (1 + SLACK):
+        why = "" if cap is None else (
+            f": {cap_text(grant.id, grant.epsilon, cap, split)}; request a new grant (sage ledger charge, or "
+            "Ledger.request), whose stages get what it asks for")
         raise GrantError(f"the {stage} stage asks for (epsilon={epsilon:.6g}, delta={delta:.3g}) but grant "
                          f"{grant.id!r} covers only (epsilon={allowed[0]:.6g}, delta={allowed[1]:.3g}) "
-                         f"for {stage}")
+                         f"for {stage}{why}")
     return None

@@ -70,9 +70,11 @@ from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-export
     check_grant_copy,
     grant_log_text as _grant_log_text,
     grant_terms,
+    older_rdp,
     sign,
     signature_ok,
     stage_allowance,
+    stage_cap,
 )
 from .keys import HeadFile, HeadSync, KeyFileError, head_sync_mode, resolve_key_path, warn_head_write
 from .session import KeySource as _KeySource, PipelineClaim, migrate_secret, migration_entry
@@ -695,8 +697,10 @@ class Ledger:
 
         What a stage may spend comes from ``privacy/split.py``: its share of the grant's split, or,
         for a single-stage grant (no split), the whole grant for the FIRST stage that opens a release
-        and nothing for any other. The check and the record are one transaction, appended to the audit
-        log, so two writers cannot both take a stage, and the audit recomputes every grant's spend.
+        and nothing for any other. An ``rdp`` grant made before grants recorded what was asked (its
+        epsilon the conversion) is capped at what its cost pays for (``grants.stage_cap``). The check
+        and the record are one transaction, appended to the audit log, so two writers cannot both take
+        a stage, and the audit recomputes every grant's spend.
         """
         grant = self.verify(grant)
         if stage not in STAGES:
@@ -709,7 +713,8 @@ class Ledger:
             raise LedgerError(f"release delta {delta!r} is invalid: need 0 <= delta < 1")
         with self._store.transaction() as tx:
             done = {r[0]: r[1:] for r in tx.all(sql.RELEASE_OF_GRANT, (grant.id,))}
-            reopened = stage_allowance(grant, stage, done, computation, epsilon, delta)
+            cap = stage_cap(grant, stream_filter(read_stream(tx, grant.stream))) if older_rdp(grant) else None
+            reopened = stage_allowance(grant, stage, done, computation, epsilon, delta, cap)
             if reopened is not None:
                 return reopened
             now = time.time()

@@ -42,7 +42,7 @@ REJECT test on the training split) and ``validation`` (its ACCEPT test on the te
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from .checks import finite, number, positive, probability
 from .errors import GrantError, LedgerError
@@ -118,6 +118,14 @@ class BudgetSplit:
         _check_stage(stage)
         delta = {"training": self.delta, "preprocessing": self.preprocessing_delta}.get(stage, 0.0)
         return getattr(self, stage), delta
+
+    def scaled(self, epsilon_factor: float, delta_factor: float) -> BudgetSplit:
+        """This split with every stage's epsilon times ``epsilon_factor`` and both deltas times ``delta_factor``
+        (factors in [0, 1]). Each rule composes linearly, so the scaled split composes to ``epsilon_factor`` times
+        this one's epsilon and ``delta_factor`` times its delta: a split that fitted a charge fits the charge scaled
+        by the same factors (``grants.stage_cap``)."""
+        return replace(self, **{s: getattr(self, s) * epsilon_factor for s in STAGES},
+                       **{d: getattr(self, d) * delta_factor for d in DELTA_FIELDS})
 
     def composed(self, spent: dict) -> float:
         """The per-record epsilon of stages that spent ``spent`` ({stage: epsilon}), under this split's rule."""
