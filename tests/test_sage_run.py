@@ -63,6 +63,69 @@ def test_bad_input_fails_before_any_budget_is_spent(taxi_stream, tmp_path, args,
     assert _dump(db) == before
 
 
+def _files(*roots):
+    """{path: SHA-256} of every file under ``roots`` (files or folders): the bytes a refused run must not change."""
+    import hashlib
+
+    paths = []
+    for root in map(str, roots):
+        paths += [root] if os.path.isfile(root) else [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+    return {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in sorted(paths)}
+
+
+def _copy_stream_and_data(taxi_stream, tmp_path):
+    """A private copy of the stream's ledger, key, head file and data root; their paths."""
+    import shutil
+
+    db, data = _copy_stream(taxi_stream, tmp_path)
+    if os.path.exists(f"{taxi_stream[0]}.key.head"):
+        shutil.copy(f"{taxi_stream[0]}.key.head", f"{db}.key.head")
+    shutil.copytree(data, tmp_path / "data")
+    return db, tmp_path / "data", [db, f"{db}.key", f"{db}.key.head", tmp_path / "data"]
+
+
+def _label_typo(tmp_path):
+    """examples/taxi_fare with its SLA label misspelled ("fair", no column of the stream)."""
+    import shutil
+
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
+    shutil.copytree(example, tmp_path / "typo")
+    pipeline = tmp_path / "typo" / "pipeline.py"
+    pipeline.write_text(pipeline.read_text().replace('label="fare"', 'label="fair"'))
+    return pipeline
+
+
+@pytest.mark.parametrize("case", ["data-root", "work-dir", "label", "block"])
+def test_a_typo_or_a_missing_folder_exits_2_before_any_charge(taxi_stream, tmp_path, case):
+    """A misspelled --data-root, a --work-dir naming a file, an SLA label not in the stream's schema, a block folder
+    the chosen window needs gone from the data root: each exits 2 naming the value and the fix, with the ledger,
+    its key, its head file and the data root byte-identical (each charged up to 256 blocks, then failed with
+    exit 1 and the grant spent)."""
+    import shutil
+
+    db, data, state = _copy_stream_and_data(taxi_stream, tmp_path)
+    (tmp_path / "a-file").write_text("not a folder")
+    pipeline, flags = "taxi_regression", {"--data-root": data, "--work-dir": tmp_path / "work", "--target": 1000}
+    if case == "data-root":
+        flags["--data-root"], message = tmp_path / "dta", [f"--data-root '{tmp_path / 'dta'}' holds no stream"]
+    elif case == "work-dir":
+        flags["--work-dir"], message = tmp_path / "a-file", [f"--work-dir '{tmp_path / 'a-file'}' is a file"]
+    elif case == "label":
+        pipeline, message = _label_typo(tmp_path), ["SLA label 'fair' is not a column", "fare, payment_type"]
+        flags["--target"] = 300  # in $^2, under the example's loss bound
+    else:
+        newest = sorted(b for b in os.listdir(data / "taxi") if not b.startswith("_"))[-1]
+        shutil.rmtree(data / "taxi" / newest)
+        message = [f"{newest} has no _BLOCK.json", "Nothing was charged"]
+    before = _files(*state)
+    out = sage("run", pipeline, "--db", db, "--stream", "taxi", *[a for k, v in flags.items() for a in (k, v)])
+    assert out.returncode == 2, out.stdout + out.stderr[-3000:]
+    assert all(m in out.stderr for m in message) and "Traceback" not in out.stderr, out.stderr
+    assert _files(*state) == before
+    with Ledger.open(db) as ledger:
+        assert ledger.grants("taxi") == []
+
+
 @pytest.mark.slow
 @pytest.mark.tf
 def test_one_iteration_runs_the_whole_tfx_pipeline_under_its_grant(taxi_stream, tmp_path):
