@@ -170,7 +170,7 @@ def check_run_folders(config) -> None:
     """The folders a run of ``config`` writes, checked before anything is charged (``check_writable_folder``): the
     work folder, the serving folder, the MLMD file's folder and a local pipeline root."""
     folders = [("--work-dir", config.work_dir), ("--serving-dir", config.serving_dir),
-               ("--metadata-path", os.path.dirname(config.metadata_path))]
+               ("the folder of --metadata-path", os.path.dirname(config.metadata_path))]
     if config.artifact_root is not None and not is_url(config.artifact_root):
         folders.append(("--pipeline-root", config.artifact_root))
     for flag, folder in folders:
