@@ -126,12 +126,26 @@ def is_environment_error(exc: BaseException) -> bool:
     ``OSError`` (a missing folder, a permission, ENOSPC), a ``StorageError`` (a block file missing or altered),
     TensorFlow's file layer's or MLMD's NotFoundError, PermissionDeniedError, ResourceExhaustedError,
     InternalError, UnavailableError, DataLossError or AlreadyExistsError (MLMD's SQLite file on a full disk), or
-    the RuntimeError Beam re-raises a step's error as when it cannot rebuild its type (an OSError among them):
-    judged by that error. Judged by the exception's type only, never by what it was raised while handling."""
-    if isinstance(exc, RuntimeError) and getattr(exc, "_tagged_with_step", False) and exc.__context__ is not None:
-        return is_environment_error(exc.__context__)  # apache_beam.runners.common.DoFnRunner._reraise_augmented
-    if isinstance(exc, (OSError, StorageError)):
-        return True
+    the RuntimeError Beam re-raises a step's error as when it cannot rebuild its type. Every exception it was
+    raised while handling (its ``__context__`` and ``__cause__`` chain) must be one too: TFX's clean-up after a
+    failed ``run_fn`` raises an OSError (a NotFoundError) while handling the user's error, which may depend on
+    the data."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if not (_beam_reraise(exc) or isinstance(exc, (OSError, StorageError)) or _status_error(exc)):
+            return False
+        exc = exc.__cause__ or exc.__context__
+    return True
+
+
+def _beam_reraise(exc: BaseException) -> bool:
+    """The RuntimeError ``apache_beam.runners.common.DoFnRunner._reraise_augmented`` raises for a step's error
+    whose type it cannot rebuild (an OSError among them), while handling that error."""
+    return isinstance(exc, RuntimeError) and getattr(exc, "_tagged_with_step", False) and exc.__context__ is not None
+
+
+def _status_error(exc: BaseException) -> bool:
     kind = type(exc)
     return kind.__module__.split(".")[0] in _STATUS_MODULES and kind.__name__ in _STATUS_ERRORS
 
@@ -147,7 +161,7 @@ def environment_error_text(exc: BaseException) -> str:
     """What may be shown of an environment error (``is_environment_error``): an OSError's errno and its
     strerror, a StorageError's message (sage-tfx's own: a path and the fix), the type and its package only
     otherwise (a TensorFlow or MLMD message may quote what user code passed it)."""
-    if isinstance(exc, RuntimeError) and getattr(exc, "_tagged_with_step", False) and exc.__context__ is not None:
+    if _beam_reraise(exc):
         return environment_error_text(exc.__context__)
     name = type(exc).__name__
     if isinstance(exc, StorageError):
