@@ -69,7 +69,6 @@ class RequestMismatch(_LedgerError):
     """A pipeline name with iterations asked for another target, SLA, model or definition than it was run with."""
 
 
-
 @dataclass
 class IterationResult:
     """What ``run_iteration`` returns: the validator's outcome and what it computed."""
@@ -402,7 +401,7 @@ class SageIterator:
                     "split": split.to_dict()}
             if self.request is not None:
                 meta[REQUEST_KEY] = self.request
-            if self.check_blocks is not None:  # ValueError naming the block and the fix: nothing charged
+            if self.check_blocks is not None:  # raises naming the block and the fix: nothing charged
                 self.check_blocks(blocks)
             try:
                 grant = self.ledger.request(self.pipeline, self.stream, blocks=blocks,
