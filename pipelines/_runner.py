@@ -19,6 +19,7 @@ the pipeline starts, which scrubs first.
 import json
 import os
 import shutil
+import tempfile
 import threading
 from dataclasses import dataclass, field
 
@@ -122,6 +123,58 @@ def check_pipeline_root(root):
                          "filesystem TensorFlow has (gs://; s3:// with tensorflow-io; file://, ram://) that this "
                          "host can reach and write, or a local folder") from None
     return root.rstrip("/")
+
+
+def check_writable_folder(path, flag):
+    """Refuse (ValueError naming ``flag``, the value and the fix) a local folder the run could not write: a path
+    that is, or lies under, a file, or whose nearest existing folder this process cannot create files in (a probe
+    file is created there and removed: nothing is left). A missing folder is fine: the run creates it."""
+    path = os.path.abspath(path)
+    existing = path
+    while not os.path.lexists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is a file" if existing == path else f"lies under the file {existing!r}"
+        raise ValueError(f"{flag} {path!r} {where}: give a folder (it is created if missing)")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".sage-probe-", dir=existing)
+    except OSError as exc:
+        raise ValueError(f"{flag} {path!r} cannot be written ({existing}: {exc.strerror}): give a folder this user "
+                         "can write") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def check_stream_schema(data_root, stream, sla, name, schema=None) -> dict:
+    """The stream's schema ({column: kind}), checked before anything is charged (ValueError naming the value and the
+    fix): the data root holds the stream (its ``_stream.json``; ``schema`` given: the caller has it already, e.g.
+    `sage serve` before its replay wrote any block), and pipeline ``name``'s SLA label is one of its columns
+    (unless the model derives it: ``label_signature``)."""
+    from sage_tfx.components.transform_utils import stream_schema
+    from sage_tfx.ingest.store import STREAM_FILE, stream_dir
+
+    if schema is None:
+        where = os.path.join(stream_dir(data_root, stream), STREAM_FILE)
+        try:
+            schema = stream_schema(data_root, stream)
+        except (OSError, ValueError):
+            raise ValueError(f"--data-root {data_root!r} holds no stream {stream!r} ({where} is missing or "
+                             "unreadable): give the --data-root `sage ingest` wrote the stream to") from None
+    if sla.label_signature is None and sla.label not in schema:
+        raise ValueError(f"pipeline {name!r}: its SLA label {sla.label!r} is not a column of stream {stream!r} "
+                         f"(columns: {', '.join(sorted(schema))}): name one of them in the pipeline's SLA(label=...)")
+    return schema
+
+
+def check_run_folders(config) -> None:
+    """The folders a run of ``config`` writes, checked before anything is charged (``check_writable_folder``): the
+    work folder, the serving folder, the MLMD file's folder and a local pipeline root."""
+    folders = [("--work-dir", config.work_dir), ("--serving-dir", config.serving_dir),
+               ("the folder of --metadata-path", os.path.dirname(config.metadata_path))]
+    if config.artifact_root is not None and not is_url(config.artifact_root):
+        folders.append(("--pipeline-root", config.artifact_root))
+    for flag, folder in folders:
+        check_writable_folder(folder, flag)
 
 
 def metadata_config(path):

@@ -285,20 +285,13 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
     """One iteration of ``definition`` on GENERATED rows of ``stream``'s schema, in a throwaway ledger; then, given
     ``target``, the rows and epsilon to ACCEPT (``estimate_accept``; ``overrides``: the CLI's iterator settings)."""
     from sage_tfx.adaptive import SageIterator
-    from sage_tfx.components.transform_utils import stream_schema
     from sage_tfx.ingest.pipeline import ingest_batches
     from sage_tfx.ingest.store import stream_config
-    from sage_tfx.pipelines._runner import PipelineConfig, make_run_iteration
+    from sage_tfx.pipelines._runner import PipelineConfig, check_stream_schema, make_run_iteration
     from sage_tfx.privacy import Ledger
 
+    schema = check_stream_schema(data_root, stream, definition.sla, definition.name)
     config = stream_config(data_root, stream)
-    if config is None:
-        raise ValueError(f"stream {stream!r} has no schema under {os.path.abspath(data_root)}: ingest data first "
-                         "(sage ingest ...), so the check knows the stream's columns")
-    schema = stream_schema(data_root, stream)
-    if definition.sla.label not in schema and definition.sla.label_signature is None:  # else the model derives it
-        raise ValueError(f"pipeline {definition.name!r}: its SLA label {definition.sla.label!r} is not a column of "
-                         f"stream {stream!r} (columns: {', '.join(sorted(schema))})")
     definition.model_family(model)
     settings = dict(definition.defaults)
     estimate = None

@@ -161,7 +161,7 @@ def _iterator_settings() -> set:
     from sage_tfx.adaptive import SageIterator
 
     skip = {"self", "ledger", "stream", "pipeline", "run_iteration", "eta", "max_iterations", "max_seconds",
-            "wait_for_blocks", "progress", "clock", "request"}
+            "wait_for_blocks", "progress", "clock", "request", "check_blocks"}
     return {n for n in inspect.signature(SageIterator.__init__).parameters if n not in skip}
 
 

@@ -324,3 +324,90 @@ def test_the_platform_reports_a_finished_pipelines_stored_outcome_for_the_same_r
         assert results["p"].describe().endswith("target 0.3, bound 0.25")
     with Ledger.open(location) as ledger:
         assert len(ledger.grants()) == 1 and ledger.audit().ok
+
+
+class Faulty:
+    """The Oracle behind a run that first raises ``error`` after the charge (once)."""
+
+    def __init__(self, oracle, error):
+        self.oracle, self.error = oracle, error
+
+    def __call__(self, grant, split, eta, iteration):
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return self.oracle(grant, split, eta, iteration)
+
+
+def _spent(ledger):
+    return {b.id: b.spent for b in ledger.blocks("s")}
+
+
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), FileNotFoundError(2, "No such file"),
+                                   PermissionError(13, "Permission denied")])
+def test_an_environment_error_after_the_charge_leaves_the_iteration_resumable(tmp_path, error):
+    """An OSError after the charge (a full disk, a folder gone) records no outcome: the grant stays in use, and the
+    next run resumes it under the same grant, charging nothing new, as after a kill."""
+    from sage_tfx.privacy.errors import IterationInterrupted
+
+    ledger = make_ledger(tmp_path)
+    oracle = Oracle(ledger, need=1e9)
+    with pytest.raises(IterationInterrupted, match=f"under grant g-.*{type(error).__name__}"):
+        SageIterator(ledger, "s", "p", Faulty(oracle, error), max_iterations=1).run()
+    ((grant, outcome, _details),) = ledger.history("s", "p")
+    assert outcome is None  # not FAILED: nothing says the budget was used
+    spent = _spent(ledger)
+    result = SageIterator(ledger, "s", "p", oracle, max_iterations=1).run()
+    assert [it.grant_id for it in result.iterations] == [grant.id] and result.iterations[0].resumed
+    assert [c[0] for c in oracle.calls] == [grant.id]
+    assert _spent(ledger) == spent and len(ledger.grants("s")) == 1
+    assert [o for _g, o, _d in ledger.history("s", "p")] == ["RETRY"]
+
+
+@pytest.mark.parametrize("first, then", [(OSError(28, "No space left on device"), ValueError("a record's value")),
+                                         (ValueError("a record's value"), FileNotFoundError(2, "No such file"))])
+def test_a_data_error_after_the_charge_is_failed_whatever_it_is_chained_with(tmp_path, first, then):
+    """FAILED stays for the errors that may depend on the data: a ValueError raised while handling an OSError, and
+    an OSError raised while handling a ValueError (TFX's clean-up after a failed run_fn raises NotFoundError, an
+    OSError, while handling the user's error), spend the grant, and the next run moves on to a new one."""
+    ledger = make_ledger(tmp_path)
+
+    def run(grant, split, eta, iteration):
+        try:
+            raise first
+        except Exception:
+            raise then  # noqa: B904 (chained implicitly, as TFX's clean-up does)
+
+    with pytest.raises(type(then)):
+        SageIterator(ledger, "s", "p", run, max_iterations=1).run()
+    assert [o for _g, o, _d in ledger.history("s", "p")] == ["FAILED"]
+
+
+def test_environment_errors_are_told_by_their_type():
+    """OSError, a block file missing or altered (SealedError), Beam's RuntimeError re-raise of an OSError, MLMD's
+    InternalError (its SQLite file on a full disk) are the environment's; ValueError, KeyError, a RuntimeError of
+    user code are not."""
+    from sage_tfx.ingest.sealed import SealedError
+    from sage_tfx.privacy.errors import environment_error_text, is_environment_error
+
+    def beam_reraise(exn):  # what apache_beam.runners.common.DoFnRunner._reraise_augmented raises for an OSError
+        try:
+            raise exn
+        except Exception:
+            new = RuntimeError(f"{type(exn).__name__}: {exn} [while running 'Write']")
+            new._tagged_with_step = True
+            try:
+                raise new
+            except RuntimeError as raised:
+                return raised
+
+    mlmd = type("InternalError", (Exception,), {"__module__": "ml_metadata.errors"})
+    assert is_environment_error(OSError(28, "No space left on device"))
+    assert is_environment_error(SealedError("block file x is missing"))
+    assert is_environment_error(beam_reraise(OSError(28, "No space left on device")))
+    assert is_environment_error(mlmd("database or disk is full"))
+    assert not is_environment_error(beam_reraise(ValueError("fare 12.5")))
+    assert not any(is_environment_error(e) for e in (ValueError("x"), KeyError("x"), RuntimeError("x")))
+    assert environment_error_text(beam_reraise(OSError(28, "No space left on device", "/secret"))) == (
+        "OSError: ENOSPC (No space left on device)")
+    assert "database" not in environment_error_text(mlmd("database or disk is full"))

@@ -198,3 +198,21 @@ def test_a_version_2_ledger_gains_the_digest_column(tmp_path):
             assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == str(SCHEMA_VERSION) == "8"
         ledger.add_block("s", "b1", shard=1, rows=5, digest="abc")
         assert ledger.digest_owners(["abc"]) == {"abc": [("s", "b1")]} and ledger.audit().ok
+
+
+@pytest.mark.parametrize("window", ["99999999999w", "364878d"])
+def test_a_window_beyond_999_years_is_refused_before_anything_is_read(env, window):
+    """`--window 99999999999w` committed a block whose window no date names, after which `sage ledger status`
+    crashed for good; a window longer than 364877d (every block of a record time in [1000, 9000) a date range)
+    now exits 2 naming it, with nothing registered or written."""
+    path = _csv(env, "good.csv", GOOD)
+    before = dump(env["db"])
+    out = subprocess.run([sys.executable, "-m", "sage_tfx", "ingest", "--db", env["db"], "--stream", "s",
+                          "--input", path, "--data-root", env["data"], "--time-column", "t", "--window", window,
+                          "--quiet"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"window {window!r} is invalid: at most 364877d" in out.stderr and "Traceback" not in out.stderr
+    assert dump(env["db"]) == before and not os.path.exists(env["data"])
+    status = subprocess.run([sys.executable, "-m", "sage_tfx", "ledger", "status", "--db", env["db"], "--stream",
+                             "s"], capture_output=True, text=True, timeout=120)
+    assert status.returncode == 0, status.stderr

@@ -196,6 +196,9 @@ CLI_CASES = [
     ("add-bad-block-id", ["add-block", "--stream", "s", "--block", "../etc/passwd"], ["'../etc/passwd'"]),
     ("add-bad-time", ADD + ["--start", "yesterday", "--end", "today"], ["'yesterday'"]),
     ("add-nan-time", ADD + ["--start=nan", "--end=900000"], ["start nan"]),
+    # a window no date names: `sage ledger status` crashed for good on it once registered
+    ("add-end-1e300", ADD + ["--start=900000", "--end=1e300"], ["window [900000, 1e+300)", "10000-01-01"]),
+    ("add-start-before-year-1", ADD + ["--start=-1e12", "--end=900000"], ["window [-1e+12, 900000)", "0001-01-01"]),
     ("add-unknown-stream", ["add-block", "--stream", "nosuch", "--block", "b9"], ["'nosuch'"]),
     # other actions
     ("status-unknown-stream", ["status", "--stream", "nosuch", "--json"], ["'nosuch'"]),
@@ -454,3 +457,17 @@ def test_postgres_unreachable_or_missing_database(postgres_server):
         out = sage("status", "--db", url, "--stream", "s")
         assert out.returncode == 2, out.stderr
         assert "cannot connect to ledger" in out.stderr and url.split("@")[1] in out.stderr, out.stderr
+
+
+def test_status_shows_a_block_window_no_date_names(tmp_path, monkeypatch):
+    """A block registered before windows were bounded (here: with the bound lifted) is shown by `sage ledger
+    status`, its times in seconds, instead of a crash on every later status."""
+    from sage_tfx.privacy import blocks
+
+    db = str(tmp_path / "ledger.db")
+    monkeypatch.setattr(blocks, "DATE_MAX", math.inf)
+    with Ledger.open(db, create=True) as ledger:
+        ledger.create_stream("s", 1.0, 1e-6)
+        ledger.add_block("s", "far", start=0.0, end=1e300)
+    out = sage("status", "--db", db, "--stream", "s")
+    assert out.returncode == 0 and "1e+300 s" in out.stdout, out.stdout + out.stderr

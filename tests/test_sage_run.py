@@ -64,6 +64,135 @@ def test_bad_input_fails_before_any_budget_is_spent(taxi_stream, tmp_path, args,
     assert _dump(db) == before
 
 
+def _files(*roots):
+    """{path: SHA-256} of every file under ``roots`` (files or folders): the bytes a refused run must not change."""
+    import hashlib
+
+    paths = []
+    for root in map(str, roots):
+        paths += [root] if os.path.isfile(root) else [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+    return {p: hashlib.sha256(open(p, "rb").read()).hexdigest() for p in sorted(paths)}
+
+
+def _copy_stream_and_data(taxi_stream, tmp_path):
+    """A private copy of the stream's ledger, key, head file and data root; their paths."""
+    import shutil
+
+    db, data = _copy_stream(taxi_stream, tmp_path)
+    if os.path.exists(f"{taxi_stream[0]}.key.head"):
+        shutil.copy(f"{taxi_stream[0]}.key.head", f"{db}.key.head")
+    shutil.copytree(data, tmp_path / "data")
+    return db, tmp_path / "data", [db, f"{db}.key", f"{db}.key.head", tmp_path / "data"]
+
+
+def _label_typo(tmp_path):
+    """examples/taxi_fare with its SLA label misspelled ("fair", no column of the stream)."""
+    import shutil
+
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
+    shutil.copytree(example, tmp_path / "typo")
+    pipeline = tmp_path / "typo" / "pipeline.py"
+    pipeline.write_text(pipeline.read_text().replace('label="fare"', 'label="fair"'))
+    return pipeline
+
+
+@pytest.mark.parametrize("case", ["data-root", "work-dir", "label", "block"])
+def test_a_typo_or_a_missing_folder_exits_2_before_any_charge(taxi_stream, tmp_path, case):
+    """A misspelled --data-root, a --work-dir naming a file, an SLA label not in the stream's schema, a block folder
+    the chosen window needs gone from the data root: each exits 2 naming the value and the fix, with the ledger,
+    its key, its head file and the data root byte-identical (each charged up to 256 blocks, then failed with
+    exit 1 and the grant spent)."""
+    import shutil
+
+    db, data, state = _copy_stream_and_data(taxi_stream, tmp_path)
+    (tmp_path / "a-file").write_text("not a folder")
+    pipeline, flags = "taxi_regression", {"--data-root": data, "--work-dir": tmp_path / "work", "--target": 1000}
+    if case == "data-root":
+        flags["--data-root"], message = tmp_path / "dta", [f"--data-root '{tmp_path / 'dta'}' holds no stream"]
+    elif case == "work-dir":
+        flags["--work-dir"], message = tmp_path / "a-file", [f"--work-dir '{tmp_path / 'a-file'}' is a file"]
+    elif case == "label":
+        pipeline, message = _label_typo(tmp_path), ["SLA label 'fair' is not a column", "fare, payment_type"]
+        flags["--target"] = 300  # in $^2, under the example's loss bound
+    else:
+        newest = sorted(b for b in os.listdir(data / "taxi") if not b.startswith("_"))[-1]
+        shutil.rmtree(data / "taxi" / newest)
+        message = [f"{newest} has no _BLOCK.json", "Nothing was charged"]
+    before = _files(*state)
+    out = sage("run", pipeline, "--db", db, "--stream", "taxi", *[a for k, v in flags.items() for a in (k, v)])
+    assert out.returncode == 2, out.stdout + out.stderr[-3000:]
+    assert all(m in out.stderr for m in message) and "Traceback" not in out.stderr, out.stderr
+    assert _files(*state) == before
+    with Ledger.open(db) as ledger:
+        assert ledger.grants("taxi") == []
+
+
+def _interrupted_then_resumed(db, data, work, fix):
+    """`sage run` (one iteration on 64 blocks) stopped after its charge by an error of the environment: exit 1
+    saying the grant stays in use, no outcome recorded; ``fix()``, then the same command resumes that iteration
+    under the same grant, charging nothing new. Returns the first run's stderr."""
+    cmd = ["run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "100000",
+           "--max-iterations", "1", "--min-window", "64", "--rejection-share", "0", "--work-dir", work]
+    out = sage(*cmd)
+    assert out.returncode == 1, out.stdout + out.stderr[-3000:]
+    assert "stays in use (no outcome recorded)" in out.stderr and "FAILED" not in out.stdout, out.stdout
+    with Ledger.open(db) as ledger:
+        ((grant, outcome, _d),) = ledger.history("taxi", "taxi_regression")
+        spent = {b.id: b.spent for b in ledger.blocks("taxi")}
+    assert outcome is None and sum(s[0] > 0 for s in spent.values()) == 64
+    fix()
+    again = sage(*cmd)
+    assert again.returncode == 5, again.stdout + again.stderr[-3000:]
+    assert f"resuming iteration 1 under its grant {grant.id}" in again.stdout
+    with Ledger.open(db) as ledger:
+        assert [(g.id, o) for g, o, _d in ledger.history("taxi", "taxi_regression")] == [(grant.id, "RETRY")]
+        assert [g.id for g in ledger.grants("taxi")] == [grant.id]
+        assert {b.id: b.spent for b in ledger.blocks("taxi")} == spent and ledger.audit().ok
+    return out.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_a_block_file_damaged_after_the_check_leaves_the_iteration_resumable(taxi_stream, tmp_path):
+    """A block file damaged in place (same size: the check before the charge passes; its SHA-256 fails as the
+    grant reads it) stops the iteration after its charge. That was FAILED with the grant spent; now the grant
+    stays in use, and once the file is restored the rerun resumes under it, with no new charge."""
+    db, data, _state = _copy_stream_and_data(taxi_stream, tmp_path)
+    newest = sorted(b for b in os.listdir(data / "taxi") if not b.startswith("_"))[-1]
+    part = next(p for p in sorted((data / "taxi" / newest).iterdir()) if p.suffix == ".sealed")
+    original = part.read_bytes()
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 1
+    part.write_bytes(bytes(damaged))
+    err = _interrupted_then_resumed(db, data, tmp_path / "work", lambda: part.write_bytes(original))
+    assert "SealedError" in err and part.name in err
+
+
+def _tmpfs(path, size):
+    """Mount a tmpfs of ``size`` at ``path`` (pytest.skip where this process may not mount)."""
+    path.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root with CAP_SYS_ADMIN")
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_a_full_disk_mid_run_leaves_the_iteration_resumable(taxi_stream, tmp_path):
+    """The work folder on a 400 KiB tmpfs: the check before the charge passes, then the run fills it (Beam's
+    Examples write gets ENOSPC, MLMD's SQLite "database or disk is full"). That was FAILED with 64 blocks' grant
+    spent; now the grant stays in use, and after the disk is grown the rerun resumes it, with no new charge."""
+    db, data, _state = _copy_stream_and_data(taxi_stream, tmp_path)
+    disk = tmp_path / "disk"
+    _tmpfs(disk, "400k")
+    try:
+        err = _interrupted_then_resumed(db, data, disk / "work", lambda: subprocess.run(
+            ["mount", "-o", "remount,size=64m", str(disk)], check=True))
+        assert "interrupted by" in err and "Traceback" not in err
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
 @pytest.mark.slow
 @pytest.mark.tf
 def test_one_iteration_runs_the_whole_tfx_pipeline_under_its_grant(taxi_stream, tmp_path):

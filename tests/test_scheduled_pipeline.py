@@ -394,6 +394,30 @@ def test_driver_records_a_failed_run_without_its_message(tmp_path):
         assert _driver(ledger, _Pipeline())[0].advance()[0].resumed  # not re-run
 
 
+def test_driver_leaves_a_run_stopped_by_a_full_disk_to_resume_under_its_grant(tmp_path):
+    """An OSError (ENOSPC) after the draw records no outcome (it was FAILED, its run grant spent): the next
+    advance re-runs it under the same run grant, with no second draw."""
+    from sage_tfx.privacy.errors import IterationInterrupted
+
+    class _Full(_Pipeline):
+        def __call__(self, grant, split, eta, iteration):
+            result = super().__call__(grant, split, eta, iteration)
+            if len(self.calls) == 1:
+                raise OSError(28, "No space left on device")
+            return result
+
+    with _ledger(str(tmp_path / "l.db"), blocks=2) as ledger:
+        pipeline = _Full()
+        with pytest.raises(IterationInterrupted, match="ENOSPC"):
+            _driver(ledger, pipeline)[0].advance()
+        (stopped,) = [(g, o) for g, o, _d in ledger.history("s", "p") if "draw" in g.meta]
+        assert stopped[1] is None
+        (run,) = _driver(ledger, pipeline)[0].advance()
+        assert not run.resumed and run.grant_id == stopped[0].id and run.outcome == "RETRY"
+        assert [c[0] for c in pipeline.calls] == [stopped[0].id] * 2
+        assert [e[2] for e in ledger.log_entries()].count("draw") == 1 and ledger.audit().ok
+
+
 @pytest.mark.parametrize("params, match", [
     ({"composition": None, "delta": 0.0}, "composition None with delta 0.0"),
     ({"composition": "zcdp"}, "BBScheduler .*'composition': 'zcdp'.* has pure runs: .*approximate=True"),

@@ -4,9 +4,11 @@ from sage_tfx.validation import eta_for_attempt
 from .iterator import (
     BudgetSplit,
     Iteration,
+    IterationInterrupted,
     IterationResult,
     RunResult,
     SageIterator,
 )
 
-__all__ = ["SageIterator", "BudgetSplit", "IterationResult", "Iteration", "RunResult", "eta_for_attempt"]
+__all__ = ["SageIterator", "BudgetSplit", "IterationResult", "Iteration", "IterationInterrupted", "RunResult",
+           "eta_for_attempt"]

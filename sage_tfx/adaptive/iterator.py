@@ -38,7 +38,12 @@ looks at that history; a grant without an outcome (the process was killed
 mid-iteration) is run again under the SAME grant: no new charge. Re-running is
 safe because the TFX pipeline is cached by its inputs (the grant is one of
 them), so components that finished before the kill are reused, with the noise
-they already drew, and are not recomputed with fresh noise.
+they already drew, and are not recomputed with fresh noise. An iteration stopped by an error of the
+environment (``IterationInterrupted``: a full disk, a missing folder or block file) is left the same way,
+without an outcome, so that fixing the cause and running again resumes it; FAILED (its grant spent, the next
+run moves on) is reserved for the other errors, which may depend on the data. Before each charge,
+``check_blocks(blocks)`` (if given) verifies what the run will read, so a missing data root or block folder is
+refused with nothing charged.
 """
 import time
 from dataclasses import dataclass, field
@@ -46,6 +51,7 @@ from dataclasses import dataclass, field
 from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, public_error_text
 from sage_tfx.privacy.checks import integer, number
 from sage_tfx.privacy.errors import LedgerError as _LedgerError
+from sage_tfx.privacy.errors import IterationInterrupted, environment_error_text, is_environment_error
 from sage_tfx.privacy.vocabulary import GrantOutcome, Outcome, Policy
 from sage_tfx.validation import eta_for_attempt
 
@@ -202,9 +208,9 @@ class SageIterator:
                  delta=None, eta=0.05, max_iterations=10, max_seconds=None, max_refusals=10,
                  max_idle_waits=100, preprocessing_share=0.2, preprocessing_delta=0.0,
                  count_share=0.05, rejection_share=0.0, disjoint_split=True, wait_for_blocks=None, progress=None,
-                 clock=time.monotonic, request=None):
+                 clock=time.monotonic, request=None, check_blocks=None):
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
-        self.run_iteration = run_iteration
+        self.run_iteration, self.check_blocks = run_iteration, check_blocks
         stream_info = ledger.stream(stream)  # raises UnknownStream before anything is spent
         self.request = None if request is None else dict(request)
         self.check_request()
@@ -395,6 +401,8 @@ class SageIterator:
                     "split": split.to_dict()}
             if self.request is not None:
                 meta[REQUEST_KEY] = self.request
+            if self.check_blocks is not None:  # raises naming the block and the fix: nothing charged
+                self.check_blocks(blocks)
             try:
                 grant = self.ledger.request(self.pipeline, self.stream, blocks=blocks,
                                             epsilon=split.charged_epsilon, delta=split.total_delta, rule=split.rule,
@@ -422,7 +430,14 @@ class SageIterator:
         split = BudgetSplit.from_meta(grant.meta)
         try:
             result = self.run_iteration(grant, split, record.eta, record.number)
-        except Exception as exc:  # the grant stays spent; a new run resumes after it
+        except Exception as exc:
+            if is_environment_error(exc):  # no outcome: the grant stays in use, resumed as after a kill
+                error = environment_error_text(exc)
+                self.progress(f"[{self.pipeline}] iteration {record.number}: interrupted ({error}); its grant "
+                              f"{grant.id} stays in use: fix the cause and run again, it resumes without a new charge")
+                raise IterationInterrupted(f"iteration {record.number} under grant {grant.id} was interrupted by "
+                                           f"{error}") from exc
+            # the grant stays spent; a new run resumes after it
             # The log is append-only and outlives the run: a message from a data path can hold a record's
             # values, so it keeps the type and only the messages known to hold none (public_error_text).
 

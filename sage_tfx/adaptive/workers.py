@@ -17,7 +17,9 @@ name and exit status and started again: the new worker's iterator finds the unfi
 and re-runs it under its grant, with no new charge (``SageIterator.run``). After ``max_restarts`` restarts
 the pipeline is reported as failed; the other workers go on throughout. An iteration that RAISES after its
 charge is not a death: the iterator records FAILED on its grant and the pipeline fails, as in the threaded
-platform and `sage run` (restarting would move on to a new, charged iteration).
+platform and `sage run` (restarting would move on to a new, charged iteration); nor is a block refused before
+its charge (``RefusedBeforeCharge``). An error of the environment after the charge (``IterationInterrupted``: a
+full disk, a missing folder) records no outcome and is a death: the restarted worker resumes under the grant.
 
 A release strategy (`sage serve --release NAME=STRATEGY:FILE`, docs/release_strategies.md) is a participant too:
 ``ReleaseSpec`` names it, and ``release_worker_main`` runs it in its own worker through `sage release`'s own code
@@ -195,6 +197,7 @@ def worker_main(spec, conn):
     import argparse
 
     from sage_tfx.privacy import public_error_text
+    from sage_tfx.privacy.errors import RefusedBeforeCharge
     from sage_tfx.privacy.keys import ENV_KEY_FILE
 
     if spec.key_file:
@@ -233,7 +236,9 @@ def worker_main(spec, conn):
             ledger.close()
     except Exception as exc:
         text = public_error_text(exc)  # a data path: no value in the text
-        if exc is raised[0]:  # the iterator recorded FAILED on the grant: the pipeline's outcome, not a death
+        # FAILED recorded on the grant, or a block refused before its charge: the pipeline's outcome, not a death
+        # (an environment error after the charge, IterationInterrupted, is one: the restarted worker resumes it)
+        if exc is raised[0] or isinstance(exc, RefusedBeforeCharge):
             conn.send(("failed", text))
             conn.close()
             return

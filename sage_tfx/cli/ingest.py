@@ -15,10 +15,16 @@ part files: then only this process touches the data root (it copies the parts in
 their digests, and deletes the staged run); default DATA_ROOT/STREAM/_staging.
 
 Refused, naming the file, column and row: a header naming a column twice, a quote
-that never closes on its line, inf or nan in an int or float column, a whole number
-a float column cannot keep exactly (tf.Example floats are 32-bit), a time outside
-[1000-01-01, 9000-01-01) UTC (e.g. milliseconds), and blocks whose records another
-stream already registered (they would get a fresh budget; --allow-duplicate-of-stream).
+that never closes on its line, inf or nan in an int or float column, an int beyond
+2^53 (CSV parsing already rounds it), a time outside [1000-01-01, 9000-01-01) UTC
+(e.g. milliseconds), and blocks whose records another stream already registered (they
+would get a fresh budget; --allow-duplicate-of-stream). Refused before anything is read:
+a --window that is not a whole number of seconds > 0, or longer than 364877d (about
+999 years: every block of a record time in the range above then is a date range).
+Rounded, not refused: a float column is stored as tf.Example's 32-bit floats (as TFX's
+CsvExampleGen stores it), about 7 significant digits, so 33554433 is stored as 33554432
+and 17031832200.0 as 17031832576.0; keep exact whole numbers (ids, unix times) in an
+int column, exact within +-2^53.
 A refused ingest leaves nothing: no ledger change, no block, no _staging folder.
 Staging folders of killed ingests are removed at the next ingest of the stream
 (each live ingest holds a lock on its own folder; see sage_tfx/ingest/store.py).
@@ -44,7 +50,7 @@ def add_parser(subparsers):
     p.add_argument("--format", choices=("csv", "tfrecord", "parquet"), help="default: from the file name")
     p.add_argument("--block-by", choices=("time", "user"), default="time")
     p.add_argument("--time-column", help="unix seconds or ISO 8601 time of each record")
-    p.add_argument("--window", help="time block length: e.g. 1h, 1d, 30m, 1w")
+    p.add_argument("--window", help="time block length: e.g. 1h, 1d, 30m, 1w (whole seconds, at most 364877d)")
     p.add_argument("--user-column", help="the user of each record (for --block-by user)")
     p.add_argument("--shards", type=int, help="number of user shards (blocks)")
     p.add_argument("--hash-key", help="key of the user-shard hash (default: the stream name)")

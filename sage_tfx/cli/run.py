@@ -36,8 +36,12 @@ Exit codes: 0 ACCEPT (the model was pushed, or --check ran end to end), 4 REJECT
 training split showed the target is out of reach), 5 TIMEOUT, 2 bad input (or a --name another process runs:
 one process runs a pipeline name at a time, on any host of the ledger; or a name already run for another
 --target, --confidence, --model, SLA or pipeline/module file: its outcome certifies only what it was run for,
-so a new request needs a new --name), 1 an iteration failed after its
-charge (the message withholds details that may hold data values: run --check to see them on generated rows).
+so a new request needs a new --name; or a --data-root, --work-dir, SLA label or block folder that cannot be used:
+checked before each charge), 1 an iteration failed after its charge (the message withholds details that may hold
+data values: run --check to see them on generated rows; FAILED is recorded and its grant is spent) or was
+interrupted by an error of the environment (an OSError such as a full disk, a block file missing or altered,
+TensorFlow's filesystem errors: no outcome is recorded, and the same command run again after fixing the cause
+resumes it under its grant, with no new charge).
 """
 import argparse
 import os
@@ -180,6 +184,7 @@ def _fail(message):
 def _run(args):
     from sage_tfx import pipelines
     from sage_tfx.privacy import Ledger, LedgerError
+    from sage_tfx.privacy.errors import IterationInterrupted, RefusedBeforeCharge
 
     try:
         definition = pipelines.load_pipeline(args.pipeline)
@@ -205,6 +210,8 @@ def _run(args):
                               confidence=args.confidence, serving_dir=args.serving_dir, runner=args.runner,
                               beam_args=beam_args, model=args.model, name=args.name, staging_location=staging,
                               pipeline_root=pipeline_root, metadata_path=metadata_path)
+        runner.check_stream()  # a misspelled --data-root, an SLA label not in the schema
+        runner.check_blocks(ledger)  # a block folder missing or altered: before anything is registered or charged
         if schedule is not None:
             return _run_scheduled(definition, ledger, runner, schedule, args)
         iterator = make_iterator(definition, ledger, runner, args, progress=lambda line: print(line, flush=True))
@@ -212,6 +219,15 @@ def _run(args):
         return _fail(str(exc))
     try:
         result = iterator.run()
+    except RefusedBeforeCharge as exc:  # a block the iteration would read is missing or altered
+        ledger.close()
+        return _fail(str(exc))
+    except IterationInterrupted as exc:  # an environment error after the charge: resumable, as after a kill
+        ledger.close()
+        print(f"sage run: {exc}. Its grant stays in use (no outcome recorded): fix the cause (free disk space, "
+              "restore the folder or block file) and run the same command again; it resumes that iteration "
+              "under the same grant, with no new charge", file=sys.stderr)
+        return EXIT_FAILED
     except Exception as exc:  # a run failed after its charge: its message may hold data values
         from sage_tfx.privacy import public_error_text
 
@@ -264,12 +280,18 @@ def read_json_options(path, source, what):
 def _run_scheduled(definition, ledger, runner, schedule, args):
     """`sage run --schedule`: ``ScheduledPipeline.advance`` over the stream's blocks; one progress line per charge
     and per run. Exit 0 when the runs ended, 1 if one failed after its draw (details withheld, as `sage run`)."""
+    from sage_tfx.privacy.errors import IterationInterrupted
     from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline
 
     driver = ScheduledPipeline.for_runner(ledger, definition, runner, schedule, rejection_share=args.rejection_share,
                                           progress=lambda line: print(line, flush=True))
     try:
         runs = driver.advance(max_runs=args.max_iterations)
+    except IterationInterrupted as exc:  # an environment error after the draw: resumable, as after a kill
+        ledger.close()
+        print(f"sage run: a scheduled {exc}. No outcome is recorded: fix the cause and run the same command "
+              "again; it re-runs under the same run grant, with no new charge or draw", file=sys.stderr)
+        return EXIT_FAILED
     except RunFailed as exc:  # its message holds the public part of the error only
         ledger.close()
         print(f"sage run: a scheduled {exc}. Its run grant stays "
@@ -324,11 +346,36 @@ class PipelineRunner:
     """A SagePipeline bound to its config: ``run_iteration`` for the iterator."""
 
     def __init__(self, pipeline, config):
-        from sage_tfx.pipelines._runner import make_run_iteration
+        from sage_tfx.pipelines._runner import check_run_folders, make_run_iteration
 
         pipeline.model_family(config.model)  # bad input fails here, before any spend
+        check_run_folders(config)  # a --work-dir that is a file, a folder this user cannot write
         self.pipeline, self.config = pipeline, config
         self.run_iteration = make_run_iteration(pipeline.build_pipeline, config)
+
+    def check_stream(self, schema: dict | None = None) -> None:
+        """ValueError naming the value and the fix unless the data root holds the stream (``schema`` given: the
+        caller has it already) and the SLA label is one of its columns (``check_stream_schema``)."""
+        from sage_tfx.pipelines._runner import check_stream_schema
+
+        config = self.config
+        check_stream_schema(config.data_root, config.stream, self.pipeline.sla, config.name, schema)
+
+    def check_blocks(self, ledger, blocks=None) -> None:
+        """``RefusedBeforeCharge`` naming the block and the fix unless every block of ``blocks`` (None: every active
+        block of the stream) can be read from the data root (``sage_tfx.ingest.access.check_blocks``): called once
+        before the run registers or charges anything, and again right before each charge."""
+        from sage_tfx.ingest import access, sealed
+        from sage_tfx.privacy.errors import RefusedBeforeCharge
+
+        if blocks is None:
+            blocks = [b.id for b in ledger.blocks(self.config.stream, "active")]
+        try:
+            access.check_blocks(ledger, self.config.data_root, self.config.stream, blocks)
+        except sealed.SealedError as exc:
+            raise RefusedBeforeCharge(f"--data-root {self.config.data_root!r}: {exc}. Nothing was charged for this "
+                                      "iteration: give the --data-root `sage ingest` wrote the stream to, or restore "
+                                      "the block folder") from None
 
     def request(self) -> dict:
         """What an ACCEPT of this runner certifies (``SagePipeline.certificate_request``), signed into each grant."""
@@ -368,4 +415,5 @@ def make_iterator(definition, ledger, runner, args, progress=print, wait_for_blo
     return SageIterator(ledger, runner.config.stream, runner.config.name, runner.run_iteration,
                         eta=1 - runner.config.confidence, max_iterations=args.max_iterations,
                         max_seconds=getattr(args, "max_seconds", None), wait_for_blocks=wait_for_blocks,
-                        progress=progress, request=runner.request(), **settings)
+                        progress=progress, request=runner.request(),
+                        check_blocks=lambda blocks: runner.check_blocks(ledger, blocks), **settings)

@@ -347,6 +347,9 @@ def _run(args):
             else:
                 definition, runner = build_worker_runner(spec)
                 make_iterator(definition, ledger, runner, args)
+            runner.check_stream(schema)  # its SLA label a column of the stream
+        if specs:
+            runner.check_blocks(ledger)  # a registered block missing or altered under --data-root
     except (LedgerError, ValueError) as exc:
         print(f"sage serve: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -15,10 +15,15 @@ import re
 
 import numpy as np
 
-from .records import InputError
+from sage_tfx.privacy.blocks import DATE_MIN
+
+from .records import TIME_MIN, InputError
 
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _WINDOW = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
+# The longest window: every block of a record time in [1000-01-01, 9000-01-01) then lies inside what a date can
+# name (the ledger's bound on block windows), about 999 years
+MAX_WINDOW = TIME_MIN - int(DATE_MIN)
 
 
 def parse_window(text):
@@ -29,6 +34,9 @@ def parse_window(text):
     seconds = float(m.group(1)) * _UNITS[m.group(2)]
     if seconds <= 0 or seconds != int(seconds):
         raise InputError(f"window {text!r} is invalid: it must be a whole number of seconds > 0")
+    if seconds > MAX_WINDOW:
+        raise InputError(f"window {text!r} is invalid: at most {window_text(MAX_WINDOW)} ({MAX_WINDOW} s, about 999 "
+                         "years), so that every block of a record time in [1000-01-01, 9000-01-01) is a date range")
     return int(seconds)
 
 
@@ -47,8 +55,9 @@ class TimeBlocks:
     def __init__(self, column, window):
         self.column = column
         self.window = parse_window(window) if isinstance(window, str) else int(window)
-        if self.window <= 0:
-            raise InputError(f"window {window!r} is invalid: it must be > 0 seconds")
+        if not 0 < self.window <= MAX_WINDOW:
+            raise InputError(f"window {window!r} is invalid: it must be > 0 seconds and at most "
+                             f"{window_text(MAX_WINDOW)} ({MAX_WINDOW} s, about 999 years)")
 
     def describe(self):
         return {"by": "time", "column": self.column, "window": self.window}

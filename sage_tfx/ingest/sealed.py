@@ -42,7 +42,7 @@ import re
 import stat
 import struct
 
-from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.errors import StorageError
 
 MAGIC = b"SAGEBLK1"
 FORMAT = "sage-sealed-v1"
@@ -57,7 +57,7 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
 FILE_MODE, DIR_MODE = 0o600, 0o700
 
 
-class SealedError(SageError, ValueError):
+class SealedError(StorageError, ValueError):
     """A block file or manifest that is missing, altered, moved, unsafe, unencrypted or under another key."""
 
 

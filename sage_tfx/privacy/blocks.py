@@ -78,6 +78,11 @@ def vector_decoder():
     return decode
 
 
+# The span a block's time window may cover: what a date can name, [0001-01-01, 10000-01-01) UTC in unix seconds
+# (reports print every window as dates; a time in milliseconds lands far beyond)
+DATE_MIN, DATE_MAX = -62135596800.0, 253402300800.0
+
+
 def check_block(id, start=None, end=None, shard=None, rows=None, created=None, digest=None):
     """One new block's fields checked: (id, start, end, shard, rows, created, digest), or LedgerError naming the
     value. ``created`` defaults to now."""
@@ -87,6 +92,10 @@ def check_block(id, start=None, end=None, shard=None, rows=None, created=None, d
         raise LedgerError(f"block {block_id!r}: give both start and end of its window (start={start}, end={end})")
     if start is not None and not start < end:
         raise LedgerError(f"block {block_id!r}: window start {start} must be before end {end}")
+    if start is not None and not DATE_MIN <= start < end <= DATE_MAX:
+        raise LedgerError(f"block {block_id!r}: window [{start:g}, {end:g}) is outside [0001-01-01, 10000-01-01) "
+                          f"UTC (unix seconds [{DATE_MIN:.0f}, {DATE_MAX:.0f}]): give its start and end in unix "
+                          "seconds or ISO 8601 (a time in milliseconds lands far beyond)")
     if shard is not None:
         if start is not None:
             raise LedgerError(f"block {block_id!r}: a block is keyed by a time window or a shard, not both")

@@ -6,6 +6,7 @@ is a well-formed request that the budget cannot cover: the CLI exits 3.
 """
 from __future__ import annotations
 
+import errno
 from typing import Any
 
 
@@ -52,6 +53,11 @@ class DuplicateContent(LedgerError):
 
 class PipelineBusy(LedgerError):
     """A pipeline name is already being run by another process (``Ledger.claim``): pick another name or wait."""
+
+
+class RefusedBeforeCharge(LedgerError):
+    """Bad input found by a check that runs right before a charge (a block the run would read is missing or
+    altered, ``SageIterator``'s ``check_blocks``): nothing was charged for it."""
 
 
 class GrantError(LedgerError):
@@ -106,3 +112,65 @@ def public_error_text(exc):
     if isinstance(exc, (RecordError, LedgerError, BudgetRefused)):
         return f"{name}: {exc}"
     return f"{name} (message withheld: it may hold data values)"
+
+
+class StorageError(SageError):
+    """A stored file could not be used as written (missing, altered, unreadable): the environment's fault, not the
+    data's. Its message names the file and the fix and holds no record's value (sage-tfx writes it)."""
+
+
+# The errors of TensorFlow's file layer and of MLMD's store (same names: both carry absl status codes) for a
+# missing, unreadable or full filesystem, by module and name (the privacy core imports neither)
+_STATUS_MODULES = ("tensorflow", "ml_metadata")
+_STATUS_ERRORS = ("NotFoundError", "PermissionDeniedError", "ResourceExhaustedError", "InternalError",
+                  "UnavailableError", "DataLossError", "AlreadyExistsError")
+
+
+def is_environment_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is an error of the environment that re-running after fixing it cures, not of the data: an
+    ``OSError`` (a missing folder, a permission, ENOSPC), a ``StorageError`` (a block file missing or altered),
+    TensorFlow's file layer's or MLMD's NotFoundError, PermissionDeniedError, ResourceExhaustedError,
+    InternalError, UnavailableError, DataLossError or AlreadyExistsError (MLMD's SQLite file on a full disk), or
+    the RuntimeError Beam re-raises a step's error as when it cannot rebuild its type. Every exception it was
+    raised while handling (its ``__context__`` and ``__cause__`` chain) must be one too: TFX's clean-up after a
+    failed ``run_fn`` raises an OSError (a NotFoundError) while handling the user's error, which may depend on
+    the data."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if not (_beam_reraise(exc) or isinstance(exc, (OSError, StorageError)) or _status_error(exc)):
+            return False
+        exc = exc.__cause__ or exc.__context__
+    return True
+
+
+def _beam_reraise(exc: BaseException) -> bool:
+    """The RuntimeError ``apache_beam.runners.common.DoFnRunner._reraise_augmented`` raises for a step's error
+    whose type it cannot rebuild (an OSError among them), while handling that error."""
+    return isinstance(exc, RuntimeError) and getattr(exc, "_tagged_with_step", False) and exc.__context__ is not None
+
+
+def _status_error(exc: BaseException) -> bool:
+    kind = type(exc)
+    return kind.__module__.split(".")[0] in _STATUS_MODULES and kind.__name__ in _STATUS_ERRORS
+
+
+class IterationInterrupted(SageError):
+    """An environment error (``is_environment_error``) stopped a pipeline run after its charge. No outcome is
+    recorded: the grant stays in use, as after a kill, and the next run of the pipeline resumes it without a new
+    charge once the cause is fixed. The message holds the error's public part (``environment_error_text``) and
+    the grant id."""
+
+
+def environment_error_text(exc: BaseException) -> str:
+    """What may be shown of an environment error (``is_environment_error``): an OSError's errno and its
+    strerror, a StorageError's message (sage-tfx's own: a path and the fix), the type and its package only
+    otherwise (a TensorFlow or MLMD message may quote what user code passed it)."""
+    if _beam_reraise(exc):
+        return environment_error_text(exc.__context__)
+    name = type(exc).__name__
+    if isinstance(exc, StorageError):
+        return f"{name}: {exc}"
+    if isinstance(exc, OSError) and exc.errno is not None:
+        return f"{name}: {errno.errorcode.get(exc.errno, exc.errno)} ({exc.strerror})"
+    return f"{type(exc).__module__.split('.')[0]} {name} (message withheld: it may hold data values)"

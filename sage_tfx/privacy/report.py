@@ -4,9 +4,14 @@ import json
 
 
 def format_time(ts):
+    """``ts`` (unix seconds) as a UTC date and time; as seconds when no date names it (a window registered before
+    ``check_block`` bounded them), so a report never fails on a registered block."""
     if ts is None:
         return "-"
-    return _dt.datetime.fromtimestamp(float(ts), _dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    try:
+        return _dt.datetime.fromtimestamp(float(ts), _dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    except (OverflowError, OSError, ValueError):
+        return f"{float(ts):g} s"
 
 
 def block_key_text(block):

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from sage_tfx.privacy import BudgetSplit, public_error_text
-from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.errors import IterationInterrupted, SageError, environment_error_text, is_environment_error
 from sage_tfx.privacy.draws import DRAW_KEY, is_run_grant
 from sage_tfx.release.growth import (BBImprover, BBScheduler, GrowthError, ImproverParams, Mode, ScheduleIdentity,
                                      SchedulerParams, charge_lifetime)
@@ -182,6 +182,9 @@ class ScheduledPipeline(ScheduleIdentity):
         try:
             result = self.run_iteration(grant, split, eta, epoch + 1)
         except Exception as exc:  # the run grant stays drawn; the error text may hold data values: public part only
+            if is_environment_error(exc):  # no outcome: the next advance re-runs it under the same run grant
+                raise IterationInterrupted(f"run {epoch} (t={t}) under run grant {grant.id} was interrupted by "
+                                           f"{environment_error_text(exc)}") from exc
             error = public_error_text(exc)
             self.ledger.record_outcome(grant.id, "FAILED", {"error": error})
             self.progress(f"[{self.pipeline}] run {epoch} (t={t}): FAILED ({error}); its run grant stays drawn")
