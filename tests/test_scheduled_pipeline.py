@@ -409,6 +409,7 @@ def test_driver_refuses_a_name_run_for_another_request_before_anything(tmp_path,
         driver, _ = _driver(ledger, _Pipeline(), request=REQUEST)
         runs = driver.advance(max_runs=1)  # t = 2: run 0 (its outcome RETRY, bound 1)
         assert [r.epoch for r in runs] == [0]
+        driver.observe("b2")  # a block charged after the run: the stored bound is still the run's
         (run_grant,) = [g for g, _, _ in ledger.history("s", "p") if "draw" in g.meta]
         assert run_grant.meta["request"] == REQUEST  # signed into the run grant
         before = (ledger.log_entries(), [g.to_json() for g in ledger.grants()], ledger.status("s"))

@@ -152,8 +152,10 @@ class ScheduledPipeline(ScheduleIdentity):
         """The pipeline's lifetime grants of this schedule (charge order) and its run grants' outcomes."""
         self._outcomes = {}
         history = self.ledger.history(self.stream, self.pipeline)
-        # before anything is charged or drawn: a name run for another request is refused (the Sage iterator's rule)
-        check_request(self.ledger, self.stream, self.pipeline, self.request, history)
+        # before anything is charged or drawn: a name run for another request is refused (the Sage iterator's rule),
+        # judged on its runs (run grants, or the Sage iterator's iterations under the same name)
+        runs = [e for e in history if DRAW_KEY in e[0].meta or "iteration" in e[0].meta]
+        check_request(self.ledger, self.stream, self.pipeline, self.request, runs)
         for grant, outcome, details in history:
             if is_run_grant(grant.body()):
                 if grant.meta[DRAW_KEY].get("schedule") == self.fingerprint:
