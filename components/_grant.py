@@ -21,10 +21,10 @@ Laplace count released under the ``count`` stage of the grant's split, which
 the grant paid for as part of its charge.
 """
 import contextlib
-import hashlib
 import json
 
 from sage_tfx.privacy import GrantError, Ledger, grant_split, record_split
+from sage_tfx.privacy.digests import computation_digest, data_digest
 from sage_tfx.privacy.checks import positive
 
 # The execution-parameter keys every data-reading component spec declares (components/_spec.py).
@@ -137,16 +137,6 @@ def canonical_saved_model_text(saved_model) -> bytes:
     return "\n".join(out).encode()
 
 
-def computation_digest(*parts) -> str:
-    """A SHA-256 fingerprint of a computation from its parts (bytes as they are, anything else as canonical JSON)."""
-    digest = hashlib.sha256()
-    for part in parts:
-        data = part if isinstance(part, bytes) else json.dumps(part, sort_keys=True, default=str).encode()
-        digest.update(len(data).to_bytes(8, "big"))
-        digest.update(data)
-    return digest.hexdigest()
-
-
 def open_release(ledger, grant, stage, computation, epsilon, delta=0.0) -> int:
     """Open ``stage``'s release of ``computation`` under ``grant`` with the ledger; return the stage's noise seed.
 
@@ -205,15 +195,6 @@ def verify_grant(ledger, grant_json, stream=None, epsilon=None, delta=None):
 # The lineage BlockExampleGen writes on its Examples (DPTransform copies it): the rule its records were split by
 # ({name: buckets} as JSON, in hashing order) and the digest of the grant's data (``data_digest``).
 SPLIT_RULE_PROPERTY, DATA_PROPERTY = "split_rule", "data_digest"
-
-
-def data_digest(ledger, grant) -> str:
-    """A SHA-256 of the records a grant gives to read: its stream, each granted block with the content digest
-    the ledger registered for it at ingest (None for a block registered without one: its id stands for it), and
-    the grant's record split (``record_split``). BlockExampleGen reads exactly these records, split by exactly
-    that rule, so two Examples of one grant with the same digest hold the same records in the same splits."""
-    blocks = [[b, ledger.block_digest(grant.stream, b)] for b in grant.blocks]
-    return computation_digest("records/v1", grant.stream, blocks, record_split(grant).to_dict())
 
 
 def release_data(digest, splits) -> dict:

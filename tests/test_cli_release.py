@@ -10,6 +10,7 @@ import pytest
 
 from conftest import replay_taxi_days
 from sage_tfx.privacy import Ledger
+from sage_tfx.privacy.digests import bound_to_data
 
 EPS, DELTA = 0.5, 1e-7
 FEATURES = ["--label", "tips", "--features", "fare,trip_miles", "--scales", "100,30", "--intercept"]
@@ -83,7 +84,9 @@ def test_continual_charges_each_block_once_and_resumes(world):
         assert status == {b: (pytest.approx(EPS), pytest.approx(DELTA)) for b in blocks}
         releases = ledger.releases()
         assert sorted(r.stage for r in releases) == ["training"] * 3 + ["validation"] * 3
-        assert {r.computation for r in releases if r.stage == "training"} == {out["fingerprint"]}
+        # each block's release: the strategy's computation on that block's registered content
+        assert {r.grant_id: r.computation for r in releases if r.stage == "training"} == {
+            g.id: bound_to_data(out["fingerprint"], ledger, g) for g in ledger.grants("taxi") if g.pipeline == "cr"}
         assert ledger.audit().ok
     assert (push / "model-000003" / "Format-Serving" / "weights.npy").exists()
 

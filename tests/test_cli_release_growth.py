@@ -10,6 +10,7 @@ import pytest
 
 from conftest import replay_taxi_days
 from sage_tfx.privacy import Ledger
+from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.release.growth import BBImprover, BBScheduler, ImproverParams, SchedulerParams
 
 QUERIES = [
@@ -84,8 +85,10 @@ def test_growth_scheduler_charges_the_bound_once_runs_on_schedule_and_resumes(wo
     # the ledger's per-block spend is the schedule's whole per-record bound, charged once; audit OK
     assert spent(db, "g") == {b: (pytest.approx(0.2), 0.0) for b in blocks}
     with Ledger.open(db) as ledger:
-        assert {r.computation for r in ledger.releases() if r.grant_id in {b["grant"] for b in out["blocks"]}} \
-            == {out["fingerprint"]}
+        grants = {g.id: g for g in ledger.grants("taxi")}
+        ours = {b["grant"] for b in out["blocks"]}
+        assert {r.grant_id: r.computation for r in ledger.releases() if r.grant_id in ours} \
+            == {g: bound_to_data(out["fingerprint"], ledger, grants[g]) for g in ours}
         assert ledger.audit().ok
     assert sage("ledger", "audit", "--db", db).returncode == 0
 

@@ -6,7 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from sage_tfx.privacy import Ledger
+from sage_tfx.privacy import GrantError, Ledger
+from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.samplers import secure_rng
 from sage_tfx.release.continual import (
     ContinualRelease, ContinualReleaseError, ReleaseParams, SlidingWindowRelease, calibrate_z_eff,
@@ -123,7 +124,31 @@ def test_per_block_charge_equals_the_bound_and_audit_passes(tmp_path, cls, windo
     assert report.ok, report.problems
     releases = ledger.releases()
     assert len(releases) == blocks  # one release per block's grant, re-opened by later reads, never recounted
-    assert {r.computation for r in releases} == {rel.fingerprint}
+    # each grant's release is the strategy's computation on that grant's block (its registered content)
+    assert {r.grant_id: r.computation for r in releases} == {
+        g.id: bound_to_data(rel.fingerprint, ledger, g) for g in rel.grants.values()}
+
+
+def test_a_block_grants_release_reopened_on_other_data_is_refused(tmp_path):
+    """Each block's release binds the block's registered content digest: the computation that reading another
+    block (or other content) under that grant would be is another fingerprint, which the ledger refuses before any
+    noise is drawn. The bare strategy fingerprint (every grant's release before) is refused too."""
+    ledger = Ledger.open(tmp_path / "ledger.db", create=True)
+    ledger.create_stream("s", 10.0, 1e-4)
+    for i in range(2):
+        ledger.add_block("s", f"b{i:03d}", start=i * 86400, end=(i + 1) * 86400, rows=200, digest=f"{i + 10:064x}")
+    params = ReleaseParams(epsilon=2.0, delta=1e-5, records_per_block=200)
+    rel = ContinualRelease(ledger, "s", "continual", params, CheckedReader(ledger), dim=D)
+    rel.observe("b000")
+    rel.observe("b001")
+    g0, g1 = rel.grants["b000"], rel.grants["b001"]
+    on_b0, on_b1 = bound_to_data(rel.fingerprint, ledger, g0), bound_to_data(rel.fingerprint, ledger, g1)
+    assert len({on_b0, on_b1, rel.fingerprint}) == 3
+    rel._open("b000")  # the same computation on the same data re-opens (a resume)
+    for other in (on_b1, rel.fingerprint):
+        with pytest.raises(GrantError, match="another computation|other computation|already released"):
+            ledger.release(g0, "training", other, 2.0, 1e-5)
+    assert {r.computation for r in ledger.releases(g0.id)} == {on_b0}
 
 
 def test_cumulative_bound_over_a_long_horizon():
@@ -134,7 +159,10 @@ def test_cumulative_bound_over_a_long_horizon():
 
         def request(self, *a, **k):
             self.n += 1
-            return type("G", (), {"id": f"g{self.n}", "blocks": [k["blocks"][0]]})()
+            return type("G", (), {"id": f"g{self.n}", "blocks": [k["blocks"][0]], "stream": "s", "meta": {}})()
+
+        def block_digest(self, stream, block):
+            return None
 
         def release(self, *a, **k):
             pass

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from sage_tfx.privacy import Ledger
+from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.samplers import grid_laplace, secure_rng
 from sage_tfx.release.growth import (
     PMWG, BBImprover, BBScheduler, GrowthError, ImproverParams, PMWGParams, ScheduledRelease, SchedulerParams,
@@ -112,6 +113,10 @@ def test_ledger_charges_bound_per_block_and_audit(tmp_path, kind):
     assert len(rel.runs) == (T if kind == "improver" else sum(1 for t in range(1, T + 1) if schedule.run_at(t)))
     assert abs(rel.current - np.mean([generated_block(i)[:, 0].mean() for i in range(T)])) < 0.5
     assert ledger.audit().ok
+    # each lifetime grant's one release is the schedule's computation on its own block (registered content)
+    assert {r.grant_id: r.computation for r in ledger.releases()} == {
+        g.id: bound_to_data(rel.fingerprint, ledger, g) for g in rel.grants.values()}
+    assert len({r.computation for r in ledger.releases()}) == T
     with pytest.raises(GrowthError, match="b003"):
         rel.observe("b003")
 
@@ -190,6 +195,9 @@ def test_pmwg_public_histogram_arrival_update(tmp_path):
     pm.public = np.array([1.0, 0.0])
     pm.observe("b001", ROWS)
     assert pm.public == pytest.approx([0.75, 0.25])  # (100 * [1, 0] + 100 * [.5, .5]) / 200
+    pm.query(np.array([1.0, 0.0]))  # re-opens every block's release: each bound to its own block
+    assert {r.grant_id: r.computation for r in ledger.releases()} == {
+        g.id: bound_to_data(pm.fingerprint, ledger, g) for g in pm.grants.values()}
     with pytest.raises(GrowthError, match="edges"):
         Universe(columns=("x",), edges=([1.0, 0.0],))
 

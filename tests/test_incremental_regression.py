@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from sage_tfx.privacy import Ledger
+from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.release.incremental_regression import (
     HorizonExhausted, IncrementalRegression, IncrementalRegressionError, IncrementalRegressionParams,
@@ -147,7 +148,9 @@ def test_charge_equals_bound_before_read_and_audit_passes(tmp_path):
     assert all(g.meta["strategy"] == "incremental_regression" and g.meta["horizon"] == 4
                and g.meta["levels"] == 3 for g in grants)
     releases = ledger.releases()
-    assert len(releases) == 4 and {r.computation for r in releases} == {strategy.fingerprint}
+    assert len(releases) == 4 and [r.computation for r in releases] == [
+        bound_to_data(strategy.fingerprint, ledger, g) for g in grants]  # each its own block's data
+    assert len({r.computation for r in releases}) == 4
     assert [r.grant_id for r in releases] == [g.id for g in grants] and all(r.epsilon == 1.0 for r in releases)
     assert ledger.audit().ok
     # horizon exhausted: refused before anything is charged or read

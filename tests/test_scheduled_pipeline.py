@@ -349,12 +349,12 @@ class _Pipeline:
         return IterationResult("RETRY", bound=float(iteration))
 
 
-def _driver(ledger, run_iteration, **params):
+def _driver(ledger, run_iteration, request=None, **params):
     from sage_tfx.release.scheduled_pipeline import ScheduledPipeline
 
     schedule = BBScheduler(SchedulerParams(**({"epsilon": E, "delta": D, "gamma": 1.0, "t0": 2,
                                                "composition": "basic"} | params)))
-    return ScheduledPipeline(ledger, "s", "p", schedule, run_iteration, name="stand-in"), schedule
+    return ScheduledPipeline(ledger, "s", "p", schedule, run_iteration, name="stand-in", request=request), schedule
 
 
 def test_driver_charges_each_block_once_and_resumes_a_killed_run_under_its_grant(tmp_path):
@@ -416,6 +416,38 @@ def test_driver_leaves_a_run_stopped_by_a_full_disk_to_resume_under_its_grant(tm
         assert not run.resumed and run.grant_id == stopped[0].id and run.outcome == "RETRY"
         assert [c[0] for c in pipeline.calls] == [stopped[0].id] * 2
         assert [e[2] for e in ledger.log_entries()].count("draw") == 1 and ledger.audit().ok
+
+
+REQUEST = {"target": 0.355, "confidence": 0.95, "metric": "loss", "model": "linear", "definition": "d" * 64}
+
+
+@pytest.mark.parametrize("changes", [{"target": 0.3}, {"model": "dnn"}, {"definition": "e" * 64}])
+def test_driver_refuses_a_name_run_for_another_request_before_anything(tmp_path, changes):
+    """The schedule driver's runs sign their request; the same name asked for another target, model or definition
+    is refused (the Sage iterator's RequestMismatch, naming the stored and asked values and the fix) with nothing
+    charged, drawn or logged; the same request resumes. Without the check the stricter target was run (and a
+    stored outcome reported) under the name that certified the other one."""
+    from sage_tfx.adaptive.iterator import RequestMismatch
+
+    with _ledger(str(tmp_path / "l.db"), blocks=4) as ledger:
+        driver, _ = _driver(ledger, _Pipeline(), request=REQUEST)
+        runs = driver.advance(max_runs=1)  # t = 2: run 0 (its outcome RETRY, bound 1)
+        assert [r.epoch for r in runs] == [0]
+        driver.observe("b2")  # a block charged after the run: the stored bound is still the run's
+        (run_grant,) = [g for g, _, _ in ledger.history("s", "p") if "draw" in g.meta]
+        assert run_grant.meta["request"] == REQUEST  # signed into the run grant
+        before = (ledger.log_entries(), [g.to_json() for g in ledger.grants()], ledger.status("s"))
+        pipeline = _Pipeline()
+        with pytest.raises(RequestMismatch) as refused:
+            _driver(ledger, pipeline, request={**REQUEST, **changes})
+        (key, value), = changes.items()
+        assert f"{key} {REQUEST[key]!r} -> {value!r}" in str(refused.value)
+        assert "target 0.355 (bound 1)" in str(refused.value) and "new pipeline name" in str(refused.value)
+        assert (ledger.log_entries(), [g.to_json() for g in ledger.grants()], ledger.status("s")) == before
+        assert pipeline.calls == []
+        again = _driver(ledger, pipeline, request=REQUEST)[0].advance()  # the same request: resumes and goes on
+        assert [(r.epoch, r.resumed) for r in again] == [(0, True), (1, False)]
+        assert ledger.audit().ok
 
 
 @pytest.mark.parametrize("params, match", [
@@ -573,6 +605,35 @@ def test_sage_run_schedule_bad_values_exit_2_before_any_charge(taxi_stream_300, 
     assert message in out.stderr, out.stderr
     with Ledger.open(db) as ledger:
         assert (ledger.log_entries(), [g.to_json() for g in ledger.grants()]) == before
+
+
+def test_sage_run_schedule_refuses_a_name_run_for_another_target(taxi_stream_300, tmp_path):
+    """`sage run --schedule` on a pipeline name whose scheduled run was made for target 1e5 (its request signed into
+    the run grant, as `sage run` signs it), asked for target 5e4: exit 2 naming both targets and the fix, before
+    anything is charged, drawn or logged."""
+    from sage_tfx import pipelines
+    from sage_tfx.adaptive import IterationResult
+    from sage_tfx.release.scheduled_pipeline import ScheduledPipeline, scheduler_from_options
+
+    db, data = _copy_stream(taxi_stream_300, tmp_path)
+    options = {"epsilon": 0.8, "delta": 5e-7, "gamma": 1.0, "t0": 2}
+    path = tmp_path / "schedule.json"
+    path.write_text(json.dumps(options))
+    request = pipelines.load_pipeline("taxi_regression").certificate_request(1e5, 0.95)
+    with Ledger.open(db) as ledger:  # the first scheduled run (its pipeline stood in for: no TFX here)
+        driver = ScheduledPipeline(ledger, "taxi", "taxi_regression", scheduler_from_options(options, "test"),
+                                   lambda *a: IterationResult("RETRY", bound=2e5), name="tfx:taxi_regression",
+                                   request=request)
+        assert len(driver.advance(max_runs=1)) == 1
+        before = (ledger.log_entries(), [g.to_json() for g in ledger.grants()])
+    out = _sage("run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "5e4",
+                "--schedule", f"bbscheduler:{path}", "--work-dir", tmp_path / "work")
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "target 100000.0 -> 50000.0" in out.stderr and "bound 200000" in out.stderr, out.stderr
+    assert "new pipeline name" in out.stderr, out.stderr
+    with Ledger.open(db) as ledger:
+        assert (ledger.log_entries(), [g.to_json() for g in ledger.grants()]) == before
+        assert ledger.audit().ok
 
 
 @pytest.mark.slow

@@ -66,6 +66,36 @@ def test_bad_schedule_values_exit_2_with_nothing_written(tmp_path, replay_input,
     assert not data.exists() or not any(data.iterdir())
 
 
+def test_serve_schedule_refuses_a_name_run_for_another_target(tmp_path, replay_input):
+    """`sage serve --schedule` on a pipeline name whose scheduled run was made for target 300000 (its request signed
+    into the run grant, as serve signs it), asked for target 100000: exit 2 naming both targets and the fix, before
+    anything is registered, charged, drawn or replayed."""
+    from sage_tfx import pipelines
+    from sage_tfx.adaptive import IterationResult
+    from sage_tfx.release.scheduled_pipeline import ScheduledPipeline, scheduler_from_options
+
+    db, data = _init(tmp_path), tmp_path / "data"
+    options = {**SCHEDULE, "t0": 2}
+    request = pipelines.load_pipeline("taxi_regression").certificate_request(300000, 0.95)
+    with Ledger.open(db) as ledger:  # the first scheduled run of "grow" (its pipeline stood in for: no TFX here)
+        for i in range(2):
+            ledger.add_block("taxi", f"w{i}", start=i * 86400, end=(i + 1) * 86400, rows=10)
+        driver = ScheduledPipeline(ledger, "taxi", "grow", scheduler_from_options(options, "test"),
+                                   lambda *a: IterationResult("RETRY", bound=4e5), name="tfx:taxi_regression",
+                                   request=request)
+        assert len(driver.advance(max_runs=1)) == 1
+        before = (ledger.log_entries(), [g.to_json() for g in ledger.grants()], ledger.pipelines("taxi"))
+    proc = subprocess.run(_serve_cmd(db, data, replay_input, "--pipeline", "grow=taxi_regression:100000",
+                                     "--schedule", f"grow=bbscheduler:{_options(tmp_path, 'ok', options)}"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "target 300000.0 -> 100000.0" in proc.stderr and "bound 400000" in proc.stderr, proc.stderr
+    assert "new pipeline name" in proc.stderr, proc.stderr
+    with Ledger.open(db) as ledger:
+        assert (ledger.log_entries(), [g.to_json() for g in ledger.grants()], ledger.pipelines("taxi")) == before
+        assert [b.id for b in ledger.blocks("taxi")] == ["w0", "w1"] and ledger.audit().ok
+
+
 @pytest.mark.slow
 @pytest.mark.tf
 def test_a_scheduled_pipeline_runs_in_serve_and_resumes_in_sage_run(tmp_path, replay_input):

@@ -126,15 +126,18 @@ def _calls(names):
 
 
 def test_no_decryption_path_bypasses_the_two_doors():
-    """A block's key is derived in the grant door, the trusted door (which logs first) and ingest's sealing of a
-    block it writes; a block is opened (its data key unwrapped) only by ``access.open_blocks``, which is handed
-    keys from those doors."""
+    """A block's key is derived in the grant door, the trusted door (which logs first), ingest's sealing of a
+    block it writes and the pre-charge check (``access.check_blocks``: it authenticates each manifest and reads no
+    record); a block is opened (its data key unwrapped) only by ``access.open_blocks``, which is handed keys from
+    those doors, and by that check."""
     assert _calls({"block_key"}) == [
+        ("sage_tfx/ingest/access.py", "check_blocks", "block_key"),  # a manifest authenticated, no record read
         ("sage_tfx/ingest/access.py", "grant_block_keys", "block_key"),
         ("sage_tfx/ingest/access.py", "trusted_block_keys", "block_key"),
         ("sage_tfx/ingest/store.py", "_commit_plan", "block_key"),  # sealing a new block's manifest: a write
     ]
     assert [c for c in _calls({"open_block", "unwrap"}) if c[0] != "sage_tfx/ingest/sealed.py"] == [
+        ("sage_tfx/ingest/access.py", "check_blocks", "open_block"),
         ("sage_tfx/ingest/access.py", "open_blocks", "open_block")]
     assert sorted({c[:2] for c in _calls({"open_blocks"})}) == [
         ("sage_tfx/ingest/access.py", "grant_blocks"), ("sage_tfx/ingest/access.py", "read_block_records")]

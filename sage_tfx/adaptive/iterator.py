@@ -164,6 +164,29 @@ def request_differences(stored: dict, asked: dict) -> list:
     return [f"{key} {stored[key]!r} -> {asked.get(key)!r}" for key in stored if stored[key] != asked.get(key)]
 
 
+def check_request(ledger, stream: str, pipeline: str, request: dict | None, history) -> None:
+    """Refuse (``RequestMismatch``, nothing written) a ``request`` other than the one pipeline name ``pipeline``'s
+    grants were run for (``history``: its ``Ledger.history`` entries, oldest first): its stored outcome certifies
+    that request only. The message names the stored target, the last bound, what this run asks and the fix (a new
+    pipeline name). None asks nothing: no check. One rule for the Sage iterator and the schedule driver
+    (``sage_tfx.release.scheduled_pipeline``)."""
+    if request is None:
+        return
+    stored = stored_request(history)
+    differences = [] if stored is None else request_differences(stored, request)
+    if not differences:
+        return
+    status = {p["name"]: p for p in ledger.pipelines(stream)}.get(pipeline) or {}
+    bound = (history[-1][2] or {}).get("bound") if history else None
+    state = (f"finished with {status['outcome']}" if status.get("state") == "done"
+             else f"has {len(history)} iteration(s) (not finished)")
+    raise RequestMismatch(
+        f"pipeline {pipeline!r} {state} on stream {stream!r} for target {stored.get('target')!r} "
+        f"(bound {_bound_text(bound)}); this run asks {', '.join(differences)}. Its outcome certifies only what "
+        "it was run for: run the new request under a new pipeline name (sage run --name NEW, sage serve "
+        "--pipeline NEW=...), or repeat the stored request to see its outcome")
+
+
 class SageIterator:
     """Drive one pipeline to ACCEPT, REJECT or TIMEOUT under the ledger's budget.
 
@@ -299,25 +322,8 @@ class SageIterator:
         return max(0.0, self.max_seconds - (self.clock() - started))
 
     def check_request(self) -> None:
-        """Refuse (``RequestMismatch``, nothing written) a ``request`` other than the one this pipeline name's
-        iterations were run for: its stored outcome certifies that request only. The message names the stored
-        target, the last bound and the fix (a new pipeline name)."""
-        if self.request is None:
-            return
-        history = self._history()
-        stored = stored_request(history)
-        differences = [] if stored is None else request_differences(stored, self.request)
-        if not differences:
-            return
-        status = {p["name"]: p for p in self.ledger.pipelines(self.stream)}.get(self.pipeline) or {}
-        bound = (history[-1][2] or {}).get("bound") if history else None
-        state = (f"finished with {status['outcome']}" if status.get("state") == "done"
-                 else f"has {len(history)} iteration(s) (not finished)")
-        raise RequestMismatch(
-            f"pipeline {self.pipeline!r} {state} on stream {self.stream!r} for target {stored.get('target')!r} "
-            f"(bound {_bound_text(bound)}); this run asks {', '.join(differences)}. Its outcome certifies only what "
-            "it was run for: run the new request under a new pipeline name (sage run --name NEW, sage serve "
-            "--pipeline NEW=...), or repeat the stored request to see its outcome")
+        """``check_request`` of this iterator's ``request`` against this pipeline name's iterations."""
+        check_request(self.ledger, self.stream, self.pipeline, self.request, self._history())
 
     def _history(self):
         entries = [(g, outcome, details) for g, outcome, details in self.ledger.history(self.stream, self.pipeline)

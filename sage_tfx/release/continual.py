@@ -61,7 +61,9 @@ Each arriving block gets ONE grant, charged the whole per-record bound (epsilon,
 ``meta`` naming the strategy and its parameters. z_eff is calibrated to (epsilon, delta) with
 ``dp_accounting.mechanism_calibration.calibrate_dp_mechanism`` on an RDP accountant (valid for the zCDP
 discrete Gaussian). Every release that reads a block opens that block's grant's ``training`` release with the
-strategy's fingerprint (the same computation every time: the ledger re-opens it, never counts it twice).
+strategy's fingerprint bound to the block's registered content (``privacy.digests.bound_to_data``: the same
+computation every time, which the ledger re-opens and never counts twice; other data is another computation,
+refused).
 """
 from __future__ import annotations
 
@@ -75,6 +77,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 
 from sage_tfx.privacy import checks
+from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian
 
@@ -380,7 +383,9 @@ class _Base:
         return rel
 
     def _open(self, block):
-        self.ledger.release(self.grants[block], STAGE, self.fingerprint, self.params.epsilon, self.params.delta)
+        grant = self.grants[block]
+        self.ledger.release(grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), self.params.epsilon,
+                            self.params.delta)
 
     def _rng(self, t, purpose):
         first = self.grants[self.order[t - 1]]
@@ -552,7 +557,8 @@ def check_sla(release: "_Base", model: "Released", validator) -> object:
                                     f"{release.validation_epsilon!r}: give the validator that epsilon")
     block = release.order[model.t - 1]
     grant = release.grants[block]
-    fingerprint = hashlib.sha256((release.fingerprint + "/sla/" + model.weights.tobytes().hex() +
+    bound = bound_to_data(release.fingerprint, release.ledger, grant)
+    fingerprint = hashlib.sha256((bound + "/sla/" + model.weights.tobytes().hex() +
                                   json.dumps(getattr(validator, "target", None))).encode()).hexdigest()
     release.ledger.release(grant, "validation", fingerprint, release.validation_epsilon, 0.0)
     x, y = release.tests[block]  # none at all is validated too (noise only): no count of 0 in the result

@@ -51,7 +51,8 @@ min(sqrt(S), alpha S / 2) <= the sum of their own costs (S the sum of their squa
 
 Charging (docs/growing_database.md, issue 14): every arriving block gets ONE grant charging the whole
 (epsilon, delta) its records can ever lose under the schedule, BEFORE it is read; each run re-opens the release of
-the grant of every block it reads with the schedule instance's fingerprint (same computation: counted once).
+the grant of every block it reads with the schedule instance's fingerprint bound to that block's registered content
+(``privacy.digests.bound_to_data``; same computation: counted once; other data: another computation, refused).
 
 ``PMWG`` (Section 4, Algorithm 3): private multiplicative weights on a growing database for a stream of linear
 queries over a declared finite universe X (``Universe``: per-column bin edges). Its public histogram is updated on
@@ -97,6 +98,7 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 
 from sage_tfx.privacy import checks
+from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.draws import ZCDP_RUN_DELTA_SHARE as ZCDP_SHARE, zcdp_filter
 from sage_tfx.privacy.errors import LedgerError, SageError
 from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian_sum, grid_laplace, grid_laplace_sum
@@ -412,13 +414,16 @@ def schedule_fingerprint(pipeline: str, stream: str, meta: dict) -> str:
 
 
 def charge_lifetime(ledger, stream: str, pipeline: str, block: str, epsilon: float, delta: float, meta: dict,
-                    fingerprint: str):
+                    fingerprint: str, *, reads: bool = False):
     """A block's lifetime grant under a schedule: ONE grant charging ``block`` alone the whole (epsilon, delta)
     its records can ever lose under the schedule, BEFORE it is read, and its one release opened (or re-opened)
     with the schedule's ``fingerprint``, so nothing but the schedule's runs ever spends it (docs/growing_database.md).
-    Returns the Grant."""
+    ``reads``: the caller reads the block under this grant itself (``ScheduledRelease``), so the release's
+    fingerprint is bound to the block's registered content (``bound_to_data``). Without it the grant is only drawn
+    from (``ScheduledPipeline``): the draw check wants the bare schedule fingerprint, and each run grant's
+    components bind their releases to the run grant's records. Returns the Grant."""
     grant = ledger.request(pipeline, stream, blocks=[block], epsilon=epsilon, delta=delta, meta=meta)
-    ledger.release(grant, STAGE, fingerprint, epsilon, delta)
+    ledger.release(grant, STAGE, bound_to_data(fingerprint, ledger, grant) if reads else fingerprint, epsilon, delta)
     return grant
 
 
@@ -481,7 +486,7 @@ class ScheduledRelease(ScheduleIdentity):
         if block in self.grants:
             raise GrowthError(f"block {block!r} was already observed: give each block once, in order")
         grant = charge_lifetime(self.ledger, self.stream, self.pipeline, block, self.epsilon, self.delta,
-                                self.meta, self.fingerprint)
+                                self.meta, self.fingerprint, reads=True)
         self.grants[block] = grant
         self.order.append(block)
         self.data[block] = self.reader(grant)
@@ -494,7 +499,8 @@ class ScheduledRelease(ScheduleIdentity):
         basic = isinstance(self.schedule, BBScheduler) and self.schedule.params.mode is Mode.BASIC
         delta_i = self.schedule.run_budget(t)[2] if basic else 0.0
         for b in self.order:  # re-open (same computation): nothing counted twice
-            self.ledger.release(self.grants[b], STAGE, self.fingerprint, self.epsilon, self.delta)
+            self.ledger.release(self.grants[b], STAGE, bound_to_data(self.fingerprint, self.ledger, self.grants[b]),
+                                self.epsilon, self.delta)
         rng = as_secure_rng(self.ledger.private_seed(self.grants[self.order[0]].id, f"{self.name}/run/{t}"))
         data = [self.data[b] for b in self.order]
         out = self.mechanism(data, eps, rng, delta=delta_i) if basic else self.mechanism(data, eps, rng)
@@ -639,7 +645,7 @@ class PMWG:
                                     delta=0.0, meta=self.meta)
         self.grants[block] = grant
         self.order.append(block)
-        self.ledger.release(grant, STAGE, self.fingerprint, self.params.epsilon, 0.0)
+        self.ledger.release(grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), self.params.epsilon, 0.0)
         rows = self.reader(grant)
         self.reads.append((block, grant.id))
         self.counts += np.bincount(self.universe.cells(rows), minlength=self.universe.size)
@@ -691,7 +697,8 @@ class PMWG:
             self.answers.append(ans)
             return ans
         for b in self.order:  # every query reads all blocks: re-open their releases (same computation)
-            self.ledger.release(self.grants[b], STAGE, self.fingerprint, self.params.epsilon, 0.0)
+            self.ledger.release(self.grants[b], STAGE, bound_to_data(self.fingerprint, self.ledger, self.grants[b]),
+                                self.params.epsilon, 0.0)
         if self.noisy_threshold is None:  # a new AboveThreshold round at the current sensitivity and epsilon
             self.round_sensitivity = 1.0 / self.n
             eps_r = self.round_epsilon()

@@ -43,8 +43,9 @@ releases. ``IncrementalRegression.arrive(block)`` therefore, in this order: (1) 
 exhausted (nothing charged); (2) charges that block alone the whole bound (``Ledger.request`` with
 epsilon/delta on a basic stream, or the 2L-Gaussian DpEvent as an RDP curve on an RDP stream, ``meta``
 naming the strategy and its parameters); (3) opens the grant's ONE release (stage ``training``, the
-instance's fingerprint); (4) only then reads the block, through the caller's ``reader(grant)``; (5) releases
-the one tree node that ends at t (noise keyed by ``ledger.private_seed(grant.id, ...)``) and theta_t.
+instance's fingerprint bound to the block's registered content: ``privacy.digests.bound_to_data``); (4) only
+then reads the block, through the caller's ``reader(grant)``; (5) releases the one tree node that ends at t
+(noise keyed by ``ledger.private_seed(grant.id, ...)``) and theta_t.
 A block is read exactly once, at its arrival, under its own grant. Its exact contribution stays in process
 memory only inside the O(log T) exact partial sums a_j of Algorithm 4 (never released, never written), and
 leaves the process only through the <= L noisy nodes that contain it -- all of them covered by its own
@@ -68,6 +69,7 @@ from functools import cached_property
 import numpy as np
 
 from sage_tfx.privacy import checks
+from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.samplers import grid_gaussian_params, grid_sums
 
@@ -356,7 +358,8 @@ class IncrementalRegression:
         if not isinstance(block, str) or not block:
             raise IncrementalRegressionError(f"block={block!r} is invalid: give the block id (a string)")
         grant = self._charge(block)
-        self.ledger.release(grant, STAGE, self.fingerprint, grant.epsilon, grant.delta)
+        self.ledger.release(grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), grant.epsilon,
+                            grant.delta)
         x, y = self.reader(grant)
         seed = self.ledger.private_seed(grant.id, _NODE_PURPOSE)
         theta = self.tree.add(x, y, seed)

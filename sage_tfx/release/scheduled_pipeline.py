@@ -23,6 +23,11 @@ b's lifetime grant only; run i is (epsilon_i, delta_i)-DP (its stage split compo
 The ledger refuses any draw beyond the lifetime grant by its rule, so every record is (epsilon, delta)-DP over all
 runs, what its block was charged once (docs/release_strategies.md, "A TFX pipeline under a growth schedule").
 
+The certificate: each run grant signs the request it runs for (``request``: ``sage run``'s target, confidence, SLA,
+model and pipeline definition, as the Sage iterator's grants do), and a pipeline name whose grants were run for
+another request is refused (``adaptive.iterator.check_request``: ``RequestMismatch`` naming the stored and asked
+values, before anything is charged or drawn): a run's outcome certifies only what it was run for.
+
 Resuming: everything is recovered from the ledger (the pipeline's lifetime grants, in charge order, and its run
 grants with their outcomes). A run killed before its outcome was recorded is re-run under the SAME run grant (the
 draw returns it again: no second draw; its releases re-open with the same seeds); a run with an outcome is not
@@ -33,6 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
+from sage_tfx.adaptive.iterator import REQUEST_KEY, check_request
 from sage_tfx.privacy import BudgetSplit, public_error_text
 from sage_tfx.privacy.errors import IterationInterrupted, SageError, environment_error_text, is_environment_error
 from sage_tfx.privacy.draws import DRAW_KEY, is_run_grant
@@ -100,7 +106,7 @@ class ScheduledPipeline(ScheduleIdentity):
     def __init__(self, ledger, stream: str, pipeline: str, schedule: Schedule, run_iteration: RunIteration, *,
                  name: str = "tfx", eta: float = 0.05, preprocessing_share: float = 0.2, count_share: float = 0.05,
                  rejection_share: float = 0.0, disjoint_split: bool = True,
-                 progress: Optional[Callable[[str], None]] = None):
+                 progress: Optional[Callable[[str], None]] = None, request: Optional[dict] = None):
         self.schedule = check_pipeline_schedule(schedule)
         if not callable(run_iteration):
             raise GrowthError(f"run_iteration {run_iteration!r} must be a callable (grant, split, eta, iteration)")
@@ -116,6 +122,7 @@ class ScheduledPipeline(ScheduleIdentity):
         self.grants: dict[str, Any] = {}
         self.order: list[str] = []
         self.runs: list[ScheduledRun] = []
+        self.request = None if request is None else dict(request)
         self._recover()
 
     @classmethod
@@ -125,13 +132,16 @@ class ScheduledPipeline(ScheduleIdentity):
         """The driver of a built pipeline (``definition``: its split defaults and name; ``runner``: a
         ``PipelineRunner``, whose config names the stream and pipeline and whose confidence gives eta), as `sage
         run --schedule` and `sage serve --schedule` run it; ``run_iteration`` replaces ``runner.run_iteration``
-        (serve's wrapper that waits for a TFX slot), ``rejection_share`` the pipeline's default when not None."""
+        (serve's wrapper that waits for a TFX slot), ``rejection_share`` the pipeline's default when not None.
+        The runner's ``request()`` (target, confidence, SLA, model, definition) is signed into every run grant, and
+        a pipeline name run for another request is refused (``RequestMismatch``) before anything is charged."""
         shares = {k: v for k, v in definition.defaults.items()
                   if k in ("preprocessing_share", "count_share", "rejection_share", "disjoint_split")}
         if rejection_share is not None:
             shares["rejection_share"] = rejection_share
         return cls(ledger, runner.config.stream, runner.config.name, schedule, run_iteration or runner.run_iteration,
-                   name=f"tfx:{definition.name}", eta=1 - runner.config.confidence, progress=progress, **shares)
+                   name=f"tfx:{definition.name}", eta=1 - runner.config.confidence, progress=progress,
+                   request=runner.request(), **shares)
 
     def split(self, epsilon: float, delta: float) -> BudgetSplit:
         return BudgetSplit.for_epsilon(epsilon, delta, self.shares["preprocessing_share"],
@@ -141,7 +151,12 @@ class ScheduledPipeline(ScheduleIdentity):
     def _recover(self) -> None:
         """The pipeline's lifetime grants of this schedule (charge order) and its run grants' outcomes."""
         self._outcomes = {}
-        for grant, outcome, details in self.ledger.history(self.stream, self.pipeline):
+        history = self.ledger.history(self.stream, self.pipeline)
+        # before anything is charged or drawn: a name run for another request is refused (the Sage iterator's rule),
+        # judged on its runs (run grants, or the Sage iterator's iterations under the same name)
+        runs = [e for e in history if DRAW_KEY in e[0].meta or "iteration" in e[0].meta]
+        check_request(self.ledger, self.stream, self.pipeline, self.request, runs)
+        for grant, outcome, details in history:
             if is_run_grant(grant.body()):
                 if grant.meta[DRAW_KEY].get("schedule") == self.fingerprint:
                     self._outcomes[grant.id] = (outcome, details)
@@ -170,7 +185,8 @@ class ScheduledPipeline(ScheduleIdentity):
         eta = eta_for_attempt(self.eta, epoch + 1)
         grant = self.ledger.draw([self.grants[b] for b in blocks], epoch, split.charged_epsilon, split.total_delta,
                                  schedule=self.fingerprint, split=split,
-                                 meta={"t": t, "epsilon": epsilon, "eta": eta},
+                                 meta={"t": t, "epsilon": epsilon, "eta": eta,
+                                       **({} if self.request is None else {REQUEST_KEY: self.request})},
                                  composition=self.schedule.draw_composition)
         run = ScheduledRun(epoch, t, grant.epsilon, grant.delta, eta, grant.id, blocks)
         done = self._outcomes.get(grant.id)
