@@ -29,6 +29,9 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.privacy.errors.BlockRetired": (ValueError,),
     "sage_tfx.privacy.errors.DuplicateContent": (ValueError,),
     "sage_tfx.privacy.errors.PipelineBusy": (ValueError,),
+    "sage_tfx.privacy.errors.RefusedBeforeCharge": (ValueError,),  # a pre-charge check failed: nothing charged
+    "sage_tfx.privacy.errors.StorageError": (),  # the environment's fault (a file missing or altered), not input
+    "sage_tfx.privacy.errors.IterationInterrupted": (),  # an environment error after the charge: resumable
     "sage_tfx.adaptive.iterator.RequestMismatch": (ValueError,),  # a name asked for another certificate request
     "sage_tfx.privacy.errors.GrantError": (ValueError,),
     "sage_tfx.privacy.errors.BudgetRefused": (),  # Exception only, never a ValueError (the CLI exits 3, not 2)
@@ -38,6 +41,9 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.privacy.dpsgd.DpSgdConfigError": (ValueError,),
     "sage_tfx.privacy.samplers.SamplerError": (ValueError,),
     "sage_tfx.models.seeding.TrainingSeedError": (ValueError,),
+    "sage_tfx.models.seeding.FitBudgetError": (ValueError,),
+    "sage_tfx.models.seeding.PublicParameterError": (ValueError,),
+    "sage_tfx.models.row_checks.RowCouplingError": (ValueError,),
     "sage_tfx.transform.errors.DPTransformError": (ValueError,),
     "sage_tfx.transform.errors.MissingBudget": (ValueError,),
     "sage_tfx.transform.errors.BudgetExceeded": (ValueError,),
