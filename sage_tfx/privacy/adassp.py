@@ -238,6 +238,7 @@ def statistic_grids(epsilon, delta, bound_x, bound_y, dim, rho=0.05, calibration
     sensitivities, standard deviations and cells ``release`` uses), so the statistics can be summed on them
     before the release (``grid_statistics``).
     """
+    epsilon, delta = _check_budget(epsilon, delta)
     scales = noise_scales(epsilon, delta, bound_x, bound_y, dim, rho, calibration)
     cells = dim * (dim + 1) // 2
     return (grid_gaussian_params(bound_x ** 2, scales["xtx_std"], cells)[0],

@@ -204,7 +204,7 @@ def _dense_vector(tensor, what, label):
     return tf.reshape(tensor, [-1])
 
 
-OUT_OF_RANGE = -1  # the key of a row outside [0, nkeys): unsorted_segment_sum drops negative ids
+OUT_OF_RANGE = -1  # the key of a row outside [0, nkeys): _GridSumsFn drops negative keys
 
 
 def _key_vector(key, nkeys, label, what="key"):

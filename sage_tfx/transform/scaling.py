@@ -149,7 +149,7 @@ def _numeric(x, label):
 
 def _grid_cells(values, low, high, grid_size):
     """The grid cell of each value in [0, grid_size); values outside [low, high] fall in the end cells, NaN in
-    none (-1, which unsorted_segment_sum drops)."""
+    none (-1, which the grid sums drop)."""
     nan = tf.math.is_nan(values)
     at_low = tf.fill(tf.shape(values), tf.constant(low, tf.float64))
     scaled = (tf.where(nan, at_low, values) - low) * (grid_size / (high - low))
