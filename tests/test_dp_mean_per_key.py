@@ -226,3 +226,53 @@ def test_bad_options_are_named():
         with pytest.raises(DPTransformError, match="mask has 5 rows but key has 4"):
             dp_mean_per_key(tf.constant([0, 1, 2, 0], tf.int64), tf.constant([1.0] * 4), 3, 1.0, 10.0,
                             mask=tf.constant([True] * 5))
+
+
+# ---------------------------------------------------------------- the tables are summed exactly on the grid
+
+
+def test_the_combiner_sums_each_row_on_the_grid_exactly():
+    """2^20 rows of 1.0 then 2^14 of 1.5 * 2^-33 (tests/test_grid_sums.py): a float64 running sum is 4 grid units
+    (2^-20) above 2^20, the exact sum 3. The analyzers' combiner puts each row on the grid alone (the small rows are
+    0 there) and adds the integers, so the table is exactly 2^20 whatever the batching."""
+    from sage_tfx.transform.analyzers import _GridSumsFn
+
+    gamma = 2.0 ** -20
+    records = np.concatenate([np.ones(2 ** 20), np.full(2 ** 14, 1.5 * 2.0 ** -33)])
+    assert round(float(np.cumsum(records)[-1]) / gamma) - 2 ** 40 == 4  # the float64 running sum
+    fn = _GridSumsFn(1, [gamma])
+    accumulators = []
+    for part in np.array_split(records, 3):  # three bundles, merged
+        acc = fn.create_accumulator()
+        for batch in np.array_split(part, 7):
+            acc = fn.add_input(acc, (np.zeros(batch.size, dtype=np.int64), batch))
+        accumulators.append(acc)
+    (table,) = fn.extract_output(fn.merge_accumulators(accumulators))
+    assert table.tolist() == [2.0 ** 20]
+
+
+def test_dp_mean_per_key_releases_the_exact_grid_sums_through_tf_transform():
+    """Through tf.Transform and Beam: four rows of 0.75 grid units on key 0 are one unit each on the grid (4 units,
+    where their float sum, 3 units, rounded once gave 3), two rows of 0.5 on key 1 sum to 1.0. With the same seed
+    (the same noise), the released sums minus those of all-zero data are exactly those grid sums, and the tables
+    do not depend on the batch size."""
+    import tensorflow as tf
+
+    from sage_tfx.transform import dp_mean_per_key
+
+    nkeys, eps, value_range, seed = 2, 1.0, 1.0, 5
+    gamma = noise.table_grid(2.0 * value_range / eps, value_range)  # the sums' grid: b = 2R / eps, Delta = R
+    rows = [{"key": 0, "value": 0.75 * gamma}] * 4 + [{"key": 1, "value": 0.5}] * 2
+
+    def preprocessing_fn(inputs):
+        tables = dp_mean_per_key(inputs["key"], inputs["value"], nkeys, eps, value_range, seed=seed)
+        return {"sums": tf.ones_like(inputs["value"])[:, None] * tables.sums[None, :]}
+
+    def sums(data, batch_size=1000):
+        out = _analyze(data, _spec("key", "value"), preprocessing_fn, batch_size)
+        return np.asarray(out[0]["sums"], dtype=np.float64)
+
+    released = sums(rows)
+    noise_only = sums([dict(r, value=0.0) for r in rows])
+    assert (released - noise_only).tolist() == [4 * gamma, 1.0]
+    np.testing.assert_array_equal(sums(rows, batch_size=1), released)

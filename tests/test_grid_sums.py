@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pytest
 
-from sage_tfx.privacy import samplers
+from sage_tfx.privacy import adassp, samplers
 from sage_tfx.validation.core import Mode
 from sage_tfx.validation.loss import release_count_and_sum
 from sage_tfx.validation.noisy import release_pair
@@ -69,3 +69,35 @@ def test_the_validators_release_the_exact_grid_sums():
 def test_a_grid_sum_too_large_for_float64_is_refused():
     with pytest.raises(samplers.SamplerError, match="too large for its grid"):
         samplers.grid_laplace_sum(np.full(4, 2.0 ** 31), 1.0, 1.0, rng=1)  # 2^51 units each
+
+
+def _adassp_records():
+    """One feature: 2^20 rows of 1.0, then m rows whose square is 0.75 ulp(2^20): each small row is 0 on AdaSSP's X'X
+    grid, but a float64 running sum adds a whole ulp for each, m ulps = one grid unit."""
+    epsilon, delta = 48.0, 1e-6
+    grids = adassp.statistic_grids(epsilon, delta, 1.0, 1.0, 1)
+    ulp = 2.0 ** -32  # of 2^20
+    m = int(grids[0] / ulp)
+    assert m <= 2 ** 17  # a small test: gamma is 2^-16 here
+    x = np.concatenate([np.ones(2 ** 20), np.full(m, math.sqrt(0.75) * 2.0 ** -16)]).reshape(-1, 1)
+    return x, np.concatenate([np.ones(2 ** 20), np.zeros(m)]), epsilon, delta, grids
+
+
+def test_adassp_sums_its_statistics_exactly_on_the_release_grid():
+    x, y, epsilon, delta, grids = _adassp_records()
+    floated, _ = adassp.sufficient_statistics(x, y, 1.0, 1.0)
+    assert round(floated[0, 0] / grids[0]) == 2 ** 20 / grids[0] + 1  # the float sum is one grid unit off
+    upper, vector = adassp.grid_statistics(x, y, 1.0, 1.0, grids)
+    assert (upper, vector) == ([int(2 ** 20 / grids[0])], [int(2 ** 20 / grids[1])])
+    xtx, xty = adassp.statistics_on_grid(upper, vector, grids)
+    assert (xtx.tolist(), xty.tolist()) == ([[2.0 ** 20]], [2.0 ** 20])
+    with pytest.raises(adassp.AdaSSPConfigError, match="too large for its grid"):
+        adassp.statistics_on_grid([2 ** 52], [0], grids)
+
+
+def test_adassp_adds_its_noise_to_the_exact_grid_sums():
+    x, y, epsilon, delta, _ = _adassp_records()
+    released = adassp.adassp(x, y, epsilon, delta, 1.0, 1.0, rng=11)
+    noise_only = adassp.release(np.zeros((1, 1)), np.zeros(1), epsilon, delta, 1.0, 1.0, rng=11)  # the same noise
+    assert released.xtx_noisy[0, 0] - noise_only.xtx_noisy[0, 0] == 2.0 ** 20  # not 2^20 + gamma
+    assert released.xty_noisy[0] - noise_only.xty_noisy[0] == 2.0 ** 20

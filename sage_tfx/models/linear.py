@@ -175,16 +175,19 @@ class DPLinearRegressor:
         mid, half = (low + high) / 2.0, (high - low) / 2.0
         bound_x = math.sqrt(self.feature_bound ** 2 + (1.0 if self.fit_intercept else 0.0))
         dim = self.layout.dim + (1 if self.fit_intercept else 0)
-        xtx, xty = np.zeros((dim, dim)), np.zeros(dim)
+        # X'X and X'y summed exactly on the release's grids: each row on the grid alone, the integers added
+        grids = adassp.statistic_grids(self.epsilon, self.delta, bound_x, half, dim, self.rho, self.calibration)
+        upper, vector = [0] * (dim * (dim + 1) // 2), [0] * dim
         for start in range(0, len(matrix), chunk_rows):  # bounded memory on large data
             rows = slice(start, start + chunk_rows)
             design = self._design(matrix[rows])
             label = np.clip(labels[rows], self.label_low, self.label_high)   # +-inf to the ends
             label = np.where(np.isnan(label), label_mid, label)                # NaN to the range's midpoint
             residual = adassp.prior_residuals(design[:, : self.layout.dim], label, w0, b0, low, high)
-            a, b = adassp.sufficient_statistics(design, residual - mid, bound_x, half)
-            xtx += a
-            xty += b
+            a, b = adassp.grid_statistics(design, residual - mid, bound_x, half, grids)
+            upper = [u + v for u, v in zip(upper, a)]
+            vector = [u + v for u, v in zip(vector, b)]
+        xtx, xty = adassp.statistics_on_grid(upper, vector, grids)
         # seeds.noise (None: a fresh key) keys the ChaCha20 generator of the exact discrete Gaussian draws
         result = adassp.release(xtx, xty, self.epsilon, self.delta, bound_x, half, self.rho, self.calibration,
                                 seeds.noise)

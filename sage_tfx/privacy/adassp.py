@@ -79,6 +79,7 @@ from scipy.special import log_ndtr
 
 from .checks import integer, positive, probability
 from .errors import SageError
+from .samplers import as_secure_rng, grid_gaussian, grid_gaussian_params, grid_sums
 
 INVALID = "{what}={value!r} is invalid: must be {rule}"
 NOT_A_NUMBER = "{what}={value!r} is not a number"
@@ -230,6 +231,53 @@ def sufficient_statistics(x, y, bound_x, bound_y):
     return x.T @ x, x.T @ y
 
 
+def statistic_grids(epsilon, delta, bound_x, bound_y, dim, rho=0.05, calibration="paper") -> tuple:
+    """(gamma_xtx, gamma_xty): the public power-of-two grids ``release`` puts X'X's upper triangle and X'y on.
+
+    A function of the budget, the bounds and the dimension only (``samplers.grid_gaussian_params`` with the
+    sensitivities, standard deviations and cells ``release`` uses), so the statistics can be summed on them
+    before the release (``grid_statistics``).
+    """
+    epsilon, delta = _check_budget(epsilon, delta)
+    scales = noise_scales(epsilon, delta, bound_x, bound_y, dim, rho, calibration)
+    cells = dim * (dim + 1) // 2
+    return (grid_gaussian_params(bound_x ** 2, scales["xtx_std"], cells)[0],
+            grid_gaussian_params(bound_x * bound_y, scales["xty_std"], dim)[0])
+
+
+def grid_statistics(x, y, bound_x, bound_y, grids) -> tuple:
+    """The upper triangle (with diagonal, row-major) of X'X and X'y of the clipped data, as exact integer sums on
+    ``grids`` (``statistic_grids``): lists of Python ints. Sum them over chunks to stream large data.
+
+    Clipping and public defaults as ``sufficient_statistics``; then each record's x x' and x y are put on the grid
+    on their own and the integers added exactly (``samplers.grid_sums``): one record moves the sums by its own
+    grid vector, the integer sensitivity ``grid_gaussian``'s proof uses, whatever the other records and their
+    order (a float64 sum of the records would round by an amount that depends on them).
+    """
+    x, y = _check_data(x, y)
+    x = clip_rows(x, _check_positive(bound_x, "bound_x"))
+    y = clip_labels(y, _check_positive(bound_y, "bound_y"))
+    upper = np.triu_indices(x.shape[1])
+    outer = np.einsum("ni,nj->nij", x, x)[:, upper[0], upper[1]]
+    return grid_sums(outer, grids[0]), grid_sums(x * y[:, None], grids[1])
+
+
+def statistics_on_grid(upper_sums, xty_sums, grids) -> tuple:
+    """(X'X, X'y) as float64 from ``grid_statistics``' integer sums: gamma times each integer, exactly.
+
+    Refused (AdaSSPConfigError) unless every sum is below 2^52 grid units, where float64 holds it and ``release``
+    rounds it back to the same integer.
+    """
+    if any(abs(int(v)) >= 2 ** 52 for v in list(upper_sums) + list(xty_sums)):
+        raise AdaSSPConfigError("X'X or X'y is too large for its grid (|sum| / gamma must stay below 2^52): "
+                                "fit on fewer rows or with a smaller feature_bound / label range")
+    dim = len(xty_sums)
+    xtx = np.zeros((dim, dim))
+    xtx[np.triu_indices(dim)] = np.array([int(v) for v in upper_sums], dtype=np.float64) * grids[0]
+    xtx = xtx + np.triu(xtx, 1).T
+    return xtx, np.array([int(v) for v in xty_sums], dtype=np.float64) * grids[1]
+
+
 def prior_residuals(rows, labels, prior_coef, prior_intercept, low, high):
     """Labels minus a PUBLIC prior prediction ``rows @ prior_coef + prior_intercept``, clipped to [low, high].
 
@@ -269,8 +317,11 @@ class AdaSSPResult:
 def release(xtx, xty, epsilon, delta, bound_x, bound_y, rho=0.05, calibration="paper", rng=None):
     """AdaSSP on sufficient statistics ``xtx = X'X``, ``xty = X'y`` of CLIPPED data.
 
-    The caller guarantees the clipping (use ``sufficient_statistics``); the
-    privacy proof in the module docstring needs ||x_i|| <= bound_x and |y_i| <= bound_y.
+    The caller guarantees the clipping; the privacy proof in the module docstring needs ||x_i|| <= bound_x and
+    |y_i| <= bound_y. Give the statistics summed exactly on the release's grids (``statistic_grids``,
+    ``grid_statistics``, ``statistics_on_grid``): the grid releases' integer sensitivity holds for those; a
+    float64 sum (``sufficient_statistics``) is rounded onto the grid as a whole, and its rounding depends on the
+    other records. lam_min is computed in float64 from ``xtx`` (docs/noise.md says what its proof uses).
     ``rng``: the noise generator, anything ``samplers.as_secure_rng`` takes (None: a fresh key from ``secrets``;
     an int seed, e.g. the grant-derived one, for reproducible noise; a ``SecureRNG``; a numpy Generator, whose
     next 32 bytes become the key). Every noisy number is on its release's public grid (exact discrete Gaussian).
@@ -282,8 +333,6 @@ def release(xtx, xty, epsilon, delta, bound_x, bound_y, rho=0.05, calibration="p
     if xtx.shape != (dim, dim):
         raise AdaSSPConfigError(f"X'X has shape {xtx.shape}, expected ({dim}, {dim})")
     scales = noise_scales(epsilon, delta, bound_x, bound_y, dim, rho, calibration)
-    from .samplers import as_secure_rng, grid_gaussian
-
     rng = as_secure_rng(rng, "adassp")
     # Three releases, each on its public grid with exact discrete Gaussian noise of std c times its sensitivity
     # (samplers.grid_gaussian; privacy in the module docstring). cells: how many coordinates one record moves.
@@ -310,7 +359,11 @@ def adassp(x, y, epsilon, delta, bound_x, bound_y, rho=0.05, calibration="paper"
     """(epsilon, delta)-DP linear regression coefficients of y on x (no intercept column added).
 
     Rows of x are clipped to L2 norm ``bound_x`` and y to [-bound_y, bound_y]
-    before anything is computed; the bounds must be public (not derived from the data).
+    before anything is computed; the bounds must be public (not derived from the data). X'X and X'y are
+    summed exactly on the release's grids (``grid_statistics``) before the noise is added.
     """
-    xtx, xty = sufficient_statistics(x, y, bound_x, bound_y)
+    x = np.asarray(x, dtype=float)
+    dim = x.shape[1] if x.ndim == 2 else 0
+    grids = statistic_grids(epsilon, delta, bound_x, bound_y, max(dim, 1), rho, calibration)
+    xtx, xty = statistics_on_grid(*grid_statistics(x, y, bound_x, bound_y, grids), grids)
     return release(xtx, xty, epsilon, delta, bound_x, bound_y, rho, calibration, rng)

@@ -71,7 +71,7 @@ import numpy as np
 from sage_tfx.privacy import checks
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
-from sage_tfx.privacy.samplers import grid_gaussian_params, grid_sums
+from sage_tfx.privacy.samplers import grid_gaussian_params
 
 __all__ = ["IncrementalRegressionError", "HorizonExhausted", "IncrementalRegressionParams", "TreeRegressor",
            "IncrementalRegression", "ArrivalRelease", "tree_levels", "project_ball", "projected_gradient"]
@@ -238,7 +238,7 @@ class TreeRegressor:
     def leaf(self, x, y) -> np.ndarray:
         """Block sum of the clipped rows: (upper triangle of X'X, X'y) as one vector, summed exactly on the node
         releases' grids (each row rounded to the grid alone: within gamma / 2 per row and cell of the float sum)."""
-        from sage_tfx.privacy.adassp import clip_labels, clip_rows
+        from sage_tfx.privacy.adassp import grid_statistics
 
         x = np.asarray(x, dtype=float)
         y = np.asarray(y, dtype=float).reshape(-1)
@@ -246,15 +246,13 @@ class TreeRegressor:
             raise IncrementalRegressionError(
                 f"block rows have shape {x.shape} with {y.shape[0]} labels: need (rows, {self.dim}) and one label "
                 "per row")
-        x = clip_rows(x, self.params.bound_x)
-        y = clip_labels(y, self.params.bound_y)
-        # each row's (upper(x x'), x y) put on its release's grid alone and the integers summed exactly
-        # (samplers.grid_sums): gamma times an integer below 2^53, so every node's sum of leaves is exact in float64
-        # and its release adds the noise to those exact integers (never to a float64 sum of the rows)
+        # each row's (upper(x x'), x y), clipped, put on its release's grid alone and the integers summed exactly
+        # (adassp.grid_statistics): gamma times an integer below 2^53, so every node's sum of leaves is exact in
+        # float64 and its release adds the noise to those exact integers (never to a float64 sum of the rows)
         (gamma_m, _), (gamma_v, _) = self._grids()
-        rows = np.einsum("ni,nj->nij", x, x)[:, self._upper[0], self._upper[1]]
-        matrix = np.array(grid_sums(rows, gamma_m), dtype=np.float64) * gamma_m
-        vector = np.array(grid_sums(x * y[:, None], gamma_v), dtype=np.float64) * gamma_v
+        upper, vector = grid_statistics(x, y, self.params.bound_x, self.params.bound_y, (gamma_m, gamma_v))
+        matrix = np.array(upper, dtype=np.float64) * gamma_m
+        vector = np.array(vector, dtype=np.float64) * gamma_v
         return np.concatenate([matrix, vector])
 
     def _grids(self):

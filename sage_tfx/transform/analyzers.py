@@ -2,17 +2,20 @@
 
 How the noise is drawn ONCE per analysis (SAGE_SPEC.md section 4):
 
-1. In the TensorFlow graph, each batch is reduced to exact per-key partial tables
-   (unsorted_segment_sum over the batch). Nothing random happens here.
-2. A full-pass analyzer (``tft.experimental.ptransform_analyzer``) hands the partial
-   tables of all batches to a Beam PTransform (`_NoiseOnce`): ``CombineGlobally``
-   adds them into the exact tables of the whole data set (one element, even for an
-   empty data set), then ONE ``Map`` draws Laplace noise for every cell of those
-   tables, and post-processes them (e.g. guarded means). The noise is floating-point
-   safe: each table is rounded to a public power-of-two grid gamma and gets gamma times
-   exact discrete Laplace noise (`noise.add_laplace`, `sage_tfx.privacy.samplers`). Each
-   analyzer's "Laplace(0, b)" below means that release: (sensitivity / b)-DP exactly,
-   with a noise scale within a relative 2^-20 of b.
+1. In the TensorFlow graph, each row gets its key (or OUT_OF_RANGE) and its contribution to each
+   table (1 for a count, its clipped value for a sum). Nothing random, and no sum, happens here.
+2. A full-pass analyzer (``tft.experimental.ptransform_analyzer``) hands those rows, batch by
+   batch, to a Beam PTransform (`_NoiseOnce`): ``CombineGlobally`` (`_GridSumsFn`) puts each
+   row's contribution on its table's public power-of-two grid gamma on its own and adds the
+   integers exactly (`samplers.grid_sums`), giving the exact grid tables of the whole data set
+   (one element, even for an empty data set), then ONE ``Map`` draws gamma times exact discrete
+   Laplace noise for every cell (`noise.add_laplace`, `sage_tfx.privacy.samplers`) and
+   post-processes the tables (e.g. guarded means). The grid is a function of the table's scale
+   and sensitivity only (`noise.table_grid`), so it is fixed before any row is read; a float64
+   sum of the rows would round by an amount that depends on the other rows and the batching,
+   outside the integer sensitivity the grid release's proof uses. Each analyzer's "Laplace(0, b)"
+   below means that release: (sensitivity / b)-DP exactly, with a noise scale within a relative
+   2^-20 of b.
 3. tf.Transform bakes the noisy tables into the transform graph as constants. The
    transform phase, every batch of it and serving all read those constants;
    nothing in the transform graph draws noise.
@@ -49,6 +52,7 @@ import tensorflow as tf
 import tensorflow_transform as tft
 
 from sage_tfx.privacy import checks
+from sage_tfx.privacy.samplers import grid_sums
 
 from .budget import record_spend
 from .errors import DPTransformError
@@ -60,6 +64,7 @@ from .noise import (
     check_value_range,
     guarded_mean,
     guarded_variance,
+    table_grid,
 )
 from .seeding import resolve_seed
 
@@ -88,30 +93,43 @@ class PerKeyMean(collections.namedtuple("PerKeyMean", ["counts", "sums", "means"
 # ---------------------------------------------------------------- Beam side
 
 
-class _SumTablesFn(beam.CombineFn):
-    """Adds the per-batch partial tables into the exact tables of the whole data set."""
+class _GridSumsFn(beam.CombineFn):
+    """Sums the records of the whole data set into exact per-key integer tables on the releases' grids.
 
-    def __init__(self, shapes):
-        self._shapes = [tuple(s) for s in shapes]
+    Input: one element per batch, (keys, values_0, ..., values_{T-1}): each row's key in [0, num_cells) (or
+    OUT_OF_RANGE: the row counts nowhere) and its contribution to each table. Each contribution is put on its
+    table's public grid gamma_i on its own and the integers are added exactly (`samplers.grid_sums`, Python
+    ints: no rounding, no overflow), whatever the batching and the order of the rows. Output: each table as
+    float64, gamma_i times its integer sums, which `noise.add_laplace` puts back on the same grid unchanged.
+    """
+
+    def __init__(self, num_cells, gammas):
+        self._num_cells = int(num_cells)
+        self._gammas = tuple(float(g) for g in gammas)
 
     def create_accumulator(self):
-        return [np.zeros(s, dtype=np.float64) for s in self._shapes]
+        return [np.zeros(self._num_cells, dtype=object) for _ in self._gammas]
 
-    def add_input(self, accumulator, batch_tables):
-        for total, part in zip(accumulator, batch_tables):
-            total += np.reshape(np.asarray(part, dtype=np.float64), total.shape)
+    def add_input(self, accumulator, batch):
+        keys, values = np.asarray(batch[0]).reshape(-1), batch[1:]
+        counted = keys >= 0
+        for i, (part, gamma) in enumerate(zip(values, self._gammas)):
+            sums = grid_sums(np.asarray(part, dtype=np.float64).reshape(-1)[counted], gamma, keys[counted],
+                             self._num_cells)
+            accumulator[i] = accumulator[i] + np.array(sums, dtype=object)
         return accumulator
 
     def merge_accumulators(self, accumulators):
         accumulators = iter(accumulators)
         merged = next(accumulators)
         for other in accumulators:
-            for total, part in zip(merged, other):
-                total += part
+            merged = [total + part for total, part in zip(merged, other)]
         return merged
 
     def extract_output(self, accumulator):
-        return accumulator
+        # gamma times an integer is exact in float64 below 2^53 units; larger sums are refused by the release
+        return [np.array([float(v) for v in total], dtype=np.float64) * gamma
+                for total, gamma in zip(accumulator, self._gammas)]
 
 
 def _noise_and_finish(exact_tables, scales, finish, seed, stream, sensitivities):
@@ -122,15 +140,16 @@ def _noise_and_finish(exact_tables, scales, finish, seed, stream, sensitivities)
 
 
 class _NoiseOnce(beam.PTransform):
-    """Exact tables of the whole data set + one exact grid-Laplace draw per cell (`noise.add_laplace`), then post-processing.
+    """Exact grid sums of the whole data set (`_GridSumsFn`) + one exact grid-Laplace draw per cell
+    (`noise.add_laplace`), then post-processing.
 
-    Input: one element per batch, the tuple of that batch's exact partial tables.
+    Input: one element per batch, (keys, values per table) of that batch's rows (see `_GridSumsFn`).
     Output: one PCollection per output of `finish`, each holding ONE array.
     """
 
-    def __init__(self, shapes, scales, finish, n_outputs, seed, stream, sensitivities):
+    def __init__(self, num_cells, scales, finish, n_outputs, seed, stream, sensitivities):
         super().__init__()
-        self._shapes = shapes
+        self._num_cells = num_cells
         self._scales = tuple(float(s) for s in scales)
         self._sensitivities = tuple(float(s) for s in sensitivities)
         self._finish = finish
@@ -139,9 +158,11 @@ class _NoiseOnce(beam.PTransform):
         self._stream = stream
 
     def expand(self, pcoll):
+        # each table's grid is add_laplace's (one record touches one cell): the records are summed on it exactly
+        gammas = [table_grid(b, d) for b, d in zip(self._scales, self._sensitivities)]
         outputs = (
             pcoll
-            | "SumAllBatches" >> beam.CombineGlobally(_SumTablesFn(self._shapes))
+            | "SumAllBatches" >> beam.CombineGlobally(_GridSumsFn(self._num_cells, gammas))
             | "AddNoiseOnce" >> beam.Map(_noise_and_finish, self._scales, self._finish, self._seed, self._stream,
                                       self._sensitivities)
         )
@@ -183,7 +204,7 @@ def _dense_vector(tensor, what, label):
     return tf.reshape(tensor, [-1])
 
 
-OUT_OF_RANGE = -1  # the key of a row outside [0, nkeys): unsorted_segment_sum drops negative ids
+OUT_OF_RANGE = -1  # the key of a row outside [0, nkeys): _GridSumsFn drops negative keys
 
 
 def _key_vector(key, nkeys, label, what="key"):
@@ -255,31 +276,43 @@ def _clipped_values(value, value_range, label):
     return tf.clip_by_value(value, 0.0, value_range)
 
 
-def _noisy_tables(scope, partials, scales, shape, finish, n_outputs, seed, sensitivities):
-    """The full-pass analyzer: exact per-batch `partials` in, noisy finished tables (float32) out.
+def _noisy_tables(scope, keys, values, scales, num_cells, finish, n_outputs, seed, sensitivities):
+    """The full-pass analyzer: each row's key and its contribution to each table in, noisy finished tables out.
 
-    `scales` are the Laplace scales b = sensitivity / epsilon and `sensitivities` the L1 sensitivities,
-    one per table; one record touches at most one cell of each table (every caller's sensitivity
-    argument). The noise: `noise.add_laplace`, the exact discrete Laplace on a power-of-two grid.
+    `keys`: int64 [batch] in [0, num_cells) or OUT_OF_RANGE (the row counts nowhere); `values`: one float64
+    [batch] per table. `scales` are the Laplace scales b = sensitivity / epsilon and `sensitivities` the L1
+    sensitivities, one per table; one record touches at most one cell of each table (every caller's
+    sensitivity argument). Beam sums the rows exactly on each table's grid (`_GridSumsFn`), then draws
+    `noise.add_laplace`, the exact discrete Laplace on that grid: nothing is summed in float64 first.
+    Outputs: float64 tables of shape [num_cells] (as returned by `finish`).
 
     The seed is fixed here, while the analyzer is traced: the test-only `seed`, or, inside
     `noise_seed`, one derived from the grant's seed and `scope` (see `seeding`). It goes to
     the Beam PTransform only, never into the TensorFlow graph.
     """
+    return _release(scope, keys, values, num_cells, scales, finish, [[num_cells]] * n_outputs, seed, sensitivities)
+
+
+def _release(scope, keys, values, num_cells, scales, finish, output_shapes, seed, sensitivities):
+    """`_noisy_tables` with the outputs of `finish` shaped apart from the tables (`output_shapes`): float64."""
     seed = resolve_seed(seed, scope)
-    outputs = tft.experimental.ptransform_analyzer(
-        inputs=partials,
-        ptransform=_NoiseOnce([shape] * len(partials), scales, finish, n_outputs, seed, stream=scope,
+    return tft.experimental.ptransform_analyzer(
+        inputs=[keys] + list(values),
+        ptransform=_NoiseOnce(num_cells, scales, finish, len(output_shapes), seed, stream=scope,
                               sensitivities=sensitivities),
-        output_dtypes=[tf.float64] * n_outputs,
-        output_shapes=[list(shape)] * n_outputs,
+        output_dtypes=[tf.float64] * len(output_shapes),
+        output_shapes=[list(shape) for shape in output_shapes],
         name="noise_once",
     )
-    return [tf.cast(t, tf.float32) for t in outputs]
 
 
-def _per_key_sums(key, weights, nkeys):
-    return [tf.math.unsorted_segment_sum(w, key, nkeys) for w in weights]
+def _float_tables(tables):
+    return [tf.cast(t, tf.float32) for t in tables]
+
+
+def _one_key(values):
+    """Key 0 for every row: the one-cell tables of a whole-data-set total."""
+    return tf.zeros_like(values, dtype=tf.int64)
 
 
 def _check_common(label, epsilon, seed, nkeys=None, value_range=None):
@@ -310,8 +343,8 @@ def dp_count_per_key(key, nkeys, epsilon, *, seed=None, name=None):
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
         keys = _key_vector(key, nkeys, label)
-        (counts,) = _per_key_sums(keys, [tf.ones_like(keys, dtype=tf.float64)], nkeys)
-        (noisy,) = _noisy_tables(scope, [counts], [1.0 / epsilon], [nkeys], _as_is, 1, seed, [1.0])
+        (noisy,) = _float_tables(_noisy_tables(scope, keys, [tf.ones_like(keys, dtype=tf.float64)], [1.0 / epsilon],
+                                               nkeys, _as_is, 1, seed, [1.0]))
         return noisy
 
 
@@ -328,9 +361,8 @@ def dp_sum_per_key(key, value, nkeys, epsilon, value_range, *, seed=None, name=N
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
         keys = _key_vector(key, nkeys, label)
-        (sums,) = _per_key_sums(keys, [_clipped_values(value, value_range, label)], nkeys)
-        (noisy,) = _noisy_tables(scope, [sums], [value_range / epsilon], [nkeys], _as_is, 1, seed,
-                                 [value_range])
+        (noisy,) = _float_tables(_noisy_tables(scope, keys, [_clipped_values(value, value_range, label)],
+                                               [value_range / epsilon], nkeys, _as_is, 1, seed, [value_range]))
         return noisy
 
 
@@ -342,11 +374,11 @@ def _mean_per_key(label, key, value, nkeys, epsilon, value_range, seed, name, ma
         record_spend(scope.rstrip("/"), epsilon)
         keys = _masked(_key_vector(key, nkeys, label), mask, label)
         values = _clipped_values(value, value_range, label)
-        partials = _per_key_sums(keys, [tf.ones_like(values), values], nkeys)
         # Half the budget for the counts (sensitivity 1), half for the sums (sensitivity R).
         scales = [2.0 / epsilon, 2.0 * value_range / epsilon]
         finish = functools.partial(_mean_tables, value_range=value_range, min_count=min_count, fallback=fallback)
-        counts, sums, means = _noisy_tables(scope, partials, scales, [nkeys], finish, 3, seed, [1.0, value_range])
+        counts, sums, means = _float_tables(_noisy_tables(scope, keys, [tf.ones_like(values), values], scales, nkeys,
+                                                          finish, 3, seed, [1.0, value_range]))
         return PerKeyMean(counts, sums, means), fallback
 
 
@@ -458,8 +490,8 @@ def dp_histogram(x, epsilon, *, num_buckets=None, vocabulary=None, seed=None, na
             ids = _key_vector(x, nbuckets, label, what="value")
         else:
             ids = _vocabulary_ids(_dense_vector(x, "x", label), vocabulary, label)
-        (counts,) = _per_key_sums(ids, [tf.ones_like(ids, dtype=tf.float64)], nbuckets)
-        (noisy,) = _noisy_tables(scope, [counts], [1.0 / epsilon], [nbuckets], _as_is, 1, seed, [1.0])
+        (noisy,) = _float_tables(_noisy_tables(scope, ids, [tf.ones_like(ids, dtype=tf.float64)], [1.0 / epsilon],
+                                               nbuckets, _as_is, 1, seed, [1.0]))
         return noisy
 
 
@@ -509,10 +541,11 @@ def dp_variance(x, epsilon, value_range, *, seed=None, name=None):
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
         centred = _clipped_values(x, value_range, label) - value_range / 2.0
-        partials = [tf.reshape(tf.reduce_sum(t), [1]) for t in (tf.ones_like(centred), centred, centred * centred)]
         third = epsilon / 3.0
         scales = [1.0 / third, (value_range / 2.0) / third, (value_range**2 / 4.0) / third]
         finish = functools.partial(_variance_table, value_range=value_range)
-        (variance,) = _noisy_tables(scope, partials, scales, [1], finish, 1, seed,
-                                    [1.0, value_range / 2.0, value_range**2 / 4.0])
+        (variance,) = _float_tables(_noisy_tables(scope, _one_key(centred), [tf.ones_like(centred), centred,
+                                                                             centred * centred],
+                                                  scales, 1, finish, 1, seed,
+                                                  [1.0, value_range / 2.0, value_range**2 / 4.0]))
         return variance[0]

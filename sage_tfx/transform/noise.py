@@ -11,6 +11,7 @@ import math
 import numpy as np
 
 from sage_tfx.privacy.checks import positive
+from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_params, secure_rng
 
 from .errors import DPTransformError
 
@@ -70,12 +71,13 @@ def add_laplace(tables, scales, seed=None, stream="", sensitivities=None, cells=
     The noise is the float Laplace(b) it replaces up to a relative 2^-20 in scale: in law,
     gamma * Y = Lap(gamma t) + xi with |xi| < gamma (a difference of two geometrics is a difference
     of floors of exponentials), and the rounding moves x by <= gamma / 2 (`samplers.grid_laplace_coupling`).
+    The tables must be sums already on each table's grid (`table_grid`: the analyzers sum their rows
+    there exactly), or the rounding of a float64 sum falls outside that proof; a table that is not is
+    rounded to the grid as a whole (the benchmark's estimate, the legacy callers).
     Without `sensitivities` (legacy callers, tests), Delta is taken as b and k as the table's size:
     a table of true L1 sensitivity Delta' touching k' cells is then (Delta'/b + k' gamma / b)-DP,
     i.e. at most (Delta'/b + 2^-20)-DP; every analyzer passes its sensitivities.
     """
-    from sage_tfx.privacy.samplers import grid_laplace, secure_rng
-
     rng = secure_rng(seed, stream)
     out = []
     for i, (table, scale) in enumerate(zip(tables, scales)):
@@ -86,9 +88,21 @@ def add_laplace(tables, scales, seed=None, stream="", sensitivities=None, cells=
         else:
             delta = float(sensitivities[i])
             k = max(1, table.size) if cells is None else int(cells[i])
-        epsilon = math.nextafter(delta / scale, 0.0)
-        out.append(grid_laplace(table, delta, epsilon, rng, cells=k))
+        out.append(grid_laplace(table, delta, _table_epsilon(scale, delta), rng, cells=k))
     return tuple(out)
+
+
+def _table_epsilon(scale, sensitivity):
+    """The epsilon `add_laplace` releases a table of Laplace scale b and sensitivity Delta at: Delta / b, one float
+    step down (never above it)."""
+    return math.nextafter(float(sensitivity) / float(scale), 0.0)
+
+
+def table_grid(scale, sensitivity, cells=1) -> float:
+    """The public grid gamma `add_laplace` puts a table of Laplace scale b and L1 sensitivity Delta on (one record
+    touching at most `cells` cells): a function of (b, Delta, cells) only, so the records can be summed on it
+    exactly before the release (`samplers.grid_sums`; `analyzers._GridSumsFn`)."""
+    return grid_laplace_params(float(sensitivity), _table_epsilon(scale, sensitivity), cells)[0]
 
 
 def guarded_mean(dp_sums, dp_counts, value_range):

@@ -27,11 +27,10 @@ import tensorflow_transform as tft
 
 from sage_tfx.privacy import checks
 
-from .analyzers import _NoiseOnce, _check_common, _dense_vector
+from .analyzers import _check_common, _dense_vector, _one_key, _release
 from .budget import record_spend
 from .errors import DPTransformError
 from .noise import check_int, check_value_range, guarded_variance
-from .seeding import resolve_seed
 
 ValueRange = Union[float, Tuple[float, float]]
 
@@ -137,22 +136,6 @@ def _mean_and_variance_table(counts, centred_sums, centred_squares, width, squar
 # ---------------------------------------------------------------- graph side
 
 
-def _release(scope, partials, input_shape, scales, finish, output_shapes, seed, sensitivities):
-    """One full-pass DP release: exact per-batch `partials` (each of `input_shape`) in, the float64 outputs
-    of `finish` (of `output_shapes`) out. As `analyzers._noisy_tables`, with outputs shaped apart from inputs:
-    `scales` b and L1 `sensitivities` per table, one record touching at most one cell of each; the noise is
-    the exact grid Laplace of `noise.add_laplace`, (sensitivity / b)-DP per table."""
-    seed = resolve_seed(seed, scope)
-    return tft.experimental.ptransform_analyzer(
-        inputs=partials,
-        ptransform=_NoiseOnce([input_shape] * len(partials), scales, finish, len(output_shapes), seed, stream=scope,
-                              sensitivities=sensitivities),
-        output_dtypes=[tf.float64] * len(output_shapes),
-        output_shapes=[list(s) for s in output_shapes],
-        name="noise_once",
-    )
-
-
 def _numeric(x, label):
     """(x as given, as a tensor; its values as float64 [batch])."""
     if isinstance(x, (tf.SparseTensor, tf.RaggedTensor)):
@@ -166,7 +149,7 @@ def _numeric(x, label):
 
 def _grid_cells(values, low, high, grid_size):
     """The grid cell of each value in [0, grid_size); values outside [low, high] fall in the end cells, NaN in
-    none (-1, which unsorted_segment_sum drops)."""
+    none (-1, which the grid sums drop)."""
     nan = tf.math.is_nan(values)
     at_low = tf.fill(tf.shape(values), tf.constant(low, tf.float64))
     scaled = (tf.where(nan, at_low, values) - low) * (grid_size / (high - low))
@@ -180,10 +163,9 @@ def _dp_quantile_positions(label, x, levels, epsilon, low, high, grid_size, seed
     record_spend(scope.rstrip("/"), epsilon)
     x, values = _numeric(x, label)
     cells = _grid_cells(values, low, high, grid_size)
-    counts = tf.math.unsorted_segment_sum(tf.ones_like(values), cells, grid_size)
     finish = functools.partial(_quantile_table, levels=tuple(float(v) for v in levels), low=low, high=high)
-    (positions,) = _release(scope, [counts], [grid_size], [1.0 / epsilon], finish, [[len(levels)]], seed,
-                            [1.0])
+    (positions,) = _release(scope, cells, [tf.ones_like(values)], grid_size, [1.0 / epsilon], finish,
+                            [[len(levels)]], seed, [1.0])
     return x, values, positions
 
 
@@ -325,12 +307,11 @@ def dp_scale_to_z_score(x: tf.Tensor, epsilon: float, value_range: ValueRange, *
         clipped = tf.clip_by_value(tf.where(present, values, at_low), low, high)
         weight = tf.cast(present, tf.float64)
         centred = (clipped - low - width / 2.0) * weight
-        partials = [tf.reshape(tf.reduce_sum(t), [1]) for t in (weight, centred, centred * centred)]
         third = epsilon / 3.0
         scales = [1.0 / third, (width / 2.0) / third, (width**2 / 4.0) / third]
         finish = functools.partial(_mean_and_variance_table, width=width, square_scale=scales[2])
-        shifted_mean, variance = _release(scope, partials, [1], scales, finish, [[1], [1]], seed,
-                                          [1.0, width / 2.0, width**2 / 4.0])
+        shifted_mean, variance = _release(scope, _one_key(centred), [weight, centred, centred * centred], 1, scales,
+                                          finish, [[1], [1]], seed, [1.0, width / 2.0, width**2 / 4.0])
         mean = low + shifted_mean[0]
         std = tf.maximum(tf.sqrt(variance[0]), min_std)
         z = tf.where(present, (clipped - mean) / std, tf.zeros_like(clipped))

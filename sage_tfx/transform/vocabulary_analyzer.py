@@ -54,7 +54,7 @@ class _VocabularyOnce(_NoiseOnce):
     """Exact value counts of the whole data set, then ONE `select_vocabulary` draw: one 1-D bytes array."""
 
     def __init__(self, epsilon, delta, top_k, max_contributions, seed, stream):
-        super().__init__([], [], None, 1, seed, stream, sensitivities=[])
+        super().__init__(0, [], None, 1, seed, stream, sensitivities=[])
         self._args = dict(epsilon=epsilon, delta=delta, top_k=top_k, max_contributions=max_contributions)
 
     def expand(self, pcoll):
