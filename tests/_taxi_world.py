@@ -1,5 +1,6 @@
 """Shared test helpers: real taxi trips ingested into a ledger, and BlockExampleGen output for a grant."""
 import os
+import textwrap
 
 from sage_tfx.data.taxi import TIME_COLUMN, taxi_csv_path
 from sage_tfx.ingest.pipeline import ingest_batches, make_spec
@@ -52,3 +53,11 @@ def relabelled(examples, grant):
         copy.mlmd_artifact.custom_properties[key].CopyFrom(value)
     copy.set_string_custom_property("grant_id", grant.id)
     return copy
+
+
+def module_file(tmp_path, body):
+    """A trainer module file ``tmp_path/module.py``: the imports a run_fn of these tests uses, then ``body``."""
+    path = tmp_path / "module.py"
+    path.write_text("import sage_tfx\nimport json, os\nfrom sage_tfx.components import trainer_utils\n"
+                    "from sage_tfx.models import DPDNNRegressor, DPLinearRegressor\n" + textwrap.dedent(body))
+    return path

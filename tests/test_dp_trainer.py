@@ -6,13 +6,12 @@ or small module files written by the tests.
 """
 import json
 import os
-import textwrap
 
 import numpy as np
 import pytest
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
-from _taxi_world import block_examples as _block_examples, ingest_taxi, regrant
+from _taxi_world import block_examples as _block_examples, ingest_taxi, module_file, regrant
 from sage_tfx.privacy import GrantError, Ledger
 
 pytestmark = pytest.mark.tf
@@ -65,13 +64,6 @@ def _run(world, tmp_path, module_file=TAXI_MODULE, grant="default", examples=Non
     inputs.update(extra_inputs or {})
     Executor().Do(inputs, {"model": [model], "model_run": [run]}, props)
     return model, run
-
-
-def _module(tmp_path, body):
-    path = tmp_path / "module.py"
-    path.write_text("import sage_tfx\nimport json, os\nfrom sage_tfx.components import trainer_utils\n"
-                    "from sage_tfx.models import DPDNNRegressor, DPLinearRegressor\n" + textwrap.dedent(body))
-    return path
 
 
 LINEAR_RUN_FN = """
@@ -136,7 +128,7 @@ def test_fn_args_carry_the_grant_share_and_a_dp_count(world, tmp_path):
     the grant's training seed, which the module never sees: the same grant trains the same model)."""
     from sage_tfx.components._grant import released_record_count
 
-    module = _module(tmp_path, LINEAR_RUN_FN.replace("def run_fn(fn_args):", """def run_fn(fn_args):
+    module = module_file(tmp_path, LINEAR_RUN_FN.replace("def run_fn(fn_args):", """def run_fn(fn_args):
     seen = {k: getattr(fn_args, k) for k in ("train_files", "eval_files", "privacy_budget", "num_examples",
             "grant_id", "custom_config", "serving_model_dir", "model_run_dir", "transform_graph_path")}
     seen["has_data_accessor"] = fn_args.data_accessor is not None
@@ -192,7 +184,7 @@ def _forged(world):
     ("asks more delta", {"delta": 1e-5}, r"covers only \(epsilon=0.9, delta=1e-06\)"),
 ])
 def test_refuses_before_reading(world, tmp_path, case, params, message):
-    module = _module(tmp_path, LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget"))
+    module = module_file(tmp_path, LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget"))
     grant = params.pop("grant", "default")
     grant = {"forged": _forged(world), "other": world["other"].to_json()}.get(grant, grant)
     with pytest.raises(GrantError, match=message):
@@ -225,7 +217,7 @@ def test_overspend_is_refused_and_the_model_deleted(world, tmp_path, case, body,
     from sage_tfx.models.seeding import FitBudgetError
 
     with pytest.raises(FitBudgetError if case.startswith("hard-coded") else SpendError, match=message):
-        _run(world, tmp_path, _module(tmp_path, body))
+        _run(world, tmp_path, module_file(tmp_path, body))
     assert not os.path.exists(tmp_path / "model" / "Format-Serving")  # the unaudited model is gone
     assert not os.path.exists(tmp_path / "model_run" / "privacy_spent.json")
 
@@ -233,11 +225,11 @@ def test_overspend_is_refused_and_the_model_deleted(world, tmp_path, case, body,
 def test_one_training_release_per_grant_and_computation(world, tmp_path):
     """Finding 3 of the review: a different module (or configuration) under the same grant is a second
     release; it is refused before run_fn runs. The same module re-runs under its grant."""
-    module = _module(tmp_path, LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget"))
+    module = module_file(tmp_path, LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget"))
     _run(world, tmp_path / "a", module)
     _run(world, tmp_path / "again", module)  # the same computation: re-opened, not refused
     (tmp_path / "o").mkdir()
-    other = _module(tmp_path / "o", LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget").replace("10.0", "20.0"))
+    other = module_file(tmp_path / "o", LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget").replace("10.0", "20.0"))
     with pytest.raises(GrantError, match="already released its training stage.*different release"):
         _run(world, tmp_path / "b", other)
     with pytest.raises(GrantError, match="different release"):
@@ -256,7 +248,7 @@ def test_a_grant_without_split_pays_for_one_stage_only(world, tmp_path):
     ledger = world["ledger"]
     plain, examples = regrant(ledger, ledger.request("p5", "taxi", blocks=list(world["grant"].blocks), epsilon=0.5,
                                                      delta=1e-6), world["base"][1])
-    model, _ = _run(world, tmp_path, _module(tmp_path, LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget")),
+    model, _ = _run(world, tmp_path, module_file(tmp_path, LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget")),
                     grant=plain.to_json(), examples=examples)
     assert json.loads(model.get_string_custom_property("privacy_spent"))["epsilon_spent"] == 0.5
     blessing, result = standard_artifacts.ModelBlessing(), SageValidationResult()
@@ -485,7 +477,7 @@ def test_transform_graph_path_and_export_through_it(world, tmp_path):
     graph = standard_artifacts.TransformGraph()
     graph.uri = str(tmp_path / "transform_graph")
 
-    module = _module(tmp_path, """
+    module = module_file(tmp_path, """
 def run_fn(fn_args):
     x, y = trainer_utils.load_examples(fn_args, ["miles_z", "hour_01"], "fare")
     model = DPLinearRegressor(fn_args.privacy_budget, feature_bound=3.0,
@@ -569,7 +561,7 @@ def test_a_search_of_five_fits_at_the_full_share_is_refused(world, tmp_path):
     body = SEARCH_RUN_FN.replace("BUDGETS", "[fn_args.privacy_budget] * 5")
     with pytest.raises(FitBudgetError, match=r"DPLinearRegressor: this fit asks \(epsilon=0.9, delta=1e-06\) but "
                                              r"the training share .* has \(epsilon=0, delta=0\) left after 1"):
-        _run(world, tmp_path, _module(tmp_path, body))
+        _run(world, tmp_path, module_file(tmp_path, body))
     assert not os.path.exists(tmp_path / "model" / "Format-Serving")
 
 
@@ -577,7 +569,7 @@ def test_a_search_declared_up_front_is_accepted_and_charged_as_its_composition(w
     """Five candidates at candidate_budgets(share, 5) each: accepted; the recorded spend is the five fits
     composed (basic composition: 5 x 0.18 = the share 0.9), each fit listed."""
     body = SEARCH_RUN_FN.replace("BUDGETS", "candidate_budgets(fn_args.privacy_budget, 5)")
-    model, _ = _run(world, tmp_path, _module(tmp_path, body))
+    model, _ = _run(world, tmp_path, module_file(tmp_path, body))
     spent = json.loads(model.get_string_custom_property("privacy_spent"))
     assert [f["model"] for f in spent["fits"]] == ["DPLinearRegressor"] * 5
     assert all(f["epsilon"] == pytest.approx(0.18) and f["delta"] == pytest.approx(2e-7) for f in spent["fits"])
@@ -597,7 +589,7 @@ def test_fits_outside_run_fns_thread_or_without_a_dp_model_are_refused(world, tm
         "    model = ThreadPoolExecutor(1).submit(lambda: DPLinearRegressor(").replace(
         ".fit(x, y)\n", ".fit(x, y)).result()\n")
     with pytest.raises(FitBudgetError, match="outside the thread of the DPTrainer run"):
-        _run(world, tmp_path / "a", _module(tmp_path, threaded))
+        _run(world, tmp_path / "a", module_file(tmp_path, threaded))
     made_up = """
 def run_fn(fn_args):
     os.makedirs(fn_args.serving_model_dir)
@@ -606,7 +598,7 @@ def run_fn(fn_args):
     (tmp_path / "b").mkdir()
     world["grant"], world["examples"] = regrant(world["ledger"], *world["base"])  # another module: a new grant
     with pytest.raises(SpendError, match="fitted no sage_tfx DP model"):
-        _run(world, tmp_path / "b", _module(tmp_path / "b", made_up))
+        _run(world, tmp_path / "b", module_file(tmp_path / "b", made_up))
 
 
 # ------------------------------------------------------------------------------ a re-opened release
@@ -639,7 +631,7 @@ def test_a_reopened_training_release_keeps_its_first_model(world, tmp_path):
 
     from sage_tfx.components.dp_trainer_executor import Executor
 
-    module = _module(tmp_path, UNSEEDED_KERAS_RUN_FN)
+    module = module_file(tmp_path, UNSEEDED_KERAS_RUN_FN)
     root = tmp_path / "DPTrainer"
     models = []
     for execution in ("1", "2"):
@@ -683,7 +675,7 @@ def test_a_batch_size_or_epochs_computed_from_the_data_is_refused(world, tmp_pat
 
     body = COUNTED_BATCH_RUN_FN.replace("BATCH", batch).replace("EPOCHS", epochs)
     with pytest.raises(PublicParameterError, match="is not one of this run's public numbers") as raised:
-        _run(world, tmp_path, _module(tmp_path, body))
+        _run(world, tmp_path, module_file(tmp_path, body))
     exact = sum(world["ledger"].private_row_count("taxi", b) for b in world["grant"].blocks)
     assert not any(str(v) in str(raised.value) for v in range(exact // 100, exact + 1) if v > 99)
     assert not os.path.exists(tmp_path / "model" / "Format-Serving")
@@ -693,6 +685,6 @@ def test_public_batch_sizes_and_epochs_are_accepted(world, tmp_path):
     """custom_config values, module constants and trainer_utils.batch_size of the DP count pass."""
     body = COUNTED_BATCH_RUN_FN.replace("BATCH", "trainer_utils.batch_size(fn_args, fn_args.custom_config)").replace(
         "EPOCHS", "fn_args.custom_config['epochs']")
-    model, _ = _run(world, tmp_path, _module(tmp_path, body), custom_config={"epochs": 0.05, "batch_size": 96})
+    model, _ = _run(world, tmp_path, module_file(tmp_path, body), custom_config={"epochs": 0.05, "batch_size": 96})
     spent = json.loads(model.get_string_custom_property("privacy_spent"))
     assert spent["report"]["sampling_rate"] * spent["num_examples"] == pytest.approx(96)

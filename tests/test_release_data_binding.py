@@ -17,13 +17,12 @@ Data: the real Chicago taxi trips (tfx wheel) ingested in 30-day blocks; grants 
 import json
 import os
 import re
-import textwrap
 
 import numpy as np
 import pytest
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
-from _taxi_world import block_examples, ingest_taxi, relabelled
+from _taxi_world import block_examples, ingest_taxi, module_file, relabelled
 from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, GrantError, Ledger, record_split
 
 pytestmark = pytest.mark.tf
@@ -104,13 +103,6 @@ def _train(world, tmp_path, grant, examples, module, **params):
     props = {"grant": grant.to_json(), "ledger": world["db"], "module_file": str(module), **params}
     Executor().Do({"examples": [examples]}, {"model": [model], "model_run": [run]}, props)
     return model
-
-
-def _module(tmp_path, body):
-    path = tmp_path / "module.py"
-    path.write_text("import sage_tfx\nimport json, os\nfrom sage_tfx.components import trainer_utils\n"
-                    "from sage_tfx.models import DPLinearRegressor\n" + textwrap.dedent(body))
-    return path
 
 
 TRAIN_RUN_FN = """
@@ -243,7 +235,7 @@ def test_components_refuse_other_records_under_the_grant(world, tmp_path, other)
         have, want = examples.get_string_custom_property("data_digest"), data_digest(world["ledger"], grant)
         assert have != want
         match = f"hold data {have[:16]}.*are data {want[:16]}"
-    module = _module(tmp_path, TRAIN_RUN_FN)
+    module = module_file(tmp_path, TRAIN_RUN_FN)
     runs = {
         "validator": lambda: _validate(world, tmp_path / "v", grant, examples),
         "trainer": lambda: _train(world, tmp_path / "t", grant, examples, module),
@@ -325,7 +317,7 @@ def test_dp_trainer_refuses_test_splits_among_its_training_splits(world, tmp_pat
     """Under a parallel grant DPTrainer refuses "eval" among train_args.splits before run_fn runs."""
     grant = _grant(world)
     examples = block_examples(world["db"], world["data"], grant, tmp_path / "ex")
-    module = _module(tmp_path, TRAIN_RUN_FN)
+    module = module_file(tmp_path, TRAIN_RUN_FN)
     with pytest.raises(GrantError, match=r"split\(s\) \['eval'\].*training side"):
         _train(world, tmp_path, grant, examples, module, train_args=json.dumps({"splits": ["train", "eval"]}))
     assert not (tmp_path / "seen.json").exists() and world["ledger"].releases(grant.id) == []
@@ -335,7 +327,7 @@ def test_run_fn_gets_no_eval_files_under_parallel(world, tmp_path):
     """A run_fn that reads the eval split (early stopping, model selection) under a parallel grant: it gets no
     eval files and load_examples(..., split="eval") refuses; it still trains on the train split. Under the sum
     rule it gets them and reads them, as before."""
-    module = _module(tmp_path, TRAIN_RUN_FN)
+    module = module_file(tmp_path, TRAIN_RUN_FN)
     for name, split in (("parallel", PARALLEL), ("sum", SUM)):
         grant = _grant(world, split)
         examples = block_examples(world["db"], world["data"], grant, tmp_path / name / "ex")
