@@ -140,10 +140,10 @@ def _guarded(func, args):
         return EXIT_BAD_INPUT
 
 
-def _open(args, create=False, check_head=True):
+def _open(args, create=False, read_only=False):
     from sage_tfx.privacy import Ledger
 
-    return Ledger.open(args.db, create=create, check_head=check_head)
+    return Ledger.open(args.db, create=create, read_only=read_only)
 
 
 def _init(args):
@@ -219,7 +219,8 @@ def _status(args):
 
 
 def _audit(args):
-    with _open(args, check_head=False) as ledger:  # a database that does not match its head is reported, not refused
+    # Read-only (a copy on a read-only mount, a full disk): writes no byte; a mismatched head is reported, not refused
+    with _open(args, read_only=True) as ledger:
         report = ledger.audit()
     return _print_audit(args, report)
 

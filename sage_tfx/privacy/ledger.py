@@ -109,8 +109,9 @@ def _recorded_grant(grant_id, row):
 class Ledger:
     """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists."""
 
-    def __init__(self, store, keys, head_sync=None, check_head=True):
+    def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False):
         """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
+        self._read_only = read_only
         self._head_sync = head_sync_mode(head_sync)
         self._store = store
         self._claims = []  # PipelineClaims of this process (Ledger.claim), released by close()
@@ -121,6 +122,10 @@ class Ledger:
         with store.transaction(write=False) as tx:
             meta = dict(tx.all(sql.META_ALL))
         if "secret" in meta and "key_id" not in meta:
+            if read_only:
+                raise LedgerError(f"ledger {store.display} is from an older version (its secret is still in the "
+                                  "database) and a read-only open never migrates it: open it once with write access "
+                                  "(e.g. `sage ledger status`), then audit it")
             self._keys = self._migrate_secret(meta["secret"])
             with store.transaction(write=False) as tx:
                 meta = dict(tx.all(sql.META_ALL))
@@ -154,8 +159,8 @@ class Ledger:
                                      "Nothing was written. Fix: "
                                      f"{_anchor.fix_text(self._store.display, self._key_source.path)}")
             return
-        self._anchored = True
-        if not bound:
+        self._anchored = not self._read_only  # a read-only ledger never writes the head file
+        if not bound and not self._read_only:
             _anchor.bind_ledger_id(self._store, self._keys, self._ledger_id, self._log)
 
     @classmethod
@@ -179,7 +184,7 @@ class Ledger:
         return ledger
 
     @classmethod
-    def open(cls, location, create=False, key_file=None, head_sync=None, check_head=True):
+    def open(cls, location, create=False, key_file=None, head_sync=None, check_head=True, read_only=False):
         """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
         $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
         (mode 0600) if that does not exist yet. ``head_sync`` (``keys.HeadSync``: ``use``, ``commit`` or
@@ -187,7 +192,12 @@ class Ledger:
         (docs/security.md). The database is checked against the head file before any write
         (``LedgerRollback`` if it was rolled back, cut, re-identified or replaced); ``check_head=False``
         (the audit) records the problem in ``anchor_problem`` instead and opens a ledger that never writes the
-        head file."""
+        head file. ``read_only=True`` (``sage ledger audit``: a read-only copy or mount, a full disk) implies
+        ``check_head=False`` and writes no byte anywhere: the database is opened read-only (``store/sqlite.py``),
+        never migrated, its id never bound, the head file only read; every write is refused."""
+        if read_only and create:
+            raise LedgerError("a read-only open cannot create a ledger: give create=False")
+        check_head = check_head and not read_only
         if not isinstance(location, (str, os.PathLike)) or not str(location):
             raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
         head_sync = head_sync_mode(head_sync)  # a bad mode is refused before anything is created
@@ -205,12 +215,12 @@ class Ledger:
             raise KeyFileError(f"cannot create key file {keys.path}: folder {os.path.dirname(keys.path)} does not "
                                "exist (create it, mode 0700, or give another --key-file)")
         try:
-            store = open_store(location, create=create, on_create=keys.new_ledger_meta)
+            store = open_store(location, create=create, on_create=keys.new_ledger_meta, read_only=read_only)
         except BaseException:
             keys.undo_created()
             raise
         try:
-            return cls(store, keys, head_sync, check_head)
+            return cls(store, keys, head_sync, check_head, read_only)
         except BaseException:
             store.close()
             raise
@@ -791,7 +801,10 @@ class Ledger:
         self._append(tx, kind, body, text)
 
     def _refuse_unanchored(self):
-        """LedgerRollback if this ledger was opened (``check_head=False``) although it does not match its anchor."""
+        """LedgerRollback if this ledger was opened (``check_head=False``) although it does not match its anchor;
+        LedgerError if it was opened ``read_only``."""
+        if self._read_only:
+            raise LedgerError(f"ledger {self._store.display} is opened read-only (the audit): it writes nothing")
         if self.anchor_problem is not None:
             raise LedgerRollback(f"ledger {self._store.display} does not match its anchor ({self.anchor_problem}): "
                                  "it is opened for the audit only, writes nothing and verifies no grant; fix: "

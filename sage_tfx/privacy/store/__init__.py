@@ -22,8 +22,9 @@ __all__ = ["open_store", "Store", "Tx", "SqliteStore", "PostgresStore", "SCHEMA_
            "SSLMODES", "DEFAULT_SSLMODE", "postgres_ssl_context", "claim_key", "process_label"]
 
 
-def open_store(location, create=False, on_create=None):
-    """A SqliteStore for a path, a PostgresStore for a ``postgresql://`` URL.
+def open_store(location, create=False, on_create=None, read_only=False):
+    """A SqliteStore for a path, a PostgresStore for a ``postgresql://`` URL; ``read_only`` (never with ``create``):
+    opened for reads only, writing nothing (``SqliteStore._open_read_only``; PostgreSQL: a read-only session).
 
     ``on_create()``, called as a new ledger's schema is written, returns the meta rows to add (the key id and
     ledger id: ``Ledger.open``); the database never holds a key (docs/security.md).
@@ -32,5 +33,5 @@ def open_store(location, create=False, on_create=None):
         raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
     location = str(location)
     if location.startswith(("postgresql://", "postgres://")):
-        return PostgresStore(location, create=create, on_create=on_create)
-    return SqliteStore(location, create=create, on_create=on_create)
+        return PostgresStore(location, create=create, on_create=on_create, read_only=read_only)
+    return SqliteStore(location, create=create, on_create=on_create, read_only=read_only)

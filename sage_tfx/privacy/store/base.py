@@ -26,12 +26,16 @@ class Store:
     statements = 0  # SQL statements this store executed (an executemany counts one per row): tests bound them
     after_commit = None  # called with a write transaction's ``tx.head`` (and ``tx.head_until_use``) once it committed
     on_create = None
+    read_only = False  # opened for reads only (the audit): never migrated, never written
 
     def _sql(self, text):
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 
     def transaction(self, write=True):
-        """A context giving a Tx; commit on success, roll back on any exception (nothing changes)."""
+        """A context giving a Tx; commit on success, roll back on any exception (nothing changes). A write on a
+        ``read_only`` store is refused before it begins."""
+        if write and self.read_only:
+            raise LedgerError(f"ledger {self.display} is opened read-only (the audit): it writes nothing")
         return _Transaction(self, write)
 
     def _check_schema(self):
@@ -54,6 +58,11 @@ class Store:
         if version < 1:
             raise LedgerCorrupt(f"{self.display} has an invalid schema version {version}")
         if version < SCHEMA_VERSION:
+            if self.read_only:
+                raise LedgerError(
+                    f"{self.display} has schema version {version}, older than this sage-tfx's {SCHEMA_VERSION}, and "
+                    "a read-only open never migrates it: open it once with write access (e.g. `sage ledger status`) "
+                    "to migrate it, or audit it with the sage-tfx version that wrote it")
             self._migrate()
 
     def _migrate(self):

@@ -72,10 +72,10 @@ class PostgresStore(Store):
     kind = "postgresql"
     placeholder = "%s"
 
-    def __init__(self, url, create=False, on_create=None):
+    def __init__(self, url, create=False, on_create=None, read_only=False):
         import pg8000.dbapi
 
-        self.on_create = on_create
+        self.on_create, self.read_only = on_create, read_only
         parsed = urllib.parse.urlparse(url)
         self.display = parsed._replace(netloc=parsed.netloc.rsplit("@", 1)[-1]).geturl()
         self._errors = (pg8000.dbapi.Error,)

@@ -2,11 +2,12 @@
 
 WAL journal, ``BEGIN IMMEDIATE`` (takes the database write lock up front), ``synchronous=FULL`` so an
 acknowledged grant survives a crash or a kill -9. A new ledger file and its WAL/SHM files are mode 0600
-(docs/security.md).
+(docs/security.md). A read-only open (the audit) writes nothing at all: ``SqliteStore._open_read_only``.
 """
 import os
 import sqlite3
 import threading
+import urllib.parse
 
 from ..errors import LedgerCorrupt, LedgerError, LedgerNotFound
 from . import sql
@@ -45,8 +46,9 @@ class SqliteStore(Store):
     kind = "sqlite"
     _file = None
 
-    def __init__(self, path, create=False, on_create=None):
+    def __init__(self, path, create=False, on_create=None, read_only=False):
         self.on_create = on_create
+        self.read_only = read_only
         self.path = os.path.abspath(path)
         self.display = self.path
         self._errors = (sqlite3.Error,)
@@ -59,7 +61,18 @@ class SqliteStore(Store):
             opened_here = bool(_OPEN_FILES.get(_file_id(self.path))) if exists else False
         if exists and not opened_here:  # never open()/close() the file while a connection of ours has it
             self._check_header()
-        elif not exists:  # created 0600 before SQLite opens it (its -wal and -shm files take the same mode)
+        if read_only:
+            self._open_read_only()
+        else:
+            self._open_writable(path, exists, create)
+        self._check_schema()
+        with _OPEN_FILES_LOCK:
+            self._file = _file_id(self.path)
+            _OPEN_FILES[self._file] = _OPEN_FILES.get(self._file, 0) + 1
+
+    def _open_writable(self, path, exists, create):
+        """Connect for reads and writes (WAL, synchronous=FULL), creating the file and schema if ``create``."""
+        if not exists:  # created 0600 before SQLite opens it (its -wal and -shm files take the same mode)
             try:
                 os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
             except FileExistsError:
@@ -101,10 +114,46 @@ class SqliteStore(Store):
                 raise self._wrap(exc, f"cannot create ledger at {self.path}") from None
             self._create_schema()
             _restrict(self.path)
-        self._check_schema()
-        with _OPEN_FILES_LOCK:
-            self._file = _file_id(self.path)
-            _OPEN_FILES[self._file] = _OPEN_FILES.get(self._file, 0) + 1
+
+    def _open_read_only(self):
+        """Connect without writing a byte (``sage ledger audit``: a read-only copy or mount, a full disk).
+
+        No ``-wal`` file: no connection has the ledger open (the last one to close removes it), so it is opened
+        ``immutable=1`` (no locks, no ``-shm``/``-wal`` created: a read-only mount or a full disk cannot refuse
+        it) and ``_check_unchanged`` makes sure no writer opened it meanwhile. A ``-wal`` file: the ledger is in
+        use (or a crash left committed transactions in it), so it is read through the WAL with ``mode=ro``.
+        Never migrated, never switched to WAL."""
+        wal = os.path.exists(self.path + "-wal")
+        uri = f"file:{urllib.parse.quote(self.path)}?{'mode=ro' if wal else 'immutable=1'}"
+        try:
+            self._conn = sqlite3.connect(uri, uri=True, timeout=120.0, isolation_level=None,
+                                         check_same_thread=False)
+            self._conn.execute(sql.SQLITE_BUSY_TIMEOUT)
+            self._unlocked_state = None if wal else self._file_state()
+            if self._is_empty():
+                raise LedgerNotFound(f"{self.path} is empty, not a sage ledger")
+        except sqlite3.Error as exc:
+            self._conn.close()
+            hint = (f": its -wal file holds transactions not yet in the database file, and SQLite cannot read them "
+                    f"without a writable -shm file beside it; checkpoint it where it is writable (sqlite3 "
+                    f"{self.path} 'PRAGMA wal_checkpoint') and copy it again" if wal else "")
+            if hint:
+                raise LedgerError(f"cannot open ledger {self.path} read-only ({exc}){hint}") from None
+            raise self._wrap(exc, f"cannot open ledger {self.path} read-only") from None
+        except LedgerError:
+            self._conn.close()
+            raise
+
+    def _file_state(self):
+        st = os.stat(self.path)
+        return st.st_ino, st.st_size, st.st_mtime_ns, os.path.exists(self.path + "-wal")
+
+    def _check_unchanged(self):
+        """An ``immutable`` read (``_open_read_only``): LedgerError if a writer opened or changed the file since the
+        open (what was read may mix two states)."""
+        if getattr(self, "_unlocked_state", None) is not None and self._file_state() != self._unlocked_state:
+            raise LedgerError(f"ledger {self.path} was opened for writing while it was read without locks "
+                              "(read-only open): what was read may mix two states; run the audit again")
 
     def _check_header(self):
         try:
@@ -124,6 +173,7 @@ class SqliteStore(Store):
             raise self._wrap(exc) from None
 
     def _wrap(self, exc, prefix=None):
+        self._check_unchanged()  # a read-only open's file changed under it: that, not what it caused
         msg = str(exc)
         prefix = prefix or f"ledger {self.path}"
         if isinstance(exc, sqlite3.DatabaseError) and any(
@@ -152,6 +202,7 @@ class SqliteStore(Store):
 
     def _commit(self):
         self._control(sql.SQLITE_COMMIT)
+        self._check_unchanged()
 
     def _rollback(self):
         if self._conn.in_transaction:
