@@ -5,11 +5,13 @@ TFX style (as ``tfx.types.standard_component_specs``): the keys are constants (`
 fragment every spec that reads under a grant starts with (BlockExampleGen, DPTransform, DPTrainer,
 DPModelValidator), and ``grant_parameters`` is the one coercion of a component's constructor arguments
 into it: a ``Grant`` becomes its JSON (a RuntimeParameter of type str passes, resolved at run time), the
-ledger location a string.
+ledger location a string, never with a password in it (it is stored in the pipeline metadata:
+``privacy.store.location.check_location`` refuses it as the component is built).
 """
 from tfx.types.component_spec import ExecutionParameter
 
 from sage_tfx.components._grant import GRANT_KEY, LEDGER_KEY, grant_to_json
+from sage_tfx.privacy.store.location import check_location
 
 GRANT_PARAMETERS = {
     GRANT_KEY: ExecutionParameter(type=str, optional=True),  # the grant's JSON, or a RuntimeParameter of type str
@@ -19,4 +21,4 @@ GRANT_PARAMETERS = {
 
 def grant_parameters(grant, ledger) -> dict:
     """The spec's grant/ledger execution properties: ``{GRANT_KEY: grant's JSON, LEDGER_KEY: str(ledger)}``."""
-    return {GRANT_KEY: grant_to_json(grant), LEDGER_KEY: str(ledger)}
+    return {GRANT_KEY: grant_to_json(grant), LEDGER_KEY: check_location(ledger)}

@@ -35,13 +35,13 @@ import argparse
 import sys
 
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
-from ._keys import add_key_file
+from ._keys import add_key_file, ledger_location
 
 
 def add_parser(subparsers):
     p = subparsers.add_parser("ingest", help="ingest a data set into ledger-registered blocks (Beam)",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--db", required=True, help="ledger file path (SQLite) or postgresql:// URL")
+    p.add_argument("--db", required=True, type=ledger_location, help="ledger file path (SQLite) or postgresql:// URL")
     add_key_file(p)
     p.add_argument("--stream", required=True, help="stream name (create it with `sage ledger init`)")
     p.add_argument("--input", required=True, action="append",

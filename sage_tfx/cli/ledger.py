@@ -9,7 +9,7 @@ import json
 import sys
 
 from ._exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, EXIT_VIOLATION
-from ._keys import add_key_file
+from ._keys import add_key_file, ledger_location
 from sage_tfx.privacy.vocabulary import Accounting, Outcome, Policy
 
 
@@ -43,7 +43,7 @@ def add_parser(subparsers):
 
     def action(name, func, help_text):
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--db", required=True, help="ledger file path (SQLite) or postgresql:// URL")
+        p.add_argument("--db", required=True, type=ledger_location, help="ledger file path (SQLite) or postgresql:// URL")
         add_key_file(p)
         p.set_defaults(func=lambda args: _guarded(func, args))
         return p

@@ -53,7 +53,7 @@ import sys
 from sage_tfx.privacy.split import RECORDS_KEY, SPLIT_KEY
 
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REFUSED
-from ._keys import add_key_file
+from ._keys import add_key_file, ledger_location
 
 NUMERIC_TYPES = ("float", "int")
 
@@ -169,7 +169,7 @@ def add_parser(subparsers):
 
 
 def _base(p):
-    p.add_argument("--db", required=True, help="ledger file or postgresql:// URL")
+    p.add_argument("--db", required=True, type=ledger_location, help="ledger file or postgresql:// URL")
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")
     p.add_argument("--pipeline", required=True, help="the name charged in the ledger; its grants are the state")

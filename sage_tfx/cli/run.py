@@ -49,7 +49,7 @@ import sys
 
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from ._exits import OUTCOME_EXIT_CODES as EXIT_CODES
-from ._keys import add_key_file
+from ._keys import add_key_file, ledger_location
 
 
 def add_parser(subparsers):
@@ -57,7 +57,7 @@ def add_parser(subparsers):
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("pipeline", help="a built-in pipeline (taxi_regression, taxi_classification), the path of a "
                                     "pipeline file defining a SagePipeline, or a dotted module path")
-    p.add_argument("--db", required=True, help="ledger file or postgresql:// URL")
+    p.add_argument("--db", required=True, type=ledger_location, help="ledger file or postgresql:// URL")
     add_key_file(p)
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")

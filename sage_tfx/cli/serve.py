@@ -69,7 +69,7 @@ import sys
 from dataclasses import dataclass
 
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
-from ._keys import add_key_file
+from ._keys import add_key_file, ledger_location
 
 
 @dataclass
@@ -120,7 +120,7 @@ def add_parser(subparsers):
 
     p = subparsers.add_parser("serve", help="serve several pipelines on one replayed stream",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--db", required=True, help="ledger (the stream must exist: sage ledger init)")
+    p.add_argument("--db", required=True, type=ledger_location, help="ledger (the stream must exist: sage ledger init)")
     add_key_file(p)
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True)

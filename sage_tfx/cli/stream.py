@@ -14,7 +14,7 @@ import argparse
 import sys
 
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
-from ._keys import add_key_file
+from ._keys import add_key_file, ledger_location
 
 GENERATED_NOTE = "GENERATED taxi-like data (fitted to the real Chicago taxi rows; not real trips)"
 
@@ -26,7 +26,7 @@ def add_parser(subparsers):
     sub.required = True
 
     p = sub.add_parser("replay", help="add a historical data set's blocks one window at a time")
-    p.add_argument("--db", required=True, help="ledger file path (SQLite) or postgresql:// URL")
+    p.add_argument("--db", required=True, type=ledger_location, help="ledger file path (SQLite) or postgresql:// URL")
     add_key_file(p)
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True)

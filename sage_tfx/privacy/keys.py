@@ -44,6 +44,7 @@ from enum import StrEnum
 from json.encoder import encode_basestring_ascii as _json_string
 
 from .errors import LedgerError
+from .store.location import is_postgres
 
 KEY_BYTES = 32
 LEGACY_SECRET_CHARS = 64  # schema 3's meta.secret: secrets.token_hex(32)
@@ -127,7 +128,7 @@ def resolve_key_path(location, key_file=None):
                                f"{ENV_KEY_FILE}=PATH)")
         return os.path.abspath(os.fspath(key_file))
     text = str(location)
-    if text.startswith(("postgresql://", "postgres://")):
+    if is_postgres(text):
         raise KeyFileError(
             "a PostgreSQL ledger needs an explicit key file (the key never goes into the database): give "
             f"--key-file PATH (Ledger.open(..., key_file=PATH)) or set {ENV_KEY_FILE}=PATH, the same key file on "

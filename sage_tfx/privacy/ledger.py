@@ -79,7 +79,7 @@ from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-export
 from .keys import HeadFile, HeadSync, KeyFileError, head_sync_mode, resolve_key_path, warn_head_write
 from .session import KeySource as _KeySource, PipelineClaim, migrate_secret, migration_entry
 from .split import STAGES
-from .store import open_store, sql
+from .store import check_location, open_store, sql
 from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
     DEFAULT_MAX_STREAM_EPSILON,
     DEFAULT_MIN_GRANT_EPSILON,
@@ -198,8 +198,7 @@ class Ledger:
         if read_only and create:
             raise LedgerError("a read-only open cannot create a ledger: give create=False")
         check_head = check_head and not read_only
-        if not isinstance(location, (str, os.PathLike)) or not str(location):
-            raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
+        location = check_location(location)  # never a password in a URL: before anything is created
         head_sync = head_sync_mode(head_sync)  # a bad mode is refused before anything is created
         try:
             keys = _KeySource(resolve_key_path(location, key_file), create)

@@ -8,7 +8,7 @@ to ``sslrootcert=PATH`` (or the system's CAs) and name the host, and a server th
 (never plain text). The URL's ``sslmode`` says otherwise explicitly, with libpq's names: ``verify-ca`` (chain
 only, any host name), ``require`` (TLS, unverified) or ``disable`` (plain text: for a loopback test server).
 ``allow`` and ``prefer``, which fall back to plain text silently, are refused. ``sslcert=PATH&sslkey=PATH`` give a
-client certificate.
+client certificate. The password is never in the URL: ``$PGPASSWORD`` or a libpq password file (``location.py``).
 """
 import os
 import socket
@@ -17,6 +17,7 @@ import urllib.parse
 from ..errors import LedgerError, LedgerNotFound
 from . import sql
 from .base import Store, claim_key, process_label
+from .location import PASSWORD_SOURCES, check_location, display, postgres_password
 
 
 SSLMODES = ("verify-full", "verify-ca", "require", "disable")
@@ -57,8 +58,12 @@ def postgres_ssl_context(query, display):
     return context
 
 
-def _connect_hint(exc):
+def _connect_hint(exc, password):
     text = str(exc)
+    if password is None and (isinstance(exc, AttributeError) or "password" in text):  # pg8000, asked for none
+        return f"the server asks for a password and none was found: give it by {PASSWORD_SOURCES}"
+    if "password authentication failed" in text:
+        return f"{text}: check the password given by {PASSWORD_SOURCES}"
     if "refuses SSL" in text:
         return ("the server does not offer TLS, and plain text is refused by default: enable TLS on the server, or "
                 "add sslmode=disable to the URL for a loopback or test server")
@@ -76,12 +81,12 @@ class PostgresStore(Store):
         import pg8000.dbapi
 
         self.on_create, self.read_only = on_create, read_only
-        parsed = urllib.parse.urlparse(url)
-        self.display = parsed._replace(netloc=parsed.netloc.rsplit("@", 1)[-1]).geturl()
+        parsed = urllib.parse.urlparse(check_location(url))  # never a password in the URL (location.py)
+        self.display = display(url)
         self._errors = (pg8000.dbapi.Error,)
         query = dict(urllib.parse.parse_qsl(parsed.query))
         ssl_context = postgres_ssl_context(query, self.display)
-        sock = None
+        sock, password = None, postgres_password(url)  # PGPASSWORD or a libpq password file (location.py)
         try:
             timeout = float(query.get("timeout", 120))
             sock = socket.create_connection((parsed.hostname or "127.0.0.1", parsed.port or 5432), timeout)
@@ -91,7 +96,7 @@ class PostgresStore(Store):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)  # as pg8000 does by default
             self._conn = pg8000.dbapi.connect(
                 user=urllib.parse.unquote(parsed.username or "postgres"),
-                password=urllib.parse.unquote(parsed.password) if parsed.password else None,
+                password=password,
                 database=(parsed.path or "/postgres").lstrip("/") or "postgres",
                 host=parsed.hostname or "127.0.0.1",  # with sock, only the name TLS verifies
                 sock=sock,
@@ -101,7 +106,7 @@ class PostgresStore(Store):
         except Exception as exc:  # pg8000 raises InterfaceError/OSError/SSLError subclasses on connect
             if sock is not None:
                 sock.close()
-            raise LedgerError(f"cannot connect to ledger {self.display}: {_connect_hint(exc)}") from None
+            raise LedgerError(f"cannot connect to ledger {self.display}: {_connect_hint(exc, password)}") from None
         self._conn.autocommit = True
         has_meta = self._query_one(sql.PG_HAS_META)[0]
         if not has_meta:
