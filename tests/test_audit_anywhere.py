@@ -161,3 +161,21 @@ def test_a_read_only_open_refuses_every_write_and_sees_a_live_ledger(tmp_path):
         conn.close()
     finally:
         reader.close()
+
+
+def test_a_read_only_open_never_migrates(tmp_path):
+    """A ledger of an older schema is refused read-only, naming the fix, its bytes unchanged (a writable open would
+    migrate it)."""
+    from sage_tfx.privacy.store import SCHEMA_VERSION
+
+    folder, path, _ = _copy(tmp_path)
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(SCHEMA_VERSION - 1),))
+    conn.commit()
+    conn.close()
+    before = _snapshot(folder)
+    with pytest.raises(LedgerError, match="never migrates it: open it once with write access"):
+        Ledger.open(path, read_only=True)
+    assert _snapshot(folder) == before
+    with pytest.raises(LedgerError, match="cannot create"):
+        Ledger.open(path, create=True, read_only=True)

@@ -59,6 +59,7 @@ import time
 import uuid
 
 from sage_tfx.privacy.keys import ENV_HEAD_SYNC
+from sage_tfx.privacy.store.location import check_location, postgres_password
 
 # Files a SQLite ledger leaves beside itself: WAL, shared memory, and its key file with the head file and its lock.
 LEDGER_FILE_SUFFIXES = ("", "-wal", "-shm", ".key", ".key.head", ".key.head.lock")
@@ -141,9 +142,9 @@ def _pg_connect(url):
 
     import pg8000.dbapi
 
-    u = urllib.parse.urlparse(url)
+    u = urllib.parse.urlparse(check_location(url))
     return pg8000.dbapi.connect(user=urllib.parse.unquote(u.username or "postgres"),
-                                password=urllib.parse.unquote(u.password) if u.password else None,
+                                password=postgres_password(url),  # PGPASSWORD or a libpq password file
                                 host=u.hostname or "127.0.0.1", port=u.port or 5432,
                                 database=(u.path or "/postgres").lstrip("/") or "postgres")
 
