@@ -500,6 +500,20 @@ def write_result(artifact, report):
         {k: report[k] for k in ("outcome", "bound", "epsilon_spent", "eta", "confidence", "target", "metric")}))
 
 
+def confidence_report(grant, plan: dict, eta: float) -> dict:
+    """result.json's confidence fields: ``confidence`` the one asked (the request signed into the grant by `sage
+    run`, else the validator's ``confidence`` property when it chose eta, else 1 - eta), ``eta`` and
+    ``test_confidence`` = 1 - eta of this one test, and ``eta_rule`` saying why they differ."""
+    request = grant.meta.get("request") or {}
+    asked = request.get("confidence")
+    if asked is None:
+        asked = plan["confidence"] if plan["eta"] is None else 1.0 - eta
+    return {"confidence": float(asked), "eta": eta, "test_confidence": 1.0 - eta,
+            "eta_rule": "the SLA holds with probability >= confidence over ALL iterations: iteration i tests at "
+                        "eta_i = (1 - confidence) / (i (i + 1)) (these sum to 1 - confidence), so one test's own "
+                        "confidence, test_confidence = 1 - eta_i, is higher than the one asked"}
+
+
 class Executor(GrantedExecutor, base_executor.BaseExecutor):
 
     def Do(self, input_dict, output_dict, exec_properties):
@@ -547,7 +561,7 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
             "train_split": plan["train_split"], "model_uri": model.uri, "examples_uri": examples.uri,
             "validation_share_epsilon": stage_budget(grant, STAGE)[0], "train_epsilon": plan["train_epsilon"],
             "label_threshold": plan["label_threshold"], "loss_module": plan.get("loss_module"),
-            "computation": computation,
+            "computation": computation, **confidence_report(grant, plan, result.eta),
         })
         write_blessing(artifact_utils.get_single_instance(output_dict["blessing"]), model, result.accepted)
         write_result(artifact_utils.get_single_instance(output_dict["validation_result"]), report)

@@ -279,6 +279,15 @@ def _spec(stream, blocks_config):
     return make_spec("time", stream, time_column=blocks_config["column"], window=int(blocks_config["window"]))
 
 
+def check_line(line: str) -> str:
+    """An iterator progress line of the dry run, as `sage run --check` prints it: a FAILED iteration's grant is
+    spent in the throwaway ledger, not the real one."""
+    from sage_tfx.adaptive.iterator import GRANT_STAYS_SPENT
+
+    return "[check] " + line.replace(GRANT_STAYS_SPENT, "its grant is spent in the throwaway ledger only (the real "
+                                                        "ledger is not charged)")
+
+
 def dry_run(definition, data_root: str, stream: str, *, model: str | None = None, runner: str = "local",
             beam_args=(), progress=print, seed: int = 0, target: float | None = None, expected: float | None = None,
             confidence: float = 0.95, overrides: dict | None = None) -> CheckResult:
@@ -322,7 +331,7 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
             settings["epsilon_start"] = min(1.0, float(settings.get("epsilon_start", 1.0)))
             iterator = SageIterator(ledger, stream, definition.name,
                                     make_run_iteration(definition.build_pipeline, pipeline_config),
-                                    max_iterations=1, progress=lambda line: say("[check] " + line), **settings)
+                                    max_iterations=1, progress=lambda line: say(check_line(line)), **settings)
             try:
                 run = iterator.run()
             except Exception as exc:  # generated rows only: the whole error may be shown

@@ -224,10 +224,27 @@ def test_run_result_reports_the_largest_per_block_spend_and_the_final_blocks():
                                   Iteration(3, "g3", ("b3", "b4", "b5"), 0.75, 0.004, "ACCEPT")], "g3")
     assert result.epsilon_per_block() == {"b1": 0.5, "b2": 0.75, "b3": 1.0, "b4": 0.75, "b5": 0.75}
     assert result.max_block_epsilon == 1.0 and result.final_blocks == ("b3", "b4", "b5")
-    assert result.describe() == ("ACCEPT after 3 iteration(s); at most epsilon 1 charged on a block (5 block(s) "
-                                 "charged); the model trained on blocks b3..b5 (3)")
+    assert result.describe() == ("ACCEPT after 3 iteration(s); this run charged at most epsilon 1 on a block (5 "
+                                 "block(s) charged); the model trained on blocks b3..b5 (3)")
     timeout = RunResult("TIMEOUT", [], None)
-    assert timeout.describe() == "TIMEOUT after 0 iteration(s); at most epsilon 0 charged on a block (0 block(s) charged)"
+    assert timeout.describe() == ("TIMEOUT after 0 iteration(s); this run charged at most epsilon 0 on a block (0 "
+                                  "block(s) charged)")
+
+
+def test_the_final_line_reports_the_ledgers_spend_on_the_blocks_and_the_asked_confidence(tmp_path):
+    """Another pipeline's charge on the same blocks: this run's own spend (0.5 a block) was the only figure,
+    while the blocks stood at 0.75 in the ledger; and the asked confidence beside the eta_i rule."""
+    ledger = make_ledger(tmp_path, blocks=4)
+    ledger.register("s", "other")
+    ledger.request("other", "s", blocks=[f"b{i:02d}" for i in range(4)], epsilon=0.25)
+    result = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5, min_window=4,
+                          request=_request(0.3)).run()
+    assert result.outcome == "ACCEPT" and result.max_block_epsilon == pytest.approx(0.5)
+    assert result.ledger_spent == {f"b{i:02d}": pytest.approx(0.75) for i in range(4)}
+    line = result.describe()
+    assert "this run charged at most epsilon 0.5 on a block (4 block(s) charged), which now stand at epsilon 0.75 " \
+           "spent in the ledger (every run)" in line, line
+    assert "; confidence 0.95 over all iterations (iteration i tested at eta_i = 0.05/(i(i+1))); target 0.3" in line
 
 
 def _request(target, **changes):

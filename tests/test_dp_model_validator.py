@@ -203,6 +203,26 @@ def test_good_model_is_blessed_and_rerun_gives_the_same_release(world, tmp_path)
     assert _report(again)["details"] == report["details"]
 
 
+def test_result_reports_the_asked_confidence_beside_this_tests_eta(world, tmp_path):
+    """Iteration 1 of `sage run --confidence 0.95` tests at eta_1 = 0.025: result.json said confidence 0.975 (1 -
+    eta_1), unexplained. It now says the asked 0.95 (signed into the grant), eta_1, the test's own confidence and
+    the rule between them."""
+    from _taxi_world import relabelled
+
+    grant, examples = world["base"]
+    request = {"target": 35.0, "confidence": 0.95, "metric": "mse"}
+    world["grant"] = world["ledger"].request(grant.pipeline, grant.stream, blocks=list(grant.blocks),
+                                             epsilon=grant.epsilon, delta=grant.delta,
+                                             meta={**grant.meta, "iteration": 1, "eta": 0.025, "request": request})
+    world["examples"] = relabelled(examples, world["grant"])
+    _, result = _run(world, tmp_path, eta=0.025)
+    report = _report(result)
+    assert report["confidence"] == pytest.approx(0.95) and report["eta"] == pytest.approx(0.025)
+    assert report["test_confidence"] == pytest.approx(0.975)
+    assert "eta_i = (1 - confidence) / (i (i + 1))" in report["eta_rule"]
+    assert json.loads(result.get_string_custom_property("result"))["confidence"] == pytest.approx(0.95)
+
+
 def test_bad_model_is_not_blessed(world, tmp_path):
     # Predicting fare 0 gives a clipped MSE near B = 100: far above the target 35 (RETRY, never ACCEPT).
     blessing, result = _run(world, tmp_path, model="fare_bad")

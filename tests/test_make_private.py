@@ -426,6 +426,45 @@ def test_bad_models_and_fits():
         _bad().predict(np.zeros((2, 4)))
 
 
+
+def test_keras_fit_keywords_equal_to_make_private_are_accepted():
+    """What every Keras user types: fit(x, y, epochs=..., batch_size=..., verbose=...) with make_private's values
+    trains exactly as fit(x, y) does (same seed, same weights)."""
+    x, y, _ = _linear_data(400)
+    plain = _fit(seed=0)
+    private = make_private(_sequential(), privacy_budget=(1.0, 1e-5), num_examples=400, loss="mse", batch_size=50,
+                           epochs=1, clip_norm=1.0, seed=0)
+    private.fit(x, y, epochs=1, batch_size=50, verbose=0, shuffle=True, workers=4)
+    assert private.privacy_spent["steps"] == plain.privacy_spent["steps"]
+    for a, b in zip(private.model.get_weights(), plain.model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    ({"epochs": 3}, r"^fit\(epochs=3\) differs from make_private\(epochs=1\).*pass epochs=3 to make_private"),
+    ({"batch_size": 256}, r"^fit\(batch_size=256\) differs from make_private\(batch_size=50\).*make_private"),
+    ({"validation_data": ([[0.0] * 4], [0.0])}, r"validation_data.*not private.*DPModelValidator"),
+    ({"validation_split": 0.1}, r"validation_split.*DPModelValidator"),
+    ({"callbacks": []}, r"callbacks.*exact loss on private rows.*callback=fn\(step\)"),
+    ({"class_weight": {0: 1.0, 1: 5.0}}, r"class_weight.*not supported"),
+    ({"steps_per_epoch": 10}, r"steps_per_epoch.*fixed by make_private"),
+    ({"shuffle": False}, r"shuffle=False.*Poisson sample"),
+    ({"epoch": 3}, r"fit\(epoch=...\) is not an argument of PrivateModel.fit"),
+])
+def test_keras_fit_keywords_that_change_the_run_are_refused_before_any_read(kwargs, match):
+    """A Keras keyword that would change the calibrated run (or read private rows outside it) is refused naming
+    where it goes, before any data is read: the model is unchanged and nothing is spent."""
+    x, y, _ = _linear_data(400)
+    private = make_private(_sequential(), privacy_budget=(1.0, 1e-5), num_examples=400, loss="mse", batch_size=50,
+                           epochs=1, clip_norm=1.0, seed=0)
+    before = [w.copy() for w in private.model.get_weights()]
+    with pytest.raises(dpsgd.DpSgdConfigError, match=match):
+        private.fit(x, y, **kwargs)
+    assert private.privacy_spent is None
+    for a, b in zip(private.model.get_weights(), before):
+        np.testing.assert_array_equal(a, b)
+
+
 # ------------------------------------------------------------------------------ inside DPTrainer
 
 KERAS_MODULE = '''

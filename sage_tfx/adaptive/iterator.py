@@ -63,6 +63,7 @@ REQUEST_KEY = "request"  # the grant meta's copy of what the pipeline was asked 
 LOGGED_REQUEST = ("target", "metric")
 OUTCOMES = (GrantOutcome.ACCEPT, GrantOutcome.REJECT, GrantOutcome.RETRY)  # what one iteration may conclude
 DECIDED = (Outcome.ACCEPT, Outcome.REJECT)  # the outcomes that end a pipeline before its TIMEOUT
+GRANT_STAYS_SPENT = "its grant stays spent"  # the FAILED line's end (`sage run --check` says whose ledger)
 
 
 class RequestMismatch(_LedgerError):
@@ -100,6 +101,9 @@ class RunResult:
     iterations: list
     final_grant_id: str | None = None
     target: float | None = None  # what was asked (None: the caller gave no request)
+    # {block: the ledger's epsilon spent on it, by every pipeline and run} for the blocks this run charged
+    ledger_spent: dict = field(default_factory=dict)
+    confidence: float | None = None  # asked: 1 - eta; iteration i tested at eta_i = eta / (i (i+1))
 
     def epsilon_per_block(self) -> dict:
         """{block: the epsilon this run's iterations charged it}: iterations on other windows add up per block
@@ -128,15 +132,23 @@ class RunResult:
         return self.iterations[-1].bound if self.iterations else None
 
     def describe(self) -> str:
-        """One line: the outcome, iterations, the largest per-block spend, the final model's blocks, and (with a
-        ``target``) the target and the last bound."""
+        """One line: the outcome, iterations, the largest per-block spend of this run and the ledger's total spend
+        on those blocks (every pipeline and run), the final model's blocks, and (with a ``target``) the asked
+        confidence, the target and the last bound."""
         spent = self.epsilon_per_block()
-        text = (f"{self.outcome} after {len(self.iterations)} iteration(s); at most epsilon "
-                f"{self.max_block_epsilon:.4g} charged on a block ({len(spent)} block(s) charged)")
+        text = (f"{self.outcome} after {len(self.iterations)} iteration(s); this run charged at most epsilon "
+                f"{self.max_block_epsilon:.4g} on a block ({len(spent)} block(s) charged)")
+        if self.ledger_spent:
+            low, high = min(self.ledger_spent.values()), max(self.ledger_spent.values())
+            stand = f"{high:.4g}" if high - low < 1e-9 else f"{low:.4g} to {high:.4g}"
+            text += f", which now stand at epsilon {stand} spent in the ledger (every run)"
         if self.final_blocks:
             blocks = self.final_blocks
             text += f"; the model trained on blocks {blocks[0]}..{blocks[-1]} ({len(blocks)})"
         if self.target is not None:
+            if self.confidence is not None and self.iterations:
+                text += (f"; confidence {self.confidence:g} over all iterations (iteration i tested at eta_i = "
+                         f"{1 - self.confidence:.3g}/(i(i+1)))")
             text += f"; target {self.target:g}, bound {_bound_text(self.bound)}"
         return text
 
@@ -449,7 +461,7 @@ class SageIterator:
 
             error = public_error_text(exc)
             self.ledger.record_outcome(grant.id, "FAILED", {"error": error})
-            self.progress(f"[{self.pipeline}] iteration {record.number}: FAILED ({error}); its grant stays spent")
+            self.progress(f"[{self.pipeline}] iteration {record.number}: FAILED ({error}); {GRANT_STAYS_SPENT}")
             raise
         self.ledger.record_outcome(grant.id, result.outcome, {"bound": result.bound, **result.details})
         record.outcome, record.bound = result.outcome, result.bound
@@ -470,7 +482,20 @@ class SageIterator:
             self.ledger.finish(self.stream, self.pipeline, outcome)
         except LedgerError:
             pass  # already finished by an earlier run of this pipeline
-        return RunResult(outcome, iterations, grant_id, self._target())
+        return RunResult(outcome, iterations, grant_id, self._target(), self._ledger_spent(iterations),
+                         None if self.request is None else 1.0 - self.eta)
+
+    def _ledger_spent(self, iterations) -> dict:
+        """{block: the ledger's epsilon spent on it (every pipeline, every run)} for the blocks ``iterations``
+        charged; {} if the ledger cannot say."""
+        charged = {block for it in iterations for block in it.blocks}
+        if not charged:
+            return {}
+        try:
+            rows = self.ledger.status(self.stream)["blocks"]
+        except LedgerError:
+            return {}
+        return {row["id"]: row["epsilon_spent"] for row in rows if row["id"] in charged}
 
     def _target(self):
         return None if self.request is None else self.request.get("target")

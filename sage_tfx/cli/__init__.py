@@ -11,10 +11,14 @@ every code once, with a table of what each means. When the reader of the output
 goes away (``sage ledger status | head``) a command stops quietly with 141, as a
 Unix tool killed by SIGPIPE does.
 
-Library log chatter is off by default: TensorFlow's C++ logs, and everything
-below ERROR from absl, Beam and TFX (Python exceptions always show; the few
-lines TensorFlow's C++ core prints while it loads, before its logging starts,
-cannot be turned off); ``--verbose`` anywhere on the command line turns it back on.
+Library log chatter is off by default (``sage_tfx.cli._quiet``): TensorFlow's C++
+logs, including the lines its core prints while it loads (in this process and in
+child processes such as Beam's workers), absl's and TFX's logs below CRITICAL
+(``ERROR:absl:Execution N failed.``: the command reports the failure itself), Beam's
+below ERROR; Python exceptions always show. ``--verbose`` anywhere on the command
+line turns it back on. After a command that loaded TensorFlow or Beam finishes, the
+process ends with ``os._exit`` (after the atexit handlers): the interpreter's own
+shutdown can crash there (SIGSEGV, exit 139), which a CI would read as a failure.
 """
 import argparse
 import importlib
@@ -22,6 +26,7 @@ import os
 import pkgutil
 import sys
 
+from ._quiet import exit_process, filter_stderr, quiet_libraries
 from ._exits import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK  # noqa: F401  (re-exported)
 
 
@@ -43,33 +48,43 @@ def build_parser(command=None):
     return parser
 
 
-def quiet_libraries():
-    """No log chatter from TensorFlow's C++ core, and only errors from absl, Beam and TFX (set before they load;
-    ``--verbose`` skips it)."""
-    import logging
-
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")  # C++ logs; Python exceptions always show
-    for name in ("absl", "apache_beam", "tensorflow", "tfx"):
-        # A filter, not a level: absl resets its logger's level when TFX sets its verbosity.
-        logging.getLogger(name).addFilter(_errors_only)
-
-
-def _errors_only(record):
-    import logging
-
-    return record.levelno >= logging.ERROR
-
-
 def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
+    """Run one `sage` command; return its exit code.
+
+    ``argv=None`` is the process's own command line (the `sage` script, ``python -m sage_tfx``): then, unless
+    ``--verbose``, descriptor 2 goes through the chatter filter, and after the command the process ends by
+    ``_quiet.exit_process``. With an explicit ``argv`` (a caller in Python) only the log levels change."""
+    own_process = argv is None
+    argv = sys.argv[1:] if own_process else list(argv)
     extra = []
     if "--" in argv:  # everything after a bare -- passes through (e.g. Beam pipeline options)
         cut = argv.index("--")
         argv, extra = argv[:cut], argv[cut + 1:]
+    stop_filter = None
     if "--verbose" in argv:
         argv.remove("--verbose")
     else:
         quiet_libraries()
+        if own_process:
+            stop_filter = filter_stderr()
+    try:
+        code = _command(argv, extra)
+    except SystemExit as exc:  # argparse's usage errors and --help, a command's sys.exit
+        if not own_process:
+            raise
+        if not isinstance(exc.code, int) and exc.code is not None:
+            print(exc.code, file=sys.stderr)
+        code = 1 if not isinstance(exc.code, int) and exc.code is not None else (exc.code or 0)
+    except BaseException:  # the traceback goes to the real stderr
+        if stop_filter is not None:
+            stop_filter()
+        raise
+    if own_process:
+        exit_process(code, stop_filter)
+    return code
+
+
+def _command(argv, extra):
     parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     args.extra_args = extra
@@ -85,7 +100,6 @@ def main(argv=None):
         return EXIT_INTERRUPTED
     except BrokenPipeError:
         return _closed_pipe()
-
 
 
 def _closed_pipe():

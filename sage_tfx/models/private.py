@@ -237,6 +237,55 @@ def _check_positive(name, value, integer=False):
     return checks.positive(value, name, error=DpSgdConfigError, message=_INVALID)
 
 
+# Keras ``Model.fit`` keyword arguments that ``PrivateModel.fit`` does not take, and why (``keras_fit_arguments``).
+_STEPS_ARE_SIGNED = ("the step count is fixed by make_private's num_examples, batch_size and epochs (the noise is "
+                     "calibrated to it): leave it out")
+_KERAS_FIT_REFUSED = {
+    "validation_data": "a validation loss on private rows outside the DP-SGD spend is not private: evaluate the "
+                       "fitted model with DPModelValidator (the pipeline's SLA), or call predict on public rows",
+    "validation_split": "it would hold out private rows and report their loss unprotected: evaluate with "
+                        "DPModelValidator, or call predict on public rows",
+    "validation_steps": "there is no validation inside a private fit (see validation_data)",
+    "validation_batch_size": "there is no validation inside a private fit (see validation_data)",
+    "validation_freq": "there is no validation inside a private fit (see validation_data)",
+    "callbacks": "Keras callbacks see each batch's exact loss on private rows (and EarlyStopping or "
+                 "ModelCheckpoint would choose by it): pass callback=fn(step) for progress or timing",
+    "class_weight": "per-record weights are not supported by the clipped sum: resample the rows",
+    "sample_weight": "per-record weights are not supported by the clipped sum: resample the rows",
+    "initial_epoch": _STEPS_ARE_SIGNED,
+    "steps_per_epoch": _STEPS_ARE_SIGNED,
+}
+# performance settings of Keras' input pipeline: fit takes in-memory arrays, so they change nothing
+_KERAS_FIT_IGNORED = ("max_queue_size", "workers", "use_multiprocessing")
+
+
+def keras_fit_arguments(private: "PrivateModel", epochs: Any, batch_size: Any, shuffle: Any,
+                        others: Dict[str, Any]) -> None:
+    """Accept the Keras ``fit`` keywords a Keras user types when they change nothing; refuse the others.
+
+    ``epochs`` / ``batch_size`` equal to make_private's are accepted (None: not given); a different value is
+    refused naming make_private, where the noise is calibrated. ``shuffle=True`` (Keras' default) is accepted:
+    each batch is a Poisson sample anyway; ``shuffle=False`` is refused. The performance keywords
+    ``_KERAS_FIT_IGNORED`` are ignored; ``_KERAS_FIT_REFUSED`` are refused with their reason. Raises
+    ``DpSgdConfigError`` before any data is read.
+    """
+    for name, given, wrapped in (("epochs", epochs, private.epochs), ("batch_size", batch_size, private.batch_size)):
+        if given is not None and not (isinstance(given, (int, float)) and not isinstance(given, bool)
+                                      and given == wrapped):
+            raise DpSgdConfigError(
+                f"fit({name}={given!r}) differs from make_private({name}={wrapped:g}): the noise is calibrated to "
+                f"make_private's {name}; pass {name}={given!r} to make_private instead (or leave it out of fit)")
+    if shuffle is not True:
+        raise DpSgdConfigError(f"fit(shuffle={shuffle!r}) is invalid: DP-SGD draws every batch as a Poisson sample "
+                               "of all rows (the privacy proof needs it): leave shuffle out")
+    for name in others:
+        if name in _KERAS_FIT_REFUSED:
+            raise DpSgdConfigError(f"fit({name}=...) is refused: {_KERAS_FIT_REFUSED[name]}")
+        if name not in _KERAS_FIT_IGNORED:
+            raise DpSgdConfigError(f"fit({name}=...) is not an argument of PrivateModel.fit: it takes x, y, "
+                                   "verbose, callback, and Keras' epochs / batch_size equal to make_private's")
+
+
 class PrivateModel:
     """A tf.keras model trained with DP-SGD by ``fit``; see ``make_private`` and the module docstring.
 
@@ -283,15 +332,23 @@ class PrivateModel:
             return tf.keras.optimizers.Adam(learning_rate=self.learning_rate, **decay)
         return tf.keras.optimizers.SGD(learning_rate=self.learning_rate, momentum=self.momentum, **decay)
 
-    def fit(self, x: Any, y: Any, verbose: bool = False, *,
-            callback: Optional[Callable[[int], None]] = None) -> "PrivateModel":
+    def fit(self, x: Any, y: Any, verbose: Union[bool, int, str] = False, *,
+            callback: Optional[Callable[[int], None]] = None, epochs: Optional[Union[int, float]] = None,
+            batch_size: Optional[int] = None, shuffle: bool = True, **keras_kwargs: Any) -> "PrivateModel":
         """Train on (x, y) with DP-SGD; return self. Spends ``privacy_budget`` once (a second fit is refused).
+
+        Keras habits (``keras_fit_arguments``, checked before any data is read): ``epochs=`` / ``batch_size=``
+        are accepted when equal to make_private's and refused otherwise (set them in make_private);
+        ``validation_data``, ``validation_split``, ``callbacks``, ``class_weight``, ``sample_weight``,
+        ``initial_epoch`` and ``steps_per_epoch`` are refused with the reason. ``verbose``: any true value
+        prints progress every tenth of the steps.
 
         ``x``: an array, or a list / dict of arrays for a model with several inputs (rows aligned); ``y`` the
         labels. ``callback(step)``, if given, is called after each step (0-based; timing, progress: it sees
         nothing private beyond what the weights already show). Sensitivity C = ``clip_norm`` per step (add/remove one record); the run is
         (epsilon, delta)-DP for ``privacy_budget`` (module docstring: mechanism and proof sketch).
         """
+        keras_fit_arguments(self, epochs, batch_size, shuffle, keras_kwargs)
         if self.privacy_spent is not None:
             raise ValueError("this PrivateModel is already fitted (its budget is spent): call make_private again "
                              "for another fit")
