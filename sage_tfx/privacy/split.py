@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 
-from .checks import finite, number, positive, probability
+from .checks import finite, is_real, number, positive, probability
 from .errors import GrantError, LedgerError
 from .vocabulary import ChargeRule, Stage
 
@@ -338,9 +338,12 @@ def eval_share_split(eval_share, error=LedgerError) -> RecordSplit:
     least integer ratio (1 - s) : s (0.2 -> train 4, eval 1; 0.1 -> the default, train 9, eval 1). ``error``
     (naming the value and the fix) unless ``eval_share`` is a number in (0, 1) that is a fraction with a
     denominator of at most 100 (0.15, 1/3: yes; 0.123: no): BlockExampleGen splits by whole buckets."""
+    message = ("{what} {value!r} is invalid: the share of records the ACCEPT test reads must be a number {rule} "
+               "(e.g. 0.2)")
+    if not is_real(eval_share):
+        raise error(message.format(what="eval_share", value=eval_share, rule="in (0, 1)"))
     value = number(eval_share, "eval_share", error=error, low=0.0, high=1.0, low_open=True, high_open=True,
-                   message="{what} {value!r} is invalid: the share of records the ACCEPT test reads must lie {rule} "
-                           "(e.g. 0.2)")
+                   message=message)
     share = Fraction(value).limit_denominator(EVAL_SHARE_DENOMINATOR)
     if abs(float(share) - value) > 1e-9 * value:
         raise error(f"eval_share {eval_share!r} is invalid: records are split into whole hash buckets, so give a "
