@@ -227,3 +227,27 @@ def test_generated_labels_are_binary_for_binary_metrics(metric):
     """Before: log_loss got labels 0..23 and the validator refused them ("is not 0 or 1")."""
     table = generated_rows({"y": "int", "x": "float"}, {"by": "user", "column": "x", "shards": 2}, "y", metric, 2, 500)
     assert set(table.column("y").to_pylist()) == {0, 1}
+
+
+def test_init_pipeline_fits_the_window_to_the_stream_and_states_the_plan(fare_stream, tmp_path):
+    """Before: `sage init-pipeline` wrote min_window 64 for a 20-block stream, so `sage run` ended at once in
+    TIMEOUT. Now the window is at most the stream's blocks (from the data root, or the ledger with --db), and
+    with --db the comment states the attempts and RETRYs the budget allows, which the pipeline's own settings
+    reproduce."""
+    from sage_tfx.pipelines import load_pipeline
+
+    db, data = fare_stream
+    out = _sage("init-pipeline", tmp_path / "mine", "--label", "fare", "--metric", "mse", "--loss-bound", "900",
+                "--data-root", data, "--stream", "taxi", "--db", db)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = (tmp_path / "mine" / "pipeline.py").read_text()
+    assert "'min_window': 20" in text and "The stream had 20 block(s)" in text
+    assert "2 attempt(s) (epsilon per block on blocks: 0.25 on 20, 0.5 on 20), so 1 RETRY(s)" in " ".join(
+        line.strip().lstrip("# ") for line in text.splitlines())
+    definition = load_pipeline(str(tmp_path / "mine" / "pipeline.py"))
+    with Ledger.open(db) as ledger:
+        assert stream_plan(ledger, "taxi", "mine", definition.iterator_defaults()).retries == 1
+        assert ledger.grants("taxi") == []
+    out = _sage("init-pipeline", tmp_path / "other", "--label", "fare", "--metric", "mse", "--loss-bound", "900",
+                "--data-root", data, "--stream", "taxi")
+    assert out.returncode == 0 and "'min_window': 20" in (tmp_path / "other" / "pipeline.py").read_text()
