@@ -251,3 +251,25 @@ def test_init_pipeline_fits_the_window_to_the_stream_and_states_the_plan(fare_st
     out = _sage("init-pipeline", tmp_path / "other", "--label", "fare", "--metric", "mse", "--loss-bound", "900",
                 "--data-root", data, "--stream", "taxi")
     assert out.returncode == 0 and "'min_window': 20" in (tmp_path / "other" / "pipeline.py").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_check_runs_a_log_loss_pipeline_and_keeps_its_candidate_model(fare_stream, tmp_path):
+    """`sage run --check` on a log_loss pipeline (a template on the taxi stream). Before: the generated labels
+    were 0..23 and the validator failed ("is not 0 or 1"), and --work-dir was ignored (the model thrown away).
+    Now the dry run ends in an outcome, the candidate SavedModel is under WORK_DIR/check/NAME/model, and the
+    real ledger has no grant."""
+    db, data = fare_stream
+    out = _sage("init-pipeline", tmp_path / "ll", "--label", "trip_start_hour", "--metric", "log_loss",
+                "--data-root", data, "--stream", "taxi")
+    assert out.returncode == 0, out.stderr[-2000:]
+    work = tmp_path / "work"
+    out = _sage("run", tmp_path / "ll" / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data,
+                "--work-dir", work)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "check OK: ll ran end to end" in out.stdout and "is not 0 or 1" not in out.stdout + out.stderr
+    model = work / "check" / "ll" / "model"
+    assert (model / "saved_model.pb").is_file() and f"kept in {model}" in out.stdout
+    with Ledger.open(db) as ledger:
+        assert ledger.grants("taxi") == []
