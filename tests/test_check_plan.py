@@ -273,3 +273,21 @@ def test_check_runs_a_log_loss_pipeline_and_keeps_its_candidate_model(fare_strea
     assert (model / "saved_model.pb").is_file() and f"kept in {model}" in out.stdout
     with Ledger.open(db) as ledger:
         assert ledger.grants("taxi") == []
+
+
+def test_a_scheduled_pipeline_signs_its_eval_share_into_each_run_grant(tmp_path):
+    """`sage run --schedule` draws run grants (ScheduledPipeline.for_runner passes the pipeline's eval_share):
+    each signs the same record split as the Sage iterator's grants, and the audit passes."""
+    from sage_tfx.release.growth import BBScheduler, SchedulerParams
+    from sage_tfx.release.scheduled_pipeline import ScheduledPipeline
+
+    ledger = make_ledger(tmp_path, blocks=4)
+    calls = []
+    schedule = BBScheduler(SchedulerParams(epsilon=0.5, delta=1e-7, gamma=1.0, t0=2, composition="basic"))
+    ScheduledPipeline(ledger, "s", "p", schedule, always_retry(calls), eval_share=0.2).advance()
+    assert len(calls) == 2
+    for grant in calls:
+        assert record_split(ledger.verify(grant.to_json())) == eval_share_split(0.2)
+    assert ledger.audit().ok
+    with pytest.raises(LedgerError, match="eval_share 2 is invalid"):
+        ScheduledPipeline(ledger, "s", "q", schedule, always_retry([]), eval_share=2)
