@@ -14,8 +14,12 @@ as a wheel (--extra_package), and the workers need --work-dir at the same path, 
 --staging-location URL_OR_DIR is given (BlockExampleGen then stages the granted sealed files there for them).
 
 --check runs one iteration on GENERATED rows of the stream's schema in a throwaway ledger first: schema
-and module errors show there, before anything is charged. With --target it then estimates the rows the
-validator's ACCEPT test needs at a few epsilons, for a public guess of the model's loss (--expected-loss).
+and module errors show there, before anything is charged; the candidate model is kept in WORK_DIR/check/NAME/model.
+It lists the attempts (and RETRYs) the stream's remaining budget allows, read from the ledger without writing it.
+With --target A[,B,...] it then estimates the rows the validator's ACCEPT test needs at those attempts, for a
+public guess of the model's loss (--expected-loss); --estimate-only skips the dry run. --positive-rate or
+--label-std (a PUBLIC prior on the label) say what a constant predictor reaches: a target it meets is refused,
+here and in a real run, before any charge, unless --allow-trivial-target.
 
 --schedule bbscheduler:FILE re-runs the pipeline under a growth schedule instead (BBScheduler, Cummings et al.
 2018, Section 3.1; docs/release_strategies.md, "A TFX pipeline under a growth schedule"): FILE is a JSON object
