@@ -158,6 +158,10 @@ def test_a_trivial_target_is_refused_before_any_charge(fare_stream):
     assert "epsilon 1 per block" not in text and "epsilon 2 per block" not in text
     out = _sage("run", example, *common, "--target", "300,100", "--max-iterations", "1")
     assert out.returncode == 2 and "several are for --check" in out.stderr
+    out = _sage("run", example, *common, "--target", "100", "--estimate-only")
+    assert out.returncode == 2 and "--estimate-only is for --check" in out.stderr
+    out = _sage("run", example, *common, "--target", "100", "--check", "--estimate-only", "--name", "../x")
+    assert out.returncode == 2 and "--name '../x' is invalid" in out.stderr
     with Ledger.open(db) as ledger:
         assert ledger.grants("taxi") == []
 

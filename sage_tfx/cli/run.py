@@ -207,11 +207,14 @@ def _fail(message):
 
 def _run(args):
     from sage_tfx import pipelines
+    from sage_tfx.pipelines.check import check_targets
     from sage_tfx.privacy import Ledger, LedgerError
     from sage_tfx.privacy.errors import IterationInterrupted, RefusedBeforeCharge
 
     try:
         definition = pipelines.load_pipeline(args.pipeline)
+        if args.estimate_only and not args.check:
+            raise ValueError("--estimate-only is for --check (the estimates without the dry run)")
         if args.check:
             return _check(definition, args)
         if args.target is None:
@@ -357,12 +360,6 @@ def prior_baseline(definition, args):
     return trivial_baseline(definition.sla, positive_rate=args.positive_rate, label_std=args.label_std)
 
 
-def check_targets(sla, targets, baseline, allow_trivial):
-    from sage_tfx.pipelines.check import check_targets as check
-
-    return check(sla, targets, baseline, allow_trivial)
-
-
 def _check(definition, args):
     from sage_tfx.pipelines.check import dry_run
     from sage_tfx.privacy import Ledger, LedgerError
@@ -372,6 +369,7 @@ def _check(definition, args):
     overrides = {"epsilon_start": args.epsilon_start, "min_window": args.min_window,
                  "rejection_share": args.rejection_share}
     baseline = prior_baseline(definition, args)
+    check_run_limits(args)  # a bad --name (it names the kept model's folder), before anything
     name = args.name or definition.name
     try:  # the real ledger, read only (never written): the attempts its budget allows now
         ledger = Ledger.open(args.db, check_head=False)
