@@ -447,6 +447,11 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
     if plan is not None:
         say(f"attempts the budget allows now on stream {stream!r} (read from the ledger, nothing charged): "
             + plan.describe())
+        done = [g for g, _, _ in ledger.history(stream, pipeline_name or definition.name) if "iteration" in g.meta]
+        if done:
+            say(f"  pipeline {pipeline_name or definition.name!r} has {len(done)} iteration(s) already: a run resumes "
+                "after them (at their last epsilon and window), not at this plan's first attempt; a new --name starts "
+                "afresh")
     result.estimate = estimates[0] if estimates else None
     result.estimates, result.plan = estimates, plan
     min_window = settings.get("min_window") or iterator_settings({})["min_window"]

@@ -295,3 +295,20 @@ def test_a_scheduled_pipeline_signs_its_eval_share_into_each_run_grant(tmp_path)
     assert ledger.audit().ok
     with pytest.raises(LedgerError, match="eval_share 2 is invalid"):
         ScheduledPipeline(ledger, "s", "q", schedule, always_retry([]), eval_share=2)
+
+
+def test_check_says_a_pipeline_name_with_iterations_resumes(fare_stream, tmp_path):
+    """The plan starts at epsilon_start; a name that has iterations resumes after them instead, and --check says so
+    (read from the ledger's history, nothing written)."""
+    db, data = fare_stream
+    example = os.path.join(ROOT, "examples", "taxi_fare", "pipeline.py")
+    with Ledger.open(db) as ledger:
+        SageIterator(ledger, "taxi", "taxi_fare", always_retry([]), epsilon_start=0.25, min_window=4,
+                     max_iterations=1).run()
+        before = len(ledger.log_entries())
+    out = _sage("run", example, "--check", "--estimate-only", "--db", db, "--stream", "taxi", "--data-root", data,
+                "--target", "100", "--min-window", "4")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "pipeline 'taxi_fare' has 1 iteration(s) already: a run resumes after them" in out.stdout
+    with Ledger.open(db) as ledger:
+        assert len(ledger.log_entries()) == before
