@@ -2,18 +2,22 @@
 
 ``sage run PIPELINE --check`` runs ``dry_run``: it reads the stream's public schema and block layout from
 the data root, GENERATES rows of that schema (random values of each column's kind, about one in a hundred
-missing, the label 0/1 for accuracy), ingests them into a throwaway ledger and data root, and runs one
+missing, the label 0/1 for accuracy and log_loss), ingests them into a throwaway ledger and data root, and runs one
 iteration of the whole TFX pipeline there: DPTransform traces and runs the preprocessing_fn, DPTrainer
 runs run_fn, DPModelValidator validates. A schema mismatch (a feature the stream lacks, a string where a
 number is expected) or a bug in a module file shows up here, with its traceback, BEFORE anything is
 charged on the real ledger, which is never opened for writing. The outcome itself (ACCEPT, RETRY, ...)
-means nothing: the rows are noise.
+means nothing: the rows are noise. The candidate model it trained is kept for inspection (``keep_model``).
 
-Given the target, it then estimates, from public numbers only, how many rows the validator's ACCEPT test
-needs (``estimate_accept``): at each of a few iteration epsilons, the least number of test rows at which
-the ACCEPT test at the SLA's target passes when the model's true loss is a public guess (``expected``) and
-the released sums equal their expectations. The test is the validator's own (``noisy_sum_test``, the
-function ``joint_decision`` decides with), so the estimate cannot drift from it.
+It reads the real ledger (never writing it) for the attempts the stream's remaining budget allows now
+(``stream_plan``: ``sage_tfx.adaptive.plan_attempts``). Given targets, it then estimates, from public numbers
+only, how many rows the validator's ACCEPT test needs (``estimate_accept``): at each of those attempts, the
+least number of test rows at which the ACCEPT test at the SLA's target passes when the model's true loss is a
+public guess (``expected``) and the released sums equal their expectations. The test is the validator's own
+(``noisy_sum_test``, the function ``joint_decision`` decides with), so the estimate cannot drift from it.
+Beside it, what a constant predictor reaches under the user's PUBLIC prior on the label (``trivial_baseline``:
+never computed from the stream, whose label distribution is data); a target it meets is refused
+(``check_targets``) before the dry run and any charge.
 """
 from __future__ import annotations
 
@@ -23,8 +27,12 @@ import tempfile
 import traceback
 from dataclasses import dataclass, field
 
+from sage_tfx.pipelines.definition import LOG_LOSS_FLOOR
+from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, eval_share_split
+
 GENERATED_EPOCH = int(_dt.datetime(2020, 1, 1, tzinfo=_dt.timezone.utc).timestamp())
 MISSING_RATE = 0.01
+BINARY_METRICS = ("accuracy", "log_loss")  # generated labels are 0/1 for these (the validator refuses others)
 
 
 @dataclass
@@ -35,7 +43,10 @@ class CheckResult:
     outcome: str | None = None
     error: str | None = None
     lines: list = field(default_factory=list)
-    estimate: "AcceptEstimate | None" = None
+    estimate: "AcceptEstimate | None" = None  # the first target's (estimates: all of them)
+    estimates: list = field(default_factory=list)
+    plan: object = None  # the AttemptPlan the stream's budget allows now (None: the ledger was not read)
+    model_dir: str | None = None  # where the candidate model was kept (``keep_dir``)
 
 
 # ---------------------------------------------------------------- rows and epsilon to ACCEPT
@@ -144,16 +155,18 @@ def iterator_settings(settings: dict) -> dict:
 
 
 def estimate_accept(sla, target: float, *, expected: float | None = None, confidence: float = 0.95,
-                    settings: dict | None = None) -> AcceptEstimate:
+                    settings: dict | None = None, attempts=None) -> AcceptEstimate:
     """Test rows (and rows) at which the ACCEPT test at ``target`` passes, at each of a few iteration epsilons.
 
     ``expected``: a PUBLIC guess of the model's true metric (a loss, or an accuracy); default: half the target
     (accuracy: half the target's error rate). ``settings``: the iterator's (the pipeline's defaults and the CLI's
-    overrides: epsilon_start, preprocessing_share, count_share, rejection_share, disjoint_split). For epsilon
-    e = epsilon_start * 2^k (k = 0..3, attempt k + 1: the iterator doubles epsilon after each RETRY when the
-    budget allows), the split is ``BudgetSplit.for_epsilon`` as the iterator makes it; the ACCEPT test gets the
-    split's validation epsilon and eta_{k+1} = eta / ((k+1)(k+2)), halved when a REJECT test runs (split_eta).
-    Rows = test rows / the eval split's share of BlockExampleGen's hash split. Spends nothing: public numbers only.
+    overrides: epsilon_start, preprocessing_share, count_share, rejection_share, disjoint_split, eval_share).
+    ``attempts``: the attempts to estimate, ``PlannedAttempt``s (``sage_tfx.adaptive.plan_attempts``: those the
+    stream's budget allows now) or (attempt, epsilon) pairs; default: epsilon e = epsilon_start * 2^k (k = 0..3,
+    attempt k + 1: the iterator doubles epsilon after each RETRY when the budget allows). At each, the split is
+    ``BudgetSplit.for_epsilon`` as the iterator makes it; the ACCEPT test gets the split's validation epsilon and
+    eta_i = eta / (i (i + 1)), halved when a REJECT test runs (split_eta). Rows = test rows / the test side's
+    share of the record split the grants sign (``eval_share``, default 1 in 10). Spends nothing: public numbers.
     """
     from sage_tfx.privacy import BudgetSplit
     from sage_tfx.validation.core import eta_for_attempt, split_eta
@@ -174,33 +187,119 @@ def estimate_accept(sla, target: float, *, expected: float | None = None, confid
         if not 0.0 <= expected < target:
             raise ValueError(f"expected loss {expected!r} must be in [0, target {target:g}): the ACCEPT test cannot "
                              "pass for a model whose loss misses the target")
-    from sage_tfx.components.block_example_gen_executor import DEFAULT_SPLITS  # (imports TFX: after the checks)
-
     s = iterator_settings(settings or {})
-    eval_share = DEFAULT_SPLITS["eval"] / sum(DEFAULT_SPLITS.values())
+    records = DEFAULT_RECORD_SPLIT if s.get("eval_share") is None else eval_share_split(s["eval_share"], ValueError)
+    buckets = records.splits
+    all_buckets, test_buckets = sum(buckets.values()), sum(buckets[name] for name in records.test)
+    if attempts is None:
+        attempts = [(k + 1, float(s["epsilon_start"]) * 2 ** k) for k in range(ESTIMATE_DOUBLINGS)]
     rows = []
-    for k in range(ESTIMATE_DOUBLINGS):
-        epsilon, attempt = float(s["epsilon_start"]) * 2 ** k, k + 1
+    for attempt, epsilon in (_attempt_pair(a) for a in attempts):
         split = BudgetSplit.for_epsilon(epsilon, 0.0, s["preprocessing_share"], s["count_share"],
                                         rejection_share=s["rejection_share"], disjoint_split=s["disjoint_split"])
         eta_accept, _ = split_eta(eta_for_attempt(1.0 - confidence, attempt), split.rejection > 0)
         n = least_test_rows(metric=metric, target=target, expected=expected, bound=bound,
                             epsilon=split.validation, eta_accept=eta_accept)
-        total = None if n is None else -(-n * sum(DEFAULT_SPLITS.values()) // DEFAULT_SPLITS["eval"])
+        total = None if n is None else -(-n * all_buckets // test_buckets)
         rows.append(AcceptRow(epsilon, attempt, split.validation, eta_accept, n, total))
-    return AcceptEstimate(metric, target, expected, is_default, bound, confidence, eval_share, rows)
+    return AcceptEstimate(metric, target, expected, is_default, bound, confidence, records.test_share, rows)
 
 
-def describe_estimate(estimate: AcceptEstimate, min_window: int | None = None) -> list:
-    """The estimate as lines for ``sage run --check``."""
+def _attempt_pair(attempt) -> tuple:
+    """(attempt number, epsilon) of a ``PlannedAttempt`` or of a pair."""
+    if hasattr(attempt, "epsilon"):
+        return attempt.attempt, float(attempt.epsilon)
+    number, epsilon = attempt
+    return int(number), float(epsilon)
+
+
+# ---------------------------------------------------------------- what a constant predictor reaches
+
+class TrivialTarget(ValueError):
+    """A target a constant predictor already meets (refused before any charge unless --allow-trivial-target)."""
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The metric a constant predictor reaches, from the user's PUBLIC prior on the label: exactly (``exact``)
+    or at most (a loss; the clipped loss of the predictor is at most ``value``)."""
+
+    value: float
+    predictor: str
+    exact: bool
+
+    def meets(self, metric: str, target: float) -> bool:
+        """Whether the constant predictor surely meets ``target`` (an accuracy at least it, a loss at most it)."""
+        return self.value >= target if metric == "accuracy" else self.value <= target
+
+    def describe(self, metric: str) -> str:
+        return f"{self.predictor} reaches {metric} {'' if self.exact else 'at most '}{self.value:.4g}"
+
+
+def trivial_baseline(sla, *, positive_rate: float | None = None, label_std: float | None = None) -> Baseline | None:
+    """The metric a constant predictor reaches on labels with the PUBLIC ``positive_rate`` (binary labels:
+    accuracy, log_loss) or standard deviation ``label_std`` (mse, mae); None when neither applies (custom).
+    Nothing here reads the stream: the prior is the user's public knowledge (a census rate, a published mean
+    and spread), and the numbers are its exact consequences: accuracy max(p, 1 - p) (the majority class),
+    log loss H(p) = -p ln p - (1 - p) ln(1 - p) (the constant probability p, clipped as the validator clips),
+    mse at most std^2 and mae at most std (the mean; losses clipped to the bound only lower them).
+    ValueError naming a prior that does not fit the SLA's metric."""
+    import math
+
+    metric = sla.metric
+    if positive_rate is not None:
+        if metric not in BINARY_METRICS:
+            raise ValueError(f"--positive-rate {positive_rate!r} is for binary labels (accuracy, log_loss); the SLA "
+                             f"metric is {metric}: give --label-std")
+        p = float(positive_rate)
+        if not 0.0 <= p <= 1.0:
+            raise ValueError(f"--positive-rate {positive_rate!r} must be a share of positive labels in [0, 1]")
+        if metric == "accuracy":
+            return Baseline(max(p, 1.0 - p), f"the majority class ({'1' if p >= 0.5 else '0'})", True)
+        q = min(max(p, LOG_LOSS_FLOOR), 1.0 - LOG_LOSS_FLOOR)
+        loss = -p * math.log(q) - (1.0 - p) * math.log(1.0 - q)
+        return Baseline(min(loss, sla.loss_bound), f"the constant probability {p:g}", True)
+    if label_std is not None:
+        if metric not in ("mse", "mae"):
+            raise ValueError(f"--label-std {label_std!r} is for mse and mae SLAs; the SLA metric is {metric}"
+                             + (": give --positive-rate" if metric in BINARY_METRICS else ""))
+        std = float(label_std)
+        if not (math.isfinite(std) and std >= 0):
+            raise ValueError(f"--label-std {label_std!r} must be a finite standard deviation >= 0")
+        value = std ** 2 if metric == "mse" else std
+        return Baseline(min(value, sla.loss_bound), "the label's mean", False)
+    return None
+
+
+def check_targets(sla, targets, baseline: Baseline | None, allow_trivial: bool = False) -> list:
+    """The targets as floats (``sla.check_target`` names a bad one); ``TrivialTarget`` naming every target the
+    constant predictor of ``baseline`` already meets, unless ``allow_trivial``."""
+    values = [sla.check_target(t) for t in targets]
+    trivial = [t for t in values if baseline is not None and baseline.meets(sla.metric, t)]
+    if trivial and not allow_trivial:
+        raise TrivialTarget(f"target(s) {', '.join(f'{t:g}' for t in trivial)} are met by a constant predictor: "
+                            f"{baseline.describe(sla.metric)}, so an ACCEPT would certify nothing a model learned. "
+                            "Choose a stricter target, or pass --allow-trivial-target to run it anyway; nothing was "
+                            "charged")
+    return values
+
+
+def describe_estimate(estimate: AcceptEstimate, min_window: int | None = None, baseline: Baseline | None = None,
+                      planned: bool = False) -> list:
+    """The estimate as lines for ``sage run --check``; ``baseline``: what a constant predictor reaches;
+    ``planned``: the epsilons are the attempts the stream's budget allows now (``plan_attempts``)."""
     e = estimate
     unit = "accuracy" if e.metric == "accuracy" else f"{e.metric} (losses clipped to [0, {e.bound:g}])"
     guess = ("the default: half the target's error rate" if e.metric == "accuracy" else
              "the default: half the target") if e.expected_is_default else "--expected-loss"
     lines = [f"estimate for target {e.target:g} ({unit}), confidence {e.confidence:g}, if the model's true "
-             f"{'accuracy' if e.metric == 'accuracy' else 'loss'} is {e.expected:g} ({guess}):",
-             "  rows at which the validator's ACCEPT test passes when the released sums equal their expectations "
-             "(noise and sampling error at their medians: about even odds; plan for more):"]
+             f"{'accuracy' if e.metric == 'accuracy' else 'loss'} is {e.expected:g} ({guess}):"]
+    if baseline is not None:
+        lines.append(f"  a constant predictor: {baseline.describe(e.metric)} (from your public prior): the target "
+                     f"{'is met by it' if baseline.meets(e.metric, e.target) else 'asks more than it'}")
+    lines.append("  rows at which the validator's ACCEPT test passes when the released sums equal their expectations "
+                 "(noise and sampling error at their medians: about even odds; plan for more)"
+                 + (", at the attempts the stream's budget allows now:" if planned else ":"))
     for r in e.rows:
         if r.test_rows is None:
             need = f"out of reach (no test set up to {MAX_TEST_ROWS:.0e} rows)"
@@ -215,6 +314,35 @@ def describe_estimate(estimate: AcceptEstimate, min_window: int | None = None) -
     lines.append("  training: not estimated (the rows DP-SGD needs to reach the target depend on the model and the "
                  "data; the validator's bounds say nothing about them)")
     return lines
+
+
+def stream_plan(ledger, stream: str, pipeline: str, settings: dict, max_iterations: int = 10):
+    """``plan_attempts`` for ``pipeline`` on ``stream`` as its budget stands in ``ledger`` now (read only):
+    what the pipeline may be granted on each active block, at the iterator's delta, under the stream's policy."""
+    from sage_tfx.adaptive import plan_attempts
+    from sage_tfx.privacy.vocabulary import Policy
+
+    s, info = iterator_settings(settings), ledger.stream(stream)
+    delta = (info.delta / 100.0 if s.get("delta") is None else float(s["delta"])) + float(s["preprocessing_delta"])
+    available = ledger.available_per_block(pipeline, stream, delta=delta)
+    return plan_attempts(available, epsilon_start=float(s["epsilon_start"]), min_window=int(s["min_window"]),
+                         max_iterations=max_iterations, aggressive=info.policy == Policy.AGGRESSIVE,
+                         min_epsilon=info.min_epsilon)
+
+
+def keep_model(work: str, keep_dir: str) -> str | None:
+    """Copy the newest SavedModel DPTrainer wrote under ``work`` (its ``Format-Serving`` folder) to ``keep_dir``
+    (replacing what was there); its path, or None if the run wrote none."""
+    import glob
+    import shutil
+
+    found = sorted(glob.glob(os.path.join(work, "**", "Format-Serving"), recursive=True), key=os.path.getmtime)
+    if not found:
+        return None
+    if os.path.isdir(keep_dir):
+        shutil.rmtree(keep_dir)
+    shutil.copytree(found[-1], keep_dir)
+    return keep_dir
 
 
 def generated_rows(schema: dict, blocks_config: dict, label: str, metric: str, n_blocks: int, rows_per_block: int,
@@ -234,7 +362,7 @@ def generated_rows(schema: dict, blocks_config: dict, label: str, metric: str, n
             values = GENERATED_EPOCH + block * window + rng.integers(0, window, size=n)
             columns[name] = pa.array(values if kind == "int" else values.astype(float if kind == "float" else str))
             continue
-        if name == label and metric == "accuracy":
+        if name == label and metric in BINARY_METRICS:
             values = rng.integers(0, 2, size=n)
         elif kind == "int":
             values = rng.integers(0, 24, size=n)
@@ -289,24 +417,73 @@ def check_line(line: str) -> str:
 
 
 def dry_run(definition, data_root: str, stream: str, *, model: str | None = None, runner: str = "local",
-            beam_args=(), progress=print, seed: int = 0, target: float | None = None, expected: float | None = None,
-            confidence: float = 0.95, overrides: dict | None = None) -> CheckResult:
-    """One iteration of ``definition`` on GENERATED rows of ``stream``'s schema, in a throwaway ledger; then, given
-    ``target``, the rows and epsilon to ACCEPT (``estimate_accept``; ``overrides``: the CLI's iterator settings)."""
+            beam_args=(), progress=print, seed: int = 0, targets=(), expected: float | None = None,
+            confidence: float = 0.95, overrides: dict | None = None, ledger=None, pipeline_name: str | None = None,
+            baseline: Baseline | None = None, allow_trivial: bool = False, keep_dir: str | None = None,
+            max_iterations: int = 10, estimate_only: bool = False) -> CheckResult:
+    """One iteration of ``definition`` on GENERATED rows of ``stream``'s schema, in a throwaway ledger (skipped
+    with ``estimate_only``); then, per target of ``targets``, the rows to ACCEPT (``estimate_accept``;
+    ``overrides``: the CLI's iterator settings) beside what a constant predictor reaches (``baseline``).
+
+    ``ledger``: the real ledger, READ only, for the attempts its budget allows now (``stream_plan`` for
+    ``pipeline_name``); the estimates are made at those attempts. A bad target or guess, and a target the
+    constant predictor meets (``TrivialTarget``, unless ``allow_trivial``), raise ValueError before the dry run.
+    ``keep_dir``: where the candidate model (trained on the generated rows) is copied for inspection."""
+    from sage_tfx.pipelines._runner import check_stream_schema
+
+    schema = check_stream_schema(data_root, stream, definition.sla, definition.name)
+    definition.model_family(model)
+    settings = {**definition.iterator_defaults(), **(overrides or {})}
+    targets = check_targets(definition.sla, targets, baseline, allow_trivial)
+    plan = None
+    if ledger is not None:
+        plan = stream_plan(ledger, stream, pipeline_name or definition.name, settings, max_iterations)
+    planned = plan is not None and bool(plan.attempts)  # none can run now: estimate the doublings for later
+    # bad --target / --expected-loss fail here, before the dry run
+    estimates = [estimate_accept(definition.sla, t, expected=expected, confidence=confidence, settings=settings,
+                                 attempts=plan.attempts if planned else None) for t in targets]
+    result = CheckResult(ok=True, rows=0, blocks=0)
+    if not estimate_only:
+        result = _generated_iteration(definition, data_root, stream, schema, model, runner, beam_args, progress,
+                                      seed, keep_dir)
+        if not result.ok:
+            return result
+
+    def say(line):
+        result.lines.append("[check] " + line)
+        progress("[check] " + line)
+
+    if plan is not None:
+        say(f"attempts the budget allows now on stream {stream!r} (read from the ledger, nothing charged): "
+            + plan.describe())
+        done = [g for g, _, _ in ledger.history(stream, pipeline_name or definition.name) if "iteration" in g.meta]
+        if done:
+            say(f"  pipeline {pipeline_name or definition.name!r} has {len(done)} iteration(s) already: a run resumes "
+                "after them (at their last epsilon and window), not at this plan's first attempt; a new --name starts "
+                "afresh")
+    result.estimate = estimates[0] if estimates else None
+    result.estimates, result.plan = estimates, plan
+    min_window = settings.get("min_window") or iterator_settings({})["min_window"]
+    for estimate in estimates:
+        for line in describe_estimate(estimate, min_window, baseline, planned=planned):
+            say(line)
+    if not estimates:
+        say("give --target (several: --target A,B,C; optionally --expected-loss) to estimate the rows and epsilon "
+            "to ACCEPT")
+    return result
+
+
+def _generated_iteration(definition, data_root, stream, schema, model, runner, beam_args, progress, seed,
+                         keep_dir) -> CheckResult:
+    """The dry run itself: one iteration on generated rows in a throwaway ledger and data root."""
     from sage_tfx.adaptive import SageIterator
     from sage_tfx.ingest.pipeline import ingest_batches
     from sage_tfx.ingest.store import stream_config
-    from sage_tfx.pipelines._runner import PipelineConfig, check_stream_schema, make_run_iteration
+    from sage_tfx.pipelines._runner import PipelineConfig, make_run_iteration
     from sage_tfx.privacy import Ledger
 
-    schema = check_stream_schema(data_root, stream, definition.sla, definition.name)
     config = stream_config(data_root, stream)
-    definition.model_family(model)
-    settings = dict(definition.defaults)
-    estimate = None
-    if target is not None:  # bad --target / --expected-loss fail here, before the dry run
-        estimate = estimate_accept(definition.sla, target, expected=expected, confidence=confidence,
-                                   settings={**settings, **(overrides or {})})
+    settings = definition.iterator_defaults()
     n_blocks = max(1, int(settings.get("min_window", 1)))
     rows_per_block = max(4, -(-2000 // n_blocks))
     target = 0.5 if definition.sla.metric == "accuracy" else definition.sla.loss_bound / 2
@@ -325,8 +502,9 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
         with Ledger.open(db, create=True) as ledger:
             ledger.create_stream(stream, 100.0, 1e-3, max_epsilon=100.0)
             ingest_batches(ledger, stream, data, table.to_batches(), _spec(stream, config["blocks"]), schema)
+            work = os.path.join(tmp, "work")
             pipeline_config = PipelineConfig(name=definition.name, ledger=db, stream=stream, data_root=data,
-                                             work_dir=os.path.join(tmp, "work"), target=target, runner=runner,
+                                             work_dir=work, target=target, runner=runner,
                                              beam_pipeline_args=list(beam_args), model=model)
             settings["epsilon_start"] = min(1.0, float(settings.get("epsilon_start", 1.0)))
             iterator = SageIterator(ledger, stream, definition.name,
@@ -337,12 +515,10 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
             except Exception as exc:  # generated rows only: the whole error may be shown
                 result.error = describe_failure(exc)
                 return result
+            if keep_dir is not None:
+                result.model_dir = keep_model(work, keep_dir)
         result.ok, result.outcome = True, run.outcome
-    if estimate is not None:
-        result.estimate = estimate
-        min_window = {**settings, **(overrides or {})}.get("min_window") or iterator_settings({})["min_window"]
-        for line in describe_estimate(estimate, min_window):
-            say("[check] " + line)
-    else:
-        say("[check] give --target (and optionally --expected-loss) to estimate the rows and epsilon to ACCEPT")
+    if result.model_dir is not None:
+        say(f"[check] the candidate model (trained on the GENERATED rows) is kept in {result.model_dir}: load it "
+            "with tf.saved_model.load and call its serving signature on a hand-made record")
     return result

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from sage_tfx.privacy.checks import number, positive
+from sage_tfx.privacy.split import DEFAULT_RECORD_SPLIT, eval_share_split
 from sage_tfx.privacy.errors import SageError
 
 LOG_LOSS_FLOOR = 1e-7  # as DPModelValidator: probabilities in [floor, 1 - floor], so a log loss <= ln(1e7)
@@ -161,7 +162,7 @@ def _iterator_settings() -> set:
     from sage_tfx.adaptive import SageIterator
 
     skip = {"self", "ledger", "stream", "pipeline", "run_iteration", "eta", "max_iterations", "max_seconds",
-            "wait_for_blocks", "progress", "clock", "request", "check_blocks"}
+            "wait_for_blocks", "progress", "clock", "request", "check_blocks", "eval_share"}
     return {n for n in inspect.signature(SageIterator.__init__).parameters if n not in skip}
 
 
@@ -175,7 +176,9 @@ class SagePipeline:
     to it as ``custom_config["model"]`` (``sage run --model``; the first is the default). ``defaults``:
     SageIterator settings (``epsilon_start``, ``min_window``, ``rejection_share``, ...). ``trainer_config``:
     more of the trainer's ``custom_config``. ``components``: a function of the ``StandardComponents``
-    returning the components to run (default: all five).
+    returning the components to run (default: all five). ``eval_share``: the share of each window's records
+    the validator's ACCEPT test reads (the test side of the record split signed into every grant,
+    ``sage_tfx.privacy.eval_share_split``; default None: the platform's 1 in 10); the rest is training's.
     """
 
     name: str
@@ -188,6 +191,7 @@ class SagePipeline:
     components: Optional[Callable[[StandardComponents], list]] = None
     base_dir: Optional[str] = None
     source_file: Optional[str] = None  # the file that defines it (set by ``load_pipeline``): part of its digest
+    eval_share: Optional[float] = None
 
     def __post_init__(self):
         from sage_tfx.privacy.checks import check_name  # the ledger's own rule for pipeline names
@@ -206,6 +210,8 @@ class SagePipeline:
         if unknown:
             raise PipelineDefinitionError(f"defaults name unknown iterator setting(s) {unknown}: use "
                                           f"{', '.join(sorted(_iterator_settings()))}")
+        if self.eval_share is not None:
+            eval_share_split(self.eval_share, error=PipelineDefinitionError)  # names a bad value before any spend
         if self.components is not None and not callable(self.components):
             raise PipelineDefinitionError(f"components {self.components!r} must be a function of the "
                                           "StandardComponents returning the list of components")
@@ -215,6 +221,14 @@ class SagePipeline:
                 raise PipelineDefinitionError(f"{role} {value!r} must be the path of a module file")
 
     # ------------------------------------------------------------------ what sage run asks of a pipeline
+    def iterator_defaults(self) -> dict:
+        """The SageIterator settings of this pipeline: ``defaults`` and, when given, ``eval_share``."""
+        return {**self.defaults, **({} if self.eval_share is None else {"eval_share": self.eval_share})}
+
+    def record_split(self):
+        """The ``RecordSplit`` its grants sign: ``eval_share``'s, else the platform's default."""
+        return DEFAULT_RECORD_SPLIT if self.eval_share is None else eval_share_split(self.eval_share)
+
     def check_target(self, target: float) -> float:
         return self.sla.check_target(target)
 

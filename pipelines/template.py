@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import keyword
 import os
+import textwrap
 
 from sage_tfx.privacy.errors import SageError
 
@@ -26,10 +27,35 @@ def _identifier(name):
     return name.isidentifier() and not keyword.iskeyword(name)
 
 
+DEFAULT_WINDOW = 64  # the first window when nothing is known of the stream's blocks
+EPSILON_START = 0.25
+
+
+def window_defaults(blocks: int | None = None, plan=None) -> tuple:
+    """(defaults, comment lines) of the iterator settings the pipeline file gets: the first window is at most
+    the stream's ``blocks`` (a window the stream cannot fill ends ``sage run`` at once in TIMEOUT), and the
+    comment states ``plan`` (``sage_tfx.adaptive.plan_attempts`` on the stream's budget now: its attempts and
+    the RETRYs it allows), or how to get it."""
+    window = DEFAULT_WINDOW if not blocks else min(DEFAULT_WINDOW, int(blocks))
+    defaults = {"epsilon_start": EPSILON_START, "min_window": window, "rejection_share": 0.1}
+    lines = ["the first iteration's per-block epsilon and window (blocks); a tenth of the training side pays for",
+             "the REJECT test on the training split."]
+    if blocks:
+        lines.append(f"The stream had {blocks} block(s) when this was written: the window is at most that.")
+    if plan is not None:
+        lines += ["Epsilon plan on the stream's budget then (no new block; `sage run` does not wait for blocks):",
+                  plan.describe()]
+    else:
+        lines.append("`sage run pipeline.py --check --target T` lists the attempts the stream's budget allows.")
+    return defaults, lines
+
+
 def write_template(directory: str, schema: dict, label: str, metric: str, *, name: str | None = None,
-                   loss_bound: float | None = None, time_column: str | None = None, force: bool = False) -> list:
+                   loss_bound: float | None = None, time_column: str | None = None, force: bool = False,
+                   blocks: int | None = None, plan=None) -> list:
     """Write the three files into ``directory`` (created); return their paths. Refuses to overwrite unless
-    ``force``. ``schema``: {column: int|float|bytes}, the stream's public schema."""
+    ``force``. ``schema``: {column: int|float|bytes}, the stream's public schema. ``blocks``: the stream's
+    active blocks and ``plan`` its ``AttemptPlan`` at the written settings, when known (``window_defaults``)."""
     from sage_tfx.pipelines.definition import SLA
 
     if label not in schema:
@@ -48,7 +74,7 @@ def write_template(directory: str, schema: dict, label: str, metric: str, *, nam
         raise TemplateError(f"{', '.join(existing)} exist(s): choose another directory, or pass --force to overwrite")
     os.makedirs(directory, exist_ok=True)
     texts = {
-        "pipeline.py": _pipeline(name, sla),
+        "pipeline.py": _pipeline(name, sla, *window_defaults(blocks, plan)),
         "preprocessing.py": _preprocessing(features, label, skipped),
         "trainer.py": _trainer(features, label, sla),
     }
@@ -58,8 +84,10 @@ def write_template(directory: str, schema: dict, label: str, metric: str, *, nam
     return paths
 
 
-def _pipeline(name, sla):
+def _pipeline(name, sla, defaults, comment):
     bound = "" if sla.metric == "accuracy" else f", loss_bound={sla.loss_bound!r}"
+    comment = "\n".join(textwrap.fill(line, 110, initial_indent="    # ", subsequent_indent="    # ")
+                         for line in comment)
     return f'''"""The {name} pipeline (written by `sage init-pipeline`; edit freely).
 
     sage run pipeline.py --check --db LEDGER --stream STREAM --data-root DATA    # a free dry run first
@@ -73,9 +101,8 @@ PIPELINE = SagePipeline(
     sla=SLA(metric={sla.metric!r}, label={sla.label!r}{bound}),
     preprocessing_module="preprocessing.py",
     trainer_module="trainer.py",
-    # the first iteration's per-block epsilon and window (blocks); a tenth of the training side pays for
-    # the REJECT test on the training split
-    defaults={{"epsilon_start": 0.25, "min_window": 64, "rejection_share": 0.1}},
+{comment}
+    defaults={defaults!r},
 )
 '''
 

@@ -145,7 +145,7 @@ def test_check_prints_the_estimate_after_the_dry_run(tmp_path):
     example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare",
                            "pipeline.py")
     base = [sys.executable, "-m", "sage_tfx", "run", example, "--check", "--db", str(db), "--stream", "taxi",
-            "--data-root", str(data), "--target", "300"]
+            "--data-root", str(data), "--target", "300", "--work-dir", str(tmp_path / "work")]
     out = subprocess.run(base + ["--expected-loss", "400"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 2 and "expected loss 400.0 must be in [0, target 300)" in out.stderr, out.stderr[-2000:]
     assert "GENERATED rows" not in out.stdout  # refused before the dry run

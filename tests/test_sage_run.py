@@ -502,7 +502,8 @@ def test_init_pipeline_files_pass_the_check_on_the_stream(taxi_stream, tmp_path)
     out = sage("init-pipeline", tmp_path / "mine", "--label", "fare", "--metric", "mse", "--loss-bound", "900",
                "--data-root", data, "--stream", "taxi")
     assert out.returncode == 0, out.stderr
-    out = sage("run", tmp_path / "mine" / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data)
+    out = sage("run", tmp_path / "mine" / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data,
+               "--work-dir", tmp_path / "work")
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "check OK: mine ran end to end" in out.stdout
 

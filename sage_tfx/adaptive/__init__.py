@@ -9,6 +9,7 @@ from .iterator import (
     RunResult,
     SageIterator,
 )
+from .plan import AttemptPlan, PlannedAttempt, plan_attempts
 
 __all__ = ["SageIterator", "BudgetSplit", "IterationResult", "Iteration", "IterationInterrupted", "RunResult",
-           "eta_for_attempt"]
+           "eta_for_attempt", "AttemptPlan", "PlannedAttempt", "plan_attempts"]

@@ -48,10 +48,13 @@ refused with nothing charged.
 import time
 from dataclasses import dataclass, field
 
-from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, public_error_text
+from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, eval_share_split, public_error_text
 from sage_tfx.privacy.checks import integer, number
 from sage_tfx.privacy.errors import LedgerError as _LedgerError
 from sage_tfx.privacy.errors import IterationInterrupted, environment_error_text, is_environment_error
+from sage_tfx.privacy.split import RECORDS_KEY
+
+from .plan import next_attempt
 from sage_tfx.privacy.vocabulary import GrantOutcome, Outcome, Policy
 from sage_tfx.validation import eta_for_attempt
 
@@ -242,8 +245,8 @@ class SageIterator:
     def __init__(self, ledger, stream, pipeline, run_iteration, *, epsilon_start=0.125, min_window=1,
                  delta=None, eta=0.05, max_iterations=10, max_seconds=None, max_refusals=10,
                  max_idle_waits=100, preprocessing_share=0.2, preprocessing_delta=0.0,
-                 count_share=0.05, rejection_share=0.0, disjoint_split=True, wait_for_blocks=None, progress=None,
-                 clock=time.monotonic, request=None, check_blocks=None):
+                 count_share=0.05, rejection_share=0.0, disjoint_split=True, eval_share=None, wait_for_blocks=None,
+                 progress=None, clock=time.monotonic, request=None, check_blocks=None):
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         self.run_iteration, self.check_blocks = run_iteration, check_blocks
         stream_info = ledger.stream(stream)  # raises UnknownStream before anything is spent
@@ -274,6 +277,8 @@ class SageIterator:
         self.max_refusals, self.max_idle_waits = max_refusals, max_idle_waits
         self.preprocessing_share, self.count_share = preprocessing_share, count_share
         self.disjoint_split, self.rejection_share = disjoint_split, rejection_share
+        # the test side's share of the records, signed into each grant (None: the platform's default split)
+        self.records = None if eval_share is None else eval_share_split(eval_share)
         first = self.split(self.epsilon_start).charged_epsilon  # bad shares fail here, before anything is spent
         if first < stream_info.grant_floor:  # the ledger would refuse every grant: say so before anything
             raise LedgerError(f"epsilon_start {epsilon_start!r} charges epsilon {first:.6g}, below stream {stream!r}'s "
@@ -407,8 +412,13 @@ class SageIterator:
                     self.progress(f"[{self.pipeline}] TIMEOUT: {why}, and {idle_waits} waits in a row brought "
                                   f"nothing new (max_idle_waits {self.max_idle_waits})")
                     return self._finish(Outcome.TIMEOUT, iterations, None)
+                if self.wait_for_blocks is None:  # no source of new blocks (`sage run`): say so, do not wait
+                    self.progress(f"[{self.pipeline}] TIMEOUT: {why}; this run does not wait for new blocks: run "
+                                  "again once they arrive, or start at a smaller window or epsilon (min_window, "
+                                  "epsilon_start)")
+                    return self._finish(Outcome.TIMEOUT, iterations, None)
                 self.progress(f"[{self.pipeline}] waiting: {why}")
-                if self.wait_for_blocks is None or not self.wait_for_blocks(self._time_left(started)):
+                if not self.wait_for_blocks(self._time_left(started)):
                     return self._finish(Outcome.TIMEOUT, iterations, None)
                 before_wait = available
                 continue
@@ -419,6 +429,8 @@ class SageIterator:
                     "split": split.to_dict()}
             if self.request is not None:
                 meta[REQUEST_KEY] = self.request
+            if self.records is not None:
+                meta[RECORDS_KEY] = self.records.to_dict()
             if self.check_blocks is not None:  # raises naming the block and the fix: nothing charged
                 self.check_blocks(blocks)
             try:
@@ -473,9 +485,8 @@ class SageIterator:
 
     def _next(self, epsilon, window, blocks):
         """After RETRY: double epsilon if the allocation on the window allows it, else double the window."""
-        if self.policy != Policy.AGGRESSIVE and self._available(blocks) >= 2 * epsilon:
-            return 2 * epsilon, window
-        return epsilon, 2 * window
+        aggressive = self.policy == Policy.AGGRESSIVE
+        return next_attempt(epsilon, window, 0.0 if aggressive else self._available(blocks), aggressive)
 
     def _finish(self, outcome, iterations, grant_id):
         try:

@@ -22,6 +22,8 @@ def add_parser(subparsers):
                    help="public bound B each example's loss is clipped to (mse, mae; log_loss defaults to ln 1e7)")
     p.add_argument("--data-root", help="with --stream: take the schema of an ingested stream")
     p.add_argument("--stream")
+    p.add_argument("--db", help="with --stream: the ledger, READ only, to fit the first window and state the epsilon "
+                                "plan its budget allows (default: the window fits the data root's blocks)")
     p.add_argument("--input", help="or: take the schema of a data file (CSV, TFRecord or Parquet)")
     p.add_argument("--time-column", help="with --input: the time column, left out of the features")
     p.add_argument("--name", help="the pipeline's name (default: the directory's name)")
@@ -47,13 +49,40 @@ def _schema(args):
     return stream_schema(args.data_root, args.stream), blocks.get("column") if blocks.get("by") == "time" else None
 
 
+def _stream_blocks(args):
+    """(active blocks, AttemptPlan or None) of the stream, for the template's window and epsilon plan: from the
+    ledger (--db, read only) when given, else the block folders of the data root; (None, None) for --input."""
+    import os
+
+    from sage_tfx.ingest.store import read_manifest, stream_dir
+    from sage_tfx.pipelines.template import window_defaults
+
+    if not args.stream:
+        if args.db:
+            raise ValueError("--db needs --stream (and --data-root): the plan is of a stream's budget")
+        return None, None
+    if not args.db:
+        root = stream_dir(args.data_root, args.stream)
+        return sum(1 for d in os.listdir(root) if read_manifest(os.path.join(root, d)) is not None), None
+    from sage_tfx.pipelines.check import stream_plan
+    from sage_tfx.privacy import Ledger
+
+    with Ledger.open(args.db, check_head=False) as ledger:
+        blocks = len(ledger.blocks(args.stream, "active"))
+        defaults, _ = window_defaults(blocks)
+        name = args.name or os.path.basename(os.path.abspath(args.directory)).replace("-", "_")
+        return blocks, stream_plan(ledger, args.stream, name, defaults)
+
+
 def _run(args):
     from sage_tfx.pipelines.template import write_template
 
     try:
         schema, time_column = _schema(args)
+        blocks, plan = _stream_blocks(args)
         paths = write_template(args.directory, schema, args.label, args.metric, name=args.name,
-                               loss_bound=args.loss_bound, time_column=time_column, force=args.force)
+                               loss_bound=args.loss_bound, time_column=time_column, force=args.force,
+                               blocks=blocks, plan=plan)
     except (ValueError, OSError) as exc:
         print(f"sage init-pipeline: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -14,8 +14,12 @@ as a wheel (--extra_package), and the workers need --work-dir at the same path, 
 --staging-location URL_OR_DIR is given (BlockExampleGen then stages the granted sealed files there for them).
 
 --check runs one iteration on GENERATED rows of the stream's schema in a throwaway ledger first: schema
-and module errors show there, before anything is charged. With --target it then estimates the rows the
-validator's ACCEPT test needs at a few epsilons, for a public guess of the model's loss (--expected-loss).
+and module errors show there, before anything is charged; the candidate model is kept in WORK_DIR/check/NAME/model.
+It lists the attempts (and RETRYs) the stream's remaining budget allows, read from the ledger without writing it.
+With --target A[,B,...] it then estimates the rows the validator's ACCEPT test needs at those attempts, for a
+public guess of the model's loss (--expected-loss); --estimate-only skips the dry run. --positive-rate or
+--label-std (a PUBLIC prior on the label) say what a constant predictor reaches: a target it meets is refused,
+here and in a real run, before any charge, unless --allow-trivial-target.
 
 --schedule bbscheduler:FILE re-runs the pipeline under a growth schedule instead (BBScheduler, Cummings et al.
 2018, Section 3.1; docs/release_strategies.md, "A TFX pipeline under a growth schedule"): FILE is a JSON object
@@ -61,9 +65,10 @@ def add_parser(subparsers):
     add_key_file(p)
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")
-    p.add_argument("--target", type=float, default=None,
+    p.add_argument("--target", type=target_list, default=None,
                    help="quality target (required unless --check): MSE in seconds^2 (taxi_regression), accuracy "
-                        "(taxi_classification), in the unit of the pipeline's SLA")
+                        "(taxi_classification), in the unit of the pipeline's SLA. With --check, several "
+                        "candidates A,B,C are estimated from one dry run")
     p.add_argument("--check", action="store_true",
                    help="a dry run that spends nothing: one iteration on GENERATED rows of the stream's schema in a "
                         "throwaway ledger, to find schema and module errors before any charge (exit 0 if it ran "
@@ -72,6 +77,16 @@ def add_parser(subparsers):
                    help="with --check and --target: a PUBLIC guess of the model's true metric in the SLA's unit (a "
                         "loss; for accuracy pipelines, the accuracy) for the estimate of the rows to ACCEPT (default: "
                         "half the target loss; accuracy: half the target's error rate)")
+    p.add_argument("--positive-rate", type=float, default=None, metavar="P",
+                   help="a PUBLIC prior on a binary label (accuracy, log_loss): its share of positives; a target "
+                        "the constant predictor then meets (majority class, constant probability P) is refused")
+    p.add_argument("--label-std", type=float, default=None, metavar="S",
+                   help="a PUBLIC prior on the label (mse, mae): its standard deviation; a target the mean "
+                        "predictor then meets (mse S^2, mae S) is refused")
+    p.add_argument("--allow-trivial-target", action="store_true",
+                   help="run (or estimate) a target the constant predictor of --positive-rate/--label-std meets")
+    p.add_argument("--estimate-only", action="store_true",
+                   help="with --check: the attempts and estimates only, without the dry run (seconds)")
     p.add_argument("--confidence", type=float, default=0.95, help="SLA confidence 1 - eta (default 0.95)")
     add_beam_options(p)
     p.add_argument("--max-iterations", type=int, default=10)
@@ -91,6 +106,15 @@ def add_parser(subparsers):
                    help="local work folder: the TFX pipeline root (unless --pipeline-root) and MLMD metadata")
     p.add_argument("--serving-dir", default=None, help="push destination (default: WORK_DIR/serving)")
     p.set_defaults(func=_run)
+
+
+def target_list(text):
+    """``--target``'s value: one number, or several "A,B,C" (for --check); argparse names a bad one."""
+    try:
+        values = [float(part) for part in str(text).split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number or a list A,B,C of numbers") from None
+    return values
 
 
 def add_beam_options(parser):
@@ -183,16 +207,23 @@ def _fail(message):
 
 def _run(args):
     from sage_tfx import pipelines
+    from sage_tfx.pipelines.check import check_targets
     from sage_tfx.privacy import Ledger, LedgerError
     from sage_tfx.privacy.errors import IterationInterrupted, RefusedBeforeCharge
 
     try:
         definition = pipelines.load_pipeline(args.pipeline)
+        if args.estimate_only and not args.check:
+            raise ValueError("--estimate-only is for --check (the estimates without the dry run)")
         if args.check:
             return _check(definition, args)
         if args.target is None:
             raise ValueError("--target is required (the quality the SLA must certify), unless --check")
-        definition.check_target(args.target)
+        if len(args.target) != 1:
+            raise ValueError(f"--target {','.join(f'{t:g}' for t in args.target)}: a run certifies one target; "
+                             "several are for --check (estimates only)")
+        args.target = args.target[0]
+        check_targets(definition.sla, [args.target], prior_baseline(definition, args), args.allow_trivial_target)
         if not 0 < args.confidence < 1:
             raise ValueError(f"confidence {args.confidence!r} must be in (0, 1)")
         check_run_limits(args)
@@ -322,17 +353,44 @@ def check_run_limits(args):
         raise ValueError(f"--max-iterations {args.max_iterations!r} is invalid: give an integer >= 1")
 
 
+def prior_baseline(definition, args):
+    """What a constant predictor reaches under the user's public prior (--positive-rate / --label-std), or None."""
+    from sage_tfx.pipelines.check import trivial_baseline
+
+    return trivial_baseline(definition.sla, positive_rate=args.positive_rate, label_std=args.label_std)
+
+
 def _check(definition, args):
     from sage_tfx.pipelines.check import dry_run
+    from sage_tfx.privacy import Ledger, LedgerError
 
     if args.expected_loss is not None and args.target is None:
         raise ValueError("--expected-loss needs --target (the estimate is of the rows to ACCEPT at that target)")
     overrides = {"epsilon_start": args.epsilon_start, "min_window": args.min_window,
                  "rejection_share": args.rejection_share}
-    result = dry_run(definition, args.data_root, args.stream, model=args.model, runner=args.runner,
-                     beam_args=list(getattr(args, "extra_args", [])), progress=lambda line: print(line, flush=True),
-                     target=args.target, expected=args.expected_loss, confidence=args.confidence,
-                     overrides={k: v for k, v in overrides.items() if v is not None})
+    baseline = prior_baseline(definition, args)
+    check_run_limits(args)  # a bad --name (it names the kept model's folder), before anything
+    name = args.name or definition.name
+    try:  # the real ledger, read only (never written): the attempts its budget allows now
+        ledger = Ledger.open(args.db, check_head=False)
+    except (LedgerError, OSError) as exc:
+        print(f"[check] attempts not planned: the ledger {args.db} cannot be read ({exc})", flush=True)
+        ledger = None
+    try:
+        result = dry_run(definition, args.data_root, args.stream, model=args.model, runner=args.runner,
+                         beam_args=list(getattr(args, "extra_args", [])),
+                         progress=lambda line: print(line, flush=True), targets=args.target or (),
+                         expected=args.expected_loss, confidence=args.confidence,
+                         overrides={k: v for k, v in overrides.items() if v is not None}, ledger=ledger,
+                         pipeline_name=name, baseline=baseline, allow_trivial=args.allow_trivial_target,
+                         keep_dir=os.path.join(args.work_dir, "check", name, "model"),
+                         max_iterations=args.max_iterations, estimate_only=args.estimate_only)
+    finally:
+        if ledger is not None:
+            ledger.close()
+    if args.estimate_only:
+        print(f"check: estimates only (no dry run); nothing was charged on {args.db}", flush=True)
+        return EXIT_OK
     if not result.ok:
         print(f"sage run --check: {definition.name} FAILED on generated rows, before any charge:\n{result.error}",
               file=sys.stderr)
@@ -405,7 +463,7 @@ def make_iterator(definition, ledger, runner, args, progress=print, wait_for_blo
     another target, SLA, model or definition."""
     from sage_tfx.adaptive import SageIterator
 
-    settings = dict(definition.defaults)
+    settings = definition.iterator_defaults()
     if getattr(args, "epsilon_start", None) is not None:
         settings["epsilon_start"] = args.epsilon_start
     if getattr(args, "min_window", None) is not None:

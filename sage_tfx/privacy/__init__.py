@@ -39,13 +39,13 @@ from .errors import (
     public_error_text,
 )
 from .ledger import OUTCOMES, POLICIES, Block, Grant, Ledger, Release, Stream
-from .split import (DEFAULT_RECORD_SPLIT, STAGES, BudgetSplit, ChargeRule, RecordSplit, grant_split, record_split,
-                    require_budget, require_side, stage_budget)
+from .split import (DEFAULT_RECORD_SPLIT, STAGES, BudgetSplit, ChargeRule, RecordSplit, eval_share_split, grant_split,
+                    record_split, require_budget, require_side, stage_budget)
 
 __all__ = [
     "Ledger", "Grant", "Block", "Stream", "Release", "POLICIES", "OUTCOMES",
     "BudgetSplit", "ChargeRule", "STAGES", "grant_split", "stage_budget", "require_budget",
-    "RecordSplit", "DEFAULT_RECORD_SPLIT", "record_split", "require_side",
+    "RecordSplit", "DEFAULT_RECORD_SPLIT", "eval_share_split", "record_split", "require_side",
     "LedgerError", "DuplicateContent", "LedgerNotFound", "LedgerCorrupt", "LedgerRollback", "UnknownStream",
     "UnknownBlock", "BlockRetired",
     "PipelineBusy", "GrantError", "BudgetRefused", "RecordError", "SageError", "public_error_text",

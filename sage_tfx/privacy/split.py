@@ -43,8 +43,9 @@ REJECT test on the training split) and ``validation`` (its ACCEPT test on the te
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from fractions import Fraction
 
-from .checks import finite, number, positive, probability
+from .checks import finite, is_real, number, positive, probability
 from .errors import GrantError, LedgerError
 from .vocabulary import ChargeRule, Stage
 
@@ -301,6 +302,11 @@ class RecordSplit:
         """{name: buckets} in hashing order (BlockExampleGen's ``splits``)."""
         return dict(self.buckets)
 
+    @property
+    def test_share(self) -> float:
+        """The share of records on the test side (the ACCEPT test's): its buckets over all buckets."""
+        return sum(count for name, count in self.buckets if name in self.test) / sum(c for _, c in self.buckets)
+
     def side(self, name: str) -> str | None:
         """"training" or "test" for a split of this rule, None for a name it does not have."""
         return next((side for side in SIDES if name in getattr(self, side)), None)
@@ -324,6 +330,26 @@ class RecordSplit:
 
 
 DEFAULT_RECORD_SPLIT = RecordSplit((("train", 9), ("eval", 1)), ("train",), ("eval",))
+EVAL_SHARE_DENOMINATOR = 100  # an eval share is a fraction of at most this many buckets
+
+
+def eval_share_split(eval_share, error=LedgerError) -> RecordSplit:
+    """The record split with ``eval_share`` of the records on the test side: "train" and "eval" buckets in the
+    least integer ratio (1 - s) : s (0.2 -> train 4, eval 1; 0.1 -> the default, train 9, eval 1). ``error``
+    (naming the value and the fix) unless ``eval_share`` is a number in (0, 1) that is a fraction with a
+    denominator of at most 100 (0.15, 1/3: yes; 0.123: no): BlockExampleGen splits by whole buckets."""
+    message = ("{what} {value!r} is invalid: the share of records the ACCEPT test reads must be a number {rule} "
+               "(e.g. 0.2)")
+    if not is_real(eval_share):
+        raise error(message.format(what="eval_share", value=eval_share, rule="in (0, 1)"))
+    value = number(eval_share, "eval_share", error=error, low=0.0, high=1.0, low_open=True, high_open=True,
+                   message=message)
+    share = Fraction(value).limit_denominator(EVAL_SHARE_DENOMINATOR)
+    if abs(float(share) - value) > 1e-9 * value:
+        raise error(f"eval_share {eval_share!r} is invalid: records are split into whole hash buckets, so give a "
+                    f"fraction with a denominator of at most {EVAL_SHARE_DENOMINATOR} (e.g. {round(value, 2):g})")
+    return RecordSplit((("train", share.denominator - share.numerator), ("eval", share.numerator)), ("train",),
+                       ("eval",))
 
 
 def sign_records(meta: dict, split: BudgetSplit | None) -> None:

@@ -39,9 +39,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from sage_tfx.adaptive.iterator import REQUEST_KEY, check_request
-from sage_tfx.privacy import BudgetSplit, public_error_text
+from sage_tfx.privacy import BudgetSplit, eval_share_split, public_error_text
 from sage_tfx.privacy.errors import IterationInterrupted, SageError, environment_error_text, is_environment_error
 from sage_tfx.privacy.draws import DRAW_KEY, is_run_grant
+from sage_tfx.privacy.split import RECORDS_KEY
 from sage_tfx.release.growth import (BBImprover, BBScheduler, GrowthError, ImproverParams, Mode, ScheduleIdentity,
                                      SchedulerParams, charge_lifetime)
 from sage_tfx.validation import eta_for_attempt
@@ -105,7 +106,7 @@ class ScheduledPipeline(ScheduleIdentity):
 
     def __init__(self, ledger, stream: str, pipeline: str, schedule: Schedule, run_iteration: RunIteration, *,
                  name: str = "tfx", eta: float = 0.05, preprocessing_share: float = 0.2, count_share: float = 0.05,
-                 rejection_share: float = 0.0, disjoint_split: bool = True,
+                 rejection_share: float = 0.0, disjoint_split: bool = True, eval_share: Optional[float] = None,
                  progress: Optional[Callable[[str], None]] = None, request: Optional[dict] = None):
         self.schedule = check_pipeline_schedule(schedule)
         if not callable(run_iteration):
@@ -117,6 +118,8 @@ class ScheduledPipeline(ScheduleIdentity):
                            rejection_share=rejection_share, disjoint_split=disjoint_split)
         first = schedule.run_budget(schedule.epoch_start(0))
         self.split(first[1], first[2])  # bad shares fail here, before anything is charged
+        # the record split signed into each run grant (the Sage iterator's rule): None is the platform's default
+        self.records = {} if eval_share is None else {RECORDS_KEY: eval_share_split(eval_share).to_dict()}
         self.epsilon, self.delta = schedule.params.epsilon, schedule.params.delta
         self.progress = progress or (lambda line: None)
         self.grants: dict[str, Any] = {}
@@ -135,8 +138,8 @@ class ScheduledPipeline(ScheduleIdentity):
         (serve's wrapper that waits for a TFX slot), ``rejection_share`` the pipeline's default when not None.
         The runner's ``request()`` (target, confidence, SLA, model, definition) is signed into every run grant, and
         a pipeline name run for another request is refused (``RequestMismatch``) before anything is charged."""
-        shares = {k: v for k, v in definition.defaults.items()
-                  if k in ("preprocessing_share", "count_share", "rejection_share", "disjoint_split")}
+        shares = {k: v for k, v in definition.iterator_defaults().items()
+                  if k in ("preprocessing_share", "count_share", "rejection_share", "disjoint_split", "eval_share")}
         if rejection_share is not None:
             shares["rejection_share"] = rejection_share
         return cls(ledger, runner.config.stream, runner.config.name, schedule, run_iteration or runner.run_iteration,
@@ -185,7 +188,7 @@ class ScheduledPipeline(ScheduleIdentity):
         eta = eta_for_attempt(self.eta, epoch + 1)
         grant = self.ledger.draw([self.grants[b] for b in blocks], epoch, split.charged_epsilon, split.total_delta,
                                  schedule=self.fingerprint, split=split,
-                                 meta={"t": t, "epsilon": epsilon, "eta": eta,
+                                 meta={"t": t, "epsilon": epsilon, "eta": eta, **self.records,
                                        **({} if self.request is None else {REQUEST_KEY: self.request})},
                                  composition=self.schedule.draw_composition)
         run = ScheduledRun(epoch, t, grant.epsilon, grant.delta, eta, grant.id, blocks)
