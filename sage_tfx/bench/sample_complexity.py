@@ -78,8 +78,8 @@ def add_arguments(parser):
                              "of 2013 on the examples/flights pipeline (task flights_mse; --tasks is ignored)")
     parser.add_argument("--flights-trainer", default="prior", choices=FLIGHTS_TRAINERS,
                         help="flights: AdaSSP as examples/flights/trainer.py runs it (prior: centred, with the public "
-                             "prior arrival = departure delay), without the prior (centred), or as the library ran it "
-                             "of the earlier library (uncentred-paper)")
+                             "prior arrival = departure delay), without the prior (centred), or as an earlier "
+                             "library ran it (uncentred-paper)")
     parser.add_argument("--loss-bound", type=float, default=3600.0,
                         help="flights: the SLA's bound B on each squared error, minutes^2 (default 3600, the example's)")
     parser.add_argument("--plot", metavar="FILE", help="write a PNG of samples needed vs target (epsilon 1 "
