@@ -1,6 +1,6 @@
 """What a component may learn about its grant, and the one release each stage opens under it.
 
-Written once for the four components (issue 13 part 5): the execution-parameter keys ``GRANT_KEY`` /
+Written once for the four components: the execution-parameter keys ``GRANT_KEY`` /
 ``LEDGER_KEY`` (their ``ExecutionParameter`` fragment is ``components/_spec.py``'s ``GRANT_PARAMETERS``),
 the grant-to-JSON coercion ``grant_to_json``, and the executors' shared first step
 ``GrantedExecutor.CheckGrant``: one ledger connection for the whole run, the grant verified through it, and

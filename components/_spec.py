@@ -1,4 +1,4 @@
-"""The grant/ledger part of the data-reading components' specs, declared once (issue 13 part 5).
+"""The grant/ledger part of the data-reading components' specs, declared once.
 
 TFX style (as ``tfx.types.standard_component_specs``): the keys are constants (``GRANT_KEY``,
 ``LEDGER_KEY``, defined TF-free in ``components/_grant.py``), ``GRANT_PARAMETERS`` is the ``PARAMETERS``

@@ -24,7 +24,7 @@ private seed of the grant, so every DP model fitted there (``seed=None``) draws 
 it (a re-run under the same grant reproduces the model); a model given ``seed=`` there is refused, since a
 seed the module file knows makes the noise predictable.
 
-Data (finding 7): ``run_fn`` runs after the grant is charged, so reading must not fail because of one
+Data: ``run_fn`` runs after the grant is charged, so reading must not fail because of one
 record: ``load_examples`` drops each record that lacks a declared feature or the label, or holds a
 non-finite value there (a fixed rule applied to each record alone), and returns empty arrays when no record
 is left; the DP models map any remaining non-finite value to a public default (sage_tfx.models.data).

@@ -18,6 +18,12 @@ if "tensorflow" in sys.modules and os.environ.get("TF_USE_LEGACY_KERAS") != "1":
     )
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
+# TFX's ``tfx.components`` runs its __init__ (every TFX component, Keras 3, Kubernetes...) only when one of its
+# names is used, not when a TFX run imports one of its submodules (sage_tfx/compat/deferred_imports.py).
+from sage_tfx.compat.deferred_imports import DEFERRED as _DEFERRED, defer as _defer  # noqa: E402
+
+_defer(*_DEFERRED)
+
 __version__ = "0.1.0"
 
 # Heavy (TensorFlow) parts are exported lazily, so `import sage_tfx` and the

@@ -1,5 +1,5 @@
 """TEST ORACLE: the simulator's former in-memory allocation model (sage_tfx/simulate/allocation.py until
-issue 13 part 1), kept as an independent implementation of the allocation rules. The simulator and the
+the allocation module), kept as an independent implementation of the allocation rules. The simulator and the
 ledger now share sage_tfx/privacy/allocation.py; tests/test_allocation.py drives this copy and that
 module with the same random workloads and checks they agree. Do not import it from sage_tfx.
 

@@ -148,7 +148,7 @@ def test_bad_input_names_the_value(kwargs, bad):
 
 
 def test_nan_features_are_mapped_to_the_public_default():
-    """Finding 7: after the charge a NaN must not fail the release; it becomes 0.0 (then row clipping)."""
+    """After the charge a NaN must not fail the release; it becomes 0.0 (then row clipping)."""
     x = np.ones((3, 2))
     x[1, 1] = np.nan
     got = adassp.adassp(x, np.ones(3), 1.0, 1e-6, 1.0, 1.0, rng=np.random.default_rng(0))
@@ -161,7 +161,7 @@ def test_nan_features_are_mapped_to_the_public_default():
 def test_exact_multiplier_at_a_small_epsilon_searches_orders_beyond_1024(epsilon, delta):
     """At a small epsilon the best Renyi order of three Gaussian releases is beyond dp_accounting's default 1,024:
     the search uses wider orders (curves.calibration_accountant), so the exact multiplier meets the target and
-    stays below the paper's; with the default orders it came out 3.4e7 at (0.00777, 3.8e-8) (issue 14: BBImprover's
+    stays below the paper's; with the default orders it came out 3.4e7 at (0.00777, 3.8e-8) (BBImprover's
     small per-run epsilons)."""
     import dp_accounting
     from dp_accounting.rdp import RdpAccountant

@@ -1,6 +1,6 @@
 """The one allocation module (sage_tfx/privacy/allocation.py) against the simulator's former copy of the rules.
 
-tests/_oracle_allocation.py is the in-memory model the simulator used before issue 13 part 1, written
+tests/_oracle_allocation.py is the in-memory model the simulator used before the allocation module, written
 independently of the ledger's code. Both are driven with the same random workload (fixed seeds: new blocks
 with the pipelines waiting then, charges on chosen windows, finishes) and must agree exactly: every choice,
 every source, every spent vector, reservation and retirement. Deterministic (fixed seeds): no false failures.

@@ -1,4 +1,4 @@
-"""Blocks encrypted at rest (issue 16 part 2): reads are gated by a charged, signed grant by construction.
+"""Blocks encrypted at rest: reads are gated by a charged, signed grant by construction.
 
 No TensorFlow except the last test (a real TFX run: raw copies in the work folder are gone when it ends).
 """
@@ -51,7 +51,7 @@ def test_a_block_read_without_a_grant_is_ciphertext(world):
     companies = {c for c in rows.column("company").to_pylist() if c and len(c) > 8}
     assert companies  # known raw values to look for
     on_disk = b""
-    # the data root and the stream's folder are private too (issue 16 part 1: data roots 0700, files 0600)
+    # the data root and the stream's folder are private too (data roots 0700, files 0600)
     assert stat.S_IMODE(os.stat(data).st_mode) == 0o700
     assert stat.S_IMODE(os.stat(os.path.dirname(store.block_dir(data, "a", blocks[0].id))).st_mode) == 0o700
     for blk in blocks:

@@ -1,6 +1,6 @@
 """BlockExampleGen's executor on the shared grant step (components/_grant.py ``GrantedExecutor.CheckGrant``):
 one ledger connection per run for the grant check, the key door (``access.grant_blocks``) and the DP record
-count, as the DPTransform, DPTrainer and DPModelValidator executors (issue 13 part 5; tests/test_grant_step.py).
+count, as the DPTransform, DPTrainer and DPModelValidator executors (tests/test_grant_step.py).
 """
 import pytest
 

@@ -1,4 +1,4 @@
-"""BlockExampleGen with a staging location (issue 12): the Beam workers need not see the data root.
+"""BlockExampleGen with a staging location: the Beam workers need not see the data root.
 
 The launcher (ledger and data root open to it alone) copies the granted blocks' sealed files to a fresh run
 under the staging location (the ``staging_location`` exec property or the Beam ``--temp_location``), the

@@ -1,4 +1,4 @@
-"""CLI paths that must answer with their documented exit code and leave nothing behind (issue 16, part 5).
+"""CLI paths that must answer with their documented exit code and leave nothing behind.
 
 Each refused command names the bad value and the fix, exits 2 before it opens, creates, registers or
 charges anything, and the ledger (a full dump of every table) and the folders around it are unchanged.

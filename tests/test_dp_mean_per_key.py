@@ -1,4 +1,4 @@
-"""dp_mean_per_key / dp_group_by_mean options (issue 11, part 7): a row mask, a public fallback for keys whose
+"""dp_mean_per_key / dp_group_by_mean options: a row mask, a public fallback for keys whose
 noisy count is low, and a lookup key separate from the aggregation key. Run through tf.Transform on the Beam
 DirectRunner. Statistical tests use FIXED seeds (deterministic); each states the chance that a correct
 implementation fails it for a random seed.

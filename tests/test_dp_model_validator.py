@@ -251,7 +251,7 @@ def test_accuracy_through_an_examples_signature_with_attempt_eta(world, tmp_path
 
 
 def test_a_second_model_under_the_same_grant_is_refused_before_any_noise(world, tmp_path):
-    """Finding 3 of the review: two models validated under one grant drew the same noise, so the difference
+    """Two models validated under one grant drew the same noise, so the difference
     of the two releases was a difference of data alone. Now the second is refused, and nothing is written."""
     _run(world, tmp_path / "a")
     with pytest.raises(GrantError, match="already released its validation stage.*different release"):

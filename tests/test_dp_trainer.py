@@ -223,7 +223,7 @@ def test_overspend_is_refused_and_the_model_deleted(world, tmp_path, case, body,
 
 
 def test_one_training_release_per_grant_and_computation(world, tmp_path):
-    """Finding 3 of the review: a different module (or configuration) under the same grant is a second
+    """A different module (or configuration) under the same grant is a second
     release; it is refused before run_fn runs. The same module re-runs under its grant."""
     module = module_file(tmp_path, LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget"))
     _run(world, tmp_path / "a", module)
@@ -238,7 +238,7 @@ def test_one_training_release_per_grant_and_computation(world, tmp_path):
 
 
 def test_a_grant_without_split_pays_for_one_stage_only(world, tmp_path):
-    """Finding 1 of the review: a split-less grant let DPTransform, DPTrainer and DPModelValidator each spend
+    """A split-less grant let DPTransform, DPTrainer and DPModelValidator each spend
     all of it. It is single-stage now: DPTrainer spends it, the validator under the same grant is refused."""
     from tfx.types import standard_artifacts
 

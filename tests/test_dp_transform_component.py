@@ -502,7 +502,7 @@ def test_same_grant_same_noise_other_grant_other_noise(world, examples, run_a, t
 
 
 def test_an_edited_function_under_the_same_grant_is_refused_before_any_noise(world, examples, run_a, tmp_path):
-    """Finding 3 of the review: re-running an edited preprocessing_fn under the same grant drew the same noise,
+    """Re-running an edited preprocessing_fn under the same grant drew the same noise,
     so the difference of the two noisy tables was a difference of data alone. The traced graph is the
     computation's fingerprint: a different one is refused before the analysis runs."""
     with pytest.raises(GrantError, match="already released its preprocessing stage.*different release"):

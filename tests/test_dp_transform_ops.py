@@ -474,7 +474,7 @@ def test_noise_seed_fixes_each_analyzer_seed_at_trace_time(tmp_path):
 
 @pytest.mark.tf
 def test_an_out_of_range_key_or_a_nan_value_changes_nothing_but_the_noisy_output():
-    """Finding 7 of the review: a row whose key is outside [0, nkeys) used to fail the analysis with the key
+    """A row whose key is outside [0, nkeys) used to fail the analysis with the key
     in the message (after the grant was charged: the failure revealed the row). Now such a row counts in no
     table and gets the public default value_range / 2; a NaN value counts as 0. With the same seed, adding
     those rows to the data changes no other row's output beyond what one row may change (one count, one sum),

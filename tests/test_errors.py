@@ -1,4 +1,4 @@
-"""One exception root: every error sage-tfx raises on purpose derives from ``SageError`` (issue 13 part 5), keeps
+"""One exception root: every error sage-tfx raises on purpose derives from ``SageError``, keeps
 the built-in base it had before (``except ValueError`` still catches what it caught), and round-trips through
 pickle (errors cross processes: sage serve workers, Beam workers)."""
 from __future__ import annotations

@@ -56,7 +56,7 @@ def test_split_from_the_command_line():
             BudgetSplit.parse(bad)
 
 
-# ------------------------------------------------------------------ finding 2: the split is checked where it is signed
+# ------------------------------------------------------------------ the split is checked where it is signed
 def test_request_refuses_a_split_above_the_charge(ledger_url):
     ledger = make_ledger(ledger_url)
     before = spent(ledger)
@@ -89,7 +89,7 @@ def test_components_recheck_a_split_the_ledger_would_not_sign(ledger_url):
         stage_budget(forged, "training")
 
 
-# ------------------------------------------------------------------ finding 1: a split-less grant is single-stage
+# ------------------------------------------------------------------ a split-less grant is single-stage
 def test_a_grant_without_split_pays_for_one_stage(ledger_url):
     ledger = make_ledger(ledger_url)
     grant = ledger.request("p", "s", blocks=["b0", "b1"], epsilon=0.5, delta=1e-6)
@@ -153,7 +153,7 @@ def test_preprocessing_delta_is_its_own_share_and_adds_to_training_delta(ledger_
     assert report.ok, report.problems
 
 
-# --------------------------------------------------------------- finding 3: one release per grant, stage, computation
+# --------------------------------------------------------------- one release per grant, stage, computation
 def test_a_second_computation_is_refused_before_anything_is_drawn(ledger_url):
     ledger = make_ledger(ledger_url)
     grant = ledger.request("p", "s", blocks=["b0"], epsilon=1.0, split=BudgetSplit(

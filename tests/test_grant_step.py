@@ -1,4 +1,4 @@
-"""The executors' shared grant step (components/_grant.py, issue 13 part 5): one ledger connection per run.
+"""The executors' shared grant step (components/_grant.py): one ledger connection per run.
 
 No TensorFlow: GrantedExecutor is a plain mixin; the four executors that use it (BlockExampleGen, DPTransform,
 DPTrainer, DPModelValidator) are exercised end to end in their own (TF) tests.

@@ -1,4 +1,4 @@
-"""The privacy core's modules import one way (issue 13 part 1): no import cycle, each importable alone.
+"""The privacy core's modules import one way: no import cycle, each importable alone.
 
 The graph is read statically from every ``import`` statement of the core's modules, including the ones inside
 functions (a lazy import is still a dependency), so a cycle hidden behind a function-level import is found too.

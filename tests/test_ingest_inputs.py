@@ -1,4 +1,4 @@
-"""Ingest inputs refused cleanly, duplicate content across streams, and stale staging folders (issue 16, part 5).
+"""Ingest inputs refused cleanly, duplicate content across streams, and stale staging folders.
 
 Every refusal names the file, the column and the row (or the blocks and streams), registers nothing (a
 full dump of the ledger is unchanged) and leaves nothing in the data root: no block, no _staging tree.

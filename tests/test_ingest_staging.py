@@ -1,4 +1,4 @@
-"""`sage ingest --staging-location` (issue 12, part 1): the Beam workers need not share the launcher's disk.
+"""`sage ingest --staging-location`: the Beam workers need not share the launcher's disk.
 
 Workers write the sealed part files and the sealed part list under a fresh run of the staging
 location through Beam's FileSystems; the driver copies what it commits into the data root (O_EXCL, 0600,

@@ -1,6 +1,6 @@
 """The iterator always ends: ACCEPT, REJECT or TIMEOUT in a bounded number of ledger requests (no TensorFlow).
 
-Finding 4: under the aggressive policy the iterator asked max(previous epsilon,
+Under the aggressive policy the iterator asked max(previous epsilon,
 what the window offers); a later window offering less was refused, and the
 refusal was retried unchanged forever (no TIMEOUT without ``max_seconds``).
 These tests drive both policies through shrinking availability (another
@@ -10,7 +10,7 @@ stale availability read, on a real SQLite ledger. Every run is watched by a
 request counter that FAILS the test past a limit instead of hanging, so the old
 livelock shows up as ``Runaway``, not as a stuck test run.
 
-Also finding 7 (in part): what a failed run leaves in the append-only log holds
+Also: what a failed run leaves in the append-only log holds
 no data value.
 """
 import json
@@ -424,7 +424,7 @@ def test_bad_termination_bounds_fail_before_any_charge(tmp_path, kwargs, match):
     assert ledger.grants() == [] and ledger.pipelines("s") == []
 
 
-# ------------------------------------------------------------------ finding 7: the log keeps no data value
+# ------------------------------------------------------------------ the log keeps no data value
 def test_a_failed_run_logs_the_error_type_not_the_data_value(tmp_path):
     ledger = make_ledger(tmp_path, "conserve")
     lines = []

@@ -1,4 +1,4 @@
-"""The ledger's key file (issue 16 part 1, docs/security.md): out of the database, 0600, derived keys."""
+"""The ledger's key file (docs/security.md): out of the database, 0600, derived keys."""
 import os
 import sqlite3
 import stat

@@ -1,4 +1,4 @@
-"""Ledger.add_blocks costs the same on a young and on an old stream (issue 13, part 4).
+"""Ledger.add_blocks costs the same on a young and on an old stream.
 
 Counted, not timed: the SQL statements the store executes (both backends) and, on SQLite, the virtual-machine
 instructions it runs (a progress handler), for the same 40-block add on a 40-block and on a 3,000-block stream.

@@ -1,5 +1,5 @@
 """A fixed scenario on a fixed clock, fixed ids and a fixed key leaves exactly the stored tables and log recorded in
-tests/data/ledger_snapshot.json, on both backends (issue 13 part 1: moving the ledger's SQL and splitting its module
+tests/data/ledger_snapshot.json, on both backends (moving the ledger's SQL and splitting its module
 must change no stored byte).
 
 The scenario touches every write path of the ledger: streams of each accounting and a queued policy, blocks keyed by

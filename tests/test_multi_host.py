@@ -1,4 +1,4 @@
-"""Several hosts, one stream (issue 12 part 3; docs/scale_out.md, "Several hosts on one PostgreSQL ledger").
+"""Several hosts, one stream (docs/scale_out.md, "Several hosts on one PostgreSQL ledger").
 
 Two `sage serve` processes, "host A" and "host B", share nothing but a PostgreSQL ledger's URL, the ledger's
 key file (each host holds its own copy, as a key distributed to two machines) and the data root (a shared

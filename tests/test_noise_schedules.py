@@ -1,4 +1,4 @@
-"""Noise schedules for DP-SGD (sage_tfx.privacy.noise_schedules; issue 14 part 4, seed 002).
+"""Noise schedules for DP-SGD (sage_tfx.privacy.noise_schedules, seed 002).
 
 Numpy tests: the accounting equals dp_accounting's composition of the per-step events, calibrated
 schedules spend the budget, the bound-optimal shape is Lemma 3.1's minimiser, bad schedules are refused

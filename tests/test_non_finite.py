@@ -1,4 +1,4 @@
-"""Finding 7 and the models' half of finding 3: non-finite values after the charge, and the training seed.
+"""Non-finite values after the charge, and the training seed.
 
 * One NaN / inf row (feature or label) changes nothing observable but the noisy output: every DP model and
   AdaSSP completes, reports the same privacy_spent, and fits EXACTLY what it fits with that row replaced by

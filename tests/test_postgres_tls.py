@@ -1,4 +1,4 @@
-"""PostgreSQL ledgers connect with VERIFIED TLS by default and never fall back to plain text (issue 16, part 5).
+"""PostgreSQL ledgers connect with VERIFIED TLS by default and never fall back to plain text.
 
 The session's loopback server (conftest.py) offers TLS with a self-signed certificate for 127.0.0.1 and
 still accepts plain connections, so each sslmode can be checked against a real server; a fake server that

@@ -1,4 +1,4 @@
-"""Runner portability of `sage ingest` (issue 12): the taxi CSV ingested on the in-process DirectRunner,
+"""Runner portability of `sage ingest`: the taxi CSV ingested on the in-process DirectRunner,
 the DirectRunner in multi-process mode (2 workers) and Beam's DaskRunner on a distributed.LocalCluster of
 2 worker processes (started and closed here, on loopback) gives the same blocks, the same private row
 counts and the same decrypted records. Plus the upstream limitation the ingest job works around:
@@ -104,7 +104,7 @@ def test_cli_passes_runner_shorthands_to_beam_options(monkeypatch):
 
 
 def _count_in_finish_bundle(beam_args):
-    """A DoFn that outputs only from finish_bundle (what the ingest job did before issue 12): how many of
+    """A DoFn that outputs only from finish_bundle (what an earlier ingest job did): how many of
     the 10 inputs reach the output."""
     import apache_beam as beam
     from apache_beam.transforms.window import GlobalWindow
@@ -144,7 +144,7 @@ def test_finish_bundle_output_on_dask_runner(dask_cluster):
     _count_in_finish_bundle(["--runner=dask", f"--dask-address={dask_cluster.address}"])
 
 
-# ------------------------------------------------------------------ sage run on worker processes (issue 12)
+# ------------------------------------------------------------------ sage run on worker processes
 
 @pytest.fixture(scope="module")
 def taxi_days(tmp_path_factory):
@@ -196,7 +196,7 @@ def _sage_run_rejects(taxi_days, tmp_path, beam_args, *, data=None, options=(), 
 @pytest.mark.tf
 def test_sage_run_on_portable_runner_with_external_workers(taxi_days, tmp_path):
     """A whole taxi_regression iteration (`sage run --runner beam -- <the portable cluster's Beam args>`) whose
-    Beam workers do not share the launcher's local disk (issue 12; docs/scale_out.md, "A whole iteration on
+    Beam workers do not share the launcher's local disk (docs/scale_out.md, "A whole iteration on
     workers without the launcher's disk"): BlockExampleGen's and DPTransform's Beam jobs run on the SDK worker
     processes of an EXTERNAL worker pool, which import the preprocessing module from the wheel staged with each
     job (docs/scale_out.md, "PortableRunner with an external worker pool"), in a mount namespace of their own

@@ -201,7 +201,7 @@ def test_one_iteration_runs_the_whole_tfx_pipeline_under_its_grant(taxi_stream, 
 
     - the whole pipeline under its grant: RETRY at epsilon 0.25 on 128 blocks, the audit passes, every component's
       outputs link to the grant in MLMD (lineage), the ModelBlessing not blessed, nothing pushed;
-    - the pipeline root on a URL, the MLMD store local (issue 12; docs/scale_out.md, "The pipeline root on a URL
+    - the pipeline root on a URL, the MLMD store local (docs/scale_out.md, "The pipeline root on a URL
       filesystem"; was tests/test_url_pipeline_root.py::test_a_taxi_iteration_with_its_pipeline_root_on_a_url_and_
       mlmd_local): `--pipeline-root file://...` (TensorFlow's local filesystem by URL, reached by Beam through
       components/_gfile_beam.py): every artifact MLMD records is under the URL, the MLMD SQLite file is the only

@@ -1,4 +1,4 @@
-"""A pipeline re-run under a growth schedule (issue 14 item 3): run grants drawn from per-block lifetime grants.
+"""A pipeline re-run under a growth schedule: run grants drawn from per-block lifetime grants.
 
 Ledger level, on both backends: ``Ledger.draw`` (privacy/draws.py) and its audit: the draw charges no block, the
 same draw again returns the same grant, a run index cannot be drawn twice with another budget (concurrent writers

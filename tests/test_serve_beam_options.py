@@ -1,4 +1,4 @@
-"""`sage serve`'s Beam options (issue 12): --runner, --staging-location and the Beam pipeline options after a
+"""`sage serve`'s Beam options: --runner, --staging-location and the Beam pipeline options after a
 bare -- are `sage run`'s (sage_tfx/cli/run.py ``beam_options``) and reach every pipeline's BlockExampleGen.
 
 Fast: a parsed `sage serve` command line -> its workers' specs -> the pipeline a worker builds (the worker's own
@@ -113,7 +113,7 @@ def test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and
     """One `sage serve` run (one replay, one iteration per pipeline) holding what three end-to-end serve tests
     checked apart, each a whole TFX iteration on the same 256 replayed taxi days:
 
-    - Beam options (issue 12): the pipelines' Beam jobs run on the DirectRunner's multi_processing workers (other
+    - Beam options: the pipelines' Beam jobs run on the DirectRunner's multi_processing workers (other
       processes: module files travel as wheels), BlockExampleGen staging the granted sealed files under
       --staging-location: the staging_location recorded on BlockExampleGen's MLMD executions, the staged runs
       deleted, the audit OK and no block over budget (was test_serve_runs_an_iteration_on_multi_processing_
@@ -125,7 +125,7 @@ def test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and
     - several pipelines on one replayed stream: easy (target 3,000,000 s^2) ACCEPTs, hard (100,000 s^2, out of the
       model's reach) TIMEs OUT, the first block's reservation split two ways (was tests/test_sage_run.py::
       test_sage_serve_runs_several_pipelines_on_one_replayed_stream);
-    - each pipeline's TFX run in its own worker process, at the same time as the other's (issue 12 part 2): the
+    - each pipeline's TFX run in its own worker process, at the same time as the other's: the
       spans of the two pipelines' MLMD executions overlap by more than half the shorter one (with --parallel 1
       the second run would start after the first), each pipeline granted once, the audit OK and no block over
       budget (was tests/test_serve_parallel.py::test_two_pipelines_run_their_tfx_iterations_at_once, which ran

@@ -1,4 +1,4 @@
-"""`sage serve` with one worker process per pipeline (issue 12 part 2): pipelines progress at once on one
+"""`sage serve` with one worker process per pipeline: pipelines progress at once on one
 ledger, and a worker killed mid-run is reported, restarted and resumes under its grant."""
 import os
 import re

@@ -1,4 +1,4 @@
-"""`sage serve --release NAME=STRATEGY:FILE` (issue 14: the release strategies from `sage serve`): a strategy is a
+"""`sage serve --release NAME=STRATEGY:FILE` (the release strategies from `sage serve`): a strategy is a
 serve participant in its own worker process, releasing for every new block after each replay step through
 `sage release`'s own code, charging each block its whole bound once before reading it; a killed strategy worker
 is restarted and resumes under its grants; bad --release values exit 2 with the ledger and data root unchanged.

@@ -1,4 +1,4 @@
-"""`sage serve --pipeline NAME=PIPELINE:TARGET --schedule NAME=bbscheduler:FILE` (issue 14): the named pipeline runs
+"""`sage serve --pipeline NAME=PIPELINE:TARGET --schedule NAME=bbscheduler:FILE`: the named pipeline runs
 under a growth schedule (BBScheduler) in its own worker, through `sage run --schedule`'s driver
 (``ScheduledPipeline``): after each replay step it charges every new block the schedule's lifetime (epsilon, delta)
 once, and runs the pipeline when the schedule says. Bad values exit 2 naming the value with nothing written.

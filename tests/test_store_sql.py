@@ -1,6 +1,6 @@
 """The store's SQL module (sage_tfx/privacy/store/sql.py): every statement it holds is valid SQL on the schema it
 describes, a fresh schema and a migrated one agree, and its placeholder helpers build what they say; the ledger's
-modules hold no SQL text of their own (issue 13 part 1: all of it lives in sql.py)."""
+modules hold no SQL text of their own (all of it lives in sql.py)."""
 import ast
 import inspect
 import pathlib

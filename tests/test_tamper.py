@@ -1,4 +1,4 @@
-"""The security review's 14 tamper cases (issue 16 part 3): a writer of the database WITHOUT the key file edits
+"""The security review's 14 tamper cases: a writer of the database WITHOUT the key file edits
 the ledger behind its back; ``audit_ledger`` (``sage ledger audit``) must name every one. No TensorFlow."""
 import json
 import os

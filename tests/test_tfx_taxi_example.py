@@ -1,4 +1,4 @@
-"""The acceptance example of issue 11: TFX's own taxi_utils_native_keras.py made private (examples/tfx_taxi).
+"""The acceptance example: TFX's own taxi_utils_native_keras.py made private (examples/tfx_taxi).
 
 `sage run examples/tfx_taxi/pipeline.py` on the real taxi trips before 2016 (daily blocks) ACCEPTs TFX's own
 task, "is the tip more than 20% of the fare?", at accuracy 0.8 and pushes the model; the pushed model is then

@@ -1,4 +1,4 @@
-"""The TFX pipeline root on a URL filesystem, the MLMD store local (issue 12; docs/scale_out.md, "The pipeline root on
+"""The TFX pipeline root on a URL filesystem, the MLMD store local (docs/scale_out.md, "The pipeline root on
 a URL filesystem").
 
 - (slow, tf; in tests/test_sage_run.py::test_one_iteration_runs_the_whole_tfx_pipeline_under_its_grant, one

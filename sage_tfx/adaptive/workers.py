@@ -1,4 +1,4 @@
-"""`sage serve`'s pipelines in parallel: one worker PROCESS per pipeline (issue 12 part 2).
+"""`sage serve`'s pipelines in parallel: one worker PROCESS per pipeline.
 
 TFX's orchestrators keep process-wide state and are not safe to run concurrently in one process, so the
 threaded ``Platform`` makes its pipelines' TFX runs take turns. ``ProcessPlatform`` runs each pipeline's

@@ -16,7 +16,7 @@ Two kinds of figure, each a ratio (safe / numpy, lower is better) of the median 
     - ``validation``: a DPLossValidator release on ``--rows`` losses (clipped sum and complement);
     - ``adassp``: DPLinearRegressor's AdaSSP on ``--rows`` rows of ``--features`` features (sufficient
       statistics, lam_min, X'X and X'y releases, the solve).
-Goal (issue 16): within 2x of numpy. Seeds are fixed; timings use ``time.perf_counter``.
+Goal: within 2x of numpy. Seeds are fixed; timings use ``time.perf_counter``.
 """
 import math
 import statistics

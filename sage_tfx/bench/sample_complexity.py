@@ -32,7 +32,7 @@ its public range, and a per-carrier mean delay; squared errors clipped at the SL
   per-carrier counts and sums, epsilon_pre/2 each) on the train rows, ``DPLinearRegressor``'s AdaSSP at
   (epsilon_train, 1e-8) with the example's feature centre 0.5, bound 1 and public prior (arrival delay =
   departure delay, residuals clipped to +-60 min; ``--flights-trainer centred``: no prior;
-  ``uncentred-paper``: no prior, bound 2, no centre and the paper's calibration, the library before issue 11
+  ``uncentred-paper``: no prior, bound 2, no centre and the paper's calibration, the earlier library
   part 6),
   DPLossValidator at epsilon_validation. This epsilon is a per-block CHARGE, stricter than the taxi tasks'
   (where training and validation each get epsilon);
@@ -78,8 +78,8 @@ def add_arguments(parser):
                              "of 2013 on the examples/flights pipeline (task flights_mse; --tasks is ignored)")
     parser.add_argument("--flights-trainer", default="prior", choices=FLIGHTS_TRAINERS,
                         help="flights: AdaSSP as examples/flights/trainer.py runs it (prior: centred, with the public "
-                             "prior arrival = departure delay), without the prior (centred), or as the library ran it "
-                             "before issue 11 part 6 (uncentred-paper)")
+                             "prior arrival = departure delay), without the prior (centred), or as an earlier "
+                             "library ran it (uncentred-paper)")
     parser.add_argument("--loss-bound", type=float, default=3600.0,
                         help="flights: the SLA's bound B on each squared error, minutes^2 (default 3600, the example's)")
     parser.add_argument("--plot", metavar="FILE", help="write a PNG of samples needed vs target (epsilon 1 "

@@ -1,4 +1,4 @@
-"""The exit codes of every `sage` command, defined once (issue 13 part 5).
+"""The exit codes of every `sage` command, defined once.
 
 The module's name starts with ``_`` so that ``build_parser`` does not take it for a command. Plain ints
 (``sys.exit`` and the tests compare them as such), importing nothing.

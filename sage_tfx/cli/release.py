@@ -1,4 +1,4 @@
-"""`sage release ...`: the stream release strategies of issue 14 from the command line (docs/release_strategies.md).
+"""`sage release ...`: the stream release strategies from the command line (docs/release_strategies.md).
 
   sage release continual --db LEDGER --stream S --data-root DIR --pipeline NAME --label COL --features C1,C2
       --loss logistic|squared --epsilon E --delta D --rows-per-block M [--window W] [--push-dir DIR

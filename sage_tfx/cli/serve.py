@@ -24,7 +24,7 @@ code, sage_tfx/cli/run.py ``beam_options``) and reach every worker's TFX runs, e
 gs://bucket/staging -- --runner=PortableRunner --job_endpoint=HOST:PORT --environment_type=EXTERNAL
 --environment_config=HOST:POOL_PORT` for Beam workers that do not see --data-root (docs/scale_out.md).
 
-Release strategies (issue 14, docs/release_strategies.md, "From sage serve / sage run"): --release
+Release strategies (docs/release_strategies.md, "From sage serve / sage run"): --release
 NAME=STRATEGY:FILE, repeatable, runs `sage release STRATEGY` (continual, incremental-regression, growth, pmwg) as
 a participant named NAME, in its own worker beside the pipelines: FILE is a JSON object holding that command's
 options (without --db, --stream, --data-root and --pipeline, which serve gives; NAME is the ledger's pipeline
@@ -38,7 +38,7 @@ arrives (its bound must fit in that share, or the block is refused and the strat
 block), and it stays registered afterwards: a later `sage serve --release` or `sage release --pipeline NAME`
 resumes it. Its name is claimed like a pipeline's. --pipeline is optional when a --release is given.
 
-Growth schedules (issue 14, docs/release_strategies.md, "A TFX pipeline under a growth schedule"): --schedule
+Growth schedules (docs/release_strategies.md, "A TFX pipeline under a growth schedule"): --schedule
 NAME=bbscheduler:FILE or NAME=bbimprover:FILE, at most one per --pipeline NAME, runs that pipeline under a
 BBScheduler or BBImprover instead of the Sage
 iterator, through `sage run --schedule`'s code (``ScheduledPipeline``), in its own worker: after each replay step it

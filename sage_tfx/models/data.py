@@ -4,7 +4,7 @@ A model sees one float32 matrix. Features given as a dict are laid out in a
 fixed key order (remembered at fit time, reused by predict and by the serving
 signature), each key taking ``width`` columns.
 
-Non-finite values (finding 7): a fit runs AFTER the ledger charged the budget, so it must not fail, or
+Non-finite values: a fit runs AFTER the ledger charged the budget, so it must not fail, or
 behave visibly differently, because of one record's value. Every value is therefore mapped to a PUBLIC
 default, the same for every record and chosen without looking at the data, before any DP computation:
 

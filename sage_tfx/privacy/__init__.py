@@ -1,6 +1,6 @@
 """The privacy core: ledger, filters, accounting curves (numpy/stdlib only; no TensorFlow).
 
-Layout (issue 13); imports run one way:
+Layout; imports run one way:
 
 * ``store/``: the ledger's storage. ``base`` (the backend-independent ``Store``: transactions, schema check and
   migration driver, ``Tx``), ``sqlite`` (``SqliteStore``: one host), ``postgres`` (``PostgresStore``: several

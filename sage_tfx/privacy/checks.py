@@ -1,5 +1,5 @@
 """Argument checks, in one place: names, finite numbers in a range, integers in a range, and public
-(low, high) ranges (issue 13 part 5).
+(low, high) ranges.
 
 Every layer uses these with its own error class and message style: ``error`` is the class to raise
 (LedgerError by default, the privacy core's; DPTransformError, ValidationInputError, ... elsewhere, each a

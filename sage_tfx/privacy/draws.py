@@ -1,4 +1,4 @@
-"""Run grants drawn from per-block lifetime grants: a pipeline re-run under a growth schedule (issue 14, item 3).
+"""Run grants drawn from per-block lifetime grants: a pipeline re-run under a growth schedule.
 
 Under a growth schedule (``sage_tfx.release.growth``: BBScheduler, the paper seed 001's Section 3.1) every
 arriving block is charged ONCE, at arrival, the whole (E, D) its records can ever lose under the schedule: its

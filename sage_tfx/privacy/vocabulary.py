@@ -1,4 +1,4 @@
-"""The privacy core's vocabularies, written once (issue 13 part 1).
+"""The privacy core's vocabularies, written once.
 
 Every value is the exact string the ledger has always stored (tables, log bodies, grant
 records), so ledgers written before these enums existed read unchanged: a ``StrEnum`` member

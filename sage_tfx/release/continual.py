@@ -55,7 +55,7 @@ sum_{j=0}^{J} 1/(z 2^j)^2 <= 4/(3 z^2) (the proof of Theorem 7's geometric serie
 1/z_eff^2 = sum_{j<=J} 4^-j / z^2. Old blocks are never read again once their buckets are complete.
 This differs from Algorithm 5's refresh chain (which re-trains shifted buckets) and is stated as ours.
 
-Charging (docs/release_strategies.md, issue 14's rule)
+Charging (docs/release_strategies.md)
 ------------------------------------------------------
 Each arriving block gets ONE grant, charged the whole per-record bound (epsilon, delta) BEFORE it is read,
 ``meta`` naming the strategy and its parameters. z_eff is calibrated to (epsilon, delta) with

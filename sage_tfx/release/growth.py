@@ -49,7 +49,7 @@ tight (the head is exact, the tail's integral bound is within a term of the sum)
 at a finite run (tests/test_scheduled_pipeline.py). Several epochs merged into one run (BBScheduler) cost
 min(sqrt(S), alpha S / 2) <= the sum of their own costs (S the sum of their squares), so the calibration holds.
 
-Charging (docs/growing_database.md, issue 14): every arriving block gets ONE grant charging the whole
+Charging (docs/growing_database.md): every arriving block gets ONE grant charging the whole
 (epsilon, delta) its records can ever lose under the schedule, BEFORE it is read; each run re-opens the release of
 the grant of every block it reads with the schedule instance's fingerprint bound to that block's registered content
 (``privacy.digests.bound_to_data``; same computation: counted once; other data: another computation, refused).

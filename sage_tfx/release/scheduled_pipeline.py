@@ -1,5 +1,5 @@
 """A TFX pipeline re-run under a growth schedule (BBScheduler and BBImprover, the paper seed 001's Sections 3.1
-and 3.2; issue 14 item 3).
+and 3.2).
 
 ``ScheduledPipeline`` drives any pipeline's ``run_iteration(grant, split, eta, iteration)`` (the function the Sage
 iterator calls: ``sage_tfx.pipelines`` builds one per pipeline, ``sage run`` too) by a schedule instead of the Sage

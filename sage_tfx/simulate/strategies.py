@@ -28,7 +28,7 @@ waiting pipelines by ``add_block``. An in-memory copy of the allocation
   window (min_window hours of records, doubling after each RETRY). No ledger:
   a record is never reused, so each record's loss is eps_g by construction.
 
-* ``block-dpf-n``, ``block-dpf-t``, ``block-dpack`` (issue 13): the queued policies of
+* ``block-dpf-n``, ``block-dpf-t``, ``block-dpack``: the queued policies of
   ``privacy/allocation.py`` (docs/scheduling_policies.md) on the same per-block filters, in memory
   (``QueuedAllocation``; the ledger does not run queued policies yet). A pipeline's attempt is a demand
   (eps on its newest ``window`` blocks that fit the unlocked budget, cost as block-conserve's); the

@@ -1,4 +1,4 @@
-"""DP counterparts of tf.Transform's scalers and bucketizers (issue 11, part 2):
+"""DP counterparts of tf.Transform's scalers and bucketizers:
 dp_scale_to_z_score, dp_scale_to_0_1, dp_quantiles, dp_bucketize.
 
 tf.Transform's versions read exact statistics of the data (mean and variance, min and

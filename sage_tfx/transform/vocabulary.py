@@ -1,4 +1,4 @@
-"""DP vocabularies (issue 11, part 2): DP partition selection on value counts (numpy only).
+"""DP vocabularies: DP partition selection on value counts (numpy only).
 
 `select_vocabulary` is the mechanism ``dp_vocabulary`` (in `vocabulary_analyzer`) runs ONCE
 in its Beam full pass, on the exact counts of the whole data set (like `noise.add_laplace`).

@@ -3,7 +3,7 @@
 Each checks that labels and predictions have the same shape (naming their trailing shapes when not: their
 lengths are counts of records).
 
-Non-finite records (finding 7): these values are computed after the budget is charged, so a NaN or +-inf
+Non-finite records: these values are computed after the budget is charged, so a NaN or +-inf
 label or prediction (e.g. a model that outputs NaN on one record) must not make the validation fail, nor
 show in an error. Such a record gets the WORST value, a fixed function of the record alone: the loss
 bound B for losses (what clipping an infinite loss to [0, B] gives), 0 ("incorrect") for correctness. The

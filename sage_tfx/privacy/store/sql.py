@@ -1,4 +1,4 @@
-"""All the SQL text of the ledger's store and of the audit, in one place (issue 13 part 1).
+"""All the SQL text of the ledger's store and of the audit, in one place.
 
 Nothing here runs a statement: the store (``base``, ``sqlite``, ``postgres``) and the audit (``audit.py``) run
 these. Every statement is written once with ``?`` placeholders; ``PostgresStore`` rewrites them to pg8000's

@@ -1,0 +1,86 @@
+"""Deferred package __init__s (sage_tfx/compat/deferred_imports.py): submodules import without the package's
+__init__, which runs once, on the first use of a name it defines; TFX's components stay usable."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sage_tfx.compat.deferred_imports import defer
+
+
+def _package(root, name):
+    pkg = root / name
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("import builtins\nbuiltins.INITS = getattr(builtins, 'INITS', 0) + 1\n"
+                                     "from .sub.leaf import VALUE\nNAME = 'init ran'\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "leaf.py").write_text("VALUE = 42\n")
+
+
+def test_a_submodule_imports_without_the_init_which_runs_once_on_first_use(tmp_path, monkeypatch):
+    import builtins
+
+    _package(tmp_path, "deferred_pkg_a")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delenv("SAGE_EAGER_IMPORTS", raising=False)
+    monkeypatch.setattr(builtins, "INITS", 0, raising=False)
+    defer("deferred_pkg_a")
+    try:
+        import deferred_pkg_a.sub.leaf as leaf
+
+        assert leaf.VALUE == 42 and builtins.INITS == 0  # the package's __init__ has not run
+        import deferred_pkg_a
+
+        assert deferred_pkg_a.NAME == "init ran" and builtins.INITS == 1
+        from deferred_pkg_a import VALUE
+
+        assert VALUE == 42 and builtins.INITS == 1  # once
+        with pytest.raises(AttributeError, match="no attribute 'missing'"):
+            deferred_pkg_a.missing
+    finally:
+        sys.meta_path[:] = [f for f in sys.meta_path if "deferred_pkg_a" not in getattr(f, "names", ())]
+        for name in [m for m in sys.modules if m.startswith("deferred_pkg_a")]:
+            del sys.modules[name]
+
+
+def test_eager_imports_turn_it_off(tmp_path, monkeypatch):
+    import builtins
+
+    _package(tmp_path, "deferred_pkg_b")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SAGE_EAGER_IMPORTS", "1")
+    monkeypatch.setattr(builtins, "INITS", 0, raising=False)
+    defer("deferred_pkg_b")
+    try:
+        import deferred_pkg_b.sub.leaf  # noqa: F401
+
+        assert builtins.INITS == 1
+    finally:
+        for name in [m for m in sys.modules if m.startswith("deferred_pkg_b")]:
+            del sys.modules[name]
+
+
+PROBE = textwrap.dedent("""
+    import json, sys
+    import sage_tfx, tensorflow
+    import tfx.orchestration.local.local_dag_runner, tfx.components.pusher.component
+    import sage_tfx.components.dp_trainer
+    before = {"keras3": "keras.src" in sys.modules, "kubernetes": "kubernetes" in sys.modules}
+    from tfx.components import Pusher
+    import tfx.components as components
+    same = Pusher is tfx.components.pusher.component.Pusher is components.Pusher
+    print(json.dumps({**before, "same": same, "after_kubernetes": "kubernetes" in sys.modules}))
+""")
+
+
+@pytest.mark.tf
+def test_a_tfx_run_imports_no_unused_component_and_the_components_stay_usable():
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("SAGE_EAGER_IMPORTS", None)
+    out = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"keras3": False, "kubernetes": False, "same": True, "after_kubernetes": True}, seen
