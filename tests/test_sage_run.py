@@ -127,20 +127,26 @@ def test_a_typo_or_a_missing_folder_exits_2_before_any_charge(taxi_stream, tmp_p
         assert ledger.grants("taxi") == []
 
 
-def _interrupted_then_resumed(db, data, work, fix):
-    """`sage run` (one iteration on 64 blocks) stopped after its charge by an error of the environment: exit 1
-    saying the grant stays in use, no outcome recorded; ``fix()``, then the same command resumes that iteration
-    under the same grant, charging nothing new. Returns the first run's stderr."""
+def _interrupted_then_resumed(db, data, work, interruptions):
+    """`sage run` (one iteration on 64 blocks) stopped after its charge by errors of the environment, one per
+    ``interruptions`` entry ``(says, fix)``: each run exits 1 saying the grant stays in use, ``says(stderr)`` holds,
+    no outcome is recorded and nothing is charged after the first run; then ``fix()``.
+    After the last fix the same command resumes that iteration under the same grant, charging nothing new."""
     cmd = ["run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "100000",
            "--max-iterations", "1", "--min-window", "64", "--rejection-share", "0", "--work-dir", work]
-    out = sage(*cmd)
-    assert out.returncode == 1, out.stdout + out.stderr[-3000:]
-    assert "stays in use (no outcome recorded)" in out.stderr and "FAILED" not in out.stdout, out.stdout
-    with Ledger.open(db) as ledger:
-        ((grant, outcome, _d),) = ledger.history("taxi", "taxi_regression")
-        spent = {b.id: b.spent for b in ledger.blocks("taxi")}
-    assert outcome is None and sum(s[0] > 0 for s in spent.values()) == 64
-    fix()
+    spent = None
+    for says, fix in interruptions:
+        out = sage(*cmd)
+        assert out.returncode == 1, out.stdout + out.stderr[-3000:]
+        assert "stays in use (no outcome recorded)" in out.stderr and "FAILED" not in out.stdout, out.stdout
+        assert says(out.stderr), out.stderr[-3000:]
+        with Ledger.open(db) as ledger:
+            ((grant, outcome, _d),) = ledger.history("taxi", "taxi_regression")
+            now = {b.id: b.spent for b in ledger.blocks("taxi")}
+        assert outcome is None and sum(s[0] > 0 for s in now.values()) == 64
+        assert spent is None or now == spent  # a second interruption charged nothing
+        spent = now
+        fix()
     again = sage(*cmd)
     assert again.returncode == 5, again.stdout + again.stderr[-3000:]
     assert f"resuming iteration 1 under its grant {grant.id}" in again.stdout
@@ -148,24 +154,6 @@ def _interrupted_then_resumed(db, data, work, fix):
         assert [(g.id, o) for g, o, _d in ledger.history("taxi", "taxi_regression")] == [(grant.id, "RETRY")]
         assert [g.id for g in ledger.grants("taxi")] == [grant.id]
         assert {b.id: b.spent for b in ledger.blocks("taxi")} == spent and ledger.audit().ok
-    return out.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.tf
-def test_a_block_file_damaged_after_the_check_leaves_the_iteration_resumable(taxi_stream, tmp_path):
-    """A block file damaged in place (same size: the check before the charge passes; its SHA-256 fails as the
-    grant reads it) stops the iteration after its charge. That was FAILED with the grant spent; now the grant
-    stays in use, and once the file is restored the rerun resumes under it, with no new charge."""
-    db, data, _state = _copy_stream_and_data(taxi_stream, tmp_path)
-    newest = sorted(b for b in os.listdir(data / "taxi") if not b.startswith("_"))[-1]
-    part = next(p for p in sorted((data / "taxi" / newest).iterdir()) if p.suffix == ".sealed")
-    original = part.read_bytes()
-    damaged = bytearray(original)
-    damaged[len(damaged) // 2] ^= 1
-    part.write_bytes(bytes(damaged))
-    err = _interrupted_then_resumed(db, data, tmp_path / "work", lambda: part.write_bytes(original))
-    assert "SealedError" in err and part.name in err
 
 
 def _tmpfs(path, size):
@@ -178,17 +166,31 @@ def _tmpfs(path, size):
 
 @pytest.mark.slow
 @pytest.mark.tf
-def test_a_full_disk_mid_run_leaves_the_iteration_resumable(taxi_stream, tmp_path):
-    """The work folder on a 400 KiB tmpfs: the check before the charge passes, then the run fills it (Beam's
-    Examples write gets ENOSPC, MLMD's SQLite "database or disk is full"). That was FAILED with 64 blocks' grant
-    spent; now the grant stays in use, and after the disk is grown the rerun resumes it, with no new charge."""
+def test_a_full_disk_then_a_damaged_block_leave_the_iteration_resumable(taxi_stream, tmp_path):
+    """Two errors of the environment after the charge, each of which was FAILED with 64 blocks' grant spent; now
+    the grant stays in use through both, and once both are fixed the rerun resumes it, with no new charge:
+
+    - the work folder on a 400 KiB tmpfs: the check before the charge passes, then the run fills it (Beam's
+      Examples write gets ENOSPC, MLMD's SQLite "database or disk is full"); the disk is then grown;
+    - a block file damaged in place (same size: the check before the charge passes; its SHA-256 fails as the
+      grant reads it); the file is then restored."""
     db, data, _state = _copy_stream_and_data(taxi_stream, tmp_path)
+    newest = sorted(b for b in os.listdir(data / "taxi") if not b.startswith("_"))[-1]
+    part = next(p for p in sorted((data / "taxi" / newest).iterdir()) if p.suffix == ".sealed")
+    original = part.read_bytes()
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 1
     disk = tmp_path / "disk"
     _tmpfs(disk, "400k")
+
+    def grow_the_disk_and_damage_the_block():
+        subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)
+        part.write_bytes(bytes(damaged))
+
     try:
-        err = _interrupted_then_resumed(db, data, disk / "work", lambda: subprocess.run(
-            ["mount", "-o", "remount,size=64m", str(disk)], check=True))
-        assert "interrupted by" in err and "Traceback" not in err
+        _interrupted_then_resumed(db, data, disk / "work", [
+            (lambda err: "interrupted by" in err and "Traceback" not in err, grow_the_disk_and_damage_the_block),
+            (lambda err: "SealedError" in err and part.name in err, lambda: part.write_bytes(original))])
     finally:
         subprocess.run(["umount", str(disk)], check=False)
 
