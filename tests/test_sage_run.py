@@ -551,11 +551,15 @@ def test_check_finds_module_errors_on_generated_rows_before_any_charge(taxi_stre
 @pytest.mark.slow
 @pytest.mark.tf
 def test_init_pipeline_files_pass_the_check_on_the_stream(taxi_stream, tmp_path):
-    """`sage init-pipeline` from the stream's schema, then `sage run --check`: the three files run as written."""
+    """`sage init-pipeline` from the stream's schema, then `sage run --check`: the three files run as written,
+    with a one-hot category column, a label source left out, the label's missing rows dropped and a regression
+    prior."""
     db, data = _copy_stream(taxi_stream, tmp_path)
     out = sage("init-pipeline", tmp_path / "mine", "--label", "fare", "--metric", "mse", "--loss-bound", "900",
-               "--data-root", data, "--stream", "taxi")
+               "--data-root", data, "--stream", "taxi", "--categorical", "trip_start_day", "--label-source", "tips")
     assert out.returncode == 0, out.stderr
+    assert "not a feature: trip_start_timestamp (the time column)" in out.stdout
+    assert "one-hot: trip_start_day, codes [0, 1, 2]" in out.stdout  # no file read: placeholder codes to edit
     out = sage("run", tmp_path / "mine" / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "check OK: mine ran end to end" in out.stdout
