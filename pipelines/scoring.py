@@ -90,7 +90,7 @@ def block_rows(data_root: str, stream: str, blocks: Sequence[str], split: Option
 
 def training_rows(data_root: str, stream: str, grant, *, ledger, purpose: str):
     """The rows of ``grant``'s blocks on the training side of its signed record split (what its training read),
-    as ``block_rows`` gives them (a trusted read, logged with ``purpose``)."""
+    as ``block_rows`` gives them (a trusted read of an open ``ledger``, logged with ``purpose``)."""
     from sage_tfx.ingest.access import read_block_records
     from sage_tfx.ingest.records import decode
 
@@ -182,14 +182,13 @@ def design_matrix(example_batch, features: Sequence[str], center=None, scale=Non
     here, on these rows, when None); a missing value is the centre (0 after standardizing)."""
     columns = np.column_stack([scalar_column(example_batch, f) for f in features]) if features else \
         np.zeros((example_batch.num_rows, 0))
+    finite = np.isfinite(columns)
     if center is None:
-        with np.errstate(invalid="ignore"):
-            center = np.where(np.isfinite(columns).any(axis=0), np.nanmean(np.where(np.isfinite(columns), columns,
-                                                                                     np.nan), axis=0), 0.0)
-        filled = np.where(np.isfinite(columns), columns, center)
+        center = np.where(finite, columns, 0.0).sum(axis=0) / np.maximum(finite.sum(axis=0), 1)
+        filled = np.where(finite, columns, center)
         scale = filled.std(axis=0)
         scale = np.where(scale > 0, scale, 1.0)
-    x = (np.where(np.isfinite(columns), columns, center) - center) / scale
+    x = (np.where(finite, columns, center) - center) / scale
     return x, center, scale
 
 

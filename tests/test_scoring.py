@@ -130,3 +130,18 @@ def test_sage_score_refuses_before_any_read_naming_the_value(world):
     with Ledger.open(world["db"]) as ledger:
         assert ledger.log_entries() == before
     assert json.dumps(before)  # (log entries are plain data)
+
+
+def test_the_design_matrix_fills_a_missing_value_with_the_training_mean():
+    import pyarrow as pa
+
+    def batch(values):
+        return pa.RecordBatch.from_arrays([pa.array([[v] if v is not None else [] for v in values],
+                                                    pa.large_list(pa.float32()))], names=["a"])
+
+    x, center, scale = scoring.design_matrix(batch([1.0, 3.0, None]), ["a"])
+    assert center.tolist() == [2.0] and x[2, 0] == 0.0 and x[0, 0] == -x[1, 0]
+    held, _, _ = scoring.design_matrix(batch([None, 2.0]), ["a"], center, scale)
+    assert held.tolist() == [[0.0], [0.0]]
+    empty, center, _ = scoring.design_matrix(batch([None, None]), ["a"])  # no value at all: the centre is 0
+    assert center.tolist() == [0.0] and empty.tolist() == [[0.0], [0.0]]

@@ -21,8 +21,7 @@ import os
 import shutil
 import time
 
-from sage_tfx.pipelines.scoring import (  # noqa: F401  (block_rows, example_rows: this module's names before)
-    block_rows, example_rows, held_out_overlap, pushed_models)
+from sage_tfx.pipelines.scoring import example_rows, held_out_overlap, pushed_models, training_rows
 
 DEFAULT_TARGET = 500_000.0  # MSE, seconds^2 (RMSE ~12 min), squared errors clipped at (30 min)^2
 STREAM = "taxi"
@@ -239,8 +238,8 @@ def held_out_scores(model_dir, loss_bound, data_root, grant, held_out, stream=ST
         predictions.append(np.asarray(next(iter(out.values()))).reshape(-1))
     dp_pred = np.concatenate(predictions)
 
-    train = block_rows(data_root, stream, grant.blocks, split="train", ledger=ledger,
-                       purpose="non-private baseline: least squares on the accepted model's training split")
+    train = training_rows(data_root, stream, grant, ledger=ledger,
+                          purpose="non-private baseline: least squares on the accepted model's training split")
     x, y, hourly = taxi_features(train)
     design = np.column_stack([x, np.ones(len(x))])
     coef, *_ = np.linalg.lstsq(design, y, rcond=None)
