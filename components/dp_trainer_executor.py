@@ -38,6 +38,7 @@ from tfx.types import artifact_utils
 
 from sage_tfx.components._grant import GrantedExecutor, computation_digest, released_record_count
 from sage_tfx.components.dp_transform_executor import COMPUTATION_PROPERTY
+from sage_tfx.components.user_modules import load_user_fn, sibling_sources
 from sage_tfx.privacy import GrantError, grant_split, require_budget, require_side, stage_budget
 from sage_tfx.privacy.checks import number
 
@@ -128,7 +129,8 @@ def _numbers_in(value):
 
 def public_numbers(source, custom_config, num_examples):
     """The numbers a DP fit's batch size and epochs may take under this run (``training_seed(public=...)``):
-    the numeric constants of the module's source, the numbers of ``custom_config``, the DP models' defaults,
+    the numeric constants of the module's source (``source``: its bytes, or a list of the bytes of it and of
+    the files beside it, which it may import), the numbers of ``custom_config``, the DP models' defaults,
     and ``trainer_utils.batch_size`` of each of them at the DP (or public) count ``num_examples``. All are
     public: the source and custom_config are part of the training computation, the count is DP."""
     import ast
@@ -139,11 +141,11 @@ def public_numbers(source, custom_config, num_examples):
     from sage_tfx.models.dpsgd_models import DPLogisticRegressor, _DPSGDEstimator
 
     numbers = _numbers_in(custom_config)
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, TypeError):  # compiled code: no constants to read
-        tree = None
-    if tree is not None:
+    for text in (source if isinstance(source, list) else [source]):
+        try:
+            tree = ast.parse(text)
+        except (SyntaxError, ValueError, TypeError):  # compiled code: no constants to read
+            continue
         numbers |= {float(n.value) for n in ast.walk(tree)
                     if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool)}
     for fn, names in ((make_private, ("batch_size", "epochs")), (_DPSGDEstimator.__init__, ("batch_size", "epochs")),
@@ -166,8 +168,9 @@ def training_computation(exec_properties, run_fn, input_dict, budget, data=None)
               if g.has_custom_property(COMPUTATION_PROPERTY)]
     params = {k: exec_properties.get(k) for k in COMPUTATION_PROPERTIES}
     params = {k: v if v is None or isinstance(v, (str, int, float)) else proto_json(v) for k, v in params.items()}
+    siblings = [part for name, text in sibling_sources(run_fn) for part in (name, text)]  # what it may import
     return computation_digest("DPTrainer/v1", source, getattr(run_fn, "__qualname__", ""), params, list(budget),
-                              graphs, *([] if data is None else [data]))
+                              graphs, *([] if data is None else [data]), *siblings)
 
 
 # ------------------------------------------------------------------------------------------- the audit
@@ -337,8 +340,6 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
             self._run(run, input_dict, output_dict, exec_properties)
 
     def _run(self, run, input_dict, output_dict, exec_properties):
-        from tfx.components.util import udf_utils
-
         grant = run.grant
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         for item in [examples] + list(input_dict.get("transform_graph") or []):
@@ -357,7 +358,7 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
         fn_args.num_examples = num_examples
         fn_args.grant_id = grant.id
         fn_args.stream = grant.stream
-        run_fn = udf_utils.get_fn(exec_properties, "run_fn")
+        run_fn = load_user_fn(exec_properties, "run_fn")  # its folder importable: run_fn may import siblings
         # One release per grant: another module or configuration under this grant is refused here.
         computation = training_computation(exec_properties, run_fn, input_dict, budget,
                                            run.release_data(train_splits))
@@ -368,7 +369,8 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
         kept = kept_release_dir(model.uri, grant.id, computation)
         released = restore_release(kept, model.uri, model_run.uri)  # a re-opened release: its first model
         if released is None:
-            public = public_numbers(module_source(run_fn), fn_args.custom_config, num_examples)
+            public = public_numbers([module_source(run_fn), *(data for _, data in sibling_sources(run_fn))],
+                                    fn_args.custom_config, num_examples)
             record, report = train_and_audit(run_fn, fn_args, seed, budget, num_examples, public,
                                              [model.uri, model_run.uri])
             record.update({"grant_id": grant.id, "stream": grant.stream, "num_examples": num_examples,

@@ -133,14 +133,15 @@ def raw_schema(exec_properties, grant):
 
 def load_preprocessing_fn(exec_properties):
     """The user's function: ``module_file`` (+ optional function name in ``preprocessing_fn``),
-    ``module_path``, or ``preprocessing_fn`` as a dotted path, as TFX's Transform takes them."""
-    from tfx.components.util import udf_utils
+    ``module_path``, or ``preprocessing_fn`` as a dotted path, as TFX's Transform takes them; a module file may
+    import the files beside it (``user_modules.load_user_fn``)."""
+    from sage_tfx.components.user_modules import load_user_fn
 
     given = [k for k in ("module_file", "module_path") if exec_properties.get(k)]
     if len(given) > 1 or not (given or exec_properties.get("preprocessing_fn")):
         raise TransformConfigError("give exactly one of module_file, module_path, or preprocessing_fn (a dotted "
                                    f"path); got {', '.join(given) or 'none'}")
-    return udf_utils.get_fn(exec_properties, "preprocessing_fn")
+    return load_user_fn(exec_properties, "preprocessing_fn")
 
 
 # ---------------------------------------------------------------- the DP analyzers of the traced function

@@ -20,6 +20,7 @@ from sage_tfx.pipelines.definition import (
     SagePipeline,
     StandardComponents,
 )
+from sage_tfx.pipelines.scoring import accepted_model, pushed_models, score_model
 
 BUILTIN = {
     "taxi_regression": "sage_tfx.pipelines.taxi_regression",
@@ -27,30 +28,7 @@ BUILTIN = {
 }
 
 __all__ = ["SLA", "Metric", "SagePipeline", "StandardComponents", "PipelineDefinitionError", "load_pipeline",
-           "pushed_models", "accepted_model", "BUILTIN"]
-
-
-def pushed_models(serving_dir: str) -> list:
-    """The model versions Pusher wrote under ``serving_dir`` (each a SavedModel directory), oldest first."""
-    if not os.path.isdir(serving_dir):
-        return []
-    return sorted(os.path.join(serving_dir, d) for d in os.listdir(serving_dir) if d.isdigit())
-
-
-def accepted_model(ledger_location: str, stream: str, pipeline: str, serving_dir: str):
-    """(the pipeline's last ACCEPTed grant, the newest model pushed under ``serving_dir``), e.g. to score it on
-    held-out rows; LookupError naming what is missing."""
-    from sage_tfx.privacy import Ledger
-
-    with Ledger.open(ledger_location) as ledger:
-        accepted = [g for g, outcome, _ in ledger.history(stream, pipeline) if outcome == "ACCEPT"]
-    if not accepted:
-        raise LookupError(f"no ACCEPTed {pipeline!r} grant on stream {stream!r} in {ledger_location}: run the "
-                          "pipeline first")
-    models = pushed_models(serving_dir)
-    if not models:
-        raise LookupError(f"no pushed model under {serving_dir}")
-    return accepted[-1], models[-1]
+           "pushed_models", "accepted_model", "score_model", "BUILTIN"]
 
 
 def load_pipeline(spec: str) -> SagePipeline:

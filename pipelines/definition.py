@@ -38,6 +38,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
+from sage_tfx.components.user_modules import python_files
 from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.split import DEFAULT_RECORD_SPLIT, eval_share_split
 from sage_tfx.privacy.errors import SageError
@@ -280,12 +281,16 @@ class SagePipeline:
                 "model": self.model_family(model), "definition": self.definition_digest(hparams)}
 
     def definition_digest(self, hparams: Optional[dict] = None) -> str:
-        """SHA-256 (hex) of the pipeline file's, the module files' contents and the trainer's configuration."""
-        files = {"pipeline_file": self.source_file, **{role: self.module_path(role) for role in (
-            "trainer_module", "preprocessing_module", "loss_module")}}
+        """SHA-256 (hex) of the pipeline file's, the module files' contents, the other ``.py`` files of the
+        modules' folders (a module may import them: ``components.user_modules``) and the trainer's
+        configuration."""
+        modules = {role: self.module_path(role) for role in ("trainer_module", "preprocessing_module", "loss_module")}
+        files = {"pipeline_file": self.source_file, **modules}
         contents = {role: _file_digest(path) for role, path in files.items() if path is not None}
+        folders = sorted({os.path.dirname(os.path.abspath(p)) for p in modules.values() if p is not None})
+        beside = [[[os.path.basename(f), _file_digest(f)] for f in python_files(folder)] for folder in folders]
         config = json.dumps({"files": contents, "trainer_config": self.trainer_config, "hparams": hparams or {},
-                             "models": list(self.models)}, sort_keys=True, default=repr)
+                             "models": list(self.models), "beside_modules": beside}, sort_keys=True, default=repr)
         return hashlib.sha256(config.encode()).hexdigest()
 
     # ------------------------------------------------------------------ the TFX pipeline of one iteration

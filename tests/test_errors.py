@@ -61,6 +61,8 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.components.dp_trainer_executor.SpendError": (ValueError,),
     "sage_tfx.pipelines.definition.PipelineDefinitionError": (ValueError,),
     "sage_tfx.pipelines.template.TemplateError": (ValueError,),
+    "sage_tfx.pipelines.scoring.ScoreError": (ValueError,),
+    "sage_tfx.pipelines.check.TrivialTarget": (ValueError,),
     "sage_tfx.privacy.noise_schedules.NoiseScheduleError": (ValueError,),
     "sage_tfx.release.continual.ContinualReleaseError": (ValueError,),
     "sage_tfx.release.growth.GrowthError": (ValueError,),
@@ -91,7 +93,7 @@ CORE_MODULES = (
     "sage_tfx.privacy.samplers",
     "sage_tfx.transform.errors", "sage_tfx.validation.core", "sage_tfx.ingest.records", "sage_tfx.ingest.access",
     "sage_tfx.ingest.sealed", "sage_tfx.components.transform_utils", "sage_tfx.components.trainer_utils",
-    "sage_tfx.pipelines.definition", "sage_tfx.pipelines.template", "sage_tfx.beam_boot",
+    "sage_tfx.pipelines.definition", "sage_tfx.pipelines.template", "sage_tfx.pipelines.scoring", "sage_tfx.beam_boot",
     "sage_tfx.privacy.noise_schedules", "sage_tfx.release.continual", "sage_tfx.release.growth",
     "sage_tfx.release.incremental_regression", "sage_tfx.cli.release",
 )

@@ -1,6 +1,6 @@
 """No held-out set of the demo, a bench or a docs example shares a row with what its run ingested or trained on.
 
-- ``make demo`` (sage_tfx.demos.end_to_end): the held-out trips (from HELD_OUT_FROM on) against the rows its
+- ``make demo`` (sage_tfx.demos.end_to_end, with ``sage_tfx.pipelines.scoring``'s helpers): the held-out trips (from HELD_OUT_FROM on) against the rows its
   replay ingests, replayed here on the real data and read back from the block files (full-row keys: the value
   hash that block digests sum), plus a coarser trip key (timestamp, seconds, miles, fare, census tracts).
   A positive control shows the same comparison catches the tfx wheel's ``external`` file, which the demo
@@ -19,6 +19,7 @@ import pytest
 
 from sage_tfx.data.taxi import TRIP_KEY, load_taxi, row_keys, taxi_csv_path
 from sage_tfx.demos import end_to_end as demo
+from sage_tfx.pipelines import scoring
 from sage_tfx.ingest.records import infer_schema, input_format, read_batches
 
 
@@ -74,18 +75,18 @@ def test_demo_replay_ingests_no_held_out_row(demo_split, tmp_path):
     assert len(blocks) == 1095 and all(b < demo.HELD_OUT_FROM for b in blocks)
     schema = stream_config(data_root, demo.STREAM)["schema"]
     db = str(tmp_path / "ledger.db")
-    ingested = demo.block_rows(data_root, demo.STREAM, blocks, ledger=db, purpose="test: the held-out split")
-    held_rows = demo.example_rows(held, schema)
+    ingested = scoring.block_rows(data_root, demo.STREAM, blocks, ledger=db, purpose="test: the held-out split")
+    held_rows = scoring.example_rows(held, schema)
     assert ingested.num_rows == stream.num_rows
     # The ingested rows are exactly the stream's rows, and none of the held-out rows.
-    assert demo.row_key_set(ingested) == demo.row_key_set(demo.example_rows(stream, schema))
-    assert not demo.row_key_set(ingested) & demo.row_key_set(held_rows)
+    assert scoring.row_key_set(ingested) == scoring.row_key_set(scoring.example_rows(stream, schema))
+    assert not scoring.row_key_set(ingested) & scoring.row_key_set(held_rows)
     assert not _trip_keys(ingested) & _trip_keys(held_rows)
-    assert demo.held_out_overlap(data_root, demo.STREAM, blocks, held, ledger=db) == 0
+    assert scoring.held_out_overlap(data_root, demo.STREAM, blocks, held, ledger=db) == 0
     # Positive control: the same check flags the external file (thousands of its rows were ingested).
     external = _read_csv("external")
-    assert demo.held_out_overlap(data_root, demo.STREAM, blocks, external, ledger=db) > 9000
-    assert len(_trip_keys(ingested) & _trip_keys(demo.example_rows(external, schema))) > 9000
+    assert scoring.held_out_overlap(data_root, demo.STREAM, blocks, external, ledger=db) > 9000
+    assert len(_trip_keys(ingested) & _trip_keys(scoring.example_rows(external, schema))) > 9000
 
 
 def test_bench_dp_quality_test_rows_are_not_training_rows():

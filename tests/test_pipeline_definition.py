@@ -163,3 +163,73 @@ def test_init_pipeline_writes_three_files_that_load(tmp_path):
         assert out.returncode == 2 and named in out.stderr, (args, out.stderr)
     assert sorted(set(os.listdir(target)) - {"__pycache__"}) == files
     assert {f: (target / f).read_text() for f in files} == before
+
+
+def _init(target, *args):
+    from sage_tfx.data.taxi import taxi_csv_path
+
+    return subprocess.run([sys.executable, "-m", "sage_tfx", "init-pipeline", str(target), "--input",
+                           taxi_csv_path("simple"), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_init_pipeline_leaves_out_the_time_and_the_labels_source_and_one_hot_encodes_codes(tmp_path):
+    """The template used to take the unix-seconds time column (no --time-column given), every column whose name
+    is the label's (e.g. trip_total for a label trip_total_usd) and category codes as numbers. Now the time
+    column (unix seconds, found in the file's first rows), a --label-source and a name overlapping the label's
+    are never features, each said so; day and month codes are one-hot encoded; a regression gets a public prior."""
+    out = _init(tmp_path / "mine", "--label", "fare", "--metric", "mse", "--loss-bound", "900", "--label-source",
+                "tips", "--categorical", "trip_start_hour")
+    assert out.returncode == 0, out.stderr
+    assert "not a feature: trip_start_timestamp (the time column)" in out.stdout
+    assert "not a feature: tips (the label's source (--label-source))" in out.stdout
+    assert "one-hot: trip_start_day, codes [1, 2, 3, 4, 5, 6, 7]" in out.stdout
+    assert "missing are dropped (never filled)" in out.stdout
+    pre, trainer = ((tmp_path / "mine" / f).read_text() for f in ("preprocessing.py", "trainer.py"))
+    ranges = pre[pre.index("PUBLIC_RANGES"):pre.index("FEATURES =")]
+    for left_out in ("trip_start_timestamp", "tips", "trip_start_day", "trip_start_month", "trip_start_hour"):
+        assert repr(left_out) not in ranges, left_out
+    assert "'trip_start_hour': [0, 1, 2," in pre and "'trip_start_hour': [0, 1, 2]" not in pre and "'trip_start_hour_23'" in trainer
+    assert "'trip_start_month_12'" in trainer and "'trip_miles'" in trainer and "'tips'" not in trainer
+    assert "fill_in_missing(inputs[LABEL], 0)" not in pre and 'float("nan")' in pre
+    assert "PRIOR_INTERCEPT = " in trainer and "prior_intercept=PRIOR_INTERCEPT" in trainer
+    # a column named after the label is left out unless declared a category; an unknown column is named
+    out = _init(tmp_path / "other", "--label", "trip_seconds", "--metric", "mae", "--loss-bound", "600")
+    assert out.returncode == 0, out.stderr
+    assert "not a feature: trip_start_timestamp" in out.stdout
+    for args, named in ((["--label-source", "nope"], "'nope'"), (["--categorical", "fare"], "'fare' is the label"),
+                        (["--categorical", "company"], "'company' holds bytes")):
+        out = _init(tmp_path / "bad", "--label", "fare", "--metric", "mse", "--loss-bound", "900", *args)
+        assert out.returncode == 2 and named in out.stderr, (args, out.stderr)
+    assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.tf
+def test_the_templates_preprocessing_keeps_a_missing_label_missing(tmp_path):
+    """The template filled a missing label with 0, so training saw those rows as label 0 while the validator
+    skipped them. Now the label is NaN (load_examples drops the row); a category code one-hot encodes."""
+    import importlib.util
+
+    import numpy as np
+
+    import sage_tfx  # noqa: F401  (before TensorFlow)
+    import tensorflow as tf
+
+    out = _init(tmp_path / "mine", "--label", "fare", "--metric", "mse", "--loss-bound", "900")
+    assert out.returncode == 0, out.stderr
+    spec = importlib.util.spec_from_file_location("template_pre", tmp_path / "mine" / "preprocessing.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+
+    def column(values, dtype):  # one value per row, None: missing
+        present = [(i, v) for i, v in enumerate(values) if v is not None]
+        return tf.SparseTensor([[i, 0] for i, _ in present], tf.constant([v for _, v in present], dtype),
+                               [len(values), 1])
+
+    names = list(module.PUBLIC_RANGES) + list(module.CATEGORIES)
+    inputs = {n: column([1, 2, 3], tf.int64) for n in names}
+    inputs["trip_start_day"] = column([2, None, 9], tf.int64)
+    inputs["fare"] = column([4.5, None, 0.0], tf.float32)
+    outputs = module.preprocessing_fn(inputs, {})
+    fare = outputs["fare"].numpy()
+    assert fare[0] == 4.5 and np.isnan(fare[1]) and fare[2] == 0.0
+    assert [outputs[f"trip_start_day_{d}"].numpy().tolist() for d in (2, 7)] == [[1, 0, 0], [0, 0, 0]]

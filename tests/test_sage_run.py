@@ -401,8 +401,10 @@ def _history_of(db, stream, pipeline):
 @pytest.mark.tf
 def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
     """`sage run path/to/pipeline.py`: a user's own pipeline (examples/taxi_fare: three files, the public API
-    alone) runs under the same iterator, progress lines and exit codes as the built-ins. Its clipped fare MSE
-    bound on 256 days at epsilon 1 measured 156 $^2; the target 300 leaves a wide margin."""
+    alone; its trainer imports its sibling preprocessing.py, which TFX's module loading alone refused) runs under
+    the same iterator, progress lines and exit codes as the built-ins. Its clipped fare MSE bound on 256 days at
+    epsilon 1 measured 156 $^2; the target 300 leaves a wide margin. Then `sage score` scores the pushed model
+    on later days beside non-private baselines."""
     db, data = _copy_stream(taxi_stream, tmp_path)
     pipeline_file = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare",
                                  "pipeline.py")
@@ -418,6 +420,58 @@ def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
     with Ledger.open(db) as ledger:
         stages = {r.stage for r in ledger.releases(history[0][0].id)}
     assert stages == {"count", "preprocessing", "training", "rejection", "validation"}
+
+    # `sage score` on the trips of the days after the stream's 300 (never ingested), beside non-private
+    # baselines on the grant's training rows; a hold-out holding one stream trip is refused, writing nothing
+    held, leaky = _taxi_trips_after(db, tmp_path / "held.csv"), _taxi_trips_after(db, tmp_path / "leaky.csv", 1)
+    common = ["--db", db, "--stream", "taxi", "--data-root", data, "--work-dir", tmp_path / "work",
+              "--features", "trip_miles,trip_seconds,trip_start_hour"]
+    refused = sage("score", pipeline_file, "--held-out", leaky, *common, "--out", tmp_path / "refused")
+    assert refused.returncode == 2 and "1 row(s) of the hold-out" in refused.stderr, refused.stderr[-3000:]
+    assert not (tmp_path / "refused").exists()
+    scored = sage("score", pipeline_file, "--held-out", held, *common)
+    assert scored.returncode == 0, scored.stdout + scored.stderr[-3000:]
+    with open(tmp_path / "work" / "score" / "score.json") as f:
+        report = json.load(f)
+    assert os.path.getsize(tmp_path / "work" / "score" / "score.png") > 0
+    assert (report["grant"], report["held_out_rows"], report["held_out_rows_in_stream"]) == (history[0][0].id, 500, 0)
+    assert set(report["scores"]) == {"dp_model", "mean_label", "least_squares"} and report["target"] == 300.0
+    scores = {k: v["value"] for k, v in report["scores"].items()}
+    # the same features without DP fit the fare better than the mean; the DP model stays within the target
+    assert scores["least_squares"] < scores["mean_label"] and scores["dp_model"] < 300.0, scores
+    with Ledger.open(db) as ledger:
+        reads = [r["purpose"] for r in ledger.trusted_reads("taxi")]
+        assert ledger.audit().ok
+    assert len(reads) == 3 and all(r.startswith("sage score: ") for r in reads), reads  # 2 of the score, 1 refused
+
+
+def _taxi_trips_after(db, path, stream_trips=0):
+    """A CSV (the stream's input format) of the first 500 real trips of the days after the stream's last block,
+    plus ``stream_trips`` trips the stream holds; returns its path."""
+    import csv
+    import datetime
+
+    from sage_tfx.data.taxi import TIME_COLUMN, taxi_csv_path
+
+    with Ledger.open(db) as ledger:
+        first = min(b.id for b in ledger.blocks("taxi"))
+        last = max(b.id for b in ledger.blocks("taxi"))
+    day = datetime.date.fromisoformat(last.split(".")[0]) + datetime.timedelta(days=1)
+    cut = datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.timezone.utc).timestamp()
+    start = datetime.date.fromisoformat(first.split(".")[0])
+    begin = datetime.datetime(start.year, start.month, start.day, tzinfo=datetime.timezone.utc).timestamp()
+    with open(taxi_csv_path("simple"), newline="") as f, open(path, "w", newline="") as out:
+        reader, writer = csv.reader(f), csv.writer(out)
+        header = next(reader)
+        writer.writerow(header)
+        at, later, inside = header.index(TIME_COLUMN), [], []
+        for row in reader:
+            if row[at] and int(row[at]) >= cut:
+                later.append(row)
+            elif row[at] and begin <= int(row[at]) < cut:
+                inside.append(row)
+        writer.writerows(sorted(later, key=lambda r: int(r[at]))[:500] + inside[:stream_trips])
+    return path
 
 
 @pytest.mark.slow
@@ -499,11 +553,15 @@ def test_check_finds_module_errors_on_generated_rows_before_any_charge(taxi_stre
 @pytest.mark.slow
 @pytest.mark.tf
 def test_init_pipeline_files_pass_the_check_on_the_stream(taxi_stream, tmp_path):
-    """`sage init-pipeline` from the stream's schema, then `sage run --check`: the three files run as written."""
+    """`sage init-pipeline` from the stream's schema, then `sage run --check`: the three files run as written,
+    with a one-hot category column, a label source left out, the label's missing rows dropped and a regression
+    prior."""
     db, data = _copy_stream(taxi_stream, tmp_path)
     out = sage("init-pipeline", tmp_path / "mine", "--label", "fare", "--metric", "mse", "--loss-bound", "900",
-               "--data-root", data, "--stream", "taxi")
+               "--data-root", data, "--stream", "taxi", "--categorical", "trip_start_day", "--label-source", "tips")
     assert out.returncode == 0, out.stderr
+    assert "not a feature: trip_start_timestamp (the time column)" in out.stdout
+    assert "one-hot: trip_start_day, codes [0, 1, 2]" in out.stdout  # no file read: placeholder codes to edit
     out = sage("run", tmp_path / "mine" / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data,
                "--work-dir", tmp_path / "work")
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]

@@ -9,10 +9,10 @@ import sys
 import pytest
 
 from sage_tfx.data.taxi import TIME_COLUMN, load_taxi
-from sage_tfx.demos import end_to_end
 from sage_tfx.ingest import access, sealed
 from sage_tfx.ingest.pipeline import ingest_batches, make_spec
 from sage_tfx.ingest.records import schema_of
+from sage_tfx.pipelines import scoring
 from sage_tfx.privacy import Ledger, LedgerError, UnknownBlock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -43,7 +43,7 @@ def test_a_trusted_read_of_spent_blocks_is_in_the_audit_with_its_blocks_and_purp
     ledger.request("p", "a", blocks=blocks, epsilon=1.0)  # spends them whole: retired, never granted again
     assert all(b.state == "retired" for b in ledger.blocks("a") if b.id in blocks)
     before = ledger.log_entries()
-    rows = end_to_end.block_rows(data, "a", blocks, ledger=ledger, purpose="non-private baseline")
+    rows = scoring.block_rows(data, "a", blocks, ledger=ledger, purpose="non-private baseline")
     assert rows.num_rows == sum(ledger.private_row_count("a", b) for b in blocks) > 0
     after = ledger.log_entries()
     assert after[:len(before)] == before and [e[2] for e in after[len(before):]] == ["trusted_read"]
@@ -93,7 +93,7 @@ def test_every_door_outside_a_grant_needs_a_purpose_and_gives_no_key_without_its
     with pytest.raises(TypeError, match="purpose"):
         access.read_block_records(ledger, data, "a", [block])
     with pytest.raises(TypeError, match="purpose"):
-        end_to_end.block_rows(data, "a", [block], ledger=ledger)
+        scoring.block_rows(data, "a", [block], ledger=ledger)
     with pytest.raises(error, match="purpose"):
         access.trusted_block_keys(ledger, "a", [block], purpose=purpose)
     with pytest.raises(error, match="purpose"):

@@ -76,10 +76,9 @@ def score(db, data_root, serving_dir, held_out_from):
     import tensorflow as tf
 
     from sage_tfx.data.flights import TIME_COLUMN, load_flights, split_at
-    from sage_tfx.demos.end_to_end import block_rows, example_rows, held_out_overlap
     from sage_tfx.ingest.records import encode
     from sage_tfx.ingest.store import stream_config
-    from sage_tfx.pipelines import accepted_model
+    from sage_tfx.pipelines.scoring import accepted_model, block_rows, example_rows, held_out_overlap
 
     sys.path.insert(0, HERE)
     from preprocessing import DELAY_RANGE

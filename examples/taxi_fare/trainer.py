@@ -2,15 +2,18 @@
 
 The budget (``fn_args.privacy_budget``) and the DP training-set size (``fn_args.num_examples``) come from
 DPTrainer; the model draws its noise from the grant (no seed here). The served model takes raw tf.Examples
-through the transform graph, so the validator and serving see the raw features.
+through the transform graph, so the validator and serving see the raw features. It imports its sibling
+``preprocessing.py`` for the label's public range, as a module file may (docs/your_pipeline.md).
 """
 import sage_tfx  # noqa: F401  (before TensorFlow)
 
 from sage_tfx.components import trainer_utils
 from sage_tfx.models import DPDNNRegressor, DPLinearRegressor
 
+from preprocessing import MAX_FARE
+
 FEATURES = ["miles_01", "minutes_01", "hour_rate"]  # each in [0, 1]
-LABEL, FARE_RANGE = "fare", (0.0, 100.0)
+LABEL, FARE_RANGE = "fare", (0.0, MAX_FARE)
 
 
 def run_fn(fn_args):

@@ -53,10 +53,10 @@ def score(db, data_root, serving_dir, seed=0):
     import numpy as np
     import tensorflow as tf
 
-    from sage_tfx.demos.end_to_end import block_rows, held_out_overlap, stream_and_held_out
+    from sage_tfx.demos.end_to_end import stream_and_held_out
     from sage_tfx.ingest.records import encode
     from sage_tfx.ingest.store import stream_config
-    from sage_tfx.pipelines import accepted_model
+    from sage_tfx.pipelines.scoring import accepted_model, block_rows, held_out_overlap
 
     sys.path.insert(0, HERE)
     import taxi_utils_native_keras as module

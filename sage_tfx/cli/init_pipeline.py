@@ -4,12 +4,19 @@ The schema comes from a stream (--data-root and --stream: its public _stream.jso
 (--input). The files run as written (`sage run DIR/pipeline.py --check ...` passes on the stream) but
 hold placeholder PUBLIC bounds to edit. Existing files are never overwritten without --force.
 
+Features: the numeric columns, never the label, the time column (the stream's, --time-column, or a column
+--input types as a timestamp or date), a --label-source column, nor a column whose name overlaps the label's.
+Category codes (--categorical, or an int column of --input with 3 to 20 distinct values in its first rows)
+are one-hot encoded over a public list of codes. Rows with a missing label are dropped, never filled.
+
 Exit codes: 0 written, 2 bad input (nothing written).
 """
 import argparse
 import sys
 
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
+
+PLACEHOLDER_CODES = [0, 1, 2]  # --categorical COL without a file to read its codes from: EDIT in the file
 
 
 def add_parser(subparsers):
@@ -26,6 +33,10 @@ def add_parser(subparsers):
                                 "plan its budget allows (default: the window fits the data root's blocks)")
     p.add_argument("--input", help="or: take the schema of a data file (CSV, TFRecord or Parquet)")
     p.add_argument("--time-column", help="with --input: the time column, left out of the features")
+    p.add_argument("--label-source", action="append", default=[], metavar="COL",
+                   help="a column the label is computed from, or computed from it: never a feature (repeatable)")
+    p.add_argument("--categorical", action="append", default=[], metavar="COL",
+                   help="an int column of category codes: one-hot encoded, not a number (repeatable)")
     p.add_argument("--name", help="the pipeline's name (default: the directory's name)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=_run)
@@ -75,19 +86,30 @@ def _stream_blocks(args):
 
 
 def _run(args):
-    from sage_tfx.pipelines.template import write_template
+    from sage_tfx.pipelines.template import inspect_input, plan_features, write_template
 
     try:
         schema, time_column = _schema(args)
         blocks, plan = _stream_blocks(args)
+        times, seen = inspect_input(args.input, schema, args.label, args.categorical) if args.input else ([], {})
+        times = [t for t in [time_column, *times] if t]
+        categories = {c: seen[c] for c in seen if c not in args.label_source}
+        categories.update({c: seen.get(c, PLACEHOLDER_CODES) for c in args.categorical})
+        _, categories, left_out = plan_features(schema, args.label, time_columns=times,
+                                                label_sources=args.label_source, categories=categories)
         paths = write_template(args.directory, schema, args.label, args.metric, name=args.name,
-                               loss_bound=args.loss_bound, time_column=time_column, force=args.force,
-                               blocks=blocks, plan=plan)
+                               loss_bound=args.loss_bound, time_columns=times, label_sources=args.label_source,
+                               categories=categories, force=args.force, blocks=blocks, plan=plan)
     except (ValueError, OSError) as exc:
         print(f"sage init-pipeline: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     for path in paths:
         print(f"wrote {path}")
+    print(f"rows whose label {args.label!r} is missing are dropped (never filled), as the validator skips them")
+    for column, why in left_out.items():
+        print(f"not a feature: {column} ({why})")
+    for column, codes in categories.items():
+        print(f"one-hot: {column}, codes {codes} (EDIT them in preprocessing.py to the public list)")
     print("next: edit the PUBLIC bounds they hold, then `sage run "
           f"{paths[0]} --check --db LEDGER --stream STREAM --data-root DATA` (spends nothing)")
     return EXIT_OK

@@ -21,6 +21,8 @@ import os
 import shutil
 import time
 
+from sage_tfx.pipelines.scoring import example_rows, held_out_overlap, pushed_models, training_rows
+
 DEFAULT_TARGET = 500_000.0  # MSE, seconds^2 (RMSE ~12 min), squared errors clipped at (30 min)^2
 STREAM = "taxi"
 TIME_COLUMN = "trip_start_timestamp"
@@ -138,8 +140,6 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
 
 
 def _pushed_model(serving_dir):
-    from sage_tfx.pipelines import pushed_models
-
     models = pushed_models(serving_dir)
     return models[-1] if models else None
 
@@ -168,63 +168,6 @@ def stream_and_held_out(held_out_from=HELD_OUT_FROM):
         raise ValueError(f"{times.null_count} trip(s) have no {TIME_COLUMN}: they fit neither side of the cut")
     before = pc.less(times, cutoff)
     return table.filter(before), table.filter(pc.invert(before))
-
-
-def block_rows(data_root, stream, blocks, split=None, *, ledger, purpose):
-    """The rows of committed blocks as one RecordBatch of list columns, in the stream's schema.
-
-    Read the way trusted code reads them: the blocks' encrypted files under the data root, with their keys from
-    ``ledger`` (a Ledger or its location; ``access.read_block_records``, TRUSTED CODE ONLY: for the non-private
-    baselines), after a ``trusted_read`` entry naming the blocks and ``purpose`` is in the ledger's audit log. With ``split`` ("train" or "eval"), only the records BlockExampleGen assigns to that split (its
-    per-record hash, default splits).
-    """
-    from sage_tfx.ingest.access import read_block_records
-    from sage_tfx.ingest.records import decode
-    from sage_tfx.ingest.store import stream_config
-    from sage_tfx.privacy import Ledger
-
-    schema = stream_config(data_root, stream)["schema"]
-    if isinstance(ledger, Ledger):
-        records = list(read_block_records(ledger, data_root, stream, blocks, purpose=purpose))
-    else:
-        with Ledger.open(ledger) as opened:
-            records = list(read_block_records(opened, data_root, stream, blocks, purpose=purpose))
-    if split is not None:
-        from sage_tfx.components.block_example_gen_executor import DEFAULT_SPLITS, split_index
-
-        names, bounds, total = list(DEFAULT_SPLITS), [], 0
-        for name in names:
-            total += DEFAULT_SPLITS[name]
-            bounds.append(total)
-        records = [r for r in records if split_index(r, bounds) == names.index(split)]
-    return decode(records, schema)
-
-
-def example_rows(table, schema):
-    """``table``'s rows as list columns of the stream's schema, as they are ingested and served."""
-    import pyarrow as pa
-
-    from sage_tfx.ingest.records import to_example_batch
-
-    batches = table.to_batches() or [pa.RecordBatch.from_pylist([], schema=table.schema)]
-    return pa.Table.from_batches([to_example_batch(b, schema) for b in batches]).combine_chunks().to_batches()[0]
-
-
-def row_key_set(example_batch):
-    """Full-row keys of list-column rows: the value hash that block digests sum (every column, every value)."""
-    from sage_tfx.ingest.records import row_hashes
-
-    return set(row_hashes(example_batch).tolist())
-
-
-def held_out_overlap(data_root, stream, blocks, held_out, *, ledger):
-    """How many held-out rows are also rows of ``blocks`` (full-row keys); a held-out set must give 0."""
-    from sage_tfx.ingest.store import stream_config
-
-    schema = stream_config(data_root, stream)["schema"]
-    ingested = row_key_set(block_rows(data_root, stream, blocks, ledger=ledger,
-                                      purpose="held-out check: no held-out row is a stream row"))
-    return sum(key in ingested for key in row_key_set(example_rows(held_out, schema)))
 
 
 def _column(example_batch, name):
@@ -295,8 +238,8 @@ def held_out_scores(model_dir, loss_bound, data_root, grant, held_out, stream=ST
         predictions.append(np.asarray(next(iter(out.values()))).reshape(-1))
     dp_pred = np.concatenate(predictions)
 
-    train = block_rows(data_root, stream, grant.blocks, split="train", ledger=ledger,
-                       purpose="non-private baseline: least squares on the accepted model's training split")
+    train = training_rows(data_root, stream, grant, ledger=ledger,
+                          purpose="non-private baseline: least squares on the accepted model's training split")
     x, y, hourly = taxi_features(train)
     design = np.column_stack([x, np.ones(len(x))])
     coef, *_ = np.linalg.lstsq(design, y, rcond=None)
