@@ -104,6 +104,10 @@ def run(args, beam_args=None):
     except (ValueError, LedgerError, OSError) as exc:
         print(f"sage ingest: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    from sage_tfx.ingest.records import format_columns
+
+    print(f"stream {args.stream}: columns as stored (the stream keeps these types):")
+    print("\n".join(format_columns(result["columns"], args.time_column)))
     print(f"stream {args.stream}: {len(result['added'])} block(s) added, {len(result['unchanged'])} already "
           f"present (unchanged){_encrypted(result)}; data under {args.data_root}")
     return EXIT_OK

@@ -368,7 +368,16 @@ def check_batch(batch, path, first_row, schema, time_column=None):
 
 
 def infer_schema(path, fmt):
-    """The feature schema of an input file (CSV: from its first 16 MiB; TFRecord: first 1,000 records)."""
+    """The feature schema of an input file (CSV: from its first 16 MiB; TFRecord: first 1,000 records).
+
+    The one typing rule of every ingest path (``sage ingest``, ``sage stream replay``, ``sage serve --input``):
+    each column's kind is ``kind_of`` the Arrow type its reader infers; ``describe_columns`` says it."""
+    arrow_schema = sniff_types(path, fmt)
+    return {} if arrow_schema is None else schema_of(arrow_schema)
+
+
+def sniff_types(path, fmt):
+    """The Arrow schema the reader infers for an input file (None: a TFRecord file without records)."""
     import pyarrow as pa
 
     try:
@@ -378,15 +387,14 @@ def infer_schema(path, fmt):
             with arrow_source(path) as src, \
                     pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=CSV_SAMPLE_BYTES)) as reader:
                 check_unique_columns(reader.schema.names, path)
-                return schema_of(reader.schema)
+                return reader.schema
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
             with arrow_source(path) as src:
                 arrow_schema = pq.read_schema(src)
             check_unique_columns(arrow_schema.names, path)
-            return schema_of(arrow_schema)
-        kinds = {}
+            return arrow_schema
         from tfx_bsl.coders import example_coder
 
         sample = []
@@ -395,13 +403,43 @@ def infer_schema(path, fmt):
             if len(sample) >= 1000:
                 break
         if not sample:
-            return {}
-        batch = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(sample)
-        for f in batch.schema:
-            kinds[f.name] = kind_of(f.type)
-        return kinds
+            return None
+        return example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(sample).schema
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"cannot read {fmt} input {path}: {exc}") from None
+
+
+def _column_note(kind, arrow_type):
+    """How a column of ``arrow_type`` (as the reader inferred it) is stored as ``kind``."""
+    import pyarrow as pa
+
+    t = arrow_type
+    while t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        t = t.value_type
+    if kind == "int" and t is not None and pa.types.is_timestamp(t):
+        return ("ISO 8601 date-times converted to unix seconds (a time without an offset is read as UTC); "
+                "a fraction of a second is refused")
+    if kind == "bytes" and t is not None and pa.types.is_date(t):
+        return "ISO 8601 dates (no time) kept as text YYYY-MM-DD"
+    if kind == "int" and t is not None and pa.types.is_boolean(t):
+        return "true/false stored as 1/0"
+    return {"int": "whole numbers, exact within +-2^53", "bytes": "text",
+            "float": "32-bit floats (about 7 significant digits: 33554433 is stored as 33554432)"}[kind]
+
+
+def describe_columns(path, fmt, schema):
+    """[(column, kind, how its values are stored)] of ``schema`` (the stream's feature types) for an input
+    file: what ingest prints, so no column is typed silently (an ISO date-time column becomes unix seconds)."""
+    sniffed = sniff_types(path, fmt)
+    types = {} if sniffed is None else {f.name: f.type for f in sniffed}
+    return [(name, kind, _column_note(kind, types.get(name))) for name, kind in schema.items()]
+
+
+def format_columns(columns, time_column=None):
+    """The column lines ingest prints: one per column, ``name  kind  note``."""
+    width = max((len(name) for name, _, _ in columns), default=0)
+    marks = {time_column: " (the time column: blocks by it)"} if time_column else {}
+    return [f"  {name:<{width}}  {kind:<5}  {note}{marks.get(name, '')}" for name, kind, note in columns]
 
 
 def read_batches(path, fmt, schema, batch_rows=65536, time_column=None, check=True):
@@ -435,8 +473,10 @@ def _read_batches(path, fmt, schema, batch_rows, check):
             missing = [n for n in schema if n not in sniffed]
             if missing:
                 raise InputError(f"input {path} lacks column(s) {', '.join(missing)} of the stream's schema")
-            types = {n: (sniffed[n] if k == "int" and pa.types.is_timestamp(sniffed[n]) else _csv_type(k))
-                     for n, k in schema.items()}  # ISO times stay timestamps (made unix seconds later)
+            # ISO times stay timestamps (made unix seconds later), true/false stays boolean (made 1/0)
+            types = {n: (sniffed[n] if k == "int" and (pa.types.is_timestamp(sniffed[n])
+                                                       or pa.types.is_boolean(sniffed[n])) else _csv_type(k))
+                     for n, k in schema.items()}
             opts = pacsv.ConvertOptions(column_types=types, include_columns=list(schema), strings_can_be_null=True)
             with arrow_source(path) as src, \
                     pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=8 << 20),
