@@ -93,9 +93,9 @@ def test_ingest_and_replay_store_the_same_types_and_records(tmp_path):
                       "day": "bytes", "pickup": "int", "dropoff": "int"}
 
 
-def test_ingest_prints_how_it_typed_every_column(env, capsys):
-    assert main(["ingest", "--db", env["db"], "--stream", "s", "--input", env["csv"], "--data-root", env["data"],
-                 "--time-column", "t", "--window", "1d", "--quiet"]) == 0
+@pytest.mark.parametrize("path", ["ingest", "replay"])
+def test_ingest_prints_how_it_typed_every_column(env, capsys, path):
+    assert PATHS[path](env, "s") == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
     assert set(lines) == {"t", "fare", "miles", "company", "paid", "day", "pickup", "dropoff"}, out
@@ -122,7 +122,8 @@ def test_what_the_help_says_is_rounded_and_refused_holds(env, capsys):
         main(["ingest", "--help"])
     help_text = " ".join(capsys.readouterr().out.split())
     assert "33554433 is stored as 33554432" in help_text and "17031832200.0 as 17031832576.0" in help_text
-    assert "an int beyond 2^53" in help_text and "exact within +-2^53" in help_text
+    assert "an int of 2^53 or more in magnitude" in help_text and "exact below 2^53 in magnitude" in help_text
+    assert "ISO 8601 date-times become int unix seconds" in help_text
     env["csv"] = str(path)
     assert _ingest(env, "s") == 0
     schema = store.stream_config(env["data"], "s")["schema"]

@@ -313,8 +313,8 @@ def _unclosed(path, line_number):
 def check_batch(batch, path, first_row, schema, time_column=None):
     """Refuse values a typed column must not hold, naming the file, the column and the (1-based) row.
 
-    int and float columns: non-finite values (inf, nan), and CSV ints beyond 2^53; the time column: times outside
-    [1000-01-01, 9000-01-01) UTC.
+    int and float columns: non-finite values (inf, nan), and CSV ints of 2^53 or more in magnitude; the time
+    column: times outside [1000-01-01, 9000-01-01) UTC.
     """
     import numpy as np
     import pyarrow as pa
@@ -346,8 +346,9 @@ def check_batch(batch, path, first_row, schema, time_column=None):
         if kind == "int":
             big = np.flatnonzero(np.abs(values) >= _F64_EXACT)
             if len(big):
-                fail(name, row_of(big[0]), float(values[big[0]]), "is beyond 2^53, where CSV parsing already "
-                     "rounds whole numbers", "keep int values within +-9007199254740992")
+                fail(name, row_of(big[0]), float(values[big[0]]), "is 2^53 or more in magnitude, where CSV "
+                     "parsing already rounds whole numbers", "keep int values below 2^53 = 9007199254740992 in "
+                     "magnitude")
     if time_column and time_column in batch.schema.names:
         from .blocks import seconds
 

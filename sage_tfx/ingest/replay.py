@@ -49,6 +49,7 @@ class Replay:
         if time_column not in self.schema:
             raise InputError(f"time column {time_column!r} is not in the input (columns: {', '.join(self.schema)})")
         self.generated = bool(generated if generated is not None else "generated" in table.column_names)
+        self.columns = None  # from_file: records.describe_columns of the file, what the CLI prints
         keys = np.concatenate([self.spec.keys(b) for b in table.to_batches()])
         order = np.argsort(keys, kind="stable")
         self._table = table.take(pa.array(order))
