@@ -14,6 +14,7 @@ from sage_tfx.ingest import access, store
 from sage_tfx.ingest.records import decode
 from sage_tfx.privacy import Ledger
 
+from test_ingest_inputs import env  # noqa: F401 (a fixture)
 from test_ledger_bad_input import dump
 
 T0 = 1600000000  # 2020-09-13T12:26:40Z
@@ -25,14 +26,11 @@ TRIPS = ("t,fare,miles,company,paid,day,pickup,dropoff\n"
 
 
 @pytest.fixture
-def env(tmp_path):
-    db = str(tmp_path / "ledger.db")
-    with Ledger.open(db, create=True) as ledger:
-        ledger.create_stream("s", 1.0, 1e-6)
-        ledger.create_stream("other", 1.0, 1e-6)
-    path = tmp_path / "trips.csv"
+def trips(env):
+    """test_ingest_inputs' ledger (streams "s" and "other") and TRIPS as a CSV file."""
+    path = env["tmp"] / "trips.csv"
     path.write_text(TRIPS)
-    return dict(db=db, data=str(tmp_path / "data"), csv=str(path), tmp=tmp_path)
+    return dict(env, csv=str(path))
 
 
 def _ingest(env, stream):
@@ -56,7 +54,8 @@ PATHS = {"ingest": _ingest, "replay": _replay, "serve": _serve}
 
 @pytest.mark.parametrize("first, second", [("ingest", "replay"), ("ingest", "serve"), ("replay", "ingest"),
                                            ("replay", "serve")])
-def test_the_same_csv_through_another_path_into_a_second_stream_is_refused(env, capsys, first, second):
+def test_the_same_csv_through_another_path_into_a_second_stream_is_refused(trips, capsys, first, second):
+    env = trips
     assert PATHS[first](env, "s") == 0, capsys.readouterr().err
     with Ledger.open(env["db"]) as ledger:
         assert len(ledger.blocks("s")) == 2
@@ -94,7 +93,8 @@ def test_ingest_and_replay_store_the_same_types_and_records(tmp_path):
 
 
 @pytest.mark.parametrize("path", ["ingest", "replay"])
-def test_ingest_prints_how_it_typed_every_column(env, capsys, path):
+def test_ingest_prints_how_it_typed_every_column(trips, capsys, path):
+    env = trips
     assert PATHS[path](env, "s") == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
@@ -115,7 +115,8 @@ def test_ingest_prints_how_it_typed_every_column(env, capsys, path):
     assert by_time[T0]["day"] == [b"2020-09-13"] and by_time[T0]["paid"] == [1] and by_time[T0 + 60]["paid"] == [0]
 
 
-def test_what_the_help_says_is_rounded_and_refused_holds(env, capsys):
+def test_what_the_help_says_is_rounded_and_refused_holds(trips, capsys):
+    env = trips
     path = env["tmp"] / "big.csv"
     path.write_text(f"t,exact,approx\n{T0},33554433,33554433.0\n{T0 + 1},9007199254740991,17031832200.0\n")
     with pytest.raises(SystemExit):
