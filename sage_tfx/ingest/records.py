@@ -134,10 +134,7 @@ def to_example_batch(batch, schema):
             if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
                 col = col.cast(pa.large_list(target))
             else:
-                if pa.types.is_timestamp(col.type):
-                    col = col.cast(pa.timestamp("s")).cast(pa.int64())
-                elif pa.types.is_date(col.type):
-                    col = col.cast(pa.string())
+                col = _plain(col)
                 valid = np.asarray(pc.is_valid(col), dtype=bool)
                 offsets = np.concatenate([[0], np.cumsum(valid)]).astype(np.int64)
                 values = col.drop_null().cast(target)
@@ -146,6 +143,37 @@ def to_example_batch(batch, schema):
             raise InputError(f"column {name!r} does not fit the stream's {kind} type: {exc}") from None
         cols.append(col)
     return pa.RecordBatch.from_arrays(cols, names=list(schema))
+
+
+def _plain(col):
+    """A flat column's ISO date-times as int64 unix seconds and ISO dates as text; others as they are."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(col.type):
+        return col.cast(pa.timestamp("s")).cast(pa.int64())
+    if pa.types.is_date(col.type):
+        return col.cast(pa.string())
+    return col
+
+
+def typed_batch(batch, schema):
+    """``batch`` (as ``read_batches`` yields it) with the stream's types in memory: int columns int64 (CSV ints
+    are read as float64, ISO date-times as timestamps), dates as text, so ``schema_of`` of it is ``schema``
+    and anything cut from it is typed alike. Float columns stay float64 (tf.Example's 32 bits come at
+    ``to_example_batch``; block keys are computed before it)."""
+    import pyarrow as pa
+
+    cols = []
+    for name, col in zip(batch.schema.names, batch.columns):
+        kind = schema.get(name)
+        if kind is not None and not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+            try:
+                col = _plain(col)
+                col = col.cast(pa.int64()) if kind == "int" else col
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InputError(f"column {name!r} does not fit the stream's {kind} type: {exc}") from None
+        cols.append(col)
+    return pa.RecordBatch.from_arrays(cols, names=batch.schema.names)
 
 
 def encode(batch, schema):

@@ -17,7 +17,8 @@ import numpy as np
 
 from .blocks import TimeBlocks
 from .pipeline import ingest_batches, plan_schema
-from .records import InputError, describe_columns, read_batches, row_hashes, schema_of, to_example_batch
+from .records import (InputError, describe_columns, read_batches, row_hashes, schema_of, to_example_batch,
+                      typed_batch)
 from .store import block_dir, check_stream_config, digest_forms, read_manifest, refuse_copies
 
 
@@ -76,7 +77,7 @@ class Replay:
 
         spec = TimeBlocks(time_column, window)
         schema, fmts = plan_schema([path], fmt, data_root, stream, spec)
-        batches = list(read_batches(path, fmts[path], schema, time_column=time_column))
+        batches = [typed_batch(b, schema) for b in read_batches(path, fmts[path], schema, time_column=time_column)]
         if not batches:
             raise InputError(f"the replay input {path} is empty: no records to replay")
         replay = cls(ledger, stream, data_root, pa.Table.from_batches(batches), time_column, window, schema=schema)
