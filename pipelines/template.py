@@ -108,7 +108,7 @@ LABEL = {label!r}
 def preprocessing_fn(inputs, custom_config):
     outputs = {{}}
     for out, (column, (low, high)) in zip(FEATURES, PUBLIC_RANGES.items()):
-        value = tf.cast(fill_in_missing(inputs[column], low), tf.float32)  # a missing value counts as `low`
+        value = fill_in_missing(tf.cast(inputs[column], tf.float32), low)  # a missing value counts as `low`
         outputs[out] = (tf.clip_by_value(value, low, high) - low) / (high - low)
     outputs[LABEL] = tf.cast(fill_in_missing(inputs[LABEL], 0), tf.float32)
     return outputs
