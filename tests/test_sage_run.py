@@ -52,6 +52,9 @@ def _dump(db):
     (["taxi_regression", "--target", "1000", "--epsilon-start", "-1"], "-1.0"),
     (["taxi_regression", "--target", "1000", "--confidence", "1.5"], "1.5"),
     (["taxi_regression", "--target", "1000", "--model", "svm"], "'svm'"),
+    # a first window larger than the stream: a TIMEOUT at once would have finished the name for good
+    (["taxi_regression", "--target", "1000", "--min-window", "512"], "has 300 active block(s) and pipeline "
+     "'taxi_regression''s first attempt needs min_window 512"),
 ])
 def test_bad_input_fails_before_any_budget_is_spent(taxi_stream, tmp_path, args, message):
     db, data = _copy_stream(taxi_stream, tmp_path)
@@ -62,6 +65,8 @@ def test_bad_input_fails_before_any_budget_is_spent(taxi_stream, tmp_path, args,
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr, out.stderr
     assert _dump(db) == before
+    with Ledger.open(db) as ledger:
+        assert ledger.pipelines("taxi") == []  # no name registered, so none finished
 
 
 def _files(*roots):

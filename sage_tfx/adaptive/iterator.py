@@ -347,6 +347,24 @@ class SageIterator:
                    if "iteration" in g.meta]
         return sorted(entries, key=lambda e: e[0].meta["iteration"])
 
+    def check_first_window(self) -> None:
+        """LedgerError (nothing registered or charged) if this pipeline name would start with fewer active blocks
+        than its first window (``min_window``) and cannot wait for more (``wait_for_blocks`` None, as in `sage
+        run`): its run would end at once in TIMEOUT, which finishes the name for good. A name with history (to
+        resume, or finished: ``run`` reports it) is left to ``run``."""
+        if self.wait_for_blocks is not None or self._history():
+            return
+        status = {p["name"]: p for p in self.ledger.pipelines(self.stream)}.get(self.pipeline)
+        if status is not None and status["state"] == "done":
+            return
+        active = len(self._read_availability())
+        if active < self.min_window:
+            fix = f", or lower --min-window to at most {active}" if active else ""
+            raise LedgerError(f"stream {self.stream!r} has {active} active block(s) and pipeline {self.pipeline!r}'s "
+                              f"first attempt needs min_window {self.min_window}: it would end in TIMEOUT at once, "
+                              f"which finishes the name for good, so nothing was registered or charged. Ingest at "
+                              f"least {self.min_window - active} more block(s){fix}")
+
     # ------------------------------------------------------------------ run
     def run(self) -> RunResult:
         """Resume this pipeline's history, then attempt until ACCEPT, REJECT or TIMEOUT (bounded: see the class)."""

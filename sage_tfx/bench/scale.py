@@ -37,6 +37,8 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from sage_tfx.privacy.keys import KeyRing
+
 GENERATED = "GENERATED taxi-like rows (sage_tfx.data.generator, fitted to the real Chicago taxi data)"
 SETUPS = {
     "direct": "DirectRunner in one process (the baseline)",
@@ -157,14 +159,19 @@ def registered_blocks(db: str, stream: str) -> dict[str, tuple[int, str]]:
                 for b in ledger.blocks(stream)}
 
 
-def ingest_once(folder: str, inputs: Sequence[str], beam_args: Sequence[str]) -> tuple[float, dict]:
+def ingest_once(folder: str, inputs: Sequence[str], beam_args: Sequence[str],
+                key_file: str | None = None) -> tuple[float, dict]:
     """A fresh ledger and data root in ``folder``, one ``sage ingest`` of ``inputs`` timed (the Beam job,
-    commit and registration); returns (seconds, registered_blocks)."""
+    commit and registration); returns (seconds, registered_blocks). ``key_file``: a key file the ledger is
+    created with (a copy of it): content digests are keyed by the ledger's key, so runs compared block by block
+    share one."""
     from sage_tfx.ingest.pipeline import ingest
     from sage_tfx.privacy import Ledger
 
     os.makedirs(folder, exist_ok=True)
     db = os.path.join(folder, "ledger.db")
+    if key_file is not None:
+        shutil.copy(key_file, db + ".key")  # mode 0600 kept
     with Ledger.open(db, create=True) as ledger:
         ledger.create_stream(STREAM, 1.0, 1e-6)
     t0 = time.perf_counter()
@@ -219,6 +226,9 @@ def ingest_part(args: argparse.Namespace, setups: list[str], work: str) -> dict:
     warmup: dict[str, float] = {}
     beam_args: dict[str, list[str]] = {}
     want: dict | None = None
+    key_file = os.path.join(work, "bench.key")  # one key for every run: their keyed digests compare
+    if not os.path.exists(key_file):
+        KeyRing.create(key_file)
     with contextlib.ExitStack() as stack:
         for name in setups:
             _say(f"{name}: starting ({SETUPS[name]})")
@@ -233,7 +243,7 @@ def ingest_part(args: argparse.Namespace, setups: list[str], work: str) -> dict:
             for name in setups:
                 folder = os.path.join(work, f"run-{name}-{r}")
                 _say(f"round {r + 1}/{args.repeats}: {name} ingesting {args.rows:,} rows")
-                s, blocks = ingest_once(folder, inputs, beam_args[name])
+                s, blocks = ingest_once(folder, inputs, beam_args[name], key_file)
                 shutil.rmtree(folder, ignore_errors=True)
                 if sum(rows for rows, _ in blocks.values()) != args.rows:
                     raise RuntimeError(f"setup {name} registered {sum(r for r, _ in blocks.values())} rows, "

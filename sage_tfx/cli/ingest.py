@@ -4,7 +4,8 @@
     sage ingest ... --block-by user --user-column C --shards N
 
 Blocks land in DATA_ROOT/STREAM/BLOCK_ID/part-*.sealed (encrypted, docs/security.md) and are registered
-in the ledger with their exact row count (kept private there) and content digest.
+in the ledger with their exact row count (kept private there) and content digest
+(an HMAC under a key derived from the ledger's key).
 Re-ingesting the same input adds nothing. Unknown options (e.g.
 --direct_num_workers) go to Beam; the default runner is the DirectRunner.
 Distributed: --runner dask --dask-address HOST:PORT, or --direct_running_mode=multi_processing
@@ -15,8 +16,8 @@ part files: then only this process touches the data root (it copies the parts in
 their digests, and deletes the staged run); default DATA_ROOT/STREAM/_staging.
 
 Refused, naming the file, column and row: a header naming a column twice, a quote
-that never closes on its line, inf or nan in an int or float column, an int beyond
-2^53 (CSV parsing already rounds it), a time outside [1000-01-01, 9000-01-01) UTC
+that never closes on its line, inf or nan in an int or float column, an int of 2^53
+or more in magnitude (CSV parsing already rounds beyond it), a time outside [1000-01-01, 9000-01-01) UTC
 (e.g. milliseconds), and blocks whose records another stream already registered (they
 would get a fresh budget; --allow-duplicate-of-stream). Refused before anything is read:
 a --window that is not a whole number of seconds > 0, or longer than 364877d (about
@@ -24,7 +25,11 @@ a --window that is not a whole number of seconds > 0, or longer than 364877d (ab
 Rounded, not refused: a float column is stored as tf.Example's 32-bit floats (as TFX's
 CsvExampleGen stores it), about 7 significant digits, so 33554433 is stored as 33554432
 and 17031832200.0 as 17031832576.0; keep exact whole numbers (ids, unix times) in an
-int column, exact within +-2^53.
+int column (written without a decimal point), exact below 2^53 in magnitude.
+Typed, and printed per column: every path that reads a file (ingest, `sage stream
+replay`, `sage serve --input`) types it alike; a stream keeps the types of its first
+ingest. ISO 8601 date-times become int unix seconds (no offset: read as UTC; a
+fraction of a second is refused), ISO dates stay text, true/false become 1/0.
 A refused ingest leaves nothing: no ledger change, no block, no _staging folder.
 Staging folders of killed ingests are removed at the next ingest of the stream
 (each live ingest holds a lock on its own folder; see sage_tfx/ingest/store.py).
@@ -84,6 +89,7 @@ def pass_unknown_to_beam(parser):
 
 def run(args, beam_args=None):
     from sage_tfx.ingest.pipeline import ingest
+    from sage_tfx.ingest.records import format_columns
     from sage_tfx.privacy import LedgerError
 
     beam_args = list(beam_args if beam_args is not None else getattr(args, "beam_args", []))
@@ -104,6 +110,8 @@ def run(args, beam_args=None):
     except (ValueError, LedgerError, OSError) as exc:
         print(f"sage ingest: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    print(f"stream {args.stream}: columns as stored (the stream keeps these types):")
+    print("\n".join(format_columns(result["columns"], args.time_column)))
     print(f"stream {args.stream}: {len(result['added'])} block(s) added, {len(result['unchanged'])} already "
           f"present (unchanged){_encrypted(result)}; data under {args.data_root}")
     return EXIT_OK

@@ -246,6 +246,7 @@ def _run(args):
         if schedule is not None:
             return _run_scheduled(definition, ledger, runner, schedule, args)
         iterator = make_iterator(definition, ledger, runner, args, progress=lambda line: print(line, flush=True))
+        iterator.check_first_window()  # a first window larger than the stream: before the name is registered
     except (LedgerError, ValueError) as exc:
         return _fail(str(exc))
     try:

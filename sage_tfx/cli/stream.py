@@ -55,6 +55,7 @@ def add_parser(subparsers):
 
 
 def _replay(args):
+    from sage_tfx.ingest.records import format_columns
     from sage_tfx.ingest.replay import Replay
     from sage_tfx.privacy import Ledger, LedgerError
 
@@ -75,6 +76,8 @@ def _replay(args):
                     path = taxi_csv_path(args.taxi)
                 replay = Replay.from_file(ledger, args.stream, args.data_root, path, args.time_column, args.window,
                                           fmt=args.format)
+                print(f"stream {args.stream}: columns as stored (the stream keeps these types):")
+                print("\n".join(format_columns(replay.columns, args.time_column)), flush=True)
             label = " (GENERATED)" if replay.generated else ""
 
             def show(step):

@@ -31,7 +31,7 @@ from typing import Iterable, Optional, Sequence, Union
 
 from . import sealed
 from .blocks import TimeBlocks, UserShards
-from .records import InputError, infer_schema, input_format, is_url, read_batches
+from .records import InputError, describe_columns, infer_schema, input_format, is_url, read_batches
 from .store import (BlockWriter, check_staging_location, check_stream_config, commit, missing_dirs,
                     missing_staging_dirs, new_run_dir, new_staged_run, read_parts, remove_empty_dirs, remove_run_dir,
                     remove_staged_run, write_parts)
@@ -180,7 +180,8 @@ def ingest(ledger_location: str, stream: str, inputs: Union[str, Sequence[str]],
            fmt: Optional[str] = None, beam_args: Optional[Iterable[str]] = None, batch_rows: int = 65536,
            compresslevel: int = 6, progress: bool = True, allow_duplicate_of: Iterable[str] = (),
            staging_location: Optional[str] = None) -> dict:
-    """Ingest input files into blocks of ``stream``; returns {"added", "unchanged", "blocks", "rows_read"...}.
+    """Ingest input files into blocks of ``stream``; returns {"added", "unchanged", "blocks", "columns"...}
+    (``columns``: ``records.describe_columns``, each column's stored type and how its values were converted).
 
     ``inputs``: local paths or globs, or URLs/URL globs of any Beam filesystem (``gs://bucket/*.csv``).
     ``staging_location``: where the Beam workers write the run's sealed part files and part list: a Beam
@@ -220,6 +221,7 @@ def ingest(ledger_location: str, stream: str, inputs: Union[str, Sequence[str]],
             if staging is not None:
                 stage = new_staged_run(staging)
             schema, fmts = plan_schema(files, fmt, data_root, stream, spec)
+            columns = describe_columns(files[0], fmts[files[0]], schema)
             _, IngestFile = _dofns()
             run_key = sealed.new_run_key()
             _say(progress, f"ingest: {len(files)} file(s) -> stream {stream} ({spec.describe()}), staging {stage}")
@@ -253,6 +255,7 @@ def ingest(ledger_location: str, stream: str, inputs: Union[str, Sequence[str]],
                 remove_empty_dirs(created)
     if left:
         result["staging_left"] = stage
+    result["columns"] = columns
     result["blocks"] = len(result["added"]) + len(result["unchanged"])
     _say(progress, f"ingest: {len(result['added'])} block(s) added, {len(result['unchanged'])} already present")
     return result

@@ -134,10 +134,7 @@ def to_example_batch(batch, schema):
             if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
                 col = col.cast(pa.large_list(target))
             else:
-                if pa.types.is_timestamp(col.type):
-                    col = col.cast(pa.timestamp("s")).cast(pa.int64())
-                elif pa.types.is_date(col.type):
-                    col = col.cast(pa.string())
+                col = _plain(col)
                 valid = np.asarray(pc.is_valid(col), dtype=bool)
                 offsets = np.concatenate([[0], np.cumsum(valid)]).astype(np.int64)
                 values = col.drop_null().cast(target)
@@ -146,6 +143,37 @@ def to_example_batch(batch, schema):
             raise InputError(f"column {name!r} does not fit the stream's {kind} type: {exc}") from None
         cols.append(col)
     return pa.RecordBatch.from_arrays(cols, names=list(schema))
+
+
+def _plain(col):
+    """A flat column's ISO date-times as int64 unix seconds and ISO dates as text; others as they are."""
+    import pyarrow as pa
+
+    if pa.types.is_timestamp(col.type):
+        return col.cast(pa.timestamp("s")).cast(pa.int64())
+    if pa.types.is_date(col.type):
+        return col.cast(pa.string())
+    return col
+
+
+def typed_batch(batch, schema):
+    """``batch`` (as ``read_batches`` yields it) with the stream's types in memory: int columns int64 (CSV ints
+    are read as float64, ISO date-times as timestamps), dates as text, so ``schema_of`` of it is ``schema``
+    and anything cut from it is typed alike. Float columns stay float64 (tf.Example's 32 bits come at
+    ``to_example_batch``; block keys are computed before it)."""
+    import pyarrow as pa
+
+    cols = []
+    for name, col in zip(batch.schema.names, batch.columns):
+        kind = schema.get(name)
+        if kind is not None and not (pa.types.is_list(col.type) or pa.types.is_large_list(col.type)):
+            try:
+                col = _plain(col)
+                col = col.cast(pa.int64()) if kind == "int" else col
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise InputError(f"column {name!r} does not fit the stream's {kind} type: {exc}") from None
+        cols.append(col)
+    return pa.RecordBatch.from_arrays(cols, names=batch.schema.names)
 
 
 def encode(batch, schema):
@@ -313,8 +341,8 @@ def _unclosed(path, line_number):
 def check_batch(batch, path, first_row, schema, time_column=None):
     """Refuse values a typed column must not hold, naming the file, the column and the (1-based) row.
 
-    int and float columns: non-finite values (inf, nan), and CSV ints beyond 2^53; the time column: times outside
-    [1000-01-01, 9000-01-01) UTC.
+    int and float columns: non-finite values (inf, nan), and CSV ints of 2^53 or more in magnitude; the time
+    column: times outside [1000-01-01, 9000-01-01) UTC.
     """
     import numpy as np
     import pyarrow as pa
@@ -346,8 +374,9 @@ def check_batch(batch, path, first_row, schema, time_column=None):
         if kind == "int":
             big = np.flatnonzero(np.abs(values) >= _F64_EXACT)
             if len(big):
-                fail(name, row_of(big[0]), float(values[big[0]]), "is beyond 2^53, where CSV parsing already "
-                     "rounds whole numbers", "keep int values within +-9007199254740992")
+                fail(name, row_of(big[0]), float(values[big[0]]), "is 2^53 or more in magnitude, where CSV "
+                     "parsing already rounds whole numbers", "keep int values below 2^53 = 9007199254740992 in "
+                     "magnitude")
     if time_column and time_column in batch.schema.names:
         from .blocks import seconds
 
@@ -368,7 +397,16 @@ def check_batch(batch, path, first_row, schema, time_column=None):
 
 
 def infer_schema(path, fmt):
-    """The feature schema of an input file (CSV: from its first 16 MiB; TFRecord: first 1,000 records)."""
+    """The feature schema of an input file (CSV: from its first 16 MiB; TFRecord: first 1,000 records).
+
+    The one typing rule of every ingest path (``sage ingest``, ``sage stream replay``, ``sage serve --input``):
+    each column's kind is ``kind_of`` the Arrow type its reader infers; ``describe_columns`` says it."""
+    arrow_schema = sniff_types(path, fmt)
+    return {} if arrow_schema is None else schema_of(arrow_schema)
+
+
+def sniff_types(path, fmt):
+    """The Arrow schema the reader infers for an input file (None: a TFRecord file without records)."""
     import pyarrow as pa
 
     try:
@@ -378,15 +416,14 @@ def infer_schema(path, fmt):
             with arrow_source(path) as src, \
                     pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=CSV_SAMPLE_BYTES)) as reader:
                 check_unique_columns(reader.schema.names, path)
-                return schema_of(reader.schema)
+                return reader.schema
         if fmt == "parquet":
             import pyarrow.parquet as pq
 
             with arrow_source(path) as src:
                 arrow_schema = pq.read_schema(src)
             check_unique_columns(arrow_schema.names, path)
-            return schema_of(arrow_schema)
-        kinds = {}
+            return arrow_schema
         from tfx_bsl.coders import example_coder
 
         sample = []
@@ -395,13 +432,43 @@ def infer_schema(path, fmt):
             if len(sample) >= 1000:
                 break
         if not sample:
-            return {}
-        batch = example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(sample)
-        for f in batch.schema:
-            kinds[f.name] = kind_of(f.type)
-        return kinds
+            return None
+        return example_coder.ExamplesToRecordBatchDecoder().DecodeBatch(sample).schema
     except (pa.ArrowInvalid, OSError) as exc:
         raise InputError(f"cannot read {fmt} input {path}: {exc}") from None
+
+
+def _column_note(kind, arrow_type):
+    """How a column of ``arrow_type`` (as the reader inferred it) is stored as ``kind``."""
+    import pyarrow as pa
+
+    t = arrow_type
+    while t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)):
+        t = t.value_type
+    if kind == "int" and t is not None and pa.types.is_timestamp(t):
+        return ("ISO 8601 date-times converted to unix seconds (a time without an offset is read as UTC); "
+                "a fraction of a second is refused")
+    if kind == "bytes" and t is not None and pa.types.is_date(t):
+        return "ISO 8601 dates (no time) kept as text YYYY-MM-DD"
+    if kind == "int" and t is not None and pa.types.is_boolean(t):
+        return "true/false stored as 1/0"
+    return {"int": "whole numbers, exact within +-2^53", "bytes": "text",
+            "float": "32-bit floats (about 7 significant digits: 33554433 is stored as 33554432)"}[kind]
+
+
+def describe_columns(path, fmt, schema):
+    """[(column, kind, how its values are stored)] of ``schema`` (the stream's feature types) for an input
+    file: what ingest prints, so no column is typed silently (an ISO date-time column becomes unix seconds)."""
+    sniffed = sniff_types(path, fmt)
+    types = {} if sniffed is None else {f.name: f.type for f in sniffed}
+    return [(name, kind, _column_note(kind, types.get(name))) for name, kind in schema.items()]
+
+
+def format_columns(columns, time_column=None):
+    """The column lines ingest prints: one per column, ``name  kind  note``."""
+    width = max((len(name) for name, _, _ in columns), default=0)
+    marks = {time_column: " (the time column: blocks by it)"} if time_column else {}
+    return [f"  {name:<{width}}  {kind:<5}  {note}{marks.get(name, '')}" for name, kind, note in columns]
 
 
 def read_batches(path, fmt, schema, batch_rows=65536, time_column=None, check=True):
@@ -435,8 +502,10 @@ def _read_batches(path, fmt, schema, batch_rows, check):
             missing = [n for n in schema if n not in sniffed]
             if missing:
                 raise InputError(f"input {path} lacks column(s) {', '.join(missing)} of the stream's schema")
-            types = {n: (sniffed[n] if k == "int" and pa.types.is_timestamp(sniffed[n]) else _csv_type(k))
-                     for n, k in schema.items()}  # ISO times stay timestamps (made unix seconds later)
+            # ISO times stay timestamps (made unix seconds later), true/false stays boolean (made 1/0)
+            types = {n: (sniffed[n] if k == "int" and (pa.types.is_timestamp(sniffed[n])
+                                                       or pa.types.is_boolean(sniffed[n])) else _csv_type(k))
+                     for n, k in schema.items()}
             opts = pacsv.ConvertOptions(column_types=types, include_columns=list(schema), strings_can_be_null=True)
             with arrow_source(path) as src, \
                     pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=8 << 20),

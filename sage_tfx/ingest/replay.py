@@ -16,9 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from .blocks import TimeBlocks
-from .pipeline import ingest_batches
-from .records import InputError, infer_schema, input_format, read_batches, schema_of
-from .store import block_dir, digest_hex, read_manifest
+from .pipeline import ingest_batches, plan_schema
+from .records import (InputError, describe_columns, read_batches, row_hashes, schema_of, to_example_batch,
+                      typed_batch)
+from .store import block_dir, check_stream_config, digest_forms, read_manifest, refuse_copies
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,11 @@ class Step:
 class Replay:
     """Drive with ``step()`` (one block) or ``run(steps=..., realtime=..., speedup=...)``."""
 
-    def __init__(self, ledger, stream, data_root, table, time_column, window, generated=None):
+    def __init__(self, ledger, stream, data_root, table, time_column, window, generated=None, schema=None):
+        """``schema``: the feature types of ``table``'s columns (``from_file`` passes the ones ``sage ingest``
+        gives the same file); default: ``records.schema_of`` its Arrow types. A stream that has a schema keeps
+        it (``store.check_stream_config``), so a replay types and digests its records as every ingest of the
+        stream does."""
         import pyarrow as pa
 
         if isinstance(table, pa.RecordBatch):
@@ -41,10 +46,11 @@ class Replay:
             raise InputError("the replay input is empty: no records to replay")
         self.ledger, self.stream, self.data_root = ledger, stream, data_root
         self.spec = TimeBlocks(time_column, window)
-        self.schema = schema_of(table.schema)
+        self.schema = check_stream_config(data_root, stream, schema or schema_of(table.schema), self.spec)
         if time_column not in self.schema:
             raise InputError(f"time column {time_column!r} is not in the input (columns: {', '.join(self.schema)})")
         self.generated = bool(generated if generated is not None else "generated" in table.column_names)
+        self.columns = None  # from_file: records.describe_columns of the file, what the CLI prints
         keys = np.concatenate([self.spec.keys(b) for b in table.to_batches()])
         order = np.argsort(keys, kind="stable")
         self._table = table.take(pa.array(order))
@@ -52,25 +58,31 @@ class Replay:
         self._windows = np.unique(sorted_keys)
         self._bounds = np.searchsorted(sorted_keys, np.append(self._windows, self._windows[-1] + 1))
         ledger.stream(stream)
+        self._sums = self._row_sums()
         registered = {b.id for b in ledger.blocks(stream)}
         self._next = 0  # resume: skip the windows a previous replay registered, if they hold these very rows
         while self._next < len(self._windows) and self.spec.block_id(self._windows[self._next]) in registered:
             self._check_registered(self._next)
             self._next += 1
+        # Records another stream registered are refused now, before a caller registers or charges anything.
+        refuse_copies(ledger, stream, {self.spec.block_id(self._windows[i]): self._forms(i)
+                                       for i in range(self._next, len(self._windows))})
         self.clock = float(self._windows[min(self._next, len(self._windows) - 1)] * self.spec.window)
 
     @classmethod
     def from_file(cls, ledger, stream, data_root, path, time_column, window, fmt=None):
+        """A replay of an input file, read and typed exactly as ``sage ingest`` reads it (``plan_schema``,
+        ``read_batches`` with its checks): the same file gives the same blocks and content digests either way."""
         import pyarrow as pa
 
-        fmt = input_format(path, fmt)
-        schema = infer_schema(path, fmt)
-        if not schema:
-            raise InputError(f"the replay input {path} is empty: no records to replay")
-        batches = list(read_batches(path, fmt, schema))
+        spec = TimeBlocks(time_column, window)
+        schema, fmts = plan_schema([path], fmt, data_root, stream, spec)
+        batches = [typed_batch(b, schema) for b in read_batches(path, fmts[path], schema, time_column=time_column)]
         if not batches:
             raise InputError(f"the replay input {path} is empty: no records to replay")
-        return cls(ledger, stream, data_root, pa.Table.from_batches(batches), time_column, window)
+        replay = cls(ledger, stream, data_root, pa.Table.from_batches(batches), time_column, window, schema=schema)
+        replay.columns = describe_columns(path, fmts[path], replay.schema)
+        return replay
 
     @property
     def remaining(self):
@@ -109,9 +121,18 @@ class Replay:
         """Window ``i``'s block is registered: it must hold these very rows (its manifest's content digest)."""
         block = self.spec.block_id(self._windows[i])
         manifest = read_manifest(block_dir(self.data_root, self.stream, block)) or {}
-        if manifest.get("digest") != digest_hex(self._window_rows(i).to_batches(), self.schema):
+        if manifest.get("digest") not in self._forms(i):
             raise InputError(f"block {block!r} of stream {self.stream!r} is already registered with different "
                              "records: this data set cannot be replayed there")
+
+    def _row_sums(self):
+        """Each window's row-hash sum (``store.keyed_digest`` keys it), all windows in one pass."""
+        hashes = np.concatenate([row_hashes(to_example_batch(b, self.schema)) for b in self._table.to_batches()])
+        return np.add.reduceat(hashes, self._bounds[:-1].astype(np.int64))
+
+    def _forms(self, i):
+        """The digests window ``i``'s block may have recorded (``store.digest_forms``)."""
+        return digest_forms(self.ledger, int(self._sums[i]))
 
     def _window_rows(self, i):
         return self._table.slice(int(self._bounds[i]), int(self._bounds[i + 1] - self._bounds[i]))

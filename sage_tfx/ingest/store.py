@@ -4,8 +4,9 @@ Layout (easy to see with ``ls``)::
 
     DATA_ROOT/STREAM/_stream.json                  feature schema + block rule of the stream
     DATA_ROOT/STREAM/BLOCK_ID/part-*.sealed        the block's tf.Examples (gzip TFRecord), encrypted (sealed.py)
-    DATA_ROOT/STREAM/BLOCK_ID/_BLOCK.json          content digest, files (size, SHA-256), window or shard, the
-                                                   block's data key wrapped under its block key (no row count)
+    DATA_ROOT/STREAM/BLOCK_ID/_BLOCK.json          content digest (keyed: ``keyed_digest``), files (size,
+                                                   SHA-256), window or shard, the block's data key wrapped
+                                                   under its block key (no row count)
     DATA_ROOT/STREAM/_staging/RUN_ID/...           an ingest in progress (never read)
     DATA_ROOT/STREAM/_staging/RUN_ID/.run.lock     held (flock) by that ingest's process while it runs
 
@@ -118,12 +119,17 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def digest_hex(batches, schema):
-    """The content digest of some rows, as committed blocks record it (for resume checks)."""
-    total = 0
-    for batch in batches:
-        total = (total + int(row_hashes(to_example_batch(batch, schema)).sum())) & _MASK
-    return f"{total:016x}"
+def keyed_digest(ledger, total: int) -> str:
+    """The content digest a new block records (manifest and ledger): the ledger key ring's HMAC of ``total``, the
+    64-bit sum (mod 2^64) of ``records.row_hashes`` of its records (``KeyRing.content_digest``). Only the sealed
+    part list holds the sum itself (``BlockWriter`` sums it per part)."""
+    return ledger.keyring.content_digest(total)
+
+
+def digest_forms(ledger, total: int) -> tuple:
+    """Every digest a block of these records may have recorded: the keyed one (64 hex digits), and the unkeyed
+    16-hex-digit row-hash sum that blocks ingested before digests were keyed recorded (read as they are)."""
+    return keyed_digest(ledger, total), f"{total:016x}"
 
 
 def _data_root(data_root):
@@ -643,6 +649,9 @@ def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplic
         b["files"].append({"name": part["file"], "bytes": part["bytes"], "sha256": part["sha256"]})
     if not blocks or sum(b["rows"] for b in blocks.values()) == 0:
         raise InputError("the input is empty: no records to ingest (nothing registered)")
+    for info in blocks.values():
+        info["forms"] = digest_forms(ledger, info["digest"])
+        info["recorded"] = info["forms"][0]
 
     registered = {b.id: b for b in ledger.blocks(stream)}
     plan, unchanged, reseal = [], [], []
@@ -650,15 +659,16 @@ def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplic
         info = blocks[block_id]
         if block_id in registered:
             manifest = read_manifest(block_dir(data_root, stream, block_id))
-            if manifest is None or manifest.get("digest") != f"{info['digest']:016x}":
+            if manifest is None or manifest.get("digest") not in info["forms"]:
                 raise InputError(f"block {block_id!r} of stream {stream!r} is already registered with different "
                                  "records; registered blocks are immutable (nothing registered)")
             if not sealed.is_sealed(manifest):  # written before encryption at rest: replaced by this sealed copy
                 from .access import ledger_digest
 
-                if ledger_digest(ledger, stream, block_id) not in (None, f"{info['digest']:016x}"):
+                if ledger_digest(ledger, stream, block_id) not in (None, *info["forms"]):
                     raise InputError(f"block {block_id!r} of stream {stream!r}: the ledger registered other records "
                                      "for it (nothing changed)")
+                info["recorded"] = manifest["digest"]  # the resealed manifest keeps the digest the ledger holds
                 reseal.append((block_id, info, spec.ledger_key(info["key"])))
             unchanged.append(block_id)
             continue
@@ -671,23 +681,31 @@ def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplic
                                  "(nothing registered)")
         plan.append((block_id, info, key))
 
-    digests = {f"{info['digest']:016x}": block_id for block_id, info, _ in plan}
-    owners = ledger.digest_owners(list(digests), exclude_stream=stream)
-    for digest, block_id in sorted(digests.items(), key=lambda kv: kv[1]):
-        others = [o for o in owners.get(digest, []) if o[0] not in allow_duplicate_of]
-        if others:
-            other_stream, other_block = others[0]
-            raise InputError(
-                f"block {block_id!r}: its records (content digest {digest}) are already registered as block "
-                f"{other_block!r} of stream {other_stream!r}; in stream {stream!r} they would get a fresh budget, "
-                f"so nothing was registered. If this copy is intended (its privacy loss adds up with the other "
-                f"stream's), pass --allow-duplicate-of-stream {other_stream}")
+    refuse_copies(ledger, stream, {block_id: info["forms"] for block_id, info, _ in plan}, allow_duplicate_of)
 
     if staged_run is not None and staged_run != run_dir:
         fetch_parts(staged_run, run_dir, {block_id: info for block_id, info, _ in [*plan, *reseal]})
     with _commit_lock(data_root, stream):
         return _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of,
                             run_key, reseal)
+
+
+def refuse_copies(ledger, stream, forms: dict, allow_duplicate_of=()) -> None:
+    """Refuse blocks whose records another stream of the ledger already registered (InputError naming both).
+
+    ``forms``: {block id: its ``digest_forms``}. The same records in a second stream would get a fresh budget
+    there, unless that stream is in ``allow_duplicate_of`` (``sage ingest --allow-duplicate-of-stream S``)."""
+    digests = {form: block_id for block_id, both in forms.items() for form in both}
+    owners = ledger.digest_owners(list(digests), exclude_stream=stream)
+    for digest, block_id in sorted(digests.items(), key=lambda kv: kv[1]):
+        others = [o for o in owners.get(digest, []) if o[0] not in tuple(allow_duplicate_of or ())]
+        if others:
+            other_stream, other_block = others[0]
+            raise InputError(
+                f"block {block_id!r}: its records (content digest {digest[:16]}...) are already registered as block "
+                f"{other_block!r} of stream {other_stream!r}; in stream {stream!r} they would get a fresh budget, "
+                f"so nothing was registered. If this copy is intended (its privacy loss adds up with the other "
+                f"stream's), pass --allow-duplicate-of-stream {other_stream}")
 
 
 @contextlib.contextmanager
@@ -720,7 +738,7 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
             if name not in listed:
                 os.remove(os.path.join(staged, name))
         manifest = sealed.seal_manifest(
-            {"stream": stream, "block": block_id, "digest": f"{info['digest']:016x}",
+            {"stream": stream, "block": block_id, "digest": info["recorded"],
              "files": sorted(info["files"], key=lambda f: f["name"]), **key},
             sealed.data_key(run_key, stream, block_id), ledger.keyring.block_key(stream, block_id))
         _write_json(os.path.join(staged, BLOCK_FILE), manifest, fsync=False)
@@ -740,7 +758,7 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
         except UnknownBlock:
             pass
         else:  # registered meanwhile by an ingest on another host: it must be the same records
-            if (read_manifest(final) or {}).get("digest") != f"{info['digest']:016x}":
+            if (read_manifest(final) or {}).get("digest") not in info["forms"]:
                 raise InputError(f"block {block_id!r} of stream {stream!r} was registered meanwhile with "
                                  "different records")
             unchanged.append(block_id)
@@ -748,7 +766,7 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
         if os.path.exists(final):  # left by a crash before add_block: unregistered, so invisible; replace it
             shutil.rmtree(final)
         os.rename(staged, final)
-        new.append(dict(id=block_id, rows=int(info["rows"]), digest=f"{info['digest']:016x}", **key))
+        new.append(dict(id=block_id, rows=int(info["rows"]), digest=info["recorded"], **key))
     if new:
         from sage_tfx.privacy import DuplicateContent
 

@@ -12,8 +12,10 @@ One master key, 32 random bytes from ``secrets``, lives in a key file the operat
 Nothing uses the master key itself: HKDF-SHA256 (RFC 5869) derives one key per purpose, with distinct
 ``info`` labels: ``signing_key`` signs grants (``Ledger._sign``), ``noise_key`` seeds every DP release
 (``Ledger.private_seed``), ``audit_key`` chains the audit log (``chain_value``), and
-``block_key(stream, block)`` encrypts one block's records. Knowing one derived key reveals neither the
-master nor another derived key.
+``block_key(stream, block)`` encrypts one block's records, and ``content_key`` keys each block's content
+digest (``content_digest``: the one digest of a block's records the ledger, the manifests and the
+cross-stream duplicate check compare). Knowing one derived key reveals neither the master nor another
+derived key.
 
 Migrated ledgers (schema 3 kept the signing secret in ``meta.secret``): the key file then holds the NEW
 master key (32 bytes) followed by the OLD secret (its 64 hex characters). The old secret is kept only to
@@ -190,6 +192,7 @@ class KeyRing:
         self.signing_key = _hkdf(master, b"sage-tfx signing")
         self.noise_key = _hkdf(master, b"sage-tfx noise")
         self.audit_key = _hkdf(master, b"sage-tfx audit")
+        self.content_key = _hkdf(master, b"sage-tfx content digest")
         self.key_id = hmac.new(_hkdf(master, b"sage-tfx key id"), b"sage-tfx key id", hashlib.sha256).hexdigest()[:32]
 
     def __repr__(self):  # never the key bytes
@@ -205,6 +208,16 @@ class KeyRing:
             raise LedgerError(f"block_key needs a stream and block id as text, not {stream!r}, {block!r}")
         info = b"sage-tfx block|" + json.dumps([stream, block]).encode()
         return _hkdf(self._master, info)
+
+    def content_digest(self, row_sum: int) -> str:
+        """The keyed content digest of a block's records: HMAC-SHA256 under ``content_key`` of their 64-bit
+        row-hash sum (``ingest.records.row_hashes``), 64 hex digits. One key per ledger, so the same records
+        give the same digest in every stream of it (the duplicate check), and without the key no guess of a
+        record can be checked against it."""
+        if not isinstance(row_sum, int) or not 0 <= row_sum < 1 << 64:
+            raise LedgerError(f"a content digest keys a 64-bit row-hash sum, not {row_sum!r}")
+        return hmac.digest(self.content_key, b"sage-tfx content digest|" + row_sum.to_bytes(8, "big"),
+                           "sha256").hex()
 
     @classmethod
     def create(cls, path):
