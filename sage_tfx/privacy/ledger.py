@@ -50,6 +50,7 @@ changed id or a missing head raises ``LedgerRollback``). A ledger of an older ve
 ``meta.secret``) is migrated on open: the key file is written first (0600, fsync), then the secret is deleted
 in one transaction.
 """
+import collections.abc
 import json
 import os
 import socket
@@ -400,6 +401,8 @@ class Ledger:
         if not isinstance(purpose, str) or not purpose.strip():
             raise LedgerError(f"purpose {purpose!r} must say why trusted code decrypts blocks outside a grant "
                               "(e.g. 'non-private baseline'): it is written to the audit log")
+        if isinstance(blocks, str) or not isinstance(blocks, collections.abc.Iterable):
+            raise LedgerError(f"blocks {blocks!r} is not a list of block ids: give the blocks it decrypts")
         ids = [str(b) for b in blocks]
         if not ids:
             raise LedgerError("a trusted read names no block: give the blocks it decrypts")
@@ -489,6 +492,7 @@ class Ledger:
         """End a pipeline (ACCEPT, REJECT or TIMEOUT); split its unused reservations among those still waiting."""
         if outcome not in OUTCOMES:
             raise LedgerError(f"outcome {outcome!r} is unknown: use one of {', '.join(OUTCOMES)}")
+        _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
             s = self.stream(stream, tx)
             row = tx.one(sql.PIPELINE_STATE, (stream, pipeline))
@@ -538,7 +542,7 @@ class Ledger:
             # One statement reads the stream row, the pipeline's state and the log's last entry (what ``_log``
             # chains the grant's entry to): all three as of this write transaction, which is exclusive (SQLite's
             # write lock, PostgreSQL's meta lock row), so nothing read here is from before another writer's commit.
-            row = tx.one(sql.STREAM_REQUEST_READ, (stream, pipeline, stream))
+            row = tx.one(sql.STREAM_REQUEST_READ, (stream, pipeline, stream)) if isinstance(stream, str) else None
             if row is None:
                 self.stream(stream, tx)  # raises UnknownStream, naming the streams there are
             w = sql.STREAM_WIDTH
@@ -753,7 +757,13 @@ class Ledger:
         """
         if outcome not in tuple(GrantOutcome):
             raise LedgerError(f"outcome {outcome!r} is unknown: use {', '.join(GrantOutcome)}")
+        if details is not None and not isinstance(details, collections.abc.Mapping):
+            raise LedgerError(f"outcome details {details!r} must be a dict (or None)")
         details = dict(details or {})
+        try:
+            details_text = _canonical(details)
+        except (TypeError, ValueError) as exc:
+            raise LedgerError(f"outcome details {details!r} cannot be written as JSON ({exc})") from None
         with self._store.transaction() as tx:
             row = tx.one(sql.GRANT_OWNER, (grant_id,))
             if row is None:
@@ -761,7 +771,7 @@ class Ledger:
             if tx.one(sql.OUTCOME_EXISTS, (grant_id,)):
                 raise LedgerError(f"grant {grant_id!r} already has an outcome")
             tx.run(sql.OUTCOME_INSERT,
-                   (grant_id, row[0], row[1], outcome, _canonical(details), time.time()))
+                   (grant_id, row[0], row[1], outcome, details_text, time.time()))
             self._log(tx, "outcome", {"grant": grant_id, "stream": row[0], "pipeline": row[1],
                                       "outcome": outcome, "details": details})
 
