@@ -148,6 +148,10 @@ class Ledger:
             self._advance_head((0, GENESIS), reset=True)
         problem = problem or _anchor.head_problem(self._store, self._head.get(self._ledger_id), self._ledger_id,
                                                   self._head.path)
+        if problem is None and not bound:
+            legacy_until = (self._migration_entry().get("legacy_chain_until", 0)
+                            if self._keys.legacy_secret is not None else 0)
+            problem = _anchor.unbound_log_problem(self._store, self._keys, legacy_until)
         self.anchor_problem = problem
         if problem is not None:
             if check_head:
