@@ -218,11 +218,19 @@ def _caught(path, at_open=True):
 
 
 def _run(honest, tmp_path, name, tamper, at_open=True):
-    """Tamper with a fresh copy of the honest ledger's folder; how it was caught."""
+    """Tamper with a fresh copy of the honest ledger's folder; how it was caught. Without ``at_open`` only the
+    database is copied anew while the other files are as in the honest folder (an open of a database tampered into
+    an older schema migrates it, writing the key file)."""
     folder, _ = honest
     case = tmp_path / "case"
-    shutil.rmtree(case, ignore_errors=True)
-    shutil.copytree(folder, case)
+    kept = ("ledger.db.key", "ledger.db.key.head")
+    if at_open or not all(case.exists() and (case / f).read_bytes() == (folder / f).read_bytes() for f in kept):
+        shutil.rmtree(case, ignore_errors=True)
+        shutil.copytree(folder, case)
+    else:
+        for stale in ("ledger.db-wal", "ledger.db-shm"):
+            (case / stale).unlink(missing_ok=True)
+        shutil.copyfile(folder / "ledger.db", case / "ledger.db")
     path = str(case / "ledger.db")
     tamper(path)
     try:
