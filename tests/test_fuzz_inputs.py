@@ -8,7 +8,8 @@ is byte-identical to before and no file or folder appeared. Never a traceback, n
 
 The CLI runs in this process (``sage_tfx.cli.main``), as tests/test_ledger_bad_input.py does for PostgreSQL, to keep
 it fast. Hypothesis is derandomized (a fixed seed, no example database) with a bounded example count, so CI runs
-the same examples every time (SAGE_FUZZ_EXAMPLES and SAGE_FUZZ_RANDOM search longer); each fixed bug keeps its input as an ``@example``. SQLite, no TensorFlow.
+the same examples every time (SAGE_FUZZ_EXAMPLES and SAGE_FUZZ_RANDOM search longer); each fixed bug keeps its
+input as an ``@example``. SQLite, no TensorFlow.
 """
 import argparse
 import collections
@@ -137,8 +138,9 @@ def renderings(value):
         number = parse_time(value) if isinstance(value, str) else float(value)
     except (TypeError, ValueError, OverflowError, argparse.ArgumentTypeError):
         return out
-    out |= {repr(number), f"{number:g}", f"{number:.3g}", str(int(number)) if math.isfinite(number) and number == int(number)
-            else repr(number)}
+    out |= {repr(number), f"{number:g}", f"{number:.3g}"}
+    if math.isfinite(number) and number == int(number):
+        out.add(str(int(number)))
     return out
 
 

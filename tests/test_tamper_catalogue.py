@@ -133,9 +133,8 @@ def _table_cases(conn, table, keys):
                                                      (new, rowid))], (table, column)))
         cases.append((f"delete {name}", [(f"DELETE FROM {table} WHERE rowid = ?", (rowid,))], None))
         copy = dict(row, **({"seq": last_seq + 1} if table == "log" else {k: _changed(row[k]) for k in keys}))
-        cases.append((f"insert a copy of {name}", [(f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
-                                                    f"({', '.join('?' * len(columns))})",
-                                                    tuple(copy[c] for c in columns))], None))
+        insert = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+        cases.append((f"insert a copy of {name}", [(insert, tuple(copy[c] for c in columns))], None))
     others = [c for c in columns if c not in keys]
     pairs = list(zip(rows, rows[1:]))
     for (id_a, *a), (id_b, *b) in pairs if table == "log" else pairs[:1]:
@@ -249,7 +248,7 @@ def test_every_database_only_tamper_case_is_caught(honest, tmp_path):
     results, unbound = {}, []
     for name, statements, column in table_cases:
         # the audit alone (fast): a database writer is refused at open only where the head file shows it
-        results[name] = _run(honest, tmp_path, name, lambda path: _sql(path, statements), at_open=False)
+        results[name] = _run(honest, tmp_path, name, lambda path, s=statements: _sql(path, s), at_open=False)
         if column in UNBOUND:
             unbound.append(name)
     for name, tamper in _scenario_cases(old):
