@@ -216,6 +216,8 @@ ledger_calls = st.one_of(*[st.tuples(st.just(action), st.sampled_from(sorted(fla
 @example(("add-block", "--shard", "9" * 40))
 @example(("add-block", "--end", "1e300"))  # a window no date names: `status` crashed for good after it
 @example(("add-block", "--start", "-62135596801"))
+@example(("charge", "--blocks", ","))  # the empty block set did not show what was given
+@example(("init", "--db", "a\x00b"))  # a NUL byte in the path: a ValueError traceback from sqlite3
 def test_sage_ledger_refuses_bad_values_changing_nothing(folder, call):
     action, flag, value = call
     argv = _ledger_argv(action, flag, value)

@@ -132,6 +132,7 @@ def check_new_blocks(blocks):
 def check_block_set(blocks):
     """A request's block ids as a list (a comma-separated string is split): not empty, no id twice; LedgerError
     naming the ids otherwise."""
+    given = blocks
     if isinstance(blocks, str):
         blocks = [b for b in blocks.split(",") if b]
     if not isinstance(blocks, collections.abc.Iterable):
@@ -141,7 +142,7 @@ def check_block_set(blocks):
     if bad:
         raise LedgerError(f"block id {bad[0]!r} is not a text: give block ids as texts, e.g. ['b0', 'b1']")
     if not blocks:
-        raise LedgerError("the block set is empty: name at least one block")
+        raise LedgerError(f"the block set is empty ({given!r} names no block): name at least one block")
     dupes = len(set(blocks)) != len(blocks) and sorted(b for b, n in collections.Counter(blocks).items() if n > 1)
     if dupes:
         raise LedgerError(f"the block set names blocks more than once: {', '.join(map(str, dupes))}")

@@ -80,7 +80,7 @@ from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-export
 from .keys import HeadFile, HeadSync, KeyFileError, head_sync_mode, resolve_key_path, warn_head_write
 from .session import KeySource as _KeySource, PipelineClaim, migrate_secret, migration_entry
 from .split import STAGES
-from .store import open_store, sql
+from .store import check_location, open_store, sql
 from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
     DEFAULT_MAX_STREAM_EPSILON,
     DEFAULT_MIN_GRANT_EPSILON,
@@ -193,8 +193,7 @@ class Ledger:
         (``LedgerRollback`` if it was rolled back, cut, re-identified or replaced); ``check_head=False``
         (the audit) records the problem in ``anchor_problem`` instead and opens a ledger that never writes the
         head file."""
-        if not isinstance(location, (str, os.PathLike)) or not str(location):
-            raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
+        check_location(location)
         head_sync = head_sync_mode(head_sync)  # a bad mode is refused before anything is created
         try:
             keys = _KeySource(resolve_key_path(location, key_file), create)

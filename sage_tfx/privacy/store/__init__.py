@@ -18,8 +18,16 @@ from .sqlite import SqliteStore
 
 _Store = Store  # the base class's name before the package (store.py)
 
-__all__ = ["open_store", "Store", "Tx", "SqliteStore", "PostgresStore", "SCHEMA_VERSION", "TABLES", "MIGRATIONS",
-           "SSLMODES", "DEFAULT_SSLMODE", "postgres_ssl_context", "claim_key", "process_label"]
+__all__ = ["check_location", "open_store", "Store", "Tx", "SqliteStore", "PostgresStore", "SCHEMA_VERSION", "TABLES",
+           "MIGRATIONS", "SSLMODES", "DEFAULT_SSLMODE", "postgres_ssl_context", "claim_key", "process_label"]
+
+
+def check_location(location):
+    """``location`` as a text, or LedgerError naming it: not a path or URL, empty, or holding a NUL byte (no file
+    has such a name)."""
+    if not isinstance(location, (str, os.PathLike)) or not str(location) or "\x00" in str(location):
+        raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
+    return str(location)
 
 
 def open_store(location, create=False, on_create=None):
@@ -28,9 +36,7 @@ def open_store(location, create=False, on_create=None):
     ``on_create()``, called as a new ledger's schema is written, returns the meta rows to add (the key id and
     ledger id: ``Ledger.open``); the database never holds a key (docs/security.md).
     """
-    if not isinstance(location, (str, os.PathLike)) or not str(location):
-        raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
-    location = str(location)
+    location = check_location(location)
     if location.startswith(("postgresql://", "postgres://")):
         return PostgresStore(location, create=create, on_create=on_create)
     return SqliteStore(location, create=create, on_create=on_create)
