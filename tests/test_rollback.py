@@ -213,3 +213,17 @@ def test_a_copy_from_before_the_key_migration_is_caught_after_it_migrates_again(
     with Ledger.open(path, check_head=False) as ledger:
         assert ledger.ledger_id == first_id
         assert not ledger.audit().ok
+
+
+@pytest.mark.parametrize("cut", ["DELETE FROM log WHERE seq = 1", "UPDATE log SET kind = 'stream' WHERE seq = 1"])
+def test_the_entry_binding_the_id_cut_out_is_refused_at_open_not_bound_again(tmp_path, capsys, cut):
+    """Without its keyed ledger entry the log looked like an older version's: the next open bound it anew (a write,
+    even by the audit's open) and only the audit's chain check said anything."""
+    path, _ = _charged_once(tmp_path)
+    sql(path, cut)
+    before = _files(path)
+    with pytest.raises(LedgerRollback, match="the entry that bound it was cut out or altered"):
+        Ledger.open(path)
+    assert main(["ledger", "audit", "--db", path]) == 1
+    assert "binding the ledger's id" in capsys.readouterr().out
+    assert _files(path) == before  # neither open wrote a ledger entry or a head

@@ -197,6 +197,13 @@ def ingest(ledger_location: str, stream: str, inputs: Union[str, Sequence[str]],
     """
     import logging
 
+    inputs = [inputs] if isinstance(inputs, str) else list(inputs)
+    # Bad block options and a missing local input are refused before Beam loads (seconds of imports).
+    spec = make_spec(block_by, stream, time_column, window, user_column, shards, hash_key)
+    local = [i for i in inputs if not is_url(i)]
+    if local:
+        resolve_inputs(local)
+
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
 
@@ -204,10 +211,9 @@ def ingest(ledger_location: str, stream: str, inputs: Union[str, Sequence[str]],
 
     # Beam logs a worker's exception with its traceback before re-raising it; bad input is reported once, below.
     logging.getLogger("apache_beam.runners.common").addFilter(_not_input_errors)
-    spec = make_spec(block_by, stream, time_column, window, user_column, shards, hash_key)
     options = beam_options(beam_args, None)
     FileSystems.set_options(options)  # the driver's own FileSystems calls (inputs, staging) see e.g. --s3_* too
-    files = resolve_inputs([inputs] if isinstance(inputs, str) else inputs)
+    files = resolve_inputs(inputs)
     options = beam_options(beam_args, len(files))
     with Ledger.open(ledger_location) as ledger:
         ledger.stream(stream)  # the stream must exist before data arrives

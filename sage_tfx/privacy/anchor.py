@@ -19,6 +19,7 @@ such entry. This module imports neither the ``Ledger`` facade nor the audit.
 import hmac
 import json
 
+from .chain import GENESIS, chain_hash
 from .errors import LedgerError
 from .store import sql
 
@@ -101,6 +102,24 @@ def head_problem(store, head, ledger_id, head_path):
         return behind_text(head_path, last_seq, seq)
     if seq > 0 and (at is None or not hmac.compare_digest(at[0], head.get("chain") or "")):
         return rewritten_text(head_path, seq)
+    return None
+
+
+def unbound_log_problem(store, keys, legacy_until):
+    """For a log with no ``ledger`` entry (an older ledger's first open, bound next): None if every entry chains in
+    sequence from the start under the key (those up to ``legacy_until`` under the unkeyed chain of before the key
+    migration), else what was found. A bound ledger whose ``ledger`` entry was cut out or altered must be refused,
+    not bound again. It reads the whole log, once in an older ledger's life."""
+    prev, expected = GENESIS, 1
+    with store.transaction(write=False) as tx:
+        entries = tx.all(sql.LOG_ALL)
+    for seq, _ts, kind, body, entry_prev, chain in entries:
+        value = (chain_hash(entry_prev, seq, kind, body) if seq <= legacy_until
+                 else keys.chain_value(entry_prev, seq, kind, body))
+        if seq != expected or entry_prev != prev or not hmac.compare_digest(chain, value):
+            return (f"the log has no keyed {LEDGER_KIND} entry binding the ledger's id, and its entry {seq} ({kind}) "
+                    "breaks the keyed chain: the entry that bound it was cut out or altered")
+        prev, expected = chain, seq + 1
     return None
 
 

@@ -116,72 +116,78 @@ def audit_ledger(ledger):
         except ValueError:
             problems.append(f"log entry {seq}: body is not JSON")
             continue
-        if kind == "stream":
-            stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None,
-                                                 "query_delta_share": None, "split_orders": None}, **body)
-            try:  # an entry without a query_delta_share (before schema 7, or basic) replays the legacy rule, one
-                # without split_orders (before schema 8) every order converting at all of the conversion delta
-                streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
-                                                            body["orders"] or None, body.get("query_delta_share"),
-                                                            bool(body.get("split_orders")))
-            except LedgerError as exc:
-                problems.append(f"log entry {seq}: stream {body['name']!r} cannot be replayed ({exc})")
-                streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
-                                                            body["orders"] or None, None)
-        elif kind == "block":
-            filt = streams.get(body["stream"])
-            if filt is None:
-                problems.append(f"log entry {seq}: block {body['id']!r} of unknown stream {body['stream']!r}")
-                continue
-            blocks[(body["stream"], body["id"])] = {"spent": filt.zero(), "state": BlockState.ACTIVE.value}
-            block_rows[(body["stream"], body["id"])] = (
-                body.get("start"), body.get("end"), body.get("shard"), body.get("created"),
-                body.get("rows", _UNLOGGED), body.get("digest", _UNLOGGED))
-            queued.arrivals[(body["stream"], body["id"])] = 0
-        elif kind == "register":
-            pipelines[(body["stream"], body["pipeline"])] = (PipelineState.WAITING.value, None)
-            queued.arrive(body["stream"])
-        elif kind == "reserve":
-            for p in body["pipelines"]:
-                reservations[(body["stream"], body["block"], p)] = (tuple(body["share"]),
-                                                                    tuple(streams[body["stream"]].zero()))
-        elif kind == "finish":
-            _replay_finish(body, streams, blocks, pipelines, reservations)
-            queued.demands.pop((body["stream"], body["pipeline"]), None)
-        elif kind == "demand":
-            queued.demand(seq, body)
-        elif kind == "admit":
-            queued.admit(seq, body)
-        elif kind == "collect":
-            queued.collect(seq, body)
-        elif kind == "outcome":
-            outcomes[body["grant"]] = (body["stream"], body["pipeline"], body["outcome"], _canonical(body["details"]))
-        elif kind == "grant":
-            sources = body.get("sources")
-            queued.grant(seq, body)
-            _replay_grant(ledger, seq, body, streams, blocks, grants, problems)
-            if sources and body.get("id") in grants:
-                for b, source in zip(body["blocks"], sources):
-                    key = (body["stream"], b, body["pipeline"])
-                    if source == Source.OWN and key in reservations:
-                        reserved, used = reservations[key]
-                        reservations[key] = (reserved, tuple(filters.add(list(used), tuple(body["cost"]))))
-        elif kind == "release":
-            _replay_release(seq, body, grants, releases, problems, draws)
-        elif kind == "draw":
-            audit_draw(ledger, seq, body, grants, releases, draws, problems)
-        elif kind == TRUSTED_READ:
-            _replay_trusted_read(seq, ts, body, blocks, report.trusted_reads, problems)
-        elif kind == LEDGER_KIND:
-            bindings.append((seq, body.get("ledger_id")))
-        elif kind == ANCHOR_KIND:
-            report.notes.append(f"log entry {seq}: this ledger was re-anchored by an operator on host "
-                                f"{body.get('host')!r} ({body.get('reason')!r}; the head file's record it replaced: "
-                                f"{body.get('replaced_head')})")
-        elif kind == "retire":
-            for b in body["blocks"]:
-                if (body["stream"], b) in blocks:
-                    blocks[(body["stream"], b)]["state"] = BlockState.RETIRED.value
+        try:  # an entry altered or cut out of the log (a problem above) can leave the next ones without the
+            # stream, block or grant they name: each is named, never a traceback
+            if kind == "stream":
+                stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None,
+                                                     "query_delta_share": None, "split_orders": None}, **body)
+                try:  # an entry without a query_delta_share (before schema 7, or basic) replays the legacy rule, one
+                    # without split_orders (before schema 8) every order converting at all of the conversion delta
+                    streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
+                                                                body["orders"] or None, body.get("query_delta_share"),
+                                                                bool(body.get("split_orders")))
+                except LedgerError as exc:
+                    problems.append(f"log entry {seq}: stream {body['name']!r} cannot be replayed ({exc})")
+                    streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
+                                                                body["orders"] or None, None)
+            elif kind == "block":
+                filt = streams.get(body["stream"])
+                if filt is None:
+                    problems.append(f"log entry {seq}: block {body['id']!r} of unknown stream {body['stream']!r}")
+                    continue
+                blocks[(body["stream"], body["id"])] = {"spent": filt.zero(), "state": BlockState.ACTIVE.value}
+                block_rows[(body["stream"], body["id"])] = (
+                    body.get("start"), body.get("end"), body.get("shard"), body.get("created"),
+                    body.get("rows", _UNLOGGED), body.get("digest", _UNLOGGED))
+                queued.arrivals[(body["stream"], body["id"])] = 0
+            elif kind == "register":
+                pipelines[(body["stream"], body["pipeline"])] = (PipelineState.WAITING.value, None)
+                queued.arrive(body["stream"])
+            elif kind == "reserve":
+                for p in body["pipelines"]:
+                    reservations[(body["stream"], body["block"], p)] = (tuple(body["share"]),
+                                                                        tuple(streams[body["stream"]].zero()))
+            elif kind == "finish":
+                _replay_finish(body, streams, blocks, pipelines, reservations)
+                queued.demands.pop((body["stream"], body["pipeline"]), None)
+            elif kind == "demand":
+                queued.demand(seq, body)
+            elif kind == "admit":
+                queued.admit(seq, body)
+            elif kind == "collect":
+                queued.collect(seq, body)
+            elif kind == "outcome":
+                outcomes[body["grant"]] = (body["stream"], body["pipeline"], body["outcome"],
+                                           _canonical(body["details"]))
+            elif kind == "grant":
+                sources = body.get("sources")
+                queued.grant(seq, body)
+                _replay_grant(ledger, seq, body, streams, blocks, grants, problems)
+                if sources and body.get("id") in grants:
+                    for b, source in zip(body["blocks"], sources):
+                        key = (body["stream"], b, body["pipeline"])
+                        if source == Source.OWN and key in reservations:
+                            reserved, used = reservations[key]
+                            reservations[key] = (reserved, tuple(filters.add(list(used), tuple(body["cost"]))))
+            elif kind == "release":
+                _replay_release(seq, body, grants, releases, problems, draws)
+            elif kind == "draw":
+                audit_draw(ledger, seq, body, grants, releases, draws, problems)
+            elif kind == TRUSTED_READ:
+                _replay_trusted_read(seq, ts, body, blocks, report.trusted_reads, problems)
+            elif kind == LEDGER_KIND:
+                bindings.append((seq, body.get("ledger_id")))
+            elif kind == ANCHOR_KIND:
+                report.notes.append(f"log entry {seq}: this ledger was re-anchored by an operator on host "
+                                    f"{body.get('host')!r} ({body.get('reason')!r}; the head file's record it "
+                                    f"replaced: {body.get('replaced_head')})")
+            elif kind == "retire":
+                for b in body["blocks"]:
+                    if (body["stream"], b) in blocks:
+                        blocks[(body["stream"], b)]["state"] = BlockState.RETIRED.value
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+            problems.append(f"log entry {seq} ({kind}): cannot be replayed on the entries before it "
+                            f"({type(exc).__name__}: {exc})")
 
     _check_head(ledger, head, entries, problems, report.notes)
     report.streams, report.blocks, report.grants = len(streams), len(blocks), len(grants)
@@ -192,7 +198,8 @@ def audit_ledger(ledger):
                             f"{filt.shortfall(replayed['spent'], filt.zero()) or replayed['spent']}")
 
     (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
-     table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals, table_draws) = tables
+     table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals, table_draws,
+     table_release_owners) = tables
     _check_meta(ledger, meta, problems)
     _check_binding(meta, bindings, len(entries), problems)
     for key, logged in block_rows.items():  # columns a block's log entry did not hold (before keys) are not compared
@@ -221,6 +228,7 @@ def audit_ledger(ledger):
                lambda table, log: "the table's record differs from the log's", missing_note=" (never charged)")
     _reconcile(problems, table_releases, releases, lambda key: f"release of stage {key[1]!r} under grant {key[0]!r}",
                lambda table, log: f"table says {table}, log says {log}")
+    _check_release_owners(table_release_owners, table_grant_cols, problems)
     _check_release_totals(grants, releases, streams, problems)
     _note_converted_rule(grants, report.notes)
     _reconcile(problems, table_draws, draws.rows, lambda key: f"draw of run {key[1]!r} from lifetime grant {key[0]!r}",
@@ -348,7 +356,9 @@ def _read_tables(tx):
     table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
                     for r in tx.all(sql.AUDIT_BLOCK_SPENT)}
     table_grants = {r[0]: (r[1], r[2]) for r in tx.all(sql.AUDIT_GRANTS)}
-    table_releases = {(r[0], r[1]): (r[2], r[3], r[4]) for r in tx.all(sql.AUDIT_RELEASES)}
+    release_rows = tx.all(sql.AUDIT_RELEASES)
+    table_releases = {(r[0], r[1]): (r[2], r[3], r[4]) for r in release_rows}
+    table_release_owners = {(r[0], r[1]): (r[5], r[6]) for r in release_rows}
     table_block_rows = {(r[0], r[1]): tuple(r[2:]) for r in tx.all(sql.AUDIT_BLOCK_ROWS)}
     table_grant_cols = {r[0]: (r[1], r[2], r[3]) for r in tx.all(sql.AUDIT_GRANT_COLUMNS)}
     table_pipelines = {(r[0], r[1]): (r[2], r[3]) for r in tx.all(sql.AUDIT_PIPELINES)}
@@ -361,7 +371,8 @@ def _read_tables(tx):
     table_arrivals = {(r[0], r[1]): r[2] for r in tx.all(sql.AUDIT_BLOCK_ARRIVALS)}
     table_draws = {(r[0], r[1]): (r[2], r[3], float(r[4]), float(r[5])) for r in tx.all(sql.AUDIT_DRAWS)}
     return (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
-            table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals, table_draws)
+            table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals, table_draws,
+            table_release_owners)
 
 
 _UNLOGGED = object()  # a block column its log entry did not hold (entries written before the key migration)
@@ -381,6 +392,10 @@ def _replay_trusted_read(seq, ts, body, blocks, reads, problems):
     reads.append({"seq": seq, "time": ts, "stream": stream, "blocks": ids, "purpose": body.get("purpose")})
 
 
+_META_KEYS = {"schema_version", "key_id", "ledger_id", "lock"}  # every key a ledger's meta holds (store/sql.py)
+_META_LOCK_VALUE = "0"  # sql.META_INSERT_LOCK's value, never changed
+
+
 def _check_meta(ledger, meta, problems):
     """meta: the schema version this code writes, this key's id, and never a key or secret."""
     if "secret" in meta:
@@ -390,6 +405,12 @@ def _check_meta(ledger, meta, problems):
         problems.append(f"meta's schema_version is {meta.get('schema_version')!r}, not {str(sql.SCHEMA_VERSION)!r}")
     if meta.get("key_id") != ledger.keyring.key_id:
         problems.append(f"meta's key_id {meta.get('key_id')!r} is not the key file's {ledger.keyring.key_id!r}")
+    unknown = sorted(set(meta) - _META_KEYS - {"secret"})
+    if unknown:
+        problems.append(f"meta holds key(s) {unknown} this ledger never writes: added by a writer of the database")
+    if meta.get("lock") != _META_LOCK_VALUE:
+        problems.append(f"meta's write-lock row is {meta.get('lock')!r}, not {_META_LOCK_VALUE!r}: writers on "
+                        "PostgreSQL take turns on it (deleted or altered by a writer of the database)")
     forms = ledger.keyring.secret_forms()
     if any(form in str(v).encode() for v in meta.values() for form in forms):
         problems.append("meta holds the ledger's key bytes")
@@ -480,6 +501,14 @@ def _replay_release(seq, body, grants, releases, problems, draws):
         return
     releases[key] = (body.get("computation"), float(body.get("epsilon")), float(body.get("delta")))
     draws.release(*key)  # the draw replay's per-grant index of releases
+
+
+def _check_release_owners(owners, grant_cols, problems):
+    """Each release row's stream and pipeline are its grant's (the log's release entry names the grant only)."""
+    for (gid, stage), owner in sorted(owners.items()):
+        if gid in grant_cols and owner != grant_cols[gid][:2]:
+            problems.append(f"release of stage {stage!r} under grant {gid!r}: table says (stream, pipeline)={owner}, "
+                            f"its grant's are {grant_cols[gid][:2]}")
 
 
 def _check_release_totals(grants, releases, streams, problems):

@@ -83,6 +83,9 @@ def vector_decoder():
 DATE_MIN, DATE_MAX = -62135596800.0, 253402300800.0
 
 
+MAX_STORED_INT = 2 ** 63 - 1  # a BIGINT column's largest value (SQLite and PostgreSQL)
+
+
 def check_block(id, start=None, end=None, shard=None, rows=None, created=None, digest=None):
     """One new block's fields checked: (id, start, end, shard, rows, created, digest), or LedgerError naming the
     value. ``created`` defaults to now."""
@@ -99,10 +102,10 @@ def check_block(id, start=None, end=None, shard=None, rows=None, created=None, d
     if shard is not None:
         if start is not None:
             raise LedgerError(f"block {block_id!r}: a block is keyed by a time window or a shard, not both")
-        if isinstance(shard, bool) or not isinstance(shard, int) or shard < 0:
-            raise LedgerError(f"block {block_id!r}: shard {shard!r} must be an integer >= 0")
-    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or rows < 0):
-        raise LedgerError(f"block {block_id!r}: rows {rows!r} must be an integer >= 0")
+        if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard <= MAX_STORED_INT:
+            raise LedgerError(f"block {block_id!r}: shard {shard!r} must be an integer in [0, 2^63 - 1]")
+    if rows is not None and (isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= MAX_STORED_INT):
+        raise LedgerError(f"block {block_id!r}: rows {rows!r} must be an integer in [0, 2^63 - 1]")
     created = time.time() if created is None else finite(created, "created", allow_none=False)
     if digest is not None and not (isinstance(digest, str) and DIGEST.match(digest)):
         raise LedgerError(f"block {block_id!r}: digest {digest!r} must be 1-64 lowercase hex digits")
@@ -111,6 +114,9 @@ def check_block(id, start=None, end=None, shard=None, rows=None, created=None, d
 
 def check_new_blocks(blocks):
     """``add_blocks``' list checked before anything is read: each block's fields (``check_block``), no id twice."""
+    if not isinstance(blocks, collections.abc.Iterable):
+        raise LedgerError(f"add_blocks: blocks {blocks!r} is not a list: give a list of dicts with 'id' and the "
+                          "keyword arguments of add_block (e.g. [{'id': 'b0'}])")
     if isinstance(blocks, (str, bytes)) or not all(isinstance(b, collections.abc.Mapping) for b in blocks):
         bad = blocks if isinstance(blocks, (str, bytes)) else next(
             b for b in blocks if not isinstance(b, collections.abc.Mapping))
@@ -126,11 +132,17 @@ def check_new_blocks(blocks):
 def check_block_set(blocks):
     """A request's block ids as a list (a comma-separated string is split): not empty, no id twice; LedgerError
     naming the ids otherwise."""
+    given = blocks
     if isinstance(blocks, str):
         blocks = [b for b in blocks.split(",") if b]
+    if not isinstance(blocks, collections.abc.Iterable):
+        raise LedgerError(f"blocks {blocks!r} is not a list of block ids: give a list (or one comma-separated text)")
     blocks = list(blocks)
+    bad = [b for b in blocks if not isinstance(b, str)]
+    if bad:
+        raise LedgerError(f"block id {bad[0]!r} is not a text: give block ids as texts, e.g. ['b0', 'b1']")
     if not blocks:
-        raise LedgerError("the block set is empty: name at least one block")
+        raise LedgerError(f"the block set is empty ({given!r} names no block): name at least one block")
     dupes = len(set(blocks)) != len(blocks) and sorted(b for b, n in collections.Counter(blocks).items() if n > 1)
     if dupes:
         raise LedgerError(f"the block set names blocks more than once: {', '.join(map(str, dupes))}")

@@ -50,6 +50,7 @@ changed id or a missing head raises ``LedgerRollback``). A ledger of an older ve
 ``meta.secret``) is migrated on open: the key file is written first (0600, fsync), then the secret is deleted
 in one transaction.
 """
+import collections.abc
 import json
 import os
 import socket
@@ -152,6 +153,10 @@ class Ledger:
             self._advance_head((0, GENESIS), reset=True)
         problem = problem or _anchor.head_problem(self._store, self._head.get(self._ledger_id), self._ledger_id,
                                                   self._head.path)
+        if problem is None and not bound:
+            legacy_until = (self._migration_entry().get("legacy_chain_until", 0)
+                            if self._keys.legacy_secret is not None else 0)
+            problem = _anchor.unbound_log_problem(self._store, self._keys, legacy_until)
         self.anchor_problem = problem
         if problem is not None:
             if check_head:
@@ -409,6 +414,8 @@ class Ledger:
         if not isinstance(purpose, str) or not purpose.strip():
             raise LedgerError(f"purpose {purpose!r} must say why trusted code decrypts blocks outside a grant "
                               "(e.g. 'non-private baseline'): it is written to the audit log")
+        if isinstance(blocks, str) or not isinstance(blocks, collections.abc.Iterable):
+            raise LedgerError(f"blocks {blocks!r} is not a list of block ids: give the blocks it decrypts")
         ids = [str(b) for b in blocks]
         if not ids:
             raise LedgerError("a trusted read names no block: give the blocks it decrypts")
@@ -498,6 +505,7 @@ class Ledger:
         """End a pipeline (ACCEPT, REJECT or TIMEOUT); split its unused reservations among those still waiting."""
         if outcome not in OUTCOMES:
             raise LedgerError(f"outcome {outcome!r} is unknown: use one of {', '.join(OUTCOMES)}")
+        _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
             s = self.stream(stream, tx)
             row = tx.one(sql.PIPELINE_STATE, (stream, pipeline))
@@ -547,7 +555,7 @@ class Ledger:
             # One statement reads the stream row, the pipeline's state and the log's last entry (what ``_log``
             # chains the grant's entry to): all three as of this write transaction, which is exclusive (SQLite's
             # write lock, PostgreSQL's meta lock row), so nothing read here is from before another writer's commit.
-            row = tx.one(sql.STREAM_REQUEST_READ, (stream, pipeline, stream))
+            row = tx.one(sql.STREAM_REQUEST_READ, (stream, pipeline, stream)) if isinstance(stream, str) else None
             if row is None:
                 self.stream(stream, tx)  # raises UnknownStream, naming the streams there are
             w = sql.STREAM_WIDTH
@@ -762,7 +770,13 @@ class Ledger:
         """
         if outcome not in tuple(GrantOutcome):
             raise LedgerError(f"outcome {outcome!r} is unknown: use {', '.join(GrantOutcome)}")
+        if details is not None and not isinstance(details, collections.abc.Mapping):
+            raise LedgerError(f"outcome details {details!r} must be a dict (or None)")
         details = dict(details or {})
+        try:
+            details_text = _canonical(details)
+        except (TypeError, ValueError) as exc:
+            raise LedgerError(f"outcome details {details!r} cannot be written as JSON ({exc})") from None
         with self._store.transaction() as tx:
             row = tx.one(sql.GRANT_OWNER, (grant_id,))
             if row is None:
@@ -770,7 +784,7 @@ class Ledger:
             if tx.one(sql.OUTCOME_EXISTS, (grant_id,)):
                 raise LedgerError(f"grant {grant_id!r} already has an outcome")
             tx.run(sql.OUTCOME_INSERT,
-                   (grant_id, row[0], row[1], outcome, _canonical(details), time.time()))
+                   (grant_id, row[0], row[1], outcome, details_text, time.time()))
             self._log(tx, "outcome", {"grant": grant_id, "stream": row[0], "pipeline": row[1],
                                       "outcome": outcome, "details": details})
 

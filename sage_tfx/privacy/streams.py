@@ -86,7 +86,7 @@ def stream_filter(s):
 
 def read_stream(tx, name):
     """The stream ``name`` as of ``tx``; UnknownStream naming the streams there are."""
-    row = tx.one(sql.STREAM_ROW, (name,))
+    row = tx.one(sql.STREAM_ROW, (name,)) if isinstance(name, str) else None  # a list or number names no stream
     if row is None:
         known = [r[0] for r in tx.all(sql.STREAM_NAMES)]
         raise UnknownStream(f"stream {name!r} does not exist (streams: {', '.join(known) or 'none'})")
@@ -151,7 +151,7 @@ def check_stream_args(name, epsilon, delta, accounting=Accounting.BASIC, orders=
         min_epsilon = filt.epsilon / 100.0
     min_epsilon = finite(min_epsilon, "min_epsilon", allow_none=False)
     if not 0 < min_epsilon <= filt.epsilon:
-        raise LedgerError(f"min_epsilon {min_epsilon!r} is invalid: need 0 < min_epsilon <= epsilon")
+        raise LedgerError(f"min_epsilon {min_epsilon!r} is invalid: need 0 < min_epsilon <= epsilon ({epsilon!r})")
     if min_grant_epsilon is None:
         min_grant_epsilon = min(DEFAULT_MIN_GRANT_EPSILON, min_epsilon)
     min_grant = finite(min_grant_epsilon, "min_grant_epsilon", allow_none=False)

@@ -39,8 +39,9 @@ def display(location) -> str:
 
 
 def check_location(location) -> str:
-    """``str(location)`` if it names a ledger without a secret in it; LedgerError otherwise (naming the fix)."""
-    if not isinstance(location, (str, os.PathLike)) or not str(location):
+    """``str(location)`` if it names a ledger without a secret in it; LedgerError otherwise (naming the fix): not a
+    path or URL, empty, holding a NUL byte (no file has such a name) or a password."""
+    if not isinstance(location, (str, os.PathLike)) or not str(location) or "\x00" in str(location):
         raise LedgerError(f"ledger location {location!r} is invalid: give a file path or a postgresql:// URL")
     text = str(location)
     if is_postgres(text):

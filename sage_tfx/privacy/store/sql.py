@@ -353,7 +353,7 @@ AUDIT_STREAMS = ("SELECT name, accounting, epsilon, delta, orders, policy, min_e
                  " policy_params, query_delta_share, split_orders FROM streams")
 AUDIT_BLOCK_SPENT = "SELECT stream, id, spent, state FROM blocks"
 AUDIT_GRANTS = "SELECT id, body, signature FROM grants"
-AUDIT_RELEASES = "SELECT grant_id, stage, computation, epsilon, delta FROM releases"
+AUDIT_RELEASES = "SELECT grant_id, stage, computation, epsilon, delta, stream, pipeline FROM releases"
 AUDIT_BLOCK_ROWS = "SELECT stream, id, start_ts, end_ts, shard, created, n_rows, digest FROM blocks"
 AUDIT_GRANT_COLUMNS = "SELECT id, stream, pipeline, created FROM grants"
 AUDIT_PIPELINES = "SELECT stream, name, state, outcome FROM pipelines"
