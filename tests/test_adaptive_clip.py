@@ -4,7 +4,6 @@ accounting, on every own engine. Imports TensorFlow.
 Statistical checks use fixed seeds; each bound fails for a correct implementation with probability below 1e-6
 (stated per test).
 """
-import math
 
 import numpy as np
 import pytest

@@ -441,7 +441,8 @@ def _check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batc
 
 
 def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], num_examples: int,
-                 clip_norm: Union[float, str, adaptive_clip.AdaptiveClip] = 1.0, batch_size: int = 256, epochs: Union[int, float] = 1,
+                 clip_norm: Union[float, str, adaptive_clip.AdaptiveClip] = 1.0, batch_size: int = 256,
+                 epochs: Union[int, float] = 1,
                  optimizer: str = "sgd", learning_rate: Optional[float] = None, momentum: float = 0.0,
                  weight_decay: float = 0.0, loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
                  seed: Optional[int] = None,

@@ -21,8 +21,8 @@ Gaussian mechanism on the vector (clipped sum / C_t, centred count), whose parts
 z where ``z^-2 = z_Delta^-2 + (2 sigma_b)^-2``: the privacy loss of independent Gaussian coordinates is a
 Gaussian whose variance parameter is the sum of the squared sensitivity-to-std ratios (1/z_Delta)^2 +
 (1/(2 sigma_b))^2 (one record moves both parts at once, and the same Poisson sample holds it in both or in
-neither). So given the noise multiplier z that the accountant calibrated for the budget, the sum takes ``z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2`` (> z: a little more noise on the sum pays
-for the count), and each step is exactly the Poisson-sampled Gaussian(z) event the fixed-clip run is
+neither). So given the noise multiplier z that the accountant calibrated for the budget, the sum takes
+``z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2`` (> z: a little more noise on the sum pays for the count), and each step is exactly the Poisson-sampled Gaussian(z) event the fixed-clip run is
 accounted with: same DpEvent, same (epsilon, delta), same grant spend. This needs ``2 sigma_b > z``.
 
 Numpy-free (the privacy core): the TensorFlow side is sage_tfx.models.dpsgd_engine.
