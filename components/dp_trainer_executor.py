@@ -128,9 +128,10 @@ def _numbers_in(value):
 
 
 def public_numbers(source, custom_config, num_examples):
-    """The numbers a DP fit's batch size and epochs may take under this run (``training_seed(public=...)``):
-    the numeric constants of the module's source (``source``: its bytes, or a list of the bytes of it and of
-    the files beside it, which it may import), the numbers of ``custom_config``, the DP models' defaults,
+    """The numbers a DP fit's batch size and epochs (and an adaptive clip's parameters) may take under this run
+    (``training_seed(public=...)``): the numeric constants of the module's source (``source``: its bytes, or a
+    list of the bytes of it and of the files beside it, which it may import), the numbers of ``custom_config``,
+    the DP models' defaults (and AdaptiveClip's),
     and ``trainer_utils.batch_size`` of each of them at the DP (or public) count ``num_examples``. All are
     public: the source and custom_config are part of the training computation, the count is DP."""
     import ast
@@ -139,6 +140,7 @@ def public_numbers(source, custom_config, num_examples):
     from sage_tfx.components import trainer_utils
     from sage_tfx.models import make_private
     from sage_tfx.models.dpsgd_models import DPLogisticRegressor, _DPSGDEstimator
+    from sage_tfx.privacy.adaptive_clip import IMBALANCED, AdaptiveClip
 
     numbers = _numbers_in(custom_config)
     for text in (source if isinstance(source, list) else [source]):
@@ -153,6 +155,7 @@ def public_numbers(source, custom_config, num_examples):
         parameters = inspect.signature(fn).parameters
         numbers |= {float(parameters[name].default) for name in names}
     numbers.add(float(DPLogisticRegressor.DEFAULT_BATCH_SIZE))
+    numbers |= set(AdaptiveClip().public_numbers().values()) | set(IMBALANCED.public_numbers().values())
     if num_examples is not None:
         args = SimpleNamespace(num_examples=num_examples)
         numbers |= {float(trainer_utils.batch_size(args, {"batch_size": w})) for w in list(numbers) if w >= 1}

@@ -40,7 +40,7 @@ SPENT_FILE = "privacy_spent.json"
 TYPE_KEY = "__event__"  # the DpEvent class name in its JSON (events have a field called "event")
 # privacy_spent keys copied into the report (the DpEvent goes in as JSON)
 _REPORTED = ("epsilon", "delta", "noise_multiplier", "steps", "sampling_rate", "num_examples", "accountant",
-             "mechanism", "implementation", "calibration", "ridge", "noise_schedule")
+             "mechanism", "implementation", "calibration", "ridge", "noise_schedule", "adaptive_clip")
 
 
 class TrainerDataError(SageError, ValueError):

@@ -6,6 +6,7 @@ or small module files written by the tests.
 """
 import json
 import os
+import re
 
 import numpy as np
 import pytest
@@ -688,3 +689,51 @@ def test_public_batch_sizes_and_epochs_are_accepted(world, tmp_path):
     model, _ = _run(world, tmp_path, module_file(tmp_path, body), custom_config={"epochs": 0.05, "batch_size": 96})
     spent = json.loads(model.get_string_custom_property("privacy_spent"))
     assert spent["report"]["sampling_rate"] * spent["num_examples"] == pytest.approx(96)
+
+
+# ------------------------------------------------------------------------------ adaptive clipping under the grant
+
+ADAPTIVE_RUN_FN = """
+from sage_tfx.privacy.adaptive_clip import IMBALANCED, AdaptiveClip
+
+def run_fn(fn_args):
+    x, y = trainer_utils.load_examples(fn_args, ["trip_miles"], "fare")
+    model = DPDNNRegressor(fn_args.privacy_budget, hidden_units=(4,), num_examples=fn_args.num_examples,
+                           epochs=0.05, batch_size=trainer_utils.batch_size(fn_args, {"batch_size": 96}),
+                           clip_norm=CLIP).fit(x, y)
+    trainer_utils.export_model(fn_args, model)
+    with open(os.path.join(fn_args.model_run_dir, "budget.json"), "w") as f:
+        json.dump(list(fn_args.privacy_budget), f)
+    return trainer_utils.report_spent(fn_args, model)
+"""
+
+
+def test_a_clip_quantile_computed_from_the_data_is_refused(world, tmp_path):
+    """The exploit: an adaptive clip whose target quantile is the exact share of fares above 10 publishes it
+    through the final clip norm and the report. Not a public number: refused before the fit reads anything,
+    without naming the value."""
+    from sage_tfx.models.seeding import PublicParameterError
+
+    body = ADAPTIVE_RUN_FN.replace("CLIP", "AdaptiveClip(target_quantile=float((y > 10).mean()))")
+    with pytest.raises(PublicParameterError, match="clip_target_quantile is not one of this run's public") as raised:
+        _run(world, tmp_path, module_file(tmp_path, body))
+    assert not re.search(r"\d\.\d", str(raised.value))  # no value named (the share would be a fraction)
+    assert not os.path.exists(tmp_path / "model" / "Format-Serving")
+
+
+def test_adaptive_clip_spends_the_grant_share_as_a_fixed_clip(world, tmp_path):
+    """IMBALANCED (public defaults) trains under the grant (one training release per grant: the fixed clip's
+    figures are computed); the audited report holds the clip's parameters and the noise multiplier, event and
+    epsilon a fixed clip's run of that shape calibrates to."""
+    from sage_tfx.components.trainer_utils import event_to_json
+    from sage_tfx.privacy import dpsgd
+
+    model, _ = _run(world, tmp_path, module_file(tmp_path, ADAPTIVE_RUN_FN.replace("CLIP", "IMBALANCED")))
+    adaptive = json.loads(model.get_string_custom_property("privacy_spent"))["report"]
+    n, batch = adaptive["num_examples"], round(adaptive["sampling_rate"] * adaptive["num_examples"])
+    budget = json.loads((tmp_path / "model_run" / "budget.json").read_text())
+    sigma, event, epsilon, steps = dpsgd.dpsgd_spend(*budget, n, batch, 0.05)
+    assert (adaptive["noise_multiplier"], adaptive["epsilon"], adaptive["steps"]) == (sigma, epsilon, steps)
+    assert adaptive["dp_event"] == event_to_json(event)
+    assert adaptive["adaptive_clip"]["target_quantile"] == 0.9
+    assert adaptive["adaptive_clip"]["sum_noise_multiplier"] > adaptive["noise_multiplier"]

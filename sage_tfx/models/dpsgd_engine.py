@@ -11,7 +11,15 @@ and the noise is Gaussian of std sigma*C on every coordinate: a Gaussian
 mechanism of noise multiplier sigma (sage_tfx.privacy.dpsgd accounts for it).
 sigma may change between steps (``set_noise_multiplier``: a noise schedule's
 sigma_t, sage_tfx.privacy.noise_schedules, accounted step by step there); it is
-held in a variable the traced step reads.
+held in a variable the traced step reads, and so is C.
+
+Adaptive clipping (``adapt_clip``; sage_tfx.privacy.adaptive_clip, Andrew et al.
+2021): C_t moves each step towards a target quantile of the per-example norms,
+driven only by a noisy count of the unclipped records (std sigma_b, drawn from the
+same generator), and the sum's noise multiplier is z_Delta =
+(z^-2 - (2 sigma_b)^-2)^-1/2, so the step (sum and count) is the Gaussian
+mechanism of the accounted z. Every own engine supports it (their clipped_sum
+returns the norms); tf_privacy refuses it.
 The training loop divides by the EXPECTED batch size, a public number, never by
 the sampled size.
 
@@ -45,6 +53,7 @@ import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 import tensorflow as tf
 
 from sage_tfx.privacy import checks
+from sage_tfx.privacy.adaptive_clip import sum_noise_multiplier
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
 IMPLEMENTATIONS = ("ghost", "vmap", "tf_privacy")
@@ -76,34 +85,96 @@ class _Engine:
         self.variables = list(model.trainable_variables)
         self._generator = (tf.random.Generator.from_seed(seed) if seed is not None
                            else tf.random.Generator.from_non_deterministic_state())
-        # the noise std sigma*C lives in a variable the traced steps read, so a noise schedule
-        # (sage_tfx.privacy.noise_schedules) changes sigma_t per step without retracing; float64, cast to
-        # each variable's dtype (the same rounding as the constant it replaces)
-        self._noise_std = tf.Variable(self.noise_multiplier * self.clip_norm, trainable=False, dtype=tf.float64,
-                                      name="dp_noise_std")
+        # the clip norm C and the sum's noise multiplier live in variables the traced steps read, so a noise
+        # schedule (sage_tfx.privacy.noise_schedules) changes sigma_t and adaptive clipping changes C_t per step
+        # without retracing; float64, cast to each variable's dtype (the same rounding as the constants they
+        # replace). The noise std is their product.
+        self._clip = tf.Variable(self.clip_norm, trainable=False, dtype=tf.float64, name="dp_clip_norm")
+        self._sum_sigma = tf.Variable(self.noise_multiplier, trainable=False, dtype=tf.float64,
+                                      name="dp_sum_noise_multiplier")
+        self.adaptive = None  # a sage_tfx.privacy.adaptive_clip.AdaptiveClip once adapt_clip is called
+        self._count_stddev = self._expected_batch = None
+
+    def adapt_clip(self, adaptive, batch_size):
+        """Estimate the clip norm privately from now on (sage_tfx.privacy.adaptive_clip): C_0 =
+        ``adaptive.initial``, each step also releases the noisy unclipped count (std sigma_b) and moves C
+        towards the target quantile; the sum's noise multiplier becomes z_Delta, so that each step stays the
+        Gaussian mechanism of the accounted multiplier z. Call before the first step (outside a trace)."""
+        self.adaptive = adaptive
+        self._count_stddev = adaptive.count_stddev_for(batch_size)
+        self._expected_batch = float(batch_size)
+        self.clip_norm = float(adaptive.initial)
+        self._clip.assign(self.clip_norm)
+        self.set_noise_multiplier(self.noise_multiplier)
+
+    def continue_from(self, other):
+        """Take over ``other``'s noise generator and clip state (an engine replacing it mid-run): no noise
+        draw is ever reused, and an adaptive clip keeps its estimate."""
+        self._generator = other._generator
+        if other.adaptive is not None:
+            self.adaptive, self._count_stddev, self._expected_batch = \
+                other.adaptive, other._count_stddev, other._expected_batch
+        self._clip.assign(other._clip)
+        self._sum_sigma.assign(other._sum_sigma)
+
+    @property
+    def current_clip_norm(self):
+        """C of the next step (the fixed clip norm, or the adaptive estimate: a DP release)."""
+        return float(self._clip.numpy())
+
+    @property
+    def sum_noise_multiplier(self):
+        """The noise multiplier on the gradient sum: z, or z_Delta when the clip adapts."""
+        return float(self._sum_sigma.numpy())
 
     def set_noise_multiplier(self, noise_multiplier):
-        """Set sigma for the following steps (a noise schedule's sigma_t); call outside the traced step."""
+        """Set the accounted sigma for the following steps (a noise schedule's sigma_t); call outside the
+        traced step."""
         self.noise_multiplier = _check_noise_multiplier(noise_multiplier)
-        self._noise_std.assign(self.noise_multiplier * self.clip_norm)
+        if self.adaptive is not None:
+            self._sum_sigma.assign(sum_noise_multiplier(self.noise_multiplier, self._count_stddev))
+        else:
+            self._sum_sigma.assign(self.noise_multiplier)
 
     def _std(self, dtype):
-        return tf.cast(self._noise_std, dtype)
+        return tf.cast(self._sum_sigma * self._clip, dtype)
 
     def noise(self):
         return [self._generator.normal(tf.shape(v), stddev=self._std(v.dtype), dtype=v.dtype)
                 for v in self.variables]
 
     def noisy_sum(self, x, y):
-        """sum of clipped per-example gradients + N(0, (sigma C)^2), aligned with ``self.variables``."""
-        clipped, _ = self.clipped_sum(x, y)
-        return [g + n for g, n in zip(clipped, self.noise())]
+        """sum of clipped per-example gradients + N(0, (sigma C)^2), aligned with ``self.variables``; with an
+        adaptive clip, then the clip update from the noisy unclipped count."""
+        clipped, norms = self.clipped_sum(x, y)
+        noisy = [g + n for g, n in zip(clipped, self.noise())]
+        return self._then_update_clip(noisy, norms)
+
+    def noise_sum(self):
+        """The noisy sum of an empty batch (noise only); with an adaptive clip, then its clip update."""
+        return self._then_update_clip(self.noise(), tf.zeros([0], tf.float64))
+
+    def _then_update_clip(self, noisy, norms):
+        if self.adaptive is None:
+            return noisy
+        with tf.control_dependencies(noisy):  # C_t clipped and scaled this step's noise before it moves
+            norms = tf.cast(norms, tf.float64)
+            clip = tf.identity(self._clip)
+            unclipped = tf.logical_and(tf.math.is_finite(norms), norms <= clip)
+            half = tf.constant(0.5, tf.float64)
+            count = tf.reduce_sum(tf.where(unclipped, half, -half)) + self._generator.normal(
+                [], stddev=tf.constant(self._count_stddev, tf.float64), dtype=tf.float64)
+            fraction = tf.clip_by_value(count / self._expected_batch + 0.5, 0.0, 1.0)
+            update = self._clip.assign(clip * tf.exp(-self.adaptive.learning_rate
+                                                     * (fraction - self.adaptive.target_quantile)))
+        with tf.control_dependencies([update]):
+            return [tf.identity(g) for g in noisy]
 
     def _factors(self, sq_norms):
         """(clip factors, norms, finite): factor min(1, C/||g||), 0 where ||g|| is not finite."""
         norms = tf.sqrt(sq_norms)
         finite = tf.math.is_finite(norms)
-        factors = tf.minimum(1.0, self.clip_norm / tf.maximum(norms, 1e-12))
+        factors = tf.minimum(1.0, tf.cast(self._clip, norms.dtype) / tf.maximum(norms, 1e-12))
         return tf.where(finite, factors, tf.zeros_like(factors)), norms, finite
 
 
@@ -197,6 +268,10 @@ class TfPrivacyEngine(_Engine):
             l2_norm_clip=self.clip_norm, noise_multiplier=self.noise_multiplier,
             num_microbatches=num_microbatches, learning_rate=1.0,
         )
+
+    def adapt_clip(self, adaptive, batch_size):
+        raise DpSgdConfigError("the tf_privacy engine has a fixed clip norm: clip_norm='adaptive' needs the "
+                               "'ghost' or 'vmap' implementation")
 
     def set_noise_multiplier(self, noise_multiplier):
         if noise_multiplier != self.noise_multiplier:

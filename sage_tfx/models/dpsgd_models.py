@@ -60,7 +60,7 @@ from sage_tfx.models.dpsgd_engine import _INVALID, DEFAULT_IMPLEMENTATION, IMPLE
 from sage_tfx.models.export import export_saved_model
 from sage_tfx.models.seeding import active as seed_active
 from sage_tfx.models.seeding import fit_seeds
-from sage_tfx.privacy import checks, dpsgd, noise_schedules
+from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
 
@@ -75,6 +75,22 @@ def poisson_batches(rng, n, q, steps):
     for _ in range(steps):
         size = int(rng.binomial(n, q))
         yield np.sort(rng.choice(n, size=size, replace=False)) if size else np.empty(0, np.int64)
+
+
+def start_clip(engine, clip_norm, batch_size):
+    """Switch ``engine`` to adaptive clipping when ``clip_norm`` is an AdaptiveClip (a fixed clip: nothing)."""
+    if isinstance(clip_norm, adaptive_clip.AdaptiveClip):
+        engine.adapt_clip(clip_norm, batch_size)
+
+
+def clip_spent(engine, clip_norm, noise_multiplier, batch_size):
+    """``privacy_spent`` entries of an adaptive clip: its parameters, sigma_b, the sum's z_Delta and the last
+    estimate (a DP release); {} for a fixed clip (its report is unchanged)."""
+    if not isinstance(clip_norm, adaptive_clip.AdaptiveClip):
+        return {}
+    report = clip_norm.report(noise_multiplier, batch_size)
+    report["final_clip_norm"] = engine.current_clip_norm
+    return {"adaptive_clip": report}
 
 
 def build_mlp(input_dim, hidden_units, output_units, seed=None):
@@ -92,13 +108,16 @@ class DPSGDTrainer:
 
     def __init__(self, model, input_dim, per_example_loss, label_dtype, learning_rate, momentum, batch_size,
                  clip_norm, noise_multiplier, implementation=DEFAULT_IMPLEMENTATION, seed=None, **engine_options):
+        """``clip_norm``: a number, or an AdaptiveClip (sage_tfx.privacy.adaptive_clip) for an adaptive clip."""
         self.model = model
         self.per_example_loss = per_example_loss
         self.batch_size = float(batch_size)
         self.optimizer = tf.keras.optimizers.SGD(learning_rate=learning_rate, momentum=momentum)
         self.engine = (None if implementation is None else
-                       make_engine(implementation, model, per_example_loss, clip_norm, noise_multiplier, seed,
-                                   **engine_options))
+                       make_engine(implementation, model, per_example_loss, adaptive_clip.initial_clip(clip_norm),
+                                   noise_multiplier, seed, **engine_options))
+        if self.engine is not None:
+            start_clip(self.engine, clip_norm, batch_size)
         sig = [tf.TensorSpec([None, input_dim], tf.float32), tf.TensorSpec([None], label_dtype)]
         self._dp_step = tf.function(self._dp_step_py, input_signature=sig)
         self._plain_step = tf.function(self._plain_step_py, input_signature=sig)
@@ -111,7 +130,7 @@ class DPSGDTrainer:
         self._apply(self.engine.noisy_sum(x, y), self.engine.variables)
 
     def _noise_step_py(self):
-        self._apply(self.engine.noise(), self.engine.variables)
+        self._apply(self.engine.noise_sum(), self.engine.variables)
 
     def _plain_step_py(self, x, y):
         variables = self.model.trainable_variables
@@ -158,8 +177,8 @@ class _DPSGDEstimator:
         except (TypeError, DpSgdConfigError):
             raise DpSgdConfigError(f"hidden_units={hidden_units!r} is invalid: pass whole numbers, every layer "
                                    "needs >= 1 unit") from None
-        for name, value in (("learning_rate", learning_rate), ("clip_norm", clip_norm)):
-            checks.positive(value, name, error=DpSgdConfigError, message=_INVALID)
+        checks.positive(learning_rate, "learning_rate", error=DpSgdConfigError, message=_INVALID)
+        clip_norm = adaptive_clip.as_clip_norm(clip_norm)
         check_momentum(momentum)
         if implementation not in IMPLEMENTATIONS:
             raise DpSgdConfigError(f"implementation={implementation!r} is invalid: choose one of {IMPLEMENTATIONS}")
@@ -168,11 +187,14 @@ class _DPSGDEstimator:
         if implementation == "tf_privacy" and not self.noise_schedule.is_constant:
             raise DpSgdConfigError(f"noise_schedule={self.noise_schedule.describe()} is invalid with "
                                    "implementation='tf_privacy' (a fixed sigma): use 'ghost' or 'vmap'")
+        if implementation == "tf_privacy" and isinstance(clip_norm, adaptive_clip.AdaptiveClip):
+            raise DpSgdConfigError("clip_norm='adaptive' is invalid with implementation='tf_privacy' (a fixed clip "
+                                   "norm): use 'ghost' or 'vmap'")
         self.num_examples = num_examples
         self.learning_rate = float(learning_rate)
         self.epochs = epochs
         self.batch_size = batch_size
-        self.clip_norm = float(clip_norm)
+        self.clip_norm = clip_norm  # a float, or an AdaptiveClip
         self.momentum = float(momentum)
         self.implementation = implementation
         self.accountant = accountant
@@ -180,6 +202,10 @@ class _DPSGDEstimator:
         self.model = None
         self.layout = None
         self.privacy_spent = None
+        if isinstance(clip_norm, adaptive_clip.AdaptiveClip) and num_examples is not None:
+            run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, num_examples,
+                                                  batch_size, epochs, accountant)
+            adaptive_clip.check_run(clip_norm, run.noise_multipliers, batch_size)  # refused here, nothing spent
 
     # subclasses: output units, per-example loss, label handling, outputs
     def _output_units(self, y):
@@ -214,13 +240,15 @@ class _DPSGDEstimator:
                 "tensorflow-privacy draws its noise from TensorFlow's global generator, which tf.random.set_seed in "
                 "a module fixes, not from the grant's seed; use 'ghost' (default) or 'vmap'")
         seeds = fit_seeds(self.seed, type(self).__name__, (self.epsilon, self.delta),  # seed=, share: refused
-                          {"batch_size": self.batch_size, "epochs": self.epochs})
+                          {"batch_size": self.batch_size, "epochs": self.epochs,
+                           **adaptive_clip.public_numbers(self.clip_norm)})
+        run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, num_examples,
+                                              self.batch_size, self.epochs, self.accountant)
+        adaptive_clip.check_run(self.clip_norm, run.noise_multipliers, self.batch_size)  # before any read or draw
         x, y = split_input(x, y)
         self.layout = FeatureLayout.from_input(x)
         features = self.layout.to_matrix(x)
         labels = self._labels(y, len(features))
-        run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, num_examples,
-                                              self.batch_size, self.epochs, self.accountant)
         sigmas, steps, q = run.noise_multipliers, run.steps, run.sampling_rate
         sigma = float(sigmas[0])
         self.model = build_mlp(self.layout.dim, self.hidden_units, self._output_units(labels), seeds.init)
@@ -239,6 +267,7 @@ class _DPSGDEstimator:
             "steps": steps, "sampling_rate": q, "num_examples": int(num_examples),
             "accountant": self.accountant, "mechanism": "dp-sgd (Poisson-sampled Gaussian)",
             "implementation": self.implementation,
+            **clip_spent(trainer.engine, self.clip_norm, sigma, self.batch_size),
         }
         if not self.noise_schedule.is_constant:  # the constant default's report is unchanged
             self.privacy_spent["noise_schedule"] = run.report()

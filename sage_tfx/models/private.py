@@ -74,11 +74,11 @@ import numpy as np
 import tensorflow as tf
 
 from sage_tfx.models.dpsgd_engine import LayerGhostEngine, _Engine, _zero_rows, ghost_layers, per_example_gradients
-from sage_tfx.models.dpsgd_models import _INVALID, check_momentum, poisson_batches
+from sage_tfx.models.dpsgd_models import _INVALID, check_momentum, clip_spent, poisson_batches, start_clip
 from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch
 from sage_tfx.models.seeding import active as _seed_active
 from sage_tfx.models.seeding import fit_seeds
-from sage_tfx.privacy import checks, dpsgd, noise_schedules
+from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
 __all__ = ["make_private", "PrivateModel", "PER_EXAMPLE", "LOSSES"]
@@ -359,7 +359,8 @@ class PrivateModel:
             raise ValueError("y and x have different numbers of rows: pass one label per record")
         loss_fn = self._build(spec_of(x), spec_of(y))
         seeds = fit_seeds(self.seed, _NAME, (self.epsilon, self.delta),  # seed= refused, the share's filter
-                           {"batch_size": self.batch_size, "epochs": self.epochs})
+                           {"batch_size": self.batch_size, "epochs": self.epochs,
+                            **adaptive_clip.public_numbers(self.clip_norm)})
         run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, self.num_examples,
                                               self.batch_size, self.epochs, self.accountant)
         sigmas, steps, q = run.noise_multipliers, run.steps, run.sampling_rate
@@ -367,7 +368,9 @@ class PrivateModel:
         per_example = self.per_example
         if per_example == "auto":
             per_example = "ghost" if _ghost_ok(self.model) else "vmap"
-        self.engine = _engine(per_example, self.model, loss_fn, self.clip_norm, sigma, seeds.noise)
+        self.engine = _engine(per_example, self.model, loss_fn, adaptive_clip.initial_clip(self.clip_norm), sigma,
+                              seeds.noise)
+        start_clip(self.engine, self.clip_norm, self.batch_size)
         optimizer = self._make_optimizer()
         expected = float(self.batch_size)
 
@@ -376,7 +379,7 @@ class PrivateModel:
 
         def steps_for_engine():
             return (tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True),
-                    tf.function(lambda: apply(self.engine.noise())))
+                    tf.function(lambda: apply(self.engine.noise_sum())))
 
         dp_step, noise_step = steps_for_engine()
         traced = False
@@ -395,12 +398,13 @@ class PrivateModel:
                             or (per_example == "ghost" and not self.engine.fallback):
                         raise
                     # vectorisation failed when first traced: the per-example loop computes the same sums.
-                    # The new engine continues the old one's noise generator: no noise draw is ever reused.
-                    generator = self.engine._generator
+                    # The new engine continues the old one's noise generator (no noise draw is ever reused)
+                    # and clip state.
                     per_example = "ghost" if per_example == "ghost" else "loop"
-                    self.engine = _engine(per_example, self.model, loss_fn, self.clip_norm, float(sigmas[i]),
+                    old = self.engine
+                    self.engine = _engine(per_example, self.model, loss_fn, old.clip_norm, float(sigmas[i]),
                                           seeds.noise, vectorized=False)
-                    self.engine._generator = generator
+                    self.engine.continue_from(old)
                     dp_step, noise_step = steps_for_engine()
                     dp_step(xb, yb)
                 traced = True
@@ -416,6 +420,7 @@ class PrivateModel:
             "steps": steps, "sampling_rate": q, "num_examples": int(self.num_examples),
             "accountant": self.accountant, "mechanism": "dp-sgd (Poisson-sampled Gaussian)",
             "implementation": f"make_private/{implementation}",
+            **clip_spent(self.engine, self.clip_norm, sigma, self.batch_size),
         }
         if not self.noise_schedule.is_constant:  # the constant default's report is unchanged
             self.privacy_spent["noise_schedule"] = run.report()
@@ -484,8 +489,17 @@ class PrivateModel:
         return str(path)
 
 
+def _check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant):
+    """Refuse an adaptive clip whose count noise sigma_b is too small for the run's calibrated noise multiplier
+    (2 sigma_b must exceed it), from public numbers, before anything is read or drawn."""
+    if isinstance(clip_norm, adaptive_clip.AdaptiveClip):
+        run = noise_schedules.scheduled_spend(schedule, epsilon, delta, num_examples, batch_size, epochs, accountant)
+        adaptive_clip.check_run(clip_norm, run.noise_multipliers, batch_size)
+
+
 def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], num_examples: int,
-                 clip_norm: float = 1.0, batch_size: int = 256, epochs: Union[int, float] = 1,
+                 clip_norm: Union[float, str, adaptive_clip.AdaptiveClip] = 1.0, batch_size: int = 256,
+                 epochs: Union[int, float] = 1,
                  optimizer: str = "sgd", learning_rate: Optional[float] = None, momentum: float = 0.0,
                  weight_decay: float = 0.0, loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
                  seed: Optional[int] = None,
@@ -507,6 +521,15 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
     steps its std is learning_rate * sigma * clip_norm / batch_size * sqrt(T)); the decay pulls those weights
     back, bounding the walk. On TFX's taxi wide-and-deep model at epsilon 0.675, 0.01 turned a run that fell
     below the majority class in most noise draws into one above 0.84 in most (docs/your_pipeline.md).
+
+    ``clip_norm``: a number C > 0 (fixed), or ``"adaptive"`` / ``sage_tfx.privacy.adaptive_clip.AdaptiveClip(
+    target_quantile=0.5, learning_rate=0.2, initial=1.0, count_stddev=None)``: C estimated privately during
+    training as the target quantile of the per-example gradient norms (Andrew et al. 2021): each step also
+    releases the count of unclipped records with N(0, sigma_b^2) (sigma_b = batch_size / 20 by default) and
+    moves C geometrically; the sum's noise multiplier becomes z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2 so the
+    step is still the Gaussian mechanism of the calibrated z: the same DpEvent and epsilon as a fixed clip
+    (proof sketch in that module). For an imbalanced label pass ``adaptive_clip.IMBALANCED`` (quantile 0.9).
+    ``privacy_spent["adaptive_clip"]`` reports its parameters, sigma_b, z_Delta and the last C.
 
     ``noise_schedule``: None (constant sigma, the default: unchanged behaviour) or a
     ``sage_tfx.privacy.noise_schedules`` schedule (step, exponential, polynomial, bound_optimal; or a
@@ -531,7 +554,7 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
     num_examples = _check_positive("num_examples", num_examples, integer=True)
     batch_size = _check_positive("batch_size", batch_size, integer=True)
     epochs = _check_positive("epochs", epochs)
-    clip_norm = _check_positive("clip_norm", clip_norm)
+    clip_norm = adaptive_clip.as_clip_norm(clip_norm)
     dpsgd.num_steps(num_examples, batch_size, epochs)  # batch_size <= num_examples, named in the error
     if optimizer not in OPTIMIZERS:
         raise DpSgdConfigError(f"optimizer={optimizer!r} is invalid: choose one of {OPTIMIZERS}")
@@ -555,6 +578,7 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
         per_example_loss(loss, model)  # names a bad loss now, not after the data is read
     schedule = noise_schedules.as_schedule(noise_schedule)  # a bad schedule is refused here
     schedule.check_for_run(dpsgd.num_steps(num_examples, batch_size, epochs))
+    _check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant)
     return PrivateModel(model, epsilon=epsilon, delta=delta, num_examples=num_examples, clip_norm=clip_norm,
                         batch_size=batch_size, epochs=epochs, optimizer=optimizer,
                         learning_rate=learning_rate, momentum=float(momentum), weight_decay=float(weight_decay),
