@@ -281,9 +281,12 @@ def _spec(stream, blocks_config):
 
 def dry_run(definition, data_root: str, stream: str, *, model: str | None = None, runner: str = "local",
             beam_args=(), progress=print, seed: int = 0, target: float | None = None, expected: float | None = None,
-            confidence: float = 0.95, overrides: dict | None = None) -> CheckResult:
+            confidence: float = 0.95, overrides: dict | None = None, spec: str | None = None,
+            secrets=()) -> CheckResult:
     """One iteration of ``definition`` on GENERATED rows of ``stream``'s schema, in a throwaway ledger; then, given
-    ``target``, the rows and epsilon to ACCEPT (``estimate_accept``; ``overrides``: the CLI's iterator settings)."""
+    ``target``, the rows and epsilon to ACCEPT (``estimate_accept``; ``overrides``: the CLI's iterator settings).
+    ``spec`` (``sage run --check``): the iteration runs in a confined child (``pipelines.confined``) served by a
+    grant server over the throwaway ledger, which may reach none of ``secrets`` (the real ledger's files)."""
     from sage_tfx.adaptive import SageIterator
     from sage_tfx.ingest.pipeline import ingest_batches
     from sage_tfx.ingest.store import stream_config
@@ -320,13 +323,19 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
                                              work_dir=os.path.join(tmp, "work"), target=target, runner=runner,
                                              beam_pipeline_args=list(beam_args), model=model)
             settings["epsilon_start"] = min(1.0, float(settings.get("epsilon_start", 1.0)))
+            execute = None
+            if spec is not None:
+                from sage_tfx.pipelines.confined import confined_execute, ledger_secrets
+
+                execute = confined_execute(spec, definition, pipeline_config, [*secrets, *ledger_secrets(db)],
+                                           check=True)
             iterator = SageIterator(ledger, stream, definition.name,
-                                    make_run_iteration(definition.build_pipeline, pipeline_config),
+                                    make_run_iteration(definition.build_pipeline, pipeline_config, execute),
                                     max_iterations=1, progress=lambda line: say("[check] " + line), **settings)
             try:
                 run = iterator.run()
             except Exception as exc:  # generated rows only: the whole error may be shown
-                result.error = describe_failure(exc)
+                result.error = getattr(exc, "detail", None) or describe_failure(exc)
                 return result
         result.ok, result.outcome = True, run.outcome
     if estimate is not None:
