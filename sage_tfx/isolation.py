@@ -74,7 +74,8 @@ class Confinement:
 
     def readable(self) -> list:
         """Every path the child may read: the system's, Python's, sage-tfx's package folders and ``read``."""
-        return sorted({*SYSTEM_READ, *PROC_READ, sys.prefix, sys.base_prefix, *python_paths(), *package_paths(), *self.read})
+        return sorted({*SYSTEM_READ, *PROC_READ, sys.prefix, sys.base_prefix, *python_paths(), *package_paths(),
+                       *self.read})
 
     def exposes(self, secret: str) -> str | None:
         """The granted path (read or write) under which ``secret`` (a file or folder) lies, or None."""
