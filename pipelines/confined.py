@@ -47,7 +47,7 @@ def describe(spec: str, secrets=()) -> SagePipeline:
     if is_file and not os.path.isfile(spec):
         return load_pipeline(spec)  # its own message, and no child for a missing file
     spec = normalized(spec)
-    confinement = Confinement(read=[os.path.dirname(spec)] if is_file else [], network=False)
+    confinement = Confinement(read=code_paths([spec] if is_file else [], secrets), network=False)
     check_confinement(confinement, secrets)
     result = run_child({"mode": "describe", "spec": spec}, confinement)
     if result.get("status") != "ok":
@@ -77,7 +77,7 @@ def confined_execute(spec: str, definition: SagePipeline, config, secrets=(), ch
     granted (ValueError here, before any charge). ``check``: a ``--check`` run, whose child may send its whole
     error (generated rows)."""
     spec = normalized(spec)
-    confinement = iteration_confinement(definition, config)
+    confinement = iteration_confinement(definition, config, secrets)
     check_confinement(confinement, secrets)
 
     def execute(grant, split, eta, iteration):
@@ -100,19 +100,28 @@ def confined_execute(spec: str, definition: SagePipeline, config, secrets=(), ch
     return execute
 
 
-def iteration_confinement(definition: SagePipeline, config) -> Confinement:
-    """What an iteration's child may touch: read the data root (sealed blocks) and the pipeline's folders; write
-    the work, serving and staging folders, a local pipeline root and the MLMD folder. TCP stays open: Beam's
-    in-process runner binds and connects to local ports of its own (its gRPC channels)."""
+def iteration_confinement(definition: SagePipeline, config, secrets=()) -> Confinement:
+    """What an iteration's child may touch: read the data root (sealed blocks) and the pipeline's code
+    (``code_paths``); write the work, serving and staging folders, a local pipeline root and the MLMD folder. TCP
+    stays open: Beam's in-process runner binds and connects to local ports of its own (its gRPC channels)."""
     from sage_tfx.pipelines._runner import is_url
 
-    folders = {definition.base_dir, *(os.path.dirname(p) for p in (
-        definition.source_file, *(definition.module_path(r) for r in (
-            "trainer_module", "preprocessing_module", "loss_module"))) if p)}
+    files = [definition.source_file, *(definition.module_path(r) for r in (
+        "trainer_module", "preprocessing_module", "loss_module"))]
     write = [config.work_dir, config.serving_dir, os.path.dirname(config.metadata_path)]
     write += [p for p in (config.artifact_root, config.staging_location) if p is not None and not is_url(p)]
-    return Confinement(read=sorted(f for f in folders if f) + [os.path.abspath(config.data_root)],
+    return Confinement(read=code_paths([f for f in files if f], secrets) + [os.path.abspath(config.data_root)],
                        write=sorted(set(write)))
+
+
+def code_paths(files, secrets) -> list:
+    """What a child may read of the pipeline's code: each file's folder (sibling modules import), or, for a folder
+    that holds one of ``secrets`` (a pipeline file beside the ledger's key), the file alone."""
+    found = set()
+    for path in files:
+        folder = os.path.dirname(path)
+        found.add(path if Confinement(write=[folder]).exposes_any(secrets) else folder)
+    return sorted(found)
 
 
 def ledger_secrets(location, key_file=None) -> list:

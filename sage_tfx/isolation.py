@@ -77,14 +77,20 @@ class Confinement:
         return sorted({*SYSTEM_READ, *PROC_READ, sys.prefix, sys.base_prefix, *python_paths(), *package_paths(),
                        *self.read})
 
-    def exposes(self, secret: str) -> str | None:
-        """The granted path (read or write) under which ``secret`` (a file or folder) lies, or None."""
+    def exposes(self, secret: str, granted_only: bool = False) -> str | None:
+        """The granted path (read or write) under which ``secret`` (a file or folder) lies, or None;
+        ``granted_only``: among ``read`` and ``write`` only (not the system's)."""
         secret = os.path.realpath(secret)
-        for granted in [*self.readable(), *self.write, *DEVICES, "/dev/shm"]:
+        paths = [*self.read, *self.write] if granted_only else [*self.readable(), *self.write, *DEVICES, "/dev/shm"]
+        for granted in paths:
             real = os.path.realpath(granted)
             if secret == real or secret.startswith(real.rstrip(os.sep) + os.sep):
                 return granted
         return None
+
+    def exposes_any(self, secrets) -> bool:
+        """Whether any of ``secrets`` lies under ``read`` or ``write``."""
+        return any(self.exposes(secret, granted_only=True) for secret in secrets)
 
 
 def python_paths() -> list:

@@ -135,15 +135,19 @@ def test_the_confined_child_reads_no_key_and_inherits_no_secret(tmp_path):
 
 
 def test_a_folder_the_child_gets_may_not_hold_the_key(tmp_path):
-    """Refused before anything is charged: a pipeline file beside the ledger's key would give the child its folder."""
-    from sage_tfx.pipelines.confined import check_confinement, ledger_secrets
+    """Refused before anything is charged: a work or data folder around the ledger's key. A pipeline file beside
+    the key gets the child that file alone, not its folder."""
+    from sage_tfx.pipelines.confined import check_confinement, code_paths, ledger_secrets
 
     db = str(tmp_path / "ledger.db")
     secrets = ledger_secrets(db)
     assert secrets[:2] == [db + ".key", db + ".key.head"] and db in secrets
     with pytest.raises(ValueError, match=r"ledger.db.key lies in .*keep the ledger, its key file"):
-        check_confinement(Confinement(read=[str(tmp_path)]), secrets)
+        check_confinement(Confinement(write=[str(tmp_path)]), secrets)
     check_confinement(Confinement(read=[str(tmp_path / "pipeline")], write=[str(tmp_path / "work")]), secrets)
+    beside, apart = str(tmp_path / "pipe.py"), str(tmp_path / "mine" / "pipe.py")
+    assert code_paths([beside, apart], secrets) == sorted([beside, str(tmp_path / "mine")])
+    check_confinement(Confinement(read=code_paths([beside], secrets)), secrets)
 
 
 # What each hostile module tries; every attempt prints BLOCKED[...] or LEAK[...] on the raw stderr.
