@@ -52,11 +52,16 @@ def describe(spec: str, secrets=()) -> SagePipeline:
     result = run_child({"mode": "describe", "spec": spec}, confinement)
     if result.get("status") != "ok":
         raise PipelineDefinitionError(str(result.get("message") or f"pipeline {spec!r} could not be loaded"))
-    fields = result["pipeline"]
-    pipeline = SagePipeline(name=fields["name"], sla=SLA(**fields["sla"]), trainer_module=fields["trainer_module"],
-                            preprocessing_module=fields["preprocessing_module"], models=tuple(fields["models"]),
-                            defaults=fields["defaults"], trainer_config=fields["trainer_config"],
-                            base_dir=fields["base_dir"], source_file=fields["source_file"])
+    try:
+        fields = result["pipeline"]
+        pipeline = SagePipeline(name=fields["name"], sla=SLA(**fields["sla"]),
+                                trainer_module=fields["trainer_module"],
+                                preprocessing_module=fields["preprocessing_module"], models=tuple(fields["models"]),
+                                defaults=dict(fields["defaults"]), trainer_config=fields["trainer_config"],
+                                base_dir=fields["base_dir"], source_file=fields["source_file"])
+    except (KeyError, TypeError, AttributeError) as exc:  # a child that sent something else than its fields
+        raise PipelineDefinitionError(f"pipeline {spec!r}: its loader sent an unusable description "
+                                      f"({type(exc).__name__}: {exc})") from None
     pipeline.check_files()
     return pipeline
 
@@ -109,7 +114,9 @@ def iteration_confinement(definition: SagePipeline, config, secrets=()) -> Confi
     files = [definition.source_file, *(definition.module_path(r) for r in (
         "trainer_module", "preprocessing_module", "loss_module"))]
     write = [config.work_dir, config.serving_dir, os.path.dirname(config.metadata_path)]
-    write += [p for p in (config.artifact_root, config.staging_location) if p is not None and not is_url(p)]
+    for path in (config.artifact_root, config.staging_location):
+        if path is not None and (not is_url(path) or path.startswith("file://")):  # file://: a local folder
+            write.append(path[len("file://"):] if path.startswith("file://") else path)
     return Confinement(read=code_paths([f for f in files if f], secrets) + [os.path.abspath(config.data_root)],
                        write=sorted(set(write)))
 
