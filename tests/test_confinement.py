@@ -190,6 +190,44 @@ def _attack(where, key, db, data, other_block):
 '''
 
 
+def _hostile_pipeline(folder, key, db, data, block):
+    """A pipeline file that runs ``ATTACK`` when it is loaded, and its (empty) trainer module."""
+    folder.mkdir()
+    (folder / "trainer.py").write_text("def run_fn(fn_args):\n    pass\n")
+    (folder / "pipeline.py").write_text(
+        "from sage_tfx.pipelines import SLA, SagePipeline\n"
+        "PIPELINE = SagePipeline(name='p', sla=SLA(metric='mse', label='y', loss_bound=1.0), "
+        "trainer_module='trainer.py')\n" + ATTACK + f"\n_attack('pipeline', {key!r}, {db!r}, {data!r}, {block!r})\n")
+    return str(folder / "pipeline.py")
+
+
+@LANDLOCK
+def test_a_hostile_pipeline_file_loaded_by_sage_run_reads_no_key(tmp_path, capfd):
+    """The exploit as `sage run FILE` allowed it: loading the file in the launcher (``load_pipeline``, what `sage run`
+    did) hands it the key file, SAGE_KEY_FILE and the ledger. ``describe`` (what `sage run` does now) loads it in a
+    confined child: every attempt is BLOCKED, and the launcher still gets the pipeline's fields."""
+    from sage_tfx.pipelines import load_pipeline
+    from sage_tfx.pipelines.confined import describe, ledger_secrets
+
+    db = str(tmp_path / "ledger.db")
+    make_grant(db)
+    path = _hostile_pipeline(tmp_path / "hostile", db + ".key", db, str(tmp_path / "data"), "b0")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SAGE_KEY_FILE", db + ".key")
+        patch.setenv("PGPASSWORD", "hunter2")
+        load_pipeline(path)
+        before = capfd.readouterr().err
+        assert "LEAK[pipeline:key_file]" in before and "LEAK[pipeline:ledger_open]" in before
+        assert "LEAK[pipeline:key_env]" in before and "LEAK[pipeline:secret_env]" in before
+        pipeline = describe(path, ledger_secrets(db))
+    after = capfd.readouterr().err
+    assert pipeline.name == "p" and pipeline.module_path("trainer_module") == str(tmp_path / "hostile" / "trainer.py")
+    assert "LEAK[" not in after, [line for line in after.splitlines() if "LEAK[" in line]
+    for what in ("key_file", "head_file", "key_env", "secret_env", "launcher_environ", "ledger_open",
+                 "ledger_open_keyed", "database", "block_plaintext", "other_block_key", "other_grant_seed"):
+        assert f"BLOCKED[pipeline:{what}]" in after, what
+
+
 @pytest.mark.slow
 @pytest.mark.tf
 @LANDLOCK
