@@ -383,8 +383,10 @@ def register_url_filesystems_on_workers(pipeline):
             component.with_beam_pipeline_args([f"--beam_plugins={GFILE_BEAM_PLUGIN}"])
 
 
-def validation_result(metadata_path, grant_id):
-    """The DPModelValidator result (dict from its result.json) recorded for ``grant_id``, or None."""
+def validation_result(metadata_path, grant_id, root=None):
+    """The DPModelValidator result (dict from its result.json) recorded for ``grant_id``, or None. ``root``: the
+    local pipeline root the result must lie in (RuntimeError for a result outside it or reached through a symbolic
+    link: a confined run's MLMD may point anywhere)."""
     from ml_metadata.metadata_store import metadata_store
 
     store = metadata_store.MetadataStore(metadata_config(metadata_path))
@@ -393,6 +395,12 @@ def validation_result(metadata_path, grant_id):
     if not found:
         return None
     latest = max(found, key=lambda a: a.id)
+    if root is not None and not is_url(root):
+        path, real = os.path.join(latest.uri, "result.json"), os.path.realpath(root)
+        if os.path.realpath(path) != os.path.join(os.path.realpath(latest.uri), "result.json") or not \
+                os.path.realpath(path).startswith(real + os.sep):
+            raise RuntimeError(f"the validation result under grant {grant_id} is not a file inside the pipeline root "
+                               f"{root}: it was not written by DPModelValidator")
     from tfx.dsl.io import fileio  # the validator wrote it with TF's file system layer: any pipeline root
 
     with fileio.open(os.path.join(latest.uri, "result.json")) as f:
@@ -419,7 +427,7 @@ def make_run_iteration(build_pipeline, config, execute=None):
             execute(grant, split, eta, iteration)
         finally:
             scrub_raw_artifacts(config)  # the run ended (ACCEPT, RETRY, REJECT or an error): no raw copy stays
-        result = validation_result(config.metadata_path, grant.id)
+        result = validation_result(config.metadata_path, grant.id, config.pipeline_root)
         if result is None:
             raise RuntimeError(f"the pipeline run under grant {grant.id} recorded no validation result")
         bound = result.get("bound")  # None when the noisy count was not positive

@@ -280,3 +280,36 @@ def test_hostile_pipeline_preprocessing_and_trainer_modules_reach_no_key_ledger_
         assert {r.stage for r in ledger.releases(grant.id)} == {"count", "preprocessing", "training", "rejection",
                                                                 "validation"}
         assert not any("trusted_read" in json.dumps(e) for e in ledger.log_entries())
+
+
+@pytest.mark.tf
+def test_a_validation_result_outside_the_pipeline_root_is_refused(tmp_path):
+    """A confined run writes its own MLMD store: a SageValidationResult whose result.json is a symbolic link (to a
+    file only the launcher may read) or whose folder lies outside the pipeline root is refused, not parsed."""
+    from ml_metadata.metadata_store import metadata_store
+    from ml_metadata.proto import metadata_store_pb2
+
+    from sage_tfx.pipelines._runner import metadata_config, validation_result
+
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    for folder in (root / "good", root / "linked", outside):
+        folder.mkdir(parents=True)
+    (root / "good" / "result.json").write_text('{"outcome": "RETRY", "bound": 2.0}')
+    (outside / "result.json").write_text('{"outcome": "ACCEPT", "bound": 1.0}')
+    (root / "linked" / "result.json").symlink_to(outside / "result.json")
+    mlmd = str(tmp_path / "metadata.sqlite")
+    store = metadata_store.MetadataStore(metadata_config(mlmd))
+    kind = store.put_artifact_type(metadata_store_pb2.ArtifactType(name="SageValidationResult"))
+
+    def record(grant, uri):
+        artifact = metadata_store_pb2.Artifact(type_id=kind, uri=str(uri), state=metadata_store_pb2.Artifact.LIVE)
+        artifact.custom_properties["grant_id"].string_value = grant
+        store.put_artifacts([artifact])
+
+    record("g1", root / "good")
+    record("g2", root / "linked")
+    record("g3", outside)
+    assert validation_result(mlmd, "g1", str(root)) == {"outcome": "RETRY", "bound": 2.0}
+    for grant in ("g2", "g3"):
+        with pytest.raises(RuntimeError, match="not a file inside the pipeline root"):
+            validation_result(mlmd, grant, str(root))
