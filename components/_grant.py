@@ -23,6 +23,7 @@ the grant paid for as part of its charge.
 import contextlib
 import json
 
+from sage_tfx.components._grant_channel import ADDRESS, GrantClient, channel_client
 from sage_tfx.privacy import GrantError, Ledger, grant_split, record_split
 from sage_tfx.privacy.digests import computation_digest, data_digest
 from sage_tfx.privacy.checks import positive
@@ -41,9 +42,12 @@ def grant_to_json(grant):
 
 @contextlib.contextmanager
 def _connection(ledger):
-    """``ledger`` itself if it is an open ``Ledger`` (left open), else ``Ledger.open(ledger)`` closed on exit."""
-    if isinstance(ledger, Ledger):
+    """``ledger`` itself if it is an open ``Ledger`` or ``GrantClient`` (left open); the process's ``GrantClient``
+    for ``ADDRESS`` (a confined run: the launcher's grant server); else ``Ledger.open(ledger)`` closed on exit."""
+    if isinstance(ledger, (Ledger, GrantClient)):
         yield ledger
+    elif ledger == ADDRESS:
+        yield channel_client()
     else:
         with Ledger.open(ledger) as opened:
             yield opened
@@ -267,6 +271,8 @@ def released_record_count(ledger, grant):
         return None
     eps = split.count
     with _connection(ledger) as opened:
+        if isinstance(opened, GrantClient):  # a confined run: the server releases it (no exact count leaves it)
+            return opened.released_record_count(grant)
         rng = secure_rng(open_release(opened, grant, "count",
                                       computation_digest(RECORD_COUNT_COMPUTATION, list(grant.blocks)), eps),
                          "record_count")
@@ -349,6 +355,6 @@ class GrantedExecutor:
         location = exec_properties.get(LEDGER_KEY)
         grant_json = exec_properties.get(GRANT_KEY)
         _require_inputs(location, grant_json)
-        with Ledger.open(location) as ledger:
+        with _connection(location) as ledger:
             grant = verify_grant(ledger, grant_json, stream=stream, epsilon=epsilon, delta=delta)
             yield GrantRun(ledger, location, grant)

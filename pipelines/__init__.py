@@ -2,7 +2,8 @@
 
 Define a pipeline with ``SagePipeline`` and ``SLA`` (``sage_tfx.pipelines.definition``; docs/your_pipeline.md)
 in a Python file; ``sage run`` and ``sage serve`` take a built-in name, the path of such a file, or a dotted
-module path (``load_pipeline``). The built-in pipelines are defined with the same API:
+module path (``load_pipeline``; for a user's file or module they call it only in a confined child,
+``sage_tfx.pipelines.confined``). The built-in pipelines are defined with the same API:
 ``taxi_regression`` and ``taxi_classification``.
 """
 from __future__ import annotations

@@ -383,8 +383,10 @@ def register_url_filesystems_on_workers(pipeline):
             component.with_beam_pipeline_args([f"--beam_plugins={GFILE_BEAM_PLUGIN}"])
 
 
-def validation_result(metadata_path, grant_id):
-    """The DPModelValidator result (dict from its result.json) recorded for ``grant_id``, or None."""
+def validation_result(metadata_path, grant_id, root=None):
+    """The DPModelValidator result (dict from its result.json) recorded for ``grant_id``, or None. ``root``: the
+    local pipeline root the result must lie in (RuntimeError for a result outside it or reached through a symbolic
+    link: a confined run's MLMD may point anywhere)."""
     from ml_metadata.metadata_store import metadata_store
 
     store = metadata_store.MetadataStore(metadata_config(metadata_path))
@@ -393,40 +395,39 @@ def validation_result(metadata_path, grant_id):
     if not found:
         return None
     latest = max(found, key=lambda a: a.id)
+    if root is not None and not is_url(root):
+        path, real = os.path.join(latest.uri, "result.json"), os.path.realpath(root)
+        if os.path.realpath(path) != os.path.join(os.path.realpath(latest.uri), "result.json") or not \
+                os.path.realpath(path).startswith(real + os.sep):
+            raise RuntimeError(f"the validation result under grant {grant_id} is not a file inside the pipeline root "
+                               f"{root}: it was not written by DPModelValidator")
     from tfx.dsl.io import fileio  # the validator wrote it with TF's file system layer: any pipeline root
 
     with fileio.open(os.path.join(latest.uri, "result.json")) as f:
         return json.loads(f.read())
 
 
-def make_run_iteration(build_pipeline, config):
+def make_run_iteration(build_pipeline, config, execute=None):
     """A ``run_iteration(grant, split, eta, iteration)`` for SageIterator over a pipeline factory.
 
     ``build_pipeline(config, grant, split, eta, iteration)`` returns a TFX Pipeline
-    whose DPModelValidator validates under ``grant``.
+    whose DPModelValidator validates under ``grant``. ``execute(grant, split, eta, iteration)`` builds and runs it
+    (default: ``run_built`` in this process; ``sage run`` runs it in a confined child, ``pipelines.confined``); the
+    pipeline root is made private and scrubbed here, before and after, and the outcome read from MLMD.
     """
     from sage_tfx.adaptive import IterationResult
 
+    if execute is None:
+        def execute(grant, split, eta, iteration):
+            run_built(build_pipeline, config, grant, split, eta, iteration)
+
     def run_iteration(grant, split, eta, iteration):
-        if config.remote_root:  # Beam's ram:// and file:// filesystems (gs://, s3://, hdfs:// are Beam's own)
-            import sage_tfx.components._gfile_beam  # noqa: F401
-        # WORK_DIR/tfx/NAME or ARTIFACT_ROOT/NAME, and its parent (WORK_DIR itself is left as it is)
-        make_private_dir(config.artifact_root or os.path.dirname(config.pipeline_root))
-        make_private_dir(config.pipeline_root)
-        if config.metadata_file is None and config.artifact_root is not None:  # MLMD stays in WORK_DIR/tfx/NAME, 0700
-            make_private_dir(os.path.dirname(os.path.dirname(config.metadata_path)))
-            make_private_dir(os.path.dirname(config.metadata_path))
-        scrub_raw_artifacts(config)  # left by a run killed outright
-        pipeline = build_pipeline(config, grant, split, eta, iteration)
-        if runs_on_remote_workers(config.beam_pipeline_args):  # either orchestrator hands them to Beam components
-            stage_user_modules(pipeline, config.pipeline_root)
-            if config.remote_root:
-                register_url_filesystems_on_workers(pipeline)
+        prepare_pipeline_root(config)
         try:
-            run_tfx(pipeline, config.runner)
+            execute(grant, split, eta, iteration)
         finally:
             scrub_raw_artifacts(config)  # the run ended (ACCEPT, RETRY, REJECT or an error): no raw copy stays
-        result = validation_result(config.metadata_path, grant.id)
+        result = validation_result(config.metadata_path, grant.id, config.pipeline_root)
         if result is None:
             raise RuntimeError(f"the pipeline run under grant {grant.id} recorded no validation result")
         bound = result.get("bound")  # None when the noisy count was not positive
@@ -434,3 +435,29 @@ def make_run_iteration(build_pipeline, config):
                                details={"validation": result})
 
     return run_iteration
+
+
+def prepare_pipeline_root(config):
+    """Make the pipeline root (and the MLMD folder) private (0700) and scrub what a run killed outright left."""
+    if config.remote_root:  # Beam's ram:// and file:// filesystems (gs://, s3://, hdfs:// are Beam's own)
+        import sage_tfx.components._gfile_beam  # noqa: F401
+    # WORK_DIR/tfx/NAME or ARTIFACT_ROOT/NAME, and its parent (WORK_DIR itself is left as it is)
+    make_private_dir(config.artifact_root or os.path.dirname(config.pipeline_root))
+    make_private_dir(config.pipeline_root)
+    if config.metadata_file is None and config.artifact_root is not None:  # MLMD stays in WORK_DIR/tfx/NAME, 0700
+        make_private_dir(os.path.dirname(os.path.dirname(config.metadata_path)))
+        make_private_dir(os.path.dirname(config.metadata_path))
+    scrub_raw_artifacts(config)  # left by a run killed outright
+
+
+def run_built(build_pipeline, config, grant, split, eta, iteration):
+    """Build the iteration's TFX pipeline with ``build_pipeline`` and run it (module files staged for remote Beam
+    workers): the part of an iteration that runs user code."""
+    if config.remote_root:
+        import sage_tfx.components._gfile_beam  # noqa: F401
+    pipeline = build_pipeline(config, grant, split, eta, iteration)
+    if runs_on_remote_workers(config.beam_pipeline_args):  # either orchestrator hands them to Beam components
+        stage_user_modules(pipeline, config.pipeline_root)
+        if config.remote_root:
+            register_url_filesystems_on_workers(pipeline)
+    run_tfx(pipeline, config.runner)

@@ -421,7 +421,8 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
             beam_args=(), progress=print, seed: int = 0, targets=(), expected: float | None = None,
             confidence: float = 0.95, overrides: dict | None = None, ledger=None, pipeline_name: str | None = None,
             baseline: Baseline | None = None, allow_trivial: bool = False, keep_dir: str | None = None,
-            max_iterations: int = 10, estimate_only: bool = False) -> CheckResult:
+            max_iterations: int = 10, estimate_only: bool = False, spec: str | None = None,
+            secrets=()) -> CheckResult:
     """One iteration of ``definition`` on GENERATED rows of ``stream``'s schema, in a throwaway ledger (skipped
     with ``estimate_only``); then, per target of ``targets``, the rows to ACCEPT (``estimate_accept``;
     ``overrides``: the CLI's iterator settings) beside what a constant predictor reaches (``baseline``).
@@ -429,7 +430,9 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
     ``ledger``: the real ledger, READ only, for the attempts its budget allows now (``stream_plan`` for
     ``pipeline_name``); the estimates are made at those attempts. A bad target or guess, and a target the
     constant predictor meets (``TrivialTarget``, unless ``allow_trivial``), raise ValueError before the dry run.
-    ``keep_dir``: where the candidate model (trained on the generated rows) is copied for inspection."""
+    ``keep_dir``: where the candidate model (trained on the generated rows) is copied for inspection.
+    ``spec`` (``sage run --check``): the iteration runs in a confined child (``pipelines.confined``) served by a
+    grant server over the throwaway ledger, which may reach none of ``secrets`` (the real ledger's files)."""
     from sage_tfx.pipelines._runner import check_stream_schema
 
     schema = check_stream_schema(data_root, stream, definition.sla, definition.name)
@@ -446,7 +449,7 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
     result = CheckResult(ok=True, rows=0, blocks=0)
     if not estimate_only:
         result = _generated_iteration(definition, data_root, stream, schema, model, runner, beam_args, progress,
-                                      seed, keep_dir)
+                                      seed, keep_dir, spec, secrets)
         if not result.ok:
             return result
 
@@ -475,7 +478,7 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
 
 
 def _generated_iteration(definition, data_root, stream, schema, model, runner, beam_args, progress, seed,
-                         keep_dir) -> CheckResult:
+                         keep_dir, spec=None, secrets=()) -> CheckResult:
     """The dry run itself: one iteration on generated rows in a throwaway ledger and data root."""
     from sage_tfx.adaptive import SageIterator
     from sage_tfx.ingest.pipeline import ingest_batches
@@ -508,13 +511,19 @@ def _generated_iteration(definition, data_root, stream, schema, model, runner, b
                                              work_dir=work, target=target, runner=runner,
                                              beam_pipeline_args=list(beam_args), model=model)
             settings["epsilon_start"] = min(1.0, float(settings.get("epsilon_start", 1.0)))
+            execute = None
+            if spec is not None:
+                from sage_tfx.pipelines.confined import confined_execute, ledger_secrets
+
+                execute = confined_execute(spec, definition, pipeline_config, [*secrets, *ledger_secrets(db)],
+                                           check=True)
             iterator = SageIterator(ledger, stream, definition.name,
-                                    make_run_iteration(definition.build_pipeline, pipeline_config),
+                                    make_run_iteration(definition.build_pipeline, pipeline_config, execute),
                                     max_iterations=1, progress=lambda line: say(check_line(line)), **settings)
             try:
                 run = iterator.run()
             except Exception as exc:  # generated rows only: the whole error may be shown
-                result.error = describe_failure(exc)
+                result.error = getattr(exc, "detail", None) or describe_failure(exc)
                 return result
             if keep_dir is not None:
                 result.model_dir = keep_model(work, keep_dir)

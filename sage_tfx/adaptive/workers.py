@@ -104,18 +104,21 @@ def describe_exit(exitcode):
 
 
 def build_worker_runner(spec):
-    """``(definition, PipelineRunner)`` of a ``WorkerSpec``: the pipeline loaded, checked against its target and
-    bound to its config (Beam options and staging location included) by `sage run`'s ``build_runner``. ValueError
-    for bad input (the parent calls it before anything is charged, the worker to run)."""
-    from sage_tfx import pipelines
+    """``(definition, PipelineRunner)`` of a ``WorkerSpec``: the pipeline described (a user's file in a confined
+    child: ``pipelines.confined.describe``), checked against its target and bound to its config (Beam options and
+    staging location included) by `sage run`'s ``build_runner``, its iterations run confined as `sage run`'s.
+    ValueError for bad input (the parent calls it before anything is charged, the worker to run)."""
     from sage_tfx.cli.run import build_runner
+    from sage_tfx.pipelines.confined import describe, ledger_secrets
 
-    definition = pipelines.load_pipeline(spec.pipeline)
+    secrets = ledger_secrets(spec.ledger, spec.key_file)
+    definition = describe(spec.pipeline, secrets)
     definition.check_target(spec.target)
     runner = build_runner(definition, spec.ledger, spec.stream, spec.data_root, spec.work_dir, spec.target,
                           confidence=spec.confidence, runner=spec.runner, beam_args=spec.beam_args,
                           model=spec.model, name=spec.name, staging_location=spec.staging_location,
-                          pipeline_root=spec.pipeline_root, metadata_path=spec.metadata_path)
+                          pipeline_root=spec.pipeline_root, metadata_path=spec.metadata_path, spec=spec.pipeline,
+                          secrets=secrets)
     return definition, runner
 
 

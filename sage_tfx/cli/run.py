@@ -206,17 +206,18 @@ def _fail(message):
 
 
 def _run(args):
-    from sage_tfx import pipelines
     from sage_tfx.pipelines.check import check_targets
+    from sage_tfx.pipelines.confined import describe, ledger_secrets
     from sage_tfx.privacy import Ledger, LedgerError
     from sage_tfx.privacy.errors import IterationInterrupted, RefusedBeforeCharge
 
     try:
-        definition = pipelines.load_pipeline(args.pipeline)
+        secrets = ledger_secrets(args.db, args.key_file)
+        definition = describe(args.pipeline, secrets)  # a user's file is loaded in a confined child only
         if args.estimate_only and not args.check:
             raise ValueError("--estimate-only is for --check (the estimates without the dry run)")
         if args.check:
-            return _check(definition, args)
+            return _check(definition, args, secrets)
         if args.target is None:
             raise ValueError("--target is required (the quality the SLA must certify), unless --check")
         if len(args.target) != 1:
@@ -240,7 +241,8 @@ def _run(args):
         runner = build_runner(definition, args.db, args.stream, args.data_root, args.work_dir, args.target,
                               confidence=args.confidence, serving_dir=args.serving_dir, runner=args.runner,
                               beam_args=beam_args, model=args.model, name=args.name, staging_location=staging,
-                              pipeline_root=pipeline_root, metadata_path=metadata_path)
+                              pipeline_root=pipeline_root, metadata_path=metadata_path, spec=args.pipeline,
+                              secrets=secrets)
         runner.check_stream()  # a misspelled --data-root, an SLA label not in the schema
         runner.check_blocks(ledger)  # a block folder missing or altered: before anything is registered or charged
         if schedule is not None:
@@ -361,7 +363,7 @@ def prior_baseline(definition, args):
     return trivial_baseline(definition.sla, positive_rate=args.positive_rate, label_std=args.label_std)
 
 
-def _check(definition, args):
+def _check(definition, args, secrets=()):
     from sage_tfx.pipelines.check import dry_run
     from sage_tfx.privacy import Ledger, LedgerError
 
@@ -385,7 +387,8 @@ def _check(definition, args):
                          overrides={k: v for k, v in overrides.items() if v is not None}, ledger=ledger,
                          pipeline_name=name, baseline=baseline, allow_trivial=args.allow_trivial_target,
                          keep_dir=os.path.join(args.work_dir, "check", name, "model"),
-                         max_iterations=args.max_iterations, estimate_only=args.estimate_only)
+                         max_iterations=args.max_iterations, estimate_only=args.estimate_only,
+                         spec=args.pipeline, secrets=secrets)
     finally:
         if ledger is not None:
             ledger.close()
@@ -402,15 +405,22 @@ def _check(definition, args):
 
 
 class PipelineRunner:
-    """A SagePipeline bound to its config: ``run_iteration`` for the iterator."""
+    """A SagePipeline bound to its config: ``run_iteration`` for the iterator. With ``spec`` (the pipeline as
+    `sage run` names it) each iteration runs in a confined child (``pipelines.confined``) that may reach none of
+    ``secrets`` (``ledger_secrets``: ValueError here, before any charge, if a folder it gets holds one)."""
 
-    def __init__(self, pipeline, config):
+    def __init__(self, pipeline, config, spec=None, secrets=()):
         from sage_tfx.pipelines._runner import check_run_folders, make_run_iteration
 
         pipeline.model_family(config.model)  # bad input fails here, before any spend
         check_run_folders(config)  # a --work-dir that is a file, a folder this user cannot write
         self.pipeline, self.config = pipeline, config
-        self.run_iteration = make_run_iteration(pipeline.build_pipeline, config)
+        execute = None
+        if spec is not None:
+            from sage_tfx.pipelines.confined import confined_execute
+
+            execute = confined_execute(spec, pipeline, config, secrets)
+        self.run_iteration = make_run_iteration(pipeline.build_pipeline, config, execute)
 
     def check_stream(self, schema: dict | None = None) -> None:
         """ValueError naming the value and the fix unless the data root holds the stream (``schema`` given: the
@@ -444,9 +454,10 @@ class PipelineRunner:
 
 def build_runner(definition, db, stream, data_root, work_dir, target, confidence=0.95, serving_dir=None,
                  runner="local", beam_args=(), model=None, name=None, staging_location=None, pipeline_root=None,
-                 metadata_path=None):
+                 metadata_path=None, spec=None, secrets=()):
     """A ``PipelineRunner``; ``pipeline_root`` is the folder or URL the pipeline's TFX root goes under (None:
-    WORK_DIR/tfx), ``metadata_path`` its local MLMD SQLite file (``{name}`` is replaced by the pipeline name)."""
+    WORK_DIR/tfx), ``metadata_path`` its local MLMD SQLite file (``{name}`` is replaced by the pipeline name);
+    ``spec`` and ``secrets``: its iterations run confined (``PipelineRunner``)."""
     from sage_tfx.pipelines._runner import PipelineConfig
 
     name = name or definition.name
@@ -455,7 +466,7 @@ def build_runner(definition, db, stream, data_root, work_dir, target, confidence
                             runner=runner, beam_pipeline_args=list(beam_args), model=model,
                             staging_location=staging_location, artifact_root=pipeline_root,
                             metadata_file=metadata_path.replace("{name}", name) if metadata_path else None)
-    return PipelineRunner(definition, config)
+    return PipelineRunner(definition, config, spec, secrets)
 
 
 def make_iterator(definition, ledger, runner, args, progress=print, wait_for_blocks=None):

@@ -108,10 +108,27 @@ class RecordError(SageError, ValueError):
 def public_error_text(exc):
     """What may be logged or shown about ``exc`` after a grant: its type, and its message only when the
     message is known to hold no data value (``RecordError``, the ledger's own errors, ``BudgetRefused``)."""
+    if isinstance(exc, ConfinedRunError):
+        return exc.public
     name = type(exc).__name__
     if isinstance(exc, (RecordError, LedgerError, BudgetRefused)):
         return f"{name}: {exc}"
     return f"{name} (message withheld: it may hold data values)"
+
+
+class ConfinedRunError(SageError):
+    """A pipeline run in a confined child process (``sage_tfx.pipelines.confined``) failed: the child classified its
+    error and sent only its public parts, so the launcher reports it as it would the error itself.
+
+    ``public``: ``public_error_text`` of the child's error; ``environment``: ``is_environment_error`` of it, with
+    ``environment_text`` its ``environment_error_text``; ``detail``: the whole error with its traceback, sent
+    only by a ``--check`` child (generated rows), else None. The message is ``detail`` or ``public``."""
+
+    def __init__(self, public: str, environment: bool = False, environment_text: str = "",
+                 detail: str | None = None):
+        super().__init__(detail or public)
+        self.public, self.environment = str(public), bool(environment)
+        self.environment_text, self.detail = str(environment_text or public), detail
 
 
 class StorageError(SageError):
@@ -135,6 +152,8 @@ def is_environment_error(exc: BaseException) -> bool:
     raised while handling (its ``__context__`` and ``__cause__`` chain) must be one too: TFX's clean-up after a
     failed ``run_fn`` raises an OSError (a NotFoundError) while handling the user's error, which may depend on
     the data."""
+    if isinstance(exc, ConfinedRunError):
+        return exc.environment
     seen = set()
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
@@ -166,6 +185,8 @@ def environment_error_text(exc: BaseException) -> str:
     """What may be shown of an environment error (``is_environment_error``): an OSError's errno and its
     strerror, a StorageError's message (sage-tfx's own: a path and the fix), the type and its package only
     otherwise (a TensorFlow or MLMD message may quote what user code passed it)."""
+    if isinstance(exc, ConfinedRunError):
+        return exc.environment_text
     if _beam_reraise(exc):
         return environment_error_text(exc.__context__)
     name = type(exc).__name__

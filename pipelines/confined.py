@@ -1,0 +1,263 @@
+"""User code without the key: a pipeline file is loaded, and each iteration's TFX pipeline run, in a confined child.
+
+The launcher (``sage run``) holds the ledger, its key and the iterator; it never imports a user's pipeline file.
+
+* ``describe(spec)``: a child loads the pipeline file (or dotted module) and sends back its declarative fields
+  (name, SLA, module paths, models, defaults, trainer configuration); the launcher rebuilds a ``SagePipeline``
+  from them (no ``components`` function: that runs in the iteration's child) for its checks, its certificate
+  digest (over the files' bytes, which the launcher reads itself) and the iterator's settings. Built-in pipelines
+  are the package's own code and load in the launcher.
+* ``confined_execute(spec, config)``: the ``execute`` step of ``make_run_iteration``: a child loads the pipeline
+  again, builds the iteration's TFX pipeline with ``ledger`` = the grant server's ``ADDRESS`` and runs it
+  (``run_built``); the launcher serves it the iteration's grant (``components._grant_server.GrantServer``) and
+  reads the outcome from MLMD afterwards, as before.
+
+The child (``python -m sage_tfx.pipelines.confined``, ``sage_tfx.isolation.spawn``) has no key file path, no
+secret in its environment, no ledger handle; under Landlock it reads only the system, Python and sage-tfx, the
+pipeline's folders and the data root (sealed blocks: it gets the keys of its grant's blocks only), and writes only
+the work, serving and staging folders and a private temporary folder. A run refuses (ValueError, before any charge)
+to grant it a folder that holds the ledger's key, head or database file. Its errors come back classified as they
+would be in the launcher (``ConfinedRunError``): FAILED for data-dependent errors, resumable for the environment's.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from multiprocessing.connection import Connection
+
+from sage_tfx.isolation import Confinement, confine_from_environment, landlock_abi, spawn
+from sage_tfx.pipelines import BUILTIN, load_pipeline
+from sage_tfx.pipelines.definition import SLA, PipelineDefinitionError, SagePipeline
+
+CHILD_MODULE = "sage_tfx.pipelines.confined"
+
+
+# ---------------------------------------------------------------- the launcher's side
+def describe(spec: str, secrets=()) -> SagePipeline:
+    """The ``SagePipeline`` of ``spec`` (``load_pipeline``'s argument), loaded in a confined child unless it is a
+    built-in; PipelineDefinitionError with the loader's message (file, line) if it cannot be loaded."""
+    if not isinstance(spec, str) or not spec or spec in BUILTIN:
+        return load_pipeline(spec)
+    is_file = _is_file(spec)
+    if is_file and not os.path.isfile(spec):
+        return load_pipeline(spec)  # its own message, and no child for a missing file
+    spec = normalized(spec)
+    confinement = Confinement(read=code_paths([spec] if is_file else [], secrets), network=False)
+    check_confinement(confinement, secrets)
+    result = run_child({"mode": "describe", "spec": spec}, confinement)
+    if result.get("status") != "ok":
+        raise PipelineDefinitionError(str(result.get("message") or f"pipeline {spec!r} could not be loaded"))
+    try:
+        fields = result["pipeline"]
+        pipeline = SagePipeline(**{**fields, "sla": SLA(**fields["sla"]), "models": tuple(fields["models"])})
+    except (KeyError, TypeError, AttributeError) as exc:  # a child that sent something else than its fields
+        raise PipelineDefinitionError(f"pipeline {spec!r}: its loader sent an unusable description "
+                                      f"({type(exc).__name__}: {exc})") from None
+    pipeline.check_files()
+    return pipeline
+
+
+def _is_file(spec: str) -> bool:
+    return spec.endswith(".py") or os.sep in spec or os.path.exists(spec)
+
+
+def normalized(spec: str) -> str:
+    """``spec`` as a child loads it: a pipeline file's absolute path (the child runs in another folder)."""
+    return os.path.abspath(spec) if spec not in BUILTIN and _is_file(spec) else spec
+
+
+def confined_execute(spec: str, definition: SagePipeline, config, secrets=(), check: bool = False):
+    """``execute(grant, split, eta, iteration)`` for ``make_run_iteration``: the iteration's pipeline (``spec``,
+    described as ``definition``) built and run in a confined child served ``grant`` by a ``GrantServer`` on
+    ``config.ledger``. ``secrets``: the ledger's key, head and database paths, none of which the child may be
+    granted (ValueError here, before any charge). ``check``: a ``--check`` run, whose child may send its whole
+    error (generated rows)."""
+    spec = normalized(spec)
+    confinement = iteration_confinement(definition, config, secrets)
+    check_confinement(confinement, secrets)
+
+    def execute(grant, split, eta, iteration):
+        from sage_tfx.components._grant_channel import ADDRESS
+        from sage_tfx.privacy.errors import ConfinedRunError
+
+        for folder in confinement.write:  # the child may create nothing outside them: they exist first
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+        job = {"mode": "iterate", "spec": spec,
+               "config": {**dataclasses.asdict(config), "ledger": ADDRESS}, "grant": grant.to_json(), "eta": eta,
+               "iteration": iteration, "check": check}
+        result = run_child(job, confinement, location=config.ledger, grant=grant)
+        if result.get("status") == "ok":
+            return
+        raise ConfinedRunError(result.get("public") or "the confined pipeline failed",
+                               environment=bool(result.get("environment")),
+                               environment_text=result.get("environment_text") or "",
+                               detail=result.get("detail") if check else None)
+
+    return execute
+
+
+def iteration_confinement(definition: SagePipeline, config, secrets=()) -> Confinement:
+    """What an iteration's child may touch: read the data root (sealed blocks) and the pipeline's code
+    (``code_paths``); write the work, serving and staging folders, a local pipeline root and the MLMD folder. TCP
+    stays open: Beam's in-process runner binds and connects to local ports of its own (its gRPC channels)."""
+    from sage_tfx.pipelines._runner import is_url
+
+    files = [definition.source_file, *(definition.module_path(r) for r in (
+        "trainer_module", "preprocessing_module", "loss_module"))]
+    write = [config.work_dir, config.serving_dir, os.path.dirname(config.metadata_path)]
+    for path in (config.artifact_root, config.staging_location):
+        if path is not None and (not is_url(path) or path.startswith("file://")):  # file://: a local folder
+            write.append(path[len("file://"):] if path.startswith("file://") else path)
+    return Confinement(read=code_paths([f for f in files if f], secrets) + [os.path.abspath(config.data_root)],
+                       write=sorted(set(write)))
+
+
+def code_paths(files, secrets) -> list:
+    """What a child may read of the pipeline's code: each file's folder (sibling modules import), or, for a folder
+    that holds one of ``secrets`` (a pipeline file beside the ledger's key), the file alone."""
+    found = set()
+    for path in files:
+        folder = os.path.dirname(path)
+        found.add(path if Confinement(write=[folder]).exposes_any(secrets) else folder)
+    return sorted(found)
+
+
+def ledger_secrets(location, key_file=None) -> list:
+    """The files a confined child must never reach: the ledger's key file and head file, and an SQLite ledger's
+    database (with its journal files)."""
+    from sage_tfx.privacy.keys import HEAD_SUFFIX, resolve_key_path
+
+    found = []
+    try:
+        key = resolve_key_path(location, key_file)
+        found += [key, key + HEAD_SUFFIX]
+    except ValueError:
+        pass
+    text = str(location)
+    if "://" not in text:
+        database = os.path.abspath(text)
+        found += [database] + [database + s for s in ("-wal", "-shm", "-journal")]
+    return found
+
+
+def check_confinement(confinement: Confinement, secrets) -> None:
+    """ValueError naming the folder and the fix if ``confinement`` would let the child read ``secrets``."""
+    for secret in secrets:
+        granted = confinement.exposes(secret)
+        if granted is not None:
+            raise ValueError(f"{secret} lies in {granted}, which the pipeline's confined process may read or write: "
+                             "keep the ledger, its key file and head file out of the pipeline's folder, the data "
+                             "root, the work, serving and staging folders and the Python install (move them, or "
+                             "give other folders)")
+
+
+def run_child(job: dict, confinement: Confinement, location=None, grant=None) -> dict:
+    """Run one confined child on ``job``, serving it (``GrantServer``) until it ends; its result message, or an
+    environment error's result if it ended without one (killed, crashed)."""
+    from sage_tfx.components._grant_channel import FD_ENV
+    from sage_tfx.components._grant_server import GrantServer
+
+    private_tmp = tempfile.mkdtemp(prefix="sage-confined-")
+    confinement = dataclasses.replace(confinement, write=[*confinement.write, private_tmp])
+    ours, theirs = socket.socketpair()
+    try:
+        child = spawn(CHILD_MODULE, [], confinement, private_tmp, pass_fds=[theirs.fileno()],
+                      env={FD_ENV: str(theirs.fileno())})
+        theirs.close()
+        connection = Connection(ours.detach())
+        try:
+            result = GrantServer(job, location, grant).serve(connection)
+        finally:
+            connection.close()
+            code = child.wait()
+    finally:
+        theirs.close()
+        shutil.rmtree(private_tmp, ignore_errors=True)
+    if result is None:
+        text = f"the pipeline's confined process ended with exit code {code} before it reported a result"
+        return {"status": "error", "public": text, "environment": True, "environment_text": text,
+                "message": text}
+    return result
+
+
+# ---------------------------------------------------------------- the child's side
+# SagePipeline's fields the launcher does not get: a function, which stays in the child that builds the pipeline.
+NOT_DESCRIBED = ("components",)
+
+
+def _fields(pipeline: SagePipeline) -> dict:
+    """The declarative fields of a loaded pipeline (every field but ``NOT_DESCRIBED``), as JSON the launcher
+    rebuilds it from; module paths made absolute."""
+    fields = {f.name: getattr(pipeline, f.name) for f in dataclasses.fields(pipeline) if f.name not in NOT_DESCRIBED}
+    fields.update(sla=dataclasses.asdict(pipeline.sla), models=list(pipeline.models),
+                  **{role: pipeline.module_path(role) for role in ("trainer_module", "preprocessing_module")})
+    return json.loads(json.dumps(fields, default=repr))
+
+
+def _iterate(job: dict) -> None:
+    from sage_tfx.pipelines._runner import PipelineConfig, run_built
+    from sage_tfx.privacy import BudgetSplit, Grant
+
+    definition = load_pipeline(job["spec"])
+    config = PipelineConfig(**job["config"])
+    grant = Grant.from_json(job["grant"])
+    run_built(definition.build_pipeline, config, grant, BudgetSplit.from_meta(grant.meta), job["eta"],
+              job["iteration"])
+
+
+def _failure(exc: BaseException, job: dict) -> dict:
+    """The child's error as the launcher may see it: classified here, its public parts only (the whole error
+    with its traceback for a ``--check`` run, on generated rows)."""
+    from sage_tfx.privacy.errors import environment_error_text, is_environment_error, public_error_text
+
+    if job.get("mode") == "describe":
+        message = str(exc) if isinstance(exc, PipelineDefinitionError) else f"{type(exc).__name__}: {exc}"
+        return {"status": "error", "message": message}
+    environment = is_environment_error(exc)
+    result = {"status": "error", "public": public_error_text(exc), "environment": environment,
+              "environment_text": environment_error_text(exc) if environment else ""}
+    if job.get("check"):
+        from sage_tfx.pipelines.check import describe_failure
+
+        result["detail"] = describe_failure(exc)
+    return result
+
+
+def main() -> None:
+    """The confined child: confine itself, get its job from the launcher, do it, report, exit."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL: it never outlives the launcher
+    confine_from_environment()
+    from sage_tfx.components._grant_channel import channel_client
+
+    client = channel_client()
+    job = client.job()
+    try:
+        if job.get("mode") == "describe":
+            result = {"status": "ok", "pipeline": _fields(load_pipeline(job["spec"]))}
+        else:
+            _iterate(job)
+            result = {"status": "ok"}
+    except BaseException as exc:  # noqa: B036 (SystemExit from user code too: reported, classified)
+        result = _failure(exc, job)
+    client.report(result)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # Beam's and TensorFlow's threads never hold the exit; everything is committed
+
+
+def confinement_status() -> str:
+    """One line on how user code is confined on this host (Landlock ABI or its absence)."""
+    abi = landlock_abi()
+    return (f"Landlock ABI {abi}" if abi else "no Landlock on this kernel: separate process and scrubbed "
+            "environment only")
+
+
+if __name__ == "__main__":
+    main()
