@@ -2,8 +2,8 @@
 
 In the spirit of ``tfx template copy``: ``write_template`` writes ``pipeline.py`` (the SLA and the modules),
 ``preprocessing.py`` (a ``preprocessing_fn`` that clips every numeric feature to a public range and scales
-it to [0, 1]) and ``trainer.py`` (a ``run_fn`` training a DP linear model, AdaSSP, for a loss, or a DP
-logistic regression for accuracy). They run as written (``sage run DIR/pipeline.py --check`` passes on the
+it to [0, 1]) and ``trainer.py`` (a ``run_fn`` training a DP linear model, AdaSSP, for mse / mae, or a DP
+logistic regression for accuracy and log_loss). They run as written (``sage run DIR/pipeline.py --check`` passes on the
 stream), but the public bounds they hold are placeholders to edit: every bound must be chosen without
 looking at the data (docs/your_pipeline.md).
 """
@@ -144,7 +144,7 @@ def preprocessing_fn(inputs, custom_config):
 
 def _trainer(features, label, sla):
     keys = [f if _identifier(f) else f"f{i}" for i, f in enumerate(features)]
-    if sla.metric == "accuracy":
+    if sla.metric in ("accuracy", "log_loss"):  # a probability of the 0/1 label, as both metrics read it
         model = ("    model = DPLogisticRegressor(fn_args.privacy_budget, num_examples=fn_args.num_examples,\n"
                  "                                batch_size=trainer_utils.batch_size(fn_args, config))\n"
                  "    model.fit(x, (y > 0.5).astype(\"int64\"))")

@@ -163,3 +163,19 @@ def test_init_pipeline_writes_three_files_that_load(tmp_path):
         assert out.returncode == 2 and named in out.stderr, (args, out.stderr)
     assert sorted(set(os.listdir(target)) - {"__pycache__"}) == files
     assert {f: (target / f).read_text() for f in files} == before
+
+
+def test_init_pipeline_writes_a_classifier_for_a_log_loss_sla(tmp_path):
+    """`--metric log_loss` wrote a DPLinearRegressor (the `else` of accuracy): its unbounded outputs are no
+    probabilities, so every validated loss sat near the bound and no target below the constant's could ACCEPT.
+    It now writes the DP logistic regression, as for accuracy."""
+    target = tmp_path / "rain"
+    csv = tmp_path / "weather.csv"
+    csv.write_text("time_hour,humid,rain\n2013-01-01T06:00:00Z,59.4,0\n2013-01-01T07:00:00Z,97.1,1\n")
+    out = subprocess.run([sys.executable, "-m", "sage_tfx", "init-pipeline", str(target), "--label", "rain",
+                          "--metric", "log_loss", "--input", str(csv), "--time-column", "time_hour"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    trainer = (target / "trainer.py").read_text()
+    assert "DPLogisticRegressor(" in trainer and "DPLinearRegressor" not in trainer
+    assert load_pipeline(str(target / "pipeline.py")).sla.metric == "log_loss"

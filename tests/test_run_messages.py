@@ -1,7 +1,8 @@
-"""What a FAILED iteration says about its error: the type where the failure began, never a value.
+"""What `sage run` says: the type of the error where a FAILED iteration began (never a value), and where the
+model was pushed.
 
-TFX's launcher raises a clean-up error (a NotFoundError on the run's output folder) while handling the module's
-own; naming only the last error sent a user looking for a missing file when their run_fn had raised TypeError.
+TFX's launcher raises a clean-up error (a NotFoundError on the run's output folder) while handling the module's own;
+naming only the last error sent a user looking for a missing file when their run_fn had raised TypeError.
 """
 import pytest
 
@@ -48,3 +49,14 @@ def test_the_check_shows_the_first_errors_traceback_and_the_last():
     text = describe_failure(_cleanup_after(TypeError("bad feature dict")))
     assert text.startswith("Traceback") and "TypeError: bad feature dict" in text
     assert text.endswith("(then, while handling it: NotFoundError: /tmp/run/model_run: no such file)")
+
+
+def test_the_pushed_path_is_the_version_folder_tf_loads(tmp_path):
+    """`sage run` said "model pushed to SERVING_DIR", where tf.saved_model.load fails: TFX's Pusher writes
+    SERVING_DIR/VERSION. The last line now names the newest version folder."""
+    from sage_tfx.cli.run import pushed_model_path
+
+    assert pushed_model_path(str(tmp_path / "none")) == str(tmp_path / "none")
+    for version in ("1795833936", "1795833999", "tmp"):
+        (tmp_path / version).mkdir()
+    assert pushed_model_path(str(tmp_path)) == str(tmp_path / "1795833999")
