@@ -122,7 +122,8 @@ def main(argv=None) -> dict:
     for name, p in scored.items():
         loss, se = log_loss(y, p)
         report["scores"][name] = {"log_loss": round(loss, 4), "se": round(se, 4),
-                                  "accuracy": round(float(np.mean((p >= 0.5) == (y == 1))), 4)}
+                                  "accuracy": round(float(np.mean((p >= 0.5) == (y == 1))), 4),
+                                  "mean_probability": round(float(np.mean(p)), 4)}
     print(json.dumps(report, indent=1))
     return report
 
