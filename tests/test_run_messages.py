@@ -57,6 +57,6 @@ def test_the_pushed_path_is_the_version_folder_tf_loads(tmp_path):
     from sage_tfx.cli.run import pushed_model_path
 
     assert pushed_model_path(str(tmp_path / "none")) == str(tmp_path / "none")
-    for version in ("1795833936", "1795833999", "tmp"):
+    for version in ("1795833936", "1795833999", "tmp"):  # "tmp": not a version
         (tmp_path / version).mkdir()
     assert pushed_model_path(str(tmp_path)) == str(tmp_path / "1795833999")

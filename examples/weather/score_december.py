@@ -71,9 +71,10 @@ def serve(serving_dir: str, frame: pd.DataFrame) -> np.ndarray:
     """The pushed model's probabilities on raw rows, through its serving signature on tf.Examples."""
     import tensorflow as tf
 
-    if not os.path.exists(os.path.join(serving_dir, "saved_model.pb")):  # TFX's Pusher: SERVING_DIR/VERSION
-        serving_dir = os.path.join(serving_dir, max(os.listdir(serving_dir), key=int))
-    signature = tf.saved_model.load(serving_dir).signatures["serving_default"]
+    from sage_tfx.pipelines import pushed_models
+
+    newest = pushed_models(serving_dir)[-1]  # TFX's Pusher writes SERVING_DIR/VERSION
+    signature = tf.saved_model.load(newest).signatures["serving_default"]
     records = []
     for row in frame.to_dict("records"):
         feature = {}

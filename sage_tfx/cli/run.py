@@ -277,11 +277,10 @@ def _run(args):
 def pushed_model_path(serving_dir: str) -> str:
     """The SavedModel folder TFX's Pusher wrote under ``serving_dir`` (its newest version, ``SERVING_DIR/VERSION``:
     what ``tf.saved_model.load`` takes), or ``serving_dir`` itself when it holds no version folder (a URL)."""
-    try:
-        versions = [name for name in os.listdir(serving_dir) if name.isdigit()]
-    except OSError:
-        return str(serving_dir)
-    return os.path.join(str(serving_dir), max(versions, key=int)) if versions else str(serving_dir)
+    from sage_tfx.pipelines import pushed_models
+
+    models = pushed_models(str(serving_dir))
+    return models[-1] if models else str(serving_dir)
 
 
 def schedule_option(args):
