@@ -28,7 +28,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from sage_tfx.pipelines.definition import LOG_LOSS_FLOOR
-from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, error_chain, eval_share_split
+from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, SageError, error_chain, eval_share_split
 
 GENERATED_EPOCH = int(_dt.datetime(2020, 1, 1, tzinfo=_dt.timezone.utc).timestamp())
 MISSING_RATE = 0.01
@@ -215,7 +215,7 @@ def _attempt_pair(attempt) -> tuple:
 
 # ---------------------------------------------------------------- what a constant predictor reaches
 
-class TrivialTarget(ValueError):
+class TrivialTarget(SageError, ValueError):
     """A target a constant predictor already meets (refused before any charge unless --allow-trivial-target)."""
 
 

@@ -61,6 +61,7 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.components.dp_trainer_executor.SpendError": (ValueError,),
     "sage_tfx.pipelines.definition.PipelineDefinitionError": (ValueError,),
     "sage_tfx.pipelines.template.TemplateError": (ValueError,),
+    "sage_tfx.pipelines.check.TrivialTarget": (ValueError,),  # a target a constant predictor meets: exit 2
     "sage_tfx.privacy.noise_schedules.NoiseScheduleError": (ValueError,),
     "sage_tfx.release.continual.ContinualReleaseError": (ValueError,),
     "sage_tfx.release.growth.GrowthError": (ValueError,),
