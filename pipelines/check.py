@@ -28,8 +28,7 @@ import traceback
 from dataclasses import dataclass, field
 
 from sage_tfx.pipelines.definition import LOG_LOSS_FLOOR
-from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, eval_share_split
-from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, SageError, error_chain, eval_share_split
 
 GENERATED_EPOCH = int(_dt.datetime(2020, 1, 1, tzinfo=_dt.timezone.utc).timestamp())
 MISSING_RATE = 0.01
@@ -383,14 +382,7 @@ def generated_rows(schema: dict, blocks_config: dict, label: str, metric: str, n
 def describe_failure(exc, limit=4000):
     """The first error of ``exc``'s chain with its traceback (TFX's runners may raise a clean-up error while
     handling the module's own), and the last one if it differs; at most ``limit`` characters of traceback."""
-    chain, seen = [exc], {id(exc)}
-    while True:
-        nxt = chain[-1].__cause__ or chain[-1].__context__
-        if nxt is None or id(nxt) in seen:
-            break
-        chain.append(nxt)
-        seen.add(id(nxt))
-    first = chain[-1]
+    first = error_chain(exc)[-1]
     text = "".join(traceback.format_exception(type(first), first, first.__traceback__)).rstrip()
     if len(text) > limit:
         text = "...\n" + text[-limit:]

@@ -3,8 +3,8 @@
 In the spirit of ``tfx template copy``: ``write_template`` writes ``pipeline.py`` (the SLA and the modules),
 ``preprocessing.py`` (a ``preprocessing_fn`` that clips every numeric feature to a public range and scales
 it to [0, 1], one-hot encodes category codes, and marks a missing label NaN) and ``trainer.py`` (a ``run_fn``
-training a DP linear model, AdaSSP, over a public prior, for a loss, or a DP logistic regression for
-accuracy; rows whose label is missing are dropped, as the validator skips them). They run as written
+training a DP linear model, AdaSSP, over a public prior, for mse / mae, or a DP logistic regression
+for accuracy and log_loss; rows whose label is missing are dropped, as the validator skips them). They run as written
 (``sage run DIR/pipeline.py --check`` passes on the stream), but the public bounds they hold are placeholders
 to edit: every bound must be chosen without looking at the data (docs/your_pipeline.md).
 
@@ -257,7 +257,7 @@ def preprocessing_fn(inputs, custom_config):
 
 
 def _trainer(keys, label, sla):
-    if sla.metric == "accuracy":
+    if sla.metric in ("accuracy", "log_loss"):  # a probability of the 0/1 label, as both metrics read it
         model = ("    model = DPLogisticRegressor(fn_args.privacy_budget, num_examples=fn_args.num_examples,\n"
                  "                                batch_size=trainer_utils.batch_size(fn_args, config))\n"
                  "    model.fit(x, (y > 0.5).astype(\"int64\"))")

@@ -233,3 +233,19 @@ def test_the_templates_preprocessing_keeps_a_missing_label_missing(tmp_path):
     fare = outputs["fare"].numpy()
     assert fare[0] == 4.5 and np.isnan(fare[1]) and fare[2] == 0.0
     assert [outputs[f"trip_start_day_{d}"].numpy().tolist() for d in (2, 7)] == [[1, 0, 0], [0, 0, 0]]
+
+
+def test_init_pipeline_writes_a_classifier_for_a_log_loss_sla(tmp_path):
+    """`--metric log_loss` wrote a DPLinearRegressor (the `else` of accuracy): its unbounded outputs are no
+    probabilities, so every validated loss sat near the bound and no target below the constant's could ACCEPT.
+    It now writes the DP logistic regression, as for accuracy."""
+    target = tmp_path / "rain"
+    csv = tmp_path / "weather.csv"
+    csv.write_text("time_hour,humid,rain\n2013-01-01T06:00:00Z,59.4,0\n2013-01-01T07:00:00Z,97.1,1\n")
+    out = subprocess.run([sys.executable, "-m", "sage_tfx", "init-pipeline", str(target), "--label", "rain",
+                          "--metric", "log_loss", "--input", str(csv), "--time-column", "time_hour"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    trainer = (target / "trainer.py").read_text()
+    assert "DPLogisticRegressor(" in trainer and "DPLinearRegressor" not in trainer
+    assert load_pipeline(str(target / "pipeline.py")).sla.metric == "log_loss"

@@ -419,6 +419,7 @@ def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
     assert "[taxi_fare] iteration 1:" in out.stdout and "-> ACCEPT" in out.stdout
     (version,) = os.listdir(tmp_path / "work" / "serving")
     assert os.path.exists(tmp_path / "work" / "serving" / version / "saved_model.pb")
+    assert out.stdout.rstrip().endswith(f"model pushed to {tmp_path / 'work' / 'serving' / version}")  # loadable
     history, audit = _history_of(db, "taxi", "taxi_fare")
     assert audit.ok and [o for _g, o, _d in history] == ["ACCEPT"]
     assert _blessings_under_the_grant(tmp_path / "work", "taxi_fare", history[0][0]) == [1]  # the local runner

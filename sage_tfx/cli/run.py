@@ -272,9 +272,18 @@ def _run(args):
               "--db ... --stream ... --data-root ...`", file=sys.stderr)
         return EXIT_FAILED
     ledger.close()
-    pushed = f"; model pushed to {runner.config.serving_dir}" if result.outcome == "ACCEPT" else ""
+    pushed = f"; model pushed to {pushed_model_path(runner.config.serving_dir)}" if result.outcome == "ACCEPT" else ""
     print(f"{iterator.pipeline}: {result.describe()}{pushed}", flush=True)
     return EXIT_CODES[result.outcome]
+
+
+def pushed_model_path(serving_dir: str) -> str:
+    """The SavedModel folder TFX's Pusher wrote under ``serving_dir`` (its newest version, ``SERVING_DIR/VERSION``:
+    what ``tf.saved_model.load`` takes), or ``serving_dir`` itself when it holds no version folder (a URL)."""
+    from sage_tfx.pipelines import pushed_models
+
+    models = pushed_models(str(serving_dir))
+    return models[-1] if models else str(serving_dir)
 
 
 def schedule_option(args):

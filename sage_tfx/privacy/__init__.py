@@ -36,6 +36,7 @@ from .errors import (
     SageError,
     UnknownBlock,
     UnknownStream,
+    error_chain,
     public_error_text,
 )
 from .ledger import OUTCOMES, POLICIES, Block, Grant, Ledger, Release, Stream
@@ -49,4 +50,5 @@ __all__ = [
     "LedgerError", "DuplicateContent", "LedgerNotFound", "LedgerCorrupt", "LedgerRollback", "UnknownStream",
     "UnknownBlock", "BlockRetired",
     "PipelineBusy", "GrantError", "BudgetRefused", "RecordError", "SageError", "public_error_text",
+    "error_chain",
 ]

@@ -105,15 +105,36 @@ class RecordError(SageError, ValueError):
         return (type(self), (self.column, self.index, self.problem), self.__dict__)
 
 
+def error_chain(exc):
+    """``exc`` and the errors it was raised while handling (``__cause__``, else ``__context__``), newest first:
+    the last one is where the failure began (TFX's runners raise a clean-up error while handling a module's)."""
+    chain, seen = [exc], {id(exc)}
+    while True:
+        nxt = chain[-1].__cause__ or chain[-1].__context__
+        if nxt is None or id(nxt) in seen:
+            return chain
+        chain.append(nxt)
+        seen.add(id(nxt))
+
+
 def public_error_text(exc):
     """What may be logged or shown about ``exc`` after a grant: its type, and its message only when the
-    message is known to hold no data value (``RecordError``, the ledger's own errors, ``BudgetRefused``)."""
+    message is known to hold no data value (``RecordError``, the ledger's own errors, ``BudgetRefused``).
+    When ``exc`` was raised while handling another error, the first error is named (where it began), then
+    ``exc`` (e.g. ``TypeError (...), then NotFoundError while handling it``): types only, as above. A confined
+    child's error (``ConfinedRunError``) carries the text the child made by this same rule."""
     if isinstance(exc, ConfinedRunError):
         return exc.public
-    name = type(exc).__name__
-    if isinstance(exc, (RecordError, LedgerError, BudgetRefused)):
-        return f"{name}: {exc}"
-    return f"{name} (message withheld: it may hold data values)"
+
+    def text(error):
+        if isinstance(error, (RecordError, LedgerError, BudgetRefused)):
+            return f"{type(error).__name__}: {error}"
+        return f"{type(error).__name__} (message withheld: it may hold data values)"
+
+    first = error_chain(exc)[-1]
+    if first is exc or type(first) is type(exc):
+        return text(exc)
+    return f"{text(first)}, then {type(exc).__name__} while handling it"
 
 
 class ConfinedRunError(SageError):
