@@ -22,6 +22,8 @@ import sys
 import warnings
 from dataclasses import asdict, dataclass, field
 
+from sage_tfx.privacy.errors import SageError
+
 # syscall numbers (the same on x86_64 and aarch64) and the access rights of linux/landlock.h
 _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1
@@ -52,7 +54,7 @@ PASS_ENVIRONMENT = "SAGE_CONFINED_ENV"
 CONFINEMENT_ENV = "SAGE_CONFINEMENT"  # the child's Confinement, as JSON
 
 
-class ConfinementError(RuntimeError):
+class ConfinementError(SageError, RuntimeError):
     """Landlock was available but could not be applied: the child stops before any user code."""
 
 

@@ -32,6 +32,8 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.privacy.errors.RefusedBeforeCharge": (ValueError,),  # a pre-charge check failed: nothing charged
     "sage_tfx.privacy.errors.StorageError": (),  # the environment's fault (a file missing or altered), not input
     "sage_tfx.privacy.errors.IterationInterrupted": (),  # an environment error after the charge: resumable
+    "sage_tfx.privacy.errors.ConfinedRunError": (),  # a confined child's error, as the child classified it
+    "sage_tfx.isolation.ConfinementError": (RuntimeError,),  # Landlock available but not applied: no user code ran
     "sage_tfx.adaptive.iterator.RequestMismatch": (ValueError,),  # a name asked for another certificate request
     "sage_tfx.privacy.errors.GrantError": (ValueError,),
     "sage_tfx.privacy.errors.BudgetRefused": (),  # Exception only, never a ValueError (the CLI exits 3, not 2)

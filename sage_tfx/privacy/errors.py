@@ -151,6 +151,9 @@ class ConfinedRunError(SageError):
         self.public, self.environment = str(public), bool(environment)
         self.environment_text, self.detail = str(environment_text or public), detail
 
+    def __reduce__(self):  # pickles with its classification (the default would keep the message only)
+        return type(self), (self.public, self.environment, self.environment_text, self.detail)
+
 
 class StorageError(SageError):
     """A stored file could not be used as written (missing, altered, unreadable): the environment's fault, not the
