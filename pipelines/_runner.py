@@ -62,6 +62,10 @@ class PipelineConfig:
         if self.runner not in RUNNERS:
             raise ValueError(f"runner {self.runner!r} is unknown: use one of {', '.join(RUNNERS)}")
         self.work_dir = os.path.abspath(self.work_dir)
+        # absolute: a confined child runs in a folder of its own, where a relative path names nothing
+        self.data_root = self.data_root if is_url(self.data_root) else os.path.abspath(self.data_root)
+        if self.staging_location is not None and not is_url(self.staging_location):
+            self.staging_location = os.path.abspath(self.staging_location)
         self.serving_dir = os.path.abspath(self.serving_dir or os.path.join(self.work_dir, "serving"))
         if self.artifact_root is not None:
             self.artifact_root = (self.artifact_root.rstrip("/") if is_url(self.artifact_root)

@@ -37,10 +37,12 @@ _SCOPE_SIGNAL = 2  # ABI 6 (abstract unix sockets stay usable: the channel is a 
 READ = EXECUTE | READ_FILE | READ_DIR
 
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/opt")
-# Of /proc, the child's own process folder (/proc/self resolves to it when the rule is made: never the launcher's
-# environ or memory) and the host-wide read-only files TensorFlow and Python look at.
-PROC_READ = ("/proc/self", "/proc/cpuinfo", "/proc/meminfo", "/proc/stat", "/proc/loadavg", "/proc/sys",
-             "/proc/filesystems", "/proc/version", "/proc/mounts")
+# /proc: read, as TensorFlow needs its own /proc/self in every process the child starts (Beam's worker
+# subprocesses abort without it), and a rule on /proc/self would name the child's pid only. Landlock's ptrace rule
+# still refuses the launcher's memory (/proc/PID/mem: where the key is once read); the launcher's command line and
+# environment are readable, so a PostgreSQL password is given by a password file, not PGPASSWORD
+# (docs/security.md).
+PROC_READ = ("/proc",)
 # Of /dev, only these (never a disk: a raw read of the device would bypass every file rule), and /dev/shm.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 # Environment variables a confined child keeps (no secret among them); every other one is dropped.

@@ -94,7 +94,7 @@ def test_cli_passes_runner_shorthands_to_beam_options(monkeypatch):
     from sage_tfx.cli import build_parser
 
     seen = {}
-    monkeypatch.setattr(pipeline, "ingest", lambda *a, **kw: seen.update(kw) or {"added": [], "unchanged": []})
+    monkeypatch.setattr(pipeline, "ingest", lambda *a, **kw: seen.update(kw) or {"added": [], "unchanged": [], "columns": {}})
     args = build_parser("ingest").parse_args(
         ["ingest", "--db", "l.db", "--stream", "s", "--input", "x.csv", "--data-root", "d", "--runner", "dask",
          "--dask-address", "tcp://127.0.0.1:8786", "--direct_num_workers=2"])

@@ -77,6 +77,21 @@ def test_config_keeps_mlmd_local_whatever_the_root(tmp_path):
                        metadata_file="gs://b/m.sqlite")
 
 
+def test_config_paths_are_absolute_for_the_confined_child(tmp_path, monkeypatch):
+    """`sage run --data-root data` (relative) named nothing in the confined child, which runs in a folder of its
+    own: every local path of the config is absolute, URLs stay as given."""
+    from sage_tfx.pipelines._runner import PipelineConfig
+
+    monkeypatch.chdir(tmp_path)
+    config = PipelineConfig(name="p", ledger="l", stream="s", data_root="data", work_dir="work", target=1.0,
+                            staging_location="stage")
+    assert (config.data_root, config.work_dir, config.staging_location) == (
+        str(tmp_path / "data"), str(tmp_path / "work"), str(tmp_path / "stage"))
+    remote = PipelineConfig(name="p", ledger="l", stream="s", data_root="data", work_dir="work", target=1.0,
+                            staging_location="gs://b/stage")
+    assert remote.staging_location == "gs://b/stage"
+
+
 def test_serve_needs_name_in_a_shared_metadata_path_and_hands_both_to_workers(tmp_path):
     from sage_tfx.cli.run import root_options
     from sage_tfx.cli.serve import worker_specs
