@@ -3,14 +3,17 @@
 - ``make demo`` (sage_tfx.demos.end_to_end): the held-out trips (from HELD_OUT_FROM on) against the rows its
   replay ingests, replayed here on the real data and read back from the block files (full-row keys: the value
   hash that block digests sum), plus a coarser trip key (timestamp, seconds, miles, fare, census tracts).
-  A positive control shows the same comparison catches the tfx wheel's ``external`` file, which the demo
-  used to score on although every one of its rows is a row of the replayed file.
+  Positive controls: the same comparison catches stream rows passed off as held out, and the trip key
+  catches the tfx wheel's ``external`` file, which the demo used to score on although every one of its
+  trips is a trip of the replayed file. The demo's accuracy target is above what the majority class reaches
+  on the window its first iteration tests and on the held-out trips.
 - ``sage bench dp-quality`` (real trips): its test rows against its training rows.
 - ``sage bench validation`` and ``sage bench sample-complexity`` (GENERATED rows): every drawn row is tagged,
   and the held-out rows must be none of the rows any model is fitted or validated on.
 No TensorFlow here.
 """
 import argparse
+import datetime
 import os
 
 import numpy as np
@@ -36,7 +39,13 @@ def _trip_keys(example_batch):
 
 @pytest.fixture(scope="module")
 def demo_split():
-    return demo.stream_and_held_out()
+    return demo.stream_and_held_out(data_file=demo.DATA_FILE)
+
+
+def _majority_accuracy(labels):
+    """Accuracy of the constant predictor that always says the more common class of ``labels`` (missing: 0)."""
+    rate = float(np.nan_to_num(np.asarray(labels, dtype=float)).mean())
+    return max(rate, 1.0 - rate)
 
 
 def test_demo_held_out_range_is_a_time_range_the_stream_never_holds(demo_split):
@@ -50,7 +59,7 @@ def test_demo_held_out_range_is_a_time_range_the_stream_never_holds(demo_split):
     stream_keys, held_keys = set(row_keys(stream)), set(row_keys(held))
     assert len(stream_keys) == stream.num_rows and len(held_keys) == held.num_rows
     assert not stream_keys & held_keys
-    assert stream_keys | held_keys == set(row_keys(load_taxi("simple")))
+    assert stream_keys | held_keys == set(row_keys(load_taxi("simple")))  # the demo's file: simple's trips, labelled
     assert not set(row_keys(stream, TRIP_KEY)) & set(row_keys(held, TRIP_KEY))
     # The old "held-out" set was no such thing: every external row is a trip of the replayed file.
     external = load_taxi("external")
@@ -67,8 +76,7 @@ def test_demo_replay_ingests_no_held_out_row(demo_split, tmp_path):
     data_root = str(tmp_path / "data")
     with Ledger.open(str(tmp_path / "ledger.db"), create=True) as ledger:
         ledger.create_stream(demo.STREAM, epsilon=1.0, delta=1e-6)
-        # The demo's replay exactly (same input, column, window), run to exhaustion: a superset of what any
-        # demo run ingests (512 days, then 64 per RETRY, until the stream runs out).
+        # The demo's replay exactly (same input, column, window), run to exhaustion as the demo runs it.
         Replay(ledger, demo.STREAM, data_root, stream, demo.TIME_COLUMN, "1d").run()
         blocks = [b.id for b in ledger.blocks(demo.STREAM)]
     assert len(blocks) == 1095 and all(b < demo.HELD_OUT_FROM for b in blocks)
@@ -81,11 +89,31 @@ def test_demo_replay_ingests_no_held_out_row(demo_split, tmp_path):
     assert demo.row_key_set(ingested) == demo.row_key_set(demo.example_rows(stream, schema))
     assert not demo.row_key_set(ingested) & demo.row_key_set(held_rows)
     assert not _trip_keys(ingested) & _trip_keys(held_rows)
-    assert demo.held_out_overlap(data_root, demo.STREAM, blocks, held, ledger=db) == 0
-    # Positive control: the same check flags the external file (thousands of its rows were ingested).
+    # The demo's own check, with a positive control in one read of the blocks: the held-out trips plus 500
+    # stream rows passed off as held out count exactly those 500. The trip key flags the external file (it
+    # lacks the label column, so its full rows cannot match; thousands of its trips do).
+    posing = pa.concat_tables([held, stream.slice(0, 500)])
+    assert demo.held_out_overlap(data_root, demo.STREAM, blocks, posing, ledger=db) == 500
     external = _read_csv("external")
-    assert demo.held_out_overlap(data_root, demo.STREAM, blocks, external, ledger=db) > 9000
+    external = external.append_column("big_tipper", pa.nulls(external.num_rows, pa.int64()))
     assert len(_trip_keys(ingested) & _trip_keys(demo.example_rows(external, schema))) > 9000
+    # The first iteration's window (the newest ITERATOR["min_window"] blocks, as the iterator takes them on the
+    # fresh stream; daily blocks cut at midnight of the file's clock): the majority class misses the target there.
+    first_day = blocks[-demo.ITERATOR["min_window"]].split(".")[0]
+    start = datetime.datetime.fromisoformat(first_day).replace(tzinfo=datetime.timezone.utc).timestamp()
+    window = ingested.filter(pa.array(demo._column(ingested, demo.TIME_COLUMN) >= start))
+    assert window.num_rows == 6654
+    assert _majority_accuracy(demo._column(window, demo.LABEL)) < demo.DEFAULT_TARGET - 0.05
+
+
+def test_demo_target_is_above_the_majority_class(demo_split):
+    """A constant predictor does not meet the demo's accuracy target on the stream or on the held-out trips."""
+    stream, held = demo_split
+    assert demo.DEFAULT_TARGET == 0.8
+    for rows in (stream, held):
+        assert _majority_accuracy(rows.column(demo.LABEL).to_numpy(zero_copy_only=False)) < demo.DEFAULT_TARGET
+    held_majority = _majority_accuracy(held.column(demo.LABEL).to_numpy(zero_copy_only=False))
+    assert round(held_majority, 3) == 0.730  # the figure docs/running.md quotes
 
 
 def test_bench_dp_quality_test_rows_are_not_training_rows():
