@@ -202,3 +202,21 @@ def test_docs_name_no_unseen_external_trips():
         for claim in ("25,002", "10,000 other real trips", "10,000 more", "the demo never read",
                       "9,998 real trips"):
             assert claim not in text, f"{os.path.basename(page)} still says {claim!r}"
+
+
+def test_demo_baselines_read_payment_type_as_stored(demo_split):
+    """The demo's non-private baselines read rows as the blocks store them (strings as bytes): the credit-card
+    feature is set where the trip was paid by card, and logistic regression on it alone, fitted on the stream,
+    beats the majority class on the held-out trips."""
+    from sage_tfx.ingest.records import schema_of
+
+    stream, held = demo_split
+    schema = schema_of(stream.schema)
+    card = demo.paid_by_card(demo.example_rows(stream, schema))
+    np.testing.assert_array_equal(card, [p == "Credit Card" for p in stream.column("payment_type").to_pylist()])
+    labels = stream.column(demo.LABEL).to_numpy(zero_copy_only=False)
+    coef = demo.logistic_regression(card[:, None], labels)
+    held_card = demo.paid_by_card(demo.example_rows(held, schema))
+    held_labels = held.column(demo.LABEL).to_numpy(zero_copy_only=False)
+    accuracy = ((coef[0] * held_card + coef[1] >= 0.0) == held_labels).mean()
+    assert accuracy > _majority_accuracy(held_labels) + 0.05

@@ -249,6 +249,15 @@ def _column(example_batch, name):
     return np.array([v[0] if v else np.nan for v in example_batch.column(name).to_pylist()], dtype=float)
 
 
+def paid_by_card(example_batch):
+    """1.0 where the trip was paid by credit card, else 0.0 (the preprocessing_fn's ``credit_card``); list-column
+    strings are bytes, as the blocks store them."""
+    import numpy as np
+
+    return np.array([bool(v) and v[0] == b"Credit Card" for v in example_batch.column("payment_type").to_pylist()],
+                    dtype=float)
+
+
 def taxi_features(example_batch, hourly_speed=None):
     """(x, y, hourly_speed) of taxi_classification, computed in numpy WITHOUT privacy (for baselines only).
 
@@ -270,9 +279,7 @@ def taxi_features(example_batch, hourly_speed=None):
         sums = np.bincount(hour, weights=mph / pre.MAX_MPH, minlength=pre.HOURS)
         hourly_speed = np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
     fare = np.clip(np.nan_to_num(_column(example_batch, "fare"), nan=0.0), 0.0, pre.MAX_FARE)
-    payment = [v[0] if v else b"" for v in example_batch.column("payment_type").to_pylist()]  # bytes, as stored
-    credit_card = np.array([p == b"Credit Card" for p in payment], dtype=float)
-    x = np.column_stack([miles / pre.MAX_MILES, hourly_speed[hour], fare / pre.MAX_FARE, credit_card])
+    x = np.column_stack([miles / pre.MAX_MILES, hourly_speed[hour], fare / pre.MAX_FARE, paid_by_card(example_batch)])
     return x, np.nan_to_num(_column(example_batch, LABEL), nan=0.0), hourly_speed
 
 
