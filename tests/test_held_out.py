@@ -6,7 +6,8 @@
   Positive controls: the same comparison catches stream rows passed off as held out, and the trip key
   catches the tfx wheel's ``external`` file, which the demo used to score on although every one of its
   trips is a trip of the replayed file. The demo's accuracy target is above what the majority class reaches
-  on the window its first iteration tests and on the held-out trips.
+  on the window its first iteration tests and on the held-out trips; `sage demo` refuses a target outside
+  (0, 1) before it writes anything.
 - ``sage bench dp-quality`` (real trips): its test rows against its training rows.
 - ``sage bench validation`` and ``sage bench sample-complexity`` (GENERATED rows): every drawn row is tagged,
   and the held-out rows must be none of the rows any model is fitted or validated on.
@@ -220,3 +221,13 @@ def test_demo_baselines_read_payment_type_as_stored(demo_split):
     held_labels = held.column(demo.LABEL).to_numpy(zero_copy_only=False)
     accuracy = ((coef[0] * held_card + coef[1] >= 0.0) == held_labels).mean()
     assert accuracy > _majority_accuracy(held_labels) + 0.05
+
+
+def test_sage_demo_refuses_a_target_outside_0_1_before_touching_anything(tmp_path, capsys):
+    """`sage demo --target 500000` (the former MSE target) exits 2 naming the value, and writes nothing."""
+    from sage_tfx.cli import main
+
+    out, serving = tmp_path / "out", tmp_path / "serving"
+    assert main(["demo", "--target", "500000", "--out", str(out), "--serving-dir", str(serving)]) == 2
+    assert "accuracy target 500000.0" in capsys.readouterr().err
+    assert not out.exists() and not serving.exists()

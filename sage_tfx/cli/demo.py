@@ -1,4 +1,7 @@
 """`sage demo`: the README's main job (`make demo`)."""
+import sys
+
+from ._exits import EXIT_BAD_INPUT
 
 
 def add_parser(subparsers):
@@ -22,4 +25,10 @@ def _run(args):
     from sage_tfx.demos import end_to_end
 
     target = end_to_end.DEFAULT_TARGET if args.target is None else args.target
+    try:
+        end_to_end.check_target(target)
+    except ValueError as exc:
+        print(f"sage demo: {exc}; the demo's SLA is accuracy on the big-tipper label: pass --target in (0, 1), "
+              f"e.g. {end_to_end.DEFAULT_TARGET}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return end_to_end.run(args.out, args.serving_dir, target=target, runner=args.runner)

@@ -42,6 +42,13 @@ HELD_OUT_FROM = "2016-01-01"
 ITERATOR = {"epsilon_start": 0.5, "min_window": 512}
 
 
+def check_target(target: float) -> float:
+    """The accuracy target as a float; ValueError naming it when it lies outside (0, 1)."""
+    from sage_tfx import pipelines
+
+    return pipelines.load_pipeline(PIPELINE).check_target(target)
+
+
 def say(text=""):
     print(text, flush=True)
 
@@ -55,6 +62,8 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
     from sage_tfx.privacy.report import heatmap_png, status_table
     from sage_tfx.adaptive import SageIterator
 
+    definition = pipelines.load_pipeline(PIPELINE)
+    target = check_target(target)  # before any change
     started = time.monotonic()
     for path in (out_dir, serving_dir):
         if os.path.exists(path):
@@ -81,7 +90,6 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
         say(f"      [replay] {len(added)} new day(s) arrive with a fresh budget, up to {added[-1].block}")
         return True
 
-    definition = pipelines.load_pipeline(PIPELINE)
     work_dir = os.path.join(out_dir, "work")
     pipeline = build_runner(definition, db, STREAM, data_root, work_dir, target, serving_dir=serving_dir,
                             runner=runner, model="logistic")
