@@ -3,14 +3,18 @@
 - ``make demo`` (sage_tfx.demos.end_to_end, with ``sage_tfx.pipelines.scoring``'s helpers): the held-out trips (from HELD_OUT_FROM on) against the rows its
   replay ingests, replayed here on the real data and read back from the block files (full-row keys: the value
   hash that block digests sum), plus a coarser trip key (timestamp, seconds, miles, fare, census tracts).
-  A positive control shows the same comparison catches the tfx wheel's ``external`` file, which the demo
-  used to score on although every one of its rows is a row of the replayed file.
+  Positive controls: the same comparison catches stream rows passed off as held out, and the trip key
+  catches the tfx wheel's ``external`` file, which the demo used to score on although every one of its
+  trips is a trip of the replayed file. The demo's accuracy target is above what the majority class reaches
+  on the window its first iteration tests and on the held-out trips; `sage demo` refuses a target outside
+  (0, 1) before it writes anything.
 - ``sage bench dp-quality`` (real trips): its test rows against its training rows.
 - ``sage bench validation`` and ``sage bench sample-complexity`` (GENERATED rows): every drawn row is tagged,
   and the held-out rows must be none of the rows any model is fitted or validated on.
 No TensorFlow here.
 """
 import argparse
+import datetime
 import os
 
 import numpy as np
@@ -37,7 +41,13 @@ def _trip_keys(example_batch):
 
 @pytest.fixture(scope="module")
 def demo_split():
-    return demo.stream_and_held_out()
+    return demo.stream_and_held_out(data_file=demo.DATA_FILE)
+
+
+def _majority_accuracy(labels):
+    """Accuracy of the constant predictor that always says the more common class of ``labels`` (missing: 0)."""
+    rate = float(np.nan_to_num(np.asarray(labels, dtype=float)).mean())
+    return max(rate, 1.0 - rate)
 
 
 def test_demo_held_out_range_is_a_time_range_the_stream_never_holds(demo_split):
@@ -51,7 +61,7 @@ def test_demo_held_out_range_is_a_time_range_the_stream_never_holds(demo_split):
     stream_keys, held_keys = set(row_keys(stream)), set(row_keys(held))
     assert len(stream_keys) == stream.num_rows and len(held_keys) == held.num_rows
     assert not stream_keys & held_keys
-    assert stream_keys | held_keys == set(row_keys(load_taxi("simple")))
+    assert stream_keys | held_keys == set(row_keys(load_taxi("simple")))  # the demo's file: simple's trips, labelled
     assert not set(row_keys(stream, TRIP_KEY)) & set(row_keys(held, TRIP_KEY))
     # The old "held-out" set was no such thing: every external row is a trip of the replayed file.
     external = load_taxi("external")
@@ -68,8 +78,7 @@ def test_demo_replay_ingests_no_held_out_row(demo_split, tmp_path):
     data_root = str(tmp_path / "data")
     with Ledger.open(str(tmp_path / "ledger.db"), create=True) as ledger:
         ledger.create_stream(demo.STREAM, epsilon=1.0, delta=1e-6)
-        # The demo's replay exactly (same input, column, window), run to exhaustion: a superset of what any
-        # demo run ingests (512 days, then 64 per RETRY, until the stream runs out).
+        # The demo's replay exactly (same input, column, window), run to exhaustion as the demo runs it.
         Replay(ledger, demo.STREAM, data_root, stream, demo.TIME_COLUMN, "1d").run()
         blocks = [b.id for b in ledger.blocks(demo.STREAM)]
     assert len(blocks) == 1095 and all(b < demo.HELD_OUT_FROM for b in blocks)
@@ -79,14 +88,35 @@ def test_demo_replay_ingests_no_held_out_row(demo_split, tmp_path):
     held_rows = scoring.example_rows(held, schema)
     assert ingested.num_rows == stream.num_rows
     # The ingested rows are exactly the stream's rows, and none of the held-out rows.
-    assert scoring.row_key_set(ingested) == scoring.row_key_set(scoring.example_rows(stream, schema))
-    assert not scoring.row_key_set(ingested) & scoring.row_key_set(held_rows)
-    assert not _trip_keys(ingested) & _trip_keys(held_rows)
-    assert scoring.held_out_overlap(data_root, demo.STREAM, blocks, held, ledger=db) == 0
-    # Positive control: the same check flags the external file (thousands of its rows were ingested).
+    ingested_keys, ingested_trips = scoring.row_key_set(ingested), _trip_keys(ingested)
+    assert ingested_keys == scoring.row_key_set(scoring.example_rows(stream, schema))
+    assert not ingested_keys & scoring.row_key_set(held_rows)
+    assert not ingested_trips & _trip_keys(held_rows)
+    # The demo's own check, with a positive control in one read of the blocks: the held-out trips plus 500
+    # stream rows passed off as held out count exactly those 500. The trip key flags the external file (it
+    # lacks the label column, so its full rows cannot match; thousands of its trips do).
+    posing = pa.concat_tables([held, stream.slice(0, 500)])
+    assert scoring.held_out_overlap(data_root, demo.STREAM, blocks, posing, ledger=db) == 500
     external = _read_csv("external")
-    assert scoring.held_out_overlap(data_root, demo.STREAM, blocks, external, ledger=db) > 9000
-    assert len(_trip_keys(ingested) & _trip_keys(scoring.example_rows(external, schema))) > 9000
+    external = external.append_column("big_tipper", pa.nulls(external.num_rows, pa.int64()))
+    assert len(ingested_trips & _trip_keys(scoring.example_rows(external, schema))) > 9000
+    # The first iteration's window (the newest ITERATOR["min_window"] blocks, as the iterator takes them on the
+    # fresh stream; daily blocks cut at midnight of the file's clock): the majority class misses the target there.
+    first_day = blocks[-demo.ITERATOR["min_window"]].split(".")[0]
+    start = datetime.datetime.fromisoformat(first_day).replace(tzinfo=datetime.timezone.utc).timestamp()
+    window = ingested.filter(pa.array(demo._column(ingested, demo.TIME_COLUMN) >= start))
+    assert window.num_rows == 6654
+    assert _majority_accuracy(demo._column(window, demo.LABEL)) < demo.DEFAULT_TARGET - 0.05
+
+
+def test_demo_target_is_above_the_majority_class(demo_split):
+    """A constant predictor does not meet the demo's accuracy target on the stream or on the held-out trips."""
+    stream, held = demo_split
+    assert demo.DEFAULT_TARGET == 0.8
+    for rows in (stream, held):
+        assert _majority_accuracy(rows.column(demo.LABEL).to_numpy(zero_copy_only=False)) < demo.DEFAULT_TARGET
+    held_majority = _majority_accuracy(held.column(demo.LABEL).to_numpy(zero_copy_only=False))
+    assert round(held_majority, 3) == 0.730  # the figure docs/running.md quotes
 
 
 def test_bench_dp_quality_test_rows_are_not_training_rows():
@@ -174,3 +204,31 @@ def test_docs_name_no_unseen_external_trips():
         for claim in ("25,002", "10,000 other real trips", "10,000 more", "the demo never read",
                       "9,998 real trips"):
             assert claim not in text, f"{os.path.basename(page)} still says {claim!r}"
+
+
+def test_demo_baselines_read_payment_type_as_stored(demo_split):
+    """The demo's non-private baselines read rows as the blocks store them (strings as bytes): the credit-card
+    feature is set where the trip was paid by card, and logistic regression on it alone, fitted on the stream,
+    beats the majority class on the held-out trips."""
+    from sage_tfx.ingest.records import schema_of
+
+    stream, held = demo_split
+    schema = schema_of(stream.schema)
+    card = demo.paid_by_card(scoring.example_rows(stream, schema))
+    np.testing.assert_array_equal(card, [p == "Credit Card" for p in stream.column("payment_type").to_pylist()])
+    labels = stream.column(demo.LABEL).to_numpy(zero_copy_only=False)
+    coef = demo.logistic_regression(card[:, None], labels)
+    held_card = demo.paid_by_card(scoring.example_rows(held, schema))
+    held_labels = held.column(demo.LABEL).to_numpy(zero_copy_only=False)
+    accuracy = ((coef[0] * held_card + coef[1] >= 0.0) == held_labels).mean()
+    assert accuracy > _majority_accuracy(held_labels) + 0.05
+
+
+def test_sage_demo_refuses_a_target_outside_0_1_before_touching_anything(tmp_path, capsys):
+    """`sage demo --target 500000` (the former MSE target) exits 2 naming the value, and writes nothing."""
+    from sage_tfx.cli import main
+
+    out, serving = tmp_path / "out", tmp_path / "serving"
+    assert main(["demo", "--target", "500000", "--out", str(out), "--serving-dir", str(serving)]) == 2
+    assert "accuracy target 500000.0" in capsys.readouterr().err
+    assert not out.exists() and not serving.exists()

@@ -2,9 +2,8 @@
 
 Starting a TFX run imports ``tfx.components`` (TFX's input resolution reaches ``tfx.components.evaluator``'s
 constants), and that package's ``__init__`` imports every TFX component: the Tuner and InfraValidator bring
-Keras 3, the Kubernetes client, matplotlib and more, none of which a sage pipeline uses. That was about a third
-of the CPU a process spent importing what a TFX run needs (``sage bench startup``; docs/BENCHMARKS.md,
-"Start-up").
+Keras 3, the Kubernetes client, matplotlib and more, none of which a sage pipeline uses: about a tenth of the
+CPU a process spends importing what a TFX run needs (``sage bench startup``; docs/BENCHMARKS.md, "Start-up").
 
 ``defer(name)`` installs an import hook for package ``name``: importing the package or any of its submodules
 works as before, but the package's own ``__init__`` runs on the first access to an attribute it defines

@@ -1,19 +1,22 @@
 """The main job (`make demo`): privacy-adaptive training on the real Chicago taxi trips, end to end.
 
-1. The 15,002 real trips shipped in the tfx wheel are split by time: the trips that start before
-   HELD_OUT_FROM (2016-01-01, Chicago local time as the file writes it) are replayed as a growing
-   stream of daily blocks into an embedded SQLite ledger (one global guarantee: epsilon = 1,
-   delta = 1e-6); the trips from that day on (the file's last year) are held out and never replayed.
-2. taxi_regression (paper List. 1: BlockExampleGen -> DPTransform -> DPTrainer -> DPModelValidator
-   -> Pusher) runs under Sage's iterator: each RETRY doubles epsilon or the window of days, waiting
-   for new days to arrive, until the SLAed validator ACCEPTs with 95% confidence.
+1. The 15,002 real trips shipped in the tfx wheel (its ``big_tipper`` file: the trips with TFX's label, is the
+   tip more than 20% of the fare) are split by time: the trips that start before HELD_OUT_FROM (2016-01-01,
+   Chicago local time as the file writes it) are replayed, all at once, as a stream of daily blocks into an
+   embedded SQLite ledger (one global guarantee: epsilon = 1, delta = 1e-6); the trips from that day on (the
+   file's last year) are held out and never replayed.
+2. taxi_classification (BlockExampleGen -> DPTransform -> DPTrainer -> DPModelValidator -> Pusher) runs under
+   Sage's iterator: each RETRY doubles epsilon or the window of days (days the stream already holds), until
+   the SLAed validator ACCEPTs with 95% confidence that the model's accuracy is at least the target. The
+   target (0.8) is above what the majority class reaches on the window it tests (0.735 on the newest 512 days,
+   about 0.78 on 1,024) and on the held-out trips (0.730), so no constant predictor meets it.
 3. The ACCEPTed model is pushed to ``serving/``.
-4. The pushed model is loaded with plain TensorFlow and scored from raw features on the held-out
-   trips, beside two NON-PRIVATE baselines fitted, for comparison only, on exactly the rows the
-   ACCEPTed iteration trained on (the train split of its granted blocks, read as trusted code reads
-   them): least squares on the same features with exact hourly speeds, and the mean label. The demo
-   checks that no held-out trip is a row of any ingested block. (The tfx wheel's ``external`` test
-   file is no held-out set: each of its rows is also a row of the replayed file.)
+4. The pushed model is loaded with plain TensorFlow and scored from raw features on the held-out trips,
+   beside two NON-PRIVATE baselines fitted, for comparison only, on exactly the rows the ACCEPTed iteration
+   trained on (the train split of its granted blocks, read as trusted code reads them): logistic regression
+   on the same features with exact hourly speeds, and the majority class. The demo checks that no held-out
+   trip is a row of any ingested block. (The tfx wheel's ``external`` test file is no held-out set: each of
+   its rows is also a row of the replayed file.)
 5. The ledger summary, the audit and the budget heat-map PNG close the run.
 """
 import json
@@ -23,24 +26,36 @@ import time
 
 from sage_tfx.pipelines.scoring import example_rows, held_out_overlap, pushed_models, training_rows
 
-DEFAULT_TARGET = 500_000.0  # MSE, seconds^2 (RMSE ~12 min), squared errors clipped at (30 min)^2
+PIPELINE = "taxi_classification"
+DEFAULT_TARGET = 0.8  # accuracy on the big-tipper label; the majority class reaches 0.735-0.78 on the stream
+DATA_FILE = "big_tipper"  # the shipped taxi file the stream and the held-out trips come from
+LABEL = "big_tipper"
+MODEL_COLUMNS = ("trip_miles", "trip_seconds", "trip_start_hour", "fare", "payment_type")  # what the model reads
 STREAM = "taxi"
 TIME_COLUMN = "trip_start_timestamp"
 # Trips from this day on are the held-out range: never replayed. The stream before it has 1,095 days.
 HELD_OUT_FROM = "2016-01-01"
-# The iterator's schedule on that stream: the first iteration takes the newest 512 blocks at epsilon 0.5; a
-# RETRY cannot double epsilon on blocks that spent half their budget, so it doubles the window to 1,024 blocks
-# (the 512 again and 512 new days), which the 1,095 days can still give. (taxi_regression's own defaults,
-# epsilon 0.25 on 256 blocks, reach a window of 1,024 blocks only at iteration 4, after the newest 256
-# blocks are spent: that needs 1,280 days, more than the stream holds once its last year is held out.)
+# The iterator's schedule on that stream (all 1,095 days replayed first): the first iteration takes the newest
+# 512 blocks (2014-08-07 .. 2015-12-31, the days nearest the held-out year; the majority class reaches 0.735 there)
+# at epsilon 0.5; a RETRY cannot double epsilon on blocks that spent half their budget, so it doubles the window
+# to 1,024 blocks (the 512 again and 512 older days, majority about 0.78). (The pipeline's own defaults, epsilon
+# 0.25 on 256 blocks, reach a window of 1,024 blocks only at iteration 4, after the newest 256 blocks are
+# spent: that needs 1,280 days, more than the stream holds once its last year is held out.)
 ITERATOR = {"epsilon_start": 0.5, "min_window": 512}
+
+
+def check_target(target: float) -> float:
+    """The accuracy target as a float; ValueError naming it when it lies outside (0, 1)."""
+    from sage_tfx import pipelines
+
+    return pipelines.load_pipeline(PIPELINE).check_target(target)
 
 
 def say(text=""):
     print(text, flush=True)
 
 
-def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initial_days=512, days_per_step=64,
+def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initial_days=None, days_per_step=64,
         runner="local", max_iterations=8):
     from sage_tfx import pipelines
     from sage_tfx.cli.run import build_runner
@@ -49,6 +64,8 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
     from sage_tfx.privacy.report import heatmap_png, status_table
     from sage_tfx.adaptive import SageIterator
 
+    definition = pipelines.load_pipeline(PIPELINE)
+    target = check_target(target)  # before any change
     started = time.monotonic()
     for path in (out_dir, serving_dir):
         if os.path.exists(path):
@@ -59,11 +76,11 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
     ledger.create_stream(STREAM, epsilon=1.0, delta=1e-6, accounting="basic", policy="conserve")
     say(f"[1/5] ledger {db}: stream {STREAM!r}, one global guarantee (epsilon=1, delta=1e-6) for every release")
 
-    stream_rows, held_out = stream_and_held_out()
+    stream_rows, held_out = stream_and_held_out(data_file=DATA_FILE)
     replay = Replay(ledger, STREAM, data_root, stream_rows, TIME_COLUMN, "1d")
     steps = replay.run(steps=initial_days)
     say(f"[2/5] replaying the real taxi trips (tfx wheel) before {HELD_OUT_FROM} ({stream_rows.num_rows:,} trips) "
-        f"as daily blocks: {len(steps)} days so far ({steps[0].block} .. {steps[-1].block}), "
+        f"as daily blocks: {len(steps):,} days ({steps[0].block} .. {steps[-1].block}), "
         f"{replay.remaining} still to come; the {held_out.num_rows:,} trips from {HELD_OUT_FROM} on are held out "
         "and never replayed")
 
@@ -75,19 +92,19 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
         say(f"      [replay] {len(added)} new day(s) arrive with a fresh budget, up to {added[-1].block}")
         return True
 
-    definition = pipelines.load_pipeline("taxi_regression")
     work_dir = os.path.join(out_dir, "work")
     pipeline = build_runner(definition, db, STREAM, data_root, work_dir, target, serving_dir=serving_dir,
-                            runner=runner, model="linear")
-    say(f"[3/5] taxi_regression until ACCEPT: MSE target {target:,.0f} s^2 (clipped at (30 min)^2), "
+                            runner=runner, model="logistic")
+    say(f"[3/5] {PIPELINE} until ACCEPT: is the tip more than 20% of the fare? accuracy target {target:g}, "
         "confidence 0.95; one TFX run per iteration")
-    iterator = SageIterator(ledger, STREAM, "taxi_regression", pipeline.run_iteration, eta=0.05,
+    iterator = SageIterator(ledger, STREAM, PIPELINE, pipeline.run_iteration, eta=0.05,
                             max_iterations=max_iterations, wait_for_blocks=wait_for_blocks,
                             progress=lambda line: say("      " + line), request=pipeline.request(),
                             **{**definition.defaults, **ITERATOR})
     result = iterator.run()
     say(f"      -> {result.outcome} after {len(result.iterations)} iteration(s); target {target:g}, bound "
-        f"{'none' if result.bound is None else format(result.bound, '.6g')}")
+        f"{'none' if result.bound is None else format(result.bound, '.4f')} (the validator's lower bound on "
+        "the accuracy)")
 
     pushed = _pushed_model(serving_dir)
     if result.outcome == "ACCEPT":
@@ -98,27 +115,11 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
         if overlap:
             raise RuntimeError(f"{overlap} held-out trip(s) are rows of ingested blocks: the held-out set is not "
                                "held out")
-        summary = held_out_scores(pushed, definition.sla.loss_bound, data_root, grant, held_out, ledger=ledger)
+        summary = held_out_scores(pushed, data_root, grant, held_out, ledger=ledger)
         summary.update({"held_out_from": HELD_OUT_FROM, "stream_trips": stream_rows.num_rows,
                         "days_replayed": len(ledger.blocks(STREAM)), "outcome": result.outcome,
-                        "iterations": len(result.iterations), "target": target})
-        n, rows, blocks = summary["held_out_trips"], summary["baseline_rows"], len(grant.blocks)
-        say(f"      held-out: {n:,} trips ({HELD_OUT_FROM} .. the file's end); none is a row of the "
-            f"{summary['days_replayed']:,} ingested blocks (checked)")
-        say(f"      baselines, NOT PRIVATE (for comparison only): fitted on the {rows:,} train-split rows of "
-            f"the ACCEPTed grant's {blocks:,} blocks")
-        say(f"      {'predictor':<44}{'MSE (s^2)':>12}{'RMSE (s)':>10}{'clipped MSE (s^2)':>19}")
-        for key, label in (("dp_model", "pushed DP model (AdaSSP, the ACCEPTed one)"),
-                           ("nonprivate_least_squares", "least squares, NOT private"),
-                           ("mean_predictor", "mean label, NOT private")):
-            mse, clipped, se = (summary[key][k] for k in ("mse", "clipped_mse", "clipped_mse_se"))
-            say(f"      {label:<44}{mse:>12,.0f}{mse ** 0.5:>10,.0f}{clipped:>12,.0f} +- {se:,.0f}")
-        clipped = summary["dp_model"]["clipped_mse"]
-        verdict = "meets" if clipped <= target else "MISSES"
-        say(f"      (+- one standard error over the held-out trips) the DP model's held-out clipped MSE "
-            f"{verdict} the target {target:,.0f}")
-        if summary["mean_predictor"]["clipped_mse"] <= target:
-            say("      note: the mean label meets this target too, so the SLA certifies little on this small stream")
+                        "iterations": len(result.iterations), "target": target, "bound": result.bound})
+        _print_held_out(summary, target, len(grant.blocks))
         with open(os.path.join(out_dir, "held_out.json"), "w") as f:
             json.dump(summary, f, indent=1, sort_keys=True)
     else:
@@ -139,13 +140,35 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
     return 0 if ok else 1
 
 
+def _print_held_out(summary, target, blocks):
+    """The held-out table: the DP model and the two non-private baselines, each against the target."""
+    n, rows = summary["held_out_trips"], summary["baseline_rows"]
+    say(f"      held-out: {n:,} trips ({HELD_OUT_FROM} .. the file's end; big-tipper rate "
+        f"{summary['held_out_big_tipper_rate']:.3f}); none is a row of the {summary['days_replayed']:,} ingested "
+        "blocks (checked)")
+    say(f"      baselines, NOT PRIVATE (for comparison only): fitted on the {rows:,} train-split rows of "
+        f"the ACCEPTed grant's {blocks:,} blocks")
+    say(f"      {'predictor':<52}{'held-out accuracy':>20}   vs the target {target:g}")
+    majority = "always 'big tipper'" if summary["majority_class"] else "never a big tipper"
+    for key, label in (("dp_model", "pushed DP model (DP-SGD logistic, the ACCEPTed one)"),
+                       ("nonprivate_logistic_regression", "logistic regression, NOT private"),
+                       ("majority_predictor", f"majority class ({majority}), NOT private")):
+        accuracy, se = summary[key]["accuracy"], summary[key]["accuracy_se"]
+        verdict = "meets" if accuracy >= target else "MISSES"
+        say(f"      {label:<52}{accuracy:>12.3f} +- {se:.3f}   {verdict}")
+    say(f"      (+- one standard error over the held-out trips) the certificate: accuracy >= {target:g} at 95% "
+        f"confidence; the majority class reaches {summary['majority_predictor']['accuracy']:.3f} on the held-out "
+        "trips, so it does not meet the target")
+
+
 def _pushed_model(serving_dir):
     models = pushed_models(serving_dir)
     return models[-1] if models else None
 
 
-def stream_and_held_out(held_out_from=HELD_OUT_FROM):
-    """(stream rows, held-out rows): the ``simple`` trips read as ``Replay.from_file`` reads a file, split by time.
+def stream_and_held_out(held_out_from=HELD_OUT_FROM, data_file="simple"):
+    """(stream rows, held-out rows): a shipped taxi file's trips (``data_file``: ``simple``, or ``big_tipper``, the
+    same trips with TFX's label) read as ``Replay.from_file`` reads a file, split by time.
 
     Trips that start before ``held_out_from`` (an ISO day; midnight of the file's clock, the same clock the
     daily blocks are cut by) are the stream; the trips from that day on are held out.
@@ -158,7 +181,7 @@ def stream_and_held_out(held_out_from=HELD_OUT_FROM):
     from sage_tfx.data.taxi import taxi_csv_path
     from sage_tfx.ingest.records import infer_schema, input_format, read_batches
 
-    path = taxi_csv_path("simple")
+    path = taxi_csv_path(data_file)
     fmt = input_format(path)
     table = pa.Table.from_batches(list(read_batches(path, fmt, infer_schema(path, fmt))))
     day = _dt.date.fromisoformat(held_out_from)
@@ -177,13 +200,22 @@ def _column(example_batch, name):
     return np.array([v[0] if v else np.nan for v in example_batch.column(name).to_pylist()], dtype=float)
 
 
-def taxi_features(example_batch, hourly_speed=None):
-    """(x, y, hourly_speed) of taxi_regression, computed in numpy WITHOUT privacy (for baselines only).
+def paid_by_card(example_batch):
+    """1.0 where the trip was paid by credit card, else 0.0 (the preprocessing_fn's ``credit_card``); list-column
+    strings are bytes, as the blocks store them."""
+    import numpy as np
 
-    The features of the pipeline's preprocessing_fn and trainer (dist_scaled, hour_of_day_speed,
-    expected_hours) with the same public constants and fill values, but with the EXACT mean speed of each
-    hour (fitted here when ``hourly_speed`` is None) in place of the DP one; y is trip_seconds clipped to
-    [0, 1 h], the training label.
+    return np.array([bool(v) and v[0] == b"Credit Card" for v in example_batch.column("payment_type").to_pylist()],
+                    dtype=float)
+
+
+def taxi_features(example_batch, hourly_speed=None):
+    """(x, y, hourly_speed) of taxi_classification, computed in numpy WITHOUT privacy (for baselines only).
+
+    The trainer's features (dist_scaled, hour_of_day_speed, fare_scaled, credit_card) with the pipeline's
+    public constants and fill values, but with the EXACT mean speed of each hour (fitted here when
+    ``hourly_speed`` is None) in place of the DP one; y is the 0/1 ``big_tipper`` label (missing: 0, as the
+    preprocessing_fn fills it).
     """
     import numpy as np
 
@@ -197,26 +229,39 @@ def taxi_features(example_batch, hourly_speed=None):
         counts = np.bincount(hour, minlength=pre.HOURS)
         sums = np.bincount(hour, weights=mph / pre.MAX_MPH, minlength=pre.HOURS)
         hourly_speed = np.where(counts > 0, sums / np.maximum(counts, 1), 0.0)
-    speed = hourly_speed[hour]
-    hourly_mph = np.maximum(speed * pre.MAX_MPH, pre.MIN_MPH)
-    x = np.column_stack([miles / pre.MAX_MILES, speed, np.minimum(miles / hourly_mph, 1.0)])
-    return x, np.clip(seconds, 0.0, pre.MAX_SECONDS), hourly_speed
+    fare = np.clip(np.nan_to_num(_column(example_batch, "fare"), nan=0.0), 0.0, pre.MAX_FARE)
+    x = np.column_stack([miles / pre.MAX_MILES, hourly_speed[hour], fare / pre.MAX_FARE, paid_by_card(example_batch)])
+    return x, np.nan_to_num(_column(example_batch, LABEL), nan=0.0), hourly_speed
 
 
-def _errors(pred, labels, loss_bound):
+def logistic_regression(x, y, iterations=50, ridge=1e-6):
+    """Coefficients (features..., intercept) of a NON-PRIVATE logistic regression fitted by Newton's method."""
     import numpy as np
 
-    errors = (pred - labels) ** 2
-    clipped = np.minimum(errors, loss_bound)
-    return {"mse": float(errors.mean()), "clipped_mse": float(clipped.mean()),
-            "clipped_mse_se": float(clipped.std(ddof=1) / np.sqrt(len(clipped)))}
+    design = np.column_stack([x, np.ones(len(x))])
+    coef = np.zeros(design.shape[1])
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(-(design @ coef)))
+        hessian = design.T @ (design * (p * (1.0 - p))[:, None]) + ridge * np.eye(len(coef))
+        step = np.linalg.solve(hessian, design.T @ (y - p) - ridge * coef)
+        coef += step
+        if np.abs(step).max() < 1e-10:
+            break
+    return coef
 
 
-def held_out_scores(model_dir, loss_bound, data_root, grant, held_out, stream=STREAM, *, ledger):
-    """Held-out MSE (and MSE with squared errors clipped at ``loss_bound``) of the pushed model and of two
-    NON-PRIVATE baselines fitted on the train split of ``grant``'s blocks: least squares on the same features
-    (exact hourly speeds) and the mean training label. Labels are the raw trip_seconds (trips without one are
-    left out). The pushed model is served raw tf.Examples with the stream's public schema.
+def _accuracy(predicted, labels):
+    import numpy as np
+
+    correct = (predicted == labels).astype(float)
+    return {"accuracy": float(correct.mean()), "accuracy_se": float(correct.std(ddof=1) / np.sqrt(len(correct)))}
+
+
+def held_out_scores(model_dir, data_root, grant, held_out, stream=STREAM, *, ledger):
+    """Held-out accuracy on the big-tipper label of the pushed model (P(big tipper) >= 0.5, as the validator
+    scores it) and of two NON-PRIVATE baselines fitted on the train split of ``grant``'s blocks: logistic
+    regression on the same features (exact hourly speeds) and the majority class of the training labels.
+    The pushed model is served raw tf.Examples with the stream's public schema.
     """
     import numpy as np
     import tensorflow as tf
@@ -226,29 +271,25 @@ def held_out_scores(model_dir, loss_bound, data_root, grant, held_out, stream=ST
 
     schema = stream_config(data_root, stream)["schema"]
     rows = example_rows(held_out, schema)
-    labels = _column(rows, "trip_seconds")
-    keep = np.isfinite(labels)
-
     serve = tf.saved_model.load(model_dir).signatures["serving_default"]
-    used = ("trip_miles", "trip_seconds", "trip_start_hour", "fare", "payment_type")  # what the model reads
-    raw = held_out.select([k for k in schema if k in used])
-    predictions = []
+    raw = held_out.select([k for k in schema if k in MODEL_COLUMNS])
+    scores = []
     for batch in raw.to_batches(max_chunksize=2048):
         out = serve(examples=tf.constant(list(encode(batch, {k: schema[k] for k in raw.column_names}))))
-        predictions.append(np.asarray(next(iter(out.values()))).reshape(-1))
-    dp_pred = np.concatenate(predictions)
+        scores.append(np.asarray(out["probabilities"]).reshape(-1))
+    dp_pred = (np.concatenate(scores) >= 0.5).astype(float)
 
     train = training_rows(data_root, stream, grant, ledger=ledger,
-                          purpose="non-private baseline: least squares on the accepted model's training split")
+                          purpose="non-private baseline: logistic regression on the accepted model's training split")
     x, y, hourly = taxi_features(train)
-    design = np.column_stack([x, np.ones(len(x))])
-    coef, *_ = np.linalg.lstsq(design, y, rcond=None)
-    held_x, _, _ = taxi_features(rows, hourly)
-    ls_pred = np.column_stack([held_x, np.ones(len(held_x))]) @ coef
-    mean_pred = np.full(len(labels), y.mean())
+    coef = logistic_regression(x, y)
+    held_x, labels, _ = taxi_features(rows, hourly)
+    lr_pred = (np.column_stack([held_x, np.ones(len(held_x))]) @ coef >= 0.0).astype(float)
+    majority = float(y.mean() >= 0.5)
     return {
-        "held_out_trips": int(keep.sum()), "baseline_rows": int(len(y)), "grant_blocks": len(grant.blocks),
-        "dp_model": _errors(dp_pred[keep], labels[keep], loss_bound),
-        "nonprivate_least_squares": _errors(ls_pred[keep], labels[keep], loss_bound),
-        "mean_predictor": _errors(mean_pred[keep], labels[keep], loss_bound),
+        "held_out_trips": int(len(labels)), "held_out_big_tipper_rate": float(labels.mean()),
+        "baseline_rows": int(len(y)), "grant_blocks": len(grant.blocks), "majority_class": int(majority),
+        "dp_model": _accuracy(dp_pred, labels),
+        "nonprivate_logistic_regression": _accuracy(lr_pred, labels),
+        "majority_predictor": _accuracy(np.full(len(labels), majority), labels),
     }
