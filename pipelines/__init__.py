@@ -44,7 +44,7 @@ def load_pipeline(spec: str) -> SagePipeline:
                                       "a pipeline file or a dotted module path")
     if spec in BUILTIN:
         module, where = importlib.import_module(BUILTIN[spec]), spec
-    elif spec.endswith(".py") or os.sep in spec or os.path.exists(spec):
+    elif is_pipeline_file(spec):
         module, where = _import_file(spec), spec
     else:
         module, where = _import_module(spec), spec
@@ -56,6 +56,12 @@ def load_pipeline(spec: str) -> SagePipeline:
     except PipelineDefinitionError as exc:
         raise PipelineDefinitionError(f"{exc} (defined in {getattr(module, '__file__', where)})") from None
     return pipeline
+
+
+def is_pipeline_file(spec: str) -> bool:
+    """Whether ``load_pipeline`` reads ``spec`` as a pipeline file: not a built-in name, and a ``.py`` name, a path
+    or an existing file (else it is a dotted module path)."""
+    return spec not in BUILTIN and (spec.endswith(".py") or os.sep in spec or os.path.exists(spec))
 
 
 def _import_file(path):

@@ -31,7 +31,7 @@ import tempfile
 from multiprocessing.connection import Connection
 
 from sage_tfx.isolation import Confinement, confine_from_environment, landlock_abi, spawn
-from sage_tfx.pipelines import BUILTIN, load_pipeline
+from sage_tfx.pipelines import BUILTIN, is_pipeline_file, load_pipeline
 from sage_tfx.pipelines.definition import SLA, PipelineDefinitionError, SagePipeline
 
 CHILD_MODULE = "sage_tfx.pipelines.confined"
@@ -43,7 +43,7 @@ def describe(spec: str, secrets=()) -> SagePipeline:
     built-in; PipelineDefinitionError with the loader's message (file, line) if it cannot be loaded."""
     if not isinstance(spec, str) or not spec or spec in BUILTIN:
         return load_pipeline(spec)
-    is_file = _is_file(spec)
+    is_file = is_pipeline_file(spec)
     if is_file and not os.path.isfile(spec):
         return load_pipeline(spec)  # its own message, and no child for a missing file
     spec = normalized(spec)
@@ -62,13 +62,9 @@ def describe(spec: str, secrets=()) -> SagePipeline:
     return pipeline
 
 
-def _is_file(spec: str) -> bool:
-    return spec.endswith(".py") or os.sep in spec or os.path.exists(spec)
-
-
 def normalized(spec: str) -> str:
     """``spec`` as a child loads it: a pipeline file's absolute path (the child runs in another folder)."""
-    return os.path.abspath(spec) if spec not in BUILTIN and _is_file(spec) else spec
+    return os.path.abspath(spec) if is_pipeline_file(spec) else spec
 
 
 def confined_execute(spec: str, definition: SagePipeline, config, secrets=(), check: bool = False):
