@@ -144,7 +144,7 @@ def test_fn_args_carry_the_grant_share_and_a_dp_count(world, tmp_path):
     dp_count, _ = released_record_count(world["db"], world["grant"])
     assert seen["num_examples"] == round(dp_count * 0.9)
     exact = sum(world["ledger"].private_row_count("taxi", b) for b in world["grant"].blocks)
-    assert seen["num_examples"] != round(exact * 0.9) or abs(dp_count - exact) < 0.5
+    assert dp_count != exact  # the released count carries noise (a continuous draw: equal with probability 0)
     assert seen["grant_id"] == world["grant"].id and seen["custom_config"] == {"x": 1}
     assert seen["has_data_accessor"] and seen["transform_graph_path"] is None
     assert seen["train_files"] == [os.path.join(world["examples"].uri, "Split-train", "*")]
