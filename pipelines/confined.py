@@ -11,6 +11,8 @@ The launcher (``sage run``) holds the ledger, its key and the iterator; it never
   again, builds the iteration's TFX pipeline with ``ledger`` = the grant server's ``ADDRESS`` and runs it
   (``run_built``); the launcher serves it the iteration's grant (``components._grant_server.GrantServer``) and
   reads the outcome from MLMD afterwards, as before.
+* ``score_outputs(model_dir, ...)``: ``sage score`` runs the pushed model (a graph user code built) on hold-out
+  rows in a child that reads only the model and the rows.
 
 The child (``python -m sage_tfx.pipelines.confined``, ``sage_tfx.isolation.spawn``) has no key file path, no
 secret in its environment, no ledger handle; under Landlock it reads only the system, Python and sage-tfx, the
@@ -26,6 +28,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 from multiprocessing.connection import Connection
@@ -152,9 +155,37 @@ def check_confinement(confinement: Confinement, secrets) -> None:
                              "give other folders)")
 
 
-def run_child(job: dict, confinement: Confinement, location=None, grant=None) -> dict:
+def score_outputs(model_dir: str, held: list, train: list, *, label: str,
+                  label_signature: str | None = None) -> dict:
+    """A pushed model run on serialized tf.Examples in a confined child, so a user-trained graph never runs
+    beside the key: ``held_labels`` / ``train_labels`` (its ``label_signature`` outputs, one per record, when
+    set), then ``raw_labels`` and ``outputs`` of ``model_outputs`` over the held records (those with a finite
+    signature label). The child reads only the model and the records, opens no TCP connection and writes only a
+    private folder removed afterwards; its stdout and stderr are discarded. ValueError with the child's message
+    if the model cannot be served."""
+    import base64
+
+    folder = tempfile.mkdtemp(prefix="sage-score-")
+    try:
+        path = os.path.join(folder, "records.json")
+        with open(path, "w") as f:
+            json.dump({name: [base64.b64encode(r).decode("ascii") for r in records]
+                       for name, records in (("held", held), ("train", train))}, f)
+        confinement = Confinement(read=[os.path.abspath(model_dir), folder], network=False)
+        job = {"mode": "score", "model_dir": os.path.abspath(model_dir), "records": path, "label": label,
+               "label_signature": label_signature}
+        result = run_child(job, confinement, output=subprocess.DEVNULL)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if result.get("status") != "ok":
+        raise ValueError(str(result.get("message") or f"the model at {model_dir} could not be served"))
+    return result
+
+
+def run_child(job: dict, confinement: Confinement, location=None, grant=None, output=None) -> dict:
     """Run one confined child on ``job``, serving it (``GrantServer``) until it ends; its result message, or an
-    environment error's result if it ended without one (killed, crashed)."""
+    environment error's result if it ended without one (killed, crashed). ``output``: the child's stdout and
+    stderr (e.g. ``subprocess.DEVNULL``; default: the launcher's)."""
     from sage_tfx.components._grant_channel import FD_ENV
     from sage_tfx.components._grant_server import GrantServer
 
@@ -162,8 +193,9 @@ def run_child(job: dict, confinement: Confinement, location=None, grant=None) ->
     confinement = dataclasses.replace(confinement, write=[*confinement.write, private_tmp])
     ours, theirs = socket.socketpair()
     try:
+        streams = {} if output is None else {"stdout": output, "stderr": output}
         child = spawn(CHILD_MODULE, [], confinement, private_tmp, pass_fds=[theirs.fileno()],
-                      env={FD_ENV: str(theirs.fileno())})
+                      env={FD_ENV: str(theirs.fileno())}, **streams)
         theirs.close()
         connection = Connection(ours.detach())
         try:
@@ -206,13 +238,42 @@ def _iterate(job: dict) -> None:
               job["iteration"])
 
 
+def _score(job: dict) -> dict:
+    """The child's side of ``score_outputs``: JSON-ready lists (non-numeric outputs left out)."""
+    import base64
+
+    import numpy as np
+
+    from sage_tfx.components.dp_model_validator_executor import ServingModel, model_outputs
+
+    with open(job["records"]) as f:
+        records = {name: [base64.b64decode(r) for r in items] for name, items in json.load(f).items()}
+    model, signature, label = ServingModel(job["model_dir"]), job["label_signature"], job["label"]
+    held, result = records["held"], {"status": "ok"}
+    if signature:
+        for name in ("held", "train"):
+            found = model.labels(records[name], signature, label) if records[name] else np.zeros(0)
+            result[f"{name}_labels"] = found.tolist()
+        held = [r for r, y in zip(held, result["held_labels"]) if np.isfinite(y)]
+    raw_labels, outputs = model_outputs(model, held, label, signature)
+    result["raw_labels"] = np.asarray(raw_labels, dtype=np.float64).tolist()
+    result["outputs"] = {}
+    for key, values in outputs.items():
+        try:
+            result["outputs"][key] = np.asarray(values, dtype=np.float64).tolist()
+        except (TypeError, ValueError):
+            continue  # a string output (class names): no metric reads it
+    return result
+
+
 def _failure(exc: BaseException, job: dict) -> dict:
     """The child's error as the launcher may see it: classified here, its public parts only (the whole error
     with its traceback for a ``--check`` run, on generated rows)."""
     from sage_tfx.privacy.errors import environment_error_text, is_environment_error, public_error_text
 
-    if job.get("mode") == "describe":
-        message = str(exc) if isinstance(exc, PipelineDefinitionError) else f"{type(exc).__name__}: {exc}"
+    if job.get("mode") in ("describe", "score"):
+        message = str(exc) if isinstance(exc, (PipelineDefinitionError, ValueError)) else \
+            f"{type(exc).__name__}: {exc}"
         return {"status": "error", "message": message}
     environment = is_environment_error(exc)
     result = {"status": "error", "public": public_error_text(exc), "environment": environment,
@@ -237,6 +298,8 @@ def main() -> None:
     try:
         if job.get("mode") == "describe":
             result = {"status": "ok", "pipeline": _fields(load_pipeline(job["spec"]))}
+        elif job.get("mode") == "score":
+            result = _score(job)
         else:
             _iterate(job)
             result = {"status": "ok"}

@@ -14,6 +14,12 @@ stream, the baselines the grant's blocks), so each read leaves a ``trusted_read`
 the ledger's audit log (``Ledger.trusted_reads``, ``sage ledger audit``). Nothing is charged. The helpers it
 is built from (``block_rows``, ``training_rows``, ``held_out_overlap``, ``accepted_model``) are public for
 scripts that score in their own way (examples/*/score_held_out.py, ``make demo``).
+
+User code never runs beside the key here: a pipeline file is described by a confined child
+(``confined.describe``), and the pushed model (a graph user code built) is run in another
+(``confined.score_outputs``) that reads only the model and the rows it is given, opens no TCP connection and
+keeps nothing: the labelled hold-out rows, plus the training rows when the SLA's ``label_signature`` derives
+their labels for the baselines.
 """
 from __future__ import annotations
 
@@ -286,9 +292,13 @@ def score_model(ledger, stream: str, pipeline, held_out: str, *, data_root: str,
     baselines' rows).
     """
     from sage_tfx.ingest.store import stream_config
-    from sage_tfx.pipelines import SagePipeline, load_pipeline
+    from sage_tfx.pipelines import SagePipeline
+    from sage_tfx.pipelines.confined import describe, ledger_secrets
 
-    definition = pipeline if isinstance(pipeline, SagePipeline) else load_pipeline(pipeline)
+    if isinstance(pipeline, SagePipeline):
+        definition = pipeline
+    else:  # a user's pipeline file is loaded in a confined child, never beside the key
+        definition = describe(pipeline, [] if isinstance(ledger, Ledger) else ledger_secrets(ledger))
     sla, name = definition.sla, name or definition.name
     if sla.metric not in REGRESSION_METRICS + CLASSIFICATION_METRICS:
         raise ScoreError(f"SLA metric {sla.metric!r}: sage score reports mse, mae, accuracy and log_loss")
@@ -310,10 +320,10 @@ def score_model(ledger, stream: str, pipeline, held_out: str, *, data_root: str,
 
 
 def _score(ledger, stream, definition, name, held, held_path, data_root, serving_dir, features):
-    from sage_tfx.components.dp_model_validator_executor import ServingModel, model_outputs, per_example_values
     import pyarrow as pa
 
-    from sage_tfx.ingest.records import encode
+    from sage_tfx.components.dp_model_validator_executor import per_example_values
+    from sage_tfx.pipelines.confined import score_outputs
 
     sla = definition.sla
     grant, model_dir = accepted_model(ledger, stream, name, serving_dir)
@@ -328,32 +338,36 @@ def _score(ledger, stream, definition, name, held, held_path, data_root, serving
                           purpose=f"{TRUSTED_PURPOSE}: non-private baselines on the training split of ACCEPTed "
                                   f"grant {grant.id}")
     schema = _schema(data_root, stream)
-    model = ServingModel(model_dir)
+    records = {"held": _encoded(held, schema), "train": _encoded(train, schema)}
+    if sla.label_signature:  # the model derives the labels: it sees the held-out and the training rows
+        served = score_outputs(model_dir, records["held"], records["train"], label=sla.label,
+                               label_signature=sla.label_signature)
+    else:
+        served = {"held_labels": scalar_column(held, sla.label), "train_labels": scalar_column(train, sla.label)}
 
-    def labelled(batch):
+    def labelled(name, batch):
         """(records with a label, their labels as the SLA derives them, the rows kept)."""
-        records = list(encode(batch, schema)) if batch.num_rows else []
-        if sla.label_signature:
-            labels = model.labels(records, sla.label_signature, sla.label) if records else np.zeros(0)
-        else:
-            labels = scalar_column(batch, sla.label)
+        labels = np.asarray(served[f"{name}_labels"], dtype=float)
         keep = np.isfinite(labels)
         labels = labels[keep]
         if sla.label_threshold is not None:
             labels = (labels > sla.label_threshold).astype(float)
-        return [r for r, k in zip(records, keep) if k], labels, batch.filter(pa.array(keep))
+        return [r for r, k in zip(records[name], keep) if k], labels, batch.filter(pa.array(keep))
 
-    held_records, y_held, held_rows = labelled(held)
+    held_records, y_held, held_rows = labelled("held", held)
     if not len(y_held):
         raise ScoreError(f"no row of the hold-out {held_path} has the label {sla.label!r}")
-    raw_labels, outputs = model_outputs(model, held_records, sla.label, sla.label_signature)
+    if not sla.label_signature:  # only the labelled hold-out rows go to the model: none of the stream's
+        served.update(score_outputs(model_dir, held_records, [], label=sla.label))
+    raw_labels = np.asarray(served["raw_labels"], dtype=float)
+    outputs = {key: np.asarray(values, dtype=float) for key, values in served["outputs"].items()}
     if len(raw_labels) != len(y_held):
         raise ScoreError(f"the pushed model skipped {len(y_held) - len(raw_labels)} hold-out row(s) lacking a "
                          "feature its signature reads: drop them from the hold-out")
     target = (grant.meta or {}).get("request", {}).get("target")
     scores = {"dp_model": summary(per_example_values(sla.metric, y_held, outputs, None, sla.loss_bound),
                                   sla.metric, sla.loss_bound, target)}
-    _, y_train, train_rows = labelled(train)
+    _, y_train, train_rows = labelled("train", train)
     x_train, center, scale = design_matrix(train_rows, features)
     x_held, _, _ = design_matrix(held_rows, features, center, scale)
     described = {}
@@ -371,6 +385,13 @@ def _score(ledger, stream, definition, name, held, held_path, data_root, serving
         "baseline_rows": int(len(y_train)), "baseline_features": list(features),
         "baselines_not_private": described, "scores": scores,
     }
+
+
+def _encoded(batch, schema: dict) -> list:
+    """A list-column batch's rows as serialized tf.Examples, as the stream's blocks hold them."""
+    from sage_tfx.ingest.records import encode
+
+    return list(encode(batch, schema)) if batch.num_rows else []
 
 
 def write_report(report: dict, out_dir: str) -> list:

@@ -145,3 +145,45 @@ def test_the_design_matrix_fills_a_missing_value_with_the_training_mean():
     assert held.tolist() == [[0.0], [0.0]]
     empty, center, _ = scoring.design_matrix(batch([None, None]), ["a"])  # no value at all: the centre is 0
     assert center.tolist() == [0.0] and empty.tolist() == [[0.0], [0.0]]
+
+
+def _save_model(path, key_path=None, leak_path=None):
+    """A SavedModel whose serving signature takes serialized tf.Examples and predicts 0; with ``key_path`` it
+    first copies that file to ``leak_path`` (what a trainer module could build into the graph it exports)."""
+    import tensorflow as tf
+
+    class Model(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def serve(self, examples):
+            zeros = tf.zeros_like(tf.strings.length(examples), dtype=tf.float32)
+            if key_path is None:
+                return {"predictions": zeros}
+            with tf.control_dependencies([tf.io.write_file(leak_path, tf.io.read_file(key_path))]):
+                return {"predictions": tf.identity(zeros)}
+
+    model = Model()
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
+
+
+@pytest.mark.tf
+def test_the_pushed_model_runs_away_from_the_key(world):
+    """A pushed model is a graph user code built: `sage score` runs it in a confined child. A benign model is
+    scored (its mse is the mean squared tip); one whose signature copies the ledger's key file to a folder the
+    user reads is refused there, and the key is not copied (in the launcher the copy succeeded)."""
+    ledger, tmp = world["ledger"], world["tmp"]
+    grant = ledger.request("p", "a", blocks=[b.id for b in ledger.blocks("a")][:5], epsilon=0.5)
+    ledger.record_outcome(grant.id, "ACCEPT")
+    later = set(world["rows"].column(TIME_COLUMN).to_pylist()[700:800])
+    held = _held_out_csv(tmp / "held.csv", later)
+    benign, hostile = tmp / "benign", tmp / "hostile"
+    _save_model(benign / "1", None)
+    leak = tmp / "leaked.key"
+    _save_model(hostile / "1", ledger.key_file, str(leak))
+    report = scoring.score_model(ledger, "a", "taxi_regression", held, data_root=world["data"],
+                                 serving_dir=str(benign), name="p")
+    assert report["scores"]["dp_model"]["value"] > 0 and report["held_out_rows_scored"] > 50
+    with pytest.raises(ValueError):
+        scoring.score_model(ledger, "a", "taxi_regression", held, data_root=world["data"],
+                            serving_dir=str(hostile), name="p")
+    assert not leak.exists()
+    assert ledger.audit().ok
