@@ -263,7 +263,7 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
 
 def release_specs(args: argparse.Namespace, key_file: str | None = None) -> list:
     """One ``ReleaseSpec`` per --release: its FILE read and turned into the `sage release STRATEGY` command line
-    (``sage_tfx.cli.release.release_argv``, checked by that command's parser) and into its settings. ValueError
+    (``release_argv``, checked by that command's parser) and into its settings. ValueError
     naming the bad value."""
     from sage_tfx.cli.release import release_argv, release_settings
     from sage_tfx.cli.run import read_json_options
