@@ -192,10 +192,14 @@ def test_sliding_window_releases_the_window_and_resumes(world):
 
 
 def test_a_refused_or_failed_block_maps_to_its_exit_code(capsys):
-    """The step both subcommands run per block: a budget refusal is exit 3, any other sage-tfx error exit 1."""
+    """The step every strategy runs per block: a budget refusal is REFUSED (exit 3), any other sage-tfx error FAILED
+    (exit 1)."""
+    import sys
+
     from sage_tfx.cli._exits import EXIT_FAILED, EXIT_REFUSED
-    from sage_tfx.cli.release import _step
+    from sage_tfx.cli.release import EXIT_CODES
     from sage_tfx.privacy.errors import BudgetRefused, LedgerError
+    from sage_tfx.release.session import Status, step
 
     def refused(block):
         raise BudgetRefused("taxi", "cr", {block: "epsilon 0.5 > 0.1 left"})
@@ -203,8 +207,11 @@ def test_a_refused_or_failed_block_maps_to_its_exit_code(capsys):
     def failed(block):
         raise LedgerError("the grant is gone")
 
-    assert _step(refused, "b1") == (None, EXIT_REFUSED)
-    assert _step(failed, "b2") == (None, EXIT_FAILED)
-    assert _step(lambda block: block.upper(), "b3") == ("B3", None)
+    def warn(line):
+        print(line, file=sys.stderr)
+
+    assert step(refused, "b1", warn) == (None, Status.REFUSED) and EXIT_CODES[Status.REFUSED] == EXIT_REFUSED
+    assert step(failed, "b2", warn) == (None, Status.FAILED) and EXIT_CODES[Status.FAILED] == EXIT_FAILED
+    assert step(lambda block: block.upper(), "b3", warn) == ("B3", None)
     err = capsys.readouterr().err
     assert "b1: epsilon 0.5 > 0.1 left" in err and "error: block b2: the grant is gone" in err

@@ -71,6 +71,7 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.release.incremental_regression.IncrementalRegressionError": (ValueError,),
     "sage_tfx.release.incremental_regression.HorizonExhausted": (ValueError,),
     "sage_tfx.release.scheduled_pipeline.RunFailed": (),  # a scheduled run's pipeline raised: not bad input
+    "sage_tfx.release.settings.ReleaseInputError": (ValueError,),
 }
 
 # Exceptions that deliberately do NOT derive from SageError, with their bases. beam_boot.py runs as a Beam worker's
@@ -97,7 +98,8 @@ CORE_MODULES = (
     "sage_tfx.ingest.sealed", "sage_tfx.components.transform_utils", "sage_tfx.components.trainer_utils",
     "sage_tfx.pipelines.definition", "sage_tfx.pipelines.template", "sage_tfx.pipelines.scoring", "sage_tfx.beam_boot",
     "sage_tfx.privacy.noise_schedules", "sage_tfx.release.continual", "sage_tfx.release.growth",
-    "sage_tfx.release.incremental_regression", "sage_tfx.cli.release",
+    "sage_tfx.release.incremental_regression", "sage_tfx.cli.release", "sage_tfx.release.settings",
+    "sage_tfx.release.session", "sage_tfx.release.plans",
 )
 
 

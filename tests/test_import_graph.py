@@ -167,3 +167,81 @@ def test_each_privacy_module_imports_alone_in_a_fresh_interpreter(module):
             "assert 'tensorflow' not in sys.modules, 'the privacy core imported TensorFlow'\n")
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+# ---------------------------------------------------------------- the packages above the core
+PACKAGE_DIRS = {"sage_tfx": ROOT / "sage_tfx", "sage_tfx.components": ROOT / "components",
+                "sage_tfx.pipelines": ROOT / "pipelines"}
+
+
+def _all_modules():
+    """Every product module by name, ``__init__`` files under their package's name (components/ and pipelines/ are
+    installed as sage_tfx.components and sage_tfx.pipelines)."""
+    out = {}
+    for package, folder in PACKAGE_DIRS.items():
+        for path in sorted(folder.rglob("*.py")):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if package == "sage_tfx" and parts[0] in ("components", "pipelines"):
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join([package] + parts)] = path
+    return out
+
+
+def _targets(name, path):
+    """Every ``sage_tfx`` module name ``name`` imports, at any depth of its source (a lazy import counts)."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - (node.level - 1)] + ([base] if base else []))
+            found |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return {t for t in found if t.startswith("sage_tfx.")}
+
+
+def _subpackage(name):
+    """``sage_tfx.X...`` -> X (a top-level module is its own; the package's ``__init__`` is ``sage_tfx``)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_nothing_outside_the_cli_imports_the_cli():
+    """The CLI is the top: no module outside ``sage_tfx.cli`` (and ``__main__``, its entry) imports it, lazily or
+    not; the library carries its own vocabulary (e.g. a release session's ``Status``) and the CLI maps it."""
+    offenders = sorted(f"{name} -> {t}" for name, path in _all_modules().items()
+                       if _subpackage(name) not in ("cli", "__main__") for t in _targets(name, path)
+                       if _subpackage(t) == "cli")
+    assert offenders == [], f"imports of the CLI from the library: {offenders}"
+
+
+def test_no_package_cycle_among_the_subpackages():
+    """sage_tfx's subpackages (privacy, adaptive, release, pipelines, simulate, demos, cli, ...) import one way,
+    counting function-level imports."""
+    graph = {}
+    for name, path in _all_modules().items():
+        here = _subpackage(name)
+        graph.setdefault(here, set()).update(_subpackage(t) for t in _targets(name, path) if _subpackage(t) != here)
+    graph = {k: {t for t in v if t in graph} for k, v in graph.items()}
+    assert _cycle(graph) is None, f"package cycle: {' -> '.join(_cycle(graph))}"
+
+
+CLI_MAX_LINES = 500  # argparse builders, option parsing and messages; library code belongs below
+
+
+def test_the_cli_stays_a_thin_shell():
+    """No CLI module holds a class beyond argparse's own or grows past ``CLI_MAX_LINES`` lines: sessions, runners and
+    workers live in the library (sage_tfx.release, sage_tfx.pipelines, sage_tfx.adaptive)."""
+    allowed_bases = {"argparse.ArgumentParser", "ArgumentParser", "Exception", "logging.Filter"}  # terminal handling
+    for path in sorted((ROOT / "sage_tfx" / "cli").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        assert len(path.read_text().splitlines()) <= CLI_MAX_LINES, f"{path.name} is over {CLI_MAX_LINES} lines"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef) and not node.decorator_list:
+                bases = {ast.unparse(b) for b in node.bases}
+                assert bases <= allowed_bases, f"{path.name}: class {node.name} ({bases}) is library code"

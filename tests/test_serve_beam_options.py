@@ -54,7 +54,7 @@ def _block_example_gen_node(compiled):
 def test_serve_passes_beam_options_and_staging_location_to_block_example_gen(tmp_path):
     from tfx.dsl.compiler import compiler
 
-    from sage_tfx.adaptive.workers import build_worker_runner
+    from sage_tfx.pipelines.workers import build_worker_runner
     from sage_tfx.cli.run import beam_options
     from sage_tfx.cli.serve import worker_specs
 

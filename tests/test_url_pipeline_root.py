@@ -107,7 +107,7 @@ def test_serve_needs_name_in_a_shared_metadata_path_and_hands_both_to_workers(tm
                                runner="local", max_iterations=1, rejection_share=None)
     specs = worker_specs(serve, roots=roots)
     assert [(s.pipeline_root, s.metadata_path) for s in specs] == [roots, roots]
-    from sage_tfx.adaptive.workers import build_worker_runner
+    from sage_tfx.pipelines.workers import build_worker_runner
 
     pytest.importorskip("tfx")
     configs = [build_worker_runner(s)[1].config for s in specs]

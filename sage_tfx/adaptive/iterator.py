@@ -48,6 +48,7 @@ refused with nothing charged.
 import time
 from dataclasses import dataclass, field
 
+from sage_tfx.privacy.resume import held
 from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, eval_share_split, public_error_text
 from sage_tfx.privacy.checks import integer, number
 from sage_tfx.privacy.errors import LedgerError as _LedgerError
@@ -343,9 +344,8 @@ class SageIterator:
         check_request(self.ledger, self.stream, self.pipeline, self.request, self._history())
 
     def _history(self):
-        entries = [(g, outcome, details) for g, outcome, details in self.ledger.history(self.stream, self.pipeline)
-                   if "iteration" in g.meta]
-        return sorted(entries, key=lambda e: e[0].meta["iteration"])
+        entries = held(self.ledger, self.stream, self.pipeline, keep=lambda g: "iteration" in g.meta)
+        return sorted(entries, key=lambda e: e.grant.meta["iteration"])
 
     def check_first_window(self) -> None:
         """LedgerError (nothing registered or charged) if this pipeline name would start with fewer active blocks

@@ -21,61 +21,22 @@ platform and `sage run` (restarting would move on to a new, charged iteration); 
 its charge (``RefusedBeforeCharge``). An error of the environment after the charge (``IterationInterrupted``: a
 full disk, a missing folder) records no outcome and is a death: the restarted worker resumes under the grant.
 
-A release strategy (`sage serve --release NAME=STRATEGY:FILE`, docs/release_strategies.md) is a participant too:
-``ReleaseSpec`` names it, and ``release_worker_main`` runs it in its own worker through `sage release`'s own code
-(``sage_tfx.cli.release.open_release`` / ``ReleaseSession.advance``): after every replay step it charges each
-new block the strategy's whole bound in one grant, before reading it, and releases. It needs no TFX slot. Killed,
-it is restarted like a pipeline's worker and resumes under its grants (the blocks already granted are replayed
-with no new charge, the same noise); a block refused by the budget or failing after its charge ends it as failed.
+The participants' own code lives with what they run: ``sage_tfx.pipelines.workers`` (a pipeline's Sage iterator,
+``WorkerSpec``) and ``sage_tfx.release.worker`` (a release strategy's session, ``ReleaseSpec``, docs/
+release_strategies.md); each spec's ``entry()`` names the function its worker process runs. This module is the
+platform only: it imports neither, nor the CLI.
 """
 import multiprocessing
 import os
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing.connection import wait as wait_any
 
 from sage_tfx.privacy import Ledger
 
 from .platform import register_unfinished
-
-
-@dataclass
-class WorkerSpec:
-    """What a worker needs to rebuild its pipeline in a fresh process (picklable: names and numbers only)."""
-
-    name: str
-    pipeline: str  # built-in name, file path or dotted module path (sage_tfx.pipelines.load_pipeline)
-    target: float
-    model: str | None
-    ledger: str
-    stream: str
-    data_root: str
-    work_dir: str
-    confidence: float = 0.95
-    runner: str = "local"
-    max_iterations: int = 10
-    rejection_share: float | None = None
-    key_file: str | None = None
-    beam_args: list = field(default_factory=list)  # Beam pipeline options of its TFX runs (`sage serve ... -- ARGS`)
-    staging_location: str | None = None  # BlockExampleGen's staging location (`sage serve --staging-location`)
-    pipeline_root: str | None = None  # folder or URL the TFX roots go under (`--pipeline-root`; None: WORK_DIR/tfx)
-    metadata_path: str | None = None  # local MLMD SQLite file, {name} replaced (`--metadata-path`)
-
-
-@dataclass
-class ReleaseSpec:
-    """A release strategy's worker (`sage serve --release`): its name, strategy, the `sage release` command line
-    (``argv``, --db/--stream/--data-root/--pipeline included) and the stream's schema for a data root that holds
-    none yet (picklable: names and numbers only)."""
-
-    name: str
-    strategy: str
-    argv: list
-    schema: dict | None = None
-    key_file: str | None = None
-    source: str = ""  # the --release value, for messages
 
 
 @dataclass
@@ -103,26 +64,7 @@ def describe_exit(exitcode):
     return f"exit status {exitcode}"
 
 
-def build_worker_runner(spec):
-    """``(definition, PipelineRunner)`` of a ``WorkerSpec``: the pipeline described (a user's file in a confined
-    child: ``pipelines.confined.describe``), checked against its target and bound to its config (Beam options and
-    staging location included) by `sage run`'s ``build_runner``, its iterations run confined as `sage run`'s.
-    ValueError for bad input (the parent calls it before anything is charged, the worker to run)."""
-    from sage_tfx.cli.run import build_runner
-    from sage_tfx.pipelines.confined import describe, ledger_secrets
-
-    secrets = ledger_secrets(spec.ledger, spec.key_file)
-    definition = describe(spec.pipeline, secrets)
-    definition.check_target(spec.target)
-    runner = build_runner(definition, spec.ledger, spec.stream, spec.data_root, spec.work_dir, spec.target,
-                          confidence=spec.confidence, runner=spec.runner, beam_args=spec.beam_args,
-                          model=spec.model, name=spec.name, staging_location=spec.staging_location,
-                          pipeline_root=spec.pipeline_root, metadata_path=spec.metadata_path, spec=spec.pipeline,
-                          secrets=secrets)
-    return definition, runner
-
-
-class _BlockWaiter:
+class BlockWaiter:
     """A worker's side of the replay clock: ``wait(timeout)`` says "waiting" and returns True once the parent's
     replay advanced past what this worker last heard of, False once the stream ended (or on the timeout)."""
 
@@ -150,106 +92,6 @@ def die(conn, name: str, text: str) -> None:
     os._exit(1)
 
 
-def release_worker_main(spec, conn):
-    """A release strategy's worker process (``ReleaseSpec``): `sage release`'s session, advanced after every replay
-    step until the stream ends. Module level (spawn)."""
-    from sage_tfx.cli._exits import EXIT_OK, EXIT_REFUSED
-    from sage_tfx.cli.release import open_release, parse_release_argv
-    from sage_tfx.privacy import public_error_text
-    from sage_tfx.privacy.keys import ENV_KEY_FILE
-
-    if spec.key_file:
-        os.environ[ENV_KEY_FILE] = spec.key_file
-    waiter = _BlockWaiter(conn)
-
-    def say(line):
-        conn.send(("progress", f"[{spec.name}] {line}"))
-
-    try:
-        args, error = parse_release_argv(spec.argv)
-        session = None
-        if args is not None:
-            args.progress = say
-            session, error = open_release(args, schema=spec.schema, claim=False)  # the parent holds the claim
-        if session is None:
-            raise ValueError(error)
-        try:
-            while True:
-                code = session.advance()
-                if code != EXIT_OK:
-                    why = ("the budget refused a block's charge (nothing charged for it)" if code == EXIT_REFUSED
-                           else "a block failed after its charge")
-                    conn.send(("failed", f"{why}; {session.observed} block(s) released before it (exit {code})"))
-                    conn.close()
-                    return
-                if not waiter.wait(3600.0):
-                    break
-            summary = session.summary
-        finally:
-            session.close(audit=False)
-    except Exception as exc:
-        die(conn, spec.name, public_error_text(exc))
-    conn.send(("done", WorkerResult("RELEASED", summary["charged_blocks"] + summary["resumed_blocks"],
-                                    f"{spec.strategy}: {summary['charged_blocks']} block(s) charged and released, "
-                                    f"{summary['resumed_blocks']} resumed without a charge")))
-    conn.close()
-
-
-def worker_main(spec, conn):
-    """A worker process: run ``spec``'s iterator, talking to the parent over ``conn``. Module level (spawn)."""
-    import argparse
-
-    from sage_tfx.privacy import public_error_text
-    from sage_tfx.privacy.errors import RefusedBeforeCharge
-    from sage_tfx.privacy.keys import ENV_KEY_FILE
-
-    if spec.key_file:
-        os.environ[ENV_KEY_FILE] = spec.key_file
-    waiter = _BlockWaiter(conn)  # the replay generation this worker last heard of
-    raised = [None]  # the exception an iteration raised (the iterator records FAILED on its grant)
-
-    def say(line):
-        conn.send(("progress", line))
-
-    try:
-        from sage_tfx.cli.run import make_iterator
-
-        definition, runner = build_worker_runner(spec)
-        run_iteration = runner.run_iteration
-
-        def run_in_slot(grant, split, eta, iteration):
-            conn.send(("acquire", None))
-            conn.recv()  # ("slot",): the parent lets at most `parallel` iterations run at once
-            try:
-                return run_iteration(grant, split, eta, iteration)
-            except Exception as exc:
-                raised[0] = exc
-                raise
-            finally:
-                conn.send(("release", None))
-
-        runner.run_iteration = run_in_slot
-        ledger = Ledger.open(spec.ledger)
-        args = argparse.Namespace(max_iterations=spec.max_iterations, rejection_share=spec.rejection_share)
-        iterator = make_iterator(definition, ledger, runner, args, progress=say,
-                                 wait_for_blocks=lambda _t: waiter.wait(3600.0))
-        try:
-            result = iterator.run()
-        finally:
-            ledger.close()
-    except Exception as exc:
-        text = public_error_text(exc)  # a data path: no value in the text
-        # FAILED recorded on the grant, or a block refused before its charge: the pipeline's outcome, not a death
-        # (an environment error after the charge, IterationInterrupted, is one: the restarted worker resumes it)
-        if exc is raised[0] or isinstance(exc, RefusedBeforeCharge):
-            conn.send(("failed", text))
-            conn.close()
-            return
-        die(conn, spec.name, text)
-    conn.send(("done", WorkerResult(result.outcome, len(result.iterations), result.describe())))
-    conn.close()
-
-
 class _Worker:
     def __init__(self, spec):
         self.spec, self.process, self.conn = spec, None, None
@@ -258,7 +100,8 @@ class _Worker:
 
 
 class ProcessPlatform:
-    """Run ``specs`` (WorkerSpec, or ReleaseSpec for a release strategy), one worker process each, while
+    """Run ``specs`` (each with a ``name`` and a ``entry()``: the module-level function its worker runs with
+    ``(spec, conn)``; ``WorkerSpec`` or ``ReleaseSpec``), one worker process each, while
     ``replay_step()`` adds blocks.
 
     ``replay_step``, ``step_seconds`` and ``progress`` as ``Platform``'s. ``parallel``: at most this many
@@ -282,8 +125,10 @@ class ProcessPlatform:
 
     # ------------------------------------------------------------ workers
     def worker_target(self, spec):
-        """The function a participant's worker process runs (``sage serve`` adds its scheduled pipelines)."""
-        return release_worker_main if isinstance(spec, ReleaseSpec) else worker_main
+        """The module-level function a participant's worker process runs: the spec's ``entry()``
+        (``sage_tfx.pipelines.workers.WorkerSpec``: a pipeline's Sage iterator; ``sage_tfx.release.worker.ReleaseSpec``:
+        a release strategy's session)."""
+        return spec.entry()
 
     def _start(self, w):
         parent, child = self._ctx.Pipe(duplex=True)

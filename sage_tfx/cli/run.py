@@ -208,6 +208,7 @@ def _fail(message):
 def _run(args):
     from sage_tfx.pipelines.check import check_targets
     from sage_tfx.pipelines.confined import describe, ledger_secrets
+    from sage_tfx.pipelines.runner import build_runner, make_iterator
     from sage_tfx.privacy import Ledger, LedgerError
     from sage_tfx.privacy.errors import IterationInterrupted, RefusedBeforeCharge
 
@@ -247,7 +248,8 @@ def _run(args):
         runner.check_blocks(ledger)  # a block folder missing or altered: before anything is registered or charged
         if schedule is not None:
             return _run_scheduled(definition, ledger, runner, schedule, args)
-        iterator = make_iterator(definition, ledger, runner, args, progress=lambda line: print(line, flush=True))
+        iterator = make_iterator(definition, ledger, runner, iterator_settings(args),
+                                 progress=lambda line: print(line, flush=True))
         iterator.check_first_window()  # a first window larger than the stream: before the name is registered
     except (LedgerError, ValueError) as exc:
         return _fail(str(exc))
@@ -413,86 +415,12 @@ def _check(definition, args, secrets=()):
     return EXIT_OK
 
 
-class PipelineRunner:
-    """A SagePipeline bound to its config: ``run_iteration`` for the iterator. With ``spec`` (the pipeline as
-    `sage run` names it) each iteration runs in a confined child (``pipelines.confined``) that may reach none of
-    ``secrets`` (``ledger_secrets``: ValueError here, before any charge, if a folder it gets holds one)."""
+def iterator_settings(args) -> "IteratorSettings":
+    """The ``IteratorSettings`` of a parsed `sage run`/`sage serve` command line (checked by ``check_run_limits``
+    first where the command has them)."""
+    from sage_tfx.pipelines.runner import IteratorSettings
 
-    def __init__(self, pipeline, config, spec=None, secrets=()):
-        from sage_tfx.pipelines._runner import check_run_folders, make_run_iteration
-
-        pipeline.model_family(config.model)  # bad input fails here, before any spend
-        check_run_folders(config)  # a --work-dir that is a file, a folder this user cannot write
-        self.pipeline, self.config = pipeline, config
-        execute = None
-        if spec is not None:
-            from sage_tfx.pipelines.confined import confined_execute
-
-            execute = confined_execute(spec, pipeline, config, secrets)
-        self.run_iteration = make_run_iteration(pipeline.build_pipeline, config, execute)
-
-    def check_stream(self, schema: dict | None = None) -> None:
-        """ValueError naming the value and the fix unless the data root holds the stream (``schema`` given: the
-        caller has it already) and the SLA label is one of its columns (``check_stream_schema``)."""
-        from sage_tfx.pipelines._runner import check_stream_schema
-
-        config = self.config
-        check_stream_schema(config.data_root, config.stream, self.pipeline.sla, config.name, schema)
-
-    def check_blocks(self, ledger, blocks=None) -> None:
-        """``RefusedBeforeCharge`` naming the block and the fix unless every block of ``blocks`` (None: every active
-        block of the stream) can be read from the data root (``sage_tfx.ingest.access.check_blocks``): called once
-        before the run registers or charges anything, and again right before each charge."""
-        from sage_tfx.ingest import access, sealed
-        from sage_tfx.privacy.errors import RefusedBeforeCharge
-
-        if blocks is None:
-            blocks = [b.id for b in ledger.blocks(self.config.stream, "active")]
-        try:
-            access.check_blocks(ledger, self.config.data_root, self.config.stream, blocks)
-        except sealed.SealedError as exc:
-            raise RefusedBeforeCharge(f"--data-root {self.config.data_root!r}: {exc}. Nothing was charged for this "
-                                      "iteration: give the --data-root `sage ingest` wrote the stream to, or restore "
-                                      "the block folder") from None
-
-    def request(self) -> dict:
-        """What an ACCEPT of this runner certifies (``SagePipeline.certificate_request``), signed into each grant."""
-        config = self.config
-        return self.pipeline.certificate_request(config.target, config.confidence, config.model, config.hparams)
-
-
-def build_runner(definition, db, stream, data_root, work_dir, target, confidence=0.95, serving_dir=None,
-                 runner="local", beam_args=(), model=None, name=None, staging_location=None, pipeline_root=None,
-                 metadata_path=None, spec=None, secrets=()):
-    """A ``PipelineRunner``; ``pipeline_root`` is the folder or URL the pipeline's TFX root goes under (None:
-    WORK_DIR/tfx), ``metadata_path`` its local MLMD SQLite file (``{name}`` is replaced by the pipeline name);
-    ``spec`` and ``secrets``: its iterations run confined (``PipelineRunner``)."""
-    from sage_tfx.pipelines._runner import PipelineConfig
-
-    name = name or definition.name
-    config = PipelineConfig(name=name, ledger=db, stream=stream, data_root=data_root,
-                            work_dir=work_dir, target=target, confidence=confidence, serving_dir=serving_dir,
-                            runner=runner, beam_pipeline_args=list(beam_args), model=model,
-                            staging_location=staging_location, artifact_root=pipeline_root,
-                            metadata_file=metadata_path.replace("{name}", name) if metadata_path else None)
-    return PipelineRunner(definition, config, spec, secrets)
-
-
-def make_iterator(definition, ledger, runner, args, progress=print, wait_for_blocks=None):
-    """The ``SageIterator`` of a `sage run`/`sage serve` pipeline, its grants signed with the runner's request:
-    ``RequestMismatch`` (a LedgerError: exit 2, nothing registered or charged) if the pipeline name was run for
-    another target, SLA, model or definition."""
-    from sage_tfx.adaptive import SageIterator
-
-    settings = definition.iterator_defaults()
-    if getattr(args, "epsilon_start", None) is not None:
-        settings["epsilon_start"] = args.epsilon_start
-    if getattr(args, "min_window", None) is not None:
-        settings["min_window"] = args.min_window
-    if getattr(args, "rejection_share", None) is not None:
-        settings["rejection_share"] = args.rejection_share
-    return SageIterator(ledger, runner.config.stream, runner.config.name, runner.run_iteration,
-                        eta=1 - runner.config.confidence, max_iterations=args.max_iterations,
-                        max_seconds=getattr(args, "max_seconds", None), wait_for_blocks=wait_for_blocks,
-                        progress=progress, request=runner.request(),
-                        check_blocks=lambda blocks: runner.check_blocks(ledger, blocks), **settings)
+    return IteratorSettings(max_iterations=args.max_iterations, max_seconds=getattr(args, "max_seconds", None),
+                            epsilon_start=getattr(args, "epsilon_start", None),
+                            min_window=getattr(args, "min_window", None),
+                            rejection_share=getattr(args, "rejection_share", None))

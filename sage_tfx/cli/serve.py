@@ -81,6 +81,10 @@ class ScheduleSpec:
     worker: object
     schedule: object
 
+    def entry(self):
+        """The function this participant's worker process runs."""
+        return schedule_worker_main
+
 
 def _pipeline_arg(text):
     try:
@@ -163,7 +167,7 @@ def worker_specs(args, beam_args=(), staging_location=None, key_file=None, roots
     --staging-location) and BlockExampleGen's staging location to each worker's TFX runs, as `sage run` passes them
     to its own; ``roots`` is the checked ``(pipeline_root, metadata_path)`` of ``root_options``; ``schedules`` those
     of ``schedule_options`` (None: read them from ``args``)."""
-    from sage_tfx.adaptive.workers import WorkerSpec
+    from sage_tfx.pipelines.workers import WorkerSpec
 
     if schedules is None:
         schedules = schedule_options(args) if getattr(args, "schedules", None) else {}
@@ -207,7 +211,8 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
     advanced after every replay step until the stream ends or --max-iterations runs were made; each run waits for a
     TFX slot (--parallel) as the Sage iterator's do. Restarted after a death, the driver resumes from the ledger
     (no second charge or draw). Module level (spawn)."""
-    from sage_tfx.adaptive.workers import WorkerResult, _BlockWaiter, build_worker_runner, die
+    from sage_tfx.adaptive.workers import BlockWaiter, WorkerResult, die
+    from sage_tfx.pipelines.workers import build_worker_runner
     from sage_tfx.privacy import Ledger, public_error_text
     from sage_tfx.privacy.keys import ENV_KEY_FILE
     from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline, describe
@@ -215,7 +220,7 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
     worker = spec.worker
     if worker.key_file:
         os.environ[ENV_KEY_FILE] = worker.key_file
-    waiter = _BlockWaiter(conn)
+    waiter = BlockWaiter(conn)
 
     def say(line):
         conn.send(("progress", line))
@@ -256,23 +261,13 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
     conn.close()
 
 
-def _platform(*args, **kwargs):
-    """``ProcessPlatform`` whose ``ScheduleSpec`` participants run in ``schedule_worker_main``."""
-    from sage_tfx.adaptive.workers import ProcessPlatform
-
-    class ServePlatform(ProcessPlatform):
-        def worker_target(self, spec):
-            return schedule_worker_main if isinstance(spec, ScheduleSpec) else super().worker_target(spec)
-
-    return ServePlatform(*args, **kwargs)
-
-
 def release_specs(args: argparse.Namespace, key_file: str | None = None) -> list:
     """One ``ReleaseSpec`` per --release: its FILE read and turned into the `sage release STRATEGY` command line
-    (``sage_tfx.cli.release.release_argv``, checked by that command's parser). ValueError naming the bad value."""
-    from sage_tfx.adaptive.workers import ReleaseSpec
-    from sage_tfx.cli.release import release_argv
+    (``release_argv``, checked by that command's parser) and into its settings. ValueError
+    naming the bad value."""
+    from sage_tfx.cli.release import release_argv, release_settings
     from sage_tfx.cli.run import read_json_options
+    from sage_tfx.release.worker import ReleaseSpec
 
     specs = []
     for name, strategy, path in args.releases:
@@ -282,33 +277,22 @@ def release_specs(args: argparse.Namespace, key_file: str | None = None) -> list
                                    pipeline=name, source=source)
         if argv is None:
             raise ValueError(error)
-        specs.append(ReleaseSpec(name, strategy, argv, key_file=key_file, source=source))
+        specs.append(ReleaseSpec(name, strategy, release_settings(argv, source), key_file=key_file, source=source))
     return specs
-
-
-def check_release(spec, schema: dict) -> None:
-    """Run `sage release`'s every check of ``spec`` (``open_release``: the columns, the parameters, the pipeline's
-    previous grants) on ``schema`` and close it; nothing is charged. ValueError naming the bad value."""
-    from sage_tfx.cli.release import open_release, parse_release_argv
-
-    args, error = parse_release_argv(spec.argv)
-    session = None
-    if args is not None:
-        session, error = open_release(args, schema=schema, claim=False)  # serve holds the claim
-    if session is None:
-        raise ValueError(f"{spec.source}: {error}")
-    session.ledger.close()
 
 
 def _run(args):
     from sage_tfx.adaptive.platform import register_unfinished
-    from sage_tfx.adaptive.workers import build_worker_runner
-    from sage_tfx.cli.run import beam_options, make_iterator, root_options
+    from sage_tfx.adaptive.workers import ProcessPlatform
+    from sage_tfx.cli.run import beam_options, iterator_settings, root_options
+    from sage_tfx.pipelines.runner import make_iterator
+    from sage_tfx.pipelines.workers import build_worker_runner
     from sage_tfx.ingest.replay import Replay
     from sage_tfx.privacy import Ledger, LedgerError
     from sage_tfx.privacy.keys import ENV_KEY_FILE
     from sage_tfx.privacy.report import status_table
     from sage_tfx.release.scheduled_pipeline import ScheduledPipeline
+    from sage_tfx.release.worker import check_release
 
     try:
         if args.blocks_per_step < 1 or args.initial_blocks < 0:
@@ -346,7 +330,7 @@ def _run(args):
                                              rejection_share=args.rejection_share)
             else:
                 definition, runner = build_worker_runner(spec)
-                make_iterator(definition, ledger, runner, args)
+                make_iterator(definition, ledger, runner, iterator_settings(args))
             runner.check_stream(schema)  # its SLA label a column of the stream
         if specs:
             runner.check_blocks(ledger)  # a registered block missing or altered under --data-root
@@ -375,7 +359,7 @@ def _run(args):
                   "another replay of the stream", flush=True)
         return added if steps else None
 
-    platform = _platform(args.db, args.stream, specs + releases, replay_step, step_seconds=args.step_seconds,
+    platform = ProcessPlatform(args.db, args.stream, specs + releases, replay_step, step_seconds=args.step_seconds,
                                progress=lambda line: print(line, flush=True), parallel=args.parallel,
                                max_restarts=args.max_restarts)
     results = platform.run()

@@ -58,7 +58,7 @@ def say(text=""):
 def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initial_days=None, days_per_step=64,
         runner="local", max_iterations=8):
     from sage_tfx import pipelines
-    from sage_tfx.cli.run import build_runner
+    from sage_tfx.pipelines.runner import build_runner
     from sage_tfx.ingest.replay import Replay
     from sage_tfx.privacy import Ledger
     from sage_tfx.privacy.report import heatmap_png, status_table

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from sage_tfx.adaptive.iterator import REQUEST_KEY, check_request
+from sage_tfx.privacy.resume import held
 from sage_tfx.privacy import BudgetSplit, eval_share_split, public_error_text
 from sage_tfx.privacy.errors import IterationInterrupted, SageError, environment_error_text, is_environment_error
 from sage_tfx.privacy.draws import DRAW_KEY, is_run_grant
@@ -154,7 +155,7 @@ class ScheduledPipeline(ScheduleIdentity):
     def _recover(self) -> None:
         """The pipeline's lifetime grants of this schedule (charge order) and its run grants' outcomes."""
         self._outcomes = {}
-        history = self.ledger.history(self.stream, self.pipeline)
+        history = held(self.ledger, self.stream, self.pipeline)
         # before anything is charged or drawn: a name run for another request is refused (the Sage iterator's rule),
         # judged on its runs (run grants, or the Sage iterator's iterations under the same name)
         runs = [e for e in history if DRAW_KEY in e[0].meta or "iteration" in e[0].meta]

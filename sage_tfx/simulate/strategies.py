@@ -42,7 +42,7 @@ An attempt ACCEPTs iff the records it reads are at least
 import math
 import os
 
-from sage_tfx.adaptive.iterator import BudgetSplit
+from sage_tfx.privacy.split import BudgetSplit
 from sage_tfx.privacy import BudgetRefused, Ledger
 from sage_tfx.privacy.allocation import BlockAllocation, QueuedAllocation, get_policy
 from sage_tfx.privacy.vocabulary import Accounting, Outcome, Policy

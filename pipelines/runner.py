@@ -1,0 +1,128 @@
+"""A pipeline definition bound to its run settings, and the Sage iterator that runs it.
+
+``build_runner`` binds a ``SagePipeline`` to a ``PipelineConfig`` (a ``PipelineRunner``: ``run_iteration`` for the
+iterator, the checks made before any charge); ``make_iterator`` builds the ``SageIterator`` of a runner from an
+``IteratorSettings``. `sage run`, `sage serve`'s workers and the demo all go through these two (docs/your_pipeline.md).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+
+class PipelineRunner:
+    """A SagePipeline bound to its config: ``run_iteration`` for the iterator. With ``spec`` (the pipeline as
+    `sage run` names it) each iteration runs in a confined child (``pipelines.confined``) that may reach none of
+    ``secrets`` (``ledger_secrets``: ValueError here, before any charge, if a folder it gets holds one)."""
+
+    def __init__(self, pipeline, config, spec=None, secrets=()):
+        from sage_tfx.pipelines._runner import check_run_folders, make_run_iteration
+
+        pipeline.model_family(config.model)  # bad input fails here, before any spend
+        check_run_folders(config)  # a --work-dir that is a file, a folder this user cannot write
+        self.pipeline, self.config = pipeline, config
+        execute = None
+        if spec is not None:
+            from sage_tfx.pipelines.confined import confined_execute
+
+            execute = confined_execute(spec, pipeline, config, secrets)
+        self.run_iteration = make_run_iteration(pipeline.build_pipeline, config, execute)
+
+    def check_stream(self, schema: dict | None = None) -> None:
+        """ValueError naming the value and the fix unless the data root holds the stream (``schema`` given: the
+        caller has it already) and the SLA label is one of its columns (``check_stream_schema``)."""
+        from sage_tfx.pipelines._runner import check_stream_schema
+
+        config = self.config
+        check_stream_schema(config.data_root, config.stream, self.pipeline.sla, config.name, schema)
+
+    def check_blocks(self, ledger, blocks=None) -> None:
+        """``RefusedBeforeCharge`` naming the block and the fix unless every block of ``blocks`` (None: every active
+        block of the stream) can be read from the data root (``sage_tfx.ingest.access.check_blocks``): called once
+        before the run registers or charges anything, and again right before each charge."""
+        from sage_tfx.ingest import access, sealed
+        from sage_tfx.privacy.errors import RefusedBeforeCharge
+
+        if blocks is None:
+            blocks = [b.id for b in ledger.blocks(self.config.stream, "active")]
+        try:
+            access.check_blocks(ledger, self.config.data_root, self.config.stream, blocks)
+        except sealed.SealedError as exc:
+            raise RefusedBeforeCharge(f"--data-root {self.config.data_root!r}: {exc}. Nothing was charged for this "
+                                      "iteration: give the --data-root `sage ingest` wrote the stream to, or restore "
+                                      "the block folder") from None
+
+    def request(self) -> dict:
+        """What an ACCEPT of this runner certifies (``SagePipeline.certificate_request``), signed into each grant."""
+        config = self.config
+        return self.pipeline.certificate_request(config.target, config.confidence, config.model, config.hparams)
+
+
+def build_runner(definition, db, stream, data_root, work_dir, target, confidence=0.95, serving_dir=None,
+                 runner="local", beam_args=(), model=None, name=None, staging_location=None, pipeline_root=None,
+                 metadata_path=None, spec=None, secrets=()) -> PipelineRunner:
+    """A ``PipelineRunner``; ``pipeline_root`` is the folder or URL the pipeline's TFX root goes under (None:
+    WORK_DIR/tfx), ``metadata_path`` its local MLMD SQLite file (``{name}`` is replaced by the pipeline name);
+    ``spec`` and ``secrets``: its iterations run confined (``PipelineRunner``)."""
+    from sage_tfx.pipelines._runner import PipelineConfig
+
+    name = name or definition.name
+    config = PipelineConfig(name=name, ledger=db, stream=stream, data_root=data_root,
+                            work_dir=work_dir, target=target, confidence=confidence, serving_dir=serving_dir,
+                            runner=runner, beam_pipeline_args=list(beam_args), model=model,
+                            staging_location=staging_location, artifact_root=pipeline_root,
+                            metadata_file=metadata_path.replace("{name}", name) if metadata_path else None)
+    return PipelineRunner(definition, config, spec, secrets)
+
+
+@dataclass(frozen=True, kw_only=True)
+class IteratorSettings:
+    """What a run asks of the Sage iterator beyond the pipeline's own defaults (``iterator_defaults``).
+
+    Attributes:
+        max_iterations: the attempts one run may charge (>= 1).
+        max_seconds: TIMEOUT after this wall time (> 0), or None for no time limit.
+        epsilon_start: the first attempt's epsilon, or None for the pipeline's default.
+        min_window: the first attempt's window in blocks, or None for the pipeline's default.
+        rejection_share: the training side's share paid to the REJECT test, or None for the pipeline's default.
+
+    Raises:
+        ValueError: naming the bad value and the fix, when built (before anything is charged); the iterator checks
+        the rest (epsilon_start against the stream's budget, the shares) when ``make_iterator`` builds it.
+    """
+
+    max_iterations: int = 10
+    max_seconds: Optional[float] = None
+    epsilon_start: Optional[float] = None
+    min_window: Optional[int] = None
+    rejection_share: Optional[float] = None
+
+    def __post_init__(self):
+        if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int) \
+                or self.max_iterations < 1:
+            raise ValueError(f"max_iterations {self.max_iterations!r} is invalid: give an integer >= 1")
+        if self.max_seconds is not None and not (math.isfinite(self.max_seconds) and self.max_seconds > 0):
+            raise ValueError(f"max_seconds {self.max_seconds!r} is invalid: give a number of seconds > 0 (or None "
+                             "for no time limit)")
+
+    def overrides(self) -> dict:
+        """The settings that replace the pipeline's defaults (those given)."""
+        given = {"epsilon_start": self.epsilon_start, "min_window": self.min_window,
+                 "rejection_share": self.rejection_share}
+        return {k: v for k, v in given.items() if v is not None}
+
+
+def make_iterator(definition, ledger, runner: PipelineRunner, settings: IteratorSettings,
+                  progress: Callable[[str], None] = print, wait_for_blocks=None):
+    """The ``SageIterator`` of a `sage run`/`sage serve` pipeline, its grants signed with the runner's request:
+    ``RequestMismatch`` (a LedgerError: exit 2, nothing registered or charged) if the pipeline name was run for
+    another target, SLA, model or definition."""
+    from sage_tfx.adaptive import SageIterator
+
+    options = {**definition.iterator_defaults(), **settings.overrides()}
+    return SageIterator(ledger, runner.config.stream, runner.config.name, runner.run_iteration,
+                        eta=1 - runner.config.confidence, max_iterations=settings.max_iterations,
+                        max_seconds=settings.max_seconds, wait_for_blocks=wait_for_blocks,
+                        progress=progress, request=runner.request(),
+                        check_blocks=lambda blocks: runner.check_blocks(ledger, blocks), **options)

@@ -1,0 +1,239 @@
+"""The typed settings of a release session: one dataclass per strategy (docs/release_strategies.md).
+
+Each settings object is checked when built (``__post_init__``): a bad value raises ``ReleaseInputError`` naming it
+(as the `sage release` option that spells it) and the fix, before any ledger is opened or anything charged. What
+depends on the stream (its schema, the pipeline's previous grants) is checked by ``open_release``, still before any
+charge. The field names are the `sage release STRATEGY` option names with ``_`` for ``-``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar, Optional, Sequence
+
+from sage_tfx.privacy.errors import SageError
+
+
+class ReleaseInputError(SageError, ValueError):
+    """A bad release setting, found before anything was charged (`sage release`: exit 2)."""
+
+
+@dataclass(kw_only=True)
+class ReleaseSettings:
+    """What every strategy needs.
+
+    Attributes:
+        db: the ledger's location (a file or a postgresql:// URL).
+        stream: the stream released from.
+        data_root: where `sage ingest` wrote the stream's blocks.
+        pipeline: the name charged in the ledger; its grants are the session's state.
+        json: `sage release --json`: progress lines go to stderr (the summary is printed as JSON).
+        progress: where progress and error lines go (a `sage serve` worker's pipe), or None for stdout/stderr.
+    """
+
+    STRATEGY: ClassVar[str] = ""
+
+    db: str
+    stream: str
+    data_root: str
+    pipeline: str
+    json: bool = False
+    progress: Optional[Callable[[str], None]] = field(default=None, compare=False, repr=False)
+
+    def say(self, line: str) -> None:
+        """A progress line: to ``progress`` when set, else stdout (stderr with ``json``)."""
+        import sys
+
+        if self.progress is not None:
+            self.progress(line)
+        else:
+            print(line, file=sys.stderr if self.json else sys.stdout, flush=True)
+
+    def warn(self, line: str) -> None:
+        """An error or warning line: to ``progress`` when set, else stderr."""
+        import sys
+
+        if self.progress is not None:
+            self.progress(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
+
+def _bad(message: str) -> ReleaseInputError:
+    return ReleaseInputError(message)
+
+
+@dataclass(kw_only=True)
+class FeatureSettings(ReleaseSettings):
+    """The features of the ERM strategies: numeric columns, each divided by its public scale.
+
+    Attributes:
+        label: the numeric label column.
+        features: the feature columns ("C1,C2" or a sequence); normalised to a tuple of names.
+        scales: one public divisor per feature ("S1,S2", a sequence, or None for 1 each); normalised to floats.
+        label_scale: the label's public divisor (> 0).
+        intercept: append a constant feature 1 (after scaling).
+        epsilon, delta: each block's whole-lifetime budget.
+    """
+
+    label: str
+    features: Sequence[str] | str
+    scales: Sequence[float] | str | None = None
+    label_scale: float = 1.0
+    intercept: bool = False
+    epsilon: float
+    delta: float
+
+    def __post_init__(self):
+        raw = self.features
+        cols = [c.strip() for c in (raw.split(",") if isinstance(raw, str) else raw) if str(c).strip()]
+        if not cols:
+            raise _bad(f"--features {raw!r} names no column: give C1,C2,... of the stream's schema")
+        if len(set(cols)) != len(cols):
+            raise _bad(f"--features {raw!r} names a column twice: give each once")
+        self.features = tuple(cols)
+        self.scales = self._scales(len(cols))
+
+    def _scales(self, n: int) -> tuple:
+        raw = self.scales
+        if raw is None:
+            scales = [1.0] * n
+        else:
+            try:
+                scales = [float(s) for s in (raw.split(",") if isinstance(raw, str) else raw)]
+            except (TypeError, ValueError):
+                raise _bad(f"--scales {raw!r} is not a list of numbers: give S1,S2,... (> 0)") from None
+            if len(scales) != n:
+                raise _bad(f"--scales {raw!r} has {len(scales)} value(s) for {n} feature(s): give one divisor per "
+                           "column")
+        for name, s in [("--scales", s) for s in scales] + [("--label-scale", self.label_scale)]:
+            if not (math.isfinite(s) and s > 0):
+                raise _bad(f"{name} value {s!r} is invalid: give a finite divisor > 0")
+        return tuple(scales)
+
+    @property
+    def dim(self) -> int:
+        """The model's dimension: the features, and the intercept's constant."""
+        return len(self.features) + (1 if self.intercept else 0)
+
+
+@dataclass(kw_only=True)
+class ContinualSettings(FeatureSettings):
+    """`sage release continual`: a regularised ERM model at every block (all history, or a sliding ``window``),
+    optionally SLA-checked (``sla_target`` with ``sla_epsilon``) and written for a Pusher (``push_dir``,
+    ``serving_dir``). See ``sage_tfx.release.continual.ReleaseParams`` for the model's parameters."""
+
+    STRATEGY: ClassVar[str] = "continual"
+
+    loss: str = "logistic"
+    rows_per_block: int
+    window: Optional[int] = None
+    lam: float = 0.05
+    radius: float = 10.0
+    positive_above: float = 0.0
+    push_dir: Optional[str] = None
+    serving_dir: Optional[str] = None
+    sla_target: Optional[float] = None
+    sla_epsilon: Optional[float] = None
+    sla_confidence: float = 0.95
+    sla_loss_bound: float = 5.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if (self.sla_target is None) != (self.sla_epsilon is None):
+            raise _bad("--sla-target and --sla-epsilon go together: give both for an SLA check, or neither")
+        if self.serving_dir is not None and self.push_dir is None:
+            raise _bad(f"--serving-dir {self.serving_dir!r} needs --push-dir: the models and their blessings are "
+                       "written there first (the artifacts a Pusher reads)")
+
+
+@dataclass(kw_only=True)
+class IncrementalSettings(FeatureSettings):
+    """`sage release incremental-regression`: a least-squares regressor at every block by the Tree Mechanism over
+    ``horizon`` blocks (``sage_tfx.release.incremental_regression.IncrementalRegressionParams``)."""
+
+    STRATEGY: ClassVar[str] = "incremental-regression"
+
+    horizon: int
+    bound_x: float = 1.0
+    bound_y: float = 1.0
+    radius: float = 10.0
+    iterations: int = 200
+
+
+@dataclass(kw_only=True)
+class GrowthSettings(ReleaseSettings):
+    """`sage release growth`: BBScheduler (``schedule="scheduler"``) or BBImprover (``"improver"``) re-running the
+    DP mean of ``column`` clipped to [0, ``bound``] over the declared ``rows_per_block`` per block
+    (``sage_tfx.release.growth``)."""
+
+    STRATEGY: ClassVar[str] = "growth"
+
+    schedule: str = "scheduler"
+    column: str
+    bound: float
+    rows_per_block: int
+    epsilon: float
+    delta: float = 0.0
+    composition: Optional[str] = None
+    gamma: float = 0.5
+    a: float = 0.1
+    t0: int = 1
+
+    def __post_init__(self):
+        if self.schedule not in ("scheduler", "improver"):
+            raise _bad(f"--schedule {self.schedule!r} is unknown: use scheduler or improver")
+        if self.schedule == "improver" and self.composition is not None:
+            raise _bad(f"--composition {self.composition!r} is for --schedule scheduler: BBImprover always "
+                       "composes in zCDP")
+
+
+@dataclass(kw_only=True)
+class PMWGSettings(ReleaseSettings):
+    """`sage release pmwg`: private multiplicative weights over the declared universe ``bins`` answering the
+    declared query stream of the file ``queries`` (``sage_tfx.release.growth.PMWG``). ``bins`` stays the text
+    given: it is signed into the grants' computation."""
+
+    STRATEGY: ClassVar[str] = "pmwg"
+
+    bins: str
+    queries: str
+    rows_per_block: int
+    epsilon: float
+    hard_budget: int = 20
+    threshold: float = 0.05
+    eta: float = 0.5
+    growth_exponent: float = 0.5
+
+    def __post_init__(self):
+        self.universe = parse_bins(self.bins)
+        if isinstance(self.rows_per_block, bool) or not isinstance(self.rows_per_block, int) \
+                or self.rows_per_block < 1:
+            raise _bad(f"--rows-per-block {self.rows_per_block!r} is invalid: give the declared (public) rows per "
+                       "block >= 1")
+
+
+def parse_bins(text: str) -> list[tuple[str, float, float, int]]:
+    """COL=LO:HI:K,... -> [(column, LO, HI, K)]: K equal bins on [LO, HI] per column."""
+    out = []
+    for part in [p.strip() for p in text.split(",") if p.strip()]:
+        try:
+            name, spec = part.split("=", 1)
+            lo, hi, k = spec.split(":")
+            lo, hi, k = float(lo), float(hi), int(k)
+        except ValueError:
+            raise _bad(f"--bins part {part!r} is invalid: give COL=LO:HI:K (K equal bins on [LO, HI])") from None
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi and k >= 1):
+            raise _bad(f"--bins part {part!r} is invalid: give finite LO < HI and K >= 1 bins")
+        name = name.strip()
+        if name in [c for c, *_ in out]:
+            raise _bad(f"--bins names column {name!r} twice: give each column once")
+        out.append((name, lo, hi, k))
+    if not out:
+        raise _bad(f"--bins {text!r} names no column: give COL=LO:HI:K,...")
+    return out
+
+
+SETTINGS: dict[str, type[ReleaseSettings]] = {
+    cls.STRATEGY: cls for cls in (ContinualSettings, IncrementalSettings, GrowthSettings, PMWGSettings)}
+"""Strategy name (the `sage release` subcommand) -> its settings class."""
