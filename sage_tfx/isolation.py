@@ -29,6 +29,8 @@ _CREATE_RULESET, _ADD_RULE, _RESTRICT_SELF = 444, 445, 446
 _CREATE_RULESET_VERSION = 1
 _RULE_PATH_BENEATH = 1
 _PR_SET_NO_NEW_PRIVS = 38
+_PR_SET_DUMPABLE, _PR_CAPBSET_DROP, _CAP_LAST = 4, 24, 63
+_CAPABILITY_VERSION_3 = 0x20080522
 EXECUTE, WRITE_FILE, READ_FILE, READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
 _FS_BY_ABI = {1: (1 << 13) - 1, 2: (1 << 14) - 1, 3: (1 << 15) - 1, 5: (1 << 16) - 1}  # + REFER, TRUNCATE, IOCTL_DEV
 _FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | (1 << 14) | (1 << 15)  # the rights a rule on a file may carry
@@ -39,9 +41,10 @@ READ = EXECUTE | READ_FILE | READ_DIR
 SYSTEM_READ = ("/usr", "/lib", "/lib64", "/lib32", "/bin", "/sbin", "/etc", "/sys", "/opt")
 # /proc: read, as TensorFlow needs its own /proc/self in every process the child starts (Beam's worker
 # subprocesses abort without it), and a rule on /proc/self would name the child's pid only. Landlock's ptrace rule
-# still refuses the launcher's memory (/proc/PID/mem: where the key is once read); the launcher's command line and
-# environment are readable, so a PostgreSQL password is given by a password file, not PGPASSWORD
-# (docs/security.md).
+# still refuses the launcher's memory (/proc/PID/mem: where the key is once read); the launcher makes itself
+# non-dumpable before its first child (``guard_launcher``) and the child drops every capability
+# (``drop_capabilities``), so the launcher's environment and memory maps are refused too. Its command line stays
+# readable (docs/security.md).
 PROC_READ = ("/proc",)
 # Of /dev, only these (never a disk: a raw read of the device would bypass every file rule), and /dev/shm.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
@@ -130,8 +133,39 @@ def spawn(module: str, args: list, confinement: Confinement, private_tmp: str, p
     """Start ``python -m module *args`` confined: scrubbed environment (``child_environment``), only ``pass_fds``
     inherited, its ``Confinement`` in ``SAGE_CONFINEMENT`` (the child calls ``confine`` first thing)."""
     environment = child_environment(private_tmp, {CONFINEMENT_ENV: confinement.to_json(), **(env or {})})
+    guard_launcher()
     return subprocess.Popen([sys.executable, "-m", module, *args], env=environment, close_fds=True,
                             pass_fds=tuple(pass_fds), cwd=private_tmp, **popen)
+
+
+def guard_launcher() -> None:
+    """Make this process (the launcher) non-dumpable: its /proc/PID files then belong to root and need
+    CAP_SYS_PTRACE to read, which no confined child has (``drop_capabilities``), so a child reads neither the
+    launcher's environment (a ``PGPASSWORD`` set there) nor its memory maps. Exec resets it in each child."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(_PR_SET_DUMPABLE, 0, 0, 0, 0)
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> None:
+    """Drop every capability of THIS process for good (bounding set, then effective, permitted and inheritable):
+    a child started as root keeps its user id but may no longer override file modes, trace or read another
+    process's /proc files, or mount. ConfinementError if the kernel refuses (it cannot refuse a reduction)."""
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in range(_CAP_LAST + 1):
+        libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0)  # EPERM without CAP_SETPCAP, EINVAL past the last: both fine
+    header, data = _CapHeader(_CAPABILITY_VERSION_3, 0), (_CapData * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise ConfinementError(f"capset (dropping every capability) failed: {os.strerror(ctypes.get_errno())}")
 
 
 def landlock_abi() -> int:
@@ -158,8 +192,10 @@ class _PathBeneath(ctypes.Structure):
 def confine(confinement: Confinement) -> int:
     """Restrict THIS process (and all it starts) to ``confinement`` with Landlock; return the ABI used (0: none).
 
-    Irreversible. Without Landlock it warns (RuntimeWarning) and returns 0: the caller still runs without the
-    key and secrets, but may read whatever its OS user can. ConfinementError if Landlock is there but fails."""
+    Irreversible. Every capability is dropped first (``drop_capabilities``). Without Landlock it warns
+    (RuntimeWarning) and returns 0: the caller still runs without the key and secrets, but may read whatever its
+    OS user can. ConfinementError if Landlock is there but fails."""
+    drop_capabilities()
     abi = landlock_abi()
     if abi <= 0:
         warnings.warn("Landlock is not available on this kernel: the confined pipeline runs in its own process "

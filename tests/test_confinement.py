@@ -93,7 +93,7 @@ def test_a_describe_server_has_no_grant_to_give(tmp_path):
 @LANDLOCK
 def test_the_confined_child_reads_no_key_and_inherits_no_secret(tmp_path):
     """sage_tfx.isolation alone: a child spawned confined reads its granted folder, not the key beside it, not the
-    launcher's environment, not a raw disk; it has no SAGE_KEY_FILE or PGPASSWORD; it cannot start unconfined."""
+    launcher's environment or memory, not a raw disk; it has no SAGE_KEY_FILE or PGPASSWORD; it cannot start unconfined."""
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "ok.txt").write_text("fine")
     (tmp_path / "ledger.db.key").write_bytes(b"secret key")
@@ -106,7 +106,8 @@ def test_the_confined_child_reads_no_key_and_inherits_no_secret(tmp_path):
         "confine_from_environment()\n"
         "out = {}\n"
         "for name, path in [('granted', sys.argv[1]), ('key', sys.argv[2]),"
-        " ('memory', f'/proc/{os.getppid()}/mem'), ('disk', '/dev/sda'), ('home', '/root')]:\n"
+        " ('memory', f'/proc/{os.getppid()}/mem'), ('environ', f'/proc/{os.getppid()}/environ'),"
+        " ('disk', '/dev/sda'), ('home', '/root')]:\n"
         "    try:\n"
         "        os.listdir(path) if os.path.isdir(path) else open(path, 'rb').read(1)\n"
         "        out[name] = 'read'\n"
@@ -126,7 +127,7 @@ def test_the_confined_child_reads_no_key_and_inherits_no_secret(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["granted"] == "read"
-    assert out["key"] == out["memory"] == out["home"] == "PermissionError"
+    assert out["key"] == out["memory"] == out["environ"] == out["home"] == "PermissionError"
     assert out["disk"] in ("PermissionError", "FileNotFoundError")
     assert out["env"] == []
     unconfined = subprocess.run([PY, "-m", "sage_tfx.pipelines.confined"], capture_output=True, text=True,
@@ -168,6 +169,7 @@ def _attack(where, key, db, data, other_block):
         "key_env": lambda: os.environ.get("SAGE_KEY_FILE"),
         "secret_env": lambda: os.environ.get("PGPASSWORD"),
         "launcher_memory": lambda: open(f"/proc/{os.getppid()}/mem", "rb").read(1),
+        "launcher_environ": lambda: b"hunter2" in open(f"/proc/{os.getppid()}/environ", "rb").read(),
         "ledger_open": lambda: Ledger.open(db).grants(),
         "ledger_open_keyed": lambda: Ledger.open(db, key_file=key).grants(),
         "database": lambda: sqlite3.connect(f"file:{db}?mode=ro", uri=True).execute("select * from meta").fetchall(),
@@ -266,7 +268,8 @@ def test_hostile_pipeline_preprocessing_and_trainer_modules_reach_no_key_ledger_
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "LEAK[" not in text, [line for line in text.splitlines() if "LEAK[" in line]
     for where in ("pipeline", "preprocessing", "trainer"):
-        for what in ("key_file", "head_file", "key_env", "secret_env", "launcher_memory", "ledger_open",
+        for what in ("key_file", "head_file", "key_env", "secret_env", "launcher_memory", "launcher_environ",
+                     "ledger_open",
                      "ledger_open_keyed", "database", "block_plaintext", "other_block_key", "other_grant_seed",
                      "unopened_seed", "exact_count", "request"):
             assert f"BLOCKED[{where}:{what}]" in text, (where, what)
