@@ -434,7 +434,7 @@ def _check_head(ledger, head, entries, problems, notes):
 
     A log BEHIND the head was truncated. A log AHEAD of it is accepted when its later entries verify under the
     key (checked above): a crash between a commit and the head write, a power loss that took a grant's head from
-    slot C before the grant's first use (``keys.HeadSync.USE``), or, on PostgreSQL, another host's writes
+    slot C before the grant's first use (``head_file.HeadSync.USE``), or, on PostgreSQL, another host's writes
     (each host's head file knows its own); a writer without the key cannot append such entries. ``head`` was read
     before the log's snapshot, so this host's writes after the snapshot cannot put it ahead of the log.
     """
