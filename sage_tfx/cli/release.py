@@ -260,7 +260,7 @@ def _featurizer(schema, cols, scales, label, label_scale, intercept):
 def _open(args, schema=None):
     """The ledger and the stream's schema (``schema`` when the data root holds none yet); a _BadInput if either is
     missing (nothing charged)."""
-    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.ingest.layout import stream_config
     from sage_tfx.privacy import Ledger
     from sage_tfx.privacy.errors import SageError
 
