@@ -57,7 +57,8 @@ import socket
 import time
 
 from . import anchor as _anchor, blocks as _blocks, charges as _charges, draws as _draws
-from .allocation import bisect as _bisect, get_policy
+from .allocation import get_policy
+from .budget_arrays import bisect as _bisect
 from .audit import audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
 from .chain import GENESIS, TRUSTED_READ, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
