@@ -44,7 +44,7 @@ import struct
 
 from sage_tfx.privacy.errors import StorageError
 
-from .layout import BLOCK_FILE, DIR_MODE, FILE_MODE, PLAIN_NAME
+from .layout import BLOCK_FILE, FILE_MODE, PLAIN_NAME
 
 MAGIC = b"SAGEBLK1"
 FORMAT = "sage-sealed-v1"
@@ -522,10 +522,3 @@ def read_file(path, dek, stream, block, size=None, sha256=None, name=None):
             yield from iter_tfrecords(gz, path)
         except (OSError, EOFError) as exc:  # gzip errors inside an authenticated stream: a writer bug
             raise SealedError(f"block file {path} holds a damaged record stream: {exc}") from None
-
-
-def make_private_dir(path):
-    """``os.makedirs`` with mode 0700 for every folder it creates (and ``path`` itself set to 0700)."""
-    os.makedirs(path, mode=DIR_MODE, exist_ok=True)
-    os.chmod(path, DIR_MODE)
-    return path
