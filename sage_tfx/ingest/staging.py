@@ -8,9 +8,9 @@ workers reach (``gs://B/P``, ``s3://B/P``, ``hdfs://H/P``, ``/shared/staging``):
 ``LOCATION/RUN_ID`` (a fresh random id), and the driver copies each part it commits into a local run under
 ``DATA_ROOT/STREAM/_staging`` (``fetch_parts``: O_EXCL, 0600, size and SHA-256 checked against what the writer
 reported) before the same commit; then it deletes the staged run, also after an error. The part list is
-sealed under the run key (``write_parts``/``read_parts``, sealed by ``sealed.seal_part_list``), and so are the part files (``sealed.py``):
-a store without O_EXCL or file modes sees only ciphertext, and an altered part or list is refused at commit
-(docs/security.md, "Staging outside the data root").
+sealed under the run key (``write_parts``/``read_parts``, sealed by ``sealed.seal_part_list``), and so are the
+part files (``sealed.py``): a store without O_EXCL or file modes sees only ciphertext, and an altered part
+or list is refused at commit (docs/security.md, "Staging outside the data root").
 
 Staging runs left by killed ingests are removed by the next ingest of the stream (``clean_stale_runs``):
 a run whose ``.run.lock`` can be locked belongs to a process that is gone (the kernel drops a dead
@@ -21,10 +21,13 @@ distributed Beam runner on a shared filesystem, run one ingest of a stream at a 
 locks: runs there whose newest object is older than ``REMOTE_STALE_SECONDS`` are removed by the next ingest
 that stages there (``clean_stale_remote_runs``). Only names of the form of a run id are ever removed.
 """
+import fcntl
 import hashlib
 import os
 import re
 import shutil
+import socket
+import time
 import uuid
 from typing import Optional
 
@@ -47,8 +50,6 @@ def new_run_dir(data_root, stream):
 
 def _new_locked_run(prepare, what):
     """A fresh locked run folder in the folder ``prepare()`` makes (``what`` names it in errors)."""
-    import fcntl
-
     for attempt in range(3):  # a refused ingest nearby may rmdir an empty _staging between our mkdirs
         staging = prepare()
         clean_stale_runs(staging)
@@ -80,9 +81,6 @@ def remove_run_dir(run):
 
 def clean_stale_runs(staging, now=None):
     """Remove the staging runs no live ingest holds (see the module docstring); returns the names removed."""
-    import fcntl
-    import time
-
     now = time.time() if now is None else now
     removed = []
     try:
@@ -213,8 +211,6 @@ def clean_stale_remote_runs(location, now=None):
     """Remove the runs at a staging URL whose newest object is older than ``REMOTE_STALE_SECONDS`` (left by
     killed ingests: a live run's workers keep writing, and a run never outlives its ingest); best effort.
     Returns the run ids removed."""
-    import time
-
     from apache_beam.io.filesystems import FileSystems
 
     now = time.time() if now is None else now
@@ -327,8 +323,6 @@ def check_run_here(run_dir):
     (a Beam worker) runs: a worker that does not share the driver's disk would otherwise write its parts where
     the driver never looks (docs/scale_out.md)."""
     if not os.path.isdir(run_dir):
-        import socket
-
         raise InputError(f"the staging run {run_dir} does not exist on the Beam worker on host {socket.gethostname()} "
                          f"(pid {os.getpid()}): the workers do not see the driver's disk at this path. Give "
                          "--staging-location URL_OR_DIR, a Beam FileSystems URL (gs://BUCKET/staging) or a folder "

@@ -24,6 +24,7 @@ associated data. Folders are created 0700 and files 0600. Reading needs the bloc
 signed grant (``access.grant_block_keys``) or trusted code (``access.trusted_block_keys``).
 """
 import contextlib
+import fcntl
 import os
 import shutil
 import uuid
@@ -222,8 +223,6 @@ def refuse_copies(ledger, stream, forms: dict, allow_duplicate_of=()) -> None:
 @contextlib.contextmanager
 def _commit_lock(data_root, stream):
     """One committer per stream at a time (an advisory lock on this host)."""
-    import fcntl
-
     with open(os.path.join(stream_dir(data_root, stream), STAGING, ".commit.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
