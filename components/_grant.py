@@ -241,7 +241,7 @@ def laplace_count(exact, epsilon, rng):
     Mechanism: ``sage_tfx.privacy.samplers.grid_laplace(exact, 1, epsilon, rng)``: the count (an
     integer, on the grid) plus gamma times exact discrete Laplace noise, gamma = 2^-20 for
     epsilon <= 1, integer scale t = ceil((2^20 + 1)/epsilon) (noise scale within 2^-20 of 1/epsilon).
-    ``rng``: a ``samplers.SecureRNG`` (or anything ``as_secure_rng`` takes).
+    ``rng``: a ``randomness.SecureRNG`` (or anything ``as_secure_rng`` takes).
     Sensitivity: adding or removing one record changes a count by at most 1 (one cell), so the
     release is (epsilon, 0)-DP, exactly (proof in ``grid_laplace``; Dwork et al. 2006 for the
     continuous analogue). The granted blocks are disjoint parts of the stream, so one count over
@@ -264,7 +264,7 @@ def released_record_count(ledger, grant):
     BlockExampleGen and DPTrainer, and any re-run, release the same value: no extra privacy loss.
     ``ledger``: its location, or an open ``Ledger`` (one connection for the release and the count).
     """
-    from sage_tfx.privacy.samplers import secure_rng
+    from sage_tfx.privacy.randomness import secure_rng
 
     split = grant_split(grant)
     if split is None or split.count <= 0:

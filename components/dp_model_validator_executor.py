@@ -23,7 +23,7 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components._grant import GrantedExecutor, canonical_saved_model_text, computation_digest
-from sage_tfx.privacy.samplers import secure_rng
+from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy import GrantError, grant_split, require_budget, require_side, stage_budget
 from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError

@@ -45,7 +45,7 @@ def parse_schema(schema):
 
 def stream_schema(data_root, stream):
     """The public schema of a stream, from DATA_ROOT/STREAM/_stream.json."""
-    from sage_tfx.ingest.store import STREAM_FILE, stream_config, stream_dir
+    from sage_tfx.ingest.layout import STREAM_FILE, stream_config, stream_dir
 
     config = stream_config(data_root, stream)
     if config is None:

@@ -155,7 +155,7 @@ def check_stream_schema(data_root, stream, sla, name, schema=None) -> dict:
     `sage serve` before its replay wrote any block), and pipeline ``name``'s SLA label is one of its columns
     (unless the model derives it: ``label_signature``)."""
     from sage_tfx.components.transform_utils import stream_schema
-    from sage_tfx.ingest.store import STREAM_FILE, stream_dir
+    from sage_tfx.ingest.layout import STREAM_FILE, stream_dir
 
     if schema is None:
         where = os.path.join(stream_dir(data_root, stream), STREAM_FILE)

@@ -474,7 +474,7 @@ def _generated_iteration(definition, data_root, stream, schema, model, runner, b
     """The dry run itself: one iteration on generated rows in a throwaway ledger and data root."""
     from sage_tfx.adaptive import SageIterator
     from sage_tfx.ingest.pipeline import ingest_batches
-    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.ingest.layout import stream_config
     from sage_tfx.pipelines._runner import PipelineConfig, make_run_iteration
     from sage_tfx.privacy import Ledger
 

@@ -166,7 +166,7 @@ def read_held_out(path: str, schema: dict, fmt: Optional[str] = None):
 
 
 def _schema(data_root, stream):
-    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.ingest.layout import stream_config
 
     config = stream_config(data_root, stream)
     if config is None:
@@ -291,7 +291,7 @@ def score_model(ledger, stream: str, pipeline, held_out: str, *, data_root: str,
     Two trusted reads are logged in the ledger: every block (the overlap check) and the grant's blocks (the
     baselines' rows).
     """
-    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.ingest.layout import stream_config
     from sage_tfx.pipelines import SagePipeline
     from sage_tfx.pipelines.confined import describe, ledger_secrets
 

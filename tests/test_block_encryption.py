@@ -11,7 +11,7 @@ import stat
 import pytest
 
 from sage_tfx.data.taxi import TIME_COLUMN, load_taxi
-from sage_tfx.ingest import access, sealed, store
+from sage_tfx.ingest import access, layout, sealed
 from sage_tfx.ingest.pipeline import ingest_batches, make_spec
 from sage_tfx.ingest.records import InputError, decode, read_tfrecords, schema_of, write_tfrecords
 from sage_tfx.privacy import GrantError, Ledger
@@ -39,7 +39,7 @@ def _biggest(ledger, stream):
 
 
 def _files(data, stream, block):
-    return store.block_files(data, stream, block)
+    return layout.block_files(data, stream, block)
 
 
 def test_a_block_read_without_a_grant_is_ciphertext(world):
@@ -53,11 +53,11 @@ def test_a_block_read_without_a_grant_is_ciphertext(world):
     on_disk = b""
     # the data root and the stream's folder are private too (data roots 0700, files 0600)
     assert stat.S_IMODE(os.stat(data).st_mode) == 0o700
-    assert stat.S_IMODE(os.stat(os.path.dirname(store.block_dir(data, "a", blocks[0].id))).st_mode) == 0o700
+    assert stat.S_IMODE(os.stat(os.path.dirname(layout.block_dir(data, "a", blocks[0].id))).st_mode) == 0o700
     for blk in blocks:
-        folder = store.block_dir(data, "a", blk.id)
+        folder = layout.block_dir(data, "a", blk.id)
         assert stat.S_IMODE(os.stat(folder).st_mode) == 0o700
-        manifest = json.load(open(os.path.join(folder, store.BLOCK_FILE)))
+        manifest = json.load(open(os.path.join(folder, layout.BLOCK_FILE)))
         assert "rows" not in json.dumps(manifest)  # no row count beside the data
         for path in _files(data, "a", blk.id):
             assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
@@ -87,12 +87,12 @@ def test_a_grant_on_one_stream_cannot_read_another_streams_block(world, tmp_path
     mine, theirs = _biggest(ledger, "a"), _biggest(ledger, "b")
     grant = ledger.request("p", "a", blocks=[mine], epsilon=0.5)
     assert len(list(access.grant_blocks(ledger, data, grant.to_json())[1][0].records())) > 0  # the grant works
-    ours, other = store.block_dir(data, "a", mine), store.block_dir(data, "b", theirs)
+    ours, other = layout.block_dir(data, "a", mine), layout.block_dir(data, "b", theirs)
 
     # 1. stream b's whole block folder moved in place of stream a's block, its manifest edited to name a's block
     shutil.rmtree(ours)
     shutil.copytree(other, ours)
-    manifest_path = os.path.join(ours, store.BLOCK_FILE)
+    manifest_path = os.path.join(ours, layout.BLOCK_FILE)
     manifest = json.load(open(manifest_path))
     assert manifest["stream"] == "b"
     with pytest.raises(sealed.SealedError, match="is for block .* of stream 'b'"):
@@ -104,13 +104,13 @@ def test_a_grant_on_one_stream_cannot_read_another_streams_block(world, tmp_path
 
     # 2. even with a's own key handed over, b's files do not decrypt as a's block (stream and block are bound)
     key = ledger.keyring.block_key("a", mine)
-    dek_guess = sealed.unwrap(json.load(open(os.path.join(other, store.BLOCK_FILE))), ledger.keyring.block_key(
+    dek_guess = sealed.unwrap(json.load(open(os.path.join(other, layout.BLOCK_FILE))), ledger.keyring.block_key(
         "b", theirs), "b's manifest")  # (trusted code only: b's own key)
     path = _files(data, "b", theirs)[0]
     with pytest.raises(sealed.SealedError, match="fails authentication"):
         list(sealed.read_file(path, dek_guess, "a", mine))
     with pytest.raises(sealed.SealedError, match="does not authenticate"):
-        sealed.unwrap(json.load(open(os.path.join(other, store.BLOCK_FILE))), key, "b's manifest under a's key")
+        sealed.unwrap(json.load(open(os.path.join(other, layout.BLOCK_FILE))), key, "b's manifest under a's key")
 
 
 def test_a_flipped_byte_is_refused_naming_the_file(world):
@@ -128,7 +128,7 @@ def test_a_flipped_byte_is_refused_naming_the_file(world):
             got.append(rec)
     assert got == []  # refused before a record was yielded
     # Its recorded digest edited to match: the manifest no longer authenticates.
-    manifest_path = os.path.join(store.block_dir(data, "a", block), store.BLOCK_FILE)
+    manifest_path = os.path.join(layout.block_dir(data, "a", block), layout.BLOCK_FILE)
     manifest = json.load(open(manifest_path))
     import hashlib
 
@@ -142,8 +142,8 @@ def test_paths_escaping_the_block_folder_are_refused(world):
     data, ledger = world["data"], world["ledger"]
     mine, neighbour = [blk.id for blk in ledger.blocks("a")][:2]
     grant = ledger.request("p", "a", blocks=[mine], epsilon=0.5)
-    folder = store.block_dir(data, "a", mine)
-    manifest_path = os.path.join(folder, store.BLOCK_FILE)
+    folder = layout.block_dir(data, "a", mine)
+    manifest_path = os.path.join(folder, layout.BLOCK_FILE)
     original = open(manifest_path).read()
     target = os.path.basename(_files(data, "a", neighbour)[0])
     for name in (f"../{neighbour}/{target}", "..", f"/etc/passwd"):
@@ -162,7 +162,7 @@ def test_paths_escaping_the_block_folder_are_refused(world):
     # A block folder that is a symlink to another block's folder
     os.remove(part)
     shutil.rmtree(folder)
-    os.symlink(store.block_dir(data, "a", neighbour), folder)
+    os.symlink(layout.block_dir(data, "a", neighbour), folder)
     with pytest.raises(sealed.SealedError, match="a symlink"):
         access.grant_blocks(ledger, data, grant.to_json())
 
@@ -197,13 +197,13 @@ def test_unencrypted_blocks_are_refused_then_encrypted_by_reingesting(world):
     data, ledger, rows = world["data"], world["ledger"], world["a"]
     block = _biggest(ledger, "a")
     records = list(access.read_block_records(ledger, data, "a", [block], purpose="test"))
-    folder = store.block_dir(data, "a", block)
-    manifest = json.load(open(os.path.join(folder, store.BLOCK_FILE)))
+    folder = layout.block_dir(data, "a", block)
+    manifest = json.load(open(os.path.join(folder, layout.BLOCK_FILE)))
     shutil.rmtree(folder)
     os.makedirs(folder)
     write_tfrecords(os.path.join(folder, "part-old-00000.tfrecord.gz"), records)
     json.dump({"stream": "a", "block": block, "digest": manifest["digest"], "files": ["part-old-00000.tfrecord.gz"],
-               "start": manifest["start"], "end": manifest["end"]}, open(os.path.join(folder, store.BLOCK_FILE), "w"))
+               "start": manifest["start"], "end": manifest["end"]}, open(os.path.join(folder, layout.BLOCK_FILE), "w"))
     with pytest.raises(sealed.SealedError, match="stored unencrypted .* ingesting the same input again"):
         list(access.read_block_records(ledger, data, "a", [block], purpose="test"))
     before = [(blk.id, blk.spent) for blk in ledger.blocks("a")]
@@ -211,7 +211,7 @@ def test_unencrypted_blocks_are_refused_then_encrypted_by_reingesting(world):
                             schema_of(rows.schema))
     assert result["added"] == [] and result["encrypted"] == [block]
     assert [(blk.id, blk.spent) for blk in ledger.blocks("a")] == before
-    schema = store.stream_config(data, "a")["schema"]
+    schema = layout.stream_config(data, "a")["schema"]
 
     def rows_of(recs):  # tf.Example bytes may order their map differently: compare the decoded rows
         return sorted(map(str, decode(list(recs), schema).to_pylist()))

@@ -92,7 +92,7 @@ def test_interval_is_a_finite_pair_low_below_high():
 def test_converted_modules_raise_their_sage_error_naming_the_value():
     """filters / curves / split (LedgerError), samplers (SamplerError), adassp (AdaSSPConfigError): each bad
     argument named with its value and the rule, by a SageError that is still a ValueError."""
-    from sage_tfx.privacy import adassp, curves, filters, samplers
+    from sage_tfx.privacy import adassp, curves, filters, randomness, samplers
     from sage_tfx.privacy.split import BudgetSplit
 
     cases = [
@@ -114,13 +114,13 @@ def test_converted_modules_raise_their_sage_error_naming_the_value():
          r"^count_share 0\.5 is invalid: must be in \[0, 1 - preprocessing_share = 0\.5\)$"),
         (lambda: BudgetSplit.for_epsilon(1.0, 1e-6, disjoint_split=False, validation_share=0), LedgerError,
          r"^validation_share 0 is invalid: must be in \(0, 1\)$"),
-        (lambda: samplers.discrete_laplace(2.5, 3, 0), samplers.SamplerError,
+        (lambda: samplers.discrete_laplace(2.5, 3, 0), randomness.SamplerError,
          r"^discrete_laplace: the scale t must be an integer in \[1, 4503599627370496\], got 2\.5$"),
-        (lambda: samplers.grid_laplace_params(1.0, 1.0, cells=2.5), samplers.SamplerError,
+        (lambda: samplers.grid_laplace_params(1.0, 1.0, cells=2.5), randomness.SamplerError,
          r"^cells must be an integer >= 1, got 2\.5$"),
-        (lambda: samplers.grid_gaussian_params(1.0, math.inf), samplers.SamplerError,
+        (lambda: samplers.grid_gaussian_params(1.0, math.inf), randomness.SamplerError,
          r"^sigma must be a finite number > 0, got inf$"),
-        (lambda: samplers.secure_rng(-1), samplers.SamplerError, r"^seed must be an integer >= 0, got -1$"),
+        (lambda: randomness.secure_rng(-1), randomness.SamplerError, r"^seed must be an integer >= 0, got -1$"),
         (lambda: adassp.noise_scales(1.0, 1e-6, 1.0, 1.0, 2.5), adassp.AdaSSPConfigError,
          r"^dim=2\.5 is invalid: need at least one feature \(an integer >= 1\)$"),
         (lambda: adassp.noise_scales(1.0, "x", 1.0, 1.0, 1), adassp.AdaSSPConfigError,

@@ -13,7 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sage_tfx.ingest import access, store
+from sage_tfx.ingest import access, layout, store
 from sage_tfx.ingest.pipeline import ingest_batches, make_spec
 from sage_tfx.ingest.records import InputError, row_hashes, schema_of, to_example_batch
 from sage_tfx.ingest.replay import Replay
@@ -44,8 +44,8 @@ def _ingest(ledger, data, stream, table):
 def _attack(data, stream):
     """What an outsider with read access to the data root does: the digest and schema on disk, every candidate
     hashed with the public row hash, the candidates whose block digest matches."""
-    manifest = json.load(open(os.path.join(store.block_dir(data, stream, BLOCK), store.BLOCK_FILE)))
-    schema = json.load(open(os.path.join(store.stream_dir(data, stream), store.STREAM_FILE)))["schema"]
+    manifest = json.load(open(os.path.join(layout.block_dir(data, stream, BLOCK), layout.BLOCK_FILE)))
+    schema = json.load(open(os.path.join(layout.stream_dir(data, stream), layout.STREAM_FILE)))["schema"]
     known = int(row_hashes(to_example_batch(_trips(KNOWN).to_batches()[0], schema)).sum())
     table = pa.table({"t": pa.array([T0 + 60 * len(KNOWN)] * len(CANDIDATES), pa.int64()),
                       "fare_cents": pa.array(CANDIDATES, pa.int64()),
@@ -84,7 +84,7 @@ def test_a_hidden_trip_cannot_be_picked_out_of_1000_candidates_by_its_digest(wor
     matched, digest = _attack(data, "s")
     assert matched == [] and len(digest) == 64
     assert ledger.block_digest("s", BLOCK) == digest
-    total = int(row_hashes(to_example_batch(table.to_batches()[0], store.stream_config(data, "s")["schema"])).sum())
+    total = int(row_hashes(to_example_batch(table.to_batches()[0], layout.stream_config(data, "s")["schema"])).sum())
     assert digest == ledger.keyring.content_digest(total)
     raw = f"{total:016x}".encode()
     for folder, _, files in os.walk(data):

@@ -8,7 +8,7 @@ import pytest
 
 from sage_tfx.privacy import GrantError, Ledger
 from sage_tfx.privacy.digests import bound_to_data
-from sage_tfx.privacy.samplers import secure_rng
+from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.release.continual import (
     ContinualRelease, ContinualReleaseError, ReleaseParams, SlidingWindowRelease, calibrate_z_eff,
     clip_features, dyadic_cover, private_erm, rdp_epsilon, sensitivity, solve_erm)

@@ -41,7 +41,7 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.privacy.keys.KeyFileError": (ValueError,),
     "sage_tfx.privacy.adassp.AdaSSPConfigError": (ValueError,),
     "sage_tfx.privacy.dpsgd.DpSgdConfigError": (ValueError,),
-    "sage_tfx.privacy.samplers.SamplerError": (ValueError,),
+    "sage_tfx.privacy.randomness.SamplerError": (ValueError,),
     "sage_tfx.models.seeding.TrainingSeedError": (ValueError,),
     "sage_tfx.models.seeding.FitBudgetError": (ValueError,),
     "sage_tfx.models.seeding.PublicParameterError": (ValueError,),
@@ -93,7 +93,7 @@ ARGS: dict[str, tuple[object, ...]] = {
 # Modules that import no TensorFlow (the core, ingest, validation, the CLI's light parts, the pipeline definition).
 CORE_MODULES = (
     "sage_tfx.privacy.errors", "sage_tfx.privacy.keys", "sage_tfx.privacy.adassp", "sage_tfx.privacy.dpsgd",
-    "sage_tfx.privacy.samplers",
+    "sage_tfx.privacy.samplers", "sage_tfx.privacy.randomness",
     "sage_tfx.transform.errors", "sage_tfx.validation.core", "sage_tfx.ingest.records", "sage_tfx.ingest.access",
     "sage_tfx.ingest.sealed", "sage_tfx.components.transform_utils", "sage_tfx.components.trainer_utils",
     "sage_tfx.pipelines.definition", "sage_tfx.pipelines.template", "sage_tfx.pipelines.scoring", "sage_tfx.beam_boot",

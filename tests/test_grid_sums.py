@@ -17,7 +17,7 @@ import math
 import numpy as np
 import pytest
 
-from sage_tfx.privacy import adassp, samplers
+from sage_tfx.privacy import adassp, randomness, samplers
 from sage_tfx.validation.core import Mode
 from sage_tfx.validation.loss import release_count_and_sum
 from sage_tfx.validation.noisy import release_pair
@@ -67,7 +67,7 @@ def test_the_validators_release_the_exact_grid_sums():
 
 
 def test_a_grid_sum_too_large_for_float64_is_refused():
-    with pytest.raises(samplers.SamplerError, match="too large for its grid"):
+    with pytest.raises(randomness.SamplerError, match="too large for its grid"):
         samplers.grid_laplace_sum(np.full(4, 2.0 ** 31), 1.0, 1.0, rng=1)  # 2^51 units each
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from sage_tfx.privacy import Ledger
 from sage_tfx.privacy.digests import bound_to_data
-from sage_tfx.privacy.samplers import grid_laplace, secure_rng
+from sage_tfx.privacy.randomness import secure_rng
+from sage_tfx.privacy.samplers import grid_laplace
 from sage_tfx.release.growth import (
     PMWG, BBImprover, BBScheduler, GrowthError, ImproverParams, PMWGParams, ScheduledRelease, SchedulerParams,
     Universe, count_query, sum_query)

@@ -1,4 +1,4 @@
-"""The head file's ``commit`` and ``group`` sync modes (keys.HeadSync; docs/security.md): ``commit`` makes the head
+"""The head file's ``commit`` and ``group`` sync modes (head_file.HeadSync; docs/security.md): ``commit`` makes the head
 durable before a ledger write returns, ``group`` by a background writer within 50 ms, one write for all the commits
 of the interval; and the two-slot file they write. The default mode, ``use``, is in tests/test_head_use.py.
 
@@ -20,8 +20,9 @@ import pytest
 
 from _head_file import last_seq, small_ledger
 from sage_tfx.privacy import Ledger
-from sage_tfx.privacy import keys as keys_module
-from sage_tfx.privacy.keys import ENV_HEAD_SYNC, HeadFile, HeadSync, KeyFileError, head_sync_mode
+from sage_tfx.privacy import head_file as head_module
+from sage_tfx.privacy.head_file import ENV_HEAD_SYNC, HeadFile, HeadSync, head_sync_mode
+from sage_tfx.privacy.keys import KeyFileError
 
 
 @pytest.mark.parametrize("mode", ["commit", "group"])
@@ -132,7 +133,7 @@ def test_a_bad_mode_is_refused_naming_the_value(monkeypatch):
         head_sync_mode()
     with pytest.raises(KeyFileError, match=r"head_sync='never'"):
         head_sync_mode("never")
-    assert head_sync_mode("GROUP") is HeadSync.GROUP and keys_module.GROUP_INTERVAL_S == 0.05
+    assert head_sync_mode("GROUP") is HeadSync.GROUP and head_module.GROUP_INTERVAL_S == 0.05
 
 
 def test_a_bad_mode_creates_nothing_and_open_takes_the_mode(tmp_path, monkeypatch):
@@ -152,7 +153,7 @@ def test_a_bad_mode_creates_nothing_and_open_takes_the_mode(tmp_path, monkeypatc
     assert HeadFile(str(tmp_path / "l.db") + ".key.head", "commit").read()[ledger.ledger_id]["seq"] == last
 
 
-# ------------------------------------------------------------------ the two-slot head file (keys.HeadFile)
+# ------------------------------------------------------------------ the two-slot head file (head_file.HeadFile)
 def _head_bytes(ledger):
     with open(ledger.head_file.path, "rb") as f:
         return f.read()
@@ -160,8 +161,8 @@ def _head_bytes(ledger):
 
 def _slot_end(data, offset):
     """Where the meaningful bytes of the slot at ``offset`` end (header, payload, digest; then zero padding)."""
-    _magic, _size, _generation, length = keys_module._SLOT_HEADER.unpack_from(data, offset)
-    return keys_module._SLOT_HEADER.size + length + keys_module._SLOT_DIGEST
+    _magic, _size, _generation, length = head_module._SLOT_HEADER.unpack_from(data, offset)
+    return head_module._SLOT_HEADER.size + length + head_module._SLOT_DIGEST
 
 
 @pytest.mark.parametrize("tear", ["nothing", "header", "half", "all but one byte", "new tail, old head",
@@ -176,14 +177,14 @@ def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_a
     before, old_seq = _head_bytes(ledger), last_seq(ledger)
     ledger.request("p", "s", blocks=["b1"], epsilon=1.0)
     after, last = _head_bytes(ledger), last_seq(ledger)
-    assert len(before) == len(after) == 2 * keys_module.HEAD_SLOT_BYTES and last > old_seq
-    size = keys_module.HEAD_SLOT_BYTES
+    assert len(before) == len(after) == 2 * head_module.HEAD_SLOT_BYTES and last > old_seq
+    size = head_module.HEAD_SLOT_BYTES
     written = [i for i in (0, 1) if before[i * size:(i + 1) * size] != after[i * size:(i + 1) * size]]
     assert len(written) == 1  # one slot written in place, the other untouched
     offset = written[0] * size
     old, new = before[offset:offset + size], after[offset:offset + size]
     end = _slot_end(after, offset)
-    header = keys_module._SLOT_HEADER.size
+    header = head_module._SLOT_HEADER.size
     torn = {"nothing": old,
             "header": new[:header] + old[header:],
             "half": new[:end // 2] + old[end // 2:],
@@ -242,7 +243,7 @@ def test_an_old_json_head_file_is_read_and_migrated_on_the_first_write(tmp_path,
     ledger.request("p", "s", blocks=["b1"], epsilon=1.0)  # the first write migrates the file
     with open(path, "rb") as f:
         data = f.read()
-    assert data.startswith(keys_module.HEAD_MAGIC) and len(data) == 2 * keys_module.HEAD_SLOT_BYTES
+    assert data.startswith(head_module.HEAD_MAGIC) and len(data) == 2 * head_module.HEAD_SLOT_BYTES
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     heads = HeadFile(path, "commit").read()
     assert heads[OTHER_LEDGER] == {"seq": 41, "chain": "ab" * 32}  # the other ledger's head kept
@@ -257,8 +258,8 @@ def test_an_old_json_head_file_is_read_and_migrated_on_the_first_write(tmp_path,
 
 def test_an_in_place_write_is_one_fdatasync_and_a_head_beyond_its_slot_grows_the_file(tmp_path, monkeypatch):
     syncs = []
-    real_fdatasync, real_fsync = keys_module._fdatasync, os.fsync
-    monkeypatch.setattr(keys_module, "_fdatasync", lambda fd: (syncs.append("fdatasync"), real_fdatasync(fd)))
+    real_fdatasync, real_fsync = head_module._fdatasync, os.fsync
+    monkeypatch.setattr(head_module, "_fdatasync", lambda fd: (syncs.append("fdatasync"), real_fdatasync(fd)))
     monkeypatch.setattr(os, "fsync", lambda fd: (syncs.append("fsync"), real_fsync(fd)))
     path = str(tmp_path / "k.key.head")
     head = HeadFile(path, "commit")
@@ -270,13 +271,13 @@ def test_an_in_place_write_is_one_fdatasync_and_a_head_beyond_its_slot_grows_the
     for i, name in enumerate(ledgers):
         syncs.clear()
         head.advance(name, i + 1, "c" * 64)
-        if os.stat(path).st_size > 2 * keys_module.HEAD_SLOT_BYTES and grown_at is None:
+        if os.stat(path).st_size > 2 * head_module.HEAD_SLOT_BYTES and grown_at is None:
             grown_at = i
             assert syncs == ["fsync", "fsync"] and os.stat(path).st_ino != inode  # replaced whole, bigger slots
             inode = os.stat(path).st_ino
         else:
             assert syncs == ["fdatasync"] and os.stat(path).st_ino == inode, (i, syncs)  # one durable write, in place
-    assert grown_at is not None and os.stat(path).st_size == 4 * keys_module.HEAD_SLOT_BYTES
+    assert grown_at is not None and os.stat(path).st_size == 4 * head_module.HEAD_SLOT_BYTES
     heads = HeadFile(path, "commit").read()
     assert len(heads) == 31 and heads["L"] == {"seq": 1, "chain": "c1"}
     assert all(heads[name]["seq"] == i + 1 for i, name in enumerate(ledgers))
@@ -294,7 +295,7 @@ def test_a_stale_writer_never_moves_the_head_back_and_follows_a_replaced_file(tm
     assert HeadFile(path, "commit").read()["L"] == {"seq": 7, "chain": "c7"}
     for i in range(60):  # b grows the file: a new file (bigger slots) renamed over the one a has open
         b.advance(f"other-{i:02d}-" + "y" * 100, 1, "c")
-    assert os.stat(path).st_size > 2 * keys_module.HEAD_SLOT_BYTES
+    assert os.stat(path).st_size > 2 * head_module.HEAD_SLOT_BYTES
     a.advance("L", 9, "c9")  # written into the new file, keeping b's heads
     heads = HeadFile(path, "commit").read()
     assert heads["L"] == {"seq": 9, "chain": "c9"} and len(heads) == 61
@@ -311,7 +312,7 @@ def test_writers_in_several_processes_lose_no_head_and_never_go_back(tmp_path, m
     HeadFile(path, mode).advance("shared", 0, "c")
     child = textwrap.dedent("""
         import sys
-        from sage_tfx.privacy.keys import HeadFile
+        from sage_tfx.privacy.head_file import HeadFile
         path, me, n, mode = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
         head, lazy = HeadFile(path, mode), mode == "use"
         for i in range(n):
@@ -326,7 +327,7 @@ def test_writers_in_several_processes_lose_no_head_and_never_go_back(tmp_path, m
     assert heads["shared"] == {"seq": 3 * n, "chain": f"c{3 * n}"}
     assert all(heads[f"own-{me}"] == {"seq": n, "chain": f"o{n}"} for me in range(3))
     with open(path, "rb") as f:
-        assert keys_module._parse_head_file(f.read(), path).durable_heads == heads  # durable: synced, or at exit
+        assert head_module._parse_head_file(f.read(), path).durable_heads == heads  # durable: synced, or at exit
 
 
 def test_a_head_file_open_to_others_or_malformed_is_refused_naming_the_fix(tmp_path):
@@ -340,7 +341,7 @@ def test_a_head_file_open_to_others_or_malformed_is_refused_naming_the_fix(tmp_p
         HeadFile(path, "commit").read()
     os.chmod(path, 0o600)
     with open(path, "r+b") as f:  # both slots destroyed
-        f.write(bytes(2 * keys_module.HEAD_SLOT_BYTES))
+        f.write(bytes(2 * head_module.HEAD_SLOT_BYTES))
     with pytest.raises(KeyFileError, match=r"is malformed .*no intact slot"):
         HeadFile(path, "commit").read()
     with pytest.raises(KeyFileError, match=r"is malformed"):
@@ -353,12 +354,12 @@ def test_a_process_keeps_at_most_max_open_head_files_descriptors_open(tmp_path):
     def open_fds():
         return len(os.listdir("/proc/self/fd"))
 
-    heads = [HeadFile(str(tmp_path / f"h{i}.key.head"), "commit") for i in range(3 * keys_module.MAX_OPEN_HEAD_FILES)]
+    heads = [HeadFile(str(tmp_path / f"h{i}.key.head"), "commit") for i in range(3 * head_module.MAX_OPEN_HEAD_FILES)]
     heads[0].advance("L", 1, "c1")
     start = open_fds()
     for i, head in enumerate(heads[1:]):
         head.advance("L", i + 1, "c")
-    assert open_fds() - start <= 2 * keys_module.MAX_OPEN_HEAD_FILES
+    assert open_fds() - start <= 2 * head_module.MAX_OPEN_HEAD_FILES
     assert heads[0]._fds.lock is None  # the oldest closed its descriptors
     heads[0].advance("L", 2, "c2")
     heads[0].advance("L", 1, "c1-again")

@@ -1,4 +1,4 @@
-"""The default head-file sync mode, ``use`` (keys.HeadSync.USE; docs/security.md, "When the head file is made
+"""The default head-file sync mode, ``use`` (head_file.HeadSync.USE; docs/security.md, "When the head file is made
 durable"): a grant's head goes to the head file's third slot (C) without a sync before the grant returns, and into a
 durable slot (A or B, fdatasync'd) before the grant's first use (``Ledger.verify``); every other write's head is
 durable before the write returns.
@@ -23,16 +23,16 @@ import pytest
 
 from _head_file import backup, last_seq, restore, small_ledger
 from sage_tfx.privacy import GrantError, Ledger, LedgerRollback
-from sage_tfx.privacy import keys as keys_module
-from sage_tfx.privacy.keys import ENV_HEAD_SYNC, HeadFile, HeadSync
+from sage_tfx.privacy import head_file as head_module
+from sage_tfx.privacy.head_file import ENV_HEAD_SYNC, HeadFile, HeadSync
 
-SLOT = keys_module.HEAD_SLOT_BYTES
-C = keys_module.HEAD_LAZY_SLOT
+SLOT = head_module.HEAD_SLOT_BYTES
+C = head_module.HEAD_LAZY_SLOT
 
 
 def _state(path):
     with open(path, "rb") as f:
-        return keys_module._parse_head_file(f.read(), path)
+        return head_module._parse_head_file(f.read(), path)
 
 
 def _newest_seq(state, ledger_id):
@@ -50,7 +50,7 @@ def _default_mode(monkeypatch):
 
 def test_use_is_the_default_and_a_grant_is_durable_before_its_first_use(tmp_path):
     ledger = small_ledger(tmp_path / "l.db")
-    assert ledger.head_file.sync is HeadSync.USE and keys_module.head_sync_mode() is HeadSync.USE
+    assert ledger.head_file.sync is HeadSync.USE and head_module.head_sync_mode() is HeadSync.USE
     path, me = ledger.head_file.path, ledger.ledger_id
     setup = last_seq(ledger)
     assert _durable_seq(_state(path), me) == setup  # stream and blocks: durable before each write returned
@@ -204,8 +204,8 @@ def test_a_torn_or_stale_slot_c_falls_back_to_the_durable_head(tmp_path, tear):
 
 def test_make_durable_syncs_a_slot_this_process_did_not_and_only_once(tmp_path, monkeypatch):
     syncs = []
-    real = keys_module._fdatasync
-    monkeypatch.setattr(keys_module, "_fdatasync", lambda fd: (syncs.append(fd), real(fd)))
+    real = head_module._fdatasync
+    monkeypatch.setattr(head_module, "_fdatasync", lambda fd: (syncs.append(fd), real(fd)))
     path = str(tmp_path / "k.key.head")
     writer, reader = HeadFile(path, "use"), HeadFile(path, "use")  # two descriptors, as two processes
     writer.advance("L", 1, "c1")
@@ -243,7 +243,7 @@ def test_a_head_file_that_cannot_be_written_at_first_use_is_warned_about_and_the
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
     grant = ledger.request("p", "s", blocks=["b1"], epsilon=1.0)
     os.chmod(ledger.head_file.path, 0o664)
-    with caplog.at_level("WARNING", logger="sage_tfx.privacy.keys"):
+    with caplog.at_level("WARNING", logger="sage_tfx.privacy.head_file"):
         assert ledger.verify(grant).id == grant.id
     assert any("could not update head file" in r.getMessage() and "chmod 600" in r.getMessage()
                for r in caplog.records), caplog.records

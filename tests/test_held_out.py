@@ -71,7 +71,7 @@ def test_demo_held_out_range_is_a_time_range_the_stream_never_holds(demo_split):
 @pytest.mark.slow  # replays 1,095 daily blocks through the ledger (about 15 s; no TensorFlow)
 def test_demo_replay_ingests_no_held_out_row(demo_split, tmp_path):
     from sage_tfx.ingest.replay import Replay
-    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.ingest.layout import stream_config
     from sage_tfx.privacy import Ledger
 
     stream, held = demo_split

@@ -149,6 +149,23 @@ def test_the_ledger_facade_is_imported_only_from_above_and_its_steps_never_impor
     assert facade in init  # the public surface: sage_tfx.privacy.Ledger
 
 
+BLOCK_STORE = ("layout", "sealed", "access", "staging", "store")  # sage_tfx.ingest's block store, lowest first
+
+
+def test_the_block_store_modules_import_one_way():
+    """The ingest block store is layered: ``layout`` (paths, names, modes) <- ``sealed`` (every encryption of a block
+    file or part list) <- ``access`` (block keys) <- ``staging`` (runs in progress) <- ``store`` (writer, commit).
+    Each module imports only modules before it in ``BLOCK_STORE``, lazy imports included, so no cycle hides behind
+    an import inside a function."""
+    folder = ROOT / "sage_tfx" / "ingest"
+    modules = {f"sage_tfx.ingest.{path.stem}": path for path in sorted(folder.glob("*.py")) if path.stem != "__init__"}
+    for i, name in enumerate(BLOCK_STORE):
+        module = f"sage_tfx.ingest.{name}"
+        below = {f"sage_tfx.ingest.{m}" for m in BLOCK_STORE[:i]}
+        upward = {m for m in _imports(module, modules[module], modules) if m.split(".")[-1] in BLOCK_STORE} - below
+        assert not upward, f"{module} imports {sorted(upward)}: the block store imports downwards only ({BLOCK_STORE})"
+
+
 def test_the_reach_finder_follows_imports_and_parent_packages():
     graph = {"p": set(), "p.a": {"p.b"}, "p.b": set(), "q": {"p.a"}, "r": set(), "p.c": {"r"}}
     assert _reached(graph, "q") == {"p", "p.a", "p.b"}

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sage_tfx.data.taxi import TIME_COLUMN, load_taxi, taxi_csv_path
-from sage_tfx.ingest import store
+from sage_tfx.ingest import layout
 from sage_tfx.ingest.blocks import UserShards, parse_window
 from sage_tfx.ingest.pipeline import ingest, ingest_batches, make_spec
 from sage_tfx.ingest.access import read_block_records
@@ -50,7 +50,7 @@ def test_real_taxi_by_day_with_beam_is_exact_and_idempotent(env):
     assert again["added"] == [] and len(again["unchanged"]) == days
     with Ledger.open(env["db"]) as ledger:
         assert len(ledger.blocks("taxi")) == days and _rows(ledger, "taxi") == real.num_rows
-    assert os.listdir(os.path.join(env["data"], "taxi", store.STAGING)) == [".commit.lock"]
+    assert os.listdir(os.path.join(env["data"], "taxi", layout.STAGING)) == [".commit.lock"]
 
 
 def _spec():
@@ -122,7 +122,7 @@ def test_three_input_formats_give_the_same_blocks(env, fmt):
         assert len(ledger.blocks("taxi")) == len(np.unique(table.column(TIME_COLUMN).to_numpy() // 86400))
         first = ledger.blocks("taxi")[0]
         recs = list(read_block_records(ledger, env["data"], "taxi", [first.id], purpose="test"))
-    back = decode(recs, store.stream_config(env["data"], "taxi")["schema"])
+    back = decode(recs, layout.stream_config(env["data"], "taxi")["schema"])
     assert all(first.start <= v[0] < first.end for v in back.column(TIME_COLUMN).to_pylist())
 
 
@@ -213,7 +213,7 @@ def test_replay_of_generated_rows_is_labelled(env):
     with Ledger.open(env["db"]) as ledger:
         steps = Replay(ledger, "taxi", env["data"], table, TIME_COLUMN, "1d").run()
         assert [s.generated for s in steps] == [True] * 3 and _rows(ledger, "taxi") == 1500
-    assert store.stream_config(env["data"], "taxi")["schema"]["generated"] == "int"
+    assert layout.stream_config(env["data"], "taxi")["schema"]["generated"] == "int"
 
 
 def test_cli_ingest_and_replay(env, capsys):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from sage_tfx.ingest import store
+from sage_tfx.ingest import layout, staging
 from sage_tfx.ingest.pipeline import ingest
 from sage_tfx.ingest.records import InputError
 from sage_tfx.privacy import Ledger
@@ -87,11 +87,11 @@ def test_nan_in_a_parquet_float_column_is_refused(env):
 def test_refusal_in_an_existing_stream_folder_leaves_it_as_it_was(env):
     _ingest(env, _csv(env, "good.csv", GOOD))
     root = os.path.join(env["data"], "s")
-    listing = sorted(os.listdir(root)), sorted(os.listdir(os.path.join(root, store.STAGING)))
+    listing = sorted(os.listdir(root)), sorted(os.listdir(os.path.join(root, layout.STAGING)))
     before = dump(env["db"])
     with pytest.raises(InputError, match="not finite"):
         _ingest(env, _csv(env, "inf.csv", f"t,x,s\n{T0 + 86400},inf,a\n"))
-    assert (sorted(os.listdir(root)), sorted(os.listdir(os.path.join(root, store.STAGING)))) == listing
+    assert (sorted(os.listdir(root)), sorted(os.listdir(os.path.join(root, layout.STAGING)))) == listing
     assert dump(env["db"]) == before
 
 
@@ -149,15 +149,15 @@ def test_ledger_refuses_a_duplicate_digest_in_the_registering_transaction(ledger
 # ------------------------------------------------------------------ stale staging folders
 def _hold_a_run(data_root, stream):
     """A child process that creates a staging run (locked) and waits: a live ingest, killable."""
-    code = ("import sys, time; from sage_tfx.ingest import store; "
-            f"run = store.new_run_dir({data_root!r}, {stream!r}); "
+    code = ("import sys, time; from sage_tfx.ingest import staging; "
+            f"run = staging.new_run_dir({data_root!r}, {stream!r}); "
             "open(run + '/raw-copy.bin', 'wb').write(b'x' * 1000); print(run, flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     return proc, proc.stdout.readline().strip()
 
 
 def test_staging_of_killed_ingests_is_cleaned_and_live_ones_are_kept(env):
-    staging = os.path.join(env["data"], "s", store.STAGING)
+    staging_dir = os.path.join(env["data"], "s", layout.STAGING)
     killed, killed_run = _hold_a_run(env["data"], "s")
     live, live_run = _hold_a_run(env["data"], "s")
     try:
@@ -165,11 +165,11 @@ def test_staging_of_killed_ingests_is_cleaned_and_live_ones_are_kept(env):
         killed.wait(30)
         assert os.path.isdir(killed_run) and os.path.isdir(live_run)
         # Left by an older version (no lock): kept while young, removed once an hour old.
-        young, old = os.path.join(staging, "0123456789abcdef"), os.path.join(staging, "fedcba9876543210")
+        young, old = os.path.join(staging_dir, "0123456789abcdef"), os.path.join(staging_dir, "fedcba9876543210")
         for path in (young, old):
             os.makedirs(path)
             open(os.path.join(path, "part-0.tfrecord.gz"), "wb").close()
-        hour_ago = time.time() - store.STALE_SECONDS - 60
+        hour_ago = time.time() - staging.STALE_SECONDS - 60
         os.utime(old, (hour_ago, hour_ago))
         result = _ingest(env, _csv(env, "good.csv", GOOD))
         assert result["added"] == ["2020-09-13.1d"]
@@ -179,7 +179,7 @@ def test_staging_of_killed_ingests_is_cleaned_and_live_ones_are_kept(env):
     finally:
         live.kill()
         live.wait(30)
-    assert store.clean_stale_runs(staging) == [os.path.basename(live_run)]  # once its process is gone
+    assert staging.clean_stale_runs(staging_dir) == [os.path.basename(live_run)]  # once its process is gone
 
 
 def test_a_version_2_ledger_gains_the_digest_column(tmp_path):

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from sage_tfx.cli import main
-from sage_tfx.ingest import access, store
+from sage_tfx.ingest import access, layout
 from sage_tfx.ingest.records import decode
 from sage_tfx.privacy import Ledger
 
@@ -79,7 +79,7 @@ def test_ingest_and_replay_store_the_same_types_and_records(tmp_path):
         with Ledger.open(env["db"], create=True) as ledger:
             ledger.create_stream("s", 1.0, 1e-6)
         assert run(env, "s") == 0
-        schema = store.stream_config(env["data"], "s")["schema"]
+        schema = layout.stream_config(env["data"], "s")["schema"]
         with Ledger.open(env["db"]) as ledger:
             blocks = [b.id for b in ledger.blocks("s")]
             rows = [sorted(map(str, decode(list(access.read_block_records(ledger, env["data"], "s", [b],
@@ -108,7 +108,7 @@ def test_ingest_prints_how_it_typed_every_column(trips, capsys, path):
     with Ledger.open(env["db"]) as ledger:  # what the lines say is what is stored
         block = ledger.blocks("s")[0].id
         rows = decode(list(access.read_block_records(ledger, env["data"], "s", [block], purpose="test")),
-                      store.stream_config(env["data"], "s")["schema"]).to_pylist()
+                      layout.stream_config(env["data"], "s")["schema"]).to_pylist()
     by_time = {r["t"][0]: r for r in rows}
     assert by_time[T0]["pickup"] == [T0 - 400] and by_time[T0 + 60]["pickup"] == [T0 - 7510]  # +02:00 -> UTC
     assert by_time[T0]["dropoff"] == [T0 + 200]  # no offset: read as UTC
@@ -127,7 +127,7 @@ def test_what_the_help_says_is_rounded_and_refused_holds(trips, capsys):
     assert "ISO 8601 date-times become int unix seconds" in help_text
     env["csv"] = str(path)
     assert _ingest(env, "s") == 0
-    schema = store.stream_config(env["data"], "s")["schema"]
+    schema = layout.stream_config(env["data"], "s")["schema"]
     assert schema == {"t": "int", "exact": "int", "approx": "float"}
     with Ledger.open(env["db"]) as ledger:
         rows = decode(list(access.read_block_records(ledger, env["data"], "s", [ledger.blocks("s")[0].id],

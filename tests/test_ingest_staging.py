@@ -26,7 +26,7 @@ import pytest
 from apache_beam.io.filesystem import BeamIOError, FileMetadata
 from apache_beam.io.localfilesystem import LocalFileSystem
 
-from sage_tfx.ingest import store
+from sage_tfx.ingest import layout, staging, store
 from sage_tfx.ingest.access import read_block_records
 from sage_tfx.ingest.blocks import TimeBlocks
 from sage_tfx.ingest.pipeline import ingest
@@ -150,7 +150,7 @@ def _blocks(db, data, stream="s"):
     """{block id: exact row count}, {block id: its decrypted records as a multiset of rows}."""
     with Ledger.open(db) as ledger:
         counts = {b.id: ledger.private_row_count(stream, b.id) for b in ledger.blocks(stream)}
-        schema = store.stream_config(data, stream)["schema"]
+        schema = layout.stream_config(data, stream)["schema"]
         records = {b: _rows(decode(list(read_block_records(ledger, data, stream, [b], purpose="test")), schema))
                    for b in counts}
     return counts, records
@@ -210,7 +210,7 @@ def _modes_are_private(data):
         for d in dirs:
             assert stat.S_IMODE(os.stat(os.path.join(dirpath, d)).st_mode) == 0o700, os.path.join(dirpath, d)
         for f in files:
-            if f.endswith(sealed.SUFFIX) or f == store.BLOCK_FILE:
+            if f.endswith(sealed.SUFFIX) or f == layout.BLOCK_FILE:
                 assert stat.S_IMODE(os.stat(os.path.join(dirpath, f)).st_mode) == 0o600, os.path.join(dirpath, f)
 
 
@@ -223,7 +223,7 @@ def test_staging_in_a_local_folder_apart_from_the_data_root(tmp_path, reference)
     _modes_are_private(data)
     assert stat.S_IMODE(os.stat(staging).st_mode) == 0o700
     assert os.listdir(staging) == []  # the staged run is deleted after the commit
-    assert os.listdir(os.path.join(data, "s", store.STAGING)) == [".commit.lock"]  # the local commit run is gone
+    assert os.listdir(os.path.join(data, "s", layout.STAGING)) == [".commit.lock"]  # the local commit run is gone
 
     # the same input again: nothing added, nothing copied or left anywhere
     again = ingest(db, "s", inputs, data, time_column="t", window="1d", progress=False,
@@ -245,7 +245,7 @@ def test_staging_location_inside_or_around_the_data_root_is_refused(tmp_path, re
         assert dump(db) == before and not os.path.exists(data)
     # the default folder given explicitly is the default
     result = ingest(db, "s", inputs, data, time_column="t", window="1d", progress=False,
-                    staging_location=os.path.join(data, "s", store.STAGING))
+                    staging_location=os.path.join(data, "s", layout.STAGING))
     assert sorted(result["added"]) == sorted(reference[1]["added"])
 
 
@@ -296,25 +296,25 @@ def _stage_by_hand(db, data, inputs, run, run_key):
         for batch in read_batches(path, "csv", schema):
             writer.add(batch)
         parts.extend(writer.close())
-    store.write_parts(run, parts, run_key)
+    staging.write_parts(run, parts, run_key)
     return spec, schema
 
 
 def _commit_staged(db, data, run, spec, schema, run_key):
     with Ledger.open(db) as ledger:
-        local = store.new_run_dir(data, "s")
+        local = staging.new_run_dir(data, "s")
         try:
-            parts = store.read_parts(run, run_key)
+            parts = staging.read_parts(run, run_key)
             return store.commit(ledger, "s", data, local, parts, spec, schema, run_key=run_key, staged_run=run)
         finally:
-            store.remove_run_dir(local)
+            staging.remove_run_dir(local)
 
 
 def test_part_altered_in_the_object_store_is_refused_at_commit(tmp_path, reference, store_root):
     db, data = _ledger(tmp_path / "l.db"), str(tmp_path / "d")
     run, run_key = f"{SCHEME}://stage/{'a' * 32}", sealed.new_run_key()
     spec, schema = _stage_by_hand(db, data, reference[0], run, run_key)
-    block = sorted(b for b in os.listdir(os.path.join(store_root, "stage", "a" * 32)) if b != store.PARTS_FILE)[0]
+    block = sorted(b for b in os.listdir(os.path.join(store_root, "stage", "a" * 32)) if b != staging.PARTS_FILE)[0]
     folder = os.path.join(store_root, "stage", "a" * 32, block)
     victim = os.path.join(folder, sorted(os.listdir(folder))[0])
     raw = bytearray(open(victim, "rb").read())
@@ -330,26 +330,26 @@ def test_part_altered_in_the_object_store_is_refused_at_commit(tmp_path, referen
     open(victim, "wb").write(bytes(raw))
     result = _commit_staged(db, data, run, spec, schema, run_key)
     assert sorted(result["added"]) == sorted(reference[1]["added"])
-    assert store.remove_staged_run(run) is None and os.listdir(store_root) == []
+    assert staging.remove_staged_run(run) is None and os.listdir(store_root) == []
 
 
 def test_part_list_is_sealed_and_an_edited_one_is_refused(tmp_path, reference, store_root):
     db, data = _ledger(tmp_path / "l.db"), str(tmp_path / "d")
     run, run_key = f"{SCHEME}://stage/{'b' * 32}", sealed.new_run_key()
     _stage_by_hand(db, data, reference[0], run, run_key)
-    listing = os.path.join(store_root, "stage", "b" * 32, store.PARTS_FILE)
+    listing = os.path.join(store_root, "stage", "b" * 32, staging.PARTS_FILE)
     body = bytearray(open(listing, "rb").read())
-    parts = store.read_parts(run, run_key)
+    parts = staging.read_parts(run, run_key)
     assert sum(p["rows"] for p in parts) == 240
     for p in parts:  # the store sees no row count, digest or file hash of the list
         assert p["digest"].encode() not in body and p["sha256"].encode() not in body and b'"rows"' not in body
     with pytest.raises(InputError, match="does not authenticate under this run's key"):
-        store.read_parts(run, sealed.new_run_key())  # another run's key
+        staging.read_parts(run, sealed.new_run_key())  # another run's key
     body[-1] ^= 1
     open(listing, "wb").write(bytes(body))
     with pytest.raises(InputError, match="does not authenticate under this run's key.*nothing was registered"):
-        store.read_parts(run, run_key)
-    assert store.remove_staged_run(run) is None and os.listdir(store_root) == []
+        staging.read_parts(run, run_key)
+    assert staging.remove_staged_run(run) is None and os.listdir(store_root) == []
 
 
 def test_stale_runs_at_a_staging_url_are_removed_live_ones_kept(store_root):
@@ -362,12 +362,12 @@ def test_stale_runs_at_a_staging_url_are_removed_live_ones_kept(store_root):
         open(path, "wb").write(b"sealed")
     not_a_run = os.path.join(store_root, "stage", "keep-me.txt")  # only run-id names are ever removed
     open(not_a_run, "w").write("x")
-    past = time.time() - store.REMOTE_STALE_SECONDS - 60
+    past = time.time() - staging.REMOTE_STALE_SECONDS - 60
     for dirpath, _, files in os.walk(os.path.join(store_root, "stage", "c" * 32)):
         for f in files:
             os.utime(os.path.join(dirpath, f), (past, past))
     os.utime(not_a_run, (past, past))
-    assert store.clean_stale_remote_runs(f"{SCHEME}://stage") == ["c" * 32]
+    assert staging.clean_stale_remote_runs(f"{SCHEME}://stage") == ["c" * 32]
     assert sorted(os.listdir(os.path.join(store_root, "stage"))) == ["d" * 32, "keep-me.txt"]
 
 

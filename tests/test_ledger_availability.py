@@ -171,9 +171,9 @@ def test_available_per_block_equals_the_scalar_bisection_on_random_ledgers(ledge
 
 @pytest.mark.parametrize("accounting", ["basic", "rdp"])
 def test_the_array_rules_are_the_filters_bit_for_bit(tmp_path, raw_sql, accounting):
-    """Cost, RDP slack and the fit decision of ``allocation.BudgetArrays``, against the filter's scalar code, at random
+    """Cost, RDP slack and the fit decision of ``budget_arrays.BudgetArrays``, against the filter's scalar code, at random
     epsilons (one per block) and at each block's binary-exact and exact-remainder epsilons."""
-    from sage_tfx.privacy.allocation import BudgetArrays
+    from sage_tfx.privacy.budget_arrays import BudgetArrays
 
     url = str(tmp_path / "l.db")
     ledger = Ledger.open(url, create=True)

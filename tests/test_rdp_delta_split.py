@@ -11,7 +11,7 @@ deltas chosen after seeing outputs, which the filter proofs do not cover; stream
 * bad shares are refused before anything is written, naming the value (``sage ledger init`` too);
 * a stream stored before schema 7 (no share) migrates to NULL and keeps the legacy rule, and its ledger audits;
 * the audit replays the split from the stream's log entry and catches a table edited behind the log's back;
-* the array form (``allocation.BudgetArrays``) answers as the scalar filter, under both rules.
+* the array form (``budget_arrays.BudgetArrays``) answers as the scalar filter, under both rules.
 """
 import os
 import subprocess
@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from sage_tfx.privacy import BlockRetired, BudgetRefused, Ledger, LedgerError, curves, filters
-from sage_tfx.privacy.allocation import BudgetArrays
+from sage_tfx.privacy.budget_arrays import BudgetArrays
 
 SIGMA, Q, STEPS = 1.1, 0.01, 1000
 EPS_G, DELTA_G = 5.0, 1e-5

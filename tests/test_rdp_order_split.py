@@ -11,13 +11,13 @@ rule (``split_orders`` NULL), so their grants still audit.
   (1, 1e-6) block where the split admits 16) and its ledger audits;
 * the audit replays the rule from the stream's log entry and catches a table edited behind the log's back
   (tests/test_rdp_delta_split.py, with the delta split);
-* the array form (``allocation.BudgetArrays``) answers as the scalar filter under both rules.
+* the array form (``budget_arrays.BudgetArrays``) answers as the scalar filter under both rules.
 """
 import numpy as np
 import pytest
 
 from sage_tfx.privacy import BlockRetired, BudgetRefused, Ledger, curves, filters
-from sage_tfx.privacy.allocation import BudgetArrays
+from sage_tfx.privacy.budget_arrays import BudgetArrays
 
 
 def _charges_that_fit(ledger, stream, epsilon):

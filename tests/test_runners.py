@@ -18,7 +18,7 @@ from sage_tfx.data.taxi import TIME_COLUMN, taxi_csv_path
 from sage_tfx.ingest.access import read_block_records
 from sage_tfx.ingest.pipeline import beam_options, ingest
 from sage_tfx.ingest.records import decode
-from sage_tfx.ingest.store import stream_config
+from sage_tfx.ingest.layout import stream_config
 from sage_tfx.privacy import Ledger
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"

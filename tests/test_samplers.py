@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from sage_tfx.privacy import randomness as R
 from sage_tfx.privacy import samplers as S
 
 P_MIN = 1e-6
@@ -40,7 +41,7 @@ def _dlap_pmf(t, ks):
                                        (40, 100_000, 100_000)])
 def test_discrete_laplace_matches_its_pmf(t, n, batch):
     """Vectorised (big batches) and scalar (batches <= 48) paths: chi-square vs the exact pmf, mean and variance."""
-    rng = S.secure_rng(11, f"dlap{t}/{batch}")
+    rng = R.secure_rng(11, f"dlap{t}/{batch}")
     draws = np.concatenate([S.discrete_laplace(t, batch, rng) for _ in range(n // batch)])
     ks = np.arange(-8 * t, 8 * t + 1)
     assert _chi_square_p(draws, ks, _dlap_pmf(t, ks)) > P_MIN
@@ -56,7 +57,7 @@ def test_discrete_gaussian_matches_its_pmf(s, batch):
     """Small and large variance parameters (2^29: the int64 limits of the vectorised acceptance and its Python-int
     path for the rare |Y| t >= 2^31), vectorised and scalar paths: chi-square vs the exact pmf, mean, variance."""
     n = 100_000 if batch > 24 else 21_000
-    rng = S.secure_rng(12, f"dgauss{s}/{batch}")
+    rng = R.secure_rng(12, f"dgauss{s}/{batch}")
     draws = np.concatenate([S.discrete_gaussian(s, batch, rng) for _ in range(max(1, n // batch))])
     width = int(12 * math.sqrt(s)) + 2
     if s > 10**6:  # bin the wide support: 200 equal-probability-ish bins of the continuous approximation
@@ -85,7 +86,7 @@ def test_discrete_gaussian_matches_its_pmf(s, batch):
 @pytest.mark.parametrize("num,den", [(3, 10), (3, 2), (0, 5), (7, 1)])
 def test_bernoulli_exp_has_probability_exp_minus_gamma(num, den):
     n = 200_000
-    rng = S.secure_rng(13, f"bern{num}/{den}")
+    rng = R.secure_rng(13, f"bern{num}/{den}")
     p = math.exp(-num / den)
     vec = S.bernoulli_exp(np.full(n, num), np.full(n, den), rng)
     scalar = np.array([S._bernoulli_exp_scalar(num, den, rng) for _ in range(20_000)])
@@ -95,7 +96,7 @@ def test_bernoulli_exp_has_probability_exp_minus_gamma(num, den):
 
 
 def test_uniform_below_is_uniform_for_32_and_64_bit_bounds():
-    rng = S.secure_rng(14, "uniform")
+    rng = R.secure_rng(14, "uniform")
     for m in (7, 3 * 2**40 + 1):
         draws = rng.uniform_below(np.full(70_000, m, dtype=np.int64))
         assert draws.min() >= 0 and draws.max() < m
@@ -137,7 +138,7 @@ def test_rounding_moves_a_change_of_d_by_at_most_ceil_d_grid_units():
 
 
 def test_grid_releases_lie_on_the_grid():
-    rng = S.secure_rng(16, "grid")
+    rng = R.secure_rng(16, "grid")
     values = np.random.default_rng(16).uniform(-50, 50, 1000)
     for sens, eps, cells in ((1.0, 0.5, 1), (3.7, 0.1, 1), (1.0, 2.0, 4)):
         gamma, _ = S.grid_laplace_params(sens, eps, cells)
@@ -173,7 +174,7 @@ def test_grid_laplace_tails_follow_the_coupling():
     p = 0.01 on 100,000 draws: at most 1000 + 6 se (~60) exceed it (false failure < 1e-9)."""
     scale, slack = S.grid_laplace_coupling(1.0, 0.8)
     x = np.full(100_000, 0.3)
-    err = np.abs(S.grid_laplace(x, 1.0, 0.8, S.secure_rng(18, "tail")) - x)
+    err = np.abs(S.grid_laplace(x, 1.0, 0.8, R.secure_rng(18, "tail")) - x)
     assert (err > scale * math.log(100) + slack).sum() <= 1000 + 6 * math.sqrt(100_000 * 0.01 * 0.99)
     # the std of the release is the Laplace scale's sqrt(2) b' (rounding and discreteness change it by < 1e-3)
     assert abs(err.std() ** 2 + err.mean() ** 2 - 2 * scale**2) < 6 * math.sqrt(20 * scale**4 / x.size)
@@ -190,7 +191,7 @@ def test_grid_gaussian_parameters_keep_rho():
     gamma, s = S.grid_gaussian_params(1.0, 7.0, 46 * 47 // 2)
     assert 49.0 <= gamma**2 * s <= 49.0 * 1.01**2
     values = np.zeros(50_000)
-    out = S.grid_gaussian(values, 1.0, 3.0, S.secure_rng(19, "g"))
+    out = S.grid_gaussian(values, 1.0, 3.0, R.secure_rng(19, "g"))
     gamma, s = S.grid_gaussian_params(1.0, 3.0)
     assert 9.0 <= gamma**2 * s <= 9.0 * 1.01  # the stated sigma, inflated by < 1%
     assert abs(out.var() / (gamma**2 * s) - 1) < 6 * math.sqrt(2 / values.size)
@@ -200,28 +201,28 @@ def test_grid_gaussian_parameters_keep_rho():
 
 
 def test_generator_is_reproducible_from_seed_and_stream_and_fresh_without_seed():
-    a = S.grid_laplace(np.zeros(50), 1.0, 1.0, S.secure_rng(5, "a"))
-    assert np.array_equal(a, S.grid_laplace(np.zeros(50), 1.0, 1.0, S.secure_rng(5, "a")))
-    assert not np.array_equal(a, S.grid_laplace(np.zeros(50), 1.0, 1.0, S.secure_rng(5, "b")))
-    assert not np.array_equal(a, S.grid_laplace(np.zeros(50), 1.0, 1.0, S.secure_rng(6, "a")))
-    assert not np.array_equal(S.secure_rng(None).words(4), S.secure_rng(None).words(4))
+    a = S.grid_laplace(np.zeros(50), 1.0, 1.0, R.secure_rng(5, "a"))
+    assert np.array_equal(a, S.grid_laplace(np.zeros(50), 1.0, 1.0, R.secure_rng(5, "a")))
+    assert not np.array_equal(a, S.grid_laplace(np.zeros(50), 1.0, 1.0, R.secure_rng(5, "b")))
+    assert not np.array_equal(a, S.grid_laplace(np.zeros(50), 1.0, 1.0, R.secure_rng(6, "a")))
+    assert not np.array_equal(R.secure_rng(None).words(4), R.secure_rng(None).words(4))
     # a numpy Generator keys it with 32 of its bytes: reproducible for a seeded Generator
-    g1 = S.as_secure_rng(np.random.default_rng(3), "v").words(8)
-    assert np.array_equal(g1, S.as_secure_rng(np.random.default_rng(3), "v").words(8))
+    g1 = R.as_secure_rng(np.random.default_rng(3), "v").words(8)
+    assert np.array_equal(g1, R.as_secure_rng(np.random.default_rng(3), "v").words(8))
     with pytest.raises(ValueError):
-        S.secure_rng(-1)
+        R.secure_rng(-1)
     with pytest.raises(ValueError):
-        S.as_secure_rng("seed")
+        R.as_secure_rng("seed")
 
 
 def test_streams_are_independent():
     """Two stream names of one seed: the correlation of 100,000 paired draws is within 6/sqrt(n) of 0, and the
     raw words agree no more than chance (each of 64 bits equal w.p. 1/2)."""
     n = 100_000
-    a = S.discrete_laplace(5, n, S.secure_rng(21, "x/")).astype(float)
-    b = S.discrete_laplace(5, n, S.secure_rng(21, "y/")).astype(float)
+    a = S.discrete_laplace(5, n, R.secure_rng(21, "x/")).astype(float)
+    b = S.discrete_laplace(5, n, R.secure_rng(21, "y/")).astype(float)
     assert abs(np.corrcoef(a, b)[0, 1]) < 6 / math.sqrt(n)
-    wa, wb = S.secure_rng(21, "x/").words(4096), S.secure_rng(21, "y/").words(4096)
+    wa, wb = R.secure_rng(21, "x/").words(4096), R.secure_rng(21, "y/").words(4096)
     same_bits = np.unpackbits((~(wa ^ wb)).view(np.uint8)).mean()
     assert abs(same_bits - 0.5) < 6 * math.sqrt(0.25 / (4096 * 64))
 
@@ -262,7 +263,8 @@ def test_the_privacy_core_imports_without_tensorflow():
 
 
 def test_grid_gaussian_refuses_more_noise_than_its_int64_sampler_holds_naming_the_values():
-    from sage_tfx.privacy.samplers import SamplerError, grid_gaussian_params
+    from sage_tfx.privacy.randomness import SamplerError
+    from sage_tfx.privacy.samplers import grid_gaussian_params
 
     gamma, s = grid_gaussian_params(1.0, 30000.0)  # just inside: sigma / sensitivity < 2^15
     assert s < 2 ** 30 and gamma > 0

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from sage_tfx.privacy.samplers import as_secure_rng, grid_laplace, grid_laplace_coupling
+from sage_tfx.privacy.randomness import as_secure_rng
+from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_coupling
 from sage_tfx.privacy.errors import RecordError
 from sage_tfx.validation import (DPAbsoluteErrorValidator, DPAccuracyValidator, DPLossValidator, Mode, Outcome,
                                  ValidationInputError, bernstein_upper, clopper_pearson_lower,

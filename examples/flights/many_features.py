@@ -54,7 +54,8 @@ import time
 
 import numpy as np
 
-from sage_tfx.privacy.samplers import grid_laplace, secure_rng
+from sage_tfx.privacy.randomness import secure_rng
+from sage_tfx.privacy.samplers import grid_laplace
 
 DELAY_RANGE = (-60.0, 180.0)  # minutes: the flights example's public label range
 RESIDUAL_RANGE = (-60.0, 60.0)  # minutes: arrival minus departure delay, the example's prior

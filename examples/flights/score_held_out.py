@@ -77,7 +77,7 @@ def score(db, data_root, serving_dir, held_out_from):
 
     from sage_tfx.data.flights import TIME_COLUMN, load_flights, split_at
     from sage_tfx.ingest.records import encode
-    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.ingest.layout import stream_config
     from sage_tfx.pipelines.scoring import accepted_model, block_rows, example_rows, held_out_overlap
 
     sys.path.insert(0, HERE)

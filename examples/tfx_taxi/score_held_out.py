@@ -55,7 +55,7 @@ def score(db, data_root, serving_dir, seed=0):
 
     from sage_tfx.demos.end_to_end import stream_and_held_out
     from sage_tfx.ingest.records import encode
-    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.ingest.layout import stream_config
     from sage_tfx.pipelines.scoring import accepted_model, block_rows, held_out_overlap
 
     sys.path.insert(0, HERE)

@@ -86,7 +86,7 @@ def _excess(w, x, y, w_np, normaliser, lam):
 
 def run(args: argparse.Namespace) -> dict:
     from sage_tfx.privacy import Ledger
-    from sage_tfx.privacy.samplers import secure_rng
+    from sage_tfx.privacy.randomness import secure_rng
     from sage_tfx.release.continual import (ContinualRelease, ReleaseParams, SlidingWindowRelease, clip_features,
                                             grid_gaussian, sensitivity, solve_erm)
 

@@ -98,7 +98,8 @@ class StaticPMW:
 
 def run(args: argparse.Namespace) -> dict:
     from sage_tfx.privacy import Ledger
-    from sage_tfx.privacy.samplers import grid_laplace, secure_rng
+    from sage_tfx.privacy.randomness import secure_rng
+    from sage_tfx.privacy.samplers import grid_laplace
     from sage_tfx.release.growth import (PMWG, BBImprover, BBScheduler, ImproverParams, PMWGParams,
                                          ScheduledRelease, SchedulerParams, Universe, count_query)
 

@@ -27,7 +27,7 @@ ratio (goal: at most 2), and the ledger is audited afterwards.
 
 ``storage`` says what durability costs on the file system of ``--db-dir`` (``--storage-samples``
 of each, median): one fsync'd write of one 4 KiB page (what a WAL commit with ``synchronous=FULL``
-waits for); one durable head-file write (``keys.HeadFile.advance`` in ``commit`` mode: under an flock,
+waits for); one durable head-file write (``head_file.HeadFile.advance`` in ``commit`` mode: under an flock,
 the file's bytes read back and compared with this process's last view, the older of its two durable
 4 KiB slots overwritten in place and fdatasync'd), which every committed ledger write does after its
 commit in ``commit`` mode, and every write but a grant's in ``use`` mode (docs/security.md); one grant's
@@ -42,7 +42,7 @@ so the kernel's part of fsync counts): the wall-time ratio moves with the shared
 the CPU figures much less.
 
 ``--head-sync`` (default ``use,commit,group``) measures the grants in each head-file sync mode of
-``keys.HeadSync`` in the same run, each against its own baseline runs (``by_head_sync``): ``use`` (the
+``head_file.HeadSync`` in the same run, each against its own baseline runs (``by_head_sync``): ``use`` (the
 default mode, the headline) makes a grant's head durable before the grant's first use and every other
 write's before it returns, ``commit`` every write's before it returns, ``group`` within 50 ms, one write
 per interval; each writer makes its last head durable inside its timed span. What ``use`` and ``group``
@@ -58,7 +58,7 @@ import tempfile
 import time
 import uuid
 
-from sage_tfx.privacy.keys import ENV_HEAD_SYNC
+from sage_tfx.privacy.head_file import ENV_HEAD_SYNC
 from sage_tfx.privacy.store.location import check_location, postgres_password
 
 # Files a SQLite ledger leaves beside itself: WAL, shared memory, and its key file with the head file and its lock.
@@ -86,7 +86,7 @@ def add_arguments(parser):
     parser.add_argument("--storage-samples", type=int, default=50, metavar="N",
                         help="fsync'd page writes and head-file writes timed for the storage note (0: skip it)")
     parser.add_argument("--head-sync", default="use,commit,group", metavar="MODES",
-                        help="comma-separated head-file sync modes to measure the grants in (keys.HeadSync: use, "
+                        help="comma-separated head-file sync modes to measure the grants in (head_file.HeadSync: use, "
                              "the default mode, commit and group); the first is the headline")
     parser.add_argument("--postgres", default=None, metavar="URL",
                         help="also measure against a PostgreSQL database (tables are added to it)")
@@ -388,7 +388,7 @@ def _measure_growth(location, n_old, batch, repeats, label):
 def _timed_head_writes(db_dir, samples, mode, write):
     """Median wall ms and mean CPU ms of ``samples`` calls of ``write(head, i)`` on a fresh head file in ``mode``
     (created, and given its slots, before the timed calls)."""
-    from sage_tfx.privacy.keys import HeadFile
+    from sage_tfx.privacy.head_file import HeadFile
 
     head = HeadFile(os.path.join(db_dir, f"head-{uuid.uuid4().hex[:12]}.key.head"), mode)
     head.advance("bench", 1, "0" * 64)  # creates the file (written whole, once)
@@ -502,7 +502,8 @@ def _check_args(args):
     for name in ("grants", "blocks", "repeats"):
         if getattr(args, name) < 1:
             raise SystemExit(f"sage bench ledger: --{name} {getattr(args, name)} must be >= 1")
-    from sage_tfx.privacy.keys import KeyFileError, head_sync_mode
+    from sage_tfx.privacy.head_file import head_sync_mode
+    from sage_tfx.privacy.keys import KeyFileError
 
     try:
         args.head_sync_modes = [head_sync_mode(m) for m in str(args.head_sync).split(",") if m.strip()]
@@ -552,7 +553,7 @@ def run(args):
                                 "meets_goal": all(w["ratio"] >= GOAL_RATIO for w in v.values()),
                                 "audit_ok": all(w["audit_ok"] for w in v.values()), "writers": v}
                          for mode, v in by_mode.items()},
-        "head_sync_is": "keys.HeadSync: use (the default) makes a grant's head durable before the grant's first use "
+        "head_sync_is": "head_file.HeadSync: use (the default) makes a grant's head durable before the grant's first use "
                         "(Ledger.verify) and every other write's before it returns; commit every write's before it "
                         "returns; group within 50 ms, one write per interval (docs/security.md, what each gives up)",
         "db_dir": os.path.abspath(db_dir),

@@ -58,14 +58,14 @@ def _pair(name, safe, baseline, repeats, figures):
 
 
 def run(args):
-    from sage_tfx.privacy import adassp, samplers
+    from sage_tfx.privacy import adassp, randomness, samplers
     from sage_tfx.transform import noise
     from sage_tfx.transform.vocabulary import select_vocabulary, threshold
 
     repeats = max(1, int(args.repeats))
     figures = {"goal_ratio": GOAL_RATIO, "repeats": repeats, "data": "GENERATED"}
     np_rng = np.random.default_rng(0)
-    safe_rng = samplers.secure_rng(0, "bench")
+    safe_rng = randomness.secure_rng(0, "bench")
 
     print("per-cell samplers (one release of N cells):", flush=True)
     for n in (int(v) for v in args.sizes.split(",")):

@@ -32,7 +32,7 @@ ingest. ISO 8601 date-times become int unix seconds (no offset: read as UTC; a
 fraction of a second is refused), ISO dates stay text, true/false become 1/0.
 A refused ingest leaves nothing: no ledger change, no block, no _staging folder.
 Staging folders of killed ingests are removed at the next ingest of the stream
-(each live ingest holds a lock on its own folder; see sage_tfx/ingest/store.py).
+(each live ingest holds a lock on its own folder; see sage_tfx/ingest/staging.py).
 
 Exit codes: 0 success; 2 bad input (nothing registered).
 """

@@ -53,7 +53,7 @@ def _schema(args):
     if not (args.data_root and args.stream):
         raise ValueError("give --data-root and --stream (an ingested stream's schema) or --input FILE")
     from sage_tfx.components.transform_utils import stream_schema
-    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.ingest.layout import stream_config
 
     config = stream_config(args.data_root, args.stream) or {}
     blocks = config.get("blocks") or {}
@@ -65,7 +65,7 @@ def _stream_blocks(args):
     ledger (--db, read only) when given, else the block folders of the data root; (None, None) for --input."""
     import os
 
-    from sage_tfx.ingest.store import read_manifest, stream_dir
+    from sage_tfx.ingest.layout import read_manifest, stream_dir
     from sage_tfx.pipelines.template import window_defaults
 
     if not args.stream:

@@ -383,7 +383,7 @@ def _run(args):
 
 def _stream_schema(args, replay):
     """The stream's schema: its data root's, else (nothing replayed there yet) the replay's."""
-    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.ingest.layout import stream_config
 
     config = stream_config(args.data_root, args.stream)
     return dict(config["schema"]) if config is not None else dict(replay.schema)

@@ -267,7 +267,7 @@ def held_out_scores(model_dir, data_root, grant, held_out, stream=STREAM, *, led
     import tensorflow as tf
 
     from sage_tfx.ingest.records import encode
-    from sage_tfx.ingest.store import stream_config
+    from sage_tfx.ingest.layout import stream_config
 
     schema = stream_config(data_root, stream)["schema"]
     rows = example_rows(held_out, schema)

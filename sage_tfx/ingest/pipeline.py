@@ -19,7 +19,7 @@ through ``FileSystems.open``; the workers write the sealed part files and the se
 fresh run prefix of the staging location through ``FileSystems.create`` (a local folder: O_EXCL, 0600); the
 driver alone touches the data root: it copies the parts it commits into it (sizes and SHA-256 checked against
 what the workers reported), commits as before, and deletes the staged run, also after an error
-(``store.fetch_parts``, ``store.remove_staged_run``; why an object store without O_EXCL or file modes is
+(``staging.fetch_parts``, ``staging.remove_staged_run``; why an object store without O_EXCL or file modes is
 acceptable: docs/security.md, "Staging outside the data root"). Without it, staging is
 ``DATA_ROOT/STREAM/_staging`` as before: then workers and driver must share the data root.
 """
@@ -32,9 +32,10 @@ from typing import Iterable, Optional, Sequence, Union
 from . import sealed
 from .blocks import TimeBlocks, UserShards
 from .records import InputError, describe_columns, infer_schema, input_format, is_url, read_batches
-from .store import (BlockWriter, check_staging_location, check_stream_config, commit, missing_dirs,
-                    missing_staging_dirs, new_run_dir, new_staged_run, read_parts, remove_empty_dirs, remove_run_dir,
-                    remove_staged_run, write_parts)
+from .layout import check_stream_config, missing_dirs, remove_empty_dirs
+from .staging import (check_staging_location, missing_staging_dirs, new_run_dir, new_staged_run, read_parts,
+                      remove_run_dir, remove_staged_run, write_parts)
+from .store import BlockWriter, commit
 
 
 def resolve_inputs(inputs: Sequence[str]) -> list:

@@ -19,7 +19,8 @@ from .blocks import TimeBlocks
 from .pipeline import ingest_batches, plan_schema
 from .records import (InputError, describe_columns, read_batches, row_hashes, schema_of, to_example_batch,
                       typed_batch)
-from .store import block_dir, check_stream_config, digest_forms, read_manifest, refuse_copies
+from .layout import block_dir, check_stream_config, read_manifest
+from .store import digest_forms, refuse_copies
 
 
 @dataclass(frozen=True)
@@ -36,7 +37,7 @@ class Replay:
     def __init__(self, ledger, stream, data_root, table, time_column, window, generated=None, schema=None):
         """``schema``: the feature types of ``table``'s columns (``from_file`` passes the ones ``sage ingest``
         gives the same file); default: ``records.schema_of`` its Arrow types. A stream that has a schema keeps
-        it (``store.check_stream_config``), so a replay types and digests its records as every ingest of the
+        it (``layout.check_stream_config``), so a replay types and digests its records as every ingest of the
         stream does."""
         import pyarrow as pa
 

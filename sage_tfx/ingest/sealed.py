@@ -1,8 +1,9 @@
 """Blocks encrypted at rest: the ONE writer and reader of block files (docs/security.md, "Blocks at rest").
 
 Every path that writes or reads a block's records goes through here: ``sage ingest`` and replay/serve
-(``store.BlockWriter``, ``store.commit``), BlockExampleGen (``components/block_example_gen_executor.py``),
-``sage data encrypt`` and trusted readers (``access.read_block_records``). Nothing in it opens the ledger:
+(``store.BlockWriter``, ``store.commit``, and the run's part list for ``staging.write_parts``), BlockExampleGen
+(``components/block_example_gen_executor.py``), ``sage data encrypt`` and trusted readers
+(``access.read_block_records``). Nothing in it opens the ledger:
 keys come in as bytes, from ``access.grant_block_keys`` (a verified, charged grant) or trusted code.
 
 File format (``part-*.sealed``), authenticated encryption with AES-256-GCM (``cryptography``'s AESGCM)::
@@ -38,11 +39,12 @@ import gzip
 import hashlib
 import json
 import os
-import re
 import stat
 import struct
 
 from sage_tfx.privacy.errors import StorageError
+
+from .layout import BLOCK_FILE, FILE_MODE, PLAIN_NAME
 
 MAGIC = b"SAGEBLK1"
 FORMAT = "sage-sealed-v1"
@@ -53,8 +55,6 @@ TAG = 16
 SUFFIX = ".sealed"
 KEY_BYTES = 32
 _HEADER = MAGIC + struct.pack(">I", CHUNK)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")
-FILE_MODE, DIR_MODE = 0o600, 0o700
 
 
 class SealedError(StorageError, ValueError):
@@ -87,6 +87,40 @@ def _check_key(key, what):
 
 def _ad(stream, block, name, index, final):
     return _HEADER + json.dumps([stream, block, name]).encode() + struct.pack(">QB", index, 1 if final else 0)
+
+
+# ------------------------------------------------------------------ part list (staging.write_parts/read_parts)
+_PARTS_MAGIC = b"SAGEPARTS1"
+_PARTS_AD = b"sage-tfx part list v1"
+
+
+def _parts_key(run_key):
+    return _hkdf(bytes(run_key), b"sage-tfx part list")
+
+
+def seal_part_list(parts, run_key) -> bytes:
+    """A run's part list as written to ``_parts.sealed``: magic, nonce, AES-256-GCM of its JSON under a key derived
+    from the run key (the staging location sees neither its row counts nor digests)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    nonce = os.urandom(NONCE)
+    return _PARTS_MAGIC + nonce + AESGCM(_parts_key(run_key)).encrypt(
+        nonce, json.dumps(parts, sort_keys=True).encode(), _PARTS_AD)
+
+
+def open_part_list(body: bytes, run_key) -> list:
+    """The part list ``seal_part_list`` wrote; SealedError if ``body`` does not authenticate under the run key
+    (edited, or written by anyone without it)."""
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    head, nonce = body[:len(_PARTS_MAGIC)], body[len(_PARTS_MAGIC):len(_PARTS_MAGIC) + NONCE]
+    try:
+        if head != _PARTS_MAGIC:
+            raise InvalidTag()
+        return json.loads(AESGCM(_parts_key(run_key)).decrypt(nonce, body[len(_PARTS_MAGIC) + NONCE:], _PARTS_AD))
+    except (InvalidTag, ValueError):
+        raise SealedError("the part list does not authenticate under this run's key") from None
 
 
 # ------------------------------------------------------------------ writer
@@ -270,7 +304,7 @@ def safe_block_folder(data_root, stream, block):
     """DATA_ROOT/STREAM/BLOCK, refused (SealedError) if stream or block is not a plain name or if the
     resolved folder is not exactly that path under the resolved data root (a symlinked stream or block)."""
     for what, name in (("stream", stream), ("block", block)):
-        if not isinstance(name, str) or not _NAME.match(name) or name in (".", ".."):
+        if not isinstance(name, str) or not PLAIN_NAME.match(name) or name in (".", ".."):
             raise SealedError(f"{what} name {name!r} is not a plain folder name: refusing a path outside the "
                               "data root")
     root = os.path.realpath(os.path.abspath(str(data_root)))
@@ -284,7 +318,7 @@ def safe_block_folder(data_root, stream, block):
 def safe_file(folder, name):
     """The path of block file ``name`` in ``folder``; SealedError unless it is a plain name of a regular
     file (no separator, no ``..``, no symlink) that resolves inside the folder."""
-    if not isinstance(name, str) or not _NAME.match(name) or name.startswith(".") or os.sep in name:
+    if not isinstance(name, str) or not PLAIN_NAME.match(name) or name.startswith(".") or os.sep in name:
         raise SealedError(f"block file name {name!r} in {folder} is not a plain file name: a manifest may only name "
                           "files inside its block folder; nothing was read")
     path = os.path.join(folder, name)
@@ -301,8 +335,6 @@ def safe_file(folder, name):
 
 
 def read_manifest(folder):
-    from .store import BLOCK_FILE
-
     path = os.path.join(folder, BLOCK_FILE)
     try:
         with open(path) as f:
@@ -315,8 +347,6 @@ def read_manifest(folder):
 
 def open_block(data_root, stream, block, block_key, expected_digest=None):
     """Open one sealed block for reading with its block key; every check runs before a record is read."""
-    from .store import BLOCK_FILE
-
     folder = safe_block_folder(data_root, stream, block)
     manifest = read_manifest(folder)
     where = os.path.join(folder, BLOCK_FILE)
@@ -492,10 +522,3 @@ def read_file(path, dek, stream, block, size=None, sha256=None, name=None):
             yield from iter_tfrecords(gz, path)
         except (OSError, EOFError) as exc:  # gzip errors inside an authenticated stream: a writer bug
             raise SealedError(f"block file {path} holds a damaged record stream: {exc}") from None
-
-
-def make_private_dir(path):
-    """``os.makedirs`` with mode 0700 for every folder it creates (and ``path`` itself set to 0700)."""
-    os.makedirs(path, mode=DIR_MODE, exist_ok=True)
-    os.chmod(path, DIR_MODE)
-    return path

@@ -1,35 +1,8 @@
-"""The block store on disk, and the commit that makes a block visible.
+"""Block files written, and the commit that makes a block visible.
 
-Layout (easy to see with ``ls``)::
-
-    DATA_ROOT/STREAM/_stream.json                  feature schema + block rule of the stream
-    DATA_ROOT/STREAM/BLOCK_ID/part-*.sealed        the block's tf.Examples (gzip TFRecord), encrypted (sealed.py)
-    DATA_ROOT/STREAM/BLOCK_ID/_BLOCK.json          content digest (keyed: ``keyed_digest``), files (size,
-                                                   SHA-256), window or shard, the block's data key wrapped
-                                                   under its block key (no row count)
-    DATA_ROOT/STREAM/_staging/RUN_ID/...           an ingest in progress (never read)
-    DATA_ROOT/STREAM/_staging/RUN_ID/.run.lock     held (flock) by that ingest's process while it runs
-
-Staging location (``sage ingest --staging-location``, docs/scale_out.md): where the Beam workers write a run's
-part files and part list. By default it is ``DATA_ROOT/STREAM/_staging`` and a run is committed by renaming its
-folders into place. It may instead be any Beam FileSystems URL or local folder outside the data root that the
-workers reach (``gs://B/P``, ``s3://B/P``, ``hdfs://H/P``, ``/shared/staging``): workers write through Beam's
-``FileSystems`` (a local folder: with the same O_EXCL / 0600 / O_NOFOLLOW files and 0700 folders), runs are
-``LOCATION/RUN_ID`` (a fresh random id), and the driver copies each part it commits into a local run under
-``DATA_ROOT/STREAM/_staging`` (``fetch_parts``: O_EXCL, 0600, size and SHA-256 checked against what the writer
-reported) before the same commit; then it deletes the staged run, also after an error. The part list is
-sealed under the run key (``write_parts``/``read_parts``), and so are the part files (``sealed.py``):
-a store without O_EXCL or file modes sees only ciphertext, and an altered part or list is refused at commit
-(docs/security.md, "Staging outside the data root").
-
-Staging runs left by killed ingests are removed by the next ingest of the stream (``clean_stale_runs``):
-a run whose ``.run.lock`` can be locked belongs to a process that is gone (the kernel drops a dead
-process's flock), so it is removed; a locked one is live and kept. A new run is created under a
-dot-name, locked, then renamed into place, so no run is ever visible unlocked. Folders without a lock
-(left by older versions) are removed once older than ``STALE_SECONDS``. The lock is host-local: with a
-distributed Beam runner on a shared filesystem, run one ingest of a stream at a time. A staging URL holds no
-locks: runs there whose newest object is older than ``REMOTE_STALE_SECONDS`` are removed by the next ingest
-that stages there (``clean_stale_remote_runs``). Only names of the form of a run id are ever removed.
+``BlockWriter`` (in each ingest worker) buffers a run's records per block and writes them as sealed part files into
+its staging run (``staging.py``); ``commit`` (in the driver) moves each block into place (``layout.py``) and
+registers it in the ledger.
 
 Visibility: a block is visible to pipelines only once the ledger holds it; the
 ledger is the only index readers use. Commit order per block: finish every part
@@ -51,72 +24,23 @@ associated data. Folders are created 0700 and files 0600. Reading needs the bloc
 signed grant (``access.grant_block_keys``) or trusted code (``access.trusted_block_keys``).
 """
 import contextlib
-import hashlib
-import json
+import fcntl
 import os
-import re
 import shutil
 import uuid
-from typing import Optional
 
 import numpy as np
 
+from sage_tfx.privacy.errors import DuplicateContent, UnknownBlock
+
 from . import sealed
+from .access import ledger_digest
+from .layout import (BLOCK_FILE, DIR_MODE, STAGING, STREAM_FILE, block_dir, fsync_dir, read_manifest, stream_dir,
+                     write_json)
 from .records import InputError, is_url, row_hashes, to_example_batch
+from .staging import check_run_here, create_staged, delete_staged_quietly, fetch_parts, staged_path
 
-STREAM_FILE = "_stream.json"
-BLOCK_FILE = "_BLOCK.json"
-STAGING = "_staging"
-PARTS_FILE = "_parts.sealed"  # the part list, sealed under the run key (write_parts)
-RUN_LOCK = ".run.lock"
-STALE_SECONDS = 3600  # an unlocked staging folder (older versions, or a creation cut short) older than this is gone
-REMOTE_STALE_SECONDS = 24 * 3600  # a run at a staging URL untouched this long belongs to a killed ingest
-RUN_NAME = re.compile(r"^(\.new-)?[0-9a-f]{16}([0-9a-f]{16})?$")  # run ids: 16 hex (local), 32 hex (URL)
-_HELD = {}  # run dir -> the open file whose flock marks it live
 _MASK = (1 << 64) - 1
-
-
-def stream_dir(data_root, stream):
-    return os.path.join(os.path.abspath(data_root), stream)
-
-
-def block_dir(data_root, stream, block_id):
-    return os.path.join(stream_dir(data_root, stream), block_id)
-
-
-def block_files(data_root, stream, block_id):
-    """The part files of a committed block (from its manifest; encrypted: read them with ``access``)."""
-    path = block_dir(data_root, stream, block_id)
-    manifest = read_manifest(path)
-    if manifest is None:
-        raise InputError(f"block {block_id!r} of stream {stream!r} has no data under {path}")
-    return [os.path.join(path, f["name"] if isinstance(f, dict) else f) for f in manifest["files"]]
-
-
-def read_manifest(path):
-    try:
-        with open(os.path.join(path, BLOCK_FILE)) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def _write_json(path, obj, fsync=True):
-    tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, sealed.FILE_MODE), "w") as f:
-        json.dump(obj, f, indent=1, sort_keys=True)
-        f.flush()
-        if fsync:
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _fsync_dir(path):
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def keyed_digest(ledger, total: int) -> str:
@@ -130,352 +54,6 @@ def digest_forms(ledger, total: int) -> tuple:
     """Every digest a block of these records may have recorded: the keyed one (64 hex digits), and the unkeyed
     16-hex-digit row-hash sum that blocks ingested before digests were keyed recorded (read as they are)."""
     return keyed_digest(ledger, total), f"{total:016x}"
-
-
-def _data_root(data_root):
-    root = os.path.abspath(str(data_root))
-    if os.path.exists(root) and not os.path.isdir(root):
-        raise InputError(f"data root {root} is not a directory")
-    return root
-
-
-def missing_dirs(data_root, stream):
-    """The folders an ingest would create (data root, stream, staging), outermost first: removed again when
-    a refused ingest leaves them empty."""
-    root = _data_root(data_root)
-    chain = [root, os.path.join(root, stream), os.path.join(root, stream, STAGING)]
-    return [d for d in chain if not os.path.exists(d)]
-
-
-def remove_empty_dirs(dirs):
-    """rmdir each of ``dirs`` (innermost first) that is still empty; a folder another ingest uses stays."""
-    for d in reversed(list(dirs)):
-        try:
-            os.rmdir(d)
-        except OSError:
-            pass
-
-
-def prepare_stream_dir(data_root, stream):
-    """DATA_ROOT/STREAM/_staging (created if needed); clear errors if the data root is unusable."""
-    root = _data_root(data_root)
-    staging = os.path.join(root, stream, STAGING)
-    try:
-        os.makedirs(os.path.dirname(root), exist_ok=True)
-        for folder in (root, os.path.join(root, stream), staging):  # the folders sage creates are 0700
-            os.makedirs(folder, mode=sealed.DIR_MODE, exist_ok=True)
-    except OSError as exc:
-        raise InputError(f"data root {_data_root(data_root)} is not writable: {exc.strerror or exc}") from None
-    return staging
-
-
-def new_run_dir(data_root, stream):
-    """A fresh staging run, locked by this process until ``remove_run_dir``; stale runs are cleaned first."""
-    return _new_locked_run(lambda: prepare_stream_dir(data_root, stream), f"data root {_data_root(data_root)}")
-
-
-def _new_locked_run(prepare, what):
-    """A fresh locked run folder in the folder ``prepare()`` makes (``what`` names it in errors)."""
-    import fcntl
-
-    for attempt in range(3):  # a refused ingest nearby may rmdir an empty _staging between our mkdirs
-        staging = prepare()
-        clean_stale_runs(staging)
-        run_id = uuid.uuid4().hex[:16]
-        hidden, run = os.path.join(staging, f".new-{run_id}"), os.path.join(staging, run_id)
-        try:
-            os.makedirs(hidden, mode=sealed.DIR_MODE)
-            os.chmod(hidden, sealed.DIR_MODE)
-            lock = open(os.path.join(hidden, RUN_LOCK), "w")
-        except FileNotFoundError:
-            if attempt == 2:
-                raise
-            continue
-        except OSError as exc:
-            raise InputError(f"{what} is not writable: {exc.strerror or exc}") from None
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a fresh file: always free
-        os.rename(hidden, run)  # visible only once locked
-        _HELD[run] = lock
-        return run
-
-
-def remove_run_dir(run):
-    """Remove a staging run of this process and release its lock."""
-    shutil.rmtree(run, ignore_errors=True)
-    lock = _HELD.pop(run, None)
-    if lock is not None:
-        lock.close()
-
-
-def clean_stale_runs(staging, now=None):
-    """Remove the staging runs no live ingest holds (see the module docstring); returns the names removed."""
-    import fcntl
-    import time
-
-    now = time.time() if now is None else now
-    removed = []
-    try:
-        names = os.listdir(staging)
-    except OSError:
-        return removed
-    for name in names:
-        path = os.path.join(staging, name)
-        if path in _HELD or not RUN_NAME.match(name) or not os.path.isdir(path) or os.path.islink(path):
-            continue
-        lock_path = os.path.join(path, RUN_LOCK)
-        if name.startswith(".") or not os.path.exists(lock_path):
-            try:
-                old = now - os.stat(path).st_mtime > STALE_SECONDS
-            except OSError:
-                continue
-            if old:
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(name)
-            continue
-        try:
-            lock = open(lock_path, "a")
-        except OSError:
-            continue
-        with lock:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError:  # held: a live ingest
-                continue
-            shutil.rmtree(path, ignore_errors=True)  # its process is gone: nobody will read these files
-            removed.append(name)
-    return removed
-
-
-# ------------------------------------------------------------------ staging location (docs/scale_out.md)
-def check_staging_location(data_root, stream, location: Optional[str]) -> Optional[str]:
-    """The checked ``--staging-location``: None for the default ``DATA_ROOT/STREAM/_staging`` (not given, or
-    given as that folder), else the URL or absolute local folder. Nothing is created here, so a bad value
-    changes nothing: an unknown scheme (no installed Beam filesystem), a local folder inside the data root
-    (runs would look like streams or blocks) or holding it (stale-run cleanup works in it), or a file."""
-    if location is None or str(location) == "":
-        return None
-    location = str(location)
-    if is_url(location):
-        from apache_beam.io.filesystems import FileSystems
-
-        try:
-            FileSystems.get_filesystem(location)
-        except Exception as exc:  # ValueError for an unknown scheme, BeamIOError for a missing extra
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise InputError(
-                f"staging location {location!r}: no Beam filesystem for scheme {FileSystems.get_scheme(location)!r} "
-                f"here ({reason}). Give a local folder outside the data root, or a URL of a filesystem Beam has "
-                "installed (gs://, s3://, hdfs://: pip install 'apache-beam[gcp]', '[aws]' or '[hadoopfs]'); "
-                "nothing was changed") from None
-        return location.rstrip("/") or location
-    root, path = _data_root(data_root), os.path.abspath(location)
-    if path == os.path.join(root, stream, STAGING):
-        return None
-    if os.path.commonpath([root, path]) == root:
-        raise InputError(f"staging location {location!r} is inside the data root {root}: leave --staging-location "
-                         f"out (the default, {os.path.join(root, stream, STAGING)}) or give a folder outside the data "
-                         "root; nothing was changed")
-    if os.path.commonpath([root, path]) == path:
-        raise InputError(f"staging location {location!r} holds the data root {root}: give a folder of its own "
-                         "outside the data root (stale runs are removed there); nothing was changed")
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise InputError(f"staging location {location!r} is not a folder; nothing was changed")
-    return path
-
-
-def missing_staging_dirs(location: Optional[str]):
-    """The local folders ``new_staged_run`` would create for ``location`` (outermost first; none for a URL)."""
-    if location is None or is_url(location):
-        return []
-    missing, d = [], os.path.abspath(location)
-    while not os.path.exists(d) and os.path.dirname(d) != d:
-        missing.append(d)
-        d = os.path.dirname(d)
-    return missing[::-1]
-
-
-def new_staged_run(location: str) -> str:
-    """A fresh run at a staging location other than the default: a local folder gets a locked run folder
-    (as ``new_run_dir``); a URL gets ``LOCATION/RUN_ID`` with a random 128-bit id (nothing is created: the
-    workers' first write makes it), after its stale runs are removed."""
-    if not is_url(location):
-        def prepare():
-            try:
-                os.makedirs(location, mode=sealed.DIR_MODE, exist_ok=True)
-            except OSError as exc:
-                raise InputError(f"staging location {location!r} is not writable: {exc.strerror or exc}") from None
-            return location
-
-        return _new_locked_run(prepare, f"staging location {location!r}")
-    from apache_beam.io.filesystems import FileSystems
-
-    clean_stale_remote_runs(location)
-    return FileSystems.join(location, uuid.uuid4().hex)
-
-
-def _run_files(run):
-    """The paths of every object under a staged run URL."""
-    from apache_beam.io.filesystems import FileSystems
-
-    return [m.path for m in FileSystems.match([run.rstrip("/") + "/**"])[0].metadata_list]
-
-
-def remove_staged_run(run: str) -> Optional[str]:
-    """Delete a staged run (local folder or URL); None when it is gone, else why not (the caller says so)."""
-    if not is_url(run):
-        remove_run_dir(run)
-        return f"{run} is still there" if os.path.lexists(run) else None
-    from apache_beam.io.filesystems import FileSystems
-
-    try:
-        paths = _run_files(run)
-        if paths:
-            FileSystems.delete(paths)
-        if FileSystems.get_filesystem(run).has_dirs() and FileSystems.exists(run):
-            FileSystems.delete([run])
-        left = _run_files(run)
-    except Exception as exc:  # a store that refuses or fails: reported, never raised over the ingest's outcome
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-    return f"{len(left)} object(s) left under {run}" if left else None
-
-
-def clean_stale_remote_runs(location, now=None):
-    """Remove the runs at a staging URL whose newest object is older than ``REMOTE_STALE_SECONDS`` (left by
-    killed ingests: a live run's workers keep writing, and a run never outlives its ingest); best effort.
-    Returns the run ids removed."""
-    import time
-
-    from apache_beam.io.filesystems import FileSystems
-
-    now = time.time() if now is None else now
-    prefix = location.rstrip("/") + "/"
-    try:
-        metas = FileSystems.match([prefix + "**"])[0].metadata_list
-    except Exception:
-        return []
-    newest = {}
-    for m in metas:
-        run = m.path[len(prefix):].split("/", 1)[0] if m.path.startswith(prefix) else ""
-        if RUN_NAME.match(run) and not run.startswith("."):
-            newest[run] = max(newest.get(run, 0.0), float(getattr(m, "last_updated_in_seconds", 0.0) or 0.0))
-    removed = []
-    for run, t in sorted(newest.items()):
-        if now - t > REMOTE_STALE_SECONDS and remove_staged_run(prefix + run) is None:
-            removed.append(run)
-    return removed
-
-
-def fetch_parts(staged_run, run_dir, blocks):
-    """Copy the part files of ``blocks`` ({block id: info with "files": [{"name", "bytes", "sha256"}]}) from a
-    staged run (URL or local folder) into the local run folder ``run_dir``: each created O_EXCL|O_NOFOLLOW,
-    0600, in 0700 block folders, its size and SHA-256 checked against what its writer reported (the part list
-    is sealed under the run key: ``read_parts``). ``commit`` makes them durable (one sync) before any
-    block moves into place. A mismatch is an InputError naming the part: nothing is registered."""
-    for block_id, info in sorted(blocks.items()):
-        if not sealed._NAME.match(str(block_id)):
-            raise InputError(f"the part list of staged run {staged_run} names block {block_id!r}, not a plain folder "
-                             "name; nothing was registered")
-        folder = os.path.join(run_dir, block_id)
-        os.makedirs(folder, mode=sealed.DIR_MODE, exist_ok=True)
-        for f in info["files"]:
-            name = f["name"]
-            if not sealed._NAME.match(str(name)) or name.startswith("."):
-                raise InputError(f"the part list of staged run {staged_run} names file {name!r}, not a plain file "
-                                 "name; nothing was registered")
-            source = _staged_path(staged_run, block_id, name)
-            target = os.path.join(folder, name)
-            h, n = hashlib.sha256(), 0
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
-                         sealed.FILE_MODE)
-            with os.fdopen(fd, "wb") as out, _open_staged(source) as src:
-                while chunk := src.read(1 << 20):
-                    h.update(chunk)
-                    n += len(chunk)
-                    out.write(chunk)
-            if n != f["bytes"] or h.hexdigest() != f["sha256"]:
-                raise InputError(f"staged part {source} has {n} bytes, sha256 {h.hexdigest()[:16]}..., but its writer "
-                                 f"reported {f['bytes']} bytes, {str(f['sha256'])[:16]}...: it was altered or damaged "
-                                 "in the staging location; nothing was registered. Run the ingest again")
-
-
-def _staged_path(run, *names):
-    if is_url(run):
-        from apache_beam.io.filesystems import FileSystems
-
-        return FileSystems.join(run, *names)
-    return os.path.join(run, *names)
-
-
-def check_run_here(run_dir):
-    """InputError unless the local staging run ``run_dir``, created by the driver, exists where this process
-    (a Beam worker) runs: a worker that does not share the driver's disk would otherwise write its parts where
-    the driver never looks (docs/scale_out.md)."""
-    if not os.path.isdir(run_dir):
-        import socket
-
-        raise InputError(f"the staging run {run_dir} does not exist on the Beam worker on host {socket.gethostname()} "
-                         f"(pid {os.getpid()}): the workers do not see the driver's disk at this path. Give "
-                         "--staging-location URL_OR_DIR, a Beam FileSystems URL (gs://BUCKET/staging) or a folder "
-                         "both see (docs/scale_out.md); nothing was registered")
-
-
-def _staged_exists(path):
-    if is_url(path):
-        from apache_beam.io.filesystems import FileSystems
-
-        return FileSystems.exists(path)
-    return os.path.isfile(path)
-
-
-def _open_staged(path):
-    if is_url(path):
-        from apache_beam.io.filesystem import CompressionTypes
-        from apache_beam.io.filesystems import FileSystems
-
-        return FileSystems.open(path, mime_type="application/octet-stream",
-                                compression_type=CompressionTypes.UNCOMPRESSED)
-    return open(path, "rb")
-
-
-def _create_staged(path):
-    """A new object at a staging URL (Beam's FileSystems.create: no O_EXCL or modes on an object store; the
-    run id is fresh and random, and every byte written is sealed or authenticated)."""
-    from apache_beam.io.filesystem import CompressionTypes
-    from apache_beam.io.filesystems import FileSystems
-
-    return FileSystems.create(path, mime_type="application/octet-stream",
-                              compression_type=CompressionTypes.UNCOMPRESSED)
-
-
-def _delete_quietly(path):
-    from apache_beam.io.filesystems import FileSystems
-
-    try:
-        FileSystems.delete([path])
-    except Exception:
-        pass  # the driver deletes the whole run prefix afterwards
-
-
-def stream_config(data_root, stream):
-    try:
-        with open(os.path.join(stream_dir(data_root, stream), STREAM_FILE)) as f:
-            return json.load(f)
-    except FileNotFoundError:
-        return None
-
-
-def check_stream_config(data_root, stream, schema, spec):
-    """The stream's fixed schema and block rule; a clear error if this ingest disagrees."""
-    config = stream_config(data_root, stream)
-    if config is None:
-        return schema
-    if config["blocks"] != spec.describe():
-        raise InputError(f"stream {stream!r} is blocked by {config['blocks']}, not {spec.describe()}: a stream "
-                         "keeps one block rule")
-    missing = [n for n in config["schema"] if n not in schema]
-    if missing:
-        raise InputError(f"input lacks column(s) {', '.join(missing)} of stream {stream!r}")
-    return dict(config["schema"])
 
 
 class BlockWriter:
@@ -533,18 +111,18 @@ class BlockWriter:
         if block_id not in self._deks:
             self._deks[block_id] = sealed.data_key(self._run_key, self.stream, block_id)
         if is_url(self.run_dir):  # a staging URL: through Beam's FileSystems (module docstring)
-            target = _staged_path(self.run_dir, block_id, name)
+            target = staged_path(self.run_dir, block_id, name)
             try:
                 written = sealed.write_records(target, records, self._deks[block_id], self.stream, block_id,
-                                               self.compresslevel, raw=_create_staged(target))
+                                               self.compresslevel, raw=create_staged(target))
             except BaseException:
-                _delete_quietly(target)
+                delete_staged_quietly(target)
                 raise
         else:
             if self._seq == 1:  # the first part of this writer: its run must be here
                 check_run_here(self.run_dir)
             folder = os.path.join(self.run_dir, block_id)
-            os.makedirs(folder, mode=sealed.DIR_MODE, exist_ok=True)
+            os.makedirs(folder, mode=DIR_MODE, exist_ok=True)
             written = sealed.write_records(os.path.join(folder, name), records, self._deks[block_id], self.stream,
                                            block_id, self.compresslevel)
         self._parts.append({"key": key, "block": block_id, "file": name, "rows": len(records),
@@ -556,70 +134,6 @@ class BlockWriter:
         for key in list(self._buffers):
             self._flush(key)
         return self._parts
-
-
-_PARTS_MAGIC = b"SAGEPARTS1"
-_PARTS_AD = b"sage-tfx part list v1"
-
-
-def _parts_key(run_key):
-    return sealed._hkdf(bytes(run_key), b"sage-tfx part list")
-
-
-def write_parts(run_dir, parts, run_key):
-    """Write the run's part list (``_parts.sealed``) sealed under a key derived from the run key (AES-256-GCM):
-    the staging location sees neither its row counts nor digests, and ``read_parts`` refuses a list that was
-    edited or written by anyone without the run key (docs/security.md, "Staging outside the data root")."""
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-    nonce = os.urandom(sealed.NONCE)
-    body = _PARTS_MAGIC + nonce + AESGCM(_parts_key(run_key)).encrypt(
-        nonce, json.dumps(parts, sort_keys=True).encode(), _PARTS_AD)
-    if not is_url(run_dir):
-        check_run_here(run_dir)
-        path = os.path.join(run_dir, PARTS_FILE)
-        tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
-                               sealed.FILE_MODE), "wb") as f:
-            f.write(body)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return
-    path = _staged_path(run_dir, PARTS_FILE)
-    out = _create_staged(path)
-    try:
-        out.write(body)
-        out.close()
-    except BaseException:
-        _delete_quietly(path)
-        raise
-
-
-def read_parts(run_dir, run_key):
-    """The run's part list, decrypted and authenticated under the run key; an InputError if it does not
-    authenticate (nothing is registered)."""
-    from cryptography.exceptions import InvalidTag
-    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-
-    path = _staged_path(run_dir, PARTS_FILE)
-    if not _staged_exists(path):
-        raise InputError(f"the Beam job finished but its part list {path} is not there: the workers wrote it where "
-                         "this process does not see it. Workers that do not share this machine's disk at the same "
-                         "path need --staging-location URL_OR_DIR (e.g. gs://BUCKET/staging, or a folder both see; "
-                         "docs/scale_out.md); nothing was registered")
-    with _open_staged(path) as f:
-        body = f.read()
-    head, nonce = body[:len(_PARTS_MAGIC)], body[len(_PARTS_MAGIC):len(_PARTS_MAGIC) + sealed.NONCE]
-    try:
-        if head != _PARTS_MAGIC:
-            raise InvalidTag()
-        return json.loads(AESGCM(_parts_key(run_key)).decrypt(nonce, body[len(_PARTS_MAGIC) + sealed.NONCE:],
-                                                              _PARTS_AD))
-    except (InvalidTag, ValueError):
-        raise InputError(f"the part list {path} does not authenticate under this run's key: it was written or "
-                         "edited by someone else in the staging location; nothing was registered. Check who can "
-                         "write there, and run the ingest again") from None
 
 
 def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplicate_of=(), run_key=None,
@@ -663,8 +177,6 @@ def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplic
                 raise InputError(f"block {block_id!r} of stream {stream!r} is already registered with different "
                                  "records; registered blocks are immutable (nothing registered)")
             if not sealed.is_sealed(manifest):  # written before encryption at rest: replaced by this sealed copy
-                from .access import ledger_digest
-
                 if ledger_digest(ledger, stream, block_id) not in (None, *info["forms"]):
                     raise InputError(f"block {block_id!r} of stream {stream!r}: the ledger registered other records "
                                      "for it (nothing changed)")
@@ -711,8 +223,6 @@ def refuse_copies(ledger, stream, forms: dict, allow_duplicate_of=()) -> None:
 @contextlib.contextmanager
 def _commit_lock(data_root, stream):
     """One committer per stream at a time (an advisory lock on this host)."""
-    import fcntl
-
     with open(os.path.join(stream_dir(data_root, stream), STAGING, ".commit.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
@@ -723,14 +233,12 @@ def _commit_lock(data_root, stream):
 
 def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of=(),
                  run_key=None, reseal=()):
-    from sage_tfx.privacy import UnknownBlock
-
     if run_key is None:
         raise ValueError("commit needs the run key its writers encrypted with")
 
     config_path = os.path.join(stream_dir(data_root, stream), STREAM_FILE)
     if not os.path.exists(config_path):
-        _write_json(config_path, {"schema": schema, "blocks": spec.describe()})
+        write_json(config_path, {"schema": schema, "blocks": spec.describe()})
     for block_id, info, key in [*plan, *reseal]:
         staged = os.path.join(run_dir, block_id)
         listed = {f["name"] for f in info["files"]}
@@ -741,7 +249,7 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
             {"stream": stream, "block": block_id, "digest": info["recorded"],
              "files": sorted(info["files"], key=lambda f: f["name"]), **key},
             sealed.data_key(run_key, stream, block_id), ledger.keyring.block_key(stream, block_id))
-        _write_json(os.path.join(staged, BLOCK_FILE), manifest, fsync=False)
+        write_json(os.path.join(staged, BLOCK_FILE), manifest, fsync=False)
     os.sync()  # every staged file is durable before any block moves into place (one sync, not one per file)
     for block_id, info, key in reseal:  # an unencrypted block of an older version: the sealed copy replaces it
         final = block_dir(data_root, stream, block_id)
@@ -768,9 +276,7 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
         os.rename(staged, final)
         new.append(dict(id=block_id, rows=int(info["rows"]), digest=info["recorded"], **key))
     if new:
-        from sage_tfx.privacy import DuplicateContent
-
-        _fsync_dir(stream_dir(data_root, stream))  # the renames are durable before the ledger shows them
+        fsync_dir(stream_dir(data_root, stream))  # the renames are durable before the ledger shows them
         try:  # one transaction: all of this ingest's new blocks, or none
             ledger.add_blocks(stream, new, allow_duplicate_of=allow_duplicate_of)
         except DuplicateContent as exc:  # another stream registered these records meanwhile: take ours back

@@ -9,9 +9,13 @@ Layout; imports run one way:
   store imports neither the ledger nor the audit.
 * ``audit.py``: replays the hash-chained log (``chain.py``) and compares every table with it; it reads through
   ``store.sql`` and never imports the ledger (tests/test_import_graph.py checks both rules).
+* ``keys.py``: the key ring (the master key in its key file, the keys derived from it); ``head_file.py``: the
+  head file beside it (the last log entry this host committed, per ledger).
 * ``allocation.py``: the allocation rules and scheduling policies on in-memory state (Conserve, Aggressive,
-  DPF-N, DPF-T, DPack), used by the ledger, the audit and the simulator alike; ``filters.py`` the per-block
-  filters; ``vocabulary.py`` the stored strings as enums; ``checks.py`` the argument checks.
+  DPF-N, DPF-T, DPack), used by the ledger, the audit and the simulator alike; ``budget_arrays.py`` the same
+  rules as array operations (the ledger's availability queries); ``filters.py`` the per-block filters;
+  ``vocabulary.py`` the stored strings as enums; ``checks.py`` the argument checks; ``randomness.py`` the keyed
+  generator every release draws from, ``samplers.py`` the exact samplers and grid releases on it.
 * ``streams.py`` (a stream's row, its checks, the grant floor), ``blocks.py`` (a new block's checks and
   registration; block and reservation reads), ``charges.py`` (a grant's check and charge under each policy, the
   queued policies' demands and scheduling points, a finishing pipeline's reservation moves), ``grants.py``

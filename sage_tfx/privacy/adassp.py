@@ -79,7 +79,8 @@ from scipy.special import log_ndtr
 
 from .checks import integer, positive, probability
 from .errors import SageError
-from .samplers import as_secure_rng, grid_gaussian, grid_gaussian_params, grid_sums
+from .randomness import as_secure_rng
+from .samplers import grid_gaussian, grid_gaussian_params, grid_sums
 
 INVALID = "{what}={value!r} is invalid: must be {rule}"
 NOT_A_NUMBER = "{what}={value!r} is not a number"
@@ -322,7 +323,7 @@ def release(xtx, xty, epsilon, delta, bound_x, bound_y, rho=0.05, calibration="p
     ``grid_statistics``, ``statistics_on_grid``): the grid releases' integer sensitivity holds for those; a
     float64 sum (``sufficient_statistics``) is rounded onto the grid as a whole, and its rounding depends on the
     other records. lam_min is computed in float64 from ``xtx`` (docs/noise.md says what its proof uses).
-    ``rng``: the noise generator, anything ``samplers.as_secure_rng`` takes (None: a fresh key from ``secrets``;
+    ``rng``: the noise generator, anything ``randomness.as_secure_rng`` takes (None: a fresh key from ``secrets``;
     an int seed, e.g. the grant-derived one, for reproducible noise; a ``SecureRNG``; a numpy Generator, whose
     next 32 bytes become the key). Every noisy number is on its release's public grid (exact discrete Gaussian).
     """

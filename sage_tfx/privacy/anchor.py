@@ -8,7 +8,7 @@ rollback of a used ledger visible, at ``Ledger.open`` (refused before any write)
   ledger writes it as entry 1; an older one when it is first opened (``bind_ledger_id``). The ledger's id is the
   one this entry names; a ``meta.ledger_id`` that differs was changed.
 * the **head**: the head file beside the key file records, per ledger id, the sequence number and keyed chain value
-  of the last entry this host committed (``keys.HeadFile``): a monotonic counter. The log must reach that entry
+  of the last entry this host committed (``head_file.HeadFile``): a monotonic counter. The log must reach that entry
   with that chain value; a ledger whose log has entries must have a head (a missing head is never recreated).
 
 A deliberate recovery (a known-good backup restored on purpose, or a host that joins a PostgreSQL ledger without a

@@ -20,9 +20,9 @@ retirement was appended in the same transaction that made it. ``audit_ledger``
    (``register``/``reserve``/``finish`` and the grants' sources replayed with ``Ledger.finish``'s operations);
    outcomes; releases; and meta (schema version, key id, no secret);
    on a queued stream (DPF-N, DPF-T, DPack: docs/scheduling_policies.md) also the demands table and each block's
-   arrival count: ``demand``/``collect``/``finish`` entries replayed, and at every ``admit`` entry the policy's
-   scheduler (``allocation.QueuedAllocation``, the ledger's own) re-run on the replayed state at the logged time,
-   which must admit exactly the logged pipelines in the logged order (so each admission fitted the unlocked
+   arrival count (``queue_replay.QueueReplay``): ``demand``/``collect``/``finish`` entries replayed, and at every
+   ``admit`` entry the policy's scheduler (``allocation.QueuedAllocation``, the ledger's own) re-run on the
+   replayed state at the logged time, which must admit exactly the logged pipelines in the logged order (so each admission fitted the unlocked
    budget at that point, all-or-nothing, in the policy's order); every grant of a queued stream must be one of
    those admissions, with the demand's blocks and cost;
 5. replays the ``draw`` entries (run grants drawn from per-block lifetime grants under a growth schedule:
@@ -49,10 +49,10 @@ from dataclasses import dataclass, field
 from . import filters
 from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, missing_head_text, rewritten_text
 from .draws import DrawReplay, audit_draw
-from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
 from .grants import Grant, cap_text, capped, grant_budget, older_rdp, stage_cap
 from .split import SLACK, BudgetSplit
+from .queue_replay import QueueReplay
 from .store import sql
 from .vocabulary import Accounting, BlockState, PipelineState, Source
 from .chain import GENESIS, TRUSTED_READ, canonical as _canonical, chain_hash
@@ -99,7 +99,7 @@ def audit_ledger(ledger):
     prev_hash, expected_seq = GENESIS, 1
     streams, stream_configs, blocks, grants, releases = {}, {}, {}, {}, {}
     block_rows, pipelines, reservations, outcomes, draws = {}, {}, {}, {}, DrawReplay()
-    queued = _QueueReplay(streams, stream_configs, blocks, block_rows, problems)
+    queued = QueueReplay(streams, stream_configs, blocks, block_rows, problems)
     bindings = []  # (seq, ledger id) of each keyed ``ledger`` entry (anchor.py)
     for seq, ts, kind, body_text, prev, digest in entries:
         if seq != expected_seq:
@@ -243,109 +243,6 @@ def audit_ledger(ledger):
     return report
 
 
-class _QueueReplay:
-    """The queued policies' state replayed from the log: demands, per-block arrivals, admissions (audit step 4)."""
-
-    def __init__(self, streams, configs, blocks, block_rows, problems):
-        self.streams, self.configs, self.blocks, self.block_rows = streams, configs, blocks, block_rows
-        self.problems = problems
-        self.arrivals = {}     # (stream, block) -> pipeline arrivals counted while it was active (queued streams)
-        self.demands = {}      # (stream, pipeline) -> [blocks, cost, rule, meta text, seq, state, grant id]
-        self.admissions = {}   # grant id -> (stream, pipeline, blocks, cost, seq of its admit entry)
-        self.granted = set()   # admitted grant ids whose grant entry followed
-        self._rules = {}       # stream -> its AllocationPolicy
-
-    def rules(self, stream):
-        config = self.configs.get(stream)
-        if config is None:
-            return None
-        rules = self._rules.get(stream)
-        if rules is None:
-            try:
-                rules = get_policy(config["policy"], config.get("policy_params"))
-            except LedgerError as exc:
-                self.problems.append(f"stream {stream!r}: its policy cannot be applied ({exc})")
-                rules = get_policy("conserve")
-            self._rules[stream] = rules
-        return rules
-
-    def queued(self, stream):
-        rules = self.rules(stream)
-        return rules is not None and rules.queued
-
-    def arrive(self, stream):
-        if self.queued(stream):
-            for (s, b), block in self.blocks.items():
-                if s == stream and block["state"] == BlockState.ACTIVE:
-                    self.arrivals[(s, b)] += 1
-
-    def demand(self, seq, body):
-        if not self.queued(body["stream"]):
-            self.problems.append(f"log entry {seq}: a demand on stream {body['stream']!r}, whose policy queues none")
-            return
-        self.demands[(body["stream"], body["pipeline"])] = [
-            tuple(body["blocks"]), tuple(body["cost"]), body["rule"], _canonical(body["meta"]), seq, "pending", None]
-
-    def admit(self, seq, body):
-        stream = body["stream"]
-        if not self.queued(stream):
-            self.problems.append(f"log entry {seq}: admissions on stream {stream!r}, whose policy queues none")
-            return
-        filt, config = self.streams[stream], self.configs[stream]
-        queue = QueuedAllocation(filt, filt.cost(epsilon=config["min_epsilon"]), self.rules(stream))
-        pending = sorted((d[4], p, d) for (s, p), d in self.demands.items() if s == stream and d[5] == "pending")
-        for b in dict.fromkeys(b for _, _, d in pending for b in d[0]):
-            block = self.blocks.get((stream, b))
-            if block is not None:
-                queue.load_block(b, spent=block["spent"], arrived=self.block_rows[(stream, b)][3],
-                                 arrivals=self.arrivals[(stream, b)], retired=block["state"] != BlockState.ACTIVE)
-        for demand_seq, pipeline, d in pending:
-            queue.demand(pipeline, d[0], d[1], seq=demand_seq)
-        expected = [p for p, _, _ in queue.schedule(float(body["now"]))]
-        logged = [p for p, _ in body["admitted"]]
-        if logged != expected:
-            self.problems.append(f"log entry {seq}: the {config['policy']} scheduler at time {body['now']} admits "
-                                 f"{expected} in that order, but the log admitted {logged} (an admission that did "
-                                 "not fit the unlocked budget, or out of the policy's order)")
-        for pipeline, gid in body["admitted"]:
-            d = self.demands.get((stream, pipeline))
-            if d is None or d[5] != "pending":
-                self.problems.append(f"log entry {seq}: pipeline {pipeline!r} admitted without a pending demand")
-                continue
-            self.admissions[gid] = (stream, pipeline, d[0], d[1], seq)
-            if pipeline == body.get("collected"):
-                del self.demands[(stream, pipeline)]
-            else:
-                d[5], d[6] = "admitted", gid
-
-    def collect(self, seq, body):
-        d = self.demands.get((body["stream"], body["pipeline"]))
-        if d is None or d[5] != "admitted" or d[6] != body["grant"]:
-            self.problems.append(f"log entry {seq}: pipeline {body['pipeline']!r} collected grant {body['grant']!r}, "
-                                 "which was not admitted for it")
-        self.demands.pop((body["stream"], body["pipeline"]), None)
-
-    def grant(self, seq, body):
-        if not self.queued(body["stream"]):
-            return
-        gid = body.get("id")
-        admitted = self.admissions.get(gid)
-        if admitted is None:
-            self.problems.append(f"log entry {seq}: grant {gid!r} on queued stream {body['stream']!r} was not "
-                                 "admitted by its scheduler")
-            return
-        stream, pipeline, blocks, cost, _ = admitted
-        if (body["stream"], body["pipeline"], tuple(body["blocks"]), tuple(body["cost"])) != (
-                stream, pipeline, blocks, cost):
-            self.problems.append(f"log entry {seq}: grant {gid!r} differs from the demand its admission granted "
-                                 f"(pipeline {pipeline!r}, blocks {list(blocks)}, cost {list(cost)})")
-        self.granted.add(gid)
-
-    def finish_checks(self):
-        for gid in sorted(set(self.admissions) - self.granted):
-            self.problems.append(f"grant {gid!r} was admitted (log entry {self.admissions[gid][4]}) but never charged")
-
-
 def _read_tables(tx):
     """Every table the audit compares with the log replay, read in the caller's transaction."""
     table_streams = {r[0]: {"name": r[0], "accounting": r[1], "epsilon": r[2], "delta": r[3],
@@ -434,7 +331,7 @@ def _check_head(ledger, head, entries, problems, notes):
 
     A log BEHIND the head was truncated. A log AHEAD of it is accepted when its later entries verify under the
     key (checked above): a crash between a commit and the head write, a power loss that took a grant's head from
-    slot C before the grant's first use (``keys.HeadSync.USE``), or, on PostgreSQL, another host's writes
+    slot C before the grant's first use (``head_file.HeadSync.USE``), or, on PostgreSQL, another host's writes
     (each host's head file knows its own); a writer without the key cannot append such entries. ``head`` was read
     before the log's snapshot, so this host's writes after the snapshot cannot put it ahead of the log.
     """

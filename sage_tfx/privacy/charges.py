@@ -21,7 +21,8 @@ import json
 import time
 
 from . import filters
-from .allocation import BudgetArrays, QueuedAllocation, get_policy
+from .allocation import QueuedAllocation, get_policy
+from .budget_arrays import BudgetArrays
 from .blocks import chunks, read_blocks, read_reservations, vector_decoder, vector_text
 from .chain import canonical
 from .checks import finite

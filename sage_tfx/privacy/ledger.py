@@ -57,7 +57,8 @@ import socket
 import time
 
 from . import anchor as _anchor, blocks as _blocks, charges as _charges, draws as _draws
-from .allocation import bisect as _bisect, get_policy
+from .allocation import get_policy
+from .budget_arrays import bisect as _bisect
 from .audit import audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
 from .chain import GENESIS, TRUSTED_READ, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
@@ -77,7 +78,8 @@ from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-export
     stage_allowance,
     stage_cap,
 )
-from .keys import HeadFile, HeadSync, KeyFileError, head_sync_mode, resolve_key_path, warn_head_write
+from .head_file import HeadFile, HeadSync, head_sync_mode, warn_head_write
+from .keys import KeyFileError, resolve_key_path
 from .session import KeySource as _KeySource, PipelineClaim, migrate_secret, migration_entry
 from .split import STAGES
 from .store import check_location, open_store, sql
@@ -192,7 +194,7 @@ class Ledger:
     def open(cls, location, create=False, key_file=None, head_sync=None, check_head=True, read_only=False):
         """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
         $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
-        (mode 0600) if that does not exist yet. ``head_sync`` (``keys.HeadSync``: ``use``, ``commit`` or
+        (mode 0600) if that does not exist yet. ``head_sync`` (``head_file.HeadSync``: ``use``, ``commit`` or
         ``group``; default $SAGE_HEAD_SYNC, else ``use``) says when the audit's head file is made durable
         (docs/security.md). The database is checked against the head file before any write
         (``LedgerRollback`` if it was rolled back, cut, re-identified or replaced); ``check_head=False``
@@ -852,7 +854,7 @@ class Ledger:
 
     @property
     def head_file(self):
-        """The head file outside the database (``keys.HeadFile``) recording this ledger's last log entry."""
+        """The head file outside the database (``head_file.HeadFile``) recording this ledger's last log entry."""
         return self._head
 
     @property

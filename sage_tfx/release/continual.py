@@ -79,7 +79,8 @@ import numpy as np
 from sage_tfx.privacy import checks
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
-from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian
+from sage_tfx.privacy.randomness import as_secure_rng
+from sage_tfx.privacy.samplers import grid_gaussian
 
 XI = 1e-6  # solver tolerance, relative to L/N (see the module docstring)
 STAGE = "training"

@@ -101,7 +101,8 @@ from sage_tfx.privacy import checks
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.draws import ZCDP_RUN_DELTA_SHARE as ZCDP_SHARE, zcdp_filter
 from sage_tfx.privacy.errors import LedgerError, SageError
-from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian_sum, grid_laplace, grid_laplace_sum
+from sage_tfx.privacy.randomness import as_secure_rng
+from sage_tfx.privacy.samplers import grid_gaussian_sum, grid_laplace, grid_laplace_sum
 
 STAGE = "training"  # the ledger's stage vocabulary: a released statistic is the grant's one release
 

@@ -213,7 +213,7 @@ class TreeRegressor:
     """The Tree Mechanism over (upper(x x^T), x y) leaves plus the projected-gradient release (no ledger).
 
     ``add(x, y, rng)`` takes block t's rows, releases the node ending at t with noise from ``rng`` (anything
-    ``samplers.as_secure_rng`` takes; in production the grant's private seed) and returns theta_t.
+    ``randomness.as_secure_rng`` takes; in production the grant's private seed) and returns theta_t.
     """
 
     params: IncrementalRegressionParams
@@ -269,7 +269,8 @@ class TreeRegressor:
                 "covered this horizon only; start a new IncrementalRegression with a new horizon")
 
     def _release_node(self, value: np.ndarray, rng) -> np.ndarray:
-        from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian
+        from sage_tfx.privacy.randomness import as_secure_rng
+        from sage_tfx.privacy.samplers import grid_gaussian
 
         p, c, k = self.params, self.params.noise_multiplier, self._upper[0].size
         rng = as_secure_rng(rng, _NODE_PURPOSE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from typing import Any, Callable, Optional
 
-from sage_tfx.ingest.store import stream_config
+from sage_tfx.ingest.layout import stream_config
 from sage_tfx.privacy import Ledger
 from sage_tfx.privacy.errors import BudgetRefused, SageError
 from sage_tfx.privacy.resume import ReplayingLedger, held, meta_diff

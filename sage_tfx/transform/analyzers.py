@@ -336,7 +336,7 @@ def dp_count_per_key(key, nkeys, epsilon, *, seed=None, name=None):
     sensitivity/epsilon = 1/epsilon on an L1-sensitivity-1 vector is epsilon-DP
     (Dwork et al. 2006); everything after it is post-processing.
 
-    `seed` is for tests only (None draws a fresh key); see `samplers.secure_rng`.
+    `seed` is for tests only (None draws a fresh key); see `randomness.secure_rng`.
     """
     label = "dp_count_per_key"
     epsilon, seed, nkeys, _ = _check_common(label, epsilon, seed, nkeys=nkeys)

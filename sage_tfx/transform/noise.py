@@ -4,14 +4,15 @@ This is the one place the tf.Transform analyzers' noise is drawn. The Beam analy
 `add_laplace` once, on the per-key totals of the whole data set; the benchmark calls the same
 function to estimate the expected error without re-running a pipeline. The noise is the exact
 discrete Laplace on a power-of-two grid (`sage_tfx.privacy.samplers.grid_laplace`), drawn from a
-ChaCha20 keystream (`samplers.SecureRNG`): no floating-point leak (Mironov 2012).
+ChaCha20 keystream (`randomness.SecureRNG`): no floating-point leak (Mironov 2012).
 """
 import math
 
 import numpy as np
 
 from sage_tfx.privacy.checks import positive
-from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_params, secure_rng
+from sage_tfx.privacy.randomness import secure_rng
+from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_params
 
 from .errors import DPTransformError
 
@@ -58,7 +59,7 @@ def add_laplace(tables, scales, seed=None, stream="", sensitivities=None, cells=
     sensitivities: the L1 sensitivity Delta of each table (one record added or removed moves the
     table by at most Delta in L1); cells: how many cells of each table that change touches at most
     (default: the table's size, always safe). All tables draw, in order, from ONE generator
-    `samplers.secure_rng(seed, stream)` (seed=None: a fresh 256-bit key from `secrets`; an int seed,
+    `randomness.secure_rng(seed, stream)` (seed=None: a fresh 256-bit key from `secrets`; an int seed,
     e.g. the analyzer's grant-derived seed, and the stream name make it reproducible).
 
     Mechanism (per table, `samplers.grid_laplace`): gamma * (round(x / gamma) + Y) with gamma a public

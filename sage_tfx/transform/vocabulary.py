@@ -67,7 +67,7 @@ def select_vocabulary(counts: Dict, *, epsilon: float, delta: float, top_k: Opti
 
     (epsilon, delta)-DP, see the module docstring. Values with count <= 0 are ignored (they
     are not in the data). One exact grid-Laplace draw per value present, in a fixed (sorted) order, from
-    `samplers.secure_rng(seed, stream)`: seed=None draws a fresh key from `secrets`; a seed (the grant's
+    `randomness.secure_rng(seed, stream)`: seed=None draws a fresh key from `secrets`; a seed (the grant's
     derived seed under DPTransform, or a test seed) makes it reproducible.
     """
     epsilon = check_epsilon(epsilon, "select_vocabulary: epsilon")
@@ -78,7 +78,8 @@ def select_vocabulary(counts: Dict, *, epsilon: float, delta: float, top_k: Opti
     if not values:
         return []
     exact = np.array([float(counts[v]) for v in values])
-    from sage_tfx.privacy.samplers import grid_laplace, secure_rng
+    from sage_tfx.privacy.randomness import secure_rng
+    from sage_tfx.privacy.samplers import grid_laplace
 
     noisy = grid_laplace(exact, m, epsilon, secure_rng(seed, stream), cells=m)
     tau = threshold(epsilon, delta, m)

@@ -57,7 +57,8 @@ def release_pair(values, bound, epsilon, rng, mode):
     if not mode.noisy:
         total = NoisyTotal.release(clipped, bound, epsilon, rng, mode)
         return total, NoisyTotal(bound * clipped.size - total.value, 0.0)
-    from sage_tfx.privacy.samplers import as_secure_rng, grid_laplace_pair
+    from sage_tfx.privacy.randomness import as_secure_rng
+    from sage_tfx.privacy.samplers import grid_laplace_pair
 
     pair = grid_laplace_pair(clipped, bound, epsilon, as_secure_rng(rng))  # summed exactly on the grid
     return tuple(NoisyTotal.coupled(value, bound, epsilon, cells=2) for value in pair)

@@ -1,0 +1,111 @@
+"""The queued policies' state (DPF-N, DPF-T, DPack: docs/scheduling_policies.md) replayed from the log for the
+audit (``audit.py``, step 4): demands, per-block arrivals, and every ``admit`` entry re-run through the policy's
+own scheduler (``allocation.QueuedAllocation``) on the replayed state at the logged time.
+"""
+from .allocation import QueuedAllocation, get_policy
+from .chain import canonical as _canonical
+from .errors import LedgerError
+from .vocabulary import BlockState
+
+
+class QueueReplay:
+    """The queued policies' state replayed from the log: demands, per-block arrivals, admissions (audit step 4)."""
+
+    def __init__(self, streams, configs, blocks, block_rows, problems):
+        self.streams, self.configs, self.blocks, self.block_rows = streams, configs, blocks, block_rows
+        self.problems = problems
+        self.arrivals = {}     # (stream, block) -> pipeline arrivals counted while it was active (queued streams)
+        self.demands = {}      # (stream, pipeline) -> [blocks, cost, rule, meta text, seq, state, grant id]
+        self.admissions = {}   # grant id -> (stream, pipeline, blocks, cost, seq of its admit entry)
+        self.granted = set()   # admitted grant ids whose grant entry followed
+        self._rules = {}       # stream -> its AllocationPolicy
+
+    def rules(self, stream):
+        config = self.configs.get(stream)
+        if config is None:
+            return None
+        rules = self._rules.get(stream)
+        if rules is None:
+            try:
+                rules = get_policy(config["policy"], config.get("policy_params"))
+            except LedgerError as exc:
+                self.problems.append(f"stream {stream!r}: its policy cannot be applied ({exc})")
+                rules = get_policy("conserve")
+            self._rules[stream] = rules
+        return rules
+
+    def queued(self, stream):
+        rules = self.rules(stream)
+        return rules is not None and rules.queued
+
+    def arrive(self, stream):
+        if self.queued(stream):
+            for (s, b), block in self.blocks.items():
+                if s == stream and block["state"] == BlockState.ACTIVE:
+                    self.arrivals[(s, b)] += 1
+
+    def demand(self, seq, body):
+        if not self.queued(body["stream"]):
+            self.problems.append(f"log entry {seq}: a demand on stream {body['stream']!r}, whose policy queues none")
+            return
+        self.demands[(body["stream"], body["pipeline"])] = [
+            tuple(body["blocks"]), tuple(body["cost"]), body["rule"], _canonical(body["meta"]), seq, "pending", None]
+
+    def admit(self, seq, body):
+        stream = body["stream"]
+        if not self.queued(stream):
+            self.problems.append(f"log entry {seq}: admissions on stream {stream!r}, whose policy queues none")
+            return
+        filt, config = self.streams[stream], self.configs[stream]
+        queue = QueuedAllocation(filt, filt.cost(epsilon=config["min_epsilon"]), self.rules(stream))
+        pending = sorted((d[4], p, d) for (s, p), d in self.demands.items() if s == stream and d[5] == "pending")
+        for b in dict.fromkeys(b for _, _, d in pending for b in d[0]):
+            block = self.blocks.get((stream, b))
+            if block is not None:
+                queue.load_block(b, spent=block["spent"], arrived=self.block_rows[(stream, b)][3],
+                                 arrivals=self.arrivals[(stream, b)], retired=block["state"] != BlockState.ACTIVE)
+        for demand_seq, pipeline, d in pending:
+            queue.demand(pipeline, d[0], d[1], seq=demand_seq)
+        expected = [p for p, _, _ in queue.schedule(float(body["now"]))]
+        logged = [p for p, _ in body["admitted"]]
+        if logged != expected:
+            self.problems.append(f"log entry {seq}: the {config['policy']} scheduler at time {body['now']} admits "
+                                 f"{expected} in that order, but the log admitted {logged} (an admission that did "
+                                 "not fit the unlocked budget, or out of the policy's order)")
+        for pipeline, gid in body["admitted"]:
+            d = self.demands.get((stream, pipeline))
+            if d is None or d[5] != "pending":
+                self.problems.append(f"log entry {seq}: pipeline {pipeline!r} admitted without a pending demand")
+                continue
+            self.admissions[gid] = (stream, pipeline, d[0], d[1], seq)
+            if pipeline == body.get("collected"):
+                del self.demands[(stream, pipeline)]
+            else:
+                d[5], d[6] = "admitted", gid
+
+    def collect(self, seq, body):
+        d = self.demands.get((body["stream"], body["pipeline"]))
+        if d is None or d[5] != "admitted" or d[6] != body["grant"]:
+            self.problems.append(f"log entry {seq}: pipeline {body['pipeline']!r} collected grant {body['grant']!r}, "
+                                 "which was not admitted for it")
+        self.demands.pop((body["stream"], body["pipeline"]), None)
+
+    def grant(self, seq, body):
+        if not self.queued(body["stream"]):
+            return
+        gid = body.get("id")
+        admitted = self.admissions.get(gid)
+        if admitted is None:
+            self.problems.append(f"log entry {seq}: grant {gid!r} on queued stream {body['stream']!r} was not "
+                                 "admitted by its scheduler")
+            return
+        stream, pipeline, blocks, cost, _ = admitted
+        if (body["stream"], body["pipeline"], tuple(body["blocks"]), tuple(body["cost"])) != (
+                stream, pipeline, blocks, cost):
+            self.problems.append(f"log entry {seq}: grant {gid!r} differs from the demand its admission granted "
+                                 f"(pipeline {pipeline!r}, blocks {list(blocks)}, cost {list(cost)})")
+        self.granted.add(gid)
+
+    def finish_checks(self):
+        for gid in sorted(set(self.admissions) - self.granted):
+            self.problems.append(f"grant {gid!r} was admitted (log entry {self.admissions[gid][4]}) but never charged")
