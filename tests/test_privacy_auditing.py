@@ -166,3 +166,9 @@ def test_cli_exits_1_on_a_violation_and_2_on_bad_input(monkeypatch, capsys):
 def test_audit_privacy_is_the_library_call_behind_the_command():
     result = audit_privacy("validator-accuracy", trials=200, seed=3)
     assert result.trials == 200 and result.seed == 3 and set(result.outputs) == {"d", "d_prime"}
+
+
+@pytest.mark.slow
+def test_the_continual_release_is_not_flagged():
+    result = audit(mechanism("continual-release", EPSILON), AuditConfig(trials=200, seed=7))
+    assert not result.flagged, result.to_dict()

@@ -11,8 +11,12 @@ is the budget the release is called with: what its stage's share of the grant ch
 The numpy cores only (no TensorFlow, TFX or Beam): the DP count of BlockExampleGen
 (``components._grant.laplace_count``), the validators' releases (``validation.noisy.release_pair``, which
 ``DPLossValidator`` / ``DPAccuracyValidator.validate`` call, after ``validation.metrics.log_losses`` for log
-loss), the tf.Transform analyzers' noise (``transform.noise.add_laplace`` with ``dp_mean_per_key``'s scales),
-the grid Laplace and Gaussian samplers of ``privacy.samplers``, and AdaSSP (``privacy.adassp.adassp``).
+loss), the tf.Transform analyzers' noise (``transform.noise.add_laplace`` with ``dp_mean_per_key``'s scales)
+and DP vocabulary (``transform.vocabulary.select_vocabulary``), the grid Laplace and Gaussian samplers of
+``privacy.samplers``, AdaSSP (``privacy.adassp.adassp``) and the continual release's base learner
+(``release.continual.private_erm`` at its strategy's sigma). Not covered yet: DP-SGD (needs one-run canary
+auditing), the analyzers through DPTransform and Beam, the tree / growth / PMWG strategies, whole pipeline stages
+with their grants on a throwaway ledger.
 """
 from __future__ import annotations
 
@@ -177,3 +181,39 @@ def _adassp(epsilon):
         xs, ys = (np.vstack([x, [[1.0]]]), np.append(y, -1.0)) if neighbour else (x, y)
         return float(adassp(xs, ys, epsilon, GAUSSIAN_DELTA, 1.0, 1.0, rng=secure_rng(seed, "adassp")).theta[0])
     return Mechanism("adassp", release, epsilon, GAUSSIAN_DELTA)
+
+
+@register_mechanism("transform-vocabulary", "the DP vocabulary (transform.vocabulary.select_vocabulary), "
+                                            "delta = 1e-5; statistic: is a value at the threshold kept")
+def _transform_vocabulary(epsilon):
+    from sage_tfx.transform.vocabulary import select_vocabulary, threshold
+
+    at_threshold = int(math.ceil(threshold(epsilon, GAUSSIAN_DELTA)))  # kept about half the time on D
+    counts = {"common": 500, "edge": at_threshold, "other": 40}
+
+    def release(neighbour, seed):
+        exact = dict(counts, edge=at_threshold + int(neighbour))
+        kept = select_vocabulary(exact, epsilon=epsilon, delta=GAUSSIAN_DELTA, seed=seed, stream="vocabulary")
+        return float("edge" in kept)
+    return Mechanism("transform-vocabulary", release, epsilon, GAUSSIAN_DELTA)
+
+
+@register_mechanism("continual-release", "the continual release's base learner (release.continual.private_erm) "
+                                         "at the cumulative strategy's sigma for (epsilon, 1e-5), one block",
+                    slow=True)
+def _continual_release(epsilon):
+    from sage_tfx.release.continual import (ReleaseParams, Strategy, calibrate_z_eff, participation_sum,
+                                            private_erm, sensitivity)
+
+    params = ReleaseParams(epsilon=epsilon, delta=GAUSSIAN_DELTA, records_per_block=20)
+    # the strategy's one sigma (continual._Base): z = z_eff sqrt(c), sigma = z Delta_1
+    z = calibrate_z_eff(epsilon, GAUSSIAN_DELTA) * math.sqrt(participation_sum(Strategy.CUMULATIVE))
+    sigma = z * sensitivity(params, 1)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(19, 2))
+    y = (rng.uniform(size=19) < 0.5).astype(np.float64)
+
+    def release(neighbour, seed):
+        xs, ys = (np.vstack([x, [[10.0, 0.0]]]), np.append(y, 1.0)) if neighbour else (x, y)
+        return float(private_erm(xs, ys, params=params, blocks=1, sigma=sigma, rng=secure_rng(seed, "continual"))[0])
+    return Mechanism("continual-release", release, epsilon, GAUSSIAN_DELTA)
