@@ -172,3 +172,10 @@ def test_audit_privacy_is_the_library_call_behind_the_command():
 def test_the_continual_release_is_not_flagged():
     result = audit(mechanism("continual-release", EPSILON), AuditConfig(trials=200, seed=7))
     assert not result.flagged, result.to_dict()
+
+
+def test_bench_privacy_audit_reports_every_fast_mechanism(capsys):
+    assert main(["bench", "privacy-audit", "--trials", "40", "--json"]) == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert set(mechanism_names(include_slow=False)) <= set(figures) and figures["flagged"] == []
+    assert all(0.0 <= figures[n]["ratio"] <= 1.0 for n in mechanism_names(include_slow=False))
