@@ -5,7 +5,7 @@ from typing import Optional
 
 import numpy as np
 
-from .core import AuditConfig, AuditResult, audit
+from .core import AuditConfig, AuditResult, _rates, audit
 from .mechanisms import DEFAULT_EPSILON, mechanism
 
 __all__ = ["audit_privacy", "write_plot"]
@@ -22,11 +22,8 @@ def audit_privacy(name: str, *, trials: int = 2000, epsilon: float = DEFAULT_EPS
 
 def _roc(d, d_prime, direction):
     """(FPR, TPR) of every threshold of "say D' iff direction * s > direction * t", on all the outputs."""
-    a, b = np.sort(direction * d), np.sort(direction * d_prime)
-    t = np.unique(np.concatenate([a, b]))
-    fpr = (a.size - np.searchsorted(a, t, side="right")) / a.size
-    tpr = (b.size - np.searchsorted(b, t, side="right")) / b.size
-    return np.append(1.0, fpr), np.append(1.0, tpr)
+    fp, fn = _rates(d, d_prime, np.unique(np.concatenate([d, d_prime])), direction)
+    return np.append(1.0, fp / d.size), np.append(1.0, 1.0 - fn / d_prime.size)
 
 
 def write_plot(result: AuditResult, path: str, title: Optional[str] = None) -> None:
