@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from sage_tfx.auditing import (AuditConfig, AuditConfigError, Mechanism, audit, audit_privacy,
-                               clopper_pearson_upper, epsilon_lower_bound, mechanism, mechanism_names)
+                               clopper_pearson_upper, epsilon_lower_bound, guesses_from_scores, mechanism,
+                               mechanism_names, one_run_epsilon_lower_bound)
 from sage_tfx.auditing import mechanisms as registry
 from sage_tfx.cli import main
 from sage_tfx.components._grant import laplace_count
@@ -179,3 +180,34 @@ def test_bench_privacy_audit_reports_every_fast_mechanism(capsys):
     figures = json.loads(capsys.readouterr().out)
     assert set(mechanism_names(include_slow=False)) <= set(figures) and figures["flagged"] == []
     assert all(0.0 <= figures[n]["ratio"] <= 1.0 for n in mechanism_names(include_slow=False))
+
+
+# ---------------------------------------------------------------- one-run auditing's bound (pure DP)
+
+def _randomized_response_run(epsilon, m, seed):
+    """One run of per-canary randomized response: canary i is in with probability 1/2 and the output reports its
+    membership truthfully with probability e^eps / (1 + e^eps): epsilon-DP in each canary, exactly."""
+    rng = np.random.default_rng(seed)
+    included = rng.random(m) < 0.5
+    truthful = rng.random(m) < np.exp(epsilon) / (1.0 + np.exp(epsilon))
+    return included, np.where(truthful, included, ~included).astype(np.float64)
+
+
+def test_one_run_bound_stays_below_a_correct_claim_and_flags_a_doubled_epsilon():
+    m = 20000
+    included, scores = _randomized_response_run(EPSILON, m, seed=11)
+    correct, guesses = guesses_from_scores(scores + 1e-9 * np.arange(m), included, m // 2, m // 2)
+    bound = one_run_epsilon_lower_bound(correct, guesses, 0.95)
+    assert 0.8 < bound <= EPSILON  # one run, 20000 canaries: within 20% of the truth
+    included, scores = _randomized_response_run(2.0 * EPSILON, m, seed=12)  # the planted bug: eps 2 claimed as 1
+    correct, guesses = guesses_from_scores(scores + 1e-9 * np.arange(m), included, m // 2, m // 2)
+    assert one_run_epsilon_lower_bound(correct, guesses, 0.95) > EPSILON
+
+
+def test_one_run_bound_refuses_bad_counts_and_is_zero_at_chance():
+    assert one_run_epsilon_lower_bound(50, 100) == 0.0
+    assert one_run_epsilon_lower_bound(0, 0) == 0.0
+    with pytest.raises(AuditConfigError, match="correct"):
+        one_run_epsilon_lower_bound(5, 3)
+    with pytest.raises(AuditConfigError, match="k_plus"):
+        guesses_from_scores([0.1, 0.2], [True, False], 2, 1)
