@@ -14,9 +14,10 @@ The numpy cores only (no TensorFlow, TFX or Beam): the DP count of BlockExampleG
 loss), the tf.Transform analyzers' noise (``transform.noise.add_laplace`` with ``dp_mean_per_key``'s scales)
 and DP vocabulary (``transform.vocabulary.select_vocabulary``), the grid Laplace and Gaussian samplers of
 ``privacy.samplers``, AdaSSP (``privacy.adassp.adassp``) and the continual release's base learner
-(``release.continual.private_erm`` at its strategy's sigma). Not covered yet: DP-SGD (needs one-run canary
-auditing), the analyzers through DPTransform and Beam, the tree / growth / PMWG strategies, whole pipeline stages
-with their grants on a throwaway ledger.
+(``release.continual.private_erm`` at its strategy's sigma) and the growth schedules' black box
+(``release.growth.clipped_mean``). Not covered yet: DP-SGD (needs one-run canary auditing), the analyzers
+through DPTransform and Beam, the Tree Mechanism and PMWG, whole pipeline stages with their grants on a
+throwaway ledger.
 """
 from __future__ import annotations
 
@@ -147,6 +148,11 @@ def _validator_log_loss(epsilon):
     return _validator_pair("validator-log-loss", losses, worst, bound, epsilon)
 
 
+def _laplace_llr(x, mu, shift, scale):
+    """log p(x | mu + shift) - log p(x | mu) for Laplace(scale) noise."""
+    return (abs(x - mu) - abs(x - mu - shift)) / scale
+
+
 @register_mechanism("transform-dp-mean", "the dp_mean_per_key analyzer's noise (transform.noise.add_laplace: "
                                          "count and sum, eps/2 each, value_range 10)")
 def _transform_mean(epsilon):
@@ -163,8 +169,10 @@ def _transform_mean(epsilon):
             s[0] += value_range
         noisy_c, noisy_s = add_laplace([c, s], scales, seed=seed, stream="dp_mean", sensitivities=[1.0, value_range],
                                        cells=[1, 1])
-        # the log-likelihood-ratio direction of the two Laplace cells: each moves by one scale-weighted unit
-        return float(noisy_c[0] / scales[0] + noisy_s[0] / scales[1])
+        # the log-likelihood ratio of D' to D for the two Laplace cells (the Neyman-Pearson statistic): each is
+        # (|x - mu| - |x - mu - shift|) / b with mu the cell on D (public here) and the shift one record's
+        return float(_laplace_llr(noisy_c[0], counts[0], 1.0, scales[0])
+                     + _laplace_llr(noisy_s[0], sums[0], value_range, scales[1]))
     return Mechanism("transform-dp-mean", release, epsilon)
 
 
@@ -217,3 +225,18 @@ def _continual_release(epsilon):
         xs, ys = (np.vstack([x, [[10.0, 0.0]]]), np.append(y, 1.0)) if neighbour else (x, y)
         return float(private_erm(xs, ys, params=params, blocks=1, sigma=sigma, rng=secure_rng(seed, "continual"))[0])
     return Mechanism("continual-release", release, epsilon, GAUSSIAN_DELTA)
+
+
+@register_mechanism("growth-clipped-mean", "the growth schedules' black box (release.growth.clipped_mean): a mean "
+                                         "of values in [0, 10] over 2 blocks of 100 declared rows")
+def _growth_clipped_mean(epsilon):
+    from sage_tfx.privacy.samplers import as_secure_rng
+    from sage_tfx.release.growth import clipped_mean
+
+    release_mean = clipped_mean(10.0, 100)
+    blocks = [np.full(100, 3.0), np.full(100, 6.0)]
+
+    def release(neighbour, seed):
+        data = [np.append(blocks[0], 10.0), blocks[1]] if neighbour else blocks
+        return release_mean(data, epsilon, as_secure_rng(seed))  # ScheduledRelease: as_secure_rng(its seed)
+    return Mechanism("growth-clipped-mean", release, epsilon)
