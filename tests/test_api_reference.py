@@ -25,6 +25,7 @@ PACKAGES = {
     "sage_tfx.adaptive": "Sage's privacy-adaptive iterator",
     "sage_tfx.release": "release strategies for a growing database",
     "sage_tfx.simulate": "the load simulator",
+    "sage_tfx.auditing": "empirical privacy auditing: a lower bound on a mechanism's epsilon (no TensorFlow)",
 }
 # modules without __all__ whose public names are part of the surface: module -> names
 MODULES = {

@@ -40,6 +40,7 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.privacy.errors.RecordError": (ValueError,),
     "sage_tfx.privacy.keys.KeyFileError": (ValueError,),
     "sage_tfx.privacy.adassp.AdaSSPConfigError": (ValueError,),
+    "sage_tfx.auditing.core.AuditConfigError": (ValueError,),
     "sage_tfx.privacy.dpsgd.DpSgdConfigError": (ValueError,),
     "sage_tfx.privacy.randomness.SamplerError": (ValueError,),
     "sage_tfx.models.seeding.TrainingSeedError": (ValueError,),

@@ -1,0 +1,242 @@
+"""The registry of auditable mechanisms, each driven through the function the pipeline itself calls.
+
+Every entry is a factory ``factory(epsilon) -> Mechanism`` registered under a name (``register_mechanism``).
+Its ``release(neighbour, seed)`` runs the shipped release once on D, or on D' = D plus one worst-case record,
+with the noise generator the executor builds from its ledger seed, ``samplers.secure_rng(seed, stream)`` (same
+stream name), but with a FRESH seed per trial (``core.trial_seeds``) in place of the grant's one seed: the audit
+measures the mechanism, the ledger decides separately that each grant draws it once. The statistic returned is
+a post-processing of the release (so any bound on it is a bound on the release). The claimed (epsilon, delta)
+is the budget the release is called with: what its stage's share of the grant charges.
+
+The numpy cores only (no TensorFlow, TFX or Beam): the DP count of BlockExampleGen
+(``components._grant.laplace_count``), the validators' releases (``validation.noisy.release_pair``, which
+``DPLossValidator`` / ``DPAccuracyValidator.validate`` call, after ``validation.metrics.log_losses`` for log
+loss), the tf.Transform analyzers' noise (``transform.noise.add_laplace`` with ``dp_mean_per_key``'s scales)
+and DP vocabulary (``transform.vocabulary.select_vocabulary``), the grid Laplace and Gaussian samplers of
+``privacy.samplers``, AdaSSP (``privacy.adassp.adassp``) and the continual release's base learner
+(``release.continual.private_erm`` at its strategy's sigma) and the growth schedules' black box
+(``release.growth.clipped_mean``). Not covered yet: DP-SGD (needs one-run canary auditing), the analyzers
+through DPTransform and Beam, the Tree Mechanism and PMWG, whole pipeline stages with their grants on a
+throwaway ledger.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Dict, List
+
+import numpy as np
+
+from sage_tfx.privacy.samplers import grid_gaussian, grid_laplace_sum, secure_rng
+
+from .core import AuditConfigError, Mechanism
+
+__all__ = ["register_mechanism", "mechanism", "mechanism_names", "describe_mechanisms", "DEFAULT_EPSILON",
+           "gaussian_sigma"]
+
+DEFAULT_EPSILON = 1.0
+GAUSSIAN_DELTA = 1e-5
+RECORDS = 200  # the records of D (a fixed, public data set); D' adds one worst-case record
+
+_REGISTRY: Dict[str, tuple] = {}
+
+
+def register_mechanism(name: str, about: str, slow: bool = False) -> Callable:
+    """Decorator: register ``factory(epsilon) -> Mechanism`` under ``name`` (``slow``: seconds per hundred runs;
+    the CI-sized tests leave it out)."""
+    def wrap(factory):
+        if name in _REGISTRY:
+            raise AuditConfigError(f"mechanism {name!r} is registered twice")
+        _REGISTRY[name] = (factory, about, slow)
+        return factory
+    return wrap
+
+
+def mechanism_names(include_slow: bool = True) -> List[str]:
+    return sorted(n for n, (_, _, slow) in _REGISTRY.items() if include_slow or not slow)
+
+
+def describe_mechanisms() -> Dict[str, str]:
+    return {n: _REGISTRY[n][1] + (" (slow)" if _REGISTRY[n][2] else "") for n in mechanism_names()}
+
+
+def mechanism(name: str, epsilon: float = DEFAULT_EPSILON) -> Mechanism:
+    """The registered mechanism ``name`` at claimed ``epsilon``."""
+    if name not in _REGISTRY:
+        raise AuditConfigError(f"unknown mechanism {name!r}: one of {', '.join(mechanism_names())} "
+                               "(`sage audit-privacy --list`)")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0.0 < epsilon <= 20.0:
+        raise AuditConfigError(f"epsilon {epsilon!r} must be a number in (0, 20], e.g. 1.0")
+    return _REGISTRY[name][0](float(epsilon))
+
+
+def gaussian_sigma(epsilon: float, delta: float, l2_sensitivity: float = 1.0) -> float:
+    """The sigma at which the Gaussian mechanism's zCDP rho = Delta^2 / (2 sigma^2) converts to exactly
+    (epsilon, delta) by rho + 2 sqrt(rho ln(1/delta)) = epsilon (Bun, Steinke 2016, Prop. 1.3: the conversion
+    ``samplers.grid_gaussian`` states)."""
+    log_term = math.log(1.0 / delta)
+    root = -math.sqrt(log_term) + math.sqrt(log_term + epsilon)  # sqrt(rho)
+    return l2_sensitivity / (math.sqrt(2.0) * root)
+
+
+@register_mechanism("record-count", "BlockExampleGen's DP record count (components._grant.laplace_count)")
+def _record_count(epsilon):
+    from sage_tfx.components._grant import laplace_count
+
+    def release(neighbour, seed):
+        return laplace_count(1000 + int(neighbour), epsilon, secure_rng(seed, "record_count"))
+    return Mechanism("record-count", release, epsilon)
+
+
+@register_mechanism("grid-laplace-sum", "privacy.samplers.grid_laplace_sum: a sum of values in [0, 1]")
+def _grid_laplace_sum(epsilon):
+    base = np.full(RECORDS, 0.5)
+
+    def release(neighbour, seed):
+        records = np.append(base, 1.0) if neighbour else base
+        return float(grid_laplace_sum(records, 1.0, epsilon, secure_rng(seed, "audit"))[0])
+    return Mechanism("grid-laplace-sum", release, epsilon)
+
+
+@register_mechanism("grid-gaussian", "privacy.samplers.grid_gaussian: one value of L2 sensitivity 1, "
+                                     "delta = 1e-5")
+def _grid_gaussian(epsilon):
+    sigma = gaussian_sigma(epsilon, GAUSSIAN_DELTA)
+
+    def release(neighbour, seed):
+        return float(grid_gaussian([float(neighbour)], 1.0, sigma, secure_rng(seed, "audit"), cells=1)[0])
+    return Mechanism("grid-gaussian", release, epsilon, GAUSSIAN_DELTA)
+
+
+def _validator_pair(name, base, worst, bound, epsilon):
+    """The validators' release (``release_pair``, what ``joint_decision`` draws) of ``base`` or ``base`` plus a
+    record of value ``worst`` = B; statistic: the noisy sum S~ (the coordinate that record moves, by B; the
+    complement S'~ does not move)."""
+    from sage_tfx.validation.core import Mode
+    from sage_tfx.validation.noisy import release_pair
+
+    mode = Mode.parse("sage")
+
+    def release(neighbour, seed):
+        values = np.append(base, worst) if neighbour else base
+        total, _ = release_pair(values, bound, epsilon, secure_rng(seed, "validation"), mode)
+        return total.value
+    return Mechanism(name, release, epsilon)
+
+
+@register_mechanism("validator-loss", "DPLossValidator's noisy loss sums (validation.noisy.release_pair), "
+                                      "losses in [0, 1]")
+def _validator_loss(epsilon):
+    return _validator_pair("validator-loss", np.full(RECORDS, 0.3), 1.0, 1.0, epsilon)
+
+
+@register_mechanism("validator-accuracy", "DPAccuracyValidator's noisy error counts (release_pair on 0/1 errors)")
+def _validator_accuracy(epsilon):
+    errors = (np.arange(RECORDS) % 4 == 0).astype(np.float64)
+    return _validator_pair("validator-accuracy", errors, 1.0, 1.0, epsilon)
+
+
+@register_mechanism("validator-log-loss", "the log-loss validator: validation.metrics.log_losses (floor 1e-7, "
+                                          "B = ln(1e7)) then release_pair")
+def _validator_log_loss(epsilon):
+    from sage_tfx.validation.metrics import log_losses
+
+    floor = 1e-7  # DPModelValidator's LOG_LOSS_FLOOR
+    bound = math.log(1.0 / floor)
+    labels = (np.arange(RECORDS) % 2).astype(np.float64)
+    losses = log_losses(labels, np.full(RECORDS, 0.7), floor=floor)
+    worst = log_losses(np.array([1.0]), np.array([0.0]), floor=floor)[0]  # a confident wrong prediction: B
+    return _validator_pair("validator-log-loss", losses, worst, bound, epsilon)
+
+
+def _laplace_llr(x, mu, shift, scale):
+    """log p(x | mu + shift) - log p(x | mu) for Laplace(scale) noise."""
+    return (abs(x - mu) - abs(x - mu - shift)) / scale
+
+
+@register_mechanism("transform-dp-mean", "the dp_mean_per_key analyzer's noise (transform.noise.add_laplace: "
+                                         "count and sum, eps/2 each, value_range 10)")
+def _transform_mean(epsilon):
+    from sage_tfx.transform.noise import add_laplace
+
+    value_range = 10.0
+    scales = [2.0 / epsilon, 2.0 * value_range / epsilon]  # dp_mean_per_key's split: half each
+    counts, sums = np.array([RECORDS, 50.0]), np.array([RECORDS * 4.0, 200.0])
+
+    def release(neighbour, seed):
+        c, s = counts.copy(), sums.copy()
+        if neighbour:
+            c[0] += 1.0
+            s[0] += value_range
+        noisy_c, noisy_s = add_laplace([c, s], scales, seed=seed, stream="dp_mean", sensitivities=[1.0, value_range],
+                                       cells=[1, 1])
+        # the log-likelihood ratio of D' to D for the two Laplace cells (the Neyman-Pearson statistic): each is
+        # (|x - mu| - |x - mu - shift|) / b with mu the cell on D (public here) and the shift one record's
+        return float(_laplace_llr(noisy_c[0], counts[0], 1.0, scales[0])
+                     + _laplace_llr(noisy_s[0], sums[0], value_range, scales[1]))
+    return Mechanism("transform-dp-mean", release, epsilon)
+
+
+@register_mechanism("adassp", "AdaSSP linear regression (privacy.adassp.adassp), one feature, delta = 1e-5",
+                    slow=True)
+def _adassp(epsilon):
+    from sage_tfx.privacy.adassp import adassp
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1.0, 1.0, (50, 1))
+    y = np.clip(0.5 * x[:, 0] + rng.normal(0.0, 0.1, 50), -1.0, 1.0)
+
+    def release(neighbour, seed):
+        xs, ys = (np.vstack([x, [[1.0]]]), np.append(y, -1.0)) if neighbour else (x, y)
+        return float(adassp(xs, ys, epsilon, GAUSSIAN_DELTA, 1.0, 1.0, rng=secure_rng(seed, "adassp")).theta[0])
+    return Mechanism("adassp", release, epsilon, GAUSSIAN_DELTA)
+
+
+@register_mechanism("transform-vocabulary", "the DP vocabulary (transform.vocabulary.select_vocabulary), "
+                                            "delta = 1e-5; statistic: is a value at the threshold kept")
+def _transform_vocabulary(epsilon):
+    from sage_tfx.transform.vocabulary import select_vocabulary, threshold
+
+    at_threshold = int(math.ceil(threshold(epsilon, GAUSSIAN_DELTA)))  # kept about half the time on D
+    counts = {"common": 500, "edge": at_threshold, "other": 40}
+
+    def release(neighbour, seed):
+        exact = dict(counts, edge=at_threshold + int(neighbour))
+        kept = select_vocabulary(exact, epsilon=epsilon, delta=GAUSSIAN_DELTA, seed=seed, stream="vocabulary")
+        return float("edge" in kept)
+    return Mechanism("transform-vocabulary", release, epsilon, GAUSSIAN_DELTA)
+
+
+@register_mechanism("continual-release", "the continual release's base learner (release.continual.private_erm) "
+                                         "at the cumulative strategy's sigma for (epsilon, 1e-5), one block",
+                    slow=True)
+def _continual_release(epsilon):
+    from sage_tfx.release.continual import (ReleaseParams, Strategy, calibrate_z_eff, participation_sum,
+                                            private_erm, sensitivity)
+
+    params = ReleaseParams(epsilon=epsilon, delta=GAUSSIAN_DELTA, records_per_block=20)
+    # the strategy's one sigma (continual._Base): z = z_eff sqrt(c), sigma = z Delta_1
+    z = calibrate_z_eff(epsilon, GAUSSIAN_DELTA) * math.sqrt(participation_sum(Strategy.CUMULATIVE))
+    sigma = z * sensitivity(params, 1)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(19, 2))
+    y = (rng.uniform(size=19) < 0.5).astype(np.float64)
+
+    def release(neighbour, seed):
+        xs, ys = (np.vstack([x, [[10.0, 0.0]]]), np.append(y, 1.0)) if neighbour else (x, y)
+        return float(private_erm(xs, ys, params=params, blocks=1, sigma=sigma, rng=secure_rng(seed, "continual"))[0])
+    return Mechanism("continual-release", release, epsilon, GAUSSIAN_DELTA)
+
+
+@register_mechanism("growth-clipped-mean", "the growth schedules' black box (release.growth.clipped_mean): a mean "
+                                         "of values in [0, 10] over 2 blocks of 100 declared rows")
+def _growth_clipped_mean(epsilon):
+    from sage_tfx.privacy.samplers import as_secure_rng
+    from sage_tfx.release.growth import clipped_mean
+
+    release_mean = clipped_mean(10.0, 100)
+    blocks = [np.full(100, 3.0), np.full(100, 6.0)]
+
+    def release(neighbour, seed):
+        data = [np.append(blocks[0], 10.0), blocks[1]] if neighbour else blocks
+        return release_mean(data, epsilon, as_secure_rng(seed))  # ScheduledRelease: as_secure_rng(its seed)
+    return Mechanism("growth-clipped-mean", release, epsilon)
