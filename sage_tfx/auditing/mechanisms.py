@@ -2,7 +2,7 @@
 
 Every entry is a factory ``factory(epsilon) -> Mechanism`` registered under a name (``register_mechanism``).
 Its ``release(neighbour, seed)`` runs the shipped release once on D, or on D' = D plus one worst-case record,
-with the noise generator the executor builds from its ledger seed, ``samplers.secure_rng(seed, stream)`` (same
+with the noise generator the executor builds from its ledger seed, ``randomness.secure_rng(seed, stream)`` (same
 stream name), but with a FRESH seed per trial (``core.trial_seeds``) in place of the grant's one seed: the audit
 measures the mechanism, the ledger decides separately that each grant draws it once. The statistic returned is
 a post-processing of the release (so any bound on it is a bound on the release). The claimed (epsilon, delta)
@@ -26,7 +26,8 @@ from typing import Callable, Dict, List
 
 import numpy as np
 
-from sage_tfx.privacy.samplers import grid_gaussian, grid_laplace_sum, secure_rng
+from sage_tfx.privacy.randomness import secure_rng
+from sage_tfx.privacy.samplers import grid_gaussian, grid_laplace_sum
 
 from .core import AuditConfigError, Mechanism
 
@@ -230,7 +231,7 @@ def _continual_release(epsilon):
 @register_mechanism("growth-clipped-mean", "the growth schedules' black box (release.growth.clipped_mean): a mean "
                                          "of values in [0, 10] over 2 blocks of 100 declared rows")
 def _growth_clipped_mean(epsilon):
-    from sage_tfx.privacy.samplers import as_secure_rng
+    from sage_tfx.privacy.randomness import as_secure_rng
     from sage_tfx.release.growth import clipped_mean
 
     release_mean = clipped_mean(10.0, 100)
