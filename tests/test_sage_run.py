@@ -203,7 +203,8 @@ def test_a_full_disk_then_a_damaged_block_leave_the_iteration_resumable(taxi_str
 @pytest.mark.slow
 @pytest.mark.tf
 def test_one_iteration_runs_the_whole_tfx_pipeline_under_its_grant(taxi_stream, tmp_path):
-    """On TFX's BeamDagRunner (the local runner, the default, runs test_a_users_pipeline_file_runs_to_accept_and_pushes
+    """On TFX's BeamDagRunner (the local runner, the default, runs
+    test_a_users_pipeline_file_runs_to_accept_pushes_and_certifies_only_its_request
     with the same lineage checks), with the pipeline root on a URL: one run holds what two tests checked apart.
 
     - the whole pipeline under its grant: RETRY at epsilon 0.25 on 128 blocks, the audit passes, every component's
@@ -404,17 +405,28 @@ def _history_of(db, stream, pipeline):
 
 @pytest.mark.slow
 @pytest.mark.tf
-def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
-    """`sage run path/to/pipeline.py`: a user's own pipeline (examples/taxi_fare: three files, the public API
-    alone; its trainer imports its sibling preprocessing.py, which TFX's module loading alone refused) runs under
-    the same iterator, progress lines and exit codes as the built-ins. Its clipped fare MSE bound on 256 days at
-    epsilon 1 measured 156 $^2; the target 300 leaves a wide margin. Then `sage score` scores the pushed model
-    on later days beside non-private baselines."""
+def test_a_users_pipeline_file_runs_to_accept_pushes_and_certifies_only_its_request(taxi_stream, tmp_path):
+    """`sage run path/to/pipeline.py`: a user's own pipeline (examples/taxi_fare, copied so that its trainer module
+    can change: three files, the public API alone; its trainer imports its sibling preprocessing.py, which TFX's
+    module loading alone refused) runs under the same iterator, progress lines and exit codes as the built-ins. Its
+    clipped fare MSE bound on 256 days at epsilon 1 measured 156 $^2; the target 300 leaves a wide margin. One
+    ACCEPT run, then on it:
+
+    - the certificate: `sage run` of the same name with a stricter --target used to print ACCEPT and exit 0 (a
+      target never tested reported as certified). Now another target, confidence, model or module file is refused
+      (exit 2) naming the stored target and bound and the fix, with nothing registered, charged or logged; the same
+      request reports the stored outcome, and the last line names the target and the bound;
+    - `sage score` scores the pushed model on later days beside non-private baselines."""
+    import shutil
+
     db, data = _copy_stream(taxi_stream, tmp_path)
-    pipeline_file = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare",
-                                 "pipeline.py")
-    out = sage("run", pipeline_file, "--db", db, "--stream", "taxi", "--data-root", data, "--target", "300",
-               "--epsilon-start", "1", "--min-window", "256", "--max-iterations", "1", "--work-dir", tmp_path / "work")
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
+    folder = tmp_path / "taxi_fare"
+    shutil.copytree(example, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    pipeline_file = folder / "pipeline.py"
+    common = ["--db", db, "--stream", "taxi", "--data-root", data, "--epsilon-start", "1", "--min-window", "256",
+              "--max-iterations", "1", "--work-dir", tmp_path / "work"]
+    out = sage("run", pipeline_file, "--target", "300", *common)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "[taxi_fare] iteration 1:" in out.stdout and "-> ACCEPT" in out.stdout
     (version,) = os.listdir(tmp_path / "work" / "serving")
@@ -422,10 +434,16 @@ def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
     assert out.stdout.rstrip().endswith(f"model pushed to {tmp_path / 'work' / 'serving' / version}")  # loadable
     history, audit = _history_of(db, "taxi", "taxi_fare")
     assert audit.ok and [o for _g, o, _d in history] == ["ACCEPT"]
-    assert _blessings_under_the_grant(tmp_path / "work", "taxi_fare", history[0][0]) == [1]  # the local runner
+    ((grant, outcome, details),) = history
+    assert _blessings_under_the_grant(tmp_path / "work", "taxi_fare", grant) == [1]  # the local runner
     with Ledger.open(db) as ledger:
-        stages = {r.stage for r in ledger.releases(history[0][0].id)}
+        stages = {r.stage for r in ledger.releases(grant.id)}
     assert stages == {"count", "preprocessing", "training", "rejection", "validation"}
+    bound = details["bound"]
+    assert outcome == "ACCEPT" and grant.meta["request"]["target"] == 300.0
+    assert out.stdout.strip().splitlines()[-1].split("; model pushed")[0].endswith(
+        f"target 300, bound {bound:.6g}"), out.stdout
+    _certifies_only_its_request(db, folder, common, bound)
 
     # `sage score` on the trips of the days after the stream's 300 (never ingested), beside non-private
     # baselines on the grant's training rows; a hold-out holding one stream trip is refused, writing nothing
@@ -440,7 +458,7 @@ def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
     with open(tmp_path / "work" / "score" / "score.json") as f:
         report = json.load(f)
     assert os.path.getsize(tmp_path / "work" / "score" / "score.png") > 0
-    assert (report["grant"], report["held_out_rows"], report["held_out_rows_in_stream"]) == (history[0][0].id, 500, 0)
+    assert (report["grant"], report["held_out_rows"], report["held_out_rows_in_stream"]) == (grant.id, 500, 0)
     assert set(report["scores"]) == {"dp_model", "mean_label", "least_squares"} and report["target"] == 300.0
     scores = {k: v["value"] for k, v in report["scores"].items()}
     # the same features without DP fit the fare better than the mean; the DP model stays within the target
@@ -449,6 +467,35 @@ def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
         reads = [r["purpose"] for r in ledger.trusted_reads("taxi")]
         assert ledger.audit().ok
     assert len(reads) == 3 and all(r.startswith("sage score: ") for r in reads), reads  # 2 of the score, 1 refused
+
+
+def _certifies_only_its_request(db, folder, common, bound):
+    """After an ACCEPT of ``folder``'s pipeline at target 300 (``bound``): another request is refused (exit 2)
+    changing nothing in the ledger, and the same request reports the stored outcome."""
+    before = _dump(db)
+    for changed, named in ((["--target", "150"], "target 300.0 -> 150.0"),
+                           (["--target", "300", "--confidence", "0.99"], "confidence 0.95 -> 0.99"),
+                           (["--target", "300", "--model", "dnn"], "model 'linear' -> 'dnn'")):
+        again = sage("run", folder / "pipeline.py", *changed, *common)
+        assert again.returncode == 2, again.stdout + again.stderr[-3000:]
+        assert "ACCEPT" not in again.stdout and named in again.stderr, again.stderr
+        assert (f"finished with ACCEPT on stream 'taxi' for target 300.0 (bound {bound:.6g})" in again.stderr
+                and "new pipeline name" in again.stderr), again.stderr
+        assert _dump(db) == before
+    with open(folder / "trainer.py", "a") as f:
+        f.write("\n# another model than the one certified\n")
+    again = sage("run", folder / "pipeline.py", "--target", "300", *common)
+    assert again.returncode == 2 and "definition" in again.stderr, again.stdout + again.stderr[-3000:]
+    assert _dump(db) == before
+
+    with open(folder / "trainer.py") as f:
+        text = f.read()
+    with open(folder / "trainer.py", "w") as f:
+        f.write(text[:-len("\n# another model than the one certified\n")])
+    same = sage("run", folder / "pipeline.py", "--target", "300", *common)
+    assert same.returncode == 0, same.stdout + same.stderr[-3000:]
+    assert f"ACCEPT after 1 iteration(s)" in same.stdout and f"target 300, bound {bound:.6g}" in same.stdout
+    assert _dump(db) == before
 
 
 def _taxi_trips_after(db, path, stream_trips=0):
@@ -478,57 +525,6 @@ def _taxi_trips_after(db, path, stream_trips=0):
                 inside.append(row)
         writer.writerows(sorted(later, key=lambda r: int(r[at]))[:500] + inside[:stream_trips])
     return path
-
-
-@pytest.mark.slow
-@pytest.mark.tf
-def test_a_finished_pipeline_name_certifies_only_the_request_it_was_run_for(taxi_stream, tmp_path):
-    """The certificate: after an ACCEPT at target 300, `sage run` of the same name with a stricter --target used to
-    print ACCEPT and exit 0 (a target never tested reported as certified). Now another target, confidence, model
-    or module file is refused (exit 2) naming the stored target and bound and the fix, with nothing registered,
-    charged or logged; the same request reports the stored outcome, and the last line names the target and the
-    bound. (examples/taxi_fare copied, so that its trainer module can change.)"""
-    import shutil
-
-    db, data = _copy_stream(taxi_stream, tmp_path)
-    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
-    folder = tmp_path / "taxi_fare"
-    shutil.copytree(example, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    common = ["--db", db, "--stream", "taxi", "--data-root", data, "--epsilon-start", "1", "--min-window", "256",
-              "--max-iterations", "1", "--work-dir", tmp_path / "work"]
-    out = sage("run", folder / "pipeline.py", "--target", "300", *common)
-    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    history, _audit = _history_of(db, "taxi", "taxi_fare")
-    ((grant, outcome, details),) = history
-    bound = details["bound"]
-    assert outcome == "ACCEPT" and grant.meta["request"]["target"] == 300.0
-    assert out.stdout.strip().splitlines()[-1].split("; model pushed")[0].endswith(
-        f"target 300, bound {bound:.6g}"), out.stdout
-    before = _dump(db)
-
-    for changed, named in ((["--target", "150"], "target 300.0 -> 150.0"),
-                           (["--target", "300", "--confidence", "0.99"], "confidence 0.95 -> 0.99"),
-                           (["--target", "300", "--model", "dnn"], "model 'linear' -> 'dnn'")):
-        again = sage("run", folder / "pipeline.py", *changed, *common)
-        assert again.returncode == 2, again.stdout + again.stderr[-3000:]
-        assert "ACCEPT" not in again.stdout and named in again.stderr, again.stderr
-        assert (f"finished with ACCEPT on stream 'taxi' for target 300.0 (bound {bound:.6g})" in again.stderr
-                and "new pipeline name" in again.stderr), again.stderr
-        assert _dump(db) == before
-    with open(folder / "trainer.py", "a") as f:
-        f.write("\n# another model than the one certified\n")
-    again = sage("run", folder / "pipeline.py", "--target", "300", *common)
-    assert again.returncode == 2 and "definition" in again.stderr, again.stdout + again.stderr[-3000:]
-    assert _dump(db) == before
-
-    with open(folder / "trainer.py") as f:
-        text = f.read()
-    with open(folder / "trainer.py", "w") as f:
-        f.write(text[:-len("\n# another model than the one certified\n")])
-    same = sage("run", folder / "pipeline.py", "--target", "300", *common)
-    assert same.returncode == 0, same.stdout + same.stderr[-3000:]
-    assert f"ACCEPT after 1 iteration(s)" in same.stdout and f"target 300, bound {bound:.6g}" in same.stdout
-    assert _dump(db) == before
 
 
 @pytest.mark.slow
