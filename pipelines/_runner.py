@@ -182,10 +182,16 @@ def check_run_folders(config) -> None:
 
 
 def metadata_config(path):
-    from tfx.orchestration import metadata
+    """MLMD's connection config for the local SQLite file ``path`` (its folder created): what TFX's
+    ``sqlite_metadata_connection_config`` builds, without importing TFX and TensorFlow (``sage run``'s launcher
+    reads MLMD after each confined iteration and never needs them)."""
+    from ml_metadata.proto import metadata_store_pb2
 
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    return metadata.sqlite_metadata_connection_config(path)
+    config = metadata_store_pb2.ConnectionConfig()
+    config.sqlite.filename_uri = path
+    config.sqlite.connection_mode = metadata_store_pb2.SqliteMetadataSourceConfig.READWRITE_OPENCREATE
+    return config
 
 
 def run_tfx(pipeline, runner):
@@ -405,7 +411,10 @@ def validation_result(metadata_path, grant_id, root=None):
                 os.path.realpath(path).startswith(real + os.sep):
             raise RuntimeError(f"the validation result under grant {grant_id} is not a file inside the pipeline root "
                                f"{root}: it was not written by DPModelValidator")
-    from tfx.dsl.io import fileio  # the validator wrote it with TF's file system layer: any pipeline root
+    if root is not None and not is_url(root):  # a local file: read without importing TensorFlow
+        with open(os.path.join(latest.uri, "result.json")) as f:
+            return json.load(f)
+    from tfx.dsl.io import fileio  # the validator wrote it with TF's file system layer: a URL pipeline root
 
     with fileio.open(os.path.join(latest.uri, "result.json")) as f:
         return json.loads(f.read())

@@ -227,17 +227,21 @@ def test_clip_update_is_the_geometric_step(kind):
     assert engine.current_clip_norm == pytest.approx(expected, rel=1e-4)
 
 
-@pytest.mark.parametrize("kind, quantile", [("ghost", 0.5), ("vmap", 0.9), ("layer-ghost", 0.9), ("loop", 0.5)])
-def test_estimate_converges_to_the_quantile_of_the_norms(kind, quantile):
+# The per-example loop (make_private's fallback) runs one seed: each of its steps costs ~100 gradient tapes, ~40 s
+# of CI per seed. The margin is per seed, so its false-failure bound stays below 1e-6 (2e-6 with two seeds).
+@pytest.mark.parametrize("kind, quantile, seeds", [("ghost", 0.5, (1, 2)), ("vmap", 0.9, (1, 2)),
+                                                   ("layer-ghost", 0.9, (1, 2)), ("loop", 0.5, (1,))],
+                         ids=["ghost-0.5", "vmap-0.9", "layer-ghost-0.9", "loop-0.5"])
+def test_estimate_converges_to_the_quantile_of_the_norms(kind, quantile, seeds):
     """A fixed model (no update applied), Poisson batches of 100 from 3,000 rows, sigma_b = 5 (the default):
     after 120 steps from C_0 = 1 the mean estimate over the last 40 steps leaves between quantile -+ 0.08 of the
     rows unclipped. Each step's b has s.d. about 0.07 (count noise 5/100, sampling 0.05) and moves log C by
     eta = 0.2 times it; the unclipped share at the running C fluctuates by about 0.02 and its mean over 40 steps
-    by about 0.01, so 0.08 is about 8 s.d. for each of the 2 seeds (fixed): below 1e-6 per seed."""
+    by about 0.01, so 0.08 is about 8 s.d. for each seed (fixed): below 1e-6 per seed."""
     x = np.random.default_rng(4).normal(size=(3000, 5)).astype(np.float32) * \
         np.random.default_rng(5).gamma(2.0, 0.5, size=(3000, 1)).astype(np.float32)
     y = (np.random.default_rng(6).random(3000) < 0.12).astype(np.float32)
-    for seed in (1, 2):
+    for seed in seeds:
         model = _logistic(seed=7)
         engine = _make(kind, model, 1.0, 1.0, seed=seed)
         engine.adapt_clip(AdaptiveClip(target_quantile=quantile), batch_size=100)

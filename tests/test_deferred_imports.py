@@ -84,3 +84,45 @@ def test_a_tfx_run_imports_no_unused_component_and_the_components_stay_usable():
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"keras3": False, "kubernetes": False, "same": True, "after_kubernetes": True}, seen
+
+
+LAUNCHER_PROBE = textwrap.dedent("""
+    import json, os, sys, types
+    from ml_metadata.metadata_store import metadata_store
+    from ml_metadata.proto import metadata_store_pb2
+    from sage_tfx.pipelines._runner import PipelineConfig, make_run_iteration, metadata_config
+
+    config = PipelineConfig(name="p", ledger="ledger.db", stream="s", data_root="data", work_dir=sys.argv[1],
+                            target=1.0)
+
+    def execute(grant, split, eta, iteration):  # what a confined child leaves: MLMD, a result, raw Examples
+        store = metadata_store.MetadataStore(metadata_config(config.metadata_path))
+        for name, key in (("SageValidationResult", "result"), ("Examples", "examples")):
+            folder = os.path.join(config.pipeline_root, "C", key, "1")
+            os.makedirs(folder)
+            if key == "result":
+                with open(os.path.join(folder, "result.json"), "w") as f:
+                    json.dump({"outcome": "RETRY", "bound": 2.0}, f)
+            kind = store.put_artifact_type(metadata_store_pb2.ArtifactType(name=name))
+            artifact = metadata_store_pb2.Artifact(type_id=kind, uri=folder, state=metadata_store_pb2.Artifact.LIVE)
+            artifact.custom_properties["grant_id"].string_value = grant.id
+            store.put_artifacts([artifact])
+
+    result = make_run_iteration(None, config, execute)(types.SimpleNamespace(id="g1"), None, 0.05, 1)
+    examples = os.path.join(config.pipeline_root, "C", "examples", "1")
+    print(json.dumps({"outcome": result.outcome, "bound": result.bound, "scrubbed": not os.path.exists(examples),
+                      "imported": sorted(m for m in ("tensorflow", "tfx", "apache_beam") if m in sys.modules)}))
+""")
+
+
+def test_the_launcher_reads_an_iterations_outcome_without_importing_tensorflow(tmp_path):
+    """`sage run`'s launcher runs each iteration in a confined child, then scrubs the raw Examples and reads the
+    outcome from the child's MLMD store: on a local pipeline root that needs neither TFX nor TensorFlow, whose
+    import cost every `sage run` some 10 s of CPU after its first iteration."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("SAGE_EAGER_IMPORTS", None)
+    out = subprocess.run([sys.executable, "-c", LAUNCHER_PROBE, str(tmp_path / "work")], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen == {"outcome": "RETRY", "bound": 2.0, "scrubbed": True, "imported": []}, seen

@@ -203,7 +203,8 @@ def test_a_full_disk_then_a_damaged_block_leave_the_iteration_resumable(taxi_str
 @pytest.mark.slow
 @pytest.mark.tf
 def test_one_iteration_runs_the_whole_tfx_pipeline_under_its_grant(taxi_stream, tmp_path):
-    """On TFX's BeamDagRunner (the local runner, the default, runs test_a_users_pipeline_file_runs_to_accept_and_pushes
+    """On TFX's BeamDagRunner (the local runner, the default, runs
+    test_a_users_pipeline_file_runs_to_accept_pushes_and_certifies_only_its_request
     with the same lineage checks), with the pipeline root on a URL: one run holds what two tests checked apart.
 
     - the whole pipeline under its grant: RETRY at epsilon 0.25 on 128 blocks, the audit passes, every component's
@@ -283,68 +284,36 @@ def _blessings_under_the_grant(work, pipeline, grant):
 @pytest.mark.slow
 @pytest.mark.tf
 def test_killed_runs_resume_without_double_charging(taxi_stream, tmp_path):
-    """kill -9 `sage run` at random moments, run it again each time, until it finishes.
+    """kill -9 `sage run` at random moments, then right after iteration 2's validation release opened, run it again
+    each time, until it finishes.
 
     A kill after an iteration opened a release and before it ended makes the resumed iteration run that stage
     again under the re-opened release: DPTrainer hands back the model it kept for it (it does not train again),
-    so the validator fingerprints the same model and re-opens its own release
-    (test_a_kill_after_the_validation_release_resumes_with_the_same_model kills exactly there)."""
+    so the validator fingerprints the same model and re-opens its own release. The resumed iteration used to train
+    again, and DP-SGD is not bit-for-bit reproducible, so the validator's release of the new model was refused ("a
+    different release the grant did not pay for", exit 1). Now the first model is kept and re-used: the run
+    finishes. (One run for both: each kill costs a TFX iteration's start.)"""
     db, data = _copy_stream(taxi_stream, tmp_path)
     cmd = [PY, "-m", "sage_tfx", "run", "taxi_regression", "--db", str(db), "--stream", "taxi",
            "--data-root", str(data), "--target", "100000", "--max-iterations", "3", "--min-window", "64",
            "--rejection-share", "0",
            "--work-dir", str(tmp_path / "work")]
-    rng = random.Random(7)
-    kills, final = 0, None
-    for attempt in range(12):
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        if attempt < 3:  # kill the first runs somewhere inside their TFX iterations
-            time.sleep(rng.uniform(8, 30))
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGKILL)
-                kills += 1
-            proc.wait()
-            continue
-        stdout, _ = proc.communicate(timeout=900)
-        final = (proc.returncode, stdout)
-        break
-    assert kills >= 1
-    assert final is not None and final[0] == 5, final
-    history, audit = _history_of(db, "taxi", "taxi_regression")
-    assert audit.ok, audit.problems
-    iterations = [g.meta["iteration"] for g, _o, _d in history]
-    # One grant per iteration: a killed iteration re-ran under its own grant, never a second charge.
-    assert iterations == [1, 2, 3], iterations
-    assert all(outcome in ("RETRY", "FAILED") for _g, outcome, _d in history)
-    with Ledger.open(db) as ledger:
-        charged = {g.id for g in ledger.grants("taxi")}
-        spent = {b.id: b.spent[0] for b in ledger.blocks("taxi")}
-    assert charged == {g.id for g, _o, _d in history}  # every grant charged is in the iteration history
-    expected = {}
-    for g, _o, _d in history:
-        for b in g.blocks:
-            expected[b] = expected.get(b, 0.0) + g.cost[0]
-    assert all(abs(spent[b] - expected.get(b, 0.0)) < 1e-12 for b in spent)
-    assert "resuming iteration" in final[1] or kills >= 1
-
-
-@pytest.mark.slow
-@pytest.mark.tf
-def test_a_kill_after_the_validation_release_resumes_with_the_same_model(taxi_stream, tmp_path):
-    """kill -9 `sage run` right after iteration 2's validation release opened, before the iteration ended: the
-    resumed iteration re-runs DPTrainer under its re-opened training release. It used to train again, and DP-SGD
-    is not bit-for-bit reproducible, so the validator's release of the new model was refused ("a different
-    release the grant did not pay for", exit 1). Now the first model is kept and re-used: the run finishes."""
-    db, data = _copy_stream(taxi_stream, tmp_path)
-    cmd = [PY, "-m", "sage_tfx", "run", "taxi_regression", "--db", str(db), "--stream", "taxi",
-           "--data-root", str(data), "--target", "100000", "--max-iterations", "2", "--min-window", "64",
-           "--rejection-share", "0", "--work-dir", str(tmp_path / "work")]
 
     def validated_iteration_2():
         with Ledger.open(db) as ledger:
             return any(r.stage == "validation" and ledger.get_grant(r.grant_id).meta.get("iteration") == 2
                        for r in ledger.releases())
 
+    rng = random.Random(7)
+    kills = 0
+    for _attempt in range(2):  # kill the first runs somewhere inside their TFX iterations
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(8, 30))
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    assert kills >= 1
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 900
     while proc.poll() is None and time.time() < deadline and not validated_iteration_2():
@@ -354,13 +323,26 @@ def test_a_kill_after_the_validation_release_resumes_with_the_same_model(taxi_st
     proc.wait()
     history, _ = _history_of(db, "taxi", "taxi_regression")
     assert [g.meta["iteration"] for g, _o, _d in history] == [1, 2] and history[1][1] is None, history
+
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.returncode == 5, out.stdout + out.stderr[-3000:]
     assert "did not pay for" not in out.stdout
     history, audit = _history_of(db, "taxi", "taxi_regression")
     assert audit.ok, audit.problems
-    assert [g.meta["iteration"] for g, _o, _d in history] == [1, 2]
-    assert all(outcome == "RETRY" for _g, outcome, _d in history), history
+    iterations = [g.meta["iteration"] for g, _o, _d in history]
+    # One grant per iteration: a killed iteration re-ran under its own grant, never a second charge.
+    assert iterations == [1, 2, 3], iterations
+    assert all(outcome in ("RETRY", "FAILED") for _g, outcome, _d in history)
+    assert history[1][1] == "RETRY", history  # iteration 2 resumed after its validation release, same model
+    with Ledger.open(db) as ledger:
+        charged = {g.id for g in ledger.grants("taxi")}
+        spent = {b.id: b.spent[0] for b in ledger.blocks("taxi")}
+    assert charged == {g.id for g, _o, _d in history}  # every grant charged is in the iteration history
+    expected = {}
+    for g, _o, _d in history:
+        for b in g.blocks:
+            expected[b] = expected.get(b, 0.0) + g.cost[0]
+    assert all(abs(spent[b] - expected.get(b, 0.0)) < 1e-12 for b in spent)
 
 
 # `sage serve` of several pipelines on one replayed stream (easy ACCEPTs, hard TIMEs OUT, the first block split two
@@ -404,17 +386,28 @@ def _history_of(db, stream, pipeline):
 
 @pytest.mark.slow
 @pytest.mark.tf
-def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
-    """`sage run path/to/pipeline.py`: a user's own pipeline (examples/taxi_fare: three files, the public API
-    alone; its trainer imports its sibling preprocessing.py, which TFX's module loading alone refused) runs under
-    the same iterator, progress lines and exit codes as the built-ins. Its clipped fare MSE bound on 256 days at
-    epsilon 1 measured 156 $^2; the target 300 leaves a wide margin. Then `sage score` scores the pushed model
-    on later days beside non-private baselines."""
+def test_a_users_pipeline_file_runs_to_accept_pushes_and_certifies_only_its_request(taxi_stream, tmp_path):
+    """`sage run path/to/pipeline.py`: a user's own pipeline (examples/taxi_fare, copied so that its trainer module
+    can change: three files, the public API alone; its trainer imports its sibling preprocessing.py, which TFX's
+    module loading alone refused) runs under the same iterator, progress lines and exit codes as the built-ins. Its
+    clipped fare MSE bound on 256 days at epsilon 1 measured 156 $^2; the target 300 leaves a wide margin. One
+    ACCEPT run, then on it:
+
+    - the certificate: `sage run` of the same name with a stricter --target used to print ACCEPT and exit 0 (a
+      target never tested reported as certified). Now another target, confidence, model or module file is refused
+      (exit 2) naming the stored target and bound and the fix, with nothing registered, charged or logged; the same
+      request reports the stored outcome, and the last line names the target and the bound;
+    - `sage score` scores the pushed model on later days beside non-private baselines."""
+    import shutil
+
     db, data = _copy_stream(taxi_stream, tmp_path)
-    pipeline_file = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare",
-                                 "pipeline.py")
-    out = sage("run", pipeline_file, "--db", db, "--stream", "taxi", "--data-root", data, "--target", "300",
-               "--epsilon-start", "1", "--min-window", "256", "--max-iterations", "1", "--work-dir", tmp_path / "work")
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
+    folder = tmp_path / "taxi_fare"
+    shutil.copytree(example, folder, ignore=shutil.ignore_patterns("__pycache__"))
+    pipeline_file = folder / "pipeline.py"
+    common = ["--db", db, "--stream", "taxi", "--data-root", data, "--epsilon-start", "1", "--min-window", "256",
+              "--max-iterations", "1", "--work-dir", tmp_path / "work"]
+    out = sage("run", pipeline_file, "--target", "300", *common)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "[taxi_fare] iteration 1:" in out.stdout and "-> ACCEPT" in out.stdout
     (version,) = os.listdir(tmp_path / "work" / "serving")
@@ -422,10 +415,16 @@ def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
     assert out.stdout.rstrip().endswith(f"model pushed to {tmp_path / 'work' / 'serving' / version}")  # loadable
     history, audit = _history_of(db, "taxi", "taxi_fare")
     assert audit.ok and [o for _g, o, _d in history] == ["ACCEPT"]
-    assert _blessings_under_the_grant(tmp_path / "work", "taxi_fare", history[0][0]) == [1]  # the local runner
+    ((grant, outcome, details),) = history
+    assert _blessings_under_the_grant(tmp_path / "work", "taxi_fare", grant) == [1]  # the local runner
     with Ledger.open(db) as ledger:
-        stages = {r.stage for r in ledger.releases(history[0][0].id)}
+        stages = {r.stage for r in ledger.releases(grant.id)}
     assert stages == {"count", "preprocessing", "training", "rejection", "validation"}
+    bound = details["bound"]
+    assert outcome == "ACCEPT" and grant.meta["request"]["target"] == 300.0
+    assert out.stdout.strip().splitlines()[-1].split("; model pushed")[0].endswith(
+        f"target 300, bound {bound:.6g}"), out.stdout
+    _certifies_only_its_request(db, folder, common, bound)
 
     # `sage score` on the trips of the days after the stream's 300 (never ingested), beside non-private
     # baselines on the grant's training rows; a hold-out holding one stream trip is refused, writing nothing
@@ -440,7 +439,7 @@ def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
     with open(tmp_path / "work" / "score" / "score.json") as f:
         report = json.load(f)
     assert os.path.getsize(tmp_path / "work" / "score" / "score.png") > 0
-    assert (report["grant"], report["held_out_rows"], report["held_out_rows_in_stream"]) == (history[0][0].id, 500, 0)
+    assert (report["grant"], report["held_out_rows"], report["held_out_rows_in_stream"]) == (grant.id, 500, 0)
     assert set(report["scores"]) == {"dp_model", "mean_label", "least_squares"} and report["target"] == 300.0
     scores = {k: v["value"] for k, v in report["scores"].items()}
     # the same features without DP fit the fare better than the mean; the DP model stays within the target
@@ -449,6 +448,35 @@ def test_a_users_pipeline_file_runs_to_accept_and_pushes(taxi_stream, tmp_path):
         reads = [r["purpose"] for r in ledger.trusted_reads("taxi")]
         assert ledger.audit().ok
     assert len(reads) == 3 and all(r.startswith("sage score: ") for r in reads), reads  # 2 of the score, 1 refused
+
+
+def _certifies_only_its_request(db, folder, common, bound):
+    """After an ACCEPT of ``folder``'s pipeline at target 300 (``bound``): another request is refused (exit 2)
+    changing nothing in the ledger, and the same request reports the stored outcome."""
+    before = _dump(db)
+    for changed, named in ((["--target", "150"], "target 300.0 -> 150.0"),
+                           (["--target", "300", "--confidence", "0.99"], "confidence 0.95 -> 0.99"),
+                           (["--target", "300", "--model", "dnn"], "model 'linear' -> 'dnn'")):
+        again = sage("run", folder / "pipeline.py", *changed, *common)
+        assert again.returncode == 2, again.stdout + again.stderr[-3000:]
+        assert "ACCEPT" not in again.stdout and named in again.stderr, again.stderr
+        assert (f"finished with ACCEPT on stream 'taxi' for target 300.0 (bound {bound:.6g})" in again.stderr
+                and "new pipeline name" in again.stderr), again.stderr
+        assert _dump(db) == before
+    with open(folder / "trainer.py", "a") as f:
+        f.write("\n# another model than the one certified\n")
+    again = sage("run", folder / "pipeline.py", "--target", "300", *common)
+    assert again.returncode == 2 and "definition" in again.stderr, again.stdout + again.stderr[-3000:]
+    assert _dump(db) == before
+
+    with open(folder / "trainer.py") as f:
+        text = f.read()
+    with open(folder / "trainer.py", "w") as f:
+        f.write(text[:-len("\n# another model than the one certified\n")])
+    same = sage("run", folder / "pipeline.py", "--target", "300", *common)
+    assert same.returncode == 0, same.stdout + same.stderr[-3000:]
+    assert f"ACCEPT after 1 iteration(s)" in same.stdout and f"target 300, bound {bound:.6g}" in same.stdout
+    assert _dump(db) == before
 
 
 def _taxi_trips_after(db, path, stream_trips=0):
@@ -478,57 +506,6 @@ def _taxi_trips_after(db, path, stream_trips=0):
                 inside.append(row)
         writer.writerows(sorted(later, key=lambda r: int(r[at]))[:500] + inside[:stream_trips])
     return path
-
-
-@pytest.mark.slow
-@pytest.mark.tf
-def test_a_finished_pipeline_name_certifies_only_the_request_it_was_run_for(taxi_stream, tmp_path):
-    """The certificate: after an ACCEPT at target 300, `sage run` of the same name with a stricter --target used to
-    print ACCEPT and exit 0 (a target never tested reported as certified). Now another target, confidence, model
-    or module file is refused (exit 2) naming the stored target and bound and the fix, with nothing registered,
-    charged or logged; the same request reports the stored outcome, and the last line names the target and the
-    bound. (examples/taxi_fare copied, so that its trainer module can change.)"""
-    import shutil
-
-    db, data = _copy_stream(taxi_stream, tmp_path)
-    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
-    folder = tmp_path / "taxi_fare"
-    shutil.copytree(example, folder, ignore=shutil.ignore_patterns("__pycache__"))
-    common = ["--db", db, "--stream", "taxi", "--data-root", data, "--epsilon-start", "1", "--min-window", "256",
-              "--max-iterations", "1", "--work-dir", tmp_path / "work"]
-    out = sage("run", folder / "pipeline.py", "--target", "300", *common)
-    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    history, _audit = _history_of(db, "taxi", "taxi_fare")
-    ((grant, outcome, details),) = history
-    bound = details["bound"]
-    assert outcome == "ACCEPT" and grant.meta["request"]["target"] == 300.0
-    assert out.stdout.strip().splitlines()[-1].split("; model pushed")[0].endswith(
-        f"target 300, bound {bound:.6g}"), out.stdout
-    before = _dump(db)
-
-    for changed, named in ((["--target", "150"], "target 300.0 -> 150.0"),
-                           (["--target", "300", "--confidence", "0.99"], "confidence 0.95 -> 0.99"),
-                           (["--target", "300", "--model", "dnn"], "model 'linear' -> 'dnn'")):
-        again = sage("run", folder / "pipeline.py", *changed, *common)
-        assert again.returncode == 2, again.stdout + again.stderr[-3000:]
-        assert "ACCEPT" not in again.stdout and named in again.stderr, again.stderr
-        assert (f"finished with ACCEPT on stream 'taxi' for target 300.0 (bound {bound:.6g})" in again.stderr
-                and "new pipeline name" in again.stderr), again.stderr
-        assert _dump(db) == before
-    with open(folder / "trainer.py", "a") as f:
-        f.write("\n# another model than the one certified\n")
-    again = sage("run", folder / "pipeline.py", "--target", "300", *common)
-    assert again.returncode == 2 and "definition" in again.stderr, again.stdout + again.stderr[-3000:]
-    assert _dump(db) == before
-
-    with open(folder / "trainer.py") as f:
-        text = f.read()
-    with open(folder / "trainer.py", "w") as f:
-        f.write(text[:-len("\n# another model than the one certified\n")])
-    same = sage("run", folder / "pipeline.py", "--target", "300", *common)
-    assert same.returncode == 0, same.stdout + same.stderr[-3000:]
-    assert f"ACCEPT after 1 iteration(s)" in same.stdout and f"target 300, bound {bound:.6g}" in same.stdout
-    assert _dump(db) == before
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """`sage score`'s parts without TensorFlow: the non-private baselines, the hold-out overlap check, the training
 rows of a grant and their audit entries, and the command's refusals before anything is read. (A real score of
-a pushed model: tests/test_sage_run.py::test_a_users_pipeline_file_runs_to_accept_and_pushes.)"""
+a pushed model: tests/test_sage_run.py
+::test_a_users_pipeline_file_runs_to_accept_pushes_and_certifies_only_its_request.)"""
 import csv
 import json
 import subprocess

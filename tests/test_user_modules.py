@@ -5,7 +5,8 @@ trainer failed with ModuleNotFoundError (DPTrainer and DPTransform load through 
 ``components.user_modules.load_user_fn`` makes the folder importable, a sibling of another pipeline's folder
 with the same name is not reused, an edited sibling is imported afresh, and both the training release's
 computation digest and the pipeline's definition digest change with a sibling. (A real run whose trainer imports
-its sibling: tests/test_sage_run.py::test_a_users_pipeline_file_runs_to_accept_and_pushes, examples/taxi_fare.)
+its sibling: tests/test_sage_run.py
+::test_a_users_pipeline_file_runs_to_accept_pushes_and_certifies_only_its_request, examples/taxi_fare.)
 """
 import sys
 import textwrap

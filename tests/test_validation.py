@@ -259,8 +259,12 @@ def test_loss_near_the_target_with_ample_data():
 
 @pytest.mark.parametrize("bound", ["exact", "clopper_pearson", "bernstein"])
 def test_accuracy_false_accept_rate_below_eta(bound):
+    # The exact bound runs 2,000 trials (its tail sums cost ~10 ms a validation; the other bounds' ~0.2 ms keep
+    # 4,000): the exact one-sided binomial test keeps its false-failure probability at ALPHA = 1e-3 for any number
+    # of trials, and at 2,000 it fails from 74 false ACCEPTs on: a true rate twice the guarantee eta / 2 = 0.025
+    # fails with probability 0.998 (0.56 at 1.5 times; scipy.stats.binom).
     rng = np.random.default_rng(33)
-    trials, n, target, eta = 4000, 2000, 0.8, 0.05
+    trials, n, target, eta = 2000 if bound == "exact" else 4000, 2000, 0.8, 0.05
     p = target - 0.01
     v = DPAccuracyValidator(target, 1.0, 1 - eta, bound=bound)
     accepts = _false_accept_rate(v, lambda: (rng.random(n) < p).astype(float), trials, rng)
@@ -331,8 +335,12 @@ def test_loss_false_reject_rate_under_the_assumption_with_an_erm_model():
 
 
 def test_accuracy_false_reject_rate_under_the_assumption():
+    # 1,000 trials (4,000 before; each costs ~10 ms of the validator's exact tail sums): the exact one-sided binomial
+    # test keeps its false-failure probability at ALPHA = 1e-3 whatever the number of trials. It fails from 131
+    # REJECTs on: a true rate of 0.15 (1.5 times the guarantee eta / 2 = 0.1) fails with probability 0.96, a rate of
+    # 0.2 with probability 1 - 4e-9 (scipy.stats.binom); the measured rate is about 0.015.
     rng = np.random.default_rng(43)
-    trials, n, target, eta = 4000, 5000, 0.7, 0.2
+    trials, n, target, eta = 1000, 5000, 0.7, 0.2
     v = DPAccuracyValidator(target, 1.0, 1 - eta)
     rejects = sum(v.validate(np.zeros(10), (rng.random(n) < target + 0.005).astype(float), rng=rng).outcome
                   is Outcome.REJECT for _ in range(trials))
