@@ -17,7 +17,8 @@ from sage_tfx.auditing import (AuditConfig, AuditConfigError, Mechanism, audit, 
 from sage_tfx.auditing import mechanisms as registry
 from sage_tfx.cli import main
 from sage_tfx.components._grant import laplace_count
-from sage_tfx.privacy.samplers import grid_laplace_sum, secure_rng
+from sage_tfx.privacy.randomness import secure_rng
+from sage_tfx.privacy.samplers import grid_laplace_sum
 
 EPSILON = 1.0
 CONFIG = AuditConfig(trials=1000, confidence=0.95, seed=7)
