@@ -8,6 +8,7 @@ import pytest
 
 from sage_tfx.adaptive import BudgetSplit, IterationResult, IteratorSettings, SageIterator, eta_for_attempt
 from sage_tfx.privacy import Ledger, LedgerError
+from sage_tfx.validation import ValidationInputError
 
 DAY = 86400.0
 
@@ -168,6 +169,25 @@ def test_bad_iterator_settings_fail_before_any_charge(tmp_path, kwargs, match):
     with pytest.raises(LedgerError, match=match):
         SageIterator(ledger, "s", "p", Oracle(ledger, need=1), settings=IteratorSettings(**kwargs))
     assert ledger.grants() == [] and ledger.pipelines("s") == []
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"min_window": 0}, LedgerError, r"^min_window 0 is invalid: must be an integer >= 1 \(blocks\)$"),
+    ({"max_idle_waits": 2.5}, LedgerError, r"^max_idle_waits 2\.5 is invalid"),
+    ({"eval_share": 0.123}, LedgerError, "eval_share 0.123"),
+    ({"eta": 1.5}, ValidationInputError, r"^eta 1\.5 must be in \(0, 1\)$"),
+])
+def test_settings_the_stream_does_not_decide_are_refused_when_built(kwargs, error, match):
+    """No ledger needed: a bad knob is named as soon as the settings are written down."""
+    with pytest.raises(error, match=match):
+        IteratorSettings(**kwargs)
+
+
+def test_settings_must_be_iterator_settings(tmp_path):
+    ledger = make_ledger(tmp_path)
+    with pytest.raises(LedgerError, match=r"settings \{'epsilon_start': 0\.5\} must be an IteratorSettings"):
+        SageIterator(ledger, "s", "p", Oracle(ledger, need=1), settings={"epsilon_start": 0.5})
+    assert IteratorSettings(min_window=2.0).min_window == 2 and ledger.pipelines("s") == []
 
 
 def test_unknown_stream_fails_before_any_charge(tmp_path):

@@ -33,7 +33,8 @@ class IteratorSettings:
         eval_share: the test side's share of the records, or None for the platform's default split.
 
     Raises:
-        LedgerError: naming the setting, its value and the rule, when built.
+        LedgerError: naming the setting, its value and the rule, when built (``eta``: ValidationInputError, the
+            validators' own check).
     """
 
     epsilon_start: float = 0.125
