@@ -21,6 +21,7 @@ from sage_tfx.pipelines.definition import (
     SagePipeline,
     StandardComponents,
 )
+from sage_tfx.pipelines.runner import PipelineRunner, RunSettings, build_runner, make_iterator
 from sage_tfx.pipelines.scoring import accepted_model, pushed_models, score_model
 
 BUILTIN = {
@@ -29,7 +30,8 @@ BUILTIN = {
 }
 
 __all__ = ["SLA", "Metric", "SagePipeline", "StandardComponents", "PipelineDefinitionError", "load_pipeline",
-           "pushed_models", "accepted_model", "score_model", "BUILTIN"]
+           "pushed_models", "accepted_model", "score_model", "BUILTIN", "build_runner", "make_iterator",
+           "PipelineRunner", "RunSettings"]
 
 
 def load_pipeline(spec: str) -> SagePipeline:

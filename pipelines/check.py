@@ -145,13 +145,11 @@ def least_test_rows(*, metric, target, expected, bound, epsilon, eta_accept) -> 
 
 def iterator_settings(settings: dict) -> dict:
     """SageIterator's settings that shape the split and the first epsilon: its own defaults, then ``settings``."""
-    import inspect
+    from dataclasses import asdict
 
-    from sage_tfx.adaptive import SageIterator
+    from sage_tfx.adaptive import IteratorSettings
 
-    defaults = {name: p.default for name, p in inspect.signature(SageIterator.__init__).parameters.items()
-                if p.default is not inspect.Parameter.empty}
-    return {**defaults, **{k: v for k, v in settings.items() if v is not None}}
+    return {**asdict(IteratorSettings()), **{k: v for k, v in settings.items() if v is not None}}
 
 
 def estimate_accept(sla, target: float, *, expected: float | None = None, confidence: float = 0.95,
@@ -472,7 +470,7 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
 def _generated_iteration(definition, data_root, stream, schema, model, runner, beam_args, progress, seed,
                          keep_dir, spec=None, secrets=()) -> CheckResult:
     """The dry run itself: one iteration on generated rows in a throwaway ledger and data root."""
-    from sage_tfx.adaptive import SageIterator
+    from sage_tfx.adaptive import IteratorSettings, SageIterator
     from sage_tfx.ingest.pipeline import ingest_batches
     from sage_tfx.ingest.layout import stream_config
     from sage_tfx.pipelines._runner import PipelineConfig, make_run_iteration
@@ -511,7 +509,8 @@ def _generated_iteration(definition, data_root, stream, schema, model, runner, b
                                            check=True)
             iterator = SageIterator(ledger, stream, definition.name,
                                     make_run_iteration(definition.build_pipeline, pipeline_config, execute),
-                                    max_iterations=1, progress=lambda line: say(check_line(line)), **settings)
+                                    settings=IteratorSettings(**settings, max_iterations=1),
+                                    progress=lambda line: say(check_line(line)))
             try:
                 run = iterator.run()
             except Exception as exc:  # generated rows only: the whole error may be shown

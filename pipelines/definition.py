@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import inspect
 import json
 import math
 import os
@@ -160,11 +159,9 @@ class StandardComponents:
 
 
 def _iterator_settings() -> set:
-    from sage_tfx.adaptive import SageIterator
+    from sage_tfx.adaptive import IteratorSettings
 
-    skip = {"self", "ledger", "stream", "pipeline", "run_iteration", "eta", "max_iterations", "max_seconds",
-            "wait_for_blocks", "progress", "clock", "request", "check_blocks", "eval_share"}
-    return {n for n in inspect.signature(SageIterator.__init__).parameters if n not in skip}
+    return set(IteratorSettings.names() - {"eta", "max_iterations", "max_seconds", "eval_share"})
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,14 @@
 """A pipeline definition bound to its run settings, and the Sage iterator that runs it.
 
 ``build_runner`` binds a ``SagePipeline`` to a ``PipelineConfig`` (a ``PipelineRunner``: ``run_iteration`` for the
-iterator, the checks made before any charge); ``make_iterator`` builds the ``SageIterator`` of a runner from an
-``IteratorSettings``. `sage run`, `sage serve`'s workers and the demo all go through these two (docs/your_pipeline.md).
+iterator, the checks made before any charge); ``make_iterator`` builds the ``SageIterator`` of a runner from a
+``RunSettings``. `sage run`, `sage serve`'s workers and the demo all go through these two (docs/your_pipeline.md).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 
 class PipelineRunner:
@@ -59,12 +59,28 @@ class PipelineRunner:
         return self.pipeline.certificate_request(config.target, config.confidence, config.model, config.hparams)
 
 
-def build_runner(definition, db, stream, data_root, work_dir, target, confidence=0.95, serving_dir=None,
-                 runner="local", beam_args=(), model=None, name=None, staging_location=None, pipeline_root=None,
-                 metadata_path=None, spec=None, secrets=()) -> PipelineRunner:
-    """A ``PipelineRunner``; ``pipeline_root`` is the folder or URL the pipeline's TFX root goes under (None:
-    WORK_DIR/tfx), ``metadata_path`` its local MLMD SQLite file (``{name}`` is replaced by the pipeline name);
-    ``spec`` and ``secrets``: its iterations run confined (``PipelineRunner``)."""
+def build_runner(definition, db: str, stream: str, data_root: str, work_dir: str, target: float, *,
+                 confidence: float = 0.95, serving_dir: Optional[str] = None, runner: str = "local",
+                 beam_args: Sequence[str] = (), model: Optional[str] = None, name: Optional[str] = None,
+                 staging_location: Optional[str] = None, pipeline_root: Optional[str] = None,
+                 metadata_path: Optional[str] = None, spec: Optional[str] = None,
+                 secrets: Sequence[str] = ()) -> PipelineRunner:
+    """The ``PipelineRunner`` of ``definition`` (a ``SagePipeline``) on ledger ``db``'s ``stream``, its blocks under
+    ``data_root`` and its TFX runs' files under ``work_dir``, validated against ``target``.
+
+    Args:
+        confidence: the SLA's confidence (eta = 1 - confidence).
+        serving_dir: where an ACCEPTed model is pushed (None: none).
+        runner: "local" or "beam"; ``beam_args`` the Beam pipeline options of its TFX runs.
+        model: the model family (None: the pipeline's first); ``name`` the pipeline name (None: its own).
+        staging_location: BlockExampleGen's staging location for remote Beam workers.
+        pipeline_root: the folder or URL the pipeline's TFX root goes under (None: WORK_DIR/tfx).
+        metadata_path: its local MLMD SQLite file (``{name}`` is replaced by the pipeline name).
+        spec, secrets: its iterations run confined (``PipelineRunner``).
+
+    Raises:
+        ValueError: naming the bad value and the fix (before anything is charged).
+    """
     from sage_tfx.pipelines._runner import PipelineConfig
 
     name = name or definition.name
@@ -77,8 +93,9 @@ def build_runner(definition, db, stream, data_root, work_dir, target, confidence
 
 
 @dataclass(frozen=True, kw_only=True)
-class IteratorSettings:
-    """What a run asks of the Sage iterator beyond the pipeline's own defaults (``iterator_defaults``).
+class RunSettings:
+    """What a run asks of the Sage iterator beyond the pipeline's own defaults (``iterator_defaults``); with those
+    and the confidence, ``make_iterator`` builds its ``sage_tfx.adaptive.IteratorSettings``.
 
     Attributes:
         max_iterations: the attempts one run may charge (>= 1).
@@ -113,16 +130,16 @@ class IteratorSettings:
         return {k: v for k, v in given.items() if v is not None}
 
 
-def make_iterator(definition, ledger, runner: PipelineRunner, settings: IteratorSettings,
+def make_iterator(definition, ledger, runner: PipelineRunner, settings: RunSettings,
                   progress: Callable[[str], None] = print, wait_for_blocks=None):
     """The ``SageIterator`` of a `sage run`/`sage serve` pipeline, its grants signed with the runner's request:
     ``RequestMismatch`` (a LedgerError: exit 2, nothing registered or charged) if the pipeline name was run for
     another target, SLA, model or definition."""
-    from sage_tfx.adaptive import SageIterator
+    from sage_tfx.adaptive import IteratorSettings, SageIterator
 
-    options = {**definition.iterator_defaults(), **settings.overrides()}
-    return SageIterator(ledger, runner.config.stream, runner.config.name, runner.run_iteration,
-                        eta=1 - runner.config.confidence, max_iterations=settings.max_iterations,
-                        max_seconds=settings.max_seconds, wait_for_blocks=wait_for_blocks,
-                        progress=progress, request=runner.request(),
-                        check_blocks=lambda blocks: runner.check_blocks(ledger, blocks), **options)
+    options = IteratorSettings(**{**definition.iterator_defaults(), **settings.overrides()},
+                               eta=1 - runner.config.confidence, max_iterations=settings.max_iterations,
+                               max_seconds=settings.max_seconds)
+    return SageIterator(ledger, runner.config.stream, runner.config.name, runner.run_iteration, settings=options,
+                        wait_for_blocks=wait_for_blocks, progress=progress, request=runner.request(),
+                        check_blocks=lambda blocks: runner.check_blocks(ledger, blocks))

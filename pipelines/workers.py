@@ -73,7 +73,7 @@ def worker_main(spec, conn):
         conn.send(("progress", line))
 
     try:
-        from sage_tfx.pipelines.runner import IteratorSettings, make_iterator
+        from sage_tfx.pipelines.runner import RunSettings, make_iterator
 
         definition, runner = build_worker_runner(spec)
         run_iteration = runner.run_iteration
@@ -91,7 +91,7 @@ def worker_main(spec, conn):
 
         runner.run_iteration = run_in_slot
         ledger = Ledger.open(spec.ledger)
-        settings = IteratorSettings(max_iterations=spec.max_iterations, rejection_share=spec.rejection_share)
+        settings = RunSettings(max_iterations=spec.max_iterations, rejection_share=spec.rejection_share)
         iterator = make_iterator(definition, ledger, runner, settings, progress=say,
                                  wait_for_blocks=lambda _t: waiter.wait(3600.0))
         try:

@@ -66,6 +66,7 @@ _LAZY = {
     "Ledger": "sage_tfx.privacy",
     "Replay": "sage_tfx.ingest.replay",
     "SageIterator": "sage_tfx.adaptive",
+    "IteratorSettings": "sage_tfx.adaptive",
     # ending a script after a Beam / TensorFlow run without the interpreter's C++ teardown (stdlib only)
     "exit_now": "sage_tfx.shutdown",
     # the root of every error sage-tfx raises on purpose (stdlib only)

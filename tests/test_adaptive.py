@@ -6,8 +6,9 @@ run real TFX pipelines.
 """
 import pytest
 
-from sage_tfx.adaptive import BudgetSplit, IterationResult, SageIterator, eta_for_attempt
+from sage_tfx.adaptive import BudgetSplit, IterationResult, IteratorSettings, SageIterator, eta_for_attempt
 from sage_tfx.privacy import Ledger, LedgerError
+from sage_tfx.validation import ValidationInputError
 
 DAY = 86400.0
 
@@ -62,7 +63,8 @@ def test_doubles_epsilon_then_window_until_accept(tmp_path):
     ledger = make_ledger(tmp_path)
     oracle = Oracle(ledger, need=1500)
     lines = []
-    result = SageIterator(ledger, "s", "p", oracle, epsilon_start=0.125, min_window=1, preprocessing_share=0.2,
+    result = SageIterator(ledger, "s", "p", oracle,
+                          settings=IteratorSettings(epsilon_start=0.125, min_window=1, preprocessing_share=0.2),
                           progress=lines.append).run()
     assert result.outcome == "ACCEPT"
     charged = [(it.epsilon, len(it.blocks)) for it in result.iterations]
@@ -84,7 +86,8 @@ def test_reject_stops_and_timeout_after_max_iterations(tmp_path):
     ledger = make_ledger(tmp_path)
     result = SageIterator(ledger, "s", "r", Oracle(ledger, need=1e12, reject_at=2)).run()
     assert result.outcome == "REJECT" and len(result.iterations) == 2
-    result = SageIterator(ledger, "s", "t", Oracle(ledger, need=1e12), max_iterations=3).run()
+    result = SageIterator(ledger, "s", "t", Oracle(ledger, need=1e12),
+                          settings=IteratorSettings(max_iterations=3)).run()
     assert result.outcome == "TIMEOUT" and len(result.iterations) == 3
     assert {p["name"]: p["outcome"] for p in ledger.pipelines("s")} == {"r": "REJECT", "t": "TIMEOUT"}
 
@@ -100,8 +103,8 @@ def test_waits_for_new_blocks_then_times_out_when_the_stream_ends(tmp_path):
         ledger.add_block("s", f"new{i}", start=(10 + i) * DAY, end=(11 + i) * DAY, rows=1000)
         return True
 
-    result = SageIterator(ledger, "s", "w", Oracle(ledger, need=1e12), min_window=2, wait_for_blocks=wait,
-                          max_iterations=50).run()
+    result = SageIterator(ledger, "s", "w", Oracle(ledger, need=1e12),
+                          settings=IteratorSettings(min_window=2, max_iterations=50), wait_for_blocks=wait).run()
     assert result.outcome == "TIMEOUT"
     assert {b for it in result.iterations for b in it.blocks} <= {"b00", "new1", "new2"}
 
@@ -164,8 +167,27 @@ def test_aggressive_spends_the_whole_allocation_at_once(tmp_path):
 def test_bad_iterator_settings_fail_before_any_charge(tmp_path, kwargs, match):
     ledger = make_ledger(tmp_path)
     with pytest.raises(LedgerError, match=match):
-        SageIterator(ledger, "s", "p", Oracle(ledger, need=1), **kwargs)
+        SageIterator(ledger, "s", "p", Oracle(ledger, need=1), settings=IteratorSettings(**kwargs))
     assert ledger.grants() == [] and ledger.pipelines("s") == []
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    ({"min_window": 0}, LedgerError, r"^min_window 0 is invalid: must be an integer >= 1 \(blocks\)$"),
+    ({"max_idle_waits": 2.5}, LedgerError, r"^max_idle_waits 2\.5 is invalid"),
+    ({"eval_share": 0.123}, LedgerError, "eval_share 0.123"),
+    ({"eta": 1.5}, ValidationInputError, r"^eta 1\.5 must be in \(0, 1\)$"),
+])
+def test_settings_the_stream_does_not_decide_are_refused_when_built(kwargs, error, match):
+    """No ledger needed: a bad knob is named as soon as the settings are written down."""
+    with pytest.raises(error, match=match):
+        IteratorSettings(**kwargs)
+
+
+def test_settings_must_be_iterator_settings(tmp_path):
+    ledger = make_ledger(tmp_path)
+    with pytest.raises(LedgerError, match=r"settings \{'epsilon_start': 0\.5\} must be an IteratorSettings"):
+        SageIterator(ledger, "s", "p", Oracle(ledger, need=1), settings={"epsilon_start": 0.5})
+    assert IteratorSettings(min_window=2.0).min_window == 2 and ledger.pipelines("s") == []
 
 
 def test_unknown_stream_fails_before_any_charge(tmp_path):
@@ -198,7 +220,7 @@ def test_platform_serves_several_pipelines_on_one_replayed_stream(tmp_path):
                 oracles[name] = oracle = oracles.get(name) or Oracle(ledger, need)
                 oracle.ledger = ledger
                 return oracle(grant, split, eta, iteration)
-        return PipelineSpec(name, run, {"epsilon_start": 0.1, "min_window": 1, "max_iterations": 20})
+        return PipelineSpec(name, run, IteratorSettings(epsilon_start=0.1, min_window=1, max_iterations=20))
 
     lines = []
     platform = Platform(location, "s", [spec("easy", 200), spec("medium", 1500), spec("impossible", 1e9)],
@@ -237,8 +259,8 @@ def test_the_final_line_reports_the_ledgers_spend_on_the_blocks_and_the_asked_co
     ledger = make_ledger(tmp_path, blocks=4)
     ledger.register("s", "other")
     ledger.request("other", "s", blocks=[f"b{i:02d}" for i in range(4)], epsilon=0.25)
-    result = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5, min_window=4,
-                          request=_request(0.3)).run()
+    result = SageIterator(ledger, "s", "p", Oracle(ledger, need=100),
+                          settings=IteratorSettings(epsilon_start=0.5, min_window=4), request=_request(0.3)).run()
     assert result.outcome == "ACCEPT" and result.max_block_epsilon == pytest.approx(0.5)
     assert result.ledger_spent == {f"b{i:02d}": pytest.approx(0.75) for i in range(4)}
     line = result.describe()
@@ -268,18 +290,20 @@ def test_a_finished_pipeline_asked_another_request_is_refused_before_anything_is
     from sage_tfx.adaptive.iterator import RequestMismatch
 
     ledger = make_ledger(tmp_path)
-    first = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5, request=_request(0.355)).run()
+    first = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), settings=IteratorSettings(epsilon_start=0.5),
+                         request=_request(0.355)).run()
     assert first.outcome == "ACCEPT" and first.iterations[-1].bound is not None
     assert first.iterations and all(g.meta["request"] == _request(0.355) for g in ledger.grants())
     log = ledger.log_entries()
     with pytest.raises(RequestMismatch) as refused:
-        SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5,
+        SageIterator(ledger, "s", "p", Oracle(ledger, need=100), settings=IteratorSettings(epsilon_start=0.5),
                      request={**_request(0.355), **changes}).run()
     message = str(refused.value)
     assert named in message and "finished with ACCEPT" in message and "target 0.355" in message, message
     assert f"bound {first.bound:.6g}" in message and "new pipeline name" in message, message
     assert ledger.log_entries() == log
-    same = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5, request=_request(0.355)).run()
+    same = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), settings=IteratorSettings(epsilon_start=0.5),
+                        request=_request(0.355)).run()
     assert same.outcome == "ACCEPT" and ledger.log_entries() == log  # the stored outcome, for the same request
     assert same.describe().endswith(f"; target 0.355, bound {first.bound:.6g}"), same.describe()
 
@@ -294,12 +318,14 @@ def test_an_unfinished_pipeline_resumed_with_another_target_is_refused(tmp_path)
         raise KeyboardInterrupt  # the process dies inside the iteration: no outcome recorded
 
     with pytest.raises(KeyboardInterrupt):
-        SageIterator(ledger, "s", "p", killed, epsilon_start=0.5, request=_request(0.355)).run()
+        SageIterator(ledger, "s", "p", killed, settings=IteratorSettings(epsilon_start=0.5),
+                     request=_request(0.355)).run()
     log = ledger.log_entries()
     with pytest.raises(RequestMismatch, match="has 1 iteration"):
-        SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5, request=_request(0.3))
+        SageIterator(ledger, "s", "p", Oracle(ledger, need=100), settings=IteratorSettings(epsilon_start=0.5),
+                     request=_request(0.3))
     assert ledger.log_entries() == log
-    resumed = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), epsilon_start=0.5,
+    resumed = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), settings=IteratorSettings(epsilon_start=0.5),
                            request=_request(0.355)).run()
     assert resumed.outcome == "ACCEPT" and len(ledger.grants()) == 1
 
@@ -313,10 +339,11 @@ def test_a_finished_pipeline_from_before_requests_were_signed_compares_its_valid
     def validated(grant, split, eta, iteration):
         return IterationResult("ACCEPT", bound=0.3415, details={"validation": {"target": 0.355, "metric": "mse"}})
 
-    SageIterator(ledger, "s", "p", validated, epsilon_start=0.5).run()
+    SageIterator(ledger, "s", "p", validated, settings=IteratorSettings(epsilon_start=0.5)).run()
     with pytest.raises(RequestMismatch, match=r"target 0.355 \(bound 0.3415\); this run asks target 0.355 -> 0.3"):
-        SageIterator(ledger, "s", "p", validated, epsilon_start=0.5, request=_request(0.3))
-    assert SageIterator(ledger, "s", "p", validated, epsilon_start=0.5, request=_request(0.355)).run().outcome == "ACCEPT"
+        SageIterator(ledger, "s", "p", validated, settings=IteratorSettings(epsilon_start=0.5), request=_request(0.3))
+    assert SageIterator(ledger, "s", "p", validated, settings=IteratorSettings(epsilon_start=0.5),
+                        request=_request(0.355)).run().outcome == "ACCEPT"
 
 
 def test_the_platform_reports_a_finished_pipelines_stored_outcome_for_the_same_request(tmp_path):
@@ -333,7 +360,7 @@ def test_the_platform_reports_a_finished_pipelines_stored_outcome_for_the_same_r
     def accept(grant, split, eta, iteration):
         return IterationResult("ACCEPT", bound=0.25)
 
-    spec = PipelineSpec("p", accept, {"epsilon_start": 0.5, "request": _request(0.3)})
+    spec = PipelineSpec("p", accept, IteratorSettings(epsilon_start=0.5), request=_request(0.3))
     for _ in range(2):
         platform = Platform(location, "s", [spec], lambda: None, progress=lambda line: None)
         results = platform.run()
@@ -370,11 +397,11 @@ def test_an_environment_error_after_the_charge_leaves_the_iteration_resumable(tm
     ledger = make_ledger(tmp_path)
     oracle = Oracle(ledger, need=1e9)
     with pytest.raises(IterationInterrupted, match=f"under grant g-.*{type(error).__name__}"):
-        SageIterator(ledger, "s", "p", Faulty(oracle, error), max_iterations=1).run()
+        SageIterator(ledger, "s", "p", Faulty(oracle, error), settings=IteratorSettings(max_iterations=1)).run()
     ((grant, outcome, _details),) = ledger.history("s", "p")
     assert outcome is None  # not FAILED: nothing says the budget was used
     spent = _spent(ledger)
-    result = SageIterator(ledger, "s", "p", oracle, max_iterations=1).run()
+    result = SageIterator(ledger, "s", "p", oracle, settings=IteratorSettings(max_iterations=1)).run()
     assert [it.grant_id for it in result.iterations] == [grant.id] and result.iterations[0].resumed
     assert [c[0] for c in oracle.calls] == [grant.id]
     assert _spent(ledger) == spent and len(ledger.grants("s")) == 1
@@ -396,7 +423,7 @@ def test_a_data_error_after_the_charge_is_failed_whatever_it_is_chained_with(tmp
             raise then  # noqa: B904 (chained implicitly, as TFX's clean-up does)
 
     with pytest.raises(type(then)):
-        SageIterator(ledger, "s", "p", run, max_iterations=1).run()
+        SageIterator(ledger, "s", "p", run, settings=IteratorSettings(max_iterations=1)).run()
     assert [o for _g, o, _d in ledger.history("s", "p")] == ["FAILED"]
 
 

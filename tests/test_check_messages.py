@@ -3,7 +3,7 @@ ledger, not the real one (the iterator's own line says "its grant stays spent").
 import pytest
 
 from pipelines.check import check_line
-from sage_tfx.adaptive import SageIterator
+from sage_tfx.adaptive import IteratorSettings, SageIterator
 from sage_tfx.privacy import Ledger
 
 DAY = 86400.0
@@ -19,7 +19,8 @@ def test_a_failed_dry_run_iteration_says_the_throwaway_ledger_paid(tmp_path):
         def broken_module(grant, split, eta, iteration):
             raise ValueError("the trainer module named a feature the schema lacks")
 
-        iterator = SageIterator(ledger, "s", "p", broken_module, epsilon_start=1.0, min_window=2, max_iterations=1,
+        iterator = SageIterator(ledger, "s", "p", broken_module,
+                                settings=IteratorSettings(epsilon_start=1.0, min_window=2, max_iterations=1),
                                 progress=lambda line: lines.append(check_line(line)))
         with pytest.raises(ValueError):
             iterator.run()

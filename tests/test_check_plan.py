@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from sage_tfx.adaptive import IterationResult, SageIterator, plan_attempts
+from sage_tfx.adaptive import IterationResult, IteratorSettings, SageIterator, plan_attempts
 from sage_tfx.pipelines import SLA, SagePipeline
 from sage_tfx.pipelines.check import (TrivialTarget, check_targets, estimate_accept, generated_rows, stream_plan,
                                       trivial_baseline)
@@ -49,7 +49,8 @@ def test_the_plan_is_what_the_iterator_charges_when_every_attempt_retries(tmp_pa
     plan = stream_plan(ledger, "s", "p", settings)
     assert ledger.grants("s") == []  # planning reads only
     calls, lines = [], []
-    result = SageIterator(ledger, "s", "p", always_retry(calls), progress=lines.append, **settings).run()
+    result = SageIterator(ledger, "s", "p", always_retry(calls), settings=IteratorSettings(**settings),
+                          progress=lines.append).run()
     assert result.outcome == "TIMEOUT"
     charged = [(it.epsilon, len(it.blocks), tuple(it.blocks)) for it in result.iterations]
     planned = [(a.epsilon, a.window, a.blocks) for a in plan.attempts]
@@ -66,8 +67,8 @@ def test_a_window_the_stream_cannot_fill_is_said_before_the_run(tmp_path):
     plan = stream_plan(ledger, "s", "p", {"epsilon_start": 0.25, "min_window": 64})
     assert plan.attempts == () and plan.retries == 0 and "fewer than 64 block(s)" in plan.describe()
     lines = []
-    result = SageIterator(ledger, "s", "p", always_retry([]), epsilon_start=0.25, min_window=64,
-                          progress=lines.append).run()
+    result = SageIterator(ledger, "s", "p", always_retry([]),
+                          settings=IteratorSettings(epsilon_start=0.25, min_window=64), progress=lines.append).run()
     assert result.outcome == "TIMEOUT" and ledger.grants("s") == []
     assert lines == [lines[-1]] and "TIMEOUT: fewer than 64 blocks" in lines[0] and "does not wait" in lines[0]
 
@@ -178,7 +179,8 @@ def test_eval_share_is_signed_into_every_grant_and_read_by_blockexamplegen(tmp_p
     pipeline = SagePipeline(name="p", sla=MSE, trainer_module="t.py", eval_share=0.2,
                             defaults={"epsilon_start": 0.25, "min_window": 2})
     calls = []
-    SageIterator(ledger, "s", "p", always_retry(calls), max_iterations=2, **pipeline.iterator_defaults()).run()
+    SageIterator(ledger, "s", "p", always_retry(calls),
+                 settings=IteratorSettings(max_iterations=2, **pipeline.iterator_defaults())).run()
     assert len(calls) == 2
     for grant in calls:
         verified = ledger.verify(grant.to_json())
@@ -198,7 +200,8 @@ def test_eval_share_is_signed_into_every_grant_and_read_by_blockexamplegen(tmp_p
 def test_no_eval_share_keeps_the_default_record_split(tmp_path):
     ledger = make_ledger(tmp_path, blocks=2)
     calls = []
-    SageIterator(ledger, "s", "p", always_retry(calls), max_iterations=1, epsilon_start=0.25).run()
+    SageIterator(ledger, "s", "p", always_retry(calls),
+                 settings=IteratorSettings(max_iterations=1, epsilon_start=0.25)).run()
     assert calls[0].meta["records"] == DEFAULT_RECORD_SPLIT.to_dict()
 
 
@@ -212,7 +215,7 @@ def test_bad_eval_shares_are_named_before_any_charge(tmp_path, value, named):
         SagePipeline(name="p", sla=MSE, trainer_module="t.py", eval_share=value)
     ledger = make_ledger(tmp_path, blocks=2)
     with pytest.raises(LedgerError, match=named):
-        SageIterator(ledger, "s", "p", always_retry([]), eval_share=value)
+        SageIterator(ledger, "s", "p", always_retry([]), settings=IteratorSettings(eval_share=value))
     assert ledger.grants("s") == []
     with pytest.raises(PipelineDefinitionError, match="unknown iterator setting"):  # one home: the field
         SagePipeline(name="p", sla=MSE, trainer_module="t.py", defaults={"eval_share": 0.2})
@@ -303,8 +306,8 @@ def test_check_says_a_pipeline_name_with_iterations_resumes(fare_stream, tmp_pat
     db, data = fare_stream
     example = os.path.join(ROOT, "examples", "taxi_fare", "pipeline.py")
     with Ledger.open(db) as ledger:
-        SageIterator(ledger, "taxi", "taxi_fare", always_retry([]), epsilon_start=0.25, min_window=4,
-                     max_iterations=1).run()
+        SageIterator(ledger, "taxi", "taxi_fare", always_retry([]),
+                     settings=IteratorSettings(epsilon_start=0.25, min_window=4, max_iterations=1)).run()
         before = len(ledger.log_entries())
     out = _sage("run", example, "--check", "--estimate-only", "--db", db, "--stream", "taxi", "--data-root", data,
                 "--target", "100", "--min-window", "4")

@@ -133,12 +133,12 @@ def test_min_grant_epsilon_is_per_stream_and_capped_by_min_epsilon(tmp_path):
 
 
 def test_iterator_refuses_a_start_the_ledger_would_refuse(ledger_db):
-    from sage_tfx.adaptive import SageIterator
+    from sage_tfx.adaptive import IteratorSettings, SageIterator
     from sage_tfx.privacy import LedgerError
 
     before = dump(ledger_db)
     with Ledger.open(ledger_db) as ledger:
         with pytest.raises(LedgerError, match=r"epsilon_start 0\.0001 charges .* below .*minimum grant epsilon 0\.001"):
-            SageIterator(ledger, "s", "p", lambda *a: None, epsilon_start=0.0001)
-        SageIterator(ledger, "s", "p", lambda *a: None, epsilon_start=0.125)
+            SageIterator(ledger, "s", "p", lambda *a: None, settings=IteratorSettings(epsilon_start=0.0001))
+        SageIterator(ledger, "s", "p", lambda *a: None, settings=IteratorSettings(epsilon_start=0.125))
     assert dump(ledger_db) == before

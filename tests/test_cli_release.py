@@ -199,7 +199,7 @@ def test_a_refused_or_failed_block_maps_to_its_exit_code(capsys):
     from sage_tfx.cli._exits import EXIT_FAILED, EXIT_REFUSED
     from sage_tfx.cli.release import EXIT_CODES
     from sage_tfx.privacy.errors import BudgetRefused, LedgerError
-    from sage_tfx.release.session import Status, step
+    from sage_tfx.release.session import SessionStatus, step
 
     def refused(block):
         raise BudgetRefused("taxi", "cr", {block: "epsilon 0.5 > 0.1 left"})
@@ -210,8 +210,8 @@ def test_a_refused_or_failed_block_maps_to_its_exit_code(capsys):
     def warn(line):
         print(line, file=sys.stderr)
 
-    assert step(refused, "b1", warn) == (None, Status.REFUSED) and EXIT_CODES[Status.REFUSED] == EXIT_REFUSED
-    assert step(failed, "b2", warn) == (None, Status.FAILED) and EXIT_CODES[Status.FAILED] == EXIT_FAILED
+    assert step(refused, "b1", warn) == (None, SessionStatus.REFUSED) and EXIT_CODES[SessionStatus.REFUSED] == EXIT_REFUSED
+    assert step(failed, "b2", warn) == (None, SessionStatus.FAILED) and EXIT_CODES[SessionStatus.FAILED] == EXIT_FAILED
     assert step(lambda block: block.upper(), "b3", warn) == ("B3", None)
     err = capsys.readouterr().err
     assert "b1: epsilon 0.5 > 0.1 left" in err and "error: block b2: the grant is gone" in err

@@ -230,7 +230,7 @@ def _subpackage(name):
 
 def test_nothing_outside_the_cli_imports_the_cli():
     """The CLI is the top: no module outside ``sage_tfx.cli`` (and ``__main__``, its entry) imports it, lazily or
-    not; the library carries its own vocabulary (e.g. a release session's ``Status``) and the CLI maps it."""
+    not; the library carries its own vocabulary (e.g. a release session's ``SessionStatus``) and the CLI maps it."""
     offenders = sorted(f"{name} -> {t}" for name, path in _all_modules().items()
                        if _subpackage(name) not in ("cli", "__main__") for t in _targets(name, path)
                        if _subpackage(t) == "cli")

@@ -21,7 +21,7 @@ import threading
 
 import pytest
 
-from sage_tfx.adaptive import IterationResult, SageIterator
+from sage_tfx.adaptive import IterationResult, IteratorSettings, SageIterator
 from sage_tfx.privacy import BlockRetired, BudgetRefused, Ledger, LedgerError, RecordError
 
 DAY = 86400.0
@@ -152,7 +152,8 @@ def test_regression_aggressive_share_below_epsilon_start(tmp_path):
     for i in range(4):
         real.add_block("s", f"b{i:02d}", start=i * DAY, end=(i + 1) * DAY, rows=1000)
     ledger = Watched(real)
-    result = SageIterator(ledger, "s", "p0", power_rule(real, need=100), epsilon_start=0.125).run()
+    result = SageIterator(ledger, "s", "p0", power_rule(real, need=100),
+                          settings=IteratorSettings(epsilon_start=0.125)).run()
     assert result.outcome == "ACCEPT"
     assert result.iterations[0].epsilon == pytest.approx(1 / 9, rel=1e-3)
     assert ledger.refused == []
@@ -178,7 +179,8 @@ def test_a_writer_spending_before_each_charge_never_livelocks(tmp_path, policy, 
                 real.request("rival", "s", blocks=[block], epsilon=take, delta=1e-8)
 
     ledger = Watched(real, before_request=rival)
-    iterator = SageIterator(ledger, "s", "a", power_rule(real, need=1200), max_iterations=6, max_refusals=4)
+    iterator = SageIterator(ledger, "s", "a", power_rule(real, need=1200),
+                            settings=IteratorSettings(max_iterations=6, max_refusals=4))
     result = iterator.run()
     assert result.outcome in ("ACCEPT", "TIMEOUT")
     assert len(ledger.requests) <= 6 + 4
@@ -210,7 +212,7 @@ def test_a_stale_availability_read_is_not_asked_again(tmp_path, policy, waits):
             raise Runaway("wait_for_blocks called 1000 times with nothing arriving")
         return True
 
-    result = SageIterator(ledger, "s", "a", always_retry, delta=1e-8, max_idle_waits=3,
+    result = SageIterator(ledger, "s", "a", always_retry, settings=IteratorSettings(delta=1e-8, max_idle_waits=3),
                           wait_for_blocks=wait_for_blocks if waits else None).run()
     assert result.outcome == "TIMEOUT" and result.iterations == []
     assert len(ledger.requests) == len(ledger.refused) == 1
@@ -232,7 +234,7 @@ def test_another_pipeline_spending_between_steps_and_blocks_retiring(tmp_path, p
         return IterationResult("RETRY", bound=1.0)
 
     ledger = Watched(real)
-    result = SageIterator(ledger, "s", "a", run, max_iterations=8).run()
+    result = SageIterator(ledger, "s", "a", run, settings=IteratorSettings(max_iterations=8)).run()
     assert result.outcome == "TIMEOUT"
     assert len(ledger.requests) <= 8 + 10 and ledger.refused == []
     assert real.audit().ok
@@ -253,7 +255,7 @@ def test_waiting_with_nothing_arriving_times_out(tmp_path, policy):
 
     lines = []
     ledger = Watched(real)
-    result = SageIterator(ledger, "s", "w", always_retry, min_window=2, max_idle_waits=5,
+    result = SageIterator(ledger, "s", "w", always_retry, settings=IteratorSettings(min_window=2, max_idle_waits=5),
                           wait_for_blocks=wait_for_blocks, progress=lines.append).run()
     assert result.outcome == "TIMEOUT" and ledger.requests == []
     assert len(waited) == 5
@@ -271,7 +273,8 @@ def test_a_deadline_is_passed_on_to_wait_for_blocks_as_the_time_left(tmp_path, p
         now[0] += 4.0  # each wait takes 4 s and nothing arrives
         return True
 
-    result = SageIterator(real, "s", "w", always_retry, min_window=2, max_seconds=10.0, max_idle_waits=100,
+    result = SageIterator(real, "s", "w", always_retry,
+                          settings=IteratorSettings(min_window=2, max_seconds=10.0, max_idle_waits=100),
                           wait_for_blocks=wait_for_blocks, clock=lambda: now[0]).run()
     assert result.outcome == "TIMEOUT"
     assert waited == [10.0, 6.0, 2.0]
@@ -296,8 +299,8 @@ def test_aggressive_below_min_epsilon_waits_then_proceeds_when_budget_is_release
         return len(waited) < 10
 
     ledger = Watched(real)
-    result = SageIterator(ledger, "s", "p00", power_rule(real, need=500), wait_for_blocks=wait_for_blocks,
-                          max_idle_waits=3).run()
+    result = SageIterator(ledger, "s", "p00", power_rule(real, need=500), settings=IteratorSettings(max_idle_waits=3),
+                          wait_for_blocks=wait_for_blocks).run()
     assert result.outcome == "ACCEPT" and len(waited) == 2
     assert ledger.refused == [] and len(ledger.requests) == 1
     assert result.iterations[0].epsilon == pytest.approx(1.0, rel=1e-3)
@@ -356,7 +359,8 @@ def test_random_interleavings_of_rivals_end_within_the_bounds(tmp_path, policy, 
         return rng.random() < 0.8
 
     ledger = Watched(real, before_request=chaos)
-    result = SageIterator(ledger, "s", "a", run, max_iterations=5, max_refusals=3, max_idle_waits=4,
+    result = SageIterator(ledger, "s", "a", run,
+                          settings=IteratorSettings(max_iterations=5, max_refusals=3, max_idle_waits=4),
                           wait_for_blocks=wait_for_blocks).run()
     assert result.outcome in ("ACCEPT", "REJECT", "TIMEOUT")
     assert len(ledger.requests) <= 5 + 3 and len(ledger.refused) <= 3
@@ -385,8 +389,9 @@ def test_several_pipelines_share_a_stream_in_threads(tmp_path, policy):
                 return True
 
             watched[name] = ledger = Watched(real)
-            results[name] = SageIterator(ledger, "s", name, power_rule(real, need), max_iterations=6,
-                                         max_refusals=4, max_idle_waits=3, wait_for_blocks=wait_for_blocks).run()
+            results[name] = SageIterator(ledger, "s", name, power_rule(real, need),
+                                         settings=IteratorSettings(max_iterations=6, max_refusals=4, max_idle_waits=3),
+                                         wait_for_blocks=wait_for_blocks).run()
         except BaseException as exc:  # reported below
             errors[name] = exc
         finally:
@@ -420,7 +425,7 @@ def test_several_pipelines_share_a_stream_in_threads(tmp_path, policy):
 def test_bad_termination_bounds_fail_before_any_charge(tmp_path, kwargs, match):
     ledger = make_ledger(tmp_path, "conserve")
     with pytest.raises(LedgerError, match=match):
-        SageIterator(ledger, "s", "p", always_retry, **kwargs)
+        SageIterator(ledger, "s", "p", always_retry, settings=IteratorSettings(**kwargs))
     assert ledger.grants() == [] and ledger.pipelines("s") == []
 
 

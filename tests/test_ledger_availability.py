@@ -20,7 +20,7 @@ import random
 
 import pytest
 
-from sage_tfx.adaptive import SageIterator
+from sage_tfx.adaptive import IteratorSettings, SageIterator
 from sage_tfx.privacy import BudgetRefused, Ledger, LedgerError
 from sage_tfx.privacy import filters
 from sage_tfx.privacy.ledger import OUTCOMES
@@ -275,7 +275,8 @@ def test_the_iterator_chooses_the_blocks_the_old_walk_chose(tmp_path, raw_sql, a
     n_active = len(ledger.blocks("s", state="active"))
     found = 0
     for pipeline in ASKERS:
-        iterator = SageIterator(ledger, "s", pipeline, lambda *a: None, epsilon_start=0.125, delta=1e-7)
+        iterator = SageIterator(ledger, "s", pipeline, lambda *a: None,
+                                settings=IteratorSettings(epsilon_start=0.125, delta=1e-7))
         per_block = ledger.available_per_block(pipeline, "s", delta=1e-7)
         # Ties with a block's exact availability are where a difference would show.
         for epsilon in sorted(set(per_block.values()) | {0.0625, 0.125, 0.3})[:12]:

@@ -10,6 +10,7 @@ from .iterator import (
     SageIterator,
 )
 from .plan import AttemptPlan, PlannedAttempt, plan_attempts
+from .settings import IteratorSettings
 
-__all__ = ["SageIterator", "BudgetSplit", "IterationResult", "Iteration", "IterationInterrupted", "RunResult",
-           "eta_for_attempt", "AttemptPlan", "PlannedAttempt", "plan_attempts"]
+__all__ = ["SageIterator", "IteratorSettings", "BudgetSplit", "IterationResult", "Iteration", "IterationInterrupted",
+           "RunResult", "eta_for_attempt", "AttemptPlan", "PlannedAttempt", "plan_attempts"]

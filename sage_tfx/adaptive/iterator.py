@@ -47,17 +47,19 @@ refused with nothing charged.
 """
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
-from sage_tfx.privacy.resume import held
 from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, eval_share_split, public_error_text
-from sage_tfx.privacy.checks import integer, number
+from sage_tfx.privacy.checks import number
 from sage_tfx.privacy.errors import LedgerError as _LedgerError
 from sage_tfx.privacy.errors import IterationInterrupted, environment_error_text, is_environment_error
+from sage_tfx.privacy.resume import held
 from sage_tfx.privacy.split import RECORDS_KEY
-
-from .plan import next_attempt
 from sage_tfx.privacy.vocabulary import GrantOutcome, Outcome, Policy
 from sage_tfx.validation import eta_for_attempt
+
+from .plan import next_attempt
+from .settings import IteratorSettings
 
 # a bad iterator setting: names it, its value and the rule; raised before anything is charged
 _SETTING = "{what} {value!r} is invalid: must be {rule}"
@@ -243,48 +245,38 @@ class SageIterator:
     keeps charges, not refusals): a restarted iterator starts both counts afresh.
     """
 
-    def __init__(self, ledger, stream, pipeline, run_iteration, *, epsilon_start=0.125, min_window=1,
-                 delta=None, eta=0.05, max_iterations=10, max_seconds=None, max_refusals=10,
-                 max_idle_waits=100, preprocessing_share=0.2, preprocessing_delta=0.0,
-                 count_share=0.05, rejection_share=0.0, disjoint_split=True, eval_share=None, wait_for_blocks=None,
-                 progress=None, clock=time.monotonic, request=None, check_blocks=None):
+    def __init__(self, ledger, stream: str, pipeline: str, run_iteration: Callable, *,
+                 settings: Optional[IteratorSettings] = None, wait_for_blocks: Optional[Callable] = None,
+                 progress: Optional[Callable[[str], None]] = None, clock: Callable[[], float] = time.monotonic,
+                 request: Optional[dict] = None, check_blocks: Optional[Callable] = None):
+        """The iterator of pipeline ``pipeline`` on ``stream``; ``settings``: what its run may do (None: the
+        defaults). Raises LedgerError (nothing registered or charged): an unknown stream, a ``request`` other than
+        the name's stored one (``RequestMismatch``), or settings the stream refuses (``IteratorSettings``)."""
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         self.run_iteration, self.check_blocks = run_iteration, check_blocks
+        self.settings = s = IteratorSettings() if settings is None else settings
+        if not isinstance(s, IteratorSettings):
+            raise LedgerError(f"settings {s!r} must be an IteratorSettings(epsilon_start=..., ...) or None")
         stream_info = ledger.stream(stream)  # raises UnknownStream before anything is spent
         self.request = None if request is None else dict(request)
         self.check_request()
-        epsilon_start = number(epsilon_start, "epsilon_start", low=0.0, low_open=True, high=stream_info.epsilon,
-                               message=_SETTING + " (the stream's global epsilon)")
-        min_window = integer(min_window, "min_window", low=1, message=_SETTING + " (blocks)")
-        max_iterations = integer(max_iterations, "max_iterations", low=1, message=_SETTING)
-        # The two bounds that make every run end (see the class docstring); there is no "unbounded".
-        max_refusals = integer(max_refusals, "max_refusals", low=1, message=_SETTING + (
-            " (refused requests before TIMEOUT; raise it if concurrent pipelines often take the budget first)"))
-        max_idle_waits = integer(max_idle_waits, "max_idle_waits", low=1, message=_SETTING + (
-            " (waits in a row with nothing new before TIMEOUT; raise it if wait_for_blocks returns before blocks "
-            "arrive)"))
-        self.delta = stream_info.delta / 100.0 if delta is None else number(
-            delta, "iteration delta", low=0.0, high=stream_info.delta, high_open=True,
+        self.epsilon_start = number(s.epsilon_start, "epsilon_start", low=0.0, low_open=True,
+                                    high=stream_info.epsilon, message=_SETTING + " (the stream's global epsilon)")
+        self.delta = stream_info.delta / 100.0 if s.delta is None else number(
+            s.delta, "iteration delta", low=0.0, high=stream_info.delta, high_open=True,
             message=_SETTING + " (the stream's global delta)")
-        self.preprocessing_delta = number(preprocessing_delta, "preprocessing_delta", low=0.0, message=_SETTING)
         # what each grant charges in delta: training's plus preprocessing's (BudgetSplit.total_delta)
-        self.grant_delta = self.delta + self.preprocessing_delta
+        self.grant_delta = self.delta + s.preprocessing_delta
         if not self.grant_delta < stream_info.delta:
-            raise LedgerError(f"preprocessing_delta {preprocessing_delta!r} must be >= 0 with the iteration delta "
+            raise LedgerError(f"preprocessing_delta {s.preprocessing_delta!r} must be >= 0 with the iteration delta "
                               f"{self.delta!r} adding to less than the stream's global delta {stream_info.delta}")
-        eta_for_attempt(eta, 1)
-        self.epsilon_start, self.min_window, self.eta = float(epsilon_start), min_window, eta
-        self.max_iterations, self.max_seconds = max_iterations, max_seconds
-        self.max_refusals, self.max_idle_waits = max_refusals, max_idle_waits
-        self.preprocessing_share, self.count_share = preprocessing_share, count_share
-        self.disjoint_split, self.rejection_share = disjoint_split, rejection_share
         # the test side's share of the records, signed into each grant (None: the platform's default split)
-        self.records = None if eval_share is None else eval_share_split(eval_share)
+        self.records = None if s.eval_share is None else eval_share_split(s.eval_share)
         first = self.split(self.epsilon_start).charged_epsilon  # bad shares fail here, before anything is spent
         if first < stream_info.grant_floor:  # the ledger would refuse every grant: say so before anything
-            raise LedgerError(f"epsilon_start {epsilon_start!r} charges epsilon {first:.6g}, below stream {stream!r}'s "
-                              f"minimum grant epsilon {stream_info.grant_floor:g}: start at a larger epsilon "
-                              "(--epsilon-start), or lower the stream's --min-grant-epsilon")
+            raise LedgerError(f"epsilon_start {s.epsilon_start!r} charges epsilon {first:.6g}, below stream "
+                              f"{stream!r}'s minimum grant epsilon {stream_info.grant_floor:g}: start at a larger "
+                              "epsilon (--epsilon-start), or lower the stream's --min-grant-epsilon")
         self.wait_for_blocks = wait_for_blocks
         self.progress = progress or (lambda line: None)
         self.clock = clock
@@ -292,10 +284,11 @@ class SageIterator:
 
     # -------------------------------------------------------------- helpers
     def split(self, epsilon):
+        s = self.settings
         try:
-            return BudgetSplit.for_epsilon(epsilon, self.delta, self.preprocessing_share, self.count_share,
-                                           rejection_share=self.rejection_share, disjoint_split=self.disjoint_split,
-                                           preprocessing_delta=self.preprocessing_delta)
+            return BudgetSplit.for_epsilon(epsilon, self.delta, s.preprocessing_share, s.count_share,
+                                           rejection_share=s.rejection_share, disjoint_split=s.disjoint_split,
+                                           preprocessing_delta=s.preprocessing_delta)
         except ValueError as exc:
             raise LedgerError(str(exc)) from None
 
@@ -335,9 +328,9 @@ class SageIterator:
         return (tuple(blocks), offer) if offer >= self.min_epsilon else None
 
     def _time_left(self, started: float) -> float | None:
-        if self.max_seconds is None:
+        if self.settings.max_seconds is None:
             return None
-        return max(0.0, self.max_seconds - (self.clock() - started))
+        return max(0.0, self.settings.max_seconds - (self.clock() - started))
 
     def check_request(self) -> None:
         """``check_request`` of this iterator's ``request`` against this pipeline name's iterations."""
@@ -358,12 +351,13 @@ class SageIterator:
         if status is not None and status["state"] == "done":
             return
         active = len(self._read_availability())
-        if active < self.min_window:
+        if active < self.settings.min_window:
             fix = f", or lower --min-window to at most {active}" if active else ""
+            window = self.settings.min_window
             raise LedgerError(f"stream {self.stream!r} has {active} active block(s) and pipeline {self.pipeline!r}'s "
-                              f"first attempt needs min_window {self.min_window}: it would end in TIMEOUT at once, "
+                              f"first attempt needs min_window {window}: it would end in TIMEOUT at once, "
                               f"which finishes the name for good, so nothing was registered or charged. Ingest at "
-                              f"least {self.min_window - active} more block(s){fix}")
+                              f"least {window - active} more block(s){fix}")
 
     # ------------------------------------------------------------------ run
     def run(self) -> RunResult:
@@ -380,7 +374,7 @@ class SageIterator:
         self.ledger.register(self.stream, self.pipeline)
         started = self.clock()
         iterations = []
-        epsilon, window, number = self.epsilon_start, self.min_window, 1
+        epsilon, window, number = self.epsilon_start, self.settings.min_window, 1
         pending = None
         for grant, outcome, details in self._history():  # resume after a crash or a restart
             meta = grant.meta
@@ -410,8 +404,8 @@ class SageIterator:
         refusals = idle_waits = 0
         before_wait = None  # the availability read before the last wait, to tell whether it changed anything
         while True:
-            if number > self.max_iterations or (self.max_seconds is not None
-                                                and self.clock() - started > self.max_seconds):
+            limit = self.settings.max_seconds
+            if number > self.settings.max_iterations or (limit is not None and self.clock() - started > limit):
                 return self._finish(Outcome.TIMEOUT, iterations, None)
             available = self._read_availability()
             if before_wait is not None:
@@ -426,9 +420,9 @@ class SageIterator:
                     why = f"fewer than {window} blocks offer min_epsilon {self.min_epsilon:.4g}"
                 else:
                     why = f"fewer than {window} blocks with epsilon {epsilon:.4g} available"
-                if idle_waits >= self.max_idle_waits:
+                if idle_waits >= self.settings.max_idle_waits:
                     self.progress(f"[{self.pipeline}] TIMEOUT: {why}, and {idle_waits} waits in a row brought "
-                                  f"nothing new (max_idle_waits {self.max_idle_waits})")
+                                  f"nothing new (max_idle_waits {self.settings.max_idle_waits})")
                     return self._finish(Outcome.TIMEOUT, iterations, None)
                 if self.wait_for_blocks is None:  # no source of new blocks (`sage run`): say so, do not wait
                     self.progress(f"[{self.pipeline}] TIMEOUT: {why}; this run does not wait for new blocks: run "
@@ -441,7 +435,7 @@ class SageIterator:
                 before_wait = available
                 continue
             blocks, epsilon = list(choice[0]), choice[1]
-            eta = eta_for_attempt(self.eta, number)
+            eta = eta_for_attempt(self.settings.eta, number)
             split = self.split(epsilon)
             meta = {"iteration": number, "epsilon": epsilon, "window": window, "eta": eta,
                     "split": split.to_dict()}
@@ -458,9 +452,9 @@ class SageIterator:
             except (BudgetRefused, BlockRetired) as refusal:  # another writer spent between our read and charge
                 refused.add(choice)
                 refusals += 1
-                if refusals >= self.max_refusals:
+                if refusals >= self.settings.max_refusals:
                     self.progress(f"[{self.pipeline}] TIMEOUT: {refusals} requests refused (max_refusals "
-                                  f"{self.max_refusals}); other pipelines took the budget first. Last: "
+                                  f"{self.settings.max_refusals}); other pipelines took the budget first. Last: "
                                   f"{public_error_text(refusal)}")
                     return self._finish(Outcome.TIMEOUT, iterations, None)
                 self.progress(f"[{self.pipeline}] refused, choosing again from a fresh read: "
@@ -512,7 +506,7 @@ class SageIterator:
         except LedgerError:
             pass  # already finished by an earlier run of this pipeline
         return RunResult(outcome, iterations, grant_id, self._target(), self._ledger_spent(iterations),
-                         None if self.request is None else 1.0 - self.eta)
+                         None if self.request is None else 1.0 - self.settings.eta)
 
     def _ledger_spent(self, iterations) -> dict:
         """{block: the ledger's epsilon spent on it (every pipeline, every run)} for the blocks ``iterations``

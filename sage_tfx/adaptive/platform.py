@@ -10,11 +10,13 @@ status line per event and ends when every pipeline is done or the stream ends.
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 from sage_tfx.privacy import Ledger, public_error_text
 from sage_tfx.privacy.vocabulary import PipelineState
 
 from .iterator import SageIterator
+from .settings import IteratorSettings
 
 
 def register_unfinished(ledger, stream, names) -> None:
@@ -28,11 +30,13 @@ def register_unfinished(ledger, stream, names) -> None:
 
 @dataclass
 class PipelineSpec:
-    """A pipeline to serve: its name, ``run_iteration`` callable, and SageIterator settings."""
+    """A pipeline to serve: its name, ``run_iteration`` callable, its ``SageIterator``'s settings and the request
+    its grants sign (None: none)."""
 
     name: str
     run_iteration: object
-    settings: dict = field(default_factory=dict)
+    settings: IteratorSettings = field(default_factory=IteratorSettings)
+    request: Optional[dict] = None
 
 
 class _Stream:
@@ -95,7 +99,8 @@ class Platform:
                         self._waiting.discard(spec.name)
 
             iterator = SageIterator(ledger, self.stream, spec.name, spec.run_iteration,
-                                    wait_for_blocks=wait_for_blocks, progress=self._say, **spec.settings)
+                                    settings=spec.settings, wait_for_blocks=wait_for_blocks, progress=self._say,
+                                    request=spec.request)
             result = iterator.run()
             self.results[spec.name] = result
             self._say(f"[{spec.name}] done: {result.describe()}")

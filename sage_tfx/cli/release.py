@@ -277,7 +277,8 @@ def release_settings(argv: list, source: str):
         raise ValueError(f"{source}: {exc}") from None
 
 
-EXIT_CODES = {"ok": EXIT_OK, "refused": EXIT_REFUSED, "failed": EXIT_FAILED}  # a session's Status -> exit code
+# a session's status (sage_tfx.release.SessionStatus, a StrEnum) -> exit code
+EXIT_CODES = {"ok": EXIT_OK, "refused": EXIT_REFUSED, "failed": EXIT_FAILED}
 
 
 def _bad(message):

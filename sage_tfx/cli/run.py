@@ -248,7 +248,7 @@ def _run(args):
         runner.check_blocks(ledger)  # a block folder missing or altered: before anything is registered or charged
         if schedule is not None:
             return _run_scheduled(definition, ledger, runner, schedule, args)
-        iterator = make_iterator(definition, ledger, runner, iterator_settings(args),
+        iterator = make_iterator(definition, ledger, runner, run_settings(args),
                                  progress=lambda line: print(line, flush=True))
         iterator.check_first_window()  # a first window larger than the stream: before the name is registered
     except (LedgerError, ValueError) as exc:
@@ -415,12 +415,11 @@ def _check(definition, args, secrets=()):
     return EXIT_OK
 
 
-def iterator_settings(args) -> "IteratorSettings":
-    """The ``IteratorSettings`` of a parsed `sage run`/`sage serve` command line (checked by ``check_run_limits``
+def run_settings(args) -> "RunSettings":
+    """The ``RunSettings`` of a parsed `sage run`/`sage serve` command line (checked by ``check_run_limits``
     first where the command has them)."""
-    from sage_tfx.pipelines.runner import IteratorSettings
+    from sage_tfx.pipelines.runner import RunSettings
 
-    return IteratorSettings(max_iterations=args.max_iterations, max_seconds=getattr(args, "max_seconds", None),
-                            epsilon_start=getattr(args, "epsilon_start", None),
-                            min_window=getattr(args, "min_window", None),
-                            rejection_share=getattr(args, "rejection_share", None))
+    return RunSettings(max_iterations=args.max_iterations, max_seconds=getattr(args, "max_seconds", None),
+                       epsilon_start=getattr(args, "epsilon_start", None), min_window=getattr(args, "min_window", None),
+                       rejection_share=getattr(args, "rejection_share", None))

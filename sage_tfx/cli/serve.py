@@ -284,7 +284,7 @@ def release_specs(args: argparse.Namespace, key_file: str | None = None) -> list
 def _run(args):
     from sage_tfx.adaptive.platform import register_unfinished
     from sage_tfx.adaptive.workers import ProcessPlatform
-    from sage_tfx.cli.run import beam_options, iterator_settings, root_options
+    from sage_tfx.cli.run import beam_options, root_options, run_settings
     from sage_tfx.pipelines.runner import make_iterator
     from sage_tfx.pipelines.workers import build_worker_runner
     from sage_tfx.ingest.replay import Replay
@@ -330,7 +330,7 @@ def _run(args):
                                              rejection_share=args.rejection_share)
             else:
                 definition, runner = build_worker_runner(spec)
-                make_iterator(definition, ledger, runner, iterator_settings(args))
+                make_iterator(definition, ledger, runner, run_settings(args))
             runner.check_stream(schema)  # its SLA label a column of the stream
         if specs:
             runner.check_blocks(ledger)  # a registered block missing or altered under --data-root

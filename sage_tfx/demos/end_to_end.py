@@ -62,7 +62,7 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
     from sage_tfx.ingest.replay import Replay
     from sage_tfx.privacy import Ledger
     from sage_tfx.privacy.report import heatmap_png, status_table
-    from sage_tfx.adaptive import SageIterator
+    from sage_tfx.adaptive import IteratorSettings, SageIterator
 
     definition = pipelines.load_pipeline(PIPELINE)
     target = check_target(target)  # before any change
@@ -97,10 +97,10 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
                             runner=runner, model="logistic")
     say(f"[3/5] {PIPELINE} until ACCEPT: is the tip more than 20% of the fare? accuracy target {target:g}, "
         "confidence 0.95; one TFX run per iteration")
-    iterator = SageIterator(ledger, STREAM, PIPELINE, pipeline.run_iteration, eta=0.05,
-                            max_iterations=max_iterations, wait_for_blocks=wait_for_blocks,
-                            progress=lambda line: say("      " + line), request=pipeline.request(),
-                            **{**definition.defaults, **ITERATOR})
+    settings = IteratorSettings(**{**definition.defaults, **ITERATOR}, eta=0.05, max_iterations=max_iterations)
+    iterator = SageIterator(ledger, STREAM, PIPELINE, pipeline.run_iteration, settings=settings,
+                            wait_for_blocks=wait_for_blocks, progress=lambda line: say("      " + line),
+                            request=pipeline.request())
     result = iterator.run()
     say(f"      -> {result.outcome} after {len(result.iterations)} iteration(s); target {target:g}, bound "
         f"{'none' if result.bound is None else format(result.bound, '.4f')} (the validator's lower bound on "

@@ -7,6 +7,9 @@ One module per method; each charges the ledger, per block and before it reads, w
 - ``growth``: BBScheduler / BBImprover growth schedules and PMWG for linear queries (Cummings et al.).
 - DP-SGD noise schedules (Hong et al.) live with DP-SGD: ``sage_tfx.privacy.noise_schedules``.
 
+``open_release`` opens one strategy's ``ReleaseSession`` from its checked settings (``ContinualSettings``, ...): what
+`sage release` and `sage serve --release` run (docs/release_strategies.md).
+
 Importing this package imports no TensorFlow, and none of the modules until a name is used.
 """
 import importlib
@@ -23,6 +26,11 @@ _EXPORTS = {
     "BBScheduler": "growth", "BBImprover": "growth", "ScheduledRelease": "growth", "SchedulerParams": "growth",
     "ImproverParams": "growth", "PMWG": "growth", "PMWGParams": "growth", "Universe": "growth",
     "GrowthError": "growth", "clipped_mean": "growth", "count_query": "growth", "sum_query": "growth",
+    # `sage release`'s library: the checked settings of each strategy, and the session that releases block by block
+    "ReleaseSettings": "settings", "FeatureSettings": "settings", "ContinualSettings": "settings",
+    "IncrementalSettings": "settings", "GrowthSettings": "settings", "PMWGSettings": "settings",
+    "ReleaseInputError": "settings", "open_release": "session", "ReleaseSession": "session",
+    "SessionStatus": "session",
 }
 __all__ = sorted(_EXPORTS)
 

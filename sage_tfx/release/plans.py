@@ -20,7 +20,7 @@ from .growth import PMWG, BBImprover, BBScheduler, ImproverParams, PMWGParams, S
     Universe, clipped_mean
 from .incremental_regression import STRATEGY as INCREMENTAL, IncrementalRegression, IncrementalRegressionParams
 from .queries import parse_queries
-from .session import Plan, Status, new_summary, resume, spent_line
+from .session import Plan, SessionStatus, new_summary, resume, spent_line
 from .settings import (ContinualSettings, FeatureSettings, GrowthSettings, IncrementalSettings, PMWGSettings,
                        ReleaseInputError)
 
@@ -77,7 +77,7 @@ def plan_continual(s: ContinualSettings, ledger, schema: dict) -> Plan:
             pushed = push_model(s.push_dir, model, result, s.serving_dir) if s.push_dir else None
         except SageError as exc:  # e.g. a replay whose SLA computation differs: the ledger refuses it
             s.warn(f"error: block {block}: {exc}")
-            return Status.FAILED
+            return SessionStatus.FAILED
         sla = None if result is None else str(result.outcome)
         s.say(f"[{tag}] block {block}: t={model.t} kind={model.kind} {spent_line(grant, replayed)}"
               + (f" SLA {sla}" if sla else "") + _pushed_text(pushed, s.serving_dir))
@@ -188,7 +188,7 @@ def plan_pmwg(s: PMWGSettings, ledger, schema: dict) -> Plan:
                 ans = pm.query(weights)
             except SageError as exc:
                 s.warn(f"error: block {block}: query {k + 1}: {exc}")
-                return Status.FAILED
+                return SessionStatus.FAILED
             asked, hard = asked + 1, hard + ans.hard
             scale = pm.n * (float(q["bound"]) if "sum" in q else 1.0)
             summary["answers"].append({"t": t, "block": block, "query": k + 1, "fraction": ans.answer,

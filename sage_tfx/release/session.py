@@ -18,7 +18,7 @@ from sage_tfx.privacy.resume import ReplayingLedger, held, meta_diff
 from .settings import ReleaseInputError, ReleaseSettings
 
 
-class Status(enum.StrEnum):
+class SessionStatus(enum.StrEnum):
     """Where a session stands: OK while it can go on; REFUSED once the budget refused a block's charge (nothing
     charged for it); FAILED once a block failed after its charge (the charge stays spent). The CLI maps each to its
     exit code."""
@@ -31,7 +31,7 @@ class Status(enum.StrEnum):
 class Plan:
     """What a strategy's plan (``sage_tfx.release.plans``) returns, every check done and nothing charged: the
     summary it fills, ``observe(block)`` (the strategy's step: charge, then read), ``emit(block, output, replayed)``
-    (the block's line and summary entry; a Status if it failed after the charge, else None), the replaying ledger
+    (the block's line and summary entry; a SessionStatus if it failed after the charge, else None), the replaying ledger
     and the previous grants {block: grant} (``resume``); ``limit``: the most blocks the charge covers (a horizon),
     or None; ``finalize()``: the summary's last fields."""
 
@@ -94,10 +94,10 @@ def step(observe: Callable, block: str, warn: Callable[[str], None]):
         return observe(block), None
     except BudgetRefused as exc:
         warn(f"error: {exc}")
-        return None, Status.REFUSED
+        return None, SessionStatus.REFUSED
     except SageError as exc:
         warn(f"error: block {block}: {exc}")
-        return None, Status.FAILED
+        return None, SessionStatus.FAILED
 
 
 class Walk:
@@ -106,7 +106,7 @@ class Walk:
 
     def __init__(self, blocks: list, plan: Plan, settings: ReleaseSettings):
         self.blocks, self.plan, self.settings = blocks, plan, settings
-        self.status = Status.OK
+        self.status = SessionStatus.OK
 
     def __iter__(self):
         for block in self.blocks:
@@ -133,7 +133,7 @@ class ReleaseSession:
     def __init__(self, settings: ReleaseSettings, ledger, plan: Plan):
         self.settings, self.ledger, self.plan = settings, ledger, plan
         self.summary = plan.summary
-        self.status = Status.OK
+        self.status = SessionStatus.OK
         self._seen: set = set()  # blocks observed in this session (released or replayed)
 
     @property
@@ -161,9 +161,9 @@ class ReleaseSession:
                                "covers the horizon only); give a new --pipeline with a new --horizon")
         return blocks[:room]
 
-    def advance(self) -> Status:
+    def advance(self) -> SessionStatus:
         """Release every pending block; the session's status (OK while it can go on)."""
-        if self.status != Status.OK:
+        if self.status != SessionStatus.OK:
             return self.status
         walk = Walk(self._within_limit(self.pending()), self.plan, self.settings)
         for block, out, replayed in walk:

@@ -13,7 +13,7 @@ from sage_tfx.adaptive.workers import BlockWaiter, WorkerResult, die
 from sage_tfx.privacy import public_error_text
 from sage_tfx.privacy.keys import ENV_KEY_FILE
 
-from .session import Status, open_release
+from .session import SessionStatus, open_release
 from .settings import ReleaseSettings
 
 
@@ -61,8 +61,8 @@ def release_worker_main(spec: ReleaseSpec, conn) -> None:
         try:
             while True:
                 status = session.advance()
-                if status != Status.OK:
-                    why = ("the budget refused a block's charge (nothing charged for it)" if status == Status.REFUSED
+                if status != SessionStatus.OK:
+                    why = ("the budget refused a block's charge (nothing charged for it)" if status == SessionStatus.REFUSED
                            else "a block failed after its charge")
                     conn.send(("failed", f"{why}; {session.observed} block(s) released before it ({status})"))
                     conn.close()
