@@ -202,12 +202,12 @@ def audit_spend(report, budget, num_examples):
     """Check a spend report against the run's (epsilon, delta); return (audited epsilon, accounting).
 
     Compositions of Gaussian mechanisms (AdaSSP's grid-Gaussian releases) are accounted by their RDP curve, the
-    only guarantee their proof gives (``adassp.gaussian_type_epsilon``), whatever accountant the report names.
+    only guarantee their proof gives (``gaussian.rdp_event_epsilon``), whatever accountant the report names.
     Anything else (DP-SGD's Poisson-sampled Gaussian) goes through dp_accounting's RDP accountant, or PLD if the
     model used PLD.
     """
     from sage_tfx.components.trainer_utils import event_from_json
-    from sage_tfx.privacy.adassp import gaussian_type_epsilon
+    from sage_tfx.privacy import gaussian
     from sage_tfx.privacy.dpsgd import event_epsilon
 
     epsilon, delta = budget
@@ -231,7 +231,7 @@ def audit_spend(report, budget, num_examples):
     if accounting not in ("rdp", "pld"):
         raise SpendError(f"accountant {accounting!r} is unknown: use 'rdp' or 'pld'")
     if _gaussian_multipliers(event):  # AdaSSP's grid-Gaussian releases: proven through their Renyi divergences only
-        audited, accounting = gaussian_type_epsilon(event, spent_delta), "rdp"
+        audited, accounting = gaussian.rdp_event_epsilon(event, spent_delta), "rdp"
     else:
         audited = event_epsilon(event, spent_delta, accounting) if spent_delta > 0 else math.inf
     if not audited <= epsilon * (1 + RELATIVE_SLACK):

@@ -76,7 +76,7 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from sage_tfx.privacy import checks
+from sage_tfx.privacy import checks, gaussian
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian
@@ -258,34 +258,12 @@ def private_erm(x: np.ndarray, y: np.ndarray, *, params: ReleaseParams, blocks: 
 
 
 # ------------------------------------------------------------------ accounting
-def calibrate_z_eff(epsilon: float, delta: float) -> float:
-    """Smallest Gaussian noise multiplier that is (epsilon, delta)-DP under the RDP accountant."""
-    import dp_accounting
-    from dp_accounting.mechanism_calibration import ExplicitBracketInterval, calibrate_dp_mechanism
-
-    from sage_tfx.privacy.curves import calibration_accountant
-
-    return float(calibrate_dp_mechanism(
-        calibration_accountant, lambda z: dp_accounting.GaussianDpEvent(z), epsilon, delta,
-        ExplicitBracketInterval(1e-3, 1e4), tol=1e-6))
-
-
 def participation_sum(strategy: Strategy, window: Optional[int] = None) -> float:
     """c with 1/z_eff^2 = c / z^2: a record's worst-case sum over its releases of 1/(z 2^j)^2, times z^2."""
     if Strategy(strategy) is Strategy.CUMULATIVE:
         return 4.0 / 3.0
     levels = int(math.floor(math.log2(window)))
     return sum(4.0 ** -j for j in range(levels + 1))
-
-
-def rdp_epsilon(z_eff: float, delta: float) -> float:
-    import dp_accounting
-
-    from sage_tfx.privacy.curves import calibration_accountant
-
-    acc = calibration_accountant()
-    acc.compose(dp_accounting.GaussianDpEvent(z_eff))
-    return float(acc.get_epsilon(delta))
 
 
 # ------------------------------------------------------------------ the strategies
@@ -325,7 +303,7 @@ class _Base:
         self._check_window(params)
         self.ledger, self.stream, self.pipeline, self.params = ledger, stream, pipeline, params
         self.reader, self.dim = reader, int(dim)
-        self.z_eff = calibrate_z_eff(params.epsilon, params.delta)
+        self.z_eff = gaussian.rdp_multiplier(params.epsilon, params.delta)
         self.z = self.z_eff * math.sqrt(participation_sum(self.strategy, params.window))
         self.sigma = self.z * sensitivity(params, 1)  # the same sigma for every release
         self.grants: dict[str, object] = {}

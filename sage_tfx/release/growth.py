@@ -97,7 +97,7 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from sage_tfx.privacy import checks
+from sage_tfx.privacy import checks, gaussian
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.draws import ZCDP_RUN_DELTA_SHARE as ZCDP_SHARE, zcdp_filter
 from sage_tfx.privacy.errors import LedgerError, SageError
@@ -125,13 +125,6 @@ def _int_at_least(name: str, value, low: int, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise GrowthError(f"{name} {value!r} is invalid: {fix}")
     return int(value)
-
-
-def rho_for(epsilon: float, delta: float) -> float:
-    """rho with rho-zCDP => (epsilon, delta)-DP: 1/(2 z^2), z calibrated by dp-accounting (RDP, Gaussian)."""
-    from sage_tfx.release.continual import calibrate_z_eff
-
-    return 1.0 / (2.0 * calibrate_z_eff(epsilon, delta) ** 2)
 
 
 @dataclass(frozen=True)
@@ -230,7 +223,7 @@ class BBScheduler:
             raise GrowthError(f"approximate runs need composition 'zcdp' and delta > 0, not composition "
                               f"{params.composition!r} with delta {params.delta!r}")
         self.params, self.approximate = params, bool(approximate)
-        self.rho = rho_for(params.epsilon, params.delta) if params.mode is Mode.ZCDP and not approximate else None
+        self.rho = gaussian.zcdp_rho(params.epsilon, params.delta) if params.mode is Mode.ZCDP and not approximate else None
         self.c = None
         if self.approximate:
             r, n = 1.0 / (1.0 + params.gamma), 400
@@ -336,7 +329,7 @@ class BBImprover:
             head = np.arange(t0, end, dtype=float) ** -(0.5 + a)
             self.c = filter_scale(params.epsilon, params.delta, head, (end - 1) ** (-2 * a) / (2 * a))
             return
-        self.rho = rho_for(params.epsilon, params.delta)
+        self.rho = gaussian.zcdp_rho(params.epsilon, params.delta)
         tail = t0 ** -(1 + 2 * a) + t0 ** (-2 * a) / (2 * a)  # >= sum_{t >= t0} t^-(1+2a)
         self.c = math.sqrt(2.0 * self.rho / tail)
 
@@ -387,7 +380,7 @@ def clipped_mean(bound: float, rows_per_block: int) -> "Mechanism":
     epsilon, so each run is (epsilon, 0)-DP exactly (docs/noise.md), as the schedules' analysis needs of its
     black box (the paper's Section 3: an epsilon-DP static algorithm). Called with ``delta > 0`` (a basic-mode
     BBScheduler run), it adds ``samplers.grid_gaussian_sum`` noise of sigma = z bound / n instead, z the Gaussian
-    multiplier dp-accounting's RDP accountant calibrates to (epsilon, delta) (``continual.calibrate_z_eff``):
+    multiplier dp-accounting's RDP accountant calibrates to (epsilon, delta) (``gaussian.rdp_multiplier``):
     the grid release keeps the continuous Gaussian's rho-zCDP, hence its RDP curve and (epsilon, delta)."""
     bound = _positive("bound", bound, "give the column's public upper bound B > 0 (values are clipped to [0, B])")
     m = _int_at_least("rows_per_block", rows_per_block, 1, "give the declared (public) rows per block >= 1")
@@ -398,9 +391,7 @@ def clipped_mean(bound: float, rows_per_block: int) -> "Mechanism":
         # grid by the release (never a float64 sum first: its rounding would depend on the other records)
         shares = np.concatenate([np.clip(np.asarray(b, dtype=float).ravel(), 0.0, bound) for b in blocks]) / n
         if delta > 0:  # (epsilon, delta)-DP: the Gaussian multiplier z calibrated by dp-accounting (RDP)
-            from sage_tfx.release.continual import calibrate_z_eff
-
-            sigma = calibrate_z_eff(epsilon, delta) * bound / n
+            sigma = gaussian.rdp_multiplier(epsilon, delta) * bound / n
             return float(grid_gaussian_sum(shares, bound / n, sigma, rng=rng)[0])
         return float(grid_laplace_sum(shares, bound / n, epsilon, rng=rng)[0])
 
