@@ -27,6 +27,7 @@ from sage_tfx.privacy.samplers import secure_rng
 from sage_tfx.privacy import GrantError, grant_split, require_budget, require_side, stage_budget
 from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError
+from sage_tfx.release.blessing import write_blessing
 
 SAVED_MODEL_FILE = "saved_model.pb"  # hashed in canonical form by model_digest
 FINGERPRINT_FILE = "fingerprint.pb"  # derived from the other files plus a random uuid: not hashed
@@ -36,7 +37,6 @@ LOSS_METRICS = ("mse", "mae", "log_loss", "custom")  # "custom": the user's per-
 DEFAULT_LOSS_FUNCTION = "per_example_loss"
 LOG_LOSS_FLOOR = 1e-7  # probabilities are kept in [floor, 1 - floor], so a log loss is <= ln(1/floor)
 RESULT_FILE = "result.json"
-BLESSED_FILE, NOT_BLESSED_FILE = "BLESSED", "NOT_BLESSED"  # as tfx.components.evaluator.constants
 STAGE, REJECT_STAGE = "validation", "rejection"  # the ACCEPT test on the test split, the REJECT test on train
 BATCH = 4096
 
@@ -471,20 +471,6 @@ def _class_ids(labels, k):
 
 # ---------------------------------------------------------------- outputs
 
-def write_blessing(blessing, model, accepted):
-    """The layout TFX's Evaluator writes and its Pusher reads: a BLESSED / NOT_BLESSED file in the URI,
-    custom property ``blessed`` = 1 / 0, ``current_model`` (URI) and ``current_model_id``."""
-    import tensorflow as tf
-
-    tf.io.gfile.makedirs(blessing.uri)
-    with tf.io.gfile.GFile(os.path.join(blessing.uri, BLESSED_FILE if accepted else NOT_BLESSED_FILE), "w") as f:
-        f.write("")
-    blessing.set_int_custom_property("blessed", 1 if accepted else 0)
-    blessing.set_string_custom_property("current_model", model.uri)
-    if model.id:
-        blessing.set_int_custom_property("current_model_id", model.id)
-
-
 def write_result(artifact, report):
     import tensorflow as tf
 
@@ -563,5 +549,6 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
             "label_threshold": plan["label_threshold"], "loss_module": plan.get("loss_module"),
             "computation": computation, **confidence_report(grant, plan, result.eta),
         })
-        write_blessing(artifact_utils.get_single_instance(output_dict["blessing"]), model, result.accepted)
+        blessing = artifact_utils.get_single_instance(output_dict["blessing"])
+        write_blessing(blessing.uri, model.uri, model.id, result.accepted, artifact=blessing)
         write_result(artifact_utils.get_single_instance(output_dict["validation_result"]), report)

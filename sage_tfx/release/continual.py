@@ -80,6 +80,7 @@ from sage_tfx.privacy import checks, gaussian
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian
+from sage_tfx.release.blessing import SERVING_MODEL_DIR, push_blessed, write_blessing
 
 XI = 1e-6  # solver tolerance, relative to L/N (see the module docstring)
 STAGE = "training"
@@ -546,11 +547,6 @@ def check_sla(release: "_Base", model: "Released", validator) -> object:
     return validator.validate(losses, rng=rng)
 
 
-SERVING_MODEL_DIR = "Format-Serving"  # tfx.utils.path_constants.SERVING_MODEL_DIR: what TFX's Pusher copies
-BLESSED_FILE, NOT_BLESSED_FILE = "BLESSED", "NOT_BLESSED"  # as components/dp_model_validator_executor.py
-BLESSING_PROPERTIES = "blessing.json"  # the ModelBlessing's custom properties, for a reader without MLMD
-
-
 @dataclass(frozen=True)
 class Pushed:
     """Where ``push_model`` put a released model: its Model artifact URI, its ModelBlessing URI, whether it was
@@ -560,57 +556,6 @@ class Pushed:
     blessing_uri: str
     blessed: bool
     pushed_to: Optional[str]
-
-
-def write_blessing(blessing_uri: str, model_uri: str, model_id: int, accepted: bool,
-                   outcome: Optional[str] = None) -> str:
-    """A ModelBlessing in the layout Sage's DPModelValidator writes (components/dp_model_validator_executor.py,
-    ``write_blessing``) and TFX's Pusher reads: a BLESSED / NOT_BLESSED file in the URI and the custom properties
-    ``blessed`` = 1 / 0, ``current_model`` (the model's URI), ``current_model_id`` -- here also written to
-    blessing.json (with the SLA ``outcome``), since no MLMD store holds them. No TensorFlow."""
-    import os
-
-    os.makedirs(blessing_uri, exist_ok=True)
-    for stale in (BLESSED_FILE, NOT_BLESSED_FILE):  # a replay rewrites the same outcome; never leave both
-        if os.path.exists(os.path.join(blessing_uri, stale)):
-            os.remove(os.path.join(blessing_uri, stale))
-    with open(os.path.join(blessing_uri, BLESSED_FILE if accepted else NOT_BLESSED_FILE), "w"):
-        pass
-    with open(os.path.join(blessing_uri, BLESSING_PROPERTIES), "w") as f:
-        json.dump({"blessed": 1 if accepted else 0, "current_model": model_uri, "current_model_id": int(model_id),
-                   "sla_outcome": outcome}, f, indent=1, sort_keys=True)
-    return blessing_uri
-
-
-def is_blessed(blessing_uri: str) -> bool:
-    """TFX Pusher's CheckBlessing on our ModelBlessing: ``blessed`` == 1 and the BLESSED file, nothing else."""
-    import os
-
-    try:
-        with open(os.path.join(blessing_uri, BLESSING_PROPERTIES)) as f:
-            props = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return props.get("blessed") == 1 and os.path.exists(os.path.join(blessing_uri, BLESSED_FILE)) and \
-        not os.path.exists(os.path.join(blessing_uri, NOT_BLESSED_FILE))
-
-
-def push_blessed(model_uri: str, blessing_uri: str, serving_dir: str, version: int) -> Optional[str]:
-    """Our push path, as TFX's Pusher does it: only if ``is_blessed(blessing_uri)``, copy the model's serving
-    directory (model_uri/Format-Serving) to serving_dir/<version>/ (an existing version is kept, as Pusher
-    skips an existing destination). Returns the serving path, or None when the model is not blessed."""
-    import os
-    import shutil
-
-    if not is_blessed(blessing_uri):
-        return None
-    target = os.path.join(serving_dir, str(int(version)))
-    if not os.path.exists(target):
-        tmp = target + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(os.path.join(model_uri, SERVING_MODEL_DIR), tmp)
-        os.replace(tmp, target)  # atomic: a serving system never sees a half-copied version
-    return target
 
 
 def push_model(push_dir: str, model: "Released", result=None, serving_dir: Optional[str] = None) -> Pushed:
@@ -631,7 +576,7 @@ def push_model(push_dir: str, model: "Released", result=None, serving_dir: Optio
         json.dump(info, f, indent=1)
     accepted = result is None or outcome == "ACCEPT"
     blessing_uri = write_blessing(os.path.join(push_dir, f"blessing-{model.t:06d}"), model_uri, model.t, accepted,
-                                  outcome)
+                                  outcome=outcome)
     pushed = push_blessed(model_uri, blessing_uri, serving_dir, model.t) if serving_dir else None
     return Pushed(model_uri, blessing_uri, accepted, pushed)
 
