@@ -27,6 +27,7 @@ from sage_tfx.components._grant_channel import ADDRESS, GrantClient, channel_cli
 from sage_tfx.privacy import GrantError, Ledger, grant_split, record_split
 from sage_tfx.privacy.digests import computation_digest, data_digest
 from sage_tfx.privacy.checks import positive
+from sage_tfx.privacy.grants import require_registered
 
 # The execution-parameter keys every data-reading component spec declares (components/_spec.py).
 GRANT_KEY = "grant"
@@ -186,11 +187,7 @@ def verify_grant(ledger, grant_json, stream=None, epsilon=None, delta=None):
     """``check_grant`` on an open ``Ledger``: the ledger's copy of the grant, or GrantError."""
     _require_grant(grant_json)
     grant = ledger.verify(grant_json, stream=stream, epsilon=epsilon, delta=delta)
-    registered = {b.id for b in ledger.blocks(grant.stream)}
-    missing = [b for b in grant.blocks if b not in registered]
-    if missing:
-        raise GrantError(f"grant {grant.id!r} names block(s) not registered in stream {grant.stream!r}: "
-                         f"{', '.join(missing)}")
+    require_registered(ledger, grant)
     grant_split(grant)  # its split composes to at most its charge (GrantError otherwise)
     record_split(grant)  # the records it reads are split by a signed rule (a parallel grant without one: refused)
     return grant

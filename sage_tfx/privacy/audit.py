@@ -52,7 +52,7 @@ from .draws import DrawReplay, audit_draw
 from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
 from .grants import Grant, cap_text, capped, grant_budget, older_rdp, stage_cap
-from .split import SLACK, BudgetSplit
+from .split import SLACK, BudgetSplit, over_budget
 from .store import sql
 from .vocabulary import Accounting, BlockState, PipelineState, Source
 from .chain import GENESIS, TRUSTED_READ, canonical as _canonical, chain_hash
@@ -543,13 +543,13 @@ def _check_release_totals(grants, releases, streams, problems):
             if len(spent) > 1:
                 problems.append(f"grant {gid!r} is single-stage but stages {sorted(spent)} each released under it")
             for stage, (eps, dlt) in spent.items():
-                if eps > epsilon * (1 + SLACK) or dlt > delta * (1 + SLACK):
+                if over_budget(eps, dlt, (epsilon, delta)):
                     problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
                                     f"more than the charge (epsilon={epsilon:.6g}, delta={delta:.3g}){why}")
             continue
         for stage, (eps, dlt) in spent.items():
             share = split.stage_budget(stage)
-            if eps > share[0] * (1 + SLACK) or dlt > share[1] * (1 + SLACK):
+            if over_budget(eps, dlt, share):
                 problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
                                 f"more than its share (epsilon={share[0]:.6g}, delta={share[1]:.3g}){why}")
         total = split.composed({s: e for s, (e, _) in spent.items()})

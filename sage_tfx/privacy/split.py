@@ -428,10 +428,17 @@ def stage_budget(grant, stage: str) -> tuple[float, float]:
     return split.stage_budget(stage)
 
 
+def over_budget(epsilon: float, delta: float, allowed: tuple[float, float]) -> bool:
+    """True iff a stage's (``epsilon``, ``delta``) is more than ``allowed`` (its share, or a single-stage grant's
+    whole budget) beyond float round-off (relative ``SLACK``): the one comparison the components' doors
+    (``require_budget``), ``Ledger.release`` and the audit make."""
+    return float(epsilon) > allowed[0] * (1 + SLACK) or float(delta) > allowed[1] * (1 + SLACK)
+
+
 def require_budget(grant, stage: str, epsilon: float, delta: float = 0.0) -> tuple[float, float]:
     """Refuse (GrantError), before any data is read, a stage that asks more than its share of the grant."""
     have_epsilon, have_delta = stage_budget(grant, stage)
-    if float(epsilon) > have_epsilon * (1 + SLACK) or float(delta) > have_delta * (1 + SLACK) + 1e-300:
+    if over_budget(epsilon, delta, (have_epsilon, have_delta)):
         raise GrantError(
             f"the {stage} stage asks for (epsilon={float(epsilon):.6g}, delta={float(delta):.3g}) but grant "
             f"{grant.id!r} covers only (epsilon={have_epsilon:.6g}, delta={have_delta:.3g}) for {stage}")
