@@ -26,6 +26,7 @@ from sage_tfx.ingest.access import grant_block_keys
 from sage_tfx.privacy import Grant, GrantError, Ledger, LedgerError
 from sage_tfx.privacy.errors import StorageError
 from sage_tfx.privacy.grants import registered_blocks
+from sage_tfx.privacy.vocabulary import Stage
 
 
 class GrantServer:
@@ -129,7 +130,7 @@ class GrantServer:
         self._granted(request)
         released = _grant.released_record_count(self.ledger, self.grant)
         if released is not None:
-            self.opened.add("count")
+            self.opened.add(Stage.COUNT)
         return released
 
 

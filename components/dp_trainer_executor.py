@@ -41,8 +41,9 @@ from sage_tfx.components.dp_transform_executor import COMPUTATION_PROPERTY
 from sage_tfx.components.user_modules import load_user_fn, sibling_sources
 from sage_tfx.privacy import GrantError, grant_split, require_budget, require_side, stage_budget
 from sage_tfx.privacy.checks import number
+from sage_tfx.privacy.vocabulary import Side, Stage
 
-STAGE = "training"
+STAGE = Stage.TRAINING
 # Execution parameters that define the training computation (the grant and the ledger are not part of it).
 COMPUTATION_PROPERTIES = ("custom_config", "train_args", "eval_args", "epsilon", "delta", "public_num_examples")
 RELATIVE_SLACK = 1e-6  # float round-off allowed when re-accounting a calibrated spend
@@ -350,7 +351,7 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
                                  what=f"the {item.type_name} artifact was made", required=item is examples)
         run.check_examples_data(examples, "DPTrainer")
         train_splits = train_split_names(exec_properties)
-        require_side(grant, train_splits, "training", "DPTrainer (train_args.splits)")
+        require_side(grant, train_splits, Side.TRAINING, "DPTrainer (train_args.splits)")
         budget = asked_budget(exec_properties, grant)
         num_examples, count_source = training_count(run.ledger, grant, examples, train_splits,
                                                      exec_properties.get("public_num_examples"))

@@ -51,6 +51,8 @@ import argparse
 import os
 import sys
 
+from sage_tfx.privacy.vocabulary import BlockState, Outcome
+
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from ._exits import OUTCOME_EXIT_CODES as EXIT_CODES
 from ._keys import add_key_file, ledger_location
@@ -272,7 +274,7 @@ def _run(args):
               "--db ... --stream ... --data-root ...`", file=sys.stderr)
         return EXIT_FAILED
     ledger.close()
-    pushed = f"; model pushed to {pushed_model_path(runner.config.serving_dir)}" if result.outcome == "ACCEPT" else ""
+    pushed = f"; model pushed to {pushed_model_path(runner.config.serving_dir)}" if result.outcome == Outcome.ACCEPT else ""
     print(f"{iterator.pipeline}: {result.describe()}{pushed}", flush=True)
     return EXIT_CODES[result.outcome]
 
@@ -447,7 +449,7 @@ class PipelineRunner:
         from sage_tfx.privacy.errors import RefusedBeforeCharge
 
         if blocks is None:
-            blocks = [b.id for b in ledger.blocks(self.config.stream, "active")]
+            blocks = [b.id for b in ledger.blocks(self.config.stream, BlockState.ACTIVE)]
         try:
             access.check_blocks(ledger, self.config.data_root, self.config.stream, blocks)
         except sealed.SealedError as exc:

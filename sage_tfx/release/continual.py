@@ -80,10 +80,11 @@ from sage_tfx.privacy import checks, gaussian
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.samplers import as_secure_rng, grid_gaussian
+from sage_tfx.privacy.vocabulary import ChargeRule, Outcome, Stage
 from sage_tfx.release.blessing import SERVING_MODEL_DIR, push_blessed, write_blessing
 
 XI = 1e-6  # solver tolerance, relative to L/N (see the module docstring)
-STAGE = "training"
+STAGE = Stage.TRAINING
 MAX_ITERATIONS = 200_000
 
 
@@ -325,7 +326,6 @@ class _Base:
 
     def _split(self):
         from sage_tfx.privacy.split import BudgetSplit
-        from sage_tfx.privacy.vocabulary import ChargeRule
 
         if self.validation_epsilon is None:
             return None
@@ -539,7 +539,7 @@ def check_sla(release: "_Base", model: "Released", validator) -> object:
     bound = bound_to_data(release.fingerprint, release.ledger, grant)
     fingerprint = hashlib.sha256((bound + "/sla/" + model.weights.tobytes().hex() +
                                   json.dumps(getattr(validator, "target", None))).encode()).hexdigest()
-    release.ledger.release(grant, "validation", fingerprint, release.validation_epsilon, 0.0)
+    release.ledger.release(grant, Stage.VALIDATION, fingerprint, release.validation_epsilon, 0.0)
     x, y = release.tests[block]  # none at all is validated too (noise only): no count of 0 in the result
     z = x @ model.weights
     losses = (np.logaddexp(0.0, -y * z) if release.params.loss is Loss.LOGISTIC else 0.5 * (z - y) ** 2)
@@ -574,7 +574,7 @@ def push_model(push_dir: str, model: "Released", result=None, serving_dir: Optio
     info = {"t": model.t, "blocks": model.blocks, "kind": model.kind, "sla_outcome": outcome}
     with open(os.path.join(serving, "model.json"), "w") as f:
         json.dump(info, f, indent=1)
-    accepted = result is None or outcome == "ACCEPT"
+    accepted = result is None or outcome == Outcome.ACCEPT
     blessing_uri = write_blessing(os.path.join(push_dir, f"blessing-{model.t:06d}"), model_uri, model.t, accepted,
                                   outcome=outcome)
     pushed = push_blessed(model_uri, blessing_uri, serving_dir, model.t) if serving_dir else None
