@@ -89,7 +89,7 @@ def _compare(args):
         from sage_tfx.privacy.allocation import get_policy
 
         for n in (args.fig8_n, args.micro_n):
-            get_policy(Policy.DPF_N, {"n": n})
+            get_policy(Policy.DPF_N.value, {"n": n})
     except (ValueError, LedgerError) as exc:
         print(f"sage simulate: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

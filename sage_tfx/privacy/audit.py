@@ -265,7 +265,7 @@ class _QueueReplay:
                 rules = get_policy(config["policy"], config.get("policy_params"))
             except LedgerError as exc:
                 self.problems.append(f"stream {stream!r}: its policy cannot be applied ({exc})")
-                rules = get_policy(Policy.CONSERVE)
+                rules = get_policy(Policy.CONSERVE.value)
             self._rules[stream] = rules
         return rules
 

@@ -312,6 +312,7 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
     if composition not in COMPOSITIONS:
         raise LedgerError(f"composition {composition!r} is unknown: give 'basic' (sums of epsilon and delta) or "
                           "'zcdp' (approximate zCDP through the RDP filter; privacy/draws.py)")
+    composition = Composition(composition).value  # the plain string the grant records and messages name
     if not isinstance(schedule, str) or not 0 < len(schedule) <= 256:
         raise LedgerError(f"schedule {schedule!r} must be the schedule's fingerprint (1-256 characters)")
     meta = dict(meta or {})

@@ -259,7 +259,7 @@ def scheduler_from_options(options: dict, source: str = "the schedule", strategy
         if strategy == "bbimprover":
             return BBImprover(ImproverParams(**options), approximate=True)
         # the parameters checked before BBScheduler calibrates anything
-        params = _check_params(SchedulerParams(**{"composition": Composition.BASIC, **options}))
+        params = _check_params(SchedulerParams(**{"composition": Composition.BASIC.value, **options}))
         return BBScheduler(params, approximate=params.mode is Composition.ZCDP)
     except GrowthError as exc:
         raise GrowthError(f"{source}: {exc}") from None
