@@ -27,6 +27,8 @@ from sage_tfx.components._grant_channel import ADDRESS, GrantClient, channel_cli
 from sage_tfx.privacy import GrantError, Ledger, grant_split, record_split
 from sage_tfx.privacy.digests import computation_digest, data_digest
 from sage_tfx.privacy.checks import positive
+from sage_tfx.privacy.grants import require_registered
+from sage_tfx.privacy.vocabulary import Stage
 
 # The execution-parameter keys every data-reading component spec declares (components/_spec.py).
 GRANT_KEY = "grant"
@@ -53,8 +55,9 @@ def _connection(ledger):
             yield opened
 
 # The noise seed's purpose for each stage (Ledger.private_seed): one seed per grant and stage.
-SEED_PURPOSES = {"preprocessing": "preprocessing", "count": "record_count", "training": "training",
-                 "rejection": "validation", "validation": "validation"}
+SEED_PURPOSES = {Stage.PREPROCESSING: Stage.PREPROCESSING.value, Stage.COUNT: "record_count",
+                 Stage.TRAINING: Stage.TRAINING.value, Stage.REJECTION: Stage.VALIDATION.value,
+                 Stage.VALIDATION: Stage.VALIDATION.value}
 
 
 def _renamer(rename: dict, before: str = r"\b", after: str = r"\b"):
@@ -186,11 +189,7 @@ def verify_grant(ledger, grant_json, stream=None, epsilon=None, delta=None):
     """``check_grant`` on an open ``Ledger``: the ledger's copy of the grant, or GrantError."""
     _require_grant(grant_json)
     grant = ledger.verify(grant_json, stream=stream, epsilon=epsilon, delta=delta)
-    registered = {b.id for b in ledger.blocks(grant.stream)}
-    missing = [b for b in grant.blocks if b not in registered]
-    if missing:
-        raise GrantError(f"grant {grant.id!r} names block(s) not registered in stream {grant.stream!r}: "
-                         f"{', '.join(missing)}")
+    require_registered(ledger, grant)
     grant_split(grant)  # its split composes to at most its charge (GrantError otherwise)
     record_split(grant)  # the records it reads are split by a signed rule (a parallel grant without one: refused)
     return grant
@@ -273,7 +272,7 @@ def released_record_count(ledger, grant):
     with _connection(ledger) as opened:
         if isinstance(opened, GrantClient):  # a confined run: the server releases it (no exact count leaves it)
             return opened.released_record_count(grant)
-        rng = secure_rng(open_release(opened, grant, "count",
+        rng = secure_rng(open_release(opened, grant, Stage.COUNT,
                                       computation_digest(RECORD_COUNT_COMPUTATION, list(grant.blocks)), eps),
                          "record_count")
         exact = sum(opened.private_row_count(grant.stream, b) or 0 for b in grant.blocks)

@@ -25,6 +25,8 @@ from sage_tfx.components._grant_channel import MAX_MESSAGE
 from sage_tfx.ingest.access import grant_block_keys
 from sage_tfx.privacy import Grant, GrantError, Ledger, LedgerError
 from sage_tfx.privacy.errors import StorageError
+from sage_tfx.privacy.grants import registered_blocks
+from sage_tfx.privacy.vocabulary import Stage
 
 
 class GrantServer:
@@ -96,8 +98,7 @@ class GrantServer:
     def _blocks(self, request):
         if request.get("stream") != self.grant.stream:
             raise GrantError(f"this run is granted blocks of stream {self.grant.stream!r} only")
-        registered = {b.id for b in self.ledger.blocks(self.grant.stream)}
-        return [b for b in self.grant.blocks if b in registered]
+        return registered_blocks(self.ledger, self.grant)
 
     def _block_digest(self, request):
         return self.ledger.block_digest(self.grant.stream, self._granted_block(request))
@@ -129,7 +130,7 @@ class GrantServer:
         self._granted(request)
         released = _grant.released_record_count(self.ledger, self.grant)
         if released is not None:
-            self.opened.add("count")
+            self.opened.add(Stage.COUNT)
         return released
 
 

@@ -27,17 +27,17 @@ from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy import GrantError, grant_split, require_budget, require_side, stage_budget
 from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError
+from sage_tfx.release.blessing import write_blessing
+from sage_tfx.privacy.vocabulary import LOG_LOSS_FLOOR, Metric, Side, Stage
 
 SAVED_MODEL_FILE = "saved_model.pb"  # hashed in canonical form by model_digest
 FINGERPRINT_FILE = "fingerprint.pb"  # derived from the other files plus a random uuid: not hashed
 
-METRICS = ("mse", "mae", "log_loss", "accuracy", "custom")
-LOSS_METRICS = ("mse", "mae", "log_loss", "custom")  # "custom": the user's per-example loss, clipped to [0, B]
+METRICS = tuple(m.value for m in Metric)
+LOSS_METRICS = tuple(m.value for m in Metric if m.is_loss)  # custom: the user's per-example loss, clipped to [0, B]
 DEFAULT_LOSS_FUNCTION = "per_example_loss"
-LOG_LOSS_FLOOR = 1e-7  # probabilities are kept in [floor, 1 - floor], so a log loss is <= ln(1/floor)
 RESULT_FILE = "result.json"
-BLESSED_FILE, NOT_BLESSED_FILE = "BLESSED", "NOT_BLESSED"  # as tfx.components.evaluator.constants
-STAGE, REJECT_STAGE = "validation", "rejection"  # the ACCEPT test on the test split, the REJECT test on train
+STAGE, REJECT_STAGE = Stage.VALIDATION, Stage.REJECTION  # the ACCEPT test on the test split, the REJECT test on train
 BATCH = 4096
 
 
@@ -62,7 +62,7 @@ def validation_plan(exec_properties, grant):
     target = _number("target", exec_properties.get("target"))
     loss_bound = exec_properties.get("loss_bound")
     if metric in LOSS_METRICS:
-        if loss_bound is None and metric == "log_loss":
+        if loss_bound is None and metric == Metric.LOG_LOSS:
             loss_bound = math.log(1.0 / LOG_LOSS_FLOOR)
         if loss_bound is None:
             raise ValidatorConfigError(f"metric {metric!r} needs loss_bound B (losses are clipped to [0, B])")
@@ -98,9 +98,9 @@ def validation_plan(exec_properties, grant):
         require_budget(grant, REJECT_STAGE, train_epsilon)
 
     eval_split = exec_properties.get("eval_split") or "eval"
-    require_side(grant, [eval_split], "test", "the validator's ACCEPT test (eval_split)")
+    require_side(grant, [eval_split], Side.TEST, "the validator's ACCEPT test (eval_split)")
     if train_split is not None:
-        require_side(grant, [train_split], "training", "the validator's REJECT test (train_split)")
+        require_side(grant, [train_split], Side.TRAINING, "the validator's REJECT test (train_split)")
 
     confidence = exec_properties.get("confidence")
     confidence = 0.95 if confidence is None else _number("confidence", confidence)
@@ -122,7 +122,7 @@ def custom_loss_plan(metric, loss_module, loss_function):
     (part of the validation's fingerprint), checked before any data is read; {} for the other metrics."""
     import hashlib
 
-    if metric != "custom":
+    if metric != Metric.CUSTOM:
         if loss_module or loss_function:
             raise ValidatorConfigError(f"loss_module {loss_module!r} / loss_function {loss_function!r} apply to "
                                        "metric 'custom' only")
@@ -167,7 +167,7 @@ def make_validator(plan):
     """The Sage-mode validator of the plan's metric (errors from the library name bad values)."""
     from sage_tfx.validation import DPAccuracyValidator, DPLossValidator
 
-    if plan["metric"] == "accuracy":
+    if plan["metric"] == Metric.ACCURACY:
         return DPAccuracyValidator(plan["target"], plan["epsilon"], plan["confidence"],
                                    train_epsilon=plan["train_epsilon"])
     return DPLossValidator(plan["target"], plan["epsilon"], plan["confidence"], loss_bound=plan["loss_bound"],
@@ -403,7 +403,7 @@ def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=
 
     from sage_tfx.validation import absolute_errors, correctness, log_losses, squared_errors
 
-    if metric == "custom":
+    if metric == Metric.CUSTOM:
         return custom_losses(loss_fn, labels, outputs, loss_bound)
 
     if prediction_key is not None:
@@ -411,29 +411,29 @@ def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=
             raise ValidatorConfigError(f"prediction_key {prediction_key!r} is not an output of the signature "
                                        f"(outputs: {sorted(outputs)})")
         out = outputs[prediction_key]
-    elif metric in ("mse", "mae"):
+    elif metric in (Metric.MSE, Metric.MAE):
         out = _pick(outputs, ("predictions",), metric)
-    elif metric == "log_loss":
+    elif metric == Metric.LOG_LOSS:
         out = _pick(outputs, ("probabilities",), metric)
     else:
         out = _pick(outputs, ("classes", "probabilities", "predictions"), metric)
     out = np.asarray(out, dtype=np.float64)
 
-    if metric == "mse":
+    if metric == Metric.MSE:
         return squared_errors(labels, out, loss_bound=loss_bound)
-    if metric == "mae":
+    if metric == Metric.MAE:
         return absolute_errors(labels, out, loss_bound=loss_bound)
     if out.ndim == 2 and out.shape[1] > 1:  # multi-class probabilities
         labels = np.asarray(labels, dtype=np.float64).reshape(-1)
         classes = _class_ids(labels, out.shape[1])  # -1 where the label is not finite or not a class id
         bad = (classes < 0) | ~np.all(np.isfinite(out), axis=1)
         safe = np.where(bad, 0, classes)
-        if metric == "accuracy":
+        if metric == Metric.ACCURACY:
             return ((np.argmax(np.where(bad[:, None], 0.0, out), axis=1) == safe) & ~bad).astype(np.float64)
         worst = -math.log(LOG_LOSS_FLOOR) if loss_bound is None else loss_bound
         picked = np.where(bad, 1.0, out[np.arange(len(safe)), safe])
         return np.where(bad, worst, -np.log(np.clip(picked, LOG_LOSS_FLOOR, 1.0)))
-    if metric == "log_loss":
+    if metric == Metric.LOG_LOSS:
         return log_losses(labels, out, floor=LOG_LOSS_FLOOR, loss_bound=loss_bound)
     # accuracy from class ids (0/1) or from P(label = 1): correct iff (score >= 0.5) == label
     return correctness(labels, out, threshold=0.5)
@@ -470,20 +470,6 @@ def _class_ids(labels, k):
 
 
 # ---------------------------------------------------------------- outputs
-
-def write_blessing(blessing, model, accepted):
-    """The layout TFX's Evaluator writes and its Pusher reads: a BLESSED / NOT_BLESSED file in the URI,
-    custom property ``blessed`` = 1 / 0, ``current_model`` (URI) and ``current_model_id``."""
-    import tensorflow as tf
-
-    tf.io.gfile.makedirs(blessing.uri)
-    with tf.io.gfile.GFile(os.path.join(blessing.uri, BLESSED_FILE if accepted else NOT_BLESSED_FILE), "w") as f:
-        f.write("")
-    blessing.set_int_custom_property("blessed", 1 if accepted else 0)
-    blessing.set_string_custom_property("current_model", model.uri)
-    if model.id:
-        blessing.set_int_custom_property("current_model_id", model.id)
-
 
 def write_result(artifact, report):
     import tensorflow as tf
@@ -550,7 +536,7 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
                                                                       loss_fn)
 
         # the validators' noise: exact grid Laplace from a ChaCha20 generator keyed by the grant's seed
-        rng = secure_rng(seed, "validation")
+        rng = secure_rng(seed, Stage.VALIDATION.value)
         result = validator.validate(test, train, rng, attempt=plan["attempt"], eta=plan["eta"])
 
         report = result.to_dict()
@@ -563,5 +549,6 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
             "label_threshold": plan["label_threshold"], "loss_module": plan.get("loss_module"),
             "computation": computation, **confidence_report(grant, plan, result.eta),
         })
-        write_blessing(artifact_utils.get_single_instance(output_dict["blessing"]), model, result.accepted)
+        blessing = artifact_utils.get_single_instance(output_dict["blessing"])
+        write_blessing(blessing.uri, model.uri, model.id, result.accepted, artifact=blessing)
         write_result(artifact_utils.get_single_instance(output_dict["validation_result"]), report)

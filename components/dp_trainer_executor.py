@@ -41,8 +41,9 @@ from sage_tfx.components.dp_transform_executor import COMPUTATION_PROPERTY
 from sage_tfx.components.user_modules import load_user_fn, sibling_sources
 from sage_tfx.privacy import GrantError, grant_split, require_budget, require_side, stage_budget
 from sage_tfx.privacy.checks import number
+from sage_tfx.privacy.vocabulary import Side, Stage
 
-STAGE = "training"
+STAGE = Stage.TRAINING
 # Execution parameters that define the training computation (the grant and the ledger are not part of it).
 COMPUTATION_PROPERTIES = ("custom_config", "train_args", "eval_args", "epsilon", "delta", "public_num_examples")
 RELATIVE_SLACK = 1e-6  # float round-off allowed when re-accounting a calibrated spend
@@ -202,12 +203,12 @@ def audit_spend(report, budget, num_examples):
     """Check a spend report against the run's (epsilon, delta); return (audited epsilon, accounting).
 
     Compositions of Gaussian mechanisms (AdaSSP's grid-Gaussian releases) are accounted by their RDP curve, the
-    only guarantee their proof gives (``adassp.gaussian_type_epsilon``), whatever accountant the report names.
+    only guarantee their proof gives (``gaussian.rdp_event_epsilon``), whatever accountant the report names.
     Anything else (DP-SGD's Poisson-sampled Gaussian) goes through dp_accounting's RDP accountant, or PLD if the
     model used PLD.
     """
     from sage_tfx.components.trainer_utils import event_from_json
-    from sage_tfx.privacy.adassp import gaussian_type_epsilon
+    from sage_tfx.privacy import gaussian
     from sage_tfx.privacy.dpsgd import event_epsilon
 
     epsilon, delta = budget
@@ -231,7 +232,7 @@ def audit_spend(report, budget, num_examples):
     if accounting not in ("rdp", "pld"):
         raise SpendError(f"accountant {accounting!r} is unknown: use 'rdp' or 'pld'")
     if _gaussian_multipliers(event):  # AdaSSP's grid-Gaussian releases: proven through their Renyi divergences only
-        audited, accounting = gaussian_type_epsilon(event, spent_delta), "rdp"
+        audited, accounting = gaussian.rdp_event_epsilon(event, spent_delta), "rdp"
     else:
         audited = event_epsilon(event, spent_delta, accounting) if spent_delta > 0 else math.inf
     if not audited <= epsilon * (1 + RELATIVE_SLACK):
@@ -350,7 +351,7 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
                                  what=f"the {item.type_name} artifact was made", required=item is examples)
         run.check_examples_data(examples, "DPTrainer")
         train_splits = train_split_names(exec_properties)
-        require_side(grant, train_splits, "training", "DPTrainer (train_args.splits)")
+        require_side(grant, train_splits, Side.TRAINING, "DPTrainer (train_args.splits)")
         budget = asked_budget(exec_properties, grant)
         num_examples, count_source = training_count(run.ledger, grant, examples, train_splits,
                                                      exec_properties.get("public_num_examples"))

@@ -40,8 +40,9 @@ from sage_tfx.components._grant import GrantedExecutor, canonical_graph_text, co
 from sage_tfx.privacy import require_budget, stage_budget
 from sage_tfx.transform.errors import NonPrivateAnalyzer  # raised here, and by noise_seed for an explicit seed=
 from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.vocabulary import Stage
 
-STAGE = "preprocessing"
+STAGE = Stage.PREPROCESSING
 PLANNING_SEED = 0  # traces the function for the plan and its fingerprint; the release's seed runs the analysis
 COMPUTATION_PROPERTY = "release_computation"  # the fingerprint of the release an artifact came from
 TRANSFORMED_EXAMPLES_PREFIX = "transformed_examples"  # TFX Transform's file prefix

@@ -17,9 +17,8 @@ data (e.g. the exact mean) would put an exact statistic into every transformed r
 """
 import json
 
+from sage_tfx.ingest.records import KINDS
 from sage_tfx.privacy.errors import SageError
-
-KINDS = ("int", "float", "bytes")
 
 
 class SchemaError(SageError, ValueError):

@@ -27,12 +27,12 @@ import tempfile
 import traceback
 from dataclasses import dataclass, field
 
-from sage_tfx.pipelines.definition import LOG_LOSS_FLOOR
+from sage_tfx.privacy.vocabulary import LOG_LOSS_FLOOR, Metric
 from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, SageError, error_chain, eval_share_split
 
 GENERATED_EPOCH = int(_dt.datetime(2020, 1, 1, tzinfo=_dt.timezone.utc).timestamp())
 MISSING_RATE = 0.01
-BINARY_METRICS = ("accuracy", "log_loss")  # generated labels are 0/1 for these (the validator refuses others)
+BINARY_METRICS = (Metric.ACCURACY, Metric.LOG_LOSS)  # generated labels are 0/1 for these (the validator refuses others)
 
 
 @dataclass
@@ -83,7 +83,7 @@ class AcceptEstimate:
 def _accept_test(metric, target, expected, bound):
     """(B, tau, mean, binomial) of the validator's ACCEPT test on values in [0, B]: a loss tested at the target,
     or the 0/1 error tested at 1 - target (DPAccuracyValidator's "exact" bound), as make_validator builds them."""
-    if metric == "accuracy":
+    if metric == Metric.ACCURACY:
         return 1.0, 1.0 - target, 1.0 - expected, True
     return float(bound), target, expected, False
 
@@ -171,11 +171,11 @@ def estimate_accept(sla, target: float, *, expected: float | None = None, confid
 
     metric = sla.metric
     target = sla.check_target(target)
-    bound = 1.0 if metric == "accuracy" else float(sla.loss_bound)
+    bound = 1.0 if metric == Metric.ACCURACY else float(sla.loss_bound)
     if not 0 < confidence < 1:
         raise ValueError(f"confidence {confidence!r} must be in (0, 1)")
     is_default = expected is None
-    if metric == "accuracy":
+    if metric == Metric.ACCURACY:
         expected = 1.0 - EXPECTED_FRACTION * (1.0 - target) if is_default else float(expected)
         if not target < expected <= 1.0:
             raise ValueError(f"expected accuracy {expected!r} must be above the target {target:g} and at most 1: "
@@ -228,7 +228,7 @@ class Baseline:
 
     def meets(self, metric: str, target: float) -> bool:
         """Whether the constant predictor surely meets ``target`` (an accuracy at least it, a loss at most it)."""
-        return self.value >= target if metric == "accuracy" else self.value <= target
+        return self.value >= target if metric == Metric.ACCURACY else self.value <= target
 
     def describe(self, metric: str) -> str:
         return f"{self.predictor} reaches {metric} {'' if self.exact else 'at most '}{self.value:.4g}"
@@ -252,19 +252,19 @@ def trivial_baseline(sla, *, positive_rate: float | None = None, label_std: floa
         p = float(positive_rate)
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"--positive-rate {positive_rate!r} must be a share of positive labels in [0, 1]")
-        if metric == "accuracy":
+        if metric == Metric.ACCURACY:
             return Baseline(max(p, 1.0 - p), f"the majority class ({'1' if p >= 0.5 else '0'})", True)
         q = min(max(p, LOG_LOSS_FLOOR), 1.0 - LOG_LOSS_FLOOR)
         loss = -p * math.log(q) - (1.0 - p) * math.log(1.0 - q)
         return Baseline(min(loss, sla.loss_bound), f"the constant probability {p:g}", True)
     if label_std is not None:
-        if metric not in ("mse", "mae"):
+        if metric not in (Metric.MSE, Metric.MAE):
             raise ValueError(f"--label-std {label_std!r} is for mse and mae SLAs; the SLA metric is {metric}"
                              + (": give --positive-rate" if metric in BINARY_METRICS else ""))
         std = float(label_std)
         if not (math.isfinite(std) and std >= 0):
             raise ValueError(f"--label-std {label_std!r} must be a finite standard deviation >= 0")
-        value = std ** 2 if metric == "mse" else std
+        value = std ** 2 if metric == Metric.MSE else std
         return Baseline(min(value, sla.loss_bound), "the label's mean", False)
     return None
 
@@ -287,11 +287,11 @@ def describe_estimate(estimate: AcceptEstimate, min_window: int | None = None, b
     """The estimate as lines for ``sage run --check``; ``baseline``: what a constant predictor reaches;
     ``planned``: the epsilons are the attempts the stream's budget allows now (``plan_attempts``)."""
     e = estimate
-    unit = "accuracy" if e.metric == "accuracy" else f"{e.metric} (losses clipped to [0, {e.bound:g}])"
-    guess = ("the default: half the target's error rate" if e.metric == "accuracy" else
+    unit = Metric.ACCURACY.value if e.metric == Metric.ACCURACY else f"{e.metric} (losses clipped to [0, {e.bound:g}])"
+    guess = ("the default: half the target's error rate" if e.metric == Metric.ACCURACY else
              "the default: half the target") if e.expected_is_default else "--expected-loss"
     lines = [f"estimate for target {e.target:g} ({unit}), confidence {e.confidence:g}, if the model's true "
-             f"{'accuracy' if e.metric == 'accuracy' else 'loss'} is {e.expected:g} ({guess}):"]
+             f"{Metric.ACCURACY if e.metric == Metric.ACCURACY else 'loss'} is {e.expected:g} ({guess}):"]
     if baseline is not None:
         lines.append(f"  a constant predictor: {baseline.describe(e.metric)} (from your public prior): the target "
                      f"{'is met by it' if baseline.meets(e.metric, e.target) else 'asks more than it'}")
@@ -480,7 +480,7 @@ def _generated_iteration(definition, data_root, stream, schema, model, runner, b
     settings = definition.iterator_defaults()
     n_blocks = max(1, int(settings.get("min_window", 1)))
     rows_per_block = max(4, -(-2000 // n_blocks))
-    target = 0.5 if definition.sla.metric == "accuracy" else definition.sla.loss_bound / 2
+    target = 0.5 if definition.sla.metric == Metric.ACCURACY else definition.sla.loss_bound / 2
     table = generated_rows(schema, config["blocks"], definition.sla.label, definition.sla.metric, n_blocks,
                            rows_per_block, seed)
     result = CheckResult(ok=False, rows=table.num_rows, blocks=n_blocks)

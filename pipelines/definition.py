@@ -29,7 +29,6 @@ iteration's grant and checks it before it reads (docs/block_composition.md, "Wha
 """
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import math
@@ -41,23 +40,7 @@ from sage_tfx.components.user_modules import python_files
 from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.split import DEFAULT_RECORD_SPLIT, eval_share_split
 from sage_tfx.privacy.errors import SageError
-
-LOG_LOSS_FLOOR = 1e-7  # as DPModelValidator: probabilities in [floor, 1 - floor], so a log loss <= ln(1e7)
-
-
-class Metric(str, enum.Enum):
-    """The validator's quality metrics (DPModelValidator's ``metric``)."""
-
-    MSE = "mse"
-    MAE = "mae"
-    LOG_LOSS = "log_loss"
-    ACCURACY = "accuracy"
-    CUSTOM = "custom"  # the user's per-example loss (SLA.loss_module), clipped to [0, loss_bound]
-
-    @property
-    def is_loss(self) -> bool:
-        return self is not Metric.ACCURACY
-
+from sage_tfx.privacy.vocabulary import LOG_LOSS_FLOOR, Metric
 
 class PipelineDefinitionError(SageError, ValueError):
     """A pipeline definition, or the file that holds it, is unusable; the message names what and where."""

@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
+from sage_tfx.privacy.vocabulary import BlockState
+
 
 class PipelineRunner:
     """A SagePipeline bound to its config: ``run_iteration`` for the iterator. With ``spec`` (the pipeline as
@@ -45,7 +47,7 @@ class PipelineRunner:
         from sage_tfx.privacy.errors import RefusedBeforeCharge
 
         if blocks is None:
-            blocks = [b.id for b in ledger.blocks(self.config.stream, "active")]
+            blocks = [b.id for b in ledger.blocks(self.config.stream, BlockState.ACTIVE)]
         try:
             access.check_blocks(ledger, self.config.data_root, self.config.stream, blocks)
         except sealed.SealedError as exc:

@@ -32,9 +32,10 @@ import numpy as np
 
 from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, Ledger, record_split
 from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.vocabulary import Metric, Outcome
 
-REGRESSION_METRICS = ("mse", "mae")
-CLASSIFICATION_METRICS = ("accuracy", "log_loss")
+REGRESSION_METRICS = (Metric.MSE, Metric.MAE)
+CLASSIFICATION_METRICS = (Metric.ACCURACY, Metric.LOG_LOSS)
 TRUSTED_PURPOSE = "sage score"  # every audit entry of a score starts with it
 
 
@@ -59,7 +60,7 @@ def accepted_model(ledger_location, stream: str, pipeline: str, serving_dir: str
     else:
         with Ledger.open(ledger_location) as ledger:
             history = ledger.history(stream, pipeline)
-    accepted = [g for g, outcome, _ in history if outcome == "ACCEPT"]
+    accepted = [g for g, outcome, _ in history if outcome == Outcome.ACCEPT]
     if not accepted:
         raise LookupError(f"no ACCEPTed {pipeline!r} grant on stream {stream!r} in {ledger_location}: run the "
                           "pipeline first (sage run)")
@@ -240,7 +241,7 @@ def fit_baselines(metric: str, x: np.ndarray, y: np.ndarray) -> dict:
                 "least_squares": ("least squares on the baseline features, NOT private", least_squares(x, y))}
     if metric in CLASSIFICATION_METRICS:
         rate = float(np.mean(y))
-        constant = float(rate >= 0.5) if metric == "accuracy" else rate
+        constant = float(rate >= 0.5) if metric == Metric.ACCURACY else rate
         return {"majority_class": ("the majority training class (its rate for log_loss), NOT private",
                                    lambda z: np.full(len(z), constant)),
                 "logistic_regression": ("logistic regression on the baseline features, NOT private",
@@ -258,7 +259,7 @@ def summary(values: np.ndarray, metric: str, loss_bound: Optional[float], target
     if loss_bound is not None:
         out["unclipped"] = float(values.mean())
     if target is not None:
-        out["meets_target"] = bool(out["value"] >= target if metric == "accuracy" else out["value"] <= target)
+        out["meets_target"] = bool(out["value"] >= target if metric == Metric.ACCURACY else out["value"] <= target)
     return out
 
 

@@ -20,6 +20,7 @@ import os
 import textwrap
 
 from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.vocabulary import Metric
 
 FILES = ("pipeline.py", "preprocessing.py", "trainer.py")
 NUMERIC = ("int", "float")
@@ -186,7 +187,7 @@ def inspect_input(path: str, schema: dict, label: str, categorical=(), max_codes
 
 
 def _pipeline(name, sla, defaults, comment):
-    bound = "" if sla.metric == "accuracy" else f", loss_bound={sla.loss_bound!r}"
+    bound = "" if sla.metric == Metric.ACCURACY else f", loss_bound={sla.loss_bound!r}"
     comment = "\n".join(textwrap.fill(line, 110, initial_indent="    # ", subsequent_indent="    # ")
                          for line in comment)
     return f'''"""The {name} pipeline (written by `sage init-pipeline`; edit freely).
@@ -257,7 +258,7 @@ def preprocessing_fn(inputs, custom_config):
 
 
 def _trainer(keys, label, sla):
-    if sla.metric in ("accuracy", "log_loss"):  # a probability of the 0/1 label, as both metrics read it
+    if sla.metric in (Metric.ACCURACY, Metric.LOG_LOSS):  # a probability of the 0/1 label, as both metrics read it
         model = ("    model = DPLogisticRegressor(fn_args.privacy_budget, num_examples=fn_args.num_examples,\n"
                  "                                batch_size=trainer_utils.batch_size(fn_args, config))\n"
                  "    model.fit(x, (y > 0.5).astype(\"int64\"))")

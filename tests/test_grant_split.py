@@ -244,3 +244,42 @@ def test_every_component_door_rechecks_the_split(ledger_url):
     with pytest.raises(GrantError, match="composes to epsilon 5.1"):
         check_grant(ledger_url, forged.to_json())
     assert any("differs from the log" in p or "differ" in p for p in ledger.audit().problems)
+
+
+def test_the_door_the_release_and_the_audit_share_one_stage_budget_comparison(ledger_url):
+    """``split.over_budget`` is the one comparison: at a stage's share plus half the float slack the component
+    door, ``Ledger.release`` and the audit all pass it; at twice the slack all three refuse it."""
+    from sage_tfx.privacy import require_budget
+    from sage_tfx.privacy.split import SLACK, over_budget
+
+    ledger = make_ledger(ledger_url)
+    split = BudgetSplit(0.1, 0.0, 0.2, 0.2, 0.0, ChargeRule.SUM.value)
+    inside, outside = 0.2 * (1 + SLACK / 2), 0.2 * (1 + 2 * SLACK)
+    assert not over_budget(inside, 0.0, (0.2, 0.0)) and over_budget(outside, 0.0, (0.2, 0.0))
+    assert over_budget(0.2, 1e-305, (0.2, 0.0))  # any delta over a pure share, however small
+    grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5, split=split)
+    require_budget(grant, "training", inside)
+    ledger.release(grant, "training", "model", inside)
+    with pytest.raises(GrantError, match="covers only"):
+        require_budget(grant, "rejection", outside)
+    with pytest.raises(GrantError, match="covers only"):
+        ledger.release(grant, "rejection", "model", outside)
+    assert ledger.audit().ok
+    _append_release(ledger, grant, "rejection", outside)
+    assert any("more than its share" in p and "'rejection'" in p for p in ledger.audit().problems)
+
+
+def test_a_grant_naming_an_unregistered_block_is_refused_by_the_one_check(ledger_url, tmp_path):
+    """``grants.require_registered``: every door (components, the key door, the grant server) asks it."""
+    from sage_tfx.ingest.access import grant_block_keys
+    from sage_tfx.privacy.grants import registered_blocks, require_registered
+
+    ledger = make_ledger(ledger_url)
+    grant = ledger.request("p", "s", blocks=["b0", "b2"], epsilon=0.5)
+    require_registered(ledger, grant)
+    assert registered_blocks(ledger, grant) == ["b0", "b2"]
+    other = make_ledger(str(tmp_path / "other.db"), blocks=2)  # the same stream, without block b2
+    assert registered_blocks(other, grant) == ["b0"]
+    with pytest.raises(GrantError, match=r"names block\(s\) not registered in stream 's': b2: no keys given"):
+        require_registered(other, grant, ": no keys given")
+    assert grant_block_keys(ledger, grant)[1].keys() == {"b0", "b2"}

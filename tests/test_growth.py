@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from sage_tfx.privacy import Ledger
+from sage_tfx.privacy import Ledger, gaussian
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy.samplers import grid_laplace
@@ -329,11 +329,9 @@ def test_scheduler_with_delta_ledger_spend_equals_the_analysis_bound(tmp_path, c
     # the last run's output is the true mean plus its stated noise: grid Gaussian of sigma z(eps_i, delta_i) / n
     # in basic mode, grid Laplace of scale 1 / (n eps_i) otherwise; |noise| > 6 sigma has probability < 2e-9 and
     # |noise| > 21 scales < 1e-9 (the grants' seeds are random: these are the false-failure rates)
-    from sage_tfx.release.continual import calibrate_z_eff
-
     last = runs[-1]
     n = ROWS * len(last.blocks)
-    limit = (6 * calibrate_z_eff(last.epsilon, last.delta) / n if composition == "basic"
+    limit = (6 * gaussian.rdp_multiplier(last.epsilon, last.delta) / n if composition == "basic"
              else 21 / (n * last.epsilon)) + 1e-6  # + the grid's rounding (<= gamma / 2, far below 1e-6)
     assert abs(rel.current - np.mean([generated_block(i)[:, 0].mean() for i in range(T)])) < limit
 

@@ -8,8 +8,9 @@ import os
 
 import pytest
 
+from sage_tfx.release.blessing import is_blessed, push_blessed
 from sage_tfx.release.continual import (
-    ContinualRelease, ReleaseParams, check_sla, is_blessed, push_blessed, push_model)
+    ContinualRelease, ReleaseParams, check_sla, push_model)
 from sage_tfx.validation.loss import DPLossValidator
 from test_continual_release import D, generated_block, make_ledger
 

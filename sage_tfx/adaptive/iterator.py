@@ -55,7 +55,7 @@ from sage_tfx.privacy.errors import LedgerError as _LedgerError
 from sage_tfx.privacy.errors import IterationInterrupted, environment_error_text, is_environment_error
 from sage_tfx.privacy.resume import held
 from sage_tfx.privacy.split import RECORDS_KEY
-from sage_tfx.privacy.vocabulary import GrantOutcome, Outcome, Policy
+from sage_tfx.privacy.vocabulary import VALIDATION_OUTCOMES, Outcome, PipelineState, Policy
 from sage_tfx.validation import eta_for_attempt
 
 from .plan import next_attempt
@@ -67,7 +67,7 @@ _SETTING = "{what} {value!r} is invalid: must be {rule}"
 REQUEST_KEY = "request"  # the grant meta's copy of what the pipeline was asked to certify
 # the request's fields that a stored outcome predating REQUEST_KEY still shows (its validator's result)
 LOGGED_REQUEST = ("target", "metric")
-OUTCOMES = (GrantOutcome.ACCEPT, GrantOutcome.REJECT, GrantOutcome.RETRY)  # what one iteration may conclude
+OUTCOMES = VALIDATION_OUTCOMES  # what one iteration may conclude
 DECIDED = (Outcome.ACCEPT, Outcome.REJECT)  # the outcomes that end a pipeline before its TIMEOUT
 GRANT_STAYS_SPENT = "its grant stays spent"  # the FAILED line's end (`sage run --check` says whose ledger)
 
@@ -196,7 +196,7 @@ def check_request(ledger, stream: str, pipeline: str, request: dict | None, hist
         return
     status = {p["name"]: p for p in ledger.pipelines(stream)}.get(pipeline) or {}
     bound = (history[-1][2] or {}).get("bound") if history else None
-    state = (f"finished with {status['outcome']}" if status.get("state") == "done"
+    state = (f"finished with {status['outcome']}" if status.get("state") == PipelineState.DONE
              else f"has {len(history)} iteration(s) (not finished)")
     raise RequestMismatch(
         f"pipeline {pipeline!r} {state} on stream {stream!r} for target {stored.get('target')!r} "
@@ -348,7 +348,7 @@ class SageIterator:
         if self.wait_for_blocks is not None or self._history():
             return
         status = {p["name"]: p for p in self.ledger.pipelines(self.stream)}.get(self.pipeline)
-        if status is not None and status["state"] == "done":
+        if status is not None and status["state"] == PipelineState.DONE:
             return
         active = len(self._read_availability())
         if active < self.settings.min_window:
@@ -364,7 +364,7 @@ class SageIterator:
         """Resume this pipeline's history, then attempt until ACCEPT, REJECT or TIMEOUT (bounded: see the class)."""
 
         status = {p["name"]: p for p in self.ledger.pipelines(self.stream)}.get(self.pipeline)
-        if status is not None and status["state"] == "done":  # finished earlier: report, spend nothing
+        if status is not None and status["state"] == PipelineState.DONE:  # finished earlier: report, spend nothing
             self.check_request()
             history = self._history()
             return RunResult(status["outcome"], [
@@ -484,7 +484,7 @@ class SageIterator:
             # values, so it keeps the type and only the messages known to hold none (public_error_text).
 
             error = public_error_text(exc)
-            self.ledger.record_outcome(grant.id, "FAILED", {"error": error})
+            self.ledger.record_outcome(grant.id, Outcome.FAILED, {"error": error})
             self.progress(f"[{self.pipeline}] iteration {record.number}: FAILED ({error}); {GRANT_STAYS_SPENT}")
             raise
         self.ledger.record_outcome(grant.id, result.outcome, {"bound": result.bound, **result.details})

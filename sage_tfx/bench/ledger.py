@@ -60,6 +60,7 @@ import uuid
 
 from sage_tfx.privacy.head_file import ENV_HEAD_SYNC
 from sage_tfx.privacy.store.location import check_location, postgres_password
+from sage_tfx.privacy.vocabulary import Accounting, BlockState
 
 # Files a SQLite ledger leaves beside itself: WAL, shared memory, and its key file with the head file and its lock.
 LEDGER_FILE_SUFFIXES = ("", "-wal", "-shm", ".key", ".key.head", ".key.head.lock")
@@ -294,12 +295,12 @@ def _choice_ledger(path, accounting, n_blocks, seed=0):
 def _per_block_loop(ledger, pipeline, delta):
     """The iterator's block choice before available_per_block: one transaction and bisection per block."""
     return {b.id: ledger.available_epsilon(pipeline, "s", [b.id], delta)
-            for b in reversed(ledger.blocks("s", state="active"))}
+            for b in reversed(ledger.blocks("s", state=BlockState.ACTIVE))}
 
 
 def _measure_choice(db_dir, n_blocks, repeats):
     out = {}
-    for accounting in ("basic", "rdp"):
+    for accounting in Accounting:
         path = os.path.join(db_dir, f"choice-{accounting}-{uuid.uuid4().hex[:12]}.db")
         ledger = _choice_ledger(path, accounting, n_blocks)
         loop_times, call_times, same = [], [], True

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from sage_tfx.privacy.keys import KeyRing
+from sage_tfx.privacy.vocabulary import Outcome
 
 GENERATED = "GENERATED taxi-like rows (sage_tfx.data.generator, fitted to the real Chicago taxi data)"
 SETUPS = {
@@ -333,7 +334,7 @@ def serve_once(folder: str, pipelines: int, parallel: int, initial_blocks: int, 
         raise RuntimeError(f"sage serve --parallel {parallel} exited {code}:\n{tail}\n{err}")
     replayed = next((t for t, line in lines if line.startswith("[replay]")), 0.0)
     outcomes = count_outcomes(db, "taxi")
-    accepts = sum(o.count("ACCEPT") for o in outcomes.values())
+    accepts = sum(o.count(Outcome.ACCEPT) for o in outcomes.values())
     with Ledger.open(db) as ledger:
         audit_ok = ledger.audit().ok
     return {"parallel": parallel, "pipelines": pipelines, "wall_seconds": round(wall, 1),

@@ -14,6 +14,8 @@ Exit codes: 0 written, 2 bad input (nothing written).
 import argparse
 import sys
 
+from sage_tfx.privacy.vocabulary import BlockState, Metric
+
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
 
 PLACEHOLDER_CODES = [0, 1, 2]  # --categorical COL without a file to read its codes from: EDIT in the file
@@ -24,7 +26,7 @@ def add_parser(subparsers):
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("directory", help="where to write pipeline.py, preprocessing.py and trainer.py")
     p.add_argument("--label", required=True, help="the label column (numeric)")
-    p.add_argument("--metric", required=True, choices=("mse", "mae", "log_loss", "accuracy"))
+    p.add_argument("--metric", required=True, choices=[m.value for m in Metric if m is not Metric.CUSTOM])
     p.add_argument("--loss-bound", type=float, default=None,
                    help="public bound B each example's loss is clipped to (mse, mae; log_loss defaults to ln 1e7)")
     p.add_argument("--data-root", help="with --stream: take the schema of an ingested stream")
@@ -79,7 +81,7 @@ def _stream_blocks(args):
     from sage_tfx.privacy import Ledger
 
     with Ledger.open(args.db, check_head=False) as ledger:
-        blocks = len(ledger.blocks(args.stream, "active"))
+        blocks = len(ledger.blocks(args.stream, BlockState.ACTIVE))
         defaults, _ = window_defaults(blocks)
         name = args.name or os.path.basename(os.path.abspath(args.directory)).replace("-", "_")
         return blocks, stream_plan(ledger, args.stream, name, defaults)

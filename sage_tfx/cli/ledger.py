@@ -10,7 +10,7 @@ import sys
 
 from ._exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, EXIT_VIOLATION
 from ._keys import add_key_file, ledger_location
-from sage_tfx.privacy.vocabulary import Accounting, Outcome, Policy
+from sage_tfx.privacy.vocabulary import PIPELINE_OUTCOMES, Accounting, Policy
 
 
 def parse_time(text):
@@ -124,7 +124,7 @@ def add_parser(subparsers):
     p = action("finish", _finish, "end a pipeline; its unused reservation goes to those still waiting")
     p.add_argument("--stream", required=True)
     p.add_argument("--pipeline", required=True)
-    p.add_argument("--outcome", required=True, choices=tuple(Outcome))
+    p.add_argument("--outcome", required=True, choices=PIPELINE_OUTCOMES)
 
 
 def _guarded(func, args):

@@ -52,6 +52,8 @@ import dataclasses
 import json
 import sys
 
+from sage_tfx.privacy.vocabulary import Composition
+
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REFUSED
 from ._keys import add_key_file, ledger_location
 
@@ -131,7 +133,7 @@ def add_parser(subparsers):
     grow.add_argument("--epsilon", type=float, required=True, help="each record's whole-lifetime epsilon")
     grow.add_argument("--delta", type=float, default=0.0,
                       help="each record's whole-lifetime delta (default 0: pure DP, scheduler only)")
-    grow.add_argument("--composition", choices=("zcdp", "basic"), default=None,
+    grow.add_argument("--composition", choices=(Composition.ZCDP, Composition.BASIC), default=None,
                       help="scheduler with --delta > 0: zcdp (default; pure runs composed in zCDP) or basic "
                            "(each run (epsilon_i, delta_i)-DP with Gaussian noise, both shrinking geometrically)")
     grow.add_argument("--gamma", type=float, default=0.5, help="scheduler: growth factor 1 + gamma (default 0.5)")

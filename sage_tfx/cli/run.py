@@ -51,6 +51,8 @@ import argparse
 import os
 import sys
 
+from sage_tfx.privacy.vocabulary import Outcome
+
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from ._exits import OUTCOME_EXIT_CODES as EXIT_CODES
 from ._keys import add_key_file, ledger_location
@@ -274,7 +276,7 @@ def _run(args):
               "--db ... --stream ... --data-root ...`", file=sys.stderr)
         return EXIT_FAILED
     ledger.close()
-    pushed = f"; model pushed to {pushed_model_path(runner.config.serving_dir)}" if result.outcome == "ACCEPT" else ""
+    pushed = f"; model pushed to {pushed_model_path(runner.config.serving_dir)}" if result.outcome == Outcome.ACCEPT else ""
     print(f"{iterator.pipeline}: {result.describe()}{pushed}", flush=True)
     return EXIT_CODES[result.outcome]
 

@@ -1,6 +1,8 @@
 """`sage simulate`: the load simulation of paper Fig. 8 (model release time under increasing load)."""
 import sys
 
+from sage_tfx.privacy.vocabulary import Accounting, Policy
+
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
 
 
@@ -45,7 +47,7 @@ def add_parser(subparsers):
                    help="--compare-policies: microbenchmark arrivals per hour (one block per hour)")
     p.add_argument("--micro-n", type=int, default=400, help="--compare-policies: microbenchmark unlocking n")
     p.add_argument("--micro-hours", type=int, default=30, help="--compare-policies: microbenchmark hours of arrivals")
-    p.add_argument("--micro-accounting", choices=("basic", "rdp"), default="basic",
+    p.add_argument("--micro-accounting", choices=tuple(Accounting), default=Accounting.BASIC,
                    help="--compare-policies: microbenchmark filters (rdp: heterogeneous Renyi curves)")
     p.set_defaults(func=_run)
 
@@ -87,7 +89,7 @@ def _compare(args):
         from sage_tfx.privacy.allocation import get_policy
 
         for n in (args.fig8_n, args.micro_n):
-            get_policy("dpf-n", {"n": n})
+            get_policy(Policy.DPF_N.value, {"n": n})
     except (ValueError, LedgerError) as exc:
         print(f"sage simulate: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -21,6 +21,7 @@ at ingest.
 import os
 
 from sage_tfx.privacy.errors import SageError, UnknownBlock
+from sage_tfx.privacy.grants import require_registered
 
 from . import sealed
 
@@ -46,14 +47,8 @@ def grant_block_keys(ledger, grant, stream=None):
     ``grant``: a Grant or its JSON. The signature, the ledger's record of the grant (so it was charged), the
     stream and that every block is registered are all checked before any key is derived.
     """
-    from sage_tfx.privacy import GrantError
-
     grant = ledger.verify(grant, stream=stream)  # forged / altered / unknown (never charged) / other stream
-    registered = {b.id for b in ledger.blocks(grant.stream)}
-    missing = [b for b in grant.blocks if b not in registered]
-    if missing:
-        raise GrantError(f"grant {grant.id!r} names block(s) not registered in stream {grant.stream!r}: "
-                         f"{', '.join(missing)}: no keys given")
+    require_registered(ledger, grant, ": no keys given")
     return grant, {b: ledger.keyring.block_key(grant.stream, b) for b in grant.blocks}
 
 

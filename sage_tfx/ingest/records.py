@@ -17,7 +17,7 @@ import struct
 
 from sage_tfx.privacy.errors import SageError
 
-KINDS = ("int", "float", "bytes")
+KINDS = ("int", "float", "bytes")  # a stream's feature kinds (DPTransform's raw schema uses the same)
 FORMATS = ("csv", "tfrecord", "parquet")
 CSV_SAMPLE_BYTES = 16 << 20  # types of a new stream are inferred from the first 16 MiB of a CSV
 

@@ -47,7 +47,7 @@ mechanism of multiplier c / sqrt(3) -- but not, as far as we can prove, its exac
 (eps, delta) profile. The (eps, delta) guarantee is therefore the RDP conversion of that curve
 (dp_accounting's ``RdpAccountant``, Balle et al. 2020's conversion, valid for any mechanism
 with those Renyi divergences): ``exact_multiplier`` is the smallest c it makes (eps, delta)-DP,
-found by ``dp_accounting.mechanism_calibration.calibrate_dp_mechanism`` (which returns a
+found by ``gaussian.rdp_multiplier`` (dp-accounting's ``calibrate_dp_mechanism``, which returns a
 feasible c). It costs about 8% more noise than the continuous analytic calibration (eps = 1,
 delta = 1e-5: c = 7.01 against 6.46).
 
@@ -75,8 +75,8 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import log_ndtr
 
+from . import gaussian
 from .checks import integer, positive, probability
 from .errors import SageError
 from .randomness import as_secure_rng
@@ -102,19 +102,6 @@ def _check_budget(epsilon, delta):
     return epsilon, delta
 
 
-def gaussian_delta(epsilon, multiplier):
-    """Exact delta(eps) of a Gaussian mechanism with noise std = multiplier * L2 sensitivity.
-
-    Balle & Wang 2018, Thm. 8: Phi(1/(2s) - eps*s) - exp(eps)*Phi(-1/(2s) - eps*s),
-    evaluated in log space so that large eps does not overflow.
-    """
-    s = float(multiplier)
-    a = 1.0 / (2.0 * s)
-    first = math.exp(log_ndtr(a - epsilon * s))
-    second = math.exp(epsilon + log_ndtr(-a - epsilon * s))
-    return max(0.0, first - second)
-
-
 def paper_multiplier(epsilon, delta):
     """The paper's per-release noise multiplier c = sqrt(log(6/delta)) / (eps/3)."""
     epsilon, delta = _check_budget(epsilon, delta)
@@ -124,38 +111,11 @@ def paper_multiplier(epsilon, delta):
 def exact_multiplier(epsilon, delta, releases=3):
     """Smallest per-release multiplier c making ``releases`` Gaussian-type releases jointly (eps, delta)-DP.
 
-    "Gaussian-type": each release's Renyi divergence of order alpha is at most alpha / (2 c^2), as the
-    continuous Gaussian's and the grid discrete Gaussian's (``samplers.grid_gaussian``) are; (eps, delta) is
-    the RDP conversion of their composition (dp_accounting ``RdpAccountant``). Searched with
-    ``mechanism_calibration.calibrate_dp_mechanism``, which returns a c that meets the target (tolerance 1e-7 c).
+    ``gaussian.rdp_multiplier`` (the RDP conversion the module docstring proves), its search started from the
+    paper's c; the returned c meets the target (tolerance 1e-7 c).
     """
-    import dp_accounting
-    from dp_accounting import mechanism_calibration
-
-    from .curves import calibration_accountant
-
     epsilon, delta = _check_budget(epsilon, delta)
-    guess = paper_multiplier(epsilon, delta)
-
-    def event(c):
-        return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(noise_multiplier=c)] * releases)
-
-    return float(mechanism_calibration.calibrate_dp_mechanism(
-        calibration_accountant, event, epsilon, delta,
-        bracket_interval=mechanism_calibration.LowerEndpointAndGuess(guess * 1e-3, guess), tol=guess * 1e-7))
-
-
-def gaussian_type_epsilon(event, delta):
-    """Epsilon at ``delta`` of a composition of Gaussian-type releases (``event``: a dp_accounting DpEvent of
-    ``GaussianDpEvent``s, as ``AdaSSPResult.dp_event``), by the RDP conversion over ``calibration_accountant``'s
-    orders: the guarantee the module docstring proves for the grid releases, and the one ``exact_multiplier``
-    calibrates against (never the continuous Gaussian's analytic profile, which is not proven for them).
-    inf at delta 0 (no RDP conversion to pure DP)."""
-    from .curves import calibration_accountant
-
-    if not delta > 0:
-        return math.inf
-    return float(calibration_accountant().compose(event).get_epsilon(float(delta)))
+    return gaussian.rdp_multiplier(epsilon, delta, releases=releases, guess=paper_multiplier(epsilon, delta))
 
 
 def noise_multiplier(epsilon, delta, calibration="paper"):

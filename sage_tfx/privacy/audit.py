@@ -51,7 +51,7 @@ from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, miss
 from .draws import DrawReplay, audit_draw
 from .errors import LedgerError
 from .grants import Grant, cap_text, capped, grant_budget, older_rdp, stage_cap
-from .split import SLACK, BudgetSplit
+from .split import SLACK, BudgetSplit, over_budget
 from .queue_replay import QueueReplay
 from .store import sql
 from .vocabulary import Accounting, BlockState, PipelineState, Source
@@ -440,13 +440,13 @@ def _check_release_totals(grants, releases, streams, problems):
             if len(spent) > 1:
                 problems.append(f"grant {gid!r} is single-stage but stages {sorted(spent)} each released under it")
             for stage, (eps, dlt) in spent.items():
-                if eps > epsilon * (1 + SLACK) or dlt > delta * (1 + SLACK):
+                if over_budget(eps, dlt, (epsilon, delta)):
                     problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
                                     f"more than the charge (epsilon={epsilon:.6g}, delta={delta:.3g}){why}")
             continue
         for stage, (eps, dlt) in spent.items():
             share = split.stage_budget(stage)
-            if eps > share[0] * (1 + SLACK) or dlt > share[1] * (1 + SLACK):
+            if over_budget(eps, dlt, share):
                 problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
                                 f"more than its share (epsilon={share[0]:.6g}, delta={share[1]:.3g}){why}")
         total = split.composed({s: e for s, (e, _) in spent.items()})

@@ -30,9 +30,9 @@ from .errors import BudgetRefused, LedgerError
 from .grants import Grant, grant_log_text, new_grant
 from .store import sql
 from .streams import stream_cost
-from .vocabulary import Accounting, BlockState, Policy, Source
+from .vocabulary import Accounting, BlockState, DemandState, Policy, Source
 
-PENDING, ADMITTED = "pending", "admitted"  # a queued stream's demand: waiting, or charged and not yet collected
+PENDING, ADMITTED = DemandState.PENDING, DemandState.ADMITTED
 
 
 def pick_source(filt, spent, cost, block_reservations, pipeline, policy=Policy.CONSERVE):
@@ -185,7 +185,7 @@ def schedule(tx, log, keyring, s, filt, now, caller=None):
         rule, meta_text = infos[pipeline]
         grants[pipeline] = new_grant(keyring, s, filt, pipeline, blocks, cost, rule, json.loads(meta_text), now)
     log(tx, "admit", {"stream": s.name, "now": now,
-                      "admitted": [[p, grants[p][0].id] for p, _, _ in admitted],
+                      ADMITTED: [[p, grants[p][0].id] for p, _, _ in admitted],
                       "collected": caller if caller in grants else None})
     touched = []
     for pipeline, blocks, _cost in admitted:

@@ -79,11 +79,11 @@ from .grants import Grant, check_split, new_grant
 from .split import SINGLE_RULE, SLACK, BudgetSplit
 from .store import sql
 from .streams import read_stream, stream_filter
-from .vocabulary import Accounting
+from .vocabulary import Accounting, Composition
 
 DRAW_KEY = "draw"  # grant.meta key of a run grant: {"from": [ids], "run": i, "schedule": F, "composition": C}
-COMPOSITION = "basic"  # the default rule, and the rule of a draw that records none (older ledgers)
-COMPOSITIONS = ("basic", "zcdp")
+COMPOSITION = Composition.BASIC  # the default rule, and the rule of a draw that records none (older ledgers)
+COMPOSITIONS = (Composition.BASIC, Composition.ZCDP)
 ZCDP_RUN_DELTA_SHARE = 0.5  # under "zcdp": the draws' deltas may sum to this share of D; the filter converts at the rest
 
 
@@ -312,6 +312,7 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
     if composition not in COMPOSITIONS:
         raise LedgerError(f"composition {composition!r} is unknown: give 'basic' (sums of epsilon and delta) or "
                           "'zcdp' (approximate zCDP through the RDP filter; privacy/draws.py)")
+    composition = Composition(composition).value  # the plain string the grant records and messages name
     if not isinstance(schedule, str) or not 0 < len(schedule) <= 256:
         raise LedgerError(f"schedule {schedule!r} must be the schedule's fingerprint (1-256 characters)")
     meta = dict(meta or {})

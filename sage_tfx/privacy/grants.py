@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from .chain import canonical
 from .errors import GrantError, LedgerError
-from .split import SINGLE_RULE, SLACK, SPLIT_KEY, BudgetSplit, grant_split, sign_records
+from .split import SINGLE_RULE, SPLIT_KEY, BudgetSplit, grant_split, over_budget, sign_records
 from .vocabulary import Accounting
 
 
@@ -191,6 +191,27 @@ def cap_text(grant_id, epsilon, cap, split) -> str:
             f"{cap[0]:.6g} (delta {cap[1]:.3g}){what}")
 
 
+def registered_blocks(ledger, grant) -> list[str]:
+    """The blocks of ``grant`` registered in its stream (``ledger.blocks``), in the grant's order."""
+    registered = {b.id for b in ledger.blocks(grant.stream)}
+    return [b for b in grant.blocks if b in registered]
+
+
+def require_registered(ledger, grant, consequence: str = "") -> None:
+    """Refuse (GrantError) a ``grant`` naming a block not registered in its stream; the message names them.
+
+    Args:
+      ledger: an open ``Ledger`` (only its ``blocks(stream)`` is read).
+      grant: a verified ``Grant``.
+      consequence: appended to the message (e.g. ": no keys given").
+    """
+    found = set(registered_blocks(ledger, grant))
+    missing = [b for b in grant.blocks if b not in found]
+    if missing:
+        raise GrantError(f"grant {grant.id!r} names block(s) not registered in stream {grant.stream!r}: "
+                         f"{', '.join(missing)}{consequence}")
+
+
 def new_grant(keys, s, filt, pipeline, blocks, cost, rule, meta, now, split=None):
     """A Grant of ``cost`` on ``blocks`` of stream ``s``, signed under ``keys`` (a ``KeyRing``), and its body text
     (signed and stored: one text). A fresh random id (``g-`` and 24 hex digits)."""
@@ -280,7 +301,7 @@ def stage_allowance(grant, stage, done, computation, epsilon, delta, cap=None):
         allowed = (grant.epsilon, grant.delta) if cap is None else cap
     else:
         allowed = split.stage_budget(stage)
-    if epsilon > allowed[0] * (1 + SLACK) or delta > allowed[1] * (1 + SLACK):
+    if over_budget(epsilon, delta, allowed):
         why = "" if cap is None else (
             f": {cap_text(grant.id, grant.epsilon, cap, split)}; request a new grant (sage ledger charge, or "
             "Ledger.request), whose stages get what it asks for")

@@ -95,10 +95,11 @@ from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
     stream_filter,
     stream_status,
 )
-from .vocabulary import Accounting, BlockState, GrantOutcome, Outcome, PipelineState, Policy
+from .vocabulary import (GRANT_OUTCOMES, PIPELINE_OUTCOMES, Accounting, BlockState, Composition, Outcome, PipelineState,
+                         Policy)
 
 POLICIES = tuple(Policy)  # members equal their stored strings: "conserve", "aggressive", "dpf-n", ...
-OUTCOMES = tuple(Outcome)  # "ACCEPT", "REJECT", "TIMEOUT"
+OUTCOMES = PIPELINE_OUTCOMES  # "ACCEPT", "REJECT", "TIMEOUT"
 _canonical = canonical  # the name older code and tests import from here
 
 
@@ -750,7 +751,8 @@ class Ledger:
             rows = tx.all(sql.RELEASE_ROWS_OF_GRANT, (grant_id,)) if grant_id else tx.all(sql.RELEASE_ROWS)
         return [Release(*r, reopened=False) for r in rows]
 
-    def draw(self, lifetime_grants, run, epsilon, delta, *, schedule, split=None, meta=None, composition="basic"):
+    def draw(self, lifetime_grants, run, epsilon, delta, *, schedule, split=None, meta=None,
+             composition=Composition.BASIC):
         """A run grant of ``run`` at (``epsilon``, ``delta``) over ``lifetime_grants`` (one-block grants, in block
         order, each released once under ``schedule``'s fingerprint), charging no block: its budget is drawn from
         theirs, by ``composition``: "basic" (sums of epsilon and delta) or "zcdp" (approximate zCDP through the
@@ -770,8 +772,8 @@ class Ledger:
         One outcome per grant, appended to the audit log: with the grants, it is the
         pipeline's iteration history, from which a killed iterator resumes.
         """
-        if outcome not in tuple(GrantOutcome):
-            raise LedgerError(f"outcome {outcome!r} is unknown: use {', '.join(GrantOutcome)}")
+        if outcome not in GRANT_OUTCOMES:
+            raise LedgerError(f"outcome {outcome!r} is unknown: use {', '.join(GRANT_OUTCOMES)}")
         if details is not None and not isinstance(details, collections.abc.Mapping):
             raise LedgerError(f"outcome details {details!r} must be a dict (or None)")
         details = dict(details or {})

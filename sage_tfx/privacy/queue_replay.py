@@ -5,7 +5,7 @@ own scheduler (``allocation.QueuedAllocation``) on the replayed state at the log
 from .allocation import QueuedAllocation, get_policy
 from .chain import canonical as _canonical
 from .errors import LedgerError
-from .vocabulary import BlockState
+from .vocabulary import BlockState, DemandState, Policy
 
 
 class QueueReplay:
@@ -30,7 +30,7 @@ class QueueReplay:
                 rules = get_policy(config["policy"], config.get("policy_params"))
             except LedgerError as exc:
                 self.problems.append(f"stream {stream!r}: its policy cannot be applied ({exc})")
-                rules = get_policy("conserve")
+                rules = get_policy(Policy.CONSERVE.value)
             self._rules[stream] = rules
         return rules
 
@@ -49,7 +49,7 @@ class QueueReplay:
             self.problems.append(f"log entry {seq}: a demand on stream {body['stream']!r}, whose policy queues none")
             return
         self.demands[(body["stream"], body["pipeline"])] = [
-            tuple(body["blocks"]), tuple(body["cost"]), body["rule"], _canonical(body["meta"]), seq, "pending", None]
+            tuple(body["blocks"]), tuple(body["cost"]), body["rule"], _canonical(body["meta"]), seq, DemandState.PENDING, None]
 
     def admit(self, seq, body):
         stream = body["stream"]
@@ -58,7 +58,7 @@ class QueueReplay:
             return
         filt, config = self.streams[stream], self.configs[stream]
         queue = QueuedAllocation(filt, filt.cost(epsilon=config["min_epsilon"]), self.rules(stream))
-        pending = sorted((d[4], p, d) for (s, p), d in self.demands.items() if s == stream and d[5] == "pending")
+        pending = sorted((d[4], p, d) for (s, p), d in self.demands.items() if s == stream and d[5] == DemandState.PENDING)
         for b in dict.fromkeys(b for _, _, d in pending for b in d[0]):
             block = self.blocks.get((stream, b))
             if block is not None:
@@ -67,25 +67,25 @@ class QueueReplay:
         for demand_seq, pipeline, d in pending:
             queue.demand(pipeline, d[0], d[1], seq=demand_seq)
         expected = [p for p, _, _ in queue.schedule(float(body["now"]))]
-        logged = [p for p, _ in body["admitted"]]
+        logged = [p for p, _ in body[DemandState.ADMITTED]]
         if logged != expected:
             self.problems.append(f"log entry {seq}: the {config['policy']} scheduler at time {body['now']} admits "
                                  f"{expected} in that order, but the log admitted {logged} (an admission that did "
                                  "not fit the unlocked budget, or out of the policy's order)")
-        for pipeline, gid in body["admitted"]:
+        for pipeline, gid in body[DemandState.ADMITTED]:
             d = self.demands.get((stream, pipeline))
-            if d is None or d[5] != "pending":
+            if d is None or d[5] != DemandState.PENDING:
                 self.problems.append(f"log entry {seq}: pipeline {pipeline!r} admitted without a pending demand")
                 continue
             self.admissions[gid] = (stream, pipeline, d[0], d[1], seq)
             if pipeline == body.get("collected"):
                 del self.demands[(stream, pipeline)]
             else:
-                d[5], d[6] = "admitted", gid
+                d[5], d[6] = DemandState.ADMITTED, gid
 
     def collect(self, seq, body):
         d = self.demands.get((body["stream"], body["pipeline"]))
-        if d is None or d[5] != "admitted" or d[6] != body["grant"]:
+        if d is None or d[5] != DemandState.ADMITTED or d[6] != body["grant"]:
             self.problems.append(f"log entry {seq}: pipeline {body['pipeline']!r} collected grant {body['grant']!r}, "
                                  "which was not admitted for it")
         self.demands.pop((body["stream"], body["pipeline"]), None)

@@ -47,7 +47,7 @@ from fractions import Fraction
 
 from .checks import finite, is_real, number, positive, probability
 from .errors import GrantError, LedgerError
-from .vocabulary import ChargeRule, Stage
+from .vocabulary import ChargeRule, Side, Stage
 
 STAGES = tuple(Stage)  # members equal their strings: "preprocessing", "count", "training", ...
 DELTA_FIELDS = ("delta", "preprocessing_delta")  # training's delta, preprocessing's delta
@@ -77,7 +77,7 @@ class BudgetSplit:
     preprocessing_delta: float = 0.0
 
     def __post_init__(self):
-        for name in ("preprocessing", "count", "training", "validation", "rejection"):
+        for name in (Stage.PREPROCESSING, Stage.COUNT, Stage.TRAINING, Stage.VALIDATION, Stage.REJECTION):
             object.__setattr__(self, name, _stage_value(name, getattr(self, name)))
         for name in DELTA_FIELDS:
             value = _stage_value(name, getattr(self, name))
@@ -117,7 +117,7 @@ class BudgetSplit:
     def stage_budget(self, stage: str) -> tuple[float, float]:
         """(epsilon, delta) of ``stage``; only training and preprocessing have a delta."""
         _check_stage(stage)
-        delta = {"training": self.delta, "preprocessing": self.preprocessing_delta}.get(stage, 0.0)
+        delta = {Stage.TRAINING: self.delta, Stage.PREPROCESSING: self.preprocessing_delta}.get(stage, 0.0)
         return getattr(self, stage), delta
 
     def scaled(self, epsilon_factor: float, delta_factor: float) -> BudgetSplit:
@@ -131,10 +131,11 @@ class BudgetSplit:
     def composed(self, spent: dict) -> float:
         """The per-record epsilon of stages that spent ``spent`` ({stage: epsilon}), under this split's rule."""
         part = {s: float(spent.get(s, 0.0)) for s in STAGES}
-        shared = part["preprocessing"] + part["count"]
+        shared = part[Stage.PREPROCESSING] + part[Stage.COUNT]
+        train, rejection, validation = part[Stage.TRAINING], part[Stage.REJECTION], part[Stage.VALIDATION]
         if self.parallel:
-            return shared + max(part["training"] + part["rejection"], part["validation"])
-        return shared + part["training"] + part["rejection"] + part["validation"]
+            return shared + max(train + rejection, validation)
+        return shared + train + rejection + validation
 
     def check_covered(self, epsilon: float, delta: float, what: str = "the grant") -> None:
         """Refuse (LedgerError) a split that composes to more than ``what`` charged: (epsilon, delta)."""
@@ -257,7 +258,7 @@ def _check_stage(stage):
 # ---------------------------------------------------------------------------------- which record is where
 
 RECORDS_KEY = "records"  # grant.meta key of the signed record split
-SIDES = ("training", "test")
+SIDES = tuple(Side)
 
 
 def _split_name(name):
@@ -290,8 +291,9 @@ class RecordSplit:
             raise LedgerError(f"record split buckets {self.buckets!r} must name at least one split, each once")
         sides = {side: tuple(_split_name(n) for n in getattr(self, side)) for side in SIDES}
         placed = [n for side in SIDES for n in sides[side]]
-        if sorted(placed) != sorted(names) or not sides["training"]:
-            raise LedgerError(f"record split sides training={list(sides['training'])}, test={list(sides['test'])} "
+        if sorted(placed) != sorted(names) or not sides[Side.TRAINING]:
+            raise LedgerError(f"record split sides training={list(sides[Side.TRAINING])}, "
+                              f"test={list(sides[Side.TEST])} "
                               f"must place every split of {names} on exactly one side, training not empty")
         object.__setattr__(self, "buckets", buckets)
         for side in SIDES:
@@ -313,16 +315,16 @@ class RecordSplit:
 
     def to_dict(self) -> dict:
         """The rule as signed into a grant's meta (a list of pairs: JSON objects lose their order when signed)."""
-        return {"buckets": [[name, count] for name, count in self.buckets], "training": list(self.training),
-                "test": list(self.test)}
+        return {"buckets": [[name, count] for name, count in self.buckets], Side.TRAINING: list(self.training),
+                Side.TEST: list(self.test)}
 
     @classmethod
     def from_dict(cls, raw) -> RecordSplit:
-        if not isinstance(raw, dict) or sorted(raw) != ["buckets", "test", "training"]:
+        if not isinstance(raw, dict) or sorted(raw) != sorted(["buckets", *SIDES]):
             raise LedgerError(f"record split {raw!r} must be an object with buckets, training and test")
         if not all(isinstance(raw[side], (list, tuple)) for side in SIDES):
             raise LedgerError(f"record split {raw!r}: training and test must be lists of split names")
-        return cls(raw["buckets"], tuple(raw["training"]), tuple(raw["test"]))
+        return cls(raw["buckets"], tuple(raw[Side.TRAINING]), tuple(raw[Side.TEST]))
 
     def describe(self) -> str:
         """The rule in one line for error messages: buckets {...}, training [...], test [...]."""
@@ -428,10 +430,17 @@ def stage_budget(grant, stage: str) -> tuple[float, float]:
     return split.stage_budget(stage)
 
 
+def over_budget(epsilon: float, delta: float, allowed: tuple[float, float]) -> bool:
+    """True iff a stage's (``epsilon``, ``delta``) is more than ``allowed`` (its share, or a single-stage grant's
+    whole budget) beyond float round-off (relative ``SLACK``): the one comparison the components' doors
+    (``require_budget``), ``Ledger.release`` and the audit make."""
+    return float(epsilon) > allowed[0] * (1 + SLACK) or float(delta) > allowed[1] * (1 + SLACK)
+
+
 def require_budget(grant, stage: str, epsilon: float, delta: float = 0.0) -> tuple[float, float]:
     """Refuse (GrantError), before any data is read, a stage that asks more than its share of the grant."""
     have_epsilon, have_delta = stage_budget(grant, stage)
-    if float(epsilon) > have_epsilon * (1 + SLACK) or float(delta) > have_delta * (1 + SLACK) + 1e-300:
+    if over_budget(epsilon, delta, (have_epsilon, have_delta)):
         raise GrantError(
             f"the {stage} stage asks for (epsilon={float(epsilon):.6g}, delta={float(delta):.3g}) but grant "
             f"{grant.id!r} covers only (epsilon={have_epsilon:.6g}, delta={have_delta:.3g}) for {stage}")

@@ -13,20 +13,25 @@ import enum
 
 
 class Outcome(enum.StrEnum):
-    """How a pipeline ended (``Ledger.finish``, ``Ledger.record_outcome``; paper §3.4)."""
+    """Every outcome sage-tfx records; each use takes the subset below that applies to it.
 
-    ACCEPT = "ACCEPT"
-    REJECT = "REJECT"
-    TIMEOUT = "TIMEOUT"
-
-
-class GrantOutcome(enum.StrEnum):
-    """What a pipeline run under one grant concluded (``Ledger.record_outcome``): the iteration history."""
+    ``PIPELINE_OUTCOMES``: how a pipeline ended (``Ledger.finish``; paper §3.4). ``GRANT_OUTCOMES``: what a run
+    under one grant concluded (``Ledger.record_outcome``, the iteration history). ``VALIDATION_OUTCOMES``: what an
+    SLA check concludes (``sage_tfx.validation``): ACCEPT, with probability >= 1 - eta the model meets its target
+    on new data from the same distribution; REJECT, under the validator's stated assumption the target is out of
+    reach; RETRY, not enough data (or budget).
+    """
 
     ACCEPT = "ACCEPT"
     REJECT = "REJECT"
     RETRY = "RETRY"
+    TIMEOUT = "TIMEOUT"
     FAILED = "FAILED"
+
+
+PIPELINE_OUTCOMES = (Outcome.ACCEPT, Outcome.REJECT, Outcome.TIMEOUT)
+GRANT_OUTCOMES = (Outcome.ACCEPT, Outcome.REJECT, Outcome.RETRY, Outcome.FAILED)
+VALIDATION_OUTCOMES = (Outcome.ACCEPT, Outcome.REJECT, Outcome.RETRY)
 
 
 class Policy(enum.StrEnum):
@@ -68,6 +73,13 @@ class Stage(enum.StrEnum):
     VALIDATION = "validation"
 
 
+class Side(enum.StrEnum):
+    """The two sides of a grant's signed record split (``split.RecordSplit``): a record is read on one only."""
+
+    TRAINING = "training"
+    TEST = "test"
+
+
 class BlockState(enum.StrEnum):
     """A block is active until it cannot admit the stream's smallest grant, then retired for good."""
 
@@ -87,3 +99,35 @@ class Source(enum.StrEnum):
 
     OWN = "own"
     POOL = "pool"
+
+
+class DemandState(enum.StrEnum):
+    """A queued stream's demand (Dpack, DPF): waiting, or charged and its grant not yet collected."""
+
+    PENDING = "pending"
+    ADMITTED = "admitted"
+
+
+class Composition(enum.StrEnum):
+    """How a growth schedule's runs compose (``release/growth.py`` has the proofs)."""
+
+    PURE = "pure"    # delta = 0, basic composition of epsilon-DP runs
+    ZCDP = "zcdp"    # delta > 0, zCDP composition + RDP conversion
+    BASIC = "basic"  # delta >= 0, (epsilon_i, delta_i) runs, basic composition of both
+
+
+class Metric(enum.StrEnum):
+    """The validator's quality metrics (DPModelValidator's ``metric``, ``SLA.metric``)."""
+
+    MSE = "mse"
+    MAE = "mae"
+    LOG_LOSS = "log_loss"
+    ACCURACY = "accuracy"
+    CUSTOM = "custom"  # the user's per-example loss (SLA.loss_module), clipped to [0, loss_bound]
+
+    @property
+    def is_loss(self) -> bool:
+        return self is not Metric.ACCURACY
+
+
+LOG_LOSS_FLOOR = 1e-7  # log_loss keeps probabilities in [floor, 1 - floor], so a log loss is <= ln(1 / floor)

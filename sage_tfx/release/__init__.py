@@ -4,6 +4,7 @@ One module per method; each charges the ledger, per block and before it reads, w
 
 - ``continual``: continual and sliding-window release of regularised ERM models (Watson et al.).
 - ``incremental_regression``: incremental linear regression by the Tree Mechanism (Kasiviswanathan et al.).
+- ``blessing``: the ModelBlessing writer and pusher (TFX's layout), shared with DPModelValidator.
 - ``growth``: BBScheduler / BBImprover growth schedules and PMWG for linear queries (Cummings et al.).
 - DP-SGD noise schedules (Hong et al.) live with DP-SGD: ``sage_tfx.privacy.noise_schedules``.
 
@@ -18,8 +19,8 @@ import importlib
 _EXPORTS = {
     "ContinualRelease": "continual", "SlidingWindowRelease": "continual", "ReleaseParams": "continual",
     "ContinualReleaseError": "continual", "release_stream": "continual", "check_sla": "continual",
-    "push_model": "continual", "push_blessed": "continual", "write_blessing": "continual",
-    "is_blessed": "continual", "Pushed": "continual",
+    "push_model": "continual", "push_blessed": "blessing", "write_blessing": "blessing",
+    "is_blessed": "blessing", "Pushed": "continual",
     "IncrementalRegression": "incremental_regression", "IncrementalRegressionParams": "incremental_regression",
     "TreeRegressor": "incremental_regression", "IncrementalRegressionError": "incremental_regression",
     "HorizonExhausted": "incremental_regression",

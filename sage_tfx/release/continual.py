@@ -76,14 +76,16 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from sage_tfx.privacy import checks
+from sage_tfx.privacy import checks, gaussian
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_gaussian
+from sage_tfx.privacy.vocabulary import ChargeRule, Outcome, Stage
+from sage_tfx.release.blessing import SERVING_MODEL_DIR, push_blessed, write_blessing
 
 XI = 1e-6  # solver tolerance, relative to L/N (see the module docstring)
-STAGE = "training"
+STAGE = Stage.TRAINING
 MAX_ITERATIONS = 200_000
 
 
@@ -259,34 +261,12 @@ def private_erm(x: np.ndarray, y: np.ndarray, *, params: ReleaseParams, blocks: 
 
 
 # ------------------------------------------------------------------ accounting
-def calibrate_z_eff(epsilon: float, delta: float) -> float:
-    """Smallest Gaussian noise multiplier that is (epsilon, delta)-DP under the RDP accountant."""
-    import dp_accounting
-    from dp_accounting.mechanism_calibration import ExplicitBracketInterval, calibrate_dp_mechanism
-
-    from sage_tfx.privacy.curves import calibration_accountant
-
-    return float(calibrate_dp_mechanism(
-        calibration_accountant, lambda z: dp_accounting.GaussianDpEvent(z), epsilon, delta,
-        ExplicitBracketInterval(1e-3, 1e4), tol=1e-6))
-
-
 def participation_sum(strategy: Strategy, window: Optional[int] = None) -> float:
     """c with 1/z_eff^2 = c / z^2: a record's worst-case sum over its releases of 1/(z 2^j)^2, times z^2."""
     if Strategy(strategy) is Strategy.CUMULATIVE:
         return 4.0 / 3.0
     levels = int(math.floor(math.log2(window)))
     return sum(4.0 ** -j for j in range(levels + 1))
-
-
-def rdp_epsilon(z_eff: float, delta: float) -> float:
-    import dp_accounting
-
-    from sage_tfx.privacy.curves import calibration_accountant
-
-    acc = calibration_accountant()
-    acc.compose(dp_accounting.GaussianDpEvent(z_eff))
-    return float(acc.get_epsilon(delta))
 
 
 # ------------------------------------------------------------------ the strategies
@@ -326,7 +306,7 @@ class _Base:
         self._check_window(params)
         self.ledger, self.stream, self.pipeline, self.params = ledger, stream, pipeline, params
         self.reader, self.dim = reader, int(dim)
-        self.z_eff = calibrate_z_eff(params.epsilon, params.delta)
+        self.z_eff = gaussian.rdp_multiplier(params.epsilon, params.delta)
         self.z = self.z_eff * math.sqrt(participation_sum(self.strategy, params.window))
         self.sigma = self.z * sensitivity(params, 1)  # the same sigma for every release
         self.grants: dict[str, object] = {}
@@ -347,7 +327,6 @@ class _Base:
 
     def _split(self):
         from sage_tfx.privacy.split import BudgetSplit
-        from sage_tfx.privacy.vocabulary import ChargeRule
 
         if self.validation_epsilon is None:
             return None
@@ -561,17 +540,12 @@ def check_sla(release: "_Base", model: "Released", validator) -> object:
     bound = bound_to_data(release.fingerprint, release.ledger, grant)
     fingerprint = hashlib.sha256((bound + "/sla/" + model.weights.tobytes().hex() +
                                   json.dumps(getattr(validator, "target", None))).encode()).hexdigest()
-    release.ledger.release(grant, "validation", fingerprint, release.validation_epsilon, 0.0)
+    release.ledger.release(grant, Stage.VALIDATION, fingerprint, release.validation_epsilon, 0.0)
     x, y = release.tests[block]  # none at all is validated too (noise only): no count of 0 in the result
     z = x @ model.weights
     losses = (np.logaddexp(0.0, -y * z) if release.params.loss is Loss.LOGISTIC else 0.5 * (z - y) ** 2)
     rng = as_secure_rng(release.ledger.private_seed(grant.id, f"sla/{model.t}"))
     return validator.validate(losses, rng=rng)
-
-
-SERVING_MODEL_DIR = "Format-Serving"  # tfx.utils.path_constants.SERVING_MODEL_DIR: what TFX's Pusher copies
-BLESSED_FILE, NOT_BLESSED_FILE = "BLESSED", "NOT_BLESSED"  # as components/dp_model_validator_executor.py
-BLESSING_PROPERTIES = "blessing.json"  # the ModelBlessing's custom properties, for a reader without MLMD
 
 
 @dataclass(frozen=True)
@@ -583,57 +557,6 @@ class Pushed:
     blessing_uri: str
     blessed: bool
     pushed_to: Optional[str]
-
-
-def write_blessing(blessing_uri: str, model_uri: str, model_id: int, accepted: bool,
-                   outcome: Optional[str] = None) -> str:
-    """A ModelBlessing in the layout Sage's DPModelValidator writes (components/dp_model_validator_executor.py,
-    ``write_blessing``) and TFX's Pusher reads: a BLESSED / NOT_BLESSED file in the URI and the custom properties
-    ``blessed`` = 1 / 0, ``current_model`` (the model's URI), ``current_model_id`` -- here also written to
-    blessing.json (with the SLA ``outcome``), since no MLMD store holds them. No TensorFlow."""
-    import os
-
-    os.makedirs(blessing_uri, exist_ok=True)
-    for stale in (BLESSED_FILE, NOT_BLESSED_FILE):  # a replay rewrites the same outcome; never leave both
-        if os.path.exists(os.path.join(blessing_uri, stale)):
-            os.remove(os.path.join(blessing_uri, stale))
-    with open(os.path.join(blessing_uri, BLESSED_FILE if accepted else NOT_BLESSED_FILE), "w"):
-        pass
-    with open(os.path.join(blessing_uri, BLESSING_PROPERTIES), "w") as f:
-        json.dump({"blessed": 1 if accepted else 0, "current_model": model_uri, "current_model_id": int(model_id),
-                   "sla_outcome": outcome}, f, indent=1, sort_keys=True)
-    return blessing_uri
-
-
-def is_blessed(blessing_uri: str) -> bool:
-    """TFX Pusher's CheckBlessing on our ModelBlessing: ``blessed`` == 1 and the BLESSED file, nothing else."""
-    import os
-
-    try:
-        with open(os.path.join(blessing_uri, BLESSING_PROPERTIES)) as f:
-            props = json.load(f)
-    except (OSError, ValueError):
-        return False
-    return props.get("blessed") == 1 and os.path.exists(os.path.join(blessing_uri, BLESSED_FILE)) and \
-        not os.path.exists(os.path.join(blessing_uri, NOT_BLESSED_FILE))
-
-
-def push_blessed(model_uri: str, blessing_uri: str, serving_dir: str, version: int) -> Optional[str]:
-    """Our push path, as TFX's Pusher does it: only if ``is_blessed(blessing_uri)``, copy the model's serving
-    directory (model_uri/Format-Serving) to serving_dir/<version>/ (an existing version is kept, as Pusher
-    skips an existing destination). Returns the serving path, or None when the model is not blessed."""
-    import os
-    import shutil
-
-    if not is_blessed(blessing_uri):
-        return None
-    target = os.path.join(serving_dir, str(int(version)))
-    if not os.path.exists(target):
-        tmp = target + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(os.path.join(model_uri, SERVING_MODEL_DIR), tmp)
-        os.replace(tmp, target)  # atomic: a serving system never sees a half-copied version
-    return target
 
 
 def push_model(push_dir: str, model: "Released", result=None, serving_dir: Optional[str] = None) -> Pushed:
@@ -652,9 +575,9 @@ def push_model(push_dir: str, model: "Released", result=None, serving_dir: Optio
     info = {"t": model.t, "blocks": model.blocks, "kind": model.kind, "sla_outcome": outcome}
     with open(os.path.join(serving, "model.json"), "w") as f:
         json.dump(info, f, indent=1)
-    accepted = result is None or outcome == "ACCEPT"
+    accepted = result is None or outcome == Outcome.ACCEPT
     blessing_uri = write_blessing(os.path.join(push_dir, f"blessing-{model.t:06d}"), model_uri, model.t, accepted,
-                                  outcome)
+                                  outcome=outcome)
     pushed = push_blessed(model_uri, blessing_uri, serving_dir, model.t) if serving_dir else None
     return Pushed(model_uri, blessing_uri, accepted, pushed)
 

@@ -88,7 +88,6 @@ docs/noise.md).
 """
 from __future__ import annotations
 
-import enum
 import hashlib
 import json
 import math
@@ -97,24 +96,19 @@ from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
-from sage_tfx.privacy import checks
+from sage_tfx.privacy import checks, gaussian
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.draws import ZCDP_RUN_DELTA_SHARE as ZCDP_SHARE, zcdp_filter
 from sage_tfx.privacy.errors import LedgerError, SageError
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_gaussian_sum, grid_laplace, grid_laplace_sum
+from sage_tfx.privacy.vocabulary import Composition, Stage
 
-STAGE = "training"  # the ledger's stage vocabulary: a released statistic is the grant's one release
+STAGE = Stage.TRAINING  # a released statistic is the grant's one release
 
 
 class GrowthError(SageError, ValueError):
     """Bad parameters or input for a growth schedule / PMWG (raised before anything is charged)."""
-
-
-class Mode(enum.StrEnum):
-    PURE = "pure"    # delta = 0, basic composition
-    ZCDP = "zcdp"    # delta > 0, zCDP composition + RDP conversion
-    BASIC = "basic"  # delta >= 0, (epsilon_i, delta_i) runs, basic composition of both
 
 
 def _positive(name: str, value, fix: str) -> float:
@@ -126,13 +120,6 @@ def _int_at_least(name: str, value, low: int, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise GrowthError(f"{name} {value!r} is invalid: {fix}")
     return int(value)
-
-
-def rho_for(epsilon: float, delta: float) -> float:
-    """rho with rho-zCDP => (epsilon, delta)-DP: 1/(2 z^2), z calibrated by dp-accounting (RDP, Gaussian)."""
-    from sage_tfx.release.continual import calibrate_z_eff
-
-    return 1.0 / (2.0 * calibrate_z_eff(epsilon, delta) ** 2)
 
 
 @dataclass(frozen=True)
@@ -151,17 +138,17 @@ class SchedulerParams:
             raise GrowthError(f"delta {self.delta!r} is invalid: give 0 <= delta < 1 (0 = pure epsilon-DP)")
         _positive("gamma", self.gamma, "give the growth factor gamma > 0 (re-run at size t0 (1 + gamma)^i)")
         _int_at_least("t0", self.t0, 1, "give the first run's block count t0 >= 1")
-        if self.composition not in (None, "basic", "zcdp"):
+        if self.composition not in (None, Composition.BASIC, Composition.ZCDP):
             raise GrowthError(f"composition {self.composition!r} is invalid: give None (pure if delta = 0, zCDP "
                               "otherwise), 'zcdp' (needs delta > 0) or 'basic' ((epsilon_i, delta_i) runs)")
-        if self.composition == "zcdp" and self.delta == 0:
+        if self.composition == Composition.ZCDP and self.delta == 0:
             raise GrowthError("composition 'zcdp' needs delta > 0: give delta, or composition None for pure DP")
 
     @property
-    def mode(self) -> Mode:
-        if self.composition == "basic":
-            return Mode.BASIC
-        return Mode.ZCDP if self.delta > 0 else Mode.PURE
+    def mode(self) -> Composition:
+        if self.composition == Composition.BASIC:
+            return Composition.BASIC
+        return Composition.ZCDP if self.delta > 0 else Composition.PURE
 
 
 @dataclass(frozen=True)
@@ -227,11 +214,11 @@ class BBScheduler:
     def __init__(self, params: SchedulerParams, *, approximate: bool = False):
         if not isinstance(params, SchedulerParams):
             raise GrowthError(f"params {params!r} must be a SchedulerParams")
-        if approximate and params.mode is not Mode.ZCDP:
+        if approximate and params.mode is not Composition.ZCDP:
             raise GrowthError(f"approximate runs need composition 'zcdp' and delta > 0, not composition "
                               f"{params.composition!r} with delta {params.delta!r}")
         self.params, self.approximate = params, bool(approximate)
-        self.rho = rho_for(params.epsilon, params.delta) if params.mode is Mode.ZCDP and not approximate else None
+        self.rho = gaussian.zcdp_rho(params.epsilon, params.delta) if params.mode is Composition.ZCDP and not approximate else None
         self.c = None
         if self.approximate:
             r, n = 1.0 / (1.0 + params.gamma), 400
@@ -243,7 +230,7 @@ class BBScheduler:
 
     def epsilon_of(self, i: int) -> float:
         g = self.params.gamma
-        if self.params.mode is not Mode.ZCDP:
+        if self.params.mode is not Composition.ZCDP:
             return self.params.epsilon * g / (1.0 + g) ** (i + 1)
         r = 1.0 / (1.0 + g)
         if self.approximate:
@@ -256,7 +243,7 @@ class BBScheduler:
         g = self.params.gamma
         if self.approximate:
             return self.params.delta * ZCDP_SHARE * g / (1.0 + g) ** (i + 1)
-        if self.params.mode is not Mode.BASIC:
+        if self.params.mode is not Composition.BASIC:
             return 0.0
         return self.params.delta * g / (1.0 + g) ** (i + 1)
 
@@ -282,7 +269,7 @@ class BBScheduler:
             return None  # no epoch threshold was passed by this arrival
         first = 0 if e_before is None else e_before + 1
         eps = [self.epsilon_of(i) for i in range(first, e_now + 1)]
-        if self.params.mode is not Mode.ZCDP:  # one run at the epochs' summed epsilon (basic composition)
+        if self.params.mode is not Composition.ZCDP:  # one run at the epochs' summed epsilon (basic composition)
             return e_now, sum(eps)
         return e_now, math.sqrt(sum(e * e for e in eps))  # zCDP: the epochs' rhos add up
 
@@ -300,15 +287,15 @@ class BBScheduler:
         blocks."""
         runs = [self.run_at(t) for t in range(1, horizon + 1)]
         eps = [r[1] for r in runs if r]
-        return sum(eps) if self.params.mode is not Mode.ZCDP else sum(e * e / 2 for e in eps)
+        return sum(eps) if self.params.mode is not Composition.ZCDP else sum(e * e / 2 for e in eps)
 
     @property
     def draw_composition(self) -> Optional[str]:
         """The ledger's draw rule for this schedule's runs over a pipeline (``sage_tfx.privacy.draws``): "basic"
         in basic mode, "zcdp" for approximate runs, None for pure runs (no pipeline runs under them)."""
         if self.approximate:
-            return "zcdp"
-        return "basic" if self.params.mode is Mode.BASIC else None
+            return Composition.ZCDP
+        return Composition.BASIC if self.params.mode is Composition.BASIC else None
 
     @property
     def meta(self) -> dict:
@@ -337,7 +324,7 @@ class BBImprover:
             head = np.arange(t0, end, dtype=float) ** -(0.5 + a)
             self.c = filter_scale(params.epsilon, params.delta, head, (end - 1) ** (-2 * a) / (2 * a))
             return
-        self.rho = rho_for(params.epsilon, params.delta)
+        self.rho = gaussian.zcdp_rho(params.epsilon, params.delta)
         tail = t0 ** -(1 + 2 * a) + t0 ** (-2 * a) / (2 * a)  # >= sum_{t >= t0} t^-(1+2a)
         self.c = math.sqrt(2.0 * self.rho / tail)
 
@@ -366,7 +353,7 @@ class BBImprover:
     def draw_composition(self) -> Optional[str]:
         """The ledger's draw rule for this schedule's runs over a pipeline (``sage_tfx.privacy.draws``): "zcdp"
         for approximate runs, None for pure runs (no pipeline runs under them)."""
-        return "zcdp" if self.approximate else None
+        return Composition.ZCDP if self.approximate else None
 
     def total_loss(self, horizon: int) -> float:
         """A record's worst-case rho over runs up to ``horizon`` blocks."""
@@ -388,7 +375,7 @@ def clipped_mean(bound: float, rows_per_block: int) -> "Mechanism":
     epsilon, so each run is (epsilon, 0)-DP exactly (docs/noise.md), as the schedules' analysis needs of its
     black box (the paper's Section 3: an epsilon-DP static algorithm). Called with ``delta > 0`` (a basic-mode
     BBScheduler run), it adds ``samplers.grid_gaussian_sum`` noise of sigma = z bound / n instead, z the Gaussian
-    multiplier dp-accounting's RDP accountant calibrates to (epsilon, delta) (``continual.calibrate_z_eff``):
+    multiplier dp-accounting's RDP accountant calibrates to (epsilon, delta) (``gaussian.rdp_multiplier``):
     the grid release keeps the continuous Gaussian's rho-zCDP, hence its RDP curve and (epsilon, delta)."""
     bound = _positive("bound", bound, "give the column's public upper bound B > 0 (values are clipped to [0, B])")
     m = _int_at_least("rows_per_block", rows_per_block, 1, "give the declared (public) rows per block >= 1")
@@ -399,9 +386,7 @@ def clipped_mean(bound: float, rows_per_block: int) -> "Mechanism":
         # grid by the release (never a float64 sum first: its rounding would depend on the other records)
         shares = np.concatenate([np.clip(np.asarray(b, dtype=float).ravel(), 0.0, bound) for b in blocks]) / n
         if delta > 0:  # (epsilon, delta)-DP: the Gaussian multiplier z calibrated by dp-accounting (RDP)
-            from sage_tfx.release.continual import calibrate_z_eff
-
-            sigma = calibrate_z_eff(epsilon, delta) * bound / n
+            sigma = gaussian.rdp_multiplier(epsilon, delta) * bound / n
             return float(grid_gaussian_sum(shares, bound / n, sigma, rng=rng)[0])
         return float(grid_laplace_sum(shares, bound / n, epsilon, rng=rng)[0])
 
@@ -497,7 +482,7 @@ class ScheduledRelease(ScheduleIdentity):
         if plan is None:
             return None
         epoch, eps = plan
-        basic = isinstance(self.schedule, BBScheduler) and self.schedule.params.mode is Mode.BASIC
+        basic = isinstance(self.schedule, BBScheduler) and self.schedule.params.mode is Composition.BASIC
         delta_i = self.schedule.run_budget(t)[2] if basic else 0.0
         for b in self.order:  # re-open (same computation): nothing counted twice
             self.ledger.release(self.grants[b], STAGE, bound_to_data(self.fingerprint, self.ledger, self.grants[b]),

@@ -72,12 +72,13 @@ from sage_tfx.privacy import checks
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.samplers import grid_gaussian_params
+from sage_tfx.privacy.vocabulary import Accounting, Stage
 
 __all__ = ["IncrementalRegressionError", "HorizonExhausted", "IncrementalRegressionParams", "TreeRegressor",
            "IncrementalRegression", "ArrivalRelease", "tree_levels", "project_ball", "projected_gradient"]
 
 STRATEGY = "incremental_regression"
-STAGE = "training"
+STAGE = Stage.TRAINING
 _NODE_PURPOSE = "incremental-regression/tree-node"
 
 
@@ -345,7 +346,7 @@ class IncrementalRegression:
 
     def _charge(self, block: str):
         meta = self.params.meta()
-        if self.accounting == "rdp":
+        if self.accounting == Accounting.RDP:
             return self.ledger.request(self.pipeline, self.stream, blocks=[block], curve=self.params.dp_event,
                                        meta=meta)
         return self.ledger.request(self.pipeline, self.stream, blocks=[block], epsilon=self.params.epsilon,

@@ -44,7 +44,8 @@ from sage_tfx.privacy import BudgetSplit, eval_share_split, public_error_text
 from sage_tfx.privacy.errors import IterationInterrupted, SageError, environment_error_text, is_environment_error
 from sage_tfx.privacy.draws import DRAW_KEY, is_run_grant
 from sage_tfx.privacy.split import RECORDS_KEY
-from sage_tfx.release.growth import (BBImprover, BBScheduler, GrowthError, ImproverParams, Mode, ScheduleIdentity,
+from sage_tfx.privacy.vocabulary import BlockState, Composition, Outcome
+from sage_tfx.release.growth import (BBImprover, BBScheduler, GrowthError, ImproverParams, ScheduleIdentity,
                                      SchedulerParams, charge_lifetime)
 from sage_tfx.validation import eta_for_attempt
 
@@ -89,7 +90,7 @@ def check_pipeline_schedule(schedule: Schedule) -> Schedule:
 
 
 def _check_params(params: SchedulerParams) -> SchedulerParams:
-    if params.mode is Mode.PURE or params.delta <= 0:
+    if params.mode is Composition.PURE or params.delta <= 0:
         raise GrowthError(f"composition {params.composition!r} with delta {params.delta!r} cannot drive a TFX "
                           "pipeline: give delta > 0 and composition 'basic' or 'zcdp' (each run is (epsilon_i, "
                           "delta_i)-DP and DP-SGD needs delta_i > 0)")
@@ -206,7 +207,7 @@ class ScheduledPipeline(ScheduleIdentity):
                 raise IterationInterrupted(f"run {epoch} (t={t}) under run grant {grant.id} was interrupted by "
                                            f"{environment_error_text(exc)}") from exc
             error = public_error_text(exc)
-            self.ledger.record_outcome(grant.id, "FAILED", {"error": error})
+            self.ledger.record_outcome(grant.id, Outcome.FAILED, {"error": error})
             self.progress(f"[{self.pipeline}] run {epoch} (t={t}): FAILED ({error}); its run grant stays drawn")
             raise RunFailed(f"run {epoch} (t={t}) under run grant {grant.id} failed: {error}") from exc
         self.ledger.record_outcome(grant.id, result.outcome, {"bound": result.bound, **result.details})
@@ -222,7 +223,6 @@ class ScheduledPipeline(ScheduleIdentity):
     def advance(self, max_runs: Optional[int] = None) -> list[ScheduledRun]:
         """Observe every active block not observed yet (ledger order), stopping after ``max_runs`` runs made by
         this call (blocks after that stay uncharged). Returns the runs made or resumed."""
-        from sage_tfx.privacy.vocabulary import BlockState
 
         made = []
         pending = [b.id for b in self.ledger.blocks(self.stream) if b.id in self.grants
@@ -260,8 +260,8 @@ def scheduler_from_options(options: dict, source: str = "the schedule", strategy
         if strategy == "bbimprover":
             return BBImprover(ImproverParams(**options), approximate=True)
         # the parameters checked before BBScheduler calibrates anything
-        params = _check_params(SchedulerParams(**{"composition": "basic", **options}))
-        return BBScheduler(params, approximate=params.mode is Mode.ZCDP)
+        params = _check_params(SchedulerParams(**{"composition": Composition.BASIC.value, **options}))
+        return BBScheduler(params, approximate=params.mode is Composition.ZCDP)
     except GrowthError as exc:
         raise GrowthError(f"{source}: {exc}") from None
 

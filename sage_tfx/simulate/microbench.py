@@ -30,6 +30,7 @@ import numpy as np
 
 from sage_tfx.privacy import filters
 from sage_tfx.privacy.allocation import BlockAllocation, QueuedAllocation, QueuedPolicy, get_policy, policy_names
+from sage_tfx.privacy.vocabulary import Accounting
 
 HOUR = 3600.0
 
@@ -51,10 +52,10 @@ class MicroConfig:
     mice_epsilon_share: float = 0.75   # P(a pipeline demands mice_epsilon), independent of the above
     timeout: float = 12.0              # hours a pipeline waits before it leaves ungranted
     min_epsilon: float = 0.001         # a block that cannot admit this much more is retired
-    accounting: str = "basic"          # "rdp": Rényi filters, each demand a curve (``demand_curves``)
+    accounting: str = Accounting.BASIC  # rdp: Rényi filters, each demand a curve (``demand_curves``)
 
     def __post_init__(self):
-        if self.accounting not in ("basic", "rdp"):
+        if self.accounting not in tuple(Accounting):
             raise ValueError(f"microbenchmark accounting={self.accounting!r} must be 'basic' or 'rdp'")
         for f in fields(self):
             if f.name == "accounting":
@@ -143,7 +144,7 @@ def run(policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict
     filt = filters.make_filter(config.accounting, config.epsilon, config.delta)
     min_cost = filt.cost(epsilon=config.min_epsilon)
     rdp_costs = (demand_curves(filt, (config.mice_epsilon, config.elephant_epsilon))
-                 if config.accounting == "rdp" else None)
+                 if config.accounting == Accounting.RDP else None)
     pol = Fcfs() if str(policy) == "fcfs" else get_policy(policy, params)
     queued = pol.queued
     model = QueuedAllocation(filt, min_cost, pol) if queued else BlockAllocation(filt, min_cost, pol)

@@ -12,22 +12,11 @@ import numpy as np
 
 from sage_tfx.privacy.checks import is_real, positive
 from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.vocabulary import Outcome, Stage
 
 
 class ValidationInputError(SageError, ValueError):
     """Bad validator input. The message names the bad value."""
-
-
-class Outcome(enum.StrEnum):
-    """ACCEPT: with probability >= 1 - eta the model meets its target on new data from the same distribution.
-    REJECT: under the validator's stated assumption, the target is out of reach. RETRY: not enough data (or budget).
-
-    A ``StrEnum``: ``Outcome.ACCEPT == "ACCEPT"``, so it goes straight into JSON and the iterator's outcome strings.
-    """
-
-    ACCEPT = "ACCEPT"
-    REJECT = "REJECT"
-    RETRY = "RETRY"
 
 
 class Mode(enum.StrEnum):
@@ -152,7 +141,7 @@ def check_rng(rng):
 
     if rng is not None and not isinstance(rng, (np.random.Generator, SecureRNG)):
         raise ValidationInputError(f"rng {rng!r} must be a numpy.random.Generator, a SecureRNG (or None)")
-    return as_secure_rng(rng, "validation")
+    return as_secure_rng(rng, Stage.VALIDATION.value)
 
 
 # ---------------------------------------------------------------- noisy totals

@@ -1,0 +1,102 @@
+"""The ModelBlessing writer and the pusher: the one layout TFX's Evaluator writes and its Pusher reads.
+
+Used by DPModelValidator's executor (an MLMD artifact: the properties go on it) and by the continual release
+(no MLMD store: the properties go to ``blessing.json`` beside the marker). A blessing is a directory holding
+exactly one of the BLESSED / NOT_BLESSED marker files, plus the custom properties ``blessed`` = 1 / 0,
+``current_model`` (the model's URI) and ``current_model_id``. Local paths use ``os``; a URI with a scheme
+(``gs://...``) goes through ``tf.io.gfile``. docs/release_strategies.md describes the push path.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from typing import Any, Optional
+
+SERVING_MODEL_DIR = "Format-Serving"  # tfx.utils.path_constants.SERVING_MODEL_DIR: what TFX's Pusher copies
+BLESSED_FILE, NOT_BLESSED_FILE = "BLESSED", "NOT_BLESSED"  # as tfx.components.evaluator.constants
+BLESSING_PROPERTIES = "blessing.json"  # the custom properties, for a reader without MLMD
+
+
+def _gfile(uri: str):
+    """``tf.io.gfile`` for a URI with a scheme, else None (plain ``os``)."""
+    if "://" not in uri:
+        return None
+    import tensorflow as tf
+
+    return tf.io.gfile
+
+
+def _write(path: str, text: str) -> None:
+    gfile = _gfile(path)
+    if gfile is None:
+        with open(path, "w") as f:
+            f.write(text)
+    else:
+        with gfile.GFile(path, "w") as f:
+            f.write(text)
+
+
+def write_blessing(uri: str, model_uri: str, model_id: Optional[int], accepted: bool, *,
+                   artifact: Any = None, outcome: Optional[str] = None) -> str:
+    """Write a ModelBlessing at ``uri`` for the model at ``model_uri``; return ``uri``.
+
+    Args:
+      uri: the blessing's directory (created; a stale marker of the other outcome is removed, so a replay
+        never leaves both).
+      model_uri: the blessed (or not) Model artifact's URI.
+      model_id: its MLMD id (written when truthy).
+      accepted: True writes BLESSED and ``blessed`` = 1, False NOT_BLESSED and 0.
+      artifact: the MLMD ModelBlessing artifact: the properties are set on it. Without one they are written
+        to ``uri``/blessing.json, with ``outcome`` as ``sla_outcome``.
+      outcome: the check's outcome, recorded in blessing.json.
+    """
+    gfile = _gfile(uri)
+    exists, remove = (os.path.exists, os.remove) if gfile is None else (gfile.exists, gfile.remove)
+    os.makedirs(uri, exist_ok=True) if gfile is None else gfile.makedirs(uri)
+    for stale in (BLESSED_FILE, NOT_BLESSED_FILE):
+        if exists(os.path.join(uri, stale)):
+            remove(os.path.join(uri, stale))
+    _write(os.path.join(uri, BLESSED_FILE if accepted else NOT_BLESSED_FILE), "")
+    props = {"blessed": 1 if accepted else 0, "current_model": model_uri}
+    if model_id:
+        props["current_model_id"] = int(model_id)
+    if artifact is None:
+        _write(os.path.join(uri, BLESSING_PROPERTIES), json.dumps(dict(props, sla_outcome=outcome), indent=1,
+                                                                   sort_keys=True))
+        return uri
+    for name, value in props.items():
+        if isinstance(value, int):
+            artifact.set_int_custom_property(name, value)
+        else:
+            artifact.set_string_custom_property(name, value)
+    return uri
+
+
+def is_blessed(blessing_uri: str) -> bool:
+    """TFX Pusher's CheckBlessing on a blessing.json ModelBlessing: ``blessed`` == 1 and the BLESSED file only."""
+    try:
+        with open(os.path.join(blessing_uri, BLESSING_PROPERTIES)) as f:
+            props = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return props.get("blessed") == 1 and os.path.exists(os.path.join(blessing_uri, BLESSED_FILE)) and \
+        not os.path.exists(os.path.join(blessing_uri, NOT_BLESSED_FILE))
+
+
+def push_blessed(model_uri: str, blessing_uri: str, serving_dir: str, version: int) -> Optional[str]:
+    """Push as TFX's Pusher does: only if ``is_blessed(blessing_uri)``, copy model_uri/Format-Serving to
+    serving_dir/<version>/ (an existing version is kept, as Pusher skips an existing destination).
+
+    Returns:
+      The serving path, or None when the model is not blessed.
+    """
+    if not is_blessed(blessing_uri):
+        return None
+    target = os.path.join(serving_dir, str(int(version)))
+    if not os.path.exists(target):
+        tmp = target + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(os.path.join(model_uri, SERVING_MODEL_DIR), tmp)
+        os.replace(tmp, target)  # atomic: a serving system never sees a half-copied version
+    return target
