@@ -28,6 +28,7 @@ import numpy as np
 
 from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy.samplers import grid_gaussian, grid_laplace_sum
+from sage_tfx.privacy.vocabulary import Stage
 
 from .core import AuditConfigError, Mechanism
 
@@ -119,7 +120,7 @@ def _validator_pair(name, base, worst, bound, epsilon):
 
     def release(neighbour, seed):
         values = np.append(base, worst) if neighbour else base
-        total, _ = release_pair(values, bound, epsilon, secure_rng(seed, "validation"), mode)
+        total, _ = release_pair(values, bound, epsilon, secure_rng(seed, Stage.VALIDATION.value), mode)
         return total.value
     return Mechanism(name, release, epsilon)
 
