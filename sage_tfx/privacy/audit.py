@@ -52,7 +52,7 @@ from .draws import DrawReplay, audit_draw
 from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
 from .grants import Grant, cap_text, capped, grant_budget, older_rdp, stage_cap
-from .split import SLACK, BudgetSplit
+from .split import SLACK, BudgetSplit, per_row_budget, per_row_split, unit_rows
 from .store import sql
 from .vocabulary import Accounting, BlockState, PipelineState, Source
 from .chain import GENESIS, TRUSTED_READ, canonical as _canonical, chain_hash
@@ -120,7 +120,8 @@ def audit_ledger(ledger):
             # stream, block or grant they name: each is named, never a traceback
             if kind == "stream":
                 stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None,
-                                                     "query_delta_share": None, "split_orders": None}, **body)
+                                                     "query_delta_share": None, "split_orders": None,
+                                                     "privacy_unit": None, "max_rows_per_unit": None}, **body)
                 try:  # an entry without a query_delta_share (before schema 7, or basic) replays the legacy rule, one
                     # without split_orders (before schema 8) every order converting at all of the conversion delta
                     streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
@@ -351,7 +352,8 @@ def _read_tables(tx):
     table_streams = {r[0]: {"name": r[0], "accounting": r[1], "epsilon": r[2], "delta": r[3],
                             "orders": json.loads(r[4]), "policy": r[5], "min_epsilon": r[6],
                             "min_grant_epsilon": r[7], "policy_params": json.loads(r[8]) if r[8] else None,
-                            "query_delta_share": r[9], "split_orders": r[10]}
+                            "query_delta_share": r[9], "split_orders": r[10], "privacy_unit": r[11],
+                            "max_rows_per_unit": r[12]}
                      for r in tx.all(sql.AUDIT_STREAMS)}
     table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
                     for r in tx.all(sql.AUDIT_BLOCK_SPENT)}
@@ -537,15 +539,23 @@ def _check_release_totals(grants, releases, streams, problems):
         cap = stage_cap(Grant.from_json(body), streams[body["stream"]])
         recorded = epsilon
         epsilon, delta, split = capped(epsilon, delta, split, cap)
+        try:  # a unit stream's stages spend per row (split.per_row_budget)
+            k = unit_rows(body.get("meta"))
+        except LedgerError as exc:  # GrantError is one
+            problems.append(f"grant {gid!r}: {exc}")
+            continue
+        split = None if split is None else per_row_split(split, k)
         why = "" if cap is None else (f" ({cap_text(gid, recorded, cap, split)}; a release above that spent more "
                                       "than the filter charged the grant's blocks, whichever sage allowed it)")
         if split is None:
             if len(spent) > 1:
                 problems.append(f"grant {gid!r} is single-stage but stages {sorted(spent)} each released under it")
+            allowed = per_row_budget(epsilon, delta, k)
             for stage, (eps, dlt) in spent.items():
-                if eps > epsilon * (1 + SLACK) or dlt > delta * (1 + SLACK):
+                if eps > allowed[0] * (1 + SLACK) or dlt > allowed[1] * (1 + SLACK):
                     problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
-                                    f"more than the charge (epsilon={epsilon:.6g}, delta={delta:.3g}){why}")
+                                    f"more than the charge allows (epsilon={allowed[0]:.6g}, "
+                                    f"delta={allowed[1]:.3g}){why}")
             continue
         for stage, (eps, dlt) in spent.items():
             share = split.stage_budget(stage)
