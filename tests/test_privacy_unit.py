@@ -248,3 +248,20 @@ def test_input_without_the_unit_column_is_refused_with_nothing_registered(tmp_pa
             _ingest(ledger, data, "people", trips, make_spec("time", "people", TIME_COLUMN, "30d"))
         assert ledger.blocks("people") == []
     assert not os.path.exists(data) or _listing(data) == []
+
+
+def test_a_stream_made_before_privacy_units_reads_as_unit_row(tmp_path):
+    db = str(tmp_path / "l.db")
+    with Ledger.open(db, create=True) as ledger:
+        ledger.create_stream("old", 1.0, 1e-6)
+        ledger.add_block("old", "b0", start=0.0, end=86400.0, rows=10)
+    with sqlite3.connect(db) as conn:  # the ledger as schema 8 stored it
+        for column in ("privacy_unit", "max_rows_per_unit"):
+            conn.execute(f"ALTER TABLE streams DROP COLUMN {column}")
+        conn.execute("UPDATE meta SET value = '8' WHERE key = 'schema_version'")
+    with Ledger.open(db) as ledger:  # migrated to schema 9 on open
+        s = ledger.stream("old")
+        assert (s.privacy_unit, s.max_rows_per_unit, s.unit_rows) == (None, None, 1)
+        grant = ledger.request("p", "old", blocks=["b0"], epsilon=0.5)
+        assert stage_budget(grant, "count") == (0.5, 0.0) and "unit" not in grant.meta
+        assert ledger.audit().ok
