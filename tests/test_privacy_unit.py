@@ -265,3 +265,31 @@ def test_a_stream_made_before_privacy_units_reads_as_unit_row(tmp_path):
         grant = ledger.request("p", "old", blocks=["b0"], epsilon=0.5)
         assert stage_budget(grant, "count") == (0.5, 0.0) and "unit" not in grant.meta
         assert ledger.audit().ok
+
+
+def test_a_run_grant_drawn_on_a_unit_stream_is_per_row_and_drawn_again_the_same(tmp_path):
+    from sage_tfx.release.growth import charge_lifetime, schedule_fingerprint
+
+    meta = {"strategy": "bbscheduler"}
+    fingerprint = schedule_fingerprint("p", "people", meta)
+    with Ledger.open(str(tmp_path / "l.db"), create=True) as ledger:
+        ledger.create_stream("people", 1.0, 1e-6, privacy_unit=UNIT, max_rows_per_unit=K)
+        for i in range(2):
+            ledger.add_block("people", f"b{i}")
+        lifetimes = [charge_lifetime(ledger, "people", "p", f"b{i}", 0.5, 1e-7, meta, fingerprint) for i in range(2)]
+        run = ledger.draw(lifetimes, 0, 0.2, 4e-8, schedule=fingerprint)
+        assert run.meta["unit"] == {"column": UNIT, "max_rows": K}
+        assert stage_budget(run, "training") == pytest.approx(per_row_budget(0.2, 4e-8, K))
+        assert ledger.draw(lifetimes, 0, 0.2, 4e-8, schedule=fingerprint).id == run.id  # the same draw: its grant
+        assert ledger.audit().ok
+
+
+def test_a_release_strategy_calibrated_to_one_row_is_refused_before_any_charge(tmp_path):
+    from sage_tfx.release.continual import ContinualRelease, ReleaseParams
+
+    with Ledger.open(str(tmp_path / "l.db"), create=True) as ledger:
+        ledger.create_stream("people", 1.0, 1e-6, privacy_unit=UNIT, max_rows_per_unit=K)
+        ledger.add_block("people", "b0")
+        with pytest.raises(LedgerError, match="ContinualRelease calibrates its mechanisms to one row"):
+            ContinualRelease(ledger, "people", "p", ReleaseParams(epsilon=0.1, delta=1e-7, records_per_block=100), lambda grant: None, dim=2)
+        assert ledger.grants("people") == [] and ledger.blocks("people")[0].spent[0] == 0

@@ -162,6 +162,19 @@ def check_unit_charge(stream, curve) -> None:
             "(and delta) instead, whose stages then get the per-row budget")
 
 
+def require_row_unit(ledger, stream: str, what: str) -> None:
+    """Refuse (LedgerError, before anything is charged) ``what``, a release strategy whose mechanisms take their
+    epsilon from its own parameters rather than from a grant's stage budget (``split.stage_budget``), on a stream
+    whose privacy unit has K > 1 rows: its mechanisms are calibrated to one row, and ``Ledger.release`` would refuse
+    their full-epsilon release only after the charge. ``ledger``: anything with ``stream(name)``."""
+    s = ledger.stream(stream)
+    if s.unit_rows > 1:
+        raise LedgerError(
+            f"{what} calibrates its mechanisms to one row, but stream {stream!r} protects privacy unit "
+            f"{s.privacy_unit!r} (up to {s.unit_rows} rows a block): run it on a stream whose unit is the row, or "
+            "run a TFX pipeline (sage run), whose stages get the per-row budget")
+
+
 def check_stream_args(name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
                       min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
                       min_grant_epsilon=None, policy_params=None, query_delta_share=None, privacy_unit=None,
