@@ -293,3 +293,21 @@ def test_a_release_strategy_calibrated_to_one_row_is_refused_before_any_charge(t
         with pytest.raises(LedgerError, match="ContinualRelease calibrates its mechanisms to one row"):
             ContinualRelease(ledger, "people", "p", ReleaseParams(epsilon=0.1, delta=1e-7, records_per_block=100), lambda grant: None, dim=2)
         assert ledger.grants("people") == [] and ledger.blocks("people")[0].spent[0] == 0
+
+
+def test_the_audit_catches_a_grant_made_while_the_bound_was_changed(tmp_path):
+    db = str(tmp_path / "l.db")
+    with Ledger.open(db, create=True) as ledger:
+        ledger.create_stream("people", 10.0, 1e-5, privacy_unit=UNIT, max_rows_per_unit=K)
+        ledger.add_block("people", "b0")
+    with sqlite3.connect(db) as conn:  # K lowered behind the ledger's back, a grant taken, K put back
+        conn.execute("UPDATE streams SET max_rows_per_unit = 1 WHERE name = 'people'")
+    with Ledger.open(db) as ledger:
+        grant = ledger.request("p", "people", blocks=["b0"], epsilon=1.0)
+        assert stage_budget(grant, "count") == (1.0, 0.0)  # the whole epsilon, for one row
+    with sqlite3.connect(db) as conn:
+        conn.execute("UPDATE streams SET max_rows_per_unit = ? WHERE name = 'people'", (K,))
+    with Ledger.open(db, read_only=True) as ledger:
+        report = ledger.audit()
+    assert not report.ok
+    assert any(f"grant {grant.id!r} signs privacy unit" in p for p in report.problems), report.problems

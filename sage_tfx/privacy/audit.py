@@ -52,7 +52,7 @@ from .draws import DrawReplay, audit_draw
 from .allocation import QueuedAllocation, get_policy
 from .errors import LedgerError
 from .grants import Grant, cap_text, capped, grant_budget, older_rdp, stage_cap
-from .split import SLACK, BudgetSplit, per_row_budget, per_row_split, unit_rows
+from .split import UNIT_KEY, SLACK, BudgetSplit, per_row_budget, per_row_split, unit_meta, unit_rows
 from .store import sql
 from .vocabulary import Accounting, BlockState, PipelineState, Source
 from .chain import GENESIS, TRUSTED_READ, canonical as _canonical, chain_hash
@@ -161,6 +161,7 @@ def audit_ledger(ledger):
                 outcomes[body["grant"]] = (body["stream"], body["pipeline"], body["outcome"],
                                            _canonical(body["details"]))
             elif kind == "grant":
+                _check_grant_unit(seq, body, stream_configs, problems)
                 sources = body.get("sources")
                 queued.grant(seq, body)
                 _replay_grant(ledger, seq, body, streams, blocks, grants, problems)
@@ -173,6 +174,7 @@ def audit_ledger(ledger):
             elif kind == "release":
                 _replay_release(seq, body, grants, releases, problems, draws)
             elif kind == "draw":
+                _check_grant_unit(seq, body, stream_configs, problems)
                 audit_draw(ledger, seq, body, grants, releases, draws, problems)
             elif kind == TRUSTED_READ:
                 _replay_trusted_read(seq, ts, body, blocks, report.trusted_reads, problems)
@@ -481,6 +483,19 @@ def _replay_finish(body, streams, blocks, pipelines, reservations):
                 reservations[(stream, b, other)] = (tuple(share), zero)
             else:
                 reservations[(stream, b, other)] = (tuple(filters.add(list(cur[0]), share)), cur[1])
+
+
+def _check_grant_unit(seq, body, configs, problems):
+    """A grant (or a drawn run grant) signs its stream's privacy unit as the stream's log entry declares it
+    (``split.unit_meta``): a grant made while the streams table said another unit or K is a problem."""
+    config = configs.get(body.get("stream"))
+    if config is None:
+        return
+    declared = unit_meta({}, config["privacy_unit"], config["max_rows_per_unit"]).get(UNIT_KEY)
+    signed = (body.get("meta") or {}).get(UNIT_KEY)
+    if signed != declared:
+        problems.append(f"log entry {seq}: grant {body.get('id')!r} signs privacy unit {signed}, but stream "
+                        f"{body.get('stream')!r} declares {declared}: its stages were handed another per-row budget")
 
 
 def _grant_split(grant_body_text):
