@@ -311,3 +311,24 @@ def test_the_audit_catches_a_grant_made_while_the_bound_was_changed(tmp_path):
         report = ledger.audit()
     assert not report.ok
     assert any(f"grant {grant.id!r} signs privacy unit" in p for p in report.problems), report.problems
+
+
+def test_the_beam_ingest_bounds_a_unit_over_all_its_input_files(tmp_path, trips):
+    """Two input files hold rows of one company in the same blocks: the bound holds over both (one writer)."""
+    import pyarrow.csv as pacsv
+
+    from sage_tfx.ingest.pipeline import ingest
+    from sage_tfx.ingest.records import infer_schema
+
+    half = trips.num_rows // 2
+    files = [str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]
+    pacsv.write_csv(trips.slice(0, half), files[0])
+    pacsv.write_csv(trips.slice(half), files[1])
+    db, data = str(tmp_path / "l.db"), str(tmp_path / "data")
+    with Ledger.open(db, create=True) as ledger:
+        ledger.create_stream("people", 10.0, 1e-5, privacy_unit=UNIT, max_rows_per_unit=K)
+    ingest(db, "people", files, data, block_by="user", shards=4, progress=False)  # shards by the unit itself
+    with Ledger.open(db) as ledger:
+        shards = _units_per_block(ledger, data, "people", infer_schema(files[0], "csv"))  # as ingest typed them
+    assert max(max(c.values()) for c in shards.values()) == K
+    assert max(collections.Counter(u for c in shards.values() for u in c).values()) == 1
