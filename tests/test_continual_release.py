@@ -164,6 +164,9 @@ def test_cumulative_bound_over_a_long_horizon():
         def block_digest(self, stream, block):
             return None
 
+        def stream(self, name):  # a stream whose unit is the row
+            return type("S", (), {"unit_rows": 1})()
+
         def release(self, *a, **k):
             pass
 

@@ -118,7 +118,7 @@ def test_a_version_3_ledger_gains_the_shard_index(tmp_path):
     with Ledger.open(path) as ledger:
         with ledger._store.transaction(write=False) as tx:
             assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == str(
-                ledger_store.SCHEMA_VERSION) == "8"
+                ledger_store.SCHEMA_VERSION) == "9"
             assert tx.one("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'blocks_shard'")
         ledger.add_block("s", "b1", shard=1, rows=5)
         with pytest.raises(LedgerError, match="shard 0 is already block 'b0'"):

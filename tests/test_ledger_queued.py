@@ -222,7 +222,7 @@ def test_a_schema_4_ledger_opens_unchanged_and_stays_valid(ledger_url):
     with Ledger.open(ledger_url) as ledger:
         assert ledger.verify(grant) == grant and ledger.stream("s").policy_params is None
         with ledger.store.transaction(write=False) as tx:
-            assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == str(SCHEMA_VERSION) == "8"
+            assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == str(SCHEMA_VERSION) == "9"
         assert ledger.audit().ok
         ledger.create_stream("q", 1.0, 1e-6, policy="dpf-n", policy_params={"n": 3})
         ledger.add_block("q", "b0")

@@ -18,7 +18,9 @@ follows from the split changed; nothing else), and again
 when every ledger began binding its id in a keyed first log entry (the ``ledger`` entry 1: every later entry's
 sequence number one higher, its chain values and the queued demand's log sequence number changed; nothing else),
 and with it for the record split every grant with a split now signs (``meta["records"]``: the grants' rows,
-their log entries and the chain values from there on changed; nothing else).
+their log entries and the chain values from there on changed; nothing else), and for schema 9 (each stream's
+privacy unit and bound, NULL on the scenario's streams, whose unit is the row: the streams' rows gained two NULL
+columns and schema_version changed; nothing else).
 """
 import json
 import os

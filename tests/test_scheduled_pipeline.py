@@ -226,7 +226,7 @@ def test_audit_recomputes_the_rule_from_the_log(tmp_path, monkeypatch, broken, f
     assert any(re.search(match, p) for p in report.problems), report.problems
 
 
-def test_schema_5_ledger_migrates_through_6_and_7_to_8(tmp_path, raw_sql):
+def test_schema_5_ledger_migrates_through_6_7_and_8_to_9(tmp_path, raw_sql):
     location = str(tmp_path / "old.db")
     with _ledger(location) as ledger:
         _lifetimes(ledger, 1)
@@ -235,7 +235,7 @@ def test_schema_5_ledger_migrates_through_6_and_7_to_8(tmp_path, raw_sql):
     with Ledger.open(location) as ledger:
         run = ledger.draw([g for g, _, _ in ledger.history("s", "p")], 0, 0.1, 0.0, schedule=FP)
         assert ledger.draws()[0][2] == run.id
-        assert raw_sql(location, "SELECT value FROM meta WHERE key = 'schema_version'") == [("8",)]  # via 6 and 7
+        assert raw_sql(location, "SELECT value FROM meta WHERE key = 'schema_version'") == [("9",)]  # via 6, 7 and 8
         assert ledger.audit().ok
 
 

@@ -96,7 +96,8 @@ def test_the_schema_reached_by_the_migrations_is_the_fresh_schema():
     conn = sqlite3.connect(":memory:")
     added = {(s.table, s.column) for steps in sql.MIGRATIONS.values() for s in steps if isinstance(s, sql.AddColumn)}
     assert added == {("blocks", "digest"), ("streams", "min_grant_epsilon"), ("streams", "policy_params"),
-                     ("blocks", "arrivals"), ("streams", "query_delta_share"), ("streams", "split_orders")}
+                     ("blocks", "arrivals"), ("streams", "query_delta_share"), ("streams", "split_orders"),
+                     ("streams", "privacy_unit"), ("streams", "max_rows_per_unit")}
     for ddl in sql.TABLES:
         if ddl.startswith("CREATE INDEX") or " releases " in ddl or " demands " in ddl:
             continue  # tables and indexes the migrations create (the two version-1 indexes follow)

@@ -75,6 +75,13 @@ def add_parser(subparsers):
     p.add_argument("--max-epsilon", type=_number, default=None,
                    help="refuse a stream --epsilon above this (default 10: beyond it the guarantee says little); "
                         "raise it only knowingly")
+    p.add_argument("--privacy-unit", default=None, metavar="COLUMN",
+                   help="whom the guarantee protects: the column naming each record's person or device (rider_id, "
+                        "company); default: row (event-level DP). Needs --max-rows-per-unit "
+                        "(docs/block_composition.md, \"Privacy units\")")
+    p.add_argument("--max-rows-per-unit", type=int, default=None, metavar="K",
+                   help="with --privacy-unit: ingest keeps at most K rows of a unit per block (a keyed-hash choice), "
+                        "and every mechanism gets the per-row budget epsilon/K that makes it epsilon-DP on K rows")
 
     p = action("add-block", _add_block, "add a fresh block (a time window or a user shard)")
     p.add_argument("--stream", required=True)
@@ -153,15 +160,17 @@ def _init(args):
     limits = dict(accounting=args.accounting, policy=args.policy, min_epsilon=args.min_epsilon,
                   max_epsilon=DEFAULT_MAX_STREAM_EPSILON if args.max_epsilon is None else args.max_epsilon,
                   min_grant_epsilon=args.min_grant_epsilon, policy_params=_policy_params(args.policy_param),
-                  query_delta_share=args.query_delta_share)
+                  query_delta_share=args.query_delta_share, privacy_unit=args.privacy_unit,
+                  max_rows_per_unit=args.max_rows_per_unit)
     # Every check that needs no ledger runs before the ledger is created: a refused init leaves nothing.
     Ledger.check_stream_args(args.stream, args.epsilon, args.delta, **limits)
     with _open(args, create=True) as ledger:
         s = ledger.create_stream(args.stream, args.epsilon, args.delta, **limits)
     params = "".join(f" {k}={v:g}" for k, v in sorted((s.policy_params or {}).items()))
     share = "" if s.query_delta_share is None else f", query_delta_share={s.query_delta_share:g}"
+    unit = "" if s.privacy_unit is None else f", privacy unit {s.privacy_unit} (at most {s.unit_rows} rows a block)"
     print(f"stream {s.name}: global (epsilon={s.epsilon:g}, delta={s.delta:g}), accounting={s.accounting}{share}, "
-          f"policy={s.policy}{params}")
+          f"policy={s.policy}{params}{unit}")
 
 
 def _policy_params(items):

@@ -29,7 +29,7 @@ import shutil
 import sys
 from typing import Iterable, Optional, Sequence, Union
 
-from . import sealed
+from . import sealed, units
 from .blocks import TimeBlocks, UserShards
 from .records import InputError, describe_columns, infer_schema, input_format, is_url, read_batches
 from .layout import check_stream_config, missing_dirs, remove_empty_dirs
@@ -88,8 +88,9 @@ def make_spec(block_by, stream, time_column=None, window=None, user_column=None,
     raise InputError(f"--block-by {block_by!r} is unknown: use time or user")
 
 
-def plan_schema(files, fmt, data_root, stream, spec):
-    """The stream's schema (fixed at its first ingest); the block column must be in it."""
+def plan_schema(files, fmt, data_root, stream, spec, bound=None):
+    """The stream's schema (fixed at its first ingest); the block column, and the privacy unit column of a
+    ``bound`` (``units.UnitBound``), must be in it."""
     fmts = {f: input_format(f, fmt) for f in files}
     schema = infer_schema(files[0], fmts[files[0]])
     if not schema:
@@ -97,6 +98,7 @@ def plan_schema(files, fmt, data_root, stream, spec):
     if spec.column not in schema:
         what = "time" if spec.by == "time" else "user"
         raise InputError(f"{what} column {spec.column!r} is not in the input (columns: {', '.join(schema)})")
+    units.check_schema(bound, schema)
     return check_stream_config(data_root, stream, schema, spec), fmts
 
 
@@ -119,16 +121,21 @@ def _dofns():
         One BlockWriter per file: the parts a file makes do not depend on how a runner bundles the files.
         """
 
-        def __init__(self, fmts, schema, batch_rows, time_column, run_dir, spec, compresslevel, stream, run_key):
+        def __init__(self, fmts, schema, batch_rows, time_column, run_dir, spec, compresslevel, stream, run_key,
+                     bound=None):
             self.fmts, self.schema, self.batch_rows, self.time_column = fmts, schema, batch_rows, time_column
             self.run_dir, self.spec, self.compresslevel = run_dir, spec, compresslevel
-            self.stream, self.run_key = stream, run_key
+            self.stream, self.run_key, self.bound = stream, run_key, bound
 
-        def process(self, path):
+        def process(self, paths):
+            """``paths``: one file, or (a unit stream's run: ``units``) all the run's files, bounded together."""
             writer = BlockWriter(self.run_dir, self.spec, self.schema, compresslevel=self.compresslevel,
                                  stream=self.stream, run_key=self.run_key)
-            for batch in read_batches(path, self.fmts[path], self.schema, self.batch_rows,
-                                      time_column=self.time_column):
+            paths = [paths] if isinstance(paths, str) else list(paths)
+            batches = (batch for path in paths for batch in read_batches(
+                path, self.fmts[path], self.schema, self.batch_rows, time_column=self.time_column))
+            bound = getattr(self, "bound", None)
+            for batch in batches if bound is None else bound.keep(list(batches), self.spec):
                 writer.add(batch)
             yield from writer.close()
 
@@ -198,17 +205,22 @@ def ingest(ledger_location: str, stream: str, inputs: Union[str, Sequence[str]],
     """
     import logging
 
+    from sage_tfx.privacy import Ledger
+
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
     # Bad block options and a missing local input are refused before Beam loads (seconds of imports).
-    spec = make_spec(block_by, stream, time_column, window, user_column, shards, hash_key)
+    if block_by != "user" or user_column:  # (user shards without a column shard by the stream's unit, if any)
+        make_spec(block_by, stream, time_column, window, user_column, shards, hash_key)
     local = [i for i in inputs if not is_url(i)]
     if local:
         resolve_inputs(local)
+    with Ledger.open(ledger_location) as ledger:  # the stream's privacy unit: its rows are bounded (units.py)
+        bound = units.stream_bound(ledger, stream)
+    spec = make_spec(block_by, stream, time_column, window, units.unit_user_column(bound, user_column), shards,
+                     hash_key)
 
     import apache_beam as beam
     from apache_beam.io.filesystems import FileSystems
-
-    from sage_tfx.privacy import Ledger
 
     # Beam logs a worker's exception with its traceback before re-raising it; bad input is reported once, below.
     logging.getLogger("apache_beam.runners.common").addFilter(_not_input_errors)
@@ -227,17 +239,18 @@ def ingest(ledger_location: str, stream: str, inputs: Union[str, Sequence[str]],
         try:
             if staging is not None:
                 stage = new_staged_run(staging)
-            schema, fmts = plan_schema(files, fmt, data_root, stream, spec)
+            schema, fmts = plan_schema(files, fmt, data_root, stream, spec, bound)
             columns = describe_columns(files[0], fmts[files[0]], schema)
             _, IngestFile = _dofns()
             run_key = sealed.new_run_key()
             _say(progress, f"ingest: {len(files)} file(s) -> stream {stream} ({spec.describe()}), staging {stage}")
             try:
                 p = beam.Pipeline(options=options)
-                _ = (p | "Files" >> beam.Create(files)
+                # a unit stream's files go to one writer together: a unit's rows are bounded over all of them
+                _ = (p | "Files" >> beam.Create(files if bound is None else [files])
                      | "IngestFiles" >> beam.ParDo(IngestFile(fmts, schema, batch_rows,
                                                               spec.column if spec.by == "time" else None,
-                                                              stage, spec, compresslevel, stream, run_key))
+                                                              stage, spec, compresslevel, stream, run_key, bound))
                      | "AllParts" >> beam.combiners.ToList()
                      | "PartList" >> beam.Map(_PartList(stage, run_key)))
                 _run(p)
@@ -269,7 +282,10 @@ def ingest(ledger_location: str, stream: str, inputs: Union[str, Sequence[str]],
 
 
 def ingest_batches(ledger, stream, data_root, batches, spec, schema, allow_duplicate_of=()):
-    """In-process ingest of RecordBatches (no Beam): the same writer and commit as ``ingest``."""
+    """In-process ingest of RecordBatches (no Beam): the same bound, writer and commit as ``ingest``."""
+    bound = units.stream_bound(ledger, stream)
+    if bound is not None:  # refused before anything is created: a shard column other than the unit's
+        units.unit_user_column(bound, spec.column if spec.by == "user" else None)
     created = missing_dirs(data_root, stream)
     run_dir = new_run_dir(data_root, stream)
     ok = False
@@ -277,7 +293,8 @@ def ingest_batches(ledger, stream, data_root, batches, spec, schema, allow_dupli
         schema = check_stream_config(data_root, stream, schema, spec)
         run_key = sealed.new_run_key()
         writer = BlockWriter(run_dir, spec, schema, stream=stream, run_key=run_key)
-        for batch in batches:
+        units.check_schema(bound, schema)
+        for batch in batches if bound is None else bound.keep(list(batches), spec):
             writer.add(batch)
         result = commit(ledger, stream, data_root, run_dir, writer.close(), spec, schema,
                         allow_duplicate_of=allow_duplicate_of, run_key=run_key)

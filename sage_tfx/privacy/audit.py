@@ -51,7 +51,7 @@ from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, miss
 from .draws import DrawReplay, audit_draw
 from .errors import LedgerError
 from .grants import Grant, cap_text, capped, grant_budget, older_rdp, stage_cap
-from .split import SLACK, BudgetSplit, over_budget
+from .split import UNIT_KEY, SLACK, BudgetSplit, over_budget, per_row_budget, per_row_split, unit_meta, unit_rows
 from .queue_replay import QueueReplay
 from .store import sql
 from .vocabulary import Accounting, BlockState, PipelineState, Source
@@ -120,7 +120,8 @@ def audit_ledger(ledger):
             # stream, block or grant they name: each is named, never a traceback
             if kind == "stream":
                 stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None,
-                                                     "query_delta_share": None, "split_orders": None}, **body)
+                                                     "query_delta_share": None, "split_orders": None,
+                                                     "privacy_unit": None, "max_rows_per_unit": None}, **body)
                 try:  # an entry without a query_delta_share (before schema 7, or basic) replays the legacy rule, one
                     # without split_orders (before schema 8) every order converting at all of the conversion delta
                     streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
@@ -160,6 +161,7 @@ def audit_ledger(ledger):
                 outcomes[body["grant"]] = (body["stream"], body["pipeline"], body["outcome"],
                                            _canonical(body["details"]))
             elif kind == "grant":
+                _check_grant_unit(seq, body, stream_configs, problems)
                 sources = body.get("sources")
                 queued.grant(seq, body)
                 _replay_grant(ledger, seq, body, streams, blocks, grants, problems)
@@ -172,6 +174,7 @@ def audit_ledger(ledger):
             elif kind == "release":
                 _replay_release(seq, body, grants, releases, problems, draws)
             elif kind == "draw":
+                _check_grant_unit(seq, body, stream_configs, problems)
                 audit_draw(ledger, seq, body, grants, releases, draws, problems)
             elif kind == TRUSTED_READ:
                 _replay_trusted_read(seq, ts, body, blocks, report.trusted_reads, problems)
@@ -248,7 +251,8 @@ def _read_tables(tx):
     table_streams = {r[0]: {"name": r[0], "accounting": r[1], "epsilon": r[2], "delta": r[3],
                             "orders": json.loads(r[4]), "policy": r[5], "min_epsilon": r[6],
                             "min_grant_epsilon": r[7], "policy_params": json.loads(r[8]) if r[8] else None,
-                            "query_delta_share": r[9], "split_orders": r[10]}
+                            "query_delta_share": r[9], "split_orders": r[10], "privacy_unit": r[11],
+                            "max_rows_per_unit": r[12]}
                      for r in tx.all(sql.AUDIT_STREAMS)}
     table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3])
                     for r in tx.all(sql.AUDIT_BLOCK_SPENT)}
@@ -378,6 +382,19 @@ def _replay_finish(body, streams, blocks, pipelines, reservations):
                 reservations[(stream, b, other)] = (tuple(filters.add(list(cur[0]), share)), cur[1])
 
 
+def _check_grant_unit(seq, body, configs, problems):
+    """A grant (or a drawn run grant) signs its stream's privacy unit as the stream's log entry declares it
+    (``split.unit_meta``): a grant made while the streams table said another unit or K is a problem."""
+    config = configs.get(body.get("stream"))
+    if config is None:
+        return
+    declared = unit_meta({}, config["privacy_unit"], config["max_rows_per_unit"]).get(UNIT_KEY)
+    signed = (body.get("meta") or {}).get(UNIT_KEY)
+    if signed != declared:
+        problems.append(f"log entry {seq}: grant {body.get('id')!r} signs privacy unit {signed}, but stream "
+                        f"{body.get('stream')!r} declares {declared}: its stages were handed another per-row budget")
+
+
 def _grant_split(grant_body_text):
     """(grant body, its BudgetSplit or None, or an error text)."""
     body = json.loads(grant_body_text)
@@ -434,15 +451,23 @@ def _check_release_totals(grants, releases, streams, problems):
         cap = stage_cap(Grant.from_json(body), streams[body["stream"]])
         recorded = epsilon
         epsilon, delta, split = capped(epsilon, delta, split, cap)
+        try:  # a unit stream's stages spend per row (split.per_row_budget)
+            k = unit_rows(body.get("meta"))
+        except LedgerError as exc:  # GrantError is one
+            problems.append(f"grant {gid!r}: {exc}")
+            continue
+        split = None if split is None else per_row_split(split, k)
         why = "" if cap is None else (f" ({cap_text(gid, recorded, cap, split)}; a release above that spent more "
                                       "than the filter charged the grant's blocks, whichever sage allowed it)")
         if split is None:
             if len(spent) > 1:
                 problems.append(f"grant {gid!r} is single-stage but stages {sorted(spent)} each released under it")
+            allowed = per_row_budget(epsilon, delta, k)
             for stage, (eps, dlt) in spent.items():
-                if over_budget(eps, dlt, (epsilon, delta)):
+                if over_budget(eps, dlt, allowed):
                     problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
-                                    f"more than the charge (epsilon={epsilon:.6g}, delta={delta:.3g}){why}")
+                                    f"more than the charge allows (epsilon={allowed[0]:.6g}, "
+                                    f"delta={allowed[1]:.3g}){why}")
             continue
         for stage, (eps, dlt) in spent.items():
             share = split.stage_budget(stage)

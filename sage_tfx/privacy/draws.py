@@ -76,7 +76,7 @@ from .chain import canonical
 from .errors import BudgetRefused, GrantError, LedgerError
 from .filters import RdpFilter
 from .grants import Grant, check_split, new_grant
-from .split import SINGLE_RULE, SLACK, BudgetSplit
+from .split import SINGLE_RULE, SLACK, BudgetSplit, unit_meta
 from .store import sql
 from .streams import read_stream, stream_filter
 from .vocabulary import Accounting, Composition
@@ -343,6 +343,7 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
         cost = filt.cost(epsilon=epsilon, delta=delta)
         split = check_split(meta, None)  # the split canonical, its fields checked
         meta[DRAW_KEY] = {"from": ids, "run": run, "schedule": schedule, "composition": composition}
+        meta = unit_meta(meta, s.privacy_unit, s.max_rows_per_unit)  # as new_grant signs it: a re-draw compares equal
         probe = {"stream": s.name, "pipeline": first["pipeline"], "blocks": blocks}
         problems = structure_problems(probe, lifetimes, releases, schedule)
         if problems:

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from .chain import canonical
 from .errors import GrantError, LedgerError
-from .split import SINGLE_RULE, SPLIT_KEY, BudgetSplit, grant_split, over_budget, sign_records
+from .split import (SINGLE_RULE, SPLIT_KEY, BudgetSplit, grant_split, over_budget, per_row_budget, sign_records,
+                     unit_meta, unit_rows)
 from .vocabulary import Accounting
 
 
@@ -214,8 +215,10 @@ def require_registered(ledger, grant, consequence: str = "") -> None:
 
 def new_grant(keys, s, filt, pipeline, blocks, cost, rule, meta, now, split=None):
     """A Grant of ``cost`` on ``blocks`` of stream ``s``, signed under ``keys`` (a ``KeyRing``), and its body text
-    (signed and stored: one text). A fresh random id (``g-`` and 24 hex digits)."""
+    (signed and stored: one text). A fresh random id (``g-`` and 24 hex digits). The stream's privacy unit is
+    signed into its meta (``split.unit_meta``): what its stages hand their mechanisms is then per row."""
     epsilon, delta, converted = grant_budget(filt, cost)
+    meta = unit_meta(meta, s.privacy_unit, s.max_rows_per_unit)
     grant = Grant(
         id="g-" + secrets.token_hex(12), stream=s.name, pipeline=pipeline, blocks=tuple(blocks),
         epsilon=epsilon, delta=delta, accounting=s.accounting, cost=cost, rule=rule, created=now, meta=meta,
@@ -298,7 +301,7 @@ def stage_allowance(grant, stage, done, computation, epsilon, delta, cap=None):
                 f"grant {grant.id!r} is single-stage (it has no split) and its {sorted(done)[0]} stage "
                 f"already spent it: the {stage} stage needs its own grant, or charge one grant with a split "
                 "(sage ledger charge --split ..., or Ledger.request(..., split=BudgetSplit(...)))")
-        allowed = (grant.epsilon, grant.delta) if cap is None else cap
+        allowed = per_row_budget(*((grant.epsilon, grant.delta) if cap is None else cap), unit_rows(grant.meta))
     else:
         allowed = split.stage_budget(stage)
     if over_budget(epsilon, delta, allowed):

@@ -89,6 +89,8 @@ from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
     Stream,  # noqa: F401 (re-exported)
     check_minimum,
     check_stream_args,
+    check_unit,
+    check_unit_charge,
     parsed_stream,
     insert_stream,
     read_stream,
@@ -294,7 +296,8 @@ class Ledger:
 
     def create_stream(self, name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
                       min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
-                      min_grant_epsilon=None, policy_params=None, query_delta_share=None):
+                      min_grant_epsilon=None, policy_params=None, query_delta_share=None, privacy_unit=None,
+                      max_rows_per_unit=None):
         """Create a stream with a global (epsilon, delta) guarantee over all its blocks, forever.
 
         ``policy`` (``Policy``) decides who may spend a block's budget and when (docs/scheduling_policies.md);
@@ -307,14 +310,17 @@ class Ledger:
         An ``rdp`` stream splits its delta once, here: ``query_delta_share`` of it (default 0.5; 0 for a stream
         charged curves only) for the approximate-DP queries' deltas, the rest for converting the Rényi sum
         (``filters.RdpFilter``, docs/block_composition.md).
+        ``privacy_unit`` (a column of the records) and ``max_rows_per_unit`` K declare whom the guarantee protects:
+        every row of a unit, at most K kept per block (``streams.check_unit``; default: unit = row).
         """
         filt, min_epsilon, min_grant = self.check_stream_args(name, epsilon, delta, accounting, orders, policy,
                                                               min_epsilon, max_epsilon, min_grant_epsilon,
-                                                              policy_params, query_delta_share)
+                                                              policy_params, query_delta_share, privacy_unit,
+                                                              max_rows_per_unit)
         now = time.time()
         with self._store.transaction() as tx:
             insert_stream(tx, self._log, name, accounting, filt, policy, get_policy(policy, policy_params),
-                          min_epsilon, min_grant, now)
+                          min_epsilon, min_grant, now, check_unit(privacy_unit, max_rows_per_unit))
         return self.stream(name)
 
     def stream(self, name, tx=None):
@@ -567,6 +573,7 @@ class Ledger:
             tx.head_until_use = True  # HeadSync.USE: its head durable before the grant's first use (verify)
             filt = stream_filter(s)
             try:
+                check_unit_charge(s, curve)
                 if curve is None and epsilon is None:
                     raise ValueError("give epsilon (and delta) or an RDP curve")
                 cost = filt.cost(epsilon=epsilon, delta=delta, curve=curve)

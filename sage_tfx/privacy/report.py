@@ -22,12 +22,21 @@ def block_key_text(block):
     return "-"
 
 
+def _unit_text(status):
+    """The status's privacy unit in words: whom the guarantee protects."""
+    if status.get("privacy_unit", "row") == "row":
+        return "row (event-level DP)"
+    return (f"{status['privacy_unit']}, at most {status['max_rows_per_unit']} rows a block (each stage's mechanisms "
+            f"get epsilon/{status['max_rows_per_unit']} per row)")
+
+
 def status_table(status, width=20):
     """The status dict of ``Ledger.status`` as a fixed-width text table with a budget bar per block."""
     eps = status["epsilon"]
     lines = [
         f"stream {status['stream']}: global (epsilon={eps:g}, delta={status['delta']:g}), "
         f"accounting={status['accounting']}, policy={status['policy']}",
+        f"privacy unit: {_unit_text(status)}",
         f"blocks: {status['active_blocks']} active, {status['retired_blocks']} retired; grants: {status['grants']}",
         "",
         f"{'block':<16} {'key':<38} {'state':<8} {'eps spent':>10} {'eps left':>10} {'delta spent':>12}"

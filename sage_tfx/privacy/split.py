@@ -42,6 +42,7 @@ REJECT test on the training split) and ``validation`` (its ACCEPT test on the te
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
 
@@ -400,18 +401,73 @@ def require_side(grant, splits, side: str, reader: str) -> None:
             f"may read the {side} split(s) {list(getattr(records, side))} only")
 
 
+# ---------------------------------------------------------------------------------- the privacy unit
+
+UNIT_KEY = "unit"  # grant.meta key: {"column": C, "max_rows": K}, signed into every grant on a unit stream
+
+
+def unit_meta(meta: dict, column: str | None, max_rows: int | None) -> dict:
+    """``meta`` with the stream's privacy unit signed in (``UNIT_KEY``; ``grants.new_grant``): the stream's, never
+    the requester's (a ``unit`` given in meta is replaced, or dropped on a stream whose unit is the row)."""
+    meta = {k: v for k, v in (meta or {}).items() if k != UNIT_KEY}
+    if column is not None:
+        meta[UNIT_KEY] = {"column": column, "max_rows": int(max_rows)}
+    return meta
+
+
+def unit_rows(meta) -> int:
+    """K of a grant's ``meta``: the most rows one privacy unit has in a block (1 without a unit: unit = row)."""
+    unit = (meta or {}).get(UNIT_KEY)
+    if unit is None:
+        return 1
+    k = unit.get("max_rows") if isinstance(unit, dict) else None
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise GrantError(f"grant meta {UNIT_KEY} {unit!r} is malformed: max_rows must be an integer >= 1")
+    return k
+
+
+def per_row_budget(epsilon: float, delta: float, k: int) -> tuple[float, float]:
+    """The (epsilon, delta) a mechanism must meet on ONE row so that it is (epsilon, delta)-DP on K rows.
+
+    Group privacy (Dwork & Roth 2014, Lemma 2.2 and its (epsilon, delta) form): a mechanism that is
+    (e, d)-DP for data sets differing in one row is (k e, k e^{(k-1) e} d)-DP for data sets differing in k rows
+    (a chain of k neighbouring data sets; each step multiplies the odds by at most e^e and adds at most d, the
+    additions themselves amplified by the steps after them). So e = epsilon / K and
+    d = delta / (K e^{(K-1) e}) give (epsilon, delta) on K rows, and on any k <= K rows. K = 1: unchanged.
+    """
+    if k == 1:
+        return float(epsilon), float(delta)
+    e = float(epsilon) / k
+    return e, float(delta) / (k * math.exp((k - 1) * e))
+
+
+def per_row_split(split: BudgetSplit, k: int) -> BudgetSplit:
+    """``split`` with every stage's budget made per row (``per_row_budget``, stage by stage: training's delta with
+    training's epsilon, preprocessing's with preprocessing's). Each stage is then (its share)-DP on a unit of K
+    rows, and the stages compose on a unit by the split's rule as they do on a row (under ``PARALLEL`` a unit's
+    k1 training and k2 test rows, k1 + k2 <= K, cost at most k1/K and k2/K of the two sides: at most the larger)."""
+    if k == 1:
+        return split
+    eps = {s: getattr(split, s) / k for s in STAGES}
+    return replace(split, **eps, delta=per_row_budget(split.training, split.delta, k)[1],
+                   preprocessing_delta=per_row_budget(split.preprocessing, split.preprocessing_delta, k)[1])
+
+
 # ---------------------------------------------------------------------------------- what a stage may spend
 
 def grant_split(grant) -> BudgetSplit | None:
-    """The split signed into a verified ``grant`` (None: single-stage), refused with GrantError if it composes
-    to more than the grant's charge (a grant the ledger signed never does; every component's door re-checks,
-    whoever signed it)."""
+    """What each stage of a verified ``grant`` may hand its mechanisms (None: single-stage): the split signed into
+    it, made per row on a stream whose privacy unit has K > 1 rows (``per_row_split``: the one place where a unit is
+    applied, so every mechanism reading its stage's budget is calibrated to the unit). Refused with GrantError if
+    the signed split composes to more than the grant's charge (a grant the ledger signed never does; every
+    component's door re-checks, whoever signed it)."""
     split = BudgetSplit.from_meta(grant.meta)
     if split is not None:
         try:
             split.check_covered(grant.epsilon, grant.delta, f"grant {grant.id!r}")
         except LedgerError as exc:
             raise GrantError(str(exc)) from None
+        split = per_row_split(split, unit_rows(grant.meta))
     return split
 
 
@@ -421,12 +477,12 @@ def stage_budget(grant, stage: str) -> tuple[float, float]:
     With a split: the stage's share, after re-checking that the split composes to at most the grant's
     charge (a grant the ledger signed always does; the check makes every component refuse one that
     does not, whoever signed it). Without a split: the whole grant, for whichever ONE stage opens a
-    release under it first (``Ledger.release`` refuses a second stage).
+    release under it first (``Ledger.release`` refuses a second stage). Per row on a unit stream (``grant_split``).
     """
     _check_stage(stage)
     split = grant_split(grant)
     if split is None:
-        return float(grant.epsilon), float(grant.delta)
+        return per_row_budget(grant.epsilon, grant.delta, unit_rows(grant.meta))
     return split.stage_budget(stage)
 
 

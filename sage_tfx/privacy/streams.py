@@ -43,6 +43,14 @@ class Stream:
     # an rdp stream made before schema 7 (the legacy rule)
     split_orders: int | None = None  # 1: an rdp stream's conversion delta split over its orders (filters.RdpFilter);
     # None: basic, or an rdp stream made before schema 8 (every order converts at all of it)
+    privacy_unit: str | None = None  # the column naming whose records a row is (a rider, a device); None: the row
+    max_rows_per_unit: int | None = None  # K: at most K rows of a unit kept per block (ingest); None: unit = row
+
+    @property
+    def unit_rows(self) -> int:
+        """K, the most rows one privacy unit has in a block (1: unit = row, event-level DP). Every grant on the
+        stream hands its mechanisms the per-row budget that makes them DP for K rows (``split.per_row_budget``)."""
+        return self.max_rows_per_unit or 1
 
     def rules(self):
         """The stream's ``AllocationPolicy`` (allocation.py) with its stored parameters."""
@@ -73,7 +81,8 @@ def parsed_stream(row):
     reused. Stream and filter are immutable.
     """
     s = Stream(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6], row[7], row[8],
-               json.loads(row[9]) if row[9] else None, row[10], row[11])
+               json.loads(row[9]) if row[9] else None, row[10], row[11], row[12],
+               None if row[13] is None else int(row[13]))
     object.__setattr__(s, "_filter", s.filter())
     return s
 
@@ -93,10 +102,11 @@ def read_stream(tx, name):
     return parsed_stream(tuple(row))
 
 
-def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, min_grant, now):
+def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, min_grant, now, unit=(None, None)):
     """Write a new stream (checked by ``check_stream_args``: its filter ``filt``, ``policy`` as given and its
     ``rules``) and its log entry (``log(tx, kind, body)``); LedgerError if the name is taken. A queued policy's
-    parameters are stored in full (defaults written down), so every process applies the same rule."""
+    parameters are stored in full (defaults written down), so every process applies the same rule. ``unit``:
+    ``check_unit``'s (privacy unit, max rows per unit), (None, None) for unit = row."""
     orders = tuple(getattr(filt, "orders", ()))
     params = rules.params() if rules.queued else None
     if tx.one(sql.STREAM_EXISTS, (name,)):
@@ -105,7 +115,7 @@ def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, m
     split_orders = 1 if getattr(filt, "split_orders", False) else None
     tx.run(sql.STREAM_INSERT, (name, accounting, filt.epsilon, filt.delta, json.dumps(orders), policy,
                                min_epsilon, now, min_grant, None if params is None else canonical(params), share,
-                               split_orders))
+                               split_orders, *unit))
     body = {
         "name": name, "accounting": accounting, "epsilon": filt.epsilon, "delta": filt.delta,
         "orders": list(orders), "policy": policy, "min_epsilon": min_epsilon, "min_grant_epsilon": min_grant,
@@ -116,18 +126,67 @@ def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, m
         body["query_delta_share"] = share
     if split_orders:  # only rdp streams (schema 8 on) carry it: an entry without it replays every order at all of it
         body["split_orders"] = split_orders
+    if unit[0] is not None:  # only unit streams (schema 9 on) carry it: an entry without it replays unit = row
+        body["privacy_unit"], body["max_rows_per_unit"] = unit
     log(tx, "stream", body)
+
+
+def check_unit(privacy_unit=None, max_rows_per_unit=None) -> tuple:
+    """A new stream's privacy unit: (column, K), or (None, None) for unit = row (event-level DP, the default);
+    LedgerError naming the value and the fix otherwise. Whether the column is in the records is checked when they
+    arrive (``sage ingest``), before anything is written."""
+    if privacy_unit in (None, "row"):
+        if max_rows_per_unit not in (None, 1):
+            raise LedgerError(f"max_rows_per_unit {max_rows_per_unit!r} needs a privacy unit: give "
+                              "--privacy-unit COLUMN (privacy_unit=) with it, or leave it out for unit = row")
+        return None, None
+    check_name(privacy_unit, "privacy unit column")
+    if max_rows_per_unit is None:
+        raise LedgerError(f"privacy unit {privacy_unit!r} needs a bound: give --max-rows-per-unit K "
+                          "(max_rows_per_unit=K), the most rows one unit may have in a block (K >= 1)")
+    if isinstance(max_rows_per_unit, bool) or not isinstance(max_rows_per_unit, int) or max_rows_per_unit < 1:
+        raise LedgerError(f"max_rows_per_unit {max_rows_per_unit!r} is invalid: give an integer K >= 1 (the most "
+                          "rows one unit keeps per block; every mechanism is then charged for K rows)")
+    return privacy_unit, max_rows_per_unit
+
+
+def check_unit_charge(stream, curve) -> None:
+    """Refuse (LedgerError, before anything is charged) an RDP curve charged on a stream whose privacy unit has
+    K > 1 rows: group privacy turns an (epsilon, delta)-DP mechanism on one row into a (K epsilon, ...)-DP one on
+    K rows (``split.per_row_budget``), but a Renyi curve has no such rule the ledger applies. Charge the
+    (epsilon, delta) the mechanism is calibrated to instead."""
+    if curve is not None and stream.unit_rows > 1:
+        raise LedgerError(
+            f"stream {stream.name!r} protects privacy unit {stream.privacy_unit!r} (up to {stream.unit_rows} rows a "
+            "block): a charge given as an RDP curve cannot be scaled to a unit by group privacy; request epsilon "
+            "(and delta) instead, whose stages then get the per-row budget")
+
+
+def require_row_unit(ledger, stream: str, what: str) -> None:
+    """Refuse (LedgerError, before anything is charged) ``what``, a release strategy whose mechanisms take their
+    epsilon from its own parameters rather than from a grant's stage budget (``split.stage_budget``), on a stream
+    whose privacy unit has K > 1 rows: its mechanisms are calibrated to one row, and ``Ledger.release`` would refuse
+    their full-epsilon release only after the charge. ``ledger``: anything with ``stream(name)``."""
+    s = ledger.stream(stream)
+    if s.unit_rows > 1:
+        raise LedgerError(
+            f"{what} calibrates its mechanisms to one row, but stream {stream!r} protects privacy unit "
+            f"{s.privacy_unit!r} (up to {s.unit_rows} rows a block): run it on a stream whose unit is the row, or "
+            "run a TFX pipeline (sage run), whose stages get the per-row budget")
 
 
 def check_stream_args(name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
                       min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
-                      min_grant_epsilon=None, policy_params=None, query_delta_share=None):
+                      min_grant_epsilon=None, policy_params=None, query_delta_share=None, privacy_unit=None,
+                      max_rows_per_unit=None):
     """``create_stream``'s checks alone, without a ledger: (filter, min_epsilon, min_grant_epsilon), or
     LedgerError naming the value. ``sage ledger init`` runs them before it creates a ledger file, so a refusal
     leaves nothing. ``policy_params``: a queued policy's parameters (``n``, ``lifetime``; allocation.py).
     ``query_delta_share``: an rdp stream's fixed split of its delta (``filters.RdpFilter``; None: the default
-    ``filters.DEFAULT_QUERY_DELTA_SHARE``); refused on a basic stream."""
+    ``filters.DEFAULT_QUERY_DELTA_SHARE``); refused on a basic stream. ``privacy_unit``, ``max_rows_per_unit``:
+    ``check_unit``."""
     check_name(name, "stream name")
+    check_unit(privacy_unit, max_rows_per_unit)
     if accounting not in tuple(Accounting):
         raise LedgerError(f"accounting {accounting!r} is unknown: use 'basic' or 'rdp'")
     if policy_params is not None and not isinstance(policy_params, collections.abc.Mapping):
@@ -221,6 +280,8 @@ def stream_status(s, blocks, grants, pipelines):
         "query_delta_share": s.query_delta_share,
         # 1: an rdp stream's conversion delta split over its orders; None: basic, or made before schema 8
         "split_orders": s.split_orders,
+        # the privacy unit ("row": event-level DP) and K, the most rows a unit keeps per block (1 for row)
+        "privacy_unit": s.privacy_unit or "row", "max_rows_per_unit": s.unit_rows,
         "active_blocks": sum(b["state"] == BlockState.ACTIVE for b in out_blocks),
         "retired_blocks": sum(b["state"] == BlockState.RETIRED for b in out_blocks),
         "grants": grants, "pipelines": pipelines, "blocks": out_blocks,

@@ -81,6 +81,7 @@ from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_gaussian
+from sage_tfx.privacy.streams import require_row_unit
 from sage_tfx.privacy.vocabulary import ChargeRule, Outcome, Stage
 from sage_tfx.release.blessing import SERVING_MODEL_DIR, push_blessed, write_blessing
 
@@ -289,6 +290,7 @@ class _Base:
 
     def __init__(self, ledger, stream: str, pipeline: str, params: ReleaseParams, reader: Reader, *,
                  dim: int, validation_epsilon: Optional[float] = None, test_fraction: float = 0.1):
+        require_row_unit(ledger, stream, type(self).__name__)
         if validation_epsilon is not None:
             v = _positive("validation_epsilon", validation_epsilon, f"give 0 < validation_epsilon <= epsilon")
             if v > params.epsilon:

@@ -102,6 +102,8 @@ from sage_tfx.privacy.draws import ZCDP_RUN_DELTA_SHARE as ZCDP_SHARE, zcdp_filt
 from sage_tfx.privacy.errors import LedgerError, SageError
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_gaussian_sum, grid_laplace, grid_laplace_sum
+from sage_tfx.privacy.split import per_row_budget
+from sage_tfx.privacy.streams import require_row_unit
 from sage_tfx.privacy.vocabulary import Composition, Stage
 
 STAGE = Stage.TRAINING  # a released statistic is the grant's one release
@@ -408,8 +410,13 @@ def charge_lifetime(ledger, stream: str, pipeline: str, block: str, epsilon: flo
     fingerprint is bound to the block's registered content (``bound_to_data``). Without it the grant is only drawn
     from (``ScheduledPipeline``): the draw check wants the bare schedule fingerprint, and each run grant's
     components bind their releases to the run grant's records. Returns the Grant."""
+    if reads:  # the caller's mechanisms take the schedule's epsilon, calibrated to one row
+        require_row_unit(ledger, stream, "a scheduled release reading its blocks")
     grant = ledger.request(pipeline, stream, blocks=[block], epsilon=epsilon, delta=delta, meta=meta)
-    ledger.release(grant, STAGE, bound_to_data(fingerprint, ledger, grant) if reads else fingerprint, epsilon, delta)
+    # the schedule's one release, at what the grant hands a stage (per row on a unit stream; the run grants drawn
+    # from it hand their stages the per-row budget of their own share)
+    ledger.release(grant, STAGE, bound_to_data(fingerprint, ledger, grant) if reads else fingerprint,
+                   *per_row_budget(epsilon, delta, ledger.stream(stream).unit_rows))
     return grant
 
 
@@ -458,6 +465,7 @@ class ScheduledRelease(ScheduleIdentity):
             raise GrowthError(f"schedule {schedule!r} must be a BBScheduler or BBImprover")
         if not callable(mechanism) or not callable(reader):
             raise GrowthError("mechanism and reader must be callables (data, epsilon, rng) and (grant)")
+        require_row_unit(ledger, stream, type(self).__name__)
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         self.schedule, self.mechanism, self.reader, self.name = schedule, mechanism, reader, name
         self.epsilon, self.delta = schedule.params.epsilon, schedule.params.delta
@@ -591,6 +599,7 @@ class PMWG:
             raise GrowthError(f"params {params!r} must be a PMWGParams")
         if not isinstance(universe, Universe):
             raise GrowthError(f"universe {universe!r} must be a Universe")
+        require_row_unit(ledger, stream, type(self).__name__)
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         if computation is not None and not isinstance(computation, str):
             raise GrowthError(f"computation {computation!r} must be a string (a public description of the "

@@ -23,7 +23,7 @@ Changing a text here changes stored data only through ``TABLES``/``MIGRATIONS``:
 import functools
 from typing import NamedTuple
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 
 class AddColumn(NamedTuple):
@@ -77,7 +77,7 @@ TABLES = [
         delta DOUBLE PRECISION NOT NULL, orders TEXT NOT NULL, policy TEXT NOT NULL,
         min_epsilon DOUBLE PRECISION NOT NULL, created DOUBLE PRECISION NOT NULL,
         min_grant_epsilon DOUBLE PRECISION, policy_params TEXT, query_delta_share DOUBLE PRECISION,
-        split_orders INTEGER)""",
+        split_orders INTEGER, privacy_unit TEXT, max_rows_per_unit BIGINT)""",
     """CREATE TABLE blocks (
         stream TEXT NOT NULL, id TEXT NOT NULL, start_ts DOUBLE PRECISION, end_ts DOUBLE PRECISION,
         shard BIGINT, n_rows BIGINT, created DOUBLE PRECISION NOT NULL, state TEXT NOT NULL,
@@ -140,6 +140,9 @@ MIGRATIONS = {
     # 8: an rdp stream's conversion delta split evenly over its orders (filters.RdpFilter: the union bound over the
     # orders); NULL on every stream made before, whose orders each convert at all of it (docs/block_composition.md)
     7: [AddColumn("streams", "split_orders", "INTEGER")],
+    # 9: a stream's privacy unit (a column of its records) and the most rows per unit and block it keeps
+    # (docs/block_composition.md, "Privacy units"); NULL on every stream made before: unit = row
+    8: [AddColumn("streams", "privacy_unit", "TEXT"), AddColumn("streams", "max_rows_per_unit", "BIGINT")],
 }
 
 # ------------------------------------------------------------------------------------------------------ meta rows
@@ -195,7 +198,7 @@ PG_CLAIM_HOLDER = ("SELECT a.application_name, host(a.client_addr) FROM pg_locks
 
 # ------------------------------------------------------------------------------------------- the ledger: streams
 STREAM_COLUMNS = ("name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon,"
-                  " policy_params, query_delta_share, split_orders")  # a stream row as Ledger.stream parses it
+                  " policy_params, query_delta_share, split_orders, privacy_unit, max_rows_per_unit")  # a stream row as Ledger.stream parses it
 STREAM_WIDTH = len(STREAM_COLUMNS.split(","))  # how many columns STREAM_COLUMNS names
 STREAM_EXISTS = "SELECT 1 FROM streams WHERE name = ?"
 STREAM_INSERT = "INSERT INTO streams (" + STREAM_COLUMNS + ") VALUES (" + marks(STREAM_WIDTH) + ")"
@@ -350,7 +353,7 @@ LOG_FIRST_KEYS_ENTRY = "SELECT seq, kind, body, prev, hash FROM log WHERE kind =
 # ------------------------------------------------------------------------------------- the audit (audit.py, step 4)
 AUDIT_LOG = LOG_ALL
 AUDIT_STREAMS = ("SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, min_grant_epsilon,"
-                 " policy_params, query_delta_share, split_orders FROM streams")
+                 " policy_params, query_delta_share, split_orders, privacy_unit, max_rows_per_unit FROM streams")
 AUDIT_BLOCK_SPENT = "SELECT stream, id, spent, state FROM blocks"
 AUDIT_GRANTS = "SELECT id, body, signature FROM grants"
 AUDIT_RELEASES = "SELECT grant_id, stage, computation, epsilon, delta, stream, pipeline FROM releases"
