@@ -20,7 +20,7 @@ from sage_tfx.ingest.pipeline import ingest_batches, make_spec
 from sage_tfx.ingest.records import InputError, decode, schema_of
 from sage_tfx.ingest.units import UnitBound
 from sage_tfx.privacy import BudgetSplit, ChargeRule, GrantError, Ledger, LedgerError, stage_budget
-from sage_tfx.privacy.samplers import secure_rng
+from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy.split import per_row_budget
 
 from components._grant import laplace_count
