@@ -13,8 +13,9 @@ tf = pytest.importorskip("tensorflow")
 
 from sage_tfx.components import trainer_utils  # noqa: E402
 from sage_tfx.models import PrivateModel, make_private, training_seed  # noqa: E402
-from sage_tfx.models.dpsgd_engine import LayerGhostEngine, ghost_layers  # noqa: E402
-from sage_tfx.models.private import _PerExampleEngine, per_example_loss  # noqa: E402
+from sage_tfx.models.dpsgd_engine import LayerGhostEngine, make_engine  # noqa: E402
+from sage_tfx.models.ghost_plans import ghost_layers  # noqa: E402
+from sage_tfx.models.losses import per_example_loss  # noqa: E402
 from sage_tfx.privacy import dpsgd  # noqa: E402
 
 CLIP = 0.5
@@ -62,7 +63,7 @@ def test_per_example_clipped_sum_matches_a_loop(vectorized):
     model = _functional()
     x, y = _functional_data()
     loss_fn = per_example_loss("mse", model)
-    engine = _PerExampleEngine(model, loss_fn, CLIP, 0.0, seed=0, vectorized=vectorized)
+    engine = make_engine("vmap" if vectorized else "loop", model, loss_fn, CLIP, 0.0, seed=0)
     sums, norms = engine.clipped_sum([tf.constant(v) for v in x], tf.constant(y))
     want, want_norms = _loop_clipped_sum(model, loss_fn, x, y, CLIP)
     assert (want_norms > CLIP).sum() >= len(y) // 2  # the test exercises clipping
