@@ -303,6 +303,36 @@ def test_explicit_seed_refused_inside_training_seed():
                          seed=3)
 
 
+class _Untouchable:
+    """Data that fails the test if read: a refusal must come before any read."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the data was read ({name}) before the refusal")
+
+    def __len__(self):
+        raise AssertionError("the data was read (len) before the refusal")
+
+
+def test_the_tf_privacy_engine_is_refused_inside_training_seed():
+    """make_private takes the registry's tf_privacy engine too; inside training_seed (DPTrainer) it is refused
+    before the data is read, as for the DP estimators (its noise comes from TensorFlow's global generator), and
+    a PrivateModel built around make_private is refused when it fits."""
+    args = dict(privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10, per_example="tf_privacy")
+    with training_seed(7):
+        with pytest.raises(ValueError, match="per_example='tf_privacy' is refused under DPTrainer"):
+            make_private(_sequential(), **args)
+    private = make_private(_sequential(), **args)
+    with training_seed(7):
+        with pytest.raises(ValueError, match="per_example='tf_privacy' is refused under DPTrainer"):
+            private.fit(_Untouchable(), _Untouchable())
+    for bad in (dict(clip_norm="adaptive"), dict(noise_schedule="exponential")):
+        with pytest.raises(ValueError, match="invalid with per_example='tf_privacy'"):
+            make_private(_sequential(), **args, **bad)
+    x, y = _regression_rows(100)
+    spent = make_private(_sequential(), **args, seed=0).fit(x, y).privacy_spent  # outside DPTrainer: available
+    assert spent["implementation"] == "make_private/tf_privacy"
+
+
 @pytest.mark.parametrize("optimizer,per_example", [("sgd", "auto"), ("adam", "vmap")])
 def test_sequential_learns_a_generated_linear_problem(optimizer, per_example):
     """GENERATED data (_linear_data); epsilon = 8: weights within 0.15 and test MSE below 0.1 (noise 0.01)."""

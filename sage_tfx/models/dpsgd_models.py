@@ -117,14 +117,10 @@ class _DPSGDEstimator:
         self.noise_schedule = noise_schedules.as_schedule(noise_schedule)
         check_engine(implementation, "implementation", ENGINES, clip_norm, self.noise_schedule)
         self.num_examples = num_examples
-        self.learning_rate = float(learning_rate)
-        self.epochs = epochs
-        self.batch_size = batch_size
-        self.clip_norm = clip_norm  # a float, or an AdaptiveClip
-        self.momentum = float(momentum)
-        self.implementation = implementation
-        self.accountant = accountant
-        self.seed = seed
+        # make_private's arguments (clip_norm: a float, or an AdaptiveClip)
+        self.sgd = dict(clip_norm=clip_norm, batch_size=batch_size, epochs=epochs, optimizer="sgd",
+                        learning_rate=float(learning_rate), momentum=float(momentum), accountant=accountant,
+                        per_example=implementation, seed=seed, noise_schedule=self.noise_schedule)
         self.model = None
         self.layout = None
         self.privacy_spent = None
@@ -159,13 +155,9 @@ class _DPSGDEstimator:
                 "num_examples is required: pass the ledger's DP (or a public) row count, "
                 "never the exact private count"
             )
-        refuse_unseeded(self.implementation, type(self).__name__, "implementation")
-        private = make_private(
-            self._network, privacy_budget=(self.epsilon, self.delta), num_examples=num_examples,
-            clip_norm=self.clip_norm, batch_size=self.batch_size, epochs=self.epochs, optimizer="sgd",
-            learning_rate=self.learning_rate, momentum=self.momentum, loss=self._per_example_loss(),
-            accountant=self.accountant, per_example=self.implementation, seed=self.seed,
-            noise_schedule=self.noise_schedule, name=type(self).__name__)
+        refuse_unseeded(self.sgd["per_example"], type(self).__name__, "implementation")
+        private = make_private(self._network, privacy_budget=(self.epsilon, self.delta), num_examples=num_examples,
+                               loss=self._per_example_loss(), name=type(self).__name__, **self.sgd)
         x, y = split_input(x, y)
         self.layout = FeatureLayout.from_input(x)
         features = self.layout.to_matrix(x)
