@@ -329,7 +329,7 @@ def test_the_tf_privacy_engine_is_refused_inside_training_seed():
         with pytest.raises(ValueError, match="invalid with per_example='tf_privacy'"):
             make_private(_sequential(), **args, **bad)
     x, y = _regression_rows(100)
-    spent = make_private(_sequential(), **args, seed=0).fit(x, y).privacy_spent  # outside DPTrainer: available
+    spent = make_private(_with(), **args, seed=0).fit(x, y).privacy_spent  # outside DPTrainer: available
     assert spent["implementation"] == "make_private/tf_privacy"
 
 
