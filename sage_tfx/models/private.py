@@ -85,7 +85,7 @@ from sage_tfx.models.dpsgd_engine import _INVALID, ENGINES, ghost_applies, make_
 from sage_tfx.models.losses import LOSSES, per_example_loss
 from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch
 from sage_tfx.models.seeding import active as _seed_active
-from sage_tfx.models.seeding import fit_seeds
+from sage_tfx.models.seeding import check_fit, fit_seeds
 from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
@@ -136,6 +136,11 @@ def poisson_batches(rng: np.random.Generator, n: int, q: float, steps: int):
     for _ in range(steps):
         size = int(rng.binomial(n, q))
         yield np.sort(rng.choice(n, size=size, replace=False)) if size else np.empty(0, np.int64)
+
+
+def public_params(batch_size, epochs, clip_norm) -> Dict[str, float]:
+    """The fit's numbers that must be public under DPTrainer (``training_seed(public=...)``)."""
+    return {"batch_size": batch_size, "epochs": epochs, **adaptive_clip.public_numbers(clip_norm)}
 
 
 def clip_spent(engine, clip_norm, noise_multiplier, batch_size) -> Dict[str, Any]:
@@ -278,8 +283,7 @@ class PrivateModel:
 
     def _fit_seeds(self):
         return fit_seeds(self.seed, self.name, (self.epsilon, self.delta),  # seed= refused, the share's filter
-                         {"batch_size": self.batch_size, "epochs": self.epochs,
-                          **adaptive_clip.public_numbers(self.clip_norm)})
+                         public_params(self.batch_size, self.epochs, self.clip_norm))
 
     def _build(self, x_spec, y_spec):
         """Build the model on a synthetic record and run the structural checks (``row_checks``): refused
@@ -571,8 +575,8 @@ def make_private(model: Model, *, privacy_budget: Tuple[float, float], num_examp
     refuse_unseeded(per_example, name, "per_example")
     if per_example == "ghost" and isinstance(model, tf.keras.Model) and model.built and not ghost_applies(model):
         raise DpSgdConfigError(_GHOST_REFUSED)
-    if seed is not None and _seed_active():
-        fit_seeds(seed, name)  # raises: an explicit seed inside training_seed (DPTrainer)
+    # what the fit would refuse when it starts (seed= inside DPTrainer, the share, the public numbers): now
+    check_fit(seed, name, (epsilon, delta), public_params(batch_size, epochs, clip_norm))
     if loss is not None:
         per_example_loss(loss, model)  # names a bad loss now, not after the data is read
     schedule.check_for_run(dpsgd.num_steps(num_examples, batch_size, epochs))
