@@ -223,7 +223,7 @@ def test_clip_update_is_the_geometric_step(kind):
     assert engine.current_clip_norm == pytest.approx(expected, rel=1e-4)
 
 
-@pytest.mark.parametrize("kind, quantile", [("ghost", 0.5), ("vmap", 0.9), ("layer-ghost", 0.9), ("loop", 0.5)])
+@pytest.mark.parametrize("kind, quantile", [("ghost", 0.5), ("vmap", 0.9), ("ghost", 0.9), ("loop", 0.5)])
 def test_estimate_converges_to_the_quantile_of_the_norms(kind, quantile):
     """A fixed model (no update applied), Poisson batches of 100 from 3,000 rows, sigma_b = 5 (the default):
     after 120 steps from C_0 = 1 the mean estimate over the last 40 steps leaves between quantile -+ 0.08 of the
