@@ -249,20 +249,12 @@ class PrivateModel:
                  learning_rate, momentum, accountant, loss, per_example, seed, weight_decay=0.0,
                  noise_schedule=None, name: str = _NAME):
         self.model = model  # a Keras model, or a function init_seed -> model until fit builds it
-        self.name = name
-        self.epsilon, self.delta = epsilon, delta
-        self.num_examples = num_examples
-        self.clip_norm = clip_norm
-        self.batch_size = batch_size
-        self.epochs = epochs
-        self.optimizer_name = optimizer
-        self.learning_rate = learning_rate
-        self.momentum = momentum
-        self.weight_decay = weight_decay
-        self.accountant = accountant
-        self.loss = loss
-        self.per_example = per_example
-        self.seed = seed
+        self.name, self.seed = name, seed
+        self.epsilon, self.delta, self.accountant = epsilon, delta, accountant
+        self.num_examples, self.batch_size, self.epochs = num_examples, batch_size, epochs
+        self.clip_norm, self.loss, self.per_example = clip_norm, loss, per_example
+        self.optimizer_name, self.learning_rate = optimizer, learning_rate
+        self.momentum, self.weight_decay = momentum, weight_decay
         self.noise_schedule = noise_schedules.as_schedule(noise_schedule)
         self.engine = None
         self.privacy_spent: Optional[Dict[str, Any]] = None
