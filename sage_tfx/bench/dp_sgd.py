@@ -93,18 +93,19 @@ def _measure(label, hidden, batch, lr, x, y, implementations, steps, slow_steps,
     q = batch / len(x)
     batches = [r for r in poisson_batches(rng, len(x), q, warmup + steps) if len(r)]
 
+    sig = [tf.TensorSpec([None, x.shape[1]], tf.float32), tf.TensorSpec([None], tf.float32)]
+
     def dp_step(implementation, **options):
         """One DP-SGD step of engine ``implementation`` (clip 1, sigma 1): the noisy sum / batch, SGD."""
         model = build_mlp(x.shape[1], hidden, 1, seed=seed)
         engine = make_engine(implementation, model, _mse, 1.0, 1.0, seed, **options)
         optimizer = tf.keras.optimizers.SGD(learning_rate=lr, momentum=0.9)
-        sig = [tf.TensorSpec([None, x.shape[1]], tf.float32), tf.TensorSpec([None], tf.float32)]
         return tf.function(lambda xb, yb: optimizer.apply_gradients(
             zip([g / batch for g in engine.noisy_sum(xb, yb)], engine.variables)), input_signature=sig)
 
     print(f"[{label}] non-private baseline ({len(batches) - warmup} steps)", file=sys.stderr, flush=True)
-    nondp = _time_steps(plain_sgd_step(build_mlp(x.shape[1], hidden, 1, seed=seed), _mse, lr), batches, x, y,
-                        warmup)
+    nondp = _time_steps(plain_sgd_step(build_mlp(x.shape[1], hidden, 1, seed=seed), _mse, lr, input_signature=sig),
+                        batches, x, y, warmup)
     figures = {f"{label}_nondp_examples_per_second": round(nondp, 1)}
     for implementation in implementations:
         n = steps if implementation == "ghost" or label == "small" else slow_steps
