@@ -17,15 +17,15 @@ tf = pytest.importorskip("tensorflow")
 
 from sage_tfx.models import DPDNNClassifier, DPLogisticRegressor, make_private, training_seed  # noqa: E402
 from sage_tfx.models.dpsgd_engine import make_engine  # noqa: E402
-from sage_tfx.models.dpsgd_models import _sigmoid_xent, build_mlp, poisson_batches  # noqa: E402
-from sage_tfx.models.private import _engine, per_example_loss  # noqa: E402
+from sage_tfx.models.dpsgd_models import _sigmoid_xent, build_mlp  # noqa: E402
+from sage_tfx.models.private import poisson_batches  # noqa: E402
 from sage_tfx.models.seeding import PublicParameterError  # noqa: E402
 from sage_tfx.privacy import dpsgd  # noqa: E402
 from sage_tfx.privacy.adaptive_clip import (IMBALANCED, AdaptiveClip, as_clip_norm, next_clip,  # noqa: E402
                                             sum_noise_multiplier)
 from sage_tfx.privacy.dpsgd import DpSgdConfigError  # noqa: E402
 
-ENGINES = ("ghost", "vmap", "layer-ghost", "loop")
+ENGINES = ("ghost", "vmap", "loop")  # the registry's own engines (tf_privacy refuses an adaptive clip)
 
 
 def _imbalanced(n=4000, d=5, seed=0):
@@ -40,12 +40,8 @@ def _logistic(d=5, seed=3):
 
 
 def _make(kind, model, clip, sigma, seed):
-    """An engine of each own kind: dpsgd_engine's ghost / vmap (the DP models'), and make_private's layer ghost
-    and per-example loop."""
-    if kind in ("ghost", "vmap"):
-        return make_engine(kind, model, _sigmoid_xent, clip, sigma, seed)
-    loss = per_example_loss(tf.keras.losses.BinaryCrossentropy(from_logits=True), model)
-    return _engine("ghost" if kind == "layer-ghost" else "loop", model, loss, clip, sigma, seed)
+    """An engine of each own kind from the one registry (the DP models' and make_private's)."""
+    return make_engine(kind, model, _sigmoid_xent, clip, sigma, seed)
 
 
 # --------------------------------------------------------------------------- refusals, before anything drawn
@@ -230,8 +226,8 @@ def test_clip_update_is_the_geometric_step(kind):
 # The per-example loop (make_private's fallback) runs one seed: each of its steps costs ~100 gradient tapes, ~40 s
 # of CI per seed. The margin is per seed, so its false-failure bound stays below 1e-6 (2e-6 with two seeds).
 @pytest.mark.parametrize("kind, quantile, seeds", [("ghost", 0.5, (1, 2)), ("vmap", 0.9, (1, 2)),
-                                                   ("layer-ghost", 0.9, (1, 2)), ("loop", 0.5, (1,))],
-                         ids=["ghost-0.5", "vmap-0.9", "layer-ghost-0.9", "loop-0.5"])
+                                                   ("ghost", 0.9, (1, 2)), ("loop", 0.5, (1,))],
+                         ids=["ghost-0.5", "vmap-0.9", "ghost-0.9", "loop-0.5"])
 def test_estimate_converges_to_the_quantile_of_the_norms(kind, quantile, seeds):
     """A fixed model (no update applied), Poisson batches of 100 from 3,000 rows, sigma_b = 5 (the default):
     after 120 steps from C_0 = 1 the mean estimate over the last 40 steps leaves between quantile -+ 0.08 of the

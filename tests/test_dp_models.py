@@ -20,8 +20,10 @@ tf = pytest.importorskip("tensorflow")
 
 from sage_tfx.models import (  # noqa: E402
     DPDNNClassifier, DPDNNRegressor, DPLinearRegressor, DPLogisticRegressor)
-from sage_tfx.models.dpsgd_engine import IMPLEMENTATIONS, make_engine  # noqa: E402
-from sage_tfx.models.dpsgd_models import DPSGDTrainer, _mse, build_mlp, poisson_batches  # noqa: E402
+from sage_tfx.bench.dp_quality import plain_sgd_step  # noqa: E402
+from sage_tfx.models.dpsgd_engine import ENGINES, make_engine  # noqa: E402
+from sage_tfx.models.dpsgd_models import _mse, build_mlp  # noqa: E402
+from sage_tfx.models.private import poisson_batches  # noqa: E402
 
 CLIP = 0.7
 
@@ -38,7 +40,7 @@ def _flat(grads):
     return np.concatenate([np.asarray(g).ravel() for g in grads])
 
 
-@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", ENGINES)
 def test_per_example_clipping_bound_holds(implementation):
     x, y = _small_problem()
     model = build_mlp(x.shape[1], (16,), 1, seed=3)
@@ -60,7 +62,7 @@ def test_per_example_clipping_bound_holds(implementation):
     assert sum(n > CLIP * 0.999 for n in norms) >= len(x) // 2  # the test exercised clipping
 
 
-@pytest.mark.parametrize("implementation", IMPLEMENTATIONS)
+@pytest.mark.parametrize("implementation", ENGINES)
 def test_noise_std_on_summed_gradient_is_sigma_times_clip(implementation):
     """20 draws x 129 coordinates: variance ratio inside the chi2 two-sided 1e-6 band, mean within 5 s.e."""
     sigma = 1.3
@@ -92,11 +94,25 @@ def test_poisson_batches_sample_each_row_with_probability_q():
     assert np.var(sizes) == pytest.approx(n * q * (1 - q), rel=0.15)  # Binomial, not fixed, batch sizes
 
 
-def test_ghost_engine_refuses_non_dense_models():
-    model = tf.keras.Sequential([tf.keras.layers.Dense(4), tf.keras.layers.Dropout(0.1), tf.keras.layers.Dense(1)])
-    model.build((None, 3))
-    with pytest.raises(ValueError, match="Dense"):
-        make_engine("ghost", model, _mse, 1.0, 1.0)
+def test_ghost_engine_refuses_models_without_a_dense_or_embedding_graph():
+    class Subclassed(tf.keras.Model):  # no graph to walk
+        def __init__(self):
+            super().__init__()
+            self.dense = tf.keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.dense(x)
+
+    model = Subclassed()
+    model(tf.zeros([1, 3]))
+    conv = tf.keras.Sequential([tf.keras.layers.Reshape((3, 1)), tf.keras.layers.Conv1D(1, 3),
+                                tf.keras.layers.Flatten()])
+    conv.build((None, 3))
+    for model in (model, conv):
+        with pytest.raises(ValueError, match="Dense or Embedding"):
+            make_engine("ghost", model, _mse, 1.0, 1.0)
+    with pytest.raises(ValueError, match="engine 'fast' is invalid"):
+        make_engine("fast", conv, _mse, 1.0, 1.0)
 
 
 # ---- learning on real taxi rows ------------------------------------------------------------
@@ -130,12 +146,12 @@ def taxi():
 
 def _nondp_mlp_mse(x, y, xt, yt, hidden, epochs, batch, lr):
     model = build_mlp(x.shape[1], hidden, 1, seed=0)
-    trainer = DPSGDTrainer(model, x.shape[1], _mse, tf.float32, lr, 0.9, batch, 1.0, 0.0, implementation=None)
+    step = plain_sgd_step(model, _mse, lr)
     rng = np.random.default_rng(0)
     for _ in range(epochs):
         perm = rng.permutation(len(x))
         for i in range(0, len(x), batch):
-            trainer.plain_step(x[perm[i:i + batch]], y[perm[i:i + batch]])
+            step(x[perm[i:i + batch]], y[perm[i:i + batch]])
     return float(np.mean((model(xt).numpy().ravel() - yt) ** 2))
 
 
@@ -271,3 +287,21 @@ def test_dp_tracks_nonprivate_at_one_million_generated_rows():
     dp = DPDNNRegressor((1.0, 1e-6), hidden_units=(32, 16), num_examples=950_000, batch_size=1024, epochs=3,
                         learning_rate=0.05, clip_norm=1.0, seed=0).fit(x, y)
     assert dp.evaluate(xt, yt)["mse"] <= 1.2 * nondp
+
+
+def test_estimators_train_through_make_private():
+    """The estimator is make_private on its network: the same seed gives the same weights and report."""
+    from sage_tfx.models import make_private
+
+    x, y = _small_problem(n=200)
+    common = dict(num_examples=200, batch_size=20, epochs=1, learning_rate=0.05, clip_norm=1.0, seed=3)
+    for engine in ("ghost", "vmap"):
+        ours = DPDNNRegressor((1.0, 1e-5), hidden_units=(8,), implementation=engine, **common).fit(x, y)
+        theirs = make_private(lambda init: build_mlp(x.shape[1], (8,), 1, init), privacy_budget=(1.0, 1e-5),
+                              loss=_mse, momentum=0.9, per_example=engine, name="DPDNNRegressor",
+                              **common).fit(x, y)
+        for a, b in zip(ours.model.get_weights(), theirs.model.get_weights()):
+            np.testing.assert_array_equal(a, b)
+        assert ours.privacy_spent["implementation"] == f"DPDNNRegressor/{engine}"
+        assert {k: v for k, v in ours.privacy_spent.items() if k != "dp_event"} == \
+            {k: v for k, v in theirs.privacy_spent.items() if k != "dp_event"}

@@ -13,8 +13,9 @@ tf = pytest.importorskip("tensorflow")
 
 from sage_tfx.components import trainer_utils  # noqa: E402
 from sage_tfx.models import PrivateModel, make_private, training_seed  # noqa: E402
-from sage_tfx.models.dpsgd_engine import LayerGhostEngine, ghost_layers  # noqa: E402
-from sage_tfx.models.private import _PerExampleEngine, per_example_loss  # noqa: E402
+from sage_tfx.models.dpsgd_engine import LayerGhostEngine, make_engine  # noqa: E402
+from sage_tfx.models.ghost_plans import ghost_layers  # noqa: E402
+from sage_tfx.models.losses import per_example_loss  # noqa: E402
 from sage_tfx.privacy import dpsgd  # noqa: E402
 
 CLIP = 0.5
@@ -62,7 +63,7 @@ def test_per_example_clipped_sum_matches_a_loop(vectorized):
     model = _functional()
     x, y = _functional_data()
     loss_fn = per_example_loss("mse", model)
-    engine = _PerExampleEngine(model, loss_fn, CLIP, 0.0, seed=0, vectorized=vectorized)
+    engine = make_engine("vmap" if vectorized else "loop", model, loss_fn, CLIP, 0.0, seed=0)
     sums, norms = engine.clipped_sum([tf.constant(v) for v in x], tf.constant(y))
     want, want_norms = _loop_clipped_sum(model, loss_fn, x, y, CLIP)
     assert (want_norms > CLIP).sum() >= len(y) // 2  # the test exercises clipping
@@ -300,6 +301,36 @@ def test_explicit_seed_refused_inside_training_seed():
         with pytest.raises(ValueError, match="seed=3.*Drop the seed= argument"):
             make_private(_sequential(), privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10,
                          seed=3)
+
+
+class _Untouchable:
+    """Data that fails the test if read: a refusal must come before any read."""
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the data was read ({name}) before the refusal")
+
+    def __len__(self):
+        raise AssertionError("the data was read (len) before the refusal")
+
+
+def test_the_tf_privacy_engine_is_refused_inside_training_seed():
+    """make_private takes the registry's tf_privacy engine too; inside training_seed (DPTrainer) it is refused
+    before the data is read, as for the DP estimators (its noise comes from TensorFlow's global generator), and
+    a PrivateModel built around make_private is refused when it fits."""
+    args = dict(privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10, per_example="tf_privacy")
+    with training_seed(7):
+        with pytest.raises(ValueError, match="per_example='tf_privacy' is refused under DPTrainer"):
+            make_private(_sequential(), **args)
+    private = make_private(_sequential(), **args)
+    with training_seed(7):
+        with pytest.raises(ValueError, match="per_example='tf_privacy' is refused under DPTrainer"):
+            private.fit(_Untouchable(), _Untouchable())
+    for bad in (dict(clip_norm="adaptive"), dict(noise_schedule="exponential")):
+        with pytest.raises(ValueError, match="invalid with per_example='tf_privacy'"):
+            make_private(_sequential(), **args, **bad)
+    x, y = _regression_rows(100)
+    spent = make_private(_with(), **args, seed=0).fit(x, y).privacy_spent  # outside DPTrainer: available
+    assert spent["implementation"] == "make_private/tf_privacy"
 
 
 @pytest.mark.parametrize("optimizer,per_example", [("sgd", "auto"), ("adam", "vmap")])

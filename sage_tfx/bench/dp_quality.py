@@ -76,27 +76,42 @@ def _taxi_xy(table):
     return np.array(feats), np.array(fares, np.float32), np.array(tippers, np.int32)
 
 
-def _nondp_sgd(x, y, xt, hidden, outputs, loss, label_dtype, epochs, batch, lr, seed):
-    """The DP models' network and SGD + momentum loop without clipping or noise; test outputs (raw)."""
-    import numpy as np
+def plain_sgd_step(model, per_example_loss, learning_rate, momentum=0.9, input_signature=None):
+    """A traced non-private step of SGD + momentum on the batch's mean loss (no clipping, no noise): the
+    baseline the DP runs are compared with. ``input_signature``: (x, y) specs, traced once (timing)."""
     import tensorflow as tf
 
-    from sage_tfx.models.dpsgd_models import DPSGDTrainer, build_mlp
+    optimizer = tf.keras.optimizers.SGD(learning_rate=learning_rate, momentum=momentum)
+
+    @tf.function(reduce_retracing=True, input_signature=input_signature)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(per_example_loss(y, model(x, training=True)))
+        variables = model.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+
+    return step
+
+
+def _nondp_sgd(x, y, xt, hidden, outputs, loss, epochs, batch, lr, seed):
+    """The DP models' network and SGD + momentum loop without clipping or noise; test outputs (raw)."""
+    import numpy as np
+
+    from sage_tfx.models.dpsgd_models import build_mlp
 
     model = build_mlp(x.shape[1], hidden, outputs, seed=seed)
-    trainer = DPSGDTrainer(model, x.shape[1], loss, label_dtype, lr, 0.9, batch, 1.0, 0.0, implementation=None)
+    step = plain_sgd_step(model, loss, lr)
     rng = np.random.default_rng(seed)
     for _ in range(epochs):
         perm = rng.permutation(len(x))
         for i in range(0, len(x), batch):
-            trainer.plain_step(x[perm[i:i + batch]], y[perm[i:i + batch]])
+            step(x[perm[i:i + batch]], y[perm[i:i + batch]])
     return model(xt).numpy()
 
 
 def _quality(model_name, epsilon, data, epochs, seed):
     """Test metric of one model at one epsilon (None: non-private)."""
     import numpy as np
-    import tensorflow as tf
 
     from sage_tfx.models import DPDNNClassifier, DPDNNRegressor, DPLinearRegressor, DPLogisticRegressor
     from sage_tfx.models.dpsgd_models import _mse, _sigmoid_xent, _softmax_xent
@@ -114,20 +129,20 @@ def _quality(model_name, epsilon, data, epochs, seed):
         return float(np.mean((pred - fare_t) ** 2))
     if model_name == "dnn_regressor":
         if epsilon is None:
-            pred = _nondp_sgd(x, fare, xt, (64, 32), 1, _mse, tf.float32, epochs, 256, 0.05, seed).reshape(-1)
+            pred = _nondp_sgd(x, fare, xt, (64, 32), 1, _mse, epochs, 256, 0.05, seed).reshape(-1)
         else:
             pred = DPDNNRegressor(budget, hidden_units=(64, 32), **sgd).fit(x, fare).predict(xt)
         return float(np.mean((pred - fare_t) ** 2))
     if model_name == "logistic":
         if epsilon is None:
-            logits = _nondp_sgd(x, tipper.astype(np.float32), xt, (), 1, _sigmoid_xent, tf.float32, epochs, 256,
-                                0.05, seed).reshape(-1)
+            logits = _nondp_sgd(x, tipper.astype(np.float32), xt, (), 1, _sigmoid_xent, epochs, 256, 0.05,
+                                seed).reshape(-1)
             pred = (logits > 0).astype(np.int32)
         else:
             pred = DPLogisticRegressor(budget, **sgd).fit(x, tipper).predict(xt)
         return float(np.mean(pred == tipper_t))
     if epsilon is None:
-        logits = _nondp_sgd(x, tipper, xt, (64, 32), 2, _softmax_xent, tf.int32, epochs, 256, 0.05, seed)
+        logits = _nondp_sgd(x, tipper, xt, (64, 32), 2, _softmax_xent, epochs, 256, 0.05, seed)
         pred = np.argmax(logits, axis=1)
     else:
         pred = DPDNNClassifier(budget, hidden_units=(64, 32), n_classes=2, **sgd).fit(x, tipper).predict(xt)

@@ -84,19 +84,28 @@ def _measure(label, hidden, batch, lr, x, y, implementations, steps, slow_steps,
     import numpy as np
     import tensorflow as tf
 
-    from sage_tfx.models.dpsgd_models import DPSGDTrainer, _mse, build_mlp, poisson_batches
+    from sage_tfx.bench.dp_quality import plain_sgd_step
+    from sage_tfx.models.dpsgd_engine import make_engine
+    from sage_tfx.models.dpsgd_models import _mse, build_mlp
+    from sage_tfx.models.private import poisson_batches
 
     rng = np.random.default_rng(seed)
     q = batch / len(x)
     batches = [r for r in poisson_batches(rng, len(x), q, warmup + steps) if len(r)]
 
-    def trainer(implementation, **options):
+    sig = [tf.TensorSpec([None, x.shape[1]], tf.float32), tf.TensorSpec([None], tf.float32)]
+
+    def dp_step(implementation, **options):
+        """One DP-SGD step of engine ``implementation`` (clip 1, sigma 1): the noisy sum / batch, SGD."""
         model = build_mlp(x.shape[1], hidden, 1, seed=seed)
-        return DPSGDTrainer(model, x.shape[1], _mse, tf.float32, lr, 0.9, batch, 1.0, 1.0, implementation, seed,
-                            **options)
+        engine = make_engine(implementation, model, _mse, 1.0, 1.0, seed, **options)
+        optimizer = tf.keras.optimizers.SGD(learning_rate=lr, momentum=0.9)
+        return tf.function(lambda xb, yb: optimizer.apply_gradients(
+            zip([g / batch for g in engine.noisy_sum(xb, yb)], engine.variables)), input_signature=sig)
 
     print(f"[{label}] non-private baseline ({len(batches) - warmup} steps)", file=sys.stderr, flush=True)
-    nondp = _time_steps(trainer(None).plain_step, batches, x, y, warmup)
+    nondp = _time_steps(plain_sgd_step(build_mlp(x.shape[1], hidden, 1, seed=seed), _mse, lr, input_signature=sig),
+                        batches, x, y, warmup)
     figures = {f"{label}_nondp_examples_per_second": round(nondp, 1)}
     for implementation in implementations:
         n = steps if implementation == "ghost" or label == "small" else slow_steps
@@ -105,7 +114,7 @@ def _measure(label, hidden, batch, lr, x, y, implementations, steps, slow_steps,
             name, options = "tf_privacy_mb64", {"num_microbatches": 64}
             rows = [rng.choice(len(x), size=batch, replace=False) for _ in range(warmup + n)]
         print(f"[{label}] DP-SGD {name} ({n} steps)", file=sys.stderr, flush=True)
-        step = trainer(implementation, **options).dp_step
+        step = dp_step(implementation, **options)
         dp = _time_steps(step, rows, x, y, warmup)
         figures[f"{label}_{name}_examples_per_second"] = round(dp, 1)
         figures[f"{label}_{name}_overhead_ratio"] = round(nondp / dp, 3)
@@ -207,7 +216,7 @@ def measure_wide_deep(rows, batch, steps, warmup, repeats, seed):
 
     import numpy as np
 
-    from sage_tfx.models.dpsgd_models import poisson_batches
+    from sage_tfx.models.private import poisson_batches
     from sage_tfx.privacy import dpsgd
 
     x, y = generated_wide_and_deep(rows, np.random.default_rng(seed))
@@ -254,7 +263,7 @@ def run(args):
     import numpy as np
 
     import sage_tfx  # noqa: F401  (before TensorFlow)
-    from sage_tfx.models.dpsgd_engine import DEFAULT_IMPLEMENTATION
+    from sage_tfx.models.dpsgd_models import DEFAULT_ENGINE as DEFAULT_IMPLEMENTATION
 
     implementations = [i for i in args.implementations.split(",") if i]
     for name in implementations:

@@ -1,5 +1,10 @@
 """DP-SGD models with an estimator-like surface: DPDNNRegressor, DPDNNClassifier, DPLogisticRegressor.
 
+Each builds its network (``build_mlp``, weights seeded by the fit's init seed) and trains it through
+``make_private`` (sage_tfx.models.private): the one DP-SGD loop, engine registry and ``privacy_spent``
+builder. ``implementation`` names the engine (sage_tfx.models.dpsgd_engine.ENGINES; default ``ghost``);
+``privacy_spent["implementation"]`` is ``<class name>/<engine>``.
+
 Training (Abadi et al. 2016, with the sampling the accounting assumes):
   * ``steps = ceil(epochs * num_examples / batch_size)``; at every step each
     training record is included independently with probability
@@ -56,41 +61,14 @@ import numpy as np
 import tensorflow as tf
 
 from sage_tfx.models.data import FeatureLayout, class_labels, labels_vector, split_input
-from sage_tfx.models.dpsgd_engine import _INVALID, DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, make_engine
+from sage_tfx.models.dpsgd_engine import _INVALID, ENGINES
 from sage_tfx.models.export import export_saved_model
-from sage_tfx.models.seeding import active as seed_active
-from sage_tfx.models.seeding import fit_seeds
+from sage_tfx.models.private import (check_adaptive_clip, check_engine, check_momentum, make_private,
+                                     refuse_unseeded)
 from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
-
-def check_momentum(momentum):
-    """``momentum`` as a float in [0, 1), else a DpSgdConfigError naming it (a bool is refused)."""
-    return checks.number(momentum, "momentum", low=0.0, high=1.0, high_open=True, error=DpSgdConfigError,
-                         message=_INVALID)
-
-
-def poisson_batches(rng, n, q, steps):
-    """Yield the row indices of ``steps`` Poisson-sampled batches (each row kept w.p. q)."""
-    for _ in range(steps):
-        size = int(rng.binomial(n, q))
-        yield np.sort(rng.choice(n, size=size, replace=False)) if size else np.empty(0, np.int64)
-
-
-def start_clip(engine, clip_norm, batch_size):
-    """Switch ``engine`` to adaptive clipping when ``clip_norm`` is an AdaptiveClip (a fixed clip: nothing)."""
-    if isinstance(clip_norm, adaptive_clip.AdaptiveClip):
-        engine.adapt_clip(clip_norm, batch_size)
-
-
-def clip_spent(engine, clip_norm, noise_multiplier, batch_size):
-    """``privacy_spent`` entries of an adaptive clip: its parameters, sigma_b, the sum's z_Delta and the last
-    estimate (a DP release); {} for a fixed clip (its report is unchanged)."""
-    if not isinstance(clip_norm, adaptive_clip.AdaptiveClip):
-        return {}
-    report = clip_norm.report(noise_multiplier, batch_size)
-    report["final_clip_norm"] = engine.current_clip_norm
-    return {"adaptive_clip": report}
+DEFAULT_ENGINE = "ghost"
 
 
 def build_mlp(input_dim, hidden_units, output_units, seed=None):
@@ -103,57 +81,12 @@ def build_mlp(input_dim, hidden_units, output_units, seed=None):
     return model
 
 
-class DPSGDTrainer:
-    """Runs DP-SGD (or the same loop without DP, for baselines) on one Keras model."""
-
-    def __init__(self, model, input_dim, per_example_loss, label_dtype, learning_rate, momentum, batch_size,
-                 clip_norm, noise_multiplier, implementation=DEFAULT_IMPLEMENTATION, seed=None, **engine_options):
-        """``clip_norm``: a number, or an AdaptiveClip (sage_tfx.privacy.adaptive_clip) for an adaptive clip."""
-        self.model = model
-        self.per_example_loss = per_example_loss
-        self.batch_size = float(batch_size)
-        self.optimizer = tf.keras.optimizers.SGD(learning_rate=learning_rate, momentum=momentum)
-        self.engine = (None if implementation is None else
-                       make_engine(implementation, model, per_example_loss, adaptive_clip.initial_clip(clip_norm),
-                                   noise_multiplier, seed, **engine_options))
-        if self.engine is not None:
-            start_clip(self.engine, clip_norm, batch_size)
-        sig = [tf.TensorSpec([None, input_dim], tf.float32), tf.TensorSpec([None], label_dtype)]
-        self._dp_step = tf.function(self._dp_step_py, input_signature=sig)
-        self._plain_step = tf.function(self._plain_step_py, input_signature=sig)
-        self._noise_step = tf.function(self._noise_step_py)
-
-    def _apply(self, sums, variables):
-        self.optimizer.apply_gradients(zip([g / self.batch_size for g in sums], variables))
-
-    def _dp_step_py(self, x, y):
-        self._apply(self.engine.noisy_sum(x, y), self.engine.variables)
-
-    def _noise_step_py(self):
-        self._apply(self.engine.noise_sum(), self.engine.variables)
-
-    def _plain_step_py(self, x, y):
-        variables = self.model.trainable_variables
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(self.per_example_loss(y, self.model(x, training=True)))
-        self.optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
-
-    def dp_step(self, x, y):
-        if len(x):
-            self._dp_step(x, y)
-        else:
-            self._noise_step()
-
-    def plain_step(self, x, y):
-        self._plain_step(x, y)
-
-
 def _mse(y, out):
-    return tf.square(tf.reshape(out, [-1]) - y)
+    return tf.square(tf.reshape(out, [-1]) - tf.reshape(y, [-1]))
 
 
 def _sigmoid_xent(y, out):
-    return tf.nn.sigmoid_cross_entropy_with_logits(labels=y, logits=tf.reshape(out, [-1]))
+    return tf.nn.sigmoid_cross_entropy_with_logits(labels=tf.reshape(y, [-1]), logits=tf.reshape(out, [-1]))
 
 
 def _softmax_xent(y, out):
@@ -164,7 +97,7 @@ class _DPSGDEstimator:
     _label_dtype = np.float32
 
     def __init__(self, privacy_budget, num_examples=None, hidden_units=(), learning_rate=0.01, epochs=3,
-                 batch_size=1024, clip_norm=1.0, momentum=0.9, implementation=DEFAULT_IMPLEMENTATION,
+                 batch_size=1024, clip_norm=1.0, momentum=0.9, implementation=DEFAULT_ENGINE,
                  accountant="rdp", seed=None, *, noise_schedule=None):
         try:
             epsilon, delta = privacy_budget
@@ -180,35 +113,23 @@ class _DPSGDEstimator:
         checks.positive(learning_rate, "learning_rate", error=DpSgdConfigError, message=_INVALID)
         clip_norm = adaptive_clip.as_clip_norm(clip_norm)
         check_momentum(momentum)
-        if implementation not in IMPLEMENTATIONS:
-            raise DpSgdConfigError(f"implementation={implementation!r} is invalid: choose one of {IMPLEMENTATIONS}")
         dpsgd.check_accountant(accountant)
         self.noise_schedule = noise_schedules.as_schedule(noise_schedule)
-        if implementation == "tf_privacy" and not self.noise_schedule.is_constant:
-            raise DpSgdConfigError(f"noise_schedule={self.noise_schedule.describe()} is invalid with "
-                                   "implementation='tf_privacy' (a fixed sigma): use 'ghost' or 'vmap'")
-        if implementation == "tf_privacy" and isinstance(clip_norm, adaptive_clip.AdaptiveClip):
-            raise DpSgdConfigError("clip_norm='adaptive' is invalid with implementation='tf_privacy' (a fixed clip "
-                                   "norm): use 'ghost' or 'vmap'")
+        check_engine(implementation, "implementation", ENGINES, clip_norm, self.noise_schedule)
         self.num_examples = num_examples
-        self.learning_rate = float(learning_rate)
-        self.epochs = epochs
-        self.batch_size = batch_size
-        self.clip_norm = clip_norm  # a float, or an AdaptiveClip
-        self.momentum = float(momentum)
-        self.implementation = implementation
-        self.accountant = accountant
-        self.seed = seed
+        # make_private's arguments (clip_norm: a float, or an AdaptiveClip)
+        self.sgd = dict(clip_norm=clip_norm, batch_size=batch_size, epochs=epochs, optimizer="sgd",
+                        learning_rate=float(learning_rate), momentum=float(momentum), accountant=accountant,
+                        per_example=implementation, seed=seed, noise_schedule=self.noise_schedule)
         self.model = None
         self.layout = None
         self.privacy_spent = None
-        if isinstance(clip_norm, adaptive_clip.AdaptiveClip) and num_examples is not None:
-            run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, num_examples,
-                                                  batch_size, epochs, accountant)
-            adaptive_clip.check_run(clip_norm, run.noise_multipliers, batch_size)  # refused here, nothing spent
+        if num_examples is not None:  # refused here, nothing spent
+            check_adaptive_clip(clip_norm, self.noise_schedule, self.epsilon, self.delta, num_examples, batch_size,
+                                epochs, accountant)
 
     # subclasses: output units, per-example loss, label handling, outputs
-    def _output_units(self, y):
+    def _output_units(self):
         return 1
 
     def _per_example_loss(self):
@@ -234,45 +155,19 @@ class _DPSGDEstimator:
                 "num_examples is required: pass the ledger's DP (or a public) row count, "
                 "never the exact private count"
             )
-        if self.implementation == "tf_privacy" and seed_active():
-            raise DpSgdConfigError(
-                f"{type(self).__name__}: implementation='tf_privacy' is refused under DPTrainer (training_seed): "
-                "tensorflow-privacy draws its noise from TensorFlow's global generator, which tf.random.set_seed in "
-                "a module fixes, not from the grant's seed; use 'ghost' (default) or 'vmap'")
-        seeds = fit_seeds(self.seed, type(self).__name__, (self.epsilon, self.delta),  # seed=, share: refused
-                          {"batch_size": self.batch_size, "epochs": self.epochs,
-                           **adaptive_clip.public_numbers(self.clip_norm)})
-        run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, num_examples,
-                                              self.batch_size, self.epochs, self.accountant)
-        adaptive_clip.check_run(self.clip_norm, run.noise_multipliers, self.batch_size)  # before any read or draw
+        refuse_unseeded(self.sgd["per_example"], type(self).__name__, "implementation")
+        private = make_private(self._network, privacy_budget=(self.epsilon, self.delta), num_examples=num_examples,
+                               loss=self._per_example_loss(), name=type(self).__name__, **self.sgd)
         x, y = split_input(x, y)
         self.layout = FeatureLayout.from_input(x)
         features = self.layout.to_matrix(x)
-        labels = self._labels(y, len(features))
-        sigmas, steps, q = run.noise_multipliers, run.steps, run.sampling_rate
-        sigma = float(sigmas[0])
-        self.model = build_mlp(self.layout.dim, self.hidden_units, self._output_units(labels), seeds.init)
-        trainer = DPSGDTrainer(
-            self.model, self.layout.dim, self._per_example_loss(), tf.as_dtype(self._label_dtype), self.learning_rate,
-            self.momentum, self.batch_size, self.clip_norm, sigma, self.implementation, seeds.noise)
-        rng = np.random.default_rng(seeds.sampling)
-        for i, rows in enumerate(poisson_batches(rng, len(features), q, steps)):
-            if sigmas[i] != trainer.engine.noise_multiplier:
-                trainer.engine.set_noise_multiplier(float(sigmas[i]))  # the schedule's sigma_t
-            trainer.dp_step(features[rows], labels[rows])
-            if verbose and (i + 1) % max(1, steps // 10) == 0:
-                print(f"DP-SGD step {i + 1}/{steps}", flush=True)
-        self.privacy_spent = {
-            "epsilon": run.epsilon, "delta": self.delta, "dp_event": run.dp_event, "noise_multiplier": sigma,
-            "steps": steps, "sampling_rate": q, "num_examples": int(num_examples),
-            "accountant": self.accountant, "mechanism": "dp-sgd (Poisson-sampled Gaussian)",
-            "implementation": self.implementation,
-            **clip_spent(trainer.engine, self.clip_norm, sigma, self.batch_size),
-        }
-        if not self.noise_schedule.is_constant:  # the constant default's report is unchanged
-            self.privacy_spent["noise_schedule"] = run.report()
-        seeds.report_spent(self.privacy_spent)
+        private.fit(features, self._labels(y, len(features)), verbose=verbose)
+        self.model, self.privacy_spent = private.model, private.privacy_spent
         return self
+
+    def _network(self, init_seed):
+        """The MLP on the fitted layout's features, its weights initialised from ``init_seed`` (the fit's)."""
+        return build_mlp(self.layout.dim, self.hidden_units, self._output_units(), init_seed)
 
     def _require_fit(self):
         if self.model is None:
@@ -345,7 +240,7 @@ class DPDNNClassifier(_Classifier):
         super().__init__(privacy_budget, hidden_units=hidden_units, **kwargs)
         self.n_classes = checks.integer(n_classes, "n_classes", low=2, error=DpSgdConfigError, message=_INVALID)
 
-    def _output_units(self, y):
+    def _output_units(self):
         return self.n_classes
 
     def _per_example_loss(self):

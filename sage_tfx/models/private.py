@@ -35,7 +35,8 @@ row count, each present record is sampled with probability q, so the bound holds
 ``num_examples`` MUST be public or a DP count (``fn_args.num_examples``, the ledger's DP row count), never
 the exact private count: sigma depends on it and is published with the model.
 
-Per-example gradients (``per_example=``):
+Per-example gradients (``per_example=``: "auto" or one of the engines of sage_tfx.models.dpsgd_engine's
+one registry, ``ENGINES``):
   * ``"ghost"``: ghost clipping per layer (sage_tfx.models.dpsgd_engine.LayerGhostEngine; Goodfellow 2015,
     Li et al. 2022, Bu et al. 2023) on any Keras graph network (Functional, or Sequential with a known input
     shape): one forward pass through the model's graph keeps each Dense and Embedding layer's input and
@@ -48,12 +49,17 @@ Per-example gradients (``per_example=``):
     per-example gradients (vmap, or the loop below): the clip factor uses the sum of both parts' squared
     norms, i.e. the norm of the record's whole gradient. ``"auto"`` (default) picks it whenever the model
     has a graph with at least one Dense or Embedding layer; ``privacy_spent["implementation"]`` says
-    ``ghost`` or ``ghost+vmap`` / ``ghost+loop`` (with a fallback part).
+    ``<name>/ghost`` or ``<name>/ghost+vmap`` / ``<name>/ghost+loop`` (with a fallback part).
   * ``"vmap"``: any model; per-example gradients by ``tf.vectorized_map`` over a GradientTape (sparse
     Embedding gradients made dense), then clip and sum. ``"auto"`` picks it for a model without a graph
     (subclassed) or without Dense / Embedding layers, and (for it and for a ghost engine's fallback part)
     falls back to ``"loop"`` if vectorisation fails when the step is first traced.
   * ``"loop"``: a per-example ``tf.map_fn`` loop: slowest, works for any differentiable model.
+  * ``"tf_privacy"``: tensorflow-privacy's optimizer (optional; a fixed clip norm and sigma, noise from
+    TensorFlow's global generator): refused with a noise schedule, an adaptive clip, and under DPTrainer.
+
+The DP estimators (sage_tfx.models.dpsgd_models) train through ``make_private`` too: they pass a function
+``init_seed -> network`` as ``model`` and their class name as ``name``.
 
 Layers or losses that couple examples (any BatchNormalization in training mode, a batch mean, a loss
 normalised over the batch) or keep batch statistics break per-example clipping: ``fit`` refuses them before
@@ -66,6 +72,8 @@ sampling and noise come from the grant's private seed and ``seed=`` is refused (
 The model's initial weights are the user's (make_private does not re-initialise them): to reproduce a fit
 bit for bit, build the model with seeded initialisers (initial weights need no secrecy).
 """
+import functools
+import types
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
@@ -73,126 +81,76 @@ import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 import numpy as np
 import tensorflow as tf
 
-from sage_tfx.models.dpsgd_engine import LayerGhostEngine, _Engine, _zero_rows, ghost_layers, per_example_gradients
-from sage_tfx.models.dpsgd_models import _INVALID, check_momentum, clip_spent, poisson_batches, start_clip
+from sage_tfx.models.dpsgd_engine import _INVALID, ENGINES, ghost_applies, make_engine
+from sage_tfx.models.losses import LOSSES, per_example_loss
 from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch
 from sage_tfx.models.seeding import active as _seed_active
-from sage_tfx.models.seeding import fit_seeds
+from sage_tfx.models.seeding import check_fit, fit_seeds
 from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
-__all__ = ["make_private", "PrivateModel", "PER_EXAMPLE", "LOSSES"]
+__all__ = ["make_private", "PrivateModel", "PER_EXAMPLE", "LOSSES", "poisson_batches", "check_engine"]
 
-PER_EXAMPLE = ("auto", "ghost", "vmap", "loop")
-LOSSES = ("mse", "binary_crossentropy", "sparse_categorical_crossentropy")
+PER_EXAMPLE = ("auto",) + ENGINES
 OPTIMIZERS = ("sgd", "adam")
 _NAME = "make_private"
-_LOSS_ALIASES = {"mse": "mse", "mean_squared_error": "mse", "binary_crossentropy": "binary_crossentropy",
-                 "sparse_categorical_crossentropy": "sparse_categorical_crossentropy"}
+Model = Union[tf.keras.Model, Callable[[Optional[int]], tf.keras.Model]]
 
 
-# ------------------------------------------------------------------------------------------- losses
+# ------------------------------------------------------------------------------------------- checks, helpers
 
-def _as_rows(t, batch):
-    return tf.reshape(t, tf.stack([batch, -1]))
-
-
-def _mse(y, out):
-    batch = tf.shape(out)[0]
-    out = _as_rows(out, batch)
-    return tf.reduce_mean(tf.square(out - _as_rows(tf.cast(y, out.dtype), batch)), axis=1)
+def check_momentum(momentum: Any) -> float:
+    """``momentum`` as a float in [0, 1), else a DpSgdConfigError naming it (a bool is refused)."""
+    return checks.number(momentum, "momentum", low=0.0, high=1.0, high_open=True, error=DpSgdConfigError,
+                         message=_INVALID)
 
 
-def _keras_loss(cls, match_shape, **config):
-    loss = cls(reduction=tf.keras.losses.Reduction.NONE, **config)
-
-    def per_example(y, out):
-        if match_shape:
-            y = tf.reshape(tf.cast(y, out.dtype), tf.shape(out))
-        return tf.reshape(loss(y, out), [-1])
-
-    return per_example
-
-
-def _wrap_callable(loss):
-    def per_example(y, out):
-        # labels [B] for an output [B, 1]: Keras would squeeze the output and average over the BATCH
-        y, out = tf.convert_to_tensor(y), tf.convert_to_tensor(out)
-        if y.shape.rank == 1 and out.shape.rank == 2 and out.shape[1] == 1:
-            y = y[:, None]
-        values = loss(y, out)
-        return tf.reshape(values, [-1])
-
-    return per_example
+def check_engine(engine: str, keyword: str, choices: Tuple[str, ...], clip_norm: Any,
+                 schedule: noise_schedules.NoiseSchedule) -> None:
+    """Refuse, before anything is read, an engine not in ``choices`` and tf_privacy with what it cannot do
+    (a noise schedule, an adaptive clip). ``keyword``: the caller's argument name, for the message."""
+    if engine not in choices:
+        raise DpSgdConfigError(f"{keyword}={engine!r} is invalid: choose one of {choices}")
+    if engine != "tf_privacy":
+        return
+    if not schedule.is_constant:
+        raise DpSgdConfigError(f"noise_schedule={schedule.describe()} is invalid with {keyword}='tf_privacy' (a "
+                               "fixed sigma): use 'ghost' or 'vmap'")
+    if isinstance(clip_norm, adaptive_clip.AdaptiveClip):
+        raise DpSgdConfigError(f"clip_norm='adaptive' is invalid with {keyword}='tf_privacy' (a fixed clip "
+                               "norm): use 'ghost' or 'vmap'")
 
 
-def per_example_loss(loss: Any, model: tf.keras.Model) -> Callable:
-    """A function (y, model output) -> per-example losses [batch], from ``loss`` or the model's compiled loss.
-
-    A Keras ``Loss`` with another reduction is rebuilt with reduction NONE (``from_config``); a callable must
-    return one loss per record (``fit`` checks the shape on two records).
-    """
-    if loss is None:
-        loss = getattr(model, "loss", None) if getattr(model, "compiled_loss", None) is not None else None
-        if loss is None:
-            raise DpSgdConfigError(
-                f"loss=None is invalid for an uncompiled model: pass loss= one of {LOSSES}, or a per-example "
-                "Keras loss (reduction NONE), or model.compile(loss=...) first")
-    if isinstance(loss, str):
-        name = _LOSS_ALIASES.get(loss.lower())
-        if name is None:
-            raise DpSgdConfigError(f"loss={loss!r} is invalid: choose one of {LOSSES}, or pass a per-example Keras "
-                                   "loss (reduction NONE)")
-        if name == "mse":
-            return _mse
-        if name == "binary_crossentropy":  # Keras' string: outputs are probabilities (from_logits=False)
-            return _keras_loss(tf.keras.losses.BinaryCrossentropy, True)
-        return _keras_loss(tf.keras.losses.SparseCategoricalCrossentropy, False)
-    if isinstance(loss, tf.keras.losses.Loss):
-        if loss.reduction != tf.keras.losses.Reduction.NONE:
-            config = dict(loss.get_config())
-            config["reduction"] = tf.keras.losses.Reduction.NONE
-            try:
-                loss = type(loss).from_config(config)
-            except Exception:
-                raise DpSgdConfigError(
-                    f"loss={loss!r} reduces over the batch and cannot be rebuilt with reduction NONE: pass a "
-                    "per-example loss (reduction=tf.keras.losses.Reduction.NONE)") from None
-        return _wrap_callable(loss)
-    if callable(loss):
-        return _wrap_callable(loss)
-    raise DpSgdConfigError(f"loss={loss!r} is invalid: choose one of {LOSSES}, or pass a per-example Keras loss")
+def refuse_unseeded(engine: str, name: str, keyword: str) -> None:
+    """Refuse the tf_privacy engine inside ``training_seed`` (DPTrainer): its noise comes from TensorFlow's
+    global generator, which a module's ``tf.random.set_seed`` fixes, not from the grant's seed."""
+    if engine == "tf_privacy" and _seed_active():
+        raise DpSgdConfigError(
+            f"{name}: {keyword}='tf_privacy' is refused under DPTrainer (training_seed): tensorflow-privacy draws "
+            "its noise from TensorFlow's global generator, which tf.random.set_seed in a module fixes, not from "
+            "the grant's seed; use 'ghost' (default) or 'vmap'")
 
 
-# ------------------------------------------------------------------------------------------- engines
-
-class _PerExampleEngine(_Engine):
-    """Per-example gradients of any Keras model (nested inputs allowed), clipped and summed.
-
-    ``vectorized=True``: ``tf.vectorized_map``; False: a ``tf.map_fn`` loop over the examples.
-    """
-
-    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None, vectorized=True):
-        super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
-        self.vectorized = vectorized
-        self.name = "vmap" if vectorized else "loop"
-
-    def per_example_gradients(self, x, y):
-        """One tensor [batch, *variable shape] per trainable variable (dense)."""
-        return per_example_gradients(self.model, self.per_example_loss, self.variables, x, y, self.vectorized)
-
-    def clipped_sum(self, x, y):
-        per_example = self.per_example_gradients(x, y)
-        sq = tf.add_n([tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), axis=1)
-                       for g in per_example])
-        factors, norms, finite = self._factors(sq)
-        return [tf.tensordot(factors, _zero_rows(g, finite), axes=1) for g in per_example], norms
+def poisson_batches(rng: np.random.Generator, n: int, q: float, steps: int):
+    """Yield the row indices of ``steps`` Poisson-sampled batches (each row kept w.p. q)."""
+    for _ in range(steps):
+        size = int(rng.binomial(n, q))
+        yield np.sort(rng.choice(n, size=size, replace=False)) if size else np.empty(0, np.int64)
 
 
-def _ghost_ok(model):
-    """True if the layer ghost engine applies: a graph network with at least one Dense or Embedding layer."""
-    found = ghost_layers(model)
-    return found is not None and bool(found[0])
+def public_params(batch_size, epochs, clip_norm) -> Dict[str, float]:
+    """The fit's numbers that must be public under DPTrainer (``training_seed(public=...)``)."""
+    return {"batch_size": batch_size, "epochs": epochs, **adaptive_clip.public_numbers(clip_norm)}
+
+
+def clip_spent(engine, clip_norm, noise_multiplier, batch_size) -> Dict[str, Any]:
+    """``privacy_spent`` entries of an adaptive clip: its parameters, sigma_b, the sum's z_Delta and the last
+    estimate (a DP release); {} for a fixed clip (its report is unchanged)."""
+    if not isinstance(clip_norm, adaptive_clip.AdaptiveClip):
+        return {}
+    report = clip_norm.report(noise_multiplier, batch_size)
+    report["final_clip_norm"] = engine.current_clip_norm
+    return {"adaptive_clip": report}
 
 
 _GHOST_REFUSED = ("per_example='ghost' is invalid for this model: the ghost engine needs a Keras graph network "
@@ -200,13 +158,7 @@ _GHOST_REFUSED = ("per_example='ghost' is invalid for this model: the ghost engi
                   "layer; use per_example='auto' or 'vmap'")
 
 
-def _engine(per_example, model, loss_fn, clip_norm, sigma, seed, vectorized=True):
-    if per_example == "ghost":
-        if not _ghost_ok(model):
-            raise DpSgdConfigError(_GHOST_REFUSED)
-        return LayerGhostEngine(model, loss_fn, clip_norm, sigma, seed, vectorized=vectorized)
-    return _PerExampleEngine(model, loss_fn, clip_norm, sigma, seed, vectorized=per_example != "loop")
-
+# ------------------------------------------------------------------------------------------- wrapper
 
 # ------------------------------------------------------------------------------------------- wrapper
 
@@ -293,28 +245,38 @@ class PrivateModel:
     ``trainer_utils.report_spent``), ``predict``, ``export``. ``model`` is the trained Keras model.
     """
 
-    def __init__(self, model, *, epsilon, delta, num_examples, clip_norm, batch_size, epochs, optimizer,
+    def __init__(self, model: Model, *, epsilon, delta, num_examples, clip_norm, batch_size, epochs, optimizer,
                  learning_rate, momentum, accountant, loss, per_example, seed, weight_decay=0.0,
-                 noise_schedule=None):
-        self.model = model
-        self.epsilon, self.delta = epsilon, delta
-        self.num_examples = num_examples
-        self.clip_norm = clip_norm
-        self.batch_size = batch_size
-        self.epochs = epochs
-        self.optimizer_name = optimizer
-        self.learning_rate = learning_rate
-        self.momentum = momentum
-        self.weight_decay = weight_decay
-        self.accountant = accountant
-        self.loss = loss
-        self.per_example = per_example
-        self.seed = seed
+                 noise_schedule=None, name: str = _NAME):
+        self.model = model  # a Keras model, or a function init_seed -> model until fit builds it
+        self.name, self.seed = name, seed
+        self.epsilon, self.delta, self.accountant = epsilon, delta, accountant
+        self.num_examples, self.batch_size, self.epochs = num_examples, batch_size, epochs
+        self.clip_norm, self.loss, self.per_example = clip_norm, loss, per_example
+        self.optimizer_name, self.learning_rate = optimizer, learning_rate
+        self.momentum, self.weight_decay = momentum, weight_decay
         self.noise_schedule = noise_schedules.as_schedule(noise_schedule)
         self.engine = None
         self.privacy_spent: Optional[Dict[str, Any]] = None
 
     # ---------------------------------------------------------------- training
+    def _start(self, x_spec, y_spec):
+        """(the fit's seeds, the per-example loss). A Keras model is built and checked before the fit starts
+        in its training block (``fit_seeds``); a builder is first called with the fit's init seed."""
+        if isinstance(self.model, tf.keras.Model):
+            loss_fn = self._build(x_spec, y_spec)
+            return self._fit_seeds(), loss_fn
+        seeds = self._fit_seeds()
+        self.model = self.model(seeds.init)
+        if not isinstance(self.model, tf.keras.Model):
+            raise DpSgdConfigError(f"model: the builder returned {type(self.model).__name__}: return a tf.keras "
+                                   "model")
+        return seeds, self._build(x_spec, y_spec)
+
+    def _fit_seeds(self):
+        return fit_seeds(self.seed, self.name, (self.epsilon, self.delta),  # seed= refused, the share's filter
+                         public_params(self.batch_size, self.epochs, self.clip_norm))
+
     def _build(self, x_spec, y_spec):
         """Build the model on a synthetic record and run the structural checks (``row_checks``): refused
         before any value of the data is used, from the shapes and dtypes of x and y alone."""
@@ -352,41 +314,55 @@ class PrivateModel:
         if self.privacy_spent is not None:
             raise ValueError("this PrivateModel is already fitted (its budget is spent): call make_private again "
                              "for another fit")
+        refuse_unseeded(self.per_example, self.name, "per_example")
         x = _to_numpy(x)
         y = _to_numpy(y)
         n = _rows(x)
         if len(y) != n:
             raise ValueError("y and x have different numbers of rows: pass one label per record")
-        loss_fn = self._build(spec_of(x), spec_of(y))
-        seeds = fit_seeds(self.seed, _NAME, (self.epsilon, self.delta),  # seed= refused, the share's filter
-                           {"batch_size": self.batch_size, "epochs": self.epochs,
-                            **adaptive_clip.public_numbers(self.clip_norm)})
+        seeds, loss_fn = self._start(spec_of(x), spec_of(y))
         run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, self.num_examples,
                                               self.batch_size, self.epochs, self.accountant)
-        sigmas, steps, q = run.noise_multipliers, run.steps, run.sampling_rate
-        sigma = float(sigmas[0])
-        per_example = self.per_example
-        if per_example == "auto":
-            per_example = "ghost" if _ghost_ok(self.model) else "vmap"
-        self.engine = _engine(per_example, self.model, loss_fn, adaptive_clip.initial_clip(self.clip_norm), sigma,
-                              seeds.noise)
-        start_clip(self.engine, self.clip_norm, self.batch_size)
-        optimizer = self._make_optimizer()
+        self.engine = self._new_engine(self._engine_name(), loss_fn, adaptive_clip.initial_clip(self.clip_norm),
+                                       float(run.noise_multipliers[0]), seeds.noise)
+        if isinstance(self.clip_norm, adaptive_clip.AdaptiveClip):
+            self.engine.adapt_clip(self.clip_norm, self.batch_size)
+        self._train(x, y, n, run, seeds.sampling, lambda: self._fall_back(loss_fn, seeds.noise), verbose, callback)
+        self.privacy_spent = self._spent(run)
+        seeds.report_spent(self.privacy_spent)
+        return self
+
+    def _engine_name(self):
+        if self.per_example != "auto":
+            return self.per_example
+        return "ghost" if ghost_applies(self.model) else "vmap"
+
+    def _new_engine(self, name, loss_fn, clip_norm, sigma, seed, vectorized=True):
+        if name == "ghost" and not ghost_applies(self.model):
+            raise DpSgdConfigError(_GHOST_REFUSED)
+        return make_engine(name, self.model, loss_fn, clip_norm, sigma, seed, vectorized=vectorized)
+
+    def _steps(self, optimizer):
+        """(dp_step(x, y), noise_step()): the engine's noisy sum / expected batch size, applied by ``optimizer``."""
         expected = float(self.batch_size)
 
         def apply(sums):
             optimizer.apply_gradients(zip([g / expected for g in sums], self.engine.variables))
 
-        def steps_for_engine():
-            return (tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True),
-                    tf.function(lambda: apply(self.engine.noise_sum())))
+        return (tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True),
+                tf.function(lambda: apply(self.engine.noise_sum())))
 
-        dp_step, noise_step = steps_for_engine()
+    def _train(self, x, y, n, run, sampling_seed, fall_back, verbose, callback):
+        """The DP-SGD loop: ``run.steps`` Poisson-sampled batches (an empty one takes a noise-only step), each
+        step at the schedule's sigma_t. With ``per_example="auto"``, if vectorisation fails when the step is
+        first traced, ``fall_back()`` swaps in the per-example loop and the step runs again."""
+        optimizer = self._make_optimizer()
+        dp_step, noise_step = self._steps(optimizer)
         traced = False
-        rng = np.random.default_rng(seeds.sampling)
-        for i, rows in enumerate(poisson_batches(rng, n, q, steps)):
-            if sigmas[i] != self.engine.noise_multiplier:
-                self.engine.set_noise_multiplier(float(sigmas[i]))  # the schedule's sigma_t (a variable)
+        rng = np.random.default_rng(sampling_seed)
+        for i, rows in enumerate(poisson_batches(rng, n, run.sampling_rate, run.steps)):
+            if run.noise_multipliers[i] != self.engine.noise_multiplier:
+                self.engine.set_noise_multiplier(float(run.noise_multipliers[i]))  # the schedule's sigma_t
             if len(rows) == 0:
                 noise_step()
             else:
@@ -394,38 +370,50 @@ class PrivateModel:
                 try:
                     dp_step(xb, yb)
                 except Exception:
-                    if traced or self.per_example != "auto" or not getattr(self.engine, "vectorized", False) \
-                            or (per_example == "ghost" and not self.engine.fallback):
+                    if traced or not self._can_fall_back():
                         raise
-                    # vectorisation failed when first traced: the per-example loop computes the same sums.
-                    # The new engine continues the old one's noise generator (no noise draw is ever reused)
-                    # and clip state.
-                    per_example = "ghost" if per_example == "ghost" else "loop"
-                    old = self.engine
-                    self.engine = _engine(per_example, self.model, loss_fn, old.clip_norm, float(sigmas[i]),
-                                          seeds.noise, vectorized=False)
-                    self.engine.continue_from(old)
-                    dp_step, noise_step = steps_for_engine()
+                    fall_back()
+                    dp_step, noise_step = self._steps(optimizer)
                     dp_step(xb, yb)
                 traced = True
             if callback is not None:
                 callback(i)
-            if verbose and (i + 1) % max(1, steps // 10) == 0:
-                print(f"DP-SGD step {i + 1}/{steps}", flush=True)
-        implementation = per_example
-        if per_example == "ghost" and self.engine.fallback:
-            implementation = "ghost+" + ("vmap" if self.engine.vectorized else "loop")
-        self.privacy_spent = {
+            if verbose and (i + 1) % max(1, run.steps // 10) == 0:
+                print(f"DP-SGD step {i + 1}/{run.steps}", flush=True)
+
+    def _can_fall_back(self):
+        engine = self.engine
+        return self.per_example == "auto" and getattr(engine, "vectorized", False) \
+            and bool(getattr(engine, "fallback", True))
+
+    def _fall_back(self, loss_fn, seed):
+        """Replace a vectorised engine by the loop (a ghost engine keeps its ghost part): the same sums. The
+        new engine continues the old one's noise generator (no noise draw is ever reused) and clip state."""
+        old = self.engine
+        name = "ghost" if old.name == "ghost" else "loop"
+        self.engine = self._new_engine(name, loss_fn, old.clip_norm, old.noise_multiplier, seed, vectorized=False)
+        self.engine.continue_from(old)
+
+    def _implementation(self):
+        engine = self.engine
+        if engine.name == "ghost" and engine.fallback:
+            return "ghost+" + ("vmap" if engine.vectorized else "loop")
+        return engine.name
+
+    def _spent(self, run):
+        """The fit's ``privacy_spent``: the run's DpEvent and (epsilon, delta), its public parameters, the
+        engine, and the adaptive clip's and noise schedule's reports when used."""
+        sigma = float(run.noise_multipliers[0])
+        spent = {
             "epsilon": run.epsilon, "delta": self.delta, "dp_event": run.dp_event, "noise_multiplier": sigma,
-            "steps": steps, "sampling_rate": q, "num_examples": int(self.num_examples),
+            "steps": run.steps, "sampling_rate": run.sampling_rate, "num_examples": int(self.num_examples),
             "accountant": self.accountant, "mechanism": "dp-sgd (Poisson-sampled Gaussian)",
-            "implementation": f"make_private/{implementation}",
+            "implementation": f"{self.name}/{self._implementation()}",
             **clip_spent(self.engine, self.clip_norm, sigma, self.batch_size),
         }
         if not self.noise_schedule.is_constant:  # the constant default's report is unchanged
-            self.privacy_spent["noise_schedule"] = run.report()
-        seeds.report_spent(self.privacy_spent)
-        return self
+            spent["noise_schedule"] = run.report()
+        return spent
 
     # ---------------------------------------------------------------- use
     def _require_fit(self):
@@ -489,7 +477,7 @@ class PrivateModel:
         return str(path)
 
 
-def _check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant):
+def check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant):
     """Refuse an adaptive clip whose count noise sigma_b is too small for the run's calibrated noise multiplier
     (2 sigma_b must exceed it), from public numbers, before anything is read or drawn."""
     if isinstance(clip_norm, adaptive_clip.AdaptiveClip):
@@ -497,14 +485,20 @@ def _check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batc
         adaptive_clip.check_run(clip_norm, run.noise_multipliers, batch_size)
 
 
-def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], num_examples: int,
+def make_private(model: Model, *, privacy_budget: Tuple[float, float], num_examples: int,
                  clip_norm: Union[float, str, adaptive_clip.AdaptiveClip] = 1.0, batch_size: int = 256,
                  epochs: Union[int, float] = 1,
                  optimizer: str = "sgd", learning_rate: Optional[float] = None, momentum: float = 0.0,
                  weight_decay: float = 0.0, loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
                  seed: Optional[int] = None,
-                 noise_schedule: Optional[noise_schedules.NoiseSchedule] = None) -> PrivateModel:
+                 noise_schedule: Optional[noise_schedules.NoiseSchedule] = None, name: str = _NAME) -> PrivateModel:
     """Wrap a tf.keras Sequential or Functional ``model`` for DP-SGD training; return a ``PrivateModel``.
+
+    ``model`` may also be a function ``init_seed -> model`` that ``fit`` calls once, when the fit starts, with
+    its weight-initialisation seed (inside ``training_seed``: derived from the grant's seed; else ``seed``):
+    how the DP estimators build their network. ``name``: the fit's name in errors, in the training block's
+    records and seed derivation (sage_tfx.models.seeding) and in ``privacy_spent["implementation"]``
+    (``<name>/<engine>``); the DP estimators pass their class name.
 
     ``privacy_budget=(epsilon, delta)``: what ``fit`` spends (add/remove one record). ``num_examples``: the
     DP or public row count (``fn_args.num_examples``), never the exact count. Sensitivity of each step's
@@ -540,7 +534,7 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
     before any data is read, if invalid for the run's step count. ``privacy_spent["dp_event"]`` is the
     composed event, ``["noise_schedule"]`` the schedule and its per-stage sigmas.
     """
-    if not isinstance(model, tf.keras.Model):
+    if not isinstance(model, (tf.keras.Model, types.FunctionType, types.MethodType, functools.partial)):
         raise DpSgdConfigError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional "
                                "model (tf.keras is Keras 2 here: import sage_tfx before TensorFlow)")
     try:
@@ -568,19 +562,19 @@ def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], 
                   error=DpSgdConfigError, message="{what}={value!r} is invalid: pass a number in [0, 1/learning_rate) "
                   f"(learning_rate {learning_rate}), e.g. 0.01")
     dpsgd.check_accountant(accountant)
-    if per_example not in PER_EXAMPLE:
-        raise DpSgdConfigError(f"per_example={per_example!r} is invalid: choose one of {PER_EXAMPLE}")
-    if per_example == "ghost" and model.built and not _ghost_ok(model):
+    schedule = noise_schedules.as_schedule(noise_schedule)  # a bad schedule is refused here
+    check_engine(per_example, "per_example", PER_EXAMPLE, clip_norm, schedule)
+    refuse_unseeded(per_example, name, "per_example")
+    if per_example == "ghost" and isinstance(model, tf.keras.Model) and model.built and not ghost_applies(model):
         raise DpSgdConfigError(_GHOST_REFUSED)
-    if seed is not None and _seed_active():
-        fit_seeds(seed, _NAME)  # raises: an explicit seed inside training_seed (DPTrainer)
+    # what the fit would refuse when it starts (seed= inside DPTrainer, the share, the public numbers): now
+    check_fit(seed, name, (epsilon, delta), public_params(batch_size, epochs, clip_norm))
     if loss is not None:
         per_example_loss(loss, model)  # names a bad loss now, not after the data is read
-    schedule = noise_schedules.as_schedule(noise_schedule)  # a bad schedule is refused here
     schedule.check_for_run(dpsgd.num_steps(num_examples, batch_size, epochs))
-    _check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant)
+    check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant)
     return PrivateModel(model, epsilon=epsilon, delta=delta, num_examples=num_examples, clip_norm=clip_norm,
                         batch_size=batch_size, epochs=epochs, optimizer=optimizer,
                         learning_rate=learning_rate, momentum=float(momentum), weight_decay=float(weight_decay),
-                        accountant=accountant, loss=loss, per_example=per_example, seed=seed,
+                        accountant=accountant, loss=loss, per_example=per_example, seed=seed, name=name,
                         noise_schedule=schedule)

@@ -52,7 +52,7 @@ import numpy as np
 from sage_tfx.privacy.checks import integer
 from sage_tfx.privacy.errors import SageError
 
-__all__ = ["training_seed", "fit_seeds", "FitSeeds", "derive_seed", "TrainingSeedError", "FitBudgetError",
+__all__ = ["training_seed", "fit_seeds", "check_fit", "FitSeeds", "derive_seed", "TrainingSeedError", "FitBudgetError",
            "PublicParameterError", "TrainingBlock", "candidate_budgets"]
 
 SLACK = 1e-9  # relative float round-off allowed when k candidate budgets add back up to the share
@@ -102,8 +102,7 @@ class TrainingBlock:
         public numbers and one of ``params`` (batch size, epochs) is not among them."""
         self._check_public(model_name, params or {})
         with self._lock:
-            if self.share is not None:
-                self._admit(model_name, budget)
+            self._admit(model_name, budget)
             epsilon, delta = budget if budget is not None else (0.0, 0.0)
             self.fits.append(FitRecord(model_name, float(epsilon), float(delta)))
             return len(self.fits) - 1
@@ -119,7 +118,16 @@ class TrainingBlock:
                     f"config) of the DP count): {name} shapes the published sampling rate and step count, so it "
                     "must not be computed from the data (e.g. len(x)); pass a constant or a custom_config value")
 
+    def check(self, model_name: str, budget: Optional[Tuple[float, float]],
+              params: Optional[Dict[str, float]] = None) -> None:
+        """What ``start_fit`` would refuse now (PublicParameterError, FitBudgetError), recording nothing."""
+        self._check_public(model_name, params or {})
+        with self._lock:
+            self._admit(model_name, budget)
+
     def _admit(self, model_name, budget):
+        if self.share is None:
+            return
         if budget is None:
             raise FitBudgetError(f"{model_name}: a fit under a training share must declare its privacy_budget")
         used_eps = sum(f.epsilon for f in self.fits)
@@ -225,6 +233,27 @@ def fit_seeds(seed: Optional[int], model_name: str, budget: Optional[Tuple[float
     would take the block past its share, PublicParameterError if one of ``params`` (its batch size and
     epochs) is not among the block's public numbers.
     """
+    current = _checked_block(seed, model_name)
+    if current is None:
+        return FitSeeds(seed, seed, seed)
+    k = current.start_fit(model_name, budget, params)
+    base = (current.seed, f"fit {k}", model_name)
+    return FitSeeds(init=derive_seed(*base, "init", bits=31), sampling=derive_seed(*base, "sampling", bits=128),
+                    noise=derive_seed(*base, "noise", bits=192), record=current.fits[k])
+
+
+def check_fit(seed: Optional[int], model_name: str, budget: Optional[Tuple[float, float]] = None,
+              params: Optional[Dict[str, float]] = None) -> None:
+    """Refuse now, before the data is read, what ``fit_seeds`` would refuse when the fit starts (the same
+    errors), recording nothing: for a fit configured before it runs (``make_private``)."""
+    current = _checked_block(seed, model_name)
+    if current is not None:
+        current.check(model_name, budget, params)
+
+
+def _checked_block(seed, model_name):
+    """The active block (None outside one), after the refusals that need no block state: a fit outside the
+    thread of a block with a share (FitBudgetError), an explicit seed inside a block (TrainingSeedError)."""
     current = _TRAINING_SEED.get()
     if current is None:
         with _SHARED_LOCK:
@@ -233,13 +262,10 @@ def fit_seeds(seed: Optional[int], model_name: str, budget: Optional[Tuple[float
             raise FitBudgetError(f"{model_name}: a DP fit outside the thread of the DPTrainer run open in this "
                                  "process: fit DP models in run_fn's own thread (it carries the grant's seed and "
                                  "training share)")
-        return FitSeeds(seed, seed, seed)
+        return None
     if seed is not None:
         raise TrainingSeedError(
             f"{model_name}: seed={seed!r} was given inside sage_tfx.models.training_seed: the component "
             "(DPTrainer) supplies the training seed from the grant; a seed known to the module file makes the "
             "noise predictable. Drop the seed= argument")
-    k = current.start_fit(model_name, budget, params)
-    base = (current.seed, f"fit {k}", model_name)
-    return FitSeeds(init=derive_seed(*base, "init", bits=31), sampling=derive_seed(*base, "sampling", bits=128),
-                    noise=derive_seed(*base, "noise", bits=192), record=current.fits[k])
+    return current
