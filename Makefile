@@ -1,4 +1,5 @@
-# The two commands of the README's quick start: `make demo` and `make test`.
+# The README's quick start: `make demo` and `make test`; `make test-fast` (the non-slow tests) and
+# `make lint` (ruff and mypy, configured in ruff.toml and mypy.ini) for the edit-test loop.
 # Both create .venv from the fully pinned lock on first use.
 PYTHON ?= python3
 VENV := .venv
@@ -6,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.sage-installed
 PYTEST_ARGS ?= -n 2 --dist worksteal
 
-.PHONY: demo test venv clean-venv
+.PHONY: demo test test-fast lint venv clean-venv
 
 venv: $(STAMP)
 
@@ -25,6 +26,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow and not postgres and not tf"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 clean-venv:
 	rm -rf $(VENV)

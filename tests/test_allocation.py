@@ -8,8 +8,8 @@ every source, every spent vector, reservation and retirement. Deterministic (fix
 import random
 
 import pytest
-
 from _oracle_allocation import Allocation as OracleAllocation
+
 from sage_tfx.privacy import allocation, filters
 from sage_tfx.privacy.allocation import AllocationPolicy, BlockAllocation, get_policy, register
 from sage_tfx.privacy.errors import LedgerError

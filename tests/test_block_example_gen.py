@@ -9,9 +9,9 @@ import pytest
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.data.taxi import TIME_COLUMN, taxi_csv_path
+from sage_tfx.ingest.access import read_block_records
 from sage_tfx.ingest.pipeline import ingest_batches, make_spec
 from sage_tfx.ingest.records import infer_schema, read_batches, read_tfrecords
-from sage_tfx.ingest.access import read_block_records
 from sage_tfx.privacy import BudgetSplit, ChargeRule, GrantError, Ledger
 
 pytestmark = pytest.mark.tf

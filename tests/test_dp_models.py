@@ -18,8 +18,7 @@ import sage_tfx  # noqa: E402,F401  (before TensorFlow)
 
 tf = pytest.importorskip("tensorflow")
 
-from sage_tfx.models import (  # noqa: E402
-    DPDNNClassifier, DPDNNRegressor, DPLinearRegressor, DPLogisticRegressor)
+from sage_tfx.models import DPDNNClassifier, DPDNNRegressor, DPLinearRegressor, DPLogisticRegressor  # noqa: E402
 from sage_tfx.models.dpsgd_engine import IMPLEMENTATIONS, make_engine  # noqa: E402
 from sage_tfx.models.dpsgd_models import DPSGDTrainer, _mse, build_mlp, poisson_batches  # noqa: E402
 

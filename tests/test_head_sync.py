@@ -17,8 +17,8 @@ import textwrap
 import time
 
 import pytest
-
 from _head_file import last_seq, small_ledger
+
 from sage_tfx.privacy import Ledger
 from sage_tfx.privacy import keys as keys_module
 from sage_tfx.privacy.keys import ENV_HEAD_SYNC, HeadFile, HeadSync, KeyFileError, head_sync_mode

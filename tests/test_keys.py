@@ -1,4 +1,7 @@
 """The ledger's key file (docs/security.md): out of the database, 0600, derived keys."""
+import hashlib
+import hmac
+import json
 import os
 import sqlite3
 import stat
@@ -128,8 +131,6 @@ def test_a_grant_signed_without_the_key_is_refused_by_check_grant(tmp_path):
         grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5)
     assert check_grant(path, grant.to_json()).id == grant.id
     # A writer of the database (no key file) signs a zero-cost grant as schema 3 did, with what it can read.
-    import hashlib
-    import hmac
 
     body = dict(grant.body(), id="g-" + "0" * 24, epsilon=0.0, cost=[0.0, 0.0])
     conn = sqlite3.connect(path)
@@ -183,9 +184,6 @@ def test_a_migration_killed_after_the_key_file_is_finished_on_the_next_open(tmp_
 
 def _make_schema3_ledger(path):
     """A ledger as schema 3 wrote it: meta.secret, grants signed and the log chained with it, unkeyed."""
-    import hashlib
-    import hmac
-    import json
 
     from sage_tfx.privacy.ledger import GENESIS, chain_hash
 

@@ -11,8 +11,7 @@ import sys
 
 import pytest
 
-from sage_tfx.privacy import BlockRetired, BudgetRefused, Grant, GrantError, Ledger, LedgerError
-from sage_tfx.privacy import curves
+from sage_tfx.privacy import BlockRetired, BudgetRefused, Grant, GrantError, Ledger, LedgerError, curves
 
 DAY = 86400.0
 

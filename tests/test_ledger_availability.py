@@ -17,12 +17,12 @@ curves on `rdp` streams), pipelines finishing, and blocks retiring. On it:
 import json
 import math
 import random
+import socket
 
 import pytest
 
 from sage_tfx.adaptive import SageIterator
-from sage_tfx.privacy import BudgetRefused, Ledger, LedgerError
-from sage_tfx.privacy import filters
+from sage_tfx.privacy import BudgetRefused, Ledger, LedgerError, filters
 from sage_tfx.privacy.ledger import OUTCOMES
 
 DAY = 86400.0
@@ -242,8 +242,8 @@ def test_available_per_block_rejects_bad_arguments_naming_them(tmp_path):
     for kwargs, named in [(dict(delta=1.5), "1.5"), (dict(delta=float("nan")), "nan"),
                           (dict(tolerance=0.0), "0.0"), (dict(tolerance=-1e-3), "-0.001"),
                           (dict(tolerance=float("inf")), "inf")]:
-        for call in (lambda: ledger.available_per_block("p", "s", **kwargs),
-                     lambda: ledger.available_epsilon("p", "s", ["b0"], **kwargs)):
+        for call in (lambda: ledger.available_per_block("p", "s", **kwargs),  # noqa: B023
+                     lambda: ledger.available_epsilon("p", "s", ["b0"], **kwargs)):  # noqa: B023
             with pytest.raises(LedgerError, match=named):
                 call()
     with pytest.raises(LedgerError, match="nostream"):
@@ -418,7 +418,6 @@ def test_finish_is_one_transaction_a_failure_changes_nothing(ledger_url, raw_sql
 def test_postgres_connections_send_statements_without_delay(postgres_url):
     """TCP_NODELAY: without it a statement over pg8000's 8 KiB buffer (finish's batched upserts) waits
     ~40 ms for the server's delayed ACK (Nagle's algorithm)."""
-    import socket
 
     with Ledger.open(postgres_url, create=True) as ledger:
         sock = ledger._store._conn._usock

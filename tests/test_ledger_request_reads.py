@@ -4,6 +4,8 @@ have) interleaving writes on the same ledger keep one unbroken log chain that th
 other's charges, a pipeline finished through the other ledger is refused, and refusals name every failing block
 in the grant's order. Budgets are binary-exact (0.25, 0.5, ...) so equality is the right check.
 """
+import json
+
 import pytest
 
 from sage_tfx.privacy import BudgetRefused, Ledger, LedgerError, UnknownStream
@@ -106,7 +108,6 @@ def test_grant_log_text_is_the_canonical_text_of_the_log_body(stream, meta):
 def test_canonical_is_the_json_text_every_stored_ledger_holds(obj):
     """``chain.canonical`` (one encoder built once) gives json.dumps(sort_keys, compact separators) character for
     character: the text signed, chained and stored by every earlier version."""
-    import json
 
     from sage_tfx.privacy.chain import canonical
 
@@ -117,7 +118,6 @@ def test_canonical_is_the_json_text_every_stored_ledger_holds(obj):
 def test_vector_text_is_the_stored_spent_text(vector):
     """``blocks.vector_text`` (the C encoder built once) gives json.dumps(vector): the spent and used texts every
     earlier version stored, which a grant groups blocks by."""
-    import json
 
     from sage_tfx.privacy.blocks import vector_text
 

@@ -7,11 +7,10 @@ import json
 import os
 
 import pytest
-
-from sage_tfx.release.continual import (
-    ContinualRelease, ReleaseParams, check_sla, is_blessed, push_blessed, push_model)
-from sage_tfx.validation.loss import DPLossValidator
 from test_continual_release import D, generated_block, make_ledger
+
+from sage_tfx.release.continual import ContinualRelease, ReleaseParams, check_sla, is_blessed, push_blessed, push_model
+from sage_tfx.validation.loss import DPLossValidator
 
 
 def two_models(tmp_path):

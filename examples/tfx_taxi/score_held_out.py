@@ -22,6 +22,8 @@ import json
 import os
 import sys
 
+import numpy as np
+
 import sage_tfx  # noqa: F401  (before TensorFlow)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,7 +52,6 @@ def _serialized(table, schema):
 
 
 def score(db, data_root, serving_dir, seed=0):
-    import numpy as np
     import tensorflow as tf
 
     from sage_tfx.demos.end_to_end import stream_and_held_out

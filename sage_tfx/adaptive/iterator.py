@@ -50,13 +50,13 @@ from dataclasses import dataclass, field
 
 from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, eval_share_split, public_error_text
 from sage_tfx.privacy.checks import integer, number
-from sage_tfx.privacy.errors import LedgerError as _LedgerError
 from sage_tfx.privacy.errors import IterationInterrupted, environment_error_text, is_environment_error
+from sage_tfx.privacy.errors import LedgerError as _LedgerError
 from sage_tfx.privacy.split import RECORDS_KEY
-
-from .plan import next_attempt
 from sage_tfx.privacy.vocabulary import GrantOutcome, Outcome, Policy
 from sage_tfx.validation import eta_for_attempt
+
+from .plan import next_attempt
 
 # a bad iterator setting: names it, its value and the rule; raised before anything is charged
 _SETTING = "{what} {value!r} is invalid: must be {rule}"

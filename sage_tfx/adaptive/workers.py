@@ -28,6 +28,7 @@ new block the strategy's whole bound in one grant, before reading it, and releas
 it is restarted like a pipeline's worker and resumes under its grants (the blocks already granted are replayed
 with no new charge, the same noise); a block refused by the budget or failing after its charge ends it as failed.
 """
+import argparse
 import multiprocessing
 import os
 import signal
@@ -197,7 +198,6 @@ def release_worker_main(spec, conn):
 
 def worker_main(spec, conn):
     """A worker process: run ``spec``'s iterator, talking to the parent over ``conn``. Module level (spawn)."""
-    import argparse
 
     from sage_tfx.privacy import public_error_text
     from sage_tfx.privacy.errors import RefusedBeforeCharge

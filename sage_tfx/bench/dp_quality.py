@@ -13,6 +13,8 @@ over --seeds seeds; the ratio is DP MSE / non-DP MSE (regression) or DP accuracy
 """
 import sys
 
+import numpy as np
+
 EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)
 MODELS = ("linear", "dnn_regressor", "logistic", "dnn_classifier")
 PAYMENTS = ("Cash", "Credit Card", "No Charge", "Unknown", "Dispute")
@@ -37,7 +39,6 @@ def taxi_task_data(seed=0):
 def taxi_split(seed=0):
     """(table, train row indices, test row indices): the real trips (big_tipper file, 15,002 distinct rows) with
     every used field, split 80:20 at random. The test rows are the held-out set: no row is on both sides."""
-    import numpy as np
 
     from sage_tfx.data.taxi import load_taxi
 
@@ -57,7 +58,6 @@ def _taxi_columns(table):
 
 def _taxi_xy(table):
     """(features, fare, big_tipper) of every row of ``table`` (rows with every used field)."""
-    import numpy as np
 
     cols = _taxi_columns(table)
     feats, fares, tippers = [], [], []
@@ -78,8 +78,6 @@ def _taxi_xy(table):
 
 def _nondp_sgd(x, y, xt, hidden, outputs, loss, label_dtype, epochs, batch, lr, seed):
     """The DP models' network and SGD + momentum loop without clipping or noise; test outputs (raw)."""
-    import numpy as np
-    import tensorflow as tf
 
     from sage_tfx.models.dpsgd_models import DPSGDTrainer, build_mlp
 
@@ -95,7 +93,6 @@ def _nondp_sgd(x, y, xt, hidden, outputs, loss, label_dtype, epochs, batch, lr, 
 
 def _quality(model_name, epsilon, data, epochs, seed):
     """Test metric of one model at one epsilon (None: non-private)."""
-    import numpy as np
     import tensorflow as tf
 
     from sage_tfx.models import DPDNNClassifier, DPDNNRegressor, DPLinearRegressor, DPLogisticRegressor
@@ -138,7 +135,6 @@ METRIC = {"linear": "mse", "dnn_regressor": "mse", "logistic": "accuracy", "dnn_
 
 
 def run(args):
-    import numpy as np
 
     import sage_tfx  # noqa: F401  (before TensorFlow)
 

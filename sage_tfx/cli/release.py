@@ -50,6 +50,8 @@ import json
 import math
 import sys
 
+import numpy as np
+
 from sage_tfx.privacy.split import RECORDS_KEY, SPLIT_KEY
 
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REFUSED
@@ -226,7 +228,6 @@ def _numeric(args, schema, cols):
 
 def _column_reader(schema, cols):
     """records -> (n, len(cols)) array of the columns (missing / non-finite -> 0, a public default)."""
-    import numpy as np
 
     from sage_tfx.ingest.records import decode
 
@@ -243,7 +244,6 @@ def _column_reader(schema, cols):
 
 def _featurizer(schema, cols, scales, label, label_scale, intercept):
     """records -> (X, y): the scaled columns (missing / non-finite -> 0, a public default), label / label_scale."""
-    import numpy as np
 
     read = _column_reader(schema, list(cols) + [label])
 
@@ -617,8 +617,15 @@ def run_continual(args):
 def _prepare_continual(args, ledger, schema):
     """Every check, before any charge: the columns, the parameters, the SLA validator, the pipeline's past."""
     from sage_tfx.privacy.errors import SageError
-    from sage_tfx.release.continual import (ContinualRelease, ReleaseParams, SlidingWindowRelease, Strategy,
-                                            check_sla, grant_reader, push_model)
+    from sage_tfx.release.continual import (
+        ContinualRelease,
+        ReleaseParams,
+        SlidingWindowRelease,
+        Strategy,
+        check_sla,
+        grant_reader,
+        push_model,
+    )
 
     cols, scales = _features(args, schema)
     dim = len(cols) + (1 if args.intercept else 0)
@@ -701,8 +708,7 @@ def run_incremental(args):
 
 def _prepare_incremental(args, ledger, schema):
     from sage_tfx.release.continual import grant_reader
-    from sage_tfx.release.incremental_regression import (STRATEGY, IncrementalRegression,
-                                                         IncrementalRegressionParams)
+    from sage_tfx.release.incremental_regression import STRATEGY, IncrementalRegression, IncrementalRegressionParams
 
     cols, scales = _features(args, schema)
     dim = len(cols) + (1 if args.intercept else 0)
@@ -743,8 +749,14 @@ def run_growth(args):
 
 def _prepare_growth(args, ledger, schema):
     from sage_tfx.release.continual import grant_reader
-    from sage_tfx.release.growth import (BBImprover, BBScheduler, ImproverParams, ScheduledRelease,
-                                         SchedulerParams, clipped_mean)
+    from sage_tfx.release.growth import (
+        BBImprover,
+        BBScheduler,
+        ImproverParams,
+        ScheduledRelease,
+        SchedulerParams,
+        clipped_mean,
+    )
 
     _numeric(args, schema, [args.column])
     if args.schedule == "scheduler":
@@ -795,7 +807,6 @@ def run_pmwg(args):
 
 def _parse_bins(text):
     """COL=LO:HI:K,... -> (columns, edges): K equal bins on [LO, HI] per column."""
-    import numpy as np
 
     cols, edges = [], []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
@@ -819,7 +830,6 @@ def _parse_bins(text):
 
 def _parse_queries(path, cols, universe):
     """The declared query stream: [(at or None, weights, text)]; every line checked before any charge."""
-    import numpy as np
 
     from sage_tfx.release.growth import count_query, sum_query
 

@@ -48,6 +48,8 @@ TensorFlow's filesystem errors: no outcome is recorded, and the same command run
 resumes it under its grant, with no new charge).
 """
 import argparse
+import json
+import math
 import os
 import sys
 
@@ -309,7 +311,6 @@ def schedule_option(args):
 def read_json_options(path, source, what):
     """The JSON object of an options FILE (``sage run --schedule``, ``sage serve --release``); ValueError naming
     ``source`` (the command-line value) when it cannot be read or is not JSON."""
-    import json
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -352,7 +353,6 @@ def _run_scheduled(definition, ledger, runner, schedule, args):
 def check_run_limits(args):
     """Refuse bad --name, --max-seconds and --max-iterations (ValueError naming the value) before anything is
     opened, registered or charged."""
-    import math
 
     from sage_tfx.privacy.checks import check_name
 

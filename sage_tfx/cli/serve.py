@@ -45,7 +45,8 @@ iterator, through `sage run --schedule`'s code (``ScheduledPipeline``), in its o
 charges each new block the schedule's lifetime (epsilon, delta) in one grant, before anything reads it, and runs the
 pipeline when the schedule says (a run grant drawn from the lifetime grants of every block so far; --max-iterations
 bounds the runs). FILE is `sage run --schedule`'s JSON object (bbscheduler: epsilon, delta, gamma, t0,
-composition basic or zcdp; bbimprover: epsilon, delta, a, t0) and is refused as that command refuses it. A killed worker restarts and resumes from the ledger: no block charged twice, no
+composition basic or zcdp; bbimprover: epsilon, delta, a, t0) and is refused as that command refuses it. A killed
+worker restarts and resumes from the ledger: no block charged twice, no
 run drawn twice, a run with an outcome not re-run. The lifetime must fit in the pipeline's share of every block
 (or the block is refused and the pipeline FAILS). The spelling names a --pipeline, as --release names a strategy:
 the other pipelines of the same serve keep the Sage iterator.

@@ -17,8 +17,7 @@ import numpy as np
 
 from .blocks import TimeBlocks
 from .pipeline import ingest_batches, plan_schema
-from .records import (InputError, describe_columns, read_batches, row_hashes, schema_of, to_example_batch,
-                      typed_batch)
+from .records import InputError, describe_columns, read_batches, row_hashes, schema_of, to_example_batch, typed_batch
 from .store import block_dir, check_stream_config, digest_forms, read_manifest, refuse_copies
 
 

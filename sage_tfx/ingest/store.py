@@ -51,13 +51,14 @@ associated data. Folders are created 0700 and files 0600. Reading needs the bloc
 signed grant (``access.grant_block_keys``) or trusted code (``access.trusted_block_keys``).
 """
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
+import time
 import uuid
-from typing import Optional
 
 import numpy as np
 
@@ -176,7 +177,6 @@ def new_run_dir(data_root, stream):
 
 def _new_locked_run(prepare, what):
     """A fresh locked run folder in the folder ``prepare()`` makes (``what`` names it in errors)."""
-    import fcntl
 
     for attempt in range(3):  # a refused ingest nearby may rmdir an empty _staging between our mkdirs
         staging = prepare()
@@ -209,8 +209,6 @@ def remove_run_dir(run):
 
 def clean_stale_runs(staging, now=None):
     """Remove the staging runs no live ingest holds (see the module docstring); returns the names removed."""
-    import fcntl
-    import time
 
     now = time.time() if now is None else now
     removed = []
@@ -247,7 +245,7 @@ def clean_stale_runs(staging, now=None):
 
 
 # ------------------------------------------------------------------ staging location (docs/scale_out.md)
-def check_staging_location(data_root, stream, location: Optional[str]) -> Optional[str]:
+def check_staging_location(data_root, stream, location: str | None) -> str | None:
     """The checked ``--staging-location``: None for the default ``DATA_ROOT/STREAM/_staging`` (not given, or
     given as that folder), else the URL or absolute local folder. Nothing is created here, so a bad value
     changes nothing: an unknown scheme (no installed Beam filesystem), a local folder inside the data root
@@ -283,7 +281,7 @@ def check_staging_location(data_root, stream, location: Optional[str]) -> Option
     return path
 
 
-def missing_staging_dirs(location: Optional[str]):
+def missing_staging_dirs(location: str | None):
     """The local folders ``new_staged_run`` would create for ``location`` (outermost first; none for a URL)."""
     if location is None or is_url(location):
         return []
@@ -320,7 +318,7 @@ def _run_files(run):
     return [m.path for m in FileSystems.match([run.rstrip("/") + "/**"])[0].metadata_list]
 
 
-def remove_staged_run(run: str) -> Optional[str]:
+def remove_staged_run(run: str) -> str | None:
     """Delete a staged run (local folder or URL); None when it is gone, else why not (the caller says so)."""
     if not is_url(run):
         remove_run_dir(run)
@@ -343,7 +341,6 @@ def clean_stale_remote_runs(location, now=None):
     """Remove the runs at a staging URL whose newest object is older than ``REMOTE_STALE_SECONDS`` (left by
     killed ingests: a live run's workers keep writing, and a run never outlives its ingest); best effort.
     Returns the run ids removed."""
-    import time
 
     from apache_beam.io.filesystems import FileSystems
 
@@ -711,7 +708,6 @@ def refuse_copies(ledger, stream, forms: dict, allow_duplicate_of=()) -> None:
 @contextlib.contextmanager
 def _commit_lock(data_root, stream):
     """One committer per stream at a time (an advisory lock on this host)."""
-    import fcntl
 
     with open(os.path.join(stream_dir(data_root, stream), STAGING, ".commit.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -743,7 +739,7 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
             sealed.data_key(run_key, stream, block_id), ledger.keyring.block_key(stream, block_id))
         _write_json(os.path.join(staged, BLOCK_FILE), manifest, fsync=False)
     os.sync()  # every staged file is durable before any block moves into place (one sync, not one per file)
-    for block_id, info, key in reseal:  # an unencrypted block of an older version: the sealed copy replaces it
+    for block_id, _info, _key in reseal:  # an unencrypted block of an older version: the sealed copy replaces it
         final = block_dir(data_root, stream, block_id)
         old = os.path.join(run_dir, f".plain-{block_id}")
         os.rename(final, old)

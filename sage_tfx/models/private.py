@@ -66,13 +66,13 @@ sampling and noise come from the grant's private seed and ``seed=`` is refused (
 The model's initial weights are the user's (make_private does not re-initialise them): to reproduce a fit
 bit for bit, build the model with seeded initialisers (initial weights need no secrecy).
 """
-from typing import Any, Callable, Dict, Optional, Tuple, Union
-
-import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-import tensorflow as tf
+import tensorflow as tf  # noqa: TID253
 
+import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 from sage_tfx.models.dpsgd_engine import LayerGhostEngine, _Engine, _zero_rows, ghost_layers, per_example_gradients
 from sage_tfx.models.dpsgd_models import _INVALID, check_momentum, clip_spent, poisson_batches, start_clip
 from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch
@@ -260,7 +260,7 @@ _KERAS_FIT_IGNORED = ("max_queue_size", "workers", "use_multiprocessing")
 
 
 def keras_fit_arguments(private: "PrivateModel", epochs: Any, batch_size: Any, shuffle: Any,
-                        others: Dict[str, Any]) -> None:
+                        others: dict[str, Any]) -> None:
     """Accept the Keras ``fit`` keywords a Keras user types when they change nothing; refuse the others.
 
     ``epochs`` / ``batch_size`` equal to make_private's are accepted (None: not given); a different value is
@@ -312,7 +312,7 @@ class PrivateModel:
         self.seed = seed
         self.noise_schedule = noise_schedules.as_schedule(noise_schedule)
         self.engine = None
-        self.privacy_spent: Optional[Dict[str, Any]] = None
+        self.privacy_spent: dict[str, Any] | None = None
 
     # ---------------------------------------------------------------- training
     def _build(self, x_spec, y_spec):
@@ -332,9 +332,9 @@ class PrivateModel:
             return tf.keras.optimizers.Adam(learning_rate=self.learning_rate, **decay)
         return tf.keras.optimizers.SGD(learning_rate=self.learning_rate, momentum=self.momentum, **decay)
 
-    def fit(self, x: Any, y: Any, verbose: Union[bool, int, str] = False, *,
-            callback: Optional[Callable[[int], None]] = None, epochs: Optional[Union[int, float]] = None,
-            batch_size: Optional[int] = None, shuffle: bool = True, **keras_kwargs: Any) -> "PrivateModel":
+    def fit(self, x: Any, y: Any, verbose: bool | int | str = False, *,
+            callback: Callable[[int], None] | None = None, epochs: int | float | None = None,
+            batch_size: int | None = None, shuffle: bool = True, **keras_kwargs: Any) -> "PrivateModel":
         """Train on (x, y) with DP-SGD; return self. Spends ``privacy_budget`` once (a second fit is refused).
 
         Keras habits (``keras_fit_arguments``, checked before any data is read): ``epochs=`` / ``batch_size=``
@@ -449,7 +449,7 @@ class PrivateModel:
         args = [features[k] for k in names]
         return self.model(args[0] if len(args) == 1 else args, training=False)
 
-    def export(self, path: str, transform_output: Any = None, label_key: Optional[str] = None) -> str:
+    def export(self, path: str, transform_output: Any = None, label_key: str | None = None) -> str:
         """Write a SavedModel with a ``serving_default`` signature; return ``path``.
 
         Without ``transform_output`` the signature takes the model's inputs by their Keras input names (one
@@ -474,7 +474,7 @@ class PrivateModel:
             def serve(features):
                 return outputs(self._call(features, names))
         else:
-            from sage_tfx.models.export import attach_transform
+            from sage_tfx.models.export import attach_transform  # noqa: PLC0415
 
             raw_spec = attach_transform(module, transform_output, label_key)
 
@@ -497,13 +497,13 @@ def _check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batc
         adaptive_clip.check_run(clip_norm, run.noise_multipliers, batch_size)
 
 
-def make_private(model: tf.keras.Model, *, privacy_budget: Tuple[float, float], num_examples: int,
-                 clip_norm: Union[float, str, adaptive_clip.AdaptiveClip] = 1.0, batch_size: int = 256,
-                 epochs: Union[int, float] = 1,
-                 optimizer: str = "sgd", learning_rate: Optional[float] = None, momentum: float = 0.0,
+def make_private(model: tf.keras.Model, *, privacy_budget: tuple[float, float], num_examples: int,
+                 clip_norm: float | str | adaptive_clip.AdaptiveClip = 1.0, batch_size: int = 256,
+                 epochs: int | float = 1,
+                 optimizer: str = "sgd", learning_rate: float | None = None, momentum: float = 0.0,
                  weight_decay: float = 0.0, loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
-                 seed: Optional[int] = None,
-                 noise_schedule: Optional[noise_schedules.NoiseSchedule] = None) -> PrivateModel:
+                 seed: int | None = None,
+                 noise_schedule: noise_schedules.NoiseSchedule | None = None) -> PrivateModel:
     """Wrap a tf.keras Sequential or Functional ``model`` for DP-SGD training; return a ``PrivateModel``.
 
     ``privacy_budget=(epsilon, delta)``: what ``fit`` spends (add/remove one record). ``num_examples``: the

@@ -75,9 +75,10 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.special import log_ndtr
+from scipy.special import log_ndtr  # noqa: TID253
 
 from .checks import integer, positive, probability
+from .curves import calibration_accountant
 from .errors import SageError
 from .samplers import as_secure_rng, grid_gaussian, grid_gaussian_params, grid_sums
 
@@ -131,7 +132,6 @@ def exact_multiplier(epsilon, delta, releases=3):
     import dp_accounting
     from dp_accounting import mechanism_calibration
 
-    from .curves import calibration_accountant
 
     epsilon, delta = _check_budget(epsilon, delta)
     guess = paper_multiplier(epsilon, delta)
@@ -150,7 +150,6 @@ def gaussian_type_epsilon(event, delta):
     orders: the guarantee the module docstring proves for the grid releases, and the one ``exact_multiplier``
     calibrates against (never the continuous Gaussian's analytic profile, which is not proven for them).
     inf at delta 0 (no RDP conversion to pure DP)."""
-    from .curves import calibration_accountant
 
     if not delta > 0:
         return math.inf

@@ -30,6 +30,8 @@ import abc
 import math
 from typing import ClassVar
 
+import numpy
+
 from . import curves, filters
 from .errors import LedgerError
 from .vocabulary import Accounting, Policy, Source
@@ -579,7 +581,6 @@ class QueuedAllocation:
 
 # ------------------------------------------------------------------------------------- array form (ledger)
 def _numpy():
-    import numpy  # lazily: the ledger CLI's other commands start without it
 
     return numpy
 

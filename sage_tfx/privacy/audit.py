@@ -47,15 +47,16 @@ import json
 from dataclasses import dataclass, field
 
 from . import filters
-from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, missing_head_text, rewritten_text
-from .draws import DrawReplay, audit_draw
 from .allocation import QueuedAllocation, get_policy
+from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, missing_head_text, rewritten_text
+from .chain import GENESIS, TRUSTED_READ, chain_hash
+from .chain import canonical as _canonical
+from .draws import DrawReplay, audit_draw
 from .errors import LedgerError
 from .grants import Grant, cap_text, capped, grant_budget, older_rdp, stage_cap
 from .split import SLACK, BudgetSplit
 from .store import sql
 from .vocabulary import Accounting, BlockState, PipelineState, Source
-from .chain import GENESIS, TRUSTED_READ, canonical as _canonical, chain_hash
 
 
 @dataclass

@@ -69,7 +69,7 @@ import functools
 import json
 import math
 import time
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from . import curves
 from .chain import canonical
@@ -105,7 +105,7 @@ def mixed_compositions(composition: str, earlier: Mapping[str, str]) -> list[str
             for gid, was in earlier.items() if was != composition]
 
 
-def structure_problems(run_body: Mapping, lifetimes: Sequence[tuple[str, Optional[Mapping]]],
+def structure_problems(run_body: Mapping, lifetimes: Sequence[tuple[str, Mapping | None]],
                        releases: Mapping[str, list], schedule: str) -> list[str]:
     """What makes ``run_body`` (a run grant body) not drawable from ``lifetimes`` ([(id, body or None)], in the
     run grant's block order) whose releases are ``releases`` ({id: [(stage, computation)]}); [] if drawable."""
@@ -215,7 +215,7 @@ def _list_terms(others: list, epsilon: float, delta: float, curves_too: bool):
 
 
 def overdraws(run: int, epsilon: float, delta: float, lifetimes: Sequence[tuple[str, Mapping]],
-              prior: Mapping[str, "Iterable[tuple[int, float, float]] | DrawTotals"],
+              prior: Mapping[str, Iterable[tuple[int, float, float]] | DrawTotals],
               composition: str = COMPOSITION) -> dict:
     """{block: why} for every lifetime grant on which the draws of the other runs (``prior``: {id: [(run, eps,
     delta)]}, or {id: ``DrawTotals``} as the audit's replay keeps them) plus this one break ``composition``'s rule
@@ -291,7 +291,7 @@ def _zcdp_overdraw(delta_terms: list, curve_terms: list, epsilon: float, cap_eps
 
 
 def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Sequence, run: int, epsilon: float,
-         delta: float, *, schedule: str, split: Optional[BudgetSplit] = None, meta: Optional[dict] = None,
+         delta: float, *, schedule: str, split: BudgetSplit | None = None, meta: dict | None = None,
          composition: str = COMPOSITION) -> Grant:
     """``Ledger.draw``: the run grant of run ``run`` at (epsilon, delta) over ``lifetime_grants`` (Grants or ids,
     in block order), drawn under ``composition`` ("basic" or "zcdp": the module docstring's two rules) in one

@@ -30,6 +30,7 @@ import atexit
 import contextlib
 import ctypes
 import errno
+import fcntl
 import hashlib
 import hmac
 import json
@@ -44,6 +45,9 @@ import time
 import weakref
 from enum import StrEnum
 from json.encoder import encode_basestring_ascii as _json_string
+
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from .errors import LedgerError
 from .store.location import is_postgres
@@ -110,8 +114,6 @@ class KeyFileError(LedgerError):
 
 
 def _hkdf(master, info, length=32):
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=b"sage-tfx/keyring/v1", info=info).derive(master)
 
@@ -639,7 +641,6 @@ class HeadFile:
         slot's, C's included, with ``updates``) are beyond what A and B hold; with ``sync_unknown``, otherwise
         the file is fdatasync'd unless this process did so since A's or B's newest write. ``lazy``: into slot C,
         unsynced (``HeadSync.USE``), when ``updates`` move the newest heads forwards."""
-        import fcntl
 
         with self._io:
             fds = self._fds

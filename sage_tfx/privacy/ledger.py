@@ -56,20 +56,25 @@ import os
 import socket
 import time
 
-from . import anchor as _anchor, blocks as _blocks, charges as _charges, draws as _draws
-from .allocation import bisect as _bisect, get_policy
+from . import anchor as _anchor
+from . import blocks as _blocks
+from . import charges as _charges
+from . import draws as _draws
+from .allocation import bisect as _bisect
+from .allocation import get_policy
 from .audit import audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
 from .chain import GENESIS, TRUSTED_READ, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
-from .checks import check_name as _check_name, finite as _finite
-from .errors import (BlockRetired, BudgetRefused, GrantError, LedgerError, LedgerRollback, PipelineBusy,
-                     UnknownBlock)
+from .checks import check_name as _check_name
+from .checks import finite as _finite
+from .errors import BlockRetired, BudgetRefused, GrantError, LedgerError, LedgerRollback, PipelineBusy, UnknownBlock
 from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-exported under their old names)
     SPLICE_GRANT_LOG as _SPLICE_GRANT_LOG,
+)
+from .grants import (
     Grant,
     Release,
     check_grant_copy,
-    grant_log_text as _grant_log_text,
     grant_terms,
     older_rdp,
     sign,
@@ -78,7 +83,8 @@ from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-export
     stage_cap,
 )
 from .keys import HeadFile, HeadSync, KeyFileError, head_sync_mode, resolve_key_path, warn_head_write
-from .session import KeySource as _KeySource, PipelineClaim, migrate_secret, migration_entry
+from .session import KeySource as _KeySource
+from .session import PipelineClaim, migrate_secret, migration_entry
 from .split import STAGES
 from .store import check_location, open_store, sql
 from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
@@ -87,8 +93,8 @@ from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
     Stream,  # noqa: F401 (re-exported)
     check_minimum,
     check_stream_args,
-    parsed_stream,
     insert_stream,
+    parsed_stream,
     read_stream,
     stream_filter,
     stream_status,

@@ -2,6 +2,8 @@
 import datetime as _dt
 import json
 
+import numpy as np
+
 
 def format_time(ts):
     """``ts`` (unix seconds) as a UTC date and time; as seconds when no date names it (a window registered before
@@ -9,7 +11,7 @@ def format_time(ts):
     if ts is None:
         return "-"
     try:
-        return _dt.datetime.fromtimestamp(float(ts), _dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+        return _dt.datetime.fromtimestamp(float(ts), _dt.UTC).strftime("%Y-%m-%d %H:%M")
     except (OverflowError, OSError, ValueError):
         return f"{float(ts):g} s"
 
@@ -53,7 +55,6 @@ def spending_history(ledger, stream, max_columns=300):
     not arrived yet. Past ``max_columns`` columns they are sampled evenly
     (always keeping the last).
     """
-    import numpy as np
 
     s = ledger.stream(stream)
     filt = s.filter()
@@ -104,7 +105,6 @@ def heatmap_png(ledger, stream, out_path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     blocks, times, labels, matrix = spending_history(ledger, stream)
     height = min(12.0, 2.5 + 0.25 * min(len(blocks), 40))

@@ -12,6 +12,7 @@ import numpy as np
 
 from sage_tfx.privacy.checks import is_real, positive
 from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.samplers import SecureRNG, as_secure_rng, grid_laplace, grid_laplace_coupling, grid_laplace_sum
 
 
 class ValidationInputError(SageError, ValueError):
@@ -148,7 +149,6 @@ def check_rng(rng):
     """The noise generator: a ``samplers.SecureRNG`` (as DPModelValidator passes, keyed by the grant's seed),
     one keyed by 32 bytes of the caller's numpy Generator (reproducible for a seeded Generator), or, for
     None, one with a fresh key from ``secrets``. Never a fixed seed here."""
-    from sage_tfx.privacy.samplers import SecureRNG, as_secure_rng
 
     if rng is not None and not isinstance(rng, (np.random.Generator, SecureRNG)):
         raise ValidationInputError(f"rng {rng!r} must be a numpy.random.Generator, a SecureRNG (or None)")
@@ -199,7 +199,6 @@ class NoisyTotal:
         records = np.ndim(exact) > 0
         if not mode.noisy:
             return cls(math.fsum(np.asarray(exact, dtype=np.float64).tolist()) if records else float(exact), 0.0)
-        from sage_tfx.privacy.samplers import as_secure_rng, grid_laplace, grid_laplace_coupling, grid_laplace_sum
 
         if records:
             value = grid_laplace_sum(np.asarray(exact, dtype=np.float64), sensitivity, epsilon, as_secure_rng(rng),
@@ -211,7 +210,6 @@ class NoisyTotal:
     @classmethod
     def coupled(cls, value, sensitivity, epsilon, cells=1):
         """A grid-Laplace release ``value`` with its coupling's scale and slack (``samplers.grid_laplace_coupling``)."""
-        from sage_tfx.privacy.samplers import grid_laplace_coupling
 
         scale, slack = grid_laplace_coupling(sensitivity, epsilon, cells)
         return cls(float(value), scale, slack)

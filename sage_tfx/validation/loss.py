@@ -4,8 +4,19 @@ import math
 import numpy as np
 
 from .bounds import bernstein_upper, hoeffding_lower
-from .core import (Mode, NoisyTotal, Outcome, ValidationInputError, ValidationResult, check_positive,
-                   check_probability, check_rng, check_values, resolve_eta, split_eta)
+from .core import (
+    Mode,
+    NoisyTotal,
+    Outcome,
+    ValidationInputError,
+    ValidationResult,
+    check_positive,
+    check_probability,
+    check_rng,
+    check_values,
+    resolve_eta,
+    split_eta,
+)
 from .noisy import joint_decision
 
 

@@ -12,13 +12,13 @@ client certificate. The password is never in the URL: ``$PGPASSWORD`` or a libpq
 """
 import os
 import socket
+import ssl
 import urllib.parse
 
 from ..errors import LedgerError, LedgerNotFound
 from . import sql
 from .base import Store, claim_key, process_label
 from .location import PASSWORD_SOURCES, check_location, display, postgres_password
-
 
 SSLMODES = ("verify-full", "verify-ca", "require", "disable")
 DEFAULT_SSLMODE = "verify-full"
@@ -29,7 +29,6 @@ def postgres_ssl_context(query, display):
 
     Never None or True: with those pg8000 tries unverified TLS and falls back to plain text.
     """
-    import ssl
 
     mode = query.get("sslmode", DEFAULT_SSLMODE)
     if mode in ("allow", "prefer"):

@@ -4,6 +4,7 @@ WAL journal, ``BEGIN IMMEDIATE`` (takes the database write lock up front), ``syn
 acknowledged grant survives a crash or a kill -9. A new ledger file and its WAL/SHM files are mode 0600
 (docs/security.md). A read-only open (the audit) writes nothing at all: ``SqliteStore._open_read_only``.
 """
+import fcntl
 import os
 import sqlite3
 import threading
@@ -213,7 +214,6 @@ class SqliteStore(Store):
 
         An flock on ``<ledger>.claims/<key>.lock`` (0600, in a 0700 folder): held per open file, so it is this
         process's until ``release_claim`` or its exit (the kernel drops a dead process's flock)."""
-        import fcntl
 
         folder = self.path + ".claims"
         os.makedirs(folder, mode=0o700, exist_ok=True)
