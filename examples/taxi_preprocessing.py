@@ -17,9 +17,9 @@ trip of 0 miles: such records pull their hour's mean speed down a little, but ea
 The epsilon is Sage's, given at run time through ``custom_config`` (never written here); the whole
 preprocessing budget goes to the one DP feature.
 """
+import sage_tfx  # noqa: F401  (before TensorFlow)  # isort: skip
 import tensorflow as tf
 
-import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.components.transform_utils import fill_in_missing
 from sage_tfx.transform import PreprocessingBudget, dp_group_by_mean
 

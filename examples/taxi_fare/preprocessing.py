@@ -7,9 +7,9 @@ Features, each from PUBLIC bounds fixed before seeing data:
   the hour of day: the one DP statistic, it takes the whole preprocessing budget;
 - ``fare``: the label, passed through (clipped to [0, $100]).
 """
+import sage_tfx  # noqa: F401  (before TensorFlow)  # isort: skip
 import tensorflow as tf
 
-import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.components.transform_utils import fill_in_missing
 from sage_tfx.transform import PreprocessingBudget, dp_group_by_mean
 

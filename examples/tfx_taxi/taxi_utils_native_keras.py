@@ -27,12 +27,12 @@ Run by DPTransform and DPTrainer (pipeline.py beside this file).
 """
 
 
+import sage_tfx  # noqa: F401  (sage-tfx: before TensorFlow, so tf.keras is Keras 2)  # isort: skip
 import tensorflow as tf
 import tensorflow_transform as tft
 from absl import logging
 from tfx.components.trainer.fn_args_utils import FnArgs
 
-import sage_tfx  # noqa: F401  (sage-tfx: before TensorFlow, so tf.keras is Keras 2)
 from sage_tfx.components import trainer_utils
 from sage_tfx.models import make_private
 from sage_tfx.transform import PreprocessingBudget, dp_bucketize, dp_compute_and_apply_vocabulary, dp_scale_to_z_score

@@ -48,9 +48,9 @@ Engines:
 Noise comes from TensorFlow's Philox generator (as in tensorflow-privacy), not a
 cryptographic source; floating-point noise has the usual caveats (Mironov 2012).
 """
+import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
 import tensorflow as tf  # noqa: TID253
 
-import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 from sage_tfx.privacy import checks
 from sage_tfx.privacy.adaptive_clip import sum_noise_multiplier
 from sage_tfx.privacy.dpsgd import DpSgdConfigError

@@ -50,10 +50,10 @@ noise comes from TensorFlow's global generator (a module's
 benchmarks: a known seed makes the noise predictable.
 """
 
+import sage_tfx  # noqa: F401  # isort: skip
 import numpy as np
 import tensorflow as tf  # noqa: TID253
 
-import sage_tfx  # noqa: F401
 from sage_tfx.models.data import FeatureLayout, class_labels, labels_vector, split_input
 from sage_tfx.models.dpsgd_engine import _INVALID, DEFAULT_IMPLEMENTATION, IMPLEMENTATIONS, make_engine
 from sage_tfx.models.export import export_saved_model

@@ -38,10 +38,10 @@ private seed and ``seed=`` is refused (sage_tfx.models.seeding).
 """
 import math
 
+import sage_tfx  # noqa: F401  # isort: skip
 import numpy as np
 import tensorflow as tf  # noqa: TID253
 
-import sage_tfx  # noqa: F401
 from sage_tfx.models.data import FeatureLayout, labels_vector, split_input
 from sage_tfx.models.export import export_saved_model
 from sage_tfx.models.seeding import fit_seeds

@@ -69,10 +69,10 @@ bit for bit, build the model with seeded initialisers (initial weights need no s
 from collections.abc import Callable
 from typing import Any
 
+import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
 import numpy as np
 import tensorflow as tf  # noqa: TID253
 
-import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 from sage_tfx.models.dpsgd_engine import LayerGhostEngine, _Engine, _zero_rows, ghost_layers, per_example_gradients
 from sage_tfx.models.dpsgd_models import _INVALID, check_momentum, clip_spent, poisson_batches, start_clip
 from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch

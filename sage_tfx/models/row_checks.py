@@ -30,10 +30,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
 import numpy as np
 import tensorflow as tf  # noqa: TID253
 
-import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
 __all__ = ["RowCouplingError", "RowSpec", "check_rows_independent", "spec_of", "synthetic_batch"]

@@ -45,12 +45,12 @@ import collections
 import functools
 import operator
 
+import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)  # isort: skip
 import apache_beam as beam  # noqa: TID253
 import numpy as np
 import tensorflow as tf  # noqa: TID253
 import tensorflow_transform as tft  # noqa: TID253
 
-import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
 from sage_tfx.privacy import checks
 from sage_tfx.privacy.samplers import grid_sums
 

@@ -19,11 +19,11 @@ import functools
 import math
 from typing import Union
 
+import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)  # isort: skip
 import numpy as np
 import tensorflow as tf  # noqa: TID253
 import tensorflow_transform as tft  # noqa: TID253
 
-import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
 from sage_tfx.privacy import checks
 
 from .analyzers import _check_common, _dense_vector, _one_key, _release

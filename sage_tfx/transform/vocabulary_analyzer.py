@@ -13,12 +13,11 @@ preprocessing no delta refuses a DP vocabulary before any record is read).
 """
 import collections
 
+import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)  # isort: skip
 import apache_beam as beam  # noqa: TID253
 import numpy as np
 import tensorflow as tf  # noqa: TID253
 import tensorflow_transform as tft  # noqa: TID253
-
-import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
 
 from .analyzers import _dense_vector, _NoiseOnce
 from .budget import record_spend, requested_delta  # noqa: F401  (requested_delta: the graph's total delta)
