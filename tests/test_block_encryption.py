@@ -16,6 +16,7 @@ from sage_tfx.ingest import access, sealed, store
 from sage_tfx.ingest.pipeline import ingest_batches, make_spec
 from sage_tfx.ingest.records import InputError, decode, read_tfrecords, schema_of, write_tfrecords
 from sage_tfx.privacy import GrantError, Ledger
+from sage_tfx.privacy.grants import sign
 
 ROWS = 2000
 
@@ -175,11 +176,11 @@ def test_forged_unsigned_or_uncharged_grants_get_no_keys(world, tmp_path):
     unsigned = dict(body, signature="")
     widened = dict(body, blocks=blocks)  # more blocks than were charged, old signature
     uncharged = dict(body, blocks=blocks)  # validly signed, but the ledger never charged or recorded it
-    uncharged["signature"] = ledger._sign({k: v for k, v in uncharged.items() if k != "signature"})
+    uncharged["signature"] = sign(ledger.keyring, {k: v for k, v in uncharged.items() if k != "signature"})
     other = ledger.request("p", "b", blocks=[ledger.blocks("b")[0].id], epsilon=0.5)
     cases = {"unsigned": (unsigned, "forged"), "widened": (widened, "forged"),
              "uncharged": (uncharged, "differs from the ledger's record"),
-             "fabricated": (dict(uncharged, id="g-never-made", signature=ledger._sign(
+             "fabricated": (dict(uncharged, id="g-never-made", signature=sign(ledger.keyring, 
                  {k: v for k, v in dict(uncharged, id="g-never-made").items() if k != "signature"})), "unknown"),
              "other stream": (json.loads(other.to_json()), "is for stream 'b'")}
     for _case, (forged, message) in cases.items():

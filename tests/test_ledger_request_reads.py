@@ -89,14 +89,15 @@ def test_a_stream_recreated_with_other_parameters_uses_its_new_floor(ledger_url)
 def test_grant_log_text_is_the_canonical_text_of_the_log_body(stream, meta):
     """The grant's log entry text is spliced from its signed body text: byte for byte what encoding the whole
     log body gives (what the ledger stored before, and what the audit replays)."""
-    from sage_tfx.privacy.ledger import _SPLICE_GRANT_LOG, Grant, _canonical, _grant_log_text
+    from sage_tfx.privacy.chain import canonical
+    from sage_tfx.privacy.grants import SPLICE_GRANT_LOG, Grant, grant_log_text
 
-    assert _SPLICE_GRANT_LOG  # Grant.body's keys still allow the splice: the fast path is the one tested here
+    assert SPLICE_GRANT_LOG  # Grant.body's keys still allow the splice: the fast path is the one tested here
     grant = Grant(id="g-1", stream=stream, pipeline="p", blocks=("b1", "b0"), epsilon=0.5, delta=1e-7,
                   accounting="basic", cost=(0.5, 1e-7), rule="single", created=1234.5, meta=meta, signature="ab" * 32)
     sources = ["own", "pool"]
-    expected = _canonical(dict(grant.body(), signature=grant.signature, sources=sources))
-    assert _grant_log_text(grant, _canonical(grant.body()), sources) == expected
+    expected = canonical(dict(grant.body(), signature=grant.signature, sources=sources))
+    assert grant_log_text(grant, canonical(grant.body()), sources) == expected
 
 
 @pytest.mark.parametrize("obj", [

@@ -111,7 +111,7 @@ class RunResult:
     def epsilon_per_block(self) -> dict:
         """{block: the epsilon this run's iterations charged it}: iterations on other windows add up per block
         only where they overlap (a sum over iterations would overstate what any block paid)."""
-        spent = {}
+        spent: dict[str, float] = {}
         for it in self.iterations:
             for block in it.blocks:
                 spent[block] = spent.get(block, 0.0) + it.epsilon

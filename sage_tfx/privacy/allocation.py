@@ -333,11 +333,11 @@ class BlockAllocation:
         self.filt = filt
         self.min_cost = tuple(min_cost)
         self.policy = policy if isinstance(policy, AllocationPolicy) else get_policy(policy)
-        self.spent = {}          # block -> spent vector
-        self.holdings = {}       # block -> {pipeline: {"reserved", "used"}}, pipeline name order
-        self.active = []         # active block ids, oldest first
-        self.retired = set()
-        self._pools = {}         # block -> (pool_used, pool_reserved), dropped whenever the block changes
+        self.spent: dict = {}          # block -> spent vector
+        self.holdings: dict = {}       # block -> {pipeline: {"reserved", "used"}}, pipeline name order
+        self.active: list = []         # active block ids, oldest first
+        self.retired: set = set()
+        self._pools: dict = {}         # block -> (pool_used, pool_reserved), dropped whenever the block changes
 
     def add_block(self, block, waiting):
         zero = self.filt.zero()
@@ -442,12 +442,12 @@ class QueuedAllocation:
         self.policy = policy if isinstance(policy, AllocationPolicy) else get_policy(policy)
         if not self.policy.queued:
             raise LedgerError(f"policy {str(self.policy.name)!r} is not a queued policy: use BlockAllocation")
-        self.spent = {}          # block -> spent vector
-        self.arrived = {}        # block -> arrival time (s)
-        self.arrivals = {}       # block -> pipeline arrivals since the block arrived (capped once unlocked)
-        self.active = []         # active block ids, oldest first
-        self.retired = set()
-        self.pending = {}        # pipeline -> [blocks tuple, cost, seq, blocked_on, fraction_then]
+        self.spent: dict = {}          # block -> spent vector
+        self.arrived: dict = {}        # block -> arrival time (s)
+        self.arrivals: dict = {}       # block -> pipeline arrivals since the block arrived (capped once unlocked)
+        self.active: list = []         # active block ids, oldest first
+        self.retired: set = set()
+        self.pending: dict = {}        # pipeline -> [blocks tuple, cost, seq, blocked_on, fraction_then]
         self._seq = 0
         self.full_scan = False   # tests: check every pending demand at every scheduling point
 

@@ -176,8 +176,11 @@ class DrawTotals:
 
     def __init__(self, grant: str = "", order: int = 0):
         self.grant, self.order = grant, order  # order: of the grant's first draw in the replay
-        self.rows, self.eps, self.delta = {}, ExactSum(), ExactSum()
-        self._curves, self._pending, self._stale = None, [], False
+        self.rows: dict = {}
+        self.eps, self.delta = ExactSum(), ExactSum()
+        self._curves: list | None = None
+        self._pending: list = []
+        self._stale = False
 
     def add(self, run: int, run_grant: str, epsilon: float, delta: float) -> None:
         if run in self.rows:  # a run index drawn twice (the audit reports it): the sums are rebuilt from the rows
@@ -334,7 +337,7 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
         if s.accounting != Accounting.BASIC:
             raise LedgerError(f"stream {s.name!r} accounts in {s.accounting}: run grants are drawn from lifetime "
                               "grants charged (epsilon, delta), on a stream with basic accounting only")
-        releases = {}
+        releases: dict = {}
         for gid, stage, computation in tx.all(sql.draw_releases(n), ids):
             releases.setdefault(gid, []).append((stage, computation))
         blocks = [b for _, body in lifetimes if body is not None for b in body["blocks"]]
@@ -346,7 +349,9 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
         problems = structure_problems(probe, lifetimes, releases, schedule)
         if problems:
             raise GrantError("cannot draw a run grant: " + "; ".join(problems))
-        prior, same_run, again, latest = {}, [], None, {}
+        prior: dict = {}
+        latest: dict = {}
+        same_run, again = [], None
         for gid, r, run_grant, eps, dlt in tx.all(sql.draw_rows(n), ids):
             prior.setdefault(gid, []).append((r, eps, dlt))
             if r >= latest.get(gid, (-1,))[0]:
@@ -414,7 +419,7 @@ def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, repla
     info = (body.get("meta") or {}).get(DRAW_KEY) or {}
     ids, run = list(info.get("from") or []), info.get("run")
     lifetimes = [(g, json.loads(grants[g][0]) if g in grants else None) for g in ids]
-    distinct, done = list(dict.fromkeys(ids)), {}
+    distinct, done = list(dict.fromkeys(ids)), dict[str, list]()
     for g in distinct:
         for stage in replay.stages.get(g, ()):
             done.setdefault(g, []).append((stage, releases[(g, stage)][0]))

@@ -10,7 +10,7 @@ One master key, 32 random bytes from ``secrets``, lives in a key file the operat
   read or write (as ssh refuses a private key), naming the path and the ``chmod 600`` fix.
 
 Nothing uses the master key itself: HKDF-SHA256 (RFC 5869) derives one key per purpose, with distinct
-``info`` labels: ``signing_key`` signs grants (``Ledger._sign``), ``noise_key`` seeds every DP release
+``info`` labels: ``signing_key`` signs grants (``grants.sign``), ``noise_key`` seeds every DP release
 (``Ledger.private_seed``), ``audit_key`` chains the audit log (``chain_value``), and
 ``block_key(stream, block)`` encrypts one block's records, and ``content_key`` keys each block's content
 digest (``content_digest``: the one digest of a block's records the ledger, the manifests and the
@@ -745,7 +745,7 @@ class HeadFile:
 
 
 MAX_OPEN_HEAD_FILES = 32  # HeadFiles of one process keeping descriptors open; beyond it the oldest close theirs
-_OPEN_HEADS = []  # weak references to them, oldest first
+_OPEN_HEADS: list = []  # weak references to them, oldest first
 _OPEN_HEADS_LOCK = threading.Lock()
 
 
@@ -769,7 +769,7 @@ def _keep_open(head):
                 other._io.release()
 
 
-_FLUSHED_AT_EXIT = weakref.WeakSet()  # the live HeadSync.GROUP and .USE head files of this process
+_FLUSHED_AT_EXIT: weakref.WeakSet = weakref.WeakSet()  # the live HeadSync.GROUP and .USE head files of this process
 
 
 @atexit.register

@@ -16,7 +16,7 @@ among the pipelines waiting at that moment and reserved for them; a grant draws
 on the pipeline's own reservation first, then on the unreserved pool; when a
 pipeline ``finish``es, its unused reservation is split among those still
 waiting. The stream's policy tells the iterator how to spend a reservation
-(``plan_epsilon``): conserve starts small and doubles, aggressive takes it all.
+(the policy's ``plan_epsilon``, ``allocation.get_policy``): conserve starts small and doubles, aggressive takes it all.
 What a pipeline could be granted now is ``available_epsilon`` (on a set of
 blocks) or ``available_per_block`` (on each block alone, all in one read: how the
 iterator chooses blocks); both are advisory, ``request`` decides.
@@ -68,16 +68,12 @@ from .chain import GENESIS, TRUSTED_READ, canonical, chain_hash  # noqa: F401 (c
 from .checks import check_name as _check_name
 from .checks import finite as _finite
 from .errors import BlockRetired, BudgetRefused, GrantError, LedgerError, LedgerRollback, PipelineBusy, UnknownBlock
-from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-exported under their old names)
-    SPLICE_GRANT_LOG as _SPLICE_GRANT_LOG,
-)
 from .grants import (
     Grant,
     Release,
     check_grant_copy,
     grant_terms,
     older_rdp,
-    sign,
     signature_ok,
     stage_allowance,
     stage_cap,
@@ -103,7 +99,6 @@ from .vocabulary import Accounting, BlockState, GrantOutcome, Outcome, PipelineS
 
 POLICIES = tuple(Policy)  # members equal their stored strings: "conserve", "aggressive", "dpf-n", ...
 OUTCOMES = tuple(Outcome)  # "ACCEPT", "REJECT", "TIMEOUT"
-_canonical = canonical  # the name older code and tests import from here
 
 
 def _recorded_grant(grant_id, row):
@@ -369,8 +364,6 @@ class Ledger:
         with self._store.transaction(write=False) as tx:
             return _blocks.digest_owners(tx, digests, exclude_stream)
 
-    _check_block = staticmethod(_blocks.check_block)
-
     def block(self, stream, block_id):
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
@@ -604,8 +597,6 @@ class Ledger:
         """A queued stream's scheduling point (``charges.schedule``), in the caller's write transaction."""
         return _charges.schedule(tx, self._log, self._keys, s, filt, now)
 
-    _source = staticmethod(_charges.pick_source)  # the policy's source of a charge on one block, or why none
-
     # ------------------------------------------------------------ availability
     def available_epsilon(self, pipeline, stream, blocks, delta=0.0, tolerance=1e-4):
         """The largest epsilon a (epsilon, delta) request by ``pipeline`` on ALL of ``blocks`` would be granted now.
@@ -638,15 +629,6 @@ class Ledger:
         out = dict.fromkeys(blocks, 0.0)
         out.update(zip(active, _bisect(budgets.fits, len(active), s.epsilon, tolerance).tolist()))
         return out
-
-    def plan_epsilon(self, pipeline, stream, blocks, start_epsilon, delta=0.0):
-        """Epsilon for the next attempt under the stream's policy: conserve = start small, aggressive = all."""
-        available = self.available_epsilon(pipeline, stream, blocks, delta)
-        return get_policy(self.stream(stream).policy).plan_epsilon(available, start_epsilon)
-
-    def _sign(self, body):
-        """A grant's signature: HMAC-SHA256 under the key ring's signing key (``grants.sign``)."""
-        return sign(self._keys, body)
 
     def _signature_ok(self, body, signature):
         """``signature`` signs ``body``, or a pre-migration grant's body under the old rule (``grants``)."""
@@ -780,7 +762,7 @@ class Ledger:
             raise LedgerError(f"outcome details {details!r} must be a dict (or None)")
         details = dict(details or {})
         try:
-            details_text = _canonical(details)
+            details_text = canonical(details)
         except (TypeError, ValueError) as exc:
             raise LedgerError(f"outcome details {details!r} cannot be written as JSON ({exc})") from None
         with self._store.transaction() as tx:
@@ -836,7 +818,7 @@ class Ledger:
         last = (getattr(tx, "head", None) or getattr(tx, "log_last", None)
                 or tx.one(sql.LOG_LAST))
         seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
-        text = _canonical(body) if text is None else text
+        text = canonical(body) if text is None else text
         value = self._keys.chain_value(prev, seq, kind, text)
         tx.run(sql.LOG_INSERT,
                (seq, time.time(), kind, text, prev, value))

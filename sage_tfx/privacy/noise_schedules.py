@@ -51,7 +51,7 @@ import enum
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -118,7 +118,7 @@ class NoiseSchedule:
 
     stages: int = DEFAULT_STAGES
 
-    kind = None  # set by subclasses
+    kind: ClassVar[ScheduleKind]  # set by subclasses
 
     def __post_init__(self):
         _whole(self.stages, "stages")

@@ -21,7 +21,7 @@ class Store:
     ``_begin_read``, ``_commit``, ``_rollback``, ``_has_column``, ``try_claim``, ``release_claim``,
     ``integrity_problems`` and ``close``, and ``placeholder`` if its driver does not take ``?``."""
 
-    kind = None
+    kind: str | None = None
     placeholder = "?"
     statements = 0  # SQL statements this store executed (an executemany counts one per row): tests bound them
     after_commit = None  # called with a write transaction's ``tx.head`` (and ``tx.head_until_use``) once it committed

@@ -31,7 +31,7 @@ def _restrict(path):
 # feet: a corrupt ledger (seen with `sage serve`'s worker processes, each holding its ledger while a pipeline
 # component opens a second one). So the header is read with open()/close() only while this process has no
 # connection to the file; otherwise an open connection already checked it.
-_OPEN_FILES = {}
+_OPEN_FILES: dict = {}
 _OPEN_FILES_LOCK = threading.Lock()
 
 
