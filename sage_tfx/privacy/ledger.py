@@ -50,11 +50,15 @@ changed id or a missing head raises ``LedgerRollback``). A ledger of an older ve
 ``meta.secret``) is migrated on open: the key file is written first (0600, fsync), then the secret is deleted
 in one transaction.
 """
+from __future__ import annotations
+
 import collections.abc
 import json
 import os
 import socket
 import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import anchor as _anchor
 from . import blocks as _blocks
@@ -97,6 +101,10 @@ from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
 )
 from .vocabulary import Accounting, BlockState, GrantOutcome, Outcome, PipelineState, Policy
 
+if TYPE_CHECKING:
+    from .keys import KeyRing
+    from .store import Tx
+
 POLICIES = tuple(Policy)  # members equal their stored strings: "conserve", "aggressive", "dpf-n", ...
 OUTCOMES = tuple(Outcome)  # "ACCEPT", "REJECT", "TIMEOUT"
 
@@ -109,7 +117,12 @@ def _recorded_grant(grant_id, row):
 
 
 class Ledger:
-    """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists."""
+    """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists.
+
+    Argument order: the stream comes first in the stream-scoped calls (``register(stream, pipeline)``,
+    ``finish(stream, pipeline, outcome)``, ``block(stream, block_id)``, ``history(stream, pipeline)``), the
+    pipeline first in the pipeline's budget calls (``request(pipeline, stream, ...)``,
+    ``available_epsilon(pipeline, stream, blocks)``)."""
 
     def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False):
         """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
@@ -170,7 +183,7 @@ class Ledger:
             _anchor.bind_ledger_id(self._store, self._keys, self._ledger_id, self._log)
 
     @classmethod
-    def reanchor(cls, location, reason, key_file=None):
+    def reanchor(cls, location: str, reason: str, key_file: str | None = None) -> None:
         """Re-anchor this host's head on the ledger as it is now, on purpose (``anchor.reanchor``): a known-good
         copy restored deliberately, or a host joining a PostgreSQL ledger without a copy of a head file. The keyed
         ``anchor`` entry records ``reason``, the host and the head it replaces; the head file is reset to it.
@@ -231,12 +244,12 @@ class Ledger:
             raise
 
     @property
-    def keyring(self):
+    def keyring(self) -> KeyRing:
         """The ledger's ``KeyRing`` (derived keys; ``block_key(stream, block)``). TRUSTED CODE ONLY."""
         return self._keys
 
     @property
-    def key_file(self):
+    def key_file(self) -> str:
         return self._keys.path
 
     def _advance_head(self, head, until_use=False, reset=False):
@@ -266,10 +279,10 @@ class Ledger:
         return migration_entry(self._store, self._keys)
 
     @property
-    def backend(self):
+    def backend(self) -> str:
         return self._store.kind
 
-    def close(self):
+    def close(self) -> None:
         for claim in getattr(self, "_claims", ()):
             claim.release()
         try:
@@ -315,13 +328,13 @@ class Ledger:
                           min_epsilon, min_grant, now)
         return self.stream(name)
 
-    def stream(self, name, tx=None):
+    def stream(self, name: str, tx: Tx | None = None) -> Stream:
         if tx is None:
             with self._store.transaction(write=False) as tx:
                 return self.stream(name, tx)
         return read_stream(tx, name)
 
-    def streams(self):
+    def streams(self) -> list[Stream]:
         with self._store.transaction(write=False) as tx:
             return [self.stream(r[0], tx) for r in tx.all(sql.STREAM_NAMES)]
 
@@ -338,7 +351,7 @@ class Ledger:
                                       digest=digest)], allow_duplicate_of=allow_duplicate_of)
         return self.block(stream, block_id)
 
-    def add_blocks(self, stream, blocks, allow_duplicate_of=()):
+    def add_blocks(self, stream: str, blocks: Iterable[Mapping[str, Any]], allow_duplicate_of: Iterable[str] = ()) -> None:
         """Add many fresh blocks in ONE transaction: all are added, or none (e.g. one ingest's blocks).
 
         ``blocks`` are dicts with ``id`` and the keyword arguments of ``add_block``. A block whose
@@ -364,7 +377,7 @@ class Ledger:
         with self._store.transaction(write=False) as tx:
             return _blocks.digest_owners(tx, digests, exclude_stream)
 
-    def block(self, stream, block_id):
+    def block(self, stream: str, block_id: str) -> Block:
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
             rows = _blocks.read_blocks(tx, stream, [block_id])
@@ -372,7 +385,7 @@ class Ledger:
             raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
         return rows[block_id]
 
-    def blocks(self, stream, state=None):
+    def blocks(self, stream: str, state: BlockState | str | None = None) -> list[Block]:
         """The stream's blocks in key order (time or shard), optionally only 'active' or 'retired'."""
         if state is not None and state not in tuple(BlockState):
             raise LedgerError(f"block state {state!r} is unknown: use 'active' or 'retired'")
@@ -381,7 +394,7 @@ class Ledger:
             rows = tx.all(sql.BLOCK_ROWS_IN_STATE, (stream, state)) if state else tx.all(sql.BLOCK_ROWS, (stream,))
         return _blocks.block_rows(stream, rows)
 
-    def private_row_count(self, stream, block_id):
+    def private_row_count(self, stream: str, block_id: str) -> int | None:
         """The exact row count of a block. TRUSTED CODE ONLY (ingest, data readers' sanity checks).
 
         Never show this to a pipeline: what a pipeline learns about its data size
@@ -393,7 +406,7 @@ class Ledger:
             raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
         return row[0]
 
-    def block_digest(self, stream, block_id):
+    def block_digest(self, stream: str, block_id: str) -> str | None:
         """The content digest registered for a block at ingest (None for blocks registered without one).
 
         TRUSTED CODE ONLY (the block readers check the block files against it, docs/security.md).
@@ -446,7 +459,7 @@ class Ledger:
         return ids
 
     # --------------------------------------------------------------- pipelines
-    def register(self, stream, pipeline):
+    def register(self, stream: str, pipeline: str) -> None:
         """Mark a pipeline as waiting: it gets an even share of every block that arrives from now on."""
         _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
@@ -500,7 +513,7 @@ class Ledger:
             return [dict(zip(("name", "state", "outcome", "registered", "finished"), r))
                     for r in tx.all(sql.PIPELINE_ROWS, (stream,))]
 
-    def finish(self, stream, pipeline, outcome):
+    def finish(self, stream: str, pipeline: str, outcome: Outcome | str) -> None:
         """End a pipeline (ACCEPT, REJECT or TIMEOUT); split its unused reservations among those still waiting."""
         if outcome not in OUTCOMES:
             raise LedgerError(f"outcome {outcome!r} is unknown: use one of {', '.join(OUTCOMES)}")
@@ -598,7 +611,8 @@ class Ledger:
         return _charges.schedule(tx, self._log, self._keys, s, filt, now)
 
     # ------------------------------------------------------------ availability
-    def available_epsilon(self, pipeline, stream, blocks, delta=0.0, tolerance=1e-4):
+    def available_epsilon(self, pipeline: str, stream: str, blocks: Sequence[str], delta: float = 0.0,
+                          tolerance: float = 1e-4) -> float:
         """The largest epsilon a (epsilon, delta) request by ``pipeline`` on ALL of ``blocks`` would be granted now.
 
         A bisection over epsilon in [0, the stream's epsilon], from below, to within
@@ -634,7 +648,7 @@ class Ledger:
         """``signature`` signs ``body``, or a pre-migration grant's body under the old rule (``grants``)."""
         return signature_ok(self._keys, self._legacy_grants, body, signature)
 
-    def private_seed(self, grant_id, purpose):
+    def private_seed(self, grant_id: str, purpose: str) -> int:
         """A 128-bit seed only trusted code can derive (HMAC under the key ring's noise key). TRUSTED CODE ONLY.
 
         A DP release made under a grant draws its noise from this seed, so re-running
@@ -646,11 +660,11 @@ class Ledger:
         text = f"seed|{grant_id}|{purpose}".encode()
         return self._keys.seed(text, legacy=grant_id in self._legacy_grants)
 
-    def get_grant(self, grant_id):
+    def get_grant(self, grant_id: str) -> Grant:
         with self._store.transaction(write=False) as tx:
             return _recorded_grant(grant_id, tx.one(sql.GRANT_BODY, (grant_id,)))
 
-    def grants(self, stream=None):
+    def grants(self, stream: str | None = None) -> list[Grant]:
         with self._store.transaction(write=False) as tx:
             if stream is None:
                 rows = tx.all(sql.GRANT_BODIES)
@@ -730,11 +744,11 @@ class Ledger:
                                       "delta": delta})
         return Release(grant.id, stage, computation, epsilon, delta, now, reopened=False)
 
-    def releases(self, grant_id=None):
+    def releases(self, grant_id: str | None = None) -> list[Release]:
         """The releases opened so far (all, or one grant's), oldest first."""
         with self._store.transaction(write=False) as tx:
             rows = tx.all(sql.RELEASE_ROWS_OF_GRANT, (grant_id,)) if grant_id else tx.all(sql.RELEASE_ROWS)
-        return [Release(*r, reopened=False) for r in rows]
+        return [Release(*r, reopened=False) for r in rows]  # type: ignore[misc]  # a row is Release's first six
 
     def draw(self, lifetime_grants, run, epsilon, delta, *, schedule, split=None, meta=None, composition="basic"):
         """A run grant of ``run`` at (``epsilon``, ``delta``) over ``lifetime_grants`` (one-block grants, in block
@@ -776,7 +790,7 @@ class Ledger:
             self._log(tx, "outcome", {"grant": grant_id, "stream": row[0], "pipeline": row[1],
                                       "outcome": outcome, "details": details})
 
-    def history(self, stream, pipeline):
+    def history(self, stream: str, pipeline: str) -> list[tuple[Grant, str | None, Any]]:
         """The pipeline's grants in order, each with its recorded outcome (None while running or killed)."""
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
@@ -828,7 +842,7 @@ class Ledger:
         with self._store.transaction(write=False) as tx:
             return tx.all(sql.LOG_ALL)
 
-    def audit(self):
+    def audit(self) -> dict[str, Any]:
         """Recompute every block's loss from the log alone; see ``audit.audit_ledger``."""
         return audit_ledger(self)
 
@@ -844,13 +858,13 @@ class Ledger:
         return self._head
 
     @property
-    def ledger_id(self):
+    def ledger_id(self) -> str:
         return self._ledger_id
 
     def migration_entry(self):
         """The body of the keyed ``keys`` entry a key migration wrote ({} if none, or if it does not verify)."""
         return self._migration_entry()
 
-    def signature_ok(self, body, signature):
+    def signature_ok(self, body: Mapping[str, Any], signature: str) -> bool:
         """``signature`` is this ledger's signature of the grant ``body`` (or a pre-migration one it lists)."""
         return self._signature_ok(body, signature)
