@@ -100,6 +100,7 @@ from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
     stream_status,
 )
 from .vocabulary import Accounting, BlockState, GrantOutcome, Outcome, PipelineState, Policy
+from .write import Charge, StreamWrite
 
 if TYPE_CHECKING:
     from .keys import KeyRing
@@ -366,10 +367,11 @@ class Ledger:
             _blocks.check_new_ids(tx, stream, checked, allowed)
             waiting = [r[0] for r in tx.all(sql.PIPELINE_WAITING, (stream,))]
             share = s.rules().new_block_shares(filt.capacity, waiting)  # the same for every new block
-            for args in checked:
-                _blocks.insert_block(tx, self._log, stream, filt, waiting, share, *args)
+            write = StreamWrite(tx, self._log, self._keys, s, filt)
+            for block in checked:
+                _blocks.insert_block(write, block, waiting=waiting, share=share)
             if s.rules().queued:  # a scheduling point (DPF-T: time has passed)
-                self._schedule(tx, s, filt, time.time())
+                _charges.schedule(write, time.time())
 
     def digest_owners(self, digests, exclude_stream=None):
         """{digest: [(stream, block id), ...]} for the given content digests registered in streams other than
@@ -593,14 +595,14 @@ class Ledger:
             check_minimum(filt, s, cost, epsilon if curve is None else None)
             if pipeline_state is not None and pipeline_state != PipelineState.WAITING:
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
+            write, charge = StreamWrite(tx, self._log, self._keys, s, filt), Charge(pipeline, blocks, cost, rule, meta,
+                                                                                    split)
             if s.rules().queued:
                 if split is not None:  # checked before the demand is recorded: its grant's split must compose
                     split.check_covered(*filt.spendable(cost))
-                grant, refusal = _charges.queued_request(tx, self._log, self._keys, s, filt, pipeline, blocks, found,
-                                                         cost, rule, meta)
+                grant, refusal = _charges.queued_request(write, charge)
             else:
-                grant = _charges.charge_now(tx, self._log, self._keys, s, filt, pipeline, blocks, found, reservations,
-                                            cost, rule, meta, split)
+                grant = _charges.charge_now(write, charge, found, reservations)
                 refusal = None
         if refusal:  # after the commit: the demand stays recorded, and the scheduler grants it when it fits
             raise BudgetRefused(stream, pipeline, refusal)
@@ -608,7 +610,7 @@ class Ledger:
 
     def _schedule(self, tx, s, filt, now):
         """A queued stream's scheduling point (``charges.schedule``), in the caller's write transaction."""
-        return _charges.schedule(tx, self._log, self._keys, s, filt, now)
+        return _charges.schedule(StreamWrite(tx, self._log, self._keys, s, filt), now)
 
     # ------------------------------------------------------------ availability
     def available_epsilon(self, pipeline: str, stream: str, blocks: Sequence[str], delta: float = 0.0,

@@ -133,6 +133,12 @@ class _Transaction:
 class Tx:
     """One open transaction: ``run`` executes, ``one``/``all`` fetch."""
 
+    # Set by the ledger facade on a write: the log's head after its last append, the log's last entry as the
+    # request read it, and whether the head must be durable before the grant's first use (HeadSync.USE).
+    head: tuple
+    log_last: tuple | None
+    head_until_use: bool
+
     def __init__(self, store):
         self._store = store
         self._cur = store._conn.cursor()
