@@ -104,6 +104,7 @@ from .write import Charge, StreamWrite
 
 if TYPE_CHECKING:
     from .keys import KeyRing
+    from .split import BudgetSplit
     from .store import Tx
 
 POLICIES = tuple(Policy)  # members equal their stored strings: "conserve", "aggressive", "dpf-n", ...
@@ -184,7 +185,7 @@ class Ledger:
             _anchor.bind_ledger_id(self._store, self._keys, self._ledger_id, self._log)
 
     @classmethod
-    def reanchor(cls, location: str, reason: str, key_file: str | None = None) -> None:
+    def reanchor(cls, location: str, reason: str, key_file: str | None = None) -> Ledger:
         """Re-anchor this host's head on the ledger as it is now, on purpose (``anchor.reanchor``): a known-good
         copy restored deliberately, or a host joining a PostgreSQL ledger without a copy of a head file. The keyed
         ``anchor`` entry records ``reason``, the host and the head it replaces; the head file is reset to it.
@@ -204,7 +205,8 @@ class Ledger:
         return ledger
 
     @classmethod
-    def open(cls, location, create=False, key_file=None, head_sync=None, check_head=True, read_only=False):
+    def open(cls, location: str, create: bool = False, key_file: str | None = None, *,
+             head_sync: HeadSync | str | None = None, check_head: bool = True, read_only: bool = False) -> Ledger:
         """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
         $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
         (mode 0600) if that does not exist yet. ``head_sync`` (``keys.HeadSync``: ``use``, ``commit`` or
@@ -304,9 +306,11 @@ class Ledger:
     # ----------------------------------------------------------------- streams
     check_stream_args = staticmethod(check_stream_args)  # create_stream's checks alone (streams.py)
 
-    def create_stream(self, name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
-                      min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
-                      min_grant_epsilon=None, policy_params=None, query_delta_share=None):
+    def create_stream(self, name: str, epsilon: float, delta: float, *, accounting: Accounting | str = Accounting.BASIC,
+                      orders: Sequence[float] | None = None, policy: Policy | str = Policy.CONSERVE,
+                      min_epsilon: float | None = None, max_epsilon: float = DEFAULT_MAX_STREAM_EPSILON,
+                      min_grant_epsilon: float | None = None, policy_params: dict[str, Any] | None = None,
+                      query_delta_share: float | None = None) -> Stream:
         """Create a stream with a global (epsilon, delta) guarantee over all its blocks, forever.
 
         ``policy`` (``Policy``) decides who may spend a block's budget and when (docs/scheduling_policies.md);
@@ -340,8 +344,9 @@ class Ledger:
             return [self.stream(r[0], tx) for r in tx.all(sql.STREAM_NAMES)]
 
     # ------------------------------------------------------------------ blocks
-    def add_block(self, stream, block_id, start=None, end=None, shard=None, rows=None, created=None, digest=None,
-                  allow_duplicate_of=()):
+    def add_block(self, stream: str, block_id: str, *, start: float | None = None, end: float | None = None,
+                  shard: int | None = None, rows: int | None = None, created: float | None = None,
+                  digest: str | None = None, allow_duplicate_of: Iterable[str] = ()) -> Block:
         """Add a fresh block (zero loss). Its budget is split among the pipelines waiting now.
 
         ``start``/``end`` (unix seconds) key a time window [start, end); ``shard``
@@ -352,7 +357,8 @@ class Ledger:
                                       digest=digest)], allow_duplicate_of=allow_duplicate_of)
         return self.block(stream, block_id)
 
-    def add_blocks(self, stream: str, blocks: Iterable[Mapping[str, Any]], allow_duplicate_of: Iterable[str] = ()) -> None:
+    def add_blocks(self, stream: str, blocks: Iterable[Mapping[str, Any]], *,
+                   allow_duplicate_of: Iterable[str] = ()) -> None:
         """Add many fresh blocks in ONE transaction: all are added, or none (e.g. one ingest's blocks).
 
         ``blocks`` are dicts with ``id`` and the keyword arguments of ``add_block``. A block whose
@@ -373,7 +379,7 @@ class Ledger:
             if s.rules().queued:  # a scheduling point (DPF-T: time has passed)
                 _charges.schedule(write, time.time())
 
-    def digest_owners(self, digests, exclude_stream=None):
+    def digest_owners(self, digests: Iterable[str], exclude_stream: str | None = None) -> dict[str, list[tuple[str, str]]]:
         """{digest: [(stream, block id), ...]} for the given content digests registered in streams other than
         ``exclude_stream``. TRUSTED CODE ONLY (ingest)."""
         with self._store.transaction(write=False) as tx:
@@ -419,7 +425,7 @@ class Ledger:
             raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
         return row[0]
 
-    def record_trusted_read(self, stream, blocks, purpose):
+    def record_trusted_read(self, stream: str, blocks: Sequence[str], purpose: str) -> None:
         """Log, in the keyed chain and committed before it returns, that TRUSTED code is about to decrypt
         ``blocks`` of ``stream`` outside any grant (no charge), and why: a ``trusted_read`` entry naming the blocks
         and ``purpose`` (a non-empty text), which ``sage ledger audit`` lists. The block doors call it before they
@@ -441,14 +447,14 @@ class Ledger:
                                    "no key for them")
             self._log(tx, TRUSTED_READ, {"stream": stream, "blocks": ids, "purpose": purpose.strip()})
 
-    def trusted_reads(self, stream):
+    def trusted_reads(self, stream: str) -> list[dict[str, Any]]:
         """The ``trusted_read`` log entries of ``stream`` (bodies: stream, blocks, purpose), oldest first."""
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
             bodies = [json.loads(r[0]) for r in tx.all(sql.LOG_TRUSTED_READS)]
         return [b for b in bodies if b.get("stream") == stream]
 
-    def window_blocks(self, stream, start, end):
+    def window_blocks(self, stream: str, start: float, end: float) -> list[str]:
         """Active blocks whose time window lies inside [start, end)."""
         start, end = _finite(start, "window start", False), _finite(end, "window end", False)
         if not start < end:
@@ -477,7 +483,7 @@ class Ledger:
                 tx.run(sql.BLOCK_COUNT_ARRIVAL, (stream,))
                 self._schedule(tx, s, s.filter(), time.time())
 
-    def claim(self, stream, pipelines):
+    def claim(self, stream: str, pipelines: Iterable[str]) -> PipelineClaim:
         """Claim ``pipelines`` of ``stream`` for this process while it runs them; return a ``PipelineClaim``.
 
         One process runs a pipeline name at a time: two `sage serve`/`sage run` processes (on one host or on
@@ -509,7 +515,7 @@ class Ledger:
         self._claims.append(claim)
         return claim
 
-    def pipelines(self, stream):
+    def pipelines(self, stream: str) -> list[dict[str, Any]]:
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
             return [dict(zip(("name", "state", "outcome", "registered", "finished"), r))
@@ -537,8 +543,10 @@ class Ledger:
                 self._schedule(tx, s, s.filter(), time.time())
 
     # ------------------------------------------------------------------ grants
-    def request(self, pipeline, stream, blocks=None, window=None, epsilon=None, delta=0.0, curve=None,
-                rule=None, meta=None, split=None):
+    def request(self, pipeline: str, stream: str, *, blocks: Sequence[str] | str | None = None,
+                window: tuple[float, float] | None = None, epsilon: float | None = None, delta: float = 0.0,
+                curve: Any = None, rule: str | None = None, meta: Mapping[str, Any] | None = None,
+                split: BudgetSplit | None = None) -> Grant:
         """Check and charge every block atomically; return a signed Grant, or raise BudgetRefused.
 
         Give ``blocks`` (ids) or ``window`` ((start, end), all active blocks inside).
@@ -606,6 +614,7 @@ class Ledger:
                 refusal = None
         if refusal:  # after the commit: the demand stays recorded, and the scheduler grants it when it fits
             raise BudgetRefused(stream, pipeline, refusal)
+        assert grant is not None  # granted now, or refused above
         return grant
 
     def _schedule(self, tx, s, filt, now):
@@ -613,7 +622,7 @@ class Ledger:
         return _charges.schedule(StreamWrite(tx, self._log, self._keys, s, filt), now)
 
     # ------------------------------------------------------------ availability
-    def available_epsilon(self, pipeline: str, stream: str, blocks: Sequence[str], delta: float = 0.0,
+    def available_epsilon(self, pipeline: str, stream: str, blocks: Sequence[str], delta: float = 0.0, *,
                           tolerance: float = 1e-4) -> float:
         """The largest epsilon a (epsilon, delta) request by ``pipeline`` on ALL of ``blocks`` would be granted now.
 
@@ -629,7 +638,8 @@ class Ledger:
             return 0.0
         return float(_bisect(lambda eps: budgets.fits(eps[0]).all().reshape(1), 1, s.epsilon, tolerance)[0])
 
-    def available_per_block(self, pipeline, stream, blocks=None, delta=0.0, tolerance=1e-4):
+    def available_per_block(self, pipeline: str, stream: str, blocks: Sequence[str] | None = None,
+                            delta: float = 0.0, *, tolerance: float = 1e-4) -> dict[str, float]:
         """{block id: the largest epsilon ``pipeline`` could be granted on that block ALONE now}, in ONE read.
 
         For every block b this equals ``available_epsilon(pipeline, stream, [b], delta,
@@ -674,7 +684,8 @@ class Ledger:
                 rows = tx.all(sql.GRANT_STREAM_BODIES, (stream,))
         return [Grant.from_row(*row) for row in rows]
 
-    def verify(self, grant, stream=None, epsilon=None, delta=None):
+    def verify(self, grant: Grant | str | Mapping[str, Any], *, stream: str | None = None,
+               epsilon: float | None = None, delta: float | None = None) -> Grant:
         """Check a grant before reading data; return the ledger's copy (its head made durable first: docs/security.md).
 
         Raises GrantError if the grant is missing, malformed, forged (bad signature
@@ -683,12 +694,12 @@ class Ledger:
         """
         if grant is None or grant == "":
             raise GrantError("no grant given: a pipeline reads data only under a grant from the ledger")
-        grant = Grant.from_json(grant)
-        if not self._signature_ok(grant.body(), grant.signature):
-            raise GrantError(f"grant {grant.id!r} is forged: its signature does not match its contents")
+        parsed = Grant.from_json(grant)
+        if not self._signature_ok(parsed.body(), parsed.signature):
+            raise GrantError(f"grant {parsed.id!r} is forged: its signature does not match its contents")
         with self._store.transaction(write=False) as tx:  # the grant's record and a log tail at or after its entry
-            stored, last = _recorded_grant(grant.id, tx.one(sql.GRANT_BODY, (grant.id,))), tx.one(sql.LOG_LAST)
-        check_grant_copy(grant, stored, stream, epsilon, delta)
+            stored, last = _recorded_grant(parsed.id, tx.one(sql.GRANT_BODY, (parsed.id,))), tx.one(sql.LOG_LAST)
+        check_grant_copy(parsed, stored, stream, epsilon, delta)
         self._head_before_use(last)
         return stored
 
@@ -705,7 +716,8 @@ class Ledger:
         except (OSError, LedgerError) as exc:  # as _advance_head: the audit will say the head is behind
             warn_head_write(self._head.path, exc)
 
-    def release(self, grant, stage, computation, epsilon, delta=0.0):
+    def release(self, grant: Grant | str | Mapping[str, Any], stage: str, computation: str, epsilon: float,
+                delta: float = 0.0) -> Release:
         """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn; return a ``Release``.
 
         A grant pays for one release per stage, of one computation: the first call records the
@@ -723,7 +735,7 @@ class Ledger:
         and the record are one transaction, appended to the audit log, so two writers cannot both take
         a stage, and the audit recomputes every grant's spend.
         """
-        grant = self.verify(grant)
+        checked = self.verify(grant)
         if stage not in STAGES:
             raise LedgerError(f"stage {stage!r} is unknown: use one of {', '.join(STAGES)}")
         if not isinstance(computation, str) or not 0 < len(computation) <= 256:
@@ -733,18 +745,18 @@ class Ledger:
         if not delta < 1:
             raise LedgerError(f"release delta {delta!r} is invalid: need 0 <= delta < 1")
         with self._store.transaction() as tx:
-            done = {r[0]: r[1:] for r in tx.all(sql.RELEASE_OF_GRANT, (grant.id,))}
-            cap = stage_cap(grant, stream_filter(read_stream(tx, grant.stream))) if older_rdp(grant) else None
-            reopened = stage_allowance(grant, stage, done, computation, epsilon, delta, cap)
+            done = {r[0]: r[1:] for r in tx.all(sql.RELEASE_OF_GRANT, (checked.id,))}
+            cap = stage_cap(checked, stream_filter(read_stream(tx, checked.stream))) if older_rdp(checked) else None
+            reopened = stage_allowance(checked, stage, done, computation, epsilon, delta, cap)
             if reopened is not None:
                 return reopened
             now = time.time()
             tx.run(sql.RELEASE_INSERT,
-                   (grant.id, stage, grant.stream, grant.pipeline, computation, epsilon, delta, now))
-            self._log(tx, "release", {"grant": grant.id, "stream": grant.stream, "pipeline": grant.pipeline,
+                   (checked.id, stage, checked.stream, checked.pipeline, computation, epsilon, delta, now))
+            self._log(tx, "release", {"grant": checked.id, "stream": checked.stream, "pipeline": checked.pipeline,
                                       "stage": stage, "computation": computation, "epsilon": epsilon,
                                       "delta": delta})
-        return Release(grant.id, stage, computation, epsilon, delta, now, reopened=False)
+        return Release(checked.id, stage, computation, epsilon, delta, now, reopened=False)
 
     def releases(self, grant_id: str | None = None) -> list[Release]:
         """The releases opened so far (all, or one grant's), oldest first."""
@@ -761,12 +773,12 @@ class Ledger:
         return _draws.draw(self._store, self._log, self._keys, self.signature_ok, lifetime_grants, run, epsilon, delta,
                            schedule=schedule, split=split, meta=meta, composition=composition)
 
-    def draws(self):
+    def draws(self) -> list[tuple]:
         """Every draw row: (lifetime grant, run, run grant, stream, epsilon, delta), by run."""
         with self._store.transaction(write=False) as tx:
             return [tuple(r) for r in tx.all(sql.DRAW_ALL)]
 
-    def record_outcome(self, grant_id, outcome, details=None):
+    def record_outcome(self, grant_id: str, outcome: GrantOutcome | str, details: Mapping[str, Any] | None = None) -> None:
         """Record what a pipeline run under ``grant_id`` concluded (ACCEPT, REJECT, RETRY, FAILED).
 
         One outcome per grant, appended to the audit log: with the grants, it is the
@@ -801,7 +813,7 @@ class Ledger:
                 for body, sig, outcome, details in rows]
 
     # ------------------------------------------------------------------ status
-    def status(self, stream):
+    def status(self, stream: str) -> dict[str, Any]:
         """A JSON-ready summary: the stream's guarantee and each block's spent and remaining budget."""
         s = self.stream(stream)
         return stream_status(s, self.blocks(stream), self._grant_count(stream), self.pipelines(stream))
@@ -840,7 +852,7 @@ class Ledger:
                (seq, time.time(), kind, text, prev, value))
         tx.head = (seq, value)  # written to the head file once the transaction commits
 
-    def log_entries(self):
+    def log_entries(self) -> list[tuple]:
         with self._store.transaction(write=False) as tx:
             return tx.all(sql.LOG_ALL)
 
@@ -863,7 +875,7 @@ class Ledger:
     def ledger_id(self) -> str:
         return self._ledger_id
 
-    def migration_entry(self):
+    def migration_entry(self) -> dict[str, Any]:
         """The body of the keyed ``keys`` entry a key migration wrote ({} if none, or if it does not verify)."""
         return self._migration_entry()
 
