@@ -188,7 +188,9 @@ def check_request(ledger, stream: str, pipeline: str, request: dict | None, hist
     if request is None:
         return
     stored = stored_request(history)
-    differences = [] if stored is None else request_differences(stored, request)
+    if stored is None:
+        return
+    differences = request_differences(stored, request)
     if not differences:
         return
     status = {p["name"]: p for p in ledger.pipelines(stream)}.get(pipeline) or {}

@@ -70,6 +70,7 @@ import json
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 from . import curves
 from .chain import canonical
@@ -326,7 +327,7 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
     n = len(ids)
     with store.transaction() as tx:
         rows = {r[0]: (json.loads(r[1]), r[2]) for r in tx.all(sql.draw_grants(n), ids)}
-        lifetimes = [(gid, rows[gid][0] if gid in rows else None) for gid in ids]
+        lifetimes: list[tuple[Any, Any]] = [(gid, rows[gid][0] if gid in rows else None) for gid in ids]
         forged = [gid for gid, (body, sig) in rows.items() if not signature_ok(body, sig)]
         if forged:
             raise GrantError(f"lifetime grant(s) {forged} do not verify: their records were altered")
@@ -417,7 +418,7 @@ def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, repla
     if not ledger.signature_ok(body, signature):
         problems.append(f"log entry {seq}: run grant {gid!r} has an invalid signature")
     info = (body.get("meta") or {}).get(DRAW_KEY) or {}
-    ids, run = list(info.get("from") or []), info.get("run")
+    ids, run = list(info.get("from") or []), cast(int, info.get("run"))  # as logged; checked by the replay
     lifetimes = [(g, json.loads(grants[g][0]) if g in grants else None) for g in ids]
     distinct, done = list(dict.fromkeys(ids)), dict[str, list]()
     for g in distinct:

@@ -179,11 +179,12 @@ def is_environment_error(exc: BaseException) -> bool:
     if isinstance(exc, ConfinedRunError):
         return exc.environment
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if not (_beam_reraise(exc) or isinstance(exc, (OSError, StorageError)) or _status_error(exc)):
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if not (_beam_reraise(link) or isinstance(link, (OSError, StorageError)) or _status_error(link)):
             return False
-        exc = exc.__cause__ or exc.__context__
+        link = link.__cause__ or link.__context__
     return True
 
 
@@ -211,8 +212,9 @@ def environment_error_text(exc: BaseException) -> str:
     otherwise (a TensorFlow or MLMD message may quote what user code passed it)."""
     if isinstance(exc, ConfinedRunError):
         return exc.environment_text
-    if _beam_reraise(exc):
-        return environment_error_text(exc.__context__)
+    context = exc.__context__
+    if _beam_reraise(exc) and context is not None:  # _beam_reraise needs a context: it is there
+        return environment_error_text(context)
     name = type(exc).__name__
     if isinstance(exc, StorageError):
         return f"{name}: {exc}"

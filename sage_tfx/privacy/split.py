@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
+from typing import Any, cast
 
 from .checks import finite, is_real, number, positive, probability
 from .errors import GrantError, LedgerError
@@ -130,7 +131,7 @@ class BudgetSplit:
 
     def composed(self, spent: dict) -> float:
         """The per-record epsilon of stages that spent ``spent`` ({stage: epsilon}), under this split's rule."""
-        part = {s: float(spent.get(s, 0.0)) for s in STAGES}
+        part: dict[str, float] = {s: float(spent.get(s, 0.0)) for s in STAGES}
         shared = part["preprocessing"] + part["count"]
         if self.parallel:
             return shared + max(part["training"] + part["rejection"], part["validation"])
@@ -183,7 +184,8 @@ class BudgetSplit:
         delta, all of it training's unless ``preprocessing_delta=D`` gives preprocessing D of it (for DP
         vocabularies); training then gets ``delta - D``.
         """
-        fields, rule, pre_delta = {}, ChargeRule.SUM.value, 0.0
+        fields: dict[str, Any] = {}  # the stage values as given: BudgetSplit checks and converts them
+        rule, pre_delta = ChargeRule.SUM.value, cast(Any, 0.0)  # pre_delta: the text given, then its float
         for part in (p.strip() for p in str(text).split(",")):
             if not part:
                 continue
