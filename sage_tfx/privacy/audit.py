@@ -71,7 +71,7 @@ class AuditReport:
     trusted_reads: list = field(default_factory=list)
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return not self.problems
 
     def to_dict(self):
@@ -247,14 +247,14 @@ def audit_ledger(ledger):
 class _QueueReplay:
     """The queued policies' state replayed from the log: demands, per-block arrivals, admissions (audit step 4)."""
 
-    def __init__(self, streams, configs, blocks, block_rows, problems):
+    def __init__(self, streams, configs, blocks, block_rows, problems) -> None:
         self.streams, self.configs, self.blocks, self.block_rows = streams, configs, blocks, block_rows
         self.problems = problems
-        self.arrivals = {}     # (stream, block) -> pipeline arrivals counted while it was active (queued streams)
-        self.demands = {}      # (stream, pipeline) -> [blocks, cost, rule, meta text, seq, state, grant id]
-        self.admissions = {}   # grant id -> (stream, pipeline, blocks, cost, seq of its admit entry)
-        self.granted = set()   # admitted grant ids whose grant entry followed
-        self._rules = {}       # stream -> its AllocationPolicy
+        self.arrivals: dict = {}     # (stream, block) -> pipeline arrivals counted while it was active (queued streams)
+        self.demands: dict = {}      # (stream, pipeline) -> [blocks, cost, rule, meta text, seq, state, grant id]
+        self.admissions: dict = {}   # grant id -> (stream, pipeline, blocks, cost, seq of its admit entry)
+        self.granted: set = set()   # admitted grant ids whose grant entry followed
+        self._rules: dict = {}       # stream -> its AllocationPolicy
 
     def rules(self, stream):
         config = self.configs.get(stream)

@@ -151,12 +151,12 @@ def check_block_set(blocks):
     return blocks
 
 
-def check_new_ids(tx, stream, checked, allowed):
+def check_new_ids(tx, stream, checked, allowed) -> None:
     """In ``add_blocks``' transaction: refuse an id the stream holds, then a digest another stream (not in
     ``allowed``) registered (DuplicateContent: the same records would get a fresh budget here)."""
     # before the digest check: a block of this stream is never taken for a copy. One query per CHUNK ids
     # (primary key look-ups), so the cost does not grow with the stream (docs/BENCHMARKS.md).
-    ids, existing = [b[0] for b in checked], set()
+    ids, existing = [b[0] for b in checked], set[str]()
     for chunk in chunks(ids):
         existing.update(r[0] for r in tx.all(sql.block_ids_present(len(chunk)), [stream, *chunk]))
     for block_id in ids:

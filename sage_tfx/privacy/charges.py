@@ -289,7 +289,7 @@ def release_reservations(tx, s, pipeline, others):
 class NoSource:
     """Why no source admits a charge on a block (its ``reason``, for the refusal)."""
 
-    def __init__(self, reason):
+    def __init__(self, reason) -> None:
         self.reason = reason
 
 
@@ -301,7 +301,7 @@ def eps_left(filt, used, reserved):
     return max(0.0, max(shares, default=0.0)) * filt.epsilon
 
 
-def check_availability_args(filt, delta, tolerance):
+def check_availability_args(filt, delta, tolerance) -> None:
     """The availability answers' arguments: ``delta`` as a request would check it, 0 < ``tolerance`` < 1."""
     try:
         filt.cost(epsilon=filt.epsilon, delta=delta)  # the request's own check of delta

@@ -152,8 +152,8 @@ class ExactSum:
     every draw. Finite values only (budgets are)."""
     __slots__ = ("partials",)
 
-    def __init__(self):
-        self.partials = []
+    def __init__(self) -> None:
+        self.partials: list[float] = []
 
     def add(self, x: float) -> None:
         partials, i = self.partials, 0
@@ -175,7 +175,7 @@ class DrawTotals:
     epsilons, deltas and (folded on first use) pure-DP curves, which ``overdraws`` reads instead of the rows."""
     __slots__ = ("grant", "rows", "eps", "delta", "order", "_curves", "_pending", "_stale")
 
-    def __init__(self, grant: str = "", order: int = 0):
+    def __init__(self, grant: str = "", order: int = 0) -> None:
         self.grant, self.order = grant, order  # order: of the grant's first draw in the replay
         self.rows: dict = {}
         self.eps, self.delta = ExactSum(), ExactSum()
@@ -401,8 +401,10 @@ class DrawReplay:
     grants' state only, not every earlier draw and release of the ledger."""
     __slots__ = ("rows", "totals", "stages")
 
-    def __init__(self):
-        self.rows, self.totals, self.stages = {}, {}, {}
+    def __init__(self) -> None:
+        self.rows: dict = {}
+        self.totals: dict = {}
+        self.stages: dict = {}
 
     def release(self, grant_id: str, stage: str) -> None:
         """A release the audit recorded (``releases[(grant_id, stage)]``)."""

@@ -70,7 +70,7 @@ class BudgetRefused(SageError):
     ``shortfalls`` maps each refused block id to what it lacked.
     """
 
-    def __init__(self, stream, pipeline, shortfalls):
+    def __init__(self, stream, pipeline, shortfalls) -> None:
         self.stream = stream
         self.pipeline = pipeline
         self.shortfalls = dict(shortfalls)
@@ -97,7 +97,7 @@ class RecordError(SageError, ValueError):
     (others: the type only).
     """
 
-    def __init__(self, column, index, problem):
+    def __init__(self, column, index, problem) -> None:
         self.column, self.index, self.problem = str(column), None, str(problem)
         super().__init__(f"column {self.column!r}: {self.problem}")
 
@@ -146,7 +146,7 @@ class ConfinedRunError(SageError):
     only by a ``--check`` child (generated rows), else None. The message is ``detail`` or ``public``."""
 
     def __init__(self, public: str, environment: bool = False, environment_text: str = "",
-                 detail: str | None = None):
+                 detail: str | None = None) -> None:
         super().__init__(detail or public)
         self.public, self.environment = str(public), bool(environment)
         self.environment_text, self.detail = str(environment_text or public), detail

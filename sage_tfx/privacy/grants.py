@@ -224,7 +224,7 @@ def signature_ok(keys, legacy_grants, body, signature):
     return False
 
 
-def check_grant_copy(grant, stored, stream=None, epsilon=None, delta=None):
+def check_grant_copy(grant, stored, stream=None, epsilon=None, delta=None) -> None:
     """``Ledger.verify``'s checks once the signature verified: ``grant`` is the ledger's record ``stored``, of
     ``stream`` if given, covering at least ``epsilon``/``delta`` if given; GrantError naming what differs."""
     if stored.to_json() != grant.to_json():

@@ -126,14 +126,14 @@ class Ledger:
     pipeline first in the pipeline's budget calls (``request(pipeline, stream, ...)``,
     ``available_epsilon(pipeline, stream, blocks)``)."""
 
-    def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False):
+    def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False) -> None:
         """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
         self._read_only = read_only
         self._head_sync = head_sync_mode(head_sync)
         self._store = store
-        self._claims = []  # PipelineClaims of this process (Ledger.claim), released by close()
+        self._claims: list[PipelineClaim] = []  # PipelineClaims of this process (Ledger.claim), released by close()
         self._key_source = keys
-        self._legacy_grants = frozenset()
+        self._legacy_grants: frozenset[str] = frozenset()
         self._anchored = False  # the head file may record this ledger's writes (set by _check_anchor)
         self.anchor_problem = None  # what _check_anchor found (check_head=False): then nothing is written
         with store.transaction(write=False) as tx:

@@ -16,7 +16,7 @@ def format_time(ts):
         return f"{float(ts):g} s"
 
 
-def block_key_text(block):
+def block_key_text(block) -> str:
     if block.get("shard") is not None:
         return f"shard {block['shard']}"
     if block.get("start") is not None:

@@ -90,7 +90,7 @@ class DPAccuracyValidator:
 
     name = "accuracy"
 
-    def __init__(self, target, epsilon, confidence=0.95, *, bound="exact", train_epsilon=None, mode="sage"):
+    def __init__(self, target, epsilon, confidence=0.95, *, bound="exact", train_epsilon=None, mode="sage") -> None:
         self.mode = Mode.parse(mode)
         self.target = check_probability("target accuracy", target)
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)

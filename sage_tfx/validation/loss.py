@@ -120,7 +120,7 @@ class DPLossValidator:
     name = "loss"
 
     def __init__(self, target, epsilon, confidence=0.95, *, loss_bound=1.0, bound="chernoff", train_epsilon=None,
-                 mode="sage"):
+                 mode="sage") -> None:
         self.mode = Mode.parse(mode)
         self.target = check_positive("target loss", target)
         self.loss_bound = check_positive("loss bound B", loss_bound)

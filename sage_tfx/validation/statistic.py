@@ -82,7 +82,7 @@ class DPAbsoluteErrorValidator:
 
     name = "absolute_error"
 
-    def __init__(self, target, epsilon, confidence=0.95, *, value_range, num_keys=1, per_key=False, mode="sage"):
+    def __init__(self, target, epsilon, confidence=0.95, *, value_range, num_keys=1, per_key=False, mode="sage") -> None:
         self.mode = Mode.parse(mode)
         if self.mode is Mode.NO_SLA:
             raise ValidationInputError("mode 'no_sla' does not apply to an absolute error: there is no "

@@ -109,7 +109,7 @@ class _Transaction:
     ``after_commit``."""
     __slots__ = ("store", "write", "tx")
 
-    def __init__(self, store, write):
+    def __init__(self, store, write) -> None:
         self.store, self.write, self.tx = store, write, None
 
     def __enter__(self):
@@ -139,7 +139,7 @@ class Tx:
     log_last: tuple | None
     head_until_use: bool
 
-    def __init__(self, store):
+    def __init__(self, store) -> None:
         self._store = store
         self._cur = store._conn.cursor()
 
@@ -152,7 +152,7 @@ class Tx:
             raise store._wrap(exc) from None
         return self._cur
 
-    def many(self, sql, rows):
+    def many(self, sql, rows) -> None:
         rows = [tuple(r) for r in rows]
         self._store.statements += len(rows)
         try:

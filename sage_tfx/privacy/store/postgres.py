@@ -76,7 +76,7 @@ class PostgresStore(Store):
     kind = "postgresql"
     placeholder = "%s"
 
-    def __init__(self, url, create=False, on_create=None, read_only=False):
+    def __init__(self, url, create=False, on_create=None, read_only=False) -> None:
         import pg8000.dbapi
 
         self.on_create, self.read_only = on_create, read_only
@@ -177,7 +177,7 @@ class PostgresStore(Store):
         finally:
             self._conn.commit()  # a session lock outlives the transaction it was taken in
 
-    def release_claim(self, handle):
+    def release_claim(self, handle) -> None:
         cur = self._conn.cursor()
         cur.execute(self._sql(sql.PG_RELEASE_CLAIM), (handle,))
         self._conn.commit()
@@ -185,5 +185,5 @@ class PostgresStore(Store):
     def integrity_problems(self):
         return []
 
-    def close(self):
+    def close(self) -> None:
         self._conn.close()

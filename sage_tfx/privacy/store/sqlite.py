@@ -47,7 +47,7 @@ class SqliteStore(Store):
     kind = "sqlite"
     _file = None
 
-    def __init__(self, path, create=False, on_create=None, read_only=False):
+    def __init__(self, path, create=False, on_create=None, read_only=False) -> None:
         self.on_create = on_create
         self.read_only = read_only
         self.path = os.path.abspath(path)
@@ -231,14 +231,14 @@ class SqliteStore(Store):
         os.pwrite(fd, process_label().encode(), 0)
         return fd, None
 
-    def release_claim(self, handle):
+    def release_claim(self, handle) -> None:
         os.close(handle)  # drops the flock
 
     def integrity_problems(self):
         rows = self._conn.execute(sql.SQLITE_INTEGRITY_CHECK).fetchall()
         return [] if rows == [("ok",)] else [r[0] for r in rows]
 
-    def close(self):
+    def close(self) -> None:
         self._conn.close()
         with _OPEN_FILES_LOCK:
             if self._file is not None and _OPEN_FILES.get(self._file):
