@@ -75,7 +75,7 @@ class GfileFileSystem(FileSystem):
         import tensorflow as tf
 
         if tf.io.gfile.exists(path):
-            raise IOError(f"{path} already exists")
+            raise OSError(f"{path} already exists")
         tf.io.gfile.makedirs(path)
 
     def _url_dirname(self, url_or_path):
@@ -91,7 +91,7 @@ class GfileFileSystem(FileSystem):
                 for name in files:
                     yield self.metadata(self.join(folder, name))
         except Exception as exc:
-            raise BeamIOError("List operation failed", {dir_or_prefix: exc})
+            raise BeamIOError("List operation failed", {dir_or_prefix: exc})  # noqa: B904
 
     def _open(self, path, mode, compression_type):
         import tensorflow as tf
@@ -160,7 +160,7 @@ class GfileFileSystem(FileSystem):
         try:
             return tf.io.gfile.stat(path)
         except Exception as exc:
-            raise BeamIOError(f"Path does not exist: {path}", {path: exc})
+            raise BeamIOError(f"Path does not exist: {path}", {path: exc})  # noqa: B904
 
     def size(self, path):
         return self._stat(path).length
@@ -184,7 +184,7 @@ class GfileFileSystem(FileSystem):
             elif tf.io.gfile.exists(path):
                 tf.io.gfile.remove(path)
             else:
-                raise IOError(f"No files found to delete under: {path}")
+                raise OSError(f"No files found to delete under: {path}")
 
         self._each(delete, [(p,) for p in paths], "Delete")
 

@@ -22,11 +22,12 @@ the grant paid for as part of its charge.
 """
 import contextlib
 import json
+import re
 
 from sage_tfx.components._grant_channel import ADDRESS, GrantClient, channel_client
 from sage_tfx.privacy import GrantError, Ledger, grant_split, record_split
-from sage_tfx.privacy.digests import computation_digest, data_digest
 from sage_tfx.privacy.checks import positive
+from sage_tfx.privacy.digests import computation_digest, data_digest
 from sage_tfx.privacy.grants import require_registered
 from sage_tfx.privacy.vocabulary import Stage
 
@@ -63,7 +64,6 @@ SEED_PURPOSES = {Stage.PREPROCESSING: Stage.PREPROCESSING.value, Stage.COUNT: "r
 def _renamer(rename: dict, before: str = r"\b", after: str = r"\b"):
     """``canonical(message)``: the message's text with every name of ``rename`` (a whole token: ``before`` and
     ``after`` bound it) replaced by its new name, longest names first."""
-    import re
 
     pattern = re.compile(before + "(" + "|".join(re.escape(n) for n in sorted(rename, key=len, reverse=True)) + ")"
                          + after) if rename else None
@@ -80,7 +80,6 @@ def _function_renamer(functions):
     library (``..._true_234``, ``__inference_signature_wrapper_7055``) replaced by their rank among the library's
     functions of the same base name: the same functions traced in another process (other counters, same order of
     creation) give the same text, and the renaming is one-to-one, so different functions stay different."""
-    import re
 
     parts = {}
     for f in functions:
@@ -114,7 +113,6 @@ def canonical_saved_model_text(saved_model) -> bytes:
     them (one-to-one and order-preserving: the same creation order gives the same text, and two models that differ
     in anything but those counters still differ), and the library's functions and the object graph's concrete
     functions (a map keyed by function names) are listed in sorted order."""
-    import re
 
     uid = re.compile(r"^(.*?)_?(\d+)$")
     out = []

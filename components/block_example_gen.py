@@ -30,7 +30,6 @@ from tfx.types import channel, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
 from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
-
 from sage_tfx.components.block_example_gen_executor import STAGING_LOCATION_KEY, Executor
 
 

@@ -27,7 +27,8 @@ second release the grant did not pay for).
 ``label_threshold`` (optional) derives a binary label: 1 where the raw label exceeds it, else 0 (e.g. "delayed"
 = arr_delay > 15). ``label_signature`` (optional) takes the label from a signature of the model instead, as
 TFMA's ``preprocessing_function_names``: e.g. ``"transform_features"`` with ``label_key="tips_xf"`` reads the
-transformed label TFX's taxi example computes (tips > 0.2 * fare) from each raw record. Metric ``custom`` takes the user's bounded per-example loss: ``loss_module`` (a Python file)
+transformed label TFX's taxi example computes (tips > 0.2 * fare) from each raw record. Metric ``custom`` takes the
+user's bounded per-example loss: ``loss_module`` (a Python file)
 defining ``loss_function`` (default ``per_example_loss``) of (labels, signature outputs) -> one loss per
 record, clipped to [0, ``loss_bound``] (a public B: the validator's sensitivity); the file's digest is part of
 the validation's fingerprint.
@@ -45,7 +46,6 @@ from tfx.types import artifact, channel, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
 from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
-
 from sage_tfx.components.dp_model_validator_executor import Executor
 
 

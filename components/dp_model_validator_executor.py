@@ -15,20 +15,23 @@ Records that lack the label or a feature the signature needs are skipped. The sk
 each record alone, so every count and sum keeps its sensitivity (one record changes n by at most 1 and a
 clipped sum by at most B). No exact count is ever written out.
 """
+import hashlib
+import importlib.util
 import json
 import math
 import os
 
+import numpy as np
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components._grant import GrantedExecutor, canonical_saved_model_text, computation_digest
-from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy import GrantError, grant_split, require_budget, require_side, stage_budget
 from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError
-from sage_tfx.release.blessing import write_blessing
+from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy.vocabulary import LOG_LOSS_FLOOR, Metric, Side, Stage
+from sage_tfx.release.blessing import write_blessing
 
 SAVED_MODEL_FILE = "saved_model.pb"  # hashed in canonical form by model_digest
 FINGERPRINT_FILE = "fingerprint.pb"  # derived from the other files plus a random uuid: not hashed
@@ -120,7 +123,6 @@ def validation_plan(exec_properties, grant):
 def custom_loss_plan(metric, loss_module, loss_function):
     """For metric "custom": the user's loss module (a Python file), its function's name and the file's digest
     (part of the validation's fingerprint), checked before any data is read; {} for the other metrics."""
-    import hashlib
 
     if metric != Metric.CUSTOM:
         if loss_module or loss_function:
@@ -140,7 +142,6 @@ def custom_loss_plan(metric, loss_module, loss_function):
 
 def load_loss_function(plan):
     """The user's per-example loss function of a "custom" plan (imported from its file), or None."""
-    import importlib.util
 
     if not plan.get("loss_module"):
         return None
@@ -186,7 +187,6 @@ def model_digest(path):
     digest) and ``fingerprint.pb`` (derived from the other files, plus that uuid) is skipped: the same model
     exported twice has one digest, any change to a variable, asset or the graph gives another
     (tests/test_model_digest.py)."""
-    import hashlib
 
     import tensorflow as tf
     from tensorflow.core.protobuf import saved_model_pb2
@@ -277,7 +277,6 @@ class ServingModel:
 
     def run(self, batch_records, batch_features):
         """Signature outputs (numpy) for one batch."""
-        import numpy as np
         import tensorflow as tf
 
         if self.examples_input is not None:
@@ -294,7 +293,6 @@ class ServingModel:
         """The label of each serialized record as the SavedModel's ``signature_name`` signature computes it
         (TFMA's ``preprocessing_function_names``: e.g. TFX's ``transform_features`` gives the transformed
         label, such as the taxi example's ``tips > 0.2 * fare``). One float per record."""
-        import numpy as np
         import tensorflow as tf
 
         signature = self._loaded.signatures.get(signature_name)
@@ -330,7 +328,6 @@ def model_outputs(model, records, label_key, label_signature=None):
     function of the record and of the model, which was fixed before this test read anything), so every
     record is kept for its label and each per-example value still depends on its own record alone.
     """
-    import numpy as np
     import tensorflow as tf
 
     widths = {} if model.examples_input is not None else model.widths()
@@ -373,7 +370,6 @@ def _pick(outputs, wanted, metric):
 def split_values(model, examples, split, plan, loss_fn=None):
     """The per-example values of one split: the model run on its records, the label (derived by
     ``label_threshold`` when the plan has one), then ``per_example_values``."""
-    import numpy as np
 
     labels, outputs = model_outputs(model, split_records(examples, split), plan["label_key"],
                                     plan.get("label_signature"))
@@ -399,7 +395,6 @@ def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=
     finite label that is not a class id (multi-class outputs) or not 0/1 (binary) is a bad record too: the
     worst value, never an error naming it.
     """
-    import numpy as np
 
     from sage_tfx.validation import absolute_errors, correctness, log_losses, squared_errors
 
@@ -445,7 +440,6 @@ def custom_losses(loss_fn, labels, outputs, loss_bound):
     Clipping to [0, B] is what makes the validator's sensitivity B hold whatever the function computes, and
     the non-finite rule is a fixed function of the record alone, as for the built-in metrics.
     """
-    import numpy as np
 
     if loss_fn is None or loss_bound is None:
         raise ValidatorConfigError("metric 'custom' needs a loss function and its loss_bound B")
@@ -460,7 +454,6 @@ def _class_ids(labels, k):
     """Integer class ids of ``labels`` in [0, k); -1 where a label is NaN / +-inf or not an integer in [0, k):
     the caller gives that record the worst value (a fixed function of the record alone, as for NaN), so no
     record's label fails the release after its charge."""
-    import numpy as np
 
     labels = np.asarray(labels, dtype=np.float64)
     finite = np.isfinite(labels)
@@ -509,7 +502,6 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
             self._run(run, input_dict, output_dict, exec_properties)
 
     def _run(self, run, input_dict, output_dict, exec_properties):
-        import numpy as np
 
         from tfx.utils import path_utils
 

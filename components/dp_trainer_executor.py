@@ -29,6 +29,8 @@ The module file runs inside this trusted executor and sees every record; the aud
 spends more than its share through the DP models, not a module written to leak data on purpose: module
 files must train through sage_tfx's DP models.
 """
+import ast
+import inspect
 import json
 import math
 from types import SimpleNamespace
@@ -104,7 +106,6 @@ def training_count(ledger, grant, examples, train_splits, public_num_examples):
 
 def module_source(run_fn):
     """The bytes of ``run_fn``'s source file, or its compiled code object if it has none (e.g. a built-in)."""
-    import inspect
 
     try:
         with open(inspect.getsourcefile(run_fn), "rb") as f:
@@ -135,8 +136,6 @@ def public_numbers(source, custom_config, num_examples):
     the DP models' defaults (and AdaptiveClip's),
     and ``trainer_utils.batch_size`` of each of them at the DP (or public) count ``num_examples``. All are
     public: the source and custom_config are part of the training computation, the count is DP."""
-    import ast
-    import inspect
 
     from sage_tfx.components import trainer_utils
     from sage_tfx.models import make_private

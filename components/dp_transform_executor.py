@@ -31,16 +31,19 @@ a different one is refused before any noise is drawn.
 """
 import contextlib
 import json
+import math
 import os
+import re
+import sys
 
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components._grant import GrantedExecutor, canonical_graph_text, computation_digest
 from sage_tfx.privacy import require_budget, stage_budget
-from sage_tfx.transform.errors import NonPrivateAnalyzer  # raised here, and by noise_seed for an explicit seed=
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.vocabulary import Stage
+from sage_tfx.transform.errors import NonPrivateAnalyzer  # raised here, and by noise_seed for an explicit seed=
 
 STAGE = Stage.PREPROCESSING
 PLANNING_SEED = 0  # traces the function for the plan and its fingerprint; the release's seed runs the analysis
@@ -58,7 +61,6 @@ def stdout_to_stderr():
     """Point this process's stdout (file descriptor 1, which subprocesses inherit) at stderr while inside: the
     wheel build and pip install of a packaged module print there, and `sage run` keeps stdout for its progress
     lines."""
-    import sys
 
     sys.stdout.flush()
     saved = os.dup(1)
@@ -154,7 +156,6 @@ def check_traced_analyzers(graph):
     outputs of ``sage_tfx.transform``'s DP analyzers (a full-pass PTransform adding Laplace noise) may be.
     The refusal names the DP counterpart of the refused analyzer when there is one.
     """
-    import re
 
     from tensorflow_transform import analyzer_nodes
 
@@ -209,7 +210,6 @@ def trace_spend(preprocessing_fn, feature_spec, custom_config, grant_seed):
     """Trace the function once on placeholders (no data): (total epsilon, total delta, [Spend], graph digest)
     after checking its analyzers. The digest (SHA-256 of the traced graph, serialized deterministically) identifies the
     computation: the same function over the same schema traces to the same graph."""
-    import math
 
     from tensorflow_transform import impl_helper
 

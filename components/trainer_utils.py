@@ -33,6 +33,8 @@ import json
 import math
 import os
 
+import numpy as np
+
 from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError
 
@@ -249,7 +251,6 @@ def load_examples(fn_args, features, label, split="train", batch_size=8192):
     assume). No record left (or none read) gives empty arrays, not an error: a failure there would reveal
     the data after the charge. Errors name features, files or the split, never a value.
     """
-    import numpy as np
     import tensorflow as tf
 
     maps = _feature_maps(features)

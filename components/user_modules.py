@@ -19,7 +19,7 @@ import importlib
 import inspect
 import os
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 _FOLDERS: list = []  # the folders load_user_fn put on sys.path (the current one last)
 

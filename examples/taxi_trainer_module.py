@@ -12,10 +12,9 @@ Raw examples (BlockExampleGen): features are divided by PUBLIC scales (the same 
 clipped to a public range. With a transform graph (DPTransform), ``features`` in custom_config name the
 transformed features instead and the serving signature takes raw tf.Examples through the graph.
 """
-import sage_tfx  # noqa: F401  (before TensorFlow)
-
 import numpy as np
 
+import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.components import trainer_utils
 from sage_tfx.models import DPDNNRegressor, DPLinearRegressor
 

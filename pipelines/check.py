@@ -22,15 +22,20 @@ never computed from the stream, whose label distribution is data); a target it m
 from __future__ import annotations
 
 import datetime as _dt
+import glob
+import math
 import os
+import shutil
 import tempfile
 import traceback
 from dataclasses import dataclass, field
 
-from sage_tfx.privacy.vocabulary import LOG_LOSS_FLOOR, Metric
-from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, SageError, error_chain, eval_share_split
+import numpy as np
 
-GENERATED_EPOCH = int(_dt.datetime(2020, 1, 1, tzinfo=_dt.timezone.utc).timestamp())
+from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, SageError, error_chain, eval_share_split
+from sage_tfx.privacy.vocabulary import LOG_LOSS_FLOOR, Metric
+
+GENERATED_EPOCH = int(_dt.datetime(2020, 1, 1, tzinfo=_dt.UTC).timestamp())
 MISSING_RATE = 0.01
 BINARY_METRICS = (Metric.ACCURACY, Metric.LOG_LOSS)  # generated labels are 0/1 for these (the validator refuses others)
 
@@ -43,7 +48,7 @@ class CheckResult:
     outcome: str | None = None
     error: str | None = None
     lines: list = field(default_factory=list)
-    estimate: "AcceptEstimate | None" = None  # the first target's (estimates: all of them)
+    estimate: AcceptEstimate | None = None  # the first target's (estimates: all of them)
     estimates: list = field(default_factory=list)
     plan: object = None  # the AttemptPlan the stream's budget allows now (None: the ledger was not read)
     model_dir: str | None = None  # where the candidate model was kept (``keep_dir``)
@@ -98,7 +103,6 @@ def accept_passes(n, *, metric, target, expected, bound, epsilon, eta_accept) ->
 
 def accept_margin(n, *, metric, target, expected, bound, epsilon, eta_accept) -> float:
     """log(p-value) - log(sampling share of eta) of the ACCEPT test at ``n`` (real n allowed): <= 0 iff it passes."""
-    import math
 
     from sage_tfx.validation.core import Mode, NoisyTotal
     from sage_tfx.validation.noisy import noisy_sum_test
@@ -115,10 +119,10 @@ def least_test_rows(*, metric, target, expected, bound, epsilon, eta_accept) -> 
     """The least integer n at which ``accept_passes``; None if none up to MAX_TEST_ROWS does.
 
     Brent's method (scipy.optimize.brentq) on the margin over log n, evaluated at whole rows (a step
-    function), then the integer neighbours checked: the result passes and n - 1 does not. The margin decreases in n when the expected value meets the target with room (more rows
+    function), then the integer neighbours checked: the result passes and n - 1 does not. The margin decreases in n
+    when the expected value meets the target with room (more rows
     shrink both the sampling and the noise terms), which the check of the neighbours confirms at the answer.
     """
-    import math
 
     from scipy.optimize import brentq
 
@@ -242,7 +246,6 @@ def trivial_baseline(sla, *, positive_rate: float | None = None, label_std: floa
     log loss H(p) = -p ln p - (1 - p) ln(1 - p) (the constant probability p, clipped as the validator clips),
     mse at most std^2 and mae at most std (the mean; losses clipped to the bound only lower them).
     ValueError naming a prior that does not fit the SLA's metric."""
-    import math
 
     metric = sla.metric
     if positive_rate is not None:
@@ -331,8 +334,6 @@ def stream_plan(ledger, stream: str, pipeline: str, settings: dict, max_iteratio
 def keep_model(work: str, keep_dir: str) -> str | None:
     """Copy the newest SavedModel DPTrainer wrote under ``work`` (its ``Format-Serving`` folder) to ``keep_dir``
     (replacing what was there); its path, or None if the run wrote none."""
-    import glob
-    import shutil
 
     found = sorted(glob.glob(os.path.join(work, "**", "Format-Serving"), recursive=True), key=os.path.getmtime)
     if not found:
@@ -346,7 +347,6 @@ def keep_model(work: str, keep_dir: str) -> str | None:
 def generated_rows(schema: dict, blocks_config: dict, label: str, metric: str, n_blocks: int, rows_per_block: int,
                    seed: int = 0):
     """A pyarrow Table of GENERATED rows of ``schema`` ({column: int|float|bytes}) filling ``n_blocks`` blocks."""
-    import numpy as np
     import pyarrow as pa
 
     rng = np.random.default_rng(seed)
@@ -471,8 +471,8 @@ def _generated_iteration(definition, data_root, stream, schema, model, runner, b
                          keep_dir, spec=None, secrets=()) -> CheckResult:
     """The dry run itself: one iteration on generated rows in a throwaway ledger and data root."""
     from sage_tfx.adaptive import IteratorSettings, SageIterator
-    from sage_tfx.ingest.pipeline import ingest_batches
     from sage_tfx.ingest.layout import stream_config
+    from sage_tfx.ingest.pipeline import ingest_batches
     from sage_tfx.pipelines._runner import PipelineConfig, make_run_iteration
     from sage_tfx.privacy import Ledger
 

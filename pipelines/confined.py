@@ -23,6 +23,7 @@ would be in the launcher (``ConfinedRunError``): FAILED for data-dependent error
 """
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import json
 import os
@@ -287,7 +288,6 @@ def _failure(exc: BaseException, job: dict) -> dict:
 
 def main() -> None:
     """The confined child: confine itself, get its job from the launcher, do it, report, exit."""
-    import ctypes
 
     ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL: it never outlives the launcher
     confine_from_environment()

@@ -33,14 +33,15 @@ import hashlib
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable, Optional
 
 from sage_tfx.components.user_modules import python_files
 from sage_tfx.privacy.checks import number, positive
-from sage_tfx.privacy.split import DEFAULT_RECORD_SPLIT, eval_share_split
 from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.split import DEFAULT_RECORD_SPLIT, eval_share_split
 from sage_tfx.privacy.vocabulary import LOG_LOSS_FLOOR, Metric
+
 
 class PipelineDefinitionError(SageError, ValueError):
     """A pipeline definition, or the file that holds it, is unusable; the message names what and where."""
@@ -61,11 +62,11 @@ class SLA:
 
     metric: str
     label: str
-    loss_bound: Optional[float] = None
-    label_threshold: Optional[float] = None
-    loss_module: Optional[str] = None
-    loss_function: Optional[str] = None
-    label_signature: Optional[str] = None
+    loss_bound: float | None = None
+    label_threshold: float | None = None
+    loss_module: str | None = None
+    loss_function: str | None = None
+    label_signature: str | None = None
 
     def __post_init__(self):
         try:
@@ -117,7 +118,7 @@ class SLA:
         return value
 
 
-def _file_digest(path: str) -> Optional[str]:
+def _file_digest(path: str) -> str | None:
     """SHA-256 (hex) of a file's bytes; None if it cannot be read (a module file is checked before any spend)."""
     try:
         with open(path, "rb") as f:
@@ -131,7 +132,7 @@ class StandardComponents:
     """The five components of an iteration, wired together (``SagePipeline.standard_components``)."""
 
     example_gen: object
-    transform: Optional[object]
+    transform: object | None
     trainer: object
     validator: object
     pusher: object
@@ -165,14 +166,14 @@ class SagePipeline:
     name: str
     sla: SLA
     trainer_module: str
-    preprocessing_module: Optional[str] = None
+    preprocessing_module: str | None = None
     models: tuple = ()
     defaults: dict = field(default_factory=dict)
     trainer_config: dict = field(default_factory=dict)
-    components: Optional[Callable[[StandardComponents], list]] = None
-    base_dir: Optional[str] = None
-    source_file: Optional[str] = None  # the file that defines it (set by ``load_pipeline``): part of its digest
-    eval_share: Optional[float] = None
+    components: Callable[[StandardComponents], list] | None = None
+    base_dir: str | None = None
+    source_file: str | None = None  # the file that defines it (set by ``load_pipeline``): part of its digest
+    eval_share: float | None = None
 
     def __post_init__(self):
         from sage_tfx.privacy.checks import check_name  # the ledger's own rule for pipeline names
@@ -213,7 +214,7 @@ class SagePipeline:
     def check_target(self, target: float) -> float:
         return self.sla.check_target(target)
 
-    def model_family(self, model: Optional[str] = None) -> Optional[str]:
+    def model_family(self, model: str | None = None) -> str | None:
         """``model`` (``sage run --model``) or the first of ``models``; ValueError naming an unknown one."""
         if model is None:
             return self.models[0] if self.models else None
@@ -222,7 +223,7 @@ class SagePipeline:
             raise ValueError(f"model {model!r} is unknown for {self.name}: use one of {known}")
         return model
 
-    def module_path(self, role: str) -> Optional[str]:
+    def module_path(self, role: str) -> str | None:
         """The absolute path of the ``trainer_module``, ``preprocessing_module`` or the SLA's ``loss_module``
         (None if not given)."""
         path = self.sla.loss_module if role == "loss_module" else getattr(self, role)
@@ -242,13 +243,13 @@ class SagePipeline:
     def with_base_dir(self, base_dir: str) -> SagePipeline:
         return self if self.base_dir is not None else replace(self, base_dir=os.path.abspath(base_dir))
 
-    def with_source_file(self, path: Optional[str]) -> SagePipeline:
+    def with_source_file(self, path: str | None) -> SagePipeline:
         if self.source_file is not None or path is None:
             return self
         return replace(self, source_file=os.path.abspath(path))
 
-    def certificate_request(self, target: float, confidence: float, model: Optional[str] = None,
-                            hparams: Optional[dict] = None) -> dict:
+    def certificate_request(self, target: float, confidence: float, model: str | None = None,
+                            hparams: dict | None = None) -> dict:
         """What an ACCEPT of this pipeline certifies, as the JSON the iterator signs into each grant and compares
         with a later run of the same pipeline name: the target and confidence, the SLA (metric, label, loss bound,
         label threshold and signature, loss function), the model family, and ``definition``, a SHA-256 over the
@@ -260,7 +261,7 @@ class SagePipeline:
                 "label_signature": sla.label_signature, "loss_function": sla.loss_function,
                 "model": self.model_family(model), "definition": self.definition_digest(hparams)}
 
-    def definition_digest(self, hparams: Optional[dict] = None) -> str:
+    def definition_digest(self, hparams: dict | None = None) -> str:
         """SHA-256 (hex) of the pipeline file's, the module files' contents, the other ``.py`` files of the
         modules' folders (a module may import them: ``components.user_modules``) and the trainer's
         configuration."""

@@ -7,8 +7,8 @@ iterator, the checks made before any charge); ``make_iterator`` builds the ``Sag
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence
 
 from sage_tfx.privacy.vocabulary import BlockState
 
@@ -62,10 +62,10 @@ class PipelineRunner:
 
 
 def build_runner(definition, db: str, stream: str, data_root: str, work_dir: str, target: float, *,
-                 confidence: float = 0.95, serving_dir: Optional[str] = None, runner: str = "local",
-                 beam_args: Sequence[str] = (), model: Optional[str] = None, name: Optional[str] = None,
-                 staging_location: Optional[str] = None, pipeline_root: Optional[str] = None,
-                 metadata_path: Optional[str] = None, spec: Optional[str] = None,
+                 confidence: float = 0.95, serving_dir: str | None = None, runner: str = "local",
+                 beam_args: Sequence[str] = (), model: str | None = None, name: str | None = None,
+                 staging_location: str | None = None, pipeline_root: str | None = None,
+                 metadata_path: str | None = None, spec: str | None = None,
                  secrets: Sequence[str] = ()) -> PipelineRunner:
     """The ``PipelineRunner`` of ``definition`` (a ``SagePipeline``) on ledger ``db``'s ``stream``, its blocks under
     ``data_root`` and its TFX runs' files under ``work_dir``, validated against ``target``.
@@ -112,10 +112,10 @@ class RunSettings:
     """
 
     max_iterations: int = 10
-    max_seconds: Optional[float] = None
-    epsilon_start: Optional[float] = None
-    min_window: Optional[int] = None
-    rejection_share: Optional[float] = None
+    max_seconds: float | None = None
+    epsilon_start: float | None = None
+    min_window: int | None = None
+    rejection_share: float | None = None
 
     def __post_init__(self):
         if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int) \

@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -71,7 +71,7 @@ def accepted_model(ledger_location, stream: str, pipeline: str, serving_dir: str
     return accepted[-1], models[-1]
 
 
-def block_rows(data_root: str, stream: str, blocks: Sequence[str], split: Optional[str] = None, *, ledger,
+def block_rows(data_root: str, stream: str, blocks: Sequence[str], split: str | None = None, *, ledger,
                purpose: str, records=None):
     """The rows of committed blocks as one RecordBatch of list columns, in the stream's schema.
 
@@ -151,7 +151,7 @@ def held_out_overlap(data_root: str, stream: str, blocks: Sequence[str], held_ou
     return overlap_count(ingested, example_rows(held_out, _schema(data_root, stream)))
 
 
-def read_held_out(path: str, schema: dict, fmt: Optional[str] = None):
+def read_held_out(path: str, schema: dict, fmt: str | None = None):
     """The rows of a hold-out file (CSV, TFRecord of tf.Examples, or Parquet) as one list-column RecordBatch of
     the stream's ``schema`` (extra columns dropped; a missing column is an InputError naming it)."""
     import pyarrow as pa
@@ -249,7 +249,7 @@ def fit_baselines(metric: str, x: np.ndarray, y: np.ndarray) -> dict:
     raise ScoreError(f"metric {metric!r} has no built-in baseline (mse, mae, accuracy, log_loss have)")
 
 
-def summary(values: np.ndarray, metric: str, loss_bound: Optional[float], target: Optional[float]) -> dict:
+def summary(values: np.ndarray, metric: str, loss_bound: float | None, target: float | None) -> dict:
     """The mean per-example value (losses clipped to [0, B], as the SLA measures them), its standard error, the
     unclipped mean for a loss, and whether it meets ``target``."""
     values = np.asarray(values, dtype=float)
@@ -271,8 +271,8 @@ def default_features(schema: dict, label: str, exclude: Sequence[str] = ()) -> l
 
 
 def score_model(ledger, stream: str, pipeline, held_out: str, *, data_root: str, serving_dir: str,
-                name: Optional[str] = None, features: Optional[Sequence[str]] = None,
-                fmt: Optional[str] = None) -> dict:
+                name: str | None = None, features: Sequence[str] | None = None,
+                fmt: str | None = None) -> dict:
     """Score the model ``pipeline`` pushed after its last ACCEPT on the rows of the file ``held_out``.
 
     Args:

@@ -19,6 +19,8 @@ import keyword
 import os
 import textwrap
 
+import numpy as np
+
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.vocabulary import Metric
 
@@ -147,10 +149,10 @@ def _one_hot_name(column, code):
 
 def inspect_input(path: str, schema: dict, label: str, categorical=(), max_codes: int = MAX_CODES) -> tuple:
     """(time-like columns, {int column: its codes}) of a data file's first rows: the columns CSV or Parquet
-    types as timestamps or dates or whose values all look like unix seconds (2000-2100), and the int columns (not the label) with 3 to ``max_codes`` distinct values,
+    types as timestamps or dates or whose values all look like unix seconds (2000-2100), and the int columns (not the
+    label) with 3 to ``max_codes`` distinct values,
     which are proposed as category codes (the codes seen, sorted), and the ``categorical`` columns however many
     codes they show. Reads only the user's own file."""
-    import numpy as np
     import pyarrow as pa
 
     from sage_tfx.ingest.records import input_format, read_batches

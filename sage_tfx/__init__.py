@@ -4,6 +4,7 @@ Importing this package never imports TensorFlow. It only makes sure that,
 when TensorFlow is imported later, ``tf.keras`` is Keras 2 (tf-keras), which
 TFX, tf.Transform and tensorflow-privacy require.
 """
+import importlib
 import os
 import sys
 import warnings
@@ -20,7 +21,8 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 # TFX's ``tfx.components`` runs its __init__ (every TFX component, Keras 3, Kubernetes...) only when one of its
 # names is used, not when a TFX run imports one of its submodules (sage_tfx/compat/deferred_imports.py).
-from sage_tfx.compat.deferred_imports import DEFERRED as _DEFERRED, defer as _defer  # noqa: E402
+from sage_tfx.compat.deferred_imports import DEFERRED as _DEFERRED  # noqa: E402
+from sage_tfx.compat.deferred_imports import defer as _defer
 
 _defer(*_DEFERRED)
 
@@ -78,6 +80,5 @@ def __getattr__(name):
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'sage_tfx' has no attribute {name!r}")
-    import importlib
 
     return getattr(importlib.import_module(module), name)

@@ -39,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from typing import Sequence
+from collections.abc import Sequence
 
 EXTRA_PACKAGES_FILE = "extra_packages.txt"  # Beam's stager: the --extra_package names, in order
 WORKFLOW_TARBALL_FILE = "workflow.tar.gz"  # Beam's stager: the --setup_file package
@@ -143,9 +143,8 @@ def install(staged_dir: str, names: Sequence[str], site_dir: str) -> list[str]:
 
 def worker_environment(args: argparse.Namespace, info, semi_dir: str) -> dict[str, str]:
     """The environment ``sdk_worker_main`` reads (as Beam's container boot sets it)."""
-    from google.protobuf import json_format, text_format
-
     from apache_beam.portability.api import endpoints_pb2
+    from google.protobuf import json_format, text_format
 
     def descriptor(url: str) -> str:
         return text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url))

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -30,8 +31,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import ContextManager, Iterator, Sequence
 
 HOST = "127.0.0.1"
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "beam_boot.py")  # the workers' boot program
@@ -269,7 +270,6 @@ def _job_service_main(argv: Sequence[str]) -> int:
     parser.add_argument("--staging-dir", default=None, help="where jobs' artifacts are staged (default: a "
                                                             "temporary folder)")
     args = parser.parse_args(argv)
-    import logging
 
     logging.basicConfig(level=logging.INFO)
     servicer = _parallel_job_servicer(args.staging_dir)

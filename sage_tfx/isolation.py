@@ -108,7 +108,7 @@ def python_paths() -> list:
 
 def package_paths() -> list:
     """sage-tfx's own package folders (an editable install keeps them in the checkout, never the whole checkout)."""
-    import sage_tfx
+    import sage_tfx  # noqa: PLC0415
 
     folders = list(sage_tfx.__path__)
     for sub in ("components", "pipelines"):

@@ -1,6 +1,10 @@
 """Shared by the kill -9 tests: the ledger's (tests/test_ledger_crash.py, test_ledger_queued.py,
 test_scheduled_pipeline.py) and sage serve's workers' (test_serve_release.py, test_serve_schedule.py)."""
 import os
+import re
+import signal
+import subprocess
+import threading
 import time
 
 
@@ -29,10 +33,6 @@ def kill_serve_worker(cmd, name, ready, what, before_kill=lambda lines: None, wa
     """Start `sage serve` (``cmd``), wait until worker ``name`` has said its pid and ``ready(lines)`` holds (else
     fail with ``what`` and the output), call ``before_kill(lines)``, SIGKILL that worker and wait for serve to end.
     Returns (serve's exit code, its stdout lines, the killed pid, what ``before_kill`` returned)."""
-    import re
-    import signal
-    import subprocess
-    import threading
 
     import pytest
 

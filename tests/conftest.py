@@ -15,6 +15,7 @@ import glob
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -225,7 +226,6 @@ def raw_connection(location):
         u = urllib.parse.urlparse(str(location))
         return pg8000.dbapi.connect(user=u.username or "postgres", host=u.hostname, port=u.port,
                                     database=u.path.lstrip("/"))
-    import sqlite3
 
     return sqlite3.connect(str(location))
 

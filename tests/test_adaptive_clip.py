@@ -21,8 +21,7 @@ from sage_tfx.models.dpsgd_models import _sigmoid_xent, build_mlp  # noqa: E402
 from sage_tfx.models.private import poisson_batches  # noqa: E402
 from sage_tfx.models.seeding import PublicParameterError  # noqa: E402
 from sage_tfx.privacy import dpsgd  # noqa: E402
-from sage_tfx.privacy.adaptive_clip import (IMBALANCED, AdaptiveClip, as_clip_norm, next_clip,  # noqa: E402
-                                            sum_noise_multiplier)
+from sage_tfx.privacy.adaptive_clip import IMBALANCED, AdaptiveClip, as_clip_norm, next_clip, sum_noise_multiplier  # noqa: E402
 from sage_tfx.privacy.dpsgd import DpSgdConfigError  # noqa: E402
 
 ENGINES = ("ghost", "vmap", "loop")  # the registry's own engines (tf_privacy refuses an adaptive clip)
@@ -72,7 +71,7 @@ def test_bad_parameters_named(kwargs, named):
 
 def test_keyword_only_and_bad_clip_names():
     with pytest.raises(TypeError):
-        AdaptiveClip(0.9)  # noqa: the parameters are keyword-only
+        AdaptiveClip(0.9)  # the parameters are keyword-only
     with pytest.raises(DpSgdConfigError, match="clip_norm='adaptve' is invalid.*'adaptive'"):
         as_clip_norm("adaptve")
     with pytest.raises(DpSgdConfigError, match="clip_norm=-1 is invalid.*'adaptive'"):

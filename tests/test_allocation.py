@@ -8,10 +8,11 @@ every source, every spent vector, reservation and retirement. Deterministic (fix
 import random
 
 import pytest
-
 from _oracle_allocation import Allocation as OracleAllocation
+
 from sage_tfx.privacy import allocation, filters
 from sage_tfx.privacy.allocation import AllocationPolicy, BlockAllocation, get_policy, register
+from sage_tfx.privacy.charges import pick_source
 from sage_tfx.privacy.errors import LedgerError
 from sage_tfx.privacy.vocabulary import Policy, Source
 
@@ -93,14 +94,13 @@ def test_the_allocation_module_agrees_with_the_oracle_on_random_workloads(seed, 
 
 def test_the_ledgers_rules_are_the_modules():
     """The ledger's source of a charge is the policy's (no second copy of the rule in ledger.py)."""
-    from sage_tfx.privacy.ledger import Ledger
 
     filt = filters.BasicFilter(1.0, 1e-6)
     holdings = {"a": {"reserved": (0.5, 5e-7), "used": (0.45, 0.0)}, "b": {"reserved": (0.5, 5e-7), "used": (0.0, 0.0)}}
     spent = (0.45, 0.0)
-    assert Ledger._source(filt, spent, (0.04, 0.0), holdings, "a") == Source.OWN
+    assert pick_source(filt, spent, (0.04, 0.0), holdings, "a") == Source.OWN
     assert get_policy("conserve").source(filt, spent, (0.04, 0.0), holdings, "a") == Source.OWN
-    refused = Ledger._source(filt, spent, (0.1, 0.0), holdings, "a")
+    refused = pick_source(filt, spent, (0.1, 0.0), holdings, "a")
     assert get_policy("conserve").source(filt, spent, (0.1, 0.0), holdings, "a") is None
     assert "unreserved pool: 0 left" in refused.reason
 

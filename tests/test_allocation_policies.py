@@ -12,8 +12,7 @@ import random
 import pytest
 
 from sage_tfx.privacy import filters
-from sage_tfx.privacy.allocation import (AllocationPolicy, DPack, DpfN, DpfT, QueuedAllocation, get_policy,
-                                         policy_names)
+from sage_tfx.privacy.allocation import AllocationPolicy, DPack, DpfN, DpfT, QueuedAllocation, get_policy, policy_names
 from sage_tfx.privacy.errors import LedgerError
 from sage_tfx.privacy.vocabulary import Policy
 
@@ -48,7 +47,7 @@ def _drive(seed, filt, name, params, steps=400):
     full.full_scan = True
     shadow, arrivals, born = {}, {}, {}
     now, blocks, pipes, grants, pending_max = 0.0, 0, 0, 0, 0
-    for step in range(steps):
+    for _step in range(steps):
         op = rng.random()
         now += rng.uniform(0, 1200)
         if op < 0.15 or not shadow:
@@ -231,7 +230,7 @@ def test_fig8_queued_strategies_stay_within_budget():
     for strategy in ("block-dpf-n", "block-dpf-t", "block-dpack"):
         seen = {}
         result = simulate(strategy, 1.0, hours=40, warmup=8, drain=16, seed=3,
-                          inspect=lambda sim: seen.update(spent=dict(sim.model.spent), filt=sim.filt),
+                          inspect=lambda sim: seen.update(spent=dict(sim.model.spent), filt=sim.filt),  # noqa: B023
                           policy_params={"block-dpf-t": {"lifetime": 4 * 3600.0}, "block-dpf-n": {"n": 4},
                                          "block-dpack": {"n": 4}})
         s = result.summary()

@@ -14,10 +14,10 @@ import subprocess
 import sys
 
 import pytest
-
 from _head_file import backup, restore
-from sage_tfx.privacy import Ledger, LedgerError
 from test_tamper import honest, t_block_rows_edited, t_last_grant_truncated
+
+from sage_tfx.privacy import Ledger, LedgerError
 
 
 @pytest.fixture(autouse=True)
@@ -118,7 +118,7 @@ def test_the_audit_on_a_full_disk_reports_ok_and_catches_a_tamper(tmp_path, moun
 echo "-- {name}"
 cp -rp {shlex.quote(folder)} {d}/{name}
 """ for name, (folder, _, _) in copies.items())
-    audits += "dd if=/dev/zero of={d}/filler bs=1k 2>/dev/null || true\n".format(d=d)
+    audits += f"dd if=/dev/zero of={d}/filler bs=1k 2>/dev/null || true\n"
     audits += f'test "$(df --output=avail {d} | tail -1 | tr -d \' \')" = 0\n'
     for name in copies:
         audits += f"""echo "== {name}"

@@ -7,7 +7,6 @@ import pytest
 pytestmark = pytest.mark.tf
 
 import sage_tfx  # noqa: E402,F401  (before TensorFlow)
-
 from sage_tfx.bench import dp_sgd as bench  # noqa: E402
 
 

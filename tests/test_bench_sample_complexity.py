@@ -2,6 +2,7 @@
 import argparse
 import math
 
+import numpy as np
 import pytest
 
 from sage_tfx.bench import sample_complexity as bench
@@ -68,7 +69,6 @@ def test_finer_windows():
 
 
 def test_samples_needed_interpolates_the_half_crossing_in_log_n():
-    import numpy as np
 
     grid = [1000, 2000, 4000]
     accepted = np.array([[0, 0, 1], [0, 1, 1], [0, 1, 1], [0, 0, 1]], dtype=bool)  # 0, 1/2, 1 accept
@@ -80,7 +80,6 @@ def test_samples_needed_interpolates_the_half_crossing_in_log_n():
 
 
 def test_ratio_interval_is_paired_and_contains_the_ratio():
-    import numpy as np
 
     rng = np.random.default_rng(0)
     grid = [1000, 2000, 4000, 8000]
@@ -93,7 +92,6 @@ def test_ratio_interval_is_paired_and_contains_the_ratio():
 
 
 def test_ratio_interval_upper_end_is_unbounded_when_resamples_never_reach():
-    import numpy as np
 
     grid = [1000, 2000]
     reference = np.ones((10, 2), dtype=bool)

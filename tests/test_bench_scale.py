@@ -96,7 +96,7 @@ def test_tiny_run_keys_and_sanity():
     assert ing["baseline"] == "direct" and ing["rows"] == bench.TINY["rows"] and ing["files"] == bench.TINY["files"]
     assert ing["blocks"] == bench.TINY["rows"] // bench.TINY["rows_per_day"]
     assert list(ing["setups"]) == ["direct", "dask2"]
-    for name, s in ing["setups"].items():
+    for _name, s in ing["setups"].items():
         assert s["same_blocks_rows_digests_as_baseline"] is True
         assert len(s["seconds_all"]) == len(s["rows_per_second_all"]) == len(s["ratio_all"]) == 1
         assert s["rows_per_second"] == pytest.approx(ing["rows"] / s["seconds_all"][0], rel=1e-2)

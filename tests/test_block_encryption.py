@@ -3,6 +3,7 @@
 No TensorFlow except the last test (a real TFX run: raw copies in the work folder are gone when it ends).
 """
 import gzip
+import hashlib
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ from sage_tfx.ingest import access, layout, sealed
 from sage_tfx.ingest.pipeline import ingest_batches, make_spec
 from sage_tfx.ingest.records import InputError, decode, read_tfrecords, schema_of, write_tfrecords
 from sage_tfx.privacy import GrantError, Ledger
+from sage_tfx.privacy.grants import sign
 
 ROWS = 2000
 
@@ -70,7 +72,7 @@ def test_a_block_read_without_a_grant_is_ciphertext(world):
                 list(read_tfrecords(path))
             from apache_beam.io.tfrecordio import _TFRecordUtil
 
-            with open(path, "rb") as f, pytest.raises(Exception):
+            with open(path, "rb") as f, pytest.raises(Exception):  # noqa: B017
                 _TFRecordUtil.read_record(f)
     # No raw record, no raw value, and no encoded record's frame is on disk.
     assert not any(rec in on_disk for rec in records)
@@ -130,7 +132,6 @@ def test_a_flipped_byte_is_refused_naming_the_file(world):
     # Its recorded digest edited to match: the manifest no longer authenticates.
     manifest_path = os.path.join(layout.block_dir(data, "a", block), layout.BLOCK_FILE)
     manifest = json.load(open(manifest_path))
-    import hashlib
 
     manifest["files"][0]["sha256"] = hashlib.sha256(bytes(raw)).hexdigest()
     json.dump(manifest, open(manifest_path, "w"))
@@ -146,7 +147,7 @@ def test_paths_escaping_the_block_folder_are_refused(world):
     manifest_path = os.path.join(folder, layout.BLOCK_FILE)
     original = open(manifest_path).read()
     target = os.path.basename(_files(data, "a", neighbour)[0])
-    for name in (f"../{neighbour}/{target}", "..", f"/etc/passwd"):
+    for name in (f"../{neighbour}/{target}", "..", "/etc/passwd"):
         manifest = json.loads(original)
         manifest["files"][0]["name"] = name
         json.dump(manifest, open(manifest_path, "w"))
@@ -175,14 +176,14 @@ def test_forged_unsigned_or_uncharged_grants_get_no_keys(world, tmp_path):
     unsigned = dict(body, signature="")
     widened = dict(body, blocks=blocks)  # more blocks than were charged, old signature
     uncharged = dict(body, blocks=blocks)  # validly signed, but the ledger never charged or recorded it
-    uncharged["signature"] = ledger._sign({k: v for k, v in uncharged.items() if k != "signature"})
+    uncharged["signature"] = sign(ledger.keyring, {k: v for k, v in uncharged.items() if k != "signature"})
     other = ledger.request("p", "b", blocks=[ledger.blocks("b")[0].id], epsilon=0.5)
     cases = {"unsigned": (unsigned, "forged"), "widened": (widened, "forged"),
              "uncharged": (uncharged, "differs from the ledger's record"),
-             "fabricated": (dict(uncharged, id="g-never-made", signature=ledger._sign(
+             "fabricated": (dict(uncharged, id="g-never-made", signature=sign(ledger.keyring, 
                  {k: v for k, v in dict(uncharged, id="g-never-made").items() if k != "signature"})), "unknown"),
              "other stream": (json.loads(other.to_json()), "is for stream 'b'")}
-    for case, (forged, message) in cases.items():
+    for _case, (forged, message) in cases.items():
         with pytest.raises(GrantError, match=message):
             access.grant_block_keys(ledger, json.dumps(forged), stream="a")
     with pytest.raises(GrantError):
@@ -244,9 +245,9 @@ def test_raw_copies_in_the_work_folder_are_gone_when_the_run_ends(world, tmp_pat
     """BlockExampleGen's plain copies exist during the run (0600 in 0700 folders) and are removed when it
     ends, whether the run succeeds or fails; MLMD marks them DELETED so TFX's cache cannot reuse them."""
     from ml_metadata.metadata_store import metadata_store
-    from tfx.orchestration import pipeline as tfx_pipeline
     from tfx.dsl.component.experimental.annotations import InputArtifact
     from tfx.dsl.component.experimental.decorators import component
+    from tfx.orchestration import pipeline as tfx_pipeline
     from tfx.types import standard_artifacts
 
     from sage_tfx.components.block_example_gen import BlockExampleGen

@@ -2,11 +2,13 @@
 one ledger connection per run for the grant check, the key door (``access.grant_blocks``) and the DP record
 count, as the DPTransform, DPTrainer and DPModelValidator executors (tests/test_grant_step.py).
 """
+import os
+
 import pytest
+from test_block_example_gen import _check_output, _run_executor, world  # noqa: F401  (the module's fixture)
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.privacy import GrantError, Ledger
-from test_block_example_gen import _check_output, _run_executor, world  # noqa: F401  (the module's fixture)
 
 pytestmark = pytest.mark.tf
 
@@ -38,7 +40,6 @@ def test_one_ledger_connection_per_run_with_a_dp_count(world, tmp_path, opens): 
 
 
 def test_a_refused_grant_opens_the_ledger_once_and_reads_nothing(world, tmp_path, opens):  # noqa: F811
-    import os
 
     with pytest.raises(GrantError, match="is for stream 'other', not 'taxi'"):
         _run_executor(world, world["other"].to_json(), tmp_path)

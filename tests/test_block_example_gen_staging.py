@@ -103,7 +103,7 @@ def test_altered_or_moved_staged_files_are_refused_naming_the_file(world, tmp_pa
     run, tasks = staged_run(location), []
     try:
         stage_files(blocks[:2], run, tasks)
-        (s0, b0, p0, n0, h0, name0), (s1, b1, p1, n1, h1, name1) = tasks[0], tasks[-1]
+        (s0, b0, p0, n0, h0, name0), (s1, b1, p1, n1, h1, name1) = tasks[0], tasks[-1]  # noqa: F841
         assert b0 != b1 and sealed.is_url(p0) == (where != "local folder")
         assert len(list(sealed.read_file(p0, deks[b0], s0, b0, n0, h0, name=name0))) > 0  # as staged: readable
 

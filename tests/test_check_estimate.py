@@ -8,8 +8,13 @@ import sys
 import numpy as np
 import pytest
 
-from sage_tfx.pipelines.check import (AcceptEstimate, accept_passes, describe_estimate, estimate_accept,
-                                      iterator_settings)
+from sage_tfx.pipelines.check import (
+    AcceptEstimate,
+    accept_passes,
+    describe_estimate,
+    estimate_accept,
+    iterator_settings,
+)
 from sage_tfx.pipelines.definition import SLA
 from sage_tfx.validation.core import Mode, NoisyTotal
 from sage_tfx.validation.noisy import confidence_limit
@@ -46,7 +51,7 @@ def test_estimate_is_where_the_validators_bound_crosses_the_target(sla, target, 
         args = dict(metric=sla.metric, target=target, expected=estimate.expected, bound=estimate.bound,
                     epsilon=row.validation_epsilon, eta_accept=row.eta_accept)
         assert accept_passes(n, **args) and not accept_passes(n - 1, **args) and not accept_passes(n // 2, **args)
-        at = lambda m: _limit(sla, m, estimate.expected, row.validation_epsilon, row.eta_accept)  # noqa: E731
+        at = lambda m: _limit(sla, m, estimate.expected, row.validation_epsilon, row.eta_accept)  # noqa: B023, E731
         # confidence_limit solves for tau to 1e-9 B: compare with that tolerance
         tol = 1e-6 * estimate.bound
         assert _meets(sla, at(n) + (tol if sla.metric == "accuracy" else -tol), target), (row, at(n))

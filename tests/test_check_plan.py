@@ -11,8 +11,14 @@ import pytest
 
 from sage_tfx.adaptive import IterationResult, IteratorSettings, SageIterator, plan_attempts
 from sage_tfx.pipelines import SLA, SagePipeline
-from sage_tfx.pipelines.check import (TrivialTarget, check_targets, estimate_accept, generated_rows, stream_plan,
-                                      trivial_baseline)
+from sage_tfx.pipelines.check import (
+    TrivialTarget,
+    check_targets,
+    estimate_accept,
+    generated_rows,
+    stream_plan,
+    trivial_baseline,
+)
 from sage_tfx.pipelines.definition import PipelineDefinitionError
 from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, GrantError, Ledger, LedgerError, eval_share_split, record_split
 

@@ -2,6 +2,7 @@
 import math
 import re
 
+import numpy as np
 import pytest
 
 from sage_tfx.privacy.checks import finite, number, positive, probability, rule_text
@@ -61,7 +62,6 @@ def test_layers_keep_their_messages():
 
 
 def test_integer_ranges_and_messages():
-    import numpy as np
 
     from sage_tfx.privacy.checks import integer
 

@@ -8,11 +8,10 @@ import subprocess
 import sys
 
 import pytest
-
-from sage_tfx.privacy import Ledger, LedgerError
-
 from conftest import run_sql
 from test_ledger_bad_input import dump
+
+from sage_tfx.privacy import Ledger, LedgerError
 
 DAY = 86400.0
 

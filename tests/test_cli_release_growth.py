@@ -7,8 +7,8 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import replay_taxi_days
+
 from sage_tfx.privacy import Ledger
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.release.growth import BBImprover, BBScheduler, ImproverParams, SchedulerParams

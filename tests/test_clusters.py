@@ -3,7 +3,13 @@ cluster runs a Beam job on 2 SDK worker processes of its EXTERNAL worker pool (s
 DoFn, none of them the launcher's, the job service's or the pool's), and stops every process it started.
 Plus the upstream limitation the cluster's job service works around: Beam 2.77's own local job service runs
 each stage on one SDK worker whatever the job asks for."""
+import base64
+import hashlib
+import importlib
 import os
+import sys
+import time
+import zipfile
 
 import pytest
 
@@ -12,9 +18,6 @@ from sage_tfx.clusters import dask_cluster, portable_cluster
 
 def make_wheel(folder, module, source):
     """A pure-Python wheel holding one module (what Beam's --extra_package stages)."""
-    import base64
-    import hashlib
-    import zipfile
 
     dist = f"{module}-0.1.dist-info"
     files = {f"{module}.py": source.encode(),
@@ -43,15 +46,12 @@ def _pids(beam_args, n=40, module=None):
     from apache_beam.options.pipeline_options import PipelineOptions
 
     def mark(x):
-        import importlib
-        import os
-        import time
 
         from apache_beam.metrics.metric import Metrics
 
         time.sleep(0.02)  # keeps one worker from finishing its half before the other starts
         where = importlib.import_module(module).where() if module else (os.getpid(), "")
-        Metrics.counter("sage_pids", "%d:%s" % where).inc()
+        Metrics.counter("sage_pids", "%d:%s" % where).inc()  # noqa: UP031
         return x
 
     p = beam.Pipeline(options=PipelineOptions(list(beam_args)))
@@ -80,7 +80,6 @@ def test_portable_cluster_runs_a_job_on_two_worker_processes_and_stops_them(tmp_
     """Two SDK worker processes share the elements; each imports a module the launcher never imported, from
     the wheel the job staged with --extra_package (fetched over the artifact service and installed into the
     worker's own folder by sage_tfx/beam_boot.py)."""
-    import sys
 
     wheel = make_wheel(str(tmp_path), "sage_probe_module", PROBE)
     with portable_cluster(workers=2) as cluster:
@@ -140,7 +139,6 @@ def test_beams_own_local_job_service_runs_one_worker():
                           "that installs none of the job's staged packages (--extra_package): ModuleNotFoundError in "
                           "the worker. portable_cluster's pool runs its workers through sage_tfx/beam_boot.py")
 def test_beams_bare_process_worker_pool_ignores_extra_packages(tmp_path, monkeypatch):
-    import sys
 
     from apache_beam.runners.portability import local_job_service
     from apache_beam.runners.worker.worker_pool_main import BeamFnExternalWorkerPoolServicer

@@ -6,6 +6,7 @@ serves it one grant. Before, a 12-line pipeline file read every raw record of th
 """
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,13 +14,12 @@ import threading
 from multiprocessing.connection import Connection
 
 import pytest
+from test_grant_step import make_grant
 
 from sage_tfx.components._grant_channel import GrantClient
 from sage_tfx.components._grant_server import GrantServer
 from sage_tfx.isolation import Confinement, landlock_abi
 from sage_tfx.privacy import GrantError, Ledger
-
-from test_grant_step import make_grant
 
 PY = sys.executable
 LANDLOCK = pytest.mark.skipif(landlock_abi() == 0, reason="no Landlock on this kernel")
@@ -240,7 +240,6 @@ def test_hostile_pipeline_preprocessing_and_trainer_modules_reach_no_key_ledger_
     another grant's seed, a seed before its release, an exact count, a new grant. Before, the pipeline file alone
     read every record with the launcher's key. Now every attempt is BLOCKED, the pipeline still ACCEPTs and pushes
     and the ledger holds the honest iteration only (no trusted read, audit OK)."""
-    import shutil
 
     from test_sage_run import _copy_stream, sage
 

@@ -2,6 +2,7 @@
 
 Data here is GENERATED (a fixed-seed logistic model); the ledger is real (SQLite, tmp_path)."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -10,8 +11,16 @@ from sage_tfx.privacy import GrantError, Ledger, gaussian
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.release.continual import (
-    ContinualRelease, ContinualReleaseError, ReleaseParams, SlidingWindowRelease, clip_features, dyadic_cover,
-    private_erm, sensitivity, solve_erm)
+    ContinualRelease,
+    ContinualReleaseError,
+    ReleaseParams,
+    SlidingWindowRelease,
+    clip_features,
+    dyadic_cover,
+    private_erm,
+    sensitivity,
+    solve_erm,
+)
 
 D = 4
 W_TRUE = np.array([1.5, -1.0, 0.5, 0.0])
@@ -256,9 +265,9 @@ def _taxi_featurize(schema):
 
 def test_release_stream_on_real_taxi_blocks_with_sla_and_push(tmp_path):
     # REAL taxi days ingested as sealed daily blocks; every block read through grant_blocks (charged grants only).
-    import os
 
     from conftest import replay_taxi_days
+
     from sage_tfx.release.continual import release_stream
     from sage_tfx.validation.loss import DPLossValidator
 
@@ -289,7 +298,6 @@ def test_release_stream_on_real_taxi_blocks_with_sla_and_push(tmp_path):
 
 def test_sla_check_accepts_a_good_model_and_blesses_only_it(tmp_path):
     # GENERATED blocks of 2000 rows (about 200 test records each, a public per-record hash split).
-    import os
 
     from sage_tfx.release.continual import check_sla, push_model
     from sage_tfx.validation.loss import DPLossValidator

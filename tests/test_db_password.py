@@ -14,8 +14,8 @@ import threading
 import time
 
 import pytest
-
 from conftest import run_sql
+
 from sage_tfx.privacy import Ledger, LedgerError
 from sage_tfx.privacy.store.location import check_location, postgres_password
 

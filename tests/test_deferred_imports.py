@@ -1,5 +1,6 @@
 """Deferred package __init__s (sage_tfx/compat/deferred_imports.py): submodules import without the package's
 __init__, which runs once, on the first use of a name it defines; TFX's components stay usable."""
+import builtins
 import json
 import os
 import subprocess
@@ -21,7 +22,6 @@ def _package(root, name):
 
 
 def test_a_submodule_imports_without_the_init_which_runs_once_on_first_use(tmp_path, monkeypatch):
-    import builtins
 
     _package(tmp_path, "deferred_pkg_a")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -39,7 +39,7 @@ def test_a_submodule_imports_without_the_init_which_runs_once_on_first_use(tmp_p
 
         assert VALUE == 42 and builtins.INITS == 1  # once
         with pytest.raises(AttributeError, match="no attribute 'missing'"):
-            deferred_pkg_a.missing
+            deferred_pkg_a.missing  # noqa: B018
     finally:
         sys.meta_path[:] = [f for f in sys.meta_path if "deferred_pkg_a" not in getattr(f, "names", ())]
         for name in [m for m in sys.modules if m.startswith("deferred_pkg_a")]:
@@ -47,7 +47,6 @@ def test_a_submodule_imports_without_the_init_which_runs_once_on_first_use(tmp_p
 
 
 def test_eager_imports_turn_it_off(tmp_path, monkeypatch):
-    import builtins
 
     _package(tmp_path, "deferred_pkg_b")
     monkeypatch.syspath_prepend(str(tmp_path))

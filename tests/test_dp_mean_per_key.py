@@ -10,8 +10,7 @@ import pytest
 from scipy import stats
 
 import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
-from sage_tfx.transform import DPTransformError
-from sage_tfx.transform import noise
+from sage_tfx.transform import DPTransformError, noise
 
 pytestmark = pytest.mark.tf
 

@@ -10,9 +10,10 @@ import os
 
 import numpy as np
 import pytest
+from _taxi_world import block_examples as _block_examples
+from _taxi_world import ingest_taxi, regrant
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
-from _taxi_world import block_examples as _block_examples, ingest_taxi, regrant
 from sage_tfx.data.taxi import TIME_COLUMN, load_taxi
 from sage_tfx.privacy import GrantError, Ledger
 
@@ -321,8 +322,12 @@ def test_a_custom_bounded_loss_and_a_derived_label(world, tmp_path):
 def test_a_label_from_the_models_transform_features_signature(world, tmp_path):
     """TFX's taxi label (tips > 0.2 * fare) is not a raw column: the validator reads it through the model's
     ``transform_features`` signature (TFMA's preprocessing_function_names), a function of each record alone."""
-    from sage_tfx.components.dp_model_validator_executor import (ServingModel, ValidatorConfigError,
-                                                                 model_outputs, split_records)
+    from sage_tfx.components.dp_model_validator_executor import (
+        ServingModel,
+        ValidatorConfigError,
+        model_outputs,
+        split_records,
+    )
 
     _, result = _run(world, tmp_path / "a", model="tipper_xf", metric="accuracy", target=0.6, label_key="tips_xf",
                      loss_bound=None, label_signature="transform_features")
@@ -351,7 +356,6 @@ def test_a_label_from_the_models_transform_features_signature(world, tmp_path):
 
 
 def test_custom_losses_are_clipped_to_the_public_bound():
-    import numpy as np
 
     from sage_tfx.components.dp_model_validator_executor import ValidatorConfigError, custom_losses
 
@@ -364,8 +368,8 @@ def test_custom_losses_are_clipped_to_the_public_bound():
 # ------------------------------------------------------------------ in a pipeline, with TFX's own Pusher
 
 def _pipeline(world, root, grant, names=("fare_good", "fare_bad")):
-    from tfx.dsl.components.common.importer import Importer
     from tfx.components.pusher.component import Pusher
+    from tfx.dsl.components.common.importer import Importer
     from tfx.orchestration import metadata, pipeline
     from tfx.proto import pusher_pb2
     from tfx.types import standard_artifacts

@@ -18,11 +18,16 @@ import sage_tfx  # noqa: E402,F401  (before TensorFlow)
 
 tf = pytest.importorskip("tensorflow")
 
-from sage_tfx.models import (  # noqa: E402
-    DPDNNClassifier, DPDNNRegressor, DPLinearRegressor, DPLogisticRegressor)
 from sage_tfx.bench.dp_quality import plain_sgd_step  # noqa: E402
-from sage_tfx.models.dpsgd_engine import ENGINES, make_engine  # noqa: E402
-from sage_tfx.models.dpsgd_models import _mse, build_mlp  # noqa: E402
+from sage_tfx.models import DPDNNClassifier, DPDNNRegressor, DPLinearRegressor, DPLogisticRegressor  # noqa: E402
+from sage_tfx.models.dpsgd_engine import (  # noqa: E402
+    ENGINES,
+    make_engine,
+)
+from sage_tfx.models.dpsgd_models import (  # noqa: E402
+    _mse,
+    build_mlp,
+)
 from sage_tfx.models.private import poisson_batches  # noqa: E402
 
 CLIP = 0.7
@@ -108,9 +113,9 @@ def test_ghost_engine_refuses_models_without_a_dense_or_embedding_graph():
     conv = tf.keras.Sequential([tf.keras.layers.Reshape((3, 1)), tf.keras.layers.Conv1D(1, 3),
                                 tf.keras.layers.Flatten()])
     conv.build((None, 3))
-    for model in (model, conv):
+    for refused in (model, conv):
         with pytest.raises(ValueError, match="Dense or Embedding"):
-            make_engine("ghost", model, _mse, 1.0, 1.0)
+            make_engine("ghost", refused, _mse, 1.0, 1.0)
     with pytest.raises(ValueError, match="engine 'fast' is invalid"):
         make_engine("fast", conv, _mse, 1.0, 1.0)
 

@@ -125,12 +125,17 @@ def test_bad_arguments_are_named_at_trace_time():
 
 @pytest.mark.tf
 def test_shapes_and_dtypes_are_tfts_and_the_budget_recorded_is_epsilon():
-    from sage_tfx.transform import (
-        BudgetExceeded, PreprocessingBudget, budget_custom_config, dp_bucketize, dp_quantiles, dp_scale_to_0_1,
-        dp_scale_to_z_score, trace_requested_epsilon,
-    )
-
     import sage_tfx.transform
+    from sage_tfx.transform import (
+        BudgetExceeded,
+        PreprocessingBudget,
+        budget_custom_config,
+        dp_bucketize,
+        dp_quantiles,
+        dp_scale_to_0_1,
+        dp_scale_to_z_score,
+        trace_requested_epsilon,
+    )
 
     for name in ("dp_scale_to_z_score", "dp_scale_to_0_1", "dp_quantiles", "dp_bucketize"):  # exported at top level
         assert getattr(sage_tfx, name) is getattr(sage_tfx.transform, name) and name in sage_tfx.transform.__all__

@@ -4,15 +4,20 @@ Data: the real Chicago taxi trips (tfx wheel) ingested into a ledger in 30-day b
 first three years (about 13,800 trips). Models train with the example module examples/taxi_trainer_module.py
 or small module files written by the tests.
 """
+import filecmp
 import json
 import os
+import pickle
 import re
+import types
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from _taxi_world import block_examples as _block_examples
+from _taxi_world import ingest_taxi, module_file, regrant
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
-from _taxi_world import block_examples as _block_examples, ingest_taxi, module_file, regrant
 from sage_tfx.privacy import GrantError, Ledger
 
 pytestmark = pytest.mark.tf
@@ -79,7 +84,6 @@ def run_fn(fn_args):
 
 def _eval_rows(world):
     """Raw features (by name) and fares of the eval split's complete rows, read with load_examples."""
-    from types import SimpleNamespace
 
     from sage_tfx.components import trainer_utils
 
@@ -104,7 +108,6 @@ def test_taxi_module_dnn_within_share_and_serves(world, tmp_path):
     """The example module (DPDNNRegressor) at the training share eps = 0.9: spend audited and recorded, the
     SavedModel loads with plain TF (raw features by name) and nearly matches least squares on the eval
     split: measured MSE 19-22 $^2 over 5 seeds, least squares 18.3, the mean fare 83.6; bound 0.4 x 83.6."""
-    import tensorflow as tf
 
     model, run = _run(world, tmp_path)
     assert model.get_string_custom_property("grant_id") == world["grant"].id
@@ -363,7 +366,6 @@ def _mlmd_artifacts(path, type_name):
 def test_in_local_dag_runner(world, tmp_path):
     """BlockExampleGen -> DPTrainer(example module, AdaSSP) -> DPModelValidator on LocalDagRunner; then a
     refused run. The validator reads the trainer's serving model (raw features by name) on the eval split."""
-    import tensorflow as tf
     from tfx.orchestration import metadata, pipeline
     from tfx.orchestration.local.local_dag_runner import LocalDagRunner
 
@@ -491,7 +493,6 @@ def run_fn(fn_args):
 """)
     model, _ = _run(world, tmp_path, module, examples=examples, extra_inputs={"transform_graph": [graph]},
                     public_num_examples=5000)
-    import pickle
 
     coef, intercept = pickle.loads((tmp_path / "coef.pkl").read_bytes())
     served = tf.saved_model.load(os.path.join(model.uri, "Format-Serving")).signatures["serving_default"]
@@ -513,7 +514,6 @@ def run_fn(fn_args):
 def test_export_serves_a_residual_over_a_public_offset(tmp_path):
     """export_model(output_scale=s, output_offset=c): the served prediction is s * inner + c (a model trained
     on the residual (label - c) / s serves the label). GENERATED rows."""
-    import types
 
     import tensorflow as tf
 
@@ -626,7 +626,6 @@ def test_a_reopened_training_release_keeps_its_first_model(world, tmp_path):
     and retraining gives another model (here: Keras' unseeded initial weights; in general DP-SGD is not bit-for-
     bit reproducible), a second release of the same noise. Now the second execution (TFX's layout: a new model
     folder beside the first) gets the first model, byte for byte, and run_fn is not called again."""
-    import filecmp
 
     from tfx.types import standard_artifacts
 

@@ -12,9 +12,10 @@ import textwrap
 
 import numpy as np
 import pytest
+from _taxi_world import block_examples as _block_examples
+from _taxi_world import ingest_taxi
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
-from _taxi_world import block_examples as _block_examples, ingest_taxi
 from sage_tfx.privacy import GrantError, Ledger
 from sage_tfx.transform import BudgetExceeded, MissingBudget
 

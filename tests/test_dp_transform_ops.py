@@ -3,9 +3,13 @@
 Statistical tests use FIXED seeds, so they are deterministic; the false-failure rate
 stated at each is the chance that a correct implementation fails for a random seed.
 """
+import argparse
+import asyncio
+import contextlib
 import math
 import os
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -20,8 +24,8 @@ from sage_tfx.transform import (
     MissingBudget,
     PreprocessingBudget,
     budget_custom_config,
+    noise,
 )
-from sage_tfx.transform import noise
 
 KS_ALPHA = 1e-3  # per KS test: a correct implementation fails it with probability 0.001
 
@@ -147,7 +151,12 @@ def test_noise_distributions_match_the_stated_laplace_scales():
     implementation fails them with probability far below 1e-6 at 1,500 draws).
     """
     from sage_tfx.transform import (
-        dp_count_per_key, dp_histogram, dp_mean, dp_mean_per_key, dp_sum_per_key, dp_variance,
+        dp_count_per_key,
+        dp_histogram,
+        dp_mean,
+        dp_mean_per_key,
+        dp_sum_per_key,
+        dp_variance,
     )
 
     nkeys, eps, value_range, seed = 1500, 0.5, 10.0, 20240611
@@ -309,7 +318,6 @@ def test_histogram_over_a_public_vocabulary_counts_unknown_values_in_the_last_bu
 @pytest.mark.slow
 def test_group_by_mean_benchmark_runs_end_to_end_on_a_small_input():
     """Smoke test of `sage bench group-by-mean` (figures are measured, never asserted)."""
-    import argparse
 
     from sage_tfx.bench import group_by_mean
 
@@ -368,8 +376,6 @@ def test_noise_seed_refuses_an_explicit_seed_naming_the_analyzer():
 
 
 def test_noise_seed_is_per_thread_and_per_task():
-    import asyncio
-    import threading
 
     from sage_tfx.transform import analyzer_seed, noise_seed
     from sage_tfx.transform.seeding import resolve_seed
@@ -420,7 +426,6 @@ def _count_and_histogram(seeds=None):
 
 def _analyze_to(folder, preprocessing_fn, rows, seed=None, workers=1):
     """Build AnalyzeDataset + WriteTransformFn (inside noise_seed(seed) when given), THEN run the pipeline."""
-    import contextlib
 
     import apache_beam as beam
     from apache_beam.options.pipeline_options import PipelineOptions

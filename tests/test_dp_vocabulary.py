@@ -1,6 +1,7 @@
 """DP partition selection behind the DP vocabulary (sage_tfx.transform.vocabulary; numpy only, fast)."""
 import math
 import tempfile
+import threading
 
 import numpy as np
 import pytest
@@ -129,8 +130,7 @@ def test_budget_records_epsilon_and_delta_and_the_check_accepts_it():
     from tensorflow_transform import impl_helper
 
     from sage_tfx.components.dp_transform_executor import NonPrivateAnalyzer, check_traced_analyzers, trace_spend
-    from sage_tfx.transform import dp_compute_and_apply_vocabulary, dp_vocabulary
-    from sage_tfx.transform import BudgetExceeded, PreprocessingBudget
+    from sage_tfx.transform import BudgetExceeded, PreprocessingBudget, dp_compute_and_apply_vocabulary, dp_vocabulary
     from sage_tfx.transform.budget import requested_delta, requested_spends
 
     spec = {"s": tf.io.FixedLenFeature([], tf.string)}
@@ -227,7 +227,6 @@ class _ElementCounter:
     _live = {}
 
     def __init__(self):
-        import threading
 
         self._cv = threading.Condition()
         self.count, self.stop_at, self.resume = 0, None, None
@@ -241,7 +240,6 @@ class _ElementCounter:
             resume.wait(30)
 
     def pause_at(self, n):
-        import threading
 
         with self._cv:
             self.stop_at, self.resume = n, threading.Event()

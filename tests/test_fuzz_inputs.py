@@ -100,7 +100,7 @@ class Folder:
 
     def state(self):
         out = {}
-        for folder, dirs, files in os.walk(self.root):
+        for folder, _dirs, files in os.walk(self.root):
             rel = os.path.relpath(folder, self.root)
             if rel.endswith(".claims"):  # the pipeline claims' lock files (Ledger.claim), held while a run lasts
                 continue

@@ -11,6 +11,7 @@ import json
 import pytest
 
 from sage_tfx.privacy import BudgetSplit, ChargeRule, GrantError, Ledger, LedgerError, stage_budget
+from sage_tfx.privacy.grants import sign
 from sage_tfx.privacy.store import SCHEMA_VERSION
 
 DAY = 86400.0
@@ -228,7 +229,7 @@ def test_every_component_door_rechecks_the_split(ledger_url):
     the signature check but is refused at check_grant, the door of every data-reading component."""
     from sage_tfx.components._grant import check_grant
     from sage_tfx.privacy import Grant
-    from sage_tfx.privacy.ledger import _canonical
+    from sage_tfx.privacy.chain import canonical
 
     ledger = make_ledger(ledger_url)
     grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5, split=BudgetSplit(
@@ -237,10 +238,10 @@ def test_every_component_door_rechecks_the_split(ledger_url):
     body = grant.body()
     body["meta"]["split"]["training"] = 5.0
     forged = Grant.from_json(body)
-    forged = Grant(**{**forged.__dict__, "signature": ledger._sign(forged.body())})
+    forged = Grant(**{**forged.__dict__, "signature": sign(ledger.keyring, forged.body())})
     with ledger._store.transaction() as tx:
         tx.run("UPDATE grants SET body = ?, signature = ? WHERE id = ?",
-               (_canonical(forged.body()), forged.signature, grant.id))
+               (canonical(forged.body()), forged.signature, grant.id))
     with pytest.raises(GrantError, match="composes to epsilon 5.1"):
         check_grant(ledger_url, forged.to_json())
     assert any("differs from the log" in p or "differ" in p for p in ledger.audit().problems)

@@ -11,8 +11,18 @@ from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy.samplers import grid_laplace
 from sage_tfx.release.growth import (
-    PMWG, BBImprover, BBScheduler, GrowthError, ImproverParams, PMWGParams, ScheduledRelease, SchedulerParams,
-    Universe, count_query, sum_query)
+    PMWG,
+    BBImprover,
+    BBScheduler,
+    GrowthError,
+    ImproverParams,
+    PMWGParams,
+    ScheduledRelease,
+    SchedulerParams,
+    Universe,
+    count_query,
+    sum_query,
+)
 
 ROWS = 100
 
@@ -109,7 +119,7 @@ def test_ledger_charges_bound_per_block_and_audit(tmp_path, kind):
     for i in range(T):
         rel.observe(f"b{i:03d}")
     assert reader.read == [f"b{i:03d}" for i in range(T)]
-    for b, (e, d) in spent(ledger).items():
+    for _b, (e, d) in spent(ledger).items():
         assert e == pytest.approx(1.0) and d == pytest.approx(schedule.params.delta)
     assert len(rel.runs) == (T if kind == "improver" else sum(1 for t in range(1, T + 1) if schedule.run_at(t)))
     assert abs(rel.current - np.mean([generated_block(i)[:, 0].mean() for i in range(T)])) < 0.5
@@ -170,8 +180,8 @@ def test_pmwg_error_bound_fixed_seed(tmp_path):
         pm.observe(f"b{i:03d}", rows)
         for _ in range(10):
             lo = qrng.uniform(0, 0.7)
-            w = (count_query(uni, lambda c: (c[:, 0] > lo) & (c[:, 1] < lo + 0.3)) if qrng.random() < 0.5
-                 else sum_query(uni, 0, 1.0, lambda c: c[:, 1] > lo))
+            w = (count_query(uni, lambda c: (c[:, 0] > lo) & (c[:, 1] < lo + 0.3)) if qrng.random() < 0.5  # noqa: B023
+                 else sum_query(uni, 0, 1.0, lambda c: c[:, 1] > lo))  # noqa: B023
             errors.append(abs(pm.query(w).answer - pm.true_answer(w)))
     # Error bound: threshold T plus the SVT/Laplace noise tails at n >= 1000 records (a round opened at n has
     # query-noise scale 4 / (n eps_r(n) / 2) with eps_r(n) = c (n0 / n)^(1/2), c = 2 / (20 + 1 / (e^(1/40) - 1))
@@ -179,7 +189,7 @@ def test_pmwg_error_bound_fixed_seed(tmp_path):
     assert max(errors[-20:]) < 0.25
     assert np.mean(errors) < 0.15
     assert pm.hard_used <= pm.hard_limit() and pm.epsilon_spent_bound <= 2.0
-    for b, (e, d) in spent(ledger).items():
+    for _b, (e, d) in spent(ledger).items():
         assert e == pytest.approx(2.0) and d == 0.0
     assert ledger.audit().ok
     with pytest.raises(GrowthError, match="shape"):
@@ -238,7 +248,7 @@ def test_pmwg_hard_budget_grows_with_n_and_the_rounds_stay_within_epsilon(tmp_pa
         limits.append(pm.hard_limit())
         for _ in range(25):
             lo = qrng.uniform(0, 0.6)
-            pm.query(count_query(uni, lambda cells: (cells[:, 0] > lo) & (cells[:, 1] < lo + 0.4)))
+            pm.query(count_query(uni, lambda cells: (cells[:, 0] > lo) & (cells[:, 1] < lo + 0.4)))  # noqa: B023
             assert pm.hard_used <= pm.hard_limit()
             assert pm.epsilon_spent_bound <= eps * (1 + 1e-12)
     assert limits == sorted(limits) and limits[0] == k and limits[-1] > 3 * k  # the budget grew with n

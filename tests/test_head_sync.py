@@ -17,8 +17,8 @@ import textwrap
 import time
 
 import pytest
-
 from _head_file import last_seq, small_ledger
+
 from sage_tfx.privacy import Ledger
 from sage_tfx.privacy import head_file as head_module
 from sage_tfx.privacy.head_file import ENV_HEAD_SYNC, HeadFile, HeadSync, head_sync_mode

@@ -20,8 +20,8 @@ import sys
 import textwrap
 
 import pytest
-
 from _head_file import backup, last_seq, restore, small_ledger
+
 from sage_tfx.privacy import GrantError, Ledger, LedgerRollback
 from sage_tfx.privacy import head_file as head_module
 from sage_tfx.privacy.head_file import ENV_HEAD_SYNC, HeadFile, HeadSync
@@ -108,7 +108,7 @@ def test_after_a_power_loss_a_used_grant_s_truncation_is_caught_and_an_unused_on
                                                                                                  lost):
     path = tmp_path / "l.db"
     ledger = small_ledger(path)
-    me, head_path = ledger.ledger_id, ledger.head_file.path
+    me, head_path = ledger.ledger_id, ledger.head_file.path  # noqa: F841
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)  # the file has its three slots from here on
     before_grant = tmp_path / "before.db"
     backup(path, before_grant)

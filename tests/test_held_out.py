@@ -23,8 +23,8 @@ import pytest
 
 from sage_tfx.data.taxi import TRIP_KEY, load_taxi, row_keys, taxi_csv_path
 from sage_tfx.demos import end_to_end as demo
-from sage_tfx.pipelines import scoring
 from sage_tfx.ingest.records import infer_schema, input_format, read_batches
+from sage_tfx.pipelines import scoring
 
 
 def _read_csv(name):
@@ -70,8 +70,8 @@ def test_demo_held_out_range_is_a_time_range_the_stream_never_holds(demo_split):
 
 @pytest.mark.slow  # replays 1,095 daily blocks through the ledger (about 15 s; no TensorFlow)
 def test_demo_replay_ingests_no_held_out_row(demo_split, tmp_path):
-    from sage_tfx.ingest.replay import Replay
     from sage_tfx.ingest.layout import stream_config
+    from sage_tfx.ingest.replay import Replay
     from sage_tfx.privacy import Ledger
 
     stream, held = demo_split
@@ -103,7 +103,7 @@ def test_demo_replay_ingests_no_held_out_row(demo_split, tmp_path):
     # The first iteration's window (the newest ITERATOR["min_window"] blocks, as the iterator takes them on the
     # fresh stream; daily blocks cut at midnight of the file's clock): the majority class misses the target there.
     first_day = blocks[-demo.ITERATOR["min_window"]].split(".")[0]
-    start = datetime.datetime.fromisoformat(first_day).replace(tzinfo=datetime.timezone.utc).timestamp()
+    start = datetime.datetime.fromisoformat(first_day).replace(tzinfo=datetime.UTC).timestamp()
     window = ingested.filter(pa.array(demo._column(ingested, demo.TIME_COLUMN) >= start))
     assert window.num_rows == 6654
     assert _majority_accuracy(demo._column(window, demo.LABEL)) < demo.DEFAULT_TARGET - 0.05

@@ -13,8 +13,14 @@ from sage_tfx.privacy import Ledger
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.release.incremental_regression import (
-    HorizonExhausted, IncrementalRegression, IncrementalRegressionError, IncrementalRegressionParams,
-    TreeRegressor, projected_gradient, tree_levels)
+    HorizonExhausted,
+    IncrementalRegression,
+    IncrementalRegressionError,
+    IncrementalRegressionParams,
+    TreeRegressor,
+    projected_gradient,
+    tree_levels,
+)
 
 DIM = 3
 THETA = np.array([0.5, -0.3, 0.2])

@@ -11,9 +11,9 @@ import pytest
 
 from sage_tfx.data.taxi import TIME_COLUMN, load_taxi, taxi_csv_path
 from sage_tfx.ingest import layout
+from sage_tfx.ingest.access import read_block_records
 from sage_tfx.ingest.blocks import UserShards, parse_window
 from sage_tfx.ingest.pipeline import ingest, ingest_batches, make_spec
-from sage_tfx.ingest.access import read_block_records
 from sage_tfx.ingest.records import InputError, decode, encode, schema_of, write_tfrecords
 from sage_tfx.ingest.replay import Replay
 from sage_tfx.privacy import Ledger
@@ -127,7 +127,7 @@ def test_three_input_formats_give_the_same_blocks(env, fmt):
 
 
 def test_iso_timestamps_and_hour_windows(env):
-    ts = [dt.datetime(2020, 1, 1, h, 5, tzinfo=dt.timezone.utc) for h in (0, 0, 1, 5)]
+    ts = [dt.datetime(2020, 1, 1, h, 5, tzinfo=dt.UTC) for h in (0, 0, 1, 5)]
     table = pa.table({"when": [t.strftime("%Y-%m-%dT%H:%M:%S") for t in ts], "x": [1.0, 2.0, 3.0, 4.0]})
     path = str(env["tmp"] / "iso.csv")
     pacsv.write_csv(table, path)

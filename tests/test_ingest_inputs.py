@@ -10,13 +10,12 @@ import sys
 import time
 
 import pytest
+from test_ledger_bad_input import dump
 
 from sage_tfx.ingest import layout, staging
 from sage_tfx.ingest.pipeline import ingest
 from sage_tfx.ingest.records import InputError
 from sage_tfx.privacy import Ledger
-
-from test_ledger_bad_input import dump
 
 T0 = 1600000000  # 2020-09-13T12:26:40Z
 

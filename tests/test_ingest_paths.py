@@ -8,14 +8,13 @@ says is refused and rounded holds.
 import os
 
 import pytest
+from test_ingest_inputs import env  # noqa: F401 (a fixture)
+from test_ledger_bad_input import dump
 
 from sage_tfx.cli import main
 from sage_tfx.ingest import access, layout
 from sage_tfx.ingest.records import decode
 from sage_tfx.privacy import Ledger
-
-from test_ingest_inputs import env  # noqa: F401 (a fixture)
-from test_ledger_bad_input import dump
 
 T0 = 1600000000  # 2020-09-13T12:26:40Z
 # Columns of every kind a CSV reader infers: int, float, text, bool, an ISO date and ISO date-times (not the time).
@@ -26,24 +25,24 @@ TRIPS = ("t,fare,miles,company,paid,day,pickup,dropoff\n"
 
 
 @pytest.fixture
-def trips(env):
+def trips(env):  # noqa: F811
     """test_ingest_inputs' ledger (streams "s" and "other") and TRIPS as a CSV file."""
     path = env["tmp"] / "trips.csv"
     path.write_text(TRIPS)
     return dict(env, csv=str(path))
 
 
-def _ingest(env, stream):
+def _ingest(env, stream):  # noqa: F811
     return main(["ingest", "--db", env["db"], "--stream", stream, "--input", env["csv"], "--data-root", env["data"],
                  "--time-column", "t", "--window", "1d", "--quiet"])
 
 
-def _replay(env, stream):
+def _replay(env, stream):  # noqa: F811
     return main(["stream", "replay", "--db", env["db"], "--stream", stream, "--input", env["csv"], "--data-root",
                  env["data"], "--time-column", "t", "--window", "1d"])
 
 
-def _serve(env, stream):
+def _serve(env, stream):  # noqa: F811
     return main(["serve", "--db", env["db"], "--stream", stream, "--input", env["csv"], "--data-root", env["data"],
                  "--time-column", "t", "--window", "1d", "--pipeline", "a=taxi_regression:600000",
                  "--work-dir", str(env["tmp"] / "work")])
@@ -55,7 +54,7 @@ PATHS = {"ingest": _ingest, "replay": _replay, "serve": _serve}
 @pytest.mark.parametrize("first, second", [("ingest", "replay"), ("ingest", "serve"), ("replay", "ingest"),
                                            ("replay", "serve")])
 def test_the_same_csv_through_another_path_into_a_second_stream_is_refused(trips, capsys, first, second):
-    env = trips
+    env = trips  # noqa: F811
     assert PATHS[first](env, "s") == 0, capsys.readouterr().err
     with Ledger.open(env["db"]) as ledger:
         assert len(ledger.blocks("s")) == 2
@@ -75,7 +74,7 @@ def test_ingest_and_replay_store_the_same_types_and_records(tmp_path):
     path.write_text(TRIPS)
     seen = {}
     for name, run in (("ingest", _ingest), ("replay", _replay)):
-        env = dict(db=str(tmp_path / f"{name}.db"), data=str(tmp_path / name), csv=str(path), tmp=tmp_path)
+        env = dict(db=str(tmp_path / f"{name}.db"), data=str(tmp_path / name), csv=str(path), tmp=tmp_path)  # noqa: F811
         with Ledger.open(env["db"], create=True) as ledger:
             ledger.create_stream("s", 1.0, 1e-6)
         assert run(env, "s") == 0
@@ -94,7 +93,7 @@ def test_ingest_and_replay_store_the_same_types_and_records(tmp_path):
 
 @pytest.mark.parametrize("path", ["ingest", "replay"])
 def test_ingest_prints_how_it_typed_every_column(trips, capsys, path):
-    env = trips
+    env = trips  # noqa: F811
     assert PATHS[path](env, "s") == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.startswith("  ")}
@@ -116,7 +115,7 @@ def test_ingest_prints_how_it_typed_every_column(trips, capsys, path):
 
 
 def test_what_the_help_says_is_rounded_and_refused_holds(trips, capsys):
-    env = trips
+    env = trips  # noqa: F811
     path = env["tmp"] / "big.csv"
     path.write_text(f"t,exact,approx\n{T0},33554433,33554433.0\n{T0 + 1},9007199254740991,17031832200.0\n")
     with pytest.raises(SystemExit):

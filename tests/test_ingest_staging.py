@@ -21,20 +21,19 @@ import os
 import shutil
 import stat
 import subprocess
+import time
 
 import pytest
 from apache_beam.io.filesystem import BeamIOError, FileMetadata
 from apache_beam.io.localfilesystem import LocalFileSystem
+from test_ledger_bad_input import dump
 
-from sage_tfx.ingest import layout, staging, store
+from sage_tfx.ingest import layout, sealed, staging, store
 from sage_tfx.ingest.access import read_block_records
 from sage_tfx.ingest.blocks import TimeBlocks
 from sage_tfx.ingest.pipeline import ingest
 from sage_tfx.ingest.records import InputError, decode, infer_schema, read_batches
-from sage_tfx.ingest import sealed
 from sage_tfx.privacy import Ledger
-
-from test_ledger_bad_input import dump
 
 T0 = 1600000000  # 2020-09-13T12:26:40Z
 SCHEME = "sagetest"
@@ -353,7 +352,6 @@ def test_part_list_is_sealed_and_an_edited_one_is_refused(tmp_path, reference, s
 
 
 def test_stale_runs_at_a_staging_url_are_removed_live_ones_kept(store_root):
-    import time
 
     old, young = f"{SCHEME}://stage/{'c' * 32}", f"{SCHEME}://stage/{'d' * 32}"
     for run in (old, young):

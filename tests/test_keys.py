@@ -1,4 +1,7 @@
 """The ledger's key file (docs/security.md): out of the database, 0600, derived keys."""
+import hashlib
+import hmac
+import json
 import os
 import sqlite3
 import stat
@@ -6,8 +9,8 @@ import stat
 import pytest
 
 from sage_tfx.privacy import GrantError, Ledger
+from sage_tfx.privacy.chain import canonical
 from sage_tfx.privacy.keys import KeyFileError, KeyRing, resolve_key_path
-from sage_tfx.privacy.ledger import _canonical
 
 
 @pytest.fixture(autouse=True)
@@ -128,19 +131,17 @@ def test_a_grant_signed_without_the_key_is_refused_by_check_grant(tmp_path):
         grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5)
     assert check_grant(path, grant.to_json()).id == grant.id
     # A writer of the database (no key file) signs a zero-cost grant as schema 3 did, with what it can read.
-    import hashlib
-    import hmac
 
     body = dict(grant.body(), id="g-" + "0" * 24, epsilon=0.0, cost=[0.0, 0.0])
     conn = sqlite3.connect(path)
     guesses = [v.encode() for (v,) in conn.execute("SELECT value FROM meta")] + [b""]
     for guess in guesses:
-        forged = dict(body, signature=hmac.new(guess, _canonical(body).encode(), hashlib.sha256).hexdigest())
+        forged = dict(body, signature=hmac.new(guess, canonical(body).encode(), hashlib.sha256).hexdigest())
         conn.execute("INSERT OR REPLACE INTO grants (id, stream, pipeline, body, signature, created) VALUES "
-                     "(?, ?, ?, ?, ?, ?)", (body["id"], "s", "p", _canonical(body), forged["signature"], 0.0))
+                     "(?, ?, ?, ?, ?, ?)", (body["id"], "s", "p", canonical(body), forged["signature"], 0.0))
         conn.commit()
         with pytest.raises(GrantError, match="forged"):
-            check_grant(path, _canonical(forged))
+            check_grant(path, canonical(forged))
     conn.close()
 
 
@@ -159,9 +160,9 @@ def test_a_schema_3_ledger_is_migrated_and_its_old_grants_stay_valid(tmp_path):
         assert report.ok, report.problems
         _assert_key_nowhere(ledger)
         # the old secret never signs a new grant
-        forged = dict(new.body(), signature=ledger.keyring.legacy_sign(_canonical(new.body()).encode()))
+        forged = dict(new.body(), signature=ledger.keyring.legacy_sign(canonical(new.body()).encode()))
         with pytest.raises(GrantError, match="forged"):
-            ledger.verify(_canonical(forged))
+            ledger.verify(canonical(forged))
 
 
 def test_a_migration_killed_after_the_key_file_is_finished_on_the_next_open(tmp_path):
@@ -183,9 +184,6 @@ def test_a_migration_killed_after_the_key_file_is_finished_on_the_next_open(tmp_
 
 def _make_schema3_ledger(path):
     """A ledger as schema 3 wrote it: meta.secret, grants signed and the log chained with it, unkeyed."""
-    import hashlib
-    import hmac
-    import json
 
     from sage_tfx.privacy.ledger import GENESIS, chain_hash
 
@@ -198,7 +196,7 @@ def _make_schema3_ledger(path):
     os.unlink(path + ".key")
     os.unlink(path + ".key.head")
     secret = "ab" * 32
-    sign = lambda body: hmac.new(secret.encode(), _canonical(body).encode(), hashlib.sha256).hexdigest()  # noqa
+    sign = lambda body: hmac.new(secret.encode(), canonical(body).encode(), hashlib.sha256).hexdigest()  # noqa
     conn = sqlite3.connect(path)
     conn.execute("DELETE FROM meta WHERE key IN ('key_id', 'ledger_id')")
     conn.execute("INSERT INTO meta (key, value) VALUES ('secret', ?)", (secret,))
@@ -212,7 +210,7 @@ def _make_schema3_ledger(path):
         if kind == "grant":
             data = json.loads(body)
             data["signature"] = sig
-            body = _canonical(data)
+            body = canonical(data)
         value = chain_hash(prev, seq, kind, body)
         conn.execute("UPDATE log SET body = ?, prev = ?, hash = ? WHERE seq = ?", (body, prev, value, seq))
         prev = value

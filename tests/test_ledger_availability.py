@@ -7,7 +7,7 @@ among the pipelines waiting then), grants drawn on a pipeline's own reservation 
 curves on `rdp` streams), pipelines finishing, and blocks retiring. On it:
 
 * ``available_per_block`` equals, block by block and bit for bit, a scalar bisection over the
-  filter's own ``admits`` and the request's ``Ledger._source`` (what ``available_epsilon`` ran per
+  filter's own ``admits`` and the request's ``charges.pick_source`` (what ``available_epsilon`` ran per
   block before the array form), and ``available_epsilon`` on that one block;
 * ``available_epsilon`` on several blocks equals the scalar bisection over all of them;
 * ``finish`` leaves exactly (text for text) the reservations the old per-row algorithm, kept
@@ -17,12 +17,13 @@ curves on `rdp` streams), pipelines finishing, and blocks retiring. On it:
 import json
 import math
 import random
+import socket
 
 import pytest
 
 from sage_tfx.adaptive import IteratorSettings, SageIterator
-from sage_tfx.privacy import BudgetRefused, Ledger, LedgerError
-from sage_tfx.privacy import filters
+from sage_tfx.privacy import BudgetRefused, Ledger, LedgerError, filters
+from sage_tfx.privacy.charges import pick_source
 from sage_tfx.privacy.ledger import OUTCOMES
 
 DAY = 86400.0
@@ -112,7 +113,7 @@ def scalar_available(filt, blocks, reservations, pipeline, delta, tolerance=1e-4
     def fits(eps):
         cost = filt.cost(epsilon=eps, delta=delta)
         return all(filt.admits(b.spent, cost)
-                   and isinstance(Ledger._source(filt, b.spent, cost, reservations.get(b.id, {}), pipeline), str)
+                   and isinstance(pick_source(filt, b.spent, cost, reservations.get(b.id, {}), pipeline), str)
                    for b in blocks)
 
     lo, hi = 0.0, filt.epsilon
@@ -205,7 +206,7 @@ def test_the_array_rules_are_the_filters_bit_for_bit(tmp_path, raw_sql, accounti
                     assert tuple(costs[i].tolist()) == cost
                     if slack is not None:
                         assert slack[i] == filt._best_slack(b.spent, cost)[0]
-                    source = Ledger._source(filt, b.spent, cost, reservations.get(b.id, {}), pipeline)
+                    source = pick_source(filt, b.spent, cost, reservations.get(b.id, {}), pipeline)
                     assert fits[i] == (filt.admits(b.spent, cost) and isinstance(source, str))
 
 
@@ -242,8 +243,8 @@ def test_available_per_block_rejects_bad_arguments_naming_them(tmp_path):
     for kwargs, named in [(dict(delta=1.5), "1.5"), (dict(delta=float("nan")), "nan"),
                           (dict(tolerance=0.0), "0.0"), (dict(tolerance=-1e-3), "-0.001"),
                           (dict(tolerance=float("inf")), "inf")]:
-        for call in (lambda: ledger.available_per_block("p", "s", **kwargs),
-                     lambda: ledger.available_epsilon("p", "s", ["b0"], **kwargs)):
+        for call in (lambda: ledger.available_per_block("p", "s", **kwargs),  # noqa: B023
+                     lambda: ledger.available_epsilon("p", "s", ["b0"], **kwargs)):  # noqa: B023
             with pytest.raises(LedgerError, match=named):
                 call()
     with pytest.raises(LedgerError, match="nostream"):
@@ -419,7 +420,6 @@ def test_finish_is_one_transaction_a_failure_changes_nothing(ledger_url, raw_sql
 def test_postgres_connections_send_statements_without_delay(postgres_url):
     """TCP_NODELAY: without it a statement over pg8000's 8 KiB buffer (finish's batched upserts) waits
     ~40 ms for the server's delayed ACK (Nagle's algorithm)."""
-    import socket
 
     with Ledger.open(postgres_url, create=True) as ledger:
         sock = ledger._store._conn._usock

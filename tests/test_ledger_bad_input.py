@@ -14,11 +14,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import raw_connection, run_sql
 
 from sage_tfx.privacy import Ledger, LedgerError
 from sage_tfx.privacy import store as ledger_store
-
-from conftest import raw_connection, run_sql
 
 DAY = 86400.0
 
@@ -385,14 +384,14 @@ def test_sqlite_database_of_another_application(tmp_path):
 def test_directory_as_ledger(tmp_path):
     path = tmp_path / "adir"
     path.mkdir()
-    for action, out in sage_each(ACTIONS, str(path)):
+    for _action, out in sage_each(ACTIONS, str(path)):
         assert out.returncode == 2 and str(path) in out.stderr and "directory" in out.stderr, out.stderr
     assert os.listdir(path) == []
 
 
 def test_missing_ledger_is_not_created_by_other_actions(tmp_path):
     path = tmp_path / "nothing-here.db"
-    for action, out in sage_each(OPENING_ACTIONS, str(path)):
+    for _action, out in sage_each(OPENING_ACTIONS, str(path)):
         assert out.returncode == 2 and "no ledger at" in out.stderr and str(path) in out.stderr, out.stderr
     assert os.listdir(tmp_path) == []
 

@@ -11,10 +11,10 @@ import os
 import random
 import time
 
-from sage_tfx.privacy import BlockRetired, BudgetRefused, Ledger
-
 from _kill import kill_after_first_ack
 from test_ledger_concurrency import assert_ledger_consistent
+
+from sage_tfx.privacy import BlockRetired, BudgetRefused, Ledger
 
 WORKERS, ROUNDS, FIRST_BLOCKS, NEW_BLOCKS_PER_ROUND = 4, 3, 12, 4
 

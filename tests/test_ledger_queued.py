@@ -12,12 +12,11 @@ import random
 import time
 
 import pytest
+from _kill import kill_after_first_ack
+from test_ledger_concurrency import assert_ledger_consistent
 
 from sage_tfx.privacy import BlockRetired, BudgetRefused, Ledger, LedgerError
 from sage_tfx.privacy.store import SCHEMA_VERSION
-
-from _kill import kill_after_first_ack
-from test_ledger_concurrency import assert_ledger_consistent
 
 
 def make(location, policy="dpf-n", **params):

@@ -4,6 +4,8 @@ have) interleaving writes on the same ledger keep one unbroken log chain that th
 other's charges, a pipeline finished through the other ledger is refused, and refusals name every failing block
 in the grant's order. Budgets are binary-exact (0.25, 0.5, ...) so equality is the right check.
 """
+import json
+
 import pytest
 
 from sage_tfx.privacy import BudgetRefused, Ledger, LedgerError, UnknownStream
@@ -87,14 +89,15 @@ def test_a_stream_recreated_with_other_parameters_uses_its_new_floor(ledger_url)
 def test_grant_log_text_is_the_canonical_text_of_the_log_body(stream, meta):
     """The grant's log entry text is spliced from its signed body text: byte for byte what encoding the whole
     log body gives (what the ledger stored before, and what the audit replays)."""
-    from sage_tfx.privacy.ledger import _SPLICE_GRANT_LOG, Grant, _canonical, _grant_log_text
+    from sage_tfx.privacy.chain import canonical
+    from sage_tfx.privacy.grants import SPLICE_GRANT_LOG, Grant, grant_log_text
 
-    assert _SPLICE_GRANT_LOG  # Grant.body's keys still allow the splice: the fast path is the one tested here
+    assert SPLICE_GRANT_LOG  # Grant.body's keys still allow the splice: the fast path is the one tested here
     grant = Grant(id="g-1", stream=stream, pipeline="p", blocks=("b1", "b0"), epsilon=0.5, delta=1e-7,
                   accounting="basic", cost=(0.5, 1e-7), rule="single", created=1234.5, meta=meta, signature="ab" * 32)
     sources = ["own", "pool"]
-    expected = _canonical(dict(grant.body(), signature=grant.signature, sources=sources))
-    assert _grant_log_text(grant, _canonical(grant.body()), sources) == expected
+    expected = canonical(dict(grant.body(), signature=grant.signature, sources=sources))
+    assert grant_log_text(grant, canonical(grant.body()), sources) == expected
 
 
 @pytest.mark.parametrize("obj", [
@@ -106,7 +109,6 @@ def test_grant_log_text_is_the_canonical_text_of_the_log_body(stream, meta):
 def test_canonical_is_the_json_text_every_stored_ledger_holds(obj):
     """``chain.canonical`` (one encoder built once) gives json.dumps(sort_keys, compact separators) character for
     character: the text signed, chained and stored by every earlier version."""
-    import json
 
     from sage_tfx.privacy.chain import canonical
 
@@ -117,7 +119,6 @@ def test_canonical_is_the_json_text_every_stored_ledger_holds(obj):
 def test_vector_text_is_the_stored_spent_text(vector):
     """``blocks.vector_text`` (the C encoder built once) gives json.dumps(vector): the spent and used texts every
     earlier version stored, which a grant groups blocks by."""
-    import json
 
     from sage_tfx.privacy.blocks import vector_text
 

@@ -1,6 +1,10 @@
 """make_private: DP-SGD on the user's own tf.keras model (per-example clipping, accounting, noise, learning,
 export, argument errors). Imports TensorFlow. All data here is GENERATED (numpy, fixed seeds)."""
+import json
 import math
+import os
+import sys
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -529,9 +533,6 @@ def test_dp_trainer_runs_a_module_with_its_own_keras_model(tmp_path):
     training share, and the served model (raw features by name, public ranges) predicts the eval split's
     fares: measured MSE 20.5 and 18.5 $^2 (two grants) against fare variances of 109 and 101; bound 0.4 x variance,
     as the example DNN module's test."""
-    import json
-    import os
-    import sys
 
     from tfx.types import standard_artifacts
 
@@ -570,7 +571,6 @@ def test_dp_trainer_runs_a_module_with_its_own_keras_model(tmp_path):
     served = tf.saved_model.load(os.path.join(model.uri, "Format-Serving")).signatures["serving_default"]
     out = served(trip_miles=tf.constant([1.0, 5.0]), trip_seconds=tf.constant([300.0, 1200.0]))["predictions"]
     assert out.shape == (2,) and np.all(np.isfinite(out.numpy()))
-    from types import SimpleNamespace
 
     from sage_tfx.components import trainer_utils
 

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -32,7 +33,6 @@ def test_the_bounds_hold_for_every_real_row(capsys):
     """The docs' bounds: a row's one-hot part has norm sqrt(m) exactly (one 1 per block, whatever its width), the
     centred row (0.5 for the delay, 1/k in a k-column block) is within the right_centred bound; and the non-private
     references run without TensorFlow."""
-    import numpy as np
 
     mf = _script()
     train, test = mf.load(mf.CATEGORICALS)

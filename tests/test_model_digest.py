@@ -2,6 +2,7 @@
 twice (as a resumed iteration re-trains it under the same seed) has ONE digest, although TensorFlow numbers the
 exported functions, nodes and arguments with a process-wide counter and writes a random uuid into fingerprint.pb;
 any change to a weight or to the graph gives another digest (two releases under one seed must be of one model)."""
+import numpy as np
 import pytest
 
 import sage_tfx  # noqa: F401 (sets TF_USE_LEGACY_KERAS before TensorFlow loads)
@@ -10,7 +11,6 @@ pytestmark = pytest.mark.tf
 
 
 def _export(path, activation="relu", bump=0.0):
-    import numpy as np
     import tensorflow as tf
 
     tf.keras.backend.clear_session()  # Keras's layer names restart, as in a new process; TensorFlow's counter does not

@@ -453,7 +453,7 @@ def test_serve_and_run_refuse_a_pipeline_name_another_host_runs(postgres_server,
                    "--data-root", tmp_path / "data", "--target", "3000000", env=env)
         for out in (serve, run):
             assert out.returncode == 2, out.stdout + out.stderr
-            assert f"'p' (held by sage@" in out.stderr and f"pid {holder.pid}" in out.stderr, out.stderr
+            assert "'p' (held by sage@" in out.stderr and f"pid {holder.pid}" in out.stderr, out.stderr
             assert "--pipeline OTHER=" in out.stderr, out.stderr
         with Ledger.open(url, key_file=key_file) as ledger:
             assert ledger.log_entries() == before and ledger.pipelines("s") == []

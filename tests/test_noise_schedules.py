@@ -9,10 +9,9 @@ unchanged. All data here is GENERATED (numpy, fixed seeds).
 import math
 import re
 
+import dp_accounting
 import numpy as np
 import pytest
-
-import dp_accounting
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 
@@ -141,10 +140,10 @@ def test_engine_adds_the_scheduled_sigma_per_step():
     by -noise_t / B, noise_t ~ N(0, (sigma_t C)^2 I). So S_t = ||dw_t||^2 (B / (sigma_t C))^2 ~ chi2(d) iff the
     graph used sigma_t. Each step's two-sided test has level 1e-8; over the steps and the check against the
     constant sigma the false-failure rate is <= 1e-6 (fixed seed: deterministic anyway)."""
-    import sage_tfx  # noqa: F401
     import tensorflow as tf
     from scipy import stats
 
+    import sage_tfx  # noqa: F401
     from sage_tfx.models import make_private
 
     def _zero_loss(y, out):
@@ -189,9 +188,9 @@ def test_engine_adds_the_scheduled_sigma_per_step():
 
 @pytest.mark.tf
 def test_models_refuse_bad_schedules_before_training_and_default_is_unchanged():
-    import sage_tfx  # noqa: F401
     import tensorflow as tf
 
+    import sage_tfx  # noqa: F401
     from sage_tfx.models import DPDNNRegressor, make_private
 
     with pytest.raises(ValueError, match=re.escape("kind='linear'")):

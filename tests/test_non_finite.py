@@ -13,7 +13,9 @@ All comparisons are exact (same seeds, same mapped data) except "two fits differ
 independent continuous noise draws coincide (probability 0 up to floating point).
 """
 import math
+import re
 import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -21,7 +23,13 @@ import pytest
 from sage_tfx.privacy import adassp
 from sage_tfx.privacy.errors import RecordError, public_error_text
 from sage_tfx.validation import (
-    DPAccuracyValidator, DPLossValidator, absolute_errors, correctness, log_losses, squared_errors)
+    DPAccuracyValidator,
+    DPLossValidator,
+    absolute_errors,
+    correctness,
+    log_losses,
+    squared_errors,
+)
 
 BUDGET = (2.0, 1e-5)
 
@@ -47,7 +55,6 @@ _SPEND_CACHE = {}
 
 def _no_value(err, *values):
     """The message of ``err``, checked to hold none of ``values`` and no record index ("record N")."""
-    import re
 
     text = str(err)
     for value in values:
@@ -358,7 +365,6 @@ def test_validator_messages_after_the_charge_name_no_record_count_or_value():
 def test_load_examples_drops_incomplete_records_and_never_fails_on_data(tmp_path):
     pytest.importorskip("tfx")
     import tensorflow as tf
-    from types import SimpleNamespace
 
     from sage_tfx.components import trainer_utils
 

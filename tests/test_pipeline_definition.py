@@ -3,14 +3,16 @@
 Bad pipeline files are refused naming the file (and the line), and `sage run` exits 2 before any budget is
 spent. The end-to-end run of a user's pipeline file is in tests/test_sage_run.py.
 """
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
-from sage_tfx.pipelines import SLA, BUILTIN, PipelineDefinitionError, SagePipeline, load_pipeline
+from sage_tfx.pipelines import BUILTIN, SLA, PipelineDefinitionError, SagePipeline, load_pipeline
 from sage_tfx.privacy import Ledger
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -207,12 +209,11 @@ def test_init_pipeline_leaves_out_the_time_and_the_labels_source_and_one_hot_enc
 def test_the_templates_preprocessing_keeps_a_missing_label_missing(tmp_path):
     """The template filled a missing label with 0, so training saw those rows as label 0 while the validator
     skipped them. Now the label is NaN (load_examples drops the row); a category code one-hot encodes."""
-    import importlib.util
 
-    import numpy as np
+
+    import tensorflow as tf
 
     import sage_tfx  # noqa: F401  (before TensorFlow)
-    import tensorflow as tf
 
     out = _init(tmp_path / "mine", "--label", "fare", "--metric", "mse", "--loss-bound", "900")
     assert out.returncode == 0, out.stderr

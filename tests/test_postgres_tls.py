@@ -9,10 +9,9 @@ import struct
 import threading
 
 import pytest
+from conftest import run_sql
 
 from sage_tfx.privacy import Ledger, LedgerError
-
-from conftest import run_sql
 
 pytestmark = pytest.mark.postgres
 

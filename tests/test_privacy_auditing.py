@@ -11,9 +11,19 @@ import json
 import numpy as np
 import pytest
 
-from sage_tfx.auditing import (AuditConfig, AuditConfigError, Mechanism, audit, audit_privacy,
-                               clopper_pearson_upper, epsilon_lower_bound, guesses_from_scores, mechanism,
-                               mechanism_names, one_run_epsilon_lower_bound)
+from sage_tfx.auditing import (
+    AuditConfig,
+    AuditConfigError,
+    Mechanism,
+    audit,
+    audit_privacy,
+    clopper_pearson_upper,
+    epsilon_lower_bound,
+    guesses_from_scores,
+    mechanism,
+    mechanism_names,
+    one_run_epsilon_lower_bound,
+)
 from sage_tfx.auditing import mechanisms as registry
 from sage_tfx.cli import main
 from sage_tfx.components._grant import laplace_count

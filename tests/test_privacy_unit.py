@@ -13,7 +13,9 @@ import sqlite3
 import numpy as np
 import pyarrow.compute as pc
 import pytest
+from test_cli_limits import _listing, sage
 
+from components._grant import laplace_count
 from sage_tfx.data.taxi import TIME_COLUMN, load_taxi
 from sage_tfx.ingest import access
 from sage_tfx.ingest.pipeline import ingest_batches, make_spec
@@ -22,9 +24,6 @@ from sage_tfx.ingest.units import UnitBound
 from sage_tfx.privacy import BudgetSplit, ChargeRule, GrantError, Ledger, LedgerError, stage_budget
 from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy.split import per_row_budget
-
-from components._grant import laplace_count
-from test_cli_limits import _listing, sage
 
 K = 5
 UNIT = "company"

@@ -238,7 +238,7 @@ import tensorflow as tf
 from sage_tfx.components.transform_utils import fill_in_missing
 from sage_tfx.transform import PreprocessingBudget, apply_public_vocabulary, dp_group_by_mean, one_hot
 
-PAYMENTS = %r
+PAYMENTS = {!r}
 
 
 def preprocessing_fn(inputs, custom_config):
@@ -246,19 +246,18 @@ def preprocessing_fn(inputs, custom_config):
     payment = fill_in_missing(inputs["payment_type"], "")
     ids = apply_public_vocabulary(payment, PAYMENTS, num_oov_buckets=1)
     miles = fill_in_missing(inputs["trip_miles"], 0.0)
-    return {"payment": ids, "payment_raw": payment, "payment_hot": one_hot(ids, len(PAYMENTS) + 1),
-            "payment_miles": dp_group_by_mean(ids, miles, len(PAYMENTS) + 1, budget.epsilon, 50.0)}
-''' % (PAYMENTS,)
+    return {{"payment": ids, "payment_raw": payment, "payment_hot": one_hot(ids, len(PAYMENTS) + 1),
+            "payment_miles": dp_group_by_mean(ids, miles, len(PAYMENTS) + 1, budget.epsilon, 50.0)}}
+'''.format(PAYMENTS)  # noqa: UP032
 
 
 def test_through_the_dp_transform_component(tmp_path):
     """A preprocessing_fn that looks payment types up in a public vocabulary (and one-hot encodes them) runs
     through DPTransform's executor under a grant: the lookup is not an analyzer, only dp_group_by_mean spends."""
-    from _taxi_world import block_examples, ingest_taxi
-    from tfx.types import standard_artifacts
-
     import tensorflow as tf
     import tensorflow_transform as tft
+    from _taxi_world import block_examples, ingest_taxi
+    from tfx.types import standard_artifacts
 
     from sage_tfx.components.dp_transform_executor import Executor
     from sage_tfx.privacy import Ledger

@@ -18,7 +18,17 @@ import re
 
 import pytest
 
-from sage_tfx.privacy import BudgetRefused, BudgetSplit, ChargeRule, GrantError, Ledger, LedgerError, curves, grants, stage_budget
+from sage_tfx.privacy import (
+    BudgetRefused,
+    BudgetSplit,
+    ChargeRule,
+    GrantError,
+    Ledger,
+    LedgerError,
+    curves,
+    grants,
+    stage_budget,
+)
 
 EPS_G, DELTA_G, ASKED, GRANTS = 1.0, 1e-6, 0.05, 17
 

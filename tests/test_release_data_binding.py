@@ -20,9 +20,9 @@ import re
 
 import numpy as np
 import pytest
+from _taxi_world import block_examples, ingest_taxi, module_file, relabelled
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
-from _taxi_world import block_examples, ingest_taxi, module_file, relabelled
 from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, GrantError, Ledger, record_split
 
 pytestmark = pytest.mark.tf
@@ -244,7 +244,7 @@ def test_components_refuse_other_records_under_the_grant(world, tmp_path, other)
                                        "transformed_examples": [standard_artifacts.Examples()]},
             {"grant": grant.to_json(), "ledger": world["db"], "module_file": str(module), "data_root": world["data"]}),
     }
-    for name, run in runs.items():
+    for _name, run in runs.items():
         with pytest.raises(GrantError, match=match):
             run()
     assert world["ledger"].releases(grant.id) == []

@@ -15,7 +15,7 @@ def test_every_export_resolves_to_its_module():
 
 def test_unknown_name_is_an_attribute_error():
     try:
-        release.NoSuchStrategy
+        release.NoSuchStrategy  # noqa: B018
     except AttributeError as exc:
         assert "NoSuchStrategy" in str(exc)
     else:

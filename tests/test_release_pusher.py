@@ -7,12 +7,11 @@ import json
 import os
 
 import pytest
+from test_continual_release import D, generated_block, make_ledger
 
 from sage_tfx.release.blessing import is_blessed, push_blessed
-from sage_tfx.release.continual import (
-    ContinualRelease, ReleaseParams, check_sla, push_model)
+from sage_tfx.release.continual import ContinualRelease, ReleaseParams, check_sla, push_model
 from sage_tfx.validation.loss import DPLossValidator
-from test_continual_release import D, generated_block, make_ledger
 
 
 def two_models(tmp_path):

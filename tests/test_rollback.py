@@ -9,12 +9,12 @@ import secrets
 import shutil
 
 import pytest
-
 from _head_file import backup, restore
+from test_tamper import sql
+
 from sage_tfx.cli import main
 from sage_tfx.privacy import BlockRetired, Ledger, LedgerRollback
 from sage_tfx.privacy import anchor as anchor_module
-from test_tamper import sql
 
 
 @pytest.fixture(autouse=True)

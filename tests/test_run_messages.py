@@ -19,7 +19,7 @@ def _cleanup_after(first):
         try:
             raise first
         except Exception:
-            raise NotFoundError("/tmp/run/model_run: no such file")
+            raise NotFoundError("/tmp/run/model_run: no such file")  # noqa: B904
     except NotFoundError as exc:
         return exc
 

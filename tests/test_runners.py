@@ -9,6 +9,11 @@ pool"), the pool in a mount namespace that hides the launcher's ledger, data roo
 share only a staging folder and a file:// pipeline root with it."""
 import collections
 import json
+import os
+import re
+import shutil
+import subprocess
+import sys
 
 import pytest
 from conftest import replay_taxi_days
@@ -16,9 +21,9 @@ from conftest import replay_taxi_days
 from sage_tfx import clusters
 from sage_tfx.data.taxi import TIME_COLUMN, taxi_csv_path
 from sage_tfx.ingest.access import read_block_records
+from sage_tfx.ingest.layout import stream_config
 from sage_tfx.ingest.pipeline import beam_options, ingest
 from sage_tfx.ingest.records import decode
-from sage_tfx.ingest.layout import stream_config
 from sage_tfx.privacy import Ledger
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
@@ -158,10 +163,6 @@ def _sage_run_rejects(taxi_days, tmp_path, beam_args, *, data=None, options=(), 
     train split rejects at iteration 1 (README); one grant charged once, audit OK, stdout free of the wheel build's
     and pip's chatter. ``wheels``: the local folder the wheel is built in (default WORK/tfx/taxi_regression/_wheels).
     Returns the staged wheel's name."""
-    import os
-    import shutil
-    import subprocess
-    import sys
 
     db, fixture_data = taxi_days
     data = fixture_data if data is None else data
@@ -205,10 +206,6 @@ def test_sage_run_on_portable_runner_with_external_workers(taxi_days, tmp_path):
     (--staging-location) and the pipeline root, given as a file:// URL: the stand-in for a bucket (gs://, s3://),
     reached through TFX's file layer and Beam's FileSystems, never as the launcher's path. REJECT at iteration 1,
     the audit passes, every artifact MLMD records is under the root URL, the MLMD file is in the hidden work dir."""
-    import os
-    import re
-    import shutil
-    import subprocess
 
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
         pytest.skip("needs root and util-linux's unshare and nsenter (a mount namespace for the workers)")

@@ -1,7 +1,11 @@
 """`sage run`: bad input before any spend, real TFX iterations on real taxi days, crash and resume."""
+import csv
+import datetime
+import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -28,7 +32,6 @@ def taxi_stream(taxi_stream_300):
 
 def _copy_stream(taxi_stream, tmp_path):
     """A private copy of the module's stream (each test spends budget)."""
-    import shutil
 
     db, data = taxi_stream
     shutil.copy(db, tmp_path / "ledger.db")
@@ -71,7 +74,6 @@ def test_bad_input_fails_before_any_budget_is_spent(taxi_stream, tmp_path, args,
 
 def _files(*roots):
     """{path: SHA-256} of every file under ``roots`` (files or folders): the bytes a refused run must not change."""
-    import hashlib
 
     paths = []
     for root in map(str, roots):
@@ -81,7 +83,6 @@ def _files(*roots):
 
 def _copy_stream_and_data(taxi_stream, tmp_path):
     """A private copy of the stream's ledger, key, head file and data root; their paths."""
-    import shutil
 
     db, data = _copy_stream(taxi_stream, tmp_path)
     if os.path.exists(f"{taxi_stream[0]}.key.head"):
@@ -92,7 +93,6 @@ def _copy_stream_and_data(taxi_stream, tmp_path):
 
 def _label_typo(tmp_path):
     """examples/taxi_fare with its SLA label misspelled ("fair", no column of the stream)."""
-    import shutil
 
     example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
     shutil.copytree(example, tmp_path / "typo")
@@ -107,7 +107,6 @@ def test_a_typo_or_a_missing_folder_exits_2_before_any_charge(taxi_stream, tmp_p
     the chosen window needs gone from the data root: each exits 2 naming the value and the fix, with the ledger,
     its key, its head file and the data root byte-identical (each charged up to 256 blocks, then failed with
     exit 1 and the grant spent)."""
-    import shutil
 
     db, data, state = _copy_stream_and_data(taxi_stream, tmp_path)
     (tmp_path / "a-file").write_text("not a folder")
@@ -475,15 +474,13 @@ def _certifies_only_its_request(db, folder, common, bound):
         f.write(text[:-len("\n# another model than the one certified\n")])
     same = sage("run", folder / "pipeline.py", "--target", "300", *common)
     assert same.returncode == 0, same.stdout + same.stderr[-3000:]
-    assert f"ACCEPT after 1 iteration(s)" in same.stdout and f"target 300, bound {bound:.6g}" in same.stdout
+    assert "ACCEPT after 1 iteration(s)" in same.stdout and f"target 300, bound {bound:.6g}" in same.stdout
     assert _dump(db) == before
 
 
 def _taxi_trips_after(db, path, stream_trips=0):
     """A CSV (the stream's input format) of the first 500 real trips of the days after the stream's last block,
     plus ``stream_trips`` trips the stream holds; returns its path."""
-    import csv
-    import datetime
 
     from sage_tfx.data.taxi import TIME_COLUMN, taxi_csv_path
 
@@ -491,9 +488,9 @@ def _taxi_trips_after(db, path, stream_trips=0):
         first = min(b.id for b in ledger.blocks("taxi"))
         last = max(b.id for b in ledger.blocks("taxi"))
     day = datetime.date.fromisoformat(last.split(".")[0]) + datetime.timedelta(days=1)
-    cut = datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.timezone.utc).timestamp()
+    cut = datetime.datetime(day.year, day.month, day.day, tzinfo=datetime.UTC).timestamp()
     start = datetime.date.fromisoformat(first.split(".")[0])
-    begin = datetime.datetime(start.year, start.month, start.day, tzinfo=datetime.timezone.utc).timestamp()
+    begin = datetime.datetime(start.year, start.month, start.day, tzinfo=datetime.UTC).timestamp()
     with open(taxi_csv_path("simple"), newline="") as f, open(path, "w", newline="") as out:
         reader, writer = csv.reader(f), csv.writer(out)
         header = next(reader)
@@ -515,7 +512,6 @@ def test_check_finds_module_errors_on_generated_rows_before_any_charge(taxi_stre
     preprocessing_fn reading a column the stream lacks fails there (exit 2, the column named), and the real
     ledger is never written. (The passing check of examples/taxi_fare, also against a real ledger left as it
     was: tests/test_check_estimate.py; of a template's files: test_init_pipeline_files_pass_the_check_on_the_stream.)"""
-    import shutil
 
     db, data = _copy_stream(taxi_stream, tmp_path)
     before = _dump(db)
@@ -557,7 +553,6 @@ def test_a_failed_iteration_exits_1_without_data_values(taxi_stream, tmp_path):
     """A run_fn that fails after the charge, with a data value in its message: `sage run` exits 1 with the error's
     type only (the value withheld, no traceback), the ledger records FAILED with no value either, and --check
     shows the whole error on generated rows."""
-    import shutil
 
     db, data = _copy_stream(taxi_stream, tmp_path)
     example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")

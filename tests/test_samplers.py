@@ -5,6 +5,8 @@ have for a random seed. Chi-square tests pass at p > 1e-6 (false failure <= 1e-6
 frequency checks use 6 standard errors (false failure < 2e-9 by the normal approximation).
 """
 import math
+import subprocess
+import sys
 from fractions import Fraction
 
 import numpy as np
@@ -254,8 +256,6 @@ def test_bad_arguments_are_refused():
 
 
 def test_the_privacy_core_imports_without_tensorflow():
-    import subprocess
-    import sys
 
     code = ("import sys; import sage_tfx.privacy.samplers, sage_tfx.transform.noise; "
             "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'")

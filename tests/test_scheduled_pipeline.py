@@ -19,13 +19,19 @@ import time
 
 import numpy as np
 import pytest
+from _kill import kill_after_first_ack
 
 from sage_tfx.privacy import BudgetRefused, BudgetSplit, GrantError, Ledger, LedgerError
 from sage_tfx.privacy import draws as draws_module
-from sage_tfx.release.growth import (BBImprover, BBScheduler, GrowthError, ImproverParams, SchedulerParams,
-                                     charge_lifetime, schedule_fingerprint)
-
-from _kill import kill_after_first_ack
+from sage_tfx.release.growth import (
+    BBImprover,
+    BBScheduler,
+    GrowthError,
+    ImproverParams,
+    SchedulerParams,
+    charge_lifetime,
+    schedule_fingerprint,
+)
 
 E, D = 0.5, 1e-7
 META = {"strategy": "bbscheduler", "test": 1}
@@ -490,7 +496,7 @@ def test_driver_runs_approximate_schedules_under_zcdp_draws(tmp_path, name, buil
         assert [(r.t, r.epoch) for r in runs] == [(t, i) for t, i, _, _ in expected]
         # bbimprover: t = 3..8; bbscheduler: t = 2, 3, 4, 5, 6, 8, epochs 0, 2, 3, 5, 6, 7 (1 and 2, 4 and 5 merged)
         assert [r.epoch for r in runs] == ([0, 1, 2, 3, 4, 5] if name == "bbimprover" else [0, 2, 3, 5, 6, 7])
-        for run, call, (t, i, eps, delta) in zip(runs, pipeline.calls, expected):
+        for _run, call, (t, i, eps, delta) in zip(runs, pipeline.calls, expected):
             (grant,) = [g for g in ledger.grants("s") if g.id == call[0]]
             assert grant.meta["draw"]["composition"] == "zcdp" and grant.meta["draw"]["run"] == i
             assert call[1] == pytest.approx(eps, rel=1e-9) and call[2] == pytest.approx(delta, rel=1e-9)

@@ -54,9 +54,9 @@ def _block_example_gen_node(compiled):
 def test_serve_passes_beam_options_and_staging_location_to_block_example_gen(tmp_path):
     from tfx.dsl.compiler import compiler
 
-    from sage_tfx.pipelines.workers import build_worker_runner
     from sage_tfx.cli.run import beam_options
     from sage_tfx.cli.serve import worker_specs
+    from sage_tfx.pipelines.workers import build_worker_runner
 
     staging = tmp_path / "staging"
     args = _serve_args(tmp_path, "--staging-location", str(staging), beam=BEAM)

@@ -104,7 +104,7 @@ def test_a_killed_worker_is_reported_restarted_and_resumes_under_its_grant(tmp_p
             pytest.fail("hard's grant never appeared: " + "\n".join(line for _t, line in lines))
         time.sleep(8)  # inside the TFX run
         os.kill(pid, signal.SIGKILL)
-        killed_at = time.monotonic()
+        killed_at = time.monotonic()  # noqa: F841
         code = _finish(proc, reader)
     finally:
         if proc.poll() is None:

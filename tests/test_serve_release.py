@@ -10,9 +10,10 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
-
 from _kill import kill_serve_worker
+
 from sage_tfx.privacy import Ledger
 
 PY = sys.executable
@@ -24,7 +25,6 @@ GROWTH = {"column": "fare", "bound": 100, "rows_per_block": 100, "epsilon": 0.4,
 
 def _days_csv(path, days=DAYS):
     """The rows of the first ``days`` days (UTC) of the shipped taxi CSV (real rows, nothing generated)."""
-    import numpy as np
     import pyarrow.compute as pc
     import pyarrow.csv as pcsv
 

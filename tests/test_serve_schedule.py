@@ -10,11 +10,11 @@ import subprocess
 import time
 
 import pytest
-
 from _kill import kill_serve_worker
+from test_serve_release import GROWTH, PY, _blocks, _days_csv, _grants, _init, _options, _serve_cmd
+
 from sage_tfx.privacy import Ledger
 from sage_tfx.release.growth import BBScheduler, SchedulerParams
-from test_serve_release import PY, GROWTH, _blocks, _days_csv, _grants, _init, _options, _serve_cmd
 
 DAYS = 30  # about 300 real trips: a scheduled run's eval split (a tenth of the rows) is never empty
 FIRST = 20  # the replay starts with this many blocks (--initial-blocks): the first run at t0 = 20

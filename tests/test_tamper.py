@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from sage_tfx.privacy import Ledger, LedgerRollback
-from sage_tfx.privacy.ledger import GENESIS, _canonical, chain_hash
+from sage_tfx.privacy.chain import GENESIS, canonical, chain_hash
 
 
 @pytest.fixture(autouse=True)
@@ -59,7 +59,7 @@ def t_chain_recomputed(path, grant):
     seq = last_grant_seq(path)
     body = json.loads(sql(path, "SELECT body FROM log WHERE seq = ?", (seq,))[0][0])
     body["cost"] = [0.0, 0.0]
-    sql(path, "UPDATE log SET body = ? WHERE seq = ?", (_canonical(body), seq))
+    sql(path, "UPDATE log SET body = ? WHERE seq = ?", (canonical(body), seq))
     rechain(path)
     return "keyed hash chain broken"
 
@@ -81,7 +81,7 @@ def t_log_body_edited(path, grant):
     seq = last_grant_seq(path)
     body = json.loads(sql(path, "SELECT body FROM log WHERE seq = ?", (seq,))[0][0])
     body["epsilon"] = 0.01
-    sql(path, "UPDATE log SET body = ? WHERE seq = ?", (_canonical(body), seq))
+    sql(path, "UPDATE log SET body = ? WHERE seq = ?", (canonical(body), seq))
     return f"log entry {seq} (grant): keyed hash chain broken"
 
 
@@ -96,14 +96,14 @@ def t_log_reordered(path, grant):
 def t_forged_zero_cost_grant(path, grant):
     body = dict(grant.body(), id="g-" + "f" * 24, epsilon=0.0, cost=[0.0, 0.0])
     sql(path, "INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
-        (body["id"], "s", "p", _canonical(body), "00" * 32, body["created"]))
+        (body["id"], "s", "p", canonical(body), "00" * 32, body["created"]))
     return f"grant {body['id']!r} is in the table but not in the log"
 
 
 def t_grant_epsilon_edited(path, grant):
     body = json.loads(sql(path, "SELECT body FROM grants WHERE id = ?", (grant.id,))[0][0])
     body["epsilon"] = 5.0
-    sql(path, "UPDATE grants SET body = ? WHERE id = ?", (_canonical(body), grant.id))
+    sql(path, "UPDATE grants SET body = ? WHERE id = ?", (canonical(body), grant.id))
     return f"grant {grant.id!r}: the table's record differs from the log's"
 
 

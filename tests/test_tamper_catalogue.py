@@ -17,8 +17,8 @@ import shutil
 import sqlite3
 
 import pytest
-
 from _head_file import backup, restore
+
 from sage_tfx.cli import main
 from sage_tfx.privacy import BudgetRefused, Ledger, LedgerError
 from sage_tfx.release.growth import charge_lifetime, schedule_fingerprint

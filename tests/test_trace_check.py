@@ -42,8 +42,14 @@ def _dense(inputs):
 def _row_local_fns():
     import tensorflow as tf
 
-    from sage_tfx.transform import (apply_public_vocabulary, dp_compute_and_apply_vocabulary, dp_group_by_mean,
-                                    dp_histogram, dp_scale_to_z_score, one_hot)
+    from sage_tfx.transform import (
+        apply_public_vocabulary,
+        dp_compute_and_apply_vocabulary,
+        dp_group_by_mean,
+        dp_histogram,
+        dp_scale_to_z_score,
+        one_hot,
+    )
 
     def per_row(inputs, custom_config):
         miles, hour, company = _dense(inputs)
@@ -211,9 +217,15 @@ def test_tf_transform_runs_an_honest_multi_phase_function_through_every_check(tm
     import tensorflow_transform as tft
     import tensorflow_transform.beam as tft_beam
 
-    from sage_tfx.transform import (PreprocessingBudget, budget_custom_config, dp_compute_and_apply_vocabulary,
-                                    dp_mean, dp_scale_to_z_score, noise_seed)
-    from sage_tfx.transform import trace_check
+    from sage_tfx.transform import (
+        PreprocessingBudget,
+        budget_custom_config,
+        dp_compute_and_apply_vocabulary,
+        dp_mean,
+        dp_scale_to_z_score,
+        noise_seed,
+        trace_check,
+    )
     from sage_tfx.transform.trace_check import TracedFn, check_row_local, reference_trace
 
     checked_in_beam = []  # the row checks of the traces made with released values as constants

@@ -24,6 +24,9 @@ a URL filesystem").
 """
 import argparse
 import os
+import shutil
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -39,7 +42,6 @@ def taxi_stream(taxi_stream_300):
 
 
 def _copy_stream(taxi_stream, tmp_path):
-    import shutil
 
     db, data = taxi_stream
     shutil.copy(db, tmp_path / "ledger.db")
@@ -264,7 +266,7 @@ def test_make_private_dir_local_0700_url_no_chmod(tmp_path):
     from sage_tfx.pipelines._runner import make_private_dir
 
     local = tmp_path / "roots" / "p"
-    os.umask(old := os.umask(0o022))  # the test process's umask, restored: the 0700 comes from make_private_dir
+    os.umask(old := os.umask(0o022))  # the test process's umask, restored: the 0700 comes from make_private_dir  # noqa: F841
     make_private_dir(str(local))
     assert oct(os.stat(local).st_mode & 0o777) == "0o700"
     url = f"ram://private-{uuid.uuid4().hex}/roots/p"
@@ -297,8 +299,6 @@ def test_beam_reads_and_writes_gzip_tfrecords_on_ram_through_gfile():
 
 
 def _serve(tmp_path, *extra, timeout=300):
-    import subprocess
-    import sys
 
     from sage_tfx.data.taxi import taxi_csv_path
 

@@ -6,6 +6,7 @@ P(Bin(N, r) >= X) < ALPHA. If the implementation is right, each such check fails
 ALPHA = 1e-3 (and, with its fixed seed, deterministically passes or fails). Power checks state their own
 expected rates.
 """
+import argparse
 import json
 import math
 
@@ -13,13 +14,25 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from sage_tfx.privacy.errors import RecordError
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_coupling
-from sage_tfx.privacy.errors import RecordError
-from sage_tfx.validation import (DPAbsoluteErrorValidator, DPAccuracyValidator, DPLossValidator, Mode, Outcome,
-                                 ValidationInputError, bernstein_upper, clopper_pearson_lower,
-                                 clopper_pearson_upper, correctness, eta_for_attempt, hoeffding_lower,
-                                 laplace_tail, squared_errors)
+from sage_tfx.validation import (
+    DPAbsoluteErrorValidator,
+    DPAccuracyValidator,
+    DPLossValidator,
+    Mode,
+    Outcome,
+    ValidationInputError,
+    bernstein_upper,
+    clopper_pearson_lower,
+    clopper_pearson_upper,
+    correctness,
+    eta_for_attempt,
+    hoeffding_lower,
+    laplace_tail,
+    squared_errors,
+)
 
 ALPHA = 1e-3
 
@@ -489,7 +502,6 @@ def test_metric_helpers():
 
 def test_bench_validation_runs_small():
     """`sage bench validation` end to end on a tiny configuration (figures, not assertions on speed)."""
-    import argparse
 
     from sage_tfx.bench import validation as bench
 

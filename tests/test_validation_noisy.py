@@ -8,12 +8,17 @@ import math
 import numpy as np
 import pytest
 from scipy import stats
+from test_validation import ALPHA, assert_rate_at_least, assert_rate_at_most, bernoulli_losses
 
 from sage_tfx.validation import DPAccuracyValidator, DPLossValidator, Mode, Outcome
-from sage_tfx.validation.noisy import (binomial_tail, chernoff_tail, laplace_pair_quantile, laplace_pair_sf,
-                                       noise_sf, release_pair)
-
-from test_validation import ALPHA, assert_rate_at_least, assert_rate_at_most, bernoulli_losses
+from sage_tfx.validation.noisy import (
+    binomial_tail,
+    chernoff_tail,
+    laplace_pair_quantile,
+    laplace_pair_sf,
+    noise_sf,
+    release_pair,
+)
 
 
 def _within(observed, trials, probability, what):

@@ -9,7 +9,7 @@ Features, each from PUBLIC bounds fixed before seeing data (what the column mean
   the one DP statistic, it takes the whole preprocessing budget;
 - ``arr_delay``: the label, clipped to DELAY_RANGE (the trainer's public label range).
 """
-import sage_tfx  # noqa: F401  (before TensorFlow)
+import sage_tfx  # noqa: F401  (before TensorFlow)  # isort: skip
 import tensorflow as tf
 
 from sage_tfx.components.transform_utils import fill_in_missing

@@ -22,7 +22,8 @@ import argparse
 import json
 import os
 import sys
-from typing import Dict
+
+import numpy as np
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
 
@@ -30,9 +31,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 PIPELINE, STREAM, LOSS_BOUND = "flights_delay", "flights", 60.0 ** 2
 
 
-def features(columns: Dict[str, "object"], carrier_means):
+def features(columns: dict[str, "object"], carrier_means):
     """The example's four features from raw columns (numpy), with ``carrier_means`` for the fourth (17 values)."""
-    import numpy as np
 
     sys.path.insert(0, HERE)
     from preprocessing import DELAY_RANGE, MAX_DISTANCE
@@ -49,7 +49,6 @@ def features(columns: Dict[str, "object"], carrier_means):
 
 def _numpy_columns(batch):
     """{name: numpy array} of a RecordBatch of one-value list columns (a missing value: NaN / None)."""
-    import numpy as np
 
     out = {}
     for name in batch.schema.names:
@@ -62,7 +61,6 @@ def _numpy_columns(batch):
 
 
 def _clipped_mse(pred, labels):
-    import numpy as np
 
     errors = (np.asarray(pred, float) - labels) ** 2
     clipped = np.minimum(errors, LOSS_BOUND)
@@ -71,13 +69,12 @@ def _clipped_mse(pred, labels):
 
 
 def score(db, data_root, serving_dir, held_out_from):
-    import numpy as np
     import pyarrow as pa
     import tensorflow as tf
 
     from sage_tfx.data.flights import TIME_COLUMN, load_flights, split_at
-    from sage_tfx.ingest.records import encode
     from sage_tfx.ingest.layout import stream_config
+    from sage_tfx.ingest.records import encode
     from sage_tfx.pipelines.scoring import accepted_model, block_rows, example_rows, held_out_overlap
 
     sys.path.insert(0, HERE)

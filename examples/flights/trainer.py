@@ -11,7 +11,6 @@ ridge shrinks towards the prior instead of towards 0 (DPLinearRegressor's ``prio
 The budget comes from DPTrainer (``fn_args.privacy_budget``); the noise from the grant (no seed here).
 """
 import sage_tfx  # noqa: F401  (before TensorFlow)
-
 from sage_tfx.components import trainer_utils
 from sage_tfx.models import DPLinearRegressor
 

@@ -5,12 +5,11 @@ DPTrainer; the model draws its noise from the grant (no seed here). The served m
 through the transform graph, so the validator and serving see the raw features. It imports its sibling
 ``preprocessing.py`` for the label's public range, as a module file may (docs/your_pipeline.md).
 """
-import sage_tfx  # noqa: F401  (before TensorFlow)
+from preprocessing import MAX_FARE
 
+import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.components import trainer_utils
 from sage_tfx.models import DPDNNRegressor, DPLinearRegressor
-
-from preprocessing import MAX_FARE
 
 FEATURES = ["miles_01", "minutes_01", "hour_rate"]  # each in [0, 1]
 LABEL, FARE_RANGE = "fare", (0.0, MAX_FARE)

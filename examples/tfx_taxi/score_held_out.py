@@ -22,6 +22,8 @@ import json
 import os
 import sys
 
+import numpy as np
+
 import sage_tfx  # noqa: F401  (before TensorFlow)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -50,12 +52,11 @@ def _serialized(table, schema):
 
 
 def score(db, data_root, serving_dir, seed=0):
-    import numpy as np
     import tensorflow as tf
 
     from sage_tfx.demos.end_to_end import stream_and_held_out
-    from sage_tfx.ingest.records import encode
     from sage_tfx.ingest.layout import stream_config
+    from sage_tfx.ingest.records import encode
     from sage_tfx.pipelines.scoring import accepted_model, block_rows, held_out_overlap
 
     sys.path.insert(0, HERE)

@@ -26,20 +26,16 @@ the same wide-and-deep Keras model with DP-SGD under fn_args.privacy_budget.
 Run by DPTransform and DPTrainer (pipeline.py beside this file).
 """
 
-from typing import List
 
-from absl import logging
-import sage_tfx  # noqa: F401  (sage-tfx: before TensorFlow, so tf.keras is Keras 2)
-import numpy as np
+import sage_tfx  # noqa: F401  (sage-tfx: before TensorFlow, so tf.keras is Keras 2)  # isort: skip
 import tensorflow as tf
 import tensorflow_transform as tft
-
+from absl import logging
 from tfx.components.trainer.fn_args_utils import FnArgs
 
 from sage_tfx.components import trainer_utils
 from sage_tfx.models import make_private
-from sage_tfx.transform import (PreprocessingBudget, dp_bucketize, dp_compute_and_apply_vocabulary,
-                                dp_scale_to_z_score)
+from sage_tfx.transform import PreprocessingBudget, dp_bucketize, dp_compute_and_apply_vocabulary, dp_scale_to_z_score
 
 # Categorical features are assumed to each have a maximum value in the dataset.
 _MAX_CATEGORICAL_FEATURE_VALUES = [24, 31, 13]
@@ -163,7 +159,7 @@ def _get_transform_features_signature(model, tf_transform_output):
   return transform_features_fn
 
 
-def _build_keras_model(hidden_units: List[int] = None) -> tf.keras.Model:
+def _build_keras_model(hidden_units: list[int] = None) -> tf.keras.Model:
   """Creates a DNN Keras model for classifying taxi data.
 
   Args:

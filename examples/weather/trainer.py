@@ -7,7 +7,7 @@ kept in [0.01, 0.99], so each example's log loss is at most ln(100), the SLA's l
 """
 import math
 
-import sage_tfx  # noqa: F401  (before TensorFlow)
+import sage_tfx  # noqa: F401  (before TensorFlow)  # isort: skip
 import tensorflow as tf
 
 from sage_tfx.components import trainer_utils

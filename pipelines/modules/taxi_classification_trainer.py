@@ -5,7 +5,6 @@ DP record count and the training seed (``training_seed`` around run_fn: no ``see
 at run time. The exported model takes raw tf.Examples.
 """
 import sage_tfx  # noqa: F401  (before TensorFlow)
-
 from sage_tfx.components import trainer_utils
 from sage_tfx.models import DPDNNClassifier, DPLogisticRegressor
 

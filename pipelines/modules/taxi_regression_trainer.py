@@ -5,10 +5,9 @@ statistics) or "dnn" (DPDNNRegressor, DP-SGD; trained on hours, served in second
 (fn_args.privacy_budget), the DP record count (fn_args.num_examples) and the training seed
 (``training_seed`` around run_fn: no ``seed=`` here) come from DPTrainer at run time. The exported model takes raw tf.Examples and predicts seconds.
 """
-import sage_tfx  # noqa: F401  (before TensorFlow)
-
 import numpy as np
 
+import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.components import trainer_utils
 from sage_tfx.models import DPDNNRegressor, DPLinearRegressor
 

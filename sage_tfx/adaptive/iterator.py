@@ -46,13 +46,13 @@ run moves on) is reserved for the other errors, which may depend on the data. Be
 refused with nothing charged.
 """
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, eval_share_split, public_error_text
 from sage_tfx.privacy.checks import number
-from sage_tfx.privacy.errors import LedgerError as _LedgerError
 from sage_tfx.privacy.errors import IterationInterrupted, environment_error_text, is_environment_error
+from sage_tfx.privacy.errors import LedgerError as _LedgerError
 from sage_tfx.privacy.resume import held
 from sage_tfx.privacy.split import RECORDS_KEY
 from sage_tfx.privacy.vocabulary import VALIDATION_OUTCOMES, Outcome, PipelineState, Policy
@@ -114,7 +114,7 @@ class RunResult:
     def epsilon_per_block(self) -> dict:
         """{block: the epsilon this run's iterations charged it}: iterations on other windows add up per block
         only where they overlap (a sum over iterations would overstate what any block paid)."""
-        spent = {}
+        spent: dict[str, float] = {}
         for it in self.iterations:
             for block in it.blocks:
                 spent[block] = spent.get(block, 0.0) + it.epsilon
@@ -191,7 +191,9 @@ def check_request(ledger, stream: str, pipeline: str, request: dict | None, hist
     if request is None:
         return
     stored = stored_request(history)
-    differences = [] if stored is None else request_differences(stored, request)
+    if stored is None:
+        return
+    differences = request_differences(stored, request)
     if not differences:
         return
     status = {p["name"]: p for p in ledger.pipelines(stream)}.get(pipeline) or {}
@@ -246,9 +248,9 @@ class SageIterator:
     """
 
     def __init__(self, ledger, stream: str, pipeline: str, run_iteration: Callable, *,
-                 settings: Optional[IteratorSettings] = None, wait_for_blocks: Optional[Callable] = None,
-                 progress: Optional[Callable[[str], None]] = None, clock: Callable[[], float] = time.monotonic,
-                 request: Optional[dict] = None, check_blocks: Optional[Callable] = None):
+                 settings: IteratorSettings | None = None, wait_for_blocks: Callable | None = None,
+                 progress: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
+                 request: dict | None = None, check_blocks: Callable | None = None):
         """The iterator of pipeline ``pipeline`` on ``stream``; ``settings``: what its run may do (None: the
         defaults). Raises LedgerError (nothing registered or charged): an unknown stream, a ``request`` other than
         the name's stored one (``RequestMismatch``), or settings the stream refuses (``IteratorSettings``)."""

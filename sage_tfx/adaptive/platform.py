@@ -10,7 +10,6 @@ status line per event and ends when every pipeline is done or the stream ends.
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 from sage_tfx.privacy import Ledger, public_error_text
 from sage_tfx.privacy.vocabulary import PipelineState
@@ -36,7 +35,7 @@ class PipelineSpec:
     name: str
     run_iteration: object
     settings: IteratorSettings = field(default_factory=IteratorSettings)
-    request: Optional[dict] = None
+    request: dict | None = None
 
 
 class _Stream:

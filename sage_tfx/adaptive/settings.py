@@ -1,7 +1,6 @@
 """The settings of a Sage iterator: where its search starts, when it stops, and how each grant's budget splits
 between the stages (docs/your_pipeline.md, "SageIterator: what sage run drives")."""
 from dataclasses import dataclass, fields
-from typing import Optional
 
 from sage_tfx.privacy.checks import INVALID, integer, number
 from sage_tfx.privacy.split import eval_share_split
@@ -41,16 +40,16 @@ class IteratorSettings:
     min_window: int = 1
     eta: float = 0.05
     max_iterations: int = 10
-    max_seconds: Optional[float] = None
+    max_seconds: float | None = None
     max_refusals: int = 10
     max_idle_waits: int = 100
-    delta: Optional[float] = None
+    delta: float | None = None
     preprocessing_share: float = 0.2
     preprocessing_delta: float = 0.0
     count_share: float = 0.05
     rejection_share: float = 0.0
     disjoint_split: bool = True
-    eval_share: Optional[float] = None
+    eval_share: float | None = None
 
     def __post_init__(self):
         checked = {

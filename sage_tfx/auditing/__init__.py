@@ -4,10 +4,24 @@ high-confidence LOWER bound on its epsilon beside the claim (docs/privacy_auditi
 ``audit_privacy(name, trials=..., epsilon=..., confidence=...)`` audits a registered mechanism
 (``mechanism_names()``); ``audit(Mechanism(...), AuditConfig(...))`` any release. numpy and scipy only.
 """
-from .core import (AuditConfig, AuditConfigError, AuditResult, Mechanism, audit, clopper_pearson_upper,
-                   epsilon_lower_bound, trial_seeds)
-from .mechanisms import (DEFAULT_EPSILON, describe_mechanisms, gaussian_sigma, mechanism, mechanism_names,
-                         register_mechanism)
+from .core import (
+                   AuditConfig,
+                   AuditConfigError,
+                   AuditResult,
+                   Mechanism,
+                   audit,
+                   clopper_pearson_upper,
+                   epsilon_lower_bound,
+                   trial_seeds,
+)
+from .mechanisms import (
+                   DEFAULT_EPSILON,
+                   describe_mechanisms,
+                   gaussian_sigma,
+                   mechanism,
+                   mechanism_names,
+                   register_mechanism,
+)
 from .one_run import guesses_from_scores, one_run_epsilon_lower_bound
 from .report import audit_privacy, write_plot
 

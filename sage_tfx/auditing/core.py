@@ -25,8 +25,9 @@ privacy: a better test, other neighbours or more trials may find more).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional
+from typing import Any
 
 import numpy as np
 from scipy.stats import beta
@@ -100,8 +101,8 @@ class AuditResult:
     confidence: float
     trials: int
     seed: int
-    test: Dict[str, Any]
-    outputs: Dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    test: dict[str, Any]
+    outputs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
     @property
     def flagged(self) -> bool:
@@ -112,7 +113,7 @@ class AuditResult:
         """Empirical lower bound over the claim."""
         return self.epsilon_lower_bound / self.claimed_epsilon
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         return {"mechanism": self.mechanism, "claimed_epsilon": self.claimed_epsilon,
                 "claimed_delta": self.claimed_delta, "epsilon_lower_bound": self.epsilon_lower_bound,
                 "ratio": self.ratio, "flagged": self.flagged, "confidence": self.confidence,
@@ -173,7 +174,7 @@ def _select(d, d_prime, alpha, delta):
     return best[1], best[2]
 
 
-def audit(mechanism: Mechanism, config: Optional[AuditConfig] = None) -> AuditResult:
+def audit(mechanism: Mechanism, config: AuditConfig | None = None) -> AuditResult:
     """Audit ``mechanism``: ``config.trials`` runs on each neighbour with fresh seeds, the best threshold test
     chosen on one half, its epsilon lower bound (module docstring) at ``config.confidence`` on the other.
 

@@ -22,7 +22,7 @@ throwaway ledger.
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict, List
+from collections.abc import Callable
 
 import numpy as np
 
@@ -39,7 +39,7 @@ DEFAULT_EPSILON = 1.0
 GAUSSIAN_DELTA = 1e-5
 RECORDS = 200  # the records of D (a fixed, public data set); D' adds one worst-case record
 
-_REGISTRY: Dict[str, tuple] = {}
+_REGISTRY: dict[str, tuple] = {}
 
 
 def register_mechanism(name: str, about: str, slow: bool = False) -> Callable:
@@ -53,11 +53,11 @@ def register_mechanism(name: str, about: str, slow: bool = False) -> Callable:
     return wrap
 
 
-def mechanism_names(include_slow: bool = True) -> List[str]:
+def mechanism_names(include_slow: bool = True) -> list[str]:
     return sorted(n for n, (_, _, slow) in _REGISTRY.items() if include_slow or not slow)
 
 
-def describe_mechanisms() -> Dict[str, str]:
+def describe_mechanisms() -> dict[str, str]:
     return {n: _REGISTRY[n][1] + (" (slow)" if _REGISTRY[n][2] else "") for n in mechanism_names()}
 
 
@@ -212,8 +212,14 @@ def _transform_vocabulary(epsilon):
                                          "at the cumulative strategy's sigma for (epsilon, 1e-5), one block",
                     slow=True)
 def _continual_release(epsilon):
-    from sage_tfx.release.continual import (ReleaseParams, Strategy, calibrate_z_eff, participation_sum,
-                                            private_erm, sensitivity)
+    from sage_tfx.release.continual import (
+        ReleaseParams,
+        Strategy,
+        calibrate_z_eff,
+        participation_sum,
+        private_erm,
+        sensitivity,
+    )
 
     params = ReleaseParams(epsilon=epsilon, delta=GAUSSIAN_DELTA, records_per_block=20)
     # the strategy's one sigma (continual._Base): z = z_eff sqrt(c), sigma = z Delta_1

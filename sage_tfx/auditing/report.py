@@ -1,8 +1,6 @@
 """``audit_privacy``: audit a registered mechanism by name; ``write_plot``: its two output histograms and the ROC."""
 from __future__ import annotations
 
-from typing import Optional
-
 import numpy as np
 
 from .core import AuditConfig, AuditResult, _rates, audit
@@ -26,7 +24,7 @@ def _roc(d, d_prime, direction):
     return np.append(1.0, fp / d.size), np.append(1.0, 1.0 - fn / d_prime.size)
 
 
-def write_plot(result: AuditResult, path: str, title: Optional[str] = None) -> None:
+def write_plot(result: AuditResult, path: str, title: str | None = None) -> None:
     """A PNG at ``path``: the histograms of the statistic on D and on D' (left) and the ROC of the threshold
     tests with the line of the claimed epsilon, TPR = e^eps FPR + delta (right). Needs matplotlib."""
     import matplotlib

@@ -8,18 +8,20 @@ import statistics
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
-_SINKS: Dict[str, list] = {}  # run id -> collected output (the DirectRunner runs in this process)
+import numpy as np
+
+_SINKS: dict[str, list] = {}  # run id -> collected output (the DirectRunner runs in this process)
 
 
 def log(bench: str, message: str) -> None:
     print(f"[{bench}] {message}", file=sys.stderr, flush=True)
 
 
-def arrow_batch(columns: Dict[str, Any]):
+def arrow_batch(columns: dict[str, Any]):
     """An Arrow record batch with one value per row in each column (LargeList, as tfx_bsl's decoders give)."""
-    import numpy as np
     import pyarrow as pa
 
     rows = len(next(iter(columns.values())))
@@ -32,8 +34,8 @@ def _collect(value, run_id):
     _SINKS[run_id].append(value)
 
 
-def run_tft(preprocessing_fn: Callable, feature_spec: Dict[str, Any], make_batch: Callable[[int], Any],
-            n_batches: int, summarize: Callable, merge: Callable, run_id: str) -> Tuple[float, Any]:
+def run_tft(preprocessing_fn: Callable, feature_spec: dict[str, Any], make_batch: Callable[[int], Any],
+            n_batches: int, summarize: Callable, merge: Callable, run_id: str) -> tuple[float, Any]:
     """Analyze and transform batches make_batch(0 .. n_batches - 1) (generated inside the pipeline: nothing
     big is pickled); every output record batch goes through ``summarize`` (a small value), all of them
     through ``merge``. Returns (wall seconds of the whole pipeline, the merged summary)."""
@@ -62,11 +64,11 @@ def run_tft(preprocessing_fn: Callable, feature_spec: Dict[str, Any], make_batch
     return seconds, _SINKS.pop(run_id)[0]
 
 
-def alternate(runs: Sequence[Tuple[str, Callable[[str], Tuple[float, Any]]]], repeats: int,
-              bench: str) -> Dict[str, List[Tuple[float, Any]]]:
+def alternate(runs: Sequence[tuple[str, Callable[[str], tuple[float, Any]]]], repeats: int,
+              bench: str) -> dict[str, list[tuple[float, Any]]]:
     """Run each (label, run(run_id) -> (seconds, result)) ``repeats`` times, rotating the order each repeat
     (so no pipeline always runs first or last on a shared machine); {label: [(seconds, result), ...]}."""
-    results: Dict[str, List[Tuple[float, Any]]] = {label: [] for label, _ in runs}
+    results: dict[str, list[tuple[float, Any]]] = {label: [] for label, _ in runs}
     runs = list(runs)
     for repeat in range(repeats):
         shift = repeat % len(runs)
@@ -77,5 +79,5 @@ def alternate(runs: Sequence[Tuple[str, Callable[[str], Tuple[float, Any]]]], re
     return results
 
 
-def median_seconds(results: List[Tuple[float, Any]]) -> float:
+def median_seconds(results: list[tuple[float, Any]]) -> float:
     return statistics.median(seconds for seconds, _ in results)

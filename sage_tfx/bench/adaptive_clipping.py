@@ -16,7 +16,10 @@ rows; the truth is the test rows' positive share), the test log loss and accurac
 realised epsilon; median over --seeds seeds and every seed's value. ``nonprivate``: the same logistic model
 fitted without DP (the same SGD steps, no clipping or noise) as a reference.
 """
+import os
 import sys
+
+import numpy as np
 
 VARIANTS = ("fixed", "adaptive", "imbalanced")
 DEFAULT_PLOT = "docs/img/adaptive_clipping.png"
@@ -35,7 +38,6 @@ def add_arguments(parser):
 
 def generated_task(rows, seed=0):
     """(x, y, x_test, y_test): the GENERATED imbalanced logistic task (module docstring)."""
-    import numpy as np
 
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(rows + TEST_ROWS, DIM)).astype(np.float32)
@@ -55,7 +57,6 @@ def _clip(variant):
 
 
 def _metrics(p, y):
-    import numpy as np
 
     p = np.clip(p, 1e-7, 1 - 1e-7)
     return {"fitted_positive_rate": float(np.mean(p)),
@@ -78,7 +79,6 @@ def _fit(variant, data, epsilon, epochs, seed):
 
 def _nonprivate(data, epochs):
     """The same logistic model by plain mini-batch SGD (lr 1, batch 512, no clip, no noise): a reference."""
-    import numpy as np
 
     x, y, xt, yt = data
     w, b = np.zeros(x.shape[1]), 0.0
@@ -94,7 +94,6 @@ def _nonprivate(data, epochs):
 
 
 def run(args):
-    import numpy as np
 
     import sage_tfx  # noqa: F401  (before TensorFlow)
     from sage_tfx.privacy import dpsgd
@@ -124,7 +123,6 @@ def run(args):
 
 
 def plot(figures, path):
-    import os
 
     import matplotlib
 

@@ -28,7 +28,11 @@ each error reported as the median over repeats (and ``_all``):
   vocabulary in SOME exact top 1000: counted at least as often as the 1000th value); and the share of
   rows whose value is in the vocabulary. tft's vocabulary scores 1 on all three.
 """
+import collections
 import functools
+import statistics
+
+import numpy as np
 
 from sage_tfx.bench import _tft_harness as harness
 
@@ -60,7 +64,6 @@ def add_arguments(parser):
 
 def generate_batch(index, rows, seed, batch_rows):
     """GENERATED (x float64, s bytes object array) of batch ``index``, from (seed, index) alone."""
-    import numpy as np
 
     size = min(batch_rows, rows - index * batch_rows)
     rng = np.random.default_rng([seed, index])
@@ -71,7 +74,6 @@ def generate_batch(index, rows, seed, batch_rows):
 
 
 def _record_batch(index, rows, seed, batch_rows):
-    import numpy as np
 
     x, s = generate_batch(index, rows, seed, batch_rows)
     return harness.arrow_batch({"x": x.astype(np.float32), "s": s})
@@ -79,9 +81,7 @@ def _record_batch(index, rows, seed, batch_rows):
 
 def _exact(rows, seed, batch_rows):
     """The generated rows (x as float32, as the pipelines see it) and their exact value counts."""
-    import collections
 
-    import numpy as np
 
     pieces = [generate_batch(i, rows, seed, batch_rows) for i in range(-(-rows // batch_rows))]
     x = np.sort(np.concatenate([p[0] for p in pieces]).astype(np.float32).astype(np.float64))
@@ -99,8 +99,14 @@ def _preprocessing_fns(name, epsilon):
     import tensorflow as tf
     import tensorflow_transform as tft
 
-    from sage_tfx.transform import (dp_bucketize, dp_compute_and_apply_vocabulary, dp_quantiles,
-                                    dp_scale_to_0_1, dp_scale_to_z_score, dp_vocabulary)
+    from sage_tfx.transform import (
+        dp_bucketize,
+        dp_compute_and_apply_vocabulary,
+        dp_quantiles,
+        dp_scale_to_0_1,
+        dp_scale_to_z_score,
+        dp_vocabulary,
+    )
 
     def rows_of(t, inputs):
         return tf.fill(tf.shape(inputs["x"]), t)
@@ -134,14 +140,12 @@ def _preprocessing_fns(name, epsilon):
 
 
 def _column(batch, name):
-    import numpy as np
 
     return np.asarray(batch.column(name).flatten())
 
 
 def _summarize(name, outputs):
     """A small, mergeable summary of one output record batch (a list holding one batch)."""
-    import numpy as np
 
     batch = outputs[0]
     if name in ("z_score", "scale_0_1"):
@@ -193,14 +197,12 @@ def _affine(stats):
 
 def _rank(sorted_x, value):
     """F(value): the share of rows <= value."""
-    import numpy as np
 
     return float(np.searchsorted(sorted_x, value, side="right")) / len(sorted_x)
 
 
 def _errors(name, merged, x, counts):
     """Error figures of one run's output (module docstring)."""
-    import numpy as np
 
     if name == "z_score":
         a, b = _affine(merged["affine"])  # y = (x - mean) / std
@@ -238,13 +240,11 @@ def _errors(name, merged, x, counts):
 
 
 def _scaled(x, lo, hi):
-    import numpy as np
 
     return np.clip((x - lo) / max(hi - lo, 1e-12), 0.0, 1.0)
 
 
 def _median(values):
-    import statistics
 
     return statistics.median(values)
 
@@ -286,7 +286,6 @@ def run(args):
     check_epsilon(args.epsilon, "--epsilon")
     harness.log(BENCH, f"generating {args.rows} rows and their exact statistics")
     x, counts = _exact(args.rows, args.seed, args.batch_rows)
-    import numpy as np
 
     import sage_tfx  # noqa: F401  (before TensorFlow)
 

@@ -14,7 +14,8 @@ NON-PRIVATE minimiser of J on the same blocks:
   release gets rho/T of the same per-record budget (noise multiplier z_eff sqrt(T)): the horizon T must be
   declared in advance (with T unbounded it cannot run at all).
 Also the mean log loss on the NEWEST block (the paper's target b0, Theorem 5; trained on) and on the NEXT
-block (held out: what the deployed model meets) of each release and of the non-private all-history ERM. Figures: per-t medians over ``--trials`` noise seeds; the ratio scratch / continual per t; the late/early
+block (held out: what the deployed model meets) of each release and of the non-private all-history ERM. Figures:
+per-t medians over ``--trials`` noise seeds; the ratio scratch / continual per t; the late/early
 excess ratio of each variant (flatness); each block's rho against its charged bound.
 """
 from __future__ import annotations
@@ -87,8 +88,15 @@ def _excess(w, x, y, w_np, normaliser, lam):
 def run(args: argparse.Namespace) -> dict:
     from sage_tfx.privacy import Ledger
     from sage_tfx.privacy.randomness import secure_rng
-    from sage_tfx.release.continual import (ContinualRelease, ReleaseParams, SlidingWindowRelease, clip_features,
-                                            grid_gaussian, sensitivity, solve_erm)
+    from sage_tfx.release.continual import (
+        ContinualRelease,
+        ReleaseParams,
+        SlidingWindowRelease,
+        clip_features,
+        grid_gaussian,
+        sensitivity,
+        solve_erm,
+    )
 
     _check(args)
     began = time.time()
@@ -119,7 +127,7 @@ def run(args: argparse.Namespace) -> dict:
                     ledger.add_block(stream, f"b{i:03d}", start=i, end=i + 1, rows=m0)
 
             def reader(grant):
-                (block,) = ledger.verify(grant).blocks  # only a recorded (charged) grant opens a block
+                (block,) = ledger.verify(grant).blocks  # only a recorded (charged) grant opens a block  # noqa: B023
                 return data[int(block[1:])]
 
             cum = ContinualRelease(ledger, "taxi", f"continual{trial}", cum_params, reader, dim=d)

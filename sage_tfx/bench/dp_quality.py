@@ -13,6 +13,8 @@ over --seeds seeds; the ratio is DP MSE / non-DP MSE (regression) or DP accuracy
 """
 import sys
 
+import numpy as np
+
 EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)
 MODELS = ("linear", "dnn_regressor", "logistic", "dnn_classifier")
 PAYMENTS = ("Cash", "Credit Card", "No Charge", "Unknown", "Dispute")
@@ -37,7 +39,6 @@ def taxi_task_data(seed=0):
 def taxi_split(seed=0):
     """(table, train row indices, test row indices): the real trips (big_tipper file, 15,002 distinct rows) with
     every used field, split 80:20 at random. The test rows are the held-out set: no row is on both sides."""
-    import numpy as np
 
     from sage_tfx.data.taxi import load_taxi
 
@@ -57,7 +58,6 @@ def _taxi_columns(table):
 
 def _taxi_xy(table):
     """(features, fare, big_tipper) of every row of ``table`` (rows with every used field)."""
-    import numpy as np
 
     cols = _taxi_columns(table)
     feats, fares, tippers = [], [], []
@@ -153,7 +153,6 @@ METRIC = {"linear": "mse", "dnn_regressor": "mse", "logistic": "accuracy", "dnn_
 
 
 def run(args):
-    import numpy as np
 
     import sage_tfx  # noqa: F401  (before TensorFlow)
 

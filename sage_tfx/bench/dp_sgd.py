@@ -26,8 +26,11 @@ non-DP step time over the same batches (a step's median resists the load spikes 
 few ms per step here); ``overhead_ratio_total_time`` = non-DP examples/s / DP examples/s over all timed
 steps. Each figure is the median over the repeats.
 """
+import statistics
 import sys
 import time
+
+import numpy as np
 
 IMPLEMENTATIONS = ("ghost", "vmap", "tf_privacy")
 # (name, cardinality): 24 + 7 + 5 + 10 + 10 + 5 = 61 one-hot columns
@@ -59,7 +62,6 @@ def add_arguments(parser):
 
 def generated_taxi(rows, rng):
     """One-hot contextual features (61 columns) and a duration label (minutes / 10)."""
-    import numpy as np
 
     blocks, label = [], np.zeros(rows)
     for _, card in CONTEXT:
@@ -81,7 +83,6 @@ def _time_steps(step, batches, x, y, warmup):
 
 
 def _measure(label, hidden, batch, lr, x, y, implementations, steps, slow_steps, warmup, seed):
-    import numpy as np
     import tensorflow as tf
 
     from sage_tfx.bench.dp_quality import plain_sgd_step
@@ -151,7 +152,6 @@ def generated_wide_and_deep(rows, rng):
     """GENERATED rows shaped like TFX taxi's transformed features: z-scored floats [rows, 1], Zipf-like
     vocabulary ids, uniform bucket and categorical ids [rows, 1] int32; a 0/1 "big tipper" label from a
     logistic model of a few of them."""
-    import numpy as np
 
     x = {k: rng.normal(size=(rows, 1)).astype(np.float32) for k in WIDE_DEEP_DENSE}
     for k, tokens in WIDE_DEEP_WIDE:
@@ -204,7 +204,6 @@ def _wide_deep_plain(x, y, batches, seed):
 
 def _throughput(times, batches, warmup):
     """(examples/s over the timed steps, median seconds of a timed step)."""
-    import numpy as np
 
     examples = sum(len(rows) for rows in batches[warmup + 1:])
     return examples / (times[-1] - times[warmup]), float(np.median(np.diff(times[warmup:])))
@@ -212,9 +211,7 @@ def _throughput(times, batches, warmup):
 
 def measure_wide_deep(rows, batch, steps, warmup, repeats, seed):
     """The wide-and-deep figures (module docstring): medians over ``repeats`` alternating runs."""
-    import statistics
 
-    import numpy as np
 
     from sage_tfx.models.private import poisson_batches
     from sage_tfx.privacy import dpsgd
@@ -260,7 +257,6 @@ def measure_wide_deep(rows, batch, steps, warmup, repeats, seed):
 
 
 def run(args):
-    import numpy as np
 
     import sage_tfx  # noqa: F401  (before TensorFlow)
     from sage_tfx.models.dpsgd_models import DEFAULT_ENGINE as DEFAULT_IMPLEMENTATION

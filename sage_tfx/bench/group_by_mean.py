@@ -20,11 +20,14 @@ same tiny sink. The figures:
   benchmark-only venv benchmarks/.venv-bench (create it with benchmarks/setup_bench_venv.sh).
 """
 import functools
+import json
 import os
 import statistics
 import subprocess
 import tempfile
 from pathlib import Path
+
+import numpy as np
 
 from sage_tfx.bench import _tft_harness as harness
 
@@ -61,7 +64,6 @@ def generate_keys_and_speeds(rows, nkeys, seed, batch_rows):
 
 
 def _generate_batch(index, rows, nkeys, seed, batch_rows):
-    import numpy as np
 
     from sage_tfx.transform._testdata import generate_taxi_speeds
 
@@ -73,7 +75,6 @@ def _generate_batch(index, rows, nkeys, seed, batch_rows):
 
 def _record_batch(index, rows, nkeys, seed, batch_rows):
     """Batch `index` as an Arrow record batch, generated inside the pipeline (nothing big is pickled)."""
-    import numpy as np
 
     keys, speeds = _generate_batch(index, rows, nkeys, seed, batch_rows)
     return harness.arrow_batch({"key": keys.astype(np.int64), "speed": speeds.astype(np.float32)})
@@ -81,7 +82,6 @@ def _record_batch(index, rows, nkeys, seed, batch_rows):
 
 def _key_values(output):
     """{key: set of transformed values} of one output record batch."""
-    import numpy as np
 
     batch = output[0]
     keys = np.asarray(batch.column("key").flatten())
@@ -142,7 +142,6 @@ def _run_tft(preprocessing_fn, args, n_batches, run_id):
 
 
 def _mae(per_key_values, exact_means):
-    import numpy as np
 
     keys = sorted(per_key_values)
     assert all(len(per_key_values[k]) == 1 for k in keys), "a key got more than one transformed value"
@@ -152,7 +151,6 @@ def _mae(per_key_values, exact_means):
 
 def _expected_dp_mae(counts, sums, exact_means, epsilon, value_range, trials):
     """Mean absolute error of the same mechanism over `trials` fresh noise draws on the exact tables."""
-    import numpy as np
 
     from sage_tfx.transform.noise import add_laplace, guarded_mean
 
@@ -169,9 +167,7 @@ def _run_pipelinedp(args, keys, speeds, exact_means):
     bench_python = Path(args.bench_python)
     if not bench_python.exists():
         return {"pipelinedp": f"skipped: {bench_python} missing (run benchmarks/setup_bench_venv.sh)"}
-    import json
 
-    import numpy as np
 
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "rows.npz")
@@ -201,7 +197,6 @@ def run(args):
     check_epsilon(args.epsilon, "--epsilon")
     check_value_range(args.value_range, "--value-range")
     _log(f"generating {args.rows} rows with {args.keys} keys")
-    import numpy as np
 
     pieces = generate_keys_and_speeds(args.rows, args.keys, args.seed, args.batch_rows)
     keys, speeds = np.concatenate([k for k, _ in pieces]), np.concatenate([s for _, s in pieces])

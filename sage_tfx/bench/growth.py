@@ -100,8 +100,17 @@ def run(args: argparse.Namespace) -> dict:
     from sage_tfx.privacy import Ledger
     from sage_tfx.privacy.randomness import secure_rng
     from sage_tfx.privacy.samplers import grid_laplace
-    from sage_tfx.release.growth import (PMWG, BBImprover, BBScheduler, ImproverParams, PMWGParams,
-                                         ScheduledRelease, SchedulerParams, Universe, count_query)
+    from sage_tfx.release.growth import (
+        PMWG,
+        BBImprover,
+        BBScheduler,
+        ImproverParams,
+        PMWGParams,
+        ScheduledRelease,
+        SchedulerParams,
+        Universe,
+        count_query,
+    )
 
     _check(args)
     began = time.time()
@@ -130,7 +139,7 @@ def run(args: argparse.Namespace) -> dict:
                     ledger.add_block(stream, f"b{i:03d}", start=i, end=i + 1, rows=m)
 
             def reader(grant):
-                (block,) = ledger.verify(grant).blocks  # only a recorded (charged) grant opens a block
+                (block,) = ledger.verify(grant).blocks  # only a recorded (charged) grant opens a block  # noqa: B023
                 return data[int(block[1:])]
 
             rs = ScheduledRelease(ledger, "sched", f"bbs{trial}", sched, mean_mech, reader, name="dp_mean_fare")

@@ -52,10 +52,13 @@ import hashlib
 import json
 import multiprocessing
 import os
+import random
+import sqlite3
 import statistics
 import sys
 import tempfile
 import time
+import urllib.parse
 import uuid
 
 from sage_tfx.privacy.head_file import ENV_HEAD_SYNC
@@ -109,7 +112,6 @@ def _ledger_worker(location, stream, blocks, count, barrier, results):
 
 
 def _sqlite_baseline_worker(path, blocks, count, barrier, results):
-    import sqlite3
 
     conn = sqlite3.connect(path, timeout=120.0, isolation_level=None)
     for pragma in ("journal_mode=WAL", "synchronous=FULL", "busy_timeout=120000"):  # the ledger's pragmas
@@ -139,7 +141,6 @@ def _postgres_baseline_worker(url, table, blocks, count, barrier, results):
 
 
 def _pg_connect(url):
-    import urllib.parse
 
     import pg8000.dbapi
 
@@ -178,7 +179,6 @@ def _timed(target, writers, total, args):
 def _sqlite_pair(db_dir, blocks, total, writers, run_id):
     """(ledger grants/s, baseline transactions/s, audit ok, (ledger, baseline) CPU ms per operation) on fresh SQLite
     files in ``db_dir``."""
-    import sqlite3
 
     from sage_tfx.privacy import Ledger
 
@@ -266,7 +266,6 @@ def _measure(pair, location, args, writer_counts, label):
 # ------------------------------------------------------------------ block choice (available_per_block)
 def _choice_ledger(path, accounting, n_blocks, seed=0):
     """A stream of ``n_blocks`` daily blocks split among pipelines that registered at different times, with grants."""
-    import random
 
     from sage_tfx.privacy import BudgetRefused, Ledger
 
@@ -490,7 +489,7 @@ def _check_args(args):
     try:
         writer_counts = [int(w) for w in str(args.writers).split(",") if w.strip()]
     except ValueError:
-        raise SystemExit(f"sage bench ledger: --writers {args.writers!r} must be comma-separated integers")
+        raise SystemExit(f"sage bench ledger: --writers {args.writers!r} must be comma-separated integers")  # noqa: B904
     if not writer_counts or any(w < 1 for w in writer_counts):
         raise SystemExit(f"sage bench ledger: --writers {args.writers!r} must list writer counts >= 1")
     if args.growth_blocks < 0 or args.growth_batch < 1:
@@ -509,7 +508,7 @@ def _check_args(args):
     try:
         args.head_sync_modes = [head_sync_mode(m) for m in str(args.head_sync).split(",") if m.strip()]
     except KeyFileError as exc:
-        raise SystemExit(f"sage bench ledger: --head-sync: {exc}")
+        raise SystemExit(f"sage bench ledger: --head-sync: {exc}")  # noqa: B904
     if not args.head_sync_modes:
         raise SystemExit(f"sage bench ledger: --head-sync {args.head_sync!r} names no mode (use, commit, group)")
     if args.grants < max(writer_counts):

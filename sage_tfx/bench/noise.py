@@ -70,10 +70,10 @@ def run(args):
     print("per-cell samplers (one release of N cells):", flush=True)
     for n in (int(v) for v in args.sizes.split(",")):
         x = np.zeros(n)
-        _pair(f"sampler_laplace_{n}", lambda: samplers.grid_laplace(x, 1.0, 1.0, safe_rng, cells=1),
-              lambda: x + np_rng.laplace(0.0, 1.0, n), repeats, figures)
-        _pair(f"sampler_gaussian_{n}", lambda: samplers.grid_gaussian(x, 1.0, 7.0, safe_rng, cells=n),
-              lambda: x + np_rng.normal(0.0, 7.0, n), repeats, figures)
+        _pair(f"sampler_laplace_{n}", lambda: samplers.grid_laplace(x, 1.0, 1.0, safe_rng, cells=1),  # noqa: B023
+              lambda: x + np_rng.laplace(0.0, 1.0, n), repeats, figures)  # noqa: B023
+        _pair(f"sampler_gaussian_{n}", lambda: samplers.grid_gaussian(x, 1.0, 7.0, safe_rng, cells=n),  # noqa: B023
+              lambda: x + np_rng.normal(0.0, 7.0, n), repeats, figures)  # noqa: B023
 
     rows = int(args.rows)
     data = np.random.default_rng(1)
@@ -114,8 +114,8 @@ def run(args):
     losses = data.random(rows)
 
     def validation():
-        from sage_tfx.validation.noisy import release_pair
         from sage_tfx.validation.core import Mode
+        from sage_tfx.validation.noisy import release_pair
         return release_pair(losses, 1.0, 0.5, safe_rng, Mode.SAGE)
 
     def validation_float():

@@ -15,7 +15,10 @@ last sigma is 0.5 of the first: the condition number is unknown). Each seed give
 initial weights, batches and noise generator (paired); ``ratio`` = median over seeds of schedule metric /
 constant metric of the same seed (< 1 is better for MSE, > 1 better for accuracy).
 """
+import os
 import sys
+
+import numpy as np
 
 MODELS = ("dnn_regressor", "dnn_classifier")
 SCHEDULES = ("constant", "step", "exponential", "polynomial", "bound_optimal")
@@ -52,7 +55,6 @@ def make_schedules(names, steps):
 
 def _fit(model_name, schedule, epsilon, data, epochs, seed):
     """(test metric, privacy_spent) of one DP model trained with one schedule."""
-    import numpy as np
 
     from sage_tfx.models import DPDNNClassifier, DPDNNRegressor
 
@@ -67,7 +69,6 @@ def _fit(model_name, schedule, epsilon, data, epochs, seed):
 
 
 def run(args):
-    import numpy as np
 
     import sage_tfx  # noqa: F401  (before TensorFlow)
     from sage_tfx.bench.dp_quality import taxi_task_data
@@ -127,13 +128,11 @@ def run(args):
 
 
 def plot(figures, models, curves, path):
-    import os
 
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     fig, axes = plt.subplots(1, 1 + len(models), figsize=(5 * (1 + len(models)), 4))
     ax = axes[0]

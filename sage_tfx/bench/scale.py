@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shutil
 import signal
@@ -365,7 +366,6 @@ def serve_part(args: argparse.Namespace, parallels: list[int], work: str) -> dic
 
 def run(args: argparse.Namespace) -> dict:
     """The figures of ``sage bench scale`` (see the module docstring)."""
-    import logging
 
     setups, parallels = _check_args(args)
     # Beam's multi-process DirectRunner forwards each worker's start-up warnings (no semi_persistent_directory,

@@ -28,6 +28,7 @@ import csv
 import math
 import sys
 import time
+from importlib import resources
 
 import numpy as np
 
@@ -65,7 +66,6 @@ def add_arguments(parser):
 
 def load_real_rows():
     """The real trips: dict of numpy arrays (payment 0 cash / 1 card / 2 other)."""
-    from importlib import resources
 
     with (resources.files("tfx") / DATA_PATH).open() as handle:
         rows = list(csv.DictReader(handle))

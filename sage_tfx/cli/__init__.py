@@ -26,8 +26,8 @@ import os
 import pkgutil
 import sys
 
-from ._quiet import exit_process, filter_stderr, quiet_libraries
 from ._exits import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK  # noqa: F401  (re-exported)
+from ._quiet import exit_process, filter_stderr, quiet_libraries
 
 
 def build_parser(command=None):

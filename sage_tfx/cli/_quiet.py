@@ -22,7 +22,7 @@ import re
 import signal
 import sys
 import time
-from typing import Callable
+from collections.abc import Callable
 
 from sage_tfx.shutdown import exit_now, flush_stdio
 

@@ -12,6 +12,7 @@ are one-hot encoded over a public list of codes. Rows with a missing label are d
 Exit codes: 0 written, 2 bad input (nothing written).
 """
 import argparse
+import os
 import sys
 
 from sage_tfx.privacy.vocabulary import BlockState, Metric
@@ -48,8 +49,7 @@ def _schema(args):
     if args.input and (args.data_root or args.stream):
         raise ValueError("give the schema's source once: --data-root with --stream, or --input")
     if args.input:
-        from sage_tfx.ingest.records import infer_schema
-        from sage_tfx.ingest.records import input_format
+        from sage_tfx.ingest.records import infer_schema, input_format
 
         return infer_schema(args.input, input_format(args.input, None)), args.time_column
     if not (args.data_root and args.stream):
@@ -65,7 +65,6 @@ def _schema(args):
 def _stream_blocks(args):
     """(active blocks, AttemptPlan or None) of the stream, for the template's window and epsilon plan: from the
     ledger (--db, read only) when given, else the block folders of the data root; (None, None) for --input."""
-    import os
 
     from sage_tfx.ingest.layout import read_manifest, stream_dir
     from sage_tfx.pipelines.template import window_defaults

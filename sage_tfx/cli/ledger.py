@@ -6,11 +6,13 @@ changed); 3 the budget refused a charge (nothing changed).
 import argparse
 import datetime as _dt
 import json
+import os
 import sys
+
+from sage_tfx.privacy.vocabulary import PIPELINE_OUTCOMES, Accounting, Policy
 
 from ._exits import EXIT_BAD_INPUT, EXIT_OK, EXIT_REFUSED, EXIT_VIOLATION
 from ._keys import add_key_file, ledger_location
-from sage_tfx.privacy.vocabulary import PIPELINE_OUTCOMES, Accounting, Policy
 
 
 def parse_time(text):
@@ -24,7 +26,7 @@ def parse_time(text):
     except ValueError:
         raise argparse.ArgumentTypeError(f"time {text!r} is neither unix seconds nor ISO 8601") from None
     if value.tzinfo is None:
-        value = value.replace(tzinfo=_dt.timezone.utc)
+        value = value.replace(tzinfo=_dt.UTC)
     return value.timestamp()
 
 
@@ -265,7 +267,7 @@ def _trusted_reads_text(reads):
     """The audit's list of decryptions outside a grant (uncharged): one line each, with its blocks and purpose."""
     lines = [f"{len(reads)} trusted read(s) outside a grant (decrypted, not charged)" + (":" if reads else "")]
     for read in reads:
-        when = _dt.datetime.fromtimestamp(read["time"], _dt.timezone.utc).isoformat(timespec="seconds")
+        when = _dt.datetime.fromtimestamp(read["time"], _dt.UTC).isoformat(timespec="seconds")
         blocks = read["blocks"]
         shown = ", ".join(blocks[:5]) + (f" and {len(blocks) - 5} more" if len(blocks) > 5 else "")
         lines.append(f"  - log entry {read['seq']} at {when}: stream {read['stream']!r}, {len(blocks)} block(s) "
@@ -274,7 +276,6 @@ def _trusted_reads_text(reads):
 
 
 def _plot(args):
-    import os
 
     from sage_tfx.privacy import LedgerError
     from sage_tfx.privacy.report import heatmap_png

@@ -48,6 +48,8 @@ TensorFlow's filesystem errors: no outcome is recorded, and the same command run
 resumes it under its grant, with no new charge).
 """
 import argparse
+import json
+import math
 import os
 import sys
 
@@ -313,7 +315,6 @@ def schedule_option(args):
 def read_json_options(path, source, what):
     """The JSON object of an options FILE (``sage run --schedule``, ``sage serve --release``); ValueError naming
     ``source`` (the command-line value) when it cannot be read or is not JSON."""
-    import json
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -356,7 +357,6 @@ def _run_scheduled(definition, ledger, runner, schedule, args):
 def check_run_limits(args):
     """Refuse bad --name, --max-seconds and --max-iterations (ValueError naming the value) before anything is
     opened, registered or charged."""
-    import math
 
     from sage_tfx.privacy.checks import check_name
 
@@ -417,7 +417,7 @@ def _check(definition, args, secrets=()):
     return EXIT_OK
 
 
-def run_settings(args) -> "RunSettings":
+def run_settings(args):
     """The ``RunSettings`` of a parsed `sage run`/`sage serve` command line (checked by ``check_run_limits``
     first where the command has them)."""
     from sage_tfx.pipelines.runner import RunSettings

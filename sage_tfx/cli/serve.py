@@ -45,7 +45,8 @@ iterator, through `sage run --schedule`'s code (``ScheduledPipeline``), in its o
 charges each new block the schedule's lifetime (epsilon, delta) in one grant, before anything reads it, and runs the
 pipeline when the schedule says (a run grant drawn from the lifetime grants of every block so far; --max-iterations
 bounds the runs). FILE is `sage run --schedule`'s JSON object (bbscheduler: epsilon, delta, gamma, t0,
-composition basic or zcdp; bbimprover: epsilon, delta, a, t0) and is refused as that command refuses it. A killed worker restarts and resumes from the ledger: no block charged twice, no
+composition basic or zcdp; bbimprover: epsilon, delta, a, t0) and is refused as that command refuses it. A killed
+worker restarts and resumes from the ledger: no block charged twice, no
 run drawn twice, a run with an outcome not re-run. The lifetime must fit in the pipeline's share of every block
 (or the block is refused and the pipeline FAILS). The spelling names a --pipeline, as --release names a strategy:
 the other pipelines of the same serve keep the Sage iterator.
@@ -285,9 +286,9 @@ def _run(args):
     from sage_tfx.adaptive.platform import register_unfinished
     from sage_tfx.adaptive.workers import ProcessPlatform
     from sage_tfx.cli.run import beam_options, root_options, run_settings
+    from sage_tfx.ingest.replay import Replay
     from sage_tfx.pipelines.runner import make_iterator
     from sage_tfx.pipelines.workers import build_worker_runner
-    from sage_tfx.ingest.replay import Replay
     from sage_tfx.privacy import Ledger, LedgerError
     from sage_tfx.privacy.keys import ENV_KEY_FILE
     from sage_tfx.privacy.report import status_table

@@ -1,5 +1,7 @@
 """`sage simulate`: the load simulation of paper Fig. 8 (model release time under increasing load)."""
+import json
 import sys
+from dataclasses import fields
 
 from sage_tfx.privacy.vocabulary import Accounting, Policy
 
@@ -53,7 +55,6 @@ def add_parser(subparsers):
 
 
 def _config(overrides):
-    from dataclasses import fields
 
     from sage_tfx.simulate import SimConfig
 
@@ -71,7 +72,6 @@ def _config(overrides):
 
 
 def _compare(args):
-    import json
 
     from sage_tfx.privacy.errors import LedgerError
     from sage_tfx.simulate import compare, microbench
@@ -111,7 +111,6 @@ def _compare(args):
 
 
 def _run(args):
-    import json
 
     if args.compare_policies:
         return _compare(args)

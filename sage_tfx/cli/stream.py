@@ -11,6 +11,7 @@ window). Fresh blocks have zero spend; see `sage ledger status`.
 Exit codes: 0 success; 2 bad input.
 """
 import argparse
+import datetime as dt
 import sys
 
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
@@ -118,6 +119,5 @@ def _generate(args):
 
 
 def _iso(ts):
-    import datetime as dt
 
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M")

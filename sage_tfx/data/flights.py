@@ -18,7 +18,8 @@ hold-out that is never ingested).
 import argparse
 import datetime as _dt
 import sys
-from typing import Optional, Tuple
+
+import numpy as np
 
 TIME_COLUMN = "sched_dep_timestamp"
 
@@ -43,7 +44,7 @@ def _day_seconds(day: str) -> int:
         parsed = _dt.date.fromisoformat(str(day))
     except ValueError:
         raise ValueError(f"day {day!r} is not a date: write it as YYYY-MM-DD, e.g. 2013-12-01") from None
-    return int(_dt.datetime(parsed.year, parsed.month, parsed.day, tzinfo=_dt.timezone.utc).timestamp())
+    return int(_dt.datetime(parsed.year, parsed.month, parsed.day, tzinfo=_dt.UTC).timestamp())
 
 
 def load_flights(arrived_only: bool = True):
@@ -52,7 +53,6 @@ def load_flights(arrived_only: bool = True):
     ``arrived_only`` (default) drops the flights without an ``arr_delay`` (cancelled or diverted: 9,430).
     Missing values (e.g. ``dep_delay`` of a cancelled flight) are nulls.
     """
-    import numpy as np
     import pyarrow as pa
 
     try:
@@ -84,7 +84,7 @@ def load_flights(arrived_only: bool = True):
     return pa.table(columns)
 
 
-def split_at(table, until: str) -> Tuple["object", "object"]:
+def split_at(table, until: str) -> tuple["object", "object"]:
     """(flights scheduled before local day ``until``, the flights from that day on): disjoint, by time."""
     import pyarrow.compute as pc
 
@@ -93,7 +93,7 @@ def split_at(table, until: str) -> Tuple["object", "object"]:
     return table.filter(before), table.filter(pc.invert(before))
 
 
-def write_flights_csv(path: str, *, since: Optional[str] = None, until: Optional[str] = None,
+def write_flights_csv(path: str, *, since: str | None = None, until: str | None = None,
                       arrived_only: bool = True) -> int:
     """Write the real flights scheduled in [since, until) (local days ``YYYY-MM-DD``; None: no limit) as a CSV
     that ``sage ingest --time-column sched_dep_timestamp --window 1d`` accepts. Returns the number of rows."""

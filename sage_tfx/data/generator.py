@@ -29,7 +29,7 @@ import math
 
 import numpy as np
 
-from .taxi import TAXI_SCHEMA
+from .taxi import TAXI_SCHEMA, arrow_schema, load_all_taxi
 
 DEFAULT_START = "2017-01-01"
 FLAG_DROP = 3.25
@@ -59,8 +59,6 @@ class TaxiModel:
     def fit(cls, table=None):
         """Fit to a pyarrow Table of real taxi rows (default: the 15,002 distinct shipped real trips)."""
         if table is None:
-            from .taxi import load_all_taxi
-
             table = load_all_taxi()
         col = {name: table.column(name).to_numpy(zero_copy_only=False) for name in table.column_names}
 
@@ -147,7 +145,7 @@ class TaxiGenerator:
             day = _dt.date.fromisoformat(str(start))
         except ValueError:
             raise ValueError(f"start {start!r} is not an ISO date (YYYY-MM-DD)") from None
-        self.start = int(_dt.datetime(day.year, day.month, day.day, tzinfo=_dt.timezone.utc).timestamp())
+        self.start = int(_dt.datetime(day.year, day.month, day.day, tzinfo=_dt.UTC).timestamp())
 
     def chunks(self, n_rows):
         """Yield pyarrow RecordBatches of at most ``chunk_rows`` rows, ``n_rows`` in all."""
@@ -161,8 +159,6 @@ class TaxiGenerator:
 
         batches = list(self.chunks(n_rows))
         if not batches:
-            from .taxi import arrow_schema
-
             return arrow_schema(with_generated=True).empty_table()
         return pa.Table.from_batches(batches)
 

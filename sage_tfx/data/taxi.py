@@ -12,6 +12,8 @@ minutes; trip_start_day is 1=Sunday.
 """
 import importlib.resources
 
+import numpy as np
+
 TAXI_FILES = {
     "simple": "examples/chicago_taxi_pipeline/data/simple/data.csv",
     "big_tipper": "examples/chicago_taxi_pipeline/data/big_tipper_label/data.csv",
@@ -84,7 +86,6 @@ COORDINATE_DECIMALS = 6  # ``external`` writes some coordinates with float noise
 def row_keys(table, columns=None):
     """One hashable key per row of ``table``: the values of ``columns`` (default: every column of the taxi
     schema, i.e. the full row), floats rounded to ``COORDINATE_DECIMALS`` decimals, nulls as None."""
-    import numpy as np
 
     columns = list(TAXI_SCHEMA) if columns is None else list(columns)
     values = []

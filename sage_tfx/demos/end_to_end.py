@@ -19,10 +19,13 @@
    its rows is also a row of the replayed file.)
 5. The ledger summary, the audit and the budget heat-map PNG close the run.
 """
+import datetime as _dt
 import json
 import os
 import shutil
 import time
+
+import numpy as np
 
 from sage_tfx.pipelines.scoring import example_rows, held_out_overlap, pushed_models, training_rows
 
@@ -58,11 +61,11 @@ def say(text=""):
 def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initial_days=None, days_per_step=64,
         runner="local", max_iterations=8):
     from sage_tfx import pipelines
-    from sage_tfx.pipelines.runner import build_runner
+    from sage_tfx.adaptive import IteratorSettings, SageIterator
     from sage_tfx.ingest.replay import Replay
+    from sage_tfx.pipelines.runner import build_runner
     from sage_tfx.privacy import Ledger
     from sage_tfx.privacy.report import heatmap_png, status_table
-    from sage_tfx.adaptive import IteratorSettings, SageIterator
 
     definition = pipelines.load_pipeline(PIPELINE)
     target = check_target(target)  # before any change
@@ -173,7 +176,6 @@ def stream_and_held_out(held_out_from=HELD_OUT_FROM, data_file="simple"):
     Trips that start before ``held_out_from`` (an ISO day; midnight of the file's clock, the same clock the
     daily blocks are cut by) are the stream; the trips from that day on are held out.
     """
-    import datetime as _dt
 
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -185,7 +187,7 @@ def stream_and_held_out(held_out_from=HELD_OUT_FROM, data_file="simple"):
     fmt = input_format(path)
     table = pa.Table.from_batches(list(read_batches(path, fmt, infer_schema(path, fmt))))
     day = _dt.date.fromisoformat(held_out_from)
-    cutoff = _dt.datetime(day.year, day.month, day.day, tzinfo=_dt.timezone.utc).timestamp()
+    cutoff = _dt.datetime(day.year, day.month, day.day, tzinfo=_dt.UTC).timestamp()
     times = table.column(TIME_COLUMN)
     if times.null_count:
         raise ValueError(f"{times.null_count} trip(s) have no {TIME_COLUMN}: they fit neither side of the cut")
@@ -195,7 +197,6 @@ def stream_and_held_out(held_out_from=HELD_OUT_FROM, data_file="simple"):
 
 def _column(example_batch, name):
     """A list column with at most one value per row as a float array (NaN where missing)."""
-    import numpy as np
 
     return np.array([v[0] if v else np.nan for v in example_batch.column(name).to_pylist()], dtype=float)
 
@@ -203,7 +204,6 @@ def _column(example_batch, name):
 def paid_by_card(example_batch):
     """1.0 where the trip was paid by credit card, else 0.0 (the preprocessing_fn's ``credit_card``); list-column
     strings are bytes, as the blocks store them."""
-    import numpy as np
 
     return np.array([bool(v) and v[0] == b"Credit Card" for v in example_batch.column("payment_type").to_pylist()],
                     dtype=float)
@@ -217,7 +217,6 @@ def taxi_features(example_batch, hourly_speed=None):
     ``hourly_speed`` is None) in place of the DP one; y is the 0/1 ``big_tipper`` label (missing: 0, as the
     preprocessing_fn fills it).
     """
-    import numpy as np
 
     from sage_tfx.pipelines.modules import taxi_preprocessing as pre
 
@@ -236,7 +235,6 @@ def taxi_features(example_batch, hourly_speed=None):
 
 def logistic_regression(x, y, iterations=50, ridge=1e-6):
     """Coefficients (features..., intercept) of a NON-PRIVATE logistic regression fitted by Newton's method."""
-    import numpy as np
 
     design = np.column_stack([x, np.ones(len(x))])
     coef = np.zeros(design.shape[1])
@@ -251,7 +249,6 @@ def logistic_regression(x, y, iterations=50, ridge=1e-6):
 
 
 def _accuracy(predicted, labels):
-    import numpy as np
 
     correct = (predicted == labels).astype(float)
     return {"accuracy": float(correct.mean()), "accuracy_se": float(correct.std(ddof=1) / np.sqrt(len(correct)))}
@@ -263,11 +260,10 @@ def held_out_scores(model_dir, data_root, grant, held_out, stream=STREAM, *, led
     regression on the same features (exact hourly speeds) and the majority class of the training labels.
     The pushed model is served raw tf.Examples with the stream's public schema.
     """
-    import numpy as np
     import tensorflow as tf
 
-    from sage_tfx.ingest.records import encode
     from sage_tfx.ingest.layout import stream_config
+    from sage_tfx.ingest.records import encode
 
     schema = stream_config(data_root, stream)["schema"]
     rows = example_rows(held_out, schema)

@@ -24,13 +24,13 @@ def monthly_row_counts(year=2013):
     counts = collections.Counter()
     with (importlib.resources.files("tfx") / TAXI_CSV).open() as f:
         for row in csv.DictReader(f):
-            t = dt.datetime.fromtimestamp(int(row["trip_start_timestamp"]), dt.timezone.utc)
+            t = dt.datetime.fromtimestamp(int(row["trip_start_timestamp"]), dt.UTC)
             if t.year == year:
                 counts[t.month] += 1
     months = []
     for m in sorted(counts):
-        start = dt.datetime(year, m, 1, tzinfo=dt.timezone.utc)
-        end = dt.datetime(year + (m == 12), m % 12 + 1, 1, tzinfo=dt.timezone.utc)
+        start = dt.datetime(year, m, 1, tzinfo=dt.UTC)
+        end = dt.datetime(year + (m == 12), m % 12 + 1, 1, tzinfo=dt.UTC)
         months.append((start, end, counts[m]))
     return months
 

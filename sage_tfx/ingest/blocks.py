@@ -67,7 +67,7 @@ class TimeBlocks:
         return seconds(batch, self.column) // self.window
 
     def block_id(self, key):
-        start = _dt.datetime.fromtimestamp(int(key) * self.window, _dt.timezone.utc)
+        start = _dt.datetime.fromtimestamp(int(key) * self.window, _dt.UTC)
         stamp = start.strftime("%Y-%m-%d") if self.window % 86400 == 0 else start.strftime("%Y-%m-%dT%H:%M")
         if self.window % 60:
             stamp = start.strftime("%Y-%m-%dT%H:%M:%S")

@@ -24,17 +24,26 @@ acceptable: docs/security.md, "Staging outside the data root"). Without it, stag
 ``DATA_ROOT/STREAM/_staging`` as before: then workers and driver must share the data root.
 """
 import glob
+import logging
 import os
-import shutil
+import re
 import sys
-from typing import Iterable, Optional, Sequence, Union
+from collections.abc import Iterable, Sequence
 
 from . import sealed, units
 from .blocks import TimeBlocks, UserShards
-from .records import InputError, describe_columns, infer_schema, input_format, is_url, read_batches
 from .layout import check_stream_config, missing_dirs, remove_empty_dirs
-from .staging import (check_staging_location, missing_staging_dirs, new_run_dir, new_staged_run, read_parts,
-                      remove_run_dir, remove_staged_run, write_parts)
+from .records import InputError, describe_columns, infer_schema, input_format, is_url, read_batches
+from .staging import (
+    check_staging_location,
+    missing_staging_dirs,
+    new_run_dir,
+    new_staged_run,
+    read_parts,
+    remove_run_dir,
+    remove_staged_run,
+    write_parts,
+)
 from .store import BlockWriter, commit
 
 
@@ -182,12 +191,12 @@ def beam_options(beam_args, n_inputs=None):
     return PipelineOptions([f"--runner={runner}"] + rest)
 
 
-def ingest(ledger_location: str, stream: str, inputs: Union[str, Sequence[str]], data_root: str,
-           block_by: str = "time", time_column: Optional[str] = None, window: Optional[str] = None,
-           user_column: Optional[str] = None, shards: Optional[int] = None, hash_key: Optional[str] = None,
-           fmt: Optional[str] = None, beam_args: Optional[Iterable[str]] = None, batch_rows: int = 65536,
+def ingest(ledger_location: str, stream: str, inputs: str | Sequence[str], data_root: str,
+           block_by: str = "time", time_column: str | None = None, window: str | None = None,
+           user_column: str | None = None, shards: int | None = None, hash_key: str | None = None,
+           fmt: str | None = None, beam_args: Iterable[str] | None = None, batch_rows: int = 65536,
            compresslevel: int = 6, progress: bool = True, allow_duplicate_of: Iterable[str] = (),
-           staging_location: Optional[str] = None) -> dict:
+           staging_location: str | None = None) -> dict:
     """Ingest input files into blocks of ``stream``; returns {"added", "unchanged", "blocks", "columns"...}
     (``columns``: ``records.describe_columns``, each column's stored type and how its values were converted).
 
@@ -203,7 +212,6 @@ def ingest(ledger_location: str, stream: str, inputs: Union[str, Sequence[str]],
     staging folders this call created (when empty). Blocks whose records are already registered in another
     stream are refused, unless that stream is in ``allow_duplicate_of`` (see ``store.commit``).
     """
-    import logging
 
     from sage_tfx.privacy import Ledger
 
@@ -339,7 +347,6 @@ def _not_input_errors(record):
 
 def _root_message(exc):
     """The innermost InputError/ValueError message of a (runner-wrapped) exception."""
-    import re
 
     seen, cur, best = set(), exc, None
     while cur is not None and id(cur) not in seen:

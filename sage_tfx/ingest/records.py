@@ -7,6 +7,7 @@ in TFX's CsvExampleGen. tf.Example floats are 32-bit: keep exact integers
 (such as unix timestamps) in int columns.
 """
 import contextlib
+import csv
 import gzip
 import hashlib
 import io
@@ -14,6 +15,8 @@ import json
 import os
 import re
 import struct
+
+import numpy as np
 
 from sage_tfx.privacy.errors import SageError
 
@@ -119,7 +122,6 @@ def _csv_type(kind):
 
 def to_example_batch(batch, schema):
     """A RecordBatch whose columns are large_list<kind> in ``schema`` order (ready to encode)."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -287,7 +289,6 @@ def check_csv_quotes(path, chunk_bytes=8 << 20):
     Values may not span lines, so every line holds an even number of quote characters; the check is a
     vectorised pass over the raw bytes (``""`` escapes count twice and pass).
     """
-    import numpy as np
 
     parity, line = 0, 1  # quotes seen on the current line (mod 2); its 1-based line number
     with open_input(path, decompress=True) as f:
@@ -315,7 +316,6 @@ def check_csv_quotes(path, chunk_bytes=8 << 20):
 
 def _unclosed(path, line_number):
     """Raise the unclosed-quote error with the column of the quote that never closes."""
-    import csv
 
     with open_input(path, decompress=True) as raw, \
             io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as f:
@@ -344,7 +344,6 @@ def check_batch(batch, path, first_row, schema, time_column=None):
     int and float columns: non-finite values (inf, nan), and CSV ints of 2^53 or more in magnitude; the time
     column: times outside [1000-01-01, 9000-01-01) UTC.
     """
-    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -363,7 +362,7 @@ def check_batch(batch, path, first_row, schema, time_column=None):
         if not (pa.types.is_floating(col.type) or pa.types.is_decimal(col.type)):
             continue
         values = np.asarray(col.cast(pa.float64()).fill_null(0.0), dtype=np.float64)
-        row_of = (lambda i: i) if rows is None else (lambda i: rows[i])
+        row_of = (lambda i: i) if rows is None else (lambda i: rows[i])  # noqa: B023
         bad = np.flatnonzero(~np.isfinite(values))
         if len(bad):
             fail(name, row_of(bad[0]), float(values[bad[0]]), f"is not finite in a {kind} column",
@@ -546,7 +545,6 @@ def load_schema(path):
 # ------------------------------------------------------------------ content digest
 def _mix(x):
     """splitmix64 finalizer on a uint64 array (wraps mod 2^64)."""
-    import numpy as np
 
     with np.errstate(over="ignore"):
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
@@ -562,7 +560,6 @@ def row_hashes(example_batch):
     its position in the row, summed per row, and mixed with the row's length and
     the column's name (so column order does not matter).
     """
-    import numpy as np
     import pandas as pd
     import pyarrow as pa
     import pyarrow.compute as pc

@@ -16,10 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from .blocks import TimeBlocks
-from .pipeline import ingest_batches, plan_schema
-from .records import (InputError, describe_columns, read_batches, row_hashes, schema_of, to_example_batch,
-                      typed_batch)
 from .layout import block_dir, check_stream_config, read_manifest
+from .pipeline import ingest_batches, plan_schema
+from .records import InputError, describe_columns, read_batches, row_hashes, schema_of, to_example_batch, typed_batch
 from .store import digest_forms, refuse_copies
 
 

@@ -284,7 +284,7 @@ class Block:
         return f"sealed.Block({self.stream!r}, {self.block!r}, {len(self.files)} file(s))"
 
     def records(self):
-        for path, name, size, sha in self.files:
+        for path, _name, size, sha in self.files:
             yield from read_file(path, self._dek, self.stream, self.block, size, sha)
 
     def file_tasks(self):

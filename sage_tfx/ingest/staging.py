@@ -29,7 +29,6 @@ import shutil
 import socket
 import time
 import uuid
-from typing import Optional
 
 from . import sealed
 from .layout import DIR_MODE, FILE_MODE, PLAIN_NAME, STAGING, data_root_dir, prepare_stream_dir
@@ -115,7 +114,7 @@ def clean_stale_runs(staging, now=None):
     return removed
 
 
-def check_staging_location(data_root, stream, location: Optional[str]) -> Optional[str]:
+def check_staging_location(data_root, stream, location: str | None) -> str | None:
     """The checked ``--staging-location``: None for the default ``DATA_ROOT/STREAM/_staging`` (not given, or
     given as that folder), else the URL or absolute local folder. Nothing is created here, so a bad value
     changes nothing: an unknown scheme (no installed Beam filesystem), a local folder inside the data root
@@ -151,7 +150,7 @@ def check_staging_location(data_root, stream, location: Optional[str]) -> Option
     return path
 
 
-def missing_staging_dirs(location: Optional[str]):
+def missing_staging_dirs(location: str | None):
     """The local folders ``new_staged_run`` would create for ``location`` (outermost first; none for a URL)."""
     if location is None or is_url(location):
         return []
@@ -188,7 +187,7 @@ def _run_files(run):
     return [m.path for m in FileSystems.match([run.rstrip("/") + "/**"])[0].metadata_list]
 
 
-def remove_staged_run(run: str) -> Optional[str]:
+def remove_staged_run(run: str) -> str | None:
     """Delete a staged run (local folder or URL); None when it is gone, else why not (the caller says so)."""
     if not is_url(run):
         remove_run_dir(run)

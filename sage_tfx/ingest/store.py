@@ -35,8 +35,17 @@ from sage_tfx.privacy.errors import DuplicateContent, UnknownBlock
 
 from . import sealed
 from .access import ledger_digest
-from .layout import (BLOCK_FILE, DIR_MODE, STAGING, STREAM_FILE, block_dir, fsync_dir, read_manifest, stream_dir,
-                     write_json)
+from .layout import (
+    BLOCK_FILE,
+    DIR_MODE,
+    STAGING,
+    STREAM_FILE,
+    block_dir,
+    fsync_dir,
+    read_manifest,
+    stream_dir,
+    write_json,
+)
 from .records import InputError, is_url, row_hashes, to_example_batch
 from .staging import check_run_here, create_staged, delete_staged_quietly, fetch_parts, staged_path
 
@@ -251,7 +260,7 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
             sealed.data_key(run_key, stream, block_id), ledger.keyring.block_key(stream, block_id))
         write_json(os.path.join(staged, BLOCK_FILE), manifest, fsync=False)
     os.sync()  # every staged file is durable before any block moves into place (one sync, not one per file)
-    for block_id, info, key in reseal:  # an unencrypted block of an older version: the sealed copy replaces it
+    for block_id, _info, _key in reseal:  # an unencrypted block of an older version: the sealed copy replaces it
         final = block_dir(data_root, stream, block_id)
         old = os.path.join(run_dir, f".plain-{block_id}")
         os.rename(final, old)

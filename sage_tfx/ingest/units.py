@@ -20,7 +20,7 @@ unit's rows fall in one shard: a unit never straddles two blocks.
 import hashlib
 import hmac
 import json
-from typing import List, Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -39,7 +39,7 @@ class UnitBound:
     def __repr__(self):  # never the key
         return f"UnitBound(column={self.column!r}, max_rows={self.max_rows})"
 
-    def keep(self, batches: Sequence, spec) -> List:
+    def keep(self, batches: Sequence, spec) -> list:
         """``batches`` (Arrow RecordBatches, in input order) with each unit's rows beyond K per block of ``spec``
         dropped; InputError naming the column if the unit column is missing or empty in a record."""
         batches = [b for b in batches if b.num_rows]
@@ -103,7 +103,7 @@ def bound_key(keyring, stream: str) -> bytes:
     return hmac.digest(keyring.content_key, BOUND_LABEL + stream.encode(), hashlib.sha256)
 
 
-def stream_bound(ledger, stream: str) -> Optional[UnitBound]:
+def stream_bound(ledger, stream: str) -> UnitBound | None:
     """The ``UnitBound`` of ``stream`` (None for unit = row); UnknownStream if there is no such stream."""
     s = ledger.stream(stream)
     if s.privacy_unit is None:
@@ -111,7 +111,7 @@ def stream_bound(ledger, stream: str) -> Optional[UnitBound]:
     return UnitBound(s.privacy_unit, s.unit_rows, bound_key(ledger.keyring, stream))
 
 
-def unit_user_column(bound: Optional[UnitBound], user_column: Optional[str]) -> Optional[str]:
+def unit_user_column(bound: UnitBound | None, user_column: str | None) -> str | None:
     """The column ``--block-by user`` shards by on a stream with ``bound``: the privacy unit column (the default
     when none is given), so a unit's rows never straddle two shards; InputError for another column."""
     if bound is None:
@@ -123,7 +123,7 @@ def unit_user_column(bound: Optional[UnitBound], user_column: Optional[str]) -> 
     return bound.column
 
 
-def check_schema(bound: Optional[UnitBound], schema) -> None:
+def check_schema(bound: UnitBound | None, schema) -> None:
     """InputError, before a record is written, if the stream's unit column is not a column of the input."""
     if bound is not None and bound.column not in schema:
         raise InputError(f"privacy unit column {bound.column!r} is not in the input (columns: {', '.join(schema)}): "

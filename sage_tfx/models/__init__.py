@@ -14,7 +14,6 @@ defaults before any DP computation (sage_tfx.models.data), so one record's value
 an error. A label that is not a valid class id raises ``RecordError`` (column and record index, no value).
 """
 import sage_tfx  # noqa: F401  (before TensorFlow)
-
 from sage_tfx.models.dpsgd_models import DPDNNClassifier, DPDNNRegressor, DPLogisticRegressor
 from sage_tfx.models.linear import DPLinearRegressor
 from sage_tfx.models.private import PrivateModel, make_private

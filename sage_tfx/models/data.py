@@ -21,7 +21,6 @@ record's gradient whatever its values, AdaSSP clips each row. The same mapping a
 evaluate. What cannot be mapped (a finite label that is not a class id) raises ``RecordError``: the
 column only, never a value, index or count.
 """
-from typing import Optional
 
 import numpy as np
 
@@ -146,7 +145,7 @@ def _rows(y, n):
     return y
 
 
-def labels_vector(y, n: int, dtype, default: Optional[float] = LABEL_DEFAULT) -> np.ndarray:
+def labels_vector(y, n: int, dtype, default: float | None = LABEL_DEFAULT) -> np.ndarray:
     """The labels as a 1-D ``dtype`` array of ``n`` rows; NaN and +-inf (after the conversion to ``dtype``)
     become the public ``default`` (``LABEL_DEFAULT``; None keeps them, for a caller that clips first)."""
     y = _rows(y, n).astype(dtype)

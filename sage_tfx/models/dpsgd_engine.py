@@ -48,9 +48,8 @@ Engines (the one registry, ``ENGINES``; ``make_engine(name, ...)`` builds one):
 Noise comes from TensorFlow's Philox generator (as in tensorflow-privacy), not a
 cryptographic source; floating-point noise has the usual caveats (Mironov 2012).
 """
-import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
-
-import tensorflow as tf
+import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
+import tensorflow as tf  # noqa: TID253
 
 from sage_tfx.models.ghost_plans import ghost_layers, graph_nodes, row_sq_hint
 from sage_tfx.privacy import checks
@@ -233,7 +232,7 @@ class TfPrivacyEngine(_Engine):
         (a record's microbatch changes by up to 2C under add/remove), and the batch size must then
         be a multiple of it (no Poisson sampling)."""
         super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
-        from sage_tfx.compat.tf_privacy import dp_keras_optimizers
+        from sage_tfx.compat.tf_privacy import dp_keras_optimizers  # noqa: PLC0415
 
         dp = dp_keras_optimizers()
         self.num_microbatches = num_microbatches

@@ -55,16 +55,14 @@ noise comes from TensorFlow's global generator (a module's
 benchmarks: a known seed makes the noise predictable.
 """
 
-import sage_tfx  # noqa: F401
-
+import sage_tfx  # noqa: F401  # isort: skip
 import numpy as np
-import tensorflow as tf
+import tensorflow as tf  # noqa: TID253
 
 from sage_tfx.models.data import FeatureLayout, class_labels, labels_vector, split_input
 from sage_tfx.models.dpsgd_engine import _INVALID, ENGINES
 from sage_tfx.models.export import export_saved_model
-from sage_tfx.models.private import (check_adaptive_clip, check_engine, check_momentum, make_private,
-                                     refuse_unseeded)
+from sage_tfx.models.private import check_adaptive_clip, check_engine, check_momentum, make_private, refuse_unseeded
 from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 

@@ -14,9 +14,8 @@ analysis time, so serving adds no privacy cost.
 Either way, NaN / +-inf feature values become 0.0 before the model, as in ``fit``
 and ``predict`` (sage_tfx.models.data.FEATURE_DEFAULT).
 """
-import sage_tfx  # noqa: F401
-
-import tensorflow as tf
+import sage_tfx  # noqa: F401  # isort: skip
+import tensorflow as tf  # noqa: TID253
 
 from sage_tfx.models.data import FEATURE_DEFAULT
 

@@ -4,9 +4,9 @@ A plan covers one Dense or Embedding node of a Keras graph network; ``ghost_laye
 ``graph_nodes`` gives the graph's execution order. The engine that runs them is
 sage_tfx.models.dpsgd_engine.LayerGhostEngine (docs/models.md "Your own Keras model: make_private").
 """
-import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
+import tensorflow as tf  # noqa: TID253
 
-import tensorflow as tf
+import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 
 
 def _row_sq(t):

@@ -38,10 +38,9 @@ private seed and ``seed=`` is refused (sage_tfx.models.seeding).
 """
 import math
 
-import sage_tfx  # noqa: F401
-
+import sage_tfx  # noqa: F401  # isort: skip
 import numpy as np
-import tensorflow as tf
+import tensorflow as tf  # noqa: TID253
 
 from sage_tfx.models.data import FeatureLayout, labels_vector, split_input
 from sage_tfx.models.export import export_saved_model

@@ -1,12 +1,12 @@
 """Per-example losses for DP-SGD: ``per_example_loss`` turns a loss name, a Keras loss or a callable into
 (y, model output) -> one loss per record, which the engines (sage_tfx.models.dpsgd_engine) clip per record.
 """
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
+
+import tensorflow as tf  # noqa: TID253
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
-
-import tensorflow as tf
-
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
 __all__ = ["LOSSES", "per_example_loss"]

@@ -74,13 +74,13 @@ bit for bit, build the model with seeded initialisers (initial weights need no s
 """
 import functools
 import types
-from typing import Any, Callable, Dict, Optional, Tuple, Union
-
-import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-import tensorflow as tf
+import tensorflow as tf  # noqa: TID253
 
+import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 from sage_tfx.models.dpsgd_engine import _INVALID, ENGINES, ghost_applies, make_engine
 from sage_tfx.models.losses import LOSSES, per_example_loss
 from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch
@@ -94,7 +94,7 @@ __all__ = ["make_private", "PrivateModel", "PER_EXAMPLE", "LOSSES", "poisson_bat
 PER_EXAMPLE = ("auto",) + ENGINES
 OPTIMIZERS = ("sgd", "adam")
 _NAME = "make_private"
-Model = Union[tf.keras.Model, Callable[[Optional[int]], tf.keras.Model]]
+Model = tf.keras.Model | Callable[[int | None], tf.keras.Model]
 
 
 # ------------------------------------------------------------------------------------------- checks, helpers
@@ -105,7 +105,7 @@ def check_momentum(momentum: Any) -> float:
                          message=_INVALID)
 
 
-def check_engine(engine: str, keyword: str, choices: Tuple[str, ...], clip_norm: Any,
+def check_engine(engine: str, keyword: str, choices: tuple[str, ...], clip_norm: Any,
                  schedule: noise_schedules.NoiseSchedule) -> None:
     """Refuse, before anything is read, an engine not in ``choices`` and tf_privacy with what it cannot do
     (a noise schedule, an adaptive clip). ``keyword``: the caller's argument name, for the message."""
@@ -138,12 +138,12 @@ def poisson_batches(rng: np.random.Generator, n: int, q: float, steps: int):
         yield np.sort(rng.choice(n, size=size, replace=False)) if size else np.empty(0, np.int64)
 
 
-def public_params(batch_size, epochs, clip_norm) -> Dict[str, float]:
+def public_params(batch_size, epochs, clip_norm) -> dict[str, float]:
     """The fit's numbers that must be public under DPTrainer (``training_seed(public=...)``)."""
     return {"batch_size": batch_size, "epochs": epochs, **adaptive_clip.public_numbers(clip_norm)}
 
 
-def clip_spent(engine, clip_norm, noise_multiplier, batch_size) -> Dict[str, Any]:
+def clip_spent(engine, clip_norm, noise_multiplier, batch_size) -> dict[str, Any]:
     """``privacy_spent`` entries of an adaptive clip: its parameters, sigma_b, the sum's z_Delta and the last
     estimate (a DP release); {} for a fixed clip (its report is unchanged)."""
     if not isinstance(clip_norm, adaptive_clip.AdaptiveClip):
@@ -212,7 +212,7 @@ _KERAS_FIT_IGNORED = ("max_queue_size", "workers", "use_multiprocessing")
 
 
 def keras_fit_arguments(private: "PrivateModel", epochs: Any, batch_size: Any, shuffle: Any,
-                        others: Dict[str, Any]) -> None:
+                        others: dict[str, Any]) -> None:
     """Accept the Keras ``fit`` keywords a Keras user types when they change nothing; refuse the others.
 
     ``epochs`` / ``batch_size`` equal to make_private's are accepted (None: not given); a different value is
@@ -257,7 +257,7 @@ class PrivateModel:
         self.momentum, self.weight_decay = momentum, weight_decay
         self.noise_schedule = noise_schedules.as_schedule(noise_schedule)
         self.engine = None
-        self.privacy_spent: Optional[Dict[str, Any]] = None
+        self.privacy_spent: dict[str, Any] | None = None
 
     # ---------------------------------------------------------------- training
     def _start(self, x_spec, y_spec):
@@ -294,9 +294,9 @@ class PrivateModel:
             return tf.keras.optimizers.Adam(learning_rate=self.learning_rate, **decay)
         return tf.keras.optimizers.SGD(learning_rate=self.learning_rate, momentum=self.momentum, **decay)
 
-    def fit(self, x: Any, y: Any, verbose: Union[bool, int, str] = False, *,
-            callback: Optional[Callable[[int], None]] = None, epochs: Optional[Union[int, float]] = None,
-            batch_size: Optional[int] = None, shuffle: bool = True, **keras_kwargs: Any) -> "PrivateModel":
+    def fit(self, x: Any, y: Any, verbose: bool | int | str = False, *,
+            callback: Callable[[int], None] | None = None, epochs: int | float | None = None,
+            batch_size: int | None = None, shuffle: bool = True, **keras_kwargs: Any) -> "PrivateModel":
         """Train on (x, y) with DP-SGD; return self. Spends ``privacy_budget`` once (a second fit is refused).
 
         Keras habits (``keras_fit_arguments``, checked before any data is read): ``epochs=`` / ``batch_size=``
@@ -437,7 +437,7 @@ class PrivateModel:
         args = [features[k] for k in names]
         return self.model(args[0] if len(args) == 1 else args, training=False)
 
-    def export(self, path: str, transform_output: Any = None, label_key: Optional[str] = None) -> str:
+    def export(self, path: str, transform_output: Any = None, label_key: str | None = None) -> str:
         """Write a SavedModel with a ``serving_default`` signature; return ``path``.
 
         Without ``transform_output`` the signature takes the model's inputs by their Keras input names (one
@@ -462,7 +462,7 @@ class PrivateModel:
             def serve(features):
                 return outputs(self._call(features, names))
         else:
-            from sage_tfx.models.export import attach_transform
+            from sage_tfx.models.export import attach_transform  # noqa: PLC0415
 
             raw_spec = attach_transform(module, transform_output, label_key)
 
@@ -485,13 +485,13 @@ def check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch
         adaptive_clip.check_run(clip_norm, run.noise_multipliers, batch_size)
 
 
-def make_private(model: Model, *, privacy_budget: Tuple[float, float], num_examples: int,
-                 clip_norm: Union[float, str, adaptive_clip.AdaptiveClip] = 1.0, batch_size: int = 256,
-                 epochs: Union[int, float] = 1,
-                 optimizer: str = "sgd", learning_rate: Optional[float] = None, momentum: float = 0.0,
+def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examples: int,
+                 clip_norm: float | str | adaptive_clip.AdaptiveClip = 1.0, batch_size: int = 256,
+                 epochs: int | float = 1,
+                 optimizer: str = "sgd", learning_rate: float | None = None, momentum: float = 0.0,
                  weight_decay: float = 0.0, loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
-                 seed: Optional[int] = None,
-                 noise_schedule: Optional[noise_schedules.NoiseSchedule] = None, name: str = _NAME) -> PrivateModel:
+                 seed: int | None = None,
+                 noise_schedule: noise_schedules.NoiseSchedule | None = None, name: str = _NAME) -> PrivateModel:
     """Wrap a tf.keras Sequential or Functional ``model`` for DP-SGD training; return a ``PrivateModel``.
 
     ``model`` may also be a function ``init_seed -> model`` that ``fit`` calls once, when the fit starts, with

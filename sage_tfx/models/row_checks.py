@@ -26,13 +26,13 @@ differs. The model's variables and TensorFlow's global seed are restored afterwa
 nothing. What it does not prove: a layer written to couple rows only for some values (it sees one synthetic
 batch), or to write a variable only for some values; module files must not do that (docs/models.md).
 """
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, List, Tuple
+from typing import Any
 
-import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
-
+import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
 import numpy as np
-import tensorflow as tf
+import tensorflow as tf  # noqa: TID253
 
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
@@ -51,7 +51,7 @@ class RowCouplingError(DpSgdConfigError):
 class RowSpec:
     """One input's or label's shape after the batch axis and its dtype (what a synthetic batch copies)."""
 
-    shape: Tuple[int, ...]
+    shape: tuple[int, ...]
     dtype: np.dtype
 
 
@@ -128,7 +128,7 @@ def _compare(base, other, rows, what):
     return None
 
 
-def _changed_variables(before, skip) -> List[str]:
+def _changed_variables(before, skip) -> list[str]:
     """Names of the variables of ``before`` ((variable, value) pairs) whose value changed, ``skip`` aside."""
     return [v.name for v, value in before if v.ref() not in skip and not np.array_equal(value, v.numpy())]
 

@@ -44,8 +44,8 @@ import contextlib
 import contextvars
 import hashlib
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Dict, FrozenSet, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -78,25 +78,25 @@ class FitRecord:
     model: str
     epsilon: float
     delta: float
-    spent: Optional[Tuple[float, float]] = None
+    spent: tuple[float, float] | None = None
 
-    def charged(self) -> Tuple[float, float]:
+    def charged(self) -> tuple[float, float]:
         return self.spent if self.spent is not None else (self.epsilon, self.delta)
 
 
 class TrainingBlock:
     """The seed of one ``training_seed`` block, the share its fits may spend (None: no limit) and its fits."""
 
-    def __init__(self, seed: int, share: Optional[Tuple[float, float]] = None,
-                 public: Optional[FrozenSet[float]] = None):
+    def __init__(self, seed: int, share: tuple[float, float] | None = None,
+                 public: frozenset[float] | None = None):
         self.seed = seed
         self.share = share
         self.public = public
-        self.fits: List[FitRecord] = []
+        self.fits: list[FitRecord] = []
         self._lock = threading.Lock()
 
-    def start_fit(self, model_name: str, budget: Optional[Tuple[float, float]],
-                  params: Optional[Dict[str, float]] = None) -> int:
+    def start_fit(self, model_name: str, budget: tuple[float, float] | None,
+                  params: dict[str, float] | None = None) -> int:
         """Record a fit of ``model_name`` asking ``budget``; return its index k. FitBudgetError (nothing recorded)
         if the block has a share and the declared budgets would exceed it; PublicParameterError if it has
         public numbers and one of ``params`` (batch size, epochs) is not among them."""
@@ -118,8 +118,8 @@ class TrainingBlock:
                     f"config) of the DP count): {name} shapes the published sampling rate and step count, so it "
                     "must not be computed from the data (e.g. len(x)); pass a constant or a custom_config value")
 
-    def check(self, model_name: str, budget: Optional[Tuple[float, float]],
-              params: Optional[Dict[str, float]] = None) -> None:
+    def check(self, model_name: str, budget: tuple[float, float] | None,
+              params: dict[str, float] | None = None) -> None:
         """What ``start_fit`` would refuse now (PublicParameterError, FitBudgetError), recording nothing."""
         self._check_public(model_name, params or {})
         with self._lock:
@@ -141,7 +141,7 @@ class TrainingBlock:
                 "every DP fit of run_fn spends from the one share. For a hyper-parameter search give candidate i "
                 "the budget sage_tfx.models.candidate_budgets(fn_args.privacy_budget, k)[i]")
 
-    def composed(self) -> Tuple[float, float]:
+    def composed(self) -> tuple[float, float]:
         """(epsilon, delta) of all fits of the block by basic composition (a finished fit counts what it
         reported, an unfinished one what it declared)."""
         with self._lock:
@@ -154,7 +154,7 @@ _SHARED_BLOCKS = [0]  # blocks with a share open in this process (any thread)
 _SHARED_LOCK = threading.Lock()
 
 
-def candidate_budgets(privacy_budget: Tuple[float, float], k: int) -> List[Tuple[float, float]]:
+def candidate_budgets(privacy_budget: tuple[float, float], k: int) -> list[tuple[float, float]]:
     """``k`` equal budgets (epsilon/k, delta/k) that compose (basic composition) to ``privacy_budget``: one per
     candidate of a hyper-parameter search, declared before any of them trains."""
     epsilon, delta = privacy_budget
@@ -169,10 +169,10 @@ class FitSeeds:
     ``record``: the fit's entry in its ``training_seed`` block (None outside one); ``report_spent`` fills it.
     """
 
-    init: Optional[int]
-    sampling: Optional[int]
-    noise: Optional[int]
-    record: Optional[FitRecord] = field(default=None, compare=False, repr=False)
+    init: int | None
+    sampling: int | None
+    noise: int | None
+    record: FitRecord | None = field(default=None, compare=False, repr=False)
 
     def report_spent(self, privacy_spent: dict) -> None:
         """Record what the fit reported (its ``privacy_spent``) in its block, for the block's composition."""
@@ -187,8 +187,8 @@ def derive_seed(*parts: object, bits: int = 128) -> int:
 
 
 @contextlib.contextmanager
-def training_seed(seed: int, share: Optional[Tuple[float, float]] = None,
-                  public: Optional[FrozenSet[float]] = None) -> Iterator[TrainingBlock]:
+def training_seed(seed: int, share: tuple[float, float] | None = None,
+                  public: frozenset[float] | None = None) -> Iterator[TrainingBlock]:
     """While active (in this thread or task), DP models fitted with ``seed=None`` derive their randomness from
     ``seed``, and models given ``seed=`` are refused. Yields the ``TrainingBlock`` (its fits).
 
@@ -222,8 +222,8 @@ def active() -> bool:
     return _TRAINING_SEED.get() is not None
 
 
-def fit_seeds(seed: Optional[int], model_name: str, budget: Optional[Tuple[float, float]] = None,
-              params: Optional[Dict[str, float]] = None) -> FitSeeds:
+def fit_seeds(seed: int | None, model_name: str, budget: tuple[float, float] | None = None,
+              params: dict[str, float] | None = None) -> FitSeeds:
     """The seeds for one fit of ``model_name`` given its ``seed=`` argument; call it when the fit starts, before
     it reads data, with the fit's ``budget`` (epsilon, delta).
 
@@ -242,8 +242,8 @@ def fit_seeds(seed: Optional[int], model_name: str, budget: Optional[Tuple[float
                     noise=derive_seed(*base, "noise", bits=192), record=current.fits[k])
 
 
-def check_fit(seed: Optional[int], model_name: str, budget: Optional[Tuple[float, float]] = None,
-              params: Optional[Dict[str, float]] = None) -> None:
+def check_fit(seed: int | None, model_name: str, budget: tuple[float, float] | None = None,
+              params: dict[str, float] | None = None) -> None:
     """Refuse now, before the data is read, what ``fit_seeds`` would refuse when the fit starts (the same
     errors), recording nothing: for a fit configured before it runs (``make_private``)."""
     current = _checked_block(seed, model_name)

@@ -29,9 +29,9 @@ Layout; imports run one way:
 from .errors import (
     BlockRetired,
     BudgetRefused,
+    DuplicateContent,
     GrantError,
     LedgerCorrupt,
-    DuplicateContent,
     LedgerError,
     LedgerNotFound,
     LedgerRollback,
@@ -44,8 +44,19 @@ from .errors import (
     public_error_text,
 )
 from .ledger import OUTCOMES, POLICIES, Block, Grant, Ledger, Release, Stream
-from .split import (DEFAULT_RECORD_SPLIT, STAGES, BudgetSplit, ChargeRule, RecordSplit, eval_share_split, grant_split,
-                    record_split, require_budget, require_side, stage_budget)
+from .split import (
+    DEFAULT_RECORD_SPLIT,
+    STAGES,
+    BudgetSplit,
+    ChargeRule,
+    RecordSplit,
+    eval_share_split,
+    grant_split,
+    record_split,
+    require_budget,
+    require_side,
+    stage_budget,
+)
 
 __all__ = [
     "Ledger", "Grant", "Block", "Stream", "Release", "POLICIES", "OUTCOMES",

@@ -22,14 +22,15 @@ z where ``z^-2 = z_Delta^-2 + (2 sigma_b)^-2``: the privacy loss of independent 
 Gaussian whose variance parameter is the sum of the squared sensitivity-to-std ratios (1/z_Delta)^2 +
 (1/(2 sigma_b))^2 (one record moves both parts at once, and the same Poisson sample holds it in both or in
 neither). So given the noise multiplier z that the accountant calibrated for the budget, the sum takes
-``z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2`` (> z: a little more noise on the sum pays for the count), and each step is exactly the Poisson-sampled Gaussian(z) event the fixed-clip run is
+``z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2`` (> z: a little more noise on the sum pays for the count), and each step is
+exactly the Poisson-sampled Gaussian(z) event the fixed-clip run is
 accounted with: same DpEvent, same (epsilon, delta), same grant spend. This needs ``2 sigma_b > z``.
 
 Numpy-free (the privacy core): the TensorFlow side is sage_tfx.models.dpsgd_engine.
 """
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, Optional, Union
+from typing import Any
 
 from . import checks
 from .dpsgd import DpSgdConfigError
@@ -59,7 +60,7 @@ class AdaptiveClip:
     target_quantile: float = 0.5
     learning_rate: float = 0.2
     initial: float = 1.0
-    count_stddev: Optional[float] = None
+    count_stddev: float | None = None
 
     def __post_init__(self):
         checks.number(self.target_quantile, "target_quantile", low=0.0, high=1.0, low_open=True, high_open=True,
@@ -79,7 +80,7 @@ class AdaptiveClip:
         """z_Delta of the gradient sum for the accounted noise multiplier z (module docstring)."""
         return sum_noise_multiplier(noise_multiplier, self.count_stddev_for(batch_size))
 
-    def public_numbers(self) -> Dict[str, float]:
+    def public_numbers(self) -> dict[str, float]:
         """The numbers a training share checks are public (as batch size and epochs): they shape the release."""
         numbers = {"clip_target_quantile": self.target_quantile, "clip_learning_rate": self.learning_rate,
                    "initial_clip_norm": self.initial}
@@ -87,7 +88,7 @@ class AdaptiveClip:
             numbers["clip_count_stddev"] = self.count_stddev
         return {k: float(v) for k, v in numbers.items()}
 
-    def report(self, noise_multiplier: float, batch_size: int) -> Dict[str, Any]:
+    def report(self, noise_multiplier: float, batch_size: int) -> dict[str, Any]:
         """What ``privacy_spent["adaptive_clip"]`` records (JSON-friendly)."""
         out = {k: (None if v is None else float(v)) for k, v in asdict(self).items()}
         out["count_stddev"] = self.count_stddev_for(batch_size)
@@ -112,19 +113,19 @@ def sum_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
     return 1.0 / math.sqrt(rest)
 
 
-def check_run(clip_norm: Union[float, AdaptiveClip], noise_multipliers, batch_size: int) -> None:
+def check_run(clip_norm: float | AdaptiveClip, noise_multipliers, batch_size: int) -> None:
     """Refuse (DpSgdConfigError) an adaptive clip whose count noise is too small for the run's largest noise
     multiplier (all public numbers: call before the fit reads or draws anything); a fixed clip passes."""
     if isinstance(clip_norm, AdaptiveClip):
         clip_norm.sum_multiplier(max(float(z) for z in noise_multipliers), batch_size)
 
 
-def initial_clip(clip_norm: Union[float, AdaptiveClip]) -> float:
+def initial_clip(clip_norm: float | AdaptiveClip) -> float:
     """The clip norm of the first step."""
     return float(clip_norm.initial) if isinstance(clip_norm, AdaptiveClip) else float(clip_norm)
 
 
-def public_numbers(clip_norm: Union[float, AdaptiveClip]) -> Dict[str, float]:
+def public_numbers(clip_norm: float | AdaptiveClip) -> dict[str, float]:
     """The adaptive clip's numbers a training share checks are public ({} for a fixed clip)."""
     return clip_norm.public_numbers() if isinstance(clip_norm, AdaptiveClip) else {}
 
@@ -135,7 +136,7 @@ def next_clip(clip: float, noisy_count: float, batch_size: int, adaptive: Adapti
     return clip * math.exp(-adaptive.learning_rate * (fraction - adaptive.target_quantile))
 
 
-def as_clip_norm(clip_norm: Union[float, str, AdaptiveClip]) -> Union[float, AdaptiveClip]:
+def as_clip_norm(clip_norm: float | str | AdaptiveClip) -> float | AdaptiveClip:
     """A fixed clip norm (a float > 0) or an ``AdaptiveClip`` ("adaptive": the defaults); else DpSgdConfigError."""
     if isinstance(clip_norm, AdaptiveClip):
         return clip_norm

@@ -172,7 +172,7 @@ class QueuedPolicy(AllocationPolicy):
 
     queued = True
 
-    def new_block_shares(self, capacity, waiting):
+    def new_block_shares(self, capacity, waiting) -> None:
         return None
 
     def redistribute(self, holdings, pipeline, others, zero):
@@ -213,7 +213,7 @@ class ArrivalUnlocking(QueuedPolicy):
 
     DEFAULT_N = 100
 
-    def __init__(self, *, n: int = DEFAULT_N):
+    def __init__(self, *, n: int = DEFAULT_N) -> None:
         self.n = _int_param(str(self.name), "n", n, 1)
 
     def params(self):
@@ -244,7 +244,7 @@ class DpfT(QueuedPolicy):
     name = Policy.DPF_T
     DEFAULT_LIFETIME = 24 * 3600.0
 
-    def __init__(self, *, lifetime: float = DEFAULT_LIFETIME):
+    def __init__(self, *, lifetime: float = DEFAULT_LIFETIME) -> None:
         self.lifetime = _positive_param(str(self.name), "lifetime", lifetime, "seconds")
 
     def params(self):
@@ -327,17 +327,17 @@ class BlockAllocation:
     every charge is then made by the real ledger, which refuses anything this state gets wrong.
     """
 
-    def __init__(self, filt, min_cost, policy: AllocationPolicy | str = Policy.CONSERVE):
+    def __init__(self, filt, min_cost, policy: AllocationPolicy | str = Policy.CONSERVE) -> None:
         self.filt = filt
         self.min_cost = tuple(min_cost)
         self.policy = policy if isinstance(policy, AllocationPolicy) else get_policy(policy)
-        self.spent = {}          # block -> spent vector
-        self.holdings = {}       # block -> {pipeline: {"reserved", "used"}}, pipeline name order
-        self.active = []         # active block ids, oldest first
-        self.retired = set()
-        self._pools = {}         # block -> (pool_used, pool_reserved), dropped whenever the block changes
+        self.spent: dict = {}          # block -> spent vector
+        self.holdings: dict = {}       # block -> {pipeline: {"reserved", "used"}}, pipeline name order
+        self.active: list = []         # active block ids, oldest first
+        self.retired: set = set()
+        self._pools: dict = {}         # block -> (pool_used, pool_reserved), dropped whenever the block changes
 
-    def add_block(self, block, waiting):
+    def add_block(self, block, waiting) -> None:
         zero = self.filt.zero()
         self.spent[block] = zero
         self.active.append(block)
@@ -391,7 +391,7 @@ class BlockAllocation:
         """The newest ``window`` active blocks on which ``pipeline`` can spend ``cost``, oldest first; or None."""
         return newest_fitting(self.active, lambda block: self.fits(block, pipeline, cost), window)
 
-    def charge(self, blocks, pipeline, cost):
+    def charge(self, blocks, pipeline, cost) -> None:
         """Charge ``cost`` on every block (all must fit: AssertionError otherwise); retire exhausted blocks."""
         sources = [self.source(block, pipeline, cost) for block in blocks]
         missing = [b for b, s in zip(blocks, sources) if s is None]
@@ -407,7 +407,7 @@ class BlockAllocation:
                 self.retired.add(block)
                 self.active.remove(block)
 
-    def finish(self, pipeline, others):
+    def finish(self, pipeline, others) -> None:
         """``pipeline`` finished; ``others`` are the pipelines still waiting."""
         others = sorted(others)
         zero = self.filt.zero()
@@ -434,23 +434,23 @@ class QueuedAllocation:
     is the same as checking all of them (tests/test_allocation_policies.py checks it against a full scan).
     """
 
-    def __init__(self, filt, min_cost, policy: QueuedPolicy | str):
+    def __init__(self, filt, min_cost, policy: QueuedPolicy | str) -> None:
         self.filt = filt
         self.min_cost = tuple(min_cost)
         self.policy = policy if isinstance(policy, AllocationPolicy) else get_policy(policy)
         if not self.policy.queued:
             raise LedgerError(f"policy {str(self.policy.name)!r} is not a queued policy: use BlockAllocation")
-        self.spent = {}          # block -> spent vector
-        self.arrived = {}        # block -> arrival time (s)
-        self.arrivals = {}       # block -> pipeline arrivals since the block arrived (capped once unlocked)
-        self.active = []         # active block ids, oldest first
-        self.retired = set()
-        self.pending = {}        # pipeline -> [blocks tuple, cost, seq, blocked_on, fraction_then]
+        self.spent: dict = {}          # block -> spent vector
+        self.arrived: dict = {}        # block -> arrival time (s)
+        self.arrivals: dict = {}       # block -> pipeline arrivals since the block arrived (capped once unlocked)
+        self.active: list = []         # active block ids, oldest first
+        self.retired: set = set()
+        self.pending: dict = {}        # pipeline -> [blocks tuple, cost, seq, blocked_on, fraction_then]
         self._seq = 0
         self.full_scan = False   # tests: check every pending demand at every scheduling point
 
     # -- blocks and arrivals
-    def add_block(self, block, now):
+    def add_block(self, block, now) -> None:
         if block in self.spent:
             raise LedgerError(f"block {block!r} exists already")
         self.spent[block] = self.filt.zero()
@@ -458,7 +458,7 @@ class QueuedAllocation:
         self.arrivals[block] = 0
         self.active.append(block)
 
-    def load_block(self, block, *, spent, arrived, arrivals, retired=False):
+    def load_block(self, block, *, spent, arrived, arrivals, retired=False) -> None:
         """Restore one block's state as stored elsewhere (the ledger's tables, the audit's replay): the same
         fields ``add_block``, ``arrive`` and ``charge`` keep, so the rules run unchanged on them."""
         self.spent[block] = tuple(spent)
@@ -469,7 +469,7 @@ class QueuedAllocation:
         else:
             self.active.append(block)
 
-    def arrive(self, now=None):
+    def arrive(self, now=None) -> None:
         """A pipeline arrived: one more share of every live block unlocks (policies that unlock per arrival)."""
         for block in self.active:
             self.arrivals[block] += 1
@@ -493,7 +493,7 @@ class QueuedAllocation:
         return newest_fitting(self.active, lambda block: self.fits(block, cost, now), window)
 
     # -- demands
-    def demand(self, pipeline, blocks, cost, seq=None):
+    def demand(self, pipeline, blocks, cost, seq=None) -> None:
         """Record ``pipeline``'s pending demand of ``cost`` on each of ``blocks`` (replacing any earlier one).
 
         ``seq`` orders demands whose keys tie (smaller: older, first); None: after every demand so far. The
@@ -507,7 +507,7 @@ class QueuedAllocation:
         self._seq = self._seq + 1 if seq is None else max(self._seq, int(seq))
         self.pending[pipeline] = [blocks, tuple(cost), self._seq if seq is None else int(seq), None, None]
 
-    def withdraw(self, pipeline):
+    def withdraw(self, pipeline) -> None:
         self.pending.pop(pipeline, None)
 
     def key(self, pipeline, orders_index=None):
@@ -565,7 +565,7 @@ class QueuedAllocation:
             granted.append((pipeline, blocks, cost))
         return granted
 
-    def charge(self, blocks, cost, now):
+    def charge(self, blocks, cost, now) -> None:
         """Charge ``cost`` on every block (all must fit: AssertionError otherwise); retire exhausted blocks."""
         missing = [b for b in blocks if not self.fits(b, cost, now)]
         if missing:

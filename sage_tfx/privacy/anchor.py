@@ -105,7 +105,7 @@ def head_problem(store, head, ledger_id, head_path):
     return None
 
 
-def unbound_log_problem(store, keys, legacy_until):
+def unbound_log_problem(store, keys, legacy_until) -> str | None:
     """For a log with no ``ledger`` entry (an older ledger's first open, bound next): None if every entry chains in
     sequence from the start under the key (those up to ``legacy_until`` under the unkeyed chain of before the key
     migration), else what was found. A bound ledger whose ``ledger`` entry was cut out or altered must be refused,

@@ -48,14 +48,15 @@ from dataclasses import dataclass, field
 
 from . import filters
 from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, missing_head_text, rewritten_text
+from .chain import GENESIS, TRUSTED_READ, chain_hash
+from .chain import canonical as _canonical
 from .draws import DrawReplay, audit_draw
 from .errors import LedgerError
 from .grants import Grant, cap_text, capped, grant_budget, older_rdp, stage_cap
-from .split import UNIT_KEY, SLACK, BudgetSplit, over_budget, per_row_budget, per_row_split, unit_meta, unit_rows
 from .queue_replay import QueueReplay
+from .split import SLACK, UNIT_KEY, BudgetSplit, over_budget, per_row_budget, per_row_split, unit_meta, unit_rows
 from .store import sql
 from .vocabulary import Accounting, BlockState, PipelineState, Source
-from .chain import GENESIS, TRUSTED_READ, canonical as _canonical, chain_hash
 
 
 @dataclass
@@ -70,7 +71,7 @@ class AuditReport:
     trusted_reads: list = field(default_factory=list)
 
     @property
-    def ok(self):
+    def ok(self) -> bool:
         return not self.problems
 
     def to_dict(self):

@@ -13,12 +13,14 @@ import collections.abc
 import json
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .chain import json_text
 from .checks import check_name, finite
 from .errors import DuplicateContent, LedgerError
 from .store import sql
+from .write import StreamWrite
 
 DIGEST = re.compile(r"^[0-9a-f]{1,64}$")  # a block's content digest (ingest's): 1-64 lowercase hex digits
 CHUNK = 500  # ids per statement
@@ -149,12 +151,12 @@ def check_block_set(blocks):
     return blocks
 
 
-def check_new_ids(tx, stream, checked, allowed):
+def check_new_ids(tx, stream, checked, allowed) -> None:
     """In ``add_blocks``' transaction: refuse an id the stream holds, then a digest another stream (not in
     ``allowed``) registered (DuplicateContent: the same records would get a fresh budget here)."""
     # before the digest check: a block of this stream is never taken for a copy. One query per CHUNK ids
     # (primary key look-ups), so the cost does not grow with the stream (docs/BENCHMARKS.md).
-    ids, existing = [b[0] for b in checked], set()
+    ids, existing = [b[0] for b in checked], set[str]()
     for chunk in chunks(ids):
         existing.update(r[0] for r in tx.all(sql.block_ids_present(len(chunk)), [stream, *chunk]))
     for block_id in ids:
@@ -180,10 +182,19 @@ def digest_owners(tx, digests, exclude_stream):
     return out
 
 
-def insert_block(tx, log, stream, filt, waiting, share, block_id, start, end, shard, rows, created, digest=None):
+def insert_block(w: StreamWrite, block: tuple, *, waiting: Sequence[str], share: Sequence[float] | None) -> None:
     """Register one fresh block (zero loss) and, if ``share`` is not None, reserve it for ``waiting``; each step
-    appended to the log with ``log(tx, kind, body)``. Refuses a window that overlaps one of the stream's or a
-    shard it holds (LedgerError; the caller's transaction then changes nothing)."""
+    appended to the log. Refuses a window that overlaps one of the stream's or a shard it holds (LedgerError; the
+    caller's transaction then changes nothing).
+
+    Args:
+        w: the stream's write.
+        block: the block's fields as ``check_block`` returns them.
+        waiting: the pipelines waiting on the stream, which share a new block's budget.
+        share: each waiting pipeline's reservation on the block (the stream's rules), or None.
+    """
+    tx, log, stream, filt = w.tx, w.log, w.stream.name, w.filt
+    block_id, start, end, shard, rows, created, digest = block
     # The caller (add_blocks) refused ids present in the stream or repeated in the batch, in the same transaction.
     if start is not None:
         # Does [start, end) overlap a window of the stream? The windows already there are pairwise disjoint

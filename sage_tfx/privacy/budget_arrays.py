@@ -16,7 +16,7 @@ from .vocabulary import Accounting
 
 
 def _numpy():
-    import numpy  # lazily: the ledger CLI's other commands start without it
+    import numpy  # noqa: PLC0415 (lazily: the ledger CLI's other commands start without it)
 
     return numpy
 

@@ -21,7 +21,7 @@ def json_text(*, sort_keys: bool = False, separators: tuple = (", ", ": ")):
     {} per call (no check for a container holding itself, which no ledger text does; that one recursion would end in
     a RecursionError instead of a ValueError). Without the C encoder (another Python implementation): ``encode``."""
     encoder = json.JSONEncoder(sort_keys=sort_keys, separators=separators)
-    make = json.encoder.c_make_encoder
+    make = json.encoder.c_make_encoder  # type: ignore[attr-defined]  # CPython's C encoder, checked below
     fast = (make(None, encoder.default, json.encoder.encode_basestring_ascii, None, separators[1], separators[0],
                  sort_keys, False, True) if make is not None else None)
 

@@ -12,8 +12,8 @@ demands, charges each admitted one at once (the filter checked as it is charged,
 ``admit`` then one ``grant`` per admission) and keeps its grant for the pipeline's next identical request (log
 ``collect``). The audit replays all of it (audit.py).
 
-The functions run inside the caller's write transaction ``tx`` and append to the log with ``log(tx, kind, body,
-text=None)`` (the facade's ``Ledger._log``); ``keyring`` is the ledger's ``KeyRing``, which signs each grant. This
+The writing functions take a ``write.StreamWrite`` (the caller's write transaction, the facade's ``Ledger._log``,
+the ``KeyRing`` that signs each grant, the stream and its filter) and, for a request, a ``write.Charge``. This
 module imports neither the ``Ledger`` facade nor the audit.
 """
 import collections
@@ -22,8 +22,8 @@ import time
 
 from . import filters
 from .allocation import QueuedAllocation, get_policy
-from .budget_arrays import BudgetArrays
 from .blocks import chunks, read_blocks, read_reservations, vector_decoder, vector_text
+from .budget_arrays import BudgetArrays
 from .chain import canonical
 from .checks import finite
 from .errors import BudgetRefused, LedgerError
@@ -31,6 +31,7 @@ from .grants import Grant, grant_log_text, new_grant
 from .store import sql
 from .streams import stream_cost
 from .vocabulary import Accounting, BlockState, DemandState, Policy, Source
+from .write import Charge, StreamWrite
 
 PENDING, ADMITTED = DemandState.PENDING, DemandState.ADMITTED
 
@@ -51,21 +52,29 @@ def pick_source(filt, spent, cost, block_reservations, pipeline, policy=Policy.C
                      "waiting pipelines")
 
 
-def charge_now(tx, log, keyring, s, filt, pipeline, blocks, found, reservations, cost, rule, meta, split):
-    """Conserve/Aggressive: charge ``cost`` on every block now if the policy's source admits it on all, or
+def charge_now(w: StreamWrite, charge: Charge, found: dict, reservations: dict) -> Grant:
+    """Conserve/Aggressive: charge ``charge.cost`` on every block now if the policy's source admits it on all, or
     raise BudgetRefused (nothing charged); return the signed Grant.
+
+    Args:
+        w: the stream's write.
+        charge: the request.
+        found: {block: (state, spent text)} of the request's blocks, read in ``w.tx``.
+        reservations: {block: {pipeline: {"reserved", "used"}}} of those blocks.
 
     Every block is checked, but blocks in the same state (the same stored spent text and the same
     reservations) get the same answer and the same new values from these pure functions, so each distinct
     state is decoded, evaluated and encoded once (32 fresh blocks: once), and written in one UPDATE per
     distinct new value, naming its blocks."""
+    tx, log, s, filt = w.tx, w.log, w.stream, w.filt
+    pipeline, blocks, cost = charge.pipeline, charge.blocks, charge.cost
     stream = s.name
     if reservations:  # a block's state: its spent text and its reservations
         keys = [(found[b][1], tuple((p, h["reserved"], h["used"]) for p, h in reservations.get(b, {}).items()))
                 for b in blocks]
     else:  # no reservation on any of the blocks: its spent text alone
         keys = [(found[b][1], ()) for b in blocks]
-    groups = {}  # {state key: [blocks, in grant order]}
+    groups: dict[tuple, list[str]] = {}  # {state key: [blocks, in grant order]}
     for b, key in zip(blocks, keys):
         group = groups.get(key)
         if group is None:
@@ -85,10 +94,13 @@ def charge_now(tx, log, keyring, s, filt, pipeline, blocks, found, reservations,
                                                if not verdicts[k][0]})
 
     now = time.time()
-    grant, body_text = new_grant(keyring, s, filt, pipeline, blocks, cost, rule, meta, now, split)
+    grant, body_text = new_grant(w.keyring, s, filt, pipeline, blocks, cost, charge.rule, charge.meta, now,
+                                 charge.split)
     min_cost = stream_cost(s, filt, s.min_epsilon)
     active, retired_state, own = BlockState.ACTIVE.value, BlockState.RETIRED.value, Source.OWN
-    block_groups, own_groups, alive_of = {}, {}, {}
+    block_groups: dict[tuple, list[str]] = {}
+    own_groups: dict[str, list[str]] = {}
+    alive_of: dict[tuple, bool] = {}
     for key, members in groups.items():
         _ok, source, spent = verdicts[key]
         spent = filters.add(spent, cost)
@@ -114,8 +126,10 @@ def charge_now(tx, log, keyring, s, filt, pipeline, blocks, found, reservations,
     return grant
 
 
-def queued_request(tx, log, keyring, s, filt, pipeline, blocks, found, cost, rule, meta):
+def queued_request(w: StreamWrite, charge: Charge) -> tuple[Grant | None, dict[str, str] | None]:
     """(grant, None) if granted now or collected; (None, {block: why}) once the demand is recorded."""
+    tx, log, s, filt = w.tx, w.log, w.stream, w.filt
+    pipeline, blocks, cost, rule, meta = charge.pipeline, charge.blocks, charge.cost, charge.rule, charge.meta
     stream, meta_text = s.name, canonical(meta)
     row = tx.one(sql.DEMAND_ROW, (stream, pipeline))
     same = row is not None and (json.loads(row[0]), tuple(json.loads(row[1])), row[2], row[3]) == (
@@ -132,7 +146,7 @@ def queued_request(tx, log, keyring, s, filt, pipeline, blocks, found, cost, rul
                (stream, pipeline, json.dumps(list(blocks)), json.dumps(list(cost)), rule, meta_text, tx.head[0],
                 PENDING))
     now = time.time()
-    granted, queue = schedule(tx, log, keyring, s, filt, now, caller=pipeline)
+    granted, queue = schedule(w, now, caller=pipeline)
     if pipeline in granted:
         return granted[pipeline], None
     why = {}
@@ -169,10 +183,11 @@ def queue_state(tx, s, filt, blocks=()):
     return {d[0]: (d[3], d[4]) for d in demands}, queue
 
 
-def schedule(tx, log, keyring, s, filt, now, caller=None):
+def schedule(w: StreamWrite, now: float, caller: str | None = None) -> tuple[dict[str, Grant], QueuedAllocation]:
     """A scheduling point: grant the pending demands the policy admits now, in its order, each charged at
     once. Returns ({pipeline: Grant} admitted, the queue's state after). ``caller``'s grant is handed to it
     now (its demand row removed); the others wait in ``demands`` as admitted, for their next request."""
+    tx, log, s, filt = w.tx, w.log, w.stream, w.filt
     infos, queue = queue_state(tx, s, filt)
     if not infos:
         return {}, queue
@@ -183,11 +198,11 @@ def schedule(tx, log, keyring, s, filt, now, caller=None):
     grants = {}
     for pipeline, blocks, cost in admitted:
         rule, meta_text = infos[pipeline]
-        grants[pipeline] = new_grant(keyring, s, filt, pipeline, blocks, cost, rule, json.loads(meta_text), now)
+        grants[pipeline] = new_grant(w.keyring, s, filt, pipeline, blocks, cost, rule, json.loads(meta_text), now)
     log(tx, "admit", {"stream": s.name, "now": now,
                       ADMITTED: [[p, grants[p][0].id] for p, _, _ in admitted],
                       "collected": caller if caller in grants else None})
-    touched = []
+    touched: list[str] = []
     for pipeline, blocks, _cost in admitted:
         grant, body_text = grants[pipeline]
         touched.extend(b for b in blocks if b not in touched)
@@ -275,7 +290,7 @@ def release_reservations(tx, s, pipeline, others):
 class NoSource:
     """Why no source admits a charge on a block (its ``reason``, for the refusal)."""
 
-    def __init__(self, reason):
+    def __init__(self, reason) -> None:
         self.reason = reason
 
 
@@ -287,7 +302,7 @@ def eps_left(filt, used, reserved):
     return max(0.0, max(shares, default=0.0)) * filt.epsilon
 
 
-def check_availability_args(filt, delta, tolerance):
+def check_availability_args(filt, delta, tolerance) -> None:
     """The availability answers' arguments: ``delta`` as a request would check it, 0 < ``tolerance`` < 1."""
     try:
         filt.cost(epsilon=filt.epsilon, delta=delta)  # the request's own check of delta

@@ -28,7 +28,7 @@ def check_name(value, what):
     return value
 
 
-def rule_text(low=None, high=None, *, low_open=False, high_open=False):
+def rule_text(low=None, high=None, *, low_open=False, high_open=False) -> str:
     """The range a number must lie in, in words: "finite", "finite and > 0", "in (0, 1)", "in [0, 1)", ..."""
     if low is not None and high is not None:
         return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"

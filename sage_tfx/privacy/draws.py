@@ -69,7 +69,8 @@ import functools
 import json
 import math
 import time
-from typing import Callable, Iterable, Mapping, Optional, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, cast
 
 from . import curves
 from .chain import canonical
@@ -105,7 +106,7 @@ def mixed_compositions(composition: str, earlier: Mapping[str, str]) -> list[str
             for gid, was in earlier.items() if was != composition]
 
 
-def structure_problems(run_body: Mapping, lifetimes: Sequence[tuple[str, Optional[Mapping]]],
+def structure_problems(run_body: Mapping, lifetimes: Sequence[tuple[str, Mapping | None]],
                        releases: Mapping[str, list], schedule: str) -> list[str]:
     """What makes ``run_body`` (a run grant body) not drawable from ``lifetimes`` ([(id, body or None)], in the
     run grant's block order) whose releases are ``releases`` ({id: [(stage, computation)]}); [] if drawable."""
@@ -151,8 +152,8 @@ class ExactSum:
     every draw. Finite values only (budgets are)."""
     __slots__ = ("partials",)
 
-    def __init__(self):
-        self.partials = []
+    def __init__(self) -> None:
+        self.partials: list[float] = []
 
     def add(self, x: float) -> None:
         partials, i = self.partials, 0
@@ -174,10 +175,13 @@ class DrawTotals:
     epsilons, deltas and (folded on first use) pure-DP curves, which ``overdraws`` reads instead of the rows."""
     __slots__ = ("grant", "rows", "eps", "delta", "order", "_curves", "_pending", "_stale")
 
-    def __init__(self, grant: str = "", order: int = 0):
+    def __init__(self, grant: str = "", order: int = 0) -> None:
         self.grant, self.order = grant, order  # order: of the grant's first draw in the replay
-        self.rows, self.eps, self.delta = {}, ExactSum(), ExactSum()
-        self._curves, self._pending, self._stale = None, [], False
+        self.rows: dict = {}
+        self.eps, self.delta = ExactSum(), ExactSum()
+        self._curves: list | None = None
+        self._pending: list = []
+        self._stale = False
 
     def add(self, run: int, run_grant: str, epsilon: float, delta: float) -> None:
         if run in self.rows:  # a run index drawn twice (the audit reports it): the sums are rebuilt from the rows
@@ -215,7 +219,7 @@ def _list_terms(others: list, epsilon: float, delta: float, curves_too: bool):
 
 
 def overdraws(run: int, epsilon: float, delta: float, lifetimes: Sequence[tuple[str, Mapping]],
-              prior: Mapping[str, "Iterable[tuple[int, float, float]] | DrawTotals"],
+              prior: Mapping[str, Iterable[tuple[int, float, float]] | DrawTotals],
               composition: str = COMPOSITION) -> dict:
     """{block: why} for every lifetime grant on which the draws of the other runs (``prior``: {id: [(run, eps,
     delta)]}, or {id: ``DrawTotals``} as the audit's replay keeps them) plus this one break ``composition``'s rule
@@ -291,7 +295,7 @@ def _zcdp_overdraw(delta_terms: list, curve_terms: list, epsilon: float, cap_eps
 
 
 def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Sequence, run: int, epsilon: float,
-         delta: float, *, schedule: str, split: Optional[BudgetSplit] = None, meta: Optional[dict] = None,
+         delta: float, *, schedule: str, split: BudgetSplit | None = None, meta: dict | None = None,
          composition: str = COMPOSITION) -> Grant:
     """``Ledger.draw``: the run grant of run ``run`` at (epsilon, delta) over ``lifetime_grants`` (Grants or ids,
     in block order), drawn under ``composition`` ("basic" or "zcdp": the module docstring's two rules) in one
@@ -324,7 +328,7 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
     n = len(ids)
     with store.transaction() as tx:
         rows = {r[0]: (json.loads(r[1]), r[2]) for r in tx.all(sql.draw_grants(n), ids)}
-        lifetimes = [(gid, rows[gid][0] if gid in rows else None) for gid in ids]
+        lifetimes: list[tuple[Any, Any]] = [(gid, rows[gid][0] if gid in rows else None) for gid in ids]
         forged = [gid for gid, (body, sig) in rows.items() if not signature_ok(body, sig)]
         if forged:
             raise GrantError(f"lifetime grant(s) {forged} do not verify: their records were altered")
@@ -335,7 +339,7 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
         if s.accounting != Accounting.BASIC:
             raise LedgerError(f"stream {s.name!r} accounts in {s.accounting}: run grants are drawn from lifetime "
                               "grants charged (epsilon, delta), on a stream with basic accounting only")
-        releases = {}
+        releases: dict = {}
         for gid, stage, computation in tx.all(sql.draw_releases(n), ids):
             releases.setdefault(gid, []).append((stage, computation))
         blocks = [b for _, body in lifetimes if body is not None for b in body["blocks"]]
@@ -348,7 +352,9 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
         problems = structure_problems(probe, lifetimes, releases, schedule)
         if problems:
             raise GrantError("cannot draw a run grant: " + "; ".join(problems))
-        prior, same_run, again, latest = {}, [], None, {}
+        prior: dict = {}
+        latest: dict = {}
+        same_run, again = [], None
         for gid, r, run_grant, eps, dlt in tx.all(sql.draw_rows(n), ids):
             prior.setdefault(gid, []).append((r, eps, dlt))
             if r >= latest.get(gid, (-1,))[0]:
@@ -397,8 +403,10 @@ class DrawReplay:
     grants' state only, not every earlier draw and release of the ledger."""
     __slots__ = ("rows", "totals", "stages")
 
-    def __init__(self):
-        self.rows, self.totals, self.stages = {}, {}, {}
+    def __init__(self) -> None:
+        self.rows: dict = {}
+        self.totals: dict = {}
+        self.stages: dict = {}
 
     def release(self, grant_id: str, stage: str) -> None:
         """A release the audit recorded (``releases[(grant_id, stage)]``)."""
@@ -414,9 +422,9 @@ def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, repla
     if not ledger.signature_ok(body, signature):
         problems.append(f"log entry {seq}: run grant {gid!r} has an invalid signature")
     info = (body.get("meta") or {}).get(DRAW_KEY) or {}
-    ids, run = list(info.get("from") or []), info.get("run")
+    ids, run = list(info.get("from") or []), cast(int, info.get("run"))  # as logged; checked by the replay
     lifetimes = [(g, json.loads(grants[g][0]) if g in grants else None) for g in ids]
-    distinct, done = list(dict.fromkeys(ids)), {}
+    distinct, done = list(dict.fromkeys(ids)), dict[str, list]()
     for g in distinct:
         for stage in replay.stages.get(g, ()):
             done.setdefault(g, []).append((stage, releases[(g, stage)][0]))

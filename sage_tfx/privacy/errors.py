@@ -70,7 +70,7 @@ class BudgetRefused(SageError):
     ``shortfalls`` maps each refused block id to what it lacked.
     """
 
-    def __init__(self, stream, pipeline, shortfalls):
+    def __init__(self, stream, pipeline, shortfalls) -> None:
         self.stream = stream
         self.pipeline = pipeline
         self.shortfalls = dict(shortfalls)
@@ -97,7 +97,7 @@ class RecordError(SageError, ValueError):
     (others: the type only).
     """
 
-    def __init__(self, column, index, problem):
+    def __init__(self, column, index, problem) -> None:
         self.column, self.index, self.problem = str(column), None, str(problem)
         super().__init__(f"column {self.column!r}: {self.problem}")
 
@@ -146,7 +146,7 @@ class ConfinedRunError(SageError):
     only by a ``--check`` child (generated rows), else None. The message is ``detail`` or ``public``."""
 
     def __init__(self, public: str, environment: bool = False, environment_text: str = "",
-                 detail: str | None = None):
+                 detail: str | None = None) -> None:
         super().__init__(detail or public)
         self.public, self.environment = str(public), bool(environment)
         self.environment_text, self.detail = str(environment_text or public), detail
@@ -179,11 +179,12 @@ def is_environment_error(exc: BaseException) -> bool:
     if isinstance(exc, ConfinedRunError):
         return exc.environment
     seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if not (_beam_reraise(exc) or isinstance(exc, (OSError, StorageError)) or _status_error(exc)):
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        if not (_beam_reraise(link) or isinstance(link, (OSError, StorageError)) or _status_error(link)):
             return False
-        exc = exc.__cause__ or exc.__context__
+        link = link.__cause__ or link.__context__
     return True
 
 
@@ -211,8 +212,9 @@ def environment_error_text(exc: BaseException) -> str:
     otherwise (a TensorFlow or MLMD message may quote what user code passed it)."""
     if isinstance(exc, ConfinedRunError):
         return exc.environment_text
-    if _beam_reraise(exc):
-        return environment_error_text(exc.__context__)
+    context = exc.__context__
+    if _beam_reraise(exc) and context is not None:  # _beam_reraise needs a context: it is there
+        return environment_error_text(context)
     name = type(exc).__name__
     if isinstance(exc, StorageError):
         return f"{name}: {exc}"

@@ -102,7 +102,7 @@ class BasicFilter:
 
     accounting = Accounting.BASIC
 
-    def __init__(self, epsilon, delta):
+    def __init__(self, epsilon, delta) -> None:
         self.epsilon = check_epsilon(epsilon, "global epsilon")
         self.delta = check_delta(delta, "global delta")
         self.capacity = (self.epsilon, self.delta)
@@ -156,7 +156,7 @@ class RdpFilter:
     accounting = Accounting.RDP
 
     def __init__(self, epsilon, delta, orders=curves.DEFAULT_ORDERS, query_delta_share=DEFAULT_QUERY_DELTA_SHARE,
-                 split_orders=True):
+                 split_orders=True) -> None:
         """``query_delta_share``: q in [0, 1), the fixed split of delta (module docstring); None: the legacy rule of
         streams made before schema 7. ``split_orders``: the conversion's delta is split evenly over the orders (the
         union bound of the module docstring); False: every order converts at all of it, the rule of streams made
@@ -217,7 +217,7 @@ class RdpFilter:
             return False
         return any(u + c <= r for u, c, r in zip(used[1:], cost[1:], reserved[1:]))
 
-    def shortfall(self, spent, cost):
+    def shortfall(self, spent, cost) -> str:
         if self.terms is None and spent[0] + cost[0] >= self.delta:
             return f"delta: {cost[0]:.6g} asked, {max(self.delta - spent[0], 0):.6g} left"
         if self.terms is not None and spent[0] + cost[0] > self.delta_queries:

@@ -9,9 +9,10 @@ profile, which is not proven for the grid releases. Proof: docs/noise.md, "Grid 
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import TYPE_CHECKING
 
-from scipy.special import log_ndtr
+if TYPE_CHECKING:
+    import dp_accounting
 
 from .curves import calibration_accountant
 
@@ -20,7 +21,7 @@ RELATIVE_TOL = 1e-7     # the search's tolerance, as a fraction of its guess
 # dp_accounting is imported inside the functions: it takes seconds to import, and the ledger never needs it
 
 
-def releases_event(multiplier: float, releases: int = 1) -> "dp_accounting.DpEvent":
+def releases_event(multiplier: float, releases: int = 1) -> dp_accounting.DpEvent:
     """``releases`` Gaussian releases of ``multiplier``, composed (one ``GaussianDpEvent`` if ``releases`` is 1)."""
     import dp_accounting
 
@@ -33,7 +34,7 @@ def classic_guess(epsilon: float, delta: float, releases: int = 1) -> float:
     return math.sqrt(releases) * math.sqrt(2.0 * math.log(1.25 / delta)) / epsilon
 
 
-def rdp_multiplier(epsilon: float, delta: float, *, releases: int = 1, guess: Optional[float] = None) -> float:
+def rdp_multiplier(epsilon: float, delta: float, *, releases: int = 1, guess: float | None = None) -> float:
     """Smallest multiplier c whose ``releases`` Gaussian-type releases are jointly (epsilon, delta)-DP (RDP).
 
     Searched by dp_accounting's ``mechanism_calibration.calibrate_dp_mechanism`` from ``guess`` (default
@@ -61,7 +62,7 @@ def zcdp_rho(epsilon: float, delta: float) -> float:
     return 1.0 / (2.0 * rdp_multiplier(epsilon, delta) ** 2)
 
 
-def rdp_event_epsilon(event: "dp_accounting.DpEvent", delta: float) -> float:
+def rdp_event_epsilon(event: dp_accounting.DpEvent, delta: float) -> float:
     """Epsilon at ``delta`` of a DpEvent of Gaussian-type releases, by the RDP conversion this module calibrates
     against. inf at delta 0 (no RDP conversion to pure DP)."""
     if not delta > 0:
@@ -80,6 +81,7 @@ def analytic_delta(epsilon: float, multiplier: float) -> float:
 
     A comparison only (the paper's AdaSSP claim, the DP-SGD audit's tests): no release is calibrated by it.
     """
+    from scipy.special import log_ndtr  # noqa: PLC0415 (scipy loads in seconds: only where it is used)
     s = float(multiplier)
     a = 1.0 / (2.0 * s)
     first = math.exp(log_ndtr(a - epsilon * s))

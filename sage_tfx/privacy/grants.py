@@ -16,8 +16,17 @@ from dataclasses import dataclass, field
 
 from .chain import canonical
 from .errors import GrantError, LedgerError
-from .split import (SINGLE_RULE, SPLIT_KEY, BudgetSplit, grant_split, over_budget, per_row_budget, sign_records,
-                     unit_meta, unit_rows)
+from .split import (
+    SINGLE_RULE,
+    SPLIT_KEY,
+    BudgetSplit,
+    grant_split,
+    over_budget,
+    per_row_budget,
+    sign_records,
+    unit_meta,
+    unit_rows,
+)
 from .vocabulary import Accounting
 
 
@@ -248,7 +257,7 @@ def signature_ok(keys, legacy_grants, body, signature):
     return False
 
 
-def check_grant_copy(grant, stored, stream=None, epsilon=None, delta=None):
+def check_grant_copy(grant, stored, stream=None, epsilon=None, delta=None) -> None:
     """``Ledger.verify``'s checks once the signature verified: ``grant`` is the ledger's record ``stored``, of
     ``stream`` if given, covering at least ``epsilon``/``delta`` if given; GrantError naming what differs."""
     if stored.to_json() != grant.to_json():

@@ -6,6 +6,7 @@ import atexit
 import contextlib
 import ctypes
 import errno
+import fcntl
 import hashlib
 import hmac
 import json
@@ -427,7 +428,6 @@ class HeadFile:
         slot's, C's included, with ``updates``) are beyond what A and B hold; with ``sync_unknown``, otherwise
         the file is fdatasync'd unless this process did so since A's or B's newest write. ``lazy``: into slot C,
         unsynced (``HeadSync.USE``), when ``updates`` move the newest heads forwards."""
-        import fcntl
 
         with self._io:
             fds = self._fds
@@ -532,7 +532,7 @@ class HeadFile:
 
 
 MAX_OPEN_HEAD_FILES = 32  # HeadFiles of one process keeping descriptors open; beyond it the oldest close theirs
-_OPEN_HEADS = []  # weak references to them, oldest first
+_OPEN_HEADS: list = []  # weak references to them, oldest first
 _OPEN_HEADS_LOCK = threading.Lock()
 
 
@@ -556,7 +556,7 @@ def _keep_open(head):
                 other._io.release()
 
 
-_FLUSHED_AT_EXIT = weakref.WeakSet()  # the live HeadSync.GROUP and .USE head files of this process
+_FLUSHED_AT_EXIT: weakref.WeakSet = weakref.WeakSet()  # the live HeadSync.GROUP and .USE head files of this process
 
 
 @atexit.register

@@ -10,7 +10,7 @@ One master key, 32 random bytes from ``secrets``, lives in a key file the operat
   read or write (as ssh refuses a private key), naming the path and the ``chmod 600`` fix.
 
 Nothing uses the master key itself: HKDF-SHA256 (RFC 5869) derives one key per purpose, with distinct
-``info`` labels: ``signing_key`` signs grants (``Ledger._sign``), ``noise_key`` seeds every DP release
+``info`` labels: ``signing_key`` signs grants (``grants.sign``), ``noise_key`` seeds every DP release
 (``Ledger.private_seed``), ``audit_key`` chains the audit log (``chain_value``), and
 ``block_key(stream, block)`` encrypts one block's records, and ``content_key`` keys each block's content
 digest (``content_digest``: the one digest of a block's records the ledger, the manifests and the
@@ -32,6 +32,9 @@ import os
 import secrets
 import stat
 
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
 from .errors import LedgerError
 from .store.location import is_postgres
 
@@ -47,8 +50,6 @@ class KeyFileError(LedgerError):
 
 
 def _hkdf(master, info, length=32):
-    from cryptography.hazmat.primitives import hashes
-    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=b"sage-tfx/keyring/v1", info=info).derive(master)
 

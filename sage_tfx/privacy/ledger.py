@@ -16,7 +16,7 @@ among the pipelines waiting at that moment and reserved for them; a grant draws
 on the pipeline's own reservation first, then on the unreserved pool; when a
 pipeline ``finish``es, its unused reservation is split among those still
 waiting. The stream's policy tells the iterator how to spend a reservation
-(``plan_epsilon``): conserve starts small and doubles, aggressive takes it all.
+(the policy's ``plan_epsilon``, ``allocation.get_policy``): conserve starts small and doubles, aggressive takes it all.
 What a pipeline could be granted now is ``available_epsilon`` (on a set of
 blocks) or ``available_per_block`` (on each block alone, all in one read: how the
 iterator chooses blocks); both are advisory, ``request`` decides.
@@ -50,37 +50,42 @@ changed id or a missing head raises ``LedgerRollback``). A ledger of an older ve
 ``meta.secret``) is migrated on open: the key file is written first (0600, fsync), then the secret is deleted
 in one transaction.
 """
+from __future__ import annotations
+
 import collections.abc
 import json
 import os
 import socket
 import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
-from . import anchor as _anchor, blocks as _blocks, charges as _charges, draws as _draws
+from . import anchor as _anchor
+from . import blocks as _blocks
+from . import charges as _charges
+from . import draws as _draws
 from .allocation import get_policy
-from .budget_arrays import bisect as _bisect
 from .audit import audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
+from .budget_arrays import bisect as _bisect
 from .chain import GENESIS, TRUSTED_READ, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
-from .checks import check_name as _check_name, finite as _finite
-from .errors import (BlockRetired, BudgetRefused, GrantError, LedgerError, LedgerRollback, PipelineBusy,
-                     UnknownBlock)
-from .grants import (  # noqa: F401 (SPLICE_GRANT_LOG, grant_log_text: re-exported under their old names)
-    SPLICE_GRANT_LOG as _SPLICE_GRANT_LOG,
+from .checks import check_name as _check_name
+from .checks import finite as _finite
+from .errors import BlockRetired, BudgetRefused, GrantError, LedgerError, LedgerRollback, PipelineBusy, UnknownBlock
+from .grants import (
     Grant,
     Release,
     check_grant_copy,
-    grant_log_text as _grant_log_text,
     grant_terms,
     older_rdp,
-    sign,
     signature_ok,
     stage_allowance,
     stage_cap,
 )
 from .head_file import HeadFile, HeadSync, head_sync_mode, warn_head_write
 from .keys import KeyFileError, resolve_key_path
-from .session import KeySource as _KeySource, PipelineClaim, migrate_secret, migration_entry
+from .session import KeySource as _KeySource
+from .session import PipelineClaim, migrate_secret, migration_entry
 from .split import STAGES
 from .store import check_location, open_store, sql
 from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
@@ -91,18 +96,31 @@ from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
     check_stream_args,
     check_unit,
     check_unit_charge,
-    parsed_stream,
     insert_stream,
+    parsed_stream,
     read_stream,
     stream_filter,
     stream_status,
 )
-from .vocabulary import (GRANT_OUTCOMES, PIPELINE_OUTCOMES, Accounting, BlockState, Composition, Outcome, PipelineState,
-                         Policy)
+from .vocabulary import (
+    GRANT_OUTCOMES,
+    PIPELINE_OUTCOMES,
+    Accounting,
+    BlockState,
+    Composition,
+    Outcome,
+    PipelineState,
+    Policy,
+)
+from .write import Charge, StreamWrite
+
+if TYPE_CHECKING:
+    from .keys import KeyRing
+    from .split import BudgetSplit
+    from .store import Tx
 
 POLICIES = tuple(Policy)  # members equal their stored strings: "conserve", "aggressive", "dpf-n", ...
 OUTCOMES = PIPELINE_OUTCOMES  # "ACCEPT", "REJECT", "TIMEOUT"
-_canonical = canonical  # the name older code and tests import from here
 
 
 def _recorded_grant(grant_id, row):
@@ -113,16 +131,21 @@ def _recorded_grant(grant_id, row):
 
 
 class Ledger:
-    """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists."""
+    """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists.
 
-    def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False):
+    Argument order: the stream comes first in the stream-scoped calls (``register(stream, pipeline)``,
+    ``finish(stream, pipeline, outcome)``, ``block(stream, block_id)``, ``history(stream, pipeline)``), the
+    pipeline first in the pipeline's budget calls (``request(pipeline, stream, ...)``,
+    ``available_epsilon(pipeline, stream, blocks)``)."""
+
+    def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False) -> None:
         """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
         self._read_only = read_only
         self._head_sync = head_sync_mode(head_sync)
         self._store = store
-        self._claims = []  # PipelineClaims of this process (Ledger.claim), released by close()
+        self._claims: list[PipelineClaim] = []  # PipelineClaims of this process (Ledger.claim), released by close()
         self._key_source = keys
-        self._legacy_grants = frozenset()
+        self._legacy_grants: frozenset[str] = frozenset()
         self._anchored = False  # the head file may record this ledger's writes (set by _check_anchor)
         self.anchor_problem = None  # what _check_anchor found (check_head=False): then nothing is written
         with store.transaction(write=False) as tx:
@@ -174,7 +197,7 @@ class Ledger:
             _anchor.bind_ledger_id(self._store, self._keys, self._ledger_id, self._log)
 
     @classmethod
-    def reanchor(cls, location, reason, key_file=None):
+    def reanchor(cls, location: str, reason: str, key_file: str | None = None) -> Ledger:
         """Re-anchor this host's head on the ledger as it is now, on purpose (``anchor.reanchor``): a known-good
         copy restored deliberately, or a host joining a PostgreSQL ledger without a copy of a head file. The keyed
         ``anchor`` entry records ``reason``, the host and the head it replaces; the head file is reset to it.
@@ -194,7 +217,8 @@ class Ledger:
         return ledger
 
     @classmethod
-    def open(cls, location, create=False, key_file=None, head_sync=None, check_head=True, read_only=False):
+    def open(cls, location: str, create: bool = False, key_file: str | None = None, *,
+             head_sync: HeadSync | str | None = None, check_head: bool = True, read_only: bool = False) -> Ledger:
         """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
         $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
         (mode 0600) if that does not exist yet. ``head_sync`` (``head_file.HeadSync``: ``use``, ``commit`` or
@@ -235,12 +259,12 @@ class Ledger:
             raise
 
     @property
-    def keyring(self):
+    def keyring(self) -> KeyRing:
         """The ledger's ``KeyRing`` (derived keys; ``block_key(stream, block)``). TRUSTED CODE ONLY."""
         return self._keys
 
     @property
-    def key_file(self):
+    def key_file(self) -> str:
         return self._keys.path
 
     def _advance_head(self, head, until_use=False, reset=False):
@@ -270,10 +294,10 @@ class Ledger:
         return migration_entry(self._store, self._keys)
 
     @property
-    def backend(self):
+    def backend(self) -> str:
         return self._store.kind
 
-    def close(self):
+    def close(self) -> None:
         for claim in getattr(self, "_claims", ()):
             claim.release()
         try:
@@ -294,10 +318,12 @@ class Ledger:
     # ----------------------------------------------------------------- streams
     check_stream_args = staticmethod(check_stream_args)  # create_stream's checks alone (streams.py)
 
-    def create_stream(self, name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
-                      min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
-                      min_grant_epsilon=None, policy_params=None, query_delta_share=None, privacy_unit=None,
-                      max_rows_per_unit=None):
+    def create_stream(self, name: str, epsilon: float, delta: float, *, accounting: Accounting | str = Accounting.BASIC,
+                      orders: Sequence[float] | None = None, policy: Policy | str = Policy.CONSERVE,
+                      min_epsilon: float | None = None, max_epsilon: float = DEFAULT_MAX_STREAM_EPSILON,
+                      min_grant_epsilon: float | None = None, policy_params: dict[str, Any] | None = None,
+                      query_delta_share: float | None = None, privacy_unit: str | None = None,
+                      max_rows_per_unit: int | None = None) -> Stream:
         """Create a stream with a global (epsilon, delta) guarantee over all its blocks, forever.
 
         ``policy`` (``Policy``) decides who may spend a block's budget and when (docs/scheduling_policies.md);
@@ -323,19 +349,20 @@ class Ledger:
                           min_epsilon, min_grant, now, check_unit(privacy_unit, max_rows_per_unit))
         return self.stream(name)
 
-    def stream(self, name, tx=None):
+    def stream(self, name: str, tx: Tx | None = None) -> Stream:
         if tx is None:
             with self._store.transaction(write=False) as tx:
                 return self.stream(name, tx)
         return read_stream(tx, name)
 
-    def streams(self):
+    def streams(self) -> list[Stream]:
         with self._store.transaction(write=False) as tx:
             return [self.stream(r[0], tx) for r in tx.all(sql.STREAM_NAMES)]
 
     # ------------------------------------------------------------------ blocks
-    def add_block(self, stream, block_id, start=None, end=None, shard=None, rows=None, created=None, digest=None,
-                  allow_duplicate_of=()):
+    def add_block(self, stream: str, block_id: str, *, start: float | None = None, end: float | None = None,
+                  shard: int | None = None, rows: int | None = None, created: float | None = None,
+                  digest: str | None = None, allow_duplicate_of: Iterable[str] = ()) -> Block:
         """Add a fresh block (zero loss). Its budget is split among the pipelines waiting now.
 
         ``start``/``end`` (unix seconds) key a time window [start, end); ``shard``
@@ -346,7 +373,8 @@ class Ledger:
                                       digest=digest)], allow_duplicate_of=allow_duplicate_of)
         return self.block(stream, block_id)
 
-    def add_blocks(self, stream, blocks, allow_duplicate_of=()):
+    def add_blocks(self, stream: str, blocks: Iterable[Mapping[str, Any]], *,
+                   allow_duplicate_of: Iterable[str] = ()) -> None:
         """Add many fresh blocks in ONE transaction: all are added, or none (e.g. one ingest's blocks).
 
         ``blocks`` are dicts with ``id`` and the keyword arguments of ``add_block``. A block whose
@@ -361,20 +389,19 @@ class Ledger:
             _blocks.check_new_ids(tx, stream, checked, allowed)
             waiting = [r[0] for r in tx.all(sql.PIPELINE_WAITING, (stream,))]
             share = s.rules().new_block_shares(filt.capacity, waiting)  # the same for every new block
-            for args in checked:
-                _blocks.insert_block(tx, self._log, stream, filt, waiting, share, *args)
+            write = StreamWrite(tx, self._log, self._keys, s, filt)
+            for block in checked:
+                _blocks.insert_block(write, block, waiting=waiting, share=share)
             if s.rules().queued:  # a scheduling point (DPF-T: time has passed)
-                self._schedule(tx, s, filt, time.time())
+                _charges.schedule(write, time.time())
 
-    def digest_owners(self, digests, exclude_stream=None):
+    def digest_owners(self, digests: Iterable[str], exclude_stream: str | None = None) -> dict[str, list[tuple[str, str]]]:
         """{digest: [(stream, block id), ...]} for the given content digests registered in streams other than
         ``exclude_stream``. TRUSTED CODE ONLY (ingest)."""
         with self._store.transaction(write=False) as tx:
             return _blocks.digest_owners(tx, digests, exclude_stream)
 
-    _check_block = staticmethod(_blocks.check_block)
-
-    def block(self, stream, block_id):
+    def block(self, stream: str, block_id: str) -> Block:
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
             rows = _blocks.read_blocks(tx, stream, [block_id])
@@ -382,7 +409,7 @@ class Ledger:
             raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
         return rows[block_id]
 
-    def blocks(self, stream, state=None):
+    def blocks(self, stream: str, state: BlockState | str | None = None) -> list[Block]:
         """The stream's blocks in key order (time or shard), optionally only 'active' or 'retired'."""
         if state is not None and state not in tuple(BlockState):
             raise LedgerError(f"block state {state!r} is unknown: use 'active' or 'retired'")
@@ -391,7 +418,7 @@ class Ledger:
             rows = tx.all(sql.BLOCK_ROWS_IN_STATE, (stream, state)) if state else tx.all(sql.BLOCK_ROWS, (stream,))
         return _blocks.block_rows(stream, rows)
 
-    def private_row_count(self, stream, block_id):
+    def private_row_count(self, stream: str, block_id: str) -> int | None:
         """The exact row count of a block. TRUSTED CODE ONLY (ingest, data readers' sanity checks).
 
         Never show this to a pipeline: what a pipeline learns about its data size
@@ -403,7 +430,7 @@ class Ledger:
             raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
         return row[0]
 
-    def block_digest(self, stream, block_id):
+    def block_digest(self, stream: str, block_id: str) -> str | None:
         """The content digest registered for a block at ingest (None for blocks registered without one).
 
         TRUSTED CODE ONLY (the block readers check the block files against it, docs/security.md).
@@ -414,7 +441,7 @@ class Ledger:
             raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
         return row[0]
 
-    def record_trusted_read(self, stream, blocks, purpose):
+    def record_trusted_read(self, stream: str, blocks: Sequence[str], purpose: str) -> None:
         """Log, in the keyed chain and committed before it returns, that TRUSTED code is about to decrypt
         ``blocks`` of ``stream`` outside any grant (no charge), and why: a ``trusted_read`` entry naming the blocks
         and ``purpose`` (a non-empty text), which ``sage ledger audit`` lists. The block doors call it before they
@@ -436,14 +463,14 @@ class Ledger:
                                    "no key for them")
             self._log(tx, TRUSTED_READ, {"stream": stream, "blocks": ids, "purpose": purpose.strip()})
 
-    def trusted_reads(self, stream):
+    def trusted_reads(self, stream: str) -> list[dict[str, Any]]:
         """The ``trusted_read`` log entries of ``stream`` (bodies: stream, blocks, purpose), oldest first."""
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
             bodies = [json.loads(r[0]) for r in tx.all(sql.LOG_TRUSTED_READS)]
         return [b for b in bodies if b.get("stream") == stream]
 
-    def window_blocks(self, stream, start, end):
+    def window_blocks(self, stream: str, start: float, end: float) -> list[str]:
         """Active blocks whose time window lies inside [start, end)."""
         start, end = _finite(start, "window start", False), _finite(end, "window end", False)
         if not start < end:
@@ -456,7 +483,7 @@ class Ledger:
         return ids
 
     # --------------------------------------------------------------- pipelines
-    def register(self, stream, pipeline):
+    def register(self, stream: str, pipeline: str) -> None:
         """Mark a pipeline as waiting: it gets an even share of every block that arrives from now on."""
         _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
@@ -472,7 +499,7 @@ class Ledger:
                 tx.run(sql.BLOCK_COUNT_ARRIVAL, (stream,))
                 self._schedule(tx, s, s.filter(), time.time())
 
-    def claim(self, stream, pipelines):
+    def claim(self, stream: str, pipelines: Iterable[str]) -> PipelineClaim:
         """Claim ``pipelines`` of ``stream`` for this process while it runs them; return a ``PipelineClaim``.
 
         One process runs a pipeline name at a time: two `sage serve`/`sage run` processes (on one host or on
@@ -504,13 +531,13 @@ class Ledger:
         self._claims.append(claim)
         return claim
 
-    def pipelines(self, stream):
+    def pipelines(self, stream: str) -> list[dict[str, Any]]:
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
             return [dict(zip(("name", "state", "outcome", "registered", "finished"), r))
                     for r in tx.all(sql.PIPELINE_ROWS, (stream,))]
 
-    def finish(self, stream, pipeline, outcome):
+    def finish(self, stream: str, pipeline: str, outcome: Outcome | str) -> None:
         """End a pipeline (ACCEPT, REJECT or TIMEOUT); split its unused reservations among those still waiting."""
         if outcome not in OUTCOMES:
             raise LedgerError(f"outcome {outcome!r} is unknown: use one of {', '.join(OUTCOMES)}")
@@ -532,8 +559,10 @@ class Ledger:
                 self._schedule(tx, s, s.filter(), time.time())
 
     # ------------------------------------------------------------------ grants
-    def request(self, pipeline, stream, blocks=None, window=None, epsilon=None, delta=0.0, curve=None,
-                rule=None, meta=None, split=None):
+    def request(self, pipeline: str, stream: str, *, blocks: Sequence[str] | str | None = None,
+                window: tuple[float, float] | None = None, epsilon: float | None = None, delta: float = 0.0,
+                curve: Any = None, rule: str | None = None, meta: Mapping[str, Any] | None = None,
+                split: BudgetSplit | None = None) -> Grant:
         """Check and charge every block atomically; return a signed Grant, or raise BudgetRefused.
 
         Give ``blocks`` (ids) or ``window`` ((start, end), all active blocks inside).
@@ -591,27 +620,27 @@ class Ledger:
             check_minimum(filt, s, cost, epsilon if curve is None else None)
             if pipeline_state is not None and pipeline_state != PipelineState.WAITING:
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
+            write, charge = StreamWrite(tx, self._log, self._keys, s, filt), Charge(pipeline, blocks, cost, rule, meta,
+                                                                                    split)
             if s.rules().queued:
                 if split is not None:  # checked before the demand is recorded: its grant's split must compose
                     split.check_covered(*filt.spendable(cost))
-                grant, refusal = _charges.queued_request(tx, self._log, self._keys, s, filt, pipeline, blocks, found,
-                                                         cost, rule, meta)
+                grant, refusal = _charges.queued_request(write, charge)
             else:
-                grant = _charges.charge_now(tx, self._log, self._keys, s, filt, pipeline, blocks, found, reservations,
-                                            cost, rule, meta, split)
+                grant = _charges.charge_now(write, charge, found, reservations)
                 refusal = None
         if refusal:  # after the commit: the demand stays recorded, and the scheduler grants it when it fits
             raise BudgetRefused(stream, pipeline, refusal)
+        assert grant is not None  # granted now, or refused above
         return grant
 
     def _schedule(self, tx, s, filt, now):
         """A queued stream's scheduling point (``charges.schedule``), in the caller's write transaction."""
-        return _charges.schedule(tx, self._log, self._keys, s, filt, now)
-
-    _source = staticmethod(_charges.pick_source)  # the policy's source of a charge on one block, or why none
+        return _charges.schedule(StreamWrite(tx, self._log, self._keys, s, filt), now)
 
     # ------------------------------------------------------------ availability
-    def available_epsilon(self, pipeline, stream, blocks, delta=0.0, tolerance=1e-4):
+    def available_epsilon(self, pipeline: str, stream: str, blocks: Sequence[str], delta: float = 0.0, *,
+                          tolerance: float = 1e-4) -> float:
         """The largest epsilon a (epsilon, delta) request by ``pipeline`` on ALL of ``blocks`` would be granted now.
 
         A bisection over epsilon in [0, the stream's epsilon], from below, to within
@@ -626,7 +655,8 @@ class Ledger:
             return 0.0
         return float(_bisect(lambda eps: budgets.fits(eps[0]).all().reshape(1), 1, s.epsilon, tolerance)[0])
 
-    def available_per_block(self, pipeline, stream, blocks=None, delta=0.0, tolerance=1e-4):
+    def available_per_block(self, pipeline: str, stream: str, blocks: Sequence[str] | None = None,
+                            delta: float = 0.0, *, tolerance: float = 1e-4) -> dict[str, float]:
         """{block id: the largest epsilon ``pipeline`` could be granted on that block ALONE now}, in ONE read.
 
         For every block b this equals ``available_epsilon(pipeline, stream, [b], delta,
@@ -643,20 +673,11 @@ class Ledger:
         out.update(zip(active, _bisect(budgets.fits, len(active), s.epsilon, tolerance).tolist()))
         return out
 
-    def plan_epsilon(self, pipeline, stream, blocks, start_epsilon, delta=0.0):
-        """Epsilon for the next attempt under the stream's policy: conserve = start small, aggressive = all."""
-        available = self.available_epsilon(pipeline, stream, blocks, delta)
-        return get_policy(self.stream(stream).policy).plan_epsilon(available, start_epsilon)
-
-    def _sign(self, body):
-        """A grant's signature: HMAC-SHA256 under the key ring's signing key (``grants.sign``)."""
-        return sign(self._keys, body)
-
     def _signature_ok(self, body, signature):
         """``signature`` signs ``body``, or a pre-migration grant's body under the old rule (``grants``)."""
         return signature_ok(self._keys, self._legacy_grants, body, signature)
 
-    def private_seed(self, grant_id, purpose):
+    def private_seed(self, grant_id: str, purpose: str) -> int:
         """A 128-bit seed only trusted code can derive (HMAC under the key ring's noise key). TRUSTED CODE ONLY.
 
         A DP release made under a grant draws its noise from this seed, so re-running
@@ -668,11 +689,11 @@ class Ledger:
         text = f"seed|{grant_id}|{purpose}".encode()
         return self._keys.seed(text, legacy=grant_id in self._legacy_grants)
 
-    def get_grant(self, grant_id):
+    def get_grant(self, grant_id: str) -> Grant:
         with self._store.transaction(write=False) as tx:
             return _recorded_grant(grant_id, tx.one(sql.GRANT_BODY, (grant_id,)))
 
-    def grants(self, stream=None):
+    def grants(self, stream: str | None = None) -> list[Grant]:
         with self._store.transaction(write=False) as tx:
             if stream is None:
                 rows = tx.all(sql.GRANT_BODIES)
@@ -680,7 +701,8 @@ class Ledger:
                 rows = tx.all(sql.GRANT_STREAM_BODIES, (stream,))
         return [Grant.from_row(*row) for row in rows]
 
-    def verify(self, grant, stream=None, epsilon=None, delta=None):
+    def verify(self, grant: Grant | str | Mapping[str, Any], *, stream: str | None = None,
+               epsilon: float | None = None, delta: float | None = None) -> Grant:
         """Check a grant before reading data; return the ledger's copy (its head made durable first: docs/security.md).
 
         Raises GrantError if the grant is missing, malformed, forged (bad signature
@@ -689,12 +711,12 @@ class Ledger:
         """
         if grant is None or grant == "":
             raise GrantError("no grant given: a pipeline reads data only under a grant from the ledger")
-        grant = Grant.from_json(grant)
-        if not self._signature_ok(grant.body(), grant.signature):
-            raise GrantError(f"grant {grant.id!r} is forged: its signature does not match its contents")
+        parsed = Grant.from_json(grant)
+        if not self._signature_ok(parsed.body(), parsed.signature):
+            raise GrantError(f"grant {parsed.id!r} is forged: its signature does not match its contents")
         with self._store.transaction(write=False) as tx:  # the grant's record and a log tail at or after its entry
-            stored, last = _recorded_grant(grant.id, tx.one(sql.GRANT_BODY, (grant.id,))), tx.one(sql.LOG_LAST)
-        check_grant_copy(grant, stored, stream, epsilon, delta)
+            stored, last = _recorded_grant(parsed.id, tx.one(sql.GRANT_BODY, (parsed.id,))), tx.one(sql.LOG_LAST)
+        check_grant_copy(parsed, stored, stream, epsilon, delta)
         self._head_before_use(last)
         return stored
 
@@ -711,7 +733,8 @@ class Ledger:
         except (OSError, LedgerError) as exc:  # as _advance_head: the audit will say the head is behind
             warn_head_write(self._head.path, exc)
 
-    def release(self, grant, stage, computation, epsilon, delta=0.0):
+    def release(self, grant: Grant | str | Mapping[str, Any], stage: str, computation: str, epsilon: float,
+                delta: float = 0.0) -> Release:
         """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn; return a ``Release``.
 
         A grant pays for one release per stage, of one computation: the first call records the
@@ -729,7 +752,7 @@ class Ledger:
         and the record are one transaction, appended to the audit log, so two writers cannot both take
         a stage, and the audit recomputes every grant's spend.
         """
-        grant = self.verify(grant)
+        checked = self.verify(grant)
         if stage not in STAGES:
             raise LedgerError(f"stage {stage!r} is unknown: use one of {', '.join(STAGES)}")
         if not isinstance(computation, str) or not 0 < len(computation) <= 256:
@@ -739,24 +762,24 @@ class Ledger:
         if not delta < 1:
             raise LedgerError(f"release delta {delta!r} is invalid: need 0 <= delta < 1")
         with self._store.transaction() as tx:
-            done = {r[0]: r[1:] for r in tx.all(sql.RELEASE_OF_GRANT, (grant.id,))}
-            cap = stage_cap(grant, stream_filter(read_stream(tx, grant.stream))) if older_rdp(grant) else None
-            reopened = stage_allowance(grant, stage, done, computation, epsilon, delta, cap)
+            done = {r[0]: r[1:] for r in tx.all(sql.RELEASE_OF_GRANT, (checked.id,))}
+            cap = stage_cap(checked, stream_filter(read_stream(tx, checked.stream))) if older_rdp(checked) else None
+            reopened = stage_allowance(checked, stage, done, computation, epsilon, delta, cap)
             if reopened is not None:
                 return reopened
             now = time.time()
             tx.run(sql.RELEASE_INSERT,
-                   (grant.id, stage, grant.stream, grant.pipeline, computation, epsilon, delta, now))
-            self._log(tx, "release", {"grant": grant.id, "stream": grant.stream, "pipeline": grant.pipeline,
+                   (checked.id, stage, checked.stream, checked.pipeline, computation, epsilon, delta, now))
+            self._log(tx, "release", {"grant": checked.id, "stream": checked.stream, "pipeline": checked.pipeline,
                                       "stage": stage, "computation": computation, "epsilon": epsilon,
                                       "delta": delta})
-        return Release(grant.id, stage, computation, epsilon, delta, now, reopened=False)
+        return Release(checked.id, stage, computation, epsilon, delta, now, reopened=False)
 
-    def releases(self, grant_id=None):
+    def releases(self, grant_id: str | None = None) -> list[Release]:
         """The releases opened so far (all, or one grant's), oldest first."""
         with self._store.transaction(write=False) as tx:
             rows = tx.all(sql.RELEASE_ROWS_OF_GRANT, (grant_id,)) if grant_id else tx.all(sql.RELEASE_ROWS)
-        return [Release(*r, reopened=False) for r in rows]
+        return [Release(*r, reopened=False) for r in rows]  # type: ignore[misc]  # a row is Release's first six
 
     def draw(self, lifetime_grants, run, epsilon, delta, *, schedule, split=None, meta=None,
              composition=Composition.BASIC):
@@ -768,12 +791,12 @@ class Ledger:
         return _draws.draw(self._store, self._log, self._keys, self.signature_ok, lifetime_grants, run, epsilon, delta,
                            schedule=schedule, split=split, meta=meta, composition=composition)
 
-    def draws(self):
+    def draws(self) -> list[tuple]:
         """Every draw row: (lifetime grant, run, run grant, stream, epsilon, delta), by run."""
         with self._store.transaction(write=False) as tx:
             return [tuple(r) for r in tx.all(sql.DRAW_ALL)]
 
-    def record_outcome(self, grant_id, outcome, details=None):
+    def record_outcome(self, grant_id: str, outcome: Outcome | str, details: Mapping[str, Any] | None = None) -> None:
         """Record what a pipeline run under ``grant_id`` concluded (ACCEPT, REJECT, RETRY, FAILED).
 
         One outcome per grant, appended to the audit log: with the grants, it is the
@@ -785,7 +808,7 @@ class Ledger:
             raise LedgerError(f"outcome details {details!r} must be a dict (or None)")
         details = dict(details or {})
         try:
-            details_text = _canonical(details)
+            details_text = canonical(details)
         except (TypeError, ValueError) as exc:
             raise LedgerError(f"outcome details {details!r} cannot be written as JSON ({exc})") from None
         with self._store.transaction() as tx:
@@ -799,7 +822,7 @@ class Ledger:
             self._log(tx, "outcome", {"grant": grant_id, "stream": row[0], "pipeline": row[1],
                                       "outcome": outcome, "details": details})
 
-    def history(self, stream, pipeline):
+    def history(self, stream: str, pipeline: str) -> list[tuple[Grant, str | None, Any]]:
         """The pipeline's grants in order, each with its recorded outcome (None while running or killed)."""
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
@@ -808,7 +831,7 @@ class Ledger:
                 for body, sig, outcome, details in rows]
 
     # ------------------------------------------------------------------ status
-    def status(self, stream):
+    def status(self, stream: str) -> dict[str, Any]:
         """A JSON-ready summary: the stream's guarantee and each block's spent and remaining budget."""
         s = self.stream(stream)
         return stream_status(s, self.blocks(stream), self._grant_count(stream), self.pipelines(stream))
@@ -841,17 +864,17 @@ class Ledger:
         last = (getattr(tx, "head", None) or getattr(tx, "log_last", None)
                 or tx.one(sql.LOG_LAST))
         seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
-        text = _canonical(body) if text is None else text
+        text = canonical(body) if text is None else text
         value = self._keys.chain_value(prev, seq, kind, text)
         tx.run(sql.LOG_INSERT,
                (seq, time.time(), kind, text, prev, value))
         tx.head = (seq, value)  # written to the head file once the transaction commits
 
-    def log_entries(self):
+    def log_entries(self) -> list[tuple]:
         with self._store.transaction(write=False) as tx:
             return tx.all(sql.LOG_ALL)
 
-    def audit(self):
+    def audit(self) -> dict[str, Any]:
         """Recompute every block's loss from the log alone; see ``audit.audit_ledger``."""
         return audit_ledger(self)
 
@@ -867,13 +890,13 @@ class Ledger:
         return self._head
 
     @property
-    def ledger_id(self):
+    def ledger_id(self) -> str:
         return self._ledger_id
 
-    def migration_entry(self):
+    def migration_entry(self) -> dict[str, Any]:
         """The body of the keyed ``keys`` entry a key migration wrote ({} if none, or if it does not verify)."""
         return self._migration_entry()
 
-    def signature_ok(self, body, signature):
+    def signature_ok(self, body: Mapping[str, Any], signature: str) -> bool:
         """``signature`` is this ledger's signature of the grant ``body`` (or a pre-migration one it lists)."""
         return self._signature_ok(body, signature)

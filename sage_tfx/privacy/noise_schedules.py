@@ -49,8 +49,9 @@ Numpy only (and dp_accounting, imported lazily): no TensorFlow.
 """
 import enum
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -117,7 +118,7 @@ class NoiseSchedule:
 
     stages: int = DEFAULT_STAGES
 
-    kind = None  # set by subclasses
+    kind: ClassVar[ScheduleKind]  # set by subclasses
 
     def __post_init__(self):
         _whole(self.stages, "stages")
@@ -151,7 +152,7 @@ class NoiseSchedule:
     def is_constant(self) -> bool:
         return False
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         out = {"kind": self.kind.value}
         out.update(asdict(self))
         return out
@@ -296,8 +297,8 @@ def as_schedule(value: Any) -> NoiseSchedule:
 
 # --------------------------------------------------------------------------------------------- accounting
 
-def _runs(sigmas: Sequence[float]) -> List[Tuple[float, int]]:
-    out: List[Tuple[float, int]] = []
+def _runs(sigmas: Sequence[float]) -> list[tuple[float, int]]:
+    out: list[tuple[float, int]] = []
     for s in sigmas:
         if out and out[-1][0] == s:
             out[-1] = (s, out[-1][1] + 1)
@@ -375,7 +376,7 @@ class ScheduledRun:
     steps: int
     sampling_rate: float
 
-    def report(self) -> Dict[str, Any]:
+    def report(self) -> dict[str, Any]:
         """What a model's ``privacy_spent["noise_schedule"]`` records (JSON-friendly)."""
         sig = self.noise_multipliers
         return {**self.schedule.to_dict(), "scale": float(self.scale), "first_sigma": float(sig[0]),

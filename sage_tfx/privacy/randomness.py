@@ -19,6 +19,7 @@ import hashlib
 import secrets
 
 import numpy as np
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from .checks import integer
 from .errors import SageError
@@ -50,7 +51,6 @@ class SecureRNG:
     _REFILL = 1 << 16  # keystream bytes per refill (more when one request asks for more)
 
     def __init__(self, key: bytes, stream: str = ""):
-        from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
             raise SamplerError("SecureRNG: key must be at least 16 bytes")

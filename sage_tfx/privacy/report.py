@@ -2,6 +2,8 @@
 import datetime as _dt
 import json
 
+import numpy as np
+
 
 def format_time(ts):
     """``ts`` (unix seconds) as a UTC date and time; as seconds when no date names it (a window registered before
@@ -9,12 +11,12 @@ def format_time(ts):
     if ts is None:
         return "-"
     try:
-        return _dt.datetime.fromtimestamp(float(ts), _dt.timezone.utc).strftime("%Y-%m-%d %H:%M")
+        return _dt.datetime.fromtimestamp(float(ts), _dt.UTC).strftime("%Y-%m-%d %H:%M")
     except (OverflowError, OSError, ValueError):
         return f"{float(ts):g} s"
 
 
-def block_key_text(block):
+def block_key_text(block) -> str:
     if block.get("shard") is not None:
         return f"shard {block['shard']}"
     if block.get("start") is not None:
@@ -62,7 +64,6 @@ def spending_history(ledger, stream, max_columns=300):
     not arrived yet. Past ``max_columns`` columns they are sampled evenly
     (always keeping the last).
     """
-    import numpy as np
 
     s = ledger.stream(stream)
     filt = s.filter()
@@ -113,7 +114,6 @@ def heatmap_png(ledger, stream, out_path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
     blocks, times, labels, matrix = spending_history(ledger, stream)
     height = min(12.0, 2.5 + 0.25 * min(len(blocks), 40))

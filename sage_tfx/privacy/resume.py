@@ -6,7 +6,8 @@ own rule. ``ReplayingLedger`` replays a release strategy's held one-block grants
 """
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Optional
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from .split import RECORDS_KEY, SPLIT_KEY
 
@@ -15,11 +16,11 @@ class Held(NamedTuple):
     """A grant the pipeline holds, with its recorded outcome and details (None while running or killed)."""
 
     grant: Any
-    outcome: Optional[str]
-    details: Optional[dict]
+    outcome: str | None
+    details: dict | None
 
 
-def held(ledger, stream: str, pipeline: str, keep: Optional[Callable[[Any], bool]] = None) -> list[Held]:
+def held(ledger, stream: str, pipeline: str, keep: Callable[[Any], bool] | None = None) -> list[Held]:
     """The grants ``pipeline`` holds on ``stream`` (``Ledger.history``: charge order) that ``keep`` accepts (all
     when None), each with its outcome: what a restart resumes from."""
     return [Held(g, outcome, details) for g, outcome, details in ledger.history(stream, pipeline)
@@ -42,7 +43,8 @@ class ReplayingLedger:
     noise, so a replayed block releases what it released before."""
 
     def __init__(self, ledger, previous: dict):
-        self.ledger, self.previous, self.replayed = ledger, dict(previous), set()
+        self.ledger, self.previous = ledger, dict(previous)
+        self.replayed: set = set()
 
     def request(self, pipeline, stream, blocks=None, **kwargs):
         if blocks and len(blocks) == 1 and blocks[0] in self.previous:

@@ -275,9 +275,9 @@ def discrete_gaussian(s, size, rng) -> np.ndarray:
     out = np.empty(n, dtype=np.int64)
     pending = np.arange(n)
     while pending.size:
-        y = discrete_laplace(t, pending.size, rng)
-        ok = _gauss_accept(y, s, t, rng)
-        out[pending[ok]] = y[ok]
+        ys = discrete_laplace(t, pending.size, rng)
+        ok = _gauss_accept(ys, s, t, rng)
+        out[pending[ok]] = ys[ok]
         pending = pending[~ok]
     return out.reshape(size)
 
@@ -463,10 +463,10 @@ def grid_sums(records, gamma, keys=None, num_cells=None) -> list:
             out = np.zeros(int(num_cells), dtype=np.int64)
             np.add.at(out, keys.astype(np.int64), index)
             return [int(v) for v in out]
-        out = [0] * int(num_cells)
+        sums = [0] * int(num_cells)
         for k, v in zip(keys.tolist(), index.tolist()):
-            out[k] += v
-        return out
+            sums[k] += v
+        return sums
     columns = index if index.ndim == 2 else index.reshape(-1, 1)  # one column per cell (an empty 1-D: one cell)
     if bound < 2.0 ** 62:
         return [int(v) for v in columns.sum(axis=0, dtype=np.int64)]

@@ -18,10 +18,10 @@ from .store import sql
 class PipelineClaim:
     """Pipeline names this process holds (``Ledger.claim``); ``release()`` or leave the ``with`` block."""
 
-    def __init__(self, store, handles):
+    def __init__(self, store, handles) -> None:
         self._store, self._handles = store, list(handles)
 
-    def release(self):
+    def release(self) -> None:
         handles, self._handles = self._handles, []
         for handle in handles:
             self._store.release_claim(handle)
@@ -36,7 +36,7 @@ class PipelineClaim:
 class KeySource:
     """Where a ledger's key file is, and creating it with a new ledger (``Ledger.open``)."""
 
-    def __init__(self, path, create, error=None):
+    def __init__(self, path, create, error=None) -> None:
         self.path, self.create, self._error = path, create, error
         self._keyring = None
         self.created_key = self.created_ledger = False
@@ -57,7 +57,7 @@ class KeySource:
         self.created_ledger = True
         return {"key_id": self.keyring().key_id, "ledger_id": secrets.token_hex(16)}
 
-    def undo_created(self):
+    def undo_created(self) -> None:
         """The ledger was not created after all: remove the key file made for it."""
         if self.created_key:
             try:

@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
+from typing import Any, cast
 
 from .checks import finite, is_real, number, positive, probability
 from .errors import GrantError, LedgerError
@@ -118,7 +119,8 @@ class BudgetSplit:
     def stage_budget(self, stage: str) -> tuple[float, float]:
         """(epsilon, delta) of ``stage``; only training and preprocessing have a delta."""
         _check_stage(stage)
-        delta = {Stage.TRAINING: self.delta, Stage.PREPROCESSING: self.preprocessing_delta}.get(stage, 0.0)
+        deltas: dict[str, float] = {Stage.TRAINING: self.delta, Stage.PREPROCESSING: self.preprocessing_delta}
+        delta = deltas.get(stage, 0.0)
         return getattr(self, stage), delta
 
     def scaled(self, epsilon_factor: float, delta_factor: float) -> BudgetSplit:
@@ -131,7 +133,7 @@ class BudgetSplit:
 
     def composed(self, spent: dict) -> float:
         """The per-record epsilon of stages that spent ``spent`` ({stage: epsilon}), under this split's rule."""
-        part = {s: float(spent.get(s, 0.0)) for s in STAGES}
+        part: dict[str, float] = {s: float(spent.get(s, 0.0)) for s in STAGES}
         shared = part[Stage.PREPROCESSING] + part[Stage.COUNT]
         train, rejection, validation = part[Stage.TRAINING], part[Stage.REJECTION], part[Stage.VALIDATION]
         if self.parallel:
@@ -185,7 +187,8 @@ class BudgetSplit:
         delta, all of it training's unless ``preprocessing_delta=D`` gives preprocessing D of it (for DP
         vocabularies); training then gets ``delta - D``.
         """
-        fields, rule, pre_delta = {}, ChargeRule.SUM.value, 0.0
+        fields: dict[str, Any] = {}  # the stage values as given: BudgetSplit checks and converts them
+        rule, pre_delta = ChargeRule.SUM.value, cast(Any, 0.0)  # pre_delta: the text given, then its float
         for part in (p.strip() for p in str(text).split(",")):
             if not part:
                 continue
@@ -411,6 +414,8 @@ def unit_meta(meta: dict, column: str | None, max_rows: int | None) -> dict:
     the requester's (a ``unit`` given in meta is replaced, or dropped on a stream whose unit is the row)."""
     meta = {k: v for k, v in (meta or {}).items() if k != UNIT_KEY}
     if column is not None:
+        if max_rows is None:
+            raise LedgerError(f"privacy unit {column!r} has no max_rows_per_unit: the stream must declare both")
         meta[UNIT_KEY] = {"column": column, "max_rows": int(max_rows)}
     return meta
 

@@ -102,7 +102,8 @@ def read_stream(tx, name):
     return parsed_stream(tuple(row))
 
 
-def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, min_grant, now, unit=(None, None)):
+def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, min_grant, now,
+                  unit=(None, None)) -> None:
     """Write a new stream (checked by ``check_stream_args``: its filter ``filt``, ``policy`` as given and its
     ``rules``) and its log entry (``log(tx, kind, body)``); LedgerError if the name is taken. A queued policy's
     parameters are stored in full (defaults written down), so every process applies the same rule. ``unit``:
@@ -236,7 +237,7 @@ def stream_cost(stream, filt, epsilon):
     return cost
 
 
-def check_minimum(filt, stream, cost, epsilon):
+def check_minimum(filt, stream, cost, epsilon) -> None:
     """Refuse a grant smaller than the stream's grant floor (LedgerError, before anything is charged).
 
     Basic accounting compares the charged epsilon; RDP calls a query too small when its curve lies below a

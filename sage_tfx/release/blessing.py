@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from typing import Any, Optional
+from typing import Any
 
 SERVING_MODEL_DIR = "Format-Serving"  # tfx.utils.path_constants.SERVING_MODEL_DIR: what TFX's Pusher copies
 BLESSED_FILE, NOT_BLESSED_FILE = "BLESSED", "NOT_BLESSED"  # as tfx.components.evaluator.constants
@@ -37,8 +37,8 @@ def _write(path: str, text: str) -> None:
             f.write(text)
 
 
-def write_blessing(uri: str, model_uri: str, model_id: Optional[int], accepted: bool, *,
-                   artifact: Any = None, outcome: Optional[str] = None) -> str:
+def write_blessing(uri: str, model_uri: str, model_id: int | None, accepted: bool, *,
+                   artifact: Any = None, outcome: str | None = None) -> str:
     """Write a ModelBlessing at ``uri`` for the model at ``model_uri``; return ``uri``.
 
     Args:
@@ -84,7 +84,7 @@ def is_blessed(blessing_uri: str) -> bool:
         not os.path.exists(os.path.join(blessing_uri, NOT_BLESSED_FILE))
 
 
-def push_blessed(model_uri: str, blessing_uri: str, serving_dir: str, version: int) -> Optional[str]:
+def push_blessed(model_uri: str, blessing_uri: str, serving_dir: str, version: int) -> str | None:
     """Push as TFX's Pusher does: only if ``is_blessed(blessing_uri)``, copy model_uri/Format-Serving to
     serving_dir/<version>/ (an existing version is kept, as Pusher skips an existing destination).
 

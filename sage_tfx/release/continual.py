@@ -71,16 +71,19 @@ import enum
 import hashlib
 import json
 import math
+import os
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Callable, Optional, Sequence
 
 import numpy as np
 
+from sage_tfx.ingest.access import grant_blocks
 from sage_tfx.privacy import checks, gaussian
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_gaussian
+from sage_tfx.privacy.split import BudgetSplit
 from sage_tfx.privacy.streams import require_row_unit
 from sage_tfx.privacy.vocabulary import ChargeRule, Outcome, Stage
 from sage_tfx.release.blessing import SERVING_MODEL_DIR, push_blessed, write_blessing
@@ -135,7 +138,7 @@ class ReleaseParams:
     lam: float = 0.05
     radius: float = 10.0
     loss: Loss = Loss.LOGISTIC
-    window: Optional[int] = None
+    window: int | None = None
 
     def __post_init__(self):
         _positive("epsilon", self.epsilon, "give a finite epsilon > 0")
@@ -209,7 +212,7 @@ def _project(w, radius):
 
 
 def solve_erm(x: np.ndarray, y: np.ndarray, *, normaliser: float, lam: float, radius: float, loss: Loss,
-              reference: Optional[np.ndarray] = None, tolerance: Optional[float] = None) -> np.ndarray:
+              reference: np.ndarray | None = None, tolerance: float | None = None) -> np.ndarray:
     """argmin_{||w|| <= R} (1/N) sum loss + (lam/2)||w - ref||^2, to gradient-mapping norm <= ``tolerance``.
 
     Non-private. Inputs must already be clipped (``clip_features``). The default tolerance is XI L / N, the
@@ -248,7 +251,7 @@ def sensitivity(params: ReleaseParams, blocks: int) -> float:
 
 
 def private_erm(x: np.ndarray, y: np.ndarray, *, params: ReleaseParams, blocks: int, sigma: float, rng,
-                reference: Optional[np.ndarray] = None) -> np.ndarray:
+                reference: np.ndarray | None = None) -> np.ndarray:
     """The base learner (Algorithms 1/3, output perturbation): solve_erm + grid discrete Gaussian N(0, sigma^2).
 
     Sensitivity ``sensitivity(params, blocks)`` (module docstring); guarantee rho-zCDP with
@@ -262,7 +265,7 @@ def private_erm(x: np.ndarray, y: np.ndarray, *, params: ReleaseParams, blocks: 
 
 
 # ------------------------------------------------------------------ accounting
-def participation_sum(strategy: Strategy, window: Optional[int] = None) -> float:
+def participation_sum(strategy: Strategy, window: int | None = None) -> float:
     """c with 1/z_eff^2 = c / z^2: a record's worst-case sum over its releases of 1/(z 2^j)^2, times z^2."""
     if Strategy(strategy) is Strategy.CUMULATIVE:
         return 4.0 / 3.0
@@ -289,10 +292,10 @@ class _Base:
     strategy: Strategy
 
     def __init__(self, ledger, stream: str, pipeline: str, params: ReleaseParams, reader: Reader, *,
-                 dim: int, validation_epsilon: Optional[float] = None, test_fraction: float = 0.1):
+                 dim: int, validation_epsilon: float | None = None, test_fraction: float = 0.1):
         require_row_unit(ledger, stream, type(self).__name__)
         if validation_epsilon is not None:
-            v = _positive("validation_epsilon", validation_epsilon, f"give 0 < validation_epsilon <= epsilon")
+            v = _positive("validation_epsilon", validation_epsilon, "give 0 < validation_epsilon <= epsilon")
             if v > params.epsilon:
                 raise ContinualReleaseError(f"validation_epsilon {validation_epsilon!r} is larger than epsilon "
                                             f"{params.epsilon!r}: the parallel split charges max(training, "
@@ -328,7 +331,6 @@ class _Base:
         return out
 
     def _split(self):
-        from sage_tfx.privacy.split import BudgetSplit
 
         if self.validation_epsilon is None:
             return None
@@ -409,8 +411,8 @@ class ContinualRelease(_Base):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self._trained: list[Released] = []
-        self.base: Optional[np.ndarray] = None
-        self.chain: Optional[np.ndarray] = None
+        self.base: np.ndarray | None = None
+        self.chain: np.ndarray | None = None
         self.t_g = 0
 
     def _check_window(self, params):
@@ -457,7 +459,7 @@ class SlidingWindowRelease(_Base):
 
     strategy = Strategy.SLIDING
 
-    def __init__(self, *args, horizon: Optional[int] = None, **kwargs):
+    def __init__(self, *args, horizon: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         if horizon is not None:
             if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
@@ -507,7 +509,6 @@ def grant_reader(ledger, data_root: str, featurize: Callable[[list[bytes]], tupl
                  ) -> Reader:
     """A Reader that opens a grant's block through ``sage_tfx.ingest.access.grant_blocks`` (checked, charged
     grants only) and turns its tf.Example records into (X, y) with ``featurize``."""
-    from sage_tfx.ingest.access import grant_blocks
 
     def read(grant):
         _, blocks = grant_blocks(ledger, data_root, grant)
@@ -526,7 +527,7 @@ def record_hash_fraction(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return out
 
 
-def check_sla(release: "_Base", model: "Released", validator) -> object:
+def check_sla(release: _Base, model: Released, validator) -> object:
     """The SLA check of Sage's iterator on a released model: ``validator`` (a ``sage_tfx.validation``
     DPLossValidator, its epsilon == the strategy's validation_epsilon) on the test part of the NEWEST block,
     under that block's grant's ``validation`` release (parallel split: each test record is used by this one
@@ -558,16 +559,15 @@ class Pushed:
     model_uri: str
     blessing_uri: str
     blessed: bool
-    pushed_to: Optional[str]
+    pushed_to: str | None
 
 
-def push_model(push_dir: str, model: "Released", result=None, serving_dir: Optional[str] = None) -> Pushed:
+def push_model(push_dir: str, model: Released, result=None, serving_dir: str | None = None) -> Pushed:
     """Write ``model`` as a TFX Model artifact (push_dir/model-<t>/Format-Serving/: weights.npy, model.json) and
     its ModelBlessing (push_dir/blessing-<t>/, ``write_blessing``): blessed iff the SLA check ACCEPTed, or
     when no SLA check is set (``result`` None -- as a Pusher without a model_blessing input pushes every
     model). With ``serving_dir``, push it there (``push_blessed``: blessed models only, version t). A TFX
     Pusher given these two artifacts (tests/test_release_pusher.py) pushes exactly the same models."""
-    import os
 
     model_uri = os.path.join(push_dir, f"model-{model.t:06d}")
     serving = os.path.join(model_uri, SERVING_MODEL_DIR)
@@ -586,13 +586,14 @@ def push_model(push_dir: str, model: "Released", result=None, serving_dir: Optio
 
 def release_stream(ledger, data_root: str, stream: str, pipeline: str, params: ReleaseParams, *,
                    featurize: Callable[[list[bytes]], tuple[np.ndarray, np.ndarray]], dim: int,
-                   blocks: Optional[Sequence[str]] = None, validator=None, push_dir: Optional[str] = None,
-                   serving_dir: Optional[str] = None, release: Optional["_Base"] = None
-                   ) -> tuple["_Base", list[dict]]:
+                   blocks: Sequence[str] | None = None, validator=None, push_dir: str | None = None,
+                   serving_dir: str | None = None, release: _Base | None = None
+                   ) -> tuple[_Base, list[dict]]:
     """The entry point: release a model for every new block of ``stream`` (``blocks``, default the stream's
     blocks not yet observed, in ledger order), each charged before it is read; with ``validator`` every model
     goes through the SLA check (``check_sla``) and, with ``push_dir``, is written with its ModelBlessing
-    (``push_model``: blessed only on ACCEPT) and, with ``serving_dir`` too, pushed there if blessed. A window in ``params`` selects SlidingWindowRelease. Pass the returned release back in as
+    (``push_model``: blessed only on ACCEPT) and, with ``serving_dir`` too, pushed there if blessed. A window in
+    ``params`` selects SlidingWindowRelease. Pass the returned release back in as
     ``release`` on the next call to continue the same stream."""
     if serving_dir is not None and push_dir is None:
         raise ContinualReleaseError(f"serving_dir {serving_dir!r} needs push_dir: the models and their blessings "

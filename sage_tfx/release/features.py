@@ -5,7 +5,7 @@ by their public scales (docs/release_strategies.md, "Features").
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -91,14 +91,16 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
 from sage_tfx.privacy import checks, gaussian
 from sage_tfx.privacy.digests import bound_to_data
-from sage_tfx.privacy.draws import ZCDP_RUN_DELTA_SHARE as ZCDP_SHARE, zcdp_filter
+from sage_tfx.privacy.draws import ZCDP_RUN_DELTA_SHARE as ZCDP_SHARE
+from sage_tfx.privacy.draws import zcdp_filter
 from sage_tfx.privacy.errors import LedgerError, SageError
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_gaussian_sum, grid_laplace, grid_laplace_sum
@@ -132,7 +134,7 @@ class SchedulerParams:
     delta: float = 0.0
     gamma: float = 0.5
     t0: int = 1
-    composition: Optional[str] = None  # None: pure if delta = 0, zCDP otherwise; "basic": (eps_i, delta_i) runs
+    composition: str | None = None  # None: pure if delta = 0, zCDP otherwise; "basic": (eps_i, delta_i) runs
 
     def __post_init__(self):
         _positive("epsilon", self.epsilon, "give the total per-record epsilon > 0")
@@ -189,7 +191,7 @@ def filter_scale(epsilon: float, delta: float, head: np.ndarray, tail_squares: f
             continue
 
         def cost(c: float) -> float:
-            return float(np.minimum(c * head, alpha * c * c * head * head / 2).sum()) + alpha * c * c * tail_squares / 2
+            return float(np.minimum(c * head, alpha * c * c * head * head / 2).sum()) + alpha * c * c * tail_squares / 2  # noqa: B023
 
         low, high = 0.0, 1.0
         while cost(high) <= budget:
@@ -249,7 +251,7 @@ class BBScheduler:
             return 0.0
         return self.params.delta * g / (1.0 + g) ** (i + 1)
 
-    def run_budget(self, t: int) -> Optional[tuple[int, float, float]]:
+    def run_budget(self, t: int) -> tuple[int, float, float] | None:
         """(epoch, epsilon_i, delta_i) of the run made at t blocks (None if none); several epochs passed at once
         are one run at their summed epsilon (zCDP: summed squares) and summed delta -- no more than running each."""
         plan = self.run_at(t)
@@ -262,7 +264,7 @@ class BBScheduler:
         """A record's worst-case delta over the runs up to ``horizon`` blocks (basic mode; 0 otherwise)."""
         return sum(r[2] for r in (self.run_budget(t) for t in range(1, horizon + 1)) if r)
 
-    def run_at(self, t: int) -> Optional[tuple[int, float]]:
+    def run_at(self, t: int) -> tuple[int, float] | None:
         """(epoch, epsilon) of the run made when the database reaches t blocks, None if no run then."""
         if t < self.params.t0:
             return None
@@ -275,7 +277,7 @@ class BBScheduler:
             return e_now, sum(eps)
         return e_now, math.sqrt(sum(e * e for e in eps))  # zCDP: the epochs' rhos add up
 
-    def _epoch(self, t: int) -> Optional[int]:
+    def _epoch(self, t: int) -> int | None:
         """The largest epoch i with epoch_start(i) <= t (None if t < t0)."""
         if t < self.params.t0:
             return None
@@ -292,7 +294,7 @@ class BBScheduler:
         return sum(eps) if self.params.mode is not Composition.ZCDP else sum(e * e / 2 for e in eps)
 
     @property
-    def draw_composition(self) -> Optional[str]:
+    def draw_composition(self) -> str | None:
         """The ledger's draw rule for this schedule's runs over a pipeline (``sage_tfx.privacy.draws``): "basic"
         in basic mode, "zcdp" for approximate runs, None for pure runs (no pipeline runs under them)."""
         if self.approximate:
@@ -340,19 +342,19 @@ class BBImprover:
             return 0.0
         return self.params.delta * ZCDP_SHARE * 6.0 / math.pi ** 2 / (t - self.params.t0 + 1) ** 2
 
-    def run_at(self, t: int) -> Optional[tuple[int, float]]:
+    def run_at(self, t: int) -> tuple[int, float] | None:
         return (t, self.epsilon_of(t)) if t >= self.params.t0 else None
 
     def epoch_start(self, i: int) -> int:
         """The block count of run i: t0 + i."""
         return self.params.t0 + i
 
-    def run_budget(self, t: int) -> Optional[tuple[int, float, float]]:
+    def run_budget(self, t: int) -> tuple[int, float, float] | None:
         """(run index t - t0, epsilon_t, delta_t) of the run at t blocks, None before t0."""
         return (t - self.params.t0, self.epsilon_of(t), self.delta_of(t)) if t >= self.params.t0 else None
 
     @property
-    def draw_composition(self) -> Optional[str]:
+    def draw_composition(self) -> str | None:
         """The ledger's draw rule for this schedule's runs over a pipeline (``sage_tfx.privacy.draws``): "zcdp"
         for approximate runs, None for pure runs (no pipeline runs under them)."""
         return Composition.ZCDP if self.approximate else None
@@ -366,7 +368,7 @@ class BBImprover:
         return {"strategy": "bbimprover", **asdict(self.params), **({"approximate": True} if self.approximate else {})}
 
 
-def clipped_mean(bound: float, rows_per_block: int) -> "Mechanism":
+def clipped_mean(bound: float, rows_per_block: int) -> Mechanism:
     """A black box for ``ScheduledRelease``: the epsilon-DP mean of values clipped to [0, bound].
 
     Input: one 1-D array of values per block read. Output: sum_i clip(v_i, 0, bound) / n + noise, with
@@ -476,7 +478,7 @@ class ScheduledRelease(ScheduleIdentity):
         self.reads: list[tuple[str, str]] = []
         self.current: Any = None
 
-    def observe(self, block: str) -> Optional[Run]:
+    def observe(self, block: str) -> Run | None:
         if block in self.grants:
             raise GrowthError(f"block {block!r} was already observed: give each block once, in order")
         grant = charge_lifetime(self.ledger, self.stream, self.pipeline, block, self.epsilon, self.delta,
@@ -594,7 +596,7 @@ class PMWG:
     """
 
     def __init__(self, ledger, stream: str, pipeline: str, params: PMWGParams, universe: Universe,
-                 reader: Reader, *, computation: Optional[str] = None):
+                 reader: Reader, *, computation: str | None = None):
         if not isinstance(params, PMWGParams):
             raise GrowthError(f"params {params!r} must be a PMWGParams")
         if not isinstance(universe, Universe):
@@ -611,11 +613,11 @@ class PMWG:
         self.n = 0  # public record count (declared rows)
         self.public = np.full(universe.size, 1.0 / universe.size)
         self.hard_used = 0
-        self.n0: Optional[int] = None  # the declared count after the first block
+        self.n0: int | None = None  # the declared count after the first block
         self.round_epsilons: list[float] = []  # eps_r of every AboveThreshold round opened (the privacy spent)
         self.eps1 = self.eps2 = None  # the open round's halves
-        self.noisy_threshold: Optional[float] = None
-        self.round_sensitivity: Optional[float] = None
+        self.noisy_threshold: float | None = None
+        self.round_sensitivity: float | None = None
         self.answers: list[Answer] = []
         self.reads: list[tuple[str, str]] = []
         self._draws = 0
@@ -650,7 +652,7 @@ class PMWG:
         if self.n0 is None:
             self.n0 = self.n
 
-    def hard_limit(self, n: Optional[int] = None) -> int:
+    def hard_limit(self, n: int | None = None) -> int:
         """h(n) = floor(k (1 + ln(n / n0))): how many hard queries PMWG may have answered by public size n
         (default: now; Corollary 16, module docstring). 0 before the first block."""
         n = self.n if n is None else n
@@ -659,7 +661,7 @@ class PMWG:
         # no rounding slack upward: a budget one short is safe, one over would break the privacy bound
         return int(math.floor(self.params.hard_budget * (1.0 + math.log(max(n, self.n0) / self.n0))))
 
-    def round_epsilon(self, n: Optional[int] = None) -> float:
+    def round_epsilon(self, n: int | None = None) -> float:
         """eps_r(n) = c min(1, (n0 / n)^p): the epsilon of an AboveThreshold round opened at public size n."""
         n = self.n if n is None else n
         return self.params.round_scale * min(1.0, (self.n0 / n) ** self.params.growth_exponent)
@@ -725,7 +727,7 @@ def count_query(universe: Universe, predicate: Callable[[np.ndarray], np.ndarray
 
 
 def sum_query(universe: Universe, column: int, bound: float,
-              predicate: Optional[Callable[[np.ndarray], np.ndarray]] = None) -> np.ndarray:
+              predicate: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
     """Weights centre[column] / bound (clipped to [0, 1]) on the cells satisfying ``predicate``."""
     bound = _positive("bound", bound, "give the column's public upper bound B > 0")
     c = universe.centres()

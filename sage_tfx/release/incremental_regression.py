@@ -69,9 +69,12 @@ from functools import cached_property
 import numpy as np
 
 from sage_tfx.privacy import checks
+from sage_tfx.privacy.adassp import grid_statistics
+from sage_tfx.privacy.curves import calibration_accountant
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
-from sage_tfx.privacy.samplers import grid_gaussian_params
+from sage_tfx.privacy.randomness import as_secure_rng
+from sage_tfx.privacy.samplers import grid_gaussian, grid_gaussian_params
 from sage_tfx.privacy.vocabulary import Accounting, Stage
 
 __all__ = ["IncrementalRegressionError", "HorizonExhausted", "IncrementalRegressionParams", "TreeRegressor",
@@ -143,7 +146,6 @@ class IncrementalRegressionParams:
         import dp_accounting
         from dp_accounting import mechanism_calibration
 
-        from sage_tfx.privacy.curves import calibration_accountant
 
         releases = 2 * self.levels
         guess = math.sqrt(2.0 * releases * math.log(1.25 / self.delta)) / self.epsilon
@@ -239,7 +241,6 @@ class TreeRegressor:
     def leaf(self, x, y) -> np.ndarray:
         """Block sum of the clipped rows: (upper triangle of X'X, X'y) as one vector, summed exactly on the node
         releases' grids (each row rounded to the grid alone: within gamma / 2 per row and cell of the float sum)."""
-        from sage_tfx.privacy.adassp import grid_statistics
 
         x = np.asarray(x, dtype=float)
         y = np.asarray(y, dtype=float).reshape(-1)
@@ -270,8 +271,6 @@ class TreeRegressor:
                 "covered this horizon only; start a new IncrementalRegression with a new horizon")
 
     def _release_node(self, value: np.ndarray, rng) -> np.ndarray:
-        from sage_tfx.privacy.randomness import as_secure_rng
-        from sage_tfx.privacy.samplers import grid_gaussian
 
         p, c, k = self.params, self.params.noise_multiplier, self._upper[0].size
         rng = as_secure_rng(rng, _NODE_PURPOSE)

@@ -13,16 +13,39 @@ import numpy as np
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.validation.loss import DPLossValidator
 
-from .continual import ContinualRelease, ReleaseParams, SlidingWindowRelease, Strategy, check_sla, grant_reader, \
-    push_model
+from .continual import (
+    ContinualRelease,
+    ReleaseParams,
+    SlidingWindowRelease,
+    Strategy,
+    check_sla,
+    grant_reader,
+    push_model,
+)
 from .features import check_numeric, column_reader, featurizer, sign_labels
-from .growth import PMWG, BBImprover, BBScheduler, ImproverParams, PMWGParams, ScheduledRelease, SchedulerParams, \
-    Universe, clipped_mean
-from .incremental_regression import STRATEGY as INCREMENTAL, IncrementalRegression, IncrementalRegressionParams
+from .growth import (
+    PMWG,
+    BBImprover,
+    BBScheduler,
+    ImproverParams,
+    PMWGParams,
+    ScheduledRelease,
+    SchedulerParams,
+    Universe,
+    clipped_mean,
+)
+from .incremental_regression import STRATEGY as INCREMENTAL
+from .incremental_regression import IncrementalRegression, IncrementalRegressionParams
 from .queries import parse_queries
 from .session import Plan, SessionStatus, new_summary, resume, spent_line
-from .settings import (ContinualSettings, FeatureSettings, GrowthSettings, IncrementalSettings, PMWGSettings,
-                       ReleaseInputError)
+from .settings import (
+    ContinualSettings,
+    FeatureSettings,
+    GrowthSettings,
+    IncrementalSettings,
+    PMWGSettings,
+    ReleaseInputError,
+)
 
 
 def _features(s: FeatureSettings, schema: dict):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 

@@ -35,18 +35,26 @@ re-run.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from sage_tfx.adaptive.iterator import REQUEST_KEY, check_request
-from sage_tfx.privacy.resume import held
 from sage_tfx.privacy import BudgetSplit, eval_share_split, public_error_text
-from sage_tfx.privacy.errors import IterationInterrupted, SageError, environment_error_text, is_environment_error
 from sage_tfx.privacy.draws import DRAW_KEY, is_run_grant
+from sage_tfx.privacy.errors import IterationInterrupted, SageError, environment_error_text, is_environment_error
+from sage_tfx.privacy.resume import held
 from sage_tfx.privacy.split import RECORDS_KEY
 from sage_tfx.privacy.vocabulary import BlockState, Composition, Outcome
-from sage_tfx.release.growth import (BBImprover, BBScheduler, GrowthError, ImproverParams, ScheduleIdentity,
-                                     SchedulerParams, charge_lifetime)
+from sage_tfx.release.growth import (
+    BBImprover,
+    BBScheduler,
+    GrowthError,
+    ImproverParams,
+    ScheduleIdentity,
+    SchedulerParams,
+    charge_lifetime,
+)
 from sage_tfx.validation import eta_for_attempt
 
 RunIteration = Callable[[Any, BudgetSplit, float, int], Any]  # -> sage_tfx.adaptive.IterationResult
@@ -67,8 +75,8 @@ class ScheduledRun:
     eta: float
     grant_id: str
     blocks: list
-    outcome: Optional[str] = None
-    bound: Optional[float] = None
+    outcome: str | None = None
+    bound: float | None = None
     resumed: bool = False
     details: dict = field(default_factory=dict)
 
@@ -108,8 +116,8 @@ class ScheduledPipeline(ScheduleIdentity):
 
     def __init__(self, ledger, stream: str, pipeline: str, schedule: Schedule, run_iteration: RunIteration, *,
                  name: str = "tfx", eta: float = 0.05, preprocessing_share: float = 0.2, count_share: float = 0.05,
-                 rejection_share: float = 0.0, disjoint_split: bool = True, eval_share: Optional[float] = None,
-                 progress: Optional[Callable[[str], None]] = None, request: Optional[dict] = None):
+                 rejection_share: float = 0.0, disjoint_split: bool = True, eval_share: float | None = None,
+                 progress: Callable[[str], None] | None = None, request: dict | None = None):
         self.schedule = check_pipeline_schedule(schedule)
         if not callable(run_iteration):
             raise GrowthError(f"run_iteration {run_iteration!r} must be a callable (grant, split, eta, iteration)")
@@ -131,9 +139,9 @@ class ScheduledPipeline(ScheduleIdentity):
         self._recover()
 
     @classmethod
-    def for_runner(cls, ledger, definition, runner, schedule: Schedule, *, rejection_share: Optional[float] = None,
-                   progress: Optional[Callable[[str], None]] = None,
-                   run_iteration: Optional[RunIteration] = None) -> "ScheduledPipeline":
+    def for_runner(cls, ledger, definition, runner, schedule: Schedule, *, rejection_share: float | None = None,
+                   progress: Callable[[str], None] | None = None,
+                   run_iteration: RunIteration | None = None) -> ScheduledPipeline:
         """The driver of a built pipeline (``definition``: its split defaults and name; ``runner``: a
         ``PipelineRunner``, whose config names the stream and pipeline and whose confidence gives eta), as `sage
         run --schedule` and `sage serve --schedule` run it; ``run_iteration`` replaces ``runner.run_iteration``
@@ -169,7 +177,7 @@ class ScheduledPipeline(ScheduleIdentity):
                 self.grants[grant.blocks[0]] = grant
                 self.order.append(grant.blocks[0])
 
-    def observe(self, block: str) -> Optional[ScheduledRun]:
+    def observe(self, block: str) -> ScheduledRun | None:
         """Charge ``block``'s lifetime grant if not yet charged; run the pipeline if the schedule says so at this
         block count (or re-run a run that has no outcome yet). Returns the run, or None."""
         if block not in self.grants:
@@ -220,7 +228,7 @@ class ScheduledPipeline(ScheduleIdentity):
                       f"{result.outcome}")
         return run
 
-    def advance(self, max_runs: Optional[int] = None) -> list[ScheduledRun]:
+    def advance(self, max_runs: int | None = None) -> list[ScheduledRun]:
         """Observe every active block not observed yet (ledger order), stopping after ``max_runs`` runs made by
         this call (blocks after that stay uncharged). Returns the runs made or resumed."""
 

@@ -8,7 +8,8 @@ one code path (docs/release_strategies.md, "Restart" and "From sage serve / sage
 from __future__ import annotations
 
 import enum
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 from sage_tfx.ingest.layout import stream_config
 from sage_tfx.privacy import Ledger
@@ -36,7 +37,7 @@ class Plan:
     or None; ``finalize()``: the summary's last fields."""
 
     def __init__(self, summary: dict, observe: Callable, emit: Callable, replaying: ReplayingLedger,
-                 previous: dict, *, limit: Optional[int] = None, finalize: Optional[Callable[[], Any]] = None):
+                 previous: dict, *, limit: int | None = None, finalize: Callable[[], Any] | None = None):
         self.summary, self.observe, self.emit = summary, observe, emit
         self.replaying, self.previous, self.limit, self.finalize = replaying, dict(previous), limit, finalize
 
@@ -62,7 +63,7 @@ def previous_grants(ledger, settings: ReleaseSettings, strategies: set, meta: di
     return previous
 
 
-def resume(ledger, settings: ReleaseSettings, strategies: set, build: Callable, meta: Optional[dict] = None):
+def resume(ledger, settings: ReleaseSettings, strategies: set, build: Callable, meta: dict | None = None):
     """``build(ledger)`` -> the strategy instance, resumed: (instance on a ``ReplayingLedger``, previous grants
     {block: grant}, the replaying ledger). ``previous_grants`` refuses (before any charge) a pipeline whose grants
     were signed with other parameters than the probe's ``meta``."""
@@ -188,7 +189,7 @@ class ReleaseSession:
         self.ledger.close()
 
 
-def _open(settings: ReleaseSettings, schema: Optional[dict]):
+def _open(settings: ReleaseSettings, schema: dict | None):
     """The ledger and the stream's schema (``schema`` when the data root holds none yet); ReleaseInputError if
     either is missing (nothing charged)."""
     try:
@@ -210,7 +211,7 @@ def _open(settings: ReleaseSettings, schema: Optional[dict]):
     return ledger, dict(config["schema"])
 
 
-def open_release(settings: ReleaseSettings, *, schema: Optional[dict] = None, claim: bool = True) -> ReleaseSession:
+def open_release(settings: ReleaseSettings, *, schema: dict | None = None, claim: bool = True) -> ReleaseSession:
     """The ``ReleaseSession`` of ``settings``, every check done and nothing charged.
 
     Args:
@@ -222,7 +223,7 @@ def open_release(settings: ReleaseSettings, *, schema: Optional[dict] = None, cl
     Raises:
         ReleaseInputError, SageError or ValueError: bad input, naming the value; the ledger is closed and unchanged.
     """
-    from .plans import PLANS
+    from .plans import PLANS  # noqa: PLC0415 (plans imports this module)
 
     ledger, schema = _open(settings, schema)
     try:

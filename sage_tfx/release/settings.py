@@ -8,8 +8,10 @@ charge. The field names are the `sage release STRATEGY` option names with ``_`` 
 from __future__ import annotations
 
 import math
+import sys
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar, Optional, Sequence
+from typing import ClassVar
 
 from sage_tfx.privacy.errors import SageError
 
@@ -38,11 +40,10 @@ class ReleaseSettings:
     data_root: str
     pipeline: str
     json: bool = False
-    progress: Optional[Callable[[str], None]] = field(default=None, compare=False, repr=False)
+    progress: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def say(self, line: str) -> None:
         """A progress line: to ``progress`` when set, else stdout (stderr with ``json``)."""
-        import sys
 
         if self.progress is not None:
             self.progress(line)
@@ -51,7 +52,6 @@ class ReleaseSettings:
 
     def warn(self, line: str) -> None:
         """An error or warning line: to ``progress`` when set, else stderr."""
-        import sys
 
         if self.progress is not None:
             self.progress(line)
@@ -127,14 +127,14 @@ class ContinualSettings(FeatureSettings):
 
     loss: str = "logistic"
     rows_per_block: int
-    window: Optional[int] = None
+    window: int | None = None
     lam: float = 0.05
     radius: float = 10.0
     positive_above: float = 0.0
-    push_dir: Optional[str] = None
-    serving_dir: Optional[str] = None
-    sla_target: Optional[float] = None
-    sla_epsilon: Optional[float] = None
+    push_dir: str | None = None
+    serving_dir: str | None = None
+    sla_target: float | None = None
+    sla_epsilon: float | None = None
     sla_confidence: float = 0.95
     sla_loss_bound: float = 5.0
 
@@ -175,7 +175,7 @@ class GrowthSettings(ReleaseSettings):
     rows_per_block: int
     epsilon: float
     delta: float = 0.0
-    composition: Optional[str] = None
+    composition: str | None = None
     gamma: float = 0.5
     a: float = 0.1
     t0: int = 1

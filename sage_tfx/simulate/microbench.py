@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 
-from sage_tfx.privacy import filters
+from sage_tfx.privacy import curves, filters
 from sage_tfx.privacy.allocation import BlockAllocation, QueuedAllocation, QueuedPolicy, get_policy, policy_names
 from sage_tfx.privacy.vocabulary import Accounting
 
@@ -118,7 +118,6 @@ def demand_curves(filt, epsilons):
     Gaussian, a Laplace, and a subsampled Gaussian of 100 steps at rate 0.01), each scaled so that its
     best-order share of a fresh block, min over alpha of curve(alpha) / capacity(alpha), equals ``eps``: the
     same size as the basic demand by DPF's measure, with heterogeneous curves (DPack's setting, §6)."""
-    from sage_tfx.privacy import curves
 
     base = {"gaussian": curves.gaussian_curve(1.0, filt.orders), "laplace": curves.laplace_curve(1.0, filt.orders),
             "dpsgd": curves.dpsgd_curve(1.0, 0.01, 100, filt.orders)}
@@ -178,7 +177,7 @@ def run(policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict
             blocks.append(block)
             if queued:
                 model.add_block(block, now * HOUR)
-                for name, bl, cost in model.schedule(now * HOUR):
+                for name, _bl, _cost in model.schedule(now * HOUR):
                     grant(name, now)
             else:
                 model.add_block(block, list(waiting))
@@ -192,7 +191,7 @@ def run(policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict
             if queued:
                 model.arrive(now * HOUR)
                 model.demand(name, bl, cost)
-                for gname, gbl, gcost in model.schedule(now * HOUR):
+                for gname, _gbl, _gcost in model.schedule(now * HOUR):
                     grant(gname, now)
             else:
                 waiting[name] = (bl, cost)
@@ -205,7 +204,7 @@ def run(policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict
             if queued:
                 if name in model.pending:
                     model.withdraw(name)
-                    for gname, gbl, gcost in model.schedule(now * HOUR):
+                    for gname, _gbl, _gcost in model.schedule(now * HOUR):
                         grant(gname, now)
             elif name in waiting:
                 del waiting[name]

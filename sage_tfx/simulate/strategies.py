@@ -42,9 +42,9 @@ An attempt ACCEPTs iff the records it reads are at least
 import math
 import os
 
-from sage_tfx.privacy.split import BudgetSplit
-from sage_tfx.privacy import BudgetRefused, Ledger
+from sage_tfx.privacy import BudgetRefused, Ledger, curves, filters
 from sage_tfx.privacy.allocation import BlockAllocation, QueuedAllocation, get_policy
+from sage_tfx.privacy.split import BudgetSplit
 from sage_tfx.privacy.vocabulary import Accounting, Outcome, Policy
 
 STRATEGIES = ("query", "streaming", "block-aggressive", "block-conserve", "block-conserve-rdp")
@@ -278,7 +278,6 @@ class QueuedStrategy:
     """Block strategy under a queued policy (DPF-N, DPF-T, DPack), on ``QueuedAllocation`` in memory."""
 
     def __init__(self, name, config, policy):
-        from sage_tfx.privacy import filters
 
         self.name, self.config, self.policy = name, config, policy
         self.filt = filters.BasicFilter(config.epsilon, config.delta)
@@ -356,7 +355,6 @@ def attempt_curve(epsilon, n_rows, config, orders):
     """
     split = BudgetSplit.for_epsilon(epsilon, config.delta, config.preprocessing_share)
     train = dpsgd_curve_for_epsilon(split.training, n_rows, config, orders)
-    from sage_tfx.privacy import curves
 
     pre = curves.laplace_curve(split.preprocessing, orders)
     val = curves.laplace_curve(split.validation, orders)

@@ -45,19 +45,19 @@ __all__ = [
 
 def __getattr__(name):
     if name in _ANALYZERS:
-        from . import analyzers
+        from . import analyzers  # noqa: PLC0415
 
         return getattr(analyzers, name)
     if name in _SCALING:
-        from . import scaling
+        from . import scaling  # noqa: PLC0415
 
         return getattr(scaling, name)
     if name in _LOOKUP:
-        from . import lookup
+        from . import lookup  # noqa: PLC0415
 
         return getattr(lookup, name)
     if name in _VOCABULARY:
-        from . import vocabulary_analyzer
+        from . import vocabulary_analyzer  # noqa: PLC0415
 
         return getattr(vocabulary_analyzer, name)
     raise AttributeError(f"module 'sage_tfx.transform' has no attribute {name!r}")

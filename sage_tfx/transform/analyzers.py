@@ -45,11 +45,11 @@ import collections
 import functools
 import operator
 
-import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
-import apache_beam as beam
+import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)  # isort: skip
+import apache_beam as beam  # noqa: TID253
 import numpy as np
-import tensorflow as tf
-import tensorflow_transform as tft
+import tensorflow as tf  # noqa: TID253
+import tensorflow_transform as tft  # noqa: TID253
 
 from sage_tfx.privacy import checks
 from sage_tfx.privacy.samplers import grid_sums
@@ -67,6 +67,7 @@ from .noise import (
     table_grid,
 )
 from .seeding import resolve_seed
+
 
 class PerKeyMean(collections.namedtuple("PerKeyMean", ["counts", "sums", "means"])):
     """Noisy per-key tables of dp_mean_per_key, each a float32 tensor of shape [nkeys].

@@ -224,8 +224,9 @@ def trace_requested_epsilon(preprocessing_fn, feature_spec, custom_config=None):
 
     Raises `BudgetExceeded` if the function's own `PreprocessingBudget` is exceeded.
     """
-    import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
     from tensorflow_transform import impl_helper
+
+    import sage_tfx  # noqa: F401, PLC0415
 
     graph, _, _ = impl_helper.trace_preprocessing_function(
         lambda inputs: call_preprocessing_fn(preprocessing_fn, inputs, custom_config),

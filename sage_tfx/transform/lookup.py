@@ -23,15 +23,16 @@ Out-of-vocabulary values get ``len(vocabulary) + hash bucket`` (``tf.strings.to_
 integers are hashed through ``tf.strings.as_string``), or ``default_value`` when ``num_oov_buckets``
 is 0. The ids then lie in ``[0, len(vocabulary) + num_oov_buckets)``, the ``depth`` to give `one_hot`.
 """
-from typing import Optional, Sequence, Union
+from collections.abc import Sequence
+from typing import Union
 
 import numpy as np
-import tensorflow as tf
+import tensorflow as tf  # noqa: TID253
 
 from .errors import DPTransformError
 from .noise import check_int
 
-VocabularyLike = Union[Sequence[str], Sequence[bytes], Sequence[int], np.ndarray, tf.Tensor]
+VocabularyLike = Union[Sequence[str], Sequence[bytes], Sequence[int], np.ndarray, tf.Tensor]  # noqa: UP007
 
 _HASH_BUCKETS = 2 ** 62  # fingerprint range of the sorted search (tf.strings.to_hash_bucket_fast)
 
@@ -44,7 +45,7 @@ def _vocabulary_kind(dtype: tf.DType, label: str) -> str:
     raise DPTransformError(f"{label}: the vocabulary must hold strings or integers, got dtype {dtype.name}")
 
 
-def _static_vocabulary(vocabulary: VocabularyLike, label: str) -> Optional[np.ndarray]:
+def _static_vocabulary(vocabulary: VocabularyLike, label: str) -> np.ndarray | None:
     """The vocabulary as a 1-D numpy array if it is known now, else None (a tensor known only at run time)."""
     if isinstance(vocabulary, (tf.SparseTensor, tf.RaggedTensor)):
         raise DPTransformError(f"{label}: vocabulary must be a list or a dense 1-D tensor, got "
@@ -139,9 +140,9 @@ def _search_index(x: tf.Tensor, vocab: tf.Tensor) -> tf.Tensor:
     return tf.where(found, candidate, tf.constant(-1, tf.int64))
 
 
-def apply_public_vocabulary(x: Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor], vocabulary: VocabularyLike, *,
+def apply_public_vocabulary(x: tf.Tensor | tf.SparseTensor | tf.RaggedTensor, vocabulary: VocabularyLike, *,
                             num_oov_buckets: int = 1, default_value: int = -1,
-                            name: Optional[str] = None) -> Union[tf.Tensor, tf.SparseTensor, tf.RaggedTensor]:
+                            name: str | None = None) -> tf.Tensor | tf.SparseTensor | tf.RaggedTensor:
     """int64 id of each value of x in a PUBLIC vocabulary (``tft.apply_vocabulary`` for a known list).
 
     ``x``: a string or integer tensor (dense, ``tf.SparseTensor`` or ``tf.RaggedTensor``; the ids have

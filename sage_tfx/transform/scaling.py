@@ -17,13 +17,12 @@ runs after the grant is charged, and a failure would reveal the row.
 """
 import functools
 import math
-from typing import Optional, Tuple, Union
+from typing import Union
 
+import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)  # isort: skip
 import numpy as np
-
-import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
-import tensorflow as tf
-import tensorflow_transform as tft
+import tensorflow as tf  # noqa: TID253
+import tensorflow_transform as tft  # noqa: TID253
 
 from sage_tfx.privacy import checks
 
@@ -32,7 +31,7 @@ from .budget import record_spend
 from .errors import DPTransformError
 from .noise import check_int, check_value_range, guarded_variance
 
-ValueRange = Union[float, Tuple[float, float]]
+ValueRange = Union[float, tuple[float, float]]  # noqa: UP007
 
 DEFAULT_GRID_SIZE = 1000
 DEFAULT_TAIL = 0.01
@@ -45,7 +44,7 @@ VARIANCE_NOISE_FLOOR_SDS = 2.0
 # ---------------------------------------------------------------- argument checks
 
 
-def _check_range(value_range, label) -> Tuple[float, float]:
+def _check_range(value_range, label) -> tuple[float, float]:
     """(low, high) of the public range: a number R > 0 means [0, R]; a pair needs finite low < high."""
     if isinstance(value_range, (tuple, list)):
         fix = "give the public range as a number R > 0 (for [0, R]) or a pair (low, high) of finite numbers, low < high"
@@ -179,8 +178,8 @@ def _quantile_args(label, num_buckets, epsilon, value_range, grid_size, seed):
 
 
 def dp_quantiles(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: ValueRange, *,
-                 grid_size: int = DEFAULT_GRID_SIZE, seed: Optional[int] = None,
-                 name: Optional[str] = None) -> tf.Tensor:
+                 grid_size: int = DEFAULT_GRID_SIZE, seed: int | None = None,
+                 name: str | None = None) -> tf.Tensor:
     """DP quantile boundaries of x over the whole data set, like ``tft.quantiles(x, num_buckets, ...)``:
     float32 [1, num_buckets - 1], nondecreasing, in the public range (feed them to ``tft.apply_buckets``).
 
@@ -215,8 +214,8 @@ def _dp_boundaries(label, x, num_buckets, epsilon, value_range, grid_size, seed,
 
 
 def dp_bucketize(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: ValueRange, *,
-                 grid_size: int = DEFAULT_GRID_SIZE, seed: Optional[int] = None,
-                 name: Optional[str] = None) -> tf.Tensor:
+                 grid_size: int = DEFAULT_GRID_SIZE, seed: int | None = None,
+                 name: str | None = None) -> tf.Tensor:
     """Bucket id of each row in [0, num_buckets), like ``tft.bucketize(x, num_buckets)``: int64, shaped as x.
 
     The boundaries are `dp_quantiles(x, num_buckets, epsilon, value_range)` (same mechanism, sensitivity 1,
@@ -230,8 +229,8 @@ def dp_bucketize(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: Va
 
 
 def dp_scale_to_0_1(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, tail: float = DEFAULT_TAIL,
-                    grid_size: int = DEFAULT_GRID_SIZE, seed: Optional[int] = None,
-                    name: Optional[str] = None) -> tf.Tensor:
+                    grid_size: int = DEFAULT_GRID_SIZE, seed: int | None = None,
+                    name: str | None = None) -> tf.Tensor:
     """x scaled to [0, 1] by the data's DP spread, like ``tft.scale_to_0_1(x)``: float32, shaped as x.
 
     tft.scale_to_0_1 maps the data's exact min to 0 and max to 1; one row can move a min or max
@@ -265,8 +264,8 @@ def dp_scale_to_0_1(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, ta
         return tf.reshape(tf.cast(scaled, tf.float32), tf.shape(x))
 
 
-def dp_scale_to_z_score(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, min_std: Optional[float] = None,
-                        seed: Optional[int] = None, name: Optional[str] = None) -> tf.Tensor:
+def dp_scale_to_z_score(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, min_std: float | None = None,
+                        seed: int | None = None, name: str | None = None) -> tf.Tensor:
     """(x - mean) / std of each row, like ``tft.scale_to_z_score(x)``, the mean and the variance from ONE
     DP release: float32, shaped as x.
 

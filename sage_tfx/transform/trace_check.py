@@ -29,7 +29,8 @@ missing values). A function that mixes rows only for values the synthetic rows n
 check is made for ordinary code, and the docs say so.
 """
 import collections
-from typing import Callable, Dict, List, Optional
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -60,7 +61,7 @@ def _analyzer_labels(sinks) -> tuple:
     """(label, is a Sage DP analyzer) of tf.Transform analyzers (their sinks), evaluated or not."""
     from tensorflow_transform import analyzer_nodes
 
-    from .analyzers import _NoiseOnce
+    from .analyzers import _NoiseOnce  # noqa: PLC0415
 
     labels = []
     for sink in sinks:
@@ -91,7 +92,7 @@ def _replacement_keys(replacements) -> set:
     return keys
 
 
-def trace_signature(graph, before: tuple, outputs: Dict, replacements=None) -> TraceSignature:
+def trace_signature(graph, before: tuple, outputs: dict, replacements=None) -> TraceSignature:
     """The signature of what the preprocessing_fn added to `graph` since `before` (`_marks(graph)` before the call:
     a graph traced inside another one starts with a copy of its collections)."""
     new_ops = graph.get_operations()[before[0]:]
@@ -151,8 +152,8 @@ class TracedFn:
     to a Beam step for its last trace) when the user's function is.
     """
 
-    def __init__(self, preprocessing_fn: Callable, custom_config: Dict, kinds: Dict[str, str],
-                 expected: Optional[TraceSignature] = None):
+    def __init__(self, preprocessing_fn: Callable, custom_config: dict, kinds: dict[str, str],
+                 expected: TraceSignature | None = None):
         self.preprocessing_fn = preprocessing_fn
         self.custom_config = custom_config
         self.kinds = dict(kinds)
@@ -195,7 +196,6 @@ def _in_own_thread(fn, *args):
     no graph being built, no graph context): a graph traced inside another trace would copy that trace's
     collections (its spends and budget among them). tf.Transform's object tracker, a module global, is set
     aside meanwhile (this thread waits)."""
-    from concurrent.futures import ThreadPoolExecutor
 
     from tensorflow_transform import annotators
 
@@ -215,7 +215,7 @@ def _require_same(expected, got, what: str) -> None:
             "calls (a counter, a global flag, state kept across calls, a value read from outside the inputs)")
 
 
-def _analyzer_inputs(graph, new_ops, spends) -> Dict:
+def _analyzer_inputs(graph, new_ops, spends) -> dict:
     """{key: tensor} of the per-row tensors the DP analyzers read: built outside every analyzer scope, computed
     from the inputs, and consumed inside one."""
     scopes = tuple(f"{analyzer}/" for analyzer, _, _ in spends)
@@ -237,7 +237,7 @@ def _analyzer_inputs(graph, new_ops, spends) -> Dict:
 
 # ---------------------------------------------------------------- the checked trace, and its rows
 
-def type_specs(kinds: Dict[str, str]) -> Dict:
+def type_specs(kinds: dict[str, str]) -> dict:
     """The TypeSpecs tf.Transform gives the raw features (each a VarLenFeature: a [batch, n] SparseTensor)."""
     import tensorflow as tf
 
@@ -245,7 +245,7 @@ def type_specs(kinds: Dict[str, str]) -> Dict:
     return {name: tf.SparseTensorSpec([None, None], dtypes[kind]) for name, kind in kinds.items()}
 
 
-def reference_trace(preprocessing_fn: Callable, custom_config: Dict, kinds: Dict[str, str], replacements=None):
+def reference_trace(preprocessing_fn: Callable, custom_config: dict, kinds: dict[str, str], replacements=None):
     """Trace the function in TF2 mode as tf.Transform does (no data), with the analyzers unevaluated or, given
     ``replacements``, evaluated to those constants: (signature, concrete function returning the outputs and the
     analyzers' per-row inputs)."""
@@ -260,7 +260,7 @@ def reference_trace(preprocessing_fn: Callable, custom_config: Dict, kinds: Dict
     return traced.recorded, concrete
 
 
-def synthetic_rows(kinds: Dict[str, str], n: int = SYNTHETIC_ROWS) -> List[Dict]:
+def synthetic_rows(kinds: dict[str, str], n: int = SYNTHETIC_ROWS) -> list[dict]:
     """n public rows {feature: value or None (missing)} of the given kinds (int / float / bytes)."""
     pools = {"int": [0, 1, 2, 3, 7, 12, 23, 5], "float": [0.0, 0.5, 3.25, 17.0, 99.5, 42.0, 1.0, 7.75],
              "bytes": [b"a", b"b", b"Cash", b"", b"zz", b"Credit Card", b"7"]}
@@ -272,7 +272,7 @@ def synthetic_rows(kinds: Dict[str, str], n: int = SYNTHETIC_ROWS) -> List[Dict]
     return rows
 
 
-def _batch(rows: List[Dict], kinds: Dict[str, str]) -> Dict:
+def _batch(rows: list[dict], kinds: dict[str, str]) -> dict:
     """VarLenFeature inputs ([batch, 1] SparseTensors; a missing value is absent) of `rows`."""
     import tensorflow as tf
 
@@ -285,7 +285,7 @@ def _batch(rows: List[Dict], kinds: Dict[str, str]) -> Dict:
     return batch
 
 
-def _rows_of(value, n: int, key: str) -> List:
+def _rows_of(value, n: int, key: str) -> list:
     """Per-row parts of one output of a batch of n rows."""
     import tensorflow as tf
 
@@ -319,7 +319,7 @@ def _name(key: str) -> str:
     return f"the output {key!r}"
 
 
-def check_row_local(concrete, kinds: Dict[str, str], n: int = SYNTHETIC_ROWS) -> None:
+def check_row_local(concrete, kinds: dict[str, str], n: int = SYNTHETIC_ROWS) -> None:
     """Raise RowMixing unless every row's outputs (and DP analyzer inputs) of `concrete` are the same alone in
     a batch, in the whole synthetic batch, in that batch reversed, and on a second run of the batch."""
     rows = synthetic_rows(kinds, n)

@@ -28,11 +28,14 @@ Counts of values absent from D are never drawn (no data-dependent domain).
 The noisy counts, never the exact ones, decide the order.
 """
 import math
-from typing import Dict, List, Optional, Sequence
+import zlib
+from collections.abc import Sequence
 
 import numpy as np
 
 from sage_tfx.privacy.checks import probability
+from sage_tfx.privacy.randomness import secure_rng
+from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_coupling
 
 from .errors import DPTransformError
 from .noise import check_epsilon, check_int
@@ -54,15 +57,14 @@ def threshold(epsilon: float, delta: float, max_contributions: int = 1) -> float
     is the brief's tau = 1 + ln(1 / (2 delta)) / epsilon up to ~1e-6 relative, never below it. The
     ln(m / ...) term (a union bound over the <= m values one row can add) keeps the total at <= delta.
     """
-    from sage_tfx.privacy.samplers import grid_laplace_coupling
 
     m = max_contributions
     scale, slack = grid_laplace_coupling(m, epsilon, m)
     return m + scale * math.log(m / (2.0 * delta)) + slack
 
 
-def select_vocabulary(counts: Dict, *, epsilon: float, delta: float, top_k: Optional[int] = None,
-                      max_contributions: int = 1, seed: Optional[int] = None, stream: str = "") -> List:
+def select_vocabulary(counts: dict, *, epsilon: float, delta: float, top_k: int | None = None,
+                      max_contributions: int = 1, seed: int | None = None, stream: str = "") -> list:
     """The DP vocabulary of exact `counts` (value -> number of rows): kept values, by noisy count, descending.
 
     (epsilon, delta)-DP, see the module docstring. Values with count <= 0 are ignored (they
@@ -78,8 +80,6 @@ def select_vocabulary(counts: Dict, *, epsilon: float, delta: float, top_k: Opti
     if not values:
         return []
     exact = np.array([float(counts[v]) for v in values])
-    from sage_tfx.privacy.randomness import secure_rng
-    from sage_tfx.privacy.samplers import grid_laplace
 
     noisy = grid_laplace(exact, m, epsilon, secure_rng(seed, stream), cells=m)
     tau = threshold(epsilon, delta, m)
@@ -96,7 +96,6 @@ def apply_vocabulary(values: Sequence, vocabulary: Sequence, *, num_oov_buckets:
     Post-processing of the DP vocabulary and the row's own value: no privacy cost. The OOV
     bucket uses a stable hash (crc32 of the value's bytes), not tft's FarmHash.
     """
-    import zlib
 
     if isinstance(num_oov_buckets, bool) or not isinstance(num_oov_buckets, (int, np.integer)) or num_oov_buckets < 0:
         raise DPTransformError(f"apply_vocabulary: num_oov_buckets must be an integer >= 0, got {num_oov_buckets!r}")

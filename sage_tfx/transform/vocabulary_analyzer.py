@@ -12,21 +12,19 @@ preprocessing stage (``BudgetSplit.preprocessing_delta``: a grant whose split gi
 preprocessing no delta refuses a DP vocabulary before any record is read).
 """
 import collections
-from typing import Optional
 
-import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
-import apache_beam as beam
+import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)  # isort: skip
+import apache_beam as beam  # noqa: TID253
 import numpy as np
-import tensorflow as tf
-import tensorflow_transform as tft
+import tensorflow as tf  # noqa: TID253
+import tensorflow_transform as tft  # noqa: TID253
 
-from .analyzers import _NoiseOnce, _dense_vector
+from .analyzers import _dense_vector, _NoiseOnce
 from .budget import record_spend, requested_delta  # noqa: F401  (requested_delta: the graph's total delta)
 from .errors import DPTransformError
-from .noise import check_epsilon, check_seed
-from .seeding import resolve_seed
-from .noise import check_int
 from .lookup import _search_index
+from .noise import check_epsilon, check_int, check_seed
+from .seeding import resolve_seed
 from .vocabulary import check_delta, select_vocabulary
 
 
@@ -68,8 +66,8 @@ class _VocabularyOnce(_NoiseOnce):
                 | "SelectOnce" >> beam.Map(select),)
 
 
-def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional[int] = None,
-                  max_contributions: int = 1, seed: Optional[int] = None, name: Optional[str] = None) -> tf.Tensor:
+def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: int | None = None,
+                  max_contributions: int = 1, seed: int | None = None, name: str | None = None) -> tf.Tensor:
     """The DP vocabulary of string feature x: a 1-D tf.string tensor, kept values by noisy count (descending).
 
     Mechanism, sensitivity and the (epsilon, delta)-DP proof: `sage_tfx.transform.vocabulary`
@@ -96,9 +94,9 @@ def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional
         return vocab
 
 
-def dp_compute_and_apply_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: Optional[int] = None,
-                                    num_oov_buckets: int = 1, default_value: int = -1, seed: Optional[int] = None,
-                                    name: Optional[str] = None) -> tf.Tensor:
+def dp_compute_and_apply_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: int | None = None,
+                                    num_oov_buckets: int = 1, default_value: int = -1, seed: int | None = None,
+                                    name: str | None = None) -> tf.Tensor:
     """int64 id of each row's value in `dp_vocabulary(x, ...)`; OOV: len(vocab) + hash bucket, or default_value.
 
     Same (epsilon, delta)-DP guarantee as dp_vocabulary; the lookup is post-processing of the

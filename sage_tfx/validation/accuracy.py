@@ -2,11 +2,19 @@
 counts (default), the spec's corrected Clopper-Pearson, or Bernstein."""
 import math
 
-import numpy as np
-
 from .bounds import clopper_pearson_lower, clopper_pearson_upper
-from .core import (Mode, NoisyTotal, Outcome, ValidationInputError, ValidationResult, check_probability,
-                   check_rng, check_values, resolve_eta, split_eta)
+from .core import (
+    Mode,
+    NoisyTotal,
+    Outcome,
+    ValidationInputError,
+    ValidationResult,
+    check_probability,
+    check_rng,
+    check_values,
+    resolve_eta,
+    split_eta,
+)
 from .loss import DPLossValidator, _set_test_parameters
 from .noisy import joint_decision
 
@@ -82,7 +90,7 @@ class DPAccuracyValidator:
 
     name = "accuracy"
 
-    def __init__(self, target, epsilon, confidence=0.95, *, bound="exact", train_epsilon=None, mode="sage"):
+    def __init__(self, target, epsilon, confidence=0.95, *, bound="exact", train_epsilon=None, mode="sage") -> None:
         self.mode = Mode.parse(mode)
         self.target = check_probability("target accuracy", target)
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)

@@ -5,7 +5,7 @@ need; each docstring states which. A non-positive n gives the vacuous bound.
 """
 import math
 
-from scipy.special import betaincinv  # the Beta quantile; much lighter to import than scipy.stats
+from scipy.special import betaincinv  # the Beta quantile; much lighter to import than scipy.stats  # noqa: TID253
 
 
 def bernstein_upper(mean, n, delta, bound):

@@ -12,6 +12,8 @@ import numpy as np
 
 from sage_tfx.privacy.checks import is_real, positive
 from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.randomness import SecureRNG, as_secure_rng
+from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_coupling, grid_laplace_sum
 from sage_tfx.privacy.vocabulary import Outcome, Stage
 
 
@@ -137,7 +139,6 @@ def check_rng(rng):
     """The noise generator: a ``randomness.SecureRNG`` (as DPModelValidator passes, keyed by the grant's seed),
     one keyed by 32 bytes of the caller's numpy Generator (reproducible for a seeded Generator), or, for
     None, one with a fresh key from ``secrets``. Never a fixed seed here."""
-    from sage_tfx.privacy.randomness import SecureRNG, as_secure_rng
 
     if rng is not None and not isinstance(rng, (np.random.Generator, SecureRNG)):
         raise ValidationInputError(f"rng {rng!r} must be a numpy.random.Generator, a SecureRNG (or None)")
@@ -188,8 +189,6 @@ class NoisyTotal:
         records = np.ndim(exact) > 0
         if not mode.noisy:
             return cls(math.fsum(np.asarray(exact, dtype=np.float64).tolist()) if records else float(exact), 0.0)
-        from sage_tfx.privacy.randomness import as_secure_rng
-        from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_coupling, grid_laplace_sum
 
         if records:
             value = grid_laplace_sum(np.asarray(exact, dtype=np.float64), sensitivity, epsilon, as_secure_rng(rng),
@@ -201,7 +200,6 @@ class NoisyTotal:
     @classmethod
     def coupled(cls, value, sensitivity, epsilon, cells=1):
         """A grid-Laplace release ``value`` with its coupling's scale and slack (``samplers.grid_laplace_coupling``)."""
-        from sage_tfx.privacy.samplers import grid_laplace_coupling
 
         scale, slack = grid_laplace_coupling(sensitivity, epsilon, cells)
         return cls(float(value), scale, slack)

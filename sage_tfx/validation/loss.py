@@ -4,8 +4,19 @@ import math
 import numpy as np
 
 from .bounds import bernstein_upper, hoeffding_lower
-from .core import (Mode, NoisyTotal, Outcome, ValidationInputError, ValidationResult, check_positive,
-                   check_probability, check_rng, check_values, resolve_eta, split_eta)
+from .core import (
+    Mode,
+    NoisyTotal,
+    Outcome,
+    ValidationInputError,
+    ValidationResult,
+    check_positive,
+    check_probability,
+    check_rng,
+    check_values,
+    resolve_eta,
+    split_eta,
+)
 from .noisy import joint_decision
 
 
@@ -109,7 +120,7 @@ class DPLossValidator:
     name = "loss"
 
     def __init__(self, target, epsilon, confidence=0.95, *, loss_bound=1.0, bound="chernoff", train_epsilon=None,
-                 mode="sage"):
+                 mode="sage") -> None:
         self.mode = Mode.parse(mode)
         self.target = check_positive("target loss", target)
         self.loss_bound = check_positive("loss bound B", loss_bound)

@@ -11,7 +11,6 @@ validators' sensitivities (one record moves a clipped sum by at most B, a count 
 label other than 0 or 1 (binary log loss, correctness) is mapped alike. Where a value cannot be mapped (a
 non-finite record when no B is given), ``RecordError`` names the column only: never a value, index or count.
 """
-from typing import Optional
 
 import numpy as np
 
@@ -45,7 +44,7 @@ def _worst(values, bad, worst, name):
     return np.where(bad, float(worst), values)
 
 
-def squared_errors(labels, predictions, loss_bound: Optional[float] = None) -> np.ndarray:
+def squared_errors(labels, predictions, loss_bound: float | None = None) -> np.ndarray:
     """(label - prediction)^2 per example; ``loss_bound`` (the validator's B) for a record whose label or
     prediction is not finite, or whose error overflows (without it such a record raises RecordError)."""
     labels, predictions, bad = _pair(labels, predictions)
@@ -53,7 +52,7 @@ def squared_errors(labels, predictions, loss_bound: Optional[float] = None) -> n
         return _worst((labels - predictions) ** 2, bad, loss_bound, "predictions")
 
 
-def absolute_errors(labels, predictions, loss_bound: Optional[float] = None) -> np.ndarray:
+def absolute_errors(labels, predictions, loss_bound: float | None = None) -> np.ndarray:
     """|label - prediction| per example; ``loss_bound`` (the validator's B) for a non-finite record, as in
     ``squared_errors``."""
     labels, predictions, bad = _pair(labels, predictions)
@@ -61,7 +60,7 @@ def absolute_errors(labels, predictions, loss_bound: Optional[float] = None) -> 
         return _worst(np.abs(labels - predictions), bad, loss_bound, "predictions")
 
 
-def log_losses(labels, probabilities, floor: float = 1e-7, loss_bound: Optional[float] = None) -> np.ndarray:
+def log_losses(labels, probabilities, floor: float = 1e-7, loss_bound: float | None = None) -> np.ndarray:
     """-log p(label) per example for binary labels in {0, 1} and predicted P(label = 1).
 
     Probabilities are kept in [floor, 1 - floor], so each loss is at most ln(1/floor) (a valid B). A record

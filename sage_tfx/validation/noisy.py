@@ -38,7 +38,10 @@ Each function's docstring has its proof; ``noisy_sum_test`` assembles them and p
 import math
 
 import numpy as np
-from scipy.special import betainc, gammaln
+from scipy.special import betainc, gammaln  # noqa: TID253
+
+from sage_tfx.privacy.randomness import as_secure_rng
+from sage_tfx.privacy.samplers import grid_laplace_pair
 
 from .core import Mode, NoisyTotal
 
@@ -57,8 +60,6 @@ def release_pair(values, bound, epsilon, rng, mode):
     if not mode.noisy:
         total = NoisyTotal.release(clipped, bound, epsilon, rng, mode)
         return total, NoisyTotal(bound * clipped.size - total.value, 0.0)
-    from sage_tfx.privacy.randomness import as_secure_rng
-    from sage_tfx.privacy.samplers import grid_laplace_pair
 
     pair = grid_laplace_pair(clipped, bound, epsilon, as_secure_rng(rng))  # summed exactly on the grid
     return tuple(NoisyTotal.coupled(value, bound, epsilon, cells=2) for value in pair)

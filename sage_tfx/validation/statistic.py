@@ -4,9 +4,21 @@ import numbers
 
 import numpy as np
 
+from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_coupling, grid_laplace_sum
+
 from .bounds import hoeffding_width
-from .core import (Mode, Outcome, ValidationInputError, ValidationResult, check_positive, check_probability,
-                   check_rng, check_values, laplace_tail, resolve_eta)
+from .core import (
+    Mode,
+    Outcome,
+    ValidationInputError,
+    ValidationResult,
+    check_positive,
+    check_probability,
+    check_rng,
+    check_values,
+    laplace_tail,
+    resolve_eta,
+)
 from .loss import _check_epsilon
 
 
@@ -35,8 +47,6 @@ def mean_error_bound(dp_sum, dp_count, value_range, epsilon, delta, mode):
     """
     sampling_delta = mode.event_eta(delta)
     if mode.corrected:
-        from sage_tfx.privacy.samplers import grid_laplace_coupling
-
         # tolerance: dp_group_by_mean's tables were drawn at epsilon' = R / fl(2R/eps), within float
         # rounding of eps/2 (noise.add_laplace); the bounds hold for every epsilon' in that range
         scale_s, slack_s = grid_laplace_coupling(value_range, epsilon / 2.0, 1, epsilon_tolerance=2.0 ** -40)
@@ -72,7 +82,7 @@ class DPAbsoluteErrorValidator:
 
     name = "absolute_error"
 
-    def __init__(self, target, epsilon, confidence=0.95, *, value_range, num_keys=1, per_key=False, mode="sage"):
+    def __init__(self, target, epsilon, confidence=0.95, *, value_range, num_keys=1, per_key=False, mode="sage") -> None:
         self.mode = Mode.parse(mode)
         if self.mode is Mode.NO_SLA:
             raise ValidationInputError("mode 'no_sla' does not apply to an absolute error: there is no "
@@ -97,8 +107,6 @@ class DPAbsoluteErrorValidator:
         clipped = np.clip(values, 0.0, self.value_range)
         counts = np.bincount(keys, minlength=self.num_keys).astype(np.float64)
         if self.mode.noisy:  # exact grid Laplace, one record in one key's cell (see mean_error_bound)
-            from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_sum
-
             # the records summed exactly on the grid, per key (never a float64 sum first)
             sums = grid_laplace_sum(clipped, self.value_range, self.epsilon / 2.0, rng, cells=1, keys=keys,
                                     num_cells=self.num_keys)

@@ -18,7 +18,8 @@ from .sqlite import SqliteStore
 
 _Store = Store  # the base class's name before the package (store.py)
 
-__all__ = ["open_store", "check_location", "display", "is_postgres", "postgres_password", "Store", "Tx", "SqliteStore", "PostgresStore", "SCHEMA_VERSION", "TABLES", "MIGRATIONS",
+__all__ = ["open_store", "check_location", "display", "is_postgres", "postgres_password", "Store", "Tx",
+           "SqliteStore", "PostgresStore", "SCHEMA_VERSION", "TABLES", "MIGRATIONS",
            "SSLMODES", "DEFAULT_SSLMODE", "postgres_ssl_context", "claim_key", "process_label"]
 
 

@@ -21,7 +21,7 @@ class Store:
     ``_begin_read``, ``_commit``, ``_rollback``, ``_has_column``, ``try_claim``, ``release_claim``,
     ``integrity_problems`` and ``close``, and ``placeholder`` if its driver does not take ``?``."""
 
-    kind = None
+    kind: str | None = None
     placeholder = "?"
     statements = 0  # SQL statements this store executed (an executemany counts one per row): tests bound them
     after_commit = None  # called with a write transaction's ``tx.head`` (and ``tx.head_until_use``) once it committed
@@ -109,7 +109,7 @@ class _Transaction:
     ``after_commit``."""
     __slots__ = ("store", "write", "tx")
 
-    def __init__(self, store, write):
+    def __init__(self, store, write) -> None:
         self.store, self.write, self.tx = store, write, None
 
     def __enter__(self):
@@ -133,7 +133,13 @@ class _Transaction:
 class Tx:
     """One open transaction: ``run`` executes, ``one``/``all`` fetch."""
 
-    def __init__(self, store):
+    # Set by the ledger facade on a write: the log's head after its last append, the log's last entry as the
+    # request read it, and whether the head must be durable before the grant's first use (HeadSync.USE).
+    head: tuple
+    log_last: tuple | None
+    head_until_use: bool
+
+    def __init__(self, store) -> None:
         self._store = store
         self._cur = store._conn.cursor()
 
@@ -146,7 +152,7 @@ class Tx:
             raise store._wrap(exc) from None
         return self._cur
 
-    def many(self, sql, rows):
+    def many(self, sql, rows) -> None:
         rows = [tuple(r) for r in rows]
         self._store.statements += len(rows)
         try:

@@ -73,7 +73,7 @@ def postgres_password(url) -> str | None:
     query = dict(urllib.parse.parse_qsl(parsed.query))
     path = query.get("passfile") or os.environ.get("PGPASSFILE")
     explicit = path is not None
-    path = os.path.expanduser(path if explicit else "~/.pgpass")
+    path = os.path.expanduser(path if path is not None else "~/.pgpass")
     key = (parsed.hostname or "127.0.0.1", str(parsed.port or 5432), (parsed.path or "/postgres").lstrip("/")
            or "postgres", urllib.parse.unquote(parsed.username or "postgres"))
     return _password_file_lookup(path, key, explicit)

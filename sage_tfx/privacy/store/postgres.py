@@ -12,13 +12,13 @@ client certificate. The password is never in the URL: ``$PGPASSWORD`` or a libpq
 """
 import os
 import socket
+import ssl
 import urllib.parse
 
 from ..errors import LedgerError, LedgerNotFound
 from . import sql
 from .base import Store, claim_key, process_label
 from .location import PASSWORD_SOURCES, check_location, display, postgres_password
-
 
 SSLMODES = ("verify-full", "verify-ca", "require", "disable")
 DEFAULT_SSLMODE = "verify-full"
@@ -29,7 +29,6 @@ def postgres_ssl_context(query, display):
 
     Never None or True: with those pg8000 tries unverified TLS and falls back to plain text.
     """
-    import ssl
 
     mode = query.get("sslmode", DEFAULT_SSLMODE)
     if mode in ("allow", "prefer"):
@@ -77,7 +76,7 @@ class PostgresStore(Store):
     kind = "postgresql"
     placeholder = "%s"
 
-    def __init__(self, url, create=False, on_create=None, read_only=False):
+    def __init__(self, url, create=False, on_create=None, read_only=False) -> None:
         import pg8000.dbapi
 
         self.on_create, self.read_only = on_create, read_only
@@ -178,7 +177,7 @@ class PostgresStore(Store):
         finally:
             self._conn.commit()  # a session lock outlives the transaction it was taken in
 
-    def release_claim(self, handle):
+    def release_claim(self, handle) -> None:
         cur = self._conn.cursor()
         cur.execute(self._sql(sql.PG_RELEASE_CLAIM), (handle,))
         self._conn.commit()
@@ -186,5 +185,5 @@ class PostgresStore(Store):
     def integrity_problems(self):
         return []
 
-    def close(self):
+    def close(self) -> None:
         self._conn.close()

@@ -248,7 +248,7 @@ def block_rows(n: int) -> str:
     return f"SELECT {BLOCK_COLUMNS} FROM blocks WHERE stream = ? AND id IN ({marks(n)})"
 
 
-@functools.lru_cache(maxsize=None)  # a grant's statement, built once per block count
+@functools.cache  # a grant's statement, built once per block count
 def block_budgets(n: int) -> str:
     """``n`` blocks' state and spent with their reservations, one row per (block, holder) (params: stream, ids)."""
     return ("SELECT b.id, b.state, b.spent, r.pipeline, r.reserved, r.used FROM blocks b"
@@ -261,7 +261,7 @@ def block_queue_rows(n: int) -> str:
     return f"SELECT id, state, spent, created, arrivals FROM blocks WHERE stream = ? AND id IN ({marks(n)})"
 
 
-@functools.lru_cache(maxsize=None)  # a grant's statement, built once per block count
+@functools.cache  # a grant's statement, built once per block count
 def block_set_spent(n: int) -> str:
     """One new (spent, state, retired) for ``n`` blocks (params: the three values, stream, ids)."""
     return f"UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id IN ({marks(n)})"

@@ -4,6 +4,7 @@ WAL journal, ``BEGIN IMMEDIATE`` (takes the database write lock up front), ``syn
 acknowledged grant survives a crash or a kill -9. A new ledger file and its WAL/SHM files are mode 0600
 (docs/security.md). A read-only open (the audit) writes nothing at all: ``SqliteStore._open_read_only``.
 """
+import fcntl
 import os
 import sqlite3
 import threading
@@ -30,7 +31,7 @@ def _restrict(path):
 # feet: a corrupt ledger (seen with `sage serve`'s worker processes, each holding its ledger while a pipeline
 # component opens a second one). So the header is read with open()/close() only while this process has no
 # connection to the file; otherwise an open connection already checked it.
-_OPEN_FILES = {}
+_OPEN_FILES: dict = {}
 _OPEN_FILES_LOCK = threading.Lock()
 
 
@@ -46,7 +47,7 @@ class SqliteStore(Store):
     kind = "sqlite"
     _file = None
 
-    def __init__(self, path, create=False, on_create=None, read_only=False):
+    def __init__(self, path, create=False, on_create=None, read_only=False) -> None:
         self.on_create = on_create
         self.read_only = read_only
         self.path = os.path.abspath(path)
@@ -213,7 +214,6 @@ class SqliteStore(Store):
 
         An flock on ``<ledger>.claims/<key>.lock`` (0600, in a 0700 folder): held per open file, so it is this
         process's until ``release_claim`` or its exit (the kernel drops a dead process's flock)."""
-        import fcntl
 
         folder = self.path + ".claims"
         os.makedirs(folder, mode=0o700, exist_ok=True)
@@ -231,14 +231,14 @@ class SqliteStore(Store):
         os.pwrite(fd, process_label().encode(), 0)
         return fd, None
 
-    def release_claim(self, handle):
+    def release_claim(self, handle) -> None:
         os.close(handle)  # drops the flock
 
     def integrity_problems(self):
         rows = self._conn.execute(sql.SQLITE_INTEGRITY_CHECK).fetchall()
         return [] if rows == [("ok",)] else [r[0] for r in rows]
 
-    def close(self):
+    def close(self) -> None:
         self._conn.close()
         with _OPEN_FILES_LOCK:
             if self._file is not None and _OPEN_FILES.get(self._file):
