@@ -186,5 +186,5 @@ def test_the_audit_lists_a_release_an_older_rdp_grant_made_above_its_charge(ledg
     problems = ledger.audit().problems
     assert len(problems) == 1, problems
     assert re.search(rf"grant '{old.id}': stage 'training' released \(epsilon=0.18\d+, delta=0\), more than the "
-                     rf"charge \(epsilon=0.05, delta=0\) \(grant '{old.id}' is an rdp grant made before .* recorded "
+                     rf"charge allows \(epsilon=0.05, delta=0\) \(grant '{old.id}' is an rdp grant made before .* recorded "
                      r"epsilon 0.18\d+ .* pays for epsilon 0.05\b", problems[0]), problems

@@ -212,10 +212,10 @@ def _transform_vocabulary(epsilon):
                                          "at the cumulative strategy's sigma for (epsilon, 1e-5), one block",
                     slow=True)
 def _continual_release(epsilon):
+    from sage_tfx.privacy.gaussian import rdp_multiplier
     from sage_tfx.release.continual import (
         ReleaseParams,
         Strategy,
-        calibrate_z_eff,
         participation_sum,
         private_erm,
         sensitivity,
@@ -223,7 +223,7 @@ def _continual_release(epsilon):
 
     params = ReleaseParams(epsilon=epsilon, delta=GAUSSIAN_DELTA, records_per_block=20)
     # the strategy's one sigma (continual._Base): z = z_eff sqrt(c), sigma = z Delta_1
-    z = calibrate_z_eff(epsilon, GAUSSIAN_DELTA) * math.sqrt(participation_sum(Strategy.CUMULATIVE))
+    z = rdp_multiplier(epsilon, GAUSSIAN_DELTA) * math.sqrt(participation_sum(Strategy.CUMULATIVE))
     sigma = z * sensitivity(params, 1)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(19, 2))
