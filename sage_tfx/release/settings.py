@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from sage_tfx.privacy.errors import SageError
+from sage_tfx.release.growth import ImproverParams, PMWGParams, SchedulerParams
 
 
 class ReleaseInputError(SageError, ValueError):
@@ -176,9 +177,9 @@ class GrowthSettings(ReleaseSettings):
     epsilon: float
     delta: float = 0.0
     composition: str | None = None
-    gamma: float = 0.5
-    a: float = 0.1
-    t0: int = 1
+    gamma: float = SchedulerParams.gamma  # the strategies' own defaults
+    a: float = ImproverParams.a
+    t0: int = SchedulerParams.t0
 
     def __post_init__(self):
         if self.schedule not in ("scheduler", "improver"):
@@ -200,10 +201,10 @@ class PMWGSettings(ReleaseSettings):
     queries: str
     rows_per_block: int
     epsilon: float
-    hard_budget: int = 20
-    threshold: float = 0.05
-    eta: float = 0.5
-    growth_exponent: float = 0.5
+    hard_budget: int = PMWGParams.hard_budget  # PMWG's own defaults
+    threshold: float = PMWGParams.threshold
+    eta: float = PMWGParams.eta
+    growth_exponent: float = PMWGParams.growth_exponent
 
     def __post_init__(self):
         self.universe = parse_bins(self.bins)
