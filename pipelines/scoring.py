@@ -339,23 +339,24 @@ def _score(ledger, stream, definition, name, held, held_path, data_root, serving
                           purpose=f"{TRUSTED_PURPOSE}: non-private baselines on the training split of ACCEPTed "
                                   f"grant {grant.id}")
     schema = _schema(data_root, stream)
-    records = {"held": _encoded(held, schema), "train": _encoded(train, schema)}
+    held_encoded = _encoded(held, schema)
     if sla.label_signature:  # the model derives the labels: it sees the held-out and the training rows
-        served = score_outputs(model_dir, records["held"], records["train"], label=sla.label,
+        served = score_outputs(model_dir, held_encoded, _encoded(train, schema), label=sla.label,
                                label_signature=sla.label_signature)
     else:
         served = {"held_labels": scalar_column(held, sla.label), "train_labels": scalar_column(train, sla.label)}
 
     def labelled(name, batch):
-        """(records with a label, their labels as the SLA derives them, the rows kept)."""
+        """(the labels as the SLA derives them, which rows have one, those rows)."""
         labels = np.asarray(served[f"{name}_labels"], dtype=float)
         keep = np.isfinite(labels)
         labels = labels[keep]
         if sla.label_threshold is not None:
             labels = (labels > sla.label_threshold).astype(float)
-        return [r for r, k in zip(records[name], keep) if k], labels, batch.filter(pa.array(keep))
+        return labels, keep, batch.filter(pa.array(keep))
 
-    held_records, y_held, held_rows = labelled("held", held)
+    y_held, keep, held_rows = labelled("held", held)
+    held_records = [r for r, k in zip(held_encoded, keep) if k]
     if not len(y_held):
         raise ScoreError(f"no row of the hold-out {held_path} has the label {sla.label!r}")
     if not sla.label_signature:  # only the labelled hold-out rows go to the model: none of the stream's
@@ -368,7 +369,7 @@ def _score(ledger, stream, definition, name, held, held_path, data_root, serving
     target = (grant.meta or {}).get("request", {}).get("target")
     scores = {"dp_model": summary(per_example_values(sla.metric, y_held, outputs, None, sla.loss_bound),
                                   sla.metric, sla.loss_bound, target)}
-    _, y_train, train_rows = labelled("train", train)
+    y_train, _, train_rows = labelled("train", train)
     x_train, center, scale = design_matrix(train_rows, features)
     x_held, _, _ = design_matrix(held_rows, features, center, scale)
     described = {}
