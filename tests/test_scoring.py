@@ -162,8 +162,12 @@ def _save_model(path, key_path=None, leak_path=None):
             with tf.control_dependencies([tf.io.write_file(leak_path, tf.io.read_file(key_path))]):
                 return {"predictions": tf.identity(zeros)}
 
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def labels(self, examples):  # a label_signature: every record's label is 3
+            return {"trip_seconds": tf.fill(tf.shape(examples), 3.0)}
+
     model = Model()
-    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve})
+    tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve, "labels": model.labels})
 
 
 @pytest.mark.tf
@@ -188,3 +192,26 @@ def test_the_pushed_model_runs_away_from_the_key(world):
                             serving_dir=str(hostile), name="p")
     assert not leak.exists()
     assert ledger.audit().ok
+
+
+@pytest.mark.tf
+def test_a_label_signature_derives_the_labels_in_the_confined_child(world):
+    """With the SLA's ``label_signature`` the model derives the labels of the hold-out AND of the training rows
+    (for the baselines), in the confined child: every label is 3 here, so the model (predicting 0) scores
+    mse 9 and the mean-label baseline, fitted on the children's training labels, scores 0."""
+    import dataclasses
+
+    from sage_tfx.pipelines import load_pipeline
+
+    ledger, tmp = world["ledger"], world["tmp"]
+    grant = ledger.request("p", "a", blocks=[b.id for b in ledger.blocks("a")][:5], epsilon=0.5)
+    ledger.record_outcome(grant.id, "ACCEPT")
+    held = _held_out_csv(tmp / "held.csv", set(world["rows"].column(TIME_COLUMN).to_pylist()[700:800]))
+    _save_model(tmp / "serving" / "1")
+    definition = load_pipeline("taxi_regression")
+    definition = dataclasses.replace(definition, sla=dataclasses.replace(definition.sla, label_signature="labels"))
+    report = scoring.score_model(ledger, "a", definition, held, data_root=world["data"],
+                                 serving_dir=str(tmp / "serving"), name="p")
+    assert report["held_out_rows_scored"] == report["held_out_rows"] > 50
+    assert report["scores"]["dp_model"]["value"] == pytest.approx(9.0)
+    assert report["scores"]["mean_label"]["value"] == pytest.approx(0.0) and report["baseline_rows"] > 20
