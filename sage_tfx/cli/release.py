@@ -53,6 +53,15 @@ import json
 import sys
 
 from sage_tfx.privacy.vocabulary import Composition
+from sage_tfx.release.settings import (
+    SETTINGS,
+    ContinualSettings,
+    GrowthSettings,
+    IncrementalSettings,
+    PMWGSettings,
+    ReleaseInputError,
+    ReleaseSettings,
+)
 
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK, EXIT_REFUSED
 from ._keys import add_key_file, ledger_location
@@ -74,31 +83,31 @@ def add_parser(subparsers):
                                       "regularised ERM model at every new block; each block is charged its whole "
                                       "per-record bound (--epsilon, --delta) once, before it is read.")
     _common(cont)
-    cont.add_argument("--loss", choices=("logistic", "squared"), default="logistic")
+    cont.add_argument("--loss", choices=("logistic", "squared"), help="the ERM loss (default %(default)s)")
     cont.add_argument("--rows-per-block", type=int, required=True, metavar="M",
                       help="the DECLARED records per block m0 that normalises the objective (public; the "
                            "sensitivity is 1/(lam * blocks * M), whatever the data holds)")
-    cont.add_argument("--window", type=int, default=None, metavar="W",
+    cont.add_argument("--window", type=int, metavar="W",
                       help="sliding window in blocks (default: all history, the cumulative release)")
-    cont.add_argument("--lam", type=float, default=0.05, help="ridge weight lam (default 0.05)")
-    cont.add_argument("--radius", type=float, default=10.0, help="parameter-ball radius R (default 10)")
-    cont.add_argument("--positive-above", type=float, default=0.0, metavar="VALUE",
-                      help="logistic: a label is +1 iff its value > VALUE (default 0), else -1")
-    cont.add_argument("--push-dir", default=None, metavar="DIR",
+    cont.add_argument("--lam", type=float, help="ridge weight lam (default %(default)s)")
+    cont.add_argument("--radius", type=float, help="parameter-ball radius R (default %(default)s)")
+    cont.add_argument("--positive-above", type=float, metavar="VALUE",
+                      help="logistic: a label is +1 iff its value > VALUE (default %(default)s), else -1")
+    cont.add_argument("--push-dir", metavar="DIR",
                       help="write every model as a TFX Model artifact DIR/model-<t>/Format-Serving/ and its "
                            "ModelBlessing DIR/blessing-<t>/ (BLESSED iff its SLA check ACCEPTed or none is set; "
                            "what a TFX Pusher reads)")
-    cont.add_argument("--serving-dir", default=None, metavar="DIR",
+    cont.add_argument("--serving-dir", metavar="DIR",
                       help="push the BLESSED models to DIR/<t>/ as TFX's Pusher does (needs --push-dir)")
-    cont.add_argument("--sla-target", type=float, default=None, metavar="LOSS",
+    cont.add_argument("--sla-target", type=float, metavar="LOSS",
                       help="SLA: ACCEPT a model iff its expected (clipped) loss is <= LOSS (DPLossValidator), "
                            "checked on the newest block's test part; needs --sla-epsilon")
-    cont.add_argument("--sla-epsilon", type=float, default=None, metavar="E",
+    cont.add_argument("--sla-epsilon", type=float, metavar="E",
                       help="the SLA check's epsilon (<= --epsilon: a parallel train/test split of each block)")
-    cont.add_argument("--sla-confidence", type=float, default=0.95, help="SLA confidence 1 - eta (default 0.95)")
-    cont.add_argument("--sla-loss-bound", type=float, default=5.0, metavar="B",
-                      help="losses are clipped to [0, B] for the SLA check (default 5)")
-    cont.set_defaults(func=_run)
+    cont.add_argument("--sla-confidence", type=float, help="SLA confidence 1 - eta (default %(default)s)")
+    cont.add_argument("--sla-loss-bound", type=float, metavar="B",
+                      help="losses are clipped to [0, B] for the SLA check (default %(default)s)")
+    cont.set_defaults(func=_run, **_defaults(ContinualSettings))
 
     inc = sub.add_parser("incremental-regression", help="a least-squares regressor at every block by the Tree "
                          "Mechanism over a declared horizon (Kasiviswanathan et al.)",
@@ -108,11 +117,11 @@ def add_parser(subparsers):
     _common(inc)
     inc.add_argument("--horizon", type=int, required=True, metavar="T", help="the blocks this pipeline will "
                      "ever take (the charge covers T; more blocks need a new --pipeline)")
-    inc.add_argument("--bound-x", type=float, default=1.0, help="feature clipping ||x|| <= BX (default 1)")
-    inc.add_argument("--bound-y", type=float, default=1.0, help="label clipping |y| <= BY (default 1)")
-    inc.add_argument("--radius", type=float, default=10.0, help="the regressor's L2 ball R (default 10)")
-    inc.add_argument("--iterations", type=int, default=200, help="projected-gradient steps per release")
-    inc.set_defaults(func=_run)
+    inc.add_argument("--bound-x", type=float, help="feature clipping ||x|| <= BX (default %(default)s)")
+    inc.add_argument("--bound-y", type=float, help="label clipping |y| <= BY (default %(default)s)")
+    inc.add_argument("--radius", type=float, help="the regressor's L2 ball R (default %(default)s)")
+    inc.add_argument("--iterations", type=int, help="projected-gradient steps per release (default %(default)s)")
+    inc.set_defaults(func=_run, **_defaults(IncrementalSettings))
 
     grow = sub.add_parser("growth", help="BBScheduler / BBImprover: when to re-run a DP statistic and with which "
                           "epsilon as the stream grows (Cummings et al.)",
@@ -122,7 +131,7 @@ def add_parser(subparsers):
                                       "records, --rows-per-block per block). Each block is charged the whole "
                                       "per-record (--epsilon, --delta) once, before it is read.")
     _base(grow)
-    grow.add_argument("--schedule", choices=("scheduler", "improver"), default="scheduler",
+    grow.add_argument("--schedule", choices=("scheduler", "improver"),
                       help="scheduler: BBScheduler, re-run when the stream grew by 1 + gamma (accuracy held); "
                            "improver: BBImprover, re-run at every block (accuracy improves; needs --delta > 0)")
     grow.add_argument("--column", required=True, metavar="COL", help="the numeric column whose mean is released")
@@ -131,15 +140,15 @@ def add_parser(subparsers):
     grow.add_argument("--rows-per-block", type=int, required=True, metavar="M",
                       help="the DECLARED records per block (public; n = blocks * M normalises the mean)")
     grow.add_argument("--epsilon", type=float, required=True, help="each record's whole-lifetime epsilon")
-    grow.add_argument("--delta", type=float, default=0.0,
-                      help="each record's whole-lifetime delta (default 0: pure DP, scheduler only)")
-    grow.add_argument("--composition", choices=(Composition.ZCDP, Composition.BASIC), default=None,
+    grow.add_argument("--delta", type=float,
+                      help="each record's whole-lifetime delta (default %(default)s: pure DP, scheduler only)")
+    grow.add_argument("--composition", choices=(Composition.ZCDP, Composition.BASIC),
                       help="scheduler with --delta > 0: zcdp (default; pure runs composed in zCDP) or basic "
                            "(each run (epsilon_i, delta_i)-DP with Gaussian noise, both shrinking geometrically)")
-    grow.add_argument("--gamma", type=float, default=0.5, help="scheduler: growth factor 1 + gamma (default 0.5)")
-    grow.add_argument("--a", type=float, default=0.1, help="improver: epsilon_t ~ t^-(1/2 + a), 0 < a < 1/2")
-    grow.add_argument("--t0", type=int, default=1, help="the first run's block count (default 1)")
-    grow.set_defaults(func=_run)
+    grow.add_argument("--gamma", type=float, help="scheduler: growth factor 1 + gamma (default %(default)s)")
+    grow.add_argument("--a", type=float, help="improver: epsilon_t ~ t^-(1/2 + a), 0 < a < 1/2 (default %(default)s)")
+    grow.add_argument("--t0", type=int, help="the first run's block count (default %(default)s)")
+    grow.set_defaults(func=_run, **_defaults(GrowthSettings))
 
     pm = sub.add_parser("pmwg", help="PMWG: a declared stream of linear queries (counts, sums over predicates) "
                         "answered on the growing stream (Cummings et al.)",
@@ -159,13 +168,19 @@ def add_parser(subparsers):
     pm.add_argument("--rows-per-block", type=int, required=True, metavar="M",
                     help="the DECLARED records per block (public; answers are fractions of n = blocks * M)")
     pm.add_argument("--epsilon", type=float, required=True, help="each record's whole-lifetime epsilon (pure)")
-    pm.add_argument("--hard-budget", type=int, default=20, help="hard queries k at the first block (default 20)")
-    pm.add_argument("--threshold", type=float, default=0.05, help="hardness threshold (fraction; default 0.05)")
-    pm.add_argument("--eta", type=float, default=0.5, help="multiplicative-weights rate (default 0.5)")
-    pm.add_argument("--growth-exponent", type=float, default=0.5, metavar="P",
-                    help="a hardness round opened at n records costs c (n0 / n)^P, 0 < P <= 1 (default 0.5); the "
+    pm.add_argument("--hard-budget", type=int, help="hard queries k at the first block (default %(default)s)")
+    pm.add_argument("--threshold", type=float, help="hardness threshold (fraction; default %(default)s)")
+    pm.add_argument("--eta", type=float, help="multiplicative-weights rate (default %(default)s)")
+    pm.add_argument("--growth-exponent", type=float, metavar="P",
+                    help="a hardness round opened at n records costs c (n0 / n)^P, 0 < P <= 1 (default %(default)s); the "
                          "hard-query budget grows as K (1 + ln(n / n0)) and the rounds sum to --epsilon")
-    pm.set_defaults(func=_run)
+    pm.set_defaults(func=_run, **_defaults(PMWGSettings))
+
+
+def _defaults(cls: type[ReleaseSettings]) -> dict:
+    """The settings class's field defaults, the parser's defaults: one home for each (``%(default)s`` in help)."""
+    return {f.name: f.default for f in dataclasses.fields(cls)
+            if f.default is not dataclasses.MISSING and f.name != "progress"}
 
 
 def _base(p):
@@ -182,9 +197,9 @@ def _common(p):
     _base(p)
     p.add_argument("--label", required=True, metavar="COL", help="the label column (numeric)")
     p.add_argument("--features", required=True, metavar="C1,C2,...", help="numeric feature columns")
-    p.add_argument("--scales", default=None, metavar="S1,S2,...",
+    p.add_argument("--scales", metavar="S1,S2,...",
                    help="public divisors of the features, one per column (default 1 each)")
-    p.add_argument("--label-scale", type=float, default=1.0, help="public divisor of the label (default 1)")
+    p.add_argument("--label-scale", type=float, help="public divisor of the label (default %(default)s)")
     p.add_argument("--intercept", action="store_true", help="append a constant feature 1 (after scaling)")
     p.add_argument("--epsilon", type=float, required=True, help="each block's whole-lifetime epsilon")
     p.add_argument("--delta", type=float, required=True, help="each block's whole-lifetime delta (> 0)")
@@ -258,8 +273,6 @@ def parse_release_argv(argv: list) -> "tuple[argparse.Namespace | None, str | No
 def settings_from_args(args: argparse.Namespace):
     """The strategy's settings (``sage_tfx.release.settings.SETTINGS[args.strategy]``) of a parsed `sage release
     STRATEGY` command line; ReleaseInputError naming the bad value."""
-    from sage_tfx.release.settings import SETTINGS
-
     cls = SETTINGS[args.strategy]
     names = {f.name for f in dataclasses.fields(cls)}
     return cls(**{k: v for k, v in vars(args).items() if k in names})
@@ -268,7 +281,6 @@ def settings_from_args(args: argparse.Namespace):
 def release_settings(argv: list, source: str):
     """The settings of a checked `sage release STRATEGY` command line (``release_argv``); ValueError naming
     ``source`` and the bad value."""
-    from sage_tfx.release.settings import ReleaseInputError
 
     args, error = parse_release_argv(argv)
     if args is None:
