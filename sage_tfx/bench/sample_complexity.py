@@ -382,7 +382,7 @@ class FlightsTask:
         sums = sums + rng.laplace(0.0, 2.0 / epsilon, self.nkeys)
         return np.clip(sums / np.maximum(counts, 1.0), 0.0, 1.0)
 
-    def _errors(self, predict, idx):
+    def errors(self, predict, idx):
         return (predict - self.y[idx]) ** 2
 
     def reference(self, _generator=None, _rng=None):
@@ -391,8 +391,8 @@ class FlightsTask:
         every = np.arange(self.rows)
         x = np.column_stack([self._features(every, self._means(every)), np.ones(self.rows)])
         coef = np.linalg.lstsq(x, self.y_clipped, rcond=None)[0]
-        best = float(np.mean(np.minimum(self._errors(x @ coef, every), self.loss_bound)))
-        naive = float(np.mean(np.minimum(self._errors(self.y_clipped.mean(), every), self.loss_bound)))
+        best = float(np.mean(np.minimum(self.errors(x @ coef, every), self.loss_bound)))
+        naive = float(np.mean(np.minimum(self.errors(self.y_clipped.mean(), every), self.loss_bound)))
         return best, naive
 
     def _np_model(self, train):
@@ -401,7 +401,7 @@ class FlightsTask:
         coef = np.linalg.lstsq(x, self.y_clipped[train], rcond=None)[0]
         return lambda idx: np.column_stack([self._features(idx, means), np.ones(len(idx))]) @ coef
 
-    def _dp_model(self, train, split, rng):
+    def dp_model(self, train, split, rng):
         """The example's DP stages: dp_group_by_mean at the preprocessing share, DPLinearRegressor's AdaSSP at the
         training share (the library's sage_tfx.privacy.adassp, as DPLinearRegressor calls it)."""
         from sage_tfx.privacy import adassp
@@ -448,8 +448,8 @@ class FlightsTask:
         for n in grid:
             window = order[:n]
             train, test = window[~is_test[window]], window[is_test[window]]
-            np_errors = self._errors(self._np_model(train)(test), test)
-            dp_errors = {e: self._errors(self._dp_model(train, splits[e], rng)(test), test) for e in epsilons}
+            np_errors = self.errors(self._np_model(train)(test), test)
+            dp_errors = {e: self.errors(self.dp_model(train, splits[e], rng)(test), test) for e in epsilons}
             for variant, epsilon, t in keys:
                 errors = dp_errors[epsilon] if variant == "sage" else np_errors
                 if variant == "np":

@@ -126,9 +126,11 @@ def noise_log_mgf(lam, a, c):
 
 # ---------------------------------------------------------------- tails of T~ under mean tau
 
-def chernoff_tail(t, n, tau, bound, a, c, side):
+def chernoff_tail(t, n, tau, bound, a, c, side, noise_copies=1):
     """An upper bound on P(T~ <= t) (side -1) or P(T~ >= t) (side +1) for n values in [0, B] with mean mu,
-    valid whenever mu >= tau (side -1) or mu <= tau (side +1); a = c = 0 for no noise.
+    valid whenever mu >= tau (side -1) or mu <= tau (side +1); a = c = 0 for no noise. ``noise_copies`` k:
+    the noise is a sum of k independent copies of X (k releases of disjoint parts summed, as a partitioned
+    query is; ``sage bench block-composition``): its MGF is the k-th power of X's.
 
         P(s T~ >= s t) <= exp(-lam s t) * [E exp(lam s (v - tau))]^n * E exp(lam s X)        (Chernoff, lam > 0)
         E exp(lam s (v - tau)) <= exp(-lam s tau) (1 - q + q exp(lam s B)),  q = tau / B
@@ -146,7 +148,7 @@ def chernoff_tail(t, n, tau, bound, a, c, side):
 
     def log_bound(lam):
         sample = n * (-side * lam * tau + math.log1p(q * math.expm1(side * lam * bound)))
-        noise = noise_log_mgf(lam, a, c) if max(a, c) > 0 else 0.0
+        noise = noise_copies * noise_log_mgf(lam, a, c) if max(a, c) > 0 else 0.0
         return -side * lam * t + sample + noise
 
     lo, hi = 0.0, lam_max
