@@ -32,6 +32,9 @@ def add_parser(subparsers):
     p.add_argument("--warmup", type=int, default=48, help="first hours excluded from the measured cohort")
     p.add_argument("--drain", type=int, default=96, help="extra hours simulated for the cohort to finish")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="run the sweep for seeds SEED..SEED+N-1 and report each cell's median and min-max over "
+                        "them (the plot draws the spread; the rate search uses SEED only)")
     p.add_argument("--strategies", default=None, help="comma-separated subset (default: all five)")
     p.add_argument("--plot", default=None, metavar="FILE.png", help="write the release-time plot")
     p.add_argument("--no-search", action="store_true",
@@ -128,6 +131,8 @@ def _run(args):
         for name in ("hours", "warmup", "drain"):
             if getattr(args, name) < 0:
                 raise ValueError(f"--{name} {getattr(args, name)} must be >= 0")
+        if args.seeds < 1:
+            raise ValueError(f"--seeds {args.seeds} must be >= 1")
         if args.warmup >= args.hours:
             raise ValueError(f"--warmup {args.warmup} must be shorter than --hours {args.hours}")
     except ValueError as exc:
@@ -136,20 +141,28 @@ def _run(args):
 
     common = (args.hours, args.seed, config, args.warmup, args.drain)
     rows = sw.sweep(strategies, rates, *common)
+    by_seed = {args.seed: rows}
+    for seed in range(args.seed + 1, args.seed + args.seeds):
+        print(f"seed {seed}:", file=sys.stderr)
+        by_seed[seed] = sw.sweep(strategies, rates, args.hours, seed, config, args.warmup, args.drain)
     search = {}
     if not args.no_search:
         for strategy in strategies:
             print(f"searching the highest rate {strategy} sustains with mean release < 24 h:", file=sys.stderr)
             best, bracket, runs = sw.max_sustainable_rate(strategy, rows, *common)
             search[strategy] = {"max_rate": best, "bracket": list(bracket), "runs": runs}
+    cells = sw.spread(by_seed) if args.seeds > 1 else None
     if args.plot:
-        sw.plot(rows, args.plot, f"Release time under load (eps_g = {config.epsilon:g}, "
-                                 f"{config.rows_per_hour} records/h, seed {args.seed})")
+        title = (f"Release time under load (eps_g = {config.epsilon:g}, {config.rows_per_hour} records/h, "
+                 + (f"seeds {args.seed}-{args.seed + args.seeds - 1})" if cells else f"seed {args.seed})"))
+        (sw.plot_spread(cells, args.plot, title) if cells else sw.plot(rows, args.plot, title))
         print(f"plot written to {args.plot}", file=sys.stderr)
 
     result = {"config": config.to_dict(), "hours": args.hours, "warmup": args.warmup, "drain": args.drain,
               "seed": args.seed, "rates": rates, "results": rows,
               "max_rate_mean_under_24h": {s: v["max_rate"] for s, v in search.items()}, "search": search}
+    if cells:
+        result.update(seeds=list(by_seed), spread=cells, results_by_seed={str(k): v for k, v in by_seed.items()})
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return EXIT_OK
@@ -159,6 +172,9 @@ def _run(args):
                 else (">=" if r["mean_is_lower_bound"] else "") + f"{r['mean_release_h']:.1f}")
         print(f"{LABELS[r['strategy']]:24s} {r['rate']:6g} {mean:>9s} {r['median_release_h']:9.1f} "
               f"{r['p90_release_h']:8.1f} {r['released']:9.0%}")
+    for c in cells or ():
+        print(f"{LABELS[c['strategy']]:24s} {c['rate']:6g} median {c['median_h']:.1f} h over {len(c['seeds'])} seeds "
+              f"(min {c['min_h']:.1f}, max {c['max_h']:.1f}; {c['overloaded']} overloaded)")
     for strategy, v in search.items():
         best = "none of the rates tried" if v["max_rate"] is None else f"{v['max_rate']:g}/h"
         print(f"highest rate with mean release < 24 h, {LABELS[strategy]}: {best} (bracket {v['bracket']})")

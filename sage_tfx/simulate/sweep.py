@@ -97,5 +97,65 @@ def plot(rows, path, title, ceiling_hours=168.0):
     return path
 
 
+def release_hours(summary, ceiling_hours=168.0):
+    """A run's mean release time for the spread: an overloaded run counts at the plot's ceiling."""
+    if summary.get("overloaded_at_h") is not None:
+        return ceiling_hours
+    return min(ceiling_hours, summary["mean_release_h"])
+
+
+def spread(rows_by_seed, ceiling_hours=168.0):
+    """Per (strategy, rate), over the seeds: each seed's mean release time (``release_hours``), their median,
+    min and max, and how many seeds overloaded or left pipelines unreleased (the mean is then a lower bound)."""
+    cells = {}
+    for seed, rows in rows_by_seed.items():
+        for r in rows:
+            cell = cells.setdefault((r["strategy"], r["rate"]), {"strategy": r["strategy"], "rate": r["rate"],
+                                                                 "seeds": [], "mean_release_h": [],
+                                                                 "overloaded": 0, "lower_bound": 0})
+            cell["seeds"].append(seed)
+            cell["mean_release_h"].append(release_hours(r, ceiling_hours))
+            cell["overloaded"] += r.get("overloaded_at_h") is not None
+            cell["lower_bound"] += bool(r["mean_is_lower_bound"])
+    for cell in cells.values():
+        values = sorted(cell["mean_release_h"])
+        cell.update(median_h=values[len(values) // 2] if len(values) % 2 else
+                    (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2, min_h=values[0], max_h=values[-1])
+    return list(cells.values())
+
+
+def plot_spread(cells, path, title, ceiling_hours=168.0):
+    """Fig. 8 with its spread: the median over seeds of the mean release time per strategy and rate, with a bar
+    from the seeds' min to max (overloaded runs at the ceiling)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    strategies = list(dict.fromkeys(c["strategy"] for c in cells))
+    markers = dict(zip(LABELS, "vsoD^"))
+    for i, strategy in enumerate(strategies):
+        mine = sorted((c for c in cells if c["strategy"] == strategy), key=lambda c: c["rate"])
+        xs = [c["rate"] * (1 + 0.015 * (i - len(strategies) / 2)) for c in mine]  # dodge the bars
+        ys = [max(0.1, c["median_h"]) for c in mine]
+        low = [y - max(0.1, c["min_h"]) for y, c in zip(ys, mine)]
+        high = [max(0.1, c["max_h"]) - y for y, c in zip(ys, mine)]
+        ax.errorbar(xs, ys, yerr=[low, high], marker=markers.get(strategy, "o"), capsize=3,
+                    label=LABELS.get(strategy, strategy))
+    ax.axhline(SLA_HOURS, color="grey", linestyle="--", linewidth=1)
+    ax.set_yscale("log")
+    ax.set_ylim(0.1, ceiling_hours * 1.3)
+    ax.set_xlabel("pipeline arrivals per hour")
+    ax.set_ylabel("mean release time (h): median, min-max over seeds")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(True, which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def finite_or_none(value):
     return value if isinstance(value, (int, float)) and math.isfinite(value) else None
