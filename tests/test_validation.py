@@ -500,7 +500,7 @@ def test_metric_helpers():
     assert correctness([1, 0, 1], [0.7, 0.2, 0.1]).tolist() == [1.0, 1.0, 0.0]
 
 
-def test_bench_validation_runs_small():
+def test_bench_validation_runs_small(tmp_path):
     """`sage bench validation` end to end on a tiny configuration (figures, not assertions on speed)."""
 
     from sage_tfx.bench import validation as bench
@@ -508,8 +508,10 @@ def test_bench_validation_runs_small():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     args = parser.parse_args(["--trials", "3", "--max-iterations", "2", "--holdout", "5000",
-                              "--reference-rows", "20000", "--start-rows", "2000", "--etas", "0.05"])
+                              "--reference-rows", "20000", "--start-rows", "2000", "--etas", "0.05",
+                              "--plot", str(tmp_path / "false_accepts.png")])
     figures = bench.run(args)
+    assert (tmp_path / "false_accepts.png").stat().st_size > 1000
     json.dumps(figures, allow_nan=False)
     assert "GENERATED" in figures["data"] and figures["paper_table2"]["taxi_mse"]["0.01"]["sage"] == 0.0027
     for task in ("taxi_mse", "taxi_accuracy"):

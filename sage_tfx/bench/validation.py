@@ -46,6 +46,7 @@ HOUR_BANDS = np.array([0, 0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 
 
 
 def add_arguments(parser):
+    parser.add_argument("--plot", metavar="FILE", help="write a PNG of the false-ACCEPT rates (the paper's §5.1)")
     parser.add_argument("--trials", type=int, default=250, help="models (targets) per task (default 250)")
     parser.add_argument("--etas", default="0.01,0.05", help="comma-separated eta = 1 - confidence values")
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {TASKS}")
@@ -386,5 +387,43 @@ def run(args):
                   f"{paper.get(eta, {}).get(mode.replace('sage_spec', 'sage'), 'n/a')})"
                   for mode in MODES}
             for eta, row in table.items()}
+    if getattr(args, "plot", None):
+        plot(figures, tasks, etas, args.plot)
+        figures["plot"] = args.plot
     figures["seconds"] = round(time.time() - started, 1)
     return figures
+
+
+LABELS = {"no_sla": "No SLA\n(TFX evaluator)", "non_private": "NP SLA", "uncorrected": "UC DP SLA",
+          "sage_spec": "Sage SLA\n(paper bounds)", "sage": "Sage SLA"}
+
+
+def plot(figures, tasks, etas, path):
+    """The paper's §5.1 claim as its own figure: per task and eta, the false-ACCEPT rate (ACCEPTed models that
+    miss their target on the held-out rows) of each validator, with its 95% Clopper-Pearson upper limit, the
+    eta line, and the paper's No SLA rate."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], tasks):
+        width = 0.8 / len(etas)
+        for j, eta in enumerate(etas):
+            row = figures[name]["table2"][str(eta)]
+            rates = [row[m]["violation_rate"] or 0.0 for m in MODES]
+            uppers = [row[m]["violation_rate_upper95"] or 0.0 for m in MODES]
+            xs = np.arange(len(MODES)) + (j - (len(etas) - 1) / 2) * width
+            ax.bar(xs, rates, width, yerr=[[0] * len(MODES), np.maximum(0, np.subtract(uppers, rates))],
+                   capsize=3, label=f"eta = {eta:g}", color=f"C{j}")
+            ax.hlines(eta, xs[0] - width / 2, xs[-1] + width / 2, colors=f"C{j}", linestyles=":")
+        paper = PAPER_TABLE2["taxi_mse" if name == "taxi_mse" else "criteo_accuracy"]["0.05"]["no_sla"]
+        ax.plot([0], [paper], "k*", markersize=10, label=f"paper's No SLA ({paper:.1%})")
+        ax.set_xticks(np.arange(len(MODES)), [LABELS[m] for m in MODES], fontsize=8)
+        ax.set(ylabel="false-ACCEPT rate (among ACCEPTed)", title=f"{name} (GENERATED taxi rows)")
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
