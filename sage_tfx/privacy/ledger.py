@@ -22,7 +22,7 @@ from . import releases as _releases
 from . import requests as _requests
 from . import trusted_reads as _trusted_reads
 from .allocation import get_policy
-from .audit import audit_ledger
+from .audit import AuditReport, audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
 from .chain import GENESIS, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
 from .checks import check_name as _check_name
@@ -497,7 +497,7 @@ class Ledger(LedgerReads):
                (seq, time.time(), kind, text, prev, value))
         tx.head = (seq, value)  # written to the head file once the transaction commits
 
-    def audit(self) -> dict[str, Any]:
+    def audit(self) -> AuditReport:
         """Recompute every block's loss from the log alone; see ``audit.audit_ledger``."""
         return audit_ledger(self)
 
