@@ -355,6 +355,11 @@ class Ledger(LedgerReads):
         ("single" without a split); the grant records it. ``meta["records"]`` (a ``RecordSplit``'s
         dict) says which records each split holds and which side it is on; a grant with a split
         without one gets the default signed (``split.sign_records``).
+
+        Raises:
+            LedgerError: bad arguments, a charge under the grant floor, a finished pipeline (nothing charged).
+            UnknownStream, UnknownBlock, BlockRetired: naming the stream or the blocks (nothing charged).
+            BudgetRefused: a block cannot pay now (under a queued policy the demand stays recorded).
         """
         _check_name(pipeline, "pipeline name")
         blocks = _requests.requested_ids(blocks, window, lambda start, end: self.window_blocks(stream, start, end))
@@ -440,6 +445,10 @@ class Ledger(LedgerReads):
         epsilon the conversion) is capped at what its cost pays for (``grants.stage_cap``). The check
         and the record are one transaction, appended to the audit log, so two writers cannot both take
         a stage, and the audit recomputes every grant's spend.
+
+        Raises:
+            GrantError: a bad grant, another computation on the stage, or more than the stage may spend.
+            LedgerError: an unknown stage, a bad fingerprint, epsilon or delta (nothing recorded).
         """
         checked = self.verify(grant)
         epsilon, delta = _releases.check_release_args(stage, computation, epsilon, delta)
@@ -447,8 +456,9 @@ class Ledger(LedgerReads):
             cap = stage_cap(checked, stream_filter(read_stream(tx, checked.stream))) if older_rdp(checked) else None
             return _releases.open_release(tx, self._log, checked, stage, computation, epsilon, delta, cap)
 
-    def draw(self, lifetime_grants, run, epsilon, delta, *, schedule, split=None, meta=None,
-             composition=Composition.BASIC):
+    def draw(self, lifetime_grants: Sequence[Grant | str], run: int, epsilon: float, delta: float, *, schedule: str,
+             split: BudgetSplit | None = None, meta: dict[str, Any] | None = None,
+             composition: Composition | str = Composition.BASIC) -> Grant:
         """A run grant of ``run`` at (``epsilon``, ``delta``) over ``lifetime_grants`` (one-block grants, in block
         order, each released once under ``schedule``'s fingerprint), charging no block: its budget is drawn from
         theirs, by ``composition``: "basic" (sums of epsilon and delta) or "zcdp" (approximate zCDP through the
