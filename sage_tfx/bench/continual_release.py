@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from sage_tfx.bench._trials import block_reader, trial_ledger
+
 DEFAULT_PLOT = "docs/img/continual_release.png"
 VARIANTS = ("continual", "sliding", "scratch")
 
@@ -145,21 +147,13 @@ def _run_trial(args: argparse.Namespace, trial: int, tmp: str, data: list, param
     Returns:
         ``(cumulative release, sliding release, z of a from-scratch release, audit ok, each block's charge)``.
     """
-    from sage_tfx.privacy import Ledger
     from sage_tfx.privacy.randomness import secure_rng
     from sage_tfx.release.continual import ContinualRelease, SlidingWindowRelease
 
     T, d, m0 = args.blocks, len(FEATURES), args.rows_per_block
-    ledger = Ledger.open(os.path.join(tmp, f"ledger{trial}.db"), create=True)
-    for stream in ("taxi", "taxi_sw"):  # one stream (the same blocks) per strategy
-        ledger.create_stream(stream, args.epsilon, args.delta)
-        for i in range(T):
-            ledger.add_block(stream, f"b{i:03d}", start=i, end=i + 1, rows=m0)
-
-    def reader(grant):
-        (block,) = ledger.verify(grant).blocks  # only a recorded (charged) grant opens a block
-        return data[int(block[1:])]
-
+    # one stream (the same blocks) per strategy
+    ledger = trial_ledger(tmp, trial, ("taxi", "taxi_sw"), T, m0, args.epsilon, args.delta)
+    reader = block_reader(ledger, data)
     cum = ContinualRelease(ledger, "taxi", f"continual{trial}", params[0], reader, dim=d)
     sw = SlidingWindowRelease(ledger, "taxi_sw", f"sliding{trial}", params[1], reader, dim=d, horizon=T)
     z_scratch = cum.z_eff * math.sqrt(T)

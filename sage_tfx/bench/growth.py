@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from sage_tfx.bench._trials import block_reader, trial_ledger
+
 DEFAULT_PLOT = "docs/img/growth.png"
 VARIANTS = ("bbscheduler", "bbimprover", "naive_every", "naive_once")
 FARE_MAX, MILES_MAX = 100.0, 30.0
@@ -153,22 +155,13 @@ def _mean_mechanism(m: int):
 def _run_trial(args: argparse.Namespace, trial: int, tmp: str, data: list, truth: np.ndarray, setup: dict,
                err: dict, pm_err: dict) -> tuple[bool, dict]:
     """One trial on a fresh ledger: fills row ``trial`` of ``err``/``pm_err``; returns (audit ok, charges)."""
-    from sage_tfx.privacy import Ledger
     from sage_tfx.privacy.randomness import secure_rng
     from sage_tfx.release.growth import PMWG, ScheduledRelease
 
     T, m = args.blocks, args.rows_per_block
     mean_mech, sched, uni, pm_params = setup["mean_mech"], setup["sched"], setup["uni"], setup["pm_params"]
-    ledger = Ledger.open(os.path.join(tmp, f"ledger{trial}.db"), create=True)
-    for stream in ("sched", "impr", "pmwg"):
-        ledger.create_stream(stream, args.epsilon, args.delta)
-        for i in range(T):
-            ledger.add_block(stream, f"b{i:03d}", start=i, end=i + 1, rows=m)
-
-    def reader(grant):
-        (block,) = ledger.verify(grant).blocks  # only a recorded (charged) grant opens a block
-        return data[int(block[1:])]
-
+    ledger = trial_ledger(tmp, trial, ("sched", "impr", "pmwg"), T, m, args.epsilon, args.delta)
+    reader = block_reader(ledger, data)
     rs = ScheduledRelease(ledger, "sched", f"bbs{trial}", sched, mean_mech, reader, name="dp_mean_fare")
     ri = ScheduledRelease(ledger, "impr", f"bbi{trial}", setup["impr"], mean_mech, reader, name="dp_mean_fare")
     pm = PMWG(ledger, "pmwg", f"pmwg{trial}", pm_params, uni, reader)
