@@ -1,4 +1,4 @@
-"""Continual and sliding-window release (sage_tfx/release/continual.py; the paper seed 000). numpy only.
+"""Continual and sliding-window release (sage_tfx/release/continual/; the paper seed 000). numpy only.
 
 Data here is GENERATED (a fixed-seed logistic model); the ledger is real (SQLite, tmp_path)."""
 import math

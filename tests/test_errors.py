@@ -67,8 +67,8 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.pipelines.scoring.ScoreError": (ValueError,),
     "sage_tfx.pipelines.check.TrivialTarget": (ValueError,),
     "sage_tfx.privacy.noise_schedules.NoiseScheduleError": (ValueError,),
-    "sage_tfx.release.continual.ContinualReleaseError": (ValueError,),
-    "sage_tfx.release.growth.GrowthError": (ValueError,),
+    "sage_tfx.release.continual.params.ContinualReleaseError": (ValueError,),
+    "sage_tfx.release.growth.errors.GrowthError": (ValueError,),
     "sage_tfx.release.incremental_regression.IncrementalRegressionError": (ValueError,),
     "sage_tfx.release.incremental_regression.HorizonExhausted": (ValueError,),
     "sage_tfx.release.scheduled_pipeline.RunFailed": (),  # a scheduled run's pipeline raised: not bad input
@@ -98,7 +98,7 @@ CORE_MODULES = (
     "sage_tfx.transform.errors", "sage_tfx.validation.core", "sage_tfx.ingest.records", "sage_tfx.ingest.access",
     "sage_tfx.ingest.sealed", "sage_tfx.components.transform_utils", "sage_tfx.components.trainer_utils",
     "sage_tfx.pipelines.definition", "sage_tfx.pipelines.template", "sage_tfx.pipelines.scoring", "sage_tfx.beam_boot",
-    "sage_tfx.privacy.noise_schedules", "sage_tfx.release.continual", "sage_tfx.release.growth",
+    "sage_tfx.privacy.noise_schedules", "sage_tfx.release.continual.params", "sage_tfx.release.growth.errors",
     "sage_tfx.release.incremental_regression", "sage_tfx.cli.release", "sage_tfx.release.settings",
     "sage_tfx.release.session", "sage_tfx.release.plans",
 )

@@ -1,4 +1,4 @@
-"""Growth schedules and PMWG (sage_tfx/release/growth.py; the paper seed 001). numpy only.
+"""Growth schedules and PMWG (sage_tfx/release/growth/; the paper seed 001). numpy only.
 
 Data here is GENERATED (fixed-seed uniform values); the ledger is real (SQLite, tmp_path)."""
 import math

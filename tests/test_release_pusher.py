@@ -1,4 +1,4 @@
-"""Continual release through the Pusher convention (sage_tfx/release/continual.py: push_model, write_blessing,
+"""Continual release through the Pusher convention (sage_tfx/release/continual/: push_model, write_blessing,
 is_blessed, push_blessed): every released model is written as a TFX Model artifact with a ModelBlessing blessed
 only when its SLA check ACCEPTs, and only blessed models are pushed -- by our push path and by TFX's own Pusher.
 

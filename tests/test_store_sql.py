@@ -64,7 +64,8 @@ def test_each_statement_builder_prepares_on_the_schema(name, n):
 
 
 # the ledger facade and the modules split out of it (sage_tfx/privacy/__init__.py's layout)
-LEDGER_MODULES = ["ledger.py", "streams.py", "blocks.py", "charges.py", "grants.py", "session.py", "draws.py"]
+LEDGER_MODULES = ["ledger.py", "ledger_reads.py", "streams.py", "blocks.py", "charges.py", "grants.py", "session.py",
+                  "draws.py", "requests.py", "releases.py", "pipelines.py", "trusted_reads.py", "opening.py"]
 SQL_TEXT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE)\s")  # how every statement here starts
 
 

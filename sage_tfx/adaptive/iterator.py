@@ -53,6 +53,7 @@ from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerErr
 from sage_tfx.privacy.checks import number
 from sage_tfx.privacy.errors import IterationInterrupted, environment_error_text, is_environment_error
 from sage_tfx.privacy.errors import LedgerError as _LedgerError
+from sage_tfx.privacy.grants import Grant
 from sage_tfx.privacy.resume import held
 from sage_tfx.privacy.split import RECORDS_KEY
 from sage_tfx.privacy.vocabulary import VALIDATION_OUTCOMES, Outcome, PipelineState, Policy
@@ -205,6 +206,22 @@ def check_request(ledger, stream: str, pipeline: str, request: dict | None, hist
         f"(bound {_bound_text(bound)}); this run asks {', '.join(differences)}. Its outcome certifies only what "
         "it was run for: run the new request under a new pipeline name (sage run --name NEW, sage serve "
         "--pipeline NEW=...), or repeat the stored request to see its outcome")
+
+
+@dataclass
+class _Attempts:
+    """One ``SageIterator.run``'s state: what it has tried, what the ledger refused, how long it waited."""
+
+    started: float
+    epsilon: float
+    window: int
+    number: int = 1
+    iterations: list = field(default_factory=list)
+    refused: set = field(default_factory=set)  # (blocks, epsilon) refused in this run: asking again is never useful
+    refusals: int = 0
+    idle_waits: int = 0
+    before_wait: dict | None = None  # the availability read before the last wait, to tell whether it changed
+    timed_out: bool = False  # max_refusals reached
 
 
 class SageIterator:
@@ -363,112 +380,143 @@ class SageIterator:
 
     # ------------------------------------------------------------------ run
     def run(self) -> RunResult:
-        """Resume this pipeline's history, then attempt until ACCEPT, REJECT or TIMEOUT (bounded: see the class)."""
+        """Resume this pipeline's history, then attempt until ACCEPT, REJECT or TIMEOUT (bounded: see the class).
 
+        Returns:
+            The ``RunResult``: the outcome, every iteration (resumed ones marked) and the deciding grant's id.
+
+        Raises:
+            RequestMismatch: the pipeline finished under another request (nothing charged).
+            LedgerError: from the ledger's checks, before the attempt they concern is charged.
+        """
         status = {p["name"]: p for p in self.ledger.pipelines(self.stream)}.get(self.pipeline)
         if status is not None and status["state"] == PipelineState.DONE:  # finished earlier: report, spend nothing
-            self.check_request()
-            history = self._history()
-            return RunResult(status["outcome"], [
-                Iteration(g.meta["iteration"], g.id, g.blocks, g.meta["epsilon"], g.meta["eta"], outcome,
-                          (details or {}).get("bound"), resumed=True) for g, outcome, details in history],
-                history[-1][0].id if history and status["outcome"] != Outcome.TIMEOUT else None, self._target())
+            return self._finished_result(status)
         self.ledger.register(self.stream, self.pipeline)
-        started = self.clock()
-        iterations = []
-        epsilon, window, number = self.epsilon_start, self.settings.min_window, 1
+        run = _Attempts(started=self.clock(), epsilon=self.epsilon_start, window=self.settings.min_window)
+        decided = self._resume(run)
+        if decided is not None:
+            return decided
+        # Every pass charges (<= max_iterations), is refused (<= max_refusals) or waits (idle waits in a row
+        # <= max_idle_waits): see the class docstring for why that bounds the loop.
+        while True:
+            result = self._attempt(run)
+            if result is not None:
+                return result
+
+    def _finished_result(self, status: dict) -> RunResult:
+        """The result of a pipeline that finished earlier, from its history: nothing is spent."""
+        self.check_request()
+        history = self._history()
+        return RunResult(status["outcome"], [
+            Iteration(g.meta["iteration"], g.id, g.blocks, g.meta["epsilon"], g.meta["eta"], outcome,
+                      (details or {}).get("bound"), resumed=True) for g, outcome, details in history],
+            history[-1][0].id if history and status["outcome"] != Outcome.TIMEOUT else None, self._target())
+
+    def _resume(self, run: _Attempts) -> RunResult | None:
+        """Replay the pipeline's history into ``run`` (after a crash or a restart) and re-execute an unfinished
+        grant's iteration (already charged, not charged again); the result if the history decides the run."""
         pending = None
-        for grant, outcome, details in self._history():  # resume after a crash or a restart
+        for grant, outcome, details in self._history():
             meta = grant.meta
             record = Iteration(meta["iteration"], grant.id, grant.blocks, meta["epsilon"], meta["eta"], outcome,
                                (details or {}).get("bound"), resumed=True)
-            iterations.append(record)
-            epsilon, window, number = meta["epsilon"], meta["window"], meta["iteration"] + 1
+            run.iterations.append(record)
+            run.epsilon, run.window, run.number = meta["epsilon"], meta["window"], meta["iteration"] + 1
             if outcome is None:
                 pending = (grant, record)
             elif outcome in DECIDED:
-                return RunResult(outcome, iterations, grant.id, self._target())
+                return RunResult(outcome, run.iterations, grant.id, self._target())
             else:  # RETRY, or FAILED (the run raised: its budget is spent, move on as after a RETRY)
-                epsilon, window = self._next(epsilon, window, grant.blocks)
-        if pending is not None:
-            grant, record = pending
-            self.progress(f"[{self.pipeline}] resuming iteration {record.number} under its grant {grant.id} "
-                          "(already charged; not charged again)")
-            result = self._execute(grant, record)
-            if result.outcome in DECIDED:
-                return self._finish(result.outcome, iterations, grant.id)
-            epsilon, window = self._next(epsilon, window, grant.blocks)
-            number = record.number + 1
+                run.epsilon, run.window = self._next(run.epsilon, run.window, grant.blocks)
+        if pending is None:
+            return None
+        grant, record = pending
+        self.progress(f"[{self.pipeline}] resuming iteration {record.number} under its grant {grant.id} "
+                      "(already charged; not charged again)")
+        result = self._execute(grant, record)
+        if result.outcome in DECIDED:
+            return self._finish(result.outcome, run.iterations, grant.id)
+        run.epsilon, run.window = self._next(run.epsilon, run.window, grant.blocks)
+        run.number = record.number + 1
+        return None
 
-        # Every pass charges (<= max_iterations), is refused (<= max_refusals) or waits (idle waits in a row
-        # <= max_idle_waits): see the class docstring for why that bounds the loop.
-        refused = set()  # (blocks, epsilon) the ledger refused in this run: asking it again is never useful
-        refusals = idle_waits = 0
-        before_wait = None  # the availability read before the last wait, to tell whether it changed anything
-        while True:
-            limit = self.settings.max_seconds
-            if number > self.settings.max_iterations or (limit is not None and self.clock() - started > limit):
-                return self._finish(Outcome.TIMEOUT, iterations, None)
-            available = self._read_availability()
-            if before_wait is not None:
-                idle_waits = idle_waits + 1 if available == before_wait else 0
-                before_wait = None
-            choice = self._choose(available, epsilon, window)
-            if choice is None or choice in refused:
-                if choice is not None:
-                    why = (f"the only choice, epsilon {choice[1]:.4g} on {len(choice[0])} block(s), was refused "
-                           "and the ledger reads as before")
-                elif self.policy == Policy.AGGRESSIVE:
-                    why = f"fewer than {window} blocks offer min_epsilon {self.min_epsilon:.4g}"
-                else:
-                    why = f"fewer than {window} blocks with epsilon {epsilon:.4g} available"
-                if idle_waits >= self.settings.max_idle_waits:
-                    self.progress(f"[{self.pipeline}] TIMEOUT: {why}, and {idle_waits} waits in a row brought "
-                                  f"nothing new (max_idle_waits {self.settings.max_idle_waits})")
-                    return self._finish(Outcome.TIMEOUT, iterations, None)
-                if self.wait_for_blocks is None:  # no source of new blocks (`sage run`): say so, do not wait
-                    self.progress(f"[{self.pipeline}] TIMEOUT: {why}; this run does not wait for new blocks: run "
-                                  "again once they arrive, or start at a smaller window or epsilon (min_window, "
-                                  "epsilon_start)")
-                    return self._finish(Outcome.TIMEOUT, iterations, None)
-                self.progress(f"[{self.pipeline}] waiting: {why}")
-                if not self.wait_for_blocks(self._time_left(started)):
-                    return self._finish(Outcome.TIMEOUT, iterations, None)
-                before_wait = available
-                continue
-            blocks, epsilon = list(choice[0]), choice[1]
-            eta = eta_for_attempt(self.settings.eta, number)
-            split = self.split(epsilon)
-            meta = {"iteration": number, "epsilon": epsilon, "window": window, "eta": eta,
-                    "split": split.to_dict()}
-            if self.request is not None:
-                meta[REQUEST_KEY] = self.request
-            if self.records is not None:
-                meta[RECORDS_KEY] = self.records.to_dict()
-            if self.check_blocks is not None:  # raises naming the block and the fix: nothing charged
-                self.check_blocks(blocks)
-            try:
-                grant = self.ledger.request(self.pipeline, self.stream, blocks=blocks,
-                                            epsilon=split.charged_epsilon, delta=split.total_delta, rule=split.rule,
-                                            meta=meta)
-            except (BudgetRefused, BlockRetired) as refusal:  # another writer spent between our read and charge
-                refused.add(choice)
-                refusals += 1
-                if refusals >= self.settings.max_refusals:
-                    self.progress(f"[{self.pipeline}] TIMEOUT: {refusals} requests refused (max_refusals "
-                                  f"{self.settings.max_refusals}); other pipelines took the budget first. Last: "
-                                  f"{public_error_text(refusal)}")
-                    return self._finish(Outcome.TIMEOUT, iterations, None)
-                self.progress(f"[{self.pipeline}] refused, choosing again from a fresh read: "
+    def _attempt(self, run: _Attempts) -> RunResult | None:
+        """One pass of the attempt loop: time out, wait, charge a grant and execute it; the result once decided."""
+        limit = self.settings.max_seconds
+        if run.number > self.settings.max_iterations or (limit is not None and self.clock() - run.started > limit):
+            return self._finish(Outcome.TIMEOUT, run.iterations, None)
+        available = self._read_availability()
+        if run.before_wait is not None:
+            run.idle_waits = run.idle_waits + 1 if available == run.before_wait else 0
+            run.before_wait = None
+        choice = self._choose(available, run.epsilon, run.window)
+        if choice is None or choice in run.refused:
+            return self._wait(run, choice, available)
+        blocks, run.epsilon = list(choice[0]), choice[1]
+        eta = eta_for_attempt(self.settings.eta, run.number)
+        grant = self._charge(run, choice, blocks, eta)
+        if grant is None:
+            return self._finish(Outcome.TIMEOUT, run.iterations, None) if run.timed_out else None
+        record = Iteration(run.number, grant.id, grant.blocks, run.epsilon, eta, None)
+        run.iterations.append(record)
+        result = self._execute(grant, record)
+        if result.outcome in DECIDED:
+            return self._finish(result.outcome, run.iterations, grant.id)
+        run.epsilon, run.window = self._next(run.epsilon, run.window, blocks)
+        run.number += 1
+        return None
+
+    def _wait(self, run: _Attempts, choice: tuple | None, available: dict) -> RunResult | None:
+        """No useful choice now: wait for new blocks, or TIMEOUT when waiting brings nothing (or cannot)."""
+        if choice is not None:
+            why = (f"the only choice, epsilon {choice[1]:.4g} on {len(choice[0])} block(s), was refused "
+                   "and the ledger reads as before")
+        elif self.policy == Policy.AGGRESSIVE:
+            why = f"fewer than {run.window} blocks offer min_epsilon {self.min_epsilon:.4g}"
+        else:
+            why = f"fewer than {run.window} blocks with epsilon {run.epsilon:.4g} available"
+        if run.idle_waits >= self.settings.max_idle_waits:
+            self.progress(f"[{self.pipeline}] TIMEOUT: {why}, and {run.idle_waits} waits in a row brought "
+                          f"nothing new (max_idle_waits {self.settings.max_idle_waits})")
+            return self._finish(Outcome.TIMEOUT, run.iterations, None)
+        if self.wait_for_blocks is None:  # no source of new blocks (`sage run`): say so, do not wait
+            self.progress(f"[{self.pipeline}] TIMEOUT: {why}; this run does not wait for new blocks: run "
+                          "again once they arrive, or start at a smaller window or epsilon (min_window, "
+                          "epsilon_start)")
+            return self._finish(Outcome.TIMEOUT, run.iterations, None)
+        self.progress(f"[{self.pipeline}] waiting: {why}")
+        if not self.wait_for_blocks(self._time_left(run.started)):
+            return self._finish(Outcome.TIMEOUT, run.iterations, None)
+        run.before_wait = available
+        return None
+
+    def _charge(self, run: _Attempts, choice: tuple, blocks: list, eta: float) -> Grant | None:
+        """Request the attempt's grant; None when refused (``run.timed_out`` once ``max_refusals`` is reached)."""
+        split = self.split(run.epsilon)
+        meta = {"iteration": run.number, "epsilon": run.epsilon, "window": run.window, "eta": eta,
+                "split": split.to_dict()}
+        if self.request is not None:
+            meta[REQUEST_KEY] = self.request
+        if self.records is not None:
+            meta[RECORDS_KEY] = self.records.to_dict()
+        if self.check_blocks is not None:  # raises naming the block and the fix: nothing charged
+            self.check_blocks(blocks)
+        try:
+            return self.ledger.request(self.pipeline, self.stream, blocks=blocks, epsilon=split.charged_epsilon,
+                                       delta=split.total_delta, rule=split.rule, meta=meta)
+        except (BudgetRefused, BlockRetired) as refusal:  # another writer spent between our read and charge
+            run.refused.add(choice)
+            run.refusals += 1
+            if run.refusals >= self.settings.max_refusals:
+                self.progress(f"[{self.pipeline}] TIMEOUT: {run.refusals} requests refused (max_refusals "
+                              f"{self.settings.max_refusals}); other pipelines took the budget first. Last: "
                               f"{public_error_text(refusal)}")
-                continue
-            record = Iteration(number, grant.id, grant.blocks, epsilon, eta, None)
-            iterations.append(record)
-            result = self._execute(grant, record)
-            if result.outcome in DECIDED:
-                return self._finish(result.outcome, iterations, grant.id)
-            epsilon, window = self._next(epsilon, window, blocks)
-            number += 1
+                run.timed_out = True
+                return None
+            self.progress(f"[{self.pipeline}] refused, choosing again from a fresh read: "
+                          f"{public_error_text(refusal)}")
+            return None
 
     def _execute(self, grant, record):
         split = BudgetSplit.from_meta(grant.meta)

@@ -28,6 +28,8 @@ import time
 
 import numpy as np
 
+from sage_tfx.bench._trials import block_reader, trial_ledger
+
 DEFAULT_PLOT = "docs/img/continual_release.png"
 VARIANTS = ("continual", "sliding", "scratch")
 
@@ -86,80 +88,117 @@ def _excess(w, x, y, w_np, normaliser, lam):
 
 
 def run(args: argparse.Namespace) -> dict:
-    from sage_tfx.privacy import Ledger
-    from sage_tfx.privacy.randomness import secure_rng
-    from sage_tfx.release.continual import (
-        ContinualRelease,
-        ReleaseParams,
-        SlidingWindowRelease,
-        clip_features,
-        grid_gaussian,
-        sensitivity,
-        solve_erm,
-    )
+    """Run the benchmark: both strategies and the from-scratch baseline on the same real blocks, ``args.trials`` times.
+
+    Args:
+        args: the parsed options (``add_arguments``), checked by ``_check``.
+
+    Returns:
+        The figures (JSON-ready): excess risks by block count, their ratios, log losses, rho and the audits.
+    """
+    from sage_tfx.release.continual import ReleaseParams
 
     _check(args)
     began = time.time()
     data = taxi_blocks(args.blocks, args.rows_per_block)
-    T, d, m0 = args.blocks, len(FEATURES), args.rows_per_block
+    T, m0 = args.blocks, args.rows_per_block
     base = dict(epsilon=args.epsilon, delta=args.delta, records_per_block=m0, lam=args.lam)
-    cum_params, sw_params = ReleaseParams(**base), ReleaseParams(**base, window=args.window)
-    excess = {v: np.zeros((args.trials, T)) for v in VARIANTS}
-    newest = {v: np.zeros((args.trials, T)) for v in (*VARIANTS, "non_private")}
-    following = {v: np.zeros((args.trials, T - 1)) for v in (*VARIANTS, "non_private")}
+    params = (ReleaseParams(**base), ReleaseParams(**base, window=args.window))
+    scores = {"excess": {v: np.zeros((args.trials, T)) for v in VARIANTS},
+              "newest": {v: np.zeros((args.trials, T)) for v in (*VARIANTS, "non_private")},
+              "following": {v: np.zeros((args.trials, T - 1)) for v in (*VARIANTS, "non_private")}}
+    fits = _non_private_fits(data, args, params[0].radius)
     rho_ratio, audit_ok, charged = [], [], []
-    # the non-private minimisers (same objective, same blocks), computed once
+    with tempfile.TemporaryDirectory() as tmp:
+        for trial in range(args.trials):
+            cum, sw, z_scratch, ok, spent = _run_trial(args, trial, tmp, data, params, fits, scores)
+            rho_ratio.extend(max(s.per_record_rho().values()) / s.rho_bound() for s in (cum, sw))
+            audit_ok.append(ok)
+            charged.extend(spent)
+    med = {v: np.median(scores["excess"][v], axis=0) for v in VARIANTS}
+    figures = _figures(args, med, scores, (cum, sw, z_scratch), rho_ratio, charged, audit_ok, began)
+    if args.plot:
+        plot(med, figures, args.plot)
+        figures["plot"] = args.plot
+    return figures
+
+
+def _non_private_fits(data: list, args: argparse.Namespace, radius: float) -> tuple[list, list]:
+    """The non-private minimisers (same objective, same blocks) at every t: on all blocks, and on the window."""
+    from sage_tfx.release.continual import clip_features, solve_erm
+
+    m0 = args.rows_per_block
+
     def np_fit(blocks_):
         x = np.concatenate([data[i][0] for i in blocks_])
         y = np.concatenate([data[i][1] for i in blocks_])
         x, y = clip_features(x, y, "logistic")
-        return x, y, solve_erm(x, y, normaliser=len(blocks_) * m0, lam=args.lam, radius=cum_params.radius,
-                               loss="logistic")
-    np_all = [np_fit(range(t)) for t in range(1, T + 1)]
-    np_win = [np_fit(range(max(0, t - args.window), t)) for t in range(1, T + 1)]
-    z_scratch = None
-    with tempfile.TemporaryDirectory() as tmp:
-        for trial in range(args.trials):
-            ledger = Ledger.open(os.path.join(tmp, f"ledger{trial}.db"), create=True)
-            for stream in ("taxi", "taxi_sw"):  # one stream (the same blocks) per strategy
-                ledger.create_stream(stream, args.epsilon, args.delta)
-                for i in range(T):
-                    ledger.add_block(stream, f"b{i:03d}", start=i, end=i + 1, rows=m0)
+        return x, y, solve_erm(x, y, normaliser=len(blocks_) * m0, lam=args.lam, radius=radius, loss="logistic")
 
-            def reader(grant):
-                (block,) = ledger.verify(grant).blocks  # only a recorded (charged) grant opens a block  # noqa: B023
-                return data[int(block[1:])]
+    T = args.blocks
+    return ([np_fit(range(t)) for t in range(1, T + 1)],
+            [np_fit(range(max(0, t - args.window), t)) for t in range(1, T + 1)])
 
-            cum = ContinualRelease(ledger, "taxi", f"continual{trial}", cum_params, reader, dim=d)
-            sw = SlidingWindowRelease(ledger, "taxi_sw", f"sliding{trial}", sw_params, reader, dim=d, horizon=T)
-            z_scratch = cum.z_eff * math.sqrt(T)
-            rng = secure_rng(10_000 + trial)
-            for t in range(1, T + 1):
-                rc, rs = cum.observe(f"b{t - 1:03d}"), sw.observe(f"b{t - 1:03d}")
-                x, y, w_np = np_all[t - 1]
-                excess["continual"][trial, t - 1] = _excess(rc.weights, x, y, w_np, t * m0, args.lam)
-                xs, ys, ws_np = np_win[t - 1]
-                excess["sliding"][trial, t - 1] = _excess(rs.weights, xs, ys, ws_np, min(t, args.window) * m0,
-                                                         args.lam)
-                delta_t = sensitivity(cum_params, t)
-                w_scratch = grid_gaussian(w_np, delta_t, z_scratch * delta_t, rng=rng, cells=d)
-                excess["scratch"][trial, t - 1] = _excess(w_scratch, x, y, w_np, t * m0, args.lam)
-                xb, yb = clip_features(*data[t - 1], "logistic")  # the newest block: the paper's target window
-                for v, w in (("continual", rc.weights), ("sliding", rs.weights), ("scratch", w_scratch),
-                             ("non_private", w_np)):
-                    newest[v][trial, t - 1] = float(np.mean(np.logaddexp(0.0, -yb * (xb @ w))))
-                    if t < T:  # held out: the block that arrives next (what a deployed model meets)
-                        xn, yn = clip_features(*data[t], "logistic")
-                        following[v][trial, t - 1] = float(np.mean(np.logaddexp(0.0, -yn * (xn @ w))))
-            for strat in (cum, sw):
-                rho_ratio.append(max(strat.per_record_rho().values()) / strat.rho_bound())
-            report = ledger.audit()
-            audit_ok.append(bool(report.ok))
-            charged.extend(b["epsilon_spent"] for s_ in ("taxi", "taxi_sw") for b in ledger.status(s_)["blocks"])
-            ledger.close()
-    med = {v: np.median(excess[v], axis=0) for v in VARIANTS}
+
+def _run_trial(args: argparse.Namespace, trial: int, tmp: str, data: list, params: tuple, fits: tuple,
+               scores: dict) -> tuple:
+    """One trial on a fresh ledger, filling row ``trial`` of ``scores``.
+
+    Returns:
+        ``(cumulative release, sliding release, z of a from-scratch release, audit ok, each block's charge)``.
+    """
+    from sage_tfx.privacy.randomness import secure_rng
+    from sage_tfx.release.continual import ContinualRelease, SlidingWindowRelease
+
+    T, d, m0 = args.blocks, len(FEATURES), args.rows_per_block
+    # one stream (the same blocks) per strategy
+    ledger = trial_ledger(tmp, trial, ("taxi", "taxi_sw"), T, m0, args.epsilon, args.delta)
+    reader = block_reader(ledger, data)
+    cum = ContinualRelease(ledger, "taxi", f"continual{trial}", params[0], reader, dim=d)
+    sw = SlidingWindowRelease(ledger, "taxi_sw", f"sliding{trial}", params[1], reader, dim=d, horizon=T)
+    z_scratch = cum.z_eff * math.sqrt(T)
+    rng = secure_rng(10_000 + trial)
+    for t in range(1, T + 1):
+        rc, rs = cum.observe(f"b{t - 1:03d}"), sw.observe(f"b{t - 1:03d}")
+        _score_arrival(args, trial, t, data, params[0], fits, scores, (rc.weights, rs.weights), z_scratch, rng)
+    ok = bool(ledger.audit().ok)
+    spent = [b["epsilon_spent"] for s_ in ("taxi", "taxi_sw") for b in ledger.status(s_)["blocks"]]
+    ledger.close()
+    return cum, sw, z_scratch, ok, spent
+
+
+def _score_arrival(args: argparse.Namespace, trial: int, t: int, data: list, cum_params, fits: tuple, scores: dict,
+                   released: tuple, z_scratch: float, rng) -> None:
+    """Score the models released at arrival ``t`` (and a from-scratch release) into ``scores``."""
+    from sage_tfx.privacy.samplers import grid_gaussian
+    from sage_tfx.release.continual import clip_features, sensitivity
+
+    T, d, m0 = args.blocks, len(FEATURES), args.rows_per_block
+    excess, newest, following = scores["excess"], scores["newest"], scores["following"]
+    x, y, w_np = fits[0][t - 1]
+    excess["continual"][trial, t - 1] = _excess(released[0], x, y, w_np, t * m0, args.lam)
+    xs, ys, ws_np = fits[1][t - 1]
+    excess["sliding"][trial, t - 1] = _excess(released[1], xs, ys, ws_np, min(t, args.window) * m0, args.lam)
+    delta_t = sensitivity(cum_params, t)
+    w_scratch = grid_gaussian(w_np, delta_t, z_scratch * delta_t, rng=rng, cells=d)
+    excess["scratch"][trial, t - 1] = _excess(w_scratch, x, y, w_np, t * m0, args.lam)
+    xb, yb = clip_features(*data[t - 1], "logistic")  # the newest block: the paper's target window
+    for v, w in (("continual", released[0]), ("sliding", released[1]), ("scratch", w_scratch),
+                 ("non_private", w_np)):
+        newest[v][trial, t - 1] = float(np.mean(np.logaddexp(0.0, -yb * (xb @ w))))
+        if t < T:  # held out: the block that arrives next (what a deployed model meets)
+            xn, yn = clip_features(*data[t], "logistic")
+            following[v][trial, t - 1] = float(np.mean(np.logaddexp(0.0, -yn * (xn @ w))))
+
+
+def _figures(args: argparse.Namespace, med: dict, scores: dict, last: tuple, rho_ratio: list, charged: list,
+             audit_ok: list, began: float) -> dict:
+    """The benchmark's figures from the median excess risks (``med``) and the trials' scores."""
+    T, d, m0 = args.blocks, len(FEATURES), args.rows_per_block
+    cum, sw, z_scratch = last
+    newest, following = scores["newest"], scores["following"]
     q = max(1, T // 4)
-    figures = {
+    return {
         "data": f"REAL taxi trips: {T} blocks x {m0} rows (time order), big-tipper logistic regression, d={d}",
         "epsilon": args.epsilon, "delta": args.delta, "lam": args.lam, "window": args.window,
         "trials": args.trials, "z_eff": cum.z_eff, "z_continual": cum.z, "z_sliding": sw.z,
@@ -181,11 +220,6 @@ def run(args: argparse.Namespace) -> dict:
         "audit_ok": all(audit_ok),
         "seconds": round(time.time() - began, 1),
     }
-    if args.plot:
-        plot(med, figures, args.plot)
-        figures["plot"] = args.plot
-    return figures
-
 
 def plot(med: dict, figures: dict, path: str) -> None:
     import matplotlib

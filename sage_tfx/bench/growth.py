@@ -23,6 +23,8 @@ import time
 
 import numpy as np
 
+from sage_tfx.bench._trials import block_reader, trial_ledger
+
 DEFAULT_PLOT = "docs/img/growth.png"
 VARIANTS = ("bbscheduler", "bbimprover", "naive_every", "naive_once")
 FARE_MAX, MILES_MAX = 100.0, 30.0
@@ -97,90 +99,120 @@ class StaticPMW:
 
 
 def run(args: argparse.Namespace) -> dict:
-    from sage_tfx.privacy import Ledger
-    from sage_tfx.privacy.randomness import secure_rng
-    from sage_tfx.privacy.samplers import grid_laplace
-    from sage_tfx.release.growth import (
-        PMWG,
-        BBImprover,
-        BBScheduler,
-        ImproverParams,
-        PMWGParams,
-        ScheduledRelease,
-        SchedulerParams,
-        Universe,
-        count_query,
-    )
+    """Run the benchmark: every schedule and baseline on the same real blocks, ``args.trials`` times.
+
+    Args:
+        args: the parsed options (``add_arguments``), checked by ``_check``.
+
+    Returns:
+        The figures (JSON-ready): errors by block count, their ratios, the charges per block and the audits.
+    """
+    from sage_tfx.release.growth import BBImprover, BBScheduler, ImproverParams, PMWGParams, SchedulerParams, Universe
 
     _check(args)
     began = time.time()
     data = taxi_rows(args.blocks, args.rows_per_block)
-    T, m = args.blocks, args.rows_per_block
+    T = args.blocks
     truth = np.array([np.mean(np.concatenate([b[:, 0] for b in data[:t]])) / FARE_MAX for t in range(1, T + 1)])
     err = {v: np.zeros((args.trials, T)) for v in VARIANTS}
     pm_err = {v: np.zeros((args.trials, T)) for v in ("pmwg", "pmw_per_epoch")}
-    uni = Universe(columns=("fare", "trip_miles"), edges=(np.linspace(0, FARE_MAX, 11), np.linspace(0, MILES_MAX, 7)))
-    pm_params = PMWGParams(epsilon=args.epsilon, hard_budget=args.hard_budget)
+    setup = {
+        "uni": Universe(columns=("fare", "trip_miles"),
+                        edges=(np.linspace(0, FARE_MAX, 11), np.linspace(0, MILES_MAX, 7))),
+        "pm_params": PMWGParams(epsilon=args.epsilon, hard_budget=args.hard_budget),
+        "sched": BBScheduler(SchedulerParams(epsilon=args.epsilon, gamma=args.gamma)),
+        "impr": BBImprover(ImproverParams(epsilon=args.epsilon, delta=args.delta, a=args.a)),
+        "mean_mech": _mean_mechanism(args.rows_per_block),
+    }
     audit_ok, charged = [], {}
-    sched = BBScheduler(SchedulerParams(epsilon=args.epsilon, gamma=args.gamma))
-    impr = BBImprover(ImproverParams(epsilon=args.epsilon, delta=args.delta, a=args.a))
+    with tempfile.TemporaryDirectory() as tmp:
+        for trial in range(args.trials):
+            ok, spent = _run_trial(args, trial, tmp, data, truth, setup, err, pm_err)
+            audit_ok.append(ok)
+            for s_, values in spent.items():
+                charged.setdefault(s_, set()).update(values)
+    med = {v: np.median(err[v], axis=0) for v in VARIANTS}
+    pmed = {v: np.median(pm_err[v], axis=0) for v in pm_err}
+    figures = _figures(args, med, pmed, setup["sched"], charged, audit_ok, began)
+    if args.plot:
+        plot(med, pmed, figures, args.plot)
+        figures["plot"] = args.plot
+    return figures
+
+
+def _mean_mechanism(m: int):
+    """The epsilon-DP mean of fare/100 over whole blocks of ``m`` declared rows (grid Laplace)."""
+    from sage_tfx.privacy.samplers import grid_laplace
 
     def mean_mech(blocks, epsilon, rng):
         n = m * len(blocks)
         total = sum(float(b[:, 0].sum()) for b in blocks) / FARE_MAX
         return float(grid_laplace(np.array([total / n]), 1.0 / n, epsilon, rng=rng)[0])
 
-    with tempfile.TemporaryDirectory() as tmp:
-        for trial in range(args.trials):
-            ledger = Ledger.open(os.path.join(tmp, f"ledger{trial}.db"), create=True)
-            for stream in ("sched", "impr", "pmwg"):
-                ledger.create_stream(stream, args.epsilon, args.delta)
-                for i in range(T):
-                    ledger.add_block(stream, f"b{i:03d}", start=i, end=i + 1, rows=m)
+    return mean_mech
 
-            def reader(grant):
-                (block,) = ledger.verify(grant).blocks  # only a recorded (charged) grant opens a block  # noqa: B023
-                return data[int(block[1:])]
 
-            rs = ScheduledRelease(ledger, "sched", f"bbs{trial}", sched, mean_mech, reader, name="dp_mean_fare")
-            ri = ScheduledRelease(ledger, "impr", f"bbi{trial}", impr, mean_mech, reader, name="dp_mean_fare")
-            pm = PMWG(ledger, "pmwg", f"pmwg{trial}", pm_params, uni, reader)
-            rng = secure_rng(20_000 + trial)
-            qrng = np.random.default_rng(30_000 + trial)
-            once = None
-            epoch_pmw = None
-            for t in range(1, T + 1):
-                b = f"b{t - 1:03d}"
-                rs.observe(b)
-                ri.observe(b)
-                pm.observe(b, m)
-                err["bbscheduler"][trial, t - 1] = abs(rs.current - truth[t - 1])
-                err["bbimprover"][trial, t - 1] = abs(ri.current - truth[t - 1])
-                err["naive_every"][trial, t - 1] = abs(mean_mech(data[:t], args.epsilon / T, rng) - truth[t - 1])
-                if once is None:
-                    once = mean_mech(data[:1], args.epsilon, rng)
-                err["naive_once"][trial, t - 1] = abs(once - truth[t - 1])
-                queries = []
-                for _ in range(args.queries_per_block):
-                    lo_f, lo_m = qrng.uniform(0, 0.6, size=2)
-                    queries.append(count_query(uni, lambda c, f=lo_f, g=lo_m: (
-                        (c[:, 0] / FARE_MAX >= f) & (c[:, 0] / FARE_MAX < f + 0.4)
-                        & (c[:, 1] / MILES_MAX >= g) & (c[:, 1] / MILES_MAX < g + 0.4)) | (f > 0.59)))
-                pm_err["pmwg"][trial, t - 1] = np.mean([abs(pm.query(w).answer - pm.true_answer(w)) for w in queries])
-                plan = sched.run_at(t)
-                if plan is not None:  # a new epoch of the baseline: fresh PMW on the snapshot at epsilon_i
-                    epoch_pmw = StaticPMW(pm.counts.copy(), pm.n, plan[1], args.hard_budget, pm_params.threshold,
-                                          pm_params.eta, rng)
-                pm_err["pmw_per_epoch"][trial, t - 1] = np.mean(
-                    [abs(epoch_pmw.query(w) - pm.true_answer(w)) for w in queries])
-            audit_ok.append(bool(ledger.audit().ok))
-            for s_ in ("sched", "impr", "pmwg"):
-                charged.setdefault(s_, set()).update(round(b["epsilon_spent"], 9) for b in ledger.status(s_)["blocks"])
-            ledger.close()
-    med = {v: np.median(err[v], axis=0) for v in VARIANTS}
-    pmed = {v: np.median(pm_err[v], axis=0) for v in pm_err}
+def _run_trial(args: argparse.Namespace, trial: int, tmp: str, data: list, truth: np.ndarray, setup: dict,
+               err: dict, pm_err: dict) -> tuple[bool, dict]:
+    """One trial on a fresh ledger: fills row ``trial`` of ``err``/``pm_err``; returns (audit ok, charges)."""
+    from sage_tfx.privacy.randomness import secure_rng
+    from sage_tfx.release.growth import PMWG, ScheduledRelease
+
+    T, m = args.blocks, args.rows_per_block
+    mean_mech, sched, uni, pm_params = setup["mean_mech"], setup["sched"], setup["uni"], setup["pm_params"]
+    ledger = trial_ledger(tmp, trial, ("sched", "impr", "pmwg"), T, m, args.epsilon, args.delta)
+    reader = block_reader(ledger, data)
+    rs = ScheduledRelease(ledger, "sched", f"bbs{trial}", sched, mean_mech, reader, name="dp_mean_fare")
+    ri = ScheduledRelease(ledger, "impr", f"bbi{trial}", setup["impr"], mean_mech, reader, name="dp_mean_fare")
+    pm = PMWG(ledger, "pmwg", f"pmwg{trial}", pm_params, uni, reader)
+    rng = secure_rng(20_000 + trial)
+    qrng = np.random.default_rng(30_000 + trial)
+    once = None
+    epoch_pmw = None
+    for t in range(1, T + 1):
+        b = f"b{t - 1:03d}"
+        rs.observe(b)
+        ri.observe(b)
+        pm.observe(b, m)
+        err["bbscheduler"][trial, t - 1] = abs(rs.current - truth[t - 1])
+        err["bbimprover"][trial, t - 1] = abs(ri.current - truth[t - 1])
+        err["naive_every"][trial, t - 1] = abs(mean_mech(data[:t], args.epsilon / T, rng) - truth[t - 1])
+        if once is None:
+            once = mean_mech(data[:1], args.epsilon, rng)
+        err["naive_once"][trial, t - 1] = abs(once - truth[t - 1])
+        queries = _queries(uni, qrng, args.queries_per_block)
+        pm_err["pmwg"][trial, t - 1] = np.mean([abs(pm.query(w).answer - pm.true_answer(w)) for w in queries])
+        plan = sched.run_at(t)
+        if plan is not None:  # a new epoch of the baseline: fresh PMW on the snapshot at epsilon_i
+            epoch_pmw = StaticPMW(pm.counts.copy(), pm.n, plan[1], args.hard_budget, pm_params.threshold,
+                                  pm_params.eta, rng)
+        pm_err["pmw_per_epoch"][trial, t - 1] = np.mean(
+            [abs(epoch_pmw.query(w) - pm.true_answer(w)) for w in queries])
+    ok = bool(ledger.audit().ok)
+    spent = {s_: {round(b["epsilon_spent"], 9) for b in ledger.status(s_)["blocks"]} for s_ in ("sched", "impr", "pmwg")}
+    ledger.close()
+    return ok, spent
+
+
+def _queries(uni, qrng: np.random.Generator, count: int) -> list:
+    """``count`` random box counting queries over fare x miles."""
+    from sage_tfx.release.growth import count_query
+
+    queries = []
+    for _ in range(count):
+        lo_f, lo_m = qrng.uniform(0, 0.6, size=2)
+        queries.append(count_query(uni, lambda c, f=lo_f, g=lo_m: (
+            (c[:, 0] / FARE_MAX >= f) & (c[:, 0] / FARE_MAX < f + 0.4)
+            & (c[:, 1] / MILES_MAX >= g) & (c[:, 1] / MILES_MAX < g + 0.4)) | (f > 0.59)))
+    return queries
+
+
+def _figures(args: argparse.Namespace, med: dict, pmed: dict, sched, charged: dict, audit_ok: list,
+             began: float) -> dict:
+    """The benchmark's figures from the median errors over the trials (``med``, ``pmed``: by variant)."""
+    T, m = args.blocks, args.rows_per_block
     q = max(1, T // 4)
-    figures = {
+    return {
         "data": f"REAL taxi trips: {T} blocks x {m} rows (time order); mean of fare/100; PMWG over fare x miles",
         "epsilon": args.epsilon, "delta": args.delta, "gamma": args.gamma, "a": args.a, "trials": args.trials,
         "scheduler_runs": [t for t in range(1, T + 1) if sched.run_at(t)],
@@ -198,11 +230,6 @@ def run(args: argparse.Namespace) -> dict:
         "audit_ok": all(audit_ok),
         "seconds": round(time.time() - began, 1),
     }
-    if args.plot:
-        plot(med, pmed, figures, args.plot)
-        figures["plot"] = args.plot
-    return figures
-
 
 def plot(med: dict, pmed: dict, figures: dict, path: str) -> None:
     import matplotlib

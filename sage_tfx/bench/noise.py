@@ -57,15 +57,35 @@ def _pair(name, safe, baseline, repeats, figures):
     print(f"  {name}: safe {s * 1e3:.3f} ms, numpy {b * 1e3:.3f} ms, ratio {s / b:.2f}", flush=True)
 
 
-def run(args):
-    from sage_tfx.privacy import adassp, randomness, samplers
-    from sage_tfx.transform import noise
-    from sage_tfx.transform.vocabulary import select_vocabulary, threshold
+def run(args) -> dict:
+    """Time every sampler and release against numpy's float noise (``--repeats`` medians).
+
+    Args:
+        args: the parsed options (``add_arguments``).
+
+    Returns:
+        The figures: each pair's timings and ratio, and how many releases are within ``GOAL_RATIO``.
+    """
+    from sage_tfx.privacy import randomness
 
     repeats = max(1, int(args.repeats))
     figures = {"goal_ratio": GOAL_RATIO, "repeats": repeats, "data": "GENERATED"}
-    np_rng = np.random.default_rng(0)
-    safe_rng = randomness.secure_rng(0, "bench")
+    rngs = (np.random.default_rng(0), randomness.secure_rng(0, "bench"))  # numpy's, and the safe one
+    _bench_samplers(args, repeats, figures, *rngs)
+    rows = int(args.rows)
+    data = np.random.default_rng(1)
+    print(f"whole releases on {rows:,} GENERATED rows:", flush=True)
+    for bench in (_bench_group_by_mean, _bench_vocabulary, _bench_validation, _bench_adassp):
+        bench(args, rows, data, repeats, figures, *rngs)
+    releases = [k for k in figures if k.startswith("release_") and k.endswith("_ratio")]
+    figures["releases_within_goal"] = sum(figures[k] <= GOAL_RATIO for k in releases)
+    figures["releases"] = len(releases)
+    return figures
+
+
+def _bench_samplers(args, repeats: int, figures: dict, np_rng, safe_rng) -> None:
+    """The per-cell samplers: one release of N cells, for every N of ``--sizes``."""
+    from sage_tfx.privacy import samplers
 
     print("per-cell samplers (one release of N cells):", flush=True)
     for n in (int(v) for v in args.sizes.split(",")):
@@ -75,11 +95,11 @@ def run(args):
         _pair(f"sampler_gaussian_{n}", lambda: samplers.grid_gaussian(x, 1.0, 7.0, safe_rng, cells=n),  # noqa: B023
               lambda: x + np_rng.normal(0.0, 7.0, n), repeats, figures)  # noqa: B023
 
-    rows = int(args.rows)
-    data = np.random.default_rng(1)
-    print(f"whole releases on {rows:,} GENERATED rows:", flush=True)
 
-    # dp_group_by_mean's tables: counts and clipped sums per key, epsilon 1 (half each), value range 1
+def _bench_group_by_mean(args, rows: int, data, repeats: int, figures: dict, np_rng, safe_rng) -> None:
+    """dp_group_by_mean's tables: counts and clipped sums per key, epsilon 1 (half each), value range 1."""
+    from sage_tfx.transform import noise
+
     keys = data.integers(0, args.keys, rows)
     values = data.random(rows)
 
@@ -92,7 +112,11 @@ def run(args):
                                     cells=[1, 1]),
           lambda: tuple(t + np_rng.laplace(0.0, 2.0, t.shape) for t in tables()), repeats, figures)
 
-    # the DP vocabulary: value counts, then noisy counts above the threshold
+
+def _bench_vocabulary(args, rows: int, data, repeats: int, figures: dict, np_rng, safe_rng) -> None:
+    """The DP vocabulary: value counts, then noisy counts above the threshold."""
+    from sage_tfx.transform.vocabulary import select_vocabulary, threshold
+
     words = data.zipf(1.3, rows) % args.values
 
     def counts():
@@ -110,7 +134,9 @@ def run(args):
           float_vocabulary, repeats, figures)
     figures["vocabulary_threshold"] = round(threshold(1.0, 1e-6), 6)
 
-    # a DPLossValidator release: clipped sum and complement of the losses, epsilon 0.5, B = 1
+
+def _bench_validation(args, rows: int, data, repeats: int, figures: dict, np_rng, safe_rng) -> None:
+    """A DPLossValidator release: clipped sum and complement of the losses, epsilon 0.5, B = 1."""
     losses = data.random(rows)
 
     def validation():
@@ -124,7 +150,11 @@ def run(args):
 
     _pair("release_validation", validation, validation_float, repeats, figures)
 
-    # AdaSSP (DPLinearRegressor's release), epsilon 1, delta 1e-6, calibration exact
+
+def _bench_adassp(args, rows: int, data, repeats: int, figures: dict, np_rng, safe_rng) -> None:
+    """AdaSSP (DPLinearRegressor's release), epsilon 1, delta 1e-6, calibration exact."""
+    from sage_tfx.privacy import adassp
+
     d = int(args.features)
     x = data.random((rows, d)) / math.sqrt(d)
     y = x @ data.normal(size=d) + data.normal(0, 0.1, rows)
@@ -142,8 +172,3 @@ def run(args):
 
     _pair("release_adassp", lambda: adassp.adassp(x, y, 1.0, 1e-6, 1.0, 1.0, calibration="exact", rng=safe_rng),
           adassp_float, repeats, figures)
-
-    releases = [k for k in figures if k.startswith("release_") and k.endswith("_ratio")]
-    figures["releases_within_goal"] = sum(figures[k] <= GOAL_RATIO for k in releases)
-    figures["releases"] = len(releases)
-    return figures

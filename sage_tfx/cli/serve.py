@@ -285,56 +285,10 @@ def release_specs(args: argparse.Namespace, key_file: str | None = None) -> list
 def _run(args):
     from sage_tfx.adaptive.platform import register_unfinished
     from sage_tfx.adaptive.workers import ProcessPlatform
-    from sage_tfx.cli.run import beam_options, root_options, run_settings
-    from sage_tfx.ingest.replay import Replay
-    from sage_tfx.pipelines.runner import make_iterator
-    from sage_tfx.pipelines.workers import build_worker_runner
-    from sage_tfx.privacy import Ledger, LedgerError
-    from sage_tfx.privacy.keys import ENV_KEY_FILE
-    from sage_tfx.privacy.report import status_table
-    from sage_tfx.release.scheduled_pipeline import ScheduledPipeline
-    from sage_tfx.release.worker import check_release
+    from sage_tfx.privacy import LedgerError
 
     try:
-        if args.blocks_per_step < 1 or args.initial_blocks < 0:
-            raise ValueError("--blocks-per-step must be >= 1 and --initial-blocks >= 0")
-        if args.parallel < 0 or args.max_restarts < 0:
-            raise ValueError("--parallel and --max-restarts must be >= 0")
-        if not args.pipelines and not args.releases:
-            raise ValueError("give at least one --pipeline NAME=PIPELINE:TARGET or --release NAME=STRATEGY:FILE")
-        names = [name for name, *_ in args.pipelines] + [name for name, *_ in args.releases]
-        if len(set(names)) != len(names):
-            raise ValueError(f"pipeline and release names must be unique: {names}")
-        beam_args, staging = beam_options(args)  # ValueError before anything is opened
-        schedules = schedule_options(args)  # likewise: a --schedule naming no --pipeline, a FILE sage run refuses
-        # a bad or unreachable --pipeline-root, a shared --metadata-path (the TFX pipelines' only)
-        roots = root_options(args, [name for name, *_ in args.pipelines])
-        key_file = os.environ.get(ENV_KEY_FILE)  # --key-file, exported by the CLI; the workers get the path
-        ledger = Ledger.open(args.db)
-        ledger.stream(args.stream)
-        # This process runs these names until it exits; another serve or run (here or on another host sharing
-        # the ledger) holding one of them is refused before anything is registered or charged.
-        ledger.claim(args.stream, names)
-        replay = Replay.from_file(ledger, args.stream, args.data_root, args.input, args.time_column, args.window)
-        releases = release_specs(args, key_file=key_file)
-        schema = _stream_schema(args, replay)
-        for spec in releases:
-            spec.schema = schema
-            check_release(spec, schema)
-        specs = worker_specs(args, beam_args, staging, key_file=key_file, roots=roots, schedules=schedules)
-        for spec in specs:
-            # Validate the pipeline and its iterator (or schedule driver) settings now, before any budget is spent
-            # (the worker builds its own, from the same spec).
-            if isinstance(spec, ScheduleSpec):
-                definition, runner = build_worker_runner(spec.worker)
-                ScheduledPipeline.for_runner(ledger, definition, runner, spec.schedule,
-                                             rejection_share=args.rejection_share)
-            else:
-                definition, runner = build_worker_runner(spec)
-                make_iterator(definition, ledger, runner, run_settings(args))
-            runner.check_stream(schema)  # its SLA label a column of the stream
-        if specs:
-            runner.check_blocks(ledger)  # a registered block missing or altered under --data-root
+        ledger, replay, names, releases, specs = _prepare(args)
     except (LedgerError, ValueError) as exc:
         print(f"sage serve: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -343,6 +297,81 @@ def _run(args):
     if args.initial_blocks:
         steps = replay.run(steps=args.initial_blocks)
         print(f"[replay] {len(steps)} initial block(s) up to {steps[-1].block if steps else '-'}", flush=True)
+    platform = ProcessPlatform(args.db, args.stream, specs + releases, _replay_steps(args, replay),
+                               step_seconds=args.step_seconds, progress=lambda line: print(line, flush=True),
+                               parallel=args.parallel, max_restarts=args.max_restarts)
+    results = platform.run()
+    return _report(ledger, args.stream, names, platform, results)
+
+
+def _check_args(args) -> None:
+    """ValueError for options that do not fit together, before anything is opened."""
+    if args.blocks_per_step < 1 or args.initial_blocks < 0:
+        raise ValueError("--blocks-per-step must be >= 1 and --initial-blocks >= 0")
+    if args.parallel < 0 or args.max_restarts < 0:
+        raise ValueError("--parallel and --max-restarts must be >= 0")
+    if not args.pipelines and not args.releases:
+        raise ValueError("give at least one --pipeline NAME=PIPELINE:TARGET or --release NAME=STRATEGY:FILE")
+    names = [name for name, *_ in args.pipelines] + [name for name, *_ in args.releases]
+    if len(set(names)) != len(names):
+        raise ValueError(f"pipeline and release names must be unique: {names}")
+
+
+def _prepare(args) -> tuple:
+    """Check every option, open the ledger, claim the names and build every worker's spec, before any budget is
+    spent: ``(ledger, replay, names, release specs, worker specs)``; LedgerError / ValueError otherwise."""
+    from sage_tfx.cli.run import beam_options, root_options
+    from sage_tfx.ingest.replay import Replay
+    from sage_tfx.privacy import Ledger
+    from sage_tfx.privacy.keys import ENV_KEY_FILE
+    from sage_tfx.release.worker import check_release
+
+    _check_args(args)
+    names = [name for name, *_ in args.pipelines] + [name for name, *_ in args.releases]
+    beam_args, staging = beam_options(args)  # ValueError before anything is opened
+    schedules = schedule_options(args)  # likewise: a --schedule naming no --pipeline, a FILE sage run refuses
+    # a bad or unreachable --pipeline-root, a shared --metadata-path (the TFX pipelines' only)
+    roots = root_options(args, [name for name, *_ in args.pipelines])
+    key_file = os.environ.get(ENV_KEY_FILE)  # --key-file, exported by the CLI; the workers get the path
+    ledger = Ledger.open(args.db)
+    ledger.stream(args.stream)
+    # This process runs these names until it exits; another serve or run (here or on another host sharing
+    # the ledger) holding one of them is refused before anything is registered or charged.
+    ledger.claim(args.stream, names)
+    replay = Replay.from_file(ledger, args.stream, args.data_root, args.input, args.time_column, args.window)
+    releases = release_specs(args, key_file=key_file)
+    schema = _stream_schema(args, replay)
+    for spec in releases:
+        spec.schema = schema
+        check_release(spec, schema)
+    specs = worker_specs(args, beam_args, staging, key_file=key_file, roots=roots, schedules=schedules)
+    _check_workers(args, ledger, specs, schema)
+    return ledger, replay, names, releases, specs
+
+
+def _check_workers(args, ledger, specs: list, schema) -> None:
+    """Validate each pipeline and its iterator (or schedule driver) settings now, before any budget is spent (the
+    worker builds its own, from the same spec), and the registered blocks under --data-root."""
+    from sage_tfx.cli.run import run_settings
+    from sage_tfx.pipelines.runner import make_iterator
+    from sage_tfx.pipelines.workers import build_worker_runner
+    from sage_tfx.release.scheduled_pipeline import ScheduledPipeline
+
+    for spec in specs:
+        if isinstance(spec, ScheduleSpec):
+            definition, runner = build_worker_runner(spec.worker)
+            ScheduledPipeline.for_runner(ledger, definition, runner, spec.schedule,
+                                         rejection_share=args.rejection_share)
+        else:
+            definition, runner = build_worker_runner(spec)
+            make_iterator(definition, ledger, runner, run_settings(args))
+        runner.check_stream(schema)  # its SLA label a column of the stream
+    if specs:
+        runner.check_blocks(ledger)  # a registered block missing or altered under --data-root
+
+
+def _replay_steps(args, replay):
+    """The platform's step: ``--blocks-per-step`` blocks of the replay at a time."""
 
     def replay_step():
         """The blocks this step added; [] if another replay of the stream (another host) had added them all;
@@ -360,10 +389,13 @@ def _run(args):
                   "another replay of the stream", flush=True)
         return added if steps else None
 
-    platform = ProcessPlatform(args.db, args.stream, specs + releases, replay_step, step_seconds=args.step_seconds,
-                               progress=lambda line: print(line, flush=True), parallel=args.parallel,
-                               max_restarts=args.max_restarts)
-    results = platform.run()
+    return replay_step
+
+
+def _report(ledger, stream: str, names: list, platform, results: dict) -> int:
+    """Print each name's result, the stream's status and the audit; the exit code."""
+    from sage_tfx.privacy.report import status_table
+
     print("")
     for name in names:
         if name in platform.errors:
@@ -376,11 +408,10 @@ def _run(args):
             else:
                 print(f"{name}: {r.outcome} after {r.iterations} iteration(s)")
     print("")
-    print(status_table(ledger.status(args.stream)).split("\n\n")[0])
+    print(status_table(ledger.status(stream)).split("\n\n")[0])
     report = ledger.audit()
     print(f"audit: {'OK' if report.ok else 'FAILED'}")
     return EXIT_OK if report.ok and not platform.errors and set(results) == set(names) else EXIT_FAILED
-
 
 def _stream_schema(args, replay):
     """The stream's schema: its data root's, else (nothing replayed there yet) the replay's."""

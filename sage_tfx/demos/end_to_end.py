@@ -59,13 +59,11 @@ def say(text=""):
 
 
 def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initial_days=None, days_per_step=64,
-        runner="local", max_iterations=8):
+        runner="local", max_iterations=8) -> int:
+    """The demo: a fresh ledger, real taxi trips replayed as daily blocks, the pipeline until ACCEPT, then the
+    pushed model scored on held-out trips and the ledger audited. Returns the exit code (0: ACCEPT, audit OK)."""
     from sage_tfx import pipelines
-    from sage_tfx.adaptive import IteratorSettings, SageIterator
-    from sage_tfx.ingest.replay import Replay
-    from sage_tfx.pipelines.runner import build_runner
     from sage_tfx.privacy import Ledger
-    from sage_tfx.privacy.report import heatmap_png, status_table
 
     definition = pipelines.load_pipeline(PIPELINE)
     target = check_target(target)  # before any change
@@ -78,6 +76,22 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
     ledger = Ledger.open(db, create=True)
     ledger.create_stream(STREAM, epsilon=1.0, delta=1e-6, accounting="basic", policy="conserve")
     say(f"[1/5] ledger {db}: stream {STREAM!r}, one global guarantee (epsilon=1, delta=1e-6) for every release")
+    replay, stream_rows, held_out = _start_replay(ledger, data_root, initial_days)
+    result = _iterate(definition, ledger, db, data_root, out_dir, serving_dir, target, runner, max_iterations,
+                      replay, days_per_step)
+    if result.outcome == "ACCEPT":
+        _score_pushed(ledger, result, out_dir, serving_dir, data_root, target, stream_rows, held_out)
+    else:
+        say(f"[4/5] no model was ACCEPTed ({result.outcome}), so nothing was pushed")
+    ok = _show_ledger(ledger, db, out_dir)
+    say(f"done in {time.monotonic() - started:.0f} s")
+    ledger.close()
+    return 0 if ok and result.outcome == "ACCEPT" else 1
+
+
+def _start_replay(ledger, data_root: str, initial_days):
+    """Replay the stream's first days as daily blocks: ``(replay, stream rows, held-out rows)``."""
+    from sage_tfx.ingest.replay import Replay
 
     stream_rows, held_out = stream_and_held_out(data_file=DATA_FILE)
     replay = Replay(ledger, STREAM, data_root, stream_rows, TIME_COLUMN, "1d")
@@ -86,6 +100,14 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
         f"as daily blocks: {len(steps):,} days ({steps[0].block} .. {steps[-1].block}), "
         f"{replay.remaining} still to come; the {held_out.num_rows:,} trips from {HELD_OUT_FROM} on are held out "
         "and never replayed")
+    return replay, stream_rows, held_out
+
+
+def _iterate(definition, ledger, db: str, data_root: str, out_dir: str, serving_dir: str, target: float,
+             runner: str, max_iterations: int, replay, days_per_step: int):
+    """Sage's iterator on the pipeline until ACCEPT (new days replayed while it waits); its ``RunResult``."""
+    from sage_tfx.adaptive import IteratorSettings, SageIterator
+    from sage_tfx.pipelines.runner import build_runner
 
     def wait_for_blocks(_timeout):
         added = replay.run(steps=days_per_step)
@@ -108,25 +130,32 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
     say(f"      -> {result.outcome} after {len(result.iterations)} iteration(s); target {target:g}, bound "
         f"{'none' if result.bound is None else format(result.bound, '.4f')} (the validator's lower bound on "
         "the accuracy)")
+    return result
 
+
+def _score_pushed(ledger, result, out_dir: str, serving_dir: str, data_root: str, target: float, stream_rows,
+                  held_out) -> None:
+    """Score the ACCEPTed, pushed model on the held-out trips (never replayed); write held_out.json."""
     pushed = _pushed_model(serving_dir)
-    if result.outcome == "ACCEPT":
-        grant = ledger.get_grant(result.final_grant_id)
-        say(f"[4/5] pushed to {pushed}; scoring it with plain TensorFlow on the held-out trips "
-            f"(from {HELD_OUT_FROM} on, never replayed)")
-        overlap = held_out_overlap(data_root, STREAM, [b.id for b in ledger.blocks(STREAM)], held_out, ledger=ledger)
-        if overlap:
-            raise RuntimeError(f"{overlap} held-out trip(s) are rows of ingested blocks: the held-out set is not "
-                               "held out")
-        summary = held_out_scores(pushed, data_root, grant, held_out, ledger=ledger)
-        summary.update({"held_out_from": HELD_OUT_FROM, "stream_trips": stream_rows.num_rows,
-                        "days_replayed": len(ledger.blocks(STREAM)), "outcome": result.outcome,
-                        "iterations": len(result.iterations), "target": target, "bound": result.bound})
-        _print_held_out(summary, target, len(grant.blocks))
-        with open(os.path.join(out_dir, "held_out.json"), "w") as f:
-            json.dump(summary, f, indent=1, sort_keys=True)
-    else:
-        say(f"[4/5] no model was ACCEPTed ({result.outcome}), so nothing was pushed")
+    grant = ledger.get_grant(result.final_grant_id)
+    say(f"[4/5] pushed to {pushed}; scoring it with plain TensorFlow on the held-out trips "
+        f"(from {HELD_OUT_FROM} on, never replayed)")
+    overlap = held_out_overlap(data_root, STREAM, [b.id for b in ledger.blocks(STREAM)], held_out, ledger=ledger)
+    if overlap:
+        raise RuntimeError(f"{overlap} held-out trip(s) are rows of ingested blocks: the held-out set is not "
+                           "held out")
+    summary = held_out_scores(pushed, data_root, grant, held_out, ledger=ledger)
+    summary.update({"held_out_from": HELD_OUT_FROM, "stream_trips": stream_rows.num_rows,
+                    "days_replayed": len(ledger.blocks(STREAM)), "outcome": result.outcome,
+                    "iterations": len(result.iterations), "target": target, "bound": result.bound})
+    _print_held_out(summary, target, len(grant.blocks))
+    with open(os.path.join(out_dir, "held_out.json"), "w") as f:
+        json.dump(summary, f, indent=1, sort_keys=True)
+
+
+def _show_ledger(ledger, db: str, out_dir: str) -> bool:
+    """Print the ledger's table, audit and heat-map; True if the audit is OK and no block is over the budget."""
+    from sage_tfx.privacy.report import heatmap_png, status_table
 
     say("[5/5] the ledger after the run:")
     say(status_table(ledger.status(STREAM)).split("\n\n")[0])
@@ -137,11 +166,7 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
     png = heatmap_png(ledger, STREAM, os.path.join(out_dir, "budget_heatmap.png"))
     say(f"      budget heat-map: {png}")
     say(f"      sage ledger status --db {db} --stream {STREAM}   # the per-block table")
-    say(f"done in {time.monotonic() - started:.0f} s")
-    ledger.close()
-    ok = report.ok and not over and result.outcome == "ACCEPT"
-    return 0 if ok else 1
-
+    return report.ok and not over
 
 def _print_held_out(summary, target, blocks):
     """The held-out table: the DP model and the two non-private baselines, each against the target."""

@@ -212,22 +212,11 @@ def ingest(ledger_location: str, stream: str, inputs: str | Sequence[str], data_
     staging folders this call created (when empty). Blocks whose records are already registered in another
     stream are refused, unless that stream is in ``allow_duplicate_of`` (see ``store.commit``).
     """
-
     from sage_tfx.privacy import Ledger
 
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-    # Bad block options and a missing local input are refused before Beam loads (seconds of imports).
-    if block_by != "user" or user_column:  # (user shards without a column shard by the stream's unit, if any)
-        make_spec(block_by, stream, time_column, window, user_column, shards, hash_key)
-    local = [i for i in inputs if not is_url(i)]
-    if local:
-        resolve_inputs(local)
-    with Ledger.open(ledger_location) as ledger:  # the stream's privacy unit: its rows are bounded (units.py)
-        bound = units.stream_bound(ledger, stream)
-    spec = make_spec(block_by, stream, time_column, window, units.unit_user_column(bound, user_column), shards,
-                     hash_key)
-
-    import apache_beam as beam
+    spec, bound = _checked_spec(ledger_location, stream, inputs, block_by, time_column, window, user_column, shards,
+                                hash_key)
     from apache_beam.io.filesystems import FileSystems
 
     # Beam logs a worker's exception with its traceback before re-raising it; bad input is reported once, below.
@@ -249,38 +238,15 @@ def ingest(ledger_location: str, stream: str, inputs: str | Sequence[str], data_
                 stage = new_staged_run(staging)
             schema, fmts = plan_schema(files, fmt, data_root, stream, spec, bound)
             columns = describe_columns(files[0], fmts[files[0]], schema)
-            _, IngestFile = _dofns()
             run_key = sealed.new_run_key()
             _say(progress, f"ingest: {len(files)} file(s) -> stream {stream} ({spec.describe()}), staging {stage}")
-            try:
-                p = beam.Pipeline(options=options)
-                # a unit stream's files go to one writer together: a unit's rows are bounded over all of them
-                _ = (p | "Files" >> beam.Create(files if bound is None else [files])
-                     | "IngestFiles" >> beam.ParDo(IngestFile(fmts, schema, batch_rows,
-                                                              spec.column if spec.by == "time" else None,
-                                                              stage, spec, compresslevel, stream, run_key, bound))
-                     | "AllParts" >> beam.combiners.ToList()
-                     | "PartList" >> beam.Map(_PartList(stage, run_key)))
-                _run(p)
-            except InputError:
-                raise
-            except Exception as exc:  # a runner wraps worker errors; surface the cause's message
-                raise InputError(_root_message(exc)) from None
+            _run_job(options, files, fmts, schema, batch_rows, spec, stage, compresslevel, stream, run_key, bound)
             parts = read_parts(stage, run_key)
             result = commit(ledger, stream, data_root, run_dir, parts, spec, schema,
                             allow_duplicate_of=allow_duplicate_of, run_key=run_key, staged_run=stage)
             ok = True
         finally:
-            remove_run_dir(run_dir)
-            if stage != run_dir:
-                left = remove_staged_run(stage)
-                if left:
-                    print(f"sage ingest: warning: the staged run {stage} could not be removed ({left}): delete it "
-                          "by hand. Its part files are sealed under this run's key, which sage never stores",
-                          file=sys.stderr, flush=True)
-            if not ok:
-                remove_empty_dirs(created_staging)
-                remove_empty_dirs(created)
+            left = _clean_up(run_dir, stage, ok, created, created_staging)
     if left:
         result["staging_left"] = stage
     result["columns"] = columns
@@ -288,6 +254,66 @@ def ingest(ledger_location: str, stream: str, inputs: str | Sequence[str], data_
     _say(progress, f"ingest: {len(result['added'])} block(s) added, {len(result['unchanged'])} already present")
     return result
 
+
+def _checked_spec(ledger_location: str, stream: str, inputs: list[str], block_by: str, time_column: str | None,
+                  window: str | None, user_column: str | None, shards: int | None, hash_key: str | None) -> tuple:
+    """The block spec and the stream's unit bound, refused before Beam loads (seconds of imports) for bad block
+    options and a missing local input: ``(spec, bound)``."""
+    from sage_tfx.privacy import Ledger
+
+    if block_by != "user" or user_column:  # (user shards without a column shard by the stream's unit, if any)
+        make_spec(block_by, stream, time_column, window, user_column, shards, hash_key)
+    local = [i for i in inputs if not is_url(i)]
+    if local:
+        resolve_inputs(local)
+    with Ledger.open(ledger_location) as ledger:  # the stream's privacy unit: its rows are bounded (units.py)
+        bound = units.stream_bound(ledger, stream)
+    spec = make_spec(block_by, stream, time_column, window, units.unit_user_column(bound, user_column), shards,
+                     hash_key)
+    return spec, bound
+
+
+def _run_job(options, files: list[str], fmts: dict, schema, batch_rows: int, spec, stage: str, compresslevel: int,
+             stream: str, run_key: bytes, bound) -> None:
+    """The Beam job: every file read, typed and written as sealed parts under ``stage``, then the part list.
+
+    Raises:
+        InputError: bad input (a runner-wrapped worker error surfaces its cause's message).
+    """
+    import apache_beam as beam
+
+    _, IngestFile = _dofns()
+    try:
+        p = beam.Pipeline(options=options)
+        # a unit stream's files go to one writer together: a unit's rows are bounded over all of them
+        _ = (p | "Files" >> beam.Create(files if bound is None else [files])
+             | "IngestFiles" >> beam.ParDo(IngestFile(fmts, schema, batch_rows,
+                                                      spec.column if spec.by == "time" else None,
+                                                      stage, spec, compresslevel, stream, run_key, bound))
+             | "AllParts" >> beam.combiners.ToList()
+             | "PartList" >> beam.Map(_PartList(stage, run_key)))
+        _run(p)
+    except InputError:
+        raise
+    except Exception as exc:  # a runner wraps worker errors; surface the cause's message
+        raise InputError(_root_message(exc)) from None
+
+
+def _clean_up(run_dir: str, stage: str, ok: bool, created: list, created_staging: list) -> str | None:
+    """Remove the run folder and a staged run; after an error also the folders this ingest created. Returns why
+    a staged run could not be removed (None if it was, or there was none)."""
+    left = None
+    remove_run_dir(run_dir)
+    if stage != run_dir:
+        left = remove_staged_run(stage)
+        if left:
+            print(f"sage ingest: warning: the staged run {stage} could not be removed ({left}): delete it "
+                  "by hand. Its part files are sealed under this run's key, which sage never stores",
+                  file=sys.stderr, flush=True)
+    if not ok:
+        remove_empty_dirs(created_staging)
+        remove_empty_dirs(created)
+    return left
 
 def ingest_batches(ledger, stream, data_root, batches, spec, schema, allow_duplicate_of=()):
     """In-process ingest of RecordBatches (no Beam): the same bound, writer and commit as ``ingest``."""

@@ -81,29 +81,31 @@ import numpy as np
 import tensorflow as tf  # noqa: TID253
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
-from sage_tfx.models.dpsgd_engine import _INVALID, ENGINES, ghost_applies, make_engine
+from sage_tfx.models.dpsgd_engine import ENGINES, ghost_applies, make_engine
 from sage_tfx.models.losses import LOSSES, per_example_loss
+from sage_tfx.models.private_checks import (  # noqa: F401 (OPTIMIZERS, check_momentum: re-exported)
+    OPTIMIZERS,
+    check_momentum,
+    check_optimizer,
+    check_privacy_budget,
+)
+from sage_tfx.models.private_checks import (
+    check_positive as _check_positive,
+)
 from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch
 from sage_tfx.models.seeding import active as _seed_active
 from sage_tfx.models.seeding import check_fit, fit_seeds
-from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
+from sage_tfx.privacy import adaptive_clip, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
 __all__ = ["make_private", "PrivateModel", "PER_EXAMPLE", "LOSSES", "poisson_batches", "check_engine"]
 
 PER_EXAMPLE = ("auto",) + ENGINES
-OPTIMIZERS = ("sgd", "adam")
 _NAME = "make_private"
 Model = tf.keras.Model | Callable[[int | None], tf.keras.Model]
 
 
 # ------------------------------------------------------------------------------------------- checks, helpers
-
-def check_momentum(momentum: Any) -> float:
-    """``momentum`` as a float in [0, 1), else a DpSgdConfigError naming it (a bool is refused)."""
-    return checks.number(momentum, "momentum", low=0.0, high=1.0, high_open=True, error=DpSgdConfigError,
-                         message=_INVALID)
-
 
 def check_engine(engine: str, keyword: str, choices: tuple[str, ...], clip_norm: Any,
                  schedule: noise_schedules.NoiseSchedule) -> None:
@@ -181,12 +183,6 @@ def _to_numpy(x):
 
 def _take(x, rows):
     return tf.nest.map_structure(lambda v: v[rows], x)
-
-
-def _check_positive(name, value, integer=False):
-    if integer:
-        return checks.integer(value, name, low=1, error=DpSgdConfigError, message=_INVALID)
-    return checks.positive(value, name, error=DpSgdConfigError, message=_INVALID)
 
 
 # Keras ``Model.fit`` keyword arguments that ``PrivateModel.fit`` does not take, and why (``keras_fit_arguments``).
@@ -537,11 +533,7 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
     if not isinstance(model, (tf.keras.Model, types.FunctionType, types.MethodType, functools.partial)):
         raise DpSgdConfigError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional "
                                "model (tf.keras is Keras 2 here: import sage_tfx before TensorFlow)")
-    try:
-        epsilon, delta = privacy_budget
-    except (TypeError, ValueError):
-        raise DpSgdConfigError(f"privacy_budget={privacy_budget!r} is invalid: pass (epsilon, delta)") from None
-    epsilon, delta = dpsgd.check_budget(epsilon, delta)
+    epsilon, delta = check_privacy_budget(privacy_budget)
     if num_examples is None:
         raise DpSgdConfigError("num_examples=None is invalid: pass the ledger's DP (or a public) row count "
                                "(fn_args.num_examples), never the exact private count")
@@ -550,17 +542,7 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
     epochs = _check_positive("epochs", epochs)
     clip_norm = adaptive_clip.as_clip_norm(clip_norm)
     dpsgd.num_steps(num_examples, batch_size, epochs)  # batch_size <= num_examples, named in the error
-    if optimizer not in OPTIMIZERS:
-        raise DpSgdConfigError(f"optimizer={optimizer!r} is invalid: choose one of {OPTIMIZERS}")
-    if learning_rate is None:
-        learning_rate = 0.1 if optimizer == "sgd" else 0.001
-    learning_rate = _check_positive("learning_rate", learning_rate)
-    momentum = check_momentum(momentum)
-    if optimizer == "adam" and momentum:
-        raise DpSgdConfigError(f"momentum={momentum!r} is invalid with optimizer='adam': leave it at 0")
-    checks.number(weight_decay, "weight_decay", low=0.0, high=1 / learning_rate, high_open=True,
-                  error=DpSgdConfigError, message="{what}={value!r} is invalid: pass a number in [0, 1/learning_rate) "
-                  f"(learning_rate {learning_rate}), e.g. 0.01")
+    learning_rate, momentum = check_optimizer(optimizer, learning_rate, momentum, weight_decay)
     dpsgd.check_accountant(accountant)
     schedule = noise_schedules.as_schedule(noise_schedule)  # a bad schedule is refused here
     check_engine(per_example, "per_example", PER_EXAMPLE, clip_norm, schedule)

@@ -20,8 +20,11 @@ Layout; imports run one way:
   registration; block and reservation reads), ``charges.py`` (a grant's check and charge under each policy, the
   queued policies' demands and scheduling points, a finishing pipeline's reservation moves), ``grants.py``
   (``Grant``, ``Release``, signing, what a stage may release), ``session.py`` (the key file's source, pipeline
-  claims, the key migration): the ledger's steps, run in the facade's transactions; they import the store's SQL
-  and the modules above, never the facade or the audit.
+  claims, the key migration), ``requests.py`` (a request's checks and charge), ``releases.py`` (a stage's
+  release), ``pipelines.py`` (register, claim, outcomes, finish), ``trusted_reads.py`` (reads outside a grant),
+  ``opening.py`` (the key file and store of an open): the ledger's steps, run in the facade's transactions; they
+  import the store's SQL and the modules above, never the facade or the audit.
+* ``ledger_reads.py``: ``LedgerReads``, the facade's read-only queries (one read transaction each).
 * ``ledger.py``: the thin ``Ledger`` facade: one store transaction per public method, running the steps of the
   modules above; it imports them, the store and the audit, never the other way round. Only this package's
   ``__init__``, the CLI and higher layers import it.

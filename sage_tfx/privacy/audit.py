@@ -1,50 +1,13 @@
-"""Audit a ledger from its append-only, KEYED hash-chained log alone (docs/security.md; paper §3.2).
+"""Audit a ledger from its append-only, KEYED hash-chained log alone (paper §3.2).
 
-The log is the ledger's source of truth: every stream, block, grant and
-retirement was appended in the same transaction that made it. ``audit_ledger``
-
-1. checks the keyed chain: each entry's value is HMAC-SHA256(audit key, prev | seq | kind | body), the
-   audit key derived from the key file outside the database (``keys.py``), so a writer of the database
-   without the key cannot edit, reorder, delete or re-chain entries; entries written before a ledger's key
-   migration keep their unkeyed SHA-256 chain, sealed by the keyed ``keys`` entry after them;
-2. checks the log against the head file (outside the database, written after every commit): a log behind
-   the head (a cleanly truncated tail) or a rewritten head entry is a problem; a log AHEAD of the head is
-   accepted, with a note, as its entries verify under the key (a crash between a commit and the head write,
-   or, on PostgreSQL, another host's writes: each host's head file knows its own writes);
-3. replays the grants in log order, re-adding each grant's cost to each of its
-   blocks with exactly the ledger's float operations, and checks that every
-   grant was admissible by the block's filter when it was made, that no grant
-   touched a retired block, and that every grant's signature is valid;
-4. compares EVERY table with the replay (equality, not approximation): streams; blocks (spent, state, window,
-   shard, created, row count, digest); grants (record and columns); pipelines (state, outcome); reservations
-   (``register``/``reserve``/``finish`` and the grants' sources replayed with ``Ledger.finish``'s operations);
-   outcomes; releases; and meta (schema version, key id, no secret);
-   on a queued stream (DPF-N, DPF-T, DPack: docs/scheduling_policies.md) also the demands table and each block's
-   arrival count (``queue_replay.QueueReplay``): ``demand``/``collect``/``finish`` entries replayed, and at every
-   ``admit`` entry the policy's scheduler (``allocation.QueuedAllocation``, the ledger's own) re-run on the
-   replayed state at the logged time, which must admit exactly the logged pipelines in the logged order (so each admission fitted the unlocked
-   budget at that point, all-or-nothing, in the policy's order); every grant of a queued stream must be one of
-   those admissions, with the demand's blocks and cost;
-5. replays the ``draw`` entries (run grants drawn from per-block lifetime grants under a growth schedule:
-   ``draws.py``): each run grant's signature, the rule of ``draws.py`` re-run against the replayed lifetime
-   grants, their releases and the earlier draws (no run index drawn twice from a lifetime grant, no lifetime
-   grant's draws beyond its (epsilon, delta) by basic composition), and the ``draws`` table against the replay;
-   a run grant charges no block, so the block replay leaves it out;
-6. recomputes what the stages of every grant released (the log's ``release`` entries, one per grant and
-   stage) and checks it against the grant's charge with the rule of ``privacy/split.py``: every split
-   composes to at most its grant's charge, each stage stayed within its share, the stages together
-   within the charge, and a single-stage grant (no split) was spent by one stage only. What a grant's stages may
-   spend is recomputed from its cost (``grants.grant_budget``: on an ``rdp`` stream the epsilon and delta asked,
-   never the charge converted at the stream's delta) and must be what the grant records; an ``rdp`` grant made
-   before that (no ``converted_epsilon``) is checked against what its cost pays for (``grants.stage_cap``), as
-   ``Ledger.release`` refuses, whenever its releases were made;
-7. lists the ``trusted_read`` entries (trusted code decrypting blocks outside a grant: no charge, a keyed entry
-   naming the blocks and the purpose, written before the decryption) in ``AuditReport.trusted_reads``; one naming
-   a block the log never registered, or no purpose, is a problem.
+``audit_ledger`` checks the keyed chain and the head file, replays every entry in log order with the ledger's
+own operations and compares EVERY table with the replay (equality, not approximation); what each step checks:
+docs/security.md, "What the audit replays".
 """
 import hmac
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from . import filters
 from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, missing_head_text, rewritten_text
@@ -80,12 +43,44 @@ class AuditReport:
                 "trusted_read_count": len(self.trusted_reads), "trusted_reads": list(self.trusted_reads)}
 
 
-def audit_ledger(ledger):
-    report = AuditReport()
-    problems = report.problems
-    store = ledger.store
-    problems.extend(f"database integrity: {p}" for p in store.integrity_problems())
+@dataclass
+class _Replay:
+    """The ledger's tables as the log replays them, entry by entry (``_replay_entry``); problems go to ``report``."""
 
+    ledger: Any
+    report: AuditReport
+    streams: dict = field(default_factory=dict)
+    stream_configs: dict = field(default_factory=dict)
+    blocks: dict = field(default_factory=dict)
+    grants: dict = field(default_factory=dict)
+    releases: dict = field(default_factory=dict)
+    block_rows: dict = field(default_factory=dict)
+    pipelines: dict = field(default_factory=dict)
+    reservations: dict = field(default_factory=dict)
+    outcomes: dict = field(default_factory=dict)
+    draws: DrawReplay = field(default_factory=DrawReplay)
+    bindings: list = field(default_factory=list)  # (seq, ledger id) of each keyed ``ledger`` entry (anchor.py)
+
+    def __post_init__(self) -> None:
+        self.queued = QueueReplay(self.streams, self.stream_configs, self.blocks, self.block_rows, self.problems)
+
+    @property
+    def problems(self) -> list:
+        return self.report.problems
+
+
+def audit_ledger(ledger: Any) -> AuditReport:
+    """Audit ``ledger`` from its keyed log alone (the module docstring lists what is checked).
+
+    Args:
+        ledger: an open ``Ledger`` (``read_only=True`` for ``sage ledger audit``); this module imports none.
+
+    Returns:
+        The ``AuditReport``: ``ok`` when no problem was found; the notes and trusted reads either way.
+    """
+    report = AuditReport()
+    store = ledger.store
+    report.problems.extend(f"database integrity: {p}" for p in store.integrity_problems())
     # The head file first, then the log and every table in ONE read transaction (one snapshot: SQLite's WAL
     # read transaction; PostgreSQL's REPEATABLE READ, store/postgres.py): another process writing meanwhile, on this
     # host or another, changes neither what the log says nor what the tables say, and a head it writes after
@@ -95,13 +90,21 @@ def audit_ledger(ledger):
         entries = tx.all(sql.AUDIT_LOG)
         tables = _read_tables(tx)
     report.entries = len(entries)
-    keys = ledger.keyring
-    legacy_until = ledger.migration_entry().get("legacy_chain_until", 0) if keys.legacy_secret is not None else 0
+    replay = _Replay(ledger, report)
+    _replay_log(replay, entries)
+    _check_head(ledger, head, entries, report.problems, report.notes)
+    report.streams, report.blocks, report.grants = len(replay.streams), len(replay.blocks), len(replay.grants)
+    _check_block_budgets(replay)
+    _compare_tables(replay, tables, len(entries))
+    return report
+
+
+def _replay_log(replay: _Replay, entries: list) -> None:
+    """Check the keyed chain of ``entries`` and replay each one in order."""
+    keys, problems = replay.ledger.keyring, replay.problems
+    legacy_until = (replay.ledger.migration_entry().get("legacy_chain_until", 0)
+                    if keys.legacy_secret is not None else 0)
     prev_hash, expected_seq = GENESIS, 1
-    streams, stream_configs, blocks, grants, releases = {}, {}, {}, {}, {}
-    block_rows, pipelines, reservations, outcomes, draws = {}, {}, {}, {}, DrawReplay()
-    queued = QueueReplay(streams, stream_configs, blocks, block_rows, problems)
-    bindings = []  # (seq, ledger id) of each keyed ``ledger`` entry (anchor.py)
     for seq, ts, kind, body_text, prev, digest in entries:
         if seq != expected_seq:
             problems.append(f"log entry {seq}: expected sequence number {expected_seq} (entries missing)")
@@ -119,93 +122,122 @@ def audit_ledger(ledger):
             continue
         try:  # an entry altered or cut out of the log (a problem above) can leave the next ones without the
             # stream, block or grant they name: each is named, never a traceback
-            if kind == "stream":
-                stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None,
-                                                     "query_delta_share": None, "split_orders": None,
-                                                     "privacy_unit": None, "max_rows_per_unit": None}, **body)
-                try:  # an entry without a query_delta_share (before schema 7, or basic) replays the legacy rule, one
-                    # without split_orders (before schema 8) every order converting at all of the conversion delta
-                    streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
-                                                                body["orders"] or None, body.get("query_delta_share"),
-                                                                bool(body.get("split_orders")))
-                except LedgerError as exc:
-                    problems.append(f"log entry {seq}: stream {body['name']!r} cannot be replayed ({exc})")
-                    streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
-                                                                body["orders"] or None, None)
-            elif kind == "block":
-                filt = streams.get(body["stream"])
-                if filt is None:
-                    problems.append(f"log entry {seq}: block {body['id']!r} of unknown stream {body['stream']!r}")
-                    continue
-                blocks[(body["stream"], body["id"])] = {"spent": filt.zero(), "state": BlockState.ACTIVE.value}
-                block_rows[(body["stream"], body["id"])] = (
-                    body.get("start"), body.get("end"), body.get("shard"), body.get("created"),
-                    body.get("rows", _UNLOGGED), body.get("digest", _UNLOGGED))
-                queued.arrivals[(body["stream"], body["id"])] = 0
-            elif kind == "register":
-                pipelines[(body["stream"], body["pipeline"])] = (PipelineState.WAITING.value, None)
-                queued.arrive(body["stream"])
-            elif kind == "reserve":
-                for p in body["pipelines"]:
-                    reservations[(body["stream"], body["block"], p)] = (tuple(body["share"]),
-                                                                        tuple(streams[body["stream"]].zero()))
-            elif kind == "finish":
-                _replay_finish(body, streams, blocks, pipelines, reservations)
-                queued.demands.pop((body["stream"], body["pipeline"]), None)
-            elif kind == "demand":
-                queued.demand(seq, body)
-            elif kind == "admit":
-                queued.admit(seq, body)
-            elif kind == "collect":
-                queued.collect(seq, body)
-            elif kind == "outcome":
-                outcomes[body["grant"]] = (body["stream"], body["pipeline"], body["outcome"],
-                                           _canonical(body["details"]))
-            elif kind == "grant":
-                _check_grant_unit(seq, body, stream_configs, problems)
-                sources = body.get("sources")
-                queued.grant(seq, body)
-                _replay_grant(ledger, seq, body, streams, blocks, grants, problems)
-                if sources and body.get("id") in grants:
-                    for b, source in zip(body["blocks"], sources):
-                        key = (body["stream"], b, body["pipeline"])
-                        if source == Source.OWN and key in reservations:
-                            reserved, used = reservations[key]
-                            reservations[key] = (reserved, tuple(filters.add(list(used), tuple(body["cost"]))))
-            elif kind == "release":
-                _replay_release(seq, body, grants, releases, problems, draws)
-            elif kind == "draw":
-                _check_grant_unit(seq, body, stream_configs, problems)
-                audit_draw(ledger, seq, body, grants, releases, draws, problems)
-            elif kind == TRUSTED_READ:
-                _replay_trusted_read(seq, ts, body, blocks, report.trusted_reads, problems)
-            elif kind == LEDGER_KIND:
-                bindings.append((seq, body.get("ledger_id")))
-            elif kind == ANCHOR_KIND:
-                report.notes.append(f"log entry {seq}: this ledger was re-anchored by an operator on host "
-                                    f"{body.get('host')!r} ({body.get('reason')!r}; the head file's record it "
-                                    f"replaced: {body.get('replaced_head')})")
-            elif kind == "retire":
-                for b in body["blocks"]:
-                    if (body["stream"], b) in blocks:
-                        blocks[(body["stream"], b)]["state"] = BlockState.RETIRED.value
+            handler = _REPLAY.get(kind)
+            if handler is not None:
+                handler(replay, seq, ts, body)
         except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
             problems.append(f"log entry {seq} ({kind}): cannot be replayed on the entries before it "
                             f"({type(exc).__name__}: {exc})")
 
-    _check_head(ledger, head, entries, problems, report.notes)
-    report.streams, report.blocks, report.grants = len(streams), len(blocks), len(grants)
-    for (stream, block_id), replayed in blocks.items():
-        filt = streams[stream]
-        if not filt.admits(replayed["spent"], filt.zero()):
-            problems.append(f"block {block_id!r} of stream {stream!r} exceeds the global budget: "
-                            f"{filt.shortfall(replayed['spent'], filt.zero()) or replayed['spent']}")
 
+def _replay_stream(r: _Replay, seq: int, ts: float, body: dict) -> None:
+    r.stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None,
+                                           "query_delta_share": None, "split_orders": None,
+                                           "privacy_unit": None, "max_rows_per_unit": None}, **body)
+    try:  # an entry without a query_delta_share (before schema 7, or basic) replays the legacy rule, one
+        # without split_orders (before schema 8) every order converting at all of the conversion delta
+        r.streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
+                                                      body["orders"] or None, body.get("query_delta_share"),
+                                                      bool(body.get("split_orders")))
+    except LedgerError as exc:
+        r.problems.append(f"log entry {seq}: stream {body['name']!r} cannot be replayed ({exc})")
+        r.streams[body["name"]] = filters.make_filter(body["accounting"], body["epsilon"], body["delta"],
+                                                      body["orders"] or None, None)
+
+
+def _replay_block(r: _Replay, seq: int, ts: float, body: dict) -> None:
+    filt = r.streams.get(body["stream"])
+    if filt is None:
+        r.problems.append(f"log entry {seq}: block {body['id']!r} of unknown stream {body['stream']!r}")
+        return
+    r.blocks[(body["stream"], body["id"])] = {"spent": filt.zero(), "state": BlockState.ACTIVE.value}
+    r.block_rows[(body["stream"], body["id"])] = (
+        body.get("start"), body.get("end"), body.get("shard"), body.get("created"),
+        body.get("rows", _UNLOGGED), body.get("digest", _UNLOGGED))
+    r.queued.arrivals[(body["stream"], body["id"])] = 0
+
+
+def _replay_register(r: _Replay, seq: int, ts: float, body: dict) -> None:
+    r.pipelines[(body["stream"], body["pipeline"])] = (PipelineState.WAITING.value, None)
+    r.queued.arrive(body["stream"])
+
+
+def _replay_reserve(r: _Replay, seq: int, ts: float, body: dict) -> None:
+    for p in body["pipelines"]:
+        r.reservations[(body["stream"], body["block"], p)] = (tuple(body["share"]),
+                                                              tuple(r.streams[body["stream"]].zero()))
+
+
+def _replay_finish_entry(r: _Replay, seq: int, ts: float, body: dict) -> None:
+    _replay_finish(body, r.streams, r.blocks, r.pipelines, r.reservations)
+    r.queued.demands.pop((body["stream"], body["pipeline"]), None)
+
+
+def _replay_outcome(r: _Replay, seq: int, ts: float, body: dict) -> None:
+    r.outcomes[body["grant"]] = (body["stream"], body["pipeline"], body["outcome"], _canonical(body["details"]))
+
+
+def _replay_grant_entry(r: _Replay, seq: int, ts: float, body: dict) -> None:
+    _check_grant_unit(seq, body, r.stream_configs, r.problems)
+    sources = body.get("sources")
+    r.queued.grant(seq, body)
+    _replay_grant(r.ledger, seq, body, r.streams, r.blocks, r.grants, r.problems)
+    if sources and body.get("id") in r.grants:
+        for b, source in zip(body["blocks"], sources):
+            key = (body["stream"], b, body["pipeline"])
+            if source == Source.OWN and key in r.reservations:
+                reserved, used = r.reservations[key]
+                r.reservations[key] = (reserved, tuple(filters.add(list(used), tuple(body["cost"]))))
+
+
+def _replay_draw(r: _Replay, seq: int, ts: float, body: dict) -> None:
+    _check_grant_unit(seq, body, r.stream_configs, r.problems)
+    audit_draw(r.ledger, seq, body, r.grants, r.releases, r.draws, r.problems)
+
+
+def _replay_anchor(r: _Replay, seq: int, ts: float, body: dict) -> None:
+    r.report.notes.append(f"log entry {seq}: this ledger was re-anchored by an operator on host "
+                          f"{body.get('host')!r} ({body.get('reason')!r}; the head file's record it "
+                          f"replaced: {body.get('replaced_head')})")
+
+
+def _replay_retire(r: _Replay, seq: int, ts: float, body: dict) -> None:
+    for b in body["blocks"]:
+        if (body["stream"], b) in r.blocks:
+            r.blocks[(body["stream"], b)]["state"] = BlockState.RETIRED.value
+
+
+# log entry kind -> its replay step (a kind not listed, e.g. ``keys``, changes no table)
+_REPLAY = {
+    "stream": _replay_stream, "block": _replay_block, "register": _replay_register, "reserve": _replay_reserve,
+    "finish": _replay_finish_entry, "demand": lambda r, seq, ts, body: r.queued.demand(seq, body),
+    "admit": lambda r, seq, ts, body: r.queued.admit(seq, body),
+    "collect": lambda r, seq, ts, body: r.queued.collect(seq, body), "outcome": _replay_outcome,
+    "grant": _replay_grant_entry, "draw": _replay_draw, ANCHOR_KIND: _replay_anchor, "retire": _replay_retire,
+    "release": lambda r, seq, ts, body: _replay_release(seq, body, r.grants, r.releases, r.problems, r.draws),
+    TRUSTED_READ: lambda r, seq, ts, body: _replay_trusted_read(seq, ts, body, r.blocks, r.report.trusted_reads,
+                                                               r.problems),
+    LEDGER_KIND: lambda r, seq, ts, body: r.bindings.append((seq, body.get("ledger_id"))),
+}
+
+
+def _check_block_budgets(r: _Replay) -> None:
+    """Every replayed block within its stream's global budget."""
+    for (stream, block_id), replayed in r.blocks.items():
+        filt = r.streams[stream]
+        if not filt.admits(replayed["spent"], filt.zero()):
+            r.problems.append(f"block {block_id!r} of stream {stream!r} exceeds the global budget: "
+                              f"{filt.shortfall(replayed['spent'], filt.zero()) or replayed['spent']}")
+
+
+def _compare_tables(r: _Replay, tables: tuple, entry_count: int) -> None:
+    """Every table (``_read_tables``) against the replay ``r``: equality, not approximation."""
     (table_streams, table_blocks, table_grants, table_releases, table_block_rows, table_grant_cols,
      table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals, table_draws,
      table_release_owners) = tables
-    _check_meta(ledger, meta, problems)
-    _check_binding(meta, bindings, len(entries), problems)
+    problems, block_rows, grants = r.problems, r.block_rows, r.grants
+    _check_meta(r.ledger, meta, problems)
+    _check_binding(meta, r.bindings, entry_count, problems)
     for key, logged in block_rows.items():  # columns a block's log entry did not hold (before keys) are not compared
         if key in table_block_rows:
             block_rows[key] = tuple(t if v is _UNLOGGED else v for v, t in zip(logged, table_block_rows[key]))
@@ -216,35 +248,42 @@ def audit_ledger(ledger):
                       for gid, (b, _sig) in grants.items()}
     _reconcile(problems, table_grant_cols, log_grant_cols, lambda gid: f"grant {gid!r}'s columns",
                lambda table, log: f"table says (stream, pipeline, created)={table}, the log says {log}")
-    _reconcile(problems, table_pipelines, pipelines, lambda key: f"pipeline {key[1]!r} of stream {key[0]!r}",
+    _reconcile(problems, table_pipelines, r.pipelines, lambda key: f"pipeline {key[1]!r} of stream {key[0]!r}",
                lambda table, log: f"table says (state, outcome)={table}, the log replay says {log}")
-    _reconcile(problems, table_reservations, reservations,
+    _reconcile(problems, table_reservations, r.reservations,
                lambda key: f"reservation of block {key[1]!r} of stream {key[0]!r} for pipeline {key[2]!r}",
                lambda table, log: f"table says (reserved, used)={table}, the log replay says {log}")
-    _reconcile(problems, table_outcomes, outcomes, lambda gid: f"outcome of grant {gid!r}",
+    _reconcile(problems, table_outcomes, r.outcomes, lambda gid: f"outcome of grant {gid!r}",
                lambda table, log: f"table says {table}, the log says {log}")
-    _reconcile(problems, table_streams, stream_configs, lambda name: f"stream {name!r}", _stream_difference)
-    _reconcile(problems, table_blocks, {k: (tuple(v["spent"]), v["state"]) for k, v in blocks.items()},
+    _reconcile(problems, table_streams, r.stream_configs, lambda name: f"stream {name!r}", _stream_difference)
+    _reconcile(problems, table_blocks, {k: (tuple(v["spent"]), v["state"]) for k, v in r.blocks.items()},
                lambda key: f"block {key[1]!r} of stream {key[0]!r}",
                lambda table, log: f"table says spent={table[0]} state={table[1]}, "
                                   f"log replay says spent={log[0]} state={log[1]}")
     _reconcile(problems, table_grants, grants, lambda gid: f"grant {gid!r}",
                lambda table, log: "the table's record differs from the log's", missing_note=" (never charged)")
-    _reconcile(problems, table_releases, releases, lambda key: f"release of stage {key[1]!r} under grant {key[0]!r}",
+    _reconcile(problems, table_releases, r.releases,
+               lambda key: f"release of stage {key[1]!r} under grant {key[0]!r}",
                lambda table, log: f"table says {table}, log says {log}")
     _check_release_owners(table_release_owners, table_grant_cols, problems)
-    _check_release_totals(grants, releases, streams, problems)
-    _note_converted_rule(grants, report.notes)
-    _reconcile(problems, table_draws, draws.rows, lambda key: f"draw of run {key[1]!r} from lifetime grant {key[0]!r}",
+    _check_release_totals(grants, r.releases, r.streams, problems)
+    _note_converted_rule(grants, r.report.notes)
+    _compare_queue_tables(r, table_draws, table_demands, table_arrivals)
+
+
+def _compare_queue_tables(r: _Replay, table_draws: dict, table_demands: dict, table_arrivals: dict) -> None:
+    """The draws, the queued policies' demands and each block's arrival count against the replay."""
+    problems = r.problems
+    _reconcile(problems, table_draws, r.draws.rows,
+               lambda key: f"draw of run {key[1]!r} from lifetime grant {key[0]!r}",
                lambda table, log: f"table says (run grant, stream, epsilon, delta)={table}, the log replay says {log}")
-    queued.finish_checks()
-    _reconcile(problems, table_demands, {k: tuple(v) for k, v in queued.demands.items()},
+    r.queued.finish_checks()
+    _reconcile(problems, table_demands, {k: tuple(v) for k, v in r.queued.demands.items()},
                lambda key: f"demand of pipeline {key[1]!r} on stream {key[0]!r}",
                lambda table, log: f"table says (blocks, cost, rule, meta, seq, state, grant)={table}, the log "
                                   f"replay says {log}")
-    _reconcile(problems, table_arrivals, queued.arrivals, lambda key: f"block {key[1]!r} of stream {key[0]!r}",
+    _reconcile(problems, table_arrivals, r.queued.arrivals, lambda key: f"block {key[1]!r} of stream {key[0]!r}",
                lambda table, log: f"table says {table} pipeline arrivals since it arrived, the log replay says {log}")
-    return report
 
 
 def _read_tables(tx):

@@ -297,13 +297,59 @@ def _zcdp_overdraw(delta_terms: list, curve_terms: list, epsilon: float, cap_eps
 def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Sequence, run: int, epsilon: float,
          delta: float, *, schedule: str, split: BudgetSplit | None = None, meta: dict | None = None,
          composition: str = COMPOSITION) -> Grant:
-    """``Ledger.draw``: the run grant of run ``run`` at (epsilon, delta) over ``lifetime_grants`` (Grants or ids,
-    in block order), drawn under ``composition`` ("basic" or "zcdp": the module docstring's two rules) in one
-    write transaction of ``store``, signed under ``keys`` (the
-    ledger's ``KeyRing``), logged with ``log`` (the facade's ``_log``); ``signature_ok(body, signature)`` checks
-    the lifetime grants. Returns the signed Grant; the same grant again for the same (lifetime grants, run,
-    budget, split, meta). GrantError for a malformed draw or a run index already drawn otherwise; BudgetRefused
-    when a lifetime grant's draws would exceed it. Nothing is written unless a new run grant is returned."""
+    """``Ledger.draw``: the run grant of run ``run`` at (epsilon, delta) over ``lifetime_grants``.
+
+    Drawn under ``composition`` ("basic" or "zcdp": the module docstring's two rules) in one write transaction of
+    ``store``; nothing is written unless a new run grant is returned.
+
+    Args:
+        store: the ledger's store.
+        log: the facade's ``_log``.
+        keys: the ledger's ``KeyRing``, which signs the run grant.
+        signature_ok: ``signature_ok(body, signature)``, which checks the lifetime grants.
+        lifetime_grants: Grants or ids, in block order.
+        run, epsilon, delta: the schedule's run index and the run's budget.
+        schedule: the schedule's fingerprint (1-256 characters).
+        split, meta, composition: the run grant's split, metadata and composition rule.
+
+    Returns:
+        The signed Grant; the same grant again for the same (lifetime grants, run, budget, split, meta).
+
+    Raises:
+        LedgerError: a malformed draw.
+        GrantError: forged or unknown lifetime grants, a structure the rule refuses, or a run index drawn before.
+        BudgetRefused: a lifetime grant's draws would exceed it.
+    """
+    ids, composition, meta, epsilon, delta = _check_draw_args(lifetime_grants, run, epsilon, delta, composition,
+                                                              schedule, meta, split)
+    with store.transaction() as tx:
+        lifetimes, first, s, blocks = _read_lifetimes(tx, ids, signature_ok)
+        filt = stream_filter(s)
+        cost = filt.cost(epsilon=epsilon, delta=delta)
+        split = check_split(meta, None)  # the split canonical, its fields checked
+        meta[DRAW_KEY] = {"from": ids, "run": run, "schedule": schedule, "composition": composition}
+        meta = unit_meta(meta, s.privacy_unit, s.max_rows_per_unit)  # as new_grant signs it: a re-draw compares equal
+        _check_structure(tx, ids, s, first, blocks, lifetimes, schedule)
+        prior, latest, same_run = _prior_draws(tx, ids, run)
+        if same_run:  # this run index was drawn: the same draw gets its grant back, any other is refused
+            return _drawn_again(tx, run, ids, same_run, meta, epsilon, delta, blocks)
+        _check_budget(tx, s, first, latest, prior, run, epsilon, delta, lifetimes, composition)
+        now = time.time()
+        rule = SINGLE_RULE if split is None else split.rule
+        grant, body_text = new_grant(keys, s, filt, first["pipeline"], blocks, cost, rule, meta, now, split)
+        tx.run(sql.GRANT_INSERT, (grant.id, s.name, grant.pipeline, body_text, grant.signature, now))
+        tx.many(sql.DRAW_INSERT, [(gid, run, grant.id, s.name, epsilon, delta, now) for gid in ids])
+        log(tx, "draw", dict(grant.body(), signature=grant.signature))
+    return grant
+
+
+def _check_draw_args(lifetime_grants: Sequence, run: int, epsilon: float, delta: float, composition: str,
+                     schedule: str, meta: dict | None, split: BudgetSplit | None) -> tuple:
+    """The draw's arguments checked before any transaction: ``(ids, composition, meta, epsilon, delta)``.
+
+    Raises:
+        LedgerError: naming the bad argument.
+    """
     ids = [g if isinstance(g, str) else getattr(g, "id", None) for g in lifetime_grants]
     if not ids or not all(isinstance(g, str) and g for g in ids):
         raise LedgerError(f"lifetime_grants {list(lifetime_grants)!r} must be a non-empty list of grants or ids")
@@ -324,68 +370,81 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
         raise LedgerError(f"meta key {DRAW_KEY!r} is the ledger's own: leave it out")
     if split is not None:
         meta["split"] = split.to_dict()
-    epsilon, delta = float(epsilon), float(delta)
-    n = len(ids)
-    with store.transaction() as tx:
-        rows = {r[0]: (json.loads(r[1]), r[2]) for r in tx.all(sql.draw_grants(n), ids)}
-        lifetimes: list[tuple[Any, Any]] = [(gid, rows[gid][0] if gid in rows else None) for gid in ids]
-        forged = [gid for gid, (body, sig) in rows.items() if not signature_ok(body, sig)]
-        if forged:
-            raise GrantError(f"lifetime grant(s) {forged} do not verify: their records were altered")
-        first = next((body for _, body in lifetimes if body is not None), None)
-        if first is None:
-            raise GrantError(f"lifetime grant(s) {ids} are unknown to this ledger")
-        s = read_stream(tx, first["stream"])
-        if s.accounting != Accounting.BASIC:
-            raise LedgerError(f"stream {s.name!r} accounts in {s.accounting}: run grants are drawn from lifetime "
-                              "grants charged (epsilon, delta), on a stream with basic accounting only")
-        releases: dict = {}
-        for gid, stage, computation in tx.all(sql.draw_releases(n), ids):
-            releases.setdefault(gid, []).append((stage, computation))
-        blocks = [b for _, body in lifetimes if body is not None for b in body["blocks"]]
-        filt = stream_filter(s)
-        cost = filt.cost(epsilon=epsilon, delta=delta)
-        split = check_split(meta, None)  # the split canonical, its fields checked
-        meta[DRAW_KEY] = {"from": ids, "run": run, "schedule": schedule, "composition": composition}
-        meta = unit_meta(meta, s.privacy_unit, s.max_rows_per_unit)  # as new_grant signs it: a re-draw compares equal
-        probe = {"stream": s.name, "pipeline": first["pipeline"], "blocks": blocks}
-        problems = structure_problems(probe, lifetimes, releases, schedule)
-        if problems:
-            raise GrantError("cannot draw a run grant: " + "; ".join(problems))
-        prior: dict = {}
-        latest: dict = {}
-        same_run, again = [], None
-        for gid, r, run_grant, eps, dlt in tx.all(sql.draw_rows(n), ids):
-            prior.setdefault(gid, []).append((r, eps, dlt))
-            if r >= latest.get(gid, (-1,))[0]:
-                latest[gid] = (r, run_grant)
-            if r == run:
-                same_run.append(run_grant)
-        if same_run:  # this run index was drawn: the same draw gets its grant back, any other is refused
-            drawn = sorted(set(same_run))
-            row = tx.one(sql.draw_grants(1), drawn[:1]) if len(drawn) == 1 else None
-            body = json.loads(row[1]) if row else {}
-            if (row and len(same_run) == len(ids) and body["meta"] == json.loads(canonical(meta))
-                    and (body["epsilon"], body["delta"], body["blocks"]) == (epsilon, delta, blocks)):
-                again = Grant.from_row(row[1], row[2])
-            else:
-                raise GrantError(f"run {run} was already drawn from these lifetime grants (run grant(s) {drawn}) with "
-                                 "another budget, split or block set: one release per run index")
-        if again is None:
-            earlier = _compositions(tx, latest)
-            mixed = mixed_compositions(composition, earlier)
-            if mixed:
-                raise GrantError("cannot draw a run grant: " + "; ".join(mixed))
-            short = overdraws(run, epsilon, delta, lifetimes, prior, composition)
-            if short:
-                raise BudgetRefused(s.name, first["pipeline"], short)
-            now = time.time()
-            rule = SINGLE_RULE if split is None else split.rule
-            grant, body_text = new_grant(keys, s, filt, first["pipeline"], blocks, cost, rule, meta, now, split)
-            tx.run(sql.GRANT_INSERT, (grant.id, s.name, grant.pipeline, body_text, grant.signature, now))
-            tx.many(sql.DRAW_INSERT, [(gid, run, grant.id, s.name, epsilon, delta, now) for gid in ids])
-            log(tx, "draw", dict(grant.body(), signature=grant.signature))
-    return grant if again is None else again
+    return ids, composition, meta, float(epsilon), float(delta)
+
+
+def _read_lifetimes(tx, ids: list[str], signature_ok: Callable) -> tuple:
+    """``(lifetimes, first body, stream, blocks)`` of the lifetime grants ``ids``, each verified.
+
+    Raises:
+        GrantError: a lifetime grant whose record was altered, or none known to this ledger.
+        LedgerError: a stream without basic accounting.
+    """
+    rows = {r[0]: (json.loads(r[1]), r[2]) for r in tx.all(sql.draw_grants(len(ids)), ids)}
+    lifetimes: list[tuple[Any, Any]] = [(gid, rows[gid][0] if gid in rows else None) for gid in ids]
+    forged = [gid for gid, (body, sig) in rows.items() if not signature_ok(body, sig)]
+    if forged:
+        raise GrantError(f"lifetime grant(s) {forged} do not verify: their records were altered")
+    first = next((body for _, body in lifetimes if body is not None), None)
+    if first is None:
+        raise GrantError(f"lifetime grant(s) {ids} are unknown to this ledger")
+    s = read_stream(tx, first["stream"])
+    if s.accounting != Accounting.BASIC:
+        raise LedgerError(f"stream {s.name!r} accounts in {s.accounting}: run grants are drawn from lifetime "
+                          "grants charged (epsilon, delta), on a stream with basic accounting only")
+    blocks = [b for _, body in lifetimes if body is not None for b in body["blocks"]]
+    return lifetimes, first, s, blocks
+
+
+def _check_structure(tx, ids: list[str], s, first: dict, blocks: list, lifetimes: list, schedule: str) -> None:
+    """GrantError unless the lifetime grants and their releases have the structure a draw needs."""
+    releases: dict = {}
+    for gid, stage, computation in tx.all(sql.draw_releases(len(ids)), ids):
+        releases.setdefault(gid, []).append((stage, computation))
+    probe = {"stream": s.name, "pipeline": first["pipeline"], "blocks": blocks}
+    problems = structure_problems(probe, lifetimes, releases, schedule)
+    if problems:
+        raise GrantError("cannot draw a run grant: " + "; ".join(problems))
+
+
+def _prior_draws(tx, ids: list[str], run: int) -> tuple[dict, dict, list]:
+    """``(prior, latest, same_run)``: each lifetime grant's earlier draws (run, epsilon, delta), its latest
+    (run, run grant), and the run grants already drawn for ``run``."""
+    prior: dict = {}
+    latest: dict = {}
+    same_run = []
+    for gid, r, run_grant, eps, dlt in tx.all(sql.draw_rows(len(ids)), ids):
+        prior.setdefault(gid, []).append((r, eps, dlt))
+        if r >= latest.get(gid, (-1,))[0]:
+            latest[gid] = (r, run_grant)
+        if r == run:
+            same_run.append(run_grant)
+    return prior, latest, same_run
+
+
+def _drawn_again(tx, run: int, ids: list[str], same_run: list, meta: dict, epsilon: float, delta: float,
+                 blocks: list) -> Grant:
+    """The run grant of the same draw made before; GrantError if ``run`` was drawn with other terms."""
+    drawn = sorted(set(same_run))
+    row = tx.one(sql.draw_grants(1), drawn[:1]) if len(drawn) == 1 else None
+    body = json.loads(row[1]) if row else {}
+    if (row and len(same_run) == len(ids) and body["meta"] == json.loads(canonical(meta))
+            and (body["epsilon"], body["delta"], body["blocks"]) == (epsilon, delta, blocks)):
+        return Grant.from_row(row[1], row[2])
+    raise GrantError(f"run {run} was already drawn from these lifetime grants (run grant(s) {drawn}) with "
+                     "another budget, split or block set: one release per run index")
+
+
+def _check_budget(tx, s, first: dict, latest: dict, prior: dict, run: int, epsilon: float, delta: float,
+                  lifetimes: list, composition: str) -> None:
+    """GrantError for compositions mixed across draws; BudgetRefused when the draw overdraws a lifetime grant."""
+    earlier = _compositions(tx, latest)
+    mixed = mixed_compositions(composition, earlier)
+    if mixed:
+        raise GrantError("cannot draw a run grant: " + "; ".join(mixed))
+    short = overdraws(run, epsilon, delta, lifetimes, prior, composition)
+    if short:
+        raise BudgetRefused(s.name, first["pipeline"], short)
 
 
 def _compositions(tx, latest: Mapping[str, tuple]) -> dict:

@@ -1,60 +1,12 @@
-"""The privacy ledger: Sage's block-level access control (paper §3.2-3.3, SAGE_SPEC.md §2-3).
+"""The privacy ledger, Sage's block-level access control (paper §3.2-3.3): the ``Ledger`` facade.
 
-One ledger holds streams. A stream has a global (epsilon, delta) guarantee and a
-growing set of disjoint blocks; each block carries a budget filter
-(``filters.py``). A pipeline reads data only through a *grant*: ``request``
-checks every block of the set and charges all of them in one transaction, all
-or nothing, and returns a signed ``Grant`` that data readers verify before they
-read a single record. Nothing un-charges a grant. A block whose remaining
-budget cannot serve even a ``min_epsilon`` query is retired and never offered
-again; new blocks arrive with a fresh budget, so the stream holds its one
-guarantee forever.
-
-Allocation across pipelines (paper §3.3, "Block/Conserve" and "Block/Aggressive"):
-pipelines ``register`` as waiting; each new block's budget is split evenly
-among the pipelines waiting at that moment and reserved for them; a grant draws
-on the pipeline's own reservation first, then on the unreserved pool; when a
-pipeline ``finish``es, its unused reservation is split among those still
-waiting. The stream's policy tells the iterator how to spend a reservation
-(the policy's ``plan_epsilon``, ``allocation.get_policy``): conserve starts small and doubles, aggressive takes it all.
-What a pipeline could be granted now is ``available_epsilon`` (on a set of
-blocks) or ``available_per_block`` (on each block alone, all in one read: how the
-iterator chooses blocks); both are advisory, ``request`` decides.
-
-Under a queued policy (DPF-N, DPF-T, DPack: docs/scheduling_policies.md) there are no reservations: a
-request the scheduler does not grant at once is recorded as the pipeline's demand, every write that is a
-scheduling point runs ``allocation.QueuedAllocation`` over the pending demands, and an admitted demand is
-charged at admission and handed to the pipeline's next identical request.
-
-This module is the ``Ledger`` facade: each public method opens one transaction of the store and runs the
-steps of the modules below it, which import neither this module nor the audit: ``streams.py`` (a stream's
-row, its checks, the grant floor), ``blocks.py`` (a new block's checks and registration, block and
-reservation reads), ``charges.py`` (a grant's check and charge under each policy, the queued policies'
-demands and scheduling points, a finishing pipeline's reservation moves), ``grants.py`` (``Grant``,
-``Release``, signing, a stage's release allowance), ``session.py`` (the key file's source, pipeline claims,
-the key migration); every SQL statement is in ``store/sql.py``. The names tests and users import from here
-(``Grant``, ``Block``, ``Stream``, ``Release``, ``POLICIES``, ``OUTCOMES``, ...) are re-exported.
-
-Every change is appended to a keyed, hash-chained audit log in the same transaction;
-``audit()`` recomputes every table from the log alone.
-
-Keys (docs/security.md): the ledger holds no key. ``Ledger.open(location, key_file=...)`` loads the
-master key from a key file outside the database (``keys.py``: ``key_file=``, else $SAGE_KEY_FILE, else
-``<sqlite path>.key``; PostgreSQL needs one explicitly); grants are signed with its derived signing key,
-release seeds come from its noise key, and the log is chained with its audit key. After every committed
-write the log's head (last sequence number and chain value) is written to the head file beside the key
-file, outside the database: durable before the write returns, except a grant's (``HeadSync.USE``, the
-default), durable before the grant's first use (``verify``). Every open checks the database against that head
-and the ledger id its first keyed log entry binds, before any write (``anchor.py``: a rollback, a cut tail, a
-changed id or a missing head raises ``LedgerRollback``). A ledger of an older version (its secret in
-``meta.secret``) is migrated on open: the key file is written first (0600, fsync), then the secret is deleted
-in one transaction.
+Each public method opens one transaction of the store and runs the step modules below it (``streams``,
+``blocks``, ``requests``, ``charges``, ``releases``, ``pipelines``, ``trusted_reads``, ``grants``, ``session``,
+``opening``), which import neither this module nor the audit; every SQL statement is in ``store/sql.py``.
+The guarantee, the allocation rules and the key handling: docs/block_composition.md, "The ledger".
 """
 from __future__ import annotations
 
-import collections.abc
-import json
-import os
 import socket
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -64,73 +16,46 @@ from . import anchor as _anchor
 from . import blocks as _blocks
 from . import charges as _charges
 from . import draws as _draws
+from . import opening as _opening
+from . import pipelines as _pipelines
+from . import releases as _releases
+from . import requests as _requests
+from . import trusted_reads as _trusted_reads
 from .allocation import get_policy
-from .audit import audit_ledger
+from .audit import AuditReport, audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
-from .budget_arrays import bisect as _bisect
-from .chain import GENESIS, TRUSTED_READ, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
+from .chain import GENESIS, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
 from .checks import check_name as _check_name
-from .checks import finite as _finite
-from .errors import BlockRetired, BudgetRefused, GrantError, LedgerError, LedgerRollback, PipelineBusy, UnknownBlock
-from .grants import (
-    Grant,
-    Release,
-    check_grant_copy,
-    grant_terms,
-    older_rdp,
-    signature_ok,
-    stage_allowance,
-    stage_cap,
-)
+from .errors import BudgetRefused, GrantError, LedgerError, LedgerRollback
+from .grants import Grant, Release, check_grant_copy, grant_terms, older_rdp, signature_ok, stage_cap
 from .head_file import HeadFile, HeadSync, head_sync_mode, warn_head_write
-from .keys import KeyFileError, resolve_key_path
-from .session import KeySource as _KeySource
+from .keys import KeyFileError
+from .ledger_reads import LedgerReads, recorded_grant
 from .session import PipelineClaim, migrate_secret, migration_entry
-from .split import STAGES
-from .store import check_location, open_store, sql
-from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
+from .store import check_location, sql
+from .streams import (  # noqa: F401 (re-exported)
     DEFAULT_MAX_STREAM_EPSILON,
     DEFAULT_MIN_GRANT_EPSILON,
-    Stream,  # noqa: F401 (re-exported)
-    check_minimum,
+    Stream,
     check_stream_args,
     check_unit,
-    check_unit_charge,
     insert_stream,
-    parsed_stream,
     read_stream,
     stream_filter,
     stream_status,
 )
-from .vocabulary import (
-    GRANT_OUTCOMES,
-    PIPELINE_OUTCOMES,
-    Accounting,
-    BlockState,
-    Composition,
-    Outcome,
-    PipelineState,
-    Policy,
-)
+from .vocabulary import PIPELINE_OUTCOMES, Accounting, Composition, Outcome, Policy
 from .write import Charge, StreamWrite
 
 if TYPE_CHECKING:
     from .keys import KeyRing
     from .split import BudgetSplit
-    from .store import Tx
 
 POLICIES = tuple(Policy)  # members equal their stored strings: "conserve", "aggressive", "dpf-n", ...
 OUTCOMES = PIPELINE_OUTCOMES  # "ACCEPT", "REJECT", "TIMEOUT"
 
 
-def _recorded_grant(grant_id, row):
-    """The Grant of a ``sql.GRANT_BODY`` row; GrantError if there is none (never charged by this ledger)."""
-    if row is None:
-        raise GrantError(f"grant {grant_id!r} is unknown to this ledger")
-    return Grant.from_row(*row)
-
-
-class Ledger:
+class Ledger(LedgerReads):
     """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists.
 
     Argument order: the stream comes first in the stream-scoped calls (``register(stream, pipeline)``,
@@ -234,24 +159,8 @@ class Ledger:
         check_head = check_head and not read_only
         location = check_location(location)  # never a password in a URL: before anything is created
         head_sync = head_sync_mode(head_sync)  # a bad mode is refused before anything is created
-        try:
-            keys = _KeySource(resolve_key_path(location, key_file), create)
-        except KeyFileError as exc:
-            if create:
-                raise  # before anything is created
-            keys = _KeySource(None, create, error=exc)  # PostgreSQL: a connection error is named first
-        if keys.path is None:
-            pass
-        elif os.path.exists(keys.path):
-            keys.keyring()  # a key file that is too open or malformed is refused before anything is created
-        elif create and not os.path.isdir(os.path.dirname(keys.path)):
-            raise KeyFileError(f"cannot create key file {keys.path}: folder {os.path.dirname(keys.path)} does not "
-                               "exist (create it, mode 0700, or give another --key-file)")
-        try:
-            store = open_store(location, create=create, on_create=keys.new_ledger_meta, read_only=read_only)
-        except BaseException:
-            keys.undo_created()
-            raise
+        keys = _opening.key_source(location, key_file, create)
+        store = _opening.open_checked_store(location, keys, create, read_only)
         try:
             return cls(store, keys, head_sync, check_head, read_only)
         except BaseException:
@@ -349,16 +258,6 @@ class Ledger:
                           min_epsilon, min_grant, now, check_unit(privacy_unit, max_rows_per_unit))
         return self.stream(name)
 
-    def stream(self, name: str, tx: Tx | None = None) -> Stream:
-        if tx is None:
-            with self._store.transaction(write=False) as tx:
-                return self.stream(name, tx)
-        return read_stream(tx, name)
-
-    def streams(self) -> list[Stream]:
-        with self._store.transaction(write=False) as tx:
-            return [self.stream(r[0], tx) for r in tx.all(sql.STREAM_NAMES)]
-
     # ------------------------------------------------------------------ blocks
     def add_block(self, stream: str, block_id: str, *, start: float | None = None, end: float | None = None,
                   shard: int | None = None, rows: int | None = None, created: float | None = None,
@@ -395,109 +294,23 @@ class Ledger:
             if s.rules().queued:  # a scheduling point (DPF-T: time has passed)
                 _charges.schedule(write, time.time())
 
-    def digest_owners(self, digests: Iterable[str], exclude_stream: str | None = None) -> dict[str, list[tuple[str, str]]]:
-        """{digest: [(stream, block id), ...]} for the given content digests registered in streams other than
-        ``exclude_stream``. TRUSTED CODE ONLY (ingest)."""
-        with self._store.transaction(write=False) as tx:
-            return _blocks.digest_owners(tx, digests, exclude_stream)
-
-    def block(self, stream: str, block_id: str) -> Block:
-        with self._store.transaction(write=False) as tx:
-            self.stream(stream, tx)
-            rows = _blocks.read_blocks(tx, stream, [block_id])
-        if not rows:
-            raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
-        return rows[block_id]
-
-    def blocks(self, stream: str, state: BlockState | str | None = None) -> list[Block]:
-        """The stream's blocks in key order (time or shard), optionally only 'active' or 'retired'."""
-        if state is not None and state not in tuple(BlockState):
-            raise LedgerError(f"block state {state!r} is unknown: use 'active' or 'retired'")
-        with self._store.transaction(write=False) as tx:
-            self.stream(stream, tx)
-            rows = tx.all(sql.BLOCK_ROWS_IN_STATE, (stream, state)) if state else tx.all(sql.BLOCK_ROWS, (stream,))
-        return _blocks.block_rows(stream, rows)
-
-    def private_row_count(self, stream: str, block_id: str) -> int | None:
-        """The exact row count of a block. TRUSTED CODE ONLY (ingest, data readers' sanity checks).
-
-        Never show this to a pipeline: what a pipeline learns about its data size
-        must be the public block count or a DP count charged to its grant.
-        """
-        with self._store.transaction(write=False) as tx:
-            row = tx.one(sql.BLOCK_N_ROWS, (stream, block_id))
-        if row is None:
-            raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
-        return row[0]
-
-    def block_digest(self, stream: str, block_id: str) -> str | None:
-        """The content digest registered for a block at ingest (None for blocks registered without one).
-
-        TRUSTED CODE ONLY (the block readers check the block files against it, docs/security.md).
-        """
-        with self._store.transaction(write=False) as tx:
-            row = tx.one(sql.BLOCK_DIGEST, (stream, block_id))
-        if row is None:
-            raise UnknownBlock(f"block {block_id!r} does not exist in stream {stream!r}")
-        return row[0]
-
     def record_trusted_read(self, stream: str, blocks: Sequence[str], purpose: str) -> None:
         """Log, in the keyed chain and committed before it returns, that TRUSTED code is about to decrypt
         ``blocks`` of ``stream`` outside any grant (no charge), and why: a ``trusted_read`` entry naming the blocks
         and ``purpose`` (a non-empty text), which ``sage ledger audit`` lists. The block doors call it before they
         derive a key (``ingest.access.trusted_block_keys``). LedgerError / UnknownBlock, nothing written, for an
         empty purpose or a block the stream does not hold."""
-        if not isinstance(purpose, str) or not purpose.strip():
-            raise LedgerError(f"purpose {purpose!r} must say why trusted code decrypts blocks outside a grant "
-                              "(e.g. 'non-private baseline'): it is written to the audit log")
-        if isinstance(blocks, str) or not isinstance(blocks, collections.abc.Iterable):
-            raise LedgerError(f"blocks {blocks!r} is not a list of block ids: give the blocks it decrypts")
-        ids = [str(b) for b in blocks]
-        if not ids:
-            raise LedgerError("a trusted read names no block: give the blocks it decrypts")
+        ids = _trusted_reads.check_trusted_read(blocks, purpose)
         with self._store.transaction() as tx:
             self.stream(stream, tx)
-            missing = sorted(set(ids) - set(_blocks.read_blocks(tx, stream, ids)))
-            if missing:
-                raise UnknownBlock(f"block(s) {', '.join(map(repr, missing))} do not exist in stream {stream!r}: "
-                                   "no key for them")
-            self._log(tx, TRUSTED_READ, {"stream": stream, "blocks": ids, "purpose": purpose.strip()})
-
-    def trusted_reads(self, stream: str) -> list[dict[str, Any]]:
-        """The ``trusted_read`` log entries of ``stream`` (bodies: stream, blocks, purpose), oldest first."""
-        with self._store.transaction(write=False) as tx:
-            self.stream(stream, tx)
-            bodies = [json.loads(r[0]) for r in tx.all(sql.LOG_TRUSTED_READS)]
-        return [b for b in bodies if b.get("stream") == stream]
-
-    def window_blocks(self, stream: str, start: float, end: float) -> list[str]:
-        """Active blocks whose time window lies inside [start, end)."""
-        start, end = _finite(start, "window start", False), _finite(end, "window end", False)
-        if not start < end:
-            raise LedgerError(f"window [{start}, {end}) is empty: start must be before end")
-        with self._store.transaction(write=False) as tx:
-            self.stream(stream, tx)
-            ids = [r[0] for r in tx.all(sql.BLOCK_WINDOW_IDS, (stream, start, end))]
-        if not ids:
-            raise LedgerError(f"window [{start}, {end}) holds no active blocks of stream {stream!r}")
-        return ids
+            _trusted_reads.log_trusted_read(tx, self._log, stream, ids, purpose)
 
     # --------------------------------------------------------------- pipelines
     def register(self, stream: str, pipeline: str) -> None:
         """Mark a pipeline as waiting: it gets an even share of every block that arrives from now on."""
         _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
-            s = self.stream(stream, tx)
-            row = tx.one(sql.PIPELINE_STATE_OUTCOME, (stream, pipeline))
-            if row is not None:
-                if row[0] == PipelineState.WAITING:
-                    return
-                raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r} with {row[1]}")
-            tx.run(sql.PIPELINE_INSERT, (stream, pipeline, time.time()))
-            self._log(tx, "register", {"stream": stream, "pipeline": pipeline})
-            if s.rules().queued:  # an arrival: one more share of every live block unlocks (DPF-N, DPack)
-                tx.run(sql.BLOCK_COUNT_ARRIVAL, (stream,))
-                self._schedule(tx, s, s.filter(), time.time())
+            _pipelines.register_pipeline(tx, self._log, self._keys, self.stream(stream, tx), pipeline)
 
     def claim(self, stream: str, pipelines: Iterable[str]) -> PipelineClaim:
         """Claim ``pipelines`` of ``stream`` for this process while it runs them; return a ``PipelineClaim``.
@@ -512,51 +325,16 @@ class Ledger:
         """
         names = [_check_name(p, "pipeline name") for p in pipelines]
         self.stream(stream)
-        held, busy = [], []
-        for name in dict.fromkeys(names):
-            handle, holder = self._store.try_claim(f"{stream}\0{name}")
-            if handle is None:
-                busy.append(f"{name!r} (held by {holder})")
-            else:
-                held.append(handle)
-        if busy:
-            for handle in held:
-                self._store.release_claim(handle)
-            raise PipelineBusy(
-                f"pipeline(s) {', '.join(busy)} of stream {stream!r} are being run by another process: one process "
-                "runs a pipeline name at a time (else both would charge and resume the same pipeline's grants). "
-                "Give this run other names (sage serve --pipeline OTHER=..., sage run --name OTHER), or wait until "
-                "that process ends")
-        claim = PipelineClaim(self._store, held)
+        claim = _pipelines.claim_pipelines(self._store, stream, names)
         self._claims.append(claim)
         return claim
 
-    def pipelines(self, stream: str) -> list[dict[str, Any]]:
-        with self._store.transaction(write=False) as tx:
-            self.stream(stream, tx)
-            return [dict(zip(("name", "state", "outcome", "registered", "finished"), r))
-                    for r in tx.all(sql.PIPELINE_ROWS, (stream,))]
-
     def finish(self, stream: str, pipeline: str, outcome: Outcome | str) -> None:
         """End a pipeline (ACCEPT, REJECT or TIMEOUT); split its unused reservations among those still waiting."""
-        if outcome not in OUTCOMES:
-            raise LedgerError(f"outcome {outcome!r} is unknown: use one of {', '.join(OUTCOMES)}")
+        _pipelines.check_finish_outcome(outcome)
         _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
-            s = self.stream(stream, tx)
-            row = tx.one(sql.PIPELINE_STATE, (stream, pipeline))
-            if row is None:
-                raise LedgerError(f"pipeline {pipeline!r} is not registered on stream {stream!r}")
-            if row[0] != PipelineState.WAITING:
-                raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
-            tx.run(sql.PIPELINE_FINISH, (outcome, time.time(), stream, pipeline))
-            others = [r[0] for r in tx.all(sql.PIPELINE_WAITING, (stream,))]
-            moved = _charges.release_reservations(tx, s, pipeline, others)
-            self._log(tx, "finish", {"stream": stream, "pipeline": pipeline, "outcome": outcome,
-                                     "blocks_released": moved, "to": others})
-            if s.rules().queued:  # its demand (pending, or admitted and never collected) is withdrawn
-                tx.run(sql.DEMAND_DELETE, (stream, pipeline))
-                self._schedule(tx, s, s.filter(), time.time())
+            _pipelines.finish_pipeline(tx, self._log, self._keys, self.stream(stream, tx), pipeline, outcome)
 
     # ------------------------------------------------------------------ grants
     def request(self, pipeline: str, stream: str, *, blocks: Sequence[str] | str | None = None,
@@ -577,102 +355,30 @@ class Ledger:
         ("single" without a split); the grant records it. ``meta["records"]`` (a ``RecordSplit``'s
         dict) says which records each split holds and which side it is on; a grant with a split
         without one gets the default signed (``split.sign_records``).
+
+        Raises:
+            LedgerError: bad arguments, a charge under the grant floor, a finished pipeline (nothing charged).
+            UnknownStream, UnknownBlock, BlockRetired: naming the stream or the blocks (nothing charged).
+            BudgetRefused: a block cannot pay now (under a queued policy the demand stays recorded).
         """
         _check_name(pipeline, "pipeline name")
-        if (blocks is None) == (window is None):
-            raise LedgerError("give either blocks or window, not both and not neither")
-        if window is not None:
-            try:
-                start, end = window
-            except (TypeError, ValueError):
-                raise LedgerError(f"window {window!r} must be a (start, end) pair") from None
-            blocks = self.window_blocks(stream, start, end)
-        blocks = _blocks.check_block_set(blocks)
+        blocks = _requests.requested_ids(blocks, window, lambda start, end: self.window_blocks(stream, start, end))
         meta, split, rule = grant_terms(meta, split, rule)
         with self._store.transaction() as tx:
-            # One statement reads the stream row, the pipeline's state and the log's last entry (what ``_log``
-            # chains the grant's entry to): all three as of this write transaction, which is exclusive (SQLite's
-            # write lock, PostgreSQL's meta lock row), so nothing read here is from before another writer's commit.
-            row = tx.one(sql.STREAM_REQUEST_READ, (stream, pipeline, stream)) if isinstance(stream, str) else None
-            if row is None:
-                self.stream(stream, tx)  # raises UnknownStream, naming the streams there are
-            w = sql.STREAM_WIDTH
-            s = parsed_stream(tuple(row[:w]))
-            pipeline_state, tx.log_last = row[w], (row[w + 1], row[w + 2]) if row[w + 1] is not None else None
-            tx.head_until_use = True  # HeadSync.USE: its head durable before the grant's first use (verify)
+            s, pipeline_state = _requests.read_request(tx, stream, pipeline)
             filt = stream_filter(s)
-            try:
-                check_unit_charge(s, curve)
-                if curve is None and epsilon is None:
-                    raise ValueError("give epsilon (and delta) or an RDP curve")
-                cost = filt.cost(epsilon=epsilon, delta=delta, curve=curve)
-            except ValueError as exc:
-                raise LedgerError(str(exc)) from None
-            found, reservations = _blocks.block_budgets(tx, stream, blocks)
-            missing = [b for b in blocks if b not in found]
-            if missing:
-                raise UnknownBlock(f"unknown block(s) in stream {stream!r}: {', '.join(map(str, missing))}")
-            active = BlockState.ACTIVE.value
-            retired = [b for b in blocks if found[b][0] != active]
-            if retired:
-                raise BlockRetired(f"block(s) {', '.join(retired)} of stream {stream!r} are retired "
-                                   "(budget exhausted) and are never offered again")
-            check_minimum(filt, s, cost, epsilon if curve is None else None)
-            if pipeline_state is not None and pipeline_state != PipelineState.WAITING:
-                raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
-            write, charge = StreamWrite(tx, self._log, self._keys, s, filt), Charge(pipeline, blocks, cost, rule, meta,
-                                                                                    split)
-            if s.rules().queued:
-                if split is not None:  # checked before the demand is recorded: its grant's split must compose
-                    split.check_covered(*filt.spendable(cost))
-                grant, refusal = _charges.queued_request(write, charge)
-            else:
-                grant = _charges.charge_now(write, charge, found, reservations)
-                refusal = None
+            cost = _requests.request_cost(s, filt, epsilon, delta, curve)
+            found, reservations = _requests.requested_blocks(tx, stream, blocks)
+            _requests.check_request(filt, s, cost, epsilon, curve, pipeline, pipeline_state)
+            grant, refusal = _requests.charge_request(StreamWrite(tx, self._log, self._keys, s, filt),
+                                                      Charge(pipeline, blocks, cost, rule, meta, split),
+                                                      found, reservations)
         if refusal:  # after the commit: the demand stays recorded, and the scheduler grants it when it fits
             raise BudgetRefused(stream, pipeline, refusal)
         assert grant is not None  # granted now, or refused above
         return grant
 
-    def _schedule(self, tx, s, filt, now):
-        """A queued stream's scheduling point (``charges.schedule``), in the caller's write transaction."""
-        return _charges.schedule(StreamWrite(tx, self._log, self._keys, s, filt), now)
-
-    # ------------------------------------------------------------ availability
-    def available_epsilon(self, pipeline: str, stream: str, blocks: Sequence[str], delta: float = 0.0, *,
-                          tolerance: float = 1e-4) -> float:
-        """The largest epsilon a (epsilon, delta) request by ``pipeline`` on ALL of ``blocks`` would be granted now.
-
-        A bisection over epsilon in [0, the stream's epsilon], from below, to within
-        ``tolerance`` times the stream's epsilon: the answer itself is granted (unless
-        another writer spends first). 0.0 if any block is unknown or retired.
-        """
-        with self._store.transaction(write=False) as tx:
-            s = self.stream(stream, tx)
-            _charges.check_availability_args(s.filter(), delta, tolerance)
-            budgets = _charges.budgets_on_all(tx, s, pipeline, list(blocks), delta)
-        if budgets is None:
-            return 0.0
-        return float(_bisect(lambda eps: budgets.fits(eps[0]).all().reshape(1), 1, s.epsilon, tolerance)[0])
-
-    def available_per_block(self, pipeline: str, stream: str, blocks: Sequence[str] | None = None,
-                            delta: float = 0.0, *, tolerance: float = 1e-4) -> dict[str, float]:
-        """{block id: the largest epsilon ``pipeline`` could be granted on that block ALONE now}, in ONE read.
-
-        For every block b this equals ``available_epsilon(pipeline, stream, [b], delta,
-        tolerance)`` exactly (the same bisection, run on all blocks at once). ``blocks``
-        None: every active block of the stream, in key order (time window or shard),
-        oldest first. Given ids map in their order; an unknown or retired block maps to
-        0.0, as in ``available_epsilon`` (nothing can be granted on it).
-        """
-        with self._store.transaction(write=False) as tx:
-            s = self.stream(stream, tx)
-            _charges.check_availability_args(s.filter(), delta, tolerance)
-            blocks, active, budgets = _charges.budgets_per_block(tx, s, pipeline, blocks, delta)
-        out = dict.fromkeys(blocks, 0.0)
-        out.update(zip(active, _bisect(budgets.fits, len(active), s.epsilon, tolerance).tolist()))
-        return out
-
+    # ------------------------------------------------------------------ grants
     def _signature_ok(self, body, signature):
         """``signature`` signs ``body``, or a pre-migration grant's body under the old rule (``grants``)."""
         return signature_ok(self._keys, self._legacy_grants, body, signature)
@@ -689,18 +395,6 @@ class Ledger:
         text = f"seed|{grant_id}|{purpose}".encode()
         return self._keys.seed(text, legacy=grant_id in self._legacy_grants)
 
-    def get_grant(self, grant_id: str) -> Grant:
-        with self._store.transaction(write=False) as tx:
-            return _recorded_grant(grant_id, tx.one(sql.GRANT_BODY, (grant_id,)))
-
-    def grants(self, stream: str | None = None) -> list[Grant]:
-        with self._store.transaction(write=False) as tx:
-            if stream is None:
-                rows = tx.all(sql.GRANT_BODIES)
-            else:
-                rows = tx.all(sql.GRANT_STREAM_BODIES, (stream,))
-        return [Grant.from_row(*row) for row in rows]
-
     def verify(self, grant: Grant | str | Mapping[str, Any], *, stream: str | None = None,
                epsilon: float | None = None, delta: float | None = None) -> Grant:
         """Check a grant before reading data; return the ledger's copy (its head made durable first: docs/security.md).
@@ -715,7 +409,7 @@ class Ledger:
         if not self._signature_ok(parsed.body(), parsed.signature):
             raise GrantError(f"grant {parsed.id!r} is forged: its signature does not match its contents")
         with self._store.transaction(write=False) as tx:  # the grant's record and a log tail at or after its entry
-            stored, last = _recorded_grant(parsed.id, tx.one(sql.GRANT_BODY, (parsed.id,))), tx.one(sql.LOG_LAST)
+            stored, last = recorded_grant(parsed.id, tx.one(sql.GRANT_BODY, (parsed.id,))), tx.one(sql.LOG_LAST)
         check_grant_copy(parsed, stored, stream, epsilon, delta)
         self._head_before_use(last)
         return stored
@@ -751,38 +445,20 @@ class Ledger:
         epsilon the conversion) is capped at what its cost pays for (``grants.stage_cap``). The check
         and the record are one transaction, appended to the audit log, so two writers cannot both take
         a stage, and the audit recomputes every grant's spend.
+
+        Raises:
+            GrantError: a bad grant, another computation on the stage, or more than the stage may spend.
+            LedgerError: an unknown stage, a bad fingerprint, epsilon or delta (nothing recorded).
         """
         checked = self.verify(grant)
-        if stage not in STAGES:
-            raise LedgerError(f"stage {stage!r} is unknown: use one of {', '.join(STAGES)}")
-        if not isinstance(computation, str) or not 0 < len(computation) <= 256:
-            raise LedgerError(f"computation {computation!r} must be a fingerprint string of 1-256 characters")
-        epsilon = _finite(epsilon, "release epsilon", allow_none=False, nonnegative=True)
-        delta = _finite(delta, "release delta", allow_none=False, nonnegative=True)
-        if not delta < 1:
-            raise LedgerError(f"release delta {delta!r} is invalid: need 0 <= delta < 1")
+        epsilon, delta = _releases.check_release_args(stage, computation, epsilon, delta)
         with self._store.transaction() as tx:
-            done = {r[0]: r[1:] for r in tx.all(sql.RELEASE_OF_GRANT, (checked.id,))}
             cap = stage_cap(checked, stream_filter(read_stream(tx, checked.stream))) if older_rdp(checked) else None
-            reopened = stage_allowance(checked, stage, done, computation, epsilon, delta, cap)
-            if reopened is not None:
-                return reopened
-            now = time.time()
-            tx.run(sql.RELEASE_INSERT,
-                   (checked.id, stage, checked.stream, checked.pipeline, computation, epsilon, delta, now))
-            self._log(tx, "release", {"grant": checked.id, "stream": checked.stream, "pipeline": checked.pipeline,
-                                      "stage": stage, "computation": computation, "epsilon": epsilon,
-                                      "delta": delta})
-        return Release(checked.id, stage, computation, epsilon, delta, now, reopened=False)
+            return _releases.open_release(tx, self._log, checked, stage, computation, epsilon, delta, cap)
 
-    def releases(self, grant_id: str | None = None) -> list[Release]:
-        """The releases opened so far (all, or one grant's), oldest first."""
-        with self._store.transaction(write=False) as tx:
-            rows = tx.all(sql.RELEASE_ROWS_OF_GRANT, (grant_id,)) if grant_id else tx.all(sql.RELEASE_ROWS)
-        return [Release(*r, reopened=False) for r in rows]  # type: ignore[misc]  # a row is Release's first six
-
-    def draw(self, lifetime_grants, run, epsilon, delta, *, schedule, split=None, meta=None,
-             composition=Composition.BASIC):
+    def draw(self, lifetime_grants: Sequence[Grant | str], run: int, epsilon: float, delta: float, *, schedule: str,
+             split: BudgetSplit | None = None, meta: dict[str, Any] | None = None,
+             composition: Composition | str = Composition.BASIC) -> Grant:
         """A run grant of ``run`` at (``epsilon``, ``delta``) over ``lifetime_grants`` (one-block grants, in block
         order, each released once under ``schedule``'s fingerprint), charging no block: its budget is drawn from
         theirs, by ``composition``: "basic" (sums of epsilon and delta) or "zcdp" (approximate zCDP through the
@@ -791,54 +467,15 @@ class Ledger:
         return _draws.draw(self._store, self._log, self._keys, self.signature_ok, lifetime_grants, run, epsilon, delta,
                            schedule=schedule, split=split, meta=meta, composition=composition)
 
-    def draws(self) -> list[tuple]:
-        """Every draw row: (lifetime grant, run, run grant, stream, epsilon, delta), by run."""
-        with self._store.transaction(write=False) as tx:
-            return [tuple(r) for r in tx.all(sql.DRAW_ALL)]
-
     def record_outcome(self, grant_id: str, outcome: Outcome | str, details: Mapping[str, Any] | None = None) -> None:
         """Record what a pipeline run under ``grant_id`` concluded (ACCEPT, REJECT, RETRY, FAILED).
 
         One outcome per grant, appended to the audit log: with the grants, it is the
         pipeline's iteration history, from which a killed iterator resumes.
         """
-        if outcome not in GRANT_OUTCOMES:
-            raise LedgerError(f"outcome {outcome!r} is unknown: use {', '.join(GRANT_OUTCOMES)}")
-        if details is not None and not isinstance(details, collections.abc.Mapping):
-            raise LedgerError(f"outcome details {details!r} must be a dict (or None)")
-        details = dict(details or {})
-        try:
-            details_text = canonical(details)
-        except (TypeError, ValueError) as exc:
-            raise LedgerError(f"outcome details {details!r} cannot be written as JSON ({exc})") from None
+        details, details_text = _pipelines.check_outcome(outcome, details)
         with self._store.transaction() as tx:
-            row = tx.one(sql.GRANT_OWNER, (grant_id,))
-            if row is None:
-                raise GrantError(f"grant {grant_id!r} is unknown to this ledger")
-            if tx.one(sql.OUTCOME_EXISTS, (grant_id,)):
-                raise LedgerError(f"grant {grant_id!r} already has an outcome")
-            tx.run(sql.OUTCOME_INSERT,
-                   (grant_id, row[0], row[1], outcome, details_text, time.time()))
-            self._log(tx, "outcome", {"grant": grant_id, "stream": row[0], "pipeline": row[1],
-                                      "outcome": outcome, "details": details})
-
-    def history(self, stream: str, pipeline: str) -> list[tuple[Grant, str | None, Any]]:
-        """The pipeline's grants in order, each with its recorded outcome (None while running or killed)."""
-        with self._store.transaction(write=False) as tx:
-            self.stream(stream, tx)
-            rows = tx.all(sql.GRANT_HISTORY, (stream, pipeline))
-        return [(Grant.from_row(body, sig), outcome, json.loads(details) if details else None)
-                for body, sig, outcome, details in rows]
-
-    # ------------------------------------------------------------------ status
-    def status(self, stream: str) -> dict[str, Any]:
-        """A JSON-ready summary: the stream's guarantee and each block's spent and remaining budget."""
-        s = self.stream(stream)
-        return stream_status(s, self.blocks(stream), self._grant_count(stream), self.pipelines(stream))
-
-    def _grant_count(self, stream):
-        with self._store.transaction(write=False) as tx:
-            return tx.one(sql.GRANT_COUNT, (stream,))[0]
+            _pipelines.insert_outcome(tx, self._log, grant_id, outcome, details, details_text)
 
     # ------------------------------------------------------------------- audit
     def _log(self, tx, kind, body, text=None):
@@ -870,11 +507,7 @@ class Ledger:
                (seq, time.time(), kind, text, prev, value))
         tx.head = (seq, value)  # written to the head file once the transaction commits
 
-    def log_entries(self) -> list[tuple]:
-        with self._store.transaction(write=False) as tx:
-            return tx.all(sql.LOG_ALL)
-
-    def audit(self) -> dict[str, Any]:
+    def audit(self) -> AuditReport:
         """Recompute every block's loss from the log alone; see ``audit.audit_ledger``."""
         return audit_ledger(self)
 

@@ -109,7 +109,7 @@ class DemandState(enum.StrEnum):
 
 
 class Composition(enum.StrEnum):
-    """How a growth schedule's runs compose (``release/growth.py`` has the proofs)."""
+    """How a growth schedule's runs compose (the proofs: docs/release_strategies.md, "Growth schedules and PMWG: the proofs")."""
 
     PURE = "pure"    # delta = 0, basic composition of epsilon-DP runs
     ZCDP = "zcdp"    # delta > 0, zCDP composition + RDP conversion

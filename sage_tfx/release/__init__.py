@@ -1,6 +1,7 @@
 """Release strategies for a growing database, on the same ledger as Sage's iterator (docs/release_strategies.md).
 
-One module per method; each charges the ledger, per block and before it reads, what its privacy analysis says:
+One module (or package of one module per concept) per method; each charges the ledger, per block and before it
+reads, what its privacy analysis says:
 
 - ``continual``: continual and sliding-window release of regularised ERM models (Watson et al.).
 - ``incremental_regression``: incremental linear regression by the Tree Mechanism (Kasiviswanathan et al.).
@@ -17,16 +18,18 @@ import importlib
 
 # name -> module that defines it (loaded on first use)
 _EXPORTS = {
-    "ContinualRelease": "continual", "SlidingWindowRelease": "continual", "ReleaseParams": "continual",
-    "ContinualReleaseError": "continual", "release_stream": "continual", "check_sla": "continual",
-    "push_model": "continual", "push_blessed": "blessing", "write_blessing": "blessing",
-    "is_blessed": "blessing", "Pushed": "continual",
+    "ContinualRelease": "continual.cumulative", "SlidingWindowRelease": "continual.sliding_window",
+    "ReleaseParams": "continual.params", "ContinualReleaseError": "continual.params",
+    "release_stream": "continual.stream", "check_sla": "continual.sla",
+    "push_model": "continual.push", "push_blessed": "blessing", "write_blessing": "blessing",
+    "is_blessed": "blessing", "Pushed": "continual.push",
     "IncrementalRegression": "incremental_regression", "IncrementalRegressionParams": "incremental_regression",
     "TreeRegressor": "incremental_regression", "IncrementalRegressionError": "incremental_regression",
     "HorizonExhausted": "incremental_regression",
-    "BBScheduler": "growth", "BBImprover": "growth", "ScheduledRelease": "growth", "SchedulerParams": "growth",
-    "ImproverParams": "growth", "PMWG": "growth", "PMWGParams": "growth", "Universe": "growth",
-    "GrowthError": "growth", "clipped_mean": "growth", "count_query": "growth", "sum_query": "growth",
+    "BBScheduler": "growth.scheduler", "SchedulerParams": "growth.scheduler", "BBImprover": "growth.improver",
+    "ImproverParams": "growth.improver", "ScheduledRelease": "growth.scheduled", "clipped_mean": "growth.scheduled",
+    "PMWG": "growth.pmwg", "PMWGParams": "growth.pmwg", "Universe": "growth.pmwg", "count_query": "growth.pmwg",
+    "sum_query": "growth.pmwg", "GrowthError": "growth.errors",
     # `sage release`'s library: the checked settings of each strategy, and the session that releases block by block
     "ReleaseSettings": "settings", "FeatureSettings": "settings", "ContinualSettings": "settings",
     "IncrementalSettings": "settings", "GrowthSettings": "settings", "PMWGSettings": "settings",

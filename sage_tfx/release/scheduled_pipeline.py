@@ -14,12 +14,12 @@ number of runs, BBImprover's infinitely many included).
 Privacy (per record, add/remove, over the infinite horizon): a record of block b is read by run grants drawn from
 b's lifetime grant only; run i is (epsilon_i, delta_i)-DP (its stage split composes to at most that: BudgetSplit,
 ``Ledger.release``). Two schedules of runs, two draw rules of the ledger (privacy/draws.py, with the proofs):
-- BBScheduler's basic mode, draw rule "basic": sum_i epsilon_i = epsilon and sum_i delta_i = delta (growth.py,
+- BBScheduler's basic mode, draw rule "basic": sum_i epsilon_i = epsilon and sum_i delta_i = delta (docs/release_strategies.md,
   Theorem 3 of the paper);
 - BBScheduler's zcdp mode and BBImprover, built with ``approximate=True``, draw rule "zcdp": each run is
   delta_i-approximately (epsilon_i^2 / 2)-zCDP (Bun & Steinke 2016, Section 8), the deltas sum to delta / 2 and the
   epsilons are calibrated so the ledger's RDP filter of (epsilon, delta) admits the whole infinite sequence
-  (growth.py, "Approximate runs").
+  (docs/release_strategies.md, "Approximate runs").
 The ledger refuses any draw beyond the lifetime grant by its rule, so every record is (epsilon, delta)-DP over all
 runs, what its block was charged once (docs/release_strategies.md, "A TFX pipeline under a growth schedule").
 

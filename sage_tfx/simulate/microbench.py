@@ -137,96 +137,128 @@ def run(policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict
         full_scan: bool = False) -> dict:
     """One policy on the workload: pipelines granted, their mean and median delay (arrival to grant, hours).
 
-    ``policy``: a registered policy name or "fcfs". Deterministic per (policy, config, seed, params).
+    Args:
+        policy: a registered policy name or "fcfs".
+        config: the workload.
+        seed: the workload's seed (deterministic per (policy, config, seed, params)).
+        params: the policy's parameters.
+        full_scan: a queued policy's scheduler scans every pending demand (the reference behaviour).
+
+    Returns:
+        The policy's figures (JSON-ready).
     """
     started = time.perf_counter()
-    filt = filters.make_filter(config.accounting, config.epsilon, config.delta)
-    min_cost = filt.cost(epsilon=config.min_epsilon)
-    rdp_costs = (demand_curves(filt, (config.mice_epsilon, config.elephant_epsilon))
-                 if config.accounting == Accounting.RDP else None)
-    pol = Fcfs() if str(policy) == "fcfs" else get_policy(policy, params)
-    queued = pol.queued
-    model = QueuedAllocation(filt, min_cost, pol) if queued else BlockAllocation(filt, min_cost, pol)
-    if queued:
-        model.full_scan = full_scan
-    pipelines = make_pipelines(config, seed)
-    blocks = []
-    granted_at = {}
-    # events: (time h, kind order, seq, kind, payload); blocks before arrivals before timeouts at equal times
-    events = [(0.0, 0, i, "block", i) for i in range(config.initial_blocks)]
-    events += [(float(h), 0, config.initial_blocks + h, "block", config.initial_blocks + h)
-               for h in range(1, config.hours + int(math.ceil(config.timeout)) + 1)]
-    events += [(p.arrival, 1, p.index, "arrive", p) for p in pipelines]
-    heapq.heapify(events)
-    waiting = {}     # name -> (blocks, cost), arrival order (reservation policies)
+    sim = _Simulation(policy, config, seed, params, full_scan)
     end = config.hours + config.timeout
-
-    def grant(name, now):
-        granted_at[name] = now
-
-    def try_waiting(now):   # reservation policies: FCFS over the waiting pipelines
-        for name in list(waiting):
-            _try_one(model, waiting, name, now, grant)
-
-    while events:
-        now, _, _, kind, payload = heapq.heappop(events)
+    while sim.events:
+        now, _, _, kind, payload = heapq.heappop(sim.events)
         if now > end:
             break
         if kind == "block":
-            block = f"b{payload:05d}"
-            blocks.append(block)
-            if queued:
-                model.add_block(block, now * HOUR)
-                for name, _bl, _cost in model.schedule(now * HOUR):
-                    grant(name, now)
-            else:
-                model.add_block(block, list(waiting))
-                try_waiting(now)
+            sim.on_block(now, payload)
         elif kind == "arrive":
-            p = payload
-            name = _name(p.index)
-            bl = blocks[-p.n_blocks:]
-            cost = (filt.cost(epsilon=p.epsilon) if rdp_costs is None
-                    else rdp_costs[(RDP_MECHANISMS[p.index % len(RDP_MECHANISMS)], p.epsilon)])
-            if queued:
-                model.arrive(now * HOUR)
-                model.demand(name, bl, cost)
-                for gname, _gbl, _gcost in model.schedule(now * HOUR):
-                    grant(gname, now)
-            else:
-                waiting[name] = (bl, cost)
-                _try_one(model, waiting, name, now, grant)
-            heapq.heappush(events, (p.arrival + config.timeout, 2, p.index, "timeout", name))
+            sim.on_arrive(now, payload)
         else:  # timeout
-            name = payload
-            if name in granted_at:
-                continue
-            if queued:
-                if name in model.pending:
-                    model.withdraw(name)
-                    for gname, _gbl, _gcost in model.schedule(now * HOUR):
-                        grant(gname, now)
-            elif name in waiting:
-                del waiting[name]
-                model.finish(name, waiting)
-                try_waiting(now)
+            sim.on_timeout(now, payload)
+    return _summary(sim, policy, config, started)
+
+
+class _Simulation:
+    """One run's state: the allocation model, the event queue, the blocks and who was granted when."""
+
+    def __init__(self, policy, config: MicroConfig, seed: int, params: dict | None, full_scan: bool) -> None:
+        self.config = config
+        self.filt = filt = filters.make_filter(config.accounting, config.epsilon, config.delta)
+        min_cost = filt.cost(epsilon=config.min_epsilon)
+        self.rdp_costs = (demand_curves(filt, (config.mice_epsilon, config.elephant_epsilon))
+                          if config.accounting == Accounting.RDP else None)
+        self.pol = pol = Fcfs() if str(policy) == "fcfs" else get_policy(policy, params)
+        self.queued = pol.queued
+        self.model = QueuedAllocation(filt, min_cost, pol) if self.queued else BlockAllocation(filt, min_cost, pol)
+        if self.queued:
+            self.model.full_scan = full_scan
+        self.pipelines = make_pipelines(config, seed)
+        self.blocks: list = []
+        self.granted_at: dict = {}
+        # events: (time h, kind order, seq, kind, payload); blocks before arrivals before timeouts at equal times
+        events = [(0.0, 0, i, "block", i) for i in range(config.initial_blocks)]
+        events += [(float(h), 0, config.initial_blocks + h, "block", config.initial_blocks + h)
+                   for h in range(1, config.hours + int(math.ceil(config.timeout)) + 1)]
+        events += [(p.arrival, 1, p.index, "arrive", p) for p in self.pipelines]
+        heapq.heapify(events)
+        self.events = events
+        self.waiting: dict = {}  # name -> (blocks, cost), arrival order (reservation policies)
+
+    def grant(self, name, now) -> None:
+        self.granted_at[name] = now
+
+    def try_waiting(self, now) -> None:
+        """Reservation policies: FCFS over the waiting pipelines."""
+        for name in list(self.waiting):
+            _try_one(self.model, self.waiting, name, now, self.grant)
+
+    def schedule(self, now) -> None:
+        """A queued policy's scheduling point: grant what it admits."""
+        for gname, _gbl, _gcost in self.model.schedule(now * HOUR):
+            self.grant(gname, now)
+
+    def on_block(self, now, index) -> None:
+        block = f"b{index:05d}"
+        self.blocks.append(block)
+        if self.queued:
+            self.model.add_block(block, now * HOUR)
+            self.schedule(now)
+        else:
+            self.model.add_block(block, list(self.waiting))
+            self.try_waiting(now)
+
+    def on_arrive(self, now, p) -> None:
+        name = _name(p.index)
+        bl = self.blocks[-p.n_blocks:]
+        cost = (self.filt.cost(epsilon=p.epsilon) if self.rdp_costs is None
+                else self.rdp_costs[(RDP_MECHANISMS[p.index % len(RDP_MECHANISMS)], p.epsilon)])
+        if self.queued:
+            self.model.arrive(now * HOUR)
+            self.model.demand(name, bl, cost)
+            self.schedule(now)
+        else:
+            self.waiting[name] = (bl, cost)
+            _try_one(self.model, self.waiting, name, now, self.grant)
+        heapq.heappush(self.events, (p.arrival + self.config.timeout, 2, p.index, "timeout", name))
+
+    def on_timeout(self, now, name) -> None:
+        if name in self.granted_at:
+            return
+        if self.queued:
+            if name in self.model.pending:
+                self.model.withdraw(name)
+                self.schedule(now)
+        elif name in self.waiting:
+            del self.waiting[name]
+            self.model.finish(name, self.waiting)
+            self.try_waiting(now)
+
+
+def _summary(sim: _Simulation, policy, config: MicroConfig, started: float) -> dict:
+    """The figures of a finished simulation."""
+    pipelines, granted_at, blocks = sim.pipelines, sim.granted_at, sim.blocks
     arrival = {_name(p.index): p.arrival for p in pipelines}
     delays = np.array([granted_at[n] - arrival[n] for n in granted_at]) if granted_at else np.array([])
-    spent = [filt.summary(model.spent[b])[0] for b in blocks]   # epsilon spent (RDP: at the best order)
-    kinds = {}
+    spent = [sim.filt.summary(sim.model.spent[b])[0] for b in blocks]   # epsilon spent (RDP: at the best order)
+    kinds: dict = {}
     for p in pipelines:
         kind = ("mice" if p.n_blocks == config.mice_blocks else "elephant") + "-blocks"
         kinds.setdefault(kind, [0, 0])
         kinds[kind][0] += 1
         kinds[kind][1] += _name(p.index) in granted_at
-    return {"policy": str(policy), "params": pol.params(), "pipelines": len(pipelines), "granted": len(granted_at),
+    return {"policy": str(policy), "params": sim.pol.params(), "pipelines": len(pipelines),
+            "granted": len(granted_at),
             "granted_share": len(granted_at) / len(pipelines) if pipelines else math.nan,
             "granted_by_kind": {k: {"pipelines": v[0], "granted": v[1]} for k, v in sorted(kinds.items())},
             "mean_delay_h": float(delays.mean()) if len(delays) else math.nan,
             "median_delay_h": float(np.median(delays)) if len(delays) else math.nan,
             "max_block_spent": max(spent) if spent else 0.0, "blocks": len(blocks),
             "seconds": round(time.perf_counter() - started, 2)}
-
 
 def _try_one(model, waiting, name, now, grant):
     """A new arrival under a reservation policy: only its own demand can have become grantable."""

@@ -1,0 +1,34 @@
+"""Continual and sliding-window release of regularised ERM models (Watson et al.); numpy only.
+
+A model is released at EVERY block arrival, forever, and every record's total privacy loss stays under a constant:
+each arriving block gets ONE grant charged the whole per-record bound before it is read. One module per concept:
+``params``, ``erm`` (the solver), ``calibration``, ``base``, one per strategy (``cumulative``, ``sliding_window``),
+``sla``, ``push``, ``stream``. The analysis: docs/release_strategies.md, "Continual and sliding-window release: the
+proofs".
+"""
+from .base import Reader, Released, record_hash_fraction
+from .calibration import participation_sum
+from .cumulative import ContinualRelease
+from .erm import clip_features, empirical_loss, private_erm, sensitivity, solve_erm
+from .params import (
+    MAX_ITERATIONS,
+    STAGE,
+    XI,
+    ContinualReleaseError,
+    Loss,
+    ReleaseParams,
+    Strategy,
+    lipschitz,
+    smoothness,
+)
+from .push import Pushed, push_model
+from .sla import check_sla
+from .sliding_window import SlidingWindowRelease, dyadic_cover
+from .stream import grant_reader, release_stream
+
+__all__ = [
+    "ContinualRelease", "ContinualReleaseError", "Loss", "MAX_ITERATIONS", "Pushed", "Reader", "ReleaseParams",
+    "Released", "STAGE", "SlidingWindowRelease", "Strategy", "XI", "check_sla", "clip_features", "dyadic_cover",
+    "empirical_loss", "grant_reader", "lipschitz", "participation_sum", "private_erm", "push_model",
+    "record_hash_fraction", "release_stream", "sensitivity", "smoothness", "solve_erm"
+]

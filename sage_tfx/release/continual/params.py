@@ -1,0 +1,98 @@
+"""A continual release's checked parameters, its losses and strategies (checked before anything is charged).
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from sage_tfx.privacy import checks
+from sage_tfx.privacy.errors import SageError
+from sage_tfx.privacy.vocabulary import Stage
+
+XI = 1e-6  # solver tolerance, relative to L/N (docs/release_strategies.md, the proofs)
+
+
+STAGE = Stage.TRAINING
+
+
+MAX_ITERATIONS = 200_000
+
+
+class ContinualReleaseError(SageError, ValueError):
+    """Bad parameters or input for a continual release; raised before anything is charged or read."""
+
+
+class Loss(enum.StrEnum):
+    LOGISTIC = "logistic"
+    SQUARED = "squared"
+
+
+class Strategy(enum.StrEnum):
+    CUMULATIVE = "continual-cumulative"
+    SLIDING = "continual-sliding-window"
+
+
+def lipschitz(loss: Loss, radius: float) -> float:
+    """L of the loss on ||w|| <= radius with ||x|| <= 1, |y| <= 1."""
+    return 1.0 if Loss(loss) is Loss.LOGISTIC else radius + 1.0
+
+
+def smoothness(loss: Loss) -> float:
+    """beta of the loss with ||x|| <= 1."""
+    return 0.25 if Loss(loss) is Loss.LOGISTIC else 1.0
+
+
+def _positive(name: str, value, fix: str) -> float:
+    fix = fix.replace("{", "{{").replace("}", "}}")  # a literal in the message template
+    return checks.positive(value, name, error=ContinualReleaseError, message="{what} {value!r} is invalid: " + fix,
+                           not_number="{what} {value!r} is not a number: " + fix)
+
+
+@dataclass(frozen=True)
+class ReleaseParams:
+    """What a continual release needs; every field is checked here, before anything is charged.
+
+    ``epsilon``, ``delta``: the per-record bound charged on each block (its whole lifetime's loss).
+    ``records_per_block`` m0: the declared normaliser (public). ``lam``: the ridge weight (lam/2 ||w - w_ref||^2).
+    ``radius`` R: the parameter ball. ``loss``: logistic or squared. ``window``: blocks, for the sliding window.
+    """
+
+    epsilon: float
+    delta: float
+    records_per_block: int
+    lam: float = 0.05
+    radius: float = 10.0
+    loss: Loss = Loss.LOGISTIC
+    window: int | None = None
+
+    def __post_init__(self):
+        _positive("epsilon", self.epsilon, "give a finite epsilon > 0")
+        d = self.delta
+        if not isinstance(d, (int, float)) or not 0 < float(d) < 1:
+            raise ContinualReleaseError(f"delta {d!r} is invalid: give 0 < delta < 1 (the Gaussian needs delta > 0)")
+        m0 = self.records_per_block
+        if isinstance(m0, bool) or not isinstance(m0, (int, np.integer)) or m0 < 1:
+            raise ContinualReleaseError(f"records_per_block {m0!r} is invalid: give an integer >= 1 (the declared "
+                                        "number of records per block)")
+        _positive("lam", self.lam, "give a ridge weight lam > 0 (the strong convexity the sensitivity needs)")
+        _positive("radius", self.radius, "give a parameter-ball radius R > 0")
+        try:
+            object.__setattr__(self, "loss", Loss(self.loss))
+        except ValueError:
+            raise ContinualReleaseError(f"loss {self.loss!r} is unknown: use one of "
+                                        f"{', '.join(l.value for l in Loss)}") from None
+        if self.window is not None:
+            w = self.window
+            if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
+                raise ContinualReleaseError(f"window {w!r} is invalid: give a window of >= 1 blocks")
+
+    @property
+    def lipschitz(self) -> float:
+        return lipschitz(self.loss, self.radius)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["loss"] = self.loss.value
+        return d
