@@ -86,6 +86,7 @@ from sage_tfx.models.losses import LOSSES, per_example_loss
 from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch
 from sage_tfx.models.seeding import active as _seed_active
 from sage_tfx.models.seeding import check_fit, fit_seeds
+from sage_tfx.models.unit_clip import unit_batches, unit_engine_name, unit_index, unit_noisy_sum
 from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
@@ -247,7 +248,7 @@ class PrivateModel:
 
     def __init__(self, model: Model, *, epsilon, delta, num_examples, clip_norm, batch_size, epochs, optimizer,
                  learning_rate, momentum, accountant, loss, per_example, seed, weight_decay=0.0,
-                 noise_schedule=None, name: str = _NAME):
+                 noise_schedule=None, name: str = _NAME, per_unit: bool = False):
         self.model = model  # a Keras model, or a function init_seed -> model until fit builds it
         self.name, self.seed = name, seed
         self.epsilon, self.delta, self.accountant = epsilon, delta, accountant
@@ -258,6 +259,8 @@ class PrivateModel:
         self.noise_schedule = noise_schedules.as_schedule(noise_schedule)
         self.engine = None
         self.privacy_spent: dict[str, Any] | None = None
+        self.per_unit = per_unit  # per-unit clipping (sage_tfx.models.unit_clip): num_examples counts units
+        self._units: tuple[np.ndarray, int] | None = None  # (each row's unit 0..u-1, u) of a per-unit fit
 
     # ---------------------------------------------------------------- training
     def _start(self, x_spec, y_spec):
@@ -296,7 +299,8 @@ class PrivateModel:
 
     def fit(self, x: Any, y: Any, verbose: bool | int | str = False, *,
             callback: Callable[[int], None] | None = None, epochs: int | float | None = None,
-            batch_size: int | None = None, shuffle: bool = True, **keras_kwargs: Any) -> "PrivateModel":
+            batch_size: int | None = None, shuffle: bool = True, units: Any = None,
+            **keras_kwargs: Any) -> "PrivateModel":
         """Train on (x, y) with DP-SGD; return self. Spends ``privacy_budget`` once (a second fit is refused).
 
         Keras habits (``keras_fit_arguments``, checked before any data is read): ``epochs=`` / ``batch_size=``
@@ -309,6 +313,10 @@ class PrivateModel:
         labels. ``callback(step)``, if given, is called after each step (0-based; timing, progress: it sees
         nothing private beyond what the weights already show). Sensitivity C = ``clip_norm`` per step (add/remove one record); the run is
         (epsilon, delta)-DP for ``privacy_budget`` (module docstring: mechanism and proof sketch).
+
+        ``units``: with ``make_private(per_unit=True)`` (and only then), each row's privacy unit id (the stream's
+        unit column, one per row of x): units are Poisson-sampled and each unit's summed gradient is clipped at
+        C, so the run is (epsilon, delta)-DP for adding or removing a whole unit (sage_tfx.models.unit_clip).
         """
         keras_fit_arguments(self, epochs, batch_size, shuffle, keras_kwargs)
         if self.privacy_spent is not None:
@@ -320,6 +328,7 @@ class PrivateModel:
         n = _rows(x)
         if len(y) != n:
             raise ValueError("y and x have different numbers of rows: pass one label per record")
+        self._units = self._unit_rows(units, n)
         seeds, loss_fn = self._start(spec_of(x), spec_of(y))
         run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, self.num_examples,
                                               self.batch_size, self.epochs, self.accountant)
@@ -332,7 +341,18 @@ class PrivateModel:
         seeds.report_spent(self.privacy_spent)
         return self
 
+    def _unit_rows(self, units, n):
+        """Hook of per-unit clipping: (each row's unit, the unit count) of a per-unit fit, None for a row-level
+        one; a fit given ``units`` it was not made for (or not given them) is refused before any value is used."""
+        if self.per_unit != (units is not None):
+            raise DpSgdConfigError(
+                "fit(units=...) needs make_private(per_unit=True) (num_examples then counts units), and "
+                "make_private(per_unit=True) needs fit(units=...), one unit id per row: pass both or neither")
+        return unit_index(units, n) if self.per_unit else None
+
     def _engine_name(self):
+        if self.per_unit:
+            return unit_engine_name(self.per_example)
         if self.per_example != "auto":
             return self.per_example
         return "ghost" if ghost_applies(self.model) else "vmap"
@@ -349,8 +369,22 @@ class PrivateModel:
         def apply(sums):
             optimizer.apply_gradients(zip([g / expected for g in sums], self.engine.variables))
 
+        if self.per_unit:  # hook of per-unit clipping: the rows of each sampled unit summed, then clipped
+            return (tf.function(lambda xb, yb, seg, k: apply(unit_noisy_sum(self.engine, xb, yb, seg, k)),
+                                reduce_retracing=True),
+                    tf.function(lambda: apply(self.engine.noise_sum())))
         return (tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True),
                 tf.function(lambda: apply(self.engine.noise_sum())))
+
+    def _batches(self, rng, n, run):
+        """Each step's Poisson batch: (rows,), or for a per-unit fit (rows, their segment, units sampled), the
+        units sampled at ``run.sampling_rate`` (``unit_clip.unit_batches``)."""
+        if self._units is None:
+            return ((rows,) for rows in poisson_batches(rng, n, run.sampling_rate, run.steps))
+        unit_of_row, num_units = self._units
+        sampled = poisson_batches(rng, num_units, run.sampling_rate, run.steps)
+        return ((rows, tf.constant(seg), tf.constant(k, tf.int32))
+                for rows, seg, k in unit_batches(sampled, unit_of_row, num_units))
 
     def _train(self, x, y, n, run, sampling_seed, fall_back, verbose, callback):
         """The DP-SGD loop: ``run.steps`` Poisson-sampled batches (an empty one takes a noise-only step), each
@@ -360,7 +394,7 @@ class PrivateModel:
         dp_step, noise_step = self._steps(optimizer)
         traced = False
         rng = np.random.default_rng(sampling_seed)
-        for i, rows in enumerate(poisson_batches(rng, n, run.sampling_rate, run.steps)):
+        for i, (rows, *units) in enumerate(self._batches(rng, n, run)):
             if run.noise_multipliers[i] != self.engine.noise_multiplier:
                 self.engine.set_noise_multiplier(float(run.noise_multipliers[i]))  # the schedule's sigma_t
             if len(rows) == 0:
@@ -368,13 +402,13 @@ class PrivateModel:
             else:
                 xb, yb = _take(x, rows), y[rows]
                 try:
-                    dp_step(xb, yb)
+                    dp_step(xb, yb, *units)
                 except Exception:
                     if traced or not self._can_fall_back():
                         raise
                     fall_back()
                     dp_step, noise_step = self._steps(optimizer)
-                    dp_step(xb, yb)
+                    dp_step(xb, yb, *units)
                 traced = True
             if callback is not None:
                 callback(i)
@@ -413,6 +447,8 @@ class PrivateModel:
         }
         if not self.noise_schedule.is_constant:  # the constant default's report is unchanged
             spent["noise_schedule"] = run.report()
+        if self.per_unit:  # the record of DP-SGD is the unit: num_examples and sampling_rate count units
+            spent["privacy_unit"] = "unit"
         return spent
 
     # ---------------------------------------------------------------- use
@@ -491,7 +527,8 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
                  optimizer: str = "sgd", learning_rate: float | None = None, momentum: float = 0.0,
                  weight_decay: float = 0.0, loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
                  seed: int | None = None,
-                 noise_schedule: noise_schedules.NoiseSchedule | None = None, name: str = _NAME) -> PrivateModel:
+                 noise_schedule: noise_schedules.NoiseSchedule | None = None, name: str = _NAME,
+                 per_unit: bool = False) -> PrivateModel:
     """Wrap a tf.keras Sequential or Functional ``model`` for DP-SGD training; return a ``PrivateModel``.
 
     ``model`` may also be a function ``init_seed -> model`` that ``fit`` calls once, when the fit starts, with
@@ -533,6 +570,13 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
     training, so the run is an adaptive composition of T sampled Gaussian mechanisms). Refused here,
     before any data is read, if invalid for the run's step count. ``privacy_spent["dp_event"]`` is the
     composed event, ``["noise_schedule"]`` the schedule and its per-stage sigmas.
+
+    ``per_unit``: clip per privacy unit (McMahan et al. 2018; sage_tfx.models.unit_clip): ``fit(x, y,
+    units=ids)`` Poisson-samples units (q = ``batch_size`` / ``num_examples``), sums each sampled unit's
+    per-example gradients over its rows and clips the sum at ``clip_norm``: the run is (epsilon, delta)-DP for
+    adding or removing one whole unit, whatever its number of rows. ``num_examples`` is then the DP (or public)
+    count of UNITS and ``batch_size`` the expected units per batch. Engines: ``unit_clip.UNIT_ENGINES`` ("auto"
+    picks "vmap"); "ghost" and "tf_privacy" are refused here. ``privacy_spent["privacy_unit"]`` is "unit".
     """
     if not isinstance(model, (tf.keras.Model, types.FunctionType, types.MethodType, functools.partial)):
         raise DpSgdConfigError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional "
@@ -564,6 +608,10 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
     dpsgd.check_accountant(accountant)
     schedule = noise_schedules.as_schedule(noise_schedule)  # a bad schedule is refused here
     check_engine(per_example, "per_example", PER_EXAMPLE, clip_norm, schedule)
+    if not isinstance(per_unit, bool):
+        raise DpSgdConfigError(f"per_unit={per_unit!r} is invalid: pass True (clip per privacy unit) or False")
+    if per_unit:
+        unit_engine_name(per_example)  # ghost / tf_privacy cannot sum a unit's rows: refused now
     refuse_unseeded(per_example, name, "per_example")
     if per_example == "ghost" and isinstance(model, tf.keras.Model) and model.built and not ghost_applies(model):
         raise DpSgdConfigError(_GHOST_REFUSED)
@@ -577,4 +625,4 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
                         batch_size=batch_size, epochs=epochs, optimizer=optimizer,
                         learning_rate=learning_rate, momentum=float(momentum), weight_decay=float(weight_decay),
                         accountant=accountant, loss=loss, per_example=per_example, seed=seed, name=name,
-                        noise_schedule=schedule)
+                        noise_schedule=schedule, per_unit=per_unit)
