@@ -98,7 +98,7 @@ class DPAccuracyValidator:
         self.mode = Mode.parse(mode)
         self.target = check_probability("target accuracy", target)
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
-        self.per_unit = check_per_unit(self.name, per_unit, bound)
+        self.per_unit = check_per_unit(self.name, per_unit, bound, binomial_bounds=("clopper_pearson",))
 
     def validate(self, test_values, train_values=None, rng=None, *, attempt=None, eta=None, units=None,
                  train_units=None):

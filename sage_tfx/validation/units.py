@@ -20,16 +20,12 @@ from .core import ValidationInputError, check_values
 
 __all__ = ["unit_means", "check_per_unit"]
 
-# bounds whose tail needs 0/1 values, per validator name: refused per unit
-NOT_PER_UNIT = {"accuracy": ("clopper_pearson",)}
-
-
-def check_per_unit(validator: str, per_unit, bound: str) -> bool:
-    """``per_unit`` as a bool; ValidationInputError naming the reason for a bound that cannot take unit means
-    (when the validator is made: before any charge)."""
+def check_per_unit(validator: str, per_unit, bound: str, binomial_bounds: tuple[str, ...] = ()) -> bool:
+    """``per_unit`` as a bool; ValidationInputError naming the reason for a bound of ``binomial_bounds`` (whose
+    tail needs 0/1 values) per unit, when the validator is made: before any charge."""
     if not isinstance(per_unit, bool):
         raise ValidationInputError(f"per_unit={per_unit!r} is invalid: pass True (one record per unit) or False")
-    if per_unit and bound in NOT_PER_UNIT.get(validator, ()):
+    if per_unit and bound in binomial_bounds:
         raise ValidationInputError(
             f"bound {bound!r} is invalid per unit: its binomial tail needs 0/1 values and a unit's mean "
             f"{validator} is a fraction; use bound='exact' (the Chernoff tail of values in [0, 1]) or 'bernstein'")
