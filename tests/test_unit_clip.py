@@ -197,3 +197,15 @@ def test_a_fit_without_its_units_is_refused_before_any_read(per_unit, units, mat
         private.fit(x, y, units=given)
     assert private.engine is None and private.privacy_spent is None  # no engine, no noise drawn, nothing trained
     assert all(np.array_equal(a, b.numpy()) for a, b in zip(weights, model.weights))
+
+
+@pytest.mark.slow
+def test_a_per_unit_fit_takes_an_adaptive_clip_and_a_noise_schedule():
+    x, y, units = _data(units=200)
+    private = make_private(_model(), privacy_budget=(2.0, 1e-5), num_examples=200, loss="mse", batch_size=100,
+                           epochs=2, clip_norm="adaptive", noise_schedule="exponential", seed=0, per_unit=True)
+    private.fit(x, y, units=units)
+    spent = private.privacy_spent
+    assert spent["privacy_unit"] == "unit" and "adaptive_clip" in spent and "noise_schedule" in spent
+    assert spent["adaptive_clip"]["final_clip_norm"] != 1.0  # moved by the noisy count of unclipped units
+    assert dpsgd.event_epsilon(spent["dp_event"], 1e-5) <= 2.0 * (1 + 1e-6)
