@@ -85,16 +85,18 @@ from sage_tfx.models.dpsgd_engine import ENGINES, ghost_applies, make_engine
 from sage_tfx.models.losses import LOSSES, per_example_loss
 from sage_tfx.models.private_checks import (  # noqa: F401 (OPTIMIZERS, check_momentum: re-exported)
     OPTIMIZERS,
+    check_adaptive_clip,
+    check_engine,
     check_momentum,
     check_optimizer,
+    check_per_unit,
     check_privacy_budget,
-)
-from sage_tfx.models.private_checks import (
-    check_positive as _check_positive,
+    check_run_numbers,
+    refuse_unseeded,
 )
 from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch
-from sage_tfx.models.seeding import active as _seed_active
 from sage_tfx.models.seeding import check_fit, fit_seeds
+from sage_tfx.models.unit_clip import unit_batches, unit_engine_name, unit_index, unit_noisy_sum
 from sage_tfx.privacy import adaptive_clip, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
@@ -106,32 +108,6 @@ Model = tf.keras.Model | Callable[[int | None], tf.keras.Model]
 
 
 # ------------------------------------------------------------------------------------------- checks, helpers
-
-def check_engine(engine: str, keyword: str, choices: tuple[str, ...], clip_norm: Any,
-                 schedule: noise_schedules.NoiseSchedule) -> None:
-    """Refuse, before anything is read, an engine not in ``choices`` and tf_privacy with what it cannot do
-    (a noise schedule, an adaptive clip). ``keyword``: the caller's argument name, for the message."""
-    if engine not in choices:
-        raise DpSgdConfigError(f"{keyword}={engine!r} is invalid: choose one of {choices}")
-    if engine != "tf_privacy":
-        return
-    if not schedule.is_constant:
-        raise DpSgdConfigError(f"noise_schedule={schedule.describe()} is invalid with {keyword}='tf_privacy' (a "
-                               "fixed sigma): use 'ghost' or 'vmap'")
-    if isinstance(clip_norm, adaptive_clip.AdaptiveClip):
-        raise DpSgdConfigError(f"clip_norm='adaptive' is invalid with {keyword}='tf_privacy' (a fixed clip "
-                               "norm): use 'ghost' or 'vmap'")
-
-
-def refuse_unseeded(engine: str, name: str, keyword: str) -> None:
-    """Refuse the tf_privacy engine inside ``training_seed`` (DPTrainer): its noise comes from TensorFlow's
-    global generator, which a module's ``tf.random.set_seed`` fixes, not from the grant's seed."""
-    if engine == "tf_privacy" and _seed_active():
-        raise DpSgdConfigError(
-            f"{name}: {keyword}='tf_privacy' is refused under DPTrainer (training_seed): tensorflow-privacy draws "
-            "its noise from TensorFlow's global generator, which tf.random.set_seed in a module fixes, not from "
-            "the grant's seed; use 'ghost' (default) or 'vmap'")
-
 
 def poisson_batches(rng: np.random.Generator, n: int, q: float, steps: int):
     """Yield the row indices of ``steps`` Poisson-sampled batches (each row kept w.p. q)."""
@@ -243,7 +219,7 @@ class PrivateModel:
 
     def __init__(self, model: Model, *, epsilon, delta, num_examples, clip_norm, batch_size, epochs, optimizer,
                  learning_rate, momentum, accountant, loss, per_example, seed, weight_decay=0.0,
-                 noise_schedule=None, name: str = _NAME):
+                 noise_schedule=None, name: str = _NAME, per_unit: bool = False):
         self.model = model  # a Keras model, or a function init_seed -> model until fit builds it
         self.name, self.seed = name, seed
         self.epsilon, self.delta, self.accountant = epsilon, delta, accountant
@@ -254,6 +230,8 @@ class PrivateModel:
         self.noise_schedule = noise_schedules.as_schedule(noise_schedule)
         self.engine = None
         self.privacy_spent: dict[str, Any] | None = None
+        self.per_unit = per_unit  # per-unit clipping (sage_tfx.models.unit_clip): num_examples counts units
+        self._units: tuple[np.ndarray, int] | None = None  # (each row's unit 0..u-1, u) of a per-unit fit
 
     # ---------------------------------------------------------------- training
     def _start(self, x_spec, y_spec):
@@ -292,7 +270,8 @@ class PrivateModel:
 
     def fit(self, x: Any, y: Any, verbose: bool | int | str = False, *,
             callback: Callable[[int], None] | None = None, epochs: int | float | None = None,
-            batch_size: int | None = None, shuffle: bool = True, **keras_kwargs: Any) -> "PrivateModel":
+            batch_size: int | None = None, shuffle: bool = True, units: Any = None,
+            **keras_kwargs: Any) -> "PrivateModel":
         """Train on (x, y) with DP-SGD; return self. Spends ``privacy_budget`` once (a second fit is refused).
 
         Keras habits (``keras_fit_arguments``, checked before any data is read): ``epochs=`` / ``batch_size=``
@@ -305,6 +284,10 @@ class PrivateModel:
         labels. ``callback(step)``, if given, is called after each step (0-based; timing, progress: it sees
         nothing private beyond what the weights already show). Sensitivity C = ``clip_norm`` per step (add/remove one record); the run is
         (epsilon, delta)-DP for ``privacy_budget`` (module docstring: mechanism and proof sketch).
+
+        ``units``: with ``make_private(per_unit=True)`` (and only then), each row's privacy unit id (the stream's
+        unit column, one per row of x): units are Poisson-sampled and each unit's summed gradient is clipped at
+        C, so the run is (epsilon, delta)-DP for adding or removing a whole unit (sage_tfx.models.unit_clip).
         """
         keras_fit_arguments(self, epochs, batch_size, shuffle, keras_kwargs)
         if self.privacy_spent is not None:
@@ -316,6 +299,7 @@ class PrivateModel:
         n = _rows(x)
         if len(y) != n:
             raise ValueError("y and x have different numbers of rows: pass one label per record")
+        self._units = self._unit_rows(units, n)
         seeds, loss_fn = self._start(spec_of(x), spec_of(y))
         run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, self.num_examples,
                                               self.batch_size, self.epochs, self.accountant)
@@ -328,7 +312,18 @@ class PrivateModel:
         seeds.report_spent(self.privacy_spent)
         return self
 
+    def _unit_rows(self, units, n):
+        """Hook of per-unit clipping: (each row's unit, the unit count) of a per-unit fit, None for a row-level
+        one; a fit given ``units`` it was not made for (or not given them) is refused before any value is used."""
+        if self.per_unit != (units is not None):
+            raise DpSgdConfigError(
+                "fit(units=...) needs make_private(per_unit=True) (num_examples then counts units), and "
+                "make_private(per_unit=True) needs fit(units=...), one unit id per row: pass both or neither")
+        return unit_index(units, n) if self.per_unit else None
+
     def _engine_name(self):
+        if self.per_unit:
+            return unit_engine_name(self.per_example)
         if self.per_example != "auto":
             return self.per_example
         return "ghost" if ghost_applies(self.model) else "vmap"
@@ -345,8 +340,22 @@ class PrivateModel:
         def apply(sums):
             optimizer.apply_gradients(zip([g / expected for g in sums], self.engine.variables))
 
+        if self.per_unit:  # hook of per-unit clipping: the rows of each sampled unit summed, then clipped
+            return (tf.function(lambda xb, yb, seg, k: apply(unit_noisy_sum(self.engine, xb, yb, seg, k)),
+                                reduce_retracing=True),
+                    tf.function(lambda: apply(self.engine.noise_sum())))
         return (tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True),
                 tf.function(lambda: apply(self.engine.noise_sum())))
+
+    def _batches(self, rng, n, run):
+        """Each step's Poisson batch: (rows,), or for a per-unit fit (rows, their segment, units sampled), the
+        units sampled at ``run.sampling_rate`` (``unit_clip.unit_batches``)."""
+        if self._units is None:
+            return ((rows,) for rows in poisson_batches(rng, n, run.sampling_rate, run.steps))
+        unit_of_row, num_units = self._units
+        sampled = poisson_batches(rng, num_units, run.sampling_rate, run.steps)
+        return ((rows, tf.constant(seg), tf.constant(k, tf.int32))
+                for rows, seg, k in unit_batches(sampled, unit_of_row, num_units))
 
     def _train(self, x, y, n, run, sampling_seed, fall_back, verbose, callback):
         """The DP-SGD loop: ``run.steps`` Poisson-sampled batches (an empty one takes a noise-only step), each
@@ -356,7 +365,7 @@ class PrivateModel:
         dp_step, noise_step = self._steps(optimizer)
         traced = False
         rng = np.random.default_rng(sampling_seed)
-        for i, rows in enumerate(poisson_batches(rng, n, run.sampling_rate, run.steps)):
+        for i, (rows, *units) in enumerate(self._batches(rng, n, run)):
             if run.noise_multipliers[i] != self.engine.noise_multiplier:
                 self.engine.set_noise_multiplier(float(run.noise_multipliers[i]))  # the schedule's sigma_t
             if len(rows) == 0:
@@ -364,13 +373,13 @@ class PrivateModel:
             else:
                 xb, yb = _take(x, rows), y[rows]
                 try:
-                    dp_step(xb, yb)
+                    dp_step(xb, yb, *units)
                 except Exception:
                     if traced or not self._can_fall_back():
                         raise
                     fall_back()
                     dp_step, noise_step = self._steps(optimizer)
-                    dp_step(xb, yb)
+                    dp_step(xb, yb, *units)
                 traced = True
             if callback is not None:
                 callback(i)
@@ -409,6 +418,8 @@ class PrivateModel:
         }
         if not self.noise_schedule.is_constant:  # the constant default's report is unchanged
             spent["noise_schedule"] = run.report()
+        if self.per_unit:  # the record of DP-SGD is the unit: num_examples and sampling_rate count units
+            spent["privacy_unit"] = "unit"
         return spent
 
     # ---------------------------------------------------------------- use
@@ -473,21 +484,14 @@ class PrivateModel:
         return str(path)
 
 
-def check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant):
-    """Refuse an adaptive clip whose count noise sigma_b is too small for the run's calibrated noise multiplier
-    (2 sigma_b must exceed it), from public numbers, before anything is read or drawn."""
-    if isinstance(clip_norm, adaptive_clip.AdaptiveClip):
-        run = noise_schedules.scheduled_spend(schedule, epsilon, delta, num_examples, batch_size, epochs, accountant)
-        adaptive_clip.check_run(clip_norm, run.noise_multipliers, batch_size)
-
-
 def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examples: int,
                  clip_norm: float | str | adaptive_clip.AdaptiveClip = 1.0, batch_size: int = 256,
                  epochs: int | float = 1,
                  optimizer: str = "sgd", learning_rate: float | None = None, momentum: float = 0.0,
                  weight_decay: float = 0.0, loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
                  seed: int | None = None,
-                 noise_schedule: noise_schedules.NoiseSchedule | None = None, name: str = _NAME) -> PrivateModel:
+                 noise_schedule: noise_schedules.NoiseSchedule | None = None, name: str = _NAME,
+                 per_unit: bool = False) -> PrivateModel:
     """Wrap a tf.keras Sequential or Functional ``model`` for DP-SGD training; return a ``PrivateModel``.
 
     ``model`` may also be a function ``init_seed -> model`` that ``fit`` calls once, when the fit starts, with
@@ -504,13 +508,8 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
     of ``LOSSES`` or a per-example Keras loss. ``per_example``: one of ``PER_EXAMPLE``. ``seed``: tests only;
     refused inside ``training_seed`` (DPTrainer).
 
-    ``weight_decay``: decoupled weight decay (Keras optimizers' ``weight_decay``: each step every weight w
-    becomes w - learning_rate * weight_decay * w besides the noisy gradient step). It reads no data, so it is
-    post-processing and changes no privacy statement. Why a DP user wants it: the Gaussian noise of every
-    step lands on every weight, and on weights the data barely moves it adds up as a random walk (after T
-    steps its std is learning_rate * sigma * clip_norm / batch_size * sqrt(T)); the decay pulls those weights
-    back, bounding the walk. On TFX's taxi wide-and-deep model at epsilon 0.675, 0.01 turned a run that fell
-    below the majority class in most noise draws into one above 0.84 in most (docs/your_pipeline.md).
+    ``weight_decay``: decoupled weight decay (w -= learning_rate * weight_decay * w each step): it reads no
+    data, so it is post-processing; why a DP user wants it is in docs/models.md ("weight_decay").
 
     ``clip_norm``: a number C > 0 (fixed), or ``"adaptive"`` / ``sage_tfx.privacy.adaptive_clip.AdaptiveClip(
     target_quantile=0.5, learning_rate=0.2, initial=1.0, count_stddev=None)``: C estimated privately during
@@ -529,23 +528,26 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
     training, so the run is an adaptive composition of T sampled Gaussian mechanisms). Refused here,
     before any data is read, if invalid for the run's step count. ``privacy_spent["dp_event"]`` is the
     composed event, ``["noise_schedule"]`` the schedule and its per-stage sigmas.
+
+    ``per_unit``: clip per privacy unit (McMahan et al. 2018; sage_tfx.models.unit_clip): ``fit(x, y,
+    units=ids)`` Poisson-samples units (q = ``batch_size`` / ``num_examples``), sums each sampled unit's
+    per-example gradients over its rows and clips the sum at ``clip_norm``: the run is (epsilon, delta)-DP for
+    adding or removing one whole unit, whatever its number of rows. ``num_examples`` is then the DP (or public)
+    count of UNITS and ``batch_size`` the expected units per batch. Engines: ``unit_clip.UNIT_ENGINES`` ("auto"
+    picks "vmap"); "ghost" and "tf_privacy" are refused here. ``privacy_spent["privacy_unit"]`` is "unit".
     """
     if not isinstance(model, (tf.keras.Model, types.FunctionType, types.MethodType, functools.partial)):
         raise DpSgdConfigError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional "
                                "model (tf.keras is Keras 2 here: import sage_tfx before TensorFlow)")
     epsilon, delta = check_privacy_budget(privacy_budget)
-    if num_examples is None:
-        raise DpSgdConfigError("num_examples=None is invalid: pass the ledger's DP (or a public) row count "
-                               "(fn_args.num_examples), never the exact private count")
-    num_examples = _check_positive("num_examples", num_examples, integer=True)
-    batch_size = _check_positive("batch_size", batch_size, integer=True)
-    epochs = _check_positive("epochs", epochs)
+    num_examples, batch_size, epochs = check_run_numbers(num_examples, batch_size, epochs)
     clip_norm = adaptive_clip.as_clip_norm(clip_norm)
     dpsgd.num_steps(num_examples, batch_size, epochs)  # batch_size <= num_examples, named in the error
     learning_rate, momentum = check_optimizer(optimizer, learning_rate, momentum, weight_decay)
     dpsgd.check_accountant(accountant)
     schedule = noise_schedules.as_schedule(noise_schedule)  # a bad schedule is refused here
     check_engine(per_example, "per_example", PER_EXAMPLE, clip_norm, schedule)
+    check_per_unit(per_unit, per_example)
     refuse_unseeded(per_example, name, "per_example")
     if per_example == "ghost" and isinstance(model, tf.keras.Model) and model.built and not ghost_applies(model):
         raise DpSgdConfigError(_GHOST_REFUSED)
@@ -559,4 +561,4 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
                         batch_size=batch_size, epochs=epochs, optimizer=optimizer,
                         learning_rate=learning_rate, momentum=float(momentum), weight_decay=float(weight_decay),
                         accountant=accountant, loss=loss, per_example=per_example, seed=seed, name=name,
-                        noise_schedule=schedule)
+                        noise_schedule=schedule, per_unit=per_unit)

@@ -3,7 +3,9 @@ anything is read (docs/models.md, "Your own Keras model: make_private")."""
 from typing import Any
 
 from sage_tfx.models.dpsgd_engine import _INVALID
-from sage_tfx.privacy import checks, dpsgd
+from sage_tfx.models.seeding import active as _seed_active
+from sage_tfx.models.unit_clip import unit_engine_name
+from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
 OPTIMIZERS = ("sgd", "adam")
@@ -56,3 +58,56 @@ def check_optimizer(optimizer: str, learning_rate: float | None, momentum: float
                   error=DpSgdConfigError, message="{what}={value!r} is invalid: pass a number in [0, 1/learning_rate) "
                   f"(learning_rate {learning_rate}), e.g. 0.01")
     return learning_rate, momentum
+
+
+def check_engine(engine: str, keyword: str, choices: tuple[str, ...], clip_norm: Any,
+                 schedule: noise_schedules.NoiseSchedule) -> None:
+    """Refuse, before anything is read, an engine not in ``choices`` and tf_privacy with what it cannot do
+    (a noise schedule, an adaptive clip). ``keyword``: the caller's argument name, for the message."""
+    if engine not in choices:
+        raise DpSgdConfigError(f"{keyword}={engine!r} is invalid: choose one of {choices}")
+    if engine != "tf_privacy":
+        return
+    if not schedule.is_constant:
+        raise DpSgdConfigError(f"noise_schedule={schedule.describe()} is invalid with {keyword}='tf_privacy' (a "
+                               "fixed sigma): use 'ghost' or 'vmap'")
+    if isinstance(clip_norm, adaptive_clip.AdaptiveClip):
+        raise DpSgdConfigError(f"clip_norm='adaptive' is invalid with {keyword}='tf_privacy' (a fixed clip "
+                               "norm): use 'ghost' or 'vmap'")
+
+
+def refuse_unseeded(engine: str, name: str, keyword: str) -> None:
+    """Refuse the tf_privacy engine inside ``training_seed`` (DPTrainer): its noise comes from TensorFlow's
+    global generator, which a module's ``tf.random.set_seed`` fixes, not from the grant's seed."""
+    if engine == "tf_privacy" and _seed_active():
+        raise DpSgdConfigError(
+            f"{name}: {keyword}='tf_privacy' is refused under DPTrainer (training_seed): tensorflow-privacy draws "
+            "its noise from TensorFlow's global generator, which tf.random.set_seed in a module fixes, not from "
+            "the grant's seed; use 'ghost' (default) or 'vmap'")
+
+
+def check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant):
+    """Refuse an adaptive clip whose count noise sigma_b is too small for the run's calibrated noise multiplier
+    (2 sigma_b must exceed it), from public numbers, before anything is read or drawn."""
+    if isinstance(clip_norm, adaptive_clip.AdaptiveClip):
+        run = noise_schedules.scheduled_spend(schedule, epsilon, delta, num_examples, batch_size, epochs, accountant)
+        adaptive_clip.check_run(clip_norm, run.noise_multipliers, batch_size)
+
+
+def check_per_unit(per_unit: Any, per_example: str) -> None:
+    """Refuse a non-bool ``per_unit`` and, with ``per_unit``, an engine that cannot sum a unit's rows (ghost,
+    tf_privacy: ``unit_clip.unit_engine_name``), before anything is read."""
+    if not isinstance(per_unit, bool):
+        raise DpSgdConfigError(f"per_unit={per_unit!r} is invalid: pass True (clip per privacy unit) or False")
+    if per_unit:
+        unit_engine_name(per_example)
+
+
+def check_run_numbers(num_examples: Any, batch_size: Any, epochs: Any) -> tuple[int, int, float]:
+    """(num_examples, batch_size, epochs) checked: positive integers (epochs a positive number); a None
+    ``num_examples`` is refused naming what to pass (the ledger's DP or a public count, never the exact one)."""
+    if num_examples is None:
+        raise DpSgdConfigError("num_examples=None is invalid: pass the ledger's DP (or a public) row count "
+                               "(fn_args.num_examples), never the exact private count")
+    return (check_positive("num_examples", num_examples, integer=True),
+            check_positive("batch_size", batch_size, integer=True), check_positive("epochs", epochs))

@@ -17,6 +17,7 @@ from .core import (
 )
 from .loss import DPLossValidator, _set_test_parameters
 from .noisy import joint_decision
+from .units import check_per_unit, unit_records
 
 BOUNDS = ("exact", "clopper_pearson", "bernstein")
 
@@ -73,8 +74,10 @@ class DPAccuracyValidator:
     is >= the target.
 
     ``DPAccuracyValidator(target, epsilon, confidence=0.95, bound="exact", train_epsilon=None, mode="sage")``;
-    ``.validate(test_correct, train_correct=None, rng=None, attempt=None, eta=None)`` with per-example 0/1
-    correctness. Same eta split, epsilon accounting, decision order and REJECT assumption as
+    ``.validate(test_correct, train_correct=None, rng=None, attempt=None, eta=None, units=None,
+    train_units=None)`` with per-example 0/1 correctness. ``per_unit=True``: each unit's mean accuracy is one
+    record and the count is the count of units (``sage_tfx.validation.units``; "exact" then uses the Chernoff
+    tail of values in [0, 1], "clopper_pearson" is refused). Same eta split, epsilon accounting, decision order and REJECT assumption as
     ``DPLossValidator`` (for the 0/1 loss).
 
     ``bound``:
@@ -90,14 +93,18 @@ class DPAccuracyValidator:
 
     name = "accuracy"
 
-    def __init__(self, target, epsilon, confidence=0.95, *, bound="exact", train_epsilon=None, mode="sage") -> None:
+    def __init__(self, target, epsilon, confidence=0.95, *, bound="exact", train_epsilon=None, mode="sage",
+                 per_unit=False) -> None:
         self.mode = Mode.parse(mode)
         self.target = check_probability("target accuracy", target)
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
+        self.per_unit = check_per_unit(self.name, per_unit, bound, binomial_bounds=("clopper_pearson",))
 
-    def validate(self, test_values, train_values=None, rng=None, *, attempt=None, eta=None):
+    def validate(self, test_values, train_values=None, rng=None, *, attempt=None, eta=None, units=None,
+                 train_units=None):
         test = _check_correctness("test correctness", test_values)
         train = None if train_values is None else _check_correctness("train correctness", train_values)
+        test, train = unit_records(self, test, train, units, train_units, 1.0)
         if self.bound == "bernstein":
             return self._validate_bernstein(test, train, rng, attempt, eta)
         rng = check_rng(rng)
@@ -114,7 +121,7 @@ class DPAccuracyValidator:
         """The joint tests on the 0/1 error (B = 1, target 1 - target), reported as accuracies."""
         accepted, rejected, error, limits, details = joint_decision(
             1.0 - test, None if train is None else 1.0 - train, 1.0, 1.0 - self.target, self.epsilon,
-            self.train_epsilon, rng, self.mode, eta_accept, eta_reject, binomial=True)
+            self.train_epsilon, rng, self.mode, eta_accept, eta_reject, binomial=not self.per_unit)
         details["errors_noisy"], details["correct_noisy"] = details.pop("sum_noisy"), details.pop("complement_noisy")
         bounds = {"lower": 1.0 - limits["upper"]}
         if "lower" in limits:

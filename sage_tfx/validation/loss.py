@@ -18,6 +18,7 @@ from .core import (
     split_eta,
 )
 from .noisy import joint_decision
+from .units import check_per_unit, unit_records
 
 
 def release_count_and_sum(values, bound, epsilon, rng, mode):
@@ -95,7 +96,9 @@ class DPLossValidator:
     is <= the target.
 
     ``DPLossValidator(target, epsilon, confidence=0.95, loss_bound=1.0, bound="chernoff", train_epsilon=None,
-    mode="sage")``; ``.validate(test_losses, train_losses=None, rng=None, attempt=None, eta=None)``.
+    mode="sage", per_unit=False)``; ``.validate(test_losses, train_losses=None, rng=None, attempt=None, eta=None,
+    units=None, train_units=None)``. ``per_unit=True``: each unit's mean clipped loss is one record, the count
+    is the count of units (``sage_tfx.validation.units``); ``units`` / ``train_units`` give each row's unit.
 
     Losses are clipped to [0, B] (B = ``loss_bound``); the guarantee is on the expected clipped loss (which
     is <= the expected loss). eta = 1 - confidence (or ``eta``, or eta/(i(i+1)) at ``attempt`` i). The ACCEPT
@@ -120,15 +123,18 @@ class DPLossValidator:
     name = "loss"
 
     def __init__(self, target, epsilon, confidence=0.95, *, loss_bound=1.0, bound="chernoff", train_epsilon=None,
-                 mode="sage") -> None:
+                 mode="sage", per_unit=False) -> None:
         self.mode = Mode.parse(mode)
         self.target = check_positive("target loss", target)
         self.loss_bound = check_positive("loss bound B", loss_bound)
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
+        self.per_unit = check_per_unit(self.name, per_unit, bound)
 
-    def validate(self, test_values, train_values=None, rng=None, *, attempt=None, eta=None):
+    def validate(self, test_values, train_values=None, rng=None, *, attempt=None, eta=None, units=None,
+                 train_units=None):
         test = check_values("test losses", test_values)
         train = None if train_values is None else check_values("train losses", train_values)
+        test, train = unit_records(self, test, train, units, train_units, self.loss_bound)
         rng = check_rng(rng)
         eta = resolve_eta(self.confidence, eta, attempt)
         eta_accept, eta_reject = split_eta(eta, train is not None)
