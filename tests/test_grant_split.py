@@ -216,6 +216,7 @@ def test_a_version_1_ledger_is_migrated(tmp_path):
         tx.run("DROP TABLE releases")
         tx.run("UPDATE meta SET value = '1' WHERE key = 'schema_version'")
     ledger.close()
+    Ledger.upgrade(path, progress=lambda line: None)
     ledger = Ledger.open(path)
     grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5)
     assert not ledger.release(grant, "training", "c", 0.5).reopened

@@ -46,7 +46,7 @@ import hmac
 import json
 from dataclasses import dataclass, field
 
-from . import filters
+from . import filters, stamps
 from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, missing_head_text, rewritten_text
 from .chain import GENESIS, TRUSTED_READ, chain_hash
 from .chain import canonical as _canonical
@@ -94,6 +94,7 @@ def audit_ledger(ledger):
     with store.transaction(write=False) as tx:
         entries = tx.all(sql.AUDIT_LOG)
         tables = _read_tables(tx)
+        stamp_tables = stamps.read(tx)
     report.entries = len(entries)
     keys = ledger.keyring
     legacy_until = ledger.migration_entry().get("legacy_chain_until", 0) if keys.legacy_secret is not None else 0
@@ -102,13 +103,16 @@ def audit_ledger(ledger):
     block_rows, pipelines, reservations, outcomes, draws = {}, {}, {}, {}, DrawReplay()
     queued = QueueReplay(streams, stream_configs, blocks, block_rows, problems)
     bindings = []  # (seq, ledger id) of each keyed ``ledger`` entry (anchor.py)
+    times = stamps.StampReplay()  # the rows' display times as the keyed log binds them
     for seq, ts, kind, body_text, prev, digest in entries:
         if seq != expected_seq:
             problems.append(f"log entry {seq}: expected sequence number {expected_seq} (entries missing)")
         # Entries before a key migration keep the old unkeyed chain; the keyed entry after them covers its value.
+        # From schema 10 on an entry's value binds its time too (``stamped``); earlier times the upgrade entry binds.
+        stamped = seq > legacy_until and hmac.compare_digest(digest, keys.chain_value(prev, seq, kind, body_text, ts))
         value = (chain_hash(prev, seq, kind, body_text) if seq <= legacy_until
                  else keys.chain_value(prev, seq, kind, body_text))
-        if prev != prev_hash or not hmac.compare_digest(digest, value):
+        if prev != prev_hash or not (stamped or hmac.compare_digest(digest, value)):
             problems.append(f"log entry {seq} ({kind}): keyed hash chain broken (the log was altered, or "
                             "rewritten without the ledger's key)")
         prev_hash, expected_seq = digest, seq + 1
@@ -119,6 +123,7 @@ def audit_ledger(ledger):
             continue
         try:  # an entry altered or cut out of the log (a problem above) can leave the next ones without the
             # stream, block or grant they name: each is named, never a traceback
+            times.entry(seq, ts, kind, body, stamped)
             if kind == "stream":
                 stream_configs[body["name"]] = dict({"min_grant_epsilon": None, "policy_params": None,
                                                      "query_delta_share": None, "split_orders": None,
@@ -205,6 +210,7 @@ def audit_ledger(ledger):
      table_pipelines, table_reservations, table_outcomes, meta, table_demands, table_arrivals, table_draws,
      table_release_owners) = tables
     _check_meta(ledger, meta, problems)
+    times.check(stamp_tables, problems)
     _check_binding(meta, bindings, len(entries), problems)
     for key, logged in block_rows.items():  # columns a block's log entry did not hold (before keys) are not compared
         if key in table_block_rows:

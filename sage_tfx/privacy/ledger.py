@@ -57,13 +57,14 @@ import json
 import os
 import socket
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import anchor as _anchor
 from . import blocks as _blocks
 from . import charges as _charges
 from . import draws as _draws
+from . import migrations as _migrations
 from .allocation import get_policy
 from .audit import audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
@@ -71,7 +72,16 @@ from .budget_arrays import bisect as _bisect
 from .chain import GENESIS, TRUSTED_READ, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
 from .checks import check_name as _check_name
 from .checks import finite as _finite
-from .errors import BlockRetired, BudgetRefused, GrantError, LedgerError, LedgerRollback, PipelineBusy, UnknownBlock
+from .errors import (
+    BlockRetired,
+    BudgetRefused,
+    GrantError,
+    LedgerError,
+    LedgerRollback,
+    LedgerUpgradeNeeded,
+    PipelineBusy,
+    UnknownBlock,
+)
 from .grants import (
     Grant,
     Release,
@@ -88,6 +98,7 @@ from .session import KeySource as _KeySource
 from .session import PipelineClaim, migrate_secret, migration_entry
 from .split import STAGES
 from .store import check_location, open_store, sql
+from .store.base import upgrade_text
 from .streams import (  # noqa: F401 (DEFAULT_MIN_GRANT_EPSILON: re-exported)
     DEFAULT_MAX_STREAM_EPSILON,
     DEFAULT_MIN_GRANT_EPSILON,
@@ -138,7 +149,7 @@ class Ledger:
     pipeline first in the pipeline's budget calls (``request(pipeline, stream, ...)``,
     ``available_epsilon(pipeline, stream, blocks)``)."""
 
-    def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False) -> None:
+    def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False, upgrade=False) -> None:
         """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
         self._read_only = read_only
         self._head_sync = head_sync_mode(head_sync)
@@ -146,16 +157,16 @@ class Ledger:
         self._claims: list[PipelineClaim] = []  # PipelineClaims of this process (Ledger.claim), released by close()
         self._key_source = keys
         self._legacy_grants: frozenset[str] = frozenset()
+        self.migrated_secret = False  # this open (``migrations.upgrade``) moved an older ledger's secret out
         self._anchored = False  # the head file may record this ledger's writes (set by _check_anchor)
         self.anchor_problem = None  # what _check_anchor found (check_head=False): then nothing is written
         with store.transaction(write=False) as tx:
             meta = dict(tx.all(sql.META_ALL))
         if "secret" in meta and "key_id" not in meta:
-            if read_only:
-                raise LedgerError(f"ledger {store.display} is from an older version (its secret is still in the "
-                                  "database) and a read-only open never migrates it: open it once with write access "
-                                  "(e.g. `sage ledger status`), then audit it")
+            if read_only or not upgrade:
+                raise LedgerUpgradeNeeded(upgrade_text(store.display, "<9 (its secret is still in the database)"))
             self._keys = self._migrate_secret(meta["secret"])
+            self.migrated_secret = True
             with store.transaction(write=False) as tx:
                 meta = dict(tx.all(sql.META_ALL))
         else:
@@ -218,7 +229,8 @@ class Ledger:
 
     @classmethod
     def open(cls, location: str, create: bool = False, key_file: str | None = None, *,
-             head_sync: HeadSync | str | None = None, check_head: bool = True, read_only: bool = False) -> Ledger:
+             head_sync: HeadSync | str | None = None, check_head: bool = True, read_only: bool = False,
+             upgrade: bool = False) -> Ledger:
         """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
         $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
         (mode 0600) if that does not exist yet. ``head_sync`` (``head_file.HeadSync``: ``use``, ``commit`` or
@@ -228,7 +240,8 @@ class Ledger:
         (the audit) records the problem in ``anchor_problem`` instead and opens a ledger that never writes the
         head file. ``read_only=True`` (``sage ledger audit``: a read-only copy or mount, a full disk) implies
         ``check_head=False`` and writes no byte anywhere: the database is opened read-only (``store/sqlite.py``),
-        never migrated, its id never bound, the head file only read; every write is refused."""
+        never migrated, its id never bound, the head file only read; every write is refused. A ledger of an older
+        version is refused (``LedgerUpgradeNeeded``) unless ``upgrade`` (``migrations.upgrade`` alone gives it)."""
         if read_only and create:
             raise LedgerError("a read-only open cannot create a ledger: give create=False")
         check_head = check_head and not read_only
@@ -248,15 +261,25 @@ class Ledger:
             raise KeyFileError(f"cannot create key file {keys.path}: folder {os.path.dirname(keys.path)} does not "
                                "exist (create it, mode 0700, or give another --key-file)")
         try:
-            store = open_store(location, create=create, on_create=keys.new_ledger_meta, read_only=read_only)
+            store = open_store(location, create=create, on_create=keys.new_ledger_meta, read_only=read_only,
+                               upgrade=upgrade)
         except BaseException:
             keys.undo_created()
             raise
         try:
-            return cls(store, keys, head_sync, check_head, read_only)
+            return cls(store, keys, head_sync, check_head, read_only, upgrade)
         except BaseException:
             store.close()
             raise
+
+    @classmethod
+    def upgrade(cls, location: str, key_file: str | None = None,
+                progress: Callable[[str], None] = print) -> int:
+        """``sage ledger upgrade``: bring a ledger written by an older sage-tfx to this version, keyed and idempotent
+        (``migrations.py``, the one home of every migration); ``progress(text)`` hears each step. Returns how many
+        steps ran (0: already up to date, nothing written)."""
+        with cls.open(location, key_file=key_file, upgrade=True) as ledger:
+            return _migrations.upgrade(ledger, ledger._log, location, progress)
 
     @property
     def keyring(self) -> KeyRing:
@@ -493,8 +516,9 @@ class Ledger:
                 if row[0] == PipelineState.WAITING:
                     return
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r} with {row[1]}")
-            tx.run(sql.PIPELINE_INSERT, (stream, pipeline, time.time()))
-            self._log(tx, "register", {"stream": stream, "pipeline": pipeline})
+            now = time.time()
+            tx.run(sql.PIPELINE_INSERT, (stream, pipeline, now))
+            self._log(tx, "register", {"stream": stream, "pipeline": pipeline}, at=now)
             if s.rules().queued:  # an arrival: one more share of every live block unlocks (DPF-N, DPack)
                 tx.run(sql.BLOCK_COUNT_ARRIVAL, (stream,))
                 self._schedule(tx, s, s.filter(), time.time())
@@ -549,11 +573,12 @@ class Ledger:
                 raise LedgerError(f"pipeline {pipeline!r} is not registered on stream {stream!r}")
             if row[0] != PipelineState.WAITING:
                 raise LedgerError(f"pipeline {pipeline!r} already finished on stream {stream!r}")
-            tx.run(sql.PIPELINE_FINISH, (outcome, time.time(), stream, pipeline))
+            now = time.time()
+            tx.run(sql.PIPELINE_FINISH, (outcome, now, stream, pipeline))
             others = [r[0] for r in tx.all(sql.PIPELINE_WAITING, (stream,))]
             moved = _charges.release_reservations(tx, s, pipeline, others)
             self._log(tx, "finish", {"stream": stream, "pipeline": pipeline, "outcome": outcome,
-                                     "blocks_released": moved, "to": others})
+                                     "blocks_released": moved, "to": others}, at=now)
             if s.rules().queued:  # its demand (pending, or admitted and never collected) is withdrawn
                 tx.run(sql.DEMAND_DELETE, (stream, pipeline))
                 self._schedule(tx, s, s.filter(), time.time())
@@ -772,7 +797,7 @@ class Ledger:
                    (checked.id, stage, checked.stream, checked.pipeline, computation, epsilon, delta, now))
             self._log(tx, "release", {"grant": checked.id, "stream": checked.stream, "pipeline": checked.pipeline,
                                       "stage": stage, "computation": computation, "epsilon": epsilon,
-                                      "delta": delta})
+                                      "delta": delta}, at=now)
         return Release(checked.id, stage, computation, epsilon, delta, now, reopened=False)
 
     def releases(self, grant_id: str | None = None) -> list[Release]:
@@ -817,10 +842,10 @@ class Ledger:
                 raise GrantError(f"grant {grant_id!r} is unknown to this ledger")
             if tx.one(sql.OUTCOME_EXISTS, (grant_id,)):
                 raise LedgerError(f"grant {grant_id!r} already has an outcome")
-            tx.run(sql.OUTCOME_INSERT,
-                   (grant_id, row[0], row[1], outcome, details_text, time.time()))
+            now = time.time()
+            tx.run(sql.OUTCOME_INSERT, (grant_id, row[0], row[1], outcome, details_text, now))
             self._log(tx, "outcome", {"grant": grant_id, "stream": row[0], "pipeline": row[1],
-                                      "outcome": outcome, "details": details})
+                                      "outcome": outcome, "details": details}, at=now)
 
     def history(self, stream: str, pipeline: str) -> list[tuple[Grant, str | None, Any]]:
         """The pipeline's grants in order, each with its recorded outcome (None while running or killed)."""
@@ -841,11 +866,12 @@ class Ledger:
             return tx.one(sql.GRANT_COUNT, (stream,))[0]
 
     # ------------------------------------------------------------------- audit
-    def _log(self, tx, kind, body, text=None):
-        """Append ``body`` (its canonical text ``text`` if the caller has it) to the chained log; refused (the write
-        rolled back) on a ledger that does not match its anchor (opened with ``check_head=False``)."""
+    def _log(self, tx, kind, body, text=None, at=None):
+        """Append ``body`` (its canonical text ``text`` if the caller has it) to the chained log at time ``at``
+        (default now: the time a row it writes shows, bound by the chain); refused (the write rolled back) on a
+        ledger that does not match its anchor (opened with ``check_head=False``)."""
         self._refuse_unanchored()
-        self._append(tx, kind, body, text)
+        self._append(tx, kind, body, text, at)
 
     def _refuse_unanchored(self):
         """LedgerRollback if this ledger was opened (``check_head=False``) although it does not match its anchor;
@@ -857,7 +883,7 @@ class Ledger:
                                  "it is opened for the audit only, writes nothing and verifies no grant; fix: "
                                  f"{_anchor.fix_text(self._store.display, self._key_source.path)}")
 
-    def _append(self, tx, kind, body, text=None):
+    def _append(self, tx, kind, body, text=None, at=None):
         """``_log`` without the anchor's guard (``reanchor`` writes its entry through it)."""
         # The entry this write transaction logged last is the log's last one (a write transaction is exclusive).
         # ``request`` reads it with the stream row in its own write transaction (``tx.log_last``).
@@ -865,9 +891,9 @@ class Ledger:
                 or tx.one(sql.LOG_LAST))
         seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
         text = canonical(body) if text is None else text
-        value = self._keys.chain_value(prev, seq, kind, text)
-        tx.run(sql.LOG_INSERT,
-               (seq, time.time(), kind, text, prev, value))
+        ts = time.time() if at is None else float(at)
+        value = self._keys.chain_value(prev, seq, kind, text, ts)
+        tx.run(sql.LOG_INSERT, (seq, ts, kind, text, prev, value))
         tx.head = (seq, value)  # written to the head file once the transaction commits
 
     def log_entries(self) -> list[tuple]:

@@ -120,7 +120,7 @@ def migration_entry(store, keys):
     ``keys``, or if it does not follow the last unkeyed entry)."""
     with store.transaction(write=False) as tx:
         row = tx.one(sql.LOG_FIRST_KEYS_ENTRY)
-    if row is None or not hmac.compare_digest(keys.chain_value(row[3], row[0], row[1], row[2]), row[4]):
+    if row is None or not keys.entry_ok(row[3], row[0], row[5], row[1], row[2], row[4]):
         return {}
     body = json.loads(row[2])
     return body if body.get("legacy_chain_until") == row[0] - 1 else {}
