@@ -125,7 +125,7 @@ def unbound_log_problem(store, keys, legacy_until) -> str | None:
 
 def bind_ledger_id(store, keys, ledger_id, log) -> None:
     """Write the keyed ``ledger`` entry naming ``ledger_id`` unless the log has one by now (a new ledger: entry 1; an
-    older ledger: on its first open, after its head was checked; called only when ``bound_id`` found none, so an open
+    older ledger: on its upgrade, after its head was checked; called only when ``bound_id`` found none, so an open
     of a bound ledger takes no write transaction). ``log(tx, kind, body)`` appends a keyed entry."""
     with store.transaction() as tx:
         if ledger_entry(tx, keys) is None:

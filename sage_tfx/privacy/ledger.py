@@ -46,9 +46,8 @@ write the log's head (last sequence number and chain value) is written to the he
 file, outside the database: durable before the write returns, except a grant's (``HeadSync.USE``, the
 default), durable before the grant's first use (``verify``). Every open checks the database against that head
 and the ledger id its first keyed log entry binds, before any write (``anchor.py``: a rollback, a cut tail, a
-changed id or a missing head raises ``LedgerRollback``). A ledger of an older version (its secret in
-``meta.secret``) is migrated on open: the key file is written first (0600, fsync), then the secret is deleted
-in one transaction.
+changed id or a missing head raises ``LedgerRollback``). A ledger of an older version is refused
+(``LedgerUpgradeNeeded``) until ``Ledger.upgrade`` (``sage ledger upgrade``, ``migrations.py``) migrates it.
 """
 from __future__ import annotations
 

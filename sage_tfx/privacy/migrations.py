@@ -1,5 +1,5 @@
 """Every migration of an older ledger, in one place, run by ``sage ledger upgrade`` (``Ledger.upgrade``) and by
-nothing else (docs/cli.md, "sage ledger upgrade"; docs/security.md, "Upgrading a ledger").
+nothing else (docs/security.md, "Upgrading a ledger"; docs/running.md lists the command).
 
 The runtime opens only ledgers of this version (``store.SCHEMA_VERSION``): any other open of an older one is
 refused with ``LedgerUpgradeNeeded`` naming the command. ``upgrade`` runs, each step once and in order:

@@ -1,4 +1,4 @@
-"""The display times of the ledger's rows, bound by the keyed log (docs/security.md, "What the audit checks").
+"""The display times of the ledger's rows, bound by the keyed log (docs/security.md, "The audit").
 
 Each time a row shows (a stream's ``created``, a pipeline's ``registered`` and ``finished``, a block's ``retired``,
 an outcome's, a release's and a draw's ``created``) is the time ``ts`` of the keyed log entry that wrote it, and the
