@@ -175,6 +175,7 @@ class Ledger:
                 f"key file {keys.path} is not the key of ledger {store.display} (key id {self._keys.key_id}, the "
                 f"ledger's {meta.get('key_id')}): give this ledger's key file (--key-file PATH or SAGE_KEY_FILE=PATH)")
         self._head = HeadFile(self._keys.head_path, self._head_sync)
+        self._head.old_form = upgrade  # its JSON form read, to be rewritten (``migrations.py``)
         store.after_commit = self._advance_head
         self._check_anchor(meta.get("ledger_id") or "", keys.created_ledger, check_head)
         if self._keys.legacy_secret is not None:

@@ -7,8 +7,10 @@ refused with ``LedgerUpgradeNeeded`` naming the command. ``upgrade`` runs, each 
 1. the key migration of a ledger whose secret is still in the database (``session.migrate_secret``: the key
    file written first, then the keyed ``keys`` entry), and the keyed ``ledger`` entry binding its id
    (``anchor.bind_ledger_id``), both by the ledger's open in upgrade mode, after the head file is checked;
-2. the DDL steps (``store.sql.MIGRATIONS``, one write transaction per version: ``Store.schema_steps``);
-3. schema 9 -> 10 (``stamp_times``): the keyed ``upgrade`` entry binding the rows' display times as they are and
+2. the head file's JSON form of older versions rewritten in the slot form (``HeadFile.upgrade_form``), every
+   ledger's head unchanged;
+3. the DDL steps (``store.sql.MIGRATIONS``, one write transaction per version: ``Store.schema_steps``);
+4. schema 9 -> 10 (``stamp_times``): the keyed ``upgrade`` entry binding the rows' display times as they are and
    the digest of every earlier entry's time (``stamps.py``); every entry after it binds its own time.
 
 Each step is idempotent (a second upgrade, or one after a kill, does what is left and nothing else) and writes
@@ -33,6 +35,9 @@ def upgrade(ledger: Any, log: Callable[..., None], location: str, progress: Call
 
     if ledger.migrated_secret:
         step(f"keys: the secret moved out of the database into the key file {ledger.key_file} (keyed 'keys' entry)")
+    if ledger.head_file.upgrade_form():
+        step(f"head file: {ledger.head_file.path} rewritten from the JSON form into slots, every head unchanged")
+    ledger.head_file.old_form = False
     ledger.store.schema_steps(step)
     if stamp_times(ledger.store, log):
         step(f"schema {SCHEMA_VERSION - 1} -> {SCHEMA_VERSION}: the rows' display times bound by a keyed "
