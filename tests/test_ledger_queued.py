@@ -165,10 +165,10 @@ def _rechain(ledger, seq, body):
     entries = ledger.log_entries()
     with ledger.store.transaction() as tx:
         prev = None
-        for s, _ts, kind, text, _prev, value in entries:
+        for s, ts, kind, text, _prev, value in entries:
             if s >= seq:
                 text = canonical(body) if s == seq else text
-                value = ledger.keyring.chain_value(prev, s, kind, text)
+                value = ledger.keyring.chain_value(prev, s, kind, text, ts)
                 tx.run("UPDATE log SET body = ?, prev = ?, hash = ? WHERE seq = ?", (text, prev, value, s))
             prev = value
 

@@ -280,3 +280,22 @@ def test_sage_ledger_audit_names_each_rollback_case(honest, tmp_path, capsys):
         assert main(["ledger", "audit", "--db", path]) == 1, name
         assert "audit FAILED" in capsys.readouterr().out, name
         assert {f: (case / f).read_bytes() for f in sorted(os.listdir(case))} == before, name
+
+
+@pytest.mark.parametrize("statement, named", [
+    ("UPDATE streams SET created = created - 86400 WHERE name = 's'", "streams.created of s: the table says"),
+    ("UPDATE pipelines SET finished = NULL WHERE name = 'r'", "pipelines.finished of s/r"),
+    ("UPDATE blocks SET retired = 0 WHERE id = 'b0'", "blocks.retired of s/b0"),
+    ("UPDATE releases SET created = 0", "releases.created of"),
+    ("UPDATE log SET ts = ts - 3600 WHERE kind = 'trusted_read'", "keyed hash chain broken"),
+])
+def test_an_edited_display_time_is_named_by_the_audit(honest, tmp_path, statement, named):
+    """A writer of the database alone backdates a display time (a stream's creation, a pipeline's end, a block's
+    retirement, a release, a trusted read's time): the audit names the row and column, or the broken chain."""
+    folder, _ = honest
+    shutil.copytree(folder, tmp_path / "case")
+    path = str(tmp_path / "case" / "ledger.db")
+    _sql(path, [(statement, ())])
+    with Ledger.open(path, check_head=False) as ledger:
+        problems = ledger.audit().problems
+    assert any(named in p for p in problems), problems
