@@ -55,6 +55,7 @@ class StampReplay:
 
     def entry(self, seq: int, ts: float, kind: str, body: dict, stamped: bool) -> None:
         """One log entry; ``stamped``: its chain value binds its time."""
+        self.times.append((seq, ts))
         if not stamped:
             self.unbound.append(seq)
         v = self.values
@@ -78,11 +79,10 @@ class StampReplay:
             v["draws.created"][(body["id"],)] = ts
         elif kind == UPGRADE_KIND and stamped:
             self._upgrade(seq, body)
-        self.times.append((seq, ts))
 
     def _upgrade(self, seq, body):
         """The times as they were at the upgrade, and the earlier entries' times checked against its digest."""
-        if body.get("log_ts") != log_times_digest(self.times):
+        if body.get("log_ts") != log_times_digest(self.times[:-1]):
             self.problems_at_upgrade = [f"log entry {seq} (upgrade): the times of the log entries before it are "
                                         "not the ones it bound (altered by a writer of the database)"]
         for name, rows in (body.get("stamps") or {}).items():
