@@ -404,10 +404,10 @@ def test_finish_is_one_transaction_a_failure_changes_nothing(ledger_url, raw_sql
     before = {t: sorted(map(repr, raw_sql(ledger_url, f"SELECT * FROM {t}"))) for t in tables}
     log = Ledger._log
 
-    def failing_log(self, tx, kind, body):  # fails after every reservation write, before the commit
+    def failing_log(self, tx, kind, body, text=None, at=None):  # fails after every reservation write, before commit
         if kind == "finish":
             raise RuntimeError("injected failure")
-        return log(self, tx, kind, body)
+        return log(self, tx, kind, body, text, at)
 
     monkeypatch.setattr(Ledger, "_log", failing_log)
     with pytest.raises(RuntimeError, match="injected"):
