@@ -124,8 +124,9 @@ def add_parser(subparsers):
 
     action("upgrade", _upgrade,
            "bring a ledger written by an older sage-tfx to this version, once (every other command refuses such a "
-           "ledger with exit 2): the schema's new tables and columns, the key moved out of the database, the "
-           "ledger id bound, the rows' display times bound by a keyed entry; prints a line per step; a ledger "
+           "ledger with exit 2): the key moved out of the database, the ledger id bound, a JSON head file "
+           "rewritten in slots, the schema's new tables and columns, the rows' display times bound by a keyed "
+           "entry; prints a line per step; a ledger "
            "already up to date is left untouched (docs/security.md, 'Upgrading a ledger')")
 
     p = action("plot", _plot, "heat-map PNG of budget spent per block over time")
