@@ -1,6 +1,7 @@
 """A stream stored the way an older sage stored it: made with the filter of that version, its column dropped and
-the ledger's schema version set back, so that the next ``Ledger.open`` migrates it (tests of the rdp rules); and an
-rdp grant made, or released under, the way an older sage did."""
+the ledger's schema version set back, then upgraded by ``sage ledger upgrade``'s path (``migrations.upgrade``), as
+an operator brings an old ledger to this version (tests of the rdp rules); and an rdp grant made, or released
+under, the way an older sage did."""
 import sqlite3
 
 from sage_tfx.privacy import Ledger, filters, grants
@@ -9,7 +10,7 @@ from sage_tfx.privacy import ledger as ledger_module
 
 def stream_stored_before(path, monkeypatch, version, column, old_filter, name, epsilon, delta):
     """Make rdp stream ``name`` at ``path`` with ``old_filter(real_make_filter, *args)`` as the filter, then drop
-    ``column`` and set the schema version to ``version``."""
+    ``column``, set the schema version to ``version`` and upgrade the ledger."""
     from sage_tfx.privacy import streams as streams_module
 
     real = filters.make_filter
@@ -22,6 +23,7 @@ def stream_stored_before(path, monkeypatch, version, column, old_filter, name, e
     conn.execute(f"UPDATE meta SET value = '{version}' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
+    Ledger.upgrade(path, progress=lambda line: None)
 
 
 def rdp_grant_made_before(ledger, monkeypatch, *args, **kwargs):

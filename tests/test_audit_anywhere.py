@@ -164,8 +164,8 @@ def test_a_read_only_open_refuses_every_write_and_sees_a_live_ledger(tmp_path):
 
 
 def test_a_read_only_open_never_migrates(tmp_path):
-    """A ledger of an older schema is refused read-only, naming the fix, its bytes unchanged (a writable open would
-    migrate it)."""
+    """A ledger of an older schema is refused read-only, naming the fix (`sage ledger upgrade`), its bytes
+    unchanged."""
     from sage_tfx.privacy.store import SCHEMA_VERSION
 
     folder, path, _ = _copy(tmp_path)
@@ -174,7 +174,7 @@ def test_a_read_only_open_never_migrates(tmp_path):
     conn.commit()
     conn.close()
     before = _snapshot(folder)
-    with pytest.raises(LedgerError, match="never migrates it: open it once with write access"):
+    with pytest.raises(LedgerError, match="upgrade it once .* with: sage ledger upgrade --db"):
         Ledger.open(path, read_only=True)
     assert _snapshot(folder) == before
     with pytest.raises(LedgerError, match="cannot create"):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 from conftest import run_sql
-from test_ledger_bad_input import dump
+from test_ledger_bad_input import state
 
 from sage_tfx.privacy import Ledger, LedgerError
 
@@ -70,13 +70,13 @@ def test_raised_max_epsilon_is_accepted_knowingly(tmp_path):
 
 
 def test_plot_to_a_missing_folder_exits_2_naming_the_path(ledger_db, tmp_path):
-    before = dump(ledger_db)
+    before = state(ledger_db)
     out = sage("ledger", "plot", "--db", ledger_db, "--stream", "s", "--out", str(tmp_path / "nope" / "x.png"))
     assert out.returncode == 2, (out.returncode, out.stderr)
     assert str(tmp_path / "nope") in out.stderr and "does not exist" in out.stderr
     assert "Traceback" not in out.stderr
     assert not (tmp_path / "nope").exists()
-    assert dump(ledger_db) == before
+    assert state(ledger_db) == before
 
 
 def test_status_into_a_closed_pipe_exits_quietly(ledger_db):
@@ -103,14 +103,14 @@ def test_status_through_head_in_a_shell(ledger_db):
     (["--max-iterations", "0"], ["--max-iterations 0 is invalid"]),
 ])
 def test_sage_run_bad_limits_exit_2_before_anything(ledger_db, tmp_path, extra, expected):
-    before = dump(ledger_db)
+    before = state(ledger_db)
     work = tmp_path / "work"
     out = sage("run", "taxi_regression", "--db", ledger_db, "--stream", "s", "--data-root", str(tmp_path / "data"),
                "--target", "800000", "--work-dir", str(work), *extra, cwd=str(tmp_path))
     assert out.returncode == 2, (out.returncode, out.stdout, out.stderr)
     assert all(text in out.stderr for text in expected), out.stderr
     assert "Traceback" not in out.stderr
-    assert dump(ledger_db) == before  # nothing registered, charged or finished
+    assert state(ledger_db) == before  # nothing registered, charged or finished
     assert not work.exists() and not (tmp_path / "x").exists() and not (tmp_path / "data").exists()
 
 
@@ -123,10 +123,10 @@ def test_min_grant_epsilon_is_per_stream_and_capped_by_min_epsilon(tmp_path):
         ledger.add_block("s", "b0", shard=0)
         ledger.add_block("tiny", "t0", shard=0)
         assert ledger.status("s")["min_grant_epsilon"] == 0.05
-        before = dump(db)
+        before = state(db)
         with pytest.raises(LedgerError, match="epsilon 0.04 is below stream 's''s minimum grant epsilon 0.05"):
             ledger.request("p", "s", blocks=["b0"], epsilon=0.04)
-        assert dump(db) == before
+        assert state(db) == before
         assert ledger.request("p", "s", blocks=["b0"], epsilon=0.05).epsilon == 0.05
         assert ledger.request("p", "tiny", blocks=["t0"], epsilon=1e-4).epsilon == 1e-4
 
@@ -135,9 +135,9 @@ def test_iterator_refuses_a_start_the_ledger_would_refuse(ledger_db):
     from sage_tfx.adaptive import IteratorSettings, SageIterator
     from sage_tfx.privacy import LedgerError
 
-    before = dump(ledger_db)
+    before = state(ledger_db)
     with Ledger.open(ledger_db) as ledger:
         with pytest.raises(LedgerError, match=r"epsilon_start 0\.0001 charges .* below .*minimum grant epsilon 0\.001"):
             SageIterator(ledger, "s", "p", lambda *a: None, settings=IteratorSettings(epsilon_start=0.0001))
         SageIterator(ledger, "s", "p", lambda *a: None, settings=IteratorSettings(epsilon_start=0.125))
-    assert dump(ledger_db) == before
+    assert state(ledger_db) == before

@@ -24,6 +24,7 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.privacy.errors.LedgerNotFound": (ValueError,),
     "sage_tfx.privacy.errors.LedgerCorrupt": (ValueError,),
     "sage_tfx.privacy.errors.LedgerRollback": (ValueError,),
+    "sage_tfx.privacy.errors.LedgerUpgradeNeeded": (ValueError,),
     "sage_tfx.privacy.errors.UnknownStream": (ValueError,),
     "sage_tfx.privacy.errors.UnknownBlock": (ValueError,),
     "sage_tfx.privacy.errors.BlockRetired": (ValueError,),

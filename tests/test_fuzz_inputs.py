@@ -184,6 +184,7 @@ LEDGER_ARGS = {
                    "--shard": numbers_text, "--rows": numbers_text}),
     "status": (["--stream", "s"], {"--stream": names_text}),
     "audit": ([], {}),
+    "upgrade": ([], {}),
     "charge": (["--stream", "s", "--pipeline", "p", "--blocks", "b1", "--epsilon", "0.1"],
                {"--stream": names_text, "--pipeline": names_text, "--blocks": names_text,
                 "--epsilon": numbers_text, "--delta": numbers_text, "--split": names_text}),

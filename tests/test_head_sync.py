@@ -19,7 +19,8 @@ import time
 import pytest
 from _head_file import last_seq, small_ledger
 
-from sage_tfx.privacy import Ledger
+from sage_tfx.cli import main
+from sage_tfx.privacy import Ledger, LedgerUpgradeNeeded
 from sage_tfx.privacy import head_file as head_module
 from sage_tfx.privacy.head_file import ENV_HEAD_SYNC, HeadFile, HeadSync, head_sync_mode
 from sage_tfx.privacy.keys import KeyFileError
@@ -222,7 +223,9 @@ OLD_WRITER_OUTPUT = ('{{"{other}": {{"chain": "{other_chain}", "seq": 41}}, '
 OTHER_LEDGER = "0" * 32
 
 
-def test_an_old_json_head_file_is_read_and_migrated_on_the_first_write(tmp_path, monkeypatch):
+def test_an_old_json_head_file_is_refused_until_upgraded(tmp_path, monkeypatch, capsys):
+    """A head file in the JSON form of an older sage: every open refuses it (exit 2, naming `sage ledger upgrade`,
+    nothing written); the upgrade rewrites it in slots with every ledger's head unchanged, once."""
     monkeypatch.setenv(ENV_HEAD_SYNC, "commit")  # migrated to two slots (use mode's three: tests/test_head_use.py)
     ledger = small_ledger(tmp_path / "l.db")
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
@@ -236,11 +239,24 @@ def test_an_old_json_head_file_is_read_and_migrated_on_the_first_write(tmp_path,
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, old_text.encode())
     os.close(fd)
+    ledger.close()
+    db = str(tmp_path / "l.db")
+    with pytest.raises(LedgerUpgradeNeeded, match="sage ledger upgrade"):
+        Ledger.open(db)
+    assert main(["ledger", "audit", "--db", db]) == 2
+    assert "JSON form" in capsys.readouterr().err
+    with open(path, "rb") as f:
+        assert f.read() == old_text.encode()  # nothing written by the refusals
+    assert main(["ledger", "upgrade", "--db", db]) == 0
+    assert "head file" in capsys.readouterr().err
+    assert main(["ledger", "upgrade", "--db", db]) == 0
+    assert "already up to date" in capsys.readouterr().err
     heads = HeadFile(path, "commit").read()
     assert heads == {OTHER_LEDGER: {"seq": 41, "chain": "ab" * 32}, ledger.ledger_id: current}
+    ledger = Ledger.open(db)
     report = ledger.audit()
     assert report.ok and not report.notes, (report.problems, report.notes)
-    ledger.request("p", "s", blocks=["b1"], epsilon=1.0)  # the first write migrates the file
+    ledger.request("p", "s", blocks=["b1"], epsilon=1.0)
     with open(path, "rb") as f:
         data = f.read()
     assert data.startswith(head_module.HEAD_MAGIC) and len(data) == 2 * head_module.HEAD_SLOT_BYTES

@@ -126,7 +126,7 @@ def test_the_store_package_and_the_audit_import_one_way():
     assert "sage_tfx.privacy.store" in graph["sage_tfx.privacy.ledger"]  # the one direction
 
 
-LEDGER_STEPS = ("streams", "blocks", "charges", "grants", "session", "draws", "anchor")  # the facade's step modules
+LEDGER_STEPS = ("streams", "blocks", "charges", "grants", "session", "draws", "anchor", "migrations")  # the facade's step modules
 
 
 def test_the_ledger_facade_is_imported_only_from_above_and_its_steps_never_import_it():

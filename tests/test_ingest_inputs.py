@@ -192,9 +192,10 @@ def test_a_version_2_ledger_gains_the_digest_column(tmp_path):
             tx.run("DROP INDEX blocks_digest")
             tx.run("ALTER TABLE blocks DROP COLUMN digest")
             tx.run("UPDATE meta SET value = '2' WHERE key = 'schema_version'")
+    Ledger.upgrade(path, progress=lambda line: None)
     with Ledger.open(path) as ledger:
         with ledger._store.transaction(write=False) as tx:
-            assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == str(SCHEMA_VERSION) == "9"
+            assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == str(SCHEMA_VERSION) == "10"
         ledger.add_block("s", "b1", shard=1, rows=5, digest="abc")
         assert ledger.digest_owners(["abc"]) == {"abc": [("s", "b1")]} and ledger.audit().ok
 

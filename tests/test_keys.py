@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from sage_tfx.privacy import GrantError, Ledger
+from sage_tfx.privacy import GrantError, Ledger, LedgerUpgradeNeeded
 from sage_tfx.privacy.chain import canonical
 from sage_tfx.privacy.keys import KeyFileError, KeyRing, resolve_key_path
 
@@ -146,10 +146,19 @@ def test_a_grant_signed_without_the_key_is_refused_by_check_grant(tmp_path):
 
 
 def test_a_schema_3_ledger_is_migrated_and_its_old_grants_stay_valid(tmp_path):
-    """An older ledger (secret in meta.secret, unkeyed chain): on open the key file is written, the secret
-    deleted, old grants verify and keep their seeds, the audit stays OK, and new writes are keyed."""
+    """An older ledger (secret in meta.secret, unkeyed chain): refused by an ordinary open, nothing written; on
+    `sage ledger upgrade` the key file is written, the secret deleted, old grants verify and keep their seeds, the
+    audit stays OK, and new writes are keyed. A second upgrade writes nothing."""
     path = str(tmp_path / "old.db")
     old_grant, old_seed = _make_schema3_ledger(path)
+    before = open(path, "rb").read()
+    with pytest.raises(LedgerUpgradeNeeded, match="sage ledger upgrade"):
+        Ledger.open(path)
+    assert open(path, "rb").read() == before and not os.path.exists(path + ".key")
+    lines = []
+    assert Ledger.upgrade(path, progress=lines.append) == 8  # the key, schema 3 -> 9, the times
+    assert lines[0].startswith("keys: the secret moved out") and "schema 9 -> 10" in lines[-2]
+    assert Ledger.upgrade(path, progress=lines.append) == 0
     with Ledger.open(path) as ledger:
         assert os.path.exists(path + ".key") and _mode(path + ".key") == 0o600
         assert ledger.verify(old_grant.to_json()).id == old_grant.id
@@ -170,6 +179,7 @@ def test_a_migration_killed_after_the_key_file_is_finished_on_the_next_open(tmp_
     old_grant, _ = _make_schema3_ledger(path)
     secret = sqlite3.connect(path).execute("SELECT value FROM meta WHERE key = 'secret'").fetchone()[0]
     KeyRing.create_migrated(path + ".key", secret)  # step 1 done, then killed: the secret is still in meta
+    Ledger.upgrade(path, progress=lambda line: None)
     with Ledger.open(path) as ledger:
         assert ledger.verify(old_grant.to_json()).id == old_grant.id and ledger.audit().ok
     assert sqlite3.connect(path).execute("SELECT count(*) FROM meta WHERE key = 'secret'").fetchone()[0] == 0
@@ -178,7 +188,7 @@ def test_a_migration_killed_after_the_key_file_is_finished_on_the_next_open(tmp_
     _make_schema3_ledger(path2)
     KeyRing.create(path2 + ".key")
     with pytest.raises(KeyFileError, match="old secret"):
-        Ledger.open(path2)
+        Ledger.upgrade(path2, progress=lambda line: None)
     assert sqlite3.connect(path2).execute("SELECT count(*) FROM meta WHERE key = 'secret'").fetchone()[0] == 1
 
 
@@ -200,6 +210,7 @@ def _make_schema3_ledger(path):
     conn = sqlite3.connect(path)
     conn.execute("DELETE FROM meta WHERE key IN ('key_id', 'ledger_id')")
     conn.execute("INSERT INTO meta (key, value) VALUES ('secret', ?)", (secret,))
+    conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
     sig = sign(grant.body())
     conn.execute("UPDATE grants SET signature = ? WHERE id = ?", (sig, grant.id))
     conn.execute("DELETE FROM log WHERE kind = 'ledger'")  # schema 3 bound no ledger id in its log (entry 1 now)

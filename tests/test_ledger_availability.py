@@ -18,6 +18,7 @@ import json
 import math
 import random
 import socket
+import time
 
 import pytest
 
@@ -300,8 +301,9 @@ def old_finish(ledger, stream, pipeline, outcome):
         row = tx.one("SELECT state FROM pipelines WHERE stream = ? AND name = ?", (stream, pipeline))
         if row is None or row[0] != "waiting":
             raise LedgerError(f"pipeline {pipeline!r} is not waiting on stream {stream!r}")
+        now = time.time()  # the finish entry's time: the row's display time, bound by the keyed chain
         tx.run("UPDATE pipelines SET state = 'done', outcome = ?, finished = ? WHERE stream = ? AND name = ?",
-               (outcome, 0.0, stream, pipeline))
+               (outcome, now, stream, pipeline))
         others = [r[0] for r in tx.all(
             "SELECT name FROM pipelines WHERE stream = ? AND state = 'waiting' ORDER BY name", (stream,))]
         moved = 0
@@ -325,7 +327,7 @@ def old_finish(ledger, stream, pipeline, outcome):
                     tx.run("UPDATE reservations SET reserved = ? WHERE stream = ? AND block = ? AND pipeline = ?",
                            (json.dumps(filters.add(json.loads(cur[0]), share)), stream, block_id, other))
         ledger._log(tx, "finish", {"stream": stream, "pipeline": pipeline, "outcome": outcome,
-                                   "blocks_released": moved, "to": others})
+                                   "blocks_released": moved, "to": others}, at=now)
 
 
 def table(raw_sql, url, sql, stream):
@@ -402,10 +404,10 @@ def test_finish_is_one_transaction_a_failure_changes_nothing(ledger_url, raw_sql
     before = {t: sorted(map(repr, raw_sql(ledger_url, f"SELECT * FROM {t}"))) for t in tables}
     log = Ledger._log
 
-    def failing_log(self, tx, kind, body):  # fails after every reservation write, before the commit
+    def failing_log(self, tx, kind, body, text=None, at=None):  # fails after every reservation write, before commit
         if kind == "finish":
             raise RuntimeError("injected failure")
-        return log(self, tx, kind, body)
+        return log(self, tx, kind, body, text, at)
 
     monkeypatch.setattr(Ledger, "_log", failing_log)
     with pytest.raises(RuntimeError, match="injected"):

@@ -115,10 +115,11 @@ def test_a_version_3_ledger_gains_the_shard_index(tmp_path):
         with ledger._store.transaction() as tx:
             tx.run("DROP INDEX blocks_shard")
             tx.run("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    Ledger.upgrade(path, progress=lambda line: None)
     with Ledger.open(path) as ledger:
         with ledger._store.transaction(write=False) as tx:
             assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == str(
-                ledger_store.SCHEMA_VERSION) == "9"
+                ledger_store.SCHEMA_VERSION) == "10"
             assert tx.one("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'blocks_shard'")
         ledger.add_block("s", "b1", shard=1, rows=5)
         with pytest.raises(LedgerError, match="shard 0 is already block 'b0'"):

@@ -15,7 +15,7 @@ import pytest
 from _kill import kill_after_first_ack
 from test_ledger_concurrency import assert_ledger_consistent
 
-from sage_tfx.privacy import BlockRetired, BudgetRefused, Ledger, LedgerError
+from sage_tfx.privacy import BlockRetired, BudgetRefused, Ledger, LedgerError, LedgerUpgradeNeeded
 from sage_tfx.privacy.store import SCHEMA_VERSION
 
 
@@ -165,10 +165,10 @@ def _rechain(ledger, seq, body):
     entries = ledger.log_entries()
     with ledger.store.transaction() as tx:
         prev = None
-        for s, _ts, kind, text, _prev, value in entries:
+        for s, ts, kind, text, _prev, value in entries:
             if s >= seq:
                 text = canonical(body) if s == seq else text
-                value = ledger.keyring.chain_value(prev, s, kind, text)
+                value = ledger.keyring.chain_value(prev, s, kind, text, ts)
                 tx.run("UPDATE log SET body = ?, prev = ?, hash = ? WHERE seq = ?", (text, prev, value, s))
             prev = value
 
@@ -218,10 +218,13 @@ def test_a_schema_4_ledger_opens_unchanged_and_stays_valid(ledger_url):
                         "ALTER TABLE blocks DROP COLUMN arrivals",
                         "UPDATE meta SET value = '4' WHERE key = 'schema_version'"):
                 tx.run(sql)
+    with pytest.raises(LedgerUpgradeNeeded, match="sage ledger upgrade"):
+        Ledger.open(ledger_url)
+    Ledger.upgrade(ledger_url, progress=lambda line: None)
     with Ledger.open(ledger_url) as ledger:
         assert ledger.verify(grant) == grant and ledger.stream("s").policy_params is None
         with ledger.store.transaction(write=False) as tx:
-            assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == str(SCHEMA_VERSION) == "9"
+            assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == str(SCHEMA_VERSION) == "10"
         assert ledger.audit().ok
         ledger.create_stream("q", 1.0, 1e-6, policy="dpf-n", policy_params={"n": 3})
         ledger.add_block("q", "b0")

@@ -20,19 +20,25 @@ sequence number one higher, its chain values and the queued demand's log sequenc
 and with it for the record split every grant with a split now signs (``meta["records"]``: the grants' rows,
 their log entries and the chain values from there on changed; nothing else), and for schema 9 (each stream's
 privacy unit and bound, NULL on the scenario's streams, whose unit is the row: the streams' rows gained two NULL
-columns and schema_version changed; nothing else).
+columns and schema_version changed; nothing else), and for schema 10 (every log entry's chain value binds its time:
+the log's chain values and schema_version changed; nothing else). The schema-9 recording is kept
+(tests/data/ledger_snapshot_v9.json): an old ledger, which only ``sage ledger upgrade`` opens, then audits OK.
 """
 import json
 import os
 import pathlib
 import secrets
+import sqlite3
 import time
 
 import pytest
 
-from sage_tfx.privacy import BudgetRefused, BudgetSplit, ChargeRule, Ledger
+from sage_tfx.cli import main
+from sage_tfx.privacy import BudgetRefused, BudgetSplit, ChargeRule, Ledger, LedgerUpgradeNeeded
+from sage_tfx.privacy.head_file import HeadFile
 
 SNAPSHOT = pathlib.Path(__file__).parent / "data" / "ledger_snapshot.json"
+SNAPSHOT_V9 = pathlib.Path(__file__).parent / "data" / "ledger_snapshot_v9.json"  # the scenario at schema 9
 TABLES = {  # every table, each in a total order of its key
     "meta": "SELECT key, value FROM meta ORDER BY key",
     "streams": "SELECT * FROM streams ORDER BY name",
@@ -148,3 +154,82 @@ def test_a_fixed_scenario_stores_the_recorded_tables_and_log(ledger_url, monkeyp
     assert sorted(dump) == sorted(expected)
     for table in TABLES:  # one table at a time: a difference names its table
         assert dump[table] == expected[table], table
+
+
+def _old_ledger(tmp_path, monkeypatch):
+    """The schema-9 recording as a SQLite ledger with its key file and head file: the scenario's key (fixed
+    randomness), its tables replaced by the recorded rows, the head file on the recorded log's last entry."""
+    fixed = _Fixed()
+    monkeypatch.setattr(secrets, "token_bytes", fixed.token_bytes)
+    monkeypatch.setattr(secrets, "token_hex", fixed.token_hex)
+    path = str(tmp_path / "old.db")
+    with Ledger.open(path, create=True) as ledger:
+        ledger_id, head_path = ledger.ledger_id, ledger.head_file.path
+    monkeypatch.undo()
+    old = json.loads(SNAPSHOT_V9.read_text())
+    conn = sqlite3.connect(path)
+    for table, rows in old.items():
+        conn.execute(f"DELETE FROM {table}")
+        if rows:
+            conn.executemany(f"INSERT INTO {table} VALUES ({', '.join('?' * len(rows[0]))})", rows)
+    conn.commit()
+    conn.close()
+    seq, chain = old["log"][-1][0], old["log"][-1][5]
+    head = HeadFile(head_path)
+    head.advance(ledger_id, seq, chain, reset=True)
+    head.close()
+    return path
+
+
+def _files(folder):
+    return {f.name: f.read_bytes() for f in sorted(folder.iterdir())}
+
+
+def test_an_old_ledger_is_refused_until_upgraded_then_audits_ok(tmp_path, monkeypatch, capsys):
+    path = _old_ledger(tmp_path, monkeypatch)
+    before = _files(tmp_path)
+    with pytest.raises(LedgerUpgradeNeeded, match="sage ledger upgrade --db"):
+        Ledger.open(path)
+    assert main(["ledger", "status", "--db", path, "--stream", "s"]) == 2  # refused: exit 2, naming the command
+    assert main(["ledger", "audit", "--db", path]) == 2
+    assert "sage ledger upgrade" in capsys.readouterr().err
+    assert _files(tmp_path) == before  # nothing written by a refused open
+    assert main(["ledger", "upgrade", "--db", path]) == 0
+    err = capsys.readouterr().err
+    assert "upgrade: schema 9 -> 10" in err and "1 step(s) run" in err
+    with Ledger.open(path) as ledger:
+        report = ledger.audit()
+        assert report.ok, report.problems
+        assert [e[2] for e in ledger.log_entries()][-1] == "upgrade"
+        dump = _dump(ledger)
+    old = json.loads(SNAPSHOT_V9.read_text())
+    for table in TABLES:  # the upgrade changes the schema version and appends its entry; nothing else
+        if table not in ("meta", "log"):
+            assert dump[table] == old[table], table
+    assert dump["log"][:-1] == old["log"]
+    after = _files(tmp_path)
+    assert main(["ledger", "upgrade", "--db", path]) == 0  # idempotent: nothing written the second time
+    assert "already up to date" in capsys.readouterr().err
+    assert _files(tmp_path) == after
+
+
+def test_an_upgraded_ledgers_old_times_are_bound(tmp_path, monkeypatch):
+    """A time written before the upgrade (a stream's created, an old entry's ts), edited after it: the audit names
+    it, through the keyed upgrade entry that carries the old values."""
+    path = _old_ledger(tmp_path, monkeypatch)
+    assert main(["ledger", "upgrade", "--db", path]) == 0
+    for statement in ("UPDATE streams SET created = created + 1 WHERE name = 's'",
+                      "UPDATE pipelines SET finished = finished - 1 WHERE finished IS NOT NULL",
+                      "UPDATE log SET ts = ts + 1 WHERE seq = 3"):
+        conn = sqlite3.connect(path)
+        conn.execute("SAVEPOINT edit")
+        conn.execute(statement)
+        conn.commit()
+        with Ledger.open(path, check_head=False) as ledger:
+            report = ledger.audit()
+        assert not report.ok, statement
+        conn.execute(statement.replace("+ 1", "- 1") if "+ 1" in statement else statement.replace("- 1", "+ 1"))
+        conn.commit()
+        conn.close()
+    with Ledger.open(path) as ledger:
+        assert ledger.audit().ok

@@ -258,7 +258,8 @@ def test_a_stream_made_before_privacy_units_reads_as_unit_row(tmp_path):
         for column in ("privacy_unit", "max_rows_per_unit"):
             conn.execute(f"ALTER TABLE streams DROP COLUMN {column}")
         conn.execute("UPDATE meta SET value = '8' WHERE key = 'schema_version'")
-    with Ledger.open(db) as ledger:  # migrated to schema 9 on open
+    Ledger.upgrade(db, progress=lambda line: None)  # sage ledger upgrade: schema 8 -> 10
+    with Ledger.open(db) as ledger:
         s = ledger.stream("old")
         assert (s.privacy_unit, s.max_rows_per_unit, s.unit_rows) == (None, None, 1)
         grant = ledger.request("p", "old", blocks=["b0"], epsilon=0.5)

@@ -232,16 +232,17 @@ def test_audit_recomputes_the_rule_from_the_log(tmp_path, monkeypatch, broken, f
     assert any(re.search(match, p) for p in report.problems), report.problems
 
 
-def test_schema_5_ledger_migrates_through_6_7_and_8_to_9(tmp_path, raw_sql):
+def test_schema_5_ledger_upgrades_through_6_7_8_and_9_to_10(tmp_path, raw_sql):
     location = str(tmp_path / "old.db")
     with _ledger(location) as ledger:
         _lifetimes(ledger, 1)
     raw_sql(location, "DROP TABLE draws")
     raw_sql(location, "UPDATE meta SET value = '5' WHERE key = 'schema_version'")
+    assert Ledger.upgrade(location, progress=lambda line: None) == 5  # 5 -> 6 -> 7 -> 8 -> 9, then the times
     with Ledger.open(location) as ledger:
         run = ledger.draw([g for g, _, _ in ledger.history("s", "p")], 0, 0.1, 0.0, schedule=FP)
         assert ledger.draws()[0][2] == run.id
-        assert raw_sql(location, "SELECT value FROM meta WHERE key = 'schema_version'") == [("9",)]  # via 6, 7 and 8
+        assert raw_sql(location, "SELECT value FROM meta WHERE key = 'schema_version'") == [("10",)]
         assert ledger.audit().ok
 
 

@@ -5,10 +5,9 @@ file. Each case must be caught by ``Ledger.open`` (refused) or by the audit (``s
 ``Ledger.open(check_head=False).audit()``), never with a traceback.
 
 tests/test_tamper.py and tests/test_rollback.py check the exact message of the review's named cases; this file
-counts them all. The timestamps listed in ``UNBOUND`` are the only columns no keyed log entry holds (the log's own
-``ts`` is outside the chain value ``chain_hash(prev, seq, kind, body)``); no budget decision reads them (they are
-shown by ``status``, ``history`` and the audit's list of trusted reads), so an edit of one changes what a report
-shows, not what any block may spend. SQLite, no TensorFlow.
+counts them all. Every column is bound by the keyed log, the display times (``DISPLAY_TIMES``) included: each is
+the time of the keyed entry that wrote its row, and the chain value binds that time (privacy/stamps.py). SQLite,
+no TensorFlow.
 """
 import json
 import os
@@ -28,9 +27,12 @@ PRIMARY_KEYS = {"meta": ["key"], "streams": ["name"], "blocks": ["stream", "id"]
                 "draws": ["lifetime_grant", "run"], "grants": ["id"], "pipelines": ["stream", "name"],
                 "reservations": ["stream", "block", "pipeline"], "log": ["seq"], "outcomes": ["grant_id"],
                 "releases": ["grant_id", "stage"]}
-# (table, column): display timestamps that no keyed entry holds and no budget decision reads (module docstring)
-UNBOUND = {("streams", "created"), ("blocks", "retired"), ("pipelines", "registered"), ("pipelines", "finished"),
-           ("draws", "created"), ("outcomes", "created"), ("releases", "created"), ("log", "ts")}
+# (table, column): columns no keyed entry binds; none is left (every display time is bound: privacy/stamps.py)
+UNBOUND: set[tuple[str, str]] = set()
+# (table, column): the display times no budget decision reads, shown by status, history and the audit's trusted reads
+DISPLAY_TIMES = {("streams", "created"), ("blocks", "retired"), ("pipelines", "registered"),
+                 ("pipelines", "finished"), ("draws", "created"), ("outcomes", "created"), ("releases", "created"),
+                 ("log", "ts")}
 
 
 @pytest.fixture(autouse=True)
@@ -245,18 +247,22 @@ def test_every_database_only_tamper_case_is_caught(honest, tmp_path):
         table_cases = [c for table, keys in PRIMARY_KEYS.items() for c in _table_cases(conn, table, keys)]
     finally:
         conn.close()
-    results, unbound = {}, []
+    results, unbound, times = {}, [], []
     for name, statements, column in table_cases:
         # the audit alone (fast): a database writer is refused at open only where the head file shows it
         results[name] = _run(honest, tmp_path, name, lambda path, s=statements: _sql(path, s), at_open=False)
         if column in UNBOUND:
             unbound.append(name)
+        if column in DISPLAY_TIMES:
+            times.append((column, name))
     for name, tamper in _scenario_cases(old):
         results[name] = _run(honest, tmp_path, name, tamper)
     missed = sorted(name for name, how in results.items() if not how)
     print(f"\ntamper catalogue: {len(results)} cases, {len(results) - len(missed)} caught; "
           f"{len(unbound)} edits of unbound display timestamps, {sum(1 for n in unbound if results[n])} of them caught")
     assert set(missed) <= set(unbound), [m for m in missed if m not in unbound]
+    assert {column for column, _ in times} == DISPLAY_TIMES  # each display time is edited, and caught above
+    assert all(results[name] for _, name in times), [name for _, name in times if not results[name]]
     assert len(results) - len(unbound) > 250  # the catalogue was generated, not empty
     for name, _ in _scenario_cases(old):  # the rollbacks are refused before any write, not only reported
         assert "open" in results[name] and "audit" in results[name], (name, results[name])
@@ -274,3 +280,22 @@ def test_sage_ledger_audit_names_each_rollback_case(honest, tmp_path, capsys):
         assert main(["ledger", "audit", "--db", path]) == 1, name
         assert "audit FAILED" in capsys.readouterr().out, name
         assert {f: (case / f).read_bytes() for f in sorted(os.listdir(case))} == before, name
+
+
+@pytest.mark.parametrize("statement, named", [
+    ("UPDATE streams SET created = created - 86400 WHERE name = 's'", "streams.created of s: the table says"),
+    ("UPDATE pipelines SET finished = NULL WHERE name = 'r'", "pipelines.finished of s/r"),
+    ("UPDATE blocks SET retired = 0 WHERE id = 'b0'", "blocks.retired of s/b0"),
+    ("UPDATE releases SET created = 0", "releases.created of"),
+    ("UPDATE log SET ts = ts - 3600 WHERE kind = 'trusted_read'", "keyed hash chain broken"),
+])
+def test_an_edited_display_time_is_named_by_the_audit(honest, tmp_path, statement, named):
+    """A writer of the database alone backdates a display time (a stream's creation, a pipeline's end, a block's
+    retirement, a release, a trusted read's time): the audit names the row and column, or the broken chain."""
+    folder, _ = honest
+    shutil.copytree(folder, tmp_path / "case")
+    path = str(tmp_path / "case" / "ledger.db")
+    _sql(path, [(statement, ())])
+    with Ledger.open(path, check_head=False) as ledger:
+        problems = ledger.audit().problems
+    assert any(named in p for p in problems), problems

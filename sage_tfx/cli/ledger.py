@@ -122,6 +122,13 @@ def add_parser(subparsers):
     p.add_argument("--reason", required=True, help="why (recorded in the ledger's keyed log)")
     p.add_argument("--json", action="store_true")
 
+    action("upgrade", _upgrade,
+           "bring a ledger written by an older sage-tfx to this version, once (every other command refuses such a "
+           "ledger with exit 2): the key moved out of the database, the ledger id bound, a JSON head file "
+           "rewritten in slots, the schema's new tables and columns, the rows' display times bound by a keyed "
+           "entry; prints a line per step; a ledger "
+           "already up to date is left untouched (docs/security.md, 'Upgrading a ledger')")
+
     p = action("plot", _plot, "heat-map PNG of budget spent per block over time")
     p.add_argument("--stream", required=True)
     p.add_argument("--out", required=True, help="output .png path")
@@ -234,6 +241,13 @@ def _audit(args):
     with _open(args, read_only=True) as ledger:
         report = ledger.audit()
     return _print_audit(args, report)
+
+
+def _upgrade(args):
+    from sage_tfx.privacy import Ledger
+
+    Ledger.upgrade(args.db, progress=lambda line: print(f"upgrade: {line}", file=sys.stderr))
+    return EXIT_OK
 
 
 def _anchor(args):

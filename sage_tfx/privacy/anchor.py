@@ -41,8 +41,8 @@ def ledger_entry(tx, keys):
     row = tx.one(sql.LOG_FIRST_OF_KIND, (LEDGER_KIND,))
     if row is None:
         return None
-    seq, kind, body_text, prev, chain = row
-    if not hmac.compare_digest(keys.chain_value(prev, seq, kind, body_text), chain):
+    seq, kind, body_text, prev, chain, ts = row
+    if not keys.entry_ok(prev, seq, ts, kind, body_text, chain):
         return seq, None
     try:
         return seq, json.loads(body_text).get("ledger_id")
@@ -113,10 +113,10 @@ def unbound_log_problem(store, keys, legacy_until) -> str | None:
     prev, expected = GENESIS, 1
     with store.transaction(write=False) as tx:
         entries = tx.all(sql.LOG_ALL)
-    for seq, _ts, kind, body, entry_prev, chain in entries:
-        value = (chain_hash(entry_prev, seq, kind, body) if seq <= legacy_until
-                 else keys.chain_value(entry_prev, seq, kind, body))
-        if seq != expected or entry_prev != prev or not hmac.compare_digest(chain, value):
+    for seq, ts, kind, body, entry_prev, chain in entries:
+        verified = (hmac.compare_digest(chain, chain_hash(entry_prev, seq, kind, body)) if seq <= legacy_until
+                    else keys.entry_ok(entry_prev, seq, ts, kind, body, chain))
+        if seq != expected or entry_prev != prev or not verified:
             return (f"the log has no keyed {LEDGER_KIND} entry binding the ledger's id, and its entry {seq} ({kind}) "
                     "breaks the keyed chain: the entry that bound it was cut out or altered")
         prev, expected = chain, seq + 1
@@ -125,7 +125,7 @@ def unbound_log_problem(store, keys, legacy_until) -> str | None:
 
 def bind_ledger_id(store, keys, ledger_id, log) -> None:
     """Write the keyed ``ledger`` entry naming ``ledger_id`` unless the log has one by now (a new ledger: entry 1; an
-    older ledger: on its first open, after its head was checked; called only when ``bound_id`` found none, so an open
+    older ledger: on its upgrade, after its head was checked; called only when ``bound_id`` found none, so an open
     of a bound ledger takes no write transaction). ``log(tx, kind, body)`` appends a keyed entry."""
     with store.transaction() as tx:
         if ledger_entry(tx, keys) is None:

@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import filters
+from . import filters, stamps
 from .anchor import ANCHOR_KIND, LEDGER_KIND, behind_text, changed_id_text, missing_head_text, rewritten_text
 from .chain import GENESIS, TRUSTED_READ, chain_hash
 from .chain import canonical as _canonical
@@ -60,6 +60,7 @@ class _Replay:
     outcomes: dict = field(default_factory=dict)
     draws: DrawReplay = field(default_factory=DrawReplay)
     bindings: list = field(default_factory=list)  # (seq, ledger id) of each keyed ``ledger`` entry (anchor.py)
+    times: stamps.StampReplay = field(default_factory=stamps.StampReplay)  # display times the keyed log binds
 
     def __post_init__(self) -> None:
         self.queued = QueueReplay(self.streams, self.stream_configs, self.blocks, self.block_rows, self.problems)
@@ -89,6 +90,7 @@ def audit_ledger(ledger: Any) -> AuditReport:
     with store.transaction(write=False) as tx:
         entries = tx.all(sql.AUDIT_LOG)
         tables = _read_tables(tx)
+        stamp_tables = stamps.read(tx)
     report.entries = len(entries)
     replay = _Replay(ledger, report)
     _replay_log(replay, entries)
@@ -96,6 +98,7 @@ def audit_ledger(ledger: Any) -> AuditReport:
     report.streams, report.blocks, report.grants = len(replay.streams), len(replay.blocks), len(replay.grants)
     _check_block_budgets(replay)
     _compare_tables(replay, tables, len(entries))
+    replay.times.check(stamp_tables, report.problems)
     return report
 
 
@@ -109,9 +112,11 @@ def _replay_log(replay: _Replay, entries: list) -> None:
         if seq != expected_seq:
             problems.append(f"log entry {seq}: expected sequence number {expected_seq} (entries missing)")
         # Entries before a key migration keep the old unkeyed chain; the keyed entry after them covers its value.
+        # From schema 10 on an entry's value binds its time too (``stamped``); earlier times the upgrade entry binds.
+        stamped = seq > legacy_until and hmac.compare_digest(digest, keys.chain_value(prev, seq, kind, body_text, ts))
         value = (chain_hash(prev, seq, kind, body_text) if seq <= legacy_until
                  else keys.chain_value(prev, seq, kind, body_text))
-        if prev != prev_hash or not hmac.compare_digest(digest, value):
+        if prev != prev_hash or not (stamped or hmac.compare_digest(digest, value)):
             problems.append(f"log entry {seq} ({kind}): keyed hash chain broken (the log was altered, or "
                             "rewritten without the ledger's key)")
         prev_hash, expected_seq = digest, seq + 1
@@ -122,6 +127,7 @@ def _replay_log(replay: _Replay, entries: list) -> None:
             continue
         try:  # an entry altered or cut out of the log (a problem above) can leave the next ones without the
             # stream, block or grant they name: each is named, never a traceback
+            replay.times.entry(seq, ts, kind, body, stamped)
             handler = _REPLAY.get(kind)
             if handler is not None:
                 handler(replay, seq, ts, body)

@@ -122,7 +122,7 @@ def charge_now(w: StreamWrite, charge: Charge, found: dict, reservations: dict) 
     sources = [verdicts[k][1] for k in keys]
     log(tx, "grant", None, grant_log_text(grant, body_text, sources))
     if not all(alive_of.values()):
-        log(tx, "retire", {"stream": stream, "blocks": [b for b, k in zip(blocks, keys) if not alive_of[k]]})
+        log(tx, "retire", {"stream": stream, "blocks": [b for b, k in zip(blocks, keys) if not alive_of[k]]}, at=now)
     return grant
 
 
@@ -220,7 +220,7 @@ def schedule(w: StreamWrite, now: float, caller: str | None = None) -> tuple[dic
                 now if retired else None, s.name, b))
     newly_retired = [b for b in touched if b in queue.retired and b not in before]
     if newly_retired:
-        log(tx, "retire", {"stream": s.name, "blocks": newly_retired})
+        log(tx, "retire", {"stream": s.name, "blocks": newly_retired}, at=now)
     return {p: g for p, (g, _text) in grants.items()}, queue
 
 

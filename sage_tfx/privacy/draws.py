@@ -339,7 +339,7 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
         grant, body_text = new_grant(keys, s, filt, first["pipeline"], blocks, cost, rule, meta, now, split)
         tx.run(sql.GRANT_INSERT, (grant.id, s.name, grant.pipeline, body_text, grant.signature, now))
         tx.many(sql.DRAW_INSERT, [(gid, run, grant.id, s.name, epsilon, delta, now) for gid in ids])
-        log(tx, "draw", dict(grant.body(), signature=grant.signature))
+        log(tx, "draw", dict(grant.body(), signature=grant.signature), at=now)
     return grant
 
 

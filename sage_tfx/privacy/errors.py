@@ -30,6 +30,11 @@ class LedgerCorrupt(LedgerError):
     """The ledger file or database is corrupt, truncated, or not a sage ledger."""
 
 
+class LedgerUpgradeNeeded(LedgerError):
+    """The ledger was written by an older sage-tfx (schema or key layout): ``sage ledger upgrade`` brings it to
+    this version (``migrations.py``); nothing else migrates it."""
+
+
 class LedgerRollback(LedgerError):
     """The database does not match the head file outside it: rolled back, cut, re-identified or replaced
     (``anchor.py``)."""

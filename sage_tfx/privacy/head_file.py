@@ -21,7 +21,7 @@ import weakref
 from enum import StrEnum
 from json.encoder import encode_basestring_ascii as _json_string
 
-from .errors import LedgerError
+from .errors import LedgerError, LedgerUpgradeNeeded
 from .keys import KeyFileError, fsync_dir
 
 ENV_HEAD_SYNC = "SAGE_HEAD_SYNC"
@@ -229,9 +229,16 @@ class _HeadState:
         self.durable_generation = generation if durable_heads is None else durable_generation
 
 
-def _parse_head_file(data, path):
-    """A head file's bytes -> _HeadState; KeyFileError if neither the old JSON form nor a slot is intact."""
+def _parse_head_file(data, path, old_form=False):
+    """A head file's bytes -> _HeadState; KeyFileError if no slot is intact. The JSON form of older versions is read
+    only with ``old_form`` (``sage ledger upgrade``, which rewrites it: ``HeadFile.upgrade_form``); otherwise it is
+    refused with ``LedgerUpgradeNeeded`` naming the command."""
     if data[:1] == b"{":  # written by sage before the two-slot form: one JSON map, replaced atomically
+        if not old_form:
+            raise LedgerUpgradeNeeded(
+                f"head file {path} is in the JSON form of an older sage-tfx: nothing was written; upgrade it once "
+                f"with: sage ledger upgrade --db LEDGER --key-file {path.removesuffix('.head')} (its ledger's "
+                "location), then retry")
         try:
             heads = json.loads(data.decode())
             if not isinstance(heads, dict):
@@ -291,9 +298,10 @@ class HeadFile:
     durable write per commit, all under an flock of ``<head>.lock``. A reader takes the intact slot with the
     highest generation. A crash mid-write can tear only the slot being written; the other one still holds the
     previous head (the log is then ahead of the head, which the audit accepts when the extra entries verify
-    under the key; docs/security.md). A head too big for its slots, a missing file, and an old head file (one
-    JSON map, as sage wrote before) are written whole instead: a temporary file with bigger slots fsync'd,
-    renamed, its folder fsync'd (old files are thus migrated on their first write).
+    under the key; docs/security.md). A head too big for its slots and a missing file are written whole instead: a
+    temporary file with bigger slots fsync'd, renamed, its folder fsync'd. A head file in the JSON form of older
+    versions is refused (``LedgerUpgradeNeeded``) but by ``sage ledger upgrade``, which rewrites it
+    (``upgrade_form``).
 
     ``HeadSync.USE`` adds a third slot, C, after B: a grant's head is written there in place WITHOUT a sync
     (``advance(..., until_use=True)``): in the page cache, so a killed process loses nothing and every reader
@@ -307,6 +315,8 @@ class HeadFile:
     each ledger at most ``GROUP_INTERVAL_S`` later (``group``: one durable write for all the commits of the
     interval; flushed at normal exit and before every read through ``get``).
     """
+
+    old_form = False  # the JSON form of older versions is read (``sage ledger upgrade`` alone sets it)
 
     def __init__(self, path, sync=None):
         self.path = path
@@ -345,7 +355,7 @@ class HeadFile:
                 data += chunk
         finally:
             os.close(fd)
-        return _parse_head_file(data, self.path).heads
+        return _parse_head_file(data, self.path, self.old_form).heads
 
     def _check_mode(self, st):
         if st.st_mode & 0o022:
@@ -355,6 +365,22 @@ class HeadFile:
         """The recorded head of ``ledger_id`` (None if none), after writing this process's pending heads."""
         self.flush()
         return self.read().get(ledger_id)
+
+    def upgrade_form(self) -> bool:
+        """``sage ledger upgrade``: a head file in the JSON form of older versions rewritten in the slot form, every
+        ledger's head unchanged (durable: a temporary file fsync'd, renamed). False if it is not in that form."""
+        try:
+            with open(self.path, "rb") as f:
+                if f.read(1) != b"{":
+                    return False
+        except FileNotFoundError:
+            return False
+        self.old_form = True
+        try:
+            self._write({})
+        finally:
+            self.old_form = False
+        return True
 
     def advance(self, ledger_id, seq, chain, reset=False, until_use=False):
         """Record (seq, chain) for ``ledger_id`` if ``seq`` is beyond what is recorded (or ``reset``: a new ledger).
@@ -448,7 +474,8 @@ class HeadFile:
                         continue
                     heads[ledger_id] = {"seq": int(seq), "chain": chain}
                     changed = True
-                if not (changed if lazy else changed or heads != state.durable_heads):
+                old_form = state.slot_size is None and bool(state.heads)  # JSON (upgrade_form): rewritten whole
+                if not (changed if lazy else changed or heads != state.durable_heads or old_form):
                     if sync_unknown and state.slot_size is not None and state.durable_generation > fds.synced:
                         _fdatasync(fds.data)  # A's or B's newest was written by a process that did not say it synced
                         fds.synced = state.generation
@@ -502,7 +529,7 @@ class HeadFile:
             fds.inode = (st.st_dev, st.st_ino)
         raw = os.pread(fds.data, max(st.st_size, 0) + 1, 0)
         if raw != fds.raw or fds.state is None:
-            fds.raw, fds.state = raw, _parse_head_file(raw, self.path)
+            fds.raw, fds.state = raw, _parse_head_file(raw, self.path, self.old_form)
         return fds.state
 
     def _replace(self, fds, slot_size, generation, payload, heads, count=HEAD_DURABLE_SLOTS):

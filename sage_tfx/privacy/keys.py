@@ -215,9 +215,18 @@ class KeyRing:
         key = self.legacy_secret if legacy else self.noise_key
         return int.from_bytes(hmac.new(key, text, hashlib.sha256).digest()[:16], "big")
 
-    def chain_value(self, prev, seq, kind, body_text) -> str:
-        """A log entry's keyed chain value: HMAC-SHA256(audit_key, prev | seq | kind | body)."""
-        return hmac.digest(self.audit_key, f"{prev}|{seq}|{kind}|{body_text}".encode(), "sha256").hex()
+    def chain_value(self, prev, seq, kind, body_text, ts=None) -> str:
+        """A log entry's keyed chain value: HMAC-SHA256(audit_key, v2 | prev | seq | ts | kind | body), the entry's
+        time ``ts`` bound with it (schema 10 on); without ``ts`` the value of entries written before schema 10
+        (prev | seq | kind | body), whose times the keyed ``upgrade`` entry binds instead (``migrations.py``)."""
+        text = f"{prev}|{seq}|{kind}|{body_text}" if ts is None else f"v2|{prev}|{seq}|{float(ts)!r}|{kind}|{body_text}"
+        return hmac.digest(self.audit_key, text.encode(), "sha256").hex()
+
+    def entry_ok(self, prev, seq, ts, kind, body_text, chain) -> bool:
+        """``chain`` is the keyed chain value of this entry: with its time (schema 10 on) or, for an entry
+        written before schema 10, without it. A writer without the key can produce neither."""
+        return (hmac.compare_digest(self.chain_value(prev, seq, kind, body_text, ts), chain or "")
+                or hmac.compare_digest(self.chain_value(prev, seq, kind, body_text), chain or ""))
 
     def secret_forms(self):
         """Every form of the key bytes that must never appear in the database (tests grep for these)."""

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import anchor as _anchor
 from . import blocks as _blocks
 from . import charges as _charges
 from . import draws as _draws
+from . import migrations as _migrations
 from . import opening as _opening
 from . import pipelines as _pipelines
 from . import releases as _releases
@@ -26,13 +27,14 @@ from .audit import AuditReport, audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
 from .chain import GENESIS, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
 from .checks import check_name as _check_name
-from .errors import BudgetRefused, GrantError, LedgerError, LedgerRollback
+from .errors import BudgetRefused, GrantError, LedgerError, LedgerRollback, LedgerUpgradeNeeded
 from .grants import Grant, Release, check_grant_copy, grant_terms, older_rdp, signature_ok, stage_cap
 from .head_file import HeadFile, HeadSync, head_sync_mode, warn_head_write
 from .keys import KeyFileError
 from .ledger_reads import LedgerReads, recorded_grant
 from .session import PipelineClaim, migrate_secret, migration_entry
 from .store import check_location, sql
+from .store.base import upgrade_text
 from .streams import (  # noqa: F401 (re-exported)
     DEFAULT_MAX_STREAM_EPSILON,
     DEFAULT_MIN_GRANT_EPSILON,
@@ -63,7 +65,7 @@ class Ledger(LedgerReads):
     pipeline first in the pipeline's budget calls (``request(pipeline, stream, ...)``,
     ``available_epsilon(pipeline, stream, blocks)``)."""
 
-    def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False) -> None:
+    def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False, upgrade=False) -> None:
         """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
         self._read_only = read_only
         self._head_sync = head_sync_mode(head_sync)
@@ -71,16 +73,16 @@ class Ledger(LedgerReads):
         self._claims: list[PipelineClaim] = []  # PipelineClaims of this process (Ledger.claim), released by close()
         self._key_source = keys
         self._legacy_grants: frozenset[str] = frozenset()
+        self.migrated_secret = False  # this open (``migrations.upgrade``) moved an older ledger's secret out
         self._anchored = False  # the head file may record this ledger's writes (set by _check_anchor)
         self.anchor_problem = None  # what _check_anchor found (check_head=False): then nothing is written
         with store.transaction(write=False) as tx:
             meta = dict(tx.all(sql.META_ALL))
         if "secret" in meta and "key_id" not in meta:
-            if read_only:
-                raise LedgerError(f"ledger {store.display} is from an older version (its secret is still in the "
-                                  "database) and a read-only open never migrates it: open it once with write access "
-                                  "(e.g. `sage ledger status`), then audit it")
+            if read_only or not upgrade:
+                raise LedgerUpgradeNeeded(upgrade_text(store.display, "<9 (its secret is still in the database)"))
             self._keys = self._migrate_secret(meta["secret"])
+            self.migrated_secret = True
             with store.transaction(write=False) as tx:
                 meta = dict(tx.all(sql.META_ALL))
         else:
@@ -90,6 +92,7 @@ class Ledger(LedgerReads):
                 f"key file {keys.path} is not the key of ledger {store.display} (key id {self._keys.key_id}, the "
                 f"ledger's {meta.get('key_id')}): give this ledger's key file (--key-file PATH or SAGE_KEY_FILE=PATH)")
         self._head = HeadFile(self._keys.head_path, self._head_sync)
+        self._head.old_form = upgrade  # its JSON form read, to be rewritten (``migrations.py``)
         store.after_commit = self._advance_head
         self._check_anchor(meta.get("ledger_id") or "", keys.created_ledger, check_head)
         if self._keys.legacy_secret is not None:
@@ -143,7 +146,8 @@ class Ledger(LedgerReads):
 
     @classmethod
     def open(cls, location: str, create: bool = False, key_file: str | None = None, *,
-             head_sync: HeadSync | str | None = None, check_head: bool = True, read_only: bool = False) -> Ledger:
+             head_sync: HeadSync | str | None = None, check_head: bool = True, read_only: bool = False,
+             upgrade: bool = False) -> Ledger:
         """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
         $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
         (mode 0600) if that does not exist yet. ``head_sync`` (``head_file.HeadSync``: ``use``, ``commit`` or
@@ -153,19 +157,29 @@ class Ledger(LedgerReads):
         (the audit) records the problem in ``anchor_problem`` instead and opens a ledger that never writes the
         head file. ``read_only=True`` (``sage ledger audit``: a read-only copy or mount, a full disk) implies
         ``check_head=False`` and writes no byte anywhere: the database is opened read-only (``store/sqlite.py``),
-        never migrated, its id never bound, the head file only read; every write is refused."""
+        never migrated, its id never bound, the head file only read; every write is refused. A ledger of an older
+        version is refused (``LedgerUpgradeNeeded``) unless ``upgrade`` (``migrations.upgrade`` alone gives it)."""
         if read_only and create:
             raise LedgerError("a read-only open cannot create a ledger: give create=False")
         check_head = check_head and not read_only
         location = check_location(location)  # never a password in a URL: before anything is created
         head_sync = head_sync_mode(head_sync)  # a bad mode is refused before anything is created
         keys = _opening.key_source(location, key_file, create)
-        store = _opening.open_checked_store(location, keys, create, read_only)
+        store = _opening.open_checked_store(location, keys, create, read_only, upgrade)
         try:
-            return cls(store, keys, head_sync, check_head, read_only)
+            return cls(store, keys, head_sync, check_head, read_only, upgrade)
         except BaseException:
             store.close()
             raise
+
+    @classmethod
+    def upgrade(cls, location: str, key_file: str | None = None,
+                progress: Callable[[str], None] = print) -> int:
+        """``sage ledger upgrade``: bring a ledger written by an older sage-tfx to this version, keyed and idempotent
+        (``migrations.py``, the one home of every migration); ``progress(text)`` hears each step. Returns how many
+        steps ran (0: already up to date, nothing written)."""
+        with cls.open(location, key_file=key_file, upgrade=True) as ledger:
+            return _migrations.upgrade(ledger, ledger._log, location, progress)
 
     @property
     def keyring(self) -> KeyRing:
@@ -478,11 +492,12 @@ class Ledger(LedgerReads):
             _pipelines.insert_outcome(tx, self._log, grant_id, outcome, details, details_text)
 
     # ------------------------------------------------------------------- audit
-    def _log(self, tx, kind, body, text=None):
-        """Append ``body`` (its canonical text ``text`` if the caller has it) to the chained log; refused (the write
-        rolled back) on a ledger that does not match its anchor (opened with ``check_head=False``)."""
+    def _log(self, tx, kind, body, text=None, at=None):
+        """Append ``body`` (its canonical text ``text`` if the caller has it) to the chained log at time ``at``
+        (default now: the time a row it writes shows, bound by the chain); refused (the write rolled back) on a
+        ledger that does not match its anchor (opened with ``check_head=False``)."""
         self._refuse_unanchored()
-        self._append(tx, kind, body, text)
+        self._append(tx, kind, body, text, at)
 
     def _refuse_unanchored(self):
         """LedgerRollback if this ledger was opened (``check_head=False``) although it does not match its anchor;
@@ -494,7 +509,7 @@ class Ledger(LedgerReads):
                                  "it is opened for the audit only, writes nothing and verifies no grant; fix: "
                                  f"{_anchor.fix_text(self._store.display, self._key_source.path)}")
 
-    def _append(self, tx, kind, body, text=None):
+    def _append(self, tx, kind, body, text=None, at=None):
         """``_log`` without the anchor's guard (``reanchor`` writes its entry through it)."""
         # The entry this write transaction logged last is the log's last one (a write transaction is exclusive).
         # ``request`` reads it with the stream row in its own write transaction (``tx.log_last``).
@@ -502,9 +517,9 @@ class Ledger(LedgerReads):
                 or tx.one(sql.LOG_LAST))
         seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
         text = canonical(body) if text is None else text
-        value = self._keys.chain_value(prev, seq, kind, text)
-        tx.run(sql.LOG_INSERT,
-               (seq, time.time(), kind, text, prev, value))
+        ts = time.time() if at is None else float(at)
+        value = self._keys.chain_value(prev, seq, kind, text, ts)
+        tx.run(sql.LOG_INSERT, (seq, ts, kind, text, prev, value))
         tx.head = (seq, value)  # written to the head file once the transaction commits
 
     def audit(self) -> AuditReport:

@@ -45,10 +45,12 @@ def key_source(location: str, key_file: str | None, create: bool) -> KeySource:
     return keys
 
 
-def open_checked_store(location: str, keys: KeySource, create: bool, read_only: bool) -> Any:
-    """The store at ``location`` (``store.open_store``); a key file created for it is removed if it fails."""
+def open_checked_store(location: str, keys: KeySource, create: bool, read_only: bool, upgrade: bool = False) -> Any:
+    """The store at ``location`` (``store.open_store``; ``upgrade``: an older schema is migrated, else refused);
+    a key file created for it is removed if it fails."""
     try:
-        return open_store(location, create=create, on_create=keys.new_ledger_meta, read_only=read_only)
+        return open_store(location, create=create, on_create=keys.new_ledger_meta, read_only=read_only,
+                          upgrade=upgrade)
     except BaseException:
         keys.undo_created()
         raise

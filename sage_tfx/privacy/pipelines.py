@@ -37,8 +37,9 @@ def register_pipeline(tx: Tx, log: Callable[..., None], keys: KeyRing, s: Stream
         if row[0] == PipelineState.WAITING:
             return
         raise LedgerError(f"pipeline {pipeline!r} already finished on stream {s.name!r} with {row[1]}")
-    tx.run(sql.PIPELINE_INSERT, (s.name, pipeline, time.time()))
-    log(tx, "register", {"stream": s.name, "pipeline": pipeline})
+    now = time.time()
+    tx.run(sql.PIPELINE_INSERT, (s.name, pipeline, now))
+    log(tx, "register", {"stream": s.name, "pipeline": pipeline}, at=now)
     if s.rules().queued:  # an arrival: one more share of every live block unlocks (DPF-N, DPack)
         tx.run(sql.BLOCK_COUNT_ARRIVAL, (s.name,))
         _charges.schedule(StreamWrite(tx, log, keys, s, s.filter()), time.time())
@@ -61,11 +62,12 @@ def finish_pipeline(tx: Tx, log: Callable[..., None], keys: KeyRing, s: Stream, 
         raise LedgerError(f"pipeline {pipeline!r} is not registered on stream {s.name!r}")
     if row[0] != PipelineState.WAITING:
         raise LedgerError(f"pipeline {pipeline!r} already finished on stream {s.name!r}")
-    tx.run(sql.PIPELINE_FINISH, (outcome, time.time(), s.name, pipeline))
+    now = time.time()
+    tx.run(sql.PIPELINE_FINISH, (outcome, now, s.name, pipeline))
     others = [r[0] for r in tx.all(sql.PIPELINE_WAITING, (s.name,))]
     moved = _charges.release_reservations(tx, s, pipeline, others)
     log(tx, "finish", {"stream": s.name, "pipeline": pipeline, "outcome": outcome,
-                       "blocks_released": moved, "to": others})
+                       "blocks_released": moved, "to": others}, at=now)
     if s.rules().queued:  # its demand (pending, or admitted and never collected) is withdrawn
         tx.run(sql.DEMAND_DELETE, (s.name, pipeline))
         _charges.schedule(StreamWrite(tx, log, keys, s, s.filter()), time.time())
@@ -101,9 +103,10 @@ def insert_outcome(tx: Tx, log: Callable[..., None], grant_id: str, outcome: str
         raise GrantError(f"grant {grant_id!r} is unknown to this ledger")
     if tx.one(sql.OUTCOME_EXISTS, (grant_id,)):
         raise LedgerError(f"grant {grant_id!r} already has an outcome")
-    tx.run(sql.OUTCOME_INSERT, (grant_id, row[0], row[1], outcome, details_text, time.time()))
+    now = time.time()
+    tx.run(sql.OUTCOME_INSERT, (grant_id, row[0], row[1], outcome, details_text, now))
     log(tx, "outcome", {"grant": grant_id, "stream": row[0], "pipeline": row[1], "outcome": outcome,
-                        "details": details})
+                        "details": details}, at=now)
 
 
 def claim_pipelines(store: Any, stream: str, names: Iterable[str]) -> PipelineClaim:

@@ -64,5 +64,5 @@ def open_release(tx: Tx, log: Callable[..., None], grant: Grant, stage: str, com
     now = time.time()
     tx.run(sql.RELEASE_INSERT, (grant.id, stage, grant.stream, grant.pipeline, computation, epsilon, delta, now))
     log(tx, "release", {"grant": grant.id, "stream": grant.stream, "pipeline": grant.pipeline, "stage": stage,
-                        "computation": computation, "epsilon": epsilon, "delta": delta})
+                        "computation": computation, "epsilon": epsilon, "delta": delta}, at=now)
     return Release(grant.id, stage, computation, epsilon, delta, now, reopened=False)

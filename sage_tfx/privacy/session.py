@@ -2,7 +2,7 @@
 with a new ledger) and the pipeline names it claims (``PipelineClaim``). docs/security.md ("Keys"),
 docs/scale_out.md ("Several hosts on one PostgreSQL ledger").
 
-An older ledger (its secret in ``meta.secret``) is migrated on open (``migrate_secret``), and the keyed ``keys``
+An older ledger (its secret in ``meta.secret``) is migrated by its upgrade (``migrate_secret``), and the keyed ``keys``
 log entry the migration wrote is read back by ``migration_entry``. The ``Ledger`` facade (``ledger.py``) uses
 these; this module imports neither the facade nor the audit.
 """
@@ -92,7 +92,7 @@ def migrate_secret(store, key_source, secret, log, adopt):
     if keys.legacy_secret != secret.encode():
         raise KeyFileError(
             f"key file {path} exists but does not hold ledger {store.display}'s old secret: this ledger "
-            "is from an older version and is migrated on open; give its own key file, or a path where none "
+            "is from an older version and is migrated by its upgrade; give its own key file, or a path where none "
             "exists yet (--key-file PATH or SAGE_KEY_FILE=PATH)")
     with store.transaction() as tx:
         if tx.one(sql.META_HAS_SECRET) is None or tx.one(sql.META_HAS_KEY_ID) is not None:
@@ -120,7 +120,7 @@ def migration_entry(store, keys):
     ``keys``, or if it does not follow the last unkeyed entry)."""
     with store.transaction(write=False) as tx:
         row = tx.one(sql.LOG_FIRST_KEYS_ENTRY)
-    if row is None or not hmac.compare_digest(keys.chain_value(row[3], row[0], row[1], row[2]), row[4]):
+    if row is None or not keys.entry_ok(row[3], row[0], row[5], row[1], row[2], row[4]):
         return {}
     body = json.loads(row[2])
     return body if body.get("legacy_chain_until") == row[0] - 1 else {}

@@ -129,7 +129,7 @@ def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, m
         body["split_orders"] = split_orders
     if unit[0] is not None:  # only unit streams (schema 9 on) carry it: an entry without it replays unit = row
         body["privacy_unit"], body["max_rows_per_unit"] = unit
-    log(tx, "stream", body)
+    log(tx, "stream", body, at=now)
 
 
 def check_unit(privacy_unit=None, max_rows_per_unit=None) -> tuple:

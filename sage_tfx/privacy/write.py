@@ -33,9 +33,11 @@ class StreamWrite:
     stream: Stream
     filt: BasicFilter | RdpFilter
 
-    def append(self, kind: str, body: Mapping[str, Any] | None, text: str | None = None) -> None:
-        """Append one log entry in this write's transaction (``body``, or its canonical ``text``)."""
-        self.log(self.tx, kind, body, text)
+    def append(self, kind: str, body: Mapping[str, Any] | None, text: str | None = None,
+               at: float | None = None) -> None:
+        """Append one log entry in this write's transaction (``body``, or its canonical ``text``) at time ``at``
+        (default now), the time of the rows it writes."""
+        self.log(self.tx, kind, body, text, at=at)
 
 
 @dataclass(frozen=True)

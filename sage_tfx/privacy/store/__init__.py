@@ -23,14 +23,16 @@ __all__ = ["open_store", "check_location", "display", "is_postgres", "postgres_p
            "SSLMODES", "DEFAULT_SSLMODE", "postgres_ssl_context", "claim_key", "process_label"]
 
 
-def open_store(location, create=False, on_create=None, read_only=False):
+def open_store(location, create=False, on_create=None, read_only=False, upgrade=False):
     """A SqliteStore for a path, a PostgresStore for a ``postgresql://`` URL; ``read_only`` (never with ``create``):
     opened for reads only, writing nothing (``SqliteStore._open_read_only``; PostgreSQL: a read-only session).
+    A ledger of an older schema is refused (``LedgerUpgradeNeeded``) unless ``upgrade`` (``sage ledger upgrade``:
+    ``migrations.py``), which runs its DDL steps.
 
     ``on_create()``, called as a new ledger's schema is written, returns the meta rows to add (the key id and
     ledger id: ``Ledger.open``); the database never holds a key (docs/security.md).
     """
     location = check_location(location)  # a file path, or a URL without a password (location.py)
     if is_postgres(location):
-        return PostgresStore(location, create=create, on_create=on_create, read_only=read_only)
-    return SqliteStore(location, create=create, on_create=on_create, read_only=read_only)
+        return PostgresStore(location, create=create, on_create=on_create, read_only=read_only, upgrade=upgrade)
+    return SqliteStore(location, create=create, on_create=on_create, read_only=read_only, upgrade=upgrade)

@@ -11,7 +11,7 @@ import hashlib
 import os
 import socket
 
-from ..errors import LedgerCorrupt, LedgerError
+from ..errors import LedgerCorrupt, LedgerError, LedgerUpgradeNeeded
 from . import sql
 from .sql import SCHEMA_VERSION
 
@@ -27,6 +27,7 @@ class Store:
     after_commit = None  # called with a write transaction's ``tx.head`` (and ``tx.head_until_use``) once it committed
     on_create = None
     read_only = False  # opened for reads only (the audit): never migrated, never written
+    upgrade = False  # opened by ``sage ledger upgrade`` (migrations.py): an older schema is migrated, not refused
 
     def _sql(self, text):
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
@@ -58,19 +59,17 @@ class Store:
         if version < 1:
             raise LedgerCorrupt(f"{self.display} has an invalid schema version {version}")
         if version < SCHEMA_VERSION:
-            if self.read_only:
-                raise LedgerError(
-                    f"{self.display} has schema version {version}, older than this sage-tfx's {SCHEMA_VERSION}, and "
-                    "a read-only open never migrates it: open it once with write access (e.g. `sage ledger status`) "
-                    "to migrate it, or audit it with the sage-tfx version that wrote it")
-            self._migrate()
+            if not self.upgrade or self.read_only:
+                raise LedgerUpgradeNeeded(upgrade_text(self.display, version))
 
-    def _migrate(self):
-        """Bring an older ledger to SCHEMA_VERSION, one version per step, each in one write transaction."""
+    def schema_steps(self, progress=None):
+        """Run the DDL steps (``sql.MIGRATIONS``) that bring an older ledger towards SCHEMA_VERSION, one version per
+        write transaction, up to the first keyed step (``sql.KEYED_STEPS``: its DDL run, its version left for
+        ``migrations.py`` to set with its keyed entry). ``progress(text)`` hears each version."""
         while True:
             with self.transaction(write=True) as tx:
                 version = int(tx.one(sql.META_SCHEMA_VERSION)[0])
-                if version >= SCHEMA_VERSION:
+                if version not in sql.MIGRATIONS:
                     return
                 for step in sql.MIGRATIONS[version]:
                     if isinstance(step, sql.AddColumn):
@@ -79,7 +78,11 @@ class Store:
                             tx.run(sql.add_column(step))
                     else:
                         tx.run(step)
+                if version in sql.KEYED_STEPS:
+                    return
                 tx.run(sql.META_SET_SCHEMA_VERSION, (str(version + 1),))
+            if progress is not None:
+                progress(f"schema {version} -> {version + 1}: tables and columns")
 
     def _create_schema(self):
         with self.transaction(write=True) as tx:
@@ -91,6 +94,13 @@ class Store:
             for key, value in sorted(extra.items()):
                 tx.run(sql.META_INSERT, (key, value))
         return True
+
+
+def upgrade_text(display, version) -> str:
+    """The refusal of a ledger of an older schema, naming the one command that upgrades it."""
+    return (f"ledger {display} has schema version {version}, older than this sage-tfx's {SCHEMA_VERSION}: nothing "
+            f"was written; upgrade it once (keyed, logged in the ledger, idempotent) with: sage ledger upgrade "
+            f"--db {display} (add --key-file PATH if its key file is not the default), then retry")
 
 
 def claim_key(name):

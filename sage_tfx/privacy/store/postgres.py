@@ -76,10 +76,10 @@ class PostgresStore(Store):
     kind = "postgresql"
     placeholder = "%s"
 
-    def __init__(self, url, create=False, on_create=None, read_only=False) -> None:
+    def __init__(self, url, create=False, on_create=None, read_only=False, upgrade=False) -> None:
         import pg8000.dbapi
 
-        self.on_create, self.read_only = on_create, read_only
+        self.on_create, self.read_only, self.upgrade = on_create, read_only, upgrade
         parsed = urllib.parse.urlparse(check_location(url))  # never a password in the URL (location.py)
         self.display = display(url)
         self._errors = (pg8000.dbapi.Error,)

@@ -23,7 +23,7 @@ Changing a text here changes stored data only through ``TABLES``/``MIGRATIONS``:
 import functools
 from typing import NamedTuple
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 
 class AddColumn(NamedTuple):
@@ -143,7 +143,12 @@ MIGRATIONS = {
     # 9: a stream's privacy unit (a column of its records) and the most rows per unit and block it keeps
     # (docs/block_composition.md, "Privacy units"); NULL on every stream made before: unit = row
     8: [AddColumn("streams", "privacy_unit", "TEXT"), AddColumn("streams", "max_rows_per_unit", "BIGINT")],
+    # 10: no DDL: the keyed ``upgrade`` entry binding the rows' display times, written by migrations.py, and every
+    # entry's time in its chain value from then on (keys.KeyRing.chain_value)
+    9: [],
 }
+# The versions whose step ends in a keyed log entry (migrations.py runs it and sets the next version), after their DDL.
+KEYED_STEPS = frozenset({9})
 
 # ------------------------------------------------------------------------------------------------------ meta rows
 META_SCHEMA_VERSION = "SELECT value FROM meta WHERE key = 'schema_version'"
@@ -346,9 +351,9 @@ LOG_LAST = "SELECT seq, hash FROM log ORDER BY seq DESC LIMIT 1"  # what the nex
 LOG_LAST_SEQ = "SELECT seq FROM log ORDER BY seq DESC LIMIT 1"
 LOG_INSERT = "INSERT INTO log (seq, ts, kind, body, prev, hash) VALUES (?, ?, ?, ?, ?, ?)"
 LOG_TRUSTED_READS = "SELECT body FROM log WHERE kind = 'trusted_read' ORDER BY seq"  # decryptions outside a grant
-LOG_FIRST_OF_KIND = "SELECT seq, kind, body, prev, hash FROM log WHERE kind = ? ORDER BY seq LIMIT 1"  # anchor.py
+LOG_FIRST_OF_KIND = "SELECT seq, kind, body, prev, hash, ts FROM log WHERE kind = ? ORDER BY seq LIMIT 1"  # anchor.py
 LOG_HASH_AT = "SELECT hash FROM log WHERE seq = ?"  # the entry a head file names (anchor.head_problem)
-LOG_FIRST_KEYS_ENTRY = "SELECT seq, kind, body, prev, hash FROM log WHERE kind = 'keys' ORDER BY seq LIMIT 1"
+LOG_FIRST_KEYS_ENTRY = "SELECT seq, kind, body, prev, hash, ts FROM log WHERE kind = 'keys' ORDER BY seq LIMIT 1"
 
 # ------------------------------------------------------------------------------------- the audit (audit.py, step 4)
 AUDIT_LOG = LOG_ALL
@@ -388,3 +393,13 @@ def draw_rows(n: int) -> str:
 
 
 AUDIT_DRAWS = "SELECT lifetime_grant, run, run_grant, stream, epsilon, delta FROM draws"
+
+# ----------------------------------------------------- the rows' display times the keyed log binds (stamps.py)
+AUDIT_STREAM_CREATED = "SELECT name, created FROM streams"
+AUDIT_BLOCK_RETIRED = "SELECT stream, id, retired FROM blocks"
+AUDIT_PIPELINE_REGISTERED = "SELECT stream, name, registered FROM pipelines"
+AUDIT_PIPELINE_FINISHED = "SELECT stream, name, finished FROM pipelines"
+AUDIT_DRAW_CREATED = "SELECT run_grant, lifetime_grant, created FROM draws"
+AUDIT_OUTCOME_CREATED = "SELECT grant_id, created FROM outcomes"
+AUDIT_RELEASE_CREATED = "SELECT grant_id, stage, created FROM releases"
+LOG_TIMES = "SELECT seq, ts FROM log ORDER BY seq"  # every entry's time (an upgrade entry's digest)

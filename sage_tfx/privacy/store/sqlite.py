@@ -47,9 +47,9 @@ class SqliteStore(Store):
     kind = "sqlite"
     _file = None
 
-    def __init__(self, path, create=False, on_create=None, read_only=False) -> None:
+    def __init__(self, path, create=False, on_create=None, read_only=False, upgrade=False) -> None:
         self.on_create = on_create
-        self.read_only = read_only
+        self.read_only, self.upgrade = read_only, upgrade
         self.path = os.path.abspath(path)
         self.display = self.path
         self._errors = (sqlite3.Error,)
