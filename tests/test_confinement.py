@@ -262,7 +262,8 @@ def test_hostile_pipeline_preprocessing_and_trainer_modules_reach_no_key_ledger_
     key_bytes = open(key, "rb").read()
     out = sage("run", hostile / "pipeline.py", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "300",
                "--epsilon-start", "1", "--min-window", "256", "--max-iterations", "1", "--work-dir", tmp_path / "work",
-               env={**os.environ, "SAGE_KEY_FILE": key, "PGPASSWORD": "hunter2"})
+               env={**os.environ, "SAGE_KEY_FILE": key, "PGPASSWORD": "hunter2",
+                    "SAGE_SHOW_CONFINED_OUTPUT": "1"})  # the markers are on the child's stderr
     text = out.stdout + out.stderr
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "LEAK[" not in text, [line for line in text.splitlines() if "LEAK[" in line]
@@ -315,3 +316,72 @@ def test_a_validation_result_outside_the_pipeline_root_is_refused(tmp_path):
     for grant in ("g2", "g3"):
         with pytest.raises(RuntimeError, match="not a file inside the pipeline root"):
             validation_result(mlmd, grant, str(root))
+
+
+# A trainer module that trains honestly, then forges the validator's verdict in its own process (the validator
+# runs after it in the same child) and leaks the granted records it was handed: to an extra file in the pipeline
+# root and the work folder, and to its stdout.
+FORGE_AND_LEAK = '''
+def _forge_and_leak(fn_args, work_dir):
+    import os
+    import tensorflow as tf
+    import sage_tfx.components.dp_model_validator_executor as validator
+
+    write_result, write_blessing = validator.write_result, validator.write_blessing
+    validator.write_result = lambda artifact, report: write_result(artifact, {**report, "outcome": "ACCEPT"})
+    validator.write_blessing = lambda uri, model_uri, model_id, accepted, **kw: write_blessing(
+        uri, model_uri, model_id, True, **kw)
+    files = [f for pattern in fn_args.train_files for f in tf.io.gfile.glob(pattern)]
+    rows = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(fn_args.model_run_dir)))
+    for folder in (root, work_dir, fn_args.model_run_dir):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "leaked_rows.bin"), "wb") as f:
+                f.write(b"".join(rows))
+        except OSError as exc:  # a folder it may not write
+            os.write(2, f"NOT WRITTEN {folder}: {exc}\\n".encode())
+    print("ROWLEAK", rows[0].hex(), flush=True)
+    os.write(2, ("ROWLEAK " + rows[1].hex() + "\\n").encode())
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_a_trainer_module_that_forges_its_acceptance_and_leaks_rows_gets_neither(taxi_stream_300, tmp_path):
+    """The exploit as the landed code allowed it: the validator ran in the child beside ``run_fn``, and the launcher
+    read its verdict from the child's MLMD, so a ``run_fn`` that patched the validator's writers got ACCEPT (and a
+    push) for a model that failed an out-of-reach target; the rows it wrote beside its outputs stayed in the work
+    folder and the rows it printed reached the terminal. Now the verdict comes from a fresh confined child that
+    ran no user code (the same release re-opened: the same noise), the launcher pushes only what that child
+    accepted, removes every file of the run that is not a declared artifact, and shows none of the child's output."""
+    from test_sage_run import _copy_stream, sage
+
+    db, data = _copy_stream(taxi_stream_300, tmp_path)
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
+    hostile = tmp_path / "hostile"
+    shutil.copytree(example, hostile)
+    work = tmp_path / "work"
+    text = (hostile / "trainer.py").read_text()
+    fn = "def run_fn(fn_args):\n"
+    assert fn in text and "    return trainer_utils.report_spent(fn_args, model)\n" in text
+    text = text.replace("    return trainer_utils.report_spent(fn_args, model)\n",
+                        f"    _forge_and_leak(fn_args, {str(work)!r})\n"
+                        "    return trainer_utils.report_spent(fn_args, model)\n")
+    (hostile / "trainer.py").write_text(text.replace(fn, FORGE_AND_LEAK + "\n\n" + fn))
+    out = sage("run", hostile / "pipeline.py", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "1",
+               "--epsilon-start", "1", "--min-window", "256", "--max-iterations", "1", "--work-dir", work)
+    shown = out.stdout + out.stderr
+    assert "-> ACCEPT" not in out.stdout, out.stdout
+    assert "ROWLEAK" not in shown
+    assert not (work / "serving").exists() or not os.listdir(work / "serving")
+    left = [os.path.join(folder, name) for folder, _, names in os.walk(tmp_path) for name in names
+            if name == "leaked_rows.bin"]
+    assert left == []
+    with Ledger.open(db) as ledger:
+        assert ledger.audit().ok
+        (grant,) = ledger.grants()
+        outcomes = [o for _g, o, _d in ledger.history("taxi", "taxi_fare")]
+        assert outcomes and "ACCEPT" not in outcomes, outcomes
+        assert "validation" in {r.stage for r in ledger.releases(grant.id)}
+
