@@ -20,7 +20,8 @@ The launcher (``sage run``) holds the ledger, its key and the iterator; it never
 The child (``python -m sage_tfx.pipelines.confined``, ``sage_tfx.isolation.spawn``) has no key file path, no
 secret in its environment, no ledger handle; under Landlock it reads only the system, Python and sage-tfx, the
 pipeline's folders and the data root (sealed blocks: it gets the keys of its grant's blocks only), and writes only
-its pipeline root, the MLMD folder, a staging folder and a private temporary folder. A run refuses (ValueError, before any charge)
+its pipeline root, the MLMD folder, a staging folder and a private temporary folder; as another OS user where a
+root launcher can start one (``isolation.child_user``). A run refuses (ValueError, before any charge)
 to grant it a folder that holds the ledger's key, head or database file. Its errors come back classified as they
 would be in the launcher (``ConfinedRunError``): FAILED for data-dependent errors, resumable for the environment's.
 """
@@ -37,7 +38,7 @@ import sys
 import tempfile
 from multiprocessing.connection import Connection
 
-from sage_tfx.isolation import Confinement, confine_from_environment, landlock_abi, spawn
+from sage_tfx.isolation import Confinement, child_user, confine_from_environment, landlock_abi, spawn
 from sage_tfx.pipelines import BUILTIN, is_pipeline_file, load_pipeline
 from sage_tfx.pipelines.definition import SLA, PipelineDefinitionError, SagePipeline
 from sage_tfx.privacy.vocabulary import Outcome
@@ -410,10 +411,13 @@ def main() -> None:
 
 
 def confinement_status() -> str:
-    """One line on how user code is confined on this host (Landlock ABI or its absence)."""
+    """One line on how user code is confined on this host: the Landlock ABI (or its absence) and the OS user its
+    children run as (``isolation.child_user``: which one, or why they keep the launcher's)."""
     abi = landlock_abi()
-    return (f"Landlock ABI {abi}" if abi else "no Landlock on this kernel: separate process and scrubbed "
-            "environment only")
+    landlock = (f"Landlock ABI {abi}" if abi else "no Landlock on this kernel: separate process and scrubbed "
+                "environment only")
+    return f"{landlock}; {child_user()[1]}"
+
 
 if __name__ == "__main__":
     main()

@@ -385,3 +385,90 @@ def test_a_trainer_module_that_forges_its_acceptance_and_leaks_rows_gets_neither
         assert outcomes and "ACCEPT" not in outcomes, outcomes
         assert "validation" in {r.stage for r in ledger.releases(grant.id)}
 
+
+ROOT = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the launcher is not root")
+
+
+def _other_python():
+    """An interpreter of this Python version outside /root (the test host's pyenv lives in /root, 0700), or None."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (os.environ.get("SAGE_CONFINED_PYTHON"), sys.executable, f"/usr/bin/{version}",
+                      f"/usr/local/bin/{version}"):
+        if candidate and os.path.exists(candidate):
+            from sage_tfx.isolation import ChildUser, _refusal
+
+            if _refusal(ChildUser(65534, 65534, candidate)) is None:
+                return candidate
+    return None
+
+
+@ROOT
+def test_a_root_launchers_child_runs_as_another_user_and_cannot_open_the_key_without_landlock(monkeypatch):
+    """As root, the confined child switches to uid/gid 65534 after its folders are given to it, so even with
+    Landlock off the key file (0600, the launcher's) fails with EACCES; the folder it is given stays readable and
+    writable. Before, the child ran as root (dropping its capabilities, so only Landlock kept the key out)."""
+    import errno
+    import tempfile
+
+    from sage_tfx.isolation import spawn
+
+    python = _other_python()
+    if python is None:
+        pytest.skip("no interpreter of this Python version that uid 65534 can run with sage-tfx")
+    monkeypatch.setenv("SAGE_CONFINED_PYTHON", python)
+    monkeypatch.delenv("SAGE_CONFINED_USER", raising=False)
+    base = tempfile.mkdtemp(prefix="sage-uid-", dir="/tmp")  # pytest's tmp_path lies under a 0700 folder
+    try:
+        os.chmod(base, 0o755)
+        key = os.path.join(base, "ledger.db.key")
+        with open(key, "wb") as f:
+            f.write(b"secret key")
+        os.chmod(key, 0o600)
+        mine, private = os.path.join(base, "mine"), os.path.join(base, "tmp")
+        os.makedirs(mine)
+        os.makedirs(private, mode=0o700)
+        with open(os.path.join(mine, "uid_probe.py"), "w") as f:
+            f.write("import json, os, sys\n"
+                    "from sage_tfx.isolation import confine_from_environment\n"
+                    "print(json.dumps({'abi': confine_from_environment(), 'uid': os.getuid(), 'gid': os.getgid()}))\n"
+                    "for path in sys.argv[1:]:\n"
+                    "    try:\n"
+                    "        open(path, 'rb').read(1)\n"
+                    "        print(json.dumps({path: 'read'}))\n"
+                    "    except OSError as exc:\n"
+                    "        print(json.dumps({path: exc.errno}))\n"
+                    "open(os.path.join(os.environ['TMPDIR'], 'written'), 'w').write('ok')\n")
+        with open(os.path.join(mine, "granted.txt"), "w") as f:
+            f.write("fine")
+        os.chmod(os.path.join(mine, "granted.txt"), 0o644)
+        child = spawn("uid_probe", [key, os.path.join(mine, "granted.txt")],
+                      Confinement(read=[mine], write=[], landlock=False), private, env={"PYTHONPATH": mine},
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err[-2000:]
+        lines = [json.loads(line) for line in out.splitlines()]
+        assert lines[0] == {"abi": 0, "uid": 65534, "gid": 65534}  # Landlock off: the OS user alone
+        assert lines[1] == {key: errno.EACCES}
+        assert lines[2] == {os.path.join(mine, "granted.txt"): "read"}
+        assert os.stat(os.path.join(private, "written")).st_uid == 65534
+        assert open(key, "rb").read() == b"secret key" and os.stat(key).st_uid == 0
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@ROOT
+def test_where_the_child_user_cannot_run_the_child_keeps_the_launchers_user_and_says_why(monkeypatch):
+    """A host whose interpreter the unprivileged user cannot run (this one's pyenv under /root, 0700): the status
+    names why and the child runs as root under Landlock, as before; off, and a bad value, are named too."""
+    from sage_tfx.isolation import ConfinementError, child_user
+    from sage_tfx.pipelines.confined import confinement_status
+
+    monkeypatch.setenv("SAGE_CONFINED_PYTHON", "/nonexistent/python3")
+    user, why = child_user()
+    assert user is None and "cannot run /nonexistent/python3" in why and "SAGE_CONFINED_PYTHON" in why
+    assert why in confinement_status()
+    monkeypatch.setenv("SAGE_CONFINED_USER", "off")
+    assert child_user() == (None, "SAGE_CONFINED_USER=off: confined children run as root, under Landlock")
+    monkeypatch.setenv("SAGE_CONFINED_USER", "0:0")
+    with pytest.raises(ConfinementError, match="not UID:GID of a user other than root"):
+        child_user()
