@@ -346,7 +346,8 @@ def folder_names(folders) -> dict:
 
 
 def _kept_artifacts(config, root) -> set:
-    """The folders of the LIVE artifacts of a kept type inside ``root``; every other artifact there marked DELETED."""
+    """The folders of the LIVE artifacts of a kept type inside ``root`` (through no symbolic link); every other
+    artifact named under the pipeline root is marked DELETED."""
     from ml_metadata.metadata_store import metadata_store
     from ml_metadata.proto import metadata_store_pb2
 
@@ -354,11 +355,13 @@ def _kept_artifacts(config, root) -> set:
         return set()
     store = metadata_store.MetadataStore(metadata_config(config.metadata_path))
     kept, changed = set(), []
+    named = tuple(os.path.join(where(config.pipeline_root), "") for where in (os.path.abspath, os.path.realpath))
     for kind in store.get_artifact_types():
         for artifact in store.get_artifacts_by_type(kind.name):
-            if not artifact.uri or not inside_root(artifact.uri, root):
-                continue
-            if kind.name in KEPT_ARTIFACTS and artifact.state == metadata_store_pb2.Artifact.LIVE:
+            if not artifact.uri or not os.path.abspath(artifact.uri).startswith(named):
+                continue  # not the run's: left as it is
+            if kind.name in KEPT_ARTIFACTS and artifact.state == metadata_store_pb2.Artifact.LIVE and \
+                    inside_root(artifact.uri, root):
                 kept.add(os.path.realpath(artifact.uri))
             elif artifact.state != metadata_store_pb2.Artifact.DELETED:
                 artifact.state = metadata_store_pb2.Artifact.DELETED

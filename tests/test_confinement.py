@@ -472,3 +472,50 @@ def test_where_the_child_user_cannot_run_the_child_keeps_the_launchers_user_and_
     monkeypatch.setenv("SAGE_CONFINED_USER", "0:0")
     with pytest.raises(ConfinementError, match="not UID:GID of a user other than root"):
         child_user()
+
+
+@pytest.mark.tf
+def test_only_declared_artifacts_outlive_a_confined_run(tmp_path):
+    """``keep_declared_outputs`` after a confined run: the LIVE Model's folder and the MLMD store stay; a ModelRun's
+    folder, a file at the root, a folder no artifact names and one a kept type names through a symbolic link go;
+    the removed artifacts are DELETED in MLMD; a separate MLMD folder loses only what the run added."""
+    from ml_metadata.metadata_store import metadata_store
+    from ml_metadata.proto import metadata_store_pb2
+
+    from sage_tfx.pipelines._runner import PipelineConfig, folder_names, keep_declared_outputs, metadata_config
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not the run's")
+    config = PipelineConfig(name="p", ledger="l.db", stream="s", data_root=str(tmp_path / "data"),
+                            work_dir=str(tmp_path / "work"), target=1.0)
+    root = tmp_path / "work" / "tfx" / "p"
+    for folder in ("DPTrainer/model/3", "DPTrainer/model_run/3", "stray/inner"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "leaked_rows.bin").write_bytes(b"rows")
+    (root / "leaked_rows.bin").write_bytes(b"rows")
+    (root / "Linked" / "model").mkdir(parents=True)
+    (root / "Linked" / "model" / "4").symlink_to(outside)
+    store = metadata_store.MetadataStore(metadata_config(config.metadata_path))
+
+    def record(kind, uri):
+        type_id = store.put_artifact_type(metadata_store_pb2.ArtifactType(name=kind))
+        store.put_artifacts([metadata_store_pb2.Artifact(type_id=type_id, uri=str(uri),
+                                                         state=metadata_store_pb2.Artifact.LIVE)])
+
+    record("Model", root / "DPTrainer" / "model" / "3")
+    record("ModelRun", root / "DPTrainer" / "model_run" / "3")
+    record("Model", root / "Linked" / "model" / "4")
+    elsewhere = tmp_path / "mlmd"
+    elsewhere.mkdir()
+    (elsewhere / "old.txt").write_text("there before")
+    before = folder_names([str(elsewhere)])
+    (elsewhere / "new_rows.bin").write_bytes(b"rows")
+    keep_declared_outputs(config, before)
+    left = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+    assert left == ["DPTrainer/model/3/leaked_rows.bin", "metadata.sqlite"], left
+    assert os.listdir(elsewhere) == ["old.txt"] and (outside / "keep.txt").exists()
+    states = {a.uri: a.state for a in store.get_artifacts()}
+    assert states[str(root / "DPTrainer" / "model" / "3")] == metadata_store_pb2.Artifact.LIVE
+    assert states[str(root / "DPTrainer" / "model_run" / "3")] == metadata_store_pb2.Artifact.DELETED
+    assert states[str(root / "Linked" / "model" / "4")] == metadata_store_pb2.Artifact.DELETED
