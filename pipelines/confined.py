@@ -125,8 +125,10 @@ def child_output(check: bool = False):
 
 
 def _within(path: str, root: str) -> bool:
+    """Whether the local ``path`` is the pipeline root or lies in it (a ``file://`` root by its local path)."""
     from sage_tfx.pipelines._runner import is_url
 
+    root = root[len("file://"):] if root.startswith("file://") else root
     if is_url(root):
         return False
     path, root = os.path.realpath(path), os.path.realpath(root)
