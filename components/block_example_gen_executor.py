@@ -75,6 +75,34 @@ def split_index(record, bounds):
     raise AssertionError("unreachable")
 
 
+def split_bounds(splits):
+    """The cumulative bucket bounds of [(name, buckets), ...], as ``split_index`` takes them."""
+    bounds, total = [], 0
+    for _, buckets in splits:
+        total += buckets
+        bounds.append(total)
+    return bounds
+
+
+def granted_records(ledger, data_root, grant, wanted) -> dict:
+    """{split: [serialized tf.Examples]} for the splits ``wanted`` of ``grant``'s records: its blocks opened through
+    the key door (``access.grant_blocks``: signature and charge re-checked) and split by its signed record split
+    (``split_index``), the records the executor's Beam job writes to those splits (here in block and file order).
+    For a reader that must not trust an Examples artifact written beside user code (``pipelines.confined``)."""
+    from sage_tfx.ingest.access import grant_blocks
+
+    verified, blocks = grant_blocks(ledger, data_root, grant.to_json(), stream=grant.stream)
+    splits = granted_splits(None, verified)
+    names, bounds = [name for name, _ in splits], split_bounds(splits)
+    found = {name: [] for name in wanted}
+    for block in blocks:
+        for record in block.records():
+            name = names[split_index(record, bounds)]
+            if name in found:
+                found[name].append(record)
+    return found
+
+
 def _read_sealed_dofn():
     import apache_beam as beam
 
@@ -216,10 +244,7 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
         examples = artifact_utils.get_single_instance(output_dict["examples"])
         names = [name for name, _ in splits]
         examples.split_names = artifact_utils.encode_split_names(names)
-        bounds, total = [], 0
-        for _, buckets in splits:
-            total += buckets
-            bounds.append(total)
+        bounds = split_bounds(splits)
         location = staging_location(exec_properties, self._beam_pipeline_args)
         staged, staged_tasks = (staged_run(location) if location else None), []
         old_umask = os.umask(0o077)  # the raw copies (and local staged ciphertext): 0600 files in 0700 folders

@@ -367,12 +367,11 @@ def _pick(outputs, wanted, metric):
                                f"{sorted(outputs)}; set prediction_key")
 
 
-def split_values(model, examples, split, plan, loss_fn=None):
-    """The per-example values of one split: the model run on its records, the label (derived by
+def split_values(model, records, plan, loss_fn=None):
+    """The per-example values of one split's serialized records: the model run on them, the label (derived by
     ``label_threshold`` when the plan has one), then ``per_example_values``."""
 
-    labels, outputs = model_outputs(model, split_records(examples, split), plan["label_key"],
-                                    plan.get("label_signature"))
+    labels, outputs = model_outputs(model, records, plan["label_key"], plan.get("label_signature"))
     if not len(labels):
         return np.zeros(0)
     if plan.get("label_threshold") is not None:
@@ -493,6 +492,44 @@ def confidence_report(grant, plan: dict, eta: float) -> dict:
                         "confidence, test_confidence = 1 - eta_i, is higher than the one asked"}
 
 
+def validate_model(run, plan: dict, model_path: str, read_split) -> tuple:
+    """(``ValidationResult``, the release's fingerprint): the SavedModel at ``model_path`` validated by ``plan`` under
+    ``run``'s grant on the records ``read_split(split)`` gives (serialized tf.Examples of the grant's split).
+
+    One release per grant: validating another model (or with other parameters) under it is refused by the
+    ledger before any noise is drawn; the same model and test re-run (a resumed iteration, or the launcher's
+    own validation after a confined run: ``pipelines.confined``) re-opens the release and draws the same noise."""
+    serving = ServingModel(model_path)
+    splits = [plan["eval_split"]] + ([] if plan["train_split"] is None else [plan["train_split"]])
+    computation = validation_computation(plan, model_path, run.release_data(splits))
+    seed = run.open_release(STAGE, computation, plan["epsilon"])
+    if plan["train_split"] is not None:
+        run.open_release(REJECT_STAGE, computation, plan["train_epsilon"])
+    loss_fn = load_loss_function(plan)
+    test = split_values(serving, read_split(plan["eval_split"]), plan, loss_fn)
+    train = None if plan["train_split"] is None else split_values(serving, read_split(plan["train_split"]), plan,
+                                                                  loss_fn)
+    # the validators' noise: exact grid Laplace from a ChaCha20 generator keyed by the grant's seed
+    rng = secure_rng(seed, Stage.VALIDATION.value)
+    return make_validator(plan).validate(test, train, rng, attempt=plan["attempt"], eta=plan["eta"]), computation
+
+
+def validation_report(result, plan: dict, grant, computation: str, **uris) -> dict:
+    """result.json's contents: the result's fields, its bound, the plan's and the grant's, ``uris`` (model_uri,
+    examples_uri)."""
+    report = result.to_dict()
+    key = "upper" if plan["metric"] in LOSS_METRICS else "lower"
+    report.update({
+        "bound": report["bounds"].get(key), "bound_kind": key, "metric_name": plan["metric"],
+        "grant_id": grant.id, "stream": grant.stream, "eval_split": plan["eval_split"],
+        "train_split": plan["train_split"], **uris,
+        "validation_share_epsilon": stage_budget(grant, STAGE)[0], "train_epsilon": plan["train_epsilon"],
+        "label_threshold": plan["label_threshold"], "loss_module": plan.get("loss_module"),
+        "computation": computation, **confidence_report(grant, plan, result.eta),
+    })
+    return report
+
+
 class Executor(GrantedExecutor, base_executor.BaseExecutor):
 
     def Do(self, input_dict, output_dict, exec_properties):
@@ -507,40 +544,15 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
 
         grant = run.grant
         plan = validation_plan(exec_properties, grant)
-        validator = make_validator(plan)
+        make_validator(plan)  # a bad parameter fails here, before any record is read
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         run.check_read_under(examples, "validate only data the grant covers")
         run.check_examples_data(examples, "DPModelValidator")
         model = artifact_utils.get_single_instance(input_dict["model"])
         model_path = path_utils.serving_model_path(model.uri, path_utils.is_old_model_artifact(model))
 
-        serving = ServingModel(model_path)
-        # One release per grant: validating another model (or with other parameters) under this grant is
-        # refused here, before any noise is drawn; the same model and test re-run draws the same noise.
-        splits = [plan["eval_split"]] + ([] if plan["train_split"] is None else [plan["train_split"]])
-        computation = validation_computation(plan, model_path, run.release_data(splits))
-        seed = run.open_release(STAGE, computation, plan["epsilon"])
-        if plan["train_split"] is not None:
-            run.open_release(REJECT_STAGE, computation, plan["train_epsilon"])
-        loss_fn = load_loss_function(plan)
-        test = split_values(serving, examples, plan["eval_split"], plan, loss_fn)
-        train = None if plan["train_split"] is None else split_values(serving, examples, plan["train_split"], plan,
-                                                                      loss_fn)
-
-        # the validators' noise: exact grid Laplace from a ChaCha20 generator keyed by the grant's seed
-        rng = secure_rng(seed, Stage.VALIDATION.value)
-        result = validator.validate(test, train, rng, attempt=plan["attempt"], eta=plan["eta"])
-
-        report = result.to_dict()
-        key = "upper" if plan["metric"] in LOSS_METRICS else "lower"
-        report.update({
-            "bound": report["bounds"].get(key), "bound_kind": key, "metric_name": plan["metric"],
-            "grant_id": grant.id, "stream": grant.stream, "eval_split": plan["eval_split"],
-            "train_split": plan["train_split"], "model_uri": model.uri, "examples_uri": examples.uri,
-            "validation_share_epsilon": stage_budget(grant, STAGE)[0], "train_epsilon": plan["train_epsilon"],
-            "label_threshold": plan["label_threshold"], "loss_module": plan.get("loss_module"),
-            "computation": computation, **confidence_report(grant, plan, result.eta),
-        })
+        result, computation = validate_model(run, plan, model_path, lambda split: split_records(examples, split))
+        report = validation_report(result, plan, grant, computation, model_uri=model.uri, examples_uri=examples.uri)
         blessing = artifact_utils.get_single_instance(output_dict["blessing"])
         write_blessing(blessing.uri, model.uri, model.id, result.accepted, artifact=blessing)
         write_result(artifact_utils.get_single_instance(output_dict["validation_result"]), report)

@@ -311,6 +311,88 @@ def _scrub(config, root, real, files):
     return removed
 
 
+# The artifact types a confined run's outputs may keep in the pipeline root (its model, transform graph, blessing,
+# validation result and push record); ``keep_declared_outputs`` removes every other file it wrote there.
+KEPT_ARTIFACTS = ("Model", "TransformGraph", "ModelBlessing", "SageValidationResult", "PushedModel")
+_JOURNALS = ("", "-wal", "-shm", "-journal")
+
+
+def keep_declared_outputs(config, before: dict | None = None) -> list:
+    """After a confined run: remove every file and folder of the local pipeline root but the folders of LIVE
+    artifacts of a ``KEPT_ARTIFACTS`` type (reached through no symbolic link) and the MLMD store, and mark every
+    other artifact inside the root DELETED (TFX's cache never hands a removed artifact to a re-run). ``before``
+    ({folder: names}, ``folder_names``): other folders the run could write (the MLMD folder, a local staging
+    location) lose every entry not there before, the MLMD store's files excepted. Returns the paths removed. A
+    URL pipeline root is left as it is."""
+    removed = []
+    metadata = {where(config.metadata_path) + suffix for suffix in _JOURNALS for where in (os.path.abspath,
+                                                                                           os.path.realpath)}
+    for folder, names in (before or {}).items():
+        for name in sorted(set(os.listdir(folder)) - set(names)) if os.path.isdir(folder) else ():
+            path = os.path.join(folder, name)
+            if path not in metadata:
+                _remove(path, removed)
+    if config.remote_root or not os.path.isdir(config.pipeline_root):
+        return removed
+    root = os.path.realpath(config.pipeline_root)
+    kept = metadata | _kept_artifacts(config, root)
+    _prune(root, kept, removed)
+    return removed
+
+
+def folder_names(folders) -> dict:
+    """{folder: its entries now} for the local folders of ``folders`` (``keep_declared_outputs``' ``before``)."""
+    return {f: os.listdir(f) for f in folders if f and not is_url(f) and os.path.isdir(f)}
+
+
+def _kept_artifacts(config, root) -> set:
+    """The folders of the LIVE artifacts of a kept type inside ``root`` (through no symbolic link); every other
+    artifact named under the pipeline root is marked DELETED."""
+    from ml_metadata.metadata_store import metadata_store
+    from ml_metadata.proto import metadata_store_pb2
+
+    if not os.path.exists(config.metadata_path):
+        return set()
+    store = metadata_store.MetadataStore(metadata_config(config.metadata_path))
+    kept, changed = set(), []
+    named = tuple(os.path.join(where(config.pipeline_root), "") for where in (os.path.abspath, os.path.realpath))
+    for kind in store.get_artifact_types():
+        for artifact in store.get_artifacts_by_type(kind.name):
+            if not artifact.uri or not os.path.abspath(artifact.uri).startswith(named):
+                continue  # not the run's: left as it is
+            if kind.name in KEPT_ARTIFACTS and artifact.state == metadata_store_pb2.Artifact.LIVE and \
+                    inside_root(artifact.uri, root):
+                kept.add(os.path.realpath(artifact.uri))
+            elif artifact.state != metadata_store_pb2.Artifact.DELETED:
+                artifact.state = metadata_store_pb2.Artifact.DELETED
+                changed.append(artifact)
+    if changed:
+        store.put_artifacts(changed)
+    return kept
+
+
+def _prune(folder, kept, removed):
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if path in kept:
+            continue
+        if os.path.isdir(path) and not os.path.islink(path) and any(k.startswith(path + os.sep) for k in kept):
+            _prune(path, kept, removed)
+        else:
+            _remove(path, removed)
+
+
+def _remove(path, removed):
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    removed.append(path)
+
+
 def _run_tfx(pipeline, runner):
     if runner == "beam":
         from tfx.orchestration.beam.beam_dag_runner import BeamDagRunner
@@ -393,6 +475,16 @@ def register_url_filesystems_on_workers(pipeline):
             component.with_beam_pipeline_args([f"--beam_plugins={GFILE_BEAM_PLUGIN}"])
 
 
+def inside_root(path, root) -> bool:
+    """Whether ``path`` lies strictly inside the folder or URL ``root``, reached through no symbolic link (a local
+    path) and no ``..`` segment (a URL): what a confined run's MLMD names is checked so before it is read."""
+    if is_url(root):
+        return str(path).startswith(str(root).rstrip("/") + "/") and ".." not in str(path).split("/")
+    path, real = os.path.abspath(path), os.path.realpath(root)
+    return os.path.realpath(path) == path.replace(os.path.abspath(root), real, 1) and path != os.path.abspath(root) \
+        and os.path.realpath(path).startswith(real + os.sep)
+
+
 def validation_result(metadata_path, grant_id, root=None):
     """The DPModelValidator result (dict from its result.json) recorded for ``grant_id``, or None. ``root``: the
     local pipeline root the result must lie in (RuntimeError for a result outside it or reached through a symbolic
@@ -405,12 +497,9 @@ def validation_result(metadata_path, grant_id, root=None):
     if not found:
         return None
     latest = max(found, key=lambda a: a.id)
-    if root is not None and not is_url(root):
-        path, real = os.path.join(latest.uri, "result.json"), os.path.realpath(root)
-        if os.path.realpath(path) != os.path.join(os.path.realpath(latest.uri), "result.json") or not \
-                os.path.realpath(path).startswith(real + os.sep):
-            raise RuntimeError(f"the validation result under grant {grant_id} is not a file inside the pipeline root "
-                               f"{root}: it was not written by DPModelValidator")
+    if root is not None and not is_url(root) and not inside_root(os.path.join(latest.uri, "result.json"), root):
+        raise RuntimeError(f"the validation result under grant {grant_id} is not a file inside the pipeline root "
+                           f"{root}: it was not written by DPModelValidator")
     if root is not None and not is_url(root):  # a local file: read without importing TensorFlow
         with open(os.path.join(latest.uri, "result.json")) as f:
             return json.load(f)
@@ -425,8 +514,9 @@ def make_run_iteration(build_pipeline, config, execute=None):
 
     ``build_pipeline(config, grant, split, eta, iteration)`` returns a TFX Pipeline
     whose DPModelValidator validates under ``grant``. ``execute(grant, split, eta, iteration)`` builds and runs it
-    (default: ``run_built`` in this process; ``sage run`` runs it in a confined child, ``pipelines.confined``); the
-    pipeline root is made private and scrubbed here, before and after, and the outcome read from MLMD.
+    and returns the validation result it trusts, or None (default: ``run_built`` in this process, its outcome then
+    read from MLMD; ``sage run`` runs it in a confined child and validates its model in another,
+    ``pipelines.confined``); the pipeline root is made private and scrubbed here, before and after.
     """
     from sage_tfx.adaptive import IterationResult
 
@@ -437,10 +527,11 @@ def make_run_iteration(build_pipeline, config, execute=None):
     def run_iteration(grant, split, eta, iteration):
         prepare_pipeline_root(config)
         try:
-            execute(grant, split, eta, iteration)
+            result = execute(grant, split, eta, iteration)
         finally:
             scrub_raw_artifacts(config)  # the run ended (ACCEPT, RETRY, REJECT or an error): no raw copy stays
-        result = validation_result(config.metadata_path, grant.id, config.pipeline_root)
+        if result is None:  # run in this process: its validator's result, from MLMD
+            result = validation_result(config.metadata_path, grant.id, config.pipeline_root)
         if result is None:
             raise RuntimeError(f"the pipeline run under grant {grant.id} recorded no validation result")
         bound = result.get("bound")  # None when the noisy count was not positive

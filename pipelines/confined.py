@@ -9,15 +9,19 @@ The launcher (``sage run``) holds the ledger, its key and the iterator; it never
   are the package's own code and load in the launcher.
 * ``confined_execute(spec, config)``: the ``execute`` step of ``make_run_iteration``: a child loads the pipeline
   again, builds the iteration's TFX pipeline with ``ledger`` = the grant server's ``ADDRESS`` and runs it
-  (``run_built``); the launcher serves it the iteration's grant (``components._grant_server.GrantServer``) and
-  reads the outcome from MLMD afterwards, as before.
+  (``run_built``); the launcher serves it the iteration's grant (``components._grant_server.GrantServer``), keeps
+  only its declared artifacts (``_runner.keep_declared_outputs``) and shows none of its output (``child_output``).
+* ``validate_confined``: the outcome the launcher acts on: the run's model validated again in a fresh child that
+  runs no user Python code, on the grant's records from their sealed blocks; the launcher pushes that model on
+  its ACCEPT (the iteration's child cannot write the serving folder).
 * ``score_outputs(model_dir, ...)``: ``sage score`` runs the pushed model (a graph user code built) on hold-out
   rows in a child that reads only the model and the rows.
 
 The child (``python -m sage_tfx.pipelines.confined``, ``sage_tfx.isolation.spawn``) has no key file path, no
 secret in its environment, no ledger handle; under Landlock it reads only the system, Python and sage-tfx, the
 pipeline's folders and the data root (sealed blocks: it gets the keys of its grant's blocks only), and writes only
-the work, serving and staging folders and a private temporary folder. A run refuses (ValueError, before any charge)
+its pipeline root, the MLMD folder, a staging folder and a private temporary folder; as another OS user where a
+root launcher can start one (``isolation.child_user``). A run refuses (ValueError, before any charge)
 to grant it a folder that holds the ledger's key, head or database file. Its errors come back classified as they
 would be in the launcher (``ConfinedRunError``): FAILED for data-dependent errors, resumable for the environment's.
 """
@@ -34,9 +38,10 @@ import sys
 import tempfile
 from multiprocessing.connection import Connection
 
-from sage_tfx.isolation import Confinement, confine_from_environment, landlock_abi, spawn
+from sage_tfx.isolation import Confinement, child_user, confine_from_environment, landlock_abi, spawn
 from sage_tfx.pipelines import BUILTIN, is_pipeline_file, load_pipeline
 from sage_tfx.pipelines.definition import SLA, PipelineDefinitionError, SagePipeline
+from sage_tfx.privacy.vocabulary import Outcome
 
 CHILD_MODULE = "sage_tfx.pipelines.confined"
 
@@ -83,34 +88,112 @@ def confined_execute(spec: str, definition: SagePipeline, config, secrets=(), ch
 
     def execute(grant, split, eta, iteration):
         from sage_tfx.components._grant_channel import ADDRESS
+        from sage_tfx.pipelines._runner import folder_names, keep_declared_outputs
         from sage_tfx.privacy.errors import ConfinedRunError
 
         for folder in confinement.write:  # the child may create nothing outside them: they exist first
             os.makedirs(folder, mode=0o700, exist_ok=True)
-        job = {"mode": "iterate", "spec": spec,
-               "config": {**dataclasses.asdict(config), "ledger": ADDRESS}, "grant": grant.to_json(), "eta": eta,
+        # its Pusher pushes into a folder of its own, removed afterwards: the launcher pushes what it validated
+        child_config = {**dataclasses.asdict(config), "ledger": ADDRESS,
+                        "serving_dir": os.path.join(os.path.dirname(config.metadata_path), PUSH_FOLDER)}
+        job = {"mode": "iterate", "spec": spec, "config": child_config, "grant": grant.to_json(), "eta": eta,
                "iteration": iteration, "check": check}
-        result = run_child(job, confinement, location=config.ledger, grant=grant)
-        if result.get("status") == "ok":
-            return
-        raise ConfinedRunError(result.get("public") or "the confined pipeline failed",
-                               environment=bool(result.get("environment")),
-                               environment_text=result.get("environment_text") or "",
-                               detail=result.get("detail") if check else None)
+        before = folder_names([f for f in confinement.write if not _within(f, config.pipeline_root)])
+        try:
+            result = run_child(job, confinement, location=config.ledger, grant=grant, output=child_output(check))
+        finally:
+            keep_declared_outputs(config, before)  # only the declared artifacts stay, whatever the outcome
+        if result.get("status") != "ok":
+            raise ConfinedRunError(result.get("public") or "the confined pipeline failed",
+                                   environment=bool(result.get("environment")),
+                                   environment_text=result.get("environment_text") or "",
+                                   detail=result.get("detail") if check else None)
+        return validate_confined(definition, config, grant, eta, secrets)
 
     return execute
 
 
+PUSH_FOLDER = "_confined_push"  # where a confined run's own Pusher writes (inside the MLMD folder; removed)
+SHOW_OUTPUT = "SAGE_SHOW_CONFINED_OUTPUT"  # "1": an iteration child's stdout and stderr go to the launcher's
+
+
+def child_output(check: bool = False):
+    """Where an iteration child's stdout and stderr go: nowhere (``subprocess.DEVNULL``), since user code there
+    holds the granted records and may print them; the launcher's own for a ``--check`` run (generated rows) or
+    when the operator sets ``SAGE_SHOW_CONFINED_OUTPUT=1`` (NOT private: docs/security.md)."""
+    return None if check or os.environ.get(SHOW_OUTPUT) == "1" else subprocess.DEVNULL
+
+
+def _within(path: str, root: str) -> bool:
+    """Whether the local ``path`` is the pipeline root or lies in it (a ``file://`` root by its local path)."""
+    from sage_tfx.pipelines._runner import is_url
+
+    root = root[len("file://"):] if root.startswith("file://") else root
+    if is_url(root):
+        return False
+    path, root = os.path.realpath(path), os.path.realpath(root)
+    return path == root or path.startswith(root + os.sep)
+
+
+def validate_confined(definition: SagePipeline, config, grant, eta, secrets=()) -> dict:
+    """The validation result the launcher trusts for a confined run under ``grant``: the model its validator named
+    (a folder inside the pipeline root) validated again in a fresh confined child that runs no user Python code
+    (it loads only that SavedModel, and the custom loss module if the SLA names one) on the grant's records, read
+    from its sealed blocks through the grant server, with the pipeline's own test (``validator_properties``). It
+    re-opens the grant's validation release: the same model and test draw the same noise as the run's validator,
+    anything else is refused by the ledger. On ACCEPT the launcher pushes that model to the serving folder.
+    RuntimeError if the run recorded no validation result or names a model outside the pipeline root."""
+    from sage_tfx.pipelines._runner import inside_root, is_url, validation_result
+    from sage_tfx.privacy.errors import ConfinedRunError
+    from sage_tfx.release.blessing import SERVING_MODEL_DIR, push_model
+
+    claimed = validation_result(config.metadata_path, grant.id, config.pipeline_root)
+    if claimed is None:
+        raise RuntimeError(f"the pipeline run under grant {grant.id} recorded no validation result")
+    model_uri = str(claimed.get("model_uri") or "")
+    if not inside_root(model_uri, config.pipeline_root):
+        raise RuntimeError(f"the validation result under grant {grant.id} names a model outside the pipeline root "
+                           f"{config.pipeline_root}: it was not written by DPModelValidator")
+    model_dir = model_uri.rstrip("/") + "/" + SERVING_MODEL_DIR
+    properties = definition.validator_properties(config, grant, eta)
+    loss_module = properties.get("loss_module")
+    remote = is_url(config.pipeline_root) or is_url(config.data_root)
+    local = [p[len("file://"):] if p.startswith("file://") else p for p in (model_dir, config.data_root)]
+    confinement = Confinement(read=[p for p in local if not is_url(p)] +
+                              code_paths([loss_module] if loss_module else [], secrets), network=remote)
+    check_confinement(confinement, secrets)
+    job = {"mode": "validate", "grant": grant.to_json(), "properties": properties, "model_uri": model_uri,
+           "model_dir": model_dir, "data_root": config.data_root}
+    result = run_child(job, confinement, location=config.ledger, grant=grant, output=subprocess.DEVNULL)
+    if result.get("status") != "ok":
+        raise ConfinedRunError(result.get("public") or "the launcher's validation of the model failed",
+                               environment=bool(result.get("environment")),
+                               environment_text=result.get("environment_text") or "")
+    report = result["report"]
+    if report.get("outcome") == Outcome.ACCEPT:
+        push_model(model_dir, config.serving_dir, _version(config.serving_dir))
+    return report
+
+
+def _version(serving_dir: str) -> int:
+    """A new version number for serving_dir: the time in seconds, as TFX's Pusher names them, past any there."""
+    import time
+
+    taken = [int(n) for n in os.listdir(serving_dir) if n.isdigit()] if os.path.isdir(serving_dir) else []
+    return max([int(time.time()), *(v + 1 for v in taken)])
+
+
 def iteration_confinement(definition: SagePipeline, config, secrets=()) -> Confinement:
     """What an iteration's child may touch: read the data root (sealed blocks) and the pipeline's code
-    (``code_paths``); write the work, serving and staging folders, a local pipeline root and the MLMD folder. TCP
-    stays open: Beam's in-process runner binds and connects to local ports of its own (its gRPC channels)."""
+    (``code_paths``); write its local pipeline root (not the rest of the work folder), the MLMD folder and a local
+    staging folder; never the serving folder (the launcher pushes). TCP stays open: Beam's in-process runner binds
+    and connects to local ports of its own (its gRPC channels)."""
     from sage_tfx.pipelines._runner import is_url
 
     files = [definition.source_file, *(definition.module_path(r) for r in (
         "trainer_module", "preprocessing_module", "loss_module"))]
-    write = [config.work_dir, config.serving_dir, os.path.dirname(config.metadata_path)]
-    for path in (config.artifact_root, config.staging_location):
+    write = [os.path.dirname(config.metadata_path)]
+    for path in (config.pipeline_root, config.staging_location):
         if path is not None and (not is_url(path) or path.startswith("file://")):  # file://: a local folder
             write.append(path[len("file://"):] if path.startswith("file://") else path)
     return Confinement(read=code_paths([f for f in files if f], secrets) + [os.path.abspath(config.data_root)],
@@ -239,6 +322,22 @@ def _iterate(job: dict) -> None:
               job["iteration"])
 
 
+def _validate(job: dict) -> dict:
+    """The child's side of ``validate_confined``: no user Python code runs here (the pipeline is not loaded)."""
+    from sage_tfx.components._grant import GrantedExecutor
+    from sage_tfx.components._grant_channel import ADDRESS
+    from sage_tfx.components.block_example_gen_executor import granted_records
+    from sage_tfx.components.dp_model_validator_executor import validate_model, validation_plan, validation_report
+
+    with GrantedExecutor().CheckGrant({"grant": job["grant"], "ledger": ADDRESS}) as run:
+        plan = validation_plan(job["properties"], run.grant)
+        splits = [plan["eval_split"]] + ([] if plan["train_split"] is None else [plan["train_split"]])
+        records = granted_records(run.ledger, job["data_root"], run.grant, splits)
+        result, computation = validate_model(run, plan, job["model_dir"], records.__getitem__)
+        report = validation_report(result, plan, run.grant, computation, model_uri=job["model_uri"])
+    return {"status": "ok", "report": json.loads(json.dumps(report, default=str))}
+
+
 def _score(job: dict) -> dict:
     """The child's side of ``score_outputs``: JSON-ready lists (non-numeric outputs left out)."""
     import base64
@@ -300,6 +399,8 @@ def main() -> None:
             result = {"status": "ok", "pipeline": _fields(load_pipeline(job["spec"]))}
         elif job.get("mode") == "score":
             result = _score(job)
+        elif job.get("mode") == "validate":
+            result = _validate(job)
         else:
             _iterate(job)
             result = {"status": "ok"}
@@ -312,10 +413,12 @@ def main() -> None:
 
 
 def confinement_status() -> str:
-    """One line on how user code is confined on this host (Landlock ABI or its absence)."""
+    """One line on how user code is confined on this host: the Landlock ABI (or its absence) and the OS user its
+    children run as (``isolation.child_user``: which one, or why they keep the launcher's)."""
     abi = landlock_abi()
-    return (f"Landlock ABI {abi}" if abi else "no Landlock on this kernel: separate process and scrubbed "
-            "environment only")
+    landlock = (f"Landlock ABI {abi}" if abi else "no Landlock on this kernel: separate process and scrubbed "
+                "environment only")
+    return f"{landlock}; {child_user()[1]}"
 
 
 if __name__ == "__main__":

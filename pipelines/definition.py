@@ -284,12 +284,8 @@ class SagePipeline:
         from sage_tfx.components.dp_model_validator import DPModelValidator
         from sage_tfx.components.dp_trainer import DPTrainer
         from sage_tfx.components.dp_transform import DPTransform
-        from sage_tfx.privacy import grant_split
 
         grant_json = grant.to_json()
-        split = grant_split(grant)
-        # The REJECT test on the train split runs when the grant pays for it (its split's rejection stage).
-        train_split = "train" if split is not None and split.rejection > 0 else None
         gen = BlockExampleGen(ledger=config.ledger, data_root=config.data_root, stream=config.stream,
                               grant=grant_json, staging_location=getattr(config, "staging_location", None))
         transform = None
@@ -307,17 +303,26 @@ class SagePipeline:
         trainer = DPTrainer(**trainer_inputs, module_file=self.module_path("trainer_module"), ledger=config.ledger,
                             grant=grant_json, custom_config=custom_config)
         validator = DPModelValidator(model=trainer.outputs["model"], examples=gen.outputs["examples"],
-                                     ledger=config.ledger, metric=self.sla.metric, target=config.target,
-                                     label_key=self.sla.label, grant=grant_json, loss_bound=(
-                                         None if self.sla.metric == Metric.ACCURACY.value else self.sla.loss_bound),
-                                     eta=eta, train_split=train_split, label_threshold=self.sla.label_threshold,
-                                     loss_module=self.module_path("loss_module"),
-                                     loss_function=self.sla.loss_function,
-                                     label_signature=self.sla.label_signature)
+                                     ledger=config.ledger, grant=grant_json,
+                                     **self.validator_properties(config, grant, eta))
         pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
                         push_destination=pusher_pb2.PushDestination(
                             filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=config.serving_dir)))
         return StandardComponents(gen, transform, trainer, validator, pusher)
+
+    def validator_properties(self, config, grant, eta) -> dict:
+        """DPModelValidator's test under ``grant`` (its parameters but the ledger, grant and inputs): this
+        pipeline's SLA at ``config.target`` and ``eta``; the REJECT test on the train split when the grant pays for
+        it (its split's rejection stage). The launcher validates a confined run's model with the same
+        (``pipelines.confined``)."""
+        from sage_tfx.privacy import grant_split
+
+        split = grant_split(grant)
+        return {"metric": self.sla.metric, "target": config.target, "label_key": self.sla.label,
+                "loss_bound": None if self.sla.metric == Metric.ACCURACY.value else self.sla.loss_bound, "eta": eta,
+                "train_split": "train" if split is not None and split.rejection > 0 else None,
+                "label_threshold": self.sla.label_threshold, "loss_module": self.module_path("loss_module"),
+                "loss_function": self.sla.loss_function, "label_signature": self.sla.label_signature}
 
     def build_pipeline(self, config, grant, split, eta, iteration):
         """The TFX Pipeline of one iteration under ``grant`` (cached by its inputs, so a resumed iteration reuses

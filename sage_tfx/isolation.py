@@ -8,15 +8,19 @@ it runs any user code: Linux Landlock (``landlock_create_ruleset`` / ``add_rule`
 folders it is given, and write only the folders it is given. Landlock also keeps it from tracing, or reading the
 memory of, the launcher; with ABI 4 and ``network=False`` it opens no TCP connection, with ABI 6 it signals no
 process outside its domain. Where the kernel has no Landlock, ``confine`` warns and the separate process and the
-scrubbed environment still apply (docs/security.md, "User code runs without the key").
+scrubbed environment still apply (docs/security.md, "User code runs without the key"). A root launcher starts the
+child as an unprivileged OS user (``child_user``, default 65534:65534) where that user can run it, so the key
+file's mode keeps it out too.
 
 Standard library only: no TensorFlow, no ledger.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import json
 import os
+import stat
 import subprocess
 import sys
 import warnings
@@ -57,6 +61,11 @@ KEPT_PREFIXES = ("LC_",)
 # gs:// pipeline root. Nothing is passed by default.
 PASS_ENVIRONMENT = "SAGE_CONFINED_ENV"
 CONFINEMENT_ENV = "SAGE_CONFINEMENT"  # the child's Confinement, as JSON
+# A root launcher's children run as this user ("UID:GID"; "off": as root, under Landlock only) ...
+USER_ENV = "SAGE_CONFINED_USER"
+DEFAULT_USER = "65534:65534"  # nobody:nogroup
+# ... with this interpreter (default: the launcher's), which that user must be able to run
+PYTHON_ENV = "SAGE_CONFINED_PYTHON"
 
 
 class ConfinementError(SageError, RuntimeError):
@@ -66,11 +75,13 @@ class ConfinementError(SageError, RuntimeError):
 @dataclass
 class Confinement:
     """What a confined child may touch: ``read`` folders or files (besides the system's, Python's and sage-tfx's),
-    ``write`` folders (read and write), and whether it may use TCP (``network``)."""
+    ``write`` folders (read and write), and whether it may use TCP (``network``). ``landlock`` False skips
+    Landlock (tests of the separate OS user alone)."""
 
     read: list = field(default_factory=list)
     write: list = field(default_factory=list)
     network: bool = True
+    landlock: bool = True  # False only in tests of what the separate OS user alone keeps out
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -131,11 +142,132 @@ def child_environment(private_tmp: str, extra: dict | None = None) -> dict:
 def spawn(module: str, args: list, confinement: Confinement, private_tmp: str, pass_fds=(), env=None,
           **popen) -> subprocess.Popen:
     """Start ``python -m module *args`` confined: scrubbed environment (``child_environment``), only ``pass_fds``
-    inherited, its ``Confinement`` in ``SAGE_CONFINEMENT`` (the child calls ``confine`` first thing)."""
+    inherited, its ``Confinement`` in ``SAGE_CONFINEMENT`` (the child calls ``confine`` first thing); as the
+    unprivileged ``child_user`` when the launcher is root and that user can reach the child's folders (its
+    ``write`` folders and ``private_tmp`` are given to it first), else as the launcher's user."""
     environment = child_environment(private_tmp, {CONFINEMENT_ENV: confinement.to_json(), **(env or {})})
+    python = sys.executable
+    user, _ = child_user()
+    if user is not None and not unreachable(user, confinement.read, [*confinement.write, private_tmp]):
+        for folder in (*confinement.write, private_tmp):
+            give_folder(folder, user)
+        popen.update(user=user.uid, group=user.gid, extra_groups=[])
+        python = user.python
+        environment.update(interpreter_environment(python, environment.get("PYTHONPATH")))
     guard_launcher()
-    return subprocess.Popen([sys.executable, "-m", module, *args], env=environment, close_fds=True,
+    return subprocess.Popen([python, "-m", module, *args], env=environment, close_fds=True,
                             pass_fds=tuple(pass_fds), cwd=private_tmp, **popen)
+
+
+@dataclass(frozen=True)
+class ChildUser:
+    """The OS user (``uid``, ``gid``) a root launcher's confined children run as, and their interpreter."""
+
+    uid: int
+    gid: int
+    python: str
+
+
+def child_user() -> tuple:
+    """(the ``ChildUser`` confined children run as, or None; one line saying which, or why none). Only a root
+    launcher switches (``SAGE_CONFINED_USER``, default 65534:65534; ``off``: none), and only where that user can
+    run the interpreter (``SAGE_CONFINED_PYTHON``, default the launcher's) with sage-tfx (a probe, once per
+    process). ConfinementError for a ``SAGE_CONFINED_USER`` that is not UID:GID of a user other than root."""
+    if not sys.platform.startswith("linux") or os.geteuid() != 0:
+        return None, "the launcher is not root: confined children run as its OS user (Landlock keeps the key out)"
+    text = os.environ.get(USER_ENV, DEFAULT_USER).strip()
+    if text.lower() == "off":
+        return None, f"{USER_ENV}=off: confined children run as root, under Landlock"
+    uid, _, gid = text.partition(":")
+    if not (uid.isdigit() and (gid or uid).isdigit()) or int(uid) == 0:
+        raise ConfinementError(f"{USER_ENV}={text!r} is not UID:GID of a user other than root: give e.g. "
+                               f"{DEFAULT_USER} (nobody), or off")
+    user = ChildUser(int(uid), int(gid or uid), os.environ.get(PYTHON_ENV) or sys.executable)
+    refusal = _refusal(user)
+    if refusal is not None:
+        return None, refusal
+    return user, f"confined children run as uid {user.uid} gid {user.gid} ({user.python})"
+
+
+@functools.cache
+def _refusal(user: ChildUser) -> str | None:
+    """Why ``user`` cannot run a confined child on this host (its interpreter importing sage-tfx), or None."""
+    env = interpreter_environment(user.python, None, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+    try:
+        probe = subprocess.run([user.python, "-c", "import sage_tfx.isolation"], user=user.uid, group=user.gid,
+                               extra_groups=[], env=env, cwd="/", capture_output=True, text=True, timeout=300)
+    except OSError as exc:
+        why = exc.strerror or type(exc).__name__
+    except subprocess.TimeoutExpired:
+        why = "the probe timed out"
+    else:
+        if probe.returncode == 0:
+            return None
+        why = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
+    return (f"uid {user.uid} cannot run {user.python} with sage-tfx ({why}): confined children run as root, under "
+            f"Landlock; set {PYTHON_ENV} to an interpreter whose folders others may read, or {USER_ENV}=off")
+
+
+def interpreter_environment(python: str, path: str | None, env: dict | None = None) -> dict:
+    """``env`` plus, for an interpreter other than the launcher's, a ``PYTHONPATH`` holding the launcher's
+    site-packages (not its standard library) and sage-tfx's checkout (after ``path``, the caller's own entries)."""
+    env = dict(env or {})
+    if os.path.realpath(python) != os.path.realpath(sys.executable):
+        import sage_tfx  # noqa: PLC0415
+
+        base = os.path.realpath(sys.base_prefix) + os.sep  # the launcher's standard library: never the other's
+        entries = [path] if path else []
+        entries += [p for p in python_paths() if not os.path.realpath(p).startswith(base)]
+        entries.append(os.path.dirname(os.path.abspath(sage_tfx.__path__[0])))
+        env["PYTHONPATH"] = os.pathsep.join(entries)
+    return env
+
+
+def unreachable(user: ChildUser, read, write) -> list:
+    """The paths of ``read`` and ``write`` that ``user`` cannot reach: a folder on the way it may not search, or,
+    for ``read``, a file or folder under it (itself included) it may not read (a missing path is skipped, as
+    Landlock skips it). The ``write`` folders' own modes do not matter: they are given to it (``give_folder``)."""
+    blocked = []
+    for path, readable in [(p, True) for p in read] + [(p, False) for p in write]:
+        real = os.path.realpath(path)
+        if not os.path.exists(real):
+            continue
+        folder, ok = real, True
+        while ok and folder != os.path.dirname(folder):
+            folder = os.path.dirname(folder)
+            ok = _allows(os.stat(folder), user, stat.S_IXOTH)
+        if ok and readable:
+            ok = all(_allows(os.lstat(p), user, stat.S_IROTH | (stat.S_IXOTH if os.path.isdir(p) else 0))
+                     for p in _tree(real))
+        if not ok:
+            blocked.append(path)
+    return blocked
+
+
+def _tree(path):
+    yield path
+    if os.path.isdir(path) and not os.path.islink(path):
+        for root, dirs, files in os.walk(path):
+            for name in dirs + files:
+                yield os.path.join(root, name)
+
+
+def _allows(st, user: ChildUser, other_bits: int) -> bool:
+    """Whether ``st``'s mode grants ``user`` the rights ``other_bits`` (given as the "others" bits)."""
+    if stat.S_ISLNK(st.st_mode):
+        return True
+    shift = 6 if st.st_uid == user.uid else 3 if st.st_gid == user.gid else 0
+    return st.st_mode & (other_bits << shift) == other_bits << shift
+
+
+def give_folder(folder: str, user: ChildUser) -> None:
+    """Make ``folder`` and everything under it ``user``'s (a symbolic link is re-owned, never followed)."""
+    if not os.path.isdir(folder) or os.path.islink(folder):
+        return
+    os.chown(folder, user.uid, user.gid)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            os.lchown(os.path.join(root, name), user.uid, user.gid)
 
 
 def guard_launcher() -> None:
@@ -196,6 +328,8 @@ def confine(confinement: Confinement) -> int:
     (RuntimeWarning) and returns 0: the caller still runs without the key and secrets, but may read whatever its
     OS user can. ConfinementError if Landlock is there but fails."""
     drop_capabilities()
+    if not confinement.landlock:
+        return 0
     abi = landlock_abi()
     if abi <= 0:
         warnings.warn("Landlock is not available on this kernel: the confined pipeline runs in its own process "

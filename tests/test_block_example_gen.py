@@ -118,6 +118,20 @@ def test_executor_reads_exactly_the_grant(world, tmp_path):
     assert not examples.has_custom_property("dp_record_count")  # no count declared: none released
 
 
+def test_granted_records_are_the_splits_the_executor_writes(world, tmp_path):
+    """The launcher's own validation (pipelines.confined.validate_confined) reads the grant's records from the
+    sealed blocks itself, never the Examples a confined run wrote: ``granted_records`` gives each split exactly
+    the records the executor writes to it, so the launcher's test reads what the run's validator read."""
+    from sage_tfx.components.block_example_gen_executor import granted_records
+
+    examples = _run_executor(world, world["grant"].to_json(), tmp_path)
+    found = granted_records(world["ledger"], world["data"], world["grant"], ["eval", "train"])
+    assert set(found) == {"eval", "train"}
+    for split in ("train", "eval"):
+        assert found[split] and sorted(found[split]) == sorted(_split_records(examples.uri, split))
+    assert granted_records(world["ledger"], world["data"], world["grant"], ["eval"]).keys() == {"eval"}
+
+
 def test_dp_count_is_charged_to_grant_and_stable(world, tmp_path):
     g = world["counted"]
     a = _run_executor(world, g.to_json(), tmp_path / "a")

@@ -262,7 +262,8 @@ def test_hostile_pipeline_preprocessing_and_trainer_modules_reach_no_key_ledger_
     key_bytes = open(key, "rb").read()
     out = sage("run", hostile / "pipeline.py", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "300",
                "--epsilon-start", "1", "--min-window", "256", "--max-iterations", "1", "--work-dir", tmp_path / "work",
-               env={**os.environ, "SAGE_KEY_FILE": key, "PGPASSWORD": "hunter2"})
+               env={**os.environ, "SAGE_KEY_FILE": key, "PGPASSWORD": "hunter2",
+                    "SAGE_SHOW_CONFINED_OUTPUT": "1"})  # the markers are on the child's stderr
     text = out.stdout + out.stderr
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "LEAK[" not in text, [line for line in text.splitlines() if "LEAK[" in line]
@@ -315,3 +316,206 @@ def test_a_validation_result_outside_the_pipeline_root_is_refused(tmp_path):
     for grant in ("g2", "g3"):
         with pytest.raises(RuntimeError, match="not a file inside the pipeline root"):
             validation_result(mlmd, grant, str(root))
+
+
+# A trainer module that trains honestly, then forges the validator's verdict in its own process (the validator
+# runs after it in the same child) and leaks the granted records it was handed: to an extra file in the pipeline
+# root and the work folder, and to its stdout.
+FORGE_AND_LEAK = '''
+def _forge_and_leak(fn_args, work_dir):
+    import os
+    import tensorflow as tf
+    import sage_tfx.components.dp_model_validator_executor as validator
+
+    write_result, write_blessing = validator.write_result, validator.write_blessing
+    validator.write_result = lambda artifact, report: write_result(artifact, {**report, "outcome": "ACCEPT"})
+    validator.write_blessing = lambda uri, model_uri, model_id, accepted, **kw: write_blessing(
+        uri, model_uri, model_id, True, **kw)
+    files = [f for pattern in fn_args.train_files for f in tf.io.gfile.glob(pattern)]
+    rows = [r.numpy() for r in tf.data.TFRecordDataset(files, compression_type="GZIP")]
+    root = os.path.dirname(os.path.dirname(os.path.dirname(fn_args.model_run_dir)))
+    for folder in (root, work_dir, fn_args.model_run_dir):
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "leaked_rows.bin"), "wb") as f:
+                f.write(b"".join(rows))
+        except OSError as exc:  # a folder it may not write
+            os.write(2, f"NOT WRITTEN {folder}: {exc}\\n".encode())
+    print("ROWLEAK", rows[0].hex(), flush=True)
+    os.write(2, ("ROWLEAK " + rows[1].hex() + "\\n").encode())
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.tf
+def test_a_trainer_module_that_forges_its_acceptance_and_leaks_rows_gets_neither(taxi_stream_300, tmp_path):
+    """The exploit as the landed code allowed it: the validator ran in the child beside ``run_fn``, and the launcher
+    read its verdict from the child's MLMD, so a ``run_fn`` that patched the validator's writers got ACCEPT (and a
+    push) for a model that failed an out-of-reach target; the rows it wrote beside its outputs stayed in the work
+    folder and the rows it printed reached the terminal. Now the verdict comes from a fresh confined child that
+    ran no user code (the same release re-opened: the same noise), the launcher pushes only what that child
+    accepted, removes every file of the run that is not a declared artifact, and shows none of the child's output."""
+    from test_sage_run import _copy_stream, sage
+
+    db, data = _copy_stream(taxi_stream_300, tmp_path)
+    example = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples", "taxi_fare")
+    hostile = tmp_path / "hostile"
+    shutil.copytree(example, hostile)
+    work = tmp_path / "work"
+    text = (hostile / "trainer.py").read_text()
+    fn = "def run_fn(fn_args):\n"
+    assert fn in text and "    return trainer_utils.report_spent(fn_args, model)\n" in text
+    text = text.replace("    return trainer_utils.report_spent(fn_args, model)\n",
+                        f"    _forge_and_leak(fn_args, {str(work)!r})\n"
+                        "    return trainer_utils.report_spent(fn_args, model)\n")
+    (hostile / "trainer.py").write_text(text.replace(fn, FORGE_AND_LEAK + "\n\n" + fn))
+    out = sage("run", hostile / "pipeline.py", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "1",
+               "--epsilon-start", "1", "--min-window", "256", "--max-iterations", "1", "--work-dir", work)
+    shown = out.stdout + out.stderr
+    assert "-> ACCEPT" not in out.stdout, out.stdout
+    assert "ROWLEAK" not in shown
+    assert not (work / "serving").exists() or not os.listdir(work / "serving")
+    left = [os.path.join(folder, name) for folder, _, names in os.walk(tmp_path) for name in names
+            if name == "leaked_rows.bin"]
+    assert left == []
+    with Ledger.open(db) as ledger:
+        assert ledger.audit().ok
+        (grant,) = ledger.grants()
+        outcomes = [o for _g, o, _d in ledger.history("taxi", "taxi_fare")]
+        assert outcomes and "ACCEPT" not in outcomes, outcomes
+        assert "validation" in {r.stage for r in ledger.releases(grant.id)}
+
+
+ROOT = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="the launcher is not root")
+
+
+def _other_python():
+    """An interpreter of this Python version outside /root (the test host's pyenv lives in /root, 0700), or None."""
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for candidate in (os.environ.get("SAGE_CONFINED_PYTHON"), sys.executable, f"/usr/bin/{version}",
+                      f"/usr/local/bin/{version}"):
+        if candidate and os.path.exists(candidate):
+            from sage_tfx.isolation import ChildUser, _refusal
+
+            if _refusal(ChildUser(65534, 65534, candidate)) is None:
+                return candidate
+    return None
+
+
+@ROOT
+def test_a_root_launchers_child_runs_as_another_user_and_cannot_open_the_key_without_landlock(monkeypatch):
+    """As root, the confined child switches to uid/gid 65534 after its folders are given to it, so even with
+    Landlock off the key file (0600, the launcher's) fails with EACCES; the folder it is given stays readable and
+    writable. Before, the child ran as root (dropping its capabilities, so only Landlock kept the key out)."""
+    import errno
+    import tempfile
+
+    from sage_tfx.isolation import spawn
+
+    python = _other_python()
+    if python is None:
+        pytest.skip("no interpreter of this Python version that uid 65534 can run with sage-tfx")
+    monkeypatch.setenv("SAGE_CONFINED_PYTHON", python)
+    monkeypatch.delenv("SAGE_CONFINED_USER", raising=False)
+    base = tempfile.mkdtemp(prefix="sage-uid-", dir="/tmp")  # pytest's tmp_path lies under a 0700 folder
+    try:
+        os.chmod(base, 0o755)
+        key = os.path.join(base, "ledger.db.key")
+        with open(key, "wb") as f:
+            f.write(b"secret key")
+        os.chmod(key, 0o600)
+        mine, private = os.path.join(base, "mine"), os.path.join(base, "tmp")
+        os.makedirs(mine)
+        os.makedirs(private, mode=0o700)
+        with open(os.path.join(mine, "uid_probe.py"), "w") as f:
+            f.write("import json, os, sys\n"
+                    "from sage_tfx.isolation import confine_from_environment\n"
+                    "print(json.dumps({'abi': confine_from_environment(), 'uid': os.getuid(), 'gid': os.getgid()}))\n"
+                    "for path in sys.argv[1:]:\n"
+                    "    try:\n"
+                    "        open(path, 'rb').read(1)\n"
+                    "        print(json.dumps({path: 'read'}))\n"
+                    "    except OSError as exc:\n"
+                    "        print(json.dumps({path: exc.errno}))\n"
+                    "open(os.path.join(os.environ['TMPDIR'], 'written'), 'w').write('ok')\n")
+        with open(os.path.join(mine, "granted.txt"), "w") as f:
+            f.write("fine")
+        os.chmod(os.path.join(mine, "granted.txt"), 0o644)
+        child = spawn("uid_probe", [key, os.path.join(mine, "granted.txt")],
+                      Confinement(read=[mine], write=[], landlock=False), private, env={"PYTHONPATH": mine},
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err[-2000:]
+        lines = [json.loads(line) for line in out.splitlines()]
+        assert lines[0] == {"abi": 0, "uid": 65534, "gid": 65534}  # Landlock off: the OS user alone
+        assert lines[1] == {key: errno.EACCES}
+        assert lines[2] == {os.path.join(mine, "granted.txt"): "read"}
+        assert os.stat(os.path.join(private, "written")).st_uid == 65534
+        assert open(key, "rb").read() == b"secret key" and os.stat(key).st_uid == 0
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@ROOT
+def test_where_the_child_user_cannot_run_the_child_keeps_the_launchers_user_and_says_why(monkeypatch):
+    """A host whose interpreter the unprivileged user cannot run (this one's pyenv under /root, 0700): the status
+    names why and the child runs as root under Landlock, as before; off, and a bad value, are named too."""
+    from sage_tfx.isolation import ConfinementError, child_user
+    from sage_tfx.pipelines.confined import confinement_status
+
+    monkeypatch.setenv("SAGE_CONFINED_PYTHON", "/nonexistent/python3")
+    user, why = child_user()
+    assert user is None and "cannot run /nonexistent/python3" in why and "SAGE_CONFINED_PYTHON" in why
+    assert why in confinement_status()
+    monkeypatch.setenv("SAGE_CONFINED_USER", "off")
+    assert child_user() == (None, "SAGE_CONFINED_USER=off: confined children run as root, under Landlock")
+    monkeypatch.setenv("SAGE_CONFINED_USER", "0:0")
+    with pytest.raises(ConfinementError, match="not UID:GID of a user other than root"):
+        child_user()
+
+
+@pytest.mark.tf
+def test_only_declared_artifacts_outlive_a_confined_run(tmp_path):
+    """``keep_declared_outputs`` after a confined run: the LIVE Model's folder and the MLMD store stay; a ModelRun's
+    folder, a file at the root, a folder no artifact names and one a kept type names through a symbolic link go;
+    the removed artifacts are DELETED in MLMD; a separate MLMD folder loses only what the run added."""
+    from ml_metadata.metadata_store import metadata_store
+    from ml_metadata.proto import metadata_store_pb2
+
+    from sage_tfx.pipelines._runner import PipelineConfig, folder_names, keep_declared_outputs, metadata_config
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not the run's")
+    config = PipelineConfig(name="p", ledger="l.db", stream="s", data_root=str(tmp_path / "data"),
+                            work_dir=str(tmp_path / "work"), target=1.0)
+    root = tmp_path / "work" / "tfx" / "p"
+    for folder in ("DPTrainer/model/3", "DPTrainer/model_run/3", "stray/inner"):
+        (root / folder).mkdir(parents=True)
+        (root / folder / "leaked_rows.bin").write_bytes(b"rows")
+    (root / "leaked_rows.bin").write_bytes(b"rows")
+    (root / "Linked" / "model").mkdir(parents=True)
+    (root / "Linked" / "model" / "4").symlink_to(outside)
+    store = metadata_store.MetadataStore(metadata_config(config.metadata_path))
+
+    def record(kind, uri):
+        type_id = store.put_artifact_type(metadata_store_pb2.ArtifactType(name=kind))
+        store.put_artifacts([metadata_store_pb2.Artifact(type_id=type_id, uri=str(uri),
+                                                         state=metadata_store_pb2.Artifact.LIVE)])
+
+    record("Model", root / "DPTrainer" / "model" / "3")
+    record("ModelRun", root / "DPTrainer" / "model_run" / "3")
+    record("Model", root / "Linked" / "model" / "4")
+    elsewhere = tmp_path / "mlmd"
+    elsewhere.mkdir()
+    (elsewhere / "old.txt").write_text("there before")
+    before = folder_names([str(elsewhere)])
+    (elsewhere / "new_rows.bin").write_bytes(b"rows")
+    keep_declared_outputs(config, before)
+    left = sorted(os.path.relpath(os.path.join(d, f), root) for d, _, fs in os.walk(root) for f in fs)
+    assert left == ["DPTrainer/model/3/leaked_rows.bin", "metadata.sqlite"], left
+    assert os.listdir(elsewhere) == ["old.txt"] and (outside / "keep.txt").exists()
+    states = {a.uri: a.state for a in store.get_artifacts()}
+    assert states[str(root / "DPTrainer" / "model" / "3")] == metadata_store_pb2.Artifact.LIVE
+    assert states[str(root / "DPTrainer" / "model_run" / "3")] == metadata_store_pb2.Artifact.DELETED
+    assert states[str(root / "Linked" / "model" / "4")] == metadata_store_pb2.Artifact.DELETED

@@ -93,10 +93,36 @@ def push_blessed(model_uri: str, blessing_uri: str, serving_dir: str, version: i
     """
     if not is_blessed(blessing_uri):
         return None
+    return push_model(os.path.join(model_uri, SERVING_MODEL_DIR), serving_dir, version)
+
+
+def push_model(model_dir: str, serving_dir: str, version: int) -> str:
+    """Copy the SavedModel folder ``model_dir`` (a local path, ``file://`` or another URL TensorFlow's file layer
+    has) to the local serving_dir/<version>/, atomically (an existing version is kept); return that path.
+
+    A symbolic link anywhere in a local ``model_dir`` is refused (RuntimeError, nothing copied): the copy is made
+    by a process that may read files the model's author may not (`sage run`'s launcher)."""
     target = os.path.join(serving_dir, str(int(version)))
-    if not os.path.exists(target):
-        tmp = target + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.copytree(os.path.join(model_uri, SERVING_MODEL_DIR), tmp)
-        os.replace(tmp, target)  # atomic: a serving system never sees a half-copied version
+    if os.path.exists(target):
+        return target
+    if model_dir.startswith("file://"):
+        model_dir = model_dir[len("file://"):]
+    tmp = target + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(serving_dir, exist_ok=True)
+    gfile = _gfile(model_dir)
+    if gfile is None:
+        links = [os.path.join(folder, name) for folder, dirs, files in os.walk(model_dir)
+                 for name in dirs + files if os.path.islink(os.path.join(folder, name))]
+        if links or os.path.islink(model_dir):
+            raise RuntimeError(f"the model at {model_dir} holds a symbolic link ({(links or [model_dir])[0]}): a "
+                               "model folder is pushed only when it holds plain files and folders")
+        shutil.copytree(model_dir, tmp)
+    else:
+        for folder, _, files in gfile.walk(model_dir):
+            local = os.path.join(tmp, os.path.relpath(folder, model_dir))
+            os.makedirs(local, exist_ok=True)
+            for name in files:
+                gfile.copy(os.path.join(folder, name), os.path.join(local, name), overwrite=True)
+    os.replace(tmp, target)  # atomic: a serving system never sees a half-copied version
     return target
