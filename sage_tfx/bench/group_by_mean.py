@@ -27,7 +27,11 @@ same tiny sink. The figures:
   dp_seconds / pipelinedp_seconds (target <= 0.2), mae_ratio_vs_pipelinedp =
   dp_mae_expected / pipelinedp_mae_expected (target <= 1), and the same ratio over
   10 x --noise-trials PAIRED draws (`paired_mae_ratio`: the two mechanisms on the same
-  standard Laplace draws), mae_ratio_vs_pipelinedp_paired, the steadier figure.
+  standard Laplace draws), mae_ratio_vs_pipelinedp_paired, the steadier figure;
+- with --partition-delta D, keys not known in advance on both sides: dp_group_by_mean's
+  partition_selection=D against PipelineDP's private partitions at total_delta D;
+  dp_keys_released / pipelinedp_keys_released and the measured MAEs over the keys each
+  released (mae_ratio_vs_pipelinedp_measured).
 """
 import functools
 import json
@@ -62,6 +66,9 @@ def add_arguments(parser):
     parser.add_argument("--pipelinedp-backend", choices=["beam", "local"], default="beam",
                         help="PipelineDP's backend: beam (DirectRunner, the default) or local")
     parser.add_argument("--pipelinedp-repeats", type=int, default=1, help="PipelineDP runs (median reported)")
+    parser.add_argument("--partition-delta", type=float, default=0.0,
+                        help="> 0: keys not known in advance on both sides (dp_group_by_mean's partition_selection, "
+                             "PipelineDP's private partitions) at this delta; MAE over the keys each released")
     parser.add_argument("--mean-form", choices=list(MEAN_FORMS), default=CENTRED_MEAN,
                         help="dp_group_by_mean's mean_form (default centred; sage: the paper's form)")
 
@@ -113,7 +120,7 @@ def _merge(dicts):
     return merged
 
 
-def _preprocessing_fns(nkeys, epsilon, value_range, mean_form):
+def _preprocessing_fns(nkeys, epsilon, value_range, mean_form, partition_delta=0.0):
     import tensorflow as tf
     import tensorflow_transform as tft
 
@@ -123,6 +130,15 @@ def _preprocessing_fns(nkeys, epsilon, value_range, mean_form):
         return {"key": inputs["key"],
                 "mean": dp_group_by_mean(inputs["key"], inputs["speed"], nkeys, epsilon, value_range,
                                          mean_form=mean_form)}
+
+    def selected_fn(inputs):  # keys not known in advance: a key not released gets the fallback (NaN-free: -1)
+        return {"key": inputs["key"],
+                "mean": dp_group_by_mean(inputs["key"], inputs["speed"], None, epsilon, value_range,
+                                         mean_form=mean_form, partition_selection=partition_delta,
+                                         fallback=UNRELEASED)}
+
+    if partition_delta:
+        dp_fn = selected_fn
 
     def plain_fn(inputs):
         key = tf.reshape(inputs["key"], [-1])
@@ -158,12 +174,20 @@ def _run_tft(preprocessing_fn, args, n_batches, run_id):
     return harness.run_tft(preprocessing_fn, spec, make_batch, n_batches, _key_values, _merge, run_id)
 
 
-def _mae(per_key_values, exact_means):
+UNRELEASED = -1.0  # the public fallback of a key partition selection did not release (no mean is negative)
 
+
+def _mae(per_key_values, exact_means):
+    """Mean absolute error over the keys released (all of them with public keys)."""
     keys = sorted(per_key_values)
     assert all(len(per_key_values[k]) == 1 for k in keys), "a key got more than one transformed value"
     got = np.array([next(iter(per_key_values[k])) for k in keys])
-    return float(np.mean(np.abs(got - exact_means[keys])))
+    released = got != UNRELEASED
+    return float(np.mean(np.abs(got[released] - exact_means[keys][released])))
+
+
+def _released(per_key_values):
+    return sum(next(iter(v)) != UNRELEASED for v in per_key_values.values())
 
 
 def pipelinedp_release(epsilon, value_range) -> MeanRelease:
@@ -206,7 +230,7 @@ def paired_mae_ratio(counts, sums, exact_means, value_range, ours, theirs, trial
 def _run_pipelinedp_once(args, data):
     cmd = [str(args.bench_python), str(PIPELINEDP_SCRIPT), data, "--keys", str(args.keys),
            "--epsilon", repr(args.epsilon), "--value-range", repr(args.value_range),
-           "--backend", args.pipelinedp_backend]
+           "--backend", args.pipelinedp_backend, "--partition-delta", repr(args.partition_delta)]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -225,8 +249,8 @@ def _run_pipelinedp(args, keys, speeds, exact_means):
             _log(f"PipelineDP run {i + 1}/{args.pipelinedp_repeats} ({args.pipelinedp_backend} backend)")
             outs.append(_run_pipelinedp_once(args, data))
     present = ~np.isnan(exact_means)
-    maes = [float(np.mean(np.abs(np.array(o["means"], dtype=np.float64)[present] - exact_means[present])))
-            for o in outs]
+    means = [np.array(o["means"], dtype=np.float64) for o in outs]  # NaN: a key PipelineDP did not release
+    maes = [float(np.nanmean(np.abs(m[present] - exact_means[present]))) for m in means]
     return {
         "pipelinedp_version": outs[0]["version"],
         "pipelinedp_backend": outs[0]["backend"],
@@ -234,6 +258,7 @@ def _run_pipelinedp(args, keys, speeds, exact_means):
         "pipelinedp_seconds_all": [round(o["seconds"], 3) for o in outs],
         "pipelinedp_mae": statistics.median(maes),
         "pipelinedp_mae_all": maes,
+        "pipelinedp_keys_released": [int(np.sum(~np.isnan(m))) for m in means],
     }
 
 
@@ -254,7 +279,10 @@ def run(args):
     _log("importing TensorFlow / tf.Transform")
     import sage_tfx  # noqa: F401
 
-    dp_fn, plain_fn, segment_fn = _preprocessing_fns(args.keys, args.epsilon, args.value_range, args.mean_form)
+    if not 0.0 <= args.partition_delta < 1.0:
+        raise SystemExit(f"--partition-delta must be in [0, 1), got {args.partition_delta}")
+    dp_fn, plain_fn, segment_fn = _preprocessing_fns(args.keys, args.epsilon, args.value_range, args.mean_form,
+                                                     args.partition_delta)
     n_batches = len(pieces)
     _log("warm-up run of both pipelines on one batch")
     _run_tft(plain_fn, args, 1, "warm-plain")
@@ -275,6 +303,8 @@ def run(args):
         "keys": args.keys,
         "epsilon": args.epsilon,
         "mean_form": args.mean_form,
+        "partition_delta": args.partition_delta,
+        "dp_keys_released": [_released(per_key) for _, per_key in results["dp"]],
         "value_range": args.value_range,
         "runner": "DirectRunner",
         "repeats": args.repeats,
@@ -295,10 +325,12 @@ def run(args):
         _log("PipelineDP per-partition MEAN in the benchmark venv")
         figures.update(_run_pipelinedp(args, keys, speeds, exact_means))
         if "pipelinedp_seconds" in figures:
+            figures["time_ratio_vs_pipelinedp"] = round(dp_seconds / figures["pipelinedp_seconds"], 4)
+            figures["mae_ratio_vs_pipelinedp_measured"] = round(figures["dp_mae"] / figures["pipelinedp_mae"], 4)
+        if "pipelinedp_seconds" in figures and not args.partition_delta:
             figures["pipelinedp_mae_expected"] = expected_mae(
                 counts, sums, exact_means, args.value_range, pipelinedp_release(args.epsilon, args.value_range),
                 args.noise_trials)
-            figures["time_ratio_vs_pipelinedp"] = round(dp_seconds / figures["pipelinedp_seconds"], 4)
             figures["mae_ratio_vs_pipelinedp"] = round(figures["dp_mae_expected"]
                                                        / figures["pipelinedp_mae_expected"], 4)
             figures["mae_ratio_vs_pipelinedp_paired"] = round(paired_mae_ratio(
