@@ -52,6 +52,12 @@ def test_frequent_keys_are_kept_with_their_noisy_means():
     np.testing.assert_allclose(noisy_sums / noisy_c, means, rtol=1e-9)
 
 
+def test_an_empty_data_set_releases_no_key_and_does_not_fail():
+    """Nothing may fail after the charge: no key present, nothing drawn, four empty tables."""
+    kept, counts, sums, means = _release([], [], [], 1e-6, seed=3)
+    assert kept == [] and counts.size == sums.size == means.size == 0
+
+
 def test_bad_selection_options_are_refused_before_any_charge():
     import tensorflow as tf
 
