@@ -132,13 +132,17 @@ def tables_run(data):
 
 
 def test_masked_noise_matches_the_calibrated_laplace_scales(data, tables_run):
-    """Errors of the noisy counts and sums against the exact tables of the UNMASKED rows, over all 1,500 keys:
-    KS tests against Laplace(2/eps) and Laplace(2R/eps) (KS_ALPHA each: false failure <= 0.002 for a random
+    """Errors of the noisy counts and centred sums (the default form: sums - (R/2) counts) against the exact tables
+    of the UNMASKED rows, over all 1,500 keys: KS tests against the release's Laplace scales 1/eps_n and
+    (R/2)/eps_s (`noise.mean_release`; KS_ALPHA each: false failure <= 0.002 for a random
     seed; plus 2e-4 for the empty keys' check below), and power checks that reject half those scales (p < 1e-6; a correct implementation fails them with
     probability far below 1e-6 at 1,500 draws). Masked rows counted would shift keys 750..1499 by ~8."""
     t = _tables_by_slot(tables_run, ["counts", "sums"])
-    for column, exact, scale in (("counts", data["exact_counts"], 2.0 / EPS),
-                                 ("sums", data["exact_sums"], 2.0 * RANGE / EPS)):
+    release = noise.mean_release(EPS, RANGE)
+    t["centred"] = t["sums"].astype(np.float64) - release.shift * t["counts"]
+    exact_centred = data["exact_sums"] - release.shift * data["exact_counts"]
+    for column, exact, scale in (("counts", data["exact_counts"], release.scales[0]),
+                                 ("centred", exact_centred, release.scales[1])):
         err = t[column] - exact
         p = stats.kstest(err, stats.laplace(scale=scale).cdf).pvalue
         assert p > KS_ALPHA, f"{column}: errors do not look Laplace({scale}) (KS p={p:.2g})"
@@ -154,14 +158,16 @@ def test_masked_noise_matches_the_calibrated_laplace_scales(data, tables_run):
 
 def test_fallback_reads_only_the_noisy_count(data, tables_run):
     """means = FALLBACK exactly where the released noisy count is below MIN_COUNT, the guarded ratio of the
-    released count and sum elsewhere. Both branches occur among the empty keys (P(Lap(2) >= 4) = e^-2 / 2:
-    about 51 of 750 keep a noisy mean) and among the ~8-row keys; all four counts are zero with probability
+    released count and centred sum elsewhere. Both branches occur among the empty keys (P(Lap(2.44) >= 4) =
+    e^-1.64 / 2: about 73 of 750 keep a noisy mean) and among the ~8-row keys; all four counts are zero with probability
     below 1e-20."""
     t = _tables_by_slot(tables_run, ["counts", "sums", "means"])
     low = t["counts"] < MIN_COUNT
     assert np.all(t["means"][low] == np.float32(FALLBACK))
-    np.testing.assert_allclose(t["means"][~low], noise.guarded_mean(t["sums"][~low], t["counts"][~low], RANGE),
-                               rtol=1e-5, atol=1e-5)
+    shift = noise.mean_release(EPS, RANGE).shift
+    centred = t["sums"].astype(np.float64) - shift * t["counts"]
+    np.testing.assert_allclose(t["means"][~low], noise.guarded_mean(centred[~low], t["counts"][~low], RANGE,
+                                                                    shift=shift), rtol=1e-5, atol=1e-4)
     empty = data["exact_counts"] == 0
     assert 0 < np.sum(low & empty) < empty.sum() and 0 < np.sum(low & ~empty) < np.sum(~empty)
 
@@ -211,6 +217,8 @@ def test_bad_options_are_named():
             (dict(min_count=-1, fallback=1.0), "min_count must be >= 0, got -1"),
             (dict(min_count=5, fallback=float("nan")), "fallback must be a finite number.*nan"),
             (dict(min_count="x", fallback=1.0), "min_count must be a finite number.*'x'"),
+            (dict(mean_form="raw"), "mean_form must be one of 'centred', 'sage', got 'raw'"),
+            (dict(mean_form=None), "mean_form must be one of 'centred', 'sage', got None"),
         ]
         for kwargs, named in cases:
             for fn in (dp_mean_per_key, dp_group_by_mean):
@@ -250,21 +258,25 @@ def test_the_combiner_sums_each_row_on_the_grid_exactly():
     assert table.tolist() == [2.0 ** 20]
 
 
-def test_dp_mean_per_key_releases_the_exact_grid_sums_through_tf_transform():
+@pytest.mark.parametrize("mean_form", noise.MEAN_FORMS)
+def test_dp_mean_per_key_releases_the_exact_grid_sums_through_tf_transform(mean_form):
     """Through tf.Transform and Beam: four rows of 0.75 grid units on key 0 are one unit each on the grid (4 units,
     where their float sum, 3 units, rounded once gave 3), two rows of 0.5 on key 1 sum to 1.0. With the same seed
     (the same noise), the released sums minus those of all-zero data are exactly those grid sums, and the tables
-    do not depend on the batch size."""
+    do not depend on the batch size. The centred form sums v - R/2 (R/2 = 0.5 is on the grid, so 0.75 grid units
+    minus it is again one unit above a grid point) and adds (R/2) n~ back, the same n~ for both data sets."""
     import tensorflow as tf
 
     from sage_tfx.transform import dp_mean_per_key
 
     nkeys, eps, value_range, seed = 2, 1.0, 1.0, 5
-    gamma = noise.table_grid(2.0 * value_range / eps, value_range)  # the sums' grid: b = 2R / eps, Delta = R
+    release = noise.mean_release(eps, value_range, mean_form)
+    gamma = noise.table_grid(release.scales[1], release.sensitivities[1])  # the sums' grid
     rows = [{"key": 0, "value": 0.75 * gamma}] * 4 + [{"key": 1, "value": 0.5}] * 2
 
     def preprocessing_fn(inputs):
-        tables = dp_mean_per_key(inputs["key"], inputs["value"], nkeys, eps, value_range, seed=seed)
+        tables = dp_mean_per_key(inputs["key"], inputs["value"], nkeys, eps, value_range, seed=seed,
+                                 mean_form=mean_form)
         return {"sums": tf.ones_like(inputs["value"])[:, None] * tables.sums[None, :]}
 
     def sums(data, batch_size=1000):

@@ -146,8 +146,8 @@ def test_same_key_same_value_in_range_and_fresh_noise_per_analysis():
 def test_noise_distributions_match_the_stated_laplace_scales():
     """KS tests of the observed errors (noisy - exact) of one analysis with 1,500 keys.
 
-    Five KS tests at KS_ALPHA each (false-failure rate <= 0.005 for a random seed), and
-    two power checks that the errors REJECT half the stated scale (a correct
+    Seven KS tests at KS_ALPHA each (false-failure rate <= 0.007 for a random seed), and
+    four power checks that the errors REJECT half the stated scale (a correct
     implementation fails them with probability far below 1e-6 at 1,500 draws).
     """
     from sage_tfx.transform import (
@@ -168,12 +168,16 @@ def test_noise_distributions_match_the_stated_laplace_scales():
     def preprocessing_fn(inputs):
         tf, _, _ = _tf()
         k, v = inputs["key"], inputs["value"]
-        tables = dp_mean_per_key(k, v, nkeys, eps, value_range, seed=seed)
+        tables = dp_mean_per_key(k, v, nkeys, eps, value_range, mean_form="sage", seed=seed)
+        centred = dp_mean_per_key(k, v, nkeys, eps, value_range, seed=seed)  # the default form
         return {
             "key": k,
             "mean_count": tf.gather(tables.counts, k),
             "mean_sum": tf.gather(tables.sums, k),
             "mean": tf.gather(tables.means, k),
+            "cmean_count": tf.gather(centred.counts, k),
+            "cmean_sum": tf.gather(centred.sums, k),
+            "cmean": tf.gather(centred.means, k),
             "count": tf.gather(dp_count_per_key(k, nkeys, eps, seed=seed), k),
             "sum": tf.gather(dp_sum_per_key(k, v, nkeys, eps, value_range, seed=seed), k),
             "hist": tf.gather(dp_histogram(k, eps, num_buckets=nkeys, seed=seed), k),
@@ -203,8 +207,20 @@ def test_noise_distributions_match_the_stated_laplace_scales():
     for k in present:
         (count,), (total,), (mean,) = (tables[c][k] for c in ("mean_count", "mean_sum", "mean"))
         assert mean == pytest.approx(noise.guarded_mean(total, count, value_range), rel=1e-5, abs=1e-5)
+    # The centred form: sums are S~ + (R/2) n~ with S~ the released centred sum; the mean reads the same draw.
+    release = noise.mean_release(eps, value_range)
+    tables = {c: _per_key(result, c) for c in ("cmean_count", "cmean_sum", "cmean")}
+    centred_sums = {}
+    for k in present:
+        (count,), (total,), (mean,) = (tables[c][k] for c in ("cmean_count", "cmean_sum", "cmean"))
+        centred_sums[k] = total - release.shift * count
+        assert mean == pytest.approx(noise.guarded_mean(centred_sums[k], count, value_range, shift=release.shift),
+                                     rel=1e-5, abs=1e-4)
+    result = [dict(r, cmean_centred=centred_sums.get(r["key"], 0.0)) for r in result]
 
     checks = {  # column -> (exact table, stated Laplace scale)
+        "cmean_count": (exact_counts, release.scales[0]),
+        "cmean_centred": (exact_sums - release.shift * exact_counts, release.scales[1]),
         "mean_count": (exact_counts, 2.0 / eps),
         "mean_sum": (exact_sums, 2.0 * value_range / eps),
         "count": (exact_counts, 1.0 / eps),
@@ -215,7 +231,7 @@ def test_noise_distributions_match_the_stated_laplace_scales():
         err = errors(column, exact)
         p = stats.kstest(err, stats.laplace(scale=scale).cdf).pvalue
         assert p > KS_ALPHA, f"{column}: errors do not look Laplace({scale}) (KS p={p:.2g})"
-        if column.startswith("mean_"):
+        if column.startswith(("mean_", "cmean_")):
             p_half = stats.kstest(err, stats.laplace(scale=scale / 2).cdf).pvalue
             assert p_half < 1e-6, f"{column}: KS cannot tell scale {scale} from {scale / 2} (p={p_half:.2g})"
 

@@ -84,6 +84,25 @@ def test_the_two_split_counts_with_their_own_streams_are_not_flagged():
     assert not result.flagged, result.to_dict()
 
 
+def test_the_centred_mean_release_without_its_shift_is_flagged():
+    """The centred mean's sum released on RAW values (v, not v - R/2: one record of value R moves it by R) at the
+    centred form's sensitivity R/2 and its share of epsilon: the auditor flags it above the share it claims."""
+    from sage_tfx.transform.noise import add_laplace, mean_release
+
+    value_range = 10.0
+    release = mean_release(EPSILON, value_range)
+    claim = release.epsilons[1]
+
+    def unshifted(neighbour, seed):
+        sums = np.array([800.0 + value_range * int(neighbour)])
+        (noisy,) = add_laplace([sums], release.scales[1:], seed=seed, stream="dp_mean",
+                               sensitivities=release.sensitivities[1:], cells=[1])
+        return float(registry._laplace_llr(noisy[0], 800.0, value_range, release.scales[1]))
+
+    result = audit(Mechanism("centred sum, no shift", unshifted, claim), CONFIG)
+    assert result.flagged and result.epsilon_lower_bound > claim, result.to_dict()
+
+
 # ---------------------------------------------------------------- no false alarm on what ships
 
 @pytest.mark.parametrize("name", mechanism_names(include_slow=False))

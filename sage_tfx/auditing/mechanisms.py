@@ -155,27 +155,48 @@ def _laplace_llr(x, mu, shift, scale):
     return (abs(x - mu) - abs(x - mu - shift)) / scale
 
 
-@register_mechanism("transform-dp-mean", "the dp_mean_per_key analyzer's noise (transform.noise.add_laplace: "
-                                         "count and sum, eps/2 each, value_range 10)")
-def _transform_mean(epsilon):
-    from sage_tfx.transform.noise import add_laplace
+def _transform_mean(name, epsilon, mean_form):
+    """dp_mean_per_key's release (``transform.noise.mean_release``'s scales and sensitivities, drawn by
+    ``add_laplace`` as the analyzer's Beam step draws them) of a count and a sum of v - shift for two keys; D' adds
+    one record of value R to key 0, the value whose centred contribution R/2 (raw: R) is the sensitivity."""
+    from sage_tfx.transform.noise import add_laplace, mean_release
 
     value_range = 10.0
-    scales = [2.0 / epsilon, 2.0 * value_range / epsilon]  # dp_mean_per_key's split: half each
-    counts, sums = np.array([RECORDS, 50.0]), np.array([RECORDS * 4.0, 200.0])
+    release = mean_release(epsilon, value_range, mean_form)
+    worst = value_range - release.shift  # the record's contribution to its key's sum
+    counts = np.array([RECORDS, 50.0])
+    sums = np.array([RECORDS * 4.0, 200.0]) - release.shift * counts
 
-    def release(neighbour, seed):
+    def release_once(neighbour, seed):
         c, s = counts.copy(), sums.copy()
         if neighbour:
             c[0] += 1.0
-            s[0] += value_range
-        noisy_c, noisy_s = add_laplace([c, s], scales, seed=seed, stream="dp_mean", sensitivities=[1.0, value_range],
-                                       cells=[1, 1])
+            s[0] += worst
+        noisy_c, noisy_s = add_laplace([c, s], release.scales, seed=seed, stream="dp_mean",
+                                       sensitivities=release.sensitivities, cells=[1, 1])
         # the log-likelihood ratio of D' to D for the two Laplace cells (the Neyman-Pearson statistic): each is
         # (|x - mu| - |x - mu - shift|) / b with mu the cell on D (public here) and the shift one record's
-        return float(_laplace_llr(noisy_c[0], counts[0], 1.0, scales[0])
-                     + _laplace_llr(noisy_s[0], sums[0], value_range, scales[1]))
-    return Mechanism("transform-dp-mean", release, epsilon)
+        return float(_laplace_llr(noisy_c[0], counts[0], 1.0, release.scales[0])
+                     + _laplace_llr(noisy_s[0], sums[0], worst, release.scales[1]))
+    return Mechanism(name, release_once, epsilon)
+
+
+@register_mechanism("transform-dp-mean", "the dp_mean_per_key analyzer's noise, mean_form='sage' "
+                                         "(transform.noise.add_laplace: count and raw sum, eps/2 each, "
+                                         "value_range 10)")
+def _transform_mean_sage(epsilon):
+    from sage_tfx.transform.noise import SAGE_MEAN
+
+    return _transform_mean("transform-dp-mean", epsilon, SAGE_MEAN)
+
+
+@register_mechanism("transform-dp-mean-centred", "the dp_mean_per_key analyzer's default noise (transform.noise."
+                                                 "add_laplace: count and sum of v - R/2, split by expected error, "
+                                                 "value_range 10)")
+def _transform_mean_centred(epsilon):
+    from sage_tfx.transform.noise import CENTRED_MEAN
+
+    return _transform_mean("transform-dp-mean-centred", epsilon, CENTRED_MEAN)
 
 
 @register_mechanism("adassp", "AdaSSP linear regression (privacy.adassp.adassp), one feature, delta = 1e-5",

@@ -14,10 +14,24 @@ same tiny sink. The figures:
   rotating the order; goal <= 1.2); segment_baseline_seconds, ratio_vs_segment_baseline;
 - dp_mae: mean absolute error over keys of this run's noisy means against the exact
   clipped means; dp_mae_expected: the same averaged over --noise-trials fresh draws
-  of the same mechanism (sage_tfx.transform.noise) on the exact tables;
-- pipelinedp_seconds / pipelinedp_mae: PipelineDP's MEAN per public partition at
-  the same epsilon and bounds, run by benchmarks/pipelinedp_mean.py in the
-  benchmark-only venv benchmarks/.venv-bench (create it with benchmarks/setup_bench_venv.sh).
+  of the same release (`noise.mean_release` at --mean-form, drawn by `noise.add_laplace`)
+  on the exact tables;
+- pipelinedp_seconds / pipelinedp_mae (medians over --pipelinedp-repeats runs):
+  PipelineDP's MEAN per public partition at the same epsilon and bounds, on Beam's
+  DirectRunner by default (--pipelinedp-backend local: its LocalBackend), run by
+  benchmarks/pipelinedp_mean.py in the benchmark-only venv benchmarks/.venv-bench
+  (create it with benchmarks/setup_bench_venv.sh) as a subprocess; skipped, saying so,
+  without that venv. pipelinedp_mae_expected: its mechanism (an equal split of epsilon
+  between a count and a sum of v - R/2, Laplace) over the same --noise-trials draws, so
+  the two errors compare without one draw's luck; time_ratio_vs_pipelinedp =
+  dp_seconds / pipelinedp_seconds (target <= 0.2), mae_ratio_vs_pipelinedp =
+  dp_mae_expected / pipelinedp_mae_expected (target <= 1), and the same ratio over
+  10 x --noise-trials PAIRED draws (`paired_mae_ratio`: the two mechanisms on the same
+  standard Laplace draws), mae_ratio_vs_pipelinedp_paired, the steadier figure;
+- with --partition-delta D, keys not known in advance on both sides: dp_group_by_mean's
+  partition_selection=D against PipelineDP's private partitions at total_delta D;
+  dp_keys_released / pipelinedp_keys_released and the measured MAEs over the keys each
+  released (mae_ratio_vs_pipelinedp_measured).
 """
 import functools
 import json
@@ -30,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from sage_tfx.bench import _tft_harness as harness
+from sage_tfx.transform.noise import CENTRED_MEAN, MEAN_FORMS, MeanRelease, add_laplace, guarded_mean, mean_release
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_BENCH_PYTHON = REPO / "benchmarks" / ".venv-bench" / "bin" / "python"
@@ -48,6 +63,14 @@ def add_arguments(parser):
     parser.add_argument("--bench-python", default=str(DEFAULT_BENCH_PYTHON),
                         help="python of the venv with pipeline-dp (default benchmarks/.venv-bench/bin/python)")
     parser.add_argument("--no-pipelinedp", action="store_true", help="skip the PipelineDP comparison")
+    parser.add_argument("--pipelinedp-backend", choices=["beam", "local"], default="beam",
+                        help="PipelineDP's backend: beam (DirectRunner, the default) or local")
+    parser.add_argument("--pipelinedp-repeats", type=int, default=1, help="PipelineDP runs (median reported)")
+    parser.add_argument("--partition-delta", type=float, default=0.0,
+                        help="> 0: keys not known in advance on both sides (dp_group_by_mean's partition_selection, "
+                             "PipelineDP's private partitions) at this delta; MAE over the keys each released")
+    parser.add_argument("--mean-form", choices=list(MEAN_FORMS), default=CENTRED_MEAN,
+                        help="dp_group_by_mean's mean_form (default centred; sage: the paper's form)")
 
 
 def _log(message):
@@ -97,7 +120,7 @@ def _merge(dicts):
     return merged
 
 
-def _preprocessing_fns(nkeys, epsilon, value_range):
+def _preprocessing_fns(nkeys, epsilon, value_range, mean_form, partition_delta=0.0):
     import tensorflow as tf
     import tensorflow_transform as tft
 
@@ -105,7 +128,17 @@ def _preprocessing_fns(nkeys, epsilon, value_range):
 
     def dp_fn(inputs):
         return {"key": inputs["key"],
-                "mean": dp_group_by_mean(inputs["key"], inputs["speed"], nkeys, epsilon, value_range)}
+                "mean": dp_group_by_mean(inputs["key"], inputs["speed"], nkeys, epsilon, value_range,
+                                         mean_form=mean_form)}
+
+    def selected_fn(inputs):  # keys not known in advance: a key not released gets the fallback (NaN-free: -1)
+        return {"key": inputs["key"],
+                "mean": dp_group_by_mean(inputs["key"], inputs["speed"], None, epsilon, value_range,
+                                         mean_form=mean_form, partition_selection=partition_delta,
+                                         fallback=UNRELEASED)}
+
+    if partition_delta:
+        dp_fn = selected_fn
 
     def plain_fn(inputs):
         key = tf.reshape(inputs["key"], [-1])
@@ -141,54 +174,96 @@ def _run_tft(preprocessing_fn, args, n_batches, run_id):
     return harness.run_tft(preprocessing_fn, spec, make_batch, n_batches, _key_values, _merge, run_id)
 
 
-def _mae(per_key_values, exact_means):
+UNRELEASED = -1.0  # the public fallback of a key partition selection did not release (no mean is negative)
 
+
+def _mae(per_key_values, exact_means):
+    """Mean absolute error over the keys released (all of them with public keys)."""
     keys = sorted(per_key_values)
     assert all(len(per_key_values[k]) == 1 for k in keys), "a key got more than one transformed value"
     got = np.array([next(iter(per_key_values[k])) for k in keys])
-    return float(np.mean(np.abs(got - exact_means[keys])))
+    released = got != UNRELEASED
+    return float(np.mean(np.abs(got[released] - exact_means[keys][released])))
 
 
-def _expected_dp_mae(counts, sums, exact_means, epsilon, value_range, trials):
-    """Mean absolute error of the same mechanism over `trials` fresh noise draws on the exact tables."""
+def _released(per_key_values):
+    return sum(next(iter(v)) != UNRELEASED for v in per_key_values.values())
 
-    from sage_tfx.transform.noise import add_laplace, guarded_mean
 
+def pipelinedp_release(epsilon, value_range) -> MeanRelease:
+    """PipelineDP's MEAN (its dp_computations.compute_dp_mean): count and sum of v - R/2 at epsilon / 2 each."""
+    half = value_range / 2.0
+    return MeanRelease("pipelinedp", half, (2.0 / epsilon, half / (epsilon / 2.0)), (1.0, half))
+
+
+def expected_mae(counts, sums, exact_means, value_range, release, trials, seed=0):
+    """Mean absolute error over the present keys of `release` drawn `trials` times (`noise.add_laplace`) on the
+    exact tables, averaged."""
     present = counts > 0
+    shifted = sums - release.shift * counts
     errors = []
-    for _ in range(trials):
-        dp_counts, dp_sums = add_laplace([counts, sums], [2.0 / epsilon, 2.0 * value_range / epsilon])
-        means = guarded_mean(dp_sums, dp_counts, value_range)
+    for trial in range(trials):
+        dp_counts, dp_sums = add_laplace([counts, shifted], release.scales, seed=seed + trial, stream="bench",
+                                         sensitivities=release.sensitivities, cells=[1, 1])
+        means = guarded_mean(dp_sums, dp_counts, value_range, shift=release.shift)
         errors.append(np.mean(np.abs(means[present] - exact_means[present])))
     return float(np.mean(errors))
+
+
+def paired_mae_ratio(counts, sums, exact_means, value_range, ours, theirs, trials, seed=0):
+    """Expected MAE of release `ours` over that of `theirs`, both on the SAME `trials` standard Laplace draws scaled
+    by each release's b (numpy's float Laplace, which the grid release matches to a relative 2^-20): common random
+    numbers, so a ratio of 0.99 is the mechanisms' and not the draws' luck."""
+    present = counts > 0
+    rng = np.random.default_rng(seed)
+    totals = np.zeros(2)
+    for _ in range(trials):
+        unit = rng.laplace(0.0, 1.0, size=(2, counts.size))
+        for i, release in enumerate((ours, theirs)):
+            noisy_c = counts + release.scales[0] * unit[0]
+            noisy_s = sums - release.shift * counts + release.scales[1] * unit[1]
+            means = guarded_mean(noisy_s, noisy_c, value_range, shift=release.shift)
+            totals[i] += np.mean(np.abs(means[present] - exact_means[present]))
+    return float(totals[0] / totals[1])
+
+
+def _run_pipelinedp_once(args, data):
+    cmd = [str(args.bench_python), str(PIPELINEDP_SCRIPT), data, "--keys", str(args.keys),
+           "--epsilon", repr(args.epsilon), "--value-range", repr(args.value_range),
+           "--backend", args.pipelinedp_backend, "--partition-delta", repr(args.partition_delta)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout)
 
 
 def _run_pipelinedp(args, keys, speeds, exact_means):
     bench_python = Path(args.bench_python)
     if not bench_python.exists():
         return {"pipelinedp": f"skipped: {bench_python} missing (run benchmarks/setup_bench_venv.sh)"}
-
-
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "rows.npz")
         np.savez(data, keys=keys, values=speeds)
-        cmd = [str(bench_python), str(PIPELINEDP_SCRIPT), data, "--keys", str(args.keys),
-               "--epsilon", repr(args.epsilon), "--value-range", repr(args.value_range)]
-        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    out = json.loads(done.stdout)
-    means = np.array(out["means"], dtype=np.float64)
+        outs = []
+        for i in range(args.pipelinedp_repeats):
+            _log(f"PipelineDP run {i + 1}/{args.pipelinedp_repeats} ({args.pipelinedp_backend} backend)")
+            outs.append(_run_pipelinedp_once(args, data))
     present = ~np.isnan(exact_means)
+    means = [np.array(o["means"], dtype=np.float64) for o in outs]  # NaN: a key PipelineDP did not release
+    maes = [float(np.nanmean(np.abs(m[present] - exact_means[present]))) for m in means]
     return {
-        "pipelinedp_version": out["version"],
-        "pipelinedp_seconds": round(out["seconds"], 3),
-        "pipelinedp_mae": float(np.mean(np.abs(means[present] - exact_means[present]))),
+        "pipelinedp_version": outs[0]["version"],
+        "pipelinedp_backend": outs[0]["backend"],
+        "pipelinedp_seconds": round(statistics.median(o["seconds"] for o in outs), 3),
+        "pipelinedp_seconds_all": [round(o["seconds"], 3) for o in outs],
+        "pipelinedp_mae": statistics.median(maes),
+        "pipelinedp_mae_all": maes,
+        "pipelinedp_keys_released": [int(np.sum(~np.isnan(m))) for m in means],
     }
 
 
 def run(args):
-    for name in ("rows", "keys", "batch_rows", "repeats", "noise_trials"):
+    for name in ("rows", "keys", "batch_rows", "repeats", "noise_trials", "pipelinedp_repeats"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     from sage_tfx.transform._testdata import GENERATED_LABEL, exact_clipped_means
@@ -204,7 +279,10 @@ def run(args):
     _log("importing TensorFlow / tf.Transform")
     import sage_tfx  # noqa: F401
 
-    dp_fn, plain_fn, segment_fn = _preprocessing_fns(args.keys, args.epsilon, args.value_range)
+    if not 0.0 <= args.partition_delta < 1.0:
+        raise SystemExit(f"--partition-delta must be in [0, 1), got {args.partition_delta}")
+    dp_fn, plain_fn, segment_fn = _preprocessing_fns(args.keys, args.epsilon, args.value_range, args.mean_form,
+                                                     args.partition_delta)
     n_batches = len(pieces)
     _log("warm-up run of both pipelines on one batch")
     _run_tft(plain_fn, args, 1, "warm-plain")
@@ -224,6 +302,9 @@ def run(args):
         "rows": args.rows,
         "keys": args.keys,
         "epsilon": args.epsilon,
+        "mean_form": args.mean_form,
+        "partition_delta": args.partition_delta,
+        "dp_keys_released": [_released(per_key) for _, per_key in results["dp"]],
         "value_range": args.value_range,
         "runner": "DirectRunner",
         "repeats": args.repeats,
@@ -235,11 +316,25 @@ def run(args):
         "segment_baseline_seconds": round(segment_seconds, 3),
         "ratio_vs_segment_baseline": round(dp_seconds / segment_seconds, 3),
         "dp_mae": statistics.mean(maes["dp"]),
-        "dp_mae_expected": _expected_dp_mae(counts, sums, exact_means, args.epsilon, args.value_range,
-                                            args.noise_trials),
+        "dp_mae_expected": expected_mae(counts, sums, exact_means, args.value_range,
+                                        mean_release(args.epsilon, args.value_range, args.mean_form),
+                                        args.noise_trials),
         "baseline_mae": max(maes["baseline"] + maes["segment"]),  # float32 rounding only: exact means
     }
     if not args.no_pipelinedp:
         _log("PipelineDP per-partition MEAN in the benchmark venv")
         figures.update(_run_pipelinedp(args, keys, speeds, exact_means))
+        if "pipelinedp_seconds" in figures:
+            figures["time_ratio_vs_pipelinedp"] = round(dp_seconds / figures["pipelinedp_seconds"], 4)
+            figures["mae_ratio_vs_pipelinedp_measured"] = round(figures["dp_mae"] / figures["pipelinedp_mae"], 4)
+        if "pipelinedp_seconds" in figures and not args.partition_delta:
+            figures["pipelinedp_mae_expected"] = expected_mae(
+                counts, sums, exact_means, args.value_range, pipelinedp_release(args.epsilon, args.value_range),
+                args.noise_trials)
+            figures["mae_ratio_vs_pipelinedp"] = round(figures["dp_mae_expected"]
+                                                       / figures["pipelinedp_mae_expected"], 4)
+            figures["mae_ratio_vs_pipelinedp_paired"] = round(paired_mae_ratio(
+                counts, sums, exact_means, args.value_range, mean_release(args.epsilon, args.value_range,
+                                                                          args.mean_form),
+                pipelinedp_release(args.epsilon, args.value_range), 10 * args.noise_trials), 4)
     return figures

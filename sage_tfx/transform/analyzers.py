@@ -56,16 +56,21 @@ from sage_tfx.privacy.samplers import grid_sums
 
 from .budget import record_spend
 from .errors import DPTransformError
+from .lookup import _search_index
 from .noise import (
+    CENTRED_MEAN,
     add_laplace,
     check_epsilon,
+    check_mean_form,
     check_nkeys,
     check_seed,
     check_value_range,
     guarded_mean,
     guarded_variance,
+    mean_release,
     table_grid,
 )
+from .partitions import DEFAULT_MAX_PARTITIONS, check_selection, select_and_release, sum_grid
 from .seeding import resolve_seed
 
 
@@ -89,6 +94,21 @@ class PerKeyMean(collections.namedtuple("PerKeyMean", ["counts", "sums", "means"
         if nkeys is None:
             raise DPTransformError("PerKeyMean.lookup: the tables have no static size; use tf.gather on .means")
         return _lookup(self.means, _key_vector(key, nkeys, "PerKeyMean.lookup"), default)
+
+
+class SelectedKeyMean(collections.namedtuple("SelectedKeyMean", ["keys", "counts", "sums", "means"])):
+    """The per-key mean's tables over the keys kept by private partition selection (``partition_selection=``):
+    ``keys`` (1-D, the key's dtype: tf.string or tf.int64, sorted) and float32 tables aligned with it.
+    `lookup` maps rows to their key's mean, the PUBLIC ``default`` for a key that was not kept."""
+
+    __slots__ = ()
+
+    def lookup(self, key, *, default: float) -> tf.Tensor:
+        default = _check_finite(default, "SelectedKeyMean.lookup: default")
+        index = _search_index(_selection_keys(key, "SelectedKeyMean.lookup"), self.keys)
+        found = index >= 0
+        return tf.where(found, tf.gather(self.means, tf.where(found, index, tf.zeros_like(index))),
+                        tf.constant(default, tf.float32))
 
 
 # ---------------------------------------------------------------- Beam side
@@ -172,15 +192,78 @@ class _NoiseOnce(beam.PTransform):
         )
 
 
+class _KeyedGridSumsFn(beam.CombineFn):
+    """Exact per-key (row count, integer grid sum of the values) over the whole data set, for keys not known in
+    advance: a dict key -> [count, grid units], each row put on the public grid gamma alone (`samplers.grid_sums`)."""
+
+    def __init__(self, gamma):
+        self._gamma = float(gamma)
+
+    def create_accumulator(self):
+        return {}
+
+    def add_input(self, accumulator, batch):
+        keys = np.asarray(batch[0]).reshape(-1)
+        if not keys.size:
+            return accumulator
+        distinct, cell = np.unique(keys, return_inverse=True)
+        sums = grid_sums(np.asarray(batch[1], dtype=np.float64).reshape(-1), self._gamma, cell.reshape(-1),
+                         distinct.size)
+        for key, count, units in zip(distinct.tolist(), np.bincount(cell.reshape(-1)).tolist(), sums):
+            total = accumulator.setdefault(key, [0, 0])
+            total[0] += count
+            total[1] += units
+        return accumulator
+
+    def merge_accumulators(self, accumulators):
+        accumulators = iter(accumulators)
+        merged = next(accumulators)
+        for other in accumulators:
+            for key, (count, units) in other.items():
+                total = merged.setdefault(key, [0, 0])
+                total[0] += count
+                total[1] += units
+        return merged
+
+    def extract_output(self, accumulator):
+        return accumulator
+
+
+class _SelectOnce(_NoiseOnce):
+    """Exact keyed grid sums of the whole data set, then ONE `partitions.select_and_release`: four 1-D arrays."""
+
+    def __init__(self, key_dtype, selection, seed, stream):
+        super().__init__(0, [], None, 4, seed, stream, sensitivities=[])
+        self._key_dtype = key_dtype
+        self._selection = dict(selection)
+
+    def expand(self, pcoll):
+        selection, seed, stream, key_dtype = self._selection, self._seed, self._stream, self._key_dtype
+        gamma = sum_grid(selection["epsilon"], selection["value_range"], selection["mean_form"],
+                         selection["max_partitions_contributed"])
+
+        def release(tables):
+            keys = list(tables)
+            counts = [float(tables[k][0]) for k in keys]
+            sums = [float(tables[k][1]) * gamma for k in keys]  # exact below 2^53 grid units
+            kept, *out = select_and_release(keys, counts, sums, seed=seed, stream=stream, **selection)
+            return (np.array(kept, dtype=key_dtype), *out)
+
+        released = (pcoll | "SumByKey" >> beam.CombineGlobally(_KeyedGridSumsFn(gamma))
+                    | "SelectOnce" >> beam.Map(release))
+        return tuple(released | f"Output{i}" >> beam.Map(operator.itemgetter(i)) for i in range(4))
+
+
 def _as_is(*tables):
     return tables
 
 
-def _mean_tables(counts, sums, value_range, min_count=None, fallback=None):
-    means = guarded_mean(sums, counts, value_range)
+def _mean_tables(counts, shifted_sums, value_range, shift=0.0, min_count=None, fallback=None):
+    """(noisy counts, noisy sums of v - shift) -> (counts, sums of v estimated as S~ + shift * n~, means)."""
+    means = guarded_mean(shifted_sums, counts, value_range, shift=shift)
     if min_count is not None:  # the choice reads only the noisy count: post-processing
         means = np.where(np.asarray(counts) < min_count, fallback, means)
-    return counts, sums, means
+    return counts, np.asarray(shifted_sums) + shift * np.asarray(counts), means
 
 
 def _variance_table(counts, centred_sums, centred_squares, value_range):
@@ -307,6 +390,35 @@ def _release(scope, keys, values, num_cells, scales, finish, output_shapes, seed
     )
 
 
+def _selection_keys(key, label):
+    """The keys of a selection analysis: a dense tf.string, or integer cast to int64, one per row."""
+    key = _dense_vector(key, "key", label)
+    if key.dtype.is_integer:
+        return tf.cast(key, tf.int64)
+    if key.dtype != tf.string:
+        raise DPTransformError(f"{label}: key must be a tf.string or integer tensor, got dtype {key.dtype.name}")
+    return key
+
+
+def _selected_mean(label, key, value, epsilon, value_range, seed, name, delta, max_partitions, mean_form):
+    """The per-key mean with private partition selection (`partitions`): (epsilon, delta) recorded, then one pass."""
+    epsilon, seed, _, value_range = _check_common(label, epsilon, seed, value_range=value_range)
+    delta, m = check_selection(delta, max_partitions, label)
+    release = mean_release(epsilon, value_range, check_mean_form(mean_form, f"{label}: mean_form"))
+    keys = _selection_keys(key, label)
+    selection = dict(epsilon=epsilon, delta=delta, value_range=value_range, mean_form=release.form,
+                     max_partitions_contributed=m)
+    with tf.compat.v1.name_scope(name, label) as scope:
+        record_spend(scope.rstrip("/"), epsilon, delta)
+        values = _clipped_values(value, value_range, label) - release.shift
+        key_dtype = object if keys.dtype == tf.string else np.int64
+        kept, *tables = tft.experimental.ptransform_analyzer(
+            inputs=[keys, values], ptransform=_SelectOnce(key_dtype, selection, resolve_seed(seed, scope), scope),
+            output_dtypes=[keys.dtype, tf.float64, tf.float64, tf.float64], output_shapes=[[None]] * 4,
+            name="select_once")
+        return SelectedKeyMean(kept, *_float_tables(tables))
+
+
 def _float_tables(tables):
     return [tf.cast(t, tf.float32) for t in tables]
 
@@ -356,6 +468,8 @@ def dp_sum_per_key(key, value, nkeys, epsilon, value_range, *, seed=None, name=N
     Sensitivity: one row adds or removes one clipped value in [0, value_range] from
     exactly one sum, so the L1 sensitivity of the sum vector is value_range.
     Guarantee: (epsilon, 0)-DP (Laplace mechanism, scale = sensitivity/epsilon).
+    Centring does not apply to a sum alone: an estimate of the sum from a centred sum needs a
+    noisy count too, twice this noise variance at best (docs/dp_preprocessing.md, "The mean's two forms").
     """
     label = "dp_sum_per_key"
     epsilon, seed, nkeys, value_range = _check_common(label, epsilon, seed, nkeys=nkeys, value_range=value_range)
@@ -368,18 +482,19 @@ def dp_sum_per_key(key, value, nkeys, epsilon, value_range, *, seed=None, name=N
 
 
 def _mean_per_key(label, key, value, nkeys, epsilon, value_range, seed, name, mask=None, min_count=None,
-                  fallback=None):
+                  fallback=None, mean_form=CENTRED_MEAN):
     epsilon, seed, nkeys, value_range = _check_common(label, epsilon, seed, nkeys=nkeys, value_range=value_range)
     min_count, fallback = _check_fallback(label, min_count, fallback)
+    release = mean_release(epsilon, value_range, check_mean_form(mean_form, f"{label}: mean_form"))
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
         keys = _masked(_key_vector(key, nkeys, label), mask, label)
-        values = _clipped_values(value, value_range, label)
-        # Half the budget for the counts (sensitivity 1), half for the sums (sensitivity R).
-        scales = [2.0 / epsilon, 2.0 * value_range / epsilon]
-        finish = functools.partial(_mean_tables, value_range=value_range, min_count=min_count, fallback=fallback)
-        counts, sums, means = _float_tables(_noisy_tables(scope, keys, [tf.ones_like(values), values], scales, nkeys,
-                                                          finish, 3, seed, [1.0, value_range]))
+        values = _clipped_values(value, value_range, label) - release.shift  # in [-shift, R - shift]
+        finish = functools.partial(_mean_tables, value_range=value_range, shift=release.shift, min_count=min_count,
+                                   fallback=fallback)
+        counts, sums, means = _float_tables(_noisy_tables(scope, keys, [tf.ones_like(values), values],
+                                                          list(release.scales), nkeys, finish, 3, seed,
+                                                          list(release.sensitivities)))
         return PerKeyMean(counts, sums, means), fallback
 
 
@@ -395,40 +510,73 @@ _MEAN_OPTIONS = """
       gets the PUBLIC ``fallback`` (e.g. value_range / 2 or a public prior) as its mean instead of
       a ratio of two small noisy numbers. The choice reads only the released noisy count, so it is
       post-processing: free. ``fallback`` must not be computed from the data.
+    - ``mean_form``: ``"centred"`` (the default) or ``"sage"`` (the paper's List. 1, for the Sage
+      reproduction). Both are (epsilon, 0)-DP; the centred form has about half the error
+      (docs/dp_preprocessing.md, "The mean's two forms", states both mechanisms and proofs).
 """
 
 
+def _check_selection_options(label, nkeys, mask, min_count):
+    """With partition_selection the keys come from the data: refuse nkeys, mask and min_count (before any charge)."""
+    given = {"nkeys": nkeys, "mask": mask, "min_count": min_count}
+    bad = [k for k, v in given.items() if v is not None]
+    if bad:
+        raise DPTransformError(
+            f"{label}: with partition_selection the keys come from the data; give {bad[0]}=None (got "
+            f"{'a tensor' if bad[0] == 'mask' else repr(given[bad[0]])}): a mask filters rows before the analyzer, "
+            "min_count is the selection's threshold, and public keys in [0, nkeys) need no selection")
+
+
 def dp_mean_per_key(key, value, nkeys, epsilon, value_range, *, mask=None, min_count=None, fallback=None,
-                    seed=None, name=None) -> PerKeyMean:
+                    mean_form=CENTRED_MEAN, partition_selection=None,
+                    max_partitions_contributed=DEFAULT_MAX_PARTITIONS, seed=None,
+                    name=None) -> PerKeyMean | SelectedKeyMean:
     """Noisy per-key counts, sums and means of clip(value, 0, value_range): a `PerKeyMean` of float32 [nkeys].
 
     The tables behind `dp_group_by_mean` (same mechanism, same (epsilon, 0)-DP guarantee and proof);
-    the noisy counts and sums are what an absolute-error SLA needs (SAGE_SPEC.md section 6). Map rows
+    ``sums`` is the noisy sum of the clipped values: S~ itself (``mean_form="sage"``), or the released
+    centred sum plus (R/2) times the noisy count (the default centred form; post-processing). The
+    ``"sage"`` form's tables are what `DPAbsoluteErrorValidator.validate_released` bounds. Map rows
     to their key's mean with ``tables.lookup(any_key, default=...)`` (any key tensor over [0, nkeys),
     e.g. another column than the one aggregated over), or use ``dp_group_by_mean(..., lookup_key=)``.
     ``means`` holds the fallback where the noisy count is below ``min_count``; ``counts`` and ``sums``
     are the raw noisy tables.
+
+    ``partition_selection=delta`` (with ``nkeys=None``): keys NOT known in advance (any tf.string or
+    integer key): only the keys whose noisy count passes the Laplace threshold at ``delta`` are released,
+    as a `SelectedKeyMean` (keys, counts, sums, means); (epsilon, delta)-DP, both recorded with
+    `record_spend`, so a preprocessing grant without delta refuses it before anything is read
+    (docs/dp_preprocessing.md, "Keys not known in advance"; `partitions` has the proof).
+    ``max_partitions_contributed``: the keys one row adds to (1, exact here; more only adds noise).
     """
+    if partition_selection is not None:
+        _check_selection_options("dp_mean_per_key", nkeys, mask, min_count)
+        return _selected_mean("dp_mean_per_key", key, value, epsilon, value_range, seed, name, partition_selection,
+                              max_partitions_contributed, mean_form)
     tables, _ = _mean_per_key("dp_mean_per_key", key, value, nkeys, epsilon, value_range, seed, name, mask,
-                              min_count, fallback)
+                              min_count, fallback, mean_form)
     return tables
 
 
 def dp_group_by_mean(key_tensor, value_tensor, nkeys, epsilon, value_range, *, mask=None, min_count=None,
-                     fallback=None, lookup_key=None, seed=None, name=None) -> tf.Tensor:
+                     fallback=None, lookup_key=None, mean_form=CENTRED_MEAN, partition_selection=None,
+                     max_partitions_contributed=DEFAULT_MAX_PARTITIONS, seed=None, name=None) -> tf.Tensor:
     """Sage's DP feature (paper List. 1): each row gets the noisy mean value of its key. float32 [batch].
 
-    Mechanism (SAGE_SPEC.md section 4), with v = clip(value, 0, value_range) and
-    keys in [0, nkeys):
-        dp_counts = group_by_sum(key, 1, nkeys) + Laplace(0, 2/epsilon, nkeys)
-        dp_sums   = group_by_sum(key, v, nkeys) + Laplace(0, 2*value_range/epsilon, nkeys)
-        means     = clip(dp_sums / max(dp_counts, 1), 0, value_range)
-        output    = gather(means, key), or value_range / 2 for a key outside [0, nkeys)
-    Sensitivity: one row changes one count by 1 and one sum by at most value_range
-    (it has one key, and its clipped value lies in [0, value_range]).
-    Guarantee: (epsilon, 0)-DP. Proof sketch: the counts are (epsilon/2)-DP (Laplace,
-    scale 1/(epsilon/2)) and the sums are (epsilon/2)-DP (scale value_range/(epsilon/2));
-    by basic composition the pair is epsilon-DP. The guarded division, the clip and
+    Mechanism (docs/dp_preprocessing.md, "The mean's two forms"), with v = clip(value, 0, R),
+    R = value_range, keys in [0, nkeys), c the shift and eps_n + eps_s = epsilon (`noise.mean_release`):
+        dp_counts = group_by_sum(key, 1, nkeys) + Laplace(0, 1/eps_n, nkeys)
+        dp_sums   = group_by_sum(key, v - c, nkeys) + Laplace(0, Delta_s/eps_s, nkeys)
+        means     = clip(c + dp_sums / max(dp_counts, 1), 0, R)
+        output    = gather(means, key), or R / 2 for a key outside [0, nkeys)
+    centred (default): c = R/2, Delta_s = R/2 (|v - R/2| <= R/2), eps_n = epsilon / (1 + 3^(1/3))
+    (about 0.41 epsilon: the split of least expected error); sage (``mean_form="sage"``, the paper's
+    List. 1): c = 0, Delta_s = R, eps_n = eps_s = epsilon/2.
+    Sensitivity: one row changes one count by 1 and one sum by at most Delta_s
+    (it has one key, and its clipped value lies in [0, R]).
+    Guarantee: (epsilon, 0)-DP. Proof sketch: the counts are eps_n-DP (Laplace, scale
+    1/eps_n) and the sums eps_s-DP (scale Delta_s/eps_s); by basic composition the pair
+    is epsilon-DP. The guarded division, the shift, the clip and
     the gather use only the noisy tables and the row's own key: post-processing.
     The noise is drawn once per analysis over the whole data set; every row of a key,
     every transform batch and serving see the same value.
@@ -441,11 +589,20 @@ def dp_group_by_mean(key_tensor, value_tensor, nkeys, epsilon, value_range, *, m
     mean: the mask only selects what is aggregated). Post-processing with the row's own key.
     A lookup key outside [0, nkeys) gets ``fallback`` if given, else value_range / 2 (public).
 
+    ``partition_selection=delta`` with ``nkeys=None``: keys not known in advance, as in `dp_mean_per_key`
+    ((epsilon, delta)-DP); a row whose key was not kept gets ``fallback`` if given, else value_range / 2.
+
     `seed` is for tests only (None draws fresh OS entropy).
     """
     label = "dp_group_by_mean"
+    if partition_selection is not None:
+        _check_selection_options(label, nkeys, mask, min_count)
+        selected = _selected_mean(label, key_tensor, value_tensor, epsilon, value_range, seed, name,
+                                  partition_selection, max_partitions_contributed, mean_form)
+        by = key_tensor if lookup_key is None else lookup_key
+        return selected.lookup(by, default=float(value_range) / 2.0 if fallback is None else fallback)
     tables, fallback = _mean_per_key(label, key_tensor, value_tensor, nkeys, epsilon, value_range, seed, name,
-                                     mask, min_count, fallback)
+                                     mask, min_count, fallback, mean_form)
     nkeys = tables.means.shape[0]
     by = key_tensor if lookup_key is None else lookup_key
     keys = _key_vector(by, nkeys, label, what="key" if lookup_key is None else "lookup_key")
@@ -512,16 +669,17 @@ def _vocabulary_ids(x, vocabulary, label):
     return table.lookup(x)
 
 
-def dp_mean(x, epsilon, value_range, *, seed=None, name=None):
+def dp_mean(x, epsilon, value_range, *, mean_form=CENTRED_MEAN, seed=None, name=None):
     """Noisy mean of clip(x, 0, value_range) over the whole data set: a float32 scalar in [0, value_range].
 
-    The one-key case of `dp_group_by_mean`: count + Laplace(2/epsilon), sum of clipped
-    values + Laplace(2*value_range/epsilon), mean = clip(sum / max(count, 1), 0, R).
-    Sensitivity 1 (count) and value_range (sum). Guarantee: (epsilon, 0)-DP, epsilon/2
-    each by basic composition; the rest is post-processing.
+    The one-key case of `dp_group_by_mean`, same mechanism and ``mean_form``: by default a count at
+    eps_n = epsilon / (1 + 3^(1/3)) (sensitivity 1) and a sum of clip(x, 0, R) - R/2 at epsilon - eps_n
+    (sensitivity R/2), mean = clip(R/2 + sum / max(count, 1), 0, R); ``mean_form="sage"``: count and
+    raw sum (sensitivity R) at epsilon/2 each. Guarantee: (epsilon, 0)-DP by basic composition; the rest
+    is post-processing (docs/dp_preprocessing.md, "The mean's two forms").
     """
     tables, _ = _mean_per_key("dp_mean", tf.zeros_like(_dense_vector(x, "x", "dp_mean"), dtype=tf.int64),
-                              x, 1, epsilon, value_range, seed, name)
+                              x, 1, epsilon, value_range, seed, name, mean_form=mean_form)
     return tables.means[0]
 
 

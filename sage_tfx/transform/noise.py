@@ -7,6 +7,7 @@ discrete Laplace on a power-of-two grid (`sage_tfx.privacy.samplers.grid_laplace
 ChaCha20 keystream (`randomness.SecureRNG`): no floating-point leak (Mironov 2012).
 """
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -106,14 +107,64 @@ def table_grid(scale, sensitivity, cells=1) -> float:
     return grid_laplace_params(float(sensitivity), _table_epsilon(scale, sensitivity), cells)[0]
 
 
-def guarded_mean(dp_sums, dp_counts, value_range):
-    """Post-processing of noisy per-key sums and counts into means in [0, value_range].
+CENTRED_MEAN = "centred"  # the default: a sum of v - R/2 (sensitivity R/2) and a count, split by expected error
+SAGE_MEAN = "sage"  # the paper's List. 1: a raw sum (sensitivity R) and a count, epsilon / 2 each
+MEAN_FORMS = (CENTRED_MEAN, SAGE_MEAN)
 
-    A noisy count can be <= 0 (or tiny), so the denominator is floored at 1; the
+# The centred form's share of epsilon for the count: 1 / (1 + 3^(1/3)) (docs/dp_preprocessing.md, "The mean's
+# two forms"): it minimises the expected squared error of the mean, to first order, for a centred mean uniform
+# over [-R/2, R/2] (E[(m - R/2)^2] = R^2 / 12), whatever R, n and epsilon.
+CENTRED_COUNT_SHARE = 1.0 / (1.0 + 3.0 ** (1.0 / 3.0))
+
+
+class MeanRelease(NamedTuple):
+    """How a per-key mean is released: the two tables (count, sum of v - shift) with their Laplace scales b and L1
+    sensitivities Delta (one record moves one cell of each), and the public shift c subtracted from each clipped
+    value v in [0, R] before it is summed. Each table is (Delta / b)-DP; the two add up to the mean's epsilon."""
+
+    form: str
+    shift: float
+    scales: tuple[float, float]
+    sensitivities: tuple[float, float]
+
+    @property
+    def epsilons(self) -> tuple[float, float]:
+        return (self.sensitivities[0] / self.scales[0], self.sensitivities[1] / self.scales[1])
+
+
+def check_mean_form(mean_form, what="mean_form") -> str:
+    """Return ``mean_form`` if it is one of MEAN_FORMS; raise naming it and the choices otherwise."""
+    if not isinstance(mean_form, str) or mean_form not in MEAN_FORMS:
+        raise DPTransformError(f"{what} must be one of {', '.join(map(repr, MEAN_FORMS))}, got {mean_form!r} "
+                               f"({CENTRED_MEAN!r}: the default, the smaller error; {SAGE_MEAN!r}: the paper's form)")
+    return mean_form
+
+
+def mean_release(epsilon: float, value_range: float, mean_form: str = CENTRED_MEAN) -> MeanRelease:
+    """The release of a per-key mean at ``epsilon`` for values clipped to [0, value_range] = [0, R].
+
+    centred (default): count at epsilon_n = CENTRED_COUNT_SHARE * epsilon (sensitivity 1), sum of v - R/2 at
+    epsilon - epsilon_n (sensitivity R/2: |v - R/2| <= R/2); sage: count and raw sum (sensitivity R) at epsilon / 2
+    each. Guarantee, both forms: (epsilon, 0)-DP by basic composition of two Laplace releases whose epsilons add up
+    to epsilon (one record has one key, so it moves one cell of each table). The analyzers, the benchmark's
+    expected error and the privacy auditor all take their scales and sensitivities from here.
+    """
+    check_mean_form(mean_form)
+    if mean_form == SAGE_MEAN:
+        return MeanRelease(SAGE_MEAN, 0.0, (2.0 / epsilon, 2.0 * value_range / epsilon), (1.0, value_range))
+    count_epsilon = CENTRED_COUNT_SHARE * epsilon
+    half = value_range / 2.0
+    return MeanRelease(CENTRED_MEAN, half, (1.0 / count_epsilon, half / (epsilon - count_epsilon)), (1.0, half))
+
+
+def guarded_mean(dp_sums, dp_counts, value_range, shift=0.0):
+    """Post-processing of noisy per-key sums (of v - shift) and counts into means in [0, value_range].
+
+    A noisy count can be <= 0 (or tiny), so the denominator is floored at 1; shift plus the
     quotient is clipped into [0, value_range], where every true mean lies. Both
     steps use only the noisy values, so they cost no privacy.
     """
-    return np.clip(np.asarray(dp_sums) / np.maximum(np.asarray(dp_counts), 1.0), 0.0, value_range)
+    return np.clip(shift + np.asarray(dp_sums) / np.maximum(np.asarray(dp_counts), 1.0), 0.0, value_range)
 
 
 def guarded_variance(dp_counts, dp_centered_sums, dp_centered_squares, value_range):
