@@ -134,7 +134,7 @@ class PostgresServer:
 
     def url(self, database="postgres", query="sslmode=disable"):
         """A ledger URL. sslmode=disable: the ledger's default is verified TLS, and the tests' loopback server
-        has only a self-signed certificate (``ssl_ca``; tests/test_postgres_tls.py checks TLS itself)."""
+        has only a self-signed certificate (``ssl_ca``; tests/privacy/test_postgres_tls.py checks TLS itself)."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}" + (f"?{query}" if query else "")
 
     def new_database(self, prefix="t"):
@@ -169,7 +169,7 @@ def replay_taxi_days(root, days, *, extra_streams=()):
 def taxi_stream_300(tmp_path_factory):
     """A ledger and data root holding the first 300 real taxi days (about 3,000 trips) as daily blocks of stream
     "taxi", plus an empty stream "empty": replayed once per test process (pytest-xdist worker), shared by the
-    modules whose `sage run` tests start from it (tests/test_sage_run.py, test_url_pipeline_root.py,
+    modules whose `sage run` tests start from it (tests/pipelines/test_sage_run.py, test_url_pipeline_root.py,
     test_runners.py). Read only: a test that spends budget copies the ledger and its key file first; one that
     writes into the data root copies it (shutil.copytree)."""
     return replay_taxi_days(tmp_path_factory.mktemp("taxi_stream_300"), 300, extra_streams=("empty",))

@@ -46,7 +46,7 @@ sum_{i >= N} w_i^2 (the tail of squares in closed form: r^(2N) / (1 - r^2), or t
 plus conversion_term(alpha, delta / 2), is at most epsilon (``filter_scale``, bisection; times (1 - 1e-9) for
 float round-off). Then every prefix of the run sequence is admitted by the ledger, forever; and the bound is
 tight (the head is exact, the tail's integral bound is within a term of the sum), so a 10% larger c is refused
-at a finite run (tests/test_scheduled_pipeline.py). Several epochs merged into one run (BBScheduler) cost
+at a finite run (tests/release/test_scheduled_pipeline.py). Several epochs merged into one run (BBScheduler) cost
 min(sqrt(S), alpha S / 2) <= the sum of their own costs (S the sum of their squares), so the calibration holds.
 
 Charging (docs/growing_database.md): every arriving block gets ONE grant charging the whole
