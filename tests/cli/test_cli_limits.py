@@ -11,14 +11,10 @@ import pytest
 
 from sage_tfx.privacy import Ledger, LedgerError
 from tests.conftest import run_sql
+from tests.helpers.cli import sage
 from tests.privacy.test_ledger_bad_input import dump
 
 DAY = 86400.0
-
-
-def sage(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "sage_tfx", *args], capture_output=True, text=True, timeout=300,
-                          cwd=cwd)
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ import textwrap
 import pytest
 
 from sage_tfx.cli._quiet import is_chatter, quiet_libraries
+from tests.helpers.cli import sage as _sage
 
 # what TensorFlow 2.21 writes to descriptor 2 while it loads, before its logging starts (copied from a run)
 CHATTER = [
@@ -34,11 +35,6 @@ KEPT = [
 def test_is_chatter_drops_only_the_start_up_lines():
     assert all(is_chatter(line.encode()) for line in CHATTER)
     assert not any(is_chatter(line.encode()) for line in KEPT)
-
-
-def _sage(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout)
 
 
 FILTER_SCRIPT = textwrap.dedent('''

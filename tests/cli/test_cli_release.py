@@ -3,22 +3,16 @@
 The ledger is real (SQLite, tmp_path); the blocks are real taxi days replayed as sealed daily blocks
 (tests/conftest.py's replay_taxi_days; the stream's budget is epsilon 1, delta 1e-6 per block)."""
 import json
-import subprocess
-import sys
 
 import pytest
 
 from sage_tfx.privacy import Ledger
 from sage_tfx.privacy.digests import bound_to_data
 from tests.conftest import replay_taxi_days
+from tests.helpers.cli import sage
 
 EPS, DELTA = 0.5, 1e-7
 FEATURES = ["--label", "tips", "--features", "fare,trip_miles", "--scales", "100,30", "--intercept"]
-
-
-def sage(*args):
-    return subprocess.run([sys.executable, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
 
 
 def continual(db, data, *extra, pipeline="cr", epsilon=EPS):

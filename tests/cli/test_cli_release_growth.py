@@ -3,8 +3,6 @@
 The ledger is real (SQLite, tmp_path); the blocks are the first three real taxi days replayed as sealed daily
 blocks (tests/conftest.py's replay_taxi_days; the stream's budget is epsilon 1, delta 1e-6 per block)."""
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -12,17 +10,13 @@ from sage_tfx.privacy import Ledger
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.release.growth import BBImprover, BBScheduler, ImproverParams, SchedulerParams
 from tests.conftest import replay_taxi_days
+from tests.helpers.cli import sage
 
 QUERIES = [
     {"count": {"fare": [0, 10]}},
     {"sum": "fare", "bound": 100, "where": {"trip_miles": [0, 5]}},
     {"count": {"trip_miles": [5, 30]}, "at": 2},
 ]
-
-
-def sage(*args):
-    return subprocess.run([sys.executable, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True,
-                          timeout=300)
 
 
 def growth(db, data, *extra, pipeline="g", epsilon=0.2):

@@ -241,7 +241,8 @@ def test_hostile_pipeline_preprocessing_and_trainer_modules_reach_no_key_ledger_
     read every record with the launcher's key. Now every attempt is BLOCKED, the pipeline still ACCEPTs and pushes
     and the ledger holds the honest iteration only (no trusted read, audit OK)."""
 
-    from tests.pipelines.test_sage_run import _copy_stream, sage
+    from tests.helpers.cli import sage
+    from tests.pipelines.test_sage_run import _copy_stream
 
     db, data = _copy_stream(taxi_stream_300, tmp_path)
     key = f"{db}.key"

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from sage_tfx.data import flights
+from tests.helpers.cli import sage as _sage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "flights")
@@ -140,11 +141,6 @@ def test_a_public_prior_is_what_adassp_shrinks_towards():
         DPLinearRegressor((1.0, 1e-6), 1.0, (0, 1), prior_coef={"zz": 1.0}, residual_range=(-1, 1)).fit(as_dict(x), y)
     with pytest.raises(ValueError, match="prior_coef has 3 values for 4 feature columns"):
         DPLinearRegressor((1.0, 1e-6), 1.0, (0, 1), prior_coef=[1, 2, 3], residual_range=(-1, 1)).fit(x, y)
-
-
-def _sage(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True,
-                          timeout=600, cwd=cwd)
 
 
 @pytest.mark.slow

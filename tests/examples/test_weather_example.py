@@ -3,20 +3,16 @@
 real run (about 3 minutes on 256 blocks) is in docs/your_pipeline.md, not in the suite."""
 import hashlib
 import os
-import subprocess
 import sys
 
 import pytest
+
+from tests.helpers.cli import sage as _sage
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "examples", "weather")
 sys.path.insert(0, EXAMPLE)
 from export import weather_frames  # noqa: E402
-
-
-def _sage(*args):
-    return subprocess.run([sys.executable, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True,
-                          timeout=900)
 
 
 def _digest(path):

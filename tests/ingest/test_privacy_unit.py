@@ -23,7 +23,8 @@ from sage_tfx.ingest.units import UnitBound
 from sage_tfx.privacy import BudgetSplit, ChargeRule, GrantError, Ledger, LedgerError, stage_budget
 from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy.split import per_row_budget
-from tests.cli.test_cli_limits import _listing, sage
+from tests.cli.test_cli_limits import _listing
+from tests.helpers.cli import sage
 
 K = 5
 UNIT = "company"

@@ -4,8 +4,6 @@ the dry run's generated labels, all on a real ledger (no TensorFlow, except Bloc
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -21,6 +19,7 @@ from sage_tfx.pipelines.check import (
 )
 from sage_tfx.pipelines.definition import PipelineDefinitionError
 from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, GrantError, Ledger, LedgerError, eval_share_split, record_split
+from tests.helpers.cli import sage as _sage
 
 DAY = 86400.0
 MSE = SLA(metric="mse", label="fare", loss_bound=900.0)
@@ -122,11 +121,6 @@ def test_trivial_baselines_from_a_public_prior():
         check_targets(accuracy, [0.85, 0.9], trivial_baseline(accuracy, positive_rate=0.12))
     assert check_targets(accuracy, [0.85], trivial_baseline(accuracy, positive_rate=0.12), True) == [0.85]
     assert check_targets(log_loss, [0.3], trivial_baseline(log_loss, positive_rate=0.12)) == [0.3]
-
-
-def _sage(*args):
-    return subprocess.run([sys.executable, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True,
-                          timeout=600)
 
 
 @pytest.fixture()

@@ -23,6 +23,7 @@ import time
 import pytest
 
 from sage_tfx.privacy import Ledger
+from tests.helpers.cli import sage
 
 PY = sys.executable
 HOSTS = {"A": ("a-easy", "a-hard"), "B": ("b-easy", "b-hard")}
@@ -43,11 +44,6 @@ PIPELINE = SagePipeline(
     trainer_config={"max_seconds": MAX_SECONDS},
 )
 """
-
-
-def sage(*args, env=None, timeout=300):
-    return subprocess.run([PY, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          env=env)
 
 
 def _host_env(host_root):

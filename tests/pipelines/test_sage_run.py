@@ -14,13 +14,9 @@ import time
 import pytest
 
 from sage_tfx.privacy import Ledger
+from tests.helpers.cli import sage
 
 PY = sys.executable
-
-
-def sage(*args, timeout=900, **kwargs):
-    return subprocess.run([PY, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          **kwargs)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import sys
 import time
 
@@ -31,6 +30,7 @@ from sage_tfx.release.growth import (
     charge_lifetime,
     schedule_fingerprint,
 )
+from tests.helpers.cli import sage as _sage
 from tests.helpers.kill import kill_after_first_ack
 
 E, D = 0.5, 1e-7
@@ -548,10 +548,6 @@ def test_approximate_schedules_are_admitted_forever_and_tightly(name, build):
 
 # ------------------------------------------------------------------------------------------- sage run --schedule
 PY = sys.executable
-
-
-def _sage(*args, timeout=900):
-    return subprocess.run([PY, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True, timeout=timeout)
 
 
 def _copy_stream(taxi_stream_300, tmp_path):
