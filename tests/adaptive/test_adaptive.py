@@ -9,16 +9,13 @@ import pytest
 from sage_tfx.adaptive import BudgetSplit, IterationResult, IteratorSettings, SageIterator, eta_for_attempt
 from sage_tfx.privacy import Ledger, LedgerError
 from sage_tfx.validation import ValidationInputError
+from tests.helpers.ledgers import daily_ledger
 
 DAY = 86400.0
 
 
 def make_ledger(tmp_path, blocks=8, rows=1000, epsilon=1.0, policy="conserve"):
-    ledger = Ledger.open(tmp_path / "ledger.db", create=True)
-    ledger.create_stream("s", epsilon, 1e-6, policy=policy)
-    for i in range(blocks):
-        ledger.add_block("s", f"b{i:02d}", start=i * DAY, end=(i + 1) * DAY, rows=rows)
-    return ledger
+    return daily_ledger(tmp_path, blocks, epsilon=epsilon, delta=1e-6, rows=rows, ids="b{:02d}", policy=policy)
 
 
 class Oracle:

@@ -23,6 +23,7 @@ import pytest
 
 from sage_tfx.adaptive import IterationResult, IteratorSettings, SageIterator
 from sage_tfx.privacy import BlockRetired, BudgetRefused, Ledger, LedgerError, RecordError
+from tests.helpers.ledgers import daily_ledger
 
 DAY = 86400.0
 POLICIES = ("conserve", "aggressive")
@@ -34,11 +35,8 @@ class Runaway(AssertionError):
 
 
 def make_ledger(tmp_path, policy, blocks=8, rows=1000, epsilon=1.0, min_epsilon=None):
-    ledger = Ledger.open(tmp_path / "ledger.db", create=True)
-    ledger.create_stream("s", epsilon, 1e-6, policy=policy, min_epsilon=min_epsilon)
-    for i in range(blocks):
-        ledger.add_block("s", f"b{i:02d}", start=i * DAY, end=(i + 1) * DAY, rows=rows)
-    return ledger
+    return daily_ledger(tmp_path, blocks, epsilon=epsilon, delta=1e-6, rows=rows, ids="b{:02d}", policy=policy,
+                        min_epsilon=min_epsilon)
 
 
 class Watched:

@@ -20,6 +20,7 @@ from sage_tfx.pipelines.check import (
 from sage_tfx.pipelines.definition import PipelineDefinitionError
 from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, GrantError, Ledger, LedgerError, eval_share_split, record_split
 from tests.helpers.cli import sage as _sage
+from tests.helpers.ledgers import daily_ledger
 
 DAY = 86400.0
 MSE = SLA(metric="mse", label="fare", loss_bound=900.0)
@@ -27,11 +28,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def make_ledger(tmp_path, blocks=29, epsilon=1.0, policy="conserve"):
-    ledger = Ledger.open(tmp_path / "ledger.db", create=True)
-    ledger.create_stream("s", epsilon, 1e-6, policy=policy)
-    for i in range(blocks):
-        ledger.add_block("s", f"b{i:02d}", start=i * DAY, end=(i + 1) * DAY, rows=100)
-    return ledger
+    return daily_ledger(tmp_path, blocks, epsilon=epsilon, delta=1e-6, rows=100, ids="b{:02d}", policy=policy)
 
 
 def always_retry(calls):

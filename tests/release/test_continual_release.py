@@ -21,6 +21,7 @@ from sage_tfx.release.continual import (
     sensitivity,
     solve_erm,
 )
+from tests.helpers.ledgers import daily_ledger
 
 D = 4
 W_TRUE = np.array([1.5, -1.0, 0.5, 0.0])
@@ -34,11 +35,7 @@ def generated_block(index, n=200, loss="logistic"):
 
 
 def make_ledger(tmp_path, blocks, epsilon=10.0, delta=1e-4):
-    ledger = Ledger.open(tmp_path / "ledger.db", create=True)
-    ledger.create_stream("s", epsilon, delta)
-    for i in range(blocks):
-        ledger.add_block("s", f"b{i:03d}", start=i * 86400, end=(i + 1) * 86400, rows=200)
-    return ledger
+    return daily_ledger(tmp_path, blocks, epsilon=epsilon, delta=delta, rows=200)
 
 
 class CheckedReader:

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from sage_tfx.privacy import Ledger, gaussian
+from sage_tfx.privacy import gaussian
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy.samplers import grid_laplace
@@ -23,6 +23,7 @@ from sage_tfx.release.growth import (
     count_query,
     sum_query,
 )
+from tests.helpers.ledgers import daily_ledger
 
 ROWS = 100
 
@@ -32,11 +33,7 @@ def generated_block(index, n=ROWS):
 
 
 def make_ledger(tmp_path, blocks, epsilon=10.0, delta=1e-4):
-    ledger = Ledger.open(tmp_path / "ledger.db", create=True)
-    ledger.create_stream("s", epsilon, delta)
-    for i in range(blocks):
-        ledger.add_block("s", f"b{i:03d}", start=i * 86400, end=(i + 1) * 86400, rows=ROWS)
-    return ledger
+    return daily_ledger(tmp_path, blocks, epsilon=epsilon, delta=delta, rows=ROWS)
 
 
 def spent(ledger):

@@ -9,7 +9,6 @@ import pickle
 import numpy as np
 import pytest
 
-from sage_tfx.privacy import Ledger
 from sage_tfx.privacy.digests import bound_to_data
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.release.incremental_regression import (
@@ -21,6 +20,7 @@ from sage_tfx.release.incremental_regression import (
     projected_gradient,
     tree_levels,
 )
+from tests.helpers.ledgers import daily_ledger
 
 DIM = 3
 THETA = np.array([0.5, -0.3, 0.2])
@@ -38,11 +38,7 @@ def block_rows(i, rows=50):
 
 
 def make_ledger(tmp_path, blocks=8, accounting="basic"):
-    ledger = Ledger.open(str(tmp_path / "ledger.db"), create=True)
-    ledger.create_stream("s", 5.0, 1e-4, accounting=accounting)
-    for i in range(blocks):
-        ledger.add_block("s", f"b{i}", start=i * 86400.0, end=(i + 1) * 86400.0, rows=50)
-    return ledger
+    return daily_ledger(tmp_path, blocks, epsilon=5.0, delta=1e-4, rows=50, ids="b{}", accounting=accounting)
 
 
 def snapshot(ledger):
