@@ -258,6 +258,12 @@ def raw_sql():
 
 
 SLOW_WEIGHT = 60  # a slow test counts as 60 fast ones (CI: slow tests take 30-190 s, most others well under 1 s)
+# unless it states a lighter weight, e.g. a Monte Carlo check of 5-25 s: @pytest.mark.slow(weight=20)
+
+
+def _weight(item):
+    marker = item.get_closest_marker("slow")
+    return 1 if marker is None else marker.kwargs.get("weight", SLOW_WEIGHT)
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -274,7 +280,7 @@ def pytest_collection_modifyitems(session, config, items):
     modules = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    weight = {m: sum(SLOW_WEIGHT if it.get_closest_marker("slow") else 1 for it in its) for m, its in modules.items()}
+    weight = {m: sum(_weight(it) for it in its) for m, its in modules.items()}
     piles = [[] for _ in range(workers)]
     loads = [0] * workers
     for m in sorted(modules, key=lambda m: (-weight[m], m)):  # heaviest first, each to the lightest pile

@@ -68,7 +68,7 @@ def _variance_ratio_bounds(dof, p=1e-6):
     return stats.chi2.ppf(p / 2, dof) / dof, stats.chi2.ppf(1 - p / 2, dof) / dof
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_noise_scales_match_formulas_statistically():
     """Empirical noise of 2000 releases on fixed statistics; false-failure < 3e-6 overall."""
     rng = np.random.default_rng(20190101)
@@ -113,7 +113,7 @@ def _regression_data(n, rng, d=10, noise=0.5):
     return x, y
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_mse_approaches_ols_as_n_grows():
     """Deterministic given the seed; at n = 1M, eps = 1 the DP test MSE is within 10% of OLS."""
     rng = np.random.default_rng(7)

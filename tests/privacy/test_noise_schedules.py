@@ -28,7 +28,7 @@ def _per_step_event(sigmas, q):
         dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(float(s))) for s in sigmas])
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_accounting_equals_per_step_composition_rdp_and_pld():
     sched = ns.ExponentialSchedule(final_ratio=0.4, stages=4)
     sigmas = sched.noise_multipliers(1.3, 12)
@@ -54,9 +54,9 @@ def test_constant_schedule_is_the_dpsgd_event():
 
 @pytest.mark.parametrize("schedule", [  # one calibration each (5-10 s): one in the edit-test loop, all in `make test`
     ns.StepSchedule(factor=0.5, drops=2),
-    pytest.param(ns.ExponentialSchedule(final_ratio=0.3, stages=5), marks=pytest.mark.slow),
-    pytest.param(ns.PolynomialSchedule(final_ratio=0.3, power=2.0, stages=5), marks=pytest.mark.slow),
-    pytest.param(ns.BoundOptimalSchedule(gamma=0.97, stages=5), marks=pytest.mark.slow),
+    pytest.param(ns.ExponentialSchedule(final_ratio=0.3, stages=5), marks=pytest.mark.slow(weight=20)),
+    pytest.param(ns.PolynomialSchedule(final_ratio=0.3, power=2.0, stages=5), marks=pytest.mark.slow(weight=20)),
+    pytest.param(ns.BoundOptimalSchedule(gamma=0.97, stages=5), marks=pytest.mark.slow(weight=20)),
 ], ids=lambda s: s.kind.value)
 def test_calibrated_schedule_spends_the_budget(schedule):
     epsilon, steps, q = 1.0, 40, 0.05

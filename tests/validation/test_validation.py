@@ -154,7 +154,7 @@ def test_laplace_tail_probabilities():
 
 # ------------------------------------------------------------------ noise scales (KS tests, level ALPHA)
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_count_and_sum_noise_are_laplace_at_the_stated_scales():
     rng = np.random.default_rng(12)
     eps, B, n = 0.8, 3.0, 50
@@ -170,7 +170,7 @@ def test_count_and_sum_noise_are_laplace_at_the_stated_scales():
     assert stats.kstest(sum_noise, stats.laplace(scale=4 * B / eps).cdf).pvalue < ALPHA
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_accuracy_and_statistic_noise_scales():
     rng = np.random.default_rng(13)
     eps = 0.5
@@ -228,7 +228,7 @@ def test_clopper_pearson_coverage_is_close_to_exact():
     assert low > 0.3 * delta * trials  # exact test: not vacuous (expected ~0.7-1 x delta here)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 @pytest.mark.parametrize("mode", ["sage", "non_private"])
 def test_loss_upper_bound_covers_the_true_mean(mode):
     """P(UB < mu) <= eta/2 whatever the target: the core of the ACCEPT guarantee."""
@@ -246,7 +246,7 @@ def _false_accept_rate(validator, draw, trials, rng, **kwargs):
     return accepts
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_loss_false_accept_rate_below_eta_and_plain_validation_above():
     """True mean misses the target by 5%: Sage and NP ACCEPT at rate <= eta/2; No SLA accepts far more often."""
     rng = np.random.default_rng(31)
@@ -261,7 +261,7 @@ def test_loss_false_accept_rate_below_eta_and_plain_validation_above():
     assert accepts / trials > 0.05  # the ablation: a plain comparison accepts ~ 1/4 of these models
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_loss_near_the_target_with_ample_data():
     """With 200K test losses, Sage ACCEPTs a model 2% inside its target a good share of the time, yet a model
     0.3% outside stays (far) below the eta/2 false-ACCEPT budget. (The Bernstein bound is conservative: the
@@ -275,7 +275,7 @@ def test_loss_near_the_target_with_ample_data():
     assert inside > 300 * 0.2  # ~40% measured with this seed
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 @pytest.mark.parametrize("bound", ["exact", "clopper_pearson", "bernstein"])
 def test_accuracy_false_accept_rate_below_eta(bound):
     # The exact bound runs 2,000 trials (its tail sums cost ~10 ms a validation; the other bounds' ~0.2 ms keep
@@ -290,7 +290,7 @@ def test_accuracy_false_accept_rate_below_eta(bound):
     assert_rate_at_most(accepts, trials, eta / 2, f"false ACCEPT (accuracy, {bound})")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_accuracy_false_accept_rate_non_private_is_close_to_eta():
     """The exact (NP) Clopper-Pearson test at a target just above p accepts at nearly its full budget (all of
     eta: no REJECT test runs): the binomial check is sharp here, not vacuous."""
@@ -304,7 +304,7 @@ def test_accuracy_false_accept_rate_non_private_is_close_to_eta():
     assert accepts > 0.3 * eta * trials
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_absolute_error_false_accept_rate_below_eta():
     """False ACCEPT: ACCEPTed while some key's DP mean is farther than the target from its true mean.
     Also checks the per-key coverage P(|m~ - mu| > bound) <= eta/K directly."""
@@ -326,7 +326,7 @@ def test_absolute_error_false_accept_rate_below_eta():
     assert_rate_at_most(uncovered, trials * K, eta / K, "per-key error-bound coverage")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_loss_false_reject_rate_under_the_assumption_with_an_independent_model():
     """(A) holds with h = the model (its training losses are i.i.d. like new data). True loss meets the
     target by a 2% margin: REJECT rate <= eta/2."""
@@ -339,7 +339,7 @@ def test_loss_false_reject_rate_under_the_assumption_with_an_independent_model()
     assert_rate_at_most(rejects, trials, eta / 2, "false REJECT (independent model)")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_loss_false_reject_rate_under_the_assumption_with_an_erm_model():
     """(A) holds exactly for ERM: the model is the training-sample mean (best constant under squared error),
     whose training MSE is <= that of the population mean h. Target = L(h) = Var(y): the target is reachable,
@@ -357,7 +357,7 @@ def test_loss_false_reject_rate_under_the_assumption_with_an_erm_model():
     assert_rate_at_most(rejects, trials, eta / 2, "false REJECT (ERM model)")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_accuracy_false_reject_rate_under_the_assumption():
     # 1,000 trials (4,000 before; each costs ~10 ms of the validator's exact tail sums): the exact one-sided binomial
     # test keeps its false-failure probability at ALPHA = 1e-3 whatever the number of trials. It fails from 131
@@ -373,7 +373,7 @@ def test_accuracy_false_reject_rate_under_the_assumption():
 
 # ------------------------------------------------------------------ power and the decision order
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_power_ample_data_and_a_comfortable_margin_accepts_almost_always():
     rng = np.random.default_rng(51)
     trials = 500
@@ -399,7 +399,7 @@ def test_target_out_of_reach_is_rejected_and_small_data_retries():
     assert stat.validate(rng.random(100), rng=rng).outcome is Outcome.RETRY
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_ablations_order_on_small_noisy_data():
     """On small DP test sets with the true loss 10% above the target: No SLA > UC DP SLA > Sage SLA in false
     accepts (the paper's Tab. 2 shape), with Sage within its budget."""

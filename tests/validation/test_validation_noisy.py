@@ -83,7 +83,7 @@ def test_chernoff_tail_bounds_the_true_tail(law):
 
 # ------------------------------------------------------------------ the release
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_release_pair_noise_is_laplace_b_over_eps_on_each_sum():
     rng = np.random.default_rng(5)
     eps, bound = 0.7, 3.0
@@ -100,7 +100,7 @@ def test_release_pair_noise_is_laplace_b_over_eps_on_each_sum():
     assert (exact[0].value, exact[1].value, exact[0].scale) == (s_exact, c_exact, 0.0)
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_accuracy_release_is_error_and_correct_counts_with_lap_one_over_eps():
     rng = np.random.default_rng(6)
     eps = 0.5
@@ -115,7 +115,7 @@ def test_accuracy_release_is_error_and_correct_counts_with_lap_one_over_eps():
 
 # ------------------------------------------------------------------ the SLA at the boundary, and sharpness
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 @pytest.mark.parametrize("law", ["bernoulli", "uniform"])
 def test_loss_default_false_accept_at_the_boundary(law):
     """True mean exactly at the target (the worst case of a miss): ACCEPT rate <= eta."""
@@ -128,7 +128,7 @@ def test_loss_default_false_accept_at_the_boundary(law):
     assert_rate_at_most(accepts, trials, eta, f"false ACCEPT at the boundary ({law})")
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_accuracy_default_is_sharp_at_the_boundary():
     """The exact test spends nearly its whole eta at p = target (not vacuous) and never more."""
     rng = np.random.default_rng(8)
@@ -139,7 +139,7 @@ def test_accuracy_default_is_sharp_at_the_boundary():
     assert accepts > 0.6 * eta * trials
 
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 def test_default_rejects_within_budget_at_the_boundary():
     # 1,000 trials a side (3,000 before; a validation costs ~3 ms here): the exact binomial test keeps its
     # false-failure probability at ALPHA = 1e-3 for any number of trials, and at 1,000 it fails from 131 REJECTs on:
@@ -174,7 +174,7 @@ def test_reported_bound_agrees_with_the_decision():
 
 # ------------------------------------------------------------------ what the joint test buys: samples vs NP
 
-@pytest.mark.slow
+@pytest.mark.slow(weight=20)
 @pytest.mark.parametrize("task", ["accuracy", "loss"])
 def test_sage_with_half_again_the_data_accepts_as_often_as_np(task):
     """At epsilon 1, the default Sage test on 1.5x the records ACCEPTs at least as often as the non-private
