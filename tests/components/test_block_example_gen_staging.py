@@ -48,6 +48,12 @@ def world(tmp_path_factory):
     return _world(tmp_path_factory.mktemp("bexs"))
 
 
+@pytest.fixture(scope="module")
+def in_process(world, tmp_path_factory):
+    """The reference: the world's Examples from one BlockExampleGen run on the in-process DirectRunner."""
+    return _run(world, tmp_path_factory.mktemp("plain"))
+
+
 def _run(world, out, beam_args=(), **props):
     from tfx.types import standard_artifacts
 
@@ -64,9 +70,9 @@ def _run(world, out, beam_args=(), **props):
             for split in ("train", "eval")}
 
 
-@pytest.mark.slow  # three Beam jobs, ~40 s on 2 shared cores
-def test_local_staging_folder_gives_the_same_examples(world, tmp_path):
-    want = _run(world, tmp_path / "plain")
+@pytest.mark.slow  # two Beam jobs and the module's reference, ~40 s on 2 shared cores
+def test_local_staging_folder_gives_the_same_examples(world, in_process, tmp_path):
+    want = in_process
     assert len(want["train"]) > 0 and len(want["eval"]) > 0
     staging = tmp_path / "staging"
     staging.mkdir()
@@ -138,7 +144,7 @@ def _mount_ns(pid):
 
 
 @pytest.mark.slow
-def test_workers_in_a_mount_namespace_without_the_data_root(tmp_path):
+def test_workers_in_a_mount_namespace_without_the_data_root(world, in_process, tmp_path):
     """The workers see an empty tmpfs where the ledger, its key file and the data root are; only the staging
     folder and the output folder are shared. The Examples match the in-process run's."""
     if os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"):
@@ -147,11 +153,9 @@ def test_workers_in_a_mount_namespace_without_the_data_root(tmp_path):
 
     from sage_tfx.clusters import portable_cluster
 
-    hidden, staging = tmp_path / "hidden", tmp_path / "staging"
-    hidden.mkdir()
+    hidden, staging = os.path.dirname(world["db"]), tmp_path / "staging"  # the world's ledger, key file, data
     staging.mkdir()
-    world = _world(hidden)
-    want = _run(world, tmp_path / "ref")
+    want = in_process
     prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c",
               'mount -t tmpfs -o ro,size=1m,mode=0700 tmpfs "$0" && exec "$@"', str(hidden)]
     with portable_cluster(workers=2, worker_prefix=prefix) as cluster:
