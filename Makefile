@@ -29,10 +29,10 @@ test: $(STAMP)
 
 # The core edit-test loop: the privacy core, validation and the architecture tests, without the slow,
 # PostgreSQL and TensorFlow ones (docs/testing.md).
-FAST_TESTS ?= tests/test_ledger*.py tests/test_allocation*.py tests/test_audit_anywhere.py tests/test_checks.py \
-	tests/test_draw_replay.py tests/test_errors.py tests/test_grant_split.py tests/test_head_*.py tests/test_keys.py \
-	tests/test_tamper*.py tests/test_store_sql.py tests/test_samplers.py tests/test_adassp.py \
-	tests/test_noise_schedules.py tests/test_validation*.py tests/test_import_graph.py tests/test_public_vocabulary.py
+FAST_TESTS ?= tests/privacy/test_ledger*.py tests/privacy/test_allocation.py tests/simulate/test_allocation_policies.py tests/privacy/test_audit_anywhere.py tests/privacy/test_checks.py \
+	tests/privacy/test_draw_replay.py tests/architecture/test_errors.py tests/privacy/test_grant_split.py tests/privacy/test_head_*.py tests/privacy/test_keys.py \
+	tests/privacy/test_tamper*.py tests/architecture/test_store_sql.py tests/privacy/test_samplers.py tests/privacy/test_adassp.py \
+	tests/privacy/test_noise_schedules.py tests/validation/test_validation*.py tests/architecture/test_import_graph.py tests/transform/test_public_vocabulary.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow and not postgres and not tf" $(FAST_TESTS)

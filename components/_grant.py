@@ -94,7 +94,7 @@ def _function_renamer(functions):
 def canonical_graph_text(graph_def) -> bytes:
     """A GraphDef as text with its function library's counters ranked (``_function_renamer``) and the library's
     functions in sorted order (their order varies between traces), so the same function traced twice gives the
-    same text (tests/test_dp_transform_component.py traces it three times)."""
+    same text (tests/components/test_dp_transform_component.py traces it three times)."""
     canonical = _function_renamer(graph_def.library.function)
     nodes = type(graph_def)()
     nodes.CopyFrom(graph_def)
@@ -109,7 +109,7 @@ def canonical_saved_model_text(saved_model) -> bytes:
     (``__inference_signature_wrapper_7055``), the nodes and arguments inside them (``dense_7115``, a captured
     variable's handle) and their arguments' ``_user_specified_name`` (``"7417"``). Two exports of the same model in two
     processes (a resumed iteration re-trains under the same seed: bit-identical variables) differ in those numbers
-    only (tests/test_model_digest.py). Here every such name is rewritten with the RANK of its number among all of
+    only (tests/components/test_model_digest.py). Here every such name is rewritten with the RANK of its number among all of
     them (one-to-one and order-preserving: the same creation order gives the same text, and two models that differ
     in anything but those counters still differ), and the library's functions and the object graph's concrete
     functions (a map keyed by function names) are listed in sorted order."""
@@ -344,7 +344,7 @@ class GrantedExecutor:
     All four data-reading executors use it. BlockExampleGen's does so as a Beam executor: ``class
     Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor)``, then ``with self.CheckGrant(exec_properties,
     stream=exec_properties.get("stream")) as run:``, ``run.ledger`` for ``grant_blocks`` and
-    ``run.released_record_count()`` for the DP count (tests/test_block_example_gen_grant_step.py).
+    ``run.released_record_count()`` for the DP count (tests/components/test_block_example_gen_grant_step.py).
     """
 
     @contextlib.contextmanager

@@ -186,7 +186,7 @@ def model_digest(path):
     ``canonical_saved_model_text`` (the counters ranked, one-to-one: a different graph still gives a different
     digest) and ``fingerprint.pb`` (derived from the other files, plus that uuid) is skipped: the same model
     exported twice has one digest, any change to a variable, asset or the graph gives another
-    (tests/test_model_digest.py)."""
+    (tests/components/test_model_digest.py)."""
 
     import tensorflow as tf
     from tensorflow.core.protobuf import saved_model_pb2

@@ -134,7 +134,7 @@ class PostgresServer:
 
     def url(self, database="postgres", query="sslmode=disable"):
         """A ledger URL. sslmode=disable: the ledger's default is verified TLS, and the tests' loopback server
-        has only a self-signed certificate (``ssl_ca``; tests/test_postgres_tls.py checks TLS itself)."""
+        has only a self-signed certificate (``ssl_ca``; tests/privacy/test_postgres_tls.py checks TLS itself)."""
         return f"postgresql://postgres@127.0.0.1:{self.port}/{database}" + (f"?{query}" if query else "")
 
     def new_database(self, prefix="t"):
@@ -169,7 +169,7 @@ def replay_taxi_days(root, days, *, extra_streams=()):
 def taxi_stream_300(tmp_path_factory):
     """A ledger and data root holding the first 300 real taxi days (about 3,000 trips) as daily blocks of stream
     "taxi", plus an empty stream "empty": replayed once per test process (pytest-xdist worker), shared by the
-    modules whose `sage run` tests start from it (tests/test_sage_run.py, test_url_pipeline_root.py,
+    modules whose `sage run` tests start from it (tests/pipelines/test_sage_run.py, test_url_pipeline_root.py,
     test_runners.py). Read only: a test that spends budget copies the ledger and its key file first; one that
     writes into the data root copies it (shutil.copytree)."""
     return replay_taxi_days(tmp_path_factory.mktemp("taxi_stream_300"), 300, extra_streams=("empty",))
@@ -258,6 +258,12 @@ def raw_sql():
 
 
 SLOW_WEIGHT = 60  # a slow test counts as 60 fast ones (CI: slow tests take 30-190 s, most others well under 1 s)
+# unless it states a lighter weight, e.g. a Monte Carlo check of 5-25 s: @pytest.mark.slow(weight=20)
+
+
+def _weight(item):
+    marker = item.get_closest_marker("slow")
+    return 1 if marker is None else marker.kwargs.get("weight", SLOW_WEIGHT)
 
 
 def pytest_collection_modifyitems(session, config, items):
@@ -274,7 +280,7 @@ def pytest_collection_modifyitems(session, config, items):
     modules = {}
     for item in items:
         modules.setdefault(item.nodeid.split("::")[0], []).append(item)
-    weight = {m: sum(SLOW_WEIGHT if it.get_closest_marker("slow") else 1 for it in its) for m, its in modules.items()}
+    weight = {m: sum(_weight(it) for it in its) for m, its in modules.items()}
     piles = [[] for _ in range(workers)]
     loads = [0] * workers
     for m in sorted(modules, key=lambda m: (-weight[m], m)):  # heaviest first, each to the lightest pile

@@ -8,7 +8,7 @@ Layout; imports run one way:
   each version, the migrations, the statements; it imports nothing) and ``open_store`` in its ``__init__``. The
   store imports neither the ledger nor the audit.
 * ``audit.py``: replays the hash-chained log (``chain.py``) and compares every table with it; it reads through
-  ``store.sql`` and never imports the ledger (tests/test_import_graph.py checks both rules).
+  ``store.sql`` and never imports the ledger (tests/architecture/test_import_graph.py checks both rules).
 * ``keys.py``: the key ring (the master key in its key file, the keys derived from it); ``head_file.py``: the
   head file beside it (the last log entry this host committed, per ledger).
 * ``allocation.py``: the allocation rules and scheduling policies on in-memory state (Conserve, Aggressive,

@@ -431,7 +431,7 @@ class QueuedAllocation:
     a new one replaces it); ``schedule`` grants pending demands in the policy's order, all-or-nothing, and
     returns them. Only demands that might have become grantable are re-checked: a demand that failed on a
     block stays failed while that block's unlocked fraction is unchanged (spent only grows), so the result
-    is the same as checking all of them (tests/test_allocation_policies.py checks it against a full scan).
+    is the same as checking all of them (tests/simulate/test_allocation_policies.py checks it against a full scan).
     """
 
     def __init__(self, filt, min_cost, policy: QueuedPolicy | str) -> None:

@@ -58,7 +58,7 @@ class BudgetArrays:
     (``fits_share``) or else the unreserved pool (``AllocationPolicy.pool``). ``eps`` is one epsilon
     for all blocks or one per block. The filters' rules are written here as array operations, operation
     for operation (``BasicFilter``/``RdpFilter``: ``cost`` of a plain epsilon, ``admits``,
-    ``fits_share``), so the answers are bit-identical; tests/test_ledger_availability.py checks
+    ``fits_share``), so the answers are bit-identical; tests/privacy/test_ledger_availability.py checks
     them against the scalar rules on random ledgers. Advisory only: ``request`` always re-checks
     with the filter itself, so a mismatch could refuse a grant, never overspend a block.
     """

@@ -38,7 +38,7 @@ _CANONICAL = json_text(sort_keys=True, separators=(",", ":"))
 
 def canonical(obj) -> str:
     """The one JSON text of ``obj`` that is signed, chained and stored: sorted keys, no spaces (``json.dumps(obj,
-    sort_keys=True, separators=(",", ":"))``, character for character; tests/test_ledger_request_reads.py)."""
+    sort_keys=True, separators=(",", ":"))``, character for character; tests/privacy/test_ledger_request_reads.py)."""
     return _CANONICAL(obj)
 
 

@@ -147,7 +147,7 @@ def structure_problems(run_body: Mapping, lifetimes: Sequence[tuple[str, Mapping
 class ExactSum:
     """The exact sum of the floats added so far, held as non-overlapping partials (Shewchuk's algorithm, the one
     ``math.fsum`` runs): ``math.fsum(partials + more)`` is the correctly rounded sum of every value added and of
-    ``more``, so the same float as ``math.fsum`` over the whole list (tests/test_draw_replay.py). Adding is O(1)
+    ``more``, so the same float as ``math.fsum`` over the whole list (tests/privacy/test_draw_replay.py). Adding is O(1)
     amortized: a replay keeps each lifetime grant's totals as its draws come, instead of summing its history at
     every draw. Finite values only (budgets are)."""
     __slots__ = ("partials",)

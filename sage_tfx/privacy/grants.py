@@ -277,7 +277,7 @@ def grant_log_text(grant, body_text, sources):
     block list a second time. Canonical text has sorted keys, and ``signature`` and ``sources`` sort after every
     key of the body but ``stream``, its last (``SPLICE_GRANT_LOG``, checked on import against ``Grant.body``):
     so they go just before ``"stream":``, the text's end. The same text as ``canonical`` of the whole dict
-    (tests/test_ledger_request_reads.py compares them); anything else falls back to encoding the dict."""
+    (tests/privacy/test_ledger_request_reads.py compares them); anything else falls back to encoding the dict."""
     tail = ',"stream":' + canonical(grant.stream) + "}"
     if SPLICE_GRANT_LOG and body_text.endswith(tail):
         return (body_text[:-len(tail)] + ',"signature":' + canonical(grant.signature) + ',"sources":'

@@ -94,7 +94,7 @@ def _heads_payload(heads):
 
     An entry of the form this module writes ({"chain": text, "seq": int}, a text ledger id) is formatted directly
     (ASCII-escaped as json.dumps escapes text by default; keys in sorted order); anything else (a form another
-    version wrote) goes through json.dumps. tests/test_head_file_payload.py compares the two on odd ids and entries.
+    version wrote) goes through json.dumps. tests/privacy/test_head_file_payload.py compares the two on odd ids and entries.
     """
     parts = []
     for ledger_id in sorted(heads):

@@ -71,7 +71,7 @@ def micro(n: int, *, config=microbench.MicroConfig(), seed=0) -> dict:
     for policy in microbench.policies():
         if policy == Policy.AGGRESSIVE and rows and rows[0]["policy"] == Policy.CONSERVE:
             # Conserve and Aggressive differ only in plan_epsilon, which a fixed demand never asks: the same
-            # grants by construction (tests/test_allocation_policies.py runs both on a small workload).
+            # grants by construction (tests/simulate/test_allocation_policies.py runs both on a small workload).
             r = dict(rows[0], policy=str(policy), note="same as conserve: demands are fixed (not re-run)")
             rows.append(r)
             _log(f"  microbenchmark {policy:10s} = conserve (fixed demands)")

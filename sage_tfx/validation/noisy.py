@@ -271,7 +271,7 @@ def confidence_limit(total, complement, bound, eta, mode, side, binomial=False):
     limit; 0 when none does). The decision is always the test at the target itself; this limit summarises the
     data. It is the root of log p-value(tau) = log eta_s (Brent's method, to 1e-9 B): the p-value is continuous
     in tau and, in every case we have checked, monotone, so limit <= target exactly when the test at the
-    target passes (tests/test_validation_noisy.py checks this agreement)."""
+    target passes (tests/validation/test_validation_noisy.py checks this agreement)."""
     from scipy.optimize import brentq
 
     def excess(tau):

@@ -8,7 +8,7 @@
   (``$PGPASSWORD``, a libpq password file);
 * ``sql``: ALL the SQL text of the store and the audit (schema per version, migrations, statements).
 
-The package imports nothing from the ledger facade or the audit (tests/test_import_graph.py).
+The package imports nothing from the ledger facade or the audit (tests/architecture/test_import_graph.py).
 """
 from .base import Store, Tx, claim_key, process_label
 from .location import check_location, display, is_postgres, postgres_password

@@ -5,7 +5,7 @@ many blocks is atomic and concurrent writers never interleave; how a backend tak
 (``sqlite.py``: ``BEGIN IMMEDIATE``; ``postgres.py``: ``SELECT ... FOR UPDATE`` on the ``meta`` lock row). The SQL
 text lives in ``sql.py``, written once with ``?`` placeholders; a backend whose driver wants another placeholder
 sets ``placeholder`` and ``Tx`` rewrites each statement. This package imports nothing from the ledger facade or
-the audit (tests/test_import_graph.py).
+the audit (tests/architecture/test_import_graph.py).
 """
 import hashlib
 import os

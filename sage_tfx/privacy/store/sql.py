@@ -14,11 +14,11 @@ lower-case function of ``n`` (``marks(n)`` for an ``IN (...)`` list, ``value_row
 * ``SQLITE_*`` and ``PG_*``: statements one backend alone runs;
 * the ledger's statements, one section per table: ``STREAM_*``, ``BLOCK_*``/``block_*``, ``PIPELINE_*``,
   ``RESERVATION_*``/``reservation_*``, ``GRANT_*``, ``DEMAND_*``, ``RELEASE_*``, ``OUTCOME_*``, ``LOG_*``
-  (``ledger.py`` and its modules hold no SQL text: tests/test_store_sql.py checks it);
+  (``ledger.py`` and its modules hold no SQL text: tests/architecture/test_store_sql.py checks it);
 * ``AUDIT_*``: what the audit reads, in its one read transaction.
 
 Changing a text here changes stored data only through ``TABLES``/``MIGRATIONS``: a change of those needs a new
-``SCHEMA_VERSION`` and a migration step, so that every existing ledger still opens (tests/test_ledger*.py).
+``SCHEMA_VERSION`` and a migration step, so that every existing ledger still opens (tests/privacy/test_ledger*.py).
 """
 import functools
 from typing import NamedTuple

@@ -30,7 +30,7 @@ def push_model(push_dir: str, model: Released, result=None, serving_dir: str | N
     its ModelBlessing (push_dir/blessing-<t>/, ``write_blessing``): blessed iff the SLA check ACCEPTed, or
     when no SLA check is set (``result`` None -- as a Pusher without a model_blessing input pushes every
     model). With ``serving_dir``, push it there (``push_blessed``: blessed models only, version t). A TFX
-    Pusher given these two artifacts (tests/test_release_pusher.py) pushes exactly the same models."""
+    Pusher given these two artifacts (tests/release/test_release_pusher.py) pushes exactly the same models."""
 
     model_uri = os.path.join(push_dir, f"model-{model.t:06d}")
     serving = os.path.join(model_uri, SERVING_MODEL_DIR)
