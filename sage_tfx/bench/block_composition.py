@@ -31,6 +31,7 @@ import time
 import numpy as np
 
 from sage_tfx.bench.sample_complexity import FLIGHTS_DELTA, FLIGHTS_SPLIT, FlightsTask, samples_needed, windows
+from sage_tfx.privacy.vocabulary import Metric, Stage
 from sage_tfx.validation import noisy
 from sage_tfx.validation.core import Mode
 
@@ -172,8 +173,8 @@ def run_lr(task, args, rng):
                      "ratio_over_block": {v: (needed[v] / needed[BLOCK] if needed[v] and needed[BLOCK] else None)
                                           for v in variants[1:]}})
     return {"best_mse": best, "naive_mse": naive, "windows": grid,
-            "stage_epsilons": {"preprocessing": split.preprocessing, "training": split.training,
-                               "validation": split.validation},
+            "stage_epsilons": {Stage.PREPROCESSING: split.preprocessing, Stage.TRAINING: split.training,
+                               Stage.VALIDATION: split.validation},
             "held_out_mse_median": {v: [float(np.median(m)) if m else None for m in mse[v]] for v in variants},
             "targets": rows}
 
@@ -198,7 +199,7 @@ def train_nn(task, rows, epsilon, seed):
                                     tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(1)])
 
     private = make_private(build, privacy_budget=(epsilon, FLIGHTS_DELTA), num_examples=max(1, int(0.9 * len(rows))),
-                           loss="mse", clip_norm=1.0, batch_size=256, epochs=3, optimizer="adam",
+                           loss=Metric.MSE, clip_norm=1.0, batch_size=256, epochs=3, optimizer="adam",
                            learning_rate=0.005, seed=seed)
     private.fit(nn_design(task, rows), task.y01[rows].astype(np.float32))
     span = task.high - task.low
