@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from tests.conftest import run_sql
-from tests.privacy.test_ledger_bad_input import state
 
 from sage_tfx.privacy import Ledger, LedgerError
+from tests.conftest import run_sql
+from tests.privacy.test_ledger_bad_input import state
 
 DAY = 86400.0
 

@@ -17,13 +17,13 @@ import textwrap
 import time
 
 import pytest
-from tests.helpers.head_file import last_seq, small_ledger
 
 from sage_tfx.cli import main
 from sage_tfx.privacy import Ledger, LedgerUpgradeNeeded
 from sage_tfx.privacy import head_file as head_module
 from sage_tfx.privacy.head_file import ENV_HEAD_SYNC, HeadFile, HeadSync, head_sync_mode
 from sage_tfx.privacy.keys import KeyFileError
+from tests.helpers.head_file import last_seq, small_ledger
 
 
 @pytest.mark.parametrize("mode", ["commit", "group"])

@@ -16,11 +16,11 @@ import shutil
 import sqlite3
 
 import pytest
-from tests.helpers.head_file import backup, restore
 
 from sage_tfx.cli import main
 from sage_tfx.privacy import BudgetRefused, Ledger, LedgerError
 from sage_tfx.release.growth import charge_lifetime, schedule_fingerprint
+from tests.helpers.head_file import backup, restore
 
 DAY = 86400.0
 PRIMARY_KEYS = {"meta": ["key"], "streams": ["name"], "blocks": ["stream", "id"], "demands": ["stream", "pipeline"],
