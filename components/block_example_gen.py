@@ -53,7 +53,7 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
     SPEC_CLASS = BlockExampleGenSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, ledger, data_root, stream, grant=None, splits=None, *, staging_location=None):
+    def __init__(self, ledger, data_root, stream, grant=None, splits=None, *, staging_location=None) -> None:
         """``grant``: a Grant, its JSON, or a RuntimeParameter of type str. ``splits``: {name: buckets}, which must
         be the grant's signed record split (None: that rule, the default).
         ``staging_location``: where the granted sealed block files are staged for Beam workers that do not see

@@ -82,7 +82,7 @@ def _read_sealed_dofn():
         """(stream, block, path or staged URL, bytes, sha256, manifest file name) -> the file's records, checked
         and decrypted (sealed.read_file, the same checks for a local path and a FileSystems URL)."""
 
-        def __init__(self, deks):
+        def __init__(self, deks) -> None:
             self._deks = deks  # in memory only (pickled with the DoFn for the runner)
 
         def process(self, task):
@@ -147,7 +147,7 @@ def staged_run(location):
     return FileSystems.join(location, STAGED_PREFIX + uuid.uuid4().hex)
 
 
-def stage_files(blocks, run, tasks):
+def stage_files(blocks, run, tasks) -> None:
     """Copy the sealed files of ``blocks`` (opened ``sealed.Block``) to ``run`` through Beam's FileSystems,
     appending (stream, block, staged path, bytes, sha256, manifest name) to ``tasks`` as each is created.
 
@@ -167,7 +167,7 @@ def stage_files(blocks, run, tasks):
                     dst.write(chunk)
 
 
-def unstage(run, tasks):
+def unstage(run, tasks) -> None:
     """Delete a staged run (its files, then its folder where the filesystem has folders); errors are ignored
     for files already gone."""
     from apache_beam.io.filesystems import FileSystems
@@ -193,7 +193,7 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
     """Verify the grant (``GrantedExecutor.CheckGrant``: one ledger connection for the run), get exactly its
     blocks' keys, open its DP record count, then read and split the blocks in one Beam job."""
 
-    def Do(self, input_dict, output_dict, exec_properties):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:
         from sage_tfx.ingest.access import grant_blocks
 
         # The grant is checked with the ledger before a single record is read; one connection serves the key

@@ -100,7 +100,7 @@ class DPModelValidator(base_component.BaseComponent):
     def __init__(self, model, examples, ledger, metric, target, label_key, grant=None, loss_bound=None,
                  confidence=None, eta=None, attempt=None, epsilon=None, eval_split="eval", train_split=None,
                  prediction_key=None, label_threshold=None, loss_module=None, loss_function=None,
-                 label_signature=None):
+                 label_signature=None) -> None:
         """``model``/``examples``: channels (e.g. ``trainer.outputs["model"]``, ``gen.outputs["examples"]``).
         ``grant``: a Grant, its JSON, or a RuntimeParameter of type str."""
         super().__init__(spec=DPModelValidatorSpec(

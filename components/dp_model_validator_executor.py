@@ -255,7 +255,7 @@ class ServingModel:
     """A SavedModel's ``serving_default`` signature: takes serialized tf.Examples (one string input) or
     features by name (float inputs, shape [None] or [None, width])."""
 
-    def __init__(self, path):
+    def __init__(self, path) -> None:
         import tensorflow as tf
 
         if not tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
@@ -464,7 +464,7 @@ def _class_ids(labels, k):
 
 # ---------------------------------------------------------------- outputs
 
-def write_result(artifact, report):
+def write_result(artifact, report) -> None:
     import tensorflow as tf
 
     tf.io.gfile.makedirs(artifact.uri)
@@ -495,7 +495,7 @@ def confidence_report(grant, plan: dict, eta: float) -> dict:
 
 class Executor(GrantedExecutor, base_executor.BaseExecutor):
 
-    def Do(self, input_dict, output_dict, exec_properties):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:
         # The one door (one ledger connection for the run): the grant is verified, and the budget and the
         # data's provenance are checked, before a single record is read.
         with self.CheckGrant(exec_properties) as run:

@@ -75,7 +75,7 @@ class DPTrainer(base_component.BaseComponent):
 
     def __init__(self, examples, ledger, grant=None, module_file=None, module_path=None, run_fn=None,
                  transform_graph=None, schema=None, train_args=None, eval_args=None, custom_config=None,
-                 epsilon=None, delta=None, public_num_examples=None):
+                 epsilon=None, delta=None, public_num_examples=None) -> None:
         """``grant``: a Grant, its JSON, or a RuntimeParameter of type str. Exactly one of ``module_file``,
         ``module_path`` or ``run_fn`` (a dotted path) names the training function, as in TFX's Trainer."""
         if sum(x is not None for x in (module_file, module_path, run_fn)) != 1:

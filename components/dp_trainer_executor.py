@@ -316,7 +316,7 @@ def proto_json(value):
     return proto_utils.proto_to_json(value)
 
 
-def hide_test_records(fn_args, grant):
+def hide_test_records(fn_args, grant) -> None:
     """Under a parallel grant ``run_fn`` gets no eval files (``fn_args.eval_files`` empty): its test records are
     charged for the validator's ACCEPT test only, so training (early stopping, model selection) may not read
     them; ``trainer_utils.load_examples(..., split="eval")`` then refuses. Other grants keep TFX's eval files."""
@@ -336,7 +336,7 @@ def train_split_names(exec_properties):
 
 class Executor(GrantedExecutor, base_executor.BaseExecutor):
 
-    def Do(self, input_dict, output_dict, exec_properties):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:
         # The one door (one ledger connection for the run): the grant, its provenance and the training
         # budget are checked before any read.
         with self.CheckGrant(exec_properties) as run:
@@ -438,7 +438,7 @@ def _copy_tree(src, dst):
             tf.io.gfile.copy(f"{folder}/{name}", f"{target}/{name}", overwrite=True)
 
 
-def keep_release(kept, model_uri, model_run_uri, record, report):
+def keep_release(kept, model_uri, model_run_uri, record, report) -> None:
     """Copy the audited model and run folder to ``kept``, then its record (the marker that it is complete)."""
     import tensorflow as tf
 
@@ -466,7 +466,7 @@ def restore_release(kept, model_uri, model_run_uri):
     return kept_json["record"], kept_json["report"]
 
 
-def write_spend_properties(artifact, record, report):
+def write_spend_properties(artifact, record, report) -> None:
     """MLMD custom properties; ``privacy_spent`` holds the exact figures and the DpEvent as JSON (MLMD's
     SQLite store keeps only ~6 decimals of a double)."""
     for key in ("grant_id", "stream", "accounting", "mechanism"):

@@ -85,7 +85,7 @@ class DPTransform(base_beam_component.BaseBeamComponent):
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
     def __init__(self, examples, ledger, grant=None, module_file=None, module_path=None, preprocessing_fn=None,
-                 custom_config=None, schema=None, data_root=None, stream=None, splits_config=None):
+                 custom_config=None, schema=None, data_root=None, stream=None, splits_config=None) -> None:
         """``examples``: a channel (e.g. ``gen.outputs["examples"]``). ``grant``: a Grant, its JSON, or a
         RuntimeParameter of type str. Give ``module_file`` (optionally with ``preprocessing_fn``, the
         function's name), ``module_path``, or ``preprocessing_fn`` (a dotted path). Give ``schema`` (dict)

@@ -149,7 +149,7 @@ def load_preprocessing_fn(exec_properties):
 
 # ---------------------------------------------------------------- the DP analyzers of the traced function
 
-def check_traced_analyzers(graph):
+def check_traced_analyzers(graph) -> None:
     """Refuse a traced preprocessing_fn whose tf.Transform analyzers are not all seeded Sage DP analyzers.
 
     Every analyzer output is a tensor tf.Transform will replace by a statistic of the data; only the
@@ -293,7 +293,7 @@ def _spend_record(grant, plan):
             "composition": "basic (sum over the DP analyzers)", "computation": plan["computation"]}
 
 
-def record_spend(artifact, record):
+def record_spend(artifact, record) -> None:
     artifact.set_string_custom_property("grant_id", record["grant_id"])
     artifact.set_string_custom_property(COMPUTATION_PROPERTY, record["computation"])
     artifact.set_float_custom_property("preprocessing_epsilon", record["epsilon"])
@@ -301,7 +301,7 @@ def record_spend(artifact, record):
     artifact.set_string_custom_property("privacy_spent", json.dumps(record, sort_keys=True))
 
 
-def copy_lineage(source, target):
+def copy_lineage(source, target) -> None:
     for key in _STRING_LINEAGE:
         if source.has_custom_property(key):
             target.set_string_custom_property(key, source.get_string_custom_property(key))
@@ -317,7 +317,7 @@ def copy_lineage(source, target):
 class _EncodeExamples:
     """(RecordBatch, passthrough) -> serialized tf.Examples of the transformed schema (as TFX's Transform)."""
 
-    def __init__(self, schema_bytes):
+    def __init__(self, schema_bytes) -> None:
         self._schema_bytes = schema_bytes
         self._encoder = None
 
@@ -337,7 +337,7 @@ class _EncodeExamples:
 
 class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
 
-    def Do(self, input_dict, output_dict, exec_properties):
+    def Do(self, input_dict, output_dict, exec_properties) -> None:
         # The one door (one ledger connection for the run): grant, provenance, analyzers and budget are all
         # checked before a record is read.
         with self.CheckGrant(exec_properties, stream=exec_properties.get("stream") or None) as run:

@@ -42,7 +42,7 @@ def finite_or(values: np.ndarray, default: float) -> np.ndarray:
 class FeatureLayout:
     """Feature names and widths, in the column order the model uses."""
 
-    def __init__(self, keys, widths):
+    def __init__(self, keys, widths) -> None:
         self.keys = list(keys)
         self.widths = [int(w) for w in widths]
 

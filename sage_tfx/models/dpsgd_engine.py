@@ -55,6 +55,7 @@ from sage_tfx.models.ghost_plans import ghost_layers, graph_nodes, row_sq_hint
 from sage_tfx.privacy import checks
 from sage_tfx.privacy.adaptive_clip import sum_noise_multiplier
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
+from typing import Never
 
 __all__ = ["ENGINES", "make_engine", "ghost_applies", "per_example_gradients", "LayerGhostEngine",
            "PerExampleEngine", "TfPrivacyEngine"]
@@ -70,7 +71,7 @@ def _check_noise_multiplier(noise_multiplier):
 
 
 class _Engine:
-    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None):
+    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None) -> None:
         self.clip_norm = checks.positive(clip_norm, "clip_norm", error=DpSgdConfigError, message=_INVALID)
         self.noise_multiplier = _check_noise_multiplier(noise_multiplier)
         self.model = model
@@ -206,7 +207,7 @@ class PerExampleEngine(_Engine):
     ``vectorized=True`` (``vmap``): ``tf.vectorized_map``; False (``loop``): a ``tf.map_fn`` loop.
     """
 
-    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None, vectorized=True):
+    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None, vectorized=True) -> None:
         super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
         self.vectorized = vectorized
         self.name = "vmap" if vectorized else "loop"
@@ -226,7 +227,7 @@ class TfPrivacyEngine(_Engine):
 
     name = "tf_privacy"
 
-    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None, num_microbatches=None):
+    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None, num_microbatches=None) -> None:
         """``num_microbatches`` other than None (one example each) is for speed comparisons only:
         clipping per microbatch of k > 1 examples is NOT what sage_tfx.privacy.dpsgd accounts for
         (a record's microbatch changes by up to 2C under add/remove), and the batch size must then
@@ -242,11 +243,11 @@ class TfPrivacyEngine(_Engine):
             num_microbatches=num_microbatches, learning_rate=1.0,
         )
 
-    def adapt_clip(self, adaptive, batch_size):
+    def adapt_clip(self, adaptive, batch_size) -> Never:
         raise DpSgdConfigError("the tf_privacy engine has a fixed clip norm: clip_norm='adaptive' needs the "
                                "'ghost' or 'vmap' implementation")
 
-    def set_noise_multiplier(self, noise_multiplier):
+    def set_noise_multiplier(self, noise_multiplier) -> None:
         if noise_multiplier != self.noise_multiplier:
             raise DpSgdConfigError("the tf_privacy engine has a fixed noise multiplier: a noise schedule needs the "
                                    "'ghost' or 'vmap' implementation")
@@ -285,7 +286,7 @@ class LayerGhostEngine(_Engine):
 
     name = "ghost"
 
-    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None, vectorized=True):
+    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None, vectorized=True) -> None:
         super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
         found = ghost_layers(model)
         if found is None or not found[0]:

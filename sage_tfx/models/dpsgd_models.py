@@ -96,7 +96,7 @@ class _DPSGDEstimator:
 
     def __init__(self, privacy_budget, num_examples=None, hidden_units=(), learning_rate=0.01, epochs=3,
                  batch_size=1024, clip_norm=1.0, momentum=0.9, implementation=DEFAULT_ENGINE,
-                 accountant="rdp", seed=None, *, noise_schedule=None):
+                 accountant="rdp", seed=None, *, noise_schedule=None) -> None:
         try:
             epsilon, delta = privacy_budget
         except (TypeError, ValueError):
@@ -189,7 +189,7 @@ class DPDNNRegressor(_DPSGDEstimator):
     module docstring for the mechanism, sampling and the ``num_examples`` rule.
     """
 
-    def __init__(self, privacy_budget, hidden_units, **kwargs):
+    def __init__(self, privacy_budget, hidden_units, **kwargs) -> None:
         super().__init__(privacy_budget, hidden_units=hidden_units, **kwargs)
 
     def predict(self, x):
@@ -234,7 +234,7 @@ class DPDNNClassifier(_Classifier):
     Labels are class ids 0..n_classes-1. Spends ``privacy_budget=(epsilon, delta)``.
     """
 
-    def __init__(self, privacy_budget, hidden_units, n_classes=2, **kwargs):
+    def __init__(self, privacy_budget, hidden_units, n_classes=2, **kwargs) -> None:
         super().__init__(privacy_budget, hidden_units=hidden_units, **kwargs)
         self.n_classes = checks.integer(n_classes, "n_classes", low=2, error=DpSgdConfigError, message=_INVALID)
 
@@ -265,7 +265,7 @@ class DPLogisticRegressor(_Classifier):
     _label_dtype = np.float32
     DEFAULT_BATCH_SIZE = 512  # the paper's Criteo LG config
 
-    def __init__(self, privacy_budget, **kwargs):
+    def __init__(self, privacy_budget, **kwargs) -> None:
         kwargs.setdefault("batch_size", self.DEFAULT_BATCH_SIZE)
         super().__init__(privacy_budget, hidden_units=(), **kwargs)
 

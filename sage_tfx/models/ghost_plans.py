@@ -90,7 +90,7 @@ class _DensePlan:
 
     kind = "dense"
 
-    def __init__(self, layer, keras_input):
+    def __init__(self, layer, keras_input) -> None:
         self.layer = layer
         self.rank = keras_input.shape.rank
         self.variables = [layer.kernel] + ([layer.bias] if layer.use_bias else [])
@@ -166,7 +166,7 @@ class _EmbeddingPlan:
 
     kind = "embedding"
 
-    def __init__(self, layer, keras_input):
+    def __init__(self, layer, keras_input) -> None:
         self.layer = layer
         shape = keras_input.shape
         self.steps = 1

@@ -114,7 +114,7 @@ class DPLinearRegressor:
 
     def __init__(self, privacy_budget, feature_bound, label_range, fit_intercept=True, rho=0.05,
                  calibration="exact", seed=None, feature_center=0.0, *, prior_coef=None, prior_intercept=0.0,
-                 residual_range=None):
+                 residual_range=None) -> None:
         try:
             epsilon, delta = privacy_budget
         except (TypeError, ValueError):

@@ -88,7 +88,7 @@ class TrainingBlock:
     """The seed of one ``training_seed`` block, the share its fits may spend (None: no limit) and its fits."""
 
     def __init__(self, seed: int, share: tuple[float, float] | None = None,
-                 public: frozenset[float] | None = None):
+                 public: frozenset[float] | None = None) -> None:
         self.seed = seed
         self.share = share
         self.public = public

@@ -135,7 +135,7 @@ class _Identity:
     """What ``_identify`` tells of a path: ``st_dev``, ``st_ino``, ``st_mode`` and ``st_size``, as ``os.stat``'s."""
     __slots__ = ("st_dev", "st_ino", "st_mode", "st_size")
 
-    def __init__(self, dev, ino, mode, size):
+    def __init__(self, dev, ino, mode, size) -> None:
         self.st_dev, self.st_ino, self.st_mode, self.st_size = dev, ino, mode, size
 
 
@@ -222,7 +222,7 @@ class _HeadState:
                  "durable_generation")
 
     def __init__(self, heads, slot_size=None, generation=0, newest=None, count=HEAD_DURABLE_SLOTS, durable=None,
-                 durable_heads=None, durable_generation=0):
+                 durable_heads=None, durable_generation=0) -> None:
         self.heads, self.slot_size, self.generation, self.newest = heads, slot_size, generation, newest
         self.count, self.durable = count, durable
         self.durable_heads = heads if durable_heads is None else durable_heads
@@ -259,7 +259,7 @@ def _parse_head_file(data, path):
 class _HeadFds:
     """The lock file's and the head file's descriptors a HeadFile keeps open between writes (closed when it goes)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = self.data = None
         self.inode = None  # (st_dev, st_ino) of the head file ``data`` is open on
         self.raw = None  # that file's bytes as of this process's last read or write of it
@@ -308,14 +308,14 @@ class HeadFile:
     interval; flushed at normal exit and before every read through ``get``).
     """
 
-    def __init__(self, path, sync=None):
+    def __init__(self, path, sync=None) -> None:
         self.path = path
         self.sync = head_sync_mode(sync)
-        self._pending = {}  # ledger id -> (seq, chain), HeadSync.GROUP only
+        self._pending: dict[str, tuple[int, str]] = {}  # ledger id -> (seq, chain), HeadSync.GROUP only
         self._unsynced = False  # HeadSync.USE: this process wrote slot C since its last durable write
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._thread = None
+        self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._io = threading.Lock()  # one writer per HeadFile at a time (its threads share one flock'd descriptor)
         self._fds = _HeadFds()
@@ -325,7 +325,7 @@ class HeadFile:
         if self.sync is not HeadSync.COMMIT:
             _FLUSHED_AT_EXIT.add(self)
 
-    def close(self):
+    def close(self) -> None:
         """Close the descriptors kept open between writes (the next write opens them again)."""
         with self._io:
             self._fds.close()
@@ -356,7 +356,7 @@ class HeadFile:
         self.flush()
         return self.read().get(ledger_id)
 
-    def advance(self, ledger_id, seq, chain, reset=False, until_use=False):
+    def advance(self, ledger_id, seq, chain, reset=False, until_use=False) -> None:
         """Record (seq, chain) for ``ledger_id`` if ``seq`` is beyond what is recorded (or ``reset``: a new ledger).
 
         ``commit`` mode, and every ``reset``: durable before this returns. ``use`` mode: durable before this
@@ -385,7 +385,7 @@ class HeadFile:
                 self._thread.start()
             self._wake.notify()
 
-    def make_durable(self, ledger_id, seq, chain):
+    def make_durable(self, ledger_id, seq, chain) -> None:
         """Before a grant's first use (``Ledger.verify``, ``use`` mode): the head of ``ledger_id`` durable in slot A
         or B and at least (seq, chain) (the log's last entry, at or after the grant's). Writes the newest heads
         (slot C's, forwards) into a durable slot when those lag; otherwise makes the file durable unless this
@@ -393,7 +393,7 @@ class HeadFile:
         a slot nobody made durable)."""
         self._write({ledger_id: (int(seq), chain)}, sync_unknown=True)
 
-    def flush(self):
+    def flush(self) -> None:
         """Write this process's pending heads now: ``group`` mode's queue, ``use`` mode's unsynced slot C (copied
         into a durable slot); in ``commit`` mode there is nothing to do."""
         if self.sync is HeadSync.USE:

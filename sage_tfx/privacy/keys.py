@@ -122,7 +122,7 @@ def fsync_dir(folder) -> None:
 class KeyRing:
     """The master key and the keys derived from it (HKDF-SHA256). Load with ``KeyRing.load(path)``."""
 
-    def __init__(self, master, path=None, legacy_secret=None):
+    def __init__(self, master, path=None, legacy_secret=None) -> None:
         if not isinstance(master, bytes) or len(master) != KEY_BYTES:
             raise KeyFileError(f"a master key is {KEY_BYTES} bytes")
         self._master = master
@@ -134,7 +134,7 @@ class KeyRing:
         self.content_key = _hkdf(master, b"sage-tfx content digest")
         self.key_id = hmac.new(_hkdf(master, b"sage-tfx key id"), b"sage-tfx key id", hashlib.sha256).hexdigest()[:32]
 
-    def __repr__(self):  # never the key bytes
+    def __repr__(self) -> str:  # never the key bytes
         return f"KeyRing(path={self.path!r}, key_id={self.key_id!r}, legacy={self.legacy_secret is not None})"
 
     @property

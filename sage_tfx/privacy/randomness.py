@@ -50,7 +50,7 @@ class SecureRNG:
 
     _REFILL = 1 << 16  # keystream bytes per refill (more when one request asks for more)
 
-    def __init__(self, key: bytes, stream: str = ""):
+    def __init__(self, key: bytes, stream: str = "") -> None:
 
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
             raise SamplerError("SecureRNG: key must be at least 16 bytes")

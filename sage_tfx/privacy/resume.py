@@ -42,7 +42,7 @@ class ReplayingLedger:
     request is charged by the ledger. ``release`` re-opens the same computation and ``private_seed`` gives the same
     noise, so a replayed block releases what it released before."""
 
-    def __init__(self, ledger, previous: dict):
+    def __init__(self, ledger, previous: dict) -> None:
         self.ledger, self.previous = ledger, dict(previous)
         self.replayed: set = set()
 

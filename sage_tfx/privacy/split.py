@@ -43,13 +43,17 @@ REJECT test on the training split) and ``validation`` (its ACCEPT test on the te
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .checks import finite, is_real, number, positive, probability
 from .errors import GrantError, LedgerError
 from .vocabulary import ChargeRule, Side, Stage
+
+if TYPE_CHECKING:
+    from .grants import Grant
 
 STAGES = tuple(Stage)  # members equal their strings: "preprocessing", "count", "training", ...
 DELTA_FIELDS = ("delta", "preprocessing_delta")  # training's delta, preprocessing's delta
@@ -162,7 +166,7 @@ class BudgetSplit:
 
     # ------------------------------------------------------------------ making one
     @classmethod
-    def from_meta(cls, meta) -> BudgetSplit | None:
+    def from_meta(cls, meta: Mapping[str, Any]) -> BudgetSplit | None:
         """The split signed into a grant's ``meta`` (None: a single-stage grant); LedgerError naming a bad field."""
         raw = (meta or {}).get(SPLIT_KEY)
         if raw is None:
@@ -323,7 +327,7 @@ class RecordSplit:
                 Side.TEST: list(self.test)}
 
     @classmethod
-    def from_dict(cls, raw) -> RecordSplit:
+    def from_dict(cls, raw: Mapping[str, Any]) -> RecordSplit:
         if not isinstance(raw, dict) or sorted(raw) != sorted(["buckets", *SIDES]):
             raise LedgerError(f"record split {raw!r} must be an object with buckets, training and test")
         if not all(isinstance(raw[side], (list, tuple)) for side in SIDES):
@@ -339,7 +343,7 @@ DEFAULT_RECORD_SPLIT = RecordSplit((("train", 9), ("eval", 1)), ("train",), ("ev
 EVAL_SHARE_DENOMINATOR = 100  # an eval share is a fraction of at most this many buckets
 
 
-def eval_share_split(eval_share, error=LedgerError) -> RecordSplit:
+def eval_share_split(eval_share: object, error: type[Exception] = LedgerError) -> RecordSplit:
     """The record split with ``eval_share`` of the records on the test side: "train" and "eval" buckets in the
     least integer ratio (1 - s) : s (0.2 -> train 4, eval 1; 0.1 -> the default, train 9, eval 1). ``error``
     (naming the value and the fix) unless ``eval_share`` is a number in (0, 1) that is a fraction with a
@@ -368,7 +372,7 @@ def sign_records(meta: dict, split: BudgetSplit | None) -> None:
         meta[RECORDS_KEY] = DEFAULT_RECORD_SPLIT.to_dict()
 
 
-def record_split(grant) -> RecordSplit:
+def record_split(grant: Grant) -> RecordSplit:
     """The record split a verified ``grant`` reads by: the one signed into it, else (a grant made before
     records were signed, or one without a split) the default, except for a ``PARALLEL`` grant: its
     separation of training and test records was never signed, so it is refused (GrantError)."""
@@ -387,7 +391,7 @@ def record_split(grant) -> RecordSplit:
     return DEFAULT_RECORD_SPLIT
 
 
-def require_side(grant, splits, side: str, reader: str) -> None:
+def require_side(grant: Grant, splits: Iterable[str], side: str, reader: str) -> None:
     """Under a ``PARALLEL`` grant, refuse (GrantError) ``reader`` reading any of ``splits`` unless it is on
     ``side`` of the grant's record split ("training" or "test"): a record must be read on one side only, as
     the charge pre + count + max(train + reject, val) assumes. Under any other rule nothing is refused (every
@@ -420,7 +424,7 @@ def unit_meta(meta: dict, column: str | None, max_rows: int | None) -> dict:
     return meta
 
 
-def unit_rows(meta) -> int:
+def unit_rows(meta: Mapping[str, Any]) -> int:
     """K of a grant's ``meta``: the most rows one privacy unit has in a block (1 without a unit: unit = row)."""
     unit = (meta or {}).get(UNIT_KEY)
     if unit is None:
@@ -460,7 +464,7 @@ def per_row_split(split: BudgetSplit, k: int) -> BudgetSplit:
 
 # ---------------------------------------------------------------------------------- what a stage may spend
 
-def grant_split(grant) -> BudgetSplit | None:
+def grant_split(grant: Grant) -> BudgetSplit | None:
     """What each stage of a verified ``grant`` may hand its mechanisms (None: single-stage): the split signed into
     it, made per row on a stream whose privacy unit has K > 1 rows (``per_row_split``: the one place where a unit is
     applied, so every mechanism reading its stage's budget is calibrated to the unit). Refused with GrantError if
@@ -476,7 +480,7 @@ def grant_split(grant) -> BudgetSplit | None:
     return split
 
 
-def stage_budget(grant, stage: str) -> tuple[float, float]:
+def stage_budget(grant: Grant, stage: str) -> tuple[float, float]:
     """(epsilon, delta) that ``stage`` may spend under a verified ``grant``.
 
     With a split: the stage's share, after re-checking that the split composes to at most the grant's
@@ -498,7 +502,7 @@ def over_budget(epsilon: float, delta: float, allowed: tuple[float, float]) -> b
     return float(epsilon) > allowed[0] * (1 + SLACK) or float(delta) > allowed[1] * (1 + SLACK)
 
 
-def require_budget(grant, stage: str, epsilon: float, delta: float = 0.0) -> tuple[float, float]:
+def require_budget(grant: Grant, stage: str, epsilon: float, delta: float = 0.0) -> tuple[float, float]:
     """Refuse (GrantError), before any data is read, a stage that asks more than its share of the grant."""
     have_epsilon, have_delta = stage_budget(grant, stage)
     if over_budget(epsilon, delta, (have_epsilon, have_delta)):
