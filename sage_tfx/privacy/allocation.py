@@ -29,7 +29,7 @@ from __future__ import annotations
 import abc
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, ClassVar, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from . import filters
 from .errors import LedgerError
@@ -70,7 +70,8 @@ class AllocationPolicy(abc.ABC):
             pool_used = [p - x for p, x in zip(pool_used, r["used"])]
         return pool_used, pool_reserved
 
-    def source(self, filt: Filter, spent: Sequence[float], cost: Sequence[float], holdings: Holdings, pipeline: str) -> Source | None:
+    def source(self, filt: Filter, spent: Sequence[float], cost: Sequence[float], holdings: Holdings,
+               pipeline: str) -> Source | None:
         """Where ``pipeline``'s charge of ``cost`` on one block is drawn from: its own reservation first, then the
         pool; None if neither has room. The caller checks ``filt.admits(spent, cost)`` as well (privacy)."""
         own = holdings.get(pipeline)
@@ -192,7 +193,8 @@ class QueuedPolicy(AllocationPolicy):
     def unlocked_fraction(self, *, arrivals: int, age: float) -> float:
         """The share of a block's capacity unlocked ``age`` seconds after it arrived, ``arrivals`` pipelines later."""
 
-    def demand_key(self, filt: Filter, cost: Sequence[float], spents: Sequence[Sequence[float]], orders_index: Sequence[int | None] | None = None) -> float:
+    def demand_key(self, filt: Filter, cost: Sequence[float], spents: Sequence[Sequence[float]],
+                   orders_index: Sequence[int | None] | None = None) -> float:
         """Sort key of a demand of ``cost`` on blocks whose spent vectors are ``spents`` (smaller: served first)."""
         return dominant_share(filt, cost, len(spents))
 
@@ -275,7 +277,8 @@ class DPack(ArrivalUnlocking):
 
     name = Policy.DPACK
 
-    def demand_key(self, filt: Filter, cost: Sequence[float], spents: Sequence[Sequence[float]], orders_index: Sequence[int | None] | None = None) -> float:
+    def demand_key(self, filt: Filter, cost: Sequence[float], spents: Sequence[Sequence[float]],
+                   orders_index: Sequence[int | None] | None = None) -> float:
         total = 0.0
         for i, spent in enumerate(spents):
             remaining = [max(0.0, c - s) for c, s in zip(filt.capacity, spent)]
@@ -296,7 +299,7 @@ def policy_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def get_policy(name: str, params: dict | None = None) -> AllocationPolicy:
+def get_policy(name: str, params: Mapping[str, Any] | None = None) -> AllocationPolicy:
     """The policy registered as ``name`` with ``params`` (a queued policy's n / lifetime; None: defaults);
     LedgerError (a ValueError) naming the known ones, or the bad parameter, otherwise."""
     cls = _REGISTRY.get(str(name))
@@ -334,7 +337,8 @@ class BlockAllocation:
     every charge is then made by the real ledger, which refuses anything this state gets wrong.
     """
 
-    def __init__(self, filt: Filter, min_cost: Sequence[float], policy: AllocationPolicy | str = Policy.CONSERVE) -> None:
+    def __init__(self, filt: Filter, min_cost: Sequence[float],
+                 policy: AllocationPolicy | str = Policy.CONSERVE) -> None:
         self.filt = filt
         self.min_cost = tuple(min_cost)
         self.policy = policy if isinstance(policy, AllocationPolicy) else get_policy(policy)
@@ -465,7 +469,8 @@ class QueuedAllocation:
         self.arrivals[block] = 0
         self.active.append(block)
 
-    def load_block(self, block: str, *, spent: Sequence[float], arrived: float, arrivals: int, retired: bool = False) -> None:
+    def load_block(self, block: str, *, spent: Sequence[float], arrived: float, arrivals: int,
+                   retired: bool = False) -> None:
         """Restore one block's state as stored elsewhere (the ledger's tables, the audit's replay): the same
         fields ``add_block``, ``arrive`` and ``charge`` keep, so the rules run unchanged on them."""
         self.spent[block] = tuple(spent)

@@ -145,7 +145,8 @@ def gaussian_curve(noise_multiplier: float, orders: Sequence[float] = DEFAULT_OR
     return event_curve(dp_accounting.GaussianDpEvent(noise_multiplier=float(noise_multiplier)), orders)
 
 
-def dpsgd_curve(noise_multiplier: float, sampling_rate: float, steps: int, orders: Sequence[float] = DEFAULT_ORDERS) -> tuple[float, ...]:
+def dpsgd_curve(noise_multiplier: float, sampling_rate: float, steps: int,
+                orders: Sequence[float] = DEFAULT_ORDERS) -> tuple[float, ...]:
     """RDP curve of DP-SGD: ``steps`` compositions of a Poisson-sampled Gaussian (Abadi et al. 2016)."""
     import dp_accounting
 

@@ -118,7 +118,8 @@ class BasicFilter:
     def zero(self) -> tuple[float, ...]:
         return (0.0, 0.0)
 
-    def cost(self, epsilon: float | None = None, delta: float = 0.0, curve: Sequence[float] | None = None) -> tuple[float, ...]:
+    def cost(self, epsilon: float | None = None, delta: float = 0.0,
+             curve: Sequence[float] | None = None) -> tuple[float, ...]:
         """The vector a query charges. A curve is converted to epsilon at the query's delta."""
         delta = check_delta(delta)
         if curve is not None:
@@ -163,8 +164,8 @@ class RdpFilter:
 
     accounting = Accounting.RDP
 
-    def __init__(self, epsilon: float, delta: float, orders: Sequence[float] = curves.DEFAULT_ORDERS, query_delta_share: float | None = DEFAULT_QUERY_DELTA_SHARE,
-                 split_orders: bool = True) -> None:
+    def __init__(self, epsilon: float, delta: float, orders: Sequence[float] = curves.DEFAULT_ORDERS,
+                 query_delta_share: float | None = DEFAULT_QUERY_DELTA_SHARE, split_orders: bool = True) -> None:
         """``query_delta_share``: q in [0, 1), the fixed split of delta (module docstring); None: the legacy rule of
         streams made before schema 7. ``split_orders``: the conversion's delta is split evenly over the orders (the
         union bound of the module docstring); False: every order converts at all of it, the rule of streams made
@@ -191,7 +192,8 @@ class RdpFilter:
     def zero(self) -> tuple[float, ...]:
         return (0.0,) * (1 + len(self.orders))
 
-    def cost(self, epsilon: float | None = None, delta: float = 0.0, curve: CurveLike | None = None) -> tuple[float, ...]:
+    def cost(self, epsilon: float | None = None, delta: float = 0.0,
+             curve: CurveLike | None = None) -> tuple[float, ...]:
         delta = check_delta(delta)
         if curve is None:
             curve = curves.pure_dp_curve(check_epsilon(epsilon), self.orders)
@@ -283,8 +285,8 @@ def check_query_delta_share(value: object) -> float | None:
 _DEFAULT: Any = object()  # make_filter without a query_delta_share: an RDP stream gets DEFAULT_QUERY_DELTA_SHARE
 
 
-def make_filter(accounting: str, epsilon: float, delta: float, orders: Sequence[float] | None = None, query_delta_share: float | None = _DEFAULT,
-                split_orders: bool = True) -> Filter:
+def make_filter(accounting: str, epsilon: float, delta: float, orders: Sequence[float] | None = None,
+                query_delta_share: float | None = _DEFAULT, split_orders: bool = True) -> Filter:
     """The stream's filter. ``query_delta_share`` is an RDP stream's (default ``DEFAULT_QUERY_DELTA_SHARE``; None:
     the legacy rule of a stream stored before schema 7); a basic stream has none (its deltas simply add up).
     ``split_orders``: an RDP stream's conversion delta split over its orders (False: a stream stored before

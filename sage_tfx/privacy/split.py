@@ -413,7 +413,7 @@ def require_side(grant: Grant, splits: Iterable[str], side: str, reader: str) ->
 UNIT_KEY = "unit"  # grant.meta key: {"column": C, "max_rows": K}, signed into every grant on a unit stream
 
 
-def unit_meta(meta: dict, column: str | None, max_rows: int | None) -> dict:
+def unit_meta(meta: Mapping[str, Any] | None, column: str | None, max_rows: int | None) -> dict:
     """``meta`` with the stream's privacy unit signed in (``UNIT_KEY``; ``grants.new_grant``): the stream's, never
     the requester's (a ``unit`` given in meta is replaced, or dropped on a stream whose unit is the row)."""
     meta = {k: v for k, v in (meta or {}).items() if k != UNIT_KEY}
