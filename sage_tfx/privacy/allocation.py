@@ -445,7 +445,7 @@ class QueuedAllocation:
     is the same as checking all of them (tests/test_allocation_policies.py checks it against a full scan).
     """
 
-    def __init__(self, filt: Filter, min_cost: Sequence[float], policy: QueuedPolicy | str) -> None:
+    def __init__(self, filt: Filter, min_cost: Sequence[float], policy: AllocationPolicy | str) -> None:
         self.filt = filt
         self.min_cost = tuple(min_cost)
         self.policy = cast(QueuedPolicy, policy if isinstance(policy, AllocationPolicy) else get_policy(policy))

@@ -2,6 +2,9 @@
 this host committed, its sequence number and keyed chain value (``HeadFile``). A database behind it was truncated;
 see ``audit.py``. ``HeadSync`` says when a commit's head is made durable.
 """
+
+from __future__ import annotations
+
 import atexit
 import contextlib
 import ctypes
@@ -20,6 +23,7 @@ import time
 import weakref
 from enum import StrEnum
 from json.encoder import encode_basestring_ascii as _json_string
+from typing import Any
 
 from .errors import LedgerError
 from .keys import KeyFileError, fsync_dir
@@ -59,7 +63,7 @@ class HeadSync(StrEnum):
     GROUP = "group"
 
 
-def head_sync_mode(value=None) -> HeadSync:
+def head_sync_mode(value: str | None = None) -> HeadSync:
     """``value``, else $SAGE_HEAD_SYNC, else ``use``; KeyFileError naming a bad value and the choices."""
     raw = value if value is not None else os.environ.get(ENV_HEAD_SYNC) or HeadSync.USE
     try:
@@ -70,7 +74,7 @@ def head_sync_mode(value=None) -> HeadSync:
                            f"{', '.join(m.value for m in HeadSync)} (docs/security.md)") from None
 
 
-def warn_head_write(path, exc) -> None:
+def warn_head_write(path: str, exc: BaseException) -> None:
     """A head-file write that failed after its commit (or before a grant's use): the commit stands and the grant is
     given; the audit will say the head lags the log (docs/security.md)."""
     logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", path, exc)
@@ -308,7 +312,7 @@ class HeadFile:
     interval; flushed at normal exit and before every read through ``get``).
     """
 
-    def __init__(self, path, sync=None) -> None:
+    def __init__(self, path: str, sync: str | None = None) -> None:
         self.path = path
         self.sync = head_sync_mode(sync)
         self._pending: dict[str, tuple[int, str]] = {}  # ledger id -> (seq, chain), HeadSync.GROUP only
@@ -330,7 +334,7 @@ class HeadFile:
         with self._io:
             self._fds.close()
 
-    def read(self):
+    def read(self) -> dict[str, dict[str, Any]]:
         """The recorded heads, {} if the file does not exist; KeyFileError if it is unreadable or too open."""
         try:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -351,12 +355,12 @@ class HeadFile:
         if st.st_mode & 0o022:
             raise KeyFileError(f"head file {self.path} is writable by group or others: fix: chmod 600 {self.path}")
 
-    def get(self, ledger_id):
+    def get(self, ledger_id: str) -> dict[str, Any] | None:
         """The recorded head of ``ledger_id`` (None if none), after writing this process's pending heads."""
         self.flush()
         return self.read().get(ledger_id)
 
-    def advance(self, ledger_id, seq, chain, reset=False, until_use=False) -> None:
+    def advance(self, ledger_id: str, seq: int, chain: str, reset: bool = False, until_use: bool = False) -> None:
         """Record (seq, chain) for ``ledger_id`` if ``seq`` is beyond what is recorded (or ``reset``: a new ledger).
 
         ``commit`` mode, and every ``reset``: durable before this returns. ``use`` mode: durable before this
@@ -385,7 +389,7 @@ class HeadFile:
                 self._thread.start()
             self._wake.notify()
 
-    def make_durable(self, ledger_id, seq, chain) -> None:
+    def make_durable(self, ledger_id: str, seq: int, chain: str) -> None:
         """Before a grant's first use (``Ledger.verify``, ``use`` mode): the head of ``ledger_id`` durable in slot A
         or B and at least (seq, chain) (the log's last entry, at or after the grant's). Writes the newest heads
         (slot C's, forwards) into a durable slot when those lag; otherwise makes the file durable unless this
