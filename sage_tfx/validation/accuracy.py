@@ -1,6 +1,10 @@
 """DPAccuracyValidator: SLAed validation of an accuracy target (paper App. B): the exact binomial test of the DP
 counts (default), the spec's corrected Clopper-Pearson, or Bernstein."""
+
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 from .bounds import clopper_pearson_lower, clopper_pearson_upper
 from .core import (
@@ -18,10 +22,19 @@ from .core import (
 from .loss import DPLossValidator, _set_test_parameters
 from .noisy import joint_decision
 
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from sage_tfx.privacy.randomness import RngLike, SecureRNG
+
+    from .core import NoisyTotal, ValidationResult
+
 BOUNDS = ("exact", "clopper_pearson", "bernstein")
 
 
-def release_correct_and_count(correct, epsilon, rng, mode):
+def release_correct_and_count(correct: np.ndarray, epsilon: float | None, rng: SecureRNG,
+                              mode: Mode) -> tuple[NoisyTotal, NoisyTotal]:
     """(k~, n~): the number of correct predictions and of examples, each + Lap(2/eps).
 
     Privacy: one record changes k by at most 1 and n by 1; each count is (eps/2)-DP, both eps-DP.
@@ -31,7 +44,8 @@ def release_correct_and_count(correct, epsilon, rng, mode):
             NoisyTotal.release(correct.size, 1.0, half, rng, mode))
 
 
-def accuracy_accept_bound(correct, count, eta, mode):
+def accuracy_accept_bound(correct: NoisyTotal, count: NoisyTotal, eta: float,
+                          mode: Mode) -> tuple[float, dict[str, float]]:
     """Lower bound LB on the expected accuracy p (ACCEPT iff LB >= target); eta is the test's whole budget.
 
         t    = (2/eps) ln(3/(2 eta))      k_lo = k~ - t      n_hi = n~ + t
@@ -48,7 +62,8 @@ def accuracy_accept_bound(correct, count, eta, mode):
     return clopper_pearson_lower(k_lo, n_hi, delta), {"correct_lo": k_lo, "n_hi": n_hi}
 
 
-def accuracy_reject_bound(correct, count, eta, mode):
+def accuracy_reject_bound(correct: NoisyTotal, count: NoisyTotal, eta: float,
+                          mode: Mode) -> tuple[float, dict[str, float]]:
     """Upper bound UB on the accuracy of a reference model, from the training set (REJECT iff UB < target).
 
         t  = (2/eps) ln(3/(2 eta))      k_hi = k~ + t      n_lo = n~ - t
@@ -89,13 +104,20 @@ class DPAccuracyValidator:
     """
 
     name = "accuracy"
+    # set by _set_test_parameters
+    confidence: float
+    bound: str
+    epsilon: float  # and train_epsilon: None only in non_private mode, where nothing is drawn or spent
+    train_epsilon: float
 
-    def __init__(self, target, epsilon, confidence=0.95, *, bound="exact", train_epsilon=None, mode="sage") -> None:
+    def __init__(self, target: float, epsilon: float, confidence: float = 0.95, *, bound: str = "exact",
+                 train_epsilon: float | None = None, mode: Mode | str = "sage") -> None:
         self.mode = Mode.parse(mode)
         self.target = check_probability("target accuracy", target)
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
 
-    def validate(self, test_values, train_values=None, rng=None, *, attempt=None, eta=None):
+    def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
+                 attempt: int | None = None, eta: float | None = None) -> ValidationResult:
         test = _check_correctness("test correctness", test_values)
         train = None if train_values is None else _check_correctness("train correctness", train_values)
         if self.bound == "bernstein":

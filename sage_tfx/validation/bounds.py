@@ -3,12 +3,15 @@
 All accept real-valued (noisy, corrected) n and k and are monotone in them in the direction the validators
 need; each docstring states which. A non-positive n gives the vacuous bound.
 """
+
+from __future__ import annotations
+
 import math
 
 from scipy.special import betaincinv  # the Beta quantile; much lighter to import than scipy.stats  # noqa: TID253
 
 
-def bernstein_upper(mean, n, delta, bound):
+def bernstein_upper(mean: float, n: float, delta: float, bound: float) -> float:
     """Upper bound on the expected loss mu from an empirical mean of n losses in [0, B]:
 
         mu <= mean + sqrt(2 B mean ln(1/delta) / n) + 4 B ln(1/delta) / n     w.p. >= 1 - delta
@@ -30,7 +33,7 @@ def bernstein_upper(mean, n, delta, bound):
     return mean + math.sqrt(2.0 * bound * mean * log_term / n) + 4.0 * bound * log_term / n
 
 
-def hoeffding_lower(mean, n, delta, bound):
+def hoeffding_lower(mean: float, n: float, delta: float, bound: float) -> float:
     """Lower bound on mu from an empirical mean of n values in [0, B]:
 
         mu >= mean - B sqrt(ln(1/delta) / (2 n))     w.p. >= 1 - delta
@@ -43,7 +46,7 @@ def hoeffding_lower(mean, n, delta, bound):
     return mean - bound * math.sqrt(math.log(1.0 / delta) / (2.0 * n))
 
 
-def hoeffding_width(n, delta, bound):
+def hoeffding_width(n: float, delta: float, bound: float) -> float:
     """Two-sided: |mean - mu| <= B sqrt(ln(2/delta) / (2 n)) w.p. >= 1 - delta (Hoeffding, both tails).
     Decreasing in n: a smaller n keeps it valid."""
     if n <= 0:
@@ -51,7 +54,7 @@ def hoeffding_width(n, delta, bound):
     return bound * math.sqrt(math.log(2.0 / delta) / (2.0 * n))
 
 
-def clopper_pearson_lower(k, n, delta):
+def clopper_pearson_lower(k: float, n: float, delta: float) -> float:
     """One-sided Clopper-Pearson lower bound on p from k successes in n Bernoulli(p) trials:
     CPL = BetaQuantile(delta; k, n - k + 1), with P(p < CPL(K, n)) <= delta (exact binomial tail).
 
@@ -65,7 +68,7 @@ def clopper_pearson_lower(k, n, delta):
     return float(betaincinv(k, n - k + 1.0, delta))
 
 
-def clopper_pearson_upper(k, n, delta):
+def clopper_pearson_upper(k: float, n: float, delta: float) -> float:
     """One-sided Clopper-Pearson upper bound: CPU = BetaQuantile(1 - delta; k + 1, n - k), P(p > CPU) <= delta.
 
     Increases with k and decreases with n (same monotonicity as above): a k_hi >= k and an n_lo <= n keep it

@@ -1,5 +1,9 @@
 """DPLossValidator: SLAed validation of a loss target (MSE, log loss, ...), paper List. 2 and App. B.1."""
+
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -19,8 +23,16 @@ from .core import (
 )
 from .noisy import joint_decision
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
-def release_count_and_sum(values, bound, epsilon, rng, mode):
+    from sage_tfx.privacy.randomness import RngLike, SecureRNG
+
+    from .core import NoisyTotal, ValidationResult
+
+
+def release_count_and_sum(values: np.ndarray, bound: float, epsilon: float | None, rng: SecureRNG,
+                          mode: Mode) -> tuple[NoisyTotal, NoisyTotal]:
     """(n~, S~): the count and the sum of ``values`` clipped to [0, B], each with half of epsilon.
 
     Privacy: adding or removing one record changes n by 1 and the clipped sum by at most B, so
@@ -34,7 +46,8 @@ def release_count_and_sum(values, bound, epsilon, rng, mode):
     return count, total
 
 
-def loss_accept_bound(count, total, bound, eta, mode):
+def loss_accept_bound(count: NoisyTotal, total: NoisyTotal, bound: float, eta: float,
+                      mode: Mode) -> tuple[float, dict[str, float]]:
     """The ACCEPT test's upper bound UB on the expected loss, from the released (n~, S~); eta is the whole
     failure budget of the test. Returns (UB, details).
 
@@ -58,7 +71,8 @@ def loss_accept_bound(count, total, bound, eta, mode):
     return upper, {"n_lo": n_lo, "sum_hi": s_hi, "mean_hi": mean_hi}
 
 
-def loss_reject_bound(count, total, bound, eta, mode):
+def loss_reject_bound(count: NoisyTotal, total: NoisyTotal, bound: float, eta: float,
+                      mode: Mode) -> tuple[float, dict[str, float]]:
     """The REJECT test's lower bound LB on the loss, from the training set's released (n~, S~).
 
         c_n  = (2/eps) ln(3/eta)  (two-sided)     n_lo = n~ - c_n     n_hi = n~ + c_n
@@ -118,15 +132,21 @@ class DPLossValidator:
     """
 
     name = "loss"
+    # set by _set_test_parameters
+    confidence: float
+    bound: str
+    epsilon: float  # and train_epsilon: None only in non_private mode, where nothing is drawn or spent
+    train_epsilon: float
 
-    def __init__(self, target, epsilon, confidence=0.95, *, loss_bound=1.0, bound="chernoff", train_epsilon=None,
-                 mode="sage") -> None:
+    def __init__(self, target: float, epsilon: float, confidence: float = 0.95, *, loss_bound: float = 1.0,
+                 bound: str = "chernoff", train_epsilon: float | None = None, mode: Mode | str = "sage") -> None:
         self.mode = Mode.parse(mode)
         self.target = check_positive("target loss", target)
         self.loss_bound = check_positive("loss bound B", loss_bound)
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
 
-    def validate(self, test_values, train_values=None, rng=None, *, attempt=None, eta=None):
+    def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
+                 attempt: int | None = None, eta: float | None = None) -> ValidationResult:
         test = check_values("test losses", test_values)
         train = None if train_values is None else check_values("train losses", train_values)
         rng = check_rng(rng)

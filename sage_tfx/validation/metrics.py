@@ -12,14 +12,21 @@ label other than 0 or 1 (binary log loss, correctness) is mapped alike. Where a 
 non-finite record when no B is given), ``RecordError`` names the column only: never a value, index or count.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from sage_tfx.privacy.errors import RecordError
 
 from .core import ValidationInputError
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
-def _pair(labels, predictions):
+
+def _pair(labels: npt.ArrayLike, predictions: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     labels = np.asarray(labels, dtype=np.float64)
     predictions = np.asarray(predictions, dtype=np.float64)
     if predictions.ndim == 2 and predictions.shape[1] == 1 and labels.ndim == 1:
@@ -44,7 +51,7 @@ def _worst(values, bad, worst, name):
     return np.where(bad, float(worst), values)
 
 
-def squared_errors(labels, predictions, loss_bound: float | None = None) -> np.ndarray:
+def squared_errors(labels: npt.ArrayLike, predictions: npt.ArrayLike, loss_bound: float | None = None) -> np.ndarray:
     """(label - prediction)^2 per example; ``loss_bound`` (the validator's B) for a record whose label or
     prediction is not finite, or whose error overflows (without it such a record raises RecordError)."""
     labels, predictions, bad = _pair(labels, predictions)
@@ -52,7 +59,7 @@ def squared_errors(labels, predictions, loss_bound: float | None = None) -> np.n
         return _worst((labels - predictions) ** 2, bad, loss_bound, "predictions")
 
 
-def absolute_errors(labels, predictions, loss_bound: float | None = None) -> np.ndarray:
+def absolute_errors(labels: npt.ArrayLike, predictions: npt.ArrayLike, loss_bound: float | None = None) -> np.ndarray:
     """|label - prediction| per example; ``loss_bound`` (the validator's B) for a non-finite record, as in
     ``squared_errors``."""
     labels, predictions, bad = _pair(labels, predictions)
@@ -60,7 +67,8 @@ def absolute_errors(labels, predictions, loss_bound: float | None = None) -> np.
         return _worst(np.abs(labels - predictions), bad, loss_bound, "predictions")
 
 
-def log_losses(labels, probabilities, floor: float = 1e-7, loss_bound: float | None = None) -> np.ndarray:
+def log_losses(labels: npt.ArrayLike, probabilities: npt.ArrayLike, floor: float = 1e-7,
+               loss_bound: float | None = None) -> np.ndarray:
     """-log p(label) per example for binary labels in {0, 1} and predicted P(label = 1).
 
     Probabilities are kept in [floor, 1 - floor], so each loss is at most ln(1/floor) (a valid B). A record
@@ -74,7 +82,7 @@ def log_losses(labels, probabilities, floor: float = 1e-7, loss_bound: float | N
     return _worst(-(y * np.log(p) + (1.0 - y) * np.log1p(-p)), bad, worst, "probabilities")
 
 
-def correctness(labels, scores, threshold: float = 0.5) -> np.ndarray:
+def correctness(labels: npt.ArrayLike, scores: npt.ArrayLike, threshold: float = 0.5) -> np.ndarray:
     """1.0 where (score >= threshold) equals the binary label, else 0.0; 0.0 ("incorrect") for a record whose
     label or score is not finite, or whose finite label is other than 0 or 1."""
     labels, scores, bad = _pair(labels, scores)

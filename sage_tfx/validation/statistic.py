@@ -1,6 +1,10 @@
 """DPAbsoluteErrorValidator: SLAed validation of the absolute error of DP per-key means (paper App. B)."""
+
+from __future__ import annotations
+
 import math
 import numbers
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,8 +25,16 @@ from .core import (
 )
 from .loss import _check_epsilon
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
-def mean_error_bound(dp_sum, dp_count, value_range, epsilon, delta, mode):
+    from sage_tfx.privacy.randomness import RngLike
+
+    from .core import ValidationResult
+
+
+def mean_error_bound(dp_sum: float, dp_count: float, value_range: float, epsilon: float, delta: float,
+                     mode: Mode) -> float:
     """Bound on |m~ - mu| for one key's DP mean m~ = clip(S~/c~, 0, R), with probability >= 1 - delta.
 
     Inputs: S~ = S + Lap(2R/eps), c~ = c + Lap(2/eps), S the sum of c values clipped to [0, R] (the release of
@@ -81,8 +93,10 @@ class DPAbsoluteErrorValidator:
     """
 
     name = "absolute_error"
+    num_keys: int
 
-    def __init__(self, target, epsilon, confidence=0.95, *, value_range, num_keys=1, per_key=False, mode="sage") -> None:
+    def __init__(self, target: float, epsilon: float, confidence: float = 0.95, *, value_range: float,
+                 num_keys: int = 1, per_key: bool = False, mode: Mode | str = "sage") -> None:
         self.mode = Mode.parse(mode)
         if self.mode is Mode.NO_SLA:
             raise ValidationInputError("mode 'no_sla' does not apply to an absolute error: there is no "
@@ -96,7 +110,9 @@ class DPAbsoluteErrorValidator:
         self.num_keys = int(num_keys)
         self.per_key = bool(per_key)
 
-    def validate(self, test_values, train_values=None, rng=None, *, keys=None, attempt=None, eta=None):
+    def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
+                 keys: npt.ArrayLike | None = None, attempt: int | None = None,
+                 eta: float | None = None) -> ValidationResult:
         if train_values is not None:
             raise ValidationInputError("train_values must be None: an absolute-error SLA has no REJECT test")
         if isinstance(test_values, tuple) and len(test_values) == 2 and keys is None:
@@ -117,7 +133,8 @@ class DPAbsoluteErrorValidator:
         result.epsilon_test = self.epsilon if self.mode.noisy else 0.0
         return result
 
-    def validate_released(self, dp_sums, dp_counts, *, attempt=None, eta=None):
+    def validate_released(self, dp_sums: npt.ArrayLike, dp_counts: npt.ArrayLike, *, attempt: int | None = None,
+                          eta: float | None = None) -> ValidationResult:
         """Validate per-key means released as S~ = S + Lap(2R/eps), c~ = c + Lap(2/eps) with this validator's
         epsilon and R (e.g. ``dp_group_by_mean``'s tables). Post-processing: spends no epsilon."""
         sums = check_values("dp_sums", np.ravel(dp_sums))
