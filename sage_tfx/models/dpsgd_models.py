@@ -55,7 +55,12 @@ noise comes from TensorFlow's global generator (a module's
 benchmarks: a known seed makes the noise predictable.
 """
 
+from __future__ import annotations
+
 import sage_tfx  # noqa: F401  # isort: skip
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import tensorflow as tf  # noqa: TID253
 
@@ -66,10 +71,16 @@ from sage_tfx.models.private import check_adaptive_clip, check_engine, check_mom
 from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from sage_tfx.models.data import Features
+
 DEFAULT_ENGINE = "ghost"
 
 
-def build_mlp(input_dim, hidden_units, output_units, seed=None):
+def build_mlp(input_dim: int, hidden_units: Sequence[int], output_units: int,
+              seed: int | None = None) -> tf.keras.Model:
     """ReLU hidden layers and a linear output (logits or predictions)."""
     init = tf.keras.initializers.GlorotUniform(seed=seed)
     layers = [tf.keras.layers.Dense(u, activation="relu", kernel_initializer=init) for u in hidden_units]
@@ -189,13 +200,13 @@ class DPDNNRegressor(_DPSGDEstimator):
     module docstring for the mechanism, sampling and the ``num_examples`` rule.
     """
 
-    def __init__(self, privacy_budget, hidden_units, **kwargs) -> None:
+    def __init__(self, privacy_budget: tuple[float, float], hidden_units: Sequence[int], **kwargs: Any) -> None:
         super().__init__(privacy_budget, hidden_units=hidden_units, **kwargs)
 
-    def predict(self, x):
+    def predict(self, x: Features) -> np.ndarray:
         return self._raw(x).numpy().reshape(-1)
 
-    def evaluate(self, x, y=None):
+    def evaluate(self, x: Features, y: npt.ArrayLike | None = None) -> dict[str, float]:
         """Non-private metrics (mse, mae) on the given data."""
         x, y = split_input(x, y)
         pred = self.predict(x)
@@ -234,7 +245,8 @@ class DPDNNClassifier(_Classifier):
     Labels are class ids 0..n_classes-1. Spends ``privacy_budget=(epsilon, delta)``.
     """
 
-    def __init__(self, privacy_budget, hidden_units, n_classes=2, **kwargs) -> None:
+    def __init__(self, privacy_budget: tuple[float, float], hidden_units: Sequence[int], n_classes: int = 2,
+                 **kwargs: Any) -> None:
         super().__init__(privacy_budget, hidden_units=hidden_units, **kwargs)
         self.n_classes = checks.integer(n_classes, "n_classes", low=2, error=DpSgdConfigError, message=_INVALID)
 
@@ -248,7 +260,7 @@ class DPDNNClassifier(_Classifier):
         """Class ids: NaN / +-inf -> class 0 (public default); another non-class-id -> RecordError (no value)."""
         return class_labels(y, n, self.n_classes, np.int32)
 
-    def predict_proba(self, x):
+    def predict_proba(self, x: Features) -> np.ndarray:
         return tf.nn.softmax(self._raw(x)).numpy()
 
     @staticmethod
@@ -265,7 +277,7 @@ class DPLogisticRegressor(_Classifier):
     _label_dtype = np.float32
     DEFAULT_BATCH_SIZE = 512  # the paper's Criteo LG config
 
-    def __init__(self, privacy_budget, **kwargs) -> None:
+    def __init__(self, privacy_budget: tuple[float, float], **kwargs: Any) -> None:
         kwargs.setdefault("batch_size", self.DEFAULT_BATCH_SIZE)
         super().__init__(privacy_budget, hidden_units=(), **kwargs)
 
@@ -276,7 +288,7 @@ class DPLogisticRegressor(_Classifier):
         """0/1 labels: NaN / +-inf -> 0 (public default); anything else but 0 or 1 -> RecordError (no value)."""
         return class_labels(y, n, 2, np.float32)
 
-    def predict_proba(self, x):
+    def predict_proba(self, x: Features) -> np.ndarray:
         p = tf.sigmoid(tf.reshape(self._raw(x), [-1])).numpy()
         return np.stack([1.0 - p, p], axis=1)
 

@@ -36,9 +36,14 @@ Seeds: ``seed=None`` draws fresh OS entropy; inside
 ``sage_tfx.models.training_seed`` (DPTrainer) the noise comes from the grant's
 private seed and ``seed=`` is refused (sage_tfx.models.seeding).
 """
+
+from __future__ import annotations
+
 import math
 
 import sage_tfx  # noqa: F401  # isort: skip
+from typing import TYPE_CHECKING
+
 import numpy as np
 import tensorflow as tf  # noqa: TID253
 
@@ -48,6 +53,12 @@ from sage_tfx.models.seeding import fit_seeds
 from sage_tfx.privacy import adassp
 from sage_tfx.privacy.adassp import INVALID, AdaSSPConfigError
 from sage_tfx.privacy.checks import interval
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import tensorflow_transform as tft
+
+    from sage_tfx.models.data import Features
 
 
 def _check_center(value):
@@ -112,9 +123,10 @@ class DPLinearRegressor:
     plus AdaSSP's fit of the residual (post-processing).
     """
 
-    def __init__(self, privacy_budget, feature_bound, label_range, fit_intercept=True, rho=0.05,
-                 calibration="exact", seed=None, feature_center=0.0, *, prior_coef=None, prior_intercept=0.0,
-                 residual_range=None) -> None:
+    def __init__(self, privacy_budget: tuple[float, float], feature_bound: float, label_range: tuple[float, float],
+                 fit_intercept: bool = True, rho: float = 0.05, calibration: str = "exact", seed: int | None = None,
+                 feature_center: float | npt.ArrayLike = 0.0, *, prior_coef: npt.ArrayLike | None = None,
+                 prior_intercept: float = 0.0, residual_range: tuple[float, float] | None = None) -> None:
         try:
             epsilon, delta = privacy_budget
         except (TypeError, ValueError):
@@ -155,7 +167,7 @@ class DPLinearRegressor:
             clipped = np.concatenate([clipped, np.ones((len(clipped), 1))], axis=1)
         return clipped
 
-    def fit(self, x, y=None, chunk_rows=200_000):
+    def fit(self, x: Features, y: npt.ArrayLike | None = None, chunk_rows: int = 200_000) -> DPLinearRegressor:
         """Fit on (x, y) or a tf.data.Dataset of (features, label); return self.
 
         Non-finite features become 0.0 (``to_matrix``); labels keep theirs here and AdaSSP clips them
@@ -227,20 +239,20 @@ class DPLinearRegressor:
         if self.coef_ is None:
             raise ValueError("the model is not fitted; call fit first")
 
-    def predict(self, x):
+    def predict(self, x: Features) -> np.ndarray:
         """Predictions; features are clipped to feature_bound exactly as in training."""
         self._require_fit()
         clipped = adassp.clip_rows(self._center(self.layout.to_matrix(x)), self.feature_bound)
         return clipped @ self.coef_ + self.intercept_
 
-    def evaluate(self, x, y=None):
+    def evaluate(self, x: Features, y: npt.ArrayLike | None = None) -> dict[str, float]:
         """Non-private metrics (mse, mae) on the given data."""
         x, y = split_input(x, y)
         pred = self.predict(x)
         y = labels_vector(y, len(pred), np.float64)
         return {"mse": float(np.mean((pred - y) ** 2)), "mae": float(np.mean(np.abs(pred - y)))}
 
-    def keras_model(self):
+    def keras_model(self) -> tf.keras.Model:
         """A Keras model computing the same predictions (row clipping, then the linear map)."""
         self._require_fit()
         if self._model is None:
@@ -260,7 +272,8 @@ class DPLinearRegressor:
                                np.array([self.intercept_], np.float32)])
         return self._model
 
-    def export(self, path, transform_output=None, label_key=None):
+    def export(self, path: str, transform_output: str | tft.TFTransformOutput | None = None,
+               label_key: str | None = None) -> str:
         """Write a SavedModel with a ``serving_default`` signature; see sage_tfx.models.export."""
         return export_saved_model(path, self.keras_model(), self.layout,
                                   lambda out: {"predictions": tf.reshape(out, [-1])}, transform_output, label_key)
