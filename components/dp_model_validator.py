@@ -41,12 +41,23 @@ single-stage grant or a split without a rejection stage. Under that parallel rul
 the test side and ``train_split`` on the training side of the grant's signed record split (refused otherwise,
 before any read).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import artifact, channel, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
 from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
 from sage_tfx.components.dp_model_validator_executor import Executor
+
+if TYPE_CHECKING:
+    from tfx.orchestration.data_types import RuntimeParameter
+    from tfx.types.channel import BaseChannel
+
+    from sage_tfx.privacy import Grant
 
 
 class SageValidationResult(artifact.Artifact):
@@ -97,10 +108,14 @@ class DPModelValidator(base_component.BaseComponent):
     SPEC_CLASS = DPModelValidatorSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(Executor)
 
-    def __init__(self, model, examples, ledger, metric, target, label_key, grant=None, loss_bound=None,
-                 confidence=None, eta=None, attempt=None, epsilon=None, eval_split="eval", train_split=None,
-                 prediction_key=None, label_threshold=None, loss_module=None, loss_function=None,
-                 label_signature=None) -> None:
+    def __init__(self, model: BaseChannel, examples: BaseChannel, ledger: str, metric: str,
+                 target: float | RuntimeParameter, label_key: str, grant: Grant | str | RuntimeParameter | None = None,
+                 loss_bound: float | RuntimeParameter | None = None, confidence: float | RuntimeParameter | None = None,
+                 eta: float | RuntimeParameter | None = None, attempt: int | RuntimeParameter | None = None,
+                 epsilon: float | RuntimeParameter | None = None, eval_split: str = "eval",
+                 train_split: str | None = None, prediction_key: str | None = None,
+                 label_threshold: float | RuntimeParameter | None = None, loss_module: str | None = None,
+                 loss_function: str | None = None, label_signature: str | None = None) -> None:
         """``model``/``examples``: channels (e.g. ``trainer.outputs["model"]``, ``gen.outputs["examples"]``).
         ``grant``: a Grant, its JSON, or a RuntimeParameter of type str."""
         super().__init__(spec=DPModelValidatorSpec(

@@ -35,7 +35,12 @@ examples also keep the input's lineage (``stream``, ``block_ids``, ``charge``, `
 Privacy: see ``dp_transform_executor``: the analysis over the analyze splits is one (epsilon_spent, 0)-DP
 release, its noise seeded from the ledger per grant, so re-runs reproduce it at no extra cost.
 """
+
+from __future__ import annotations
+
 import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, standard_artifacts
@@ -43,6 +48,13 @@ from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionP
 
 from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
 from sage_tfx.components.dp_transform_executor import Executor
+
+if TYPE_CHECKING:
+    from tfx.orchestration.data_types import RuntimeParameter
+    from tfx.proto import transform_pb2
+    from tfx.types.channel import BaseChannel
+
+    from sage_tfx.privacy import Grant
 
 
 class DPTransformSpec(ComponentSpec):
@@ -84,8 +96,11 @@ class DPTransform(base_beam_component.BaseBeamComponent):
     SPEC_CLASS = DPTransformSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, examples, ledger, grant=None, module_file=None, module_path=None, preprocessing_fn=None,
-                 custom_config=None, schema=None, data_root=None, stream=None, splits_config=None) -> None:
+    def __init__(self, examples: BaseChannel | None, ledger: str, grant: Grant | str | RuntimeParameter | None = None,
+                 module_file: str | None = None, module_path: str | None = None, preprocessing_fn: str | None = None,
+                 custom_config: dict[str, Any] | None = None, schema: Mapping[str, str] | None = None,
+                 data_root: str | None = None, stream: str | None = None,
+                 splits_config: transform_pb2.SplitsConfig | None = None) -> None:
         """``examples``: a channel (e.g. ``gen.outputs["examples"]``). ``grant``: a Grant, its JSON, or a
         RuntimeParameter of type str. Give ``module_file`` (optionally with ``preprocessing_fn``, the
         function's name), ``module_path``, or ``preprocessing_fn`` (a dotted path). Give ``schema`` (dict)

@@ -18,7 +18,7 @@ import re
 import time
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .chain import json_text
 from .checks import check_name, finite
@@ -55,6 +55,14 @@ class Block:
         if self.start is not None:
             return {"start": self.start, "end": self.end}
         return {}
+
+
+class BlockSource(Protocol):
+    """What reads a stream's registered blocks: the ``Ledger``, or a confined run's ``GrantClient``."""
+
+    def blocks(self, stream: str, state: str | None = None) -> list[Block]: ...
+
+    def block_digest(self, stream: str, block_id: str) -> str | None: ...
 
 
 def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:

@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 from .split import record_split
 
 if TYPE_CHECKING:
+    from .blocks import BlockSource
     from .grants import Grant
-    from .ledger import Ledger
 
 
 def computation_digest(*parts: Any) -> str:
@@ -30,7 +30,7 @@ def computation_digest(*parts: Any) -> str:
     return digest.hexdigest()
 
 
-def data_digest(ledger: Ledger, grant: Grant) -> str:
+def data_digest(ledger: BlockSource, grant: Grant) -> str:
     """A SHA-256 of the records a grant gives to read: its stream, each granted block with the content digest
     the ledger registered for it at ingest (None for a block registered without one: its id stands for it), and
     the grant's record split (``record_split``). Readers of the grant's blocks (BlockExampleGen,
@@ -40,7 +40,7 @@ def data_digest(ledger: Ledger, grant: Grant) -> str:
     return computation_digest("records/v1", grant.stream, blocks, record_split(grant).to_dict())
 
 
-def bound_to_data(computation: str, ledger: Ledger, grant: Grant) -> str:
+def bound_to_data(computation: str, ledger: BlockSource, grant: Grant) -> str:
     """The fingerprint of ``computation`` (a fingerprint string) reading ``grant``'s records (``data_digest``):
     what a release strategy opens each grant's release with. The same computation on another grant's records,
     or on a block registered with other content, is another fingerprint."""

@@ -35,9 +35,9 @@ from .split import (
 from .vocabulary import Accounting
 
 if TYPE_CHECKING:
+    from .blocks import BlockSource
     from .filters import Filter
     from .keys import KeyRing
-    from .ledger import Ledger
     from .streams import Stream
 
 
@@ -214,13 +214,13 @@ def cap_text(grant_id: str, epsilon: float, cap: tuple[float, float], split: Bud
             f"{cap[0]:.6g} (delta {cap[1]:.3g}){what}")
 
 
-def registered_blocks(ledger: Ledger, grant: Grant) -> list[str]:
+def registered_blocks(ledger: BlockSource, grant: Grant) -> list[str]:
     """The blocks of ``grant`` registered in its stream (``ledger.blocks``), in the grant's order."""
     registered = {b.id for b in ledger.blocks(grant.stream)}
     return [b for b in grant.blocks if b in registered]
 
 
-def require_registered(ledger: Ledger, grant: Grant, consequence: str = "") -> None:
+def require_registered(ledger: BlockSource, grant: Grant, consequence: str = "") -> None:
     """Refuse (GrantError) a ``grant`` naming a block not registered in its stream; the message names them.
 
     Args:
