@@ -176,7 +176,7 @@ class _EmbeddingPlan:
     def __init__(self, layer, keras_input) -> None:
         self.layer = layer
         shape = keras_input.shape
-        self.steps = 1
+        self.steps: int | None = 1
         for dim in shape[1:]:
             self.steps = self.steps * dim if (dim is not None and self.steps is not None) else None
         self.variables = [layer.embeddings]
@@ -235,6 +235,8 @@ def ghost_layers(model: tf.keras.Model) -> tuple[dict[int, Any], list[tf.Variabl
     if nodes is None:
         return None
     trainable = {v.ref() for v in model.trainable_variables}
+    uses: dict[int, int]
+    owners: dict[Any, set[int]]
     uses, owners = {}, {}
     for node in nodes:
         uses[id(node.layer)] = uses.get(id(node.layer), 0) + 1
