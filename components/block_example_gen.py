@@ -67,11 +67,21 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
     def __init__(self, ledger: str, data_root: str | os.PathLike[str], stream: str,
                  grant: Grant | str | RuntimeParameter | None = None, splits: Mapping[str, int] | None = None, *,
                  staging_location: str | None = None) -> None:
-        """``grant``: a Grant, its JSON, or a RuntimeParameter of type str. ``splits``: {name: buckets}, which must
-        be the grant's signed record split (None: that rule, the default).
-        ``staging_location``: where the granted sealed block files are staged for Beam workers that do not see
-        ``data_root`` (a local folder or a Beam FileSystems URL every worker can read; docs/scale_out.md,
-        "BlockExampleGen on remote workers"); None: the run's Beam ``--temp_location``, else no staging."""
+        """Construct a BlockExampleGen component.
+
+        Args:
+          ledger: The ledger's location (a file path or a ``postgresql://`` URL, without a password).
+          data_root: The folder of the stream's sealed block files.
+          stream: The stream whose blocks the grant names.
+          grant: A ``Grant``, its JSON, or a RuntimeParameter of type str.
+          splits: {name: buckets}; it must be the grant's signed record split (None: that rule, the default).
+          staging_location: Where the granted sealed block files are staged for Beam workers that do not see
+            ``data_root`` (a local folder or a Beam FileSystems URL every worker can read; docs/scale_out.md,
+            "BlockExampleGen on remote workers"); None: the run's Beam ``--temp_location``, else no staging.
+
+        Raises:
+          LedgerError: ``ledger`` holds a password (``check_location``).
+        """
         given = {} if splits is None else {"splits": json.dumps(dict(splits))}
         staging = {} if staging_location is None else {STAGING_LOCATION_KEY: str(staging_location)}
         super().__init__(spec=BlockExampleGenSpec(

@@ -89,8 +89,30 @@ class DPTrainer(base_component.BaseComponent):
                  train_args: trainer_pb2.TrainArgs | None = None, eval_args: trainer_pb2.EvalArgs | None = None,
                  custom_config: dict[str, Any] | None = None, epsilon: float | None = None, delta: float | None = None,
                  public_num_examples: int | None = None) -> None:
-        """``grant``: a Grant, its JSON, or a RuntimeParameter of type str. Exactly one of ``module_file``,
-        ``module_path`` or ``run_fn`` (a dotted path) names the training function, as in TFX's Trainer."""
+        """Construct a DPTrainer component.
+
+        Args:
+          examples: A Channel of type ``standard_artifacts.Examples`` read under ``grant`` (BlockExampleGen's
+            ``examples``, or DPTransform's ``transformed_examples``).
+          ledger: The ledger's location (a file path or a ``postgresql://`` URL, without a password).
+          grant: A ``Grant``, its JSON, or a RuntimeParameter of type str.
+          module_file: A Python file defining ``run_fn(fn_args)``, as TFX's Trainer.
+          module_path: A module path (``pkg.module``) defining ``run_fn``, as TFX's Trainer.
+          run_fn: The dotted path of the training function, as TFX's Trainer.
+          transform_graph: An optional Channel of type ``standard_artifacts.TransformGraph`` (DPTransform's).
+          schema: An optional Channel of type ``standard_artifacts.Schema``.
+          train_args: ``trainer_pb2.TrainArgs``; its splits are the training splits (default: train).
+          eval_args: ``trainer_pb2.EvalArgs`` (default: eval).
+          custom_config: A JSON-serializable dict handed to ``run_fn`` as ``fn_args.custom_config``.
+          epsilon: Spend at most this of the grant's training share (more is refused before any read).
+          delta: As ``epsilon``, for delta.
+          public_num_examples: A public training-set size, used only when the grant released no DP record count.
+
+        Raises:
+          ValueError: Not exactly one of ``module_file``, ``module_path`` or ``run_fn`` is given, or
+            ``custom_config`` is not a dict.
+          LedgerError: ``ledger`` holds a password (``check_location``).
+        """
         if sum(x is not None for x in (module_file, module_path, run_fn)) != 1:
             raise ValueError("give exactly one of module_file, module_path or run_fn")
         if custom_config is not None and not isinstance(custom_config, dict):

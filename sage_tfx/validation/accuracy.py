@@ -110,14 +110,42 @@ class DPAccuracyValidator:
     epsilon: float  # and train_epsilon: None only in non_private mode, where nothing is drawn or spent
     train_epsilon: float
 
-    def __init__(self, target: float, epsilon: float, confidence: float = 0.95, *, bound: str = "exact",
+    def __init__(self, target: float, epsilon: float | None, confidence: float = 0.95, *, bound: str = "exact",
                  train_epsilon: float | None = None, mode: Mode | str = "sage") -> None:
+        """An accuracy validator (the class docstring says what it guarantees).
+
+        Args:
+          target: The accuracy to reach, in (0, 1).
+          epsilon: The epsilon spent on the test set (None only in "non_private" mode).
+          confidence: 1 - eta, the SLA's confidence (``validate``'s ``eta`` or ``attempt`` refine it).
+          bound: The test's bound: "exact" (default), "clopper_pearson" or "bernstein".
+          train_epsilon: The epsilon spent on the training set (default ``epsilon``).
+          mode: A ``Mode`` (or its name): "sage" (default), or an ablation ("no_sla", "uc", "non_private").
+
+        Raises:
+          ValidationInputError: A value out of its range (named with the fix), before anything is drawn.
+        """
         self.mode = Mode.parse(mode)
         self.target = check_probability("target accuracy", target)
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
 
     def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
                  attempt: int | None = None, eta: float | None = None) -> ValidationResult:
+        """Run the ACCEPT test on ``test_values`` and, if given, the REJECT test on ``train_values``.
+
+        Args:
+          test_values: Per-example correctness (1.0 correct, 0.0 not) on the test set (finite; a non-finite one is refused without naming it).
+          train_values: Per-example correctness (1.0 correct, 0.0 not) on the training set (None: no REJECT test).
+          rng: The noise generator (``check_rng``): a SecureRNG, a numpy Generator or None (a fresh key).
+          attempt: The validation's attempt number i >= 1 (eta / (i (i + 1)) of the failure budget).
+          eta: The failure probability to use (overrides ``confidence`` and ``attempt``).
+
+        Returns:
+          The ``ValidationResult``: ACCEPT, REJECT or RETRY, the bounds, the epsilon spent and the eta used.
+
+        Raises:
+          ValidationInputError: A bad input (named with the fix), before anything is drawn.
+        """
         test = _check_correctness("test correctness", test_values)
         train = None if train_values is None else _check_correctness("train correctness", train_values)
         if self.bound == "bernstein":

@@ -138,8 +138,22 @@ class DPLossValidator:
     epsilon: float  # and train_epsilon: None only in non_private mode, where nothing is drawn or spent
     train_epsilon: float
 
-    def __init__(self, target: float, epsilon: float, confidence: float = 0.95, *, loss_bound: float = 1.0,
+    def __init__(self, target: float, epsilon: float | None, confidence: float = 0.95, *, loss_bound: float = 1.0,
                  bound: str = "chernoff", train_epsilon: float | None = None, mode: Mode | str = "sage") -> None:
+        """A loss validator (the class docstring says what it guarantees).
+
+        Args:
+          target: The loss to stay under (> 0).
+          epsilon: The epsilon spent on the test set (None only in "non_private" mode).
+          loss_bound: B: each loss is clipped to [0, B].
+          confidence: 1 - eta, the SLA's confidence (``validate``'s ``eta`` or ``attempt`` refine it).
+          bound: The test's bound: "chernoff" (default) or "bernstein".
+          train_epsilon: The epsilon spent on the training set (default ``epsilon``).
+          mode: A ``Mode`` (or its name): "sage" (default), or an ablation ("no_sla", "uc", "non_private").
+
+        Raises:
+          ValidationInputError: A value out of its range (named with the fix), before anything is drawn.
+        """
         self.mode = Mode.parse(mode)
         self.target = check_positive("target loss", target)
         self.loss_bound = check_positive("loss bound B", loss_bound)
@@ -147,6 +161,21 @@ class DPLossValidator:
 
     def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
                  attempt: int | None = None, eta: float | None = None) -> ValidationResult:
+        """Run the ACCEPT test on ``test_values`` and, if given, the REJECT test on ``train_values``.
+
+        Args:
+          test_values: Per-example losses on the test set (finite; a non-finite one is refused without naming it).
+          train_values: Per-example losses on the training set (None: no REJECT test).
+          rng: The noise generator (``check_rng``): a SecureRNG, a numpy Generator or None (a fresh key).
+          attempt: The validation's attempt number i >= 1 (eta / (i (i + 1)) of the failure budget).
+          eta: The failure probability to use (overrides ``confidence`` and ``attempt``).
+
+        Returns:
+          The ``ValidationResult``: ACCEPT, REJECT or RETRY, the bounds, the epsilon spent and the eta used.
+
+        Raises:
+          ValidationInputError: A bad input (named with the fix), before anything is drawn.
+        """
         test = check_values("test losses", test_values)
         train = None if train_values is None else check_values("train losses", train_values)
         rng = check_rng(rng)
