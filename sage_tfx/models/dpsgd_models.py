@@ -58,8 +58,8 @@ benchmarks: a known seed makes the noise predictable.
 from __future__ import annotations
 
 import sage_tfx  # noqa: F401  # isort: skip
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Self
 
 import numpy as np
 import tensorflow as tf  # noqa: TID253
@@ -73,8 +73,11 @@ from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
 if TYPE_CHECKING:
     import numpy.typing as npt
+    import tensorflow_transform as tft
 
     from sage_tfx.models.data import Features
+    from sage_tfx.privacy.adaptive_clip import AdaptiveClip
+    from sage_tfx.privacy.noise_schedules import NoiseSchedule
 
 DEFAULT_ENGINE = "ghost"
 
@@ -105,9 +108,11 @@ def _softmax_xent(y, out):
 class _DPSGDEstimator:
     _label_dtype = np.float32
 
-    def __init__(self, privacy_budget, num_examples=None, hidden_units=(), learning_rate=0.01, epochs=3,
-                 batch_size=1024, clip_norm=1.0, momentum=0.9, implementation=DEFAULT_ENGINE,
-                 accountant="rdp", seed=None, *, noise_schedule=None) -> None:
+    def __init__(self, privacy_budget: tuple[float, float], num_examples: int | None = None,
+                 hidden_units: Sequence[int] = (), learning_rate: float = 0.01, epochs: float = 3,
+                 batch_size: int = 1024, clip_norm: float | str | AdaptiveClip = 1.0, momentum: float = 0.9,
+                 implementation: str = DEFAULT_ENGINE, accountant: str = "rdp", seed: int | None = None, *,
+                 noise_schedule: NoiseSchedule | str | Mapping[str, Any] | None = None) -> None:
         try:
             epsilon, delta = privacy_budget
         except (TypeError, ValueError):
@@ -148,7 +153,8 @@ class _DPSGDEstimator:
         """The training labels: non-finite ones mapped to the public LABEL_DEFAULT (sage_tfx.models.data)."""
         return labels_vector(y, n, self._label_dtype)
 
-    def fit(self, x, y=None, num_examples=None, verbose=False):
+    def fit(self, x: Features | tf.data.Dataset, y: npt.ArrayLike | None = None, num_examples: int | None = None,
+            verbose: bool | int = False) -> Self:
         """Train on (x, y) or a tf.data.Dataset of (features, label); return self.
 
         ``num_examples``: the DP or public row count (see the module docstring);
@@ -186,7 +192,8 @@ class _DPSGDEstimator:
         self._require_fit()
         return self.model(self.layout.to_matrix(x), training=False)
 
-    def export(self, path, transform_output=None, label_key=None):
+    def export(self, path: str, transform_output: str | tft.TFTransformOutput | None = None,
+               label_key: str | None = None) -> str:
         """Write a SavedModel with a ``serving_default`` signature; see sage_tfx.models.export."""
         self._require_fit()
         return export_saved_model(path, self.model, self.layout, self._serving_outputs, transform_output,
@@ -221,15 +228,15 @@ class DPDNNRegressor(_DPSGDEstimator):
 class _Classifier(_DPSGDEstimator):
     _label_dtype = np.int32
 
-    def predict_proba(self, x):
+    def predict_proba(self, x: Features) -> np.ndarray:
         raise NotImplementedError
 
-    def predict(self, x):
+    def predict(self, x: Features) -> np.ndarray:
         """Predicted class ids."""
         proba = self.predict_proba(x)
         return np.argmax(proba, axis=1)
 
-    def evaluate(self, x, y=None):
+    def evaluate(self, x: Features, y: npt.ArrayLike | None = None) -> dict[str, float]:
         """Non-private metrics (accuracy, log loss) on the given data."""
         x, y = split_input(x, y)
         proba = self.predict_proba(x)

@@ -347,7 +347,18 @@ def eval_share_split(eval_share: object, error: type[Exception] = LedgerError) -
     """The record split with ``eval_share`` of the records on the test side: "train" and "eval" buckets in the
     least integer ratio (1 - s) : s (0.2 -> train 4, eval 1; 0.1 -> the default, train 9, eval 1). ``error``
     (naming the value and the fix) unless ``eval_share`` is a number in (0, 1) that is a fraction with a
-    denominator of at most 100 (0.15, 1/3: yes; 0.123: no): BlockExampleGen splits by whole buckets."""
+    denominator of at most 100 (0.15, 1/3: yes; 0.123: no): BlockExampleGen splits by whole buckets.
+
+    Args:
+      eval_share: The share of records on the test side, in (0, 1).
+      error: The exception class raised for a bad share.
+
+    Returns:
+      The ``RecordSplit`` with buckets "train" and "eval".
+
+    Raises:
+      error: ``eval_share`` is not a number in (0, 1) with a denominator of at most 100.
+    """
     message = ("{what} {value!r} is invalid: the share of records the ACCEPT test reads must be a number {rule} "
                "(e.g. 0.2)")
     if not is_real(eval_share):
@@ -375,7 +386,17 @@ def sign_records(meta: dict, split: BudgetSplit | None) -> None:
 def record_split(grant: Grant) -> RecordSplit:
     """The record split a verified ``grant`` reads by: the one signed into it, else (a grant made before
     records were signed, or one without a split) the default, except for a ``PARALLEL`` grant: its
-    separation of training and test records was never signed, so it is refused (GrantError)."""
+    separation of training and test records was never signed, so it is refused (GrantError).
+
+    Args:
+      grant: A verified ``Grant``.
+
+    Returns:
+      The signed ``RecordSplit``, or ``DEFAULT_RECORD_SPLIT``.
+
+    Raises:
+      GrantError: The signed split is malformed, or a ``PARALLEL`` grant carries none.
+    """
     raw = (grant.meta or {}).get(RECORDS_KEY)
     if raw is not None:
         try:
@@ -395,7 +416,17 @@ def require_side(grant: Grant, splits: Iterable[str], side: str, reader: str) ->
     """Under a ``PARALLEL`` grant, refuse (GrantError) ``reader`` reading any of ``splits`` unless it is on
     ``side`` of the grant's record split ("training" or "test"): a record must be read on one side only, as
     the charge pre + count + max(train + reject, val) assumes. Under any other rule nothing is refused (every
-    stage is charged for every record)."""
+    stage is charged for every record).
+
+    Args:
+      grant: A verified ``Grant``.
+      splits: The split names ``reader`` reads.
+      side: "training" or "test".
+      reader: Who reads them, for the message (e.g. "DPTrainer").
+
+    Raises:
+      GrantError: A split is not on ``side`` of a parallel grant's record split.
+    """
     split = grant_split(grant)
     if split is None or not split.parallel:
         return
@@ -469,7 +500,17 @@ def grant_split(grant: Grant) -> BudgetSplit | None:
     it, made per row on a stream whose privacy unit has K > 1 rows (``per_row_split``: the one place where a unit is
     applied, so every mechanism reading its stage's budget is calibrated to the unit). Refused with GrantError if
     the signed split composes to more than the grant's charge (a grant the ledger signed never does; every
-    component's door re-checks, whoever signed it)."""
+    component's door re-checks, whoever signed it).
+
+    Args:
+      grant: A verified ``Grant``.
+
+    Returns:
+      The per-row ``BudgetSplit``, or None for a single-stage grant.
+
+    Raises:
+      GrantError: The signed split composes to more than the grant's charge.
+    """
     split = BudgetSplit.from_meta(grant.meta)
     if split is not None:
         try:
@@ -487,6 +528,17 @@ def stage_budget(grant: Grant, stage: str) -> tuple[float, float]:
     charge (a grant the ledger signed always does; the check makes every component refuse one that
     does not, whoever signed it). Without a split: the whole grant, for whichever ONE stage opens a
     release under it first (``Ledger.release`` refuses a second stage). Per row on a unit stream (``grant_split``).
+
+    Args:
+      grant: A verified ``Grant``.
+      stage: A ``Stage`` ("preprocessing", "count", "training", "validation", ...).
+
+    Returns:
+      (epsilon, delta) the stage may hand its mechanisms.
+
+    Raises:
+      LedgerError: ``stage`` is not a stage.
+      GrantError: The signed split composes to more than the grant's charge.
     """
     _check_stage(stage)
     split = grant_split(grant)
@@ -503,7 +555,20 @@ def over_budget(epsilon: float, delta: float, allowed: tuple[float, float]) -> b
 
 
 def require_budget(grant: Grant, stage: str, epsilon: float, delta: float = 0.0) -> tuple[float, float]:
-    """Refuse (GrantError), before any data is read, a stage that asks more than its share of the grant."""
+    """Refuse (GrantError), before any data is read, a stage that asks more than its share of the grant.
+
+    Args:
+      grant: A verified ``Grant``.
+      stage: The asking ``Stage``.
+      epsilon: The epsilon the stage asks for.
+      delta: The delta the stage asks for.
+
+    Returns:
+      (epsilon, delta) of the stage's whole share (``stage_budget``).
+
+    Raises:
+      GrantError: The ask is above the share.
+    """
     have_epsilon, have_delta = stage_budget(grant, stage)
     if over_budget(epsilon, delta, (have_epsilon, have_delta)):
         raise GrantError(
