@@ -131,20 +131,21 @@ class DPAccuracyValidator:
 
     def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
                  attempt: int | None = None, eta: float | None = None) -> ValidationResult:
-        """Run the ACCEPT test on ``test_values`` and, if given, the REJECT test on ``train_values``.
+        """``DPLossValidator.validate`` on per-example correctness: the ACCEPT test on the test set and, if given,
+        the REJECT test on the training set.
 
         Args:
-          test_values: Per-example correctness (1.0 correct, 0.0 not) on the test set (finite; a non-finite one is refused without naming it).
-          train_values: Per-example correctness (1.0 correct, 0.0 not) on the training set (None: no REJECT test).
-          rng: The noise generator (``check_rng``): a SecureRNG, a numpy Generator or None (a fresh key).
-          attempt: The validation's attempt number i >= 1 (eta / (i (i + 1)) of the failure budget).
-          eta: The failure probability to use (overrides ``confidence`` and ``attempt``).
+          test_values: 1.0 (correct) or 0.0 (incorrect) per test example (``validation.correctness``).
+          train_values: The same on the training set (None: no REJECT test).
+          rng: The noise generator, as ``DPLossValidator.validate``.
+          attempt: As ``DPLossValidator.validate``.
+          eta: As ``DPLossValidator.validate``.
 
         Returns:
-          The ``ValidationResult``: ACCEPT, REJECT or RETRY, the bounds, the epsilon spent and the eta used.
+          The ``ValidationResult`` (the accuracy's lower and upper confidence bounds in ``bounds``).
 
         Raises:
-          ValidationInputError: A bad input (named with the fix), before anything is drawn.
+          ValidationInputError: A value other than 0 and 1 (named without the value), before anything is drawn.
         """
         test = _check_correctness("test correctness", test_values)
         train = None if train_values is None else _check_correctness("train correctness", train_values)

@@ -164,7 +164,8 @@ class DPLossValidator:
         """Run the ACCEPT test on ``test_values`` and, if given, the REJECT test on ``train_values``.
 
         Args:
-          test_values: Per-example losses on the test set (finite; a non-finite one is refused without naming it).
+          test_values: Per-example losses on the test set (finite; a non-finite one is refused without naming
+            it: map it to the worst loss first).
           train_values: Per-example losses on the training set (None: no REJECT test).
           rng: The noise generator (``check_rng``): a SecureRNG, a numpy Generator or None (a fresh key).
           attempt: The validation's attempt number i >= 1 (eta / (i (i + 1)) of the failure budget).
