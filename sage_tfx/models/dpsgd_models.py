@@ -113,6 +113,26 @@ class _DPSGDEstimator:
                  batch_size: int = 1024, clip_norm: float | str | AdaptiveClip = 1.0, momentum: float = 0.9,
                  implementation: str = DEFAULT_ENGINE, accountant: str = "rdp", seed: int | None = None, *,
                  noise_schedule: NoiseSchedule | str | Mapping[str, Any] | None = None) -> None:
+        """Check and keep the fit's parameters (refused here, before anything is read or drawn).
+
+        Args:
+          privacy_budget: (epsilon, delta) of the whole fit.
+          num_examples: A public or DP row count (never the exact private count; module docstring), or None
+            to give it to ``fit``.
+          hidden_units: Units per hidden ReLU layer (none: a linear model).
+          learning_rate: SGD's learning rate.
+          epochs: Passes over the data: steps = ceil(epochs * num_examples / batch_size).
+          batch_size: The expected batch size (Poisson sampling at q = batch_size / num_examples).
+          clip_norm: The per-example clip norm, or "adaptive" / an ``AdaptiveClip``.
+          momentum: SGD's momentum.
+          implementation: The DP-SGD engine (``dpsgd_engine.ENGINES``; default "ghost").
+          accountant: "rdp" or "pld" (dp_accounting), for the calibration and the report.
+          seed: A seed for tests; refused under DPTrainer (the grant's private seed is used).
+          noise_schedule: A noise schedule, its kind, or its dict (default: constant).
+
+        Raises:
+          DpSgdConfigError: A parameter out of its range (named with the fix).
+        """
         try:
             epsilon, delta = privacy_budget
         except (TypeError, ValueError):
@@ -208,6 +228,17 @@ class DPDNNRegressor(_DPSGDEstimator):
     """
 
     def __init__(self, privacy_budget: tuple[float, float], hidden_units: Sequence[int], **kwargs: Any) -> None:
+        """A DNN regressor trained with DP-SGD.
+
+        Args:
+          privacy_budget: (epsilon, delta) of the whole fit.
+          hidden_units: Units per hidden ReLU layer.
+          **kwargs: The DP-SGD estimators' other parameters: num_examples, learning_rate, epochs, batch_size,
+            clip_norm, momentum, implementation, accountant, seed, noise_schedule (module docstring).
+
+        Raises:
+          DpSgdConfigError: A parameter out of its range (named with the fix).
+        """
         super().__init__(privacy_budget, hidden_units=hidden_units, **kwargs)
 
     def predict(self, x: Features) -> np.ndarray:

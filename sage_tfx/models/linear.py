@@ -42,6 +42,7 @@ from __future__ import annotations
 import math
 
 import sage_tfx  # noqa: F401  # isort: skip
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -125,8 +126,26 @@ class DPLinearRegressor:
 
     def __init__(self, privacy_budget: tuple[float, float], feature_bound: float, label_range: tuple[float, float],
                  fit_intercept: bool = True, rho: float = 0.05, calibration: str = "exact", seed: int | None = None,
-                 feature_center: float | npt.ArrayLike = 0.0, *, prior_coef: npt.ArrayLike | None = None,
+                 feature_center: float | npt.ArrayLike = 0.0, *, prior_coef: Mapping[str, float] | npt.ArrayLike | None = None,
                  prior_intercept: float = 0.0, residual_range: tuple[float, float] | None = None) -> None:
+        """Check and keep the release's parameters (nothing is read or drawn before ``fit``).
+
+        Args:
+          privacy_budget: (epsilon, delta) of the whole release.
+          feature_bound: B_x: each (centred) row is clipped to this L2 norm (public).
+          label_range: (low, high): labels are clipped to it (public).
+          fit_intercept: Add an intercept column (B_x becomes sqrt(feature_bound^2 + 1)).
+          rho: AdaSSP's failure probability for its lambda_min bound.
+          calibration: "exact" (default) or "paper" (the class docstring).
+          seed: A seed for the noise, for tests; refused under DPTrainer (the grant's seed is used).
+          feature_center: A public centre (one number, or one per feature) subtracted before clipping.
+          prior_coef: A public prior's coefficients ({feature: coefficient}, or one per column).
+          prior_intercept: The public prior's intercept.
+          residual_range: (low, high) of the residual label - prior; required with a prior.
+
+        Raises:
+          AdaSSPConfigError: A parameter out of its range (named with the fix).
+        """
         try:
             epsilon, delta = privacy_budget
         except (TypeError, ValueError):
@@ -167,11 +186,24 @@ class DPLinearRegressor:
             clipped = np.concatenate([clipped, np.ones((len(clipped), 1))], axis=1)
         return clipped
 
-    def fit(self, x: Features, y: npt.ArrayLike | None = None, chunk_rows: int = 200_000) -> DPLinearRegressor:
+    def fit(self, x: Features | tf.data.Dataset, y: npt.ArrayLike | None = None,
+            chunk_rows: int = 200_000) -> DPLinearRegressor:
         """Fit on (x, y) or a tf.data.Dataset of (features, label); return self.
 
         Non-finite features become 0.0 (``to_matrix``); labels keep theirs here and AdaSSP clips them
         (+-inf to the range's ends) and maps NaN to the centre (the midpoint), see the module docstring.
+
+        Args:
+          x: The features: a matrix, {feature name: column}, or a tf.data.Dataset of (features, label).
+          y: The labels (None when ``x`` holds them).
+          chunk_rows: Rows summed per chunk into X'X and X'y (memory only; the release is the same).
+
+        Returns:
+          This regressor, fitted: ``coef_``, ``intercept_`` and ``privacy_spent`` set.
+
+        Raises:
+          TrainingSeedError: ``seed`` given inside a training seed block (DPTrainer), or the fit's budget
+            is not the grant's share.
         """
         seeds = fit_seeds(self.seed, type(self).__name__, (self.epsilon, self.delta))  # seed=, share: refused
         x, y = split_input(x, y)
