@@ -169,7 +169,7 @@ def canonical_saved_model_text(saved_model: Any) -> bytes:
     return "\n".join(out).encode()
 
 
-def open_release(ledger: GrantLedger, grant: Grant, stage: str, computation: str, epsilon: float,
+def open_release(ledger: GrantLedger | str, grant: Grant, stage: Stage, computation: str, epsilon: float,
                  delta: float = 0.0) -> int:
     """Open ``stage``'s release of ``computation`` under ``grant`` with the ledger; return the stage's noise seed.
 
@@ -333,7 +333,7 @@ class GrantRun:
         self.ledger, self.location, self.grant = ledger, location, grant
         self._data_digest = None
 
-    def open_release(self, stage: str, computation: str, epsilon: float, delta: float = 0.0) -> int:
+    def open_release(self, stage: Stage, computation: str, epsilon: float, delta: float = 0.0) -> int:
         """``open_release`` for this run's grant on this run's connection: the stage's noise seed."""
         return open_release(self.ledger, self.grant, stage, computation, epsilon, delta)
 

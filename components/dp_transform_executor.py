@@ -241,7 +241,7 @@ def trace_spend(preprocessing_fn: Callable[..., Any], feature_spec: Mapping[str,
             computation_digest(canonical_graph_text(graph.as_graph_def())))
 
 
-def preprocessing_plan(exec_properties: Mapping[str, Any], grant: Grant, examples: Artifact | None,
+def preprocessing_plan(exec_properties: Mapping[str, Any], grant: Grant, examples: Artifact,
                        grant_seed: int) -> dict[str, Any]:
     """Everything the run needs, checked against the verified grant before any record is read.
 
@@ -271,8 +271,8 @@ def preprocessing_plan(exec_properties: Mapping[str, Any], grant: Grant, example
             "kinds": schema}
 
 
-def check_reference_trace(preprocessing_fn: Callable[..., Any], custom_config: Mapping[str, Any],
-                          schema: Mapping[str, str], spends: Sequence[Any]) -> Any:
+def check_reference_trace(preprocessing_fn: Callable[..., Any], custom_config: dict[str, Any],
+                          schema: dict[str, str], spends: Sequence[Any]) -> Any:
     """Trace the function again as tf.Transform will (TF2 mode, no data), check that this trace spends what the
     planning trace spent and that it transforms each row on its own (``trace_check.check_row_local`` on
     synthetic rows), and return its signature: every trace tf.Transform makes is compared with it
