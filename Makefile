@@ -32,7 +32,8 @@ test: $(STAMP)
 FAST_TESTS ?= tests/test_ledger*.py tests/test_allocation*.py tests/test_audit_anywhere.py tests/test_checks.py \
 	tests/test_draw_replay.py tests/test_errors.py tests/test_grant_split.py tests/test_head_*.py tests/test_keys.py \
 	tests/test_tamper*.py tests/test_store_sql.py tests/test_samplers.py tests/test_adassp.py \
-	tests/test_noise_schedules.py tests/test_validation*.py tests/test_import_graph.py tests/test_public_vocabulary.py
+	tests/test_noise_schedules.py tests/test_validation*.py tests/test_import_graph.py tests/test_public_vocabulary.py \
+	tests/test_type_hints.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow and not postgres and not tf" $(FAST_TESTS)
