@@ -32,7 +32,8 @@ test: $(STAMP)
 FAST_TESTS ?= tests/privacy/test_ledger*.py tests/privacy/test_allocation.py tests/simulate/test_allocation_policies.py tests/privacy/test_audit_anywhere.py tests/privacy/test_checks.py \
 	tests/privacy/test_draw_replay.py tests/architecture/test_errors.py tests/privacy/test_grant_split.py tests/privacy/test_head_*.py tests/privacy/test_keys.py \
 	tests/privacy/test_tamper*.py tests/architecture/test_store_sql.py tests/privacy/test_samplers.py tests/privacy/test_adassp.py \
-	tests/privacy/test_noise_schedules.py tests/validation/test_validation*.py tests/architecture/test_import_graph.py tests/transform/test_public_vocabulary.py
+	tests/privacy/test_noise_schedules.py tests/validation/test_validation*.py tests/architecture/test_import_graph.py tests/transform/test_public_vocabulary.py \
+	tests/architecture/test_type_hints.py
 
 test-fast: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS) -m "not slow and not postgres and not tf" $(FAST_TESTS)

@@ -20,23 +20,50 @@ exact row count. It may see the public number of blocks in its grant, or a
 Laplace count released under the ``count`` stage of the grant's split, which
 the grant paid for as part of its charge.
 """
+
+from __future__ import annotations
+
 import contextlib
 import json
 import re
+from collections.abc import Iterable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 from sage_tfx.components._grant_channel import ADDRESS, GrantClient, channel_client
 from sage_tfx.privacy import GrantError, Ledger, grant_split, record_split
+from sage_tfx.privacy.blocks import BlockSource
 from sage_tfx.privacy.checks import positive
 from sage_tfx.privacy.digests import computation_digest, data_digest
 from sage_tfx.privacy.grants import require_registered
 from sage_tfx.privacy.vocabulary import Stage
+
+if TYPE_CHECKING:
+    from tfx.orchestration.data_types import RuntimeParameter
+    from tfx.types.artifact import Artifact
+
+    from sage_tfx.privacy import Grant, Release
+    from sage_tfx.privacy.randomness import RngLike
+
+
+class GrantLedger(BlockSource, Protocol):
+    """What the components ask of a ledger: the ``Ledger`` itself, or the confined child's ``GrantClient``."""
+
+    def verify(self, grant: Grant | str | None, stream: str | None = None, epsilon: float | None = None,
+               delta: float | None = None) -> Grant: ...
+
+    def release(self, grant: Grant, stage: str, computation: str, epsilon: float, delta: float = 0.0) -> Release: ...
+
+    def private_seed(self, grant_id: str, purpose: str) -> int: ...
+
+    def released_record_count(self, grant: Grant) -> tuple[float, float] | None: ...
+
 
 # The execution-parameter keys every data-reading component spec declares (components/_spec.py).
 GRANT_KEY = "grant"
 LEDGER_KEY = "ledger"
 
 
-def grant_to_json(grant):
+def grant_to_json(grant: Grant | str | RuntimeParameter | None) -> str | RuntimeParameter | None:
     """A ``Grant`` (anything with ``to_json``) as its JSON; JSON text, None and RuntimeParameters pass as they are."""
     if grant is not None and hasattr(grant, "to_json"):
         return grant.to_json()
@@ -91,7 +118,7 @@ def _function_renamer(functions):
                      for rank, (_, name) in enumerate(sorted(found))})
 
 
-def canonical_graph_text(graph_def) -> bytes:
+def canonical_graph_text(graph_def: Any) -> bytes:
     """A GraphDef as text with its function library's counters ranked (``_function_renamer``) and the library's
     functions in sorted order (their order varies between traces), so the same function traced twice gives the
     same text (tests/components/test_dp_transform_component.py traces it three times)."""
@@ -102,7 +129,7 @@ def canonical_graph_text(graph_def) -> bytes:
     return "\n".join([canonical(nodes)] + sorted(canonical(f) for f in graph_def.library.function)).encode()
 
 
-def canonical_saved_model_text(saved_model) -> bytes:
+def canonical_saved_model_text(saved_model: Any) -> bytes:
     """A SavedModel proto (``saved_model.pb``) as text, canonical across processes.
 
     TensorFlow names what it exports with one process-wide counter: the library's functions
@@ -142,7 +169,8 @@ def canonical_saved_model_text(saved_model) -> bytes:
     return "\n".join(out).encode()
 
 
-def open_release(ledger, grant, stage, computation, epsilon, delta=0.0) -> int:
+def open_release(ledger: GrantLedger | str, grant: Grant, stage: Stage, computation: str, epsilon: float,
+                 delta: float = 0.0) -> int:
     """Open ``stage``'s release of ``computation`` under ``grant`` with the ledger; return the stage's noise seed.
 
     Raises GrantError before anything is drawn if the grant already released this stage for another
@@ -155,7 +183,8 @@ def open_release(ledger, grant, stage, computation, epsilon, delta=0.0) -> int:
         return opened.private_seed(grant.id, SEED_PURPOSES[stage])
 
 
-def check_grant(ledger_location, grant_json, stream=None, epsilon=None, delta=None):
+def check_grant(ledger_location: str, grant_json: str | None, stream: str | None = None, epsilon: float | None = None,
+                delta: float | None = None) -> Grant:
     """Verify a grant against the ledger and return the ledger's copy (a ``Grant``).
 
     Raises ``GrantError`` (a ValueError) for a missing, malformed, forged (bad
@@ -183,7 +212,8 @@ def _require_grant(grant_json):
                          "(pass the JSON of Ledger.request(...) as its `grant`)")
 
 
-def verify_grant(ledger, grant_json, stream=None, epsilon=None, delta=None):
+def verify_grant(ledger: GrantLedger, grant_json: str | None, stream: str | None = None, epsilon: float | None = None,
+                 delta: float | None = None) -> Grant:
     """``check_grant`` on an open ``Ledger``: the ledger's copy of the grant, or GrantError."""
     _require_grant(grant_json)
     grant = ledger.verify(grant_json, stream=stream, epsilon=epsilon, delta=delta)
@@ -198,14 +228,14 @@ def verify_grant(ledger, grant_json, stream=None, epsilon=None, delta=None):
 SPLIT_RULE_PROPERTY, DATA_PROPERTY = "split_rule", "data_digest"
 
 
-def release_data(digest, splits) -> dict:
+def release_data(digest: str, splits: Iterable[str]) -> dict:
     """The data part of a release's fingerprint: the grant's ``data_digest`` and the split(s) the release reads
     (in the order read). Two releases under one grant on other records (other blocks, another split rule,
     other splits) get other fingerprints."""
     return {"records": digest, "splits": list(splits)}
 
 
-def check_examples_data(grant, examples, reader, expected):
+def check_examples_data(grant: Grant, examples: Artifact, reader: str, expected: str) -> None:
     """Refuse (GrantError, before a record is read) Examples whose records are not the grant's: made without
     BlockExampleGen's lineage, split by another rule than the grant's signed one, or of other data (another
     ``data_digest`` than ``expected``, the grant's). The messages name both values."""
@@ -232,7 +262,7 @@ def check_examples_data(grant, examples, reader, expected):
                          "BlockExampleGen under this grant")
 
 
-def laplace_count(exact, epsilon, rng):
+def laplace_count(exact: int, epsilon: float, rng: RngLike) -> float:
     """``exact + Laplace(0, 1/epsilon)`` drawn floating-point safe: an epsilon-DP count.
 
     Mechanism: ``sage_tfx.privacy.samplers.grid_laplace(exact, 1, epsilon, rng)``: the count (an
@@ -253,7 +283,7 @@ def laplace_count(exact, epsilon, rng):
 RECORD_COUNT_COMPUTATION = "record_count/v1"  # one Laplace count over all granted blocks
 
 
-def released_record_count(ledger, grant):
+def released_record_count(ledger: GrantLedger, grant: Grant) -> tuple[float, float] | None:
     """The DP record count of a verified grant, or None if its split has no ``count`` stage.
 
     The release is opened with the ledger (stage ``count``, one computation for every caller), and
@@ -277,7 +307,8 @@ def released_record_count(ledger, grant):
     return laplace_count(exact, eps, rng), eps
 
 
-def check_read_under(artifact, grant, fix, what=None, required=True):
+def check_read_under(artifact: Artifact, grant: Grant, fix: str, what: str | None = None,
+                     required: bool = True) -> None:
     """GrantError unless ``artifact`` (an MLMD artifact) carries custom property ``grant_id`` equal to
     ``grant.id``: data made under another grant (or none) is refused. ``fix`` ends the message (what to do);
     ``what`` names the artifact (default "the Examples artifact was read"); with ``required=False`` an
@@ -298,19 +329,19 @@ class GrantRun:
     ``released_record_count`` on that connection.
     """
 
-    def __init__(self, ledger, location, grant):
+    def __init__(self, ledger: GrantLedger, location: str, grant: Grant) -> None:
         self.ledger, self.location, self.grant = ledger, location, grant
         self._data_digest = None
 
-    def open_release(self, stage, computation, epsilon, delta=0.0) -> int:
+    def open_release(self, stage: Stage, computation: str, epsilon: float, delta: float = 0.0) -> int:
         """``open_release`` for this run's grant on this run's connection: the stage's noise seed."""
         return open_release(self.ledger, self.grant, stage, computation, epsilon, delta)
 
-    def released_record_count(self):
+    def released_record_count(self) -> tuple[float, float] | None:
         """``released_record_count`` for this run's grant on this run's connection."""
         return released_record_count(self.ledger, self.grant)
 
-    def check_read_under(self, artifact, fix, what=None, required=True):
+    def check_read_under(self, artifact: Artifact, fix: str, what: str | None = None, required: bool = True) -> None:
         """``check_read_under`` against this run's grant."""
         check_read_under(artifact, self.grant, fix, what=what, required=required)
 
@@ -320,11 +351,11 @@ class GrantRun:
             self._data_digest = data_digest(self.ledger, self.grant)
         return self._data_digest
 
-    def check_examples_data(self, examples, reader):
+    def check_examples_data(self, examples: Artifact, reader: str) -> None:
         """``check_examples_data`` against this run's grant."""
         check_examples_data(self.grant, examples, reader, self.data_digest())
 
-    def release_data(self, splits) -> dict:
+    def release_data(self, splits: Iterable[str]) -> dict:
         """``release_data`` for this run's grant."""
         return release_data(self.data_digest(), splits)
 
@@ -348,7 +379,8 @@ class GrantedExecutor:
     """
 
     @contextlib.contextmanager
-    def CheckGrant(self, exec_properties, *, stream=None, epsilon=None, delta=None):  # noqa: N802 (TFX style)
+    def CheckGrant(self, exec_properties: Mapping[str, Any], *, stream: str | None = None,  # noqa: N802 (TFX style)
+                   epsilon: float | None = None, delta: float | None = None) -> Iterator[GrantRun]:
         location = exec_properties.get(LEDGER_KEY)
         grant_json = exec_properties.get(GRANT_KEY)
         _require_inputs(location, grant_json)

@@ -23,7 +23,13 @@ recorded.
 copies the granted sealed (encrypted) files there and the workers read them through Beam's FileSystems
 (docs/scale_out.md); `sage run`/`sage serve --staging-location` set it.
 """
+
+from __future__ import annotations
+
 import json
+import os
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, standard_artifacts
@@ -31,6 +37,11 @@ from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionP
 
 from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
 from sage_tfx.components.block_example_gen_executor import STAGING_LOCATION_KEY, Executor
+
+if TYPE_CHECKING:
+    from tfx.orchestration.data_types import RuntimeParameter
+
+    from sage_tfx.privacy import Grant
 
 
 class BlockExampleGenSpec(ComponentSpec):
@@ -53,12 +64,24 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
     SPEC_CLASS = BlockExampleGenSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, ledger, data_root, stream, grant=None, splits=None, *, staging_location=None):
-        """``grant``: a Grant, its JSON, or a RuntimeParameter of type str. ``splits``: {name: buckets}, which must
-        be the grant's signed record split (None: that rule, the default).
-        ``staging_location``: where the granted sealed block files are staged for Beam workers that do not see
-        ``data_root`` (a local folder or a Beam FileSystems URL every worker can read; docs/scale_out.md,
-        "BlockExampleGen on remote workers"); None: the run's Beam ``--temp_location``, else no staging."""
+    def __init__(self, ledger: str, data_root: str | os.PathLike[str], stream: str,
+                 grant: Grant | str | RuntimeParameter | None = None, splits: Mapping[str, int] | None = None, *,
+                 staging_location: str | None = None) -> None:
+        """Construct a BlockExampleGen component.
+
+        Args:
+          ledger: The ledger's location (a file path or a ``postgresql://`` URL, without a password).
+          data_root: The folder of the stream's sealed block files.
+          stream: The stream whose blocks the grant names.
+          grant: A ``Grant``, its JSON, or a RuntimeParameter of type str.
+          splits: {name: buckets}; it must be the grant's signed record split (None: that rule, the default).
+          staging_location: Where the granted sealed block files are staged for Beam workers that do not see
+            ``data_root`` (a local folder or a Beam FileSystems URL every worker can read; docs/scale_out.md,
+            "BlockExampleGen on remote workers"); None: the run's Beam ``--temp_location``, else no staging.
+
+        Raises:
+          LedgerError: ``ledger`` holds a password (``check_location``).
+        """
         given = {} if splits is None else {"splits": json.dumps(dict(splits))}
         staging = {} if staging_location is None else {STAGING_LOCATION_KEY: str(staging_location)}
         super().__init__(spec=BlockExampleGenSpec(

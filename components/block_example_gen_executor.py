@@ -15,10 +15,15 @@ workers read those copies through Beam's FileSystems with the same checks as the
 names in its block and stream). The workers get the grant's blocks' data keys (in the pickled DoFn), never
 the ledger's master key or a block key. The staged run is deleted when the job ends, success or failure.
 """
+
+from __future__ import annotations
+
 import hashlib
 import json
 import os
 import uuid
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
@@ -26,12 +31,17 @@ from tfx.types import artifact_utils
 from sage_tfx.components._grant import DATA_PROPERTY, SPLIT_RULE_PROPERTY, GrantedExecutor
 from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, GrantError, record_split
 
+if TYPE_CHECKING:
+    from tfx.types.artifact import Artifact
+
+    from sage_tfx.privacy import Grant
+
 DEFAULT_SPLITS = DEFAULT_RECORD_SPLIT.splits  # {"train": 9, "eval": 1}: the record split a grant signs by default
 STAGING_LOCATION_KEY = "staging_location"  # the optional execution property (components/block_example_gen.py)
 FILE_PREFIX = "data_tfrecord"
 
 
-def parse_splits(text):
+def parse_splits(text: str | None) -> list[tuple[str, int]] | None:
     """'{"train": 9, "eval": 1}' -> [("train", 9), ("eval", 1)] (positive integer buckets)."""
     try:
         splits = json.loads(text) if text else dict(DEFAULT_SPLITS)
@@ -49,7 +59,7 @@ def parse_splits(text):
     return out
 
 
-def granted_splits(text, grant):
+def granted_splits(text: str | None, grant: Grant) -> list[tuple[str, int]]:
     """The [(name, buckets), ...] a run under ``grant`` splits its records by: the grant's signed record split
     (``record_split``). ``text`` (the component's ``splits``), if given, must be that same rule in the same order;
     another one is refused with GrantError naming both, before anything is read: two runs under one grant
@@ -66,7 +76,7 @@ def granted_splits(text, grant):
     return signed
 
 
-def split_index(record, bounds):
+def split_index(record: bytes, bounds: Sequence[int]) -> int:
     """The split of one record, from a hash of its own bytes (independent of all other records)."""
     bucket = int.from_bytes(hashlib.blake2b(record, digest_size=8).digest(), "big") % bounds[-1]
     for i, bound in enumerate(bounds):
@@ -75,7 +85,7 @@ def split_index(record, bounds):
     raise AssertionError("unreachable")
 
 
-def split_bounds(splits):
+def split_bounds(splits: Sequence[tuple[str, int]]) -> list[int]:
     """The cumulative bucket bounds of [(name, buckets), ...], as ``split_index`` takes them."""
     bounds, total = [], 0
     for _, buckets in splits:
@@ -84,7 +94,7 @@ def split_bounds(splits):
     return bounds
 
 
-def granted_records(ledger, data_root, grant, wanted) -> dict:
+def granted_records(ledger: Any, data_root: str, grant: Grant, wanted: Sequence[str]) -> dict:
     """{split: [serialized tf.Examples]} for the splits ``wanted`` of ``grant``'s records: its blocks opened through
     the key door (``access.grant_blocks``: signature and charge re-checked) and split by its signed record split
     (``split_index``), the records the executor's Beam job writes to those splits (here in block and file order).
@@ -110,7 +120,7 @@ def _read_sealed_dofn():
         """(stream, block, path or staged URL, bytes, sha256, manifest file name) -> the file's records, checked
         and decrypted (sealed.read_file, the same checks for a local path and a FileSystems URL)."""
 
-        def __init__(self, deks):
+        def __init__(self, deks) -> None:
             self._deks = deks  # in memory only (pickled with the DoFn for the runner)
 
         def process(self, task):
@@ -147,7 +157,7 @@ def _make_private(root):
 STAGED_PREFIX = "sage-blocks-"
 
 
-def staging_location(exec_properties, beam_pipeline_args):
+def staging_location(exec_properties: Mapping[str, Any], beam_pipeline_args: Sequence[str] | None) -> str | None:
     """The staging location of a run: the ``staging_location`` exec property, else the Beam ``--temp_location``
     (None: the workers read the data root's files directly, so they must see the launcher's disk)."""
     location = exec_properties.get(STAGING_LOCATION_KEY)
@@ -158,7 +168,7 @@ def staging_location(exec_properties, beam_pipeline_args):
     return PipelineOptions(list(beam_pipeline_args or [])).view_as(GoogleCloudOptions).temp_location or None
 
 
-def staged_run(location):
+def staged_run(location: str) -> str:
     """A fresh run folder under the staging location (a Beam FileSystems path); SealedError for a location
     Beam has no filesystem for."""
     from apache_beam.io.filesystems import FileSystems
@@ -175,7 +185,7 @@ def staged_run(location):
     return FileSystems.join(location, STAGED_PREFIX + uuid.uuid4().hex)
 
 
-def stage_files(blocks, run, tasks):
+def stage_files(blocks: Sequence[Any], run: str, tasks: Any) -> None:
     """Copy the sealed files of ``blocks`` (opened ``sealed.Block``) to ``run`` through Beam's FileSystems,
     appending (stream, block, staged path, bytes, sha256, manifest name) to ``tasks`` as each is created.
 
@@ -195,7 +205,7 @@ def stage_files(blocks, run, tasks):
                     dst.write(chunk)
 
 
-def unstage(run, tasks):
+def unstage(run: str, tasks: Any) -> None:
     """Delete a staged run (its files, then its folder where the filesystem has folders); errors are ignored
     for files already gone."""
     from apache_beam.io.filesystems import FileSystems
@@ -221,7 +231,8 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
     """Verify the grant (``GrantedExecutor.CheckGrant``: one ledger connection for the run), get exactly its
     blocks' keys, open its DP record count, then read and split the blocks in one Beam job."""
 
-    def Do(self, input_dict, output_dict, exec_properties):
+    def Do(self, input_dict: dict[str, list[Artifact]], output_dict: dict[str, list[Artifact]],
+           exec_properties: dict[str, Any]) -> None:
         from sage_tfx.ingest.access import grant_blocks
 
         # The grant is checked with the ledger before a single record is read; one connection serves the key

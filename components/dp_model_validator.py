@@ -41,12 +41,23 @@ single-stage grant or a split without a rejection stage. Under that parallel rul
 the test side and ``train_split`` on the training side of the grant's signed record split (refused otherwise,
 before any read).
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.types import artifact, channel, standard_artifacts
 from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionParameter
 
 from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
 from sage_tfx.components.dp_model_validator_executor import Executor
+
+if TYPE_CHECKING:
+    from tfx.orchestration.data_types import RuntimeParameter
+    from tfx.types.channel import BaseChannel
+
+    from sage_tfx.privacy import Grant
 
 
 class SageValidationResult(artifact.Artifact):
@@ -97,12 +108,41 @@ class DPModelValidator(base_component.BaseComponent):
     SPEC_CLASS = DPModelValidatorSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(Executor)
 
-    def __init__(self, model, examples, ledger, metric, target, label_key, grant=None, loss_bound=None,
-                 confidence=None, eta=None, attempt=None, epsilon=None, eval_split="eval", train_split=None,
-                 prediction_key=None, label_threshold=None, loss_module=None, loss_function=None,
-                 label_signature=None):
-        """``model``/``examples``: channels (e.g. ``trainer.outputs["model"]``, ``gen.outputs["examples"]``).
-        ``grant``: a Grant, its JSON, or a RuntimeParameter of type str."""
+    def __init__(self, model: BaseChannel, examples: BaseChannel, ledger: str, metric: str,
+                 target: float | RuntimeParameter, label_key: str, grant: Grant | str | RuntimeParameter | None = None,
+                 loss_bound: float | RuntimeParameter | None = None, confidence: float | RuntimeParameter | None = None,
+                 eta: float | RuntimeParameter | None = None, attempt: int | RuntimeParameter | None = None,
+                 epsilon: float | RuntimeParameter | None = None, eval_split: str = "eval",
+                 train_split: str | None = None, prediction_key: str | None = None,
+                 label_threshold: float | RuntimeParameter | None = None, loss_module: str | None = None,
+                 loss_function: str | None = None, label_signature: str | None = None) -> None:
+        """Construct a DPModelValidator component.
+
+        Args:
+          model: A Channel of type ``standard_artifacts.Model`` (e.g. ``trainer.outputs["model"]``).
+          examples: A Channel of type ``standard_artifacts.Examples`` read under ``grant``
+            (e.g. ``gen.outputs["examples"]``).
+          ledger: The ledger's location (a file path or a ``postgresql://`` URL, without a password).
+          metric: What is validated: a ``Metric`` ("accuracy", "mse", "mae", "log_loss", "custom", ...).
+          target: The SLA's target (an accuracy to reach, or a loss to stay under).
+          label_key: The label's feature name in the examples.
+          grant: A ``Grant``, its JSON, or a RuntimeParameter of type str.
+          loss_bound: B, the largest loss one record may contribute (losses are clipped to [0, B]).
+          confidence: 1 - eta of the SLA (used when ``eta`` is not given).
+          eta: The failure probability of this validation (default: from ``confidence`` and ``attempt``).
+          attempt: The attempt number i >= 1: eta is shared as eta / (i (i + 1)) over repeated validations.
+          epsilon: Spend at most this of the grant's validation share.
+          eval_split: The split validated on (the test side of the grant's record split).
+          train_split: The training split, for the REJECT test (None: no REJECT test).
+          prediction_key: The serving signature's output to read (None: its only or default output).
+          label_threshold: Binarise the labels at this value (accuracy of a score).
+          loss_module: A Python file defining ``loss_function`` (metric "custom").
+          loss_function: The per-example loss's name in ``loss_module``.
+          label_signature: A serving signature that computes the labels from the records.
+
+        Raises:
+          LedgerError: ``ledger`` holds a password (``check_location``).
+        """
         super().__init__(spec=DPModelValidatorSpec(
             **grant_parameters(grant, ledger), metric=metric, target=_maybe(float, target), label_key=label_key,
             loss_bound=_maybe(float, loss_bound), confidence=_maybe(float, confidence), eta=_maybe(float, eta),

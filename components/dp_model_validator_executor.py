@@ -15,11 +15,16 @@ Records that lack the label or a feature the signature needs are skipped. The sk
 each record alone, so every count and sum keeps its sensitivity (one record changes n by at most 1 and a
 clipped sum by at most B). No exact count is ever written out.
 """
+
+from __future__ import annotations
+
 import hashlib
 import importlib.util
 import json
 import math
 import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from tfx.dsl.components.base import base_executor
@@ -32,6 +37,12 @@ from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.randomness import secure_rng
 from sage_tfx.privacy.vocabulary import LOG_LOSS_FLOOR, Metric, Side, Stage
 from sage_tfx.release.blessing import write_blessing
+
+if TYPE_CHECKING:
+    from tfx.types.artifact import Artifact
+
+    from sage_tfx.privacy import Grant
+    from sage_tfx.validation import DPAccuracyValidator, DPLossValidator
 
 SAVED_MODEL_FILE = "saved_model.pb"  # hashed in canonical form by model_digest
 FINGERPRINT_FILE = "fingerprint.pb"  # derived from the other files plus a random uuid: not hashed
@@ -48,7 +59,7 @@ class ValidatorConfigError(SageError, ValueError):
     """A bad DPModelValidator parameter; the message names it."""
 
 
-def validation_plan(exec_properties, grant):
+def validation_plan(exec_properties: Mapping[str, Any], grant: Grant) -> dict[str, Any]:
     """Everything the validation needs, checked against the verified grant before any data is read.
 
     Returns a dict: metric, target, loss_bound, epsilon, confidence, eta, attempt, label_key, label_threshold,
@@ -120,7 +131,7 @@ def validation_plan(exec_properties, grant):
             **({"label_signature": label_signature} if label_signature else {}), **custom}
 
 
-def custom_loss_plan(metric, loss_module, loss_function):
+def custom_loss_plan(metric: str, loss_module: str | None, loss_function: str | None) -> dict[str, Any]:
     """For metric "custom": the user's loss module (a Python file), its function's name and the file's digest
     (part of the validation's fingerprint), checked before any data is read; {} for the other metrics."""
 
@@ -140,7 +151,7 @@ def custom_loss_plan(metric, loss_module, loss_function):
     return plan
 
 
-def load_loss_function(plan):
+def load_loss_function(plan: Mapping[str, Any]) -> Callable[..., Any] | None:
     """The user's per-example loss function of a "custom" plan (imported from its file), or None."""
 
     if not plan.get("loss_module"):
@@ -164,7 +175,7 @@ def _number(name, value):
                   not_number="{what} {value!r} must be a number")
 
 
-def make_validator(plan):
+def make_validator(plan: Mapping[str, Any]) -> DPAccuracyValidator | DPLossValidator:
     """The Sage-mode validator of the plan's metric (errors from the library name bad values)."""
     from sage_tfx.validation import DPAccuracyValidator, DPLossValidator
 
@@ -175,7 +186,7 @@ def make_validator(plan):
                            train_epsilon=plan["train_epsilon"])
 
 
-def model_digest(path):
+def model_digest(path: str) -> str:
     """SHA-256 over a SavedModel directory: every file's relative path and bytes, in sorted order, with
     ``saved_model.pb`` in canonical form and ``fingerprint.pb`` left out.
 
@@ -208,7 +219,7 @@ def model_digest(path):
     return digest.hexdigest()
 
 
-def validation_computation(plan, model_path, data):
+def validation_computation(plan: Mapping[str, Any], model_path: str, data: Mapping[str, Any]) -> str:
     """The validation release's fingerprint: the model's digest, every parameter of the test and the records it
     reads (``data``: ``GrantRun.release_data`` of its splits)."""
     return computation_digest("DPModelValidator/v3", model_digest(model_path), plan, data)
@@ -216,7 +227,7 @@ def validation_computation(plan, model_path, data):
 
 # ---------------------------------------------------------------- reading records and running the model
 
-def split_records(examples, split):
+def split_records(examples: Artifact, split: str) -> list[bytes]:
     """The serialized tf.Examples of one split of an Examples artifact (gzip or plain TFRecord files)."""
     import tensorflow as tf
 
@@ -255,7 +266,7 @@ class ServingModel:
     """A SavedModel's ``serving_default`` signature: takes serialized tf.Examples (one string input) or
     features by name (float inputs, shape [None] or [None, width])."""
 
-    def __init__(self, path):
+    def __init__(self, path: str) -> None:
         import tensorflow as tf
 
         if not tf.io.gfile.exists(os.path.join(path, "saved_model.pb")):
@@ -272,10 +283,10 @@ class ServingModel:
             raise ValidatorConfigError(f"signature inputs {sorted(self.inputs)}: mixed string/feature inputs "
                                        "are not supported (expected one 'examples' string or numeric features)")
 
-    def widths(self):
+    def widths(self) -> dict[str, int]:
         return {k: (1 if len(s.shape) == 1 else int(s.shape[1])) for k, s in self.inputs.items()}
 
-    def run(self, batch_records, batch_features):
+    def run(self, batch_records: Sequence[bytes], batch_features: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Signature outputs (numpy) for one batch."""
         import tensorflow as tf
 
@@ -289,7 +300,7 @@ class ServingModel:
             out = self.signature(**feeds)
         return {k: v.numpy() for k, v in out.items()}
 
-    def labels(self, records, signature_name, label_key):
+    def labels(self, records: Sequence[bytes], signature_name: str, label_key: str) -> np.ndarray:
         """The label of each serialized record as the SavedModel's ``signature_name`` signature computes it
         (TFMA's ``preprocessing_function_names``: e.g. TFX's ``transform_features`` gives the transformed
         label, such as the taxi example's ``tips > 0.2 * fare``). One float per record."""
@@ -319,7 +330,8 @@ class ServingModel:
         return np.concatenate(out) if out else np.zeros(0)
 
 
-def model_outputs(model, records, label_key, label_signature=None):
+def model_outputs(model: ServingModel, records: Sequence[bytes], label_key: str,
+                  label_signature: str | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """(labels, {output: array}) over the records that carry the label and every feature the model reads.
 
     Which records are kept is a fixed function of each record alone (its label and inputs present with the
@@ -367,7 +379,8 @@ def _pick(outputs, wanted, metric):
                                f"{sorted(outputs)}; set prediction_key")
 
 
-def split_values(model, records, plan, loss_fn=None):
+def split_values(model: ServingModel, records: Sequence[bytes], plan: Mapping[str, Any],
+                 loss_fn: Callable[..., Any] | None = None) -> np.ndarray:
     """The per-example values of one split's serialized records: the model run on them, the label (derived by
     ``label_threshold`` when the plan has one), then ``per_example_values``."""
 
@@ -381,7 +394,9 @@ def split_values(model, records, plan, loss_fn=None):
     return per_example_values(plan["metric"], labels, outputs, plan["prediction_key"], plan["loss_bound"], loss_fn)
 
 
-def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=None, loss_fn=None):
+def per_example_values(metric: str, labels: np.ndarray, outputs: Mapping[str, np.ndarray],
+                       prediction_key: str | None = None, loss_bound: float | None = None,
+                       loss_fn: Callable[..., Any] | None = None) -> np.ndarray:
     """Per-example losses (mse: squared error, mae: absolute error, log_loss: -log p(label)) or 0/1
     correctness (accuracy), from the signature's outputs. Multi-class outputs ([n, k] probabilities) take
     integer labels in [0, k).
@@ -433,7 +448,8 @@ def per_example_values(metric, labels, outputs, prediction_key=None, loss_bound=
     return correctness(labels, out, threshold=0.5)
 
 
-def custom_losses(loss_fn, labels, outputs, loss_bound):
+def custom_losses(loss_fn: Callable[..., Any], labels: np.ndarray, outputs: Mapping[str, np.ndarray],
+                  loss_bound: float) -> np.ndarray:
     """The user's ``loss_fn(labels, outputs)`` per example, clipped to the public [0, B]; a non-finite loss is B.
 
     Clipping to [0, B] is what makes the validator's sensitivity B hold whatever the function computes, and
@@ -463,7 +479,7 @@ def _class_ids(labels, k):
 
 # ---------------------------------------------------------------- outputs
 
-def write_result(artifact, report):
+def write_result(artifact: Artifact, report: Mapping[str, Any]) -> None:
     import tensorflow as tf
 
     tf.io.gfile.makedirs(artifact.uri)
@@ -478,7 +494,7 @@ def write_result(artifact, report):
         {k: report[k] for k in ("outcome", "bound", "epsilon_spent", "eta", "confidence", "target", "metric")}))
 
 
-def confidence_report(grant, plan: dict, eta: float) -> dict:
+def confidence_report(grant: Grant, plan: dict, eta: float) -> dict:
     """result.json's confidence fields: ``confidence`` the one asked (the request signed into the grant by `sage
     run`, else the validator's ``confidence`` property when it chose eta, else 1 - eta), ``eta`` and
     ``test_confidence`` = 1 - eta of this one test, and ``eta_rule`` saying why they differ."""
@@ -492,7 +508,7 @@ def confidence_report(grant, plan: dict, eta: float) -> dict:
                         "confidence, test_confidence = 1 - eta_i, is higher than the one asked"}
 
 
-def validate_model(run, plan: dict, model_path: str, read_split) -> tuple:
+def validate_model(run: Any, plan: dict, model_path: str, read_split: Callable[[str], Sequence[bytes]]) -> tuple:
     """(``ValidationResult``, the release's fingerprint): the SavedModel at ``model_path`` validated by ``plan`` under
     ``run``'s grant on the records ``read_split(split)`` gives (serialized tf.Examples of the grant's split).
 
@@ -514,7 +530,7 @@ def validate_model(run, plan: dict, model_path: str, read_split) -> tuple:
     return make_validator(plan).validate(test, train, rng, attempt=plan["attempt"], eta=plan["eta"]), computation
 
 
-def validation_report(result, plan: dict, grant, computation: str, **uris) -> dict:
+def validation_report(result: Any, plan: dict, grant: Any, computation: str, **uris: str) -> dict:
     """result.json's contents: the result's fields, its bound, the plan's and the grant's, ``uris`` (model_uri,
     examples_uri)."""
     report = result.to_dict()
@@ -532,7 +548,8 @@ def validation_report(result, plan: dict, grant, computation: str, **uris) -> di
 
 class Executor(GrantedExecutor, base_executor.BaseExecutor):
 
-    def Do(self, input_dict, output_dict, exec_properties):
+    def Do(self, input_dict: dict[str, list[Artifact]], output_dict: dict[str, list[Artifact]],
+           exec_properties: dict[str, Any]) -> None:
         # The one door (one ledger connection for the run): the grant is verified, and the budget and the
         # data's provenance are checked, before a single record is read.
         with self.CheckGrant(exec_properties) as run:

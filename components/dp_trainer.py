@@ -32,7 +32,11 @@ another grant or not of its records (``split_rule`` / ``data_digest``), on a tes
 the module reported (``trainer_utils.report_spent`` or the returned model) and deletes the model if it is
 outside the asked budget (sage_tfx.components.dp_trainer_executor).
 """
+
+from __future__ import annotations
+
 import json
+from typing import TYPE_CHECKING, Any
 
 from tfx.dsl.components.base import base_component, executor_spec
 from tfx.proto import trainer_pb2
@@ -41,6 +45,12 @@ from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionP
 
 from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
 from sage_tfx.components.dp_trainer_executor import Executor
+
+if TYPE_CHECKING:
+    from tfx.orchestration.data_types import RuntimeParameter
+    from tfx.types.channel import BaseChannel
+
+    from sage_tfx.privacy import Grant
 
 
 class DPTrainerSpec(ComponentSpec):
@@ -73,11 +83,36 @@ class DPTrainer(base_component.BaseComponent):
     SPEC_CLASS = DPTrainerSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(Executor)
 
-    def __init__(self, examples, ledger, grant=None, module_file=None, module_path=None, run_fn=None,
-                 transform_graph=None, schema=None, train_args=None, eval_args=None, custom_config=None,
-                 epsilon=None, delta=None, public_num_examples=None):
-        """``grant``: a Grant, its JSON, or a RuntimeParameter of type str. Exactly one of ``module_file``,
-        ``module_path`` or ``run_fn`` (a dotted path) names the training function, as in TFX's Trainer."""
+    def __init__(self, examples: BaseChannel, ledger: str, grant: Grant | str | RuntimeParameter | None = None,
+                 module_file: str | None = None, module_path: str | None = None, run_fn: str | None = None,
+                 transform_graph: BaseChannel | None = None, schema: BaseChannel | None = None,
+                 train_args: trainer_pb2.TrainArgs | None = None, eval_args: trainer_pb2.EvalArgs | None = None,
+                 custom_config: dict[str, Any] | None = None, epsilon: float | None = None, delta: float | None = None,
+                 public_num_examples: int | None = None) -> None:
+        """Construct a DPTrainer component.
+
+        Args:
+          examples: A Channel of type ``standard_artifacts.Examples`` read under ``grant`` (BlockExampleGen's
+            ``examples``, or DPTransform's ``transformed_examples``).
+          ledger: The ledger's location (a file path or a ``postgresql://`` URL, without a password).
+          grant: A ``Grant``, its JSON, or a RuntimeParameter of type str.
+          module_file: A Python file defining ``run_fn(fn_args)``, as TFX's Trainer.
+          module_path: A module path (``pkg.module``) defining ``run_fn``, as TFX's Trainer.
+          run_fn: The dotted path of the training function, as TFX's Trainer.
+          transform_graph: An optional Channel of type ``standard_artifacts.TransformGraph`` (DPTransform's).
+          schema: An optional Channel of type ``standard_artifacts.Schema``.
+          train_args: ``trainer_pb2.TrainArgs``; its splits are the training splits (default: train).
+          eval_args: ``trainer_pb2.EvalArgs`` (default: eval).
+          custom_config: A JSON-serializable dict handed to ``run_fn`` as ``fn_args.custom_config``.
+          epsilon: Spend at most this of the grant's training share (more is refused before any read).
+          delta: As ``epsilon``, for delta.
+          public_num_examples: A public training-set size, used only when the grant released no DP record count.
+
+        Raises:
+          ValueError: Not exactly one of ``module_file``, ``module_path`` or ``run_fn`` is given, or
+            ``custom_config`` is not a dict.
+          LedgerError: ``ledger`` holds a password (``check_location``).
+        """
         if sum(x is not None for x in (module_file, module_path, run_fn)) != 1:
             raise ValueError("give exactly one of module_file, module_path or run_fn")
         if custom_config is not None and not isinstance(custom_config, dict):

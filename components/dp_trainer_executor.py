@@ -29,11 +29,16 @@ The module file runs inside this trusted executor and sees every record; the aud
 spends more than its share through the DP models, not a module written to leak data on purpose: module
 files must train through sage_tfx's DP models.
 """
+
+from __future__ import annotations
+
 import ast
 import inspect
 import json
 import math
+from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
 
 from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
@@ -45,6 +50,14 @@ from sage_tfx.privacy import GrantError, grant_split, require_budget, require_si
 from sage_tfx.privacy.checks import number
 from sage_tfx.privacy.vocabulary import Side, Stage
 
+if TYPE_CHECKING:
+    from google.protobuf.message import Message
+    from tfx.types.artifact import Artifact
+
+    from sage_tfx.components._grant import GrantRun
+    from sage_tfx.models.seeding import TrainingBlock
+    from sage_tfx.privacy import Grant
+
 STAGE = Stage.TRAINING
 # Execution parameters that define the training computation (the grant and the ledger are not part of it).
 COMPUTATION_PROPERTIES = ("custom_config", "train_args", "eval_args", "epsilon", "delta", "public_num_examples")
@@ -55,13 +68,13 @@ class SpendError(GrantError):
     """The model spent more than the grant's training share, or reported no spend / a leaking count."""
 
 
-def training_share(grant):
+def training_share(grant: Grant) -> tuple[float, float]:
     """(epsilon, delta) the training stage may spend under a verified grant: its share of the signed split,
     or the whole of a single-stage grant (then no other stage may spend it: ``Ledger.release``)."""
     return stage_budget(grant, STAGE)
 
 
-def asked_budget(exec_properties, grant):
+def asked_budget(exec_properties: Mapping[str, Any], grant: Grant) -> tuple[float, float]:
     """The (epsilon, delta) the run may spend: the training share, or less if the component asks less.
 
     Refused before any data is read if it asks more than the share, or the share is empty.
@@ -78,7 +91,8 @@ def asked_budget(exec_properties, grant):
     return epsilon, delta
 
 
-def training_count(ledger, grant, examples, train_splits, public_num_examples):
+def training_count(ledger: GrantRun, grant: Grant, examples: Artifact, train_splits: Sequence[str],
+                   public_num_examples: int | None) -> tuple[int | None, str | None]:
     """(num_examples for calibration, its source): the DP count of the training splits, or a public number.
 
     The DP count covers every split of the grant; the training splits' share of it uses the public hash
@@ -104,7 +118,7 @@ def training_count(ledger, grant, examples, train_splits, public_num_examples):
     return None, None
 
 
-def module_source(run_fn):
+def module_source(run_fn: Callable[..., Any]) -> str | bytes:
     """The bytes of ``run_fn``'s source file, or its compiled code object if it has none (e.g. a built-in)."""
 
     try:
@@ -129,7 +143,8 @@ def _numbers_in(value):
     return set()
 
 
-def public_numbers(source, custom_config, num_examples):
+def public_numbers(source: str | bytes, custom_config: Mapping[str, Any] | None,
+                   num_examples: int | None) -> frozenset[float]:
     """The numbers a DP fit's batch size and epochs (and an adaptive clip's parameters) may take under this run
     (``training_seed(public=...)``): the numeric constants of the module's source (``source``: its bytes, or a
     list of the bytes of it and of the files beside it, which it may import), the numbers of ``custom_config``,
@@ -162,7 +177,9 @@ def public_numbers(source, custom_config, num_examples):
     return frozenset(numbers)
 
 
-def training_computation(exec_properties, run_fn, input_dict, budget, data=None):
+def training_computation(exec_properties: Mapping[str, Any], run_fn: Callable[..., Any],
+                         input_dict: Mapping[str, list[Artifact]], budget: tuple[float, float],
+                         data: Mapping[str, Any] | None = None) -> str:
     """The training release's fingerprint: the module's source, run_fn's name, the parameters that shape the
     run (``COMPUTATION_PROPERTIES``), the budget, the release the transform graph came from, and the records
     it reads (``data``: ``GrantRun.release_data`` of the training splits)."""
@@ -198,7 +215,8 @@ def _gaussian_multipliers(event):
     return None
 
 
-def audit_spend(report, budget, num_examples):
+def audit_spend(report: Mapping[str, Any], budget: tuple[float, float],
+                num_examples: int | None) -> tuple[float, str]:
     """Check a spend report against the run's (epsilon, delta); return (audited epsilon, accounting).
 
     Compositions of Gaussian mechanisms (AdaSSP's grid-Gaussian releases) are accounted by their RDP curve, the
@@ -240,7 +258,7 @@ def audit_spend(report, budget, num_examples):
     return audited, accounting
 
 
-def audit_fits(block, budget):
+def audit_fits(block: TrainingBlock, budget: tuple[float, float]) -> tuple[float, float]:
     """(epsilon, delta) of every DP fit of the run composed (basic composition), checked against the share.
 
     ``block``: the run's ``TrainingBlock``; its filter already refused any fit past the share before it read
@@ -257,7 +275,7 @@ def audit_fits(block, budget):
     return epsilon, delta
 
 
-def collect_report(returned, model_run_dir):
+def collect_report(returned: Any, model_run_dir: str) -> dict[str, Any] | None:
     """The spend report: ``privacy_spent.json`` in model_run_dir, else what run_fn returned."""
     from sage_tfx.components.trainer_utils import read_report, spent_report
 
@@ -283,7 +301,8 @@ def _discard(paths):
 
 # ------------------------------------------------------------------------------------------- fn_args
 
-def make_fn_args(input_dict, output_dict, exec_properties):
+def make_fn_args(input_dict: dict[str, list[Artifact]], output_dict: dict[str, list[Artifact]],
+                 exec_properties: dict[str, Any]) -> Any:
     """TFX's own ``FnArgs`` (train/eval files, data_accessor, transform graph, serving/run dirs, custom
     config...), as TFX's Trainer builds it; the privacy fields are added by the executor."""
     from tfx.components.trainer import fn_args_utils
@@ -305,7 +324,7 @@ def make_fn_args(input_dict, output_dict, exec_properties):
     return fn_args
 
 
-def proto_json(value):
+def proto_json(value: Message | str | None) -> str:
     """A proto execution parameter as JSON (TFX hands them over as JSON strings, tests may pass messages)."""
     if value is None or value == "":
         return "{}"
@@ -316,7 +335,7 @@ def proto_json(value):
     return proto_utils.proto_to_json(value)
 
 
-def hide_test_records(fn_args, grant):
+def hide_test_records(fn_args: Any, grant: Grant) -> None:
     """Under a parallel grant ``run_fn`` gets no eval files (``fn_args.eval_files`` empty): its test records are
     charged for the validator's ACCEPT test only, so training (early stopping, model selection) may not read
     them; ``trainer_utils.load_examples(..., split="eval")`` then refuses. Other grants keep TFX's eval files."""
@@ -325,7 +344,7 @@ def hide_test_records(fn_args, grant):
         fn_args.eval_files = []
 
 
-def train_split_names(exec_properties):
+def train_split_names(exec_properties: Mapping[str, Any]) -> list[str]:
     from tfx.proto import trainer_pb2
     from tfx.utils import proto_utils
 
@@ -336,7 +355,8 @@ def train_split_names(exec_properties):
 
 class Executor(GrantedExecutor, base_executor.BaseExecutor):
 
-    def Do(self, input_dict, output_dict, exec_properties):
+    def Do(self, input_dict: dict[str, list[Artifact]], output_dict: dict[str, list[Artifact]],
+           exec_properties: dict[str, Any]) -> None:
         # The one door (one ledger connection for the run): the grant, its provenance and the training
         # budget are checked before any read.
         with self.CheckGrant(exec_properties) as run:
@@ -386,7 +406,9 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
         write_spend_properties(model_run, record, report)
 
 
-def train_and_audit(run_fn, fn_args, seed, budget, num_examples, public, outputs):
+def train_and_audit(run_fn: Callable[..., Any], fn_args: Any, seed: int, budget: tuple[float, float],
+                    num_examples: int | None, public: frozenset[float],
+                    outputs: Mapping[str, Artifact]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Run ``run_fn`` under the grant's training seed, share and ``public`` numbers (``public_numbers``),
     audit its spend; return (record, report).
 
@@ -422,7 +444,7 @@ def train_and_audit(run_fn, fn_args, seed, budget, num_examples, public, outputs
 KEPT_RECORD = "release.json"  # written last: a kept release without it is incomplete and ignored
 
 
-def kept_release_dir(model_uri, grant_id, computation):
+def kept_release_dir(model_uri: str, grant_id: str, computation: str) -> str:
     """Where the first model of a training release is kept: beside the Model artifacts of the component
     (TFX: ``<pipeline root>/<component>/model/.released/...``), named by the grant and the computation."""
     return "/".join([model_uri.rstrip("/").rsplit("/", 1)[0], ".released", f"{grant_id}-{computation[:32]}"])
@@ -438,7 +460,8 @@ def _copy_tree(src, dst):
             tf.io.gfile.copy(f"{folder}/{name}", f"{target}/{name}", overwrite=True)
 
 
-def keep_release(kept, model_uri, model_run_uri, record, report):
+def keep_release(kept: str, model_uri: str, model_run_uri: str, record: Mapping[str, Any],
+                 report: Mapping[str, Any]) -> None:
     """Copy the audited model and run folder to ``kept``, then its record (the marker that it is complete)."""
     import tensorflow as tf
 
@@ -450,7 +473,7 @@ def keep_release(kept, model_uri, model_run_uri, record, report):
         f.write(json.dumps({"record": record, "report": report}, sort_keys=True))
 
 
-def restore_release(kept, model_uri, model_run_uri):
+def restore_release(kept: str, model_uri: str, model_run_uri: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
     """The kept first model of this training release copied into the new outputs: (record, report), or None
     if the release has no complete kept model (its first run). DP-SGD is not bit-for-bit reproducible (thread
     scheduling, a model's unseeded initial weights), so a re-opened release re-uses the model it released
@@ -466,7 +489,7 @@ def restore_release(kept, model_uri, model_run_uri):
     return kept_json["record"], kept_json["report"]
 
 
-def write_spend_properties(artifact, record, report):
+def write_spend_properties(artifact: Artifact, record: Mapping[str, Any], report: Mapping[str, Any]) -> None:
     """MLMD custom properties; ``privacy_spent`` holds the exact figures and the DpEvent as JSON (MLMD's
     SQLite store keeps only ~6 decimals of a double)."""
     for key in ("grant_id", "stream", "accounting", "mechanism"):

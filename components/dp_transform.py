@@ -35,7 +35,12 @@ examples also keep the input's lineage (``stream``, ``block_ids``, ``charge``, `
 Privacy: see ``dp_transform_executor``: the analysis over the analyze splits is one (epsilon_spent, 0)-DP
 release, its noise seeded from the ledger per grant, so re-runs reproduce it at no extra cost.
 """
+
+from __future__ import annotations
+
 import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from tfx.dsl.components.base import base_beam_component, executor_spec
 from tfx.types import channel, standard_artifacts
@@ -43,6 +48,13 @@ from tfx.types.component_spec import ChannelParameter, ComponentSpec, ExecutionP
 
 from sage_tfx.components._spec import GRANT_PARAMETERS, grant_parameters
 from sage_tfx.components.dp_transform_executor import Executor
+
+if TYPE_CHECKING:
+    from tfx.orchestration.data_types import RuntimeParameter
+    from tfx.proto import transform_pb2
+    from tfx.types.channel import BaseChannel
+
+    from sage_tfx.privacy import Grant
 
 
 class DPTransformSpec(ComponentSpec):
@@ -84,13 +96,33 @@ class DPTransform(base_beam_component.BaseBeamComponent):
     SPEC_CLASS = DPTransformSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, examples, ledger, grant=None, module_file=None, module_path=None, preprocessing_fn=None,
-                 custom_config=None, schema=None, data_root=None, stream=None, splits_config=None):
-        """``examples``: a channel (e.g. ``gen.outputs["examples"]``). ``grant``: a Grant, its JSON, or a
-        RuntimeParameter of type str. Give ``module_file`` (optionally with ``preprocessing_fn``, the
-        function's name), ``module_path``, or ``preprocessing_fn`` (a dotted path). Give ``schema`` (dict)
-        or ``data_root`` (+ optional ``stream``). ``custom_config``: dict; ``splits_config``: dict or
-        TFX's ``transform_pb2.SplitsConfig``."""
+    def __init__(self, examples: BaseChannel, ledger: str, grant: Grant | str | RuntimeParameter | None = None,
+                 module_file: str | None = None, module_path: str | None = None, preprocessing_fn: str | None = None,
+                 custom_config: dict[str, Any] | None = None, schema: Mapping[str, str] | None = None,
+                 data_root: str | None = None, stream: str | None = None,
+                 splits_config: Mapping[str, Any] | transform_pb2.SplitsConfig | None = None) -> None:
+        """Construct a DPTransform component.
+
+        Args:
+          examples: A Channel of type ``standard_artifacts.Examples`` read under ``grant``
+            (e.g. ``gen.outputs["examples"]``).
+          ledger: The ledger's location (a file path or a ``postgresql://`` URL, without a password).
+          grant: A ``Grant``, its JSON, or a RuntimeParameter of type str.
+          module_file: A Python file defining the preprocessing function (named ``preprocessing_fn``, or by
+            the ``preprocessing_fn`` argument).
+          module_path: A module path (``pkg.module``) defining ``preprocessing_fn``.
+          preprocessing_fn: The function's dotted path, or its name in ``module_file``.
+          custom_config: A JSON-serializable dict handed to the preprocessing function.
+          schema: {feature: kind} of the raw records; give it or ``data_root``.
+          data_root: The stream's data folder, whose stored schema is used; give it or ``schema``.
+          stream: The stream whose schema ``data_root`` holds (default: the grant's).
+          splits_config: A dict or TFX's ``transform_pb2.SplitsConfig``: the splits analyzed and transformed.
+
+        Raises:
+          ValueError: Both or neither of ``module_file`` and ``module_path`` (with no ``preprocessing_fn``) are
+            given, or not exactly one of ``schema`` and ``data_root``.
+          LedgerError: ``ledger`` holds a password (``check_location``).
+        """
         if module_file is not None and module_path is not None:
             raise ValueError("give module_file or module_path, not both")
         if module_file is None and module_path is None and preprocessing_fn is None:

@@ -29,12 +29,17 @@ splits, the analyzers' epsilons and the records read: ``_grant.release_data``) a
 (``Ledger.release``) before the analysis runs: the same computation re-runs (and draws the same noise),
 a different one is refused before any noise is drawn.
 """
+
+from __future__ import annotations
+
 import contextlib
 import json
 import math
 import os
 import re
 import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
@@ -44,6 +49,11 @@ from sage_tfx.privacy import require_budget, stage_budget
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.vocabulary import Stage
 from sage_tfx.transform.errors import NonPrivateAnalyzer  # raised here, and by noise_seed for an explicit seed=
+
+if TYPE_CHECKING:
+    from tfx.types.artifact import Artifact
+
+    from sage_tfx.privacy import Grant
 
 STAGE = Stage.PREPROCESSING
 PLANNING_SEED = 0  # traces the function for the plan and its fingerprint; the release's seed runs the analysis
@@ -57,7 +67,7 @@ _NUMBER_LINEAGE = ("block_count", "dp_record_count", "dp_record_count_epsilon")
 
 
 @contextlib.contextmanager
-def stdout_to_stderr():
+def stdout_to_stderr() -> Iterator[None]:
     """Point this process's stdout (file descriptor 1, which subprocesses inherit) at stderr while inside: the
     wheel build and pip install of a packaged module print there, and `sage run` keeps stdout for its progress
     lines."""
@@ -79,7 +89,7 @@ class TransformConfigError(SageError, ValueError):
 
 # ---------------------------------------------------------------- parameters
 
-def parse_custom_config(text):
+def parse_custom_config(text: str | None) -> dict[str, Any]:
     """The user's custom_config (JSON object); it may not set the budget section Sage fills from the grant."""
     from sage_tfx.transform import BUDGET_KEY
 
@@ -97,7 +107,7 @@ def parse_custom_config(text):
     return config
 
 
-def parse_splits_config(text, input_splits):
+def parse_splits_config(text: str | None, input_splits: Sequence[str]) -> tuple[list[str], list[str]]:
     """(analyze splits, transform splits): default analyze ["train"], transform every input split.
 
     ``text`` is JSON like TFX's SplitsConfig: {"analyze": [...], "transform": [...]}.
@@ -121,7 +131,7 @@ def parse_splits_config(text, input_splits):
     return analyze, transform
 
 
-def raw_schema(exec_properties, grant):
+def raw_schema(exec_properties: Mapping[str, Any], grant: Grant) -> dict[str, str]:
     """{feature: kind} from the ``schema`` parameter, or from DATA_ROOT/STREAM/_stream.json."""
     from sage_tfx.components.transform_utils import parse_schema, stream_schema
 
@@ -134,7 +144,7 @@ def raw_schema(exec_properties, grant):
     return stream_schema(data_root, exec_properties.get("stream") or grant.stream)
 
 
-def load_preprocessing_fn(exec_properties):
+def load_preprocessing_fn(exec_properties: Mapping[str, Any]) -> Callable[..., Any]:
     """The user's function: ``module_file`` (+ optional function name in ``preprocessing_fn``),
     ``module_path``, or ``preprocessing_fn`` as a dotted path, as TFX's Transform takes them; a module file may
     import the files beside it (``user_modules.load_user_fn``)."""
@@ -149,7 +159,7 @@ def load_preprocessing_fn(exec_properties):
 
 # ---------------------------------------------------------------- the DP analyzers of the traced function
 
-def check_traced_analyzers(graph):
+def check_traced_analyzers(graph: Any) -> None:
     """Refuse a traced preprocessing_fn whose tf.Transform analyzers are not all seeded Sage DP analyzers.
 
     Every analyzer output is a tensor tf.Transform will replace by a statistic of the data; only the
@@ -206,7 +216,8 @@ def check_traced_analyzers(graph):
 
 # ---------------------------------------------------------------- the plan, made before any record is read
 
-def trace_spend(preprocessing_fn, feature_spec, custom_config, grant_seed):
+def trace_spend(preprocessing_fn: Callable[..., Any], feature_spec: Mapping[str, Any], custom_config: Mapping[str, Any],
+                grant_seed: int) -> tuple[float, float, list[Any], Any]:
     """Trace the function once on placeholders (no data): (total epsilon, total delta, [Spend], graph digest)
     after checking its analyzers. The digest (SHA-256 of the traced graph, serialized deterministically) identifies the
     computation: the same function over the same schema traces to the same graph."""
@@ -230,7 +241,8 @@ def trace_spend(preprocessing_fn, feature_spec, custom_config, grant_seed):
             computation_digest(canonical_graph_text(graph.as_graph_def())))
 
 
-def preprocessing_plan(exec_properties, grant, examples, grant_seed):
+def preprocessing_plan(exec_properties: Mapping[str, Any], grant: Grant, examples: Artifact,
+                       grant_seed: int) -> dict[str, Any]:
     """Everything the run needs, checked against the verified grant before any record is read.
 
     Raises TransformConfigError / SchemaError (bad parameter), NonPrivateAnalyzer, BudgetExceeded (the
@@ -259,7 +271,8 @@ def preprocessing_plan(exec_properties, grant, examples, grant_seed):
             "kinds": schema}
 
 
-def check_reference_trace(preprocessing_fn, custom_config, schema, spends):
+def check_reference_trace(preprocessing_fn: Callable[..., Any], custom_config: dict[str, Any],
+                          schema: dict[str, str], spends: Sequence[Any]) -> Any:
     """Trace the function again as tf.Transform will (TF2 mode, no data), check that this trace spends what the
     planning trace spent and that it transforms each row on its own (``trace_check.check_row_local`` on
     synthetic rows), and return its signature: every trace tf.Transform makes is compared with it
@@ -293,7 +306,7 @@ def _spend_record(grant, plan):
             "composition": "basic (sum over the DP analyzers)", "computation": plan["computation"]}
 
 
-def record_spend(artifact, record):
+def record_spend(artifact: Artifact, record: Mapping[str, Any]) -> None:
     artifact.set_string_custom_property("grant_id", record["grant_id"])
     artifact.set_string_custom_property(COMPUTATION_PROPERTY, record["computation"])
     artifact.set_float_custom_property("preprocessing_epsilon", record["epsilon"])
@@ -301,7 +314,7 @@ def record_spend(artifact, record):
     artifact.set_string_custom_property("privacy_spent", json.dumps(record, sort_keys=True))
 
 
-def copy_lineage(source, target):
+def copy_lineage(source: Artifact, target: Artifact) -> None:
     for key in _STRING_LINEAGE:
         if source.has_custom_property(key):
             target.set_string_custom_property(key, source.get_string_custom_property(key))
@@ -317,7 +330,7 @@ def copy_lineage(source, target):
 class _EncodeExamples:
     """(RecordBatch, passthrough) -> serialized tf.Examples of the transformed schema (as TFX's Transform)."""
 
-    def __init__(self, schema_bytes):
+    def __init__(self, schema_bytes) -> None:
         self._schema_bytes = schema_bytes
         self._encoder = None
 
@@ -337,7 +350,8 @@ class _EncodeExamples:
 
 class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
 
-    def Do(self, input_dict, output_dict, exec_properties):
+    def Do(self, input_dict: dict[str, list[Artifact]], output_dict: dict[str, list[Artifact]],
+           exec_properties: dict[str, Any]) -> None:
         # The one door (one ledger connection for the run): grant, provenance, analyzers and budget are all
         # checked before a record is read.
         with self.CheckGrant(exec_properties, stream=exec_properties.get("stream") or None) as run:

@@ -29,14 +29,22 @@ record: ``load_examples`` drops each record that lacks a declared feature or the
 non-finite value there (a fixed rule applied to each record alone), and returns empty arrays when no record
 is left; the DP models map any remaining non-finite value to a public default (sage_tfx.models.data).
 """
+
+from __future__ import annotations
+
 import json
 import math
 import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 SPENT_FILE = "privacy_spent.json"
 TYPE_KEY = "__event__"  # the DpEvent class name in its JSON (events have a field called "event")
@@ -51,7 +59,7 @@ class TrainerDataError(SageError, ValueError):
 
 # ------------------------------------------------------------------------------------------- DpEvent JSON
 
-def event_to_json(event):
+def event_to_json(event: dp_accounting.DpEvent) -> Any:
     """A dp_accounting DpEvent as plain JSON: {"__event__": class name, fields...}, nested events alike."""
     import attr
 
@@ -71,7 +79,7 @@ def event_to_json(event):
     return encode(event)
 
 
-def event_from_json(data):
+def event_from_json(data: Any) -> dp_accounting.DpEvent:
     """Inverse of ``event_to_json``: only dp_accounting's own event classes are rebuilt."""
     import dp_accounting
 
@@ -91,7 +99,7 @@ def event_from_json(data):
 
 # ------------------------------------------------------------------------------------------- spend report
 
-def spent_report(model_or_spent):
+def spent_report(model_or_spent: Any) -> dict[str, Any]:
     """The JSON-able report of a fitted DP model's ``privacy_spent`` (or of that dict itself)."""
     spent = getattr(model_or_spent, "privacy_spent", model_or_spent)
     if not isinstance(spent, dict):
@@ -106,7 +114,7 @@ def spent_report(model_or_spent):
     return report
 
 
-def report_spent(fn_args, model):
+def report_spent(fn_args: Any, model: Any) -> dict[str, Any]:
     """Write what ``model`` spent to ``<model_run_dir>/privacy_spent.json``; return the report.
 
     One DP model per DPTrainer run: the grant's training share pays for one, so a second report is refused.
@@ -124,7 +132,7 @@ def report_spent(fn_args, model):
     return report
 
 
-def read_report(model_run_dir):
+def read_report(model_run_dir: str) -> dict[str, Any] | None:
     """The report written by ``report_spent``, or None."""
     import tensorflow as tf
 
@@ -235,7 +243,8 @@ def _specs_from_records(files, names):
     return found
 
 
-def load_examples(fn_args, features, label, split="train", batch_size=8192):
+def load_examples(fn_args: Any, features: Sequence[str] | Mapping[str, Any], label: str | None, split: str = "train",
+                  batch_size: int = 8192) -> Any:
     """(features {name: float32 array}, labels float32 array) of a split, as numpy.
 
     ``split`` "train" reads ``fn_args.train_files``, "eval" ``fn_args.eval_files``; under a parallel grant
@@ -295,7 +304,7 @@ def load_examples(fn_args, features, label, split="train", batch_size=8192):
 
 
 
-def batch_size(fn_args, config, default=256):
+def batch_size(fn_args: Any, config: Mapping[str, Any], default: int = 256) -> int:
     """``config["batch_size"]`` (default 256), at most an eighth of ``fn_args.num_examples``.
 
     Early in a stream a window can hold fewer records than a usual batch; DP-SGD's Poisson sampling
@@ -309,7 +318,9 @@ def batch_size(fn_args, config, default=256):
 
 # ------------------------------------------------------------------------------------------- export
 
-def export_model(fn_args, model, features=None, label_key=None, output_scale=None, output_offset=None):
+def export_model(fn_args: Any, model: Any, features: Sequence[str] | Mapping[str, Any] | None = None,
+                 label_key: str | None = None, output_scale: float | None = None,
+                 output_offset: float | None = None) -> str:
     """Write ``model``'s SavedModel to ``fn_args.serving_model_dir``; return the path.
 
     With a transform graph the signature takes serialized tf.Examples and applies the graph

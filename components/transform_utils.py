@@ -15,17 +15,26 @@ example calls the same idea ``_fill_in_missing``)::
 The fill value must be PUBLIC (a constant chosen without looking at the data): a value computed from the
 data (e.g. the exact mean) would put an exact statistic into every transformed record.
 """
+
+from __future__ import annotations
+
 import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from sage_tfx.ingest.records import KINDS
 from sage_tfx.privacy.errors import SageError
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+    from tensorflow_metadata.proto.v0 import schema_pb2
 
 
 class SchemaError(SageError, ValueError):
     """A raw schema that cannot be used; the message names the bad feature or kind."""
 
 
-def parse_schema(schema):
+def parse_schema(schema: str | Mapping[str, str] | None) -> dict[str, str]:
     """{feature: kind} from a dict or its JSON, each kind one of int / float / bytes (the stream's kinds)."""
     if isinstance(schema, str):
         try:
@@ -42,7 +51,7 @@ def parse_schema(schema):
     return dict(schema)
 
 
-def stream_schema(data_root, stream):
+def stream_schema(data_root: str, stream: str) -> dict[str, str]:
     """The public schema of a stream, from DATA_ROOT/STREAM/_stream.json."""
     from sage_tfx.ingest.layout import STREAM_FILE, stream_config, stream_dir
 
@@ -52,7 +61,7 @@ def stream_schema(data_root, stream):
     return parse_schema(config.get("schema"))
 
 
-def schema_proto(schema):
+def schema_proto(schema: str | Mapping[str, str] | None) -> schema_pb2.Schema:
     """A tensorflow_metadata Schema of the raw features: no shape, so each parses as a VarLenFeature."""
     from tensorflow_metadata.proto.v0 import schema_pb2
 
@@ -61,7 +70,7 @@ def schema_proto(schema):
     return schema_pb2.Schema.FromString(tfmd_schema(parse_schema(schema)))
 
 
-def raw_feature_spec(schema):
+def raw_feature_spec(schema: str | Mapping[str, str] | None) -> dict[str, tf.io.VarLenFeature]:
     """{feature: tf.io.VarLenFeature(dtype)}: int -> int64, float -> float32, bytes -> string."""
     import tensorflow as tf
 
@@ -69,7 +78,7 @@ def raw_feature_spec(schema):
     return {name: tf.io.VarLenFeature(dtypes[kind]) for name, kind in parse_schema(schema).items()}
 
 
-def fill_in_missing(x, default_value):
+def fill_in_missing(x: tf.SparseTensor | tf.Tensor, default_value: Any) -> tf.Tensor:
     """A dense [batch] tensor from an optional feature: the record's value, or ``default_value`` if it has none.
 
     ``x`` is the SparseTensor of a VarLenFeature (dense shape [batch, n]); a record with several values

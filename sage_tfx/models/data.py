@@ -22,9 +22,20 @@ evaluate. What cannot be mapped (a finite label that is not a class id) raises `
 column only, never a value, index or count.
 """
 
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from sage_tfx.privacy.errors import RecordError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    # What the estimators read as x: a matrix, or {feature name: column} (a column may be a matrix).
+    Features = npt.ArrayLike | Mapping[str, npt.ArrayLike]
 
 FEATURE_DEFAULT = 0.0
 LABEL_DEFAULT = 0.0
@@ -42,16 +53,16 @@ def finite_or(values: np.ndarray, default: float) -> np.ndarray:
 class FeatureLayout:
     """Feature names and widths, in the column order the model uses."""
 
-    def __init__(self, keys, widths):
+    def __init__(self, keys: Sequence[str], widths: Sequence[int]) -> None:
         self.keys = list(keys)
         self.widths = [int(w) for w in widths]
 
     @property
-    def dim(self):
+    def dim(self) -> int:
         return sum(self.widths)
 
     @classmethod
-    def from_input(cls, x):
+    def from_input(cls, x: Features) -> FeatureLayout:
         if isinstance(x, dict):
             keys = list(x)
             if not keys:
@@ -64,7 +75,7 @@ class FeatureLayout:
             raise ValueError(f"features must be a 2-D array or a dict of arrays, got {matrix.ndim} dimensions")
         return cls(["x"], [matrix.shape[1]])
 
-    def to_matrix(self, x):
+    def to_matrix(self, x: Features) -> np.ndarray:
         if isinstance(x, dict):
             missing = [k for k in self.keys if k not in x]
             if missing:
@@ -96,7 +107,8 @@ def _column_block(values, key):
     return block
 
 
-def split_input(x, y):
+def split_input(x: Features | tuple[Features, npt.ArrayLike | None],
+                y: npt.ArrayLike | None) -> tuple[Features, npt.ArrayLike | None]:
     """(features, labels) as numpy from arrays or a tf.data.Dataset of (features, label).
 
     A dataset is read fully into memory: Poisson sampling needs random access to
@@ -145,7 +157,8 @@ def _rows(y, n):
     return y
 
 
-def labels_vector(y, n: int, dtype, default: float | None = LABEL_DEFAULT) -> np.ndarray:
+def labels_vector(y: npt.ArrayLike | Mapping[str, npt.ArrayLike] | None, n: int, dtype: npt.DTypeLike,
+                  default: float | None = LABEL_DEFAULT) -> np.ndarray:
     """The labels as a 1-D ``dtype`` array of ``n`` rows; NaN and +-inf (after the conversion to ``dtype``)
     become the public ``default`` (``LABEL_DEFAULT``; None keeps them, for a caller that clips first)."""
     y = _rows(y, n).astype(dtype)
@@ -154,7 +167,8 @@ def labels_vector(y, n: int, dtype, default: float | None = LABEL_DEFAULT) -> np
     return y
 
 
-def class_labels(y, n: int, n_classes: int, dtype=np.int32, column: str = "label") -> np.ndarray:
+def class_labels(y: npt.ArrayLike | Mapping[str, npt.ArrayLike] | None, n: int, n_classes: int,
+                 dtype: npt.DTypeLike = np.int32, column: str = "label") -> np.ndarray:
     """Class ids in [0, n_classes) as a 1-D ``dtype`` array of ``n`` rows.
 
     NaN and +-inf become class ``LABEL_DEFAULT`` (0), the public default. A finite label that is not an

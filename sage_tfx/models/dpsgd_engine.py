@@ -48,13 +48,23 @@ Engines (the one registry, ``ENGINES``; ``make_engine(name, ...)`` builds one):
 Noise comes from TensorFlow's Philox generator (as in tensorflow-privacy), not a
 cryptographic source; floating-point noise has the usual caveats (Mironov 2012).
 """
+
+from __future__ import annotations
+
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Never
+
 import tensorflow as tf  # noqa: TID253
 
 from sage_tfx.models.ghost_plans import ghost_layers, graph_nodes, row_sq_hint
 from sage_tfx.privacy import checks
 from sage_tfx.privacy.adaptive_clip import sum_noise_multiplier
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
+
+if TYPE_CHECKING:
+    from sage_tfx.models.losses import LossFn
+    from sage_tfx.privacy.adaptive_clip import AdaptiveClip
 
 __all__ = ["ENGINES", "make_engine", "ghost_applies", "per_example_gradients", "LayerGhostEngine",
            "PerExampleEngine", "TfPrivacyEngine"]
@@ -70,7 +80,7 @@ def _check_noise_multiplier(noise_multiplier):
 
 
 class _Engine:
-    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None):
+    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None) -> None:
         self.clip_norm = checks.positive(clip_norm, "clip_norm", error=DpSgdConfigError, message=_INVALID)
         self.noise_multiplier = _check_noise_multiplier(noise_multiplier)
         self.model = model
@@ -183,7 +193,8 @@ def _first(t):
     return tf.nest.map_structure(lambda v: v[None], t)
 
 
-def per_example_gradients(model, per_example_loss, variables, x, y, vectorized=True):
+def per_example_gradients(model: tf.keras.Model, per_example_loss: LossFn, variables: Sequence[tf.Variable],
+                          x: tf.Tensor, y: tf.Tensor, vectorized: bool = True) -> list[tf.Tensor]:
     """Each example's own gradient of its own loss w.r.t. ``variables``: one dense tensor [batch, *shape] per
     variable (Embedding's IndexedSlices made dense). ``vectorized``: ``tf.vectorized_map``; otherwise a
     ``tf.map_fn`` loop over the examples (slower, works for any differentiable model)."""
@@ -206,12 +217,13 @@ class PerExampleEngine(_Engine):
     ``vectorized=True`` (``vmap``): ``tf.vectorized_map``; False (``loop``): a ``tf.map_fn`` loop.
     """
 
-    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None, vectorized=True):
+    def __init__(self, model: tf.keras.Model, per_example_loss: LossFn, clip_norm: float, noise_multiplier: float,
+                 seed: int | None = None, vectorized: bool = True) -> None:
         super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
         self.vectorized = vectorized
         self.name = "vmap" if vectorized else "loop"
 
-    def clipped_sum(self, x, y):
+    def clipped_sum(self, x: tf.Tensor, y: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor | None]:
         """(clipped gradient sum aligned with ``self.variables``, per-example gradient norms)."""
         per_example = per_example_gradients(self.model, self.per_example_loss, self.variables, x, y,
                                             self.vectorized)
@@ -226,7 +238,8 @@ class TfPrivacyEngine(_Engine):
 
     name = "tf_privacy"
 
-    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None, num_microbatches=None):
+    def __init__(self, model: tf.keras.Model, per_example_loss: LossFn, clip_norm: float, noise_multiplier: float,
+                 seed: int | None = None, num_microbatches: int | None = None) -> None:
         """``num_microbatches`` other than None (one example each) is for speed comparisons only:
         clipping per microbatch of k > 1 examples is NOT what sage_tfx.privacy.dpsgd accounts for
         (a record's microbatch changes by up to 2C under add/remove), and the batch size must then
@@ -242,16 +255,16 @@ class TfPrivacyEngine(_Engine):
             num_microbatches=num_microbatches, learning_rate=1.0,
         )
 
-    def adapt_clip(self, adaptive, batch_size):
+    def adapt_clip(self, adaptive: AdaptiveClip, batch_size: int) -> Never:
         raise DpSgdConfigError("the tf_privacy engine has a fixed clip norm: clip_norm='adaptive' needs the "
                                "'ghost' or 'vmap' implementation")
 
-    def set_noise_multiplier(self, noise_multiplier):
+    def set_noise_multiplier(self, noise_multiplier: float) -> None:
         if noise_multiplier != self.noise_multiplier:
             raise DpSgdConfigError("the tf_privacy engine has a fixed noise multiplier: a noise schedule needs the "
                                    "'ghost' or 'vmap' implementation")
 
-    def noisy_sum(self, x, y):
+    def noisy_sum(self, x: tf.Tensor, y: tf.Tensor) -> list[tf.Tensor]:
         def loss():
             return self.per_example_loss(y, self.model(x, training=True))
 
@@ -260,7 +273,7 @@ class TfPrivacyEngine(_Engine):
         count = tf.cast(count, self.variables[0].dtype)
         return [g * count for g, _ in grads_and_vars]  # it returned (sum + noise) / microbatches
 
-    def clipped_sum(self, x, y):
+    def clipped_sum(self, x: tf.Tensor, y: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor | None]:
         if self.noise_multiplier != 0:
             raise DpSgdConfigError("tf_privacy engine: clipped_sum needs noise_multiplier=0 (it always adds noise)")
         return self.noisy_sum(x, y), None
@@ -285,7 +298,8 @@ class LayerGhostEngine(_Engine):
 
     name = "ghost"
 
-    def __init__(self, model, per_example_loss, clip_norm, noise_multiplier, seed=None, vectorized=True):
+    def __init__(self, model: tf.keras.Model, per_example_loss: LossFn, clip_norm: float, noise_multiplier: float,
+                 seed: int | None = None, vectorized: bool = True) -> None:
         super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
         found = ghost_layers(model)
         if found is None or not found[0]:
@@ -295,7 +309,7 @@ class LayerGhostEngine(_Engine):
         self.vectorized = vectorized
         self.variables = ghost + self.fallback
 
-    def noise(self):
+    def noise(self) -> list[tf.Tensor]:
         """N(0, (sigma C)^2) on every coordinate of every variable: one draw of all coordinates, split (the
         same distribution as one draw per variable, in one op)."""
         if len({v.dtype for v in self.variables}) > 1:
@@ -336,7 +350,7 @@ class LayerGhostEngine(_Engine):
     def _fallback_gradients(self, x, y):
         return per_example_gradients(self.model, self.per_example_loss, self.fallback, x, y, self.vectorized)
 
-    def clipped_sum(self, x, y):
+    def clipped_sum(self, x: tf.Tensor, y: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor | None]:
         """(clipped gradient sum aligned with ``self.variables``, per-example gradient norms)."""
         with tf.GradientTape() as tape:
             out, saved = self._forward(x)
@@ -366,7 +380,7 @@ class LayerGhostEngine(_Engine):
         return sums, norms
 
 
-def ghost_applies(model) -> bool:
+def ghost_applies(model: tf.keras.Model) -> bool:
     """True if the ghost engine applies: a graph network with at least one Dense or Embedding layer."""
     found = ghost_layers(model)
     return found is not None and bool(found[0])
@@ -376,8 +390,8 @@ GHOST_REFUSED = ("the ghost engine is invalid for this model: it needs a Keras g
                  "Sequential with a known input shape) with at least one Dense or Embedding layer; use 'vmap'")
 
 
-def make_engine(name: str, model, per_example_loss, clip_norm, noise_multiplier, seed=None, *,
-                vectorized: bool = True, **options) -> _Engine:
+def make_engine(name: str, model: tf.keras.Model, per_example_loss: LossFn, clip_norm: float, noise_multiplier: float,
+                seed: int | None = None, *, vectorized: bool = True, **options: Any) -> _Engine:
     """The engine ``name`` (one of ``ENGINES``) for ``model``: ghost, vmap, loop or tf_privacy.
 
     Args:

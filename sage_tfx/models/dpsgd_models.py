@@ -55,7 +55,12 @@ noise comes from TensorFlow's global generator (a module's
 benchmarks: a known seed makes the noise predictable.
 """
 
+from __future__ import annotations
+
 import sage_tfx  # noqa: F401  # isort: skip
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Self
+
 import numpy as np
 import tensorflow as tf  # noqa: TID253
 
@@ -66,10 +71,19 @@ from sage_tfx.models.private import check_adaptive_clip, check_engine, check_mom
 from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import tensorflow_transform as tft
+
+    from sage_tfx.models.data import Features
+    from sage_tfx.privacy.adaptive_clip import AdaptiveClip
+    from sage_tfx.privacy.noise_schedules import NoiseSchedule
+
 DEFAULT_ENGINE = "ghost"
 
 
-def build_mlp(input_dim, hidden_units, output_units, seed=None):
+def build_mlp(input_dim: int, hidden_units: Sequence[int], output_units: int,
+              seed: int | None = None) -> tf.keras.Model:
     """ReLU hidden layers and a linear output (logits or predictions)."""
     init = tf.keras.initializers.GlorotUniform(seed=seed)
     layers = [tf.keras.layers.Dense(u, activation="relu", kernel_initializer=init) for u in hidden_units]
@@ -94,9 +108,31 @@ def _softmax_xent(y, out):
 class _DPSGDEstimator:
     _label_dtype = np.float32
 
-    def __init__(self, privacy_budget, num_examples=None, hidden_units=(), learning_rate=0.01, epochs=3,
-                 batch_size=1024, clip_norm=1.0, momentum=0.9, implementation=DEFAULT_ENGINE,
-                 accountant="rdp", seed=None, *, noise_schedule=None):
+    def __init__(self, privacy_budget: tuple[float, float], num_examples: int | None = None,
+                 hidden_units: Sequence[int] = (), learning_rate: float = 0.01, epochs: float = 3,
+                 batch_size: int = 1024, clip_norm: float | str | AdaptiveClip = 1.0, momentum: float = 0.9,
+                 implementation: str = DEFAULT_ENGINE, accountant: str = "rdp", seed: int | None = None, *,
+                 noise_schedule: NoiseSchedule | str | Mapping[str, Any] | None = None) -> None:
+        """Check and keep the fit's parameters (refused here, before anything is read or drawn).
+
+        Args:
+          privacy_budget: (epsilon, delta) of the whole fit.
+          num_examples: A public or DP row count (never the exact private count; module docstring), or None
+            to give it to ``fit``.
+          hidden_units: Units per hidden ReLU layer (none: a linear model).
+          learning_rate: SGD's learning rate.
+          epochs: Passes over the data: steps = ceil(epochs * num_examples / batch_size).
+          batch_size: The expected batch size (Poisson sampling at q = batch_size / num_examples).
+          clip_norm: The per-example clip norm, or "adaptive" / an ``AdaptiveClip``.
+          momentum: SGD's momentum.
+          implementation: The DP-SGD engine (``dpsgd_engine.ENGINES``; default "ghost").
+          accountant: "rdp" or "pld" (dp_accounting), for the calibration and the report.
+          seed: A seed for tests; refused under DPTrainer (the grant's private seed is used).
+          noise_schedule: A noise schedule, its kind, or its dict (default: constant).
+
+        Raises:
+          DpSgdConfigError: A parameter out of its range (named with the fix).
+        """
         try:
             epsilon, delta = privacy_budget
         except (TypeError, ValueError):
@@ -137,7 +173,8 @@ class _DPSGDEstimator:
         """The training labels: non-finite ones mapped to the public LABEL_DEFAULT (sage_tfx.models.data)."""
         return labels_vector(y, n, self._label_dtype)
 
-    def fit(self, x, y=None, num_examples=None, verbose=False):
+    def fit(self, x: Features | tf.data.Dataset, y: npt.ArrayLike | None = None, num_examples: int | None = None,
+            verbose: bool | int = False) -> Self:
         """Train on (x, y) or a tf.data.Dataset of (features, label); return self.
 
         ``num_examples``: the DP or public row count (see the module docstring);
@@ -175,7 +212,8 @@ class _DPSGDEstimator:
         self._require_fit()
         return self.model(self.layout.to_matrix(x), training=False)
 
-    def export(self, path, transform_output=None, label_key=None):
+    def export(self, path: str, transform_output: str | tft.TFTransformOutput | None = None,
+               label_key: str | None = None) -> str:
         """Write a SavedModel with a ``serving_default`` signature; see sage_tfx.models.export."""
         self._require_fit()
         return export_saved_model(path, self.model, self.layout, self._serving_outputs, transform_output,
@@ -189,13 +227,24 @@ class DPDNNRegressor(_DPSGDEstimator):
     module docstring for the mechanism, sampling and the ``num_examples`` rule.
     """
 
-    def __init__(self, privacy_budget, hidden_units, **kwargs):
+    def __init__(self, privacy_budget: tuple[float, float], hidden_units: Sequence[int], **kwargs: Any) -> None:
+        """A DNN regressor trained with DP-SGD.
+
+        Args:
+          privacy_budget: (epsilon, delta) of the whole fit.
+          hidden_units: Units per hidden ReLU layer.
+          **kwargs: The DP-SGD estimators' other parameters: num_examples, learning_rate, epochs, batch_size,
+            clip_norm, momentum, implementation, accountant, seed, noise_schedule (module docstring).
+
+        Raises:
+          DpSgdConfigError: A parameter out of its range (named with the fix).
+        """
         super().__init__(privacy_budget, hidden_units=hidden_units, **kwargs)
 
-    def predict(self, x):
+    def predict(self, x: Features) -> np.ndarray:
         return self._raw(x).numpy().reshape(-1)
 
-    def evaluate(self, x, y=None):
+    def evaluate(self, x: Features, y: npt.ArrayLike | None = None) -> dict[str, float]:
         """Non-private metrics (mse, mae) on the given data."""
         x, y = split_input(x, y)
         pred = self.predict(x)
@@ -210,15 +259,15 @@ class DPDNNRegressor(_DPSGDEstimator):
 class _Classifier(_DPSGDEstimator):
     _label_dtype = np.int32
 
-    def predict_proba(self, x):
+    def predict_proba(self, x: Features) -> np.ndarray:
         raise NotImplementedError
 
-    def predict(self, x):
+    def predict(self, x: Features) -> np.ndarray:
         """Predicted class ids."""
         proba = self.predict_proba(x)
         return np.argmax(proba, axis=1)
 
-    def evaluate(self, x, y=None):
+    def evaluate(self, x: Features, y: npt.ArrayLike | None = None) -> dict[str, float]:
         """Non-private metrics (accuracy, log loss) on the given data."""
         x, y = split_input(x, y)
         proba = self.predict_proba(x)
@@ -234,7 +283,8 @@ class DPDNNClassifier(_Classifier):
     Labels are class ids 0..n_classes-1. Spends ``privacy_budget=(epsilon, delta)``.
     """
 
-    def __init__(self, privacy_budget, hidden_units, n_classes=2, **kwargs):
+    def __init__(self, privacy_budget: tuple[float, float], hidden_units: Sequence[int], n_classes: int = 2,
+                 **kwargs: Any) -> None:
         super().__init__(privacy_budget, hidden_units=hidden_units, **kwargs)
         self.n_classes = checks.integer(n_classes, "n_classes", low=2, error=DpSgdConfigError, message=_INVALID)
 
@@ -248,7 +298,7 @@ class DPDNNClassifier(_Classifier):
         """Class ids: NaN / +-inf -> class 0 (public default); another non-class-id -> RecordError (no value)."""
         return class_labels(y, n, self.n_classes, np.int32)
 
-    def predict_proba(self, x):
+    def predict_proba(self, x: Features) -> np.ndarray:
         return tf.nn.softmax(self._raw(x)).numpy()
 
     @staticmethod
@@ -265,7 +315,7 @@ class DPLogisticRegressor(_Classifier):
     _label_dtype = np.float32
     DEFAULT_BATCH_SIZE = 512  # the paper's Criteo LG config
 
-    def __init__(self, privacy_budget, **kwargs):
+    def __init__(self, privacy_budget: tuple[float, float], **kwargs: Any) -> None:
         kwargs.setdefault("batch_size", self.DEFAULT_BATCH_SIZE)
         super().__init__(privacy_budget, hidden_units=(), **kwargs)
 
@@ -276,7 +326,7 @@ class DPLogisticRegressor(_Classifier):
         """0/1 labels: NaN / +-inf -> 0 (public default); anything else but 0 or 1 -> RecordError (no value)."""
         return class_labels(y, n, 2, np.float32)
 
-    def predict_proba(self, x):
+    def predict_proba(self, x: Features) -> np.ndarray:
         p = tf.sigmoid(tf.reshape(self._raw(x), [-1])).numpy()
         return np.stack([1.0 - p, p], axis=1)
 

@@ -14,10 +14,21 @@ analysis time, so serving adds no privacy cost.
 Either way, NaN / +-inf feature values become 0.0 before the model, as in ``fit``
 and ``predict`` (sage_tfx.models.data.FEATURE_DEFAULT).
 """
+
+from __future__ import annotations
+
 import sage_tfx  # noqa: F401  # isort: skip
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
 import tensorflow as tf  # noqa: TID253
 
 from sage_tfx.models.data import FEATURE_DEFAULT
+
+if TYPE_CHECKING:
+    import tensorflow_transform as tft
+
+    from sage_tfx.models.data import FeatureLayout
 
 
 def _features_to_matrix(features, layout):
@@ -26,7 +37,10 @@ def _features_to_matrix(features, layout):
     return tf.where(tf.math.is_finite(matrix), matrix, tf.fill(tf.shape(matrix), FEATURE_DEFAULT))
 
 
-def export_saved_model(path, keras_model, layout, outputs_fn, transform_output=None, label_key=None):
+def export_saved_model(path: str, keras_model: tf.keras.Model, layout: FeatureLayout,
+                       outputs_fn: Callable[[tf.Tensor], dict[str, tf.Tensor]],
+                       transform_output: str | tft.TFTransformOutput | None = None,
+                       label_key: str | None = None) -> str:
     """Write ``keras_model`` as a SavedModel at ``path``; return ``path``.
 
     ``outputs_fn(model_output) -> dict of tensors`` maps the raw model output
@@ -61,7 +75,8 @@ def export_saved_model(path, keras_model, layout, outputs_fn, transform_output=N
     return str(path)
 
 
-def attach_transform(module, transform_output, label_key=None):
+def attach_transform(module: tf.Module, transform_output: str | tft.TFTransformOutput,
+                     label_key: str | None = None) -> dict[str, Any]:
     """Attach a tf.Transform graph's layer to ``module`` (as ``module.tft_layer``, saved with it); return the raw
     feature spec the serving signature parses: every raw feature but the label."""
     import tensorflow_transform as tft

@@ -4,6 +4,12 @@ A plan covers one Dense or Embedding node of a Keras graph network; ``ghost_laye
 ``graph_nodes`` gives the graph's execution order. The engine that runs them is
 sage_tfx.models.dpsgd_engine.LayerGhostEngine (docs/models.md "Your own Keras model: make_private").
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
 import tensorflow as tf  # noqa: TID253
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
@@ -28,7 +34,8 @@ def _category_row_sq(layer, ids):
     return tf.reduce_sum(1.0 / tf.reduce_sum(same, axis=2), axis=1)
 
 
-def row_sq_hint(node, args, kwargs, hints):
+def row_sq_hint(node: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
+                hints: Mapping[int, Any]) -> Callable[[], tuple[float, Any]] | None:
     """A function giving ||output_i||^2 of a node cheaply as (a number, a [B] tensor or None), their sum; or
     None: CategoryEncoding (one_hot / multi_hot /
     count, dense output, dense integer ids of rank <= 2, no count_weights) and Concatenate of rank-2 tensors
@@ -65,7 +72,7 @@ def row_sq_hint(node, args, kwargs, hints):
     return None
 
 
-def graph_nodes(model):
+def graph_nodes(model: tf.keras.Model) -> list[Any] | None:
     """The non-input nodes of a Keras graph network (Functional, or a built Sequential) in execution order,
     or None for a subclassed model (no graph to walk)."""
     by_depth = getattr(model, "_nodes_by_depth", None)
@@ -90,7 +97,7 @@ class _DensePlan:
 
     kind = "dense"
 
-    def __init__(self, layer, keras_input):
+    def __init__(self, layer, keras_input) -> None:
         self.layer = layer
         self.rank = keras_input.shape.rank
         self.variables = [layer.kernel] + ([layer.bias] if layer.use_bias else [])
@@ -166,10 +173,10 @@ class _EmbeddingPlan:
 
     kind = "embedding"
 
-    def __init__(self, layer, keras_input):
+    def __init__(self, layer, keras_input) -> None:
         self.layer = layer
         shape = keras_input.shape
-        self.steps = 1
+        self.steps: int | None = 1
         for dim in shape[1:]:
             self.steps = self.steps * dim if (dim is not None and self.steps is not None) else None
         self.variables = [layer.embeddings]
@@ -219,7 +226,7 @@ def _ghost_plan(layer, node, shared):
     return None
 
 
-def ghost_layers(model):
+def ghost_layers(model: tf.keras.Model) -> tuple[dict[int, Any], list[tf.Variable], list[tf.Variable]] | None:
     """(plans by node id, ghost variables, fallback variables) for a graph network, or None if it has no
     graph. Ghost: Dense (a dense float input of any rank >= 2) and Embedding (dense integer ids), each used
     by exactly one node, with no variable shared with another layer. Every other trainable variable
@@ -228,6 +235,8 @@ def ghost_layers(model):
     if nodes is None:
         return None
     trainable = {v.ref() for v in model.trainable_variables}
+    uses: dict[int, int]
+    owners: dict[Any, set[int]]
     uses, owners = {}, {}
     for node in nodes:
         uses[id(node.layer)] = uses.get(id(node.layer), 0) + 1

@@ -36,9 +36,15 @@ Seeds: ``seed=None`` draws fresh OS entropy; inside
 ``sage_tfx.models.training_seed`` (DPTrainer) the noise comes from the grant's
 private seed and ``seed=`` is refused (sage_tfx.models.seeding).
 """
+
+from __future__ import annotations
+
 import math
 
 import sage_tfx  # noqa: F401  # isort: skip
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import numpy as np
 import tensorflow as tf  # noqa: TID253
 
@@ -48,6 +54,12 @@ from sage_tfx.models.seeding import fit_seeds
 from sage_tfx.privacy import adassp
 from sage_tfx.privacy.adassp import INVALID, AdaSSPConfigError
 from sage_tfx.privacy.checks import interval
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+    import tensorflow_transform as tft
+
+    from sage_tfx.models.data import Features
 
 
 def _check_center(value):
@@ -112,9 +124,28 @@ class DPLinearRegressor:
     plus AdaSSP's fit of the residual (post-processing).
     """
 
-    def __init__(self, privacy_budget, feature_bound, label_range, fit_intercept=True, rho=0.05,
-                 calibration="exact", seed=None, feature_center=0.0, *, prior_coef=None, prior_intercept=0.0,
-                 residual_range=None):
+    def __init__(self, privacy_budget: tuple[float, float], feature_bound: float, label_range: tuple[float, float],
+                 fit_intercept: bool = True, rho: float = 0.05, calibration: str = "exact", seed: int | None = None,
+                 feature_center: float | npt.ArrayLike = 0.0, *, prior_coef: Mapping[str, float] | npt.ArrayLike | None = None,
+                 prior_intercept: float = 0.0, residual_range: tuple[float, float] | None = None) -> None:
+        """Check and keep the release's parameters (nothing is read or drawn before ``fit``).
+
+        Args:
+          privacy_budget: (epsilon, delta) of the whole release.
+          feature_bound: B_x: each (centred) row is clipped to this L2 norm (public).
+          label_range: (low, high): labels are clipped to it (public).
+          fit_intercept: Add an intercept column (B_x becomes sqrt(feature_bound^2 + 1)).
+          rho: AdaSSP's failure probability for its lambda_min bound.
+          calibration: "exact" (default) or "paper" (the class docstring).
+          seed: A seed for the noise, for tests; refused under DPTrainer (the grant's seed is used).
+          feature_center: A public centre (one number, or one per feature) subtracted before clipping.
+          prior_coef: A public prior's coefficients ({feature: coefficient}, or one per column).
+          prior_intercept: The public prior's intercept.
+          residual_range: (low, high) of the residual label - prior; required with a prior.
+
+        Raises:
+          AdaSSPConfigError: A parameter out of its range (named with the fix).
+        """
         try:
             epsilon, delta = privacy_budget
         except (TypeError, ValueError):
@@ -155,11 +186,24 @@ class DPLinearRegressor:
             clipped = np.concatenate([clipped, np.ones((len(clipped), 1))], axis=1)
         return clipped
 
-    def fit(self, x, y=None, chunk_rows=200_000):
+    def fit(self, x: Features | tf.data.Dataset, y: npt.ArrayLike | None = None,
+            chunk_rows: int = 200_000) -> DPLinearRegressor:
         """Fit on (x, y) or a tf.data.Dataset of (features, label); return self.
 
         Non-finite features become 0.0 (``to_matrix``); labels keep theirs here and AdaSSP clips them
         (+-inf to the range's ends) and maps NaN to the centre (the midpoint), see the module docstring.
+
+        Args:
+          x: The features: a matrix, {feature name: column}, or a tf.data.Dataset of (features, label).
+          y: The labels (None when ``x`` holds them).
+          chunk_rows: Rows summed per chunk into X'X and X'y (memory only; the release is the same).
+
+        Returns:
+          This regressor, fitted: ``coef_``, ``intercept_`` and ``privacy_spent`` set.
+
+        Raises:
+          TrainingSeedError: ``seed`` given inside a training seed block (DPTrainer), or the fit's budget
+            is not the grant's share.
         """
         seeds = fit_seeds(self.seed, type(self).__name__, (self.epsilon, self.delta))  # seed=, share: refused
         x, y = split_input(x, y)
@@ -227,20 +271,20 @@ class DPLinearRegressor:
         if self.coef_ is None:
             raise ValueError("the model is not fitted; call fit first")
 
-    def predict(self, x):
+    def predict(self, x: Features) -> np.ndarray:
         """Predictions; features are clipped to feature_bound exactly as in training."""
         self._require_fit()
         clipped = adassp.clip_rows(self._center(self.layout.to_matrix(x)), self.feature_bound)
         return clipped @ self.coef_ + self.intercept_
 
-    def evaluate(self, x, y=None):
+    def evaluate(self, x: Features, y: npt.ArrayLike | None = None) -> dict[str, float]:
         """Non-private metrics (mse, mae) on the given data."""
         x, y = split_input(x, y)
         pred = self.predict(x)
         y = labels_vector(y, len(pred), np.float64)
         return {"mse": float(np.mean((pred - y) ** 2)), "mae": float(np.mean(np.abs(pred - y)))}
 
-    def keras_model(self):
+    def keras_model(self) -> tf.keras.Model:
         """A Keras model computing the same predictions (row clipping, then the linear map)."""
         self._require_fit()
         if self._model is None:
@@ -260,7 +304,8 @@ class DPLinearRegressor:
                                np.array([self.intercept_], np.float32)])
         return self._model
 
-    def export(self, path, transform_output=None, label_key=None):
+    def export(self, path: str, transform_output: str | tft.TFTransformOutput | None = None,
+               label_key: str | None = None) -> str:
         """Write a SavedModel with a ``serving_default`` signature; see sage_tfx.models.export."""
         return export_saved_model(path, self.keras_model(), self.layout,
                                   lambda out: {"predictions": tf.reshape(out, [-1])}, transform_output, label_key)

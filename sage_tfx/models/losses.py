@@ -12,6 +12,8 @@ from sage_tfx.privacy.dpsgd import DpSgdConfigError
 __all__ = ["LOSSES", "per_example_loss"]
 
 LOSSES = ("mse", "binary_crossentropy", "sparse_categorical_crossentropy")
+# A per-example loss: (labels, model outputs) -> one loss per example, shape [batch].
+LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
 _LOSS_ALIASES = {"mse": "mse", "mean_squared_error": "mse", "binary_crossentropy": "binary_crossentropy",
                  "sparse_categorical_crossentropy": "sparse_categorical_crossentropy"}
 

@@ -72,10 +72,13 @@ sampling and noise come from the grant's private seed and ``seed=`` is refused (
 The model's initial weights are the user's (make_private does not re-initialise them): to reproduce a fit
 bit for bit, build the model with seeded initialisers (initial weights need no secrecy).
 """
+
+from __future__ import annotations
+
 import functools
 import types
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import tensorflow as tf  # noqa: TID253
@@ -100,28 +103,33 @@ from sage_tfx.models.unit_clip import unit_batches, unit_engine_name, unit_index
 from sage_tfx.privacy import adaptive_clip, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
+if TYPE_CHECKING:
+    from sage_tfx.privacy.adaptive_clip import AdaptiveClip
+    from sage_tfx.privacy.noise_schedules import NoiseSchedule
+
 __all__ = ["make_private", "PrivateModel", "PER_EXAMPLE", "LOSSES", "poisson_batches", "check_engine"]
 
 PER_EXAMPLE = ("auto",) + ENGINES
 _NAME = "make_private"
-Model = tf.keras.Model | Callable[[int | None], tf.keras.Model]
+Model: TypeAlias = tf.keras.Model | Callable[[int | None], tf.keras.Model]
 
 
 # ------------------------------------------------------------------------------------------- checks, helpers
 
-def poisson_batches(rng: np.random.Generator, n: int, q: float, steps: int):
+def poisson_batches(rng: np.random.Generator, n: int, q: float, steps: int) -> Iterator[np.ndarray]:
     """Yield the row indices of ``steps`` Poisson-sampled batches (each row kept w.p. q)."""
     for _ in range(steps):
         size = int(rng.binomial(n, q))
         yield np.sort(rng.choice(n, size=size, replace=False)) if size else np.empty(0, np.int64)
 
 
-def public_params(batch_size, epochs, clip_norm) -> dict[str, float]:
+def public_params(batch_size: int, epochs: float, clip_norm: float | AdaptiveClip) -> dict[str, float]:
     """The fit's numbers that must be public under DPTrainer (``training_seed(public=...)``)."""
     return {"batch_size": batch_size, "epochs": epochs, **adaptive_clip.public_numbers(clip_norm)}
 
 
-def clip_spent(engine, clip_norm, noise_multiplier, batch_size) -> dict[str, Any]:
+def clip_spent(engine: Any, clip_norm: float | AdaptiveClip, noise_multiplier: float,
+               batch_size: int) -> dict[str, Any]:
     """``privacy_spent`` entries of an adaptive clip: its parameters, sigma_b, the sum's z_Delta and the last
     estimate (a DP release); {} for a fixed clip (its report is unchanged)."""
     if not isinstance(clip_norm, adaptive_clip.AdaptiveClip):
@@ -183,7 +191,7 @@ _KERAS_FIT_REFUSED = {
 _KERAS_FIT_IGNORED = ("max_queue_size", "workers", "use_multiprocessing")
 
 
-def keras_fit_arguments(private: "PrivateModel", epochs: Any, batch_size: Any, shuffle: Any,
+def keras_fit_arguments(private: PrivateModel, epochs: Any, batch_size: Any, shuffle: Any,
                         others: dict[str, Any]) -> None:
     """Accept the Keras ``fit`` keywords a Keras user types when they change nothing; refuse the others.
 
@@ -217,9 +225,11 @@ class PrivateModel:
     ``trainer_utils.report_spent``), ``predict``, ``export``. ``model`` is the trained Keras model.
     """
 
-    def __init__(self, model: Model, *, epsilon, delta, num_examples, clip_norm, batch_size, epochs, optimizer,
-                 learning_rate, momentum, accountant, loss, per_example, seed, weight_decay=0.0,
-                 noise_schedule=None, name: str = _NAME, per_unit: bool = False):
+    def __init__(self, model: Model, *, epsilon: float, delta: float, num_examples: int,
+                 clip_norm: float | AdaptiveClip, batch_size: int, epochs: float, optimizer: str, learning_rate: float,
+                 momentum: float, accountant: str, loss: str, per_example: str, seed: int | None,
+                 weight_decay: float = 0.0, noise_schedule: NoiseSchedule | None = None, name: str = _NAME,
+                 per_unit: bool = False) -> None:
         self.model = model  # a Keras model, or a function init_seed -> model until fit builds it
         self.name, self.seed = name, seed
         self.epsilon, self.delta, self.accountant = epsilon, delta, accountant
@@ -271,7 +281,7 @@ class PrivateModel:
     def fit(self, x: Any, y: Any, verbose: bool | int | str = False, *,
             callback: Callable[[int], None] | None = None, epochs: int | float | None = None,
             batch_size: int | None = None, shuffle: bool = True, units: Any = None,
-            **keras_kwargs: Any) -> "PrivateModel":
+            **keras_kwargs: Any) -> PrivateModel:
         """Train on (x, y) with DP-SGD; return self. Spends ``privacy_budget`` once (a second fit is refused).
 
         Keras habits (``keras_fit_arguments``, checked before any data is read): ``epochs=`` / ``batch_size=``

@@ -86,7 +86,9 @@ def refuse_unseeded(engine: str, name: str, keyword: str) -> None:
             "the grant's seed; use 'ghost' (default) or 'vmap'")
 
 
-def check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant):
+def check_adaptive_clip(clip_norm: float | adaptive_clip.AdaptiveClip, schedule: noise_schedules.NoiseSchedule | None,
+                        epsilon: float, delta: float, num_examples: int, batch_size: int, epochs: float,
+                        accountant: str) -> None:
     """Refuse an adaptive clip whose count noise sigma_b is too small for the run's calibrated noise multiplier
     (2 sigma_b must exceed it), from public numbers, before anything is read or drawn."""
     if isinstance(clip_norm, adaptive_clip.AdaptiveClip):

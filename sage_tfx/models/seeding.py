@@ -88,7 +88,7 @@ class TrainingBlock:
     """The seed of one ``training_seed`` block, the share its fits may spend (None: no limit) and its fits."""
 
     def __init__(self, seed: int, share: tuple[float, float] | None = None,
-                 public: frozenset[float] | None = None):
+                 public: frozenset[float] | None = None) -> None:
         self.seed = seed
         self.share = share
         self.public = public
@@ -149,7 +149,8 @@ class TrainingBlock:
         return sum(c[0] for c in charged), sum(c[1] for c in charged)
 
 
-_TRAINING_SEED = contextvars.ContextVar("sage_tfx.models.training_seed", default=None)
+_TRAINING_SEED: contextvars.ContextVar[TrainingBlock | None] = contextvars.ContextVar(
+    "sage_tfx.models.training_seed", default=None)
 _SHARED_BLOCKS = [0]  # blocks with a share open in this process (any thread)
 _SHARED_LOCK = threading.Lock()
 

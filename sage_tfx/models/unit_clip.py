@@ -83,7 +83,7 @@ def unit_batches(sampled_units: Iterable[np.ndarray], unit_of_row: np.ndarray,
         yield rows, segments, len(sampled)
 
 
-def unit_clipped_sum(engine, x, y, segments, num_segments):
+def unit_clipped_sum(engine: Any, x: Any, y: Any, segments: Any, num_segments: Any) -> tuple[list[Any], Any]:
     """(sum over units of each unit's clipped summed gradient, aligned with ``engine.variables``; the units'
     gradient norms): rows of one segment are one unit. ``engine``: a vmap / loop ``PerExampleEngine``."""
     per_row = per_example_gradients(engine.model, engine.per_example_loss, engine.variables, x, y,
@@ -94,7 +94,7 @@ def unit_clipped_sum(engine, x, y, segments, num_segments):
     return [tf.tensordot(factors, _zero_rows(g, finite), axes=1) for g in per_unit], norms
 
 
-def unit_noisy_sum(engine, x, y, segments, num_segments):
+def unit_noisy_sum(engine: Any, x: Any, y: Any, segments: Any, num_segments: Any) -> Any:
     """``unit_clipped_sum`` + N(0, (sigma C)^2) on every coordinate; with an adaptive clip, then its update from
     the noisy count of unclipped UNITS (the engine's own step, on unit norms)."""
     clipped, norms = unit_clipped_sum(engine, x, y, segments, num_segments)

@@ -28,12 +28,19 @@ accounted with: same DpEvent, same (epsilon, delta), same grant spend. This need
 
 Numpy-free (the privacy core): the TensorFlow side is sage_tfx.models.dpsgd_engine.
 """
+
+from __future__ import annotations
+
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import checks
 from .dpsgd import DpSgdConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["AdaptiveClip", "IMBALANCED", "ADAPTIVE", "as_clip_norm", "sum_noise_multiplier", "next_clip",
            "check_run", "initial_clip", "public_numbers", "COUNT_STDDEV_PER_BATCH"]
@@ -113,7 +120,8 @@ def sum_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
     return 1.0 / math.sqrt(rest)
 
 
-def check_run(clip_norm: float | AdaptiveClip, noise_multipliers, batch_size: int) -> None:
+def check_run(clip_norm: float | AdaptiveClip, noise_multipliers: Sequence[float] | np.ndarray,
+              batch_size: int) -> None:
     """Refuse (DpSgdConfigError) an adaptive clip whose count noise is too small for the run's largest noise
     multiplier (all public numbers: call before the fit reads or draws anything); a fixed clip passes."""
     if isinstance(clip_norm, AdaptiveClip):

@@ -71,8 +71,13 @@ clipped to [-B_y, B_y] first (so +-inf become +-B_y) and then NaN to 0, the cent
 of that range. Each is a fixed function of the record alone, so ||x|| <= B_x and
 |y| <= B_y still hold and the sensitivities above are unchanged.
 """
+
+from __future__ import annotations
+
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -81,6 +86,12 @@ from .checks import integer, positive, probability
 from .errors import SageError
 from .randomness import as_secure_rng
 from .samplers import grid_gaussian, grid_gaussian_params, grid_sums
+
+if TYPE_CHECKING:
+    import dp_accounting
+    import numpy.typing as npt
+
+    from .randomness import RngLike
 
 INVALID = "{what}={value!r} is invalid: must be {rule}"
 NOT_A_NUMBER = "{what}={value!r} is not a number"
@@ -102,13 +113,13 @@ def _check_budget(epsilon, delta):
     return epsilon, delta
 
 
-def paper_multiplier(epsilon, delta):
+def paper_multiplier(epsilon: float, delta: float) -> float:
     """The paper's per-release noise multiplier c = sqrt(log(6/delta)) / (eps/3)."""
     epsilon, delta = _check_budget(epsilon, delta)
     return math.sqrt(math.log(6.0 / delta)) / (epsilon / 3.0)
 
 
-def exact_multiplier(epsilon, delta, releases=3):
+def exact_multiplier(epsilon: float, delta: float, releases: int = 3) -> float:
     """Smallest per-release multiplier c making ``releases`` Gaussian-type releases jointly (eps, delta)-DP.
 
     ``gaussian.rdp_multiplier`` (the RDP conversion the module docstring proves), its search started from the
@@ -118,7 +129,7 @@ def exact_multiplier(epsilon, delta, releases=3):
     return gaussian.rdp_multiplier(epsilon, delta, releases=releases, guess=paper_multiplier(epsilon, delta))
 
 
-def noise_multiplier(epsilon, delta, calibration="paper"):
+def noise_multiplier(epsilon: float, delta: float, calibration: str = "paper") -> float:
     """Per-release noise multiplier c (see the module docstring for the proof)."""
     if calibration not in CALIBRATIONS:
         raise AdaSSPConfigError(f"calibration={calibration!r} is invalid: choose one of {CALIBRATIONS}")
@@ -128,7 +139,8 @@ def noise_multiplier(epsilon, delta, calibration="paper"):
     return max(paper_multiplier(epsilon, delta), exact)
 
 
-def noise_scales(epsilon, delta, bound_x, bound_y, dim, rho=0.05, calibration="paper"):
+def noise_scales(epsilon: float, delta: float, bound_x: float, bound_y: float, dim: int, rho: float = 0.05,
+                 calibration: str = "paper") -> dict[str, float]:
     """The noise standard deviations and offsets AdaSSP uses (Algorithm 2's formulas)."""
     bound_x = _check_positive(bound_x, "bound_x")
     bound_y = _check_positive(bound_y, "bound_y")
@@ -147,7 +159,7 @@ def noise_scales(epsilon, delta, bound_x, bound_y, dim, rho=0.05, calibration="p
     }
 
 
-def clip_rows(x, bound_x):
+def clip_rows(x: npt.ArrayLike, bound_x: float) -> np.ndarray:
     """Scale each row of x down to L2 norm <= bound_x (rows already inside are unchanged).
 
     NaN / +-inf entries become 0.0 first (the public default, module docstring). The norm is taken as
@@ -164,7 +176,7 @@ def clip_rows(x, bound_x):
     return x * scale[:, None]
 
 
-def clip_labels(y, bound_y):
+def clip_labels(y: npt.ArrayLike, bound_y: float) -> np.ndarray:
     """Labels clipped to [-bound_y, bound_y] (+-inf to the ends), then NaN to 0, the range's centre."""
     y = np.clip(np.asarray(y, dtype=float).reshape(-1), -bound_y, bound_y)
     return np.where(np.isnan(y), 0.0, y)
@@ -180,7 +192,8 @@ def _check_data(x, y):
     return x, y  # non-finite values are mapped by clip_rows / clip_labels (module docstring), never refused
 
 
-def sufficient_statistics(x, y, bound_x, bound_y):
+def sufficient_statistics(x: npt.ArrayLike, y: npt.ArrayLike, bound_x: float,
+                          bound_y: float) -> tuple[np.ndarray, np.ndarray]:
     """(X'X, X'y) of the clipped data. Sum them over chunks to stream large data.
 
     Non-finite features and labels are mapped to the public defaults of the module docstring, then clipped:
@@ -192,7 +205,8 @@ def sufficient_statistics(x, y, bound_x, bound_y):
     return x.T @ x, x.T @ y
 
 
-def statistic_grids(epsilon, delta, bound_x, bound_y, dim, rho=0.05, calibration="paper") -> tuple:
+def statistic_grids(epsilon: float, delta: float, bound_x: float, bound_y: float, dim: int, rho: float = 0.05,
+                    calibration: str = "paper") -> tuple:
     """(gamma_xtx, gamma_xty): the public power-of-two grids ``release`` puts X'X's upper triangle and X'y on.
 
     A function of the budget, the bounds and the dimension only (``samplers.grid_gaussian_params`` with the
@@ -206,7 +220,8 @@ def statistic_grids(epsilon, delta, bound_x, bound_y, dim, rho=0.05, calibration
             grid_gaussian_params(bound_x * bound_y, scales["xty_std"], dim)[0])
 
 
-def grid_statistics(x, y, bound_x, bound_y, grids) -> tuple:
+def grid_statistics(x: npt.ArrayLike, y: npt.ArrayLike, bound_x: float, bound_y: float,
+                    grids: tuple[float, float]) -> tuple[list[int], list[int]]:
     """The upper triangle (with diagonal, row-major) of X'X and X'y of the clipped data, as exact integer sums on
     ``grids`` (``statistic_grids``): lists of Python ints. Sum them over chunks to stream large data.
 
@@ -223,7 +238,7 @@ def grid_statistics(x, y, bound_x, bound_y, grids) -> tuple:
     return grid_sums(outer, grids[0]), grid_sums(x * y[:, None], grids[1])
 
 
-def statistics_on_grid(upper_sums, xty_sums, grids) -> tuple:
+def statistics_on_grid(upper_sums: Sequence[int], xty_sums: Sequence[int], grids: tuple[float, float]) -> tuple:
     """(X'X, X'y) as float64 from ``grid_statistics``' integer sums: gamma times each integer, exactly.
 
     Refused (AdaSSPConfigError) unless every sum is below 2^52 grid units, where float64 holds it and ``release``
@@ -239,7 +254,8 @@ def statistics_on_grid(upper_sums, xty_sums, grids) -> tuple:
     return xtx, np.array([int(v) for v in xty_sums], dtype=np.float64) * grids[1]
 
 
-def prior_residuals(rows, labels, prior_coef, prior_intercept, low, high):
+def prior_residuals(rows: npt.ArrayLike, labels: npt.ArrayLike, prior_coef: npt.ArrayLike, prior_intercept: float,
+                    low: float, high: float) -> np.ndarray:
     """Labels minus a PUBLIC prior prediction ``rows @ prior_coef + prior_intercept``, clipped to [low, high].
 
     Fitting the residual instead of the label makes AdaSSP's ridge shrink the coefficients towards the prior
@@ -267,7 +283,7 @@ class AdaSSPResult:
     calibration: str
 
     @property
-    def dp_event(self):
+    def dp_event(self) -> dp_accounting.DpEvent:
         """dp_accounting event: three Gaussian releases of multiplier c (lam_min, X'X, X'y)."""
         import dp_accounting
 
@@ -275,7 +291,8 @@ class AdaSSPResult:
         return dp_accounting.ComposedDpEvent([gaussian, gaussian, gaussian])
 
 
-def release(xtx, xty, epsilon, delta, bound_x, bound_y, rho=0.05, calibration="paper", rng=None):
+def release(xtx: np.ndarray, xty: np.ndarray, epsilon: float, delta: float, bound_x: float, bound_y: float,
+            rho: float = 0.05, calibration: str = "paper", rng: RngLike = None) -> AdaSSPResult:
     """AdaSSP on sufficient statistics ``xtx = X'X``, ``xty = X'y`` of CLIPPED data.
 
     The caller guarantees the clipping; the privacy proof in the module docstring needs ||x_i|| <= bound_x and
@@ -316,7 +333,8 @@ def release(xtx, xty, epsilon, delta, bound_x, bound_y, rho=0.05, calibration="p
     )
 
 
-def adassp(x, y, epsilon, delta, bound_x, bound_y, rho=0.05, calibration="paper", rng=None):
+def adassp(x: npt.ArrayLike, y: npt.ArrayLike, epsilon: float, delta: float, bound_x: float, bound_y: float,
+           rho: float = 0.05, calibration: str = "paper", rng: RngLike = None) -> AdaSSPResult:
     """(epsilon, delta)-DP linear regression coefficients of y on x (no intercept column added).
 
     Rows of x are clipped to L2 norm ``bound_x`` and y to [-bound_y, bound_y]

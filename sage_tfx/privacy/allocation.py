@@ -28,11 +28,18 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import ClassVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 from . import filters
 from .errors import LedgerError
 from .vocabulary import Accounting, Policy, Source
+
+if TYPE_CHECKING:
+    from .filters import Filter
+
+# One block's reservations: {pipeline: {"reserved": vector, "used": vector}}, in pipeline name order.
+Holdings = dict[str, dict[str, Sequence[float]]]
 
 
 # ------------------------------------------------------------------------------------------------- the rules
@@ -46,14 +53,14 @@ class AllocationPolicy(abc.ABC):
         """The policy's parameters, as stored with a stream (none for Conserve and Aggressive)."""
         return {}
 
-    def new_block_shares(self, capacity, waiting) -> tuple | None:
+    def new_block_shares(self, capacity: Sequence[float], waiting: Sequence[str]) -> tuple | None:
         """The reservation each of ``waiting`` gets on a new block (None: nobody waits, all goes to the pool)."""
         if not waiting:
             return None
         return tuple(c / len(waiting) for c in capacity)
 
     @staticmethod
-    def pool(filt, spent, holdings):
+    def pool(filt: Filter, spent: Sequence[float], holdings: Holdings) -> tuple[list[float], list[float]]:
         """A block's unreserved pool as (used, reserved): capacity not reserved to anyone, and the part of
         ``spent`` not drawn from reservations. Summed in the holdings' (pipeline name) order."""
         pool_reserved = list(filt.capacity)
@@ -63,7 +70,8 @@ class AllocationPolicy(abc.ABC):
             pool_used = [p - x for p, x in zip(pool_used, r["used"])]
         return pool_used, pool_reserved
 
-    def source(self, filt, spent, cost, holdings, pipeline) -> Source | None:
+    def source(self, filt: Filter, spent: Sequence[float], cost: Sequence[float], holdings: Holdings,
+               pipeline: str) -> Source | None:
         """Where ``pipeline``'s charge of ``cost`` on one block is drawn from: its own reservation first, then the
         pool; None if neither has room. The caller checks ``filt.admits(spent, cost)`` as well (privacy)."""
         own = holdings.get(pipeline)
@@ -75,11 +83,11 @@ class AllocationPolicy(abc.ABC):
         return None
 
     @staticmethod
-    def retires(filt, spent, min_cost) -> bool:
+    def retires(filt: Filter, spent: Sequence[float], min_cost: Sequence[float]) -> bool:
         """A block whose filter cannot admit ``min_cost`` more is retired for good."""
         return not filt.admits(spent, min_cost)
 
-    def redistribute(self, holdings, pipeline, others, zero) -> dict:
+    def redistribute(self, holdings: Holdings, pipeline: str, others: Sequence[str], zero: Sequence[float]) -> dict:
         """``pipeline`` finished: {holder: (new reserved, used)} for every holding of this block that changes.
 
         ``pipeline`` keeps what it used; the rest of its reservation is split evenly among ``others`` (the
@@ -108,7 +116,7 @@ class Conserve(AllocationPolicy):
 
     name = Policy.CONSERVE
 
-    def plan_epsilon(self, available, start_epsilon):
+    def plan_epsilon(self, available: float, start_epsilon: float) -> float:
         return min(float(start_epsilon), available)
 
 
@@ -117,7 +125,7 @@ class Aggressive(AllocationPolicy):
 
     name = Policy.AGGRESSIVE
 
-    def plan_epsilon(self, available, start_epsilon):
+    def plan_epsilon(self, available: float, start_epsilon: float) -> float:
         return available
 
 
@@ -172,25 +180,26 @@ class QueuedPolicy(AllocationPolicy):
 
     queued = True
 
-    def new_block_shares(self, capacity, waiting) -> None:
+    def new_block_shares(self, capacity: Sequence[float], waiting: Sequence[str]) -> None:
         return None
 
-    def redistribute(self, holdings, pipeline, others, zero):
+    def redistribute(self, holdings: Holdings, pipeline: str, others: Sequence[str], zero: Sequence[float]) -> dict:
         return {}
 
-    def plan_epsilon(self, available, start_epsilon):
+    def plan_epsilon(self, available: float, start_epsilon: float) -> float:
         return min(float(start_epsilon), available)
 
     @abc.abstractmethod
     def unlocked_fraction(self, *, arrivals: int, age: float) -> float:
         """The share of a block's capacity unlocked ``age`` seconds after it arrived, ``arrivals`` pipelines later."""
 
-    def demand_key(self, filt, cost, spents, orders_index=None) -> float:
+    def demand_key(self, filt: Filter, cost: Sequence[float], spents: Sequence[Sequence[float]],
+                   orders_index: Sequence[int | None] | None = None) -> float:
         """Sort key of a demand of ``cost`` on blocks whose spent vectors are ``spents`` (smaller: served first)."""
         return dominant_share(filt, cost, len(spents))
 
 
-def block_share(filt, cost, capacity) -> float:
+def block_share(filt: Filter, cost: Sequence[float], capacity: Sequence[float]) -> float:
     """A demand's share of one block: basic, the largest of cost/capacity over (epsilon, delta); RDP, the
     smallest over the orders of cost/capacity (the best alpha, PrivateKube §4.3: an RDP demand only needs to
     fit at one order). ``capacity``: the block's capacity vector (or what remains of it); inf where it is 0."""
@@ -201,7 +210,7 @@ def block_share(filt, cost, capacity) -> float:
     return max(ratios)
 
 
-def dominant_share(filt, cost, n_blocks) -> float:
+def dominant_share(filt: Filter, cost: Sequence[float], n_blocks: int) -> float:
     """DPF's dominant share of a demand: the max over its blocks of its share of the block's capacity (all
     blocks have the stream's capacity, so it is one block's share; 0 for a demand naming no block)."""
     return block_share(filt, cost, filt.capacity) if n_blocks else 0.0
@@ -216,10 +225,10 @@ class ArrivalUnlocking(QueuedPolicy):
     def __init__(self, *, n: int = DEFAULT_N) -> None:
         self.n = _int_param(str(self.name), "n", n, 1)
 
-    def params(self):
+    def params(self) -> dict:
         return {"n": self.n}
 
-    def unlocked_fraction(self, *, arrivals, age):
+    def unlocked_fraction(self, *, arrivals: int, age: float) -> float:
         return min(1.0, arrivals / self.n)
 
 
@@ -247,10 +256,10 @@ class DpfT(QueuedPolicy):
     def __init__(self, *, lifetime: float = DEFAULT_LIFETIME) -> None:
         self.lifetime = _positive_param(str(self.name), "lifetime", lifetime, "seconds")
 
-    def params(self):
+    def params(self) -> dict:
         return {"lifetime": self.lifetime}
 
-    def unlocked_fraction(self, *, arrivals, age):
+    def unlocked_fraction(self, *, arrivals: int, age: float) -> float:
         return min(1.0, max(0.0, age) / self.lifetime)
 
 
@@ -268,12 +277,13 @@ class DPack(ArrivalUnlocking):
 
     name = Policy.DPACK
 
-    def demand_key(self, filt, cost, spents, orders_index=None):
+    def demand_key(self, filt: Filter, cost: Sequence[float], spents: Sequence[Sequence[float]],
+                   orders_index: Sequence[int | None] | None = None) -> float:
         total = 0.0
         for i, spent in enumerate(spents):
             remaining = [max(0.0, c - s) for c, s in zip(filt.capacity, spent)]
             if filt.accounting == Accounting.RDP and orders_index is not None and orders_index[i] is not None:
-                k = orders_index[i]
+                k = cast(int, orders_index[i])
                 total += cost[k] / remaining[k] if remaining[k] > 0 else math.inf
             else:
                 total += block_share(filt, cost, remaining)
@@ -289,7 +299,7 @@ def policy_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def get_policy(name, params: dict | None = None) -> AllocationPolicy:
+def get_policy(name: str, params: Mapping[str, Any] | None = None) -> AllocationPolicy:
     """The policy registered as ``name`` with ``params`` (a queued policy's n / lifetime; None: defaults);
     LedgerError (a ValueError) naming the known ones, or the bad parameter, otherwise."""
     cls = _REGISTRY.get(str(name))
@@ -308,7 +318,7 @@ def get_policy(name, params: dict | None = None) -> AllocationPolicy:
 
 
 # ------------------------------------------------------------------------------- in-memory state (simulator)
-def newest_fitting(active, fits, window):
+def newest_fitting(active: Sequence[str], fits: Callable[[str], bool], window: int) -> list[str] | None:
     """The newest ``window`` blocks of ``active`` (kept oldest first) for which ``fits(block)``, oldest first; or None."""
     chosen = []
     for block in reversed(active):
@@ -327,7 +337,8 @@ class BlockAllocation:
     every charge is then made by the real ledger, which refuses anything this state gets wrong.
     """
 
-    def __init__(self, filt, min_cost, policy: AllocationPolicy | str = Policy.CONSERVE) -> None:
+    def __init__(self, filt: Filter, min_cost: Sequence[float],
+                 policy: AllocationPolicy | str = Policy.CONSERVE) -> None:
         self.filt = filt
         self.min_cost = tuple(min_cost)
         self.policy = policy if isinstance(policy, AllocationPolicy) else get_policy(policy)
@@ -337,7 +348,7 @@ class BlockAllocation:
         self.retired: set = set()
         self._pools: dict = {}         # block -> (pool_used, pool_reserved), dropped whenever the block changes
 
-    def add_block(self, block, waiting) -> None:
+    def add_block(self, block: str, waiting: Sequence[str]) -> None:
         zero = self.filt.zero()
         self.spent[block] = zero
         self.active.append(block)
@@ -351,7 +362,7 @@ class BlockAllocation:
             pool = self._pools[block] = self.policy.pool(self.filt, self.spent[block], self.holdings[block])
         return pool
 
-    def source(self, block, pipeline, cost):
+    def source(self, block: str, pipeline: str, cost: Sequence[float]) -> Source | None:
         """Source.OWN, Source.POOL or None, by the policy's rule (the filter must admit as well)."""
         if block in self.retired or not self.filt.admits(self.spent[block], cost):
             return None
@@ -364,10 +375,10 @@ class BlockAllocation:
             return Source.POOL
         return None
 
-    def fits(self, block, pipeline, cost):
+    def fits(self, block: str, pipeline: str, cost: Sequence[float]) -> bool:
         return self.source(block, pipeline, cost) is not None
 
-    def available_epsilon(self, block, pipeline, delta):
+    def available_epsilon(self, block: str, pipeline: str, delta: float) -> float:
         """Basic accounting only: the largest epsilon ``pipeline`` may spend on ``block`` (closed form)."""
         if self.filt.accounting != Accounting.BASIC:
             raise ValueError(f"available_epsilon has a closed form under basic accounting only, not "
@@ -387,11 +398,11 @@ class BlockAllocation:
             best = max(best, pool_reserved[0] - pool_used[0])
         return max(0.0, min(best, cap_eps - spent_eps))
 
-    def choose(self, pipeline, cost, window):
+    def choose(self, pipeline: str, cost: Sequence[float], window: int) -> list[str] | None:
         """The newest ``window`` active blocks on which ``pipeline`` can spend ``cost``, oldest first; or None."""
         return newest_fitting(self.active, lambda block: self.fits(block, pipeline, cost), window)
 
-    def charge(self, blocks, pipeline, cost) -> None:
+    def charge(self, blocks: Iterable[str], pipeline: str, cost: Sequence[float]) -> None:
         """Charge ``cost`` on every block (all must fit: AssertionError otherwise); retire exhausted blocks."""
         sources = [self.source(block, pipeline, cost) for block in blocks]
         missing = [b for b, s in zip(blocks, sources) if s is None]
@@ -407,7 +418,7 @@ class BlockAllocation:
                 self.retired.add(block)
                 self.active.remove(block)
 
-    def finish(self, pipeline, others) -> None:
+    def finish(self, pipeline: str, others: Sequence[str]) -> None:
         """``pipeline`` finished; ``others`` are the pipelines still waiting."""
         others = sorted(others)
         zero = self.filt.zero()
@@ -434,10 +445,10 @@ class QueuedAllocation:
     is the same as checking all of them (tests/simulate/test_allocation_policies.py checks it against a full scan).
     """
 
-    def __init__(self, filt, min_cost, policy: QueuedPolicy | str) -> None:
+    def __init__(self, filt: Filter, min_cost: Sequence[float], policy: AllocationPolicy | str) -> None:
         self.filt = filt
         self.min_cost = tuple(min_cost)
-        self.policy = policy if isinstance(policy, AllocationPolicy) else get_policy(policy)
+        self.policy = cast(QueuedPolicy, policy if isinstance(policy, AllocationPolicy) else get_policy(policy))
         if not self.policy.queued:
             raise LedgerError(f"policy {str(self.policy.name)!r} is not a queued policy: use BlockAllocation")
         self.spent: dict = {}          # block -> spent vector
@@ -450,7 +461,7 @@ class QueuedAllocation:
         self.full_scan = False   # tests: check every pending demand at every scheduling point
 
     # -- blocks and arrivals
-    def add_block(self, block, now) -> None:
+    def add_block(self, block: str, now: float) -> None:
         if block in self.spent:
             raise LedgerError(f"block {block!r} exists already")
         self.spent[block] = self.filt.zero()
@@ -458,7 +469,8 @@ class QueuedAllocation:
         self.arrivals[block] = 0
         self.active.append(block)
 
-    def load_block(self, block, *, spent, arrived, arrivals, retired=False) -> None:
+    def load_block(self, block: str, *, spent: Sequence[float], arrived: float, arrivals: int,
+                   retired: bool = False) -> None:
         """Restore one block's state as stored elsewhere (the ledger's tables, the audit's replay): the same
         fields ``add_block``, ``arrive`` and ``charge`` keep, so the rules run unchanged on them."""
         self.spent[block] = tuple(spent)
@@ -469,31 +481,31 @@ class QueuedAllocation:
         else:
             self.active.append(block)
 
-    def arrive(self, now=None) -> None:
+    def arrive(self, now: float | None = None) -> None:
         """A pipeline arrived: one more share of every live block unlocks (policies that unlock per arrival)."""
         for block in self.active:
             self.arrivals[block] += 1
 
-    def fraction(self, block, now):
+    def fraction(self, block: str, now: float) -> float:
         return self.policy.unlocked_fraction(arrivals=self.arrivals[block], age=float(now) - self.arrived[block])
 
-    def unlocked(self, block, now):
+    def unlocked(self, block: str, now: float) -> tuple[float, ...]:
         f = self.fraction(block, now)
         return tuple(c * f for c in self.filt.capacity)
 
-    def fits(self, block, cost, now):
+    def fits(self, block: str, cost: Sequence[float], now: float) -> bool:
         """Privacy (the filter admits ``cost`` on the block) AND the policy (it fits unlocked minus spent)."""
         if block in self.retired or block not in self.spent:
             return False
         spent = self.spent[block]
         return self.filt.admits(spent, cost) and self.filt.fits_share(spent, cost, self.unlocked(block, now))
 
-    def choose(self, cost, window, now):
+    def choose(self, cost: Sequence[float], window: int, now: float) -> list[str] | None:
         """The newest ``window`` active blocks on which ``cost`` fits now, oldest first; or None."""
         return newest_fitting(self.active, lambda block: self.fits(block, cost, now), window)
 
     # -- demands
-    def demand(self, pipeline, blocks, cost, seq=None) -> None:
+    def demand(self, pipeline: str, blocks: Sequence[str], cost: Sequence[float], seq: int | None = None) -> None:
         """Record ``pipeline``'s pending demand of ``cost`` on each of ``blocks`` (replacing any earlier one).
 
         ``seq`` orders demands whose keys tie (smaller: older, first); None: after every demand so far. The
@@ -507,10 +519,10 @@ class QueuedAllocation:
         self._seq = self._seq + 1 if seq is None else max(self._seq, int(seq))
         self.pending[pipeline] = [blocks, tuple(cost), self._seq if seq is None else int(seq), None, None]
 
-    def withdraw(self, pipeline) -> None:
+    def withdraw(self, pipeline: str) -> None:
         self.pending.pop(pipeline, None)
 
-    def key(self, pipeline, orders_index=None):
+    def key(self, pipeline: str, orders_index: Mapping[str, int | None] | None = None) -> tuple[float, int]:
         blocks, cost, seq = self.pending[pipeline][:3]
         spents = [self.spent[b] for b in blocks]
         idx = None if orders_index is None else [orders_index.get(b) for b in blocks]
@@ -546,7 +558,7 @@ class QueuedAllocation:
             return True
         return blocked_on not in self.retired and self.fraction(blocked_on, now) != fraction_then
 
-    def schedule(self, now) -> list:
+    def schedule(self, now: float) -> list:
         """Grant pending demands in the policy's order, all-or-nothing; returns [(pipeline, blocks, cost)]."""
         orders_index = self._best_orders()
         candidates = [p for p, e in self.pending.items() if self._maybe(e, now)]
@@ -565,7 +577,7 @@ class QueuedAllocation:
             granted.append((pipeline, blocks, cost))
         return granted
 
-    def charge(self, blocks, cost, now) -> None:
+    def charge(self, blocks: Iterable[str], cost: Sequence[float], now: float) -> None:
         """Charge ``cost`` on every block (all must fit: AssertionError otherwise); retire exhausted blocks."""
         missing = [b for b in blocks if not self.fits(b, cost, now)]
         if missing:

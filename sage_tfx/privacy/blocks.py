@@ -8,19 +8,27 @@ arrived. A block's exact row count stays in the ledger (``Block`` does not carry
 Reads that name many ids go in statements of at most ``CHUNK`` ids (``chunks``): under every backend's limit on
 a statement's parameters, and each a primary-key look-up, so their cost does not grow with the stream.
 """
+
+from __future__ import annotations
+
 import collections
 import collections.abc
 import json
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .chain import json_text
 from .checks import check_name, finite
 from .errors import DuplicateContent, LedgerError
 from .store import sql
 from .write import StreamWrite
+
+if TYPE_CHECKING:
+    from .allocation import Holdings
+    from .store.base import Tx
 
 DIGEST = re.compile(r"^[0-9a-f]{1,64}$")  # a block's content digest (ingest's): 1-64 lowercase hex digits
 CHUNK = 500  # ids per statement
@@ -41,7 +49,7 @@ class Block:
     retired: float | None = None
 
     @property
-    def key(self):
+    def key(self) -> dict[str, Any]:
         if self.shard is not None:
             return {"shard": self.shard}
         if self.start is not None:
@@ -49,13 +57,21 @@ class Block:
         return {}
 
 
-def chunks(items, size=CHUNK):
+class BlockSource(Protocol):
+    """What reads a stream's registered blocks: the ``Ledger``, or a confined run's ``GrantClient``."""
+
+    def blocks(self, stream: str, state: str | None = None) -> list[Block]: ...
+
+    def block_digest(self, stream: str, block_id: str) -> str | None: ...
+
+
+def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
     """``items`` (a list) in consecutive slices of at most ``size``."""
     for i in range(0, len(items), size):
         yield items[i:i + size]
 
 
-def vector_text(values) -> str:
+def vector_text(values: Sequence[float]) -> str:
     """The stored text of a budget vector (a tuple or list of floats): ``json.dumps(values)``."""
     return _VECTOR_TEXT(values)
 
@@ -63,13 +79,13 @@ def vector_text(values) -> str:
 _VECTOR_TEXT = json_text()  # json.dumps's own defaults, its encoders built once (chain.json_text)
 
 
-def vector_decoder():
+def vector_decoder() -> Callable[[str], tuple[float, ...]]:
     """A json.loads for stored budget vectors (as tuples) that parses each distinct text once.
 
     Thousands of rows hold few distinct vectors (fresh blocks, equal shares), and parsing
     dominates reading them.
     """
-    cache = {}
+    cache: dict[str, tuple[float, ...]] = {}
 
     def decode(text):
         value = cache.get(text)
@@ -88,7 +104,8 @@ DATE_MIN, DATE_MAX = -62135596800.0, 253402300800.0
 MAX_STORED_INT = 2 ** 63 - 1  # a BIGINT column's largest value (SQLite and PostgreSQL)
 
 
-def check_block(id, start=None, end=None, shard=None, rows=None, created=None, digest=None):
+def check_block(id: object, start: float | None = None, end: float | None = None, shard: str | None = None,
+                rows: int | None = None, created: float | None = None, digest: str | None = None) -> tuple:
     """One new block's fields checked: (id, start, end, shard, rows, created, digest), or LedgerError naming the
     value. ``created`` defaults to now."""
     block_id = check_name(id, "block id")
@@ -114,7 +131,7 @@ def check_block(id, start=None, end=None, shard=None, rows=None, created=None, d
     return block_id, start, end, shard, rows, created, digest
 
 
-def check_new_blocks(blocks):
+def check_new_blocks(blocks: Iterable[Mapping[str, Any]]) -> list[tuple]:
     """``add_blocks``' list checked before anything is read: each block's fields (``check_block``), no id twice."""
     if not isinstance(blocks, collections.abc.Iterable):
         raise LedgerError(f"add_blocks: blocks {blocks!r} is not a list: give a list of dicts with 'id' and the "
@@ -131,7 +148,7 @@ def check_new_blocks(blocks):
     return checked
 
 
-def check_block_set(blocks):
+def check_block_set(blocks: str | Iterable[str] | None) -> list[str]:
     """A request's block ids as a list (a comma-separated string is split): not empty, no id twice; LedgerError
     naming the ids otherwise."""
     given = blocks
@@ -151,7 +168,7 @@ def check_block_set(blocks):
     return blocks
 
 
-def check_new_ids(tx, stream, checked, allowed) -> None:
+def check_new_ids(tx: Tx, stream: str, checked: Sequence[tuple], allowed: Container[str]) -> None:
     """In ``add_blocks``' transaction: refuse an id the stream holds, then a digest another stream (not in
     ``allowed``) registered (DuplicateContent: the same records would get a fresh budget here)."""
     # before the digest check: a block of this stream is never taken for a copy. One query per CHUNK ids
@@ -173,8 +190,9 @@ def check_new_ids(tx, stream, checked, allowed) -> None:
                 f"--allow-duplicate-of-stream {others[0][0]}, allow_duplicate_of=({others[0][0]!r},))")
 
 
-def digest_owners(tx, digests, exclude_stream):
+def digest_owners(tx: Tx, digests: Iterable[str], exclude_stream: str | None) -> dict[str, list[tuple[str, str]]]:
     """{digest: [(stream, block id), ...]} for ``digests`` registered in streams other than ``exclude_stream``."""
+    out: dict[str, list[tuple[str, str]]]
     digests, out = sorted(set(digests)), {}
     for chunk in chunks(digests):
         for digest, stream, block_id in tx.all(sql.block_digest_owners(len(chunk)), [*chunk, exclude_stream or ""]):
@@ -219,24 +237,26 @@ def insert_block(w: StreamWrite, block: tuple, *, waiting: Sequence[str], share:
         log(tx, "reserve", {"stream": stream, "block": block_id, "pipelines": waiting, "share": list(share)})
 
 
-def block_rows(stream, rows):
+def block_rows(stream: str, rows: Iterable[Sequence[Any]]) -> list[Block]:
     """The ``Block``s of stored rows (``sql.BLOCK_COLUMNS``)."""
     decode = vector_decoder()
     return [Block(stream, r[0], r[1], r[2], r[3], r[4], r[5], decode(r[6]), r[7]) for r in rows]
 
 
-def read_blocks(tx, stream, ids):
+def read_blocks(tx: Tx, stream: str, ids: Iterable[str]) -> dict[str, Block]:
     """{id: Block} for those of ``ids`` that are blocks of ``stream``."""
-    found = {}
+    found: dict[str, Block] = {}
     for chunk in chunks(list(ids)):
         found.update((b.id, b) for b in block_rows(stream, tx.all(sql.block_rows(len(chunk)), [stream, *chunk])))
     return found
 
 
-def block_budgets(tx, stream, ids):
+def block_budgets(tx: Tx, stream: str, ids: Iterable[str]) -> tuple[dict[str, tuple[str, str]], dict[str, Holdings]]:
     """What ``request`` checks of the blocks ``ids`` that exist, in one read: ({id: (state, spent TEXT as
     stored)}, their reservations as ``read_reservations`` gives them: {block: {pipeline: {"reserved", "used"}}},
     pipelines in name order). The spent text is decoded by the caller once per distinct text."""
+    found: dict[str, tuple[str, str]]
+    reservations: dict[str, Holdings]
     found, reservations, decode = {}, {}, vector_decoder()
     for chunk in chunks(list(ids)):
         for block, state, spent, pipeline, reserved, used in tx.all(sql.block_budgets(len(chunk)), [stream, *chunk]):
@@ -246,7 +266,7 @@ def block_budgets(tx, stream, ids):
     return found, reservations
 
 
-def read_reservations(tx, stream, blocks=None):
+def read_reservations(tx: Tx, stream: str, blocks: Iterable[str] | None = None) -> dict[str, Holdings]:
     """{block: {pipeline: {"reserved", "used"}}} for ``blocks`` (None: every active block of the stream).
 
     Pipelines come in name order, so every reader sums a block's pool in the same order.
@@ -257,6 +277,7 @@ def read_reservations(tx, stream, blocks=None):
         rows = []
         for chunk in chunks(list(blocks)):
             rows += tx.all(sql.reservation_rows(len(chunk)), [stream, *chunk])
+    out: dict[str, Holdings]
     out, decode = {}, vector_decoder()
     for block, pipeline, reserved, used in rows:
         out.setdefault(block, {})[pipeline] = {"reserved": decode(reserved), "used": decode(used)}

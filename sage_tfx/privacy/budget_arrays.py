@@ -8,11 +8,20 @@ bisections at once.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from . import curves
 from .allocation import AllocationPolicy, Conserve
 from .errors import LedgerError
 from .vocabulary import Accounting
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from .allocation import Holdings
+    from .filters import Filter
+from .filters import RdpFilter
 
 
 def _numpy():
@@ -21,7 +30,7 @@ def _numpy():
     return numpy
 
 
-def bisect(fits, size, top, tolerance):
+def bisect(fits: Callable[[np.ndarray], np.ndarray], size: int, top: float, tolerance: float) -> np.ndarray:
     """``size`` bisections over epsilon in [0, top] at once, each exactly this scalar loop::
 
         if fits(top): return top
@@ -63,8 +72,9 @@ class BudgetArrays:
     with the filter itself, so a mismatch could refuse a grant, never overspend a block.
     """
 
-    def __init__(self, filt, pipeline, spent, blocks, reservations, delta, policy: AllocationPolicy | None = None,
-                 unlocked: dict | None = None):
+    def __init__(self, filt: Filter, pipeline: str, spent: Mapping[str, Sequence[float]], blocks: Sequence[str],
+                 reservations: Mapping[str, Holdings], delta: float, policy: AllocationPolicy | None = None,
+                 unlocked: dict | None = None) -> None:
         """``spent``: {block: spent vector}; ``blocks``: the ids to evaluate, in order (repeats allowed);
         ``reservations``: {block: holdings}. ``unlocked`` ({block: unlocked vector}, a queued policy's
         ``QueuedAllocation.unlocked``) replaces reservations and pool: the cost must then fit unlocked minus
@@ -92,7 +102,7 @@ class BudgetArrays:
             self.own_reserved = np.array([unlocked[b] for b in blocks], dtype=float).reshape(n, dim)
             self.pool_used, self.pool_reserved = np.ones((n, dim)), np.zeros((n, dim))
         self.capacity = np.array(filt.capacity, dtype=float)
-        if filt.accounting == Accounting.RDP:
+        if isinstance(filt, RdpFilter):  # Accounting.RDP
             self.orders = np.array(filt.orders, dtype=float)
             if filt.terms is not None:
                 # RdpFilter.admits: spent[0] + cost[0] <= delta_queries and some order has
@@ -113,7 +123,7 @@ class BudgetArrays:
         elif filt.accounting != Accounting.BASIC:
             raise LedgerError(f"accounting {filt.accounting!r} has no array form of its filter")
 
-    def cost(self, eps):
+    def cost(self, eps: np.ndarray) -> np.ndarray:
         """Rows of filt.cost(epsilon=eps, delta=delta): one row, or one per block."""
         np = self.np
         eps = np.asarray(eps, dtype=float).reshape(-1, 1)
@@ -122,22 +132,22 @@ class BudgetArrays:
         # curves.pure_dp_curve: min(eps, alpha * eps * eps / 2.0), in that evaluation order.
         return np.hstack([np.full_like(eps, self.delta), np.minimum(eps, self.orders * eps * eps / 2.0)])
 
-    def best_slack(self, cost):
+    def best_slack(self, cost: np.ndarray) -> np.ndarray:
         """RdpFilter._best_slack's slack for each block: the most epsilon any order leaves (-inf: no delta left)."""
         slack = (self.filt.epsilon - (self.spent[:, 1:] + cost[:, 1:] + self.terms)).max(axis=1)
         return self.np.where(self.delta_ok, slack, -math.inf)
 
-    def admits(self, cost):
+    def admits(self, cost: np.ndarray) -> np.ndarray:
         if self.filt.accounting == Accounting.BASIC:
             return (self.spent + cost <= self.capacity).all(axis=1)
         return self.best_slack(cost) >= 0
 
-    def fits_share(self, used, cost, reserved):
+    def fits_share(self, used: np.ndarray, cost: np.ndarray, reserved: np.ndarray) -> np.ndarray:
         if self.filt.accounting == Accounting.BASIC:
             return (used + cost <= reserved).all(axis=1)
         return (used[:, 0] + cost[:, 0] <= reserved[:, 0]) & (used[:, 1:] + cost[:, 1:] <= reserved[:, 1:]).any(axis=1)
 
-    def fits(self, eps):
+    def fits(self, eps: np.ndarray) -> np.ndarray:
         cost = self.cost(eps)
         own = self.has_own & self.fits_share(self.own_used, cost, self.own_reserved)
         return self.admits(cost) & (own | self.fits_share(self.pool_used, cost, self.pool_reserved))

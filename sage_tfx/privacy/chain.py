@@ -4,14 +4,19 @@ Shared by the ledger, which appends entries, and the audit, which re-verifies th
 other. The KEYED chain value of an entry is ``KeyRing.chain_value`` (``keys.py``); ``chain_hash`` is the
 UNKEYED chain of ledgers written before the key migration, kept to verify their old entries.
 """
+
+from __future__ import annotations
+
 import hashlib
 import json
+from collections.abc import Callable
+from typing import Any
 
 GENESIS = "0" * 64  # the ``prev`` of the first log entry
 TRUSTED_READ = "trusted_read"  # the kind of the entry trusted code writes before it decrypts blocks outside a grant
 
 
-def json_text(*, sort_keys: bool = False, separators: tuple = (", ", ": ")):
+def json_text(*, sort_keys: bool = False, separators: tuple = (", ", ": ")) -> Callable[[Any], str]:
     """``json.dumps(obj, sort_keys=sort_keys, separators=separators)`` as a function of ``obj``, character for
     character, at a fraction of its cost on the ledger's hot path (a grant's body, its spent vectors).
 
@@ -36,7 +41,7 @@ def json_text(*, sort_keys: bool = False, separators: tuple = (", ", ": ")):
 _CANONICAL = json_text(sort_keys=True, separators=(",", ":"))
 
 
-def canonical(obj) -> str:
+def canonical(obj: Any) -> str:
     """The one JSON text of ``obj`` that is signed, chained and stored: sorted keys, no spaces (``json.dumps(obj,
     sort_keys=True, separators=(",", ":"))``, character for character; tests/privacy/test_ledger_request_reads.py)."""
     return _CANONICAL(obj)

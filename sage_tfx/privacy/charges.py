@@ -16,9 +16,14 @@ The writing functions take a ``write.StreamWrite`` (the caller's write transacti
 the ``KeyRing`` that signs each grant, the stream and its filter) and, for a request, a ``write.Charge``. This
 module imports neither the ``Ledger`` facade nor the audit.
 """
+
+from __future__ import annotations
+
 import collections
 import json
 import time
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from . import filters
 from .allocation import QueuedAllocation, get_policy
@@ -33,10 +38,17 @@ from .streams import stream_cost
 from .vocabulary import Accounting, BlockState, DemandState, Policy, Source
 from .write import Charge, StreamWrite
 
+if TYPE_CHECKING:
+    from .allocation import AllocationPolicy, Holdings
+    from .filters import Filter
+    from .store.base import Tx
+    from .streams import Stream
+
 PENDING, ADMITTED = DemandState.PENDING, DemandState.ADMITTED
 
 
-def pick_source(filt, spent, cost, block_reservations, pipeline, policy=Policy.CONSERVE):
+def pick_source(filt: Filter, spent: Sequence[float], cost: Sequence[float], block_reservations: Holdings,
+                pipeline: str, policy: AllocationPolicy | str = Policy.CONSERVE) -> Source | NoSource:
     """The policy's source (allocation.py: own reservation first, then the unreserved pool); else a
     NoSource saying what each had left. ``policy``: its name, or the ``AllocationPolicy`` itself."""
     rules = get_policy(policy) if isinstance(policy, str) else policy
@@ -81,6 +93,7 @@ def charge_now(w: StreamWrite, charge: Charge, found: dict, reservations: dict) 
             groups[key] = [b]
         else:
             group.append(b)
+    verdicts: dict[tuple, tuple[bool, Any, tuple[float, ...]]]
     verdicts, rules = {}, s.rules()
     for key, members in groups.items():
         spent, holdings = tuple(json.loads(key[0])), reservations.get(members[0], {})
@@ -164,7 +177,8 @@ def queued_request(w: StreamWrite, charge: Charge) -> tuple[Grant | None, dict[s
     return None, why or {b: f"waits in the {s.policy} queue behind earlier demands" for b in blocks}
 
 
-def queue_state(tx, s, filt, blocks=()):
+def queue_state(tx: Tx, s: Stream, filt: Filter,
+                blocks: Iterable[str] = ()) -> tuple[dict[str, tuple[str, str]], QueuedAllocation]:
     """The stream's queue as ``QueuedAllocation`` state: the pending demands, and the blocks they (and
     ``blocks``) name, as stored. ({pipeline: (rule, meta text)}, state)."""
     queue = QueuedAllocation(filt, filt.cost(epsilon=s.min_epsilon), s.rules())
@@ -224,7 +238,7 @@ def schedule(w: StreamWrite, now: float, caller: str | None = None) -> tuple[dic
     return {p: g for p, (g, _text) in grants.items()}, queue
 
 
-def unlocked(tx, s, filt, blocks):
+def unlocked(tx: Tx, s: Stream, filt: Filter, blocks: Iterable[str]) -> dict[str, tuple[float, ...]] | None:
     """A queued stream: {block: its unlocked budget now} (``QueuedAllocation.unlocked``; the availability
     answers then say what fits unlocked minus spent, as the scheduler checks). None under other policies."""
     if not s.rules().queued:
@@ -234,7 +248,7 @@ def unlocked(tx, s, filt, blocks):
     return {b: queue.unlocked(b, now) for b in queue.spent}
 
 
-def budgets_on_all(tx, s, pipeline, blocks, delta):
+def budgets_on_all(tx: Tx, s: Stream, pipeline: str, blocks: Sequence[str], delta: float) -> BudgetArrays | None:
     """``available_epsilon``'s read: the ``BudgetArrays`` of what ``pipeline`` could be granted on each of
     ``blocks`` of stream ``s`` now (a queued stream's unlocked budget included), or None if any block is unknown
     or retired (nothing can be granted on all of them)."""
@@ -246,7 +260,8 @@ def budgets_on_all(tx, s, pipeline, blocks, delta):
                         read_reservations(tx, s.name, blocks), delta, s.rules(), unlocked(tx, s, filt, found))
 
 
-def budgets_per_block(tx, s, pipeline, blocks, delta):
+def budgets_per_block(tx: Tx, s: Stream, pipeline: str, blocks: Sequence[str] | None,
+                      delta: float) -> tuple[list[str], list[str], BudgetArrays]:
     """``available_per_block``'s one read: (the blocks asked, in order: ``blocks`` without repeats, or None: every
     active block of ``s`` in key order; the active ones among them; their ``BudgetArrays`` for ``pipeline``)."""
     filt = s.filter()
@@ -265,11 +280,11 @@ def budgets_per_block(tx, s, pipeline, blocks, delta):
     return blocks, active, budgets
 
 
-def release_reservations(tx, s, pipeline, others):
+def release_reservations(tx: Tx, s: Stream, pipeline: str, others: Sequence[str]) -> int:
     """``finish``'s reservation moves: ``pipeline`` keeps only what it used on each active block it holds; the
     rest is split among ``others``, those still waiting (``AllocationPolicy.redistribute``). Returns how many
     blocks it released. Every reservation involved is read at once and written back in a few statements."""
-    held = collections.defaultdict(dict)
+    held: collections.defaultdict[str, dict[str, tuple[str, str]]] = collections.defaultdict(dict)
     for block_id, holder, reserved, used in tx.all(sql.RESERVATION_HELD, (s.name, pipeline)):
         held[block_id][holder] = (reserved, used)
     zero = s.filter().zero()
@@ -290,11 +305,11 @@ def release_reservations(tx, s, pipeline, others):
 class NoSource:
     """Why no source admits a charge on a block (its ``reason``, for the refusal)."""
 
-    def __init__(self, reason) -> None:
+    def __init__(self, reason: str) -> None:
         self.reason = reason
 
 
-def eps_left(filt, used, reserved):
+def eps_left(filt: Filter, used: Sequence[float], reserved: Sequence[float]) -> float:
     """Epsilon still available in a reservation, in the stream's epsilon units (for messages)."""
     if filt.accounting == Accounting.BASIC:
         return max(0.0, reserved[0] - used[0])
@@ -302,7 +317,7 @@ def eps_left(filt, used, reserved):
     return max(0.0, max(shares, default=0.0)) * filt.epsilon
 
 
-def check_availability_args(filt, delta, tolerance) -> None:
+def check_availability_args(filt: Filter, delta: float, tolerance: float) -> None:
     """The availability answers' arguments: ``delta`` as a request would check it, 0 < ``tolerance`` < 1."""
     try:
         filt.cost(epsilon=filt.epsilon, delta=delta)  # the request's own check of delta

@@ -8,9 +8,13 @@ Every layer uses these with its own error class and message style: ``error`` is 
 message names the argument, the value and the fix. Raised before anything is changed. No numpy: the
 privacy core's checks run without it.
 """
+
+from __future__ import annotations
+
 import math
 import numbers
 import re
+from typing import Any
 
 from .errors import LedgerError
 
@@ -19,7 +23,7 @@ NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,127}$")
 INVALID = "{what} {value!r} is invalid: must be {rule}"
 
 
-def check_name(value, what):
+def check_name(value: Any, what: str) -> str:
     """``value`` if it is a valid stream, block or pipeline name (1-128 of letters, digits and ._:@+-)."""
     if not isinstance(value, str) or not NAME.match(value):
         raise LedgerError(
@@ -28,7 +32,8 @@ def check_name(value, what):
     return value
 
 
-def rule_text(low=None, high=None, *, low_open=False, high_open=False) -> str:
+def rule_text(low: float | None = None, high: float | None = None, *, low_open: bool = False,
+              high_open: bool = False) -> str:
     """The range a number must lie in, in words: "finite", "finite and > 0", "in (0, 1)", "in [0, 1)", ..."""
     if low is not None and high is not None:
         return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
@@ -39,8 +44,9 @@ def rule_text(low=None, high=None, *, low_open=False, high_open=False) -> str:
     return "finite"
 
 
-def number(value, what, *, error=LedgerError, low=None, high=None, low_open=False, high_open=False,
-           allow_none=False, allow_bool=False, message=INVALID, not_number=None):
+def number(value: Any, what: str, *, error: type[Exception] = LedgerError, low: float | None = None,
+           high: float | None = None, low_open: bool = False, high_open: bool = False, allow_none: bool = False,
+           allow_bool: bool = False, message: str = INVALID, not_number: str | None = None) -> Any:
     """``value`` as a finite float within [low, high] (an end ``*_open`` excludes it; None: unbounded).
 
     None returns None when ``allow_none``. A bool is refused unless ``allow_bool`` (True is not a budget).
@@ -62,21 +68,22 @@ def number(value, what, *, error=LedgerError, low=None, high=None, low_open=Fals
     return out
 
 
-def positive(value, what, *, error=LedgerError, message=INVALID, not_number=None, allow_none=False,
-             allow_bool=False):
+def positive(value: Any, what: str, *, error: type[Exception] = LedgerError, message: str = INVALID,
+             not_number: str | None = None, allow_none: bool = False, allow_bool: bool = False) -> Any:
     """``value`` as a finite float > 0 (an epsilon, a scale, a bound); see ``number``."""
     return number(value, what, error=error, low=0.0, low_open=True, message=message, not_number=not_number,
                   allow_none=allow_none, allow_bool=allow_bool)
 
 
-def probability(value, what, *, error=LedgerError, zero=False, message=INVALID, not_number=None, allow_none=False):
+def probability(value: Any, what: str, *, error: type[Exception] = LedgerError, zero: bool = False,
+                message: str = INVALID, not_number: str | None = None, allow_none: bool = False) -> Any:
     """``value`` as a float in (0, 1), or [0, 1) with ``zero`` (a delta, a confidence); see ``number``."""
     return number(value, what, error=error, low=0.0, high=1.0, low_open=not zero, high_open=True, message=message,
                   not_number=not_number, allow_none=allow_none)
 
 
-def integer(value, what, *, error=LedgerError, low=None, high=None, high_open=False, message=INVALID,
-            allow_none=False):
+def integer(value: Any, what: str, *, error: type[Exception] = LedgerError, low: int | None = None,
+            high: int | None = None, high_open: bool = False, message: str = INVALID, allow_none: bool = False) -> Any:
     """``value`` as an int within [low, high] (``high_open`` excludes high; None: unbounded).
 
     An int (numpy's too) or an integral float (3.0) passes; a bool, a fraction (2.5: truncating it would
@@ -110,7 +117,8 @@ def integer(value, what, *, error=LedgerError, low=None, high=None, high_open=Fa
 INTERVAL = "{what} {value!r} is invalid: must be {rule}"
 
 
-def interval(value, what, *, error=LedgerError, message=INTERVAL):
+def interval(value: Any, what: str, *, error: type[Exception] = LedgerError,
+             message: str = INTERVAL) -> tuple[float, float]:
     """``value`` as a pair of floats (low, high) with both finite and low < high (a public range).
 
     Anything else (not a pair, a non-number, inf/nan, low >= high) raises
@@ -126,7 +134,8 @@ def interval(value, what, *, error=LedgerError, message=INTERVAL):
     return low, high
 
 
-def finite(value, what, allow_none=True, nonnegative=False, *, positive=False, error=LedgerError):
+def finite(value: Any, what: str, allow_none: bool = True, nonnegative: bool = False, *, positive: bool = False,
+           error: type[Exception] = LedgerError) -> Any:
     """``value`` as a finite float (None stays None when ``allow_none``); ``nonnegative`` also refuses < 0,
     ``positive`` refuses <= 0. The ledger's form (a bool counts as 0/1): "{what} {value!r} is not a number",
     "... is invalid: must be finite" / ">= 0" / "> 0"."""
@@ -141,6 +150,6 @@ def finite(value, what, allow_none=True, nonnegative=False, *, positive=False, e
     return out
 
 
-def is_real(value) -> bool:
+def is_real(value: object) -> bool:
     """True for an int or float (numbers.Real) that is not a bool: a number a caller may have meant."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)

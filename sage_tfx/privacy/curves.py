@@ -16,17 +16,29 @@ The conversion from a curve to (epsilon, delta) is the one dp-accounting uses
 per-block filter can test "exists alpha: spent(alpha) + query(alpha) +
 conversion_term(alpha, delta) <= epsilon_global" without dp-accounting.
 """
+
+from __future__ import annotations
+
 import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 from .checks import number
 from .errors import LedgerError
+
+if TYPE_CHECKING:
+    import dp_accounting
+    from dp_accounting import rdp
+
+    # A user-supplied RDP curve: values aligned with the orders, {order: value}, or a dp_accounting DpEvent.
+    CurveLike: TypeAlias = Sequence[float] | Mapping[float, float] | dp_accounting.DpEvent
 
 # SAGE_SPEC.md section 2. Low orders serve small-noise (large eps) queries, high
 # orders the many-small-steps DP-SGD regime.
 DEFAULT_ORDERS = (1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 16.0, 32.0, 64.0)
 
 
-def check_orders(orders):
+def check_orders(orders: Iterable[float]) -> tuple[float, ...]:
     """``orders`` as a tuple of distinct finite floats > 1.01, else a LedgerError naming the bad order."""
     orders = tuple(_order(a) for a in orders)
     if not orders:
@@ -41,7 +53,7 @@ def _order(value):
                   message="{what} {value!r} is invalid: orders must be {rule}")
 
 
-def conversion_term(alpha, delta):
+def conversion_term(alpha: float, delta: float) -> float:
     """The curve-independent part of the RDP -> (eps, delta) conversion at order alpha.
 
     Valid for any mechanism that is (alpha, r)-RDP: it is (r + term, delta)-DP
@@ -52,7 +64,7 @@ def conversion_term(alpha, delta):
     return math.log1p(-1.0 / alpha) - math.log(delta * alpha) / (alpha - 1.0)
 
 
-def rdp_to_dp(orders, curve, delta):
+def rdp_to_dp(orders: Sequence[float], curve: Sequence[float], delta: float) -> tuple[float, float | None]:
     """(epsilon, best order) of a mechanism with RDP ``curve`` over ``orders`` at ``delta``.
 
     Same result as ``dp_accounting.rdp.compute_epsilon`` except that we skip its
@@ -69,7 +81,7 @@ def rdp_to_dp(orders, curve, delta):
     return max(0.0, best), best_order
 
 
-def pure_dp_curve(epsilon, orders=DEFAULT_ORDERS):
+def pure_dp_curve(epsilon: float, orders: Sequence[float] = DEFAULT_ORDERS) -> tuple[float, ...]:
     """RDP curve implied by ANY epsilon-DP mechanism (no knowledge of the mechanism).
 
     eps-DP implies (alpha, min(eps, alpha*eps^2/2))-RDP for every alpha: the
@@ -82,7 +94,7 @@ def pure_dp_curve(epsilon, orders=DEFAULT_ORDERS):
     return tuple(min(eps, a * eps * eps / 2.0) for a in orders)
 
 
-def pure_epsilon(curve, orders=DEFAULT_ORDERS):
+def pure_epsilon(curve: Sequence[float], orders: Sequence[float] = DEFAULT_ORDERS) -> float:
     """The largest epsilon whose ``pure_dp_curve`` lies on or below ``curve`` at every order: an epsilon-DP
     mechanism of at most this epsilon spends no more than ``curve`` at any order.
 
@@ -101,7 +113,7 @@ WIDE_ORDERS_TAIL = (1536.0, 2048.0, 3072.0, 4096.0, 6144.0, 8192.0, 12288.0, 163
                     262144.0, 1048576.0)
 
 
-def calibration_accountant():
+def calibration_accountant() -> rdp.RdpAccountant:
     """A fresh dp_accounting ``RdpAccountant`` over its default orders and ``WIDE_ORDERS_TAIL``, for
     ``mechanism_calibration.calibrate_dp_mechanism`` and the epsilon of a calibrated release. More orders only
     lower (tighten) the epsilon it reports: each order's conversion is valid alone (Balle et al. 2020)."""
@@ -110,7 +122,7 @@ def calibration_accountant():
     return rdp.RdpAccountant(orders=list(rdp.DEFAULT_RDP_ORDERS) + list(WIDE_ORDERS_TAIL))
 
 
-def event_curve(event, orders=DEFAULT_ORDERS):
+def event_curve(event: dp_accounting.DpEvent, orders: Sequence[float] = DEFAULT_ORDERS) -> tuple[float, ...]:
     """RDP curve of a dp_accounting ``DpEvent`` (Laplace, Gaussian, Poisson-sampled, composed...)."""
     from dp_accounting.rdp import rdp_privacy_accountant as rdp
 
@@ -119,21 +131,22 @@ def event_curve(event, orders=DEFAULT_ORDERS):
     return tuple(float(v) for v in accountant._rdp)  # the accumulated per-order RDP vector
 
 
-def laplace_curve(epsilon, orders=DEFAULT_ORDERS):
+def laplace_curve(epsilon: float, orders: Sequence[float] = DEFAULT_ORDERS) -> tuple[float, ...]:
     """RDP curve of a Laplace mechanism of sensitivity 1 and scale 1/epsilon (an epsilon-DP query)."""
     import dp_accounting
 
     return event_curve(dp_accounting.LaplaceDpEvent(noise_multiplier=1.0 / float(epsilon)), orders)
 
 
-def gaussian_curve(noise_multiplier, orders=DEFAULT_ORDERS):
+def gaussian_curve(noise_multiplier: float, orders: Sequence[float] = DEFAULT_ORDERS) -> tuple[float, ...]:
     """RDP curve of a Gaussian mechanism, std = noise_multiplier * L2 sensitivity: alpha/(2 sigma^2)."""
     import dp_accounting
 
     return event_curve(dp_accounting.GaussianDpEvent(noise_multiplier=float(noise_multiplier)), orders)
 
 
-def dpsgd_curve(noise_multiplier, sampling_rate, steps, orders=DEFAULT_ORDERS):
+def dpsgd_curve(noise_multiplier: float, sampling_rate: float, steps: int,
+                orders: Sequence[float] = DEFAULT_ORDERS) -> tuple[float, ...]:
     """RDP curve of DP-SGD: ``steps`` compositions of a Poisson-sampled Gaussian (Abadi et al. 2016)."""
     import dp_accounting
 
@@ -147,7 +160,7 @@ def dpsgd_curve(noise_multiplier, sampling_rate, steps, orders=DEFAULT_ORDERS):
     return event_curve(event, orders)
 
 
-def as_curve(value, orders):
+def as_curve(value: CurveLike, orders: Sequence[float]) -> tuple[float, ...]:
     """Normalize a user-supplied curve (sequence aligned with orders, {order: eps} mapping, or DpEvent)."""
     if hasattr(value, "to_named_tuple") or type(value).__module__.startswith("dp_accounting"):
         return event_curve(value, orders)

@@ -11,11 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import TYPE_CHECKING, Any
 
 from .split import record_split
 
+if TYPE_CHECKING:
+    from .blocks import BlockSource
+    from .grants import Grant
 
-def computation_digest(*parts) -> str:
+
+def computation_digest(*parts: Any) -> str:
     """A SHA-256 fingerprint of a computation from its parts (bytes as they are, anything else as canonical JSON)."""
     digest = hashlib.sha256()
     for part in parts:
@@ -25,7 +30,7 @@ def computation_digest(*parts) -> str:
     return digest.hexdigest()
 
 
-def data_digest(ledger, grant) -> str:
+def data_digest(ledger: BlockSource, grant: Grant) -> str:
     """A SHA-256 of the records a grant gives to read: its stream, each granted block with the content digest
     the ledger registered for it at ingest (None for a block registered without one: its id stands for it), and
     the grant's record split (``record_split``). Readers of the grant's blocks (BlockExampleGen,
@@ -35,7 +40,7 @@ def data_digest(ledger, grant) -> str:
     return computation_digest("records/v1", grant.stream, blocks, record_split(grant).to_dict())
 
 
-def bound_to_data(computation: str, ledger, grant) -> str:
+def bound_to_data(computation: str, ledger: BlockSource, grant: Grant) -> str:
     """The fingerprint of ``computation`` (a fingerprint string) reading ``grant``'s records (``data_digest``):
     what a release strategy opens each grant's release with. The same computation on another grant's records,
     or on a block registered with other content, is another fingerprint."""

@@ -26,10 +26,18 @@ each present record with probability q whatever the number of records.
 
 dp_accounting is imported lazily (it takes over a second to load).
 """
+
+from __future__ import annotations
+
 import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from . import checks
 from .errors import SageError
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 ACCOUNTANTS = ("rdp", "pld")
 
@@ -51,7 +59,7 @@ def _positive(value, name, integer=False):
     return number
 
 
-def check_budget(epsilon, delta):
+def check_budget(epsilon: float, delta: float) -> tuple[float, float]:
     """Validate an (epsilon, delta) target for a Gaussian-noise mechanism; return floats."""
     epsilon = _positive(epsilon, "epsilon")
     delta = checks.probability(delta, "delta", error=DpSgdConfigError, not_number=_NOT_NUMBER,
@@ -59,13 +67,13 @@ def check_budget(epsilon, delta):
     return epsilon, delta
 
 
-def check_accountant(accountant):
+def check_accountant(accountant: str) -> str:
     if accountant not in ACCOUNTANTS:
         raise DpSgdConfigError(f"accountant={accountant!r} is invalid: choose one of {ACCOUNTANTS}")
     return accountant
 
 
-def sampling_rate(num_examples, batch_size):
+def sampling_rate(num_examples: int, batch_size: int) -> float:
     """Poisson sampling probability q = batch_size / num_examples."""
     num_examples = _positive(num_examples, "num_examples", integer=True)
     batch_size = _positive(batch_size, "batch_size", integer=True)
@@ -76,7 +84,7 @@ def sampling_rate(num_examples, batch_size):
     return batch_size / num_examples
 
 
-def num_steps(num_examples, batch_size, epochs):
+def num_steps(num_examples: int, batch_size: int, epochs: float) -> int:
     """Training steps of ``epochs`` passes: ceil(epochs / q) (tensorflow-privacy's count)."""
     q = sampling_rate(num_examples, batch_size)
     epochs = _positive(epochs, "epochs")
@@ -84,7 +92,7 @@ def num_steps(num_examples, batch_size, epochs):
     return max(1, int(math.ceil(round(epochs / q, 9))))
 
 
-def dpsgd_event(noise_multiplier, num_examples, batch_size, epochs):
+def dpsgd_event(noise_multiplier: float, num_examples: int, batch_size: int, epochs: float) -> dp_accounting.DpEvent:
     """The dp_accounting DpEvent of a DP-SGD run (Poisson-sampled Gaussian, self-composed)."""
     import dp_accounting
 
@@ -109,13 +117,14 @@ def _make_accountant(accountant):
     return pld_privacy_accountant.PLDAccountant()
 
 
-def event_epsilon(event, delta, accountant="rdp"):
+def event_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str = "rdp") -> float:
     """Epsilon at ``delta`` of any DpEvent, from dp_accounting's RDP or PLD accountant."""
     check_accountant(accountant)
     return float(_make_accountant(accountant).compose(event).get_epsilon(delta))
 
 
-def epsilon_for(noise_multiplier, delta, num_examples, batch_size, epochs, accountant="rdp"):
+def epsilon_for(noise_multiplier: float, delta: float, num_examples: int, batch_size: int, epochs: float,
+                accountant: str = "rdp") -> float:
     """Epsilon at ``delta`` of a DP-SGD run with the given noise multiplier."""
     _, delta = check_budget(1.0, delta)
     event = dpsgd_event(noise_multiplier, num_examples, batch_size, epochs)
@@ -125,7 +134,8 @@ def epsilon_for(noise_multiplier, delta, num_examples, batch_size, epochs, accou
 MIN_SIGMA = 1e-3
 
 
-def calibrate_scale(make_event, epsilon, delta, accountant="rdp", rtol=1e-4, max_sigma=1e4, context=""):
+def calibrate_scale(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: float, delta: float,
+                    accountant: str = "rdp", rtol: float = 1e-4, max_sigma: float = 1e4, context: str = "") -> float:
     """Smallest scale s (to ``rtol`` relative) with ``make_event(s)`` (epsilon, delta)-DP on the accountant.
 
     ``make_event(s)`` must give a DpEvent whose epsilon decreases as s grows (a noise multiplier, or
@@ -173,8 +183,8 @@ def calibrate_scale(make_event, epsilon, delta, accountant="rdp", rtol=1e-4, max
     return math.exp(log_scale)
 
 
-def calibrate_noise_multiplier(epsilon, delta, num_examples, batch_size, epochs, accountant="rdp",
-                               rtol=1e-4, max_sigma=1e4):
+def calibrate_noise_multiplier(epsilon: float, delta: float, num_examples: int, batch_size: int, epochs: float,
+                               accountant: str = "rdp", rtol: float = 1e-4, max_sigma: float = 1e4) -> float:
     """Smallest noise multiplier (to ``rtol``) whose DP-SGD run is (epsilon, delta)-DP.
 
     ``calibrate_scale`` (dp_accounting's ``calibrate_dp_mechanism``) on the run's DpEvent: the
@@ -192,7 +202,8 @@ def calibrate_noise_multiplier(epsilon, delta, num_examples, batch_size, epochs,
         context=f"(num_examples={num_examples}, batch_size={batch_size}, epochs={epochs})")
 
 
-def dpsgd_spend(epsilon, delta, num_examples, batch_size, epochs, accountant="rdp"):
+def dpsgd_spend(epsilon: float, delta: float, num_examples: int, batch_size: int, epochs: float,
+                accountant: str = "rdp") -> tuple[float, dp_accounting.DpEvent, float, int]:
     """Calibrate a run to (epsilon, delta); return (sigma, event, realised epsilon, steps)."""
     sigma = calibrate_noise_multiplier(epsilon, delta, num_examples, batch_size, epochs, accountant)
     event = dpsgd_event(sigma, num_examples, batch_size, epochs)

@@ -7,6 +7,7 @@ is a well-formed request that the budget cannot cover: the CLI exits 3.
 from __future__ import annotations
 
 import errno
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -75,7 +76,7 @@ class BudgetRefused(SageError):
     ``shortfalls`` maps each refused block id to what it lacked.
     """
 
-    def __init__(self, stream, pipeline, shortfalls) -> None:
+    def __init__(self, stream: str, pipeline: str, shortfalls: Mapping[str, str]) -> None:
         self.stream = stream
         self.pipeline = pipeline
         self.shortfalls = dict(shortfalls)
@@ -102,7 +103,7 @@ class RecordError(SageError, ValueError):
     (others: the type only).
     """
 
-    def __init__(self, column, index, problem) -> None:
+    def __init__(self, column: str | None, index: int | None, problem: str) -> None:
         self.column, self.index, self.problem = str(column), None, str(problem)
         super().__init__(f"column {self.column!r}: {self.problem}")
 
@@ -110,7 +111,7 @@ class RecordError(SageError, ValueError):
         return (type(self), (self.column, self.index, self.problem), self.__dict__)
 
 
-def error_chain(exc):
+def error_chain(exc: BaseException) -> list[BaseException]:
     """``exc`` and the errors it was raised while handling (``__cause__``, else ``__context__``), newest first:
     the last one is where the failure began (TFX's runners raise a clean-up error while handling a module's)."""
     chain, seen = [exc], {id(exc)}
@@ -122,7 +123,7 @@ def error_chain(exc):
         seen.add(id(nxt))
 
 
-def public_error_text(exc):
+def public_error_text(exc: BaseException) -> str:
     """What may be logged or shown about ``exc`` after a grant: its type, and its message only when the
     message is known to hold no data value (``RecordError``, the ledger's own errors, ``BudgetRefused``).
     When ``exc`` was raised while handling another error, the first error is named (where it began), then

@@ -70,27 +70,35 @@ Both filters also check *reservations* (budget set aside for one pipeline, paper
 capacity vector. Reservations are a fairness device only; the privacy
 guarantee rests on ``admits`` alone, which the ledger always checks.
 """
+
+from __future__ import annotations
+
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from . import curves
 from .checks import positive, probability
 from .errors import LedgerError
 from .vocabulary import Accounting
 
+if TYPE_CHECKING:
+    from .curves import CurveLike
+
 NOT_A_NUMBER = "{what} {value!r} is not a number"
 DEFAULT_QUERY_DELTA_SHARE = 0.5  # RdpFilter: the share of delta_g its approximate-DP queries' deltas may sum to
 
 
-def add(a, b):
+def add(a: Sequence[float], b: Sequence[float]) -> tuple[float, ...]:
     return tuple(x + y for x, y in zip(a, b))
 
 
-def check_epsilon(epsilon, what="epsilon"):
+def check_epsilon(epsilon: object, what: str = "epsilon") -> float:
     """``epsilon`` as a finite float > 0, else a LedgerError naming ``what`` and the value."""
     return positive(epsilon, what, not_number=NOT_A_NUMBER)
 
 
-def check_delta(delta, what="delta", allow_zero=True):
+def check_delta(delta: object, what: str = "delta", allow_zero: bool = True) -> float:
     """``delta`` as a float in [0, 1) ((0, 1) unless ``allow_zero``), else a LedgerError naming it."""
     bound = "0 <= delta < 1" if allow_zero else "0 < delta < 1"
     return probability(delta, what, zero=allow_zero, not_number=NOT_A_NUMBER,
@@ -102,15 +110,16 @@ class BasicFilter:
 
     accounting = Accounting.BASIC
 
-    def __init__(self, epsilon, delta) -> None:
+    def __init__(self, epsilon: float, delta: float) -> None:
         self.epsilon = check_epsilon(epsilon, "global epsilon")
         self.delta = check_delta(delta, "global delta")
         self.capacity = (self.epsilon, self.delta)
 
-    def zero(self):
+    def zero(self) -> tuple[float, ...]:
         return (0.0, 0.0)
 
-    def cost(self, epsilon=None, delta=0.0, curve=None):
+    def cost(self, epsilon: float | None = None, delta: float = 0.0,
+             curve: Sequence[float] | None = None) -> tuple[float, ...]:
         """The vector a query charges. A curve is converted to epsilon at the query's delta."""
         delta = check_delta(delta)
         if curve is not None:
@@ -119,14 +128,14 @@ class BasicFilter:
             epsilon, _ = curves.rdp_to_dp(curves.DEFAULT_ORDERS, curve, delta)
         return (check_epsilon(epsilon), delta)
 
-    def admits(self, spent, cost):
+    def admits(self, spent: Sequence[float], cost: Sequence[float]) -> bool:
         return all(s + c <= cap for s, c, cap in zip(spent, cost, self.capacity))
 
     @staticmethod
-    def fits_share(used, cost, reserved):
+    def fits_share(used: Sequence[float], cost: Sequence[float], reserved: Sequence[float]) -> bool:
         return all(u + c <= r for u, c, r in zip(used, cost, reserved))
 
-    def shortfall(self, spent, cost):
+    def shortfall(self, spent: Sequence[float], cost: Sequence[float]) -> str:
         """Human-readable reason why ``admits`` is False."""
         eps_left = self.epsilon - spent[0]
         delta_left = self.delta - spent[1]
@@ -137,15 +146,15 @@ class BasicFilter:
             parts.append(f"delta: {cost[1]:.6g} asked, {max(delta_left, 0):.6g} left")
         return "; ".join(parts)
 
-    def summary(self, spent):
+    def summary(self, spent: Sequence[float]) -> tuple[float, float, float]:
         """(epsilon_spent, delta_spent, epsilon_remaining) for reports."""
         return spent[0], spent[1], max(0.0, self.epsilon - spent[0])
 
-    def query_epsilon(self, cost):
+    def query_epsilon(self, cost: Sequence[float]) -> float:
         return cost[0]
 
     @staticmethod
-    def spendable(cost):
+    def spendable(cost: Sequence[float]) -> tuple[float, float]:
         """(epsilon, delta) the stages of a grant charged ``cost`` may spend: what was asked."""
         return cost[0], cost[1]
 
@@ -155,8 +164,8 @@ class RdpFilter:
 
     accounting = Accounting.RDP
 
-    def __init__(self, epsilon, delta, orders=curves.DEFAULT_ORDERS, query_delta_share=DEFAULT_QUERY_DELTA_SHARE,
-                 split_orders=True) -> None:
+    def __init__(self, epsilon: float, delta: float, orders: Sequence[float] = curves.DEFAULT_ORDERS,
+                 query_delta_share: float | None = DEFAULT_QUERY_DELTA_SHARE, split_orders: bool = True) -> None:
         """``query_delta_share``: q in [0, 1), the fixed split of delta (module docstring); None: the legacy rule of
         streams made before schema 7. ``split_orders``: the conversion's delta is split evenly over the orders (the
         union bound of the module docstring); False: every order converts at all of it, the rule of streams made
@@ -167,7 +176,7 @@ class RdpFilter:
         self.query_delta_share = check_query_delta_share(query_delta_share)
         legacy = self.query_delta_share is None  # legacy: the conversion at the delta left (module docstring)
         self.split_orders = bool(split_orders) and not legacy
-        self.delta_queries = self.delta if legacy else self.delta * self.query_delta_share
+        self.delta_queries = self.delta if legacy else self.delta * cast(float, self.query_delta_share)
         conversion = self.delta if legacy else self.delta - self.delta_queries
         self.delta_per_order = conversion / len(self.orders) if self.split_orders else conversion
         terms = tuple(curves.conversion_term(a, self.delta_per_order) for a in self.orders)
@@ -180,10 +189,11 @@ class RdpFilter:
                 f"{list(self.orders)}: raise epsilon or delta"
             )
 
-    def zero(self):
+    def zero(self) -> tuple[float, ...]:
         return (0.0,) * (1 + len(self.orders))
 
-    def cost(self, epsilon=None, delta=0.0, curve=None):
+    def cost(self, epsilon: float | None = None, delta: float = 0.0,
+             curve: CurveLike | None = None) -> tuple[float, ...]:
         delta = check_delta(delta)
         if curve is None:
             curve = curves.pure_dp_curve(check_epsilon(epsilon), self.orders)
@@ -208,16 +218,16 @@ class RdpFilter:
                 best, best_order = slack, alpha
         return best, best_order
 
-    def admits(self, spent, cost):
+    def admits(self, spent: Sequence[float], cost: Sequence[float]) -> bool:
         return self._best_slack(spent, cost)[0] >= 0
 
     @staticmethod
-    def fits_share(used, cost, reserved):
+    def fits_share(used: Sequence[float], cost: Sequence[float], reserved: Sequence[float]) -> bool:
         if used[0] + cost[0] > reserved[0]:
             return False
         return any(u + c <= r for u, c, r in zip(used[1:], cost[1:], reserved[1:]))
 
-    def shortfall(self, spent, cost) -> str:
+    def shortfall(self, spent: Sequence[float], cost: Sequence[float]) -> str:
         if self.terms is None and spent[0] + cost[0] >= self.delta:
             return f"delta: {cost[0]:.6g} asked, {max(self.delta - spent[0], 0):.6g} left"
         if self.terms is not None and spent[0] + cost[0] > self.delta_queries:
@@ -230,22 +240,22 @@ class RdpFilter:
         slack, alpha = self._best_slack(spent, cost)
         return f"RDP: at the best order {alpha:g} the query overshoots epsilon by {-slack:.6g}"
 
-    def used_fraction(self, spent):
+    def used_fraction(self, spent: Sequence[float]) -> float:
         """Share of the block's budget used, at the order where most remains (0 fresh, >= 1 exhausted)."""
         shares = [s / cap for s, cap in zip(spent[1:], self.capacity[1:]) if cap > 0]
         return min(shares) if shares else 1.0
 
-    def summary(self, spent):
+    def summary(self, spent: Sequence[float]) -> tuple[float, float, float]:
         """(epsilon_spent, delta_spent, epsilon_remaining), epsilon normalized at the best order."""
         used = min(1.0, self.used_fraction(spent))
         return used * self.epsilon, spent[0], (1.0 - used) * self.epsilon
 
-    def query_epsilon(self, cost):
+    def query_epsilon(self, cost: Sequence[float]) -> float:
         """The query's own epsilon at the stream's delta: the charged curve converted (for information only; the
         stages of its grant may spend ``spendable(cost)``, never this)."""
         return curves.rdp_to_dp(self.orders, cost[1:], self.delta)[0]
 
-    def spendable(self, cost):
+    def spendable(self, cost: Sequence[float]) -> tuple[float, float]:
         """(epsilon, delta) the stages of a grant charged ``cost`` may spend: what was asked.
 
         The filter charged the pure-DP curve of the epsilon asked (or the curve given) and the delta asked, and its
@@ -258,7 +268,10 @@ class RdpFilter:
         return curves.pure_epsilon(cost[1:], self.orders), cost[0]
 
 
-def check_query_delta_share(value):
+Filter = BasicFilter | RdpFilter  # a stream's filter: what make_filter returns
+
+
+def check_query_delta_share(value: object) -> float | None:
     """An RDP stream's ``query_delta_share`` as a float in [0, 1), or None (legacy); LedgerError naming it."""
     if value is None:
         return None
@@ -269,10 +282,11 @@ def check_query_delta_share(value):
     return float(value)
 
 
-_DEFAULT = object()  # make_filter without a query_delta_share: an RDP stream gets DEFAULT_QUERY_DELTA_SHARE
+_DEFAULT: Any = object()  # make_filter without a query_delta_share: an RDP stream gets DEFAULT_QUERY_DELTA_SHARE
 
 
-def make_filter(accounting, epsilon, delta, orders=None, query_delta_share=_DEFAULT, split_orders=True):
+def make_filter(accounting: str, epsilon: float, delta: float, orders: Sequence[float] | None = None,
+                query_delta_share: float | None = _DEFAULT, split_orders: bool = True) -> Filter:
     """The stream's filter. ``query_delta_share`` is an RDP stream's (default ``DEFAULT_QUERY_DELTA_SHARE``; None:
     the legacy rule of a stream stored before schema 7); a basic stream has none (its deltas simply add up).
     ``split_orders``: an RDP stream's conversion delta split over its orders (False: a stream stored before

@@ -9,10 +9,15 @@ of its split (``split.py``), or the whole grant for a single-stage grant's first
 The ``Ledger`` facade (``ledger.py``) writes and reads grants through these; this module imports neither the facade
 nor the store.
 """
+
+from __future__ import annotations
+
 import hmac
 import json
 import secrets
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .chain import canonical
 from .errors import GrantError, LedgerError
@@ -28,6 +33,12 @@ from .split import (
     unit_rows,
 )
 from .vocabulary import Accounting
+
+if TYPE_CHECKING:
+    from .blocks import BlockSource
+    from .filters import Filter
+    from .keys import KeyRing
+    from .streams import Stream
 
 
 @dataclass(frozen=True)
@@ -56,7 +67,7 @@ class Grant:
     signature: str = ""
     converted_epsilon: float | None = None
 
-    def body(self):
+    def body(self) -> dict[str, Any]:
         body = {
             "id": self.id,
             "stream": self.stream,
@@ -74,11 +85,11 @@ class Grant:
             body["converted_epsilon"] = self.converted_epsilon
         return body
 
-    def to_json(self):
+    def to_json(self) -> str:
         return canonical(dict(self.body(), signature=self.signature))
 
     @classmethod
-    def from_json(cls, text):
+    def from_json(cls, text: str | Mapping[str, Any] | Grant) -> Grant:
         if isinstance(text, Grant):
             return text
         try:
@@ -102,7 +113,7 @@ class Grant:
             raise GrantError(f"grant is malformed ({type(exc).__name__}: {exc}): {str(text)[:200]!r}") from None
 
     @classmethod
-    def from_row(cls, body: str, signature: str) -> "Grant":
+    def from_row(cls, body: str, signature: str) -> Grant:
         """The grant of a stored ``grants`` row: its body text and its signature."""
         return cls.from_json(dict(json.loads(body), signature=signature))
 
@@ -120,7 +131,8 @@ class Release:
     reopened: bool = False
 
 
-def grant_terms(meta, split, rule):
+def grant_terms(meta: Mapping[str, Any] | None, split: BudgetSplit | None,
+                rule: str | None) -> tuple[dict[str, Any], BudgetSplit | None, str]:
     """``request``'s meta, split and rule made one: (meta with the canonical split, the split or None, its rule).
 
     ``split`` (a ``BudgetSplit``) or ``meta["split"]`` (its dict), given once; ``rule``, if given, must be the
@@ -137,7 +149,7 @@ def grant_terms(meta, split, rule):
     return meta, split, SINGLE_RULE if split is None else split.rule
 
 
-def check_split(meta, rule):
+def check_split(meta: dict[str, Any], rule: str | None) -> BudgetSplit | None:
     """The grant's split from ``meta`` (None: single-stage), its fields checked; refuse a rule that differs.
     The record split is signed into ``meta`` here too (``split.sign_records``)."""
     if "count_epsilon" in meta:
@@ -154,7 +166,7 @@ def check_split(meta, rule):
     return split
 
 
-def grant_budget(filt, cost):
+def grant_budget(filt: Filter, cost: Sequence[float]) -> tuple[float, float, float | None]:
     """(epsilon, delta, converted_epsilon) a grant charged ``cost`` records: what its stages may spend
     (``spendable``: what was asked) and, on an ``rdp`` stream, the charge converted at the stream's delta (None on
     a basic stream, whose charge needs no conversion)."""
@@ -162,13 +174,13 @@ def grant_budget(filt, cost):
     return epsilon, delta, filt.query_epsilon(cost) if filt.accounting == Accounting.RDP else None
 
 
-def older_rdp(grant) -> bool:
+def older_rdp(grant: Grant) -> bool:
     """An ``rdp`` grant made before grants recorded what was asked: no ``converted_epsilon``, and its ``epsilon`` is
     its charge converted at the stream's delta, more than the filter charged (0.1875 for an ask of 0.05 at 1e-6)."""
     return grant.accounting == Accounting.RDP and grant.converted_epsilon is None
 
 
-def stage_cap(grant, filt) -> tuple[float, float] | None:
+def stage_cap(grant: Grant, filt: Filter) -> tuple[float, float] | None:
     """What the stages of an older ``rdp`` grant (``older_rdp``) may spend in all: the (epsilon, delta) its cost pays
     for (``grant_budget`` with the stream's filter ``filt``: the largest pure epsilon whose curve lies within the
     charged curve, and the charge's delta), where that is below what the grant records. None for every other grant:
@@ -181,7 +193,8 @@ def stage_cap(grant, filt) -> tuple[float, float] | None:
     return min(epsilon, grant.epsilon), min(delta, grant.delta)
 
 
-def capped(epsilon, delta, split, cap):
+def capped(epsilon: float, delta: float, split: BudgetSplit | None,
+           cap: tuple[float, float] | None) -> tuple[float, float, BudgetSplit | None]:
     """(epsilon, delta, split) a grant recording ``epsilon``, ``delta`` and ``split`` (None: single-stage) lets its
     stages spend under ``cap`` (``stage_cap``; None: what it records). Under a cap a single stage gets the cap, and a
     split is scaled down by cap / recorded (every stage's share by the same factor: it keeps its proportions and
@@ -193,7 +206,7 @@ def capped(epsilon, delta, split, cap):
     return cap[0], cap[1], split
 
 
-def cap_text(grant_id, epsilon, cap, split) -> str:
+def cap_text(grant_id: str, epsilon: float, cap: tuple[float, float], split: BudgetSplit | None) -> str:
     """Why an older ``rdp`` grant's stage gets less than the grant records (refusals, the audit)."""
     what = ", its split scaled down to it" if split is not None else ""
     return (f"grant {grant_id!r} is an rdp grant made before grants recorded what was asked: its recorded epsilon "
@@ -201,13 +214,13 @@ def cap_text(grant_id, epsilon, cap, split) -> str:
             f"{cap[0]:.6g} (delta {cap[1]:.3g}){what}")
 
 
-def registered_blocks(ledger, grant) -> list[str]:
+def registered_blocks(ledger: BlockSource, grant: Grant) -> list[str]:
     """The blocks of ``grant`` registered in its stream (``ledger.blocks``), in the grant's order."""
     registered = {b.id for b in ledger.blocks(grant.stream)}
     return [b for b in grant.blocks if b in registered]
 
 
-def require_registered(ledger, grant, consequence: str = "") -> None:
+def require_registered(ledger: BlockSource, grant: Grant, consequence: str = "") -> None:
     """Refuse (GrantError) a ``grant`` naming a block not registered in its stream; the message names them.
 
     Args:
@@ -222,7 +235,9 @@ def require_registered(ledger, grant, consequence: str = "") -> None:
                          f"{', '.join(missing)}{consequence}")
 
 
-def new_grant(keys, s, filt, pipeline, blocks, cost, rule, meta, now, split=None):
+def new_grant(keys: KeyRing, s: Stream, filt: Filter, pipeline: str, blocks: Sequence[str], cost: tuple[float, ...],
+              rule: str, meta: Mapping[str, Any] | None, now: float,
+              split: BudgetSplit | None = None) -> tuple[Grant, str]:
     """A Grant of ``cost`` on ``blocks`` of stream ``s``, signed under ``keys`` (a ``KeyRing``), and its body text
     (signed and stored: one text). A fresh random id (``g-`` and 24 hex digits). The stream's privacy unit is
     signed into its meta (``split.unit_meta``): what its stages hand their mechanisms is then per row."""
@@ -240,12 +255,12 @@ def new_grant(keys, s, filt, pipeline, blocks, cost, rule, meta, now, split=None
     return grant, body_text
 
 
-def sign(keys, body):
+def sign(keys: KeyRing, body: Mapping[str, Any]) -> str:
     """A grant body's signature: HMAC-SHA256 under the key ring's signing key (never the master key)."""
     return keys.sign(canonical(body).encode())
 
 
-def signature_ok(keys, legacy_grants, body, signature):
+def signature_ok(keys: KeyRing, legacy_grants: Container[str], body: Mapping[str, Any], signature: str) -> bool:
     """``signature`` signs ``body``: under the signing key, or, for a grant made before the ledger's key
     migration (its id in ``legacy_grants``, from the keyed ``keys`` entry), under the old secret with the old
     rule."""
@@ -257,7 +272,8 @@ def signature_ok(keys, legacy_grants, body, signature):
     return False
 
 
-def check_grant_copy(grant, stored, stream=None, epsilon=None, delta=None) -> None:
+def check_grant_copy(grant: Grant, stored: Grant, stream: str | None = None, epsilon: float | None = None,
+                     delta: float | None = None) -> None:
     """``Ledger.verify``'s checks once the signature verified: ``grant`` is the ledger's record ``stored``, of
     ``stream`` if given, covering at least ``epsilon``/``delta`` if given; GrantError naming what differs."""
     if stored.to_json() != grant.to_json():
@@ -271,7 +287,7 @@ def check_grant_copy(grant, stored, stream=None, epsilon=None, delta=None) -> No
         raise GrantError(f"grant {grant.id!r} covers delta {grant.delta:.3g}, but {float(delta):.3g} is needed")
 
 
-def grant_log_text(grant, body_text, sources):
+def grant_log_text(grant: Grant, body_text: str, sources: Any) -> str:
     """The canonical text of a grant's log body, ``dict(grant.body(), signature=..., sources=...)``, spliced
     from ``body_text`` (the canonical text of ``grant.body()``, already made to sign it) instead of encoding the
     block list a second time. Canonical text has sorted keys, and ``signature`` and ``sources`` sort after every
@@ -289,7 +305,8 @@ SPLICE_GRANT_LOG = sorted([*Grant("", "", "", (), 0.0, 0.0, "", (), "", 0.0).bod
     "rule", "signature", "sources", "stream"]
 
 
-def stage_allowance(grant, stage, done, computation, epsilon, delta, cap=None):
+def stage_allowance(grant: Grant, stage: str, done: Mapping[str, tuple[str, float, float, float]], computation: str,
+                    epsilon: float, delta: float, cap: tuple[float, float] | None = None) -> Release | None:
     """What ``stage`` may release under ``grant``, given its releases ``done`` ({stage: (computation, epsilon,
     delta, created)}): the earlier ``Release`` of the same computation (re-opened: nothing new is released), or
     None once the new release is checked to fit the stage's budget. GrantError naming the grant and the fix

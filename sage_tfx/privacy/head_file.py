@@ -2,6 +2,9 @@
 this host committed, its sequence number and keyed chain value (``HeadFile``). A database behind it was truncated;
 see ``audit.py``. ``HeadSync`` says when a commit's head is made durable.
 """
+
+from __future__ import annotations
+
 import atexit
 import contextlib
 import ctypes
@@ -20,6 +23,7 @@ import time
 import weakref
 from enum import StrEnum
 from json.encoder import encode_basestring_ascii as _json_string
+from typing import Any
 
 from .errors import LedgerError, LedgerUpgradeNeeded
 from .keys import KeyFileError, fsync_dir
@@ -59,7 +63,7 @@ class HeadSync(StrEnum):
     GROUP = "group"
 
 
-def head_sync_mode(value=None) -> HeadSync:
+def head_sync_mode(value: str | None = None) -> HeadSync:
     """``value``, else $SAGE_HEAD_SYNC, else ``use``; KeyFileError naming a bad value and the choices."""
     raw = value if value is not None else os.environ.get(ENV_HEAD_SYNC) or HeadSync.USE
     try:
@@ -70,7 +74,7 @@ def head_sync_mode(value=None) -> HeadSync:
                            f"{', '.join(m.value for m in HeadSync)} (docs/security.md)") from None
 
 
-def warn_head_write(path, exc) -> None:
+def warn_head_write(path: str, exc: BaseException) -> None:
     """A head-file write that failed after its commit (or before a grant's use): the commit stands and the grant is
     given; the audit will say the head lags the log (docs/security.md)."""
     logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", path, exc)
@@ -135,7 +139,7 @@ class _Identity:
     """What ``_identify`` tells of a path: ``st_dev``, ``st_ino``, ``st_mode`` and ``st_size``, as ``os.stat``'s."""
     __slots__ = ("st_dev", "st_ino", "st_mode", "st_size")
 
-    def __init__(self, dev, ino, mode, size):
+    def __init__(self, dev, ino, mode, size) -> None:
         self.st_dev, self.st_ino, self.st_mode, self.st_size = dev, ino, mode, size
 
 
@@ -222,7 +226,7 @@ class _HeadState:
                  "durable_generation")
 
     def __init__(self, heads, slot_size=None, generation=0, newest=None, count=HEAD_DURABLE_SLOTS, durable=None,
-                 durable_heads=None, durable_generation=0):
+                 durable_heads=None, durable_generation=0) -> None:
         self.heads, self.slot_size, self.generation, self.newest = heads, slot_size, generation, newest
         self.count, self.durable = count, durable
         self.durable_heads = heads if durable_heads is None else durable_heads
@@ -266,7 +270,7 @@ def _parse_head_file(data, path, old_form=False):
 class _HeadFds:
     """The lock file's and the head file's descriptors a HeadFile keeps open between writes (closed when it goes)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.lock = self.data = None
         self.inode = None  # (st_dev, st_ino) of the head file ``data`` is open on
         self.raw = None  # that file's bytes as of this process's last read or write of it
@@ -318,14 +322,14 @@ class HeadFile:
 
     old_form = False  # the JSON form of older versions is read (``sage ledger upgrade`` alone sets it)
 
-    def __init__(self, path, sync=None):
+    def __init__(self, path: str, sync: str | None = None) -> None:
         self.path = path
         self.sync = head_sync_mode(sync)
-        self._pending = {}  # ledger id -> (seq, chain), HeadSync.GROUP only
+        self._pending: dict[str, tuple[int, str]] = {}  # ledger id -> (seq, chain), HeadSync.GROUP only
         self._unsynced = False  # HeadSync.USE: this process wrote slot C since its last durable write
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._thread = None
+        self._thread: threading.Thread | None = None
         self._pid = os.getpid()
         self._io = threading.Lock()  # one writer per HeadFile at a time (its threads share one flock'd descriptor)
         self._fds = _HeadFds()
@@ -335,12 +339,12 @@ class HeadFile:
         if self.sync is not HeadSync.COMMIT:
             _FLUSHED_AT_EXIT.add(self)
 
-    def close(self):
+    def close(self) -> None:
         """Close the descriptors kept open between writes (the next write opens them again)."""
         with self._io:
             self._fds.close()
 
-    def read(self):
+    def read(self) -> dict[str, dict[str, Any]]:
         """The recorded heads, {} if the file does not exist; KeyFileError if it is unreadable or too open."""
         try:
             fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -361,7 +365,7 @@ class HeadFile:
         if st.st_mode & 0o022:
             raise KeyFileError(f"head file {self.path} is writable by group or others: fix: chmod 600 {self.path}")
 
-    def get(self, ledger_id):
+    def get(self, ledger_id: str) -> dict[str, Any] | None:
         """The recorded head of ``ledger_id`` (None if none), after writing this process's pending heads."""
         self.flush()
         return self.read().get(ledger_id)
@@ -382,7 +386,7 @@ class HeadFile:
             self.old_form = False
         return True
 
-    def advance(self, ledger_id, seq, chain, reset=False, until_use=False):
+    def advance(self, ledger_id: str, seq: int, chain: str, reset: bool = False, until_use: bool = False) -> None:
         """Record (seq, chain) for ``ledger_id`` if ``seq`` is beyond what is recorded (or ``reset``: a new ledger).
 
         ``commit`` mode, and every ``reset``: durable before this returns. ``use`` mode: durable before this
@@ -411,7 +415,7 @@ class HeadFile:
                 self._thread.start()
             self._wake.notify()
 
-    def make_durable(self, ledger_id, seq, chain):
+    def make_durable(self, ledger_id: str, seq: int, chain: str) -> None:
         """Before a grant's first use (``Ledger.verify``, ``use`` mode): the head of ``ledger_id`` durable in slot A
         or B and at least (seq, chain) (the log's last entry, at or after the grant's). Writes the newest heads
         (slot C's, forwards) into a durable slot when those lag; otherwise makes the file durable unless this
@@ -419,7 +423,7 @@ class HeadFile:
         a slot nobody made durable)."""
         self._write({ledger_id: (int(seq), chain)}, sync_unknown=True)
 
-    def flush(self):
+    def flush(self) -> None:
         """Write this process's pending heads now: ``group`` mode's queue, ``use`` mode's unsynced slot C (copied
         into a durable slot); in ``commit`` mode there is nothing to do."""
         if self.sync is HeadSync.USE:

@@ -24,6 +24,9 @@ old copies of the database still hold it, which is why new grants never use it.
 
 The head file beside the key file (``<key file>.head``) is ``head_file.py``'s.
 """
+
+from __future__ import annotations
+
 import contextlib
 import hashlib
 import hmac
@@ -31,6 +34,7 @@ import json
 import os
 import secrets
 import stat
+from typing import cast
 
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -54,7 +58,7 @@ def _hkdf(master, info, length=32):
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=b"sage-tfx/keyring/v1", info=info).derive(master)
 
 
-def resolve_key_path(location, key_file=None):
+def resolve_key_path(location: str | os.PathLike[str], key_file: str | os.PathLike[str] | None = None) -> str:
     """The key file's path for a ledger ``location``: ``key_file``, else $SAGE_KEY_FILE, else ``<sqlite path>.key``.
 
     A PostgreSQL ledger has no default (the key must never sit in or beside the shared database): KeyFileError
@@ -109,7 +113,7 @@ def _write_new(path, data):
     fsync_dir(folder)
 
 
-def fsync_dir(folder) -> None:
+def fsync_dir(folder: str) -> None:
     """fsync ``folder`` (a rename or a new file in it durable); best effort: an error is ignored."""
     with contextlib.suppress(OSError):
         dfd = os.open(folder, os.O_RDONLY)
@@ -122,7 +126,7 @@ def fsync_dir(folder) -> None:
 class KeyRing:
     """The master key and the keys derived from it (HKDF-SHA256). Load with ``KeyRing.load(path)``."""
 
-    def __init__(self, master, path=None, legacy_secret=None):
+    def __init__(self, master: bytes, path: str | None = None, legacy_secret: bytes | None = None) -> None:
         if not isinstance(master, bytes) or len(master) != KEY_BYTES:
             raise KeyFileError(f"a master key is {KEY_BYTES} bytes")
         self._master = master
@@ -134,11 +138,11 @@ class KeyRing:
         self.content_key = _hkdf(master, b"sage-tfx content digest")
         self.key_id = hmac.new(_hkdf(master, b"sage-tfx key id"), b"sage-tfx key id", hashlib.sha256).hexdigest()[:32]
 
-    def __repr__(self):  # never the key bytes
+    def __repr__(self) -> str:  # never the key bytes
         return f"KeyRing(path={self.path!r}, key_id={self.key_id!r}, legacy={self.legacy_secret is not None})"
 
     @property
-    def head_path(self):
+    def head_path(self) -> str | None:
         return None if self.path is None else self.path + HEAD_SUFFIX
 
     def block_key(self, stream: str, block: str) -> bytes:
@@ -159,14 +163,14 @@ class KeyRing:
                            "sha256").hex()
 
     @classmethod
-    def create(cls, path):
+    def create(cls, path: str) -> KeyRing:
         """Create a new key file at ``path`` (32 random bytes, mode 0600, never overwriting); return its KeyRing."""
         master = secrets.token_bytes(KEY_BYTES)
         _write_new(path, master)
         return cls(master, path)
 
     @classmethod
-    def create_migrated(cls, path, legacy_secret):
+    def create_migrated(cls, path: str, legacy_secret: bytes | str) -> KeyRing:
         """A new master key plus the old ledger secret (schema 3's meta.secret), written to a new key file."""
         legacy = legacy_secret.encode() if isinstance(legacy_secret, str) else bytes(legacy_secret)
         if len(legacy) != LEGACY_SECRET_CHARS:
@@ -176,7 +180,7 @@ class KeyRing:
         return cls(master, path, legacy)
 
     @classmethod
-    def load(cls, path):
+    def load(cls, path: str) -> KeyRing:
         """Load a key file; KeyFileError naming the path and the fix if missing, too open, or malformed."""
         try:
             fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
@@ -211,24 +215,24 @@ class KeyRing:
             return None
         return hmac.new(self.legacy_secret, text, hashlib.sha256).hexdigest()
 
-    def seed(self, text: bytes, legacy=False) -> int:
+    def seed(self, text: bytes, legacy: bool = False) -> int:
         key = self.legacy_secret if legacy else self.noise_key
-        return int.from_bytes(hmac.new(key, text, hashlib.sha256).digest()[:16], "big")
+        return int.from_bytes(hmac.new(cast(bytes, key), text, hashlib.sha256).digest()[:16], "big")
 
-    def chain_value(self, prev, seq, kind, body_text, ts=None) -> str:
+    def chain_value(self, prev: str, seq: int, kind: str, body_text: str, ts: float | None = None) -> str:
         """A log entry's keyed chain value: HMAC-SHA256(audit_key, v2 | prev | seq | ts | kind | body), the entry's
         time ``ts`` bound with it (schema 10 on); without ``ts`` the value of entries written before schema 10
         (prev | seq | kind | body), whose times the keyed ``upgrade`` entry binds instead (``migrations.py``)."""
         text = f"{prev}|{seq}|{kind}|{body_text}" if ts is None else f"v2|{prev}|{seq}|{float(ts)!r}|{kind}|{body_text}"
         return hmac.digest(self.audit_key, text.encode(), "sha256").hex()
 
-    def entry_ok(self, prev, seq, ts, kind, body_text, chain) -> bool:
+    def entry_ok(self, prev: str, seq: int, ts: float, kind: str, body_text: str, chain: str | None) -> bool:
         """``chain`` is the keyed chain value of this entry: with its time (schema 10 on) or, for an entry
         written before schema 10, without it. A writer without the key can produce neither."""
         return (hmac.compare_digest(self.chain_value(prev, seq, kind, body_text, ts), chain or "")
                 or hmac.compare_digest(self.chain_value(prev, seq, kind, body_text), chain or ""))
 
-    def secret_forms(self):
+    def secret_forms(self) -> list[str]:
         """Every form of the key bytes that must never appear in the database (tests grep for these)."""
         forms = [self._master, self._master.hex().encode(), self.signing_key, self.noise_key, self.audit_key,
                  self.signing_key.hex().encode(), self.noise_key.hex().encode(), self.audit_key.hex().encode()]

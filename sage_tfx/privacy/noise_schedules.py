@@ -47,16 +47,22 @@ epsilon <= the target (``dpsgd.calibrate_scale`` never overspends).
 
 Numpy only (and dp_accounting, imported lazily): no TensorFlow.
 """
+
+from __future__ import annotations
+
 import enum
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
 from . import dpsgd
 from .dpsgd import DpSgdConfigError
+
+if TYPE_CHECKING:
+    import dp_accounting
 
 MIN_FINAL_RATIO = 0.01
 DEFAULT_STAGES = 10
@@ -307,7 +313,7 @@ def _runs(sigmas: Sequence[float]) -> list[tuple[float, int]]:
     return out
 
 
-def schedule_event(noise_multipliers: Sequence[float], sampling_rate: float):
+def schedule_event(noise_multipliers: Iterable[float], sampling_rate: float) -> dp_accounting.DpEvent:
     """The DpEvent of DP-SGD steps with noise multipliers sigma_t (in order) at Poisson rate q.
 
     Each step is ``PoissonSampledDpEvent(q, GaussianDpEvent(sigma_t))``; consecutive equal ones are

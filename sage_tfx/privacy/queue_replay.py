@@ -2,25 +2,37 @@
 audit (``audit.py``, step 4): demands, per-block arrivals, and every ``admit`` entry re-run through the policy's
 own scheduler (``allocation.QueuedAllocation``) on the replayed state at the logged time.
 """
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
+
 from .allocation import QueuedAllocation, get_policy
 from .chain import canonical as _canonical
 from .errors import LedgerError
 from .vocabulary import BlockState, DemandState, Policy
 
+if TYPE_CHECKING:
+    from .allocation import AllocationPolicy
+    from .filters import Filter
+
 
 class QueueReplay:
     """The queued policies' state replayed from the log: demands, per-block arrivals, admissions (audit step 4)."""
 
-    def __init__(self, streams, configs, blocks, block_rows, problems):
+    def __init__(self, streams: Mapping[str, Filter], configs: Mapping[str, Mapping[str, Any]],
+                 blocks: Mapping[tuple[str, str], Any], block_rows: Mapping[tuple[str, str], Sequence[Any]],
+                 problems: list[str]) -> None:
         self.streams, self.configs, self.blocks, self.block_rows = streams, configs, blocks, block_rows
         self.problems = problems
-        self.arrivals = {}     # (stream, block) -> pipeline arrivals counted while it was active (queued streams)
-        self.demands = {}      # (stream, pipeline) -> [blocks, cost, rule, meta text, seq, state, grant id]
-        self.admissions = {}   # grant id -> (stream, pipeline, blocks, cost, seq of its admit entry)
-        self.granted = set()   # admitted grant ids whose grant entry followed
-        self._rules = {}       # stream -> its AllocationPolicy
+        self.arrivals: dict[tuple[str, str], int] = {}     # (stream, block) -> pipeline arrivals counted while it was active (queued streams)
+        self.demands: dict[tuple[str, str], Any] = {}      # (stream, pipeline) -> [blocks, cost, rule, meta text, seq, state, grant id]
+        self.admissions: dict[str, tuple] = {}   # grant id -> (stream, pipeline, blocks, cost, seq of its admit entry)
+        self.granted: set[str] = set()   # admitted grant ids whose grant entry followed
+        self._rules: dict[str, AllocationPolicy] = {}       # stream -> its AllocationPolicy
 
-    def rules(self, stream):
+    def rules(self, stream: str) -> AllocationPolicy | None:
         config = self.configs.get(stream)
         if config is None:
             return None
@@ -34,30 +46,30 @@ class QueueReplay:
             self._rules[stream] = rules
         return rules
 
-    def queued(self, stream):
+    def queued(self, stream: str) -> bool:
         rules = self.rules(stream)
         return rules is not None and rules.queued
 
-    def arrive(self, stream):
+    def arrive(self, stream: str) -> None:
         if self.queued(stream):
             for (s, b), block in self.blocks.items():
                 if s == stream and block["state"] == BlockState.ACTIVE:
                     self.arrivals[(s, b)] += 1
 
-    def demand(self, seq, body):
+    def demand(self, seq: int, body: Mapping[str, Any]) -> None:
         if not self.queued(body["stream"]):
             self.problems.append(f"log entry {seq}: a demand on stream {body['stream']!r}, whose policy queues none")
             return
         self.demands[(body["stream"], body["pipeline"])] = [
             tuple(body["blocks"]), tuple(body["cost"]), body["rule"], _canonical(body["meta"]), seq, DemandState.PENDING, None]
 
-    def admit(self, seq, body):
+    def admit(self, seq: int, body: Mapping[str, Any]) -> None:
         stream = body["stream"]
         if not self.queued(stream):
             self.problems.append(f"log entry {seq}: admissions on stream {stream!r}, whose policy queues none")
             return
         filt, config = self.streams[stream], self.configs[stream]
-        queue = QueuedAllocation(filt, filt.cost(epsilon=config["min_epsilon"]), self.rules(stream))
+        queue = QueuedAllocation(filt, filt.cost(epsilon=config["min_epsilon"]), cast(AllocationPolicy, self.rules(stream)))
         pending = sorted((d[4], p, d) for (s, p), d in self.demands.items() if s == stream and d[5] == DemandState.PENDING)
         for b in dict.fromkeys(b for _, _, d in pending for b in d[0]):
             block = self.blocks.get((stream, b))
@@ -83,17 +95,17 @@ class QueueReplay:
             else:
                 d[5], d[6] = DemandState.ADMITTED, gid
 
-    def collect(self, seq, body):
+    def collect(self, seq: int, body: Mapping[str, Any]) -> None:
         d = self.demands.get((body["stream"], body["pipeline"]))
         if d is None or d[5] != DemandState.ADMITTED or d[6] != body["grant"]:
             self.problems.append(f"log entry {seq}: pipeline {body['pipeline']!r} collected grant {body['grant']!r}, "
                                  "which was not admitted for it")
         self.demands.pop((body["stream"], body["pipeline"]), None)
 
-    def grant(self, seq, body):
+    def grant(self, seq: int, body: Mapping[str, Any]) -> None:
         if not self.queued(body["stream"]):
             return
-        gid = body.get("id")
+        gid = cast(str, body.get("id"))  # a grant entry without one is not admitted: the audit says so below
         admitted = self.admissions.get(gid)
         if admitted is None:
             self.problems.append(f"log entry {seq}: grant {gid!r} on queued stream {body['stream']!r} was not "
@@ -106,6 +118,6 @@ class QueueReplay:
                                  f"(pipeline {pipeline!r}, blocks {list(blocks)}, cost {list(cost)})")
         self.granted.add(gid)
 
-    def finish_checks(self):
+    def finish_checks(self) -> None:
         for gid in sorted(set(self.admissions) - self.granted):
             self.problems.append(f"grant {gid!r} was admitted (log entry {self.admissions[gid][4]}) but never charged")

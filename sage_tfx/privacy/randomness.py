@@ -17,12 +17,16 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 
 from .checks import integer
 from .errors import SageError
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 __all__ = ["SamplerError", "SecureRNG", "secure_rng", "as_secure_rng", "BAD_ARGUMENT"]
 
@@ -50,7 +54,7 @@ class SecureRNG:
 
     _REFILL = 1 << 16  # keystream bytes per refill (more when one request asks for more)
 
-    def __init__(self, key: bytes, stream: str = ""):
+    def __init__(self, key: bytes, stream: str = "") -> None:
 
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
             raise SamplerError("SecureRNG: key must be at least 16 bytes")
@@ -76,7 +80,7 @@ class SecureRNG:
         dtype = np.uint64 if bits == 64 else np.uint32
         return np.frombuffer(self.random_bytes(n * (bits // 8)), dtype=dtype).copy()
 
-    def uniform_below(self, m) -> np.ndarray:
+    def uniform_below(self, m: npt.ArrayLike) -> np.ndarray:
         """Uniform integers in [0, m) for each entry of the int array m (1 <= m < 2^63), exactly.
 
         Rejection on the bit length: a word masked to the bits of m - 1 is kept iff it is below m (each round
@@ -94,6 +98,7 @@ class SecureRNG:
         bits = 32 if small else 64
         flat = m.reshape(-1)
         res = out.reshape(-1)
+        mask: Any  # a scalar for one bound, an array for many
         if top == int(m.min()):  # one bound for all (the common case): scalar mask and limit, one draw
             width = 1 << (top - 1).bit_length()
             mask, limit = dtype(width - 1), dtype(top - 1)
@@ -142,7 +147,7 @@ def _key_from_seed(seed: int) -> bytes:
     return hashlib.sha256(b"sage-tfx/noise-key/v1|" + raw).digest()
 
 
-def secure_rng(seed=None, stream: str = "") -> SecureRNG:
+def secure_rng(seed: int | None = None, stream: str = "") -> SecureRNG:
     """The generator of one noise draw: seed=None -> a 256-bit key from ``secrets``; an int -> its key.
 
     The same (seed, stream) always gives the same noise; distinct stream names give independent noise.
@@ -156,7 +161,11 @@ def secure_rng(seed=None, stream: str = "") -> SecureRNG:
     return SecureRNG(_key_from_seed(int(seed)), stream)
 
 
-def as_secure_rng(rng, stream: str = "") -> SecureRNG:
+# What a mechanism's ``rng`` may be (``as_secure_rng``): None, a SecureRNG, an int seed or a numpy Generator.
+RngLike = SecureRNG | np.random.Generator | int | None
+
+
+def as_secure_rng(rng: RngLike, stream: str = "") -> SecureRNG:
     """A SecureRNG from None (fresh key), a SecureRNG (itself), an int seed, or a numpy Generator.
 
     A numpy Generator gives its next 32 bytes as the key: reproducible for a seeded Generator, and as

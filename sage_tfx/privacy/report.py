@@ -1,11 +1,19 @@
 """Readable ledger reports: a per-block budget table and a heat-map PNG of budget spent over time."""
+
+from __future__ import annotations
+
 import datetime as _dt
 import json
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from .ledger import Ledger
 
-def format_time(ts):
+
+def format_time(ts: float | None) -> str:
     """``ts`` (unix seconds) as a UTC date and time; as seconds when no date names it (a window registered before
     ``check_block`` bounded them), so a report never fails on a registered block."""
     if ts is None:
@@ -16,7 +24,7 @@ def format_time(ts):
         return f"{float(ts):g} s"
 
 
-def block_key_text(block) -> str:
+def block_key_text(block: Mapping[str, Any]) -> str:
     if block.get("shard") is not None:
         return f"shard {block['shard']}"
     if block.get("start") is not None:
@@ -32,7 +40,7 @@ def _unit_text(status):
             f"get epsilon/{status['max_rows_per_unit']} per row)")
 
 
-def status_table(status, width=20):
+def status_table(status: Mapping[str, Any], width: int = 20) -> str:
     """The status dict of ``Ledger.status`` as a fixed-width text table with a budget bar per block."""
     eps = status["epsilon"]
     lines = [
@@ -55,7 +63,8 @@ def status_table(status, width=20):
     return "\n".join(lines)
 
 
-def spending_history(ledger, stream, max_columns=300):
+def spending_history(ledger: Ledger, stream: str,
+                     max_columns: int = 300) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
     """(block ids, event times, column labels, matrix of used share per block after each column).
 
     One column per grant, and one per run of consecutive block arrivals, so the
@@ -69,7 +78,10 @@ def spending_history(ledger, stream, max_columns=300):
     filt = s.filter()
     blocks = [b.id for b in ledger.blocks(stream)]
     index = {b: i for i, b in enumerate(blocks)}
-    spent = {}
+    spent: dict[str, tuple[float, ...]] = {}
+    columns: list[np.ndarray]
+    times: list[float]
+    labels: list[str]
     columns, times, labels = [], [], []
 
     def snapshot():
@@ -108,7 +120,7 @@ def spending_history(ledger, stream, max_columns=300):
             np.stack(columns, axis=1)[:, keep])
 
 
-def heatmap_png(ledger, stream, out_path):
+def heatmap_png(ledger: Ledger, stream: str, out_path: str) -> str:
     """Write the budget heat-map: blocks (rows) by time (columns), colour = share of epsilon spent."""
     import matplotlib
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 
 def requested_ids(blocks: Sequence[str] | str | None, window: tuple[float, float] | None,
-                  window_blocks: Callable[[float, float], list[str]]) -> tuple[str, ...]:
+                  window_blocks: Callable[[float, float], list[str]]) -> list[str]:
     """The request's block ids, checked (``blocks.check_block_set``).
 
     Args:

@@ -6,10 +6,16 @@ own rule. ``ReplayingLedger`` replays a release strategy's held one-block grants
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, NamedTuple
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .split import RECORDS_KEY, SPLIT_KEY
+
+if TYPE_CHECKING:
+    from .blocks import Block
+    from .grants import Grant, Release
+    from .ledger import Ledger
+    from .streams import Stream
 
 
 class Held(NamedTuple):
@@ -20,7 +26,7 @@ class Held(NamedTuple):
     details: dict | None
 
 
-def held(ledger, stream: str, pipeline: str, keep: Callable[[Any], bool] | None = None) -> list[Held]:
+def held(ledger: Ledger, stream: str, pipeline: str, keep: Callable[[Any], bool] | None = None) -> list[Held]:
     """The grants ``pipeline`` holds on ``stream`` (``Ledger.history``: charge order) that ``keep`` accepts (all
     when None), each with its outcome: what a restart resumes from."""
     return [Held(g, outcome, details) for g, outcome, details in ledger.history(stream, pipeline)
@@ -42,11 +48,11 @@ class ReplayingLedger:
     request is charged by the ledger. ``release`` re-opens the same computation and ``private_seed`` gives the same
     noise, so a replayed block releases what it released before."""
 
-    def __init__(self, ledger, previous: dict):
+    def __init__(self, ledger: Ledger, previous: dict) -> None:
         self.ledger, self.previous = ledger, dict(previous)
         self.replayed: set = set()
 
-    def request(self, pipeline, stream, blocks=None, **kwargs):
+    def request(self, pipeline: str, stream: str, blocks: Sequence[str] | str | None = None, **kwargs: Any) -> Grant:
         if blocks and len(blocks) == 1 and blocks[0] in self.previous:
             grant = self.previous[blocks[0]]
             if meta_diff(grant.meta, kwargs.get("meta") or {}) or grant.pipeline != pipeline or grant.stream != stream:
@@ -55,23 +61,23 @@ class ReplayingLedger:
             return self.ledger.verify(grant)
         return self.ledger.request(pipeline, stream, blocks=blocks, **kwargs)
 
-    def release(self, *args, **kwargs):
+    def release(self, *args: Any, **kwargs: Any) -> Release:
         return self.ledger.release(*args, **kwargs)
 
-    def private_seed(self, *args, **kwargs):
+    def private_seed(self, *args: Any, **kwargs: Any) -> int:
         return self.ledger.private_seed(*args, **kwargs)
 
-    def verify(self, *args, **kwargs):
+    def verify(self, *args: Any, **kwargs: Any) -> Grant:
         return self.ledger.verify(*args, **kwargs)
 
-    def blocks(self, *args, **kwargs):
+    def blocks(self, *args: Any, **kwargs: Any) -> list[Block]:
         return self.ledger.blocks(*args, **kwargs)
 
-    def stream(self, *args, **kwargs):
+    def stream(self, *args: Any, **kwargs: Any) -> Stream:
         return self.ledger.stream(*args, **kwargs)
 
-    def block_digest(self, *args, **kwargs):
+    def block_digest(self, *args: Any, **kwargs: Any) -> str | None:
         return self.ledger.block_digest(*args, **kwargs)
 
-    def get_grant(self, *args, **kwargs):
+    def get_grant(self, *args: Any, **kwargs: Any) -> Grant:
         return self.ledger.get_grant(*args, **kwargs)

@@ -36,11 +36,17 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from .checks import integer, positive
 from .randomness import BAD_ARGUMENT, SamplerError, as_secure_rng
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from .randomness import RngLike, SecureRNG
 
 __all__ = ["bernoulli_exp", "discrete_laplace", "discrete_gaussian", "grid_laplace", "grid_laplace_params",
            "grid_gaussian", "grid_gaussian_params", "grid_laplace_coupling", "grid_sums", "grid_laplace_sum",
@@ -119,7 +125,7 @@ def _bernoulli_exp_parts(whole, frac, den, rng):
     return out
 
 
-def bernoulli_exp(num, den, rng) -> np.ndarray:
+def bernoulli_exp(num: np.ndarray, den: np.ndarray | int, rng: SecureRNG) -> np.ndarray:
     """Bernoulli(exp(-num/den)) per entry, exactly, for integer arrays num >= 0 and den >= 1.
 
     exp(-g) = exp(-1)^floor(g) * exp(-(g - floor(g))): a product of independent Bernoullis (CKS Alg. 1),
@@ -195,7 +201,7 @@ def _discrete_laplace_scalar(t: int, rng) -> int:
         return -x if negative else x
 
 
-def discrete_laplace(t, size, rng) -> np.ndarray:
+def discrete_laplace(t: int, size: int | tuple[int, ...], rng: SecureRNG) -> np.ndarray:
     """``size`` iid draws of the discrete Laplace of integer scale t >= 1: P(y) = tanh(1/(2t)) exp(-|y|/t).
 
     CKS Algorithm 2 with s = 1, vectorised: U uniform in [0, t), kept with probability exp(-U/t); then
@@ -205,7 +211,7 @@ def discrete_laplace(t, size, rng) -> np.ndarray:
     """
     rng = as_secure_rng(rng)
     t = integer(t, "discrete_laplace: the scale t", low=1, high=2 ** 52, error=SamplerError, message=BAD_ARGUMENT)
-    n = int(np.prod(size)) if np.ndim(size) else int(size)
+    n = int(np.prod(size)) if np.ndim(size) else int(cast(int, size))
     if n <= _SCALAR_BATCH:
         return np.array([_discrete_laplace_scalar(t, rng) for _ in range(n)], dtype=np.int64).reshape(size)
     if n > _CHUNK:  # bounded memory: consecutive chunks from the same generator
@@ -250,7 +256,7 @@ def _gauss_accept(y, s, t, rng):
     return _bernoulli_exp_parts(whole, frac, np.full(y.shape, den, dtype=np.int64), rng)
 
 
-def discrete_gaussian(s, size, rng) -> np.ndarray:
+def discrete_gaussian(s: int, size: int | tuple[int, ...], rng: SecureRNG) -> np.ndarray:
     """``size`` iid draws of the discrete Gaussian N_Z(0, s): P(y) proportional to exp(-y^2 / (2s)), s an integer.
 
     CKS Algorithm 3, vectorised: t = floor(sqrt(s)) + 1; Y ~ discrete Laplace(t); accept with
@@ -260,7 +266,7 @@ def discrete_gaussian(s, size, rng) -> np.ndarray:
     s = integer(s, "discrete_gaussian: the variance parameter", low=1, high=_MAX_GAUSS_S, high_open=True,
                 error=SamplerError, message=BAD_ARGUMENT)
     t = math.isqrt(s) + 1
-    n = int(np.prod(size)) if np.ndim(size) else int(size)
+    n = int(np.prod(size)) if np.ndim(size) else int(cast(int, size))
     if n <= _SCALAR_BATCH:
         draws = []
         for _ in range(n):
@@ -310,7 +316,7 @@ def _grid_index(values, gamma):
     return (fl + (y - fl >= 0.5)).astype(np.int64)
 
 
-def grid_laplace_params(sensitivity, epsilon, cells=1):
+def grid_laplace_params(sensitivity: float, epsilon: float, cells: int = 1) -> tuple[float, int]:
     """(gamma, t): the grid and the integer noise scale of ``grid_laplace``; gamma * t is the noise's scale.
 
     gamma = the largest power of two <= min(b, Delta / k) / 2^GRID_BITS, b = Delta / epsilon;
@@ -327,7 +333,8 @@ def grid_laplace_params(sensitivity, epsilon, cells=1):
     return gamma, int(t)
 
 
-def grid_laplace(values, sensitivity, epsilon, rng=None, cells=1):
+def grid_laplace(values: npt.ArrayLike, sensitivity: float, epsilon: float, rng: RngLike = None,
+                 cells: int = 1) -> np.ndarray:
     """An epsilon-DP release of ``values`` on the grid gamma * Z: gamma * (r(values / gamma) + Y), Y iid discrete Laplace(t).
 
     Mechanism: (gamma, t) = grid_laplace_params(sensitivity, epsilon, cells); each cell is rounded to
@@ -354,7 +361,8 @@ def grid_laplace(values, sensitivity, epsilon, rng=None, cells=1):
     return (index + noise).astype(np.float64) * gamma
 
 
-def grid_laplace_coupling(sensitivity, epsilon, cells=1, epsilon_tolerance=0.0):
+def grid_laplace_coupling(sensitivity: float, epsilon: float, cells: int = 1,
+                          epsilon_tolerance: float = 0.0) -> tuple[float, float]:
     """(scale, slack): a grid_laplace release is x + L + xi in law, L ~ Laplace(scale), |xi| <= slack.
 
     scale = gamma t and slack = 3 gamma / 2 for (gamma, t) = grid_laplace_params(...). Proof: the discrete
@@ -380,7 +388,7 @@ def grid_laplace_coupling(sensitivity, epsilon, cells=1, epsilon_tolerance=0.0):
     return gamma * t, 1.5 * gamma
 
 
-def grid_gaussian_params(l2_sensitivity, sigma, cells=1):
+def grid_gaussian_params(l2_sensitivity: float, sigma: float, cells: int = 1) -> tuple[float, int]:
     """(gamma, S): the grid and the integer variance parameter of ``grid_gaussian``.
 
     gamma = the largest power of two <= min(sigma, Delta_2 / sqrt(k)) / 2^GAUSS_GRID_BITS, raised (doubled)
@@ -412,7 +420,8 @@ def grid_gaussian_params(l2_sensitivity, sigma, cells=1):
     return gamma, int(s)
 
 
-def grid_gaussian(values, l2_sensitivity, sigma, rng=None, cells=1):
+def grid_gaussian(values: npt.ArrayLike, l2_sensitivity: float, sigma: float, rng: RngLike = None,
+                  cells: int = 1) -> np.ndarray:
     """A release of ``values`` on the grid gamma * Z: gamma * (r(values / gamma) + Y), Y iid discrete Gaussian N_Z(0, S).
 
     Mechanism: (gamma, S) = grid_gaussian_params(l2_sensitivity, sigma, cells); each cell rounded to the
@@ -439,7 +448,8 @@ def grid_gaussian(values, l2_sensitivity, sigma, rng=None, cells=1):
 
 # ------------------------------------------------------------------------- grid releases of sums, summed exactly
 
-def grid_sums(records, gamma, keys=None, num_cells=None) -> list:
+def grid_sums(records: npt.ArrayLike, gamma: float, keys: npt.ArrayLike | None = None,
+              num_cells: int | None = None) -> list:
     """The exact integer sums, per cell, of the records' grid indices r(v / gamma) (Python ints: no rounding).
 
     ``records``: one record's contribution per row, shape (n,) (one cell) or (n, m) (m cells); with ``keys``
@@ -460,10 +470,10 @@ def grid_sums(records, gamma, keys=None, num_cells=None) -> list:
     bound = float(np.abs(index).max()) * max(len(index), 1) if index.size else 0.0
     if keys is not None:
         if bound < 2.0 ** 62:
-            out = np.zeros(int(num_cells), dtype=np.int64)
+            out = np.zeros(int(cast(int, num_cells)), dtype=np.int64)
             np.add.at(out, keys.astype(np.int64), index)
             return [int(v) for v in out]
-        sums = [0] * int(num_cells)
+        sums = [0] * int(cast(int, num_cells))
         for k, v in zip(keys.tolist(), index.tolist()):
             sums[k] += v
         return sums
@@ -482,7 +492,8 @@ def _grid_total(sums, noise, gamma):
     return np.array(total, dtype=np.float64) * gamma
 
 
-def grid_laplace_sum(records, sensitivity, epsilon, rng=None, cells=1, keys=None, num_cells=None):
+def grid_laplace_sum(records: npt.ArrayLike, sensitivity: float, epsilon: float, rng: RngLike = None, cells: int = 1,
+                     keys: npt.ArrayLike | None = None, num_cells: int | None = None) -> np.ndarray:
     """``grid_laplace`` of the sums of ``records`` (``grid_sums``' shapes), summed exactly on the grid.
 
     Mechanism: (gamma, t) = grid_laplace_params(sensitivity, epsilon, cells); each cell's release is
@@ -499,7 +510,8 @@ def grid_laplace_sum(records, sensitivity, epsilon, rng=None, cells=1, keys=None
     return _grid_total(sums, discrete_laplace(t, (len(sums),), as_secure_rng(rng)), gamma)
 
 
-def grid_gaussian_sum(records, l2_sensitivity, sigma, rng=None, cells=1, keys=None, num_cells=None):
+def grid_gaussian_sum(records: npt.ArrayLike, l2_sensitivity: float, sigma: float, rng: RngLike = None, cells: int = 1,
+                      keys: npt.ArrayLike | None = None, num_cells: int | None = None) -> np.ndarray:
     """``grid_gaussian`` of the sums of ``records`` (``grid_sums``' shapes), summed exactly on the grid.
 
     As ``grid_laplace_sum``: gamma * (sum_i r(v_i / gamma) + Y), Y iid N_Z(0, S) for (gamma, S) =
@@ -512,7 +524,7 @@ def grid_gaussian_sum(records, l2_sensitivity, sigma, rng=None, cells=1, keys=No
     return _grid_total(sums, discrete_gaussian(s, (len(sums),), as_secure_rng(rng)), gamma)
 
 
-def grid_laplace_pair(records, bound, epsilon, rng=None):
+def grid_laplace_pair(records: npt.ArrayLike, bound: float, epsilon: float, rng: RngLike = None) -> tuple[float, float]:
     """(S~, S'~): the sums of ``records`` (each in [0, bound]) and of bound minus them, as ONE epsilon-DP grid
     release of the pair, summed exactly on the grid.
 

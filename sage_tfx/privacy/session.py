@@ -6,19 +6,27 @@ An older ledger (its secret in ``meta.secret``) is migrated by its upgrade (``mi
 log entry the migration wrote is read back by ``migration_entry``. The ``Ledger`` facade (``ledger.py``) uses
 these; this module imports neither the facade nor the audit.
 """
+
+from __future__ import annotations
+
 import hmac
 import json
 import os
 import secrets
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 from .keys import KeyFileError, KeyRing
 from .store import sql
+
+if TYPE_CHECKING:
+    from .store.base import Store
 
 
 class PipelineClaim:
     """Pipeline names this process holds (``Ledger.claim``); ``release()`` or leave the ``with`` block."""
 
-    def __init__(self, store, handles) -> None:
+    def __init__(self, store: Store, handles: Iterable[Any]) -> None:
         self._store, self._handles = store, list(handles)
 
     def release(self) -> None:
@@ -36,19 +44,21 @@ class PipelineClaim:
 class KeySource:
     """Where a ledger's key file is, and creating it with a new ledger (``Ledger.open``)."""
 
-    def __init__(self, path, create, error=None) -> None:
+    path: Any  # the key file's path; None only with an error, which ``keyring()`` raises
+
+    def __init__(self, path: str | None, create: bool, error: Exception | None = None) -> None:
         self.path, self.create, self._error = path, create, error
-        self._keyring = None
+        self._keyring: KeyRing | None = None
         self.created_key = self.created_ledger = False
 
-    def keyring(self):
+    def keyring(self) -> KeyRing:
         if self._error is not None:
             raise self._error
         if self._keyring is None:
             self._keyring = KeyRing.load(self.path)
         return self._keyring
 
-    def new_ledger_meta(self):
+    def new_ledger_meta(self) -> dict[str, str]:
         """Called by the store as it creates a ledger: the meta rows (key id, ledger id); creates the key file
         if it does not exist (an existing key file is used: one key may serve a ledger re-created at its path)."""
         if not os.path.exists(self.path):
@@ -66,7 +76,8 @@ class KeySource:
                 pass
 
 
-def migrate_secret(store, key_source, secret, log, adopt):
+def migrate_secret(store: Store, key_source: KeySource, secret: str, log: Callable[..., object],
+                   adopt: Callable[[KeyRing, str], object]) -> KeyRing:
     """Move an older ledger's ``meta.secret`` out of the database (docs/security.md, "Migration"); return the
     new ``KeyRing``.
 
@@ -115,7 +126,7 @@ def _migrated_ledger_id(secret):
     return hmac.new(secret.encode(), b"sage-tfx ledger id", "sha256").hexdigest()[:32]
 
 
-def migration_entry(store, keys):
+def migration_entry(store: Store, keys: KeyRing) -> dict[str, Any]:
     """The body of the keyed ``keys`` entry a key migration wrote ({} if none, or if it does not verify under
     ``keys``, or if it does not follow the last unkeyed entry)."""
     with store.transaction(write=False) as tx:

@@ -43,13 +43,17 @@ REJECT test on the training split) and ``validation`` (its ACCEPT test on the te
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
 from fractions import Fraction
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from .checks import finite, is_real, number, positive, probability
 from .errors import GrantError, LedgerError
 from .vocabulary import ChargeRule, Side, Stage
+
+if TYPE_CHECKING:
+    from .grants import Grant
 
 STAGES = tuple(Stage)  # members equal their strings: "preprocessing", "count", "training", ...
 DELTA_FIELDS = ("delta", "preprocessing_delta")  # training's delta, preprocessing's delta
@@ -162,7 +166,7 @@ class BudgetSplit:
 
     # ------------------------------------------------------------------ making one
     @classmethod
-    def from_meta(cls, meta) -> BudgetSplit | None:
+    def from_meta(cls, meta: Mapping[str, Any]) -> BudgetSplit | None:
         """The split signed into a grant's ``meta`` (None: a single-stage grant); LedgerError naming a bad field."""
         raw = (meta or {}).get(SPLIT_KEY)
         if raw is None:
@@ -323,7 +327,7 @@ class RecordSplit:
                 Side.TEST: list(self.test)}
 
     @classmethod
-    def from_dict(cls, raw) -> RecordSplit:
+    def from_dict(cls, raw: Mapping[str, Any]) -> RecordSplit:
         if not isinstance(raw, dict) or sorted(raw) != sorted(["buckets", *SIDES]):
             raise LedgerError(f"record split {raw!r} must be an object with buckets, training and test")
         if not all(isinstance(raw[side], (list, tuple)) for side in SIDES):
@@ -339,11 +343,22 @@ DEFAULT_RECORD_SPLIT = RecordSplit((("train", 9), ("eval", 1)), ("train",), ("ev
 EVAL_SHARE_DENOMINATOR = 100  # an eval share is a fraction of at most this many buckets
 
 
-def eval_share_split(eval_share, error=LedgerError) -> RecordSplit:
+def eval_share_split(eval_share: object, error: type[Exception] = LedgerError) -> RecordSplit:
     """The record split with ``eval_share`` of the records on the test side: "train" and "eval" buckets in the
     least integer ratio (1 - s) : s (0.2 -> train 4, eval 1; 0.1 -> the default, train 9, eval 1). ``error``
     (naming the value and the fix) unless ``eval_share`` is a number in (0, 1) that is a fraction with a
-    denominator of at most 100 (0.15, 1/3: yes; 0.123: no): BlockExampleGen splits by whole buckets."""
+    denominator of at most 100 (0.15, 1/3: yes; 0.123: no): BlockExampleGen splits by whole buckets.
+
+    Args:
+      eval_share: The share of records on the test side, in (0, 1).
+      error: The exception class raised for a bad share.
+
+    Returns:
+      The ``RecordSplit`` with buckets "train" and "eval".
+
+    Raises:
+      error: ``eval_share`` is not a number in (0, 1) with a denominator of at most 100.
+    """
     message = ("{what} {value!r} is invalid: the share of records the ACCEPT test reads must be a number {rule} "
                "(e.g. 0.2)")
     if not is_real(eval_share):
@@ -368,10 +383,20 @@ def sign_records(meta: dict, split: BudgetSplit | None) -> None:
         meta[RECORDS_KEY] = DEFAULT_RECORD_SPLIT.to_dict()
 
 
-def record_split(grant) -> RecordSplit:
+def record_split(grant: Grant) -> RecordSplit:
     """The record split a verified ``grant`` reads by: the one signed into it, else (a grant made before
     records were signed, or one without a split) the default, except for a ``PARALLEL`` grant: its
-    separation of training and test records was never signed, so it is refused (GrantError)."""
+    separation of training and test records was never signed, so it is refused (GrantError).
+
+    Args:
+      grant: A verified ``Grant``.
+
+    Returns:
+      The signed ``RecordSplit``, or ``DEFAULT_RECORD_SPLIT``.
+
+    Raises:
+      GrantError: The signed split is malformed, or a ``PARALLEL`` grant carries none.
+    """
     raw = (grant.meta or {}).get(RECORDS_KEY)
     if raw is not None:
         try:
@@ -387,11 +412,21 @@ def record_split(grant) -> RecordSplit:
     return DEFAULT_RECORD_SPLIT
 
 
-def require_side(grant, splits, side: str, reader: str) -> None:
+def require_side(grant: Grant, splits: Iterable[str], side: str, reader: str) -> None:
     """Under a ``PARALLEL`` grant, refuse (GrantError) ``reader`` reading any of ``splits`` unless it is on
     ``side`` of the grant's record split ("training" or "test"): a record must be read on one side only, as
     the charge pre + count + max(train + reject, val) assumes. Under any other rule nothing is refused (every
-    stage is charged for every record)."""
+    stage is charged for every record).
+
+    Args:
+      grant: A verified ``Grant``.
+      splits: The split names ``reader`` reads.
+      side: "training" or "test".
+      reader: Who reads them, for the message (e.g. "DPTrainer").
+
+    Raises:
+      GrantError: A split is not on ``side`` of a parallel grant's record split.
+    """
     split = grant_split(grant)
     if split is None or not split.parallel:
         return
@@ -409,7 +444,7 @@ def require_side(grant, splits, side: str, reader: str) -> None:
 UNIT_KEY = "unit"  # grant.meta key: {"column": C, "max_rows": K}, signed into every grant on a unit stream
 
 
-def unit_meta(meta: dict, column: str | None, max_rows: int | None) -> dict:
+def unit_meta(meta: Mapping[str, Any] | None, column: str | None, max_rows: int | None) -> dict:
     """``meta`` with the stream's privacy unit signed in (``UNIT_KEY``; ``grants.new_grant``): the stream's, never
     the requester's (a ``unit`` given in meta is replaced, or dropped on a stream whose unit is the row)."""
     meta = {k: v for k, v in (meta or {}).items() if k != UNIT_KEY}
@@ -420,7 +455,7 @@ def unit_meta(meta: dict, column: str | None, max_rows: int | None) -> dict:
     return meta
 
 
-def unit_rows(meta) -> int:
+def unit_rows(meta: Mapping[str, Any]) -> int:
     """K of a grant's ``meta``: the most rows one privacy unit has in a block (1 without a unit: unit = row)."""
     unit = (meta or {}).get(UNIT_KEY)
     if unit is None:
@@ -460,12 +495,22 @@ def per_row_split(split: BudgetSplit, k: int) -> BudgetSplit:
 
 # ---------------------------------------------------------------------------------- what a stage may spend
 
-def grant_split(grant) -> BudgetSplit | None:
+def grant_split(grant: Grant) -> BudgetSplit | None:
     """What each stage of a verified ``grant`` may hand its mechanisms (None: single-stage): the split signed into
     it, made per row on a stream whose privacy unit has K > 1 rows (``per_row_split``: the one place where a unit is
     applied, so every mechanism reading its stage's budget is calibrated to the unit). Refused with GrantError if
     the signed split composes to more than the grant's charge (a grant the ledger signed never does; every
-    component's door re-checks, whoever signed it)."""
+    component's door re-checks, whoever signed it).
+
+    Args:
+      grant: A verified ``Grant``.
+
+    Returns:
+      The per-row ``BudgetSplit``, or None for a single-stage grant.
+
+    Raises:
+      GrantError: The signed split composes to more than the grant's charge.
+    """
     split = BudgetSplit.from_meta(grant.meta)
     if split is not None:
         try:
@@ -476,13 +521,24 @@ def grant_split(grant) -> BudgetSplit | None:
     return split
 
 
-def stage_budget(grant, stage: str) -> tuple[float, float]:
+def stage_budget(grant: Grant, stage: str) -> tuple[float, float]:
     """(epsilon, delta) that ``stage`` may spend under a verified ``grant``.
 
     With a split: the stage's share, after re-checking that the split composes to at most the grant's
     charge (a grant the ledger signed always does; the check makes every component refuse one that
     does not, whoever signed it). Without a split: the whole grant, for whichever ONE stage opens a
     release under it first (``Ledger.release`` refuses a second stage). Per row on a unit stream (``grant_split``).
+
+    Args:
+      grant: A verified ``Grant``.
+      stage: A ``Stage`` ("preprocessing", "count", "training", "validation", ...).
+
+    Returns:
+      (epsilon, delta) the stage may hand its mechanisms.
+
+    Raises:
+      LedgerError: ``stage`` is not a stage.
+      GrantError: The signed split composes to more than the grant's charge.
     """
     _check_stage(stage)
     split = grant_split(grant)
@@ -498,8 +554,21 @@ def over_budget(epsilon: float, delta: float, allowed: tuple[float, float]) -> b
     return float(epsilon) > allowed[0] * (1 + SLACK) or float(delta) > allowed[1] * (1 + SLACK)
 
 
-def require_budget(grant, stage: str, epsilon: float, delta: float = 0.0) -> tuple[float, float]:
-    """Refuse (GrantError), before any data is read, a stage that asks more than its share of the grant."""
+def require_budget(grant: Grant, stage: str, epsilon: float, delta: float = 0.0) -> tuple[float, float]:
+    """Refuse (GrantError), before any data is read, a stage that asks more than its share of the grant.
+
+    Args:
+      grant: A verified ``Grant``.
+      stage: The asking ``Stage``.
+      epsilon: The epsilon the stage asks for.
+      delta: The delta the stage asks for.
+
+    Returns:
+      (epsilon, delta) of the stage's whole share (``stage_budget``).
+
+    Raises:
+      GrantError: The ask is above the share.
+    """
     have_epsilon, have_delta = stage_budget(grant, stage)
     if over_budget(epsilon, delta, (have_epsilon, have_delta)):
         raise GrantError(

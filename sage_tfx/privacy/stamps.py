@@ -7,9 +7,14 @@ by the keyed ``upgrade`` entry (``migrations.py``), which carries them as they w
 entries' times. ``StampReplay`` replays both; ``check`` compares the tables with the replay (equality).
 """
 import hashlib
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from .chain import canonical
 from .store import sql
+
+if TYPE_CHECKING:
+    from .store import Tx
 
 UPGRADE_KIND = "upgrade"  # the keyed entry of ``sage ledger upgrade`` (migrations.py)
 
@@ -26,17 +31,17 @@ COLUMNS = {
 _NULLABLE = ("blocks.retired", "pipelines.finished")  # NULL until the row is retired / finished
 
 
-def read(tx) -> dict[str, dict[tuple, float | None]]:
+def read(tx: Tx) -> dict[str, dict[tuple, float | None]]:
     """{column: {row key: time}} for every bound column, read in ``tx``."""
     return {name: {tuple(r[:n]): r[n] for r in tx.all(statement)} for name, (statement, n) in COLUMNS.items()}
 
 
-def log_times_digest(times) -> str:
+def log_times_digest(times: Iterable[tuple[int, float]]) -> str:
     """The digest of ``[(seq, ts), ...]`` an ``upgrade`` entry binds (the entries before it)."""
     return hashlib.sha256(canonical([[int(s), float(t)] for s, t in times]).encode()).hexdigest()
 
 
-def upgrade_body(tx, version: int, to: int) -> dict:
+def upgrade_body(tx: Tx, version: int, to: int) -> dict:
     """The body of the keyed ``upgrade`` entry: the schema versions, every bound column's times as stored (NULLs
     left out) and the digest of every earlier log entry's time."""
     stamps = {name: sorted([*key, value] for key, value in rows.items() if value is not None)

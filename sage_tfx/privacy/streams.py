@@ -5,10 +5,15 @@ A stream has a global (epsilon, delta) guarantee over all its blocks, forever; `
 must still admit to stay active, and every grant charges at least ``min_grant_epsilon``. The ``Ledger`` facade
 (``ledger.py``) reads and writes streams through these; this module imports neither the facade nor the audit.
 """
+
+from __future__ import annotations
+
 import collections.abc
 import functools
 import json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from . import filters
 from .allocation import get_policy
@@ -17,6 +22,12 @@ from .checks import check_name, finite
 from .errors import LedgerError, UnknownStream
 from .store import sql
 from .vocabulary import Accounting, BlockState, Policy
+
+if TYPE_CHECKING:
+    from .allocation import AllocationPolicy
+    from .blocks import Block
+    from .ledger import Ledger
+    from .store.base import Tx
 
 # The largest global epsilon a stream may promise unless its creator raises the limit (max_epsilon=): beyond
 # e^10 (about 22,000) the ratio of any outcome's odds with and without a person's records, the guarantee says
@@ -52,7 +63,7 @@ class Stream:
         stream hands its mechanisms the per-row budget that makes them DP for K rows (``split.per_row_budget``)."""
         return self.max_rows_per_unit or 1
 
-    def rules(self):
+    def rules(self) -> AllocationPolicy:
         """The stream's ``AllocationPolicy`` (allocation.py) with its stored parameters."""
         rules = self.__dict__.get("_rules")
         if rules is None:
@@ -61,19 +72,19 @@ class Stream:
         return rules
 
     @property
-    def grant_floor(self):
+    def grant_floor(self) -> float:
         """The smallest epsilon a grant may charge: min_grant_epsilon (default 0.001, or min_epsilon if smaller)."""
         if self.min_grant_epsilon is None:
             return min(DEFAULT_MIN_GRANT_EPSILON, self.min_epsilon)
         return self.min_grant_epsilon
 
-    def filter(self):
+    def filter(self) -> filters.Filter:
         return filters.make_filter(self.accounting, self.epsilon, self.delta, self.orders, self.query_delta_share,
                                    bool(self.split_orders))
 
 
 @functools.lru_cache(maxsize=64)
-def parsed_stream(row):
+def parsed_stream(row: tuple) -> Stream:
     """The Stream of a ``streams`` row and its filter, parsed once per distinct row (a tuple of the row's values).
 
     Keyed by the whole row as read in the caller's transaction, so a stream re-created under the same name with
@@ -87,13 +98,13 @@ def parsed_stream(row):
     return s
 
 
-def stream_filter(s):
+def stream_filter(s: Stream) -> filters.Filter:
     """``s.filter()``, built once per parsed stream row (filters are not changed after construction)."""
     filt = s.__dict__.get("_filter")
     return filt if filt is not None else s.filter()
 
 
-def read_stream(tx, name):
+def read_stream(tx: Tx, name: str) -> Stream:
     """The stream ``name`` as of ``tx``; UnknownStream naming the streams there are."""
     row = tx.one(sql.STREAM_ROW, (name,)) if isinstance(name, str) else None  # a list or number names no stream
     if row is None:
@@ -102,8 +113,9 @@ def read_stream(tx, name):
     return parsed_stream(tuple(row))
 
 
-def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, min_grant, now,
-                  unit=(None, None)) -> None:
+def insert_stream(tx: Tx, log: Callable[..., object], name: str, accounting: str, filt: filters.Filter, policy: str,
+                  rules: AllocationPolicy, min_epsilon: float, min_grant: float, now: float,
+                  unit: tuple[str | None, int | None] = (None, None)) -> None:
     """Write a new stream (checked by ``check_stream_args``: its filter ``filt``, ``policy`` as given and its
     ``rules``) and its log entry (``log(tx, kind, body)``); LedgerError if the name is taken. A queued policy's
     parameters are stored in full (defaults written down), so every process applies the same rule. ``unit``:
@@ -132,7 +144,7 @@ def insert_stream(tx, log, name, accounting, filt, policy, rules, min_epsilon, m
     log(tx, "stream", body, at=now)
 
 
-def check_unit(privacy_unit=None, max_rows_per_unit=None) -> tuple:
+def check_unit(privacy_unit: str | None = None, max_rows_per_unit: int | None = None) -> tuple:
     """A new stream's privacy unit: (column, K), or (None, None) for unit = row (event-level DP, the default);
     LedgerError naming the value and the fix otherwise. Whether the column is in the records is checked when they
     arrive (``sage ingest``), before anything is written."""
@@ -151,7 +163,7 @@ def check_unit(privacy_unit=None, max_rows_per_unit=None) -> tuple:
     return privacy_unit, max_rows_per_unit
 
 
-def check_unit_charge(stream, curve) -> None:
+def check_unit_charge(stream: Stream, curve: object) -> None:
     """Refuse (LedgerError, before anything is charged) an RDP curve charged on a stream whose privacy unit has
     K > 1 rows: group privacy turns an (epsilon, delta)-DP mechanism on one row into a (K epsilon, ...)-DP one on
     K rows (``split.per_row_budget``), but a Renyi curve has no such rule the ledger applies. Charge the
@@ -163,7 +175,7 @@ def check_unit_charge(stream, curve) -> None:
             "(and delta) instead, whose stages then get the per-row budget")
 
 
-def require_row_unit(ledger, stream: str, what: str) -> None:
+def require_row_unit(ledger: Ledger, stream: str, what: str) -> None:
     """Refuse (LedgerError, before anything is charged) ``what``, a release strategy whose mechanisms take their
     epsilon from its own parameters rather than from a grant's stage budget (``split.stage_budget``), on a stream
     whose privacy unit has K > 1 rows: its mechanisms are calibrated to one row, and ``Ledger.release`` would refuse
@@ -176,10 +188,12 @@ def require_row_unit(ledger, stream: str, what: str) -> None:
             "run a TFX pipeline (sage run), whose stages get the per-row budget")
 
 
-def check_stream_args(name, epsilon, delta, accounting=Accounting.BASIC, orders=None, policy=Policy.CONSERVE,
-                      min_epsilon=None, max_epsilon=DEFAULT_MAX_STREAM_EPSILON,
-                      min_grant_epsilon=None, policy_params=None, query_delta_share=None, privacy_unit=None,
-                      max_rows_per_unit=None):
+def check_stream_args(name: str, epsilon: float, delta: float, accounting: str = Accounting.BASIC,
+                      orders: Sequence[float] | None = None, policy: str = Policy.CONSERVE,
+                      min_epsilon: float | None = None, max_epsilon: float = DEFAULT_MAX_STREAM_EPSILON,
+                      min_grant_epsilon: float | None = None, policy_params: Mapping[str, Any] | None = None,
+                      query_delta_share: float | None = None, privacy_unit: str | None = None,
+                      max_rows_per_unit: int | None = None) -> tuple[filters.Filter, float, float]:
     """``create_stream``'s checks alone, without a ledger: (filter, min_epsilon, min_grant_epsilon), or
     LedgerError naming the value. ``sage ledger init`` runs them before it creates a ledger file, so a refusal
     leaves nothing. ``policy_params``: a queued policy's parameters (``n``, ``lifetime``; allocation.py).
@@ -221,7 +235,7 @@ def check_stream_args(name, epsilon, delta, accounting=Accounting.BASIC, orders=
     return filt, min_epsilon, min_grant
 
 
-def stream_cost(stream, filt, epsilon):
+def stream_cost(stream: Stream, filt: filters.Filter, epsilon: float) -> tuple[float, ...]:
     """``filt.cost(epsilon=epsilon)``; for the parsed stream row's own filter (``stream_filter``) computed once
     per row and epsilon (a stream's grant floor and min_epsilon cost are fixed by its row, which
     ``parsed_stream`` keys on; filters are not changed after construction)."""
@@ -237,7 +251,7 @@ def stream_cost(stream, filt, epsilon):
     return cost
 
 
-def check_minimum(filt, stream, cost, epsilon) -> None:
+def check_minimum(filt: filters.Filter, stream: Stream, cost: Sequence[float], epsilon: float | None) -> None:
     """Refuse a grant smaller than the stream's grant floor (LedgerError, before anything is charged).
 
     Basic accounting compares the charged epsilon; RDP calls a query too small when its curve lies below a
@@ -257,7 +271,8 @@ def check_minimum(filt, stream, cost, epsilon) -> None:
             "--min-grant-epsilon`, default 0.001, or the stream's --min-epsilon if smaller)")
 
 
-def stream_status(s, blocks, grants, pipelines):
+def stream_status(s: Stream, blocks: Sequence[Block], grants: int,
+                  pipelines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """``Ledger.status``: a JSON-ready summary of stream ``s``, its ``blocks`` (``Block``s in key order) with each
     one's spent and remaining budget, its count of ``grants`` and its ``pipelines``."""
     filt = s.filter()

@@ -1,6 +1,10 @@
 """DPAccuracyValidator: SLAed validation of an accuracy target (paper App. B): the exact binomial test of the DP
 counts (default), the spec's corrected Clopper-Pearson, or Bernstein."""
+
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 from .bounds import clopper_pearson_lower, clopper_pearson_upper
 from .core import (
@@ -19,10 +23,19 @@ from .loss import DPLossValidator, _set_test_parameters
 from .noisy import joint_decision
 from .units import check_per_unit, unit_records
 
+if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
+
+    from sage_tfx.privacy.randomness import RngLike, SecureRNG
+
+    from .core import NoisyTotal, ValidationResult
+
 BOUNDS = ("exact", "clopper_pearson", "bernstein")
 
 
-def release_correct_and_count(correct, epsilon, rng, mode):
+def release_correct_and_count(correct: np.ndarray, epsilon: float | None, rng: SecureRNG,
+                              mode: Mode) -> tuple[NoisyTotal, NoisyTotal]:
     """(k~, n~): the number of correct predictions and of examples, each + Lap(2/eps).
 
     Privacy: one record changes k by at most 1 and n by 1; each count is (eps/2)-DP, both eps-DP.
@@ -32,7 +45,8 @@ def release_correct_and_count(correct, epsilon, rng, mode):
             NoisyTotal.release(correct.size, 1.0, half, rng, mode))
 
 
-def accuracy_accept_bound(correct, count, eta, mode):
+def accuracy_accept_bound(correct: NoisyTotal, count: NoisyTotal, eta: float,
+                          mode: Mode) -> tuple[float, dict[str, float]]:
     """Lower bound LB on the expected accuracy p (ACCEPT iff LB >= target); eta is the test's whole budget.
 
         t    = (2/eps) ln(3/(2 eta))      k_lo = k~ - t      n_hi = n~ + t
@@ -49,7 +63,8 @@ def accuracy_accept_bound(correct, count, eta, mode):
     return clopper_pearson_lower(k_lo, n_hi, delta), {"correct_lo": k_lo, "n_hi": n_hi}
 
 
-def accuracy_reject_bound(correct, count, eta, mode):
+def accuracy_reject_bound(correct: NoisyTotal, count: NoisyTotal, eta: float,
+                          mode: Mode) -> tuple[float, dict[str, float]]:
     """Upper bound UB on the accuracy of a reference model, from the training set (REJECT iff UB < target).
 
         t  = (2/eps) ln(3/(2 eta))      k_hi = k~ + t      n_lo = n~ - t
@@ -92,16 +107,55 @@ class DPAccuracyValidator:
     """
 
     name = "accuracy"
+    # set by _set_test_parameters
+    confidence: float
+    bound: str
+    epsilon: float  # and train_epsilon: None only in non_private mode, where nothing is drawn or spent
+    train_epsilon: float
 
-    def __init__(self, target, epsilon, confidence=0.95, *, bound="exact", train_epsilon=None, mode="sage",
-                 per_unit=False) -> None:
+    def __init__(self, target: float, epsilon: float | None, confidence: float = 0.95, *, bound: str = "exact",
+                 train_epsilon: float | None = None, mode: Mode | str = "sage", per_unit: bool = False) -> None:
+        """An accuracy validator (the class docstring says what it guarantees).
+
+        Args:
+          target: The accuracy to reach, in (0, 1).
+          epsilon: The epsilon spent on the test set (None only in "non_private" mode).
+          confidence: 1 - eta, the SLA's confidence (``validate``'s ``eta`` or ``attempt`` refine it).
+          bound: The test's bound: "exact" (default), "clopper_pearson" or "bernstein".
+          train_epsilon: The epsilon spent on the training set (default ``epsilon``).
+          mode: A ``Mode`` (or its name): "sage" (default), or an ablation ("no_sla", "uc", "non_private").
+          per_unit: Validate per privacy unit (``validation.units``): each unit's accuracy is one record in [0, 1];
+            ``validate`` then takes ``units`` ("clopper_pearson" is refused).
+
+        Raises:
+          ValidationInputError: A value out of its range (named with the fix), before anything is drawn.
+        """
         self.mode = Mode.parse(mode)
         self.target = check_probability("target accuracy", target)
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
         self.per_unit = check_per_unit(self.name, per_unit, bound, binomial_bounds=("clopper_pearson",))
 
-    def validate(self, test_values, train_values=None, rng=None, *, attempt=None, eta=None, units=None,
-                 train_units=None):
+    def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
+                 attempt: int | None = None, eta: float | None = None, units: npt.ArrayLike | None = None,
+                 train_units: npt.ArrayLike | None = None) -> ValidationResult:
+        """``DPLossValidator.validate`` on per-example correctness: the ACCEPT test on the test set and, if given,
+        the REJECT test on the training set.
+
+        Args:
+          test_values: 1.0 (correct) or 0.0 (incorrect) per test example (``validation.correctness``).
+          train_values: The same on the training set (None: no REJECT test).
+          rng: The noise generator, as ``DPLossValidator.validate``.
+          attempt: As ``DPLossValidator.validate``.
+          eta: As ``DPLossValidator.validate``.
+          units: As ``DPLossValidator.validate`` (``per_unit`` validators).
+          train_units: As ``DPLossValidator.validate``.
+
+        Returns:
+          The ``ValidationResult`` (the accuracy's lower and upper confidence bounds in ``bounds``).
+
+        Raises:
+          ValidationInputError: A value other than 0 and 1 (named without the value), before anything is drawn.
+        """
         test = _check_correctness("test correctness", test_values)
         train = None if train_values is None else _check_correctness("train correctness", train_values)
         test, train = unit_records(self, test, train, units, train_units, 1.0)

@@ -3,10 +3,14 @@ the eta schedule, input checks, and Laplace-noised totals with their worst-case 
 
 numpy/scipy/stdlib only: this is part of the privacy core.
 """
+
+from __future__ import annotations
+
 import enum
 import math
 import numbers
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -15,6 +19,11 @@ from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.randomness import SecureRNG, as_secure_rng
 from sage_tfx.privacy.samplers import grid_laplace, grid_laplace_coupling, grid_laplace_sum
 from sage_tfx.privacy.vocabulary import Outcome, Stage
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from sage_tfx.privacy.randomness import RngLike
 
 
 class ValidationInputError(SageError, ValueError):
@@ -40,7 +49,7 @@ class Mode(enum.StrEnum):
     NO_SLA = "no_sla"
 
     @classmethod
-    def parse(cls, value):
+    def parse(cls, value: Mode | str) -> Mode:
         if isinstance(value, cls):
             return value
         try:
@@ -50,15 +59,15 @@ class Mode(enum.StrEnum):
                 f"mode {value!r} is not one of {[m.value for m in cls]}") from None
 
     @property
-    def noisy(self):
+    def noisy(self) -> bool:
         """True when counts and sums carry Laplace noise (every mode but non_private)."""
         return self is not Mode.NON_PRIVATE
 
     @property
-    def corrected(self):
+    def corrected(self) -> bool:
         return self is Mode.SAGE
 
-    def event_eta(self, eta):
+    def event_eta(self, eta: float) -> float:
         """Failure probability given to each event of a test with failure budget ``eta``.
 
         With noise there are three events (count noise, sum noise, sampling), eta/3 each; the exact
@@ -67,7 +76,7 @@ class Mode(enum.StrEnum):
         return eta / 3 if self.noisy else eta
 
 
-def eta_for_attempt(eta, attempt):
+def eta_for_attempt(eta: float, attempt: int) -> float:
     """eta_i = eta / (i (i+1)) for attempt i >= 1.
 
     Proof that repeated validation keeps the SLA: sum_{i>=1} 1/(i(i+1)) = sum (1/i - 1/(i+1)) = 1, so by a
@@ -79,7 +88,7 @@ def eta_for_attempt(eta, attempt):
     return eta / (attempt * (attempt + 1))
 
 
-def resolve_eta(confidence, eta=None, attempt=None):
+def resolve_eta(confidence: float, eta: float | None = None, attempt: int | None = None) -> float:
     """The failure probability of one validation: explicit ``eta``, else (1 - confidence) at ``attempt``."""
     if eta is not None and attempt is not None:
         raise ValidationInputError(f"give eta ({eta!r}) or attempt ({attempt!r}), not both")
@@ -89,7 +98,7 @@ def resolve_eta(confidence, eta=None, attempt=None):
     return base if attempt is None else eta_for_attempt(base, attempt)
 
 
-def split_eta(eta, reject_test):
+def split_eta(eta: float, reject_test: bool) -> tuple[float, float]:
     """(eta_accept, eta_reject): all of eta to the ACCEPT test when no REJECT test runs, else half each.
 
     The SLA bounds P(ACCEPT and the model misses the target) + P(REJECT and the target is reachable); with no
@@ -100,14 +109,14 @@ def split_eta(eta, reject_test):
 
 # ---------------------------------------------------------------- input checks
 
-def check_positive(name, value):
+def check_positive(name: str, value: object) -> float:
     """A finite number > 0, as float; otherwise an error naming ``name`` and the value."""
     if not is_real(value):
         raise ValidationInputError(f"{name} {value!r} must be a positive number")
     return positive(value, name, error=ValidationInputError, message="{what} {value!r} must be {rule}")
 
 
-def check_probability(name, value):
+def check_probability(name: str, value: object) -> float:
     """A number strictly inside (0, 1), as float."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValidationInputError(f"{name} {value!r} must be a number in (0, 1)")
@@ -117,7 +126,7 @@ def check_probability(name, value):
     return value
 
 
-def check_values(name, values):
+def check_values(name: str, values: npt.ArrayLike) -> np.ndarray:
     """A 1-D float array of finite numbers. The refusal of a non-finite one names the array only: these are
     per-record values, often computed after a charge, so neither the value, its index nor a count is shown
     (map NaN / inf to the worst value first, as ``squared_errors(..., loss_bound=B)`` does). An empty array is a valid set
@@ -135,7 +144,7 @@ def check_values(name, values):
     return array
 
 
-def check_rng(rng):
+def check_rng(rng: RngLike) -> SecureRNG:
     """The noise generator: a ``randomness.SecureRNG`` (as DPModelValidator passes, keyed by the grant's seed),
     one keyed by 32 bytes of the caller's numpy Generator (reproducible for a seeded Generator), or, for
     None, one with a fresh key from ``secrets``. Never a fixed seed here."""
@@ -147,7 +156,7 @@ def check_rng(rng):
 
 # ---------------------------------------------------------------- noisy totals
 
-def laplace_tail(scale, prob, two_sided=False):
+def laplace_tail(scale: float, prob: float, two_sided: bool = False) -> float:
     """The t with P(Lap(scale) > t) = prob (one-sided) or P(|Lap(scale)| > t) = prob (two-sided).
 
     P(Lap(b) > t) = exp(-t/b)/2, so t = b ln(1/(2 prob)); P(|Lap(b)| > t) = exp(-t/b), so t = b ln(1/prob).
@@ -172,7 +181,8 @@ class NoisyTotal:
     slack: float = 0.0
 
     @classmethod
-    def release(cls, exact, sensitivity, epsilon, rng, mode, cells=1):
+    def release(cls, exact: float | np.ndarray, sensitivity: float, epsilon: float | None, rng: RngLike, mode: Mode,
+                cells: int = 1) -> NoisyTotal:
         """The grid-Laplace release of ``exact`` (one cell) with ``sensitivity`` and ``epsilon``.
 
         ``exact``: an integer total (a count: exact in float64 below 2^53), or the per-record values of a sum (a
@@ -189,7 +199,7 @@ class NoisyTotal:
         records = np.ndim(exact) > 0
         if not mode.noisy:
             return cls(math.fsum(np.asarray(exact, dtype=np.float64).tolist()) if records else float(exact), 0.0)
-
+        epsilon = cast(float, epsilon)  # None only in non_private mode (above)
         if records:
             value = grid_laplace_sum(np.asarray(exact, dtype=np.float64), sensitivity, epsilon, as_secure_rng(rng),
                                      cells=cells)[0]
@@ -198,18 +208,18 @@ class NoisyTotal:
         return cls.coupled(value, sensitivity, epsilon, cells)
 
     @classmethod
-    def coupled(cls, value, sensitivity, epsilon, cells=1):
+    def coupled(cls, value: float, sensitivity: float, epsilon: float, cells: int = 1) -> NoisyTotal:
         """A grid-Laplace release ``value`` with its coupling's scale and slack (``samplers.grid_laplace_coupling``)."""
 
         scale, slack = grid_laplace_coupling(sensitivity, epsilon, cells)
         return cls(float(value), scale, slack)
 
-    def lower(self, prob, mode, two_sided=False):
+    def lower(self, prob: float, mode: Mode, two_sided: bool = False) -> float:
         """<= the exact total except with probability ``prob`` (one-sided), when the mode corrects.
         (value - exact = L + xi with |xi| <= slack: value - tail - slack > exact needs L > tail.)"""
         return self.value - (laplace_tail(self.scale, prob, two_sided) + self.slack if mode.corrected else 0.0)
 
-    def upper(self, prob, mode, two_sided=False):
+    def upper(self, prob: float, mode: Mode, two_sided: bool = False) -> float:
         """>= the exact total except with probability ``prob`` (one-sided), when the mode corrects."""
         return self.value + (laplace_tail(self.scale, prob, two_sided) + self.slack if mode.corrected else 0.0)
 
@@ -258,18 +268,18 @@ class ValidationResult:
     details: dict = field(default_factory=dict)
 
     @property
-    def confidence(self):
+    def confidence(self) -> float:
         return 1.0 - self.eta
 
     @property
-    def epsilon_spent(self):
+    def epsilon_spent(self) -> float:
         return self.epsilon_test + self.epsilon_train
 
     @property
-    def accepted(self):
+    def accepted(self) -> bool:
         return self.outcome is Outcome.ACCEPT
 
-    def to_dict(self):
+    def to_dict(self) -> dict[str, Any]:
         """A JSON-serializable dict (non-finite numbers become None)."""
         return _json_safe({
             "outcome": self.outcome, "validator": self.validator, "mode": self.mode, "target": self.target,

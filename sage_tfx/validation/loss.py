@@ -1,5 +1,9 @@
 """DPLossValidator: SLAed validation of a loss target (MSE, log loss, ...), paper List. 2 and App. B.1."""
+
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -20,8 +24,16 @@ from .core import (
 from .noisy import joint_decision
 from .units import check_per_unit, unit_records
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
-def release_count_and_sum(values, bound, epsilon, rng, mode):
+    from sage_tfx.privacy.randomness import RngLike, SecureRNG
+
+    from .core import NoisyTotal, ValidationResult
+
+
+def release_count_and_sum(values: np.ndarray, bound: float, epsilon: float | None, rng: SecureRNG,
+                          mode: Mode) -> tuple[NoisyTotal, NoisyTotal]:
     """(n~, S~): the count and the sum of ``values`` clipped to [0, B], each with half of epsilon.
 
     Privacy: adding or removing one record changes n by 1 and the clipped sum by at most B, so
@@ -35,7 +47,8 @@ def release_count_and_sum(values, bound, epsilon, rng, mode):
     return count, total
 
 
-def loss_accept_bound(count, total, bound, eta, mode):
+def loss_accept_bound(count: NoisyTotal, total: NoisyTotal, bound: float, eta: float,
+                      mode: Mode) -> tuple[float, dict[str, float]]:
     """The ACCEPT test's upper bound UB on the expected loss, from the released (n~, S~); eta is the whole
     failure budget of the test. Returns (UB, details).
 
@@ -59,7 +72,8 @@ def loss_accept_bound(count, total, bound, eta, mode):
     return upper, {"n_lo": n_lo, "sum_hi": s_hi, "mean_hi": mean_hi}
 
 
-def loss_reject_bound(count, total, bound, eta, mode):
+def loss_reject_bound(count: NoisyTotal, total: NoisyTotal, bound: float, eta: float,
+                      mode: Mode) -> tuple[float, dict[str, float]]:
     """The REJECT test's lower bound LB on the loss, from the training set's released (n~, S~).
 
         c_n  = (2/eps) ln(3/eta)  (two-sided)     n_lo = n~ - c_n     n_hi = n~ + c_n
@@ -121,17 +135,58 @@ class DPLossValidator:
     """
 
     name = "loss"
+    # set by _set_test_parameters
+    confidence: float
+    bound: str
+    epsilon: float  # and train_epsilon: None only in non_private mode, where nothing is drawn or spent
+    train_epsilon: float
 
-    def __init__(self, target, epsilon, confidence=0.95, *, loss_bound=1.0, bound="chernoff", train_epsilon=None,
-                 mode="sage", per_unit=False) -> None:
+    def __init__(self, target: float, epsilon: float | None, confidence: float = 0.95, *, loss_bound: float = 1.0,
+                 bound: str = "chernoff", train_epsilon: float | None = None, mode: Mode | str = "sage",
+                 per_unit: bool = False) -> None:
+        """A loss validator (the class docstring says what it guarantees).
+
+        Args:
+          target: The loss to stay under (> 0).
+          epsilon: The epsilon spent on the test set (None only in "non_private" mode).
+          loss_bound: B: each loss is clipped to [0, B].
+          confidence: 1 - eta, the SLA's confidence (``validate``'s ``eta`` or ``attempt`` refine it).
+          bound: The test's bound: "chernoff" (default) or "bernstein".
+          train_epsilon: The epsilon spent on the training set (default ``epsilon``).
+          mode: A ``Mode`` (or its name): "sage" (default), or an ablation ("no_sla", "uc", "non_private").
+          per_unit: Validate per privacy unit (``validation.units``): each unit's mean loss is one record, so the
+            release is DP for adding or removing a whole unit; ``validate`` then takes ``units``.
+
+        Raises:
+          ValidationInputError: A value out of its range (named with the fix), before anything is drawn.
+        """
         self.mode = Mode.parse(mode)
         self.target = check_positive("target loss", target)
         self.loss_bound = check_positive("loss bound B", loss_bound)
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
         self.per_unit = check_per_unit(self.name, per_unit, bound)
 
-    def validate(self, test_values, train_values=None, rng=None, *, attempt=None, eta=None, units=None,
-                 train_units=None):
+    def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
+                 attempt: int | None = None, eta: float | None = None, units: npt.ArrayLike | None = None,
+                 train_units: npt.ArrayLike | None = None) -> ValidationResult:
+        """Run the ACCEPT test on ``test_values`` and, if given, the REJECT test on ``train_values``.
+
+        Args:
+          test_values: Per-example losses on the test set (finite; a non-finite one is refused without naming
+            it: map it to the worst loss first).
+          train_values: Per-example losses on the training set (None: no REJECT test).
+          rng: The noise generator (``check_rng``): a SecureRNG, a numpy Generator or None (a fresh key).
+          attempt: The validation's attempt number i >= 1 (eta / (i (i + 1)) of the failure budget).
+          eta: The failure probability to use (overrides ``confidence`` and ``attempt``).
+          units: ``per_unit`` validators: each test row's privacy unit id (the same length as ``test_values``).
+          train_units: ``per_unit`` validators: each training row's unit id.
+
+        Returns:
+          The ``ValidationResult``: ACCEPT, REJECT or RETRY, the bounds, the epsilon spent and the eta used.
+
+        Raises:
+          ValidationInputError: A bad input (named with the fix), before anything is drawn.
+        """
         test = check_values("test losses", test_values)
         train = None if train_values is None else check_values("train losses", train_values)
         test, train = unit_records(self, test, train, units, train_units, self.loss_bound)

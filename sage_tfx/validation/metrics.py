@@ -12,14 +12,21 @@ label other than 0 or 1 (binary log loss, correctness) is mapped alike. Where a 
 non-finite record when no B is given), ``RecordError`` names the column only: never a value, index or count.
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from sage_tfx.privacy.errors import RecordError
 
 from .core import ValidationInputError
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
-def _pair(labels, predictions):
+
+def _pair(labels: npt.ArrayLike, predictions: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     labels = np.asarray(labels, dtype=np.float64)
     predictions = np.asarray(predictions, dtype=np.float64)
     if predictions.ndim == 2 and predictions.shape[1] == 1 and labels.ndim == 1:
@@ -44,28 +51,55 @@ def _worst(values, bad, worst, name):
     return np.where(bad, float(worst), values)
 
 
-def squared_errors(labels, predictions, loss_bound: float | None = None) -> np.ndarray:
+def squared_errors(labels: npt.ArrayLike, predictions: npt.ArrayLike, loss_bound: float | None = None) -> np.ndarray:
     """(label - prediction)^2 per example; ``loss_bound`` (the validator's B) for a record whose label or
-    prediction is not finite, or whose error overflows (without it such a record raises RecordError)."""
+    prediction is not finite, or whose error overflows (without it such a record raises RecordError).
+
+    Args:
+      labels: One label per example.
+      predictions: One prediction per example, in the same order.
+      loss_bound: The loss given to a bad record (None: a bad record raises RecordError).
+
+    Returns:
+      The per-example losses, float64.
+
+    Raises:
+      RecordError: A bad record without ``loss_bound`` (the column only: no value, index or count).
+      ValidationInputError: ``labels`` and ``predictions`` have different shapes.
+    """
     labels, predictions, bad = _pair(labels, predictions)
     with np.errstate(over="ignore", invalid="ignore"):
         return _worst((labels - predictions) ** 2, bad, loss_bound, "predictions")
 
 
-def absolute_errors(labels, predictions, loss_bound: float | None = None) -> np.ndarray:
-    """|label - prediction| per example; ``loss_bound`` (the validator's B) for a non-finite record, as in
-    ``squared_errors``."""
+def absolute_errors(labels: npt.ArrayLike, predictions: npt.ArrayLike, loss_bound: float | None = None) -> np.ndarray:
+    """|label - prediction| per example; ``loss_bound`` (the validator's B) for a non-finite record: Args,
+    Returns and Raises as ``squared_errors``."""
     labels, predictions, bad = _pair(labels, predictions)
     with np.errstate(over="ignore", invalid="ignore"):
         return _worst(np.abs(labels - predictions), bad, loss_bound, "predictions")
 
 
-def log_losses(labels, probabilities, floor: float = 1e-7, loss_bound: float | None = None) -> np.ndarray:
+def log_losses(labels: npt.ArrayLike, probabilities: npt.ArrayLike, floor: float = 1e-7,
+               loss_bound: float | None = None) -> np.ndarray:
     """-log p(label) per example for binary labels in {0, 1} and predicted P(label = 1).
 
     Probabilities are kept in [floor, 1 - floor], so each loss is at most ln(1/floor) (a valid B). A record
     whose label or probability is not finite gets ``loss_bound`` (default ln(1/floor), the largest loss).
-    A finite label other than 0 or 1 is a bad record too: the worst loss, never an error naming it."""
+    A finite label other than 0 or 1 is a bad record too: the worst loss, never an error naming it.
+
+    Args:
+      labels: One label in {0, 1} per example.
+      probabilities: The predicted P(label = 1) per example, in the same order.
+      floor: Probabilities are kept in [floor, 1 - floor].
+      loss_bound: The loss given to a bad record (default ln(1/floor)).
+
+    Returns:
+      The per-example losses, float64, each at most ln(1/floor).
+
+    Raises:
+      ValidationInputError: ``labels`` and ``probabilities`` have different shapes.
+    """
     labels, probabilities, bad = _pair(labels, probabilities)
     bad = _not_binary(labels, bad)
     p = np.clip(np.where(bad, 0.5, probabilities), floor, 1.0 - floor)
@@ -74,9 +108,21 @@ def log_losses(labels, probabilities, floor: float = 1e-7, loss_bound: float | N
     return _worst(-(y * np.log(p) + (1.0 - y) * np.log1p(-p)), bad, worst, "probabilities")
 
 
-def correctness(labels, scores, threshold: float = 0.5) -> np.ndarray:
+def correctness(labels: npt.ArrayLike, scores: npt.ArrayLike, threshold: float = 0.5) -> np.ndarray:
     """1.0 where (score >= threshold) equals the binary label, else 0.0; 0.0 ("incorrect") for a record whose
-    label or score is not finite, or whose finite label is other than 0 or 1."""
+    label or score is not finite, or whose finite label is other than 0 or 1.
+
+    Args:
+      labels: One label in {0, 1} per example.
+      scores: One score per example, in the same order.
+      threshold: A score at or above it predicts 1.
+
+    Returns:
+      1.0 or 0.0 per example, float64.
+
+    Raises:
+      ValidationInputError: ``labels`` and ``scores`` have different shapes.
+    """
     labels, scores, bad = _pair(labels, scores)
     bad = _not_binary(labels, bad)
     return (((scores >= threshold) == (labels == 1.0)) & ~bad).astype(np.float64)

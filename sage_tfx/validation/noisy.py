@@ -35,7 +35,11 @@ upper tails. The p-value is either
   binomial test with the noise convolved in).
 Each function's docstring has its proof; ``noisy_sum_test`` assembles them and proves the guarantee.
 """
+
+from __future__ import annotations
+
 import math
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 from scipy.special import betainc, gammaln  # noqa: TID253
@@ -45,10 +49,16 @@ from sage_tfx.privacy.samplers import grid_laplace_pair
 
 from .core import Mode, NoisyTotal
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from sage_tfx.privacy.randomness import RngLike
+
 COUNT_SHARE = 0.05  # fraction of a test's eta for the event "the true count is outside the noisy count's interval"
 
 
-def release_pair(values, bound, epsilon, rng, mode):
+def release_pair(values: np.ndarray, bound: float, epsilon: float | None, rng: RngLike,
+                 mode: Mode) -> tuple[NoisyTotal, NoisyTotal]:
     """(S~, S'~): the sums of ``values`` clipped to [0, B] and of B minus them, each + Lap(B/eps), drawn as the
     exact grid Laplace of the pair, summed exactly on the grid (``samplers.grid_laplace_pair``: one vector of L1
     sensitivity B whose change touches its 2 cells, eps-DP for the pair, exactly).
@@ -61,13 +71,14 @@ def release_pair(values, bound, epsilon, rng, mode):
         total = NoisyTotal.release(clipped, bound, epsilon, rng, mode)
         return total, NoisyTotal(bound * clipped.size - total.value, 0.0)
 
+    epsilon = cast(float, epsilon)  # None only in non_private mode (above)
     pair = grid_laplace_pair(clipped, bound, epsilon, as_secure_rng(rng))  # summed exactly on the grid
-    return tuple(NoisyTotal.coupled(value, bound, epsilon, cells=2) for value in pair)
+    return NoisyTotal.coupled(pair[0], bound, epsilon, cells=2), NoisyTotal.coupled(pair[1], bound, epsilon, cells=2)
 
 
 # ---------------------------------------------------------------- the noise X = a E1 - c E2
 
-def laplace_pair_sf(u):
+def laplace_pair_sf(u: float) -> float:
     """P(E1 + E2 > u) for independent standard Laplace E1, E2 and u >= 0: exp(-u) (2 + u) / 4.
 
     (The density of E1 + E2 is (1 + |u|) exp(-|u|) / 4, from the characteristic function 1/(1 + t^2)^2;
@@ -75,7 +86,7 @@ def laplace_pair_sf(u):
     return math.exp(-u) * (2.0 + u) / 4.0
 
 
-def laplace_pair_quantile(prob, two_sided):
+def laplace_pair_quantile(prob: float, two_sided: bool) -> float:
     """The u >= 0 with P(E1 + E2 > u) = prob (or P(|E1 + E2| > u) = prob), in closed form.
 
     With v = 2 + u, ``laplace_pair_sf`` = t reads v e^{-v} = 4 t e^{-2}, so v = -W_{-1}(-4 t e^{-2}) on the
@@ -97,7 +108,7 @@ def laplace_pair_quantile(prob, two_sided):
     return u
 
 
-def noise_sf(z, a, c):
+def noise_sf(z: npt.ArrayLike, a: float, c: float) -> np.ndarray:
     """P(a E1 - c E2 > z), vectorized in z (a, c >= 0).
 
     a E1 - c E2 has the law of a E1 + c E2 (E2 is symmetric), whose characteristic function
@@ -119,14 +130,15 @@ def noise_sf(z, a, c):
     return np.where(z >= 0, upper, 1.0 - upper)
 
 
-def noise_log_mgf(lam, a, c):
+def noise_log_mgf(lam: float, a: float, c: float) -> float:
     """log E exp(lam X) = -log(1 - a^2 lam^2) - log(1 - c^2 lam^2) for |lam| < 1/max(a, c) (Laplace MGFs)."""
     return -math.log1p(-(a * lam) ** 2) - math.log1p(-(c * lam) ** 2)
 
 
 # ---------------------------------------------------------------- tails of T~ under mean tau
 
-def chernoff_tail(t, n, tau, bound, a, c, side, noise_copies=1):
+def chernoff_tail(t: float, n: float, tau: float, bound: float, a: float, c: float, side: int,
+                  noise_copies: int = 1) -> float:
     """An upper bound on P(T~ <= t) (side -1) or P(T~ >= t) (side +1) for n values in [0, B] with mean mu,
     valid whenever mu >= tau (side -1) or mu <= tau (side +1); a = c = 0 for no noise. ``noise_copies`` k:
     the noise is a sum of k independent copies of X (k releases of disjoint parts summed, as a partitioned
@@ -167,7 +179,7 @@ def chernoff_tail(t, n, tau, bound, a, c, side, noise_copies=1):
     return min(1.0, math.exp(min(f1, f2, 0.0)))
 
 
-def binomial_tail(t, counts, tau, a, c, side):
+def binomial_tail(t: float, counts: npt.ArrayLike, tau: float, a: float, c: float, side: int) -> float:
     """max over the integer counts n of P(T~ <= t) (side -1) or P(T~ >= t) (side +1), computed exactly for
     T~ = M - tau n + X, M ~ Bin(n, tau), plus the binomial mass left out of the summation window (so each value
     is an upper bound). ``counts`` is an int or a sequence of ints >= 1.
@@ -199,7 +211,7 @@ def binomial_tail(t, counts, tau, a, c, side):
     return min(1.0, worst)
 
 
-def binomial_test(m, n, tau, side):
+def binomial_test(m: float, n: float, tau: float, side: int) -> float:
     """P(M <= m) (side -1) or P(M >= m) (side +1) for M ~ Bin(n, tau), through the regularised incomplete
     beta function (which also takes real m and n: the UC ablation's noisy counts). Inverting it in tau is
     exactly the Clopper-Pearson bound."""
@@ -210,7 +222,8 @@ def binomial_test(m, n, tau, side):
 
 # ---------------------------------------------------------------- the test
 
-def count_interval(total, complement, bound, prob, mode, two_sided):
+def count_interval(total: NoisyTotal, complement: NoisyTotal, bound: float, prob: float, mode: Mode,
+                   two_sided: bool) -> tuple[float, float]:
     """(n_lo, n_hi) containing n = (S + S')/B except with probability ``prob`` (with noise and correction);
     the point (S~ + S'~)/B otherwise. One-sided tests only use n_hi (then n_lo = -inf)."""
     n_noisy = (total.value + complement.value) / bound
@@ -222,7 +235,8 @@ def count_interval(total, complement, bound, prob, mode, two_sided):
     return (n_noisy - half_width if two_sided else -math.inf), n_noisy + half_width
 
 
-def noisy_sum_test(total, complement, bound, tau, eta, mode, side, binomial=False):
+def noisy_sum_test(total: NoisyTotal, complement: NoisyTotal, bound: float, tau: float, eta: float, mode: Mode,
+                   side: int, binomial: bool = False) -> tuple[float, float, dict[str, Any]]:
     """The p-value of the ACCEPT (side -1: mu <= tau) or REJECT (side +1: mu > tau) test and the count
     interval it used. The test passes iff the p-value is <= the sampling share of eta.
 
@@ -265,7 +279,8 @@ def noisy_sum_test(total, complement, bound, tau, eta, mode, side, binomial=Fals
     return binomial_tail(tested, counts, tau / bound, a, c, side), eta_s, details
 
 
-def confidence_limit(total, complement, bound, eta, mode, side, binomial=False):
+def confidence_limit(total: NoisyTotal, complement: NoisyTotal, bound: float, eta: float, mode: Mode, side: int,
+                     binomial: bool = False) -> float:
     """The reported bound: for side -1 the smallest tau in (0, B) at which the ACCEPT test passes (an upper
     confidence limit on mu; B when none does), for side +1 the largest tau at which REJECT passes (a lower
     limit; 0 when none does). The decision is always the test at the target itself; this limit summarises the
@@ -287,8 +302,9 @@ def confidence_limit(total, complement, bound, eta, mode, side, binomial=False):
     return brentq(excess, lo, hi, xtol=bound * 1e-9)
 
 
-def joint_decision(test, train, bound, tau, epsilon, train_epsilon, rng, mode, eta_accept, eta_reject,
-                   binomial=False):
+def joint_decision(test: np.ndarray, train: np.ndarray | None, bound: float, tau: float, epsilon: float,
+                   train_epsilon: float, rng: RngLike, mode: Mode, eta_accept: float, eta_reject: float,
+                   binomial: bool = False) -> tuple[bool, bool, float, dict[str, float], dict[str, Any]]:
     """Both tests of the default validators on values in [0, B] (clipped losses, or 0/1 errors with B = 1).
 
     Returns (accepted, rejected, mean, limits, details): ``mean`` is the DP mean B S~ / (S~ + S'~) (inf when the

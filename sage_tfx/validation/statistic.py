@@ -1,6 +1,10 @@
 """DPAbsoluteErrorValidator: SLAed validation of the absolute error of DP per-key means (paper App. B)."""
+
+from __future__ import annotations
+
 import math
 import numbers
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -21,8 +25,16 @@ from .core import (
 )
 from .loss import _check_epsilon
 
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
-def mean_error_bound(dp_sum, dp_count, value_range, epsilon, delta, mode):
+    from sage_tfx.privacy.randomness import RngLike
+
+    from .core import ValidationResult
+
+
+def mean_error_bound(dp_sum: float, dp_count: float, value_range: float, epsilon: float, delta: float,
+                     mode: Mode) -> float:
     """Bound on |m~ - mu| for one key's DP mean m~ = clip(S~/c~, 0, R), with probability >= 1 - delta.
 
     Inputs: S~ = S + Lap(2R/eps), c~ = c + Lap(2/eps), S the sum of c values clipped to [0, R] (the release of
@@ -81,8 +93,25 @@ class DPAbsoluteErrorValidator:
     """
 
     name = "absolute_error"
+    num_keys: int
 
-    def __init__(self, target, epsilon, confidence=0.95, *, value_range, num_keys=1, per_key=False, mode="sage") -> None:
+    def __init__(self, target: float, epsilon: float | None, confidence: float = 0.95, *, value_range: float,
+                 num_keys: int = 1, per_key: bool = False, mode: Mode | str = "sage") -> None:
+        """An absolute-error validator of DP per-key means (the class docstring says what it guarantees).
+
+        Args:
+          target: The largest absolute error of a key's DP mean (> 0).
+          epsilon: The epsilon of the released sums and counts (None only in "non_private" mode).
+          confidence: 1 - eta, the SLA's confidence (``validate``'s ``eta`` or ``attempt`` refine it).
+          value_range: R: values are clipped to [0, R] (public).
+          num_keys: K, the number of keys (groups) released.
+          per_key: False: every key within target with probability 1 - eta (eta / K each); True: the SLA per key
+            at eta each (ACCEPT iff every key passes; ``details["key_accepted"]`` per key).
+          mode: A ``Mode`` (or its name): "sage" (default), "uc" or "non_private" ("no_sla" is refused).
+
+        Raises:
+          ValidationInputError: A value out of its range (named with the fix), before anything is drawn.
+        """
         self.mode = Mode.parse(mode)
         if self.mode is Mode.NO_SLA:
             raise ValidationInputError("mode 'no_sla' does not apply to an absolute error: there is no "
@@ -96,7 +125,25 @@ class DPAbsoluteErrorValidator:
         self.num_keys = int(num_keys)
         self.per_key = bool(per_key)
 
-    def validate(self, test_values, train_values=None, rng=None, *, keys=None, attempt=None, eta=None):
+    def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
+                 keys: npt.ArrayLike | None = None, attempt: int | None = None,
+                 eta: float | None = None) -> ValidationResult:
+        """Release each key's sum and count with this validator's epsilon and test the error of the DP means.
+
+        Args:
+          test_values: The values (or a (keys, values) pair); clipped to [0, R].
+          train_values: Must be None: an absolute-error SLA has no REJECT test.
+          rng: The noise generator (``check_rng``): a SecureRNG, a numpy Generator or None (a fresh key).
+          keys: Each value's key in [0, num_keys) (None: one key).
+          attempt: The validation's attempt number i >= 1 (eta / (i (i + 1)) of the failure budget).
+          eta: The failure probability to use (overrides ``confidence`` and ``attempt``).
+
+        Returns:
+          The ``ValidationResult`` (ACCEPT or RETRY), the DP means' error bounds in its details.
+
+        Raises:
+          ValidationInputError: A bad input (named with the fix), before anything is drawn.
+        """
         if train_values is not None:
             raise ValidationInputError("train_values must be None: an absolute-error SLA has no REJECT test")
         if isinstance(test_values, tuple) and len(test_values) == 2 and keys is None:
@@ -117,9 +164,23 @@ class DPAbsoluteErrorValidator:
         result.epsilon_test = self.epsilon if self.mode.noisy else 0.0
         return result
 
-    def validate_released(self, dp_sums, dp_counts, *, attempt=None, eta=None):
+    def validate_released(self, dp_sums: npt.ArrayLike, dp_counts: npt.ArrayLike, *, attempt: int | None = None,
+                          eta: float | None = None) -> ValidationResult:
         """Validate per-key means released as S~ = S + Lap(2R/eps), c~ = c + Lap(2/eps) with this validator's
-        epsilon and R (e.g. ``dp_group_by_mean``'s tables). Post-processing: spends no epsilon."""
+        epsilon and R (e.g. ``dp_group_by_mean``'s tables). Post-processing: spends no epsilon.
+
+        Args:
+          dp_sums: S~ per key (``num_keys`` of them).
+          dp_counts: c~ per key, in the same order.
+          attempt: The validation's attempt number i >= 1 (eta / (i (i + 1)) of the failure budget).
+          eta: The failure probability to use (overrides ``confidence`` and ``attempt``).
+
+        Returns:
+          The ``ValidationResult`` (ACCEPT or RETRY).
+
+        Raises:
+          ValidationInputError: Not ``num_keys`` sums and counts, or a non-finite one.
+        """
         sums = check_values("dp_sums", np.ravel(dp_sums))
         counts = check_values("dp_counts", np.ravel(dp_counts))
         if sums.size != self.num_keys or counts.size != self.num_keys:

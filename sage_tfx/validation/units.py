@@ -14,13 +14,16 @@ What cannot take it is refused when the validator is made, before any charge: th
 ``binomial=False``: Hoeffding 1963, the moment generating function of a [0, 1] value of mean p is at most
 Bernoulli(p)'s), and ``"bernstein"`` is the loss validator's, valid for any values in [0, B].
 """
+from typing import Any
+
 import numpy as np
+import numpy.typing as npt
 
 from .core import ValidationInputError, check_values
 
 __all__ = ["unit_means", "check_per_unit"]
 
-def check_per_unit(validator: str, per_unit, bound: str, binomial_bounds: tuple[str, ...] = ()) -> bool:
+def check_per_unit(validator: str, per_unit: object, bound: str, binomial_bounds: tuple[str, ...] = ()) -> bool:
     """``per_unit`` as a bool; ValidationInputError naming the reason for a bound of ``binomial_bounds`` (whose
     tail needs 0/1 values) per unit, when the validator is made: before any charge."""
     if not isinstance(per_unit, bool):
@@ -32,7 +35,7 @@ def check_per_unit(validator: str, per_unit, bound: str, binomial_bounds: tuple[
     return per_unit
 
 
-def unit_means(name: str, values, units, bound: float) -> np.ndarray:
+def unit_means(name: str, values: npt.ArrayLike, units: npt.ArrayLike | None, bound: float) -> np.ndarray:
     """One value per unit: the mean of its rows' ``values`` clipped to [0, ``bound``] (so in [0, bound]).
 
     ``units``: one id per row (any hashable scalars). A length mismatch is refused naming ``name`` only (these
@@ -49,7 +52,8 @@ def unit_means(name: str, values, units, bound: float) -> np.ndarray:
     return sums / np.bincount(unit)
 
 
-def unit_records(validator, test, train, units, train_units, bound: float):
+def unit_records(validator: Any, test: np.ndarray, train: np.ndarray | None, units: npt.ArrayLike | None,
+                 train_units: npt.ArrayLike | None, bound: float) -> tuple[np.ndarray, np.ndarray | None]:
     """(test, train) as the validator's records: per-unit means for a ``per_unit`` validator, the rows as given
     otherwise. ``units`` / ``train_units`` given to a row-level validator are refused (its release would be
     calibrated to a row while the caller meant a unit)."""

@@ -2,6 +2,7 @@
 
 The graph is read statically from every ``import`` statement of the core's modules, including the ones inside
 functions (a lazy import is still a dependency), so a cycle hidden behind a function-level import is found too.
+Imports under ``if TYPE_CHECKING:`` are left out: they never run (annotations only).
 A package's ``__init__`` is left out of the cycle check: it only gathers its modules' names for the public surface.
 The store package's one-way rule (it imports neither the ledger facade nor the audit; the audit imports the store's
 SQL module, never the ledger) is checked on what each module REACHES, ``__init__`` files included, since importing
@@ -34,11 +35,20 @@ def _modules(packages=False):
     return out
 
 
+def _type_checking_block(node):
+    """``if TYPE_CHECKING:``: imports for the type checker only (annotations), never run, so not a dependency."""
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+
+
 def _imports(name, path, known):
     """The core modules ``name`` imports (absolute names), from its source."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    found, tree = set(), ast.parse(path.read_text(), str(path))
+    typing_only = {id(n) for block in ast.walk(tree) if _type_checking_block(block)
+                   for stmt in block.body for n in ast.walk(stmt)}
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         targets = []
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]

@@ -10,6 +10,12 @@
 
 The package imports nothing from the ledger facade or the audit (tests/architecture/test_import_graph.py).
 """
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping
+
 from .base import Store, Tx, claim_key, process_label
 from .location import check_location, display, is_postgres, postgres_password
 from .postgres import DEFAULT_SSLMODE, SSLMODES, PostgresStore, postgres_ssl_context
@@ -23,7 +29,9 @@ __all__ = ["open_store", "check_location", "display", "is_postgres", "postgres_p
            "SSLMODES", "DEFAULT_SSLMODE", "postgres_ssl_context", "claim_key", "process_label"]
 
 
-def open_store(location, create=False, on_create=None, read_only=False, upgrade=False):
+def open_store(location: str | os.PathLike[str], create: bool = False,
+               on_create: Callable[[], Mapping[str, str]] | None = None, read_only: bool = False,
+               upgrade: bool = False) -> Store:
     """A SqliteStore for a path, a PostgresStore for a ``postgresql://`` URL; ``read_only`` (never with ``create``):
     opened for reads only, writing nothing (``SqliteStore._open_read_only``; PostgreSQL: a read-only session).
     A ledger of an older schema is refused (``LedgerUpgradeNeeded``) unless ``upgrade`` (``sage ledger upgrade``:

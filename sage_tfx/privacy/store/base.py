@@ -7,9 +7,14 @@ text lives in ``sql.py``, written once with ``?`` placeholders; a backend whose 
 sets ``placeholder`` and ``Tx`` rewrites each statement. This package imports nothing from the ledger facade or
 the audit (tests/architecture/test_import_graph.py).
 """
+
+from __future__ import annotations
+
 import hashlib
 import os
 import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..errors import LedgerCorrupt, LedgerError, LedgerUpgradeNeeded
 from . import sql
@@ -25,14 +30,24 @@ class Store:
     placeholder = "?"
     statements = 0  # SQL statements this store executed (an executemany counts one per row): tests bound them
     after_commit = None  # called with a write transaction's ``tx.head`` (and ``tx.head_until_use``) once it committed
-    on_create = None
+    on_create: Callable[[], Mapping[str, str]] | None = None
     read_only = False  # opened for reads only (the audit): never migrated, never written
     upgrade = False  # opened by ``sage ledger upgrade`` (migrations.py): an older schema is migrated, not refused
+    # Provided by each backend (declared here for the type checker only).
+    display: str
+    _conn: Any
+    _errors: tuple[type[BaseException], ...]
+    _wrap: Callable[..., Any]
+    try_claim: Callable[[str], tuple[Any, str | None]]
+    release_claim: Callable[[Any], None]
+    integrity_problems: Callable[[], list[str]]
+    _has_column: Callable[..., bool]
+    close: Callable[[], None]
 
     def _sql(self, text):
         return text if self.placeholder == "?" else text.replace("?", self.placeholder)
 
-    def transaction(self, write=True):
+    def transaction(self, write: bool = True) -> _Transaction:
         """A context giving a Tx; commit on success, roll back on any exception (nothing changes). A write on a
         ``read_only`` store is refused before it begins."""
         if write and self.read_only:
@@ -62,7 +77,7 @@ class Store:
             if not self.upgrade or self.read_only:
                 raise LedgerUpgradeNeeded(upgrade_text(self.display, version))
 
-    def schema_steps(self, progress=None):
+    def schema_steps(self, progress: Callable[[str], None] | None = None) -> None:
         """Run the DDL steps (``sql.MIGRATIONS``) that bring an older ledger towards SCHEMA_VERSION, one version per
         write transaction, up to the first keyed step (``sql.KEYED_STEPS``: its DDL run, its version left for
         ``migrations.py`` to set with its keyed entry). ``progress(text)`` hears each version."""
@@ -96,19 +111,19 @@ class Store:
         return True
 
 
-def upgrade_text(display, version) -> str:
+def upgrade_text(display: str, version: object) -> str:
     """The refusal of a ledger of an older schema, naming the one command that upgrades it."""
     return (f"ledger {display} has schema version {version}, older than this sage-tfx's {SCHEMA_VERSION}: nothing "
             f"was written; upgrade it once (keyed, logged in the ledger, idempotent) with: sage ledger upgrade "
             f"--db {display} (add --key-file PATH if its key file is not the default), then retry")
 
 
-def claim_key(name):
+def claim_key(name: str) -> int:
     """A claim's lock key: 63 bits of SHA-256 of its name (a PostgreSQL advisory lock key, a lock file's name)."""
     return int.from_bytes(hashlib.sha256(b"sage-claim\0" + name.encode()).digest()[:8], "big", signed=True)
 
 
-def process_label():
+def process_label() -> str:
     """'sage@HOST pid N': who holds a claim (PostgreSQL's application_name; the text of an SQLite claim file)."""
     return f"sage@{socket.gethostname()} pid {os.getpid()}"[:63]
 
@@ -149,11 +164,11 @@ class Tx:
     log_last: tuple | None
     head_until_use: bool
 
-    def __init__(self, store) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
         self._cur = store._conn.cursor()
 
-    def run(self, sql, params=()):
+    def run(self, sql: str, params: Sequence[Any] = ()) -> Any:
         store = self._store
         store.statements += 1
         try:
@@ -162,7 +177,7 @@ class Tx:
             raise store._wrap(exc) from None
         return self._cur
 
-    def many(self, sql, rows) -> None:
+    def many(self, sql: str, rows: Iterable[Sequence[Any]]) -> None:
         rows = [tuple(r) for r in rows]
         self._store.statements += len(rows)
         try:
@@ -170,8 +185,8 @@ class Tx:
         except self._store._errors as exc:
             raise self._store._wrap(exc) from None
 
-    def one(self, sql, params=()):
+    def one(self, sql: str, params: Sequence[Any] = ()) -> Any:
         return self.run(sql, params).fetchone()
 
-    def all(self, sql, params=()):
+    def all(self, sql: str, params: Sequence[Any] = ()) -> list[Any]:
         return self.run(sql, params).fetchall()

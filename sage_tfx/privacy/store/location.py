@@ -13,6 +13,9 @@ libpq's does, from (first match):
 
 Each process that opens the ledger reads it there; only the file's path ever travels with the location.
 """
+
+from __future__ import annotations
+
 import os
 import stat
 import urllib.parse
@@ -24,12 +27,12 @@ PASSWORD_SOURCES = ("PGPASSWORD=..., or a password file in libpq's format (lines
                     "mode 0600): ~/.pgpass, PGPASSFILE=PATH, or passfile=PATH in the URL")
 
 
-def is_postgres(location) -> bool:
+def is_postgres(location: str | os.PathLike[str]) -> bool:
     """The location is a PostgreSQL URL (else an SQLite file path)."""
     return str(location).startswith(POSTGRES_SCHEMES)
 
 
-def display(location) -> str:
+def display(location: str | os.PathLike[str]) -> str:
     """The location as shown in messages: a URL without its user information (``user:password@``)."""
     text = str(location)
     if not is_postgres(text):
@@ -38,7 +41,7 @@ def display(location) -> str:
     return parsed._replace(netloc=parsed.netloc.rpartition("@")[2]).geturl()
 
 
-def check_location(location) -> str:
+def check_location(location: object) -> str:
     """``str(location)`` if it names a ledger without a secret in it; LedgerError otherwise (naming the fix): not a
     path or URL, empty, holding a NUL byte (no file has such a name) or a password."""
     if not isinstance(location, (str, os.PathLike)) or not str(location) or "\x00" in str(location):
@@ -63,7 +66,7 @@ def _redacted(parsed) -> str:
     return parsed._replace(netloc=user + parsed.netloc.rpartition("@")[2], query=query).geturl()
 
 
-def postgres_password(url) -> str | None:
+def postgres_password(url: str) -> str | None:
     """The password for the PostgreSQL ``url`` (no password in it: ``check_location``): $PGPASSWORD, else the
     first matching line of the password file (passfile=, $PGPASSFILE, ~/.pgpass), else None. LedgerError if a
     password file that is named explicitly is missing, or any password file is readable by others."""

@@ -10,10 +10,14 @@ only, any host name), ``require`` (TLS, unverified) or ``disable`` (plain text: 
 ``allow`` and ``prefer``, which fall back to plain text silently, are refused. ``sslcert=PATH&sslkey=PATH`` give a
 client certificate. The password is never in the URL: ``$PGPASSWORD`` or a libpq password file (``location.py``).
 """
+
+from __future__ import annotations
+
 import os
 import socket
 import ssl
 import urllib.parse
+from collections.abc import Callable, Mapping
 
 from ..errors import LedgerError, LedgerNotFound
 from . import sql
@@ -24,7 +28,7 @@ SSLMODES = ("verify-full", "verify-ca", "require", "disable")
 DEFAULT_SSLMODE = "verify-full"
 
 
-def postgres_ssl_context(query, display):
+def postgres_ssl_context(query: Mapping[str, str], display: str) -> ssl.SSLContext | bool:
     """pg8000's ``ssl_context`` for a URL's query parameters: an SSLContext (TLS required), or False (sslmode=disable).
 
     Never None or True: with those pg8000 tries unverified TLS and falls back to plain text.
@@ -76,7 +80,8 @@ class PostgresStore(Store):
     kind = "postgresql"
     placeholder = "%s"
 
-    def __init__(self, url, create=False, on_create=None, read_only=False, upgrade=False) -> None:
+    def __init__(self, url: str, create: bool = False, on_create: Callable[[], Mapping[str, str]] | None = None,
+                 read_only: bool = False, upgrade: bool = False) -> None:
         import pg8000.dbapi
 
         self.on_create, self.read_only, self.upgrade = on_create, read_only, upgrade
@@ -156,7 +161,7 @@ class PostgresStore(Store):
     def _rollback(self):
         self._conn.rollback()
 
-    def try_claim(self, name):
+    def try_claim(self, name: str) -> tuple[int | None, str | None]:
         """Hold the claim ``name`` for this connection: (handle, None), or (None, who holds it).
 
         A session-level advisory lock (``pg_try_advisory_lock``), seen by every host of the ledger and dropped
@@ -177,12 +182,12 @@ class PostgresStore(Store):
         finally:
             self._conn.commit()  # a session lock outlives the transaction it was taken in
 
-    def release_claim(self, handle) -> None:
+    def release_claim(self, handle: int) -> None:
         cur = self._conn.cursor()
         cur.execute(self._sql(sql.PG_RELEASE_CLAIM), (handle,))
         self._conn.commit()
 
-    def integrity_problems(self):
+    def integrity_problems(self) -> list[str]:
         return []
 
     def close(self) -> None:

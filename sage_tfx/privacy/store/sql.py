@@ -21,7 +21,7 @@ Changing a text here changes stored data only through ``TABLES``/``MIGRATIONS``:
 ``SCHEMA_VERSION`` and a migration step, so that every existing ledger still opens (tests/privacy/test_ledger*.py).
 """
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 SCHEMA_VERSION = 10
 
@@ -111,7 +111,7 @@ TABLES = [
 ]
 
 # The steps that bring a ledger of the key's schema version to the next one (run in one write transaction).
-MIGRATIONS = {
+MIGRATIONS: dict[int, list[Any]] = {
     # 2: the releases of each grant's stages
     1: ["""CREATE TABLE IF NOT EXISTS releases (
         grant_id TEXT NOT NULL, stage TEXT NOT NULL, stream TEXT NOT NULL, pipeline TEXT NOT NULL,

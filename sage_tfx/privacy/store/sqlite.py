@@ -4,11 +4,15 @@ WAL journal, ``BEGIN IMMEDIATE`` (takes the database write lock up front), ``syn
 acknowledged grant survives a crash or a kill -9. A new ledger file and its WAL/SHM files are mode 0600
 (docs/security.md). A read-only open (the audit) writes nothing at all: ``SqliteStore._open_read_only``.
 """
+
+from __future__ import annotations
+
 import fcntl
 import os
 import sqlite3
 import threading
 import urllib.parse
+from collections.abc import Callable, Mapping
 
 from ..errors import LedgerCorrupt, LedgerError, LedgerNotFound
 from . import sql
@@ -47,7 +51,9 @@ class SqliteStore(Store):
     kind = "sqlite"
     _file = None
 
-    def __init__(self, path, create=False, on_create=None, read_only=False, upgrade=False) -> None:
+    def __init__(self, path: str | os.PathLike[str], create: bool = False,
+                 on_create: Callable[[], Mapping[str, str]] | None = None, read_only: bool = False,
+                 upgrade: bool = False) -> None:
         self.on_create = on_create
         self.read_only, self.upgrade = read_only, upgrade
         self.path = os.path.abspath(path)
@@ -209,7 +215,7 @@ class SqliteStore(Store):
         if self._conn.in_transaction:
             self._conn.execute(sql.SQLITE_ROLLBACK)
 
-    def try_claim(self, name):
+    def try_claim(self, name: str) -> tuple[int | None, str | None]:
         """Hold the claim ``name`` for this process: (handle, None), or (None, who holds it).
 
         An flock on ``<ledger>.claims/<key>.lock`` (0600, in a 0700 folder): held per open file, so it is this
@@ -231,10 +237,10 @@ class SqliteStore(Store):
         os.pwrite(fd, process_label().encode(), 0)
         return fd, None
 
-    def release_claim(self, handle) -> None:
+    def release_claim(self, handle: int) -> None:
         os.close(handle)  # drops the flock
 
-    def integrity_problems(self):
+    def integrity_problems(self) -> list[str]:
         rows = self._conn.execute(sql.SQLITE_INTEGRITY_CHECK).fetchall()
         return [] if rows == [("ok",)] else [r[0] for r in rows]
 
