@@ -15,9 +15,10 @@ loss), the tf.Transform analyzers' noise (``transform.noise.add_laplace`` with `
 and DP vocabulary (``transform.vocabulary.select_vocabulary``), the grid Laplace and Gaussian samplers of
 ``privacy.samplers``, AdaSSP (``privacy.adassp.adassp``) and the continual release's base learner
 (``release.continual.private_erm`` at its strategy's sigma) and the growth schedules' black box
-(``release.growth.clipped_mean``). Not covered yet: DP-SGD (needs one-run canary auditing), the analyzers
-through DPTransform and Beam, the Tree Mechanism and PMWG, whole pipeline stages with their grants on a
-throwaway ledger.
+(``release.growth.clipped_mean``), the quantiles' histogram and the z-score's three cells (``add_laplace`` at
+their scales), and per-unit neighbours (a whole unit of K rows added, the release at ``split.per_row_budget``).
+Elsewhere: DP-SGD by one-run canary auditing (``dpsgd``), the dp-mean analyzer through tf.Transform on Beam with
+grant seeds (``transform_beam``). Not covered: the Tree Mechanism and PMWG, whole pipeline stages.
 """
 from __future__ import annotations
 
