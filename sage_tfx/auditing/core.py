@@ -88,8 +88,35 @@ class Mechanism:
             raise AuditConfigError(f"mechanism {self.name!r}: claimed delta {self.delta!r} must be in [0, 1)")
 
 
+class Verdict:
+    """What every audit result shares (its fields ``mechanism``, ``claimed_epsilon``, ``claimed_delta``,
+    ``epsilon_lower_bound``, ``confidence``, ``seed``): the verdict and the claim's part of ``to_dict``."""
+
+    mechanism: str
+    claimed_epsilon: float
+    claimed_delta: float
+    epsilon_lower_bound: float
+    confidence: float
+    seed: int
+
+    @property
+    def flagged(self) -> bool:
+        """The lower bound exceeds the claimed epsilon: a violation at ``confidence``."""
+        return self.epsilon_lower_bound > self.claimed_epsilon
+
+    @property
+    def ratio(self) -> float:
+        """Empirical lower bound over the claim."""
+        return self.epsilon_lower_bound / self.claimed_epsilon
+
+    def _verdict_dict(self) -> dict[str, Any]:
+        return {"mechanism": self.mechanism, "claimed_epsilon": self.claimed_epsilon,
+                "claimed_delta": self.claimed_delta, "epsilon_lower_bound": self.epsilon_lower_bound,
+                "ratio": self.ratio, "flagged": self.flagged, "confidence": self.confidence, "seed": self.seed}
+
+
 @dataclass
-class AuditResult:
+class AuditResult(Verdict):
     """One audit's outcome. ``flagged``: the lower bound exceeds the claimed epsilon (a violation at
     ``confidence``). ``test``: the chosen threshold test (``threshold``, ``direction`` +1 for s > t, -1 for
     s < t) and its evaluation counts and Clopper-Pearson upper bounds."""
@@ -104,23 +131,11 @@ class AuditResult:
     test: dict[str, Any]
     outputs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
-    @property
-    def flagged(self) -> bool:
-        return self.epsilon_lower_bound > self.claimed_epsilon
-
-    @property
-    def ratio(self) -> float:
-        """Empirical lower bound over the claim."""
-        return self.epsilon_lower_bound / self.claimed_epsilon
-
     def describe(self) -> str:
         return f"{self.trials} trials per data set"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mechanism": self.mechanism, "claimed_epsilon": self.claimed_epsilon,
-                "claimed_delta": self.claimed_delta, "epsilon_lower_bound": self.epsilon_lower_bound,
-                "ratio": self.ratio, "flagged": self.flagged, "confidence": self.confidence,
-                "trials": self.trials, "seed": self.seed, "test": dict(self.test)}
+        return {**self._verdict_dict(), "trials": self.trials, "test": dict(self.test)}
 
 
 def trial_seeds(seed: int, count: int) -> list:

@@ -38,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from .core import AuditConfigError
+from .core import AuditConfigError, Verdict
 from .one_run import guesses_from_scores, one_run_epsilon_lower_bound
 
 __all__ = ["CanaryAudit", "OneRunResult", "audit_dpsgd", "canary_data", "linear_model", "loss_scores", "fit_once",
@@ -108,7 +108,7 @@ class CanaryAudit:
 
 
 @dataclass
-class OneRunResult:
+class OneRunResult(Verdict):
     """One one-run audit's outcome: W ``correct`` of ``guesses`` guesses on ``canaries`` canaries, and the lower
     bound. ``flagged``: the bound exceeds the claimed epsilon (a violation at ``confidence``). ``training``: what
     the fit reported (engine, noise multiplier, steps, sampling rate)."""
@@ -126,23 +126,12 @@ class OneRunResult:
     scores: np.ndarray | None = field(default=None, repr=False)
     included: np.ndarray | None = field(default=None, repr=False)
 
-    @property
-    def flagged(self) -> bool:
-        return self.epsilon_lower_bound > self.claimed_epsilon
-
-    @property
-    def ratio(self) -> float:
-        return self.epsilon_lower_bound / self.claimed_epsilon
-
     def describe(self) -> str:
         return f"one training run, {self.canaries} canaries, {self.correct} of {self.guesses} guesses right"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mechanism": self.mechanism, "claimed_epsilon": self.claimed_epsilon,
-                "claimed_delta": self.claimed_delta, "epsilon_lower_bound": self.epsilon_lower_bound,
-                "ratio": self.ratio, "flagged": self.flagged, "confidence": self.confidence, "method": "one-run",
-                "canaries": self.canaries, "guesses": self.guesses, "correct": self.correct, "seed": self.seed,
-                "training": dict(self.training)}
+        return {**self._verdict_dict(), "method": "one-run", "canaries": self.canaries, "guesses": self.guesses,
+                "correct": self.correct, "training": dict(self.training)}
 
 
 def canary_data(audit: CanaryAudit) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
