@@ -60,8 +60,8 @@ def test_the_approximate_dp_bound_holds_on_randomized_response_with_a_delta_fail
 def test_one_training_run_of_make_private_stays_below_its_claim(engine):
     result = audit_dpsgd(replace(AUDIT, engine=engine))
     assert 0.0 <= result.epsilon_lower_bound <= result.claimed_epsilon, result.to_dict()
-    assert result.training["implementation"] == f"make_private/{engine}"
-    assert result.training["noise_multiplier"] > 1.0 and result.guesses == 200 and result.canaries == 1000
+    assert result.fit["implementation"] == f"make_private/{engine}"
+    assert result.fit["noise_multiplier"] > 1.0 and result.guesses == 200 and result.canaries == 1000
 
 
 def test_the_canaries_are_dirac_and_half_of_them_are_in():
@@ -163,7 +163,7 @@ def test_cli_audits_dpsgd_ghost_in_one_run_and_prints_json(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["mechanism"] == "dpsgd-ghost" and out["method"] == "one-run" and out["canaries"] == 200
     assert 0.0 <= out["epsilon_lower_bound"] <= out["claimed_epsilon"] == 1.0 and not out["flagged"]
-    assert out["training"]["implementation"] == "make_private/ghost"
+    assert out["fit"]["implementation"] == "make_private/ghost"
 
 
 @pytest.mark.parametrize("kwargs, word", [({"engine": "tf_privacy"}, "engine"), ({"guesses": 2000}, "guesses"),

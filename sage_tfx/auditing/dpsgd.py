@@ -110,7 +110,7 @@ class CanaryAudit:
 @dataclass
 class OneRunResult(Verdict):
     """One one-run audit's outcome: W ``correct`` of ``guesses`` guesses on ``canaries`` canaries, and the lower
-    bound. ``flagged``: the bound exceeds the claimed epsilon (a violation at ``confidence``). ``training``: what
+    bound. ``flagged``: the bound exceeds the claimed epsilon (a violation at ``confidence``). ``fit``: what
     the fit reported (engine, noise multiplier, steps, sampling rate)."""
 
     mechanism: str
@@ -122,7 +122,7 @@ class OneRunResult(Verdict):
     guesses: int
     correct: int
     seed: int
-    training: dict[str, Any]
+    fit: dict[str, Any]
     scores: np.ndarray | None = field(default=None, repr=False)
     included: np.ndarray | None = field(default=None, repr=False)
 
@@ -131,7 +131,7 @@ class OneRunResult(Verdict):
 
     def to_dict(self) -> dict[str, Any]:
         return {**self._verdict_dict(), "method": "one-run", "canaries": self.canaries, "guesses": self.guesses,
-                "correct": self.correct, "training": dict(self.training)}
+                "correct": self.correct, "fit": dict(self.fit)}
 
 
 def canary_data(audit: CanaryAudit) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -207,8 +207,8 @@ def audit_dpsgd(audit: CanaryAudit | None = None, *, model: Callable[[CanaryAudi
     correct, guesses = guesses_from_scores(scores, included, half, half)
     bound = one_run_epsilon_lower_bound(correct, guesses, audit.confidence, delta=audit.delta,
                                         canaries=audit.canaries)
-    training = {"engine": audit.engine, **_training_report(trained),
+    fit = {"engine": audit.engine, **_training_report(trained),
                 "config": {k: v for k, v in asdict(audit).items() if k not in ("confidence", "seed")}}
     return OneRunResult(f"dpsgd-{audit.engine}", float(audit.epsilon), float(audit.delta),
                         float(bound) if math.isfinite(bound) else float("inf"), float(audit.confidence),
-                        int(audit.canaries), int(guesses), int(correct), int(audit.seed), training, scores, included)
+                        int(audit.canaries), int(guesses), int(correct), int(audit.seed), fit, scores, included)
