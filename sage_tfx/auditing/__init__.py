@@ -2,7 +2,10 @@
 high-confidence LOWER bound on its epsilon beside the claim (docs/privacy_auditing.md).
 
 ``audit_privacy(name, trials=..., epsilon=..., confidence=...)`` audits a registered mechanism
-(``mechanism_names()``); ``audit(Mechanism(...), AuditConfig(...))`` any release. numpy and scipy only.
+(``mechanism_names()``); ``audit(Mechanism(...), AuditConfig(...))`` any release; ``audit_dpsgd(CanaryAudit(...))`` one-run canary auditing of
+a ``make_private`` training (``dpsgd-ghost`` / ``dpsgd-vmap`` / ``dpsgd-loop``); ``audit_transform_beam`` a
+tf.Transform analyzer on Beam seeded through a grant (``transform-dp-mean-beam``). numpy and scipy only at import
+(TensorFlow is imported by the DP-SGD audit when it runs).
 """
 from .core import (
                    AuditConfig,
@@ -10,10 +13,12 @@ from .core import (
                    AuditResult,
                    Mechanism,
                    audit,
+                   audit_outputs,
                    clopper_pearson_upper,
                    epsilon_lower_bound,
                    trial_seeds,
 )
+from .dpsgd import DPSGD_ENGINES, CanaryAudit, OneRunResult, audit_dpsgd
 from .mechanisms import (
                    DEFAULT_EPSILON,
                    describe_mechanisms,
@@ -22,10 +27,13 @@ from .mechanisms import (
                    mechanism_names,
                    register_mechanism,
 )
-from .one_run import guesses_from_scores, one_run_epsilon_lower_bound
-from .report import audit_privacy, write_plot
+from .one_run import guesses_from_scores, one_run_epsilon_lower_bound, one_run_p_value
+from .report import audit_names, audit_privacy, describe_audits, write_plot
+from .transform_beam import audit_transform_beam
 
 __all__ = ["AuditConfig", "AuditConfigError", "AuditResult", "Mechanism", "audit", "audit_privacy",
            "clopper_pearson_upper", "epsilon_lower_bound", "trial_seeds", "DEFAULT_EPSILON",
            "describe_mechanisms", "gaussian_sigma", "guesses_from_scores", "mechanism", "mechanism_names",
-           "one_run_epsilon_lower_bound", "register_mechanism", "write_plot"]
+           "one_run_epsilon_lower_bound", "register_mechanism", "write_plot", "DPSGD_ENGINES", "CanaryAudit",
+           "OneRunResult", "audit_dpsgd", "audit_names", "describe_audits", "one_run_p_value",
+           "audit_outputs", "audit_transform_beam"]

@@ -34,8 +34,8 @@ from scipy.stats import beta
 
 from sage_tfx.privacy.errors import SageError
 
-__all__ = ["AuditConfigError", "AuditConfig", "AuditResult", "Mechanism", "audit", "clopper_pearson_upper",
-           "epsilon_lower_bound", "trial_seeds"]
+__all__ = ["AuditConfigError", "AuditConfig", "AuditResult", "Mechanism", "audit", "audit_outputs",
+           "clopper_pearson_upper", "epsilon_lower_bound", "trial_seeds"]
 
 
 class AuditConfigError(SageError, ValueError):
@@ -88,8 +88,35 @@ class Mechanism:
             raise AuditConfigError(f"mechanism {self.name!r}: claimed delta {self.delta!r} must be in [0, 1)")
 
 
+class Verdict:
+    """What every audit result shares (its fields ``mechanism``, ``claimed_epsilon``, ``claimed_delta``,
+    ``epsilon_lower_bound``, ``confidence``, ``seed``): the verdict and the claim's part of ``to_dict``."""
+
+    mechanism: str
+    claimed_epsilon: float
+    claimed_delta: float
+    epsilon_lower_bound: float
+    confidence: float
+    seed: int
+
+    @property
+    def flagged(self) -> bool:
+        """The lower bound exceeds the claimed epsilon: a violation at ``confidence``."""
+        return self.epsilon_lower_bound > self.claimed_epsilon
+
+    @property
+    def ratio(self) -> float:
+        """Empirical lower bound over the claim."""
+        return self.epsilon_lower_bound / self.claimed_epsilon
+
+    def _verdict_dict(self) -> dict[str, Any]:
+        return {"mechanism": self.mechanism, "claimed_epsilon": self.claimed_epsilon,
+                "claimed_delta": self.claimed_delta, "epsilon_lower_bound": self.epsilon_lower_bound,
+                "ratio": self.ratio, "flagged": self.flagged, "confidence": self.confidence, "seed": self.seed}
+
+
 @dataclass
-class AuditResult:
+class AuditResult(Verdict):
     """One audit's outcome. ``flagged``: the lower bound exceeds the claimed epsilon (a violation at
     ``confidence``). ``test``: the chosen threshold test (``threshold``, ``direction`` +1 for s > t, -1 for
     s < t) and its evaluation counts and Clopper-Pearson upper bounds."""
@@ -104,20 +131,11 @@ class AuditResult:
     test: dict[str, Any]
     outputs: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
 
-    @property
-    def flagged(self) -> bool:
-        return self.epsilon_lower_bound > self.claimed_epsilon
-
-    @property
-    def ratio(self) -> float:
-        """Empirical lower bound over the claim."""
-        return self.epsilon_lower_bound / self.claimed_epsilon
+    def describe(self) -> str:
+        return f"{self.trials} trials per data set"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"mechanism": self.mechanism, "claimed_epsilon": self.claimed_epsilon,
-                "claimed_delta": self.claimed_delta, "epsilon_lower_bound": self.epsilon_lower_bound,
-                "ratio": self.ratio, "flagged": self.flagged, "confidence": self.confidence,
-                "trials": self.trials, "seed": self.seed, "test": dict(self.test)}
+        return {**self._verdict_dict(), "trials": self.trials, "test": dict(self.test)}
 
 
 def trial_seeds(seed: int, count: int) -> list:
@@ -184,20 +202,29 @@ def audit(mechanism: Mechanism, config: AuditConfig | None = None) -> AuditResul
     seeds = trial_seeds(config.seed, 2 * config.trials)
     d = np.array([float(mechanism.release(False, s)) for s in seeds[:config.trials]])
     d_prime = np.array([float(mechanism.release(True, s)) for s in seeds[config.trials:]])
+    return audit_outputs(mechanism.name, d, d_prime, mechanism.epsilon, mechanism.delta, config)
+
+
+def audit_outputs(name: str, d, d_prime, epsilon: float, delta: float, config: AuditConfig) -> AuditResult:
+    """The bound of ``audit`` from given statistics: ``d`` of independent runs on D, ``d_prime`` on D' (the same
+    number of each, ``config.trials``, every run with its own randomness), for a release claiming (``epsilon``,
+    ``delta``)."""
+    d, d_prime = np.asarray(d, dtype=np.float64), np.asarray(d_prime, dtype=np.float64)
+    if d.shape != (config.trials,) or d_prime.shape != (config.trials,):
+        raise AuditConfigError(f"{name!r}: {d.size} and {d_prime.size} statistics for {config.trials} trials a side")
     if not (np.all(np.isfinite(d)) and np.all(np.isfinite(d_prime))):
-        raise AuditConfigError(f"mechanism {mechanism.name!r} returned a non-finite statistic: its release must "
+        raise AuditConfigError(f"mechanism {name!r} returned a non-finite statistic: its release must "
                                "return one finite float")
     alpha = (1.0 - config.confidence) / 2.0
     half = config.trials // 2
-    threshold, direction = _select(d[:half], d_prime[:half], alpha, mechanism.delta)
+    threshold, direction = _select(d[:half], d_prime[:half], alpha, delta)
     fp, fn = _rates(d[half:], d_prime[half:], np.array([threshold]), direction)
     n, m = d.size - half, d_prime.size - half
     fpr_u = float(clopper_pearson_upper(fp, n, alpha)[0])
     fnr_u = float(clopper_pearson_upper(fn, m, alpha)[0])
-    bound = float(epsilon_lower_bound(fpr_u, fnr_u, mechanism.delta))
+    bound = float(epsilon_lower_bound(fpr_u, fnr_u, delta))
     test = {"threshold": threshold, "direction": direction, "false_positives": int(fp[0]), "negatives": n,
             "false_negatives": int(fn[0]), "positives": m, "fpr_upper": fpr_u, "fnr_upper": fnr_u,
             "selection_trials": half}
-    return AuditResult(mechanism.name, float(mechanism.epsilon), float(mechanism.delta), bound,
-                       float(config.confidence), int(config.trials), int(config.seed), test,
-                       {"d": d, "d_prime": d_prime})
+    return AuditResult(name, float(epsilon), float(delta), bound, float(config.confidence), int(config.trials),
+                       int(config.seed), test, {"d": d, "d_prime": d_prime})

@@ -15,9 +15,10 @@ loss), the tf.Transform analyzers' noise (``transform.noise.add_laplace`` with `
 and DP vocabulary (``transform.vocabulary.select_vocabulary``), the grid Laplace and Gaussian samplers of
 ``privacy.samplers``, AdaSSP (``privacy.adassp.adassp``) and the continual release's base learner
 (``release.continual.private_erm`` at its strategy's sigma) and the growth schedules' black box
-(``release.growth.clipped_mean``). Not covered yet: DP-SGD (needs one-run canary auditing), the analyzers
-through DPTransform and Beam, the Tree Mechanism and PMWG, whole pipeline stages with their grants on a
-throwaway ledger.
+(``release.growth.clipped_mean``), the quantiles' histogram and the z-score's three cells (``add_laplace`` at
+their scales), and per-unit neighbours (a whole unit of K rows added, the release at ``split.per_row_budget``).
+Elsewhere: DP-SGD by one-run canary auditing (``dpsgd``), the dp-mean analyzer through tf.Transform on Beam with
+grant seeds (``transform_beam``). Not covered: the Tree Mechanism and PMWG, whole pipeline stages.
 """
 from __future__ import annotations
 
@@ -269,3 +270,83 @@ def _growth_clipped_mean(epsilon):
         data = [np.append(blocks[0], 10.0), blocks[1]] if neighbour else blocks
         return release_mean(data, epsilon, as_secure_rng(seed))  # ScheduledRelease: as_secure_rng(its seed)
     return Mechanism("growth-clipped-mean", release, epsilon)
+
+
+def _laplace_cells_llr(noisy, exact, shifts, scales):
+    """The Neyman-Pearson statistic of a release of Laplace cells: sum of log p(x | exact + shift) - log p(x | exact)
+    over the cells that D' moves (D's exact cells public here)."""
+    return float(sum(_laplace_llr(x, mu, shift, b) for x, mu, shift, b in zip(noisy, exact, shifts, scales)))
+
+
+@register_mechanism("transform-quantiles", "the noisy grid histogram dp_quantiles / dp_bucketize draw "
+                                           "(transform.noise.add_laplace, scale 1/eps, one draw per cell; 40 "
+                                           "cells here; the positions are post-processing of it)")
+def _transform_quantiles(epsilon):
+    from sage_tfx.transform.noise import add_laplace
+
+    grid = 40  # scaling.DEFAULT_GRID_SIZE is 1000: each cell is its own draw, so fewer cells change no cell's law
+    counts = np.zeros(grid)
+    counts[::2] = 10.0  # 200 records spread over the public range; D' adds one in cell 3 (empty on D)
+    scale = 1.0 / epsilon
+
+    def release(neighbour, seed):
+        table = counts.copy()
+        table[3] += float(neighbour)
+        (noisy,) = add_laplace([table], [scale], seed=seed, stream="dp_quantiles", sensitivities=[1.0], cells=[1])
+        return _laplace_cells_llr([noisy[3]], [counts[3]], [1.0], [scale])
+    return Mechanism("transform-quantiles", release, epsilon)
+
+
+@register_mechanism("transform-z-score", "dp_scale_to_z_score's release (transform.noise.add_laplace: count, "
+                                         "centred sum and sum of squares, eps/3 each, range [0, 10])")
+def _transform_z_score(epsilon):
+    from sage_tfx.transform.noise import add_laplace
+
+    width = 10.0
+    sensitivities = [1.0, width / 2.0, width ** 2 / 4.0]
+    scales = [3.0 * s / epsilon for s in sensitivities]  # dp_scale_to_z_score's thirds
+    centred = np.linspace(-width / 2.0, width / 2.0, RECORDS)
+    exact = [float(RECORDS), float(centred.sum()), float((centred ** 2).sum())]
+    shifts = [1.0, width / 2.0, width ** 2 / 4.0]  # a record at the top of the range: v - c = W/2
+
+    def release(neighbour, seed):
+        tables = [np.array([e + float(neighbour) * s]) for e, s in zip(exact, shifts)]
+        noisy = add_laplace(tables, scales, seed=seed, stream="dp_scale_to_z_score", sensitivities=sensitivities,
+                            cells=[1, 1, 1])
+        return _laplace_cells_llr([n[0] for n in noisy], exact, shifts, scales)
+    return Mechanism("transform-z-score", release, epsilon)
+
+
+UNIT_ROWS = 5  # K: the most rows one privacy unit has in a block, on the per-unit entries
+
+
+@register_mechanism("record-count-unit", "BlockExampleGen's DP count on a stream with a privacy unit of K = 5 "
+                                         "rows: laplace_count at split.per_row_budget(eps, 0, K); D' adds a whole "
+                                         "unit (K rows)")
+def _record_count_unit(epsilon):
+    from sage_tfx.components._grant import laplace_count
+    from sage_tfx.privacy.split import per_row_budget
+
+    per_row, _ = per_row_budget(epsilon, 0.0, UNIT_ROWS)
+
+    def release(neighbour, seed):
+        return laplace_count(1000 + UNIT_ROWS * int(neighbour), per_row, secure_rng(seed, "record_count"))
+    return Mechanism("record-count-unit", release, epsilon)
+
+
+@register_mechanism("growth-clipped-mean-unit", "the growth schedules' black box (clipped_mean, [0, 10], 2 blocks "
+                                                "of 100) at per_row_budget(eps, 0, K = 5), as charge_lifetime "
+                                                "hands it on a unit stream; D' adds a whole unit of K rows of 10")
+def _growth_clipped_mean_unit(epsilon):
+    from sage_tfx.privacy.randomness import as_secure_rng
+    from sage_tfx.privacy.split import per_row_budget
+    from sage_tfx.release.growth import clipped_mean
+
+    release_mean = clipped_mean(10.0, 100)
+    blocks = [np.full(100, 3.0), np.full(100, 6.0)]
+    per_row, _ = per_row_budget(epsilon, 0.0, UNIT_ROWS)
+
+    def release(neighbour, seed):
+        data = [np.append(blocks[0], np.full(UNIT_ROWS, 10.0)), blocks[1]] if neighbour else blocks
+        return release_mean(data, per_row, as_secure_rng(seed))
+    return Mechanism("growth-clipped-mean-unit", release, epsilon)

@@ -1,20 +1,51 @@
-"""``audit_privacy``: audit a registered mechanism by name; ``write_plot``: its two output histograms and the ROC."""
+"""``audit_privacy``: audit a registered mechanism, or DP-SGD in one run (``dpsgd-<engine>``), by name;
+``write_plot``: a many-run audit's two output histograms and the ROC."""
 from __future__ import annotations
 
 import numpy as np
 
-from .core import AuditConfig, AuditResult, _rates, audit
-from .mechanisms import DEFAULT_EPSILON, mechanism
+from .core import AuditConfig, AuditConfigError, AuditResult, _rates, audit
+from .dpsgd import DPSGD_ENGINES, CanaryAudit, OneRunResult, audit_dpsgd
+from .mechanisms import DEFAULT_EPSILON, describe_mechanisms, mechanism, mechanism_names
+from .transform_beam import audit_transform_beam
 
-__all__ = ["audit_privacy", "write_plot"]
+__all__ = ["audit_privacy", "audit_names", "describe_audits", "write_plot"]
+
+ONE_RUN = {f"dpsgd-{engine}": engine for engine in DPSGD_ENGINES}
+BEAM = "transform-dp-mean-beam"
+
+
+def audit_names() -> list[str]:
+    """Every name ``audit_privacy`` takes: the registered mechanisms and the one-run DP-SGD audits."""
+    return sorted(mechanism_names() + list(ONE_RUN) + [BEAM])
+
+
+def describe_audits() -> dict[str, str]:
+    """``audit_names()`` with one line each."""
+    one_run = {name: f"make_private (DP-SGD, per_example={engine!r}): one training run with canaries, the "
+                     "(epsilon, delta) one-run bound (sage_tfx.auditing.dpsgd)" for name, engine in ONE_RUN.items()}
+    beam = {BEAM: "dp_mean_per_key through tf.Transform on Beam's DirectRunner, each run seeded by a grant on a "
+                  "throwaway ledger; --trials keys (sage_tfx.auditing.transform_beam)"}
+    return dict(sorted({**describe_mechanisms(), **one_run, **beam}.items()))
 
 
 def audit_privacy(name: str, *, trials: int = 2000, epsilon: float = DEFAULT_EPSILON, confidence: float = 0.95,
-                  seed: int = 0) -> AuditResult:
-    """Audit the registered mechanism ``name`` at claimed ``epsilon``: ``trials`` runs on each neighbour, fresh
-    seeds from ``seed``; the result's ``epsilon_lower_bound`` exceeds a correct mechanism's epsilon with
-    probability at most 1 - ``confidence``. Parameters are checked before any run."""
+                  seed: int = 0, canaries: int = 1000) -> AuditResult | OneRunResult:
+    """Audit ``name`` at claimed ``epsilon``; the result's ``epsilon_lower_bound`` exceeds a correct mechanism's
+    epsilon with probability at most 1 - ``confidence``. A registered mechanism: ``trials`` runs on each
+    neighbour, fresh seeds from ``seed`` (``transform-dp-mean-beam``: ``trials`` keys, two Beam runs).
+    ``dpsgd-<engine>``: one ``make_private`` training with ``canaries``
+    canaries (a fifth of them guessed, at least 2), delta 1e-5 (``CanaryAudit``). Parameters are checked before
+    any run."""
+    if name in ONE_RUN:
+        if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 10:
+            raise AuditConfigError(f"canaries {canaries!r} must be an integer >= 10, e.g. 1000")
+        return audit_dpsgd(CanaryAudit(engine=ONE_RUN[name], canaries=canaries, guesses=max(2, canaries // 10 * 2),
+                                       real_rows=max(10, canaries // 2), batch_size=max(5, canaries // 2),
+                                       epsilon=epsilon, confidence=confidence, seed=seed))
     config = AuditConfig(trials=trials, confidence=confidence, seed=seed)
+    if name == BEAM:
+        return audit_transform_beam(epsilon, config)
     return audit(mechanism(name, epsilon), config)
 
 

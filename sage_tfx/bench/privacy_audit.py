@@ -4,9 +4,10 @@ Each mechanism of ``sage_tfx.auditing`` is audited with ``--trials`` runs on eac
 seeds from ``--seed``) at claimed ``--epsilon``; the figures per mechanism are the lower bound at ``--confidence``,
 the claim and their ratio (at most 1 for a correct mechanism, except with probability 1 - confidence; the
 closer to 1 the tighter the audit). ``--slow`` adds the slow mechanisms (AdaSSP, the continual release) at
-``--slow-trials``. Method and limits: docs/privacy_auditing.md.
+``--slow-trials``; ``--dpsgd`` the one-run canary audits of ``make_private`` on each engine (one training run
+each, ``--canaries``). Method and limits: docs/privacy_auditing.md.
 """
-from sage_tfx.auditing import AuditConfig, audit, mechanism, mechanism_names
+from sage_tfx.auditing import DPSGD_ENGINES, AuditConfig, audit, audit_privacy, mechanism, mechanism_names
 
 
 def add_arguments(parser):
@@ -16,6 +17,8 @@ def add_arguments(parser):
     parser.add_argument("--seed", type=int, default=0, help="master seed (default 0)")
     parser.add_argument("--slow", action="store_true", help="also the slow mechanisms")
     parser.add_argument("--slow-trials", type=int, default=400, help="runs per data set for the slow ones")
+    parser.add_argument("--dpsgd", action="store_true", help="also make_private on each engine, one run each")
+    parser.add_argument("--canaries", type=int, default=1000, help="canaries of the one-run DP-SGD audits")
 
 
 def run(args):
@@ -28,5 +31,13 @@ def run(args):
         figures[name] = {"claimed_epsilon": result.claimed_epsilon, "claimed_delta": result.claimed_delta,
                          "epsilon_lower_bound": round(result.epsilon_lower_bound, 4),
                          "ratio": round(result.ratio, 4), "flagged": result.flagged, "trials": trials}
+    for engine in DPSGD_ENGINES if args.dpsgd else ():
+        one_run = audit_privacy(f"dpsgd-{engine}", epsilon=args.epsilon, confidence=args.confidence, seed=args.seed,
+                                canaries=args.canaries)
+        figures[one_run.mechanism] = {"claimed_epsilon": one_run.claimed_epsilon,
+                                      "claimed_delta": one_run.claimed_delta,
+                                      "epsilon_lower_bound": round(one_run.epsilon_lower_bound, 4),
+                                      "ratio": round(one_run.ratio, 4), "flagged": one_run.flagged,
+                                      "canaries": one_run.canaries, "correct": one_run.correct}
     figures["flagged"] = sorted(n for n, f in figures.items() if f["flagged"])
     return figures

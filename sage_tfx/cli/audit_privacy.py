@@ -20,29 +20,43 @@ def add_parser(subparsers):
     p.add_argument("--confidence", type=float, default=0.95,
                    help="the probability that the bound is below a correct mechanism's epsilon (default 0.95)")
     p.add_argument("--seed", type=int, default=0, help="master seed of the trials' fresh seeds (default 0)")
+    p.add_argument("--canaries", type=int, default=1000,
+                   help="dpsgd-<engine> only: canaries in its one training run (default 1000)")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("--plot", metavar="PNG", help="write the two output histograms and the ROC to this PNG")
+    p.add_argument("--plot", metavar="PNG", help="write the two output histograms and the ROC to this PNG (not for "
+                                                 "the one-run dpsgd audits)")
     p.set_defaults(func=_run)
 
 
 def _run(args):
-    from sage_tfx.auditing import DEFAULT_EPSILON, AuditConfigError, audit_privacy, describe_mechanisms, write_plot
+    from sage_tfx.auditing import (
+        DEFAULT_EPSILON,
+        AuditConfigError,
+        AuditResult,
+        audit_privacy,
+        describe_audits,
+        write_plot,
+    )
 
     if args.list:
-        for name, about in describe_mechanisms().items():
+        for name, about in describe_audits().items():
             print(f"{name}: {about}")
         return EXIT_OK
     if not args.mechanism:
         print("sage audit-privacy: name a MECHANISM (sage audit-privacy --list names them)", file=sys.stderr)
         return EXIT_BAD_INPUT
     epsilon = DEFAULT_EPSILON if args.epsilon is None else args.epsilon
+    if args.plot and args.mechanism.startswith("dpsgd-"):
+        print("sage audit-privacy: --plot is for the many-run audits; drop it for a one-run dpsgd audit",
+              file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         result = audit_privacy(args.mechanism, trials=args.trials, epsilon=epsilon, confidence=args.confidence,
-                               seed=args.seed)
+                               seed=args.seed, canaries=args.canaries)
     except AuditConfigError as exc:
         print(f"sage audit-privacy: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.plot:
+    if args.plot and isinstance(result, AuditResult):
         write_plot(result, args.plot)
     if args.json:
         print(json.dumps(result.to_dict(), indent=2, sort_keys=True))
@@ -50,5 +64,5 @@ def _run(args):
         verdict = "VIOLATION: the lower bound exceeds the claim" if result.flagged else "no violation found"
         print(f"{result.mechanism}: claimed epsilon {result.claimed_epsilon:g} (delta {result.claimed_delta:g}); "
               f"empirical lower bound {result.epsilon_lower_bound:.4f} at confidence {result.confidence:g} "
-              f"({result.trials} trials per data set): {verdict}")
+              f"({result.describe()}): {verdict}")
     return EXIT_VIOLATION if result.flagged else EXIT_OK

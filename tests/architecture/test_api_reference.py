@@ -25,7 +25,8 @@ PACKAGES = {
     "sage_tfx.adaptive": "Sage's privacy-adaptive iterator",
     "sage_tfx.release": "release strategies for a growing database",
     "sage_tfx.simulate": "the load simulator",
-    "sage_tfx.auditing": "empirical privacy auditing: a lower bound on a mechanism's epsilon (no TensorFlow)",
+    "sage_tfx.auditing": "empirical privacy auditing: a lower bound on a mechanism's epsilon (TensorFlow only in the "
+                         "DP-SGD and Beam audits)",
 }
 # modules without __all__ whose public names are part of the surface: module -> names
 MODULES = {

@@ -57,6 +57,8 @@ OTHER_MEANINGS = {
     ("sage_tfx/models/linear.py", "mae"): _REPORT,
     ("sage_tfx/models/linear.py", "mse"): _REPORT,
     ("sage_tfx/models/losses.py", "mse"): _REPORT,
+    ("sage_tfx/auditing/dpsgd.py", "mse"): _REPORT,
+    ("sage_tfx/auditing/transform_beam.py", "count"): "a transformed column's name (its key's noisy count)",
     ("sage_tfx/bench/adaptive_clipping.py", "accuracy"): _REPORT,
     ("sage_tfx/bench/adaptive_clipping.py", "log_loss"): _REPORT,
     ("sage_tfx/bench/dp_quality.py", "accuracy"): _REPORT,

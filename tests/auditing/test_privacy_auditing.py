@@ -62,8 +62,14 @@ def _split_counts(stream_a, stream_b):
     return release
 
 
+def _unit_ignored(neighbour, seed):
+    # a stream whose privacy unit has K = 5 rows, counted at the per-ROW epsilon: one unit moves the count by 5
+    return laplace_count(1000 + registry.UNIT_ROWS * int(neighbour), EPSILON, secure_rng(seed, "record_count"))
+
+
 PLANTED = {
     "noise off": _noise_off,
+    "privacy unit ignored (per-row budget on a unit stream)": _unit_ignored,
     "noise scale halved": _scale_halved,
     "sensitivity understated 4x": _sensitivity_understated,
     # the same seed and stream for the two data sets: the same noise on both, which cancels in the difference
