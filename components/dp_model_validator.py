@@ -1,4 +1,4 @@
-"""DPModelValidator: Sage's SLAed validation of a model as a TFX component (paper §3.3, SAGE_SPEC.md §6).
+"""DPModelValidator: Sage's SLAed validation of a model as a TFX component (paper §3.3).
 
 Inputs: ``model`` (a Model artifact whose serving SavedModel has a ``serving_default`` signature: serialized
 tf.Examples as ``examples``, or features by name, as ``sage_tfx.models.export`` writes them) and

@@ -1,4 +1,4 @@
-"""DPTransform: tf.Transform under a grant, with Sage's DP analyzers (paper List. 1, SAGE_SPEC.md section 4).
+"""DPTransform: tf.Transform under a grant, with Sage's DP analyzers (paper List. 1).
 
 Input: ``examples`` (an Examples artifact read under the grant, e.g. BlockExampleGen's: train/eval splits
 of gzipped tf.Example TFRecords). Execution parameters:

@@ -1,4 +1,4 @@
-"""Privacy-adaptive training: Sage's iterator for one pipeline (paper §3.3, SAGE_SPEC.md §3).
+"""Privacy-adaptive training: Sage's iterator for one pipeline (paper §3.3).
 
     eps <- eps_start; window <- min_window; i <- 1
     loop:

@@ -1,7 +1,7 @@
 """Tab. 2: how often ACCEPTed DP models miss their target on held-out data (No SLA, NP, UC DP, Sage SLA).
 
 Columns: ``no_sla``, ``non_private`` (NP SLA, the default bound on exact values), ``uncorrected`` (UC DP SLA: the
-spec's DP test without its noise corrections, as in the paper), ``sage_spec`` (Sage SLA with SAGE_SPEC §6's
+spec's DP test without its noise corrections, as in the paper), ``sage_spec`` (Sage SLA with the paper's App. B
 bounds) and ``sage`` (Sage SLA with the default joint test of sage_tfx.validation.noisy).
 
 Setting (a faithful numpy stand-in for the paper's experiment; the data is GENERATED, not the paper's):
@@ -16,7 +16,7 @@ fit on the real rows. Two tasks, as in the issue:
 - ``taxi_accuracy``: big tipper by DP logistic regression (objective perturbation, Chaudhuri et al. 2011);
   DPAccuracyValidator (Clopper-Pearson).
 Each trial draws a target uniformly between the best achievable model and the naive model, then runs
-privacy-adaptive training as Sage's iterator does it (SAGE_SPEC.md §3): epsilon starts small and doubles while
+privacy-adaptive training as Sage's iterator does it (the Sage paper §3.3): epsilon starts small and doubles while
 it stays under the cap, then the window (90:10 train:test per record) doubles; at iteration i a DP model is
 trained on the window's train rows with epsilon_i and validated on its test rows with epsilon_i at
 eta_i = eta/(i(i+1)). The same models (same data, same training noise) face every validator; each validator
@@ -32,14 +32,14 @@ from importlib import resources
 
 import numpy as np
 
-PAPER_TABLE2 = {  # SAGE_SPEC.md §7: fraction of ACCEPTed models that violate their target (100K held-out)
+PAPER_TABLE2 = {  # the Sage paper §5, Tab. 2: fraction of ACCEPTed models that violate their target (100K held-out)
     "taxi_mse": {"0.01": {"no_sla": 0.379, "non_private": 0.0019, "uncorrected": 0.0172, "sage": 0.0027},
                  "0.05": {"no_sla": 0.379, "non_private": 0.0034, "uncorrected": 0.0224, "sage": 0.0051}},
     "criteo_accuracy": {"0.01": {"no_sla": 0.2515, "non_private": 0.0052, "uncorrected": 0.0544, "sage": 0.0018},
                         "0.05": {"no_sla": 0.2515, "non_private": 0.0065, "uncorrected": 0.0556, "sage": 0.0023}},
 }
 MODES = ("no_sla", "non_private", "uncorrected", "sage_spec", "sage")
-SPEC_BOUND = {True: "bernstein", False: "clopper_pearson"}  # SAGE_SPEC §6's bounds (regression?: bound)
+SPEC_BOUND = {True: "bernstein", False: "clopper_pearson"}  # the paper's App. B bounds (regression?: bound)
 TASKS = ("taxi_mse", "taxi_accuracy")
 DATA_PATH = "examples/chicago_taxi_pipeline/data/simple/data.csv"
 HOUR_BANDS = np.array([0, 0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 5, 5, 5, 5, 0])  # 6 bands
@@ -246,7 +246,7 @@ class Task:
 
     def validator(self, mode, eta, target, epsilon):
         """The validator of one Tab. 2 column. ``sage`` is the default (joint) test; ``sage_spec`` and
-        ``uncorrected`` use SAGE_SPEC §6's bounds with and without their noise corrections (the paper's UC DP SLA
+        ``uncorrected`` use the paper's App. B bounds with and without their noise corrections (the paper's UC DP SLA
         is the spec's test without the corrections); ``non_private`` the default bound on exact values."""
         from sage_tfx.validation import DPAccuracyValidator, DPLossValidator
 
@@ -288,7 +288,7 @@ class Task:
 
 
 def schedule(args):
-    """[(epsilon_i, window_i)]: Sage's doubling (SAGE_SPEC.md §3): double epsilon while 2 eps <= the cap,
+    """[(epsilon_i, window_i)]: Sage's doubling (the Sage paper §3.3): double epsilon while 2 eps <= the cap,
     else double the window."""
     epsilon, window, steps = args.epsilon_start, args.start_rows, []
     for _ in range(args.max_iterations):

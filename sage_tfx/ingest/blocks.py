@@ -1,7 +1,7 @@
 """Which block each record falls in: a time window, or a keyed user shard.
 
 Both rules look at one record only, so a record's block never depends on the
-other records (a block is a disjoint part of the stream, SAGE_SPEC.md §2):
+other records (a block is a disjoint part of the stream, the Sage paper §4):
 
 * time: window k = floor(t / window) for t in unix seconds (UTC-aligned), the
   block id is the window start, e.g. ``2014-05-16.1d`` or ``2014-05-16T19:00.1h``;

@@ -14,7 +14,7 @@ clipped to [-B_y, B_y], budget (eps, delta), failure probability rho. With
     4. Xty~    = X'y + c*B_x*B_y * z         z ~ N(0, I_d)
     5. theta   = (XtX~ + lam*I)^-1 Xty~
 
-These constants are the paper's, as SAGE_SPEC.md section 5 and Google's
+These constants are the paper's, as the Sage paper §3.1, Tab. 1 and Google's
 dp_regression baseline also transcribe them. Only steps 1, 3, 4 read the data;
 lam and theta are post-processing.
 

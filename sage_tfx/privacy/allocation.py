@@ -1,6 +1,6 @@
 """Budget allocation among a stream's pipelines: the rules, written once, and the policies that plug into them.
 
-Sage's allocation (paper §3.3; SAGE_SPEC.md §3), on in-memory state. A block's *holdings* map each
+Sage's allocation (paper §3.3), on in-memory state. A block's *holdings* map each
 pipeline holding a reservation on it to ``{"reserved": vector, "used": vector}``, in pipeline name
 order (every reader sums a block's pool in that order, so the floats agree everywhere):
 

@@ -1,7 +1,7 @@
 """Rényi-DP accounting curves and their exact conversion to (epsilon, delta).
 
 A *curve* is the vector eps(alpha) of a query's Rényi-DP guarantee over a fixed
-tuple of orders alpha (``DEFAULT_ORDERS``, SAGE_SPEC.md section 2). The curves of
+tuple of orders alpha (``DEFAULT_ORDERS``, the Sage paper §4). The curves of
 real mechanisms (Laplace, Gaussian, Poisson-sampled Gaussian = DP-SGD) come from
 dp-accounting's RDP accountant, so they are exactly what Google's library
 computes; it is imported lazily because it takes over a second to load and the
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     # A user-supplied RDP curve: values aligned with the orders, {order: value}, or a dp_accounting DpEvent.
     CurveLike: TypeAlias = Sequence[float] | Mapping[float, float] | dp_accounting.DpEvent
 
-# SAGE_SPEC.md section 2. Low orders serve small-noise (large eps) queries, high
+# the Sage paper §4. Low orders serve small-noise (large eps) queries, high
 # orders the many-small-steps DP-SGD regime.
 DEFAULT_ORDERS = (1.5, 1.75, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 16.0, 32.0, 64.0)
 

@@ -1,6 +1,6 @@
 """Per-block privacy filters: the rule that decides whether a query may still touch a block.
 
-Sage's block composition (SAGE_SPEC.md section 2, paper Thm. 4.2/4.3): the
+Sage's block composition (the Sage paper §4, Thm. 4.2/4.3): the
 privacy loss of the whole adaptive interaction with a stream is at most the
 largest loss accumulated by any single block, so each block keeps its own
 budget filter and a query runs only if every block it reads admits it.

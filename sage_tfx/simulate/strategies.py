@@ -1,4 +1,4 @@
-"""The five budgeting strategies of the load simulation (paper Fig. 8, SAGE_SPEC.md §3).
+"""The five budgeting strategies of the load simulation (paper Fig. 8).
 
 Block strategies and query composition charge the REAL ledger
 (``sage_tfx.privacy.Ledger`` on a throw-away SQLite file): every attempt is a
@@ -192,7 +192,7 @@ class BlockStrategy(_LedgerStrategy):
             if n_rows >= self.config.n_required(state.spec.n_np, state.epsilon):
                 self._release(state, now)
                 return True
-            # RETRY (SAGE_SPEC §3): double eps if it fits the allocation on the window, else the window.
+            # RETRY (the Sage paper §3.3): double eps if it fits the allocation on the window, else the window.
             double = 2 * state.epsilon
             if (self.policy == Policy.CONSERVE and double <= self.config.epsilon
                     and all(self.model.fits(b, state.name, self.cost(double, n_rows)) for b in blocks)):

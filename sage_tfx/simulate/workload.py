@@ -36,11 +36,11 @@ class SimConfig:
     power_law_exponent: float = 1.5      # P(n_np > x) ~ x^-1.5
     dp_overhead: float = 0.5             # n_required = n_np * (1 + dp_overhead / eps**dp_power)
     dp_power: float = 1.0
-    epsilon_start: float = 1 / 32        # privacy-adaptive training's first eps (SAGE_SPEC §3: "small")
+    epsilon_start: float = 1 / 32        # privacy-adaptive training's first eps (the Sage paper §3.3: "small")
     min_window: int = 1                  # blocks (hours) of the first attempt
     min_epsilon: float = 0.005           # a block with less left is retired (ledger default: eps_g/100)
     preprocessing_share: float = 0.2     # per-attempt split (adaptive.BudgetSplit defaults)
-    dpsgd_batch: int = 1024              # RDP variant: DP-SGD config of the Taxi NN (SAGE_SPEC §5)
+    dpsgd_batch: int = 1024              # RDP variant: DP-SGD config of the Taxi NN (the Sage paper §3.1, Tab. 1)
     dpsgd_epochs: int = 3
 
     def __post_init__(self):

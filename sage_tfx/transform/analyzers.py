@@ -1,6 +1,6 @@
 """Differentially private tf.Transform analyzers: dp_group_by_mean (Sage, List. 1) and its family.
 
-How the noise is drawn ONCE per analysis (SAGE_SPEC.md section 4):
+How the noise is drawn ONCE per analysis (the Sage paper List. 1):
 
 1. In the TensorFlow graph, each row gets its key (or OUT_OF_RANGE) and its contribution to each
    table (1 for a count, its clipped value for a sum). Nothing random, and no sum, happens here.

@@ -1,4 +1,4 @@
-"""SLAed validation (paper §3.3, List. 2, App. B; SAGE_SPEC.md §6): ACCEPT / REJECT / RETRY with a stated
+"""SLAed validation (paper §3.3, List. 2, App. B): ACCEPT / REJECT / RETRY with a stated
 confidence despite DP noise. numpy/scipy only.
 
     v = DPLossValidator(target=0.02, epsilon=0.5, confidence=0.95, loss_bound=1.0)

@@ -100,7 +100,7 @@ class DPAccuracyValidator:
       composition) and the exact binomial test of the noisy counts, Clopper-Pearson's test with the Laplace
       noise convolved in (``sage_tfx.validation.noisy``, with the proofs). Without noise (NP SLA) it is
       Clopper-Pearson.
-    - ``"clopper_pearson"``: SAGE_SPEC.md §6 as written: k and n with Lap(2/eps) each, moved by the worst case
+    - ``"clopper_pearson"``: the paper's App. B as written: k and n with Lap(2/eps) each, moved by the worst case
       of their noise, then the Clopper-Pearson bound, the three events at eta/3.
     - ``"bernstein"``: the loss validator's spec bound on the 0/1 error (B = 1, target 1 - the accuracy
       target), reporting accuracy bounds (1 - the error bounds).

@@ -90,7 +90,7 @@ def loss_reject_bound(count: NoisyTotal, total: NoisyTotal, bound: float, eta: f
     training sample: L^_S(h) < L(h) + B sqrt(ln(3/eta)/(2n)) fails w.p. <= eta/3. Outside their union:
     if S_lo < 0 then LB < 0 <= L(h); else L_lo = S_lo/n_hi <= S/n = L^_S(model) <= L^_S(h) by (A), and
     B sqrt(ln(3/eta)/(2 n_lo)) >= B sqrt(ln(3/eta)/(2n)), so LB <= L^_S(h) - B sqrt(.../(2n)) < L(h).
-    (SAGE_SPEC.md's draft used the one-sided c = (2/eps) ln(3/(2 eta)) on both sides of n~, which costs
+    (a first draft of these formulas used the one-sided c = (2/eps) ln(3/(2 eta)) on both sides of n~, which costs
     2 eta/3 for the count event and 4 eta/3 in all; the two-sided c_n above keeps the total at eta.)
     """
     delta = mode.event_eta(eta)
@@ -126,7 +126,7 @@ class DPLossValidator:
     - ``"chernoff"`` (default): the sum of clipped losses and of B minus them, Lap(B/eps) each, and one
       Chernoff bound for the sample and the noise together (``sage_tfx.validation.noisy``, with the proofs).
       It needs about as many records as the non-private test with the same bound.
-    - ``"bernstein"``: SAGE_SPEC.md §6 as written: n and the clipped sum with eps/2 each, each moved by the
+    - ``"bernstein"``: the paper's App. B as written: n and the clipped sum with eps/2 each, each moved by the
       worst case of its noise, then Bernstein, the three events at eta/3 (``loss_accept_bound``,
       ``loss_reject_bound``).
     REJECT assumes (A): the model's clipped empirical loss on its training sample is at most that of a

@@ -1,7 +1,7 @@
 """Tests on a DP sum of bounded per-example values that account for the Laplace noise and the sampling
 error *jointly*, the default of the loss and accuracy validators.
 
-The spec's tests (SAGE_SPEC.md §6) move each noisy count and sum by the worst case of its noise at
+The spec's tests (the Sage paper §3.3, List. 2, App. B) move each noisy count and sum by the worst case of its noise at
 probability eta/3 and then apply a concentration bound at eta/3: a union of three events that pays the
 noise's tail in full on top of the sampling tail. Here the noise and the sample enter one tail bound, so
 the noise only adds its variance (about 2 (B/eps)^2) to the sample's (n B mu): for n in the thousands at

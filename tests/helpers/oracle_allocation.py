@@ -11,7 +11,7 @@ The simulator asks, hundreds of times per simulated hour, "on which blocks can
 pipeline p still spend this cost?". The ledger answers it in one read
 (``Ledger.available_per_block``), but a read of every block's state per
 question is still too slow at the simulation's scale, so this class keeps the
-same state in memory and applies the same rules, written from SAGE_SPEC.md §3
+same state in memory and applies the same rules, written from the Sage paper §3.3
 and using the real filter's ``admits``/``fits_share``:
 
 * a new block's capacity is split evenly among the pipelines waiting then;

@@ -55,7 +55,7 @@ def bernoulli_losses(rng, n, mean, bound=1.0):
     return bound * (rng.random(n) < mean / bound)
 
 
-# ------------------------------------------------------------------ formulas, exactly as in SAGE_SPEC.md §6
+# ------------------------------------------------------------------ formulas, exactly as in the Sage paper §3.3, List. 2, App. B
 
 def test_loss_accept_bound_matches_the_spec_formula():
     rng = np.random.default_rng(1)
