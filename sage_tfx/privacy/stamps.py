@@ -6,6 +6,8 @@ keyed chain value binds that time with the entry (``KeyRing.chain_value``). Time
 by the keyed ``upgrade`` entry (``migrations.py``), which carries them as they were and a digest of the earlier
 entries' times. ``StampReplay`` replays both; ``check`` compares the tables with the replay (equality).
 """
+from __future__ import annotations
+
 import hashlib
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
