@@ -314,6 +314,7 @@ def _scrub(config, root, real, files):
 # The artifact types a confined run's outputs may keep in the pipeline root (its model, transform graph, blessing,
 # validation result and push record); ``keep_declared_outputs`` removes every other file it wrote there.
 KEPT_ARTIFACTS = ("Model", "TransformGraph", "ModelBlessing", "SageValidationResult", "PushedModel")
+WHEELS = "_wheels"  # PIPELINE_ROOT/_wheels: the user modules' wheels (``stage_user_modules``)
 _JOURNALS = ("", "-wal", "-shm", "-journal")
 
 
@@ -324,18 +325,24 @@ def keep_declared_outputs(config, before: dict | None = None) -> list:
     ({folder: names}, ``folder_names``): other folders the run could write (the MLMD folder, a local staging
     location) lose every entry not there before, the MLMD store's files excepted. Returns the paths removed. A
     URL pipeline root is left as it is."""
+    from sage_tfx.components.block_example_gen_executor import STAGED_PREFIX
+
     removed = []
     metadata = {where(config.metadata_path) + suffix for suffix in _JOURNALS for where in (os.path.abspath,
                                                                                            os.path.realpath)}
     for folder, names in (before or {}).items():
         for name in sorted(set(os.listdir(folder)) - set(names)) if os.path.isdir(folder) else ():
             path = os.path.join(folder, name)
-            if path not in metadata:
+            # a staged run of sealed blocks (ciphertext) belongs to a job that deletes it: another pipeline's job
+            # sharing the staging location (`sage serve`) may still be reading it
+            if path not in metadata and not name.startswith(STAGED_PREFIX):
                 _remove(path, removed)
     if config.remote_root or not os.path.isdir(config.pipeline_root):
         return removed
     root = os.path.realpath(config.pipeline_root)
-    kept = metadata | _kept_artifacts(config, root)
+    # the user modules' wheels (``stage_user_modules``: the module files packaged by the launcher) serve every
+    # iteration of the pipeline; like a kept model, their folder is the pipeline's code, not the run's records
+    kept = metadata | _kept_artifacts(config, root) | {os.path.join(root, WHEELS)}
     _prune(root, kept, removed)
     return removed
 

@@ -69,7 +69,7 @@ class QueueReplay:
             self.problems.append(f"log entry {seq}: admissions on stream {stream!r}, whose policy queues none")
             return
         filt, config = self.streams[stream], self.configs[stream]
-        queue = QueuedAllocation(filt, filt.cost(epsilon=config["min_epsilon"]), cast(AllocationPolicy, self.rules(stream)))
+        queue = QueuedAllocation(filt, filt.cost(epsilon=config["min_epsilon"]), cast("AllocationPolicy", self.rules(stream)))
         pending = sorted((d[4], p, d) for (s, p), d in self.demands.items() if s == stream and d[5] == DemandState.PENDING)
         for b in dict.fromkeys(b for _, _, d in pending for b in d[0]):
             block = self.blocks.get((stream, b))

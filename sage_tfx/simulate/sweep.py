@@ -82,12 +82,19 @@ def plot(rows, path, title, ceiling_hours=168.0):
         ys = [min(ceiling_hours, max(0.1, r["mean_release_h"])) if r.get("overloaded_at_h") is None
               else ceiling_hours for r in mine]
         ax.plot(xs, ys, marker=markers.get(strategy, "o"), label=LABELS.get(strategy, strategy))
-    ax.axhline(SLA_HOURS, color="grey", linestyle="--", linewidth=1)
     ax.text(min(r["rate"] for r in rows), SLA_HOURS * 1.08, "one day", color="grey", fontsize=8)
+    return _save(fig, ax, path, title, "mean model release time (hours)", ceiling_hours)
+
+
+def _save(fig, ax, path, title, ylabel, ceiling_hours):
+    """The release-time axes (log hours up to the ceiling, the one-day line), saved to ``path``."""
+    import matplotlib.pyplot as plt
+
+    ax.axhline(SLA_HOURS, color="grey", linestyle="--", linewidth=1)
     ax.set_yscale("log")
     ax.set_ylim(0.1, ceiling_hours * 1.3)
     ax.set_xlabel("pipeline arrivals per hour")
-    ax.set_ylabel("mean model release time (hours)")
+    ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, which="both", alpha=0.3)
@@ -143,18 +150,7 @@ def plot_spread(cells, path, title, ceiling_hours=168.0):
         high = [max(0.1, c["max_h"]) - y for y, c in zip(ys, mine)]
         ax.errorbar(xs, ys, yerr=[low, high], marker=markers.get(strategy, "o"), capsize=3,
                     label=LABELS.get(strategy, strategy))
-    ax.axhline(SLA_HOURS, color="grey", linestyle="--", linewidth=1)
-    ax.set_yscale("log")
-    ax.set_ylim(0.1, ceiling_hours * 1.3)
-    ax.set_xlabel("pipeline arrivals per hour")
-    ax.set_ylabel("mean release time (h): median, min-max over seeds")
-    ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="lower right")
-    ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return _save(fig, ax, path, title, "mean release time (h): median, min-max over seeds", ceiling_hours)
 
 
 def finite_or_none(value):

@@ -356,7 +356,7 @@ def test_a_trainer_module_that_forges_its_acceptance_and_leaks_rows_gets_neither
     folder and the rows it printed reached the terminal. Now the verdict comes from a fresh confined child that
     ran no user code (the same release re-opened: the same noise), the launcher pushes only what that child
     accepted, removes every file of the run that is not a declared artifact, and shows none of the child's output."""
-    from test_sage_run import _copy_stream, sage
+    from tests.pipelines.test_sage_run import _copy_stream, sage
 
     db, data = _copy_stream(taxi_stream_300, tmp_path)
     example = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare")
