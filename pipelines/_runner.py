@@ -333,9 +333,10 @@ def keep_declared_outputs(config, before: dict | None = None) -> list:
     for folder, names in (before or {}).items():
         for name in sorted(set(os.listdir(folder)) - set(names)) if os.path.isdir(folder) else ():
             path = os.path.join(folder, name)
-            # a staged run of sealed blocks (ciphertext) belongs to a job that deletes it: another pipeline's job
-            # sharing the staging location (`sage serve`) may still be reading it
-            if path not in metadata and not name.startswith(STAGED_PREFIX):
+            # a staged run of sealed blocks (ciphertext) belongs to a job that deletes it, and an MLMD store beside
+            # this one to another pipeline: `sage serve`'s pipelines share the staging location and the MLMD
+            # folder (--metadata-path DIR/{name}.sqlite) and run at once, so either may be in use
+            if path not in metadata and not name.startswith(STAGED_PREFIX) and not _mlmd_store(folder, name, config):
                 _remove(path, removed)
     if config.remote_root or not os.path.isdir(config.pipeline_root):
         return removed
@@ -345,6 +346,14 @@ def keep_declared_outputs(config, before: dict | None = None) -> list:
     kept = metadata | _kept_artifacts(config, root) | {os.path.join(root, WHEELS)}
     _prune(root, kept, removed)
     return removed
+
+
+def _mlmd_store(folder, name, config) -> bool:
+    """Whether ``name`` in ``folder`` is an MLMD store (or its journal) beside this pipeline's, in its folder."""
+    store = os.path.basename(config.metadata_path)
+    suffix = os.path.splitext(store)[1]
+    return (os.path.realpath(folder) == os.path.realpath(os.path.dirname(config.metadata_path)) and bool(suffix)
+            and any(name.endswith(suffix + journal) for journal in _JOURNALS))
 
 
 def folder_names(folders) -> dict:
