@@ -30,6 +30,7 @@ import numpy as np
 from sage_tfx.adaptive.settings import IteratorSettings
 from sage_tfx.bench.block_composition import Trial
 from sage_tfx.bench.sample_complexity import FLIGHTS_DELTA, FLIGHTS_SPLIT, FlightsTask
+from sage_tfx.privacy import BudgetSplit
 from sage_tfx.validation import DPLossValidator
 from sage_tfx.validation.core import eta_for_attempt
 
@@ -65,8 +66,6 @@ class Attempt:
         self.train, self.test = window[~trial.is_test[window]], window[trial.is_test[window]]
 
     def accepts(self, epsilon, target, eta, rng):
-        from sage_tfx.privacy import BudgetSplit
-
         split = BudgetSplit.for_epsilon(epsilon, FLIGHTS_DELTA, **FLIGHTS_SPLIT)
         model = self.task.dp_model(self.train, split, rng)
         errors = self.task.errors(model(self.test), self.test)

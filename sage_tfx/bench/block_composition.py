@@ -31,8 +31,9 @@ import time
 import numpy as np
 
 from sage_tfx.bench.sample_complexity import FLIGHTS_DELTA, FLIGHTS_SPLIT, FlightsTask, samples_needed, windows
+from sage_tfx.privacy import BudgetSplit
 from sage_tfx.privacy.vocabulary import Metric, Stage
-from sage_tfx.validation import noisy
+from sage_tfx.validation import DPLossValidator, noisy
 from sage_tfx.validation.core import Mode
 
 BLOCK = "block"
@@ -110,7 +111,8 @@ class Trial:
         days = rng.permutation(task.day_index.max() + 1)
         held = np.isin(task.day_index, days[:HELD_OUT_DAYS])
         rank = np.argsort(days)[task.day_index]
-        self.order = np.array([i for i in np.argsort(rank, kind="stable") if not held[i]])
+        ordered = np.argsort(rank, kind="stable")
+        self.order = ordered[~held[ordered]]
         self.held_out = np.flatnonzero(held)
         self.is_test = rng.random(task.rows) < 0.1
 
@@ -134,8 +136,6 @@ def lr_window(task, trial, n, variants, split, targets, eta, rng):
         tests = [b[trial.is_test[b]] for b in blocks]
         errors = [task.errors(predict(t), t) for t in tests]
         if variant == BLOCK:
-            from sage_tfx.validation import DPLossValidator
-
             accepted = [DPLossValidator(t, split.validation, 1 - eta, loss_bound=task.loss_bound).validate(
                 errors[0], rng=rng).accepted for t in targets]
         else:
@@ -145,8 +145,6 @@ def lr_window(task, trial, n, variants, split, targets, eta, rng):
 
 
 def run_lr(task, args, rng):
-    from sage_tfx.privacy import BudgetSplit
-
     split = BudgetSplit.for_epsilon(args.epsilon, FLIGHTS_DELTA, **FLIGHTS_SPLIT)
     best, naive = task.reference()
     fractions = [float(f) for f in args.fractions.split(",")]
@@ -208,8 +206,6 @@ def train_nn(task, rows, epsilon, seed):
 
 def run_nn(task, args, rng):
     """(c): held-out clipped MSE of the window's one DP-SGD model vs the per-block models' averaged predictions."""
-    from sage_tfx.privacy import BudgetSplit
-
     epsilon = BudgetSplit.for_epsilon(args.epsilon, FLIGHTS_DELTA, **FLIGHTS_SPLIT).training
     sizes = [int(n) for n in args.nn_rows.split(",")]
     variants = [BLOCK, f"partitioned:{args.nn_block_rows}"]
