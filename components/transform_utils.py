@@ -1,19 +1,7 @@
 """Helpers for DPTransform: the raw feature spec of a stream, and filling in missing values in a preprocessing_fn.
 
-Raw features parse as TFX parses features of optional presence: each is a ``tf.io.VarLenFeature``, so a
-preprocessing_fn receives a ``tf.SparseTensor`` of dense shape [batch, n] in which a record that lacks the
-feature (a null in the stream) has no value. Densify it before use with `fill_in_missing` (TFX's taxi
-example calls the same idea ``_fill_in_missing``)::
-
-    import sage_tfx  # before TensorFlow
-    from sage_tfx.components.transform_utils import fill_in_missing
-
-    def preprocessing_fn(inputs, custom_config):
-        seconds = fill_in_missing(inputs["trip_seconds"], 0)   # a missing duration counts as 0 s
-        ...
-
-The fill value must be PUBLIC (a constant chosen without looking at the data): a value computed from the
-data (e.g. the exact mean) would put an exact statistic into every transformed record.
+Raw features parse as ``tf.io.VarLenFeature`` (a record lacking one has no value); densify them with
+`fill_in_missing` and a PUBLIC fill value: docs/dp_preprocessing.md, "Raw features and missing values".
 """
 
 from __future__ import annotations
@@ -81,9 +69,18 @@ def raw_feature_spec(schema: str | Mapping[str, str] | None) -> dict[str, tf.io.
 def fill_in_missing(x: tf.SparseTensor | tf.Tensor, default_value: Any) -> tf.Tensor:
     """A dense [batch] tensor from an optional feature: the record's value, or ``default_value`` if it has none.
 
-    ``x`` is the SparseTensor of a VarLenFeature (dense shape [batch, n]); a record with several values
-    gives its first (the stream's records hold at most one). A dense tensor of shape [batch] or [batch, 1] passes through
-    (reshaped to [batch]). ``default_value`` must be public (not computed from the data).
+    A record with several values gives its first (the stream's records hold at most one).
+
+    Args:
+        x: the SparseTensor of a VarLenFeature (dense shape [batch, n]), a RaggedTensor, or a dense tensor of
+            shape [batch] or [batch, 1] (reshaped to [batch]).
+        default_value: the public fill value (never computed from the data), of x's kind.
+
+    Returns:
+        A dense tensor of shape [batch] and x's dtype.
+
+    Raises:
+        SchemaError: a non-string default_value for a bytes feature.
     """
     import tensorflow as tf
 

@@ -37,9 +37,18 @@ __all__ = ["SLA", "Metric", "SagePipeline", "StandardComponents", "PipelineDefin
 def load_pipeline(spec: str) -> SagePipeline:
     """The ``SagePipeline`` named by ``spec``: a built-in name, a Python file, or a dotted module path.
 
-    The module must define exactly one SagePipeline (or name the one to run ``PIPELINE``). Raises
-    PipelineDefinitionError (a ValueError) naming the file, and the line for an import error, for a
-    missing file, a module that fails to import or defines no pipeline; nothing else is touched.
+    The module must define exactly one SagePipeline (or name the one to run ``PIPELINE``); nothing else is
+    touched.
+
+    Args:
+        spec: a built-in pipeline's name (``BUILTIN``), the path of a pipeline file, or a dotted module path.
+
+    Returns:
+        The pipeline, with ``base_dir`` and ``source_file`` set and its module files checked.
+
+    Raises:
+        PipelineDefinitionError: a missing file, a module that fails to import (naming the line) or defines
+            no pipeline, or a module file that does not exist.
     """
     if not isinstance(spec, str) or not spec:
         raise PipelineDefinitionError(f"pipeline {spec!r} must be a built-in name ({', '.join(sorted(BUILTIN))}), "

@@ -1,31 +1,9 @@
 """Your own privacy-adaptive pipeline: its SLA, its module files, its model families and its components.
 
-A pipeline file (any name) defines one ``SagePipeline``::
-
-    from sage_tfx.pipelines import SLA, SagePipeline
-
-    PIPELINE = SagePipeline(
-        name="taxi_fare",
-        sla=SLA(metric="mse", label="fare", loss_bound=30.0 ** 2),  # squared errors clipped at $30^2
-        preprocessing_module="preprocessing.py",  # preprocessing_fn(inputs, custom_config), beside this file
-        trainer_module="trainer.py",              # run_fn(fn_args), beside this file
-        models=("linear", "dnn"),                 # --model picks one; the first is the default
-        defaults={"epsilon_start": 0.5, "min_window": 128},
-    )
-
-and ``sage run path/to/pipeline.py --db ... --stream ... --data-root ... --target 120`` drives it to
-ACCEPT, REJECT or TIMEOUT exactly as it drives the built-in pipelines (which are defined with this same
-API: ``sage_tfx.pipelines.taxi_regression``). ``sage run`` also takes a dotted module path.
-
-Each iteration is one TFX pipeline, by default (paper List. 1)::
-
-    BlockExampleGen -> DPTransform -> DPTrainer -> DPModelValidator -> Pusher
-
-built by ``SagePipeline.standard_components``. To add or replace components, give ``components``: a
-function of the ``StandardComponents`` returning the list to run, e.g.
-``components=lambda c: [c.example_gen, c.trainer, c.validator, c.pusher]`` (no preprocessing: give no
-``preprocessing_module`` then) or a list with your own Pusher. Every data-reading Sage component gets the
-iteration's grant and checks it before it reads (docs/block_composition.md, "What a grant pays for").
+A pipeline file defines one `SagePipeline`; ``sage run`` drives it to ACCEPT, REJECT or TIMEOUT as it drives the
+built-in pipelines. Each iteration runs BlockExampleGen -> DPTransform -> DPTrainer -> DPModelValidator ->
+Pusher under the iteration's grant, which every data-reading component checks before it reads: docs/your_pipeline.md,
+"The pipeline file"; docs/block_composition.md, "What a grant pays for".
 """
 from __future__ import annotations
 
@@ -49,16 +27,28 @@ class PipelineDefinitionError(SageError, ValueError):
 
 @dataclass(frozen=True)
 class SLA:
-    """What the validator certifies: ``metric`` of the model on ``label`` (a raw column of the stream), with
-    per-example losses clipped to ``[0, loss_bound]`` (a PUBLIC bound: the validator's noise and
-    concentration terms scale with it; docs/validation.md). Accuracy has no bound; log_loss defaults to
-    ln(1e7), its largest value with probabilities kept in [1e-7, 1 - 1e-7]. ``label_threshold`` derives a
-    binary label (1 where the raw label exceeds it, e.g. arr_delay > 15). Metric ``custom``: your own
-    per-example loss, ``loss_function`` (default ``per_example_loss``) of (labels, signature outputs) in the
-    Python file ``loss_module`` (relative to the pipeline file), clipped to [0, loss_bound].
-    ``label_signature``: read ``label`` from that signature of the trained model instead of the raw record,
-    as TFMA's ``preprocessing_function_names`` (e.g. ``label="tips_xf", label_signature="transform_features"``:
-    the label your preprocessing_fn derives, such as TFX's taxi "big tipper" tips > 0.2 * fare)."""
+    """What the validator certifies: ``metric`` of the model on ``label``, losses clipped to a public bound.
+
+    The validator's noise and concentration terms scale with ``loss_bound`` (docs/validation.md); choosing it and
+    the other fields: docs/your_pipeline.md, "The pipeline file".
+
+    Args:
+        metric: a `Metric` value: mse, mae, log_loss, accuracy or custom.
+        label: the raw column of the stream the validator reads as the label.
+        loss_bound: the PUBLIC bound B each example's loss is clipped to ([0, B]); required but for accuracy
+            (which takes none) and log_loss (default ln(1e7), its largest value with probabilities kept in
+            [1e-7, 1 - 1e-7]).
+        label_threshold: derive a binary label, 1 where the raw label exceeds it (e.g. arr_delay > 15), or None.
+        loss_module: for metric custom only: the Python file (relative to the pipeline file) of your
+            per-example loss of (labels, signature outputs).
+        loss_function: the loss's name in loss_module; None for ``per_example_loss``.
+        label_signature: read ``label`` from this signature of the trained model instead of the raw record
+            (TFMA's ``preprocessing_function_names``, e.g. ``"transform_features"``), or None.
+
+    Raises:
+        PipelineDefinitionError: an unknown metric, a missing or misplaced bound, threshold, signature or loss
+            module; the message names the field and the fix.
+    """
 
     metric: str
     label: str
@@ -103,7 +93,17 @@ class SLA:
                                           "Python file of your per-example loss), the other metrics take none")
 
     def check_target(self, target: float) -> float:
-        """The target as a float; ValueError naming it when it can never be met, or is always met."""
+        """The target as a float, refused when it can never be met or is always met.
+
+        Args:
+            target: the SLA target: an accuracy in (0, 1), or a loss in (0, loss_bound).
+
+        Returns:
+            The target as a float.
+
+        Raises:
+            ValueError: a target that is not a number, can never be met, or every model meets; names it.
+        """
         metric = Metric(self.metric)
         what, not_number = f"{metric.value} target", "{what} {value!r} is not a number"
         if metric is Metric.ACCURACY:
@@ -129,7 +129,15 @@ def _file_digest(path: str) -> str | None:
 
 @dataclass
 class StandardComponents:
-    """The five components of an iteration, wired together (``SagePipeline.standard_components``)."""
+    """The five components of an iteration, wired together (``SagePipeline.standard_components``).
+
+    Args:
+        example_gen: the BlockExampleGen.
+        transform: the DPTransform, or None for a pipeline without a preprocessing module.
+        trainer: the DPTrainer.
+        validator: the DPModelValidator.
+        pusher: TFX's Pusher, gated by the validator's blessing.
+    """
 
     example_gen: object
     transform: object | None
@@ -150,17 +158,28 @@ def _iterator_settings() -> set:
 
 @dataclass(frozen=True)
 class SagePipeline:
-    """A privacy-adaptive pipeline, as a user defines it in a pipeline file (see the module docstring).
+    """A privacy-adaptive pipeline, as a user defines it in a pipeline file.
 
-    ``preprocessing_module`` / ``trainer_module``: TFX module files (``preprocessing_fn`` / ``run_fn``),
-    absolute or relative to ``base_dir`` (default: the directory of the file that defines the pipeline,
-    set when ``sage run`` loads it). ``models``: the model families the trainer module understands, passed
-    to it as ``custom_config["model"]`` (``sage run --model``; the first is the default). ``defaults``:
-    SageIterator settings (``epsilon_start``, ``min_window``, ``rejection_share``, ...). ``trainer_config``:
-    more of the trainer's ``custom_config``. ``components``: a function of the ``StandardComponents``
-    returning the components to run (default: all five). ``eval_share``: the share of each window's records
-    the validator's ACCEPT test reads (the test side of the record split signed into every grant,
-    ``sage_tfx.privacy.eval_share_split``; default None: the platform's 1 in 10); the rest is training's.
+    Every field is checked when the pipeline file loads, before anything is charged: docs/your_pipeline.md,
+    "The pipeline file".
+
+    Args:
+        name: the pipeline's name in the ledger (the ledger's rule for names).
+        sla: what the validator certifies.
+        trainer_module: the TFX module file holding ``run_fn``, absolute or relative to ``base_dir``.
+        preprocessing_module: the TFX module file holding ``preprocessing_fn``, or None for no DPTransform.
+        models: the model families the trainer module understands, passed as ``custom_config["model"]``
+            (``sage run --model``; the first is the default).
+        defaults: SageIterator settings (``epsilon_start``, ``min_window``, ``rejection_share``, ...).
+        trainer_config: more of the trainer's ``custom_config``.
+        components: a function of the `StandardComponents` returning the components to run; None for all five.
+        base_dir: the folder relative module paths start from; None for the pipeline file's (set by ``sage run``).
+        source_file: the file that defines the pipeline (set by ``load_pipeline``): part of its digest.
+        eval_share: the share of each window's records the validator's ACCEPT test reads (signed into every
+            grant's record split, ``sage_tfx.privacy.eval_share_split``); None for the platform's 1 in 10.
+
+    Raises:
+        PipelineDefinitionError: a bad field; the message names it and the fix.
     """
 
     name: str
@@ -212,10 +231,31 @@ class SagePipeline:
         return DEFAULT_RECORD_SPLIT if self.eval_share is None else eval_share_split(self.eval_share)
 
     def check_target(self, target: float) -> float:
+        """The target as a float, checked against the SLA (`SLA.check_target`).
+
+        Args:
+            target: the SLA target.
+
+        Returns:
+            The target as a float.
+
+        Raises:
+            ValueError: a target that can never be met, or that every model meets.
+        """
         return self.sla.check_target(target)
 
     def model_family(self, model: str | None = None) -> str | None:
-        """``model`` (``sage run --model``) or the first of ``models``; ValueError naming an unknown one."""
+        """The model family an iteration trains.
+
+        Args:
+            model: the family asked for (``sage run --model``), or None for the first of ``models``.
+
+        Returns:
+            The family, or None when the pipeline declares none and none is asked for.
+
+        Raises:
+            ValueError: a family the pipeline does not declare; names the known ones.
+        """
         if model is None:
             return self.models[0] if self.models else None
         if model not in self.models:
@@ -224,8 +264,15 @@ class SagePipeline:
         return model
 
     def module_path(self, role: str) -> str | None:
-        """The absolute path of the ``trainer_module``, ``preprocessing_module`` or the SLA's ``loss_module``
-        (None if not given)."""
+        """The absolute path of a module file of the pipeline.
+
+        Args:
+            role: ``"trainer_module"``, ``"preprocessing_module"`` or ``"loss_module"`` (the SLA's).
+
+        Returns:
+            The absolute path (relative paths start at ``base_dir``, else the working directory), or None if the
+            pipeline gives no such module.
+        """
         path = self.sla.loss_module if role == "loss_module" else getattr(self, role)
         if path is None:
             return None
@@ -241,20 +288,48 @@ class SagePipeline:
                 raise PipelineDefinitionError(f"pipeline {self.name!r}: {role} {path!r} does not exist")
 
     def with_base_dir(self, base_dir: str) -> SagePipeline:
+        """This pipeline with ``base_dir`` set, unless it already has one.
+
+        Args:
+            base_dir: the folder relative module paths start from.
+
+        Returns:
+            A copy with the absolute ``base_dir``, or this pipeline if it had one.
+        """
         return self if self.base_dir is not None else replace(self, base_dir=os.path.abspath(base_dir))
 
     def with_source_file(self, path: str | None) -> SagePipeline:
+        """This pipeline with ``source_file`` set, unless it already has one.
+
+        Args:
+            path: the file that defines the pipeline, or None.
+
+        Returns:
+            A copy with the absolute ``source_file``, or this pipeline if it had one or path is None.
+        """
         if self.source_file is not None or path is None:
             return self
         return replace(self, source_file=os.path.abspath(path))
 
     def certificate_request(self, target: float, confidence: float, model: str | None = None,
                             hparams: dict | None = None) -> dict:
-        """What an ACCEPT of this pipeline certifies, as the JSON the iterator signs into each grant and compares
-        with a later run of the same pipeline name: the target and confidence, the SLA (metric, label, loss bound,
-        label threshold and signature, loss function), the model family, and ``definition``, a SHA-256 over the
-        files that define the pipeline (its pipeline file, trainer, preprocessing and loss modules) and the
-        trainer's configuration."""
+        """What an ACCEPT of this pipeline certifies, as the JSON the iterator signs into each grant.
+
+        A later run of the same pipeline name must ask for the same certificate.
+
+        Args:
+            target: the SLA target.
+            confidence: the confidence of the validator's test.
+            model: the model family asked for, or None for the default (`model_family`).
+            hparams: the trainer's hyperparameters of this run, or None.
+
+        Returns:
+            A dict of the target, the confidence, the SLA's fields, the model family and ``definition`` (the
+            `definition_digest`).
+
+        Raises:
+            ValueError: an unknown model family.
+        """
         sla = self.sla
         return {"target": float(target), "confidence": float(confidence), "metric": sla.metric, "label": sla.label,
                 "loss_bound": sla.loss_bound, "label_threshold": sla.label_threshold,
@@ -262,9 +337,17 @@ class SagePipeline:
                 "model": self.model_family(model), "definition": self.definition_digest(hparams)}
 
     def definition_digest(self, hparams: dict | None = None) -> str:
-        """SHA-256 (hex) of the pipeline file's, the module files' contents, the other ``.py`` files of the
-        modules' folders (a module may import them: ``components.user_modules``) and the trainer's
-        configuration."""
+        """SHA-256 (hex) of what defines the pipeline.
+
+        Covers the pipeline file's and the module files' contents, the other ``.py`` files of the modules' folders
+        (a module may import them: ``components.user_modules``) and the trainer's configuration.
+
+        Args:
+            hparams: the trainer's hyperparameters of this run, or None.
+
+        Returns:
+            The hex digest.
+        """
         modules = {role: self.module_path(role) for role in ("trainer_module", "preprocessing_module", "loss_module")}
         files = {"pipeline_file": self.source_file, **modules}
         contents = {role: _file_digest(path) for role, path in files.items() if path is not None}
@@ -276,7 +359,16 @@ class SagePipeline:
 
     # ------------------------------------------------------------------ the TFX pipeline of one iteration
     def standard_components(self, config, grant, eta) -> StandardComponents:
-        """BlockExampleGen -> DPTransform -> DPTrainer -> DPModelValidator -> Pusher under ``grant``."""
+        """BlockExampleGen -> DPTransform -> DPTrainer -> DPModelValidator -> Pusher under ``grant``.
+
+        Args:
+            config: the run's ``PipelineConfig``.
+            grant: the iteration's grant.
+            eta: the failure probability of the validation.
+
+        Returns:
+            The wired `StandardComponents` (``transform`` None without a preprocessing module).
+        """
         from tfx.components.pusher.component import Pusher
         from tfx.proto import pusher_pb2
 
@@ -311,10 +403,20 @@ class SagePipeline:
         return StandardComponents(gen, transform, trainer, validator, pusher)
 
     def validator_properties(self, config, grant, eta) -> dict:
-        """DPModelValidator's test under ``grant`` (its parameters but the ledger, grant and inputs): this
-        pipeline's SLA at ``config.target`` and ``eta``; the REJECT test on the train split when the grant pays for
-        it (its split's rejection stage). The launcher validates a confined run's model with the same
-        (``pipelines.confined``)."""
+        """DPModelValidator's test under ``grant``: its parameters but the ledger, grant and inputs.
+
+        This pipeline's SLA at ``config.target`` and ``eta``, and the REJECT test on the train split when the
+        grant's split pays for it. The launcher validates a confined run's model with the same
+        (``pipelines.confined``).
+
+        Args:
+            config: the run's ``PipelineConfig``.
+            grant: the iteration's grant.
+            eta: the failure probability of the validation.
+
+        Returns:
+            The DPModelValidator keyword arguments.
+        """
         from sage_tfx.privacy import grant_split
 
         split = grant_split(grant)
@@ -325,8 +427,23 @@ class SagePipeline:
                 "loss_function": self.sla.loss_function, "label_signature": self.sla.label_signature}
 
     def build_pipeline(self, config, grant, split, eta, iteration):
-        """The TFX Pipeline of one iteration under ``grant`` (cached by its inputs, so a resumed iteration reuses
-        what finished before a kill, with the noise it drew)."""
+        """The TFX Pipeline of one iteration under ``grant``.
+
+        Cached by its inputs, so a resumed iteration reuses what finished before a kill, with the noise it drew.
+
+        Args:
+            config: the run's ``PipelineConfig``.
+            grant: the iteration's grant.
+            split: the iteration's budget split (the grant carries it; unused here).
+            eta: the failure probability of the validation.
+            iteration: the iteration's index (unused here).
+
+        Returns:
+            The ``tfx.orchestration.pipeline.Pipeline``.
+
+        Raises:
+            PipelineDefinitionError: the ``components`` function returned no component.
+        """
         from tfx.orchestration import pipeline as tfx_pipeline
 
         from sage_tfx.pipelines._runner import metadata_config

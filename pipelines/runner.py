@@ -14,9 +14,21 @@ from sage_tfx.privacy.vocabulary import BlockState
 
 
 class PipelineRunner:
-    """A SagePipeline bound to its config: ``run_iteration`` for the iterator. With ``spec`` (the pipeline as
-    `sage run` names it) each iteration runs in a confined child (``pipelines.confined``) that may reach none of
-    ``secrets`` (``ledger_secrets``: ValueError here, before any charge, if a folder it gets holds one)."""
+    """A SagePipeline bound to its config: ``run_iteration`` for the iterator, and the checks made before a charge.
+
+    With ``spec`` each iteration runs in a confined child (``pipelines.confined``) that may reach none of
+    ``secrets``: docs/security.md.
+
+    Args:
+        pipeline: the ``SagePipeline``.
+        config: its ``PipelineConfig`` (the ledger, stream, data root, work dir, target, ...).
+        spec: the pipeline as ``sage run`` names it (``load_pipeline``), or None to run iterations in this process.
+        secrets: the ledger's secret files (``ledger_secrets``), none of which a confined child may reach.
+
+    Raises:
+        ValueError: an unknown model family, a run folder that is a file or not writable, or a folder given to the
+            child that holds a secret; before any charge.
+    """
 
     def __init__(self, pipeline, config, spec=None, secrets=()):
         from sage_tfx.pipelines._runner import check_run_folders, make_run_iteration
@@ -32,17 +44,31 @@ class PipelineRunner:
         self.run_iteration = make_run_iteration(pipeline.build_pipeline, config, execute)
 
     def check_stream(self, schema: dict | None = None) -> None:
-        """ValueError naming the value and the fix unless the data root holds the stream (``schema`` given: the
-        caller has it already) and the SLA label is one of its columns (``check_stream_schema``)."""
+        """Refuse a stream the data root lacks, or whose columns lack the SLA label (``check_stream_schema``).
+
+        Args:
+            schema: the stream's schema when the caller has it already, or None to read it.
+
+        Raises:
+            ValueError: naming the value and the fix.
+        """
         from sage_tfx.pipelines._runner import check_stream_schema
 
         config = self.config
         check_stream_schema(config.data_root, config.stream, self.pipeline.sla, config.name, schema)
 
     def check_blocks(self, ledger, blocks=None) -> None:
-        """``RefusedBeforeCharge`` naming the block and the fix unless every block of ``blocks`` (None: every active
-        block of the stream) can be read from the data root (``sage_tfx.ingest.access.check_blocks``): called once
-        before the run registers or charges anything, and again right before each charge."""
+        """Refuse blocks that cannot be read from the data root (``sage_tfx.ingest.access.check_blocks``).
+
+        Called once before the run registers or charges anything, and again right before each charge.
+
+        Args:
+            ledger: the open ``Ledger``.
+            blocks: the block ids to check, or None for every active block of the stream.
+
+        Raises:
+            RefusedBeforeCharge: naming the block and the fix.
+        """
         from sage_tfx.ingest import access, sealed
         from sage_tfx.privacy.errors import RefusedBeforeCharge
 
@@ -67,18 +93,29 @@ def build_runner(definition, db: str, stream: str, data_root: str, work_dir: str
                  staging_location: str | None = None, pipeline_root: str | None = None,
                  metadata_path: str | None = None, spec: str | None = None,
                  secrets: Sequence[str] = ()) -> PipelineRunner:
-    """The ``PipelineRunner`` of ``definition`` (a ``SagePipeline``) on ledger ``db``'s ``stream``, its blocks under
-    ``data_root`` and its TFX runs' files under ``work_dir``, validated against ``target``.
+    """The ``PipelineRunner`` of a pipeline on a ledger's stream, validated against ``target``.
 
     Args:
+        definition: the ``SagePipeline``.
+        db: the ledger's location.
+        stream: the stream's name.
+        data_root: the folder holding the stream's blocks.
+        work_dir: the folder of its TFX runs' files.
+        target: the SLA target.
         confidence: the SLA's confidence (eta = 1 - confidence).
         serving_dir: where an ACCEPTed model is pushed (None: none).
-        runner: "local" or "beam"; ``beam_args`` the Beam pipeline options of its TFX runs.
-        model: the model family (None: the pipeline's first); ``name`` the pipeline name (None: its own).
+        runner: "local" or "beam".
+        beam_args: the Beam pipeline options of its TFX runs.
+        model: the model family (None: the pipeline's first).
+        name: the pipeline name in the ledger (None: its own).
         staging_location: BlockExampleGen's staging location for remote Beam workers.
         pipeline_root: the folder or URL the pipeline's TFX root goes under (None: WORK_DIR/tfx).
         metadata_path: its local MLMD SQLite file (``{name}`` is replaced by the pipeline name).
-        spec, secrets: its iterations run confined (``PipelineRunner``).
+        spec: the pipeline as ``sage run`` names it, to run its iterations confined (``PipelineRunner``).
+        secrets: the ledger's secret files, none of which a confined iteration may reach.
+
+    Returns:
+        The ``PipelineRunner``.
 
     Raises:
         ValueError: naming the bad value and the fix (before anything is charged).
@@ -99,7 +136,7 @@ class RunSettings:
     """What a run asks of the Sage iterator beyond the pipeline's own defaults (``iterator_defaults``); with those
     and the confidence, ``make_iterator`` builds its ``sage_tfx.adaptive.IteratorSettings``.
 
-    Attributes:
+    Args:
         max_iterations: the attempts one run may charge (>= 1).
         max_seconds: TIMEOUT after this wall time (> 0), or None for no time limit.
         epsilon_start: the first attempt's epsilon, or None for the pipeline's default.
@@ -134,9 +171,24 @@ class RunSettings:
 
 def make_iterator(definition, ledger, runner: PipelineRunner, settings: RunSettings,
                   progress: Callable[[str], None] = print, wait_for_blocks=None):
-    """The ``SageIterator`` of a `sage run`/`sage serve` pipeline, its grants signed with the runner's request:
-    ``RequestMismatch`` (a LedgerError: exit 2, nothing registered or charged) if the pipeline name was run for
-    another target, SLA, model or definition."""
+    """The ``SageIterator`` of a `sage run`/`sage serve` pipeline, its grants signed with the runner's request.
+
+    Args:
+        definition: the ``SagePipeline`` (its ``iterator_defaults``).
+        ledger: the open ``Ledger``.
+        runner: the pipeline's ``PipelineRunner`` (``build_runner``).
+        settings: what the run asks beyond the pipeline's defaults.
+        progress: called with each progress line.
+        wait_for_blocks: ``wait_for_blocks(timeout) -> bool``, called when the stream has too few blocks with
+            budget (False: no more will come), or None to end in TIMEOUT then.
+
+    Returns:
+        The ``SageIterator``.
+
+    Raises:
+        RequestMismatch: the pipeline name was run for another target, SLA, model or definition (a LedgerError:
+            exit 2, nothing registered or charged).
+    """
     from sage_tfx.adaptive import IteratorSettings, SageIterator
 
     options = IteratorSettings(**{**definition.iterator_defaults(), **settings.overrides()},

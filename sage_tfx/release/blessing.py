@@ -1,10 +1,9 @@
 """The ModelBlessing writer and the pusher: the one layout TFX's Evaluator writes and its Pusher reads.
 
-Used by DPModelValidator's executor (an MLMD artifact: the properties go on it) and by the continual release
-(no MLMD store: the properties go to ``blessing.json`` beside the marker). A blessing is a directory holding
-exactly one of the BLESSED / NOT_BLESSED marker files, plus the custom properties ``blessed`` = 1 / 0,
-``current_model`` (the model's URI) and ``current_model_id``. Local paths use ``os``; a URI with a scheme
-(``gs://...``) goes through ``tf.io.gfile``. docs/release_strategies.md describes the push path.
+A blessing is a directory holding exactly one of the BLESSED / NOT_BLESSED markers and the custom properties
+``blessed``, ``current_model`` and ``current_model_id``: on the MLMD artifact when there is one
+(DPModelValidator), else in ``blessing.json`` (the continual release). docs/release_strategies.md describes the
+push path.
 """
 from __future__ import annotations
 
@@ -74,7 +73,15 @@ def write_blessing(uri: str, model_uri: str, model_id: int | None, accepted: boo
 
 
 def is_blessed(blessing_uri: str) -> bool:
-    """TFX Pusher's CheckBlessing on a blessing.json ModelBlessing: ``blessed`` == 1 and the BLESSED file only."""
+    """TFX Pusher's CheckBlessing on a blessing.json ModelBlessing.
+
+    Args:
+        blessing_uri: the blessing's local directory.
+
+    Returns:
+        True iff its blessing.json has ``blessed`` == 1 and it holds the BLESSED marker only; False when
+        blessing.json is missing or unreadable.
+    """
     try:
         with open(os.path.join(blessing_uri, BLESSING_PROPERTIES)) as f:
             props = json.load(f)
@@ -85,11 +92,22 @@ def is_blessed(blessing_uri: str) -> bool:
 
 
 def push_blessed(model_uri: str, blessing_uri: str, serving_dir: str, version: int) -> str | None:
-    """Push as TFX's Pusher does: only if ``is_blessed(blessing_uri)``, copy model_uri/Format-Serving to
-    serving_dir/<version>/ (an existing version is kept, as Pusher skips an existing destination).
+    """Push as TFX's Pusher does: copy a blessed model's serving folder to serving_dir/<version>/.
+
+    Nothing is copied unless ``is_blessed(blessing_uri)``; an existing version is kept, as Pusher skips an
+    existing destination.
+
+    Args:
+        model_uri: the Model artifact's directory (its Format-Serving folder is copied).
+        blessing_uri: the model's blessing directory.
+        serving_dir: the local serving folder.
+        version: the version folder's number.
 
     Returns:
-      The serving path, or None when the model is not blessed.
+        The serving path, or None when the model is not blessed.
+
+    Raises:
+        RuntimeError: the model folder holds a symbolic link (nothing copied).
     """
     if not is_blessed(blessing_uri):
         return None

@@ -121,14 +121,17 @@ class Walk:
 
 
 class ReleaseSession:
-    """One release strategy on one ledger and stream: ``advance()`` releases every block not yet observed, as
-    often as blocks arrive; ``close()`` ends it.
+    """One release strategy on one ledger and stream: ``advance()`` releases every block not yet observed.
 
-    The first ``advance()`` replays the pipeline's previous grants (no charge, the same noise: a restart), then
-    every later block of the stream in the ledger's block order is charged its whole bound in ONE grant before it
-    is read (the strategy's ``observe``). After a block is refused or fails after its charge the session stops: a
-    later block cannot be released without it (the strategy's state is the whole history). Build one with
-    ``open_release``.
+    The first ``advance()`` replays the pipeline's previous grants (no charge, the same noise: a restart); every
+    later block is charged its whole bound in ONE grant before it is read. After a block is refused or fails after
+    its charge the session stops (the strategy's state is the whole history). Build one with ``open_release``;
+    docs/release_strategies.md, "From the command line".
+
+    Args:
+        settings: the strategy's settings.
+        ledger: the open ``Ledger`` (closed by ``close``).
+        plan: the strategy's `Plan` (``sage_tfx.release.plans``), every check done.
     """
 
     def __init__(self, settings: ReleaseSettings, ledger, plan: Plan):

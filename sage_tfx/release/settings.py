@@ -25,7 +25,7 @@ class ReleaseInputError(SageError, ValueError):
 class ReleaseSettings:
     """What every strategy needs.
 
-    Attributes:
+    Args:
         db: the ledger's location (a file or a postgresql:// URL).
         stream: the stream released from.
         data_root: where `sage ingest` wrote the stream's blocks.
@@ -44,7 +44,11 @@ class ReleaseSettings:
     progress: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
 
     def say(self, line: str) -> None:
-        """A progress line: to ``progress`` when set, else stdout (stderr with ``json``)."""
+        """Write a progress line: to ``progress`` when set, else stdout (stderr with ``json``).
+
+        Args:
+            line: the line, without its newline.
+        """
 
         if self.progress is not None:
             self.progress(line)
@@ -52,7 +56,11 @@ class ReleaseSettings:
             print(line, file=sys.stderr if self.json else sys.stdout, flush=True)
 
     def warn(self, line: str) -> None:
-        """An error or warning line: to ``progress`` when set, else stderr."""
+        """Write an error or warning line: to ``progress`` when set, else stderr.
+
+        Args:
+            line: the line, without its newline.
+        """
 
         if self.progress is not None:
             self.progress(line)
@@ -68,13 +76,23 @@ def _bad(message: str) -> ReleaseInputError:
 class FeatureSettings(ReleaseSettings):
     """The features of the ERM strategies: numeric columns, each divided by its public scale.
 
-    Attributes:
+    Args:
+        db: as in `ReleaseSettings`.
+        stream: as in `ReleaseSettings`.
+        data_root: as in `ReleaseSettings`.
+        pipeline: as in `ReleaseSettings`.
+        json: as in `ReleaseSettings`.
+        progress: as in `ReleaseSettings`.
         label: the numeric label column.
         features: the feature columns ("C1,C2" or a sequence); normalised to a tuple of names.
         scales: one public divisor per feature ("S1,S2", a sequence, or None for 1 each); normalised to floats.
         label_scale: the label's public divisor (> 0).
         intercept: append a constant feature 1 (after scaling).
-        epsilon, delta: each block's whole-lifetime budget.
+        epsilon: each block's whole-lifetime epsilon.
+        delta: each block's whole-lifetime delta.
+
+    Raises:
+        ReleaseInputError: a bad value, named as the `sage release` option that spells it, with the fix.
     """
 
     label: str
@@ -120,9 +138,41 @@ class FeatureSettings(ReleaseSettings):
 
 @dataclass(kw_only=True)
 class ContinualSettings(FeatureSettings):
-    """`sage release continual`: a regularised ERM model at every block (all history, or a sliding ``window``),
-    optionally SLA-checked (``sla_target`` with ``sla_epsilon``) and written for a Pusher (``push_dir``,
-    ``serving_dir``). See ``sage_tfx.release.continual.ReleaseParams`` for the model's parameters."""
+    """`sage release continual`: a regularised ERM model at every block (all history, or a sliding ``window``).
+
+    Optionally SLA-checked and written for a Pusher: docs/release_strategies.md, "Continual and sliding-window
+    model release" (the model's parameters: ``sage_tfx.release.continual.ReleaseParams``).
+
+    Args:
+        db: as in `ReleaseSettings`.
+        stream: as in `ReleaseSettings`.
+        data_root: as in `ReleaseSettings`.
+        pipeline: as in `ReleaseSettings`.
+        json: as in `ReleaseSettings`.
+        progress: as in `ReleaseSettings`.
+        label: as in `FeatureSettings`.
+        features: as in `FeatureSettings`.
+        scales: as in `FeatureSettings`.
+        label_scale: as in `FeatureSettings`.
+        intercept: as in `FeatureSettings`.
+        epsilon: as in `FeatureSettings`.
+        delta: as in `FeatureSettings`.
+        loss: "logistic" or "squared".
+        rows_per_block: the DECLARED records per block m0 that normalises the objective (public).
+        window: the sliding window in blocks, or None for all history.
+        lam: the ridge weight (lam/2 ||w - w_ref||^2), > 0.
+        radius: the parameter ball's radius R, > 0.
+        positive_above: logistic: a label is +1 iff its value is above this, else -1.
+        push_dir: write every model as a TFX Model artifact and its ModelBlessing here, or None.
+        serving_dir: push the BLESSED models here as TFX's Pusher does (needs push_dir), or None.
+        sla_target: ACCEPT a model iff its expected clipped loss is at most this (needs sla_epsilon), or None.
+        sla_epsilon: the SLA check's epsilon (at most ``epsilon``), or None.
+        sla_confidence: the SLA check's confidence 1 - eta.
+        sla_loss_bound: losses are clipped to [0, B] for the SLA check.
+
+    Raises:
+        ReleaseInputError: a bad value, named as the `sage release` option that spells it, with the fix.
+    """
 
     STRATEGY: ClassVar[str] = "continual"
 
@@ -150,8 +200,34 @@ class ContinualSettings(FeatureSettings):
 
 @dataclass(kw_only=True)
 class IncrementalSettings(FeatureSettings):
-    """`sage release incremental-regression`: a least-squares regressor at every block by the Tree Mechanism over
-    ``horizon`` blocks (``sage_tfx.release.incremental_regression.IncrementalRegressionParams``)."""
+    """`sage release incremental-regression`: a least-squares regressor at every block by the Tree Mechanism.
+
+    docs/release_strategies.md, "Incremental regression by the Tree Mechanism"
+    (``sage_tfx.release.incremental_regression.IncrementalRegressionParams``).
+
+    Args:
+        db: as in `ReleaseSettings`.
+        stream: as in `ReleaseSettings`.
+        data_root: as in `ReleaseSettings`.
+        pipeline: as in `ReleaseSettings`.
+        json: as in `ReleaseSettings`.
+        progress: as in `ReleaseSettings`.
+        label: as in `FeatureSettings`.
+        features: as in `FeatureSettings`.
+        scales: as in `FeatureSettings`.
+        label_scale: as in `FeatureSettings`.
+        intercept: as in `FeatureSettings`.
+        epsilon: as in `FeatureSettings`.
+        delta: as in `FeatureSettings`.
+        horizon: how many blocks it will ever take.
+        bound_x: the public clipping bound of the features.
+        bound_y: the public clipping bound of the label.
+        radius: the L2 ball the regressor is constrained to.
+        iterations: projected-gradient steps per release.
+
+    Raises:
+        ReleaseInputError: a bad value, named as the `sage release` option that spells it, with the fix.
+    """
 
     STRATEGY: ClassVar[str] = "incremental-regression"
 
@@ -164,9 +240,31 @@ class IncrementalSettings(FeatureSettings):
 
 @dataclass(kw_only=True)
 class GrowthSettings(ReleaseSettings):
-    """`sage release growth`: BBScheduler (``schedule="scheduler"``) or BBImprover (``"improver"``) re-running the
-    DP mean of ``column`` clipped to [0, ``bound``] over the declared ``rows_per_block`` per block
-    (``sage_tfx.release.growth``)."""
+    """`sage release growth`: a DP mean of ``column`` re-run on a growth schedule (BBScheduler or BBImprover).
+
+    docs/release_strategies.md, "Growth schedules and PMWG" (``sage_tfx.release.growth``).
+
+    Args:
+        db: as in `ReleaseSettings`.
+        stream: as in `ReleaseSettings`.
+        data_root: as in `ReleaseSettings`.
+        pipeline: as in `ReleaseSettings`.
+        json: as in `ReleaseSettings`.
+        progress: as in `ReleaseSettings`.
+        schedule: "scheduler" (BBScheduler) or "improver" (BBImprover).
+        column: the numeric column whose mean is released.
+        bound: values are clipped to [0, bound].
+        rows_per_block: the DECLARED records per block (public; n = blocks * M normalises the mean).
+        epsilon: each record's whole-lifetime epsilon.
+        delta: each record's whole-lifetime delta (0: pure epsilon-DP; BBImprover needs > 0).
+        composition: BBScheduler's composition ("zcdp" or "basic"), or None for pure if delta is 0, else zCDP.
+        gamma: BBScheduler's growth factor 1 + gamma.
+        a: BBImprover's exponent, in (0, 1/2).
+        t0: the first run's block count.
+
+    Raises:
+        ReleaseInputError: a bad value, named as the `sage release` option that spells it, with the fix.
+    """
 
     STRATEGY: ClassVar[str] = "growth"
 
@@ -191,9 +289,30 @@ class GrowthSettings(ReleaseSettings):
 
 @dataclass(kw_only=True)
 class PMWGSettings(ReleaseSettings):
-    """`sage release pmwg`: private multiplicative weights over the declared universe ``bins`` answering the
-    declared query stream of the file ``queries`` (``sage_tfx.release.growth.PMWG``). ``bins`` stays the text
-    given: it is signed into the grants' computation."""
+    """`sage release pmwg`: private multiplicative weights answering a declared query stream over a universe.
+
+    docs/release_strategies.md, "Growth schedules and PMWG" (``sage_tfx.release.growth.PMWG``).
+
+    Args:
+        db: as in `ReleaseSettings`.
+        stream: as in `ReleaseSettings`.
+        data_root: as in `ReleaseSettings`.
+        pipeline: as in `ReleaseSettings`.
+        json: as in `ReleaseSettings`.
+        progress: as in `ReleaseSettings`.
+        bins: the declared universe, COL=LO:HI:K,... (`parse_bins`); kept as the text given, which is signed into
+            the grants' computation.
+        queries: the file of the declared query stream (JSON lines).
+        rows_per_block: the DECLARED records per block (public; answers are fractions of n = blocks * M).
+        epsilon: each record's whole-lifetime epsilon (pure).
+        hard_budget: the hard-query budget k at the first block's size.
+        threshold: the hardness threshold T (in fraction units).
+        eta: the MW learning rate.
+        growth_exponent: the exponent p of the per-round epsilon c (n0 / n)^p.
+
+    Raises:
+        ReleaseInputError: a bad value, named as the `sage release` option that spells it, with the fix.
+    """
 
     STRATEGY: ClassVar[str] = "pmwg"
 

@@ -1,22 +1,7 @@
 """The simulated workload of paper Fig. 8 (§5.4): a data stream and arriving ML pipelines.
 
-Every number here is a documented, overridable parameter (``SimConfig``); the
-sources are in docs/simulation.md. The model, in short:
-
-* One step is one hour of data: ``rows_per_hour`` records (16K for Taxi, paper §5.4).
-* Pipelines arrive with Gamma-distributed inter-arrival times (paper §5.4) of
-  mean 1/rate; ``gamma_shape`` sets their burstiness (1 = Poisson arrivals).
-* Each pipeline has a sample complexity ``n_np``: the records a non-private,
-  statistically rigorous validation (NP SLA) needs to ACCEPT its model. It is
-  drawn from a power law (paper §5.4), truncated to [n_min, n_max]:
-  P(n_np > x) ~ x^-power_law_exponent.
-* With a per-block budget eps, the pipeline's DP training + SLAed validation
-  ACCEPT once its window holds ``n_required(n_np, eps) = n_np * (1 + dp_overhead / eps**dp_power)``
-  records (train + test, 90:10). dp_overhead = 0.5 (1.5x NP SLA's data at eps = 1)
-  is a conservative default (paper Fig. 6: "about as much data as NP SLA, except
-  Taxi LR, about 2x", i.e. dp_overhead = 1 for Taxi LR; `sage bench
-  sample-complexity` fits 0.18-0.25 for today's validators and trainers).
-  The 1/eps shape is that of the DP noise: its cost in records is O(1/eps).
+Every number is a documented, overridable parameter of `SimConfig`; the model and its sources:
+docs/simulation.md, "The model".
 """
 import math
 from dataclasses import asdict, dataclass, fields
@@ -26,6 +11,30 @@ import numpy as np
 
 @dataclass(frozen=True)
 class SimConfig:
+    """The simulation's parameters; each a finite number > 0, checked when built.
+
+    Args:
+        rows_per_hour: records per step (one hour of data; paper §5.4, Taxi).
+        epsilon: the global eps_g.
+        delta: the global delta_g.
+        query_delta: the delta charged per attempt (< delta).
+        gamma_shape: the inter-arrival Gamma shape (1 = Poisson arrivals).
+        n_min: the power law's minimum NP-SLA sample complexity (records).
+        n_max: its truncation (>= n_min).
+        power_law_exponent: P(n_np > x) ~ x^-power_law_exponent.
+        dp_overhead: n_required = n_np * (1 + dp_overhead / eps**dp_power).
+        dp_power: the exponent of eps in n_required.
+        epsilon_start: privacy-adaptive training's first eps (<= epsilon).
+        min_window: the first attempt's blocks (hours).
+        min_epsilon: a block with less left is retired (<= epsilon_start).
+        preprocessing_share: the per-attempt preprocessing share (< 1).
+        dpsgd_batch: the RDP variant's DP-SGD batch size.
+        dpsgd_epochs: the RDP variant's DP-SGD epochs.
+
+    Raises:
+        ValueError: a parameter out of range, naming it.
+    """
+
     rows_per_hour: int = 16_000          # paper §5.4, Taxi
     epsilon: float = 1.0                 # global eps_g (paper §5.4)
     delta: float = 1e-6                  # global delta_g (paper's 1e-6 class)
@@ -63,7 +72,15 @@ class SimConfig:
         return asdict(self)
 
     def n_required(self, n_np, epsilon):
-        """Records (train + test) a pipeline of NP sample complexity n_np needs at per-block budget epsilon."""
+        """Records (train + test) a pipeline needs to ACCEPT at a per-block budget.
+
+        Args:
+            n_np: the pipeline's NP-SLA sample complexity (records).
+            epsilon: the per-block budget of its attempts.
+
+        Returns:
+            ``n_np * (1 + dp_overhead / epsilon**dp_power)``.
+        """
         return n_np * (1.0 + self.dp_overhead / epsilon ** self.dp_power)
 
 
@@ -86,7 +103,20 @@ def power_law(rng, size, n_min, n_max, exponent):
 
 
 def make_workload(rate, hours, seed, config=SimConfig()):
-    """Pipelines arriving over [0, hours) at ``rate`` per hour; deterministic per (rate, hours, seed, config)."""
+    """Pipelines arriving over [0, hours) at ``rate`` per hour; deterministic per (rate, hours, seed, config).
+
+    Args:
+        rate: the mean arrivals per hour, > 0.
+        hours: the length of the arrival period, > 0.
+        seed: the random generator's seed.
+        config: the simulation's parameters.
+
+    Returns:
+        The list of ``PipelineSpec``, by arrival time.
+
+    Raises:
+        ValueError: a rate or hours that is not a finite number > 0.
+    """
     if not (isinstance(rate, (int, float)) and math.isfinite(rate) and rate > 0):
         raise ValueError(f"arrival rate {rate!r} must be a finite number > 0 (pipelines per hour)")
     if not (isinstance(hours, (int, float)) and math.isfinite(hours) and hours > 0):

@@ -1,32 +1,13 @@
-"""The preprocessing budget: how a preprocessing_fn learns its epsilon and never overspends it.
+"""The preprocessing budget: the grant reaches a preprocessing_fn, and no DP analyzer can spend past it.
 
-Sage assigns the budget at run time (the "parameterized DP pipeline"): the grant's
-preprocessing epsilon reaches the user's ``preprocessing_fn(inputs, custom_config)``
-as ``custom_config[BUDGET_KEY][EPSILON_FIELD]``, and its preprocessing delta (when the
-grant's split gives one, for DP vocabularies) as ``custom_config[BUDGET_KEY][DELTA_FIELD]``
-(build both with `budget_custom_config`).
-
-Every DP analyzer records what it spends in the graph being traced (a graph
-collection), before it adds anything that reads data. So:
-
-- `PreprocessingBudget` splits the grant among analyzers and, once created inside
-  the preprocessing_fn, makes the first analyzer that pushes the total past the
-  grant raise `BudgetExceeded` while tf.Transform traces the function, which it
-  does before the analysis reads any data;
-- `trace_requested_epsilon` traces a preprocessing_fn once, reading no data, and
-  returns what it would spend, so a component can refuse to run it without a
-  grant that covers it, whether or not the function uses the helper.
-
-The total is the sum over the analyzers (basic composition, Dwork & Roth 2014, Thm. 3.16):
-each analyzer is (eps_i, delta_i)-DP (delta_i = 0 but for the DP vocabularies), so the
-preprocessing_fn is (sum eps_i, sum delta_i)-DP.
-
-This module imports TensorFlow only if TensorFlow is already loaded (or when tracing).
+Every DP analyzer records its (epsilon, delta) in the graph being traced before it reads data; the
+preprocessing_fn spends the sum (basic composition). TensorFlow is imported only when tracing. The rule and its
+proof: docs/dp_preprocessing.md, "The budget".
 """
-import collections
 import inspect
 import math
 import sys
+from typing import NamedTuple
 
 from sage_tfx.privacy.checks import probability
 
@@ -40,7 +21,20 @@ DELTA_FIELD = "preprocessing_delta"
 SPEND_COLLECTION = "sage_tfx.transform/spends"
 GRANT_COLLECTION = "sage_tfx.transform/grants"
 
-Spend = collections.namedtuple("Spend", ["analyzer", "epsilon", "delta"], defaults=(0.0,))
+
+
+class Spend(NamedTuple):
+    """What one DP analyzer asks of the preprocessing grant, as recorded in the traced graph.
+
+    Args:
+        analyzer: the analyzer's graph scope, e.g. ``"dp_mean"``.
+        epsilon: the epsilon it spends.
+        delta: the delta it spends (0 but for the DP vocabularies).
+    """
+
+    analyzer: str
+    epsilon: float
+    delta: float = 0.0
 
 
 def check_budget_delta(delta, what: str = "preprocessing delta") -> float:
@@ -50,7 +44,19 @@ def check_budget_delta(delta, what: str = "preprocessing delta") -> float:
 
 
 def budget_custom_config(epsilon, custom_config=None, *, delta=0.0):
-    """A copy of custom_config with the preprocessing grant set where `PreprocessingBudget` reads it."""
+    """A copy of custom_config with the preprocessing grant set where `PreprocessingBudget` reads it.
+
+    Args:
+        epsilon: the grant's preprocessing epsilon, > 0.
+        custom_config: the pipeline's custom_config, or None; it is not changed.
+        delta: the grant's preprocessing delta, in [0, 1); set only when > 0.
+
+    Returns:
+        A new dict whose ``[BUDGET_KEY]`` section holds ``EPSILON_FIELD`` (and ``DELTA_FIELD``).
+
+    Raises:
+        DPTransformError: epsilon or delta out of range.
+    """
     out = dict(custom_config or {})
     section = dict(out.get(BUDGET_KEY) or {})
     section[EPSILON_FIELD] = check_epsilon(epsilon, "preprocessing epsilon")
@@ -73,13 +79,27 @@ def _current_graph():
 
 
 def requested_spends(graph=None):
-    """The spends DP analyzers recorded in `graph` (default: the graph being built)."""
+    """The spends DP analyzers recorded in a graph.
+
+    Args:
+        graph: the traced graph; None for the graph being built.
+
+    Returns:
+        The list of `Spend`, in the order the analyzers were built; empty outside a traced graph.
+    """
     graph = graph if graph is not None else _current_graph()
     return list(graph.get_collection(SPEND_COLLECTION)) if graph is not None else []
 
 
 def requested_epsilon(graph=None):
-    """Total epsilon the DP analyzers in `graph` spend (basic composition)."""
+    """Total epsilon the DP analyzers in a graph spend (basic composition).
+
+    Args:
+        graph: the traced graph; None for the graph being built.
+
+    Returns:
+        The sum of the recorded epsilons (0.0 outside a traced graph).
+    """
     return math.fsum(s.epsilon for s in requested_spends(graph))
 
 
@@ -155,6 +175,13 @@ class PreprocessingBudget:
     >>> eps_speed, eps_fare, eps_vocab = budget.split(weights=[3, 1, 1])
     >>> speed = dp_group_by_mean(hour, speed, 24, eps_speed, 100.0)
     >>> ids = dp_compute_and_apply_vocabulary(company, eps_vocab, budget.delta)
+
+    Args:
+        epsilon: the grant's preprocessing epsilon, > 0.
+        delta: the grant's preprocessing delta, in [0, 1).
+
+    Raises:
+        DPTransformError: epsilon or delta out of range.
     """
 
     def __init__(self, epsilon, delta=0.0):
@@ -166,8 +193,19 @@ class PreprocessingBudget:
 
     @classmethod
     def from_custom_config(cls, custom_config):
-        """The budget Sage put in custom_config[BUDGET_KEY] (EPSILON_FIELD, and DELTA_FIELD if the grant gives
-        preprocessing a delta); raises naming what is missing."""
+        """The budget Sage put in a preprocessing_fn's custom_config (see `budget_custom_config`).
+
+        Args:
+            custom_config: the preprocessing_fn's custom_config.
+
+        Returns:
+            The `PreprocessingBudget` of ``custom_config[BUDGET_KEY]``: its ``EPSILON_FIELD``, and its
+            ``DELTA_FIELD`` (0 when absent).
+
+        Raises:
+            MissingBudget: custom_config holds no preprocessing epsilon.
+            DPTransformError: the epsilon or delta found is out of range.
+        """
         section = custom_config.get(BUDGET_KEY) if isinstance(custom_config, dict) else None
         if not isinstance(section, dict) or EPSILON_FIELD not in section:
             raise MissingBudget(
@@ -181,11 +219,34 @@ class PreprocessingBudget:
 
         The shares never add up to more than the grant, not even by rounding: the last
         share is lowered by ulps until the float sum fits.
+
+        Args:
+            n: the number of even shares (give n or weights).
+            weights: positive weights, one per share (give n or weights).
+
+        Returns:
+            A tuple of epsilons, one per share, whose float sum is at most the grant's epsilon.
+
+        Raises:
+            ValueError: both or neither of n and weights, n not an integer >= 1, or no weights.
+            DPTransformError: a weight not a finite number > 0.
         """
         return _shares(self.epsilon, n, weights)
 
     def split_delta(self, n=None, weights=None):
-        """Split the grant's delta as `split` splits its epsilon (for several DP vocabularies)."""
+        """Split the grant's delta as `split` splits its epsilon (for several DP vocabularies).
+
+        Args:
+            n: the number of even shares (give n or weights).
+            weights: positive weights, one per share (give n or weights).
+
+        Returns:
+            A tuple of deltas, one per share, whose float sum is at most the grant's delta.
+
+        Raises:
+            BudgetExceeded: the grant gives preprocessing no delta.
+            ValueError: as for `split`.
+        """
         if not self.delta:
             raise BudgetExceeded("this preprocessing grant has no delta to split: charge one with a split that has "
                                  "preprocessing_delta (sage run: the pipeline default 'preprocessing_delta')")
@@ -211,7 +272,16 @@ class PreprocessingBudget:
 
 
 def call_preprocessing_fn(preprocessing_fn, inputs, custom_config):
-    """Call preprocessing_fn(inputs, custom_config), or preprocessing_fn(inputs) if it takes one argument."""
+    """Call preprocessing_fn(inputs, custom_config), or preprocessing_fn(inputs) if it takes one argument.
+
+    Args:
+        preprocessing_fn: the user's preprocessing_fn.
+        inputs: the feature tensors to pass.
+        custom_config: the custom_config to pass, if the function takes it.
+
+    Returns:
+        What preprocessing_fn returns.
+    """
     params = inspect.signature(preprocessing_fn).parameters
     if "custom_config" in params or len(params) >= 2:
         return preprocessing_fn(inputs, custom_config)
@@ -219,10 +289,18 @@ def call_preprocessing_fn(preprocessing_fn, inputs, custom_config):
 
 
 def trace_requested_epsilon(preprocessing_fn, feature_spec, custom_config=None):
-    """Trace preprocessing_fn once on placeholders (reading no data) and return
-    (total epsilon, list of `Spend`) its DP analyzers ask for (each `Spend` carries its delta too).
+    """What a preprocessing_fn's DP analyzers would spend, from one trace on placeholders (no data read).
 
-    Raises `BudgetExceeded` if the function's own `PreprocessingBudget` is exceeded.
+    Args:
+        preprocessing_fn: the user's preprocessing_fn.
+        feature_spec: the raw feature spec to trace it on.
+        custom_config: the custom_config it receives (e.g. from `budget_custom_config`), or None.
+
+    Returns:
+        ``(total epsilon, list of Spend)``; each `Spend` carries its delta too.
+
+    Raises:
+        BudgetExceeded: the function's own `PreprocessingBudget` is exceeded.
     """
     from tensorflow_transform import impl_helper
 

@@ -1,27 +1,8 @@
 """Public vocabularies: `apply_public_vocabulary` (ids) and `one_hot` (indicator columns). No privacy cost.
 
-A vocabulary the user knows without looking at the data (the list of carriers, of airports, of US
-states) is a public constant: looking a row's value up in it is a function of that row alone, so
-these helpers are not analyzers, record no spend and need no budget. A vocabulary computed from the
-data must come from a DP analyzer (`dp_vocabulary`), never from `tft.vocabulary`.
-
-Two lookups, both exact (a value gets its vocabulary index or is out of vocabulary, never another
-value's index):
-
-- the vocabulary is known when the function is traced (a Python list, a numpy array, or a tensor
-  whose value TensorFlow knows statically, e.g. ``tf.constant`` inside the preprocessing_fn): a
-  ``tf.lookup.StaticHashTable`` (``KeyValueTensorInitializer``), O(1) per row, created once under
-  ``tf.init_scope`` (as tf.Transform creates its own vocabulary tables), so it is saved with the
-  transform graph;
-- the vocabulary is a tensor known only when the graph runs (an analyzer's output inside a
-  tf.Transform graph, e.g. ``dp_vocabulary``): a sorted search, O(log V) per row and linear memory
-  (the vocabulary's keys sorted once, each row found by binary search, then compared exactly). A
-  table cannot be used there: tf.Transform's TF2 graphs cannot save a table initialised from a tensor
-  that is not a constant when the function is traced.
-
-Out-of-vocabulary values get ``len(vocabulary) + hash bucket`` (``tf.strings.to_hash_bucket_fast``;
-integers are hashed through ``tf.strings.as_string``), or ``default_value`` when ``num_oov_buckets``
-is 0. The ids then lie in ``[0, len(vocabulary) + num_oov_buckets)``, the ``depth`` to give `one_hot`.
+A vocabulary known without the data is a public constant, so a lookup in it is a function of the row alone: no
+analyzer, no spend. Both lookups are exact. The rule and the two lookup methods: docs/dp_preprocessing.md,
+"Public vocabularies".
 """
 from collections.abc import Sequence
 from typing import Union
@@ -145,25 +126,28 @@ def apply_public_vocabulary(x: tf.Tensor | tf.SparseTensor | tf.RaggedTensor, vo
                             name: str | None = None) -> tf.Tensor | tf.SparseTensor | tf.RaggedTensor:
     """int64 id of each value of x in a PUBLIC vocabulary (``tft.apply_vocabulary`` for a known list).
 
-    ``x``: a string or integer tensor (dense, ``tf.SparseTensor`` or ``tf.RaggedTensor``; the ids have
-    the same structure). ``vocabulary``: a list of strings (str or bytes) or of integers, a numpy array,
-    or a 1-D ``tf.string`` / integer tensor; string x needs a string vocabulary and integer x an integer
-    one (the error names the conversion otherwise). A value gets its index in the vocabulary; any other
-    value gets ``len(vocabulary) + tf.strings.to_hash_bucket_fast(x, num_oov_buckets)`` (integers hashed
-    as their decimal strings), or ``default_value`` if ``num_oov_buckets`` is 0. Ids of a vocabulary of V
-    values with B OOV buckets lie in ``[0, V + B)``: pass ``depth=V + B`` to `one_hot`.
+    A value gets its index in the vocabulary; any other value gets ``len(vocabulary) +
+    tf.strings.to_hash_bucket_fast(x, num_oov_buckets)`` (integers hashed as their decimal strings), or
+    ``default_value`` if ``num_oov_buckets`` is 0, so the ids lie in ``[0, V + B)``. No privacy is spent: the
+    vocabulary must be public (chosen without the data, or released by a DP analyzer such as ``dp_vocabulary``),
+    and the id is then post-processing of the row. Lookup methods: docs/dp_preprocessing.md, "Public
+    vocabularies".
 
-    Privacy: none spent. The vocabulary must be public (chosen without the data, or released by a DP
-    analyzer such as ``dp_vocabulary``); the id is then a function of the row's own value and public
-    constants, so the lookup releases nothing about other rows (post-processing of the row). It is not
-    a tf.Transform analyzer, so DPTransform's analyzer check lets it through.
+    Args:
+        x: a string or integer tensor: dense, ``tf.SparseTensor`` or ``tf.RaggedTensor``.
+        vocabulary: the public values: a list of str, bytes or int, a numpy array, or a 1-D ``tf.string`` /
+            integer tensor (its kind must match x's). A static one must be non-empty and free of duplicates; a
+            run-time tensor may be empty, and its duplicates take the first index.
+        num_oov_buckets: the number B >= 0 of hash buckets for values outside the vocabulary.
+        default_value: the id of a value outside the vocabulary when B is 0.
+        name: the name scope, or None.
 
-    Lookup: a ``tf.lookup.StaticHashTable`` (O(1) per row) when the vocabulary is known at trace time
-    (a list, an array, a ``tf.constant``); a sorted search (O(log V) per row, linear memory) when it is
-    a tensor known only at run time, e.g. an analyzer's output inside a tf.Transform graph, whose TF2
-    graphs cannot save a table initialised from it. Both are exact. A static vocabulary must be
-    non-empty and free of duplicates (checked; the error names them); a run-time one may be empty
-    (every value is then out of vocabulary) and its duplicates take the first index.
+    Returns:
+        The int64 ids, with x's structure (dense, sparse or ragged).
+
+    Raises:
+        DPTransformError: a bad num_oov_buckets or default_value, a string x with an integer vocabulary (or the
+            reverse), or an empty or duplicated static vocabulary; the message names the fix.
     """
     label = "apply_public_vocabulary"
     num_oov_buckets = check_int(num_oov_buckets, f"{label}: num_oov_buckets", least=0)
@@ -197,13 +181,21 @@ def apply_public_vocabulary(x: tf.Tensor | tf.SparseTensor | tf.RaggedTensor, vo
 
 
 def one_hot(ids: tf.Tensor, depth: int) -> tf.Tensor:
-    """float32 [batch, depth] indicator rows of integer ``ids`` (shape [batch] or [batch, 1]): ``tf.one_hot``.
+    """float32 [batch, depth] indicator rows of integer ``ids``: ``tf.one_hot``. No privacy cost.
 
     Row i has 1.0 at column ids[i] and 0.0 elsewhere; an id outside ``[0, depth)`` (e.g. the -1
-    ``default_value`` of `apply_public_vocabulary` with no OOV bucket) gives a row of zeros, as
-    ``tf.one_hot`` does. For ids from ``apply_public_vocabulary(x, vocab, num_oov_buckets=B)`` use
-    ``depth = len(vocab) + B``. ``depth`` is a public Python integer >= 1. No privacy cost (a function
-    of the row alone).
+    ``default_value`` of `apply_public_vocabulary` with no OOV bucket) gives a row of zeros.
+
+    Args:
+        ids: a dense integer tensor of shape [batch] or [batch, 1].
+        depth: a public Python integer >= 1; ``len(vocab) + B`` for ids from ``apply_public_vocabulary(x, vocab,
+            num_oov_buckets=B)``.
+
+    Returns:
+        A float32 tensor of shape [batch, depth].
+
+    Raises:
+        DPTransformError: depth not an integer >= 1, or ids sparse, ragged, not integer or not one per row.
     """
     label = "one_hot"
     depth = check_int(depth, f"{label}: depth", fix="e.g. len(vocabulary) + num_oov_buckets")

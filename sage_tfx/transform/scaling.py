@@ -1,19 +1,9 @@
-"""DP counterparts of tf.Transform's scalers and bucketizers:
-dp_scale_to_z_score, dp_scale_to_0_1, dp_quantiles, dp_bucketize.
+"""DP counterparts of tf.Transform's scalers and bucketizers: dp_scale_to_z_score, dp_scale_to_0_1, dp_quantiles,
+dp_bucketize.
 
-tf.Transform's versions read exact statistics of the data (mean and variance, min and
-max, quantiles); these read the same statistics from ONE Laplace release each, drawn
-once in Beam by `analyzers._NoiseOnce` like every Sage analyzer (see
-docs/dp_preprocessing.md, "Noise once per analysis"). Everything else, including the
-per-row mapping in the transform phase, is post-processing of that release and of the
-row itself.
-
-The public range: `value_range` is a number R (the range [0, R], as for the other
-analyzers) or a pair (low, high). Values are clipped into it, which is what bounds the
-sensitivities. A NaN row counts in no table (tf.Transform ignores missing values too),
-so one row still changes the tables by at most the stated sensitivity; in the transform
-phase it gets a public default (documented per function), never an error: the analysis
-runs after the grant is charged, and a failure would reveal the row.
+Each reads its statistics from ONE Laplace release, drawn once in Beam like every Sage analyzer, of values clipped
+into a public range (which bounds the sensitivities); the per-row mapping is post-processing, and a NaN row gets a
+public default, never an error. Mechanisms and proofs: docs/dp_preprocessing.md, "Scaling and bucketizing".
 """
 import functools
 import math
@@ -180,24 +170,29 @@ def _quantile_args(label, num_buckets, epsilon, value_range, grid_size, seed):
 def dp_quantiles(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: ValueRange, *,
                  grid_size: int = DEFAULT_GRID_SIZE, seed: int | None = None,
                  name: str | None = None) -> tf.Tensor:
-    """DP quantile boundaries of x over the whole data set, like ``tft.quantiles(x, num_buckets, ...)``:
-    float32 [1, num_buckets - 1], nondecreasing, in the public range (feed them to ``tft.apply_buckets``).
+    """DP quantile boundaries of x over the whole data set, like ``tft.quantiles(x, num_buckets, ...)``.
 
-    Mechanism: cut the public range [low, high] (`value_range`: R for [0, R], or (low, high)) into
-    `grid_size` equal cells; count the rows of each cell (a value outside the range counts in the end
-    cell, a NaN in none), then
-        noisy_count_c = count_c + Laplace(0, 1/epsilon)                 for every cell c
-        F = monotone_cdf(noisy counts)    (running max/min repair, normalized; uniform if the total <= 0)
-        boundary_i = where F reaches i/num_buckets, interpolated inside its cell   (i = 1..num_buckets-1)
-    Sensitivity: one row falls in at most one cell, so adding or removing it changes the histogram's L1
-    norm by at most 1. Guarantee: (epsilon, 0)-DP. Proof sketch: the Laplace mechanism with scale 1/epsilon
-    on an L1-sensitivity-1 vector is epsilon-DP (Dwork et al. 2006); the CDF, the boundaries and the
-    bucketing use only the noisy counts and public constants: post-processing.
-    Accuracy: if every noisy prefix sum is within delta rows of the exact one, the rank of each boundary
-    (rows below it) is within 2*delta plus the rows of its cell of level * rows; by Kolmogorov's
-    inequality P(delta >= t) <= 2*grid_size/(epsilon*t)^2 (docs/dp_preprocessing.md).
+    One noisy histogram over ``grid_size`` equal cells of the public range (Laplace(1/epsilon) per cell,
+    sensitivity 1), repaired into a monotone CDF (`monotone_cdf`) and cut at the levels i/num_buckets
+    (`cdf_quantiles`): (epsilon, 0)-DP. Proof and accuracy bound: docs/dp_preprocessing.md, "Scaling and
+    bucketizing".
 
-    `seed` is for tests only (None draws fresh OS entropy).
+    Args:
+        x: a dense numeric tensor, one value per row.
+        num_buckets: the number of buckets, an integer >= 2.
+        epsilon: the epsilon this analyzer spends, > 0.
+        value_range: the public range: a number R > 0 for [0, R], or a pair (low, high) of finite numbers,
+            low < high; values are clipped into it.
+        grid_size: the number of cells of the public grid, an integer >= 2.
+        seed: for tests only; None draws fresh OS entropy (refused under DPTransform).
+        name: the name scope, or None.
+
+    Returns:
+        float32 [1, num_buckets - 1] boundaries, nondecreasing, in the public range (for ``tft.apply_buckets``).
+
+    Raises:
+        DPTransformError: a bad argument (the message names it and the fix).
+        BudgetExceeded: epsilon would take the preprocessing_fn past its `PreprocessingBudget`.
     """
     _, boundaries = _dp_boundaries("dp_quantiles", x, num_buckets, epsilon, value_range, grid_size, seed, name)
     return boundaries
@@ -216,13 +211,27 @@ def _dp_boundaries(label, x, num_buckets, epsilon, value_range, grid_size, seed,
 def dp_bucketize(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: ValueRange, *,
                  grid_size: int = DEFAULT_GRID_SIZE, seed: int | None = None,
                  name: str | None = None) -> tf.Tensor:
-    """Bucket id of each row in [0, num_buckets), like ``tft.bucketize(x, num_buckets)``: int64, shaped as x.
+    """Bucket id of each row in [0, num_buckets), like ``tft.bucketize(x, num_buckets)``.
 
-    The boundaries are `dp_quantiles(x, num_buckets, epsilon, value_range)` (same mechanism, sensitivity 1,
-    (epsilon, 0)-DP); the ids are ``tft.apply_buckets(x, boundaries)``, a function of the row and the
-    noisy boundaries alone (post-processing): b[i-1] <= x < b[i] gets i, values below the first boundary
-    0, at or above the last num_buckets - 1. A NaN row gets num_buckets - 1, tft.apply_buckets' own rule
-    (a public default), and counts in no cell of the analysis.
+    The boundaries are `dp_quantiles` (same mechanism, (epsilon, 0)-DP); the ids are ``tft.apply_buckets(x,
+    boundaries)``, post-processing: b[i-1] <= x < b[i] gets i, a NaN row num_buckets - 1 (tft's own rule).
+
+    Args:
+        x: a dense numeric tensor, one value per row.
+        num_buckets: the number of buckets, an integer >= 2.
+        epsilon: the epsilon this analyzer spends, > 0.
+        value_range: the public range: a number R > 0 for [0, R], or a pair (low, high) of finite numbers,
+            low < high; values are clipped into it.
+        grid_size: the number of cells of the public grid, an integer >= 2.
+        seed: for tests only; None draws fresh OS entropy (refused under DPTransform).
+        name: the name scope, or None.
+
+    Returns:
+        int64 bucket ids, shaped as x.
+
+    Raises:
+        DPTransformError: a bad argument (the message names it and the fix).
+        BudgetExceeded: epsilon would take the preprocessing_fn past its `PreprocessingBudget`.
     """
     x, boundaries = _dp_boundaries("dp_bucketize", x, num_buckets, epsilon, value_range, grid_size, seed, name)
     return tft.apply_buckets(x, boundaries)
@@ -231,23 +240,28 @@ def dp_bucketize(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: Va
 def dp_scale_to_0_1(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, tail: float = DEFAULT_TAIL,
                     grid_size: int = DEFAULT_GRID_SIZE, seed: int | None = None,
                     name: str | None = None) -> tf.Tensor:
-    """x scaled to [0, 1] by the data's DP spread, like ``tft.scale_to_0_1(x)``: float32, shaped as x.
+    """x scaled to [0, 1] by the data's DP spread, like ``tft.scale_to_0_1(x)``.
 
-    tft.scale_to_0_1 maps the data's exact min to 0 and max to 1; one row can move a min or max
-    anywhere in the range (unbounded sensitivity relative to the data), so this maps the DP `tail`
-    quantile (default the 1% quantile) to 0 and the DP 1 - `tail` quantile (99%) to 1, and clips:
-        lo, hi = dp quantiles at levels (tail, 1 - tail), from ONE noisy histogram (as dp_quantiles)
-        output = clip((x - lo) / max(hi - lo, tiny), 0, 1)
-    The rows in the outer tails (about `tail` of them on each side) land on 0 or 1, as the data's own
-    extremes do in tft's version; on data without outliers the two agree up to those tails and the
-    noise. (Scaling by the public range instead would spend nothing, but ignores the data's spread:
-    write ``(tf.clip_by_value(x, low, high) - low) / (high - low)`` for that, no analyzer needed.)
-    Sensitivity: 1 (one row is in at most one cell of the histogram). Guarantee: (epsilon, 0)-DP: the
-    Laplace mechanism with scale 1/epsilon on the histogram (Dwork et al. 2006); lo, hi and the
-    per-row mapping are post-processing. A NaN row gets the public default 0.5 and counts in no cell.
-    `tail` (in (0, 0.5)) and `grid_size` are public constants, as is `value_range`.
+    Maps the DP ``tail`` quantile to 0 and the DP ``1 - tail`` quantile to 1 (both from ONE noisy histogram,
+    as `dp_quantiles`) and clips: (epsilon, 0)-DP; a NaN row gets 0.5. Why quantiles and not the min and max,
+    and the proof: docs/dp_preprocessing.md, "Scaling and bucketizing".
 
-    `seed` is for tests only (None draws fresh OS entropy).
+    Args:
+        x: a dense numeric tensor, one value per row.
+        epsilon: the epsilon this analyzer spends, > 0.
+        value_range: the public range: a number R > 0 for [0, R], or a pair (low, high) of finite numbers,
+            low < high; values are clipped into it.
+        tail: the public fraction of rows mapped to 0 (and to 1), in (0, 0.5).
+        grid_size: the number of cells of the public grid, an integer >= 2.
+        seed: for tests only; None draws fresh OS entropy (refused under DPTransform).
+        name: the name scope, or None.
+
+    Returns:
+        float32 values in [0, 1], shaped as x.
+
+    Raises:
+        DPTransformError: a bad argument (the message names it and the fix).
+        BudgetExceeded: epsilon would take the preprocessing_fn past its `PreprocessingBudget`.
     """
     label = "dp_scale_to_0_1"
     epsilon, seed, _, _ = _check_common(label, epsilon, seed)
@@ -266,29 +280,28 @@ def dp_scale_to_0_1(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, ta
 
 def dp_scale_to_z_score(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, min_std: float | None = None,
                         seed: int | None = None, name: str | None = None) -> tf.Tensor:
-    """(x - mean) / std of each row, like ``tft.scale_to_z_score(x)``, the mean and the variance from ONE
-    DP release: float32, shaped as x.
+    """(x - mean) / std of each row, like ``tft.scale_to_z_score(x)``, the mean and variance from ONE DP release.
 
-    Mechanism (dp_variance's, shifted to the public range [low, high] of width W): with
-    v = clip(x, low, high) - low in [0, W] and c = W/2, over the rows that are not NaN, epsilon/3 each:
-        n~ = count + Laplace(3/epsilon)                    (sensitivity 1)
-        s~ = sum(v - c) + Laplace(3*(W/2)/epsilon)         (sensitivity W/2: |v - c| <= W/2)
-        q~ = sum((v - c)^2) + Laplace(3*(W^2/4)/epsilon)   (sensitivity W^2/4)
-        m = clip(s~/n', -c, c), n' = max(n~, 1);  mean = low + c + m
-        variance = max(clip(q~/n' - m^2, 0, W^2/4), min(2 sqrt(2) * 3(W^2/4)/(epsilon n'), W^2/4))
-        std = max(sqrt(variance), min_std)
-        output = (clip(x, low, high) - mean) / std, and 0.0 (the mean's z-score) for a NaN row
-    Guarantee: (epsilon, 0)-DP. Proof sketch: three Laplace mechanisms, each (epsilon/3)-DP for its
-    sensitivity (a row adds at most 1, W/2 and W^2/4 to the three sums; a NaN row adds nothing), compose
-    to epsilon (Dwork et al. 2006; Dwork & Roth 2014, Thm. 3.16); mean, std and the per-row mapping use
-    only the noisy sums, public constants and the row: post-processing.
-    The variance is floored at two standard deviations of its own noise, 2 sqrt(2) (3 W^2/(4 epsilon)) / n'
-    (post-processing of the noisy count and public constants; see `_mean_and_variance_table`): at a small
-    epsilon a noise draw would otherwise clip it to 0 and blow the feature up by W / min_std. The public
-    floor `min_std` (default W/1000) still keeps every division defined, |output| <= W / min_std. Rows are clipped into the public
-    range as in the analysis, so the outputs are the z-scores of the clipped data the release describes.
+    Three Laplace sums (count, centred sum, centred sum of squares; epsilon/3 each) over the values clipped into
+    the public range: (epsilon, 0)-DP. The variance is floored at two standard deviations of its own noise and
+    the std at ``min_std``; a NaN row gets 0.0. Mechanism and proof: docs/dp_preprocessing.md, "Scaling and
+    bucketizing".
 
-    `seed` is for tests only (None draws fresh OS entropy).
+    Args:
+        x: a dense numeric tensor, one value per row.
+        epsilon: the epsilon this analyzer spends, > 0.
+        value_range: the public range: a number R > 0 for [0, R], or a pair (low, high) of finite numbers,
+            low < high; values are clipped into it.
+        min_std: the public floor of the std, > 0; None for 1/1000 of the range's width.
+        seed: for tests only; None draws fresh OS entropy (refused under DPTransform).
+        name: the name scope, or None.
+
+    Returns:
+        float32 z-scores of the clipped values, shaped as x.
+
+    Raises:
+        DPTransformError: a bad argument (the message names it and the fix).
+        BudgetExceeded: epsilon would take the preprocessing_fn past its `PreprocessingBudget`.
     """
     label = "dp_scale_to_z_score"
     epsilon, seed, _, _ = _check_common(label, epsilon, seed)

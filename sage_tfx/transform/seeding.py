@@ -1,21 +1,8 @@
 """`noise_seed`: the public hook through which trusted code seeds the DP analyzers' noise (stdlib only).
 
-Outside any `noise_seed` context an analyzer draws fresh OS entropy (or uses its
-test-only ``seed=``). Inside ``with noise_seed(grant_seed):`` every DP analyzer BUILT
-(traced) there gets ``analyzer_seed(grant_seed, its graph scope)``, and one given an
-explicit ``seed=`` is refused: a seed the pipeline knows lets it subtract the noise.
-
-When the seed is read: while the analyzer builds its Beam analysis, i.e. while
-tf.Transform traces the preprocessing_fn (``AnalyzeDataset`` at pipeline
-construction), in the thread that traces it. The derived seed is stored in that
-analyzer's Beam PTransform (`analyzers._NoiseOnce`), which draws the noise when the
-pipeline runs, even after the context has exited; Beam's worker threads never read
-the context. Nothing of the seed enters the TensorFlow graph: tf.Transform bakes
-only the noisy tables into the transform graph.
-
-The active seed lives in a `contextvars.ContextVar`: threads do not share it (a new
-thread starts without one), asyncio tasks get their own copy, and nested contexts
-restore the outer seed on exit.
+Inside ``with noise_seed(grant_seed):`` every DP analyzer traced derives its seed from the grant's, and one given
+an explicit ``seed=`` is refused; outside it, analyzers draw fresh OS entropy. The seed is read while the analyzer
+is traced, per thread and per asyncio task: docs/dp_preprocessing.md, "Seeding from trusted code".
 """
 import contextlib
 import contextvars
@@ -33,6 +20,13 @@ def analyzer_seed(grant_seed, scope):
 
     Distinct analyzers (distinct graph scopes) get unrelated seeds, so their noise
     stays independent as the composition argument needs.
+
+    Args:
+        grant_seed: the grant's private seed.
+        scope: the analyzer's graph scope.
+
+    Returns:
+        The seed, an integer in [0, 2**128).
     """
     return int.from_bytes(hashlib.sha256(f"{grant_seed}|{scope}".encode()).digest()[:16], "big")
 
@@ -44,6 +38,12 @@ def noise_seed(grant_seed):
     For trusted code only (DPTransform passes the ledger's private seed of the grant);
     the user's preprocessing_fn must never learn `grant_seed`. Re-running the same
     preprocessing_fn under the same `grant_seed` reproduces the same noisy tables.
+
+    Args:
+        grant_seed: the grant's private seed, an integer >= 0.
+
+    Raises:
+        DPTransformError: grant_seed not an integer >= 0.
     """
     if isinstance(grant_seed, bool) or not isinstance(grant_seed, (int, np.integer)) or grant_seed < 0:
         raise DPTransformError(f"noise_seed: grant_seed must be an integer >= 0, got {grant_seed!r}")

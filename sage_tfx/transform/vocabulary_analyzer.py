@@ -1,15 +1,8 @@
 """`dp_vocabulary` / `dp_compute_and_apply_vocabulary`: the tf.Transform side of `vocabulary.select_vocabulary`.
 
-The TensorFlow graph only passes each batch's values to a full-pass analyzer; the Beam
-PTransform `_VocabularyOnce` (a `_NoiseOnce`, so DPTransform's analyzer check accepts it)
-counts every value over the whole data set and runs `select_vocabulary` ONCE. The
-released vocabulary (a 1-D string tensor) is baked into the transform graph.
-
-Budget: each records its (epsilon, delta) with `budget.record_spend`, so a
-`PreprocessingBudget` refuses one that would exceed the preprocessing grant in epsilon or
-in delta while the function is traced, and DPTransform charges both to the grant's
-preprocessing stage (``BudgetSplit.preprocessing_delta``: a grant whose split gives
-preprocessing no delta refuses a DP vocabulary before any record is read).
+The graph passes each batch's values to a full-pass Beam analyzer that counts them over the whole data set and
+runs `select_vocabulary` ONCE; each records its (epsilon, delta) against the preprocessing grant. Mechanism and
+proof: docs/dp_preprocessing.md, "Vocabularies: DP partition selection".
 """
 import collections
 
@@ -68,13 +61,27 @@ class _VocabularyOnce(_NoiseOnce):
 
 def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: int | None = None,
                   max_contributions: int = 1, seed: int | None = None, name: str | None = None) -> tf.Tensor:
-    """The DP vocabulary of string feature x: a 1-D tf.string tensor, kept values by noisy count (descending).
+    """The DP vocabulary of string feature x: the values kept by Laplace partition selection.
 
-    Mechanism, sensitivity and the (epsilon, delta)-DP proof: `sage_tfx.transform.vocabulary`
-    (Laplace partition selection, scale max_contributions/epsilon, threshold
-    tau = m + (m/epsilon) ln(m/(2 delta))). One row holds one value, so max_contributions=1
-    is exact; a larger value only adds noise. Records (epsilon, delta) with `record_spend`: under
-    DPTransform the grant's split must give preprocessing a delta (``preprocessing_delta``).
+    (epsilon, delta)-DP (Laplace noise of scale max_contributions/epsilon, threshold tau = m + (m/epsilon)
+    ln(m/(2 delta))); proof: docs/dp_preprocessing.md, "Vocabularies: DP partition selection". Under DPTransform
+    the grant's split must give preprocessing a delta (``preprocessing_delta``).
+
+    Args:
+        x: a dense tf.string tensor, one value per row.
+        epsilon: the epsilon this analyzer spends, > 0.
+        delta: the delta this analyzer spends, in (0, 1).
+        top_k: keep at most this many values (the largest noisy counts), or None for all kept.
+        max_contributions: the most values one row adds; 1 is exact for a row of one value.
+        seed: for tests only; None draws fresh OS entropy (refused under DPTransform).
+        name: the name scope, or None.
+
+    Returns:
+        A 1-D tf.string tensor of the kept values, by noisy count (descending).
+
+    Raises:
+        DPTransformError: a bad argument, or x not a tf.string tensor (the message names the fix).
+        BudgetExceeded: (epsilon, delta) would take the preprocessing_fn past its `PreprocessingBudget`.
     """
     label = "dp_vocabulary"
     epsilon = check_epsilon(epsilon, f"{label}: epsilon")
@@ -97,10 +104,28 @@ def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: int | No
 def dp_compute_and_apply_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: int | None = None,
                                     num_oov_buckets: int = 1, default_value: int = -1, seed: int | None = None,
                                     name: str | None = None) -> tf.Tensor:
-    """int64 id of each row's value in `dp_vocabulary(x, ...)`; OOV: len(vocab) + hash bucket, or default_value.
+    """int64 id of each row's value in `dp_vocabulary(x, ...)`.
 
-    Same (epsilon, delta)-DP guarantee as dp_vocabulary; the lookup is post-processing of the
-    released vocabulary and the row's own value. OOV buckets use tf.strings.to_hash_bucket_fast.
+    Same (epsilon, delta)-DP guarantee as `dp_vocabulary`; the lookup is post-processing of the released
+    vocabulary and the row's own value. A value outside it gets ``len(vocab) + tf.strings.to_hash_bucket_fast(x,
+    num_oov_buckets)``, or default_value when num_oov_buckets is 0.
+
+    Args:
+        x: a dense tf.string tensor, one value per row.
+        epsilon: the epsilon this analyzer spends, > 0.
+        delta: the delta this analyzer spends, in (0, 1).
+        top_k: keep at most this many values, or None for all kept.
+        num_oov_buckets: the number of hash buckets for values outside the vocabulary, >= 0.
+        default_value: the id of a value outside the vocabulary when num_oov_buckets is 0.
+        seed: for tests only; None draws fresh OS entropy (refused under DPTransform).
+        name: the name scope, or None.
+
+    Returns:
+        int64 ids, one per row.
+
+    Raises:
+        DPTransformError: a bad argument, or x not a tf.string tensor.
+        BudgetExceeded: (epsilon, delta) would take the preprocessing_fn past its `PreprocessingBudget`.
     """
     if isinstance(num_oov_buckets, bool) or not isinstance(num_oov_buckets, (int, np.integer)) or num_oov_buckets < 0:
         raise DPTransformError(
