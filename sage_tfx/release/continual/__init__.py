@@ -9,7 +9,7 @@ proofs".
 from .base import Reader, Released, record_hash_fraction
 from .calibration import participation_sum
 from .cumulative import ContinualRelease
-from .erm import clip_features, empirical_loss, private_erm, sensitivity, solve_erm
+from .erm import clip_features, empirical_loss, predict, private_erm, record_losses, sensitivity, solve_erm
 from .params import (
     MAX_ITERATIONS,
     STAGE,
@@ -29,6 +29,6 @@ from .stream import grant_reader, release_stream
 __all__ = [
     "ContinualRelease", "ContinualReleaseError", "Loss", "MAX_ITERATIONS", "Pushed", "Reader", "ReleaseParams",
     "Released", "STAGE", "SlidingWindowRelease", "Strategy", "XI", "check_sla", "clip_features", "dyadic_cover",
-    "empirical_loss", "grant_reader", "lipschitz", "participation_sum", "private_erm", "push_model",
-    "record_hash_fraction", "release_stream", "sensitivity", "smoothness", "solve_erm"
+    "empirical_loss", "grant_reader", "lipschitz", "participation_sum", "predict", "private_erm", "push_model",
+    "record_hash_fraction", "record_losses", "release_stream", "sensitivity", "smoothness", "solve_erm"
 ]
