@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -14,6 +15,7 @@ from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_laplace
 from sage_tfx.privacy.streams import require_row_unit
 
+from .calibration import pmwg_round_scale
 from .errors import STAGE, GrowthError, _int_at_least, _positive
 from .scheduled import Reader, schedule_fingerprint
 
@@ -59,15 +61,25 @@ class Universe:
 
 @dataclass(frozen=True)
 class PMWGParams:
-    """PMWG: total per-record epsilon (pure); hard-query budget k at the first block's size n0 (growing as
-    k (1 + ln(n / n0)), Corollary 16); threshold T; MW learning rate eta; growth_exponent p of the per-round
-    epsilon c (n0 / n)^p (docs/release_strategies.md)."""
+    """PMWG's parameters (docs/release_strategies.md), checked before anything is charged.
+
+    Args:
+        epsilon: the total per-record epsilon.
+        hard_budget: k, the hard-query budget at the first block's size n0 (growing as k (1 + ln(n / n0)),
+            Corollary 16).
+        threshold: T, the hardness threshold (fraction units).
+        eta: the multiplicative-weights learning rate.
+        growth_exponent: p of the per-round epsilon c (n0 / n)^p.
+        delta: 0 for pure epsilon-DP (basic composition of the rounds); > 0 for (epsilon, delta)-DP by zCDP
+            composition of the rounds (Theorem 17): a larger c, so less noise per round.
+    """
 
     epsilon: float
     hard_budget: int = 20
     threshold: float = 0.05
     eta: float = 0.5
     growth_exponent: float = 0.5
+    delta: float = 0.0
 
     def __post_init__(self):
         _positive("epsilon", self.epsilon, "give the total per-record epsilon > 0")
@@ -78,12 +90,21 @@ class PMWGParams:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise GrowthError(f"growth_exponent {p!r} is invalid: give 0 < p <= 1 (a round opened at size n "
                               "gets epsilon c (n0 / n)^p; p <= 0 would not converge under a growing budget)")
+        d = self.delta
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
+            raise GrowthError(f"delta {d!r} is invalid: give 0 <= delta < 1 (0 = pure epsilon-DP)")
 
-    @property
+    @functools.cached_property
     def round_scale(self) -> float:
-        """c = epsilon / (k + 1 / (exp(p / k) - 1)): a round opened at n <= n0 costs c (docs/release_strategies.md)."""
-        k, p = self.hard_budget, self.growth_exponent
-        return self.epsilon / (k + 1.0 / math.expm1(p / k))
+        """c: a round opened at n <= n0 costs c (``calibration.pmwg_round_scale``; docs/release_strategies.md)."""
+        return pmwg_round_scale(self.epsilon, self.delta, self.hard_budget, self.growth_exponent)
+
+    def to_dict(self) -> dict:
+        """The parameters as signed into every grant (delta left out when 0: pure runs keep their fingerprints)."""
+        out = asdict(self)
+        if self.delta == 0:
+            del out["delta"]
+        return out
 
 
 @dataclass
@@ -134,7 +155,7 @@ class PMWG:
 
     @property
     def meta(self) -> dict:
-        meta = {"strategy": "pmwg", **asdict(self.params), "universe_shape": list(self.universe.shape)}
+        meta = {"strategy": "pmwg", **self.params.to_dict(), "universe_shape": list(self.universe.shape)}
         if self.computation is not None:  # signed into every grant and the release fingerprint
             meta["computation"] = self.computation
         return meta
@@ -149,10 +170,11 @@ class PMWG:
             raise GrowthError(f"block {block!r} was already observed: give each block once, in order")
         m = _int_at_least("declared_rows", declared_rows, 1, "give the block's declared (public) row count >= 1")
         grant = self.ledger.request(self.pipeline, self.stream, blocks=[block], epsilon=self.params.epsilon,
-                                    delta=0.0, meta=self.meta)
+                                    delta=self.params.delta, meta=self.meta)
         self.grants[block] = grant
         self.order.append(block)
-        self.ledger.release(grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), self.params.epsilon, 0.0)
+        self.ledger.release(grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), self.params.epsilon,
+                            self.params.delta)
         rows = self.reader(grant)
         self.reads.append((block, grant.id))
         self.counts += np.bincount(self.universe.cells(rows), minlength=self.universe.size)
@@ -178,8 +200,15 @@ class PMWG:
 
     @property
     def epsilon_spent_bound(self) -> float:
-        """The sum of the opened rounds' epsilons: a record's loss so far (<= params.epsilon, docs/release_strategies.md)."""
+        """The sum of the opened rounds' epsilons: a record's loss so far (<= params.epsilon when delta = 0,
+        docs/release_strategies.md)."""
         return float(sum(self.round_epsilons))
+
+    @property
+    def rho_spent_bound(self) -> float:
+        """The sum of the opened rounds' eps_r^2 / 2: a record's zCDP rho so far (<= zcdp_rho(epsilon, delta) when
+        delta > 0)."""
+        return float(sum(e * e / 2 for e in self.round_epsilons))
 
     def _rng(self):
         self._draws += 1
@@ -205,7 +234,7 @@ class PMWG:
             return ans
         for b in self.order:  # every query reads all blocks: re-open their releases (same computation)
             self.ledger.release(self.grants[b], STAGE, bound_to_data(self.fingerprint, self.ledger, self.grants[b]),
-                                self.params.epsilon, 0.0)
+                                self.params.epsilon, self.params.delta)
         if self.noisy_threshold is None:  # a new AboveThreshold round at the current sensitivity and epsilon
             self.round_sensitivity = 1.0 / self.n
             eps_r = self.round_epsilon()
