@@ -22,7 +22,12 @@ from .scheduled import Reader, schedule_fingerprint
 
 @dataclass(frozen=True)
 class Universe:
-    """A declared finite discretisation: for each column, bin edges (values are clipped into the outer bins)."""
+    """A declared finite discretisation: for each column, bin edges (values are clipped into the outer bins).
+
+    Args:
+        columns: the column names, in the rows' order.
+        edges: one increasing sequence of >= 2 finite bin edges per column.
+    """
 
     columns: tuple
     edges: tuple  # one increasing sequence of edges per column
@@ -44,7 +49,11 @@ class Universe:
         return int(np.prod(self.shape))
 
     def cells(self, rows: np.ndarray) -> np.ndarray:
-        """Flat cell index of each row (rows: (n, len(columns)) array)."""
+        """Flat cell index of each row (rows: (n, len(columns)) array).
+
+        Args:
+            rows: an (n, len(columns)) array.
+        """
         rows = np.asarray(rows, dtype=float)
         if rows.ndim != 2 or rows.shape[1] != len(self.columns):
             raise GrowthError(f"rows of shape {rows.shape} do not match the universe's {len(self.columns)} columns")
@@ -124,6 +133,15 @@ class PMWG:
     growth (docs/release_strategies.md: at most h(n) = floor(k (1 + ln(n / n0))) hard queries by size n, a round opened
     at size n costs c min(1, (n0 / n)^p), and the rounds' sum is at most epsilon), charged per block: each
     arriving block's grant charges epsilon before it is read.
+
+    Args:
+        ledger: the privacy ledger.
+        stream: the stream (its unit one row).
+        pipeline: the pipeline name the grants are charged to.
+        params: the checked PMWGParams.
+        universe: the declared Universe.
+        reader: grant -> the (n, columns) rows of its one block.
+        computation: a public description of the declared query stream (signed into every grant), or None.
     """
 
     def __init__(self, ledger, stream: str, pipeline: str, params: PMWGParams, universe: Universe,
@@ -165,7 +183,12 @@ class PMWG:
         return schedule_fingerprint(self.pipeline, self.stream, self.meta)
 
     def observe(self, block: str, declared_rows: int) -> None:
-        """Charge ``block`` epsilon, read it under its grant, update the counts and the public histogram."""
+        """Charge ``block`` epsilon, read it under its grant, update the counts and the public histogram.
+
+        Args:
+            block: the arriving block's id.
+            declared_rows: its declared (public) row count.
+        """
         if block in self.grants:
             raise GrowthError(f"block {block!r} was already observed: give each block once, in order")
         m = _int_at_least("declared_rows", declared_rows, 1, "give the block's declared (public) row count >= 1")
@@ -186,7 +209,11 @@ class PMWG:
 
     def hard_limit(self, n: int | None = None) -> int:
         """h(n) = floor(k (1 + ln(n / n0))): how many hard queries PMWG may have answered by public size n
-        (default: now; Corollary 16, docs/release_strategies.md). 0 before the first block."""
+        (default: now; Corollary 16, docs/release_strategies.md). 0 before the first block.
+
+        Args:
+            n: a public size (default: now).
+        """
         n = self.n if n is None else n
         if self.n0 is None or n <= 0:
             return 0
@@ -194,7 +221,11 @@ class PMWG:
         return int(math.floor(self.params.hard_budget * (1.0 + math.log(max(n, self.n0) / self.n0))))
 
     def round_epsilon(self, n: int | None = None) -> float:
-        """eps_r(n) = c min(1, (n0 / n)^p): the epsilon of an AboveThreshold round opened at public size n."""
+        """eps_r(n) = c min(1, (n0 / n)^p): the epsilon of an AboveThreshold round opened at public size n.
+
+        Args:
+            n: a public size (default: now).
+        """
         n = self.n if n is None else n
         return self.params.round_scale * min(1.0, (self.n0 / n) ** self.params.growth_exponent)
 
@@ -215,11 +246,19 @@ class PMWG:
         return as_secure_rng(self.ledger.private_seed(self.grants[self.order[0]].id, f"pmwg/{self._draws}"))
 
     def true_answer(self, weights: np.ndarray) -> float:
-        """The exact (non-private) answer; for tests and benches only."""
+        """The exact (non-private) answer; for tests and benches only.
+
+        Args:
+            weights: the query's weights per cell.
+        """
         return float(np.asarray(weights) @ self.counts / self.n)
 
     def query(self, weights: Sequence[float]) -> Answer:
-        """Answer a linear query (weights in [0, 1] per cell) on the current database."""
+        """Answer a linear query (weights in [0, 1] per cell) on the current database.
+
+        Args:
+            weights: one weight in [0, 1] per cell of the universe.
+        """
         w = np.asarray(weights, dtype=float)
         if w.shape != (self.universe.size,) or not np.isfinite(w).all() or w.min() < 0 or w.max() > 1:
             raise GrowthError(f"query weights of shape {w.shape} are invalid: give {self.universe.size} values "
@@ -261,13 +300,25 @@ class PMWG:
 
 
 def count_query(universe: Universe, predicate: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """0/1 weights of the cells whose centre satisfies ``predicate`` (centres: (size, columns) array)."""
+    """0/1 weights of the cells whose centre satisfies ``predicate`` (centres: (size, columns) array).
+
+    Args:
+        universe: the declared Universe.
+        predicate: (size, columns) centres -> booleans.
+    """
     return np.asarray(predicate(universe.centres()), dtype=float)
 
 
 def sum_query(universe: Universe, column: int, bound: float,
               predicate: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
-    """Weights centre[column] / bound (clipped to [0, 1]) on the cells satisfying ``predicate``."""
+    """Weights centre[column] / bound (clipped to [0, 1]) on the cells satisfying ``predicate``.
+
+    Args:
+        universe: the declared Universe.
+        column: the summed column's index.
+        bound: the column's public upper bound B > 0.
+        predicate: (size, columns) centres -> booleans, or None for all cells.
+    """
     bound = _positive("bound", bound, "give the column's public upper bound B > 0")
     c = universe.centres()
     w = np.clip(c[:, column] / bound, 0, 1)
