@@ -34,6 +34,7 @@ class Loss(enum.StrEnum):
 class Strategy(enum.StrEnum):
     CUMULATIVE = "continual-cumulative"
     SLIDING = "continual-sliding-window"
+    SLIDING_AS_WRITTEN = "continual-sliding-window-alg5"
 
 
 def lipschitz(loss: Loss, radius: float) -> float:
