@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from sage_tfx.privacy import gaussian
-from sage_tfx.release.growth import PMWG, GrowthError, PMWGParams, Universe, count_query, sum_query
+from sage_tfx.release.growth import PMWG, GrowthError, PMWGParams, Universe
 from sage_tfx.release.growth.calibration import pmwg_round_scale
 from tests.helpers.ledgers import daily_ledger
+from tests.release.test_growth import observe_and_query
 
 ROWS = 1000
 
@@ -63,14 +64,7 @@ def test_approx_pmwg_charges_epsilon_delta_and_answers_more_accurately(tmp_path)
         uni = Universe(columns=("x", "y"), edges=(np.linspace(0, 1, 6), np.linspace(0, 1, 6)))
         pm = PMWG(ledger, "s", "pmwg", PMWGParams(epsilon=eps, hard_budget=20, threshold=0.05, delta=d), uni,
                   lambda g, led=ledger: generated_block(int(led.verify(g).blocks[0][1:])))
-        qrng, errs = np.random.default_rng(3), []
-        for i in range(T):
-            pm.observe(f"b{i:03d}", ROWS)
-            for _ in range(10):
-                lo = qrng.uniform(0, 0.7)
-                w = (count_query(uni, lambda c: (c[:, 0] > lo) & (c[:, 1] < lo + 0.3)) if qrng.random() < 0.5  # noqa: B023
-                     else sum_query(uni, 0, 1.0, lambda c: c[:, 1] > lo))  # noqa: B023
-                errs.append(abs(pm.query(w).answer - pm.true_answer(w)))
+        errs = observe_and_query(pm, uni, T, ROWS)
         spent = [(b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("s")["blocks"]]
         assert spent == [(pytest.approx(eps), pytest.approx(d))] * T and ledger.audit().ok
         errors[d], pms[d] = float(np.mean(errs)), pm
