@@ -13,6 +13,7 @@ Variants at every arrival t:
   whole per-record budget (each record is read once);
 - ``non_private``: the same regularised ERM on all blocks so far, no noise.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,10 +54,14 @@ def digits_blocks(blocks: int | None, rows: int) -> tuple[list[tuple[np.ndarray,
     if blocks is None:
         blocks = fit
     if blocks < 1 or blocks > fit:
-        raise SystemExit(f"--blocks {blocks} x --rows-per-block {rows}: the digits' training part holds "
-                         f"{len(y) - n_test} rows ({fit} blocks of {rows}); lower one of them")
-    train = [(x[n_test + i * rows:n_test + (i + 1) * rows], y[n_test + i * rows:n_test + (i + 1) * rows])
-             for i in range(blocks)]
+        raise SystemExit(
+            f"--blocks {blocks} x --rows-per-block {rows}: the digits' training part holds "
+            f"{len(y) - n_test} rows ({fit} blocks of {rows}); lower one of them"
+        )
+    train = [
+        (x[n_test + i * rows : n_test + (i + 1) * rows], y[n_test + i * rows : n_test + (i + 1) * rows])
+        for i in range(blocks)
+    ]
     return train, (x[:n_test], y[:n_test])
 
 
@@ -92,8 +97,15 @@ def run(args: argparse.Namespace) -> dict:
 def _params(args: argparse.Namespace, epsilon: float, window: int | None):
     from sage_tfx.release.continual import ReleaseParams
 
-    return ReleaseParams(epsilon=epsilon, delta=args.delta, records_per_block=args.rows_per_block, lam=args.lam,
-                         loss="softmax", classes=CLASSES, window=window)
+    return ReleaseParams(
+        epsilon=epsilon,
+        delta=args.delta,
+        records_per_block=args.rows_per_block,
+        lam=args.lam,
+        loss="softmax",
+        classes=CLASSES,
+        window=window,
+    )
 
 
 def _accuracy(w: np.ndarray, test: tuple) -> float:
@@ -109,14 +121,16 @@ def _non_private_accuracy(data: list, test: tuple, args: argparse.Namespace) -> 
     for t in range(1, len(data) + 1):
         x = np.concatenate([b[0] for b in data[:t]])
         y = np.concatenate([b[1] for b in data[:t]])
-        w = solve_erm(x, y, normaliser=t * args.rows_per_block, lam=args.lam, radius=10.0, loss="softmax",
-                      classes=CLASSES)
+        w = solve_erm(
+            x, y, normaliser=t * args.rows_per_block, lam=args.lam, radius=10.0, loss="softmax", classes=CLASSES
+        )
         out.append(_accuracy(w, test))
     return out
 
 
-def _trial(args: argparse.Namespace, epsilon: float, trial: int, tmp: str, data: list, test: tuple,
-           acc: dict) -> tuple[bool, list[float]]:
+def _trial(
+    args: argparse.Namespace, epsilon: float, trial: int, tmp: str, data: list, test: tuple, acc: dict
+) -> tuple[bool, list[float]]:
     """One ledger, both strategies and the independent baseline at one epsilon; fills row ``trial`` of ``acc``."""
     from sage_tfx.privacy.randomness import secure_rng
     from sage_tfx.release.continual import ContinualRelease, SlidingWindowRelease, private_erm, sensitivity
@@ -126,8 +140,9 @@ def _trial(args: argparse.Namespace, epsilon: float, trial: int, tmp: str, data:
     ledger = trial_ledger(tmp, name, ("digits", "digits_sw"), T, m0, epsilon, args.delta)
     reader = block_reader(ledger, data)
     cum = ContinualRelease(ledger, "digits", f"c{name}", _params(args, epsilon, None), reader, dim=d)
-    sw = SlidingWindowRelease(ledger, "digits_sw", f"s{name}", _params(args, epsilon, args.window), reader, dim=d,
-                              horizon=T)
+    sw = SlidingWindowRelease(
+        ledger, "digits_sw", f"s{name}", _params(args, epsilon, args.window), reader, dim=d, horizon=T
+    )
     single = _params(args, epsilon, None)
     rng = secure_rng(20_000 + trial)
     for t in range(1, T + 1):
@@ -142,26 +157,39 @@ def _trial(args: argparse.Namespace, epsilon: float, trial: int, tmp: str, data:
     return ok, spent
 
 
-def _figures(args: argparse.Namespace, epsilons: list, acc: dict, non_private: list, T: int, charged: list,
-             audits: list, began: float) -> dict:
+def _figures(
+    args: argparse.Namespace,
+    epsilons: list,
+    acc: dict,
+    non_private: list,
+    T: int,
+    charged: list,
+    audits: list,
+    began: float,
+) -> dict:
     q = max(1, T // 4)
     med = {e: {v: np.median(acc[e][v], axis=0) for v in VARIANTS} for e in epsilons}
     late_np = float(np.mean(non_private[-q:]))
     return {
         "data": f"REAL scikit-learn digits: {T} blocks x {args.rows_per_block} rows (shuffled, seed {SHUFFLE_SEED}), "
-                f"test {TEST_FRACTION:.0%} held out; softmax regression, d=65, k={CLASSES}",
-        "epsilons": epsilons, "delta": args.delta, "lam": args.lam, "window": args.window, "trials": args.trials,
-        "accuracy_median_by_t": {f"{e:g}": {v: [round(float(a), 4) for a in med[e][v]] for v in VARIANTS}
-                                 for e in epsilons},
+        f"test {TEST_FRACTION:.0%} held out; softmax regression, d=65, k={CLASSES}",
+        "epsilons": epsilons,
+        "delta": args.delta,
+        "lam": args.lam,
+        "window": args.window,
+        "trials": args.trials,
+        "accuracy_median_by_t": {
+            f"{e:g}": {v: [round(float(a), 4) for a in med[e][v]] for v in VARIANTS} for e in epsilons
+        },
         "non_private_accuracy_by_t": [round(a, 4) for a in non_private],
-        "last_quarter_accuracy": {f"{e:g}": {v: float(np.mean(med[e][v][-q:])) for v in VARIANTS}
-                                  for e in epsilons},
+        "last_quarter_accuracy": {f"{e:g}": {v: float(np.mean(med[e][v][-q:])) for v in VARIANTS} for e in epsilons},
         "non_private_last_quarter_accuracy": late_np,
-        "continual_over_non_private_last_quarter": {f"{e:g}": float(np.mean(med[e]["continual"][-q:]) / late_np)
-                                                    for e in epsilons},
+        "continual_over_non_private_last_quarter": {
+            f"{e:g}": float(np.mean(med[e]["continual"][-q:]) / late_np) for e in epsilons
+        },
         "continual_over_independent_mean": {
-            f"{e:g}": float(np.mean(med[e]["continual"]) / max(np.mean(med[e]["independent"]), 1e-9))
-            for e in epsilons},
+            f"{e:g}": float(np.mean(med[e]["continual"]) / max(np.mean(med[e]["independent"]), 1e-9)) for e in epsilons
+        },
         "block_charge_over_epsilon": [float(min(charged)), float(max(charged))],
         "audit_ok": all(audits),
         "seconds": round(time.time() - began, 1),
@@ -202,4 +230,3 @@ def plot(figures: dict, path: str) -> None:
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     fig.savefig(path, dpi=120)
     plt.close(fig)
-

@@ -10,6 +10,7 @@ exact minimiser). Variants (same total (epsilon, delta) per record):
 - ``bbscheduler``: ERMG under BBScheduler (zCDP mode, a run each time the data grew by 1 + gamma);
 - ``rerun``: a run at every block at rho / T each (the horizon T declared in advance; Gaussian).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,12 +55,17 @@ def run(args: argparse.Namespace) -> dict:
     late = t > T // 4
     return {
         "data": f"REAL taxi trips: {T} blocks x {m0} rows, big-tipper logistic regression (lam {LAM})",
-        "epsilon": args.epsilon, "delta": args.delta, "a": args.a, "gamma": args.gamma, "trials": args.trials,
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "a": args.a,
+        "gamma": args.gamma,
+        "trials": args.trials,
         "excess_median_by_t": {v: [round(float(e), 6) for e in med[v]] for v in VARIANTS},
         "mean_excess": {v: float(np.nanmean(med[v])) for v in VARIANTS},
         "rerun_over_bbimprover_mean": float(np.nanmean(med["rerun"]) / np.nanmean(med["bbimprover"])),
-        "bbimprover_log_slope_after_first_quarter": float(np.polyfit(np.log(t[late]), np.log(med["bbimprover"][late]),
-                                                                     1)[0]),
+        "bbimprover_log_slope_after_first_quarter": float(
+            np.polyfit(np.log(t[late]), np.log(med["bbimprover"][late]), 1)[0]
+        ),
         "audit_ok": all(audits),
         "seconds": round(time.time() - began, 1),
     }
@@ -83,11 +89,24 @@ def _trial(args: argparse.Namespace, trial: int, tmp: str, data: list, fits: lis
     ledger = trial_ledger(tmp, f"ermg{trial}", ("impr", "sched"), T, m0, args.epsilon, args.delta)
     reader = block_reader(ledger, data)
     runs = {
-        "bbimprover": ermg(ledger, "impr", f"i{trial}", BBImprover(ImproverParams(args.epsilon, args.delta, args.a)),
-                           reader, rows_per_block=m0, lam=LAM),
-        "bbscheduler": ermg(ledger, "sched", f"s{trial}",
-                            BBScheduler(SchedulerParams(args.epsilon, args.delta, args.gamma)), reader,
-                            rows_per_block=m0, lam=LAM),
+        "bbimprover": ermg(
+            ledger,
+            "impr",
+            f"i{trial}",
+            BBImprover(ImproverParams(args.epsilon, args.delta, args.a)),
+            reader,
+            rows_per_block=m0,
+            lam=LAM,
+        ),
+        "bbscheduler": ermg(
+            ledger,
+            "sched",
+            f"s{trial}",
+            BBScheduler(SchedulerParams(args.epsilon, args.delta, args.gamma)),
+            reader,
+            rows_per_block=m0,
+            lam=LAM,
+        ),
     }
     spec = ReleaseParams(epsilon=1.0, delta=0.5, records_per_block=m0, lam=LAM)
     z_rerun = math.sqrt(T) * gaussian.rdp_multiplier(args.epsilon, args.delta)  # T Gaussians of rho / T each
@@ -99,8 +118,9 @@ def _trial(args: argparse.Namespace, trial: int, tmp: str, data: list, fits: lis
             if rel.current is not None:
                 err[name][trial, t - 1] = _excess(rel.current, x, y, w_np, t * m0)
         d2 = sensitivity(spec, t)
-        err["rerun"][trial, t - 1] = _excess(grid_gaussian(w_np, d2, z_rerun * d2, rng=rng, cells=w_np.size), x, y,
-                                             w_np, t * m0)
+        err["rerun"][trial, t - 1] = _excess(
+            grid_gaussian(w_np, d2, z_rerun * d2, rng=rng, cells=w_np.size), x, y, w_np, t * m0
+        )
     ok = bool(ledger.audit().ok)
     ledger.close()
     return ok

@@ -2,6 +2,7 @@
 calibrated to, the parameter checks (before anything is charged) and the charge on a real ledger.
 
 Data here is GENERATED (a fixed-seed 3-class linear model); the ledger is real (SQLite, tmp_path)."""
+
 import math
 
 import numpy as np
@@ -66,7 +67,7 @@ def test_softmax_lipschitz_and_smoothness_bound_the_gradients():
     x, y = clip_features(rng.normal(size=(500, D)) * 3, rng.integers(0, K, 500), "softmax", K)
     for _ in range(20):
         w = rng.normal(size=D * K) * 5
-        grads = [_loss_grad(w, x[i:i + 1], y[i:i + 1], Loss.SOFTMAX)[1] for i in range(50)]
+        grads = [_loss_grad(w, x[i : i + 1], y[i : i + 1], Loss.SOFTMAX)[1] for i in range(50)]
         assert max(np.linalg.norm(g) for g in grads) <= math.sqrt(2) + 1e-12
 
 
@@ -86,18 +87,24 @@ def test_softmax_noise_is_the_stated_gaussian():
     # errors) each have probability < 1e-8 under N(0, sigma^2): false-failure rate < 1e-7.
     p = params()
     x, y = generated_block(5)
-    w = solve_erm(*clip_features(x, y, "softmax", K), normaliser=200, lam=p.lam, radius=p.radius, loss="softmax",
-                  classes=K)
+    w = solve_erm(
+        *clip_features(x, y, "softmax", K), normaliser=200, lam=p.lam, radius=p.radius, loss="softmax", classes=K
+    )
     sigma, rng = 0.2, secure_rng(4321)
     flat = np.array([private_erm(x, y, params=p, blocks=1, sigma=sigma, rng=rng) - w for _ in range(400)]).ravel()
     assert abs(flat.mean()) < 6 * sigma / math.sqrt(flat.size)
-    assert 0.85 < flat.var() / sigma ** 2 < 1.15
+    assert 0.85 < flat.var() / sigma**2 < 1.15
 
 
-@pytest.mark.parametrize("kw,match", [({"classes": None}, "classes None is invalid"),
-                                      ({"classes": 1}, "classes 1 is invalid"),
-                                      ({"classes": True}, "classes True is invalid"),
-                                      ({"loss": "logistic"}, "classes 3 is for the softmax loss")])
+@pytest.mark.parametrize(
+    "kw,match",
+    [
+        ({"classes": None}, "classes None is invalid"),
+        ({"classes": 1}, "classes 1 is invalid"),
+        ({"classes": True}, "classes True is invalid"),
+        ({"loss": "logistic"}, "classes 3 is for the softmax loss"),
+    ],
+)
 def test_bad_classes_refused_before_anything_is_charged(tmp_path, kw, match):
     ledger = daily_ledger(tmp_path, 2, epsilon=10.0, delta=1e-4, rows=200)
     with pytest.raises(ContinualReleaseError, match=match):
@@ -146,9 +153,16 @@ def test_multiclass_sla_check_uses_the_cross_entropy(tmp_path):
     from sage_tfx.validation.loss import DPLossValidator
 
     ledger = daily_ledger(tmp_path, 2, epsilon=10.0, delta=1e-4, rows=200)
-    rel = ContinualRelease(ledger, "s", "multiclass", params(epsilon=8.0),
-                           lambda g: generated_block(int(ledger.verify(g).blocks[0][1:])), dim=D,
-                           validation_epsilon=5.0, test_fraction=0.3)
+    rel = ContinualRelease(
+        ledger,
+        "s",
+        "multiclass",
+        params(epsilon=8.0),
+        lambda g: generated_block(int(ledger.verify(g).blocks[0][1:])),
+        dim=D,
+        validation_epsilon=5.0,
+        test_fraction=0.3,
+    )
     model = rel.observe("b000")
     x, y = rel.tests["b000"]
     assert len(y) > 20 and set(np.unique(y)) <= {0.0, 1.0, 2.0}

@@ -3,6 +3,7 @@ the paper seed 001, Theorem 12). The per-run noise matches what each schedule's 
 is accounted by dp-accounting, each block is charged once, and the error falls as the database grows.
 
 Data here is GENERATED (a fixed-seed logistic model); the ledger is real (SQLite, tmp_path)."""
+
 import math
 
 import dp_accounting
@@ -38,14 +39,21 @@ def exact_fit(blocks):
 SPEC = ReleaseParams(epsilon=1.0, delta=0.5, records_per_block=M0, lam=0.05)
 
 
-@pytest.mark.parametrize("schedule,scale", [
-    (improver(), lambda d2, eps: d2 / eps),  # zCDP: sigma = Delta_2 / epsilon_i (rho_i = epsilon_i^2 / 2)
-    (BBScheduler(SchedulerParams(epsilon=1.0, delta=1e-6)), lambda d2, eps: d2 / eps),
-    (BBScheduler(SchedulerParams(epsilon=1.0)),  # pure: Laplace of scale sqrt(D) Delta_2 / eps, sd sqrt(2) b
-     lambda d2, eps: math.sqrt(2) * math.sqrt(D) * d2 / eps),
-    (BBScheduler(SchedulerParams(epsilon=1.0, delta=1e-6, composition="basic")),
-     lambda d2, eps: gaussian.rdp_multiplier(eps, 1e-7) * d2),
-])
+@pytest.mark.parametrize(
+    "schedule,scale",
+    [
+        (improver(), lambda d2, eps: d2 / eps),  # zCDP: sigma = Delta_2 / epsilon_i (rho_i = epsilon_i^2 / 2)
+        (BBScheduler(SchedulerParams(epsilon=1.0, delta=1e-6)), lambda d2, eps: d2 / eps),
+        (
+            BBScheduler(SchedulerParams(epsilon=1.0)),  # pure: Laplace of scale sqrt(D) Delta_2 / eps, sd sqrt(2) b
+            lambda d2, eps: math.sqrt(2) * math.sqrt(D) * d2 / eps,
+        ),
+        (
+            BBScheduler(SchedulerParams(epsilon=1.0, delta=1e-6, composition="basic")),
+            lambda d2, eps: gaussian.rdp_multiplier(eps, 1e-7) * d2,
+        ),
+    ],
+)
 def test_each_mode_adds_the_noise_its_proof_counts(schedule, scale):
     # 600 draws x 3 cells = 1800 samples: |mean z| > 6 or a variance ratio outside [0.75, 1.25] (7.5 standard
     # errors for the Gaussian, 4.7 for the Laplace's kurtosis-6 variance) each have probability < 2e-6.
@@ -53,11 +61,12 @@ def test_each_mode_adds_the_noise_its_proof_counts(schedule, scale):
     mech, w = erm_mechanism(schedule, M0), exact_fit(blocks)
     eps, rng = 0.5, secure_rng(99)
     basic = schedule.params.mode.value == "basic" if isinstance(schedule, BBScheduler) else False
-    draws = np.array([(mech(blocks, eps, rng, delta=1e-7) if basic else mech(blocks, eps, rng)) - w
-                      for _ in range(600)]).ravel()
+    draws = np.array(
+        [(mech(blocks, eps, rng, delta=1e-7) if basic else mech(blocks, eps, rng)) - w for _ in range(600)]
+    ).ravel()
     sd = scale(sensitivity(SPEC, 4), eps)
     assert abs(draws.mean()) < 6 * sd / math.sqrt(draws.size)
-    assert 0.75 < draws.var() / sd ** 2 < 1.25
+    assert 0.75 < draws.var() / sd**2 < 1.25
 
 
 def test_the_run_sequence_is_accounted_by_dp_accounting():

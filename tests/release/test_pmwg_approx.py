@@ -2,6 +2,7 @@
 the worst-case rounds accounted back to (epsilon, delta), the charge on a real ledger, and the error it buys.
 
 Data here is GENERATED (fixed-seed uniform values); the ledger is real (SQLite, tmp_path)."""
+
 import math
 
 import numpy as np
@@ -37,8 +38,14 @@ def test_worst_case_rounds_compose_to_the_budget_by_dp_accounting(tmp_path, k, p
     eps, delta = 1.0, 1e-6
     ledger = daily_ledger(tmp_path, 1, epsilon=10.0, delta=1e-4, rows=ROWS)
     uni = Universe(columns=("x",), edges=(np.linspace(0, 1, 3),))
-    pm = PMWG(ledger, "s", "wc", PMWGParams(epsilon=eps, hard_budget=k, growth_exponent=p, delta=delta), uni,
-              lambda g: generated_block(0)[:, :1])
+    pm = PMWG(
+        ledger,
+        "s",
+        "wc",
+        PMWGParams(epsilon=eps, hard_budget=k, growth_exponent=p, delta=delta),
+        uni,
+        lambda g: generated_block(0)[:, :1],
+    )
     pm.observe("b000", ROWS)
     rounds = worst_case_rounds(pm, k)
     pure = pmwg_round_scale(eps, 0.0, k, p)
@@ -47,8 +54,9 @@ def test_worst_case_rounds_compose_to_the_budget_by_dp_accounting(tmp_path, k, p
         return
     assert pm.params.round_scale > pure
     rho = sum(e * e / 2 for e in rounds)  # each round is eps_r-DP, hence eps_r^2 / 2-zCDP
-    assert rho <= gaussian.zcdp_rho(eps, delta) * (1 + 1e-9) and rho == pytest.approx(gaussian.zcdp_rho(eps, delta),
-                                                                                      rel=1e-6)
+    assert rho <= gaussian.zcdp_rho(eps, delta) * (1 + 1e-9) and rho == pytest.approx(
+        gaussian.zcdp_rho(eps, delta), rel=1e-6
+    )
     # dp-accounting: rho-zCDP has the RDP curve of a Gaussian of multiplier 1 / sqrt(2 rho)
     assert gaussian.rdp_epsilon(1.0 / math.sqrt(2 * rho), delta) <= eps * (1 + 1e-6)
 
@@ -62,8 +70,14 @@ def test_approx_pmwg_charges_epsilon_delta_and_answers_more_accurately(tmp_path)
         (tmp_path / str(d)).mkdir()
         ledger = daily_ledger(tmp_path / str(d), T, epsilon=10.0, delta=1e-4, rows=ROWS)
         uni = Universe(columns=("x", "y"), edges=(np.linspace(0, 1, 6), np.linspace(0, 1, 6)))
-        pm = PMWG(ledger, "s", "pmwg", PMWGParams(epsilon=eps, hard_budget=20, threshold=0.05, delta=d), uni,
-                  lambda g, led=ledger: generated_block(int(led.verify(g).blocks[0][1:])))
+        pm = PMWG(
+            ledger,
+            "s",
+            "pmwg",
+            PMWGParams(epsilon=eps, hard_budget=20, threshold=0.05, delta=d),
+            uni,
+            lambda g, led=ledger: generated_block(int(led.verify(g).blocks[0][1:])),
+        )
         errs = observe_and_query(pm, uni, T, ROWS)
         spent = [(b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("s")["blocks"]]
         assert spent == [(pytest.approx(eps), pytest.approx(d))] * T and ledger.audit().ok

@@ -1,6 +1,7 @@
 """The model dependency chain of the paper's Algorithm 5 (Private Sliding Window ERM) as written, with w0 one block
 and a window of w = 2^k - 1 blocks (docs/release_strategies.md, "Sliding window as written"). Data-independent.
 """
+
 from __future__ import annotations
 
 from .params import ContinualReleaseError
@@ -15,9 +16,11 @@ def check_window(window: int) -> int:
         window: the window in blocks.
     """
     k = (int(window) + 1).bit_length() - 1
-    if window < 1 or 2 ** k - 1 != window:
-        raise ContinualReleaseError(f"window {window!r} is invalid for Algorithm 5 as written: give 2^k - 1 blocks "
-                                    "(1, 3, 7, 15, ...), or use SlidingWindowRelease for any window")
+    if window < 1 or 2**k - 1 != window:
+        raise ContinualReleaseError(
+            f"window {window!r} is invalid for Algorithm 5 as written: give 2^k - 1 blocks "
+            "(1, 3, 7, 15, ...), or use SlidingWindowRelease for any window"
+        )
     return k
 
 
@@ -25,7 +28,7 @@ def _pieces(start: int, length: int, leftward: bool, half: int) -> list[Interval
     """``length`` blocks cut into power-of-two pieces, the largest next to ``start``, going right (or left)."""
     out, pos = [], start
     for j in range(half.bit_length() - 1, -1, -1):
-        size = 2 ** j
+        size = 2**j
         if length & size:
             out.append((pos - size, pos) if leftward else (pos, pos + size))
             pos = pos - size if leftward else pos + size
@@ -61,7 +64,7 @@ def chain_keys(t: int, window: int) -> list[tuple[Interval, ...]]:
         window: the window in blocks.
     """
     chain = chain_at(t, window)
-    return [tuple(chain[:i + 1]) for i in range(len(chain))]
+    return [tuple(chain[: i + 1]) for i in range(len(chain))]
 
 
 def participation(window: int) -> float:

@@ -1,6 +1,7 @@
 """Sliding-window release by the paper's Algorithm 5 as written: a refreshed base and a fine-tuning chain that
 re-trains shifted buckets (``alg5``; docs/release_strategies.md, "Sliding window as written").
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -2,6 +2,7 @@
 growing database under BBScheduler or BBImprover (docs/release_strategies.md, "Growth schedules and PMWG: the
 proofs").
 """
+
 from __future__ import annotations
 
 import math
@@ -31,13 +32,22 @@ def noise_mode(schedule: Schedule) -> Composition:
     if not isinstance(schedule, (BBScheduler, BBImprover)):
         raise GrowthError(f"schedule {schedule!r} must be a BBScheduler or BBImprover")
     if getattr(schedule, "approximate", False):
-        raise GrowthError("an approximate schedule's runs are drawn from the ledger by a pipeline: give ERMG a "
-                          "schedule with approximate=False")
+        raise GrowthError(
+            "an approximate schedule's runs are drawn from the ledger by a pipeline: give ERMG a "
+            "schedule with approximate=False"
+        )
     return Composition.ZCDP if isinstance(schedule, BBImprover) else schedule.params.mode
 
 
-def erm_mechanism(schedule: Schedule, rows_per_block: int, *, lam: float = 0.05, radius: float = 10.0,
-                  loss: str = "logistic", classes: int | None = None) -> Mechanism:
+def erm_mechanism(
+    schedule: Schedule,
+    rows_per_block: int,
+    *,
+    lam: float = 0.05,
+    radius: float = 10.0,
+    loss: str = "logistic",
+    classes: int | None = None,
+) -> Mechanism:
     """ERMG's black box: regularised ERM on all blocks so far, released by output perturbation at the run's budget.
 
     The ERM is ``release.continual.solve_erm`` on the clipped rows, normalised by the PUBLIC n = blocks *
@@ -58,16 +68,31 @@ def erm_mechanism(schedule: Schedule, rows_per_block: int, *, lam: float = 0.05,
     """
     mode = noise_mode(schedule)
     try:
-        spec = ReleaseParams(epsilon=1.0, delta=SPEC_DELTA, records_per_block=rows_per_block, lam=lam, radius=radius,
-                             loss=loss, classes=classes)
+        spec = ReleaseParams(
+            epsilon=1.0,
+            delta=SPEC_DELTA,
+            records_per_block=rows_per_block,
+            lam=lam,
+            radius=radius,
+            loss=loss,
+            classes=classes,
+        )
     except ValueError as exc:
         raise GrowthError(str(exc)) from None
 
     def mechanism(blocks: list, epsilon: float, rng, delta: float = 0.0) -> np.ndarray:
-        x, y = clip_features(np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks]),
-                             spec.loss, spec.classes)
-        w = solve_erm(x, y, normaliser=len(blocks) * spec.records_per_block, lam=spec.lam, radius=spec.radius,
-                      loss=spec.loss, classes=spec.classes)
+        x, y = clip_features(
+            np.concatenate([b[0] for b in blocks]), np.concatenate([b[1] for b in blocks]), spec.loss, spec.classes
+        )
+        w = solve_erm(
+            x,
+            y,
+            normaliser=len(blocks) * spec.records_per_block,
+            lam=spec.lam,
+            radius=spec.radius,
+            loss=spec.loss,
+            classes=spec.classes,
+        )
         d2 = sensitivity(spec, len(blocks))
         if mode is Composition.PURE:
             return grid_laplace(w, math.sqrt(w.size) * d2, epsilon, rng=rng, cells=w.size)
@@ -77,9 +102,19 @@ def erm_mechanism(schedule: Schedule, rows_per_block: int, *, lam: float = 0.05,
     return mechanism
 
 
-def ermg(ledger, stream: str, pipeline: str, schedule: Schedule, reader: Reader, *, rows_per_block: int,
-         lam: float = 0.05, radius: float = 10.0, loss: str = "logistic", classes: int | None = None
-         ) -> ScheduledRelease:
+def ermg(
+    ledger,
+    stream: str,
+    pipeline: str,
+    schedule: Schedule,
+    reader: Reader,
+    *,
+    rows_per_block: int,
+    lam: float = 0.05,
+    radius: float = 10.0,
+    loss: str = "logistic",
+    classes: int | None = None,
+) -> ScheduledRelease:
     """ERMG: a ``ScheduledRelease`` of ``erm_mechanism`` under ``schedule`` (each block's lifetime grant charged
     before it is read); ``observe(block)`` returns the run made at that arrival (its ``output`` the released
     weights) or None, and ``current`` is the newest released model. Privacy: the schedule's (epsilon, delta)
