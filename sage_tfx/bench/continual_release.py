@@ -1,5 +1,8 @@
 """Continual / sliding-window release (seed 000): excess risk over time vs re-training from scratch at the same per-record budget.
 
+``--dataset digits``: the paper's Fig. 4 (test accuracy by t and by epsilon) with the multiclass softmax release
+on scikit-learn's bundled digits (``sage_tfx/bench/_continual_digits.py``). The default, ``taxi``:
+
 Data: the 15,002 REAL Chicago taxi trips of the tfx wheel in time order, cut into ``--blocks`` blocks of
 ``--rows-per-block`` rows (the declared m0); task: big tipper (tips > 0.2 fare) by regularised logistic
 regression on 6 features (fare, miles, seconds, hour, credit card, bias; each scaled to [0, 1] by a public
@@ -28,21 +31,44 @@ import time
 
 import numpy as np
 
+from sage_tfx.bench import _continual_digits
 from sage_tfx.bench._trials import block_reader, trial_ledger
 
 DEFAULT_PLOT = "docs/img/continual_release.png"
+DIGITS_PLOT = "docs/img/continual_release_digits.png"
 VARIANTS = ("continual", "sliding", "scratch")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dataset", choices=("taxi", "digits"), default="taxi",
+                        help="taxi: REAL taxi trips, binary logistic regression (default); digits: scikit-learn's "
+                             "bundled digits, 10-class softmax regression, test accuracy by t and by epsilon "
+                             "(the paper's Fig. 4)")
     parser.add_argument("--epsilon", type=float, default=1.0, help="per-record budget charged per block (default 1)")
+    parser.add_argument("--epsilons", default="0.3,1,3,10",
+                        help="digits: the per-record epsilons compared, comma-separated (default 0.3,1,3,10; the ledger refuses above 10)")
     parser.add_argument("--delta", type=float, default=1e-6, help="per-record delta (default 1e-6)")
-    parser.add_argument("--blocks", type=int, default=32, help="blocks in the stream (default 32)")
-    parser.add_argument("--rows-per-block", type=int, default=450, help="rows per block, m0 (default 450)")
-    parser.add_argument("--window", type=int, default=8, help="sliding window in blocks (default 8)")
+    parser.add_argument("--blocks", type=int, default=None,
+                        help="blocks in the stream (default 32 taxi; digits: all that fit)")
+    parser.add_argument("--rows-per-block", type=int, default=None,
+                        help="rows per block, m0 (default 450 taxi, 128 digits)")
+    parser.add_argument("--window", type=int, default=None, help="sliding window in blocks (default 8 taxi, 4 digits)")
     parser.add_argument("--lam", type=float, default=0.05, help="ridge weight lam (default 0.05)")
-    parser.add_argument("--trials", type=int, default=5, help="noise seeds (default 5)")
-    parser.add_argument("--plot", default=DEFAULT_PLOT, help=f"PNG to write ('' for none; default {DEFAULT_PLOT})")
+    parser.add_argument("--trials", type=int, default=None, help="noise seeds (default 5 taxi, 3 digits)")
+    parser.add_argument("--plot", default=None, help=f"PNG to write ('' for none; default {DEFAULT_PLOT} taxi, "
+                                                     f"{DIGITS_PLOT} digits)")
+
+
+DEFAULTS = {"taxi": {"blocks": 32, "rows_per_block": 450, "window": 8, "trials": 5, "plot": DEFAULT_PLOT},
+            "digits": {"blocks": None, "rows_per_block": 128, "window": 4, "trials": 3, "plot": DIGITS_PLOT}}
+
+
+def _resolve(args: argparse.Namespace) -> argparse.Namespace:
+    """The data set's defaults for the options left unset."""
+    for name, value in DEFAULTS[args.dataset].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    return args
 
 
 FEATURES = ("fare", "trip_miles", "trip_seconds", "trip_start_hour", "credit_card", "bias")
@@ -72,9 +98,9 @@ def taxi_blocks(blocks: int, rows: int) -> list[tuple[np.ndarray, np.ndarray]]:
 
 def _check(args):
     for name in ("blocks", "rows_per_block", "trials", "window"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid: give an integer >= 1")
-    if args.window > args.blocks:
+    if args.blocks is not None and args.window > args.blocks:
         raise SystemExit(f"--window {args.window} is larger than the stream ({args.blocks} blocks): lower it")
 
 
@@ -98,7 +124,9 @@ def run(args: argparse.Namespace) -> dict:
     """
     from sage_tfx.release.continual import ReleaseParams
 
-    _check(args)
+    _check(_resolve(args))
+    if args.dataset == "digits":
+        return _continual_digits.run(args)
     began = time.time()
     data = taxi_blocks(args.blocks, args.rows_per_block)
     T, m0 = args.blocks, args.rows_per_block

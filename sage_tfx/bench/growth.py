@@ -23,6 +23,7 @@ import time
 
 import numpy as np
 
+from sage_tfx.bench import _growth_ermg
 from sage_tfx.bench._trials import block_reader, trial_ledger
 
 DEFAULT_PLOT = "docs/img/growth.png"
@@ -41,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hard-budget", type=int, default=20, help="PMWG hard queries k (default 20)")
     parser.add_argument("--trials", type=int, default=3, help="noise seeds (default 3)")
     parser.add_argument("--plot", default=DEFAULT_PLOT, help=f"PNG to write ('' for none; default {DEFAULT_PLOT})")
+    parser.add_argument("--ermg", action="store_true",
+                        help="instead: ERMG (private logistic regression re-run on growth) under BBImprover and "
+                             "BBScheduler vs a run at every block, on the REAL taxi big-tipper task (Theorem 12)")
 
 
 def taxi_rows(blocks: int, rows: int) -> list[np.ndarray]:
@@ -110,6 +114,8 @@ def run(args: argparse.Namespace) -> dict:
     from sage_tfx.release.growth import BBImprover, BBScheduler, ImproverParams, PMWGParams, SchedulerParams, Universe
 
     _check(args)
+    if args.ermg:
+        return _growth_ermg.run(args)
     began = time.time()
     data = taxi_rows(args.blocks, args.rows_per_block)
     T = args.blocks

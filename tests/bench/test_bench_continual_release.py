@@ -22,3 +22,21 @@ def test_tiny_run(tmp_path):
     assert (tmp_path / "fig.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="--window 9 is larger than the stream"):
         bench.run(parser.parse_args(["--blocks", "6", "--window", "9", "--plot", ""]))
+
+
+def test_tiny_digits_run(tmp_path):
+    # The REAL scikit-learn digits (10 classes) through the softmax release, two epsilons, one seed.
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = parser.parse_args(["--dataset", "digits", "--blocks", "3", "--rows-per-block", "256", "--window", "2",
+                              "--epsilons", "1,10", "--trials", "1", "--plot", str(tmp_path / "fig.png")])
+    figures = bench.run(args)
+    assert figures["audit_ok"] and figures["block_charge_over_epsilon"] == [pytest.approx(1.0), pytest.approx(1.0)]
+    assert set(figures["accuracy_median_by_t"]) == {"1", "10"}
+    for curves in figures["accuracy_median_by_t"].values():
+        assert all(len(c) == 3 and 0 <= min(c) <= max(c) <= 1 for c in curves.values())
+    assert figures["non_private_last_quarter_accuracy"] > 0.6  # chance is 0.1
+    assert (tmp_path / "fig.png").stat().st_size > 1000
+    with pytest.raises(SystemExit, match="digits' training part holds"):
+        bench.run(parser.parse_args(["--dataset", "digits", "--rows-per-block", "256", "--blocks", "9",
+                                     "--plot", ""]))

@@ -114,7 +114,7 @@ class _Base:
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise ContinualReleaseError(f"block {block!r} gave features of shape {x.shape}; expected (n, {self.dim})")
-        x, y = clip_features(x, y, self.params.loss)
+        x, y = clip_features(x, y, self.params.loss, self.params.classes)
         if self.validation_epsilon is not None:  # a public per-record hash: a record is in one part only
             test = record_hash_fraction(x, y) < self.test_fraction
             self.tests[block] = (x[test], y[test])

@@ -16,6 +16,11 @@ class ContinualRelease(_Base):
     the released model. Privacy: every record is (epsilon, delta)-DP over the infinite sequence of releases
     (per-record rho <= 1/(2 z_eff^2) * (1 + 4 xi)^2 with z_eff calibrated to (epsilon, delta); proof in the
     docs/release_strategies.md, the paper's Theorems 1 and 4).
+
+    Args:
+        *args: ``ledger, stream, pipeline, params, reader``: the ledger; the stream (its unit one row); the
+            pipeline name charged; the checked ReleaseParams (window None); grant -> (X, y) of its block.
+        **kwargs: ``dim`` (the features), ``validation_epsilon`` and ``test_fraction`` (the SLA check's parallel split).
     """
 
     strategy = Strategy.CUMULATIVE

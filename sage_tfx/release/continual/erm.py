@@ -13,8 +13,18 @@ from sage_tfx.privacy.samplers import grid_gaussian
 from .params import MAX_ITERATIONS, XI, ContinualReleaseError, Loss, ReleaseParams, lipschitz, smoothness
 
 
-def clip_features(x: np.ndarray, y: np.ndarray, loss: Loss) -> tuple[np.ndarray, np.ndarray]:
-    """Rows clipped to ||x||_2 <= 1; labels to {-1, +1} (logistic: y > 0 is +1) or [-1, 1] (squared)."""
+def clip_features(x: np.ndarray, y: np.ndarray, loss: Loss, classes: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """Rows clipped to ||x||_2 <= 1; labels to {-1, +1} (logistic: y > 0 is +1), [-1, 1] (squared) or, for
+    softmax, rounded to an integer class in 0..classes-1 (out-of-range labels clipped, never refused: the
+    labels are private).
+
+    Args:
+        x: the (n, d) features.
+        y: the n labels.
+        loss: the model's loss.
+        classes: the declared number of classes (softmax only).
+    """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64).reshape(-1)
     if x.ndim != 2 or x.shape[0] != y.shape[0]:
@@ -24,11 +34,28 @@ def clip_features(x: np.ndarray, y: np.ndarray, loss: Loss) -> tuple[np.ndarray,
         raise ContinualReleaseError("features or labels hold NaN or infinity: clean the block's records first")
     norms = np.linalg.norm(x, axis=1)
     x = x / np.maximum(norms, 1.0)[:, None]
-    y = np.where(y > 0, 1.0, -1.0) if Loss(loss) is Loss.LOGISTIC else np.clip(y, -1.0, 1.0)
+    loss = Loss(loss)
+    if loss is Loss.SOFTMAX:
+        if classes is None:
+            raise ContinualReleaseError("classes None: the softmax loss needs the declared number of classes")
+        return x, np.clip(np.rint(y), 0, int(classes) - 1)
+    y = np.where(y > 0, 1.0, -1.0) if loss is Loss.LOGISTIC else np.clip(y, -1.0, 1.0)
     return x, y
 
 
+def _softmax_loss_grad(w, x, y):
+    k = w.size // x.shape[1]
+    z = x @ w.reshape(x.shape[1], k)
+    lse = np.logaddexp.reduce(z, axis=1)
+    labels = y.astype(np.int64)
+    p = np.exp(z - lse[:, None])
+    p[np.arange(len(labels)), labels] -= 1.0
+    return lse - z[np.arange(len(labels)), labels], (x.T @ p).reshape(-1)
+
+
 def _loss_grad(w, x, y, loss):
+    if loss is Loss.SOFTMAX:
+        return _softmax_loss_grad(w, x, y)
     z = x @ w
     if loss is Loss.LOGISTIC:
         m = y * z
@@ -41,10 +68,50 @@ def _loss_grad(w, x, y, loss):
     return value, x.T @ g
 
 
-def empirical_loss(w: np.ndarray, x: np.ndarray, y: np.ndarray, loss: Loss) -> float:
-    """Mean loss (unregularised) of w on clipped (x, y)."""
-    x, y = clip_features(x, y, loss)
-    return float(np.mean(_loss_grad(np.asarray(w, dtype=np.float64), x, y, Loss(loss))[0])) if len(y) else math.nan
+def record_losses(w: np.ndarray, x: np.ndarray, y: np.ndarray, loss: Loss, classes: int | None = None
+                  ) -> np.ndarray:
+    """Each record's loss of w on already clipped (x, y) (``clip_features``).
+
+    Args:
+        w: the weights (softmax: the d x classes matrix, flattened row-major).
+        x: the clipped (n, d) features.
+        y: the clipped labels.
+        loss: the model's loss.
+        classes: the number of classes (softmax only; the weights' size tells it too).
+    """
+    w = np.asarray(w, dtype=np.float64).reshape(-1)
+    if Loss(loss) is Loss.SOFTMAX and classes is not None and w.size != x.shape[1] * int(classes):
+        raise ContinualReleaseError(f"weights of size {w.size} do not fit {x.shape[1]} features x {classes} classes")
+    return _loss_grad(w, x, y, Loss(loss))[0]
+
+
+def predict(w: np.ndarray, x: np.ndarray, loss: Loss) -> np.ndarray:
+    """The model's prediction on clipped x: the class index (softmax), the sign (logistic) or x.w (squared).
+
+    Args:
+        w: the weights (softmax: flattened d x k).
+        x: the clipped (n, d) features.
+        loss: the model's loss.
+    """
+    w = np.asarray(w, dtype=np.float64).reshape(-1)
+    if Loss(loss) is Loss.SOFTMAX:
+        return np.argmax(x @ w.reshape(x.shape[1], -1), axis=1)
+    z = x @ w
+    return np.where(z > 0, 1.0, -1.0) if Loss(loss) is Loss.LOGISTIC else z
+
+
+def empirical_loss(w: np.ndarray, x: np.ndarray, y: np.ndarray, loss: Loss, classes: int | None = None) -> float:
+    """Mean loss (unregularised) of w on (x, y), clipped here.
+
+    Args:
+        w: the weights.
+        x: the (n, d) features.
+        y: the n labels.
+        loss: the model's loss.
+        classes: the number of classes (softmax only).
+    """
+    x, y = clip_features(x, y, loss, classes)
+    return float(np.mean(record_losses(w, x, y, loss, classes))) if len(y) else math.nan
 
 
 def _project(w, radius):
@@ -53,14 +120,28 @@ def _project(w, radius):
 
 
 def solve_erm(x: np.ndarray, y: np.ndarray, *, normaliser: float, lam: float, radius: float, loss: Loss,
-              reference: np.ndarray | None = None, tolerance: float | None = None) -> np.ndarray:
+              reference: np.ndarray | None = None, tolerance: float | None = None, classes: int | None = None
+              ) -> np.ndarray:
     """argmin_{||w|| <= R} (1/N) sum loss + (lam/2)||w - ref||^2, to gradient-mapping norm <= ``tolerance``.
 
     Non-private. Inputs must already be clipped (``clip_features``). The default tolerance is XI L / N, the
     one the sensitivity of ``private_erm`` assumes.
+
+    Args:
+        x: the clipped (n, d) features.
+        y: the clipped labels.
+        normaliser: N, the declared record count the loss sum is divided by.
+        lam: the ridge weight.
+        radius: the parameter ball's radius R.
+        loss: the model's loss.
+        reference: the point the ridge pulls toward (a released model), default 0.
+        tolerance: the gradient-mapping norm to stop at (default XI L / N).
+        classes: the number of classes (softmax: the weights are d x classes, flattened row-major).
     """
     loss = Loss(loss)
-    d = x.shape[1]
+    d = x.shape[1] * (int(classes) if loss is Loss.SOFTMAX and classes is not None else 1)
+    if loss is Loss.SOFTMAX and classes is None:
+        raise ContinualReleaseError("classes None: the softmax loss needs the declared number of classes")
     ref = np.zeros(d) if reference is None else np.asarray(reference, dtype=np.float64)
     L = lipschitz(loss, radius)
     tol = XI * L / normaliser if tolerance is None else tolerance
@@ -87,7 +168,12 @@ def solve_erm(x: np.ndarray, y: np.ndarray, *, normaliser: float, lam: float, ra
 
 
 def sensitivity(params: ReleaseParams, blocks: int) -> float:
-    """L2 sensitivity (1 + 4 xi) L / (lam N) of ``solve_erm`` on ``blocks`` blocks (N = blocks * m0)."""
+    """L2 sensitivity (1 + 4 xi) L / (lam N) of ``solve_erm`` on ``blocks`` blocks (N = blocks * m0).
+
+    Args:
+        params: the release's parameters (L from its loss: 1 logistic, R + 1 squared, sqrt(2) softmax).
+        blocks: the blocks the release reads.
+    """
     return (1 + 4 * XI) * params.lipschitz / (params.lam * blocks * params.records_per_block)
 
 
@@ -97,9 +183,20 @@ def private_erm(x: np.ndarray, y: np.ndarray, *, params: ReleaseParams, blocks: 
 
     Sensitivity ``sensitivity(params, blocks)`` (docs/release_strategies.md); guarantee rho-zCDP with
     rho = Delta^2 / (2 sigma^2) on the records of the ``blocks`` blocks given (Bun and Steinke 2016 to (eps, delta)).
+    Softmax (multiclass): the same contract on the flattened d x k weights, L = sqrt(2), every one of the d k
+    cells perturbed.
+
+    Args:
+        x: the (n, d) features (clipped here).
+        y: the n labels (clipped here).
+        params: the release's parameters.
+        blocks: the blocks x, y come from (the normaliser is blocks * m0).
+        sigma: the Gaussian's standard deviation.
+        rng: the secure generator the noise is drawn from.
+        reference: the released model the ridge pulls toward, default 0.
     """
-    x, y = clip_features(x, y, params.loss)
+    x, y = clip_features(x, y, params.loss, params.classes)
     n_norm = blocks * params.records_per_block
     w = solve_erm(x, y, normaliser=n_norm, lam=params.lam, radius=params.radius, loss=params.loss,
-                  reference=reference)
+                  reference=reference, classes=params.classes)
     return grid_gaussian(w, sensitivity(params, blocks), sigma, rng=rng, cells=w.size)  # a record moves every cell

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -27,21 +28,35 @@ class ContinualReleaseError(SageError, ValueError):
 class Loss(enum.StrEnum):
     LOGISTIC = "logistic"
     SQUARED = "squared"
+    SOFTMAX = "softmax"
 
 
 class Strategy(enum.StrEnum):
     CUMULATIVE = "continual-cumulative"
     SLIDING = "continual-sliding-window"
+    SLIDING_AS_WRITTEN = "continual-sliding-window-alg5"
 
 
 def lipschitz(loss: Loss, radius: float) -> float:
-    """L of the loss on ||w|| <= radius with ||x|| <= 1, |y| <= 1."""
-    return 1.0 if Loss(loss) is Loss.LOGISTIC else radius + 1.0
+    """L of the loss on ||w|| <= radius with ||x|| <= 1, |y| <= 1 (softmax: the flattened d x k weights).
+
+    Args:
+        loss: the model's loss.
+        radius: the parameter ball's radius R.
+    """
+    loss = Loss(loss)
+    if loss is Loss.SOFTMAX:
+        return math.sqrt(2.0)  # ||x (p - e_y)^T||_F = ||x|| ||p - e_y|| <= sqrt(2)
+    return 1.0 if loss is Loss.LOGISTIC else radius + 1.0
 
 
 def smoothness(loss: Loss) -> float:
-    """beta of the loss with ||x|| <= 1."""
-    return 0.25 if Loss(loss) is Loss.LOGISTIC else 1.0
+    """beta of the loss with ||x|| <= 1 (softmax: ||diag(p) - p p^T|| <= 1/2).
+
+    Args:
+        loss: the model's loss.
+    """
+    return {Loss.LOGISTIC: 0.25, Loss.SQUARED: 1.0, Loss.SOFTMAX: 0.5}[Loss(loss)]
 
 
 def _positive(name: str, value, fix: str) -> float:
@@ -54,9 +69,15 @@ def _positive(name: str, value, fix: str) -> float:
 class ReleaseParams:
     """What a continual release needs; every field is checked here, before anything is charged.
 
-    ``epsilon``, ``delta``: the per-record bound charged on each block (its whole lifetime's loss).
-    ``records_per_block`` m0: the declared normaliser (public). ``lam``: the ridge weight (lam/2 ||w - w_ref||^2).
-    ``radius`` R: the parameter ball. ``loss``: logistic or squared. ``window``: blocks, for the sliding window.
+    Args:
+        epsilon: the per-record epsilon charged on each block (its whole lifetime's loss).
+        delta: the per-record delta charged on each block.
+        records_per_block: m0, the declared normaliser (public, never the data's own count).
+        lam: the ridge weight (lam/2 ||w - w_ref||^2).
+        radius: R, the parameter ball (the flattened d x k weights for softmax).
+        loss: logistic, squared or softmax (multiclass: labels 0..classes-1).
+        window: blocks, for the sliding window (None: cumulative).
+        classes: k >= 2 for the softmax loss (its weights are d x k, flattened row-major); None otherwise.
     """
 
     epsilon: float
@@ -66,6 +87,7 @@ class ReleaseParams:
     radius: float = 10.0
     loss: Loss = Loss.LOGISTIC
     window: int | None = None
+    classes: int | None = None
 
     def __post_init__(self):
         _positive("epsilon", self.epsilon, "give a finite epsilon > 0")
@@ -83,16 +105,35 @@ class ReleaseParams:
         except ValueError:
             raise ContinualReleaseError(f"loss {self.loss!r} is unknown: use one of "
                                         f"{', '.join(l.value for l in Loss)}") from None
+        self._check_classes()
         if self.window is not None:
             w = self.window
             if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
                 raise ContinualReleaseError(f"window {w!r} is invalid: give a window of >= 1 blocks")
 
+    def _check_classes(self):
+        k = self.classes
+        if self.loss is not Loss.SOFTMAX:
+            if k is not None:
+                raise ContinualReleaseError(f"classes {k!r} is for the softmax loss: give loss='softmax' or "
+                                            "classes=None")
+            return
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
+            raise ContinualReleaseError(f"classes {k!r} is invalid: the softmax loss needs the number of classes "
+                                        "(an integer >= 2), declared before any block is read")
+
     @property
     def lipschitz(self) -> float:
         return lipschitz(self.loss, self.radius)
 
+    @property
+    def outputs(self) -> int:
+        """Columns of the weight matrix: the classes for softmax, else 1."""
+        return 1 if self.classes is None else int(self.classes)
+
     def to_dict(self) -> dict:
         d = asdict(self)
         d["loss"] = self.loss.value
+        if self.classes is None:
+            del d["classes"]  # binary releases keep the fingerprints they always had
         return d

@@ -17,7 +17,14 @@ from .base import Released
 @dataclass(frozen=True)
 class Pushed:
     """Where ``push_model`` put a released model: its Model artifact URI, its ModelBlessing URI, whether it was
-    blessed, and the serving path it was pushed to (None: not pushed -- not blessed, or no serving dir)."""
+    blessed, and the serving path it was pushed to (None: not pushed -- not blessed, or no serving dir).
+
+    Args:
+        model_uri: the Model artifact's URI.
+        blessing_uri: the ModelBlessing's URI.
+        blessed: whether the model was blessed.
+        pushed_to: the serving path it was pushed to, or None.
+    """
 
     model_uri: str
     blessing_uri: str
@@ -30,7 +37,14 @@ def push_model(push_dir: str, model: Released, result=None, serving_dir: str | N
     its ModelBlessing (push_dir/blessing-<t>/, ``write_blessing``): blessed iff the SLA check ACCEPTed, or
     when no SLA check is set (``result`` None -- as a Pusher without a model_blessing input pushes every
     model). With ``serving_dir``, push it there (``push_blessed``: blessed models only, version t). A TFX
-    Pusher given these two artifacts (tests/release/test_release_pusher.py) pushes exactly the same models."""
+    Pusher given these two artifacts (tests/release/test_release_pusher.py) pushes exactly the same models.
+
+    Args:
+        push_dir: the folder the artifacts are written in.
+        model: the released model.
+        result: the SLA check's result, or None (no SLA: blessed).
+        serving_dir: where blessed models are pushed, or None.
+    """
 
     model_uri = os.path.join(push_dir, f"model-{model.t:06d}")
     serving = os.path.join(model_uri, SERVING_MODEL_DIR)

@@ -30,6 +30,11 @@ class SlidingWindowRelease(_Base):
     toward the newest model of the level above; the release at t combines the buckets covering [t - w, t).
     Privacy: every record is (epsilon, delta)-DP over all releases (docs/release_strategies.md; the paper's Theorem 7).
     Before t = w the window is the whole stream so far. A window larger than the declared horizon is refused.
+
+    Args:
+        *args: ``ledger, stream, pipeline, params, reader`` as ContinualRelease (params with a window).
+        horizon: the stream's length in blocks, if known (a larger window is refused).
+        **kwargs: ``dim``, ``validation_epsilon``, ``test_fraction`` as ContinualRelease.
     """
 
     strategy = Strategy.SLIDING

@@ -39,7 +39,22 @@ def release_stream(ledger, data_root: str, stream: str, pipeline: str, params: R
     goes through the SLA check (``check_sla``) and, with ``push_dir``, is written with its ModelBlessing
     (``push_model``: blessed only on ACCEPT) and, with ``serving_dir`` too, pushed there if blessed. A window in
     ``params`` selects SlidingWindowRelease. Pass the returned release back in as
-    ``release`` on the next call to continue the same stream."""
+    ``release`` on the next call to continue the same stream.
+
+    Args:
+        ledger: the privacy ledger.
+        data_root: the stream's data root.
+        stream: the stream.
+        pipeline: the pipeline name charged.
+        params: the checked ReleaseParams.
+        featurize: tf.Example records -> (X, y).
+        dim: the number of features.
+        blocks: the block ids to observe (default: the unobserved ones, in ledger order).
+        validator: a DPLossValidator for the SLA check, or None.
+        push_dir: where models and blessings are written, or None.
+        serving_dir: where blessed models are pushed (needs push_dir), or None.
+        release: the release returned by an earlier call, to continue the stream.
+    """
     if serving_dir is not None and push_dir is None:
         raise ContinualReleaseError(f"serving_dir {serving_dir!r} needs push_dir: the models and their blessings "
                                     "are written there first (the artifacts a Pusher reads)")

@@ -1,4 +1,4 @@
-"""Release on a growing database (Cummings et al., NeurIPS 2018): BBScheduler, BBImprover and PMWG; numpy only.
+"""Release on a growing database (Cummings et al., NeurIPS 2018): BBScheduler, BBImprover, ERMG and PMWG; numpy only.
 
 A database size is counted in blocks and its public record count in DECLARED rows, never the ledger's exact count.
 Every arriving block gets ONE grant charging the whole (epsilon, delta) its records can ever lose, before it is
@@ -6,6 +6,7 @@ read. The schedules, the mechanism and the proofs: docs/release_strategies.md, "
 proofs".
 """
 from .calibration import filter_scale
+from .ermg import erm_mechanism, ermg
 from .errors import STAGE, GrowthError
 from .improver import BBImprover, ImproverParams
 from .pmwg import PMWG, Answer, PMWGParams, Universe, count_query, sum_query
@@ -25,5 +26,5 @@ from .scheduler import BBScheduler, SchedulerParams
 __all__ = [
     "Answer", "BBImprover", "BBScheduler", "GrowthError", "ImproverParams", "Mechanism", "PMWG", "PMWGParams",
     "Reader", "Run", "STAGE", "Schedule", "ScheduleIdentity", "ScheduledRelease", "SchedulerParams", "Universe",
-    "charge_lifetime", "clipped_mean", "count_query", "filter_scale", "schedule_fingerprint", "sum_query"
+    "charge_lifetime", "clipped_mean", "count_query", "erm_mechanism", "ermg", "filter_scale", "schedule_fingerprint", "sum_query"
 ]

@@ -18,7 +18,14 @@ from .errors import GrowthError, _int_at_least, _positive
 
 @dataclass(frozen=True)
 class ImproverParams:
-    """BBImprover: total per-record (epsilon, delta > 0); exponent a in (0, 1/2); first run at t0 blocks."""
+    """BBImprover: total per-record (epsilon, delta > 0); exponent a in (0, 1/2); first run at t0 blocks.
+
+    Args:
+        epsilon: the total per-record epsilon.
+        delta: the total per-record delta (> 0: zCDP composition).
+        a: the exponent of epsilon_t = c t^-(1/2 + a), 0 < a < 1/2.
+        t0: the block count of the first run.
+    """
 
     epsilon: float
     delta: float
@@ -42,6 +49,10 @@ class BBImprover:
     integral bound in the proofs, docs/release_strategies.md; Theorem 4). ``approximate=True``: runs of (epsilon_t, delta_t), drawn
     by the ledger's "zcdp" rule, c calibrated to its RDP filter (docs/release_strategies.md, "Approximate runs"). Run index
     (epoch) of the run at t blocks: t - t0.
+
+    Args:
+        params: the checked ImproverParams.
+        approximate: runs of (epsilon_t, delta_t) drawn by the ledger's "zcdp" rule (a TFX pipeline per run).
     """
 
     HEAD = 4096  # exact terms of the approximate calibration before the integral bound
@@ -62,24 +73,46 @@ class BBImprover:
         self.c = math.sqrt(2.0 * self.rho / tail)
 
     def epsilon_of(self, t: int) -> float:
+        """epsilon_t = c t^-(1/2 + a) of the run at t blocks.
+
+        Args:
+            t: the block count of the run.
+        """
         return self.c * t ** -(0.5 + self.params.a)
 
     def delta_of(self, t: int) -> float:
         """delta_t of the run at t blocks: (delta / 2) (6 / pi^2) / (t - t0 + 1)^2 for approximate runs (summing to
-        delta / 2 over t >= t0), else 0."""
+        delta / 2 over t >= t0), else 0.
+
+        Args:
+            t: the block count of the run.
+        """
         if not self.approximate or t < self.params.t0:
             return 0.0
         return self.params.delta * ZCDP_SHARE * 6.0 / math.pi ** 2 / (t - self.params.t0 + 1) ** 2
 
     def run_at(self, t: int) -> tuple[int, float] | None:
+        """(run index t, epsilon_t) of the run made at t blocks, None before t0.
+
+        Args:
+            t: the block count reached.
+        """
         return (t, self.epsilon_of(t)) if t >= self.params.t0 else None
 
     def epoch_start(self, i: int) -> int:
-        """The block count of run i: t0 + i."""
+        """The block count of run i: t0 + i.
+
+        Args:
+            i: the run index.
+        """
         return self.params.t0 + i
 
     def run_budget(self, t: int) -> tuple[int, float, float] | None:
-        """(run index t - t0, epsilon_t, delta_t) of the run at t blocks, None before t0."""
+        """(run index t - t0, epsilon_t, delta_t) of the run at t blocks, None before t0.
+
+        Args:
+            t: the block count of the run.
+        """
         return (t - self.params.t0, self.epsilon_of(t), self.delta_of(t)) if t >= self.params.t0 else None
 
     @property
@@ -89,7 +122,11 @@ class BBImprover:
         return Composition.ZCDP if self.approximate else None
 
     def total_loss(self, horizon: int) -> float:
-        """A record's worst-case rho over runs up to ``horizon`` blocks."""
+        """A record's worst-case rho over runs up to ``horizon`` blocks.
+
+        Args:
+            horizon: the last block count counted.
+        """
         return sum(self.epsilon_of(t) ** 2 / 2 for t in range(self.params.t0, horizon + 1))
 
     @property

@@ -3,6 +3,7 @@
 """
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -14,13 +15,19 @@ from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_laplace
 from sage_tfx.privacy.streams import require_row_unit
 
+from .calibration import pmwg_round_scale
 from .errors import STAGE, GrowthError, _int_at_least, _positive
 from .scheduled import Reader, schedule_fingerprint
 
 
 @dataclass(frozen=True)
 class Universe:
-    """A declared finite discretisation: for each column, bin edges (values are clipped into the outer bins)."""
+    """A declared finite discretisation: for each column, bin edges (values are clipped into the outer bins).
+
+    Args:
+        columns: the column names, in the rows' order.
+        edges: one increasing sequence of >= 2 finite bin edges per column.
+    """
 
     columns: tuple
     edges: tuple  # one increasing sequence of edges per column
@@ -42,7 +49,11 @@ class Universe:
         return int(np.prod(self.shape))
 
     def cells(self, rows: np.ndarray) -> np.ndarray:
-        """Flat cell index of each row (rows: (n, len(columns)) array)."""
+        """Flat cell index of each row (rows: (n, len(columns)) array).
+
+        Args:
+            rows: an (n, len(columns)) array.
+        """
         rows = np.asarray(rows, dtype=float)
         if rows.ndim != 2 or rows.shape[1] != len(self.columns):
             raise GrowthError(f"rows of shape {rows.shape} do not match the universe's {len(self.columns)} columns")
@@ -59,15 +70,25 @@ class Universe:
 
 @dataclass(frozen=True)
 class PMWGParams:
-    """PMWG: total per-record epsilon (pure); hard-query budget k at the first block's size n0 (growing as
-    k (1 + ln(n / n0)), Corollary 16); threshold T; MW learning rate eta; growth_exponent p of the per-round
-    epsilon c (n0 / n)^p (docs/release_strategies.md)."""
+    """PMWG's parameters (docs/release_strategies.md), checked before anything is charged.
+
+    Args:
+        epsilon: the total per-record epsilon.
+        hard_budget: k, the hard-query budget at the first block's size n0 (growing as k (1 + ln(n / n0)),
+            Corollary 16).
+        threshold: T, the hardness threshold (fraction units).
+        eta: the multiplicative-weights learning rate.
+        growth_exponent: p of the per-round epsilon c (n0 / n)^p.
+        delta: 0 for pure epsilon-DP (basic composition of the rounds); > 0 for (epsilon, delta)-DP by zCDP
+            composition of the rounds (Theorem 17): a larger c, so less noise per round.
+    """
 
     epsilon: float
     hard_budget: int = 20
     threshold: float = 0.05
     eta: float = 0.5
     growth_exponent: float = 0.5
+    delta: float = 0.0
 
     def __post_init__(self):
         _positive("epsilon", self.epsilon, "give the total per-record epsilon > 0")
@@ -78,12 +99,21 @@ class PMWGParams:
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
             raise GrowthError(f"growth_exponent {p!r} is invalid: give 0 < p <= 1 (a round opened at size n "
                               "gets epsilon c (n0 / n)^p; p <= 0 would not converge under a growing budget)")
+        d = self.delta
+        if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
+            raise GrowthError(f"delta {d!r} is invalid: give 0 <= delta < 1 (0 = pure epsilon-DP)")
 
-    @property
+    @functools.cached_property
     def round_scale(self) -> float:
-        """c = epsilon / (k + 1 / (exp(p / k) - 1)): a round opened at n <= n0 costs c (docs/release_strategies.md)."""
-        k, p = self.hard_budget, self.growth_exponent
-        return self.epsilon / (k + 1.0 / math.expm1(p / k))
+        """c: a round opened at n <= n0 costs c (``calibration.pmwg_round_scale``; docs/release_strategies.md)."""
+        return pmwg_round_scale(self.epsilon, self.delta, self.hard_budget, self.growth_exponent)
+
+    def to_dict(self) -> dict:
+        """The parameters as signed into every grant (delta left out when 0: pure runs keep their fingerprints)."""
+        out = asdict(self)
+        if self.delta == 0:
+            del out["delta"]
+        return out
 
 
 @dataclass
@@ -103,6 +133,15 @@ class PMWG:
     growth (docs/release_strategies.md: at most h(n) = floor(k (1 + ln(n / n0))) hard queries by size n, a round opened
     at size n costs c min(1, (n0 / n)^p), and the rounds' sum is at most epsilon), charged per block: each
     arriving block's grant charges epsilon before it is read.
+
+    Args:
+        ledger: the privacy ledger.
+        stream: the stream (its unit one row).
+        pipeline: the pipeline name the grants are charged to.
+        params: the checked PMWGParams.
+        universe: the declared Universe.
+        reader: grant -> the (n, columns) rows of its one block.
+        computation: a public description of the declared query stream (signed into every grant), or None.
     """
 
     def __init__(self, ledger, stream: str, pipeline: str, params: PMWGParams, universe: Universe,
@@ -134,7 +173,7 @@ class PMWG:
 
     @property
     def meta(self) -> dict:
-        meta = {"strategy": "pmwg", **asdict(self.params), "universe_shape": list(self.universe.shape)}
+        meta = {"strategy": "pmwg", **self.params.to_dict(), "universe_shape": list(self.universe.shape)}
         if self.computation is not None:  # signed into every grant and the release fingerprint
             meta["computation"] = self.computation
         return meta
@@ -144,15 +183,21 @@ class PMWG:
         return schedule_fingerprint(self.pipeline, self.stream, self.meta)
 
     def observe(self, block: str, declared_rows: int) -> None:
-        """Charge ``block`` epsilon, read it under its grant, update the counts and the public histogram."""
+        """Charge ``block`` epsilon, read it under its grant, update the counts and the public histogram.
+
+        Args:
+            block: the arriving block's id.
+            declared_rows: its declared (public) row count.
+        """
         if block in self.grants:
             raise GrowthError(f"block {block!r} was already observed: give each block once, in order")
         m = _int_at_least("declared_rows", declared_rows, 1, "give the block's declared (public) row count >= 1")
         grant = self.ledger.request(self.pipeline, self.stream, blocks=[block], epsilon=self.params.epsilon,
-                                    delta=0.0, meta=self.meta)
+                                    delta=self.params.delta, meta=self.meta)
         self.grants[block] = grant
         self.order.append(block)
-        self.ledger.release(grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), self.params.epsilon, 0.0)
+        self.ledger.release(grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), self.params.epsilon,
+                            self.params.delta)
         rows = self.reader(grant)
         self.reads.append((block, grant.id))
         self.counts += np.bincount(self.universe.cells(rows), minlength=self.universe.size)
@@ -164,7 +209,11 @@ class PMWG:
 
     def hard_limit(self, n: int | None = None) -> int:
         """h(n) = floor(k (1 + ln(n / n0))): how many hard queries PMWG may have answered by public size n
-        (default: now; Corollary 16, docs/release_strategies.md). 0 before the first block."""
+        (default: now; Corollary 16, docs/release_strategies.md). 0 before the first block.
+
+        Args:
+            n: a public size (default: now).
+        """
         n = self.n if n is None else n
         if self.n0 is None or n <= 0:
             return 0
@@ -172,25 +221,44 @@ class PMWG:
         return int(math.floor(self.params.hard_budget * (1.0 + math.log(max(n, self.n0) / self.n0))))
 
     def round_epsilon(self, n: int | None = None) -> float:
-        """eps_r(n) = c min(1, (n0 / n)^p): the epsilon of an AboveThreshold round opened at public size n."""
+        """eps_r(n) = c min(1, (n0 / n)^p): the epsilon of an AboveThreshold round opened at public size n.
+
+        Args:
+            n: a public size (default: now).
+        """
         n = self.n if n is None else n
         return self.params.round_scale * min(1.0, (self.n0 / n) ** self.params.growth_exponent)
 
     @property
     def epsilon_spent_bound(self) -> float:
-        """The sum of the opened rounds' epsilons: a record's loss so far (<= params.epsilon, docs/release_strategies.md)."""
+        """The sum of the opened rounds' epsilons: a record's loss so far (<= params.epsilon when delta = 0,
+        docs/release_strategies.md)."""
         return float(sum(self.round_epsilons))
+
+    @property
+    def rho_spent_bound(self) -> float:
+        """The sum of the opened rounds' eps_r^2 / 2: a record's zCDP rho so far (<= zcdp_rho(epsilon, delta) when
+        delta > 0)."""
+        return float(sum(e * e / 2 for e in self.round_epsilons))
 
     def _rng(self):
         self._draws += 1
         return as_secure_rng(self.ledger.private_seed(self.grants[self.order[0]].id, f"pmwg/{self._draws}"))
 
     def true_answer(self, weights: np.ndarray) -> float:
-        """The exact (non-private) answer; for tests and benches only."""
+        """The exact (non-private) answer; for tests and benches only.
+
+        Args:
+            weights: the query's weights per cell.
+        """
         return float(np.asarray(weights) @ self.counts / self.n)
 
     def query(self, weights: Sequence[float]) -> Answer:
-        """Answer a linear query (weights in [0, 1] per cell) on the current database."""
+        """Answer a linear query (weights in [0, 1] per cell) on the current database.
+
+        Args:
+            weights: one weight in [0, 1] per cell of the universe.
+        """
         w = np.asarray(weights, dtype=float)
         if w.shape != (self.universe.size,) or not np.isfinite(w).all() or w.min() < 0 or w.max() > 1:
             raise GrowthError(f"query weights of shape {w.shape} are invalid: give {self.universe.size} values "
@@ -205,7 +273,7 @@ class PMWG:
             return ans
         for b in self.order:  # every query reads all blocks: re-open their releases (same computation)
             self.ledger.release(self.grants[b], STAGE, bound_to_data(self.fingerprint, self.ledger, self.grants[b]),
-                                self.params.epsilon, 0.0)
+                                self.params.epsilon, self.params.delta)
         if self.noisy_threshold is None:  # a new AboveThreshold round at the current sensitivity and epsilon
             self.round_sensitivity = 1.0 / self.n
             eps_r = self.round_epsilon()
@@ -232,13 +300,25 @@ class PMWG:
 
 
 def count_query(universe: Universe, predicate: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """0/1 weights of the cells whose centre satisfies ``predicate`` (centres: (size, columns) array)."""
+    """0/1 weights of the cells whose centre satisfies ``predicate`` (centres: (size, columns) array).
+
+    Args:
+        universe: the declared Universe.
+        predicate: (size, columns) centres -> booleans.
+    """
     return np.asarray(predicate(universe.centres()), dtype=float)
 
 
 def sum_query(universe: Universe, column: int, bound: float,
               predicate: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
-    """Weights centre[column] / bound (clipped to [0, 1]) on the cells satisfying ``predicate``."""
+    """Weights centre[column] / bound (clipped to [0, 1]) on the cells satisfying ``predicate``.
+
+    Args:
+        universe: the declared Universe.
+        column: the summed column's index.
+        bound: the column's public upper bound B > 0.
+        predicate: (size, columns) centres -> booleans, or None for all cells.
+    """
     bound = _positive("bound", bound, "give the column's public upper bound B > 0")
     c = universe.centres()
     w = np.clip(c[:, column] / bound, 0, 1)

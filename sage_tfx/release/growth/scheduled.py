@@ -45,7 +45,12 @@ def clipped_mean(bound: float, rows_per_block: int) -> Mechanism:
     black box (the paper's Section 3: an epsilon-DP static algorithm). Called with ``delta > 0`` (a basic-mode
     BBScheduler run), it adds ``samplers.grid_gaussian_sum`` noise of sigma = z bound / n instead, z the Gaussian
     multiplier dp-accounting's RDP accountant calibrates to (epsilon, delta) (``gaussian.rdp_multiplier``):
-    the grid release keeps the continuous Gaussian's rho-zCDP, hence its RDP curve and (epsilon, delta)."""
+    the grid release keeps the continuous Gaussian's rho-zCDP, hence its RDP curve and (epsilon, delta).
+
+    Args:
+        bound: the column's public upper bound B (values clipped to [0, B]).
+        rows_per_block: the declared (public) rows per block.
+    """
     bound = _positive("bound", bound, "give the column's public upper bound B > 0 (values are clipped to [0, B])")
     m = _int_at_least("rows_per_block", rows_per_block, 1, "give the declared (public) rows per block >= 1")
 
@@ -119,6 +124,15 @@ class ScheduledRelease(ScheduleIdentity):
     epsilon_i, rng)`` (a basic-mode BBScheduler: ``mechanism(..., delta=delta_i)``, which must then be
     (epsilon_i, delta_i)-DP) after re-opening every read block's release with this instance's fingerprint. The
     mechanism's output is public; it is answered from until the next run. Privacy: as the schedule's.
+
+    Args:
+        ledger: the privacy ledger.
+        stream: the stream (its unit one row).
+        pipeline: the pipeline name the grants are charged to.
+        schedule: a BBScheduler or BBImprover.
+        mechanism: the black box (blocks' data, epsilon, rng) -> output.
+        reader: grant -> the data of its one block.
+        name: the mechanism's public name (in the grants' meta).
     """
 
     def __init__(self, ledger, stream: str, pipeline: str, schedule: Schedule, mechanism: Mechanism,
@@ -139,6 +153,11 @@ class ScheduledRelease(ScheduleIdentity):
         self.current: Any = None
 
     def observe(self, block: str) -> Run | None:
+        """Charge ``block``'s lifetime grant, read it, and run the mechanism if the schedule runs now (the Run, or None).
+
+        Args:
+            block: the arriving block's id.
+        """
         if block in self.grants:
             raise GrowthError(f"block {block!r} was already observed: give each block once, in order")
         grant = charge_lifetime(self.ledger, self.stream, self.pipeline, block, self.epsilon, self.delta,

@@ -18,7 +18,15 @@ from .errors import GrowthError, _int_at_least, _positive
 
 @dataclass(frozen=True)
 class SchedulerParams:
-    """BBScheduler: total per-record (epsilon, delta); growth factor 1 + gamma; first run at t0 blocks."""
+    """BBScheduler: total per-record (epsilon, delta); growth factor 1 + gamma; first run at t0 blocks.
+
+    Args:
+        epsilon: the total per-record epsilon.
+        delta: the total per-record delta (0: pure epsilon-DP).
+        gamma: the growth factor - 1: a run each time the data grew by 1 + gamma.
+        t0: the block count of the first run.
+        composition: None (pure if delta = 0, zCDP otherwise), "zcdp" or "basic" ((epsilon_i, delta_i) runs).
+    """
 
     epsilon: float
     delta: float = 0.0
@@ -52,6 +60,10 @@ class BBScheduler:
     sum_i epsilon_i = epsilon, Theorem 3; zCDP mode sum_i epsilon_i^2 / 2 = rho, Theorem 4; basic mode
     sum_i epsilon_i = epsilon and sum_i delta_i = delta, Theorem 3). ``approximate=True`` (zCDP mode only): runs
     of (epsilon_i, delta_i), drawn by the ledger's "zcdp" rule (docs/release_strategies.md, "Approximate runs").
+
+    Args:
+        params: the checked SchedulerParams.
+        approximate: runs of (epsilon_i, delta_i) drawn by the ledger's "zcdp" rule (zCDP mode only).
     """
 
     def __init__(self, params: SchedulerParams, *, approximate: bool = False):
@@ -68,10 +80,19 @@ class BBScheduler:
             self.c = filter_scale(params.epsilon, params.delta, r ** np.arange(n), r ** (2 * n) / (1.0 - r * r))
 
     def epoch_start(self, i: int) -> int:
-        """The first block count at which epoch i's run is made: ceil(t0 (1 + gamma)^i)."""
+        """The first block count at which epoch i's run is made: ceil(t0 (1 + gamma)^i).
+
+        Args:
+            i: the epoch.
+        """
         return int(math.ceil(self.params.t0 * (1.0 + self.params.gamma) ** i - 1e-9))
 
     def epsilon_of(self, i: int) -> float:
+        """epsilon_i of epoch i's run (pure / basic: epsilon gamma / (1 + gamma)^(i + 1); zCDP: its geometric share of rho).
+
+        Args:
+            i: the epoch.
+        """
         g = self.params.gamma
         if self.params.mode is not Composition.ZCDP:
             return self.params.epsilon * g / (1.0 + g) ** (i + 1)
@@ -82,7 +103,11 @@ class BBScheduler:
 
     def delta_of(self, i: int) -> float:
         """delta_i of epoch i's run: delta gamma / (1 + gamma)^(i + 1) in basic mode, (delta / 2) gamma /
-        (1 + gamma)^(i + 1) for approximate runs (docs/release_strategies.md), else 0 (pure runs)."""
+        (1 + gamma)^(i + 1) for approximate runs (docs/release_strategies.md), else 0 (pure runs).
+
+        Args:
+            i: the epoch.
+        """
         g = self.params.gamma
         if self.approximate:
             return self.params.delta * ZCDP_SHARE * g / (1.0 + g) ** (i + 1)
@@ -92,7 +117,11 @@ class BBScheduler:
 
     def run_budget(self, t: int) -> tuple[int, float, float] | None:
         """(epoch, epsilon_i, delta_i) of the run made at t blocks (None if none); several epochs passed at once
-        are one run at their summed epsilon (zCDP: summed squares) and summed delta -- no more than running each."""
+        are one run at their summed epsilon (zCDP: summed squares) and summed delta -- no more than running each.
+
+        Args:
+            t: the block count of the run.
+        """
         plan = self.run_at(t)
         if plan is None:
             return None
@@ -100,11 +129,19 @@ class BBScheduler:
         return plan[0], plan[1], sum(self.delta_of(i) for i in range(first, plan[0] + 1))
 
     def total_delta(self, horizon: int) -> float:
-        """A record's worst-case delta over the runs up to ``horizon`` blocks (basic mode; 0 otherwise)."""
+        """A record's worst-case delta over the runs up to ``horizon`` blocks (basic mode; 0 otherwise).
+
+        Args:
+            horizon: the last block count counted.
+        """
         return sum(r[2] for r in (self.run_budget(t) for t in range(1, horizon + 1)) if r)
 
     def run_at(self, t: int) -> tuple[int, float] | None:
-        """(epoch, epsilon) of the run made when the database reaches t blocks, None if no run then."""
+        """(epoch, epsilon) of the run made when the database reaches t blocks, None if no run then.
+
+        Args:
+            t: the block count reached.
+        """
         if t < self.params.t0:
             return None
         e_now, e_before = self._epoch(t), self._epoch(t - 1)
@@ -127,7 +164,11 @@ class BBScheduler:
 
     def total_loss(self, horizon: int) -> float:
         """A record's worst-case loss (epsilon in pure / basic mode, rho in zCDP mode) over runs up to ``horizon``
-        blocks."""
+        blocks.
+
+        Args:
+            horizon: the last block count counted.
+        """
         runs = [self.run_at(t) for t in range(1, horizon + 1)]
         eps = [r[1] for r in runs if r]
         return sum(eps) if self.params.mode is not Composition.ZCDP else sum(e * e / 2 for e in eps)
