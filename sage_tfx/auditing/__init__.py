@@ -7,6 +7,7 @@ a ``make_private`` training (``dpsgd-ghost`` / ``dpsgd-vmap`` / ``dpsgd-loop``);
 tf.Transform analyzer on Beam seeded through a grant (``transform-dp-mean-beam``). numpy and scipy only at import
 (TensorFlow is imported by the DP-SGD audit when it runs).
 """
+from . import releases  # noqa: F401  (registers the release strategies' entries)
 from .core import (
                    AuditConfig,
                    AuditConfigError,
