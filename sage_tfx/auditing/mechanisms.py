@@ -18,7 +18,8 @@ and DP vocabulary (``transform.vocabulary.select_vocabulary``), the grid Laplace
 (``release.growth.clipped_mean``), the quantiles' histogram and the z-score's three cells (``add_laplace`` at
 their scales), and per-unit neighbours (a whole unit of K rows added, the release at ``split.per_row_budget``).
 Elsewhere: DP-SGD by one-run canary auditing (``dpsgd``), the dp-mean analyzer through tf.Transform on Beam with
-grant seeds (``transform_beam``). Not covered: the Tree Mechanism and PMWG, whole pipeline stages.
+grant seeds (``transform_beam``), the Tree Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's
+path (``releases``, registered here). Not covered: whole pipeline stages.
 """
 from __future__ import annotations
 
