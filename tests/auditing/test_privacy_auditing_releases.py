@@ -124,3 +124,15 @@ def test_the_custom_validator_with_both_clips_removed_is_flagged(monkeypatch):
 def test_adassp_through_the_dptrainer_path_is_not_flagged():
     result = audit(adassp_dptrainer_mechanism(EPSILON), AuditConfig(trials=200, confidence=0.999, seed=7))
     assert 0.0 <= result.epsilon_lower_bound <= EPSILON, result.to_dict()
+
+
+@pytest.mark.slow
+def test_adassp_with_the_grants_seed_replaced_by_a_fixed_one_is_flagged(monkeypatch):
+    """The planted bug: the fit's noise seeded by a constant instead of the grant's private seed (the charge and
+    the release are still made): the same noise on D and on D' cancels in their difference."""
+    from sage_tfx.auditing import releases
+
+    real = releases._training_grant_seed
+    monkeypatch.setattr(releases, "_training_grant_seed", lambda *args: real(*args) * 0 + 12345)
+    result = audit(adassp_dptrainer_mechanism(EPSILON), AuditConfig(trials=60, seed=7))
+    assert result.flagged and result.epsilon_lower_bound > 1.5 * EPSILON, result.to_dict()
