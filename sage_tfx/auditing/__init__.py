@@ -4,9 +4,11 @@ high-confidence LOWER bound on its epsilon beside the claim (docs/privacy_auditi
 ``audit_privacy(name, trials=..., epsilon=..., confidence=...)`` audits a registered mechanism
 (``mechanism_names()``); ``audit(Mechanism(...), AuditConfig(...))`` any release; ``audit_dpsgd(CanaryAudit(...))`` one-run canary auditing of
 a ``make_private`` training (``dpsgd-ghost`` / ``dpsgd-vmap`` / ``dpsgd-loop``); ``audit_transform_beam`` a
-tf.Transform analyzer on Beam seeded through a grant (``transform-dp-mean-beam``). numpy and scipy only at import
+tf.Transform analyzer on Beam seeded through a grant (``transform-dp-mean-beam``); ``releases`` registers the Tree
+Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's path. numpy and scipy only at import
 (TensorFlow is imported by the DP-SGD audit when it runs).
 """
+from . import releases  # noqa: F401  (registers the release strategies' entries)
 from .core import (
                    AuditConfig,
                    AuditConfigError,

@@ -71,9 +71,17 @@ class AuditConfig:
 
 @dataclass(frozen=True)
 class Mechanism:
-    """A mechanism to audit: ``release(neighbour, seed)`` runs the real release once, on D (``neighbour=False``)
-    or on D' = D plus one record (``neighbour=True``), with the integer ``seed``, and returns one scalar statistic
-    of the output. ``epsilon`` and ``delta`` are the guarantee it claims for that pair."""
+    """A mechanism to audit (a claimed epsilon <= 0 or delta outside [0, 1) raises ``AuditConfigError``).
+
+    Args:
+        name: what the result calls it.
+        release: ``release(neighbour, seed)`` runs the real release once, on D (``neighbour=False``) or on
+            D' = D plus one record (``neighbour=True``), with the integer ``seed``, and returns one scalar
+            statistic of the output.
+        epsilon: the epsilon it claims for that pair (> 0).
+        delta: the delta it claims, in [0, 1).
+        about: one line on what it runs.
+    """
 
     name: str
     release: Callable[[bool, int], float]
@@ -118,8 +126,20 @@ class Verdict:
 @dataclass
 class AuditResult(Verdict):
     """One audit's outcome. ``flagged``: the lower bound exceeds the claimed epsilon (a violation at
-    ``confidence``). ``test``: the chosen threshold test (``threshold``, ``direction`` +1 for s > t, -1 for
-    s < t) and its evaluation counts and Clopper-Pearson upper bounds."""
+    ``confidence``).
+
+    Args:
+        mechanism: the mechanism's name.
+        claimed_epsilon: the epsilon it claims.
+        claimed_delta: the delta it claims (subtracted in the bound).
+        epsilon_lower_bound: the empirical lower bound at ``confidence``.
+        confidence: the bound's confidence.
+        trials: runs on each of D and D'.
+        seed: the master seed of the trials.
+        test: the chosen threshold test (``threshold``, ``direction`` +1 for s > t, -1 for s < t) and its
+            evaluation counts and Clopper-Pearson upper bounds.
+        outputs: the statistics, ``d`` (on D) and ``d_prime`` (on D'), in trial order.
+    """
 
     mechanism: str
     claimed_epsilon: float
@@ -139,14 +159,25 @@ class AuditResult(Verdict):
 
 
 def trial_seeds(seed: int, count: int) -> list:
-    """``count`` distinct-in-practice 63-bit seeds from ``numpy.random.SeedSequence(seed)``."""
+    """``count`` distinct-in-practice 63-bit seeds from ``numpy.random.SeedSequence(seed)``.
+
+    Args:
+        seed: the master seed (an integer >= 0).
+        count: how many seeds.
+    """
     state = np.random.SeedSequence(seed).generate_state(count, np.uint64)
     return [int(s >> np.uint64(1)) for s in state]
 
 
 def clopper_pearson_upper(k, n, alpha):
     """One-sided Clopper-Pearson upper bound on a binomial rate from k successes in n trials: P(rate > bound) <=
-    alpha. Vectorised over k."""
+    alpha. Vectorised over k.
+
+    Args:
+        k: the successes (a number or an array).
+        n: the trials.
+        alpha: the level: the bound is below the true rate with probability at most ``alpha``.
+    """
     k = np.asarray(k, dtype=np.float64)
     upper = beta.ppf(1.0 - alpha, k + 1.0, np.maximum(n - k, 1e-300))
     return np.where(k >= n, 1.0, upper)
@@ -154,7 +185,13 @@ def clopper_pearson_upper(k, n, alpha):
 
 def epsilon_lower_bound(fpr_upper, fnr_upper, delta=0.0):
     """max(log((1 - delta - FNR_u) / FPR_u), log((1 - delta - FPR_u) / FNR_u), 0), vectorised (see the module
-    docstring for why it holds)."""
+    docstring for why it holds).
+
+    Args:
+        fpr_upper: FPR_u, an upper bound on the test's false positive rate (on D).
+        fnr_upper: FNR_u, an upper bound on its false negative rate (on D').
+        delta: the claimed delta.
+    """
     fpr_upper, fnr_upper = np.asarray(fpr_upper, dtype=np.float64), np.asarray(fnr_upper, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         one = np.log(np.maximum(1.0 - delta - fnr_upper, 0.0) / fpr_upper)
@@ -197,7 +234,12 @@ def audit(mechanism: Mechanism, config: AuditConfig | None = None) -> AuditResul
     chosen on one half, its epsilon lower bound (module docstring) at ``config.confidence`` on the other.
 
     For a mechanism that is (epsilon, delta)-DP as claimed, the returned bound exceeds the claim with probability
-    at most 1 - confidence (over the trial seeds)."""
+    at most 1 - confidence (over the trial seeds).
+
+    Args:
+        mechanism: the release and its claim.
+        config: trials, confidence and master seed (default ``AuditConfig()``).
+    """
     config = config or AuditConfig()
     seeds = trial_seeds(config.seed, 2 * config.trials)
     d = np.array([float(mechanism.release(False, s)) for s in seeds[:config.trials]])
@@ -208,7 +250,16 @@ def audit(mechanism: Mechanism, config: AuditConfig | None = None) -> AuditResul
 def audit_outputs(name: str, d, d_prime, epsilon: float, delta: float, config: AuditConfig) -> AuditResult:
     """The bound of ``audit`` from given statistics: ``d`` of independent runs on D, ``d_prime`` on D' (the same
     number of each, ``config.trials``, every run with its own randomness), for a release claiming (``epsilon``,
-    ``delta``)."""
+    ``delta``).
+
+    Args:
+        name: the mechanism's name in the result.
+        d: the statistics of the runs on D.
+        d_prime: the statistics of the runs on D'.
+        epsilon: the claimed epsilon.
+        delta: the claimed delta.
+        config: ``trials`` (the length of each array), confidence and seed.
+    """
     d, d_prime = np.asarray(d, dtype=np.float64), np.asarray(d_prime, dtype=np.float64)
     if d.shape != (config.trials,) or d_prime.shape != (config.trials,):
         raise AuditConfigError(f"{name!r}: {d.size} and {d_prime.size} statistics for {config.trials} trials a side")

@@ -59,8 +59,12 @@ class CanaryAudit:
         guesses: r, the guesses made (half "in", half "out"), at most m.
         real_rows: the ordinary records besides the canaries.
         features: their features (the canaries' own features come after).
-        batch_size, epochs, clip_norm, learning_rate: ``make_private``'s.
-        epsilon, delta: the claim, ``make_private``'s ``privacy_budget``.
+        batch_size: ``make_private``'s expected batch size.
+        epochs: ``make_private``'s epochs.
+        clip_norm: ``make_private``'s C.
+        learning_rate: ``make_private``'s SGD rate.
+        epsilon: the claimed epsilon (``make_private``'s ``privacy_budget``).
+        delta: the claimed delta.
         confidence: in (0, 1): the bound exceeds a correct training's epsilon with probability <= 1 - confidence.
         seed: draws the canaries' membership, the ordinary records and the training seed.
     """
@@ -109,9 +113,23 @@ class CanaryAudit:
 
 @dataclass
 class OneRunResult(Verdict):
-    """One one-run audit's outcome: W ``correct`` of ``guesses`` guesses on ``canaries`` canaries, and the lower
-    bound. ``flagged``: the bound exceeds the claimed epsilon (a violation at ``confidence``). ``fit``: what
-    the fit reported (engine, noise multiplier, steps, sampling rate)."""
+    """One one-run audit's outcome. ``flagged``: the bound exceeds the claimed epsilon (a violation at
+    ``confidence``).
+
+    Args:
+        mechanism: ``dpsgd-<engine>``.
+        claimed_epsilon: the claimed epsilon.
+        claimed_delta: the claimed delta.
+        epsilon_lower_bound: the one-run bound at ``confidence``.
+        confidence: the bound's confidence.
+        canaries: m.
+        guesses: r.
+        correct: W, the correct guesses.
+        seed: the audit's seed.
+        fit: what the fit reported (engine, noise multiplier, steps, sampling rate) and the configuration.
+        scores: each canary's score.
+        included: each canary's membership.
+    """
 
     mechanism: str
     claimed_epsilon: float
@@ -195,7 +213,14 @@ def audit_dpsgd(audit: CanaryAudit | None = None, *, model: Callable[[CanaryAudi
                 score: Callable[[Any, np.ndarray, np.ndarray], np.ndarray] = loss_scores) -> OneRunResult:
     """Run the one-run canary audit of ``make_private`` (module docstring): ONE training of ``model(audit)``
     by ``train(audit, model, x, y)`` (returns a PrivateModel or a Keras model), canaries scored by
-    ``score(keras_model, canary_x, canary_y)``. Parameters are checked before anything is trained."""
+    ``score(keras_model, canary_x, canary_y)``. Parameters are checked before anything is trained.
+
+    Args:
+        audit: the parameters (default ``CanaryAudit()``).
+        model: builds the Keras model from the parameters.
+        train: trains it once.
+        score: scores the canaries (higher: more likely in).
+    """
     audit = audit or CanaryAudit()
     x, y, included, canary_x, canary_y = canary_data(audit)
     trained = train(audit, model(audit), x, y)

@@ -18,7 +18,8 @@ and DP vocabulary (``transform.vocabulary.select_vocabulary``), the grid Laplace
 (``release.growth.clipped_mean``), the quantiles' histogram and the z-score's three cells (``add_laplace`` at
 their scales), and per-unit neighbours (a whole unit of K rows added, the release at ``split.per_row_budget``).
 Elsewhere: DP-SGD by one-run canary auditing (``dpsgd``), the dp-mean analyzer through tf.Transform on Beam with
-grant seeds (``transform_beam``). Not covered: the Tree Mechanism and PMWG, whole pipeline stages.
+grant seeds (``transform_beam``), the Tree Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's
+path (``releases``, registered here). Not covered: whole pipeline stages.
 """
 from __future__ import annotations
 
@@ -44,8 +45,13 @@ _REGISTRY: dict[str, tuple] = {}
 
 
 def register_mechanism(name: str, about: str, slow: bool = False) -> Callable:
-    """Decorator: register ``factory(epsilon) -> Mechanism`` under ``name`` (``slow``: seconds per hundred runs;
-    the CI-sized tests leave it out)."""
+    """Decorator: register ``factory(epsilon) -> Mechanism`` under ``name``.
+
+    Args:
+        name: the name ``mechanism`` and ``sage audit-privacy`` take (registered once).
+        about: one line for ``--list``.
+        slow: seconds per hundred runs: the CI-sized tests leave it out.
+    """
     def wrap(factory):
         if name in _REGISTRY:
             raise AuditConfigError(f"mechanism {name!r} is registered twice")
@@ -55,15 +61,26 @@ def register_mechanism(name: str, about: str, slow: bool = False) -> Callable:
 
 
 def mechanism_names(include_slow: bool = True) -> list[str]:
+    """The registered names, sorted.
+
+    Args:
+        include_slow: also the slow entries.
+    """
     return sorted(n for n, (_, _, slow) in _REGISTRY.items() if include_slow or not slow)
 
 
 def describe_mechanisms() -> dict[str, str]:
+    """Each registered name with its one line (slow entries marked)."""
     return {n: _REGISTRY[n][1] + (" (slow)" if _REGISTRY[n][2] else "") for n in mechanism_names()}
 
 
 def mechanism(name: str, epsilon: float = DEFAULT_EPSILON) -> Mechanism:
-    """The registered mechanism ``name`` at claimed ``epsilon``."""
+    """The registered mechanism ``name`` at claimed ``epsilon``.
+
+    Args:
+        name: one of ``mechanism_names()``.
+        epsilon: the claim to run it at, in (0, 20].
+    """
     if name not in _REGISTRY:
         raise AuditConfigError(f"unknown mechanism {name!r}: one of {', '.join(mechanism_names())} "
                                "(`sage audit-privacy --list`)")
@@ -75,7 +92,13 @@ def mechanism(name: str, epsilon: float = DEFAULT_EPSILON) -> Mechanism:
 def gaussian_sigma(epsilon: float, delta: float, l2_sensitivity: float = 1.0) -> float:
     """The sigma at which the Gaussian mechanism's zCDP rho = Delta^2 / (2 sigma^2) converts to exactly
     (epsilon, delta) by rho + 2 sqrt(rho ln(1/delta)) = epsilon (Bun, Steinke 2016, Prop. 1.3: the conversion
-    ``samplers.grid_gaussian`` states)."""
+    ``samplers.grid_gaussian`` states).
+
+    Args:
+        epsilon: the target epsilon.
+        delta: the target delta, in (0, 1).
+        l2_sensitivity: Delta.
+    """
     log_term = math.log(1.0 / delta)
     root = -math.sqrt(log_term) + math.sqrt(log_term + epsilon)  # sqrt(rho)
     return l2_sensitivity / (math.sqrt(2.0) * root)

@@ -41,7 +41,15 @@ def _check_counts(correct, guesses, canaries):
 def one_run_p_value(correct: int, guesses: int, epsilon: float, delta: float = 0.0,
                     canaries: int | None = None) -> float:
     """An upper bound on P(W >= ``correct``) for W the correct guesses among ``guesses`` made on ``canaries``
-    canaries (default: as many as guesses) of an (``epsilon``, ``delta``)-DP mechanism (module docstring)."""
+    canaries (default: as many as guesses) of an (``epsilon``, ``delta``)-DP mechanism (module docstring).
+
+    Args:
+        correct: W, the correct guesses.
+        guesses: r, the guesses made.
+        epsilon: the epsilon tested.
+        delta: the delta tested.
+        canaries: m, the canaries (>= guesses).
+    """
     _check_counts(correct, guesses, canaries)
     m = guesses if canaries is None else int(canaries)
     q = 1.0 / (1.0 + math.exp(-epsilon))
@@ -57,7 +65,15 @@ def one_run_epsilon_lower_bound(correct: int, guesses: int, confidence: float = 
                                 canaries: int | None = None) -> float:
     """epsilon_lb from ``correct`` right guesses out of ``guesses`` made on ``canaries`` canaries (module
     docstring): exceeds the epsilon of an (epsilon, ``delta``)-DP mechanism with probability at most
-    1 - ``confidence``. ``delta`` = 0: the pure-DP bound (Clopper-Pearson)."""
+    1 - ``confidence``. ``delta`` = 0: the pure-DP bound (Clopper-Pearson).
+
+    Args:
+        correct: W, the correct guesses.
+        guesses: r, the guesses made.
+        confidence: in (0, 1).
+        delta: the claimed delta; 0 gives the pure-DP bound.
+        canaries: m, the canaries (>= guesses; default ``guesses``).
+    """
     if not 0.0 < confidence < 1.0:
         raise AuditConfigError(f"confidence {confidence!r} must be a number in (0, 1), e.g. 0.95")
     if not (isinstance(delta, (int, float)) and 0.0 <= delta < 1.0):
@@ -89,7 +105,14 @@ def one_run_epsilon_lower_bound(correct: int, guesses: int, confidence: float = 
 
 def guesses_from_scores(scores, included, k_plus: int, k_minus: int) -> tuple:
     """(correct, guesses) for the rule: guess "in" on the ``k_plus`` highest ``scores``, "out" on the ``k_minus``
-    lowest, abstain on the rest. ``included``: the canaries' true membership (bool)."""
+    lowest, abstain on the rest.
+
+    Args:
+        scores: one score per canary (higher: more likely in).
+        included: the canaries' true membership (bool).
+        k_plus: guesses "in".
+        k_minus: guesses "out".
+    """
     scores, included = np.asarray(scores, dtype=np.float64), np.asarray(included, dtype=bool)
     if scores.shape != included.shape or scores.ndim != 1:
         raise AuditConfigError("scores and included must be 1-D arrays of one length (one per canary)")

@@ -1,5 +1,6 @@
 """``audit_privacy``: audit a registered mechanism, or DP-SGD in one run (``dpsgd-<engine>``), by name;
-``write_plot``: a many-run audit's two output histograms and the ROC."""
+``write_plot``: an audit's two distributions (a many-run audit's outputs on D and D', a one-run audit's canary
+scores in and out) and the ROC beside the claimed curve."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,7 +37,16 @@ def audit_privacy(name: str, *, trials: int = 2000, epsilon: float = DEFAULT_EPS
     neighbour, fresh seeds from ``seed`` (``transform-dp-mean-beam``: ``trials`` keys, two Beam runs).
     ``dpsgd-<engine>``: one ``make_private`` training with ``canaries``
     canaries (a fifth of them guessed, at least 2), delta 1e-5 (``CanaryAudit``). Parameters are checked before
-    any run."""
+    any run.
+
+    Args:
+        name: one of ``audit_names()``.
+        trials: runs per data set (the Beam audit: keys).
+        epsilon: the claim to run it at.
+        confidence: in (0, 1).
+        seed: the master seed.
+        canaries: the one-run audits' canaries (>= 10).
+    """
     if name in ONE_RUN:
         if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 10:
             raise AuditConfigError(f"canaries {canaries!r} must be an integer >= 10, e.g. 1000")
@@ -55,31 +65,68 @@ def _roc(d, d_prime, direction):
     return np.append(1.0, fp / d.size), np.append(1.0, 1.0 - fn / d_prime.size)
 
 
-def write_plot(result: AuditResult, path: str, title: str | None = None) -> None:
-    """A PNG at ``path``: the histograms of the statistic on D and on D' (left) and the ROC of the threshold
-    tests with the line of the claimed epsilon, TPR = e^eps FPR + delta (right). Needs matplotlib."""
+def write_plot(result: AuditResult | OneRunResult, path: str, title: str | None = None) -> None:
+    """Write a PNG of an audit's two distributions and the ROC of its tests beside the claimed curve
+    TPR = e^eps FPR + delta. Needs matplotlib.
+
+    A many-run audit (``AuditResult``): the histograms of the statistic on D and on D' (left), the ROC of the
+    threshold tests (right). A one-run audit (``OneRunResult``): the histograms of the canaries' scores, those
+    included in the training run and those left out, with the guess cut-offs (the scores above the upper one
+    are guessed in, below the lower one out) (left), and the ROC of "guess in iff score > t" over all canaries
+    (right): one point per canary, so it is the run's empirical trade-off, not a bound.
+
+    Args:
+        result: what ``audit`` / ``audit_privacy`` / ``audit_dpsgd`` returned (with its outputs or scores).
+        path: the PNG file to write.
+        title: the figure's title; default names the mechanism, the bound, its confidence and the claim.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    d, d_prime = result.outputs["d"], result.outputs["d_prime"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    bins = np.histogram_bin_edges(np.concatenate([d, d_prime]), bins=60)
-    left.hist(d, bins=bins, alpha=0.5, label="D")
-    left.hist(d_prime, bins=bins, alpha=0.5, label="D' (one record added)")
-    left.set_xlabel("statistic of the release")
-    left.legend()
-    fpr, tpr = _roc(d, d_prime, result.test["direction"])
-    right.plot(fpr, tpr, label="threshold tests")
+    if isinstance(result, OneRunResult):
+        fpr, tpr = _one_run_panels(result, left)
+        what = f"one run, {result.correct} of {result.guesses} guesses right"
+    else:
+        fpr, tpr = _many_run_panels(result, left)
+        what = f"{result.test['negatives']} + {result.test['positives']} evaluation runs"
+    right.plot(fpr, tpr, label="attack's tests")
     grid = np.linspace(0.0, 1.0, 200)
     right.plot(grid, np.minimum(1.0, np.exp(result.claimed_epsilon) * grid + result.claimed_delta), "--",
                label=f"claimed eps = {result.claimed_epsilon:g}")
     right.set_xlabel("false positive rate")
     right.set_ylabel("true positive rate")
     right.legend()
-    fig.suptitle(title or f"{result.mechanism}: empirical eps >= {result.epsilon_lower_bound:.3f} "
-                          f"at {result.confidence:.0%} (claimed {result.claimed_epsilon:g})")
+    fig.suptitle(title or f"{result.mechanism}: empirical eps >= {result.epsilon_lower_bound:.3f} at "
+                          f"{result.confidence:.0%} (claimed {result.claimed_epsilon:g}; {what})")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def _many_run_panels(result: AuditResult, axes) -> tuple[np.ndarray, np.ndarray]:
+    d, d_prime = result.outputs["d"], result.outputs["d_prime"]
+    bins = np.histogram_bin_edges(np.concatenate([d, d_prime]), bins=60)
+    axes.hist(d, bins=bins, alpha=0.5, label="D")
+    axes.hist(d_prime, bins=bins, alpha=0.5, label="D' (one record added)")
+    axes.set_xlabel("statistic of the release")
+    axes.legend()
+    return _roc(d, d_prime, result.test["direction"])
+
+
+def _one_run_panels(result: OneRunResult, axes) -> tuple[np.ndarray, np.ndarray]:
+    if result.scores is None or result.included is None:
+        raise AuditConfigError(f"{result.mechanism!r}: the result carries no canary scores to plot")
+    scores, included = result.scores, result.included.astype(bool)
+    bins = np.histogram_bin_edges(scores, bins=60)
+    axes.hist(scores[~included], bins=bins, alpha=0.5, label="canaries left out")
+    axes.hist(scores[included], bins=bins, alpha=0.5, label="canaries trained on")
+    ordered, half = np.sort(scores), result.guesses // 2
+    if half:
+        axes.axvline(ordered[-half], color="k", linestyle=":", label=f"guess cut-offs ({half} in, {half} out)")
+        axes.axvline(ordered[half - 1], color="k", linestyle=":")
+    axes.set_xlabel("canary score (minus its loss, or the white-box score)")
+    axes.legend()
+    return _roc(scores[~included], scores[included], 1)

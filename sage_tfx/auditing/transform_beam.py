@@ -104,7 +104,15 @@ def audit_transform_beam(epsilon: float = 1.0, config: AuditConfig | None = None
     DirectRunner run on D and one on D', each seeded from its own throwaway grant. ``preprocessing_fn`` (default
     ``dp_mean_tables_fn``) and ``statistic(transformed_rows, nkeys, epsilon, value_range) -> per-key array``
     (default the (count, sum) likelihood ratio) are for planted variants; ``seeds`` = (seed on D, seed on D')
-    replaces the two grants' seeds (a planted reuse)."""
+    replaces the two grants' seeds (a planted reuse).
+
+    Args:
+        epsilon: the analyzer's claimed epsilon.
+        config: trials (keys), confidence and seed (default 1000 keys).
+        preprocessing_fn: the traced function (default ``dp_mean_tables_fn``).
+        statistic: the per-key statistic of the transformed rows.
+        seeds: (seed on D, seed on D') in place of the grants' seeds.
+    """
     config = config or AuditConfig(trials=1000)
     nkeys = config.trials
     preprocessing_fn = preprocessing_fn or dp_mean_tables_fn(nkeys, epsilon)

@@ -110,17 +110,26 @@ def _row_mixing_model(audit):
                                 tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
 
 
-@pytest.mark.parametrize("build, score", [(_batch_norm_model, _moving_mean_scores), (_row_mixing_model, loss_scores)],
+# The row-mixing audit at learning rate 0.05: at 1 the batch total's weight overshoots the ordinary records' labels
+# after one step, their residuals change sign and their mixed gradients cancel the canaries' (a bound 1.085 times
+# the claim, 160 of 200 guesses right); at 0.05 the residuals stay one-signed over the 10 steps and all 200 guesses
+# are right (the bound's ceiling for 200 guesses, 4.17). The learning rate does not enter the privacy claim.
+ROW_MIXING_AUDIT = replace(AUDIT, learning_rate=0.05)
+
+
+@pytest.mark.parametrize("build, score, config, floor",
+                         [(_batch_norm_model, _moving_mean_scores, AUDIT, 1.0),
+                          (_row_mixing_model, loss_scores, ROW_MIXING_AUDIT, 3.0)],
                          ids=["BatchNormalization left in", "row-mixing Lambda"])
-def test_a_row_coupling_model_is_refused_and_would_be_flagged(monkeypatch, build, score):
-    x, y, *_ = canary_data(AUDIT)
-    refused = make_private(build(AUDIT), privacy_budget=(1.0, 1e-5), num_examples=AUDIT.num_examples, loss="mse",
-                           batch_size=AUDIT.batch_size, epochs=AUDIT.epochs, seed=1)
+def test_a_row_coupling_model_is_refused_and_would_be_flagged(monkeypatch, build, score, config, floor):
+    x, y, *_ = canary_data(config)
+    refused = make_private(build(config), privacy_budget=(1.0, 1e-5), num_examples=config.num_examples, loss="mse",
+                           batch_size=config.batch_size, epochs=config.epochs, seed=1)
     with pytest.raises(RowCouplingError):
         refused.fit(x, y)  # the shipped check, before any step
     monkeypatch.setattr(private, "check_rows_independent", lambda *args, **kwargs: None)  # the unrefused variant
-    result = audit_dpsgd(AUDIT, model=build, score=score)
-    assert result.flagged, result.to_dict()
+    result = audit_dpsgd(config, model=build, score=score)
+    assert result.flagged and result.epsilon_lower_bound > floor * config.epsilon, result.to_dict()
 
 
 def _fits_under_one_share(fits):
@@ -162,12 +171,37 @@ def test_fits_past_the_share_would_be_flagged(monkeypatch):
 
 # ---------------------------------------------------------------- the command and the parameters
 
-def test_cli_audits_dpsgd_ghost_in_one_run_and_prints_json(capsys):
-    assert main(["audit-privacy", "dpsgd-ghost", "--canaries", "200", "--json"]) == 0
+def _figure_texts(monkeypatch):
+    """Record every text of each figure saved (title, axis labels, legend entries)."""
+    import matplotlib.figure
+
+    texts = []
+    real = matplotlib.figure.Figure.savefig
+
+    def savefig(fig, *args, **kwargs):
+        texts.append(fig._suptitle.get_text())
+        for axes in fig.axes:
+            texts.extend([axes.get_xlabel(), axes.get_ylabel()])
+            texts.extend(t.get_text() for t in axes.get_legend().get_texts())
+        return real(fig, *args, **kwargs)
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
+    return texts
+
+
+def test_cli_audits_dpsgd_ghost_in_one_run_prints_json_and_plots(capsys, monkeypatch, tmp_path):
+    png = tmp_path / "one_run.png"
+    texts = _figure_texts(monkeypatch)
+    assert main(["audit-privacy", "dpsgd-ghost", "--canaries", "200", "--json", "--plot", str(png)]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["mechanism"] == "dpsgd-ghost" and out["method"] == "one-run" and out["canaries"] == 200
     assert 0.0 <= out["epsilon_lower_bound"] <= out["claimed_epsilon"] == 1.0 and not out["flagged"]
     assert out["fit"]["implementation"] == "make_private/ghost"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    shown = " | ".join(texts)  # what the figure says it shows: the scores in and out, the cut-offs, the ROC
+    for words in ("dpsgd-ghost", "one run", f"{out['correct']} of {out['guesses']} guesses right",
+                  "canaries trained on", "canaries left out", "guess cut-offs (20 in, 20 out)", "canary score",
+                  "claimed eps = 1", "false positive rate", "true positive rate"):
+        assert words in shown, shown
 
 
 @pytest.mark.parametrize("kwargs, word", [({"engine": "tf_privacy"}, "engine"), ({"guesses": 2000}, "guesses"),
