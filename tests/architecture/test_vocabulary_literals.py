@@ -40,7 +40,7 @@ OTHER_MEANINGS = {
     ("sage_tfx/cli/serve.py", "done"): "the tag of a worker's last message to its parent",
     ("sage_tfx/cli/serve.py", "FAILED"): _AUDIT_WORD,
     ("sage_tfx/cli/release.py", "FAILED"): _AUDIT_WORD,
-    ("sage_tfx/bench/ledger.py", "FAILED"): _AUDIT_WORD,
+    ("sage_tfx/bench/_ledger_growth.py", "FAILED"): _AUDIT_WORD,
     ("sage_tfx/release/queries.py", "count"): "PMWG's count query (a linear query's kind)",
     ("sage_tfx/cli/_exits.py", "ACCEPT"): "the exit-code table every `sage` command imports first: it imports "
                                           "nothing of the core, so each command starts fast",
