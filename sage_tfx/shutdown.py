@@ -37,7 +37,11 @@ def flush_stdio() -> None:
 def exit_now(code: int = 0) -> NoReturn:
     """Flush stdio, run the atexit handlers and ``logging.shutdown``, then ``os._exit(code)``: the exit code of
     a finished run, without the interpreter's C++ teardown (module docstring). Call it last: nothing after it
-    runs, and ``finally`` blocks and context managers still open are not exited."""
+    runs, and ``finally`` blocks and context managers still open are not exited.
+
+    Args:
+      code: The process's exit code.
+    """
     flush_stdio()
     atexit._run_exitfuncs()
     logging.shutdown()

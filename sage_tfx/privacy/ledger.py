@@ -57,12 +57,23 @@ OUTCOMES = PIPELINE_OUTCOMES  # "ACCEPT", "REJECT", "TIMEOUT"
 
 
 class Ledger(LedgerBase):
-    """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists.
+    """The privacy ledger: streams, blocks, grants and releases under one global guarantee per stream.
 
+    Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists.
     Argument order: the stream comes first in the stream-scoped calls (``register(stream, pipeline)``,
     ``finish(stream, pipeline, outcome)``, ``block(stream, block_id)``, ``history(stream, pipeline)``), the
     pipeline first in the pipeline's budget calls (``request(pipeline, stream, ...)``,
-    ``available_epsilon(pipeline, stream, blocks)``)."""
+    ``available_epsilon(pipeline, stream, blocks)``).
+
+    Args:
+      store: The open backend store (``store/``); ``Ledger.open`` makes it.
+      keys: The ledger's key source (``session``); ``Ledger.open`` makes it.
+      head_sync: When the head file is made durable (``head_file.HeadSync``; None: $SAGE_HEAD_SYNC, else ``use``).
+      check_head: Refuse (``LedgerRollback``) a database that does not match its anchor; False keeps the problem
+        in ``anchor_problem`` and opens a ledger that writes nothing.
+      read_only: Open for the audit: nothing is written anywhere.
+      upgrade: Allow an older ledger's migration (``sage ledger upgrade``).
+    """
 
     @classmethod
     def reanchor(cls, location: str, reason: str, key_file: str | None = None) -> Ledger:
@@ -132,18 +143,27 @@ class Ledger(LedgerBase):
                       max_rows_per_unit: int | None = None) -> Stream:
         """Create a stream with a global (epsilon, delta) guarantee over all its blocks, forever.
 
-        ``policy`` (``Policy``) decides who may spend a block's budget and when (docs/scheduling_policies.md);
-        a queued one (dpf-n, dpf-t, dpack) takes ``policy_params`` (``{"n": 50}``, ``{"lifetime": 3600.0}``;
-        defaults otherwise), stored with the stream in full so every process applies the same rule.
+        Args:
+          name: The stream's name (letters, digits, ``.``, ``_``, ``-``).
+          epsilon: The stream's global epsilon, at most ``max_epsilon``.
+          delta: The stream's global delta.
+          accounting: ``basic`` (sums of epsilon and delta) or ``rdp`` (Rényi curves; docs/block_composition.md).
+          orders: An ``rdp`` stream's Rényi orders (None: the default orders).
+          policy: Who may spend a block's budget and when (``Policy``; docs/scheduling_policies.md).
+          min_epsilon: The query a block must still admit to stay active (None: epsilon / 100).
+          max_epsilon: The largest stream epsilon accepted (default ``DEFAULT_MAX_STREAM_EPSILON``, 10).
+          min_grant_epsilon: What every grant must charge at least (None: 0.001, or ``min_epsilon`` if smaller).
+          policy_params: A queued policy's parameters (``{"n": 50}``, ``{"lifetime": 3600.0}``), stored in full.
+          query_delta_share: An ``rdp`` stream's share of its delta for the approximate-DP queries' deltas (None:
+            0.5; 0 for a stream charged curves only); the rest converts the Rényi sum (``filters.RdpFilter``).
+          privacy_unit: The column of the records whose every row the guarantee protects (None: unit = row).
+          max_rows_per_unit: K, the rows of a unit kept per block (``streams.check_unit``).
 
-        ``epsilon`` may be at most ``max_epsilon`` (default 10, ``DEFAULT_MAX_STREAM_EPSILON``);
-        ``min_epsilon`` (default epsilon / 100) is the query a block must still admit to stay active;
-        every grant must charge at least ``min_grant_epsilon`` (default: 0.001, or ``min_epsilon`` if smaller).
-        An ``rdp`` stream splits its delta once, here: ``query_delta_share`` of it (default 0.5; 0 for a stream
-        charged curves only) for the approximate-DP queries' deltas, the rest for converting the Rényi sum
-        (``filters.RdpFilter``, docs/block_composition.md).
-        ``privacy_unit`` (a column of the records) and ``max_rows_per_unit`` K declare whom the guarantee protects:
-        every row of a unit, at most K kept per block (``streams.check_unit``; default: unit = row).
+        Returns:
+          The new ``Stream``.
+
+        Raises:
+          LedgerError: a bad argument or an existing name (nothing written).
         """
         filt, min_epsilon, min_grant = self.check_stream_args(name, epsilon, delta, accounting, orders, policy,
                                                               min_epsilon, max_epsilon, min_grant_epsilon,
@@ -159,11 +179,24 @@ class Ledger(LedgerBase):
     def add_block(self, stream: str, block_id: str, *, start: float | None = None, end: float | None = None,
                   shard: int | None = None, rows: int | None = None, created: float | None = None,
                   digest: str | None = None, allow_duplicate_of: Iterable[str] = ()) -> Block:
-        """Add a fresh block (zero loss). Its budget is split among the pipelines waiting now.
+        """Add a fresh block (zero loss); its budget is split among the pipelines waiting now.
 
-        ``start``/``end`` (unix seconds) key a time window [start, end); ``shard``
-        keys a user shard. ``rows`` is the exact row count, kept inside the ledger;
-        ``digest`` the content digest of its records (ingest's), see ``add_blocks``.
+        Args:
+          stream: The stream's name.
+          block_id: The new block's id.
+          start: The start of its time window [start, end), unix seconds.
+          end: The end of its time window, unix seconds.
+          shard: The user shard it keys.
+          rows: Its exact row count, kept inside the ledger.
+          created: Its creation time, unix seconds (None: now).
+          digest: The content digest of its records (ingest's); see ``add_blocks``.
+          allow_duplicate_of: Streams whose blocks may hold the same records.
+
+        Returns:
+          The new ``Block``.
+
+        Raises:
+          UnknownStream, LedgerError, DuplicateContent: as ``add_blocks`` (nothing written).
         """
         self.add_blocks(stream, [dict(id=block_id, start=start, end=end, shard=shard, rows=rows, created=created,
                                       digest=digest)], allow_duplicate_of=allow_duplicate_of)
@@ -173,9 +206,16 @@ class Ledger(LedgerBase):
                    allow_duplicate_of: Iterable[str] = ()) -> None:
         """Add many fresh blocks in ONE transaction: all are added, or none (e.g. one ingest's blocks).
 
-        ``blocks`` are dicts with ``id`` and the keyword arguments of ``add_block``. A block whose
-        ``digest`` another stream already registered is refused (DuplicateContent: the same records
-        would get a fresh budget here), unless that stream is in ``allow_duplicate_of``.
+        Args:
+          stream: The stream's name.
+          blocks: Dicts with ``id`` and the keyword arguments of ``add_block``.
+          allow_duplicate_of: Streams that may already hold a block's ``digest``.
+
+        Raises:
+          UnknownStream: no such stream.
+          LedgerError: a bad or existing block id or field.
+          DuplicateContent: another stream, not in ``allow_duplicate_of``, registered a block's ``digest`` already
+            (the same records would get a fresh budget here).
         """
         checked = _blocks.check_new_blocks(blocks)
         allowed = set(allow_duplicate_of or ())
@@ -192,11 +232,19 @@ class Ledger(LedgerBase):
                 _charges.schedule(write, time.time())
 
     def record_trusted_read(self, stream: str, blocks: Sequence[str], purpose: str) -> None:
-        """Log, in the keyed chain and committed before it returns, that TRUSTED code is about to decrypt
-        ``blocks`` of ``stream`` outside any grant (no charge), and why: a ``trusted_read`` entry naming the blocks
-        and ``purpose`` (a non-empty text), which ``sage ledger audit`` lists. The block doors call it before they
-        derive a key (``ingest.access.trusted_block_keys``). LedgerError / UnknownBlock, nothing written, for an
-        empty purpose or a block the stream does not hold."""
+        """Log that TRUSTED code is about to decrypt ``blocks`` of ``stream`` outside any grant (no charge), and why.
+
+        The ``trusted_read`` entry is in the keyed chain and committed before this returns; ``sage ledger audit`` lists
+        it. The block doors call it before they derive a key (``ingest.access.trusted_block_keys``).
+
+        Args:
+          stream: The stream's name.
+          blocks: The ids of the blocks about to be read.
+          purpose: Why, a non-empty text.
+
+        Raises:
+          LedgerError, UnknownBlock: an empty purpose, or a block the stream does not hold (nothing written).
+        """
         ids = _trusted_reads.check_trusted_read(blocks, purpose)
         with self._store.transaction() as tx:
             self.stream(stream, tx)
@@ -204,21 +252,34 @@ class Ledger(LedgerBase):
 
     # --------------------------------------------------------------- pipelines
     def register(self, stream: str, pipeline: str) -> None:
-        """Mark a pipeline as waiting: it gets an even share of every block that arrives from now on."""
+        """Mark a pipeline as waiting: it gets an even share of every block that arrives from now on.
+
+        Args:
+          stream: The stream's name.
+          pipeline: The pipeline's name.
+
+        Raises:
+          UnknownStream, LedgerError: no such stream, or a bad pipeline name (nothing written).
+        """
         _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
             _pipelines.register_pipeline(tx, self._log, self._keys, self.stream(stream, tx), pipeline)
 
     def claim(self, stream: str, pipelines: Iterable[str]) -> PipelineClaim:
-        """Claim ``pipelines`` of ``stream`` for this process while it runs them; return a ``PipelineClaim``.
+        """Claim ``pipelines`` of ``stream`` for this process while it runs them.
 
-        One process runs a pipeline name at a time: two `sage serve`/`sage run` processes (on one host or on
-        several sharing a PostgreSQL ledger) running the same name would charge grants for one pipeline's
-        iterations side by side and resume each other's unfinished grant (docs/scale_out.md, "Several hosts
-        on one PostgreSQL ledger"). A claim is a lock the holder's exit drops (a PostgreSQL session advisory
-        lock, or an flock beside an SQLite ledger), so a killed run's name is free for its restart. Raises
-        PipelineBusy, naming the pipeline and who holds it, if another process holds any of them (then none is
-        claimed). The claim holds until ``release()`` (or ``with``), the ledger's ``close()`` or the exit.
+        One process runs a pipeline name at a time (docs/scale_out.md, "Several hosts on one PostgreSQL ledger"): the
+        claim is a lock the holder's exit drops, held until ``release()`` (or ``with``), ``close()`` or the exit.
+
+        Args:
+          stream: The stream's name.
+          pipelines: The pipeline names to claim, all or none.
+
+        Returns:
+          The ``PipelineClaim``.
+
+        Raises:
+          PipelineBusy: another process holds one of them (naming it and the holder; none is claimed).
         """
         names = [_check_name(p, "pipeline name") for p in pipelines]
         self.stream(stream)
@@ -227,7 +288,16 @@ class Ledger(LedgerBase):
         return claim
 
     def finish(self, stream: str, pipeline: str, outcome: Outcome | str) -> None:
-        """End a pipeline (ACCEPT, REJECT or TIMEOUT); split its unused reservations among those still waiting."""
+        """End a pipeline; split its unused reservations among those still waiting.
+
+        Args:
+          stream: The stream's name.
+          pipeline: The pipeline's name.
+          outcome: ``ACCEPT``, ``REJECT`` or ``TIMEOUT``.
+
+        Raises:
+          LedgerError, UnknownStream: a bad outcome, name or stream (nothing written).
+        """
         _pipelines.check_finish_outcome(outcome)
         _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
@@ -238,25 +308,30 @@ class Ledger(LedgerBase):
                 window: tuple[float, float] | None = None, epsilon: float | None = None, delta: float = 0.0,
                 curve: Any = None, rule: str | None = None, meta: Mapping[str, Any] | None = None,
                 split: BudgetSplit | None = None) -> Grant:
-        """Check and charge every block atomically; return a signed Grant, or raise BudgetRefused.
+        """Check and charge every block atomically; return a signed Grant. Data may be read only after this returns.
 
-        Give ``blocks`` (ids) or ``window`` ((start, end), all active blocks inside).
-        Give ``epsilon`` (and ``delta``) for an (epsilon, delta)-DP query, or an RDP
-        ``curve`` (values aligned with the stream's orders, an {order: value} map,
-        or a dp_accounting DpEvent). Data may be read only after this returns.
+        Args:
+          pipeline: The pipeline's name.
+          stream: The stream's name.
+          blocks: Block ids (or one id); or give ``window``.
+          window: (start, end): every active block inside it.
+          epsilon: An (epsilon, delta)-DP query's epsilon; or give ``curve``.
+          delta: The query's delta.
+          curve: An RDP curve: values aligned with the stream's orders, an {order: value} map, or a dp_accounting
+            DpEvent.
+          rule: The split's ``ChargeRule`` ("single" without a split), if given; the grant records it.
+          meta: Signed into the grant; ``meta["split"]`` a split's dict, ``meta["records"]`` a ``RecordSplit``'s
+            dict (a grant with a split without one gets the default: ``split.sign_records``).
+          split: What each stage may spend (``BudgetSplit``); it must compose, under its rule, to at most the charge.
+            Without one the grant is single-stage: ONE stage may spend all of it (``release``).
 
-        ``split`` (a ``BudgetSplit``, or its dict in ``meta["split"]``) says what each pipeline
-        stage may spend; it must compose, under its rule, to at most the charge (refused
-        otherwise, nothing charged). Without one the grant is single-stage: ONE stage may
-        spend all of it (``release``). ``rule``, if given, must be the split's rule
-        ("single" without a split); the grant records it. ``meta["records"]`` (a ``RecordSplit``'s
-        dict) says which records each split holds and which side it is on; a grant with a split
-        without one gets the default signed (``split.sign_records``).
+        Returns:
+          The signed ``Grant``.
 
         Raises:
-            LedgerError: bad arguments, a charge under the grant floor, a finished pipeline (nothing charged).
-            UnknownStream, UnknownBlock, BlockRetired: naming the stream or the blocks (nothing charged).
-            BudgetRefused: a block cannot pay now (under a queued policy the demand stays recorded).
+          LedgerError: bad arguments, a charge under the grant floor, a finished pipeline (nothing charged).
+          UnknownStream, UnknownBlock, BlockRetired: naming the stream or the blocks (nothing charged).
+          BudgetRefused: a block cannot pay now (under a queued policy the demand stays recorded).
         """
         _check_name(pipeline, "pipeline name")
         blocks = _requests.requested_ids(blocks, window, lambda start, end: self.window_blocks(stream, start, end))
@@ -275,25 +350,23 @@ class Ledger(LedgerBase):
         assert grant is not None  # granted now, or refused above
         return grant
 
-    def private_seed(self, grant_id: str, purpose: str) -> int:
-        """A 128-bit seed only trusted code can derive (HMAC under the key ring's noise key). TRUSTED CODE ONLY.
-
-        A DP release made under a grant draws its noise from this seed, so re-running
-        the release under the same grant returns the same value (post-processing, no
-        extra privacy loss), while the pipeline, which never sees the secret, cannot
-        reproduce the noise. A grant made before the ledger's key migration keeps its old seed (the old
-        secret's HMAC), so its re-runs still draw the same noise.
-        """
-        text = f"seed|{grant_id}|{purpose}".encode()
-        return self._keys.seed(text, legacy=grant_id in self._legacy_grants)
-
     def verify(self, grant: Grant | str | Mapping[str, Any], *, stream: str | None = None,
                epsilon: float | None = None, delta: float | None = None) -> Grant:
         """Check a grant before reading data; return the ledger's copy (its head made durable first: docs/security.md).
 
-        Raises GrantError if the grant is missing, malformed, forged (bad signature
-        or altered fields), unknown (never charged by this ledger), of another
-        stream, or covers less than ``epsilon``/``delta``.
+        Args:
+          grant: A ``Grant``, its JSON or its dict.
+          stream: The stream it must be of, if given.
+          epsilon: The epsilon it must cover at least, if given.
+          delta: The delta it must cover at least, if given.
+
+        Returns:
+          The ledger's ``Grant``.
+
+        Raises:
+          GrantError: the grant is missing, malformed, forged (bad signature or altered fields), unknown (never
+            charged by this ledger), of another stream, or covers less than ``epsilon``/``delta``.
+          LedgerRollback: the ledger does not match its anchor.
         """
         if grant is None or grant == "":
             raise GrantError("no grant given: a pipeline reads data only under a grant from the ledger")
@@ -308,26 +381,26 @@ class Ledger(LedgerBase):
 
     def release(self, grant: Grant | str | Mapping[str, Any], stage: str, computation: str, epsilon: float,
                 delta: float = 0.0) -> Release:
-        """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn; return a ``Release``.
+        """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn.
 
-        A grant pays for one release per stage, of one computation: the first call records the
-        computation's fingerprint (``computation``: e.g. a digest of the traced transform graph, of
-        the trainer's module and inputs, or of the validated model) with what the stage may spend.
-        Afterwards the same stage and computation is re-opened (``Release.reopened``: a re-run draws
-        the same noise from the grant's seed, so it releases nothing new), and a different computation
-        is refused with GrantError: two releases under one seed would differ by data alone (their
-        difference reveals records exactly), and under two seeds they would spend the stage twice.
+        A grant pays for one release per stage, of one computation: the first call records the computation with what
+        the stage may spend (``privacy/split.py``); the same computation re-opens it (``Release.reopened``: the same
+        noise, nothing new released), another is refused (docs/block_composition.md, "What a grant pays for").
 
-        What a stage may spend comes from ``privacy/split.py``: its share of the grant's split, or,
-        for a single-stage grant (no split), the whole grant for the FIRST stage that opens a release
-        and nothing for any other. An ``rdp`` grant made before grants recorded what was asked (its
-        epsilon the conversion) is capped at what its cost pays for (``grants.stage_cap``). The check
-        and the record are one transaction, appended to the audit log, so two writers cannot both take
-        a stage, and the audit recomputes every grant's spend.
+        Args:
+          grant: A ``Grant``, its JSON or its dict (verified here).
+          stage: The stage (``Stage``).
+          computation: The computation's fingerprint (e.g. a digest of the traced transform graph, of the trainer's
+            module and inputs, or of the validated model).
+          epsilon: What the release spends.
+          delta: What the release spends.
+
+        Returns:
+          The ``Release``.
 
         Raises:
-            GrantError: a bad grant, another computation on the stage, or more than the stage may spend.
-            LedgerError: an unknown stage, a bad fingerprint, epsilon or delta (nothing recorded).
+          GrantError: a bad grant, another computation on the stage, or more than the stage may spend.
+          LedgerError: an unknown stage, a bad fingerprint, epsilon or delta (nothing recorded).
         """
         checked = self.verify(grant)
         epsilon, delta = _releases.check_release_args(stage, computation, epsilon, delta)
@@ -338,19 +411,45 @@ class Ledger(LedgerBase):
     def draw(self, lifetime_grants: Sequence[Grant | str], run: int, epsilon: float, delta: float, *, schedule: str,
              split: BudgetSplit | None = None, meta: dict[str, Any] | None = None,
              composition: Composition | str = Composition.BASIC) -> Grant:
-        """A run grant of ``run`` at (``epsilon``, ``delta``) over ``lifetime_grants`` (one-block grants, in block
-        order, each released once under ``schedule``'s fingerprint), charging no block: its budget is drawn from
-        theirs, by ``composition``: "basic" (sums of epsilon and delta) or "zcdp" (approximate zCDP through the
-        RDP filter), one per lifetime grant (``draws.py``: the rules and their proofs). Asked again with the same
-        arguments, the same grant comes back; BudgetRefused / GrantError otherwise, nothing written."""
+        """A run grant of ``run`` over ``lifetime_grants``, charging no block: its budget is drawn from theirs.
+
+        Asked again with the same arguments, the same grant comes back (``draws.py``: the rules and their proofs).
+
+        Args:
+          lifetime_grants: One-block grants, in block order, each released once under ``schedule``'s fingerprint.
+          run: The run's number.
+          epsilon: The run grant's epsilon.
+          delta: The run grant's delta.
+          schedule: The growth schedule's fingerprint.
+          split: What each stage of the run may spend (``BudgetSplit``).
+          meta: Signed into the run grant.
+          composition: How the runs compose on each lifetime grant: ``basic`` (sums of epsilon and delta) or ``zcdp``
+            (approximate zCDP through the RDP filter).
+
+        Returns:
+          The run ``Grant``.
+
+        Raises:
+          LedgerError: a malformed draw.
+          GrantError: forged or unknown lifetime grants, a structure the rule refuses, or a run index drawn before.
+          BudgetRefused: a lifetime grant's draws would exceed it (nothing written).
+        """
         return _draws.draw(self._store, self._log, self._keys, self.signature_ok, lifetime_grants, run, epsilon, delta,
                            schedule=schedule, split=split, meta=meta, composition=composition)
 
     def record_outcome(self, grant_id: str, outcome: Outcome | str, details: Mapping[str, Any] | None = None) -> None:
-        """Record what a pipeline run under ``grant_id`` concluded (ACCEPT, REJECT, RETRY, FAILED).
+        """Record what a pipeline run under ``grant_id`` concluded, once per grant, in the audit log.
 
-        One outcome per grant, appended to the audit log: with the grants, it is the
-        pipeline's iteration history, from which a killed iterator resumes.
+        With the grants, the outcomes are the pipeline's iteration history, from which a killed iterator resumes.
+
+        Args:
+          grant_id: The grant's id.
+          outcome: ``ACCEPT``, ``REJECT``, ``RETRY`` or ``FAILED``.
+          details: JSON-able details recorded with it.
+
+        Raises:
+          LedgerError: a bad outcome or details, or a second outcome for the grant (nothing written).
+          GrantError: the grant is unknown to this ledger.
         """
         details, details_text = _pipelines.check_outcome(outcome, details)
         with self._store.transaction() as tx:

@@ -156,6 +156,22 @@ class LedgerBase(LedgerReads):
         """``signature`` signs ``body``, or a pre-migration grant's body under the old rule (``grants``)."""
         return signature_ok(self._keys, self._legacy_grants, body, signature)
 
+    def private_seed(self, grant_id: str, purpose: str) -> int:
+        """A 128-bit seed only trusted code can derive (HMAC under the key ring's noise key). TRUSTED CODE ONLY.
+
+        A release under a grant draws its noise from this seed: a re-run under the same grant returns the same value,
+        and the pipeline, which never sees the key, cannot reproduce the noise.
+
+        Args:
+          grant_id: The grant's id.
+          purpose: What the seed is for (one seed per purpose).
+
+        Returns:
+          The seed.
+        """
+        text = f"seed|{grant_id}|{purpose}".encode()
+        return self._keys.seed(text, legacy=grant_id in self._legacy_grants)
+
     def _head_before_use(self, last):
         """The head file durably at or beyond ``last`` (the log's last entry as of the read that found the grant,
         so at or beyond the grant's own entry) before anything is read under the grant (docs/security.md,
@@ -221,5 +237,13 @@ class LedgerBase(LedgerReads):
         return self._migration_entry()
 
     def signature_ok(self, body: Mapping[str, Any], signature: str) -> bool:
-        """``signature`` is this ledger's signature of the grant ``body`` (or a pre-migration one it lists)."""
+        """Whether ``signature`` is this ledger's signature of the grant ``body`` (or a pre-migration one it lists).
+
+        Args:
+          body: The grant's body, without its signature.
+          signature: The signature to check.
+
+        Returns:
+          True if it signs ``body``.
+        """
         return self._signature_ok(body, signature)

@@ -30,7 +30,16 @@ class RecordSplit:
     """How a grant's records are split: ``buckets`` ((name, count), ... in hashing order: a record's hash
     modulo the total picks its bucket, the buckets of the first name come first), and the split names on the
     ``training`` side (read by training and the REJECT test) and on the ``test`` side (the ACCEPT test's).
-    Every name is on exactly one side; the training side is not empty."""
+    Every name is on exactly one side; the training side is not empty.
+
+    Args:
+      buckets: ((name, count), ...) in hashing order.
+      training: The split names on the training side.
+      test: The split names on the test side.
+
+    Raises:
+      LedgerError: malformed buckets or names, or sides that do not place every split once.
+    """
 
     buckets: tuple
     training: tuple
@@ -71,7 +80,14 @@ class RecordSplit:
         return sum(count for name, count in self.buckets if name in self.test) / sum(c for _, c in self.buckets)
 
     def side(self, name: str) -> str | None:
-        """ "training" or "test" for a split of this rule, None for a name it does not have."""
+        """"training" or "test" for a split of this rule, None for a name it does not have.
+
+        Args:
+          name: A split's name.
+
+        Returns:
+          ``training``, ``test`` or None.
+        """
         return next((side for side in SIDES if name in getattr(self, side)), None)
 
     def to_dict(self) -> dict:

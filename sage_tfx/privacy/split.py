@@ -78,7 +78,21 @@ def _stage_value(name, value):
 
 @dataclass(frozen=True)
 class BudgetSplit:
-    """One grant's epsilon per stage, training's delta, preprocessing's delta, and the rule composing them."""
+    """One grant's epsilon per stage, training's delta, preprocessing's delta, and the rule composing them.
+
+    Args:
+      preprocessing: The preprocessing stage's epsilon.
+      count: The DP record count's epsilon.
+      training: The training stage's epsilon.
+      validation: The ACCEPT test's epsilon.
+      delta: Training's delta.
+      rule: How the stages compose (``ChargeRule.SUM`` or ``PARALLEL``).
+      rejection: The REJECT test's epsilon.
+      preprocessing_delta: Preprocessing's delta.
+
+    Raises:
+      LedgerError: a value or delta out of range, or an unknown rule (naming it).
+    """
 
     preprocessing: float
     count: float
@@ -128,7 +142,17 @@ class BudgetSplit:
         return shared + self.training + self.rejection + self.validation
 
     def stage_budget(self, stage: str) -> tuple[float, float]:
-        """(epsilon, delta) of ``stage``; only training and preprocessing have a delta."""
+        """(epsilon, delta) of ``stage``; only training and preprocessing have a delta.
+
+        Args:
+          stage: The stage (``Stage``).
+
+        Returns:
+          (epsilon, delta).
+
+        Raises:
+          LedgerError: an unknown stage.
+        """
         _check_stage(stage)
         deltas: dict[str, float] = {Stage.TRAINING: self.delta, Stage.PREPROCESSING: self.preprocessing_delta}
         delta = deltas.get(stage, 0.0)
@@ -138,12 +162,27 @@ class BudgetSplit:
         """This split with every stage's epsilon times ``epsilon_factor`` and both deltas times ``delta_factor``
         (factors in [0, 1]). Each rule composes linearly, so the scaled split composes to ``epsilon_factor`` times
         this one's epsilon and ``delta_factor`` times its delta: a split that fitted a charge fits the charge scaled
-        by the same factors (``grants.stage_cap``)."""
+        by the same factors (``grants.stage_cap``).
+
+        Args:
+          epsilon_factor: The epsilons' factor, in [0, 1].
+          delta_factor: The deltas' factor, in [0, 1].
+
+        Returns:
+          The scaled ``BudgetSplit``.
+        """
         return replace(self, **{s: getattr(self, s) * epsilon_factor for s in STAGES},
                        **{d: getattr(self, d) * delta_factor for d in DELTA_FIELDS})
 
     def composed(self, spent: dict) -> float:
-        """The per-record epsilon of stages that spent ``spent`` ({stage: epsilon}), under this split's rule."""
+        """The per-record epsilon of stages that spent ``spent`` ({stage: epsilon}), under this split's rule.
+
+        Args:
+          spent: {stage: epsilon}.
+
+        Returns:
+          The per-record epsilon.
+        """
         part: dict[str, float] = {s: float(spent.get(s, 0.0)) for s in STAGES}
         shared = part[Stage.PREPROCESSING] + part[Stage.COUNT]
         train, rejection, validation = part[Stage.TRAINING], part[Stage.REJECTION], part[Stage.VALIDATION]
@@ -152,7 +191,16 @@ class BudgetSplit:
         return shared + train + rejection + validation
 
     def check_covered(self, epsilon: float, delta: float, what: str = "the grant") -> None:
-        """Refuse (LedgerError) a split that composes to more than ``what`` charged: (epsilon, delta)."""
+        """Refuse (LedgerError) a split that composes to more than ``what`` charged: (epsilon, delta).
+
+        Args:
+          epsilon: What was charged.
+          delta: What was charged.
+          what: Who charged it, for the message.
+
+        Raises:
+          LedgerError: the split composes to more epsilon, or its deltas add to more delta.
+        """
         if self.charged_epsilon > float(epsilon) * (1 + SLACK):
             raise LedgerError(
                 f"split {self.to_dict()} composes to epsilon {self.charged_epsilon:.6g} under rule {self.rule!r}, "
