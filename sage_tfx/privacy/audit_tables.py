@@ -4,6 +4,7 @@ What each table is compared on: docs/security.md, "What the audit replays".
 """
 
 import json
+from typing import NamedTuple
 
 from .anchor import changed_id_text
 from .audit_budgets import _check_release_totals, _note_converted_rule
@@ -11,32 +12,36 @@ from .audit_replay import _UNLOGGED, _Replay
 from .store import sql
 
 
-def _compare_tables(r: _Replay, tables: tuple, entry_count: int) -> None:
+class _Tables(NamedTuple):
+    """The ledger's tables as ``_read_tables`` reads them, keyed as the replay keys its own."""
+
+    streams: dict
+    blocks: dict
+    grants: dict
+    releases: dict
+    block_rows: dict
+    grant_cols: dict
+    pipelines: dict
+    reservations: dict
+    outcomes: dict
+    meta: dict
+    demands: dict
+    arrivals: dict
+    draws: dict
+    release_owners: dict
+
+
+def _compare_tables(r: _Replay, tables: _Tables, entry_count: int) -> None:
     """Every table (``_read_tables``) against the replay ``r``: equality, not approximation."""
-    (
-        table_streams,
-        table_blocks,
-        table_grants,
-        table_releases,
-        table_block_rows,
-        table_grant_cols,
-        table_pipelines,
-        table_reservations,
-        table_outcomes,
-        meta,
-        table_demands,
-        table_arrivals,
-        table_draws,
-        table_release_owners,
-    ) = tables
-    _check_meta(r.ledger, meta, r.problems)
-    _check_binding(meta, r.bindings, entry_count, r.problems)
-    _compare_row_tables(r, table_block_rows, table_grant_cols, table_pipelines, table_reservations, table_outcomes)
-    _compare_budget_tables(r, table_streams, table_blocks, table_grants, table_releases)
-    _check_release_owners(table_release_owners, table_grant_cols, r.problems)
+    t = tables
+    _check_meta(r.ledger, t.meta, r.problems)
+    _check_binding(t.meta, r.bindings, entry_count, r.problems)
+    _compare_row_tables(r, t.block_rows, t.grant_cols, t.pipelines, t.reservations, t.outcomes)
+    _compare_budget_tables(r, t.streams, t.blocks, t.grants, t.releases)
+    _check_release_owners(t.release_owners, t.grant_cols, r.problems)
     _check_release_totals(r.grants, r.releases, r.streams, r.problems)
     _note_converted_rule(r.grants, r.report.notes)
-    _compare_queue_tables(r, table_draws, table_demands, table_arrivals)
+    _compare_queue_tables(r, t.draws, t.demands, t.arrivals)
 
 
 def _compare_row_tables(
@@ -156,60 +161,47 @@ def _compare_queue_tables(r: _Replay, table_draws: dict, table_demands: dict, ta
     )
 
 
-def _read_tables(tx):
+def _read_tables(tx) -> _Tables:
     """Every table the audit compares with the log replay, read in the caller's transaction."""
-    table_streams = {
-        r[0]: {
-            "name": r[0],
-            "accounting": r[1],
-            "epsilon": r[2],
-            "delta": r[3],
-            "orders": json.loads(r[4]),
-            "policy": r[5],
-            "min_epsilon": r[6],
-            "min_grant_epsilon": r[7],
-            "policy_params": json.loads(r[8]) if r[8] else None,
-            "query_delta_share": r[9],
-            "split_orders": r[10],
-            "privacy_unit": r[11],
-            "max_rows_per_unit": r[12],
-        }
-        for r in tx.all(sql.AUDIT_STREAMS)
-    }
-    table_blocks = {(r[0], r[1]): (tuple(json.loads(r[2])), r[3]) for r in tx.all(sql.AUDIT_BLOCK_SPENT)}
-    table_grants = {r[0]: (r[1], r[2]) for r in tx.all(sql.AUDIT_GRANTS)}
     release_rows = tx.all(sql.AUDIT_RELEASES)
-    table_releases = {(r[0], r[1]): (r[2], r[3], r[4]) for r in release_rows}
-    table_release_owners = {(r[0], r[1]): (r[5], r[6]) for r in release_rows}
-    table_block_rows = {(r[0], r[1]): tuple(r[2:]) for r in tx.all(sql.AUDIT_BLOCK_ROWS)}
-    table_grant_cols = {r[0]: (r[1], r[2], r[3]) for r in tx.all(sql.AUDIT_GRANT_COLUMNS)}
-    table_pipelines = {(r[0], r[1]): (r[2], r[3]) for r in tx.all(sql.AUDIT_PIPELINES)}
-    table_reservations = {
-        (r[0], r[1], r[2]): (tuple(json.loads(r[3])), tuple(json.loads(r[4]))) for r in tx.all(sql.AUDIT_RESERVATIONS)
-    }
-    table_outcomes = {r[0]: (r[1], r[2], r[3], r[4]) for r in tx.all(sql.AUDIT_OUTCOMES)}
-    meta = dict(tx.all(sql.AUDIT_META))
-    table_demands = {
-        (r[0], r[1]): (tuple(json.loads(r[2])), tuple(json.loads(r[3])), r[4], r[5], r[6], r[7], r[8])
-        for r in tx.all(sql.AUDIT_DEMANDS)
-    }
-    table_arrivals = {(r[0], r[1]): r[2] for r in tx.all(sql.AUDIT_BLOCK_ARRIVALS)}
-    table_draws = {(r[0], r[1]): (r[2], r[3], float(r[4]), float(r[5])) for r in tx.all(sql.AUDIT_DRAWS)}
-    return (
-        table_streams,
-        table_blocks,
-        table_grants,
-        table_releases,
-        table_block_rows,
-        table_grant_cols,
-        table_pipelines,
-        table_reservations,
-        table_outcomes,
-        meta,
-        table_demands,
-        table_arrivals,
-        table_draws,
-        table_release_owners,
+    return _Tables(
+        streams={
+            r[0]: {
+                "name": r[0],
+                "accounting": r[1],
+                "epsilon": r[2],
+                "delta": r[3],
+                "orders": json.loads(r[4]),
+                "policy": r[5],
+                "min_epsilon": r[6],
+                "min_grant_epsilon": r[7],
+                "policy_params": json.loads(r[8]) if r[8] else None,
+                "query_delta_share": r[9],
+                "split_orders": r[10],
+                "privacy_unit": r[11],
+                "max_rows_per_unit": r[12],
+            }
+            for r in tx.all(sql.AUDIT_STREAMS)
+        },
+        blocks={(r[0], r[1]): (tuple(json.loads(r[2])), r[3]) for r in tx.all(sql.AUDIT_BLOCK_SPENT)},
+        grants={r[0]: (r[1], r[2]) for r in tx.all(sql.AUDIT_GRANTS)},
+        releases={(r[0], r[1]): (r[2], r[3], r[4]) for r in release_rows},
+        block_rows={(r[0], r[1]): tuple(r[2:]) for r in tx.all(sql.AUDIT_BLOCK_ROWS)},
+        grant_cols={r[0]: (r[1], r[2], r[3]) for r in tx.all(sql.AUDIT_GRANT_COLUMNS)},
+        pipelines={(r[0], r[1]): (r[2], r[3]) for r in tx.all(sql.AUDIT_PIPELINES)},
+        reservations={
+            (r[0], r[1], r[2]): (tuple(json.loads(r[3])), tuple(json.loads(r[4])))
+            for r in tx.all(sql.AUDIT_RESERVATIONS)
+        },
+        outcomes={r[0]: (r[1], r[2], r[3], r[4]) for r in tx.all(sql.AUDIT_OUTCOMES)},
+        meta=dict(tx.all(sql.AUDIT_META)),
+        demands={
+            (r[0], r[1]): (tuple(json.loads(r[2])), tuple(json.loads(r[3])), r[4], r[5], r[6], r[7], r[8])
+            for r in tx.all(sql.AUDIT_DEMANDS)
+        },
+        arrivals={(r[0], r[1]): r[2] for r in tx.all(sql.AUDIT_BLOCK_ARRIVALS)},
+        draws={(r[0], r[1]): (r[2], r[3], float(r[4]), float(r[5])) for r in tx.all(sql.AUDIT_DRAWS)},
+        release_owners={(r[0], r[1]): (r[5], r[6]) for r in release_rows},
     )
 
 

@@ -46,7 +46,7 @@ OTHER_MEANINGS = {
                                           "nothing of the core, so each command starts fast",
     ("sage_tfx/cli/_exits.py", "REJECT"): "as ACCEPT",
     ("sage_tfx/cli/_exits.py", "TIMEOUT"): "as ACCEPT",
-    ("sage_tfx/privacy/head_file.py", "count"): "an attribute name in __slots__",
+    ("sage_tfx/privacy/head_slots.py", "count"): "an attribute name in __slots__",
     ("sage_tfx/privacy/streams.py", "retired"): "the key of a block's retirement time in a stream report",
     ("sage_tfx/models/ghost_plans.py", "count"): "a Keras preprocessing layer's output_mode",
     ("sage_tfx/models/dpsgd_engine.py", "training"): "Keras' `training` call argument",
