@@ -16,12 +16,12 @@ from . import anchor as _anchor
 from .chain import GENESIS, canonical
 from .errors import LedgerError, LedgerRollback, LedgerUpgradeNeeded
 from .grants import signature_ok
-from .head_file import HeadFile, head_sync_mode, warn_head_write
+from .head_file import HeadFile, HeadSync, head_sync_mode, warn_head_write
 from .keys import KeyFileError
 from .ledger_reads import LedgerReads
-from .session import PipelineClaim, migrate_secret, migration_entry
+from .session import KeySource, PipelineClaim, migrate_secret, migration_entry
 from .store import sql
-from .store.base import upgrade_text
+from .store.base import Store, upgrade_text
 
 if TYPE_CHECKING:
     from .keys import KeyRing
@@ -30,7 +30,15 @@ if TYPE_CHECKING:
 class LedgerBase(LedgerReads):
     """An open ledger's store, keys, head file and keyed log (open one with ``Ledger.open``)."""
 
-    def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False, upgrade=False) -> None:
+    def __init__(
+        self,
+        store: Store,
+        keys: KeySource,
+        head_sync: HeadSync | str | None = None,
+        check_head: bool = True,
+        read_only: bool = False,
+        upgrade: bool = False,
+    ) -> None:
         """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
         self._read_only = read_only
         self._head_sync = head_sync_mode(head_sync)
@@ -219,12 +227,12 @@ class LedgerBase(LedgerReads):
 
     # What the audit reads of a ledger (audit.py imports no ledger name: it is handed the ledger).
     @property
-    def store(self):
+    def store(self) -> Store:
         """The backend store (``store/``): the audit reads every table through it. TRUSTED CODE ONLY."""
         return self._store
 
     @property
-    def head_file(self):
+    def head_file(self) -> HeadFile:
         """The head file outside the database (``head_file.HeadFile``) recording this ledger's last log entry."""
         return self._head
 
