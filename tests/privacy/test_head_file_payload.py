@@ -128,7 +128,7 @@ def test_a_file_replaced_by_one_of_the_same_size_is_reopened(tmp_path):
     assert head._fds.inode == (os.stat(path).st_dev, os.stat(path).st_ino)
 
 
-# ---- the per-write look at the path: statx without timestamps (head_file._identify)
+# ---- the per-write look at the path: statx without timestamps (head_stat._identify)
 def test_identify_gives_what_stat_gives_and_never_follows_a_link(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(b"x" * 10)
