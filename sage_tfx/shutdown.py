@@ -23,13 +23,12 @@ def flush_stdio() -> None:
 
 
 def exit_now(code: int = 0) -> NoReturn:
-    """Flush stdio, run the atexit handlers and ``logging.shutdown``, then ``os._exit(code)``.
-
-    The exit code of a finished run, without the interpreter's C++ teardown. Call it last:
-    nothing after it runs, and ``finally`` blocks and context managers still open are not exited.
+    """Flush stdio, run the atexit handlers and ``logging.shutdown``, then ``os._exit(code)``: the exit code of
+    a finished run, without the interpreter's C++ teardown (module docstring). Call it last: nothing after it
+    runs, and ``finally`` blocks and context managers still open are not exited.
 
     Args:
-        code: the process's exit code.
+      code: The process's exit code.
     """
     flush_stdio()
     atexit._run_exitfuncs()

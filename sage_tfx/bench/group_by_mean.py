@@ -322,19 +322,26 @@ def run(args):
         "baseline_mae": max(maes["baseline"] + maes["segment"]),  # float32 rounding only: exact means
     }
     if not args.no_pipelinedp:
-        _log("PipelineDP per-partition MEAN in the benchmark venv")
-        figures.update(_run_pipelinedp(args, keys, speeds, exact_means))
-        if "pipelinedp_seconds" in figures:
-            figures["time_ratio_vs_pipelinedp"] = round(dp_seconds / figures["pipelinedp_seconds"], 4)
-            figures["mae_ratio_vs_pipelinedp_measured"] = round(figures["dp_mae"] / figures["pipelinedp_mae"], 4)
-        if "pipelinedp_seconds" in figures and not args.partition_delta:
-            figures["pipelinedp_mae_expected"] = expected_mae(
-                counts, sums, exact_means, args.value_range, pipelinedp_release(args.epsilon, args.value_range),
-                args.noise_trials)
-            figures["mae_ratio_vs_pipelinedp"] = round(figures["dp_mae_expected"]
-                                                       / figures["pipelinedp_mae_expected"], 4)
-            figures["mae_ratio_vs_pipelinedp_paired"] = round(paired_mae_ratio(
-                counts, sums, exact_means, args.value_range, mean_release(args.epsilon, args.value_range,
-                                                                          args.mean_form),
-                pipelinedp_release(args.epsilon, args.value_range), 10 * args.noise_trials), 4)
+        _add_pipelinedp(figures, args, keys, speeds, (counts, sums, exact_means), dp_seconds)
     return figures
+
+
+def _add_pipelinedp(figures, args, keys, speeds, exact, dp_seconds):
+    """PipelineDP's per-partition MEAN on the same rows, and its time and error beside ours, into ``figures``;
+    ``exact``: the per-key (counts, sums, means) of the clipped values."""
+    counts, sums, exact_means = exact
+    _log("PipelineDP per-partition MEAN in the benchmark venv")
+    figures.update(_run_pipelinedp(args, keys, speeds, exact_means))
+    if "pipelinedp_seconds" in figures:
+        figures["time_ratio_vs_pipelinedp"] = round(dp_seconds / figures["pipelinedp_seconds"], 4)
+        figures["mae_ratio_vs_pipelinedp_measured"] = round(figures["dp_mae"] / figures["pipelinedp_mae"], 4)
+    if "pipelinedp_seconds" in figures and not args.partition_delta:
+        figures["pipelinedp_mae_expected"] = expected_mae(
+            counts, sums, exact_means, args.value_range, pipelinedp_release(args.epsilon, args.value_range),
+            args.noise_trials)
+        figures["mae_ratio_vs_pipelinedp"] = round(figures["dp_mae_expected"]
+                                                   / figures["pipelinedp_mae_expected"], 4)
+        figures["mae_ratio_vs_pipelinedp_paired"] = round(paired_mae_ratio(
+            counts, sums, exact_means, args.value_range, mean_release(args.epsilon, args.value_range,
+                                                                      args.mean_form),
+            pipelinedp_release(args.epsilon, args.value_range), 10 * args.noise_trials), 4)

@@ -32,50 +32,29 @@ def _baseline(path, out_dir, schema):
 
 
 def run(args):
-    import pyarrow.csv as pacsv
-
-    from sage_tfx.data.generator import TaxiGenerator
     from sage_tfx.ingest.pipeline import ingest
     from sage_tfx.ingest.records import infer_schema
     from sage_tfx.privacy import Ledger
 
     work = tempfile.mkdtemp(prefix="sage-bench-ingest-")
     try:
-        def make_csv(name, rows):
-            path = os.path.join(work, name)
-            gen = TaxiGenerator(seed=args.seed, rows_per_day=args.rows_per_day)
-            writer = None
-            for batch in gen.chunks(rows):
-                writer = writer or pacsv.CSVWriter(path, batch.schema)
-                writer.write(batch)
-            writer.close()
-            return path
-
         _say(f"generating {args.rows} GENERATED taxi-like rows (fitted to the real Chicago taxi data)")
-        path = make_csv("generated.csv", args.rows)
-        warm = make_csv("warm.csv", 20_000)
+        path = _make_csv(os.path.join(work, "generated.csv"), args.rows, args)
+        warm = _make_csv(os.path.join(work, "warm.csv"), 20_000, args)
         schema = infer_schema(path, "csv")
         db = os.path.join(work, "ledger.db")
         with Ledger.open(db, create=True) as ledger:
             ledger.create_stream("warm", 1.0, 1e-6)
             ledger.create_stream("bench", 1.0, 1e-6)
 
-        def timed(label, fn):
-            _say(f"running {label}")
-            t0 = time.perf_counter()
-            fn()
-            seconds = time.perf_counter() - t0
-            _say(f"{label}: {seconds:.1f} s")
-            return seconds
-
         # Warm-up pays one-time costs (imports, encoder set-up) for both paths.
         _baseline(warm, os.path.join(work, "warm-out"), schema)
         ingest(db, "warm", warm, os.path.join(work, "data"), time_column="trip_start_timestamp", window="1d",
                progress=False)
-        base_s = timed("baseline (read + encode + Beam WriteToTFRecord)",
+        base_s = _timed("baseline (read + encode + Beam WriteToTFRecord)",
                        lambda: _baseline(path, os.path.join(work, "baseline-out"), schema))
         result = {}
-        ingest_s = timed("sage ingest (blocks + commit + ledger)", lambda: result.update(ingest(
+        ingest_s = _timed("sage ingest (blocks + commit + ledger)", lambda: result.update(ingest(
             db, "bench", path, os.path.join(work, "data"), time_column="trip_start_timestamp", window="1d",
             progress=False, allow_duplicate_of=("warm",))))  # the warm-up's rows may repeat the first days
         with Ledger.open(db) as ledger:
@@ -95,3 +74,28 @@ def run(args):
         }
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _make_csv(path, rows, args):
+    """``rows`` GENERATED taxi-like rows (``args.seed``, ``args.rows_per_day``) written to the CSV file ``path``."""
+    import pyarrow.csv as pacsv
+
+    from sage_tfx.data.generator import TaxiGenerator
+
+    gen = TaxiGenerator(seed=args.seed, rows_per_day=args.rows_per_day)
+    writer = None
+    for batch in gen.chunks(rows):
+        writer = writer or pacsv.CSVWriter(path, batch.schema)
+        writer.write(batch)
+    writer.close()
+    return path
+
+
+def _timed(label, fn):
+    """Seconds ``fn()`` takes, said before and after."""
+    _say(f"running {label}")
+    t0 = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - t0
+    _say(f"{label}: {seconds:.1f} s")
+    return seconds

@@ -289,7 +289,6 @@ def serve_once(folder: str, pipelines: int, parallel: int, initial_blocks: int, 
                say: Callable[[str], None] = _say) -> dict:
     """One `sage serve` of ``pipelines`` easy taxi_regression pipelines (one iteration each) on the real taxi
     CSV in a fresh ledger, with ``--parallel parallel``; its wall time and the ACCEPTs the ledger holds."""
-    from sage_tfx.data.taxi import taxi_csv_path
     from sage_tfx.privacy import Ledger
 
     os.makedirs(folder, exist_ok=True)
@@ -298,13 +297,7 @@ def serve_once(folder: str, pipelines: int, parallel: int, initial_blocks: int, 
         # every pipeline's share of a block (epsilon / pipelines) covers taxi_regression's first iteration (0.25)
         ledger.create_stream("taxi", float(pipelines), 1e-6)
     names = [f"p{i + 1}" for i in range(pipelines)]
-    cmd = [sys.executable, "-m", "sage_tfx", "serve", "--db", db, "--stream", "taxi",
-           "--data-root", os.path.join(folder, "data"), "--input", taxi_csv_path("simple"),
-           "--time-column", TIME_COLUMN, "--window", "1d", "--initial-blocks", str(initial_blocks),
-           "--blocks-per-step", str(initial_blocks), "--max-iterations", "1", "--rejection-share", "0",
-           "--work-dir", os.path.join(folder, "work"), "--parallel", str(parallel)]
-    for name in names:
-        cmd += ["--pipeline", f"{name}=taxi_regression:{SERVE_TARGET}"]
+    cmd = _serve_command(folder, db, names, initial_blocks, parallel)
     lines: list[tuple[float, str]] = []
     log_path = os.path.join(folder, "serve-stderr.log")  # library chatter (TensorFlow, absl); its tail on failure
     t0 = time.perf_counter()
@@ -329,10 +322,7 @@ def serve_once(folder: str, pipelines: int, parallel: int, initial_blocks: int, 
     wall = time.perf_counter() - t0
     reader.join(timeout=30)
     if code != 0:
-        tail = "\n".join(line for _t, line in lines[-30:])
-        with open(log_path, errors="replace") as f:
-            err = f.read()[-3000:]
-        raise RuntimeError(f"sage serve --parallel {parallel} exited {code}:\n{tail}\n{err}")
+        _serve_failed(parallel, code, lines, log_path)
     replayed = next((t for t, line in lines if line.startswith("[replay]")), 0.0)
     outcomes = count_outcomes(db, "taxi")
     accepts = sum(o.count(Outcome.ACCEPT) for o in outcomes.values())
@@ -343,6 +333,28 @@ def serve_once(folder: str, pipelines: int, parallel: int, initial_blocks: int, 
             "iterations": sum(len(o) for o in outcomes.values()),
             "outcomes": {p: outcomes.get(p, []) for p in names},
             "accepts_per_hour": round(accepts / wall * 3600, 1), "audit_ok": audit_ok}
+
+
+def _serve_command(folder: str, db: str, names: list[str], initial_blocks: int, parallel: int) -> list[str]:
+    """The `sage serve` command line of ``serve_once``: pipelines ``names``, one iteration each."""
+    from sage_tfx.data.taxi import taxi_csv_path
+
+    cmd = [sys.executable, "-m", "sage_tfx", "serve", "--db", db, "--stream", "taxi",
+           "--data-root", os.path.join(folder, "data"), "--input", taxi_csv_path("simple"),
+           "--time-column", TIME_COLUMN, "--window", "1d", "--initial-blocks", str(initial_blocks),
+           "--blocks-per-step", str(initial_blocks), "--max-iterations", "1", "--rejection-share", "0",
+           "--work-dir", os.path.join(folder, "work"), "--parallel", str(parallel)]
+    for name in names:
+        cmd += ["--pipeline", f"{name}=taxi_regression:{SERVE_TARGET}"]
+    return cmd
+
+
+def _serve_failed(parallel: int, code: int, lines: list[tuple[float, str]], log_path: str) -> None:
+    """Raise the RuntimeError of a `sage serve` that exited ``code``: its last output lines and its stderr's tail."""
+    tail = "\n".join(line for _t, line in lines[-30:])
+    with open(log_path, errors="replace") as f:
+        err = f.read()[-3000:]
+    raise RuntimeError(f"sage serve --parallel {parallel} exited {code}:\n{tail}\n{err}")
 
 
 def serve_part(args: argparse.Namespace, parallels: list[int], work: str) -> dict:

@@ -193,23 +193,7 @@ class TaxiGenerator:
         ratio = np.minimum(np.exp(rng.normal(p["tip_log_mu"], p["tip_log_sigma"], n)), 1.0)
         tips = np.where(rng.random(n) < tip_prob, np.round(fare * ratio, 2), 0.0)
 
-        cols = {}
-        areas = {}
-        for side in ("pickup", "dropoff"):
-            values = p[f"{side}_area_values"]
-            idx = rng.choice(len(values), size=n, p=p[f"{side}_area_probs"])
-            area = np.array([-1 if v is None else v for v in values], dtype=np.int64)[idx]
-            areas[side] = area
-            cent = np.array([p[f"{side}_centroids"].get(str(v)) or [np.nan, np.nan] if v is not None
-                             else [np.nan, np.nan] for v in values], dtype=float)[idx]
-            cols[f"{side}_community_area"] = pa.array(area, mask=area < 0)
-            cols[f"{side}_latitude"] = pa.array(cent[:, 0], mask=np.isnan(cent[:, 0]))
-            cols[f"{side}_longitude"] = pa.array(cent[:, 1], mask=np.isnan(cent[:, 1]))
-        tract_by_area = np.full(100, -1, dtype=np.int64)
-        for a, t in p["dropoff_tracts"].items():
-            tract_by_area[int(a)] = t
-        tract = np.where(areas["dropoff"] >= 0, tract_by_area[np.maximum(areas["dropoff"], 0)], -1)
-        tract[rng.random(n) < p["dropoff_tract_missing"]] = -1
+        cols, tract = _area_columns(p, rng, n)
 
         def strings(values, probs):
             idx = rng.choice(len(values), size=n, p=probs)
@@ -230,3 +214,28 @@ class TaxiGenerator:
         names = list(TAXI_SCHEMA) + ["generated"]
         cols["generated"] = pa.array(np.ones(n, dtype=np.int64))
         return pa.record_batch([cols[c] for c in names], names=names)
+
+
+def _area_columns(p, rng, n):
+    """``TaxiGenerator.chunk``'s pickup and dropoff areas and their centroids (Arrow columns by name), and the
+    dropoff census tract of each row (-1: none), drawn from ``rng`` in this order."""
+    import pyarrow as pa
+
+    cols = {}
+    areas = {}
+    for side in ("pickup", "dropoff"):
+        values = p[f"{side}_area_values"]
+        idx = rng.choice(len(values), size=n, p=p[f"{side}_area_probs"])
+        area = np.array([-1 if v is None else v for v in values], dtype=np.int64)[idx]
+        areas[side] = area
+        cent = np.array([p[f"{side}_centroids"].get(str(v)) or [np.nan, np.nan] if v is not None
+                         else [np.nan, np.nan] for v in values], dtype=float)[idx]
+        cols[f"{side}_community_area"] = pa.array(area, mask=area < 0)
+        cols[f"{side}_latitude"] = pa.array(cent[:, 0], mask=np.isnan(cent[:, 0]))
+        cols[f"{side}_longitude"] = pa.array(cent[:, 1], mask=np.isnan(cent[:, 1]))
+    tract_by_area = np.full(100, -1, dtype=np.int64)
+    for a, t in p["dropoff_tracts"].items():
+        tract_by_area[int(a)] = t
+    tract = np.where(areas["dropoff"] >= 0, tract_by_area[np.maximum(areas["dropoff"], 0)], -1)
+    tract[rng.random(n) < p["dropoff_tract_missing"]] = -1
+    return cols, tract

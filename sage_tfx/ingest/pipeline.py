@@ -217,14 +217,7 @@ def ingest(ledger_location: str, stream: str, inputs: str | Sequence[str], data_
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
     spec, bound = _checked_spec(ledger_location, stream, inputs, block_by, time_column, window, user_column, shards,
                                 hash_key)
-    from apache_beam.io.filesystems import FileSystems
-
-    # Beam logs a worker's exception with its traceback before re-raising it; bad input is reported once, below.
-    logging.getLogger("apache_beam.runners.common").addFilter(_not_input_errors)
-    options = beam_options(beam_args, None)
-    FileSystems.set_options(options)  # the driver's own FileSystems calls (inputs, staging) see e.g. --s3_* too
-    files = resolve_inputs(inputs)
-    options = beam_options(beam_args, len(files))
+    files, options = _beam_inputs(inputs, beam_args)
     with Ledger.open(ledger_location) as ledger:
         ledger.stream(stream)  # the stream must exist before data arrives
         staging = check_staging_location(data_root, stream, staging_location)  # before anything is created
@@ -247,8 +240,25 @@ def ingest(ledger_location: str, stream: str, inputs: str | Sequence[str], data_
             ok = True
         finally:
             left = _clean_up(run_dir, stage, ok, created, created_staging)
-    if left:
-        result["staging_left"] = stage
+    return _summed_up(result, stage if left else None, columns, progress)
+
+
+def _beam_inputs(inputs: list[str], beam_args: Iterable[str] | None) -> tuple[list[str], object]:
+    """The input files, resolved, and the job's Beam options (the driver's own FileSystems calls see them too)."""
+    from apache_beam.io.filesystems import FileSystems
+
+    # Beam logs a worker's exception with its traceback before re-raising it; bad input is reported once, below.
+    logging.getLogger("apache_beam.runners.common").addFilter(_not_input_errors)
+    options = beam_options(beam_args, None)
+    FileSystems.set_options(options)  # the driver's own FileSystems calls (inputs, staging) see e.g. --s3_* too
+    files = resolve_inputs(inputs)
+    return files, beam_options(beam_args, len(files))
+
+
+def _summed_up(result: dict, staging_left: str | None, columns, progress: bool) -> dict:
+    """``commit``'s result with the staged run left behind (if any), the columns and the block count; said."""
+    if staging_left:
+        result["staging_left"] = staging_left
     result["columns"] = columns
     result["blocks"] = len(result["added"]) + len(result["unchanged"])
     _say(progress, f"ingest: {len(result['added'])} block(s) added, {len(result['unchanged'])} already present")

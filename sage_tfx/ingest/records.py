@@ -1,4 +1,5 @@
-"""Rows as tf.Example bytes, and TFRecord files, without TensorFlow.
+"""Rows as tf.Example bytes without TensorFlow: a stream's schema, the input checks, the readers and the content
+digest (the input itself: ``inputs.py``; TFRecord files: ``tfrecords.py``).
 
 A stream has one feature schema ({name: "int" | "float" | "bytes"}), fixed at
 its first ingest and kept at DATA_ROOT/STREAM/_schema.json, so every block of
@@ -6,84 +7,23 @@ the stream has the same feature types. Empty fields become empty features, as
 in TFX's CsvExampleGen. tf.Example floats are 32-bit: keep exact integers
 (such as unix timestamps) in int columns.
 """
-import contextlib
 import csv
-import gzip
 import hashlib
 import io
 import json
-import os
-import re
-import struct
 
 import numpy as np
 
-from sage_tfx.privacy.errors import SageError
+from .inputs import FORMATS, InputError, arrow_source, input_format, is_url, open_input  # noqa: F401 (re-exported)
+from .tfrecords import (  # noqa: F401 (re-exported)
+    frame_tfrecords,
+    iter_tfrecords,
+    read_tfrecords,
+    write_tfrecords,
+)
 
 KINDS = ("int", "float", "bytes")  # a stream's feature kinds (DPTransform's raw schema uses the same)
-FORMATS = ("csv", "tfrecord", "parquet")
 CSV_SAMPLE_BYTES = 16 << 20  # types of a new stream are inferred from the first 16 MiB of a CSV
-
-
-class InputError(SageError, ValueError):
-    """Bad ingest input: names the file, column or value at fault."""
-
-
-_URL = re.compile(r"^[a-zA-Z][-a-zA-Z0-9+.]*://")  # the scheme rule of Beam's FileSystems.get_scheme
-
-
-def is_url(path: str) -> bool:
-    """True for a path with a scheme (``gs://``, ``s3://``, ``hdfs://``...): read and written through Beam's
-    FileSystems; False for a local path (docs/scale_out.md)."""
-    return bool(_URL.match(str(path)))
-
-
-@contextlib.contextmanager
-def open_input(path, decompress=False):
-    """An input file opened for binary reading: a local path with ``open``, a URL through Beam's
-    ``FileSystems.open`` (so ``gs://``/``s3://``/``hdfs://`` inputs are read by the workers themselves, not
-    from the launcher's disk; docs/scale_out.md). ``decompress``: a ``.gz`` file is gunzipped."""
-    if is_url(path):
-        from apache_beam.io.filesystem import CompressionTypes
-        from apache_beam.io.filesystems import FileSystems
-
-        raw = FileSystems.open(path, mime_type="application/octet-stream",
-                               compression_type=CompressionTypes.UNCOMPRESSED)
-    else:
-        raw = open(path, "rb")
-    try:
-        if decompress and str(path).lower().endswith(".gz"):
-            with gzip.GzipFile(fileobj=raw, mode="rb") as gz:
-                yield gz
-        else:
-            yield raw
-    finally:
-        raw.close()
-
-
-@contextlib.contextmanager
-def arrow_source(path):
-    """What pyarrow reads: a local path as is (pyarrow opens it and gunzips ``.gz`` by its name), a URL as a
-    file object from ``open_input`` (gunzipped here)."""
-    if not is_url(path):
-        yield path
-        return
-    with open_input(path, decompress=True) as f:
-        yield f
-
-
-def input_format(path, given=None):
-    """``csv``, ``tfrecord`` or ``parquet``: the given one, else from the file name."""
-    if given:
-        if given not in FORMATS:
-            raise InputError(f"input format {given!r} is unknown: use one of {', '.join(FORMATS)}")
-        return given
-    name = path.lower()
-    for fmt, ends in (("csv", (".csv", ".csv.gz")), ("parquet", (".parquet", ".pq")),
-                      ("tfrecord", (".tfrecord", ".tfrecord.gz", ".tfrecords", ".tfrecords.gz", ".gz"))):
-        if name.endswith(ends):
-            return fmt
-    raise InputError(f"cannot tell the format of input {path!r} from its name: pass --format csv|tfrecord|parquet")
 
 
 def kind_of(arrow_type):
@@ -201,67 +141,6 @@ def decode(records, schema):
     from tfx_bsl.coders import example_coder
 
     return example_coder.ExamplesToRecordBatchDecoder(tfmd_schema(schema)).DecodeBatch(list(records))
-
-
-# ------------------------------------------------------------------ TFRecord
-def _masked_crc(data):
-    import google_crc32c
-
-    crc = google_crc32c.value(data)
-    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-def frame_tfrecords(out, records):
-    """Write records to the file object ``out`` in TFRecord framing (length, CRCs)."""
-    pack, parts, size = struct.pack, [], 0
-    for rec in records:
-        header = pack("<Q", len(rec))
-        parts += (header, pack("<I", _masked_crc(header)), rec, pack("<I", _masked_crc(rec)))
-        size += len(rec) + 16
-        if size >= 1 << 20:  # one write (one compress call) per MiB, not per record
-            out.write(b"".join(parts))
-            parts, size = [], 0
-    if parts:
-        out.write(b"".join(parts))
-
-
-def write_tfrecords(path, records, compresslevel=6, fsync=False):
-    """Write records to a gzip-compressed TFRecord file (the format of TFX Examples). Block files are
-    written by ``sealed.write_records`` (the same stream, encrypted)."""
-    with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=compresslevel,
-                                                mtime=0) as out:
-        frame_tfrecords(out, records)
-    if fsync:
-        with open(path, "rb") as f:
-            os.fsync(f.fileno())
-
-
-def read_tfrecords(path, check_crc=True):
-    """Yield the records of a TFRecord file, gzip-compressed or not (checks CRCs)."""
-    with open_input(path) as raw:
-        gz = raw.read(2) == b"\x1f\x8b"
-    with open_input(path) as raw, (gzip.GzipFile(fileobj=raw, mode="rb") if gz else contextlib.nullcontext(raw)) as f:
-        yield from iter_tfrecords(f, path, check_crc)
-
-
-def iter_tfrecords(f, path, check_crc=True):
-    """Yield the records of the TFRecord stream ``f`` (a file object); ``path`` names it in errors."""
-    while True:
-        header = f.read(12)
-        if not header:
-            return
-        if len(header) < 12:
-            raise InputError(f"TFRecord file {path} is truncated")
-        (length,) = struct.unpack("<Q", header[:8])
-        if check_crc and struct.unpack("<I", header[8:])[0] != _masked_crc(header[:8]):
-            raise InputError(f"TFRecord file {path} is corrupt (length CRC mismatch)")
-        data = f.read(length)
-        footer = f.read(4)
-        if len(data) < length or len(footer) < 4:
-            raise InputError(f"TFRecord file {path} is truncated")
-        if check_crc and struct.unpack("<I", footer)[0] != _masked_crc(data):
-            raise InputError(f"TFRecord file {path} is corrupt (data CRC mismatch)")
-        yield data
 
 
 # ------------------------------------------------------------------ readers

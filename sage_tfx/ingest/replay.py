@@ -37,7 +37,21 @@ class Replay:
         """``schema``: the feature types of ``table``'s columns (``from_file`` passes the ones ``sage ingest``
         gives the same file); default: ``records.schema_of`` its Arrow types. A stream that has a schema keeps
         it (``layout.check_stream_config``), so a replay types and digests its records as every ingest of the
-        stream does."""
+        stream does.
+
+        Args:
+          ledger: The open ``Ledger`` holding ``stream``.
+          stream: The stream the blocks are registered in.
+          data_root: The data root the block files are written under.
+          table: The records to replay (a pyarrow Table or RecordBatch).
+          time_column: The column holding each record's time.
+          window: The block window (e.g. ``1d``).
+          generated: Whether the records are GENERATED (None: a ``generated`` column says so).
+          schema: The feature types of ``table``'s columns.
+
+        Raises:
+          InputError: an empty table, or a time column the table lacks.
+        """
         import pyarrow as pa
 
         if isinstance(table, pa.RecordBatch):
@@ -138,7 +152,20 @@ class Replay:
         return self._table.slice(int(self._bounds[i]), int(self._bounds[i + 1] - self._bounds[i]))
 
     def run(self, steps=None, realtime=False, speedup=1.0, on_step=None):
-        """Replay ``steps`` windows (default: all); in real time, sleep the data time / ``speedup``."""
+        """Replay ``steps`` windows (default: all); in real time, sleep the data time / ``speedup``.
+
+        Args:
+          steps: How many windows to replay (None: all).
+          realtime: Sleep between windows as the data's time passes.
+          speedup: How much faster than the data's time, a finite number > 0.
+          on_step: Called with each step's result.
+
+        Returns:
+          The steps' results (``step``), in order.
+
+        Raises:
+          InputError: a bad ``speedup``.
+        """
         if speedup is None or not np.isfinite(speedup) or speedup <= 0:
             raise InputError(f"speedup {speedup!r} must be a finite number > 0")
         done = []

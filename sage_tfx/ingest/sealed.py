@@ -13,7 +13,7 @@ File format (``part-*.sealed``), authenticated encryption with AES-256-GCM (``cr
     plaintext_i = length n (u32) | n bytes of the file's stream | zero padding
     ad_i    = header | JSON [stream, block, file name] | i (u64) | final flag (1 byte)
 
-The stream inside is a gzip-compressed TFRecord file (the bytes ``records.write_tfrecords`` writes), so a
+The stream inside is a gzip-compressed TFRecord file (the bytes ``tfrecords.write_tfrecords`` writes), so a
 decrypted block is a standard TFX Examples file. Chunks other than the last hold CHUNK - 4 bytes of it; the
 last holds the rest, padded to a multiple of PAD bytes, so a file's size tells its size rounded up to
 4 KiB, never a record count. The associated data binds every chunk to its stream, block, file name, place

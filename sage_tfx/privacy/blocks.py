@@ -36,7 +36,19 @@ CHUNK = 500  # ids per statement
 
 @dataclass(frozen=True)
 class Block:
-    """A block's public description. Its exact row count is NOT here: it stays in the ledger."""
+    """A block's public description. Its exact row count is NOT here: it stays in the ledger.
+
+    Args:
+      stream: The stream it belongs to.
+      id: The block's id.
+      start: The start of its time window, unix seconds (None: not a time block).
+      end: The end of its time window, unix seconds.
+      shard: Its user shard (None: not a user block).
+      created: When it was added, unix seconds.
+      state: ``active`` or ``retired`` (``BlockState``).
+      spent: What grants have spent of it (the filter's vector).
+      retired: When it was retired, unix seconds (None: active).
+    """
 
     stream: str
     id: str

@@ -113,7 +113,14 @@ class RecordError(SageError, ValueError):
 
 def error_chain(exc: BaseException) -> list[BaseException]:
     """``exc`` and the errors it was raised while handling (``__cause__``, else ``__context__``), newest first:
-    the last one is where the failure began (TFX's runners raise a clean-up error while handling a module's)."""
+    the last one is where the failure began (TFX's runners raise a clean-up error while handling a module's).
+
+    Args:
+      exc: The error.
+
+    Returns:
+      The chain, newest first.
+    """
     chain, seen = [exc], {id(exc)}
     while True:
         nxt = chain[-1].__cause__ or chain[-1].__context__
@@ -128,7 +135,14 @@ def public_error_text(exc: BaseException) -> str:
     message is known to hold no data value (``RecordError``, the ledger's own errors, ``BudgetRefused``).
     When ``exc`` was raised while handling another error, the first error is named (where it began), then
     ``exc`` (e.g. ``TypeError (...), then NotFoundError while handling it``): types only, as above. A confined
-    child's error (``ConfinedRunError``) carries the text the child made by this same rule."""
+    child's error (``ConfinedRunError``) carries the text the child made by this same rule.
+
+    Args:
+      exc: The error.
+
+    Returns:
+      The text that may be shown.
+    """
     if isinstance(exc, ConfinedRunError):
         return exc.public
 

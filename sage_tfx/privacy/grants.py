@@ -51,6 +51,21 @@ class Grant:
     (``filters.RdpFilter.spendable``). An ``rdp`` grant without ``converted_epsilon`` was made before it was
     recorded: its ``epsilon`` IS that converted figure, and its stages may spend only what its cost pays for
     (``stage_cap``; docs/block_composition.md).
+
+    Args:
+      id: The grant's id.
+      stream: The stream it reads.
+      pipeline: The pipeline it was charged to.
+      blocks: The ids of the blocks it charged.
+      epsilon: What its stages may spend.
+      delta: What its stages may spend.
+      accounting: Its stream's accounting (``basic`` or ``rdp``).
+      cost: What it charged each block (the filter's vector).
+      rule: How its stages compose (``ChargeRule``).
+      created: When it was made, unix seconds.
+      meta: Signed metadata (its split, record split, unit, ...).
+      signature: The ledger's signature of the rest.
+      converted_epsilon: An ``rdp`` grant's charge converted to epsilon at the stream's delta, for information.
     """
 
     id: str
@@ -120,7 +135,17 @@ class Grant:
 
 @dataclass(frozen=True)
 class Release:
-    """One stage's release under a grant (``Ledger.release``): the computation's fingerprint and its spend."""
+    """One stage's release under a grant (``Ledger.release``): the computation's fingerprint and its spend.
+
+    Args:
+      grant_id: The grant it was made under.
+      stage: The stage (``Stage``).
+      computation: The computation's fingerprint.
+      epsilon: What the release spends.
+      delta: What the release spends.
+      created: When it was first opened, unix seconds.
+      reopened: Whether this call re-opened an existing release.
+    """
 
     grant_id: str
     stage: str

@@ -7,25 +7,29 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
-import errno
 import fcntl
-import hashlib
-import hmac
-import json
 import logging
 import os
 import stat
-import struct
-import sys
 import threading
 import time
 import weakref
 from enum import StrEnum
-from json.encoder import encode_basestring_ascii as _json_string
 from typing import Any
 
-from .errors import LedgerError, LedgerUpgradeNeeded
+from .errors import LedgerError
+from .head_slots import (  # noqa: F401 (HEAD_MAGIC, HEAD_SLOT_BYTES: re-exported)
+    HEAD_DURABLE_SLOTS,
+    HEAD_LAZY_SLOT,
+    HEAD_MAGIC,
+    HEAD_SLOT_BYTES,
+    _heads_payload,
+    _HeadState,
+    _parse_head_file,
+    _slot_bytes,
+    _slot_size_for,
+)
+from .head_stat import _identify, _open_head
 from .keys import KeyFileError, fsync_dir
 
 ENV_HEAD_SYNC = "SAGE_HEAD_SYNC"
@@ -80,191 +84,7 @@ def warn_head_write(path: str, exc: BaseException) -> None:
     logging.getLogger(__name__).warning("sage ledger: could not update head file %s: %s", path, exc)
 
 
-HEAD_MAGIC = b"SAGEHD02"  # the first bytes of every slot of the two-slot head file (an old head file is JSON: "{")
-HEAD_SLOT_BYTES = 4096  # the smallest slot: one page; a bigger head doubles it (HeadFile._replace)
-_SLOT_HEADER = struct.Struct(">8sIQI")  # magic, slot size, generation, payload length
-_SLOT_DIGEST = 32  # SHA-256 of header + payload, after the payload
 _fdatasync = getattr(os, "fdatasync", os.fsync)  # macOS has no fdatasync
-
-
-def _slot_bytes(slot_size, generation, payload):
-    """One slot: header, payload (the heads as JSON), SHA-256 of both, zeros up to ``slot_size``."""
-    head = _SLOT_HEADER.pack(HEAD_MAGIC, slot_size, generation, len(payload)) + payload
-    return (head + hashlib.sha256(head).digest()).ljust(slot_size, b"\0")
-
-
-def _heads_payload(heads):
-    """``json.dumps(heads, sort_keys=True, separators=(",", ":")).encode()``, byte for byte, at a third of its cost.
-
-    An entry of the form this module writes ({"chain": text, "seq": int}, a text ledger id) is formatted directly
-    (ASCII-escaped as json.dumps escapes text by default; keys in sorted order); anything else (a form another
-    version wrote) goes through json.dumps. tests/privacy/test_head_file_payload.py compares the two on odd ids and entries.
-    """
-    parts = []
-    for ledger_id in sorted(heads):
-        entry = heads[ledger_id]
-        if (type(ledger_id) is str and type(entry) is dict and len(entry) == 2 and type(entry.get("seq")) is int
-                and type(entry.get("chain")) is str):
-            parts.append(f'{_json_string(ledger_id)}:{{"chain":{_json_string(entry["chain"])},"seq":{entry["seq"]}}}')
-        else:
-            parts.append(json.dumps({ledger_id: entry}, sort_keys=True, separators=(",", ":"))[1:-1])
-    return ("{" + ",".join(parts) + "}").encode()
-
-
-def _slot_size_for(payload):
-    size = HEAD_SLOT_BYTES
-    while size < _SLOT_HEADER.size + len(payload) + _SLOT_DIGEST:
-        size *= 2
-    return size
-
-
-def _parse_slot(data, slot_size):
-    """(generation, heads) of one slot, or None if it is not intact (torn by a crash mid-write, or never written)."""
-    if len(data) < _SLOT_HEADER.size:
-        return None
-    magic, size, generation, length = _SLOT_HEADER.unpack_from(data)
-    end = _SLOT_HEADER.size + length
-    if magic != HEAD_MAGIC or size != slot_size or end + _SLOT_DIGEST > slot_size:
-        return None
-    if not hmac.compare_digest(hashlib.sha256(data[:end]).digest(), data[end:end + _SLOT_DIGEST]):
-        return None
-    try:
-        heads = json.loads(data[_SLOT_HEADER.size:end].decode())
-    except ValueError:
-        return None
-    return (generation, heads) if isinstance(heads, dict) else None
-
-
-class _Identity:
-    """What ``_identify`` tells of a path: ``st_dev``, ``st_ino``, ``st_mode`` and ``st_size``, as ``os.stat``'s."""
-    __slots__ = ("st_dev", "st_ino", "st_mode", "st_size")
-
-    def __init__(self, dev, ino, mode, size) -> None:
-        self.st_dev, self.st_ino, self.st_mode, self.st_size = dev, ino, mode, size
-
-
-class _Statx(ctypes.Structure):  # struct statx (linux/stat.h), 256 bytes
-    _fields_ = [("mask", ctypes.c_uint32), ("blksize", ctypes.c_uint32), ("attributes", ctypes.c_uint64),
-                ("nlink", ctypes.c_uint32), ("uid", ctypes.c_uint32), ("gid", ctypes.c_uint32),
-                ("mode", ctypes.c_uint16), ("spare0", ctypes.c_uint16), ("ino", ctypes.c_uint64),
-                ("size", ctypes.c_uint64), ("blocks", ctypes.c_uint64), ("attributes_mask", ctypes.c_uint64),
-                ("times", ctypes.c_uint64 * 8), ("rdev_major", ctypes.c_uint32), ("rdev_minor", ctypes.c_uint32),
-                ("dev_major", ctypes.c_uint32), ("dev_minor", ctypes.c_uint32), ("spare", ctypes.c_uint64 * 14)]
-
-
-_STATX_ASK = 0x1 | 0x2 | 0x100 | 0x200  # STATX_TYPE | STATX_MODE | STATX_INO | STATX_SIZE: no timestamp
-_AT_FDCWD, _AT_SYMLINK_NOFOLLOW = -100, 0x100
-_O_NOATIME = getattr(os, "O_NOATIME", 0)
-
-
-def _load_statx():
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        fn = ctypes.CDLL(None, use_errno=True).statx
-    except (OSError, AttributeError):  # a libc without statx (glibc < 2.28, musl < 1.2.5)
-        return None
-    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.POINTER(_Statx)]
-    fn.restype = ctypes.c_int
-    return fn
-
-
-_statx = _load_statx()
-
-
-def _identify(path):
-    """The file at ``path`` (not following a symbolic link), as ``os.stat`` would give it, WITHOUT asking for its
-    timestamps: FileNotFoundError if there is none.
-
-    Why not ``os.stat``: on Linux 6.13 and later (multigrain timestamps) a stat that reports ctime/mtime marks the
-    inode so that the next write takes a fine-grained timestamp and dirties the inode, which made every head-file
-    write's ``fdatasync`` slower (0.03-0.05 ms of about 0.15 on this machine's ext4: docs/BENCHMARKS.md, the
-    ledger's throughput). ``statx`` asking for type, mode, inode and size only does not. Where statx is missing
-    (another OS, an old libc or kernel, a sandbox refusing it), ``os.stat``."""
-    global _statx
-    if _statx is not None:
-        buf = _Statx()
-        if _statx(_AT_FDCWD, os.fsencode(path), _AT_SYMLINK_NOFOLLOW, _STATX_ASK, ctypes.byref(buf)) == 0:
-            return _Identity(os.makedev(buf.dev_major, buf.dev_minor), buf.ino, buf.mode, buf.size)
-        err = ctypes.get_errno()
-        if err not in (errno.ENOSYS, errno.EPERM, errno.EINVAL):
-            raise OSError(err, os.strerror(err), path)  # ENOENT gives a FileNotFoundError (PEP 3151)
-        _statx = None  # this system cannot: os.stat from now on
-    st = os.stat(path, follow_symlinks=False)
-    return _Identity(st.st_dev, st.st_ino, st.st_mode, st.st_size)
-
-
-def _open_head(path):
-    """The head file's descriptor, read-write, never through a symbolic link, without access-time updates (each
-    would dirty the inode a commit's ``fdatasync`` then waits on) where the OS allows it (the owner's file)."""
-    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0)
-    if _O_NOATIME:
-        try:
-            return os.open(path, flags | _O_NOATIME)
-        except PermissionError:  # O_NOATIME needs the file's owner: open as before
-            pass
-    return os.open(path, flags)
-
-
-HEAD_DURABLE_SLOTS = 2  # slots A and B: written in place, each write fdatasync'd before the flock is released
-HEAD_LAZY_SLOT = 2  # slot C, after them (HeadSync.USE): a grant's head, written without a sync
-
-
-def _is_slot_size(size):
-    """Slot sizes are HEAD_SLOT_BYTES times a power of two (``_slot_size_for``): so a file of two slots (a power
-    of two pages) and one of three (three times one) never have the same length."""
-    pages, rest = divmod(size, HEAD_SLOT_BYTES)
-    return rest == 0 and pages >= 1 and pages & (pages - 1) == 0
-
-
-class _HeadState:
-    """A head file's content as parsed: the heads (of the newest intact slot), and where the next in-place write goes
-    (``slot_size`` None: an old JSON file). ``count``: the file's slots (2, or 3 with slot C); ``durable``: the index
-    of the newest intact slot among A and B (None if neither is), whose heads are ``durable_heads`` and generation
-    ``durable_generation``: what the file holds durably, where slot C may hold more, not yet synced."""
-    __slots__ = ("heads", "slot_size", "generation", "newest", "count", "durable", "durable_heads",
-                 "durable_generation")
-
-    def __init__(self, heads, slot_size=None, generation=0, newest=None, count=HEAD_DURABLE_SLOTS, durable=None,
-                 durable_heads=None, durable_generation=0) -> None:
-        self.heads, self.slot_size, self.generation, self.newest = heads, slot_size, generation, newest
-        self.count, self.durable = count, durable
-        self.durable_heads = heads if durable_heads is None else durable_heads
-        self.durable_generation = generation if durable_heads is None else durable_generation
-
-
-def _parse_head_file(data, path, old_form=False):
-    """A head file's bytes -> _HeadState; KeyFileError if no slot is intact. The JSON form of older versions is read
-    only with ``old_form`` (``sage ledger upgrade``, which rewrites it: ``HeadFile.upgrade_form``); otherwise it is
-    refused with ``LedgerUpgradeNeeded`` naming the command."""
-    if data[:1] == b"{":  # written by sage before the two-slot form: one JSON map, replaced atomically
-        if not old_form:
-            raise LedgerUpgradeNeeded(
-                f"head file {path} is in the JSON form of an older sage-tfx: nothing was written; upgrade it once "
-                f"with: sage ledger upgrade --db LEDGER --key-file {path.removesuffix('.head')} (its ledger's "
-                "location), then retry")
-        try:
-            heads = json.loads(data.decode())
-            if not isinstance(heads, dict):
-                raise ValueError("not a map")
-        except ValueError:
-            raise KeyFileError(f"head file {path} is malformed (not the JSON sage writes)") from None
-        return _HeadState(heads)
-    slots, slot_size, count = [], None, HEAD_DURABLE_SLOTS
-    for count in (HEAD_DURABLE_SLOTS, HEAD_DURABLE_SLOTS + 1):  # A and B; or A, B and C (HeadSync.USE)
-        slot_size = len(data) // count
-        if len(data) == count * slot_size and _is_slot_size(slot_size):
-            slots = [(_parse_slot(data[i * slot_size:(i + 1) * slot_size], slot_size), i) for i in range(count)]
-            slots = [(slot[0], i, slot[1]) for slot, i in slots if slot is not None]
-            break
-    if not slots:
-        raise KeyFileError(f"head file {path} is malformed ({len(data)} bytes and no intact slot: not a head file "
-                           "sage writes); restore it from backup, or move it away and audit (the audit will say the "
-                           "ledger has no head record)")
-    generation, newest, heads = max(slots)
-    durable = [slot for slot in slots if slot[1] < HEAD_DURABLE_SLOTS]
-    durable_generation, durable_index, durable_heads = max(durable) if durable else (0, None, {})
-    return _HeadState(heads, slot_size, generation, newest, count, durable_index, durable_heads, durable_generation)
 
 
 class _HeadFds:

@@ -1,8 +1,9 @@
 """The privacy ledger, Sage's block-level access control (paper §3.2-3.3): the ``Ledger`` facade.
 
-Each public method opens one transaction of the store and runs the step modules below it (``streams``,
-``blocks``, ``requests``, ``charges``, ``releases``, ``pipelines``, ``trusted_reads``, ``grants``, ``session``,
-``opening``), which import neither this module nor the audit; every SQL statement is in ``store/sql.py``.
+On ``LedgerBase`` (``ledger_base.py``: store, keys, head file, keyed log), each public method opens one transaction
+of the store and runs the step modules below it (``streams``, ``blocks``, ``requests``, ``charges``, ``releases``,
+``pipelines``, ``trusted_reads``, ``grants``, ``session``, ``opening``),
+which import neither this module nor the audit; every SQL statement is in ``store/sql.py``.
 The guarantee, the allocation rules and the key handling: docs/block_composition.md, "The ledger".
 """
 from __future__ import annotations
@@ -25,16 +26,15 @@ from . import trusted_reads as _trusted_reads
 from .allocation import get_policy
 from .audit import AuditReport, audit_ledger
 from .blocks import Block  # noqa: F401 (re-exported)
-from .chain import GENESIS, canonical, chain_hash  # noqa: F401 (chain_hash: re-exported)
+from .chain import GENESIS, chain_hash  # noqa: F401 (re-exported)
 from .checks import check_name as _check_name
-from .errors import BudgetRefused, GrantError, LedgerError, LedgerRollback, LedgerUpgradeNeeded
-from .grants import Grant, Release, check_grant_copy, grant_terms, older_rdp, signature_ok, stage_cap
-from .head_file import HeadFile, HeadSync, head_sync_mode, warn_head_write
-from .keys import KeyFileError
-from .ledger_reads import LedgerReads, recorded_grant
-from .session import PipelineClaim, migrate_secret, migration_entry
+from .errors import BudgetRefused, GrantError, LedgerError
+from .grants import Grant, Release, check_grant_copy, grant_terms, older_rdp, stage_cap
+from .head_file import HeadSync, head_sync_mode
+from .ledger_base import LedgerBase
+from .ledger_reads import recorded_grant
+from .session import PipelineClaim
 from .store import check_location, sql
-from .store.base import upgrade_text
 from .streams import (  # noqa: F401 (re-exported)
     DEFAULT_MAX_STREAM_EPSILON,
     DEFAULT_MIN_GRANT_EPSILON,
@@ -50,79 +50,30 @@ from .vocabulary import PIPELINE_OUTCOMES, Accounting, Composition, Outcome, Pol
 from .write import Charge, StreamWrite
 
 if TYPE_CHECKING:
-    from .keys import KeyRing
     from .split import BudgetSplit
 
 POLICIES = tuple(Policy)  # members equal their stored strings: "conserve", "aggressive", "dpf-n", ...
 OUTCOMES = PIPELINE_OUTCOMES  # "ACCEPT", "REJECT", "TIMEOUT"
 
 
-class Ledger(LedgerReads):
-    """Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists.
+class Ledger(LedgerBase):
+    """The privacy ledger: streams, blocks, grants and releases under one global guarantee per stream.
 
+    Open with ``Ledger.open(path_or_url, key_file=None)``; ``create=True`` makes a new ledger if none exists.
     Argument order: the stream comes first in the stream-scoped calls (``register(stream, pipeline)``,
     ``finish(stream, pipeline, outcome)``, ``block(stream, block_id)``, ``history(stream, pipeline)``), the
     pipeline first in the pipeline's budget calls (``request(pipeline, stream, ...)``,
-    ``available_epsilon(pipeline, stream, blocks)``)."""
+    ``available_epsilon(pipeline, stream, blocks)``).
 
-    def __init__(self, store, keys, head_sync=None, check_head=True, read_only=False, upgrade=False) -> None:
-        """``keys``: the ledger's ``_KeySource`` (use ``Ledger.open``)."""
-        self._read_only = read_only
-        self._head_sync = head_sync_mode(head_sync)
-        self._store = store
-        self._claims: list[PipelineClaim] = []  # PipelineClaims of this process (Ledger.claim), released by close()
-        self._key_source = keys
-        self._legacy_grants: frozenset[str] = frozenset()
-        self.migrated_secret = False  # this open (``migrations.upgrade``) moved an older ledger's secret out
-        self._anchored = False  # the head file may record this ledger's writes (set by _check_anchor)
-        self.anchor_problem = None  # what _check_anchor found (check_head=False): then nothing is written
-        with store.transaction(write=False) as tx:
-            meta = dict(tx.all(sql.META_ALL))
-        if "secret" in meta and "key_id" not in meta:
-            if read_only or not upgrade:
-                raise LedgerUpgradeNeeded(upgrade_text(store.display, "<9 (its secret is still in the database)"))
-            self._keys = self._migrate_secret(meta["secret"])
-            self.migrated_secret = True
-            with store.transaction(write=False) as tx:
-                meta = dict(tx.all(sql.META_ALL))
-        else:
-            self._keys = keys.keyring()
-        if meta.get("key_id") != self._keys.key_id:
-            raise KeyFileError(
-                f"key file {keys.path} is not the key of ledger {store.display} (key id {self._keys.key_id}, the "
-                f"ledger's {meta.get('key_id')}): give this ledger's key file (--key-file PATH or SAGE_KEY_FILE=PATH)")
-        self._head = HeadFile(self._keys.head_path, self._head_sync)
-        self._head.old_form = upgrade  # its JSON form read, to be rewritten (``migrations.py``)
-        store.after_commit = self._advance_head
-        self._check_anchor(meta.get("ledger_id") or "", keys.created_ledger, check_head)
-        if self._keys.legacy_secret is not None:
-            self._legacy_grants = frozenset(self._migration_entry().get("legacy_grants", ()))
-
-    def _check_anchor(self, meta_id, created, check_head):
-        """The database against the anchor outside it (``anchor.py``), before any write: the id its keyed ``ledger``
-        entry binds, and this host's head. A mismatch raises ``LedgerRollback`` naming what was found and the fix;
-        with ``check_head=False`` (the audit, ``reanchor``) it is kept in ``anchor_problem`` instead, and this
-        ledger then never writes the head file (a missing head is never recreated) nor binds its id. A ledger
-        that passes and has no ``ledger`` entry yet (new, or from an older version) gets it now."""
-        self._ledger_id, bound, problem = _anchor.bound_id(self._store, self._keys, meta_id)
-        if created:
-            self._advance_head((0, GENESIS), reset=True)
-        problem = problem or _anchor.head_problem(self._store, self._head.get(self._ledger_id), self._ledger_id,
-                                                  self._head.path)
-        if problem is None and not bound:
-            legacy_until = (self._migration_entry().get("legacy_chain_until", 0)
-                            if self._keys.legacy_secret is not None else 0)
-            problem = _anchor.unbound_log_problem(self._store, self._keys, legacy_until)
-        self.anchor_problem = problem
-        if problem is not None:
-            if check_head:
-                raise LedgerRollback(f"ledger {self._store.display} does not match its anchor: {problem}. "
-                                     "Nothing was written. Fix: "
-                                     f"{_anchor.fix_text(self._store.display, self._key_source.path)}")
-            return
-        self._anchored = not self._read_only  # a read-only ledger never writes the head file
-        if not bound and not self._read_only:
-            _anchor.bind_ledger_id(self._store, self._keys, self._ledger_id, self._log)
+    Args:
+      store: The open backend store (``store/``); ``Ledger.open`` makes it.
+      keys: The ledger's key source (``session``); ``Ledger.open`` makes it.
+      head_sync: When the head file is made durable (``head_file.HeadSync``; None: $SAGE_HEAD_SYNC, else ``use``).
+      check_head: Refuse (``LedgerRollback``) a database that does not match its anchor; False keeps the problem
+        in ``anchor_problem`` and opens a ledger that writes nothing.
+      read_only: Open for the audit: nothing is written anywhere.
+      upgrade: Allow an older ledger's migration (``sage ledger upgrade``).
+    """
 
     @classmethod
     def reanchor(cls, location: str, reason: str, key_file: str | None = None) -> Ledger:
@@ -181,63 +132,6 @@ class Ledger(LedgerReads):
         with cls.open(location, key_file=key_file, upgrade=True) as ledger:
             return _migrations.upgrade(ledger, ledger._log, location, progress)
 
-    @property
-    def keyring(self) -> KeyRing:
-        """The ledger's ``KeyRing`` (derived keys; ``block_key(stream, block)``). TRUSTED CODE ONLY."""
-        return self._keys
-
-    @property
-    def key_file(self) -> str:
-        return self._keys.path
-
-    def _advance_head(self, head, until_use=False, reset=False):
-        """After a committed write: record its last log entry in the head file (outside the database); ``until_use``
-        (a grant's write, ``HeadSync.USE``): durable before the grant's first use (``verify``), not before now."""
-        seq, chain = head
-        if not (self._anchored or reset):  # a failed anchor check: never a fresh head for a used ledger
-            return
-        try:
-            self._head.advance(self._ledger_id, seq, chain, reset=reset, until_use=until_use)
-        except (OSError, LedgerError) as exc:  # the write is committed: the audit will say the head is behind
-            warn_head_write(self._head.path, exc)
-
-    def _migrate_secret(self, secret):
-        """Move an older ledger's ``meta.secret`` out of the database (``session.migrate_secret``); the ledger id
-        and head file it records are this ledger's from the migration's commit on. Returns the new KeyRing."""
-        def adopt(keys, ledger_id):
-            self._keys, self._ledger_id = keys, ledger_id
-            self._head = HeadFile(keys.head_path, self._head_sync)
-            self._anchored = True  # the migration's commit is where an older ledger's head begins
-            self._store.after_commit = self._advance_head
-
-        return migrate_secret(self._store, self._key_source, secret, self._log, adopt)
-
-    def _migration_entry(self):
-        """The body of the keyed ``keys`` entry a migration wrote ({} if none, or if it does not verify)."""
-        return migration_entry(self._store, self._keys)
-
-    @property
-    def backend(self) -> str:
-        return self._store.kind
-
-    def close(self) -> None:
-        for claim in getattr(self, "_claims", ()):
-            claim.release()
-        try:
-            if hasattr(self, "_head"):
-                self._head.flush()  # GROUP and USE: this ledger's last head made durable now (commit: nothing)
-                self._head.close()  # the descriptors kept open between writes
-        except (OSError, LedgerError) as exc:  # as _advance_head: the commits stand, the audit says the head lags
-            warn_head_write(self._head.path, exc)
-        finally:
-            self._store.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
     # ----------------------------------------------------------------- streams
     check_stream_args = staticmethod(check_stream_args)  # create_stream's checks alone (streams.py)
 
@@ -249,18 +143,27 @@ class Ledger(LedgerReads):
                       max_rows_per_unit: int | None = None) -> Stream:
         """Create a stream with a global (epsilon, delta) guarantee over all its blocks, forever.
 
-        ``policy`` (``Policy``) decides who may spend a block's budget and when (docs/scheduling_policies.md);
-        a queued one (dpf-n, dpf-t, dpack) takes ``policy_params`` (``{"n": 50}``, ``{"lifetime": 3600.0}``;
-        defaults otherwise), stored with the stream in full so every process applies the same rule.
+        Args:
+          name: The stream's name (letters, digits, ``.``, ``_``, ``-``).
+          epsilon: The stream's global epsilon, at most ``max_epsilon``.
+          delta: The stream's global delta.
+          accounting: ``basic`` (sums of epsilon and delta) or ``rdp`` (Rényi curves; docs/block_composition.md).
+          orders: An ``rdp`` stream's Rényi orders (None: the default orders).
+          policy: Who may spend a block's budget and when (``Policy``; docs/scheduling_policies.md).
+          min_epsilon: The query a block must still admit to stay active (None: epsilon / 100).
+          max_epsilon: The largest stream epsilon accepted (default ``DEFAULT_MAX_STREAM_EPSILON``, 10).
+          min_grant_epsilon: What every grant must charge at least (None: 0.001, or ``min_epsilon`` if smaller).
+          policy_params: A queued policy's parameters (``{"n": 50}``, ``{"lifetime": 3600.0}``), stored in full.
+          query_delta_share: An ``rdp`` stream's share of its delta for the approximate-DP queries' deltas (None:
+            0.5; 0 for a stream charged curves only); the rest converts the Rényi sum (``filters.RdpFilter``).
+          privacy_unit: The column of the records whose every row the guarantee protects (None: unit = row).
+          max_rows_per_unit: K, the rows of a unit kept per block (``streams.check_unit``).
 
-        ``epsilon`` may be at most ``max_epsilon`` (default 10, ``DEFAULT_MAX_STREAM_EPSILON``);
-        ``min_epsilon`` (default epsilon / 100) is the query a block must still admit to stay active;
-        every grant must charge at least ``min_grant_epsilon`` (default: 0.001, or ``min_epsilon`` if smaller).
-        An ``rdp`` stream splits its delta once, here: ``query_delta_share`` of it (default 0.5; 0 for a stream
-        charged curves only) for the approximate-DP queries' deltas, the rest for converting the Rényi sum
-        (``filters.RdpFilter``, docs/block_composition.md).
-        ``privacy_unit`` (a column of the records) and ``max_rows_per_unit`` K declare whom the guarantee protects:
-        every row of a unit, at most K kept per block (``streams.check_unit``; default: unit = row).
+        Returns:
+          The new ``Stream``.
+
+        Raises:
+          LedgerError: a bad argument or an existing name (nothing written).
         """
         filt, min_epsilon, min_grant = self.check_stream_args(name, epsilon, delta, accounting, orders, policy,
                                                               min_epsilon, max_epsilon, min_grant_epsilon,
@@ -276,11 +179,24 @@ class Ledger(LedgerReads):
     def add_block(self, stream: str, block_id: str, *, start: float | None = None, end: float | None = None,
                   shard: int | None = None, rows: int | None = None, created: float | None = None,
                   digest: str | None = None, allow_duplicate_of: Iterable[str] = ()) -> Block:
-        """Add a fresh block (zero loss). Its budget is split among the pipelines waiting now.
+        """Add a fresh block (zero loss); its budget is split among the pipelines waiting now.
 
-        ``start``/``end`` (unix seconds) key a time window [start, end); ``shard``
-        keys a user shard. ``rows`` is the exact row count, kept inside the ledger;
-        ``digest`` the content digest of its records (ingest's), see ``add_blocks``.
+        Args:
+          stream: The stream's name.
+          block_id: The new block's id.
+          start: The start of its time window [start, end), unix seconds.
+          end: The end of its time window, unix seconds.
+          shard: The user shard it keys.
+          rows: Its exact row count, kept inside the ledger.
+          created: Its creation time, unix seconds (None: now).
+          digest: The content digest of its records (ingest's); see ``add_blocks``.
+          allow_duplicate_of: Streams whose blocks may hold the same records.
+
+        Returns:
+          The new ``Block``.
+
+        Raises:
+          UnknownStream, LedgerError, DuplicateContent: as ``add_blocks`` (nothing written).
         """
         self.add_blocks(stream, [dict(id=block_id, start=start, end=end, shard=shard, rows=rows, created=created,
                                       digest=digest)], allow_duplicate_of=allow_duplicate_of)
@@ -290,9 +206,16 @@ class Ledger(LedgerReads):
                    allow_duplicate_of: Iterable[str] = ()) -> None:
         """Add many fresh blocks in ONE transaction: all are added, or none (e.g. one ingest's blocks).
 
-        ``blocks`` are dicts with ``id`` and the keyword arguments of ``add_block``. A block whose
-        ``digest`` another stream already registered is refused (DuplicateContent: the same records
-        would get a fresh budget here), unless that stream is in ``allow_duplicate_of``.
+        Args:
+          stream: The stream's name.
+          blocks: Dicts with ``id`` and the keyword arguments of ``add_block``.
+          allow_duplicate_of: Streams that may already hold a block's ``digest``.
+
+        Raises:
+          UnknownStream: no such stream.
+          LedgerError: a bad or existing block id or field.
+          DuplicateContent: another stream, not in ``allow_duplicate_of``, registered a block's ``digest`` already
+            (the same records would get a fresh budget here).
         """
         checked = _blocks.check_new_blocks(blocks)
         allowed = set(allow_duplicate_of or ())
@@ -309,11 +232,19 @@ class Ledger(LedgerReads):
                 _charges.schedule(write, time.time())
 
     def record_trusted_read(self, stream: str, blocks: Sequence[str], purpose: str) -> None:
-        """Log, in the keyed chain and committed before it returns, that TRUSTED code is about to decrypt
-        ``blocks`` of ``stream`` outside any grant (no charge), and why: a ``trusted_read`` entry naming the blocks
-        and ``purpose`` (a non-empty text), which ``sage ledger audit`` lists. The block doors call it before they
-        derive a key (``ingest.access.trusted_block_keys``). LedgerError / UnknownBlock, nothing written, for an
-        empty purpose or a block the stream does not hold."""
+        """Log that TRUSTED code is about to decrypt ``blocks`` of ``stream`` outside any grant (no charge), and why.
+
+        The ``trusted_read`` entry is in the keyed chain and committed before this returns; ``sage ledger audit`` lists
+        it. The block doors call it before they derive a key (``ingest.access.trusted_block_keys``).
+
+        Args:
+          stream: The stream's name.
+          blocks: The ids of the blocks about to be read.
+          purpose: Why, a non-empty text.
+
+        Raises:
+          LedgerError, UnknownBlock: an empty purpose, or a block the stream does not hold (nothing written).
+        """
         ids = _trusted_reads.check_trusted_read(blocks, purpose)
         with self._store.transaction() as tx:
             self.stream(stream, tx)
@@ -321,21 +252,34 @@ class Ledger(LedgerReads):
 
     # --------------------------------------------------------------- pipelines
     def register(self, stream: str, pipeline: str) -> None:
-        """Mark a pipeline as waiting: it gets an even share of every block that arrives from now on."""
+        """Mark a pipeline as waiting: it gets an even share of every block that arrives from now on.
+
+        Args:
+          stream: The stream's name.
+          pipeline: The pipeline's name.
+
+        Raises:
+          UnknownStream, LedgerError: no such stream, or a bad pipeline name (nothing written).
+        """
         _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
             _pipelines.register_pipeline(tx, self._log, self._keys, self.stream(stream, tx), pipeline)
 
     def claim(self, stream: str, pipelines: Iterable[str]) -> PipelineClaim:
-        """Claim ``pipelines`` of ``stream`` for this process while it runs them; return a ``PipelineClaim``.
+        """Claim ``pipelines`` of ``stream`` for this process while it runs them.
 
-        One process runs a pipeline name at a time: two `sage serve`/`sage run` processes (on one host or on
-        several sharing a PostgreSQL ledger) running the same name would charge grants for one pipeline's
-        iterations side by side and resume each other's unfinished grant (docs/scale_out.md, "Several hosts
-        on one PostgreSQL ledger"). A claim is a lock the holder's exit drops (a PostgreSQL session advisory
-        lock, or an flock beside an SQLite ledger), so a killed run's name is free for its restart. Raises
-        PipelineBusy, naming the pipeline and who holds it, if another process holds any of them (then none is
-        claimed). The claim holds until ``release()`` (or ``with``), the ledger's ``close()`` or the exit.
+        One process runs a pipeline name at a time (docs/scale_out.md, "Several hosts on one PostgreSQL ledger"): the
+        claim is a lock the holder's exit drops, held until ``release()`` (or ``with``), ``close()`` or the exit.
+
+        Args:
+          stream: The stream's name.
+          pipelines: The pipeline names to claim, all or none.
+
+        Returns:
+          The ``PipelineClaim``.
+
+        Raises:
+          PipelineBusy: another process holds one of them (naming it and the holder; none is claimed).
         """
         names = [_check_name(p, "pipeline name") for p in pipelines]
         self.stream(stream)
@@ -344,7 +288,16 @@ class Ledger(LedgerReads):
         return claim
 
     def finish(self, stream: str, pipeline: str, outcome: Outcome | str) -> None:
-        """End a pipeline (ACCEPT, REJECT or TIMEOUT); split its unused reservations among those still waiting."""
+        """End a pipeline; split its unused reservations among those still waiting.
+
+        Args:
+          stream: The stream's name.
+          pipeline: The pipeline's name.
+          outcome: ``ACCEPT``, ``REJECT`` or ``TIMEOUT``.
+
+        Raises:
+          LedgerError, UnknownStream: a bad outcome, name or stream (nothing written).
+        """
         _pipelines.check_finish_outcome(outcome)
         _check_name(pipeline, "pipeline name")
         with self._store.transaction() as tx:
@@ -355,25 +308,30 @@ class Ledger(LedgerReads):
                 window: tuple[float, float] | None = None, epsilon: float | None = None, delta: float = 0.0,
                 curve: Any = None, rule: str | None = None, meta: Mapping[str, Any] | None = None,
                 split: BudgetSplit | None = None) -> Grant:
-        """Check and charge every block atomically; return a signed Grant, or raise BudgetRefused.
+        """Check and charge every block atomically; return a signed Grant. Data may be read only after this returns.
 
-        Give ``blocks`` (ids) or ``window`` ((start, end), all active blocks inside).
-        Give ``epsilon`` (and ``delta``) for an (epsilon, delta)-DP query, or an RDP
-        ``curve`` (values aligned with the stream's orders, an {order: value} map,
-        or a dp_accounting DpEvent). Data may be read only after this returns.
+        Args:
+          pipeline: The pipeline's name.
+          stream: The stream's name.
+          blocks: Block ids (or one id); or give ``window``.
+          window: (start, end): every active block inside it.
+          epsilon: An (epsilon, delta)-DP query's epsilon; or give ``curve``.
+          delta: The query's delta.
+          curve: An RDP curve: values aligned with the stream's orders, an {order: value} map, or a dp_accounting
+            DpEvent.
+          rule: The split's ``ChargeRule`` ("single" without a split), if given; the grant records it.
+          meta: Signed into the grant; ``meta["split"]`` a split's dict, ``meta["records"]`` a ``RecordSplit``'s
+            dict (a grant with a split without one gets the default: ``split.sign_records``).
+          split: What each stage may spend (``BudgetSplit``); it must compose, under its rule, to at most the charge.
+            Without one the grant is single-stage: ONE stage may spend all of it (``release``).
 
-        ``split`` (a ``BudgetSplit``, or its dict in ``meta["split"]``) says what each pipeline
-        stage may spend; it must compose, under its rule, to at most the charge (refused
-        otherwise, nothing charged). Without one the grant is single-stage: ONE stage may
-        spend all of it (``release``). ``rule``, if given, must be the split's rule
-        ("single" without a split); the grant records it. ``meta["records"]`` (a ``RecordSplit``'s
-        dict) says which records each split holds and which side it is on; a grant with a split
-        without one gets the default signed (``split.sign_records``).
+        Returns:
+          The signed ``Grant``.
 
         Raises:
-            LedgerError: bad arguments, a charge under the grant floor, a finished pipeline (nothing charged).
-            UnknownStream, UnknownBlock, BlockRetired: naming the stream or the blocks (nothing charged).
-            BudgetRefused: a block cannot pay now (under a queued policy the demand stays recorded).
+          LedgerError: bad arguments, a charge under the grant floor, a finished pipeline (nothing charged).
+          UnknownStream, UnknownBlock, BlockRetired: naming the stream or the blocks (nothing charged).
+          BudgetRefused: a block cannot pay now (under a queued policy the demand stays recorded).
         """
         _check_name(pipeline, "pipeline name")
         blocks = _requests.requested_ids(blocks, window, lambda start, end: self.window_blocks(stream, start, end))
@@ -392,30 +350,23 @@ class Ledger(LedgerReads):
         assert grant is not None  # granted now, or refused above
         return grant
 
-    # ------------------------------------------------------------------ grants
-    def _signature_ok(self, body, signature):
-        """``signature`` signs ``body``, or a pre-migration grant's body under the old rule (``grants``)."""
-        return signature_ok(self._keys, self._legacy_grants, body, signature)
-
-    def private_seed(self, grant_id: str, purpose: str) -> int:
-        """A 128-bit seed only trusted code can derive (HMAC under the key ring's noise key). TRUSTED CODE ONLY.
-
-        A DP release made under a grant draws its noise from this seed, so re-running
-        the release under the same grant returns the same value (post-processing, no
-        extra privacy loss), while the pipeline, which never sees the secret, cannot
-        reproduce the noise. A grant made before the ledger's key migration keeps its old seed (the old
-        secret's HMAC), so its re-runs still draw the same noise.
-        """
-        text = f"seed|{grant_id}|{purpose}".encode()
-        return self._keys.seed(text, legacy=grant_id in self._legacy_grants)
-
     def verify(self, grant: Grant | str | Mapping[str, Any], *, stream: str | None = None,
                epsilon: float | None = None, delta: float | None = None) -> Grant:
         """Check a grant before reading data; return the ledger's copy (its head made durable first: docs/security.md).
 
-        Raises GrantError if the grant is missing, malformed, forged (bad signature
-        or altered fields), unknown (never charged by this ledger), of another
-        stream, or covers less than ``epsilon``/``delta``.
+        Args:
+          grant: A ``Grant``, its JSON or its dict.
+          stream: The stream it must be of, if given.
+          epsilon: The epsilon it must cover at least, if given.
+          delta: The delta it must cover at least, if given.
+
+        Returns:
+          The ledger's ``Grant``.
+
+        Raises:
+          GrantError: the grant is missing, malformed, forged (bad signature or altered fields), unknown (never
+            charged by this ledger), of another stream, or covers less than ``epsilon``/``delta``.
+          LedgerRollback: the ledger does not match its anchor.
         """
         if grant is None or grant == "":
             raise GrantError("no grant given: a pipeline reads data only under a grant from the ledger")
@@ -428,41 +379,28 @@ class Ledger(LedgerReads):
         self._head_before_use(last)
         return stored
 
-    def _head_before_use(self, last):
-        """The head file durably at or beyond ``last`` (the log's last entry as of the read that found the grant,
-        so at or beyond the grant's own entry) before anything is read under the grant (docs/security.md,
-        ``HeadSync.USE``). In every mode: the grant may have been made by a process in ``use`` mode, whose head of
-        it may still be in slot C only. A ledger that does not match its anchor reads nothing under a grant."""
-        self._refuse_unanchored()
-        if last is None:
-            return
-        try:
-            self._head.make_durable(self._ledger_id, last[0], last[1])
-        except (OSError, LedgerError) as exc:  # as _advance_head: the audit will say the head is behind
-            warn_head_write(self._head.path, exc)
-
     def release(self, grant: Grant | str | Mapping[str, Any], stage: str, computation: str, epsilon: float,
                 delta: float = 0.0) -> Release:
-        """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn; return a ``Release``.
+        """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn.
 
-        A grant pays for one release per stage, of one computation: the first call records the
-        computation's fingerprint (``computation``: e.g. a digest of the traced transform graph, of
-        the trainer's module and inputs, or of the validated model) with what the stage may spend.
-        Afterwards the same stage and computation is re-opened (``Release.reopened``: a re-run draws
-        the same noise from the grant's seed, so it releases nothing new), and a different computation
-        is refused with GrantError: two releases under one seed would differ by data alone (their
-        difference reveals records exactly), and under two seeds they would spend the stage twice.
+        A grant pays for one release per stage, of one computation: the first call records the computation with what
+        the stage may spend (``privacy/split.py``); the same computation re-opens it (``Release.reopened``: the same
+        noise, nothing new released), another is refused (docs/block_composition.md, "What a grant pays for").
 
-        What a stage may spend comes from ``privacy/split.py``: its share of the grant's split, or,
-        for a single-stage grant (no split), the whole grant for the FIRST stage that opens a release
-        and nothing for any other. An ``rdp`` grant made before grants recorded what was asked (its
-        epsilon the conversion) is capped at what its cost pays for (``grants.stage_cap``). The check
-        and the record are one transaction, appended to the audit log, so two writers cannot both take
-        a stage, and the audit recomputes every grant's spend.
+        Args:
+          grant: A ``Grant``, its JSON or its dict (verified here).
+          stage: The stage (``Stage``).
+          computation: The computation's fingerprint (e.g. a digest of the traced transform graph, of the trainer's
+            module and inputs, or of the validated model).
+          epsilon: What the release spends.
+          delta: What the release spends.
+
+        Returns:
+          The ``Release``.
 
         Raises:
-            GrantError: a bad grant, another computation on the stage, or more than the stage may spend.
-            LedgerError: an unknown stage, a bad fingerprint, epsilon or delta (nothing recorded).
+          GrantError: a bad grant, another computation on the stage, or more than the stage may spend.
+          LedgerError: an unknown stage, a bad fingerprint, epsilon or delta (nothing recorded).
         """
         checked = self.verify(grant)
         epsilon, delta = _releases.check_release_args(stage, computation, epsilon, delta)
@@ -473,78 +411,55 @@ class Ledger(LedgerReads):
     def draw(self, lifetime_grants: Sequence[Grant | str], run: int, epsilon: float, delta: float, *, schedule: str,
              split: BudgetSplit | None = None, meta: dict[str, Any] | None = None,
              composition: Composition | str = Composition.BASIC) -> Grant:
-        """A run grant of ``run`` at (``epsilon``, ``delta``) over ``lifetime_grants`` (one-block grants, in block
-        order, each released once under ``schedule``'s fingerprint), charging no block: its budget is drawn from
-        theirs, by ``composition``: "basic" (sums of epsilon and delta) or "zcdp" (approximate zCDP through the
-        RDP filter), one per lifetime grant (``draws.py``: the rules and their proofs). Asked again with the same
-        arguments, the same grant comes back; BudgetRefused / GrantError otherwise, nothing written."""
+        """A run grant of ``run`` over ``lifetime_grants``, charging no block: its budget is drawn from theirs.
+
+        Asked again with the same arguments, the same grant comes back (``draws.py``: the rules and their proofs).
+
+        Args:
+          lifetime_grants: One-block grants, in block order, each released once under ``schedule``'s fingerprint.
+          run: The run's number.
+          epsilon: The run grant's epsilon.
+          delta: The run grant's delta.
+          schedule: The growth schedule's fingerprint.
+          split: What each stage of the run may spend (``BudgetSplit``).
+          meta: Signed into the run grant.
+          composition: How the runs compose on each lifetime grant: ``basic`` (sums of epsilon and delta) or ``zcdp``
+            (approximate zCDP through the RDP filter).
+
+        Returns:
+          The run ``Grant``.
+
+        Raises:
+          LedgerError: a malformed draw.
+          GrantError: forged or unknown lifetime grants, a structure the rule refuses, or a run index drawn before.
+          BudgetRefused: a lifetime grant's draws would exceed it (nothing written).
+        """
         return _draws.draw(self._store, self._log, self._keys, self.signature_ok, lifetime_grants, run, epsilon, delta,
                            schedule=schedule, split=split, meta=meta, composition=composition)
 
     def record_outcome(self, grant_id: str, outcome: Outcome | str, details: Mapping[str, Any] | None = None) -> None:
-        """Record what a pipeline run under ``grant_id`` concluded (ACCEPT, REJECT, RETRY, FAILED).
+        """Record what a pipeline run under ``grant_id`` concluded, once per grant, in the audit log.
 
-        One outcome per grant, appended to the audit log: with the grants, it is the
-        pipeline's iteration history, from which a killed iterator resumes.
+        With the grants, the outcomes are the pipeline's iteration history, from which a killed iterator resumes.
+
+        Args:
+          grant_id: The grant's id.
+          outcome: ``ACCEPT``, ``REJECT``, ``RETRY`` or ``FAILED``.
+          details: JSON-able details recorded with it.
+
+        Raises:
+          LedgerError: a bad outcome or details, or a second outcome for the grant (nothing written).
+          GrantError: the grant is unknown to this ledger.
         """
         details, details_text = _pipelines.check_outcome(outcome, details)
         with self._store.transaction() as tx:
             _pipelines.insert_outcome(tx, self._log, grant_id, outcome, details, details_text)
 
-    # ------------------------------------------------------------------- audit
-    def _log(self, tx, kind, body, text=None, at=None):
-        """Append ``body`` (its canonical text ``text`` if the caller has it) to the chained log at time ``at``
-        (default now: the time a row it writes shows, bound by the chain); refused (the write rolled back) on a
-        ledger that does not match its anchor (opened with ``check_head=False``)."""
-        self._refuse_unanchored()
-        self._append(tx, kind, body, text, at)
-
-    def _refuse_unanchored(self):
-        """LedgerRollback if this ledger was opened (``check_head=False``) although it does not match its anchor;
-        LedgerError if it was opened ``read_only``."""
-        if self._read_only:
-            raise LedgerError(f"ledger {self._store.display} is opened read-only (the audit): it writes nothing")
-        if self.anchor_problem is not None:
-            raise LedgerRollback(f"ledger {self._store.display} does not match its anchor ({self.anchor_problem}): "
-                                 "it is opened for the audit only, writes nothing and verifies no grant; fix: "
-                                 f"{_anchor.fix_text(self._store.display, self._key_source.path)}")
-
-    def _append(self, tx, kind, body, text=None, at=None):
-        """``_log`` without the anchor's guard (``reanchor`` writes its entry through it)."""
-        # The entry this write transaction logged last is the log's last one (a write transaction is exclusive).
-        # ``request`` reads it with the stream row in its own write transaction (``tx.log_last``).
-        last = (getattr(tx, "head", None) or getattr(tx, "log_last", None)
-                or tx.one(sql.LOG_LAST))
-        seq, prev = (last[0] + 1, last[1]) if last else (1, GENESIS)
-        text = canonical(body) if text is None else text
-        ts = time.time() if at is None else float(at)
-        value = self._keys.chain_value(prev, seq, kind, text, ts)
-        tx.run(sql.LOG_INSERT, (seq, ts, kind, text, prev, value))
-        tx.head = (seq, value)  # written to the head file once the transaction commits
-
     def audit(self) -> AuditReport:
         """Recompute every block's loss from the log alone; see ``audit.audit_ledger``."""
         return audit_ledger(self)
 
-    # What the audit reads of a ledger (audit.py imports no ledger name: it is handed the ledger).
-    @property
-    def store(self):
-        """The backend store (``store/``): the audit reads every table through it. TRUSTED CODE ONLY."""
-        return self._store
 
-    @property
-    def head_file(self):
-        """The head file outside the database (``head_file.HeadFile``) recording this ledger's last log entry."""
-        return self._head
 
-    @property
-    def ledger_id(self) -> str:
-        return self._ledger_id
 
-    def migration_entry(self) -> dict[str, Any]:
-        """The body of the keyed ``keys`` entry a key migration wrote ({} if none, or if it does not verify)."""
-        return self._migration_entry()
 
-    def signature_ok(self, body: Mapping[str, Any], signature: str) -> bool:
-        """``signature`` is this ledger's signature of the grant ``body`` (or a pre-migration one it lists)."""
-        return self._signature_ok(body, signature)

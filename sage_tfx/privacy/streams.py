@@ -40,6 +40,26 @@ DEFAULT_MIN_GRANT_EPSILON = 1e-3
 
 @dataclass(frozen=True)
 class Stream:
+    """A stream's public description: its global guarantee, accounting, policy and privacy unit.
+
+    Args:
+      name: The stream's name.
+      accounting: ``basic`` or ``rdp`` (``Accounting``).
+      epsilon: The global epsilon.
+      delta: The global delta.
+      orders: An ``rdp`` stream's Rényi orders (empty for basic).
+      policy: The allocation policy (``Policy``).
+      min_epsilon: The query a block must still admit to stay active.
+      created: When it was created, unix seconds.
+      min_grant_epsilon: What every grant must charge at least.
+      policy_params: A queued policy's parameters as stored (n, lifetime); None: none.
+      query_delta_share: An rdp stream's fixed delta split (``filters.RdpFilter``); None: basic, or an rdp stream
+        made before schema 7.
+      split_orders: 1: an rdp stream's conversion delta split over its orders; None: basic, or an rdp stream made
+        before schema 8.
+      privacy_unit: The column naming whose records a row is (a rider, a device); None: the row.
+      max_rows_per_unit: K, at most K rows of a unit kept per block (ingest); None: unit = row.
+    """
     name: str
     accounting: str
     epsilon: float
@@ -194,12 +214,30 @@ def check_stream_args(name: str, epsilon: float, delta: float, accounting: str =
                       min_grant_epsilon: float | None = None, policy_params: Mapping[str, Any] | None = None,
                       query_delta_share: float | None = None, privacy_unit: str | None = None,
                       max_rows_per_unit: int | None = None) -> tuple[filters.Filter, float, float]:
-    """``create_stream``'s checks alone, without a ledger: (filter, min_epsilon, min_grant_epsilon), or
-    LedgerError naming the value. ``sage ledger init`` runs them before it creates a ledger file, so a refusal
-    leaves nothing. ``policy_params``: a queued policy's parameters (``n``, ``lifetime``; allocation.py).
-    ``query_delta_share``: an rdp stream's fixed split of its delta (``filters.RdpFilter``; None: the default
-    ``filters.DEFAULT_QUERY_DELTA_SHARE``); refused on a basic stream. ``privacy_unit``, ``max_rows_per_unit``:
-    ``check_unit``."""
+    """``create_stream``'s checks alone, without a ledger; ``sage ledger init`` runs them before it creates a file.
+
+    Args:
+      name: The stream's name.
+      epsilon: The stream's global epsilon.
+      delta: The stream's global delta.
+      accounting: ``basic`` or ``rdp``.
+      orders: An ``rdp`` stream's Rényi orders.
+      policy: The allocation policy's name.
+      min_epsilon: The query a block must still admit to stay active.
+      max_epsilon: The largest stream epsilon accepted.
+      min_grant_epsilon: What every grant must charge at least.
+      policy_params: A queued policy's parameters (``n``, ``lifetime``; allocation_policies.py).
+      query_delta_share: An rdp stream's fixed split of its delta (``filters.RdpFilter``; None: the default
+        ``filters.DEFAULT_QUERY_DELTA_SHARE``); refused on a basic stream.
+      privacy_unit: The unit column (``check_unit``).
+      max_rows_per_unit: The rows of a unit kept per block (``check_unit``).
+
+    Returns:
+      (filter, min_epsilon, min_grant_epsilon).
+
+    Raises:
+      LedgerError: naming the bad value.
+    """
     check_name(name, "stream name")
     check_unit(privacy_unit, max_rows_per_unit)
     if accounting not in tuple(Accounting):

@@ -74,7 +74,7 @@ class Stage(enum.StrEnum):
 
 
 class Side(enum.StrEnum):
-    """The two sides of a grant's signed record split (``split.RecordSplit``): a record is read on one only."""
+    """The two sides of a grant's signed record split (``record_sides.RecordSplit``): a record is read on one only."""
 
     TRAINING = "training"
     TEST = "test"

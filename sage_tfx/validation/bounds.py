@@ -107,7 +107,12 @@ def clopper_pearson_upper(k: float, n: float, delta: float) -> float:
     """One-sided Clopper-Pearson upper bound: CPU = BetaQuantile(1 - delta; k + 1, n - k), P(p > CPU) <= delta.
 
     Increases with k and decreases with n (same monotonicity as above): a k_hi >= k and an n_lo <= n keep it
-    valid. n - k <= 0 gives 1. Args as ``clopper_pearson_lower``.
+    valid. n - k <= 0 gives 1.
+
+    Args:
+      k: The successes (real-valued allowed).
+      n: The trials (real-valued allowed).
+      delta: The failure probability.
 
     Returns:
       The upper confidence bound on p, in [0, 1].

@@ -81,6 +81,13 @@ def eta_for_attempt(eta: float, attempt: int) -> float:
 
     Proof that repeated validation keeps the SLA: sum_{i>=1} 1/(i(i+1)) = sum (1/i - 1/(i+1)) = 1, so by a
     union bound over any number of attempts, P(some attempt fails) <= sum_i eta_i <= eta.
+
+    Args:
+      eta: The overall failure probability, in (0, 1).
+      attempt: The attempt's number i, from 1.
+
+    Returns:
+      eta_i.
     """
     eta = check_probability("eta", eta)
     if isinstance(attempt, bool) or not isinstance(attempt, numbers.Integral) or attempt < 1:
@@ -161,6 +168,14 @@ def laplace_tail(scale: float, prob: float, two_sided: bool = False) -> float:
 
     P(Lap(b) > t) = exp(-t/b)/2, so t = b ln(1/(2 prob)); P(|Lap(b)| > t) = exp(-t/b), so t = b ln(1/prob).
     (prob <= 1/2 for the one-sided tail, always true here since prob <= eta/3.)
+
+    Args:
+      scale: The Laplace scale b > 0.
+      prob: The tail probability, in (0, 1/2] one-sided.
+      two_sided: The two-sided tail P(|Lap(b)| > t) instead.
+
+    Returns:
+      t.
     """
     if scale == 0.0:
         return 0.0
@@ -253,6 +268,19 @@ class ValidationResult:
     (``epsilon_test``) and, when a REJECT test ran, to the training set (``epsilon_train``); it does not
     depend on the data. ``epsilon_spent`` is their sum (always safe; with a per-record train/test split the
     two sets are disjoint and the max suffices by parallel composition).
+
+    Args:
+      outcome: The decision (``Outcome``).
+      validator: The validator's name.
+      mode: The ``Mode`` it ran in.
+      target: The SLA target the metric is tested against.
+      metric: The released point estimate (None when none was released).
+      bounds: The bounds the decision used, by name.
+      epsilon_test: The epsilon charged to the test set.
+      epsilon_train: The epsilon charged to the training set (the REJECT test; 0 without one).
+      eta: The failure probability this validation used.
+      attempt: The attempt's number (``eta_for_attempt``), if any.
+      details: Further figures, JSON-able.
     """
 
     outcome: Outcome

@@ -73,8 +73,20 @@ def squared_errors(labels: npt.ArrayLike, predictions: npt.ArrayLike, loss_bound
 
 
 def absolute_errors(labels: npt.ArrayLike, predictions: npt.ArrayLike, loss_bound: float | None = None) -> np.ndarray:
-    """|label - prediction| per example; ``loss_bound`` (the validator's B) for a non-finite record: Args,
-    Returns and Raises as ``squared_errors``."""
+    """|label - prediction| per example; ``loss_bound`` (the validator's B) for a non-finite record.
+
+    Args:
+      labels: One label per example.
+      predictions: One prediction per example, in the same order.
+      loss_bound: The loss given to a bad record (None: a bad record raises RecordError).
+
+    Returns:
+      The per-example absolute errors, float64.
+
+    Raises:
+      RecordError: A bad record without ``loss_bound`` (the column only: no value, index or count).
+      ValidationInputError: ``labels`` and ``predictions`` have different shapes.
+    """
     labels, predictions, bad = _pair(labels, predictions)
     with np.errstate(over="ignore", invalid="ignore"):
         return _worst(np.abs(labels - predictions), bad, loss_bound, "predictions")

@@ -56,6 +56,17 @@ def mean_error_bound(dp_sum: float, dp_count: float, value_range: float, epsilon
     <= err. Clipping the estimate into [0, R], which contains mu, cannot increase the error. Post-processing:
     no privacy cost beyond the release. UC mode: t_s = t_c = 0 with the same delta/3 for Hoeffding;
     NP mode: exact S and c, Hoeffding at the whole delta.
+
+    Args:
+      dp_sum: S~, the released sum.
+      dp_count: c~, the released count.
+      value_range: R, the values' clipping range [0, R].
+      epsilon: The release's epsilon.
+      delta: The bound's failure probability.
+      mode: The validation ``Mode``.
+
+    Returns:
+      The bound (inf unless c_lo > 0).
     """
     sampling_delta = mode.event_eta(delta)
     if mode.corrected:

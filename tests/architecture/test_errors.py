@@ -55,7 +55,7 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.transform.errors.TraceMismatch": (ValueError,),
     "sage_tfx.transform.errors.RowMixing": (ValueError,),
     "sage_tfx.validation.core.ValidationInputError": (ValueError,),
-    "sage_tfx.ingest.records.InputError": (ValueError,),
+    "sage_tfx.ingest.inputs.InputError": (ValueError,),
     "sage_tfx.ingest.access.GrantKeyError": (ValueError,),
     "sage_tfx.ingest.sealed.SealedError": (ValueError,),
     "sage_tfx.components.trainer_utils.TrainerDataError": (ValueError,),

@@ -24,7 +24,7 @@ PACKAGES = ("sage_tfx/privacy", "sage_tfx/validation", "sage_tfx/models", "compo
 PENDING = {
     "sage_tfx/privacy/audit.py": {"AuditReport.to_dict", "audit_ledger"},
     "sage_tfx/privacy/draws.py": {"DrawTotals.terms", "draw", "audit_draw"},
-    "sage_tfx/privacy/ledger.py": {"Ledger.__init__", "Ledger.draw", "Ledger.store", "Ledger.head_file"},
+    "sage_tfx/privacy/ledger.py": {"Ledger.draw"},
 }
 
 
@@ -73,5 +73,5 @@ def test_the_walk_sees_the_public_surface():
     """The check reads the modules it means to: the ledger facade's methods and the components' executors."""
     names = {name for rel in _public_modules()
              for name, _, _ in _functions(ast.parse((ROOT / rel).read_text()).body)}
-    assert {"Ledger.request", "Ledger.__init__", "DPLossValidator.validate", "PrivateModel.fit", "Executor.Do",
+    assert {"Ledger.request", "LedgerBase.__init__", "DPLossValidator.validate", "PrivateModel.fit", "Executor.Do",
             "make_filter"} <= names

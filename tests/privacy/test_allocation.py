@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from sage_tfx.privacy import allocation, filters
+from sage_tfx.privacy import allocation, allocation_policies, filters
 from sage_tfx.privacy.allocation import AllocationPolicy, BlockAllocation, get_policy, register
 from sage_tfx.privacy.charges import pick_source
 from sage_tfx.privacy.errors import LedgerError
@@ -129,6 +129,6 @@ def test_policy_registry():
         state.add_block("b0", ["x"])
         assert state.fits("b0", "x", (1.0, 0.0)) and not state.fits("b0", "y", (0.01, 0.0))
     finally:
-        allocation._REGISTRY.pop("test-greedy")
+        allocation_policies._REGISTRY.pop("test-greedy")
     with pytest.raises(TypeError):
         register(object)

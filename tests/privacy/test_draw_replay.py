@@ -132,7 +132,7 @@ def test_the_audit_replays_a_draw_from_its_own_grants_state_only(tmp_path, monke
         return real_audit_draw(ledger_, seq, body, grants, WatchedReleases(releases), replay, problems)
 
     monkeypatch.setattr(draws_module.DrawReplay, "__init__", init)
-    monkeypatch.setattr("sage_tfx.privacy.audit.audit_draw", audit_draw)
+    monkeypatch.setattr("sage_tfx.privacy.audit_replay.audit_draw", audit_draw)
     report = ledger.audit()
     assert report.ok, report.problems
     assert walks == {"rows": 1, "releases": 0}, walks

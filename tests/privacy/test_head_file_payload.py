@@ -21,6 +21,7 @@ import textwrap
 import pytest
 
 from sage_tfx.privacy import head_file as head_module
+from sage_tfx.privacy import head_slots, head_stat
 from sage_tfx.privacy.head_file import HeadFile
 from sage_tfx.privacy.keys import KeyFileError
 
@@ -45,13 +46,13 @@ def _dumps(heads):
     {"seq-first": {"seq": -1, "chain": "c"}},
 ])
 def test_the_payload_is_the_json_sage_always_wrote(heads):
-    assert head_module._heads_payload(heads) == _dumps(heads)
-    assert json.loads(head_module._heads_payload(heads)) == heads
+    assert head_slots._heads_payload(heads) == _dumps(heads)
+    assert json.loads(head_slots._heads_payload(heads)) == heads
 
 
 def _newest_generation(path):
     with open(path, "rb") as f:
-        return head_module._parse_head_file(f.read(), path).generation
+        return head_slots._parse_head_file(f.read(), path).generation
 
 
 def test_a_head_another_process_wrote_between_two_commits_is_seen_and_never_overwritten_back(tmp_path):
@@ -80,8 +81,8 @@ def _same_layout_other_heads(path, heads):
     """The file's bytes with its newest slot's heads replaced by ``heads``, every generation and size kept."""
     with open(path, "rb") as f:
         data = f.read()
-    state = head_module._parse_head_file(data, path)
-    slot = head_module._slot_bytes(state.slot_size, state.generation, _dumps(heads))
+    state = head_slots._parse_head_file(data, path)
+    slot = head_slots._slot_bytes(state.slot_size, state.generation, _dumps(heads))
     offset = state.newest * state.slot_size
     return data[:offset] + slot + data[offset + state.slot_size:], offset, slot
 
@@ -97,7 +98,7 @@ def test_an_in_place_rewrite_keeping_the_generations_is_seen(tmp_path):
         before = f.read()
     restored = {"L": {"seq": 9, "chain": "c9"}, "X": {"seq": 4, "chain": "x4"}}  # the same payload length
     data, offset, slot = _same_layout_other_heads(path, restored)
-    header = head_module._SLOT_HEADER.size
+    header = head_slots._SLOT_HEADER.size
     assert data[:header] == before[:header] and data[SIZE:SIZE + header] == before[SIZE:SIZE + header] != data
     with open(path, "r+b") as f:  # same inode, same slot headers (generations, lengths): only the bytes after differ
         f.seek(offset)
@@ -127,30 +128,30 @@ def test_a_file_replaced_by_one_of_the_same_size_is_reopened(tmp_path):
     assert head._fds.inode == (os.stat(path).st_dev, os.stat(path).st_ino)
 
 
-# ---- the per-write look at the path: statx without timestamps (head_file._identify)
+# ---- the per-write look at the path: statx without timestamps (head_stat._identify)
 def test_identify_gives_what_stat_gives_and_never_follows_a_link(tmp_path):
     path = tmp_path / "f"
     path.write_bytes(b"x" * 10)
     os.chmod(path, 0o640)
-    st, got = os.stat(path), head_module._identify(str(path))
+    st, got = os.stat(path), head_stat._identify(str(path))
     assert (got.st_dev, got.st_ino, got.st_mode, got.st_size) == (st.st_dev, st.st_ino, st.st_mode, st.st_size)
     link = tmp_path / "link"
     link.symlink_to(path)
-    assert stat.S_ISLNK(head_module._identify(str(link)).st_mode)
+    assert stat.S_ISLNK(head_stat._identify(str(link)).st_mode)
     with pytest.raises(FileNotFoundError):
-        head_module._identify(str(tmp_path / "missing"))
+        head_stat._identify(str(tmp_path / "missing"))
 
 
 def test_identify_asks_for_no_timestamp():
     # STATX_ATIME 0x20, STATX_MTIME 0x40, STATX_CTIME 0x80, STATX_BTIME 0x800: asking for any of them would make the
     # next head write take a fine-grained timestamp on Linux >= 6.13 (docs/BENCHMARKS.md, the ledger's throughput)
-    assert head_module._STATX_ASK & (0x20 | 0x40 | 0x80 | 0x800) == 0
+    assert head_stat._STATX_ASK & (0x20 | 0x40 | 0x80 | 0x800) == 0
     if sys.platform.startswith("linux"):
-        assert head_module._statx is not None  # glibc >= 2.28 here: the statx path is the one measured
+        assert head_stat._statx is not None  # glibc >= 2.28 here: the statx path is the one measured
 
 
 def test_without_statx_the_head_file_still_follows_a_replacement_and_refuses_an_open_mode(tmp_path, monkeypatch):
-    monkeypatch.setattr(head_module, "_statx", None)  # another OS or an old libc: os.stat
+    monkeypatch.setattr(head_stat, "_statx", None)  # another OS or an old libc: os.stat
     path = str(tmp_path / "k.key.head")
     head = HeadFile(path, "commit")
     head.advance("L", 1, "c1")

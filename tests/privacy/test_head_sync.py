@@ -19,7 +19,7 @@ import time
 import pytest
 
 from sage_tfx.cli import main
-from sage_tfx.privacy import Ledger, LedgerUpgradeNeeded
+from sage_tfx.privacy import Ledger, LedgerUpgradeNeeded, head_slots
 from sage_tfx.privacy import head_file as head_module
 from sage_tfx.privacy.head_file import ENV_HEAD_SYNC, HeadFile, HeadSync, head_sync_mode
 from sage_tfx.privacy.keys import KeyFileError
@@ -162,8 +162,8 @@ def _head_bytes(ledger):
 
 def _slot_end(data, offset):
     """Where the meaningful bytes of the slot at ``offset`` end (header, payload, digest; then zero padding)."""
-    _magic, _size, _generation, length = head_module._SLOT_HEADER.unpack_from(data, offset)
-    return head_module._SLOT_HEADER.size + length + head_module._SLOT_DIGEST
+    _magic, _size, _generation, length = head_slots._SLOT_HEADER.unpack_from(data, offset)
+    return head_slots._SLOT_HEADER.size + length + head_slots._SLOT_DIGEST
 
 
 @pytest.mark.parametrize("tear", ["nothing", "header", "half", "all but one byte", "new tail, old head",
@@ -185,7 +185,7 @@ def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_a
     offset = written[0] * size
     old, new = before[offset:offset + size], after[offset:offset + size]
     end = _slot_end(after, offset)
-    header = head_module._SLOT_HEADER.size
+    header = head_slots._SLOT_HEADER.size
     torn = {"nothing": old,
             "header": new[:header] + old[header:],
             "half": new[:end // 2] + old[end // 2:],
@@ -343,7 +343,7 @@ def test_writers_in_several_processes_lose_no_head_and_never_go_back(tmp_path, m
     assert heads["shared"] == {"seq": 3 * n, "chain": f"c{3 * n}"}
     assert all(heads[f"own-{me}"] == {"seq": n, "chain": f"o{n}"} for me in range(3))
     with open(path, "rb") as f:
-        assert head_module._parse_head_file(f.read(), path).durable_heads == heads  # durable: synced, or at exit
+        assert head_slots._parse_head_file(f.read(), path).durable_heads == heads  # durable: synced, or at exit
 
 
 def test_a_head_file_open_to_others_or_malformed_is_refused_naming_the_fix(tmp_path):

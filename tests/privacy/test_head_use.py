@@ -21,7 +21,7 @@ import textwrap
 
 import pytest
 
-from sage_tfx.privacy import GrantError, Ledger, LedgerRollback
+from sage_tfx.privacy import GrantError, Ledger, LedgerRollback, head_slots
 from sage_tfx.privacy import head_file as head_module
 from sage_tfx.privacy.head_file import ENV_HEAD_SYNC, HeadFile, HeadSync
 from tests.helpers.head_file import backup, last_seq, restore, small_ledger
@@ -32,7 +32,7 @@ C = head_module.HEAD_LAZY_SLOT
 
 def _state(path):
     with open(path, "rb") as f:
-        return head_module._parse_head_file(f.read(), path)
+        return head_slots._parse_head_file(f.read(), path)
 
 
 def _newest_seq(state, ledger_id):

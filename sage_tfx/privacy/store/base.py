@@ -29,7 +29,8 @@ class Store:
     kind: str | None = None
     placeholder = "?"
     statements = 0  # SQL statements this store executed (an executemany counts one per row): tests bound them
-    after_commit = None  # called with a write transaction's ``tx.head`` (and ``tx.head_until_use``) once it committed
+    # called with a write transaction's ``tx.head`` (and ``tx.head_until_use``) once it committed
+    after_commit: Callable[..., None] | None = None
     on_create: Callable[[], Mapping[str, str]] | None = None
     read_only = False  # opened for reads only (the audit): never migrated, never written
     upgrade = False  # opened by ``sage ledger upgrade`` (migrations.py): an older schema is migrated, not refused
