@@ -19,6 +19,7 @@ from .grants import Grant, cap_text, capped, grant_budget, older_rdp, stage_cap
 from .queue_replay import QueueReplay
 from .split import SLACK, UNIT_KEY, BudgetSplit, over_budget, per_row_budget, per_row_split, unit_meta, unit_rows
 from .store import sql
+from .unit_share import PER_UNIT_KEY, audited_share, unit_costs
 from .vocabulary import Accounting, BlockState, PipelineState, Source
 
 
@@ -54,6 +55,7 @@ class _Replay:
     blocks: dict = field(default_factory=dict)
     grants: dict = field(default_factory=dict)
     releases: dict = field(default_factory=dict)
+    per_unit: dict = field(default_factory=dict)  # (grant, stage) -> the unit column of a per-unit release
     block_rows: dict = field(default_factory=dict)
     pipelines: dict = field(default_factory=dict)
     reservations: dict = field(default_factory=dict)
@@ -220,7 +222,7 @@ _REPLAY = {
     "admit": lambda r, seq, ts, body: r.queued.admit(seq, body),
     "collect": lambda r, seq, ts, body: r.queued.collect(seq, body), "outcome": _replay_outcome,
     "grant": _replay_grant_entry, "draw": _replay_draw, ANCHOR_KIND: _replay_anchor, "retire": _replay_retire,
-    "release": lambda r, seq, ts, body: _replay_release(seq, body, r.grants, r.releases, r.problems, r.draws),
+    "release": lambda r, seq, ts, body: _replay_release(seq, body, r, r.problems, r.draws),
     TRUSTED_READ: lambda r, seq, ts, body: _replay_trusted_read(seq, ts, body, r.blocks, r.report.trusted_reads,
                                                                r.problems),
     LEDGER_KIND: lambda r, seq, ts, body: r.bindings.append((seq, body.get("ledger_id"))),
@@ -272,7 +274,7 @@ def _compare_tables(r: _Replay, tables: tuple, entry_count: int) -> None:
                lambda key: f"release of stage {key[1]!r} under grant {key[0]!r}",
                lambda table, log: f"table says {table}, log says {log}")
     _check_release_owners(table_release_owners, table_grant_cols, problems)
-    _check_release_totals(grants, r.releases, r.streams, problems)
+    _check_release_totals(grants, r.releases, r.streams, problems, r.per_unit)
     _note_converted_rule(grants, r.report.notes)
     _compare_queue_tables(r, table_draws, table_demands, table_arrivals)
 
@@ -450,8 +452,8 @@ def _grant_split(grant_body_text):
         return body, None, str(exc)
 
 
-def _replay_release(seq, body, grants, releases, problems, draws):
-    key = (body.get("grant"), body.get("stage"))
+def _replay_release(seq, body, r, problems, draws):
+    key, grants, releases = (body.get("grant"), body.get("stage")), r.grants, r.releases
     if key[0] not in grants:
         problems.append(f"log entry {seq}: release of stage {key[1]!r} under grant {key[0]!r}, which was never "
                         "charged before it")
@@ -460,6 +462,7 @@ def _replay_release(seq, body, grants, releases, problems, draws):
         problems.append(f"log entry {seq}: a second release of stage {key[1]!r} under grant {key[0]!r}")
         return
     releases[key] = (body.get("computation"), float(body.get("epsilon")), float(body.get("delta")))
+    r.per_unit[key] = body.get(PER_UNIT_KEY)
     draws.release(*key)  # the draw replay's per-grant index of releases
 
 
@@ -471,7 +474,7 @@ def _check_release_owners(owners, grant_cols, problems):
                             f"its grant's are {grant_cols[gid][:2]}")
 
 
-def _check_release_totals(grants, releases, streams, problems):
+def _check_release_totals(grants, releases, streams, problems, per_unit):
     """Every grant's released stages, recomposed by its split's rule, within what the grant charged. An older ``rdp``
     grant's stages within what its cost pays for (``grants.stage_cap``, with its stream's replayed filter: the rule
     ``Ledger.release`` applies); a release above it is a problem whenever it was made (the sage of its day allowed
@@ -502,25 +505,28 @@ def _check_release_totals(grants, releases, streams, problems):
         except LedgerError as exc:  # GrantError is one
             problems.append(f"grant {gid!r}: {exc}")
             continue
-        split = None if split is None else per_row_split(split, k)
+        unit_split, split = split, None if split is None else per_row_split(split, k)
+        units, meta = {stage: per_unit.get((gid, stage)) for stage in spent}, body.get("meta")
         why = "" if cap is None else (f" ({cap_text(gid, recorded, cap, split)}; a release above that spent more "
                                       "than the filter charged the grant's blocks, whichever sage allowed it)")
         if split is None:
             if len(spent) > 1:
                 problems.append(f"grant {gid!r} is single-stage but stages {sorted(spent)} each released under it")
-            allowed = per_row_budget(epsilon, delta, k)
             for stage, (eps, dlt) in spent.items():
+                allowed = audited_share(gid, meta, stage, units.get(stage), per_row_budget(epsilon, delta, k),
+                                        epsilon, delta, None, problems)
                 if over_budget(eps, dlt, allowed):
                     problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
                                     f"more than the charge allows (epsilon={allowed[0]:.6g}, "
                                     f"delta={allowed[1]:.3g}){why}")
             continue
         for stage, (eps, dlt) in spent.items():
-            share = split.stage_budget(stage)
+            share = audited_share(gid, meta, stage, units.get(stage), split.stage_budget(stage), epsilon, delta,
+                                  unit_split, problems)
             if over_budget(eps, dlt, share):
                 problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
                                 f"more than its share (epsilon={share[0]:.6g}, delta={share[1]:.3g}){why}")
-        total = split.composed({s: e for s, (e, _) in spent.items()})
+        total = unit_split.composed(unit_costs(spent, units, k))
         if total > epsilon * (1 + SLACK):
             problems.append(f"grant {gid!r}: its stages released epsilon {total:.6g} under {split.rule!r}, more "
                             f"than its charge {epsilon:.6g}{why}")

@@ -442,7 +442,7 @@ class Ledger(LedgerReads):
             warn_head_write(self._head.path, exc)
 
     def release(self, grant: Grant | str | Mapping[str, Any], stage: str, computation: str, epsilon: float,
-                delta: float = 0.0) -> Release:
+                delta: float = 0.0, per_unit: str | None = None) -> Release:
         """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn; return a ``Release``.
 
         A grant pays for one release per stage, of one computation: the first call records the
@@ -458,7 +458,9 @@ class Ledger(LedgerReads):
         and nothing for any other. An ``rdp`` grant made before grants recorded what was asked (its
         epsilon the conversion) is capped at what its cost pays for (``grants.stage_cap``). The check
         and the record are one transaction, appended to the audit log, so two writers cannot both take
-        a stage, and the audit recomputes every grant's spend.
+        a stage, and the audit recomputes every grant's spend. On a unit stream a stage gets the per-row budget
+        (epsilon / K), unless ``per_unit`` names the grant's unit column: the stage's mechanism is calibrated to
+        the unit itself and may spend its whole share, recorded in the release's entry (``unit_share``).
 
         Raises:
             GrantError: a bad grant, another computation on the stage, or more than the stage may spend.
@@ -468,7 +470,7 @@ class Ledger(LedgerReads):
         epsilon, delta = _releases.check_release_args(stage, computation, epsilon, delta)
         with self._store.transaction() as tx:
             cap = stage_cap(checked, stream_filter(read_stream(tx, checked.stream))) if older_rdp(checked) else None
-            return _releases.open_release(tx, self._log, checked, stage, computation, epsilon, delta, cap)
+            return _releases.open_release(tx, self._log, checked, stage, computation, epsilon, delta, cap, per_unit)
 
     def draw(self, lifetime_grants: Sequence[Grant | str], run: int, epsilon: float, delta: float, *, schedule: str,
              split: BudgetSplit | None = None, meta: dict[str, Any] | None = None,
