@@ -5,6 +5,7 @@ from dataclasses import fields
 
 from sage_tfx.privacy.vocabulary import Accounting, Policy
 
+from . import simulate_semantics
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
 
 
@@ -54,6 +55,7 @@ def add_parser(subparsers):
     p.add_argument("--micro-hours", type=int, default=30, help="--compare-policies: microbenchmark hours of arrivals")
     p.add_argument("--micro-accounting", choices=tuple(Accounting), default=Accounting.BASIC,
                    help="--compare-policies: microbenchmark filters (rdp: heterogeneous Renyi curves)")
+    simulate_semantics.add_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -138,6 +140,8 @@ def _run(args):
     except ValueError as exc:
         print(f"sage simulate: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.semantics:
+        return simulate_semantics.run(args, rates, config)
 
     common = (args.hours, args.seed, config, args.warmup, args.drain)
     rows = sw.sweep(strategies, rates, *common)
