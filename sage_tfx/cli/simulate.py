@@ -5,7 +5,7 @@ from dataclasses import fields
 
 from sage_tfx.privacy.vocabulary import Accounting, Policy
 
-from . import simulate_semantics
+from . import _simulate_semantics as simulate_semantics
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
 
 
