@@ -2,6 +2,8 @@
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
 
@@ -21,11 +23,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--semantics: hours a pipeline waits for its grant before it gives up")
 
 
-def run(args: argparse.Namespace, rates: list, config) -> int:
-    """Run the comparison; print a table (or JSON), write --plot. EXIT_BAD_INPUT for a bad unit parameter."""
+def run(args: argparse.Namespace, parse_rates: Callable[[str], list], parse_config: Callable[[list], Any]) -> int:
+    """Run the comparison; print a table (or JSON), write --plot. EXIT_BAD_INPUT, before anything runs, for a bad
+    rate, workload or unit parameter (``parse_rates`` / ``parse_config``: `sage simulate`'s parsers)."""
     from sage_tfx.simulate import semantics
 
     try:
+        rates, config = parse_rates(args.rates), parse_config(args.set)
+        if args.hours < 1:
+            raise ValueError(f"--hours {args.hours} must be >= 1")
         units = semantics.UnitConfig(units=args.units, max_rows=args.max_rows_per_unit, shards=args.shards,
                                      pipeline_epsilon=args.pipeline_epsilon, timeout_h=args.timeout_h)
     except ValueError as exc:

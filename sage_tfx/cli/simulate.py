@@ -117,8 +117,8 @@ def _compare(args):
 
 def _run(args):
 
-    if args.compare_policies:
-        return _compare(args)
+    if args.compare_policies or args.semantics:
+        return _compare(args) if args.compare_policies else simulate_semantics.run(args, _rates, _config)
 
     from sage_tfx.simulate import LABELS, STRATEGIES
     from sage_tfx.simulate import sweep as sw
@@ -140,8 +140,6 @@ def _run(args):
     except ValueError as exc:
         print(f"sage simulate: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.semantics:
-        return simulate_semantics.run(args, rates, config)
 
     common = (args.hours, args.seed, config, args.warmup, args.drain)
     rows = sw.sweep(strategies, rates, *common)

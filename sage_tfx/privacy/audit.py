@@ -19,7 +19,7 @@ from .grants import Grant, cap_text, capped, grant_budget, older_rdp, stage_cap
 from .queue_replay import QueueReplay
 from .split import SLACK, UNIT_KEY, BudgetSplit, over_budget, per_row_budget, per_row_split, unit_meta, unit_rows
 from .store import sql
-from .unit_share import PER_UNIT_KEY, audited_share, unit_costs
+from .unit_share import PER_UNIT_KEY, audited_shares, unit_costs
 from .vocabulary import Accounting, BlockState, PipelineState, Source
 
 
@@ -506,26 +506,21 @@ def _check_release_totals(grants, releases, streams, problems, per_unit):
             problems.append(f"grant {gid!r}: {exc}")
             continue
         unit_split, split = split, None if split is None else per_row_split(split, k)
-        units, meta = {stage: per_unit.get((gid, stage)) for stage in spent}, body.get("meta")
+        units = {stage: per_unit.get((gid, stage)) for stage in spent}
         why = "" if cap is None else (f" ({cap_text(gid, recorded, cap, split)}; a release above that spent more "
                                       "than the filter charged the grant's blocks, whichever sage allowed it)")
-        if split is None:
-            if len(spent) > 1:
-                problems.append(f"grant {gid!r} is single-stage but stages {sorted(spent)} each released under it")
-            for stage, (eps, dlt) in spent.items():
-                allowed = audited_share(gid, meta, stage, units.get(stage), per_row_budget(epsilon, delta, k),
-                                        epsilon, delta, None, problems)
-                if over_budget(eps, dlt, allowed):
-                    problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
-                                    f"more than the charge allows (epsilon={allowed[0]:.6g}, "
-                                    f"delta={allowed[1]:.3g}){why}")
-            continue
+        rows = {s: per_row_budget(epsilon, delta, k) if split is None else split.stage_budget(s) for s in spent}
+        allowed = audited_shares(gid, body.get("meta"), units, rows, epsilon, delta, unit_split, problems)
+        if split is None and len(spent) > 1:
+            problems.append(f"grant {gid!r} is single-stage but stages {sorted(spent)} each released under it")
+        what = "the charge allows" if split is None else "its share"
         for stage, (eps, dlt) in spent.items():
-            share = audited_share(gid, meta, stage, units.get(stage), split.stage_budget(stage), epsilon, delta,
-                                  unit_split, problems)
-            if over_budget(eps, dlt, share):
+            if over_budget(eps, dlt, allowed[stage]):
                 problems.append(f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
-                                f"more than its share (epsilon={share[0]:.6g}, delta={share[1]:.3g}){why}")
+                                f"more than {what} (epsilon={allowed[stage][0]:.6g}, "
+                                f"delta={allowed[stage][1]:.3g}){why}")
+        if split is None:
+            continue
         total = unit_split.composed(unit_costs(spent, units, k))
         if total > epsilon * (1 + SLACK):
             problems.append(f"grant {gid!r}: its stages released epsilon {total:.6g} under {split.rule!r}, more "

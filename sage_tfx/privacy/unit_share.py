@@ -103,6 +103,14 @@ def audited_share(gid: str, meta: Mapping[str, Any] | None, stage: str, per_unit
     return unit_stage_budget(epsilon, delta, meta, stage, split)
 
 
+def audited_shares(gid: str, meta: Mapping[str, Any] | None, units: Mapping[str, object],
+                   row_shares: Mapping[str, tuple[float, float]], epsilon: float, delta: float,
+                   split: BudgetSplit | None, problems: list[str]) -> dict[str, tuple[float, float]]:
+    """``audited_share`` of every released stage: ``units`` and ``row_shares`` keyed by stage."""
+    return {stage: audited_share(gid, meta, stage, units.get(stage), row, epsilon, delta, split, problems)
+            for stage, row in row_shares.items()}
+
+
 def unit_costs(spent: Mapping[str, tuple[float, float]], per_unit: Mapping[str, object], k: int) -> dict[str, float]:
     """Each released stage's epsilon as it costs one unit: a per-unit release its own, a per-row one K times it
     (group privacy), for composing by the grant's unscaled split."""

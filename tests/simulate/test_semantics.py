@@ -34,10 +34,11 @@ def test_stronger_semantics_grant_fewer_pipelines_and_runs_are_deterministic():
 
 
 def test_the_cli_prints_each_semantics_and_refuses_a_bad_unit_parameter(capsys, tmp_path):
-    args = ["simulate", "--semantics", "--rates", "1", "--hours", "24", "--warmup", "0", "--timeout-h", "6"]
+    args = ["simulate", "--semantics", "--rates", "1", "--hours", "24", "--timeout-h", "6"]
     assert sage_main([*args, "--json", "--plot", str(tmp_path / "sem.png")]) == 0
     out = json.loads(capsys.readouterr().out)
     assert [r["semantics"] for r in out["results"]] == list(SEMANTICS)
     assert (tmp_path / "sem.png").stat().st_size > 0
     assert sage_main([*args, "--max-rows-per-unit", "0"]) == 2
     assert "max_rows=0 must be an integer >= 1" in capsys.readouterr().err
+    assert sage_main([*args, "--rates", "-1"]) == 2
