@@ -21,8 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from .errors import GrantError, LedgerError
-from .split import UNIT_KEY, BudgetSplit
+from .errors import GrantError
+from .split import UNIT_KEY, BudgetSplit, signed_split
 from .vocabulary import Stage
 
 if TYPE_CHECKING:
@@ -78,13 +78,7 @@ def grant_unit_budget(grant: Grant, stage: str, per_unit: str) -> tuple[float, f
     problem = per_unit_problem(grant.meta, stage, per_unit)
     if problem is not None:
         raise GrantError(f"grant {grant.id!r}: {problem}")
-    split = BudgetSplit.from_meta(grant.meta)
-    if split is not None:
-        try:
-            split.check_covered(grant.epsilon, grant.delta, f"grant {grant.id!r}")
-        except LedgerError as exc:
-            raise GrantError(str(exc)) from None
-    return unit_stage_budget(grant.epsilon, grant.delta, grant.meta, stage, split)
+    return unit_stage_budget(grant.epsilon, grant.delta, grant.meta, stage, signed_split(grant))
 
 
 def audited_share(gid: str, meta: Mapping[str, Any] | None, stage: str, per_unit: object,
