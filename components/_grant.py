@@ -51,7 +51,8 @@ class GrantLedger(BlockSource, Protocol):
     def verify(self, grant: Grant | str | None, stream: str | None = None, epsilon: float | None = None,
                delta: float | None = None) -> Grant: ...
 
-    def release(self, grant: Grant, stage: str, computation: str, epsilon: float, delta: float = 0.0) -> Release: ...
+    def release(self, grant: Grant, stage: str, computation: str, epsilon: float, delta: float = 0.0,
+                per_unit: str | None = None) -> Release: ...
 
     def private_seed(self, grant_id: str, purpose: str) -> int: ...
 
@@ -170,16 +171,20 @@ def canonical_saved_model_text(saved_model: Any) -> bytes:
 
 
 def open_release(ledger: GrantLedger | str, grant: Grant, stage: Stage, computation: str, epsilon: float,
-                 delta: float = 0.0) -> int:
+                 delta: float = 0.0, per_unit: str | None = None) -> int:
     """Open ``stage``'s release of ``computation`` under ``grant`` with the ledger; return the stage's noise seed.
 
     Raises GrantError before anything is drawn if the grant already released this stage for another
     computation, if the stage asks more than its share, or if a single-stage grant was spent by
     another stage. Re-opening the same computation returns the same seed (a re-run draws the same
-    noise: no new release). ``ledger``: its location, or an open ``Ledger`` (then used and left open).
+    noise: no new release). ``ledger``: its location, or an open ``Ledger`` (then used and left open). ``per_unit``:
+    the unit column of a mechanism calibrated to the unit (``Ledger.release``: it may spend the stage's whole share).
     """
     with _connection(ledger) as opened:
-        opened.release(grant, stage, computation, epsilon, delta)
+        if per_unit is None:
+            opened.release(grant, stage, computation, epsilon, delta)
+        else:
+            opened.release(grant, stage, computation, epsilon, delta, per_unit=per_unit)
         return opened.private_seed(grant.id, SEED_PURPOSES[stage])
 
 
@@ -333,9 +338,10 @@ class GrantRun:
         self.ledger, self.location, self.grant = ledger, location, grant
         self._data_digest = None
 
-    def open_release(self, stage: Stage, computation: str, epsilon: float, delta: float = 0.0) -> int:
+    def open_release(self, stage: Stage, computation: str, epsilon: float, delta: float = 0.0,
+                     per_unit: str | None = None) -> int:
         """``open_release`` for this run's grant on this run's connection: the stage's noise seed."""
-        return open_release(self.ledger, self.grant, stage, computation, epsilon, delta)
+        return open_release(self.ledger, self.grant, stage, computation, epsilon, delta, per_unit)
 
     def released_record_count(self) -> tuple[float, float] | None:
         """``released_record_count`` for this run's grant on this run's connection."""

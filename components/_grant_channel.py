@@ -74,9 +74,9 @@ class GrantClient:
     def block_digest(self, stream, block):
         return self.call("block_digest", stream=stream, block=block)
 
-    def release(self, grant, stage, computation, epsilon, delta=0.0):
+    def release(self, grant, stage, computation, epsilon, delta=0.0, per_unit=None):
         return self.call("release", grant=grant.id, stage=stage, computation=computation, epsilon=epsilon,
-                         delta=delta)
+                         delta=delta, per_unit=per_unit)
 
     def private_seed(self, grant_id, purpose) -> int:
         return int(self.call("private_seed", grant=grant_id, purpose=purpose))

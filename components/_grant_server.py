@@ -115,7 +115,7 @@ class GrantServer:
         if stage not in _grant.SEED_PURPOSES:
             raise GrantError(f"stage {stage!r} is unknown: one of {', '.join(_grant.SEED_PURPOSES)}")
         self.ledger.release(self.grant, stage, request.get("computation"), request.get("epsilon"),
-                            request.get("delta") or 0.0)
+                            request.get("delta") or 0.0, per_unit=request.get("per_unit"))
         self.opened.add(stage)
 
     def _private_seed(self, request):

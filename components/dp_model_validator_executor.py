@@ -31,7 +31,8 @@ from tfx.dsl.components.base import base_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components._grant import GrantedExecutor, canonical_saved_model_text, computation_digest
-from sage_tfx.privacy import GrantError, grant_split, require_budget, require_side, stage_budget
+from sage_tfx.components._units import UNIT_PLAN_KEY, record_units, require_share, stage_share, unit_plan
+from sage_tfx.privacy import GrantError, grant_split, require_side
 from sage_tfx.privacy.checks import number, positive
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.randomness import secure_rng
@@ -91,11 +92,11 @@ def validation_plan(exec_properties: Mapping[str, Any], grant: Grant) -> dict[st
         raise ValidatorConfigError(f"label_signature {label_signature!r} must name a signature of the SavedModel "
                                    "(e.g. 'transform_features')")
 
-    share, _ = stage_budget(grant, STAGE)
+    share, _ = stage_share(grant, STAGE)
     epsilon = exec_properties.get("epsilon")
     epsilon = positive(share if epsilon is None else epsilon, "epsilon", error=ValidatorConfigError,
                        message="{what} {value!r} must be {rule}", not_number="{what} {value!r} must be a number")
-    require_budget(grant, STAGE, epsilon)
+    require_share(grant, STAGE, epsilon)
 
     train_split = exec_properties.get("train_split") or None
     train_epsilon = None
@@ -105,11 +106,11 @@ def validation_plan(exec_properties: Mapping[str, Any], grant: Grant) -> dict[st
         if grant_split(grant) is None:
             raise GrantError(f"grant {grant.id!r} is single-stage (no split): it pays for one test, so the REJECT "
                              f"test on split {train_split!r} is not covered; charge a split with a rejection stage")
-        train_epsilon, _ = stage_budget(grant, REJECT_STAGE)
+        train_epsilon, _ = stage_share(grant, REJECT_STAGE)
         if not train_epsilon > 0:
             raise GrantError(f"grant {grant.id!r}'s split has no rejection stage (epsilon {train_epsilon:g}): the "
                              f"REJECT test on split {train_split!r} is not paid for (BudgetSplit rejection_share > 0)")
-        require_budget(grant, REJECT_STAGE, train_epsilon)
+        require_share(grant, REJECT_STAGE, train_epsilon)
 
     eval_split = exec_properties.get("eval_split") or "eval"
     require_side(grant, [eval_split], Side.TEST, "the validator's ACCEPT test (eval_split)")
@@ -128,7 +129,7 @@ def validation_plan(exec_properties: Mapping[str, Any], grant: Grant) -> dict[st
             "train_epsilon": train_epsilon,
             "prediction_key": exec_properties.get("prediction_key") or None, "label_threshold": label_threshold,
             # only when set, so a plan without one keeps the fingerprint it had before the option existed
-            **({"label_signature": label_signature} if label_signature else {}), **custom}
+            **({"label_signature": label_signature} if label_signature else {}), **custom, **unit_plan(grant)}
 
 
 def custom_loss_plan(metric: str, loss_module: str | None, loss_function: str | None) -> dict[str, Any]:
@@ -179,11 +180,12 @@ def make_validator(plan: Mapping[str, Any]) -> DPAccuracyValidator | DPLossValid
     """The Sage-mode validator of the plan's metric (errors from the library name bad values)."""
     from sage_tfx.validation import DPAccuracyValidator, DPLossValidator
 
+    per_unit = plan.get(UNIT_PLAN_KEY) is not None  # on a unit stream: one record per unit (components/_units.py)
     if plan["metric"] == Metric.ACCURACY:
         return DPAccuracyValidator(plan["target"], plan["epsilon"], plan["confidence"],
-                                   train_epsilon=plan["train_epsilon"])
+                                   train_epsilon=plan["train_epsilon"], per_unit=per_unit)
     return DPLossValidator(plan["target"], plan["epsilon"], plan["confidence"], loss_bound=plan["loss_bound"],
-                           train_epsilon=plan["train_epsilon"])
+                           train_epsilon=plan["train_epsilon"], per_unit=per_unit)
 
 
 def model_digest(path: str) -> str:
@@ -332,6 +334,13 @@ class ServingModel:
 
 def model_outputs(model: ServingModel, records: Sequence[bytes], label_key: str,
                   label_signature: str | None = None) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """``kept_outputs`` without the kept records."""
+    labels, outputs, _ = kept_outputs(model, records, label_key, label_signature)
+    return labels, outputs
+
+
+def kept_outputs(model: ServingModel, records: Sequence[bytes], label_key: str,
+                 label_signature: str | None = None) -> tuple[np.ndarray, dict[str, np.ndarray], list[bytes]]:
     """(labels, {output: array}) over the records that carry the label and every feature the model reads.
 
     Which records are kept is a fixed function of each record alone (its label and inputs present with the
@@ -358,7 +367,7 @@ def model_outputs(model: ServingModel, records: Sequence[bytes], label_key: str,
         for k in widths:
             features[k].append(values[k])
     if not labels:  # validated as an empty set (noise only): saying so after the charge would publish a count
-        return np.zeros(0), {}
+        return np.zeros(0), {}, []
     if label_signature is not None:
         labels = model.labels(kept, label_signature, label_key)
     outputs = {}
@@ -366,7 +375,7 @@ def model_outputs(model: ServingModel, records: Sequence[bytes], label_key: str,
         part = model.run(kept[start:start + BATCH], {k: v[start:start + BATCH] for k, v in features.items()})
         for k, v in part.items():
             outputs.setdefault(k, []).append(v)
-    return np.asarray(labels), {k: np.concatenate(v) for k, v in outputs.items()}
+    return np.asarray(labels), {k: np.concatenate(v) for k, v in outputs.items()}, kept
 
 
 def _pick(outputs, wanted, metric):
@@ -380,18 +389,21 @@ def _pick(outputs, wanted, metric):
 
 
 def split_values(model: ServingModel, records: Sequence[bytes], plan: Mapping[str, Any],
-                 loss_fn: Callable[..., Any] | None = None) -> np.ndarray:
-    """The per-example values of one split's serialized records: the model run on them, the label (derived by
-    ``label_threshold`` when the plan has one), then ``per_example_values``."""
+                 loss_fn: Callable[..., Any] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(values, units): the per-example values of one split's serialized records (the model run on them, the label
+    derived by ``label_threshold`` when the plan has one, then ``per_example_values``), and on a unit stream each
+    kept record's unit id (``_units.record_units``; None on a row stream)."""
 
-    labels, outputs = model_outputs(model, records, plan["label_key"], plan.get("label_signature"))
+    labels, outputs, kept = kept_outputs(model, records, plan["label_key"], plan.get("label_signature"))
+    units = None if plan.get(UNIT_PLAN_KEY) is None else record_units(kept, plan[UNIT_PLAN_KEY])
     if not len(labels):
-        return np.zeros(0)
+        return np.zeros(0), units
     if plan.get("label_threshold") is not None:
         # A derived binary label, e.g. "delayed" = arr_delay > 15: a fixed function of the record's own label
         # (NaN compares False: 0), so every count and sum keeps its sensitivity.
         labels = (labels > plan["label_threshold"]).astype(np.float64)
-    return per_example_values(plan["metric"], labels, outputs, plan["prediction_key"], plan["loss_bound"], loss_fn)
+    return per_example_values(plan["metric"], labels, outputs, plan["prediction_key"], plan["loss_bound"],
+                              loss_fn), units
 
 
 def per_example_values(metric: str, labels: np.ndarray, outputs: Mapping[str, np.ndarray],
@@ -518,16 +530,19 @@ def validate_model(run: Any, plan: dict, model_path: str, read_split: Callable[[
     serving = ServingModel(model_path)
     splits = [plan["eval_split"]] + ([] if plan["train_split"] is None else [plan["train_split"]])
     computation = validation_computation(plan, model_path, run.release_data(splits))
-    seed = run.open_release(STAGE, computation, plan["epsilon"])
+    per_unit = plan.get(UNIT_PLAN_KEY)  # the grant's unit column: the test is calibrated to it, at the whole share
+    seed = run.open_release(STAGE, computation, plan["epsilon"], per_unit=per_unit)
     if plan["train_split"] is not None:
-        run.open_release(REJECT_STAGE, computation, plan["train_epsilon"])
+        run.open_release(REJECT_STAGE, computation, plan["train_epsilon"], per_unit=per_unit)
     loss_fn = load_loss_function(plan)
-    test = split_values(serving, read_split(plan["eval_split"]), plan, loss_fn)
-    train = None if plan["train_split"] is None else split_values(serving, read_split(plan["train_split"]), plan,
-                                                                  loss_fn)
+    test, units = split_values(serving, read_split(plan["eval_split"]), plan, loss_fn)
+    train, train_units = (None, None) if plan["train_split"] is None else split_values(
+        serving, read_split(plan["train_split"]), plan, loss_fn)
     # the validators' noise: exact grid Laplace from a ChaCha20 generator keyed by the grant's seed
     rng = secure_rng(seed, Stage.VALIDATION.value)
-    return make_validator(plan).validate(test, train, rng, attempt=plan["attempt"], eta=plan["eta"]), computation
+    unit_ids = {} if per_unit is None else {"units": units, "train_units": train_units}
+    return make_validator(plan).validate(test, train, rng, attempt=plan["attempt"], eta=plan["eta"],
+                                         **unit_ids), computation
 
 
 def validation_report(result: Any, plan: dict, grant: Any, computation: str, **uris: str) -> dict:
@@ -539,7 +554,8 @@ def validation_report(result: Any, plan: dict, grant: Any, computation: str, **u
         "bound": report["bounds"].get(key), "bound_kind": key, "metric_name": plan["metric"],
         "grant_id": grant.id, "stream": grant.stream, "eval_split": plan["eval_split"],
         "train_split": plan["train_split"], **uris,
-        "validation_share_epsilon": stage_budget(grant, STAGE)[0], "train_epsilon": plan["train_epsilon"],
+        "validation_share_epsilon": stage_share(grant, STAGE)[0], "train_epsilon": plan["train_epsilon"],
+        "per_unit": plan.get(UNIT_PLAN_KEY),
         "label_threshold": plan["label_threshold"], "loss_module": plan.get("loss_module"),
         "computation": computation, **confidence_report(grant, plan, result.eta),
     })

@@ -5,6 +5,7 @@ from dataclasses import fields
 
 from sage_tfx.privacy.vocabulary import Accounting, Policy
 
+from . import _simulate_semantics as simulate_semantics
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
 
 
@@ -54,6 +55,7 @@ def add_parser(subparsers):
     p.add_argument("--micro-hours", type=int, default=30, help="--compare-policies: microbenchmark hours of arrivals")
     p.add_argument("--micro-accounting", choices=tuple(Accounting), default=Accounting.BASIC,
                    help="--compare-policies: microbenchmark filters (rdp: heterogeneous Renyi curves)")
+    simulate_semantics.add_arguments(p)
     p.set_defaults(func=_run)
 
 
@@ -115,8 +117,8 @@ def _compare(args):
 
 def _run(args):
 
-    if args.compare_policies:
-        return _compare(args)
+    if args.compare_policies or args.semantics:
+        return _compare(args) if args.compare_policies else simulate_semantics.run(args, _rates, _config)
 
     from sage_tfx.simulate import LABELS, STRATEGIES
     from sage_tfx.simulate import sweep as sw

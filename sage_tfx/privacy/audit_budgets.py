@@ -8,6 +8,7 @@ from .audit_replay import _Replay
 from .errors import LedgerError
 from .grants import Grant, cap_text, capped, older_rdp, stage_cap
 from .split import SLACK, BudgetSplit, over_budget, per_row_budget, per_row_split, unit_rows
+from .unit_share import audited_shares, unit_costs
 
 
 def _check_block_budgets(r: _Replay) -> None:
@@ -30,7 +31,7 @@ def _grant_split(grant_body_text):
         return body, None, str(exc)
 
 
-def _check_release_totals(grants, releases, streams, problems):
+def _check_release_totals(grants, releases, streams, problems, per_unit):
     """Every grant's released stages, recomposed by its split's rule, within what the grant charged. An older ``rdp``
     grant's stages within what its cost pays for (``grants.stage_cap``, with its stream's replayed filter: the rule
     ``Ledger.release`` applies); a release above it is a problem whenever it was made (the sage of its day allowed
@@ -64,7 +65,8 @@ def _check_release_totals(grants, releases, streams, problems):
         except LedgerError as exc:  # GrantError is one
             problems.append(f"grant {gid!r}: {exc}")
             continue
-        split = None if split is None else per_row_split(split, k)
+        unit_split, split = split, None if split is None else per_row_split(split, k)
+        units = {stage: per_unit.get((gid, stage)) for stage in spent}
         why = (
             ""
             if cap is None
@@ -73,26 +75,21 @@ def _check_release_totals(grants, releases, streams, problems):
                 "than the filter charged the grant's blocks, whichever sage allowed it)"
             )
         )
-        if split is None:
-            if len(spent) > 1:
-                problems.append(f"grant {gid!r} is single-stage but stages {sorted(spent)} each released under it")
-            allowed = per_row_budget(epsilon, delta, k)
-            for stage, (eps, dlt) in spent.items():
-                if over_budget(eps, dlt, allowed):
-                    problems.append(
-                        f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
-                        f"more than the charge allows (epsilon={allowed[0]:.6g}, "
-                        f"delta={allowed[1]:.3g}){why}"
-                    )
-            continue
+        rows = {s: per_row_budget(epsilon, delta, k) if split is None else split.stage_budget(s) for s in spent}
+        allowed = audited_shares(gid, body.get("meta"), units, rows, epsilon, delta, unit_split, problems)
+        if split is None and len(spent) > 1:
+            problems.append(f"grant {gid!r} is single-stage but stages {sorted(spent)} each released under it")
+        what = "the charge allows" if split is None else "its share"
         for stage, (eps, dlt) in spent.items():
-            share = split.stage_budget(stage)
-            if over_budget(eps, dlt, share):
+            if over_budget(eps, dlt, allowed[stage]):
                 problems.append(
                     f"grant {gid!r}: stage {stage!r} released (epsilon={eps:.6g}, delta={dlt:.3g}), "
-                    f"more than its share (epsilon={share[0]:.6g}, delta={share[1]:.3g}){why}"
+                    f"more than {what} (epsilon={allowed[stage][0]:.6g}, "
+                    f"delta={allowed[stage][1]:.3g}){why}"
                 )
-        total = split.composed({s: e for s, (e, _) in spent.items()})
+        if split is None:
+            continue
+        total = unit_split.composed(unit_costs(spent, units, k))
         if total > epsilon * (1 + SLACK):
             problems.append(
                 f"grant {gid!r}: its stages released epsilon {total:.6g} under {split.rule!r}, more "

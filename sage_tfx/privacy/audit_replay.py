@@ -21,6 +21,7 @@ from .errors import LedgerError
 from .grants import grant_budget
 from .queue_replay import QueueReplay
 from .split import UNIT_KEY, unit_meta
+from .unit_share import PER_UNIT_KEY
 from .vocabulary import Accounting, BlockState, PipelineState, Source
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ class _Replay:
     blocks: dict = field(default_factory=dict)
     grants: dict = field(default_factory=dict)
     releases: dict = field(default_factory=dict)
+    per_unit: dict = field(default_factory=dict)  # (grant, stage) -> the unit column of a per-unit release
     block_rows: dict = field(default_factory=dict)
     pipelines: dict = field(default_factory=dict)
     reservations: dict = field(default_factory=dict)
@@ -208,7 +210,7 @@ _REPLAY = {
     "draw": _replay_draw,
     ANCHOR_KIND: _replay_anchor,
     "retire": _replay_retire,
-    "release": lambda r, seq, ts, body: _replay_release(seq, body, r.grants, r.releases, r.problems, r.draws),
+    "release": lambda r, seq, ts, body: _replay_release(seq, body, r, r.problems, r.draws),
     TRUSTED_READ: lambda r, seq, ts, body: _replay_trusted_read(
         seq, ts, body, r.blocks, r.report.trusted_reads, r.problems
     ),
@@ -272,8 +274,8 @@ def _check_grant_unit(seq, body, configs, problems):
         )
 
 
-def _replay_release(seq, body, grants, releases, problems, draws):
-    key = (body.get("grant"), body.get("stage"))
+def _replay_release(seq, body, r, problems, draws):
+    key, grants, releases = (body.get("grant"), body.get("stage")), r.grants, r.releases
     if key[0] not in grants:
         problems.append(
             f"log entry {seq}: release of stage {key[1]!r} under grant {key[0]!r}, which was never charged before it"
@@ -283,6 +285,7 @@ def _replay_release(seq, body, grants, releases, problems, draws):
         problems.append(f"log entry {seq}: a second release of stage {key[1]!r} under grant {key[0]!r}")
         return
     releases[key] = (body.get("computation"), float(body.get("epsilon")), float(body.get("delta")))
+    r.per_unit[key] = body.get(PER_UNIT_KEY)
     draws.release(*key)  # the draw replay's per-grant index of releases
 
 

@@ -39,7 +39,7 @@ def _compare_tables(r: _Replay, tables: _Tables, entry_count: int) -> None:
     _compare_row_tables(r, t.block_rows, t.grant_cols, t.pipelines, t.reservations, t.outcomes)
     _compare_budget_tables(r, t.streams, t.blocks, t.grants, t.releases)
     _check_release_owners(t.release_owners, t.grant_cols, r.problems)
-    _check_release_totals(r.grants, r.releases, r.streams, r.problems)
+    _check_release_totals(r.grants, r.releases, r.streams, r.problems, r.per_unit)
     _note_converted_rule(r.grants, r.report.notes)
     _compare_queue_tables(r, t.draws, t.demands, t.arrivals)
 

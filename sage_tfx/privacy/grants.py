@@ -32,6 +32,7 @@ from .split import (
     unit_meta,
     unit_rows,
 )
+from .unit_share import grant_unit_budget, unit_stage_budget
 from .vocabulary import Accounting
 
 if TYPE_CHECKING:
@@ -231,6 +232,16 @@ def capped(epsilon: float, delta: float, split: BudgetSplit | None,
     return cap[0], cap[1], split
 
 
+def per_unit_allowance(grant: Grant, stage: str, per_unit: str,
+                       cap: tuple[float, float] | None) -> tuple[float, float]:
+    """The whole unit share of ``stage`` (``unit_share.grant_unit_budget``), capped as ``capped`` caps a split."""
+    if cap is None:
+        return grant_unit_budget(grant, stage, per_unit)
+    _, _, split = capped(grant.epsilon, grant.delta, BudgetSplit.from_meta(grant.meta), cap)
+    grant_unit_budget(grant, stage, per_unit)  # the per_unit claim checked
+    return unit_stage_budget(cap[0], cap[1], grant.meta, stage, split)
+
+
 def cap_text(grant_id: str, epsilon: float, cap: tuple[float, float], split: BudgetSplit | None) -> str:
     """Why an older ``rdp`` grant's stage gets less than the grant records (refusals, the audit)."""
     what = ", its split scaled down to it" if split is not None else ""
@@ -331,12 +342,14 @@ SPLICE_GRANT_LOG = sorted([*Grant("", "", "", (), 0.0, 0.0, "", (), "", 0.0).bod
 
 
 def stage_allowance(grant: Grant, stage: str, done: Mapping[str, tuple[str, float, float, float]], computation: str,
-                    epsilon: float, delta: float, cap: tuple[float, float] | None = None) -> Release | None:
+                    epsilon: float, delta: float, cap: tuple[float, float] | None = None,
+                    per_unit: str | None = None) -> Release | None:
     """What ``stage`` may release under ``grant``, given its releases ``done`` ({stage: (computation, epsilon,
     delta, created)}): the earlier ``Release`` of the same computation (re-opened: nothing new is released), or
     None once the new release is checked to fit the stage's budget. GrantError naming the grant and the fix
     otherwise. ``cap`` (``stage_cap``: an older ``rdp`` grant's) bounds the budget by what the grant's cost pays
-    for (``capped``)."""
+    for (``capped``). ``per_unit``: the unit column a mechanism calibrated to the unit names (``unit_share``): it may
+    spend the stage's whole share, not the per-row budget."""
     if stage in done:
         fingerprint, have_eps, have_delta, created = done[stage]
         if (fingerprint, have_eps, have_delta) != (computation, epsilon, delta):
@@ -346,7 +359,9 @@ def stage_allowance(grant: Grant, stage: str, done: Mapping[str, tuple[str, floa
                 f"{epsilon:.6g}) is a different release the grant did not pay for: run it under a new grant")
         return Release(grant.id, stage, computation, epsilon, delta, created, reopened=True)
     _, _, split = capped(grant.epsilon, grant.delta, grant_split(grant), cap)
-    if split is None:
+    if per_unit is not None:
+        allowed = per_unit_allowance(grant, stage, per_unit, cap)
+    elif split is None:
         if done:
             raise GrantError(
                 f"grant {grant.id!r} is single-stage (it has no split) and its {sorted(done)[0]} stage "

@@ -380,12 +380,16 @@ class Ledger(LedgerBase):
         return stored
 
     def release(self, grant: Grant | str | Mapping[str, Any], stage: str, computation: str, epsilon: float,
-                delta: float = 0.0) -> Release:
+                delta: float = 0.0, per_unit: str | None = None) -> Release:
         """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn.
 
         A grant pays for one release per stage, of one computation: the first call records the computation with what
         the stage may spend (``privacy/split.py``); the same computation re-opens it (``Release.reopened``: the same
         noise, nothing new released), another is refused (docs/block_composition.md, "What a grant pays for").
+
+        On a unit stream a stage gets the per-row budget (epsilon / K), unless ``per_unit`` names the grant's unit
+        column: the stage's mechanism is calibrated to the unit itself and may spend its whole share, recorded in the
+        release's entry (``unit_share``).
 
         Args:
           grant: A ``Grant``, its JSON or its dict (verified here).
@@ -394,6 +398,8 @@ class Ledger(LedgerBase):
             module and inputs, or of the validated model).
           epsilon: What the release spends.
           delta: What the release spends.
+          per_unit: The grant's unit column when the stage's mechanism is calibrated to the unit (validation and
+            rejection stages only); None otherwise.
 
         Returns:
           The ``Release``.
@@ -406,7 +412,7 @@ class Ledger(LedgerBase):
         epsilon, delta = _releases.check_release_args(stage, computation, epsilon, delta)
         with self._store.transaction() as tx:
             cap = stage_cap(checked, stream_filter(read_stream(tx, checked.stream))) if older_rdp(checked) else None
-            return _releases.open_release(tx, self._log, checked, stage, computation, epsilon, delta, cap)
+            return _releases.open_release(tx, self._log, checked, stage, computation, epsilon, delta, cap, per_unit)
 
     def draw(self, lifetime_grants: Sequence[Grant | str], run: int, epsilon: float, delta: float, *, schedule: str,
              split: BudgetSplit | None = None, meta: dict[str, Any] | None = None,

@@ -15,6 +15,7 @@ from .errors import LedgerError
 from .grants import Grant, Release, stage_allowance
 from .split import STAGES
 from .store import sql
+from .unit_share import PER_UNIT_KEY
 
 if TYPE_CHECKING:
     from .store import Tx
@@ -41,7 +42,7 @@ def check_release_args(stage: str, computation: str, epsilon: float, delta: floa
 
 
 def open_release(tx: Tx, log: Callable[..., None], grant: Grant, stage: str, computation: str, epsilon: float,
-                 delta: float, cap: tuple[float, float] | None) -> Release:
+                 delta: float, cap: tuple[float, float] | None, per_unit: str | None = None) -> Release:
     """``stage``'s one release under ``grant``: re-opened if recorded for ``computation``, else recorded now.
 
     Args:
@@ -50,6 +51,8 @@ def open_release(tx: Tx, log: Callable[..., None], grant: Grant, stage: str, com
         grant: the ledger's copy of the grant (``Ledger.verify``).
         stage, computation, epsilon, delta: the release, checked by ``check_release_args``.
         cap: what an older rdp grant's cost pays for (``grants.stage_cap``), or None.
+        per_unit: the unit column a mechanism calibrated to the unit names (``unit_share``; None: per row), signed
+            into the release's log entry.
 
     Returns:
         The ``Release`` (``reopened`` True when it was recorded before).
@@ -58,11 +61,12 @@ def open_release(tx: Tx, log: Callable[..., None], grant: Grant, stage: str, com
         GrantError: another computation already holds the stage, or the stage may not spend this much.
     """
     done = {r[0]: r[1:] for r in tx.all(sql.RELEASE_OF_GRANT, (grant.id,))}
-    reopened = stage_allowance(grant, stage, done, computation, epsilon, delta, cap)
+    reopened = stage_allowance(grant, stage, done, computation, epsilon, delta, cap, per_unit)
     if reopened is not None:
         return reopened
     now = time.time()
     tx.run(sql.RELEASE_INSERT, (grant.id, stage, grant.stream, grant.pipeline, computation, epsilon, delta, now))
     log(tx, "release", {"grant": grant.id, "stream": grant.stream, "pipeline": grant.pipeline, "stage": stage,
-                        "computation": computation, "epsilon": epsilon, "delta": delta}, at=now)
+                        "computation": computation, "epsilon": epsilon, "delta": delta,
+                        **({} if per_unit is None else {PER_UNIT_KEY: per_unit})}, at=now)
     return Release(grant.id, stage, computation, epsilon, delta, now, reopened=False)

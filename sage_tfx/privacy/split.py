@@ -459,13 +459,19 @@ def grant_split(grant: Grant) -> BudgetSplit | None:
     Raises:
       GrantError: The signed split composes to more than the grant's charge.
     """
+    split = signed_split(grant)
+    return None if split is None else per_row_split(split, unit_rows(grant.meta))
+
+
+def signed_split(grant: Grant) -> BudgetSplit | None:
+    """The split signed into a verified ``grant`` as signed (not made per row; None: single-stage), refused with
+    GrantError if it composes to more than the grant's charge."""
     split = BudgetSplit.from_meta(grant.meta)
     if split is not None:
         try:
             split.check_covered(grant.epsilon, grant.delta, f"grant {grant.id!r}")
         except LedgerError as exc:
             raise GrantError(str(exc)) from None
-        split = per_row_split(split, unit_rows(grant.meta))
     return split
 
 

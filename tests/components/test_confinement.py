@@ -65,6 +65,8 @@ def test_the_grant_server_serves_its_grant_and_refuses_everything_else(tmp_path)
         client.private_seed(grant.id, "training")  # no draw before the ledger recorded the release
     with pytest.raises(GrantError, match="served grant"):
         client.release(other, "training", "m", 0.1)
+    with pytest.raises(GrantError, match="its stream's unit is the row"):  # a whole share claimed per unit
+        client.release(grant, "validation", "m", 0.1, per_unit="company")
     for op in ("request", "draw", "add_block", "private_row_count", "record_outcome", "trusted_block_keys"):
         with pytest.raises(GrantError, match="no request"):
             client.call(op, stream="s", block="b0")
