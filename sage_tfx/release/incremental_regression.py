@@ -107,9 +107,17 @@ def _positive(name: str, value) -> float:
 class IncrementalRegressionParams:
     """The declared public parameters of one PrivIncReg1 instance (checked before anything is charged).
 
-    horizon T: how many blocks it will ever take; epsilon, delta: the (epsilon, delta)-DP guarantee of each
-    block over the whole horizon (the per-block charge); bound_x, bound_y: the clipping bounds (public);
-    radius R: the L2 ball the regressor is constrained to; iterations: projected-gradient steps per release.
+    Args:
+        horizon: T, how many blocks it will ever take.
+        epsilon: with ``delta``, the (epsilon, delta)-DP guarantee of each block over the whole horizon (the
+            per-block charge).
+        delta: see ``epsilon``; in (0, 1).
+        bound_x: B_x, rows are clipped to L2 norm <= B_x (public).
+        bound_y: B_y, labels are clipped to [-B_y, B_y] (public).
+        radius: R, the size of the constraint set the regressor is confined to (the L2 ball of radius R).
+        iterations: projected-gradient steps per release.
+    Raises:
+        IncrementalRegressionError: a bad value (named) or a budget no noise multiplier meets.
     """
 
     horizon: int
@@ -177,6 +185,12 @@ class IncrementalRegressionParams:
                 "levels": self.levels, "noise_multiplier": self.noise_multiplier}
 
     def fingerprint(self, stream: str, pipeline: str) -> str:
+        """The instance's release fingerprint (bound to each block's content by the grant's release).
+
+        Args:
+            stream: the ledger stream's name.
+            pipeline: the pipeline charged.
+        """
         text = json.dumps({"stream": stream, "pipeline": pipeline, **self.meta()}, sort_keys=True)
         return f"{STRATEGY}:" + hashlib.sha256(text.encode()).hexdigest()
 
@@ -217,6 +231,12 @@ class TreeRegressor:
 
     ``add(x, y, rng)`` takes block t's rows, releases the node ending at t with noise from ``rng`` (anything
     ``randomness.as_secure_rng`` takes; in production the grant's private seed) and returns theta_t.
+
+    Args:
+        params: the instance's declared parameters.
+        dim: the number of features d.
+        t: blocks taken so far (0 for a new tree).
+        _nodes: the stored nodes by level (internal; empty for a new tree).
     """
 
     params: IncrementalRegressionParams
@@ -240,7 +260,12 @@ class TreeRegressor:
 
     def leaf(self, x, y) -> np.ndarray:
         """Block sum of the clipped rows: (upper triangle of X'X, X'y) as one vector, summed exactly on the node
-        releases' grids (each row rounded to the grid alone: within gamma / 2 per row and cell of the float sum)."""
+        releases' grids (each row rounded to the grid alone: within gamma / 2 per row and cell of the float sum).
+
+        Args:
+            x: the block's rows, shape (rows, dim).
+            y: one label per row.
+        """
 
         x = np.asarray(x, dtype=float)
         y = np.asarray(y, dtype=float).reshape(-1)
@@ -279,7 +304,12 @@ class TreeRegressor:
         return np.concatenate([matrix, vector])
 
     def add_leaf(self, leaf: np.ndarray, rng) -> None:
-        """Algorithm 4, steps 2-8 at t + 1: merge the levels below the lowest set bit, release that node."""
+        """Algorithm 4, steps 2-8 at t + 1: merge the levels below the lowest set bit, release that node.
+
+        Args:
+            leaf: block t + 1's summary (``leaf(x, y)``).
+            rng: the node's noise source (``randomness.as_secure_rng``).
+        """
         self.check_room()
         t = self.t + 1
         level = (t & -t).bit_length() - 1
@@ -305,6 +335,13 @@ class TreeRegressor:
         return projected_gradient(q_matrix, q_vector, self.params.radius, self.params.iterations)
 
     def add(self, x, y, rng) -> np.ndarray:
+        """Take block t + 1's rows, release its tree node, return theta_{t+1}.
+
+        Args:
+            x: the block's rows, shape (rows, dim).
+            y: one label per row.
+            rng: the node's noise source (``randomness.as_secure_rng``).
+        """
         self.check_room()
         self.add_leaf(self.leaf(x, y), rng)
         return self.regressor()
@@ -329,6 +366,14 @@ class IncrementalRegression:
     ``reader(grant)`` returns the (x, y) rows of the grant's one block; it is called only after the grant is
     charged and its release opened (e.g. ``sage_tfx.ingest.access.grant_blocks(ledger, data_root, grant)``
     and a feature function). See the module docstring for what is charged and why.
+
+    Args:
+        ledger: the privacy ledger charged.
+        stream: the stream whose blocks arrive.
+        pipeline: the pipeline charged.
+        params: the declared parameters.
+        dim: the number of features d.
+        reader: ``reader(grant) -> (x, y)``, called once per block after its charge.
     """
 
     def __init__(self, ledger, stream: str, pipeline: str, params: IncrementalRegressionParams, *, dim: int,
@@ -352,7 +397,13 @@ class IncrementalRegression:
                                    delta=self.params.delta, meta=meta)
 
     def arrive(self, block: str) -> ArrivalRelease:
-        """Charge ``block`` the whole-horizon bound, open its release, read it, release theta_t."""
+        """Charge ``block`` the whole-horizon bound, open its release, read it, release theta_t.
+
+        Args:
+            block: the arriving block's id.
+        Raises:
+            HorizonExhausted: all ``horizon`` blocks have arrived (nothing charged).
+        """
         self.tree.check_room()  # before any charge
         if not isinstance(block, str) or not block:
             raise IncrementalRegressionError(f"block={block!r} is invalid: give the block id (a string)")
