@@ -11,8 +11,9 @@ and summarised as the leaf v_t = (upper triangle of sum x x^T, sum x y). The Tre
 dyadic range sum [m 2^k + 1, (m + 1) 2^k] of the leaves once, with Gaussian noise, when its last block arrives;
 the prefix sum at t is the sum of the <= floor(log2 t) + 1 noisy nodes of t's binary expansion (Appendix C). With
 (Q_t, q_t) the noisy prefix of (X'X, X'y), the private gradient function is g_t(theta) = 2 (Q_t theta - q_t)
-(Algorithm 2, step 5) and the released regressor theta_t is projected gradient descent on g_t over the declared
-L2 ball C = {||theta|| <= R} (step 6). Memory: the noisy nodes of the binary expansion of t and the matching
+(Algorithm 2, step 5) and the released regressor theta_t is projected gradient descent on g_t
+over the declared set C (step 6): the L2 ball {||theta|| <= R} or the L1 ball {||theta||_1 <= R} (``constraint``,
+sage_tfx.release.incremental_constraints). Memory: the noisy nodes of the binary expansion of t and the matching
 exact partial sums (the a_j of Algorithm 4), at most floor(log2 T) + 1 of each (``stored_nodes``).
 
 Sensitivity (add/remove one record, the ledger's adjacency)
@@ -76,6 +77,7 @@ from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_gaussian, grid_gaussian_params
 from sage_tfx.privacy.vocabulary import Accounting, Stage
+from sage_tfx.release.incremental_constraints import CONSTRAINTS, L2_BALL, project, project_ball
 
 __all__ = ["IncrementalRegressionError", "HorizonExhausted", "IncrementalRegressionParams", "TreeRegressor",
            "IncrementalRegression", "ArrivalRelease", "tree_levels", "project_ball", "projected_gradient"]
@@ -114,8 +116,10 @@ class IncrementalRegressionParams:
         delta: see ``epsilon``; in (0, 1).
         bound_x: B_x, rows are clipped to L2 norm <= B_x (public).
         bound_y: B_y, labels are clipped to [-B_y, B_y] (public).
-        radius: R, the size of the constraint set the regressor is confined to (the L2 ball of radius R).
+        radius: R, the size of the constraint set the regressor is confined to.
         iterations: projected-gradient steps per release.
+        constraint: the set C: "l2_ball" ({||theta||_2 <= R}, the default) or "l1_ball" ({||theta||_1 <= R});
+            sage_tfx.release.incremental_constraints. Post-processing: the charge does not depend on it.
     Raises:
         IncrementalRegressionError: a bad value (named) or a budget no noise multiplier meets.
     """
@@ -127,8 +131,11 @@ class IncrementalRegressionParams:
     bound_y: float
     radius: float
     iterations: int = 200
+    constraint: str = L2_BALL
 
     def __post_init__(self):
+        if self.constraint not in CONSTRAINTS:
+            raise IncrementalRegressionError(f"constraint={self.constraint!r} is invalid: choose one of {CONSTRAINTS}")
         if isinstance(self.horizon, bool) or not isinstance(self.horizon, (int, np.integer)) or self.horizon < 1:
             raise IncrementalRegressionError(f"horizon={self.horizon!r} is invalid: give an integer >= 1 (blocks)")
         if isinstance(self.iterations, bool) or not isinstance(self.iterations, (int, np.integer)) \
@@ -195,14 +202,9 @@ class IncrementalRegressionParams:
         return f"{STRATEGY}:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def project_ball(theta: np.ndarray, radius: float) -> np.ndarray:
-    """P_C(theta) for C the L2 ball of ``radius`` (Appendix B's projection)."""
-    norm = float(np.linalg.norm(theta))
-    return theta if norm <= radius else theta * (radius / norm)
-
-
-def projected_gradient(q_matrix: np.ndarray, q_vector: np.ndarray, radius: float, iterations: int) -> np.ndarray:
-    """Projected gradient descent on g(theta) = 2 (Q theta - q) over the ball of ``radius``, from 0.
+def projected_gradient(q_matrix: np.ndarray, q_vector: np.ndarray, radius: float, iterations: int,
+                       constraint: str = L2_BALL) -> np.ndarray:
+    """Projected gradient descent on g(theta) = 2 (Q theta - q) over C (``constraint`` of ``radius``), from 0.
 
     Step 1 / (2 ||Q||_2) (the noisy quadratic's smoothness constant; Q is symmetrised first), last iterate.
     Uses only its arguments: post-processing of released values.
@@ -212,10 +214,10 @@ def projected_gradient(q_matrix: np.ndarray, q_vector: np.ndarray, radius: float
     theta = np.zeros(q_vector.shape[0])
     if scale <= 0.0:  # g = -2q: the ball's minimiser is R q / ||q|| (0 if q = 0)
         norm = float(np.linalg.norm(q_vector))
-        return theta if norm == 0.0 else q_vector * (radius / norm)
+        return theta if norm == 0.0 else project(q_vector * (radius / norm), constraint, radius)
     step = 1.0 / (2.0 * scale)
     for _ in range(iterations):
-        theta = project_ball(theta - step * 2.0 * (q_matrix @ theta - q_vector), radius)
+        theta = project(theta - step * 2.0 * (q_matrix @ theta - q_vector), constraint, radius)
     return theta
 
 
@@ -332,7 +334,8 @@ class TreeRegressor:
 
     def regressor(self) -> np.ndarray:
         q_matrix, q_vector = self.noisy_prefix()
-        return projected_gradient(q_matrix, q_vector, self.params.radius, self.params.iterations)
+        return projected_gradient(q_matrix, q_vector, self.params.radius, self.params.iterations,
+                                   self.params.constraint)
 
     def add(self, x, y, rng) -> np.ndarray:
         """Take block t + 1's rows, release its tree node, return theta_{t+1}.
