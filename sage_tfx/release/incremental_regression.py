@@ -80,7 +80,7 @@ from sage_tfx.privacy.vocabulary import Accounting, Stage
 from sage_tfx.release.incremental_constraints import CONSTRAINTS, L2_BALL, project, project_ball
 
 __all__ = ["IncrementalRegressionError", "HorizonExhausted", "IncrementalRegressionParams", "TreeRegressor",
-           "IncrementalRegression", "ArrivalRelease", "tree_levels", "project_ball", "projected_gradient"]
+           "IncrementalRegression", "ArrivalRelease", "tree_levels", "project_ball", "projected_gradient", "noise_ridge"]
 
 STRATEGY = "incremental_regression"
 STAGE = Stage.TRAINING
@@ -120,6 +120,9 @@ class IncrementalRegressionParams:
         iterations: projected-gradient steps per release.
         constraint: the set C: "l2_ball" ({||theta||_2 <= R}, the default) or "l1_ball" ({||theta||_1 <= R});
             sage_tfx.release.incremental_constraints. Post-processing: the charge does not depend on it.
+        ridge: descend on Q_t + lambda_t I instead of Q_t, lambda_t = ``noise_ridge`` (a public bound on the
+            tree noise's operator norm): keeps the noisy quadratic convex when X'X is ill-conditioned (the taxi
+            rows: docs/BENCHMARKS.md). Post-processing (lambda_t is a function of public values only).
     Raises:
         IncrementalRegressionError: a bad value (named) or a budget no noise multiplier meets.
     """
@@ -132,6 +135,7 @@ class IncrementalRegressionParams:
     radius: float
     iterations: int = 200
     constraint: str = L2_BALL
+    ridge: bool = False
 
     def __post_init__(self):
         if self.constraint not in CONSTRAINTS:
@@ -219,6 +223,19 @@ def projected_gradient(q_matrix: np.ndarray, q_vector: np.ndarray, radius: float
     for _ in range(iterations):
         theta = project(theta - step * 2.0 * (q_matrix @ theta - q_vector), constraint, radius)
     return theta
+
+
+def noise_ridge(params: IncrementalRegressionParams, nodes: int, dim: int) -> float:
+    """lambda = 2 sqrt(d) c sqrt(nodes) B_x^2: about the operator norm of the symmetric noise of a prefix of
+    ``nodes`` tree nodes (each cell std c B_x^2 per node; a d x d Wigner matrix of cell std s has norm ~ 2 s
+    sqrt(d)). Public: c, B_x, d and the node count (popcount of t) only.
+
+    Args:
+        params: the instance's parameters (c, B_x).
+        nodes: the noisy nodes summed in the prefix.
+        dim: d.
+    """
+    return 2.0 * math.sqrt(dim) * params.noise_multiplier * math.sqrt(nodes) * params.bound_x ** 2
 
 
 @dataclass
@@ -333,7 +350,10 @@ class TreeRegressor:
         return matrix, total[k:]
 
     def regressor(self) -> np.ndarray:
+        """theta_t: projected gradient descent on the noisy prefix (plus the ridge when ``params.ridge``)."""
         q_matrix, q_vector = self.noisy_prefix()
+        if self.params.ridge:
+            q_matrix = q_matrix + noise_ridge(self.params, self.stored_nodes, self.dim) * np.eye(self.dim)
         return projected_gradient(q_matrix, q_vector, self.params.radius, self.params.iterations,
                                    self.params.constraint)
 
