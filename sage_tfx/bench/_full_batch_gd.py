@@ -56,8 +56,8 @@ def optimum(x, y, lam, iterations=50):
 def equal_budget_sigmas(schedule, steps, constant_sigma):
     """sigma_t = s f_t with sum_t sigma_t^-2 = steps / constant_sigma^2 (the constant run's zCDP budget R)."""
     f = schedule.factors(steps)
-    budget = steps / constant_sigma ** 2
-    return np.sqrt(np.sum(f ** -2.0) / budget) * f
+    budget = steps / constant_sigma**2
+    return np.sqrt(np.sum(f**-2.0) / budget) * f
 
 
 def noisy_gd(task, sigmas, seed):
@@ -92,15 +92,21 @@ def compare(task, epsilon, steps, seeds, floor):
     """One T: per schedule, the excess risks over the paired seeds and the realised epsilon."""
     x, y, lam, _, kappa = task
     f_star = optimum(x, y, lam)
-    constant_sigma = ns.calibrate_schedule(ns.ConstantSchedule(), epsilon=epsilon, delta=DELTA, steps=steps,
-                                           sampling_rate=1.0)
+    constant_sigma = ns.calibrate_schedule(
+        ns.ConstantSchedule(), epsilon=epsilon, delta=DELTA, steps=steps, sampling_rate=1.0
+    )
     out = {}
     for name, sched in schedules(kappa, steps, floor).items():
         sigmas = equal_budget_sigmas(sched, steps, constant_sigma)
         risks = [loss(x, y, lam, noisy_gd(task, sigmas, seed)) - f_star for seed in range(seeds)]
-        out[name] = {"excess_risk": risks, "first_sigma": float(sigmas[0]), "last_sigma": float(sigmas[-1]),
-                     "zcdp_budget_R": float(np.sum(sigmas ** -2.0)),
-                     "realised_epsilon": _realised(sigmas, epsilon), "schedule": sched.describe()}
+        out[name] = {
+            "excess_risk": risks,
+            "first_sigma": float(sigmas[0]),
+            "last_sigma": float(sigmas[-1]),
+            "zcdp_budget_R": float(np.sum(sigmas**-2.0)),
+            "realised_epsilon": _realised(sigmas, epsilon),
+            "schedule": sched.describe(),
+        }
     return out
 
 
@@ -114,17 +120,32 @@ def run_full_batch(args, data):
     x, _, tipper = data[0], data[1], data[2]
     task = logistic_task(x, tipper, args.lam)
     kappa = task[4]
-    figures = {"regime": "full-batch GD, L2-regularised logistic regression (strongly convex)",
-               "data": f"real taxi trips (tfx wheel): {len(x)} training rows, {x.shape[1]} features, label "
-                       "big_tipper, rows scaled to norm <= 1", "lam": args.lam, "kappa": round(kappa, 3),
-               "epsilon": args.epsilon, "delta": DELTA, "seeds": args.seeds, "floor": args.floor, "runs": []}
+    figures = {
+        "regime": "full-batch GD, L2-regularised logistic regression (strongly convex)",
+        "data": f"real taxi trips (tfx wheel): {len(x)} training rows, {x.shape[1]} features, label "
+        "big_tipper, rows scaled to norm <= 1",
+        "lam": args.lam,
+        "kappa": round(kappa, 3),
+        "epsilon": args.epsilon,
+        "delta": DELTA,
+        "seeds": args.seeds,
+        "floor": args.floor,
+        "runs": [],
+    }
     for mult in [float(m) for m in args.t_over_kappa.split(",") if m]:
         steps = max(2, int(round(mult * kappa)))
         result = compare(task, args.epsilon, steps, args.seeds, args.floor)
         base = np.array(result["constant"]["excess_risk"])
-        row = {"t_over_kappa": mult, "steps": steps, "constant_excess_risk": float(np.median(base)),
-               "ratio_vs_constant": {}, "wins_vs_constant": {}, "realised_epsilon": {}, "sigma_first_last": {},
-               "schedules": {}}
+        row = {
+            "t_over_kappa": mult,
+            "steps": steps,
+            "constant_excess_risk": float(np.median(base)),
+            "ratio_vs_constant": {},
+            "wins_vs_constant": {},
+            "realised_epsilon": {},
+            "sigma_first_last": {},
+            "schedules": {},
+        }
         for name, res in result.items():
             v = np.array(res["excess_risk"])
             row["ratio_vs_constant"][name] = round(float(np.median(v / base)), 4)
@@ -151,8 +172,7 @@ def plot_full_batch(figures, path):
     fig, ax = plt.subplots(figsize=(6, 4))
     runs = figures["runs"]
     for name in runs[0]["ratio_vs_constant"]:
-        ax.plot([r["t_over_kappa"] for r in runs], [r["ratio_vs_constant"][name] for r in runs], marker="o",
-                label=name)
+        ax.plot([r["t_over_kappa"] for r in runs], [r["ratio_vs_constant"][name] for r in runs], marker="o", label=name)
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("T / kappa")

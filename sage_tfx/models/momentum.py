@@ -45,7 +45,7 @@ def debiased_momentum_steps(gradients: np.ndarray, beta: float, learning_rate: f
     out = []
     for t, g in enumerate(np.asarray(gradients, dtype=np.float64), start=1):
         v = beta * v + (1.0 - beta) * g
-        out.append(learning_rate * v / (1.0 - beta ** t))
+        out.append(learning_rate * v / (1.0 - beta**t))
     return np.array(out)
 
 
@@ -59,8 +59,14 @@ class DebiasedMomentum(tf.keras.optimizers.Optimizer):
         name: the optimizer's name.
     """
 
-    def __init__(self, learning_rate: float = 0.1, beta: float = 0.9, weight_decay: float | None = None,
-                 name: str = "DebiasedMomentum", **kwargs):
+    def __init__(
+        self,
+        learning_rate: float = 0.1,
+        beta: float = 0.9,
+        weight_decay: float | None = None,
+        name: str = "DebiasedMomentum",
+        **kwargs,
+    ):
         super().__init__(name=name, weight_decay=weight_decay, **kwargs)
         self._learning_rate = self._build_learning_rate(learning_rate)
         self.beta = float(beta)

@@ -8,6 +8,7 @@ the theta of smallest gauge with Phi theta = vartheta). All are functions of rel
 parameters only: post-processing, no privacy statement changes with C. Numpy (and scipy's linprog for the L1
 lifting) only.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -24,6 +24,7 @@ Utility (Theorem 5.7): excess risk about T^(1/3) W^(2/3) with W = w(X) + w(C) th
 m about (W^2 T^2)^(1/3); it beats PrivIncReg1 when the widths are small (sparse or L1-bounded rows, an L1
 ball C) and d is large. ``tests/release/test_incremental_projection.py`` measures it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -74,11 +75,16 @@ class ProjectedTreeRegressor:
     def __post_init__(self):
         for name in ("dim", "sketch_dim", "projection_seed"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < (name != "projection_seed"):
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, np.integer))
+                or value < (name != "projection_seed")
+            ):
                 raise IncrementalRegressionError(f"{name}={value!r} is invalid: give a whole number >= 1 (seed >= 0)")
         if self.sketch_dim > self.dim:
             raise IncrementalRegressionError(
-                f"sketch_dim={self.sketch_dim!r} is invalid: at most dim={self.dim} (use PrivIncReg1 otherwise)")
+                f"sketch_dim={self.sketch_dim!r} is invalid: at most dim={self.dim} (use PrivIncReg1 otherwise)"
+            )
         self.phi = projection_matrix(self.sketch_dim, self.dim, self.projection_seed)
         self.tree = TreeRegressor(self.params, int(self.sketch_dim))
 
@@ -117,6 +123,7 @@ class ProjectedTreeRegressor:
         """theta_t: the descent over Phi C on the noisy (Q_t, q_t), lifted to C (post-processing only)."""
         q_matrix, q_vector = self.tree.noisy_prefix()
         p = self.params
-        theta = projected_gradient(self.phi.T @ q_matrix @ self.phi, self.phi.T @ q_vector, p.radius, p.iterations,
-                                   p.constraint)
+        theta = projected_gradient(
+            self.phi.T @ q_matrix @ self.phi, self.phi.T @ q_vector, p.radius, p.iterations, p.constraint
+        )
         return lift(self.phi, self.phi @ theta, p.constraint)

@@ -1,6 +1,7 @@
 """Debiased momentum (sage_tfx.models.momentum; Hong et al. Algorithm 2): the update is the paper's formula and
 make_private with it spends exactly what plain DP-SGD spends, its weights moved by Algorithm 2 applied to the
 SAME noisy gradients (post-processing). Imports TensorFlow. All data here is GENERATED (numpy, fixed seeds)."""
+
 import numpy as np
 import pytest
 
@@ -23,7 +24,7 @@ def test_reference_is_algorithm_2_a_weighted_average_of_the_noisy_gradients():
     beta, lr = 0.8, 0.3
     steps = debiased_momentum_steps(g, beta, lr)
     for t in range(1, 8):
-        w = (1 - beta) * beta ** (t - np.arange(1, t + 1)) / (1 - beta ** t)
+        w = (1 - beta) * beta ** (t - np.arange(1, t + 1)) / (1 - beta**t)
         assert w.sum() == pytest.approx(1.0)
         np.testing.assert_allclose(steps[t - 1], lr * (w @ g[:t]), rtol=1e-12)
     np.testing.assert_allclose(steps[0], lr * g[0], rtol=1e-12)
@@ -48,10 +49,23 @@ def _kernel_path(optimizer, momentum=0.0):
     model = tf.keras.Sequential([tf.keras.layers.Dense(1, kernel_initializer="zeros")])
     model.build((None, 3))
     path = []
-    private = make_private(model, privacy_budget=(1.0, 1e-5), num_examples=n, loss="mse", batch_size=50, epochs=10,
-                           optimizer=optimizer, momentum=momentum, learning_rate=1.0, seed=7)
-    private.fit(np.zeros((n, 3), np.float32), np.zeros(n, np.float32),
-                callback=lambda _: path.append(model.layers[0].kernel.numpy().ravel().copy()))
+    private = make_private(
+        model,
+        privacy_budget=(1.0, 1e-5),
+        num_examples=n,
+        loss="mse",
+        batch_size=50,
+        epochs=10,
+        optimizer=optimizer,
+        momentum=momentum,
+        learning_rate=1.0,
+        seed=7,
+    )
+    private.fit(
+        np.zeros((n, 3), np.float32),
+        np.zeros(n, np.float32),
+        callback=lambda _: path.append(model.layers[0].kernel.numpy().ravel().copy()),
+    )
     return np.array(path, dtype=np.float64), private.privacy_spent
 
 
@@ -72,5 +86,12 @@ def test_make_private_debiased_momentum_is_post_processing_of_the_same_noisy_gra
 @pytest.mark.parametrize("momentum", [1.0, -0.1, True])
 def test_bad_momentum_refused_naming_the_value(momentum):
     with pytest.raises(DpSgdConfigError, match="momentum"):
-        make_private(tf.keras.Sequential([tf.keras.layers.Dense(1)]), privacy_budget=(1.0, 1e-5), num_examples=100,
-                     loss="mse", batch_size=10, optimizer="debiased_momentum", momentum=momentum)
+        make_private(
+            tf.keras.Sequential([tf.keras.layers.Dense(1)]),
+            privacy_budget=(1.0, 1e-5),
+            num_examples=100,
+            loss="mse",
+            batch_size=10,
+            optimizer="debiased_momentum",
+            momentum=momentum,
+        )

@@ -2,6 +2,7 @@
 (sage_tfx.release.incremental_constraints): the privacy contract (the same charge as PrivIncReg1: projected rows
 keep the clipped norms, Phi reads no data), releases inside C, the projections and lifting against their
 definitions, and the excess risk on GENERATED sparse rows (numpy, fixed seeds)."""
+
 import numpy as np
 import pytest
 
@@ -20,8 +21,9 @@ THETA[:3] = [0.5, -0.3, 0.2]  # ||THETA||_1 = 1
 
 
 def params(**kw):
-    base = dict(horizon=8, epsilon=1.0, delta=1e-6, bound_x=1.0, bound_y=1.0, radius=1.0, iterations=300,
-                constraint="l1_ball")
+    base = dict(
+        horizon=8, epsilon=1.0, delta=1e-6, bound_x=1.0, bound_y=1.0, radius=1.0, iterations=300, constraint="l1_ball"
+    )
     return IncrementalRegressionParams(**{**base, **kw})
 
 
@@ -82,8 +84,11 @@ def test_privacy_contract_is_privincreg1s_charge_on_norm_preserving_rows():
     np.testing.assert_array_equal(reg.phi, ProjectedTreeRegressor(p, D, 20, projection_seed=5).phi)
     assert not np.allclose(reg.phi, ProjectedTreeRegressor(p, D, 20, projection_seed=6).phi)
     assert np.linalg.norm(reg.project_rows(np.zeros((1, D)))) == 0.0
-    for bad, match in ((dict(sketch_dim=0), "sketch_dim=0"), (dict(sketch_dim=D + 1), f"sketch_dim={D + 1}"),
-                       (dict(projection_seed=-1), "projection_seed=-1")):
+    for bad, match in (
+        (dict(sketch_dim=0), "sketch_dim=0"),
+        (dict(sketch_dim=D + 1), f"sketch_dim={D + 1}"),
+        (dict(projection_seed=-1), "projection_seed=-1"),
+    ):
         with pytest.raises(IncrementalRegressionError, match=match):
             ProjectedTreeRegressor(p, D, **{"sketch_dim": 20, **bad})
 
