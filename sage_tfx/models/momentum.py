@@ -20,6 +20,8 @@ against it).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 import sage_tfx  # noqa: F401  # isort: skip (sage_tfx before TensorFlow: tf.keras is Keras 2)
@@ -65,13 +67,13 @@ class DebiasedMomentum(tf.keras.optimizers.Optimizer):
         beta: float = 0.9,
         weight_decay: float | None = None,
         name: str = "DebiasedMomentum",
-        **kwargs,
-    ):
+        **kwargs: Any,
+    ) -> None:
         super().__init__(name=name, weight_decay=weight_decay, **kwargs)
         self._learning_rate = self._build_learning_rate(learning_rate)
         self.beta = float(beta)
 
-    def build(self, var_list):
+    def build(self, var_list: list[tf.Variable]) -> None:
         """One velocity slot v per variable, zero (v_1 = 0)."""
         super().build(var_list)
         if getattr(self, "_built", False):
@@ -79,7 +81,7 @@ class DebiasedMomentum(tf.keras.optimizers.Optimizer):
         self.velocities = [self.add_variable_from_reference(model_variable=v, variable_name="v") for v in var_list]
         self._built = True
 
-    def update_step(self, gradient, variable):
+    def update_step(self, gradient: tf.Tensor | tf.IndexedSlices, variable: tf.Variable) -> None:
         """v <- beta v + (1 - beta) g; w <- w - lr v / (1 - beta^t), t = the 1-based step."""
         if isinstance(gradient, tf.IndexedSlices):
             gradient = tf.convert_to_tensor(gradient)
@@ -90,7 +92,7 @@ class DebiasedMomentum(tf.keras.optimizers.Optimizer):
         v.assign(beta * v + (1.0 - beta) * gradient)
         variable.assign_sub(lr * v / (1.0 - tf.pow(beta, step)))
 
-    def get_config(self):
+    def get_config(self) -> dict[str, Any]:
         config = super().get_config()
         config.update({"learning_rate": self._serialize_hyperparameter(self._learning_rate), "beta": self.beta})
         return config
