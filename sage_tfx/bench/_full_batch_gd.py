@@ -17,6 +17,8 @@ sampling rate 1); each schedule's realised epsilon is reported on the same accou
 The metric: excess empirical risk f(theta_{T+1}) - f*, f* by Newton's method (non-private).
 """
 
+import os
+
 import numpy as np
 
 from sage_tfx.privacy import noise_schedules as ns
@@ -155,15 +157,12 @@ def run_full_batch(args, data):
             row["schedules"][name] = res["schedule"]
         figures["runs"].append(row)
     if args.plot:
-        plot_full_batch(figures, args.plot)
-        figures["plot"] = args.plot
+        figures["plot"] = plot_full_batch(figures, args.plot)
     return figures
 
 
 def plot_full_batch(figures, path):
     """Ratio of excess risk vs constant (median over seeds) against T / kappa, one line per schedule."""
-    import os
-
     import matplotlib
 
     matplotlib.use("Agg")
@@ -183,3 +182,4 @@ def plot_full_batch(figures, path):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return path
