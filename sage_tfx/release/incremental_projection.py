@@ -27,6 +27,8 @@ ball C) and d is large. ``tests/release/test_incremental_projection.py`` measure
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,13 +36,16 @@ import numpy as np
 from sage_tfx.privacy.adassp import clip_rows
 from sage_tfx.release.incremental_constraints import lift
 from sage_tfx.release.incremental_regression import (
+    STRATEGY,
+    IncrementalRegression,
     IncrementalRegressionError,
     IncrementalRegressionParams,
+    Reader,
     TreeRegressor,
     projected_gradient,
 )
 
-__all__ = ["ProjectedTreeRegressor", "projection_matrix"]
+__all__ = ["ProjectedTreeRegressor", "ProjectedIncrementalRegression", "projection_matrix"]
 
 
 def projection_matrix(sketch_dim: int, dim: int, seed: int) -> np.ndarray:
@@ -107,6 +112,10 @@ class ProjectedTreeRegressor:
         scale = np.where(sketched > 0, np.linalg.norm(x, axis=1) / np.where(sketched > 0, sketched, 1.0), 0.0)
         return z * scale[:, None]
 
+    def check_room(self) -> None:
+        """Refuse (HorizonExhausted) when all ``horizon`` blocks have arrived."""
+        self.tree.check_room()
+
     def add(self, x, y, rng) -> np.ndarray:
         """Take block t + 1's rows, release its tree node (in R^m), return theta_{t+1} in C.
 
@@ -127,3 +136,43 @@ class ProjectedTreeRegressor:
             self.phi.T @ q_matrix @ self.phi, self.phi.T @ q_vector, p.radius, p.iterations, p.constraint
         )
         return lift(self.phi, self.phi @ theta, p.constraint)
+
+
+class ProjectedIncrementalRegression(IncrementalRegression):
+    """PrivIncReg2 on a ledger stream: ``IncrementalRegression``'s charge-open-read-release order and charge (the
+    same params: module docstring), the m-dimensional tree of ``ProjectedTreeRegressor``, grants' ``meta``
+    naming PrivIncReg2 with ``sketch_dim`` and ``projection_seed``.
+
+    Args:
+        ledger: the privacy ledger charged.
+        stream: the stream whose blocks arrive.
+        pipeline: the pipeline charged.
+        params: the declared parameters.
+        dim: d, the number of features.
+        reader: ``reader(grant) -> (x, y)``, called once per block after its charge.
+        sketch_dim: m in [1, d].
+        projection_seed: the public seed of Phi.
+    """
+
+    def __init__(
+        self,
+        ledger,
+        stream: str,
+        pipeline: str,
+        params: IncrementalRegressionParams,
+        *,
+        dim: int,
+        reader: Reader,
+        sketch_dim: int,
+        projection_seed: int = 0,
+    ):
+        super().__init__(ledger, stream, pipeline, params, dim=dim, reader=reader)
+        projected = ProjectedTreeRegressor(params, dim, sketch_dim, projection_seed)
+        self.sketch = {"sketch_dim": projected.sketch_dim, "projection_seed": projected.projection_seed}
+        self.tree = projected  # type: ignore[assignment]  (the same add / t / check_room)
+        text = json.dumps({"stream": stream, "pipeline": pipeline, **self.meta()}, sort_keys=True)
+        self.fingerprint = f"{STRATEGY}:" + hashlib.sha256(text.encode()).hexdigest()
+
+    def meta(self) -> dict:
+        """PrivIncReg1's meta with the mechanism renamed and the projection's public parameters."""
+        return {**self.params.meta(), "mechanism": "PrivIncReg2 (random projection, Tree Mechanism)", **self.sketch}

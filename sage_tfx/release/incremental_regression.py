@@ -411,8 +411,12 @@ class IncrementalRegression:
         self.reader = reader
         self.fingerprint = params.fingerprint(stream, pipeline)
 
+    def meta(self) -> dict:
+        """The grants' ``meta``: the mechanism and its parameters (signed into each grant by the ledger)."""
+        return self.params.meta()
+
     def _charge(self, block: str):
-        meta = self.params.meta()
+        meta = self.meta()
         if self.accounting == Accounting.RDP:
             return self.ledger.request(self.pipeline, self.stream, blocks=[block], curve=self.params.dp_event,
                                        meta=meta)

@@ -118,3 +118,47 @@ def test_excess_risk_on_sparse_rows_l1_ball():
         assert gauge(theta, "l1_ball", 1.0) <= 1 + 1e-6
         assert excess(theta) < 0.1 * trivial, (excess(theta), trivial)
     assert excess(th1) < excess(th1_l2)
+
+
+def test_ledger_driver_charges_before_the_read_and_names_privincreg2(tmp_path):
+    """PrivIncReg2 on a real ledger: each block charged PrivIncReg1's whole-horizon bound before its one read,
+    grants naming PrivIncReg2 and its public projection, the release bound to the block's data, audit OK,
+    refused after the horizon with nothing charged."""
+    from sage_tfx.privacy.digests import bound_to_data
+    from sage_tfx.release.incremental_projection import ProjectedIncrementalRegression
+    from sage_tfx.release.incremental_regression import HorizonExhausted
+    from tests.helpers.ledgers import daily_ledger
+
+    ledger = daily_ledger(tmp_path, 3, epsilon=5.0, delta=1e-4, rows=50, ids="b{}", accounting="basic")
+    p = params(horizon=2)
+    reads = []
+
+    def reader(grant):
+        grant = ledger.verify(grant)
+        (block,) = grant.blocks
+        assert ledger.block("s", block).spent == (p.epsilon, p.delta)  # charged BEFORE the read
+        reads.append(block)
+        return sparse_rows(int(block[1:]), 100)
+
+    strategy = ProjectedIncrementalRegression(
+        ledger, "s", "p", p, dim=D, reader=reader, sketch_dim=20, projection_seed=3
+    )
+    out = [strategy.arrive(f"b{i}") for i in range(2)]
+    assert reads == ["b0", "b1"] and [r.t for r in out] == [1, 2]
+    assert all(gauge(r.theta, "l1_ball", 1.0) <= 1 + 1e-6 for r in out)
+    grants = ledger.grants("s")
+    assert all(
+        g.meta["mechanism"].startswith("PrivIncReg2")
+        and g.meta["sketch_dim"] == 20
+        and g.meta["projection_seed"] == 3
+        and g.epsilon == 1.0
+        for g in grants
+    )
+    assert [r.computation for r in ledger.releases()] == [
+        bound_to_data(strategy.fingerprint, ledger, g) for g in grants
+    ]
+    assert ledger.audit().ok
+    before = {b.id: b.spent for b in ledger.blocks("s")}
+    with pytest.raises(HorizonExhausted, match="horizon=2"):
+        strategy.arrive("b2")
+    assert {b.id: b.spent for b in ledger.blocks("s")} == before and reads == ["b0", "b1"]
