@@ -62,14 +62,18 @@ def equal_budget_sigmas(schedule, steps, constant_sigma):
     return np.sqrt(np.sum(f**-2.0) / budget) * f
 
 
-def noisy_gd(task, sigmas, seed):
-    """theta_{T+1} of full-batch noisy GD with step 1/M and noise multipliers ``sigmas`` (C = 1)."""
+def noisy_gd(task, sigmas, seed, beta=0.0, step=1.0):
+    """theta_{T+1} of full-batch noisy GD with step ``step`` / M and noise multipliers ``sigmas`` (C = 1); with
+    ``beta`` > 0 the noisy gradients g_t go through Hong et al.'s debiased momentum (Algorithm 2, as
+    sage_tfx.models.momentum: v = beta v + (1 - beta) g_t, theta -= step / M * v / (1 - beta^t))."""
     x, y, lam, smooth, _ = task
     rng = np.random.default_rng(seed)
     theta = np.zeros(x.shape[1])
-    for sigma in sigmas:
-        noise = rng.normal(0.0, sigma / len(x), size=theta.shape)
-        theta = theta - (_data_grad(x, y, theta) + noise + lam * theta) / smooth
+    velocity = np.zeros_like(theta)
+    for t, sigma in enumerate(sigmas, start=1):
+        noisy = _data_grad(x, y, theta) + rng.normal(0.0, sigma / len(x), size=theta.shape) + lam * theta
+        velocity = beta * velocity + (1.0 - beta) * noisy
+        theta = theta - step / smooth * velocity / (1.0 - beta**t)
     return theta
 
 
@@ -90,17 +94,24 @@ def schedules(kappa, steps, floor):
     }
 
 
-def compare(task, epsilon, steps, seeds, floor):
-    """One T: per schedule, the excess risks over the paired seeds and the realised epsilon."""
+MOMENTUM = {"beta": 0.9, "step": 0.5}  # --momentum: Algorithm 2 at beta 0.9, step 0.5 / M (1 / M diverges early)
+
+
+def compare(task, epsilon, steps, seeds, floor, momentum=False):
+    """One T: per schedule (and with ``momentum`` each again through debiased momentum, ``+momentum``), the
+    excess risks over the paired seeds and the realised epsilon (post-processing: the schedule's)."""
     x, y, lam, _, kappa = task
     f_star = optimum(x, y, lam)
     constant_sigma = ns.calibrate_schedule(
         ns.ConstantSchedule(), epsilon=epsilon, delta=DELTA, steps=steps, sampling_rate=1.0
     )
     out = {}
-    for name, sched in schedules(kappa, steps, floor).items():
+    variants = [(name, sched, {}) for name, sched in schedules(kappa, steps, floor).items()]
+    if momentum:
+        variants += [(f"{name}+momentum", sched, MOMENTUM) for name, sched, _ in variants]
+    for name, sched, optimizer in variants:
         sigmas = equal_budget_sigmas(sched, steps, constant_sigma)
-        risks = [loss(x, y, lam, noisy_gd(task, sigmas, seed)) - f_star for seed in range(seeds)]
+        risks = [loss(x, y, lam, noisy_gd(task, sigmas, seed, **optimizer)) - f_star for seed in range(seeds)]
         out[name] = {
             "excess_risk": risks,
             "first_sigma": float(sigmas[0]),
@@ -136,7 +147,7 @@ def run_full_batch(args, data):
     }
     for mult in [float(m) for m in args.t_over_kappa.split(",") if m]:
         steps = max(2, int(round(mult * kappa)))
-        result = compare(task, args.epsilon, steps, args.seeds, args.floor)
+        result = compare(task, args.epsilon, steps, args.seeds, args.floor, args.momentum)
         base = np.array(result["constant"]["excess_risk"])
         row = {
             "t_over_kappa": mult,

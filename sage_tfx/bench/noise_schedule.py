@@ -48,6 +48,8 @@ def add_arguments(parser):
     parser.add_argument("--t-over-kappa", default="2,8,32", help="full-batch: run lengths T / kappa (default 2,8,32)")
     parser.add_argument("--floor", type=float, default=1e-8,
                         help="full-batch: the floor of the bound-optimal schedule (default 1e-8)")
+    parser.add_argument("--momentum", action="store_true",
+                        help="full-batch: also run each schedule through debiased momentum (Hong et al. Alg. 2)")
 
 
 def make_schedules(names, steps):

@@ -57,3 +57,22 @@ def test_equal_budget_sigmas_keep_the_zcdp_sum():
     assert fb.schedules(10.0, 400, 1e-8)["bound_optimal"].gamma == pytest.approx(0.9)
     with pytest.raises(ns.NoiseScheduleError, match="below floor=0.01"):
         ns.BoundOptimalSchedule(gamma=0.9, stages=400).check_for_run(400)
+
+
+def test_full_batch_momentum_is_algorithm_2_on_the_same_noisy_gradients():
+    """beta = 0 is plain noisy GD; with beta the update is the debiased average of the same noisy gradients
+    (checked against sage_tfx.models.momentum's reference on a quadratic where the gradient is known)."""
+    from sage_tfx.bench import _full_batch_gd as fb
+    from sage_tfx.models.momentum import debiased_momentum_steps
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 3))
+    task = fb.logistic_task(x, rng.integers(0, 2, size=200), 0.1)
+    sigmas = np.full(30, 50.0)
+    plain = fb.noisy_gd(task, sigmas, seed=1)
+    np.testing.assert_array_equal(plain, fb.noisy_gd(task, sigmas, seed=1, beta=0.0, step=1.0))
+    # a zero-data task (x = 0): the gradient is lam * theta + noise only, so replay it step by step
+    zero = (np.zeros((200, 3)), np.ones(200), 0.0, 1.0, 1.0)
+    noise = np.random.default_rng(2).normal(0.0, 50.0 / 200, size=(30, 3))
+    expected = -np.sum(debiased_momentum_steps(noise, 0.9, 0.5), axis=0)
+    np.testing.assert_allclose(fb.noisy_gd(zero, sigmas, seed=2, beta=0.9, step=0.5), expected, rtol=1e-10)
