@@ -46,6 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", choices=("taxi", "generated"), default="taxi", help="taxi (real) or generated rows")
     parser.add_argument("--rows", type=int, default=0, help="use only the first ROWS rows (0: all; generated: 12000)")
     parser.add_argument("--iterations", type=int, default=200, help="projected-gradient steps per tree release")
+    parser.add_argument("--ridge", action="store_true",
+                        help="the tree descends on Q_t + lambda_t I (incremental_regression.noise_ridge)")
     parser.add_argument("--plot", default=DEFAULT_PLOT, help=f"PNG to write ('' for none; default {DEFAULT_PLOT})")
 
 
@@ -109,13 +111,14 @@ def _risk(xtx, xty, yty, theta):
     return float(theta @ xtx @ theta - 2.0 * theta @ xty + yty)
 
 
-def one_horizon(x, y, horizon: int, epsilon: float, delta: float, seed: int, iterations: int) -> dict:
+def one_horizon(x, y, horizon: int, epsilon: float, delta: float, seed: int, iterations: int,
+                ridge: bool = False) -> dict:
     """Per-arrival excess risks of the tree and of the re-run baseline on one split into ``horizon`` blocks."""
     from sage_tfx.privacy import adassp
     from sage_tfx.release.incremental_regression import IncrementalRegressionParams, TreeRegressor
 
     params = IncrementalRegressionParams(horizon=horizon, epsilon=epsilon, delta=delta, bound_x=BOUND_X,
-                                         bound_y=BOUND_Y, radius=RADIUS, iterations=iterations)
+                                         bound_y=BOUND_Y, radius=RADIUS, iterations=iterations, ridge=ridge)
     eps_run, delta_run = rerun_budget(epsilon, delta, horizon)
     tree = TreeRegressor(params, x.shape[1])
     xc, yc = adassp.clip_rows(x, BOUND_X), adassp.clip_labels(y, BOUND_Y)
@@ -144,7 +147,7 @@ def run(args: argparse.Namespace) -> dict:
     started = time.time()
     results = []
     for horizon in horizons:
-        runs = [one_horizon(x, y, horizon, args.epsilon, args.delta, seed, args.iterations)
+        runs = [one_horizon(x, y, horizon, args.epsilon, args.delta, seed, args.iterations, args.ridge)
                 for seed in range(args.seeds)]
         tree_mean = float(np.mean([np.mean(r["tree"]) for r in runs]))
         rerun_mean = float(np.mean([np.mean(r["rerun"]) for r in runs]))
@@ -169,7 +172,7 @@ def run(args: argparse.Namespace) -> dict:
         print(f"T={horizon}: excess risk per row, mean over t: tree {tree_mean:.3g}, rerun {rerun_mean:.3g} "
               f"(rerun/tree {results[-1]['ratio_mean_rerun_over_tree']:.3g})", file=sys.stderr, flush=True)
     figures = {"data": description, "rows": int(x.shape[0]), "epsilon": args.epsilon, "delta": args.delta,
-               "seeds": args.seeds, "bound_x": BOUND_X, "bound_y": BOUND_Y, "radius": RADIUS,
+               "seeds": args.seeds, "ridge": args.ridge, "bound_x": BOUND_X, "bound_y": BOUND_Y, "radius": RADIUS,
                "baseline": "rerun (AdaSSP on blocks 1..t at every arrival, budget split over T runs by RDP)",
                "metric": "excess empirical risk per row vs non-private least squares on the same clipped rows",
                "horizons": results, "seconds": round(time.time() - started, 1)}

@@ -14,15 +14,23 @@ polynomial (power 2, last 0.3), bound_optimal (Hong et al. Lemma 3.1, sigma_t ~ 
 last sigma is 0.5 of the first: the condition number is unknown). Each seed gives every schedule the same
 initial weights, batches and noise generator (paired); ``ratio`` = median over seeds of schedule metric /
 constant metric of the same seed (< 1 is better for MSE, > 1 better for accuracy).
+
+``--regime full-batch``: the paper's own regime (Theorem 3.2): full-batch noisy GD with step 1/M on
+L2-regularised logistic regression (strongly convex, condition number kappa) over the same real training
+rows, T = each of ``--t-over-kappa`` times kappa, every schedule at the same zCDP budget; the metric is the
+excess empirical risk (sage_tfx.bench._full_batch_gd says exactly how).
 """
 import os
 import sys
 
 import numpy as np
 
+from sage_tfx.bench._full_batch_gd import run_full_batch
+
 MODELS = ("dnn_regressor", "dnn_classifier")
 SCHEDULES = ("constant", "step", "exponential", "polynomial", "bound_optimal")
 DEFAULT_PLOT = "docs/img/noise_schedule.png"
+REGIMES = ("subsampled", "full-batch")
 
 
 def add_arguments(parser):
@@ -33,6 +41,15 @@ def add_arguments(parser):
     parser.add_argument("--epochs", type=int, default=3, help="epochs of DP-SGD (default 3)")
     parser.add_argument("--rows", type=int, default=0, help="use only this many training rows (0: all)")
     parser.add_argument("--plot", default=DEFAULT_PLOT, help=f"PNG to write ('' for none; default {DEFAULT_PLOT})")
+    parser.add_argument("--regime", default="subsampled", choices=REGIMES,
+                        help="subsampled DP-SGD on the taxi DNNs (default) or full-batch GD on a strongly convex "
+                             "logistic regression (the paper's regime)")
+    parser.add_argument("--lam", type=float, default=0.01, help="full-batch: the L2 weight (mu; default 0.01)")
+    parser.add_argument("--t-over-kappa", default="2,8,32", help="full-batch: run lengths T / kappa (default 2,8,32)")
+    parser.add_argument("--floor", type=float, default=1e-8,
+                        help="full-batch: the floor of the bound-optimal schedule (default 1e-8)")
+    parser.add_argument("--momentum", action="store_true",
+                        help="full-batch: also run each schedule through debiased momentum (Hong et al. Alg. 2)")
 
 
 def make_schedules(names, steps):
@@ -81,6 +98,10 @@ def run(args):
     if args.seeds < 1 or args.epochs < 1 or args.rows < 0 or not args.epsilon > 0:
         raise SystemExit("--seeds and --epochs must be >= 1, --rows >= 0, --epsilon > 0")
     data = list(taxi_task_data())
+    if args.regime == "full-batch":
+        if not args.lam > 0:
+            raise SystemExit(f"--lam={args.lam!r} must be > 0")
+        return run_full_batch(args, data[:3] if not args.rows else [d[:args.rows] for d in data[:3]])
     if args.rows:
         for i in range(3):
             data[i] = data[i][:args.rows]

@@ -86,6 +86,7 @@ import tensorflow as tf  # noqa: TID253
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 from sage_tfx.models.dpsgd_engine import ENGINES, ghost_applies, make_engine
 from sage_tfx.models.losses import LOSSES, per_example_loss
+from sage_tfx.models.momentum import DEBIASED_MOMENTUM, DebiasedMomentum
 from sage_tfx.models.private_checks import (  # noqa: F401 (OPTIMIZERS, check_momentum: re-exported)
     OPTIMIZERS,
     check_adaptive_clip,
@@ -276,6 +277,8 @@ class PrivateModel:
         decay = {"weight_decay": self.weight_decay} if self.weight_decay else {}
         if self.optimizer_name == "adam":
             return tf.keras.optimizers.Adam(learning_rate=self.learning_rate, **decay)
+        if self.optimizer_name == DEBIASED_MOMENTUM:  # Hong et al.'s Alg. 2: post-processing of the noisy sums
+            return DebiasedMomentum(learning_rate=self.learning_rate, beta=self.momentum, **decay)
         return tf.keras.optimizers.SGD(learning_rate=self.learning_rate, momentum=self.momentum, **decay)
 
     def fit(self, x: Any, y: Any, verbose: bool | int | str = False, *,
@@ -513,8 +516,9 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
     ``privacy_budget=(epsilon, delta)``: what ``fit`` spends (add/remove one record). ``num_examples``: the
     DP or public row count (``fn_args.num_examples``), never the exact count. Sensitivity of each step's
     gradient sum: ``clip_norm``; noise std ``sigma * clip_norm`` with sigma calibrated on dp_accounting
-    (module docstring: mechanism, proof sketch). ``optimizer``: "sgd" (``momentum``) or "adam";
-    ``learning_rate`` defaults to 0.1 (sgd) / 0.001 (adam). ``loss``: None = the model's compiled loss, one
+    (module docstring: mechanism, proof sketch). ``optimizer``: "sgd" (``momentum``), "adam" or
+    "debiased_momentum" (Hong et al.'s Alg. 2 with beta = ``momentum``: sage_tfx.models.momentum; post-
+    processing, privacy unchanged); ``learning_rate`` defaults to 0.1 (sgd, debiased) / 0.001 (adam). ``loss``: None = the model's compiled loss, one
     of ``LOSSES`` or a per-example Keras loss. ``per_example``: one of ``PER_EXAMPLE``. ``seed``: tests only;
     refused inside ``training_seed`` (DPTrainer).
 

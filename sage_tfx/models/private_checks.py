@@ -8,7 +8,7 @@ from sage_tfx.models.unit_clip import unit_engine_name
 from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "adam", "debiased_momentum")  # the last: sage_tfx.models.momentum
 
 
 def check_momentum(momentum: Any) -> float:
@@ -40,7 +40,7 @@ def check_privacy_budget(privacy_budget: tuple[float, float]) -> tuple[float, fl
 def check_optimizer(optimizer: str, learning_rate: float | None, momentum: float,
                      weight_decay: float) -> tuple[float, float]:
     """``make_private``'s optimizer settings checked: ``(learning_rate, momentum)``, the learning rate defaulted
-    to 0.1 (sgd) / 0.001 (adam).
+    to 0.1 (sgd, debiased_momentum) / 0.001 (adam).
 
     Raises:
         DpSgdConfigError: an unknown optimizer, a bad learning rate or momentum, momentum with adam, or a weight
@@ -49,7 +49,7 @@ def check_optimizer(optimizer: str, learning_rate: float | None, momentum: float
     if optimizer not in OPTIMIZERS:
         raise DpSgdConfigError(f"optimizer={optimizer!r} is invalid: choose one of {OPTIMIZERS}")
     if learning_rate is None:
-        learning_rate = 0.1 if optimizer == "sgd" else 0.001
+        learning_rate = 0.001 if optimizer == "adam" else 0.1
     learning_rate = check_positive("learning_rate", learning_rate)
     momentum = check_momentum(momentum)
     if optimizer == "adam" and momentum:

@@ -29,10 +29,16 @@ Shapes (``ScheduleKind``), with x = stage / (S - 1) in [0, 1] (x = 0 for S = 1):
     ``gamma`` in (0, 1) is 1 - 1/kappa, kappa the loss' condition number (unknown in practice: a
     hyper-parameter).
 
-Every shape must keep f_{T-1} >= ``MIN_FINAL_RATIO`` (1/100): a decay steeper than that would calibrate
-to almost no noise on the last steps and a large first sigma (the budget spent on few steps); it is
-refused when the schedule is built or, for ``bound_optimal`` and ``step`` whose last factor depends on
-the run, before any training (``check_for_run``).
+The floor. Every shape must keep f_{T-1} >= its ``floor`` (a field of every schedule; default
+``MIN_FINAL_RATIO`` = 1/100). Why a default floor: under subsampled DP-SGD with a heuristic shape, a
+decay steeper than 1/100 calibrates to almost no noise on the last steps and a large first sigma (the
+budget spent on few steps), which the taxi bench measured as no gain. But in the paper's regime (full-
+batch GD on a strongly convex loss, T well above the condition number kappa) the bound-optimal shape
+gamma^(t/4) decays far below 1/100 (to about exp(-T / (4 kappa))) and that is where it helps most
+(``sage bench noise-schedule --regime full-batch``): pass ``floor=1e-4`` (or lower, down to
+``LOWEST_FLOOR`` = 1e-8) for it. A shape below its floor is refused when the schedule is built or, for
+``bound_optimal`` and ``step`` whose last factor depends on the run, before any training
+(``check_for_run``); a floor outside [``LOWEST_FLOOR``, 1] is refused naming it.
 
 Privacy (add/remove one record). Step t releases the clipped gradient sum (L2 sensitivity C, the clip
 norm) plus N(0, (sigma_t C)^2 I) on a Poisson sample of rate q: a Poisson-sampled Gaussian mechanism
@@ -64,14 +70,15 @@ from .dpsgd import DpSgdConfigError
 if TYPE_CHECKING:
     import dp_accounting
 
-MIN_FINAL_RATIO = 0.01
+MIN_FINAL_RATIO = 0.01  # the default floor of f_{T-1} (module docstring: why)
+LOWEST_FLOOR = 1e-8  # below it the first sigma is > 1e8 x the last: a floor that low is a typo
 DEFAULT_STAGES = 10
 
 __all__ = [
     "ScheduleKind", "NoiseSchedule", "ConstantSchedule", "StepSchedule", "ExponentialSchedule",
     "PolynomialSchedule", "BoundOptimalSchedule", "NoiseScheduleError", "make_schedule", "as_schedule",
     "schedule_event", "schedule_epsilon", "calibrate_schedule", "ScheduledRun", "scheduled_spend",
-    "MIN_FINAL_RATIO",
+    "MIN_FINAL_RATIO", "LOWEST_FLOOR",
 ]
 
 
@@ -102,12 +109,21 @@ def _whole(value, name, minimum=1):
     return int(value)
 
 
-def _ratio(value, name):
-    value = _number(value, name)
-    if not MIN_FINAL_RATIO <= value <= 1:
+def _floor(value):
+    value = _number(value, "floor")
+    if not LOWEST_FLOOR <= value <= 1:
         raise NoiseScheduleError(
-            f"{name}={value!r} is invalid: must be in [{MIN_FINAL_RATIO}, 1] (a decay to below "
-            f"{MIN_FINAL_RATIO} of the first sigma spends the budget on the last steps); e.g. 0.5")
+            f"floor={value!r} is invalid: must be in [{LOWEST_FLOOR}, 1] (the smallest last sigma / first "
+            f"sigma a schedule may reach); e.g. {MIN_FINAL_RATIO} (the default) or 1e-4 for a full-batch run")
+    return value
+
+
+def _ratio(value, name, floor):
+    value = _number(value, name)
+    if not floor <= value <= 1:
+        raise NoiseScheduleError(
+            f"{name}={value!r} is invalid: must be in [floor={floor}, 1] (a decay to below the floor "
+            "spends the budget on the last steps); e.g. 0.5, or lower the schedule's floor")
     return value
 
 
@@ -120,14 +136,22 @@ def _stage_positions(steps: int, stages: int) -> np.ndarray:
 
 @dataclass(frozen=True, kw_only=True)
 class NoiseSchedule:
-    """Base of the schedule shapes: ``factors(steps)`` (f_0 = 1, non-increasing, > 0)."""
+    """Base of the schedule shapes: ``factors(steps)`` (f_0 = 1, non-increasing, >= ``floor``).
+
+    Args:
+        stages: contiguous blocks of steps of equal sigma (the shape is piecewise constant over them).
+        floor: the smallest f_{T-1} (last sigma / first sigma) allowed, in [LOWEST_FLOOR, 1]; default
+            MIN_FINAL_RATIO (module docstring: when a lower floor helps).
+    """
 
     stages: int = DEFAULT_STAGES
+    floor: float = MIN_FINAL_RATIO
 
     kind: ClassVar[ScheduleKind]  # set by subclasses
 
     def __post_init__(self):
         _whole(self.stages, "stages")
+        _floor(self.floor)
 
     def _raw(self, steps: int) -> np.ndarray:
         raise NotImplementedError
@@ -136,11 +160,11 @@ class NoiseSchedule:
         """The relative noise multipliers f_t of the ``steps`` steps of a run (f_0 = 1)."""
         steps = _whole(steps, "steps")
         f = np.asarray(self._raw(steps), dtype=np.float64)
-        if f.shape != (steps,) or not np.all(np.isfinite(f)) or f.min() < MIN_FINAL_RATIO * (1 - 1e-12):
+        if f.shape != (steps,) or not np.all(np.isfinite(f)) or f.min() < self.floor * (1 - 1e-12):
             raise NoiseScheduleError(
                 f"{self.describe()} over steps={steps} decays to {f.min():.3g} of the first sigma, below "
-                f"{MIN_FINAL_RATIO}: it would spend the budget on the last steps; use a gentler decay "
-                "(a larger gamma / factor, fewer drops)")
+                f"floor={self.floor}: it would spend the budget on the last steps; use a gentler decay "
+                "(a larger gamma / factor, fewer drops) or, in a full-batch strongly convex run, a lower floor")
         return f
 
     def check_for_run(self, steps: int) -> None:
@@ -184,7 +208,7 @@ class ConstantSchedule(NoiseSchedule):
 
 @dataclass(frozen=True, kw_only=True)
 class StepSchedule(NoiseSchedule):
-    """sigma multiplied by ``factor`` in (0, 1) at ``drops`` evenly spaced points; factor**drops >= 1/100."""
+    """sigma multiplied by ``factor`` in (0, 1) at ``drops`` evenly spaced points; factor**drops >= floor."""
 
     factor: float = 0.5
     drops: int = 2
@@ -197,10 +221,10 @@ class StepSchedule(NoiseSchedule):
         if not 0 < factor < 1:
             raise NoiseScheduleError(f"factor={self.factor!r} is invalid: must be in (0, 1), e.g. 0.5")
         drops = _whole(self.drops, "drops")
-        if factor ** drops < MIN_FINAL_RATIO:
+        if factor ** drops < self.floor:
             raise NoiseScheduleError(
                 f"factor={self.factor!r} with drops={drops} decays to {factor ** drops:.3g} of the first "
-                f"sigma, below {MIN_FINAL_RATIO}: it would spend the budget on the last steps; use fewer "
+                f"sigma, below floor={self.floor}: it would spend the budget on the last steps; use fewer "
                 "drops or a factor closer to 1")
 
     def _raw(self, steps):
@@ -210,7 +234,7 @@ class StepSchedule(NoiseSchedule):
 
 @dataclass(frozen=True, kw_only=True)
 class ExponentialSchedule(NoiseSchedule):
-    """f = final_ratio ** x over the stages (x from 0 to 1); final_ratio in [1/100, 1]."""
+    """f = final_ratio ** x over the stages (x from 0 to 1); final_ratio in [floor, 1]."""
 
     final_ratio: float = 0.5
 
@@ -218,7 +242,7 @@ class ExponentialSchedule(NoiseSchedule):
 
     def __post_init__(self):
         super().__post_init__()
-        _ratio(self.final_ratio, "final_ratio")
+        _ratio(self.final_ratio, "final_ratio", self.floor)
 
     def _raw(self, steps):
         return float(self.final_ratio) ** _stage_positions(steps, self.stages)
@@ -226,7 +250,7 @@ class ExponentialSchedule(NoiseSchedule):
 
 @dataclass(frozen=True, kw_only=True)
 class PolynomialSchedule(NoiseSchedule):
-    """f = final_ratio + (1 - final_ratio)(1 - x) ** power; final_ratio in [1/100, 1], power > 0."""
+    """f = final_ratio + (1 - final_ratio)(1 - x) ** power; final_ratio in [floor, 1], power > 0."""
 
     final_ratio: float = 0.5
     power: float = 2.0
@@ -235,7 +259,7 @@ class PolynomialSchedule(NoiseSchedule):
 
     def __post_init__(self):
         super().__post_init__()
-        _ratio(self.final_ratio, "final_ratio")
+        _ratio(self.final_ratio, "final_ratio", self.floor)
         power = _number(self.power, "power")
         if not 0 < power <= 100:
             raise NoiseScheduleError(f"power={self.power!r} is invalid: must be in (0, 100], e.g. 2")

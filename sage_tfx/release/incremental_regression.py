@@ -11,8 +11,9 @@ and summarised as the leaf v_t = (upper triangle of sum x x^T, sum x y). The Tre
 dyadic range sum [m 2^k + 1, (m + 1) 2^k] of the leaves once, with Gaussian noise, when its last block arrives;
 the prefix sum at t is the sum of the <= floor(log2 t) + 1 noisy nodes of t's binary expansion (Appendix C). With
 (Q_t, q_t) the noisy prefix of (X'X, X'y), the private gradient function is g_t(theta) = 2 (Q_t theta - q_t)
-(Algorithm 2, step 5) and the released regressor theta_t is projected gradient descent on g_t over the declared
-L2 ball C = {||theta|| <= R} (step 6). Memory: the noisy nodes of the binary expansion of t and the matching
+(Algorithm 2, step 5) and the released regressor theta_t is projected gradient descent on g_t
+over the declared set C (step 6): the L2 ball {||theta|| <= R} or the L1 ball {||theta||_1 <= R} (``constraint``,
+sage_tfx.release.incremental_constraints). Memory: the noisy nodes of the binary expansion of t and the matching
 exact partial sums (the a_j of Algorithm 4), at most floor(log2 T) + 1 of each (``stored_nodes``).
 
 Sensitivity (add/remove one record, the ledger's adjacency)
@@ -76,9 +77,10 @@ from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_gaussian, grid_gaussian_params
 from sage_tfx.privacy.vocabulary import Accounting, Stage
+from sage_tfx.release.incremental_constraints import CONSTRAINTS, L2_BALL, project, project_ball
 
 __all__ = ["IncrementalRegressionError", "HorizonExhausted", "IncrementalRegressionParams", "TreeRegressor",
-           "IncrementalRegression", "ArrivalRelease", "tree_levels", "project_ball", "projected_gradient"]
+           "IncrementalRegression", "ArrivalRelease", "tree_levels", "project_ball", "projected_gradient", "noise_ridge"]
 
 STRATEGY = "incremental_regression"
 STAGE = Stage.TRAINING
@@ -107,9 +109,22 @@ def _positive(name: str, value) -> float:
 class IncrementalRegressionParams:
     """The declared public parameters of one PrivIncReg1 instance (checked before anything is charged).
 
-    horizon T: how many blocks it will ever take; epsilon, delta: the (epsilon, delta)-DP guarantee of each
-    block over the whole horizon (the per-block charge); bound_x, bound_y: the clipping bounds (public);
-    radius R: the L2 ball the regressor is constrained to; iterations: projected-gradient steps per release.
+    Args:
+        horizon: T, how many blocks it will ever take.
+        epsilon: with ``delta``, the (epsilon, delta)-DP guarantee of each block over the whole horizon (the
+            per-block charge).
+        delta: see ``epsilon``; in (0, 1).
+        bound_x: B_x, rows are clipped to L2 norm <= B_x (public).
+        bound_y: B_y, labels are clipped to [-B_y, B_y] (public).
+        radius: R, the size of the constraint set the regressor is confined to.
+        iterations: projected-gradient steps per release.
+        constraint: the set C: "l2_ball" ({||theta||_2 <= R}, the default) or "l1_ball" ({||theta||_1 <= R});
+            sage_tfx.release.incremental_constraints. Post-processing: the charge does not depend on it.
+        ridge: descend on Q_t + lambda_t I instead of Q_t, lambda_t = ``noise_ridge`` (a public bound on the
+            tree noise's operator norm): keeps the noisy quadratic convex when X'X is ill-conditioned (the taxi
+            rows: docs/BENCHMARKS.md). Post-processing (lambda_t is a function of public values only).
+    Raises:
+        IncrementalRegressionError: a bad value (named) or a budget no noise multiplier meets.
     """
 
     horizon: int
@@ -119,8 +134,12 @@ class IncrementalRegressionParams:
     bound_y: float
     radius: float
     iterations: int = 200
+    constraint: str = L2_BALL
+    ridge: bool = False
 
     def __post_init__(self):
+        if self.constraint not in CONSTRAINTS:
+            raise IncrementalRegressionError(f"constraint={self.constraint!r} is invalid: choose one of {CONSTRAINTS}")
         if isinstance(self.horizon, bool) or not isinstance(self.horizon, (int, np.integer)) or self.horizon < 1:
             raise IncrementalRegressionError(f"horizon={self.horizon!r} is invalid: give an integer >= 1 (blocks)")
         if isinstance(self.iterations, bool) or not isinstance(self.iterations, (int, np.integer)) \
@@ -177,18 +196,19 @@ class IncrementalRegressionParams:
                 "levels": self.levels, "noise_multiplier": self.noise_multiplier}
 
     def fingerprint(self, stream: str, pipeline: str) -> str:
+        """The instance's release fingerprint (bound to each block's content by the grant's release).
+
+        Args:
+            stream: the ledger stream's name.
+            pipeline: the pipeline charged.
+        """
         text = json.dumps({"stream": stream, "pipeline": pipeline, **self.meta()}, sort_keys=True)
         return f"{STRATEGY}:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def project_ball(theta: np.ndarray, radius: float) -> np.ndarray:
-    """P_C(theta) for C the L2 ball of ``radius`` (Appendix B's projection)."""
-    norm = float(np.linalg.norm(theta))
-    return theta if norm <= radius else theta * (radius / norm)
-
-
-def projected_gradient(q_matrix: np.ndarray, q_vector: np.ndarray, radius: float, iterations: int) -> np.ndarray:
-    """Projected gradient descent on g(theta) = 2 (Q theta - q) over the ball of ``radius``, from 0.
+def projected_gradient(q_matrix: np.ndarray, q_vector: np.ndarray, radius: float, iterations: int,
+                       constraint: str = L2_BALL) -> np.ndarray:
+    """Projected gradient descent on g(theta) = 2 (Q theta - q) over C (``constraint`` of ``radius``), from 0.
 
     Step 1 / (2 ||Q||_2) (the noisy quadratic's smoothness constant; Q is symmetrised first), last iterate.
     Uses only its arguments: post-processing of released values.
@@ -198,11 +218,24 @@ def projected_gradient(q_matrix: np.ndarray, q_vector: np.ndarray, radius: float
     theta = np.zeros(q_vector.shape[0])
     if scale <= 0.0:  # g = -2q: the ball's minimiser is R q / ||q|| (0 if q = 0)
         norm = float(np.linalg.norm(q_vector))
-        return theta if norm == 0.0 else q_vector * (radius / norm)
+        return theta if norm == 0.0 else project(q_vector * (radius / norm), constraint, radius)
     step = 1.0 / (2.0 * scale)
     for _ in range(iterations):
-        theta = project_ball(theta - step * 2.0 * (q_matrix @ theta - q_vector), radius)
+        theta = project(theta - step * 2.0 * (q_matrix @ theta - q_vector), constraint, radius)
     return theta
+
+
+def noise_ridge(params: IncrementalRegressionParams, nodes: int, dim: int) -> float:
+    """lambda = 2 sqrt(d) c sqrt(nodes) B_x^2: about the operator norm of the symmetric noise of a prefix of
+    ``nodes`` tree nodes (each cell std c B_x^2 per node; a d x d Wigner matrix of cell std s has norm ~ 2 s
+    sqrt(d)). Public: c, B_x, d and the node count (popcount of t) only.
+
+    Args:
+        params: the instance's parameters (c, B_x).
+        nodes: the noisy nodes summed in the prefix.
+        dim: d.
+    """
+    return 2.0 * math.sqrt(dim) * params.noise_multiplier * math.sqrt(nodes) * params.bound_x ** 2
 
 
 @dataclass
@@ -217,6 +250,12 @@ class TreeRegressor:
 
     ``add(x, y, rng)`` takes block t's rows, releases the node ending at t with noise from ``rng`` (anything
     ``randomness.as_secure_rng`` takes; in production the grant's private seed) and returns theta_t.
+
+    Args:
+        params: the instance's declared parameters.
+        dim: the number of features d.
+        t: blocks taken so far (0 for a new tree).
+        _nodes: the stored nodes by level (internal; empty for a new tree).
     """
 
     params: IncrementalRegressionParams
@@ -240,7 +279,12 @@ class TreeRegressor:
 
     def leaf(self, x, y) -> np.ndarray:
         """Block sum of the clipped rows: (upper triangle of X'X, X'y) as one vector, summed exactly on the node
-        releases' grids (each row rounded to the grid alone: within gamma / 2 per row and cell of the float sum)."""
+        releases' grids (each row rounded to the grid alone: within gamma / 2 per row and cell of the float sum).
+
+        Args:
+            x: the block's rows, shape (rows, dim).
+            y: one label per row.
+        """
 
         x = np.asarray(x, dtype=float)
         y = np.asarray(y, dtype=float).reshape(-1)
@@ -279,7 +323,12 @@ class TreeRegressor:
         return np.concatenate([matrix, vector])
 
     def add_leaf(self, leaf: np.ndarray, rng) -> None:
-        """Algorithm 4, steps 2-8 at t + 1: merge the levels below the lowest set bit, release that node."""
+        """Algorithm 4, steps 2-8 at t + 1: merge the levels below the lowest set bit, release that node.
+
+        Args:
+            leaf: block t + 1's summary (``leaf(x, y)``).
+            rng: the node's noise source (``randomness.as_secure_rng``).
+        """
         self.check_room()
         t = self.t + 1
         level = (t & -t).bit_length() - 1
@@ -301,10 +350,21 @@ class TreeRegressor:
         return matrix, total[k:]
 
     def regressor(self) -> np.ndarray:
+        """theta_t: projected gradient descent on the noisy prefix (plus the ridge when ``params.ridge``)."""
         q_matrix, q_vector = self.noisy_prefix()
-        return projected_gradient(q_matrix, q_vector, self.params.radius, self.params.iterations)
+        if self.params.ridge:
+            q_matrix = q_matrix + noise_ridge(self.params, self.stored_nodes, self.dim) * np.eye(self.dim)
+        return projected_gradient(q_matrix, q_vector, self.params.radius, self.params.iterations,
+                                   self.params.constraint)
 
     def add(self, x, y, rng) -> np.ndarray:
+        """Take block t + 1's rows, release its tree node, return theta_{t+1}.
+
+        Args:
+            x: the block's rows, shape (rows, dim).
+            y: one label per row.
+            rng: the node's noise source (``randomness.as_secure_rng``).
+        """
         self.check_room()
         self.add_leaf(self.leaf(x, y), rng)
         return self.regressor()
@@ -329,6 +389,14 @@ class IncrementalRegression:
     ``reader(grant)`` returns the (x, y) rows of the grant's one block; it is called only after the grant is
     charged and its release opened (e.g. ``sage_tfx.ingest.access.grant_blocks(ledger, data_root, grant)``
     and a feature function). See the module docstring for what is charged and why.
+
+    Args:
+        ledger: the privacy ledger charged.
+        stream: the stream whose blocks arrive.
+        pipeline: the pipeline charged.
+        params: the declared parameters.
+        dim: the number of features d.
+        reader: ``reader(grant) -> (x, y)``, called once per block after its charge.
     """
 
     def __init__(self, ledger, stream: str, pipeline: str, params: IncrementalRegressionParams, *, dim: int,
@@ -343,8 +411,12 @@ class IncrementalRegression:
         self.reader = reader
         self.fingerprint = params.fingerprint(stream, pipeline)
 
+    def meta(self) -> dict:
+        """The grants' ``meta``: the mechanism and its parameters (signed into each grant by the ledger)."""
+        return self.params.meta()
+
     def _charge(self, block: str):
-        meta = self.params.meta()
+        meta = self.meta()
         if self.accounting == Accounting.RDP:
             return self.ledger.request(self.pipeline, self.stream, blocks=[block], curve=self.params.dp_event,
                                        meta=meta)
@@ -352,7 +424,13 @@ class IncrementalRegression:
                                    delta=self.params.delta, meta=meta)
 
     def arrive(self, block: str) -> ArrivalRelease:
-        """Charge ``block`` the whole-horizon bound, open its release, read it, release theta_t."""
+        """Charge ``block`` the whole-horizon bound, open its release, read it, release theta_t.
+
+        Args:
+            block: the arriving block's id.
+        Raises:
+            HorizonExhausted: all ``horizon`` blocks have arrived (nothing charged).
+        """
         self.tree.check_room()  # before any charge
         if not isinstance(block, str) or not block:
             raise IncrementalRegressionError(f"block={block!r} is invalid: give the block id (a string)")

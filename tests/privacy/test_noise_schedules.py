@@ -119,11 +119,31 @@ def test_bound_optimal_is_lemma_3_1_minimiser():
                                    sampling_rate=0.01), "decays to"),
     (lambda: ns.calibrate_schedule(ns.StepSchedule(), epsilon=0.0, delta=DELTA, steps=10, sampling_rate=0.1),
      "epsilon=0.0"),
+    # the floor is a parameter; nonsense floors are refused naming the value
+    (lambda: ns.BoundOptimalSchedule(gamma=0.9, floor=0.0), "floor=0.0"),
+    (lambda: ns.BoundOptimalSchedule(gamma=0.9, floor=1e-9), "floor=1e-09"),
+    (lambda: ns.ExponentialSchedule(final_ratio=0.5, floor=1.5), "floor=1.5"),
+    (lambda: ns.ExponentialSchedule(floor=float("inf")), "floor=inf"),
+    (lambda: ns.StepSchedule(floor="low"), "floor='low'"),
+    (lambda: ns.ExponentialSchedule(final_ratio=1e-3, floor=1e-2), "final_ratio=0.001"),
+    (lambda: ns.BoundOptimalSchedule(gamma=0.9, floor=1e-4).check_for_run(400), "below floor=0.0001"),
 ])
 def test_bad_schedules_refused_naming_the_value(make, bad):
     with pytest.raises(dpsgd.DpSgdConfigError, match=re.escape(bad)) as info:
         make()
     assert isinstance(info.value, SageError) and isinstance(info.value, ValueError)
+
+
+def test_lower_floor_admits_the_bound_optimal_shape_of_a_long_run():
+    """T = 400 steps at kappa = 10 (gamma 0.9): Lemma 3.1's per-step shape ends at gamma^(399/4) ~ 3e-5,
+    refused at the default floor 1/100 and taken exactly with floor=1e-5; it round-trips with its floor."""
+    with pytest.raises(ns.NoiseScheduleError, match="below floor=0.01"):
+        ns.BoundOptimalSchedule(gamma=0.9, stages=400).check_for_run(400)
+    sched = ns.BoundOptimalSchedule(gamma=0.9, stages=400, floor=1e-5)
+    f = sched.factors(400)
+    assert f == pytest.approx(0.9 ** (np.arange(400) / 4.0), rel=1e-12) and f[-1] < 1e-4
+    assert ns.as_schedule(sched.to_dict()) == sched and sched.to_dict()["floor"] == 1e-5
+    assert ns.ExponentialSchedule(final_ratio=1e-3, floor=1e-3).factors(10)[-1] == pytest.approx(1e-3)
 
 
 def test_schedule_round_trips_through_dict():
