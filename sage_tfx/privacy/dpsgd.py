@@ -29,6 +29,7 @@ dp_accounting is imported lazily (it takes over a second to load).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -190,12 +191,19 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, num_examples: int, 
     ``calibrate_scale`` (dp_accounting's ``calibrate_dp_mechanism``) on the run's DpEvent: the
     returned sigma always satisfies ``epsilon_for(sigma, ...) <= epsilon`` and is within ``rtol``
     relative of the smallest such sigma, so the realised epsilon is within a fraction of a percent
-    of the target.
+    of the target. Memoized on the validated public numbers (a model's checks and its fit ask twice).
     """
     epsilon, delta = check_budget(epsilon, delta)
     check_accountant(accountant)
     # validate the training shape once, with a readable error
     num_steps(num_examples, batch_size, epochs)
+    return _calibrated_multiplier(epsilon, delta, num_examples, batch_size, epochs, accountant, rtol, max_sigma)
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrated_multiplier(epsilon: float, delta: float, num_examples: int, batch_size: int, epochs: float,
+                           accountant: str, rtol: float, max_sigma: float) -> float:
+    """``calibrate_noise_multiplier``'s search: a deterministic function of public numbers."""
     return calibrate_scale(
         lambda sigma: dpsgd_event(sigma, num_examples, batch_size, epochs), epsilon, delta, accountant,
         rtol=rtol, max_sigma=max_sigma,

@@ -57,6 +57,7 @@ Numpy only (and dp_accounting, imported lazily): no TensorFlow.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -377,7 +378,8 @@ def calibrate_schedule(schedule: NoiseSchedule, *, epsilon: float, delta: float,
 
     dp_accounting's ``calibrate_dp_mechanism`` via ``dpsgd.calibrate_scale``: the smallest s (to
     ``rtol`` relative) whose composed event (``schedule_event``) has epsilon <= the target; never
-    above it. Bad input is refused before any accounting.
+    above it. Bad input is refused before any accounting. Memoized on the validated public numbers (a model's
+    checks and its fit ask twice); a schedule class defined outside this module is searched every time.
     """
     schedule = as_schedule(schedule)
     epsilon, delta = dpsgd.check_budget(epsilon, delta)
@@ -387,6 +389,14 @@ def calibrate_schedule(schedule: NoiseSchedule, *, epsilon: float, delta: float,
     q = _number(sampling_rate, "sampling_rate")
     if not 0 < q <= 1:
         raise NoiseScheduleError(f"sampling_rate={sampling_rate!r} is invalid: must be in (0, 1]")
+    search = _calibrated_scale if type(schedule).__module__ == __name__ else _calibrated_scale.__wrapped__
+    return search(schedule, epsilon, delta, steps, q, accountant, rtol, max_sigma)  # a user's subclass: uncached
+
+
+@functools.lru_cache(maxsize=256)
+def _calibrated_scale(schedule: NoiseSchedule, epsilon: float, delta: float, steps: int, q: float, accountant: str,
+                      rtol: float, max_sigma: float) -> float:
+    """``calibrate_schedule``'s search: a deterministic function of public numbers (the schedule is frozen)."""
     factors = schedule.factors(steps)
     return dpsgd.calibrate_scale(
         lambda s: schedule_event(s * factors, q), epsilon, delta, accountant, rtol=rtol, max_sigma=max_sigma,

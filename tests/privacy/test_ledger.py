@@ -440,11 +440,12 @@ def test_audit_detects_overspending_after_the_stream_table_is_edited(ledger_url,
 
 
 # ------------------------------------------------------------------ the benchmark runs (figures are not asserted)
-@pytest.mark.slow  # a benchmark: about 75 s
+@pytest.mark.slow  # a benchmark at its smallest sizes: about 20 s
 def test_bench_ledger_reports_its_figures(tmp_path):
+    # add_blocks on a 2,000-block old stream (the default 100,000 takes minutes: a figure, not a check)
     out = subprocess.run([sys.executable, "-m", "sage_tfx", "bench", "ledger", "--json", "--grants", "6",
                           "--blocks", "4", "--writers", "1,2", "--repeats", "1", "--choose-blocks", "60",
-                          "--db-dir", str(tmp_path)],
+                          "--growth-blocks", "2000", "--growth-batch", "100", "--db-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     figures = json.loads(out.stdout)
@@ -463,6 +464,9 @@ def test_bench_ledger_reports_its_figures(tmp_path):
     assert storage["fsync_page_ms"] > 0 and storage["head_file_write_ms"] > 0 and 0 < storage["ratio_ceiling"] < 1
     assert storage["fsync_page_ms_range"][0] <= storage["fsync_page_ms"] <= storage["fsync_page_ms_range"][1]
     assert "fsync" in storage["note"] and figures["filesystem"] in storage["note"]
+    growth = figures["add_blocks"]
+    assert (growth["old_blocks"], growth["batch"], growth["audit_ok"]) == (2000, 100, True)
+    assert growth["ms_per_block_young"] > 0 and growth["ms_per_block_old"] > 0 and growth["ratio"] > 0
     assert os.listdir(tmp_path) == []  # the run's databases (and the storage note's files) are removed
 
 
