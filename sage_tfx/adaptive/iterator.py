@@ -14,16 +14,9 @@ the final eps overshoots the smallest sufficient one by at most 2x, so the
 total is at most 4x the ideal budget. The eta_i sum to eta over any number of
 attempts (sum 1/(i(i+1)) = 1), so the SLA holds across retries.
 
-Each iteration's epsilon is split between the stages (``sage_tfx.privacy.BudgetSplit``:
-preprocessing, the DP record count the trainer calibrates with, training, the
-validator's REJECT test and its ACCEPT test) and the split is signed into the
-grant. Training and the REJECT test read only training records and the ACCEPT
-test only test records; with a per-record train/test split those sets are
-disjoint, so by parallel composition a block is charged
-pre + count + max(train + reject, val) (rule ChargeRule.PARALLEL). Without
-that split the safe sum is charged (ChargeRule.SUM). The ledger refuses a split
-that composes to more than the charge, and each component spends only its
-stage's share, once (``Ledger.release``).
+Each iteration's epsilon is split between the stages (``sage_tfx.privacy.BudgetSplit``) and the split is signed
+into the grant; with a per-record train/test split a block is charged pre + count + max(train + reject, val)
+(ChargeRule.PARALLEL), else the sum (docs/block_composition.md).
 
 The certificate request a pipeline name is run for is checked by ``sage_tfx.adaptive.request``.
 
@@ -132,9 +125,25 @@ class SageIterator:
                  settings: IteratorSettings | None = None, wait_for_blocks: Callable | None = None,
                  progress: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
                  request: dict | None = None, check_blocks: Callable | None = None):
-        """The iterator of pipeline ``pipeline`` on ``stream``; ``settings``: what its run may do (None: the
-        defaults). Raises LedgerError (nothing registered or charged): an unknown stream, a ``request`` other than
-        the name's stored one (``RequestMismatch``), or settings the stream refuses (``IteratorSettings``)."""
+        """The iterator of pipeline ``pipeline`` on ``stream``, checked before anything is registered or charged.
+
+        Args:
+            ledger: the open ``Ledger``: every grant is charged there before any read.
+            stream: the stream's name.
+            pipeline: the pipeline's name (its grants, history and outcome in the ledger).
+            run_iteration: ``run_iteration(grant, split, eta, iteration) -> IterationResult``: one DP pipeline
+                run on the granted blocks only.
+            settings: what its run may do (None: the defaults).
+            wait_for_blocks: ``wait_for_blocks(timeout) -> bool`` when too few blocks have budget (None: TIMEOUT).
+            progress: called with one line per event (None: silent).
+            clock: the monotonic clock ``max_seconds`` is measured on.
+            request: what the run certifies (``SagePipeline.certificate_request``), signed into each grant.
+            check_blocks: ``check_blocks(blocks)`` verifies what a run will read, before each charge.
+
+        Raises:
+            LedgerError: an unknown stream, a ``request`` other than the name's stored one (``RequestMismatch``),
+                or settings the stream refuses (``IteratorSettings``).
+        """
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         self.run_iteration, self.check_blocks = run_iteration, check_blocks
         self.settings = s = IteratorSettings() if settings is None else settings
@@ -143,6 +152,16 @@ class SageIterator:
         stream_info = ledger.stream(stream)  # raises UnknownStream before anything is spent
         self.request = None if request is None else dict(request)
         self.check_request()
+        self._check_budget(stream_info)
+        self.wait_for_blocks = wait_for_blocks
+        self.progress = progress or (lambda line: None)
+        self.clock = clock
+        self.policy, self.min_epsilon = stream_info.policy, stream_info.min_epsilon
+
+    def _check_budget(self, stream_info):
+        """The settings the stream decides, checked against it (``__init__``'s step; LedgerError naming the
+        setting): epsilon_start, the iteration's delta, the grant's delta, the record split, the first grant."""
+        s, stream = self.settings, self.stream
         self.epsilon_start = number(s.epsilon_start, "epsilon_start", low=0.0, low_open=True,
                                     high=stream_info.epsilon, message=_SETTING + " (the stream's global epsilon)")
         self.delta = stream_info.delta / 100.0 if s.delta is None else number(
@@ -160,13 +179,20 @@ class SageIterator:
             raise LedgerError(f"epsilon_start {s.epsilon_start!r} charges epsilon {first:.6g}, below stream "
                               f"{stream!r}'s minimum grant epsilon {stream_info.grant_floor:g}: start at a larger "
                               "epsilon (--epsilon-start), or lower the stream's --min-grant-epsilon")
-        self.wait_for_blocks = wait_for_blocks
-        self.progress = progress or (lambda line: None)
-        self.clock = clock
-        self.policy, self.min_epsilon = stream_info.policy, stream_info.min_epsilon
 
     # -------------------------------------------------------------- helpers
-    def split(self, epsilon):
+    def split(self, epsilon: float) -> BudgetSplit:
+        """The split a grant of per-block ``epsilon`` signs, from the settings' shares.
+
+        Args:
+            epsilon: the grant's per-block epsilon, all stages together.
+
+        Returns:
+            The ``BudgetSplit``.
+
+        Raises:
+            LedgerError: shares the split refuses (named with the rule).
+        """
         s = self.settings
         try:
             return BudgetSplit.for_epsilon(epsilon, self.delta, s.preprocessing_share, s.count_share,
@@ -186,8 +212,14 @@ class SageIterator:
     def choose_blocks(self, epsilon: float, window: int, available: dict | None = None) -> list | None:
         """The newest ``window`` active blocks on which this pipeline can still spend ``epsilon``, oldest first.
 
-        ``available`` is a ``_read_availability()`` already taken this step (None: read it now), so that
-        one step decides on one read and can tell whether a wait changed anything.
+        Args:
+            epsilon: the per-block epsilon each chosen block must still offer this pipeline.
+            window: the number of blocks.
+            available: a ``_read_availability()`` already taken this step (None: read it now), so that one step
+                decides on one read and can tell whether a wait changed anything.
+
+        Returns:
+            The block ids, or None when fewer than ``window`` blocks offer ``epsilon``.
         """
         if available is None:
             available = self._read_availability()

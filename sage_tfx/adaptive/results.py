@@ -1,5 +1,6 @@
 """What the Sage iterator returns: one iteration's outcome (``IterationResult``, from ``run_iteration``), each
-charged iteration (``Iteration``) and the run's result (``RunResult``). Semantics: docs/adaptive.md.
+charged iteration (``Iteration``) and the run's result (``RunResult``). Semantics: docs/your_pipeline.md
+("SageIterator: what sage run drives").
 """
 
 from dataclasses import dataclass, field
@@ -12,7 +13,16 @@ OUTCOMES = VALIDATION_OUTCOMES  # what one iteration may conclude
 
 @dataclass
 class IterationResult:
-    """What ``run_iteration`` returns: the validator's outcome and what it computed."""
+    """What ``run_iteration`` returns: the validator's outcome and what it computed.
+
+    Args:
+        outcome: one of ``OUTCOMES`` (ACCEPT, REJECT, RETRY, ...).
+        bound: the validator's bound (None if it computed none).
+        details: what the iteration reports besides (kept with the outcome in the ledger).
+
+    Raises:
+        LedgerError: an outcome not in ``OUTCOMES``.
+    """
 
     outcome: str
     bound: float | None = None
@@ -25,6 +35,19 @@ class IterationResult:
 
 @dataclass
 class Iteration:
+    """One charged iteration of a run, as ``RunResult.iterations`` lists it.
+
+    Args:
+        number: its number in the pipeline, 1, 2, ...
+        grant_id: the ledger grant it ran under.
+        blocks: the granted blocks, oldest first.
+        epsilon: the per-block epsilon charged.
+        eta: the eta its test ran at.
+        outcome: its outcome (None: none recorded yet).
+        bound: the validator's bound (None if it computed none).
+        resumed: whether it re-ran under a grant charged by an earlier process.
+    """
+
     number: int
     grant_id: str
     blocks: tuple
@@ -37,6 +60,18 @@ class Iteration:
 
 @dataclass
 class RunResult:
+    """What ``SageIterator.run`` returns.
+
+    Args:
+        outcome: ACCEPT, REJECT or TIMEOUT.
+        iterations: the run's ``Iteration``s, in order.
+        final_grant_id: the grant of the deciding iteration (None after TIMEOUT).
+        target: what was asked (None: the caller gave no request).
+        ledger_spent: {block: the ledger's epsilon spent on it, by every pipeline and run}, for the blocks
+            this run charged.
+        confidence: asked: 1 - eta; iteration i tested at eta_i = eta / (i (i+1)).
+    """
+
     outcome: str  # ACCEPT, REJECT or TIMEOUT
     iterations: list
     final_grant_id: str | None = None
