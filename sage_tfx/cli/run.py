@@ -57,7 +57,7 @@ from sage_tfx.privacy.vocabulary import Outcome
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from ._exits import OUTCOME_EXIT_CODES as EXIT_CODES
 from ._keys import add_key_file, ledger_location
-from .run_schedule import _run_scheduled, read_json_options, schedule_option  # noqa: F401 (read_json_options: serve)
+from ._run_schedule import _run_scheduled, read_json_options, schedule_option  # noqa: F401 (read_json_options: serve)
 
 
 def add_parser(subparsers):
