@@ -321,20 +321,12 @@ def score_model(ledger, stream: str, pipeline, held_out: str, *, data_root: str,
 
 
 def _score(ledger, stream, definition, name, held, held_path, data_root, serving_dir, features):
-    import pyarrow as pa
-
     from sage_tfx.components.dp_model_validator_executor import per_example_values
     from sage_tfx.pipelines.confined import score_outputs
 
     sla = definition.sla
     grant, model_dir = accepted_model(ledger, stream, name, serving_dir)
-    everything = block_rows(data_root, stream, [b.id for b in ledger.blocks(stream)], ledger=ledger,
-                            purpose=f"{TRUSTED_PURPOSE}: no row of the hold-out {held_path} is a row of the stream")
-    overlap = overlap_count(everything, held)
-    if overlap:
-        raise ScoreError(f"{overlap} row(s) of the hold-out {held_path} are rows of stream {stream!r}: a hold-out "
-                         "must hold rows the stream never held (cut it by time before ingesting)")
-    del everything
+    _check_disjoint(ledger, stream, data_root, held, held_path)
     train = training_rows(data_root, stream, grant, ledger=ledger,
                           purpose=f"{TRUSTED_PURPOSE}: non-private baselines on the training split of ACCEPTed "
                                   f"grant {grant.id}")
@@ -345,17 +337,7 @@ def _score(ledger, stream, definition, name, held, held_path, data_root, serving
                                label_signature=sla.label_signature)
     else:
         served = {"held_labels": scalar_column(held, sla.label), "train_labels": scalar_column(train, sla.label)}
-
-    def labelled(name, batch):
-        """(the labels as the SLA derives them, which rows have one, those rows)."""
-        labels = np.asarray(served[f"{name}_labels"], dtype=float)
-        keep = np.isfinite(labels)
-        labels = labels[keep]
-        if sla.label_threshold is not None:
-            labels = (labels > sla.label_threshold).astype(float)
-        return labels, keep, batch.filter(pa.array(keep))
-
-    y_held, keep, held_rows = labelled("held", held)
+    y_held, keep, held_rows = _labelled(served, sla, "held", held)
     held_records = [r for r, k in zip(held_encoded, keep) if k]
     if not len(y_held):
         raise ScoreError(f"no row of the hold-out {held_path} has the label {sla.label!r}")
@@ -369,15 +351,8 @@ def _score(ledger, stream, definition, name, held, held_path, data_root, serving
     target = (grant.meta or {}).get("request", {}).get("target")
     scores = {"dp_model": summary(per_example_values(sla.metric, y_held, outputs, None, sla.loss_bound),
                                   sla.metric, sla.loss_bound, target)}
-    y_train, _, train_rows = labelled("train", train)
-    x_train, center, scale = design_matrix(train_rows, features)
-    x_held, _, _ = design_matrix(held_rows, features, center, scale)
-    described = {}
-    for key, (description, predict) in fit_baselines(sla.metric, x_train, y_train).items():
-        values = per_example_values(sla.metric, y_held, {"predictions": predict(x_held)}, "predictions",
-                                    sla.loss_bound)
-        scores[key] = summary(values, sla.metric, sla.loss_bound, target)
-        described[key] = description
+    y_train, _, train_rows = _labelled(served, sla, "train", train)
+    described = _score_baselines(scores, sla, train_rows, y_train, held_rows, y_held, features, target)
     return {
         "stream": stream, "pipeline": name, "grant": grant.id, "grant_blocks": len(grant.blocks),
         "model": model_dir, "held_out": held_path, "held_out_rows": int(held.num_rows),
@@ -387,6 +362,44 @@ def _score(ledger, stream, definition, name, held, held_path, data_root, serving
         "baseline_rows": int(len(y_train)), "baseline_features": list(features),
         "baselines_not_private": described, "scores": scores,
     }
+
+
+def _check_disjoint(ledger, stream, data_root, held, held_path):
+    """Refuse a hold-out that shares a row with the stream (``ScoreError``): it must hold rows never ingested."""
+    everything = block_rows(data_root, stream, [b.id for b in ledger.blocks(stream)], ledger=ledger,
+                            purpose=f"{TRUSTED_PURPOSE}: no row of the hold-out {held_path} is a row of the stream")
+    overlap = overlap_count(everything, held)
+    if overlap:
+        raise ScoreError(f"{overlap} row(s) of the hold-out {held_path} are rows of stream {stream!r}: a hold-out "
+                         "must hold rows the stream never held (cut it by time before ingesting)")
+
+
+def _labelled(served, sla, name, batch):
+    """(the labels as the SLA derives them, which rows have one, those rows)."""
+    import pyarrow as pa
+
+    labels = np.asarray(served[f"{name}_labels"], dtype=float)
+    keep = np.isfinite(labels)
+    labels = labels[keep]
+    if sla.label_threshold is not None:
+        labels = (labels > sla.label_threshold).astype(float)
+    return labels, keep, batch.filter(pa.array(keep))
+
+
+def _score_baselines(scores, sla, train_rows, y_train, held_rows, y_held, features, target) -> dict:
+    """Fit the NON-PRIVATE baselines on the training rows, add their hold-out scores to ``scores``; return
+    {baseline: its description}."""
+    from sage_tfx.components.dp_model_validator_executor import per_example_values
+
+    x_train, center, scale = design_matrix(train_rows, features)
+    x_held, _, _ = design_matrix(held_rows, features, center, scale)
+    described = {}
+    for key, (description, predict) in fit_baselines(sla.metric, x_train, y_train).items():
+        values = per_example_values(sla.metric, y_held, {"predictions": predict(x_held)}, "predictions",
+                                    sla.loss_bound)
+        scores[key] = summary(values, sla.metric, sla.loss_bound, target)
+        described[key] = description
+    return described
 
 
 def _encoded(batch, schema: dict) -> list:

@@ -14,23 +14,11 @@ the final eps overshoots the smallest sufficient one by at most 2x, so the
 total is at most 4x the ideal budget. The eta_i sum to eta over any number of
 attempts (sum 1/(i(i+1)) = 1), so the SLA holds across retries.
 
-Each iteration's epsilon is split between the stages (``sage_tfx.privacy.BudgetSplit``:
-preprocessing, the DP record count the trainer calibrates with, training, the
-validator's REJECT test and its ACCEPT test) and the split is signed into the
-grant. Training and the REJECT test read only training records and the ACCEPT
-test only test records; with a per-record train/test split those sets are
-disjoint, so by parallel composition a block is charged
-pre + count + max(train + reject, val) (rule ChargeRule.PARALLEL). Without
-that split the safe sum is charged (ChargeRule.SUM). The ledger refuses a split
-that composes to more than the charge, and each component spends only its
-stage's share, once (``Ledger.release``).
+Each iteration's epsilon is split between the stages (``sage_tfx.privacy.BudgetSplit``) and the split is signed
+into the grant; with a per-record train/test split a block is charged pre + count + max(train + reject, val)
+(ChargeRule.PARALLEL), else the sum (docs/block_composition.md).
 
-The certificate: with a ``request`` (``SagePipeline.certificate_request``: the target, confidence, SLA, model
-family and a digest of the files that define the pipeline), each grant carries it in its signed meta, and a
-pipeline name that already has iterations is refused (``RequestMismatch``, before anything is registered or
-charged) when asked for another request: an outcome certifies only the request it tested, and a stricter
-target needs a run of its own under a new name. The final line (``RunResult.describe``) names the target and
-the bound.
+The certificate request a pipeline name is run for is checked by ``sage_tfx.adaptive.request``.
 
 Resumable: the ledger keeps every grant with its iteration number and the
 outcome recorded after the run. A new iterator for the same pipeline first
@@ -52,160 +40,29 @@ from dataclasses import dataclass, field
 from sage_tfx.privacy import BlockRetired, BudgetRefused, BudgetSplit, LedgerError, eval_share_split, public_error_text
 from sage_tfx.privacy.checks import number
 from sage_tfx.privacy.errors import IterationInterrupted, environment_error_text, is_environment_error
-from sage_tfx.privacy.errors import LedgerError as _LedgerError
 from sage_tfx.privacy.grants import Grant
 from sage_tfx.privacy.resume import held
 from sage_tfx.privacy.split import RECORDS_KEY
-from sage_tfx.privacy.vocabulary import VALIDATION_OUTCOMES, Outcome, PipelineState, Policy
+from sage_tfx.privacy.vocabulary import Outcome, PipelineState, Policy
 from sage_tfx.validation import eta_for_attempt
 
 from .plan import next_attempt
+from .request import (  # noqa: F401 (LOGGED_REQUEST, RequestMismatch, ...: re-exported)
+    LOGGED_REQUEST,
+    REQUEST_KEY,
+    RequestMismatch,
+    check_request,
+    request_differences,
+    stored_request,
+)
+from .results import OUTCOMES, Iteration, IterationResult, RunResult  # noqa: F401 (OUTCOMES, ...: re-exported)
 from .settings import IteratorSettings
 
 # a bad iterator setting: names it, its value and the rule; raised before anything is charged
 _SETTING = "{what} {value!r} is invalid: must be {rule}"
 
-REQUEST_KEY = "request"  # the grant meta's copy of what the pipeline was asked to certify
-# the request's fields that a stored outcome predating REQUEST_KEY still shows (its validator's result)
-LOGGED_REQUEST = ("target", "metric")
-OUTCOMES = VALIDATION_OUTCOMES  # what one iteration may conclude
 DECIDED = (Outcome.ACCEPT, Outcome.REJECT)  # the outcomes that end a pipeline before its TIMEOUT
 GRANT_STAYS_SPENT = "its grant stays spent"  # the FAILED line's end (`sage run --check` says whose ledger)
-
-
-class RequestMismatch(_LedgerError):
-    """A pipeline name with iterations asked for another target, SLA, model or definition than it was run with."""
-
-
-@dataclass
-class IterationResult:
-    """What ``run_iteration`` returns: the validator's outcome and what it computed."""
-
-    outcome: str
-    bound: float | None = None
-    details: dict = field(default_factory=dict)
-
-    def __post_init__(self):
-        if self.outcome not in OUTCOMES:
-            raise LedgerError(f"iteration outcome {self.outcome!r} must be one of {', '.join(OUTCOMES)}")
-
-
-@dataclass
-class Iteration:
-    number: int
-    grant_id: str
-    blocks: tuple
-    epsilon: float
-    eta: float
-    outcome: str | None
-    bound: float | None = None
-    resumed: bool = False
-
-
-@dataclass
-class RunResult:
-    outcome: str  # ACCEPT, REJECT or TIMEOUT
-    iterations: list
-    final_grant_id: str | None = None
-    target: float | None = None  # what was asked (None: the caller gave no request)
-    # {block: the ledger's epsilon spent on it, by every pipeline and run} for the blocks this run charged
-    ledger_spent: dict = field(default_factory=dict)
-    confidence: float | None = None  # asked: 1 - eta; iteration i tested at eta_i = eta / (i (i+1))
-
-    def epsilon_per_block(self) -> dict:
-        """{block: the epsilon this run's iterations charged it}: iterations on other windows add up per block
-        only where they overlap (a sum over iterations would overstate what any block paid)."""
-        spent: dict[str, float] = {}
-        for it in self.iterations:
-            for block in it.blocks:
-                spent[block] = spent.get(block, 0.0) + it.epsilon
-        return spent
-
-    @property
-    def max_block_epsilon(self) -> float:
-        """The most epsilon this run charged any one block (0 if it charged none)."""
-        return max(self.epsilon_per_block().values(), default=0.0)
-
-    @property
-    def final_blocks(self) -> tuple:
-        """The blocks the ACCEPTed (or REJECTed) model was trained on; () after TIMEOUT."""
-        if self.outcome == Outcome.TIMEOUT or not self.iterations:
-            return ()
-        return tuple(self.iterations[-1].blocks)
-
-    @property
-    def bound(self) -> float | None:
-        """The validator's bound of the last iteration (None if none ran or it computed none)."""
-        return self.iterations[-1].bound if self.iterations else None
-
-    def describe(self) -> str:
-        """One line: the outcome, iterations, the largest per-block spend of this run and the ledger's total spend
-        on those blocks (every pipeline and run), the final model's blocks, and (with a ``target``) the asked
-        confidence, the target and the last bound."""
-        spent = self.epsilon_per_block()
-        text = (f"{self.outcome} after {len(self.iterations)} iteration(s); this run charged at most epsilon "
-                f"{self.max_block_epsilon:.4g} on a block ({len(spent)} block(s) charged)")
-        if self.ledger_spent:
-            low, high = min(self.ledger_spent.values()), max(self.ledger_spent.values())
-            stand = f"{high:.4g}" if high - low < 1e-9 else f"{low:.4g} to {high:.4g}"
-            text += f", which now stand at epsilon {stand} spent in the ledger (every run)"
-        if self.final_blocks:
-            blocks = self.final_blocks
-            text += f"; the model trained on blocks {blocks[0]}..{blocks[-1]} ({len(blocks)})"
-        if self.target is not None:
-            if self.confidence is not None and self.iterations:
-                text += (f"; confidence {self.confidence:g} over all iterations (iteration i tested at eta_i = "
-                         f"{1 - self.confidence:.3g}/(i(i+1)))")
-            text += f"; target {self.target:g}, bound {_bound_text(self.bound)}"
-        return text
-
-
-def _bound_text(bound):
-    return "none" if bound is None else f"{bound:.6g}"
-
-
-def stored_request(history) -> dict | None:
-    """What a pipeline's ``history`` (``Ledger.history`` entries, oldest first) was asked to certify: the request
-    signed into its last grant's meta; for grants from before it was signed, the target and metric its
-    last validator result names; None if neither is recorded."""
-    for grant, _outcome, _details in reversed(history):
-        if REQUEST_KEY in grant.meta:
-            return dict(grant.meta[REQUEST_KEY])
-    for _grant, _outcome, details in reversed(history):
-        validation = (details or {}).get("validation")
-        if isinstance(validation, dict) and all(k in validation for k in LOGGED_REQUEST):
-            return {k: validation[k] for k in LOGGED_REQUEST}
-    return None
-
-
-def request_differences(stored: dict, asked: dict) -> list:
-    """The fields of ``stored`` that ``asked`` gives otherwise, as "field stored -> asked" texts."""
-    return [f"{key} {stored[key]!r} -> {asked.get(key)!r}" for key in stored if stored[key] != asked.get(key)]
-
-
-def check_request(ledger, stream: str, pipeline: str, request: dict | None, history) -> None:
-    """Refuse (``RequestMismatch``, nothing written) a ``request`` other than the one pipeline name ``pipeline``'s
-    grants were run for (``history``: its ``Ledger.history`` entries, oldest first): its stored outcome certifies
-    that request only. The message names the stored target, the last bound, what this run asks and the fix (a new
-    pipeline name). None asks nothing: no check. One rule for the Sage iterator and the schedule driver
-    (``sage_tfx.release.scheduled_pipeline``)."""
-    if request is None:
-        return
-    stored = stored_request(history)
-    if stored is None:
-        return
-    differences = request_differences(stored, request)
-    if not differences:
-        return
-    status = {p["name"]: p for p in ledger.pipelines(stream)}.get(pipeline) or {}
-    bound = (history[-1][2] or {}).get("bound") if history else None
-    state = (f"finished with {status['outcome']}" if status.get("state") == PipelineState.DONE
-             else f"has {len(history)} iteration(s) (not finished)")
-    raise RequestMismatch(
-        f"pipeline {pipeline!r} {state} on stream {stream!r} for target {stored.get('target')!r} "
-        f"(bound {_bound_text(bound)}); this run asks {', '.join(differences)}. Its outcome certifies only what "
-        "it was run for: run the new request under a new pipeline name (sage run --name NEW, sage serve "
-        "--pipeline NEW=...), or repeat the stored request to see its outcome")
 
 
 @dataclass
@@ -268,9 +125,25 @@ class SageIterator:
                  settings: IteratorSettings | None = None, wait_for_blocks: Callable | None = None,
                  progress: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
                  request: dict | None = None, check_blocks: Callable | None = None):
-        """The iterator of pipeline ``pipeline`` on ``stream``; ``settings``: what its run may do (None: the
-        defaults). Raises LedgerError (nothing registered or charged): an unknown stream, a ``request`` other than
-        the name's stored one (``RequestMismatch``), or settings the stream refuses (``IteratorSettings``)."""
+        """The iterator of pipeline ``pipeline`` on ``stream``, checked before anything is registered or charged.
+
+        Args:
+            ledger: the open ``Ledger``: every grant is charged there before any read.
+            stream: the stream's name.
+            pipeline: the pipeline's name (its grants, history and outcome in the ledger).
+            run_iteration: ``run_iteration(grant, split, eta, iteration) -> IterationResult``: one DP pipeline
+                run on the granted blocks only.
+            settings: what its run may do (None: the defaults).
+            wait_for_blocks: ``wait_for_blocks(timeout) -> bool`` when too few blocks have budget (None: TIMEOUT).
+            progress: called with one line per event (None: silent).
+            clock: the monotonic clock ``max_seconds`` is measured on.
+            request: what the run certifies (``SagePipeline.certificate_request``), signed into each grant.
+            check_blocks: ``check_blocks(blocks)`` verifies what a run will read, before each charge.
+
+        Raises:
+            LedgerError: an unknown stream, a ``request`` other than the name's stored one (``RequestMismatch``),
+                or settings the stream refuses (``IteratorSettings``).
+        """
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         self.run_iteration, self.check_blocks = run_iteration, check_blocks
         self.settings = s = IteratorSettings() if settings is None else settings
@@ -279,6 +152,16 @@ class SageIterator:
         stream_info = ledger.stream(stream)  # raises UnknownStream before anything is spent
         self.request = None if request is None else dict(request)
         self.check_request()
+        self._check_budget(stream_info)
+        self.wait_for_blocks = wait_for_blocks
+        self.progress = progress or (lambda line: None)
+        self.clock = clock
+        self.policy, self.min_epsilon = stream_info.policy, stream_info.min_epsilon
+
+    def _check_budget(self, stream_info):
+        """The settings the stream decides, checked against it (``__init__``'s step; LedgerError naming the
+        setting): epsilon_start, the iteration's delta, the grant's delta, the record split, the first grant."""
+        s, stream = self.settings, self.stream
         self.epsilon_start = number(s.epsilon_start, "epsilon_start", low=0.0, low_open=True,
                                     high=stream_info.epsilon, message=_SETTING + " (the stream's global epsilon)")
         self.delta = stream_info.delta / 100.0 if s.delta is None else number(
@@ -296,13 +179,20 @@ class SageIterator:
             raise LedgerError(f"epsilon_start {s.epsilon_start!r} charges epsilon {first:.6g}, below stream "
                               f"{stream!r}'s minimum grant epsilon {stream_info.grant_floor:g}: start at a larger "
                               "epsilon (--epsilon-start), or lower the stream's --min-grant-epsilon")
-        self.wait_for_blocks = wait_for_blocks
-        self.progress = progress or (lambda line: None)
-        self.clock = clock
-        self.policy, self.min_epsilon = stream_info.policy, stream_info.min_epsilon
 
     # -------------------------------------------------------------- helpers
-    def split(self, epsilon):
+    def split(self, epsilon: float) -> BudgetSplit:
+        """The split a grant of per-block ``epsilon`` signs, from the settings' shares.
+
+        Args:
+            epsilon: the grant's per-block epsilon, all stages together.
+
+        Returns:
+            The ``BudgetSplit``.
+
+        Raises:
+            LedgerError: shares the split refuses (named with the rule).
+        """
         s = self.settings
         try:
             return BudgetSplit.for_epsilon(epsilon, self.delta, s.preprocessing_share, s.count_share,
@@ -322,8 +212,14 @@ class SageIterator:
     def choose_blocks(self, epsilon: float, window: int, available: dict | None = None) -> list | None:
         """The newest ``window`` active blocks on which this pipeline can still spend ``epsilon``, oldest first.
 
-        ``available`` is a ``_read_availability()`` already taken this step (None: read it now), so that
-        one step decides on one read and can tell whether a wait changed anything.
+        Args:
+            epsilon: the per-block epsilon each chosen block must still offer this pipeline.
+            window: the number of blocks.
+            available: a ``_read_availability()`` already taken this step (None: read it now), so that one step
+                decides on one read and can tell whether a wait changed anything.
+
+        Returns:
+            The block ids, or None when fewer than ``window`` blocks offer ``epsilon``.
         """
         if available is None:
             available = self._read_availability()

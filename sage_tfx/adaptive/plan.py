@@ -15,6 +15,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class PlannedAttempt:
+    """One attempt a run can make on the blocks present now.
+
+    Args:
+        attempt: its number, 1, 2, ...: its eta is eta / (attempt (attempt + 1)).
+        epsilon: charged on each block of the window.
+        window: its window, in blocks.
+        blocks: the newest ``window`` blocks that offer ``epsilon``, oldest first.
+    """
+
     attempt: int  # 1, 2, ...: its eta is eta / (attempt (attempt + 1))
     epsilon: float  # charged on each block of the window
     window: int  # blocks
@@ -23,6 +32,14 @@ class PlannedAttempt:
 
 @dataclass(frozen=True)
 class AttemptPlan:
+    """The attempts a run can make before it needs blocks that do not exist yet (``plan_attempts``).
+
+    Args:
+        attempts: the ``PlannedAttempt``s, in order.
+        stop: why no further attempt can run on the blocks present now.
+        blocks: the stream's active blocks now.
+    """
+
     attempts: tuple  # PlannedAttempt, in order
     stop: str  # why no further attempt can run on the blocks present now
     blocks: int  # active blocks of the stream now
@@ -55,7 +72,20 @@ def plan_attempts(available: dict, *, epsilon_start: float, min_window: int, max
     """The attempts a run starting at (``epsilon_start``, ``min_window``) can make on the blocks of ``available``
     ({block: epsilon this pipeline may be granted on it now}, oldest first), each ending in RETRY, with no new
     block: the iterator's choice (``SageIterator.choose_blocks``; aggressive: what the newest ``window`` blocks
-    offering ``min_epsilon`` offer together) and ``next_attempt``, at most ``max_iterations`` attempts."""
+    offering ``min_epsilon`` offer together) and ``next_attempt``, at most ``max_iterations`` attempts.
+
+    Args:
+        available: {block: the epsilon this pipeline may be granted on it now}, oldest first
+            (``Ledger.available_per_block``).
+        epsilon_start: the first attempt's per-block epsilon.
+        min_window: the first attempt's window, in blocks.
+        max_iterations: the most attempts listed.
+        aggressive: the stream's policy is aggressive (ask what the window offers; never double epsilon).
+        min_epsilon: the stream's minimum per-block epsilon an aggressive window must offer.
+
+    Returns:
+        The ``AttemptPlan``; it reads public budget numbers only and charges nothing.
+    """
     left = {b: float(v) for b, v in available.items()}
     epsilon, window, attempts = float(epsilon_start), int(min_window), []
     while len(attempts) < max_iterations:

@@ -14,7 +14,7 @@ class IteratorSettings:
     the stream's minimum grant epsilon), ``delta`` (below the stream's global delta) and the shares (one
     ``BudgetSplit``), which the iterator checks against the stream before it registers or charges anything.
 
-    The search (the run's knobs):
+    Args:
         epsilon_start: the first attempt's per-block epsilon, all stages together (> 0).
         min_window: the first attempt's window, in blocks (an integer >= 1).
         eta: 1 - the confidence; attempt i is validated at eta / (i (i+1)).
@@ -22,12 +22,12 @@ class IteratorSettings:
         max_seconds: TIMEOUT after this wall time, or None for no time limit.
         max_refusals: refused requests (another pipeline spent first) before TIMEOUT (an integer >= 1).
         max_idle_waits: waits in a row with nothing new before TIMEOUT (an integer >= 1).
-
-    The split each grant signs (``sage_tfx.privacy.BudgetSplit``):
-        delta: the training delta of an iteration (None: the stream's global delta / 100).
-        preprocessing_share, count_share, rejection_share: the shares of the epsilon paid to preprocessing, the
-            DP record count and the REJECT test (the rest: training and the ACCEPT test).
+        delta: the training delta of an iteration (None: the stream's global delta / 100). This and the
+            settings below make the split each grant signs (``sage_tfx.privacy.BudgetSplit``).
+        preprocessing_share: the share of the epsilon paid to preprocessing.
         preprocessing_delta: preprocessing's delta (>= 0), added to ``delta`` in each grant.
+        count_share: the share paid to the DP record count.
+        rejection_share: the share paid to the REJECT test (the rest: training and the ACCEPT test).
         disjoint_split: whether training and the ACCEPT test read disjoint records (``ChargeRule.PARALLEL``).
         eval_share: the test side's share of the records, or None for the platform's default split.
 

@@ -48,7 +48,6 @@ TensorFlow's filesystem errors: no outcome is recorded, and the same command run
 resumes it under its grant, with no new charge).
 """
 import argparse
-import json
 import math
 import os
 import sys
@@ -58,6 +57,7 @@ from sage_tfx.privacy.vocabulary import Outcome
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
 from ._exits import OUTCOME_EXIT_CODES as EXIT_CODES
 from ._keys import add_key_file, ledger_location
+from ._run_schedule import _run_scheduled, read_json_options, schedule_option  # noqa: F401 (read_json_options: serve)
 
 
 def add_parser(subparsers):
@@ -210,11 +210,9 @@ def _fail(message):
 
 
 def _run(args):
-    from sage_tfx.pipelines.check import check_targets
     from sage_tfx.pipelines.confined import describe, ledger_secrets
     from sage_tfx.pipelines.runner import build_runner, make_iterator
     from sage_tfx.privacy import Ledger, LedgerError
-    from sage_tfx.privacy.errors import IterationInterrupted, RefusedBeforeCharge
 
     try:
         secrets = ledger_secrets(args.db, args.key_file)
@@ -223,19 +221,7 @@ def _run(args):
             raise ValueError("--estimate-only is for --check (the estimates without the dry run)")
         if args.check:
             return _check(definition, args, secrets)
-        if args.target is None:
-            raise ValueError("--target is required (the quality the SLA must certify), unless --check")
-        if len(args.target) != 1:
-            raise ValueError(f"--target {','.join(f'{t:g}' for t in args.target)}: a run certifies one target; "
-                             "several are for --check (estimates only)")
-        args.target = args.target[0]
-        check_targets(definition.sla, [args.target], prior_baseline(definition, args), args.allow_trivial_target)
-        if not 0 < args.confidence < 1:
-            raise ValueError(f"confidence {args.confidence!r} must be in (0, 1)")
-        check_run_limits(args)
-        schedule = schedule_option(args) if args.schedule is not None else None
-        beam_args, staging = beam_options(args)
-        pipeline_root, metadata_path = root_options(args)  # a bad or unreachable --pipeline-root: before any charge
+        schedule, beam_args, staging, pipeline_root, metadata_path = _run_options(definition, args)
     except ValueError as exc:
         return _fail(str(exc))
     try:
@@ -257,6 +243,35 @@ def _run(args):
         iterator.check_first_window()  # a first window larger than the stream: before the name is registered
     except (LedgerError, ValueError) as exc:
         return _fail(str(exc))
+    return _iterate(ledger, iterator, runner)
+
+
+def _run_options(definition, args):
+    """(schedule, beam_args, staging, pipeline_root, metadata_path) of a run (not --check), every option checked
+    (ValueError naming it) before the ledger is opened; ``args.target`` becomes the one target."""
+    from sage_tfx.pipelines.check import check_targets
+
+    if args.target is None:
+        raise ValueError("--target is required (the quality the SLA must certify), unless --check")
+    if len(args.target) != 1:
+        raise ValueError(f"--target {','.join(f'{t:g}' for t in args.target)}: a run certifies one target; "
+                         "several are for --check (estimates only)")
+    args.target = args.target[0]
+    check_targets(definition.sla, [args.target], prior_baseline(definition, args), args.allow_trivial_target)
+    if not 0 < args.confidence < 1:
+        raise ValueError(f"confidence {args.confidence!r} must be in (0, 1)")
+    check_run_limits(args)
+    schedule = schedule_option(args) if args.schedule is not None else None
+    beam_args, staging = beam_options(args)
+    pipeline_root, metadata_path = root_options(args)  # a bad or unreachable --pipeline-root: before any charge
+    return schedule, beam_args, staging, pipeline_root, metadata_path
+
+
+def _iterate(ledger, iterator, runner):
+    """Run the iterator to its outcome and print it; the exit code. An error after a charge is reported without
+    its details (they may hold data values); the ledger is closed either way."""
+    from sage_tfx.privacy.errors import IterationInterrupted, RefusedBeforeCharge
+
     try:
         result = iterator.run()
     except RefusedBeforeCharge as exc:  # a block the iteration would read is missing or altered
@@ -290,68 +305,6 @@ def pushed_model_path(serving_dir: str) -> str:
 
     models = pushed_models(str(serving_dir))
     return models[-1] if models else str(serving_dir)
-
-
-def schedule_option(args):
-    """The schedule of ``--schedule bbscheduler:FILE`` or ``bbimprover:FILE`` (the FILE's JSON options), refused with
-    ValueError naming the bad value before anything is opened or charged; --epsilon-start and --min-window have no
-    meaning under it."""
-    from sage_tfx.release.scheduled_pipeline import STRATEGIES, scheduler_from_options
-
-    strategy, sep, path = args.schedule.partition(":")
-    if not sep or strategy not in STRATEGIES or not path:
-        raise ValueError(f"--schedule {args.schedule!r} must look like bbscheduler:FILE (FILE: a JSON object of "
-                         "its options epsilon, delta, gamma, t0, composition) or bbimprover:FILE (epsilon, delta, a, "
-                         "t0)")
-    for flag, value in (("--epsilon-start", args.epsilon_start), ("--min-window", args.min_window)):
-        if value is not None:
-            raise ValueError(f"{flag} {value!r} has no meaning under --schedule: the schedule sets each run's epsilon "
-                             "and window (all blocks so far); leave it out")
-    source = f"--schedule {args.schedule}"
-    options = read_json_options(path, source, f"{strategy} options")
-    return scheduler_from_options(options, source, strategy)
-
-
-def read_json_options(path, source, what):
-    """The JSON object of an options FILE (``sage run --schedule``, ``sage serve --release``); ValueError naming
-    ``source`` (the command-line value) when it cannot be read or is not JSON."""
-
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except OSError as exc:
-        raise ValueError(f"{source}: the file cannot be read ({exc.strerror}): give a JSON file of {what}") from None
-    except ValueError as exc:
-        raise ValueError(f"{source}: the file is not JSON ({exc}): give one JSON object of {what}") from None
-
-
-def _run_scheduled(definition, ledger, runner, schedule, args):
-    """`sage run --schedule`: ``ScheduledPipeline.advance`` over the stream's blocks; one progress line per charge
-    and per run. Exit 0 when the runs ended, 1 if one failed after its draw (details withheld, as `sage run`)."""
-    from sage_tfx.privacy.errors import IterationInterrupted
-    from sage_tfx.release.scheduled_pipeline import RunFailed, ScheduledPipeline
-
-    driver = ScheduledPipeline.for_runner(ledger, definition, runner, schedule, rejection_share=args.rejection_share,
-                                          progress=lambda line: print(line, flush=True))
-    try:
-        runs = driver.advance(max_runs=args.max_iterations)
-    except IterationInterrupted as exc:  # an environment error after the draw: resumable, as after a kill
-        ledger.close()
-        print(f"sage run: a scheduled {exc}. No outcome is recorded: fix the cause and run the same command "
-              "again; it re-runs under the same run grant, with no new charge or draw", file=sys.stderr)
-        return EXIT_FAILED
-    except RunFailed as exc:  # its message holds the public part of the error only
-        ledger.close()
-        print(f"sage run: a scheduled {exc}. Its run grant stays "
-              "drawn (the ledger records FAILED). The details are withheld: they may hold data values; reproduce "
-              "the failure for free on generated rows with `sage run PIPELINE --check ...`", file=sys.stderr)
-        return EXIT_FAILED
-    ledger.close()
-    made = [r for r in runs if not r.resumed]
-    print(f"{runner.config.name}: {len(made)} scheduled run(s) made, {len(runs) - len(made)} resumed; "
-          f"{len(driver.order)} block(s) charged their lifetime (epsilon {schedule.params.epsilon:g}, delta "
-          f"{schedule.params.delta:g}) under {schedule.meta['strategy']}", flush=True)
-    return EXIT_OK
 
 
 def check_run_limits(args):

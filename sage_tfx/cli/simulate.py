@@ -120,23 +120,10 @@ def _run(args):
     if args.compare_policies or args.semantics:
         return _compare(args) if args.compare_policies else simulate_semantics.run(args, _rates, _config)
 
-    from sage_tfx.simulate import LABELS, STRATEGIES
     from sage_tfx.simulate import sweep as sw
 
     try:
-        rates = _rates(args.rates)
-        strategies = STRATEGIES if args.strategies is None else tuple(s.strip() for s in args.strategies.split(","))
-        unknown = [s for s in strategies if s not in STRATEGIES]
-        if unknown:
-            raise ValueError(f"--strategies: unknown {', '.join(unknown)} (use {', '.join(STRATEGIES)})")
-        config = _config(args.set)
-        for name in ("hours", "warmup", "drain"):
-            if getattr(args, name) < 0:
-                raise ValueError(f"--{name} {getattr(args, name)} must be >= 0")
-        if args.seeds < 1:
-            raise ValueError(f"--seeds {args.seeds} must be >= 1")
-        if args.warmup >= args.hours:
-            raise ValueError(f"--warmup {args.warmup} must be shorter than --hours {args.hours}")
+        rates, strategies, config = _sweep_options(args)
     except ValueError as exc:
         print(f"sage simulate: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -168,6 +155,34 @@ def _run(args):
     if args.json:
         print(json.dumps(result, indent=2, default=str))
         return EXIT_OK
+    _print_table(rows, cells, search)
+    return EXIT_OK
+
+
+def _sweep_options(args):
+    """(rates, strategies, config) of a sweep, every option checked (ValueError naming it)."""
+    from sage_tfx.simulate import STRATEGIES
+
+    rates = _rates(args.rates)
+    strategies = STRATEGIES if args.strategies is None else tuple(s.strip() for s in args.strategies.split(","))
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        raise ValueError(f"--strategies: unknown {', '.join(unknown)} (use {', '.join(STRATEGIES)})")
+    config = _config(args.set)
+    for name in ("hours", "warmup", "drain"):
+        if getattr(args, name) < 0:
+            raise ValueError(f"--{name} {getattr(args, name)} must be >= 0")
+    if args.seeds < 1:
+        raise ValueError(f"--seeds {args.seeds} must be >= 1")
+    if args.warmup >= args.hours:
+        raise ValueError(f"--warmup {args.warmup} must be shorter than --hours {args.hours}")
+    return rates, strategies, config
+
+
+def _print_table(rows, cells, search):
+    """The sweep's table: each (strategy, rate)'s release times, the spread over seeds, the highest rates found."""
+    from sage_tfx.simulate import LABELS
+
     print(f"{'strategy':24s} {'rate/h':>6s} {'mean h':>9s} {'median h':>9s} {'p90 h':>8s} {'released':>9s}")
     for r in rows:
         mean = ("overload" if r.get("overloaded_at_h") is not None
@@ -180,4 +195,3 @@ def _run(args):
     for strategy, v in search.items():
         best = "none of the rates tried" if v["max_rate"] is None else f"{v['max_rate']:g}/h"
         print(f"highest rate with mean release < 24 h, {LABELS[strategy]}: {best} (bracket {v['bracket']})")
-    return EXIT_OK

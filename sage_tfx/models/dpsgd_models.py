@@ -242,10 +242,26 @@ class DPDNNRegressor(_DPSGDEstimator):
         super().__init__(privacy_budget, hidden_units=hidden_units, **kwargs)
 
     def predict(self, x: Features) -> np.ndarray:
+        """The predicted values (post-processing of the DP weights: no privacy cost).
+
+        Args:
+          x: The features, as ``fit`` takes them (an array or a {feature: column} dict).
+
+        Returns:
+          float32 [n].
+        """
         return self._raw(x).numpy().reshape(-1)
 
     def evaluate(self, x: Features, y: npt.ArrayLike | None = None) -> dict[str, float]:
-        """Non-private metrics (mse, mae) on the given data."""
+        """Non-private metrics (mse, mae) on the given data: exact values, for public or held-out data only.
+
+        Args:
+          x: The features, as ``fit`` takes them (an array or a {feature: column} dict).
+          y: The labels, or None when ``x`` is a tf.data.Dataset of (features, label).
+
+        Returns:
+          {"mse": ..., "mae": ...}.
+        """
         x, y = split_input(x, y)
         pred = self.predict(x)
         y = labels_vector(y, len(pred), np.float64)
@@ -263,12 +279,27 @@ class _Classifier(_DPSGDEstimator):
         raise NotImplementedError
 
     def predict(self, x: Features) -> np.ndarray:
-        """Predicted class ids."""
+        """Predicted class ids (post-processing of the DP weights: no privacy cost).
+
+        Args:
+          x: The features, as ``fit`` takes them (an array or a {feature: column} dict).
+
+        Returns:
+          int64 [n].
+        """
         proba = self.predict_proba(x)
         return np.argmax(proba, axis=1)
 
     def evaluate(self, x: Features, y: npt.ArrayLike | None = None) -> dict[str, float]:
-        """Non-private metrics (accuracy, log loss) on the given data."""
+        """Non-private metrics (accuracy, log loss) on the given data: exact values, for public or held-out data only.
+
+        Args:
+          x: The features, as ``fit`` takes them (an array or a {feature: column} dict).
+          y: The class ids, or None when ``x`` is a tf.data.Dataset of (features, label).
+
+        Returns:
+          {"accuracy": ..., "log_loss": ...}.
+        """
         x, y = split_input(x, y)
         proba = self.predict_proba(x)
         y = class_labels(y, len(proba), proba.shape[1], np.int64)
@@ -285,6 +316,18 @@ class DPDNNClassifier(_Classifier):
 
     def __init__(self, privacy_budget: tuple[float, float], hidden_units: Sequence[int], n_classes: int = 2,
                  **kwargs: Any) -> None:
+        """A DNN classifier trained with DP-SGD.
+
+        Args:
+          privacy_budget: (epsilon, delta) of the whole fit.
+          hidden_units: Units per hidden ReLU layer.
+          n_classes: The number of classes (>= 2); labels are class ids 0..n_classes-1.
+          **kwargs: The DP-SGD estimators' other parameters: num_examples, learning_rate, epochs, batch_size,
+            clip_norm, momentum, implementation, accountant, seed, noise_schedule (module docstring).
+
+        Raises:
+          DpSgdConfigError: A parameter out of its range (named with the fix).
+        """
         super().__init__(privacy_budget, hidden_units=hidden_units, **kwargs)
         self.n_classes = checks.integer(n_classes, "n_classes", low=2, error=DpSgdConfigError, message=_INVALID)
 
@@ -299,6 +342,14 @@ class DPDNNClassifier(_Classifier):
         return class_labels(y, n, self.n_classes, np.int32)
 
     def predict_proba(self, x: Features) -> np.ndarray:
+        """Class probabilities (post-processing of the DP weights: no privacy cost).
+
+        Args:
+          x: The features, as ``fit`` takes them (an array or a {feature: column} dict).
+
+        Returns:
+          float32 [n, n_classes].
+        """
         return tf.nn.softmax(self._raw(x)).numpy()
 
     @staticmethod
@@ -316,6 +367,16 @@ class DPLogisticRegressor(_Classifier):
     DEFAULT_BATCH_SIZE = 512  # the paper's Criteo LG config
 
     def __init__(self, privacy_budget: tuple[float, float], **kwargs: Any) -> None:
+        """A logistic regression trained with DP-SGD (batch size 512 unless given).
+
+        Args:
+          privacy_budget: (epsilon, delta) of the whole fit.
+          **kwargs: The DP-SGD estimators' other parameters but hidden_units: num_examples, learning_rate,
+            epochs, batch_size, clip_norm, momentum, implementation, accountant, seed, noise_schedule.
+
+        Raises:
+          DpSgdConfigError: A parameter out of its range (named with the fix).
+        """
         kwargs.setdefault("batch_size", self.DEFAULT_BATCH_SIZE)
         super().__init__(privacy_budget, hidden_units=(), **kwargs)
 
@@ -327,6 +388,14 @@ class DPLogisticRegressor(_Classifier):
         return class_labels(y, n, 2, np.float32)
 
     def predict_proba(self, x: Features) -> np.ndarray:
+        """The probabilities of classes 0 and 1 (post-processing of the DP weights: no privacy cost).
+
+        Args:
+          x: The features, as ``fit`` takes them (an array or a {feature: column} dict).
+
+        Returns:
+          float32 [n, 2].
+        """
         p = tf.sigmoid(tf.reshape(self._raw(x), [-1])).numpy()
         return np.stack([1.0 - p, p], axis=1)
 

@@ -12,7 +12,8 @@ model's layout. The DP statistics baked into that graph were released once at
 analysis time, so serving adds no privacy cost.
 
 Either way, NaN / +-inf feature values become 0.0 before the model, as in ``fit``
-and ``predict`` (sage_tfx.models.data.FEATURE_DEFAULT).
+and ``predict`` (sage_tfx.models.data.FEATURE_DEFAULT). ``export_keras_model`` exports
+a ``make_private`` model by its own Keras inputs instead of a feature layout.
 """
 
 from __future__ import annotations
@@ -88,3 +89,56 @@ def attach_transform(module: tf.Module, transform_output: str | tft.TFTransformO
     if label_key is not None:
         raw_spec.pop(label_key, None)
     return raw_spec
+
+
+def _input_specs(model):
+    names = list(getattr(model, "input_names", None) or ["x"])
+    inputs = tf.nest.flatten(model.inputs) if getattr(model, "inputs", None) else None
+    if inputs is None:
+        raise ValueError("export needs a model with known inputs: build it with an Input shape or fit it")
+    return {name: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype, name=name)
+            for name, t in zip(names, inputs)}
+
+
+def _call(model, features, names):
+    args = [features[k] for k in names]
+    return model(args[0] if len(args) == 1 else args, training=False)
+
+
+def export_keras_model(model: tf.keras.Model, path: str, transform_output: Any = None,
+                       label_key: str | None = None) -> str:
+    """Write the Keras ``model`` (``make_private``'s) as a SavedModel with a ``serving_default`` signature; return
+    ``path``.
+
+    Without ``transform_output`` the signature takes the model's inputs by their Keras input names (one
+    input of a Sequential model is usually named after its first layer); with it (a tf.Transform output,
+    as ``trainer_utils.export_model`` passes) it takes serialized tf.Examples, applies the transform graph
+    and feeds the transformed features of those names. Output: ``predictions`` (the model's output; a
+    width-1 output is flattened to [None]). Post-processing only: no privacy cost.
+    """
+    specs = _input_specs(model)
+    names = list(specs)
+    module = tf.Module()
+    module.model = model
+
+    def outputs(out):
+        if out.shape.rank == 2 and out.shape[1] == 1:
+            out = tf.reshape(out, [-1])
+        return {"predictions": out}
+
+    if transform_output is None:
+        @tf.function(input_signature=[specs])
+        def serve(features):
+            return outputs(_call(model, features, names))
+    else:
+        raw_spec = attach_transform(module, transform_output, label_key)
+
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
+        def serve(examples):
+            transformed = module.tft_layer(tf.io.parse_example(examples, raw_spec))
+            feats = {k: tf.reshape(tf.cast(transformed[k], specs[k].dtype),
+                                   [-1] + list(specs[k].shape[1:])) for k in names}
+            return outputs(_call(model, feats, names))
+
+    tf.saved_model.save(module, str(path), signatures={"serving_default": serve.get_concrete_function()})
+    return str(path)

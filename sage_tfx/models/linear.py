@@ -272,13 +272,31 @@ class DPLinearRegressor:
             raise ValueError("the model is not fitted; call fit first")
 
     def predict(self, x: Features) -> np.ndarray:
-        """Predictions; features are clipped to feature_bound exactly as in training."""
+        """Predictions; features are clipped to feature_bound exactly as in training (no privacy cost).
+
+        Args:
+          x: The features, as ``fit`` takes them (an array or a {feature: column} dict).
+
+        Returns:
+          float64 [n].
+
+        Raises:
+          ValueError: the model is not fitted.
+        """
         self._require_fit()
         clipped = adassp.clip_rows(self._center(self.layout.to_matrix(x)), self.feature_bound)
         return clipped @ self.coef_ + self.intercept_
 
     def evaluate(self, x: Features, y: npt.ArrayLike | None = None) -> dict[str, float]:
-        """Non-private metrics (mse, mae) on the given data."""
+        """Non-private metrics (mse, mae) on the given data: exact values, for public or held-out data only.
+
+        Args:
+          x: The features, as ``fit`` takes them (an array or a {feature: column} dict).
+          y: The labels, or None when ``x`` is a tf.data.Dataset of (features, label).
+
+        Returns:
+          {"mse": ..., "mae": ...}.
+        """
         x, y = split_input(x, y)
         pred = self.predict(x)
         y = labels_vector(y, len(pred), np.float64)
@@ -306,6 +324,16 @@ class DPLinearRegressor:
 
     def export(self, path: str, transform_output: str | tft.TFTransformOutput | None = None,
                label_key: str | None = None) -> str:
-        """Write a SavedModel with a ``serving_default`` signature; see sage_tfx.models.export."""
+        """Write a SavedModel with a ``serving_default`` signature (sage_tfx.models.export); no privacy cost.
+
+        Args:
+          path: The SavedModel directory to write.
+          transform_output: None (the signature takes the features by name), or a tf.Transform output (it takes
+            serialized tf.Examples through the transform graph).
+          label_key: The raw label feature, left out of the parsed tf.Examples.
+
+        Returns:
+          ``path``.
+        """
         return export_saved_model(path, self.keras_model(), self.layout,
                                   lambda out: {"predictions": tf.reshape(out, [-1])}, transform_output, label_key)

@@ -11,72 +11,20 @@
     trainer_utils.export_model(fn_args, private)
     return trainer_utils.report_spent(fn_args, private)
 
-Mechanism (DP-SGD, Abadi et al. 2016; docs/models.md "Your own Keras model: make_private"):
+Contract: ``fit`` runs ``ceil(epochs * num_examples / batch_size)`` Poisson-sampled steps (rate
+``q = batch_size / num_examples``), clips each record's whole gradient to L2 norm C = ``clip_norm`` and adds
+N(0, (sigma C)^2) to the sum: the run is the DpEvent ``SelfComposed(PoissonSampled(q, Gaussian(sigma)),
+steps)``, with sigma calibrated so that it is (epsilon, delta)-DP under add/remove one record (one unit with
+``per_unit``). ``num_examples`` must be public or a DP count. Layers or losses that couple records are refused
+before the first step (``sage_tfx.models.row_checks``); the weights are post-processing of the noisy sums.
+The DP estimators (``sage_tfx.models.dpsgd_models``) train through ``make_private`` too.
 
-  * ``steps = ceil(epochs * num_examples / batch_size)``; at every step each training record is included
-    independently with probability ``q = batch_size / num_examples`` (Poisson sampling; an empty batch still
-    takes a noise-only step).
-  * Each included record's gradient of its own loss, over ALL trainable variables together, is clipped to
-    L2 norm ``clip_norm`` = C; a record whose gradient norm is not finite contributes 0 (a fixed function of
-    the record, norm 0 <= C).
-  * The clipped sum gets N(0, (sigma*C)^2) on every coordinate, is divided by the EXPECTED batch size
-    ``batch_size`` (public), and is applied by SGD or Adam (post-processing).
-
-Sensitivity: under add/remove-one-record adjacency the clipped sum changes by one clipped gradient, so its
-L2 sensitivity is C. Each step is the Poisson-subsampled Gaussian mechanism with noise multiplier sigma, the
-run is its self-composition over ``steps``; sigma is the smallest (to 1e-4 relative) whose composition is
-(epsilon, delta)-DP under dp_accounting's RDP (default) or PLD accountant (sage_tfx.privacy.dpsgd, the same
-calibration as the DP models). Proof sketch: the Gaussian mechanism of sensitivity C and std sigma*C,
-amplified by Poisson sampling, composed ``steps`` times, is exactly the DpEvent
-``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)`` that the accountant bounds; the optimizer sees
-only the noisy sums, so the weights (and the model's predictions) are post-processing. Whatever the true
-row count, each present record is sampled with probability q, so the bound holds for any data size.
-
-``num_examples`` MUST be public or a DP count (``fn_args.num_examples``, the ledger's DP row count), never
-the exact private count: sigma depends on it and is published with the model.
-
-Per-example gradients (``per_example=``: "auto" or one of the engines of sage_tfx.models.dpsgd_engine's
-one registry, ``ENGINES``):
-  * ``"ghost"``: ghost clipping per layer (sage_tfx.models.dpsgd_engine.LayerGhostEngine; Goodfellow 2015,
-    Li et al. 2022, Bu et al. 2023) on any Keras graph network (Functional, or Sequential with a known input
-    shape): one forward pass through the model's graph keeps each Dense and Embedding layer's input and
-    output, one backward pass gives the output gradients g, and each record's squared gradient norm follows
-    without materialising its gradient: Dense ||a_i||^2 ||g_i||^2 (+ ||g_i||^2 for the bias; a sequence
-    input sums over pairs of positions), Embedding sum_{t,s} [id_t = id_s] g_t . g_s (repeated ids merged),
-    a Dense fed by CategoryEncoding (through Concatenate) takes ||a_i||^2 from the ids. Layers without
-    trainable weights (Normalization, CategoryEncoding, Concatenate, Reshape, ...) run as they are. Every
-    other trainable variable (another layer type, a layer called twice, a nested model) gets exact
-    per-example gradients (vmap, or the loop below): the clip factor uses the sum of both parts' squared
-    norms, i.e. the norm of the record's whole gradient. ``"auto"`` (default) picks it whenever the model
-    has a graph with at least one Dense or Embedding layer; ``privacy_spent["implementation"]`` says
-    ``<name>/ghost`` or ``<name>/ghost+vmap`` / ``<name>/ghost+loop`` (with a fallback part).
-  * ``"vmap"``: any model; per-example gradients by ``tf.vectorized_map`` over a GradientTape (sparse
-    Embedding gradients made dense), then clip and sum. ``"auto"`` picks it for a model without a graph
-    (subclassed) or without Dense / Embedding layers, and (for it and for a ghost engine's fallback part)
-    falls back to ``"loop"`` if vectorisation fails when the step is first traced.
-  * ``"loop"``: a per-example ``tf.map_fn`` loop: slowest, works for any differentiable model.
-  * ``"tf_privacy"``: tensorflow-privacy's optimizer (optional; a fixed clip norm and sigma, noise from
-    TensorFlow's global generator): refused with a noise schedule, an adaptive clip, and under DPTrainer.
-
-The DP estimators (sage_tfx.models.dpsgd_models) train through ``make_private`` too: they pass a function
-``init_seed -> network`` as ``model`` and their class name as ``name``.
-
-Layers or losses that couple examples (any BatchNormalization in training mode, a batch mean, a loss
-normalised over the batch) or keep batch statistics break per-example clipping: ``fit`` refuses them before
-its first step by the structural checks of ``sage_tfx.models.row_checks`` (synthetic batches built from the
-shapes and dtypes of x and y, no value of the data). Dropout is fine (each example's own mask). Regularisation losses
-(``model.losses``) are not added: they are data-independent and could be, but are left out for now.
-
-Seeds: ``seed=None`` draws fresh OS entropy; inside ``sage_tfx.models.training_seed`` (DPTrainer) the
-sampling and noise come from the grant's private seed and ``seed=`` is refused (sage_tfx.models.seeding).
-The model's initial weights are the user's (make_private does not re-initialise them): to reproduce a fit
-bit for bit, build the model with seeded initialisers (initial weights need no secrecy).
+Mechanism, proof sketch, engines (``ghost``, ``vmap``, ``loop``, ``tf_privacy``) and seeds: docs/models.md
+("Your own Keras model: make_private").
 """
 
 from __future__ import annotations
 
-import functools
-import types
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -84,24 +32,26 @@ import numpy as np
 import tensorflow as tf  # noqa: TID253
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
-from sage_tfx.models.dpsgd_engine import ENGINES, ghost_applies, make_engine
+from sage_tfx.models.dpsgd_engine import ghost_applies, make_engine
+from sage_tfx.models.export import export_keras_model
+from sage_tfx.models.fit_inputs import _rows, _take, _to_numpy, keras_fit_arguments
 from sage_tfx.models.losses import LOSSES, per_example_loss
 from sage_tfx.models.momentum import DEBIASED_MOMENTUM, DebiasedMomentum
-from sage_tfx.models.private_checks import (  # noqa: F401 (OPTIMIZERS, check_momentum: re-exported)
+from sage_tfx.models.private_checks import (  # noqa: F401 (OPTIMIZERS, check_momentum, ...: re-exported)
+    GHOST_REFUSED,
     OPTIMIZERS,
+    PER_EXAMPLE,
     check_adaptive_clip,
     check_engine,
+    check_make_private,
     check_momentum,
-    check_optimizer,
-    check_per_unit,
-    check_privacy_budget,
-    check_run_numbers,
+    public_params,
     refuse_unseeded,
 )
 from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch
-from sage_tfx.models.seeding import check_fit, fit_seeds
+from sage_tfx.models.seeding import fit_seeds
 from sage_tfx.models.unit_clip import unit_batches, unit_engine_name, unit_index, unit_noisy_sum
-from sage_tfx.privacy import adaptive_clip, dpsgd, noise_schedules
+from sage_tfx.privacy import adaptive_clip, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
 if TYPE_CHECKING:
@@ -110,7 +60,6 @@ if TYPE_CHECKING:
 
 __all__ = ["make_private", "PrivateModel", "PER_EXAMPLE", "LOSSES", "poisson_batches", "check_engine"]
 
-PER_EXAMPLE = ("auto",) + ENGINES
 _NAME = "make_private"
 Model: TypeAlias = tf.keras.Model | Callable[[int | None], tf.keras.Model]
 
@@ -124,11 +73,6 @@ def poisson_batches(rng: np.random.Generator, n: int, q: float, steps: int) -> I
         yield np.sort(rng.choice(n, size=size, replace=False)) if size else np.empty(0, np.int64)
 
 
-def public_params(batch_size: int, epochs: float, clip_norm: float | AdaptiveClip) -> dict[str, float]:
-    """The fit's numbers that must be public under DPTrainer (``training_seed(public=...)``)."""
-    return {"batch_size": batch_size, "epochs": epochs, **adaptive_clip.public_numbers(clip_norm)}
-
-
 def clip_spent(engine: Any, clip_norm: float | AdaptiveClip, noise_multiplier: float,
                batch_size: int) -> dict[str, Any]:
     """``privacy_spent`` entries of an adaptive clip: its parameters, sigma_b, the sum's z_Delta and the last
@@ -140,90 +84,41 @@ def clip_spent(engine: Any, clip_norm: float | AdaptiveClip, noise_multiplier: f
     return {"adaptive_clip": report}
 
 
-_GHOST_REFUSED = ("per_example='ghost' is invalid for this model: the ghost engine needs a Keras graph network "
-                  "(Functional, or Sequential with a known input shape) with at least one Dense or Embedding "
-                  "layer; use per_example='auto' or 'vmap'")
-
-
-# ------------------------------------------------------------------------------------------- wrapper
-
-# ------------------------------------------------------------------------------------------- wrapper
-
-def _rows(x):
-    lengths = {int(np.shape(v)[0]) for v in tf.nest.flatten(x)}
-    if len(lengths) != 1:
-        raise ValueError("x: every input needs the same number of rows (they differ): pass one row per record in "
-                         "each")
-    return lengths.pop()
-
-
-def _to_numpy(x):
-    """numpy arrays; floating ones as float32 (the Keras default dtype)."""
-    def one(v):
-        v = np.asarray(v)
-        return v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
-
-    return tf.nest.map_structure(one, x)
-
-
-def _take(x, rows):
-    return tf.nest.map_structure(lambda v: v[rows], x)
-
-
-# Keras ``Model.fit`` keyword arguments that ``PrivateModel.fit`` does not take, and why (``keras_fit_arguments``).
-_STEPS_ARE_SIGNED = ("the step count is fixed by make_private's num_examples, batch_size and epochs (the noise is "
-                     "calibrated to it): leave it out")
-_KERAS_FIT_REFUSED = {
-    "validation_data": "a validation loss on private rows outside the DP-SGD spend is not private: evaluate the "
-                       "fitted model with DPModelValidator (the pipeline's SLA), or call predict on public rows",
-    "validation_split": "it would hold out private rows and report their loss unprotected: evaluate with "
-                        "DPModelValidator, or call predict on public rows",
-    "validation_steps": "there is no validation inside a private fit (see validation_data)",
-    "validation_batch_size": "there is no validation inside a private fit (see validation_data)",
-    "validation_freq": "there is no validation inside a private fit (see validation_data)",
-    "callbacks": "Keras callbacks see each batch's exact loss on private rows (and EarlyStopping or "
-                 "ModelCheckpoint would choose by it): pass callback=fn(step) for progress or timing",
-    "class_weight": "per-record weights are not supported by the clipped sum: resample the rows",
-    "sample_weight": "per-record weights are not supported by the clipped sum: resample the rows",
-    "initial_epoch": _STEPS_ARE_SIGNED,
-    "steps_per_epoch": _STEPS_ARE_SIGNED,
-}
-# performance settings of Keras' input pipeline: fit takes in-memory arrays, so they change nothing
-_KERAS_FIT_IGNORED = ("max_queue_size", "workers", "use_multiprocessing")
-
-
-def keras_fit_arguments(private: PrivateModel, epochs: Any, batch_size: Any, shuffle: Any,
-                        others: dict[str, Any]) -> None:
-    """Accept the Keras ``fit`` keywords a Keras user types when they change nothing; refuse the others.
-
-    ``epochs`` / ``batch_size`` equal to make_private's are accepted (None: not given); a different value is
-    refused naming make_private, where the noise is calibrated. ``shuffle=True`` (Keras' default) is accepted:
-    each batch is a Poisson sample anyway; ``shuffle=False`` is refused. The performance keywords
-    ``_KERAS_FIT_IGNORED`` are ignored; ``_KERAS_FIT_REFUSED`` are refused with their reason. Raises
-    ``DpSgdConfigError`` before any data is read.
-    """
-    for name, given, wrapped in (("epochs", epochs, private.epochs), ("batch_size", batch_size, private.batch_size)):
-        if given is not None and not (isinstance(given, (int, float)) and not isinstance(given, bool)
-                                      and given == wrapped):
-            raise DpSgdConfigError(
-                f"fit({name}={given!r}) differs from make_private({name}={wrapped:g}): the noise is calibrated to "
-                f"make_private's {name}; pass {name}={given!r} to make_private instead (or leave it out of fit)")
-    if shuffle is not True:
-        raise DpSgdConfigError(f"fit(shuffle={shuffle!r}) is invalid: DP-SGD draws every batch as a Poisson sample "
-                               "of all rows (the privacy proof needs it): leave shuffle out")
-    for name in others:
-        if name in _KERAS_FIT_REFUSED:
-            raise DpSgdConfigError(f"fit({name}=...) is refused: {_KERAS_FIT_REFUSED[name]}")
-        if name not in _KERAS_FIT_IGNORED:
-            raise DpSgdConfigError(f"fit({name}=...) is not an argument of PrivateModel.fit: it takes x, y, "
-                                   "verbose, callback, and Keras' epochs / batch_size equal to make_private's")
+def _arrays(x, y):
+    """(x, y, their row count) as numpy arrays; refused when x and y have different row counts."""
+    x = _to_numpy(x)
+    y = _to_numpy(y)
+    n = _rows(x)
+    if len(y) != n:
+        raise ValueError("y and x have different numbers of rows: pass one label per record")
+    return x, y, n
 
 
 class PrivateModel:
-    """A tf.keras model trained with DP-SGD by ``fit``; see ``make_private`` and the module docstring.
+    """A tf.keras model trained with DP-SGD by ``fit``: build it with ``make_private``, which checks its arguments.
 
     After ``fit``: ``privacy_spent`` (the format of the DP models, accepted by
     ``trainer_utils.report_spent``), ``predict``, ``export``. ``model`` is the trained Keras model.
+
+    Args:
+      model: a Keras model, or a function ``init_seed -> model`` that ``fit`` calls once.
+      epsilon: the run's epsilon (``make_private``'s ``privacy_budget``).
+      delta: the run's delta.
+      num_examples: the DP or public count of records (of units with ``per_unit``).
+      clip_norm: C, or an ``AdaptiveClip``.
+      batch_size: the expected batch size.
+      epochs: passes over ``num_examples``.
+      optimizer: one of ``OPTIMIZERS``.
+      learning_rate: the optimizer's learning rate.
+      momentum: sgd's momentum.
+      accountant: ``"rdp"`` or ``"pld"``.
+      loss: None, one of ``LOSSES``, or a per-example Keras loss.
+      per_example: one of ``PER_EXAMPLE``.
+      seed: tests only (None: OS entropy, or the grant's seed under DPTrainer).
+      weight_decay: decoupled weight decay.
+      noise_schedule: None (constant sigma) or a noise schedule.
+      name: the fit's name in errors, seeds and ``privacy_spent``.
+      per_unit: clip per privacy unit (``fit(..., units=ids)``).
     """
 
     def __init__(self, model: Model, *, epsilon: float, delta: float, num_examples: int,
@@ -285,33 +180,40 @@ class PrivateModel:
             callback: Callable[[int], None] | None = None, epochs: int | float | None = None,
             batch_size: int | None = None, shuffle: bool = True, units: Any = None,
             **keras_kwargs: Any) -> PrivateModel:
-        """Train on (x, y) with DP-SGD; return self. Spends ``privacy_budget`` once (a second fit is refused).
+        """Train on (x, y) with DP-SGD; spends ``privacy_budget`` once (a second fit is refused).
 
-        Keras habits (``keras_fit_arguments``, checked before any data is read): ``epochs=`` / ``batch_size=``
-        are accepted when equal to make_private's and refused otherwise (set them in make_private);
-        ``validation_data``, ``validation_split``, ``callbacks``, ``class_weight``, ``sample_weight``,
-        ``initial_epoch`` and ``steps_per_epoch`` are refused with the reason. ``verbose``: any true value
-        prints progress every tenth of the steps.
+        Sensitivity C = ``clip_norm`` per step (add/remove one record, or one unit with ``per_unit``); the run is
+        (epsilon, delta)-DP for ``privacy_budget`` (docs/models.md: mechanism and proof sketch). Keras' ``fit``
+        keywords are checked before any data is read (``keras_fit_arguments``).
 
-        ``x``: an array, or a list / dict of arrays for a model with several inputs (rows aligned); ``y`` the
-        labels. ``callback(step)``, if given, is called after each step (0-based; timing, progress: it sees
-        nothing private beyond what the weights already show). Sensitivity C = ``clip_norm`` per step (add/remove one record); the run is
-        (epsilon, delta)-DP for ``privacy_budget`` (module docstring: mechanism and proof sketch).
+        Args:
+          x: an array, or a list / dict of arrays for a model with several inputs (rows aligned).
+          y: the labels, one per row.
+          verbose: any true value prints progress every tenth of the steps.
+          callback: ``callback(step)`` after each step (0-based; progress, timing: it sees nothing private
+            beyond what the weights show).
+          epochs: Keras habit: accepted when equal to make_private's, refused otherwise.
+          batch_size: Keras habit: accepted when equal to make_private's, refused otherwise.
+          shuffle: Keras habit: True (every batch is a Poisson sample anyway); False is refused.
+          units: with ``make_private(per_unit=True)`` (and only then), each row's privacy unit id: units are
+            Poisson-sampled and each unit's summed gradient is clipped at C (sage_tfx.models.unit_clip).
+          keras_kwargs: other Keras ``fit`` keywords: ``validation_data``, ``validation_split``, ``callbacks``,
+            ``class_weight``, ``sample_weight``, ``initial_epoch``, ``steps_per_epoch`` are refused with the
+            reason; Keras' input-pipeline knobs (``workers``, ...) are ignored.
 
-        ``units``: with ``make_private(per_unit=True)`` (and only then), each row's privacy unit id (the stream's
-        unit column, one per row of x): units are Poisson-sampled and each unit's summed gradient is clipped at
-        C, so the run is (epsilon, delta)-DP for adding or removing a whole unit (sage_tfx.models.unit_clip).
+        Returns:
+          self, with ``privacy_spent`` set.
+
+        Raises:
+          DpSgdConfigError: a refused keyword, layer or loss, before any data is read.
+          ValueError: already fitted, or x and y of different row counts.
         """
         keras_fit_arguments(self, epochs, batch_size, shuffle, keras_kwargs)
         if self.privacy_spent is not None:
             raise ValueError("this PrivateModel is already fitted (its budget is spent): call make_private again "
                              "for another fit")
         refuse_unseeded(self.per_example, self.name, "per_example")
-        x = _to_numpy(x)
-        y = _to_numpy(y)
-        n = _rows(x)
-        if len(y) != n:
-            raise ValueError("y and x have different numbers of rows: pass one label per record")
+        x, y, n = _arrays(x, y)
         self._units = self._unit_rows(units, n)
         seeds, loss_fn = self._start(spec_of(x), spec_of(y))
         run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, self.num_examples,
@@ -343,7 +245,7 @@ class PrivateModel:
 
     def _new_engine(self, name, loss_fn, clip_norm, sigma, seed, vectorized=True):
         if name == "ghost" and not ghost_applies(self.model):
-            raise DpSgdConfigError(_GHOST_REFUSED)
+            raise DpSgdConfigError(GHOST_REFUSED)
         return make_engine(name, self.model, loss_fn, clip_norm, sigma, seed, vectorized=vectorized)
 
     def _steps(self, optimizer):
@@ -441,60 +343,40 @@ class PrivateModel:
             raise ValueError("the model is not fitted; call fit first")
 
     def predict(self, x: Any) -> np.ndarray:
-        """The model's outputs on ``x`` (post-processing of the DP weights: no further privacy cost)."""
+        """The model's outputs on ``x`` (post-processing of the DP weights: no further privacy cost).
+
+        Args:
+          x: the model's inputs (an array, or a list / dict of arrays).
+
+        Returns:
+          The outputs as a numpy array.
+
+        Raises:
+          ValueError: the model is not fitted.
+        """
         self._require_fit()
         return self.model(_to_numpy(x), training=False).numpy()
 
-    def _input_specs(self):
-        names = list(getattr(self.model, "input_names", None) or ["x"])
-        inputs = tf.nest.flatten(self.model.inputs) if getattr(self.model, "inputs", None) else None
-        if inputs is None:
-            raise ValueError("export needs a model with known inputs: build it with an Input shape or fit it")
-        return {name: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype, name=name)
-                for name, t in zip(names, inputs)}
-
-    def _call(self, features, names):
-        args = [features[k] for k in names]
-        return self.model(args[0] if len(args) == 1 else args, training=False)
-
     def export(self, path: str, transform_output: Any = None, label_key: str | None = None) -> str:
-        """Write a SavedModel with a ``serving_default`` signature; return ``path``.
+        """Write the fitted model as a SavedModel with a ``serving_default`` signature (``export_keras_model``).
 
-        Without ``transform_output`` the signature takes the model's inputs by their Keras input names (one
-        input of a Sequential model is usually named after its first layer); with it (a tf.Transform output,
-        as ``trainer_utils.export_model`` passes) it takes serialized tf.Examples, applies the transform graph
-        and feeds the transformed features of those names. Output: ``predictions`` (the model's output; a
-        width-1 output is flattened to [None]). Post-processing only: no privacy cost.
+        Post-processing of the DP weights: no privacy cost.
+
+        Args:
+          path: the SavedModel directory to write.
+          transform_output: None (the signature takes the model's inputs by their Keras input names), or a
+            tf.Transform output (it takes serialized tf.Examples through the transform graph), as
+            ``trainer_utils.export_model`` passes.
+          label_key: the raw label feature, left out of the parsed tf.Examples.
+
+        Returns:
+          ``path``.
+
+        Raises:
+          ValueError: the model is not fitted, or its inputs are unknown.
         """
         self._require_fit()
-        specs = self._input_specs()
-        names = list(specs)
-        module = tf.Module()
-        module.model = self.model
-
-        def outputs(out):
-            if out.shape.rank == 2 and out.shape[1] == 1:
-                out = tf.reshape(out, [-1])
-            return {"predictions": out}
-
-        if transform_output is None:
-            @tf.function(input_signature=[specs])
-            def serve(features):
-                return outputs(self._call(features, names))
-        else:
-            from sage_tfx.models.export import attach_transform  # noqa: PLC0415
-
-            raw_spec = attach_transform(module, transform_output, label_key)
-
-            @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
-            def serve(examples):
-                transformed = module.tft_layer(tf.io.parse_example(examples, raw_spec))
-                feats = {k: tf.reshape(tf.cast(transformed[k], specs[k].dtype),
-                                       [-1] + list(specs[k].shape[1:])) for k in names}
-                return outputs(self._call(feats, names))
-
-        tf.saved_model.save(module, str(path), signatures={"serving_default": serve.get_concrete_function()})
-        return str(path)
+        return export_keras_model(self.model, path, transform_output, label_key)
 
 
 def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examples: int,
@@ -505,74 +387,44 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
                  seed: int | None = None,
                  noise_schedule: noise_schedules.NoiseSchedule | None = None, name: str = _NAME,
                  per_unit: bool = False) -> PrivateModel:
-    """Wrap a tf.keras Sequential or Functional ``model`` for DP-SGD training; return a ``PrivateModel``.
+    """Wrap a tf.keras ``model`` for DP-SGD training; every argument is checked here, before any data is read.
 
-    ``model`` may also be a function ``init_seed -> model`` that ``fit`` calls once, when the fit starts, with
-    its weight-initialisation seed (inside ``training_seed``: derived from the grant's seed; else ``seed``):
-    how the DP estimators build their network. ``name``: the fit's name in errors, in the training block's
-    records and seed derivation (sage_tfx.models.seeding) and in ``privacy_spent["implementation"]``
-    (``<name>/<engine>``); the DP estimators pass their class name.
+    Args:
+      model: a tf.keras Sequential or Functional model, or a function ``init_seed -> model`` that ``fit`` calls
+        once with its weight-initialisation seed (how the DP estimators build their network).
+      privacy_budget: ``(epsilon, delta)`` of the run, under add/remove one record (one unit with ``per_unit``).
+      num_examples: the DP or public row count (``fn_args.num_examples``; units with ``per_unit``), never the
+        exact count: sigma depends on it.
+      clip_norm: C > 0, the sensitivity of each step's gradient sum; or ``"adaptive"`` / an ``AdaptiveClip``
+        (C estimated privately as a quantile of the gradient norms, same DpEvent and epsilon).
+      batch_size: the expected batch size: each step samples each record with ``q = batch_size / num_examples``.
+      epochs: passes over ``num_examples``: ``steps = ceil(epochs * num_examples / batch_size)``.
+      optimizer: ``"sgd"``, ``"adam"`` or ``"debiased_momentum"`` (``OPTIMIZERS``; the last is Hong et al.'s
+        Alg. 2 with beta = ``momentum``, ``sage_tfx.models.momentum``: post-processing, privacy unchanged).
+      learning_rate: None for 0.1 (sgd, debiased_momentum) / 0.001 (adam).
+      momentum: sgd's momentum (debiased_momentum's beta) in [0, 1).
+      weight_decay: decoupled weight decay in [0, 1/learning_rate); reads no data (post-processing).
+      loss: None (the model's compiled loss), one of ``LOSSES``, or a per-example Keras loss.
+      accountant: ``"rdp"`` or ``"pld"`` (dp_accounting), calibrating sigma.
+      per_example: one of ``PER_EXAMPLE``: how per-example gradients are computed (``"auto"``: ghost clipping
+        when the model has a graph with a Dense or Embedding layer, else vmap).
+      seed: tests only: refused inside ``training_seed`` (DPTrainer), where the grant's seed is used.
+      noise_schedule: None (constant sigma) or a ``sage_tfx.privacy.noise_schedules`` schedule, its scale
+        calibrated to the same ``privacy_budget``.
+      name: the fit's name in errors, seed derivation and ``privacy_spent["implementation"]``.
+      per_unit: clip per privacy unit (``sage_tfx.models.unit_clip``): ``fit(x, y, units=ids)``.
 
-    ``privacy_budget=(epsilon, delta)``: what ``fit`` spends (add/remove one record). ``num_examples``: the
-    DP or public row count (``fn_args.num_examples``), never the exact count. Sensitivity of each step's
-    gradient sum: ``clip_norm``; noise std ``sigma * clip_norm`` with sigma calibrated on dp_accounting
-    (module docstring: mechanism, proof sketch). ``optimizer``: "sgd" (``momentum``), "adam" or
-    "debiased_momentum" (Hong et al.'s Alg. 2 with beta = ``momentum``: sage_tfx.models.momentum; post-
-    processing, privacy unchanged); ``learning_rate`` defaults to 0.1 (sgd, debiased) / 0.001 (adam). ``loss``: None = the model's compiled loss, one
-    of ``LOSSES`` or a per-example Keras loss. ``per_example``: one of ``PER_EXAMPLE``. ``seed``: tests only;
-    refused inside ``training_seed`` (DPTrainer).
+    Returns:
+      A ``PrivateModel`` to ``fit``.
 
-    ``weight_decay``: decoupled weight decay (w -= learning_rate * weight_decay * w each step): it reads no
-    data, so it is post-processing; why a DP user wants it is in docs/models.md ("weight_decay").
+    Raises:
+      DpSgdConfigError: an argument is invalid or refused, named with the fix; nothing is read or spent.
 
-    ``clip_norm``: a number C > 0 (fixed), or ``"adaptive"`` / ``sage_tfx.privacy.adaptive_clip.AdaptiveClip(
-    target_quantile=0.5, learning_rate=0.2, initial=1.0, count_stddev=None)``: C estimated privately during
-    training as the target quantile of the per-example gradient norms (Andrew et al. 2021): each step also
-    releases the count of unclipped records with N(0, sigma_b^2) (sigma_b = batch_size / 20 by default) and
-    moves C geometrically; the sum's noise multiplier becomes z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2 so the
-    step is still the Gaussian mechanism of the calibrated z: the same DpEvent and epsilon as a fixed clip
-    (proof sketch in that module). For an imbalanced label pass ``adaptive_clip.IMBALANCED`` (quantile 0.9).
-    ``privacy_spent["adaptive_clip"]`` reports its parameters, sigma_b, z_Delta and the last C.
-
-    ``noise_schedule``: None (constant sigma, the default: unchanged behaviour) or a
-    ``sage_tfx.privacy.noise_schedules`` schedule (step, exponential, polynomial, bound_optimal; or a
-    dict / kind name): step t adds N(0, (sigma_t C)^2) with sigma_t = s * f_t, the scale s calibrated
-    so that the composition of the per-step Poisson-sampled Gaussian events (sensitivity C each) is
-    (epsilon, delta)-DP on the accountant (proof sketch in that module: the schedule is fixed before
-    training, so the run is an adaptive composition of T sampled Gaussian mechanisms). Refused here,
-    before any data is read, if invalid for the run's step count. ``privacy_spent["dp_event"]`` is the
-    composed event, ``["noise_schedule"]`` the schedule and its per-stage sigmas.
-
-    ``per_unit``: clip per privacy unit (McMahan et al. 2018; sage_tfx.models.unit_clip): ``fit(x, y,
-    units=ids)`` Poisson-samples units (q = ``batch_size`` / ``num_examples``), sums each sampled unit's
-    per-example gradients over its rows and clips the sum at ``clip_norm``: the run is (epsilon, delta)-DP for
-    adding or removing one whole unit, whatever its number of rows. ``num_examples`` is then the DP (or public)
-    count of UNITS and ``batch_size`` the expected units per batch. Engines: ``unit_clip.UNIT_ENGINES`` ("auto"
-    picks "vmap"); "ghost" and "tf_privacy" are refused here. ``privacy_spent["privacy_unit"]`` is "unit".
+    Mechanism and proofs (calibration, adaptive clip, noise schedules, per-unit clipping): docs/models.md.
     """
-    if not isinstance(model, (tf.keras.Model, types.FunctionType, types.MethodType, functools.partial)):
-        raise DpSgdConfigError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional "
-                               "model (tf.keras is Keras 2 here: import sage_tfx before TensorFlow)")
-    epsilon, delta = check_privacy_budget(privacy_budget)
-    num_examples, batch_size, epochs = check_run_numbers(num_examples, batch_size, epochs)
-    clip_norm = adaptive_clip.as_clip_norm(clip_norm)
-    dpsgd.num_steps(num_examples, batch_size, epochs)  # batch_size <= num_examples, named in the error
-    learning_rate, momentum = check_optimizer(optimizer, learning_rate, momentum, weight_decay)
-    dpsgd.check_accountant(accountant)
-    schedule = noise_schedules.as_schedule(noise_schedule)  # a bad schedule is refused here
-    check_engine(per_example, "per_example", PER_EXAMPLE, clip_norm, schedule)
-    check_per_unit(per_unit, per_example)
-    refuse_unseeded(per_example, name, "per_example")
-    if per_example == "ghost" and isinstance(model, tf.keras.Model) and model.built and not ghost_applies(model):
-        raise DpSgdConfigError(_GHOST_REFUSED)
-    # what the fit would refuse when it starts (seed= inside DPTrainer, the share, the public numbers): now
-    check_fit(seed, name, (epsilon, delta), public_params(batch_size, epochs, clip_norm))
-    if loss is not None:
-        per_example_loss(loss, model)  # names a bad loss now, not after the data is read
-    schedule.check_for_run(dpsgd.num_steps(num_examples, batch_size, epochs))
-    check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant)
-    return PrivateModel(model, epsilon=epsilon, delta=delta, num_examples=num_examples, clip_norm=clip_norm,
-                        batch_size=batch_size, epochs=epochs, optimizer=optimizer,
-                        learning_rate=learning_rate, momentum=float(momentum), weight_decay=float(weight_decay),
-                        accountant=accountant, loss=loss, per_example=per_example, seed=seed, name=name,
-                        noise_schedule=schedule, per_unit=per_unit)
+    arguments = check_make_private(
+        model, privacy_budget=privacy_budget, num_examples=num_examples, clip_norm=clip_norm, batch_size=batch_size,
+        epochs=epochs, optimizer=optimizer, learning_rate=learning_rate, momentum=momentum,
+        weight_decay=weight_decay, loss=loss, accountant=accountant, per_example=per_example, seed=seed,
+        noise_schedule=noise_schedule, name=name, per_unit=per_unit)
+    return PrivateModel(model, **arguments)

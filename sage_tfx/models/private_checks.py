@@ -1,14 +1,30 @@
 """``make_private``'s argument checks: each refuses a bad value with a DpSgdConfigError naming it, before
 anything is read (docs/models.md, "Your own Keras model: make_private")."""
-from typing import Any
+from __future__ import annotations
 
-from sage_tfx.models.dpsgd_engine import _INVALID
+import functools
+import types
+from typing import TYPE_CHECKING, Any
+
+import tensorflow as tf  # noqa: TID253
+
+import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
+from sage_tfx.models.dpsgd_engine import _INVALID, ENGINES, ghost_applies
+from sage_tfx.models.losses import per_example_loss
 from sage_tfx.models.seeding import active as _seed_active
+from sage_tfx.models.seeding import check_fit
 from sage_tfx.models.unit_clip import unit_engine_name
 from sage_tfx.privacy import adaptive_clip, checks, dpsgd, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
+if TYPE_CHECKING:
+    from sage_tfx.privacy.adaptive_clip import AdaptiveClip
+
 OPTIMIZERS = ("sgd", "adam", "debiased_momentum")  # the last: sage_tfx.models.momentum
+PER_EXAMPLE = ("auto",) + ENGINES
+GHOST_REFUSED = ("per_example='ghost' is invalid for this model: the ghost engine needs a Keras graph network "
+                 "(Functional, or Sequential with a known input shape) with at least one Dense or Embedding "
+                 "layer; use per_example='auto' or 'vmap'")
 
 
 def check_momentum(momentum: Any) -> float:
@@ -113,3 +129,46 @@ def check_run_numbers(num_examples: Any, batch_size: Any, epochs: Any) -> tuple[
                                "(fn_args.num_examples), never the exact private count")
     return (check_positive("num_examples", num_examples, integer=True),
             check_positive("batch_size", batch_size, integer=True), check_positive("epochs", epochs))
+
+
+def check_make_private(model: Any, *, privacy_budget: tuple[float, float], num_examples: Any, clip_norm: Any,
+                       batch_size: Any, epochs: Any, optimizer: str, learning_rate: float | None, momentum: float,
+                       weight_decay: float, loss: Any, accountant: str, per_example: str, seed: int | None,
+                       noise_schedule: Any, name: str, per_unit: bool) -> dict[str, Any]:
+    """``make_private``'s arguments checked, in this order, before anything is read: the ``PrivateModel``
+    keyword arguments (budget split into epsilon and delta, numbers and schedule normalised).
+
+    Raises:
+        DpSgdConfigError: the first invalid or refused argument, named with the fix.
+    """
+    if not isinstance(model, (tf.keras.Model, types.FunctionType, types.MethodType, functools.partial)):
+        raise DpSgdConfigError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional "
+                               "model (tf.keras is Keras 2 here: import sage_tfx before TensorFlow)")
+    epsilon, delta = check_privacy_budget(privacy_budget)
+    num_examples, batch_size, epochs = check_run_numbers(num_examples, batch_size, epochs)
+    clip_norm = adaptive_clip.as_clip_norm(clip_norm)
+    dpsgd.num_steps(num_examples, batch_size, epochs)  # batch_size <= num_examples, named in the error
+    learning_rate, momentum = check_optimizer(optimizer, learning_rate, momentum, weight_decay)
+    dpsgd.check_accountant(accountant)
+    schedule = noise_schedules.as_schedule(noise_schedule)  # a bad schedule is refused here
+    check_engine(per_example, "per_example", PER_EXAMPLE, clip_norm, schedule)
+    check_per_unit(per_unit, per_example)
+    refuse_unseeded(per_example, name, "per_example")
+    if per_example == "ghost" and isinstance(model, tf.keras.Model) and model.built and not ghost_applies(model):
+        raise DpSgdConfigError(GHOST_REFUSED)
+    # what the fit would refuse when it starts (seed= inside DPTrainer, the share, the public numbers): now
+    check_fit(seed, name, (epsilon, delta), public_params(batch_size, epochs, clip_norm))
+    if loss is not None:
+        per_example_loss(loss, model)  # names a bad loss now, not after the data is read
+    schedule.check_for_run(dpsgd.num_steps(num_examples, batch_size, epochs))
+    check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant)
+    return dict(epsilon=epsilon, delta=delta, num_examples=num_examples, clip_norm=clip_norm,
+                batch_size=batch_size, epochs=epochs, optimizer=optimizer,
+                learning_rate=learning_rate, momentum=float(momentum), weight_decay=float(weight_decay),
+                accountant=accountant, loss=loss, per_example=per_example, seed=seed, name=name,
+                noise_schedule=schedule, per_unit=per_unit)
+
+
+def public_params(batch_size: int, epochs: float, clip_norm: float | AdaptiveClip) -> dict[str, float]:
+    """The fit's numbers that must be public under DPTrainer (``training_seed(public=...)``)."""
+    return {"batch_size": batch_size, "epochs": epochs, **adaptive_clip.public_numbers(clip_norm)}

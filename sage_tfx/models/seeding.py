@@ -157,7 +157,18 @@ _SHARED_LOCK = threading.Lock()
 
 def candidate_budgets(privacy_budget: tuple[float, float], k: int) -> list[tuple[float, float]]:
     """``k`` equal budgets (epsilon/k, delta/k) that compose (basic composition) to ``privacy_budget``: one per
-    candidate of a hyper-parameter search, declared before any of them trains."""
+    candidate of a hyper-parameter search, declared before any of them trains.
+
+    Args:
+      privacy_budget: (epsilon, delta) of the whole search (``fn_args.privacy_budget``).
+      k: The number of candidates (an integer >= 1).
+
+    Returns:
+      ``k`` copies of (epsilon / k, delta / k).
+
+    Raises:
+      TrainingSeedError: ``k`` is not an integer >= 1.
+    """
     epsilon, delta = privacy_budget
     k = integer(k, "candidate_budgets: k", low=1, error=TrainingSeedError, message="{what} must be {rule}, got {value!r}")
     return [(float(epsilon) / k, float(delta) / k)] * k
@@ -195,8 +206,17 @@ def training_seed(seed: int, share: tuple[float, float] | None = None,
 
     For trusted code only (DPTrainer passes the ledger's private seed of the grant); the user's ``run_fn``
     must never learn ``seed``. Re-running the same fits in a new block with the same ``seed`` reproduces them.
-    ``share=(epsilon, delta)``: the fits of the block together may spend at most that (module docstring).
-    ``public``: the numbers a fit's batch size and epochs must be among (None: any).
+
+    Args:
+      seed: The grant's private seed (an integer >= 0).
+      share: (epsilon, delta) the fits of the block may spend together (None: no limit; module docstring).
+      public: The numbers a fit's batch size and epochs must be among (None: any).
+
+    Yields:
+      The ``TrainingBlock`` (its fits).
+
+    Raises:
+      TrainingSeedError: ``seed`` is not an integer >= 0.
     """
     if not isinstance(seed, (int, np.integer)):  # a float seed (3.0) is a caller's bug: refused, not rounded
         raise TrainingSeedError(f"training_seed: seed must be an integer >= 0, got {seed!r}")

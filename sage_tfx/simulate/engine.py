@@ -74,6 +74,33 @@ class SimResult:
         return out
 
 
+def _check_run(strategy, hours, warmup, drain):
+    """Refuse an unknown strategy or a bad horizon (ValueError naming it) before anything is made."""
+    if strategy not in ALL_STRATEGIES:
+        raise ValueError(f"strategy {strategy!r} is unknown: use one of {', '.join(ALL_STRATEGIES)}")
+    for name, value in (("hours", hours), ("warmup", warmup), ("drain", drain)):
+        if not (isinstance(value, int) and value >= 0):
+            raise ValueError(f"{name} {value!r} must be an integer >= 0 (hours)")
+    if not warmup < hours:
+        raise ValueError(f"warmup {warmup!r} must be shorter than hours {hours!r}")
+
+
+def _serve(sim, order, waiting, now):
+    """Advance the waiting pipelines at ``now`` (in ``order``'s order for a queued policy) until none moves; return
+    those still waiting, in arrival order."""
+    progress = True
+    while progress and waiting:  # a release hands budget back: let the others try again
+        progress = False
+        still = []
+        for state in (waiting if order is None else order(waiting, now)):
+            if sim.advance(state, now):
+                progress = True
+            else:
+                still.append(state)
+        waiting = still if order is None else [s for s in waiting if s in still]
+    return waiting
+
+
 def simulate(strategy, rate, hours=336, seed=0, config=SimConfig(), warmup=48, drain=96, workdir=None,
              keep=False, inspect=None, max_waiting=200, policy_params=None):
     """Run one strategy at one arrival rate. Returns a SimResult.
@@ -85,13 +112,7 @@ def simulate(strategy, rate, hours=336, seed=0, config=SimConfig(), warmup=48, d
     ``inspect(strategy_object)`` is called before the ledger is closed (tests
     use it to audit the ledger); with ``keep`` the temporary directory stays.
     """
-    if strategy not in ALL_STRATEGIES:
-        raise ValueError(f"strategy {strategy!r} is unknown: use one of {', '.join(ALL_STRATEGIES)}")
-    for name, value in (("hours", hours), ("warmup", warmup), ("drain", drain)):
-        if not (isinstance(value, int) and value >= 0):
-            raise ValueError(f"{name} {value!r} must be an integer >= 0 (hours)")
-    if not warmup < hours:
-        raise ValueError(f"warmup {warmup!r} must be shorter than hours {hours!r}")
+    _check_run(strategy, hours, warmup, drain)
     started = time.perf_counter()
     end = hours + drain
     specs = make_workload(rate, end, seed, config)
@@ -101,19 +122,6 @@ def simulate(strategy, rate, hours=336, seed=0, config=SimConfig(), warmup=48, d
     states = [PipelineState(s, config) for s in specs]
     waiting = []  # arrival order
     order = getattr(sim, "order", None)   # queued policies: who is served first at a scheduling point
-
-    def serve(waiting, now):
-        progress = True
-        while progress and waiting:  # a release hands budget back: let the others try again
-            progress = False
-            still = []
-            for state in (waiting if order is None else order(waiting, now)):
-                if sim.advance(state, now):
-                    progress = True
-                else:
-                    still.append(state)
-            waiting = still if order is None else [s for s in waiting if s in still]
-        return waiting
 
     try:
         i = 0
@@ -126,12 +134,12 @@ def simulate(strategy, rate, hours=336, seed=0, config=SimConfig(), warmup=48, d
                 state = states[i]
                 sim.arrive(state)
                 if getattr(sim, "reschedule_on_arrival", False):
-                    waiting = serve(waiting + [state], state.spec.arrival)
+                    waiting = _serve(sim, order, waiting + [state], state.spec.arrival)
                 elif not sim.advance(state, state.spec.arrival):
                     waiting.append(state)
                 i += 1
             sim.new_hour(hour)
-            waiting = serve(waiting, float(hour))
+            waiting = _serve(sim, order, waiting, float(hour))
         stats = {"refusals": sim.refusals, "waiting_at_end": len(waiting), "overloaded_at_h": overloaded}
         if inspect is not None:
             inspect(sim)

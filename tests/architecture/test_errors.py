@@ -35,7 +35,7 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.privacy.errors.IterationInterrupted": (),  # an environment error after the charge: resumable
     "sage_tfx.privacy.errors.ConfinedRunError": (),  # a confined child's error, as the child classified it
     "sage_tfx.isolation.ConfinementError": (RuntimeError,),  # Landlock available but not applied: no user code ran
-    "sage_tfx.adaptive.iterator.RequestMismatch": (ValueError,),  # a name asked for another certificate request
+    "sage_tfx.adaptive.request.RequestMismatch": (ValueError,),  # a name asked for another certificate request
     "sage_tfx.privacy.errors.GrantError": (ValueError,),
     "sage_tfx.privacy.errors.BudgetRefused": (),  # Exception only, never a ValueError (the CLI exits 3, not 2)
     "sage_tfx.privacy.errors.RecordError": (ValueError,),
@@ -61,7 +61,7 @@ EXPECTED: dict[str, tuple[type[BaseException], ...]] = {
     "sage_tfx.components.trainer_utils.TrainerDataError": (ValueError,),
     "sage_tfx.components.transform_utils.SchemaError": (ValueError,),
     "sage_tfx.components.dp_transform_executor.TransformConfigError": (ValueError,),
-    "sage_tfx.components.dp_model_validator_executor.ValidatorConfigError": (ValueError,),
+    "sage_tfx.components.validator_records.ValidatorConfigError": (ValueError,),
     "sage_tfx.components.dp_trainer_executor.SpendError": (ValueError,),
     "sage_tfx.pipelines.definition.PipelineDefinitionError": (ValueError,),
     "sage_tfx.pipelines.template.TemplateError": (ValueError,),

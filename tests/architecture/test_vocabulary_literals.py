@@ -32,7 +32,7 @@ OTHER_MEANINGS = {
     ("sage_tfx/models/private.py", "rdp"): _ACCOUNTANT,
     ("sage_tfx/simulate/strategies.py", "rdp"): "the suffix of a simulated strategy's name (conserve-rdp)",
     ("pipelines/_runner.py", "validation"): "the key of the validator's report in an iteration's details",
-    ("sage_tfx/adaptive/iterator.py", "validation"): "the key of the validator's report in an iteration's details",
+    ("sage_tfx/adaptive/request.py", "validation"): "the key of the validator's report in an iteration's details",
     ("sage_tfx/adaptive/workers.py", "done"): "the tag of a worker's last message to its parent",
     ("pipelines/workers.py", "done"): "the tag of a worker's last message to its parent",
     ("sage_tfx/release/worker.py", "done"): "the tag of a worker's last message to its parent",
