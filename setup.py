@@ -4,6 +4,7 @@ The dependency stack is pinned in requirements.lock and installed with
 ``uv pip install --no-deps`` (see the Makefile); install_requires lists only
 what the privacy core needs, so pip never tries to resolve the TFX stack.
 """
+
 from setuptools import find_packages, setup
 
 setup(

@@ -14,6 +14,7 @@ chunks from the saved arrays inside the pipeline (as sage's side generates its
 batches inside its pipeline); local: PipelineDP's LocalBackend on an in-memory list.
 Only the DP aggregation (pipeline construction and run) is timed.
 """
+
 import argparse
 import glob
 import json
@@ -80,8 +81,11 @@ def _run_beam(args, keys, values):
             rows = pipeline | "Chunks" >> beam.Create(list(chunks)) | "Rows" >> beam.FlatMap(rows_of)
             result = engine.aggregate(rows, _params(args), _extractors(), public_partitions=_public(args))
             accountant.compute_budgets()
-            _ = (result | "Means" >> beam.Map(lambda kv: json.dumps([int(kv[0]), float(kv[1].mean)]))
-                 | "Write" >> beam.io.WriteToText(sink))
+            _ = (
+                result
+                | "Means" >> beam.Map(lambda kv: json.dumps([int(kv[0]), float(kv[1].mean)]))
+                | "Write" >> beam.io.WriteToText(sink)
+            )
         return [tuple(json.loads(line)) for path in glob.glob(sink + "*") for line in open(path)]
 
 
@@ -92,8 +96,12 @@ def main():
     parser.add_argument("--epsilon", type=float, required=True)
     parser.add_argument("--value-range", type=float, required=True)
     parser.add_argument("--backend", choices=["beam", "local"], default="beam")
-    parser.add_argument("--partition-delta", type=float, default=0.0,
-                        help="> 0: private partition selection at this delta instead of public partitions")
+    parser.add_argument(
+        "--partition-delta",
+        type=float,
+        default=0.0,
+        help="> 0: private partition selection at this delta instead of public partitions",
+    )
     args = parser.parse_args()
     data = np.load(args.rows)
     keys, values = data["keys"].astype(np.int64), np.nan_to_num(data["values"], nan=0.0).astype(np.float64)
@@ -105,8 +113,16 @@ def main():
     means = [math.nan] * args.keys
     for key, mean in result:
         means[key] = mean
-    print(json.dumps({"version": metadata.version("pipeline-dp"), "backend": args.backend, "seconds": seconds,
-                      "means": [None if math.isnan(m) else m for m in means]}))
+    print(
+        json.dumps(
+            {
+                "version": metadata.version("pipeline-dp"),
+                "backend": args.backend,
+                "seconds": seconds,
+                "means": [None if math.isnan(m) else m for m in means],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

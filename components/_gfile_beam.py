@@ -10,6 +10,7 @@ Beam jobs and TFX read and write the same files. Importing this module registers
 subclasses by their ``scheme()``). ``ram://`` only makes sense on runners whose workers are the launcher process
 (the DirectRunner in_memory): it lives in one process.
 """
+
 from apache_beam.io.filesystem import BeamIOError, CompressedFile, CompressionTypes, FileMetadata, FileSystem
 
 GFILE_ONLY_SCHEMES = ("ram", "file")  # the schemes registered here
@@ -133,7 +134,7 @@ class GfileFileSystem(FileSystem):
                 for folder, _, files in tf.io.gfile.walk(source):
                     for name in files:
                         src = self.join(folder, name)
-                        copy(src, destination + src[len(source):])
+                        copy(src, destination + src[len(source) :])
             else:
                 tf.io.gfile.makedirs(self._url_dirname(destination))
                 tf.io.gfile.copy(source, destination, overwrite=True)

@@ -48,11 +48,23 @@ if TYPE_CHECKING:
 class GrantLedger(BlockSource, Protocol):
     """What the components ask of a ledger: the ``Ledger`` itself, or the confined child's ``GrantClient``."""
 
-    def verify(self, grant: Grant | str | None, stream: str | None = None, epsilon: float | None = None,
-               delta: float | None = None) -> Grant: ...
+    def verify(
+        self,
+        grant: Grant | str | None,
+        stream: str | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+    ) -> Grant: ...
 
-    def release(self, grant: Grant, stage: str, computation: str, epsilon: float, delta: float = 0.0,
-                per_unit: str | None = None) -> Release: ...
+    def release(
+        self,
+        grant: Grant,
+        stage: str,
+        computation: str,
+        epsilon: float,
+        delta: float = 0.0,
+        per_unit: str | None = None,
+    ) -> Release: ...
 
     def private_seed(self, grant_id: str, purpose: str) -> int: ...
 
@@ -83,18 +95,26 @@ def _connection(ledger):
         with Ledger.open(ledger) as opened:
             yield opened
 
+
 # The noise seed's purpose for each stage (Ledger.private_seed): one seed per grant and stage.
-SEED_PURPOSES = {Stage.PREPROCESSING: Stage.PREPROCESSING.value, Stage.COUNT: "record_count",
-                 Stage.TRAINING: Stage.TRAINING.value, Stage.REJECTION: Stage.VALIDATION.value,
-                 Stage.VALIDATION: Stage.VALIDATION.value}
+SEED_PURPOSES = {
+    Stage.PREPROCESSING: Stage.PREPROCESSING.value,
+    Stage.COUNT: "record_count",
+    Stage.TRAINING: Stage.TRAINING.value,
+    Stage.REJECTION: Stage.VALIDATION.value,
+    Stage.VALIDATION: Stage.VALIDATION.value,
+}
 
 
 def _renamer(rename: dict, before: str = r"\b", after: str = r"\b"):
     """``canonical(message)``: the message's text with every name of ``rename`` (a whole token: ``before`` and
     ``after`` bound it) replaced by its new name, longest names first."""
 
-    pattern = re.compile(before + "(" + "|".join(re.escape(n) for n in sorted(rename, key=len, reverse=True)) + ")"
-                         + after) if rename else None
+    pattern = (
+        re.compile(before + "(" + "|".join(re.escape(n) for n in sorted(rename, key=len, reverse=True)) + ")" + after)
+        if rename
+        else None
+    )
 
     def canonical(message) -> str:
         text = str(message)
@@ -115,8 +135,9 @@ def _function_renamer(functions):
         match = re.match(r"^(.*?)_(\d+)$", name)
         base, number = (match.group(1), int(match.group(2))) if match else (name, -1)
         parts.setdefault(base, []).append((number, name))
-    return _renamer({name: f"{base}__fn{rank}" for base, found in parts.items()
-                     for rank, (_, name) in enumerate(sorted(found))})
+    return _renamer(
+        {name: f"{base}__fn{rank}" for base, found in parts.items() for rank, (_, name) in enumerate(sorted(found))}
+    )
 
 
 def canonical_graph_text(graph_def: Any) -> bytes:
@@ -157,21 +178,35 @@ def canonical_saved_model_text(saved_model: Any) -> bytes:
         found = {name: uid.match(name) for name in names}
         numbers = sorted({int(m.group(2)) for m in found.values() if m})
         rank = {n: i for i, n in enumerate(numbers)}
-        canonical = _renamer({name: f"{m.group(1)}__uid{rank[int(m.group(2))]}" for name, m in found.items() if m},
-                             r"(?<![\w.])", r"(?![\w.])")
+        canonical = _renamer(
+            {name: f"{m.group(1)}__uid{rank[int(m.group(2))]}" for name, m in found.items() if m},
+            r"(?<![\w.])",
+            r"(?![\w.])",
+        )
         rest = type(meta_graph)()
         rest.CopyFrom(meta_graph)
         rest.graph_def.library.ClearField("function")
         rest.object_graph_def.ClearField("concrete_functions")
         out.append(canonical(rest))
         out.extend(sorted(canonical(f) for f in library))
-        out.extend(sorted(f"{canonical(key)}\n{canonical(value)}"
-                          for key, value in meta_graph.object_graph_def.concrete_functions.items()))
+        out.extend(
+            sorted(
+                f"{canonical(key)}\n{canonical(value)}"
+                for key, value in meta_graph.object_graph_def.concrete_functions.items()
+            )
+        )
     return "\n".join(out).encode()
 
 
-def open_release(ledger: GrantLedger | str, grant: Grant, stage: Stage, computation: str, epsilon: float,
-                 delta: float = 0.0, per_unit: str | None = None) -> int:
+def open_release(
+    ledger: GrantLedger | str,
+    grant: Grant,
+    stage: Stage,
+    computation: str,
+    epsilon: float,
+    delta: float = 0.0,
+    per_unit: str | None = None,
+) -> int:
     """Open ``stage``'s release of ``computation`` under ``grant`` with the ledger; return the stage's noise seed.
 
     Raises GrantError before anything is drawn if the grant already released this stage for another
@@ -188,8 +223,13 @@ def open_release(ledger: GrantLedger | str, grant: Grant, stage: Stage, computat
         return opened.private_seed(grant.id, SEED_PURPOSES[stage])
 
 
-def check_grant(ledger_location: str, grant_json: str | None, stream: str | None = None, epsilon: float | None = None,
-                delta: float | None = None) -> Grant:
+def check_grant(
+    ledger_location: str,
+    grant_json: str | None,
+    stream: str | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+) -> Grant:
     """Verify a grant against the ledger and return the ledger's copy (a ``Grant``).
 
     Raises ``GrantError`` (a ValueError) for a missing, malformed, forged (bad
@@ -213,12 +253,19 @@ def _require_inputs(ledger_location, grant_json):
 
 def _require_grant(grant_json):
     if grant_json is None or (isinstance(grant_json, str) and not grant_json.strip()):
-        raise GrantError("no grant given: this component reads data only under a grant from the ledger "
-                         "(pass the JSON of Ledger.request(...) as its `grant`)")
+        raise GrantError(
+            "no grant given: this component reads data only under a grant from the ledger "
+            "(pass the JSON of Ledger.request(...) as its `grant`)"
+        )
 
 
-def verify_grant(ledger: GrantLedger, grant_json: str | None, stream: str | None = None, epsilon: float | None = None,
-                 delta: float | None = None) -> Grant:
+def verify_grant(
+    ledger: GrantLedger,
+    grant_json: str | None,
+    stream: str | None = None,
+    epsilon: float | None = None,
+    delta: float | None = None,
+) -> Grant:
     """``check_grant`` on an open ``Ledger``: the ledger's copy of the grant, or GrantError."""
     _require_grant(grant_json)
     grant = ledger.verify(grant_json, stream=stream, epsilon=epsilon, delta=delta)
@@ -245,26 +292,34 @@ def check_examples_data(grant: Grant, examples: Artifact, reader: str, expected:
     BlockExampleGen's lineage, split by another rule than the grant's signed one, or of other data (another
     ``data_digest`` than ``expected``, the grant's). The messages name both values."""
     rule = record_split(grant)
-    have = {key: examples.get_string_custom_property(key) if examples.has_custom_property(key) else ""
-            for key in (SPLIT_RULE_PROPERTY, DATA_PROPERTY)}
+    have = {
+        key: examples.get_string_custom_property(key) if examples.has_custom_property(key) else ""
+        for key in (SPLIT_RULE_PROPERTY, DATA_PROPERTY)
+    }
     if not have[SPLIT_RULE_PROPERTY] or not have[DATA_PROPERTY]:
         missing = [k for k, v in have.items() if not v]
-        raise GrantError(f"{reader}: the Examples artifact carries no {' / '.join(missing)}: it was not made by "
-                         f"BlockExampleGen (or DPTransform from its output) under grant {grant.id!r}; read the "
-                         "grant's blocks with BlockExampleGen")
+        raise GrantError(
+            f"{reader}: the Examples artifact carries no {' / '.join(missing)}: it was not made by "
+            f"BlockExampleGen (or DPTransform from its output) under grant {grant.id!r}; read the "
+            "grant's blocks with BlockExampleGen"
+        )
     try:
         made_by = list(json.loads(have[SPLIT_RULE_PROPERTY]).items())
     except (ValueError, AttributeError):
         made_by = have[SPLIT_RULE_PROPERTY]
     if made_by != list(rule.splits.items()):
-        raise GrantError(f"{reader}: the Examples were split by {have[SPLIT_RULE_PROPERTY]}, but grant {grant.id!r} "
-                         f"signs the record split {rule.describe()}: a release of other records under one grant "
-                         "would draw the same noise on different data. Re-run BlockExampleGen without `splits`")
+        raise GrantError(
+            f"{reader}: the Examples were split by {have[SPLIT_RULE_PROPERTY]}, but grant {grant.id!r} "
+            f"signs the record split {rule.describe()}: a release of other records under one grant "
+            "would draw the same noise on different data. Re-run BlockExampleGen without `splits`"
+        )
     if have[DATA_PROPERTY] != expected:
-        raise GrantError(f"{reader}: the Examples hold data {have[DATA_PROPERTY][:16]}, but grant {grant.id!r}'s "
-                         f"records are data {expected[:16]} (its blocks split by its signed rule): a release of "
-                         "other records under one grant would draw the same noise on different data. Re-run "
-                         "BlockExampleGen under this grant")
+        raise GrantError(
+            f"{reader}: the Examples hold data {have[DATA_PROPERTY][:16]}, but grant {grant.id!r}'s "
+            f"records are data {expected[:16]} (its blocks split by its signed rule): a release of "
+            "other records under one grant would draw the same noise on different data. Re-run "
+            "BlockExampleGen under this grant"
+        )
 
 
 def laplace_count(exact: int, epsilon: float, rng: RngLike) -> float:
@@ -305,15 +360,19 @@ def released_record_count(ledger: GrantLedger, grant: Grant) -> tuple[float, flo
     with _connection(ledger) as opened:
         if isinstance(opened, GrantClient):  # a confined run: the server releases it (no exact count leaves it)
             return opened.released_record_count(grant)
-        rng = secure_rng(open_release(opened, grant, Stage.COUNT,
-                                      computation_digest(RECORD_COUNT_COMPUTATION, list(grant.blocks)), eps),
-                         "record_count")
+        rng = secure_rng(
+            open_release(
+                opened, grant, Stage.COUNT, computation_digest(RECORD_COUNT_COMPUTATION, list(grant.blocks)), eps
+            ),
+            "record_count",
+        )
         exact = sum(opened.private_row_count(grant.stream, b) or 0 for b in grant.blocks)
     return laplace_count(exact, eps, rng), eps
 
 
-def check_read_under(artifact: Artifact, grant: Grant, fix: str, what: str | None = None,
-                     required: bool = True) -> None:
+def check_read_under(
+    artifact: Artifact, grant: Grant, fix: str, what: str | None = None, required: bool = True
+) -> None:
     """GrantError unless ``artifact`` (an MLMD artifact) carries custom property ``grant_id`` equal to
     ``grant.id``: data made under another grant (or none) is refused. ``fix`` ends the message (what to do);
     ``what`` names the artifact (default "the Examples artifact was read"); with ``required=False`` an
@@ -322,8 +381,9 @@ def check_read_under(artifact: Artifact, grant: Grant, fix: str, what: str | Non
     if not required and not read_under:
         return
     if read_under != grant.id:
-        raise GrantError(f"{what or 'the Examples artifact was read'} under grant {read_under or 'none'!r}, not "
-                         f"{grant.id!r}: {fix}")
+        raise GrantError(
+            f"{what or 'the Examples artifact was read'} under grant {read_under or 'none'!r}, not {grant.id!r}: {fix}"
+        )
 
 
 class GrantRun:
@@ -338,8 +398,9 @@ class GrantRun:
         self.ledger, self.location, self.grant = ledger, location, grant
         self._data_digest = None
 
-    def open_release(self, stage: Stage, computation: str, epsilon: float, delta: float = 0.0,
-                     per_unit: str | None = None) -> int:
+    def open_release(
+        self, stage: Stage, computation: str, epsilon: float, delta: float = 0.0, per_unit: str | None = None
+    ) -> int:
         """``open_release`` for this run's grant on this run's connection: the stage's noise seed."""
         return open_release(self.ledger, self.grant, stage, computation, epsilon, delta, per_unit)
 
@@ -385,8 +446,14 @@ class GrantedExecutor:
     """
 
     @contextlib.contextmanager
-    def CheckGrant(self, exec_properties: Mapping[str, Any], *, stream: str | None = None,  # noqa: N802 (TFX style)
-                   epsilon: float | None = None, delta: float | None = None) -> Iterator[GrantRun]:
+    def CheckGrant(
+        self,
+        exec_properties: Mapping[str, Any],
+        *,
+        stream: str | None = None,  # noqa: N802 (TFX style)
+        epsilon: float | None = None,
+        delta: float | None = None,
+    ) -> Iterator[GrantRun]:
         location = exec_properties.get(LEDGER_KEY)
         grant_json = exec_properties.get(GRANT_KEY)
         _require_inputs(location, grant_json)

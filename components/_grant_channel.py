@@ -9,6 +9,7 @@ every request against the ledger and the ONE grant of the iteration it serves; w
 
 Messages are JSON (``send_bytes``), never pickles, both ways: a child cannot make the launcher run code.
 """
+
 from __future__ import annotations
 
 import base64
@@ -75,15 +76,23 @@ class GrantClient:
         return self.call("block_digest", stream=stream, block=block)
 
     def release(self, grant, stage, computation, epsilon, delta=0.0, per_unit=None):
-        return self.call("release", grant=grant.id, stage=stage, computation=computation, epsilon=epsilon,
-                         delta=delta, per_unit=per_unit)
+        return self.call(
+            "release",
+            grant=grant.id,
+            stage=stage,
+            computation=computation,
+            epsilon=epsilon,
+            delta=delta,
+            per_unit=per_unit,
+        )
 
     def private_seed(self, grant_id, purpose) -> int:
         return int(self.call("private_seed", grant=grant_id, purpose=purpose))
 
     def private_row_count(self, stream, block):
-        raise GrantError("a confined pipeline gets no exact row count: ask for released_record_count (the grant's "
-                         "DP count) instead")
+        raise GrantError(
+            "a confined pipeline gets no exact row count: ask for released_record_count (the grant's DP count) instead"
+        )
 
     def released_record_count(self, grant):
         """The grant's DP record count (value, epsilon), released by the server; None without a count stage."""
@@ -112,7 +121,9 @@ def channel_client() -> GrantClient:
     if _CLIENT is None:
         fd = os.environ.get(FD_ENV)
         if not fd or not fd.isdigit():
-            raise GrantError(f"ledger {ADDRESS!r} is the grant server of a confined run, and this process has none "
-                             f"(no {FD_ENV}): give the ledger's location")
+            raise GrantError(
+                f"ledger {ADDRESS!r} is the grant server of a confined run, and this process has none "
+                f"(no {FD_ENV}): give the ledger's location"
+            )
         _CLIENT = GrantClient(Connection(int(fd)))
     return _CLIENT

@@ -15,6 +15,7 @@ child closes the socket. Every answer is the ledger's, for the iteration's grant
 
 Nothing else: no request, draw, other grant, registration or exact count. Requests are JSON, never pickles.
 """
+
 from __future__ import annotations
 
 import base64
@@ -84,16 +85,19 @@ class GrantServer:
 
     def _granted_block(self, request):
         if request.get("stream") != self.grant.stream or request.get("block") not in self.grant.blocks:
-            raise GrantError(f"block {request.get('block')!r} of stream {request.get('stream')!r} is not granted to "
-                             f"this run (grant {self.grant.id!r})")
+            raise GrantError(
+                f"block {request.get('block')!r} of stream {request.get('stream')!r} is not granted to "
+                f"this run (grant {self.grant.id!r})"
+            )
         return request["block"]
 
     def _verify(self, request):
         text = request.get("grant")
         if not isinstance(text, str) or Grant.from_json(text).id != self.grant.id:
             raise GrantError(f"this run is served grant {self.grant.id!r} only")
-        return self.ledger.verify(text, stream=request.get("stream"), epsilon=request.get("epsilon"),
-                                  delta=request.get("delta")).to_json()
+        return self.ledger.verify(
+            text, stream=request.get("stream"), epsilon=request.get("epsilon"), delta=request.get("delta")
+        ).to_json()
 
     def _blocks(self, request):
         if request.get("stream") != self.grant.stream:
@@ -114,16 +118,24 @@ class GrantServer:
         stage = request.get("stage")
         if stage not in _grant.SEED_PURPOSES:
             raise GrantError(f"stage {stage!r} is unknown: one of {', '.join(_grant.SEED_PURPOSES)}")
-        self.ledger.release(self.grant, stage, request.get("computation"), request.get("epsilon"),
-                            request.get("delta") or 0.0, per_unit=request.get("per_unit"))
+        self.ledger.release(
+            self.grant,
+            stage,
+            request.get("computation"),
+            request.get("epsilon"),
+            request.get("delta") or 0.0,
+            per_unit=request.get("per_unit"),
+        )
         self.opened.add(stage)
 
     def _private_seed(self, request):
         self._granted(request)
         allowed = {_grant.SEED_PURPOSES[stage] for stage in self.opened}
         if request.get("purpose") not in allowed:
-            raise GrantError(f"no seed for {request.get('purpose')!r}: open the stage's release first (this run "
-                             f"opened {', '.join(sorted(self.opened)) or 'none'})")
+            raise GrantError(
+                f"no seed for {request.get('purpose')!r}: open the stage's release first (this run "
+                f"opened {', '.join(sorted(self.opened)) or 'none'})"
+            )
         return str(self.ledger.private_seed(self.grant.id, request["purpose"]))
 
     def _released_record_count(self, request):
@@ -134,9 +146,15 @@ class GrantServer:
         return released
 
 
-_OPS = {"verify": GrantServer._verify, "blocks": GrantServer._blocks, "block_digest": GrantServer._block_digest,
-        "block_key": GrantServer._block_key, "release": GrantServer._release,
-        "private_seed": GrantServer._private_seed, "released_record_count": GrantServer._released_record_count}
+_OPS = {
+    "verify": GrantServer._verify,
+    "blocks": GrantServer._blocks,
+    "block_digest": GrantServer._block_digest,
+    "block_key": GrantServer._block_key,
+    "release": GrantServer._release,
+    "private_seed": GrantServer._private_seed,
+    "released_record_count": GrantServer._released_record_count,
+}
 
 
 def _error(exc) -> dict:

@@ -9,6 +9,7 @@ per-row epsilon / K; its ledger release names C (``Ledger.release(..., per_unit=
 against the grant's unit before any noise is drawn and ``sage ledger audit`` replays (``privacy.unit_share``).
 Nothing here comes from user code: the column is the grant's, the ids are the records'.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -49,8 +50,10 @@ def require_share(grant: Grant, stage: str, epsilon: float) -> None:
         return
     share = grant_unit_budget(grant, stage, column)
     if over_budget(epsilon, 0.0, share):
-        raise GrantError(f"the {stage} stage asks for epsilon={float(epsilon):.6g} but grant {grant.id!r} covers "
-                         f"only epsilon={share[0]:.6g} for {stage} (its whole share, the test run per unit)")
+        raise GrantError(
+            f"the {stage} stage asks for epsilon={float(epsilon):.6g} but grant {grant.id!r} covers "
+            f"only epsilon={share[0]:.6g} for {stage} (its whole share, the test run per unit)"
+        )
 
 
 def record_units(records: Sequence[bytes], column: str) -> np.ndarray:

@@ -64,9 +64,16 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
     SPEC_CLASS = BlockExampleGenSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, ledger: str, data_root: str | os.PathLike[str], stream: str,
-                 grant: Grant | str | RuntimeParameter | None = None, splits: Mapping[str, int] | None = None, *,
-                 staging_location: str | None = None) -> None:
+    def __init__(
+        self,
+        ledger: str,
+        data_root: str | os.PathLike[str],
+        stream: str,
+        grant: Grant | str | RuntimeParameter | None = None,
+        splits: Mapping[str, int] | None = None,
+        *,
+        staging_location: str | None = None,
+    ) -> None:
         """Construct a BlockExampleGen component.
 
         Args:
@@ -84,6 +91,13 @@ class BlockExampleGen(base_beam_component.BaseBeamComponent):
         """
         given = {} if splits is None else {"splits": json.dumps(dict(splits))}
         staging = {} if staging_location is None else {STAGING_LOCATION_KEY: str(staging_location)}
-        super().__init__(spec=BlockExampleGenSpec(
-            **grant_parameters(grant, ledger), data_root=str(data_root), stream=stream,
-            **given, **staging, examples=channel.Channel(type=standard_artifacts.Examples)))
+        super().__init__(
+            spec=BlockExampleGenSpec(
+                **grant_parameters(grant, ledger),
+                data_root=str(data_root),
+                stream=stream,
+                **given,
+                **staging,
+                examples=channel.Channel(type=standard_artifacts.Examples),
+            )
+        )

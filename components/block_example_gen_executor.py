@@ -69,10 +69,12 @@ def granted_splits(text: str | None, grant: Grant) -> list[tuple[str, int]]:
         return signed
     given = parse_splits(text)
     if given != signed:
-        raise GrantError(f"splits {dict(given)} differ from the record split signed into grant {grant.id!r}: "
-                         f"{dict(signed)} (in this order): a grant's records are split by its signed rule only. "
-                         "Leave BlockExampleGen's `splits` unset, or request a grant with another record split "
-                         "(Ledger.request(..., meta={'records': {...}})); nothing was read")
+        raise GrantError(
+            f"splits {dict(given)} differ from the record split signed into grant {grant.id!r}: "
+            f"{dict(signed)} (in this order): a grant's records are split by its signed rule only. "
+            "Leave BlockExampleGen's `splits` unset, or request a grant with another record split "
+            "(Ledger.request(..., meta={'records': {...}})); nothing was read"
+        )
     return signed
 
 
@@ -128,10 +130,12 @@ def _read_sealed_dofn():
 
             stream, block, path, size, sha256, name = task
             if not is_url(path) and not os.path.exists(path):
-                raise SealedError(f"block file {path} does not exist on the Beam worker: the workers do not see "
-                                  "the launcher's data root. Give the run a staging location every worker can "
-                                  "read (sage run --staging-location URL_OR_DIR, or the Beam --temp_location); "
-                                  "nothing of it was read")
+                raise SealedError(
+                    f"block file {path} does not exist on the Beam worker: the workers do not see "
+                    "the launcher's data root. Give the run a staging location every worker can "
+                    "read (sage run --staging-location URL_OR_DIR, or the Beam --temp_location); "
+                    "nothing of it was read"
+                )
             yield from read_file(path, self._deks[block], stream, block, size, sha256, name=name)
 
     return ReadSealed
@@ -180,8 +184,10 @@ def staged_run(location: str) -> str:
     try:
         FileSystems.get_filesystem(location)
     except ValueError as exc:
-        raise SealedError(f"staging location {location!r} has no Beam filesystem ({exc}): give a local folder or "
-                          "a URL of a filesystem Beam has (gs://, s3://, hdfs://...); nothing was read") from None
+        raise SealedError(
+            f"staging location {location!r} has no Beam filesystem ({exc}): give a local folder or "
+            "a URL of a filesystem Beam has (gs://, s3://, hdfs://...); nothing was read"
+        ) from None
     return FileSystems.join(location, STAGED_PREFIX + uuid.uuid4().hex)
 
 
@@ -199,8 +205,12 @@ def stage_files(blocks: Sequence[Any], run: str, tasks: Any) -> None:
         for stream, block, path, size, sha256 in b.file_tasks():
             staged = FileSystems.join(run, stream, block, names[path])
             tasks.append((stream, block, staged, size, sha256, names[path]))
-            with open(path, "rb") as src, FileSystems.create(staged, mime_type="application/octet-stream",
-                                                             compression_type=CompressionTypes.UNCOMPRESSED) as dst:
+            with (
+                open(path, "rb") as src,
+                FileSystems.create(
+                    staged, mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED
+                ) as dst,
+            ):
                 while chunk := src.read(1 << 20):
                     dst.write(chunk)
 
@@ -231,8 +241,12 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
     """Verify the grant (``GrantedExecutor.CheckGrant``: one ledger connection for the run), get exactly its
     blocks' keys, open its DP record count, then read and split the blocks in one Beam job."""
 
-    def Do(self, input_dict: dict[str, list[Artifact]], output_dict: dict[str, list[Artifact]],
-           exec_properties: dict[str, Any]) -> None:
+    def Do(
+        self,
+        input_dict: dict[str, list[Artifact]],
+        output_dict: dict[str, list[Artifact]],
+        exec_properties: dict[str, Any],
+    ) -> None:
         from sage_tfx.ingest.access import grant_blocks
 
         # The grant is checked with the ledger before a single record is read; one connection serves the key
@@ -241,8 +255,9 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
             splits = granted_splits(exec_properties.get("splits"), run.grant)
             data = run.data_digest()
             # The keys of the grant's blocks, and only those: signature and charge re-checked by the key door itself.
-            _, blocks = grant_blocks(run.ledger, exec_properties["data_root"], exec_properties.get("grant"),
-                                     stream=run.grant.stream)
+            _, blocks = grant_blocks(
+                run.ledger, exec_properties["data_root"], exec_properties.get("grant"), stream=run.grant.stream
+            )
             released = run.released_record_count()
         self._read_blocks(output_dict, exec_properties, run.grant, splits, blocks, released, data)
 
@@ -264,14 +279,15 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
                 stage_files(blocks, staged, staged_tasks)
                 tasks = staged_tasks
             with self._make_beam_pipeline() as p:
-                records = (p | "GrantedFiles" >> beam.Create(tasks)
-                           | "Read" >> beam.ParDo(_ReadSealed(deks)))
-                parts = records | "Split" >> beam.Partition(lambda rec, n, b=tuple(bounds): split_index(rec, b),
-                                                             len(names))
+                records = p | "GrantedFiles" >> beam.Create(tasks) | "Read" >> beam.ParDo(_ReadSealed(deks))
+                parts = records | "Split" >> beam.Partition(
+                    lambda rec, n, b=tuple(bounds): split_index(rec, b), len(names)
+                )
                 for name, part in zip(names, parts):
                     uri = artifact_utils.get_split_uri([examples], name)
                     _ = part | f"Write[{name}]" >> beam.io.WriteToTFRecord(
-                        os.path.join(uri, FILE_PREFIX), file_name_suffix=".gz")
+                        os.path.join(uri, FILE_PREFIX), file_name_suffix=".gz"
+                    )
         finally:
             os.umask(old_umask)
             if staged is not None:
@@ -290,8 +306,12 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
         examples.set_float_custom_property("epsilon", grant.epsilon)
         examples.set_float_custom_property("delta", grant.delta)
         # MLMD 1.17's SQLite store keeps only ~6 decimals of a double (1e-7 reads back as 0.0): exact values here.
-        examples.set_string_custom_property("charge", json.dumps({
-            "epsilon": grant.epsilon, "delta": grant.delta, "accounting": grant.accounting, "rule": grant.rule}))
+        examples.set_string_custom_property(
+            "charge",
+            json.dumps(
+                {"epsilon": grant.epsilon, "delta": grant.delta, "accounting": grant.accounting, "rule": grant.rule}
+            ),
+        )
         examples.set_string_custom_property(SPLIT_RULE_PROPERTY, json.dumps(dict(splits)))
         examples.set_string_custom_property(DATA_PROPERTY, data)
         if released is not None:

@@ -108,14 +108,28 @@ class DPModelValidator(base_component.BaseComponent):
     SPEC_CLASS = DPModelValidatorSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(Executor)
 
-    def __init__(self, model: BaseChannel, examples: BaseChannel, ledger: str, metric: str,
-                 target: float | RuntimeParameter, label_key: str, grant: Grant | str | RuntimeParameter | None = None,
-                 loss_bound: float | RuntimeParameter | None = None, confidence: float | RuntimeParameter | None = None,
-                 eta: float | RuntimeParameter | None = None, attempt: int | RuntimeParameter | None = None,
-                 epsilon: float | RuntimeParameter | None = None, eval_split: str = "eval",
-                 train_split: str | None = None, prediction_key: str | None = None,
-                 label_threshold: float | RuntimeParameter | None = None, loss_module: str | None = None,
-                 loss_function: str | None = None, label_signature: str | None = None) -> None:
+    def __init__(
+        self,
+        model: BaseChannel,
+        examples: BaseChannel,
+        ledger: str,
+        metric: str,
+        target: float | RuntimeParameter,
+        label_key: str,
+        grant: Grant | str | RuntimeParameter | None = None,
+        loss_bound: float | RuntimeParameter | None = None,
+        confidence: float | RuntimeParameter | None = None,
+        eta: float | RuntimeParameter | None = None,
+        attempt: int | RuntimeParameter | None = None,
+        epsilon: float | RuntimeParameter | None = None,
+        eval_split: str = "eval",
+        train_split: str | None = None,
+        prediction_key: str | None = None,
+        label_threshold: float | RuntimeParameter | None = None,
+        loss_module: str | None = None,
+        loss_function: str | None = None,
+        label_signature: str | None = None,
+    ) -> None:
         """Construct a DPModelValidator component.
 
         Args:
@@ -143,12 +157,27 @@ class DPModelValidator(base_component.BaseComponent):
         Raises:
           LedgerError: ``ledger`` holds a password (``check_location``).
         """
-        super().__init__(spec=DPModelValidatorSpec(
-            **grant_parameters(grant, ledger), metric=metric, target=_maybe(float, target), label_key=label_key,
-            loss_bound=_maybe(float, loss_bound), confidence=_maybe(float, confidence), eta=_maybe(float, eta),
-            attempt=_maybe(int, attempt), epsilon=_maybe(float, epsilon), eval_split=eval_split,
-            train_split=train_split, prediction_key=prediction_key, label_threshold=_maybe(float, label_threshold),
-            loss_module=loss_module, loss_function=loss_function, label_signature=label_signature,
-            model=model, examples=examples,
-            blessing=channel.Channel(type=standard_artifacts.ModelBlessing),
-            validation_result=channel.Channel(type=SageValidationResult)))
+        super().__init__(
+            spec=DPModelValidatorSpec(
+                **grant_parameters(grant, ledger),
+                metric=metric,
+                target=_maybe(float, target),
+                label_key=label_key,
+                loss_bound=_maybe(float, loss_bound),
+                confidence=_maybe(float, confidence),
+                eta=_maybe(float, eta),
+                attempt=_maybe(int, attempt),
+                epsilon=_maybe(float, epsilon),
+                eval_split=eval_split,
+                train_split=train_split,
+                prediction_key=prediction_key,
+                label_threshold=_maybe(float, label_threshold),
+                loss_module=loss_module,
+                loss_function=loss_function,
+                label_signature=label_signature,
+                model=model,
+                examples=examples,
+                blessing=channel.Channel(type=standard_artifacts.ModelBlessing),
+                validation_result=channel.Channel(type=SageValidationResult),
+            )
+        )

@@ -78,12 +78,23 @@ def validation_plan(exec_properties: Mapping[str, Any], grant: Grant) -> dict[st
     eta = None if eta is None else _number("eta", eta)
     attempt = exec_properties.get("attempt")
     attempt = None if attempt is None else int(attempt)
-    return {"metric": test["metric"], "target": test["target"], "loss_bound": test["loss_bound"], "epsilon": epsilon,
-            "confidence": confidence, "eta": eta, "attempt": attempt, "label_key": test["label_key"],
-            "eval_split": eval_split, "train_split": train_split,
-            "train_epsilon": train_epsilon,
-            "prediction_key": exec_properties.get("prediction_key") or None,
-            "label_threshold": test["label_threshold"], **test["extra"], **unit_plan(grant)}
+    return {
+        "metric": test["metric"],
+        "target": test["target"],
+        "loss_bound": test["loss_bound"],
+        "epsilon": epsilon,
+        "confidence": confidence,
+        "eta": eta,
+        "attempt": attempt,
+        "label_key": test["label_key"],
+        "eval_split": eval_split,
+        "train_split": train_split,
+        "train_epsilon": train_epsilon,
+        "prediction_key": exec_properties.get("prediction_key") or None,
+        "label_threshold": test["label_threshold"],
+        **test["extra"],
+        **unit_plan(grant),
+    }
 
 
 def _test_settings(exec_properties: Mapping[str, Any]) -> dict[str, Any]:
@@ -110,12 +121,18 @@ def _test_settings(exec_properties: Mapping[str, Any]) -> dict[str, Any]:
     label_threshold = None if label_threshold is None else _number("label_threshold", label_threshold)
     label_signature = exec_properties.get("label_signature") or None
     if label_signature is not None and (not isinstance(label_signature, str) or not label_signature.strip()):
-        raise ValidatorConfigError(f"label_signature {label_signature!r} must name a signature of the SavedModel "
-                                   "(e.g. 'transform_features')")
-    return {"metric": metric, "target": target, "loss_bound": loss_bound, "label_key": str(label_key),
-            "label_threshold": label_threshold,
-            # only when set, so a plan without one keeps the fingerprint it had before the option existed
-            "extra": {**({"label_signature": label_signature} if label_signature else {}), **custom}}
+        raise ValidatorConfigError(
+            f"label_signature {label_signature!r} must name a signature of the SavedModel (e.g. 'transform_features')"
+        )
+    return {
+        "metric": metric,
+        "target": target,
+        "loss_bound": loss_bound,
+        "label_key": str(label_key),
+        "label_threshold": label_threshold,
+        # only when set, so a plan without one keeps the fingerprint it had before the option existed
+        "extra": {**({"label_signature": label_signature} if label_signature else {}), **custom},
+    }
 
 
 def _stage_budgets(exec_properties: Mapping[str, Any], grant: Grant) -> tuple:
@@ -123,8 +140,13 @@ def _stage_budgets(exec_properties: Mapping[str, Any], grant: Grant) -> tuple:
     sides of their splits, checked against the grant's signed split (``validation_plan``'s second step)."""
     share, _ = stage_share(grant, STAGE)
     epsilon = exec_properties.get("epsilon")
-    epsilon = positive(share if epsilon is None else epsilon, "epsilon", error=ValidatorConfigError,
-                       message="{what} {value!r} must be {rule}", not_number="{what} {value!r} must be a number")
+    epsilon = positive(
+        share if epsilon is None else epsilon,
+        "epsilon",
+        error=ValidatorConfigError,
+        message="{what} {value!r} must be {rule}",
+        not_number="{what} {value!r} must be a number",
+    )
     require_share(grant, STAGE, epsilon)
 
     train_split = exec_properties.get("train_split") or None
@@ -133,12 +155,16 @@ def _stage_budgets(exec_properties: Mapping[str, Any], grant: Grant) -> tuple:
         # The REJECT test reads the training records: it is the split's `rejection` stage, charged on the
         # training side of the rule (pre + count + max(train + reject, val) with a per-record split).
         if grant_split(grant) is None:
-            raise GrantError(f"grant {grant.id!r} is single-stage (no split): it pays for one test, so the REJECT "
-                             f"test on split {train_split!r} is not covered; charge a split with a rejection stage")
+            raise GrantError(
+                f"grant {grant.id!r} is single-stage (no split): it pays for one test, so the REJECT "
+                f"test on split {train_split!r} is not covered; charge a split with a rejection stage"
+            )
         train_epsilon, _ = stage_share(grant, REJECT_STAGE)
         if not train_epsilon > 0:
-            raise GrantError(f"grant {grant.id!r}'s split has no rejection stage (epsilon {train_epsilon:g}): the "
-                             f"REJECT test on split {train_split!r} is not paid for (BudgetSplit rejection_share > 0)")
+            raise GrantError(
+                f"grant {grant.id!r}'s split has no rejection stage (epsilon {train_epsilon:g}): the "
+                f"REJECT test on split {train_split!r} is not paid for (BudgetSplit rejection_share > 0)"
+            )
         require_share(grant, REJECT_STAGE, train_epsilon)
 
     eval_split = exec_properties.get("eval_split") or "eval"
@@ -154,16 +180,22 @@ def custom_loss_plan(metric: str, loss_module: str | None, loss_function: str | 
 
     if metric != Metric.CUSTOM:
         if loss_module or loss_function:
-            raise ValidatorConfigError(f"loss_module {loss_module!r} / loss_function {loss_function!r} apply to "
-                                       "metric 'custom' only")
+            raise ValidatorConfigError(
+                f"loss_module {loss_module!r} / loss_function {loss_function!r} apply to metric 'custom' only"
+            )
         return {}
     if not loss_module or not os.path.isfile(loss_module):
-        raise ValidatorConfigError(f"metric 'custom' needs loss_module, the path of a Python file defining "
-                                   f"{DEFAULT_LOSS_FUNCTION}(labels, outputs): got {loss_module!r}")
+        raise ValidatorConfigError(
+            f"metric 'custom' needs loss_module, the path of a Python file defining "
+            f"{DEFAULT_LOSS_FUNCTION}(labels, outputs): got {loss_module!r}"
+        )
     with open(loss_module, "rb") as f:
         digest = hashlib.sha256(f.read()).hexdigest()
-    plan = {"loss_module": os.path.abspath(loss_module), "loss_function": loss_function or DEFAULT_LOSS_FUNCTION,
-            "loss_module_digest": digest}
+    plan = {
+        "loss_module": os.path.abspath(loss_module),
+        "loss_function": loss_function or DEFAULT_LOSS_FUNCTION,
+        "loss_module_digest": digest,
+    }
     load_loss_function(plan)  # a module that fails to import, or lacks the function, fails here
     return plan
 
@@ -178,18 +210,26 @@ def load_loss_function(plan: Mapping[str, Any]) -> Callable[..., Any] | None:
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
-        raise ValidatorConfigError(f"loss_module {plan['loss_module']!r} failed to import: {type(exc).__name__}: "
-                                   f"{exc}") from None
+        raise ValidatorConfigError(
+            f"loss_module {plan['loss_module']!r} failed to import: {type(exc).__name__}: {exc}"
+        ) from None
     fn = getattr(module, plan["loss_function"], None)
     if not callable(fn):
-        raise ValidatorConfigError(f"loss_module {plan['loss_module']!r} defines no function "
-                                   f"{plan['loss_function']!r}(labels, outputs)")
+        raise ValidatorConfigError(
+            f"loss_module {plan['loss_module']!r} defines no function {plan['loss_function']!r}(labels, outputs)"
+        )
     return fn
 
 
 def _number(name, value):
-    return number(value, name, error=ValidatorConfigError, allow_bool=True, message="{what} {value!r} must be {rule}",
-                  not_number="{what} {value!r} must be a number")
+    return number(
+        value,
+        name,
+        error=ValidatorConfigError,
+        allow_bool=True,
+        message="{what} {value!r} must be {rule}",
+        not_number="{what} {value!r} must be a number",
+    )
 
 
 def make_validator(plan: Mapping[str, Any]) -> DPAccuracyValidator | DPLossValidator:
@@ -198,10 +238,17 @@ def make_validator(plan: Mapping[str, Any]) -> DPAccuracyValidator | DPLossValid
 
     per_unit = plan.get(UNIT_PLAN_KEY) is not None  # on a unit stream: one record per unit (components/_units.py)
     if plan["metric"] == Metric.ACCURACY:
-        return DPAccuracyValidator(plan["target"], plan["epsilon"], plan["confidence"],
-                                   train_epsilon=plan["train_epsilon"], per_unit=per_unit)
-    return DPLossValidator(plan["target"], plan["epsilon"], plan["confidence"], loss_bound=plan["loss_bound"],
-                           train_epsilon=plan["train_epsilon"], per_unit=per_unit)
+        return DPAccuracyValidator(
+            plan["target"], plan["epsilon"], plan["confidence"], train_epsilon=plan["train_epsilon"], per_unit=per_unit
+        )
+    return DPLossValidator(
+        plan["target"],
+        plan["epsilon"],
+        plan["confidence"],
+        loss_bound=plan["loss_bound"],
+        train_epsilon=plan["train_epsilon"],
+        per_unit=per_unit,
+    )
 
 
 def model_digest(path: str) -> str:
@@ -221,8 +268,9 @@ def model_digest(path: str) -> str:
     from tensorflow.core.protobuf import saved_model_pb2
 
     digest = hashlib.sha256()
-    files = sorted(os.path.relpath(os.path.join(root, name), path)
-                   for root, _, names in tf.io.gfile.walk(path) for name in names)
+    files = sorted(
+        os.path.relpath(os.path.join(root, name), path) for root, _, names in tf.io.gfile.walk(path) for name in names
+    )
     for rel in files:
         if rel == FINGERPRINT_FILE:
             continue
@@ -245,6 +293,7 @@ def validation_computation(plan: Mapping[str, Any], model_path: str, data: Mappi
 
 # ---------------------------------------------------------------- outputs
 
+
 def write_result(artifact: Artifact, report: Mapping[str, Any]) -> None:
     import tensorflow as tf
 
@@ -256,8 +305,12 @@ def write_result(artifact: Artifact, report: Mapping[str, Any]) -> None:
         artifact.set_float_custom_property("bound", report["bound"])
     artifact.set_string_custom_property("grant_id", report["grant_id"])
     # MLMD's SQLite store keeps ~6 decimals of a double: the exact figures as JSON.
-    artifact.set_string_custom_property("result", json.dumps(
-        {k: report[k] for k in ("outcome", "bound", "epsilon_spent", "eta", "confidence", "target", "metric")}))
+    artifact.set_string_custom_property(
+        "result",
+        json.dumps(
+            {k: report[k] for k in ("outcome", "bound", "epsilon_spent", "eta", "confidence", "target", "metric")}
+        ),
+    )
 
 
 def confidence_report(grant: Grant, plan: dict, eta: float) -> dict:
@@ -268,10 +321,14 @@ def confidence_report(grant: Grant, plan: dict, eta: float) -> dict:
     asked = request.get("confidence")
     if asked is None:
         asked = plan["confidence"] if plan["eta"] is None else 1.0 - eta
-    return {"confidence": float(asked), "eta": eta, "test_confidence": 1.0 - eta,
-            "eta_rule": "the SLA holds with probability >= confidence over ALL iterations: iteration i tests at "
-                        "eta_i = (1 - confidence) / (i (i + 1)) (these sum to 1 - confidence), so one test's own "
-                        "confidence, test_confidence = 1 - eta_i, is higher than the one asked"}
+    return {
+        "confidence": float(asked),
+        "eta": eta,
+        "test_confidence": 1.0 - eta,
+        "eta_rule": "the SLA holds with probability >= confidence over ALL iterations: iteration i tests at "
+        "eta_i = (1 - confidence) / (i (i + 1)) (these sum to 1 - confidence), so one test's own "
+        "confidence, test_confidence = 1 - eta_i, is higher than the one asked",
+    }
 
 
 def validate_model(run: Any, plan: dict, model_path: str, read_split: Callable[[str], Sequence[bytes]]) -> tuple:
@@ -290,13 +347,17 @@ def validate_model(run: Any, plan: dict, model_path: str, read_split: Callable[[
         run.open_release(REJECT_STAGE, computation, plan["train_epsilon"], per_unit=per_unit)
     loss_fn = load_loss_function(plan)
     test, units = split_values(serving, read_split(plan["eval_split"]), plan, loss_fn)
-    train, train_units = (None, None) if plan["train_split"] is None else split_values(
-        serving, read_split(plan["train_split"]), plan, loss_fn)
+    train, train_units = (
+        (None, None)
+        if plan["train_split"] is None
+        else split_values(serving, read_split(plan["train_split"]), plan, loss_fn)
+    )
     # the validators' noise: exact grid Laplace from a ChaCha20 generator keyed by the grant's seed
     rng = secure_rng(seed, Stage.VALIDATION.value)
     unit_ids = {} if per_unit is None else {"units": units, "train_units": train_units}
-    return make_validator(plan).validate(test, train, rng, attempt=plan["attempt"], eta=plan["eta"],
-                                         **unit_ids), computation
+    return make_validator(plan).validate(
+        test, train, rng, attempt=plan["attempt"], eta=plan["eta"], **unit_ids
+    ), computation
 
 
 def validation_report(result: Any, plan: dict, grant: Any, computation: str, **uris: str) -> dict:
@@ -304,22 +365,35 @@ def validation_report(result: Any, plan: dict, grant: Any, computation: str, **u
     examples_uri)."""
     report = result.to_dict()
     key = "upper" if plan["metric"] in LOSS_METRICS else "lower"
-    report.update({
-        "bound": report["bounds"].get(key), "bound_kind": key, "metric_name": plan["metric"],
-        "grant_id": grant.id, "stream": grant.stream, "eval_split": plan["eval_split"],
-        "train_split": plan["train_split"], **uris,
-        "validation_share_epsilon": stage_share(grant, STAGE)[0], "train_epsilon": plan["train_epsilon"],
-        "per_unit": plan.get(UNIT_PLAN_KEY),
-        "label_threshold": plan["label_threshold"], "loss_module": plan.get("loss_module"),
-        "computation": computation, **confidence_report(grant, plan, result.eta),
-    })
+    report.update(
+        {
+            "bound": report["bounds"].get(key),
+            "bound_kind": key,
+            "metric_name": plan["metric"],
+            "grant_id": grant.id,
+            "stream": grant.stream,
+            "eval_split": plan["eval_split"],
+            "train_split": plan["train_split"],
+            **uris,
+            "validation_share_epsilon": stage_share(grant, STAGE)[0],
+            "train_epsilon": plan["train_epsilon"],
+            "per_unit": plan.get(UNIT_PLAN_KEY),
+            "label_threshold": plan["label_threshold"],
+            "loss_module": plan.get("loss_module"),
+            "computation": computation,
+            **confidence_report(grant, plan, result.eta),
+        }
+    )
     return report
 
 
 class Executor(GrantedExecutor, base_executor.BaseExecutor):
-
-    def Do(self, input_dict: dict[str, list[Artifact]], output_dict: dict[str, list[Artifact]],
-           exec_properties: dict[str, Any]) -> None:
+    def Do(
+        self,
+        input_dict: dict[str, list[Artifact]],
+        output_dict: dict[str, list[Artifact]],
+        exec_properties: dict[str, Any],
+    ) -> None:
         # The one door (one ledger connection for the run): the grant is verified, and the budget and the
         # data's provenance are checked, before a single record is read.
         with self.CheckGrant(exec_properties) as run:

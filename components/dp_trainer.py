@@ -83,12 +83,23 @@ class DPTrainer(base_component.BaseComponent):
     SPEC_CLASS = DPTrainerSpec
     EXECUTOR_SPEC = executor_spec.ExecutorClassSpec(Executor)
 
-    def __init__(self, examples: BaseChannel, ledger: str, grant: Grant | str | RuntimeParameter | None = None,
-                 module_file: str | None = None, module_path: str | None = None, run_fn: str | None = None,
-                 transform_graph: BaseChannel | None = None, schema: BaseChannel | None = None,
-                 train_args: trainer_pb2.TrainArgs | None = None, eval_args: trainer_pb2.EvalArgs | None = None,
-                 custom_config: dict[str, Any] | None = None, epsilon: float | None = None, delta: float | None = None,
-                 public_num_examples: int | None = None) -> None:
+    def __init__(
+        self,
+        examples: BaseChannel,
+        ledger: str,
+        grant: Grant | str | RuntimeParameter | None = None,
+        module_file: str | None = None,
+        module_path: str | None = None,
+        run_fn: str | None = None,
+        transform_graph: BaseChannel | None = None,
+        schema: BaseChannel | None = None,
+        train_args: trainer_pb2.TrainArgs | None = None,
+        eval_args: trainer_pb2.EvalArgs | None = None,
+        custom_config: dict[str, Any] | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        public_num_examples: int | None = None,
+    ) -> None:
         """Construct a DPTrainer component.
 
         Args:
@@ -117,12 +128,22 @@ class DPTrainer(base_component.BaseComponent):
             raise ValueError("give exactly one of module_file, module_path or run_fn")
         if custom_config is not None and not isinstance(custom_config, dict):
             raise ValueError(f"custom_config must be a dict, got {type(custom_config).__name__}")
-        super().__init__(spec=DPTrainerSpec(
-            **grant_parameters(grant, ledger), module_file=None if module_file is None else str(module_file),
-            module_path=module_path, run_fn=run_fn, train_args=train_args or trainer_pb2.TrainArgs(),
-            eval_args=eval_args or trainer_pb2.EvalArgs(),
-            custom_config=json.dumps(custom_config) if custom_config is not None else None,
-            epsilon=epsilon, delta=delta, public_num_examples=public_num_examples,
-            examples=examples, transform_graph=transform_graph, schema=schema,
-            model=channel.Channel(type=standard_artifacts.Model),
-            model_run=channel.Channel(type=standard_artifacts.ModelRun)))
+        super().__init__(
+            spec=DPTrainerSpec(
+                **grant_parameters(grant, ledger),
+                module_file=None if module_file is None else str(module_file),
+                module_path=module_path,
+                run_fn=run_fn,
+                train_args=train_args or trainer_pb2.TrainArgs(),
+                eval_args=eval_args or trainer_pb2.EvalArgs(),
+                custom_config=json.dumps(custom_config) if custom_config is not None else None,
+                epsilon=epsilon,
+                delta=delta,
+                public_num_examples=public_num_examples,
+                examples=examples,
+                transform_graph=transform_graph,
+                schema=schema,
+                model=channel.Channel(type=standard_artifacts.Model),
+                model_run=channel.Channel(type=standard_artifacts.ModelRun),
+            )
+        )

@@ -82,17 +82,25 @@ def asked_budget(exec_properties: Mapping[str, Any], grant: Grant) -> tuple[floa
     share_eps, share_delta = training_share(grant)
     epsilon = exec_properties.get("epsilon")
     delta = exec_properties.get("delta")
-    epsilon, delta = (number(share if value is None else value, f"DPTrainer {name}", error=ValueError, low=0.0,
-                             message="{what}={value!r} is invalid: must be {rule}")
-                      for name, value, share in (("epsilon", epsilon, share_eps), ("delta", delta, share_delta)))
+    epsilon, delta = (
+        number(
+            share if value is None else value,
+            f"DPTrainer {name}",
+            error=ValueError,
+            low=0.0,
+            message="{what}={value!r} is invalid: must be {rule}",
+        )
+        for name, value, share in (("epsilon", epsilon, share_eps), ("delta", delta, share_delta))
+    )
     if epsilon <= 0:
         raise GrantError(f"grant {grant.id!r} leaves no training budget (epsilon {epsilon:.6g})")
     require_budget(grant, STAGE, epsilon, delta)
     return epsilon, delta
 
 
-def training_count(ledger: GrantRun, grant: Grant, examples: Artifact, train_splits: Sequence[str],
-                   public_num_examples: int | None) -> tuple[int | None, str | None]:
+def training_count(
+    ledger: GrantRun, grant: Grant, examples: Artifact, train_splits: Sequence[str], public_num_examples: int | None
+) -> tuple[int | None, str | None]:
     """(num_examples for calibration, its source): the DP count of the training splits, or a public number.
 
     The DP count covers every split of the grant; the training splits' share of it uses the public hash
@@ -103,8 +111,7 @@ def training_count(ledger: GrantRun, grant: Grant, examples: Artifact, train_spl
     released = released_record_count(ledger, grant)
     if released is not None:
         value, _ = released
-        rule = examples.get_string_custom_property("split_rule") if examples.has_custom_property(
-            "split_rule") else ""
+        rule = examples.get_string_custom_property("split_rule") if examples.has_custom_property("split_rule") else ""
         fraction = 1.0
         if rule:
             buckets = json.loads(rule)
@@ -143,8 +150,9 @@ def _numbers_in(value):
     return set()
 
 
-def public_numbers(source: str | bytes, custom_config: Mapping[str, Any] | None,
-                   num_examples: int | None) -> frozenset[float]:
+def public_numbers(
+    source: str | bytes, custom_config: Mapping[str, Any] | None, num_examples: int | None
+) -> frozenset[float]:
     """The numbers a DP fit's batch size and epochs (and an adaptive clip's parameters) may take under this run
     (``training_seed(public=...)``): the numeric constants of the module's source (``source``: its bytes, or a
     list of the bytes of it and of the files beside it, which it may import), the numbers of ``custom_config``,
@@ -158,15 +166,21 @@ def public_numbers(source: str | bytes, custom_config: Mapping[str, Any] | None,
     from sage_tfx.privacy.adaptive_clip import IMBALANCED, AdaptiveClip
 
     numbers = _numbers_in(custom_config)
-    for text in (source if isinstance(source, list) else [source]):
+    for text in source if isinstance(source, list) else [source]:
         try:
             tree = ast.parse(text)
         except (SyntaxError, ValueError, TypeError):  # compiled code: no constants to read
             continue
-        numbers |= {float(n.value) for n in ast.walk(tree)
-                    if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool)}
-    for fn, names in ((make_private, ("batch_size", "epochs")), (_DPSGDEstimator.__init__, ("batch_size", "epochs")),
-                      (trainer_utils.batch_size, ("default",))):
+        numbers |= {
+            float(n.value)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, (int, float)) and not isinstance(n.value, bool)
+        }
+    for fn, names in (
+        (make_private, ("batch_size", "epochs")),
+        (_DPSGDEstimator.__init__, ("batch_size", "epochs")),
+        (trainer_utils.batch_size, ("default",)),
+    ):
         parameters = inspect.signature(fn).parameters
         numbers |= {float(parameters[name].default) for name in names}
     numbers.add(float(DPLogisticRegressor.DEFAULT_BATCH_SIZE))
@@ -177,23 +191,39 @@ def public_numbers(source: str | bytes, custom_config: Mapping[str, Any] | None,
     return frozenset(numbers)
 
 
-def training_computation(exec_properties: Mapping[str, Any], run_fn: Callable[..., Any],
-                         input_dict: Mapping[str, list[Artifact]], budget: tuple[float, float],
-                         data: Mapping[str, Any] | None = None) -> str:
+def training_computation(
+    exec_properties: Mapping[str, Any],
+    run_fn: Callable[..., Any],
+    input_dict: Mapping[str, list[Artifact]],
+    budget: tuple[float, float],
+    data: Mapping[str, Any] | None = None,
+) -> str:
     """The training release's fingerprint: the module's source, run_fn's name, the parameters that shape the
     run (``COMPUTATION_PROPERTIES``), the budget, the release the transform graph came from, and the records
     it reads (``data``: ``GrantRun.release_data`` of the training splits)."""
     source = module_source(run_fn)
-    graphs = [g.get_string_custom_property(COMPUTATION_PROPERTY) for g in input_dict.get("transform_graph") or []
-              if g.has_custom_property(COMPUTATION_PROPERTY)]
+    graphs = [
+        g.get_string_custom_property(COMPUTATION_PROPERTY)
+        for g in input_dict.get("transform_graph") or []
+        if g.has_custom_property(COMPUTATION_PROPERTY)
+    ]
     params = {k: exec_properties.get(k) for k in COMPUTATION_PROPERTIES}
     params = {k: v if v is None or isinstance(v, (str, int, float)) else proto_json(v) for k, v in params.items()}
     siblings = [part for name, text in sibling_sources(run_fn) for part in (name, text)]  # what it may import
-    return computation_digest("DPTrainer/v1", source, getattr(run_fn, "__qualname__", ""), params, list(budget),
-                              graphs, *([] if data is None else [data]), *siblings)
+    return computation_digest(
+        "DPTrainer/v1",
+        source,
+        getattr(run_fn, "__qualname__", ""),
+        params,
+        list(budget),
+        graphs,
+        *([] if data is None else [data]),
+        *siblings,
+    )
 
 
 # ------------------------------------------------------------------------------------------- the audit
+
 
 def _gaussian_multipliers(event):
     """Noise multipliers if ``event`` is a composition of plain Gaussian mechanisms, else None."""
@@ -215,8 +245,7 @@ def _gaussian_multipliers(event):
     return None
 
 
-def audit_spend(report: Mapping[str, Any], budget: tuple[float, float],
-                num_examples: int | None) -> tuple[float, str]:
+def audit_spend(report: Mapping[str, Any], budget: tuple[float, float], num_examples: int | None) -> tuple[float, str]:
     """Check a spend report against the run's (epsilon, delta); return (audited epsilon, accounting).
 
     Compositions of Gaussian mechanisms (AdaSSP's grid-Gaussian releases) are accounted by their RDP curve, the
@@ -237,13 +266,17 @@ def audit_spend(report: Mapping[str, Any], budget: tuple[float, float],
     if not (math.isfinite(spent_eps) and spent_eps >= 0 and 0 <= spent_delta < 1):
         raise SpendError(f"the model reports (epsilon={spent_eps!r}, delta={spent_delta!r}): not a valid spend")
     if spent_eps > epsilon * (1 + 1e-9) or spent_delta > delta * (1 + 1e-9):
-        raise SpendError(f"the model spent (epsilon={spent_eps:.6g}, delta={spent_delta:.3g}) but the grant's "
-                         f"training share allows (epsilon={epsilon:.6g}, delta={delta:.3g})")
+        raise SpendError(
+            f"the model spent (epsilon={spent_eps:.6g}, delta={spent_delta:.3g}) but the grant's "
+            f"training share allows (epsilon={epsilon:.6g}, delta={delta:.3g})"
+        )
     reported_n = report.get("num_examples")
     if reported_n is not None and (num_examples is None or int(reported_n) != int(num_examples)):
         # the reported value is not echoed: it may be the exact count the run_fn must never use
-        raise SpendError(f"the model calibrated its noise with another num_examples than the run's DP (or public) "
-                         f"count {num_examples}: use fn_args.num_examples, never the exact count")
+        raise SpendError(
+            f"the model calibrated its noise with another num_examples than the run's DP (or public) "
+            f"count {num_examples}: use fn_args.num_examples, never the exact count"
+        )
 
     accounting = report.get("accountant") or "rdp"
     if accounting not in ("rdp", "pld"):
@@ -253,8 +286,10 @@ def audit_spend(report: Mapping[str, Any], budget: tuple[float, float],
     else:
         audited = event_epsilon(event, spent_delta, accounting) if spent_delta > 0 else math.inf
     if not audited <= epsilon * (1 + RELATIVE_SLACK):
-        raise SpendError(f"re-accounting the model's DpEvent ({accounting}) gives epsilon={audited:.6g} at "
-                         f"delta={spent_delta:.3g}, above the training share epsilon={epsilon:.6g}")
+        raise SpendError(
+            f"re-accounting the model's DpEvent ({accounting}) gives epsilon={audited:.6g} at "
+            f"delta={spent_delta:.3g}, above the training share epsilon={epsilon:.6g}"
+        )
     return audited, accounting
 
 
@@ -266,12 +301,16 @@ def audit_fits(block: TrainingBlock, budget: tuple[float, float]) -> tuple[float
     fitted no sage_tfx DP model under the grant's seed is refused: its model was not trained by one.
     """
     if not block.fits:
-        raise SpendError("run_fn reported a spend but fitted no sage_tfx DP model in its own thread under the "
-                         "grant's training seed: train with sage_tfx.models (DP models or make_private)")
+        raise SpendError(
+            "run_fn reported a spend but fitted no sage_tfx DP model in its own thread under the "
+            "grant's training seed: train with sage_tfx.models (DP models or make_private)"
+        )
     epsilon, delta = block.composed()
     if epsilon > budget[0] * (1 + RELATIVE_SLACK) or delta > budget[1] * (1 + RELATIVE_SLACK):
-        raise SpendError(f"the run's {len(block.fits)} DP fits compose to (epsilon={epsilon:.6g}, delta={delta:.3g}), "
-                         f"above the training share (epsilon={budget[0]:.6g}, delta={budget[1]:.3g})")
+        raise SpendError(
+            f"the run's {len(block.fits)} DP fits compose to (epsilon={epsilon:.6g}, delta={delta:.3g}), "
+            f"above the training share (epsilon={budget[0]:.6g}, delta={budget[1]:.3g})"
+        )
     return epsilon, delta
 
 
@@ -287,8 +326,10 @@ def collect_report(returned: Any, model_run_dir: str) -> dict[str, Any] | None:
             return spent_report(returned)
         except ValueError as exc:
             raise SpendError(f"run_fn returned {type(returned).__name__} without a usable spend: {exc}") from None
-    raise SpendError("run_fn reported no privacy spend: call sage_tfx.components.trainer_utils.report_spent("
-                     "fn_args, model) or return the fitted DP model")
+    raise SpendError(
+        "run_fn reported no privacy spend: call sage_tfx.components.trainer_utils.report_spent("
+        "fn_args, model) or return the fitted DP model"
+    )
 
 
 def _discard(paths):
@@ -301,8 +342,10 @@ def _discard(paths):
 
 # ------------------------------------------------------------------------------------------- fn_args
 
-def make_fn_args(input_dict: dict[str, list[Artifact]], output_dict: dict[str, list[Artifact]],
-                 exec_properties: dict[str, Any]) -> Any:
+
+def make_fn_args(
+    input_dict: dict[str, list[Artifact]], output_dict: dict[str, list[Artifact]], exec_properties: dict[str, Any]
+) -> Any:
     """TFX's own ``FnArgs`` (train/eval files, data_accessor, transform graph, serving/run dirs, custom
     config...), as TFX's Trainer builds it; the privacy fields are added by the executor."""
     from tfx.components.trainer import fn_args_utils
@@ -354,9 +397,12 @@ def train_split_names(exec_properties: Mapping[str, Any]) -> list[str]:
 
 
 class Executor(GrantedExecutor, base_executor.BaseExecutor):
-
-    def Do(self, input_dict: dict[str, list[Artifact]], output_dict: dict[str, list[Artifact]],
-           exec_properties: dict[str, Any]) -> None:
+    def Do(
+        self,
+        input_dict: dict[str, list[Artifact]],
+        output_dict: dict[str, list[Artifact]],
+        exec_properties: dict[str, Any],
+    ) -> None:
         # The one door (one ledger connection for the run): the grant, its provenance and the training
         # budget are checked before any read.
         with self.CheckGrant(exec_properties) as run:
@@ -366,14 +412,19 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
         grant = run.grant
         examples = artifact_utils.get_single_instance(input_dict["examples"])
         for item in [examples] + list(input_dict.get("transform_graph") or []):
-            run.check_read_under(item, "train only on data read under the grant",
-                                 what=f"the {item.type_name} artifact was made", required=item is examples)
+            run.check_read_under(
+                item,
+                "train only on data read under the grant",
+                what=f"the {item.type_name} artifact was made",
+                required=item is examples,
+            )
         run.check_examples_data(examples, "DPTrainer")
         train_splits = train_split_names(exec_properties)
         require_side(grant, train_splits, Side.TRAINING, "DPTrainer (train_args.splits)")
         budget = asked_budget(exec_properties, grant)
-        num_examples, count_source = training_count(run.ledger, grant, examples, train_splits,
-                                                     exec_properties.get("public_num_examples"))
+        num_examples, count_source = training_count(
+            run.ledger, grant, examples, train_splits, exec_properties.get("public_num_examples")
+        )
 
         fn_args = make_fn_args(input_dict, output_dict, exec_properties)
         hide_test_records(fn_args, grant)
@@ -383,8 +434,7 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
         fn_args.stream = grant.stream
         run_fn = load_user_fn(exec_properties, "run_fn")  # its folder importable: run_fn may import siblings
         # One release per grant: another module or configuration under this grant is refused here.
-        computation = training_computation(exec_properties, run_fn, input_dict, budget,
-                                           run.release_data(train_splits))
+        computation = training_computation(exec_properties, run_fn, input_dict, budget, run.release_data(train_splits))
         seed = run.open_release(STAGE, computation, *budget)
 
         model = artifact_utils.get_single_instance(output_dict["model"])
@@ -392,13 +442,24 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
         kept = kept_release_dir(model.uri, grant.id, computation)
         released = restore_release(kept, model.uri, model_run.uri)  # a re-opened release: its first model
         if released is None:
-            public = public_numbers([module_source(run_fn), *(data for _, data in sibling_sources(run_fn))],
-                                    fn_args.custom_config, num_examples)
-            record, report = train_and_audit(run_fn, fn_args, seed, budget, num_examples, public,
-                                             [model.uri, model_run.uri])
-            record.update({"grant_id": grant.id, "stream": grant.stream, "num_examples": num_examples,
-                           "num_examples_source": count_source, "training_share_epsilon": budget[0],
-                           "training_share_delta": budget[1]})
+            public = public_numbers(
+                [module_source(run_fn), *(data for _, data in sibling_sources(run_fn))],
+                fn_args.custom_config,
+                num_examples,
+            )
+            record, report = train_and_audit(
+                run_fn, fn_args, seed, budget, num_examples, public, [model.uri, model_run.uri]
+            )
+            record.update(
+                {
+                    "grant_id": grant.id,
+                    "stream": grant.stream,
+                    "num_examples": num_examples,
+                    "num_examples_source": count_source,
+                    "training_share_epsilon": budget[0],
+                    "training_share_delta": budget[1],
+                }
+            )
             keep_release(kept, model.uri, model_run.uri, record, report)
         else:
             record, report = released
@@ -406,9 +467,15 @@ class Executor(GrantedExecutor, base_executor.BaseExecutor):
         write_spend_properties(model_run, record, report)
 
 
-def train_and_audit(run_fn: Callable[..., Any], fn_args: Any, seed: int, budget: tuple[float, float],
-                    num_examples: int | None, public: frozenset[float],
-                    outputs: Mapping[str, Artifact]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def train_and_audit(
+    run_fn: Callable[..., Any],
+    fn_args: Any,
+    seed: int,
+    budget: tuple[float, float],
+    num_examples: int | None,
+    public: frozenset[float],
+    outputs: Mapping[str, Artifact],
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Run ``run_fn`` under the grant's training seed, share and ``public`` numbers (``public_numbers``),
     audit its spend; return (record, report).
 
@@ -430,10 +497,13 @@ def train_and_audit(run_fn: Callable[..., Any], fn_args: Any, seed: int, budget:
         _discard(outputs)
         raise
     record = {
-        "epsilon_spent": composed[0], "delta_spent": composed[1], "audited_epsilon": audited,
+        "epsilon_spent": composed[0],
+        "delta_spent": composed[1],
+        "audited_epsilon": audited,
         "accounting": accounting,
         "fits": [{"model": f.model, "epsilon": f.charged()[0], "delta": f.charged()[1]} for f in block.fits],
-        "mechanism": report.get("mechanism", ""), "noise_multiplier": report.get("noise_multiplier"),
+        "mechanism": report.get("mechanism", ""),
+        "noise_multiplier": report.get("noise_multiplier"),
         "steps": report.get("steps"),
     }
     return record, report
@@ -454,14 +524,15 @@ def _copy_tree(src, dst):
     import tensorflow as tf
 
     for folder, _, files in tf.io.gfile.walk(src):
-        target = dst + folder[len(src):]
+        target = dst + folder[len(src) :]
         tf.io.gfile.makedirs(target)
         for name in files:
             tf.io.gfile.copy(f"{folder}/{name}", f"{target}/{name}", overwrite=True)
 
 
-def keep_release(kept: str, model_uri: str, model_run_uri: str, record: Mapping[str, Any],
-                 report: Mapping[str, Any]) -> None:
+def keep_release(
+    kept: str, model_uri: str, model_run_uri: str, record: Mapping[str, Any], report: Mapping[str, Any]
+) -> None:
     """Copy the audited model and run folder to ``kept``, then its record (the marker that it is complete)."""
     import tensorflow as tf
 

@@ -96,11 +96,20 @@ class DPTransform(base_beam_component.BaseBeamComponent):
     SPEC_CLASS = DPTransformSpec
     EXECUTOR_SPEC = executor_spec.BeamExecutorSpec(Executor)
 
-    def __init__(self, examples: BaseChannel, ledger: str, grant: Grant | str | RuntimeParameter | None = None,
-                 module_file: str | None = None, module_path: str | None = None, preprocessing_fn: str | None = None,
-                 custom_config: dict[str, Any] | None = None, schema: Mapping[str, str] | None = None,
-                 data_root: str | None = None, stream: str | None = None,
-                 splits_config: Mapping[str, Any] | transform_pb2.SplitsConfig | None = None) -> None:
+    def __init__(
+        self,
+        examples: BaseChannel,
+        ledger: str,
+        grant: Grant | str | RuntimeParameter | None = None,
+        module_file: str | None = None,
+        module_path: str | None = None,
+        preprocessing_fn: str | None = None,
+        custom_config: dict[str, Any] | None = None,
+        schema: Mapping[str, str] | None = None,
+        data_root: str | None = None,
+        stream: str | None = None,
+        splits_config: Mapping[str, Any] | transform_pb2.SplitsConfig | None = None,
+    ) -> None:
         """Construct a DPTransform component.
 
         Args:
@@ -129,11 +138,19 @@ class DPTransform(base_beam_component.BaseBeamComponent):
             raise ValueError("give module_file, module_path or preprocessing_fn")
         if (schema is None) == (data_root is None):
             raise ValueError("give exactly one of schema ({feature: kind}) or data_root (+ stream)")
-        super().__init__(spec=DPTransformSpec(
-            **grant_parameters(grant, ledger), module_file=None if module_file is None else str(module_file),
-            module_path=module_path, preprocessing_fn=preprocessing_fn,
-            custom_config=_json_param("custom_config", custom_config), schema=_json_param("schema", schema),
-            data_root=None if data_root is None else str(data_root), stream=stream,
-            splits_config=_json_param("splits_config", splits_config), examples=examples,
-            transform_graph=channel.Channel(type=standard_artifacts.TransformGraph),
-            transformed_examples=channel.Channel(type=standard_artifacts.Examples)))
+        super().__init__(
+            spec=DPTransformSpec(
+                **grant_parameters(grant, ledger),
+                module_file=None if module_file is None else str(module_file),
+                module_path=module_path,
+                preprocessing_fn=preprocessing_fn,
+                custom_config=_json_param("custom_config", custom_config),
+                schema=_json_param("schema", schema),
+                data_root=None if data_root is None else str(data_root),
+                stream=stream,
+                splits_config=_json_param("splits_config", splits_config),
+                examples=examples,
+                transform_graph=channel.Channel(type=standard_artifacts.TransformGraph),
+                transformed_examples=channel.Channel(type=standard_artifacts.Examples),
+            )
+        )

@@ -89,6 +89,7 @@ class TransformConfigError(SageError, ValueError):
 
 # ---------------------------------------------------------------- parameters
 
+
 def parse_custom_config(text: str | None) -> dict[str, Any]:
     """The user's custom_config (JSON object); it may not set the budget section Sage fills from the grant."""
     from sage_tfx.transform import BUDGET_KEY
@@ -102,8 +103,10 @@ def parse_custom_config(text: str | None) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise TransformConfigError(f"custom_config {text!r} must be a JSON object")
     if BUDGET_KEY in config:
-        raise TransformConfigError(f"custom_config sets {BUDGET_KEY!r} ({config[BUDGET_KEY]!r}): DPTransform sets "
-                                   "it from the grant's preprocessing share, never from user configuration")
+        raise TransformConfigError(
+            f"custom_config sets {BUDGET_KEY!r} ({config[BUDGET_KEY]!r}): DPTransform sets "
+            "it from the grant's preprocessing share, never from user configuration"
+        )
     return config
 
 
@@ -137,8 +140,10 @@ def raw_schema(exec_properties: Mapping[str, Any], grant: Grant) -> dict[str, st
 
     schema, data_root = exec_properties.get("schema"), exec_properties.get("data_root")
     if (schema is None) == (data_root is None):
-        raise TransformConfigError(f"give exactly one of schema (JSON {{feature: kind}}) or data_root (got "
-                                   f"schema={schema!r}, data_root={data_root!r})")
+        raise TransformConfigError(
+            f"give exactly one of schema (JSON {{feature: kind}}) or data_root (got "
+            f"schema={schema!r}, data_root={data_root!r})"
+        )
     if schema is not None:
         return parse_schema(schema)
     return stream_schema(data_root, exec_properties.get("stream") or grant.stream)
@@ -152,12 +157,15 @@ def load_preprocessing_fn(exec_properties: Mapping[str, Any]) -> Callable[..., A
 
     given = [k for k in ("module_file", "module_path") if exec_properties.get(k)]
     if len(given) > 1 or not (given or exec_properties.get("preprocessing_fn")):
-        raise TransformConfigError("give exactly one of module_file, module_path, or preprocessing_fn (a dotted "
-                                   f"path); got {', '.join(given) or 'none'}")
+        raise TransformConfigError(
+            "give exactly one of module_file, module_path, or preprocessing_fn (a dotted "
+            f"path); got {', '.join(given) or 'none'}"
+        )
     return load_user_fn(exec_properties, "preprocessing_fn")
 
 
 # ---------------------------------------------------------------- the DP analyzers of the traced function
+
 
 def check_traced_analyzers(graph: Any) -> None:
     """Refuse a traced preprocessing_fn whose tf.Transform analyzers are not all seeded Sage DP analyzers.
@@ -188,8 +196,8 @@ def check_traced_analyzers(graph: Any) -> None:
         "bucketize": "sage_tfx.transform.dp_bucketize(x, num_buckets, epsilon, value_range)",
         "quantiles": "sage_tfx.transform.dp_quantiles(x, num_buckets, epsilon, value_range) (or dp_bucketize)",
         "compute_and_apply_vocabulary": "sage_tfx.transform.dp_compute_and_apply_vocabulary(x, epsilon, delta, "
-                                        "top_k=...) (or count a public vocabulary with dp_histogram(x, epsilon, "
-                                        "vocabulary=[...]))",
+        "top_k=...) (or count a public vocabulary with dp_histogram(x, epsilon, "
+        "vocabulary=[...]))",
         "vocabulary": "sage_tfx.transform.dp_vocabulary(x, epsilon, delta, top_k=...)",
         "sum": "sage_tfx.transform.dp_sum_per_key (one key for a total) or dp_mean",
         "size": "sage_tfx.transform.dp_count_per_key (one key for the row count)",
@@ -203,21 +211,30 @@ def check_traced_analyzers(graph: Any) -> None:
             inside = re.search(r"\[(.*)\]", label)
             parts = inside.group(1).split("#") if inside else [label]
             use = next((counterparts[p] for p in parts if p in counterparts), None)
-            instead = (f"Use its DP counterpart {use} instead" if use else
-                       "Use sage_tfx.transform's DP analyzers (dp_mean, dp_group_by_mean, dp_histogram, ...)")
+            instead = (
+                f"Use its DP counterpart {use} instead"
+                if use
+                else "Use sage_tfx.transform's DP analyzers (dp_mean, dp_group_by_mean, dp_histogram, ...)"
+            )
             raise NonPrivateAnalyzer(
                 f"the preprocessing_fn uses the tf.Transform analyzer {op.label!r} (output {sink.tensor.name!r}), "
                 "which is not differentially private: its exact statistic would be baked into the transform "
                 f"graph. {instead}, or public constants (e.g. scale with public bounds instead of "
-                "tft.scale_to_0_1)")
+                "tft.scale_to_0_1)"
+            )
         if getattr(ptransform, "_seed", None) is None:
             raise NonPrivateAnalyzer(f"the DP analyzer {op.label!r} was not seeded from the grant")
 
 
 # ---------------------------------------------------------------- the plan, made before any record is read
 
-def trace_spend(preprocessing_fn: Callable[..., Any], feature_spec: Mapping[str, Any], custom_config: Mapping[str, Any],
-                grant_seed: int) -> tuple[float, float, list[Any], Any]:
+
+def trace_spend(
+    preprocessing_fn: Callable[..., Any],
+    feature_spec: Mapping[str, Any],
+    custom_config: Mapping[str, Any],
+    grant_seed: int,
+) -> tuple[float, float, list[Any], Any]:
     """Trace the function once on placeholders (no data): (total epsilon, total delta, [Spend], graph digest)
     after checking its analyzers. The digest (SHA-256 of the traced graph, serialized deterministically) identifies the
     computation: the same function over the same schema traces to the same graph."""
@@ -230,19 +247,28 @@ def trace_spend(preprocessing_fn: Callable[..., Any], feature_spec: Mapping[str,
     try:
         with noise_seed(grant_seed):
             graph, _, _ = impl_helper.trace_preprocessing_function(
-                lambda inputs: call_preprocessing_fn(preprocessing_fn, inputs, custom_config), feature_spec,
-                use_tf_compat_v1=True)
+                lambda inputs: call_preprocessing_fn(preprocessing_fn, inputs, custom_config),
+                feature_spec,
+                use_tf_compat_v1=True,
+            )
     except KeyError as exc:  # most often a feature the raw schema lacks
-        raise TransformConfigError(f"the preprocessing_fn failed on key {exc.args[0]!r} while traced; the raw "
-                                   f"features are {sorted(feature_spec)}") from exc
+        raise TransformConfigError(
+            f"the preprocessing_fn failed on key {exc.args[0]!r} while traced; the raw "
+            f"features are {sorted(feature_spec)}"
+        ) from exc
     check_traced_analyzers(graph)
     spends = requested_spends(graph)
-    return (math.fsum(s.epsilon for s in spends), math.fsum(s.delta for s in spends), spends,
-            computation_digest(canonical_graph_text(graph.as_graph_def())))
+    return (
+        math.fsum(s.epsilon for s in spends),
+        math.fsum(s.delta for s in spends),
+        spends,
+        computation_digest(canonical_graph_text(graph.as_graph_def())),
+    )
 
 
-def preprocessing_plan(exec_properties: Mapping[str, Any], grant: Grant, examples: Artifact,
-                       grant_seed: int) -> dict[str, Any]:
+def preprocessing_plan(
+    exec_properties: Mapping[str, Any], grant: Grant, examples: Artifact, grant_seed: int
+) -> dict[str, Any]:
     """Everything the run needs, checked against the verified grant before any record is read.
 
     Raises TransformConfigError / SchemaError (bad parameter), NonPrivateAnalyzer, BudgetExceeded (the
@@ -260,19 +286,32 @@ def preprocessing_plan(exec_properties: Mapping[str, Any], grant: Grant, example
     # A zero share passes no budget: a function that asks for one then fails with MissingBudget.
     custom_config = budget_custom_config(share, user_config, delta=share_delta) if share > 0 else user_config
     preprocessing_fn = load_preprocessing_fn(exec_properties)
-    spent, spent_delta, spends, graph_digest = trace_spend(preprocessing_fn, raw_feature_spec(schema), custom_config,
-                                                           grant_seed)
+    spent, spent_delta, spends, graph_digest = trace_spend(
+        preprocessing_fn, raw_feature_spec(schema), custom_config, grant_seed
+    )
     trace = check_reference_trace(preprocessing_fn, custom_config, schema, spends)
     require_budget(grant, STAGE, spent, spent_delta)
     computation = computation_digest("DPTransform/v1", graph_digest, custom_config, analyze, _analyzer_list(spends))
-    return {"preprocessing_fn": preprocessing_fn, "custom_config": custom_config, "schema": schema_proto(schema),
-            "analyze": analyze, "transform": transform, "share": share, "share_delta": share_delta,
-            "epsilon": spent, "delta": spent_delta, "spends": spends, "computation": computation, "trace": trace,
-            "kinds": schema}
+    return {
+        "preprocessing_fn": preprocessing_fn,
+        "custom_config": custom_config,
+        "schema": schema_proto(schema),
+        "analyze": analyze,
+        "transform": transform,
+        "share": share,
+        "share_delta": share_delta,
+        "epsilon": spent,
+        "delta": spent_delta,
+        "spends": spends,
+        "computation": computation,
+        "trace": trace,
+        "kinds": schema,
+    }
 
 
-def check_reference_trace(preprocessing_fn: Callable[..., Any], custom_config: dict[str, Any],
-                          schema: dict[str, str], spends: Sequence[Any]) -> Any:
+def check_reference_trace(
+    preprocessing_fn: Callable[..., Any], custom_config: dict[str, Any], schema: dict[str, str], spends: Sequence[Any]
+) -> Any:
     """Trace the function again as tf.Transform will (TF2 mode, no data), check that this trace spends what the
     planning trace spent and that it transforms each row on its own (``trace_check.check_row_local`` on
     synthetic rows), and return its signature: every trace tf.Transform makes is compared with it
@@ -283,9 +322,11 @@ def check_reference_trace(preprocessing_fn: Callable[..., Any], custom_config: d
     signature, concrete = reference_trace(preprocessing_fn, custom_config, schema)
     planned = tuple((s.analyzer, s.epsilon, s.delta) for s in spends)
     if signature.spends != planned:
-        raise TraceMismatch(f"the preprocessing_fn spent {list(signature.spends)} when traced again, but "
-                            f"{list(planned)} when DPTransform planned it: tf.Transform calls it several times, and "
-                            "each call must build the same computation (remove counters or global flags)")
+        raise TraceMismatch(
+            f"the preprocessing_fn spent {list(signature.spends)} when traced again, but "
+            f"{list(planned)} when DPTransform planned it: tf.Transform calls it several times, and "
+            "each call must build the same computation (remove counters or global flags)"
+        )
     check_row_local(concrete, schema)
     return signature
 
@@ -298,12 +339,21 @@ def _analyzer_list(spends):
 
 # ---------------------------------------------------------------- outputs
 
+
 def _spend_record(grant, plan):
-    return {"grant_id": grant.id, "stream": grant.stream, "epsilon": plan["epsilon"], "delta": plan["delta"],
-            "preprocessing_share": plan["share"], "preprocessing_delta_share": plan["share_delta"],
-            "analyzers": _analyzer_list(plan["spends"]),
-            "analyze_splits": plan["analyze"], "transform_splits": plan["transform"],
-            "composition": "basic (sum over the DP analyzers)", "computation": plan["computation"]}
+    return {
+        "grant_id": grant.id,
+        "stream": grant.stream,
+        "epsilon": plan["epsilon"],
+        "delta": plan["delta"],
+        "preprocessing_share": plan["share"],
+        "preprocessing_delta_share": plan["share_delta"],
+        "analyzers": _analyzer_list(plan["spends"]),
+        "analyze_splits": plan["analyze"],
+        "transform_splits": plan["transform"],
+        "composition": "basic (sum over the DP analyzers)",
+        "computation": plan["computation"],
+    }
 
 
 def record_spend(artifact: Artifact, record: Mapping[str, Any]) -> None:
@@ -339,8 +389,7 @@ class _EncodeExamples:
             from tensorflow_metadata.proto.v0 import schema_pb2
             from tfx_bsl.coders import example_coder
 
-            self._encoder = example_coder.RecordBatchToExamplesEncoder(
-                schema_pb2.Schema.FromString(self._schema_bytes))
+            self._encoder = example_coder.RecordBatchToExamplesEncoder(schema_pb2.Schema.FromString(self._schema_bytes))
         record_batch, _ = batch_and_passthrough
         return self._encoder.encode(record_batch)
 
@@ -349,9 +398,12 @@ class _EncodeExamples:
 
 
 class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
-
-    def Do(self, input_dict: dict[str, list[Artifact]], output_dict: dict[str, list[Artifact]],
-           exec_properties: dict[str, Any]) -> None:
+    def Do(
+        self,
+        input_dict: dict[str, list[Artifact]],
+        output_dict: dict[str, list[Artifact]],
+        exec_properties: dict[str, Any],
+    ) -> None:
         # The one door (one ledger connection for the run): grant, provenance, analyzers and budget are all
         # checked before a record is read.
         with self.CheckGrant(exec_properties, stream=exec_properties.get("stream") or None) as run:
@@ -438,7 +490,9 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
 
         def source(split):
             pattern = os.path.join(artifact_utils.get_split_uri([examples], split), "*")
-            return tfxio.TFExampleRecord(pattern, schema=plan["schema"], telemetry_descriptors=["sage_tfx", "DPTransform"])
+            return tfxio.TFExampleRecord(
+                pattern, schema=plan["schema"], telemetry_descriptors=["sage_tfx", "DPTransform"]
+            )
 
         transformed.split_names = artifact_utils.encode_split_names(plan["transform"])
         temp_dir = os.path.join(graph.uri, TEMP_DIR)
@@ -451,17 +505,24 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
                     analyze = analyze[0] if len(analyze) == 1 else analyze | "FlattenAnalyze" >> beam.Flatten()
                     transform_fn = (analyze, adapter_config) | "Analyze" >> tft_beam.AnalyzeDataset(preprocessing_fn)
                     _ = transform_fn | "WriteTransformFn" >> tft_beam.WriteTransformFn(graph.uri)
-                    _ = (tft.DatasetMetadata(plan["schema"]) | "WriteRawMetadata" >> tft_beam.WriteMetadata(
-                        os.path.join(graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR), pipeline))
+                    _ = tft.DatasetMetadata(plan["schema"]) | "WriteRawMetadata" >> tft_beam.WriteMetadata(
+                        os.path.join(graph.uri, tft.TFTransformOutput.RAW_METADATA_DIR), pipeline
+                    )
                     encode = _EncodeExamples(transform_fn[1].schema.SerializeToString())
                     for split in plan["transform"]:
                         data = pipeline | f"ReadTransform[{split}]" >> source(split).BeamSource()
-                        rows, _ = (((data, adapter_config), transform_fn)
-                                   | f"Transform[{split}]" >> tft_beam.TransformDataset(output_record_batches=True))
-                        out = os.path.join(artifact_utils.get_split_uri([transformed], split),
-                                           TRANSFORMED_EXAMPLES_PREFIX)
-                        _ = (rows | f"Encode[{split}]" >> beam.FlatMap(encode)
-                             | f"Write[{split}]" >> beam.io.WriteToTFRecord(out, file_name_suffix=".gz"))
+                        rows, _ = (
+                            (data, adapter_config),
+                            transform_fn,
+                        ) | f"Transform[{split}]" >> tft_beam.TransformDataset(output_record_batches=True)
+                        out = os.path.join(
+                            artifact_utils.get_split_uri([transformed], split), TRANSFORMED_EXAMPLES_PREFIX
+                        )
+                        _ = (
+                            rows
+                            | f"Encode[{split}]" >> beam.FlatMap(encode)
+                            | f"Write[{split}]" >> beam.io.WriteToTFRecord(out, file_name_suffix=".gz")
+                        )
         finally:  # the job's temporary files, also after a refused trace (a leftover is harmless, as before)
             try:
                 if tf.io.gfile.exists(temp_dir):

@@ -49,8 +49,21 @@ if TYPE_CHECKING:
 SPENT_FILE = "privacy_spent.json"
 TYPE_KEY = "__event__"  # the DpEvent class name in its JSON (events have a field called "event")
 # privacy_spent keys copied into the report (the DpEvent goes in as JSON)
-_REPORTED = ("epsilon", "delta", "noise_multiplier", "steps", "sampling_rate", "num_examples", "accountant",
-             "mechanism", "implementation", "calibration", "ridge", "noise_schedule", "adaptive_clip")
+_REPORTED = (
+    "epsilon",
+    "delta",
+    "noise_multiplier",
+    "steps",
+    "sampling_rate",
+    "num_examples",
+    "accountant",
+    "mechanism",
+    "implementation",
+    "calibration",
+    "ridge",
+    "noise_schedule",
+    "adaptive_clip",
+)
 
 
 class TrainerDataError(SageError, ValueError):
@@ -58,6 +71,7 @@ class TrainerDataError(SageError, ValueError):
 
 
 # ------------------------------------------------------------------------------------------- DpEvent JSON
+
 
 def event_to_json(event: dp_accounting.DpEvent) -> Any:
     """A dp_accounting DpEvent as plain JSON: {"__event__": class name, fields...}, nested events alike."""
@@ -99,18 +113,19 @@ def event_from_json(data: Any) -> dp_accounting.DpEvent:
 
 # ------------------------------------------------------------------------------------------- spend report
 
+
 def spent_report(model_or_spent: Any) -> dict[str, Any]:
     """The JSON-able report of a fitted DP model's ``privacy_spent`` (or of that dict itself)."""
     spent = getattr(model_or_spent, "privacy_spent", model_or_spent)
     if not isinstance(spent, dict):
-        raise ValueError(f"{type(model_or_spent).__name__} reports no privacy_spent dict: fit a sage_tfx DP "
-                         "model first")
+        raise ValueError(
+            f"{type(model_or_spent).__name__} reports no privacy_spent dict: fit a sage_tfx DP model first"
+        )
     missing = [k for k in ("epsilon", "delta", "dp_event") if spent.get(k) is None]
     if missing:
         raise ValueError(f"privacy_spent lacks {missing}: it must hold the DpEvent and its (epsilon, delta)")
     report = {k: spent[k] for k in _REPORTED if spent.get(k) is not None}
-    report["dp_event"] = spent["dp_event"] if isinstance(spent["dp_event"], dict) else event_to_json(
-        spent["dp_event"])
+    report["dp_event"] = spent["dp_event"] if isinstance(spent["dp_event"], dict) else event_to_json(spent["dp_event"])
     return report
 
 
@@ -123,8 +138,7 @@ def report_spent(fn_args: Any, model: Any) -> dict[str, Any]:
 
     path = os.path.join(fn_args.model_run_dir, SPENT_FILE)
     if tf.io.gfile.exists(path):
-        raise ValueError(f"{path} exists: a DPTrainer run reports one model (its grant's training share "
-                         "pays for one)")
+        raise ValueError(f"{path} exists: a DPTrainer run reports one model (its grant's training share pays for one)")
     report = spent_report(model)
     tf.io.gfile.makedirs(fn_args.model_run_dir)
     with tf.io.gfile.GFile(path, "w") as f:
@@ -144,6 +158,7 @@ def read_report(model_run_dir: str) -> dict[str, Any] | None:
 
 
 # ------------------------------------------------------------------------------------------- examples
+
 
 def _feature_maps(features):
     """{name: (low, high, clip)} from a list of names, {name: scale} or {name: (low, high)}.
@@ -243,8 +258,13 @@ def _specs_from_records(files, names):
     return found
 
 
-def load_examples(fn_args: Any, features: Sequence[str] | Mapping[str, Any], label: str | None, split: str = "train",
-                  batch_size: int = 8192) -> Any:
+def load_examples(
+    fn_args: Any,
+    features: Sequence[str] | Mapping[str, Any],
+    label: str | None,
+    split: str = "train",
+    batch_size: int = 8192,
+) -> Any:
     """(features {name: float32 array}, labels float32 array) of a split, as numpy.
 
     ``split`` "train" reads ``fn_args.train_files``, "eval" ``fn_args.eval_files``; under a parallel grant
@@ -266,10 +286,12 @@ def load_examples(fn_args: Any, features: Sequence[str] | Mapping[str, Any], lab
     if split not in ("train", "eval"):
         raise TrainerDataError(f"split {split!r} must be 'train' or 'eval'")
     if split == "eval" and getattr(fn_args, "grant_id", None) and not fn_args.eval_files:
-        raise TrainerDataError(f"split 'eval' is not given to run_fn under grant {fn_args.grant_id!r}: its parallel "
-                               "rule charges each test record for the validator's ACCEPT test only, so training may "
-                               "not read it (no early stopping or model selection on it). Hold out part of the "
-                               "training split for that, or charge a grant with the sum rule")
+        raise TrainerDataError(
+            f"split 'eval' is not given to run_fn under grant {fn_args.grant_id!r}: its parallel "
+            "rule charges each test record for the validator's ACCEPT test only, so training may "
+            "not read it (no early stopping or model selection on it). Hold out part of the "
+            "training split for that, or charge a grant with the sum rule"
+        )
     files = _files(fn_args.train_files if split == "train" else fn_args.eval_files)
     names = list(maps) + ([label] if label not in maps else [])
     transform = getattr(fn_args, "transform_graph_path", None)
@@ -303,7 +325,6 @@ def load_examples(fn_args: Any, features: Sequence[str] | Mapping[str, Any], lab
     return x, columns[label][keep, 0]
 
 
-
 def batch_size(fn_args: Any, config: Mapping[str, Any], default: int = 256) -> int:
     """``config["batch_size"]`` (default 256), at most an eighth of ``fn_args.num_examples``.
 
@@ -318,9 +339,15 @@ def batch_size(fn_args: Any, config: Mapping[str, Any], default: int = 256) -> i
 
 # ------------------------------------------------------------------------------------------- export
 
-def export_model(fn_args: Any, model: Any, features: Sequence[str] | Mapping[str, Any] | None = None,
-                 label_key: str | None = None, output_scale: float | None = None,
-                 output_offset: float | None = None) -> str:
+
+def export_model(
+    fn_args: Any,
+    model: Any,
+    features: Sequence[str] | Mapping[str, Any] | None = None,
+    label_key: str | None = None,
+    output_scale: float | None = None,
+    output_offset: float | None = None,
+) -> str:
     """Write ``model``'s SavedModel to ``fn_args.serving_model_dir``; return the path.
 
     With a transform graph the signature takes serialized tf.Examples and applies the graph
@@ -334,10 +361,20 @@ def export_model(fn_args: Any, model: Any, features: Sequence[str] | Mapping[str
     path = fn_args.serving_model_dir
     transform = getattr(fn_args, "transform_graph_path", None)
     maps = {} if transform or features is None else _feature_maps(features)
-    scale = 1.0 if output_scale is None else positive(output_scale, "output_scale", error=TrainerDataError,
-                                                      message="{what}={value!r} must be a finite number > 0")
-    offset = 0.0 if output_offset is None else number(output_offset, "output_offset", error=TrainerDataError,
-                                                      message="{what}={value!r} must be a finite number")
+    scale = (
+        1.0
+        if output_scale is None
+        else positive(
+            output_scale, "output_scale", error=TrainerDataError, message="{what}={value!r} must be a finite number > 0"
+        )
+    )
+    offset = (
+        0.0
+        if output_offset is None
+        else number(
+            output_offset, "output_offset", error=TrainerDataError, message="{what}={value!r} must be a finite number"
+        )
+    )
     plain = all(m == (0.0, 1.0, False) for m in maps.values()) and scale == 1.0 and offset == 0.0
     inner_path = path if plain else os.path.join(fn_args.model_run_dir, "inner_model")
     if transform:

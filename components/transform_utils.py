@@ -28,7 +28,7 @@ def parse_schema(schema: str | Mapping[str, str] | None) -> dict[str, str]:
         try:
             schema = json.loads(schema)
         except ValueError:
-            raise SchemaError(f"schema {schema!r} is not JSON like {{\"trip_miles\": \"float\"}}") from None
+            raise SchemaError(f'schema {schema!r} is not JSON like {{"trip_miles": "float"}}') from None
     if not isinstance(schema, dict) or not schema:
         raise SchemaError(f"schema {schema!r} must be a non-empty mapping of feature name -> kind")
     for name, kind in schema.items():

@@ -13,6 +13,7 @@ computation digest covers each of them, and the pipeline's ``definition`` digest
 its modules' folders (``pipelines.definition``). Code in a subfolder (a package imported from the module's
 folder) runs but is covered by neither: keep the code a module imports beside it.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -39,8 +40,12 @@ def load_user_fn(exec_properties: dict, fn_name: str) -> Callable:
     from tfx.components.util import udf_utils
 
     module_file = exec_properties.get("module_file")
-    if isinstance(module_file, str) and module_file and not exec_properties.get("module_path") \
-            and os.path.isfile(module_file):
+    if (
+        isinstance(module_file, str)
+        and module_file
+        and not exec_properties.get("module_path")
+        and os.path.isfile(module_file)
+    ):
         use_module_folder(module_file)
     return udf_utils.get_fn(exec_properties, fn_name)
 

@@ -214,8 +214,9 @@ def split_values(
         # A derived binary label, e.g. "delayed" = arr_delay > 15: a fixed function of the record's own label
         # (NaN compares False: 0), so every count and sum keeps its sensitivity.
         labels = (labels > plan["label_threshold"]).astype(np.float64)
-    return per_example_values(plan["metric"], labels, outputs, plan["prediction_key"], plan["loss_bound"],
-                              loss_fn), units
+    return per_example_values(
+        plan["metric"], labels, outputs, plan["prediction_key"], plan["loss_bound"], loss_fn
+    ), units
 
 
 def per_example_values(

@@ -1,4 +1,5 @@
 """Block composition on real taxi data, through the Python API. Same as `sage demo` (ledger part)."""
+
 import sys
 
 from sage_tfx.demos.ledger import run

@@ -17,6 +17,7 @@ trip of 0 miles: such records pull their hour's mean speed down a little, but ea
 The epsilon is Sage's, given at run time through ``custom_config`` (never written here); the whole
 preprocessing budget goes to the one DP feature.
 """
+
 import sage_tfx  # noqa: F401  (before TensorFlow)  # isort: skip
 import tensorflow as tf
 

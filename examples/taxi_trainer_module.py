@@ -12,6 +12,7 @@ Raw examples (BlockExampleGen): features are divided by PUBLIC scales (the same 
 clipped to a public range. With a transform graph (DPTransform), ``features`` in custom_config name the
 transformed features instead and the serving signature takes raw tf.Examples through the graph.
 """
+
 import numpy as np
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
@@ -27,12 +28,16 @@ FEATURES = {"trip_miles": (0.0, 30.0), "trip_seconds": (0.0, 7200.0), "trip_star
 def build_model(fn_args, config):
     if config.get("model", "dnn") == "linear":
         # mapped rows lie in [0, 1]^3: norm <= sqrt(3)
-        return DPLinearRegressor(fn_args.privacy_budget, feature_bound=3 ** 0.5, label_range=FARE_RANGE)
+        return DPLinearRegressor(fn_args.privacy_budget, feature_bound=3**0.5, label_range=FARE_RANGE)
     return DPDNNRegressor(
-        fn_args.privacy_budget, hidden_units=tuple(config.get("hidden_units", (32, 16))),
-        num_examples=fn_args.num_examples, epochs=config.get("epochs", 3),
-        batch_size=config.get("batch_size", 256), learning_rate=config.get("learning_rate", 0.1),
-        clip_norm=config.get("clip_norm", 1.0))
+        fn_args.privacy_budget,
+        hidden_units=tuple(config.get("hidden_units", (32, 16))),
+        num_examples=fn_args.num_examples,
+        epochs=config.get("epochs", 3),
+        batch_size=config.get("batch_size", 256),
+        learning_rate=config.get("learning_rate", 0.1),
+        clip_norm=config.get("clip_norm", 1.0),
+    )
 
 
 def run_fn(fn_args):

@@ -6,6 +6,7 @@ module path (``load_pipeline``; for a user's file or module they call it only in
 ``sage_tfx.pipelines.confined``). The built-in pipelines are defined with the same API:
 ``taxi_regression`` and ``taxi_classification``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -29,9 +30,22 @@ BUILTIN = {
     "taxi_classification": "sage_tfx.pipelines.taxi_classification",
 }
 
-__all__ = ["SLA", "Metric", "SagePipeline", "StandardComponents", "PipelineDefinitionError", "load_pipeline",
-           "pushed_models", "accepted_model", "score_model", "BUILTIN", "build_runner", "make_iterator",
-           "PipelineRunner", "RunSettings"]
+__all__ = [
+    "SLA",
+    "Metric",
+    "SagePipeline",
+    "StandardComponents",
+    "PipelineDefinitionError",
+    "load_pipeline",
+    "pushed_models",
+    "accepted_model",
+    "score_model",
+    "BUILTIN",
+    "build_runner",
+    "make_iterator",
+    "PipelineRunner",
+    "RunSettings",
+]
 
 
 def load_pipeline(spec: str) -> SagePipeline:
@@ -51,8 +65,10 @@ def load_pipeline(spec: str) -> SagePipeline:
             no pipeline, or a module file that does not exist.
     """
     if not isinstance(spec, str) or not spec:
-        raise PipelineDefinitionError(f"pipeline {spec!r} must be a built-in name ({', '.join(sorted(BUILTIN))}), "
-                                      "a pipeline file or a dotted module path")
+        raise PipelineDefinitionError(
+            f"pipeline {spec!r} must be a built-in name ({', '.join(sorted(BUILTIN))}), "
+            "a pipeline file or a dotted module path"
+        )
     if spec in BUILTIN:
         module, where = importlib.import_module(BUILTIN[spec]), spec
     elif is_pipeline_file(spec):
@@ -77,8 +93,9 @@ def is_pipeline_file(spec: str) -> bool:
 
 def _import_file(path):
     if not os.path.isfile(path):
-        raise PipelineDefinitionError(f"pipeline file {path!r} does not exist (or give a built-in pipeline: "
-                                      f"{', '.join(sorted(BUILTIN))})")
+        raise PipelineDefinitionError(
+            f"pipeline file {path!r} does not exist (or give a built-in pipeline: {', '.join(sorted(BUILTIN))})"
+        )
     path = os.path.abspath(path)
     name = "sage_user_pipeline_" + os.path.splitext(os.path.basename(path))[0].replace("-", "_")
     spec = importlib.util.spec_from_file_location(name, path)
@@ -88,8 +105,9 @@ def _import_file(path):
         spec.loader.exec_module(module)
     except BaseException as exc:  # its own code raised: name the file and the line
         sys.modules.pop(name, None)
-        raise PipelineDefinitionError(f"pipeline file {path!r} failed to import{_line_in(path, exc)}: "
-                                      f"{type(exc).__name__}: {exc}") from None
+        raise PipelineDefinitionError(
+            f"pipeline file {path!r} failed to import{_line_in(path, exc)}: {type(exc).__name__}: {exc}"
+        ) from None
     return module
 
 
@@ -100,13 +118,16 @@ def _import_module(dotted):
         if exc.name and dotted.startswith(exc.name):
             raise PipelineDefinitionError(
                 f"pipeline {dotted!r} is not a built-in ({', '.join(sorted(BUILTIN))}), an existing file, nor an "
-                "importable module") from None
-        raise PipelineDefinitionError(f"pipeline module {dotted!r} failed to import: {type(exc).__name__}: "
-                                      f"{exc}") from None
+                "importable module"
+            ) from None
+        raise PipelineDefinitionError(
+            f"pipeline module {dotted!r} failed to import: {type(exc).__name__}: {exc}"
+        ) from None
     except BaseException as exc:
         path = getattr(importlib.util.find_spec(dotted), "origin", None) or dotted
-        raise PipelineDefinitionError(f"pipeline module {dotted!r} ({path}) failed to import{_line_in(path, exc)}: "
-                                      f"{type(exc).__name__}: {exc}") from None
+        raise PipelineDefinitionError(
+            f"pipeline module {dotted!r} ({path}) failed to import{_line_in(path, exc)}: {type(exc).__name__}: {exc}"
+        ) from None
 
 
 def _line_in(path, exc):
@@ -125,7 +146,10 @@ def _the_pipeline(module, where):
     if len(found) == 1:
         return next(iter(found.values()))
     if not found:
-        raise PipelineDefinitionError(f"pipeline {where!r} defines no SagePipeline: define "
-                                      "PIPELINE = SagePipeline(name=..., sla=SLA(...), trainer_module=...)")
-    raise PipelineDefinitionError(f"pipeline {where!r} defines several SagePipelines ({', '.join(sorted(found))}): "
-                                  "name the one to run PIPELINE")
+        raise PipelineDefinitionError(
+            f"pipeline {where!r} defines no SagePipeline: define "
+            "PIPELINE = SagePipeline(name=..., sla=SLA(...), trainer_module=...)"
+        )
+    raise PipelineDefinitionError(
+        f"pipeline {where!r} defines several SagePipelines ({', '.join(sorted(found))}): name the one to run PIPELINE"
+    )

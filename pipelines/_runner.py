@@ -16,6 +16,7 @@ artifact to a re-run: a resumed iteration re-reads its blocks under its grant, w
 re-opens its releases with the same seeds). A run killed outright (SIGKILL) leaves them until the next run of
 the pipeline starts, which scrubs first.
 """
+
 import json
 import os
 import tempfile
@@ -80,13 +81,16 @@ class PipelineConfig:
             self.staging_location = os.path.abspath(self.staging_location)
         self.serving_dir = os.path.abspath(self.serving_dir or os.path.join(self.work_dir, "serving"))
         if self.artifact_root is not None:
-            self.artifact_root = (self.artifact_root.rstrip("/") if is_url(self.artifact_root)
-                                  else os.path.abspath(self.artifact_root))
+            self.artifact_root = (
+                self.artifact_root.rstrip("/") if is_url(self.artifact_root) else os.path.abspath(self.artifact_root)
+            )
         if self.metadata_file is not None:
             if is_url(self.metadata_file):
-                raise ValueError(f"metadata path {self.metadata_file!r} is a URL: MLMD's SQLite file must be a local "
-                                 "path (SQLite does not work on an object store); give a local file, or leave it "
-                                 "out for WORK_DIR/tfx/NAME/metadata.sqlite")
+                raise ValueError(
+                    f"metadata path {self.metadata_file!r} is a URL: MLMD's SQLite file must be a local "
+                    "path (SQLite does not work on an object store); give a local file, or leave it "
+                    "out for WORK_DIR/tfx/NAME/metadata.sqlite"
+                )
             self.metadata_file = os.path.abspath(self.metadata_file)
 
     @property
@@ -121,18 +125,22 @@ def check_pipeline_root(root):
     try:
         FileSystems.get_filesystem(root)
     except Exception as exc:  # ValueError (no such scheme), BeamIOError (its client library is missing)
-        raise ValueError(f"--pipeline-root {root!r} has no Beam filesystem ({exc}): give a local folder or a URL "
-                         "of a filesystem both TensorFlow and Beam have (gs://; s3:// and hdfs:// with their "
-                         "filesystem packages installed; file://, ram:// in one process)") from None
+        raise ValueError(
+            f"--pipeline-root {root!r} has no Beam filesystem ({exc}): give a local folder or a URL "
+            "of a filesystem both TensorFlow and Beam have (gs://; s3:// and hdfs:// with their "
+            "filesystem packages installed; file://, ram:// in one process)"
+        ) from None
     try:
         tf.io.gfile.makedirs(root)
         if not tf.io.gfile.isdir(root):
             raise OSError("not a folder after makedirs")
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ValueError(f"--pipeline-root {root!r} cannot be used: {type(exc).__name__}: {first}. Give a URL of a "
-                         "filesystem TensorFlow has (gs://; s3:// with tensorflow-io; file://, ram://) that this "
-                         "host can reach and write, or a local folder") from None
+        raise ValueError(
+            f"--pipeline-root {root!r} cannot be used: {type(exc).__name__}: {first}. Give a URL of a "
+            "filesystem TensorFlow has (gs://; s3:// with tensorflow-io; file://, ram://) that this "
+            "host can reach and write, or a local folder"
+        ) from None
     return root.rstrip("/")
 
 
@@ -150,8 +158,9 @@ def check_writable_folder(path, flag):
     try:
         fd, probe = tempfile.mkstemp(prefix=".sage-probe-", dir=existing)
     except OSError as exc:
-        raise ValueError(f"{flag} {path!r} cannot be written ({existing}: {exc.strerror}): give a folder this user "
-                         "can write") from None
+        raise ValueError(
+            f"{flag} {path!r} cannot be written ({existing}: {exc.strerror}): give a folder this user can write"
+        ) from None
     os.close(fd)
     os.unlink(probe)
 
@@ -169,19 +178,26 @@ def check_stream_schema(data_root, stream, sla, name, schema=None) -> dict:
         try:
             schema = stream_schema(data_root, stream)
         except (OSError, ValueError):
-            raise ValueError(f"--data-root {data_root!r} holds no stream {stream!r} ({where} is missing or "
-                             "unreadable): give the --data-root `sage ingest` wrote the stream to") from None
+            raise ValueError(
+                f"--data-root {data_root!r} holds no stream {stream!r} ({where} is missing or "
+                "unreadable): give the --data-root `sage ingest` wrote the stream to"
+            ) from None
     if sla.label_signature is None and sla.label not in schema:
-        raise ValueError(f"pipeline {name!r}: its SLA label {sla.label!r} is not a column of stream {stream!r} "
-                         f"(columns: {', '.join(sorted(schema))}): name one of them in the pipeline's SLA(label=...)")
+        raise ValueError(
+            f"pipeline {name!r}: its SLA label {sla.label!r} is not a column of stream {stream!r} "
+            f"(columns: {', '.join(sorted(schema))}): name one of them in the pipeline's SLA(label=...)"
+        )
     return schema
 
 
 def check_run_folders(config) -> None:
     """The folders a run of ``config`` writes, checked before anything is charged (``check_writable_folder``): the
     work folder, the serving folder, the MLMD file's folder and a local pipeline root."""
-    folders = [("--work-dir", config.work_dir), ("--serving-dir", config.serving_dir),
-               ("the folder of --metadata-path", os.path.dirname(config.metadata_path))]
+    folders = [
+        ("--work-dir", config.work_dir),
+        ("--serving-dir", config.serving_dir),
+        ("the folder of --metadata-path", os.path.dirname(config.metadata_path)),
+    ]
     if config.artifact_root is not None and not is_url(config.artifact_root):
         folders.append(("--pipeline-root", config.artifact_root))
     for flag, folder in folders:
@@ -286,14 +302,19 @@ def validation_result(metadata_path, grant_id, root=None):
     from ml_metadata.metadata_store import metadata_store
 
     store = metadata_store.MetadataStore(metadata_config(metadata_path))
-    found = [a for a in store.get_artifacts_by_type("SageValidationResult")
-             if a.custom_properties["grant_id"].string_value == grant_id and a.state == a.LIVE]
+    found = [
+        a
+        for a in store.get_artifacts_by_type("SageValidationResult")
+        if a.custom_properties["grant_id"].string_value == grant_id and a.state == a.LIVE
+    ]
     if not found:
         return None
     latest = max(found, key=lambda a: a.id)
     if root is not None and not is_url(root) and not inside_root(os.path.join(latest.uri, "result.json"), root):
-        raise RuntimeError(f"the validation result under grant {grant_id} is not a file inside the pipeline root "
-                           f"{root}: it was not written by DPModelValidator")
+        raise RuntimeError(
+            f"the validation result under grant {grant_id} is not a file inside the pipeline root "
+            f"{root}: it was not written by DPModelValidator"
+        )
     if root is not None and not is_url(root):  # a local file: read without importing TensorFlow
         with open(os.path.join(latest.uri, "result.json")) as f:
             return json.load(f)
@@ -315,6 +336,7 @@ def make_run_iteration(build_pipeline, config, execute=None):
     from sage_tfx.adaptive import IterationResult
 
     if execute is None:
+
         def execute(grant, split, eta, iteration):
             run_built(build_pipeline, config, grant, split, eta, iteration)
 
@@ -329,8 +351,9 @@ def make_run_iteration(build_pipeline, config, execute=None):
         if result is None:
             raise RuntimeError(f"the pipeline run under grant {grant.id} recorded no validation result")
         bound = result.get("bound")  # None when the noisy count was not positive
-        return IterationResult(str(result["outcome"]), bound=None if bound is None else float(bound),
-                               details={"validation": result})
+        return IterationResult(
+            str(result["outcome"]), bound=None if bound is None else float(bound), details={"validation": result}
+        )
 
     return run_iteration
 

@@ -19,6 +19,7 @@ Beside it, what a constant predictor reaches under the user's PUBLIC prior on th
 never computed from the stream, whose label distribution is data); a target it meets is refused
 (``check_targets``) before the dry run and any charge.
 """
+
 from __future__ import annotations
 
 import datetime as _dt
@@ -67,6 +68,7 @@ class CheckResult:
 
 # ---------------------------------------------------------------- what a constant predictor reaches
 
+
 class TrivialTarget(SageError, ValueError):
     """A target a constant predictor already meets (refused before any charge unless --allow-trivial-target)."""
 
@@ -100,8 +102,10 @@ def trivial_baseline(sla, *, positive_rate: float | None = None, label_std: floa
     metric = sla.metric
     if positive_rate is not None:
         if metric not in BINARY_METRICS:
-            raise ValueError(f"--positive-rate {positive_rate!r} is for binary labels (accuracy, log_loss); the SLA "
-                             f"metric is {metric}: give --label-std")
+            raise ValueError(
+                f"--positive-rate {positive_rate!r} is for binary labels (accuracy, log_loss); the SLA "
+                f"metric is {metric}: give --label-std"
+            )
         p = float(positive_rate)
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"--positive-rate {positive_rate!r} must be a share of positive labels in [0, 1]")
@@ -112,12 +116,14 @@ def trivial_baseline(sla, *, positive_rate: float | None = None, label_std: floa
         return Baseline(min(loss, sla.loss_bound), f"the constant probability {p:g}", True)
     if label_std is not None:
         if metric not in (Metric.MSE, Metric.MAE):
-            raise ValueError(f"--label-std {label_std!r} is for mse and mae SLAs; the SLA metric is {metric}"
-                             + (": give --positive-rate" if metric in BINARY_METRICS else ""))
+            raise ValueError(
+                f"--label-std {label_std!r} is for mse and mae SLAs; the SLA metric is {metric}"
+                + (": give --positive-rate" if metric in BINARY_METRICS else "")
+            )
         std = float(label_std)
         if not (math.isfinite(std) and std >= 0):
             raise ValueError(f"--label-std {label_std!r} must be a finite standard deviation >= 0")
-        value = std ** 2 if metric == Metric.MSE else std
+        value = std**2 if metric == Metric.MSE else std
         return Baseline(min(value, sla.loss_bound), "the label's mean", False)
     return None
 
@@ -128,42 +134,62 @@ def check_targets(sla, targets, baseline: Baseline | None, allow_trivial: bool =
     values = [sla.check_target(t) for t in targets]
     trivial = [t for t in values if baseline is not None and baseline.meets(sla.metric, t)]
     if trivial and not allow_trivial:
-        raise TrivialTarget(f"target(s) {', '.join(f'{t:g}' for t in trivial)} are met by a constant predictor: "
-                            f"{baseline.describe(sla.metric)}, so an ACCEPT would certify nothing a model learned. "
-                            "Choose a stricter target, or pass --allow-trivial-target to run it anyway; nothing was "
-                            "charged")
+        raise TrivialTarget(
+            f"target(s) {', '.join(f'{t:g}' for t in trivial)} are met by a constant predictor: "
+            f"{baseline.describe(sla.metric)}, so an ACCEPT would certify nothing a model learned. "
+            "Choose a stricter target, or pass --allow-trivial-target to run it anyway; nothing was "
+            "charged"
+        )
     return values
 
 
-def describe_estimate(estimate: AcceptEstimate, min_window: int | None = None, baseline: Baseline | None = None,
-                      planned: bool = False) -> list:
+def describe_estimate(
+    estimate: AcceptEstimate, min_window: int | None = None, baseline: Baseline | None = None, planned: bool = False
+) -> list:
     """The estimate as lines for ``sage run --check``; ``baseline``: what a constant predictor reaches;
     ``planned``: the epsilons are the attempts the stream's budget allows now (``plan_attempts``)."""
     e = estimate
     unit = Metric.ACCURACY.value if e.metric == Metric.ACCURACY else f"{e.metric} (losses clipped to [0, {e.bound:g}])"
-    guess = ("the default: half the target's error rate" if e.metric == Metric.ACCURACY else
-             "the default: half the target") if e.expected_is_default else "--expected-loss"
-    lines = [f"estimate for target {e.target:g} ({unit}), confidence {e.confidence:g}, if the model's true "
-             f"{Metric.ACCURACY if e.metric == Metric.ACCURACY else 'loss'} is {e.expected:g} ({guess}):"]
+    guess = (
+        ("the default: half the target's error rate" if e.metric == Metric.ACCURACY else "the default: half the target")
+        if e.expected_is_default
+        else "--expected-loss"
+    )
+    lines = [
+        f"estimate for target {e.target:g} ({unit}), confidence {e.confidence:g}, if the model's true "
+        f"{Metric.ACCURACY if e.metric == Metric.ACCURACY else 'loss'} is {e.expected:g} ({guess}):"
+    ]
     if baseline is not None:
-        lines.append(f"  a constant predictor: {baseline.describe(e.metric)} (from your public prior): the target "
-                     f"{'is met by it' if baseline.meets(e.metric, e.target) else 'asks more than it'}")
-    lines.append("  rows at which the validator's ACCEPT test passes when the released sums equal their expectations "
-                 "(noise and sampling error at their medians: about even odds; plan for more)"
-                 + (", at the attempts the stream's budget allows now:" if planned else ":"))
+        lines.append(
+            f"  a constant predictor: {baseline.describe(e.metric)} (from your public prior): the target "
+            f"{'is met by it' if baseline.meets(e.metric, e.target) else 'asks more than it'}"
+        )
+    lines.append(
+        "  rows at which the validator's ACCEPT test passes when the released sums equal their expectations "
+        "(noise and sampling error at their medians: about even odds; plan for more)"
+        + (", at the attempts the stream's budget allows now:" if planned else ":")
+    )
     for r in e.rows:
         if r.test_rows is None:
             need = f"out of reach (no test set up to {MAX_TEST_ROWS:.0e} rows)"
         else:
-            need = (f"{r.test_rows:,} test rows = about {r.rows:,} rows of the window (the eval split is "
-                    f"{e.eval_share:.0%} of the rows)")
-        lines.append(f"  epsilon {r.epsilon:g} per block (attempt {r.attempt}: validation epsilon "
-                     f"{r.validation_epsilon:.4g}, eta {r.eta_accept:.3g}): {need}")
-    lines.append("  blocks: not estimated: the stream publishes no rows per block (a block's row count is data); "
-                 "divide the rows by your own public estimate of rows per block"
-                 + (f" (the first window is {min_window} block(s))" if min_window else ""))
-    lines.append("  training: not estimated (the rows DP-SGD needs to reach the target depend on the model and the "
-                 "data; the validator's bounds say nothing about them)")
+            need = (
+                f"{r.test_rows:,} test rows = about {r.rows:,} rows of the window (the eval split is "
+                f"{e.eval_share:.0%} of the rows)"
+            )
+        lines.append(
+            f"  epsilon {r.epsilon:g} per block (attempt {r.attempt}: validation epsilon "
+            f"{r.validation_epsilon:.4g}, eta {r.eta_accept:.3g}): {need}"
+        )
+    lines.append(
+        "  blocks: not estimated: the stream publishes no rows per block (a block's row count is data); "
+        "divide the rows by your own public estimate of rows per block"
+        + (f" (the first window is {min_window} block(s))" if min_window else "")
+    )
+    lines.append(
+        "  training: not estimated (the rows DP-SGD needs to reach the target depend on the model and the "
+        "data; the validator's bounds say nothing about them)"
+    )
     return lines
 
 
@@ -176,9 +202,14 @@ def stream_plan(ledger, stream: str, pipeline: str, settings: dict, max_iteratio
     s, info = iterator_settings(settings), ledger.stream(stream)
     delta = (info.delta / 100.0 if s.get("delta") is None else float(s["delta"])) + float(s["preprocessing_delta"])
     available = ledger.available_per_block(pipeline, stream, delta=delta)
-    return plan_attempts(available, epsilon_start=float(s["epsilon_start"]), min_window=int(s["min_window"]),
-                         max_iterations=max_iterations, aggressive=info.policy == Policy.AGGRESSIVE,
-                         min_epsilon=info.min_epsilon)
+    return plan_attempts(
+        available,
+        epsilon_start=float(s["epsilon_start"]),
+        min_window=int(s["min_window"]),
+        max_iterations=max_iterations,
+        aggressive=info.policy == Policy.AGGRESSIVE,
+        min_epsilon=info.min_epsilon,
+    )
 
 
 def keep_model(work: str, keep_dir: str) -> str | None:
@@ -194,8 +225,9 @@ def keep_model(work: str, keep_dir: str) -> str | None:
     return keep_dir
 
 
-def generated_rows(schema: dict, blocks_config: dict, label: str, metric: str, n_blocks: int, rows_per_block: int,
-                   seed: int = 0):
+def generated_rows(
+    schema: dict, blocks_config: dict, label: str, metric: str, n_blocks: int, rows_per_block: int, seed: int = 0
+):
     """A pyarrow Table of GENERATED rows of ``schema`` ({column: int|float|bytes}) filling ``n_blocks`` blocks."""
     import pyarrow as pa
 
@@ -243,8 +275,13 @@ def _spec(stream, blocks_config):
     from sage_tfx.ingest.pipeline import make_spec
 
     if blocks_config.get("by") == "user":
-        return make_spec("user", stream, user_column=blocks_config["column"], shards=int(blocks_config["shards"]),
-                         hash_key="sage-check")
+        return make_spec(
+            "user",
+            stream,
+            user_column=blocks_config["column"],
+            shards=int(blocks_config["shards"]),
+            hash_key="sage-check",
+        )
     return make_spec("time", stream, time_column=blocks_config["column"], window=int(blocks_config["window"]))
 
 
@@ -253,16 +290,35 @@ def check_line(line: str) -> str:
     spent in the throwaway ledger, not the real one."""
     from sage_tfx.adaptive.iterator import GRANT_STAYS_SPENT
 
-    return "[check] " + line.replace(GRANT_STAYS_SPENT, "its grant is spent in the throwaway ledger only (the real "
-                                                        "ledger is not charged)")
+    return "[check] " + line.replace(
+        GRANT_STAYS_SPENT, "its grant is spent in the throwaway ledger only (the real ledger is not charged)"
+    )
 
 
-def dry_run(definition, data_root: str, stream: str, *, model: str | None = None, runner: str = "local",
-            beam_args=(), progress=print, seed: int = 0, targets=(), expected: float | None = None,
-            confidence: float = 0.95, overrides: dict | None = None, ledger=None, pipeline_name: str | None = None,
-            baseline: Baseline | None = None, allow_trivial: bool = False, keep_dir: str | None = None,
-            max_iterations: int = 10, estimate_only: bool = False, spec: str | None = None,
-            secrets=()) -> CheckResult:
+def dry_run(
+    definition,
+    data_root: str,
+    stream: str,
+    *,
+    model: str | None = None,
+    runner: str = "local",
+    beam_args=(),
+    progress=print,
+    seed: int = 0,
+    targets=(),
+    expected: float | None = None,
+    confidence: float = 0.95,
+    overrides: dict | None = None,
+    ledger=None,
+    pipeline_name: str | None = None,
+    baseline: Baseline | None = None,
+    allow_trivial: bool = False,
+    keep_dir: str | None = None,
+    max_iterations: int = 10,
+    estimate_only: bool = False,
+    spec: str | None = None,
+    secrets=(),
+) -> CheckResult:
     """One iteration of ``definition`` on GENERATED rows of ``stream``'s schema, in a throwaway ledger (skipped
     with ``estimate_only``); then, per target of ``targets``, the rows to ACCEPT (``estimate_accept``;
     ``overrides``: the CLI's iterator settings) beside what a constant predictor reaches (``baseline``).
@@ -284,16 +340,27 @@ def dry_run(definition, data_root: str, stream: str, *, model: str | None = None
         plan = stream_plan(ledger, stream, pipeline_name or definition.name, settings, max_iterations)
     planned = plan is not None and bool(plan.attempts)  # none can run now: estimate the doublings for later
     # bad --target / --expected-loss fail here, before the dry run
-    estimates = [estimate_accept(definition.sla, t, expected=expected, confidence=confidence, settings=settings,
-                                 attempts=plan.attempts if planned else None) for t in targets]
+    estimates = [
+        estimate_accept(
+            definition.sla,
+            t,
+            expected=expected,
+            confidence=confidence,
+            settings=settings,
+            attempts=plan.attempts if planned else None,
+        )
+        for t in targets
+    ]
     result = CheckResult(ok=True, rows=0, blocks=0)
     if not estimate_only:
-        result = _generated_iteration(definition, data_root, stream, schema, model, runner, beam_args, progress,
-                                      seed, keep_dir, spec, secrets)
+        result = _generated_iteration(
+            definition, data_root, stream, schema, model, runner, beam_args, progress, seed, keep_dir, spec, secrets
+        )
         if not result.ok:
             return result
-    _say_plan_and_estimates(result, progress, ledger, stream, pipeline_name or definition.name, plan, estimates,
-                            settings, baseline)
+    _say_plan_and_estimates(
+        result, progress, ledger, stream, pipeline_name or definition.name, plan, estimates, settings, baseline
+    )
     return result
 
 
@@ -307,13 +374,17 @@ def _say_plan_and_estimates(result, progress, ledger, stream, pipeline, plan, es
         progress("[check] " + line)
 
     if plan is not None:
-        say(f"attempts the budget allows now on stream {stream!r} (read from the ledger, nothing charged): "
-            + plan.describe())
+        say(
+            f"attempts the budget allows now on stream {stream!r} (read from the ledger, nothing charged): "
+            + plan.describe()
+        )
         done = [g for g, _, _ in ledger.history(stream, pipeline) if "iteration" in g.meta]
         if done:
-            say(f"  pipeline {pipeline!r} has {len(done)} iteration(s) already: a run resumes "
+            say(
+                f"  pipeline {pipeline!r} has {len(done)} iteration(s) already: a run resumes "
                 "after them (at their last epsilon and window), not at this plan's first attempt; a new --name starts "
-                "afresh")
+                "afresh"
+            )
     result.estimate = estimates[0] if estimates else None
     result.estimates, result.plan = estimates, plan
     min_window = settings.get("min_window") or iterator_settings({})["min_window"]
@@ -321,12 +392,15 @@ def _say_plan_and_estimates(result, progress, ledger, stream, pipeline, plan, es
         for line in describe_estimate(estimate, min_window, baseline, planned=planned):
             say(line)
     if not estimates:
-        say("give --target (several: --target A,B,C; optionally --expected-loss) to estimate the rows and epsilon "
-            "to ACCEPT")
+        say(
+            "give --target (several: --target A,B,C; optionally --expected-loss) to estimate the rows and epsilon "
+            "to ACCEPT"
+        )
 
 
-def _generated_iteration(definition, data_root, stream, schema, model, runner, beam_args, progress, seed,
-                         keep_dir, spec=None, secrets=()) -> CheckResult:
+def _generated_iteration(
+    definition, data_root, stream, schema, model, runner, beam_args, progress, seed, keep_dir, spec=None, secrets=()
+) -> CheckResult:
     """The dry run itself: one iteration on generated rows in a throwaway ledger and data root."""
     from sage_tfx.adaptive import IteratorSettings, SageIterator
     from sage_tfx.ingest.layout import stream_config
@@ -339,8 +413,9 @@ def _generated_iteration(definition, data_root, stream, schema, model, runner, b
     n_blocks = max(1, int(settings.get("min_window", 1)))
     rows_per_block = max(4, -(-2000 // n_blocks))
     target = 0.5 if definition.sla.metric == Metric.ACCURACY else definition.sla.loss_bound / 2
-    table = generated_rows(schema, config["blocks"], definition.sla.label, definition.sla.metric, n_blocks,
-                           rows_per_block, seed)
+    table = generated_rows(
+        schema, config["blocks"], definition.sla.label, definition.sla.metric, n_blocks, rows_per_block, seed
+    )
     result = CheckResult(ok=False, rows=table.num_rows, blocks=n_blocks)
 
     def say(line):
@@ -349,26 +424,41 @@ def _generated_iteration(definition, data_root, stream, schema, model, runner, b
 
     with tempfile.TemporaryDirectory(prefix="sage-check-") as tmp:
         db, data = os.path.join(tmp, "ledger.db"), os.path.join(tmp, "data")
-        say(f"[check] {table.num_rows:,} GENERATED rows of the schema of stream {stream!r} in {n_blocks} block(s), "
-            f"in a throwaway ledger ({tmp}); the real ledger is not touched")
+        say(
+            f"[check] {table.num_rows:,} GENERATED rows of the schema of stream {stream!r} in {n_blocks} block(s), "
+            f"in a throwaway ledger ({tmp}); the real ledger is not touched"
+        )
         with Ledger.open(db, create=True) as ledger:
             ledger.create_stream(stream, 100.0, 1e-3, max_epsilon=100.0)
             ingest_batches(ledger, stream, data, table.to_batches(), _spec(stream, config["blocks"]), schema)
             work = os.path.join(tmp, "work")
-            pipeline_config = PipelineConfig(name=definition.name, ledger=db, stream=stream, data_root=data,
-                                             work_dir=work, target=target, runner=runner,
-                                             beam_pipeline_args=list(beam_args), model=model)
+            pipeline_config = PipelineConfig(
+                name=definition.name,
+                ledger=db,
+                stream=stream,
+                data_root=data,
+                work_dir=work,
+                target=target,
+                runner=runner,
+                beam_pipeline_args=list(beam_args),
+                model=model,
+            )
             settings["epsilon_start"] = min(1.0, float(settings.get("epsilon_start", 1.0)))
             execute = None
             if spec is not None:
                 from sage_tfx.pipelines.confined import confined_execute, ledger_secrets
 
-                execute = confined_execute(spec, definition, pipeline_config, [*secrets, *ledger_secrets(db)],
-                                           check=True)
-            iterator = SageIterator(ledger, stream, definition.name,
-                                    make_run_iteration(definition.build_pipeline, pipeline_config, execute),
-                                    settings=IteratorSettings(**settings, max_iterations=1),
-                                    progress=lambda line: say(check_line(line)))
+                execute = confined_execute(
+                    spec, definition, pipeline_config, [*secrets, *ledger_secrets(db)], check=True
+                )
+            iterator = SageIterator(
+                ledger,
+                stream,
+                definition.name,
+                make_run_iteration(definition.build_pipeline, pipeline_config, execute),
+                settings=IteratorSettings(**settings, max_iterations=1),
+                progress=lambda line: say(check_line(line)),
+            )
             try:
                 run = iterator.run()
             except Exception as exc:  # generated rows only: the whole error may be shown
@@ -378,6 +468,8 @@ def _generated_iteration(definition, data_root, stream, schema, model, runner, b
                 result.model_dir = keep_model(work, keep_dir)
         result.ok, result.outcome = True, run.outcome
     if result.model_dir is not None:
-        say(f"[check] the candidate model (trained on the GENERATED rows) is kept in {result.model_dir}: load it "
-            "with tf.saved_model.load and call its serving signature on a hand-made record")
+        say(
+            f"[check] the candidate model (trained on the GENERATED rows) is kept in {result.model_dir}: load it "
+            "with tf.saved_model.load and call its serving signature on a hand-made record"
+        )
     return result

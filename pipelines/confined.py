@@ -25,6 +25,7 @@ root launcher can start one (``isolation.child_user``). A run refuses (ValueErro
 to grant it a folder that holds the ledger's key, head or database file. Its errors come back classified as they
 would be in the launcher (``ConfinedRunError``): FAILED for data-dependent errors, resumable for the environment's.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -65,8 +66,9 @@ def describe(spec: str, secrets=()) -> SagePipeline:
         fields = result["pipeline"]
         pipeline = SagePipeline(**{**fields, "sla": SLA(**fields["sla"]), "models": tuple(fields["models"])})
     except (KeyError, TypeError, AttributeError) as exc:  # a child that sent something else than its fields
-        raise PipelineDefinitionError(f"pipeline {spec!r}: its loader sent an unusable description "
-                                      f"({type(exc).__name__}: {exc})") from None
+        raise PipelineDefinitionError(
+            f"pipeline {spec!r}: its loader sent an unusable description ({type(exc).__name__}: {exc})"
+        ) from None
     pipeline.check_files()
     return pipeline
 
@@ -94,20 +96,32 @@ def confined_execute(spec: str, definition: SagePipeline, config, secrets=(), ch
         for folder in confinement.write:  # the child may create nothing outside them: they exist first
             os.makedirs(folder, mode=0o700, exist_ok=True)
         # its Pusher pushes into a folder of its own, removed afterwards: the launcher pushes what it validated
-        child_config = {**dataclasses.asdict(config), "ledger": ADDRESS,
-                        "serving_dir": os.path.join(os.path.dirname(config.metadata_path), PUSH_FOLDER)}
-        job = {"mode": "iterate", "spec": spec, "config": child_config, "grant": grant.to_json(), "eta": eta,
-               "iteration": iteration, "check": check}
+        child_config = {
+            **dataclasses.asdict(config),
+            "ledger": ADDRESS,
+            "serving_dir": os.path.join(os.path.dirname(config.metadata_path), PUSH_FOLDER),
+        }
+        job = {
+            "mode": "iterate",
+            "spec": spec,
+            "config": child_config,
+            "grant": grant.to_json(),
+            "eta": eta,
+            "iteration": iteration,
+            "check": check,
+        }
         before = folder_names([f for f in confinement.write if not _within(f, config.pipeline_root)])
         try:
             result = run_child(job, confinement, location=config.ledger, grant=grant, output=child_output(check))
         finally:
             keep_declared_outputs(config, before)  # only the declared artifacts stay, whatever the outcome
         if result.get("status") != "ok":
-            raise ConfinedRunError(result.get("public") or "the confined pipeline failed",
-                                   environment=bool(result.get("environment")),
-                                   environment_text=result.get("environment_text") or "",
-                                   detail=result.get("detail") if check else None)
+            raise ConfinedRunError(
+                result.get("public") or "the confined pipeline failed",
+                environment=bool(result.get("environment")),
+                environment_text=result.get("environment_text") or "",
+                detail=result.get("detail") if check else None,
+            )
         return validate_confined(definition, config, grant, eta, secrets)
 
     return execute
@@ -128,7 +142,7 @@ def _within(path: str, root: str) -> bool:
     """Whether the local ``path`` is the pipeline root or lies in it (a ``file://`` root by its local path)."""
     from sage_tfx.pipelines._runner import is_url
 
-    root = root[len("file://"):] if root.startswith("file://") else root
+    root = root[len("file://") :] if root.startswith("file://") else root
     if is_url(root):
         return False
     path, root = os.path.realpath(path), os.path.realpath(root)
@@ -152,23 +166,35 @@ def validate_confined(definition: SagePipeline, config, grant, eta, secrets=()) 
         raise RuntimeError(f"the pipeline run under grant {grant.id} recorded no validation result")
     model_uri = str(claimed.get("model_uri") or "")
     if not inside_root(model_uri, config.pipeline_root):
-        raise RuntimeError(f"the validation result under grant {grant.id} names a model outside the pipeline root "
-                           f"{config.pipeline_root}: it was not written by DPModelValidator")
+        raise RuntimeError(
+            f"the validation result under grant {grant.id} names a model outside the pipeline root "
+            f"{config.pipeline_root}: it was not written by DPModelValidator"
+        )
     model_dir = model_uri.rstrip("/") + "/" + SERVING_MODEL_DIR
     properties = definition.validator_properties(config, grant, eta)
     loss_module = properties.get("loss_module")
     remote = is_url(config.pipeline_root) or is_url(config.data_root)
-    local = [p[len("file://"):] if p.startswith("file://") else p for p in (model_dir, config.data_root)]
-    confinement = Confinement(read=[p for p in local if not is_url(p)] +
-                              code_paths([loss_module] if loss_module else [], secrets), network=remote)
+    local = [p[len("file://") :] if p.startswith("file://") else p for p in (model_dir, config.data_root)]
+    confinement = Confinement(
+        read=[p for p in local if not is_url(p)] + code_paths([loss_module] if loss_module else [], secrets),
+        network=remote,
+    )
     check_confinement(confinement, secrets)
-    job = {"mode": "validate", "grant": grant.to_json(), "properties": properties, "model_uri": model_uri,
-           "model_dir": model_dir, "data_root": config.data_root}
+    job = {
+        "mode": "validate",
+        "grant": grant.to_json(),
+        "properties": properties,
+        "model_uri": model_uri,
+        "model_dir": model_dir,
+        "data_root": config.data_root,
+    }
     result = run_child(job, confinement, location=config.ledger, grant=grant, output=subprocess.DEVNULL)
     if result.get("status") != "ok":
-        raise ConfinedRunError(result.get("public") or "the launcher's validation of the model failed",
-                               environment=bool(result.get("environment")),
-                               environment_text=result.get("environment_text") or "")
+        raise ConfinedRunError(
+            result.get("public") or "the launcher's validation of the model failed",
+            environment=bool(result.get("environment")),
+            environment_text=result.get("environment_text") or "",
+        )
     report = result["report"]
     if report.get("outcome") == Outcome.ACCEPT:
         push_model(model_dir, config.serving_dir, _version(config.serving_dir))
@@ -190,14 +216,18 @@ def iteration_confinement(definition: SagePipeline, config, secrets=()) -> Confi
     and connects to local ports of its own (its gRPC channels)."""
     from sage_tfx.pipelines._runner import is_url
 
-    files = [definition.source_file, *(definition.module_path(r) for r in (
-        "trainer_module", "preprocessing_module", "loss_module"))]
+    files = [
+        definition.source_file,
+        *(definition.module_path(r) for r in ("trainer_module", "preprocessing_module", "loss_module")),
+    ]
     write = [os.path.dirname(config.metadata_path)]
     for path in (config.pipeline_root, config.staging_location):
         if path is not None and (not is_url(path) or path.startswith("file://")):  # file://: a local folder
-            write.append(path[len("file://"):] if path.startswith("file://") else path)
-    return Confinement(read=code_paths([f for f in files if f], secrets) + [os.path.abspath(config.data_root)],
-                       write=sorted(set(write)))
+            write.append(path[len("file://") :] if path.startswith("file://") else path)
+    return Confinement(
+        read=code_paths([f for f in files if f], secrets) + [os.path.abspath(config.data_root)],
+        write=sorted(set(write)),
+    )
 
 
 def code_paths(files, secrets) -> list:
@@ -233,14 +263,15 @@ def check_confinement(confinement: Confinement, secrets) -> None:
     for secret in secrets:
         granted = confinement.exposes(secret)
         if granted is not None:
-            raise ValueError(f"{secret} lies in {granted}, which the pipeline's confined process may read or write: "
-                             "keep the ledger, its key file and head file out of the pipeline's folder, the data "
-                             "root, the work, serving and staging folders and the Python install (move them, or "
-                             "give other folders)")
+            raise ValueError(
+                f"{secret} lies in {granted}, which the pipeline's confined process may read or write: "
+                "keep the ledger, its key file and head file out of the pipeline's folder, the data "
+                "root, the work, serving and staging folders and the Python install (move them, or "
+                "give other folders)"
+            )
 
 
-def score_outputs(model_dir: str, held: list, train: list, *, label: str,
-                  label_signature: str | None = None) -> dict:
+def score_outputs(model_dir: str, held: list, train: list, *, label: str, label_signature: str | None = None) -> dict:
     """A pushed model run on serialized tf.Examples in a confined child, so a user-trained graph never runs
     beside the key: ``held_labels`` / ``train_labels`` (its ``label_signature`` outputs, one per record, when
     set), then ``raw_labels`` and ``outputs`` of ``model_outputs`` over the held records (those with a finite
@@ -253,11 +284,21 @@ def score_outputs(model_dir: str, held: list, train: list, *, label: str,
     try:
         path = os.path.join(folder, "records.json")
         with open(path, "w") as f:
-            json.dump({name: [base64.b64encode(r).decode("ascii") for r in records]
-                       for name, records in (("held", held), ("train", train))}, f)
+            json.dump(
+                {
+                    name: [base64.b64encode(r).decode("ascii") for r in records]
+                    for name, records in (("held", held), ("train", train))
+                },
+                f,
+            )
         confinement = Confinement(read=[os.path.abspath(model_dir), folder], network=False)
-        job = {"mode": "score", "model_dir": os.path.abspath(model_dir), "records": path, "label": label,
-               "label_signature": label_signature}
+        job = {
+            "mode": "score",
+            "model_dir": os.path.abspath(model_dir),
+            "records": path,
+            "label": label,
+            "label_signature": label_signature,
+        }
         result = run_child(job, confinement, output=subprocess.DEVNULL)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -278,8 +319,15 @@ def run_child(job: dict, confinement: Confinement, location=None, grant=None, ou
     ours, theirs = socket.socketpair()
     try:
         streams = {} if output is None else {"stdout": output, "stderr": output}
-        child = spawn(CHILD_MODULE, [], confinement, private_tmp, pass_fds=[theirs.fileno()],
-                      env={FD_ENV: str(theirs.fileno())}, **streams)
+        child = spawn(
+            CHILD_MODULE,
+            [],
+            confinement,
+            private_tmp,
+            pass_fds=[theirs.fileno()],
+            env={FD_ENV: str(theirs.fileno())},
+            **streams,
+        )
         theirs.close()
         connection = Connection(ours.detach())
         try:
@@ -292,8 +340,7 @@ def run_child(job: dict, confinement: Confinement, location=None, grant=None, ou
         shutil.rmtree(private_tmp, ignore_errors=True)
     if result is None:
         text = f"the pipeline's confined process ended with exit code {code} before it reported a result"
-        return {"status": "error", "public": text, "environment": True, "environment_text": text,
-                "message": text}
+        return {"status": "error", "public": text, "environment": True, "environment_text": text, "message": text}
     return result
 
 
@@ -306,8 +353,11 @@ def _fields(pipeline: SagePipeline) -> dict:
     """The declarative fields of a loaded pipeline (every field but ``NOT_DESCRIBED``), as JSON the launcher
     rebuilds it from; module paths made absolute."""
     fields = {f.name: getattr(pipeline, f.name) for f in dataclasses.fields(pipeline) if f.name not in NOT_DESCRIBED}
-    fields.update(sla=dataclasses.asdict(pipeline.sla), models=list(pipeline.models),
-                  **{role: pipeline.module_path(role) for role in ("trainer_module", "preprocessing_module")})
+    fields.update(
+        sla=dataclasses.asdict(pipeline.sla),
+        models=list(pipeline.models),
+        **{role: pipeline.module_path(role) for role in ("trainer_module", "preprocessing_module")},
+    )
     return json.loads(json.dumps(fields, default=repr))
 
 
@@ -318,8 +368,7 @@ def _iterate(job: dict) -> None:
     definition = load_pipeline(job["spec"])
     config = PipelineConfig(**job["config"])
     grant = Grant.from_json(job["grant"])
-    run_built(definition.build_pipeline, config, grant, BudgetSplit.from_meta(grant.meta), job["eta"],
-              job["iteration"])
+    run_built(definition.build_pipeline, config, grant, BudgetSplit.from_meta(grant.meta), job["eta"], job["iteration"])
 
 
 def _validate(job: dict) -> dict:
@@ -372,12 +421,15 @@ def _failure(exc: BaseException, job: dict) -> dict:
     from sage_tfx.privacy.errors import environment_error_text, is_environment_error, public_error_text
 
     if job.get("mode") in ("describe", "score"):
-        message = str(exc) if isinstance(exc, (PipelineDefinitionError, ValueError)) else \
-            f"{type(exc).__name__}: {exc}"
+        message = str(exc) if isinstance(exc, (PipelineDefinitionError, ValueError)) else f"{type(exc).__name__}: {exc}"
         return {"status": "error", "message": message}
     environment = is_environment_error(exc)
-    result = {"status": "error", "public": public_error_text(exc), "environment": environment,
-              "environment_text": environment_error_text(exc) if environment else ""}
+    result = {
+        "status": "error",
+        "public": public_error_text(exc),
+        "environment": environment,
+        "environment_text": environment_error_text(exc) if environment else "",
+    }
     if job.get("check"):
         from sage_tfx.pipelines.check import describe_failure
 
@@ -416,8 +468,9 @@ def confinement_status() -> str:
     """One line on how user code is confined on this host: the Landlock ABI (or its absence) and the OS user its
     children run as (``isolation.child_user``: which one, or why they keep the launcher's)."""
     abi = landlock_abi()
-    landlock = (f"Landlock ABI {abi}" if abi else "no Landlock on this kernel: separate process and scrubbed "
-                "environment only")
+    landlock = (
+        f"Landlock ABI {abi}" if abi else "no Landlock on this kernel: separate process and scrubbed environment only"
+    )
     return f"{landlock}; {child_user()[1]}"
 
 

@@ -5,6 +5,7 @@ built-in pipelines. Each iteration runs BlockExampleGen -> DPTransform -> DPTrai
 Pusher under the iteration's grant, which every data-reading component checks before it reads: docs/your_pipeline.md,
 "The pipeline file"; docs/block_composition.md, "What a grant pays for".
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -62,8 +63,9 @@ class SLA:
         try:
             metric = Metric(str(self.metric).strip().lower())
         except ValueError:
-            raise PipelineDefinitionError(f"SLA metric {self.metric!r} is unknown: use one of "
-                                          f"{', '.join(m.value for m in Metric)}") from None
+            raise PipelineDefinitionError(
+                f"SLA metric {self.metric!r} is unknown: use one of {', '.join(m.value for m in Metric)}"
+            ) from None
         object.__setattr__(self, "metric", metric.value)
         if not isinstance(self.label, str) or not self.label:
             raise PipelineDefinitionError(f"SLA label {self.label!r} must name the label column")
@@ -75,22 +77,40 @@ class SLA:
             if bound is None and metric is Metric.LOG_LOSS:
                 bound = math.log(1.0 / LOG_LOSS_FLOOR)
             if bound is None:
-                raise PipelineDefinitionError(f"SLA metric {metric.value!r} needs loss_bound: a public bound B on "
-                                              "each example's loss (losses are clipped to [0, B])")
-            bound = positive(bound, "SLA loss_bound", error=PipelineDefinitionError, allow_bool=True,
-                             message="{what} {value!r} must be {rule}", not_number="{what} {value!r} is not a number")
+                raise PipelineDefinitionError(
+                    f"SLA metric {metric.value!r} needs loss_bound: a public bound B on "
+                    "each example's loss (losses are clipped to [0, B])"
+                )
+            bound = positive(
+                bound,
+                "SLA loss_bound",
+                error=PipelineDefinitionError,
+                allow_bool=True,
+                message="{what} {value!r} must be {rule}",
+                not_number="{what} {value!r} is not a number",
+            )
         object.__setattr__(self, "loss_bound", bound)
         if self.label_threshold is not None:
-            threshold = number(self.label_threshold, "SLA label_threshold", error=PipelineDefinitionError,
-                               allow_bool=True, message="{what} {value!r} must be a finite number")
+            threshold = number(
+                self.label_threshold,
+                "SLA label_threshold",
+                error=PipelineDefinitionError,
+                allow_bool=True,
+                message="{what} {value!r} must be a finite number",
+            )
             object.__setattr__(self, "label_threshold", threshold)
-        if self.label_signature is not None and (not isinstance(self.label_signature, str)
-                                                 or not self.label_signature.strip()):
-            raise PipelineDefinitionError(f"SLA label_signature {self.label_signature!r} must name a signature of "
-                                          "the trained model, e.g. 'transform_features'")
+        if self.label_signature is not None and (
+            not isinstance(self.label_signature, str) or not self.label_signature.strip()
+        ):
+            raise PipelineDefinitionError(
+                f"SLA label_signature {self.label_signature!r} must name a signature of "
+                "the trained model, e.g. 'transform_features'"
+            )
         if (metric is Metric.CUSTOM) != (self.loss_module is not None):
-            raise PipelineDefinitionError(f"SLA loss_module {self.loss_module!r}: metric 'custom' needs one (the "
-                                          "Python file of your per-example loss), the other metrics take none")
+            raise PipelineDefinitionError(
+                f"SLA loss_module {self.loss_module!r}: metric 'custom' needs one (the "
+                "Python file of your per-example loss), the other metrics take none"
+            )
 
     def check_target(self, target: float) -> float:
         """The target as a float, refused when it can never be met or is always met.
@@ -107,14 +127,31 @@ class SLA:
         metric = Metric(self.metric)
         what, not_number = f"{metric.value} target", "{what} {value!r} is not a number"
         if metric is Metric.ACCURACY:
-            return number(target, what, error=ValueError, low=0.0, high=1.0, low_open=True, high_open=True,
-                          allow_bool=True, not_number=not_number,
-                          message="{what} {value!r} can never be met meaningfully: it must lie {rule}")
-        value = positive(target, what, error=ValueError, allow_bool=True, not_number=not_number,
-                         message="{what} {value!r} can never be met: it must be a positive number")
+            return number(
+                target,
+                what,
+                error=ValueError,
+                low=0.0,
+                high=1.0,
+                low_open=True,
+                high_open=True,
+                allow_bool=True,
+                not_number=not_number,
+                message="{what} {value!r} can never be met meaningfully: it must lie {rule}",
+            )
+        value = positive(
+            target,
+            what,
+            error=ValueError,
+            allow_bool=True,
+            not_number=not_number,
+            message="{what} {value!r} can never be met: it must be a positive number",
+        )
         if value >= self.loss_bound:
-            raise ValueError(f"{metric.value} target {value!r} is at least the loss bound {self.loss_bound:g}: "
-                             "every model meets it, so there is nothing to validate")
+            raise ValueError(
+                f"{metric.value} target {value!r} is at least the loss bound {self.loss_bound:g}: "
+                "every model meets it, so there is nothing to validate"
+            )
         return value
 
 
@@ -146,8 +183,9 @@ class StandardComponents:
     pusher: object
 
     def as_list(self) -> list:
-        return [c for c in (self.example_gen, self.transform, self.trainer, self.validator, self.pusher)
-                if c is not None]
+        return [
+            c for c in (self.example_gen, self.transform, self.trainer, self.validator, self.pusher) if c is not None
+        ]
 
 
 def _iterator_settings() -> set:
@@ -209,13 +247,16 @@ class SagePipeline:
         object.__setattr__(self, "models", models)
         unknown = sorted(set(self.defaults) - _iterator_settings())
         if unknown:
-            raise PipelineDefinitionError(f"defaults name unknown iterator setting(s) {unknown}: use "
-                                          f"{', '.join(sorted(_iterator_settings()))}")
+            raise PipelineDefinitionError(
+                f"defaults name unknown iterator setting(s) {unknown}: use {', '.join(sorted(_iterator_settings()))}"
+            )
         if self.eval_share is not None:
             eval_share_split(self.eval_share, error=PipelineDefinitionError)  # names a bad value before any spend
         if self.components is not None and not callable(self.components):
-            raise PipelineDefinitionError(f"components {self.components!r} must be a function of the "
-                                          "StandardComponents returning the list of components")
+            raise PipelineDefinitionError(
+                f"components {self.components!r} must be a function of the "
+                "StandardComponents returning the list of components"
+            )
         for role in ("trainer_module", "preprocessing_module"):
             value = getattr(self, role)
             if value is not None and (not isinstance(value, str) or not value):
@@ -311,8 +352,9 @@ class SagePipeline:
             return self
         return replace(self, source_file=os.path.abspath(path))
 
-    def certificate_request(self, target: float, confidence: float, model: str | None = None,
-                            hparams: dict | None = None) -> dict:
+    def certificate_request(
+        self, target: float, confidence: float, model: str | None = None, hparams: dict | None = None
+    ) -> dict:
         """What an ACCEPT of this pipeline certifies, as the JSON the iterator signs into each grant.
 
         A later run of the same pipeline name must ask for the same certificate.
@@ -331,10 +373,18 @@ class SagePipeline:
             ValueError: an unknown model family.
         """
         sla = self.sla
-        return {"target": float(target), "confidence": float(confidence), "metric": sla.metric, "label": sla.label,
-                "loss_bound": sla.loss_bound, "label_threshold": sla.label_threshold,
-                "label_signature": sla.label_signature, "loss_function": sla.loss_function,
-                "model": self.model_family(model), "definition": self.definition_digest(hparams)}
+        return {
+            "target": float(target),
+            "confidence": float(confidence),
+            "metric": sla.metric,
+            "label": sla.label,
+            "loss_bound": sla.loss_bound,
+            "label_threshold": sla.label_threshold,
+            "label_signature": sla.label_signature,
+            "loss_function": sla.loss_function,
+            "model": self.model_family(model),
+            "definition": self.definition_digest(hparams),
+        }
 
     def definition_digest(self, hparams: dict | None = None) -> str:
         """SHA-256 (hex) of what defines the pipeline.
@@ -353,8 +403,17 @@ class SagePipeline:
         contents = {role: _file_digest(path) for role, path in files.items() if path is not None}
         folders = sorted({os.path.dirname(os.path.abspath(p)) for p in modules.values() if p is not None})
         beside = [[[os.path.basename(f), _file_digest(f)] for f in python_files(folder)] for folder in folders]
-        config = json.dumps({"files": contents, "trainer_config": self.trainer_config, "hparams": hparams or {},
-                             "models": list(self.models), "beside_modules": beside}, sort_keys=True, default=repr)
+        config = json.dumps(
+            {
+                "files": contents,
+                "trainer_config": self.trainer_config,
+                "hparams": hparams or {},
+                "models": list(self.models),
+                "beside_modules": beside,
+            },
+            sort_keys=True,
+            default=repr,
+        )
         return hashlib.sha256(config.encode()).hexdigest()
 
     # ------------------------------------------------------------------ the TFX pipeline of one iteration
@@ -378,28 +437,53 @@ class SagePipeline:
         from sage_tfx.components.dp_transform import DPTransform
 
         grant_json = grant.to_json()
-        gen = BlockExampleGen(ledger=config.ledger, data_root=config.data_root, stream=config.stream,
-                              grant=grant_json, staging_location=getattr(config, "staging_location", None))
+        gen = BlockExampleGen(
+            ledger=config.ledger,
+            data_root=config.data_root,
+            stream=config.stream,
+            grant=grant_json,
+            staging_location=getattr(config, "staging_location", None),
+        )
         transform = None
         trainer_inputs = {"examples": gen.outputs["examples"]}
         if self.preprocessing_module is not None:
-            transform = DPTransform(examples=gen.outputs["examples"], module_file=self.module_path(
-                "preprocessing_module"), ledger=config.ledger, grant=grant_json, data_root=config.data_root,
-                stream=config.stream)
-            trainer_inputs = {"examples": transform.outputs["transformed_examples"],
-                              "transform_graph": transform.outputs["transform_graph"]}
+            transform = DPTransform(
+                examples=gen.outputs["examples"],
+                module_file=self.module_path("preprocessing_module"),
+                ledger=config.ledger,
+                grant=grant_json,
+                data_root=config.data_root,
+                stream=config.stream,
+            )
+            trainer_inputs = {
+                "examples": transform.outputs["transformed_examples"],
+                "transform_graph": transform.outputs["transform_graph"],
+            }
         custom_config = {**self.trainer_config, **config.hparams}
         model = self.model_family(config.model)
         if model is not None:
             custom_config = {"model": model, **custom_config}
-        trainer = DPTrainer(**trainer_inputs, module_file=self.module_path("trainer_module"), ledger=config.ledger,
-                            grant=grant_json, custom_config=custom_config)
-        validator = DPModelValidator(model=trainer.outputs["model"], examples=gen.outputs["examples"],
-                                     ledger=config.ledger, grant=grant_json,
-                                     **self.validator_properties(config, grant, eta))
-        pusher = Pusher(model=trainer.outputs["model"], model_blessing=validator.outputs["blessing"],
-                        push_destination=pusher_pb2.PushDestination(
-                            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=config.serving_dir)))
+        trainer = DPTrainer(
+            **trainer_inputs,
+            module_file=self.module_path("trainer_module"),
+            ledger=config.ledger,
+            grant=grant_json,
+            custom_config=custom_config,
+        )
+        validator = DPModelValidator(
+            model=trainer.outputs["model"],
+            examples=gen.outputs["examples"],
+            ledger=config.ledger,
+            grant=grant_json,
+            **self.validator_properties(config, grant, eta),
+        )
+        pusher = Pusher(
+            model=trainer.outputs["model"],
+            model_blessing=validator.outputs["blessing"],
+            push_destination=pusher_pb2.PushDestination(
+                filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=config.serving_dir)
+            ),
+        )
         return StandardComponents(gen, transform, trainer, validator, pusher)
 
     def validator_properties(self, config, grant, eta) -> dict:
@@ -420,11 +504,18 @@ class SagePipeline:
         from sage_tfx.privacy import grant_split
 
         split = grant_split(grant)
-        return {"metric": self.sla.metric, "target": config.target, "label_key": self.sla.label,
-                "loss_bound": None if self.sla.metric == Metric.ACCURACY.value else self.sla.loss_bound, "eta": eta,
-                "train_split": "train" if split is not None and split.rejection > 0 else None,
-                "label_threshold": self.sla.label_threshold, "loss_module": self.module_path("loss_module"),
-                "loss_function": self.sla.loss_function, "label_signature": self.sla.label_signature}
+        return {
+            "metric": self.sla.metric,
+            "target": config.target,
+            "label_key": self.sla.label,
+            "loss_bound": None if self.sla.metric == Metric.ACCURACY.value else self.sla.loss_bound,
+            "eta": eta,
+            "train_split": "train" if split is not None and split.rejection > 0 else None,
+            "label_threshold": self.sla.label_threshold,
+            "loss_module": self.module_path("loss_module"),
+            "loss_function": self.sla.loss_function,
+            "label_signature": self.sla.label_signature,
+        }
 
     def build_pipeline(self, config, grant, split, eta, iteration):
         """The TFX Pipeline of one iteration under ``grant``.
@@ -453,6 +544,10 @@ class SagePipeline:
         if not components:
             raise PipelineDefinitionError(f"pipeline {self.name!r}: its components function returned no component")
         return tfx_pipeline.Pipeline(
-            pipeline_name=config.name, pipeline_root=config.pipeline_root, components=components,
-            enable_cache=True, metadata_connection_config=metadata_config(config.metadata_path),
-            beam_pipeline_args=list(config.beam_pipeline_args))
+            pipeline_name=config.name,
+            pipeline_root=config.pipeline_root,
+            components=components,
+            enable_cache=True,
+            metadata_connection_config=metadata_config(config.metadata_path),
+            beam_pipeline_args=list(config.beam_pipeline_args),
+        )

@@ -4,6 +4,7 @@
 iterator, the checks made before any charge); ``make_iterator`` builds the ``SageIterator`` of a runner from a
 ``RunSettings``. `sage run`, `sage serve`'s workers and the demo all go through these two (docs/your_pipeline.md).
 """
+
 from __future__ import annotations
 
 import math
@@ -77,9 +78,11 @@ class PipelineRunner:
         try:
             access.check_blocks(ledger, self.config.data_root, self.config.stream, blocks)
         except sealed.SealedError as exc:
-            raise RefusedBeforeCharge(f"--data-root {self.config.data_root!r}: {exc}. Nothing was charged for this "
-                                      "iteration: give the --data-root `sage ingest` wrote the stream to, or restore "
-                                      "the block folder") from None
+            raise RefusedBeforeCharge(
+                f"--data-root {self.config.data_root!r}: {exc}. Nothing was charged for this "
+                "iteration: give the --data-root `sage ingest` wrote the stream to, or restore "
+                "the block folder"
+            ) from None
 
     def request(self) -> dict:
         """What an ACCEPT of this runner certifies (``SagePipeline.certificate_request``), signed into each grant."""
@@ -87,12 +90,26 @@ class PipelineRunner:
         return self.pipeline.certificate_request(config.target, config.confidence, config.model, config.hparams)
 
 
-def build_runner(definition, db: str, stream: str, data_root: str, work_dir: str, target: float, *,
-                 confidence: float = 0.95, serving_dir: str | None = None, runner: str = "local",
-                 beam_args: Sequence[str] = (), model: str | None = None, name: str | None = None,
-                 staging_location: str | None = None, pipeline_root: str | None = None,
-                 metadata_path: str | None = None, spec: str | None = None,
-                 secrets: Sequence[str] = ()) -> PipelineRunner:
+def build_runner(
+    definition,
+    db: str,
+    stream: str,
+    data_root: str,
+    work_dir: str,
+    target: float,
+    *,
+    confidence: float = 0.95,
+    serving_dir: str | None = None,
+    runner: str = "local",
+    beam_args: Sequence[str] = (),
+    model: str | None = None,
+    name: str | None = None,
+    staging_location: str | None = None,
+    pipeline_root: str | None = None,
+    metadata_path: str | None = None,
+    spec: str | None = None,
+    secrets: Sequence[str] = (),
+) -> PipelineRunner:
     """The ``PipelineRunner`` of a pipeline on a ledger's stream, validated against ``target``.
 
     Args:
@@ -123,11 +140,22 @@ def build_runner(definition, db: str, stream: str, data_root: str, work_dir: str
     from sage_tfx.pipelines._runner import PipelineConfig
 
     name = name or definition.name
-    config = PipelineConfig(name=name, ledger=db, stream=stream, data_root=data_root,
-                            work_dir=work_dir, target=target, confidence=confidence, serving_dir=serving_dir,
-                            runner=runner, beam_pipeline_args=list(beam_args), model=model,
-                            staging_location=staging_location, artifact_root=pipeline_root,
-                            metadata_file=metadata_path.replace("{name}", name) if metadata_path else None)
+    config = PipelineConfig(
+        name=name,
+        ledger=db,
+        stream=stream,
+        data_root=data_root,
+        work_dir=work_dir,
+        target=target,
+        confidence=confidence,
+        serving_dir=serving_dir,
+        runner=runner,
+        beam_pipeline_args=list(beam_args),
+        model=model,
+        staging_location=staging_location,
+        artifact_root=pipeline_root,
+        metadata_file=metadata_path.replace("{name}", name) if metadata_path else None,
+    )
     return PipelineRunner(definition, config, spec, secrets)
 
 
@@ -155,22 +183,31 @@ class RunSettings:
     rejection_share: float | None = None
 
     def __post_init__(self):
-        if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int) \
-                or self.max_iterations < 1:
+        if isinstance(self.max_iterations, bool) or not isinstance(self.max_iterations, int) or self.max_iterations < 1:
             raise ValueError(f"max_iterations {self.max_iterations!r} is invalid: give an integer >= 1")
         if self.max_seconds is not None and not (math.isfinite(self.max_seconds) and self.max_seconds > 0):
-            raise ValueError(f"max_seconds {self.max_seconds!r} is invalid: give a number of seconds > 0 (or None "
-                             "for no time limit)")
+            raise ValueError(
+                f"max_seconds {self.max_seconds!r} is invalid: give a number of seconds > 0 (or None for no time limit)"
+            )
 
     def overrides(self) -> dict:
         """The settings that replace the pipeline's defaults (those given)."""
-        given = {"epsilon_start": self.epsilon_start, "min_window": self.min_window,
-                 "rejection_share": self.rejection_share}
+        given = {
+            "epsilon_start": self.epsilon_start,
+            "min_window": self.min_window,
+            "rejection_share": self.rejection_share,
+        }
         return {k: v for k, v in given.items() if v is not None}
 
 
-def make_iterator(definition, ledger, runner: PipelineRunner, settings: RunSettings,
-                  progress: Callable[[str], None] = print, wait_for_blocks=None):
+def make_iterator(
+    definition,
+    ledger,
+    runner: PipelineRunner,
+    settings: RunSettings,
+    progress: Callable[[str], None] = print,
+    wait_for_blocks=None,
+):
     """The ``SageIterator`` of a `sage run`/`sage serve` pipeline, its grants signed with the runner's request.
 
     Args:
@@ -191,9 +228,20 @@ def make_iterator(definition, ledger, runner: PipelineRunner, settings: RunSetti
     """
     from sage_tfx.adaptive import IteratorSettings, SageIterator
 
-    options = IteratorSettings(**{**definition.iterator_defaults(), **settings.overrides()},
-                               eta=1 - runner.config.confidence, max_iterations=settings.max_iterations,
-                               max_seconds=settings.max_seconds)
-    return SageIterator(ledger, runner.config.stream, runner.config.name, runner.run_iteration, settings=options,
-                        wait_for_blocks=wait_for_blocks, progress=progress, request=runner.request(),
-                        check_blocks=lambda blocks: runner.check_blocks(ledger, blocks))
+    options = IteratorSettings(
+        **{**definition.iterator_defaults(), **settings.overrides()},
+        eta=1 - runner.config.confidence,
+        max_iterations=settings.max_iterations,
+        max_seconds=settings.max_seconds,
+    )
+    return SageIterator(
+        ledger,
+        runner.config.stream,
+        runner.config.name,
+        runner.run_iteration,
+        settings=options,
+        wait_for_blocks=wait_for_blocks,
+        progress=progress,
+        request=runner.request(),
+        check_blocks=lambda blocks: runner.check_blocks(ledger, blocks),
+    )

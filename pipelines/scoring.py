@@ -21,6 +21,7 @@ User code never runs beside the key here: a pipeline file is described by a conf
 keeps nothing: the labelled hold-out rows, plus the training rows when the SLA's ``label_signature`` derives
 their labels for the baselines.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,6 +46,7 @@ class ScoreError(SageError, ValueError):
 
 # ------------------------------------------------------------------ the model and the rows to compare on
 
+
 def pushed_models(serving_dir: str) -> list:
     """The model versions Pusher wrote under ``serving_dir`` (each a SavedModel directory), oldest first."""
     if not os.path.isdir(serving_dir):
@@ -62,17 +64,22 @@ def accepted_model(ledger_location, stream: str, pipeline: str, serving_dir: str
             history = ledger.history(stream, pipeline)
     accepted = [g for g, outcome, _ in history if outcome == Outcome.ACCEPT]
     if not accepted:
-        raise LookupError(f"no ACCEPTed {pipeline!r} grant on stream {stream!r} in {ledger_location}: run the "
-                          "pipeline first (sage run)")
+        raise LookupError(
+            f"no ACCEPTed {pipeline!r} grant on stream {stream!r} in {ledger_location}: run the "
+            "pipeline first (sage run)"
+        )
     models = pushed_models(serving_dir)
     if not models:
-        raise LookupError(f"no pushed model under {serving_dir}: give the run's serving directory (sage run "
-                          "--work-dir W pushes to W/serving)")
+        raise LookupError(
+            f"no pushed model under {serving_dir}: give the run's serving directory (sage run "
+            "--work-dir W pushes to W/serving)"
+        )
     return accepted[-1], models[-1]
 
 
-def block_rows(data_root: str, stream: str, blocks: Sequence[str], split: str | None = None, *, ledger,
-               purpose: str, records=None):
+def block_rows(
+    data_root: str, stream: str, blocks: Sequence[str], split: str | None = None, *, ledger, purpose: str, records=None
+):
     """The rows of committed blocks as one RecordBatch of list columns, in the stream's schema.
 
     Read the way trusted code reads them: the blocks' encrypted files under the data root, with their keys from
@@ -146,8 +153,9 @@ def overlap_count(stream_rows, held_out_rows) -> int:
 def held_out_overlap(data_root: str, stream: str, blocks: Sequence[str], held_out, *, ledger) -> int:
     """How many held-out rows (a pyarrow Table of raw columns) are also rows of ``blocks`` (full-row keys); a
     held-out set must give 0. A trusted read of ``blocks``, logged."""
-    ingested = block_rows(data_root, stream, blocks, ledger=ledger,
-                          purpose="held-out check: no held-out row is a stream row")
+    ingested = block_rows(
+        data_root, stream, blocks, ledger=ledger, purpose="held-out check: no held-out row is a stream row"
+    )
     return overlap_count(ingested, example_rows(held_out, _schema(data_root, stream)))
 
 
@@ -171,24 +179,31 @@ def _schema(data_root, stream):
 
     config = stream_config(data_root, stream)
     if config is None:
-        raise ScoreError(f"stream {stream!r} has no data under {data_root!r}: give the --data-root `sage ingest` "
-                         "wrote it to")
+        raise ScoreError(
+            f"stream {stream!r} has no data under {data_root!r}: give the --data-root `sage ingest` wrote it to"
+        )
     return config["schema"]
 
 
 def scalar_column(example_batch, name: str) -> np.ndarray:
     """A list column as floats: a row's one value, NaN where it has none or several."""
-    return np.array([float(v[0]) if v is not None and len(v) == 1 else np.nan
-                     for v in example_batch.column(name).to_pylist()], dtype=float)
+    return np.array(
+        [float(v[0]) if v is not None and len(v) == 1 else np.nan for v in example_batch.column(name).to_pylist()],
+        dtype=float,
+    )
 
 
 # ------------------------------------------------------------------ the non-private baselines
 
+
 def design_matrix(example_batch, features: Sequence[str], center=None, scale=None):
     """(x, center, scale): the scalar ``features`` of the rows, standardized by ``center`` / ``scale`` (fitted
     here, on these rows, when None); a missing value is the centre (0 after standardizing)."""
-    columns = np.column_stack([scalar_column(example_batch, f) for f in features]) if features else \
-        np.zeros((example_batch.num_rows, 0))
+    columns = (
+        np.column_stack([scalar_column(example_batch, f) for f in features])
+        if features
+        else np.zeros((example_batch.num_rows, 0))
+    )
     finite = np.isfinite(columns)
     if center is None:
         center = np.where(finite, columns, 0.0).sum(axis=0) / np.maximum(finite.sum(axis=0), 1)
@@ -212,8 +227,10 @@ def logistic_regression(x: np.ndarray, y: np.ndarray, l2: float = 1e-6, iteratio
     y = np.asarray(y, dtype=float)
     other = y[~np.isin(y, (0.0, 1.0))]
     if len(other):
-        raise ScoreError(f"logistic regression needs labels 0 and 1, not {other[0]!r}: give the SLA a "
-                         "label_threshold (1 where the label exceeds it) for another label")
+        raise ScoreError(
+            f"logistic regression needs labels 0 and 1, not {other[0]!r}: give the SLA a "
+            "label_threshold (1 where the label exceeds it) for another label"
+        )
     design = np.column_stack([x, np.ones(len(x))])
     w = np.zeros(design.shape[1])
     ridge = l2 * len(y) * np.eye(len(w))
@@ -237,15 +254,23 @@ def fit_baselines(metric: str, x: np.ndarray, y: np.ndarray) -> dict:
         raise ScoreError("the ACCEPTed grant's training split holds no labelled row to fit a baseline on")
     if metric in REGRESSION_METRICS:
         mean = float(np.mean(y))
-        return {"mean_label": ("the mean training label, NOT private", lambda z: np.full(len(z), mean)),
-                "least_squares": ("least squares on the baseline features, NOT private", least_squares(x, y))}
+        return {
+            "mean_label": ("the mean training label, NOT private", lambda z: np.full(len(z), mean)),
+            "least_squares": ("least squares on the baseline features, NOT private", least_squares(x, y)),
+        }
     if metric in CLASSIFICATION_METRICS:
         rate = float(np.mean(y))
         constant = float(rate >= 0.5) if metric == Metric.ACCURACY else rate
-        return {"majority_class": ("the majority training class (its rate for log_loss), NOT private",
-                                   lambda z: np.full(len(z), constant)),
-                "logistic_regression": ("logistic regression on the baseline features, NOT private",
-                                        logistic_regression(x, y))}
+        return {
+            "majority_class": (
+                "the majority training class (its rate for log_loss), NOT private",
+                lambda z: np.full(len(z), constant),
+            ),
+            "logistic_regression": (
+                "logistic regression on the baseline features, NOT private",
+                logistic_regression(x, y),
+            ),
+        }
     raise ScoreError(f"metric {metric!r} has no built-in baseline (mse, mae, accuracy, log_loss have)")
 
 
@@ -254,8 +279,10 @@ def summary(values: np.ndarray, metric: str, loss_bound: float | None, target: f
     unclipped mean for a loss, and whether it meets ``target``."""
     values = np.asarray(values, dtype=float)
     clipped = values if loss_bound is None else np.clip(values, 0.0, loss_bound)
-    out = {"value": float(clipped.mean()),
-           "standard_error": float(clipped.std(ddof=1) / math.sqrt(len(clipped))) if len(clipped) > 1 else None}
+    out = {
+        "value": float(clipped.mean()),
+        "standard_error": float(clipped.std(ddof=1) / math.sqrt(len(clipped))) if len(clipped) > 1 else None,
+    }
     if loss_bound is not None:
         out["unclipped"] = float(values.mean())
     if target is not None:
@@ -265,14 +292,24 @@ def summary(values: np.ndarray, metric: str, loss_bound: float | None, target: f
 
 # ------------------------------------------------------------------ the score
 
+
 def default_features(schema: dict, label: str, exclude: Sequence[str] = ()) -> list:
     """The baselines' default features: the stream's numeric columns but the label and ``exclude``."""
     return [c for c, kind in sorted(schema.items()) if kind in ("int", "float") and c != label and c not in exclude]
 
 
-def score_model(ledger, stream: str, pipeline, held_out: str, *, data_root: str, serving_dir: str,
-                name: str | None = None, features: Sequence[str] | None = None,
-                fmt: str | None = None) -> dict:
+def score_model(
+    ledger,
+    stream: str,
+    pipeline,
+    held_out: str,
+    *,
+    data_root: str,
+    serving_dir: str,
+    name: str | None = None,
+    features: Sequence[str] | None = None,
+    fmt: str | None = None,
+) -> dict:
     """Score the model ``pipeline`` pushed after its last ACCEPT on the rows of the file ``held_out``.
 
     Args:
@@ -309,8 +346,10 @@ def score_model(ledger, stream: str, pipeline, held_out: str, *, data_root: str,
     features = list(features) if features else default_features(schema, sla.label, [time_column])
     unknown = [f for f in features if schema.get(f) not in ("int", "float")]
     if unknown:
-        raise ScoreError(f"baseline feature(s) {unknown} are not numeric columns of stream {stream!r} (numeric: "
-                         f"{default_features(schema, '')})")
+        raise ScoreError(
+            f"baseline feature(s) {unknown} are not numeric columns of stream {stream!r} (numeric: "
+            f"{default_features(schema, '')})"
+        )
     if sla.label_signature is None and sla.label not in schema:
         raise ScoreError(f"label {sla.label!r} is not a column of stream {stream!r}")
     held = read_held_out(held_out, schema, fmt)
@@ -327,14 +366,19 @@ def _score(ledger, stream, definition, name, held, held_path, data_root, serving
     sla = definition.sla
     grant, model_dir = accepted_model(ledger, stream, name, serving_dir)
     _check_disjoint(ledger, stream, data_root, held, held_path)
-    train = training_rows(data_root, stream, grant, ledger=ledger,
-                          purpose=f"{TRUSTED_PURPOSE}: non-private baselines on the training split of ACCEPTed "
-                                  f"grant {grant.id}")
+    train = training_rows(
+        data_root,
+        stream,
+        grant,
+        ledger=ledger,
+        purpose=f"{TRUSTED_PURPOSE}: non-private baselines on the training split of ACCEPTed grant {grant.id}",
+    )
     schema = _schema(data_root, stream)
     held_encoded = _encoded(held, schema)
     if sla.label_signature:  # the model derives the labels: it sees the held-out and the training rows
-        served = score_outputs(model_dir, held_encoded, _encoded(train, schema), label=sla.label,
-                               label_signature=sla.label_signature)
+        served = score_outputs(
+            model_dir, held_encoded, _encoded(train, schema), label=sla.label, label_signature=sla.label_signature
+        )
     else:
         served = {"held_labels": scalar_column(held, sla.label), "train_labels": scalar_column(train, sla.label)}
     y_held, keep, held_rows = _labelled(served, sla, "held", held)
@@ -346,32 +390,55 @@ def _score(ledger, stream, definition, name, held, held_path, data_root, serving
     raw_labels = np.asarray(served["raw_labels"], dtype=float)
     outputs = {key: np.asarray(values, dtype=float) for key, values in served["outputs"].items()}
     if len(raw_labels) != len(y_held):
-        raise ScoreError(f"the pushed model skipped {len(y_held) - len(raw_labels)} hold-out row(s) lacking a "
-                         "feature its signature reads: drop them from the hold-out")
+        raise ScoreError(
+            f"the pushed model skipped {len(y_held) - len(raw_labels)} hold-out row(s) lacking a "
+            "feature its signature reads: drop them from the hold-out"
+        )
     target = (grant.meta or {}).get("request", {}).get("target")
-    scores = {"dp_model": summary(per_example_values(sla.metric, y_held, outputs, None, sla.loss_bound),
-                                  sla.metric, sla.loss_bound, target)}
+    scores = {
+        "dp_model": summary(
+            per_example_values(sla.metric, y_held, outputs, None, sla.loss_bound), sla.metric, sla.loss_bound, target
+        )
+    }
     y_train, _, train_rows = _labelled(served, sla, "train", train)
     described = _score_baselines(scores, sla, train_rows, y_train, held_rows, y_held, features, target)
     return {
-        "stream": stream, "pipeline": name, "grant": grant.id, "grant_blocks": len(grant.blocks),
-        "model": model_dir, "held_out": held_path, "held_out_rows": int(held.num_rows),
-        "held_out_rows_scored": int(len(y_held)), "held_out_rows_in_stream": 0,
-        "metric": sla.metric, "loss_bound": sla.loss_bound, "label": sla.label,
-        "label_threshold": sla.label_threshold, "target": target,
-        "baseline_rows": int(len(y_train)), "baseline_features": list(features),
-        "baselines_not_private": described, "scores": scores,
+        "stream": stream,
+        "pipeline": name,
+        "grant": grant.id,
+        "grant_blocks": len(grant.blocks),
+        "model": model_dir,
+        "held_out": held_path,
+        "held_out_rows": int(held.num_rows),
+        "held_out_rows_scored": int(len(y_held)),
+        "held_out_rows_in_stream": 0,
+        "metric": sla.metric,
+        "loss_bound": sla.loss_bound,
+        "label": sla.label,
+        "label_threshold": sla.label_threshold,
+        "target": target,
+        "baseline_rows": int(len(y_train)),
+        "baseline_features": list(features),
+        "baselines_not_private": described,
+        "scores": scores,
     }
 
 
 def _check_disjoint(ledger, stream, data_root, held, held_path):
     """Refuse a hold-out that shares a row with the stream (``ScoreError``): it must hold rows never ingested."""
-    everything = block_rows(data_root, stream, [b.id for b in ledger.blocks(stream)], ledger=ledger,
-                            purpose=f"{TRUSTED_PURPOSE}: no row of the hold-out {held_path} is a row of the stream")
+    everything = block_rows(
+        data_root,
+        stream,
+        [b.id for b in ledger.blocks(stream)],
+        ledger=ledger,
+        purpose=f"{TRUSTED_PURPOSE}: no row of the hold-out {held_path} is a row of the stream",
+    )
     overlap = overlap_count(everything, held)
     if overlap:
-        raise ScoreError(f"{overlap} row(s) of the hold-out {held_path} are rows of stream {stream!r}: a hold-out "
-                         "must hold rows the stream never held (cut it by time before ingesting)")
+        raise ScoreError(
+            f"{overlap} row(s) of the hold-out {held_path} are rows of stream {stream!r}: a hold-out "
+            "must hold rows the stream never held (cut it by time before ingesting)"
+        )
 
 
 def _labelled(served, sla, name, batch):
@@ -395,8 +462,7 @@ def _score_baselines(scores, sla, train_rows, y_train, held_rows, y_held, featur
     x_held, _, _ = design_matrix(held_rows, features, center, scale)
     described = {}
     for key, (description, predict) in fit_baselines(sla.metric, x_train, y_train).items():
-        values = per_example_values(sla.metric, y_held, {"predictions": predict(x_held)}, "predictions",
-                                    sla.loss_bound)
+        values = per_example_values(sla.metric, y_held, {"predictions": predict(x_held)}, "predictions", sla.loss_bound)
         scores[key] = summary(values, sla.metric, sla.loss_bound, target)
         described[key] = description
     return described

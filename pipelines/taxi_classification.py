@@ -6,6 +6,7 @@ both DP-SGD) -> DPModelValidator (accuracy target on the raw eval split) -> Push
 The stream must hold the ``big_tipper`` column (ingest the big_tipper taxi CSV).
 Defined with the public API (sage_tfx.pipelines.SagePipeline).
 """
+
 import os
 
 from sage_tfx.pipelines.definition import SLA, SagePipeline

@@ -11,6 +11,7 @@ errors past half an hour are outliers (meter glitches) whose exact size no
 model should be judged by. Defined with the public API (sage_tfx.pipelines.SagePipeline),
 as a user's own pipeline file would be.
 """
+
 import os
 
 from sage_tfx.pipelines.definition import SLA, SagePipeline
@@ -18,7 +19,7 @@ from sage_tfx.pipelines.definition import SLA, SagePipeline
 MODULES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "modules")
 LABEL = "trip_seconds"
 MAX_SECONDS = 3600.0  # public bound of the training label and of predictions
-LOSS_BOUND = 1800.0 ** 2  # squared errors are clipped here, in seconds^2
+LOSS_BOUND = 1800.0**2  # squared errors are clipped here, in seconds^2
 
 PIPELINE = SagePipeline(
     name="taxi_regression",

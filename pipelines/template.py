@@ -13,6 +13,7 @@ nor a column the label is computed from or that is computed from it (``label_sou
 name contains the label's or is contained in it); ``categories`` ({int column: its codes}) are one-hot
 encoded instead of used as numbers.
 """
+
 from __future__ import annotations
 
 import keyword
@@ -49,13 +50,17 @@ def window_defaults(blocks: int | None = None, plan=None) -> tuple:
     the RETRYs it allows), or how to get it."""
     window = DEFAULT_WINDOW if not blocks else min(DEFAULT_WINDOW, int(blocks))
     defaults = {"epsilon_start": EPSILON_START, "min_window": window, "rejection_share": 0.1}
-    lines = ["the first iteration's per-block epsilon and window (blocks); a tenth of the training side pays for",
-             "the REJECT test on the training split."]
+    lines = [
+        "the first iteration's per-block epsilon and window (blocks); a tenth of the training side pays for",
+        "the REJECT test on the training split.",
+    ]
     if blocks:
         lines.append(f"The stream had {blocks} block(s) when this was written: the window is at most that.")
     if plan is not None:
-        lines += ["Epsilon plan on the stream's budget then (no new block; `sage run` does not wait for blocks):",
-                  plan.describe()]
+        lines += [
+            "Epsilon plan on the stream's budget then (no new block; `sage run` does not wait for blocks):",
+            plan.describe(),
+        ]
     else:
         lines.append("`sage run pipeline.py --check --target T` lists the attempts the stream's budget allows.")
     return defaults, lines
@@ -76,8 +81,9 @@ def plan_features(schema: dict, label: str, *, time_columns=(), label_sources=()
     for column in categories:
         if schema[column] not in NUMERIC or column == label:
             what = "is the label" if column == label else f"holds {schema[column]}"
-            raise TemplateError(f"category column {column!r} {what}: category codes must be a numeric column "
-                                "other than the label")
+            raise TemplateError(
+                f"category column {column!r} {what}: category codes must be a numeric column other than the label"
+            )
     why = {}
     lowered = label.lower()
     for column, kind in sorted(schema.items()):
@@ -89,18 +95,36 @@ def plan_features(schema: dict, label: str, *, time_columns=(), label_sources=()
             why[column] = "the time column"
         elif column in label_sources:
             why[column] = "the label's source (--label-source)"
-        elif column not in categories and min(len(column), len(label)) >= 3 and (
-                lowered in column.lower() or column.lower() in lowered):
+        elif (
+            column not in categories
+            and min(len(column), len(label)) >= 3
+            and (lowered in column.lower() or column.lower() in lowered)
+        ):
             why[column] = f"its name overlaps the label's {label!r}: it may be the label's source or a copy"
-    features = [c for c, kind in sorted(schema.items())
-                if kind in NUMERIC and c != label and c not in why and c not in categories]
+    features = [
+        c
+        for c, kind in sorted(schema.items())
+        if kind in NUMERIC and c != label and c not in why and c not in categories
+    ]
     return features, categories, why
 
 
-def write_template(directory: str, schema: dict, label: str, metric: str, *, name: str | None = None,
-                   loss_bound: float | None = None, time_column: str | None = None, time_columns=(),
-                   label_sources=(), categories=None, force: bool = False, blocks: int | None = None,
-                   plan=None) -> list:
+def write_template(
+    directory: str,
+    schema: dict,
+    label: str,
+    metric: str,
+    *,
+    name: str | None = None,
+    loss_bound: float | None = None,
+    time_column: str | None = None,
+    time_columns=(),
+    label_sources=(),
+    categories=None,
+    force: bool = False,
+    blocks: int | None = None,
+    plan=None,
+) -> list:
     """Write the three files into ``directory`` (created); return their paths. Refuses to overwrite unless
     ``force``. ``schema``: {column: int|float|bytes}, the stream's public schema; ``time_column`` (or several,
     ``time_columns``), ``label_sources`` and ``categories`` as ``plan_features`` takes them. ``blocks``: the
@@ -115,11 +139,14 @@ def write_template(directory: str, schema: dict, label: str, metric: str, *, nam
     name = name or os.path.basename(os.path.abspath(directory)).replace("-", "_")
     sla = SLA(metric=metric, label=label, loss_bound=loss_bound)  # names a bad metric or bound
     times = tuple(time_columns) + ((time_column,) if time_column else ())
-    features, categories, why = plan_features(schema, label, time_columns=times, label_sources=label_sources,
-                                              categories=categories)
+    features, categories, why = plan_features(
+        schema, label, time_columns=times, label_sources=label_sources, categories=categories
+    )
     if not features and not categories:
-        raise TemplateError(f"the schema has no numeric feature besides the label {label!r} and the columns left "
-                            f"out ({', '.join(f'{c}: {w}' for c, w in why.items())})")
+        raise TemplateError(
+            f"the schema has no numeric feature besides the label {label!r} and the columns left "
+            f"out ({', '.join(f'{c}: {w}' for c, w in why.items())})"
+        )
     paths = [os.path.join(directory, f) for f in FILES]
     existing = [p for p in paths if os.path.exists(p)]
     if existing and not force:
@@ -190,8 +217,9 @@ def inspect_input(path: str, schema: dict, label: str, categorical=(), max_codes
 
 def _pipeline(name, sla, defaults, comment):
     bound = "" if sla.metric == Metric.ACCURACY else f", loss_bound={sla.loss_bound!r}"
-    comment = "\n".join(textwrap.fill(line, 110, initial_indent="    # ", subsequent_indent="    # ")
-                         for line in comment)
+    comment = "\n".join(
+        textwrap.fill(line, 110, initial_indent="    # ", subsequent_indent="    # ") for line in comment
+    )
     return f'''"""The {name} pipeline (written by `sage init-pipeline`; edit freely).
 
     sage run pipeline.py --check --db LEDGER --stream STREAM --data-root DATA    # a free dry run first
@@ -261,18 +289,22 @@ def preprocessing_fn(inputs, custom_config):
 
 def _trainer(keys, label, sla):
     if sla.metric in (Metric.ACCURACY, Metric.LOG_LOSS):  # a probability of the 0/1 label, as both metrics read it
-        model = ("    model = DPLogisticRegressor(fn_args.privacy_budget, num_examples=fn_args.num_examples,\n"
-                 "                                batch_size=trainer_utils.batch_size(fn_args, config))\n"
-                 "    model.fit(x, (y > 0.5).astype(\"int64\"))")
+        model = (
+            "    model = DPLogisticRegressor(fn_args.privacy_budget, num_examples=fn_args.num_examples,\n"
+            "                                batch_size=trainer_utils.batch_size(fn_args, config))\n"
+            '    model.fit(x, (y > 0.5).astype("int64"))'
+        )
         imports, header = "DPLogisticRegressor", ""
     else:
-        model = ("    # each feature in [0, 1], centred at 0.5: rows in [-0.5, 0.5]^d, norm <= sqrt(d) / 2 (a quarter of\n"
-                 "    # AdaSSP's noise and ridge against no centre; docs/your_pipeline.md, \"A second data set\")\n"
-                 "    model = DPLinearRegressor(fn_args.privacy_budget, feature_bound=len(FEATURES) ** 0.5 / 2,\n"
-                 "                              label_range=LABEL_RANGE, feature_center=0.5,\n"
-                 "                              prior_coef=PRIOR_COEF or None, prior_intercept=PRIOR_INTERCEPT,\n"
-                 "                              residual_range=RESIDUAL_RANGE if PRIOR_COEF or PRIOR_INTERCEPT else None)\n"
-                 "    model.fit(x, y)")
+        model = (
+            "    # each feature in [0, 1], centred at 0.5: rows in [-0.5, 0.5]^d, norm <= sqrt(d) / 2 (a quarter of\n"
+            '    # AdaSSP\'s noise and ridge against no centre; docs/your_pipeline.md, "A second data set")\n'
+            "    model = DPLinearRegressor(fn_args.privacy_budget, feature_bound=len(FEATURES) ** 0.5 / 2,\n"
+            "                              label_range=LABEL_RANGE, feature_center=0.5,\n"
+            "                              prior_coef=PRIOR_COEF or None, prior_intercept=PRIOR_INTERCEPT,\n"
+            "                              residual_range=RESIDUAL_RANGE if PRIOR_COEF or PRIOR_INTERCEPT else None)\n"
+            "    model.fit(x, y)"
+        )
         imports = "DPLinearRegressor"
         header = (
             "LABEL_RANGE = (0.0, 1.0)  # EDIT: the public range of the label (it is clipped to it)\n"
@@ -281,10 +313,11 @@ def _trainer(keys, label, sla):
             "# instead of towards 0: on few rows a DP regression is often no better than its prior, so a good prior is\n"
             "# the cheapest accuracy there is. Here a constant guess, the middle of LABEL_RANGE; a prior on a feature\n"
             "# is {feature: coefficient} in PRIOR_COEF, in the units of the [0, 1] features and of the label\n"
-            "# (docs/your_pipeline.md, \"A second data set\", and DPLinearRegressor's docstring).\n"
+            '# (docs/your_pipeline.md, "A second data set", and DPLinearRegressor\'s docstring).\n'
             "PRIOR_INTERCEPT = (LABEL_RANGE[0] + LABEL_RANGE[1]) / 2\n"
             "PRIOR_COEF = {}\n"
-            "RESIDUAL_RANGE = (LABEL_RANGE[0] - PRIOR_INTERCEPT, LABEL_RANGE[1] - PRIOR_INTERCEPT)\n")
+            "RESIDUAL_RANGE = (LABEL_RANGE[0] - PRIOR_INTERCEPT, LABEL_RANGE[1] - PRIOR_INTERCEPT)\n"
+        )
     return f'''"""run_fn for DPTrainer (written by `sage init-pipeline`; edit freely).
 
 DPTrainer assigns the budget (fn_args.privacy_budget) and the DP size of the training split

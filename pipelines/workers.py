@@ -5,6 +5,7 @@
 ``build_runner`` as `sage run`, its iterations confined) and runs its ``SageIterator``, each TFX run waiting for a slot
 (``--parallel``) and each wait for blocks on the platform's replay clock.
 """
+
 import os
 from dataclasses import dataclass, field
 
@@ -50,11 +51,24 @@ def build_worker_runner(spec):
     secrets = ledger_secrets(spec.ledger, spec.key_file)
     definition = describe(spec.pipeline, secrets)
     definition.check_target(spec.target)
-    runner = build_runner(definition, spec.ledger, spec.stream, spec.data_root, spec.work_dir, spec.target,
-                          confidence=spec.confidence, runner=spec.runner, beam_args=spec.beam_args,
-                          model=spec.model, name=spec.name, staging_location=spec.staging_location,
-                          pipeline_root=spec.pipeline_root, metadata_path=spec.metadata_path, spec=spec.pipeline,
-                          secrets=secrets)
+    runner = build_runner(
+        definition,
+        spec.ledger,
+        spec.stream,
+        spec.data_root,
+        spec.work_dir,
+        spec.target,
+        confidence=spec.confidence,
+        runner=spec.runner,
+        beam_args=spec.beam_args,
+        model=spec.model,
+        name=spec.name,
+        staging_location=spec.staging_location,
+        pipeline_root=spec.pipeline_root,
+        metadata_path=spec.metadata_path,
+        spec=spec.pipeline,
+        secrets=secrets,
+    )
     return definition, runner
 
 
@@ -92,8 +106,9 @@ def worker_main(spec, conn):
         runner.run_iteration = run_in_slot
         ledger = Ledger.open(spec.ledger)
         settings = RunSettings(max_iterations=spec.max_iterations, rejection_share=spec.rejection_share)
-        iterator = make_iterator(definition, ledger, runner, settings, progress=say,
-                                 wait_for_blocks=lambda _t: waiter.wait(3600.0))
+        iterator = make_iterator(
+            definition, ledger, runner, settings, progress=say, wait_for_blocks=lambda _t: waiter.wait(3600.0)
+        )
         try:
             result = iterator.run()
         finally:

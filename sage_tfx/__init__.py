@@ -4,6 +4,7 @@ Importing this package never imports TensorFlow. It only makes sure that,
 when TensorFlow is imported later, ``tf.keras`` is Keras 2 (tf-keras), which
 TFX, tf.Transform and tensorflow-privacy require.
 """
+
 import importlib
 import os
 import sys

@@ -29,6 +29,7 @@ Use it with any worker pool: ``python -m apache_beam.runners.worker.worker_pool_
 --container_executable=$(python -c "import sage_tfx.beam_boot as b; print(b.__file__)")`` (the file is
 executable and runs the ``python`` found on PATH, as Beam's worker pool does).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -84,13 +85,15 @@ def fetch_artifacts(args: argparse.Namespace, dependencies, staged_dir: str) -> 
     if not dependencies:
         return []
     stub = beam_artifact_api_pb2_grpc.ArtifactRetrievalServiceStub(_channel(args.artifact_endpoint, args.id))
-    resolved = stub.ResolveArtifacts(beam_artifact_api_pb2.ResolveArtifactsRequest(
-        artifacts=list(dependencies))).replacements
+    resolved = stub.ResolveArtifacts(
+        beam_artifact_api_pb2.ResolveArtifactsRequest(artifacts=list(dependencies))
+    ).replacements
     names = []
     for i, dep in enumerate(resolved):
         if dep.role_urn == common_urns.artifact_roles.STAGING_TO.urn:
-            name = proto_utils.parse_Bytes(dep.role_payload,
-                                           beam_runner_api_pb2.ArtifactStagingToRolePayload).staged_name
+            name = proto_utils.parse_Bytes(
+                dep.role_payload, beam_runner_api_pb2.ArtifactStagingToRolePayload
+            ).staged_name
         else:
             name = f"artifact-{i}"
         if not name or os.path.basename(name) != name or name in (".", ".."):
@@ -103,8 +106,7 @@ def fetch_artifacts(args: argparse.Namespace, dependencies, staged_dir: str) -> 
 
 
 def _pip(args: Sequence[str], what: str) -> None:
-    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input",
-               *args]
+    command = [sys.executable, "-m", "pip", "install", "--no-deps", "--disable-pip-version-check", "--no-input", *args]
     done = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode != 0:
         raise BootError(f"installing {what} failed ({' '.join(command)}):\n{done.stdout[-4000:]}")
@@ -135,8 +137,18 @@ def install(staged_dir: str, names: Sequence[str], site_dir: str) -> list[str]:
             _pip(["--no-build-isolation", "--target", site_dir, path], repr(name))
         installed.append(name)
     if REQUIREMENTS_FILE in names:
-        _pip(["--no-index", "--find-links", staged_dir, "--target", site_dir, "-r",
-              os.path.join(staged_dir, REQUIREMENTS_FILE)], REQUIREMENTS_FILE)
+        _pip(
+            [
+                "--no-index",
+                "--find-links",
+                staged_dir,
+                "--target",
+                site_dir,
+                "-r",
+                os.path.join(staged_dir, REQUIREMENTS_FILE),
+            ],
+            REQUIREMENTS_FILE,
+        )
         installed.append(REQUIREMENTS_FILE)
     return installed
 
@@ -150,14 +162,16 @@ def worker_environment(args: argparse.Namespace, info, semi_dir: str) -> dict[st
         return text_format.MessageToString(endpoints_pb2.ApiServiceDescriptor(url=url))
 
     env = dict(os.environ)
-    env.update({
-        "WORKER_ID": args.id,
-        "PIPELINE_OPTIONS": json_format.MessageToJson(info.pipeline_options),
-        "SEMI_PERSISTENT_DIRECTORY": semi_dir,
-        "LOGGING_API_SERVICE_DESCRIPTOR": descriptor(args.logging_endpoint),
-        "CONTROL_API_SERVICE_DESCRIPTOR": descriptor(args.control_endpoint),
-        "RUNNER_CAPABILITIES": " ".join(info.runner_capabilities),
-    })
+    env.update(
+        {
+            "WORKER_ID": args.id,
+            "PIPELINE_OPTIONS": json_format.MessageToJson(info.pipeline_options),
+            "SEMI_PERSISTENT_DIRECTORY": semi_dir,
+            "LOGGING_API_SERVICE_DESCRIPTOR": descriptor(args.logging_endpoint),
+            "CONTROL_API_SERVICE_DESCRIPTOR": descriptor(args.control_endpoint),
+            "RUNNER_CAPABILITIES": " ".join(info.runner_capabilities),
+        }
+    )
     if info.HasField("status_endpoint") and info.status_endpoint.url:
         env["STATUS_API_SERVICE_DESCRIPTOR"] = descriptor(info.status_endpoint.url)
     return env
@@ -175,11 +189,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         installed = install(staged_dir, fetch_artifacts(args, info.dependencies, staged_dir), site_dir)
         # SITE goes LAST on the worker's sys.path, where site-packages is for a pip install: a module file of the
         # job named like a module of the stack (e.g. a user's typing.py) does not shadow it
-        run = (f"import runpy, sys; sys.path.append({site_dir!r}); "
-               "runpy.run_module('apache_beam.runners.worker.sdk_worker_main', run_name='__main__', alter_sys=True)")
+        run = (
+            f"import runpy, sys; sys.path.append({site_dir!r}); "
+            "runpy.run_module('apache_beam.runners.worker.sdk_worker_main', run_name='__main__', alter_sys=True)"
+        )
         worker = subprocess.Popen([sys.executable, "-c", run], env=worker_environment(args, info, semi_dir))
-        print(f"beam_boot: worker {args.id} (pid {worker.pid}) installed {installed or 'nothing'}", file=sys.stderr,
-              flush=True)
+        print(
+            f"beam_boot: worker {args.id} (pid {worker.pid}) installed {installed or 'nothing'}",
+            file=sys.stderr,
+            flush=True,
+        )
 
         def forward(signum, _frame):  # the worker pool stops a worker with SIGTERM
             worker.send_signal(signum)

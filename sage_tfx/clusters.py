@@ -19,6 +19,7 @@ local job service always runs one (docs/scale_out.md, "PortableRunner with an ex
 
 This module never imports TensorFlow.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -153,8 +154,15 @@ def _launch(name: str, command: Sequence[str], log_dir: str, started: list, umas
     LOG_DIR/NAME.log."""
     log_path = os.path.join(log_dir, f"{name.replace(' ', '_')}.log")
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(list(command), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=_environment(), start_new_session=True, umask=umask)
+        proc = subprocess.Popen(
+            list(command),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=_environment(),
+            start_new_session=True,
+            umask=umask,
+        )
     started.append(proc)
     return name, command, proc, log_path
 
@@ -166,11 +174,15 @@ def _wait(launched: tuple, port: int) -> None:
     deadline = time.monotonic() + START_TIMEOUT
     while not _answers(port):
         if proc.poll() is not None:
-            raise RuntimeError(f"the {name} ({' '.join(command)}) exited with status {proc.returncode} before "
-                               f"answering on {HOST}:{port}; its output:\n{_tail(log_path)}")
+            raise RuntimeError(
+                f"the {name} ({' '.join(command)}) exited with status {proc.returncode} before "
+                f"answering on {HOST}:{port}; its output:\n{_tail(log_path)}"
+            )
         if time.monotonic() > deadline:
-            raise RuntimeError(f"the {name} ({' '.join(command)}) did not answer on {HOST}:{port} within "
-                               f"{START_TIMEOUT:g} s; its output:\n{_tail(log_path)}")
+            raise RuntimeError(
+                f"the {name} ({' '.join(command)}) did not answer on {HOST}:{port} within "
+                f"{START_TIMEOUT:g} s; its output:\n{_tail(log_path)}"
+            )
         time.sleep(0.2)
 
 
@@ -193,27 +205,53 @@ def portable_cluster(*, workers: int = 2, worker_prefix: Sequence[str] = ()) -> 
     if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
         raise ValueError(f"workers={workers!r} is invalid: give the number of SDK workers, an integer >= 1")
     if isinstance(worker_prefix, str):
-        raise ValueError(f"worker_prefix={worker_prefix!r} must be a sequence of arguments, e.g. "
-                         "['unshare', '-m'], not one string")
+        raise ValueError(
+            f"worker_prefix={worker_prefix!r} must be a sequence of arguments, e.g. ['unshare', '-m'], not one string"
+        )
     started: list[subprocess.Popen] = []
     with tempfile.TemporaryDirectory(prefix="sage-portable-") as log_dir:
         try:
             job_port, pool_port = _free_port(), _free_port()
             while pool_port == job_port:
                 pool_port = _free_port()
-            pool = _launch("worker pool", [*worker_prefix, sys.executable, "-m",
-                                           "apache_beam.runners.worker.worker_pool_main",
-                                           f"--service_port={pool_port}", f"--container_executable={BOOT}"],
-                           log_dir, started, umask=0o077)
-            service = _launch("job service", [sys.executable, "-m", "sage_tfx.clusters", "job-service",
-                                              f"--port={job_port}"], log_dir, started)
+            pool = _launch(
+                "worker pool",
+                [
+                    *worker_prefix,
+                    sys.executable,
+                    "-m",
+                    "apache_beam.runners.worker.worker_pool_main",
+                    f"--service_port={pool_port}",
+                    f"--container_executable={BOOT}",
+                ],
+                log_dir,
+                started,
+                umask=0o077,
+            )
+            service = _launch(
+                "job service",
+                [sys.executable, "-m", "sage_tfx.clusters", "job-service", f"--port={job_port}"],
+                log_dir,
+                started,
+            )
             _wait(pool, pool_port)  # both import Beam at once
             _wait(service, job_port)
             job_endpoint, worker_address = f"{HOST}:{job_port}", f"{HOST}:{pool_port}"
-            beam_args = ["--runner=PortableRunner", f"--job_endpoint={job_endpoint}", "--environment_type=EXTERNAL",
-                         f"--environment_config={worker_address}", f"--sdk_worker_parallelism={workers}"]
-            yield PortableCluster(job_endpoint=job_endpoint, worker_address=worker_address, workers=workers,
-                                  beam_args=beam_args, pids=tuple(p.pid for p in started), log_dir=log_dir)
+            beam_args = [
+                "--runner=PortableRunner",
+                f"--job_endpoint={job_endpoint}",
+                "--environment_type=EXTERNAL",
+                f"--environment_config={worker_address}",
+                f"--sdk_worker_parallelism={workers}",
+            ]
+            yield PortableCluster(
+                job_endpoint=job_endpoint,
+                worker_address=worker_address,
+                workers=workers,
+                beam_args=beam_args,
+                pids=tuple(p.pid for p in started),
+                log_dir=log_dir,
+            )
         finally:
             for proc in reversed(started):
                 _stop(proc)
@@ -229,10 +267,13 @@ def dask_cluster(*, workers: int = 2) -> Iterator[DaskCluster]:
     try:
         import distributed
     except ImportError:
-        raise RuntimeError("dask_cluster needs the distributed package (in requirements.lock): run `make` or "
-                           "install requirements.lock into this environment") from None
-    cluster = distributed.LocalCluster(n_workers=workers, processes=True, threads_per_worker=1, host=HOST,
-                                       dashboard_address=None)
+        raise RuntimeError(
+            "dask_cluster needs the distributed package (in requirements.lock): run `make` or "
+            "install requirements.lock into this environment"
+        ) from None
+    cluster = distributed.LocalCluster(
+        n_workers=workers, processes=True, threads_per_worker=1, host=HOST, dashboard_address=None
+    )
     try:
         yield DaskCluster(address=cluster.scheduler_address, cluster=cluster)
     finally:
@@ -240,6 +281,7 @@ def dask_cluster(*, workers: int = 2) -> Iterator[DaskCluster]:
 
 
 # ----------------------------------------------------------------------------------------- the job service
+
 
 def _parallel_job_servicer(staging_dir: str | None):
     """Beam's LocalJobServicer whose jobs run each stage on ``--sdk_worker_parallelism`` SDK workers (Beam
@@ -255,20 +297,23 @@ def _parallel_job_servicer(staging_dir: str | None):
             runner = fn_runner.FnApiRunner(provision_info=self._provision_info)
             # FnApiRunner.run_pipeline sets this from --direct_num_workers; run_via_runner_api (the job service's
             # entry) leaves it at 1
-            runner._num_workers = max(1, int(self.pipeline_options().view_as(PortableOptions).sdk_worker_parallelism
-                                             or 1))
+            runner._num_workers = max(
+                1, int(self.pipeline_options().view_as(PortableOptions).sdk_worker_parallelism or 1)
+            )
             return runner.run_via_runner_api(self._pipeline_proto, self.pipeline_options())
 
     return local_job_service.LocalJobServicer(staging_dir, beam_job_type=ParallelBeamJob)
 
 
 def _job_service_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sage_tfx.clusters job-service",
-                                     description="Beam's local job service, running each stage on "
-                                                 "--sdk_worker_parallelism SDK workers")
+    parser = argparse.ArgumentParser(
+        prog="python -m sage_tfx.clusters job-service",
+        description="Beam's local job service, running each stage on --sdk_worker_parallelism SDK workers",
+    )
     parser.add_argument("--port", type=int, required=True, help="the port of the job API, on 127.0.0.1")
-    parser.add_argument("--staging-dir", default=None, help="where jobs' artifacts are staged (default: a "
-                                                            "temporary folder)")
+    parser.add_argument(
+        "--staging-dir", default=None, help="where jobs' artifacts are staged (default: a temporary folder)"
+    )
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=logging.INFO)

@@ -14,6 +14,7 @@ file's mode keeps it out too.
 
 Standard library only: no TensorFlow, no ledger.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -53,9 +54,22 @@ PROC_READ = ("/proc",)
 # Of /dev, only these (never a disk: a raw read of the device would bypass every file rule), and /dev/shm.
 DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty")
 # Environment variables a confined child keeps (no secret among them); every other one is dropped.
-KEPT_ENVIRONMENT = ("PATH", "LANG", "LANGUAGE", "TZ", "TERM", "PYTHONHASHSEED", "PYTHONDONTWRITEBYTECODE",
-                    "PYTHONWARNINGS", "PYTHONUNBUFFERED", "TF_CPP_MIN_LOG_LEVEL", "TF_ENABLE_ONEDNN_OPTS",
-                    "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES", "SOURCE_DATE_EPOCH")
+KEPT_ENVIRONMENT = (
+    "PATH",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TERM",
+    "PYTHONHASHSEED",
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONWARNINGS",
+    "PYTHONUNBUFFERED",
+    "TF_CPP_MIN_LOG_LEVEL",
+    "TF_ENABLE_ONEDNN_OPTS",
+    "OMP_NUM_THREADS",
+    "CUDA_VISIBLE_DEVICES",
+    "SOURCE_DATE_EPOCH",
+)
 KEPT_PREFIXES = ("LC_",)
 # An operator's own opt-in: names listed here (comma-separated) pass to the child too, e.g. the credentials of a
 # gs:// pipeline root. Nothing is passed by default.
@@ -92,8 +106,9 @@ class Confinement:
 
     def readable(self) -> list:
         """Every path the child may read: the system's, Python's, sage-tfx's package folders and ``read``."""
-        return sorted({*SYSTEM_READ, *PROC_READ, sys.prefix, sys.base_prefix, *python_paths(), *package_paths(),
-                       *self.read})
+        return sorted(
+            {*SYSTEM_READ, *PROC_READ, sys.prefix, sys.base_prefix, *python_paths(), *package_paths(), *self.read}
+        )
 
     def exposes(self, secret: str, granted_only: bool = False) -> str | None:
         """The granted path (read or write) under which ``secret`` (a file or folder) lies, or None;
@@ -132,15 +147,15 @@ def child_environment(private_tmp: str, extra: dict | None = None) -> dict:
     """The environment of a confined child: the allow-listed variables, the names the operator listed in
     ``SAGE_CONFINED_ENV``, ``HOME`` and ``TMPDIR`` set to ``private_tmp``, and ``extra``."""
     passed = {n.strip() for n in os.environ.get(PASS_ENVIRONMENT, "").split(",") if n.strip()}
-    env = {k: v for k, v in os.environ.items()
-           if k in KEPT_ENVIRONMENT or k.startswith(KEPT_PREFIXES) or k in passed}
+    env = {k: v for k, v in os.environ.items() if k in KEPT_ENVIRONMENT or k.startswith(KEPT_PREFIXES) or k in passed}
     env.update(HOME=private_tmp, TMPDIR=private_tmp, PYTHONNOUSERSITE="1")
     env.update(extra or {})
     return env
 
 
-def spawn(module: str, args: list, confinement: Confinement, private_tmp: str, pass_fds=(), env=None,
-          **popen) -> subprocess.Popen:
+def spawn(
+    module: str, args: list, confinement: Confinement, private_tmp: str, pass_fds=(), env=None, **popen
+) -> subprocess.Popen:
     """Start ``python -m module *args`` confined: scrubbed environment (``child_environment``), only ``pass_fds``
     inherited, its ``Confinement`` in ``SAGE_CONFINEMENT`` (the child calls ``confine`` first thing); as the
     unprivileged ``child_user`` when the launcher is root and that user can reach the child's folders (its
@@ -155,8 +170,14 @@ def spawn(module: str, args: list, confinement: Confinement, private_tmp: str, p
         python = user.python
         environment.update(interpreter_environment(python, environment.get("PYTHONPATH")))
     guard_launcher()
-    return subprocess.Popen([python, "-m", module, *args], env=environment, close_fds=True,
-                            pass_fds=tuple(pass_fds), cwd=private_tmp, **popen)
+    return subprocess.Popen(
+        [python, "-m", module, *args],
+        env=environment,
+        close_fds=True,
+        pass_fds=tuple(pass_fds),
+        cwd=private_tmp,
+        **popen,
+    )
 
 
 @dataclass(frozen=True)
@@ -180,8 +201,9 @@ def child_user() -> tuple:
         return None, f"{USER_ENV}=off: confined children run as root, under Landlock"
     uid, _, gid = text.partition(":")
     if not (uid.isdigit() and (gid or uid).isdigit()) or int(uid) == 0:
-        raise ConfinementError(f"{USER_ENV}={text!r} is not UID:GID of a user other than root: give e.g. "
-                               f"{DEFAULT_USER} (nobody), or off")
+        raise ConfinementError(
+            f"{USER_ENV}={text!r} is not UID:GID of a user other than root: give e.g. {DEFAULT_USER} (nobody), or off"
+        )
     user = ChildUser(int(uid), int(gid or uid), os.environ.get(PYTHON_ENV) or sys.executable)
     refusal = _refusal(user)
     if refusal is not None:
@@ -194,8 +216,17 @@ def _refusal(user: ChildUser) -> str | None:
     """Why ``user`` cannot run a confined child on this host (its interpreter importing sage-tfx), or None."""
     env = interpreter_environment(user.python, None, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     try:
-        probe = subprocess.run([user.python, "-c", "import sage_tfx.isolation"], user=user.uid, group=user.gid,
-                               extra_groups=[], env=env, cwd="/", capture_output=True, text=True, timeout=300)
+        probe = subprocess.run(
+            [user.python, "-c", "import sage_tfx.isolation"],
+            user=user.uid,
+            group=user.gid,
+            extra_groups=[],
+            env=env,
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     except OSError as exc:
         why = exc.strerror or type(exc).__name__
     except subprocess.TimeoutExpired:
@@ -204,8 +235,10 @@ def _refusal(user: ChildUser) -> str | None:
         if probe.returncode == 0:
             return None
         why = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
-    return (f"uid {user.uid} cannot run {user.python} with sage-tfx ({why}): confined children run as root, under "
-            f"Landlock; set {PYTHON_ENV} to an interpreter whose folders others may read, or {USER_ENV}=off")
+    return (
+        f"uid {user.uid} cannot run {user.python} with sage-tfx ({why}): confined children run as root, under "
+        f"Landlock; set {PYTHON_ENV} to an interpreter whose folders others may read, or {USER_ENV}=off"
+    )
 
 
 def interpreter_environment(python: str, path: str | None, env: dict | None = None) -> dict:
@@ -237,8 +270,10 @@ def unreachable(user: ChildUser, read, write) -> list:
             folder = os.path.dirname(folder)
             ok = _allows(os.stat(folder), user, stat.S_IXOTH)
         if ok and readable:
-            ok = all(_allows(os.lstat(p), user, stat.S_IROTH | (stat.S_IXOTH if os.path.isdir(p) else 0))
-                     for p in _tree(real))
+            ok = all(
+                _allows(os.lstat(p), user, stat.S_IROTH | (stat.S_IXOTH if os.path.isdir(p) else 0))
+                for p in _tree(real)
+            )
         if not ok:
             blocked.append(path)
     return blocked
@@ -306,14 +341,18 @@ def landlock_abi() -> int:
         return 0
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
-    version = libc.syscall(ctypes.c_long(_CREATE_RULESET), None, ctypes.c_size_t(0),
-                           ctypes.c_uint32(_CREATE_RULESET_VERSION))
+    version = libc.syscall(
+        ctypes.c_long(_CREATE_RULESET), None, ctypes.c_size_t(0), ctypes.c_uint32(_CREATE_RULESET_VERSION)
+    )
     return max(0, int(version))
 
 
 class _RulesetAttr(ctypes.Structure):
-    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
-                ("scoped", ctypes.c_uint64)]
+    _fields_ = [
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    ]
 
 
 class _PathBeneath(ctypes.Structure):
@@ -332,18 +371,24 @@ def confine(confinement: Confinement) -> int:
         return 0
     abi = landlock_abi()
     if abi <= 0:
-        warnings.warn("Landlock is not available on this kernel: the confined pipeline runs in its own process "
-                      "without the key file's path, the ledger or any secret in its environment, but it can read "
-                      "every file its OS user can (docs/security.md)", RuntimeWarning, stacklevel=2)
+        warnings.warn(
+            "Landlock is not available on this kernel: the confined pipeline runs in its own process "
+            "without the key file's path, the ledger or any secret in its environment, but it can read "
+            "every file its OS user can (docs/security.md)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return 0
     libc = ctypes.CDLL(None, use_errno=True)
     libc.syscall.restype = ctypes.c_long
     handled = _FS_BY_ABI[max(v for v in _FS_BY_ABI if v <= abi)]
-    attr = _RulesetAttr(handled, _NET_TCP if abi >= 4 and not confinement.network else 0,
-                        _SCOPE_SIGNAL if abi >= 6 else 0)
+    attr = _RulesetAttr(
+        handled, _NET_TCP if abi >= 4 and not confinement.network else 0, _SCOPE_SIGNAL if abi >= 6 else 0
+    )
     size = ctypes.sizeof(_RulesetAttr) if abi >= 6 else (16 if abi >= 4 else 8)
-    ruleset = libc.syscall(ctypes.c_long(_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size),
-                           ctypes.c_uint32(0))
+    ruleset = libc.syscall(
+        ctypes.c_long(_CREATE_RULESET), ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0)
+    )
     if ruleset < 0:
         raise ConfinementError(f"landlock_create_ruleset failed: {os.strerror(ctypes.get_errno())}")
     try:
@@ -371,8 +416,16 @@ def _add_rule(libc, ruleset, path, access):
         if not os.path.isdir(path):
             access &= _FILE_RIGHTS
         rule = _PathBeneath(access, fd)
-        if libc.syscall(ctypes.c_long(_ADD_RULE), ctypes.c_int(ruleset), ctypes.c_int(_RULE_PATH_BENEATH),
-                        ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+        if (
+            libc.syscall(
+                ctypes.c_long(_ADD_RULE),
+                ctypes.c_int(ruleset),
+                ctypes.c_int(_RULE_PATH_BENEATH),
+                ctypes.byref(rule),
+                ctypes.c_uint32(0),
+            )
+            != 0
+        ):
             raise ConfinementError(f"landlock_add_rule on {path} failed: {os.strerror(ctypes.get_errno())}")
     finally:
         os.close(fd)
@@ -383,6 +436,8 @@ def confine_from_environment() -> int:
     environment first); ConfinementError if there is none: a confined entry point never runs unconfined."""
     text = os.environ.pop(CONFINEMENT_ENV, None)
     if not text:
-        raise ConfinementError(f"no {CONFINEMENT_ENV} in the environment: this entry point runs only as a child of "
-                               "the sage launcher (sage_tfx.isolation.spawn)")
+        raise ConfinementError(
+            f"no {CONFINEMENT_ENV} in the environment: this entry point runs only as a child of "
+            "the sage launcher (sage_tfx.isolation.spawn)"
+        )
     return confine(Confinement.from_json(text))

@@ -4,6 +4,7 @@ The interpreter's teardown of TensorFlow's and gRPC's C++ state can crash a fini
 ``exit_now`` does the Python-level clean-up and skips it. Why, and how a script of your own ends with it:
 docs/dp_preprocessing.md, "Running a pipeline from your own script".
 """
+
 from __future__ import annotations
 
 import atexit

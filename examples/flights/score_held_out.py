@@ -18,6 +18,7 @@ clipped at the SLA's bound, for:
 It prints one JSON object. Everything here reads data without privacy: an evaluation for the docs, never part
 of a pipeline.
 """
+
 import argparse
 import json
 import os
@@ -28,7 +29,7 @@ import numpy as np
 import sage_tfx  # noqa: F401  (before TensorFlow)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-PIPELINE, STREAM, LOSS_BOUND = "flights_delay", "flights", 60.0 ** 2
+PIPELINE, STREAM, LOSS_BOUND = "flights_delay", "flights", 60.0**2
 
 
 def features(columns: dict[str, "object"], carrier_means):
@@ -64,8 +65,11 @@ def _clipped_mse(pred, labels):
 
     errors = (np.asarray(pred, float) - labels) ** 2
     clipped = np.minimum(errors, LOSS_BOUND)
-    return {"mse": float(errors.mean()), "clipped_mse": float(clipped.mean()),
-            "clipped_mse_stderr": float(clipped.std(ddof=1) / np.sqrt(clipped.size))}
+    return {
+        "mse": float(errors.mean()),
+        "clipped_mse": float(clipped.mean()),
+        "clipped_mse_stderr": float(clipped.std(ddof=1) / np.sqrt(clipped.size)),
+    }
 
 
 def score(db, data_root, serving_dir, held_out_from):
@@ -89,34 +93,55 @@ def score(db, data_root, serving_dir, held_out_from):
     schema = stream_config(data_root, STREAM)["schema"]
     _, held = split_at(load_flights(), held_out_from)
     # the stream's schema read the whole-minute columns as int: cast alike so that full-row keys compare
-    held = pa.table({name: held.column(name).cast(pa.int64()) if kind == "int" else held.column(name)
-                     for name, kind in schema.items()})
+    held = pa.table(
+        {
+            name: held.column(name).cast(pa.int64()) if kind == "int" else held.column(name)
+            for name, kind in schema.items()
+        }
+    )
     overlap = held_out_overlap(data_root, STREAM, grant.blocks, held, ledger=db)
-    train = _numpy_columns(block_rows(data_root, STREAM, grant.blocks, split="train", ledger=db,
-                                      purpose="non-private baseline on the accepted model's training split"))
+    train = _numpy_columns(
+        block_rows(
+            data_root,
+            STREAM,
+            grant.blocks,
+            split="train",
+            ledger=db,
+            purpose="non-private baseline on the accepted model's training split",
+        )
+    )
     latest_read = float(np.nanmax(train[TIME_COLUMN]))
     held_cols = _numpy_columns(example_rows(held, schema))
     y_held = held_cols["arr_delay"]
 
     records = list(encode(held.to_batches(max_chunksize=len(held))[0], schema)) if held.num_rows else []
-    dp_pred = np.concatenate([np.asarray(serve(examples=tf.constant(records[i:i + 4096]))["predictions"]).reshape(-1)
-                              for i in range(0, len(records), 4096)])
+    dp_pred = np.concatenate(
+        [
+            np.asarray(serve(examples=tf.constant(records[i : i + 4096]))["predictions"]).reshape(-1)
+            for i in range(0, len(records), 4096)
+        ]
+    )
 
     # the non-private baseline: least squares with the same features (exact carrier means) on the same rows
     low, high = DELAY_RANGE
     y_train = np.clip(np.nan_to_num(train["arr_delay"]), low, high)
     _, ids = features(train, np.zeros(17))
-    exact_means = np.array([((y_train[ids == k] - low) / (high - low)).mean() if (ids == k).any() else 0.5
-                            for k in range(17)])
+    exact_means = np.array(
+        [((y_train[ids == k] - low) / (high - low)).mean() if (ids == k).any() else 0.5 for k in range(17)]
+    )
     x_train, _ = features(train, exact_means)
     x_held, _ = features(held_cols, exact_means)
     design = np.column_stack([x_train, np.ones(len(x_train))])
     coef = np.linalg.lstsq(design, y_train, rcond=None)[0]
     np_pred = np.column_stack([x_held, np.ones(len(x_held))]) @ coef
     return {
-        "grant": grant.id, "grant_blocks": len(grant.blocks), "first_block": grant.blocks[0],
-        "last_block": grant.blocks[-1], "train_rows_of_baseline": int(len(y_train)),
-        "held_out_from": held_out_from, "held_out_flights": int(len(y_held)),
+        "grant": grant.id,
+        "grant_blocks": len(grant.blocks),
+        "first_block": grant.blocks[0],
+        "last_block": grant.blocks[-1],
+        "train_rows_of_baseline": int(len(y_train)),
+        "held_out_from": held_out_from,
+        "held_out_flights": int(len(y_held)),
         "held_out_rows_in_granted_blocks": int(overlap),
         "latest_scheduled_time_read_before_held_out": bool(latest_read < float(np.nanmin(held_cols[TIME_COLUMN]))),
         "loss_bound": LOSS_BOUND,
@@ -130,10 +155,14 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--db", required=True)
     parser.add_argument("--data-root", required=True)
-    parser.add_argument("--serving-dir", required=True, help="the run's serving directory (sage run --work-dir W: "
-                                                             "W/serving)")
-    parser.add_argument("--held-out-from", default="2013-12-01",
-                        help="first local day never ingested (the stream's --until); default 2013-12-01")
+    parser.add_argument(
+        "--serving-dir", required=True, help="the run's serving directory (sage run --work-dir W: W/serving)"
+    )
+    parser.add_argument(
+        "--held-out-from",
+        default="2013-12-01",
+        help="first local day never ingested (the stream's --until); default 2013-12-01",
+    )
     args = parser.parse_args(argv)
     print(json.dumps(score(args.db, args.data_root, args.serving_dir, args.held_out_from), indent=2, sort_keys=True))
     return 0

@@ -10,6 +10,7 @@ delay, clipped to +-60 minutes (a flight rarely makes up or loses more than an h
 ridge shrinks towards the prior instead of towards 0 (DPLinearRegressor's ``prior_coef``).
 The budget comes from DPTrainer (``fn_args.privacy_budget``); the noise from the grant (no seed here).
 """
+
 import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.components import trainer_utils
 from sage_tfx.models import DPLinearRegressor
@@ -23,9 +24,15 @@ RESIDUAL_RANGE = (-60.0, 60.0)  # minutes: arrival delay minus departure delay
 def run_fn(fn_args):
     x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)
     low, high = DELAY_RANGE
-    model = DPLinearRegressor(fn_args.privacy_budget, feature_bound=len(FEATURES) ** 0.5 / 2, label_range=DELAY_RANGE,
-                              feature_center=0.5, prior_coef={"dep_delay_01": high - low}, prior_intercept=low,
-                              residual_range=RESIDUAL_RANGE)
+    model = DPLinearRegressor(
+        fn_args.privacy_budget,
+        feature_bound=len(FEATURES) ** 0.5 / 2,
+        label_range=DELAY_RANGE,
+        feature_center=0.5,
+        prior_coef={"dep_delay_01": high - low},
+        prior_intercept=low,
+        residual_range=RESIDUAL_RANGE,
+    )
     model.fit(x, y)
     trainer_utils.export_model(fn_args, model, label_key=LABEL)
     return trainer_utils.report_spent(fn_args, model)

@@ -6,12 +6,13 @@ Three files, as a TFX user writes them: this one (the SLA and the modules), ``pr
 (``preprocessing_fn`` with a DP analyzer) and ``trainer.py`` (``run_fn`` with a DP model).
 docs/your_pipeline.md walks through them.
 """
+
 from sage_tfx.pipelines import SLA, SagePipeline
 
 PIPELINE = SagePipeline(
     name="taxi_fare",
     # MSE in dollars^2, each squared error clipped at $30^2: a public bound chosen before seeing data
-    sla=SLA(metric="mse", label="fare", loss_bound=30.0 ** 2),
+    sla=SLA(metric="mse", label="fare", loss_bound=30.0**2),
     preprocessing_module="preprocessing.py",  # beside this file
     trainer_module="trainer.py",
     models=("linear", "dnn"),

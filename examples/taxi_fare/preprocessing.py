@@ -7,6 +7,7 @@ Features, each from PUBLIC bounds fixed before seeing data:
   the hour of day: the one DP statistic, it takes the whole preprocessing budget;
 - ``fare``: the label, passed through (clipped to [0, $100]).
 """
+
 import sage_tfx  # noqa: F401  (before TensorFlow)  # isort: skip
 import tensorflow as tf
 

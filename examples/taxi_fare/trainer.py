@@ -5,6 +5,7 @@ DPTrainer; the model draws its noise from the grant (no seed here). The served m
 through the transform graph, so the validator and serving see the raw features. It imports its sibling
 ``preprocessing.py`` for the label's public range, as a module file may (docs/your_pipeline.md).
 """
+
 from preprocessing import MAX_FARE
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
@@ -21,8 +22,14 @@ def run_fn(fn_args):
     if config.get("model", "linear") == "linear":
         model = DPLinearRegressor(fn_args.privacy_budget, feature_bound=len(FEATURES) ** 0.5, label_range=FARE_RANGE)
     else:
-        model = DPDNNRegressor(fn_args.privacy_budget, hidden_units=(16,), num_examples=fn_args.num_examples,
-                               epochs=3, batch_size=trainer_utils.batch_size(fn_args, config), learning_rate=0.1)
+        model = DPDNNRegressor(
+            fn_args.privacy_budget,
+            hidden_units=(16,),
+            num_examples=fn_args.num_examples,
+            epochs=3,
+            batch_size=trainer_utils.batch_size(fn_args, config),
+            learning_rate=0.1,
+        )
     model.fit(x, y)
     trainer_utils.export_model(fn_args, model, label_key=LABEL)
     return trainer_utils.report_spent(fn_args, model)

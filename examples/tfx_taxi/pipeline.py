@@ -8,6 +8,7 @@ label ``tips_xf`` the preprocessing_fn derives)? The validator reads that label 
 ``transform_features`` signature, as TFMA's ``preprocessing_function_names`` does for the original.
 docs/your_pipeline.md shows the diff against the original and a run on the taxi stream.
 """
+
 from sage_tfx.pipelines import SLA, SagePipeline
 
 PIPELINE = SagePipeline(

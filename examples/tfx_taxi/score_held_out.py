@@ -17,6 +17,7 @@ trip is a row of the blocks the accepted model trained on, then reports on the h
 It prints one JSON object. Everything here reads data without privacy: it is an evaluation for the docs,
 never part of a pipeline.
 """
+
 import argparse
 import json
 import os
@@ -41,7 +42,7 @@ def make_stream(db, data_root, epsilon=4.0, delta=1e-5):
     stream_rows, held_out = stream_and_held_out()
     with Ledger.open(db, create=True) as ledger:
         ledger.create_stream(STREAM, epsilon, delta)
-        steps = Replay(ledger, STREAM, data_root, stream_rows, TIME_COLUMN, "1d").run(steps=10 ** 6)
+        steps = Replay(ledger, STREAM, data_root, stream_rows, TIME_COLUMN, "1d").run(steps=10**6)
     return len(steps), stream_rows.num_rows, held_out.num_rows
 
 
@@ -84,8 +85,14 @@ def score(db, data_root, serving_dir, seed=0):
     dp_accuracy = float(((dp_pred >= 0.5) == (y_held > 0.5)).mean())
 
     # the non-private baseline: TFX's own training (model.fit) on the same rows and features
-    train = block_rows(data_root, STREAM, grant.blocks, split="train", ledger=db,
-                       purpose="non-private baseline: model.fit on the accepted model's training split")
+    train = block_rows(
+        data_root,
+        STREAM,
+        grant.blocks,
+        split="train",
+        ledger=db,
+        purpose="non-private baseline: model.fit on the accepted model's training split",
+    )
     train_records = list(encode(train, schema))
     y_train, f_train = labels_and_features(train_records)
     tf.keras.utils.set_random_seed(seed)
@@ -99,12 +106,17 @@ def score(db, data_root, serving_dir, seed=0):
     np_pred = model.predict(inputs(f_held), verbose=0).reshape(-1)
     majority = float(y_train.mean() > 0.5)
     return {
-        "grant": grant.id, "grant_blocks": len(grant.blocks), "held_out_trips": len(held),
-        "held_out_rows_in_granted_blocks": int(overlap), "train_rows_of_baseline": int(len(y_train)),
+        "grant": grant.id,
+        "grant_blocks": len(grant.blocks),
+        "held_out_trips": len(held),
+        "held_out_rows_in_granted_blocks": int(overlap),
+        "train_rows_of_baseline": int(len(y_train)),
         "held_out_big_tipper_rate": float(y_held.mean()),
-        "accuracy": {"dp_model": dp_accuracy,
-                     "nonprivate_same_model_fit": float(((np_pred >= 0.5) == (y_held > 0.5)).mean()),
-                     "majority_class": float(((y_held > 0.5) == majority).mean())},
+        "accuracy": {
+            "dp_model": dp_accuracy,
+            "nonprivate_same_model_fit": float(((np_pred >= 0.5) == (y_held > 0.5)).mean()),
+            "majority_class": float(((y_held > 0.5) == majority).mean()),
+        },
     }
 
 
@@ -113,8 +125,11 @@ def main(argv=None):
     parser.add_argument("--db", required=True)
     parser.add_argument("--data-root", required=True)
     parser.add_argument("--serving-dir", help="the run's serving directory (sage run --work-dir W: W/serving)")
-    parser.add_argument("--make-stream", action="store_true",
-                        help="create the ledger and replay the stream (the trips before 2016-01-01) instead")
+    parser.add_argument(
+        "--make-stream",
+        action="store_true",
+        help="create the ledger and replay the stream (the trips before 2016-01-01) instead",
+    )
     args = parser.parse_args(argv)
     if args.make_stream:
         blocks, rows, held = make_stream(args.db, args.data_root)

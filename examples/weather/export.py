@@ -7,6 +7,7 @@ dropped (it is the label's source: as a feature it would leak the label), and so
 `time_hour`, ISO 8601 UTC); `hour` (local) stays. The hours of December 2013 (local time) go to the held-out
 file, never ingested.
 """
+
 import argparse
 
 import pandas as pd
@@ -31,8 +32,9 @@ def main(argv=None) -> None:
     stream, held = weather_frames()
     stream.to_csv(args.out, index=False)
     held.to_csv(args.held_out_out, index=False)
-    print(f"{args.out}: {len(stream):,} rows ({stream['rain'].mean():.1%} rain); "
-          f"{args.held_out_out}: {len(held):,} rows")
+    print(
+        f"{args.out}: {len(stream):,} rows ({stream['rain'].mean():.1%} rain); {args.held_out_out}: {len(held):,} rows"
+    )
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ the accuracy, for:
 It prints one JSON object. Everything here reads data without privacy: an evaluation for the docs, never part
 of a pipeline. (`sage score` does this in one command.)
 """
+
 import argparse
 import json
 import math
@@ -39,6 +40,7 @@ LOSS_BOUND = math.log(1 / FLOOR)  # the SLA's loss bound, ln(100)
 
 def features(frame: pd.DataFrame) -> np.ndarray:
     """The preprocessing_fn's features, in numpy, from raw rows."""
+
     def scaled(value, low, high):
         return (np.clip(value, low, high) - low) / (high - low) - 0.5
 
@@ -88,8 +90,10 @@ def serve(serving_dir: str, frame: pd.DataFrame) -> np.ndarray:
             else:
                 feature[name] = tf.train.Feature(float_list=tf.train.FloatList(value=[float(value)]))
         records.append(tf.train.Example(features=tf.train.Features(feature=feature)).SerializeToString())
-    out = [signature(examples=tf.constant(records[i:i + 4096]))["predictions"].numpy()
-           for i in range(0, len(records), 4096)]
+    out = [
+        signature(examples=tf.constant(records[i : i + 4096]))["predictions"].numpy()
+        for i in range(0, len(records), 4096)
+    ]
     return np.concatenate(out)
 
 
@@ -98,8 +102,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--serving-dir", required=True, help="the pushed model (sage run --serving-dir)")
     parser.add_argument("--train", required=True, help="the CSV the stream was ingested from")
     parser.add_argument("--held-out", required=True, help="the held-out CSV (never ingested)")
-    parser.add_argument("--window", nargs=2, required=True, metavar=("FIRST", "LAST"),
-                        help="first and last block (UTC day, YYYY-MM-DD) of the ACCEPTed iteration")
+    parser.add_argument(
+        "--window",
+        nargs=2,
+        required=True,
+        metavar=("FIRST", "LAST"),
+        help="first and last block (UTC day, YYYY-MM-DD) of the ACCEPTed iteration",
+    )
     args = parser.parse_args(argv)
 
     train, held = pd.read_csv(args.train), pd.read_csv(args.held_out)
@@ -117,14 +126,23 @@ def main(argv=None) -> dict:
         "the window's rain rate, NOT private": np.full(len(held), y_window.mean()),
         "logistic regression on the window's rows, NOT private": 1 / (1 + np.exp(-x @ w)),
     }
-    report = {"held_out_rows": len(held), "held_out_rain_rate": float(y.mean()), "window_rows": len(window),
-              "window_rain_rate": float(y_window.mean()), "loss_bound": LOSS_BOUND, "overlapping_rows": overlap,
-              "scores": {}}
+    report = {
+        "held_out_rows": len(held),
+        "held_out_rain_rate": float(y.mean()),
+        "window_rows": len(window),
+        "window_rain_rate": float(y_window.mean()),
+        "loss_bound": LOSS_BOUND,
+        "overlapping_rows": overlap,
+        "scores": {},
+    }
     for name, p in scored.items():
         loss, se = log_loss(y, p)
-        report["scores"][name] = {"log_loss": round(loss, 4), "se": round(se, 4),
-                                  "accuracy": round(float(np.mean((p >= 0.5) == (y == 1))), 4),
-                                  "mean_probability": round(float(np.mean(p)), 4)}
+        report["scores"][name] = {
+            "log_loss": round(loss, 4),
+            "se": round(se, 4),
+            "accuracy": round(float(np.mean((p >= 0.5) == (y == 1))), 4),
+            "mean_probability": round(float(np.mean(p)), 4),
+        }
     print(json.dumps(report, indent=1))
     return report
 

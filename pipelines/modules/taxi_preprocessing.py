@@ -15,6 +15,7 @@ Features (every scale is a PUBLIC constant, never read from the data):
 
 Missing values are filled with public constants (fill_in_missing).
 """
+
 import sage_tfx  # noqa: F401  (before TensorFlow)  # isort: skip
 import tensorflow as tf
 

@@ -5,6 +5,7 @@ statistics) or "dnn" (DPDNNRegressor, DP-SGD; trained on hours, served in second
 (fn_args.privacy_budget), the DP record count (fn_args.num_examples) and the training seed
 (``training_seed`` around run_fn: no ``seed=`` here) come from DPTrainer at run time. The exported model takes raw tf.Examples and predicts seconds.
 """
+
 import numpy as np
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
@@ -21,14 +22,19 @@ def run_fn(fn_args):
     x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)
     y = np.clip(y, 0.0, MAX_SECONDS)
     if config.get("model", "linear") == "dnn":
-        model = DPDNNRegressor(fn_args.privacy_budget, hidden_units=tuple(config.get("hidden_units", (32, 16))),
-                               num_examples=fn_args.num_examples, epochs=config.get("epochs", 5),
-                               batch_size=trainer_utils.batch_size(fn_args, config),
-                               learning_rate=config.get("learning_rate", 0.1),
-                               clip_norm=config.get("clip_norm", 1.0)).fit(x, y / MAX_SECONDS)
+        model = DPDNNRegressor(
+            fn_args.privacy_budget,
+            hidden_units=tuple(config.get("hidden_units", (32, 16))),
+            num_examples=fn_args.num_examples,
+            epochs=config.get("epochs", 5),
+            batch_size=trainer_utils.batch_size(fn_args, config),
+            learning_rate=config.get("learning_rate", 0.1),
+            clip_norm=config.get("clip_norm", 1.0),
+        ).fit(x, y / MAX_SECONDS)
         trainer_utils.export_model(fn_args, model, label_key=LABEL, output_scale=MAX_SECONDS)  # hours -> seconds
     else:
-        model = DPLinearRegressor(fn_args.privacy_budget, feature_bound=len(FEATURES) ** 0.5,
-                                  label_range=(0.0, MAX_SECONDS)).fit(x, y)
+        model = DPLinearRegressor(
+            fn_args.privacy_budget, feature_bound=len(FEATURES) ** 0.5, label_range=(0.0, MAX_SECONDS)
+        ).fit(x, y)
         trainer_utils.export_model(fn_args, model, label_key=LABEL)
     return trainer_utils.report_spent(fn_args, model)

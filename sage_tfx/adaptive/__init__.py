@@ -1,4 +1,5 @@
 """Privacy-adaptive training: Sage's iterator (TF-free; the TFX run is a callable it is given)."""
+
 from sage_tfx.validation import eta_for_attempt
 
 from .iterator import (
@@ -12,5 +13,16 @@ from .iterator import (
 from .plan import AttemptPlan, PlannedAttempt, plan_attempts
 from .settings import IteratorSettings
 
-__all__ = ["SageIterator", "IteratorSettings", "BudgetSplit", "IterationResult", "Iteration", "IterationInterrupted",
-           "RunResult", "eta_for_attempt", "AttemptPlan", "PlannedAttempt", "plan_attempts"]
+__all__ = [
+    "SageIterator",
+    "IteratorSettings",
+    "BudgetSplit",
+    "IterationResult",
+    "Iteration",
+    "IterationInterrupted",
+    "RunResult",
+    "eta_for_attempt",
+    "AttemptPlan",
+    "PlannedAttempt",
+    "plan_attempts",
+]

@@ -33,6 +33,7 @@ run moves on) is reserved for the other errors, which may depend on the data. Be
 ``check_blocks(blocks)`` (if given) verifies what the run will read, so a missing data root or block folder is
 refused with nothing charged.
 """
+
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,10 +122,20 @@ class SageIterator:
     keeps charges, not refusals): a restarted iterator starts both counts afresh.
     """
 
-    def __init__(self, ledger, stream: str, pipeline: str, run_iteration: Callable, *,
-                 settings: IteratorSettings | None = None, wait_for_blocks: Callable | None = None,
-                 progress: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
-                 request: dict | None = None, check_blocks: Callable | None = None):
+    def __init__(
+        self,
+        ledger,
+        stream: str,
+        pipeline: str,
+        run_iteration: Callable,
+        *,
+        settings: IteratorSettings | None = None,
+        wait_for_blocks: Callable | None = None,
+        progress: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        request: dict | None = None,
+        check_blocks: Callable | None = None,
+    ):
         """The iterator of pipeline ``pipeline`` on ``stream``, checked before anything is registered or charged.
 
         Args:
@@ -162,23 +173,42 @@ class SageIterator:
         """The settings the stream decides, checked against it (``__init__``'s step; LedgerError naming the
         setting): epsilon_start, the iteration's delta, the grant's delta, the record split, the first grant."""
         s, stream = self.settings, self.stream
-        self.epsilon_start = number(s.epsilon_start, "epsilon_start", low=0.0, low_open=True,
-                                    high=stream_info.epsilon, message=_SETTING + " (the stream's global epsilon)")
-        self.delta = stream_info.delta / 100.0 if s.delta is None else number(
-            s.delta, "iteration delta", low=0.0, high=stream_info.delta, high_open=True,
-            message=_SETTING + " (the stream's global delta)")
+        self.epsilon_start = number(
+            s.epsilon_start,
+            "epsilon_start",
+            low=0.0,
+            low_open=True,
+            high=stream_info.epsilon,
+            message=_SETTING + " (the stream's global epsilon)",
+        )
+        self.delta = (
+            stream_info.delta / 100.0
+            if s.delta is None
+            else number(
+                s.delta,
+                "iteration delta",
+                low=0.0,
+                high=stream_info.delta,
+                high_open=True,
+                message=_SETTING + " (the stream's global delta)",
+            )
+        )
         # what each grant charges in delta: training's plus preprocessing's (BudgetSplit.total_delta)
         self.grant_delta = self.delta + s.preprocessing_delta
         if not self.grant_delta < stream_info.delta:
-            raise LedgerError(f"preprocessing_delta {s.preprocessing_delta!r} must be >= 0 with the iteration delta "
-                              f"{self.delta!r} adding to less than the stream's global delta {stream_info.delta}")
+            raise LedgerError(
+                f"preprocessing_delta {s.preprocessing_delta!r} must be >= 0 with the iteration delta "
+                f"{self.delta!r} adding to less than the stream's global delta {stream_info.delta}"
+            )
         # the test side's share of the records, signed into each grant (None: the platform's default split)
         self.records = None if s.eval_share is None else eval_share_split(s.eval_share)
         first = self.split(self.epsilon_start).charged_epsilon  # bad shares fail here, before anything is spent
         if first < stream_info.grant_floor:  # the ledger would refuse every grant: say so before anything
-            raise LedgerError(f"epsilon_start {s.epsilon_start!r} charges epsilon {first:.6g}, below stream "
-                              f"{stream!r}'s minimum grant epsilon {stream_info.grant_floor:g}: start at a larger "
-                              "epsilon (--epsilon-start), or lower the stream's --min-grant-epsilon")
+            raise LedgerError(
+                f"epsilon_start {s.epsilon_start!r} charges epsilon {first:.6g}, below stream "
+                f"{stream!r}'s minimum grant epsilon {stream_info.grant_floor:g}: start at a larger "
+                "epsilon (--epsilon-start), or lower the stream's --min-grant-epsilon"
+            )
 
     # -------------------------------------------------------------- helpers
     def split(self, epsilon: float) -> BudgetSplit:
@@ -195,9 +225,15 @@ class SageIterator:
         """
         s = self.settings
         try:
-            return BudgetSplit.for_epsilon(epsilon, self.delta, s.preprocessing_share, s.count_share,
-                                           rejection_share=s.rejection_share, disjoint_split=s.disjoint_split,
-                                           preprocessing_delta=s.preprocessing_delta)
+            return BudgetSplit.for_epsilon(
+                epsilon,
+                self.delta,
+                s.preprocessing_share,
+                s.count_share,
+                rejection_share=s.rejection_share,
+                disjoint_split=s.disjoint_split,
+                preprocessing_delta=s.preprocessing_delta,
+            )
         except ValueError as exc:
             raise LedgerError(str(exc)) from None
 
@@ -269,10 +305,12 @@ class SageIterator:
         if active < self.settings.min_window:
             fix = f", or lower --min-window to at most {active}" if active else ""
             window = self.settings.min_window
-            raise LedgerError(f"stream {self.stream!r} has {active} active block(s) and pipeline {self.pipeline!r}'s "
-                              f"first attempt needs min_window {window}: it would end in TIMEOUT at once, "
-                              f"which finishes the name for good, so nothing was registered or charged. Ingest at "
-                              f"least {window - active} more block(s){fix}")
+            raise LedgerError(
+                f"stream {self.stream!r} has {active} active block(s) and pipeline {self.pipeline!r}'s "
+                f"first attempt needs min_window {window}: it would end in TIMEOUT at once, "
+                f"which finishes the name for good, so nothing was registered or charged. Ingest at "
+                f"least {window - active} more block(s){fix}"
+            )
 
     # ------------------------------------------------------------------ run
     def run(self) -> RunResult:
@@ -304,10 +342,24 @@ class SageIterator:
         """The result of a pipeline that finished earlier, from its history: nothing is spent."""
         self.check_request()
         history = self._history()
-        return RunResult(status["outcome"], [
-            Iteration(g.meta["iteration"], g.id, g.blocks, g.meta["epsilon"], g.meta["eta"], outcome,
-                      (details or {}).get("bound"), resumed=True) for g, outcome, details in history],
-            history[-1][0].id if history and status["outcome"] != Outcome.TIMEOUT else None, self._target())
+        return RunResult(
+            status["outcome"],
+            [
+                Iteration(
+                    g.meta["iteration"],
+                    g.id,
+                    g.blocks,
+                    g.meta["epsilon"],
+                    g.meta["eta"],
+                    outcome,
+                    (details or {}).get("bound"),
+                    resumed=True,
+                )
+                for g, outcome, details in history
+            ],
+            history[-1][0].id if history and status["outcome"] != Outcome.TIMEOUT else None,
+            self._target(),
+        )
 
     def _resume(self, run: _Attempts) -> RunResult | None:
         """Replay the pipeline's history into ``run`` (after a crash or a restart) and re-execute an unfinished
@@ -315,8 +367,16 @@ class SageIterator:
         pending = None
         for grant, outcome, details in self._history():
             meta = grant.meta
-            record = Iteration(meta["iteration"], grant.id, grant.blocks, meta["epsilon"], meta["eta"], outcome,
-                               (details or {}).get("bound"), resumed=True)
+            record = Iteration(
+                meta["iteration"],
+                grant.id,
+                grant.blocks,
+                meta["epsilon"],
+                meta["eta"],
+                outcome,
+                (details or {}).get("bound"),
+                resumed=True,
+            )
             run.iterations.append(record)
             run.epsilon, run.window, run.number = meta["epsilon"], meta["window"], meta["iteration"] + 1
             if outcome is None:
@@ -328,8 +388,10 @@ class SageIterator:
         if pending is None:
             return None
         grant, record = pending
-        self.progress(f"[{self.pipeline}] resuming iteration {record.number} under its grant {grant.id} "
-                      "(already charged; not charged again)")
+        self.progress(
+            f"[{self.pipeline}] resuming iteration {record.number} under its grant {grant.id} "
+            "(already charged; not charged again)"
+        )
         result = self._execute(grant, record)
         if result.outcome in DECIDED:
             return self._finish(result.outcome, run.iterations, grant.id)
@@ -366,20 +428,26 @@ class SageIterator:
     def _wait(self, run: _Attempts, choice: tuple | None, available: dict) -> RunResult | None:
         """No useful choice now: wait for new blocks, or TIMEOUT when waiting brings nothing (or cannot)."""
         if choice is not None:
-            why = (f"the only choice, epsilon {choice[1]:.4g} on {len(choice[0])} block(s), was refused "
-                   "and the ledger reads as before")
+            why = (
+                f"the only choice, epsilon {choice[1]:.4g} on {len(choice[0])} block(s), was refused "
+                "and the ledger reads as before"
+            )
         elif self.policy == Policy.AGGRESSIVE:
             why = f"fewer than {run.window} blocks offer min_epsilon {self.min_epsilon:.4g}"
         else:
             why = f"fewer than {run.window} blocks with epsilon {run.epsilon:.4g} available"
         if run.idle_waits >= self.settings.max_idle_waits:
-            self.progress(f"[{self.pipeline}] TIMEOUT: {why}, and {run.idle_waits} waits in a row brought "
-                          f"nothing new (max_idle_waits {self.settings.max_idle_waits})")
+            self.progress(
+                f"[{self.pipeline}] TIMEOUT: {why}, and {run.idle_waits} waits in a row brought "
+                f"nothing new (max_idle_waits {self.settings.max_idle_waits})"
+            )
             return self._finish(Outcome.TIMEOUT, run.iterations, None)
         if self.wait_for_blocks is None:  # no source of new blocks (`sage run`): say so, do not wait
-            self.progress(f"[{self.pipeline}] TIMEOUT: {why}; this run does not wait for new blocks: run "
-                          "again once they arrive, or start at a smaller window or epsilon (min_window, "
-                          "epsilon_start)")
+            self.progress(
+                f"[{self.pipeline}] TIMEOUT: {why}; this run does not wait for new blocks: run "
+                "again once they arrive, or start at a smaller window or epsilon (min_window, "
+                "epsilon_start)"
+            )
             return self._finish(Outcome.TIMEOUT, run.iterations, None)
         self.progress(f"[{self.pipeline}] waiting: {why}")
         if not self.wait_for_blocks(self._time_left(run.started)):
@@ -390,8 +458,13 @@ class SageIterator:
     def _charge(self, run: _Attempts, choice: tuple, blocks: list, eta: float) -> Grant | None:
         """Request the attempt's grant; None when refused (``run.timed_out`` once ``max_refusals`` is reached)."""
         split = self.split(run.epsilon)
-        meta = {"iteration": run.number, "epsilon": run.epsilon, "window": run.window, "eta": eta,
-                "split": split.to_dict()}
+        meta = {
+            "iteration": run.number,
+            "epsilon": run.epsilon,
+            "window": run.window,
+            "eta": eta,
+            "split": split.to_dict(),
+        }
         if self.request is not None:
             meta[REQUEST_KEY] = self.request
         if self.records is not None:
@@ -399,19 +472,27 @@ class SageIterator:
         if self.check_blocks is not None:  # raises naming the block and the fix: nothing charged
             self.check_blocks(blocks)
         try:
-            return self.ledger.request(self.pipeline, self.stream, blocks=blocks, epsilon=split.charged_epsilon,
-                                       delta=split.total_delta, rule=split.rule, meta=meta)
+            return self.ledger.request(
+                self.pipeline,
+                self.stream,
+                blocks=blocks,
+                epsilon=split.charged_epsilon,
+                delta=split.total_delta,
+                rule=split.rule,
+                meta=meta,
+            )
         except (BudgetRefused, BlockRetired) as refusal:  # another writer spent between our read and charge
             run.refused.add(choice)
             run.refusals += 1
             if run.refusals >= self.settings.max_refusals:
-                self.progress(f"[{self.pipeline}] TIMEOUT: {run.refusals} requests refused (max_refusals "
-                              f"{self.settings.max_refusals}); other pipelines took the budget first. Last: "
-                              f"{public_error_text(refusal)}")
+                self.progress(
+                    f"[{self.pipeline}] TIMEOUT: {run.refusals} requests refused (max_refusals "
+                    f"{self.settings.max_refusals}); other pipelines took the budget first. Last: "
+                    f"{public_error_text(refusal)}"
+                )
                 run.timed_out = True
                 return None
-            self.progress(f"[{self.pipeline}] refused, choosing again from a fresh read: "
-                          f"{public_error_text(refusal)}")
+            self.progress(f"[{self.pipeline}] refused, choosing again from a fresh read: {public_error_text(refusal)}")
             return None
 
     def _execute(self, grant, record):
@@ -421,10 +502,13 @@ class SageIterator:
         except Exception as exc:
             if is_environment_error(exc):  # no outcome: the grant stays in use, resumed as after a kill
                 error = environment_error_text(exc)
-                self.progress(f"[{self.pipeline}] iteration {record.number}: interrupted ({error}); its grant "
-                              f"{grant.id} stays in use: fix the cause and run again, it resumes without a new charge")
-                raise IterationInterrupted(f"iteration {record.number} under grant {grant.id} was interrupted by "
-                                           f"{error}") from exc
+                self.progress(
+                    f"[{self.pipeline}] iteration {record.number}: interrupted ({error}); its grant "
+                    f"{grant.id} stays in use: fix the cause and run again, it resumes without a new charge"
+                )
+                raise IterationInterrupted(
+                    f"iteration {record.number} under grant {grant.id} was interrupted by {error}"
+                ) from exc
             # the grant stays spent; a new run resumes after it
             # The log is append-only and outlives the run: a message from a data path can hold a record's
             # values, so it keeps the type and only the messages known to hold none (public_error_text).
@@ -436,9 +520,11 @@ class SageIterator:
         self.ledger.record_outcome(grant.id, result.outcome, {"bound": result.bound, **result.details})
         record.outcome, record.bound = result.outcome, result.bound
         bound = "-" if result.bound is None else f"{result.bound:.6g}"
-        self.progress(f"[{self.pipeline}] iteration {record.number}: blocks {record.blocks[0]}..{record.blocks[-1]} "
-                      f"({len(record.blocks)}), epsilon {record.epsilon:.4g}, eta {record.eta:.3g}, "
-                      f"bound {bound} -> {result.outcome}")
+        self.progress(
+            f"[{self.pipeline}] iteration {record.number}: blocks {record.blocks[0]}..{record.blocks[-1]} "
+            f"({len(record.blocks)}), epsilon {record.epsilon:.4g}, eta {record.eta:.3g}, "
+            f"bound {bound} -> {result.outcome}"
+        )
         return result
 
     def _next(self, epsilon, window, blocks):
@@ -451,8 +537,14 @@ class SageIterator:
             self.ledger.finish(self.stream, self.pipeline, outcome)
         except LedgerError:
             pass  # already finished by an earlier run of this pipeline
-        return RunResult(outcome, iterations, grant_id, self._target(), self._ledger_spent(iterations),
-                         None if self.request is None else 1.0 - self.settings.eta)
+        return RunResult(
+            outcome,
+            iterations,
+            grant_id,
+            self._target(),
+            self._ledger_spent(iterations),
+            None if self.request is None else 1.0 - self.settings.eta,
+        )
 
     def _ledger_spent(self, iterations) -> dict:
         """{block: the ledger's epsilon spent on it (every pipeline, every run)} for the blocks ``iterations``

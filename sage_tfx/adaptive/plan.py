@@ -8,6 +8,7 @@ attempt's epsilon on its blocks as basic composition does (what is left drops by
 basic accounting; on an RDP stream, where composition is sub-additive, the plan may list fewer attempts than
 the ledger would grant.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,8 +55,10 @@ class AttemptPlan:
         if not self.attempts:
             return f"none: the first attempt cannot run: {self.stop}"
         steps = ", ".join(f"{a.epsilon:g} on {a.window}" for a in self.attempts)
-        return (f"{len(self.attempts)} attempt(s) (epsilon per block on blocks: {steps}), so {self.retries} "
-                f"RETRY(s); then {self.stop}")
+        return (
+            f"{len(self.attempts)} attempt(s) (epsilon per block on blocks: {steps}), so {self.retries} "
+            f"RETRY(s); then {self.stop}"
+        )
 
 
 def next_attempt(epsilon: float, window: int, window_available: float, aggressive: bool = False) -> tuple:
@@ -67,8 +70,15 @@ def next_attempt(epsilon: float, window: int, window_available: float, aggressiv
     return epsilon, 2 * window
 
 
-def plan_attempts(available: dict, *, epsilon_start: float, min_window: int, max_iterations: int = 10,
-                  aggressive: bool = False, min_epsilon: float = 0.0) -> AttemptPlan:
+def plan_attempts(
+    available: dict,
+    *,
+    epsilon_start: float,
+    min_window: int,
+    max_iterations: int = 10,
+    aggressive: bool = False,
+    min_epsilon: float = 0.0,
+) -> AttemptPlan:
     """The attempts a run starting at (``epsilon_start``, ``min_window``) can make on the blocks of ``available``
     ({block: epsilon this pipeline may be granted on it now}, oldest first), each ending in RETRY, with no new
     block: the iterator's choice (``SageIterator.choose_blocks``; aggressive: what the newest ``window`` blocks
@@ -92,8 +102,10 @@ def plan_attempts(available: dict, *, epsilon_start: float, min_window: int, max
         floor = min_epsilon if aggressive else epsilon
         chosen = [b for b in reversed(left) if left[b] >= floor][:window][::-1]
         if len(chosen) < window:
-            stop = (f"fewer than {window} block(s) offer epsilon {floor:.4g} (the stream has {len(left)} active "
-                    "block(s) now): `sage run` ends in TIMEOUT there; new blocks allow more")
+            stop = (
+                f"fewer than {window} block(s) offer epsilon {floor:.4g} (the stream has {len(left)} active "
+                "block(s) now): `sage run` ends in TIMEOUT there; new blocks allow more"
+            )
             return AttemptPlan(tuple(attempts), stop, len(left))
         if aggressive:
             epsilon = min(left[b] for b in chosen)

@@ -7,6 +7,7 @@ moment (the ledger does this in ``add_block``). Each pipeline runs its own
 needs more blocks waits until the replay adds some. The platform prints a live
 status line per event and ends when every pipeline is done or the stream ends.
 """
+
 import threading
 import time
 from dataclasses import dataclass, field
@@ -67,8 +68,9 @@ class Platform:
     advances whenever every unfinished pipeline is waiting for data).
     """
 
-    def __init__(self, ledger_location, stream, pipelines, replay_step, step_seconds=0.0, progress=print,
-                 idle_timeout=3600.0):
+    def __init__(
+        self, ledger_location, stream, pipelines, replay_step, step_seconds=0.0, progress=print, idle_timeout=3600.0
+    ):
         self.location, self.stream, self.pipelines = ledger_location, stream, list(pipelines)
         names = [p.name for p in self.pipelines]
         if len(set(names)) != len(names):
@@ -87,6 +89,7 @@ class Platform:
     def _run_one(self, spec):
         ledger = Ledger.open(self.location)
         try:
+
             def wait_for_blocks(_timeout):
                 seen = self._clock.generation
                 with self._lock:
@@ -97,9 +100,16 @@ class Platform:
                     with self._lock:
                         self._waiting.discard(spec.name)
 
-            iterator = SageIterator(ledger, self.stream, spec.name, spec.run_iteration,
-                                    settings=spec.settings, wait_for_blocks=wait_for_blocks, progress=self._say,
-                                    request=spec.request)
+            iterator = SageIterator(
+                ledger,
+                self.stream,
+                spec.name,
+                spec.run_iteration,
+                settings=spec.settings,
+                wait_for_blocks=wait_for_blocks,
+                progress=self._say,
+                request=spec.request,
+            )
             result = iterator.run()
             self.results[spec.name] = result
             self._say(f"[{spec.name}] done: {result.describe()}")
@@ -113,8 +123,9 @@ class Platform:
         # Register everyone before the first block arrives, so each gets a share of it.
         with Ledger.open(self.location) as ledger:
             register_unfinished(ledger, self.stream, [spec.name for spec in self.pipelines])
-        threads = [threading.Thread(target=self._run_one, args=(spec,), name=spec.name, daemon=True)
-                   for spec in self.pipelines]
+        threads = [
+            threading.Thread(target=self._run_one, args=(spec,), name=spec.name, daemon=True) for spec in self.pipelines
+        ]
         for t in threads:
             t.start()
         step = 0
@@ -134,8 +145,10 @@ class Platform:
                 self._say(f"[replay] step {step}: the stream has ended")
                 self._clock.advanced(ended=True)
                 break
-            self._say(f"[replay] step {step}: {len(added)} new block(s) {', '.join(added[:3])}"
-                      f"{'...' if len(added) > 3 else ''}; waiting: {', '.join(sorted(self._waiting)) or '-'}")
+            self._say(
+                f"[replay] step {step}: {len(added)} new block(s) {', '.join(added[:3])}"
+                f"{'...' if len(added) > 3 else ''}; waiting: {', '.join(sorted(self._waiting)) or '-'}"
+            )
             self._clock.advanced()
         for t in threads:
             t.join()

@@ -1,5 +1,6 @@
 """The settings of a Sage iterator: where its search starts, when it stops, and how each grant's budget splits
 between the stages (docs/your_pipeline.md, "SageIterator: what sage run drives")."""
+
 from dataclasses import dataclass, fields
 
 from sage_tfx.privacy.checks import INVALID, integer, number
@@ -56,11 +57,23 @@ class IteratorSettings:
             "min_window": integer(self.min_window, "min_window", low=1, message=INVALID + " (blocks)"),
             "max_iterations": integer(self.max_iterations, "max_iterations", low=1),
             # the two bounds that make every run end (SageIterator); there is no "unbounded"
-            "max_refusals": integer(self.max_refusals, "max_refusals", low=1, message=INVALID + (
-                " (refused requests before TIMEOUT; raise it if concurrent pipelines often take the budget first)")),
-            "max_idle_waits": integer(self.max_idle_waits, "max_idle_waits", low=1, message=INVALID + (
-                " (waits in a row with nothing new before TIMEOUT; raise it if wait_for_blocks returns before "
-                "blocks arrive)")),
+            "max_refusals": integer(
+                self.max_refusals,
+                "max_refusals",
+                low=1,
+                message=INVALID
+                + (" (refused requests before TIMEOUT; raise it if concurrent pipelines often take the budget first)"),
+            ),
+            "max_idle_waits": integer(
+                self.max_idle_waits,
+                "max_idle_waits",
+                low=1,
+                message=INVALID
+                + (
+                    " (waits in a row with nothing new before TIMEOUT; raise it if wait_for_blocks returns before "
+                    "blocks arrive)"
+                ),
+            ),
             "preprocessing_delta": number(self.preprocessing_delta, "preprocessing_delta", low=0.0),
         }
         for name, value in checked.items():

@@ -26,6 +26,7 @@ The participants' own code lives with what they run: ``sage_tfx.pipelines.worker
 release_strategies.md); each spec's ``entry()`` names the function its worker process runs. This module is the
 platform only: it imports neither, nor the CLI.
 """
+
 import multiprocessing
 import os
 import signal
@@ -109,8 +110,9 @@ class ProcessPlatform:
     pipeline is reported as failed. After ``run()``: ``results`` {name: WorkerResult}, ``errors`` {name: text}.
     """
 
-    def __init__(self, ledger_location, stream, specs, replay_step, step_seconds=0.0, progress=print,
-                 parallel=0, max_restarts=3):
+    def __init__(
+        self, ledger_location, stream, specs, replay_step, step_seconds=0.0, progress=print, parallel=0, max_restarts=3
+    ):
         self.location, self.stream, self.specs = ledger_location, stream, list(specs)
         names = [s.name for s in self.specs]
         if len(set(names)) != len(names):
@@ -181,12 +183,16 @@ class ProcessPlatform:
         if w.restarts >= self.max_restarts:
             w.finished = True
             self.errors[w.spec.name] = f"the worker died {w.restarts + 1} time(s); last: {why}"
-            self.progress(f"[{w.spec.name}] failed: worker (pid {w.process.pid}) died ({why}); "
-                          f"{w.restarts} restart(s) already, giving up")
+            self.progress(
+                f"[{w.spec.name}] failed: worker (pid {w.process.pid}) died ({why}); "
+                f"{w.restarts} restart(s) already, giving up"
+            )
             return
         w.restarts += 1
-        self.progress(f"[{w.spec.name}] worker (pid {w.process.pid}) died ({why}); restarting "
-                      f"({w.restarts}/{self.max_restarts}): it resumes under its grant")
+        self.progress(
+            f"[{w.spec.name}] worker (pid {w.process.pid}) died ({why}); restarting "
+            f"({w.restarts}/{self.max_restarts}): it resumes under its grant"
+        )
         self._start(w)
 
     def _grant_slots(self, workers):
@@ -247,8 +253,10 @@ class ProcessPlatform:
                     self._ended = True
                 else:
                     self._generation += 1
-                    self.progress(f"[replay] step {step}: {len(added)} new block(s) {', '.join(added[:3])}"
-                                  f"{'...' if len(added) > 3 else ''}; waiting: {', '.join(waiting) or '-'}")
+                    self.progress(
+                        f"[replay] step {step}: {len(added)} new block(s) {', '.join(added[:3])}"
+                        f"{'...' if len(added) > 3 else ''}; waiting: {', '.join(waiting) or '-'}"
+                    )
                 self._wake(live)
         finally:
             for w in workers:

@@ -8,34 +8,58 @@ tf.Transform analyzer on Beam seeded through a grant (``transform-dp-mean-beam``
 Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's path. numpy and scipy only at import
 (TensorFlow is imported by the DP-SGD audit when it runs).
 """
+
 from . import releases  # noqa: F401  (registers the release strategies' entries)
 from .core import (
-                   AuditConfig,
-                   AuditConfigError,
-                   AuditResult,
-                   Mechanism,
-                   audit,
-                   audit_outputs,
-                   clopper_pearson_upper,
-                   epsilon_lower_bound,
-                   trial_seeds,
+    AuditConfig,
+    AuditConfigError,
+    AuditResult,
+    Mechanism,
+    audit,
+    audit_outputs,
+    clopper_pearson_upper,
+    epsilon_lower_bound,
+    trial_seeds,
 )
 from .dpsgd import DPSGD_ENGINES, CanaryAudit, OneRunResult, audit_dpsgd
 from .mechanisms import (
-                   DEFAULT_EPSILON,
-                   describe_mechanisms,
-                   gaussian_sigma,
-                   mechanism,
-                   mechanism_names,
-                   register_mechanism,
+    DEFAULT_EPSILON,
+    describe_mechanisms,
+    gaussian_sigma,
+    mechanism,
+    mechanism_names,
+    register_mechanism,
 )
 from .one_run import guesses_from_scores, one_run_epsilon_lower_bound, one_run_p_value
 from .report import audit_names, audit_privacy, describe_audits, write_plot
 from .transform_beam import audit_transform_beam
 
-__all__ = ["AuditConfig", "AuditConfigError", "AuditResult", "Mechanism", "audit", "audit_privacy",
-           "clopper_pearson_upper", "epsilon_lower_bound", "trial_seeds", "DEFAULT_EPSILON",
-           "describe_mechanisms", "gaussian_sigma", "guesses_from_scores", "mechanism", "mechanism_names",
-           "one_run_epsilon_lower_bound", "register_mechanism", "write_plot", "DPSGD_ENGINES", "CanaryAudit",
-           "OneRunResult", "audit_dpsgd", "audit_names", "describe_audits", "one_run_p_value",
-           "audit_outputs", "audit_transform_beam"]
+__all__ = [
+    "AuditConfig",
+    "AuditConfigError",
+    "AuditResult",
+    "Mechanism",
+    "audit",
+    "audit_privacy",
+    "clopper_pearson_upper",
+    "epsilon_lower_bound",
+    "trial_seeds",
+    "DEFAULT_EPSILON",
+    "describe_mechanisms",
+    "gaussian_sigma",
+    "guesses_from_scores",
+    "mechanism",
+    "mechanism_names",
+    "one_run_epsilon_lower_bound",
+    "register_mechanism",
+    "write_plot",
+    "DPSGD_ENGINES",
+    "CanaryAudit",
+    "OneRunResult",
+    "audit_dpsgd",
+    "audit_names",
+    "describe_audits",
+    "one_run_p_value",
+    "audit_outputs",
+    "audit_transform_beam",
+]

@@ -22,6 +22,7 @@ P(epsilon_lb > epsilon) <= 1 - confidence. A result above the claim is a violati
 event of probability <= 1 - confidence); a result below it proves nothing (a lower bound, never a proof of
 privacy: a better test, other neighbours or more trials may find more).
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,17 @@ from scipy.stats import beta
 
 from sage_tfx.privacy.errors import SageError
 
-__all__ = ["AuditConfigError", "AuditConfig", "AuditResult", "Mechanism", "audit", "audit_outputs",
-           "clopper_pearson_upper", "epsilon_lower_bound", "trial_seeds"]
+__all__ = [
+    "AuditConfigError",
+    "AuditConfig",
+    "AuditResult",
+    "Mechanism",
+    "audit",
+    "audit_outputs",
+    "clopper_pearson_upper",
+    "epsilon_lower_bound",
+    "trial_seeds",
+]
 
 
 class AuditConfigError(SageError, ValueError):
@@ -61,8 +71,10 @@ class AuditConfig:
 
     def __post_init__(self):
         if isinstance(self.trials, bool) or not isinstance(self.trials, (int, np.integer)) or self.trials < 20:
-            raise AuditConfigError(f"trials {self.trials!r} must be an integer >= 20 (half select the test, half "
-                                   "evaluate it): pass e.g. trials=2000")
+            raise AuditConfigError(
+                f"trials {self.trials!r} must be an integer >= 20 (half select the test, half "
+                "evaluate it): pass e.g. trials=2000"
+            )
         if not isinstance(self.confidence, (int, float)) or not 0.0 < float(self.confidence) < 1.0:
             raise AuditConfigError(f"confidence {self.confidence!r} must be a number in (0, 1), e.g. 0.95")
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
@@ -118,9 +130,16 @@ class Verdict:
         return self.epsilon_lower_bound / self.claimed_epsilon
 
     def _verdict_dict(self) -> dict[str, Any]:
-        return {"mechanism": self.mechanism, "claimed_epsilon": self.claimed_epsilon,
-                "claimed_delta": self.claimed_delta, "epsilon_lower_bound": self.epsilon_lower_bound,
-                "ratio": self.ratio, "flagged": self.flagged, "confidence": self.confidence, "seed": self.seed}
+        return {
+            "mechanism": self.mechanism,
+            "claimed_epsilon": self.claimed_epsilon,
+            "claimed_delta": self.claimed_delta,
+            "epsilon_lower_bound": self.epsilon_lower_bound,
+            "ratio": self.ratio,
+            "flagged": self.flagged,
+            "confidence": self.confidence,
+            "seed": self.seed,
+        }
 
 
 @dataclass
@@ -221,8 +240,9 @@ def _select(d, d_prime, alpha, delta):
     best = (-1.0, float(pooled[0]), 1)
     for direction in (1, -1):
         fp, fn = _rates(d, d_prime, pooled, direction)
-        bounds = epsilon_lower_bound(clopper_pearson_upper(fp, d.size, alpha),
-                                     clopper_pearson_upper(fn, d_prime.size, alpha), delta)
+        bounds = epsilon_lower_bound(
+            clopper_pearson_upper(fp, d.size, alpha), clopper_pearson_upper(fn, d_prime.size, alpha), delta
+        )
         i = int(np.argmax(bounds))
         if bounds[i] > best[0]:
             best = (float(bounds[i]), float(pooled[i]), direction)
@@ -242,8 +262,8 @@ def audit(mechanism: Mechanism, config: AuditConfig | None = None) -> AuditResul
     """
     config = config or AuditConfig()
     seeds = trial_seeds(config.seed, 2 * config.trials)
-    d = np.array([float(mechanism.release(False, s)) for s in seeds[:config.trials]])
-    d_prime = np.array([float(mechanism.release(True, s)) for s in seeds[config.trials:]])
+    d = np.array([float(mechanism.release(False, s)) for s in seeds[: config.trials]])
+    d_prime = np.array([float(mechanism.release(True, s)) for s in seeds[config.trials :]])
     return audit_outputs(mechanism.name, d, d_prime, mechanism.epsilon, mechanism.delta, config)
 
 
@@ -264,8 +284,9 @@ def audit_outputs(name: str, d, d_prime, epsilon: float, delta: float, config: A
     if d.shape != (config.trials,) or d_prime.shape != (config.trials,):
         raise AuditConfigError(f"{name!r}: {d.size} and {d_prime.size} statistics for {config.trials} trials a side")
     if not (np.all(np.isfinite(d)) and np.all(np.isfinite(d_prime))):
-        raise AuditConfigError(f"mechanism {name!r} returned a non-finite statistic: its release must "
-                               "return one finite float")
+        raise AuditConfigError(
+            f"mechanism {name!r} returned a non-finite statistic: its release must return one finite float"
+        )
     alpha = (1.0 - config.confidence) / 2.0
     half = config.trials // 2
     threshold, direction = _select(d[:half], d_prime[:half], alpha, delta)
@@ -274,8 +295,25 @@ def audit_outputs(name: str, d, d_prime, epsilon: float, delta: float, config: A
     fpr_u = float(clopper_pearson_upper(fp, n, alpha)[0])
     fnr_u = float(clopper_pearson_upper(fn, m, alpha)[0])
     bound = float(epsilon_lower_bound(fpr_u, fnr_u, delta))
-    test = {"threshold": threshold, "direction": direction, "false_positives": int(fp[0]), "negatives": n,
-            "false_negatives": int(fn[0]), "positives": m, "fpr_upper": fpr_u, "fnr_upper": fnr_u,
-            "selection_trials": half}
-    return AuditResult(name, float(epsilon), float(delta), bound, float(config.confidence), int(config.trials),
-                       int(config.seed), test, {"d": d, "d_prime": d_prime})
+    test = {
+        "threshold": threshold,
+        "direction": direction,
+        "false_positives": int(fp[0]),
+        "negatives": n,
+        "false_negatives": int(fn[0]),
+        "positives": m,
+        "fpr_upper": fpr_u,
+        "fnr_upper": fnr_u,
+        "selection_trials": half,
+    }
+    return AuditResult(
+        name,
+        float(epsilon),
+        float(delta),
+        bound,
+        float(config.confidence),
+        int(config.trials),
+        int(config.seed),
+        test,
+        {"d": d, "d_prime": d_prime},
+    )

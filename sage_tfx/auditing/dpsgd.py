@@ -29,6 +29,7 @@ about q T C lr / B against noise of std sigma sqrt(T) C lr / B, a signal-to-nois
 correct training is far below its claim (loose by design: docs/privacy_auditing.md); a planted bug that
 removes or shrinks the noise, or lets a canary move more than one clipped gradient, lifts it above.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,16 @@ import numpy as np
 from .core import AuditConfigError, Verdict
 from .one_run import guesses_from_scores, one_run_epsilon_lower_bound
 
-__all__ = ["CanaryAudit", "OneRunResult", "audit_dpsgd", "canary_data", "linear_model", "loss_scores", "fit_once",
-           "DPSGD_ENGINES"]
+__all__ = [
+    "CanaryAudit",
+    "OneRunResult",
+    "audit_dpsgd",
+    "canary_data",
+    "linear_model",
+    "loss_scores",
+    "fit_once",
+    "DPSGD_ENGINES",
+]
 
 DPSGD_ENGINES = ("ghost", "vmap", "loop")
 CANARY_LABEL = 100.0  # far above every prediction: the canary's gradient stays clipped and one-signed
@@ -91,13 +100,17 @@ class CanaryAudit:
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise AuditConfigError(f"{name} {value!r} must be an integer >= 1")
         if self.guesses > self.canaries or self.guesses % 2:
-            raise AuditConfigError(f"guesses {self.guesses!r} must be even and at most the {self.canaries} "
-                                   "canaries (half are guessed in, half out)")
+            raise AuditConfigError(
+                f"guesses {self.guesses!r} must be even and at most the {self.canaries} "
+                "canaries (half are guessed in, half out)"
+            )
         if not 0.0 < self.confidence < 1.0:
             raise AuditConfigError(f"confidence {self.confidence!r} must be a number in (0, 1), e.g. 0.95")
         if not (0.0 < self.epsilon <= 20.0 and 0.0 < self.delta < 1.0):
-            raise AuditConfigError(f"(epsilon, delta) = ({self.epsilon!r}, {self.delta!r}): epsilon must be in "
-                                   "(0, 20] and delta in (0, 1), e.g. (1.0, 1e-5)")
+            raise AuditConfigError(
+                f"(epsilon, delta) = ({self.epsilon!r}, {self.delta!r}): epsilon must be in "
+                "(0, 20] and delta in (0, 1), e.g. (1.0, 1e-5)"
+            )
         if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) or self.seed < 0:
             raise AuditConfigError(f"seed {self.seed!r} must be an integer >= 0")
 
@@ -148,8 +161,14 @@ class OneRunResult(Verdict):
         return f"one training run, {self.canaries} canaries, {self.correct} of {self.guesses} guesses right"
 
     def to_dict(self) -> dict[str, Any]:
-        return {**self._verdict_dict(), "method": "one-run", "canaries": self.canaries, "guesses": self.guesses,
-                "correct": self.correct, "fit": dict(self.fit)}
+        return {
+            **self._verdict_dict(),
+            "method": "one-run",
+            "canaries": self.canaries,
+            "guesses": self.guesses,
+            "correct": self.correct,
+            "fit": dict(self.fit),
+        }
 
 
 def canary_data(audit: CanaryAudit) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -158,9 +177,12 @@ def canary_data(audit: CanaryAudit) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     rng = np.random.default_rng(np.random.SeedSequence([audit.seed, 1]))
     included = rng.random(audit.canaries) < 0.5
     real_x = np.zeros((audit.real_rows, audit.dimension), np.float32)
-    real_x[:, :audit.features] = rng.normal(size=(audit.real_rows, audit.features))
-    real_y = REAL_INTERCEPT + real_x[:, :audit.features] @ np.linspace(-1.0, 1.0, audit.features) \
+    real_x[:, : audit.features] = rng.normal(size=(audit.real_rows, audit.features))
+    real_y = (
+        REAL_INTERCEPT
+        + real_x[:, : audit.features] @ np.linspace(-1.0, 1.0, audit.features)
         + 0.1 * rng.normal(size=audit.real_rows)
+    )
     canary_x = np.zeros((audit.canaries, audit.dimension), np.float32)
     canary_x[np.arange(audit.canaries), audit.features + np.arange(audit.canaries)] = 1.0
     canary_y = np.full(audit.canaries, CANARY_LABEL, np.float32)
@@ -176,8 +198,9 @@ def linear_model(audit: CanaryAudit):
     import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
     import tensorflow as tf  # noqa: TID253
 
-    return tf.keras.Sequential([tf.keras.Input((audit.dimension,)),
-                                tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    return tf.keras.Sequential(
+        [tf.keras.Input((audit.dimension,)), tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")]
+    )
 
 
 def loss_scores(model, canary_x: np.ndarray, canary_y: np.ndarray) -> np.ndarray:
@@ -194,9 +217,17 @@ def fit_once(audit: CanaryAudit, model, x: np.ndarray, y: np.ndarray):
 
     private_seed = derive_seed("one-run audit", audit.seed, bits=63)
     with training_seed(private_seed, share=(audit.epsilon, audit.delta)):
-        private = make_private(model, privacy_budget=(audit.epsilon, audit.delta), num_examples=audit.num_examples,
-                               loss="mse", clip_norm=audit.clip_norm, batch_size=audit.batch_size,
-                               epochs=audit.epochs, learning_rate=audit.learning_rate, per_example=audit.engine)
+        private = make_private(
+            model,
+            privacy_budget=(audit.epsilon, audit.delta),
+            num_examples=audit.num_examples,
+            loss="mse",
+            clip_norm=audit.clip_norm,
+            batch_size=audit.batch_size,
+            epochs=audit.epochs,
+            learning_rate=audit.learning_rate,
+            per_example=audit.engine,
+        )
         private.fit(x, y)
     return private
 
@@ -204,13 +235,18 @@ def fit_once(audit: CanaryAudit, model, x: np.ndarray, y: np.ndarray):
 def _training_report(private) -> dict[str, Any]:
     spent = getattr(private, "privacy_spent", None) or {}
     keys = ("implementation", "noise_multiplier", "steps", "sampling_rate", "epsilon", "delta")
-    return {k: (float(spent[k]) if isinstance(spent[k], (float, np.floating)) else spent[k])
-            for k in keys if k in spent}
+    return {
+        k: (float(spent[k]) if isinstance(spent[k], (float, np.floating)) else spent[k]) for k in keys if k in spent
+    }
 
 
-def audit_dpsgd(audit: CanaryAudit | None = None, *, model: Callable[[CanaryAudit], Any] = linear_model,
-                train: Callable[..., Any] = fit_once,
-                score: Callable[[Any, np.ndarray, np.ndarray], np.ndarray] = loss_scores) -> OneRunResult:
+def audit_dpsgd(
+    audit: CanaryAudit | None = None,
+    *,
+    model: Callable[[CanaryAudit], Any] = linear_model,
+    train: Callable[..., Any] = fit_once,
+    score: Callable[[Any, np.ndarray, np.ndarray], np.ndarray] = loss_scores,
+) -> OneRunResult:
     """Run the one-run canary audit of ``make_private`` (module docstring): ONE training of ``model(audit)``
     by ``train(audit, model, x, y)`` (returns a PrivateModel or a Keras model), canaries scored by
     ``score(keras_model, canary_x, canary_y)``. Parameters are checked before anything is trained.
@@ -230,10 +266,23 @@ def audit_dpsgd(audit: CanaryAudit | None = None, *, model: Callable[[CanaryAudi
         raise AuditConfigError(f"score must return {audit.canaries} finite numbers, one per canary")
     half = audit.guesses // 2
     correct, guesses = guesses_from_scores(scores, included, half, half)
-    bound = one_run_epsilon_lower_bound(correct, guesses, audit.confidence, delta=audit.delta,
-                                        canaries=audit.canaries)
-    fit = {"engine": audit.engine, **_training_report(trained),
-                "config": {k: v for k, v in asdict(audit).items() if k not in ("confidence", "seed")}}
-    return OneRunResult(f"dpsgd-{audit.engine}", float(audit.epsilon), float(audit.delta),
-                        float(bound) if math.isfinite(bound) else float("inf"), float(audit.confidence),
-                        int(audit.canaries), int(guesses), int(correct), int(audit.seed), fit, scores, included)
+    bound = one_run_epsilon_lower_bound(correct, guesses, audit.confidence, delta=audit.delta, canaries=audit.canaries)
+    fit = {
+        "engine": audit.engine,
+        **_training_report(trained),
+        "config": {k: v for k, v in asdict(audit).items() if k not in ("confidence", "seed")},
+    }
+    return OneRunResult(
+        f"dpsgd-{audit.engine}",
+        float(audit.epsilon),
+        float(audit.delta),
+        float(bound) if math.isfinite(bound) else float("inf"),
+        float(audit.confidence),
+        int(audit.canaries),
+        int(guesses),
+        int(correct),
+        int(audit.seed),
+        fit,
+        scores,
+        included,
+    )

@@ -21,6 +21,7 @@ Elsewhere: DP-SGD by one-run canary auditing (``dpsgd``), the dp-mean analyzer t
 grant seeds (``transform_beam``), the Tree Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's
 path (``releases``, registered here). Not covered: whole pipeline stages.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,8 +35,14 @@ from sage_tfx.privacy.vocabulary import Stage
 
 from .core import AuditConfigError, Mechanism
 
-__all__ = ["register_mechanism", "mechanism", "mechanism_names", "describe_mechanisms", "DEFAULT_EPSILON",
-           "gaussian_sigma"]
+__all__ = [
+    "register_mechanism",
+    "mechanism",
+    "mechanism_names",
+    "describe_mechanisms",
+    "DEFAULT_EPSILON",
+    "gaussian_sigma",
+]
 
 DEFAULT_EPSILON = 1.0
 GAUSSIAN_DELTA = 1e-5
@@ -52,11 +59,13 @@ def register_mechanism(name: str, about: str, slow: bool = False) -> Callable:
         about: one line for ``--list``.
         slow: seconds per hundred runs: the CI-sized tests leave it out.
     """
+
     def wrap(factory):
         if name in _REGISTRY:
             raise AuditConfigError(f"mechanism {name!r} is registered twice")
         _REGISTRY[name] = (factory, about, slow)
         return factory
+
     return wrap
 
 
@@ -82,8 +91,9 @@ def mechanism(name: str, epsilon: float = DEFAULT_EPSILON) -> Mechanism:
         epsilon: the claim to run it at, in (0, 20].
     """
     if name not in _REGISTRY:
-        raise AuditConfigError(f"unknown mechanism {name!r}: one of {', '.join(mechanism_names())} "
-                               "(`sage audit-privacy --list`)")
+        raise AuditConfigError(
+            f"unknown mechanism {name!r}: one of {', '.join(mechanism_names())} (`sage audit-privacy --list`)"
+        )
     if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0.0 < epsilon <= 20.0:
         raise AuditConfigError(f"epsilon {epsilon!r} must be a number in (0, 20], e.g. 1.0")
     return _REGISTRY[name][0](float(epsilon))
@@ -110,6 +120,7 @@ def _record_count(epsilon):
 
     def release(neighbour, seed):
         return laplace_count(1000 + int(neighbour), epsilon, secure_rng(seed, "record_count"))
+
     return Mechanism("record-count", release, epsilon)
 
 
@@ -120,16 +131,17 @@ def _grid_laplace_sum(epsilon):
     def release(neighbour, seed):
         records = np.append(base, 1.0) if neighbour else base
         return float(grid_laplace_sum(records, 1.0, epsilon, secure_rng(seed, "audit"))[0])
+
     return Mechanism("grid-laplace-sum", release, epsilon)
 
 
-@register_mechanism("grid-gaussian", "privacy.samplers.grid_gaussian: one value of L2 sensitivity 1, "
-                                     "delta = 1e-5")
+@register_mechanism("grid-gaussian", "privacy.samplers.grid_gaussian: one value of L2 sensitivity 1, delta = 1e-5")
 def _grid_gaussian(epsilon):
     sigma = gaussian_sigma(epsilon, GAUSSIAN_DELTA)
 
     def release(neighbour, seed):
         return float(grid_gaussian([float(neighbour)], 1.0, sigma, secure_rng(seed, "audit"), cells=1)[0])
+
     return Mechanism("grid-gaussian", release, epsilon, GAUSSIAN_DELTA)
 
 
@@ -146,11 +158,13 @@ def _validator_pair(name, base, worst, bound, epsilon):
         values = np.append(base, worst) if neighbour else base
         total, _ = release_pair(values, bound, epsilon, secure_rng(seed, Stage.VALIDATION.value), mode)
         return total.value
+
     return Mechanism(name, release, epsilon)
 
 
-@register_mechanism("validator-loss", "DPLossValidator's noisy loss sums (validation.noisy.release_pair), "
-                                      "losses in [0, 1]")
+@register_mechanism(
+    "validator-loss", "DPLossValidator's noisy loss sums (validation.noisy.release_pair), losses in [0, 1]"
+)
 def _validator_loss(epsilon):
     return _validator_pair("validator-loss", np.full(RECORDS, 0.3), 1.0, 1.0, epsilon)
 
@@ -161,8 +175,10 @@ def _validator_accuracy(epsilon):
     return _validator_pair("validator-accuracy", errors, 1.0, 1.0, epsilon)
 
 
-@register_mechanism("validator-log-loss", "the log-loss validator: validation.metrics.log_losses (floor 1e-7, "
-                                          "B = ln(1e7)) then release_pair")
+@register_mechanism(
+    "validator-log-loss",
+    "the log-loss validator: validation.metrics.log_losses (floor 1e-7, B = ln(1e7)) then release_pair",
+)
 def _validator_log_loss(epsilon):
     from sage_tfx.validation.metrics import log_losses
 
@@ -196,35 +212,44 @@ def _transform_mean(name, epsilon, mean_form):
         if neighbour:
             c[0] += 1.0
             s[0] += worst
-        noisy_c, noisy_s = add_laplace([c, s], release.scales, seed=seed, stream="dp_mean",
-                                       sensitivities=release.sensitivities, cells=[1, 1])
+        noisy_c, noisy_s = add_laplace(
+            [c, s], release.scales, seed=seed, stream="dp_mean", sensitivities=release.sensitivities, cells=[1, 1]
+        )
         # the log-likelihood ratio of D' to D for the two Laplace cells (the Neyman-Pearson statistic): each is
         # (|x - mu| - |x - mu - shift|) / b with mu the cell on D (public here) and the shift one record's
-        return float(_laplace_llr(noisy_c[0], counts[0], 1.0, release.scales[0])
-                     + _laplace_llr(noisy_s[0], sums[0], worst, release.scales[1]))
+        return float(
+            _laplace_llr(noisy_c[0], counts[0], 1.0, release.scales[0])
+            + _laplace_llr(noisy_s[0], sums[0], worst, release.scales[1])
+        )
+
     return Mechanism(name, release_once, epsilon)
 
 
-@register_mechanism("transform-dp-mean", "the dp_mean_per_key analyzer's noise, mean_form='sage' "
-                                         "(transform.noise.add_laplace: count and raw sum, eps/2 each, "
-                                         "value_range 10)")
+@register_mechanism(
+    "transform-dp-mean",
+    "the dp_mean_per_key analyzer's noise, mean_form='sage' "
+    "(transform.noise.add_laplace: count and raw sum, eps/2 each, "
+    "value_range 10)",
+)
 def _transform_mean_sage(epsilon):
     from sage_tfx.transform.noise import SAGE_MEAN
 
     return _transform_mean("transform-dp-mean", epsilon, SAGE_MEAN)
 
 
-@register_mechanism("transform-dp-mean-centred", "the dp_mean_per_key analyzer's default noise (transform.noise."
-                                                 "add_laplace: count and sum of v - R/2, split by expected error, "
-                                                 "value_range 10)")
+@register_mechanism(
+    "transform-dp-mean-centred",
+    "the dp_mean_per_key analyzer's default noise (transform.noise."
+    "add_laplace: count and sum of v - R/2, split by expected error, "
+    "value_range 10)",
+)
 def _transform_mean_centred(epsilon):
     from sage_tfx.transform.noise import CENTRED_MEAN
 
     return _transform_mean("transform-dp-mean-centred", epsilon, CENTRED_MEAN)
 
 
-@register_mechanism("adassp", "AdaSSP linear regression (privacy.adassp.adassp), one feature, delta = 1e-5",
-                    slow=True)
+@register_mechanism("adassp", "AdaSSP linear regression (privacy.adassp.adassp), one feature, delta = 1e-5", slow=True)
 def _adassp(epsilon):
     from sage_tfx.privacy.adassp import adassp
 
@@ -235,11 +260,15 @@ def _adassp(epsilon):
     def release(neighbour, seed):
         xs, ys = (np.vstack([x, [[1.0]]]), np.append(y, -1.0)) if neighbour else (x, y)
         return float(adassp(xs, ys, epsilon, GAUSSIAN_DELTA, 1.0, 1.0, rng=secure_rng(seed, "adassp")).theta[0])
+
     return Mechanism("adassp", release, epsilon, GAUSSIAN_DELTA)
 
 
-@register_mechanism("transform-vocabulary", "the DP vocabulary (transform.vocabulary.select_vocabulary), "
-                                            "delta = 1e-5; statistic: is a value at the threshold kept")
+@register_mechanism(
+    "transform-vocabulary",
+    "the DP vocabulary (transform.vocabulary.select_vocabulary), "
+    "delta = 1e-5; statistic: is a value at the threshold kept",
+)
 def _transform_vocabulary(epsilon):
     from sage_tfx.transform.vocabulary import select_vocabulary, threshold
 
@@ -250,12 +279,16 @@ def _transform_vocabulary(epsilon):
         exact = dict(counts, edge=at_threshold + int(neighbour))
         kept = select_vocabulary(exact, epsilon=epsilon, delta=GAUSSIAN_DELTA, seed=seed, stream="vocabulary")
         return float("edge" in kept)
+
     return Mechanism("transform-vocabulary", release, epsilon, GAUSSIAN_DELTA)
 
 
-@register_mechanism("continual-release", "the continual release's base learner (release.continual.private_erm) "
-                                         "at the cumulative strategy's sigma for (epsilon, 1e-5), one block",
-                    slow=True)
+@register_mechanism(
+    "continual-release",
+    "the continual release's base learner (release.continual.private_erm) "
+    "at the cumulative strategy's sigma for (epsilon, 1e-5), one block",
+    slow=True,
+)
 def _continual_release(epsilon):
     from sage_tfx.privacy.gaussian import rdp_multiplier
     from sage_tfx.release.continual import (
@@ -277,11 +310,15 @@ def _continual_release(epsilon):
     def release(neighbour, seed):
         xs, ys = (np.vstack([x, [[10.0, 0.0]]]), np.append(y, 1.0)) if neighbour else (x, y)
         return float(private_erm(xs, ys, params=params, blocks=1, sigma=sigma, rng=secure_rng(seed, "continual"))[0])
+
     return Mechanism("continual-release", release, epsilon, GAUSSIAN_DELTA)
 
 
-@register_mechanism("growth-clipped-mean", "the growth schedules' black box (release.growth.clipped_mean): a mean "
-                                         "of values in [0, 10] over 2 blocks of 100 declared rows")
+@register_mechanism(
+    "growth-clipped-mean",
+    "the growth schedules' black box (release.growth.clipped_mean): a mean "
+    "of values in [0, 10] over 2 blocks of 100 declared rows",
+)
 def _growth_clipped_mean(epsilon):
     from sage_tfx.privacy.randomness import as_secure_rng
     from sage_tfx.release.growth import clipped_mean
@@ -292,6 +329,7 @@ def _growth_clipped_mean(epsilon):
     def release(neighbour, seed):
         data = [np.append(blocks[0], 10.0), blocks[1]] if neighbour else blocks
         return release_mean(data, epsilon, as_secure_rng(seed))  # ScheduledRelease: as_secure_rng(its seed)
+
     return Mechanism("growth-clipped-mean", release, epsilon)
 
 
@@ -301,9 +339,12 @@ def _laplace_cells_llr(noisy, exact, shifts, scales):
     return float(sum(_laplace_llr(x, mu, shift, b) for x, mu, shift, b in zip(noisy, exact, shifts, scales)))
 
 
-@register_mechanism("transform-quantiles", "the noisy grid histogram dp_quantiles / dp_bucketize draw "
-                                           "(transform.noise.add_laplace, scale 1/eps, one draw per cell; 40 "
-                                           "cells here; the positions are post-processing of it)")
+@register_mechanism(
+    "transform-quantiles",
+    "the noisy grid histogram dp_quantiles / dp_bucketize draw "
+    "(transform.noise.add_laplace, scale 1/eps, one draw per cell; 40 "
+    "cells here; the positions are post-processing of it)",
+)
 def _transform_quantiles(epsilon):
     from sage_tfx.transform.noise import add_laplace
 
@@ -317,35 +358,44 @@ def _transform_quantiles(epsilon):
         table[3] += float(neighbour)
         (noisy,) = add_laplace([table], [scale], seed=seed, stream="dp_quantiles", sensitivities=[1.0], cells=[1])
         return _laplace_cells_llr([noisy[3]], [counts[3]], [1.0], [scale])
+
     return Mechanism("transform-quantiles", release, epsilon)
 
 
-@register_mechanism("transform-z-score", "dp_scale_to_z_score's release (transform.noise.add_laplace: count, "
-                                         "centred sum and sum of squares, eps/3 each, range [0, 10])")
+@register_mechanism(
+    "transform-z-score",
+    "dp_scale_to_z_score's release (transform.noise.add_laplace: count, "
+    "centred sum and sum of squares, eps/3 each, range [0, 10])",
+)
 def _transform_z_score(epsilon):
     from sage_tfx.transform.noise import add_laplace
 
     width = 10.0
-    sensitivities = [1.0, width / 2.0, width ** 2 / 4.0]
+    sensitivities = [1.0, width / 2.0, width**2 / 4.0]
     scales = [3.0 * s / epsilon for s in sensitivities]  # dp_scale_to_z_score's thirds
     centred = np.linspace(-width / 2.0, width / 2.0, RECORDS)
-    exact = [float(RECORDS), float(centred.sum()), float((centred ** 2).sum())]
-    shifts = [1.0, width / 2.0, width ** 2 / 4.0]  # a record at the top of the range: v - c = W/2
+    exact = [float(RECORDS), float(centred.sum()), float((centred**2).sum())]
+    shifts = [1.0, width / 2.0, width**2 / 4.0]  # a record at the top of the range: v - c = W/2
 
     def release(neighbour, seed):
         tables = [np.array([e + float(neighbour) * s]) for e, s in zip(exact, shifts)]
-        noisy = add_laplace(tables, scales, seed=seed, stream="dp_scale_to_z_score", sensitivities=sensitivities,
-                            cells=[1, 1, 1])
+        noisy = add_laplace(
+            tables, scales, seed=seed, stream="dp_scale_to_z_score", sensitivities=sensitivities, cells=[1, 1, 1]
+        )
         return _laplace_cells_llr([n[0] for n in noisy], exact, shifts, scales)
+
     return Mechanism("transform-z-score", release, epsilon)
 
 
 UNIT_ROWS = 5  # K: the most rows one privacy unit has in a block, on the per-unit entries
 
 
-@register_mechanism("record-count-unit", "BlockExampleGen's DP count on a stream with a privacy unit of K = 5 "
-                                         "rows: laplace_count at split.per_row_budget(eps, 0, K); D' adds a whole "
-                                         "unit (K rows)")
+@register_mechanism(
+    "record-count-unit",
+    "BlockExampleGen's DP count on a stream with a privacy unit of K = 5 "
+    "rows: laplace_count at split.per_row_budget(eps, 0, K); D' adds a whole "
+    "unit (K rows)",
+)
 def _record_count_unit(epsilon):
     from sage_tfx.components._grant import laplace_count
     from sage_tfx.privacy.split import per_row_budget
@@ -354,12 +404,16 @@ def _record_count_unit(epsilon):
 
     def release(neighbour, seed):
         return laplace_count(1000 + UNIT_ROWS * int(neighbour), per_row, secure_rng(seed, "record_count"))
+
     return Mechanism("record-count-unit", release, epsilon)
 
 
-@register_mechanism("growth-clipped-mean-unit", "the growth schedules' black box (clipped_mean, [0, 10], 2 blocks "
-                                                "of 100) at per_row_budget(eps, 0, K = 5), as charge_lifetime "
-                                                "hands it on a unit stream; D' adds a whole unit of K rows of 10")
+@register_mechanism(
+    "growth-clipped-mean-unit",
+    "the growth schedules' black box (clipped_mean, [0, 10], 2 blocks "
+    "of 100) at per_row_budget(eps, 0, K = 5), as charge_lifetime "
+    "hands it on a unit stream; D' adds a whole unit of K rows of 10",
+)
 def _growth_clipped_mean_unit(epsilon):
     from sage_tfx.privacy.randomness import as_secure_rng
     from sage_tfx.privacy.split import per_row_budget
@@ -372,4 +426,5 @@ def _growth_clipped_mean_unit(epsilon):
     def release(neighbour, seed):
         data = [np.append(blocks[0], np.full(UNIT_ROWS, 10.0)), blocks[1]] if neighbour else blocks
         return release_mean(data, per_row, as_secure_rng(seed))
+
     return Mechanism("growth-clipped-mean-unit", release, epsilon)

@@ -17,6 +17,7 @@ log(p_lb / (1 - p_lb)). The attacker's rule (which canaries to guess, how) must 
 seen; ``guesses_from_scores`` is one such rule (the k_plus highest scores guessed in, the k_minus lowest
 guessed out, fixed k's). The DP-SGD driver that plants the canaries into a ``make_private`` run: ``dpsgd``.
 """
+
 from __future__ import annotations
 
 import math
@@ -30,16 +31,19 @@ __all__ = ["one_run_epsilon_lower_bound", "one_run_p_value", "guesses_from_score
 
 
 def _check_counts(correct, guesses, canaries):
-    if not (isinstance(guesses, (int, np.integer)) and isinstance(correct, (int, np.integer))
-            and 0 <= correct <= guesses):
-        raise AuditConfigError(f"correct {correct!r} and guesses {guesses!r} must be integers with "
-                               "0 <= correct <= guesses")
+    if not (
+        isinstance(guesses, (int, np.integer)) and isinstance(correct, (int, np.integer)) and 0 <= correct <= guesses
+    ):
+        raise AuditConfigError(
+            f"correct {correct!r} and guesses {guesses!r} must be integers with 0 <= correct <= guesses"
+        )
     if canaries is not None and not (isinstance(canaries, (int, np.integer)) and canaries >= guesses):
         raise AuditConfigError(f"canaries {canaries!r} must be an integer >= the {guesses} guesses made")
 
 
-def one_run_p_value(correct: int, guesses: int, epsilon: float, delta: float = 0.0,
-                    canaries: int | None = None) -> float:
+def one_run_p_value(
+    correct: int, guesses: int, epsilon: float, delta: float = 0.0, canaries: int | None = None
+) -> float:
     """An upper bound on P(W >= ``correct``) for W the correct guesses among ``guesses`` made on ``canaries``
     canaries (default: as many as guesses) of an (``epsilon``, ``delta``)-DP mechanism (module docstring).
 
@@ -61,8 +65,9 @@ def one_run_p_value(correct: int, guesses: int, epsilon: float, delta: float = 0
     return min(tail + 2.0 * m * delta * alpha, 1.0)
 
 
-def one_run_epsilon_lower_bound(correct: int, guesses: int, confidence: float = 0.95, *, delta: float = 0.0,
-                                canaries: int | None = None) -> float:
+def one_run_epsilon_lower_bound(
+    correct: int, guesses: int, confidence: float = 0.95, *, delta: float = 0.0, canaries: int | None = None
+) -> float:
     """epsilon_lb from ``correct`` right guesses out of ``guesses`` made on ``canaries`` canaries (module
     docstring): exceeds the epsilon of an (epsilon, ``delta``)-DP mechanism with probability at most
     1 - ``confidence``. ``delta`` = 0: the pure-DP bound (Clopper-Pearson).
@@ -117,9 +122,10 @@ def guesses_from_scores(scores, included, k_plus: int, k_minus: int) -> tuple:
     if scores.shape != included.shape or scores.ndim != 1:
         raise AuditConfigError("scores and included must be 1-D arrays of one length (one per canary)")
     if k_plus < 0 or k_minus < 0 or k_plus + k_minus > scores.size:
-        raise AuditConfigError(f"k_plus {k_plus!r} + k_minus {k_minus!r} must be >= 0 each and at most the "
-                               f"{scores.size} canaries")
+        raise AuditConfigError(
+            f"k_plus {k_plus!r} + k_minus {k_minus!r} must be >= 0 each and at most the {scores.size} canaries"
+        )
     order = np.argsort(scores, kind="stable")
-    correct = int(included[order[scores.size - k_plus:]].sum()) if k_plus else 0
+    correct = int(included[order[scores.size - k_plus :]].sum()) if k_plus else 0
     correct += int((~included[order[:k_minus]]).sum())
     return correct, k_plus + k_minus

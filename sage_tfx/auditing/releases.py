@@ -26,6 +26,7 @@ Each drives the public functions the strategy or executor calls, not a re-implem
 Ledger-seeded entries (``pmwg``, ``adassp-dptrainer``) draw their noise from a fresh ledger's key: the trial
 seed does not fix it, so their audits are not reproducible run to run (the bound's law is the same).
 """
+
 from __future__ import annotations
 
 import functools
@@ -41,8 +42,14 @@ from sage_tfx.privacy.vocabulary import Stage
 from .core import Mechanism
 from .mechanisms import GAUSSIAN_DELTA, RECORDS, register_mechanism
 
-__all__ = ["TREE_HORIZON", "tree_residuals", "tree_mechanism", "pmwg_mechanism", "custom_validator_mechanism",
-           "adassp_dptrainer_mechanism"]
+__all__ = [
+    "TREE_HORIZON",
+    "tree_residuals",
+    "tree_mechanism",
+    "pmwg_mechanism",
+    "custom_validator_mechanism",
+    "adassp_dptrainer_mechanism",
+]
 
 TREE_HORIZON = 4  # blocks; L = 3 levels
 TREE_RELEASES = (1, 2, 4)  # the arrivals whose prefixes are the nodes holding block 1
@@ -75,7 +82,7 @@ def _tree_exact(params) -> tuple:
 
     tree = TreeRegressor(params, 1)
     leaves = np.cumsum([tree.leaf(x, y) for x, y in _tree_blocks(False)], axis=0)
-    sigma = params.noise_multiplier * np.array([params.bound_x ** 2, params.bound_x * params.bound_y])
+    sigma = params.noise_multiplier * np.array([params.bound_x**2, params.bound_x * params.bound_y])
     return leaves, sigma
 
 
@@ -103,8 +110,12 @@ def tree_residuals(params, neighbour: bool, seed: int, tree_class: Callable | No
     return np.concatenate(out)
 
 
-def tree_mechanism(epsilon: float, tree_class: Callable | None = None,
-                   statistic: Callable[[np.ndarray], float] = np.sum, name: str = "tree-mechanism") -> Mechanism:
+def tree_mechanism(
+    epsilon: float,
+    tree_class: Callable | None = None,
+    statistic: Callable[[np.ndarray], float] = np.sum,
+    name: str = "tree-mechanism",
+) -> Mechanism:
     """PrivIncReg1's Tree Mechanism at (``epsilon``, 1e-5) per block over the horizon (module docstring).
 
     Args:
@@ -115,16 +126,22 @@ def tree_mechanism(epsilon: float, tree_class: Callable | None = None,
     """
     from sage_tfx.release.incremental_regression import IncrementalRegressionParams
 
-    params = IncrementalRegressionParams(horizon=TREE_HORIZON, epsilon=epsilon, delta=GAUSSIAN_DELTA, bound_x=1.0,
-                                         bound_y=1.0, radius=10.0, iterations=1)
+    params = IncrementalRegressionParams(
+        horizon=TREE_HORIZON, epsilon=epsilon, delta=GAUSSIAN_DELTA, bound_x=1.0, bound_y=1.0, radius=10.0, iterations=1
+    )
 
     def release(neighbour, seed):
         return float(statistic(tree_residuals(params, neighbour, seed, tree_class)))
+
     return Mechanism(name, release, epsilon, GAUSSIAN_DELTA)
 
 
-register_mechanism("tree-mechanism", "PrivIncReg1's Tree Mechanism (release.incremental_regression.TreeRegressor), "
-                                     "horizon 4, delta = 1e-5; D' adds a record to block 1 (in 3 nodes)", slow=True)(tree_mechanism)
+register_mechanism(
+    "tree-mechanism",
+    "PrivIncReg1's Tree Mechanism (release.incremental_regression.TreeRegressor), "
+    "horizon 4, delta = 1e-5; D' adds a record to block 1 (in 3 nodes)",
+    slow=True,
+)(tree_mechanism)
 
 
 def _pmwg_ledger(directory: str, epsilon: float):
@@ -165,13 +182,18 @@ def pmwg_mechanism(epsilon: float, pmwg_class: Callable | None = None, name: str
         pmwg.observe(block, PMWG_ROWS)
         answer = pmwg.query(weights)
         return float(answer.answer) if answer.hard else -1.0
+
     mechanism = Mechanism(name, release, epsilon)
     release.folder = folder  # type: ignore[attr-defined]  # keeps the ledger's folder as long as the mechanism
     return mechanism
 
 
-register_mechanism("pmwg", "PMWG's AboveThreshold round (release.growth.PMWG) on a throwaway ledger, each trial "
-                           "its own grant and seed; claim: the round's epsilon", slow=True)(pmwg_mechanism)
+register_mechanism(
+    "pmwg",
+    "PMWG's AboveThreshold round (release.growth.PMWG) on a throwaway ledger, each trial "
+    "its own grant and seed; claim: the round's epsilon",
+    slow=True,
+)(pmwg_mechanism)
 
 
 def custom_validator_mechanism(epsilon: float, name: str = "validator-custom") -> Mechanism:
@@ -204,12 +226,16 @@ def custom_validator_mechanism(epsilon: float, name: str = "validator-custom") -
         values = per_example_values(Metric.CUSTOM, y, {"p": p}, None, 1.0, loss_fn)
         total, _ = release_pair(values, 1.0, epsilon, secure_rng(seed, Stage.VALIDATION.value), mode)
         return total.value
+
     return Mechanism(name, release, epsilon)
 
 
-register_mechanism("validator-custom", "DPModelValidator's custom metric: a user loss module (unbounded loss) "
-                                       "through custom_loss_plan, per_example_values (clip to B = 1), "
-                                       "release_pair")(custom_validator_mechanism)
+register_mechanism(
+    "validator-custom",
+    "DPModelValidator's custom metric: a user loss module (unbounded loss) "
+    "through custom_loss_plan, per_example_values (clip to B = 1), "
+    "release_pair",
+)(custom_validator_mechanism)
 
 
 def _training_grant_seed(ledger, index: int, epsilon: float, delta: float) -> int:
@@ -252,11 +278,15 @@ def adassp_dptrainer_mechanism(epsilon: float, name: str = "adassp-dptrainer") -
             model.fit(xs, ys)
         audit_fits(block, budget)  # the executor's check of what the fits reported
         return float(np.ravel(model.coef_)[0])
+
     release.folder = folder  # type: ignore[attr-defined]
     return Mechanism(name, release, epsilon, GAUSSIAN_DELTA)
 
 
-register_mechanism("adassp-dptrainer", "AdaSSP (DPLinearRegressor) fitted as DPTrainer runs run_fn: a grant's "
-                                       "training seed on a throwaway ledger, training_seed(share), audit_fits; "
-                                       "delta = 1e-5", slow=True)(adassp_dptrainer_mechanism)
-
+register_mechanism(
+    "adassp-dptrainer",
+    "AdaSSP (DPLinearRegressor) fitted as DPTrainer runs run_fn: a grant's "
+    "training seed on a throwaway ledger, training_seed(share), audit_fits; "
+    "delta = 1e-5",
+    slow=True,
+)(adassp_dptrainer_mechanism)

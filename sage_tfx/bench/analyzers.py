@@ -28,6 +28,7 @@ each error reported as the median over repeats (and ``_all``):
   vocabulary in SOME exact top 1000: counted at least as often as the 1000th value); and the share of
   rows whose value is in the vocabulary. tft's vocabulary scores 1 on all three.
 """
+
 import collections
 import functools
 import statistics
@@ -43,8 +44,10 @@ TOP_K = 1000
 NAMES = 10_000
 DELTA = 1e-6
 ANALYZERS = ("z_score", "scale_0_1", "quantiles", "bucketize", "vocabulary", "compute_and_apply_vocabulary")
-GENERATED = ("GENERATED rows: x ~ log-normal(2.3, 0.6) clipped to [0, 100] (fare-like); s ~ Zipf(1.2) over "
-             f"{NAMES:,} company-like names; not real trips")
+GENERATED = (
+    "GENERATED rows: x ~ log-normal(2.3, 0.6) clipped to [0, 100] (fare-like); s ~ Zipf(1.2) over "
+    f"{NAMES:,} company-like names; not real trips"
+)
 
 
 def add_arguments(parser):
@@ -52,11 +55,13 @@ def add_arguments(parser):
     parser.add_argument("--epsilon", type=float, default=1.0, help="epsilon of each DP analyzer (default 1.0)")
     parser.add_argument("--batch-rows", type=int, default=10_000, help="rows per Arrow record batch fed to Beam")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each pipeline, rotating (median)")
-    parser.add_argument("--analyzers", default=",".join(ANALYZERS),
-                        help=f"comma list of {','.join(ANALYZERS)} (default all)")
+    parser.add_argument(
+        "--analyzers", default=",".join(ANALYZERS), help=f"comma list of {','.join(ANALYZERS)} (default all)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated data (not of the DP noise)")
-    parser.add_argument("--no-warmup", action="store_true",
-                        help="skip the one-batch warm-up run of each pipeline (quick checks only)")
+    parser.add_argument(
+        "--no-warmup", action="store_true", help="skip the one-batch warm-up run of each pipeline (quick checks only)"
+    )
 
 
 # ---------------------------------------------------------------- GENERATED data
@@ -81,7 +86,6 @@ def _record_batch(index, rows, seed, batch_rows):
 
 def _exact(rows, seed, batch_rows):
     """The generated rows (x as float32, as the pipelines see it) and their exact value counts."""
-
 
     pieces = [generate_batch(i, rows, seed, batch_rows) for i in range(-(-rows // batch_rows))]
     x = np.sort(np.concatenate([p[0] for p in pieces]).astype(np.float32).astype(np.float64))
@@ -115,23 +119,39 @@ def _preprocessing_fns(name, epsilon):
         return tf.tile(tf.reshape(boundaries, [1, -1]), tf.stack([tf.shape(inputs["x"])[0], 1]))
 
     pairs = {
-        "z_score": (lambda i: {"x": i["x"], "y": dp_scale_to_z_score(i["x"], epsilon, (LOW, HIGH))},
-                    lambda i: {"x": i["x"], "y": tft.scale_to_z_score(i["x"])}),
-        "scale_0_1": (lambda i: {"x": i["x"], "y": dp_scale_to_0_1(i["x"], epsilon, (LOW, HIGH))},
-                      lambda i: {"x": i["x"], "y": tft.scale_to_0_1(i["x"])}),
-        "quantiles": (lambda i: {"b": tiled(dp_quantiles(i["x"], NUM_BUCKETS, epsilon, (LOW, HIGH)), i)},
-                      lambda i: {"b": tiled(tft.quantiles(i["x"], NUM_BUCKETS, epsilon=0.01), i)}),
-        "bucketize": (lambda i: {"bucket": dp_bucketize(i["x"], NUM_BUCKETS, epsilon, (LOW, HIGH))},
-                      lambda i: {"bucket": tft.bucketize(i["x"], NUM_BUCKETS)}),
-        "vocabulary": (lambda i: {"n": rows_of(tf.size(dp_vocabulary(i["s"], epsilon, DELTA, top_k=TOP_K),
-                                                       out_type=tf.int64), i)},
-                       # tft.vocabulary gives the vocabulary FILE's path: a column depending on it keeps it
-                       lambda i: {"path": rows_of(tft.vocabulary(i["s"], top_k=TOP_K), i)}),
+        "z_score": (
+            lambda i: {"x": i["x"], "y": dp_scale_to_z_score(i["x"], epsilon, (LOW, HIGH))},
+            lambda i: {"x": i["x"], "y": tft.scale_to_z_score(i["x"])},
+        ),
+        "scale_0_1": (
+            lambda i: {"x": i["x"], "y": dp_scale_to_0_1(i["x"], epsilon, (LOW, HIGH))},
+            lambda i: {"x": i["x"], "y": tft.scale_to_0_1(i["x"])},
+        ),
+        "quantiles": (
+            lambda i: {"b": tiled(dp_quantiles(i["x"], NUM_BUCKETS, epsilon, (LOW, HIGH)), i)},
+            lambda i: {"b": tiled(tft.quantiles(i["x"], NUM_BUCKETS, epsilon=0.01), i)},
+        ),
+        "bucketize": (
+            lambda i: {"bucket": dp_bucketize(i["x"], NUM_BUCKETS, epsilon, (LOW, HIGH))},
+            lambda i: {"bucket": tft.bucketize(i["x"], NUM_BUCKETS)},
+        ),
+        "vocabulary": (
+            lambda i: {"n": rows_of(tf.size(dp_vocabulary(i["s"], epsilon, DELTA, top_k=TOP_K), out_type=tf.int64), i)},
+            # tft.vocabulary gives the vocabulary FILE's path: a column depending on it keeps it
+            lambda i: {"path": rows_of(tft.vocabulary(i["s"], top_k=TOP_K), i)},
+        ),
         "compute_and_apply_vocabulary": (
-            lambda i: {"s": i["s"], "id": dp_compute_and_apply_vocabulary(
-                i["s"], epsilon, DELTA, top_k=TOP_K, num_oov_buckets=0, default_value=-1)},
-            lambda i: {"s": i["s"], "id": tft.compute_and_apply_vocabulary(
-                i["s"], top_k=TOP_K, num_oov_buckets=0, default_value=-1)}),
+            lambda i: {
+                "s": i["s"],
+                "id": dp_compute_and_apply_vocabulary(
+                    i["s"], epsilon, DELTA, top_k=TOP_K, num_oov_buckets=0, default_value=-1
+                ),
+            },
+            lambda i: {
+                "s": i["s"],
+                "id": tft.compute_and_apply_vocabulary(i["s"], top_k=TOP_K, num_oov_buckets=0, default_value=-1),
+            },
+        ),
     }
     return pairs[name]
 
@@ -216,8 +236,10 @@ def _errors(name, merged, x, counts):
         boundaries = merged["boundaries"]
         levels = np.arange(1, NUM_BUCKETS) / NUM_BUCKETS
         ranks = np.array([_rank(x, v) for v in boundaries])
-        return {"boundaries": [round(float(v), 4) for v in boundaries],
-                "max_rank_error": float(np.max(np.abs(ranks - levels)))}
+        return {
+            "boundaries": [round(float(v), 4) for v in boundaries],
+            "max_rank_error": float(np.max(np.abs(ranks - levels))),
+        }
     if name == "bucketize":
         shares = merged["counts"] / merged["counts"].sum()
         return {"max_share_error": float(np.max(np.abs(shares - 1.0 / NUM_BUCKETS)))}
@@ -232,11 +254,13 @@ def _errors(name, merged, x, counts):
 
     maybe_top1000 = {v for v, c in counts.items() if len(ranked) <= TOP_K or c >= ranked[TOP_K - 1]}
     top100, top1000 = surely_top(100), surely_top(TOP_K)
-    return {"size": len(vocab),
-            "recall_top100": len(vocab & top100) / max(len(top100), 1),
-            "recall_top1000": len(vocab & top1000) / max(len(top1000), 1),
-            "precision_top1000": len(vocab & maybe_top1000) / max(len(vocab), 1),
-            "row_coverage": sum(counts[v] for v in vocab) / total}
+    return {
+        "size": len(vocab),
+        "recall_top100": len(vocab & top100) / max(len(top100), 1),
+        "recall_top1000": len(vocab & top1000) / max(len(top1000), 1),
+        "precision_top1000": len(vocab & maybe_top1000) / max(len(vocab), 1),
+        "row_coverage": sum(counts[v] for v in vocab) / total,
+    }
 
 
 def _scaled(x, lo, hi):
@@ -254,9 +278,13 @@ def _figures(name, results, x, counts):
     dp = [(s, _errors(name, r, x, counts)) for s, r in results["dp"]]
     base = [(s, _errors(name, r, x, counts)) for s, r in results["tft"]]
     dp_seconds, tft_seconds = harness.median_seconds(dp), harness.median_seconds(base)
-    out = {"dp_seconds": round(dp_seconds, 3), "tft_seconds": round(tft_seconds, 3),
-           "ratio": round(dp_seconds / tft_seconds, 3),
-           "dp_seconds_all": [round(s, 3) for s, _ in dp], "tft_seconds_all": [round(s, 3) for s, _ in base]}
+    out = {
+        "dp_seconds": round(dp_seconds, 3),
+        "tft_seconds": round(tft_seconds, 3),
+        "ratio": round(dp_seconds / tft_seconds, 3),
+        "dp_seconds_all": [round(s, 3) for s, _ in dp],
+        "tft_seconds_all": [round(s, 3) for s, _ in base],
+    }
     if name == "scale_0_1":  # the mean |DP output - tft output| over the rows, per DP draw
         lo_t, hi_t = base[0][1]["lo"], base[0][1]["hi"]
         for _, e in dp:
@@ -290,19 +318,33 @@ def run(args):
     import sage_tfx  # noqa: F401  (before TensorFlow)
 
     n_batches = -(-args.rows // args.batch_rows)
-    figures = {"data": GENERATED, "rows": args.rows, "epsilon": args.epsilon, "vocabulary_delta": DELTA,
-               "runner": "DirectRunner", "repeats": args.repeats,
-               "exact": {"mean": float(x.mean()), "std": float(x.std()), "min": float(x[0]), "max": float(x[-1]),
-                         "q01": float(np.quantile(x, 0.01)), "q99": float(np.quantile(x, 0.99)),
-                         "distinct_values": len(counts)}}
+    figures = {
+        "data": GENERATED,
+        "rows": args.rows,
+        "epsilon": args.epsilon,
+        "vocabulary_delta": DELTA,
+        "runner": "DirectRunner",
+        "repeats": args.repeats,
+        "exact": {
+            "mean": float(x.mean()),
+            "std": float(x.std()),
+            "min": float(x[0]),
+            "max": float(x[-1]),
+            "q01": float(np.quantile(x, 0.01)),
+            "q99": float(np.quantile(x, 0.99)),
+            "distinct_values": len(counts),
+        },
+    }
     for name in names:
         dp_fn, tft_fn = _preprocessing_fns(name, args.epsilon)
         if not args.no_warmup:
             harness.log(BENCH, f"{name}: warm-up on one batch")
             _run(name, tft_fn, args, 1, f"warm-tft-{name}")
             _run(name, dp_fn, args, 1, f"warm-dp-{name}")
-        runs = [(label, functools.partial(_run, name, fn, args, n_batches))
-                for label, fn in (("dp", dp_fn), ("tft", tft_fn))]
+        runs = [
+            (label, functools.partial(_run, name, fn, args, n_batches))
+            for label, fn in (("dp", dp_fn), ("tft", tft_fn))
+        ]
         harness.log(BENCH, f"{name}: {args.repeats} repeats of each pipeline over {args.rows} rows")
         figures[name] = _figures(name, harness.alternate(runs, args.repeats, f"{BENCH}/{name}"), x, counts)
     ratios = [figures[n]["ratio"] for n in names]

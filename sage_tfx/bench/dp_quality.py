@@ -11,6 +11,7 @@ DPDNNClassifier (64/32), baselines likewise. AdaSSP clips rows to L2 norm 2 (pub
 (a benchmark on public data; pipelines use the ledger's DP count). delta = 1e-5. Each point is the median
 over --seeds seeds; the ratio is DP MSE / non-DP MSE (regression) or DP accuracy / non-DP accuracy.
 """
+
 import sys
 
 import numpy as np
@@ -21,8 +22,9 @@ PAYMENTS = ("Cash", "Credit Card", "No Charge", "Unknown", "Dispute")
 
 
 def add_arguments(parser):
-    parser.add_argument("--epsilons", default=",".join(str(e) for e in EPSILONS),
-                        help="comma list of epsilons (default 0.1,0.3,1,3,10)")
+    parser.add_argument(
+        "--epsilons", default=",".join(str(e) for e in EPSILONS), help="comma list of epsilons (default 0.1,0.3,1,3,10)"
+    )
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per point, median taken (default 3)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs of SGD, DP and non-DP (default 5)")
@@ -52,8 +54,18 @@ def taxi_split(seed=0):
 
 
 def _taxi_columns(table):
-    return {k: table[k].to_pylist() for k in ("trip_miles", "trip_seconds", "trip_start_hour", "trip_start_day",
-                                              "payment_type", "fare", "big_tipper")}
+    return {
+        k: table[k].to_pylist()
+        for k in (
+            "trip_miles",
+            "trip_seconds",
+            "trip_start_hour",
+            "trip_start_day",
+            "payment_type",
+            "fare",
+            "big_tipper",
+        )
+    }
 
 
 def _taxi_xy(table):
@@ -105,7 +117,7 @@ def _nondp_sgd(x, y, xt, hidden, outputs, loss, epochs, batch, lr, seed):
     for _ in range(epochs):
         perm = rng.permutation(len(x))
         for i in range(0, len(x), batch):
-            step(x[perm[i:i + batch]], y[perm[i:i + batch]])
+            step(x[perm[i : i + batch]], y[perm[i : i + batch]])
     return model(xt).numpy()
 
 
@@ -135,8 +147,9 @@ def _quality(model_name, epsilon, data, epochs, seed):
         return float(np.mean((pred - fare_t) ** 2))
     if model_name == "logistic":
         if epsilon is None:
-            logits = _nondp_sgd(x, tipper.astype(np.float32), xt, (), 1, _sigmoid_xent, epochs, 256, 0.05,
-                                seed).reshape(-1)
+            logits = _nondp_sgd(
+                x, tipper.astype(np.float32), xt, (), 1, _sigmoid_xent, epochs, 256, 0.05, seed
+            ).reshape(-1)
             pred = (logits > 0).astype(np.int32)
         else:
             pred = DPLogisticRegressor(budget, **sgd).fit(x, tipper).predict(xt)
@@ -164,16 +177,25 @@ def run(args):
     if args.seeds < 1:
         raise SystemExit(f"--seeds {args.seeds} must be >= 1")
     data = taxi_task_data()
-    figures = {"data": f"real taxi trips (tfx wheel, big_tipper file): {len(data[0])} train / {len(data[3])} test "
-                       f"rows, {data[0].shape[1]} features", "delta": 1e-5, "epochs": args.epochs,
-               "seeds": args.seeds}
+    figures = {
+        "data": f"real taxi trips (tfx wheel, big_tipper file): {len(data[0])} train / {len(data[3])} test "
+        f"rows, {data[0].shape[1]} features",
+        "delta": 1e-5,
+        "epochs": args.epochs,
+        "seeds": args.seeds,
+    }
     trivial_mse = float(np.mean((data[4] - data[1].mean()) ** 2))
     majority = float(max(np.mean(data[5]), 1 - np.mean(data[5])))
     for name in models:
         print(f"[{name}] non-private baseline", file=sys.stderr, flush=True)
         base = float(np.median([_quality(name, None, data, args.epochs, s) for s in range(args.seeds)]))
-        row = {"metric": METRIC[name], "nonprivate": round(base, 4),
-               "trivial": round(trivial_mse if METRIC[name] == "mse" else majority, 4), "dp": {}, "ratio": {}}
+        row = {
+            "metric": METRIC[name],
+            "nonprivate": round(base, 4),
+            "trivial": round(trivial_mse if METRIC[name] == "mse" else majority, 4),
+            "dp": {},
+            "ratio": {},
+        }
         for eps in epsilons:
             print(f"[{name}] epsilon {eps:g}", file=sys.stderr, flush=True)
             value = float(np.median([_quality(name, eps, data, args.epochs, s) for s in range(args.seeds)]))
@@ -193,8 +215,10 @@ def plot(figures, models, epsilons, path):
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    titles = {"mse": "fare regression: test MSE (fare/10)^2, lower is better",
-              "accuracy": "big_tipper classification: test accuracy"}
+    titles = {
+        "mse": "fare regression: test MSE (fare/10)^2, lower is better",
+        "accuracy": "big_tipper classification: test accuracy",
+    }
     for ax, metric in zip(axes, ("mse", "accuracy")):
         for i, name in enumerate(m for m in models if METRIC[m] == metric):
             row = figures[name]

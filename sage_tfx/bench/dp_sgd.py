@@ -26,6 +26,7 @@ non-DP step time over the same batches (a step's median resists the load spikes 
 few ms per step here); ``overhead_ratio_total_time`` = non-DP examples/s / DP examples/s over all timed
 steps. Each figure is the median over the repeats.
 """
+
 import statistics
 import sys
 import time
@@ -34,29 +35,40 @@ import numpy as np
 
 IMPLEMENTATIONS = ("ghost", "vmap", "tf_privacy")
 # (name, cardinality): 24 + 7 + 5 + 10 + 10 + 5 = 61 one-hot columns
-CONTEXT = (("hour", 24), ("day", 7), ("week_of_month", 5), ("pickup_zone", 10), ("dropoff_zone", 10),
-           ("payment", 5))
+CONTEXT = (("hour", 24), ("day", 7), ("week_of_month", 5), ("pickup_zone", 10), ("dropoff_zone", 10), ("payment", 5))
 
 
 def add_arguments(parser):
     parser.add_argument("--rows", type=int, default=60_000, help="generated rows (default 60000)")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per implementation (default 20)")
-    parser.add_argument("--slow-steps", type=int, default=4,
-                        help="timed steps for vmap/tf_privacy on the Taxi NN (default 4; they are slow)")
+    parser.add_argument(
+        "--slow-steps",
+        type=int,
+        default=4,
+        help="timed steps for vmap/tf_privacy on the Taxi NN (default 4; they are slow)",
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
-    parser.add_argument("--implementations", default=",".join(IMPLEMENTATIONS),
-                        help="comma list of ghost,vmap,tf_privacy (default all)")
+    parser.add_argument(
+        "--implementations", default=",".join(IMPLEMENTATIONS), help="comma list of ghost,vmap,tf_privacy (default all)"
+    )
     parser.add_argument("--skip-taxi-nn", action="store_true", help="skip the paper's Taxi NN")
     parser.add_argument("--skip-wide-deep", action="store_true", help="skip TFX's taxi wide-and-deep model")
     parser.add_argument("--only-wide-deep", action="store_true", help="only TFX's taxi wide-and-deep model")
-    parser.add_argument("--wide-deep-rows", type=int, default=100_000,
-                        help="generated rows for the wide-and-deep model (default 100000)")
-    parser.add_argument("--wide-deep-batch", type=int, default=256,
-                        help="expected batch size for the wide-and-deep model (default 256)")
-    parser.add_argument("--wide-deep-steps", type=int, default=200,
-                        help="timed steps per wide-and-deep run (default 200)")
-    parser.add_argument("--repeats", type=int, default=5,
-                        help="wide-and-deep: DP and non-DP runs, alternating (median; default 5)")
+    parser.add_argument(
+        "--wide-deep-rows",
+        type=int,
+        default=100_000,
+        help="generated rows for the wide-and-deep model (default 100000)",
+    )
+    parser.add_argument(
+        "--wide-deep-batch", type=int, default=256, help="expected batch size for the wide-and-deep model (default 256)"
+    )
+    parser.add_argument(
+        "--wide-deep-steps", type=int, default=200, help="timed steps per wide-and-deep run (default 200)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="wide-and-deep: DP and non-DP runs, alternating (median; default 5)"
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -101,12 +113,21 @@ def _measure(label, hidden, batch, lr, x, y, implementations, steps, slow_steps,
         model = build_mlp(x.shape[1], hidden, 1, seed=seed)
         engine = make_engine(implementation, model, _mse, 1.0, 1.0, seed, **options)
         optimizer = tf.keras.optimizers.SGD(learning_rate=lr, momentum=0.9)
-        return tf.function(lambda xb, yb: optimizer.apply_gradients(
-            zip([g / batch for g in engine.noisy_sum(xb, yb)], engine.variables)), input_signature=sig)
+        return tf.function(
+            lambda xb, yb: optimizer.apply_gradients(
+                zip([g / batch for g in engine.noisy_sum(xb, yb)], engine.variables)
+            ),
+            input_signature=sig,
+        )
 
     print(f"[{label}] non-private baseline ({len(batches) - warmup} steps)", file=sys.stderr, flush=True)
-    nondp = _time_steps(plain_sgd_step(build_mlp(x.shape[1], hidden, 1, seed=seed), _mse, lr, input_signature=sig),
-                        batches, x, y, warmup)
+    nondp = _time_steps(
+        plain_sgd_step(build_mlp(x.shape[1], hidden, 1, seed=seed), _mse, lr, input_signature=sig),
+        batches,
+        x,
+        y,
+        warmup,
+    )
     figures = {f"{label}_nondp_examples_per_second": round(nondp, 1)}
     for implementation in implementations:
         n = steps if implementation == "ghost" or label == "small" else slow_steps
@@ -124,10 +145,17 @@ def _measure(label, hidden, batch, lr, x, y, implementations, steps, slow_steps,
 
 # TFX taxi_utils_native_keras.py: (transformed name, tokens) of each wide input, and the dense inputs
 WIDE_DEEP_DENSE = ("trip_miles_xf", "fare_xf", "trip_seconds_xf")
-WIDE_DEEP_WIDE = (("payment_type_xf", 1010), ("company_xf", 1010),
-                  ("pickup_latitude_xf", 10), ("pickup_longitude_xf", 10), ("dropoff_latitude_xf", 10),
-                  ("dropoff_longitude_xf", 10),
-                  ("trip_start_hour_xf", 24), ("trip_start_day_xf", 31), ("trip_start_month_xf", 13))
+WIDE_DEEP_WIDE = (
+    ("payment_type_xf", 1010),
+    ("company_xf", 1010),
+    ("pickup_latitude_xf", 10),
+    ("pickup_longitude_xf", 10),
+    ("dropoff_latitude_xf", 10),
+    ("dropoff_longitude_xf", 10),
+    ("trip_start_hour_xf", 24),
+    ("trip_start_day_xf", 31),
+    ("trip_start_month_xf", 13),
+)
 WIDE_DEEP_HIDDEN = (100, 70, 50, 25)
 
 
@@ -141,8 +169,9 @@ def build_wide_and_deep(seed=0):
     deep = tf.keras.layers.concatenate([tf.keras.layers.Normalization()(v) for v in deep_in.values()])
     for units in WIDE_DEEP_HIDDEN:
         deep = tf.keras.layers.Dense(units)(deep)
-    wide = tf.keras.layers.concatenate([tf.keras.layers.CategoryEncoding(num_tokens=tokens)(wide_in[k])
-                                        for k, tokens in WIDE_DEEP_WIDE])
+    wide = tf.keras.layers.concatenate(
+        [tf.keras.layers.CategoryEncoding(num_tokens=tokens)(wide_in[k]) for k, tokens in WIDE_DEEP_WIDE]
+    )
     output = tf.keras.layers.Dense(1, activation="sigmoid")(tf.keras.layers.concatenate([deep, wide]))
     output = tf.keras.layers.Reshape((1,))(output)
     return tf.keras.Model(list(deep_in.values()) + list(wide_in.values()), output)
@@ -160,8 +189,13 @@ def generated_wide_and_deep(rows, rng):
         else:
             ids = rng.integers(0, tokens, size=rows)
         x[k] = ids.reshape(-1, 1).astype(np.int32)
-    logit = (0.8 * x["fare_xf"][:, 0] - 0.5 * x["trip_miles_xf"][:, 0] + 1.5 * (x["payment_type_xf"][:, 0] == 0)
-             - 1.0 + 0.3 * np.cos(x["trip_start_hour_xf"][:, 0] / 24 * 2 * np.pi))
+    logit = (
+        0.8 * x["fare_xf"][:, 0]
+        - 0.5 * x["trip_miles_xf"][:, 0]
+        + 1.5 * (x["payment_type_xf"][:, 0] == 0)
+        - 1.0
+        + 0.3 * np.cos(x["trip_start_hour_xf"][:, 0] / 24 * 2 * np.pi)
+    )
     y = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.float32)
     return x, y
 
@@ -171,9 +205,18 @@ def _wide_deep_dp(x, y, batch, epochs, seed):
     from sage_tfx.models import make_private
 
     times = []
-    private = make_private(build_wide_and_deep(seed), privacy_budget=(1.0, 1e-6), num_examples=len(y),
-                           loss="binary_crossentropy", optimizer="adam", learning_rate=0.001, clip_norm=1.0,
-                           batch_size=batch, epochs=epochs, seed=seed)
+    private = make_private(
+        build_wide_and_deep(seed),
+        privacy_budget=(1.0, 1e-6),
+        num_examples=len(y),
+        loss="binary_crossentropy",
+        optimizer="adam",
+        learning_rate=0.001,
+        clip_norm=1.0,
+        batch_size=batch,
+        epochs=epochs,
+        seed=seed,
+    )
     private.fit(x, y, callback=lambda _: times.append(time.perf_counter()))
     return times, private.privacy_spent["implementation"]
 
@@ -205,13 +248,12 @@ def _wide_deep_plain(x, y, batches, seed):
 def _throughput(times, batches, warmup):
     """(examples/s over the timed steps, median seconds of a timed step)."""
 
-    examples = sum(len(rows) for rows in batches[warmup + 1:])
+    examples = sum(len(rows) for rows in batches[warmup + 1 :])
     return examples / (times[-1] - times[warmup]), float(np.median(np.diff(times[warmup:])))
 
 
 def measure_wide_deep(rows, batch, steps, warmup, repeats, seed):
     """The wide-and-deep figures (module docstring): medians over ``repeats`` alternating runs."""
-
 
     from sage_tfx.models.private import poisson_batches
     from sage_tfx.privacy import dpsgd
@@ -240,9 +282,9 @@ def measure_wide_deep(rows, batch, steps, warmup, repeats, seed):
     wide = sum(tokens for _, tokens in WIDE_DEEP_WIDE)
     return {
         "wide_deep_data": f"GENERATED rows shaped like TFX taxi's transformed features: {rows} rows, "
-                          f"{len(WIDE_DEEP_DENSE)} dense + {len(WIDE_DEEP_WIDE)} categorical inputs ({wide} one-hot)",
+        f"{len(WIDE_DEEP_DENSE)} dense + {len(WIDE_DEEP_WIDE)} categorical inputs ({wide} one-hot)",
         "wide_deep_model": "TFX taxi _build_keras_model: Normalization, Dense 100/70/50/25 + CategoryEncoding wide "
-                           "-> Dense(1, sigmoid); Adam 0.001, binary cross-entropy",
+        "-> Dense(1, sigmoid); Adam 0.001, binary cross-entropy",
         "wide_deep_batch_size": batch,
         "wide_deep_timed_steps": n_steps - warmup - 1,
         "wide_deep_repeats": repeats,
@@ -271,25 +313,46 @@ def run(args):
     if args.warmup < 0:
         raise SystemExit(f"--warmup must be >= 0, got {args.warmup}")
     if args.wide_deep_batch > args.wide_deep_rows:
-        raise SystemExit(f"--wide-deep-batch {args.wide_deep_batch} exceeds --wide-deep-rows "
-                         f"{args.wide_deep_rows}: lower it")
+        raise SystemExit(
+            f"--wide-deep-batch {args.wide_deep_batch} exceeds --wide-deep-rows {args.wide_deep_rows}: lower it"
+        )
     if args.only_wide_deep:
-        return measure_wide_deep(args.wide_deep_rows, args.wide_deep_batch, args.wide_deep_steps, args.warmup,
-                                 args.repeats, args.seed)
+        return measure_wide_deep(
+            args.wide_deep_rows, args.wide_deep_batch, args.wide_deep_steps, args.warmup, args.repeats, args.seed
+        )
     x, y = generated_taxi(args.rows, np.random.default_rng(args.seed))
-    figures = {"data": f"generated taxi-like rows: {args.rows} x {x.shape[1]} one-hot features",
-               "default_implementation": DEFAULT_IMPLEMENTATION}
-    figures.update(_measure("small", (64, 32), 256, 0.01, x, y, implementations, args.steps, args.steps,
-                            args.warmup, args.seed))
+    figures = {
+        "data": f"generated taxi-like rows: {args.rows} x {x.shape[1]} one-hot features",
+        "default_implementation": DEFAULT_IMPLEMENTATION,
+    }
+    figures.update(
+        _measure("small", (64, 32), 256, 0.01, x, y, implementations, args.steps, args.steps, args.warmup, args.seed)
+    )
     if not args.skip_taxi_nn:
-        figures.update(_measure("taxi_nn", (5000, 100), 1024, 0.01, x, y, implementations, args.steps,
-                                args.slow_steps, args.warmup, args.seed))
+        figures.update(
+            _measure(
+                "taxi_nn",
+                (5000, 100),
+                1024,
+                0.01,
+                x,
+                y,
+                implementations,
+                args.steps,
+                args.slow_steps,
+                args.warmup,
+                args.seed,
+            )
+        )
     main = "taxi_nn" if not args.skip_taxi_nn else "small"
     if f"{main}_{DEFAULT_IMPLEMENTATION}_examples_per_second" in figures:
         figures["dp_examples_per_second"] = figures[f"{main}_{DEFAULT_IMPLEMENTATION}_examples_per_second"]
         figures["nondp_examples_per_second"] = figures[f"{main}_nondp_examples_per_second"]
         figures["overhead_ratio"] = figures[f"{main}_{DEFAULT_IMPLEMENTATION}_overhead_ratio"]
     if not args.skip_wide_deep:
-        figures.update(measure_wide_deep(args.wide_deep_rows, args.wide_deep_batch, args.wide_deep_steps,
-                                         args.warmup, args.repeats, args.seed))
+        figures.update(
+            measure_wide_deep(
+                args.wide_deep_rows, args.wide_deep_batch, args.wide_deep_steps, args.warmup, args.repeats, args.seed
+            )
+        )
     return figures

@@ -33,6 +33,7 @@ same tiny sink. The figures:
   dp_keys_released / pipelinedp_keys_released and the measured MAEs over the keys each
   released (mae_ratio_vs_pipelinedp_measured).
 """
+
 import functools
 import json
 import os
@@ -57,20 +58,37 @@ def add_arguments(parser):
     parser.add_argument("--epsilon", type=float, default=1.0, help="epsilon of dp_group_by_mean (default 1.0)")
     parser.add_argument("--value-range", type=float, default=100.0, help="speeds clipped to [0, R] mph (default 100)")
     parser.add_argument("--batch-rows", type=int, default=10_000, help="rows per Arrow record batch fed to Beam")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs of each pipeline, alternating (median reported)")
+    parser.add_argument(
+        "--repeats", type=int, default=5, help="timed runs of each pipeline, alternating (median reported)"
+    )
     parser.add_argument("--noise-trials", type=int, default=1000, help="noise draws for dp_mae_expected")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated data (not of the DP noise)")
-    parser.add_argument("--bench-python", default=str(DEFAULT_BENCH_PYTHON),
-                        help="python of the venv with pipeline-dp (default benchmarks/.venv-bench/bin/python)")
+    parser.add_argument(
+        "--bench-python",
+        default=str(DEFAULT_BENCH_PYTHON),
+        help="python of the venv with pipeline-dp (default benchmarks/.venv-bench/bin/python)",
+    )
     parser.add_argument("--no-pipelinedp", action="store_true", help="skip the PipelineDP comparison")
-    parser.add_argument("--pipelinedp-backend", choices=["beam", "local"], default="beam",
-                        help="PipelineDP's backend: beam (DirectRunner, the default) or local")
+    parser.add_argument(
+        "--pipelinedp-backend",
+        choices=["beam", "local"],
+        default="beam",
+        help="PipelineDP's backend: beam (DirectRunner, the default) or local",
+    )
     parser.add_argument("--pipelinedp-repeats", type=int, default=1, help="PipelineDP runs (median reported)")
-    parser.add_argument("--partition-delta", type=float, default=0.0,
-                        help="> 0: keys not known in advance on both sides (dp_group_by_mean's partition_selection, "
-                             "PipelineDP's private partitions) at this delta; MAE over the keys each released")
-    parser.add_argument("--mean-form", choices=list(MEAN_FORMS), default=CENTRED_MEAN,
-                        help="dp_group_by_mean's mean_form (default centred; sage: the paper's form)")
+    parser.add_argument(
+        "--partition-delta",
+        type=float,
+        default=0.0,
+        help="> 0: keys not known in advance on both sides (dp_group_by_mean's partition_selection, "
+        "PipelineDP's private partitions) at this delta; MAE over the keys each released",
+    )
+    parser.add_argument(
+        "--mean-form",
+        choices=list(MEAN_FORMS),
+        default=CENTRED_MEAN,
+        help="dp_group_by_mean's mean_form (default centred; sage: the paper's form)",
+    )
 
 
 def _log(message):
@@ -127,15 +145,25 @@ def _preprocessing_fns(nkeys, epsilon, value_range, mean_form, partition_delta=0
     from sage_tfx.transform import dp_group_by_mean
 
     def dp_fn(inputs):
-        return {"key": inputs["key"],
-                "mean": dp_group_by_mean(inputs["key"], inputs["speed"], nkeys, epsilon, value_range,
-                                         mean_form=mean_form)}
+        return {
+            "key": inputs["key"],
+            "mean": dp_group_by_mean(inputs["key"], inputs["speed"], nkeys, epsilon, value_range, mean_form=mean_form),
+        }
 
     def selected_fn(inputs):  # keys not known in advance: a key not released gets the fallback (NaN-free: -1)
-        return {"key": inputs["key"],
-                "mean": dp_group_by_mean(inputs["key"], inputs["speed"], None, epsilon, value_range,
-                                         mean_form=mean_form, partition_selection=partition_delta,
-                                         fallback=UNRELEASED)}
+        return {
+            "key": inputs["key"],
+            "mean": dp_group_by_mean(
+                inputs["key"],
+                inputs["speed"],
+                None,
+                epsilon,
+                value_range,
+                mean_form=mean_form,
+                partition_selection=partition_delta,
+                fallback=UNRELEASED,
+            ),
+        }
 
     if partition_delta:
         dp_fn = selected_fn
@@ -155,8 +183,9 @@ def _preprocessing_fns(nkeys, epsilon, value_range, mean_form, partition_delta=0
         key = tf.reshape(inputs["key"], [-1])
         speed = tf.reshape(inputs["speed"], [-1])
         speed = tf.clip_by_value(tf.where(tf.math.is_nan(speed), tf.zeros_like(speed), speed), 0.0, value_range)
-        counts = tft.sum(tf.math.unsorted_segment_sum(tf.ones_like(speed), key, nkeys)[None, :],
-                         reduce_instance_dims=False)
+        counts = tft.sum(
+            tf.math.unsorted_segment_sum(tf.ones_like(speed), key, nkeys)[None, :], reduce_instance_dims=False
+        )
         sums = tft.sum(tf.math.unsorted_segment_sum(speed, key, nkeys)[None, :], reduce_instance_dims=False)
         means = tf.clip_by_value(sums / tf.maximum(counts, 1.0), 0.0, value_range)
         return {"key": inputs["key"], "mean": tf.gather(means, key)}
@@ -169,8 +198,9 @@ def _run_tft(preprocessing_fn, args, n_batches, run_id):
     import tensorflow as tf
 
     spec = {"key": tf.io.FixedLenFeature([], tf.int64), "speed": tf.io.FixedLenFeature([], tf.float32)}
-    make_batch = functools.partial(_record_batch, rows=args.rows, nkeys=args.keys, seed=args.seed,
-                                   batch_rows=args.batch_rows)
+    make_batch = functools.partial(
+        _record_batch, rows=args.rows, nkeys=args.keys, seed=args.seed, batch_rows=args.batch_rows
+    )
     return harness.run_tft(preprocessing_fn, spec, make_batch, n_batches, _key_values, _merge, run_id)
 
 
@@ -203,8 +233,14 @@ def expected_mae(counts, sums, exact_means, value_range, release, trials, seed=0
     shifted = sums - release.shift * counts
     errors = []
     for trial in range(trials):
-        dp_counts, dp_sums = add_laplace([counts, shifted], release.scales, seed=seed + trial, stream="bench",
-                                         sensitivities=release.sensitivities, cells=[1, 1])
+        dp_counts, dp_sums = add_laplace(
+            [counts, shifted],
+            release.scales,
+            seed=seed + trial,
+            stream="bench",
+            sensitivities=release.sensitivities,
+            cells=[1, 1],
+        )
         means = guarded_mean(dp_sums, dp_counts, value_range, shift=release.shift)
         errors.append(np.mean(np.abs(means[present] - exact_means[present])))
     return float(np.mean(errors))
@@ -228,9 +264,21 @@ def paired_mae_ratio(counts, sums, exact_means, value_range, ours, theirs, trial
 
 
 def _run_pipelinedp_once(args, data):
-    cmd = [str(args.bench_python), str(PIPELINEDP_SCRIPT), data, "--keys", str(args.keys),
-           "--epsilon", repr(args.epsilon), "--value-range", repr(args.value_range),
-           "--backend", args.pipelinedp_backend, "--partition-delta", repr(args.partition_delta)]
+    cmd = [
+        str(args.bench_python),
+        str(PIPELINEDP_SCRIPT),
+        data,
+        "--keys",
+        str(args.keys),
+        "--epsilon",
+        repr(args.epsilon),
+        "--value-range",
+        repr(args.value_range),
+        "--backend",
+        args.pipelinedp_backend,
+        "--partition-delta",
+        repr(args.partition_delta),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
@@ -281,16 +329,19 @@ def run(args):
 
     if not 0.0 <= args.partition_delta < 1.0:
         raise SystemExit(f"--partition-delta must be in [0, 1), got {args.partition_delta}")
-    dp_fn, plain_fn, segment_fn = _preprocessing_fns(args.keys, args.epsilon, args.value_range, args.mean_form,
-                                                     args.partition_delta)
+    dp_fn, plain_fn, segment_fn = _preprocessing_fns(
+        args.keys, args.epsilon, args.value_range, args.mean_form, args.partition_delta
+    )
     n_batches = len(pieces)
     _log("warm-up run of both pipelines on one batch")
     _run_tft(plain_fn, args, 1, "warm-plain")
     _run_tft(dp_fn, args, 1, "warm-dp")
     _run_tft(segment_fn, args, 1, "warm-segment")
 
-    runs = [(label, functools.partial(_run_tft, fn, args, n_batches))
-            for label, fn in (("dp", dp_fn), ("baseline", plain_fn), ("segment", segment_fn))]
+    runs = [
+        (label, functools.partial(_run_tft, fn, args, n_batches))
+        for label, fn in (("dp", dp_fn), ("baseline", plain_fn), ("segment", segment_fn))
+    ]
     _log(f"{args.repeats} repeats of each pipeline over {args.rows} rows, rotating the order")
     results = harness.alternate(runs, args.repeats, "group-by-mean")
     times = {label: [seconds for seconds, _ in done] for label, done in results.items()}
@@ -316,9 +367,14 @@ def run(args):
         "segment_baseline_seconds": round(segment_seconds, 3),
         "ratio_vs_segment_baseline": round(dp_seconds / segment_seconds, 3),
         "dp_mae": statistics.mean(maes["dp"]),
-        "dp_mae_expected": expected_mae(counts, sums, exact_means, args.value_range,
-                                        mean_release(args.epsilon, args.value_range, args.mean_form),
-                                        args.noise_trials),
+        "dp_mae_expected": expected_mae(
+            counts,
+            sums,
+            exact_means,
+            args.value_range,
+            mean_release(args.epsilon, args.value_range, args.mean_form),
+            args.noise_trials,
+        ),
         "baseline_mae": max(maes["baseline"] + maes["segment"]),  # float32 rounding only: exact means
     }
     if not args.no_pipelinedp:
@@ -337,11 +393,23 @@ def _add_pipelinedp(figures, args, keys, speeds, exact, dp_seconds):
         figures["mae_ratio_vs_pipelinedp_measured"] = round(figures["dp_mae"] / figures["pipelinedp_mae"], 4)
     if "pipelinedp_seconds" in figures and not args.partition_delta:
         figures["pipelinedp_mae_expected"] = expected_mae(
-            counts, sums, exact_means, args.value_range, pipelinedp_release(args.epsilon, args.value_range),
-            args.noise_trials)
-        figures["mae_ratio_vs_pipelinedp"] = round(figures["dp_mae_expected"]
-                                                   / figures["pipelinedp_mae_expected"], 4)
-        figures["mae_ratio_vs_pipelinedp_paired"] = round(paired_mae_ratio(
-            counts, sums, exact_means, args.value_range, mean_release(args.epsilon, args.value_range,
-                                                                      args.mean_form),
-            pipelinedp_release(args.epsilon, args.value_range), 10 * args.noise_trials), 4)
+            counts,
+            sums,
+            exact_means,
+            args.value_range,
+            pipelinedp_release(args.epsilon, args.value_range),
+            args.noise_trials,
+        )
+        figures["mae_ratio_vs_pipelinedp"] = round(figures["dp_mae_expected"] / figures["pipelinedp_mae_expected"], 4)
+        figures["mae_ratio_vs_pipelinedp_paired"] = round(
+            paired_mae_ratio(
+                counts,
+                sums,
+                exact_means,
+                args.value_range,
+                mean_release(args.epsilon, args.value_range, args.mean_form),
+                pipelinedp_release(args.epsilon, args.value_range),
+                10 * args.noise_trials,
+            ),
+            4,
+        )

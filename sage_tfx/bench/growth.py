@@ -14,6 +14,7 @@ PMWG: ``--queries-per-block`` random range-count queries over fare x miles (a de
 arrival; error against ``pmw_per_epoch`` (baseline): a fresh static PMW per BBScheduler epoch (same epsilon_i
 schedule) on the epoch-start snapshot. Figures: per-t median errors over ``--trials`` seeds and mean ratios.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,9 +43,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hard-budget", type=int, default=20, help="PMWG hard queries k (default 20)")
     parser.add_argument("--trials", type=int, default=3, help="noise seeds (default 3)")
     parser.add_argument("--plot", default=DEFAULT_PLOT, help=f"PNG to write ('' for none; default {DEFAULT_PLOT})")
-    parser.add_argument("--ermg", action="store_true",
-                        help="instead: ERMG (private logistic regression re-run on growth) under BBImprover and "
-                             "BBScheduler vs a run at every block, on the REAL taxi big-tipper task (Theorem 12)")
+    parser.add_argument(
+        "--ermg",
+        action="store_true",
+        help="instead: ERMG (private logistic regression re-run on growth) under BBImprover and "
+        "BBScheduler vs a run at every block, on the REAL taxi big-tipper task (Theorem 12)",
+    )
 
 
 def taxi_rows(blocks: int, rows: int) -> list[np.ndarray]:
@@ -54,14 +58,16 @@ def taxi_rows(blocks: int, rows: int) -> list[np.ndarray]:
     table = load_taxi().sort_by(TIME_COLUMN)
     need = blocks * rows
     if need > table.num_rows:
-        raise SystemExit(f"--blocks {blocks} x --rows-per-block {rows} = {need} rows: the taxi data has only "
-                         f"{table.num_rows}; lower one of them")
+        raise SystemExit(
+            f"--blocks {blocks} x --rows-per-block {rows} = {need} rows: the taxi data has only "
+            f"{table.num_rows}; lower one of them"
+        )
 
     def col(name, cap):
         return np.clip(np.nan_to_num(np.asarray(table.column(name).to_pylist()[:need], dtype=np.float64)), 0, cap)
 
     x = np.stack([col("fare", FARE_MAX), col("trip_miles", MILES_MAX)], axis=1)
-    return [x[i * rows:(i + 1) * rows] for i in range(blocks)]
+    return [x[i * rows : (i + 1) * rows] for i in range(blocks)]
 
 
 def _check(args):
@@ -123,8 +129,9 @@ def run(args: argparse.Namespace) -> dict:
     err = {v: np.zeros((args.trials, T)) for v in VARIANTS}
     pm_err = {v: np.zeros((args.trials, T)) for v in ("pmwg", "pmw_per_epoch")}
     setup = {
-        "uni": Universe(columns=("fare", "trip_miles"),
-                        edges=(np.linspace(0, FARE_MAX, 11), np.linspace(0, MILES_MAX, 7))),
+        "uni": Universe(
+            columns=("fare", "trip_miles"), edges=(np.linspace(0, FARE_MAX, 11), np.linspace(0, MILES_MAX, 7))
+        ),
         "pm_params": PMWGParams(epsilon=args.epsilon, hard_budget=args.hard_budget),
         "sched": BBScheduler(SchedulerParams(epsilon=args.epsilon, gamma=args.gamma)),
         "impr": BBImprover(ImproverParams(epsilon=args.epsilon, delta=args.delta, a=args.a)),
@@ -158,8 +165,9 @@ def _mean_mechanism(m: int):
     return mean_mech
 
 
-def _run_trial(args: argparse.Namespace, trial: int, tmp: str, data: list, truth: np.ndarray, setup: dict,
-               err: dict, pm_err: dict) -> tuple[bool, dict]:
+def _run_trial(
+    args: argparse.Namespace, trial: int, tmp: str, data: list, truth: np.ndarray, setup: dict, err: dict, pm_err: dict
+) -> tuple[bool, dict]:
     """One trial on a fresh ledger: fills row ``trial`` of ``err``/``pm_err``; returns (audit ok, charges)."""
     from sage_tfx.privacy.randomness import secure_rng
     from sage_tfx.release.growth import PMWG, ScheduledRelease
@@ -190,12 +198,14 @@ def _run_trial(args: argparse.Namespace, trial: int, tmp: str, data: list, truth
         pm_err["pmwg"][trial, t - 1] = np.mean([abs(pm.query(w).answer - pm.true_answer(w)) for w in queries])
         plan = sched.run_at(t)
         if plan is not None:  # a new epoch of the baseline: fresh PMW on the snapshot at epsilon_i
-            epoch_pmw = StaticPMW(pm.counts.copy(), pm.n, plan[1], args.hard_budget, pm_params.threshold,
-                                  pm_params.eta, rng)
-        pm_err["pmw_per_epoch"][trial, t - 1] = np.mean(
-            [abs(epoch_pmw.query(w) - pm.true_answer(w)) for w in queries])
+            epoch_pmw = StaticPMW(
+                pm.counts.copy(), pm.n, plan[1], args.hard_budget, pm_params.threshold, pm_params.eta, rng
+            )
+        pm_err["pmw_per_epoch"][trial, t - 1] = np.mean([abs(epoch_pmw.query(w) - pm.true_answer(w)) for w in queries])
     ok = bool(ledger.audit().ok)
-    spent = {s_: {round(b["epsilon_spent"], 9) for b in ledger.status(s_)["blocks"]} for s_ in ("sched", "impr", "pmwg")}
+    spent = {
+        s_: {round(b["epsilon_spent"], 9) for b in ledger.status(s_)["blocks"]} for s_ in ("sched", "impr", "pmwg")
+    }
     ledger.close()
     return ok, spent
 
@@ -207,27 +217,44 @@ def _queries(uni, qrng: np.random.Generator, count: int) -> list:
     queries = []
     for _ in range(count):
         lo_f, lo_m = qrng.uniform(0, 0.6, size=2)
-        queries.append(count_query(uni, lambda c, f=lo_f, g=lo_m: (
-            (c[:, 0] / FARE_MAX >= f) & (c[:, 0] / FARE_MAX < f + 0.4)
-            & (c[:, 1] / MILES_MAX >= g) & (c[:, 1] / MILES_MAX < g + 0.4)) | (f > 0.59)))
+        queries.append(
+            count_query(
+                uni,
+                lambda c, f=lo_f, g=lo_m: (
+                    (
+                        (c[:, 0] / FARE_MAX >= f)
+                        & (c[:, 0] / FARE_MAX < f + 0.4)
+                        & (c[:, 1] / MILES_MAX >= g)
+                        & (c[:, 1] / MILES_MAX < g + 0.4)
+                    )
+                    | (f > 0.59)
+                ),
+            )
+        )
     return queries
 
 
-def _figures(args: argparse.Namespace, med: dict, pmed: dict, sched, charged: dict, audit_ok: list,
-             began: float) -> dict:
+def _figures(
+    args: argparse.Namespace, med: dict, pmed: dict, sched, charged: dict, audit_ok: list, began: float
+) -> dict:
     """The benchmark's figures from the median errors over the trials (``med``, ``pmed``: by variant)."""
     T, m = args.blocks, args.rows_per_block
     q = max(1, T // 4)
     return {
         "data": f"REAL taxi trips: {T} blocks x {m} rows (time order); mean of fare/100; PMWG over fare x miles",
-        "epsilon": args.epsilon, "delta": args.delta, "gamma": args.gamma, "a": args.a, "trials": args.trials,
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "gamma": args.gamma,
+        "a": args.a,
+        "trials": args.trials,
         "scheduler_runs": [t for t in range(1, T + 1) if sched.run_at(t)],
         "median_abs_error_by_t": {v: [round(float(e), 6) for e in med[v]] for v in VARIANTS},
         "mean_abs_error": {v: float(np.mean(med[v])) for v in VARIANTS},
         "last_quarter_error": {v: float(np.mean(med[v][-q:])) for v in VARIANTS},
         "naive_every_over_bbscheduler": float(np.mean(med["naive_every"]) / np.mean(med["bbscheduler"])),
-        "naive_every_over_bbimprover_last_quarter": float(np.mean(med["naive_every"][-q:]) /
-                                                          np.mean(med["bbimprover"][-q:])),
+        "naive_every_over_bbimprover_last_quarter": float(
+            np.mean(med["naive_every"][-q:]) / np.mean(med["bbimprover"][-q:])
+        ),
         "naive_once_over_bbscheduler": float(np.mean(med["naive_once"]) / np.mean(med["bbscheduler"])),
         "pmwg_error_by_t": [round(float(e), 6) for e in pmed["pmwg"]],
         "pmw_per_epoch_error_by_t": [round(float(e), 6) for e in pmed["pmw_per_epoch"]],
@@ -236,6 +263,7 @@ def _figures(args: argparse.Namespace, med: dict, pmed: dict, sched, charged: di
         "audit_ok": all(audit_ok),
         "seconds": round(time.time() - began, 1),
     }
+
 
 def plot(med: dict, pmed: dict, figures: dict, path: str) -> None:
     import matplotlib

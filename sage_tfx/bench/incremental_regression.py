@@ -21,6 +21,7 @@ nodes), so quote the mean, median and second-half figures, not only the value at
 over ``--seeds`` noise seeds. Data: the real Chicago taxi rows (``sage_tfx.data.taxi``, 15k trips: fare ~ trip
 miles, seconds and hour), or ``--data generated``: GENERATED Gaussian rows with a linear model (say so when quoting).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,8 +34,10 @@ import numpy as np
 
 DEFAULT_PLOT = os.path.join("docs", "img", "incremental_regression.png")
 GENERATED = "GENERATED rows: x ~ N(0, I/4) in 4 dimensions, y = x theta* + N(0, 0.1^2), theta* fixed"
-TAXI = ("real Chicago taxi trips (sage_tfx.data.taxi 'simple', time order): "
-        "fare/50 ~ [1/2, miles/40, seconds/7200, hour/46]")
+TAXI = (
+    "real Chicago taxi trips (sage_tfx.data.taxi 'simple', time order): "
+    "fare/50 ~ [1/2, miles/40, seconds/7200, hour/46]"
+)
 BOUND_X, BOUND_Y, RADIUS = 1.0, 1.0, 4.0
 
 
@@ -46,8 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data", choices=("taxi", "generated"), default="taxi", help="taxi (real) or generated rows")
     parser.add_argument("--rows", type=int, default=0, help="use only the first ROWS rows (0: all; generated: 12000)")
     parser.add_argument("--iterations", type=int, default=200, help="projected-gradient steps per tree release")
-    parser.add_argument("--ridge", action="store_true",
-                        help="the tree descends on Q_t + lambda_t I (incremental_regression.noise_ridge)")
+    parser.add_argument(
+        "--ridge",
+        action="store_true",
+        help="the tree descends on Q_t + lambda_t I (incremental_regression.noise_ridge)",
+    )
     parser.add_argument("--plot", default=DEFAULT_PLOT, help=f"PNG to write ('' for none; default {DEFAULT_PLOT})")
 
 
@@ -82,11 +88,19 @@ def load_rows(data: str, rows: int) -> tuple[np.ndarray, np.ndarray, str]:
     from sage_tfx.data.taxi import load_taxi
 
     table = load_taxi().sort_by("trip_start_timestamp")
-    cols = {c: table.column(c).to_numpy(zero_copy_only=False).astype(float)
-            for c in ("fare", "trip_miles", "trip_seconds", "trip_start_hour")}
+    cols = {
+        c: table.column(c).to_numpy(zero_copy_only=False).astype(float)
+        for c in ("fare", "trip_miles", "trip_seconds", "trip_start_hour")
+    }
     keep = np.all([np.isfinite(v) for v in cols.values()], axis=0)
-    x = np.column_stack([np.full(keep.sum(), 0.5), cols["trip_miles"][keep] / 40.0,
-                         cols["trip_seconds"][keep] / 7200.0, cols["trip_start_hour"][keep] / 46.0])
+    x = np.column_stack(
+        [
+            np.full(keep.sum(), 0.5),
+            cols["trip_miles"][keep] / 40.0,
+            cols["trip_seconds"][keep] / 7200.0,
+            cols["trip_start_hour"][keep] / 46.0,
+        ]
+    )
     y = cols["fare"][keep] / 50.0
     if rows:
         x, y = x[:rows], y[:rows]
@@ -111,14 +125,23 @@ def _risk(xtx, xty, yty, theta):
     return float(theta @ xtx @ theta - 2.0 * theta @ xty + yty)
 
 
-def one_horizon(x, y, horizon: int, epsilon: float, delta: float, seed: int, iterations: int,
-                ridge: bool = False) -> dict:
+def one_horizon(
+    x, y, horizon: int, epsilon: float, delta: float, seed: int, iterations: int, ridge: bool = False
+) -> dict:
     """Per-arrival excess risks of the tree and of the re-run baseline on one split into ``horizon`` blocks."""
     from sage_tfx.privacy import adassp
     from sage_tfx.release.incremental_regression import IncrementalRegressionParams, TreeRegressor
 
-    params = IncrementalRegressionParams(horizon=horizon, epsilon=epsilon, delta=delta, bound_x=BOUND_X,
-                                         bound_y=BOUND_Y, radius=RADIUS, iterations=iterations, ridge=ridge)
+    params = IncrementalRegressionParams(
+        horizon=horizon,
+        epsilon=epsilon,
+        delta=delta,
+        bound_x=BOUND_X,
+        bound_y=BOUND_Y,
+        radius=RADIUS,
+        iterations=iterations,
+        ridge=ridge,
+    )
     eps_run, delta_run = rerun_budget(epsilon, delta, horizon)
     tree = TreeRegressor(params, x.shape[1])
     xc, yc = adassp.clip_rows(x, BOUND_X), adassp.clip_labels(y, BOUND_Y)
@@ -130,13 +153,19 @@ def one_horizon(x, y, horizon: int, epsilon: float, delta: float, seed: int, ite
         bx, by = xc[rows], yc[rows]
         xtx, xty, yty, n = xtx + bx.T @ bx, xty + bx.T @ by, yty + float(by @ by), n + bx.shape[0]
         theta_tree = tree.add(bx, by, seed * 1_000_003 + t)
-        theta_rerun = adassp.release(xtx, xty, eps_run, delta_run, BOUND_X, BOUND_Y, calibration="exact",
-                                     rng=seed * 1_000_003 + 500_000 + t).theta
+        theta_rerun = adassp.release(
+            xtx, xty, eps_run, delta_run, BOUND_X, BOUND_Y, calibration="exact", rng=seed * 1_000_003 + 500_000 + t
+        ).theta
         best = _risk(xtx, xty, yty, np.linalg.lstsq(xtx, xty, rcond=None)[0])
         tree_excess.append((_risk(xtx, xty, yty, theta_tree) - best) / max(n, 1))
         rerun_excess.append((_risk(xtx, xty, yty, theta_rerun) - best) / max(n, 1))
-    return {"tree": tree_excess, "rerun": rerun_excess, "tree_multiplier": params.noise_multiplier,
-            "rerun_epsilon_per_run": eps_run, "rows_per_block": float(x.shape[0]) / horizon}
+    return {
+        "tree": tree_excess,
+        "rerun": rerun_excess,
+        "tree_multiplier": params.noise_multiplier,
+        "rerun_epsilon_per_run": eps_run,
+        "rows_per_block": float(x.shape[0]) / horizon,
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -147,35 +176,58 @@ def run(args: argparse.Namespace) -> dict:
     started = time.time()
     results = []
     for horizon in horizons:
-        runs = [one_horizon(x, y, horizon, args.epsilon, args.delta, seed, args.iterations, args.ridge)
-                for seed in range(args.seeds)]
+        runs = [
+            one_horizon(x, y, horizon, args.epsilon, args.delta, seed, args.iterations, args.ridge)
+            for seed in range(args.seeds)
+        ]
         tree_mean = float(np.mean([np.mean(r["tree"]) for r in runs]))
         rerun_mean = float(np.mean([np.mean(r["rerun"]) for r in runs]))
         tree_final = float(np.mean([r["tree"][-1] for r in runs]))
         rerun_final = float(np.mean([r["rerun"][-1] for r in runs]))
         tree_t = np.mean([r["tree"] for r in runs], axis=0)  # per-arrival excess, averaged over seeds
         rerun_t = np.mean([r["rerun"] for r in runs], axis=0)
-        results.append({
-            "tree_excess_median": float(np.median(tree_t)), "rerun_excess_median": float(np.median(rerun_t)),
-            "tree_better_fraction": float(np.mean(tree_t < rerun_t)),
-            "tree_excess_second_half": float(np.mean(tree_t[horizon // 2:])),
-            "rerun_excess_second_half": float(np.mean(rerun_t[horizon // 2:])),
-            "tree_excess_by_t": [float(v) for v in tree_t], "rerun_excess_by_t": [float(v) for v in rerun_t],
-            "horizon": horizon, "rows_per_block": runs[0]["rows_per_block"],
-            "tree_noise_multiplier": runs[0]["tree_multiplier"],
-            "rerun_epsilon_per_run": runs[0]["rerun_epsilon_per_run"],
-            "tree_excess_mean": tree_mean, "rerun_excess_mean": rerun_mean,
-            "tree_excess_final": tree_final, "rerun_excess_final": rerun_final,
-            "ratio_mean_rerun_over_tree": rerun_mean / tree_mean if tree_mean > 0 else float("inf"),
-            "ratio_final_rerun_over_tree": rerun_final / tree_final if tree_final > 0 else float("inf"),
-        })
-        print(f"T={horizon}: excess risk per row, mean over t: tree {tree_mean:.3g}, rerun {rerun_mean:.3g} "
-              f"(rerun/tree {results[-1]['ratio_mean_rerun_over_tree']:.3g})", file=sys.stderr, flush=True)
-    figures = {"data": description, "rows": int(x.shape[0]), "epsilon": args.epsilon, "delta": args.delta,
-               "seeds": args.seeds, "ridge": args.ridge, "bound_x": BOUND_X, "bound_y": BOUND_Y, "radius": RADIUS,
-               "baseline": "rerun (AdaSSP on blocks 1..t at every arrival, budget split over T runs by RDP)",
-               "metric": "excess empirical risk per row vs non-private least squares on the same clipped rows",
-               "horizons": results, "seconds": round(time.time() - started, 1)}
+        results.append(
+            {
+                "tree_excess_median": float(np.median(tree_t)),
+                "rerun_excess_median": float(np.median(rerun_t)),
+                "tree_better_fraction": float(np.mean(tree_t < rerun_t)),
+                "tree_excess_second_half": float(np.mean(tree_t[horizon // 2 :])),
+                "rerun_excess_second_half": float(np.mean(rerun_t[horizon // 2 :])),
+                "tree_excess_by_t": [float(v) for v in tree_t],
+                "rerun_excess_by_t": [float(v) for v in rerun_t],
+                "horizon": horizon,
+                "rows_per_block": runs[0]["rows_per_block"],
+                "tree_noise_multiplier": runs[0]["tree_multiplier"],
+                "rerun_epsilon_per_run": runs[0]["rerun_epsilon_per_run"],
+                "tree_excess_mean": tree_mean,
+                "rerun_excess_mean": rerun_mean,
+                "tree_excess_final": tree_final,
+                "rerun_excess_final": rerun_final,
+                "ratio_mean_rerun_over_tree": rerun_mean / tree_mean if tree_mean > 0 else float("inf"),
+                "ratio_final_rerun_over_tree": rerun_final / tree_final if tree_final > 0 else float("inf"),
+            }
+        )
+        print(
+            f"T={horizon}: excess risk per row, mean over t: tree {tree_mean:.3g}, rerun {rerun_mean:.3g} "
+            f"(rerun/tree {results[-1]['ratio_mean_rerun_over_tree']:.3g})",
+            file=sys.stderr,
+            flush=True,
+        )
+    figures = {
+        "data": description,
+        "rows": int(x.shape[0]),
+        "epsilon": args.epsilon,
+        "delta": args.delta,
+        "seeds": args.seeds,
+        "ridge": args.ridge,
+        "bound_x": BOUND_X,
+        "bound_y": BOUND_Y,
+        "radius": RADIUS,
+        "baseline": "rerun (AdaSSP on blocks 1..t at every arrival, budget split over T runs by RDP)",
+        "metric": "excess empirical risk per row vs non-private least squares on the same clipped rows",
+        "horizons": results,
+        "seconds": round(time.time() - started, 1),
+    }
     if args.plot:
         figures["plot"] = write_plot(args.plot, results, description, args.epsilon, args.delta)
     return figures
@@ -206,8 +258,7 @@ def write_plot(path: str, results: list[dict], description: str, epsilon: float,
     ax.set_yscale("log")
     ax.set_xlabel("horizon T (blocks; same rows split finer)")
     ax.set_ylabel("excess empirical risk per row")
-    ax.set_title(f"Incremental regression, eps={epsilon:g}, delta={delta:g} per block\n{description[:70]}",
-                 fontsize=9)
+    ax.set_title(f"Incremental regression, eps={epsilon:g}, delta={delta:g} per block\n{description[:70]}", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)

@@ -1,4 +1,5 @@
 """Ingest rows/s on GENERATED taxi-like data vs a plain Beam read-encode-write of the same records."""
+
 import os
 import shutil
 import sys
@@ -25,10 +26,13 @@ def _baseline(path, out_dir, schema):
 
     ReadBatches, _ = _dofns()
     with beam.Pipeline(options=beam_options([])) as p:
-        _ = (p | beam.Create([path])
-             | beam.ParDo(ReadBatches({path: "csv"}, schema, 65536))
-             | beam.FlatMap(lambda batch: encode(batch, schema))
-             | beam.io.WriteToTFRecord(os.path.join(out_dir, "part"), file_name_suffix=".tfrecord.gz"))
+        _ = (
+            p
+            | beam.Create([path])
+            | beam.ParDo(ReadBatches({path: "csv"}, schema, 65536))
+            | beam.FlatMap(lambda batch: encode(batch, schema))
+            | beam.io.WriteToTFRecord(os.path.join(out_dir, "part"), file_name_suffix=".tfrecord.gz")
+        )
 
 
 def run(args):
@@ -49,14 +53,35 @@ def run(args):
 
         # Warm-up pays one-time costs (imports, encoder set-up) for both paths.
         _baseline(warm, os.path.join(work, "warm-out"), schema)
-        ingest(db, "warm", warm, os.path.join(work, "data"), time_column="trip_start_timestamp", window="1d",
-               progress=False)
-        base_s = _timed("baseline (read + encode + Beam WriteToTFRecord)",
-                       lambda: _baseline(path, os.path.join(work, "baseline-out"), schema))
+        ingest(
+            db,
+            "warm",
+            warm,
+            os.path.join(work, "data"),
+            time_column="trip_start_timestamp",
+            window="1d",
+            progress=False,
+        )
+        base_s = _timed(
+            "baseline (read + encode + Beam WriteToTFRecord)",
+            lambda: _baseline(path, os.path.join(work, "baseline-out"), schema),
+        )
         result = {}
-        ingest_s = _timed("sage ingest (blocks + commit + ledger)", lambda: result.update(ingest(
-            db, "bench", path, os.path.join(work, "data"), time_column="trip_start_timestamp", window="1d",
-            progress=False, allow_duplicate_of=("warm",))))  # the warm-up's rows may repeat the first days
+        ingest_s = _timed(
+            "sage ingest (blocks + commit + ledger)",
+            lambda: result.update(
+                ingest(
+                    db,
+                    "bench",
+                    path,
+                    os.path.join(work, "data"),
+                    time_column="trip_start_timestamp",
+                    window="1d",
+                    progress=False,
+                    allow_duplicate_of=("warm",),
+                )
+            ),
+        )  # the warm-up's rows may repeat the first days
         with Ledger.open(db) as ledger:
             registered = sum(ledger.private_row_count("bench", b.id) for b in ledger.blocks("bench"))
         if registered != args.rows:

@@ -19,6 +19,7 @@ write's before it returns, ``commit`` every write's before it returns, ``group``
 per interval; each writer makes its last head durable inside its timed span. What ``use`` and ``group``
 give up is in docs/security.md.
 """
+
 import json
 import multiprocessing
 import os
@@ -39,26 +40,59 @@ GOAL_RATIO = 0.5
 
 
 def add_arguments(parser):
-    parser.add_argument("--grants", type=int, default=400,
-                        help="grants (and baseline transactions) per measurement, split among the writers")
+    parser.add_argument(
+        "--grants",
+        type=int,
+        default=400,
+        help="grants (and baseline transactions) per measurement, split among the writers",
+    )
     parser.add_argument("--blocks", type=int, default=32, help="blocks per grant (rows per baseline transaction)")
     parser.add_argument("--writers", default="1,4", help="comma-separated writer process counts")
     parser.add_argument("--repeats", type=int, default=3, help="alternating ledger/baseline runs per writer count")
-    parser.add_argument("--db-dir", default=None,
-                        help="directory for the databases (default: a fresh temporary directory)")
-    parser.add_argument("--choose-blocks", type=int, default=1400, metavar="N",
-                        help="blocks in the stream for the choose_blocks figure (0: skip it)")
-    parser.add_argument("--growth-blocks", type=int, default=100_000, metavar="N",
-                        help="blocks in the old stream for the add_blocks figure (0: skip it)")
-    parser.add_argument("--growth-batch", type=int, default=1000, metavar="N",
-                        help="blocks per timed add_blocks call for the add_blocks figure")
-    parser.add_argument("--storage-samples", type=int, default=50, metavar="N",
-                        help="fsync'd page writes and head-file writes timed for the storage note (0: skip it)")
-    parser.add_argument("--head-sync", default="use,commit,group", metavar="MODES",
-                        help="comma-separated head-file sync modes to measure the grants in (head_file.HeadSync: use, "
-                             "the default mode, commit and group); the first is the headline")
-    parser.add_argument("--postgres", default=None, metavar="URL",
-                        help="also measure against a PostgreSQL database (tables are added to it)")
+    parser.add_argument(
+        "--db-dir", default=None, help="directory for the databases (default: a fresh temporary directory)"
+    )
+    parser.add_argument(
+        "--choose-blocks",
+        type=int,
+        default=1400,
+        metavar="N",
+        help="blocks in the stream for the choose_blocks figure (0: skip it)",
+    )
+    parser.add_argument(
+        "--growth-blocks",
+        type=int,
+        default=100_000,
+        metavar="N",
+        help="blocks in the old stream for the add_blocks figure (0: skip it)",
+    )
+    parser.add_argument(
+        "--growth-batch",
+        type=int,
+        default=1000,
+        metavar="N",
+        help="blocks per timed add_blocks call for the add_blocks figure",
+    )
+    parser.add_argument(
+        "--storage-samples",
+        type=int,
+        default=50,
+        metavar="N",
+        help="fsync'd page writes and head-file writes timed for the storage note (0: skip it)",
+    )
+    parser.add_argument(
+        "--head-sync",
+        default="use,commit,group",
+        metavar="MODES",
+        help="comma-separated head-file sync modes to measure the grants in (head_file.HeadSync: use, "
+        "the default mode, commit and group); the first is the headline",
+    )
+    parser.add_argument(
+        "--postgres",
+        default=None,
+        metavar="URL",
+        help="also measure against a PostgreSQL database (tables are added to it)",
+    )
 
 
 # ------------------------------------------------------------------ workers (run in spawned processes)
@@ -110,10 +144,13 @@ def _pg_connect(url):
     import pg8000.dbapi
 
     u = urllib.parse.urlparse(check_location(url))
-    return pg8000.dbapi.connect(user=urllib.parse.unquote(u.username or "postgres"),
-                                password=postgres_password(url),  # PGPASSWORD or a libpq password file
-                                host=u.hostname or "127.0.0.1", port=u.port or 5432,
-                                database=(u.path or "/postgres").lstrip("/") or "postgres")
+    return pg8000.dbapi.connect(
+        user=urllib.parse.unquote(u.username or "postgres"),
+        password=postgres_password(url),  # PGPASSWORD or a libpq password file
+        host=u.hostname or "127.0.0.1",
+        port=u.port or 5432,
+        database=(u.path or "/postgres").lstrip("/") or "postgres",
+    )
 
 
 def _timed(target, writers, total, args):
@@ -206,24 +243,35 @@ def _measure(pair, location, args, writer_counts, label):
         runs = []
         for r in range(args.repeats):
             run_id = uuid.uuid4().hex[:12]
-            grants, baseline, audit_ok, (grant_cpu, baseline_cpu) = pair(location, blocks, args.grants, writers,
-                                                                         run_id)
-            runs.append({"grants_per_second": round(grants, 2), "baseline_transactions_per_second": round(baseline, 2),
-                         "ratio": round(grants / baseline, 3), "audit_ok": audit_ok,
-                         "cpu_ms_per_grant": round(grant_cpu, 4),
-                         "baseline_cpu_ms_per_transaction": round(baseline_cpu, 4)})
-            print(f"[bench ledger] {label}, {writers} writer(s), run {r + 1}/{args.repeats}: "
-                  f"{grants:.1f} grants/s vs {baseline:.1f} baseline transactions/s "
-                  f"(ratio {grants / baseline:.3f}; CPU {grant_cpu:.3f} ms per grant vs {baseline_cpu:.3f} ms per "
-                  "transaction)", file=sys.stderr, flush=True)
+            grants, baseline, audit_ok, (grant_cpu, baseline_cpu) = pair(location, blocks, args.grants, writers, run_id)
+            runs.append(
+                {
+                    "grants_per_second": round(grants, 2),
+                    "baseline_transactions_per_second": round(baseline, 2),
+                    "ratio": round(grants / baseline, 3),
+                    "audit_ok": audit_ok,
+                    "cpu_ms_per_grant": round(grant_cpu, 4),
+                    "baseline_cpu_ms_per_transaction": round(baseline_cpu, 4),
+                }
+            )
+            print(
+                f"[bench ledger] {label}, {writers} writer(s), run {r + 1}/{args.repeats}: "
+                f"{grants:.1f} grants/s vs {baseline:.1f} baseline transactions/s "
+                f"(ratio {grants / baseline:.3f}; CPU {grant_cpu:.3f} ms per grant vs {baseline_cpu:.3f} ms per "
+                "transaction)",
+                file=sys.stderr,
+                flush=True,
+            )
         grants = statistics.median(x["grants_per_second"] for x in runs)
         baseline = statistics.median(x["baseline_transactions_per_second"] for x in runs)
         per_writers[str(writers)] = {
-            "grants_per_second": grants, "baseline_transactions_per_second": baseline,
+            "grants_per_second": grants,
+            "baseline_transactions_per_second": baseline,
             "ratio": round(statistics.median(x["ratio"] for x in runs), 3),
             "cpu_ms_per_grant": statistics.median(x["cpu_ms_per_grant"] for x in runs),
             "baseline_cpu_ms_per_transaction": statistics.median(x["baseline_cpu_ms_per_transaction"] for x in runs),
-            "audit_ok": all(x["audit_ok"] for x in runs), "runs": runs,
+            "audit_ok": all(x["audit_ok"] for x in runs),
+            "runs": runs,
         }
     return per_writers
 
@@ -236,8 +284,10 @@ def _check_args(args):
     if not writer_counts or any(w < 1 for w in writer_counts):
         raise SystemExit(f"sage bench ledger: --writers {args.writers!r} must list writer counts >= 1")
     if args.growth_blocks < 0 or args.growth_batch < 1:
-        raise SystemExit(f"sage bench ledger: --growth-blocks {args.growth_blocks} must be >= 0 and --growth-batch "
-                         f"{args.growth_batch} >= 1")
+        raise SystemExit(
+            f"sage bench ledger: --growth-blocks {args.growth_blocks} must be >= 0 and --growth-batch "
+            f"{args.growth_batch} >= 1"
+        )
     if args.storage_samples < 0:
         raise SystemExit(f"sage bench ledger: --storage-samples {args.storage_samples} must be >= 0")
     if args.choose_blocks < 0:
@@ -282,7 +332,7 @@ def run(args):
         "ratio": headline["ratio"],
         "headline_writers": 1 if "1" in sqlite else writer_counts[0],
         "ratio_is": "median over the repeats of grants_per_second / baseline_transactions_per_second, each repeat "
-                    "a ledger run and a baseline run back to back (the medians above are taken separately)",
+        "a ledger run and a baseline run back to back (the medians above are taken separately)",
         "goal_ratio": GOAL_RATIO,
         "meets_goal": all(v["ratio"] >= GOAL_RATIO for v in sqlite.values()),
         "audit_ok": all(v["audit_ok"] for v in sqlite.values()),
@@ -292,18 +342,23 @@ def run(args):
         "repeats": args.repeats,
         "writers": sqlite,
         "head_sync": args.head_sync_modes[0].value,
-        "by_head_sync": {mode: {"ratio": (v["1"] if "1" in v else v[str(writer_counts[0])])["ratio"],
-                                "meets_goal": all(w["ratio"] >= GOAL_RATIO for w in v.values()),
-                                "audit_ok": all(w["audit_ok"] for w in v.values()), "writers": v}
-                         for mode, v in by_mode.items()},
+        "by_head_sync": {
+            mode: {
+                "ratio": (v["1"] if "1" in v else v[str(writer_counts[0])])["ratio"],
+                "meets_goal": all(w["ratio"] >= GOAL_RATIO for w in v.values()),
+                "audit_ok": all(w["audit_ok"] for w in v.values()),
+                "writers": v,
+            }
+            for mode, v in by_mode.items()
+        },
         "head_sync_is": "head_file.HeadSync: use (the default) makes a grant's head durable before the grant's first use "
-                        "(Ledger.verify) and every other write's before it returns; commit every write's before it "
-                        "returns; group within 50 ms, one write per interval (docs/security.md, what each gives up)",
+        "(Ledger.verify) and every other write's before it returns; commit every write's before it "
+        "returns; group within 50 ms, one write per interval (docs/security.md, what each gives up)",
         "db_dir": os.path.abspath(db_dir),
         "filesystem": _filesystem(db_dir),
         "cpus": os.cpu_count(),
         "baseline": "bare SQLite transactions (BEGIN IMMEDIATE, WAL, synchronous=FULL) updating the same "
-                    f"{args.blocks} rows, same directory, same writer count, same run",
+        f"{args.blocks} rows, same directory, same writer count, same run",
     }
     if args.storage_samples:
         figures["storage"] = _measure_storage(db_dir, args.storage_samples, headline, args.head_sync_modes[0].value)
@@ -318,8 +373,9 @@ def run(args):
     if args.postgres:
         figures["postgres"] = _measure(_postgres_pair, args.postgres, args, writer_counts, "postgresql")
         if args.growth_blocks:
-            figures["postgres_add_blocks"] = _measure_growth(args.postgres, args.growth_blocks, args.growth_batch,
-                                                             args.repeats, "postgresql")
+            figures["postgres_add_blocks"] = _measure_growth(
+                args.postgres, args.growth_blocks, args.growth_batch, args.repeats, "postgresql"
+            )
     if not args.db_dir:
         try:
             os.rmdir(db_dir)

@@ -18,6 +18,7 @@ Two kinds of figure, each a ratio (safe / numpy, lower is better) of the median 
       statistics, lam_min, X'X and X'y releases, the solve).
 Goal: within 2x of numpy. Seeds are fixed; timings use ``time.perf_counter``.
 """
+
 import math
 import statistics
 import time
@@ -28,8 +29,9 @@ GOAL_RATIO = 2.0
 
 
 def add_arguments(parser):
-    parser.add_argument("--sizes", default="1,100,10000,1000000",
-                        help="comma-separated cell counts for the sampler figures")
+    parser.add_argument(
+        "--sizes", default="1,100,10000,1000000", help="comma-separated cell counts for the sampler figures"
+    )
     parser.add_argument("--rows", type=int, default=1_000_000, help="GENERATED rows per release (default 1e6)")
     parser.add_argument("--keys", type=int, default=100, help="keys of the group-by-mean release")
     parser.add_argument("--values", type=int, default=10_000, help="distinct values of the vocabulary release")
@@ -90,10 +92,20 @@ def _bench_samplers(args, repeats: int, figures: dict, np_rng, safe_rng) -> None
     print("per-cell samplers (one release of N cells):", flush=True)
     for n in (int(v) for v in args.sizes.split(",")):
         x = np.zeros(n)
-        _pair(f"sampler_laplace_{n}", lambda: samplers.grid_laplace(x, 1.0, 1.0, safe_rng, cells=1),  # noqa: B023
-              lambda: x + np_rng.laplace(0.0, 1.0, n), repeats, figures)  # noqa: B023
-        _pair(f"sampler_gaussian_{n}", lambda: samplers.grid_gaussian(x, 1.0, 7.0, safe_rng, cells=n),  # noqa: B023
-              lambda: x + np_rng.normal(0.0, 7.0, n), repeats, figures)  # noqa: B023
+        _pair(
+            f"sampler_laplace_{n}",
+            lambda: samplers.grid_laplace(x, 1.0, 1.0, safe_rng, cells=1),  # noqa: B023
+            lambda: x + np_rng.laplace(0.0, 1.0, n),  # noqa: B023
+            repeats,
+            figures,
+        )
+        _pair(
+            f"sampler_gaussian_{n}",
+            lambda: samplers.grid_gaussian(x, 1.0, 7.0, safe_rng, cells=n),  # noqa: B023
+            lambda: x + np_rng.normal(0.0, 7.0, n),  # noqa: B023
+            repeats,
+            figures,
+        )  # noqa: B023
 
 
 def _bench_group_by_mean(args, rows: int, data, repeats: int, figures: dict, np_rng, safe_rng) -> None:
@@ -104,13 +116,20 @@ def _bench_group_by_mean(args, rows: int, data, repeats: int, figures: dict, np_
     values = data.random(rows)
 
     def tables():
-        return (np.bincount(keys, minlength=args.keys).astype(float),
-                np.bincount(keys, weights=np.clip(values, 0, 1), minlength=args.keys))
+        return (
+            np.bincount(keys, minlength=args.keys).astype(float),
+            np.bincount(keys, weights=np.clip(values, 0, 1), minlength=args.keys),
+        )
 
-    _pair("release_group_by_mean",
-          lambda: noise.add_laplace(tables(), [2.0, 2.0], seed=3, stream="bench/", sensitivities=[1.0, 1.0],
-                                    cells=[1, 1]),
-          lambda: tuple(t + np_rng.laplace(0.0, 2.0, t.shape) for t in tables()), repeats, figures)
+    _pair(
+        "release_group_by_mean",
+        lambda: noise.add_laplace(
+            tables(), [2.0, 2.0], seed=3, stream="bench/", sensitivities=[1.0, 1.0], cells=[1, 1]
+        ),
+        lambda: tuple(t + np_rng.laplace(0.0, 2.0, t.shape) for t in tables()),
+        repeats,
+        figures,
+    )
 
 
 def _bench_vocabulary(args, rows: int, data, repeats: int, figures: dict, np_rng, safe_rng) -> None:
@@ -130,8 +149,13 @@ def _bench_vocabulary(args, rows: int, data, repeats: int, figures: dict, np_rng
         tau = 1.0 + math.log(1.0 / (2 * 1e-6))
         return [v for v, z in sorted(zip(vals, noisy), key=lambda p: -p[1]) if z >= tau]
 
-    _pair("release_vocabulary", lambda: select_vocabulary(counts(), epsilon=1.0, delta=1e-6, seed=4),
-          float_vocabulary, repeats, figures)
+    _pair(
+        "release_vocabulary",
+        lambda: select_vocabulary(counts(), epsilon=1.0, delta=1e-6, seed=4),
+        float_vocabulary,
+        repeats,
+        figures,
+    )
     figures["vocabulary_threshold"] = round(threshold(1.0, 1e-6), 6)
 
 
@@ -142,6 +166,7 @@ def _bench_validation(args, rows: int, data, repeats: int, figures: dict, np_rng
     def validation():
         from sage_tfx.validation.core import Mode
         from sage_tfx.validation.noisy import release_pair
+
         return release_pair(losses, 1.0, 0.5, safe_rng, Mode.SAGE)
 
     def validation_float():
@@ -162,13 +187,23 @@ def _bench_adassp(args, rows: int, data, repeats: int, figures: dict, np_rng, sa
     def adassp_float():
         xtx, xty = adassp.sufficient_statistics(x, y, 1.0, 1.0)
         sc = adassp.noise_scales(1.0, 1e-6, 1.0, 1.0, d, calibration="exact")
-        lam = max(0.0, float(np.linalg.eigvalsh(xtx)[0]) + sc["lambda_min_std"] * np_rng.standard_normal()
-                  - sc["lambda_min_shift"])
+        lam = max(
+            0.0,
+            float(np.linalg.eigvalsh(xtx)[0])
+            + sc["lambda_min_std"] * np_rng.standard_normal()
+            - sc["lambda_min_shift"],
+        )
         upper = np.triu(np_rng.standard_normal((d, d)))
         noisy = xtx + sc["xtx_std"] * (upper + np.triu(upper, 1).T)
         ridge = max(0.0, sc["ridge_target"] - lam)
-        return np.linalg.lstsq(noisy + ridge * np.eye(d), xty + sc["xty_std"] * np_rng.standard_normal(d),
-                               rcond=None)[0]
+        return np.linalg.lstsq(noisy + ridge * np.eye(d), xty + sc["xty_std"] * np_rng.standard_normal(d), rcond=None)[
+            0
+        ]
 
-    _pair("release_adassp", lambda: adassp.adassp(x, y, 1.0, 1e-6, 1.0, 1.0, calibration="exact", rng=safe_rng),
-          adassp_float, repeats, figures)
+    _pair(
+        "release_adassp",
+        lambda: adassp.adassp(x, y, 1.0, 1e-6, 1.0, 1.0, calibration="exact", rng=safe_rng),
+        adassp_float,
+        repeats,
+        figures,
+    )

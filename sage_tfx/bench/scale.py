@@ -22,6 +22,7 @@ first iteration) on the REAL taxi CSV of the tfx wheel, replayed by ``sage serve
 pipeline); the ACCEPTs are counted from the ledger; ACCEPTs per hour = ACCEPTs / the serve command's wall
 time. docs/BENCHMARKS.md has the command and a run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,28 +59,58 @@ TINY = {"rows": 20_000, "files": 4, "rows_per_day": 5_000, "warm_rows": 2_000, "
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter  # keep the docstring's list of setups
     parser.add_argument("--rows", type=int, default=1_000_000, help="GENERATED rows to ingest (default 1M)")
-    parser.add_argument("--files", type=int, default=8,
-                        help="input CSV files the rows are spread over (each file is read by one worker; default 8)")
-    parser.add_argument("--rows-per-day", type=int, default=100_000, help="generated rate; daily blocks "
-                        "(default 100,000: 10 blocks of 1M rows)")
-    parser.add_argument("--warm-rows", type=int, default=20_000,
-                        help="GENERATED rows (in 2 files) of each setup's untimed warm-up ingest (default 20,000)")
-    parser.add_argument("--repeats", type=int, default=1,
-                        help="timed rounds of the ingest part (each: every setup once; default 1)")
-    parser.add_argument("--setups", default=",".join(SETUPS),
-                        help=f"comma list of ingest setups, the first is the baseline (default {','.join(SETUPS)})")
+    parser.add_argument(
+        "--files",
+        type=int,
+        default=8,
+        help="input CSV files the rows are spread over (each file is read by one worker; default 8)",
+    )
+    parser.add_argument(
+        "--rows-per-day",
+        type=int,
+        default=100_000,
+        help="generated rate; daily blocks (default 100,000: 10 blocks of 1M rows)",
+    )
+    parser.add_argument(
+        "--warm-rows",
+        type=int,
+        default=20_000,
+        help="GENERATED rows (in 2 files) of each setup's untimed warm-up ingest (default 20,000)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="timed rounds of the ingest part (each: every setup once; default 1)"
+    )
+    parser.add_argument(
+        "--setups",
+        default=",".join(SETUPS),
+        help=f"comma list of ingest setups, the first is the baseline (default {','.join(SETUPS)})",
+    )
     parser.add_argument("--workers", type=int, default=2, help="workers of the multi-process setups (default 2)")
-    parser.add_argument("--serve-pipelines", type=int, default=2,
-                        help="pipelines in each `sage serve` run (0: skip the serve part; default 2: the default "
-                             "run took 11 min on 2 shared cores, docs/BENCHMARKS.md)")
-    parser.add_argument("--serve-parallel", default="1,2",
-                        help="`sage serve --parallel` values to compare, the first is the reference (default 1,2)")
-    parser.add_argument("--serve-initial-blocks", type=int, default=256,
-                        help="real taxi days replayed before the pipelines start (default 256)")
+    parser.add_argument(
+        "--serve-pipelines",
+        type=int,
+        default=2,
+        help="pipelines in each `sage serve` run (0: skip the serve part; default 2: the default "
+        "run took 11 min on 2 shared cores, docs/BENCHMARKS.md)",
+    )
+    parser.add_argument(
+        "--serve-parallel",
+        default="1,2",
+        help="`sage serve --parallel` values to compare, the first is the reference (default 1,2)",
+    )
+    parser.add_argument(
+        "--serve-initial-blocks",
+        type=int,
+        default=256,
+        help="real taxi days replayed before the pipelines start (default 256)",
+    )
     parser.add_argument("--serve-timeout", type=float, default=1800.0, help="seconds per serve run (default 1800)")
-    parser.add_argument("--tiny", action="store_true",
-                        help=f"a seconds-long check run: {TINY['rows']:,} rows in {TINY['files']} files, 1 round, "
-                             "no serve part (for tests; not a measurement)")
+    parser.add_argument(
+        "--tiny",
+        action="store_true",
+        help=f"a seconds-long check run: {TINY['rows']:,} rows in {TINY['files']} files, 1 round, "
+        "no serve part (for tests; not a measurement)",
+    )
     parser.add_argument("--plot", default=None, help="write a PNG of the figures to this path")
     parser.add_argument("--seed", type=int, default=0)
 
@@ -93,8 +124,14 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         for key, value in TINY.items():
             setattr(args, key, value)
         args.serve_pipelines = 0
-    for option, least in (("rows", 1), ("files", 1), ("rows_per_day", 1), ("warm_rows", 2), ("repeats", 1),
-                          ("workers", 1)):
+    for option, least in (
+        ("rows", 1),
+        ("files", 1),
+        ("rows_per_day", 1),
+        ("warm_rows", 2),
+        ("repeats", 1),
+        ("workers", 1),
+    ):
         if getattr(args, option) < least:
             raise SystemExit(f"--{option.replace('_', '-')} must be >= {least}, got {getattr(args, option)}")
     if args.files > args.rows:
@@ -122,8 +159,7 @@ def machine() -> dict:
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo") as f:
             model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), None)
-    return {"cores": len(os.sched_getaffinity(0)), "cpu": model,
-            "load_average": [round(x, 2) for x in os.getloadavg()]}
+    return {"cores": len(os.sched_getaffinity(0)), "cpu": model, "load_average": [round(x, 2) for x in os.getloadavg()]}
 
 
 # ---------------------------------------------------------------------------------------------- ingest
@@ -157,12 +193,15 @@ def registered_blocks(db: str, stream: str) -> dict[str, tuple[int, str]]:
     from sage_tfx.privacy import Ledger
 
     with Ledger.open(db) as ledger:
-        return {b.id: (ledger.private_row_count(stream, b.id), ledger.block_digest(stream, b.id))
-                for b in ledger.blocks(stream)}
+        return {
+            b.id: (ledger.private_row_count(stream, b.id), ledger.block_digest(stream, b.id))
+            for b in ledger.blocks(stream)
+        }
 
 
-def ingest_once(folder: str, inputs: Sequence[str], beam_args: Sequence[str],
-                key_file: str | None = None) -> tuple[float, dict]:
+def ingest_once(
+    folder: str, inputs: Sequence[str], beam_args: Sequence[str], key_file: str | None = None
+) -> tuple[float, dict]:
     """A fresh ledger and data root in ``folder``, one ``sage ingest`` of ``inputs`` timed (the Beam job,
     commit and registration); returns (seconds, registered_blocks). ``key_file``: a key file the ledger is
     created with (a copy of it): content digests are keyed by the ledger's key, so runs compared block by block
@@ -177,8 +216,16 @@ def ingest_once(folder: str, inputs: Sequence[str], beam_args: Sequence[str],
     with Ledger.open(db, create=True) as ledger:
         ledger.create_stream(STREAM, 1.0, 1e-6)
     t0 = time.perf_counter()
-    ingest(db, STREAM, list(inputs), os.path.join(folder, "data"), time_column=TIME_COLUMN, window="1d",
-           beam_args=list(beam_args), progress=False)
+    ingest(
+        db,
+        STREAM,
+        list(inputs),
+        os.path.join(folder, "data"),
+        time_column=TIME_COLUMN,
+        window="1d",
+        beam_args=list(beam_args),
+        progress=False,
+    )
     seconds = time.perf_counter() - t0
     return seconds, registered_blocks(db, STREAM)
 
@@ -189,8 +236,10 @@ def compare_blocks(name: str, got: dict, want: dict) -> None:
         return
     missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
     differ = sorted(b for b in set(got) & set(want) if got[b] != want[b])
-    raise RuntimeError(f"setup {name} registered different blocks than the baseline: missing {missing[:5]}, "
-                       f"extra {extra[:5]}, different rows/digest {[(b, got[b], want[b]) for b in differ[:5]]}")
+    raise RuntimeError(
+        f"setup {name} registered different blocks than the baseline: missing {missing[:5]}, "
+        f"extra {extra[:5]}, different rows/digest {[(b, got[b], want[b]) for b in differ[:5]]}"
+    )
 
 
 @contextlib.contextmanager
@@ -239,8 +288,7 @@ def ingest_part(args: argparse.Namespace, setups: list[str], work: str) -> dict:
             started[name] = time.perf_counter() - t0
             warmup[name], _ = ingest_once(os.path.join(work, f"warm-{name}"), warm, beam_args[name])
             shutil.rmtree(os.path.join(work, f"warm-{name}"), ignore_errors=True)
-            _say(f"{name}: up in {started[name]:.1f} s, warm-up ingest of {args.warm_rows:,} rows "
-                 f"{warmup[name]:.1f} s")
+            _say(f"{name}: up in {started[name]:.1f} s, warm-up ingest of {args.warm_rows:,} rows {warmup[name]:.1f} s")
         for r in range(args.repeats):
             for name in setups:
                 folder = os.path.join(work, f"run-{name}-{r}")
@@ -248,14 +296,17 @@ def ingest_part(args: argparse.Namespace, setups: list[str], work: str) -> dict:
                 s, blocks = ingest_once(folder, inputs, beam_args[name], key_file)
                 shutil.rmtree(folder, ignore_errors=True)
                 if sum(rows for rows, _ in blocks.values()) != args.rows:
-                    raise RuntimeError(f"setup {name} registered {sum(r for r, _ in blocks.values())} rows, "
-                                       f"expected {args.rows}")
+                    raise RuntimeError(
+                        f"setup {name} registered {sum(r for r, _ in blocks.values())} rows, expected {args.rows}"
+                    )
                 if want is None:
                     want = blocks
                 compare_blocks(name, blocks, want)
                 seconds[name].append(s)
-                _say(f"round {r + 1}/{args.repeats}: {name} {s:.1f} s = {args.rows / s:,.0f} rows/s "
-                     f"({len(blocks)} blocks, same as the baseline's)")
+                _say(
+                    f"round {r + 1}/{args.repeats}: {name} {s:.1f} s = {args.rows / s:,.0f} rows/s "
+                    f"({len(blocks)} blocks, same as the baseline's)"
+                )
         _say("stopping the clusters")
     base = setups[0]
     out = {}
@@ -263,16 +314,27 @@ def ingest_part(args: argparse.Namespace, setups: list[str], work: str) -> dict:
         rps = [args.rows / s for s in seconds[name]]
         ratios = [b / s for b, s in zip(seconds[base], seconds[name])]
         out[name] = {
-            "setup": SETUPS[name], "beam_args": beam_args[name], "start_seconds": round(started[name], 2),
+            "setup": SETUPS[name],
+            "beam_args": beam_args[name],
+            "start_seconds": round(started[name], 2),
             # a whole ingest job of --warm-rows rows: about the job's fixed cost (workers started per job)
             "warmup_seconds": round(warmup[name], 2),
             "seconds_all": [round(s, 2) for s in seconds[name]],
-            "rows_per_second": round(_median(rps), 1), "rows_per_second_all": [round(x, 1) for x in rps],
-            "ratio": round(_median(ratios), 3), "ratio_all": [round(x, 3) for x in ratios],
+            "rows_per_second": round(_median(rps), 1),
+            "rows_per_second_all": [round(x, 1) for x in rps],
+            "ratio": round(_median(ratios), 3),
+            "ratio_all": [round(x, 3) for x in ratios],
             "same_blocks_rows_digests_as_baseline": True,
         }
-    return {"baseline": base, "blocks": len(want or {}), "files": args.files, "rows": args.rows,
-            "rows_per_day": args.rows_per_day, "rounds": args.repeats, "setups": out}
+    return {
+        "baseline": base,
+        "blocks": len(want or {}),
+        "files": args.files,
+        "rows": args.rows,
+        "rows_per_day": args.rows_per_day,
+        "rounds": args.repeats,
+        "setups": out,
+    }
 
 
 # ----------------------------------------------------------------------------------------------- serve
@@ -281,12 +343,15 @@ def count_outcomes(db: str, stream: str) -> dict[str, list[str | None]]:
     from sage_tfx.privacy import Ledger
 
     with Ledger.open(db) as ledger:
-        return {p["name"]: [outcome for _g, outcome, _d in ledger.history(stream, p["name"])]
-                for p in ledger.pipelines(stream)}
+        return {
+            p["name"]: [outcome for _g, outcome, _d in ledger.history(stream, p["name"])]
+            for p in ledger.pipelines(stream)
+        }
 
 
-def serve_once(folder: str, pipelines: int, parallel: int, initial_blocks: int, timeout: float,
-               say: Callable[[str], None] = _say) -> dict:
+def serve_once(
+    folder: str, pipelines: int, parallel: int, initial_blocks: int, timeout: float, say: Callable[[str], None] = _say
+) -> dict:
     """One `sage serve` of ``pipelines`` easy taxi_regression pipelines (one iteration each) on the real taxi
     CSV in a fresh ledger, with ``--parallel parallel``; its wall time and the ACCEPTs the ledger holds."""
     from sage_tfx.privacy import Ledger
@@ -328,22 +393,53 @@ def serve_once(folder: str, pipelines: int, parallel: int, initial_blocks: int, 
     accepts = sum(o.count(Outcome.ACCEPT) for o in outcomes.values())
     with Ledger.open(db) as ledger:
         audit_ok = ledger.audit().ok
-    return {"parallel": parallel, "pipelines": pipelines, "wall_seconds": round(wall, 1),
-            "initial_replay_done_at_seconds": round(replayed, 1), "accepts": accepts,
-            "iterations": sum(len(o) for o in outcomes.values()),
-            "outcomes": {p: outcomes.get(p, []) for p in names},
-            "accepts_per_hour": round(accepts / wall * 3600, 1), "audit_ok": audit_ok}
+    return {
+        "parallel": parallel,
+        "pipelines": pipelines,
+        "wall_seconds": round(wall, 1),
+        "initial_replay_done_at_seconds": round(replayed, 1),
+        "accepts": accepts,
+        "iterations": sum(len(o) for o in outcomes.values()),
+        "outcomes": {p: outcomes.get(p, []) for p in names},
+        "accepts_per_hour": round(accepts / wall * 3600, 1),
+        "audit_ok": audit_ok,
+    }
 
 
 def _serve_command(folder: str, db: str, names: list[str], initial_blocks: int, parallel: int) -> list[str]:
     """The `sage serve` command line of ``serve_once``: pipelines ``names``, one iteration each."""
     from sage_tfx.data.taxi import taxi_csv_path
 
-    cmd = [sys.executable, "-m", "sage_tfx", "serve", "--db", db, "--stream", "taxi",
-           "--data-root", os.path.join(folder, "data"), "--input", taxi_csv_path("simple"),
-           "--time-column", TIME_COLUMN, "--window", "1d", "--initial-blocks", str(initial_blocks),
-           "--blocks-per-step", str(initial_blocks), "--max-iterations", "1", "--rejection-share", "0",
-           "--work-dir", os.path.join(folder, "work"), "--parallel", str(parallel)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "sage_tfx",
+        "serve",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        os.path.join(folder, "data"),
+        "--input",
+        taxi_csv_path("simple"),
+        "--time-column",
+        TIME_COLUMN,
+        "--window",
+        "1d",
+        "--initial-blocks",
+        str(initial_blocks),
+        "--blocks-per-step",
+        str(initial_blocks),
+        "--max-iterations",
+        "1",
+        "--rejection-share",
+        "0",
+        "--work-dir",
+        os.path.join(folder, "work"),
+        "--parallel",
+        str(parallel),
+    ]
     for name in names:
         cmd += ["--pipeline", f"{name}=taxi_regression:{SERVE_TARGET}"]
     return cmd
@@ -361,19 +457,30 @@ def serve_part(args: argparse.Namespace, parallels: list[int], work: str) -> dic
     runs = {}
     for parallel in parallels:
         _say(f"serve: {args.serve_pipelines} pipelines, --parallel {parallel}")
-        runs[str(parallel)] = serve_once(os.path.join(work, f"serve-{parallel}"), args.serve_pipelines, parallel,
-                                         args.serve_initial_blocks, args.serve_timeout)
+        runs[str(parallel)] = serve_once(
+            os.path.join(work, f"serve-{parallel}"),
+            args.serve_pipelines,
+            parallel,
+            args.serve_initial_blocks,
+            args.serve_timeout,
+        )
         shutil.rmtree(os.path.join(work, f"serve-{parallel}"), ignore_errors=True)
         r = runs[str(parallel)]
-        _say(f"serve --parallel {parallel}: {r['accepts']} ACCEPT(s) in {r['wall_seconds']} s = "
-             f"{r['accepts_per_hour']} per hour")
+        _say(
+            f"serve --parallel {parallel}: {r['accepts']} ACCEPT(s) in {r['wall_seconds']} s = "
+            f"{r['accepts_per_hour']} per hour"
+        )
     ref = runs[str(parallels[0])]["accepts_per_hour"]
     for r in runs.values():
         r["ratio"] = round(r["accepts_per_hour"] / ref, 3) if ref else None
-    return {"data": "the REAL Chicago taxi trips of the tfx wheel (taxi_csv_path('simple')), replayed in daily blocks",
-            "pipeline": f"taxi_regression, target {SERVE_TARGET:,} s^2 (ACCEPTs at its first iteration), "
-                        "--max-iterations 1 --rejection-share 0",
-            "reference": str(parallels[0]), "initial_blocks": args.serve_initial_blocks, "runs": runs}
+    return {
+        "data": "the REAL Chicago taxi trips of the tfx wheel (taxi_csv_path('simple')), replayed in daily blocks",
+        "pipeline": f"taxi_regression, target {SERVE_TARGET:,} s^2 (ACCEPTs at its first iteration), "
+        "--max-iterations 1 --rejection-share 0",
+        "reference": str(parallels[0]),
+        "initial_blocks": args.serve_initial_blocks,
+        "runs": runs,
+    }
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -386,8 +493,12 @@ def run(args: argparse.Namespace) -> dict:
     logging.getLogger("distributed").setLevel(logging.WARNING)  # the LocalCluster's INFO lines, likewise
     import sage_tfx
 
-    figures: dict = {"data": GENERATED, "machine_start": machine(), "tiny": bool(args.tiny),
-                     "code": os.path.dirname(os.path.abspath(sage_tfx.__file__))}
+    figures: dict = {
+        "data": GENERATED,
+        "machine_start": machine(),
+        "tiny": bool(args.tiny),
+        "code": os.path.dirname(os.path.abspath(sage_tfx.__file__)),
+    }
     _say(f"machine: {figures['machine_start']}")
     t0 = time.perf_counter()
     work = tempfile.mkdtemp(prefix="sage-bench-scale-")
@@ -400,8 +511,10 @@ def run(args: argparse.Namespace) -> dict:
     figures["machine_end"] = machine()
     figures["seconds_total"] = round(time.perf_counter() - t0, 1)
     cores = figures["machine_start"]["cores"]
-    figures["note"] = (f"{cores} cores shared with other work: {args.workers} workers can be at most "
-                       f"{min(args.workers, cores)}x the in-process DirectRunner")
+    figures["note"] = (
+        f"{cores} cores shared with other work: {args.workers} workers can be at most "
+        f"{min(args.workers, cores)}x the in-process DirectRunner"
+    )
     if args.plot:
         plot(figures, args.plot)
         figures["plot"] = args.plot
@@ -423,23 +536,35 @@ def plot(figures: dict, path: str) -> None:
     ax = axes[0][0]
     bars = ax.bar(names, rps, color=[f"C{i}" for i in range(len(names))])
     for bar, n in zip(bars, names):
-        ax.annotate(f"{ing['setups'][n]['ratio']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                    ha="center", va="bottom")
+        ax.annotate(
+            f"{ing['setups'][n]['ratio']:.2f}x",
+            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+            ha="center",
+            va="bottom",
+        )
     ax.set_ylabel("ingest rows/s (median of rounds)")
-    ax.set_title(f"sage ingest, {ing['rows']:,} GENERATED rows in {ing['files']} files\n"
-                 f"(ratio to {ing['baseline']}; {figures['machine_start']['cores']} shared cores)", fontsize=10)
+    ax.set_title(
+        f"sage ingest, {ing['rows']:,} GENERATED rows in {ing['files']} files\n"
+        f"(ratio to {ing['baseline']}; {figures['machine_start']['cores']} shared cores)",
+        fontsize=10,
+    )
     if serve:
         ax = axes[0][1]
         keys = list(serve["runs"])
         aph = [serve["runs"][k]["accepts_per_hour"] for k in keys]
-        bars = ax.bar([f"--parallel {k}" for k in keys], aph, color=["C4", "C5", "C6", "C7"][:len(keys)])
+        bars = ax.bar([f"--parallel {k}" for k in keys], aph, color=["C4", "C5", "C6", "C7"][: len(keys)])
         for bar, k in zip(bars, keys):
-            ax.annotate(f"{serve['runs'][k]['ratio']:.2f}x", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom")
+            ax.annotate(
+                f"{serve['runs'][k]['ratio']:.2f}x",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+            )
         first = serve["runs"][keys[0]]
         ax.set_ylabel("models ACCEPTed per hour")
-        ax.set_title(f"sage serve, {first['pipelines']} taxi_regression pipelines\n(real taxi days; one run each)",
-                     fontsize=10)
+        ax.set_title(
+            f"sage serve, {first['pipelines']} taxi_regression pipelines\n(real taxi days; one run each)", fontsize=10
+        )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

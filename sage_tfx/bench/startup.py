@@ -7,6 +7,7 @@ Pusher, tf.Transform's Beam implementation and sage's four components, then prin
 times; the figures are the medians and their ratio (deferred / eager, lower is better). A ``sage run``, each
 ``sage serve`` worker and each Beam worker process pays this once.
 """
+
 import json
 import os
 import statistics
@@ -42,11 +43,20 @@ def run(args):
     for i in range(args.repeats):
         deferred.append(_probe(eager=False))
         eager.append(_probe(eager=True))
-        print(f"  [{i + 1}/{args.repeats}] deferred {deferred[-1]['cpu']:.2f} s CPU, eager {eager[-1]['cpu']:.2f} s",
-              flush=True)
+        print(
+            f"  [{i + 1}/{args.repeats}] deferred {deferred[-1]['cpu']:.2f} s CPU, eager {eager[-1]['cpu']:.2f} s",
+            flush=True,
+        )
     d = statistics.median(p["cpu"] for p in deferred)
     e = statistics.median(p["cpu"] for p in eager)
-    return {"deferred_cpu_seconds": round(d, 2), "eager_cpu_seconds": round(e, 2), "ratio": round(d / e, 3),
-            "deferred_modules": deferred[0]["modules"], "eager_modules": eager[0]["modules"],
-            "deferred_loads_keras3": deferred[0]["keras3"], "eager_loads_keras3": eager[0]["keras3"],
-            "deferred_loads_kubernetes": deferred[0]["kubernetes"], "repeats": args.repeats}
+    return {
+        "deferred_cpu_seconds": round(d, 2),
+        "eager_cpu_seconds": round(e, 2),
+        "ratio": round(d / e, 3),
+        "deferred_modules": deferred[0]["modules"],
+        "eager_modules": eager[0]["modules"],
+        "deferred_loads_keras3": deferred[0]["keras3"],
+        "eager_loads_keras3": eager[0]["keras3"],
+        "deferred_loads_kubernetes": deferred[0]["kubernetes"],
+        "repeats": args.repeats,
+    }

@@ -24,6 +24,7 @@ draws its own noise. An ACCEPTed model is re-evaluated on a held-out set (100K g
 it violates when its held-out metric misses the target. Reported: violations / accepted per validator,
 with a 95% Clopper-Pearson upper limit, beside the paper's numbers.
 """
+
 import csv
 import math
 import sys
@@ -33,10 +34,14 @@ from importlib import resources
 import numpy as np
 
 PAPER_TABLE2 = {  # the Sage paper §5, Tab. 2: fraction of ACCEPTed models that violate their target (100K held-out)
-    "taxi_mse": {"0.01": {"no_sla": 0.379, "non_private": 0.0019, "uncorrected": 0.0172, "sage": 0.0027},
-                 "0.05": {"no_sla": 0.379, "non_private": 0.0034, "uncorrected": 0.0224, "sage": 0.0051}},
-    "criteo_accuracy": {"0.01": {"no_sla": 0.2515, "non_private": 0.0052, "uncorrected": 0.0544, "sage": 0.0018},
-                        "0.05": {"no_sla": 0.2515, "non_private": 0.0065, "uncorrected": 0.0556, "sage": 0.0023}},
+    "taxi_mse": {
+        "0.01": {"no_sla": 0.379, "non_private": 0.0019, "uncorrected": 0.0172, "sage": 0.0027},
+        "0.05": {"no_sla": 0.379, "non_private": 0.0034, "uncorrected": 0.0224, "sage": 0.0051},
+    },
+    "criteo_accuracy": {
+        "0.01": {"no_sla": 0.2515, "non_private": 0.0052, "uncorrected": 0.0544, "sage": 0.0018},
+        "0.05": {"no_sla": 0.2515, "non_private": 0.0065, "uncorrected": 0.0556, "sage": 0.0023},
+    },
 }
 MODES = ("no_sla", "non_private", "uncorrected", "sage_spec", "sage")
 SPEC_BOUND = {True: "bernstein", False: "clopper_pearson"}  # the paper's App. B bounds (regression?: bound)
@@ -50,20 +55,33 @@ def add_arguments(parser):
     parser.add_argument("--trials", type=int, default=250, help="models (targets) per task (default 250)")
     parser.add_argument("--etas", default="0.01,0.05", help="comma-separated eta = 1 - confidence values")
     parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {TASKS}")
-    parser.add_argument("--epsilon-start", type=float, default=0.05,
-                        help="first iteration's epsilon, for training and for validation each (default 0.05)")
-    parser.add_argument("--epsilon-max", type=float, default=1.0,
-                        help="epsilon doubles while it stays <= this, then the window doubles (default 1.0)")
+    parser.add_argument(
+        "--epsilon-start",
+        type=float,
+        default=0.05,
+        help="first iteration's epsilon, for training and for validation each (default 0.05)",
+    )
+    parser.add_argument(
+        "--epsilon-max",
+        type=float,
+        default=1.0,
+        help="epsilon doubles while it stays <= this, then the window doubles (default 1.0)",
+    )
     parser.add_argument("--delta", type=float, default=1e-6, help="delta of DP linear regression")
     parser.add_argument("--start-rows", type=int, default=10_000, help="first window size (train + test)")
     parser.add_argument("--max-iterations", type=int, default=9, help="iterations before TIMEOUT (default 9)")
     parser.add_argument("--holdout", type=int, default=100_000, help="held-out rows for re-evaluation")
-    parser.add_argument("--reference-rows", type=int, default=500_000,
-                        help="rows of the non-private fit that defines the best achievable metric")
+    parser.add_argument(
+        "--reference-rows",
+        type=int,
+        default=500_000,
+        help="rows of the non-private fit that defines the best achievable metric",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the whole run (a benchmark, not a pipeline)")
 
 
 # ---------------------------------------------------------------- generated taxi rows fitted to the real ones
+
 
 def load_real_rows():
     """The real trips: dict of numpy arrays (payment 0 cash / 1 card / 2 other)."""
@@ -75,22 +93,45 @@ def load_real_rows():
         return np.array([float(r[name]) if r[name] not in ("", None) else np.nan for r in rows])
 
     payment = np.array([{"Cash": 0, "Credit Card": 1}.get(r["payment_type"], 2) for r in rows])
-    data = {"payment": payment, "hour": column("trip_start_hour"), "day": column("trip_start_day"),
-            "miles": column("trip_miles"), "seconds": column("trip_seconds"), "fare": column("fare"),
-            "tips": column("tips")}
+    data = {
+        "payment": payment,
+        "hour": column("trip_start_hour"),
+        "day": column("trip_start_day"),
+        "miles": column("trip_miles"),
+        "seconds": column("trip_seconds"),
+        "fare": column("fare"),
+        "tips": column("tips"),
+    }
     keep = np.all([np.isfinite(v) for v in data.values()], axis=0) & (data["fare"] > 0)
     return {k: v[keep] for k, v in data.items()}
 
 
 def _duration_design(miles, hour, day, payment):
     lm = np.log1p(miles)
-    return np.column_stack([np.ones_like(lm), lm, miles == 0, np.eye(6)[HOUR_BANDS[hour]][:, 1:],
-                            (day == 1) | (day == 7), payment == 1, payment == 2]).astype(float)
+    return np.column_stack(
+        [
+            np.ones_like(lm),
+            lm,
+            miles == 0,
+            np.eye(6)[HOUR_BANDS[hour]][:, 1:],
+            (day == 1) | (day == 7),
+            payment == 1,
+            payment == 2,
+        ]
+    ).astype(float)
 
 
 def _tipper_design(miles, seconds, hour, payment):
-    return np.column_stack([np.ones(len(miles)), payment == 1, payment == 2, np.log1p(miles),
-                            np.log1p(seconds), np.eye(6)[HOUR_BANDS[hour]][:, 1:]]).astype(float)
+    return np.column_stack(
+        [
+            np.ones(len(miles)),
+            payment == 1,
+            payment == 2,
+            np.log1p(miles),
+            np.log1p(seconds),
+            np.eye(6)[HOUR_BANDS[hour]][:, 1:],
+        ]
+    ).astype(float)
 
 
 class TaxiGenerator:
@@ -128,25 +169,42 @@ class TaxiGenerator:
         hour = rng.choice(24, n, p=self.hour_p)
         day = rng.choice(7, n, p=self.day_p) + 1
         mean, sd = np.array(self.log_miles)[payment].T
-        miles = np.where(rng.random(n) < np.array(self.zero_miles)[payment], 0.0,
-                         np.minimum(np.exp(rng.normal(mean, sd)), 100.0))
+        miles = np.where(
+            rng.random(n) < np.array(self.zero_miles)[payment], 0.0, np.minimum(np.exp(rng.normal(mean, sd)), 100.0)
+        )
         log_seconds = _duration_design(miles, hour, day, payment) @ self.duration_coef + rng.choice(
-            self.duration_residuals, n)
+            self.duration_residuals, n
+        )
         seconds = np.exp(log_seconds)
         z = _tipper_design(miles, seconds, hour, payment) @ self.tipper_coef
         big_tipper = (rng.random(n) < 1 / (1 + np.exp(-z))).astype(float)
-        return {"payment": payment, "hour": hour, "day": day, "miles": miles, "seconds": seconds,
-                "big_tipper": big_tipper}
+        return {
+            "payment": payment,
+            "hour": hour,
+            "day": day,
+            "miles": miles,
+            "seconds": seconds,
+            "big_tipper": big_tipper,
+        }
 
 
 # ---------------------------------------------------------------- model features (bounded norms for DP)
+
 
 def regression_xy(rows):
     """x = [1, m, m^2, hour band one-hot (5), weekend, card] with m = log1p(miles)/log(101) in [0, 1]:
     ||x||^2 <= 6, so B_x = sqrt(6); y = duration in hours clipped to [0, 1] (B_y = 1)."""
     m = np.log1p(rows["miles"]) / math.log(101.0)
-    x = np.column_stack([np.ones_like(m), m, m * m, np.eye(6)[HOUR_BANDS[rows["hour"]]][:, 1:],
-                         (rows["day"] == 1) | (rows["day"] == 7), rows["payment"] == 1]).astype(float)
+    x = np.column_stack(
+        [
+            np.ones_like(m),
+            m,
+            m * m,
+            np.eye(6)[HOUR_BANDS[rows["hour"]]][:, 1:],
+            (rows["day"] == 1) | (rows["day"] == 7),
+            rows["payment"] == 1,
+        ]
+    ).astype(float)
     return x, np.minimum(rows["seconds"] / 3600.0, 1.0)
 
 
@@ -154,12 +212,14 @@ def classification_xy(rows):
     """x = [1, card, other, m, s, weekend] / sqrt(6) (||x|| <= 1), s = log1p(seconds)/log(7201) clipped."""
     m = np.log1p(rows["miles"]) / math.log(101.0)
     s = np.minimum(np.log1p(rows["seconds"]) / math.log(7201.0), 1.0)
-    x = np.column_stack([np.ones_like(m), rows["payment"] == 1, rows["payment"] == 2, m, s,
-                         (rows["day"] == 1) | (rows["day"] == 7)]).astype(float) / math.sqrt(6.0)
+    x = np.column_stack(
+        [np.ones_like(m), rows["payment"] == 1, rows["payment"] == 2, m, s, (rows["day"] == 1) | (rows["day"] == 7)]
+    ).astype(float) / math.sqrt(6.0)
     return x, rows["big_tipper"]
 
 
 # ---------------------------------------------------------------- the logistic model (numpy, for 1000s of fits)
+
 
 def logistic_minimiser(x, y, ridge=1e-3, tolerance=1e-12, max_steps=100, linear=None, start=None):
     """The minimiser of (1/n) sum log(1 + exp(-y' w.x)) + (ridge/2)||w||^2 + linear.w / n (labels y in {0, 1};
@@ -223,6 +283,7 @@ def objective_perturbation(x, y, epsilon, rng, ridge=1e-3, start=None):
 
 # ---------------------------------------------------------------- the experiment
 
+
 class Task:
     """One task: features, a DP trainer, per-example values for the validator, a metric and its direction."""
 
@@ -281,8 +342,9 @@ class Task:
         if self.regression:
             from sage_tfx.privacy import adassp  # the library's DP linear regression (DPLinearRegressor's core)
 
-            return adassp.release(*fitted, epsilon, self.args.delta, math.sqrt(6.0), 1.0, calibration="exact",
-                                  rng=rng).theta
+            return adassp.release(
+                *fitted, epsilon, self.args.delta, math.sqrt(6.0), 1.0, calibration="exact", rng=rng
+            ).theta
         x, y, minimiser = fitted
         return objective_perturbation(x, y, epsilon, rng, start=minimiser)
 
@@ -331,8 +393,12 @@ def run_task(task, generator, etas, rng):
             if not pending:
                 break
         if (trial + 1) % max(1, task.args.trials // 10) == 0:
-            print(f"[bench validation] {task.name}: {trial + 1}/{task.args.trials} trials "
-                  f"({time.time() - started:.0f} s)", file=sys.stderr, flush=True)
+            print(
+                f"[bench validation] {task.name}: {trial + 1}/{task.args.trials} trials "
+                f"({time.time() - started:.0f} s)",
+                file=sys.stderr,
+                flush=True,
+            )
     return best, naive, counts
 
 
@@ -351,22 +417,35 @@ def run(args):
     if not 0 < args.epsilon_start <= args.epsilon_max < float("inf"):
         raise ValueError(f"need 0 < epsilon_start ({args.epsilon_start}) <= epsilon_max ({args.epsilon_max}) < inf")
     if args.trials < 1 or args.max_iterations < 1 or args.start_rows < 100:
-        raise ValueError(f"need trials >= 1 ({args.trials}), max_iterations >= 1 ({args.max_iterations}), "
-                         f"start_rows >= 100 ({args.start_rows})")
+        raise ValueError(
+            f"need trials >= 1 ({args.trials}), max_iterations >= 1 ({args.max_iterations}), "
+            f"start_rows >= 100 ({args.start_rows})"
+        )
     rng = np.random.default_rng(args.seed)
     started = time.time()
     generator = TaxiGenerator(load_real_rows())
     held_out = generator.draw(args.holdout, rng)
     figures = {
-        "data": ("GENERATED rows from distributions fitted to the 15,002 real Chicago taxi trips in the tfx "
-                 "wheel; the paper used 37M NYC taxi rides (MSE) and Criteo (accuracy)"),
-        "settings": {"trials": args.trials, "etas": etas, "epsilon_start": args.epsilon_start,
-                     "epsilon_max": args.epsilon_max, "schedule (epsilon, window)": schedule(args),
-                     "epsilon_use": "each iteration: epsilon_i for training, epsilon_i for validation",
-                     "delta": args.delta, "start_rows": args.start_rows,
-                     "max_iterations": args.max_iterations, "held_out_rows": args.holdout,
-                     "reference_rows": args.reference_rows, "seed": args.seed,
-                     "train_test": "90:10 per record", "eta_schedule": "eta/(i(i+1)) at iteration i"},
+        "data": (
+            "GENERATED rows from distributions fitted to the 15,002 real Chicago taxi trips in the tfx "
+            "wheel; the paper used 37M NYC taxi rides (MSE) and Criteo (accuracy)"
+        ),
+        "settings": {
+            "trials": args.trials,
+            "etas": etas,
+            "epsilon_start": args.epsilon_start,
+            "epsilon_max": args.epsilon_max,
+            "schedule (epsilon, window)": schedule(args),
+            "epsilon_use": "each iteration: epsilon_i for training, epsilon_i for validation",
+            "delta": args.delta,
+            "start_rows": args.start_rows,
+            "max_iterations": args.max_iterations,
+            "held_out_rows": args.holdout,
+            "reference_rows": args.reference_rows,
+            "seed": args.seed,
+            "train_test": "90:10 per record",
+            "eta_schedule": "eta/(i(i+1)) at iteration i",
+        },
         "paper_table2": PAPER_TABLE2,
     }
     for name in tasks:
@@ -375,18 +454,24 @@ def run(args):
         for (mode, eta), c in counts.items():
             rate = c["violations"] / c["accepted"] if c["accepted"] else None
             table.setdefault(str(eta), {})[mode] = {
-                "violation_rate": rate, "violations": c["violations"], "accepted": c["accepted"],
+                "violation_rate": rate,
+                "violations": c["violations"],
+                "accepted": c["accepted"],
                 "accept_rate": c["accepted"] / args.trials,
                 "violation_rate_upper95": _upper95(c["violations"], c["accepted"]),
-                "mean_iterations_to_accept": c["iterations"] / c["accepted"] if c["accepted"] else None}
+                "mean_iterations_to_accept": c["iterations"] / c["accepted"] if c["accepted"] else None,
+            }
         figures[name] = {"best_metric": best, "naive_metric": naive, "table2": table}
         paper = PAPER_TABLE2["taxi_mse" if name == "taxi_mse" else "criteo_accuracy"]
         figures[f"{name}_summary"] = {
-            eta: {mode: f"{row[mode]['violation_rate'] if row[mode]['violation_rate'] is not None else float('nan'):.4f}"
-                  f" ({row[mode]['violations']}/{row[mode]['accepted']}; paper "
-                  f"{paper.get(eta, {}).get(mode.replace('sage_spec', 'sage'), 'n/a')})"
-                  for mode in MODES}
-            for eta, row in table.items()}
+            eta: {
+                mode: f"{row[mode]['violation_rate'] if row[mode]['violation_rate'] is not None else float('nan'):.4f}"
+                f" ({row[mode]['violations']}/{row[mode]['accepted']}; paper "
+                f"{paper.get(eta, {}).get(mode.replace('sage_spec', 'sage'), 'n/a')})"
+                for mode in MODES
+            }
+            for eta, row in table.items()
+        }
     if getattr(args, "plot", None):
         plot(figures, tasks, etas, args.plot)
         figures["plot"] = args.plot
@@ -394,8 +479,13 @@ def run(args):
     return figures
 
 
-LABELS = {"no_sla": "No SLA\n(TFX evaluator)", "non_private": "NP SLA", "uncorrected": "UC DP SLA",
-          "sage_spec": "Sage SLA\n(paper bounds)", "sage": "Sage SLA"}
+LABELS = {
+    "no_sla": "No SLA\n(TFX evaluator)",
+    "non_private": "NP SLA",
+    "uncorrected": "UC DP SLA",
+    "sage_spec": "Sage SLA\n(paper bounds)",
+    "sage": "Sage SLA",
+}
 
 
 def plot(figures, tasks, etas, path):
@@ -415,8 +505,15 @@ def plot(figures, tasks, etas, path):
             rates = [row[m]["violation_rate"] or 0.0 for m in MODES]
             uppers = [row[m]["violation_rate_upper95"] or 0.0 for m in MODES]
             xs = np.arange(len(MODES)) + (j - (len(etas) - 1) / 2) * width
-            ax.bar(xs, rates, width, yerr=[[0] * len(MODES), np.maximum(0, np.subtract(uppers, rates))],
-                   capsize=3, label=f"eta = {eta:g}", color=f"C{j}")
+            ax.bar(
+                xs,
+                rates,
+                width,
+                yerr=[[0] * len(MODES), np.maximum(0, np.subtract(uppers, rates))],
+                capsize=3,
+                label=f"eta = {eta:g}",
+                color=f"C{j}",
+            )
             ax.hlines(eta, xs[0] - width / 2, xs[-1] + width / 2, colors=f"C{j}", linestyles=":")
         paper = PAPER_TABLE2["taxi_mse" if name == "taxi_mse" else "criteo_accuracy"]["0.05"]["no_sla"]
         ax.plot([0], [paper], "k*", markersize=10, label=f"paper's No SLA ({paper:.1%})")

@@ -20,6 +20,7 @@ line turns it back on. After a command that loaded TensorFlow or Beam finishes, 
 process ends with ``os._exit`` (after the atexit handlers): the interpreter's own
 shutdown can crash there (SIGSEGV, exit 139), which a CI would read as a failure.
 """
+
 import argparse
 import importlib
 import os
@@ -35,7 +36,7 @@ def build_parser(command=None):
     parser = argparse.ArgumentParser(
         prog="sage",
         description="Sage: block-level differential privacy for TFX pipelines. Add --verbose to any command to "
-                    "see TensorFlow's, absl's and Beam's logs.",
+        "see TensorFlow's, absl's and Beam's logs.",
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -59,7 +60,7 @@ def main(argv=None):
     extra = []
     if "--" in argv:  # everything after a bare -- passes through (e.g. Beam pipeline options)
         cut = argv.index("--")
-        argv, extra = argv[:cut], argv[cut + 1:]
+        argv, extra = argv[:cut], argv[cut + 1 :]
     stop_filter = None
     if "--verbose" in argv:
         argv.remove("--verbose")

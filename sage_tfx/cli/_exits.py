@@ -18,6 +18,7 @@ code  name                meaning
 141   EXIT_BROKEN_PIPE    the reader of stdout went away (``sage ledger status | head``): 128 + SIGPIPE
 ====  ==================  ================================================================================
 """
+
 from typing import Final
 
 EXIT_OK: Final = 0

@@ -5,6 +5,7 @@ the CLI's own, ingest's, and the pipeline components' (BlockExampleGen, DPTransf
 open the ledger by its location, in this process or in Beam workers that inherit the environment). Only the
 PATH travels, never the key, and nothing of it goes into a pipeline definition or an artifact.
 """
+
 import argparse
 import contextlib
 import os
@@ -25,10 +26,13 @@ def ledger_location(text):
 
 def add_key_file(parser):
     parser.add_argument(
-        "--key-file", default=None, metavar="PATH",
+        "--key-file",
+        default=None,
+        metavar="PATH",
         help=f"the ledger's key file (default: ${ENV_KEY_FILE}, else LEDGER.key beside an SQLite ledger; a "
-             "postgresql:// ledger needs one). Created 0600 by `sage ledger init`; back it up: without it no grant "
-             "of the ledger can be verified")
+        "postgresql:// ledger needs one). Created 0600 by `sage ledger init`; back it up: without it no grant "
+        "of the ledger can be verified",
+    )
     return parser
 
 

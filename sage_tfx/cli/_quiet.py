@@ -13,6 +13,7 @@ Three sources, three switches (all set before TensorFlow, absl or Beam load):
   exception it logs, which the command reports itself).
 * Beam's and TensorFlow's Python logs: only ERROR and above.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -32,9 +33,14 @@ from sage_tfx.shutdown import exit_now, flush_stdio
 _CHATTER = re.compile(
     rb"WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
     rb"|[IWE]\d{4} \d\d:\d\d:\d+\.\d+ +\d+ [\w.+-]+:\d+\] .*"
-    rb"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\.")
-_PY_LEVELS = {"absl": logging.CRITICAL, "tfx": logging.CRITICAL, "apache_beam": logging.ERROR,
-              "tensorflow": logging.ERROR}
+    rb"|To enable the following instructions: .* rebuild TensorFlow with the appropriate compiler flags\."
+)
+_PY_LEVELS = {
+    "absl": logging.CRITICAL,
+    "tfx": logging.CRITICAL,
+    "apache_beam": logging.ERROR,
+    "tensorflow": logging.ERROR,
+}
 
 
 def is_chatter(line: bytes) -> bool:

@@ -4,6 +4,7 @@ Every module in sage_tfx.bench is one benchmark (module ``group_by_mean`` is
 ``sage bench group-by-mean``); it defines ``add_arguments(parser)``,
 ``run(args) -> dict`` (the figures) and a one-line docstring.
 """
+
 import importlib
 import json
 import pkgutil

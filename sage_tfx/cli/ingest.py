@@ -36,6 +36,7 @@ Staging folders of killed ingests are removed at the next ingest of the stream
 
 Exit codes: 0 success; 2 bad input (nothing registered).
 """
+
 import argparse
 import sys
 
@@ -44,13 +45,21 @@ from ._keys import add_key_file, ledger_location
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("ingest", help="ingest a data set into ledger-registered blocks (Beam)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "ingest",
+        help="ingest a data set into ledger-registered blocks (Beam)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--db", required=True, type=ledger_location, help="ledger file path (SQLite) or postgresql:// URL")
     add_key_file(p)
     p.add_argument("--stream", required=True, help="stream name (create it with `sage ledger init`)")
-    p.add_argument("--input", required=True, action="append",
-                   help="input file or glob (repeatable); each file is read by one Beam worker")
+    p.add_argument(
+        "--input",
+        required=True,
+        action="append",
+        help="input file or glob (repeatable); each file is read by one Beam worker",
+    )
     p.add_argument("--data-root", required=True, help="directory holding the blocks")
     p.add_argument("--format", choices=("csv", "tfrecord", "parquet"), help="default: from the file name")
     p.add_argument("--block-by", choices=("time", "user"), default="time")
@@ -59,18 +68,32 @@ def add_parser(subparsers):
     p.add_argument("--user-column", help="the user of each record (for --block-by user)")
     p.add_argument("--shards", type=int, help="number of user shards (blocks)")
     p.add_argument("--hash-key", help="key of the user-shard hash (default: the stream name)")
-    p.add_argument("--allow-duplicate-of-stream", action="append", default=[], metavar="STREAM",
-                   help="register blocks whose records stream STREAM already holds (refused by default: the copy "
-                        "gets a fresh budget here, so a person's loss adds up across both streams); repeatable")
-    p.add_argument("--staging-location", metavar="URL_OR_DIR",
-                   help="where Beam workers write the run's sealed part files and part list: a Beam FileSystems URL "
-                        "(gs://, s3://, hdfs://) or a folder outside the data root; the workers then need no access "
-                        "to the data root (default: DATA_ROOT/STREAM/_staging; docs/scale_out.md)")
+    p.add_argument(
+        "--allow-duplicate-of-stream",
+        action="append",
+        default=[],
+        metavar="STREAM",
+        help="register blocks whose records stream STREAM already holds (refused by default: the copy "
+        "gets a fresh budget here, so a person's loss adds up across both streams); repeatable",
+    )
+    p.add_argument(
+        "--staging-location",
+        metavar="URL_OR_DIR",
+        help="where Beam workers write the run's sealed part files and part list: a Beam FileSystems URL "
+        "(gs://, s3://, hdfs://) or a folder outside the data root; the workers then need no access "
+        "to the data root (default: DATA_ROOT/STREAM/_staging; docs/scale_out.md)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.add_argument("--runner", help="Beam runner (default DirectRunner; `dask` = Beam's DaskRunner, see "
-                                    "docs/scale_out.md); other Beam options pass through")
-    p.add_argument("--dask-address", help="with --runner dask: the Dask scheduler (host:port or tcp://...); "
-                                          "default: Dask starts a LocalCluster of its own")
+    p.add_argument(
+        "--runner",
+        help="Beam runner (default DirectRunner; `dask` = Beam's DaskRunner, see "
+        "docs/scale_out.md); other Beam options pass through",
+    )
+    p.add_argument(
+        "--dask-address",
+        help="with --runner dask: the Dask scheduler (host:port or tcp://...); "
+        "default: Dask starts a LocalCluster of its own",
+    )
     p.set_defaults(func=run)
     pass_unknown_to_beam(p)
 
@@ -102,18 +125,32 @@ def run(args, beam_args=None):
     if args.dask_address:
         beam_args.append(f"--dask-address={args.dask_address}")
     try:
-        result = ingest(args.db, args.stream, args.input, args.data_root, block_by=args.block_by,
-                        time_column=args.time_column, window=args.window, user_column=args.user_column,
-                        shards=args.shards, hash_key=args.hash_key, fmt=args.format, beam_args=beam_args,
-                        progress=not args.quiet, allow_duplicate_of=args.allow_duplicate_of_stream,
-                        staging_location=args.staging_location)
+        result = ingest(
+            args.db,
+            args.stream,
+            args.input,
+            args.data_root,
+            block_by=args.block_by,
+            time_column=args.time_column,
+            window=args.window,
+            user_column=args.user_column,
+            shards=args.shards,
+            hash_key=args.hash_key,
+            fmt=args.format,
+            beam_args=beam_args,
+            progress=not args.quiet,
+            allow_duplicate_of=args.allow_duplicate_of_stream,
+            staging_location=args.staging_location,
+        )
     except (ValueError, LedgerError, OSError) as exc:
         print(f"sage ingest: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print(f"stream {args.stream}: columns as stored (the stream keeps these types):")
     print("\n".join(format_columns(result["columns"], args.time_column)))
-    print(f"stream {args.stream}: {len(result['added'])} block(s) added, {len(result['unchanged'])} already "
-          f"present (unchanged){_encrypted(result)}; data under {args.data_root}")
+    print(
+        f"stream {args.stream}: {len(result['added'])} block(s) added, {len(result['unchanged'])} already "
+        f"present (unchanged){_encrypted(result)}; data under {args.data_root}"
+    )
     return EXIT_OK
 
 

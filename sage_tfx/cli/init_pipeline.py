@@ -11,6 +11,7 @@ are one-hot encoded over a public list of codes. Rows with a missing label are d
 
 Exit codes: 0 written, 2 bad input (nothing written).
 """
+
 import argparse
 import os
 import sys
@@ -23,23 +24,44 @@ PLACEHOLDER_CODES = [0, 1, 2]  # --categorical COL without a file to read its co
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("init-pipeline", help="write a pipeline of your own to start from (3 files)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "init-pipeline",
+        help="write a pipeline of your own to start from (3 files)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("directory", help="where to write pipeline.py, preprocessing.py and trainer.py")
     p.add_argument("--label", required=True, help="the label column (numeric)")
     p.add_argument("--metric", required=True, choices=[m.value for m in Metric if m is not Metric.CUSTOM])
-    p.add_argument("--loss-bound", type=float, default=None,
-                   help="public bound B each example's loss is clipped to (mse, mae; log_loss defaults to ln 1e7)")
+    p.add_argument(
+        "--loss-bound",
+        type=float,
+        default=None,
+        help="public bound B each example's loss is clipped to (mse, mae; log_loss defaults to ln 1e7)",
+    )
     p.add_argument("--data-root", help="with --stream: take the schema of an ingested stream")
     p.add_argument("--stream")
-    p.add_argument("--db", help="with --stream: the ledger, READ only, to fit the first window and state the epsilon "
-                                "plan its budget allows (default: the window fits the data root's blocks)")
+    p.add_argument(
+        "--db",
+        help="with --stream: the ledger, READ only, to fit the first window and state the epsilon "
+        "plan its budget allows (default: the window fits the data root's blocks)",
+    )
     p.add_argument("--input", help="or: take the schema of a data file (CSV, TFRecord or Parquet)")
     p.add_argument("--time-column", help="with --input: the time column, left out of the features")
-    p.add_argument("--label-source", action="append", default=[], metavar="COL",
-                   help="a column the label is computed from, or computed from it: never a feature (repeatable)")
-    p.add_argument("--categorical", action="append", default=[], metavar="COL",
-                   help="an int column of category codes: one-hot encoded, not a number (repeatable)")
+    p.add_argument(
+        "--label-source",
+        action="append",
+        default=[],
+        metavar="COL",
+        help="a column the label is computed from, or computed from it: never a feature (repeatable)",
+    )
+    p.add_argument(
+        "--categorical",
+        action="append",
+        default=[],
+        metavar="COL",
+        help="an int column of category codes: one-hot encoded, not a number (repeatable)",
+    )
     p.add_argument("--name", help="the pipeline's name (default: the directory's name)")
     p.add_argument("--force", action="store_true", help="overwrite existing files")
     p.set_defaults(func=_run)
@@ -96,11 +118,23 @@ def _run(args):
         times = [t for t in [time_column, *times] if t]
         categories = {c: seen[c] for c in seen if c not in args.label_source}
         categories.update({c: seen.get(c, PLACEHOLDER_CODES) for c in args.categorical})
-        _, categories, left_out = plan_features(schema, args.label, time_columns=times,
-                                                label_sources=args.label_source, categories=categories)
-        paths = write_template(args.directory, schema, args.label, args.metric, name=args.name,
-                               loss_bound=args.loss_bound, time_columns=times, label_sources=args.label_source,
-                               categories=categories, force=args.force, blocks=blocks, plan=plan)
+        _, categories, left_out = plan_features(
+            schema, args.label, time_columns=times, label_sources=args.label_source, categories=categories
+        )
+        paths = write_template(
+            args.directory,
+            schema,
+            args.label,
+            args.metric,
+            name=args.name,
+            loss_bound=args.loss_bound,
+            time_columns=times,
+            label_sources=args.label_source,
+            categories=categories,
+            force=args.force,
+            blocks=blocks,
+            plan=plan,
+        )
     except (ValueError, OSError) as exc:
         print(f"sage init-pipeline: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -111,6 +145,8 @@ def _run(args):
         print(f"not a feature: {column} ({why})")
     for column, codes in categories.items():
         print(f"one-hot: {column}, codes {codes} (EDIT them in preprocessing.py to the public list)")
-    print("next: edit the PUBLIC bounds they hold, then `sage run "
-          f"{paths[0]} --check --db LEDGER --stream STREAM --data-root DATA` (spends nothing)")
+    print(
+        "next: edit the PUBLIC bounds they hold, then `sage run "
+        f"{paths[0]} --check --db LEDGER --stream STREAM --data-root DATA` (spends nothing)"
+    )
     return EXIT_OK

@@ -3,6 +3,7 @@
 Exit codes: 0 success; 1 audit found a violation; 2 bad input (nothing
 changed); 3 the budget refused a charge (nothing changed).
 """
+
 import argparse
 import datetime as _dt
 import json
@@ -38,14 +39,20 @@ def _number(text):
 
 
 def add_parser(subparsers):
-    parser = subparsers.add_parser("ledger", help="the privacy ledger: streams, blocks, grants, audit",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "ledger",
+        help="the privacy ledger: streams, blocks, grants, audit",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="ledger_command", metavar="ACTION")
     sub.required = True
 
     def action(name, func, help_text):
         p = sub.add_parser(name, help=help_text, description=help_text)
-        p.add_argument("--db", required=True, type=ledger_location, help="ledger file path (SQLite) or postgresql:// URL")
+        p.add_argument(
+            "--db", required=True, type=ledger_location, help="ledger file path (SQLite) or postgresql:// URL"
+        )
         add_key_file(p)
         p.set_defaults(func=lambda args: _guarded(func, args))
         return p
@@ -54,36 +61,75 @@ def add_parser(subparsers):
     p.add_argument("--stream", required=True)
     p.add_argument("--epsilon", required=True, type=_number)
     p.add_argument("--delta", required=True, type=_number)
-    p.add_argument("--accounting", choices=tuple(Accounting), default=Accounting.BASIC.value,
-                   help="basic: per-block basic composition (the paper); rdp: per-block Renyi filter")
-    p.add_argument("--policy", choices=tuple(Policy), default=Policy.CONSERVE.value,
-                   help="who may spend a block's budget, and when (docs/scheduling_policies.md): conserve, "
-                        "aggressive (the paper's reservations), or the queued dpf-n, dpf-t (PrivateKube's DPF) and "
-                        "dpack (efficiency-ordered), under which a refused request waits as a demand and is granted "
-                        "in the policy's order; repeat the request to collect it")
-    p.add_argument("--policy-param", action="append", default=[], metavar="NAME=VALUE",
-                   help="a queued policy's parameter, repeatable: n=INT (dpf-n, dpack: the budget unlocks in n "
-                        "shares, one per pipeline arrival; default 100), lifetime=SECONDS (dpf-t: it unlocks "
-                        "linearly over that time after a block's created time; default 86400)")
-    p.add_argument("--min-epsilon", type=_number, default=None,
-                   help="retire a block once a query of this epsilon no longer fits (default: epsilon/100)")
-    p.add_argument("--query-delta-share", type=_number, default=None, metavar="Q",
-                   help="--accounting rdp: the part of --delta its (epsilon, delta) charges may spend, fixed now "
-                        "(default 0.5; 0: a stream charged RDP curves only); the rest converts the Renyi sum "
-                        "(docs/block_composition.md)")
-    p.add_argument("--min-grant-epsilon", type=_number, default=None,
-                   help="refuse grants below this epsilon (default 0.001, or --min-epsilon if smaller): a tinier "
-                        "grant buys a data read for nothing")
-    p.add_argument("--max-epsilon", type=_number, default=None,
-                   help="refuse a stream --epsilon above this (default 10: beyond it the guarantee says little); "
-                        "raise it only knowingly")
-    p.add_argument("--privacy-unit", default=None, metavar="COLUMN",
-                   help="whom the guarantee protects: the column naming each record's person or device (rider_id, "
-                        "company); default: row (event-level DP). Needs --max-rows-per-unit "
-                        "(docs/block_composition.md, \"Privacy units\")")
-    p.add_argument("--max-rows-per-unit", type=int, default=None, metavar="K",
-                   help="with --privacy-unit: ingest keeps at most K rows of a unit per block (a keyed-hash choice), "
-                        "and every mechanism gets the per-row budget epsilon/K that makes it epsilon-DP on K rows")
+    p.add_argument(
+        "--accounting",
+        choices=tuple(Accounting),
+        default=Accounting.BASIC.value,
+        help="basic: per-block basic composition (the paper); rdp: per-block Renyi filter",
+    )
+    p.add_argument(
+        "--policy",
+        choices=tuple(Policy),
+        default=Policy.CONSERVE.value,
+        help="who may spend a block's budget, and when (docs/scheduling_policies.md): conserve, "
+        "aggressive (the paper's reservations), or the queued dpf-n, dpf-t (PrivateKube's DPF) and "
+        "dpack (efficiency-ordered), under which a refused request waits as a demand and is granted "
+        "in the policy's order; repeat the request to collect it",
+    )
+    p.add_argument(
+        "--policy-param",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a queued policy's parameter, repeatable: n=INT (dpf-n, dpack: the budget unlocks in n "
+        "shares, one per pipeline arrival; default 100), lifetime=SECONDS (dpf-t: it unlocks "
+        "linearly over that time after a block's created time; default 86400)",
+    )
+    p.add_argument(
+        "--min-epsilon",
+        type=_number,
+        default=None,
+        help="retire a block once a query of this epsilon no longer fits (default: epsilon/100)",
+    )
+    p.add_argument(
+        "--query-delta-share",
+        type=_number,
+        default=None,
+        metavar="Q",
+        help="--accounting rdp: the part of --delta its (epsilon, delta) charges may spend, fixed now "
+        "(default 0.5; 0: a stream charged RDP curves only); the rest converts the Renyi sum "
+        "(docs/block_composition.md)",
+    )
+    p.add_argument(
+        "--min-grant-epsilon",
+        type=_number,
+        default=None,
+        help="refuse grants below this epsilon (default 0.001, or --min-epsilon if smaller): a tinier "
+        "grant buys a data read for nothing",
+    )
+    p.add_argument(
+        "--max-epsilon",
+        type=_number,
+        default=None,
+        help="refuse a stream --epsilon above this (default 10: beyond it the guarantee says little); "
+        "raise it only knowingly",
+    )
+    p.add_argument(
+        "--privacy-unit",
+        default=None,
+        metavar="COLUMN",
+        help="whom the guarantee protects: the column naming each record's person or device (rider_id, "
+        "company); default: row (event-level DP). Needs --max-rows-per-unit "
+        '(docs/block_composition.md, "Privacy units")',
+    )
+    p.add_argument(
+        "--max-rows-per-unit",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --privacy-unit: ingest keeps at most K rows of a unit per block (a keyed-hash choice), "
+        "and every mechanism gets the per-row budget epsilon/K that makes it epsilon-DP on K rows",
+    )
 
     p = action("add-block", _add_block, "add a fresh block (a time window or a user shard)")
     p.add_argument("--stream", required=True)
@@ -99,13 +145,17 @@ def add_parser(subparsers):
     p.add_argument("--blocks", required=True, help="comma-separated block ids")
     p.add_argument("--epsilon", required=True, type=_number)
     p.add_argument("--delta", type=_number, default=0.0)
-    p.add_argument("--split", default=None, metavar="STAGE=EPS,...",
-                   help="what each pipeline stage may spend, e.g. preprocessing=0.1,count=0.05,training=0.3,"
-                        "validation=0.05 (stages: preprocessing, count, training, rejection, validation; add "
-                        "rule=parallel for a per-record train/test split, default rule=sum); the stages must "
-                        "compose to at most --epsilon; training gets --delta (less preprocessing_delta=D, "
-                        "which a DP vocabulary needs, if given). Without --split the grant is "
-                        "single-stage: ONE component may spend it")
+    p.add_argument(
+        "--split",
+        default=None,
+        metavar="STAGE=EPS,...",
+        help="what each pipeline stage may spend, e.g. preprocessing=0.1,count=0.05,training=0.3,"
+        "validation=0.05 (stages: preprocessing, count, training, rejection, validation; add "
+        "rule=parallel for a per-record train/test split, default rule=sum); the stages must "
+        "compose to at most --epsilon; training gets --delta (less preprocessing_delta=D, "
+        "which a DP vocabulary needs, if given). Without --split the grant is "
+        "single-stage: ONE component may spend it",
+    )
     p.add_argument("--json", action="store_true", help="print the whole signed grant as JSON")
 
     p = action("status", _status, "per-block budget table (or --json)")
@@ -115,19 +165,25 @@ def add_parser(subparsers):
     p = action("audit", _audit, "recompute every block's loss from the hash-chained log (exit 1 on violation)")
     p.add_argument("--json", action="store_true")
 
-    p = action("anchor", _anchor,
-               "re-anchor this host's head file on the ledger as it is now, ON PURPOSE: after restoring a known-good "
-               "copy deliberately, or on a host joining a PostgreSQL ledger without a copy of a head file (logged "
-               "in the ledger with the reason and host; the audit lists it; docs/security.md)")
+    p = action(
+        "anchor",
+        _anchor,
+        "re-anchor this host's head file on the ledger as it is now, ON PURPOSE: after restoring a known-good "
+        "copy deliberately, or on a host joining a PostgreSQL ledger without a copy of a head file (logged "
+        "in the ledger with the reason and host; the audit lists it; docs/security.md)",
+    )
     p.add_argument("--reason", required=True, help="why (recorded in the ledger's keyed log)")
     p.add_argument("--json", action="store_true")
 
-    action("upgrade", _upgrade,
-           "bring a ledger written by an older sage-tfx to this version, once (every other command refuses such a "
-           "ledger with exit 2): the key moved out of the database, the ledger id bound, a JSON head file "
-           "rewritten in slots, the schema's new tables and columns, the rows' display times bound by a keyed "
-           "entry; prints a line per step; a ledger "
-           "already up to date is left untouched (docs/security.md, 'Upgrading a ledger')")
+    action(
+        "upgrade",
+        _upgrade,
+        "bring a ledger written by an older sage-tfx to this version, once (every other command refuses such a "
+        "ledger with exit 2): the key moved out of the database, the ledger id bound, a JSON head file "
+        "rewritten in slots, the schema's new tables and columns, the rows' display times bound by a keyed "
+        "entry; prints a line per step; a ledger "
+        "already up to date is left untouched (docs/security.md, 'Upgrading a ledger')",
+    )
 
     p = action("plot", _plot, "heat-map PNG of budget spent per block over time")
     p.add_argument("--stream", required=True)
@@ -166,11 +222,17 @@ def _init(args):
     from sage_tfx.privacy import Ledger
     from sage_tfx.privacy.ledger import DEFAULT_MAX_STREAM_EPSILON
 
-    limits = dict(accounting=args.accounting, policy=args.policy, min_epsilon=args.min_epsilon,
-                  max_epsilon=DEFAULT_MAX_STREAM_EPSILON if args.max_epsilon is None else args.max_epsilon,
-                  min_grant_epsilon=args.min_grant_epsilon, policy_params=_policy_params(args.policy_param),
-                  query_delta_share=args.query_delta_share, privacy_unit=args.privacy_unit,
-                  max_rows_per_unit=args.max_rows_per_unit)
+    limits = dict(
+        accounting=args.accounting,
+        policy=args.policy,
+        min_epsilon=args.min_epsilon,
+        max_epsilon=DEFAULT_MAX_STREAM_EPSILON if args.max_epsilon is None else args.max_epsilon,
+        min_grant_epsilon=args.min_grant_epsilon,
+        policy_params=_policy_params(args.policy_param),
+        query_delta_share=args.query_delta_share,
+        privacy_unit=args.privacy_unit,
+        max_rows_per_unit=args.max_rows_per_unit,
+    )
     # Every check that needs no ledger runs before the ledger is created: a refused init leaves nothing.
     Ledger.check_stream_args(args.stream, args.epsilon, args.delta, **limits)
     with _open(args, create=True) as ledger:
@@ -178,8 +240,10 @@ def _init(args):
     params = "".join(f" {k}={v:g}" for k, v in sorted((s.policy_params or {}).items()))
     share = "" if s.query_delta_share is None else f", query_delta_share={s.query_delta_share:g}"
     unit = "" if s.privacy_unit is None else f", privacy unit {s.privacy_unit} (at most {s.unit_rows} rows a block)"
-    print(f"stream {s.name}: global (epsilon={s.epsilon:g}, delta={s.delta:g}), accounting={s.accounting}{share}, "
-          f"policy={s.policy}{params}{unit}")
+    print(
+        f"stream {s.name}: global (epsilon={s.epsilon:g}, delta={s.delta:g}), accounting={s.accounting}{share}, "
+        f"policy={s.policy}{params}{unit}"
+    )
 
 
 def _policy_params(items):
@@ -206,8 +270,7 @@ def _policy_params(items):
 
 def _add_block(args):
     with _open(args) as ledger:
-        b = ledger.add_block(args.stream, args.block, start=args.start, end=args.end, shard=args.shard,
-                             rows=args.rows)
+        b = ledger.add_block(args.stream, args.block, start=args.start, end=args.end, shard=args.shard, rows=args.rows)
     from sage_tfx.privacy.report import block_key_text
 
     print(f"block {b.id} added to {b.stream}: {block_key_text(b.key)}, fresh budget")
@@ -218,8 +281,9 @@ def _charge(args):
 
     split = None if args.split is None else BudgetSplit.parse(args.split, delta=args.delta)
     with _open(args) as ledger:
-        grant = ledger.request(args.pipeline, args.stream, blocks=args.blocks, epsilon=args.epsilon,
-                               delta=args.delta, split=split)
+        grant = ledger.request(
+            args.pipeline, args.stream, blocks=args.blocks, epsilon=args.epsilon, delta=args.delta, split=split
+        )
     print(grant.to_json() if args.json else grant.id)
 
 
@@ -255,8 +319,11 @@ def _anchor(args):
 
     with Ledger.reanchor(args.db, args.reason) as ledger:
         seq = ledger.head_file.get(ledger.ledger_id)["seq"]
-        print(f"re-anchored: this host's head file now records log entry {seq} of ledger {ledger.ledger_id} "
-              "(logged with the reason)", file=sys.stderr)
+        print(
+            f"re-anchored: this host's head file now records log entry {seq} of ledger {ledger.ledger_id} "
+            "(logged with the reason)",
+            file=sys.stderr,
+        )
         report = ledger.audit()
     return _print_audit(args, report)
 
@@ -266,9 +333,11 @@ def _print_audit(args, report):
         print(json.dumps(report.to_dict(), indent=2))
         return EXIT_OK if report.ok else EXIT_VIOLATION
     if report.ok:
-        print(f"audit OK: {report.entries} log entries, {report.streams} stream(s), {report.blocks} blocks, "
-              f"{report.grants} grants; every block within its global budget; every grant's stages within its "
-              "charge; hash chain intact")
+        print(
+            f"audit OK: {report.entries} log entries, {report.streams} stream(s), {report.blocks} blocks, "
+            f"{report.grants} grants; every block within its global budget; every grant's stages within its "
+            "charge; hash chain intact"
+        )
     else:
         print(f"audit FAILED: {len(report.problems)} problem(s)")
         for problem in report.problems:
@@ -284,8 +353,10 @@ def _trusted_reads_text(reads):
         when = _dt.datetime.fromtimestamp(read["time"], _dt.UTC).isoformat(timespec="seconds")
         blocks = read["blocks"]
         shown = ", ".join(blocks[:5]) + (f" and {len(blocks) - 5} more" if len(blocks) > 5 else "")
-        lines.append(f"  - log entry {read['seq']} at {when}: stream {read['stream']!r}, {len(blocks)} block(s) "
-                     f"{shown}; purpose: {read['purpose']}")
+        lines.append(
+            f"  - log entry {read['seq']} at {when}: stream {read['stream']!r}, {len(blocks)} block(s) "
+            f"{shown}; purpose: {read['purpose']}"
+        )
     return "\n".join(lines)
 
 

@@ -47,6 +47,7 @@ This module is the command line only: it builds the strategy's settings (``sage_
 Exit codes (sage_tfx.cli._exits): 0 success; 1 a release failed after its charge; 2 bad input (nothing
 charged); 3 the budget refused a block's charge (that block and later ones are not released; earlier ones are).
 """
+
 import argparse
 import dataclasses
 import json
@@ -72,115 +73,204 @@ class _BadInput(Exception):
 
 
 def add_parser(subparsers):
-    parser = subparsers.add_parser("release", help="continual / sliding-window / incremental-regression release "
-                                   "of a model at every block of a stream", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "release",
+        help="continual / sliding-window / incremental-regression release of a model at every block of a stream",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="strategy", metavar="STRATEGY")
     sub.required = True
-    cont = sub.add_parser("continual", help="a regularised ERM model (logistic / least squares) at every block, "
-                          "all history or a sliding window (Watson et al.)",
-                          description="Continual (all history) or, with --window, sliding-window release of a "
-                                      "regularised ERM model at every new block; each block is charged its whole "
-                                      "per-record bound (--epsilon, --delta) once, before it is read.")
+    cont = sub.add_parser(
+        "continual",
+        help="a regularised ERM model (logistic / least squares) at every block, "
+        "all history or a sliding window (Watson et al.)",
+        description="Continual (all history) or, with --window, sliding-window release of a "
+        "regularised ERM model at every new block; each block is charged its whole "
+        "per-record bound (--epsilon, --delta) once, before it is read.",
+    )
     _common(cont)
     cont.add_argument("--loss", choices=("logistic", "squared"), help="the ERM loss (default %(default)s)")
-    cont.add_argument("--rows-per-block", type=int, required=True, metavar="M",
-                      help="the DECLARED records per block m0 that normalises the objective (public; the "
-                           "sensitivity is 1/(lam * blocks * M), whatever the data holds)")
-    cont.add_argument("--window", type=int, metavar="W",
-                      help="sliding window in blocks (default: all history, the cumulative release)")
+    cont.add_argument(
+        "--rows-per-block",
+        type=int,
+        required=True,
+        metavar="M",
+        help="the DECLARED records per block m0 that normalises the objective (public; the "
+        "sensitivity is 1/(lam * blocks * M), whatever the data holds)",
+    )
+    cont.add_argument(
+        "--window",
+        type=int,
+        metavar="W",
+        help="sliding window in blocks (default: all history, the cumulative release)",
+    )
     cont.add_argument("--lam", type=float, help="ridge weight lam (default %(default)s)")
     cont.add_argument("--radius", type=float, help="parameter-ball radius R (default %(default)s)")
-    cont.add_argument("--positive-above", type=float, metavar="VALUE",
-                      help="logistic: a label is +1 iff its value > VALUE (default %(default)s), else -1")
-    cont.add_argument("--push-dir", metavar="DIR",
-                      help="write every model as a TFX Model artifact DIR/model-<t>/Format-Serving/ and its "
-                           "ModelBlessing DIR/blessing-<t>/ (BLESSED iff its SLA check ACCEPTed or none is set; "
-                           "what a TFX Pusher reads)")
-    cont.add_argument("--serving-dir", metavar="DIR",
-                      help="push the BLESSED models to DIR/<t>/ as TFX's Pusher does (needs --push-dir)")
-    cont.add_argument("--sla-target", type=float, metavar="LOSS",
-                      help="SLA: ACCEPT a model iff its expected (clipped) loss is <= LOSS (DPLossValidator), "
-                           "checked on the newest block's test part; needs --sla-epsilon")
-    cont.add_argument("--sla-epsilon", type=float, metavar="E",
-                      help="the SLA check's epsilon (<= --epsilon: a parallel train/test split of each block)")
+    cont.add_argument(
+        "--positive-above",
+        type=float,
+        metavar="VALUE",
+        help="logistic: a label is +1 iff its value > VALUE (default %(default)s), else -1",
+    )
+    cont.add_argument(
+        "--push-dir",
+        metavar="DIR",
+        help="write every model as a TFX Model artifact DIR/model-<t>/Format-Serving/ and its "
+        "ModelBlessing DIR/blessing-<t>/ (BLESSED iff its SLA check ACCEPTed or none is set; "
+        "what a TFX Pusher reads)",
+    )
+    cont.add_argument(
+        "--serving-dir",
+        metavar="DIR",
+        help="push the BLESSED models to DIR/<t>/ as TFX's Pusher does (needs --push-dir)",
+    )
+    cont.add_argument(
+        "--sla-target",
+        type=float,
+        metavar="LOSS",
+        help="SLA: ACCEPT a model iff its expected (clipped) loss is <= LOSS (DPLossValidator), "
+        "checked on the newest block's test part; needs --sla-epsilon",
+    )
+    cont.add_argument(
+        "--sla-epsilon",
+        type=float,
+        metavar="E",
+        help="the SLA check's epsilon (<= --epsilon: a parallel train/test split of each block)",
+    )
     cont.add_argument("--sla-confidence", type=float, help="SLA confidence 1 - eta (default %(default)s)")
-    cont.add_argument("--sla-loss-bound", type=float, metavar="B",
-                      help="losses are clipped to [0, B] for the SLA check (default %(default)s)")
+    cont.add_argument(
+        "--sla-loss-bound",
+        type=float,
+        metavar="B",
+        help="losses are clipped to [0, B] for the SLA check (default %(default)s)",
+    )
     cont.set_defaults(func=_run, **_defaults(ContinualSettings))
 
-    inc = sub.add_parser("incremental-regression", help="a least-squares regressor at every block by the Tree "
-                         "Mechanism over a declared horizon (Kasiviswanathan et al.)",
-                         description="PrivIncReg1: a linear regressor released at every new block, up to "
-                                     "--horizon blocks; each block is charged the whole-horizon bound "
-                                     "(--epsilon, --delta) once, before it is read.")
+    inc = sub.add_parser(
+        "incremental-regression",
+        help="a least-squares regressor at every block by the Tree "
+        "Mechanism over a declared horizon (Kasiviswanathan et al.)",
+        description="PrivIncReg1: a linear regressor released at every new block, up to "
+        "--horizon blocks; each block is charged the whole-horizon bound "
+        "(--epsilon, --delta) once, before it is read.",
+    )
     _common(inc)
-    inc.add_argument("--horizon", type=int, required=True, metavar="T", help="the blocks this pipeline will "
-                     "ever take (the charge covers T; more blocks need a new --pipeline)")
+    inc.add_argument(
+        "--horizon",
+        type=int,
+        required=True,
+        metavar="T",
+        help="the blocks this pipeline will ever take (the charge covers T; more blocks need a new --pipeline)",
+    )
     inc.add_argument("--bound-x", type=float, help="feature clipping ||x|| <= BX (default %(default)s)")
     inc.add_argument("--bound-y", type=float, help="label clipping |y| <= BY (default %(default)s)")
     inc.add_argument("--radius", type=float, help="the regressor's L2 ball R (default %(default)s)")
     inc.add_argument("--iterations", type=int, help="projected-gradient steps per release (default %(default)s)")
     inc.set_defaults(func=_run, **_defaults(IncrementalSettings))
 
-    grow = sub.add_parser("growth", help="BBScheduler / BBImprover: when to re-run a DP statistic and with which "
-                          "epsilon as the stream grows (Cummings et al.)",
-                          description="A growth schedule for a pipeline: at each new block, say whether the "
-                                      "schedule re-runs and with which epsilon_i, and run its black box (the "
-                                      "epsilon_i-DP mean of --column clipped to [0, --bound] over the DECLARED "
-                                      "records, --rows-per-block per block). Each block is charged the whole "
-                                      "per-record (--epsilon, --delta) once, before it is read.")
+    grow = sub.add_parser(
+        "growth",
+        help="BBScheduler / BBImprover: when to re-run a DP statistic and with which "
+        "epsilon as the stream grows (Cummings et al.)",
+        description="A growth schedule for a pipeline: at each new block, say whether the "
+        "schedule re-runs and with which epsilon_i, and run its black box (the "
+        "epsilon_i-DP mean of --column clipped to [0, --bound] over the DECLARED "
+        "records, --rows-per-block per block). Each block is charged the whole "
+        "per-record (--epsilon, --delta) once, before it is read.",
+    )
     _base(grow)
-    grow.add_argument("--schedule", choices=("scheduler", "improver"),
-                      help="scheduler: BBScheduler, re-run when the stream grew by 1 + gamma (accuracy held); "
-                           "improver: BBImprover, re-run at every block (accuracy improves; needs --delta > 0)")
+    grow.add_argument(
+        "--schedule",
+        choices=("scheduler", "improver"),
+        help="scheduler: BBScheduler, re-run when the stream grew by 1 + gamma (accuracy held); "
+        "improver: BBImprover, re-run at every block (accuracy improves; needs --delta > 0)",
+    )
     grow.add_argument("--column", required=True, metavar="COL", help="the numeric column whose mean is released")
-    grow.add_argument("--bound", type=float, required=True, metavar="B",
-                      help="public bound: values are clipped to [0, B] (the sensitivity is B / n)")
-    grow.add_argument("--rows-per-block", type=int, required=True, metavar="M",
-                      help="the DECLARED records per block (public; n = blocks * M normalises the mean)")
+    grow.add_argument(
+        "--bound",
+        type=float,
+        required=True,
+        metavar="B",
+        help="public bound: values are clipped to [0, B] (the sensitivity is B / n)",
+    )
+    grow.add_argument(
+        "--rows-per-block",
+        type=int,
+        required=True,
+        metavar="M",
+        help="the DECLARED records per block (public; n = blocks * M normalises the mean)",
+    )
     grow.add_argument("--epsilon", type=float, required=True, help="each record's whole-lifetime epsilon")
-    grow.add_argument("--delta", type=float,
-                      help="each record's whole-lifetime delta (default %(default)s: pure DP, scheduler only)")
-    grow.add_argument("--composition", choices=(Composition.ZCDP, Composition.BASIC),
-                      help="scheduler with --delta > 0: zcdp (default; pure runs composed in zCDP) or basic "
-                           "(each run (epsilon_i, delta_i)-DP with Gaussian noise, both shrinking geometrically)")
+    grow.add_argument(
+        "--delta", type=float, help="each record's whole-lifetime delta (default %(default)s: pure DP, scheduler only)"
+    )
+    grow.add_argument(
+        "--composition",
+        choices=(Composition.ZCDP, Composition.BASIC),
+        help="scheduler with --delta > 0: zcdp (default; pure runs composed in zCDP) or basic "
+        "(each run (epsilon_i, delta_i)-DP with Gaussian noise, both shrinking geometrically)",
+    )
     grow.add_argument("--gamma", type=float, help="scheduler: growth factor 1 + gamma (default %(default)s)")
     grow.add_argument("--a", type=float, help="improver: epsilon_t ~ t^-(1/2 + a), 0 < a < 1/2 (default %(default)s)")
     grow.add_argument("--t0", type=int, help="the first run's block count (default %(default)s)")
     grow.set_defaults(func=_run, **_defaults(GrowthSettings))
 
-    pm = sub.add_parser("pmwg", help="PMWG: a declared stream of linear queries (counts, sums over predicates) "
-                        "answered on the growing stream (Cummings et al.)",
-                        description="Private multiplicative weights for a growing database over the declared "
-                                    "universe --bins. The queries of --queries (JSON lines) are answered as the "
-                                    "blocks arrive; each block is charged --epsilon once, before it is read. "
-                                    "A query line: {\"count\": {COL: [LO, HI], ...}} or {\"sum\": COL, "
-                                    "\"bound\": B, \"where\": {COL: [LO, HI]}}, with \"at\": T to ask it "
-                                    "once when the stream has T blocks (default: after every block). A cell "
-                                    "is in [LO, HI) when its centre is.")
+    pm = sub.add_parser(
+        "pmwg",
+        help="PMWG: a declared stream of linear queries (counts, sums over predicates) "
+        "answered on the growing stream (Cummings et al.)",
+        description="Private multiplicative weights for a growing database over the declared "
+        "universe --bins. The queries of --queries (JSON lines) are answered as the "
+        "blocks arrive; each block is charged --epsilon once, before it is read. "
+        'A query line: {"count": {COL: [LO, HI], ...}} or {"sum": COL, '
+        '"bound": B, "where": {COL: [LO, HI]}}, with "at": T to ask it '
+        "once when the stream has T blocks (default: after every block). A cell "
+        "is in [LO, HI) when its centre is.",
+    )
     _base(pm)
-    pm.add_argument("--bins", required=True, metavar="COL=LO:HI:K,...",
-                    help="the declared universe: K equal bins on [LO, HI] per column (values outside are clipped "
-                         "into the outer bins)")
-    pm.add_argument("--queries", required=True, metavar="FILE", help="the declared query stream (JSON lines); it "
-                    "is part of the computation: a pipeline that answered it refuses another file")
-    pm.add_argument("--rows-per-block", type=int, required=True, metavar="M",
-                    help="the DECLARED records per block (public; answers are fractions of n = blocks * M)")
+    pm.add_argument(
+        "--bins",
+        required=True,
+        metavar="COL=LO:HI:K,...",
+        help="the declared universe: K equal bins on [LO, HI] per column (values outside are clipped "
+        "into the outer bins)",
+    )
+    pm.add_argument(
+        "--queries",
+        required=True,
+        metavar="FILE",
+        help="the declared query stream (JSON lines); it "
+        "is part of the computation: a pipeline that answered it refuses another file",
+    )
+    pm.add_argument(
+        "--rows-per-block",
+        type=int,
+        required=True,
+        metavar="M",
+        help="the DECLARED records per block (public; answers are fractions of n = blocks * M)",
+    )
     pm.add_argument("--epsilon", type=float, required=True, help="each record's whole-lifetime epsilon (pure)")
     pm.add_argument("--hard-budget", type=int, help="hard queries k at the first block (default %(default)s)")
     pm.add_argument("--threshold", type=float, help="hardness threshold (fraction; default %(default)s)")
     pm.add_argument("--eta", type=float, help="multiplicative-weights rate (default %(default)s)")
-    pm.add_argument("--growth-exponent", type=float, metavar="P",
-                    help="a hardness round opened at n records costs c (n0 / n)^P, 0 < P <= 1 (default %(default)s); the "
-                         "hard-query budget grows as K (1 + ln(n / n0)) and the rounds sum to --epsilon")
+    pm.add_argument(
+        "--growth-exponent",
+        type=float,
+        metavar="P",
+        help="a hardness round opened at n records costs c (n0 / n)^P, 0 < P <= 1 (default %(default)s); the "
+        "hard-query budget grows as K (1 + ln(n / n0)) and the rounds sum to --epsilon",
+    )
     pm.set_defaults(func=_run, **_defaults(PMWGSettings))
 
 
 def _defaults(cls: type[ReleaseSettings]) -> dict:
     """The settings class's field defaults, the parser's defaults: one home for each (``%(default)s`` in help)."""
-    return {f.name: f.default for f in dataclasses.fields(cls)
-            if f.default is not dataclasses.MISSING and f.name != "progress"}
+    return {
+        f.name: f.default
+        for f in dataclasses.fields(cls)
+        if f.default is not dataclasses.MISSING and f.name != "progress"
+    }
 
 
 def _base(p):
@@ -188,8 +278,11 @@ def _base(p):
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")
     p.add_argument("--pipeline", required=True, help="the name charged in the ledger; its grants are the state")
-    p.add_argument("--json", action="store_true", help="print the release's summary as JSON on stdout "
-                   "(progress lines go to stderr)")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help="print the release's summary as JSON on stdout (progress lines go to stderr)",
+    )
     add_key_file(p)
 
 
@@ -197,8 +290,9 @@ def _common(p):
     _base(p)
     p.add_argument("--label", required=True, metavar="COL", help="the label column (numeric)")
     p.add_argument("--features", required=True, metavar="C1,C2,...", help="numeric feature columns")
-    p.add_argument("--scales", metavar="S1,S2,...",
-                   help="public divisors of the features, one per column (default 1 each)")
+    p.add_argument(
+        "--scales", metavar="S1,S2,...", help="public divisors of the features, one per column (default 1 each)"
+    )
     p.add_argument("--label-scale", type=float, help="public divisor of the label (default %(default)s)")
     p.add_argument("--intercept", action="store_true", help="append a constant feature 1 (after scaling)")
     p.add_argument("--epsilon", type=float, required=True, help="each block's whole-lifetime epsilon")
@@ -216,8 +310,9 @@ class _RaisingParser(argparse.ArgumentParser):
         raise _BadInput(message)
 
 
-def release_argv(strategy: str, options: dict, *, db: str, stream: str, data_root: str, pipeline: str,
-                 source: str = "the options") -> "tuple[list[str] | None, str | None]":
+def release_argv(
+    strategy: str, options: dict, *, db: str, stream: str, data_root: str, pipeline: str, source: str = "the options"
+) -> "tuple[list[str] | None, str | None]":
     """``(argv, None)``: the `sage release STRATEGY` command line that ``options`` (a JSON object's dict: an option
     name without its dashes -> its value) spells, with ``--db``, ``--stream``, ``--data-root`` and ``--pipeline``
     given, checked by the command's own parser (``parse_release_argv``); or ``(None, message)`` naming the bad
@@ -230,27 +325,45 @@ def release_argv(strategy: str, options: dict, *, db: str, stream: str, data_roo
         if strategy not in STRATEGIES:
             raise _BadInput(f"strategy {strategy!r} is unknown: use one of {', '.join(STRATEGIES)}")
         if not isinstance(options, dict):
-            raise _BadInput(f"{source} must be a JSON object of `sage release {strategy}` options, not "
-                            f"{type(options).__name__}")
-        argv = ["release", strategy, "--db", str(db), "--stream", stream, "--data-root", str(data_root),
-                "--pipeline", pipeline]
+            raise _BadInput(
+                f"{source} must be a JSON object of `sage release {strategy}` options, not {type(options).__name__}"
+            )
+        argv = [
+            "release",
+            strategy,
+            "--db",
+            str(db),
+            "--stream",
+            stream,
+            "--data-root",
+            str(data_root),
+            "--pipeline",
+            pipeline,
+        ]
         for key, value in options.items():
             flag = str(key).replace("_", "-").lstrip("-")
             if flag in _FROM_SERVE:
-                raise _BadInput(f"{source}: option {key!r} is given by `sage serve` itself (--db, --stream, "
-                                "--data-root, the --release NAME; no --json, --key-file): leave it out")
+                raise _BadInput(
+                    f"{source}: option {key!r} is given by `sage serve` itself (--db, --stream, "
+                    "--data-root, the --release NAME; no --json, --key-file): leave it out"
+                )
             if value is True:
                 argv.append("--" + flag)
             elif value is False or value is None:
                 continue
-            elif isinstance(value, list) and value and all(isinstance(v, (str, int, float)) and
-                                                           not isinstance(v, bool) for v in value):
+            elif (
+                isinstance(value, list)
+                and value
+                and all(isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value)
+            ):
                 argv += ["--" + flag, ",".join(str(v) for v in value)]
             elif isinstance(value, (str, int, float)):
                 argv += ["--" + flag, str(value)]
             else:
-                raise _BadInput(f"{source}: option {key!r} has value {value!r}: give a string, a number, true/false "
-                                "or a list of strings/numbers")
+                raise _BadInput(
+                    f"{source}: option {key!r} has value {value!r}: give a string, a number, true/false "
+                    "or a list of strings/numbers"
+                )
     except _BadInput as exc:
         return None, str(exc)
     args, error = parse_release_argv(argv)
@@ -319,6 +432,8 @@ def _run(args):
     if args.json:
         print(json.dumps(summary, indent=1, sort_keys=True))
     else:
-        print(f"[{summary['command']}] {summary['charged_blocks']} block(s) charged and released, "
-              f"{summary['resumed_blocks']} resumed without a charge; audit {'OK' if ok else 'FAILED'}")
+        print(
+            f"[{summary['command']}] {summary['charged_blocks']} block(s) charged and released, "
+            f"{summary['resumed_blocks']} resumed without a charge; audit {'OK' if ok else 'FAILED'}"
+        )
     return code if ok or code != EXIT_OK else EXIT_FAILED

@@ -47,6 +47,7 @@ interrupted by an error of the environment (an OSError such as a full disk, a bl
 TensorFlow's filesystem errors: no outcome is recorded, and the same command run again after fixing the cause
 resumes it under its grant, with no new charge).
 """
+
 import argparse
 import math
 import os
@@ -61,53 +62,99 @@ from ._run_schedule import _run_scheduled, read_json_options, schedule_option  #
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("run", help="privacy-adaptive training of a ready pipeline (taxi_regression, ...)",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("pipeline", help="a built-in pipeline (taxi_regression, taxi_classification), the path of a "
-                                    "pipeline file defining a SagePipeline, or a dotted module path")
+    p = subparsers.add_parser(
+        "run",
+        help="privacy-adaptive training of a ready pipeline (taxi_regression, ...)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "pipeline",
+        help="a built-in pipeline (taxi_regression, taxi_classification), the path of a "
+        "pipeline file defining a SagePipeline, or a dotted module path",
+    )
     p.add_argument("--db", required=True, type=ledger_location, help="ledger file or postgresql:// URL")
     add_key_file(p)
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")
-    p.add_argument("--target", type=target_list, default=None,
-                   help="quality target (required unless --check): MSE in seconds^2 (taxi_regression), accuracy "
-                        "(taxi_classification), in the unit of the pipeline's SLA. With --check, several "
-                        "candidates A,B,C are estimated from one dry run")
-    p.add_argument("--check", action="store_true",
-                   help="a dry run that spends nothing: one iteration on GENERATED rows of the stream's schema in a "
-                        "throwaway ledger, to find schema and module errors before any charge (exit 0 if it ran "
-                        "end to end, 2 with the error otherwise)")
-    p.add_argument("--expected-loss", type=float, default=None, metavar="VALUE",
-                   help="with --check and --target: a PUBLIC guess of the model's true metric in the SLA's unit (a "
-                        "loss; for accuracy pipelines, the accuracy) for the estimate of the rows to ACCEPT (default: "
-                        "half the target loss; accuracy: half the target's error rate)")
-    p.add_argument("--positive-rate", type=float, default=None, metavar="P",
-                   help="a PUBLIC prior on a binary label (accuracy, log_loss): its share of positives; a target "
-                        "the constant predictor then meets (majority class, constant probability P) is refused")
-    p.add_argument("--label-std", type=float, default=None, metavar="S",
-                   help="a PUBLIC prior on the label (mse, mae): its standard deviation; a target the mean "
-                        "predictor then meets (mse S^2, mae S) is refused")
-    p.add_argument("--allow-trivial-target", action="store_true",
-                   help="run (or estimate) a target the constant predictor of --positive-rate/--label-std meets")
-    p.add_argument("--estimate-only", action="store_true",
-                   help="with --check: the attempts and estimates only, without the dry run (seconds)")
+    p.add_argument(
+        "--target",
+        type=target_list,
+        default=None,
+        help="quality target (required unless --check): MSE in seconds^2 (taxi_regression), accuracy "
+        "(taxi_classification), in the unit of the pipeline's SLA. With --check, several "
+        "candidates A,B,C are estimated from one dry run",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="a dry run that spends nothing: one iteration on GENERATED rows of the stream's schema in a "
+        "throwaway ledger, to find schema and module errors before any charge (exit 0 if it ran "
+        "end to end, 2 with the error otherwise)",
+    )
+    p.add_argument(
+        "--expected-loss",
+        type=float,
+        default=None,
+        metavar="VALUE",
+        help="with --check and --target: a PUBLIC guess of the model's true metric in the SLA's unit (a "
+        "loss; for accuracy pipelines, the accuracy) for the estimate of the rows to ACCEPT (default: "
+        "half the target loss; accuracy: half the target's error rate)",
+    )
+    p.add_argument(
+        "--positive-rate",
+        type=float,
+        default=None,
+        metavar="P",
+        help="a PUBLIC prior on a binary label (accuracy, log_loss): its share of positives; a target "
+        "the constant predictor then meets (majority class, constant probability P) is refused",
+    )
+    p.add_argument(
+        "--label-std",
+        type=float,
+        default=None,
+        metavar="S",
+        help="a PUBLIC prior on the label (mse, mae): its standard deviation; a target the mean "
+        "predictor then meets (mse S^2, mae S) is refused",
+    )
+    p.add_argument(
+        "--allow-trivial-target",
+        action="store_true",
+        help="run (or estimate) a target the constant predictor of --positive-rate/--label-std meets",
+    )
+    p.add_argument(
+        "--estimate-only",
+        action="store_true",
+        help="with --check: the attempts and estimates only, without the dry run (seconds)",
+    )
     p.add_argument("--confidence", type=float, default=0.95, help="SLA confidence 1 - eta (default 0.95)")
     add_beam_options(p)
     p.add_argument("--max-iterations", type=int, default=10)
-    p.add_argument("--max-seconds", type=float, default=None,
-                   help="TIMEOUT after this wall time, in seconds > 0 (default: none)")
+    p.add_argument(
+        "--max-seconds", type=float, default=None, help="TIMEOUT after this wall time, in seconds > 0 (default: none)"
+    )
     p.add_argument("--epsilon-start", type=float, default=None, help="first iteration's epsilon")
     p.add_argument("--min-window", type=int, default=None, help="first iteration's window, in blocks")
     add_rejection_share(p)
-    p.add_argument("--schedule", default=None, metavar="{bbscheduler,bbimprover}:FILE",
-                   help="re-run the pipeline under a growth schedule (BBScheduler or BBImprover) as blocks arrive "
-                        "instead of the Sage iterator: FILE is a JSON object of its options (see above)")
+    p.add_argument(
+        "--schedule",
+        default=None,
+        metavar="{bbscheduler,bbimprover}:FILE",
+        help="re-run the pipeline under a growth schedule (BBScheduler or BBImprover) as blocks arrive "
+        "instead of the Sage iterator: FILE is a JSON object of its options (see above)",
+    )
     p.add_argument("--model", default=None, help="model family (pipeline-specific, e.g. linear or dnn)")
-    p.add_argument("--name", default=None,
-                   help="pipeline name in the ledger and MLMD (default: PIPELINE): 1-128 letters, digits and "
-                        "._:@+-, starting with a letter or digit")
-    p.add_argument("--work-dir", default="sage_work",
-                   help="local work folder: the TFX pipeline root (unless --pipeline-root) and MLMD metadata")
+    p.add_argument(
+        "--name",
+        default=None,
+        help="pipeline name in the ledger and MLMD (default: PIPELINE): 1-128 letters, digits and "
+        "._:@+-, starting with a letter or digit",
+    )
+    p.add_argument(
+        "--work-dir",
+        default="sage_work",
+        help="local work folder: the TFX pipeline root (unless --pipeline-root) and MLMD metadata",
+    )
     p.add_argument("--serving-dir", default=None, help="push destination (default: WORK_DIR/serving)")
     p.set_defaults(func=_run)
 
@@ -125,19 +172,31 @@ def add_beam_options(parser):
     """``--runner`` (the TFX orchestrator) and ``--staging-location``: the Beam side of `sage run` and `sage serve`
     (the Beam pipeline options themselves go after a bare --; ``beam_options`` reads them all)."""
     parser.add_argument("--runner", choices=("local", "beam"), default="local", help="TFX orchestrator")
-    parser.add_argument("--staging-location", default=None, metavar="URL_OR_DIR",
-                        help="where BlockExampleGen stages the granted sealed block files for the Beam workers (a "
-                             "local folder or a Beam FileSystems URL every worker can read; BlockExampleGen's "
-                             "staging_location, and Beam's --temp_location). Needed when the workers do not see "
-                             "--data-root (docs/scale_out.md)")
-    parser.add_argument("--pipeline-root", default=None, metavar="URL_OR_DIR",
-                        help="where the TFX artifacts go (Examples, Transform graph, Model, blessings), under "
-                             "PIPELINE_ROOT/NAME: a local folder or a URL every Beam worker can read (gs://, s3://, "
-                             "hdfs://; ram:// for in-process runs). Default: WORK_DIR/tfx. The MLMD store stays "
-                             "local (--metadata-path); docs/scale_out.md")
-    parser.add_argument("--metadata-path", default=None, metavar="FILE",
-                        help="the MLMD SQLite file, a LOCAL path (never on an object store; with several `sage "
-                             "serve` pipelines it must contain {name}). Default: WORK_DIR/tfx/NAME/metadata.sqlite")
+    parser.add_argument(
+        "--staging-location",
+        default=None,
+        metavar="URL_OR_DIR",
+        help="where BlockExampleGen stages the granted sealed block files for the Beam workers (a "
+        "local folder or a Beam FileSystems URL every worker can read; BlockExampleGen's "
+        "staging_location, and Beam's --temp_location). Needed when the workers do not see "
+        "--data-root (docs/scale_out.md)",
+    )
+    parser.add_argument(
+        "--pipeline-root",
+        default=None,
+        metavar="URL_OR_DIR",
+        help="where the TFX artifacts go (Examples, Transform graph, Model, blessings), under "
+        "PIPELINE_ROOT/NAME: a local folder or a URL every Beam worker can read (gs://, s3://, "
+        "hdfs://; ram:// for in-process runs). Default: WORK_DIR/tfx. The MLMD store stays "
+        "local (--metadata-path); docs/scale_out.md",
+    )
+    parser.add_argument(
+        "--metadata-path",
+        default=None,
+        metavar="FILE",
+        help="the MLMD SQLite file, a LOCAL path (never on an object store; with several `sage "
+        "serve` pipelines it must contain {name}). Default: WORK_DIR/tfx/NAME/metadata.sqlite",
+    )
 
 
 def beam_options(args):
@@ -155,8 +214,10 @@ def beam_options(args):
             try:
                 FileSystems.get_filesystem(location)
             except ValueError:
-                raise ValueError(f"--staging-location {location!r} has no Beam filesystem: give a local folder or a "
-                                 "URL of a filesystem Beam has (gs://, s3://, hdfs://...)") from None
+                raise ValueError(
+                    f"--staging-location {location!r} has no Beam filesystem: give a local folder or a "
+                    "URL of a filesystem Beam has (gs://, s3://, hdfs://...)"
+                ) from None
     return staging_beam_args(list(getattr(args, "extra_args", [])), location), location or None
 
 
@@ -177,11 +238,15 @@ def root_options(args, names=None):
         from sage_tfx.pipelines._runner import is_url
 
         if is_url(metadata) or not metadata.strip():
-            raise ValueError(f"--metadata-path {metadata!r} must be a local file path: MLMD's SQLite store does not "
-                             "work on an object store (the artifacts go to --pipeline-root)")
+            raise ValueError(
+                f"--metadata-path {metadata!r} must be a local file path: MLMD's SQLite store does not "
+                "work on an object store (the artifacts go to --pipeline-root)"
+            )
         if names is not None and len(names) > 1 and "{name}" not in metadata:
-            raise ValueError(f"--metadata-path {metadata!r} would be shared by the pipelines {', '.join(names)}: put "
-                             "{name} in it (e.g. mlmd/{name}.sqlite), one SQLite file per pipeline")
+            raise ValueError(
+                f"--metadata-path {metadata!r} would be shared by the pipelines {', '.join(names)}: put "
+                "{name} in it (e.g. mlmd/{name}.sqlite), one SQLite file per pipeline"
+            )
         metadata = os.path.abspath(metadata)
     return root, metadata
 
@@ -193,15 +258,21 @@ def staging_beam_args(beam_args, staging_location):
         return beam_args
     for arg in beam_args:
         if arg.startswith("--temp_location") and arg != f"--temp_location={staging_location}":
-            raise ValueError(f"--staging-location {staging_location!r} and the Beam option {arg!r} disagree: give "
-                             "one of them")
+            raise ValueError(
+                f"--staging-location {staging_location!r} and the Beam option {arg!r} disagree: give one of them"
+            )
     return [*beam_args, f"--temp_location={staging_location}"]
 
 
 def add_rejection_share(parser):
-    parser.add_argument("--rejection-share", type=float, default=None, metavar="FRACTION",
-                        help="share of each iteration's training side paid to the validator's REJECT test on the "
-                             "training split (default: the pipeline's, 0.1); 0 turns the REJECT test off")
+    parser.add_argument(
+        "--rejection-share",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="share of each iteration's training side paid to the validator's REJECT test on the "
+        "training split (default: the pipeline's, 0.1); 0 turns the REJECT test off",
+    )
 
 
 def _fail(message):
@@ -229,17 +300,32 @@ def _run(args):
         if not ledger.blocks(args.stream):
             return _fail(f"stream {args.stream!r} has no blocks: ingest data first (sage ingest ...)")
         ledger.claim(args.stream, [args.name or definition.name])  # one process runs a pipeline name at a time
-        runner = build_runner(definition, args.db, args.stream, args.data_root, args.work_dir, args.target,
-                              confidence=args.confidence, serving_dir=args.serving_dir, runner=args.runner,
-                              beam_args=beam_args, model=args.model, name=args.name, staging_location=staging,
-                              pipeline_root=pipeline_root, metadata_path=metadata_path, spec=args.pipeline,
-                              secrets=secrets)
+        runner = build_runner(
+            definition,
+            args.db,
+            args.stream,
+            args.data_root,
+            args.work_dir,
+            args.target,
+            confidence=args.confidence,
+            serving_dir=args.serving_dir,
+            runner=args.runner,
+            beam_args=beam_args,
+            model=args.model,
+            name=args.name,
+            staging_location=staging,
+            pipeline_root=pipeline_root,
+            metadata_path=metadata_path,
+            spec=args.pipeline,
+            secrets=secrets,
+        )
         runner.check_stream()  # a misspelled --data-root, an SLA label not in the schema
         runner.check_blocks(ledger)  # a block folder missing or altered: before anything is registered or charged
         if schedule is not None:
             return _run_scheduled(definition, ledger, runner, schedule, args)
-        iterator = make_iterator(definition, ledger, runner, run_settings(args),
-                                 progress=lambda line: print(line, flush=True))
+        iterator = make_iterator(
+            definition, ledger, runner, run_settings(args), progress=lambda line: print(line, flush=True)
+        )
         iterator.check_first_window()  # a first window larger than the stream: before the name is registered
     except (LedgerError, ValueError) as exc:
         return _fail(str(exc))
@@ -254,8 +340,10 @@ def _run_options(definition, args):
     if args.target is None:
         raise ValueError("--target is required (the quality the SLA must certify), unless --check")
     if len(args.target) != 1:
-        raise ValueError(f"--target {','.join(f'{t:g}' for t in args.target)}: a run certifies one target; "
-                         "several are for --check (estimates only)")
+        raise ValueError(
+            f"--target {','.join(f'{t:g}' for t in args.target)}: a run certifies one target; "
+            "several are for --check (estimates only)"
+        )
     args.target = args.target[0]
     check_targets(definition.sla, [args.target], prior_baseline(definition, args), args.allow_trivial_target)
     if not 0 < args.confidence < 1:
@@ -279,21 +367,29 @@ def _iterate(ledger, iterator, runner):
         return _fail(str(exc))
     except IterationInterrupted as exc:  # an environment error after the charge: resumable, as after a kill
         ledger.close()
-        print(f"sage run: {exc}. Its grant stays in use (no outcome recorded): fix the cause (free disk space, "
-              "restore the folder or block file) and run the same command again; it resumes that iteration "
-              "under the same grant, with no new charge", file=sys.stderr)
+        print(
+            f"sage run: {exc}. Its grant stays in use (no outcome recorded): fix the cause (free disk space, "
+            "restore the folder or block file) and run the same command again; it resumes that iteration "
+            "under the same grant, with no new charge",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     except Exception as exc:  # a run failed after its charge: its message may hold data values
         from sage_tfx.privacy import public_error_text
 
         ledger.close()
-        print(f"sage run: an iteration failed after its charge: {public_error_text(exc)}. Its grant stays spent "
-              "(the ledger records FAILED) and a new run resumes after it. The details are withheld: they may hold "
-              "data values; reproduce the failure for free on generated rows with `sage run PIPELINE --check "
-              "--db ... --stream ... --data-root ...`", file=sys.stderr)
+        print(
+            f"sage run: an iteration failed after its charge: {public_error_text(exc)}. Its grant stays spent "
+            "(the ledger records FAILED) and a new run resumes after it. The details are withheld: they may hold "
+            "data values; reproduce the failure for free on generated rows with `sage run PIPELINE --check "
+            "--db ... --stream ... --data-root ...`",
+            file=sys.stderr,
+        )
         return EXIT_FAILED
     ledger.close()
-    pushed = f"; model pushed to {pushed_model_path(runner.config.serving_dir)}" if result.outcome == Outcome.ACCEPT else ""
+    pushed = (
+        f"; model pushed to {pushed_model_path(runner.config.serving_dir)}" if result.outcome == Outcome.ACCEPT else ""
+    )
     print(f"{iterator.pipeline}: {result.describe()}{pushed}", flush=True)
     return EXIT_CODES[result.outcome]
 
@@ -316,8 +412,10 @@ def check_run_limits(args):
     if args.name is not None:
         check_name(args.name, "--name")
     if args.max_seconds is not None and not (math.isfinite(args.max_seconds) and args.max_seconds > 0):
-        raise ValueError(f"--max-seconds {args.max_seconds!r} is invalid: give a number of seconds > 0 "
-                         "(or leave it out for no time limit)")
+        raise ValueError(
+            f"--max-seconds {args.max_seconds!r} is invalid: give a number of seconds > 0 "
+            "(or leave it out for no time limit)"
+        )
     if args.max_iterations is not None and args.max_iterations < 1:
         raise ValueError(f"--max-iterations {args.max_iterations!r} is invalid: give an integer >= 1")
 
@@ -335,8 +433,11 @@ def _check(definition, args, secrets=()):
 
     if args.expected_loss is not None and args.target is None:
         raise ValueError("--expected-loss needs --target (the estimate is of the rows to ACCEPT at that target)")
-    overrides = {"epsilon_start": args.epsilon_start, "min_window": args.min_window,
-                 "rejection_share": args.rejection_share}
+    overrides = {
+        "epsilon_start": args.epsilon_start,
+        "min_window": args.min_window,
+        "rejection_share": args.rejection_share,
+    }
     baseline = prior_baseline(definition, args)
     check_run_limits(args)  # a bad --name (it names the kept model's folder), before anything
     name = args.name or definition.name
@@ -346,15 +447,28 @@ def _check(definition, args, secrets=()):
         print(f"[check] attempts not planned: the ledger {args.db} cannot be read ({exc})", flush=True)
         ledger = None
     try:
-        result = dry_run(definition, args.data_root, args.stream, model=args.model, runner=args.runner,
-                         beam_args=list(getattr(args, "extra_args", [])),
-                         progress=lambda line: print(line, flush=True), targets=args.target or (),
-                         expected=args.expected_loss, confidence=args.confidence,
-                         overrides={k: v for k, v in overrides.items() if v is not None}, ledger=ledger,
-                         pipeline_name=name, baseline=baseline, allow_trivial=args.allow_trivial_target,
-                         keep_dir=os.path.join(args.work_dir, "check", name, "model"),
-                         max_iterations=args.max_iterations, estimate_only=args.estimate_only,
-                         spec=args.pipeline, secrets=secrets)
+        result = dry_run(
+            definition,
+            args.data_root,
+            args.stream,
+            model=args.model,
+            runner=args.runner,
+            beam_args=list(getattr(args, "extra_args", [])),
+            progress=lambda line: print(line, flush=True),
+            targets=args.target or (),
+            expected=args.expected_loss,
+            confidence=args.confidence,
+            overrides={k: v for k, v in overrides.items() if v is not None},
+            ledger=ledger,
+            pipeline_name=name,
+            baseline=baseline,
+            allow_trivial=args.allow_trivial_target,
+            keep_dir=os.path.join(args.work_dir, "check", name, "model"),
+            max_iterations=args.max_iterations,
+            estimate_only=args.estimate_only,
+            spec=args.pipeline,
+            secrets=secrets,
+        )
     finally:
         if ledger is not None:
             ledger.close()
@@ -362,11 +476,16 @@ def _check(definition, args, secrets=()):
         print(f"check: estimates only (no dry run); nothing was charged on {args.db}", flush=True)
         return EXIT_OK
     if not result.ok:
-        print(f"sage run --check: {definition.name} FAILED on generated rows, before any charge:\n{result.error}",
-              file=sys.stderr)
+        print(
+            f"sage run --check: {definition.name} FAILED on generated rows, before any charge:\n{result.error}",
+            file=sys.stderr,
+        )
         return EXIT_BAD_INPUT
-    print(f"check OK: {definition.name} ran end to end on {result.rows:,} GENERATED rows (outcome {result.outcome}, "
-          f"meaningless on noise); nothing was charged on {args.db}", flush=True)
+    print(
+        f"check OK: {definition.name} ran end to end on {result.rows:,} GENERATED rows (outcome {result.outcome}, "
+        f"meaningless on noise); nothing was charged on {args.db}",
+        flush=True,
+    )
     return EXIT_OK
 
 
@@ -375,6 +494,10 @@ def run_settings(args):
     first where the command has them)."""
     from sage_tfx.pipelines.runner import RunSettings
 
-    return RunSettings(max_iterations=args.max_iterations, max_seconds=getattr(args, "max_seconds", None),
-                       epsilon_start=getattr(args, "epsilon_start", None), min_window=getattr(args, "min_window", None),
-                       rejection_share=getattr(args, "rejection_share", None))
+    return RunSettings(
+        max_iterations=args.max_iterations,
+        max_seconds=getattr(args, "max_seconds", None),
+        epsilon_start=getattr(args, "epsilon_start", None),
+        min_window=getattr(args, "min_window", None),
+        rejection_share=getattr(args, "rejection_share", None),
+    )

@@ -10,6 +10,7 @@ It reads raw rows outside any grant (TRUSTED, no charge): each read is logged in
 
 Exit codes: 0 scored, 2 bad input, no ACCEPT or pushed model, or a hold-out row in the stream.
 """
+
 import argparse
 import os
 import sys
@@ -18,21 +19,33 @@ from ._exits import EXIT_BAD_INPUT, EXIT_OK
 
 
 def add_parser(subparsers):
-    p = subparsers.add_parser("score", help="score the ACCEPTed model on a hold-out file beside non-private baselines",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "score",
+        help="score the ACCEPTed model on a hold-out file beside non-private baselines",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("pipeline", help="what `sage run` ran: a built-in name, a pipeline file or a module path")
     p.add_argument("--held-out", required=True, metavar="FILE", help="the hold-out rows (CSV, TFRecord or Parquet)")
-    p.add_argument("--format", default=None, choices=("csv", "tfrecord", "parquet"),
-                   help="the hold-out's format when its name does not tell")
+    p.add_argument(
+        "--format",
+        default=None,
+        choices=("csv", "tfrecord", "parquet"),
+        help="the hold-out's format when its name does not tell",
+    )
     p.add_argument("--db", required=True, help="ledger file or postgresql:// URL")
     p.add_argument("--stream", required=True)
     p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")
     p.add_argument("--work-dir", default="sage_work", help="the run's --work-dir (default sage_work)")
     p.add_argument("--serving-dir", default=None, help="where the run pushed (default: WORK_DIR/serving)")
     p.add_argument("--name", default=None, help="the pipeline name the run used (sage run --name)")
-    p.add_argument("--features", default=None, metavar="COL,COL",
-                   help="the baselines' numeric columns (default: all but the label and the time column; leave "
-                        "out any column computed from the label)")
+    p.add_argument(
+        "--features",
+        default=None,
+        metavar="COL,COL",
+        help="the baselines' numeric columns (default: all but the label and the time column; leave "
+        "out any column computed from the label)",
+    )
     p.add_argument("--out", default=None, help="where score.json and score.png go (default: WORK_DIR/score)")
     p.set_defaults(func=_run)
 
@@ -44,8 +57,17 @@ def _run(args):
     serving_dir = args.serving_dir or os.path.join(args.work_dir, "serving")
     features = [f.strip() for f in args.features.split(",") if f.strip()] if args.features else None
     try:
-        report = score_model(args.db, args.stream, args.pipeline, args.held_out, data_root=args.data_root,
-                             serving_dir=serving_dir, name=args.name, features=features, fmt=args.format)
+        report = score_model(
+            args.db,
+            args.stream,
+            args.pipeline,
+            args.held_out,
+            data_root=args.data_root,
+            serving_dir=serving_dir,
+            name=args.name,
+            features=features,
+            fmt=args.format,
+        )
     except (ValueError, LookupError, LedgerError, OSError) as exc:
         print(f"sage score: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -58,11 +80,13 @@ def _run(args):
 def describe(report: dict) -> str:
     """The score as a few lines: the rows compared, then one line per predictor."""
     clipped = "" if report["loss_bound"] is None else f", losses clipped at {report['loss_bound']:g}"
-    lines = [f"{report['pipeline']} (grant {report['grant']}, {report['grant_blocks']} blocks): {report['metric']} on "
-             f"{report['held_out_rows_scored']:,} of {report['held_out_rows']:,} hold-out rows (those with a label"
-             f"{clipped}); no hold-out row is a stream row (checked)",
-             f"baselines NOT PRIVATE, fitted on the {report['baseline_rows']:,} training-split rows of the ACCEPTed "
-             f"grant; features: {', '.join(report['baseline_features']) or 'none'}"]
+    lines = [
+        f"{report['pipeline']} (grant {report['grant']}, {report['grant_blocks']} blocks): {report['metric']} on "
+        f"{report['held_out_rows_scored']:,} of {report['held_out_rows']:,} hold-out rows (those with a label"
+        f"{clipped}); no hold-out row is a stream row (checked)",
+        f"baselines NOT PRIVATE, fitted on the {report['baseline_rows']:,} training-split rows of the ACCEPTed "
+        f"grant; features: {', '.join(report['baseline_features']) or 'none'}",
+    ]
     target = report.get("target")
     for name, score in report["scores"].items():
         se = "" if score["standard_error"] is None else f" +- {score['standard_error']:.4g}"

@@ -64,6 +64,7 @@ Example:
       --time-column trip_start_timestamp --window 1d --pipeline grow=taxi_regression:300000 \\
       --schedule grow=bbscheduler:schedule.json
 """
+
 import argparse
 import os
 import sys
@@ -105,26 +106,34 @@ def _release_arg(text):
         if not (name and strategy and path):
             raise ValueError
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--release {text!r} must look like NAME=STRATEGY:FILE (STRATEGY one of "
-                                         "continual, incremental-regression, growth, pmwg; FILE a JSON object of "
-                                         "its `sage release STRATEGY` options)") from None
+        raise argparse.ArgumentTypeError(
+            f"--release {text!r} must look like NAME=STRATEGY:FILE (STRATEGY one of "
+            "continual, incremental-regression, growth, pmwg; FILE a JSON object of "
+            "its `sage release STRATEGY` options)"
+        ) from None
     return name, strategy, path
 
 
 def _schedule_arg(text):
     name, sep, value = text.partition("=")
     if not (sep and name and value):
-        raise argparse.ArgumentTypeError(f"--schedule {text!r} must look like NAME=bbscheduler:FILE or "
-                                         "NAME=bbimprover:FILE (NAME a --pipeline name; FILE a JSON object of the "
-                                         "schedule's options, as `sage run --schedule`)")
+        raise argparse.ArgumentTypeError(
+            f"--schedule {text!r} must look like NAME=bbscheduler:FILE or "
+            "NAME=bbimprover:FILE (NAME a --pipeline name; FILE a JSON object of the "
+            "schedule's options, as `sage run --schedule`)"
+        )
     return name, value
 
 
 def add_parser(subparsers):
     from sage_tfx.cli.run import add_beam_options, add_rejection_share
 
-    p = subparsers.add_parser("serve", help="serve several pipelines on one replayed stream",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = subparsers.add_parser(
+        "serve",
+        help="serve several pipelines on one replayed stream",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--db", required=True, type=ledger_location, help="ledger (the stream must exist: sage ledger init)")
     add_key_file(p)
     p.add_argument("--stream", required=True)
@@ -134,31 +143,62 @@ def add_parser(subparsers):
     p.add_argument("--window", default="1d", help="block window, e.g. 1h or 1d")
     p.add_argument("--initial-blocks", type=int, default=0, help="blocks added before the pipelines start")
     p.add_argument("--blocks-per-step", type=int, default=1, help="blocks added per replay step")
-    p.add_argument("--step-seconds", type=float, default=0.0,
-                   help="real-time pacing of replay steps (0: a simulated clock that advances when all wait)")
-    p.add_argument("--pipeline", action="append", type=_pipeline_arg, default=[], dest="pipelines",
-                   help="NAME=PIPELINE:TARGET[:MODEL], repeatable (at least one --pipeline or --release)")
-    p.add_argument("--release", action="append", type=_release_arg, default=[], dest="releases",
-                   metavar="NAME=STRATEGY:FILE",
-                   help="a release strategy as a participant NAME: `sage release STRATEGY` (continual, "
-                        "incremental-regression, growth, pmwg) with the options of the JSON object in FILE, "
-                        "releasing for every new block after each replay step; repeatable (see above)")
-    p.add_argument("--schedule", action="append", type=_schedule_arg, default=[], dest="schedules",
-                   metavar="NAME={bbscheduler,bbimprover}:FILE",
-                   help="run --pipeline NAME under a growth schedule (BBScheduler or BBImprover) instead of the Sage "
-                        "iterator, as `sage run --schedule STRATEGY:FILE` does; repeatable, one per pipeline (see "
-                        "above)")
+    p.add_argument(
+        "--step-seconds",
+        type=float,
+        default=0.0,
+        help="real-time pacing of replay steps (0: a simulated clock that advances when all wait)",
+    )
+    p.add_argument(
+        "--pipeline",
+        action="append",
+        type=_pipeline_arg,
+        default=[],
+        dest="pipelines",
+        help="NAME=PIPELINE:TARGET[:MODEL], repeatable (at least one --pipeline or --release)",
+    )
+    p.add_argument(
+        "--release",
+        action="append",
+        type=_release_arg,
+        default=[],
+        dest="releases",
+        metavar="NAME=STRATEGY:FILE",
+        help="a release strategy as a participant NAME: `sage release STRATEGY` (continual, "
+        "incremental-regression, growth, pmwg) with the options of the JSON object in FILE, "
+        "releasing for every new block after each replay step; repeatable (see above)",
+    )
+    p.add_argument(
+        "--schedule",
+        action="append",
+        type=_schedule_arg,
+        default=[],
+        dest="schedules",
+        metavar="NAME={bbscheduler,bbimprover}:FILE",
+        help="run --pipeline NAME under a growth schedule (BBScheduler or BBImprover) instead of the Sage "
+        "iterator, as `sage run --schedule STRATEGY:FILE` does; repeatable, one per pipeline (see "
+        "above)",
+    )
     p.add_argument("--confidence", type=float, default=0.95)
     p.add_argument("--max-iterations", type=int, default=10)
     add_rejection_share(p)
     add_beam_options(p)  # --runner, --staging-location; Beam pipeline options after a bare --, as for `sage run`
     p.add_argument("--work-dir", default="sage_work")
-    p.add_argument("--parallel", type=int, default=0, metavar="N",
-                   help="at most N TFX runs at once (default 0: every pipeline at once; 1: one at a time). Each "
-                        "pipeline has its own worker process either way")
-    p.add_argument("--max-restarts", type=int, default=3, metavar="N",
-                   help="restarts of a pipeline's worker that died before the pipeline is reported FAILED "
-                        "(default 3)")
+    p.add_argument(
+        "--parallel",
+        type=int,
+        default=0,
+        metavar="N",
+        help="at most N TFX runs at once (default 0: every pipeline at once; 1: one at a time). Each "
+        "pipeline has its own worker process either way",
+    )
+    p.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        metavar="N",
+        help="restarts of a pipeline's worker that died before the pipeline is reported FAILED (default 3)",
+    )
     p.set_defaults(func=_run)
 
 
@@ -172,11 +212,28 @@ def worker_specs(args, beam_args=(), staging_location=None, key_file=None, roots
 
     if schedules is None:
         schedules = schedule_options(args) if getattr(args, "schedules", None) else {}
-    specs = [WorkerSpec(name, pipeline, target, model, args.db, args.stream, args.data_root, args.work_dir,
-                       confidence=args.confidence, runner=args.runner, max_iterations=args.max_iterations,
-                       rejection_share=args.rejection_share, key_file=key_file, beam_args=list(beam_args),
-                       staging_location=staging_location, pipeline_root=roots[0], metadata_path=roots[1])
-             for name, pipeline, target, model in args.pipelines]
+    specs = [
+        WorkerSpec(
+            name,
+            pipeline,
+            target,
+            model,
+            args.db,
+            args.stream,
+            args.data_root,
+            args.work_dir,
+            confidence=args.confidence,
+            runner=args.runner,
+            max_iterations=args.max_iterations,
+            rejection_share=args.rejection_share,
+            key_file=key_file,
+            beam_args=list(beam_args),
+            staging_location=staging_location,
+            pipeline_root=roots[0],
+            metadata_path=roots[1],
+        )
+        for name, pipeline, target, model in args.pipelines
+    ]
     return [ScheduleSpec(s.name, s, schedules[s.name]) if s.name in schedules else s for s in specs]
 
 
@@ -193,15 +250,16 @@ def schedule_options(args: argparse.Namespace) -> dict:
     for name, value in args.schedules:
         source = f"--schedule {name}={value}"
         if name in releases:
-            raise ValueError(f"{source}: {name!r} is a --release strategy, which runs its own `sage release` "
-                             "schedule: give a --pipeline name (or use --release NAME=growth:FILE)")
+            raise ValueError(
+                f"{source}: {name!r} is a --release strategy, which runs its own `sage release` "
+                "schedule: give a --pipeline name (or use --release NAME=growth:FILE)"
+            )
         if name not in pipelines:
             raise ValueError(f"{source}: no --pipeline is named {name!r}: give one of {pipelines}")
         if name in schedules:
             raise ValueError(f"{source}: pipeline {name!r} has a schedule already: give one --schedule per pipeline")
         try:
-            schedules[name] = schedule_option(argparse.Namespace(schedule=value, epsilon_start=None,
-                                                                 min_window=None))
+            schedules[name] = schedule_option(argparse.Namespace(schedule=value, epsilon_start=None, min_window=None))
         except (GrowthError, ValueError) as exc:
             raise ValueError(f"pipeline {name!r}: {exc}") from None
     return schedules
@@ -240,9 +298,15 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
 
         made, resumed = set(), set()
         with Ledger.open(worker.ledger) as ledger:
-            driver = ScheduledPipeline.for_runner(ledger, definition, runner, spec.schedule,
-                                                  rejection_share=worker.rejection_share, progress=say,
-                                                  run_iteration=run_in_slot)
+            driver = ScheduledPipeline.for_runner(
+                ledger,
+                definition,
+                runner,
+                spec.schedule,
+                rejection_share=worker.rejection_share,
+                progress=say,
+                run_iteration=run_in_slot,
+            )
             while True:  # --max-iterations bounds the runs made or resumed (a restarted worker makes no more)
                 for run in driver.advance(max_runs=max(0, worker.max_iterations - len(made | resumed))):
                     (resumed if run.resumed else made).add(run.grant_id)
@@ -255,10 +319,18 @@ def schedule_worker_main(spec: ScheduleSpec, conn) -> None:
         return
     except Exception as exc:
         die(conn, spec.name, public_error_text(exc))
-    conn.send(("done", WorkerResult("SCHEDULED", len(made | resumed),
-                                    f"{spec.schedule.meta['strategy']}: {len(made)} scheduled run(s) made, {len(resumed - made)} "
-                                    f"resumed; {charged} block(s) charged their lifetime (epsilon "
-                                    f"{spec.schedule.params.epsilon:g}, delta {spec.schedule.params.delta:g})")))
+    conn.send(
+        (
+            "done",
+            WorkerResult(
+                "SCHEDULED",
+                len(made | resumed),
+                f"{spec.schedule.meta['strategy']}: {len(made)} scheduled run(s) made, {len(resumed - made)} "
+                f"resumed; {charged} block(s) charged their lifetime (epsilon "
+                f"{spec.schedule.params.epsilon:g}, delta {spec.schedule.params.delta:g})",
+            ),
+        )
+    )
     conn.close()
 
 
@@ -274,8 +346,9 @@ def release_specs(args: argparse.Namespace, key_file: str | None = None) -> list
     for name, strategy, path in args.releases:
         source = f"--release {name}={strategy}:{path}"
         options = read_json_options(path, source, f"`sage release {strategy}` options")
-        argv, error = release_argv(strategy, options, db=args.db, stream=args.stream, data_root=args.data_root,
-                                   pipeline=name, source=source)
+        argv, error = release_argv(
+            strategy, options, db=args.db, stream=args.stream, data_root=args.data_root, pipeline=name, source=source
+        )
         if argv is None:
             raise ValueError(error)
         specs.append(ReleaseSpec(name, strategy, release_settings(argv, source), key_file=key_file, source=source))
@@ -297,9 +370,16 @@ def _run(args):
     if args.initial_blocks:
         steps = replay.run(steps=args.initial_blocks)
         print(f"[replay] {len(steps)} initial block(s) up to {steps[-1].block if steps else '-'}", flush=True)
-    platform = ProcessPlatform(args.db, args.stream, specs + releases, _replay_steps(args, replay),
-                               step_seconds=args.step_seconds, progress=lambda line: print(line, flush=True),
-                               parallel=args.parallel, max_restarts=args.max_restarts)
+    platform = ProcessPlatform(
+        args.db,
+        args.stream,
+        specs + releases,
+        _replay_steps(args, replay),
+        step_seconds=args.step_seconds,
+        progress=lambda line: print(line, flush=True),
+        parallel=args.parallel,
+        max_restarts=args.max_restarts,
+    )
     results = platform.run()
     return _report(ledger, args.stream, names, platform, results)
 
@@ -360,8 +440,9 @@ def _check_workers(args, ledger, specs: list, schema) -> None:
     for spec in specs:
         if isinstance(spec, ScheduleSpec):
             definition, runner = build_worker_runner(spec.worker)
-            ScheduledPipeline.for_runner(ledger, definition, runner, spec.schedule,
-                                         rejection_share=args.rejection_share)
+            ScheduledPipeline.for_runner(
+                ledger, definition, runner, spec.schedule, rejection_share=args.rejection_share
+            )
         else:
             definition, runner = build_worker_runner(spec)
             make_iterator(definition, ledger, runner, run_settings(args))
@@ -385,8 +466,11 @@ def _replay_steps(args, replay):
             if step.added:
                 added.append(step.block)
         if steps and len(added) < steps:
-            print(f"[replay] {steps - len(added)} of this step's {steps} block(s) were already registered by "
-                  "another replay of the stream", flush=True)
+            print(
+                f"[replay] {steps - len(added)} of this step's {steps} block(s) were already registered by "
+                "another replay of the stream",
+                flush=True,
+            )
         return added if steps else None
 
     return replay_step
@@ -412,6 +496,7 @@ def _report(ledger, stream: str, names: list, platform, results: dict) -> int:
     report = ledger.audit()
     print(f"audit: {'OK' if report.ok else 'FAILED'}")
     return EXIT_OK if report.ok and not platform.errors and set(results) == set(names) else EXIT_FAILED
+
 
 def _stream_schema(args, replay):
     """The stream's schema: its data root's, else (nothing replayed there yet) the replay's."""

@@ -10,6 +10,7 @@ window). Fresh blocks have zero spend; see `sage ledger status`.
 
 Exit codes: 0 success; 2 bad input.
 """
+
 import argparse
 import datetime as dt
 import sys
@@ -21,8 +22,12 @@ GENERATED_NOTE = "GENERATED taxi-like data (fitted to the real Chicago taxi rows
 
 
 def add_parser(subparsers):
-    parser = subparsers.add_parser("stream", help="replay a data set as a live stream; generate taxi-like data",
-                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = subparsers.add_parser(
+        "stream",
+        help="replay a data set as a live stream; generate taxi-like data",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     sub = parser.add_subparsers(dest="stream_command", metavar="ACTION")
     sub.required = True
 
@@ -42,8 +47,12 @@ def add_parser(subparsers):
     p.add_argument("--window", default="1d")
     p.add_argument("--steps", type=int, help="stop after this many blocks (default: all)")
     p.add_argument("--realtime", action="store_true", help="sleep between blocks (data time / --speedup)")
-    p.add_argument("--speedup", type=float, default=86400.0,
-                   help="real-time replay speed: data seconds per wall second (default: a day per second)")
+    p.add_argument(
+        "--speedup",
+        type=float,
+        default=86400.0,
+        help="real-time replay speed: data seconds per wall second (default: a day per second)",
+    )
     p.set_defaults(func=_replay)
 
     p = sub.add_parser("generate", help="write GENERATED taxi-like rows (fitted to the real taxi data)")
@@ -67,16 +76,18 @@ def _replay(args):
 
                 print(f"replaying {GENERATED_NOTE}", file=sys.stderr)
                 table = TaxiGenerator(seed=args.seed, rows_per_day=args.rows_per_day).table(args.generated_rows)
-                replay = Replay(ledger, args.stream, args.data_root, table, args.time_column, args.window,
-                                generated=True)
+                replay = Replay(
+                    ledger, args.stream, args.data_root, table, args.time_column, args.window, generated=True
+                )
             else:
                 path = args.input
                 if args.taxi:
                     from sage_tfx.data.taxi import taxi_csv_path
 
                     path = taxi_csv_path(args.taxi)
-                replay = Replay.from_file(ledger, args.stream, args.data_root, path, args.time_column, args.window,
-                                          fmt=args.format)
+                replay = Replay.from_file(
+                    ledger, args.stream, args.data_root, path, args.time_column, args.window, fmt=args.format
+                )
                 print(f"stream {args.stream}: columns as stored (the stream keeps these types):")
                 print("\n".join(format_columns(replay.columns, args.time_column)), flush=True)
             label = " (GENERATED)" if replay.generated else ""
@@ -106,8 +117,11 @@ def _generate(args):
         writer = None
         for batch in gen.chunks(args.rows):
             if writer is None:
-                writer = (pacsv.CSVWriter(args.out, batch.schema) if args.out.endswith(".csv")
-                          else pq.ParquetWriter(args.out, batch.schema))
+                writer = (
+                    pacsv.CSVWriter(args.out, batch.schema)
+                    if args.out.endswith(".csv")
+                    else pq.ParquetWriter(args.out, batch.schema)
+                )
             writer.write(batch)
         if writer is not None:
             writer.close()

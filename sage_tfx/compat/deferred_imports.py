@@ -10,6 +10,7 @@ works as before, but the package's own ``__init__`` runs on the first access to 
 (``from tfx.components import Pusher`` runs it, ``import tfx.components.pusher.component`` does not). Nothing is
 imported when the hook is installed. ``SAGE_EAGER_IMPORTS=1`` turns it off.
 """
+
 from __future__ import annotations
 
 import importlib.abc

@@ -8,6 +8,7 @@ Python then imports the submodules directly and never runs the broken
 ``__init__``. The package is installed without its dependencies (its pins
 cannot hold on this stack; see requirements.lock).
 """
+
 import importlib
 import importlib.util
 import os

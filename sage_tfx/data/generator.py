@@ -23,6 +23,7 @@ these rows must say "generated". The model (``TaxiModel.fit``), fitted on the
 Rows are made in chunks with vectorized numpy; chunk k uses its own seeded
 generator (seed, k), so any chunk can be regenerated on its own.
 """
+
 import datetime as _dt
 import json
 import math
@@ -37,8 +38,9 @@ FLAG_DROP = 3.25
 
 def _categorical(values):
     """Frequencies of a column's values (None for missing), as (values, probs)."""
-    vals, counts = np.unique(np.array(["\x00" if v is None else str(v) for v in values], dtype=object),
-                             return_counts=True)
+    vals, counts = np.unique(
+        np.array(["\x00" if v is None else str(v) for v in values], dtype=object), return_counts=True
+    )
     return [None if v == "\x00" else v for v in vals], (counts / counts.sum()).tolist()
 
 
@@ -179,8 +181,11 @@ class TaxiGenerator:
         miles = np.round(np.minimum(miles, p["miles_max"]), 1)
         miles[rng.random(n) < p["miles_zero"]] = 0.0
 
-        log_s = (np.asarray(p["seconds_hour"])[hour] + p["seconds_b_miles"] * np.log1p(miles)
-                 + rng.normal(0.0, p["seconds_sigma"], n))
+        log_s = (
+            np.asarray(p["seconds_hour"])[hour]
+            + p["seconds_b_miles"] * np.log1p(miles)
+            + rng.normal(0.0, p["seconds_sigma"], n)
+        )
         secs = np.clip(np.round(np.exp(log_s) / 60.0) * 60.0, 60.0, p["seconds_max"])
         secs[rng.random(n) < p["seconds_zero"]] = 0.0
 
@@ -197,20 +202,26 @@ class TaxiGenerator:
 
         def strings(values, probs):
             idx = rng.choice(len(values), size=n, p=probs)
-            return pa.DictionaryArray.from_arrays(pa.array(idx, pa.int32()), pa.array(values, pa.string())) \
-                .cast(pa.string())
+            return pa.DictionaryArray.from_arrays(pa.array(idx, pa.int32()), pa.array(values, pa.string())).cast(
+                pa.string()
+            )
 
-        cols.update({
-            "fare": pa.array(fare), "trip_start_month": pa.array(month.astype(np.int64)),
-            "trip_start_hour": pa.array(hour.astype(np.int64)),
-            "trip_start_day": pa.array((weekday + 1).astype(np.int64)),
-            "trip_start_timestamp": pa.array(ts.astype(np.int64)), "trip_miles": pa.array(miles),
-            "pickup_census_tract": pa.nulls(n, pa.int64()),
-            "dropoff_census_tract": pa.array(tract, mask=tract < 0),
-            "payment_type": pa.array(np.array(p["payment_values"], dtype=object)[pay_idx], pa.string()),
-            "company": strings(p["company_values"], p["company_probs"]),
-            "trip_seconds": pa.array(secs), "tips": pa.array(tips),
-        })
+        cols.update(
+            {
+                "fare": pa.array(fare),
+                "trip_start_month": pa.array(month.astype(np.int64)),
+                "trip_start_hour": pa.array(hour.astype(np.int64)),
+                "trip_start_day": pa.array((weekday + 1).astype(np.int64)),
+                "trip_start_timestamp": pa.array(ts.astype(np.int64)),
+                "trip_miles": pa.array(miles),
+                "pickup_census_tract": pa.nulls(n, pa.int64()),
+                "dropoff_census_tract": pa.array(tract, mask=tract < 0),
+                "payment_type": pa.array(np.array(p["payment_values"], dtype=object)[pay_idx], pa.string()),
+                "company": strings(p["company_values"], p["company_probs"]),
+                "trip_seconds": pa.array(secs),
+                "tips": pa.array(tips),
+            }
+        )
         names = list(TAXI_SCHEMA) + ["generated"]
         cols["generated"] = pa.array(np.ones(n, dtype=np.int64))
         return pa.record_batch([cols[c] for c in names], names=names)
@@ -228,8 +239,13 @@ def _area_columns(p, rng, n):
         idx = rng.choice(len(values), size=n, p=p[f"{side}_area_probs"])
         area = np.array([-1 if v is None else v for v in values], dtype=np.int64)[idx]
         areas[side] = area
-        cent = np.array([p[f"{side}_centroids"].get(str(v)) or [np.nan, np.nan] if v is not None
-                         else [np.nan, np.nan] for v in values], dtype=float)[idx]
+        cent = np.array(
+            [
+                p[f"{side}_centroids"].get(str(v)) or [np.nan, np.nan] if v is not None else [np.nan, np.nan]
+                for v in values
+            ],
+            dtype=float,
+        )[idx]
         cols[f"{side}_community_area"] = pa.array(area, mask=area < 0)
         cols[f"{side}_latitude"] = pa.array(cent[:, 0], mask=np.isnan(cent[:, 0]))
         cols[f"{side}_longitude"] = pa.array(cent[:, 1], mask=np.isnan(cent[:, 1]))

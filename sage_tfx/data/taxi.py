@@ -10,6 +10,7 @@ so the wheel holds 15,002 distinct real trips in all (``load_all_taxi``), and
 Timestamps are Chicago local time written as unix seconds, rounded to 15
 minutes; trip_start_day is 1=Sunday.
 """
+
 import importlib.resources
 
 import numpy as np
@@ -24,11 +25,23 @@ TIME_COLUMN = "trip_start_timestamp"
 
 # Column -> kind, in the order of the shipped CSV header.
 TAXI_SCHEMA = {
-    "pickup_community_area": "int", "fare": "float", "trip_start_month": "int", "trip_start_hour": "int",
-    "trip_start_day": "int", "trip_start_timestamp": "int", "pickup_latitude": "float",
-    "pickup_longitude": "float", "dropoff_latitude": "float", "dropoff_longitude": "float",
-    "trip_miles": "float", "pickup_census_tract": "int", "dropoff_census_tract": "int",
-    "payment_type": "string", "company": "string", "trip_seconds": "float", "dropoff_community_area": "int",
+    "pickup_community_area": "int",
+    "fare": "float",
+    "trip_start_month": "int",
+    "trip_start_hour": "int",
+    "trip_start_day": "int",
+    "trip_start_timestamp": "int",
+    "pickup_latitude": "float",
+    "pickup_longitude": "float",
+    "dropoff_latitude": "float",
+    "dropoff_longitude": "float",
+    "trip_miles": "float",
+    "pickup_census_tract": "int",
+    "dropoff_census_tract": "int",
+    "payment_type": "string",
+    "company": "string",
+    "trip_seconds": "float",
+    "dropoff_community_area": "int",
     "tips": "float",
 }
 
@@ -64,7 +77,8 @@ def load_taxi(name="simple"):
         taxi_csv_path(name),
         convert_options=pacsv.ConvertOptions(
             column_types={f.name: (pa.float64() if f.type == pa.int64() else f.type) for f in schema},
-            strings_can_be_null=True),
+            strings_can_be_null=True,
+        ),
     )
     # Integer columns are read as float first (some files write 8.0) and cast exactly.
     cols = {}
@@ -78,8 +92,7 @@ def load_taxi(name="simple"):
 
 
 # The columns that identify a trip (as the overlap of ``external`` with ``simple`` was checked).
-TRIP_KEY = ("trip_start_timestamp", "trip_seconds", "trip_miles", "fare", "pickup_census_tract",
-            "dropoff_census_tract")
+TRIP_KEY = ("trip_start_timestamp", "trip_seconds", "trip_miles", "fare", "pickup_census_tract", "dropoff_census_tract")
 COORDINATE_DECIMALS = 6  # ``external`` writes some coordinates with float noise past the 9th decimal
 
 

@@ -19,6 +19,7 @@
    its rows is also a row of the replayed file.)
 5. The ledger summary, the audit and the budget heat-map PNG close the run.
 """
+
 import datetime as _dt
 import json
 import os
@@ -58,8 +59,15 @@ def say(text=""):
     print(text, flush=True)
 
 
-def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initial_days=None, days_per_step=64,
-        runner="local", max_iterations=8) -> int:
+def run(
+    out_dir="demo_out",
+    serving_dir="serving",
+    target=DEFAULT_TARGET,
+    initial_days=None,
+    days_per_step=64,
+    runner="local",
+    max_iterations=8,
+) -> int:
     """The demo: a fresh ledger, real taxi trips replayed as daily blocks, the pipeline until ACCEPT, then the
     pushed model scored on held-out trips and the ledger audited. Returns the exit code (0: ACCEPT, audit OK)."""
     from sage_tfx import pipelines
@@ -77,8 +85,9 @@ def run(out_dir="demo_out", serving_dir="serving", target=DEFAULT_TARGET, initia
     ledger.create_stream(STREAM, epsilon=1.0, delta=1e-6, accounting="basic", policy="conserve")
     say(f"[1/5] ledger {db}: stream {STREAM!r}, one global guarantee (epsilon=1, delta=1e-6) for every release")
     replay, stream_rows, held_out = _start_replay(ledger, data_root, initial_days)
-    result = _iterate(definition, ledger, db, data_root, out_dir, serving_dir, target, runner, max_iterations,
-                      replay, days_per_step)
+    result = _iterate(
+        definition, ledger, db, data_root, out_dir, serving_dir, target, runner, max_iterations, replay, days_per_step
+    )
     if result.outcome == "ACCEPT":
         _score_pushed(ledger, result, out_dir, serving_dir, data_root, target, stream_rows, held_out)
     else:
@@ -96,15 +105,28 @@ def _start_replay(ledger, data_root: str, initial_days):
     stream_rows, held_out = stream_and_held_out(data_file=DATA_FILE)
     replay = Replay(ledger, STREAM, data_root, stream_rows, TIME_COLUMN, "1d")
     steps = replay.run(steps=initial_days)
-    say(f"[2/5] replaying the real taxi trips (tfx wheel) before {HELD_OUT_FROM} ({stream_rows.num_rows:,} trips) "
+    say(
+        f"[2/5] replaying the real taxi trips (tfx wheel) before {HELD_OUT_FROM} ({stream_rows.num_rows:,} trips) "
         f"as daily blocks: {len(steps):,} days ({steps[0].block} .. {steps[-1].block}), "
         f"{replay.remaining} still to come; the {held_out.num_rows:,} trips from {HELD_OUT_FROM} on are held out "
-        "and never replayed")
+        "and never replayed"
+    )
     return replay, stream_rows, held_out
 
 
-def _iterate(definition, ledger, db: str, data_root: str, out_dir: str, serving_dir: str, target: float,
-             runner: str, max_iterations: int, replay, days_per_step: int):
+def _iterate(
+    definition,
+    ledger,
+    db: str,
+    data_root: str,
+    out_dir: str,
+    serving_dir: str,
+    target: float,
+    runner: str,
+    max_iterations: int,
+    replay,
+    days_per_step: int,
+):
     """Sage's iterator on the pipeline until ACCEPT (new days replayed while it waits); its ``RunResult``."""
     from sage_tfx.adaptive import IteratorSettings, SageIterator
     from sage_tfx.pipelines.runner import build_runner
@@ -118,36 +140,58 @@ def _iterate(definition, ledger, db: str, data_root: str, out_dir: str, serving_
         return True
 
     work_dir = os.path.join(out_dir, "work")
-    pipeline = build_runner(definition, db, STREAM, data_root, work_dir, target, serving_dir=serving_dir,
-                            runner=runner, model="logistic")
-    say(f"[3/5] {PIPELINE} until ACCEPT: is the tip more than 20% of the fare? accuracy target {target:g}, "
-        "confidence 0.95; one TFX run per iteration")
+    pipeline = build_runner(
+        definition, db, STREAM, data_root, work_dir, target, serving_dir=serving_dir, runner=runner, model="logistic"
+    )
+    say(
+        f"[3/5] {PIPELINE} until ACCEPT: is the tip more than 20% of the fare? accuracy target {target:g}, "
+        "confidence 0.95; one TFX run per iteration"
+    )
     settings = IteratorSettings(**{**definition.defaults, **ITERATOR}, eta=0.05, max_iterations=max_iterations)
-    iterator = SageIterator(ledger, STREAM, PIPELINE, pipeline.run_iteration, settings=settings,
-                            wait_for_blocks=wait_for_blocks, progress=lambda line: say("      " + line),
-                            request=pipeline.request())
+    iterator = SageIterator(
+        ledger,
+        STREAM,
+        PIPELINE,
+        pipeline.run_iteration,
+        settings=settings,
+        wait_for_blocks=wait_for_blocks,
+        progress=lambda line: say("      " + line),
+        request=pipeline.request(),
+    )
     result = iterator.run()
-    say(f"      -> {result.outcome} after {len(result.iterations)} iteration(s); target {target:g}, bound "
+    say(
+        f"      -> {result.outcome} after {len(result.iterations)} iteration(s); target {target:g}, bound "
         f"{'none' if result.bound is None else format(result.bound, '.4f')} (the validator's lower bound on "
-        "the accuracy)")
+        "the accuracy)"
+    )
     return result
 
 
-def _score_pushed(ledger, result, out_dir: str, serving_dir: str, data_root: str, target: float, stream_rows,
-                  held_out) -> None:
+def _score_pushed(
+    ledger, result, out_dir: str, serving_dir: str, data_root: str, target: float, stream_rows, held_out
+) -> None:
     """Score the ACCEPTed, pushed model on the held-out trips (never replayed); write held_out.json."""
     pushed = _pushed_model(serving_dir)
     grant = ledger.get_grant(result.final_grant_id)
-    say(f"[4/5] pushed to {pushed}; scoring it with plain TensorFlow on the held-out trips "
-        f"(from {HELD_OUT_FROM} on, never replayed)")
+    say(
+        f"[4/5] pushed to {pushed}; scoring it with plain TensorFlow on the held-out trips "
+        f"(from {HELD_OUT_FROM} on, never replayed)"
+    )
     overlap = held_out_overlap(data_root, STREAM, [b.id for b in ledger.blocks(STREAM)], held_out, ledger=ledger)
     if overlap:
-        raise RuntimeError(f"{overlap} held-out trip(s) are rows of ingested blocks: the held-out set is not "
-                           "held out")
+        raise RuntimeError(f"{overlap} held-out trip(s) are rows of ingested blocks: the held-out set is not held out")
     summary = held_out_scores(pushed, data_root, grant, held_out, ledger=ledger)
-    summary.update({"held_out_from": HELD_OUT_FROM, "stream_trips": stream_rows.num_rows,
-                    "days_replayed": len(ledger.blocks(STREAM)), "outcome": result.outcome,
-                    "iterations": len(result.iterations), "target": target, "bound": result.bound})
+    summary.update(
+        {
+            "held_out_from": HELD_OUT_FROM,
+            "stream_trips": stream_rows.num_rows,
+            "days_replayed": len(ledger.blocks(STREAM)),
+            "outcome": result.outcome,
+            "iterations": len(result.iterations),
+            "target": target,
+            "bound": result.bound,
+        }
+    )
     _print_held_out(summary, target, len(grant.blocks))
     with open(os.path.join(out_dir, "held_out.json"), "w") as f:
         json.dump(summary, f, indent=1, sort_keys=True)
@@ -168,25 +212,34 @@ def _show_ledger(ledger, db: str, out_dir: str) -> bool:
     say(f"      sage ledger status --db {db} --stream {STREAM}   # the per-block table")
     return report.ok and not over
 
+
 def _print_held_out(summary, target, blocks):
     """The held-out table: the DP model and the two non-private baselines, each against the target."""
     n, rows = summary["held_out_trips"], summary["baseline_rows"]
-    say(f"      held-out: {n:,} trips ({HELD_OUT_FROM} .. the file's end; big-tipper rate "
+    say(
+        f"      held-out: {n:,} trips ({HELD_OUT_FROM} .. the file's end; big-tipper rate "
         f"{summary['held_out_big_tipper_rate']:.3f}); none is a row of the {summary['days_replayed']:,} ingested "
-        "blocks (checked)")
-    say(f"      baselines, NOT PRIVATE (for comparison only): fitted on the {rows:,} train-split rows of "
-        f"the ACCEPTed grant's {blocks:,} blocks")
+        "blocks (checked)"
+    )
+    say(
+        f"      baselines, NOT PRIVATE (for comparison only): fitted on the {rows:,} train-split rows of "
+        f"the ACCEPTed grant's {blocks:,} blocks"
+    )
     say(f"      {'predictor':<52}{'held-out accuracy':>20}   vs the target {target:g}")
     majority = "always 'big tipper'" if summary["majority_class"] else "never a big tipper"
-    for key, label in (("dp_model", "pushed DP model (DP-SGD logistic, the ACCEPTed one)"),
-                       ("nonprivate_logistic_regression", "logistic regression, NOT private"),
-                       ("majority_predictor", f"majority class ({majority}), NOT private")):
+    for key, label in (
+        ("dp_model", "pushed DP model (DP-SGD logistic, the ACCEPTed one)"),
+        ("nonprivate_logistic_regression", "logistic regression, NOT private"),
+        ("majority_predictor", f"majority class ({majority}), NOT private"),
+    ):
         accuracy, se = summary[key]["accuracy"], summary[key]["accuracy_se"]
         verdict = "meets" if accuracy >= target else "MISSES"
         say(f"      {label:<52}{accuracy:>12.3f} +- {se:.3f}   {verdict}")
-    say(f"      (+- one standard error over the held-out trips) the certificate: accuracy >= {target:g} at 95% "
+    say(
+        f"      (+- one standard error over the held-out trips) the certificate: accuracy >= {target:g} at 95% "
         f"confidence; the majority class reaches {summary['majority_predictor']['accuracy']:.3f} on the held-out "
-        "trips, so it does not meet the target")
+        "trips, so it does not meet the target"
+    )
 
 
 def _pushed_model(serving_dir):
@@ -230,8 +283,9 @@ def paid_by_card(example_batch):
     """1.0 where the trip was paid by credit card, else 0.0 (the preprocessing_fn's ``credit_card``); list-column
     strings are bytes, as the blocks store them."""
 
-    return np.array([bool(v) and v[0] == b"Credit Card" for v in example_batch.column("payment_type").to_pylist()],
-                    dtype=float)
+    return np.array(
+        [bool(v) and v[0] == b"Credit Card" for v in example_batch.column("payment_type").to_pylist()], dtype=float
+    )
 
 
 def taxi_features(example_batch, hourly_speed=None):
@@ -300,16 +354,24 @@ def held_out_scores(model_dir, data_root, grant, held_out, stream=STREAM, *, led
         scores.append(np.asarray(out["probabilities"]).reshape(-1))
     dp_pred = (np.concatenate(scores) >= 0.5).astype(float)
 
-    train = training_rows(data_root, stream, grant, ledger=ledger,
-                          purpose="non-private baseline: logistic regression on the accepted model's training split")
+    train = training_rows(
+        data_root,
+        stream,
+        grant,
+        ledger=ledger,
+        purpose="non-private baseline: logistic regression on the accepted model's training split",
+    )
     x, y, hourly = taxi_features(train)
     coef = logistic_regression(x, y)
     held_x, labels, _ = taxi_features(rows, hourly)
     lr_pred = (np.column_stack([held_x, np.ones(len(held_x))]) @ coef >= 0.0).astype(float)
     majority = float(y.mean() >= 0.5)
     return {
-        "held_out_trips": int(len(labels)), "held_out_big_tipper_rate": float(labels.mean()),
-        "baseline_rows": int(len(y)), "grant_blocks": len(grant.blocks), "majority_class": int(majority),
+        "held_out_trips": int(len(labels)),
+        "held_out_big_tipper_rate": float(labels.mean()),
+        "baseline_rows": int(len(y)),
+        "grant_blocks": len(grant.blocks),
+        "majority_class": int(majority),
         "dp_model": _accuracy(dp_pred, labels),
         "nonprivate_logistic_regression": _accuracy(lr_pred, labels),
         "majority_predictor": _accuracy(np.full(len(labels), majority), labels),

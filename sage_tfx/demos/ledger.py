@@ -6,6 +6,7 @@ asks for more and more (as privacy-adaptive training does on RETRY) until its
 blocks retire; new blocks keep arriving with a fresh budget. No model is
 trained here: this demo exercises the ledger alone.
 """
+
 import collections
 import csv
 import datetime as dt

@@ -18,6 +18,7 @@ from the ledger's master key, which only processes holding the key file can deri
 unwrapping the data key) and checks the manifest's content digest against the one the ledger registered
 at ingest.
 """
+
 import os
 
 from sage_tfx.privacy.errors import SageError, UnknownBlock
@@ -63,8 +64,10 @@ def trusted_block_keys(ledger, stream, blocks, *, purpose: str) -> dict:
 
 def open_blocks(ledger, data_root, stream, keys):
     """Open every block of ``keys`` ({block: key}) for reading; each is checked before any record is read."""
-    return [sealed.open_block(data_root, stream, block, key, expected_digest=ledger_digest(ledger, stream, block))
-            for block, key in keys.items()]
+    return [
+        sealed.open_block(data_root, stream, block, key, expected_digest=ledger_digest(ledger, stream, block))
+        for block, key in keys.items()
+    ]
 
 
 def check_blocks(ledger, data_root, stream, blocks) -> None:
@@ -74,12 +77,19 @@ def check_blocks(ledger, data_root, stream, blocks) -> None:
     is read and no key is kept (each data key is unwrapped only to authenticate its manifest and dropped), so
     nothing is logged. SealedError naming the block folder or file and the fix."""
     for block in blocks:
-        opened = sealed.open_block(data_root, stream, block, ledger.keyring.block_key(stream, block),
-                                   expected_digest=ledger_digest(ledger, stream, block))
+        opened = sealed.open_block(
+            data_root,
+            stream,
+            block,
+            ledger.keyring.block_key(stream, block),
+            expected_digest=ledger_digest(ledger, stream, block),
+        )
         for path, _name, size, _sha in opened.files:
             if os.path.getsize(path) != size:
-                raise sealed.SealedError(f"block file {path} has {os.path.getsize(path)} bytes, {size} recorded at "
-                                         "ingest: it was altered or damaged; restore it from your backup")
+                raise sealed.SealedError(
+                    f"block file {path} has {os.path.getsize(path)} bytes, {size} recorded at "
+                    "ingest: it was altered or damaged; restore it from your backup"
+                )
 
 
 def grant_blocks(ledger, data_root, grant, stream=None):

@@ -9,6 +9,7 @@ other records (a block is a disjoint part of the stream, the Sage paper §4):
   The key (default: the stream name) makes shards stable across ingests and
   independent of everything but the user's own value.
 """
+
 import datetime as _dt
 import hashlib
 import re
@@ -35,8 +36,10 @@ def parse_window(text):
     if seconds <= 0 or seconds != int(seconds):
         raise InputError(f"window {text!r} is invalid: it must be a whole number of seconds > 0")
     if seconds > MAX_WINDOW:
-        raise InputError(f"window {text!r} is invalid: at most {window_text(MAX_WINDOW)} ({MAX_WINDOW} s, about 999 "
-                         "years), so that every block of a record time in [1000-01-01, 9000-01-01) is a date range")
+        raise InputError(
+            f"window {text!r} is invalid: at most {window_text(MAX_WINDOW)} ({MAX_WINDOW} s, about 999 "
+            "years), so that every block of a record time in [1000-01-01, 9000-01-01) is a date range"
+        )
     return int(seconds)
 
 
@@ -56,8 +59,10 @@ class TimeBlocks:
         self.column = column
         self.window = parse_window(window) if isinstance(window, str) else int(window)
         if not 0 < self.window <= MAX_WINDOW:
-            raise InputError(f"window {window!r} is invalid: it must be > 0 seconds and at most "
-                             f"{window_text(MAX_WINDOW)} ({MAX_WINDOW} s, about 999 years)")
+            raise InputError(
+                f"window {window!r} is invalid: it must be > 0 seconds and at most "
+                f"{window_text(MAX_WINDOW)} ({MAX_WINDOW} s, about 999 years)"
+            )
 
     def describe(self):
         return {"by": "time", "column": self.column, "window": self.window}
@@ -101,8 +106,9 @@ class UserShards:
     def keys(self, batch):
         values = _scalar_column(batch, self.column)
         if values.null_count:
-            raise InputError(f"user column {self.column!r} is empty in {values.null_count} record(s): "
-                             "every record needs a user")
+            raise InputError(
+                f"user column {self.column!r} is empty in {values.null_count} record(s): every record needs a user"
+            )
         uniq, inverse = np.unique(np.asarray(values.to_pylist(), dtype=object).astype(str), return_inverse=True)
         return np.array([self.shard_of(u) for u in uniq], dtype=np.int64)[inverse]
 
@@ -125,8 +131,9 @@ def _scalar_column(batch, column):
         lengths = pc.fill_null(pc.list_value_length(col), 0)
         if pc.any(pc.not_equal(lengths, 1)).as_py():
             bad = int(np.flatnonzero(np.asarray(lengths) != 1)[0])
-            raise InputError(f"column {column!r} must hold exactly one value per record (record {bad} has "
-                             f"{lengths[bad].as_py()})")
+            raise InputError(
+                f"column {column!r} must hold exactly one value per record (record {bad} has {lengths[bad].as_py()})"
+            )
         col = pc.list_flatten(col)
     return col
 
@@ -138,8 +145,10 @@ def seconds(batch, column):
     col = _scalar_column(batch, column)
     if col.null_count:
         row = int(np.flatnonzero(~np.asarray(col.is_valid()))[0])
-        raise InputError(f"time column {column!r} is empty in {col.null_count} record(s) (first: record {row}): "
-                         "every record needs a time")
+        raise InputError(
+            f"time column {column!r} is empty in {col.null_count} record(s) (first: record {row}): "
+            "every record needs a time"
+        )
     t = col.type
     if pa.types.is_timestamp(t) or pa.types.is_date(t):
         return np.asarray(col.cast(pa.timestamp("s")).cast(pa.int64()), dtype=np.int64)
@@ -159,8 +168,9 @@ def seconds(batch, column):
             try:
                 np.datetime64(str(v), "s")
             except ValueError:
-                raise InputError(f"time column {column!r} has an unparseable timestamp {v!r} (use unix seconds "
-                                 "or ISO 8601)") from None
+                raise InputError(
+                    f"time column {column!r} has an unparseable timestamp {v!r} (use unix seconds or ISO 8601)"
+                ) from None
         raise
     if np.isnat(parsed).any():
         raise InputError(f"time column {column!r} has an unparseable timestamp {values[np.isnat(parsed)][0]!r}")

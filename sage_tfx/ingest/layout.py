@@ -14,6 +14,7 @@ Folders sage creates are ``DIR_MODE`` (0700) and files ``FILE_MODE`` (0600). A s
 is a plain name (``PLAIN_NAME``). Nothing here encrypts, stages or commits: ``sealed.py`` seals block files,
 ``staging.py`` holds runs in progress, ``store.py`` writes and commits blocks.
 """
+
 import json
 import os
 import re
@@ -67,8 +68,9 @@ def check_stream_config(data_root, stream, schema, spec):
     if config is None:
         return schema
     if config["blocks"] != spec.describe():
-        raise InputError(f"stream {stream!r} is blocked by {config['blocks']}, not {spec.describe()}: a stream "
-                         "keeps one block rule")
+        raise InputError(
+            f"stream {stream!r} is blocked by {config['blocks']}, not {spec.describe()}: a stream keeps one block rule"
+        )
     missing = [n for n in config["schema"] if n not in schema]
     if missing:
         raise InputError(f"input lacks column(s) {', '.join(missing)} of stream {stream!r}")

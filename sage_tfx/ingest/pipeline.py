@@ -23,6 +23,7 @@ what the workers reported), commits as before, and deletes the staged run, also 
 acceptable: docs/security.md, "Staging outside the data root"). Without it, staging is
 ``DATA_ROOT/STREAM/_staging`` as before: then workers and driver must share the data root.
 """
+
 import glob
 import logging
 import os
@@ -72,9 +73,11 @@ def _match_url(pattern):
         found = FileSystems.match([pattern])[0].metadata_list
     except Exception as exc:  # an unknown scheme, a missing Beam extra, a store refusing the listing
         detail = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise InputError(f"input {pattern!r} cannot be listed through Beam's FileSystems ({detail}): check the URL, "
-                         "and install the Beam extra of its scheme (gs://: apache-beam[gcp], s3://: [aws], hdfs://: "
-                         "[hadoopfs])") from None
+        raise InputError(
+            f"input {pattern!r} cannot be listed through Beam's FileSystems ({detail}): check the URL, "
+            "and install the Beam extra of its scheme (gs://: apache-beam[gcp], s3://: [aws], hdfs://: "
+            "[hadoopfs])"
+        ) from None
     paths = sorted(m.path for m in found if not m.path.endswith("/"))
     if not paths:
         raise InputError(f"input {pattern!r} does not exist (no object matches it)")
@@ -111,7 +114,6 @@ def plan_schema(files, fmt, data_root, stream, spec, bound=None):
     return check_stream_config(data_root, stream, schema, spec), fmts
 
 
-
 def _dofns():
     import apache_beam as beam
 
@@ -120,8 +122,9 @@ def _dofns():
             self.fmts, self.schema, self.batch_rows, self.time_column = fmts, schema, batch_rows, time_column
 
         def process(self, path):
-            yield from read_batches(path, self.fmts[path], self.schema, self.batch_rows,
-                                    time_column=getattr(self, "time_column", None))
+            yield from read_batches(
+                path, self.fmts[path], self.schema, self.batch_rows, time_column=getattr(self, "time_column", None)
+            )
 
     class IngestFile(beam.DoFn):
         """One input file -> its part files in staging; yields each part's description (from ``process``).
@@ -130,19 +133,31 @@ def _dofns():
         One BlockWriter per file: the parts a file makes do not depend on how a runner bundles the files.
         """
 
-        def __init__(self, fmts, schema, batch_rows, time_column, run_dir, spec, compresslevel, stream, run_key,
-                     bound=None):
+        def __init__(
+            self, fmts, schema, batch_rows, time_column, run_dir, spec, compresslevel, stream, run_key, bound=None
+        ):
             self.fmts, self.schema, self.batch_rows, self.time_column = fmts, schema, batch_rows, time_column
             self.run_dir, self.spec, self.compresslevel = run_dir, spec, compresslevel
             self.stream, self.run_key, self.bound = stream, run_key, bound
 
         def process(self, paths):
             """``paths``: one file, or (a unit stream's run: ``units``) all the run's files, bounded together."""
-            writer = BlockWriter(self.run_dir, self.spec, self.schema, compresslevel=self.compresslevel,
-                                 stream=self.stream, run_key=self.run_key)
+            writer = BlockWriter(
+                self.run_dir,
+                self.spec,
+                self.schema,
+                compresslevel=self.compresslevel,
+                stream=self.stream,
+                run_key=self.run_key,
+            )
             paths = [paths] if isinstance(paths, str) else list(paths)
-            batches = (batch for path in paths for batch in read_batches(
-                path, self.fmts[path], self.schema, self.batch_rows, time_column=self.time_column))
+            batches = (
+                batch
+                for path in paths
+                for batch in read_batches(
+                    path, self.fmts[path], self.schema, self.batch_rows, time_column=self.time_column
+                )
+            )
             bound = getattr(self, "bound", None)
             for batch in batches if bound is None else bound.keep(list(batches), self.spec):
                 writer.add(batch)
@@ -151,8 +166,7 @@ def _dofns():
     return ReadBatches, IngestFile
 
 
-RUNNER_ALIASES = {"dask": "apache_beam.runners.dask.dask_runner.DaskRunner",
-                  "direct": "DirectRunner"}
+RUNNER_ALIASES = {"dask": "apache_beam.runners.dask.dask_runner.DaskRunner", "direct": "DirectRunner"}
 
 
 def beam_options(beam_args, n_inputs=None):
@@ -185,18 +199,34 @@ def beam_options(beam_args, n_inputs=None):
     runner = runner or "DirectRunner"
     if runner.endswith("DaskRunner"):
         import apache_beam.runners.dask.dask_runner  # noqa: F401 (registers DaskOptions: --dask_* are parsed)
-    if runner.endswith("DaskRunner") and n_inputs and not any(
-            a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in rest):
+    if (
+        runner.endswith("DaskRunner")
+        and n_inputs
+        and not any(a.startswith(("--dask_npartitions", "--dask_partition_size")) for a in rest)
+    ):
         rest.append(f"--dask_npartitions={n_inputs}")
     return PipelineOptions([f"--runner={runner}"] + rest)
 
 
-def ingest(ledger_location: str, stream: str, inputs: str | Sequence[str], data_root: str,
-           block_by: str = "time", time_column: str | None = None, window: str | None = None,
-           user_column: str | None = None, shards: int | None = None, hash_key: str | None = None,
-           fmt: str | None = None, beam_args: Iterable[str] | None = None, batch_rows: int = 65536,
-           compresslevel: int = 6, progress: bool = True, allow_duplicate_of: Iterable[str] = (),
-           staging_location: str | None = None) -> dict:
+def ingest(
+    ledger_location: str,
+    stream: str,
+    inputs: str | Sequence[str],
+    data_root: str,
+    block_by: str = "time",
+    time_column: str | None = None,
+    window: str | None = None,
+    user_column: str | None = None,
+    shards: int | None = None,
+    hash_key: str | None = None,
+    fmt: str | None = None,
+    beam_args: Iterable[str] | None = None,
+    batch_rows: int = 65536,
+    compresslevel: int = 6,
+    progress: bool = True,
+    allow_duplicate_of: Iterable[str] = (),
+    staging_location: str | None = None,
+) -> dict:
     """Ingest input files into blocks of ``stream``; returns {"added", "unchanged", "blocks", "columns"...}
     (``columns``: ``records.describe_columns``, each column's stored type and how its values were converted).
 
@@ -215,8 +245,9 @@ def ingest(ledger_location: str, stream: str, inputs: str | Sequence[str], data_
     from sage_tfx.privacy import Ledger
 
     inputs = [inputs] if isinstance(inputs, str) else list(inputs)
-    spec, bound = _checked_spec(ledger_location, stream, inputs, block_by, time_column, window, user_column, shards,
-                                hash_key)
+    spec, bound = _checked_spec(
+        ledger_location, stream, inputs, block_by, time_column, window, user_column, shards, hash_key
+    )
     files, options = _beam_inputs(inputs, beam_args)
     with Ledger.open(ledger_location) as ledger:
         ledger.stream(stream)  # the stream must exist before data arrives
@@ -235,8 +266,18 @@ def ingest(ledger_location: str, stream: str, inputs: str | Sequence[str], data_
             _say(progress, f"ingest: {len(files)} file(s) -> stream {stream} ({spec.describe()}), staging {stage}")
             _run_job(options, files, fmts, schema, batch_rows, spec, stage, compresslevel, stream, run_key, bound)
             parts = read_parts(stage, run_key)
-            result = commit(ledger, stream, data_root, run_dir, parts, spec, schema,
-                            allow_duplicate_of=allow_duplicate_of, run_key=run_key, staged_run=stage)
+            result = commit(
+                ledger,
+                stream,
+                data_root,
+                run_dir,
+                parts,
+                spec,
+                schema,
+                allow_duplicate_of=allow_duplicate_of,
+                run_key=run_key,
+                staged_run=stage,
+            )
             ok = True
         finally:
             left = _clean_up(run_dir, stage, ok, created, created_staging)
@@ -265,8 +306,17 @@ def _summed_up(result: dict, staging_left: str | None, columns, progress: bool) 
     return result
 
 
-def _checked_spec(ledger_location: str, stream: str, inputs: list[str], block_by: str, time_column: str | None,
-                  window: str | None, user_column: str | None, shards: int | None, hash_key: str | None) -> tuple:
+def _checked_spec(
+    ledger_location: str,
+    stream: str,
+    inputs: list[str],
+    block_by: str,
+    time_column: str | None,
+    window: str | None,
+    user_column: str | None,
+    shards: int | None,
+    hash_key: str | None,
+) -> tuple:
     """The block spec and the stream's unit bound, refused before Beam loads (seconds of imports) for bad block
     options and a missing local input: ``(spec, bound)``."""
     from sage_tfx.privacy import Ledger
@@ -278,13 +328,25 @@ def _checked_spec(ledger_location: str, stream: str, inputs: list[str], block_by
         resolve_inputs(local)
     with Ledger.open(ledger_location) as ledger:  # the stream's privacy unit: its rows are bounded (units.py)
         bound = units.stream_bound(ledger, stream)
-    spec = make_spec(block_by, stream, time_column, window, units.unit_user_column(bound, user_column), shards,
-                     hash_key)
+    spec = make_spec(
+        block_by, stream, time_column, window, units.unit_user_column(bound, user_column), shards, hash_key
+    )
     return spec, bound
 
 
-def _run_job(options, files: list[str], fmts: dict, schema, batch_rows: int, spec, stage: str, compresslevel: int,
-             stream: str, run_key: bytes, bound) -> None:
+def _run_job(
+    options,
+    files: list[str],
+    fmts: dict,
+    schema,
+    batch_rows: int,
+    spec,
+    stage: str,
+    compresslevel: int,
+    stream: str,
+    run_key: bytes,
+    bound,
+) -> None:
     """The Beam job: every file read, typed and written as sealed parts under ``stage``, then the part list.
 
     Raises:
@@ -296,12 +358,27 @@ def _run_job(options, files: list[str], fmts: dict, schema, batch_rows: int, spe
     try:
         p = beam.Pipeline(options=options)
         # a unit stream's files go to one writer together: a unit's rows are bounded over all of them
-        _ = (p | "Files" >> beam.Create(files if bound is None else [files])
-             | "IngestFiles" >> beam.ParDo(IngestFile(fmts, schema, batch_rows,
-                                                      spec.column if spec.by == "time" else None,
-                                                      stage, spec, compresslevel, stream, run_key, bound))
-             | "AllParts" >> beam.combiners.ToList()
-             | "PartList" >> beam.Map(_PartList(stage, run_key)))
+        _ = (
+            p
+            | "Files" >> beam.Create(files if bound is None else [files])
+            | "IngestFiles"
+            >> beam.ParDo(
+                IngestFile(
+                    fmts,
+                    schema,
+                    batch_rows,
+                    spec.column if spec.by == "time" else None,
+                    stage,
+                    spec,
+                    compresslevel,
+                    stream,
+                    run_key,
+                    bound,
+                )
+            )
+            | "AllParts" >> beam.combiners.ToList()
+            | "PartList" >> beam.Map(_PartList(stage, run_key))
+        )
         _run(p)
     except InputError:
         raise
@@ -317,13 +394,17 @@ def _clean_up(run_dir: str, stage: str, ok: bool, created: list, created_staging
     if stage != run_dir:
         left = remove_staged_run(stage)
         if left:
-            print(f"sage ingest: warning: the staged run {stage} could not be removed ({left}): delete it "
-                  "by hand. Its part files are sealed under this run's key, which sage never stores",
-                  file=sys.stderr, flush=True)
+            print(
+                f"sage ingest: warning: the staged run {stage} could not be removed ({left}): delete it "
+                "by hand. Its part files are sealed under this run's key, which sage never stores",
+                file=sys.stderr,
+                flush=True,
+            )
     if not ok:
         remove_empty_dirs(created_staging)
         remove_empty_dirs(created)
     return left
+
 
 def ingest_batches(ledger, stream, data_root, batches, spec, schema, allow_duplicate_of=()):
     """In-process ingest of RecordBatches (no Beam): the same bound, writer and commit as ``ingest``."""
@@ -340,8 +421,17 @@ def ingest_batches(ledger, stream, data_root, batches, spec, schema, allow_dupli
         units.check_schema(bound, schema)
         for batch in batches if bound is None else bound.keep(list(batches), spec):
             writer.add(batch)
-        result = commit(ledger, stream, data_root, run_dir, writer.close(), spec, schema,
-                        allow_duplicate_of=allow_duplicate_of, run_key=run_key)
+        result = commit(
+            ledger,
+            stream,
+            data_root,
+            run_dir,
+            writer.close(),
+            spec,
+            schema,
+            allow_duplicate_of=allow_duplicate_of,
+            run_key=run_key,
+        )
         ok = True
         return result
     finally:

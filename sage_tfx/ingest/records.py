@@ -7,6 +7,7 @@ the stream has the same feature types. Empty fields become empty features, as
 in TFX's CsvExampleGen. tf.Example floats are 32-bit: keep exact integers
 (such as unix timestamps) in int columns.
 """
+
 import csv
 import hashlib
 import io
@@ -37,8 +38,13 @@ def kind_of(arrow_type):
         return "int"
     if pa.types.is_floating(t) or pa.types.is_decimal(t) or pa.types.is_null(t):
         return "float"
-    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) \
-            or pa.types.is_large_binary(t) or pa.types.is_date(t):
+    if (
+        pa.types.is_string(t)
+        or pa.types.is_large_string(t)
+        or pa.types.is_binary(t)
+        or pa.types.is_large_binary(t)
+        or pa.types.is_date(t)
+    ):
         return "bytes"
     raise InputError(f"column type {arrow_type} has no tf.Example kind (int, float or bytes)")
 
@@ -149,7 +155,7 @@ def decode(records, schema):
 # since 1970 lands far beyond it, and every block window stays inside what dates can name.
 TIME_MIN = -30610224000
 TIME_MAX = 221845392000
-_F64_EXACT = 2 ** 53   # CSV ints are parsed as float64: beyond it whole numbers are already rounded
+_F64_EXACT = 2**53  # CSV ints are parsed as float64: beyond it whole numbers are already rounded
 
 
 def check_unique_columns(names, path):
@@ -157,8 +163,10 @@ def check_unique_columns(names, path):
     seen = {}
     for i, name in enumerate(names):
         if name in seen:
-            raise InputError(f"input {path}: column {name!r} appears twice in the header (columns {seen[name] + 1} "
-                             f"and {i + 1}); one would be dropped silently: rename or remove one")
+            raise InputError(
+                f"input {path}: column {name!r} appears twice in the header (columns {seen[name] + 1} "
+                f"and {i + 1}); one would be dropped silently: rename or remove one"
+            )
         seen[name] = i
 
 
@@ -196,8 +204,10 @@ def check_csv_quotes(path, chunk_bytes=8 << 20):
 def _unclosed(path, line_number):
     """Raise the unclosed-quote error with the column of the quote that never closes."""
 
-    with open_input(path, decompress=True) as raw, \
-            io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as f:
+    with (
+        open_input(path, decompress=True) as raw,
+        io.TextIOWrapper(raw, encoding="utf-8", errors="replace", newline="") as f,
+    ):
         header = next(csv.reader([f.readline()]), [])
         for _ in range(line_number - 2):
             f.readline()
@@ -212,9 +222,11 @@ def _unclosed(path, line_number):
             column += 1
     name = header[start] if start < len(header) else f"#{start + 1}"
     where = f"row {line_number - 1} (line {line_number})" if line_number > 1 else "the header (line 1)"
-    raise InputError(f"input {path}: column {name!r}, {where}: a quote opens and never closes on its line; the "
-                     "rows after it would merge into one record: close the quote (write a quote inside a value "
-                     "as \"\"; values may not span lines)")
+    raise InputError(
+        f"input {path}: column {name!r}, {where}: a quote opens and never closes on its line; the "
+        "rows after it would merge into one record: close the quote (write a quote inside a value "
+        'as ""; values may not span lines)'
+    )
 
 
 def check_batch(batch, path, first_row, schema, time_column=None):
@@ -227,8 +239,9 @@ def check_batch(batch, path, first_row, schema, time_column=None):
     import pyarrow.compute as pc
 
     def fail(name, index, value, problem, fix):
-        raise InputError(f"input {path}: column {name!r}, row {first_row + int(index) + 1}: value {value!r} "
-                         f"{problem}: {fix}")
+        raise InputError(
+            f"input {path}: column {name!r}, row {first_row + int(index) + 1}: value {value!r} {problem}: {fix}"
+        )
 
     for name, kind in schema.items():
         if kind == "bytes" or name not in batch.schema.names:
@@ -244,17 +257,26 @@ def check_batch(batch, path, first_row, schema, time_column=None):
         row_of = (lambda i: i) if rows is None else (lambda i: rows[i])  # noqa: B023
         bad = np.flatnonzero(~np.isfinite(values))
         if len(bad):
-            fail(name, row_of(bad[0]), float(values[bad[0]]), f"is not finite in a {kind} column",
-                 "a typed column holds finite numbers only; fix the value, or leave the field empty")
+            fail(
+                name,
+                row_of(bad[0]),
+                float(values[bad[0]]),
+                f"is not finite in a {kind} column",
+                "a typed column holds finite numbers only; fix the value, or leave the field empty",
+            )
         # (A float column's values are stored as tf.Example's 32-bit floats, as TFX's CsvExampleGen stores them;
         # refusing whole numbers a float32 rounds refused TFX's own taxi file, whose census tracts are written
         # 17031832200.0: not refused. An int column stays int64.)
         if kind == "int":
             big = np.flatnonzero(np.abs(values) >= _F64_EXACT)
             if len(big):
-                fail(name, row_of(big[0]), float(values[big[0]]), "is 2^53 or more in magnitude, where CSV "
-                     "parsing already rounds whole numbers", "keep int values below 2^53 = 9007199254740992 in "
-                     "magnitude")
+                fail(
+                    name,
+                    row_of(big[0]),
+                    float(values[big[0]]),
+                    "is 2^53 or more in magnitude, where CSV parsing already rounds whole numbers",
+                    "keep int values below 2^53 = 9007199254740992 in magnitude",
+                )
     if time_column and time_column in batch.schema.names:
         from .blocks import seconds
 
@@ -270,8 +292,13 @@ def check_batch(batch, path, first_row, schema, time_column=None):
         out = np.flatnonzero((t < TIME_MIN) | (t >= TIME_MAX))
         if len(out):
             raw = batch.column(time_column)[int(out[0])].as_py()
-            fail(time_column, out[0], raw, "is outside [1000-01-01, 9000-01-01) UTC as a time",
-                 "times are unix SECONDS or ISO 8601 (a time in milliseconds or microseconds lands far beyond)")
+            fail(
+                time_column,
+                out[0],
+                raw,
+                "is outside [1000-01-01, 9000-01-01) UTC as a time",
+                "times are unix SECONDS or ISO 8601 (a time in milliseconds or microseconds lands far beyond)",
+            )
 
 
 def infer_schema(path, fmt):
@@ -291,8 +318,10 @@ def sniff_types(path, fmt):
         if fmt == "csv":
             import pyarrow.csv as pacsv
 
-            with arrow_source(path) as src, \
-                    pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=CSV_SAMPLE_BYTES)) as reader:
+            with (
+                arrow_source(path) as src,
+                pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=CSV_SAMPLE_BYTES)) as reader,
+            ):
                 check_unique_columns(reader.schema.names, path)
                 return reader.schema
         if fmt == "parquet":
@@ -324,14 +353,19 @@ def _column_note(kind, arrow_type):
     while t is not None and (pa.types.is_list(t) or pa.types.is_large_list(t)):
         t = t.value_type
     if kind == "int" and t is not None and pa.types.is_timestamp(t):
-        return ("ISO 8601 date-times converted to unix seconds (a time without an offset is read as UTC); "
-                "a fraction of a second is refused")
+        return (
+            "ISO 8601 date-times converted to unix seconds (a time without an offset is read as UTC); "
+            "a fraction of a second is refused"
+        )
     if kind == "bytes" and t is not None and pa.types.is_date(t):
         return "ISO 8601 dates (no time) kept as text YYYY-MM-DD"
     if kind == "int" and t is not None and pa.types.is_boolean(t):
         return "true/false stored as 1/0"
-    return {"int": "whole numbers, exact within +-2^53", "bytes": "text",
-            "float": "32-bit floats (about 7 significant digits: 33554433 is stored as 33554432)"}[kind]
+    return {
+        "int": "whole numbers, exact within +-2^53",
+        "bytes": "text",
+        "float": "32-bit floats (about 7 significant digits: 33554433 is stored as 33554432)",
+    }[kind]
 
 
 def describe_columns(path, fmt, schema):
@@ -372,8 +406,10 @@ def _read_batches(path, fmt, schema, batch_rows, check):
 
             if check:
                 check_csv_quotes(path)
-            with arrow_source(path) as src, \
-                    pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=1 << 20)) as probe:
+            with (
+                arrow_source(path) as src,
+                pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=1 << 20)) as probe,
+            ):
                 if check:
                     check_unique_columns(probe.schema.names, path)
                 sniffed = {f.name: f.type for f in probe.schema}
@@ -381,13 +417,19 @@ def _read_batches(path, fmt, schema, batch_rows, check):
             if missing:
                 raise InputError(f"input {path} lacks column(s) {', '.join(missing)} of the stream's schema")
             # ISO times stay timestamps (made unix seconds later), true/false stays boolean (made 1/0)
-            types = {n: (sniffed[n] if k == "int" and (pa.types.is_timestamp(sniffed[n])
-                                                       or pa.types.is_boolean(sniffed[n])) else _csv_type(k))
-                     for n, k in schema.items()}
+            types = {
+                n: (
+                    sniffed[n]
+                    if k == "int" and (pa.types.is_timestamp(sniffed[n]) or pa.types.is_boolean(sniffed[n]))
+                    else _csv_type(k)
+                )
+                for n, k in schema.items()
+            }
             opts = pacsv.ConvertOptions(column_types=types, include_columns=list(schema), strings_can_be_null=True)
-            with arrow_source(path) as src, \
-                    pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=8 << 20),
-                                   convert_options=opts) as reader:
+            with (
+                arrow_source(path) as src,
+                pacsv.open_csv(src, read_options=pacsv.ReadOptions(block_size=8 << 20), convert_options=opts) as reader,
+            ):
                 for batch in reader:
                     if batch.num_rows:
                         yield batch
@@ -461,6 +503,5 @@ def row_hashes(example_batch):
             h = _mix(vals + pos * np.uint64(0x9E3779B97F4A7C15))
             per_row = np.zeros(n, dtype=np.uint64)
             np.add.at(per_row, np.repeat(np.arange(n), lengths), h)
-            total += _mix(per_row + lengths.astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93)
-                          + salt)
+            total += _mix(per_row + lengths.astype(np.uint64) * np.uint64(0xD6E8FEB86659FD93) + salt)
     return total

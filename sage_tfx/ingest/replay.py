@@ -10,6 +10,7 @@ replay resumes after the windows already registered (checked by content digest),
 another replay of the stream registered meanwhile (another host's `sage serve`, docs/scale_out.md, "Several
 hosts on one PostgreSQL ledger") checks that block's digest and moves on, without writing it again.
 """
+
 import time
 from dataclasses import dataclass
 
@@ -25,8 +26,8 @@ from .store import digest_forms, refuse_copies
 @dataclass(frozen=True)
 class Step:
     block: str
-    clock: float          # data time after this step (end of the window, unix seconds)
-    added: bool           # False if the block was already registered (a resumed replay)
+    clock: float  # data time after this step (end of the window, unix seconds)
+    added: bool  # False if the block was already registered (a resumed replay)
     generated: bool
 
 
@@ -79,8 +80,11 @@ class Replay:
             self._check_registered(self._next)
             self._next += 1
         # Records another stream registered are refused now, before a caller registers or charges anything.
-        refuse_copies(ledger, stream, {self.spec.block_id(self._windows[i]): self._forms(i)
-                                       for i in range(self._next, len(self._windows))})
+        refuse_copies(
+            ledger,
+            stream,
+            {self.spec.block_id(self._windows[i]): self._forms(i) for i in range(self._next, len(self._windows))},
+        )
         self.clock = float(self._windows[min(self._next, len(self._windows) - 1)] * self.spec.window)
 
     @classmethod
@@ -115,8 +119,7 @@ class Replay:
             added = False
         else:
             rows = self._window_rows(i)
-            result = ingest_batches(self.ledger, self.stream, self.data_root, rows.to_batches(), self.spec,
-                                    self.schema)
+            result = ingest_batches(self.ledger, self.stream, self.data_root, rows.to_batches(), self.spec, self.schema)
             added = block in result["added"]
         self._next += 1
         self.clock = float((key + 1) * self.spec.window)
@@ -136,8 +139,10 @@ class Replay:
         block = self.spec.block_id(self._windows[i])
         manifest = read_manifest(block_dir(self.data_root, self.stream, block)) or {}
         if manifest.get("digest") not in self._forms(i):
-            raise InputError(f"block {block!r} of stream {self.stream!r} is already registered with different "
-                             "records: this data set cannot be replayed there")
+            raise InputError(
+                f"block {block!r} of stream {self.stream!r} is already registered with different "
+                "records: this data set cannot be replayed there"
+            )
 
     def _row_sums(self):
         """Each window's row-hash sum (``store.keyed_digest`` keys it), all windows in one pass."""

@@ -35,6 +35,7 @@ resolved path inside the block folder), unwraps the DEK (authenticating the mani
 checks a file's size and SHA-256 against the manifest before it decrypts a byte. Every refusal is a
 ``SealedError`` naming the file and the fix.
 """
+
 import gzip
 import hashlib
 import json
@@ -48,8 +49,8 @@ from .layout import BLOCK_FILE, FILE_MODE, PLAIN_NAME
 
 MAGIC = b"SAGEBLK1"
 FORMAT = "sage-sealed-v1"
-CHUNK = 64 << 10        # plaintext bytes per chunk (each chunk: 12-byte nonce + CHUNK + 16-byte tag)
-PAD = 4 << 10           # the last chunk's plaintext is padded to a multiple of this
+CHUNK = 64 << 10  # plaintext bytes per chunk (each chunk: 12-byte nonce + CHUNK + 16-byte tag)
+PAD = 4 << 10  # the last chunk's plaintext is padded to a multiple of this
 NONCE = 12
 TAG = 16
 SUFFIX = ".sealed"
@@ -104,8 +105,11 @@ def seal_part_list(parts, run_key) -> bytes:
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
     nonce = os.urandom(NONCE)
-    return _PARTS_MAGIC + nonce + AESGCM(_parts_key(run_key)).encrypt(
-        nonce, json.dumps(parts, sort_keys=True).encode(), _PARTS_AD)
+    return (
+        _PARTS_MAGIC
+        + nonce
+        + AESGCM(_parts_key(run_key)).encrypt(nonce, json.dumps(parts, sort_keys=True).encode(), _PARTS_AD)
+    )
 
 
 def open_part_list(body: bytes, run_key) -> list:
@@ -114,11 +118,11 @@ def open_part_list(body: bytes, run_key) -> list:
     from cryptography.exceptions import InvalidTag
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    head, nonce = body[:len(_PARTS_MAGIC)], body[len(_PARTS_MAGIC):len(_PARTS_MAGIC) + NONCE]
+    head, nonce = body[: len(_PARTS_MAGIC)], body[len(_PARTS_MAGIC) : len(_PARTS_MAGIC) + NONCE]
     try:
         if head != _PARTS_MAGIC:
             raise InvalidTag()
-        return json.loads(AESGCM(_parts_key(run_key)).decrypt(nonce, body[len(_PARTS_MAGIC) + NONCE:], _PARTS_AD))
+        return json.loads(AESGCM(_parts_key(run_key)).decrypt(nonce, body[len(_PARTS_MAGIC) + NONCE :], _PARTS_AD))
     except (InvalidTag, ValueError):
         raise SealedError("the part list does not authenticate under this run's key") from None
 
@@ -176,7 +180,7 @@ class SealedWriter:
             n = (len(self._buf) - 1) // step * step
             view = memoryview(self._buf)
             for start in range(0, n, step):
-                self._chunk(view[start:start + step], final=False)
+                self._chunk(view[start : start + step], final=False)
             view.release()
             del self._buf[:n]
         return len(data)
@@ -264,12 +268,15 @@ def unwrap(manifest, block_key, where):
         nonce, wrapped = bytes.fromhex(sk["nonce"]), bytes.fromhex(sk["wrapped"])
         return AESGCM(bytes(block_key)).decrypt(nonce, wrapped, manifest_ad(manifest))
     except InvalidTag:
-        raise SealedError(f"{where} does not authenticate under this block's key: it was altered (files, digest, "
-                          "stream or block edited) or belongs to another block or stream; nothing was read. "
-                          "Restore the block folder from your backup, or re-ingest the block") from None
+        raise SealedError(
+            f"{where} does not authenticate under this block's key: it was altered (files, digest, "
+            "stream or block edited) or belongs to another block or stream; nothing was read. "
+            "Restore the block folder from your backup, or re-ingest the block"
+        ) from None
     except (KeyError, TypeError, ValueError):
-        raise SealedError(f"{where} has no valid sealed key: nothing was read; restore the block folder from your "
-                          "backup") from None
+        raise SealedError(
+            f"{where} has no valid sealed key: nothing was read; restore the block folder from your backup"
+        ) from None
 
 
 # ------------------------------------------------------------------ reader
@@ -305,13 +312,14 @@ def safe_block_folder(data_root, stream, block):
     resolved folder is not exactly that path under the resolved data root (a symlinked stream or block)."""
     for what, name in (("stream", stream), ("block", block)):
         if not isinstance(name, str) or not PLAIN_NAME.match(name) or name in (".", ".."):
-            raise SealedError(f"{what} name {name!r} is not a plain folder name: refusing a path outside the "
-                              "data root")
+            raise SealedError(f"{what} name {name!r} is not a plain folder name: refusing a path outside the data root")
     root = os.path.realpath(os.path.abspath(str(data_root)))
     folder = os.path.join(root, stream, block)
     if os.path.realpath(folder) != folder:
-        raise SealedError(f"block folder {folder} resolves to {os.path.realpath(folder)} (a symlink): block "
-                          "folders must be real folders inside the data root; nothing was read")
+        raise SealedError(
+            f"block folder {folder} resolves to {os.path.realpath(folder)} (a symlink): block "
+            "folders must be real folders inside the data root; nothing was read"
+        )
     return folder
 
 
@@ -319,12 +327,15 @@ def safe_file(folder, name):
     """The path of block file ``name`` in ``folder``; SealedError unless it is a plain name of a regular
     file (no separator, no ``..``, no symlink) that resolves inside the folder."""
     if not isinstance(name, str) or not PLAIN_NAME.match(name) or name.startswith(".") or os.sep in name:
-        raise SealedError(f"block file name {name!r} in {folder} is not a plain file name: a manifest may only name "
-                          "files inside its block folder; nothing was read")
+        raise SealedError(
+            f"block file name {name!r} in {folder} is not a plain file name: a manifest may only name "
+            "files inside its block folder; nothing was read"
+        )
     path = os.path.join(folder, name)
     if os.path.dirname(os.path.realpath(path)) != folder:
-        raise SealedError(f"block file {path} resolves outside its block folder ({os.path.realpath(path)}); "
-                          "nothing was read")
+        raise SealedError(
+            f"block file {path} resolves outside its block folder ({os.path.realpath(path)}); nothing was read"
+        )
     try:
         st = os.lstat(path)
     except FileNotFoundError:
@@ -356,10 +367,13 @@ def open_block(data_root, stream, block, block_key, expected_digest=None):
             f"sage-tfx before encryption at rest wrote it) and is not read. Encrypt it by ingesting the same input "
             f"again: sage ingest --db LEDGER --stream {stream} --data-root {data_root} --input ... (the same block "
             f"rule); each registered block whose records match is re-written encrypted, nothing is charged or "
-            f"registered")
+            f"registered"
+        )
     if manifest.get("stream") != stream or manifest.get("block") != block:
-        raise SealedError(f"{where} is for block {manifest.get('block')!r} of stream {manifest.get('stream')!r}, not "
-                          f"{block!r} of {stream!r}: it was moved or edited; nothing was read")
+        raise SealedError(
+            f"{where} is for block {manifest.get('block')!r} of stream {manifest.get('stream')!r}, not "
+            f"{block!r} of {stream!r}: it was moved or edited; nothing was read"
+        )
     files = []
     for entry in manifest.get("files", []) if isinstance(manifest.get("files"), list) else [None]:
         name = entry.get("name") if isinstance(entry, dict) else None
@@ -367,13 +381,16 @@ def open_block(data_root, stream, block, block_key, expected_digest=None):
         try:
             files.append((path, name, int(entry["bytes"]), str(entry["sha256"])))
         except (KeyError, TypeError, ValueError):
-            raise SealedError(f"{where} lists file {name!r} without its size and SHA-256: restore it from your "
-                              "backup") from None
+            raise SealedError(
+                f"{where} lists file {name!r} without its size and SHA-256: restore it from your backup"
+            ) from None
     dek = unwrap(manifest, block_key, where)  # authenticates the whole manifest (files, digest, stream, block)
     if expected_digest is not None and manifest.get("digest") != expected_digest:
-        raise SealedError(f"{where} records content digest {manifest.get('digest')!r}, but the ledger registered "
-                          f"{expected_digest!r} for block {block!r} of stream {stream!r}: not the block the ledger "
-                          "holds; nothing was read")
+        raise SealedError(
+            f"{where} records content digest {manifest.get('digest')!r}, but the ledger registered "
+            f"{expected_digest!r} for block {block!r} of stream {stream!r}: not the block the ledger "
+            "holds; nothing was read"
+        )
     return Block(folder, stream, block, manifest.get("digest"), dek, files)
 
 
@@ -392,11 +409,13 @@ def open_raw(path):
     from apache_beam.io.filesystems import FileSystems
 
     try:
-        return FileSystems.open(str(path), mime_type="application/octet-stream",
-                                compression_type=CompressionTypes.UNCOMPRESSED)
+        return FileSystems.open(
+            str(path), mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED
+        )
     except Exception as exc:  # BeamIOError and the filesystems' own errors
-        raise SealedError(f"block file {path} cannot be opened through Beam's FileSystems ({exc}): "
-                          "nothing was read") from None
+        raise SealedError(
+            f"block file {path} cannot be opened through Beam's FileSystems ({exc}): nothing was read"
+        ) from None
 
 
 def verify_file(path, size, sha256):
@@ -412,9 +431,11 @@ def verify_file(path, size, sha256):
             h.update(chunk)
             n += len(chunk)
     if n != size or h.hexdigest() != sha256:
-        raise SealedError(f"block file {path} does not match the digest recorded at ingest ({n} bytes, sha256 "
-                          f"{h.hexdigest()[:16]}..., recorded {size} bytes, {str(sha256)[:16]}...): it was altered or "
-                          "damaged; nothing of it was read. Restore it from your backup")
+        raise SealedError(
+            f"block file {path} does not match the digest recorded at ingest ({n} bytes, sha256 "
+            f"{h.hexdigest()[:16]}..., recorded {size} bytes, {str(sha256)[:16]}...): it was altered or "
+            "damaged; nothing of it was read. Restore it from your backup"
+        )
 
 
 class SealedReader:
@@ -465,15 +486,18 @@ class SealedReader:
         from cryptography.exceptions import InvalidTag
 
         try:
-            body = self._aead.decrypt(current[:NONCE], current[NONCE:],
-                                      _ad(self.stream, self.block, self.name, self._index, final))
+            body = self._aead.decrypt(
+                current[:NONCE], current[NONCE:], _ad(self.stream, self.block, self.name, self._index, final)
+            )
         except InvalidTag:
-            raise SealedError(f"block file {self.path} fails authentication at chunk {self._index}: altered, "
-                              "damaged, moved from another block or stream, or under another key") from None
+            raise SealedError(
+                f"block file {self.path} fails authentication at chunk {self._index}: altered, "
+                "damaged, moved from another block or stream, or under another key"
+            ) from None
         (n,) = struct.unpack(">I", body[:4])
         if n > len(body) - 4:
             raise SealedError(f"block file {self.path} has a malformed chunk {self._index}")
-        self._buf, self._pos = body[4:4 + n], 0
+        self._buf, self._pos = body[4 : 4 + n], 0
         self._index += 1
         self._done = final
 
@@ -487,7 +511,7 @@ class SealedReader:
                     break
                 self._fill()
                 continue
-            take = self._buf[self._pos:self._pos + int(min(want - got, len(self._buf) - self._pos))]
+            take = self._buf[self._pos : self._pos + int(min(want - got, len(self._buf) - self._pos))]
             self._pos += len(take)
             got += len(take)
             out.append(take)
@@ -495,7 +519,7 @@ class SealedReader:
 
     def readinto(self, b):
         data = self.read(len(b))
-        b[:len(data)] = data
+        b[: len(data)] = data
         return len(data)
 
     def close(self):

@@ -21,6 +21,7 @@ distributed Beam runner on a shared filesystem, run one ingest of a stream at a 
 locks: runs there whose newest object is older than ``REMOTE_STALE_SECONDS`` are removed by the next ingest
 that stages there (``clean_stale_remote_runs``). Only names of the form of a run id are ever removed.
 """
+
 import fcntl
 import hashlib
 import os
@@ -133,18 +134,23 @@ def check_staging_location(data_root, stream, location: str | None) -> str | Non
                 f"staging location {location!r}: no Beam filesystem for scheme {FileSystems.get_scheme(location)!r} "
                 f"here ({reason}). Give a local folder outside the data root, or a URL of a filesystem Beam has "
                 "installed (gs://, s3://, hdfs://: pip install 'apache-beam[gcp]', '[aws]' or '[hadoopfs]'); "
-                "nothing was changed") from None
+                "nothing was changed"
+            ) from None
         return location.rstrip("/") or location
     root, path = data_root_dir(data_root), os.path.abspath(location)
     if path == os.path.join(root, stream, STAGING):
         return None
     if os.path.commonpath([root, path]) == root:
-        raise InputError(f"staging location {location!r} is inside the data root {root}: leave --staging-location "
-                         f"out (the default, {os.path.join(root, stream, STAGING)}) or give a folder outside the data "
-                         "root; nothing was changed")
+        raise InputError(
+            f"staging location {location!r} is inside the data root {root}: leave --staging-location "
+            f"out (the default, {os.path.join(root, stream, STAGING)}) or give a folder outside the data "
+            "root; nothing was changed"
+        )
     if os.path.commonpath([root, path]) == path:
-        raise InputError(f"staging location {location!r} holds the data root {root}: give a folder of its own "
-                         "outside the data root (stale runs are removed there); nothing was changed")
+        raise InputError(
+            f"staging location {location!r} holds the data root {root}: give a folder of its own "
+            "outside the data root (stale runs are removed there); nothing was changed"
+        )
     if os.path.exists(path) and not os.path.isdir(path):
         raise InputError(f"staging location {location!r} is not a folder; nothing was changed")
     return path
@@ -166,6 +172,7 @@ def new_staged_run(location: str) -> str:
     (as ``new_run_dir``); a URL gets ``LOCATION/RUN_ID`` with a random 128-bit id (nothing is created: the
     workers' first write makes it), after its stale runs are removed."""
     if not is_url(location):
+
         def prepare():
             try:
                 os.makedirs(location, mode=DIR_MODE, exist_ok=True)
@@ -220,7 +227,7 @@ def clean_stale_remote_runs(location, now=None):
         return []
     newest = {}
     for m in metas:
-        run = m.path[len(prefix):].split("/", 1)[0] if m.path.startswith(prefix) else ""
+        run = m.path[len(prefix) :].split("/", 1)[0] if m.path.startswith(prefix) else ""
         if RUN_NAME.match(run) and not run.startswith("."):
             newest[run] = max(newest.get(run, 0.0), float(getattr(m, "last_updated_in_seconds", 0.0) or 0.0))
     removed = []
@@ -239,8 +246,9 @@ def write_parts(run_dir, parts, run_key):
         check_run_here(run_dir)
         path = os.path.join(run_dir, PARTS_FILE)
         tmp = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
-                               FILE_MODE), "wb") as f:
+        with os.fdopen(
+            os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE), "wb"
+        ) as f:
             f.write(body)
             f.flush()
             os.fsync(f.fileno())
@@ -261,18 +269,22 @@ def read_parts(run_dir, run_key):
     authenticate (nothing is registered)."""
     path = staged_path(run_dir, PARTS_FILE)
     if not _staged_exists(path):
-        raise InputError(f"the Beam job finished but its part list {path} is not there: the workers wrote it where "
-                         "this process does not see it. Workers that do not share this machine's disk at the same "
-                         "path need --staging-location URL_OR_DIR (e.g. gs://BUCKET/staging, or a folder both see; "
-                         "docs/scale_out.md); nothing was registered")
+        raise InputError(
+            f"the Beam job finished but its part list {path} is not there: the workers wrote it where "
+            "this process does not see it. Workers that do not share this machine's disk at the same "
+            "path need --staging-location URL_OR_DIR (e.g. gs://BUCKET/staging, or a folder both see; "
+            "docs/scale_out.md); nothing was registered"
+        )
     with _open_staged(path) as f:
         body = f.read()
     try:
         return sealed.open_part_list(body, run_key)
     except sealed.SealedError:
-        raise InputError(f"the part list {path} does not authenticate under this run's key: it was written or "
-                         "edited by someone else in the staging location; nothing was registered. Check who can "
-                         "write there, and run the ingest again") from None
+        raise InputError(
+            f"the part list {path} does not authenticate under this run's key: it was written or "
+            "edited by someone else in the staging location; nothing was registered. Check who can "
+            "write there, and run the ingest again"
+        ) from None
 
 
 def fetch_parts(staged_run, run_dir, blocks):
@@ -283,29 +295,34 @@ def fetch_parts(staged_run, run_dir, blocks):
     block moves into place. A mismatch is an InputError naming the part: nothing is registered."""
     for block_id, info in sorted(blocks.items()):
         if not PLAIN_NAME.match(str(block_id)):
-            raise InputError(f"the part list of staged run {staged_run} names block {block_id!r}, not a plain folder "
-                             "name; nothing was registered")
+            raise InputError(
+                f"the part list of staged run {staged_run} names block {block_id!r}, not a plain folder "
+                "name; nothing was registered"
+            )
         folder = os.path.join(run_dir, block_id)
         os.makedirs(folder, mode=DIR_MODE, exist_ok=True)
         for f in info["files"]:
             name = f["name"]
             if not PLAIN_NAME.match(str(name)) or name.startswith("."):
-                raise InputError(f"the part list of staged run {staged_run} names file {name!r}, not a plain file "
-                                 "name; nothing was registered")
+                raise InputError(
+                    f"the part list of staged run {staged_run} names file {name!r}, not a plain file "
+                    "name; nothing was registered"
+                )
             source = staged_path(staged_run, block_id, name)
             target = os.path.join(folder, name)
             h, n = hashlib.sha256(), 0
-            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0),
-                         FILE_MODE)
+            fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), FILE_MODE)
             with os.fdopen(fd, "wb") as out, _open_staged(source) as src:
                 while chunk := src.read(1 << 20):
                     h.update(chunk)
                     n += len(chunk)
                     out.write(chunk)
             if n != f["bytes"] or h.hexdigest() != f["sha256"]:
-                raise InputError(f"staged part {source} has {n} bytes, sha256 {h.hexdigest()[:16]}..., but its writer "
-                                 f"reported {f['bytes']} bytes, {str(f['sha256'])[:16]}...: it was altered or damaged "
-                                 "in the staging location; nothing was registered. Run the ingest again")
+                raise InputError(
+                    f"staged part {source} has {n} bytes, sha256 {h.hexdigest()[:16]}..., but its writer "
+                    f"reported {f['bytes']} bytes, {str(f['sha256'])[:16]}...: it was altered or damaged "
+                    "in the staging location; nothing was registered. Run the ingest again"
+                )
 
 
 def staged_path(run, *names):
@@ -322,10 +339,12 @@ def check_run_here(run_dir):
     (a Beam worker) runs: a worker that does not share the driver's disk would otherwise write its parts where
     the driver never looks (docs/scale_out.md)."""
     if not os.path.isdir(run_dir):
-        raise InputError(f"the staging run {run_dir} does not exist on the Beam worker on host {socket.gethostname()} "
-                         f"(pid {os.getpid()}): the workers do not see the driver's disk at this path. Give "
-                         "--staging-location URL_OR_DIR, a Beam FileSystems URL (gs://BUCKET/staging) or a folder "
-                         "both see (docs/scale_out.md); nothing was registered")
+        raise InputError(
+            f"the staging run {run_dir} does not exist on the Beam worker on host {socket.gethostname()} "
+            f"(pid {os.getpid()}): the workers do not see the driver's disk at this path. Give "
+            "--staging-location URL_OR_DIR, a Beam FileSystems URL (gs://BUCKET/staging) or a folder "
+            "both see (docs/scale_out.md); nothing was registered"
+        )
 
 
 def _staged_exists(path):
@@ -341,8 +360,9 @@ def _open_staged(path):
         from apache_beam.io.filesystem import CompressionTypes
         from apache_beam.io.filesystems import FileSystems
 
-        return FileSystems.open(path, mime_type="application/octet-stream",
-                                compression_type=CompressionTypes.UNCOMPRESSED)
+        return FileSystems.open(
+            path, mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED
+        )
     return open(path, "rb")
 
 
@@ -352,8 +372,9 @@ def create_staged(path):
     from apache_beam.io.filesystem import CompressionTypes
     from apache_beam.io.filesystems import FileSystems
 
-    return FileSystems.create(path, mime_type="application/octet-stream",
-                              compression_type=CompressionTypes.UNCOMPRESSED)
+    return FileSystems.create(
+        path, mime_type="application/octet-stream", compression_type=CompressionTypes.UNCOMPRESSED
+    )
 
 
 def delete_staged_quietly(path):

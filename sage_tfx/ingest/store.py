@@ -23,6 +23,7 @@ memory only), and ``commit`` wraps it under the block's key from the ledger's ke
 associated data. Folders are created 0700 and files 0600. Reading needs the block's key: a charged,
 signed grant (``access.grant_block_keys``) or trusted code (``access.trusted_block_keys``).
 """
+
 import contextlib
 import fcntl
 import os
@@ -72,8 +73,17 @@ class BlockWriter:
     ``part_bytes``, and the largest buffer whenever all pass ``max_buffered``.
     """
 
-    def __init__(self, run_dir, spec, schema, part_bytes=64 << 20, max_buffered=256 << 20, compresslevel=6,
-                 stream=None, run_key=None):
+    def __init__(
+        self,
+        run_dir,
+        spec,
+        schema,
+        part_bytes=64 << 20,
+        max_buffered=256 << 20,
+        compresslevel=6,
+        stream=None,
+        run_key=None,
+    ):
         """``stream`` and ``run_key`` (``sealed.new_run_key()``, the same for every writer of one run, kept in
         memory): each block's parts are encrypted under ``sealed.data_key(run_key, stream, block)``."""
         if stream is None or run_key is None:
@@ -122,8 +132,15 @@ class BlockWriter:
         if is_url(self.run_dir):  # a staging URL: through Beam's FileSystems (module docstring)
             target = staged_path(self.run_dir, block_id, name)
             try:
-                written = sealed.write_records(target, records, self._deks[block_id], self.stream, block_id,
-                                               self.compresslevel, raw=create_staged(target))
+                written = sealed.write_records(
+                    target,
+                    records,
+                    self._deks[block_id],
+                    self.stream,
+                    block_id,
+                    self.compresslevel,
+                    raw=create_staged(target),
+                )
             except BaseException:
                 delete_staged_quietly(target)
                 raise
@@ -132,11 +149,20 @@ class BlockWriter:
                 check_run_here(self.run_dir)
             folder = os.path.join(self.run_dir, block_id)
             os.makedirs(folder, mode=DIR_MODE, exist_ok=True)
-            written = sealed.write_records(os.path.join(folder, name), records, self._deks[block_id], self.stream,
-                                           block_id, self.compresslevel)
-        self._parts.append({"key": key, "block": block_id, "file": name, "rows": len(records),
-                            "digest": f"{digest:016x}",  # hex: Beam coders mangle ints >= 2^63
-                            "bytes": written["bytes"], "sha256": written["sha256"]})
+            written = sealed.write_records(
+                os.path.join(folder, name), records, self._deks[block_id], self.stream, block_id, self.compresslevel
+            )
+        self._parts.append(
+            {
+                "key": key,
+                "block": block_id,
+                "file": name,
+                "rows": len(records),
+                "digest": f"{digest:016x}",  # hex: Beam coders mangle ints >= 2^63
+                "bytes": written["bytes"],
+                "sha256": written["sha256"],
+            }
+        )
 
     def close(self):
         """Write what is buffered; return the part descriptions (for ``commit``)."""
@@ -145,8 +171,9 @@ class BlockWriter:
         return self._parts
 
 
-def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplicate_of=(), run_key=None,
-           staged_run=None):
+def commit(
+    ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplicate_of=(), run_key=None, staged_run=None
+):
     """Move staged blocks into place and register them; returns {"added": [...], "unchanged": [...]}.
 
     ``staged_run``: the run at a staging location other than ``run_dir`` (a URL or another local folder): the
@@ -183,12 +210,16 @@ def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplic
         if block_id in registered:
             manifest = read_manifest(block_dir(data_root, stream, block_id))
             if manifest is None or manifest.get("digest") not in info["forms"]:
-                raise InputError(f"block {block_id!r} of stream {stream!r} is already registered with different "
-                                 "records; registered blocks are immutable (nothing registered)")
+                raise InputError(
+                    f"block {block_id!r} of stream {stream!r} is already registered with different "
+                    "records; registered blocks are immutable (nothing registered)"
+                )
             if not sealed.is_sealed(manifest):  # written before encryption at rest: replaced by this sealed copy
                 if ledger_digest(ledger, stream, block_id) not in (None, *info["forms"]):
-                    raise InputError(f"block {block_id!r} of stream {stream!r}: the ledger registered other records "
-                                     "for it (nothing changed)")
+                    raise InputError(
+                        f"block {block_id!r} of stream {stream!r}: the ledger registered other records "
+                        "for it (nothing changed)"
+                    )
                 info["recorded"] = manifest["digest"]  # the resealed manifest keeps the digest the ledger holds
                 reseal.append((block_id, info, spec.ledger_key(info["key"])))
             unchanged.append(block_id)
@@ -198,8 +229,9 @@ def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplic
             if "shard" in key and other.shard == key["shard"]:
                 raise InputError(f"block {block_id!r}: shard {key['shard']} is already block {other.id!r}")
             if "start" in key and other.start is not None and other.start < key["end"] and other.end > key["start"]:
-                raise InputError(f"block {block_id!r}: its window overlaps registered block {other.id!r} "
-                                 "(nothing registered)")
+                raise InputError(
+                    f"block {block_id!r}: its window overlaps registered block {other.id!r} (nothing registered)"
+                )
         plan.append((block_id, info, key))
 
     refuse_copies(ledger, stream, {block_id: info["forms"] for block_id, info, _ in plan}, allow_duplicate_of)
@@ -207,8 +239,9 @@ def commit(ledger, stream, data_root, run_dir, parts, spec, schema, allow_duplic
     if staged_run is not None and staged_run != run_dir:
         fetch_parts(staged_run, run_dir, {block_id: info for block_id, info, _ in [*plan, *reseal]})
     with _commit_lock(data_root, stream):
-        return _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of,
-                            run_key, reseal)
+        return _commit_plan(
+            ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of, run_key, reseal
+        )
 
 
 def refuse_copies(ledger, stream, forms: dict, allow_duplicate_of=()) -> None:
@@ -226,7 +259,8 @@ def refuse_copies(ledger, stream, forms: dict, allow_duplicate_of=()) -> None:
                 f"block {block_id!r}: its records (content digest {digest[:16]}...) are already registered as block "
                 f"{other_block!r} of stream {other_stream!r}; in stream {stream!r} they would get a fresh budget, "
                 f"so nothing was registered. If this copy is intended (its privacy loss adds up with the other "
-                f"stream's), pass --allow-duplicate-of-stream {other_stream}")
+                f"stream's), pass --allow-duplicate-of-stream {other_stream}"
+            )
 
 
 @contextlib.contextmanager
@@ -240,8 +274,9 @@ def _commit_lock(data_root, stream):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of=(),
-                 run_key=None, reseal=()):
+def _commit_plan(
+    ledger, stream, data_root, run_dir, plan, unchanged, spec, schema, allow_duplicate_of=(), run_key=None, reseal=()
+):
     if run_key is None:
         raise ValueError("commit needs the run key its writers encrypted with")
 
@@ -255,9 +290,16 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
             if name not in listed:
                 os.remove(os.path.join(staged, name))
         manifest = sealed.seal_manifest(
-            {"stream": stream, "block": block_id, "digest": info["recorded"],
-             "files": sorted(info["files"], key=lambda f: f["name"]), **key},
-            sealed.data_key(run_key, stream, block_id), ledger.keyring.block_key(stream, block_id))
+            {
+                "stream": stream,
+                "block": block_id,
+                "digest": info["recorded"],
+                "files": sorted(info["files"], key=lambda f: f["name"]),
+                **key,
+            },
+            sealed.data_key(run_key, stream, block_id),
+            ledger.keyring.block_key(stream, block_id),
+        )
         write_json(os.path.join(staged, BLOCK_FILE), manifest, fsync=False)
     os.sync()  # every staged file is durable before any block moves into place (one sync, not one per file)
     for block_id, _info, _key in reseal:  # an unencrypted block of an older version: the sealed copy replaces it
@@ -276,8 +318,9 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
             pass
         else:  # registered meanwhile by an ingest on another host: it must be the same records
             if (read_manifest(final) or {}).get("digest") not in info["forms"]:
-                raise InputError(f"block {block_id!r} of stream {stream!r} was registered meanwhile with "
-                                 "different records")
+                raise InputError(
+                    f"block {block_id!r} of stream {stream!r} was registered meanwhile with different records"
+                )
             unchanged.append(block_id)
             continue
         if os.path.exists(final):  # left by a crash before add_block: unregistered, so invisible; replace it
@@ -292,5 +335,8 @@ def _commit_plan(ledger, stream, data_root, run_dir, plan, unchanged, spec, sche
             for b in new:
                 shutil.rmtree(block_dir(data_root, stream, b["id"]), ignore_errors=True)
             raise InputError(str(exc)) from None
-    return {"added": [b["id"] for b in new], "unchanged": sorted(unchanged),
-            "encrypted": sorted(b for b, _, _ in reseal)}
+    return {
+        "added": [b["id"] for b in new],
+        "unchanged": sorted(unchanged),
+        "encrypted": sorted(b for b, _, _ in reseal),
+    }

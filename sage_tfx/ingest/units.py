@@ -17,6 +17,7 @@ a unit stream's run reads all its input files in ONE writer (``pipeline.ingest``
 are counted together. On ``--block-by user`` the shards hash the unit column itself (``check_spec``), so all of a
 unit's rows fall in one shard: a unit never straddles two blocks.
 """
+
 import hashlib
 import hmac
 import json
@@ -50,7 +51,7 @@ class UnitBound:
         keep = self._mask(blocks, units, spec)
         out, start = [], 0
         for b in batches:
-            part = keep[start:start + b.num_rows]
+            part = keep[start : start + b.num_rows]
             start += b.num_rows
             if part.any():
                 out.append(b if part.all() else b.filter(_arrow_mask(part)))
@@ -60,8 +61,10 @@ class UnitBound:
         check_schema(self, batch.schema.names)
         values = _scalar_column(batch, self.column)
         if values.null_count:
-            raise InputError(f"privacy unit column {self.column!r} is empty in {values.null_count} record(s): every "
-                             "record needs a unit (drop or fill them before ingest)")
+            raise InputError(
+                f"privacy unit column {self.column!r} is empty in {values.null_count} record(s): every "
+                "record needs a unit (drop or fill them before ingest)"
+            )
         return np.asarray(values.to_pylist(), dtype=object).astype(str)
 
     def _mask(self, blocks, units, spec):
@@ -77,7 +80,7 @@ class UnitBound:
         order = np.argsort(inverse, kind="stable")  # the rows of each group, in input order
         starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
         for g in heavy:
-            rows = order[starts[g]:starts[g] + counts[g]]
+            rows = order[starts[g] : starts[g] + counts[g]]
             block = spec.block_id(block_keys[groups[g] // len(unit_names)])
             unit = unit_names[groups[g] % len(unit_names)]
             chosen = self._chosen(block, unit, counts[g])
@@ -89,7 +92,7 @@ class UnitBound:
         """The K occurrence numbers (of 0..n-1) kept of ``unit``'s n rows in ``block``: a permutation's first K,
         drawn by a generator seeded with HMAC-SHA256(key, [block, unit]). Depends on n and the unit alone."""
         seed = hmac.digest(self.key, json.dumps([block, unit]).encode(), "sha256")
-        return np.random.default_rng(int.from_bytes(seed[:16], "big")).permutation(int(n))[:self.max_rows]
+        return np.random.default_rng(int.from_bytes(seed[:16], "big")).permutation(int(n))[: self.max_rows]
 
 
 def _arrow_mask(mask):
@@ -117,15 +120,19 @@ def unit_user_column(bound: UnitBound | None, user_column: str | None) -> str | 
     if bound is None:
         return user_column
     if user_column not in (None, bound.column):
-        raise InputError(f"--user-column {user_column!r} differs from the stream's privacy unit {bound.column!r}: "
-                         "shards of another column would split a unit's rows over blocks; give --user-column "
-                         f"{bound.column} (or leave it out)")
+        raise InputError(
+            f"--user-column {user_column!r} differs from the stream's privacy unit {bound.column!r}: "
+            "shards of another column would split a unit's rows over blocks; give --user-column "
+            f"{bound.column} (or leave it out)"
+        )
     return bound.column
 
 
 def check_schema(bound: UnitBound | None, schema) -> None:
     """InputError, before a record is written, if the stream's unit column is not a column of the input."""
     if bound is not None and bound.column not in schema:
-        raise InputError(f"privacy unit column {bound.column!r} is not in the input (columns: {', '.join(schema)}): "
-                         "ingest records that name their unit, or create the stream with the unit column they have "
-                         "(sage ledger init --privacy-unit)")
+        raise InputError(
+            f"privacy unit column {bound.column!r} is not in the input (columns: {', '.join(schema)}): "
+            "ingest records that name their unit, or create the stream with the unit column they have "
+            "(sage ledger init --privacy-unit)"
+        )

@@ -13,11 +13,20 @@ Non-finite inputs never make a fit fail: features and labels that are NaN or +-i
 defaults before any DP computation (sage_tfx.models.data), so one record's value cannot turn a release into
 an error. A label that is not a valid class id raises ``RecordError`` (column and record index, no value).
 """
+
 import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.models.dpsgd_models import DPDNNClassifier, DPDNNRegressor, DPLogisticRegressor
 from sage_tfx.models.linear import DPLinearRegressor
 from sage_tfx.models.private import PrivateModel, make_private
 from sage_tfx.models.seeding import candidate_budgets, training_seed
 
-__all__ = ["DPDNNRegressor", "DPDNNClassifier", "DPLogisticRegressor", "DPLinearRegressor", "training_seed",
-           "candidate_budgets", "make_private", "PrivateModel"]
+__all__ = [
+    "DPDNNRegressor",
+    "DPDNNClassifier",
+    "DPLogisticRegressor",
+    "DPLinearRegressor",
+    "training_seed",
+    "candidate_budgets",
+    "make_private",
+    "PrivateModel",
+]

@@ -92,8 +92,10 @@ class FeatureLayout:
             if matrix.ndim == 1:
                 matrix = matrix[:, None]
             if matrix.ndim != 2 or matrix.shape[1] != self.dim:
-                raise ValueError(f"features have {matrix.shape[1:]} columns per row, the model expects "
-                                 f"({self.dim},): pass an (n, {self.dim}) array")
+                raise ValueError(
+                    f"features have {matrix.shape[1:]} columns per row, the model expects "
+                    f"({self.dim},): pass an (n, {self.dim}) array"
+                )
         # non-finite entries (after the float32 conversion) -> the public FEATURE_DEFAULT (module docstring)
         return finite_or(matrix.astype(np.float32, copy=False), FEATURE_DEFAULT)
 
@@ -107,8 +109,9 @@ def _column_block(values, key):
     return block
 
 
-def split_input(x: Features | tuple[Features, npt.ArrayLike | None],
-                y: npt.ArrayLike | None) -> tuple[Features, npt.ArrayLike | None]:
+def split_input(
+    x: Features | tuple[Features, npt.ArrayLike | None], y: npt.ArrayLike | None
+) -> tuple[Features, npt.ArrayLike | None]:
     """(features, labels) as numpy from arrays or a tf.data.Dataset of (features, label).
 
     A dataset is read fully into memory: Poisson sampling needs random access to
@@ -157,8 +160,12 @@ def _rows(y, n):
     return y
 
 
-def labels_vector(y: npt.ArrayLike | Mapping[str, npt.ArrayLike] | None, n: int, dtype: npt.DTypeLike,
-                  default: float | None = LABEL_DEFAULT) -> np.ndarray:
+def labels_vector(
+    y: npt.ArrayLike | Mapping[str, npt.ArrayLike] | None,
+    n: int,
+    dtype: npt.DTypeLike,
+    default: float | None = LABEL_DEFAULT,
+) -> np.ndarray:
     """The labels as a 1-D ``dtype`` array of ``n`` rows; NaN and +-inf (after the conversion to ``dtype``)
     become the public ``default`` (``LABEL_DEFAULT``; None keeps them, for a caller that clips first)."""
     y = _rows(y, n).astype(dtype)
@@ -167,8 +174,13 @@ def labels_vector(y: npt.ArrayLike | Mapping[str, npt.ArrayLike] | None, n: int,
     return y
 
 
-def class_labels(y: npt.ArrayLike | Mapping[str, npt.ArrayLike] | None, n: int, n_classes: int,
-                 dtype: npt.DTypeLike = np.int32, column: str = "label") -> np.ndarray:
+def class_labels(
+    y: npt.ArrayLike | Mapping[str, npt.ArrayLike] | None,
+    n: int,
+    n_classes: int,
+    dtype: npt.DTypeLike = np.int32,
+    column: str = "label",
+) -> np.ndarray:
     """Class ids in [0, n_classes) as a 1-D ``dtype`` array of ``n`` rows.
 
     NaN and +-inf become class ``LABEL_DEFAULT`` (0), the public default. A finite label that is not an

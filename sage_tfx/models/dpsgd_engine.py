@@ -66,8 +66,15 @@ if TYPE_CHECKING:
     from sage_tfx.models.losses import LossFn
     from sage_tfx.privacy.adaptive_clip import AdaptiveClip
 
-__all__ = ["ENGINES", "make_engine", "ghost_applies", "per_example_gradients", "LayerGhostEngine",
-           "PerExampleEngine", "TfPrivacyEngine"]
+__all__ = [
+    "ENGINES",
+    "make_engine",
+    "ghost_applies",
+    "per_example_gradients",
+    "LayerGhostEngine",
+    "PerExampleEngine",
+    "TfPrivacyEngine",
+]
 
 ENGINES = ("ghost", "vmap", "loop", "tf_privacy")
 
@@ -86,15 +93,19 @@ class _Engine:
         self.model = model
         self.per_example_loss = per_example_loss
         self.variables = list(model.trainable_variables)
-        self._generator = (tf.random.Generator.from_seed(seed) if seed is not None
-                           else tf.random.Generator.from_non_deterministic_state())
+        self._generator = (
+            tf.random.Generator.from_seed(seed)
+            if seed is not None
+            else tf.random.Generator.from_non_deterministic_state()
+        )
         # the clip norm C and the sum's noise multiplier live in variables the traced steps read, so a noise
         # schedule (sage_tfx.privacy.noise_schedules) changes sigma_t and adaptive clipping changes C_t per step
         # without retracing; float64, cast to each variable's dtype (the same rounding as the constants they
         # replace). The noise std is their product.
         self._clip = tf.Variable(self.clip_norm, trainable=False, dtype=tf.float64, name="dp_clip_norm")
-        self._sum_sigma = tf.Variable(self.noise_multiplier, trainable=False, dtype=tf.float64,
-                                      name="dp_sum_noise_multiplier")
+        self._sum_sigma = tf.Variable(
+            self.noise_multiplier, trainable=False, dtype=tf.float64, name="dp_sum_noise_multiplier"
+        )
         self.adaptive = None  # a sage_tfx.privacy.adaptive_clip.AdaptiveClip once adapt_clip is called
         self._count_stddev = self._expected_batch = None
 
@@ -115,8 +126,11 @@ class _Engine:
         draw is ever reused, and an adaptive clip keeps its estimate."""
         self._generator = other._generator
         if other.adaptive is not None:
-            self.adaptive, self._count_stddev, self._expected_batch = \
-                other.adaptive, other._count_stddev, other._expected_batch
+            self.adaptive, self._count_stddev, self._expected_batch = (
+                other.adaptive,
+                other._count_stddev,
+                other._expected_batch,
+            )
         self._clip.assign(other._clip)
         self._sum_sigma.assign(other._sum_sigma)
 
@@ -143,8 +157,7 @@ class _Engine:
         return tf.cast(self._sum_sigma * self._clip, dtype)
 
     def noise(self):
-        return [self._generator.normal(tf.shape(v), stddev=self._std(v.dtype), dtype=v.dtype)
-                for v in self.variables]
+        return [self._generator.normal(tf.shape(v), stddev=self._std(v.dtype), dtype=v.dtype) for v in self.variables]
 
     def noisy_sum(self, x, y):
         """sum of clipped per-example gradients + N(0, (sigma C)^2), aligned with ``self.variables``; with an
@@ -166,10 +179,12 @@ class _Engine:
             unclipped = tf.logical_and(tf.math.is_finite(norms), norms <= clip)
             half = tf.constant(0.5, tf.float64)
             count = tf.reduce_sum(tf.where(unclipped, half, -half)) + self._generator.normal(
-                [], stddev=tf.constant(self._count_stddev, tf.float64), dtype=tf.float64)
+                [], stddev=tf.constant(self._count_stddev, tf.float64), dtype=tf.float64
+            )
             fraction = tf.clip_by_value(count / self._expected_batch + 0.5, 0.0, 1.0)
-            update = self._clip.assign(clip * tf.exp(-self.adaptive.learning_rate
-                                                     * (fraction - self.adaptive.target_quantile)))
+            update = self._clip.assign(
+                clip * tf.exp(-self.adaptive.learning_rate * (fraction - self.adaptive.target_quantile))
+            )
         with tf.control_dependencies([update]):
             return [tf.identity(g) for g in noisy]
 
@@ -189,15 +204,23 @@ def _zero_rows(t, keep):
 
 # ------------------------------------------------------------------------- per-example gradients
 
+
 def _first(t):
     return tf.nest.map_structure(lambda v: v[None], t)
 
 
-def per_example_gradients(model: tf.keras.Model, per_example_loss: LossFn, variables: Sequence[tf.Variable],
-                          x: tf.Tensor, y: tf.Tensor, vectorized: bool = True) -> list[tf.Tensor]:
+def per_example_gradients(
+    model: tf.keras.Model,
+    per_example_loss: LossFn,
+    variables: Sequence[tf.Variable],
+    x: tf.Tensor,
+    y: tf.Tensor,
+    vectorized: bool = True,
+) -> list[tf.Tensor]:
     """Each example's own gradient of its own loss w.r.t. ``variables``: one dense tensor [batch, *shape] per
     variable (Embedding's IndexedSlices made dense). ``vectorized``: ``tf.vectorized_map``; otherwise a
     ``tf.map_fn`` loop over the examples (slower, works for any differentiable model)."""
+
     def one(args):
         xi, yi = args
         with tf.GradientTape() as tape:
@@ -217,18 +240,23 @@ class PerExampleEngine(_Engine):
     ``vectorized=True`` (``vmap``): ``tf.vectorized_map``; False (``loop``): a ``tf.map_fn`` loop.
     """
 
-    def __init__(self, model: tf.keras.Model, per_example_loss: LossFn, clip_norm: float, noise_multiplier: float,
-                 seed: int | None = None, vectorized: bool = True) -> None:
+    def __init__(
+        self,
+        model: tf.keras.Model,
+        per_example_loss: LossFn,
+        clip_norm: float,
+        noise_multiplier: float,
+        seed: int | None = None,
+        vectorized: bool = True,
+    ) -> None:
         super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
         self.vectorized = vectorized
         self.name = "vmap" if vectorized else "loop"
 
     def clipped_sum(self, x: tf.Tensor, y: tf.Tensor) -> tuple[list[tf.Tensor], tf.Tensor | None]:
         """(clipped gradient sum aligned with ``self.variables``, per-example gradient norms)."""
-        per_example = per_example_gradients(self.model, self.per_example_loss, self.variables, x, y,
-                                            self.vectorized)
-        sq = tf.add_n([tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), axis=1)
-                       for g in per_example])
+        per_example = per_example_gradients(self.model, self.per_example_loss, self.variables, x, y, self.vectorized)
+        sq = tf.add_n([tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), axis=1) for g in per_example])
         factors, norms, finite = self._factors(sq)
         return [tf.tensordot(factors, _zero_rows(g, finite), axes=1) for g in per_example], norms
 
@@ -238,8 +266,15 @@ class TfPrivacyEngine(_Engine):
 
     name = "tf_privacy"
 
-    def __init__(self, model: tf.keras.Model, per_example_loss: LossFn, clip_norm: float, noise_multiplier: float,
-                 seed: int | None = None, num_microbatches: int | None = None) -> None:
+    def __init__(
+        self,
+        model: tf.keras.Model,
+        per_example_loss: LossFn,
+        clip_norm: float,
+        noise_multiplier: float,
+        seed: int | None = None,
+        num_microbatches: int | None = None,
+    ) -> None:
         """``num_microbatches`` other than None (one example each) is for speed comparisons only:
         clipping per microbatch of k > 1 examples is NOT what sage_tfx.privacy.dpsgd accounts for
         (a record's microbatch changes by up to 2C under add/remove), and the batch size must then
@@ -251,18 +286,24 @@ class TfPrivacyEngine(_Engine):
         self.num_microbatches = num_microbatches
         # noise comes from tf.random.normal (global seed); learning rate unused: we only take gradients
         self.optimizer = dp.DPKerasSGDOptimizer(
-            l2_norm_clip=self.clip_norm, noise_multiplier=self.noise_multiplier,
-            num_microbatches=num_microbatches, learning_rate=1.0,
+            l2_norm_clip=self.clip_norm,
+            noise_multiplier=self.noise_multiplier,
+            num_microbatches=num_microbatches,
+            learning_rate=1.0,
         )
 
     def adapt_clip(self, adaptive: AdaptiveClip, batch_size: int) -> Never:
-        raise DpSgdConfigError("the tf_privacy engine has a fixed clip norm: clip_norm='adaptive' needs the "
-                               "'ghost' or 'vmap' implementation")
+        raise DpSgdConfigError(
+            "the tf_privacy engine has a fixed clip norm: clip_norm='adaptive' needs the "
+            "'ghost' or 'vmap' implementation"
+        )
 
     def set_noise_multiplier(self, noise_multiplier: float) -> None:
         if noise_multiplier != self.noise_multiplier:
-            raise DpSgdConfigError("the tf_privacy engine has a fixed noise multiplier: a noise schedule needs the "
-                                   "'ghost' or 'vmap' implementation")
+            raise DpSgdConfigError(
+                "the tf_privacy engine has a fixed noise multiplier: a noise schedule needs the "
+                "'ghost' or 'vmap' implementation"
+            )
 
     def noisy_sum(self, x: tf.Tensor, y: tf.Tensor) -> list[tf.Tensor]:
         def loss():
@@ -298,8 +339,15 @@ class LayerGhostEngine(_Engine):
 
     name = "ghost"
 
-    def __init__(self, model: tf.keras.Model, per_example_loss: LossFn, clip_norm: float, noise_multiplier: float,
-                 seed: int | None = None, vectorized: bool = True) -> None:
+    def __init__(
+        self,
+        model: tf.keras.Model,
+        per_example_loss: LossFn,
+        clip_norm: float,
+        noise_multiplier: float,
+        seed: int | None = None,
+        vectorized: bool = True,
+    ) -> None:
         super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
         found = ghost_layers(model)
         if found is None or not found[0]:
@@ -386,12 +434,23 @@ def ghost_applies(model: tf.keras.Model) -> bool:
     return found is not None and bool(found[0])
 
 
-GHOST_REFUSED = ("the ghost engine is invalid for this model: it needs a Keras graph network (Functional, or "
-                 "Sequential with a known input shape) with at least one Dense or Embedding layer; use 'vmap'")
+GHOST_REFUSED = (
+    "the ghost engine is invalid for this model: it needs a Keras graph network (Functional, or "
+    "Sequential with a known input shape) with at least one Dense or Embedding layer; use 'vmap'"
+)
 
 
-def make_engine(name: str, model: tf.keras.Model, per_example_loss: LossFn, clip_norm: float, noise_multiplier: float,
-                seed: int | None = None, *, vectorized: bool = True, **options: Any) -> _Engine:
+def make_engine(
+    name: str,
+    model: tf.keras.Model,
+    per_example_loss: LossFn,
+    clip_norm: float,
+    noise_multiplier: float,
+    seed: int | None = None,
+    *,
+    vectorized: bool = True,
+    **options: Any,
+) -> _Engine:
     """The engine ``name`` (one of ``ENGINES``) for ``model``: ghost, vmap, loop or tf_privacy.
 
     Args:
@@ -407,8 +466,7 @@ def make_engine(name: str, model: tf.keras.Model, per_example_loss: LossFn, clip
     if name == "ghost":
         return LayerGhostEngine(model, per_example_loss, clip_norm, noise_multiplier, seed, vectorized=vectorized)
     if name in ("vmap", "loop"):
-        return PerExampleEngine(model, per_example_loss, clip_norm, noise_multiplier, seed,
-                                vectorized=name == "vmap")
+        return PerExampleEngine(model, per_example_loss, clip_norm, noise_multiplier, seed, vectorized=name == "vmap")
     if name == "tf_privacy":
         return TfPrivacyEngine(model, per_example_loss, clip_norm, noise_multiplier, seed, **options)
     raise DpSgdConfigError(f"engine {name!r} is invalid: choose one of {ENGINES}")

@@ -82,8 +82,9 @@ if TYPE_CHECKING:
 DEFAULT_ENGINE = "ghost"
 
 
-def build_mlp(input_dim: int, hidden_units: Sequence[int], output_units: int,
-              seed: int | None = None) -> tf.keras.Model:
+def build_mlp(
+    input_dim: int, hidden_units: Sequence[int], output_units: int, seed: int | None = None
+) -> tf.keras.Model:
     """ReLU hidden layers and a linear output (logits or predictions)."""
     init = tf.keras.initializers.GlorotUniform(seed=seed)
     layers = [tf.keras.layers.Dense(u, activation="relu", kernel_initializer=init) for u in hidden_units]
@@ -108,11 +109,22 @@ def _softmax_xent(y, out):
 class _DPSGDEstimator:
     _label_dtype = np.float32
 
-    def __init__(self, privacy_budget: tuple[float, float], num_examples: int | None = None,
-                 hidden_units: Sequence[int] = (), learning_rate: float = 0.01, epochs: float = 3,
-                 batch_size: int = 1024, clip_norm: float | str | AdaptiveClip = 1.0, momentum: float = 0.9,
-                 implementation: str = DEFAULT_ENGINE, accountant: str = "rdp", seed: int | None = None, *,
-                 noise_schedule: NoiseSchedule | str | Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        privacy_budget: tuple[float, float],
+        num_examples: int | None = None,
+        hidden_units: Sequence[int] = (),
+        learning_rate: float = 0.01,
+        epochs: float = 3,
+        batch_size: int = 1024,
+        clip_norm: float | str | AdaptiveClip = 1.0,
+        momentum: float = 0.9,
+        implementation: str = DEFAULT_ENGINE,
+        accountant: str = "rdp",
+        seed: int | None = None,
+        *,
+        noise_schedule: NoiseSchedule | str | Mapping[str, Any] | None = None,
+    ) -> None:
         """Check and keep the fit's parameters (refused here, before anything is read or drawn).
 
         Args:
@@ -139,11 +151,13 @@ class _DPSGDEstimator:
             raise DpSgdConfigError(f"privacy_budget={privacy_budget!r} is invalid: pass (epsilon, delta)") from None
         self.epsilon, self.delta = dpsgd.check_budget(epsilon, delta)
         try:
-            self.hidden_units = tuple(checks.integer(u, "hidden_units", low=1, error=DpSgdConfigError)
-                                      for u in hidden_units)
+            self.hidden_units = tuple(
+                checks.integer(u, "hidden_units", low=1, error=DpSgdConfigError) for u in hidden_units
+            )
         except (TypeError, DpSgdConfigError):
-            raise DpSgdConfigError(f"hidden_units={hidden_units!r} is invalid: pass whole numbers, every layer "
-                                   "needs >= 1 unit") from None
+            raise DpSgdConfigError(
+                f"hidden_units={hidden_units!r} is invalid: pass whole numbers, every layer needs >= 1 unit"
+            ) from None
         checks.positive(learning_rate, "learning_rate", error=DpSgdConfigError, message=_INVALID)
         clip_norm = adaptive_clip.as_clip_norm(clip_norm)
         check_momentum(momentum)
@@ -152,15 +166,25 @@ class _DPSGDEstimator:
         check_engine(implementation, "implementation", ENGINES, clip_norm, self.noise_schedule)
         self.num_examples = num_examples
         # make_private's arguments (clip_norm: a float, or an AdaptiveClip)
-        self.sgd = dict(clip_norm=clip_norm, batch_size=batch_size, epochs=epochs, optimizer="sgd",
-                        learning_rate=float(learning_rate), momentum=float(momentum), accountant=accountant,
-                        per_example=implementation, seed=seed, noise_schedule=self.noise_schedule)
+        self.sgd = dict(
+            clip_norm=clip_norm,
+            batch_size=batch_size,
+            epochs=epochs,
+            optimizer="sgd",
+            learning_rate=float(learning_rate),
+            momentum=float(momentum),
+            accountant=accountant,
+            per_example=implementation,
+            seed=seed,
+            noise_schedule=self.noise_schedule,
+        )
         self.model = None
         self.layout = None
         self.privacy_spent = None
         if num_examples is not None:  # refused here, nothing spent
-            check_adaptive_clip(clip_norm, self.noise_schedule, self.epsilon, self.delta, num_examples, batch_size,
-                                epochs, accountant)
+            check_adaptive_clip(
+                clip_norm, self.noise_schedule, self.epsilon, self.delta, num_examples, batch_size, epochs, accountant
+            )
 
     # subclasses: output units, per-example loss, label handling, outputs
     def _output_units(self):
@@ -173,8 +197,13 @@ class _DPSGDEstimator:
         """The training labels: non-finite ones mapped to the public LABEL_DEFAULT (sage_tfx.models.data)."""
         return labels_vector(y, n, self._label_dtype)
 
-    def fit(self, x: Features | tf.data.Dataset, y: npt.ArrayLike | None = None, num_examples: int | None = None,
-            verbose: bool | int = False) -> Self:
+    def fit(
+        self,
+        x: Features | tf.data.Dataset,
+        y: npt.ArrayLike | None = None,
+        num_examples: int | None = None,
+        verbose: bool | int = False,
+    ) -> Self:
         """Train on (x, y) or a tf.data.Dataset of (features, label); return self.
 
         ``num_examples``: the DP or public row count (see the module docstring);
@@ -187,12 +216,17 @@ class _DPSGDEstimator:
         num_examples = self.num_examples if num_examples is None else num_examples
         if num_examples is None:
             raise DpSgdConfigError(
-                "num_examples is required: pass the ledger's DP (or a public) row count, "
-                "never the exact private count"
+                "num_examples is required: pass the ledger's DP (or a public) row count, never the exact private count"
             )
         refuse_unseeded(self.sgd["per_example"], type(self).__name__, "implementation")
-        private = make_private(self._network, privacy_budget=(self.epsilon, self.delta), num_examples=num_examples,
-                               loss=self._per_example_loss(), name=type(self).__name__, **self.sgd)
+        private = make_private(
+            self._network,
+            privacy_budget=(self.epsilon, self.delta),
+            num_examples=num_examples,
+            loss=self._per_example_loss(),
+            name=type(self).__name__,
+            **self.sgd,
+        )
         x, y = split_input(x, y)
         self.layout = FeatureLayout.from_input(x)
         features = self.layout.to_matrix(x)
@@ -212,12 +246,12 @@ class _DPSGDEstimator:
         self._require_fit()
         return self.model(self.layout.to_matrix(x), training=False)
 
-    def export(self, path: str, transform_output: str | tft.TFTransformOutput | None = None,
-               label_key: str | None = None) -> str:
+    def export(
+        self, path: str, transform_output: str | tft.TFTransformOutput | None = None, label_key: str | None = None
+    ) -> str:
         """Write a SavedModel with a ``serving_default`` signature; see sage_tfx.models.export."""
         self._require_fit()
-        return export_saved_model(path, self.model, self.layout, self._serving_outputs, transform_output,
-                                  label_key)
+        return export_saved_model(path, self.model, self.layout, self._serving_outputs, transform_output, label_key)
 
 
 class DPDNNRegressor(_DPSGDEstimator):
@@ -304,8 +338,7 @@ class _Classifier(_DPSGDEstimator):
         proba = self.predict_proba(x)
         y = class_labels(y, len(proba), proba.shape[1], np.int64)
         picked = np.clip(proba[np.arange(len(y)), y], 1e-12, 1.0)
-        return {"accuracy": float(np.mean(np.argmax(proba, axis=1) == y)),
-                "log_loss": float(-np.mean(np.log(picked)))}
+        return {"accuracy": float(np.mean(np.argmax(proba, axis=1) == y)), "log_loss": float(-np.mean(np.log(picked)))}
 
 
 class DPDNNClassifier(_Classifier):
@@ -314,8 +347,9 @@ class DPDNNClassifier(_Classifier):
     Labels are class ids 0..n_classes-1. Spends ``privacy_budget=(epsilon, delta)``.
     """
 
-    def __init__(self, privacy_budget: tuple[float, float], hidden_units: Sequence[int], n_classes: int = 2,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, privacy_budget: tuple[float, float], hidden_units: Sequence[int], n_classes: int = 2, **kwargs: Any
+    ) -> None:
         """A DNN classifier trained with DP-SGD.
 
         Args:

@@ -38,10 +38,14 @@ def _features_to_matrix(features, layout):
     return tf.where(tf.math.is_finite(matrix), matrix, tf.fill(tf.shape(matrix), FEATURE_DEFAULT))
 
 
-def export_saved_model(path: str, keras_model: tf.keras.Model, layout: FeatureLayout,
-                       outputs_fn: Callable[[tf.Tensor], dict[str, tf.Tensor]],
-                       transform_output: str | tft.TFTransformOutput | None = None,
-                       label_key: str | None = None) -> str:
+def export_saved_model(
+    path: str,
+    keras_model: tf.keras.Model,
+    layout: FeatureLayout,
+    outputs_fn: Callable[[tf.Tensor], dict[str, tf.Tensor]],
+    transform_output: str | tft.TFTransformOutput | None = None,
+    label_key: str | None = None,
+) -> str:
     """Write ``keras_model`` as a SavedModel at ``path``; return ``path``.
 
     ``outputs_fn(model_output) -> dict of tensors`` maps the raw model output
@@ -76,8 +80,9 @@ def export_saved_model(path: str, keras_model: tf.keras.Model, layout: FeatureLa
     return str(path)
 
 
-def attach_transform(module: tf.Module, transform_output: str | tft.TFTransformOutput,
-                     label_key: str | None = None) -> dict[str, Any]:
+def attach_transform(
+    module: tf.Module, transform_output: str | tft.TFTransformOutput, label_key: str | None = None
+) -> dict[str, Any]:
     """Attach a tf.Transform graph's layer to ``module`` (as ``module.tft_layer``, saved with it); return the raw
     feature spec the serving signature parses: every raw feature but the label."""
     import tensorflow_transform as tft
@@ -96,8 +101,7 @@ def _input_specs(model):
     inputs = tf.nest.flatten(model.inputs) if getattr(model, "inputs", None) else None
     if inputs is None:
         raise ValueError("export needs a model with known inputs: build it with an Input shape or fit it")
-    return {name: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype, name=name)
-            for name, t in zip(names, inputs)}
+    return {name: tf.TensorSpec([None] + list(t.shape[1:]), t.dtype, name=name) for name, t in zip(names, inputs)}
 
 
 def _call(model, features, names):
@@ -105,8 +109,9 @@ def _call(model, features, names):
     return model(args[0] if len(args) == 1 else args, training=False)
 
 
-def export_keras_model(model: tf.keras.Model, path: str, transform_output: Any = None,
-                       label_key: str | None = None) -> str:
+def export_keras_model(
+    model: tf.keras.Model, path: str, transform_output: Any = None, label_key: str | None = None
+) -> str:
     """Write the Keras ``model`` (``make_private``'s) as a SavedModel with a ``serving_default`` signature; return
     ``path``.
 
@@ -127,6 +132,7 @@ def export_keras_model(model: tf.keras.Model, path: str, transform_output: Any =
         return {"predictions": out}
 
     if transform_output is None:
+
         @tf.function(input_signature=[specs])
         def serve(features):
             return outputs(_call(model, features, names))
@@ -136,8 +142,9 @@ def export_keras_model(model: tf.keras.Model, path: str, transform_output: Any =
         @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
         def serve(examples):
             transformed = module.tft_layer(tf.io.parse_example(examples, raw_spec))
-            feats = {k: tf.reshape(tf.cast(transformed[k], specs[k].dtype),
-                                   [-1] + list(specs[k].shape[1:])) for k in names}
+            feats = {
+                k: tf.reshape(tf.cast(transformed[k], specs[k].dtype), [-1] + list(specs[k].shape[1:])) for k in names
+            }
             return outputs(_call(model, feats, names))
 
     tf.saved_model.save(module, str(path), signatures={"serving_default": serve.get_concrete_function()})

@@ -34,8 +34,9 @@ def _category_row_sq(layer, ids):
     return tf.reduce_sum(1.0 / tf.reduce_sum(same, axis=2), axis=1)
 
 
-def row_sq_hint(node: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
-                hints: Mapping[int, Any]) -> Callable[[], tuple[float, Any]] | None:
+def row_sq_hint(
+    node: Any, args: Sequence[Any], kwargs: Mapping[str, Any], hints: Mapping[int, Any]
+) -> Callable[[], tuple[float, Any]] | None:
     """A function giving ||output_i||^2 of a node cheaply as (a number, a [B] tensor or None), their sum; or
     None: CategoryEncoding (one_hot / multi_hot /
     count, dense output, dense integer ids of rank <= 2, no count_weights) and Concatenate of rank-2 tensors
@@ -57,9 +58,13 @@ def row_sq_hint(node: Any, args: Sequence[Any], kwargs: Mapping[str, Any],
         return lambda: (0.0, _category_row_sq(layer, ids))
     if type(layer) is tf.keras.layers.Concatenate:
         parts = list(zip(node.flat_input_ids, flat))
-        if kwargs or not all(isinstance(t, tf.Tensor) and t.shape.rank == 2 for _, t in parts) \
-                or layer.axis not in (-1, 1):
+        if (
+            kwargs
+            or not all(isinstance(t, tf.Tensor) and t.shape.rank == 2 for _, t in parts)
+            or layer.axis not in (-1, 1)
+        ):
             return None
+
         def concatenated():
             number, tensors = 0.0, []
             for i, t in parts:
@@ -127,8 +132,10 @@ class _DensePlan:
 
     def _seq(self, a, g):
         batch = tf.shape(a)[0]
-        return (tf.reshape(a, tf.stack([batch, -1, tf.shape(a)[-1]])),
-                tf.reshape(g, tf.stack([batch, -1, tf.shape(g)[-1]])))
+        return (
+            tf.reshape(a, tf.stack([batch, -1, tf.shape(a)[-1]])),
+            tf.reshape(g, tf.stack([batch, -1, tf.shape(g)[-1]])),
+        )
 
     def sq_norms(self, a, g, a_sq=None):
         bias = 1.0 if self.layer.use_bias else 0.0
@@ -217,11 +224,18 @@ def _ghost_plan(layer, node, shared):
     if getattr(layer, "_compute_dtype", None) != getattr(layer, "dtype", None):  # mixed precision: not here
         return None
     keras_input = node.keras_inputs[0]
-    if type(layer) is tf.keras.layers.Dense and _plain_tensor(keras_input, 2) \
-            and keras_input.dtype.is_floating and keras_input.shape[-1] is not None:
+    if (
+        type(layer) is tf.keras.layers.Dense
+        and _plain_tensor(keras_input, 2)
+        and keras_input.dtype.is_floating
+        and keras_input.shape[-1] is not None
+    ):
         return _DensePlan(layer, keras_input)
-    if type(layer) is tf.keras.layers.Embedding and _plain_tensor(keras_input, 1) \
-            and not getattr(layer, "sparse", False):
+    if (
+        type(layer) is tf.keras.layers.Embedding
+        and _plain_tensor(keras_input, 1)
+        and not getattr(layer, "sparse", False)
+    ):
         return _EmbeddingPlan(layer, keras_input)
     return None
 
@@ -249,8 +263,11 @@ def ghost_layers(model: tf.keras.Model) -> tuple[dict[int, Any], list[tf.Variabl
     plans = {}
     for node in nodes:
         plan = _ghost_plan(node.layer, node, shared)
-        if plan is not None and all(v.ref() in trainable for v in plan.variables) \
-                and len(plan.variables) == len(node.layer.trainable_weights):
+        if (
+            plan is not None
+            and all(v.ref() in trainable for v in plan.variables)
+            and len(plan.variables) == len(node.layer.trainable_weights)
+        ):
             plans[id(node)] = plan
     ghost = [v for plan in plans.values() for v in plan.variables]
     ghost_refs = {v.ref() for v in ghost}

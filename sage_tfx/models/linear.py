@@ -64,8 +64,11 @@ if TYPE_CHECKING:
 
 def _check_center(value):
     """The public feature centre as a 1-D float64 array (one value, or one per feature); finite."""
-    return _finite_vector(value, "feature_center", " (a public centre: one number, or one per feature, e.g. 0.5 "
-                                                   "for features scaled to [0, 1])")
+    return _finite_vector(
+        value,
+        "feature_center",
+        " (a public centre: one number, or one per feature, e.g. 0.5 for features scaled to [0, 1])",
+    )
 
 
 def _finite_vector(value, what, fix=""):
@@ -87,12 +90,16 @@ def _check_prior(prior_coef, prior_intercept, residual_range):
     has_prior = prior_coef is not None or float(intercept[0]) != 0.0
     if residual_range is None:
         if has_prior:
-            raise AdaSSPConfigError("a prior (prior_coef / prior_intercept) needs residual_range=(low, high): the "
-                                    "public range each residual label - prior is clipped to")
+            raise AdaSSPConfigError(
+                "a prior (prior_coef / prior_intercept) needs residual_range=(low, high): the "
+                "public range each residual label - prior is clipped to"
+            )
         return None, 0.0, None
     if not has_prior:
-        raise AdaSSPConfigError(f"residual_range={residual_range!r} without a prior: pass prior_coef (and "
-                                "prior_intercept), or bound the label with label_range alone")
+        raise AdaSSPConfigError(
+            f"residual_range={residual_range!r} without a prior: pass prior_coef (and "
+            "prior_intercept), or bound the label with label_range alone"
+        )
     low, high = interval(residual_range, "residual_range", error=AdaSSPConfigError, message=INVALID)
     if isinstance(prior_coef, dict):
         coef = {str(k): _finite_vector(v, f"prior_coef[{k!r}]") for k, v in prior_coef.items()}
@@ -124,10 +131,21 @@ class DPLinearRegressor:
     plus AdaSSP's fit of the residual (post-processing).
     """
 
-    def __init__(self, privacy_budget: tuple[float, float], feature_bound: float, label_range: tuple[float, float],
-                 fit_intercept: bool = True, rho: float = 0.05, calibration: str = "exact", seed: int | None = None,
-                 feature_center: float | npt.ArrayLike = 0.0, *, prior_coef: Mapping[str, float] | npt.ArrayLike | None = None,
-                 prior_intercept: float = 0.0, residual_range: tuple[float, float] | None = None) -> None:
+    def __init__(
+        self,
+        privacy_budget: tuple[float, float],
+        feature_bound: float,
+        label_range: tuple[float, float],
+        fit_intercept: bool = True,
+        rho: float = 0.05,
+        calibration: str = "exact",
+        seed: int | None = None,
+        feature_center: float | npt.ArrayLike = 0.0,
+        *,
+        prior_coef: Mapping[str, float] | npt.ArrayLike | None = None,
+        prior_intercept: float = 0.0,
+        residual_range: tuple[float, float] | None = None,
+    ) -> None:
         """Check and keep the release's parameters (nothing is read or drawn before ``fit``).
 
         Args:
@@ -152,8 +170,7 @@ class DPLinearRegressor:
             raise AdaSSPConfigError(f"privacy_budget={privacy_budget!r} is invalid: pass (epsilon, delta)") from None
         self.epsilon, self.delta = adassp._check_budget(epsilon, delta)
         self.feature_bound = adassp._check_positive(feature_bound, "feature_bound")
-        self.label_low, self.label_high = interval(label_range, "label_range", error=AdaSSPConfigError,
-                                                   message=INVALID)
+        self.label_low, self.label_high = interval(label_range, "label_range", error=AdaSSPConfigError, message=INVALID)
         self.fit_intercept = bool(fit_intercept)
         self.rho = rho
         self.calibration = calibration
@@ -161,7 +178,8 @@ class DPLinearRegressor:
         self.seed = seed
         self.feature_center = _check_center(feature_center)
         self.prior_coef, self.prior_intercept, self.residual_range = _check_prior(
-            prior_coef, prior_intercept, residual_range)
+            prior_coef, prior_intercept, residual_range
+        )
         self.layout = None
         self.coef_ = None
         self.intercept_ = None
@@ -172,8 +190,10 @@ class DPLinearRegressor:
         """The public centre as one number per column (``dim`` columns)."""
         center = self.feature_center
         if center.size not in (1, dim):
-            raise AdaSSPConfigError(f"feature_center has {center.size} values for {dim} features: pass one "
-                                    f"number, or one per feature in the order of {self.layout.keys}")
+            raise AdaSSPConfigError(
+                f"feature_center has {center.size} values for {dim} features: pass one "
+                f"number, or one per feature in the order of {self.layout.keys}"
+            )
         return np.broadcast_to(center, (dim,))
 
     def _center(self, matrix):
@@ -186,8 +206,9 @@ class DPLinearRegressor:
             clipped = np.concatenate([clipped, np.ones((len(clipped), 1))], axis=1)
         return clipped
 
-    def fit(self, x: Features | tf.data.Dataset, y: npt.ArrayLike | None = None,
-            chunk_rows: int = 200_000) -> DPLinearRegressor:
+    def fit(
+        self, x: Features | tf.data.Dataset, y: npt.ArrayLike | None = None, chunk_rows: int = 200_000
+    ) -> DPLinearRegressor:
         """Fit on (x, y) or a tf.data.Dataset of (features, label); return self.
 
         Non-finite features become 0.0 (``to_matrix``); labels keep theirs here and AdaSSP clips them
@@ -216,7 +237,7 @@ class DPLinearRegressor:
         b0 = float(self._center_vector(self.layout.dim) @ w0) + self.prior_intercept
         low, high = self.residual_range or (self.label_low, self.label_high)  # no prior: the residual IS the label
         mid, half = (low + high) / 2.0, (high - low) / 2.0
-        bound_x = math.sqrt(self.feature_bound ** 2 + (1.0 if self.fit_intercept else 0.0))
+        bound_x = math.sqrt(self.feature_bound**2 + (1.0 if self.fit_intercept else 0.0))
         dim = self.layout.dim + (1 if self.fit_intercept else 0)
         # X'X and X'y summed exactly on the release's grids: each row on the grid alone, the integers added
         grids = adassp.statistic_grids(self.epsilon, self.delta, bound_x, half, dim, self.rho, self.calibration)
@@ -224,23 +245,28 @@ class DPLinearRegressor:
         for start in range(0, len(matrix), chunk_rows):  # bounded memory on large data
             rows = slice(start, start + chunk_rows)
             design = self._design(matrix[rows])
-            label = np.clip(labels[rows], self.label_low, self.label_high)   # +-inf to the ends
-            label = np.where(np.isnan(label), label_mid, label)                # NaN to the range's midpoint
+            label = np.clip(labels[rows], self.label_low, self.label_high)  # +-inf to the ends
+            label = np.where(np.isnan(label), label_mid, label)  # NaN to the range's midpoint
             residual = adassp.prior_residuals(design[:, : self.layout.dim], label, w0, b0, low, high)
             a, b = adassp.grid_statistics(design, residual - mid, bound_x, half, grids)
             upper = [u + v for u, v in zip(upper, a)]
             vector = [u + v for u, v in zip(vector, b)]
         xtx, xty = adassp.statistics_on_grid(upper, vector, grids)
         # seeds.noise (None: a fresh key) keys the ChaCha20 generator of the exact discrete Gaussian draws
-        result = adassp.release(xtx, xty, self.epsilon, self.delta, bound_x, half, self.rho, self.calibration,
-                                seeds.noise)
+        result = adassp.release(
+            xtx, xty, self.epsilon, self.delta, bound_x, half, self.rho, self.calibration, seeds.noise
+        )
         theta = result.theta
         self.coef_ = w0 + theta[: self.layout.dim]
         self.intercept_ = (theta[-1] if self.fit_intercept else 0.0) + mid + b0
         self.privacy_spent = {
-            "epsilon": result.epsilon, "delta": result.delta, "dp_event": result.dp_event,
-            "noise_multiplier": result.noise_multiplier, "ridge": result.ridge,
-            "calibration": result.calibration, "mechanism": "adassp (Wang 2018, Alg. 2)",
+            "epsilon": result.epsilon,
+            "delta": result.delta,
+            "dp_event": result.dp_event,
+            "noise_multiplier": result.noise_multiplier,
+            "ridge": result.ridge,
+            "calibration": result.calibration,
+            "mechanism": "adassp (Wang 2018, Alg. 2)",
         }
         seeds.report_spent(self.privacy_spent)
         self._model = None
@@ -253,8 +279,10 @@ class DPLinearRegressor:
             return np.zeros(dim)
         if not isinstance(prior, dict):
             if prior.size != dim:
-                raise AdaSSPConfigError(f"prior_coef has {prior.size} values for {dim} feature columns: pass one "
-                                        f"per column in the order of {self.layout.keys}, or a dict by feature name")
+                raise AdaSSPConfigError(
+                    f"prior_coef has {prior.size} values for {dim} feature columns: pass one "
+                    f"per column in the order of {self.layout.keys}, or a dict by feature name"
+                )
             return prior
         unknown = sorted(set(prior) - set(self.layout.keys))
         if unknown:
@@ -318,12 +346,12 @@ class DPLinearRegressor:
             dense = tf.keras.layers.Dense(1)
             outputs = dense(clipped)
             self._model = tf.keras.Model(inputs, outputs)
-            dense.set_weights([self.coef_.reshape(-1, 1).astype(np.float32),
-                               np.array([self.intercept_], np.float32)])
+            dense.set_weights([self.coef_.reshape(-1, 1).astype(np.float32), np.array([self.intercept_], np.float32)])
         return self._model
 
-    def export(self, path: str, transform_output: str | tft.TFTransformOutput | None = None,
-               label_key: str | None = None) -> str:
+    def export(
+        self, path: str, transform_output: str | tft.TFTransformOutput | None = None, label_key: str | None = None
+    ) -> str:
         """Write a SavedModel with a ``serving_default`` signature (sage_tfx.models.export); no privacy cost.
 
         Args:
@@ -335,5 +363,11 @@ class DPLinearRegressor:
         Returns:
           ``path``.
         """
-        return export_saved_model(path, self.keras_model(), self.layout,
-                                  lambda out: {"predictions": tf.reshape(out, [-1])}, transform_output, label_key)
+        return export_saved_model(
+            path,
+            self.keras_model(),
+            self.layout,
+            lambda out: {"predictions": tf.reshape(out, [-1])},
+            transform_output,
+            label_key,
+        )

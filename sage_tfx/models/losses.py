@@ -1,6 +1,7 @@
 """Per-example losses for DP-SGD: ``per_example_loss`` turns a loss name, a Keras loss or a callable into
 (y, model output) -> one loss per record, which the engines (sage_tfx.models.dpsgd_engine) clip per record.
 """
+
 from collections.abc import Callable
 from typing import Any
 
@@ -14,9 +15,12 @@ __all__ = ["LOSSES", "per_example_loss"]
 LOSSES = ("mse", "binary_crossentropy", "sparse_categorical_crossentropy")
 # A per-example loss: (labels, model outputs) -> one loss per example, shape [batch].
 LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
-_LOSS_ALIASES = {"mse": "mse", "mean_squared_error": "mse", "binary_crossentropy": "binary_crossentropy",
-                 "sparse_categorical_crossentropy": "sparse_categorical_crossentropy"}
-
+_LOSS_ALIASES = {
+    "mse": "mse",
+    "mean_squared_error": "mse",
+    "binary_crossentropy": "binary_crossentropy",
+    "sparse_categorical_crossentropy": "sparse_categorical_crossentropy",
+}
 
 
 def _as_rows(t, batch):
@@ -63,12 +67,14 @@ def per_example_loss(loss: Any, model: tf.keras.Model) -> Callable:
         if loss is None:
             raise DpSgdConfigError(
                 f"loss=None is invalid for an uncompiled model: pass loss= one of {LOSSES}, or a per-example "
-                "Keras loss (reduction NONE), or model.compile(loss=...) first")
+                "Keras loss (reduction NONE), or model.compile(loss=...) first"
+            )
     if isinstance(loss, str):
         name = _LOSS_ALIASES.get(loss.lower())
         if name is None:
-            raise DpSgdConfigError(f"loss={loss!r} is invalid: choose one of {LOSSES}, or pass a per-example Keras "
-                                   "loss (reduction NONE)")
+            raise DpSgdConfigError(
+                f"loss={loss!r} is invalid: choose one of {LOSSES}, or pass a per-example Keras loss (reduction NONE)"
+            )
         if name == "mse":
             return _mse
         if name == "binary_crossentropy":  # Keras' string: outputs are probabilities (from_logits=False)
@@ -83,7 +89,8 @@ def per_example_loss(loss: Any, model: tf.keras.Model) -> Callable:
             except Exception:
                 raise DpSgdConfigError(
                     f"loss={loss!r} reduces over the batch and cannot be rebuilt with reduction NONE: pass a "
-                    "per-example loss (reduction=tf.keras.losses.Reduction.NONE)") from None
+                    "per-example loss (reduction=tf.keras.losses.Reduction.NONE)"
+                ) from None
         return _wrap_callable(loss)
     if callable(loss):
         return _wrap_callable(loss)

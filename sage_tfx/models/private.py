@@ -66,6 +66,7 @@ Model: TypeAlias = tf.keras.Model | Callable[[int | None], tf.keras.Model]
 
 # ------------------------------------------------------------------------------------------- checks, helpers
 
+
 def poisson_batches(rng: np.random.Generator, n: int, q: float, steps: int) -> Iterator[np.ndarray]:
     """Yield the row indices of ``steps`` Poisson-sampled batches (each row kept w.p. q)."""
     for _ in range(steps):
@@ -73,8 +74,9 @@ def poisson_batches(rng: np.random.Generator, n: int, q: float, steps: int) -> I
         yield np.sort(rng.choice(n, size=size, replace=False)) if size else np.empty(0, np.int64)
 
 
-def clip_spent(engine: Any, clip_norm: float | AdaptiveClip, noise_multiplier: float,
-               batch_size: int) -> dict[str, Any]:
+def clip_spent(
+    engine: Any, clip_norm: float | AdaptiveClip, noise_multiplier: float, batch_size: int
+) -> dict[str, Any]:
     """``privacy_spent`` entries of an adaptive clip: its parameters, sigma_b, the sum's z_Delta and the last
     estimate (a DP release); {} for a fixed clip (its report is unchanged)."""
     if not isinstance(clip_norm, adaptive_clip.AdaptiveClip):
@@ -121,11 +123,28 @@ class PrivateModel:
       per_unit: clip per privacy unit (``fit(..., units=ids)``).
     """
 
-    def __init__(self, model: Model, *, epsilon: float, delta: float, num_examples: int,
-                 clip_norm: float | AdaptiveClip, batch_size: int, epochs: float, optimizer: str, learning_rate: float,
-                 momentum: float, accountant: str, loss: str, per_example: str, seed: int | None,
-                 weight_decay: float = 0.0, noise_schedule: NoiseSchedule | None = None, name: str = _NAME,
-                 per_unit: bool = False) -> None:
+    def __init__(
+        self,
+        model: Model,
+        *,
+        epsilon: float,
+        delta: float,
+        num_examples: int,
+        clip_norm: float | AdaptiveClip,
+        batch_size: int,
+        epochs: float,
+        optimizer: str,
+        learning_rate: float,
+        momentum: float,
+        accountant: str,
+        loss: str,
+        per_example: str,
+        seed: int | None,
+        weight_decay: float = 0.0,
+        noise_schedule: NoiseSchedule | None = None,
+        name: str = _NAME,
+        per_unit: bool = False,
+    ) -> None:
         self.model = model  # a Keras model, or a function init_seed -> model until fit builds it
         self.name, self.seed = name, seed
         self.epsilon, self.delta, self.accountant = epsilon, delta, accountant
@@ -149,13 +168,16 @@ class PrivateModel:
         seeds = self._fit_seeds()
         self.model = self.model(seeds.init)
         if not isinstance(self.model, tf.keras.Model):
-            raise DpSgdConfigError(f"model: the builder returned {type(self.model).__name__}: return a tf.keras "
-                                   "model")
+            raise DpSgdConfigError(f"model: the builder returned {type(self.model).__name__}: return a tf.keras model")
         return seeds, self._build(x_spec, y_spec)
 
     def _fit_seeds(self):
-        return fit_seeds(self.seed, self.name, (self.epsilon, self.delta),  # seed= refused, the share's filter
-                         public_params(self.batch_size, self.epochs, self.clip_norm))
+        return fit_seeds(
+            self.seed,
+            self.name,
+            (self.epsilon, self.delta),  # seed= refused, the share's filter
+            public_params(self.batch_size, self.epochs, self.clip_norm),
+        )
 
     def _build(self, x_spec, y_spec):
         """Build the model on a synthetic record and run the structural checks (``row_checks``): refused
@@ -176,10 +198,19 @@ class PrivateModel:
             return DebiasedMomentum(learning_rate=self.learning_rate, beta=self.momentum, **decay)
         return tf.keras.optimizers.SGD(learning_rate=self.learning_rate, momentum=self.momentum, **decay)
 
-    def fit(self, x: Any, y: Any, verbose: bool | int | str = False, *,
-            callback: Callable[[int], None] | None = None, epochs: int | float | None = None,
-            batch_size: int | None = None, shuffle: bool = True, units: Any = None,
-            **keras_kwargs: Any) -> PrivateModel:
+    def fit(
+        self,
+        x: Any,
+        y: Any,
+        verbose: bool | int | str = False,
+        *,
+        callback: Callable[[int], None] | None = None,
+        epochs: int | float | None = None,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        units: Any = None,
+        **keras_kwargs: Any,
+    ) -> PrivateModel:
         """Train on (x, y) with DP-SGD; spends ``privacy_budget`` once (a second fit is refused).
 
         Sensitivity C = ``clip_norm`` per step (add/remove one record, or one unit with ``per_unit``); the run is
@@ -210,16 +241,29 @@ class PrivateModel:
         """
         keras_fit_arguments(self, epochs, batch_size, shuffle, keras_kwargs)
         if self.privacy_spent is not None:
-            raise ValueError("this PrivateModel is already fitted (its budget is spent): call make_private again "
-                             "for another fit")
+            raise ValueError(
+                "this PrivateModel is already fitted (its budget is spent): call make_private again for another fit"
+            )
         refuse_unseeded(self.per_example, self.name, "per_example")
         x, y, n = _arrays(x, y)
         self._units = self._unit_rows(units, n)
         seeds, loss_fn = self._start(spec_of(x), spec_of(y))
-        run = noise_schedules.scheduled_spend(self.noise_schedule, self.epsilon, self.delta, self.num_examples,
-                                              self.batch_size, self.epochs, self.accountant)
-        self.engine = self._new_engine(self._engine_name(), loss_fn, adaptive_clip.initial_clip(self.clip_norm),
-                                       float(run.noise_multipliers[0]), seeds.noise)
+        run = noise_schedules.scheduled_spend(
+            self.noise_schedule,
+            self.epsilon,
+            self.delta,
+            self.num_examples,
+            self.batch_size,
+            self.epochs,
+            self.accountant,
+        )
+        self.engine = self._new_engine(
+            self._engine_name(),
+            loss_fn,
+            adaptive_clip.initial_clip(self.clip_norm),
+            float(run.noise_multipliers[0]),
+            seeds.noise,
+        )
         if isinstance(self.clip_norm, adaptive_clip.AdaptiveClip):
             self.engine.adapt_clip(self.clip_norm, self.batch_size)
         self._train(x, y, n, run, seeds.sampling, lambda: self._fall_back(loss_fn, seeds.noise), verbose, callback)
@@ -233,7 +277,8 @@ class PrivateModel:
         if self.per_unit != (units is not None):
             raise DpSgdConfigError(
                 "fit(units=...) needs make_private(per_unit=True) (num_examples then counts units), and "
-                "make_private(per_unit=True) needs fit(units=...), one unit id per row: pass both or neither")
+                "make_private(per_unit=True) needs fit(units=...), one unit id per row: pass both or neither"
+            )
         return unit_index(units, n) if self.per_unit else None
 
     def _engine_name(self):
@@ -256,11 +301,16 @@ class PrivateModel:
             optimizer.apply_gradients(zip([g / expected for g in sums], self.engine.variables))
 
         if self.per_unit:  # hook of per-unit clipping: the rows of each sampled unit summed, then clipped
-            return (tf.function(lambda xb, yb, seg, k: apply(unit_noisy_sum(self.engine, xb, yb, seg, k)),
-                                reduce_retracing=True),
-                    tf.function(lambda: apply(self.engine.noise_sum())))
-        return (tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True),
-                tf.function(lambda: apply(self.engine.noise_sum())))
+            return (
+                tf.function(
+                    lambda xb, yb, seg, k: apply(unit_noisy_sum(self.engine, xb, yb, seg, k)), reduce_retracing=True
+                ),
+                tf.function(lambda: apply(self.engine.noise_sum())),
+            )
+        return (
+            tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True),
+            tf.function(lambda: apply(self.engine.noise_sum())),
+        )
 
     def _batches(self, rng, n, run):
         """Each step's Poisson batch: (rows,), or for a per-unit fit (rows, their segment, units sampled), the
@@ -269,8 +319,10 @@ class PrivateModel:
             return ((rows,) for rows in poisson_batches(rng, n, run.sampling_rate, run.steps))
         unit_of_row, num_units = self._units
         sampled = poisson_batches(rng, num_units, run.sampling_rate, run.steps)
-        return ((rows, tf.constant(seg), tf.constant(k, tf.int32))
-                for rows, seg, k in unit_batches(sampled, unit_of_row, num_units))
+        return (
+            (rows, tf.constant(seg), tf.constant(k, tf.int32))
+            for rows, seg, k in unit_batches(sampled, unit_of_row, num_units)
+        )
 
     def _train(self, x, y, n, run, sampling_seed, fall_back, verbose, callback):
         """The DP-SGD loop: ``run.steps`` Poisson-sampled batches (an empty one takes a noise-only step), each
@@ -303,8 +355,11 @@ class PrivateModel:
 
     def _can_fall_back(self):
         engine = self.engine
-        return self.per_example == "auto" and getattr(engine, "vectorized", False) \
+        return (
+            self.per_example == "auto"
+            and getattr(engine, "vectorized", False)
             and bool(getattr(engine, "fallback", True))
+        )
 
     def _fall_back(self, loss_fn, seed):
         """Replace a vectorised engine by the loop (a ghost engine keeps its ghost part): the same sums. The
@@ -325,9 +380,15 @@ class PrivateModel:
         engine, and the adaptive clip's and noise schedule's reports when used."""
         sigma = float(run.noise_multipliers[0])
         spent = {
-            "epsilon": run.epsilon, "delta": self.delta, "dp_event": run.dp_event, "noise_multiplier": sigma,
-            "steps": run.steps, "sampling_rate": run.sampling_rate, "num_examples": int(self.num_examples),
-            "accountant": self.accountant, "mechanism": "dp-sgd (Poisson-sampled Gaussian)",
+            "epsilon": run.epsilon,
+            "delta": self.delta,
+            "dp_event": run.dp_event,
+            "noise_multiplier": sigma,
+            "steps": run.steps,
+            "sampling_rate": run.sampling_rate,
+            "num_examples": int(self.num_examples),
+            "accountant": self.accountant,
+            "mechanism": "dp-sgd (Poisson-sampled Gaussian)",
             "implementation": f"{self.name}/{self._implementation()}",
             **clip_spent(self.engine, self.clip_norm, sigma, self.batch_size),
         }
@@ -379,14 +440,26 @@ class PrivateModel:
         return export_keras_model(self.model, path, transform_output, label_key)
 
 
-def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examples: int,
-                 clip_norm: float | str | adaptive_clip.AdaptiveClip = 1.0, batch_size: int = 256,
-                 epochs: int | float = 1,
-                 optimizer: str = "sgd", learning_rate: float | None = None, momentum: float = 0.0,
-                 weight_decay: float = 0.0, loss: Any = None, accountant: str = "rdp", per_example: str = "auto",
-                 seed: int | None = None,
-                 noise_schedule: noise_schedules.NoiseSchedule | None = None, name: str = _NAME,
-                 per_unit: bool = False) -> PrivateModel:
+def make_private(
+    model: Model,
+    *,
+    privacy_budget: tuple[float, float],
+    num_examples: int,
+    clip_norm: float | str | adaptive_clip.AdaptiveClip = 1.0,
+    batch_size: int = 256,
+    epochs: int | float = 1,
+    optimizer: str = "sgd",
+    learning_rate: float | None = None,
+    momentum: float = 0.0,
+    weight_decay: float = 0.0,
+    loss: Any = None,
+    accountant: str = "rdp",
+    per_example: str = "auto",
+    seed: int | None = None,
+    noise_schedule: noise_schedules.NoiseSchedule | None = None,
+    name: str = _NAME,
+    per_unit: bool = False,
+) -> PrivateModel:
     """Wrap a tf.keras ``model`` for DP-SGD training; every argument is checked here, before any data is read.
 
     Args:
@@ -423,8 +496,22 @@ def make_private(model: Model, *, privacy_budget: tuple[float, float], num_examp
     Mechanism and proofs (calibration, adaptive clip, noise schedules, per-unit clipping): docs/models.md.
     """
     arguments = check_make_private(
-        model, privacy_budget=privacy_budget, num_examples=num_examples, clip_norm=clip_norm, batch_size=batch_size,
-        epochs=epochs, optimizer=optimizer, learning_rate=learning_rate, momentum=momentum,
-        weight_decay=weight_decay, loss=loss, accountant=accountant, per_example=per_example, seed=seed,
-        noise_schedule=noise_schedule, name=name, per_unit=per_unit)
+        model,
+        privacy_budget=privacy_budget,
+        num_examples=num_examples,
+        clip_norm=clip_norm,
+        batch_size=batch_size,
+        epochs=epochs,
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        loss=loss,
+        accountant=accountant,
+        per_example=per_example,
+        seed=seed,
+        noise_schedule=noise_schedule,
+        name=name,
+        per_unit=per_unit,
+    )
     return PrivateModel(model, **arguments)

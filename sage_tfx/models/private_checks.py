@@ -1,5 +1,6 @@
 """``make_private``'s argument checks: each refuses a bad value with a DpSgdConfigError naming it, before
 anything is read (docs/models.md, "Your own Keras model: make_private")."""
+
 from __future__ import annotations
 
 import functools
@@ -22,15 +23,18 @@ if TYPE_CHECKING:
 
 OPTIMIZERS = ("sgd", "adam", "debiased_momentum")  # the last: sage_tfx.models.momentum
 PER_EXAMPLE = ("auto",) + ENGINES
-GHOST_REFUSED = ("per_example='ghost' is invalid for this model: the ghost engine needs a Keras graph network "
-                 "(Functional, or Sequential with a known input shape) with at least one Dense or Embedding "
-                 "layer; use per_example='auto' or 'vmap'")
+GHOST_REFUSED = (
+    "per_example='ghost' is invalid for this model: the ghost engine needs a Keras graph network "
+    "(Functional, or Sequential with a known input shape) with at least one Dense or Embedding "
+    "layer; use per_example='auto' or 'vmap'"
+)
 
 
 def check_momentum(momentum: Any) -> float:
     """``momentum`` as a float in [0, 1), else a DpSgdConfigError naming it (a bool is refused)."""
-    return checks.number(momentum, "momentum", low=0.0, high=1.0, high_open=True, error=DpSgdConfigError,
-                         message=_INVALID)
+    return checks.number(
+        momentum, "momentum", low=0.0, high=1.0, high_open=True, error=DpSgdConfigError, message=_INVALID
+    )
 
 
 def check_positive(name: str, value: Any, integer: bool = False) -> Any:
@@ -53,8 +57,9 @@ def check_privacy_budget(privacy_budget: tuple[float, float]) -> tuple[float, fl
     return dpsgd.check_budget(epsilon, delta)
 
 
-def check_optimizer(optimizer: str, learning_rate: float | None, momentum: float,
-                     weight_decay: float) -> tuple[float, float]:
+def check_optimizer(
+    optimizer: str, learning_rate: float | None, momentum: float, weight_decay: float
+) -> tuple[float, float]:
     """``make_private``'s optimizer settings checked: ``(learning_rate, momentum)``, the learning rate defaulted
     to 0.1 (sgd, debiased_momentum) / 0.001 (adam).
 
@@ -70,14 +75,22 @@ def check_optimizer(optimizer: str, learning_rate: float | None, momentum: float
     momentum = check_momentum(momentum)
     if optimizer == "adam" and momentum:
         raise DpSgdConfigError(f"momentum={momentum!r} is invalid with optimizer='adam': leave it at 0")
-    checks.number(weight_decay, "weight_decay", low=0.0, high=1 / learning_rate, high_open=True,
-                  error=DpSgdConfigError, message="{what}={value!r} is invalid: pass a number in [0, 1/learning_rate) "
-                  f"(learning_rate {learning_rate}), e.g. 0.01")
+    checks.number(
+        weight_decay,
+        "weight_decay",
+        low=0.0,
+        high=1 / learning_rate,
+        high_open=True,
+        error=DpSgdConfigError,
+        message="{what}={value!r} is invalid: pass a number in [0, 1/learning_rate) "
+        f"(learning_rate {learning_rate}), e.g. 0.01",
+    )
     return learning_rate, momentum
 
 
-def check_engine(engine: str, keyword: str, choices: tuple[str, ...], clip_norm: Any,
-                 schedule: noise_schedules.NoiseSchedule) -> None:
+def check_engine(
+    engine: str, keyword: str, choices: tuple[str, ...], clip_norm: Any, schedule: noise_schedules.NoiseSchedule
+) -> None:
     """Refuse, before anything is read, an engine not in ``choices`` and tf_privacy with what it cannot do
     (a noise schedule, an adaptive clip). ``keyword``: the caller's argument name, for the message."""
     if engine not in choices:
@@ -85,11 +98,14 @@ def check_engine(engine: str, keyword: str, choices: tuple[str, ...], clip_norm:
     if engine != "tf_privacy":
         return
     if not schedule.is_constant:
-        raise DpSgdConfigError(f"noise_schedule={schedule.describe()} is invalid with {keyword}='tf_privacy' (a "
-                               "fixed sigma): use 'ghost' or 'vmap'")
+        raise DpSgdConfigError(
+            f"noise_schedule={schedule.describe()} is invalid with {keyword}='tf_privacy' (a "
+            "fixed sigma): use 'ghost' or 'vmap'"
+        )
     if isinstance(clip_norm, adaptive_clip.AdaptiveClip):
-        raise DpSgdConfigError(f"clip_norm='adaptive' is invalid with {keyword}='tf_privacy' (a fixed clip "
-                               "norm): use 'ghost' or 'vmap'")
+        raise DpSgdConfigError(
+            f"clip_norm='adaptive' is invalid with {keyword}='tf_privacy' (a fixed clip norm): use 'ghost' or 'vmap'"
+        )
 
 
 def refuse_unseeded(engine: str, name: str, keyword: str) -> None:
@@ -99,12 +115,20 @@ def refuse_unseeded(engine: str, name: str, keyword: str) -> None:
         raise DpSgdConfigError(
             f"{name}: {keyword}='tf_privacy' is refused under DPTrainer (training_seed): tensorflow-privacy draws "
             "its noise from TensorFlow's global generator, which tf.random.set_seed in a module fixes, not from "
-            "the grant's seed; use 'ghost' (default) or 'vmap'")
+            "the grant's seed; use 'ghost' (default) or 'vmap'"
+        )
 
 
-def check_adaptive_clip(clip_norm: float | adaptive_clip.AdaptiveClip, schedule: noise_schedules.NoiseSchedule | None,
-                        epsilon: float, delta: float, num_examples: int, batch_size: int, epochs: float,
-                        accountant: str) -> None:
+def check_adaptive_clip(
+    clip_norm: float | adaptive_clip.AdaptiveClip,
+    schedule: noise_schedules.NoiseSchedule | None,
+    epsilon: float,
+    delta: float,
+    num_examples: int,
+    batch_size: int,
+    epochs: float,
+    accountant: str,
+) -> None:
     """Refuse an adaptive clip whose count noise sigma_b is too small for the run's calibrated noise multiplier
     (2 sigma_b must exceed it), from public numbers, before anything is read or drawn."""
     if isinstance(clip_norm, adaptive_clip.AdaptiveClip):
@@ -125,16 +149,37 @@ def check_run_numbers(num_examples: Any, batch_size: Any, epochs: Any) -> tuple[
     """(num_examples, batch_size, epochs) checked: positive integers (epochs a positive number); a None
     ``num_examples`` is refused naming what to pass (the ledger's DP or a public count, never the exact one)."""
     if num_examples is None:
-        raise DpSgdConfigError("num_examples=None is invalid: pass the ledger's DP (or a public) row count "
-                               "(fn_args.num_examples), never the exact private count")
-    return (check_positive("num_examples", num_examples, integer=True),
-            check_positive("batch_size", batch_size, integer=True), check_positive("epochs", epochs))
+        raise DpSgdConfigError(
+            "num_examples=None is invalid: pass the ledger's DP (or a public) row count "
+            "(fn_args.num_examples), never the exact private count"
+        )
+    return (
+        check_positive("num_examples", num_examples, integer=True),
+        check_positive("batch_size", batch_size, integer=True),
+        check_positive("epochs", epochs),
+    )
 
 
-def check_make_private(model: Any, *, privacy_budget: tuple[float, float], num_examples: Any, clip_norm: Any,
-                       batch_size: Any, epochs: Any, optimizer: str, learning_rate: float | None, momentum: float,
-                       weight_decay: float, loss: Any, accountant: str, per_example: str, seed: int | None,
-                       noise_schedule: Any, name: str, per_unit: bool) -> dict[str, Any]:
+def check_make_private(
+    model: Any,
+    *,
+    privacy_budget: tuple[float, float],
+    num_examples: Any,
+    clip_norm: Any,
+    batch_size: Any,
+    epochs: Any,
+    optimizer: str,
+    learning_rate: float | None,
+    momentum: float,
+    weight_decay: float,
+    loss: Any,
+    accountant: str,
+    per_example: str,
+    seed: int | None,
+    noise_schedule: Any,
+    name: str,
+    per_unit: bool,
+) -> dict[str, Any]:
     """``make_private``'s arguments checked, in this order, before anything is read: the ``PrivateModel``
     keyword arguments (budget split into epsilon and delta, numbers and schedule normalised).
 
@@ -142,8 +187,10 @@ def check_make_private(model: Any, *, privacy_budget: tuple[float, float], num_e
         DpSgdConfigError: the first invalid or refused argument, named with the fix.
     """
     if not isinstance(model, (tf.keras.Model, types.FunctionType, types.MethodType, functools.partial)):
-        raise DpSgdConfigError(f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional "
-                               "model (tf.keras is Keras 2 here: import sage_tfx before TensorFlow)")
+        raise DpSgdConfigError(
+            f"model={type(model).__name__} is invalid: pass a tf.keras Sequential or Functional "
+            "model (tf.keras is Keras 2 here: import sage_tfx before TensorFlow)"
+        )
     epsilon, delta = check_privacy_budget(privacy_budget)
     num_examples, batch_size, epochs = check_run_numbers(num_examples, batch_size, epochs)
     clip_norm = adaptive_clip.as_clip_norm(clip_norm)
@@ -162,11 +209,25 @@ def check_make_private(model: Any, *, privacy_budget: tuple[float, float], num_e
         per_example_loss(loss, model)  # names a bad loss now, not after the data is read
     schedule.check_for_run(dpsgd.num_steps(num_examples, batch_size, epochs))
     check_adaptive_clip(clip_norm, schedule, epsilon, delta, num_examples, batch_size, epochs, accountant)
-    return dict(epsilon=epsilon, delta=delta, num_examples=num_examples, clip_norm=clip_norm,
-                batch_size=batch_size, epochs=epochs, optimizer=optimizer,
-                learning_rate=learning_rate, momentum=float(momentum), weight_decay=float(weight_decay),
-                accountant=accountant, loss=loss, per_example=per_example, seed=seed, name=name,
-                noise_schedule=schedule, per_unit=per_unit)
+    return dict(
+        epsilon=epsilon,
+        delta=delta,
+        num_examples=num_examples,
+        clip_norm=clip_norm,
+        batch_size=batch_size,
+        epochs=epochs,
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+        momentum=float(momentum),
+        weight_decay=float(weight_decay),
+        accountant=accountant,
+        loss=loss,
+        per_example=per_example,
+        seed=seed,
+        name=name,
+        noise_schedule=schedule,
+        per_unit=per_unit,
+    )
 
 
 def public_params(batch_size: int, epochs: float, clip_norm: float | AdaptiveClip) -> dict[str, float]:

@@ -26,6 +26,7 @@ differs. The model's variables and TensorFlow's global seed are restored afterwa
 nothing. What it does not prove: a layer written to couple rows only for some values (it sees one synthetic
 batch), or to write a variable only for some values; module files must not do that (docs/models.md).
 """
+
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -106,8 +107,11 @@ def _pass(model, loss_fn, x, y, first):
         losses = tf.reshape(loss_fn(tf.convert_to_tensor(y), out), [-1])
         total = tf.reduce_sum(losses[:first])
     grads = tape.gradient(total, variables, unconnected_gradients="zero")
-    return ([np.asarray(o) for o in tf.nest.flatten(out)], np.asarray(losses),
-            [np.asarray(tf.convert_to_tensor(g)) for g in grads])
+    return (
+        [np.asarray(o) for o in tf.nest.flatten(out)],
+        np.asarray(losses),
+        [np.asarray(tf.convert_to_tensor(g)) for g in grads],
+    )
 
 
 def _differs(a: np.ndarray, b: np.ndarray) -> bool:
@@ -135,8 +139,10 @@ def _changed_variables(before, skip) -> list[str]:
 
 def _check_losses_shape(losses, rows):
     if losses.shape != (rows,):
-        raise RowCouplingError(f"the loss returns shape {losses.shape} on a synthetic batch of {rows} records, not "
-                               f"({rows},): pass a per-example loss (reduction NONE)")
+        raise RowCouplingError(
+            f"the loss returns shape {losses.shape} on a synthetic batch of {rows} records, not "
+            f"({rows},): pass a per-example loss (reduction NONE)"
+        )
 
 
 def check_rows_independent(model: tf.keras.Model, loss_fn: Callable, x_spec: Any, y_spec: Any) -> None:
@@ -147,8 +153,9 @@ def check_rows_independent(model: tf.keras.Model, loss_fn: Callable, x_spec: Any
 
     rows = 2 * HALF
     x, y = synthetic_batch(x_spec, rows), synthetic_batch(y_spec, rows)
-    x_other = tf.nest.map_structure(lambda a, b: np.concatenate([a[:HALF], b[HALF:]]), x,
-                                    synthetic_batch(x_spec, rows, _SEED + 1))
+    x_other = tf.nest.map_structure(
+        lambda a, b: np.concatenate([a[:HALF], b[HALF:]]), x, synthetic_batch(x_spec, rows, _SEED + 1)
+    )
     y_other = np.concatenate([y[:HALF], synthetic_batch(y_spec, rows, _SEED + 1)[HALF:]])
     ctx = context.context()
     saved_seed = (ctx._seed, getattr(ctx, "_rng", None))  # restored below: the module sees its own seed
@@ -163,7 +170,9 @@ def check_rows_independent(model: tf.keras.Model, loss_fn: Callable, x_spec: Any
                 f"a training-mode pass of the model changes its non-trainable variable(s) {', '.join(changed)} "
                 "(batch statistics, e.g. any BatchNormalization): they would hold values of the training records "
                 "outside DP-SGD's noisy gradient sum. Remove the layer (LayerNormalization is per-record) or freeze "
-                "it (layer.trainable = False)")
+                "it (layer.trainable = False)"
+            )
+
         def again(xs, ys):  # each pass from the same generator states: the same Dropout masks
             for v, value in generators:
                 v.assign(value)
@@ -171,8 +180,10 @@ def check_rows_independent(model: tf.keras.Model, loss_fn: Callable, x_spec: Any
 
         if generators:
             base = again(x, y)
-        for other, what in ((again(x_other, y_other), "the other records of the batch"),
-                            (again(_rows(x, slice(0, HALF)), y[:HALF]), "the batch size")):
+        for other, what in (
+            (again(x_other, y_other), "the other records of the batch"),
+            (again(_rows(x, slice(0, HALF)), y[:HALF]), "the batch size"),
+        ):
             problem = _compare(base, other, HALF, what)
             if problem:
                 raise RowCouplingError(
@@ -180,7 +191,8 @@ def check_rows_independent(model: tf.keras.Model, loss_fn: Callable, x_spec: Any
                     "batch (batch statistics such as BatchNormalization or a batch mean, a loss normalised over the "
                     "batch), so clipping each record's gradient does not bound its effect. Use layers and a loss "
                     "that treat each record on its own (Dense, Embedding, Dropout, LayerNormalization, Keras' "
-                    "per-example losses)")
+                    "per-example losses)"
+                )
     finally:
         for v, value in before:
             v.assign(value)

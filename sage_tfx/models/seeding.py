@@ -40,6 +40,7 @@ it. DPTrainer passes the numbers a module may use: the constants of its source, 
 whose batch size or epochs is another number is refused before it reads anything (the error does not
 name the value).
 """
+
 import contextlib
 import contextvars
 import hashlib
@@ -52,8 +53,18 @@ import numpy as np
 from sage_tfx.privacy.checks import integer
 from sage_tfx.privacy.errors import SageError
 
-__all__ = ["training_seed", "fit_seeds", "check_fit", "FitSeeds", "derive_seed", "TrainingSeedError", "FitBudgetError",
-           "PublicParameterError", "TrainingBlock", "candidate_budgets"]
+__all__ = [
+    "training_seed",
+    "fit_seeds",
+    "check_fit",
+    "FitSeeds",
+    "derive_seed",
+    "TrainingSeedError",
+    "FitBudgetError",
+    "PublicParameterError",
+    "TrainingBlock",
+    "candidate_budgets",
+]
 
 SLACK = 1e-9  # relative float round-off allowed when k candidate budgets add back up to the share
 
@@ -87,16 +98,18 @@ class FitRecord:
 class TrainingBlock:
     """The seed of one ``training_seed`` block, the share its fits may spend (None: no limit) and its fits."""
 
-    def __init__(self, seed: int, share: tuple[float, float] | None = None,
-                 public: frozenset[float] | None = None) -> None:
+    def __init__(
+        self, seed: int, share: tuple[float, float] | None = None, public: frozenset[float] | None = None
+    ) -> None:
         self.seed = seed
         self.share = share
         self.public = public
         self.fits: list[FitRecord] = []
         self._lock = threading.Lock()
 
-    def start_fit(self, model_name: str, budget: tuple[float, float] | None,
-                  params: dict[str, float] | None = None) -> int:
+    def start_fit(
+        self, model_name: str, budget: tuple[float, float] | None, params: dict[str, float] | None = None
+    ) -> int:
         """Record a fit of ``model_name`` asking ``budget``; return its index k. FitBudgetError (nothing recorded)
         if the block has a share and the declared budgets would exceed it; PublicParameterError if it has
         public numbers and one of ``params`` (batch size, epochs) is not among them."""
@@ -116,10 +129,12 @@ class TrainingBlock:
                     f"{model_name}: its {name} is not one of this run's public numbers (the constants of the module "
                     "file, the numbers of custom_config, the models' defaults, and trainer_utils.batch_size(fn_args, "
                     f"config) of the DP count): {name} shapes the published sampling rate and step count, so it "
-                    "must not be computed from the data (e.g. len(x)); pass a constant or a custom_config value")
+                    "must not be computed from the data (e.g. len(x)); pass a constant or a custom_config value"
+                )
 
-    def check(self, model_name: str, budget: tuple[float, float] | None,
-              params: dict[str, float] | None = None) -> None:
+    def check(
+        self, model_name: str, budget: tuple[float, float] | None, params: dict[str, float] | None = None
+    ) -> None:
         """What ``start_fit`` would refuse now (PublicParameterError, FitBudgetError), recording nothing."""
         self._check_public(model_name, params or {})
         with self._lock:
@@ -139,7 +154,8 @@ class TrainingBlock:
                 f"(epsilon={share_eps:.6g}, delta={share_delta:.3g}) has (epsilon={max(0.0, share_eps - used_eps):.6g}, "
                 f"delta={max(0.0, share_delta - used_delta):.3g}) left after {len(self.fits)} DP fit(s) in this run: "
                 "every DP fit of run_fn spends from the one share. For a hyper-parameter search give candidate i "
-                "the budget sage_tfx.models.candidate_budgets(fn_args.privacy_budget, k)[i]")
+                "the budget sage_tfx.models.candidate_budgets(fn_args.privacy_budget, k)[i]"
+            )
 
     def composed(self) -> tuple[float, float]:
         """(epsilon, delta) of all fits of the block by basic composition (a finished fit counts what it
@@ -150,7 +166,8 @@ class TrainingBlock:
 
 
 _TRAINING_SEED: contextvars.ContextVar[TrainingBlock | None] = contextvars.ContextVar(
-    "sage_tfx.models.training_seed", default=None)
+    "sage_tfx.models.training_seed", default=None
+)
 _SHARED_BLOCKS = [0]  # blocks with a share open in this process (any thread)
 _SHARED_LOCK = threading.Lock()
 
@@ -170,7 +187,9 @@ def candidate_budgets(privacy_budget: tuple[float, float], k: int) -> list[tuple
       TrainingSeedError: ``k`` is not an integer >= 1.
     """
     epsilon, delta = privacy_budget
-    k = integer(k, "candidate_budgets: k", low=1, error=TrainingSeedError, message="{what} must be {rule}, got {value!r}")
+    k = integer(
+        k, "candidate_budgets: k", low=1, error=TrainingSeedError, message="{what} must be {rule}, got {value!r}"
+    )
     return [(float(epsilon) / k, float(delta) / k)] * k
 
 
@@ -199,8 +218,9 @@ def derive_seed(*parts: object, bits: int = 128) -> int:
 
 
 @contextlib.contextmanager
-def training_seed(seed: int, share: tuple[float, float] | None = None,
-                  public: frozenset[float] | None = None) -> Iterator[TrainingBlock]:
+def training_seed(
+    seed: int, share: tuple[float, float] | None = None, public: frozenset[float] | None = None
+) -> Iterator[TrainingBlock]:
     """While active (in this thread or task), DP models fitted with ``seed=None`` derive their randomness from
     ``seed``, and models given ``seed=`` are refused. Yields the ``TrainingBlock`` (its fits).
 
@@ -220,8 +240,9 @@ def training_seed(seed: int, share: tuple[float, float] | None = None,
     """
     if not isinstance(seed, (int, np.integer)):  # a float seed (3.0) is a caller's bug: refused, not rounded
         raise TrainingSeedError(f"training_seed: seed must be an integer >= 0, got {seed!r}")
-    seed = integer(seed, "training_seed: seed", low=0, error=TrainingSeedError,
-                   message="{what} must be {rule}, got {value!r}")
+    seed = integer(
+        seed, "training_seed: seed", low=0, error=TrainingSeedError, message="{what} must be {rule}, got {value!r}"
+    )
     block = TrainingBlock(seed, None if share is None else (float(share[0]), float(share[1])), public)
     token = _TRAINING_SEED.set(block)
     _count_shared(block, +1)
@@ -243,8 +264,9 @@ def active() -> bool:
     return _TRAINING_SEED.get() is not None
 
 
-def fit_seeds(seed: int | None, model_name: str, budget: tuple[float, float] | None = None,
-              params: dict[str, float] | None = None) -> FitSeeds:
+def fit_seeds(
+    seed: int | None, model_name: str, budget: tuple[float, float] | None = None, params: dict[str, float] | None = None
+) -> FitSeeds:
     """The seeds for one fit of ``model_name`` given its ``seed=`` argument; call it when the fit starts, before
     it reads data, with the fit's ``budget`` (epsilon, delta).
 
@@ -259,12 +281,17 @@ def fit_seeds(seed: int | None, model_name: str, budget: tuple[float, float] | N
         return FitSeeds(seed, seed, seed)
     k = current.start_fit(model_name, budget, params)
     base = (current.seed, f"fit {k}", model_name)
-    return FitSeeds(init=derive_seed(*base, "init", bits=31), sampling=derive_seed(*base, "sampling", bits=128),
-                    noise=derive_seed(*base, "noise", bits=192), record=current.fits[k])
+    return FitSeeds(
+        init=derive_seed(*base, "init", bits=31),
+        sampling=derive_seed(*base, "sampling", bits=128),
+        noise=derive_seed(*base, "noise", bits=192),
+        record=current.fits[k],
+    )
 
 
-def check_fit(seed: int | None, model_name: str, budget: tuple[float, float] | None = None,
-              params: dict[str, float] | None = None) -> None:
+def check_fit(
+    seed: int | None, model_name: str, budget: tuple[float, float] | None = None, params: dict[str, float] | None = None
+) -> None:
     """Refuse now, before the data is read, what ``fit_seeds`` would refuse when the fit starts (the same
     errors), recording nothing: for a fit configured before it runs (``make_private``)."""
     current = _checked_block(seed, model_name)
@@ -280,13 +307,16 @@ def _checked_block(seed, model_name):
         with _SHARED_LOCK:
             open_elsewhere = _SHARED_BLOCKS[0] > 0
         if open_elsewhere:
-            raise FitBudgetError(f"{model_name}: a DP fit outside the thread of the DPTrainer run open in this "
-                                 "process: fit DP models in run_fn's own thread (it carries the grant's seed and "
-                                 "training share)")
+            raise FitBudgetError(
+                f"{model_name}: a DP fit outside the thread of the DPTrainer run open in this "
+                "process: fit DP models in run_fn's own thread (it carries the grant's seed and "
+                "training share)"
+            )
         return None
     if seed is not None:
         raise TrainingSeedError(
             f"{model_name}: seed={seed!r} was given inside sage_tfx.models.training_seed: the component "
             "(DPTrainer) supplies the training seed from the grant; a seed known to the module file makes the "
-            "noise predictable. Drop the seed= argument")
+            "noise predictable. Drop the seed= argument"
+        )
     return current

@@ -27,6 +27,7 @@ The unit ids are an input of ``fit`` (``units=``, one per row of x): the guarant
 so they must be the stream's unit column, never an id made up per row (which is row-level clipping calibrated
 as if rows were units).
 """
+
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -51,7 +52,8 @@ def unit_engine_name(per_example: str) -> str:
         raise DpSgdConfigError(
             f"per_example={per_example!r} is invalid with per-unit clipping: a unit's gradient is the sum of its "
             f"rows' own gradients, which only the engines {UNIT_ENGINES} materialise; use per_example='auto' "
-            "or 'vmap'")
+            "or 'vmap'"
+        )
     return per_example
 
 
@@ -60,14 +62,16 @@ def unit_index(units: Any, rows: int) -> tuple[np.ndarray, int]:
     the mismatch if it has another length or shape (checked before any value of x or y is used)."""
     ids = np.asarray(units)
     if ids.ndim != 1 or len(ids) != rows:
-        raise ValueError(f"units: pass one unit id per row of x ({rows} rows), as a 1-D array (got shape "
-                         f"{tuple(ids.shape)})")
+        raise ValueError(
+            f"units: pass one unit id per row of x ({rows} rows), as a 1-D array (got shape {tuple(ids.shape)})"
+        )
     names, inverse = np.unique(ids.astype(str) if ids.dtype == object else ids, return_inverse=True)
     return inverse.astype(np.int64).ravel(), len(names)
 
 
-def unit_batches(sampled_units: Iterable[np.ndarray], unit_of_row: np.ndarray,
-                 num_units: int) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
+def unit_batches(
+    sampled_units: Iterable[np.ndarray], unit_of_row: np.ndarray, num_units: int
+) -> Iterator[tuple[np.ndarray, np.ndarray, int]]:
     """For each batch of units in ``sampled_units`` (the Poisson samples of 0..num_units-1 that
     ``private.poisson_batches`` draws: each unit kept independently with probability q), yield (the row indices
     of those units, each row's segment 0..s-1, s the number of units sampled): all of a unit's rows with it."""
@@ -78,7 +82,7 @@ def unit_batches(sampled_units: Iterable[np.ndarray], unit_of_row: np.ndarray,
         if not len(sampled):
             yield np.empty(0, np.int64), np.empty(0, np.int32), 0
             continue
-        rows = np.concatenate([order[starts[u]:starts[u] + counts[u]] for u in sampled])
+        rows = np.concatenate([order[starts[u] : starts[u] + counts[u]] for u in sampled])
         segments = np.repeat(np.arange(len(sampled), dtype=np.int32), counts[sampled])
         yield rows, segments, len(sampled)
 
@@ -86,8 +90,7 @@ def unit_batches(sampled_units: Iterable[np.ndarray], unit_of_row: np.ndarray,
 def unit_clipped_sum(engine: Any, x: Any, y: Any, segments: Any, num_segments: Any) -> tuple[list[Any], Any]:
     """(sum over units of each unit's clipped summed gradient, aligned with ``engine.variables``; the units'
     gradient norms): rows of one segment are one unit. ``engine``: a vmap / loop ``PerExampleEngine``."""
-    per_row = per_example_gradients(engine.model, engine.per_example_loss, engine.variables, x, y,
-                                    engine.vectorized)
+    per_row = per_example_gradients(engine.model, engine.per_example_loss, engine.variables, x, y, engine.vectorized)
     per_unit = [tf.math.unsorted_segment_sum(g, segments, num_segments) for g in per_row]
     sq = tf.add_n([tf.reduce_sum(tf.reshape(tf.square(g), [tf.shape(g)[0], -1]), axis=1) for g in per_unit])
     factors, norms, finite = engine._factors(sq)

@@ -32,6 +32,7 @@ Layout; imports run one way:
   modules above; it imports them, the store and the audit, never the other way round. Only this package's
   ``__init__``, the CLI and higher layers import it.
 """
+
 from .errors import (
     BlockRetired,
     BudgetRefused,
@@ -66,12 +67,38 @@ from .split import (
 )
 
 __all__ = [
-    "Ledger", "Grant", "Block", "Stream", "Release", "POLICIES", "OUTCOMES",
-    "BudgetSplit", "ChargeRule", "STAGES", "grant_split", "stage_budget", "require_budget",
-    "RecordSplit", "DEFAULT_RECORD_SPLIT", "eval_share_split", "record_split", "require_side",
-    "LedgerError", "DuplicateContent", "LedgerNotFound", "LedgerCorrupt", "LedgerRollback", "LedgerUpgradeNeeded",
+    "Ledger",
+    "Grant",
+    "Block",
+    "Stream",
+    "Release",
+    "POLICIES",
+    "OUTCOMES",
+    "BudgetSplit",
+    "ChargeRule",
+    "STAGES",
+    "grant_split",
+    "stage_budget",
+    "require_budget",
+    "RecordSplit",
+    "DEFAULT_RECORD_SPLIT",
+    "eval_share_split",
+    "record_split",
+    "require_side",
+    "LedgerError",
+    "DuplicateContent",
+    "LedgerNotFound",
+    "LedgerCorrupt",
+    "LedgerRollback",
+    "LedgerUpgradeNeeded",
     "UnknownStream",
-    "UnknownBlock", "BlockRetired",
-    "PipelineBusy", "GrantError", "BudgetRefused", "RecordError", "SageError", "public_error_text",
+    "UnknownBlock",
+    "BlockRetired",
+    "PipelineBusy",
+    "GrantError",
+    "BudgetRefused",
+    "RecordError",
+    "SageError",
+    "public_error_text",
     "error_chain",
 ]

@@ -42,8 +42,18 @@ from .dpsgd import DpSgdConfigError
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["AdaptiveClip", "IMBALANCED", "ADAPTIVE", "as_clip_norm", "sum_noise_multiplier", "next_clip",
-           "check_run", "initial_clip", "public_numbers", "COUNT_STDDEV_PER_BATCH"]
+__all__ = [
+    "AdaptiveClip",
+    "IMBALANCED",
+    "ADAPTIVE",
+    "as_clip_norm",
+    "sum_noise_multiplier",
+    "next_clip",
+    "check_run",
+    "initial_clip",
+    "public_numbers",
+    "COUNT_STDDEV_PER_BATCH",
+]
 
 ADAPTIVE = "adaptive"
 COUNT_STDDEV_PER_BATCH = 1 / 20  # sigma_b = m / 20 (the paper's choice: b's std is 1/20)
@@ -70,12 +80,25 @@ class AdaptiveClip:
     count_stddev: float | None = None
 
     def __post_init__(self):
-        checks.number(self.target_quantile, "target_quantile", low=0.0, high=1.0, low_open=True, high_open=True,
-                      error=DpSgdConfigError, message=_INVALID + ", e.g. 0.5 (0.9 for an imbalanced label)")
+        checks.number(
+            self.target_quantile,
+            "target_quantile",
+            low=0.0,
+            high=1.0,
+            low_open=True,
+            high_open=True,
+            error=DpSgdConfigError,
+            message=_INVALID + ", e.g. 0.5 (0.9 for an imbalanced label)",
+        )
         checks.positive(self.learning_rate, "learning_rate", error=DpSgdConfigError, message=_INVALID + ", e.g. 0.2")
         checks.positive(self.initial, "initial", error=DpSgdConfigError, message=_INVALID + ", e.g. 1.0")
-        checks.positive(self.count_stddev, "count_stddev", allow_none=True, error=DpSgdConfigError,
-                        message=_INVALID + " (None: batch_size / 20)")
+        checks.positive(
+            self.count_stddev,
+            "count_stddev",
+            allow_none=True,
+            error=DpSgdConfigError,
+            message=_INVALID + " (None: batch_size / 20)",
+        )
 
     def count_stddev_for(self, batch_size: int) -> float:
         """sigma_b of a run of expected batch size ``batch_size``."""
@@ -89,8 +112,11 @@ class AdaptiveClip:
 
     def public_numbers(self) -> dict[str, float]:
         """The numbers a training share checks are public (as batch size and epochs): they shape the release."""
-        numbers = {"clip_target_quantile": self.target_quantile, "clip_learning_rate": self.learning_rate,
-                   "initial_clip_norm": self.initial}
+        numbers = {
+            "clip_target_quantile": self.target_quantile,
+            "clip_learning_rate": self.learning_rate,
+            "initial_clip_norm": self.initial,
+        }
         if self.count_stddev is not None:
             numbers["clip_count_stddev"] = self.count_stddev
         return {k: float(v) for k, v in numbers.items()}
@@ -111,17 +137,19 @@ def sum_noise_multiplier(noise_multiplier: float, count_stddev: float) -> float:
     makes one step the Gaussian mechanism of multiplier z. DpSgdConfigError (naming both) if 2 sigma_b <= z."""
     z = checks.positive(noise_multiplier, "noise_multiplier", error=DpSgdConfigError, message=_INVALID)
     sigma_b = checks.positive(count_stddev, "count_stddev", error=DpSgdConfigError, message=_INVALID)
-    rest = z ** -2 - (2.0 * sigma_b) ** -2
+    rest = z**-2 - (2.0 * sigma_b) ** -2
     if not rest > 0:
         raise DpSgdConfigError(
             f"count_stddev={sigma_b:g} is invalid for noise multiplier {z:.4g}: adaptive clipping needs "
             f"count_stddev > noise multiplier / 2 = {z / 2:.4g}; raise count_stddev (e.g. {z:.3g}) or batch_size "
-            "(the default count_stddev is batch_size / 20)")
+            "(the default count_stddev is batch_size / 20)"
+        )
     return 1.0 / math.sqrt(rest)
 
 
-def check_run(clip_norm: float | AdaptiveClip, noise_multipliers: Sequence[float] | np.ndarray,
-              batch_size: int) -> None:
+def check_run(
+    clip_norm: float | AdaptiveClip, noise_multipliers: Sequence[float] | np.ndarray, batch_size: int
+) -> None:
     """Refuse (DpSgdConfigError) an adaptive clip whose count noise is too small for the run's largest noise
     multiplier (all public numbers: call before the fit reads or draws anything); a fixed clip passes."""
     if isinstance(clip_norm, AdaptiveClip):
@@ -151,7 +179,13 @@ def as_clip_norm(clip_norm: float | str | AdaptiveClip) -> float | AdaptiveClip:
     if isinstance(clip_norm, str):
         if clip_norm.lower() == ADAPTIVE:
             return AdaptiveClip()
-        raise DpSgdConfigError(f"clip_norm={clip_norm!r} is invalid: pass a number > 0, 'adaptive', or "
-                               "sage_tfx.privacy.adaptive_clip.AdaptiveClip(...)")
-    return checks.positive(clip_norm, "clip_norm", error=DpSgdConfigError,
-                           message=_INVALID + ", or 'adaptive' (a private quantile of the gradient norms)")
+        raise DpSgdConfigError(
+            f"clip_norm={clip_norm!r} is invalid: pass a number > 0, 'adaptive', or "
+            "sage_tfx.privacy.adaptive_clip.AdaptiveClip(...)"
+        )
+    return checks.positive(
+        clip_norm,
+        "clip_norm",
+        error=DpSgdConfigError,
+        message=_INVALID + ", or 'adaptive' (a private quantile of the gradient norms)",
+    )

@@ -139,22 +139,34 @@ def noise_multiplier(epsilon: float, delta: float, calibration: str = "paper") -
     return max(paper_multiplier(epsilon, delta), exact)
 
 
-def noise_scales(epsilon: float, delta: float, bound_x: float, bound_y: float, dim: int, rho: float = 0.05,
-                 calibration: str = "paper") -> dict[str, float]:
+def noise_scales(
+    epsilon: float,
+    delta: float,
+    bound_x: float,
+    bound_y: float,
+    dim: int,
+    rho: float = 0.05,
+    calibration: str = "paper",
+) -> dict[str, float]:
     """The noise standard deviations and offsets AdaSSP uses (Algorithm 2's formulas)."""
     bound_x = _check_positive(bound_x, "bound_x")
     bound_y = _check_positive(bound_y, "bound_y")
     rho = probability(rho, "rho", error=AdaSSPConfigError, message=INVALID, not_number=INVALID)
-    dim = integer(dim, "dim", low=1, error=AdaSSPConfigError,
-                  message="{what}={value!r} is invalid: need at least one feature ({rule})")
+    dim = integer(
+        dim,
+        "dim",
+        low=1,
+        error=AdaSSPConfigError,
+        message="{what}={value!r} is invalid: need at least one feature ({rule})",
+    )
     c = noise_multiplier(epsilon, delta, calibration)
     log6 = math.log(6.0 / float(delta))
     return {
         "multiplier": c,
-        "lambda_min_std": c * bound_x ** 2,
-        "lambda_min_shift": c * bound_x ** 2 * math.sqrt(log6),
-        "ridge_target": c * bound_x ** 2 * math.sqrt(dim * math.log(2.0 * dim ** 2 / rho)),
-        "xtx_std": c * bound_x ** 2,
+        "lambda_min_std": c * bound_x**2,
+        "lambda_min_shift": c * bound_x**2 * math.sqrt(log6),
+        "ridge_target": c * bound_x**2 * math.sqrt(dim * math.log(2.0 * dim**2 / rho)),
+        "xtx_std": c * bound_x**2,
         "xty_std": c * bound_x * bound_y,
     }
 
@@ -192,8 +204,9 @@ def _check_data(x, y):
     return x, y  # non-finite values are mapped by clip_rows / clip_labels (module docstring), never refused
 
 
-def sufficient_statistics(x: npt.ArrayLike, y: npt.ArrayLike, bound_x: float,
-                          bound_y: float) -> tuple[np.ndarray, np.ndarray]:
+def sufficient_statistics(
+    x: npt.ArrayLike, y: npt.ArrayLike, bound_x: float, bound_y: float
+) -> tuple[np.ndarray, np.ndarray]:
     """(X'X, X'y) of the clipped data. Sum them over chunks to stream large data.
 
     Non-finite features and labels are mapped to the public defaults of the module docstring, then clipped:
@@ -205,8 +218,15 @@ def sufficient_statistics(x: npt.ArrayLike, y: npt.ArrayLike, bound_x: float,
     return x.T @ x, x.T @ y
 
 
-def statistic_grids(epsilon: float, delta: float, bound_x: float, bound_y: float, dim: int, rho: float = 0.05,
-                    calibration: str = "paper") -> tuple:
+def statistic_grids(
+    epsilon: float,
+    delta: float,
+    bound_x: float,
+    bound_y: float,
+    dim: int,
+    rho: float = 0.05,
+    calibration: str = "paper",
+) -> tuple:
     """(gamma_xtx, gamma_xty): the public power-of-two grids ``release`` puts X'X's upper triangle and X'y on.
 
     A function of the budget, the bounds and the dimension only (``samplers.grid_gaussian_params`` with the
@@ -216,12 +236,15 @@ def statistic_grids(epsilon: float, delta: float, bound_x: float, bound_y: float
     epsilon, delta = _check_budget(epsilon, delta)
     scales = noise_scales(epsilon, delta, bound_x, bound_y, dim, rho, calibration)
     cells = dim * (dim + 1) // 2
-    return (grid_gaussian_params(bound_x ** 2, scales["xtx_std"], cells)[0],
-            grid_gaussian_params(bound_x * bound_y, scales["xty_std"], dim)[0])
+    return (
+        grid_gaussian_params(bound_x**2, scales["xtx_std"], cells)[0],
+        grid_gaussian_params(bound_x * bound_y, scales["xty_std"], dim)[0],
+    )
 
 
-def grid_statistics(x: npt.ArrayLike, y: npt.ArrayLike, bound_x: float, bound_y: float,
-                    grids: tuple[float, float]) -> tuple[list[int], list[int]]:
+def grid_statistics(
+    x: npt.ArrayLike, y: npt.ArrayLike, bound_x: float, bound_y: float, grids: tuple[float, float]
+) -> tuple[list[int], list[int]]:
     """The upper triangle (with diagonal, row-major) of X'X and X'y of the clipped data, as exact integer sums on
     ``grids`` (``statistic_grids``): lists of Python ints. Sum them over chunks to stream large data.
 
@@ -244,9 +267,11 @@ def statistics_on_grid(upper_sums: Sequence[int], xty_sums: Sequence[int], grids
     Refused (AdaSSPConfigError) unless every sum is below 2^52 grid units, where float64 holds it and ``release``
     rounds it back to the same integer.
     """
-    if any(abs(int(v)) >= 2 ** 52 for v in list(upper_sums) + list(xty_sums)):
-        raise AdaSSPConfigError("X'X or X'y is too large for its grid (|sum| / gamma must stay below 2^52): "
-                                "fit on fewer rows or with a smaller feature_bound / label range")
+    if any(abs(int(v)) >= 2**52 for v in list(upper_sums) + list(xty_sums)):
+        raise AdaSSPConfigError(
+            "X'X or X'y is too large for its grid (|sum| / gamma must stay below 2^52): "
+            "fit on fewer rows or with a smaller feature_bound / label range"
+        )
     dim = len(xty_sums)
     xtx = np.zeros((dim, dim))
     xtx[np.triu_indices(dim)] = np.array([int(v) for v in upper_sums], dtype=np.float64) * grids[0]
@@ -254,8 +279,14 @@ def statistics_on_grid(upper_sums: Sequence[int], xty_sums: Sequence[int], grids
     return xtx, np.array([int(v) for v in xty_sums], dtype=np.float64) * grids[1]
 
 
-def prior_residuals(rows: npt.ArrayLike, labels: npt.ArrayLike, prior_coef: npt.ArrayLike, prior_intercept: float,
-                    low: float, high: float) -> np.ndarray:
+def prior_residuals(
+    rows: npt.ArrayLike,
+    labels: npt.ArrayLike,
+    prior_coef: npt.ArrayLike,
+    prior_intercept: float,
+    low: float,
+    high: float,
+) -> np.ndarray:
     """Labels minus a PUBLIC prior prediction ``rows @ prior_coef + prior_intercept``, clipped to [low, high].
 
     Fitting the residual instead of the label makes AdaSSP's ridge shrink the coefficients towards the prior
@@ -291,8 +322,17 @@ class AdaSSPResult:
         return dp_accounting.ComposedDpEvent([gaussian, gaussian, gaussian])
 
 
-def release(xtx: np.ndarray, xty: np.ndarray, epsilon: float, delta: float, bound_x: float, bound_y: float,
-            rho: float = 0.05, calibration: str = "paper", rng: RngLike = None) -> AdaSSPResult:
+def release(
+    xtx: np.ndarray,
+    xty: np.ndarray,
+    epsilon: float,
+    delta: float,
+    bound_x: float,
+    bound_y: float,
+    rho: float = 0.05,
+    calibration: str = "paper",
+    rng: RngLike = None,
+) -> AdaSSPResult:
     """AdaSSP on sufficient statistics ``xtx = X'X``, ``xty = X'y`` of CLIPPED data.
 
     The caller guarantees the clipping; the privacy proof in the module docstring needs ||x_i|| <= bound_x and
@@ -315,7 +355,7 @@ def release(xtx: np.ndarray, xty: np.ndarray, epsilon: float, delta: float, boun
     # Three releases, each on its public grid with exact discrete Gaussian noise of std c times its sensitivity
     # (samplers.grid_gaussian; privacy in the module docstring). cells: how many coordinates one record moves.
     lam_min = float(np.linalg.eigvalsh(xtx)[0])
-    bx2 = bound_x ** 2
+    bx2 = bound_x**2
     lam_min_released = float(grid_gaussian([lam_min], bx2, scales["lambda_min_std"], rng, cells=1)[0])
     lam_min_noisy = max(0.0, lam_min_released - scales["lambda_min_shift"])
     ridge = max(0.0, scales["ridge_target"] - lam_min_noisy)
@@ -327,14 +367,29 @@ def release(xtx: np.ndarray, xty: np.ndarray, epsilon: float, delta: float, boun
     xty_noisy = grid_gaussian(xty, bound_x * bound_y, scales["xty_std"], rng, cells=dim)
     theta = np.linalg.lstsq(xtx_noisy + ridge * np.eye(dim), xty_noisy, rcond=None)[0]
     return AdaSSPResult(
-        theta=theta, xtx_noisy=xtx_noisy, xty_noisy=xty_noisy, lambda_min_noisy=lam_min_noisy,
-        ridge=ridge, noise_multiplier=scales["multiplier"], epsilon=epsilon, delta=delta,
+        theta=theta,
+        xtx_noisy=xtx_noisy,
+        xty_noisy=xty_noisy,
+        lambda_min_noisy=lam_min_noisy,
+        ridge=ridge,
+        noise_multiplier=scales["multiplier"],
+        epsilon=epsilon,
+        delta=delta,
         calibration=calibration,
     )
 
 
-def adassp(x: npt.ArrayLike, y: npt.ArrayLike, epsilon: float, delta: float, bound_x: float, bound_y: float,
-           rho: float = 0.05, calibration: str = "paper", rng: RngLike = None) -> AdaSSPResult:
+def adassp(
+    x: npt.ArrayLike,
+    y: npt.ArrayLike,
+    epsilon: float,
+    delta: float,
+    bound_x: float,
+    bound_y: float,
+    rho: float = 0.05,
+    calibration: str = "paper",
+    rng: RngLike = None,
+) -> AdaSSPResult:
     """(epsilon, delta)-DP linear regression coefficients of y on x (no intercept column added).
 
     Rows of x are clipped to L2 norm ``bound_x`` and y to [-bound_y, bound_y]

@@ -4,6 +4,7 @@
 The simulator proposes from this state and the ledger's queued scheduler runs ``QueuedAllocation.schedule``;
 every charge is still made, and checked against the filter, by the ledger (docs/scheduling_policies.md).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -53,24 +54,24 @@ class BlockAllocation:
     every charge is then made by the real ledger, which refuses anything this state gets wrong.
     """
 
-    def __init__(self, filt: Filter, min_cost: Sequence[float],
-                 policy: AllocationPolicy | str = Policy.CONSERVE) -> None:
+    def __init__(
+        self, filt: Filter, min_cost: Sequence[float], policy: AllocationPolicy | str = Policy.CONSERVE
+    ) -> None:
         self.filt = filt
         self.min_cost = tuple(min_cost)
         self.policy = policy if isinstance(policy, AllocationPolicy) else get_policy(policy)
-        self.spent: dict = {}          # block -> spent vector
-        self.holdings: dict = {}       # block -> {pipeline: {"reserved", "used"}}, pipeline name order
-        self.active: list = []         # active block ids, oldest first
+        self.spent: dict = {}  # block -> spent vector
+        self.holdings: dict = {}  # block -> {pipeline: {"reserved", "used"}}, pipeline name order
+        self.active: list = []  # active block ids, oldest first
         self.retired: set = set()
-        self._pools: dict = {}         # block -> (pool_used, pool_reserved), dropped whenever the block changes
+        self._pools: dict = {}  # block -> (pool_used, pool_reserved), dropped whenever the block changes
 
     def add_block(self, block: str, waiting: Sequence[str]) -> None:
         zero = self.filt.zero()
         self.spent[block] = zero
         self.active.append(block)
         share = self.policy.new_block_shares(self.filt.capacity, waiting)
-        self.holdings[block] = {} if share is None else {
-            p: {"reserved": share, "used": zero} for p in sorted(waiting)}
+        self.holdings[block] = {} if share is None else {p: {"reserved": share, "used": zero} for p in sorted(waiting)}
 
     def _pool(self, block):
         pool = self._pools.get(block)
@@ -97,8 +98,9 @@ class BlockAllocation:
     def available_epsilon(self, block: str, pipeline: str, delta: float) -> float:
         """Basic accounting only: the largest epsilon ``pipeline`` may spend on ``block`` (closed form)."""
         if self.filt.accounting != Accounting.BASIC:
-            raise ValueError(f"available_epsilon has a closed form under basic accounting only, not "
-                             f"{self.filt.accounting!r}")
+            raise ValueError(
+                f"available_epsilon has a closed form under basic accounting only, not {self.filt.accounting!r}"
+            )
         if block in self.retired:
             return 0.0
         cap_eps, cap_delta = self.filt.capacity
@@ -167,14 +169,14 @@ class QueuedAllocation:
         self.policy = cast(QueuedPolicy, policy if isinstance(policy, AllocationPolicy) else get_policy(policy))
         if not self.policy.queued:
             raise LedgerError(f"policy {str(self.policy.name)!r} is not a queued policy: use BlockAllocation")
-        self.spent: dict = {}          # block -> spent vector
-        self.arrived: dict = {}        # block -> arrival time (s)
-        self.arrivals: dict = {}       # block -> pipeline arrivals since the block arrived (capped once unlocked)
-        self.active: list = []         # active block ids, oldest first
+        self.spent: dict = {}  # block -> spent vector
+        self.arrived: dict = {}  # block -> arrival time (s)
+        self.arrivals: dict = {}  # block -> pipeline arrivals since the block arrived (capped once unlocked)
+        self.active: list = []  # active block ids, oldest first
         self.retired: set = set()
-        self.pending: dict = {}        # pipeline -> [blocks tuple, cost, seq, blocked_on, fraction_then]
+        self.pending: dict = {}  # pipeline -> [blocks tuple, cost, seq, blocked_on, fraction_then]
         self._seq = 0
-        self.full_scan = False   # tests: check every pending demand at every scheduling point
+        self.full_scan = False  # tests: check every pending demand at every scheduling point
 
     # -- blocks and arrivals
     def add_block(self, block: str, now: float) -> None:
@@ -185,8 +187,9 @@ class QueuedAllocation:
         self.arrivals[block] = 0
         self.active.append(block)
 
-    def load_block(self, block: str, *, spent: Sequence[float], arrived: float, arrivals: int,
-                   retired: bool = False) -> None:
+    def load_block(
+        self, block: str, *, spent: Sequence[float], arrived: float, arrivals: int, retired: bool = False
+    ) -> None:
         """Restore one block's state as stored elsewhere (the ledger's tables, the audit's replay): the same
         fields ``add_block``, ``arrive`` and ``charge`` keep, so the rules run unchanged on them."""
         self.spent[block] = tuple(spent)

@@ -24,6 +24,7 @@ the rules through a policy, so they cannot drift apart.
 
 ``budget_arrays.BudgetArrays`` is the same rule as array operations, for the ledger's availability queries.
 """
+
 from __future__ import annotations
 
 import abc
@@ -47,7 +48,7 @@ class AllocationPolicy(abc.ABC):
     """The allocation rules of one policy, on plain vectors (tuples of floats). Stateless."""
 
     name: ClassVar[str]
-    queued: ClassVar[bool] = False   # True: demands wait in a queue the policy orders (QueuedPolicy)
+    queued: ClassVar[bool] = False  # True: demands wait in a queue the policy orders (QueuedPolicy)
 
     def params(self) -> dict:
         """The policy's parameters, as stored with a stream (none for Conserve and Aggressive)."""
@@ -70,8 +71,9 @@ class AllocationPolicy(abc.ABC):
             pool_used = [p - x for p, x in zip(pool_used, r["used"])]
         return pool_used, pool_reserved
 
-    def source(self, filt: Filter, spent: Sequence[float], cost: Sequence[float], holdings: Holdings,
-               pipeline: str) -> Source | None:
+    def source(
+        self, filt: Filter, spent: Sequence[float], cost: Sequence[float], holdings: Holdings, pipeline: str
+    ) -> Source | None:
         """Where ``pipeline``'s charge of ``cost`` on one block is drawn from: its own reservation first, then the
         pool; None if neither has room. The caller checks ``filt.admits(spent, cost)`` as well (privacy)."""
         own = holdings.get(pipeline)
@@ -156,8 +158,7 @@ def _int_param(policy, name, value, floor):
 
 def _positive_param(policy, name, value, unit):
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise LedgerError(f"policy {policy!r} parameter {name}={value!r} is invalid: give a finite number > 0 "
-                          f"({unit})")
+        raise LedgerError(f"policy {policy!r} parameter {name}={value!r} is invalid: give a finite number > 0 ({unit})")
     return float(value)
 
 
@@ -193,8 +194,13 @@ class QueuedPolicy(AllocationPolicy):
     def unlocked_fraction(self, *, arrivals: int, age: float) -> float:
         """The share of a block's capacity unlocked ``age`` seconds after it arrived, ``arrivals`` pipelines later."""
 
-    def demand_key(self, filt: Filter, cost: Sequence[float], spents: Sequence[Sequence[float]],
-                   orders_index: Sequence[int | None] | None = None) -> float:
+    def demand_key(
+        self,
+        filt: Filter,
+        cost: Sequence[float],
+        spents: Sequence[Sequence[float]],
+        orders_index: Sequence[int | None] | None = None,
+    ) -> float:
         """Sort key of a demand of ``cost`` on blocks whose spent vectors are ``spents`` (smaller: served first)."""
         return dominant_share(filt, cost, len(spents))
 
@@ -277,8 +283,13 @@ class DPack(ArrivalUnlocking):
 
     name = Policy.DPACK
 
-    def demand_key(self, filt: Filter, cost: Sequence[float], spents: Sequence[Sequence[float]],
-                   orders_index: Sequence[int | None] | None = None) -> float:
+    def demand_key(
+        self,
+        filt: Filter,
+        cost: Sequence[float],
+        spents: Sequence[Sequence[float]],
+        orders_index: Sequence[int | None] | None = None,
+    ) -> float:
         total = 0.0
         for i, spent in enumerate(spents):
             remaining = [max(0.0, c - s) for c, s in zip(filt.capacity, spent)]

@@ -38,10 +38,12 @@ ANCHOR_KIND = "anchor"  # an operator's explicit re-anchoring of this host's hea
 
 def fix_text(display: str, key_path: str) -> str:
     """What an operator does about a refused open: restore the matching database, or re-anchor on purpose."""
-    return (f"restore the ledger database that matches the head file {key_path}.head (it is the newer copy), or, "
-            f"ONLY if this database is a known-good copy restored on purpose (or this host joins a PostgreSQL ledger "
-            f"and has no copy of a head file), re-anchor it explicitly: sage ledger anchor --db {display} "
-            f"--key-file {key_path} --reason TEXT (logged in the ledger and listed by the audit)")
+    return (
+        f"restore the ledger database that matches the head file {key_path}.head (it is the newer copy), or, "
+        f"ONLY if this database is a known-good copy restored on purpose (or this host joins a PostgreSQL ledger "
+        f"and has no copy of a head file), re-anchor it explicitly: sage ledger anchor --db {display} "
+        f"--key-file {key_path} --reason TEXT (logged in the ledger and listed by the audit)"
+    )
 
 
 def ledger_entry(tx: Tx, keys: KeyRing) -> tuple[int, str | None] | None:
@@ -76,20 +78,26 @@ def bound_id(store: Store, keys: KeyRing, meta_id: str) -> tuple[str, bool, str 
 
 
 def changed_id_text(meta_id: str, seq: int, ledger_id: str) -> str:
-    return (f"meta.ledger_id is {meta_id!r}, but the keyed log entry {seq} binds this ledger to id {ledger_id!r}: "
-            "the ledger's id was changed")
+    return (
+        f"meta.ledger_id is {meta_id!r}, but the keyed log entry {seq} binds this ledger to id {ledger_id!r}: "
+        "the ledger's id was changed"
+    )
 
 
 def missing_head_text(head_path: str, ledger_id: str, entries: int) -> str:
-    return (f"the head file {head_path} has no record of this ledger (id {ledger_id!r}), whose log has {entries} "
-            "entries: the head file was deleted or replaced, or the database was swapped or its id changed (a missing "
-            "head is never recreated for a used ledger)")
+    return (
+        f"the head file {head_path} has no record of this ledger (id {ledger_id!r}), whose log has {entries} "
+        "entries: the head file was deleted or replaced, or the database was swapped or its id changed (a missing "
+        "head is never recreated for a used ledger)"
+    )
 
 
 def behind_text(head_path: str, last_seq: int, seq: int) -> str:
-    return (f"the log ends at entry {last_seq}, but the head file {head_path} recorded entry {seq}: "
-            f"{seq - last_seq} entr{'y was' if seq - last_seq == 1 else 'ies were'} removed from its tail (the "
-            "database was rolled back or its tail cut)")
+    return (
+        f"the log ends at entry {last_seq}, but the head file {head_path} recorded entry {seq}: "
+        f"{seq - last_seq} entr{'y was' if seq - last_seq == 1 else 'ies were'} removed from its tail (the "
+        "database was rolled back or its tail cut)"
+    )
 
 
 def rewritten_text(head_path: str, seq: int) -> str:
@@ -123,11 +131,16 @@ def unbound_log_problem(store: Store, keys: KeyRing, legacy_until: int | None) -
     with store.transaction(write=False) as tx:
         entries = tx.all(sql.LOG_ALL)
     for seq, ts, kind, body, entry_prev, chain in entries:
-        verified = (hmac.compare_digest(chain, chain_hash(entry_prev, seq, kind, body)) if seq <= legacy_until
-                    else keys.entry_ok(entry_prev, seq, ts, kind, body, chain))
+        verified = (
+            hmac.compare_digest(chain, chain_hash(entry_prev, seq, kind, body))
+            if seq <= legacy_until
+            else keys.entry_ok(entry_prev, seq, ts, kind, body, chain)
+        )
         if seq != expected or entry_prev != prev or not verified:
-            return (f"the log has no keyed {LEDGER_KIND} entry binding the ledger's id, and its entry {seq} ({kind}) "
-                    "breaks the keyed chain: the entry that bound it was cut out or altered")
+            return (
+                f"the log has no keyed {LEDGER_KIND} entry binding the ledger's id, and its entry {seq} ({kind}) "
+                "breaks the keyed chain: the entry that bound it was cut out or altered"
+            )
         prev, expected = chain, seq + 1
     return None
 
@@ -141,14 +154,23 @@ def bind_ledger_id(store: Store, keys: KeyRing, ledger_id: str, log: Callable[..
             log(tx, LEDGER_KIND, {"ledger_id": ledger_id})
 
 
-def reanchor(store: Store, keys: KeyRing, ledger_id: str, meta_id: str | None, head: Mapping[str, Any] | None,
-             reason: str, host: str, log: Callable[..., object]) -> tuple[int, str]:
+def reanchor(
+    store: Store,
+    keys: KeyRing,
+    ledger_id: str,
+    meta_id: str | None,
+    head: Mapping[str, Any] | None,
+    reason: str,
+    host: str,
+    log: Callable[..., object],
+) -> tuple[int, str]:
     """The operator's explicit re-anchoring, in one write transaction: bind the id if the log has no ``ledger``
     entry, put ``ledger_id`` back into meta if it was changed, and log a keyed ``anchor`` entry (the reason, the host,
     the head it replaces, meta's id if it differed). Returns the anchor entry's (seq, chain) for the head file."""
     if not isinstance(reason, str) or not reason.strip():
-        raise LedgerError("a re-anchoring needs a reason (--reason TEXT): it is logged in the ledger and listed by "
-                          "the audit")
+        raise LedgerError(
+            "a re-anchoring needs a reason (--reason TEXT): it is logged in the ledger and listed by the audit"
+        )
     with store.transaction() as tx:
         if ledger_entry(tx, keys) is None:
             log(tx, LEDGER_KIND, {"ledger_id": ledger_id})

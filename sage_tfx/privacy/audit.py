@@ -4,6 +4,7 @@
 own operations and compares EVERY table with the replay (equality, not approximation); what each step checks:
 docs/security.md, "What the audit replays".
 """
+
 import hmac
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,9 +33,17 @@ class AuditReport:
         return not self.problems
 
     def to_dict(self):
-        return {"ok": self.ok, "entries": self.entries, "streams": self.streams, "blocks": self.blocks,
-                "grants": self.grants, "problems": list(self.problems), "notes": list(self.notes),
-                "trusted_read_count": len(self.trusted_reads), "trusted_reads": list(self.trusted_reads)}
+        return {
+            "ok": self.ok,
+            "entries": self.entries,
+            "streams": self.streams,
+            "blocks": self.blocks,
+            "grants": self.grants,
+            "problems": list(self.problems),
+            "notes": list(self.notes),
+            "trusted_read_count": len(self.trusted_reads),
+            "trusted_reads": list(self.trusted_reads),
+        }
 
 
 def audit_ledger(ledger: Any) -> AuditReport:
@@ -82,9 +91,11 @@ def _check_head(ledger, head, entries, problems, notes):
     last = entries[-1][0] if entries else 0
     if head is None:
         if entries:
-            problems.append(missing_head_text(path, ledger.ledger_id, len(entries)) + ": the log's tail cannot be "
-                            "checked (restore the head file from backup, audit on the host that writes this ledger, "
-                            "or re-anchor on purpose: sage ledger anchor)")
+            problems.append(
+                missing_head_text(path, ledger.ledger_id, len(entries)) + ": the log's tail cannot be "
+                "checked (restore the head file from backup, audit on the host that writes this ledger, "
+                "or re-anchor on purpose: sage ledger anchor)"
+            )
         return
     seq, chain = int(head.get("seq", 0)), head.get("chain")
     by_seq = {e[0]: e for e in entries}
@@ -93,6 +104,8 @@ def _check_head(ledger, head, entries, problems, notes):
     elif seq > 0 and (seq not in by_seq or not hmac.compare_digest(by_seq[seq][5], chain or "")):
         problems.append(rewritten_text(path, seq))
     if last > seq:
-        notes.append(f"{last - seq} log entr{'y' if last - seq == 1 else 'ies'} after the head file's entry {seq} "
-                     "verify under the key: accepted (a crash between a commit and the head write, a power loss "
-                     "before a grant's first use, or another host's writes)")
+        notes.append(
+            f"{last - seq} log entr{'y' if last - seq == 1 else 'ies'} after the head file's entry {seq} "
+            "verify under the key: accepted (a crash between a commit and the head write, a power loss "
+            "before a grant's first use, or another host's writes)"
+        )

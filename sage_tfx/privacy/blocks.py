@@ -80,7 +80,7 @@ class BlockSource(Protocol):
 def chunks(items: Sequence[Any], size: int = CHUNK) -> Iterator[Sequence[Any]]:
     """``items`` (a list) in consecutive slices of at most ``size``."""
     for i in range(0, len(items), size):
-        yield items[i:i + size]
+        yield items[i : i + size]
 
 
 def vector_text(values: Sequence[float]) -> str:
@@ -113,11 +113,18 @@ def vector_decoder() -> Callable[[str], tuple[float, ...]]:
 DATE_MIN, DATE_MAX = -62135596800.0, 253402300800.0
 
 
-MAX_STORED_INT = 2 ** 63 - 1  # a BIGINT column's largest value (SQLite and PostgreSQL)
+MAX_STORED_INT = 2**63 - 1  # a BIGINT column's largest value (SQLite and PostgreSQL)
 
 
-def check_block(id: object, start: float | None = None, end: float | None = None, shard: str | None = None,
-                rows: int | None = None, created: float | None = None, digest: str | None = None) -> tuple:
+def check_block(
+    id: object,
+    start: float | None = None,
+    end: float | None = None,
+    shard: str | None = None,
+    rows: int | None = None,
+    created: float | None = None,
+    digest: str | None = None,
+) -> tuple:
     """One new block's fields checked: (id, start, end, shard, rows, created, digest), or LedgerError naming the
     value. ``created`` defaults to now."""
     block_id = check_name(id, "block id")
@@ -127,9 +134,11 @@ def check_block(id: object, start: float | None = None, end: float | None = None
     if start is not None and not start < end:
         raise LedgerError(f"block {block_id!r}: window start {start} must be before end {end}")
     if start is not None and not DATE_MIN <= start < end <= DATE_MAX:
-        raise LedgerError(f"block {block_id!r}: window [{start:g}, {end:g}) is outside [0001-01-01, 10000-01-01) "
-                          f"UTC (unix seconds [{DATE_MIN:.0f}, {DATE_MAX:.0f}]): give its start and end in unix "
-                          "seconds or ISO 8601 (a time in milliseconds lands far beyond)")
+        raise LedgerError(
+            f"block {block_id!r}: window [{start:g}, {end:g}) is outside [0001-01-01, 10000-01-01) "
+            f"UTC (unix seconds [{DATE_MIN:.0f}, {DATE_MAX:.0f}]): give its start and end in unix "
+            "seconds or ISO 8601 (a time in milliseconds lands far beyond)"
+        )
     if shard is not None:
         if start is not None:
             raise LedgerError(f"block {block_id!r}: a block is keyed by a time window or a shard, not both")
@@ -146,13 +155,20 @@ def check_block(id: object, start: float | None = None, end: float | None = None
 def check_new_blocks(blocks: Iterable[Mapping[str, Any]]) -> list[tuple]:
     """``add_blocks``' list checked before anything is read: each block's fields (``check_block``), no id twice."""
     if not isinstance(blocks, collections.abc.Iterable):
-        raise LedgerError(f"add_blocks: blocks {blocks!r} is not a list: give a list of dicts with 'id' and the "
-                          "keyword arguments of add_block (e.g. [{'id': 'b0'}])")
+        raise LedgerError(
+            f"add_blocks: blocks {blocks!r} is not a list: give a list of dicts with 'id' and the "
+            "keyword arguments of add_block (e.g. [{'id': 'b0'}])"
+        )
     if isinstance(blocks, (str, bytes)) or not all(isinstance(b, collections.abc.Mapping) for b in blocks):
-        bad = blocks if isinstance(blocks, (str, bytes)) else next(
-            b for b in blocks if not isinstance(b, collections.abc.Mapping))
-        raise LedgerError(f"add_blocks: block {bad!r} is not a dict: give a list of dicts with 'id' and the keyword "
-                          "arguments of add_block (e.g. [{'id': 'b0'}]), or call add_block(stream, id)")
+        bad = (
+            blocks
+            if isinstance(blocks, (str, bytes))
+            else next(b for b in blocks if not isinstance(b, collections.abc.Mapping))
+        )
+        raise LedgerError(
+            f"add_blocks: block {bad!r} is not a dict: give a list of dicts with 'id' and the keyword "
+            "arguments of add_block (e.g. [{'id': 'b0'}]), or call add_block(stream, id)"
+        )
     checked = [check_block(**b) for b in blocks]
     dupes = sorted(i for i, n in collections.Counter(b[0] for b in checked).items() if n > 1)
     if dupes:
@@ -199,7 +215,8 @@ def check_new_ids(tx: Tx, stream: str, checked: Sequence[tuple], allowed: Contai
                 f"block {args[0]!r}: its records (digest {args[-1]}) are already registered as block "
                 f"{others[0][1]!r} of stream {others[0][0]!r}; in stream {stream!r} they would get a fresh "
                 f"budget: nothing was added (allow the copy knowingly with "
-                f"--allow-duplicate-of-stream {others[0][0]}, allow_duplicate_of=({others[0][0]!r},))")
+                f"--allow-duplicate-of-stream {others[0][0]}, allow_duplicate_of=({others[0][0]!r},))"
+            )
 
 
 def digest_owners(tx: Tx, digests: Iterable[str], exclude_stream: str | None) -> dict[str, list[tuple[str, str]]]:
@@ -242,8 +259,20 @@ def insert_block(w: StreamWrite, block: tuple, *, waiting: Sequence[str], share:
             raise LedgerError(f"block {block_id!r}: shard {shard} is already block {clash[0]!r}")
     zero = filt.zero()
     tx.run(sql.BLOCK_INSERT, (stream, block_id, start, end, shard, rows, created, json.dumps(zero), digest))
-    log(tx, "block", {"stream": stream, "id": block_id, "start": start, "end": end,
-                      "shard": shard, "created": created, "rows": rows, "digest": digest})
+    log(
+        tx,
+        "block",
+        {
+            "stream": stream,
+            "id": block_id,
+            "start": start,
+            "end": end,
+            "shard": shard,
+            "created": created,
+            "rows": rows,
+            "digest": digest,
+        },
+    )
     if share is not None:
         tx.many(sql.RESERVATION_INSERT, [(stream, block_id, p, json.dumps(share), json.dumps(zero)) for p in waiting])
         log(tx, "reserve", {"stream": stream, "block": block_id, "pipelines": waiting, "share": list(share)})

@@ -5,6 +5,7 @@ on many blocks, or many epsilons, at once).
 operation on numpy arrays, so its answers are bit-identical to the scalar code's; ``bisect`` runs many epsilon
 bisections at once.
 """
+
 from __future__ import annotations
 
 import math
@@ -72,9 +73,17 @@ class BudgetArrays:
     with the filter itself, so a mismatch could refuse a grant, never overspend a block.
     """
 
-    def __init__(self, filt: Filter, pipeline: str, spent: Mapping[str, Sequence[float]], blocks: Sequence[str],
-                 reservations: Mapping[str, Holdings], delta: float, policy: AllocationPolicy | None = None,
-                 unlocked: dict | None = None) -> None:
+    def __init__(
+        self,
+        filt: Filter,
+        pipeline: str,
+        spent: Mapping[str, Sequence[float]],
+        blocks: Sequence[str],
+        reservations: Mapping[str, Holdings],
+        delta: float,
+        policy: AllocationPolicy | None = None,
+        unlocked: dict | None = None,
+    ) -> None:
         """``spent``: {block: spent vector}; ``blocks``: the ids to evaluate, in order (repeats allowed);
         ``reservations``: {block: holdings}. ``unlocked`` ({block: unlocked vector}, a queued policy's
         ``QueuedAllocation.unlocked``) replaces reservations and pool: the cost must then fit unlocked minus
@@ -118,8 +127,7 @@ class BudgetArrays:
                 terms = {}
                 for left in set(delta_left.tolist()):
                     terms[left] = [curves.conversion_term(a, left) if left > 0 else math.inf for a in filt.orders]
-                self.terms = np.array([terms[x] for x in delta_left.tolist()], dtype=float).reshape(
-                    n, len(filt.orders))
+                self.terms = np.array([terms[x] for x in delta_left.tolist()], dtype=float).reshape(n, len(filt.orders))
         elif filt.accounting != Accounting.BASIC:
             raise LedgerError(f"accounting {filt.accounting!r} has no array form of its filter")
 

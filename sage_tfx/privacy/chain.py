@@ -27,8 +27,21 @@ def json_text(*, sort_keys: bool = False, separators: tuple = (", ", ": ")) -> C
     a RecursionError instead of a ValueError). Without the C encoder (another Python implementation): ``encode``."""
     encoder = json.JSONEncoder(sort_keys=sort_keys, separators=separators)
     make = json.encoder.c_make_encoder  # type: ignore[attr-defined]  # CPython's C encoder, checked below
-    fast = (make(None, encoder.default, json.encoder.encode_basestring_ascii, None, separators[1], separators[0],
-                 sort_keys, False, True) if make is not None else None)
+    fast = (
+        make(
+            None,
+            encoder.default,
+            json.encoder.encode_basestring_ascii,
+            None,
+            separators[1],
+            separators[0],
+            sort_keys,
+            False,
+            True,
+        )
+        if make is not None
+        else None
+    )
 
     def text(obj) -> str:
         if fast is not None and type(obj) in (dict, list, tuple):

@@ -47,8 +47,14 @@ if TYPE_CHECKING:
 PENDING, ADMITTED = DemandState.PENDING, DemandState.ADMITTED
 
 
-def pick_source(filt: Filter, spent: Sequence[float], cost: Sequence[float], block_reservations: Holdings,
-                pipeline: str, policy: AllocationPolicy | str = Policy.CONSERVE) -> Source | NoSource:
+def pick_source(
+    filt: Filter,
+    spent: Sequence[float],
+    cost: Sequence[float],
+    block_reservations: Holdings,
+    pipeline: str,
+    policy: AllocationPolicy | str = Policy.CONSERVE,
+) -> Source | NoSource:
     """The policy's source (allocation.py: own reservation first, then the unreserved pool); else a
     NoSource saying what each had left. ``policy``: its name, or the ``AllocationPolicy`` itself."""
     rules = get_policy(policy) if isinstance(policy, str) else policy
@@ -59,9 +65,11 @@ def pick_source(filt: Filter, spent: Sequence[float], cost: Sequence[float], blo
     pool_used, pool_reserved = rules.pool(filt, spent, block_reservations)
     asked = filt.query_epsilon(cost)
     own_left = "none reserved" if own is None else f"{eps_left(filt, own['used'], own['reserved']):.4g} left"
-    return NoSource(f"epsilon {asked:.4g} asked; this pipeline's reservation: {own_left}; unreserved pool: "
-                     f"{eps_left(filt, pool_used, pool_reserved):.4g} left; the rest is reserved for other "
-                     "waiting pipelines")
+    return NoSource(
+        f"epsilon {asked:.4g} asked; this pipeline's reservation: {own_left}; unreserved pool: "
+        f"{eps_left(filt, pool_used, pool_reserved):.4g} left; the rest is reserved for other "
+        "waiting pipelines"
+    )
 
 
 def charge_now(w: StreamWrite, charge: Charge, found: dict, reservations: dict) -> Grant:
@@ -82,8 +90,10 @@ def charge_now(w: StreamWrite, charge: Charge, found: dict, reservations: dict) 
     pipeline, blocks, cost = charge.pipeline, charge.blocks, charge.cost
     stream = s.name
     if reservations:  # a block's state: its spent text and its reservations
-        keys = [(found[b][1], tuple((p, h["reserved"], h["used"]) for p, h in reservations.get(b, {}).items()))
-                for b in blocks]
+        keys = [
+            (found[b][1], tuple((p, h["reserved"], h["used"]) for p, h in reservations.get(b, {}).items()))
+            for b in blocks
+        ]
     else:  # no reservation on any of the blocks: its spent text alone
         keys = [(found[b][1], ()) for b in blocks]
     groups: dict[tuple, list[str]] = {}  # {state key: [blocks, in grant order]}
@@ -101,14 +111,14 @@ def charge_now(w: StreamWrite, charge: Charge, found: dict, reservations: dict) 
             verdicts[key] = (False, filt.shortfall(spent, cost), spent)
         else:
             source = pick_source(filt, spent, cost, holdings, pipeline, rules)
-            verdicts[key] = ((True, source, spent) if isinstance(source, str) else (False, source.reason, spent))
+            verdicts[key] = (True, source, spent) if isinstance(source, str) else (False, source.reason, spent)
     if not all(v[0] for v in verdicts.values()):
-        raise BudgetRefused(stream, pipeline, {b: verdicts[k][1] for b, k in zip(blocks, keys)
-                                               if not verdicts[k][0]})
+        raise BudgetRefused(stream, pipeline, {b: verdicts[k][1] for b, k in zip(blocks, keys) if not verdicts[k][0]})
 
     now = time.time()
-    grant, body_text = new_grant(w.keyring, s, filt, pipeline, blocks, cost, charge.rule, charge.meta, now,
-                                 charge.split)
+    grant, body_text = new_grant(
+        w.keyring, s, filt, pipeline, blocks, cost, charge.rule, charge.meta, now, charge.split
+    )
     min_cost = stream_cost(s, filt, s.min_epsilon)
     active, retired_state, own = BlockState.ACTIVE.value, BlockState.RETIRED.value, Source.OWN
     block_groups: dict[tuple, list[str]] = {}
@@ -118,18 +128,19 @@ def charge_now(w: StreamWrite, charge: Charge, found: dict, reservations: dict) 
         _ok, source, spent = verdicts[key]
         spent = filters.add(spent, cost)
         alive = alive_of[key] = not rules.retires(filt, spent, min_cost)
-        block_groups.setdefault((vector_text(spent), active if alive else retired_state, None if alive else now),
-                                []).extend(members)
+        block_groups.setdefault(
+            (vector_text(spent), active if alive else retired_state, None if alive else now), []
+        ).extend(members)
         if source == own:
             used = vector_text(filters.add(reservations[members[0]][pipeline]["used"], cost))
             own_groups.setdefault(used, []).extend(members)
     for used, ids in sorted(own_groups.items(), key=lambda kv: kv[1][0]):
         for i in range(0, len(ids), 500):  # stay under SQL variable limits
-            chunk = ids[i:i + 500]
+            chunk = ids[i : i + 500]
             tx.run(sql.reservation_set_used(len(chunk)), [used, stream, pipeline, *chunk])
     for (spent_text, state, retired_at), ids in sorted(block_groups.items(), key=lambda kv: kv[1][0]):
         for i in range(0, len(ids), 500):
-            chunk = ids[i:i + 500]
+            chunk = ids[i : i + 500]
             tx.run(sql.block_set_spent(len(chunk)), [spent_text, state, retired_at, stream, *chunk])
     tx.run(sql.GRANT_INSERT, (grant.id, stream, pipeline, body_text, grant.signature, now))
     sources = [verdicts[k][1] for k in keys]
@@ -146,18 +157,33 @@ def queued_request(w: StreamWrite, charge: Charge) -> tuple[Grant | None, dict[s
     stream, meta_text = s.name, canonical(meta)
     row = tx.one(sql.DEMAND_ROW, (stream, pipeline))
     same = row is not None and (json.loads(row[0]), tuple(json.loads(row[1])), row[2], row[3]) == (
-        list(blocks), tuple(cost), rule, meta_text)
+        list(blocks),
+        tuple(cost),
+        rule,
+        meta_text,
+    )
     if same and row[4] == ADMITTED:  # admitted and charged by an earlier scheduling point: hand it over
         tx.run(sql.DEMAND_DELETE, (stream, pipeline))
         log(tx, "collect", {"stream": stream, "pipeline": pipeline, "grant": row[5]})
         return Grant.from_row(*tx.one(sql.GRANT_BODY, (row[5],))), None
     if not same:  # a new demand (replacing any earlier one of this pipeline; an admitted grant stays charged)
-        log(tx, "demand", {"stream": stream, "pipeline": pipeline, "blocks": list(blocks),
-                           "cost": list(cost), "rule": rule, "meta": meta})
+        log(
+            tx,
+            "demand",
+            {
+                "stream": stream,
+                "pipeline": pipeline,
+                "blocks": list(blocks),
+                "cost": list(cost),
+                "rule": rule,
+                "meta": meta,
+            },
+        )
         tx.run(sql.DEMAND_DELETE, (stream, pipeline))
-        tx.run(sql.DEMAND_INSERT,
-               (stream, pipeline, json.dumps(list(blocks)), json.dumps(list(cost)), rule, meta_text, tx.head[0],
-                PENDING))
+        tx.run(
+            sql.DEMAND_INSERT,
+            (stream, pipeline, json.dumps(list(blocks)), json.dumps(list(cost)), rule, meta_text, tx.head[0], PENDING),
+        )
     now = time.time()
     granted, queue = schedule(w, now, caller=pipeline)
     if pipeline in granted:
@@ -171,14 +197,17 @@ def queued_request(w: StreamWrite, charge: Charge) -> tuple[Grant | None, dict[s
         elif not filt.admits(queue.spent[b], cost):
             why[b] = filt.shortfall(queue.spent[b], cost)
         else:
-            why[b] = (f"waits in the {s.policy} queue: {queue.fraction(b, now):.4g} of the block's budget is "
-                      "unlocked so far, and unlocked minus spent does not fit this demand; it is recorded and "
-                      "granted (charged) when it fits, in the policy's order: repeat this request to collect it")
+            why[b] = (
+                f"waits in the {s.policy} queue: {queue.fraction(b, now):.4g} of the block's budget is "
+                "unlocked so far, and unlocked minus spent does not fit this demand; it is recorded and "
+                "granted (charged) when it fits, in the policy's order: repeat this request to collect it"
+            )
     return None, why or {b: f"waits in the {s.policy} queue behind earlier demands" for b in blocks}
 
 
-def queue_state(tx: Tx, s: Stream, filt: Filter,
-                blocks: Iterable[str] = ()) -> tuple[dict[str, tuple[str, str]], QueuedAllocation]:
+def queue_state(
+    tx: Tx, s: Stream, filt: Filter, blocks: Iterable[str] = ()
+) -> tuple[dict[str, tuple[str, str]], QueuedAllocation]:
     """The stream's queue as ``QueuedAllocation`` state: the pending demands, and the blocks they (and
     ``blocks``) name, as stored. ({pipeline: (rule, meta text)}, state)."""
     queue = QueuedAllocation(filt, filt.cost(epsilon=s.min_epsilon), s.rules())
@@ -187,11 +216,11 @@ def queue_state(tx: Tx, s: Stream, filt: Filter,
     ids = list(dict.fromkeys([*blocks, *(b for d in demands for b in d[1])]))
     decode = vector_decoder()
     for i in range(0, len(ids), 500):
-        chunk = ids[i:i + 500]
-        for block_id, state, spent, created, arrivals in tx.all(sql.block_queue_rows(len(chunk)),
-                                                                [s.name, *chunk]):
-            queue.load_block(block_id, spent=decode(spent), arrived=created, arrivals=arrivals,
-                             retired=state != BlockState.ACTIVE)
+        chunk = ids[i : i + 500]
+        for block_id, state, spent, created, arrivals in tx.all(sql.block_queue_rows(len(chunk)), [s.name, *chunk]):
+            queue.load_block(
+                block_id, spent=decode(spent), arrived=created, arrivals=arrivals, retired=state != BlockState.ACTIVE
+            )
     for pipeline, demand_blocks, cost, *_rest, seq in demands:
         queue.demand(pipeline, demand_blocks, cost, seq=seq)
     return {d[0]: (d[3], d[4]) for d in demands}, queue
@@ -213,9 +242,16 @@ def schedule(w: StreamWrite, now: float, caller: str | None = None) -> tuple[dic
     for pipeline, blocks, cost in admitted:
         rule, meta_text = infos[pipeline]
         grants[pipeline] = new_grant(w.keyring, s, filt, pipeline, blocks, cost, rule, json.loads(meta_text), now)
-    log(tx, "admit", {"stream": s.name, "now": now,
-                      ADMITTED: [[p, grants[p][0].id] for p, _, _ in admitted],
-                      "collected": caller if caller in grants else None})
+    log(
+        tx,
+        "admit",
+        {
+            "stream": s.name,
+            "now": now,
+            ADMITTED: [[p, grants[p][0].id] for p, _, _ in admitted],
+            "collected": caller if caller in grants else None,
+        },
+    )
     touched: list[str] = []
     for pipeline, blocks, _cost in admitted:
         grant, body_text = grants[pipeline]
@@ -225,13 +261,19 @@ def schedule(w: StreamWrite, now: float, caller: str | None = None) -> tuple[dic
         if pipeline == caller:
             tx.run(sql.DEMAND_DELETE, (s.name, pipeline))
         else:
-            tx.run(sql.DEMAND_ADMIT,
-                   (ADMITTED, grant.id, s.name, pipeline))
+            tx.run(sql.DEMAND_ADMIT, (ADMITTED, grant.id, s.name, pipeline))
     for b in touched:  # the queue's own sums (filters.add, in admission order) are what is stored
         retired = b in queue.retired
-        tx.run(sql.BLOCK_SET_SPENT,
-               (json.dumps(queue.spent[b]), BlockState.RETIRED.value if retired else BlockState.ACTIVE.value,
-                now if retired else None, s.name, b))
+        tx.run(
+            sql.BLOCK_SET_SPENT,
+            (
+                json.dumps(queue.spent[b]),
+                BlockState.RETIRED.value if retired else BlockState.ACTIVE.value,
+                now if retired else None,
+                s.name,
+                b,
+            ),
+        )
     newly_retired = [b for b in touched if b in queue.retired and b not in before]
     if newly_retired:
         log(tx, "retire", {"stream": s.name, "blocks": newly_retired}, at=now)
@@ -256,12 +298,21 @@ def budgets_on_all(tx: Tx, s: Stream, pipeline: str, blocks: Sequence[str], delt
     found = read_blocks(tx, s.name, blocks)
     if len(found) != len(set(blocks)) or any(b.state != BlockState.ACTIVE for b in found.values()):
         return None
-    return BudgetArrays(filt, pipeline, {b: found[b].spent for b in found}, blocks,
-                        read_reservations(tx, s.name, blocks), delta, s.rules(), unlocked(tx, s, filt, found))
+    return BudgetArrays(
+        filt,
+        pipeline,
+        {b: found[b].spent for b in found},
+        blocks,
+        read_reservations(tx, s.name, blocks),
+        delta,
+        s.rules(),
+        unlocked(tx, s, filt, found),
+    )
 
 
-def budgets_per_block(tx: Tx, s: Stream, pipeline: str, blocks: Sequence[str] | None,
-                      delta: float) -> tuple[list[str], list[str], BudgetArrays]:
+def budgets_per_block(
+    tx: Tx, s: Stream, pipeline: str, blocks: Sequence[str] | None, delta: float
+) -> tuple[list[str], list[str], BudgetArrays]:
     """``available_per_block``'s one read: (the blocks asked, in order: ``blocks`` without repeats, or None: every
     active block of ``s`` in key order; the active ones among them; their ``BudgetArrays`` for ``pipeline``)."""
     filt = s.filter()
@@ -275,8 +326,7 @@ def budgets_per_block(tx: Tx, s: Stream, pipeline: str, blocks: Sequence[str] | 
         spent = {b.id: b.spent for b in read_blocks(tx, s.name, blocks).values() if b.state == BlockState.ACTIVE}
         active = [b for b in blocks if b in spent]
         reservations = read_reservations(tx, s.name, active)
-    budgets = BudgetArrays(filt, pipeline, spent, active, reservations, delta, s.rules(),
-                           unlocked(tx, s, filt, active))
+    budgets = BudgetArrays(filt, pipeline, spent, active, reservations, delta, s.rules(), unlocked(tx, s, filt, active))
     return blocks, active, budgets
 
 
@@ -292,8 +342,10 @@ def release_reservations(tx: Tx, s: Stream, pipeline: str, others: Sequence[str]
     writes = []  # (block, pipeline, reserved, used): upserted, only `reserved` changes on existing rows
     released = sorted(b for b in held if pipeline in held[b])
     for block_id in released:
-        holdings = {holder: {"reserved": json.loads(reserved), "used": json.loads(used)}
-                    for holder, (reserved, used) in held[block_id].items()}
+        holdings = {
+            holder: {"reserved": json.loads(reserved), "used": json.loads(used)}
+            for holder, (reserved, used) in held[block_id].items()
+        }
         # The finished pipeline keeps only what it used; the rest goes to those waiting (allocation.py).
         for holder, (reserved, used) in rules.redistribute(holdings, pipeline, others, zero).items():
             writes.append((block_id, holder, json.dumps(list(reserved)), json.dumps(list(used))))

@@ -32,8 +32,9 @@ def check_name(value: Any, what: str) -> str:
     return value
 
 
-def rule_text(low: float | None = None, high: float | None = None, *, low_open: bool = False,
-              high_open: bool = False) -> str:
+def rule_text(
+    low: float | None = None, high: float | None = None, *, low_open: bool = False, high_open: bool = False
+) -> str:
     """The range a number must lie in, in words: "finite", "finite and > 0", "in (0, 1)", "in [0, 1)", ..."""
     if low is not None and high is not None:
         return f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
@@ -44,9 +45,20 @@ def rule_text(low: float | None = None, high: float | None = None, *, low_open: 
     return "finite"
 
 
-def number(value: Any, what: str, *, error: type[Exception] = LedgerError, low: float | None = None,
-           high: float | None = None, low_open: bool = False, high_open: bool = False, allow_none: bool = False,
-           allow_bool: bool = False, message: str = INVALID, not_number: str | None = None) -> Any:
+def number(
+    value: Any,
+    what: str,
+    *,
+    error: type[Exception] = LedgerError,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+    allow_none: bool = False,
+    allow_bool: bool = False,
+    message: str = INVALID,
+    not_number: str | None = None,
+) -> Any:
     """``value`` as a finite float within [low, high] (an end ``*_open`` excludes it; None: unbounded).
 
     None returns None when ``allow_none``. A bool is refused unless ``allow_bool`` (True is not a budget).
@@ -62,28 +74,75 @@ def number(value: Any, what: str, *, error: type[Exception] = LedgerError, low: 
         out = float(value)
     except (TypeError, ValueError):
         raise error((not_number or message).format(what=what, value=value, rule=rule)) from None
-    if (not math.isfinite(out) or (low is not None and (out <= low if low_open else out < low))
-            or (high is not None and (out >= high if high_open else out > high))):
+    if (
+        not math.isfinite(out)
+        or (low is not None and (out <= low if low_open else out < low))
+        or (high is not None and (out >= high if high_open else out > high))
+    ):
         raise error(message.format(what=what, value=value, rule=rule))
     return out
 
 
-def positive(value: Any, what: str, *, error: type[Exception] = LedgerError, message: str = INVALID,
-             not_number: str | None = None, allow_none: bool = False, allow_bool: bool = False) -> Any:
+def positive(
+    value: Any,
+    what: str,
+    *,
+    error: type[Exception] = LedgerError,
+    message: str = INVALID,
+    not_number: str | None = None,
+    allow_none: bool = False,
+    allow_bool: bool = False,
+) -> Any:
     """``value`` as a finite float > 0 (an epsilon, a scale, a bound); see ``number``."""
-    return number(value, what, error=error, low=0.0, low_open=True, message=message, not_number=not_number,
-                  allow_none=allow_none, allow_bool=allow_bool)
+    return number(
+        value,
+        what,
+        error=error,
+        low=0.0,
+        low_open=True,
+        message=message,
+        not_number=not_number,
+        allow_none=allow_none,
+        allow_bool=allow_bool,
+    )
 
 
-def probability(value: Any, what: str, *, error: type[Exception] = LedgerError, zero: bool = False,
-                message: str = INVALID, not_number: str | None = None, allow_none: bool = False) -> Any:
+def probability(
+    value: Any,
+    what: str,
+    *,
+    error: type[Exception] = LedgerError,
+    zero: bool = False,
+    message: str = INVALID,
+    not_number: str | None = None,
+    allow_none: bool = False,
+) -> Any:
     """``value`` as a float in (0, 1), or [0, 1) with ``zero`` (a delta, a confidence); see ``number``."""
-    return number(value, what, error=error, low=0.0, high=1.0, low_open=not zero, high_open=True, message=message,
-                  not_number=not_number, allow_none=allow_none)
+    return number(
+        value,
+        what,
+        error=error,
+        low=0.0,
+        high=1.0,
+        low_open=not zero,
+        high_open=True,
+        message=message,
+        not_number=not_number,
+        allow_none=allow_none,
+    )
 
 
-def integer(value: Any, what: str, *, error: type[Exception] = LedgerError, low: int | None = None,
-            high: int | None = None, high_open: bool = False, message: str = INVALID, allow_none: bool = False) -> Any:
+def integer(
+    value: Any,
+    what: str,
+    *,
+    error: type[Exception] = LedgerError,
+    low: int | None = None,
+    high: int | None = None,
+    high_open: bool = False,
+    message: str = INVALID,
+    allow_none: bool = False,
+) -> Any:
     """``value`` as an int within [low, high] (``high_open`` excludes high; None: unbounded).
 
     An int (numpy's too) or an integral float (3.0) passes; a bool, a fraction (2.5: truncating it would
@@ -108,8 +167,11 @@ def integer(value: Any, what: str, *, error: type[Exception] = LedgerError, low:
         as_float = float(value)
         if math.isfinite(as_float) and as_float.is_integer():
             out = int(as_float)
-    if out is None or (low is not None and out < low) or (
-            high is not None and (out >= high if high_open else out > high)):
+    if (
+        out is None
+        or (low is not None and out < low)
+        or (high is not None and (out >= high if high_open else out > high))
+    ):
         raise error(message.format(what=what, value=value, rule=rule))
     return out
 
@@ -117,8 +179,9 @@ def integer(value: Any, what: str, *, error: type[Exception] = LedgerError, low:
 INTERVAL = "{what} {value!r} is invalid: must be {rule}"
 
 
-def interval(value: Any, what: str, *, error: type[Exception] = LedgerError,
-             message: str = INTERVAL) -> tuple[float, float]:
+def interval(
+    value: Any, what: str, *, error: type[Exception] = LedgerError, message: str = INTERVAL
+) -> tuple[float, float]:
     """``value`` as a pair of floats (low, high) with both finite and low < high (a public range).
 
     Anything else (not a pair, a non-number, inf/nan, low >= high) raises
@@ -134,15 +197,28 @@ def interval(value: Any, what: str, *, error: type[Exception] = LedgerError,
     return low, high
 
 
-def finite(value: Any, what: str, allow_none: bool = True, nonnegative: bool = False, *, positive: bool = False,
-           error: type[Exception] = LedgerError) -> Any:
+def finite(
+    value: Any,
+    what: str,
+    allow_none: bool = True,
+    nonnegative: bool = False,
+    *,
+    positive: bool = False,
+    error: type[Exception] = LedgerError,
+) -> Any:
     """``value`` as a finite float (None stays None when ``allow_none``); ``nonnegative`` also refuses < 0,
     ``positive`` refuses <= 0. The ledger's form (a bool counts as 0/1): "{what} {value!r} is not a number",
     "... is invalid: must be finite" / ">= 0" / "> 0"."""
     if value is None and allow_none:
         return None
-    out = number(value, what, error=error, allow_bool=True, message="{what} {value!r} is invalid: must be finite",
-                 not_number="{what} {value!r} is not a number")
+    out = number(
+        value,
+        what,
+        error=error,
+        allow_bool=True,
+        message="{what} {value!r} is invalid: must be finite",
+        not_number="{what} {value!r} is not a number",
+    )
     if nonnegative and out < 0:
         raise error(f"{what} {value!r} is invalid: must be >= 0")
     if positive and out <= 0:

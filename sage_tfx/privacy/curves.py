@@ -49,8 +49,9 @@ def check_orders(orders: Iterable[float]) -> tuple[float, ...]:
 
 
 def _order(value):
-    return number(value, "RDP order", low=1.01, low_open=True,
-                  message="{what} {value!r} is invalid: orders must be {rule}")
+    return number(
+        value, "RDP order", low=1.01, low_open=True, message="{what} {value!r} is invalid: orders must be {rule}"
+    )
 
 
 def conversion_term(alpha: float, delta: float) -> float:
@@ -109,8 +110,21 @@ def pure_epsilon(curve: Sequence[float], orders: Sequence[float] = DEFAULT_ORDER
 # of a Gaussian-type composition, about 1 + sqrt(log(1/delta) / rho), passes 1,024 (rho ~ epsilon^2 / (4 log(1/delta))
 # puts it near 4,400 at epsilon 0.0078, delta 3.8e-8), and an accountant stopped at 1,024 then asks for far more
 # noise than needed (a multiplier of 3.4e7 for three releases where about 1,700 meets the target).
-WIDE_ORDERS_TAIL = (1536.0, 2048.0, 3072.0, 4096.0, 6144.0, 8192.0, 12288.0, 16384.0, 32768.0, 65536.0, 131072.0,
-                    262144.0, 1048576.0)
+WIDE_ORDERS_TAIL = (
+    1536.0,
+    2048.0,
+    3072.0,
+    4096.0,
+    6144.0,
+    8192.0,
+    12288.0,
+    16384.0,
+    32768.0,
+    65536.0,
+    131072.0,
+    262144.0,
+    1048576.0,
+)
 
 
 def calibration_accountant() -> rdp.RdpAccountant:
@@ -145,8 +159,9 @@ def gaussian_curve(noise_multiplier: float, orders: Sequence[float] = DEFAULT_OR
     return event_curve(dp_accounting.GaussianDpEvent(noise_multiplier=float(noise_multiplier)), orders)
 
 
-def dpsgd_curve(noise_multiplier: float, sampling_rate: float, steps: int,
-                orders: Sequence[float] = DEFAULT_ORDERS) -> tuple[float, ...]:
+def dpsgd_curve(
+    noise_multiplier: float, sampling_rate: float, steps: int, orders: Sequence[float] = DEFAULT_ORDERS
+) -> tuple[float, ...]:
     """RDP curve of DP-SGD: ``steps`` compositions of a Poisson-sampled Gaussian (Abadi et al. 2016)."""
     import dp_accounting
 
@@ -176,6 +191,9 @@ def as_curve(value: CurveLike, orders: Sequence[float]) -> tuple[float, ...]:
             raise LedgerError(
                 f"RDP curve has {len(values)} values but the stream has {len(orders)} orders {list(orders)}"
             )
-    return tuple(number(v, "RDP curve value", low=0.0,
-                        message=f"{{what}} {{value!r}} at order {alpha} is invalid: must be {{rule}}")
-                 for alpha, v in zip(orders, values))
+    return tuple(
+        number(
+            v, "RDP curve value", low=0.0, message=f"{{what}} {{value!r}} at order {alpha} is invalid: must be {{rule}}"
+        )
+        for alpha, v in zip(orders, values)
+    )

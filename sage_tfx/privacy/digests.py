@@ -7,6 +7,7 @@ ingest (the block readers check the block's files against that digest before a r
 signed record split. ``bound_to_data`` joins the two, so a release re-opened under one grant on other records
 is another computation, which the ledger refuses before any noise is drawn.
 """
+
 from __future__ import annotations
 
 import hashlib

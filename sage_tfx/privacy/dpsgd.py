@@ -63,8 +63,9 @@ def _positive(value, name, integer=False):
 def check_budget(epsilon: float, delta: float) -> tuple[float, float]:
     """Validate an (epsilon, delta) target for a Gaussian-noise mechanism; return floats."""
     epsilon = _positive(epsilon, "epsilon")
-    delta = checks.probability(delta, "delta", error=DpSgdConfigError, not_number=_NOT_NUMBER,
-                               message=_INVALID + " for Gaussian noise")
+    delta = checks.probability(
+        delta, "delta", error=DpSgdConfigError, not_number=_NOT_NUMBER, message=_INVALID + " for Gaussian noise"
+    )
     return epsilon, delta
 
 
@@ -79,9 +80,7 @@ def sampling_rate(num_examples: int, batch_size: int) -> float:
     num_examples = _positive(num_examples, "num_examples", integer=True)
     batch_size = _positive(batch_size, "batch_size", integer=True)
     if batch_size > num_examples:
-        raise DpSgdConfigError(
-            f"batch_size={batch_size} is invalid: larger than num_examples={num_examples}"
-        )
+        raise DpSgdConfigError(f"batch_size={batch_size} is invalid: larger than num_examples={num_examples}")
     return batch_size / num_examples
 
 
@@ -124,8 +123,9 @@ def event_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str = 
     return float(_make_accountant(accountant).compose(event).get_epsilon(delta))
 
 
-def epsilon_for(noise_multiplier: float, delta: float, num_examples: int, batch_size: int, epochs: float,
-                accountant: str = "rdp") -> float:
+def epsilon_for(
+    noise_multiplier: float, delta: float, num_examples: int, batch_size: int, epochs: float, accountant: str = "rdp"
+) -> float:
     """Epsilon at ``delta`` of a DP-SGD run with the given noise multiplier."""
     _, delta = check_budget(1.0, delta)
     event = dpsgd_event(noise_multiplier, num_examples, batch_size, epochs)
@@ -135,8 +135,15 @@ def epsilon_for(noise_multiplier: float, delta: float, num_examples: int, batch_
 MIN_SIGMA = 1e-3
 
 
-def calibrate_scale(make_event: Callable[[float], dp_accounting.DpEvent], epsilon: float, delta: float,
-                    accountant: str = "rdp", rtol: float = 1e-4, max_sigma: float = 1e4, context: str = "") -> float:
+def calibrate_scale(
+    make_event: Callable[[float], dp_accounting.DpEvent],
+    epsilon: float,
+    delta: float,
+    accountant: str = "rdp",
+    rtol: float = 1e-4,
+    max_sigma: float = 1e4,
+    context: str = "",
+) -> float:
     """Smallest scale s (to ``rtol`` relative) with ``make_event(s)`` (epsilon, delta)-DP on the accountant.
 
     ``make_event(s)`` must give a DpEvent whose epsilon decreases as s grows (a noise multiplier, or
@@ -177,15 +184,24 @@ def calibrate_scale(make_event: Callable[[float], dp_accounting.DpEvent], epsilo
     log_scale = mc.calibrate_dp_mechanism(
         lambda: _make_accountant(accountant),
         lambda x: make_event(math.exp(x)),
-        epsilon, delta,
+        epsilon,
+        delta,
         bracket_interval=mc.ExplicitBracketInterval(math.log(low), math.log(high)),
         tol=math.log1p(rtol),
     )
     return math.exp(log_scale)
 
 
-def calibrate_noise_multiplier(epsilon: float, delta: float, num_examples: int, batch_size: int, epochs: float,
-                               accountant: str = "rdp", rtol: float = 1e-4, max_sigma: float = 1e4) -> float:
+def calibrate_noise_multiplier(
+    epsilon: float,
+    delta: float,
+    num_examples: int,
+    batch_size: int,
+    epochs: float,
+    accountant: str = "rdp",
+    rtol: float = 1e-4,
+    max_sigma: float = 1e4,
+) -> float:
     """Smallest noise multiplier (to ``rtol``) whose DP-SGD run is (epsilon, delta)-DP.
 
     ``calibrate_scale`` (dp_accounting's ``calibrate_dp_mechanism``) on the run's DpEvent: the
@@ -201,17 +217,31 @@ def calibrate_noise_multiplier(epsilon: float, delta: float, num_examples: int, 
 
 
 @functools.lru_cache(maxsize=256)
-def _calibrated_multiplier(epsilon: float, delta: float, num_examples: int, batch_size: int, epochs: float,
-                           accountant: str, rtol: float, max_sigma: float) -> float:
+def _calibrated_multiplier(
+    epsilon: float,
+    delta: float,
+    num_examples: int,
+    batch_size: int,
+    epochs: float,
+    accountant: str,
+    rtol: float,
+    max_sigma: float,
+) -> float:
     """``calibrate_noise_multiplier``'s search: a deterministic function of public numbers."""
     return calibrate_scale(
-        lambda sigma: dpsgd_event(sigma, num_examples, batch_size, epochs), epsilon, delta, accountant,
-        rtol=rtol, max_sigma=max_sigma,
-        context=f"(num_examples={num_examples}, batch_size={batch_size}, epochs={epochs})")
+        lambda sigma: dpsgd_event(sigma, num_examples, batch_size, epochs),
+        epsilon,
+        delta,
+        accountant,
+        rtol=rtol,
+        max_sigma=max_sigma,
+        context=f"(num_examples={num_examples}, batch_size={batch_size}, epochs={epochs})",
+    )
 
 
-def dpsgd_spend(epsilon: float, delta: float, num_examples: int, batch_size: int, epochs: float,
-                accountant: str = "rdp") -> tuple[float, dp_accounting.DpEvent, float, int]:
+def dpsgd_spend(
+    epsilon: float, delta: float, num_examples: int, batch_size: int, epochs: float, accountant: str = "rdp"
+) -> tuple[float, dp_accounting.DpEvent, float, int]:
     """Calibrate a run to (epsilon, delta); return (sigma, event, realised epsilon, steps)."""
     sigma = calibrate_noise_multiplier(epsilon, delta, num_examples, batch_size, epochs, accountant)
     event = dpsgd_event(sigma, num_examples, batch_size, epochs)

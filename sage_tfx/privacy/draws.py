@@ -63,6 +63,7 @@ This module holds the rule once: ``Ledger.draw`` runs it in its write transactio
 re-runs it on the replayed log. It imports neither the ledger facade nor the audit (the facade hands ``draw`` its
 store, log and keys; the audit hands ``audit_draw`` the ledger).
 """
+
 from __future__ import annotations
 
 import functools
@@ -85,7 +86,9 @@ from .vocabulary import Accounting, Composition
 DRAW_KEY = "draw"  # grant.meta key of a run grant: {"from": [ids], "run": i, "schedule": F, "composition": C}
 COMPOSITION = Composition.BASIC  # the default rule, and the rule of a draw that records none (older ledgers)
 COMPOSITIONS = (Composition.BASIC, Composition.ZCDP)
-ZCDP_RUN_DELTA_SHARE = 0.5  # under "zcdp": the draws' deltas may sum to this share of D; the filter converts at the rest
+ZCDP_RUN_DELTA_SHARE = (
+    0.5  # under "zcdp": the draws' deltas may sum to this share of D; the filter converts at the rest
+)
 
 
 def is_run_grant(body: Mapping) -> bool:
@@ -101,13 +104,17 @@ def composition_of(body: Mapping) -> str:
 def mixed_compositions(composition: str, earlier: Mapping[str, str]) -> list[str]:
     """What refuses a draw under ``composition`` from lifetime grants whose earlier draws were under
     ``earlier`` ({lifetime grant id: composition}); [] if all agree (one composition per lifetime grant)."""
-    return [f"lifetime grant {gid!r} was drawn under composition {was!r}: a draw under {composition!r} would mix "
-            "two rules on it (all draws of one lifetime grant use one composition)"
-            for gid, was in earlier.items() if was != composition]
+    return [
+        f"lifetime grant {gid!r} was drawn under composition {was!r}: a draw under {composition!r} would mix "
+        "two rules on it (all draws of one lifetime grant use one composition)"
+        for gid, was in earlier.items()
+        if was != composition
+    ]
 
 
-def structure_problems(run_body: Mapping, lifetimes: Sequence[tuple[str, Mapping | None]],
-                       releases: Mapping[str, list], schedule: str) -> list[str]:
+def structure_problems(
+    run_body: Mapping, lifetimes: Sequence[tuple[str, Mapping | None]], releases: Mapping[str, list], schedule: str
+) -> list[str]:
     """What makes ``run_body`` (a run grant body) not drawable from ``lifetimes`` ([(id, body or None)], in the
     run grant's block order) whose releases are ``releases`` ({id: [(stage, computation)]}); [] if drawable."""
     out = []
@@ -123,20 +130,26 @@ def structure_problems(run_body: Mapping, lifetimes: Sequence[tuple[str, Mapping
             out.append(f"grant {gid!r} is a run grant itself: draw from lifetime grants only")
             continue
         if (body["stream"], body["pipeline"]) != (run_body["stream"], run_body["pipeline"]):
-            out.append(f"lifetime grant {gid!r} is of pipeline {body['pipeline']!r} on stream {body['stream']!r}, "
-                       f"not {run_body['pipeline']!r} on {run_body['stream']!r}")
+            out.append(
+                f"lifetime grant {gid!r} is of pipeline {body['pipeline']!r} on stream {body['stream']!r}, "
+                f"not {run_body['pipeline']!r} on {run_body['stream']!r}"
+            )
         if len(body["blocks"]) != 1:
             out.append(f"grant {gid!r} names {len(body['blocks'])} blocks: a lifetime grant charges one block")
         if body.get("rule") != SINGLE_RULE:
-            out.append(f"grant {gid!r} has a stage split (rule {body.get('rule')!r}): a lifetime grant is "
-                       "single-stage, so its one release, the schedule's, is all that ever spends it")
+            out.append(
+                f"grant {gid!r} has a stage split (rule {body.get('rule')!r}): a lifetime grant is "
+                "single-stage, so its one release, the schedule's, is all that ever spends it"
+            )
         blocks.extend(body["blocks"])
         metas.append(canonical(body.get("meta") or {}))
         done = releases.get(gid, [])
         if [c for _, c in done] != [schedule]:
-            out.append(f"lifetime grant {gid!r} has releases {[c[:16] for _, c in done]}, not the one release of "
-                       f"the schedule {schedule[:16]}: open it (the block's charge) before drawing, and never "
-                       "release anything else under it")
+            out.append(
+                f"lifetime grant {gid!r} has releases {[c[:16] for _, c in done]}, not the one release of "
+                f"the schedule {schedule[:16]}: open it (the block's charge) before drawing, and never "
+                "release anything else under it"
+            )
     if len(set(metas)) > 1:
         out.append("the lifetime grants carry different meta: they are not one schedule's")
     if not out and list(run_body["blocks"]) != blocks:
@@ -150,6 +163,7 @@ class ExactSum:
     ``more``, so the same float as ``math.fsum`` over the whole list (tests/privacy/test_draw_replay.py). Adding is O(1)
     amortized: a replay keeps each lifetime grant's totals as its draws come, instead of summing its history at
     every draw. Finite values only (budgets are)."""
+
     __slots__ = ("partials",)
 
     def __init__(self) -> None:
@@ -173,6 +187,7 @@ class DrawTotals:
     """One lifetime grant's draws as a replay sees them: ``rows`` {run: (run grant, epsilon, delta)} in replay order
     (a run seen again keeps its place and takes the new values, as a dict does), and exact running sums of their
     epsilons, deltas and (folded on first use) pure-DP curves, which ``overdraws`` reads instead of the rows."""
+
     __slots__ = ("grant", "rows", "eps", "delta", "order", "_curves", "_pending", "_stale")
 
     def __init__(self, grant: str = "", order: int = 0) -> None:
@@ -213,14 +228,22 @@ class DrawTotals:
 def _list_terms(others: list, epsilon: float, delta: float, curves_too: bool):
     curve_terms = None
     if curves_too:
-        curve_terms = ([list(column) for column in zip(*(_pure_curve(e) for e, _ in others))] if others
-                       else [[] for _ in curves.DEFAULT_ORDERS])
+        curve_terms = (
+            [list(column) for column in zip(*(_pure_curve(e) for e, _ in others))]
+            if others
+            else [[] for _ in curves.DEFAULT_ORDERS]
+        )
     return (len(others), [e for e, _ in others] + [epsilon], [d for _, d in others] + [delta], curve_terms)
 
 
-def overdraws(run: int, epsilon: float, delta: float, lifetimes: Sequence[tuple[str, Mapping]],
-              prior: Mapping[str, Iterable[tuple[int, float, float]] | DrawTotals],
-              composition: str = COMPOSITION) -> dict:
+def overdraws(
+    run: int,
+    epsilon: float,
+    delta: float,
+    lifetimes: Sequence[tuple[str, Mapping]],
+    prior: Mapping[str, Iterable[tuple[int, float, float]] | DrawTotals],
+    composition: str = COMPOSITION,
+) -> dict:
     """{block: why} for every lifetime grant on which the draws of the other runs (``prior``: {id: [(run, eps,
     delta)]}, or {id: ``DrawTotals``} as the audit's replay keeps them) plus this one break ``composition``'s rule
     ("basic" or "zcdp", module docstring); {} if all fit. Both forms give the same sums (``ExactSum``)."""
@@ -239,8 +262,9 @@ def overdraws(run: int, epsilon: float, delta: float, lifetimes: Sequence[tuple[
         else:
             why = _basic_overdraw(eps_terms, delta_terms, cap_eps, cap_delta)
         if why:
-            out[body["blocks"][0]] = (f"lifetime grant {gid} (epsilon {cap_eps:.6g}, delta {cap_delta:.3g}) "
-                                      f"{why} over {n_others + 1} runs")
+            out[body["blocks"][0]] = (
+                f"lifetime grant {gid} (epsilon {cap_eps:.6g}, delta {cap_delta:.3g}) {why} over {n_others + 1} runs"
+            )
     return out
 
 
@@ -281,8 +305,10 @@ def _zcdp_overdraw(delta_terms: list, curve_terms: list, epsilon: float, cap_eps
     runs_delta = cap_delta * ZCDP_RUN_DELTA_SHARE
     delta_sum = math.fsum(delta_terms)
     if delta_sum > runs_delta * (1 + SLACK):
-        return (f"would compose to delta {delta_sum:.3g} over its runs, above the runs' share "
-                f"{runs_delta:.3g} (half its delta; the other half converts the Renyi sum) under composition 'zcdp'")
+        return (
+            f"would compose to delta {delta_sum:.3g} over its runs, above the runs' share "
+            f"{runs_delta:.3g} (half its delta; the other half converts the Renyi sum) under composition 'zcdp'"
+        )
     try:
         filt = zcdp_filter(cap_eps, cap_delta)
     except LedgerError as exc:
@@ -294,9 +320,21 @@ def _zcdp_overdraw(delta_terms: list, curve_terms: list, epsilon: float, cap_eps
     return f"would exceed its Renyi filter under composition 'zcdp' ({filt.shortfall(spent, cost)})"
 
 
-def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Sequence, run: int, epsilon: float,
-         delta: float, *, schedule: str, split: BudgetSplit | None = None, meta: dict | None = None,
-         composition: str = COMPOSITION) -> Grant:
+def draw(
+    store,
+    log: Callable,
+    keys,
+    signature_ok: Callable,
+    lifetime_grants: Sequence,
+    run: int,
+    epsilon: float,
+    delta: float,
+    *,
+    schedule: str,
+    split: BudgetSplit | None = None,
+    meta: dict | None = None,
+    composition: str = COMPOSITION,
+) -> Grant:
     """``Ledger.draw``: the run grant of run ``run`` at (epsilon, delta) over ``lifetime_grants``.
 
     Drawn under ``composition`` ("basic" or "zcdp": the module docstring's two rules) in one write transaction of
@@ -320,8 +358,9 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
         GrantError: forged or unknown lifetime grants, a structure the rule refuses, or a run index drawn before.
         BudgetRefused: a lifetime grant's draws would exceed it.
     """
-    ids, composition, meta, epsilon, delta = _check_draw_args(lifetime_grants, run, epsilon, delta, composition,
-                                                              schedule, meta, split)
+    ids, composition, meta, epsilon, delta = _check_draw_args(
+        lifetime_grants, run, epsilon, delta, composition, schedule, meta, split
+    )
     with store.transaction() as tx:
         lifetimes, first, s, blocks = _read_lifetimes(tx, ids, signature_ok)
         filt = stream_filter(s)
@@ -343,8 +382,16 @@ def draw(store, log: Callable, keys, signature_ok: Callable, lifetime_grants: Se
     return grant
 
 
-def _check_draw_args(lifetime_grants: Sequence, run: int, epsilon: float, delta: float, composition: str,
-                     schedule: str, meta: dict | None, split: BudgetSplit | None) -> tuple:
+def _check_draw_args(
+    lifetime_grants: Sequence,
+    run: int,
+    epsilon: float,
+    delta: float,
+    composition: str,
+    schedule: str,
+    meta: dict | None,
+    split: BudgetSplit | None,
+) -> tuple:
     """The draw's arguments checked before any transaction: ``(ids, composition, meta, epsilon, delta)``.
 
     Raises:
@@ -360,8 +407,10 @@ def _check_draw_args(lifetime_grants: Sequence, run: int, epsilon: float, delta:
     if not (isinstance(delta, (int, float)) and 0 <= delta < 1):
         raise LedgerError(f"run delta {delta!r} is invalid: give 0 <= delta < 1")
     if composition not in COMPOSITIONS:
-        raise LedgerError(f"composition {composition!r} is unknown: give 'basic' (sums of epsilon and delta) or "
-                          "'zcdp' (approximate zCDP through the RDP filter; privacy/draws.py)")
+        raise LedgerError(
+            f"composition {composition!r} is unknown: give 'basic' (sums of epsilon and delta) or "
+            "'zcdp' (approximate zCDP through the RDP filter; privacy/draws.py)"
+        )
     composition = Composition(composition).value  # the plain string the grant records and messages name
     if not isinstance(schedule, str) or not 0 < len(schedule) <= 256:
         raise LedgerError(f"schedule {schedule!r} must be the schedule's fingerprint (1-256 characters)")
@@ -390,8 +439,10 @@ def _read_lifetimes(tx, ids: list[str], signature_ok: Callable) -> tuple:
         raise GrantError(f"lifetime grant(s) {ids} are unknown to this ledger")
     s = read_stream(tx, first["stream"])
     if s.accounting != Accounting.BASIC:
-        raise LedgerError(f"stream {s.name!r} accounts in {s.accounting}: run grants are drawn from lifetime "
-                          "grants charged (epsilon, delta), on a stream with basic accounting only")
+        raise LedgerError(
+            f"stream {s.name!r} accounts in {s.accounting}: run grants are drawn from lifetime "
+            "grants charged (epsilon, delta), on a stream with basic accounting only"
+        )
     blocks = [b for _, body in lifetimes if body is not None for b in body["blocks"]]
     return lifetimes, first, s, blocks
 
@@ -422,21 +473,38 @@ def _prior_draws(tx, ids: list[str], run: int) -> tuple[dict, dict, list]:
     return prior, latest, same_run
 
 
-def _drawn_again(tx, run: int, ids: list[str], same_run: list, meta: dict, epsilon: float, delta: float,
-                 blocks: list) -> Grant:
+def _drawn_again(
+    tx, run: int, ids: list[str], same_run: list, meta: dict, epsilon: float, delta: float, blocks: list
+) -> Grant:
     """The run grant of the same draw made before; GrantError if ``run`` was drawn with other terms."""
     drawn = sorted(set(same_run))
     row = tx.one(sql.draw_grants(1), drawn[:1]) if len(drawn) == 1 else None
     body = json.loads(row[1]) if row else {}
-    if (row and len(same_run) == len(ids) and body["meta"] == json.loads(canonical(meta))
-            and (body["epsilon"], body["delta"], body["blocks"]) == (epsilon, delta, blocks)):
+    if (
+        row
+        and len(same_run) == len(ids)
+        and body["meta"] == json.loads(canonical(meta))
+        and (body["epsilon"], body["delta"], body["blocks"]) == (epsilon, delta, blocks)
+    ):
         return Grant.from_row(row[1], row[2])
-    raise GrantError(f"run {run} was already drawn from these lifetime grants (run grant(s) {drawn}) with "
-                     "another budget, split or block set: one release per run index")
+    raise GrantError(
+        f"run {run} was already drawn from these lifetime grants (run grant(s) {drawn}) with "
+        "another budget, split or block set: one release per run index"
+    )
 
 
-def _check_budget(tx, s, first: dict, latest: dict, prior: dict, run: int, epsilon: float, delta: float,
-                  lifetimes: list, composition: str) -> None:
+def _check_budget(
+    tx,
+    s,
+    first: dict,
+    latest: dict,
+    prior: dict,
+    run: int,
+    epsilon: float,
+    delta: float,
+    lifetimes: list,
+    composition: str,
+) -> None:
     """GrantError for compositions mixed across draws; BudgetRefused when the draw overdraws a lifetime grant."""
     earlier = _compositions(tx, latest)
     mixed = mixed_compositions(composition, earlier)
@@ -460,6 +528,7 @@ class DrawReplay:
     replay order (what the ``draws`` table must hold), ``totals`` {lifetime grant: ``DrawTotals``} and ``stages``
     {grant: its released stages in replay order, ``release``}, so that replaying one draw reads its own lifetime
     grants' state only, not every earlier draw and release of the ledger."""
+
     __slots__ = ("rows", "totals", "stages")
 
     def __init__(self) -> None:
@@ -472,8 +541,7 @@ class DrawReplay:
         self.stages.setdefault(grant_id, []).append(stage)
 
 
-def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, replay: DrawReplay,
-               problems: list) -> None:
+def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, replay: DrawReplay, problems: list) -> None:
     """Replay one ``draw`` log entry (audit.py): the run grant's signature, the rule against the replayed
     grants, releases and earlier draws; record the grant (``grants``) and its rows (``replay``)."""
     signature = body.pop("signature", "")
@@ -507,8 +575,9 @@ def audit_draw(ledger, seq: int, body: dict, grants: dict, releases: dict, repla
         if (g, run) in replay.rows:
             problems.append(f"{where}: run {run} was already drawn from lifetime grant {g!r}")
     known = [(g, b) for g, b in lifetimes if b is not None]
-    for block, why in sorted(overdraws(run, float(body["epsilon"]), float(body["delta"]), known, prior,
-                                       composition).items()):
+    for block, why in sorted(
+        overdraws(run, float(body["epsilon"]), float(body["delta"]), known, prior, composition).items()
+    ):
         problems.append(f"{where} overdraws block {block!r}: {why}")
     grants[gid] = (canonical(body), signature)
     for g in ids:

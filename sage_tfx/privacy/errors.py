@@ -4,6 +4,7 @@
 is a well-formed request that the budget cannot cover: the CLI exits 3.
 ``SageError`` is the root of them all, and of every other error sage-tfx raises on purpose.
 """
+
 from __future__ import annotations
 
 import errno
@@ -165,8 +166,9 @@ class ConfinedRunError(SageError):
     ``environment_text`` its ``environment_error_text``; ``detail``: the whole error with its traceback, sent
     only by a ``--check`` child (generated rows), else None. The message is ``detail`` or ``public``."""
 
-    def __init__(self, public: str, environment: bool = False, environment_text: str = "",
-                 detail: str | None = None) -> None:
+    def __init__(
+        self, public: str, environment: bool = False, environment_text: str = "", detail: str | None = None
+    ) -> None:
         super().__init__(detail or public)
         self.public, self.environment = str(public), bool(environment)
         self.environment_text, self.detail = str(environment_text or public), detail
@@ -183,8 +185,15 @@ class StorageError(SageError):
 # The errors of TensorFlow's file layer and of MLMD's store (same names: both carry absl status codes) for a
 # missing, unreadable or full filesystem, by module and name (the privacy core imports neither)
 _STATUS_MODULES = ("tensorflow", "ml_metadata")
-_STATUS_ERRORS = ("NotFoundError", "PermissionDeniedError", "ResourceExhaustedError", "InternalError",
-                  "UnavailableError", "DataLossError", "AlreadyExistsError")
+_STATUS_ERRORS = (
+    "NotFoundError",
+    "PermissionDeniedError",
+    "ResourceExhaustedError",
+    "InternalError",
+    "UnavailableError",
+    "DataLossError",
+    "AlreadyExistsError",
+)
 
 
 def is_environment_error(exc: BaseException) -> bool:

@@ -101,8 +101,9 @@ def check_epsilon(epsilon: object, what: str = "epsilon") -> float:
 def check_delta(delta: object, what: str = "delta", allow_zero: bool = True) -> float:
     """``delta`` as a float in [0, 1) ((0, 1) unless ``allow_zero``), else a LedgerError naming it."""
     bound = "0 <= delta < 1" if allow_zero else "0 < delta < 1"
-    return probability(delta, what, zero=allow_zero, not_number=NOT_A_NUMBER,
-                       message="{what} {value!r} is invalid: need " + bound)
+    return probability(
+        delta, what, zero=allow_zero, not_number=NOT_A_NUMBER, message="{what} {value!r} is invalid: need " + bound
+    )
 
 
 class BasicFilter:
@@ -118,8 +119,9 @@ class BasicFilter:
     def zero(self) -> tuple[float, ...]:
         return (0.0, 0.0)
 
-    def cost(self, epsilon: float | None = None, delta: float = 0.0,
-             curve: Sequence[float] | None = None) -> tuple[float, ...]:
+    def cost(
+        self, epsilon: float | None = None, delta: float = 0.0, curve: Sequence[float] | None = None
+    ) -> tuple[float, ...]:
         """The vector a query charges. A curve is converted to epsilon at the query's delta."""
         delta = check_delta(delta)
         if curve is not None:
@@ -164,8 +166,14 @@ class RdpFilter:
 
     accounting = Accounting.RDP
 
-    def __init__(self, epsilon: float, delta: float, orders: Sequence[float] = curves.DEFAULT_ORDERS,
-                 query_delta_share: float | None = DEFAULT_QUERY_DELTA_SHARE, split_orders: bool = True) -> None:
+    def __init__(
+        self,
+        epsilon: float,
+        delta: float,
+        orders: Sequence[float] = curves.DEFAULT_ORDERS,
+        query_delta_share: float | None = DEFAULT_QUERY_DELTA_SHARE,
+        split_orders: bool = True,
+    ) -> None:
         """``query_delta_share``: q in [0, 1), the fixed split of delta (module docstring); None: the legacy rule of
         streams made before schema 7. ``split_orders``: the conversion's delta is split evenly over the orders (the
         union bound of the module docstring); False: every order converts at all of it, the rule of streams made
@@ -192,8 +200,9 @@ class RdpFilter:
     def zero(self) -> tuple[float, ...]:
         return (0.0,) * (1 + len(self.orders))
 
-    def cost(self, epsilon: float | None = None, delta: float = 0.0,
-             curve: CurveLike | None = None) -> tuple[float, ...]:
+    def cost(
+        self, epsilon: float | None = None, delta: float = 0.0, curve: CurveLike | None = None
+    ) -> tuple[float, ...]:
         delta = check_delta(delta)
         if curve is None:
             curve = curves.pure_dp_curve(check_epsilon(epsilon), self.orders)
@@ -232,11 +241,15 @@ class RdpFilter:
             return f"delta: {cost[0]:.6g} asked, {max(self.delta - spent[0], 0):.6g} left"
         if self.terms is not None and spent[0] + cost[0] > self.delta_queries:
             if self.query_delta_share == 0:
-                return (f"delta: {cost[0]:.6g} asked on a curves-only stream (query_delta_share 0): charge an RDP "
-                        "curve, or use a stream with a query delta share")
-            return (f"delta: {cost[0]:.6g} asked, {max(self.delta_queries - spent[0], 0):.6g} left (the queries' "
-                    f"deltas may sum to {self.query_delta_share:g} of the stream's delta {self.delta:.6g}; the rest "
-                    "converts the Renyi sum)")
+                return (
+                    f"delta: {cost[0]:.6g} asked on a curves-only stream (query_delta_share 0): charge an RDP "
+                    "curve, or use a stream with a query delta share"
+                )
+            return (
+                f"delta: {cost[0]:.6g} asked, {max(self.delta_queries - spent[0], 0):.6g} left (the queries' "
+                f"deltas may sum to {self.query_delta_share:g} of the stream's delta {self.delta:.6g}; the rest "
+                "converts the Renyi sum)"
+            )
         slack, alpha = self._best_slack(spent, cost)
         return f"RDP: at the best order {alpha:g} the query overshoots epsilon by {-slack:.6g}"
 
@@ -276,25 +289,35 @@ def check_query_delta_share(value: object) -> float | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not 0 <= value < 1:
-        raise LedgerError(f"query_delta_share {value!r} is invalid: give 0 <= share < 1, the part of the stream's "
-                          "delta its approximate-DP queries may spend (0: curves only; the rest converts the Renyi "
-                          f"sum; default {DEFAULT_QUERY_DELTA_SHARE:g})")
+        raise LedgerError(
+            f"query_delta_share {value!r} is invalid: give 0 <= share < 1, the part of the stream's "
+            "delta its approximate-DP queries may spend (0: curves only; the rest converts the Renyi "
+            f"sum; default {DEFAULT_QUERY_DELTA_SHARE:g})"
+        )
     return float(value)
 
 
 _DEFAULT: Any = object()  # make_filter without a query_delta_share: an RDP stream gets DEFAULT_QUERY_DELTA_SHARE
 
 
-def make_filter(accounting: str, epsilon: float, delta: float, orders: Sequence[float] | None = None,
-                query_delta_share: float | None = _DEFAULT, split_orders: bool = True) -> Filter:
+def make_filter(
+    accounting: str,
+    epsilon: float,
+    delta: float,
+    orders: Sequence[float] | None = None,
+    query_delta_share: float | None = _DEFAULT,
+    split_orders: bool = True,
+) -> Filter:
     """The stream's filter. ``query_delta_share`` is an RDP stream's (default ``DEFAULT_QUERY_DELTA_SHARE``; None:
     the legacy rule of a stream stored before schema 7); a basic stream has none (its deltas simply add up).
     ``split_orders``: an RDP stream's conversion delta split over its orders (False: a stream stored before
     schema 8, whose orders each convert at all of it)."""
     if accounting == Accounting.BASIC:
         if query_delta_share is not _DEFAULT and query_delta_share is not None:
-            raise LedgerError(f"query_delta_share {query_delta_share!r} is for an 'rdp' stream: a 'basic' stream's "
-                              "deltas simply add up (leave it out)")
+            raise LedgerError(
+                f"query_delta_share {query_delta_share!r} is for an 'rdp' stream: a 'basic' stream's "
+                "deltas simply add up (leave it out)"
+            )
         return BasicFilter(epsilon, delta)
     if accounting == Accounting.RDP:
         share = DEFAULT_QUERY_DELTA_SHARE if query_delta_share is _DEFAULT else query_delta_share

@@ -6,6 +6,7 @@ discrete Gaussian (``samplers.grid_gaussian``) do. Its (epsilon, delta) guarante
 over ``curves.calibration_accountant``'s orders (Balle et al. 2020), never the continuous Gaussian's analytic
 profile, which is not proven for the grid releases. Proof: docs/noise.md, "Grid Gaussian".
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,8 +18,8 @@ if TYPE_CHECKING:
 
 from .curves import calibration_accountant
 
-LOWER_FRACTION = 1e-3   # the search's lower endpoint, as a fraction of its guess: never (epsilon, delta)-DP
-RELATIVE_TOL = 1e-7     # the search's tolerance, as a fraction of its guess
+LOWER_FRACTION = 1e-3  # the search's lower endpoint, as a fraction of its guess: never (epsilon, delta)-DP
+RELATIVE_TOL = 1e-7  # the search's tolerance, as a fraction of its guess
 # dp_accounting is imported inside the functions: it takes seconds to import, and the ledger never needs it
 
 
@@ -54,10 +55,16 @@ def rdp_multiplier(epsilon: float, delta: float, *, releases: int = 1, guess: fl
     from dp_accounting import mechanism_calibration
 
     guess = classic_guess(epsilon, delta, releases) if guess is None else float(guess)
-    return float(mechanism_calibration.calibrate_dp_mechanism(
-        calibration_accountant, lambda c: releases_event(c, releases), epsilon, delta,
-        bracket_interval=mechanism_calibration.LowerEndpointAndGuess(guess * LOWER_FRACTION, guess),
-        tol=guess * RELATIVE_TOL))
+    return float(
+        mechanism_calibration.calibrate_dp_mechanism(
+            calibration_accountant,
+            lambda c: releases_event(c, releases),
+            epsilon,
+            delta,
+            bracket_interval=mechanism_calibration.LowerEndpointAndGuess(guess * LOWER_FRACTION, guess),
+            tol=guess * RELATIVE_TOL,
+        )
+    )
 
 
 def zcdp_rho(epsilon: float, delta: float) -> float:
@@ -85,6 +92,7 @@ def analytic_delta(epsilon: float, multiplier: float) -> float:
     A comparison only (the paper's AdaSSP claim, the DP-SGD audit's tests): no release is calibrated by it.
     """
     from scipy.special import log_ndtr  # noqa: PLC0415 (scipy loads in seconds: only where it is used)
+
     s = float(multiplier)
     a = 1.0 / (2.0 * s)
     first = math.exp(log_ndtr(a - epsilon * s))

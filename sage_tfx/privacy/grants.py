@@ -157,8 +157,9 @@ class Release:
     reopened: bool = False
 
 
-def grant_terms(meta: Mapping[str, Any] | None, split: BudgetSplit | None,
-                rule: str | None) -> tuple[dict[str, Any], BudgetSplit | None, str]:
+def grant_terms(
+    meta: Mapping[str, Any] | None, split: BudgetSplit | None, rule: str | None
+) -> tuple[dict[str, Any], BudgetSplit | None, str]:
     """``request``'s meta, split and rule made one: (meta with the canonical split, the split or None, its rule).
 
     ``split`` (a ``BudgetSplit``) or ``meta["split"]`` (its dict), given once; ``rule``, if given, must be the
@@ -179,16 +180,20 @@ def check_split(meta: dict[str, Any], rule: str | None) -> BudgetSplit | None:
     """The grant's split from ``meta`` (None: single-stage), its fields checked; refuse a rule that differs.
     The record split is signed into ``meta`` here too (``split.sign_records``)."""
     if "count_epsilon" in meta:
-        raise LedgerError(f"meta count_epsilon {meta['count_epsilon']!r}: the DP record count is a stage of the "
-                          "split now; give split=BudgetSplit(..., count=EPSILON, ...)")
+        raise LedgerError(
+            f"meta count_epsilon {meta['count_epsilon']!r}: the DP record count is a stage of the "
+            "split now; give split=BudgetSplit(..., count=EPSILON, ...)"
+        )
     split = BudgetSplit.from_meta(meta)
     if split is not None:
         meta[SPLIT_KEY] = split.to_dict()  # canonical: every stage present, rule spelled once
     sign_records(meta, split)
     expected = SINGLE_RULE if split is None else split.rule
     if rule is not None and rule != expected:
-        raise LedgerError(f"rule {rule!r} does not match the grant: it is {expected!r} (the split's rule; "
-                          f"{SINGLE_RULE!r} without a split); leave rule out")
+        raise LedgerError(
+            f"rule {rule!r} does not match the grant: it is {expected!r} (the split's rule; "
+            f"{SINGLE_RULE!r} without a split); leave rule out"
+        )
     return split
 
 
@@ -219,8 +224,9 @@ def stage_cap(grant: Grant, filt: Filter) -> tuple[float, float] | None:
     return min(epsilon, grant.epsilon), min(delta, grant.delta)
 
 
-def capped(epsilon: float, delta: float, split: BudgetSplit | None,
-           cap: tuple[float, float] | None) -> tuple[float, float, BudgetSplit | None]:
+def capped(
+    epsilon: float, delta: float, split: BudgetSplit | None, cap: tuple[float, float] | None
+) -> tuple[float, float, BudgetSplit | None]:
     """(epsilon, delta, split) a grant recording ``epsilon``, ``delta`` and ``split`` (None: single-stage) lets its
     stages spend under ``cap`` (``stage_cap``; None: what it records). Under a cap a single stage gets the cap, and a
     split is scaled down by cap / recorded (every stage's share by the same factor: it keeps its proportions and
@@ -232,8 +238,7 @@ def capped(epsilon: float, delta: float, split: BudgetSplit | None,
     return cap[0], cap[1], split
 
 
-def per_unit_allowance(grant: Grant, stage: str, per_unit: str,
-                       cap: tuple[float, float] | None) -> tuple[float, float]:
+def per_unit_allowance(grant: Grant, stage: str, per_unit: str, cap: tuple[float, float] | None) -> tuple[float, float]:
     """The whole unit share of ``stage`` (``unit_share.grant_unit_budget``), capped as ``capped`` caps a split."""
     if cap is None:
         return grant_unit_budget(grant, stage, per_unit)
@@ -245,9 +250,11 @@ def per_unit_allowance(grant: Grant, stage: str, per_unit: str,
 def cap_text(grant_id: str, epsilon: float, cap: tuple[float, float], split: BudgetSplit | None) -> str:
     """Why an older ``rdp`` grant's stage gets less than the grant records (refusals, the audit)."""
     what = ", its split scaled down to it" if split is not None else ""
-    return (f"grant {grant_id!r} is an rdp grant made before grants recorded what was asked: its recorded epsilon "
-            f"{epsilon:.6g} is its charge converted at the stream's delta, but the charge pays for epsilon "
-            f"{cap[0]:.6g} (delta {cap[1]:.3g}){what}")
+    return (
+        f"grant {grant_id!r} is an rdp grant made before grants recorded what was asked: its recorded epsilon "
+        f"{epsilon:.6g} is its charge converted at the stream's delta, but the charge pays for epsilon "
+        f"{cap[0]:.6g} (delta {cap[1]:.3g}){what}"
+    )
 
 
 def registered_blocks(ledger: BlockSource, grant: Grant) -> list[str]:
@@ -267,21 +274,41 @@ def require_registered(ledger: BlockSource, grant: Grant, consequence: str = "")
     found = set(registered_blocks(ledger, grant))
     missing = [b for b in grant.blocks if b not in found]
     if missing:
-        raise GrantError(f"grant {grant.id!r} names block(s) not registered in stream {grant.stream!r}: "
-                         f"{', '.join(missing)}{consequence}")
+        raise GrantError(
+            f"grant {grant.id!r} names block(s) not registered in stream {grant.stream!r}: "
+            f"{', '.join(missing)}{consequence}"
+        )
 
 
-def new_grant(keys: KeyRing, s: Stream, filt: Filter, pipeline: str, blocks: Sequence[str], cost: tuple[float, ...],
-              rule: str, meta: Mapping[str, Any] | None, now: float,
-              split: BudgetSplit | None = None) -> tuple[Grant, str]:
+def new_grant(
+    keys: KeyRing,
+    s: Stream,
+    filt: Filter,
+    pipeline: str,
+    blocks: Sequence[str],
+    cost: tuple[float, ...],
+    rule: str,
+    meta: Mapping[str, Any] | None,
+    now: float,
+    split: BudgetSplit | None = None,
+) -> tuple[Grant, str]:
     """A Grant of ``cost`` on ``blocks`` of stream ``s``, signed under ``keys`` (a ``KeyRing``), and its body text
     (signed and stored: one text). A fresh random id (``g-`` and 24 hex digits). The stream's privacy unit is
     signed into its meta (``split.unit_meta``): what its stages hand their mechanisms is then per row."""
     epsilon, delta, converted = grant_budget(filt, cost)
     meta = unit_meta(meta, s.privacy_unit, s.max_rows_per_unit)
     grant = Grant(
-        id="g-" + secrets.token_hex(12), stream=s.name, pipeline=pipeline, blocks=tuple(blocks),
-        epsilon=epsilon, delta=delta, accounting=s.accounting, cost=cost, rule=rule, created=now, meta=meta,
+        id="g-" + secrets.token_hex(12),
+        stream=s.name,
+        pipeline=pipeline,
+        blocks=tuple(blocks),
+        epsilon=epsilon,
+        delta=delta,
+        accounting=s.accounting,
+        cost=cost,
+        rule=rule,
+        created=now,
+        meta=meta,
         converted_epsilon=converted,
     )
     if split is not None:  # the stages compose to at most what is charged (privacy/split.py)
@@ -308,8 +335,9 @@ def signature_ok(keys: KeyRing, legacy_grants: Container[str], body: Mapping[str
     return False
 
 
-def check_grant_copy(grant: Grant, stored: Grant, stream: str | None = None, epsilon: float | None = None,
-                     delta: float | None = None) -> None:
+def check_grant_copy(
+    grant: Grant, stored: Grant, stream: str | None = None, epsilon: float | None = None, delta: float | None = None
+) -> None:
     """``Ledger.verify``'s checks once the signature verified: ``grant`` is the ledger's record ``stored``, of
     ``stream`` if given, covering at least ``epsilon``/``delta`` if given; GrantError naming what differs."""
     if stored.to_json() != grant.to_json():
@@ -317,8 +345,7 @@ def check_grant_copy(grant: Grant, stored: Grant, stream: str | None = None, eps
     if stream is not None and grant.stream != stream:
         raise GrantError(f"grant {grant.id!r} is for stream {grant.stream!r}, not {stream!r}")
     if epsilon is not None and grant.epsilon + 1e-12 < float(epsilon):
-        raise GrantError(f"grant {grant.id!r} covers epsilon {grant.epsilon:.6g}, but {float(epsilon):.6g} "
-                         "is needed")
+        raise GrantError(f"grant {grant.id!r} covers epsilon {grant.epsilon:.6g}, but {float(epsilon):.6g} is needed")
     if delta is not None and grant.delta + 1e-15 < float(delta):
         raise GrantError(f"grant {grant.id!r} covers delta {grant.delta:.3g}, but {float(delta):.3g} is needed")
 
@@ -332,18 +359,35 @@ def grant_log_text(grant: Grant, body_text: str, sources: Any) -> str:
     (tests/privacy/test_ledger_request_reads.py compares them); anything else falls back to encoding the dict."""
     tail = ',"stream":' + canonical(grant.stream) + "}"
     if SPLICE_GRANT_LOG and body_text.endswith(tail):
-        return (body_text[:-len(tail)] + ',"signature":' + canonical(grant.signature) + ',"sources":'
-                + canonical(sources) + tail)
+        return (
+            body_text[: -len(tail)]
+            + ',"signature":'
+            + canonical(grant.signature)
+            + ',"sources":'
+            + canonical(sources)
+            + tail
+        )
     return canonical(dict(grant.body(), signature=grant.signature, sources=sources))
 
 
 SPLICE_GRANT_LOG = sorted([*Grant("", "", "", (), 0.0, 0.0, "", (), "", 0.0).body(), "signature", "sources"])[-4:] == [
-    "rule", "signature", "sources", "stream"]
+    "rule",
+    "signature",
+    "sources",
+    "stream",
+]
 
 
-def stage_allowance(grant: Grant, stage: str, done: Mapping[str, tuple[str, float, float, float]], computation: str,
-                    epsilon: float, delta: float, cap: tuple[float, float] | None = None,
-                    per_unit: str | None = None) -> Release | None:
+def stage_allowance(
+    grant: Grant,
+    stage: str,
+    done: Mapping[str, tuple[str, float, float, float]],
+    computation: str,
+    epsilon: float,
+    delta: float,
+    cap: tuple[float, float] | None = None,
+    per_unit: str | None = None,
+) -> Release | None:
     """What ``stage`` may release under ``grant``, given its releases ``done`` ({stage: (computation, epsilon,
     delta, created)}): the earlier ``Release`` of the same computation (re-opened: nothing new is released), or
     None once the new release is checked to fit the stage's budget. GrantError naming the grant and the fix
@@ -356,7 +400,8 @@ def stage_allowance(grant: Grant, stage: str, done: Mapping[str, tuple[str, floa
             raise GrantError(
                 f"grant {grant.id!r} already released its {stage} stage for computation "
                 f"{fingerprint[:16]} (epsilon {have_eps:.6g}); computation {computation[:16]} (epsilon "
-                f"{epsilon:.6g}) is a different release the grant did not pay for: run it under a new grant")
+                f"{epsilon:.6g}) is a different release the grant did not pay for: run it under a new grant"
+            )
         return Release(grant.id, stage, computation, epsilon, delta, created, reopened=True)
     _, _, split = capped(grant.epsilon, grant.delta, grant_split(grant), cap)
     if per_unit is not None:
@@ -366,15 +411,23 @@ def stage_allowance(grant: Grant, stage: str, done: Mapping[str, tuple[str, floa
             raise GrantError(
                 f"grant {grant.id!r} is single-stage (it has no split) and its {sorted(done)[0]} stage "
                 f"already spent it: the {stage} stage needs its own grant, or charge one grant with a split "
-                "(sage ledger charge --split ..., or Ledger.request(..., split=BudgetSplit(...)))")
+                "(sage ledger charge --split ..., or Ledger.request(..., split=BudgetSplit(...)))"
+            )
         allowed = per_row_budget(*((grant.epsilon, grant.delta) if cap is None else cap), unit_rows(grant.meta))
     else:
         allowed = split.stage_budget(stage)
     if over_budget(epsilon, delta, allowed):
-        why = "" if cap is None else (
-            f": {cap_text(grant.id, grant.epsilon, cap, split)}; request a new grant (sage ledger charge, or "
-            "Ledger.request), whose stages get what it asks for")
-        raise GrantError(f"the {stage} stage asks for (epsilon={epsilon:.6g}, delta={delta:.3g}) but grant "
-                         f"{grant.id!r} covers only (epsilon={allowed[0]:.6g}, delta={allowed[1]:.3g}) "
-                         f"for {stage}{why}")
+        why = (
+            ""
+            if cap is None
+            else (
+                f": {cap_text(grant.id, grant.epsilon, cap, split)}; request a new grant (sage ledger charge, or "
+                "Ledger.request), whose stages get what it asks for"
+            )
+        )
+        raise GrantError(
+            f"the {stage} stage asks for (epsilon={epsilon:.6g}, delta={delta:.3g}) but grant "
+            f"{grant.id!r} covers only (epsilon={allowed[0]:.6g}, delta={allowed[1]:.3g}) "
+            f"for {stage}{why}"
+        )
     return None

@@ -62,6 +62,7 @@ class HeadSync(StrEnum):
     write access to the database and not to the key file would then go undetected. The ledger's own
     commits (budget spent, grants) are as durable in every mode.
     """
+
     USE = "use"
     COMMIT = "commit"
     GROUP = "group"
@@ -74,8 +75,10 @@ def head_sync_mode(value: str | None = None) -> HeadSync:
         return HeadSync(str(raw).strip().lower())
     except ValueError:
         source = "head_sync" if value is not None else ENV_HEAD_SYNC
-        raise KeyFileError(f"{source}={raw!r} is not a head-file sync mode: use one of "
-                           f"{', '.join(m.value for m in HeadSync)} (docs/security.md)") from None
+        raise KeyFileError(
+            f"{source}={raw!r} is not a head-file sync mode: use one of "
+            f"{', '.join(m.value for m in HeadSync)} (docs/security.md)"
+        ) from None
 
 
 def warn_head_write(path: str, exc: BaseException) -> None:
@@ -308,13 +311,18 @@ class HeadFile:
                 generation = state.generation + 1
                 count = HEAD_DURABLE_SLOTS + 1 if lazy else max(state.count, HEAD_DURABLE_SLOTS)
                 if state.slot_size is None or _slot_size_for(payload) > state.slot_size or count > state.count:
-                    self._replace(fds, max(_slot_size_for(payload), state.slot_size or 0), generation, payload,
-                                  heads, count)
+                    self._replace(
+                        fds, max(_slot_size_for(payload), state.slot_size or 0), generation, payload, heads, count
+                    )
                     return
                 slot = _slot_bytes(state.slot_size, generation, payload)
                 if lazy:  # slot C, in place, no sync: A and B keep the last durable head
-                    target, durable, durable_heads, durable_generation = (HEAD_LAZY_SLOT, state.durable,
-                                                                          state.durable_heads, state.durable_generation)
+                    target, durable, durable_heads, durable_generation = (
+                        HEAD_LAZY_SLOT,
+                        state.durable,
+                        state.durable_heads,
+                        state.durable_generation,
+                    )
                 else:  # the older of A and B: the newest intact one of them is never touched
                     target = 1 - state.durable if state.durable is not None else 0
                     durable, durable_heads, durable_generation = target, heads, generation
@@ -323,9 +331,10 @@ class HeadFile:
                 if not lazy:
                     _fdatasync(fds.data)  # the file's size never changes here: its data alone is made durable
                     fds.synced = generation
-                fds.raw = fds.raw[:offset] + slot + fds.raw[offset + state.slot_size:]
-                fds.state = _HeadState(heads, state.slot_size, generation, target, state.count, durable,
-                                       durable_heads, durable_generation)
+                fds.raw = fds.raw[:offset] + slot + fds.raw[offset + state.slot_size :]
+                fds.state = _HeadState(
+                    heads, state.slot_size, generation, target, state.count, durable, durable_heads, durable_generation
+                )
             except BaseException:
                 fds.close_data()  # re-read from the file next time
                 raise

@@ -68,15 +68,17 @@ def resolve_key_path(location: str | os.PathLike[str], key_file: str | os.PathLi
         key_file = os.environ.get(ENV_KEY_FILE) or None
     if key_file is not None:
         if not isinstance(key_file, (str, os.PathLike)):
-            raise KeyFileError(f"key file {key_file!r} is invalid: give a file path (--key-file PATH or "
-                               f"{ENV_KEY_FILE}=PATH)")
+            raise KeyFileError(
+                f"key file {key_file!r} is invalid: give a file path (--key-file PATH or {ENV_KEY_FILE}=PATH)"
+            )
         return os.path.abspath(os.fspath(key_file))
     text = str(location)
     if is_postgres(text):
         raise KeyFileError(
             "a PostgreSQL ledger needs an explicit key file (the key never goes into the database): give "
             f"--key-file PATH (Ledger.open(..., key_file=PATH)) or set {ENV_KEY_FILE}=PATH, the same key file on "
-            "every host; `sage ledger init` creates it (mode 0600)")
+            "every host; `sage ledger init` creates it (mode 0600)"
+        )
     return os.path.abspath(text) + KEY_SUFFIX
 
 
@@ -86,7 +88,8 @@ def _check_mode(path, st):
     if st.st_mode & 0o077:
         raise KeyFileError(
             f"key file {path} is readable or writable by group or others (mode {stat.S_IMODE(st.st_mode):04o}): "
-            f"the key signs grants and seeds every DP release; refusing to use it. Fix: chmod 600 {path}")
+            f"the key signs grants and seeds every DP release; refusing to use it. Fix: chmod 600 {path}"
+        )
 
 
 def _write_new(path, data):
@@ -97,8 +100,10 @@ def _write_new(path, data):
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
     except FileExistsError:
-        raise KeyFileError(f"key file {path} already exists: not overwritten (a key file is never replaced; "
-                           "move it away only if it belongs to no ledger)") from None
+        raise KeyFileError(
+            f"key file {path} already exists: not overwritten (a key file is never replaced; "
+            "move it away only if it belongs to no ledger)"
+        ) from None
     except OSError as exc:
         raise KeyFileError(f"cannot create key file {path}: {exc.strerror}") from None
     try:
@@ -159,8 +164,7 @@ class KeyRing:
         record can be checked against it."""
         if not isinstance(row_sum, int) or not 0 <= row_sum < 1 << 64:
             raise LedgerError(f"a content digest keys a 64-bit row-hash sum, not {row_sum!r}")
-        return hmac.digest(self.content_key, b"sage-tfx content digest|" + row_sum.to_bytes(8, "big"),
-                           "sha256").hex()
+        return hmac.digest(self.content_key, b"sage-tfx content digest|" + row_sum.to_bytes(8, "big"), "sha256").hex()
 
     @classmethod
     def create(cls, path: str) -> KeyRing:
@@ -188,7 +192,8 @@ class KeyRing:
             raise KeyFileError(
                 f"key file {path} does not exist: the ledger's key is needed to sign grants, seed releases and "
                 "audit; give the right one (--key-file PATH or SAGE_KEY_FILE=PATH) or restore it from your backup "
-                "(without it no grant of this ledger can be verified)") from None
+                "(without it no grant of this ledger can be verified)"
+            ) from None
         except OSError as exc:
             raise KeyFileError(f"cannot read key file {path}: {exc.strerror}") from None
         try:
@@ -200,8 +205,10 @@ class KeyRing:
             return cls(data, path)
         if len(data) == KEY_BYTES + LEGACY_SECRET_CHARS:
             return cls(data[:KEY_BYTES], path, data[KEY_BYTES:])
-        raise KeyFileError(f"key file {path} is malformed ({len(data)} bytes, expected {KEY_BYTES}): not a sage key "
-                           "file; give the right one (--key-file PATH or SAGE_KEY_FILE=PATH)")
+        raise KeyFileError(
+            f"key file {path} is malformed ({len(data)} bytes, expected {KEY_BYTES}): not a sage key "
+            "file; give the right one (--key-file PATH or SAGE_KEY_FILE=PATH)"
+        )
 
     # -------------------------------------------------------------- uses
     def sign(self, text: bytes) -> str:
@@ -229,11 +236,20 @@ class KeyRing:
     def entry_ok(self, prev: str, seq: int, ts: float, kind: str, body_text: str, chain: str | None) -> bool:
         """``chain`` is the keyed chain value of this entry: with its time (schema 10 on) or, for an entry
         written before schema 10, without it. A writer without the key can produce neither."""
-        return (hmac.compare_digest(self.chain_value(prev, seq, kind, body_text, ts), chain or "")
-                or hmac.compare_digest(self.chain_value(prev, seq, kind, body_text), chain or ""))
+        return hmac.compare_digest(
+            self.chain_value(prev, seq, kind, body_text, ts), chain or ""
+        ) or hmac.compare_digest(self.chain_value(prev, seq, kind, body_text), chain or "")
 
     def secret_forms(self) -> list[str]:
         """Every form of the key bytes that must never appear in the database (tests grep for these)."""
-        forms = [self._master, self._master.hex().encode(), self.signing_key, self.noise_key, self.audit_key,
-                 self.signing_key.hex().encode(), self.noise_key.hex().encode(), self.audit_key.hex().encode()]
+        forms = [
+            self._master,
+            self._master.hex().encode(),
+            self.signing_key,
+            self.noise_key,
+            self.audit_key,
+            self.signing_key.hex().encode(),
+            self.noise_key.hex().encode(),
+            self.audit_key.hex().encode(),
+        ]
         return forms

@@ -6,6 +6,7 @@ of the store and runs the step modules below it (``streams``, ``blocks``, ``requ
 which import neither this module nor the audit; every SQL statement is in ``store/sql.py``.
 The guarantee, the allocation rules and the key handling: docs/block_composition.md, "The ledger".
 """
+
 from __future__ import annotations
 
 import socket
@@ -86,8 +87,16 @@ class Ledger(LedgerBase):
             head = ledger._head.get(ledger._ledger_id)
             with ledger._store.transaction(write=False) as tx:
                 meta_id = dict(tx.all(sql.META_ALL)).get("ledger_id") or ""
-            entry = _anchor.reanchor(ledger._store, ledger._keys, ledger._ledger_id, meta_id, head, reason,
-                                     socket.gethostname(), ledger._append)
+            entry = _anchor.reanchor(
+                ledger._store,
+                ledger._keys,
+                ledger._ledger_id,
+                meta_id,
+                head,
+                reason,
+                socket.gethostname(),
+                ledger._append,
+            )
             ledger._head.advance(ledger._ledger_id, entry[0], entry[1], reset=True)
             ledger._anchored, ledger.anchor_problem = True, None
         except BaseException:
@@ -96,9 +105,17 @@ class Ledger(LedgerBase):
         return ledger
 
     @classmethod
-    def open(cls, location: str, create: bool = False, key_file: str | None = None, *,
-             head_sync: HeadSync | str | None = None, check_head: bool = True, read_only: bool = False,
-             upgrade: bool = False) -> Ledger:
+    def open(
+        cls,
+        location: str,
+        create: bool = False,
+        key_file: str | None = None,
+        *,
+        head_sync: HeadSync | str | None = None,
+        check_head: bool = True,
+        read_only: bool = False,
+        upgrade: bool = False,
+    ) -> Ledger:
         """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
         $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
         (mode 0600) if that does not exist yet. ``head_sync`` (``head_file.HeadSync``: ``use``, ``commit`` or
@@ -124,8 +141,7 @@ class Ledger(LedgerBase):
             raise
 
     @classmethod
-    def upgrade(cls, location: str, key_file: str | None = None,
-                progress: Callable[[str], None] = print) -> int:
+    def upgrade(cls, location: str, key_file: str | None = None, progress: Callable[[str], None] = print) -> int:
         """``sage ledger upgrade``: bring a ledger written by an older sage-tfx to this version, keyed and idempotent
         (``migrations.py``, the one home of every migration); ``progress(text)`` hears each step. Returns how many
         steps ran (0: already up to date, nothing written)."""
@@ -135,12 +151,23 @@ class Ledger(LedgerBase):
     # ----------------------------------------------------------------- streams
     check_stream_args = staticmethod(check_stream_args)  # create_stream's checks alone (streams.py)
 
-    def create_stream(self, name: str, epsilon: float, delta: float, *, accounting: Accounting | str = Accounting.BASIC,
-                      orders: Sequence[float] | None = None, policy: Policy | str = Policy.CONSERVE,
-                      min_epsilon: float | None = None, max_epsilon: float = DEFAULT_MAX_STREAM_EPSILON,
-                      min_grant_epsilon: float | None = None, policy_params: dict[str, Any] | None = None,
-                      query_delta_share: float | None = None, privacy_unit: str | None = None,
-                      max_rows_per_unit: int | None = None) -> Stream:
+    def create_stream(
+        self,
+        name: str,
+        epsilon: float,
+        delta: float,
+        *,
+        accounting: Accounting | str = Accounting.BASIC,
+        orders: Sequence[float] | None = None,
+        policy: Policy | str = Policy.CONSERVE,
+        min_epsilon: float | None = None,
+        max_epsilon: float = DEFAULT_MAX_STREAM_EPSILON,
+        min_grant_epsilon: float | None = None,
+        policy_params: dict[str, Any] | None = None,
+        query_delta_share: float | None = None,
+        privacy_unit: str | None = None,
+        max_rows_per_unit: int | None = None,
+    ) -> Stream:
         """Create a stream with a global (epsilon, delta) guarantee over all its blocks, forever.
 
         Args:
@@ -165,20 +192,52 @@ class Ledger(LedgerBase):
         Raises:
           LedgerError: a bad argument or an existing name (nothing written).
         """
-        filt, min_epsilon, min_grant = self.check_stream_args(name, epsilon, delta, accounting, orders, policy,
-                                                              min_epsilon, max_epsilon, min_grant_epsilon,
-                                                              policy_params, query_delta_share, privacy_unit,
-                                                              max_rows_per_unit)
+        filt, min_epsilon, min_grant = self.check_stream_args(
+            name,
+            epsilon,
+            delta,
+            accounting,
+            orders,
+            policy,
+            min_epsilon,
+            max_epsilon,
+            min_grant_epsilon,
+            policy_params,
+            query_delta_share,
+            privacy_unit,
+            max_rows_per_unit,
+        )
         now = time.time()
         with self._store.transaction() as tx:
-            insert_stream(tx, self._log, name, accounting, filt, policy, get_policy(policy, policy_params),
-                          min_epsilon, min_grant, now, check_unit(privacy_unit, max_rows_per_unit))
+            insert_stream(
+                tx,
+                self._log,
+                name,
+                accounting,
+                filt,
+                policy,
+                get_policy(policy, policy_params),
+                min_epsilon,
+                min_grant,
+                now,
+                check_unit(privacy_unit, max_rows_per_unit),
+            )
         return self.stream(name)
 
     # ------------------------------------------------------------------ blocks
-    def add_block(self, stream: str, block_id: str, *, start: float | None = None, end: float | None = None,
-                  shard: int | None = None, rows: int | None = None, created: float | None = None,
-                  digest: str | None = None, allow_duplicate_of: Iterable[str] = ()) -> Block:
+    def add_block(
+        self,
+        stream: str,
+        block_id: str,
+        *,
+        start: float | None = None,
+        end: float | None = None,
+        shard: int | None = None,
+        rows: int | None = None,
+        created: float | None = None,
+        digest: str | None = None,
+        allow_duplicate_of: Iterable[str] = (),
+    ) -> Block:
         """Add a fresh block (zero loss); its budget is split among the pipelines waiting now.
 
         Args:
@@ -198,12 +257,16 @@ class Ledger(LedgerBase):
         Raises:
           UnknownStream, LedgerError, DuplicateContent: as ``add_blocks`` (nothing written).
         """
-        self.add_blocks(stream, [dict(id=block_id, start=start, end=end, shard=shard, rows=rows, created=created,
-                                      digest=digest)], allow_duplicate_of=allow_duplicate_of)
+        self.add_blocks(
+            stream,
+            [dict(id=block_id, start=start, end=end, shard=shard, rows=rows, created=created, digest=digest)],
+            allow_duplicate_of=allow_duplicate_of,
+        )
         return self.block(stream, block_id)
 
-    def add_blocks(self, stream: str, blocks: Iterable[Mapping[str, Any]], *,
-                   allow_duplicate_of: Iterable[str] = ()) -> None:
+    def add_blocks(
+        self, stream: str, blocks: Iterable[Mapping[str, Any]], *, allow_duplicate_of: Iterable[str] = ()
+    ) -> None:
         """Add many fresh blocks in ONE transaction: all are added, or none (e.g. one ingest's blocks).
 
         Args:
@@ -304,10 +367,20 @@ class Ledger(LedgerBase):
             _pipelines.finish_pipeline(tx, self._log, self._keys, self.stream(stream, tx), pipeline, outcome)
 
     # ------------------------------------------------------------------ grants
-    def request(self, pipeline: str, stream: str, *, blocks: Sequence[str] | str | None = None,
-                window: tuple[float, float] | None = None, epsilon: float | None = None, delta: float = 0.0,
-                curve: Any = None, rule: str | None = None, meta: Mapping[str, Any] | None = None,
-                split: BudgetSplit | None = None) -> Grant:
+    def request(
+        self,
+        pipeline: str,
+        stream: str,
+        *,
+        blocks: Sequence[str] | str | None = None,
+        window: tuple[float, float] | None = None,
+        epsilon: float | None = None,
+        delta: float = 0.0,
+        curve: Any = None,
+        rule: str | None = None,
+        meta: Mapping[str, Any] | None = None,
+        split: BudgetSplit | None = None,
+    ) -> Grant:
         """Check and charge every block atomically; return a signed Grant. Data may be read only after this returns.
 
         Args:
@@ -342,16 +415,25 @@ class Ledger(LedgerBase):
             cost = _requests.request_cost(s, filt, epsilon, delta, curve)
             found, reservations = _requests.requested_blocks(tx, stream, blocks)
             _requests.check_request(filt, s, cost, epsilon, curve, pipeline, pipeline_state)
-            grant, refusal = _requests.charge_request(StreamWrite(tx, self._log, self._keys, s, filt),
-                                                      Charge(pipeline, blocks, cost, rule, meta, split),
-                                                      found, reservations)
+            grant, refusal = _requests.charge_request(
+                StreamWrite(tx, self._log, self._keys, s, filt),
+                Charge(pipeline, blocks, cost, rule, meta, split),
+                found,
+                reservations,
+            )
         if refusal:  # after the commit: the demand stays recorded, and the scheduler grants it when it fits
             raise BudgetRefused(stream, pipeline, refusal)
         assert grant is not None  # granted now, or refused above
         return grant
 
-    def verify(self, grant: Grant | str | Mapping[str, Any], *, stream: str | None = None,
-               epsilon: float | None = None, delta: float | None = None) -> Grant:
+    def verify(
+        self,
+        grant: Grant | str | Mapping[str, Any],
+        *,
+        stream: str | None = None,
+        epsilon: float | None = None,
+        delta: float | None = None,
+    ) -> Grant:
         """Check a grant before reading data; return the ledger's copy (its head made durable first: docs/security.md).
 
         Args:
@@ -379,8 +461,15 @@ class Ledger(LedgerBase):
         self._head_before_use(last)
         return stored
 
-    def release(self, grant: Grant | str | Mapping[str, Any], stage: str, computation: str, epsilon: float,
-                delta: float = 0.0, per_unit: str | None = None) -> Release:
+    def release(
+        self,
+        grant: Grant | str | Mapping[str, Any],
+        stage: str,
+        computation: str,
+        epsilon: float,
+        delta: float = 0.0,
+        per_unit: str | None = None,
+    ) -> Release:
         """Open ``stage``'s one release under ``grant``, BEFORE anything is drawn.
 
         A grant pays for one release per stage, of one computation: the first call records the computation with what
@@ -414,9 +503,18 @@ class Ledger(LedgerBase):
             cap = stage_cap(checked, stream_filter(read_stream(tx, checked.stream))) if older_rdp(checked) else None
             return _releases.open_release(tx, self._log, checked, stage, computation, epsilon, delta, cap, per_unit)
 
-    def draw(self, lifetime_grants: Sequence[Grant | str], run: int, epsilon: float, delta: float, *, schedule: str,
-             split: BudgetSplit | None = None, meta: dict[str, Any] | None = None,
-             composition: Composition | str = Composition.BASIC) -> Grant:
+    def draw(
+        self,
+        lifetime_grants: Sequence[Grant | str],
+        run: int,
+        epsilon: float,
+        delta: float,
+        *,
+        schedule: str,
+        split: BudgetSplit | None = None,
+        meta: dict[str, Any] | None = None,
+        composition: Composition | str = Composition.BASIC,
+    ) -> Grant:
         """A run grant of ``run`` over ``lifetime_grants``, charging no block: its budget is drawn from theirs.
 
         Asked again with the same arguments, the same grant comes back (``draws.py``: the rules and their proofs).
@@ -440,8 +538,20 @@ class Ledger(LedgerBase):
           GrantError: forged or unknown lifetime grants, a structure the rule refuses, or a run index drawn before.
           BudgetRefused: a lifetime grant's draws would exceed it (nothing written).
         """
-        return _draws.draw(self._store, self._log, self._keys, self.signature_ok, lifetime_grants, run, epsilon, delta,
-                           schedule=schedule, split=split, meta=meta, composition=composition)
+        return _draws.draw(
+            self._store,
+            self._log,
+            self._keys,
+            self.signature_ok,
+            lifetime_grants,
+            run,
+            epsilon,
+            delta,
+            schedule=schedule,
+            split=split,
+            meta=meta,
+            composition=composition,
+        )
 
     def record_outcome(self, grant_id: str, outcome: Outcome | str, details: Mapping[str, Any] | None = None) -> None:
         """Record what a pipeline run under ``grant_id`` concluded, once per grant, in the audit log.
@@ -464,8 +574,3 @@ class Ledger(LedgerBase):
     def audit(self) -> AuditReport:
         """Recompute every block's loss from the log alone; see ``audit.audit_ledger``."""
         return audit_ledger(self)
-
-
-
-
-

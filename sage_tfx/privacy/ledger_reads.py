@@ -5,6 +5,7 @@ a pipeline could be granted now (``available_epsilon``, ``available_per_block``:
 decides). The facade (``ledger.py``) adds the writes, the keys and the anchor; this module imports neither the
 facade nor the audit.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,7 +49,9 @@ class LedgerReads:
         with self._store.transaction(write=False) as tx:
             return [self.stream(r[0], tx) for r in tx.all(sql.STREAM_NAMES)]
 
-    def digest_owners(self, digests: Iterable[str], exclude_stream: str | None = None) -> dict[str, list[tuple[str, str]]]:
+    def digest_owners(
+        self, digests: Iterable[str], exclude_stream: str | None = None
+    ) -> dict[str, list[tuple[str, str]]]:
         """{digest: [(stream, block id), ...]} for the given content digests registered in streams other than
         ``exclude_stream``. TRUSTED CODE ONLY (ingest)."""
         with self._store.transaction(write=False) as tx:
@@ -116,11 +119,14 @@ class LedgerReads:
     def pipelines(self, stream: str) -> list[dict[str, Any]]:
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
-            return [dict(zip(("name", "state", "outcome", "registered", "finished"), r))
-                    for r in tx.all(sql.PIPELINE_ROWS, (stream,))]
+            return [
+                dict(zip(("name", "state", "outcome", "registered", "finished"), r))
+                for r in tx.all(sql.PIPELINE_ROWS, (stream,))
+            ]
 
-    def available_epsilon(self, pipeline: str, stream: str, blocks: Sequence[str], delta: float = 0.0, *,
-                          tolerance: float = 1e-4) -> float:
+    def available_epsilon(
+        self, pipeline: str, stream: str, blocks: Sequence[str], delta: float = 0.0, *, tolerance: float = 1e-4
+    ) -> float:
         """The largest epsilon a (epsilon, delta) request by ``pipeline`` on ALL of ``blocks`` would be granted now.
 
         A bisection over epsilon in [0, the stream's epsilon], from below, to within
@@ -135,8 +141,15 @@ class LedgerReads:
             return 0.0
         return float(_bisect(lambda eps: budgets.fits(eps[0]).all().reshape(1), 1, s.epsilon, tolerance)[0])
 
-    def available_per_block(self, pipeline: str, stream: str, blocks: Sequence[str] | None = None,
-                            delta: float = 0.0, *, tolerance: float = 1e-4) -> dict[str, float]:
+    def available_per_block(
+        self,
+        pipeline: str,
+        stream: str,
+        blocks: Sequence[str] | None = None,
+        delta: float = 0.0,
+        *,
+        tolerance: float = 1e-4,
+    ) -> dict[str, float]:
         """{block id: the largest epsilon ``pipeline`` could be granted on that block ALONE now}, in ONE read.
 
         For every block b this equals ``available_epsilon(pipeline, stream, [b], delta,
@@ -181,8 +194,10 @@ class LedgerReads:
         with self._store.transaction(write=False) as tx:
             self.stream(stream, tx)
             rows = tx.all(sql.GRANT_HISTORY, (stream, pipeline))
-        return [(Grant.from_row(body, sig), outcome, json.loads(details) if details else None)
-                for body, sig, outcome, details in rows]
+        return [
+            (Grant.from_row(body, sig), outcome, json.loads(details) if details else None)
+            for body, sig, outcome, details in rows
+        ]
 
     def status(self, stream: str) -> dict[str, Any]:
         """A JSON-ready summary: the stream's guarantee and each block's spent and remaining budget."""

@@ -16,6 +16,7 @@ refused with ``LedgerUpgradeNeeded`` naming the command. ``upgrade`` runs, each 
 Each step is idempotent (a second upgrade, or one after a kill, does what is left and nothing else) and writes
 only keyed entries, so the audit verifies an upgraded ledger as it verifies a new one.
 """
+
 from collections.abc import Callable
 from typing import Any
 
@@ -40,10 +41,14 @@ def upgrade(ledger: Any, log: Callable[..., None], location: str, progress: Call
     ledger.head_file.old_form = False
     ledger.store.schema_steps(step)
     if stamp_times(ledger.store, log):
-        step(f"schema {SCHEMA_VERSION - 1} -> {SCHEMA_VERSION}: the rows' display times bound by a keyed "
-             f"'{stamps.UPGRADE_KIND}' entry")
-    progress(f"ledger {location}: schema version {SCHEMA_VERSION}"
-             + (f" ({len(ran)} step(s) run)" if ran else " (already up to date: nothing written)"))
+        step(
+            f"schema {SCHEMA_VERSION - 1} -> {SCHEMA_VERSION}: the rows' display times bound by a keyed "
+            f"'{stamps.UPGRADE_KIND}' entry"
+        )
+    progress(
+        f"ledger {location}: schema version {SCHEMA_VERSION}"
+        + (f" ({len(ran)} step(s) run)" if ran else " (already up to date: nothing written)")
+    )
     return len(ran)
 
 

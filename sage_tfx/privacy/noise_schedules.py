@@ -76,10 +76,23 @@ LOWEST_FLOOR = 1e-8  # below it the first sigma is > 1e8 x the last: a floor tha
 DEFAULT_STAGES = 10
 
 __all__ = [
-    "ScheduleKind", "NoiseSchedule", "ConstantSchedule", "StepSchedule", "ExponentialSchedule",
-    "PolynomialSchedule", "BoundOptimalSchedule", "NoiseScheduleError", "make_schedule", "as_schedule",
-    "schedule_event", "schedule_epsilon", "calibrate_schedule", "ScheduledRun", "scheduled_spend",
-    "MIN_FINAL_RATIO", "LOWEST_FLOOR",
+    "ScheduleKind",
+    "NoiseSchedule",
+    "ConstantSchedule",
+    "StepSchedule",
+    "ExponentialSchedule",
+    "PolynomialSchedule",
+    "BoundOptimalSchedule",
+    "NoiseScheduleError",
+    "make_schedule",
+    "as_schedule",
+    "schedule_event",
+    "schedule_epsilon",
+    "calibrate_schedule",
+    "ScheduledRun",
+    "scheduled_spend",
+    "MIN_FINAL_RATIO",
+    "LOWEST_FLOOR",
 ]
 
 
@@ -115,7 +128,8 @@ def _floor(value):
     if not LOWEST_FLOOR <= value <= 1:
         raise NoiseScheduleError(
             f"floor={value!r} is invalid: must be in [{LOWEST_FLOOR}, 1] (the smallest last sigma / first "
-            f"sigma a schedule may reach); e.g. {MIN_FINAL_RATIO} (the default) or 1e-4 for a full-batch run")
+            f"sigma a schedule may reach); e.g. {MIN_FINAL_RATIO} (the default) or 1e-4 for a full-batch run"
+        )
     return value
 
 
@@ -124,7 +138,8 @@ def _ratio(value, name, floor):
     if not floor <= value <= 1:
         raise NoiseScheduleError(
             f"{name}={value!r} is invalid: must be in [floor={floor}, 1] (a decay to below the floor "
-            "spends the budget on the last steps); e.g. 0.5, or lower the schedule's floor")
+            "spends the budget on the last steps); e.g. 0.5, or lower the schedule's floor"
+        )
     return value
 
 
@@ -165,7 +180,8 @@ class NoiseSchedule:
             raise NoiseScheduleError(
                 f"{self.describe()} over steps={steps} decays to {f.min():.3g} of the first sigma, below "
                 f"floor={self.floor}: it would spend the budget on the last steps; use a gentler decay "
-                "(a larger gamma / factor, fewer drops) or, in a full-batch strongly convex run, a lower floor")
+                "(a larger gamma / factor, fewer drops) or, in a full-batch strongly convex run, a lower floor"
+            )
         return f
 
     def check_for_run(self, steps: int) -> None:
@@ -222,11 +238,12 @@ class StepSchedule(NoiseSchedule):
         if not 0 < factor < 1:
             raise NoiseScheduleError(f"factor={self.factor!r} is invalid: must be in (0, 1), e.g. 0.5")
         drops = _whole(self.drops, "drops")
-        if factor ** drops < self.floor:
+        if factor**drops < self.floor:
             raise NoiseScheduleError(
-                f"factor={self.factor!r} with drops={drops} decays to {factor ** drops:.3g} of the first "
+                f"factor={self.factor!r} with drops={drops} decays to {factor**drops:.3g} of the first "
                 f"sigma, below floor={self.floor}: it would spend the budget on the last steps; use fewer "
-                "drops or a factor closer to 1")
+                "drops or a factor closer to 1"
+            )
 
     def _raw(self, steps):
         level = (np.arange(steps) * (self.drops + 1)) // steps
@@ -283,8 +300,7 @@ class BoundOptimalSchedule(NoiseSchedule):
         super().__post_init__()
         gamma = _number(self.gamma, "gamma")
         if not 0 < gamma < 1:
-            raise NoiseScheduleError(f"gamma={self.gamma!r} is invalid: must be in (0, 1) (1 - 1/kappa), "
-                                     "e.g. 0.999")
+            raise NoiseScheduleError(f"gamma={self.gamma!r} is invalid: must be in (0, 1) (1 - 1/kappa), e.g. 0.999")
 
     def _raw(self, steps):
         stages = min(self.stages, steps)
@@ -293,8 +309,10 @@ class BoundOptimalSchedule(NoiseSchedule):
         return float(self.gamma) ** (first_step / 4.0)
 
 
-_KINDS = {cls.kind: cls for cls in (ConstantSchedule, StepSchedule, ExponentialSchedule, PolynomialSchedule,
-                                    BoundOptimalSchedule)}
+_KINDS = {
+    cls.kind: cls
+    for cls in (ConstantSchedule, StepSchedule, ExponentialSchedule, PolynomialSchedule, BoundOptimalSchedule)
+}
 
 
 def make_schedule(kind: Any, **params: Any) -> NoiseSchedule:
@@ -303,7 +321,8 @@ def make_schedule(kind: Any, **params: Any) -> NoiseSchedule:
         kind = ScheduleKind(kind)
     except ValueError:
         raise NoiseScheduleError(
-            f"noise_schedule kind={kind!r} is invalid: choose one of {[k.value for k in ScheduleKind]}") from None
+            f"noise_schedule kind={kind!r} is invalid: choose one of {[k.value for k in ScheduleKind]}"
+        ) from None
     try:
         return _KINDS[kind](**params)
     except TypeError as err:
@@ -323,10 +342,12 @@ def as_schedule(value: Any) -> NoiseSchedule:
         return make_schedule(params.pop("kind"), **params)
     raise NoiseScheduleError(
         f"noise_schedule={value!r} is invalid: pass a NoiseSchedule (e.g. ExponentialSchedule(final_ratio=0.5)), "
-        f"a kind name of {[k.value for k in ScheduleKind]} or a dict with a 'kind'")
+        f"a kind name of {[k.value for k in ScheduleKind]} or a dict with a 'kind'"
+    )
 
 
 # --------------------------------------------------------------------------------------------- accounting
+
 
 def _runs(sigmas: Sequence[float]) -> list[tuple[float, int]]:
     out: list[tuple[float, int]] = []
@@ -351,29 +372,47 @@ def schedule_event(noise_multipliers: Iterable[float], sampling_rate: float) -> 
     if not sigmas:
         raise NoiseScheduleError("noise_multipliers=[] is invalid: a run has at least one step")
     for t, s in enumerate(sigmas):
-        if isinstance(s, bool) or not isinstance(s, (int, float, np.integer, np.floating)) \
-                or not math.isfinite(s) or s <= 0:
+        if (
+            isinstance(s, bool)
+            or not isinstance(s, (int, float, np.integer, np.floating))
+            or not math.isfinite(s)
+            or s <= 0
+        ):
             raise NoiseScheduleError(f"noise multiplier {s!r} of step {t} is invalid: must be finite and > 0")
     q = _number(sampling_rate, "sampling_rate")
     if not 0 < q <= 1:
         raise NoiseScheduleError(f"sampling_rate={sampling_rate!r} is invalid: must be in (0, 1]")
-    events = [dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(sampling_probability=q,
-                                            event=dp_accounting.GaussianDpEvent(noise_multiplier=float(s))), n)
-        for s, n in _runs(sigmas)]
+    events = [
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(
+                sampling_probability=q, event=dp_accounting.GaussianDpEvent(noise_multiplier=float(s))
+            ),
+            n,
+        )
+        for s, n in _runs(sigmas)
+    ]
     return events[0] if len(events) == 1 else dp_accounting.ComposedDpEvent(events)
 
 
-def schedule_epsilon(noise_multipliers: Sequence[float], sampling_rate: float, delta: float,
-                     accountant: str = "rdp") -> float:
+def schedule_epsilon(
+    noise_multipliers: Sequence[float], sampling_rate: float, delta: float, accountant: str = "rdp"
+) -> float:
     """Epsilon at ``delta`` of the steps' composition on dp_accounting's RDP or PLD accountant."""
     _, delta = dpsgd.check_budget(1.0, delta)
     return dpsgd.event_epsilon(schedule_event(noise_multipliers, sampling_rate), delta, accountant)
 
 
-def calibrate_schedule(schedule: NoiseSchedule, *, epsilon: float, delta: float, steps: int,
-                       sampling_rate: float, accountant: str = "rdp", rtol: float = 1e-4,
-                       max_sigma: float = 1e4) -> float:
+def calibrate_schedule(
+    schedule: NoiseSchedule,
+    *,
+    epsilon: float,
+    delta: float,
+    steps: int,
+    sampling_rate: float,
+    accountant: str = "rdp",
+    rtol: float = 1e-4,
+    max_sigma: float = 1e4,
+) -> float:
     """The scale s whose schedule ``s * f_t`` spends (epsilon, delta) over ``steps`` steps at rate q.
 
     dp_accounting's ``calibrate_dp_mechanism`` via ``dpsgd.calibrate_scale``: the smallest s (to
@@ -394,13 +433,27 @@ def calibrate_schedule(schedule: NoiseSchedule, *, epsilon: float, delta: float,
 
 
 @functools.lru_cache(maxsize=256)
-def _calibrated_scale(schedule: NoiseSchedule, epsilon: float, delta: float, steps: int, q: float, accountant: str,
-                      rtol: float, max_sigma: float) -> float:
+def _calibrated_scale(
+    schedule: NoiseSchedule,
+    epsilon: float,
+    delta: float,
+    steps: int,
+    q: float,
+    accountant: str,
+    rtol: float,
+    max_sigma: float,
+) -> float:
     """``calibrate_schedule``'s search: a deterministic function of public numbers (the schedule is frozen)."""
     factors = schedule.factors(steps)
     return dpsgd.calibrate_scale(
-        lambda s: schedule_event(s * factors, q), epsilon, delta, accountant, rtol=rtol, max_sigma=max_sigma,
-        context=f"(schedule {schedule.describe()}, steps={steps}, sampling_rate={q:.6g})")
+        lambda s: schedule_event(s * factors, q),
+        epsilon,
+        delta,
+        accountant,
+        rtol=rtol,
+        max_sigma=max_sigma,
+        context=f"(schedule {schedule.describe()}, steps={steps}, sampling_rate={q:.6g})",
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -419,12 +472,24 @@ class ScheduledRun:
     def report(self) -> dict[str, Any]:
         """What a model's ``privacy_spent["noise_schedule"]`` records (JSON-friendly)."""
         sig = self.noise_multipliers
-        return {**self.schedule.to_dict(), "scale": float(self.scale), "first_sigma": float(sig[0]),
-                "last_sigma": float(sig[-1]), "stages": [[float(s), int(n)] for s, n in _runs(sig.tolist())]}
+        return {
+            **self.schedule.to_dict(),
+            "scale": float(self.scale),
+            "first_sigma": float(sig[0]),
+            "last_sigma": float(sig[-1]),
+            "stages": [[float(s), int(n)] for s, n in _runs(sig.tolist())],
+        }
 
 
-def scheduled_spend(schedule: Any, epsilon: float, delta: float, num_examples: int, batch_size: int,
-                    epochs: float, accountant: str = "rdp") -> ScheduledRun:
+def scheduled_spend(
+    schedule: Any,
+    epsilon: float,
+    delta: float,
+    num_examples: int,
+    batch_size: int,
+    epochs: float,
+    accountant: str = "rdp",
+) -> ScheduledRun:
     """Calibrate a DP-SGD run with a noise schedule to (epsilon, delta) (what the DP models call).
 
     The constant schedule takes ``dpsgd.dpsgd_spend`` (the event and sigma of the models before
@@ -434,16 +499,32 @@ def scheduled_spend(schedule: Any, epsilon: float, delta: float, num_examples: i
     q = dpsgd.sampling_rate(num_examples, batch_size)
     steps = dpsgd.num_steps(num_examples, batch_size, epochs)
     if schedule.is_constant:
-        sigma, event, realised, steps = dpsgd.dpsgd_spend(epsilon, delta, num_examples, batch_size, epochs,
-                                                          accountant)
+        sigma, event, realised, steps = dpsgd.dpsgd_spend(epsilon, delta, num_examples, batch_size, epochs, accountant)
         _, delta = dpsgd.check_budget(epsilon, delta)
-        return ScheduledRun(schedule=schedule, scale=sigma, noise_multipliers=np.full(steps, sigma), dp_event=event,
-                            epsilon=realised, delta=delta, steps=steps, sampling_rate=q)
+        return ScheduledRun(
+            schedule=schedule,
+            scale=sigma,
+            noise_multipliers=np.full(steps, sigma),
+            dp_event=event,
+            epsilon=realised,
+            delta=delta,
+            steps=steps,
+            sampling_rate=q,
+        )
     epsilon, delta = dpsgd.check_budget(epsilon, delta)
-    scale = calibrate_schedule(schedule, epsilon=epsilon, delta=delta, steps=steps, sampling_rate=q,
-                               accountant=accountant)
+    scale = calibrate_schedule(
+        schedule, epsilon=epsilon, delta=delta, steps=steps, sampling_rate=q, accountant=accountant
+    )
     sigmas = schedule.noise_multipliers(scale, steps)
     event = schedule_event(sigmas, q)
     realised = dpsgd.event_epsilon(event, delta, accountant)
-    return ScheduledRun(schedule=schedule, scale=scale, noise_multipliers=sigmas, dp_event=event, epsilon=realised,
-                        delta=delta, steps=steps, sampling_rate=q)
+    return ScheduledRun(
+        schedule=schedule,
+        scale=scale,
+        noise_multipliers=sigmas,
+        dp_event=event,
+        epsilon=realised,
+        delta=delta,
+        steps=steps,
+        sampling_rate=q,
+    )

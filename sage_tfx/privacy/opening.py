@@ -4,6 +4,7 @@
 creates) the store, undoing a key file it created if the store cannot be opened. This module imports neither the
 ``Ledger`` facade nor the audit.
 """
+
 from __future__ import annotations
 
 import os
@@ -40,8 +41,10 @@ def key_source(location: str, key_file: str | None, create: bool) -> KeySource:
     elif os.path.exists(keys.path):
         keys.keyring()  # a key file that is too open or malformed is refused before anything is created
     elif create and not os.path.isdir(os.path.dirname(keys.path)):
-        raise KeyFileError(f"cannot create key file {keys.path}: folder {os.path.dirname(keys.path)} does not "
-                           "exist (create it, mode 0700, or give another --key-file)")
+        raise KeyFileError(
+            f"cannot create key file {keys.path}: folder {os.path.dirname(keys.path)} does not "
+            "exist (create it, mode 0700, or give another --key-file)"
+        )
     return keys
 
 
@@ -49,8 +52,7 @@ def open_checked_store(location: str, keys: KeySource, create: bool, read_only: 
     """The store at ``location`` (``store.open_store``; ``upgrade``: an older schema is migrated, else refused);
     a key file created for it is removed if it fails."""
     try:
-        return open_store(location, create=create, on_create=keys.new_ledger_meta, read_only=read_only,
-                          upgrade=upgrade)
+        return open_store(location, create=create, on_create=keys.new_ledger_meta, read_only=read_only, upgrade=upgrade)
     except BaseException:
         keys.undo_created()
         raise

@@ -5,6 +5,7 @@ departure are scheduling points: ``charges.schedule``); ``check_outcome``/``inse
 under a grant concluded; ``claim_pipelines`` takes the store's per-name locks for one process. This module
 imports neither the ``Ledger`` facade nor the audit.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -66,8 +67,12 @@ def finish_pipeline(tx: Tx, log: Callable[..., None], keys: KeyRing, s: Stream, 
     tx.run(sql.PIPELINE_FINISH, (outcome, now, s.name, pipeline))
     others = [r[0] for r in tx.all(sql.PIPELINE_WAITING, (s.name,))]
     moved = _charges.release_reservations(tx, s, pipeline, others)
-    log(tx, "finish", {"stream": s.name, "pipeline": pipeline, "outcome": outcome,
-                       "blocks_released": moved, "to": others}, at=now)
+    log(
+        tx,
+        "finish",
+        {"stream": s.name, "pipeline": pipeline, "outcome": outcome, "blocks_released": moved, "to": others},
+        at=now,
+    )
     if s.rules().queued:  # its demand (pending, or admitted and never collected) is withdrawn
         tx.run(sql.DEMAND_DELETE, (s.name, pipeline))
         _charges.schedule(StreamWrite(tx, log, keys, s, s.filter()), time.time())
@@ -90,8 +95,9 @@ def check_outcome(outcome: str, details: Mapping[str, Any] | None) -> tuple[dict
         raise LedgerError(f"outcome details {details!r} cannot be written as JSON ({exc})") from None
 
 
-def insert_outcome(tx: Tx, log: Callable[..., None], grant_id: str, outcome: str, details: dict[str, Any],
-                   details_text: str) -> None:
+def insert_outcome(
+    tx: Tx, log: Callable[..., None], grant_id: str, outcome: str, details: dict[str, Any], details_text: str
+) -> None:
     """Record ``grant_id``'s one outcome, appended to the audit log.
 
     Raises:
@@ -105,8 +111,12 @@ def insert_outcome(tx: Tx, log: Callable[..., None], grant_id: str, outcome: str
         raise LedgerError(f"grant {grant_id!r} already has an outcome")
     now = time.time()
     tx.run(sql.OUTCOME_INSERT, (grant_id, row[0], row[1], outcome, details_text, now))
-    log(tx, "outcome", {"grant": grant_id, "stream": row[0], "pipeline": row[1], "outcome": outcome,
-                        "details": details}, at=now)
+    log(
+        tx,
+        "outcome",
+        {"grant": grant_id, "stream": row[0], "pipeline": row[1], "outcome": outcome, "details": details},
+        at=now,
+    )
 
 
 def claim_pipelines(store: Any, stream: str, names: Iterable[str]) -> PipelineClaim:
@@ -129,5 +139,6 @@ def claim_pipelines(store: Any, stream: str, names: Iterable[str]) -> PipelineCl
             f"pipeline(s) {', '.join(busy)} of stream {stream!r} are being run by another process: one process "
             "runs a pipeline name at a time (else both would charge and resume the same pipeline's grants). "
             "Give this run other names (sage serve --pipeline OTHER=..., sage run --name OTHER), or wait until "
-            "that process ends")
+            "that process ends"
+        )
     return PipelineClaim(store, held)

@@ -21,16 +21,25 @@ if TYPE_CHECKING:
 class QueueReplay:
     """The queued policies' state replayed from the log: demands, per-block arrivals, admissions (audit step 4)."""
 
-    def __init__(self, streams: Mapping[str, Filter], configs: Mapping[str, Mapping[str, Any]],
-                 blocks: Mapping[tuple[str, str], Any], block_rows: Mapping[tuple[str, str], Sequence[Any]],
-                 problems: list[str]) -> None:
+    def __init__(
+        self,
+        streams: Mapping[str, Filter],
+        configs: Mapping[str, Mapping[str, Any]],
+        blocks: Mapping[tuple[str, str], Any],
+        block_rows: Mapping[tuple[str, str], Sequence[Any]],
+        problems: list[str],
+    ) -> None:
         self.streams, self.configs, self.blocks, self.block_rows = streams, configs, blocks, block_rows
         self.problems = problems
-        self.arrivals: dict[tuple[str, str], int] = {}     # (stream, block) -> pipeline arrivals counted while it was active (queued streams)
-        self.demands: dict[tuple[str, str], Any] = {}      # (stream, pipeline) -> [blocks, cost, rule, meta text, seq, state, grant id]
-        self.admissions: dict[str, tuple] = {}   # grant id -> (stream, pipeline, blocks, cost, seq of its admit entry)
-        self.granted: set[str] = set()   # admitted grant ids whose grant entry followed
-        self._rules: dict[str, AllocationPolicy] = {}       # stream -> its AllocationPolicy
+        self.arrivals: dict[
+            tuple[str, str], int
+        ] = {}  # (stream, block) -> pipeline arrivals counted while it was active (queued streams)
+        self.demands: dict[
+            tuple[str, str], Any
+        ] = {}  # (stream, pipeline) -> [blocks, cost, rule, meta text, seq, state, grant id]
+        self.admissions: dict[str, tuple] = {}  # grant id -> (stream, pipeline, blocks, cost, seq of its admit entry)
+        self.granted: set[str] = set()  # admitted grant ids whose grant entry followed
+        self._rules: dict[str, AllocationPolicy] = {}  # stream -> its AllocationPolicy
 
     def rules(self, stream: str) -> AllocationPolicy | None:
         config = self.configs.get(stream)
@@ -61,7 +70,14 @@ class QueueReplay:
             self.problems.append(f"log entry {seq}: a demand on stream {body['stream']!r}, whose policy queues none")
             return
         self.demands[(body["stream"], body["pipeline"])] = [
-            tuple(body["blocks"]), tuple(body["cost"]), body["rule"], _canonical(body["meta"]), seq, DemandState.PENDING, None]
+            tuple(body["blocks"]),
+            tuple(body["cost"]),
+            body["rule"],
+            _canonical(body["meta"]),
+            seq,
+            DemandState.PENDING,
+            None,
+        ]
 
     def admit(self, seq: int, body: Mapping[str, Any]) -> None:
         stream = body["stream"]
@@ -69,21 +85,32 @@ class QueueReplay:
             self.problems.append(f"log entry {seq}: admissions on stream {stream!r}, whose policy queues none")
             return
         filt, config = self.streams[stream], self.configs[stream]
-        queue = QueuedAllocation(filt, filt.cost(epsilon=config["min_epsilon"]), cast("AllocationPolicy", self.rules(stream)))
-        pending = sorted((d[4], p, d) for (s, p), d in self.demands.items() if s == stream and d[5] == DemandState.PENDING)
+        queue = QueuedAllocation(
+            filt, filt.cost(epsilon=config["min_epsilon"]), cast("AllocationPolicy", self.rules(stream))
+        )
+        pending = sorted(
+            (d[4], p, d) for (s, p), d in self.demands.items() if s == stream and d[5] == DemandState.PENDING
+        )
         for b in dict.fromkeys(b for _, _, d in pending for b in d[0]):
             block = self.blocks.get((stream, b))
             if block is not None:
-                queue.load_block(b, spent=block["spent"], arrived=self.block_rows[(stream, b)][3],
-                                 arrivals=self.arrivals[(stream, b)], retired=block["state"] != BlockState.ACTIVE)
+                queue.load_block(
+                    b,
+                    spent=block["spent"],
+                    arrived=self.block_rows[(stream, b)][3],
+                    arrivals=self.arrivals[(stream, b)],
+                    retired=block["state"] != BlockState.ACTIVE,
+                )
         for demand_seq, pipeline, d in pending:
             queue.demand(pipeline, d[0], d[1], seq=demand_seq)
         expected = [p for p, _, _ in queue.schedule(float(body["now"]))]
         logged = [p for p, _ in body[DemandState.ADMITTED]]
         if logged != expected:
-            self.problems.append(f"log entry {seq}: the {config['policy']} scheduler at time {body['now']} admits "
-                                 f"{expected} in that order, but the log admitted {logged} (an admission that did "
-                                 "not fit the unlocked budget, or out of the policy's order)")
+            self.problems.append(
+                f"log entry {seq}: the {config['policy']} scheduler at time {body['now']} admits "
+                f"{expected} in that order, but the log admitted {logged} (an admission that did "
+                "not fit the unlocked budget, or out of the policy's order)"
+            )
         for pipeline, gid in body[DemandState.ADMITTED]:
             d = self.demands.get((stream, pipeline))
             if d is None or d[5] != DemandState.PENDING:
@@ -98,8 +125,10 @@ class QueueReplay:
     def collect(self, seq: int, body: Mapping[str, Any]) -> None:
         d = self.demands.get((body["stream"], body["pipeline"]))
         if d is None or d[5] != DemandState.ADMITTED or d[6] != body["grant"]:
-            self.problems.append(f"log entry {seq}: pipeline {body['pipeline']!r} collected grant {body['grant']!r}, "
-                                 "which was not admitted for it")
+            self.problems.append(
+                f"log entry {seq}: pipeline {body['pipeline']!r} collected grant {body['grant']!r}, "
+                "which was not admitted for it"
+            )
         self.demands.pop((body["stream"], body["pipeline"]), None)
 
     def grant(self, seq: int, body: Mapping[str, Any]) -> None:
@@ -108,14 +137,21 @@ class QueueReplay:
         gid = cast(str, body.get("id"))  # a grant entry without one is not admitted: the audit says so below
         admitted = self.admissions.get(gid)
         if admitted is None:
-            self.problems.append(f"log entry {seq}: grant {gid!r} on queued stream {body['stream']!r} was not "
-                                 "admitted by its scheduler")
+            self.problems.append(
+                f"log entry {seq}: grant {gid!r} on queued stream {body['stream']!r} was not admitted by its scheduler"
+            )
             return
         stream, pipeline, blocks, cost, _ = admitted
         if (body["stream"], body["pipeline"], tuple(body["blocks"]), tuple(body["cost"])) != (
-                stream, pipeline, blocks, cost):
-            self.problems.append(f"log entry {seq}: grant {gid!r} differs from the demand its admission granted "
-                                 f"(pipeline {pipeline!r}, blocks {list(blocks)}, cost {list(cost)})")
+            stream,
+            pipeline,
+            blocks,
+            cost,
+        ):
+            self.problems.append(
+                f"log entry {seq}: grant {gid!r} differs from the demand its admission granted "
+                f"(pipeline {pipeline!r}, blocks {list(blocks)}, cost {list(cost)})"
+            )
         self.granted.add(gid)
 
     def finish_checks(self) -> None:

@@ -13,6 +13,7 @@ reproducible; trusted code should pass a ``SecureRNG`` built from the grant's se
 
 The exact samplers and grid releases that draw from it are ``samplers.py``'s.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -59,7 +60,7 @@ class SecureRNG:
         if not isinstance(key, (bytes, bytearray)) or len(key) < 16:
             raise SamplerError("SecureRNG: key must be at least 16 bytes")
         name = stream.encode("utf-8")
-        prefix = (len(key).to_bytes(4, "big") + bytes(key) + len(name).to_bytes(4, "big") + name)
+        prefix = len(key).to_bytes(4, "big") + bytes(key) + len(name).to_bytes(4, "big") + name
         chacha_key = hashlib.sha256(b"sage-tfx/secure-rng/v2|" + prefix).digest()
         self._keystream = Cipher(algorithms.ChaCha20(chacha_key, bytes(16)), mode=None).encryptor()
         self._buffer = b""
@@ -69,9 +70,9 @@ class SecureRNG:
         """The next n bytes of the stream."""
         if self._pos + n > len(self._buffer):
             fresh = self._keystream.update(bytes(max(self._REFILL, n)))
-            self._buffer = self._buffer[self._pos:] + fresh
+            self._buffer = self._buffer[self._pos :] + fresh
             self._pos = 0
-        out = self._buffer[self._pos:self._pos + n]
+        out = self._buffer[self._pos : self._pos + n]
         self._pos += n
         return out
 
@@ -107,7 +108,7 @@ class SecureRNG:
                 need = flat.size - filled
                 r = self.words(int(need * width / top * 1.1) + 16, bits) & mask
                 r = r[r <= limit][:need]
-                res[filled:filled + r.size] = r
+                res[filled : filled + r.size] = r
                 filled += r.size
             return out
         mask = (flat - 1).astype(np.uint64)  # smear the top bit down: mask = 2^bitlength(m - 1) - 1

@@ -80,7 +80,7 @@ class RecordSplit:
         return sum(count for name, count in self.buckets if name in self.test) / sum(c for _, c in self.buckets)
 
     def side(self, name: str) -> str | None:
-        """"training" or "test" for a split of this rule, None for a name it does not have.
+        """ "training" or "test" for a split of this rule, None for a name it does not have.
 
         Args:
           name: A split's name.

@@ -4,6 +4,7 @@
 ``open_release`` records the stage's one release, or re-opens it, in the facade's write transaction (what a stage
 may spend: ``grants.stage_allowance``). This module imports neither the ``Ledger`` facade nor the audit.
 """
+
 from __future__ import annotations
 
 import time
@@ -41,8 +42,17 @@ def check_release_args(stage: str, computation: str, epsilon: float, delta: floa
     return epsilon, delta
 
 
-def open_release(tx: Tx, log: Callable[..., None], grant: Grant, stage: str, computation: str, epsilon: float,
-                 delta: float, cap: tuple[float, float] | None, per_unit: str | None = None) -> Release:
+def open_release(
+    tx: Tx,
+    log: Callable[..., None],
+    grant: Grant,
+    stage: str,
+    computation: str,
+    epsilon: float,
+    delta: float,
+    cap: tuple[float, float] | None,
+    per_unit: str | None = None,
+) -> Release:
     """``stage``'s one release under ``grant``: re-opened if recorded for ``computation``, else recorded now.
 
     Args:
@@ -66,7 +76,19 @@ def open_release(tx: Tx, log: Callable[..., None], grant: Grant, stage: str, com
         return reopened
     now = time.time()
     tx.run(sql.RELEASE_INSERT, (grant.id, stage, grant.stream, grant.pipeline, computation, epsilon, delta, now))
-    log(tx, "release", {"grant": grant.id, "stream": grant.stream, "pipeline": grant.pipeline, "stage": stage,
-                        "computation": computation, "epsilon": epsilon, "delta": delta,
-                        **({} if per_unit is None else {PER_UNIT_KEY: per_unit})}, at=now)
+    log(
+        tx,
+        "release",
+        {
+            "grant": grant.id,
+            "stream": grant.stream,
+            "pipeline": grant.pipeline,
+            "stage": stage,
+            "computation": computation,
+            "epsilon": epsilon,
+            "delta": delta,
+            **({} if per_unit is None else {PER_UNIT_KEY: per_unit}),
+        },
+        at=now,
+    )
     return Release(grant.id, stage, computation, epsilon, delta, now, reopened=False)

@@ -36,8 +36,10 @@ def _unit_text(status):
     """The status's privacy unit in words: whom the guarantee protects."""
     if status.get("privacy_unit", "row") == "row":
         return "row (event-level DP)"
-    return (f"{status['privacy_unit']}, at most {status['max_rows_per_unit']} rows a block (each stage's mechanisms "
-            f"get epsilon/{status['max_rows_per_unit']} per row)")
+    return (
+        f"{status['privacy_unit']}, at most {status['max_rows_per_unit']} rows a block (each stage's mechanisms "
+        f"get epsilon/{status['max_rows_per_unit']} per row)"
+    )
 
 
 def status_table(status: Mapping[str, Any], width: int = 20) -> str:
@@ -49,22 +51,24 @@ def status_table(status: Mapping[str, Any], width: int = 20) -> str:
         f"privacy unit: {_unit_text(status)}",
         f"blocks: {status['active_blocks']} active, {status['retired_blocks']} retired; grants: {status['grants']}",
         "",
-        f"{'block':<16} {'key':<38} {'state':<8} {'eps spent':>10} {'eps left':>10} {'delta spent':>12}"
-        "  budget used",
+        f"{'block':<16} {'key':<38} {'state':<8} {'eps spent':>10} {'eps left':>10} {'delta spent':>12}  budget used",
     ]
     for b in status["blocks"]:
         used = min(1.0, b["epsilon_spent"] / eps) if eps else 1.0
         filled = int(round(used * width))
         bar = "#" * filled + "." * (width - filled)
-        lines.append(f"{b['id']:<16} {block_key_text(b):<38} {b['state']:<8} {b['epsilon_spent']:>10.4f} "
-                     f"{b['epsilon_remaining']:>10.4f} {b['delta_spent']:>12.3g}  [{bar}]")
+        lines.append(
+            f"{b['id']:<16} {block_key_text(b):<38} {b['state']:<8} {b['epsilon_spent']:>10.4f} "
+            f"{b['epsilon_remaining']:>10.4f} {b['delta_spent']:>12.3g}  [{bar}]"
+        )
     for p in status.get("pipelines", []):
         lines.append(f"pipeline {p['name']}: {p['state']}" + (f" ({p['outcome']})" if p["outcome"] else ""))
     return "\n".join(lines)
 
 
-def spending_history(ledger: Ledger, stream: str,
-                     max_columns: int = 300) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
+def spending_history(
+    ledger: Ledger, stream: str, max_columns: int = 300
+) -> tuple[list[str], np.ndarray, list[str], np.ndarray]:
     """(block ids, event times, column labels, matrix of used share per block after each column).
 
     One column per grant, and one per run of consecutive block arrivals, so the
@@ -116,8 +120,7 @@ def spending_history(ledger: Ledger, stream: str,
     if not columns:
         return blocks, np.zeros(0), [], np.zeros((len(blocks), 0))
     keep = np.unique(np.linspace(0, len(columns) - 1, min(max_columns, len(columns))).round().astype(int))
-    return (blocks, np.asarray(times)[keep], [labels[i] for i in keep],
-            np.stack(columns, axis=1)[:, keep])
+    return (blocks, np.asarray(times)[keep], [labels[i] for i in keep], np.stack(columns, axis=1)[:, keep])
 
 
 def heatmap_png(ledger: Ledger, stream: str, out_path: str) -> str:
@@ -132,8 +135,7 @@ def heatmap_png(ledger: Ledger, stream: str, out_path: str) -> str:
     fig, ax = plt.subplots(figsize=(11, height))
     cmap = matplotlib.colormaps["viridis"].copy()
     cmap.set_bad("#eeeeee")
-    image = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", cmap=cmap, vmin=0, vmax=1,
-                      interpolation="nearest")
+    image = ax.imshow(np.ma.masked_invalid(matrix), aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest")
     shown = np.unique(np.linspace(0, len(blocks) - 1, min(40, len(blocks))).astype(int)) if blocks else []
     ax.set_yticks(shown)
     ax.set_yticklabels([blocks[i] for i in shown], fontsize=7)
@@ -144,8 +146,10 @@ def heatmap_png(ledger: Ledger, stream: str, out_path: str) -> str:
     ax.set_xlabel("ledger events in order: runs of block arrivals, and grants (pipeline, epsilon)")
     ax.set_ylabel(f"block ({len(blocks)})")
     s = ledger.stream(stream)
-    ax.set_title(f"Privacy budget spent per block, stream {stream!r} (global epsilon={s.epsilon:g}, "
-                 f"{s.accounting}); grey = not yet arrived")
+    ax.set_title(
+        f"Privacy budget spent per block, stream {stream!r} (global epsilon={s.epsilon:g}, "
+        f"{s.accounting}); grey = not yet arrived"
+    )
     fig.colorbar(image, ax=ax, label="share of the block's epsilon spent")
     fig.tight_layout()
     fig.savefig(out_path, dpi=110)

@@ -6,6 +6,7 @@ pipeline's state and the log's tail in one statement, ``request_cost`` prices th
 ``charge_request`` charges under the stream's policy. Every error comes before anything is written. This module
 imports neither the ``Ledger`` facade nor the audit.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -25,8 +26,11 @@ if TYPE_CHECKING:
     from .store import Tx
 
 
-def requested_ids(blocks: Sequence[str] | str | None, window: tuple[float, float] | None,
-                  window_blocks: Callable[[float, float], list[str]]) -> list[str]:
+def requested_ids(
+    blocks: Sequence[str] | str | None,
+    window: tuple[float, float] | None,
+    window_blocks: Callable[[float, float], list[str]],
+) -> list[str]:
     """The request's block ids, checked (``blocks.check_block_set``).
 
     Args:
@@ -80,8 +84,7 @@ def read_request(tx: Tx, stream: str, pipeline: str) -> tuple[Stream, str | None
     return s, row[w]
 
 
-def request_cost(s: Stream, filt: BasicFilter | RdpFilter, epsilon: float | None, delta: float,
-                 curve: Any) -> tuple:
+def request_cost(s: Stream, filt: BasicFilter | RdpFilter, epsilon: float | None, delta: float, curve: Any) -> tuple:
     """The filter's cost vector of the request's (``epsilon``, ``delta``) or RDP ``curve``.
 
     Raises:
@@ -113,13 +116,22 @@ def requested_blocks(tx: Tx, stream: str, blocks: Sequence[str]) -> tuple[dict, 
     active = BlockState.ACTIVE.value
     retired = [b for b in blocks if found[b][0] != active]
     if retired:
-        raise BlockRetired(f"block(s) {', '.join(retired)} of stream {stream!r} are retired "
-                           "(budget exhausted) and are never offered again")
+        raise BlockRetired(
+            f"block(s) {', '.join(retired)} of stream {stream!r} are retired "
+            "(budget exhausted) and are never offered again"
+        )
     return found, reservations
 
 
-def check_request(filt: BasicFilter | RdpFilter, s: Stream, cost: tuple, epsilon: float | None, curve: Any,
-                  pipeline: str, pipeline_state: str | None) -> None:
+def check_request(
+    filt: BasicFilter | RdpFilter,
+    s: Stream,
+    cost: tuple,
+    epsilon: float | None,
+    curve: Any,
+    pipeline: str,
+    pipeline_state: str | None,
+) -> None:
     """The grant floor (``streams.check_minimum``) and a pipeline that has not finished.
 
     Raises:
@@ -130,8 +142,9 @@ def check_request(filt: BasicFilter | RdpFilter, s: Stream, cost: tuple, epsilon
         raise LedgerError(f"pipeline {pipeline!r} already finished on stream {s.name!r}")
 
 
-def charge_request(write: StreamWrite, charge: Charge, found: dict,
-                   reservations: dict) -> tuple[Grant | None, dict[str, str] | None]:
+def charge_request(
+    write: StreamWrite, charge: Charge, found: dict, reservations: dict
+) -> tuple[Grant | None, dict[str, str] | None]:
     """Charge ``charge`` under the stream's policy: at once (``charges.charge_now``), or as a queued demand.
 
     Returns:
@@ -146,4 +159,3 @@ def charge_request(write: StreamWrite, charge: Charge, found: dict,
             charge.split.check_covered(*write.filt.spendable(charge.cost))
         return _charges.queued_request(write, charge)
     return _charges.charge_now(write, charge, found, reservations), None
-

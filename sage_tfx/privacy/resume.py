@@ -4,6 +4,7 @@
 session): the pipeline's grants on the stream in charge order, each with its recorded outcome, filtered by the driver's
 own rule. ``ReplayingLedger`` replays a release strategy's held one-block grants instead of charging them again.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -29,8 +30,9 @@ class Held(NamedTuple):
 def held(ledger: Ledger, stream: str, pipeline: str, keep: Callable[[Any], bool] | None = None) -> list[Held]:
     """The grants ``pipeline`` holds on ``stream`` (``Ledger.history``: charge order) that ``keep`` accepts (all
     when None), each with its outcome: what a restart resumes from."""
-    return [Held(g, outcome, details) for g, outcome, details in ledger.history(stream, pipeline)
-            if keep is None or keep(g)]
+    return [
+        Held(g, outcome, details) for g, outcome, details in ledger.history(stream, pipeline) if keep is None or keep(g)
+    ]
 
 
 def meta_diff(signed: dict, ours: dict) -> list[str]:

@@ -32,6 +32,7 @@ allow), is non-decreasing and satisfies r(y + n) = r(y) + n for integers n. Henc
 record has L1 norm <= Delta and touches at most k cells is at most floor(Delta / gamma) + k grid
 units (sum over the changed cells of ceil(d_i / gamma) <= floor(sum d_i / gamma) + k).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,20 +49,34 @@ if TYPE_CHECKING:
 
     from .randomness import RngLike, SecureRNG
 
-__all__ = ["bernoulli_exp", "discrete_laplace", "discrete_gaussian", "grid_laplace", "grid_laplace_params",
-           "grid_gaussian", "grid_gaussian_params", "grid_laplace_coupling", "grid_sums", "grid_laplace_sum",
-           "grid_gaussian_sum", "grid_laplace_pair", "GRID_BITS", "GAUSS_GRID_BITS"]
+__all__ = [
+    "bernoulli_exp",
+    "discrete_laplace",
+    "discrete_gaussian",
+    "grid_laplace",
+    "grid_laplace_params",
+    "grid_gaussian",
+    "grid_gaussian_params",
+    "grid_laplace_coupling",
+    "grid_sums",
+    "grid_laplace_sum",
+    "grid_gaussian_sum",
+    "grid_laplace_pair",
+    "GRID_BITS",
+    "GAUSS_GRID_BITS",
+]
 
 # The grid is at least 2^GRID_BITS times finer than the Laplace scale and than Delta / k (see grid_laplace).
 GRID_BITS = 20
 # The discrete Gaussian's grid: sigma / gamma in [2^GAUSS_GRID_BITS, 2^(GAUSS_GRID_BITS + 2)),
 # which keeps every intermediate of CKS Algorithm 3 below 2^63 (see _gauss_accept).
 GAUSS_GRID_BITS = 13
-_MAX_GAUSS_S = 2 ** 30  # the discrete Gaussian's variance parameter S stays below this (int64 arithmetic)
-_MAX_INDEX = 2.0 ** 52  # |x / gamma| must stay below this: float64 then holds every grid index exactly
+_MAX_GAUSS_S = 2**30  # the discrete Gaussian's variance parameter S stays below this (int64 arithmetic)
+_MAX_INDEX = 2.0**52  # |x / gamma| must stay below this: float64 then holds every grid index exactly
 
 
 # ------------------------------------------------------------------------------------------- samplers
+
 
 def _bernoulli_ratio(num, den, rng):
     """Bernoulli(num / den) per entry (0 <= num <= den, den >= 1), exactly."""
@@ -210,7 +225,7 @@ def discrete_laplace(t: int, size: int | tuple[int, ...], rng: SecureRNG) -> np.
     arithmetic and exact Bernoullis.
     """
     rng = as_secure_rng(rng)
-    t = integer(t, "discrete_laplace: the scale t", low=1, high=2 ** 52, error=SamplerError, message=BAD_ARGUMENT)
+    t = integer(t, "discrete_laplace: the scale t", low=1, high=2**52, error=SamplerError, message=BAD_ARGUMENT)
     n = int(np.prod(size)) if np.ndim(size) else int(cast(int, size))
     if n <= _SCALAR_BATCH:
         return np.array([_discrete_laplace_scalar(t, rng) for _ in range(n)], dtype=np.int64).reshape(size)
@@ -245,14 +260,14 @@ def _gauss_accept(y, s, t, rng):
     """
     y = np.abs(np.asarray(y, dtype=np.int64))
     den = 2 * s * t * t
-    fast = y < (2 ** 31) // t
+    fast = y < (2**31) // t
     whole = np.empty(y.shape, dtype=np.int64)
     frac = np.empty(y.shape, dtype=np.int64)
     num = (y[fast] * t - s) ** 2
     whole[fast], frac[fast] = num // den, num % den
     for i in np.flatnonzero(~fast):
         w, f = divmod((int(y[i]) * t - s) ** 2, den)
-        whole[i], frac[i] = min(w, 2 ** 62), f
+        whole[i], frac[i] = min(w, 2**62), f
     return _bernoulli_exp_parts(whole, frac, np.full(y.shape, den, dtype=np.int64), rng)
 
 
@@ -263,8 +278,15 @@ def discrete_gaussian(s: int, size: int | tuple[int, ...], rng: SecureRNG) -> np
     probability exp(-(|Y| - s/t)^2 / (2s)), else draw again. Requires 1 <= s < 2^30.
     """
     rng = as_secure_rng(rng)
-    s = integer(s, "discrete_gaussian: the variance parameter", low=1, high=_MAX_GAUSS_S, high_open=True,
-                error=SamplerError, message=BAD_ARGUMENT)
+    s = integer(
+        s,
+        "discrete_gaussian: the variance parameter",
+        low=1,
+        high=_MAX_GAUSS_S,
+        high_open=True,
+        error=SamplerError,
+        message=BAD_ARGUMENT,
+    )
     t = math.isqrt(s) + 1
     n = int(np.prod(size)) if np.ndim(size) else int(cast(int, size))
     if n <= _SCALAR_BATCH:
@@ -277,7 +299,9 @@ def discrete_gaussian(s: int, size: int | tuple[int, ...], rng: SecureRNG) -> np
                     break
         return np.array(draws, dtype=np.int64).reshape(size)
     if n > _CHUNK:  # bounded memory: consecutive chunks from the same generator
-        return np.concatenate([discrete_gaussian(s, min(_CHUNK, n - i), rng) for i in range(0, n, _CHUNK)]).reshape(size)
+        return np.concatenate([discrete_gaussian(s, min(_CHUNK, n - i), rng) for i in range(0, n, _CHUNK)]).reshape(
+            size
+        )
     out = np.empty(n, dtype=np.int64)
     pending = np.arange(n)
     while pending.size:
@@ -289,6 +313,7 @@ def discrete_gaussian(s: int, size: int | tuple[int, ...], rng: SecureRNG) -> np
 
 
 # -------------------------------------------------------------------------------------- grid releases
+
 
 def _pow2_at_most(value: float) -> float:
     """The largest power of two <= value (value > 0 and finite)."""
@@ -327,14 +352,15 @@ def grid_laplace_params(sensitivity: float, epsilon: float, cells: int = 1) -> t
     delta = _check_positive("sensitivity", sensitivity)
     epsilon = _check_positive("epsilon", epsilon)
     k = _cells(cells)
-    gamma = _pow2_at_most(min(delta / epsilon, delta / k) / 2.0 ** GRID_BITS)
+    gamma = _pow2_at_most(min(delta / epsilon, delta / k) / 2.0**GRID_BITS)
     units = math.floor(delta / gamma) + k
     t = math.ceil(Fraction(units) / Fraction(epsilon))
     return gamma, int(t)
 
 
-def grid_laplace(values: npt.ArrayLike, sensitivity: float, epsilon: float, rng: RngLike = None,
-                 cells: int = 1) -> np.ndarray:
+def grid_laplace(
+    values: npt.ArrayLike, sensitivity: float, epsilon: float, rng: RngLike = None, cells: int = 1
+) -> np.ndarray:
     """An epsilon-DP release of ``values`` on the grid gamma * Z: gamma * (r(values / gamma) + Y), Y iid discrete Laplace(t).
 
     Mechanism: (gamma, t) = grid_laplace_params(sensitivity, epsilon, cells); each cell is rounded to
@@ -361,8 +387,9 @@ def grid_laplace(values: npt.ArrayLike, sensitivity: float, epsilon: float, rng:
     return (index + noise).astype(np.float64) * gamma
 
 
-def grid_laplace_coupling(sensitivity: float, epsilon: float, cells: int = 1,
-                          epsilon_tolerance: float = 0.0) -> tuple[float, float]:
+def grid_laplace_coupling(
+    sensitivity: float, epsilon: float, cells: int = 1, epsilon_tolerance: float = 0.0
+) -> tuple[float, float]:
     """(scale, slack): a grid_laplace release is x + L + xi in law, L ~ Laplace(scale), |xi| <= slack.
 
     scale = gamma t and slack = 3 gamma / 2 for (gamma, t) = grid_laplace_params(...). Proof: the discrete
@@ -383,7 +410,7 @@ def grid_laplace_coupling(sensitivity: float, epsilon: float, cells: int = 1,
     if epsilon_tolerance:
         low = float(epsilon) * (1.0 - float(epsilon_tolerance))
         gamma, _ = grid_laplace_params(sensitivity, low, cells)
-        return float(sensitivity) / low * (1.0 + 2.0 ** -GRID_BITS) + gamma, 1.5 * gamma
+        return float(sensitivity) / low * (1.0 + 2.0**-GRID_BITS) + gamma, 1.5 * gamma
     gamma, t = grid_laplace_params(sensitivity, epsilon, cells)
     return gamma * t, 1.5 * gamma
 
@@ -402,16 +429,17 @@ def grid_gaussian_params(l2_sensitivity: float, sigma: float, cells: int = 1) ->
     k = _cells(cells)
     # S >= (D2 sigma / Delta_2)^2 > k (sigma / Delta_2)^2 whatever the grid: beyond this no S fits the int64 sampler
     if sigma * math.sqrt(k) / d2 >= math.sqrt(_MAX_GAUSS_S):
-        raise SamplerError(f"sigma {sigma!r} is {sigma / d2:.4g} times the L2 sensitivity {d2!r} over {k} cell(s): "
-                           f"the grid Gaussian supports sigma * sqrt(cells) / sensitivity < {math.sqrt(_MAX_GAUSS_S):g}; "
-                           "so much noise leaves nothing of the value: give the release a larger epsilon")
-    gamma = _pow2_at_most(min(sigma, d2 / math.sqrt(k)) / 2.0 ** GAUSS_GRID_BITS)
+        raise SamplerError(
+            f"sigma {sigma!r} is {sigma / d2:.4g} times the L2 sensitivity {d2!r} over {k} cell(s): "
+            f"the grid Gaussian supports sigma * sqrt(cells) / sensitivity < {math.sqrt(_MAX_GAUSS_S):g}; "
+            "so much noise leaves nothing of the value: give the release a larger epsilon"
+        )
+    gamma = _pow2_at_most(min(sigma, d2 / math.sqrt(k)) / 2.0**GAUSS_GRID_BITS)
     while sigma / gamma >= 2.0 ** (GAUSS_GRID_BITS + 2):
         gamma *= 2.0
     while True:
         # sigma_grid >= sigma / gamma * (1 + sqrt(k) gamma / Delta_2), rounded up via a safe rational bound
-        inflation = (Fraction(1) + Fraction(math.ceil(math.sqrt(k) * 2 ** 20) + 1, 2 ** 20) * Fraction(gamma)
-                     / Fraction(d2))
+        inflation = Fraction(1) + Fraction(math.ceil(math.sqrt(k) * 2**20) + 1, 2**20) * Fraction(gamma) / Fraction(d2)
         sigma_grid = Fraction(sigma) / Fraction(gamma) * inflation
         s = math.ceil(sigma_grid * sigma_grid)
         if s < _MAX_GAUSS_S:
@@ -420,8 +448,9 @@ def grid_gaussian_params(l2_sensitivity: float, sigma: float, cells: int = 1) ->
     return gamma, int(s)
 
 
-def grid_gaussian(values: npt.ArrayLike, l2_sensitivity: float, sigma: float, rng: RngLike = None,
-                  cells: int = 1) -> np.ndarray:
+def grid_gaussian(
+    values: npt.ArrayLike, l2_sensitivity: float, sigma: float, rng: RngLike = None, cells: int = 1
+) -> np.ndarray:
     """A release of ``values`` on the grid gamma * Z: gamma * (r(values / gamma) + Y), Y iid discrete Gaussian N_Z(0, S).
 
     Mechanism: (gamma, S) = grid_gaussian_params(l2_sensitivity, sigma, cells); each cell rounded to the
@@ -448,8 +477,10 @@ def grid_gaussian(values: npt.ArrayLike, l2_sensitivity: float, sigma: float, rn
 
 # ------------------------------------------------------------------------- grid releases of sums, summed exactly
 
-def grid_sums(records: npt.ArrayLike, gamma: float, keys: npt.ArrayLike | None = None,
-              num_cells: int | None = None) -> list:
+
+def grid_sums(
+    records: npt.ArrayLike, gamma: float, keys: npt.ArrayLike | None = None, num_cells: int | None = None
+) -> list:
     """The exact integer sums, per cell, of the records' grid indices r(v / gamma) (Python ints: no rounding).
 
     ``records``: one record's contribution per row, shape (n,) (one cell) or (n, m) (m cells); with ``keys``
@@ -469,7 +500,7 @@ def grid_sums(records: npt.ArrayLike, gamma: float, keys: npt.ArrayLike | None =
     index = _grid_index(x, gamma)
     bound = float(np.abs(index).max()) * max(len(index), 1) if index.size else 0.0
     if keys is not None:
-        if bound < 2.0 ** 62:
+        if bound < 2.0**62:
             out = np.zeros(int(cast(int, num_cells)), dtype=np.int64)
             np.add.at(out, keys.astype(np.int64), index)
             return [int(v) for v in out]
@@ -478,7 +509,7 @@ def grid_sums(records: npt.ArrayLike, gamma: float, keys: npt.ArrayLike | None =
             sums[k] += v
         return sums
     columns = index if index.ndim == 2 else index.reshape(-1, 1)  # one column per cell (an empty 1-D: one cell)
-    if bound < 2.0 ** 62:
+    if bound < 2.0**62:
         return [int(v) for v in columns.sum(axis=0, dtype=np.int64)]
     return [sum(col.tolist()) for col in columns.T]
 
@@ -487,13 +518,20 @@ def _grid_total(sums, noise, gamma):
     """gamma * (sums + noise) as float64, refused (SamplerError) unless every cell is an integer below 2^53: float64
     then holds it, and its product with the power of two gamma, exactly."""
     total = [int(s_) + int(y) for s_, y in zip(sums, noise.tolist())]
-    if any(abs(v) >= 2 ** 53 for v in total):
+    if any(abs(v) >= 2**53 for v in total):
         raise SamplerError("grid release: a sum is too large for its grid (|sum| / gamma must stay below 2^53)")
     return np.array(total, dtype=np.float64) * gamma
 
 
-def grid_laplace_sum(records: npt.ArrayLike, sensitivity: float, epsilon: float, rng: RngLike = None, cells: int = 1,
-                     keys: npt.ArrayLike | None = None, num_cells: int | None = None) -> np.ndarray:
+def grid_laplace_sum(
+    records: npt.ArrayLike,
+    sensitivity: float,
+    epsilon: float,
+    rng: RngLike = None,
+    cells: int = 1,
+    keys: npt.ArrayLike | None = None,
+    num_cells: int | None = None,
+) -> np.ndarray:
     """``grid_laplace`` of the sums of ``records`` (``grid_sums``' shapes), summed exactly on the grid.
 
     Mechanism: (gamma, t) = grid_laplace_params(sensitivity, epsilon, cells); each cell's release is
@@ -510,8 +548,15 @@ def grid_laplace_sum(records: npt.ArrayLike, sensitivity: float, epsilon: float,
     return _grid_total(sums, discrete_laplace(t, (len(sums),), as_secure_rng(rng)), gamma)
 
 
-def grid_gaussian_sum(records: npt.ArrayLike, l2_sensitivity: float, sigma: float, rng: RngLike = None, cells: int = 1,
-                      keys: npt.ArrayLike | None = None, num_cells: int | None = None) -> np.ndarray:
+def grid_gaussian_sum(
+    records: npt.ArrayLike,
+    l2_sensitivity: float,
+    sigma: float,
+    rng: RngLike = None,
+    cells: int = 1,
+    keys: npt.ArrayLike | None = None,
+    num_cells: int | None = None,
+) -> np.ndarray:
     """``grid_gaussian`` of the sums of ``records`` (``grid_sums``' shapes), summed exactly on the grid.
 
     As ``grid_laplace_sum``: gamma * (sum_i r(v_i / gamma) + Y), Y iid N_Z(0, S) for (gamma, S) =
@@ -540,5 +585,6 @@ def grid_laplace_pair(records: npt.ArrayLike, bound: float, epsilon: float, rng:
         raise SamplerError(f"grid pair: records must lie in [0, {bound!r}]")
     (total,) = grid_sums(values, gamma)
     top = int(_grid_index(np.array([float(bound)]), gamma)[0])
-    return tuple(_grid_total([total, top * values.size - total], discrete_laplace(t, (2,), as_secure_rng(rng)),
-                             gamma).tolist())
+    return tuple(
+        _grid_total([total, top * values.size - total], discrete_laplace(t, (2,), as_secure_rng(rng)), gamma).tolist()
+    )

@@ -76,8 +76,13 @@ class KeySource:
                 pass
 
 
-def migrate_secret(store: Store, key_source: KeySource, secret: str, log: Callable[..., object],
-                   adopt: Callable[[KeyRing, str], object]) -> KeyRing:
+def migrate_secret(
+    store: Store,
+    key_source: KeySource,
+    secret: str,
+    log: Callable[..., object],
+    adopt: Callable[[KeyRing, str], object],
+) -> KeyRing:
     """Move an older ledger's ``meta.secret`` out of the database (docs/security.md, "Migration"); return the
     new ``KeyRing``.
 
@@ -104,7 +109,8 @@ def migrate_secret(store: Store, key_source: KeySource, secret: str, log: Callab
         raise KeyFileError(
             f"key file {path} exists but does not hold ledger {store.display}'s old secret: this ledger "
             "is from an older version and is migrated by its upgrade; give its own key file, or a path where none "
-            "exists yet (--key-file PATH or SAGE_KEY_FILE=PATH)")
+            "exists yet (--key-file PATH or SAGE_KEY_FILE=PATH)"
+        )
     with store.transaction() as tx:
         if tx.one(sql.META_HAS_SECRET) is None or tx.one(sql.META_HAS_KEY_ID) is not None:
             return keys  # migrated by another process meanwhile
@@ -115,8 +121,7 @@ def migrate_secret(store: Store, key_source: KeySource, secret: str, log: Callab
         tx.run(sql.META_INSERT_KEY_ID, (keys.key_id,))
         tx.run(sql.META_INSERT_LEDGER_ID, (ledger_id,))
         adopt(keys, ledger_id)
-        log(tx, "keys", {"key_id": keys.key_id, "legacy_chain_until": last[0] if last else 0,
-                         "legacy_grants": grants})
+        log(tx, "keys", {"key_id": keys.key_id, "legacy_chain_until": last[0] if last else 0, "legacy_grants": grants})
     return keys
 
 

@@ -40,6 +40,7 @@ The stages: ``preprocessing`` (DPTransform's analyzers), ``count`` (the DP recor
 releases and DPTrainer calibrates with), ``training`` (the DP model), ``rejection`` (the validator's
 REJECT test on the training split) and ``validation`` (its ACCEPT test on the test split).
 """
+
 from __future__ import annotations
 
 import math
@@ -112,16 +113,19 @@ class BudgetSplit:
                 raise LedgerError(f"split {name} {getattr(self, name)!r} is invalid: must be < 1")
             object.__setattr__(self, name, value)
         if self.total_delta >= 1:
-            raise LedgerError(f"split deltas {self.delta!r} + {self.preprocessing_delta!r} are invalid: their sum "
-                              "must be < 1")
+            raise LedgerError(
+                f"split deltas {self.delta!r} + {self.preprocessing_delta!r} are invalid: their sum must be < 1"
+            )
         try:
             rule = ChargeRule(self.rule)
             if rule not in SPLIT_RULES:
                 raise ValueError(rule)
             object.__setattr__(self, "rule", rule.value)
         except ValueError:
-            raise LedgerError(f"split rule {self.rule!r} is unknown: use {ChargeRule.PARALLEL.value!r} (a per-record "
-                              f"train/test split) or {ChargeRule.SUM.value!r}") from None
+            raise LedgerError(
+                f"split rule {self.rule!r} is unknown: use {ChargeRule.PARALLEL.value!r} (a per-record "
+                f"train/test split) or {ChargeRule.SUM.value!r}"
+            ) from None
 
     # ------------------------------------------------------------------ the rule
     @property
@@ -171,8 +175,11 @@ class BudgetSplit:
         Returns:
           The scaled ``BudgetSplit``.
         """
-        return replace(self, **{s: getattr(self, s) * epsilon_factor for s in STAGES},
-                       **{d: getattr(self, d) * delta_factor for d in DELTA_FIELDS})
+        return replace(
+            self,
+            **{s: getattr(self, s) * epsilon_factor for s in STAGES},
+            **{d: getattr(self, d) * delta_factor for d in DELTA_FIELDS},
+        )
 
     def composed(self, spent: dict) -> float:
         """The per-record epsilon of stages that spent ``spent`` ({stage: epsilon}), under this split's rule.
@@ -205,10 +212,14 @@ class BudgetSplit:
             raise LedgerError(
                 f"split {self.to_dict()} composes to epsilon {self.charged_epsilon:.6g} under rule {self.rule!r}, "
                 f"more than {what} charges ({float(epsilon):.6g}): charge at least {self.charged_epsilon:.6g} or "
-                "shrink the stages")
+                "shrink the stages"
+            )
         if self.total_delta > float(delta) * (1 + SLACK):
-            parts = (f"training's {self.delta:.3g} + preprocessing's {self.preprocessing_delta:.3g}"
-                     if self.preprocessing_delta else f"{self.delta:.3g}")
+            parts = (
+                f"training's {self.delta:.3g} + preprocessing's {self.preprocessing_delta:.3g}"
+                if self.preprocessing_delta
+                else f"{self.delta:.3g}"
+            )
             raise LedgerError(f"split delta {parts} is more than {what} charges ({float(delta):.3g})")
 
     def to_dict(self) -> dict:
@@ -230,13 +241,16 @@ class BudgetSplit:
             raise LedgerError(f"split {raw!r} must be an object of stage epsilons, delta and rule")
         unknown = sorted(set(raw) - set(STAGES) - set(DELTA_FIELDS) - {"rule"})
         if unknown:
-            raise LedgerError(f"split names unknown field(s) {unknown}: use {', '.join(STAGES)}, "
-                              f"{', '.join(DELTA_FIELDS)} and rule")
+            raise LedgerError(
+                f"split names unknown field(s) {unknown}: use {', '.join(STAGES)}, {', '.join(DELTA_FIELDS)} and rule"
+            )
         if "rule" not in raw:
-            raise LedgerError(f"split {raw!r} has no rule: use {ChargeRule.PARALLEL.value!r} or "
-                              f"{ChargeRule.SUM.value!r}")
-        return cls(**{s: raw.get(s, 0.0) for s in STAGES}, **{d: raw.get(d, 0.0) for d in DELTA_FIELDS},
-                   rule=raw["rule"])
+            raise LedgerError(
+                f"split {raw!r} has no rule: use {ChargeRule.PARALLEL.value!r} or {ChargeRule.SUM.value!r}"
+            )
+        return cls(
+            **{s: raw.get(s, 0.0) for s in STAGES}, **{d: raw.get(d, 0.0) for d in DELTA_FIELDS}, rule=raw["rule"]
+        )
 
     @classmethod
     def parse(cls, text: str, delta: float = 0.0) -> BudgetSplit:
@@ -254,11 +268,13 @@ class BudgetSplit:
             name, sep, value = part.partition("=")
             name = name.strip()
             if not sep:
-                raise LedgerError(f"split part {part!r} must be STAGE=EPSILON (stages: {', '.join(STAGES)}) or "
-                                  "rule=sum|parallel")
+                raise LedgerError(
+                    f"split part {part!r} must be STAGE=EPSILON (stages: {', '.join(STAGES)}) or rule=sum|parallel"
+                )
             if name == "rule":
-                rule = {"sum": ChargeRule.SUM.value, "parallel": ChargeRule.PARALLEL.value}.get(value.strip(),
-                                                                                               value.strip())
+                rule = {"sum": ChargeRule.SUM.value, "parallel": ChargeRule.PARALLEL.value}.get(
+                    value.strip(), value.strip()
+                )
             elif name == "preprocessing_delta":
                 pre_delta = value.strip()
             elif name in STAGES:
@@ -266,22 +282,33 @@ class BudgetSplit:
                     raise LedgerError(f"split names stage {name!r} twice")
                 fields[name] = value.strip()
             else:
-                raise LedgerError(f"split stage {name!r} is unknown: use {', '.join(STAGES)} (or rule=, "
-                                  "preprocessing_delta=)")
+                raise LedgerError(
+                    f"split stage {name!r} is unknown: use {', '.join(STAGES)} (or rule=, preprocessing_delta=)"
+                )
         if not fields:
             raise LedgerError(f"split {text!r} names no stage: e.g. preprocessing=0.1,training=0.3,validation=0.1")
         if pre_delta:
             pre_delta = _stage_value("preprocessing_delta", pre_delta)
             if pre_delta > float(delta):
-                raise LedgerError(f"split preprocessing_delta {pre_delta!r} is more than the grant's delta {delta!r}: "
-                                  "it is taken out of the grant's delta (give a larger --delta)")
+                raise LedgerError(
+                    f"split preprocessing_delta {pre_delta!r} is more than the grant's delta {delta!r}: "
+                    "it is taken out of the grant's delta (give a larger --delta)"
+                )
             delta = float(delta) - pre_delta
         return cls(**{s: fields.get(s, 0.0) for s in STAGES}, delta=delta, rule=rule, preprocessing_delta=pre_delta)
 
     @classmethod
-    def for_epsilon(cls, epsilon: float, delta: float, preprocessing_share: float = 0.2, count_share: float = 0.05,
-                    validation_share: float | None = None, rejection_share: float = 0.0,
-                    disjoint_split: bool = True, preprocessing_delta: float = 0.0) -> BudgetSplit:
+    def for_epsilon(
+        cls,
+        epsilon: float,
+        delta: float,
+        preprocessing_share: float = 0.2,
+        count_share: float = 0.05,
+        validation_share: float | None = None,
+        rejection_share: float = 0.0,
+        disjoint_split: bool = True,
+        preprocessing_delta: float = 0.0,
+    ) -> BudgetSplit:
         """Split a per-block charge ``epsilon`` into the stages so that ``charged_epsilon == epsilon``.
 
         Preprocessing and the count take their shares of ``epsilon``; ``rest`` is what they leave. With
@@ -309,8 +336,14 @@ class BudgetSplit:
 
 def _share(value, what, high, high_text=""):
     """A stage's share of the iteration epsilon: a float in [0, high), else a LedgerError naming it."""
-    return number(value, what, low=0.0, high=high, high_open=True,
-                  message=f"{{what}} {{value!r}} is invalid: must be in [0, {high_text}{high:g})")
+    return number(
+        value,
+        what,
+        low=0.0,
+        high=high,
+        high_open=True,
+        message=f"{{what}} {{value!r}} is invalid: must be in [0, {high_text}{high:g})",
+    )
 
 
 def _check_stage(stage):
@@ -353,10 +386,12 @@ def record_split(grant: Grant) -> RecordSplit:
             raise GrantError(f"grant {grant.id!r}: {exc}") from None
     split = BudgetSplit.from_meta(grant.meta)
     if split is not None and split.parallel:
-        raise GrantError(f"grant {grant.id!r} charges the parallel rule ({split.rule}) but carries no signed record "
-                         "split, so nothing enforces that its test records stay out of training: it was made before "
-                         "grants signed one. Request a new grant for these blocks (sage run, Ledger.request and "
-                         "sage ledger charge sign the record split now)")
+        raise GrantError(
+            f"grant {grant.id!r} charges the parallel rule ({split.rule}) but carries no signed record "
+            "split, so nothing enforces that its test records stay out of training: it was made before "
+            "grants signed one. Request a new grant for these blocks (sage run, Ledger.request and "
+            "sage ledger charge sign the record split now)"
+        )
     return DEFAULT_RECORD_SPLIT
 
 
@@ -384,7 +419,8 @@ def require_side(grant: Grant, splits: Iterable[str], side: str, reader: str) ->
         raise GrantError(
             f"{reader} reads split(s) {wrong}, which grant {grant.id!r}'s record split ({records.describe()}) does "
             f"not put on the {side} side; its parallel rule charges each record for one side only, so {reader} "
-            f"may read the {side} split(s) {list(getattr(records, side))} only")
+            f"may read the {side} split(s) {list(getattr(records, side))} only"
+        )
 
 
 # ---------------------------------------------------------------------------------- the privacy unit
@@ -437,11 +473,16 @@ def per_row_split(split: BudgetSplit, k: int) -> BudgetSplit:
     if k == 1:
         return split
     eps = {s: getattr(split, s) / k for s in STAGES}
-    return replace(split, **eps, delta=per_row_budget(split.training, split.delta, k)[1],
-                   preprocessing_delta=per_row_budget(split.preprocessing, split.preprocessing_delta, k)[1])
+    return replace(
+        split,
+        **eps,
+        delta=per_row_budget(split.training, split.delta, k)[1],
+        preprocessing_delta=per_row_budget(split.preprocessing, split.preprocessing_delta, k)[1],
+    )
 
 
 # ---------------------------------------------------------------------------------- what a stage may spend
+
 
 def grant_split(grant: Grant) -> BudgetSplit | None:
     """What each stage of a verified ``grant`` may hand its mechanisms (None: single-stage): the split signed into
@@ -527,5 +568,6 @@ def require_budget(grant: Grant, stage: str, epsilon: float, delta: float = 0.0)
     if over_budget(epsilon, delta, (have_epsilon, have_delta)):
         raise GrantError(
             f"the {stage} stage asks for (epsilon={float(epsilon):.6g}, delta={float(delta):.3g}) but grant "
-            f"{grant.id!r} covers only (epsilon={have_epsilon:.6g}, delta={have_delta:.3g}) for {stage}")
+            f"{grant.id!r} covers only (epsilon={have_epsilon:.6g}, delta={have_delta:.3g}) for {stage}"
+        )
     return have_epsilon, have_delta

@@ -6,6 +6,7 @@ keyed chain value binds that time with the entry (``KeyRing.chain_value``). Time
 by the keyed ``upgrade`` entry (``migrations.py``), which carries them as they were and a digest of the earlier
 entries' times. ``StampReplay`` replays both; ``check`` compares the tables with the replay (equality).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,8 +47,10 @@ def log_times_digest(times: Iterable[tuple[int, float]]) -> str:
 def upgrade_body(tx: Tx, version: int, to: int) -> dict:
     """The body of the keyed ``upgrade`` entry: the schema versions, every bound column's times as stored (NULLs
     left out) and the digest of every earlier log entry's time."""
-    stamps = {name: sorted([*key, value] for key, value in rows.items() if value is not None)
-              for name, rows in read(tx).items()}
+    stamps = {
+        name: sorted([*key, value] for key, value in rows.items() if value is not None)
+        for name, rows in read(tx).items()
+    }
     return {"from": version, "to": to, "stamps": stamps, "log_ts": log_times_digest(tx.all(sql.LOG_TIMES))}
 
 
@@ -90,8 +93,10 @@ class StampReplay:
     def _upgrade(self, seq, body):
         """The times as they were at the upgrade, and the earlier entries' times checked against its digest."""
         if body.get("log_ts") != log_times_digest(self.times[:-1]):
-            self.problems_at_upgrade = [f"log entry {seq} (upgrade): the times of the log entries before it are "
-                                        "not the ones it bound (altered by a writer of the database)"]
+            self.problems_at_upgrade = [
+                f"log entry {seq} (upgrade): the times of the log entries before it are "
+                "not the ones it bound (altered by a writer of the database)"
+            ]
         for name, rows in (body.get("stamps") or {}).items():
             if name not in self.values:
                 continue
@@ -105,16 +110,19 @@ class StampReplay:
         """Every bound column of ``tables`` (``read``) equal to the replay's; entries whose time nothing binds."""
         problems.extend(self.problems_at_upgrade)
         if self.unbound:
-            problems.append(f"log entries {self.unbound[:5]}{' ...' if len(self.unbound) > 5 else ''}: their times "
-                            "are bound by no keyed value (written before schema 10 and no keyed upgrade entry "
-                            "follows them: run sage ledger upgrade)")
+            problems.append(
+                f"log entries {self.unbound[:5]}{' ...' if len(self.unbound) > 5 else ''}: their times "
+                "are bound by no keyed value (written before schema 10 and no keyed upgrade entry "
+                "follows them: run sage ledger upgrade)"
+            )
         for name, rows in tables.items():
             replay = self.values[name]
             for key, value in sorted(rows.items(), key=lambda kv: str(kv[0])):
                 logged = replay.get(key, replay.get(key[:1], _MISSING))  # a draw's time is its run grant's entry's
                 if logged is not _MISSING and logged != value:
-                    problems.append(f"{name} of {_key_text(key)}: the table says {value!r}, the keyed log says "
-                                    f"{logged!r}")
+                    problems.append(
+                        f"{name} of {_key_text(key)}: the table says {value!r}, the keyed log says {logged!r}"
+                    )
 
 
 _MISSING = object()  # a row the log replay does not know (the other checks name it)

@@ -60,6 +60,7 @@ class Stream:
       privacy_unit: The column naming whose records a row is (a rider, a device); None: the row.
       max_rows_per_unit: K, at most K rows of a unit kept per block (ingest); None: unit = row.
     """
+
     name: str
     accounting: str
     epsilon: float
@@ -99,8 +100,9 @@ class Stream:
         return self.min_grant_epsilon
 
     def filter(self) -> filters.Filter:
-        return filters.make_filter(self.accounting, self.epsilon, self.delta, self.orders, self.query_delta_share,
-                                   bool(self.split_orders))
+        return filters.make_filter(
+            self.accounting, self.epsilon, self.delta, self.orders, self.query_delta_share, bool(self.split_orders)
+        )
 
 
 @functools.lru_cache(maxsize=64)
@@ -111,9 +113,22 @@ def parsed_stream(row: tuple) -> Stream:
     other parameters (a different row) is parsed afresh: nothing read earlier is trusted, only the parsing is
     reused. Stream and filter are immutable.
     """
-    s = Stream(row[0], row[1], row[2], row[3], tuple(json.loads(row[4])), row[5], row[6], row[7], row[8],
-               json.loads(row[9]) if row[9] else None, row[10], row[11], row[12],
-               None if row[13] is None else int(row[13]))
+    s = Stream(
+        row[0],
+        row[1],
+        row[2],
+        row[3],
+        tuple(json.loads(row[4])),
+        row[5],
+        row[6],
+        row[7],
+        row[8],
+        json.loads(row[9]) if row[9] else None,
+        row[10],
+        row[11],
+        row[12],
+        None if row[13] is None else int(row[13]),
+    )
     object.__setattr__(s, "_filter", s.filter())
     return s
 
@@ -133,9 +148,19 @@ def read_stream(tx: Tx, name: str) -> Stream:
     return parsed_stream(tuple(row))
 
 
-def insert_stream(tx: Tx, log: Callable[..., object], name: str, accounting: str, filt: filters.Filter, policy: str,
-                  rules: AllocationPolicy, min_epsilon: float, min_grant: float, now: float,
-                  unit: tuple[str | None, int | None] = (None, None)) -> None:
+def insert_stream(
+    tx: Tx,
+    log: Callable[..., object],
+    name: str,
+    accounting: str,
+    filt: filters.Filter,
+    policy: str,
+    rules: AllocationPolicy,
+    min_epsilon: float,
+    min_grant: float,
+    now: float,
+    unit: tuple[str | None, int | None] = (None, None),
+) -> None:
     """Write a new stream (checked by ``check_stream_args``: its filter ``filt``, ``policy`` as given and its
     ``rules``) and its log entry (``log(tx, kind, body)``); LedgerError if the name is taken. A queued policy's
     parameters are stored in full (defaults written down), so every process applies the same rule. ``unit``:
@@ -146,12 +171,33 @@ def insert_stream(tx: Tx, log: Callable[..., object], name: str, accounting: str
         raise LedgerError(f"stream {name!r} already exists")
     share = getattr(filt, "query_delta_share", None)
     split_orders = 1 if getattr(filt, "split_orders", False) else None
-    tx.run(sql.STREAM_INSERT, (name, accounting, filt.epsilon, filt.delta, json.dumps(orders), policy,
-                               min_epsilon, now, min_grant, None if params is None else canonical(params), share,
-                               split_orders, *unit))
+    tx.run(
+        sql.STREAM_INSERT,
+        (
+            name,
+            accounting,
+            filt.epsilon,
+            filt.delta,
+            json.dumps(orders),
+            policy,
+            min_epsilon,
+            now,
+            min_grant,
+            None if params is None else canonical(params),
+            share,
+            split_orders,
+            *unit,
+        ),
+    )
     body = {
-        "name": name, "accounting": accounting, "epsilon": filt.epsilon, "delta": filt.delta,
-        "orders": list(orders), "policy": policy, "min_epsilon": min_epsilon, "min_grant_epsilon": min_grant,
+        "name": name,
+        "accounting": accounting,
+        "epsilon": filt.epsilon,
+        "delta": filt.delta,
+        "orders": list(orders),
+        "policy": policy,
+        "min_epsilon": min_epsilon,
+        "min_grant_epsilon": min_grant,
     }
     if params is not None:  # only queued streams carry it: other streams' entries stay as they were
         body["policy_params"] = params
@@ -170,16 +216,22 @@ def check_unit(privacy_unit: str | None = None, max_rows_per_unit: int | None = 
     arrive (``sage ingest``), before anything is written."""
     if privacy_unit in (None, "row"):
         if max_rows_per_unit not in (None, 1):
-            raise LedgerError(f"max_rows_per_unit {max_rows_per_unit!r} needs a privacy unit: give "
-                              "--privacy-unit COLUMN (privacy_unit=) with it, or leave it out for unit = row")
+            raise LedgerError(
+                f"max_rows_per_unit {max_rows_per_unit!r} needs a privacy unit: give "
+                "--privacy-unit COLUMN (privacy_unit=) with it, or leave it out for unit = row"
+            )
         return None, None
     check_name(privacy_unit, "privacy unit column")
     if max_rows_per_unit is None:
-        raise LedgerError(f"privacy unit {privacy_unit!r} needs a bound: give --max-rows-per-unit K "
-                          "(max_rows_per_unit=K), the most rows one unit may have in a block (K >= 1)")
+        raise LedgerError(
+            f"privacy unit {privacy_unit!r} needs a bound: give --max-rows-per-unit K "
+            "(max_rows_per_unit=K), the most rows one unit may have in a block (K >= 1)"
+        )
     if isinstance(max_rows_per_unit, bool) or not isinstance(max_rows_per_unit, int) or max_rows_per_unit < 1:
-        raise LedgerError(f"max_rows_per_unit {max_rows_per_unit!r} is invalid: give an integer K >= 1 (the most "
-                          "rows one unit keeps per block; every mechanism is then charged for K rows)")
+        raise LedgerError(
+            f"max_rows_per_unit {max_rows_per_unit!r} is invalid: give an integer K >= 1 (the most "
+            "rows one unit keeps per block; every mechanism is then charged for K rows)"
+        )
     return privacy_unit, max_rows_per_unit
 
 
@@ -192,7 +244,8 @@ def check_unit_charge(stream: Stream, curve: object) -> None:
         raise LedgerError(
             f"stream {stream.name!r} protects privacy unit {stream.privacy_unit!r} (up to {stream.unit_rows} rows a "
             "block): a charge given as an RDP curve cannot be scaled to a unit by group privacy; request epsilon "
-            "(and delta) instead, whose stages then get the per-row budget")
+            "(and delta) instead, whose stages then get the per-row budget"
+        )
 
 
 def require_row_unit(ledger: Ledger, stream: str, what: str) -> None:
@@ -205,15 +258,25 @@ def require_row_unit(ledger: Ledger, stream: str, what: str) -> None:
         raise LedgerError(
             f"{what} calibrates its mechanisms to one row, but stream {stream!r} protects privacy unit "
             f"{s.privacy_unit!r} (up to {s.unit_rows} rows a block): run it on a stream whose unit is the row, or "
-            "run a TFX pipeline (sage run), whose stages get the per-row budget")
+            "run a TFX pipeline (sage run), whose stages get the per-row budget"
+        )
 
 
-def check_stream_args(name: str, epsilon: float, delta: float, accounting: str = Accounting.BASIC,
-                      orders: Sequence[float] | None = None, policy: str = Policy.CONSERVE,
-                      min_epsilon: float | None = None, max_epsilon: float = DEFAULT_MAX_STREAM_EPSILON,
-                      min_grant_epsilon: float | None = None, policy_params: Mapping[str, Any] | None = None,
-                      query_delta_share: float | None = None, privacy_unit: str | None = None,
-                      max_rows_per_unit: int | None = None) -> tuple[filters.Filter, float, float]:
+def check_stream_args(
+    name: str,
+    epsilon: float,
+    delta: float,
+    accounting: str = Accounting.BASIC,
+    orders: Sequence[float] | None = None,
+    policy: str = Policy.CONSERVE,
+    min_epsilon: float | None = None,
+    max_epsilon: float = DEFAULT_MAX_STREAM_EPSILON,
+    min_grant_epsilon: float | None = None,
+    policy_params: Mapping[str, Any] | None = None,
+    query_delta_share: float | None = None,
+    privacy_unit: str | None = None,
+    max_rows_per_unit: int | None = None,
+) -> tuple[filters.Filter, float, float]:
     """``create_stream``'s checks alone, without a ledger; ``sage ledger init`` runs them before it creates a file.
 
     Args:
@@ -258,7 +321,8 @@ def check_stream_args(name: str, epsilon: float, delta: float, accounting: str =
             f"stream epsilon {epsilon!r} is above the maximum {max_epsilon:g}: a guarantee that weak says little "
             f"(e^epsilon bounds how much one person's records may change any outcome's odds); give epsilon <= "
             f"{max_epsilon:g}, or raise the limit knowingly (sage ledger init --max-epsilon E; "
-            "create_stream(..., max_epsilon=E))")
+            "create_stream(..., max_epsilon=E))"
+        )
     if min_epsilon is None:
         min_epsilon = filt.epsilon / 100.0
     min_epsilon = finite(min_epsilon, "min_epsilon", allow_none=False)
@@ -268,8 +332,7 @@ def check_stream_args(name: str, epsilon: float, delta: float, accounting: str =
         min_grant_epsilon = min(DEFAULT_MIN_GRANT_EPSILON, min_epsilon)
     min_grant = finite(min_grant_epsilon, "min_grant_epsilon", allow_none=False)
     if not 0 < min_grant <= filt.epsilon:
-        raise LedgerError(f"min_grant_epsilon {min_grant_epsilon!r} is invalid: need 0 < min_grant_epsilon <= "
-                          "epsilon")
+        raise LedgerError(f"min_grant_epsilon {min_grant_epsilon!r} is invalid: need 0 < min_grant_epsilon <= epsilon")
     return filt, min_epsilon, min_grant
 
 
@@ -306,11 +369,13 @@ def check_minimum(filt: filters.Filter, stream: Stream, cost: Sequence[float], e
         raise LedgerError(
             f"grant {asked} is below stream {stream.name!r}'s minimum grant epsilon {least:g}: a read that costs "
             f"less buys data for nothing; ask for epsilon >= {least:g} (set per stream by `sage ledger init "
-            "--min-grant-epsilon`, default 0.001, or the stream's --min-epsilon if smaller)")
+            "--min-grant-epsilon`, default 0.001, or the stream's --min-epsilon if smaller)"
+        )
 
 
-def stream_status(s: Stream, blocks: Sequence[Block], grants: int,
-                  pipelines: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def stream_status(
+    s: Stream, blocks: Sequence[Block], grants: int, pipelines: Sequence[Mapping[str, Any]]
+) -> dict[str, Any]:
     """``Ledger.status``: a JSON-ready summary of stream ``s``, its ``blocks`` (``Block``s in key order) with each
     one's spent and remaining budget, its count of ``grants`` and its ``pipelines``."""
     filt = s.filter()
@@ -318,16 +383,26 @@ def stream_status(s: Stream, blocks: Sequence[Block], grants: int,
     for b in blocks:
         eps_spent, delta_spent, eps_left = filt.summary(b.spent)
         entry = {
-            "id": b.id, "state": b.state, "epsilon_spent": eps_spent, "delta_spent": delta_spent,
-            "epsilon_remaining": 0.0 if b.state == BlockState.RETIRED else eps_left, "created": b.created,
-            "retired": b.retired, **b.key,
+            "id": b.id,
+            "state": b.state,
+            "epsilon_spent": eps_spent,
+            "delta_spent": delta_spent,
+            "epsilon_remaining": 0.0 if b.state == BlockState.RETIRED else eps_left,
+            "created": b.created,
+            "retired": b.retired,
+            **b.key,
         }
         if s.accounting == Accounting.RDP:
             entry["rdp_spent"] = dict(zip((str(a) for a in s.orders), b.spent[1:]))
         out_blocks.append(entry)
     return {
-        "stream": s.name, "accounting": s.accounting, "epsilon": s.epsilon, "delta": s.delta,
-        "policy": s.policy, "policy_params": s.policy_params, "min_epsilon": s.min_epsilon,
+        "stream": s.name,
+        "accounting": s.accounting,
+        "epsilon": s.epsilon,
+        "delta": s.delta,
+        "policy": s.policy,
+        "policy_params": s.policy_params,
+        "min_epsilon": s.min_epsilon,
         "min_grant_epsilon": s.grant_floor,
         "orders": list(s.orders),
         # an rdp stream's delta split (filters.RdpFilter); None: basic, or an rdp stream made before schema 7
@@ -335,8 +410,11 @@ def stream_status(s: Stream, blocks: Sequence[Block], grants: int,
         # 1: an rdp stream's conversion delta split over its orders; None: basic, or made before schema 8
         "split_orders": s.split_orders,
         # the privacy unit ("row": event-level DP) and K, the most rows a unit keeps per block (1 for row)
-        "privacy_unit": s.privacy_unit or "row", "max_rows_per_unit": s.unit_rows,
+        "privacy_unit": s.privacy_unit or "row",
+        "max_rows_per_unit": s.unit_rows,
         "active_blocks": sum(b["state"] == BlockState.ACTIVE for b in out_blocks),
         "retired_blocks": sum(b["state"] == BlockState.RETIRED for b in out_blocks),
-        "grants": grants, "pipelines": pipelines, "blocks": out_blocks,
+        "grants": grants,
+        "pipelines": pipelines,
+        "blocks": out_blocks,
     }

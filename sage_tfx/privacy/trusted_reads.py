@@ -4,6 +4,7 @@
 the ``trusted_read`` entry in the facade's write transaction (``Ledger.record_trusted_read``). This module imports
 neither the ``Ledger`` facade nor the audit.
 """
+
 from __future__ import annotations
 
 import collections.abc
@@ -28,8 +29,10 @@ def check_trusted_read(blocks: Sequence[str], purpose: str) -> list[str]:
         LedgerError: an empty purpose, blocks that are not a list, or no block.
     """
     if not isinstance(purpose, str) or not purpose.strip():
-        raise LedgerError(f"purpose {purpose!r} must say why trusted code decrypts blocks outside a grant "
-                          "(e.g. 'non-private baseline'): it is written to the audit log")
+        raise LedgerError(
+            f"purpose {purpose!r} must say why trusted code decrypts blocks outside a grant "
+            "(e.g. 'non-private baseline'): it is written to the audit log"
+        )
     if isinstance(blocks, str) or not isinstance(blocks, collections.abc.Iterable):
         raise LedgerError(f"blocks {blocks!r} is not a list of block ids: give the blocks it decrypts")
     ids = [str(b) for b in blocks]
@@ -46,6 +49,7 @@ def log_trusted_read(tx: Tx, log: Callable[..., None], stream: str, ids: list[st
     """
     missing = sorted(set(ids) - set(read_blocks(tx, stream, ids)))
     if missing:
-        raise UnknownBlock(f"block(s) {', '.join(map(repr, missing))} do not exist in stream {stream!r}: "
-                           "no key for them")
+        raise UnknownBlock(
+            f"block(s) {', '.join(map(repr, missing))} do not exist in stream {stream!r}: no key for them"
+        )
     log(tx, TRUSTED_READ, {"stream": stream, "blocks": ids, "purpose": purpose.strip()})

@@ -16,6 +16,7 @@ before anything is drawn, and the audit flags (``per_unit_problem``):
 The stages still compose on a unit by the split's rule: a per-unit stage costs a unit its share, a per-row stage
 costs a unit K times its per-row budget, i.e. its share (group privacy), so the split composes to the charge.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -49,19 +50,26 @@ def per_unit_problem(meta: Mapping[str, Any] | None, stage: str, per_unit: objec
         return None
     signed = unit_column(meta)
     if signed is None:
-        return (f"per_unit={per_unit!r} names no privacy unit of the grant: its stream's unit is the row, so its "
-                "stages get the row-level budget (drop per_unit)")
+        return (
+            f"per_unit={per_unit!r} names no privacy unit of the grant: its stream's unit is the row, so its "
+            "stages get the row-level budget (drop per_unit)"
+        )
     if per_unit != signed:
-        return (f"per_unit={per_unit!r} is not the grant's privacy unit {signed!r} (signed from the stream): a "
-                f"mechanism calibrated to another column does not protect {signed!r}")
+        return (
+            f"per_unit={per_unit!r} is not the grant's privacy unit {signed!r} (signed from the stream): a "
+            f"mechanism calibrated to another column does not protect {signed!r}"
+        )
     if stage not in PER_UNIT_STAGES:
-        return (f"stage {stage!r} has no mechanism calibrated to the unit (per_unit applies to "
-                f"{', '.join(PER_UNIT_STAGES)}): it gets the per-row budget, epsilon / K")
+        return (
+            f"stage {stage!r} has no mechanism calibrated to the unit (per_unit applies to "
+            f"{', '.join(PER_UNIT_STAGES)}): it gets the per-row budget, epsilon / K"
+        )
     return None
 
 
-def unit_stage_budget(epsilon: float, delta: float, meta: Mapping[str, Any] | None, stage: str,
-                      split: BudgetSplit | None = None) -> tuple[float, float]:
+def unit_stage_budget(
+    epsilon: float, delta: float, meta: Mapping[str, Any] | None, stage: str, split: BudgetSplit | None = None
+) -> tuple[float, float]:
     """(epsilon, delta) a per-unit release of ``stage`` may spend: the stage's share of the signed ``split`` (None:
     the whole (``epsilon``, ``delta``) of a single-stage grant), NOT made per row. ``meta`` is re-read for the split
     when ``split`` is None (a grant's own meta); pass the capped split of an older rdp grant."""
@@ -81,9 +89,17 @@ def grant_unit_budget(grant: Grant, stage: str, per_unit: str) -> tuple[float, f
     return unit_stage_budget(grant.epsilon, grant.delta, grant.meta, stage, signed_split(grant))
 
 
-def audited_share(gid: str, meta: Mapping[str, Any] | None, stage: str, per_unit: object,
-                  row_share: tuple[float, float], epsilon: float, delta: float, split: BudgetSplit | None,
-                  problems: list[str]) -> tuple[float, float]:
+def audited_share(
+    gid: str,
+    meta: Mapping[str, Any] | None,
+    stage: str,
+    per_unit: object,
+    row_share: tuple[float, float],
+    epsilon: float,
+    delta: float,
+    split: BudgetSplit | None,
+    problems: list[str],
+) -> tuple[float, float]:
     """What a recorded release of ``stage`` under grant ``gid`` may have spent, as the audit replays it: the per-row
     ``row_share`` without ``per_unit``; with a valid one the whole unit share of the grant's (``epsilon``,
     ``delta``) and its unscaled ``split``; with an invalid one (``per_unit_problem``, appended to ``problems``) the
@@ -97,12 +113,21 @@ def audited_share(gid: str, meta: Mapping[str, Any] | None, stage: str, per_unit
     return unit_stage_budget(epsilon, delta, meta, stage, split)
 
 
-def audited_shares(gid: str, meta: Mapping[str, Any] | None, units: Mapping[str, object],
-                   row_shares: Mapping[str, tuple[float, float]], epsilon: float, delta: float,
-                   split: BudgetSplit | None, problems: list[str]) -> dict[str, tuple[float, float]]:
+def audited_shares(
+    gid: str,
+    meta: Mapping[str, Any] | None,
+    units: Mapping[str, object],
+    row_shares: Mapping[str, tuple[float, float]],
+    epsilon: float,
+    delta: float,
+    split: BudgetSplit | None,
+    problems: list[str],
+) -> dict[str, tuple[float, float]]:
     """``audited_share`` of every released stage: ``units`` and ``row_shares`` keyed by stage."""
-    return {stage: audited_share(gid, meta, stage, units.get(stage), row, epsilon, delta, split, problems)
-            for stage, row in row_shares.items()}
+    return {
+        stage: audited_share(gid, meta, stage, units.get(stage), row, epsilon, delta, split, problems)
+        for stage, row in row_shares.items()
+    }
 
 
 def unit_costs(spent: Mapping[str, tuple[float, float]], per_unit: Mapping[str, object], k: int) -> dict[str, float]:

@@ -7,6 +7,7 @@ string with ``Enum(text)`` (exact match, no substring); an unknown value raises 
 
 This module imports nothing else of sage-tfx, so every module of the core can import it.
 """
+
 from __future__ import annotations
 
 import enum
@@ -39,9 +40,9 @@ class Policy(enum.StrEnum):
 
     CONSERVE = "conserve"
     AGGRESSIVE = "aggressive"
-    DPF_N = "dpf-n"     # PrivateKube's DPF, budget unlocked per pipeline arrival (docs/scheduling_policies.md)
-    DPF_T = "dpf-t"     # PrivateKube's DPF, budget unlocked over a block lifetime T
-    DPACK = "dpack"     # efficiency-ordered, in the spirit of DPack (EuroSys'25)
+    DPF_N = "dpf-n"  # PrivateKube's DPF, budget unlocked per pipeline arrival (docs/scheduling_policies.md)
+    DPF_T = "dpf-t"  # PrivateKube's DPF, budget unlocked over a block lifetime T
+    DPACK = "dpack"  # efficiency-ordered, in the spirit of DPack (EuroSys'25)
 
 
 class Accounting(enum.StrEnum):
@@ -111,8 +112,8 @@ class DemandState(enum.StrEnum):
 class Composition(enum.StrEnum):
     """How a growth schedule's runs compose (the proofs: docs/release_strategies.md, "Growth schedules and PMWG: the proofs")."""
 
-    PURE = "pure"    # delta = 0, basic composition of epsilon-DP runs
-    ZCDP = "zcdp"    # delta > 0, zCDP composition + RDP conversion
+    PURE = "pure"  # delta = 0, basic composition of epsilon-DP runs
+    ZCDP = "zcdp"  # delta > 0, zCDP composition + RDP conversion
     BASIC = "basic"  # delta >= 0, (epsilon_i, delta_i) runs, basic composition of both
 
 

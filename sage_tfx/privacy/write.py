@@ -1,6 +1,7 @@
 """What the ledger facade hands its step modules (charges, blocks) for one write: the transaction, the log, the
 key ring and the stream (``StreamWrite``), and what a request charges (``Charge``). The steps run inside the
 facade's write transaction and import neither the facade nor the audit."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
@@ -33,8 +34,9 @@ class StreamWrite:
     stream: Stream
     filt: BasicFilter | RdpFilter
 
-    def append(self, kind: str, body: Mapping[str, Any] | None, text: str | None = None,
-               at: float | None = None) -> None:
+    def append(
+        self, kind: str, body: Mapping[str, Any] | None, text: str | None = None, at: float | None = None
+    ) -> None:
         """Append one log entry in this write's transaction (``body``, or its canonical ``text``) at time ``at``
         (default now), the time of the rows it writes."""
         self.log(self.tx, kind, body, text, at=at)

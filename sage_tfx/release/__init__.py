@@ -14,26 +14,49 @@ reads, what its privacy analysis says:
 
 Importing this package imports no TensorFlow, and none of the modules until a name is used.
 """
+
 import importlib
 
 # name -> module that defines it (loaded on first use)
 _EXPORTS = {
-    "ContinualRelease": "continual.cumulative", "SlidingWindowRelease": "continual.sliding_window",
-    "ReleaseParams": "continual.params", "ContinualReleaseError": "continual.params",
-    "release_stream": "continual.stream", "check_sla": "continual.sla",
-    "push_model": "continual.push", "push_blessed": "blessing", "write_blessing": "blessing",
-    "is_blessed": "blessing", "Pushed": "continual.push",
-    "IncrementalRegression": "incremental_regression", "IncrementalRegressionParams": "incremental_regression",
-    "TreeRegressor": "incremental_regression", "IncrementalRegressionError": "incremental_regression",
+    "ContinualRelease": "continual.cumulative",
+    "SlidingWindowRelease": "continual.sliding_window",
+    "ReleaseParams": "continual.params",
+    "ContinualReleaseError": "continual.params",
+    "release_stream": "continual.stream",
+    "check_sla": "continual.sla",
+    "push_model": "continual.push",
+    "push_blessed": "blessing",
+    "write_blessing": "blessing",
+    "is_blessed": "blessing",
+    "Pushed": "continual.push",
+    "IncrementalRegression": "incremental_regression",
+    "IncrementalRegressionParams": "incremental_regression",
+    "TreeRegressor": "incremental_regression",
+    "IncrementalRegressionError": "incremental_regression",
     "HorizonExhausted": "incremental_regression",
-    "BBScheduler": "growth.scheduler", "SchedulerParams": "growth.scheduler", "BBImprover": "growth.improver",
-    "ImproverParams": "growth.improver", "ScheduledRelease": "growth.scheduled", "clipped_mean": "growth.scheduled",
-    "PMWG": "growth.pmwg", "PMWGParams": "growth.pmwg", "Universe": "growth.pmwg", "count_query": "growth.pmwg",
-    "sum_query": "growth.pmwg", "GrowthError": "growth.errors",
+    "BBScheduler": "growth.scheduler",
+    "SchedulerParams": "growth.scheduler",
+    "BBImprover": "growth.improver",
+    "ImproverParams": "growth.improver",
+    "ScheduledRelease": "growth.scheduled",
+    "clipped_mean": "growth.scheduled",
+    "PMWG": "growth.pmwg",
+    "PMWGParams": "growth.pmwg",
+    "Universe": "growth.pmwg",
+    "count_query": "growth.pmwg",
+    "sum_query": "growth.pmwg",
+    "GrowthError": "growth.errors",
     # `sage release`'s library: the checked settings of each strategy, and the session that releases block by block
-    "ReleaseSettings": "settings", "FeatureSettings": "settings", "ContinualSettings": "settings",
-    "IncrementalSettings": "settings", "GrowthSettings": "settings", "PMWGSettings": "settings",
-    "ReleaseInputError": "settings", "open_release": "session", "ReleaseSession": "session",
+    "ReleaseSettings": "settings",
+    "FeatureSettings": "settings",
+    "ContinualSettings": "settings",
+    "IncrementalSettings": "settings",
+    "GrowthSettings": "settings",
+    "PMWGSettings": "settings",
+    "ReleaseInputError": "settings",
+    "open_release": "session",
+    "ReleaseSession": "session",
     "SessionStatus": "session",
 }
 __all__ = sorted(_EXPORTS)

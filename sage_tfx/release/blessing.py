@@ -5,6 +5,7 @@ A blessing is a directory holding exactly one of the BLESSED / NOT_BLESSED marke
 (DPModelValidator), else in ``blessing.json`` (the continual release). docs/release_strategies.md describes the
 push path.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,9 @@ def _write(path: str, text: str) -> None:
             f.write(text)
 
 
-def write_blessing(uri: str, model_uri: str, model_id: int | None, accepted: bool, *,
-                   artifact: Any = None, outcome: str | None = None) -> str:
+def write_blessing(
+    uri: str, model_uri: str, model_id: int | None, accepted: bool, *, artifact: Any = None, outcome: str | None = None
+) -> str:
     """Write a ModelBlessing at ``uri`` for the model at ``model_uri``; return ``uri``.
 
     Args:
@@ -61,8 +63,10 @@ def write_blessing(uri: str, model_uri: str, model_id: int | None, accepted: boo
     if model_id:
         props["current_model_id"] = int(model_id)
     if artifact is None:
-        _write(os.path.join(uri, BLESSING_PROPERTIES), json.dumps(dict(props, sla_outcome=outcome), indent=1,
-                                                                   sort_keys=True))
+        _write(
+            os.path.join(uri, BLESSING_PROPERTIES),
+            json.dumps(dict(props, sla_outcome=outcome), indent=1, sort_keys=True),
+        )
         return uri
     for name, value in props.items():
         if isinstance(value, int):
@@ -87,8 +91,11 @@ def is_blessed(blessing_uri: str) -> bool:
             props = json.load(f)
     except (OSError, ValueError):
         return False
-    return props.get("blessed") == 1 and os.path.exists(os.path.join(blessing_uri, BLESSED_FILE)) and \
-        not os.path.exists(os.path.join(blessing_uri, NOT_BLESSED_FILE))
+    return (
+        props.get("blessed") == 1
+        and os.path.exists(os.path.join(blessing_uri, BLESSED_FILE))
+        and not os.path.exists(os.path.join(blessing_uri, NOT_BLESSED_FILE))
+    )
 
 
 def push_blessed(model_uri: str, blessing_uri: str, serving_dir: str, version: int) -> str | None:
@@ -124,17 +131,23 @@ def push_model(model_dir: str, serving_dir: str, version: int) -> str:
     if os.path.exists(target):
         return target
     if model_dir.startswith("file://"):
-        model_dir = model_dir[len("file://"):]
+        model_dir = model_dir[len("file://") :]
     tmp = target + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(serving_dir, exist_ok=True)
     gfile = _gfile(model_dir)
     if gfile is None:
-        links = [os.path.join(folder, name) for folder, dirs, files in os.walk(model_dir)
-                 for name in dirs + files if os.path.islink(os.path.join(folder, name))]
+        links = [
+            os.path.join(folder, name)
+            for folder, dirs, files in os.walk(model_dir)
+            for name in dirs + files
+            if os.path.islink(os.path.join(folder, name))
+        ]
         if links or os.path.islink(model_dir):
-            raise RuntimeError(f"the model at {model_dir} holds a symbolic link ({(links or [model_dir])[0]}): a "
-                               "model folder is pushed only when it holds plain files and folders")
+            raise RuntimeError(
+                f"the model at {model_dir} holds a symbolic link ({(links or [model_dir])[0]}): a "
+                "model folder is pushed only when it holds plain files and folders"
+            )
         shutil.copytree(model_dir, tmp)
     else:
         for folder, _, files in gfile.walk(model_dir):

@@ -3,6 +3,7 @@
 A missing or non-finite value becomes 0 (a public default, never an error naming a record); the features are divided
 by their public scales (docs/release_strategies.md, "Features").
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -21,8 +22,10 @@ def check_numeric(stream: str, schema: dict, cols: Sequence[str]) -> None:
     the choices)."""
     for c in cols:
         if c not in schema:
-            raise ReleaseInputError(f"column {c!r} is not in stream {stream!r}'s schema: use one of "
-                                    f"{', '.join(sorted(n for n, t in schema.items() if t in NUMERIC_TYPES))}")
+            raise ReleaseInputError(
+                f"column {c!r} is not in stream {stream!r}'s schema: use one of "
+                f"{', '.join(sorted(n for n, t in schema.items() if t in NUMERIC_TYPES))}"
+            )
         if schema[c] not in NUMERIC_TYPES:
             raise ReleaseInputError(f"column {c!r} is {schema[c]}, not numeric: give a float or int column")
 
@@ -41,8 +44,9 @@ def column_reader(schema: dict, cols: Sequence[str]) -> Callable:
     return read
 
 
-def featurizer(schema: dict, cols: Sequence[str], scales: Sequence[float], label: str, label_scale: float,
-               intercept: bool) -> Callable:
+def featurizer(
+    schema: dict, cols: Sequence[str], scales: Sequence[float], label: str, label_scale: float, intercept: bool
+) -> Callable:
     """records -> (X, y): the scaled columns (missing / non-finite -> 0, a public default), label / label_scale."""
     read = column_reader(schema, list(cols) + [label])
 

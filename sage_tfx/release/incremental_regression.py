@@ -58,6 +58,7 @@ and the averaged iterate is a worst-case device; here the step is 1 / (2 ||Q_t||
 the noisy quadratic, a function of released values only) and the last iterate of ``iterations`` steps from 0.
 Both are post-processing of (Q_t, q_t): the privacy statement is unchanged.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -79,8 +80,18 @@ from sage_tfx.privacy.samplers import grid_gaussian, grid_gaussian_params
 from sage_tfx.privacy.vocabulary import Accounting, Stage
 from sage_tfx.release.incremental_constraints import CONSTRAINTS, L2_BALL, project, project_ball
 
-__all__ = ["IncrementalRegressionError", "HorizonExhausted", "IncrementalRegressionParams", "TreeRegressor",
-           "IncrementalRegression", "ArrivalRelease", "tree_levels", "project_ball", "projected_gradient", "noise_ridge"]
+__all__ = [
+    "IncrementalRegressionError",
+    "HorizonExhausted",
+    "IncrementalRegressionParams",
+    "TreeRegressor",
+    "IncrementalRegression",
+    "ArrivalRelease",
+    "tree_levels",
+    "project_ball",
+    "projected_gradient",
+    "noise_ridge",
+]
 
 STRATEGY = "incremental_regression"
 STAGE = Stage.TRAINING
@@ -101,8 +112,9 @@ def tree_levels(horizon: int) -> int:
 
 
 def _positive(name: str, value) -> float:
-    return checks.positive(value, name, error=IncrementalRegressionError,
-                           message="{what}={value!r} is invalid: give a finite number > 0")
+    return checks.positive(
+        value, name, error=IncrementalRegressionError, message="{what}={value!r} is invalid: give a finite number > 0"
+    )
 
 
 @dataclass(frozen=True)
@@ -142,8 +154,11 @@ class IncrementalRegressionParams:
             raise IncrementalRegressionError(f"constraint={self.constraint!r} is invalid: choose one of {CONSTRAINTS}")
         if isinstance(self.horizon, bool) or not isinstance(self.horizon, (int, np.integer)) or self.horizon < 1:
             raise IncrementalRegressionError(f"horizon={self.horizon!r} is invalid: give an integer >= 1 (blocks)")
-        if isinstance(self.iterations, bool) or not isinstance(self.iterations, (int, np.integer)) \
-                or self.iterations < 1:
+        if (
+            isinstance(self.iterations, bool)
+            or not isinstance(self.iterations, (int, np.integer))
+            or self.iterations < 1
+        ):
             raise IncrementalRegressionError(f"iterations={self.iterations!r} is invalid: give an integer >= 1")
         for name in ("epsilon", "bound_x", "bound_y", "radius"):
             object.__setattr__(self, name, _positive(name, getattr(self, name)))
@@ -165,7 +180,6 @@ class IncrementalRegressionParams:
         import dp_accounting
         from dp_accounting import mechanism_calibration
 
-
         releases = 2 * self.levels
         guess = math.sqrt(2.0 * releases * math.log(1.25 / self.delta)) / self.epsilon
 
@@ -173,14 +187,21 @@ class IncrementalRegressionParams:
             return dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(noise_multiplier=c)] * releases)
 
         try:
-            return float(mechanism_calibration.calibrate_dp_mechanism(
-                calibration_accountant, event, self.epsilon, self.delta,
-                bracket_interval=mechanism_calibration.LowerEndpointAndGuess(guess * 1e-3, guess),
-                tol=guess * 1e-7))
+            return float(
+                mechanism_calibration.calibrate_dp_mechanism(
+                    calibration_accountant,
+                    event,
+                    self.epsilon,
+                    self.delta,
+                    bracket_interval=mechanism_calibration.LowerEndpointAndGuess(guess * 1e-3, guess),
+                    tol=guess * 1e-7,
+                )
+            )
         except (ValueError, RuntimeError) as exc:
             raise IncrementalRegressionError(
                 f"epsilon={self.epsilon!r}, delta={self.delta!r}: no noise multiplier found ({exc}); "
-                "give a larger budget") from None
+                "give a larger budget"
+            ) from None
 
     @property
     def dp_event(self):
@@ -192,8 +213,13 @@ class IncrementalRegressionParams:
 
     def meta(self) -> dict:
         """The grant's ``meta``: the strategy and its parameters (signed into the grant by the ledger)."""
-        return {"strategy": STRATEGY, "mechanism": "PrivIncReg1 (Tree Mechanism)", **asdict(self),
-                "levels": self.levels, "noise_multiplier": self.noise_multiplier}
+        return {
+            "strategy": STRATEGY,
+            "mechanism": "PrivIncReg1 (Tree Mechanism)",
+            **asdict(self),
+            "levels": self.levels,
+            "noise_multiplier": self.noise_multiplier,
+        }
 
     def fingerprint(self, stream: str, pipeline: str) -> str:
         """The instance's release fingerprint (bound to each block's content by the grant's release).
@@ -206,8 +232,9 @@ class IncrementalRegressionParams:
         return f"{STRATEGY}:" + hashlib.sha256(text.encode()).hexdigest()
 
 
-def projected_gradient(q_matrix: np.ndarray, q_vector: np.ndarray, radius: float, iterations: int,
-                       constraint: str = L2_BALL) -> np.ndarray:
+def projected_gradient(
+    q_matrix: np.ndarray, q_vector: np.ndarray, radius: float, iterations: int, constraint: str = L2_BALL
+) -> np.ndarray:
     """Projected gradient descent on g(theta) = 2 (Q theta - q) over C (``constraint`` of ``radius``), from 0.
 
     Step 1 / (2 ||Q||_2) (the noisy quadratic's smoothness constant; Q is symmetrised first), last iterate.
@@ -235,13 +262,13 @@ def noise_ridge(params: IncrementalRegressionParams, nodes: int, dim: int) -> fl
         nodes: the noisy nodes summed in the prefix.
         dim: d.
     """
-    return 2.0 * math.sqrt(dim) * params.noise_multiplier * math.sqrt(nodes) * params.bound_x ** 2
+    return 2.0 * math.sqrt(dim) * params.noise_multiplier * math.sqrt(nodes) * params.bound_x**2
 
 
 @dataclass
 class _Node:
-    exact: np.ndarray   # the exact range sum a_j (never released)
-    noisy: np.ndarray   # its released noisy value b_j
+    exact: np.ndarray  # the exact range sum a_j (never released)
+    noisy: np.ndarray  # its released noisy value b_j
 
 
 @dataclass
@@ -291,7 +318,8 @@ class TreeRegressor:
         if x.ndim != 2 or x.shape[1] != self.dim or x.shape[0] != y.shape[0]:
             raise IncrementalRegressionError(
                 f"block rows have shape {x.shape} with {y.shape[0]} labels: need (rows, {self.dim}) and one label "
-                "per row")
+                "per row"
+            )
         # each row's (upper(x x'), x y), clipped, put on its release's grid alone and the integers summed exactly
         # (adassp.grid_statistics): gamma times an integer below 2^53, so every node's sum of leaves is exact in
         # float64 and its release adds the noise to those exact integers (never to a float64 sum of the rows)
@@ -305,20 +333,23 @@ class TreeRegressor:
         """The (gamma, S) of the node releases' two parts (``samplers.grid_gaussian_params``): X'X's upper triangle
         (L2 sensitivity B_x^2, sigma c B_x^2) and X'y (B_x B_y, c B_x B_y)."""
         p, c, k = self.params, self.params.noise_multiplier, self._upper[0].size
-        return (grid_gaussian_params(p.bound_x ** 2, c * p.bound_x ** 2, k),
-                grid_gaussian_params(p.bound_x * p.bound_y, c * p.bound_x * p.bound_y, self.dim))
+        return (
+            grid_gaussian_params(p.bound_x**2, c * p.bound_x**2, k),
+            grid_gaussian_params(p.bound_x * p.bound_y, c * p.bound_x * p.bound_y, self.dim),
+        )
 
     def check_room(self) -> None:
         if self.t >= self.params.horizon:
             raise HorizonExhausted(
                 f"horizon={self.params.horizon} blocks exhausted: all {self.t} have arrived and each block's charge "
-                "covered this horizon only; start a new IncrementalRegression with a new horizon")
+                "covered this horizon only; start a new IncrementalRegression with a new horizon"
+            )
 
     def _release_node(self, value: np.ndarray, rng) -> np.ndarray:
 
         p, c, k = self.params, self.params.noise_multiplier, self._upper[0].size
         rng = as_secure_rng(rng, _NODE_PURPOSE)
-        matrix = grid_gaussian(value[:k], p.bound_x ** 2, c * p.bound_x ** 2, rng, cells=k)
+        matrix = grid_gaussian(value[:k], p.bound_x**2, c * p.bound_x**2, rng, cells=k)
         vector = grid_gaussian(value[k:], p.bound_x * p.bound_y, c * p.bound_x * p.bound_y, rng, cells=self.dim)
         return np.concatenate([matrix, vector])
 
@@ -354,8 +385,9 @@ class TreeRegressor:
         q_matrix, q_vector = self.noisy_prefix()
         if self.params.ridge:
             q_matrix = q_matrix + noise_ridge(self.params, self.stored_nodes, self.dim) * np.eye(self.dim)
-        return projected_gradient(q_matrix, q_vector, self.params.radius, self.params.iterations,
-                                   self.params.constraint)
+        return projected_gradient(
+            q_matrix, q_vector, self.params.radius, self.params.iterations, self.params.constraint
+        )
 
     def add(self, x, y, rng) -> np.ndarray:
         """Take block t + 1's rows, release its tree node, return theta_{t+1}.
@@ -399,8 +431,9 @@ class IncrementalRegression:
         reader: ``reader(grant) -> (x, y)``, called once per block after its charge.
     """
 
-    def __init__(self, ledger, stream: str, pipeline: str, params: IncrementalRegressionParams, *, dim: int,
-                 reader: Reader):
+    def __init__(
+        self, ledger, stream: str, pipeline: str, params: IncrementalRegressionParams, *, dim: int, reader: Reader
+    ):
         if not isinstance(params, IncrementalRegressionParams):
             raise IncrementalRegressionError(f"params={params!r} is invalid: give an IncrementalRegressionParams")
         if not callable(reader):
@@ -418,10 +451,12 @@ class IncrementalRegression:
     def _charge(self, block: str):
         meta = self.meta()
         if self.accounting == Accounting.RDP:
-            return self.ledger.request(self.pipeline, self.stream, blocks=[block], curve=self.params.dp_event,
-                                       meta=meta)
-        return self.ledger.request(self.pipeline, self.stream, blocks=[block], epsilon=self.params.epsilon,
-                                   delta=self.params.delta, meta=meta)
+            return self.ledger.request(
+                self.pipeline, self.stream, blocks=[block], curve=self.params.dp_event, meta=meta
+            )
+        return self.ledger.request(
+            self.pipeline, self.stream, blocks=[block], epsilon=self.params.epsilon, delta=self.params.delta, meta=meta
+        )
 
     def arrive(self, block: str) -> ArrivalRelease:
         """Charge ``block`` the whole-horizon bound, open its release, read it, release theta_t.
@@ -435,8 +470,9 @@ class IncrementalRegression:
         if not isinstance(block, str) or not block:
             raise IncrementalRegressionError(f"block={block!r} is invalid: give the block id (a string)")
         grant = self._charge(block)
-        self.ledger.release(grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), grant.epsilon,
-                            grant.delta)
+        self.ledger.release(
+            grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), grant.epsilon, grant.delta
+        )
         x, y = self.reader(grant)
         seed = self.ledger.private_seed(grant.id, _NODE_PURPOSE)
         theta = self.tree.add(x, y, seed)

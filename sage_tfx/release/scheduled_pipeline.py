@@ -33,6 +33,7 @@ grants with their outcomes). A run killed before its outcome was recorded is re-
 draw returns it again: no second draw; its releases re-open with the same seeds); a run with an outcome is not
 re-run.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -92,16 +93,20 @@ def check_pipeline_schedule(schedule: Schedule) -> Schedule:
         _check_params(schedule.params)
     if schedule.draw_composition is not None:
         return schedule
-    raise GrowthError(f"{type(schedule).__name__} {schedule.meta} has pure runs: a TFX pipeline run is (epsilon_i, "
-                      "delta_i)-DP (DP-SGD), so build it with approximate=True (runs of (epsilon_i, delta_i) drawn "
-                      "under the ledger's 'zcdp' rule)")
+    raise GrowthError(
+        f"{type(schedule).__name__} {schedule.meta} has pure runs: a TFX pipeline run is (epsilon_i, "
+        "delta_i)-DP (DP-SGD), so build it with approximate=True (runs of (epsilon_i, delta_i) drawn "
+        "under the ledger's 'zcdp' rule)"
+    )
 
 
 def _check_params(params: SchedulerParams) -> SchedulerParams:
     if params.mode is Composition.PURE or params.delta <= 0:
-        raise GrowthError(f"composition {params.composition!r} with delta {params.delta!r} cannot drive a TFX "
-                          "pipeline: give delta > 0 and composition 'basic' or 'zcdp' (each run is (epsilon_i, "
-                          "delta_i)-DP and DP-SGD needs delta_i > 0)")
+        raise GrowthError(
+            f"composition {params.composition!r} with delta {params.delta!r} cannot drive a TFX "
+            "pipeline: give delta > 0 and composition 'basic' or 'zcdp' (each run is (epsilon_i, "
+            "delta_i)-DP and DP-SGD needs delta_i > 0)"
+        )
     return params
 
 
@@ -114,18 +119,36 @@ class ScheduledPipeline(ScheduleIdentity):
     for_epsilon``): each run's epsilon_i is split between the stages, training's delta is delta_i.
     """
 
-    def __init__(self, ledger, stream: str, pipeline: str, schedule: Schedule, run_iteration: RunIteration, *,
-                 name: str = "tfx", eta: float = 0.05, preprocessing_share: float = 0.2, count_share: float = 0.05,
-                 rejection_share: float = 0.0, disjoint_split: bool = True, eval_share: float | None = None,
-                 progress: Callable[[str], None] | None = None, request: dict | None = None):
+    def __init__(
+        self,
+        ledger,
+        stream: str,
+        pipeline: str,
+        schedule: Schedule,
+        run_iteration: RunIteration,
+        *,
+        name: str = "tfx",
+        eta: float = 0.05,
+        preprocessing_share: float = 0.2,
+        count_share: float = 0.05,
+        rejection_share: float = 0.0,
+        disjoint_split: bool = True,
+        eval_share: float | None = None,
+        progress: Callable[[str], None] | None = None,
+        request: dict | None = None,
+    ):
         self.schedule = check_pipeline_schedule(schedule)
         if not callable(run_iteration):
             raise GrowthError(f"run_iteration {run_iteration!r} must be a callable (grant, split, eta, iteration)")
         eta_for_attempt(eta, 1)  # a bad eta fails here, before anything is charged
         self.ledger, self.stream, self.pipeline, self.name = ledger, stream, pipeline, name
         self.run_iteration, self.eta = run_iteration, eta
-        self.shares = dict(preprocessing_share=preprocessing_share, count_share=count_share,
-                           rejection_share=rejection_share, disjoint_split=disjoint_split)
+        self.shares = dict(
+            preprocessing_share=preprocessing_share,
+            count_share=count_share,
+            rejection_share=rejection_share,
+            disjoint_split=disjoint_split,
+        )
         first = schedule.run_budget(schedule.epoch_start(0))
         self.split(first[1], first[2])  # bad shares fail here, before anything is charged
         # the record split signed into each run grant (the Sage iterator's rule): None is the platform's default
@@ -139,27 +162,52 @@ class ScheduledPipeline(ScheduleIdentity):
         self._recover()
 
     @classmethod
-    def for_runner(cls, ledger, definition, runner, schedule: Schedule, *, rejection_share: float | None = None,
-                   progress: Callable[[str], None] | None = None,
-                   run_iteration: RunIteration | None = None) -> ScheduledPipeline:
+    def for_runner(
+        cls,
+        ledger,
+        definition,
+        runner,
+        schedule: Schedule,
+        *,
+        rejection_share: float | None = None,
+        progress: Callable[[str], None] | None = None,
+        run_iteration: RunIteration | None = None,
+    ) -> ScheduledPipeline:
         """The driver of a built pipeline (``definition``: its split defaults and name; ``runner``: a
         ``PipelineRunner``, whose config names the stream and pipeline and whose confidence gives eta), as `sage
         run --schedule` and `sage serve --schedule` run it; ``run_iteration`` replaces ``runner.run_iteration``
         (serve's wrapper that waits for a TFX slot), ``rejection_share`` the pipeline's default when not None.
         The runner's ``request()`` (target, confidence, SLA, model, definition) is signed into every run grant, and
         a pipeline name run for another request is refused (``RequestMismatch``) before anything is charged."""
-        shares = {k: v for k, v in definition.iterator_defaults().items()
-                  if k in ("preprocessing_share", "count_share", "rejection_share", "disjoint_split", "eval_share")}
+        shares = {
+            k: v
+            for k, v in definition.iterator_defaults().items()
+            if k in ("preprocessing_share", "count_share", "rejection_share", "disjoint_split", "eval_share")
+        }
         if rejection_share is not None:
             shares["rejection_share"] = rejection_share
-        return cls(ledger, runner.config.stream, runner.config.name, schedule, run_iteration or runner.run_iteration,
-                   name=f"tfx:{definition.name}", eta=1 - runner.config.confidence, progress=progress,
-                   request=runner.request(), **shares)
+        return cls(
+            ledger,
+            runner.config.stream,
+            runner.config.name,
+            schedule,
+            run_iteration or runner.run_iteration,
+            name=f"tfx:{definition.name}",
+            eta=1 - runner.config.confidence,
+            progress=progress,
+            request=runner.request(),
+            **shares,
+        )
 
     def split(self, epsilon: float, delta: float) -> BudgetSplit:
-        return BudgetSplit.for_epsilon(epsilon, delta, self.shares["preprocessing_share"],
-                                       self.shares["count_share"], rejection_share=self.shares["rejection_share"],
-                                       disjoint_split=self.shares["disjoint_split"])
+        return BudgetSplit.for_epsilon(
+            epsilon,
+            delta,
+            self.shares["preprocessing_share"],
+            self.shares["count_share"],
+            rejection_share=self.shares["rejection_share"],
+            disjoint_split=self.shares["disjoint_split"],
+        )
 
     def _recover(self) -> None:
         """The pipeline's lifetime grants of this schedule (charge order) and its run grants' outcomes."""
@@ -181,11 +229,14 @@ class ScheduledPipeline(ScheduleIdentity):
         """Charge ``block``'s lifetime grant if not yet charged; run the pipeline if the schedule says so at this
         block count (or re-run a run that has no outcome yet). Returns the run, or None."""
         if block not in self.grants:
-            self.grants[block] = charge_lifetime(self.ledger, self.stream, self.pipeline, block, self.epsilon,
-                                                 self.delta, self.meta, self.fingerprint)
+            self.grants[block] = charge_lifetime(
+                self.ledger, self.stream, self.pipeline, block, self.epsilon, self.delta, self.meta, self.fingerprint
+            )
             self.order.append(block)
-            self.progress(f"[{self.pipeline}] block {block}: t={len(self.order)} charged its lifetime "
-                          f"(epsilon {self.epsilon:.6g}, delta {self.delta:.3g}) under {self.schedule.meta['strategy']}")
+            self.progress(
+                f"[{self.pipeline}] block {block}: t={len(self.order)} charged its lifetime "
+                f"(epsilon {self.epsilon:.6g}, delta {self.delta:.3g}) under {self.schedule.meta['strategy']}"
+            )
         t = self.order.index(block) + 1
         plan = self.schedule.run_budget(t)
         if plan is None:
@@ -196,11 +247,22 @@ class ScheduledPipeline(ScheduleIdentity):
         blocks = self.order[:t]
         split = self.split(epsilon, delta)
         eta = eta_for_attempt(self.eta, epoch + 1)
-        grant = self.ledger.draw([self.grants[b] for b in blocks], epoch, split.charged_epsilon, split.total_delta,
-                                 schedule=self.fingerprint, split=split,
-                                 meta={"t": t, "epsilon": epsilon, "eta": eta, **self.records,
-                                       **({} if self.request is None else {REQUEST_KEY: self.request})},
-                                 composition=self.schedule.draw_composition)
+        grant = self.ledger.draw(
+            [self.grants[b] for b in blocks],
+            epoch,
+            split.charged_epsilon,
+            split.total_delta,
+            schedule=self.fingerprint,
+            split=split,
+            meta={
+                "t": t,
+                "epsilon": epsilon,
+                "eta": eta,
+                **self.records,
+                **({} if self.request is None else {REQUEST_KEY: self.request}),
+            },
+            composition=self.schedule.draw_composition,
+        )
         run = ScheduledRun(epoch, t, grant.epsilon, grant.delta, eta, grant.id, blocks)
         done = self._outcomes.get(grant.id)
         if done is not None and done[0] is not None:  # ran before: its outcome stands, nothing is re-run
@@ -212,8 +274,9 @@ class ScheduledPipeline(ScheduleIdentity):
             result = self.run_iteration(grant, split, eta, epoch + 1)
         except Exception as exc:  # the run grant stays drawn; the error text may hold data values: public part only
             if is_environment_error(exc):  # no outcome: the next advance re-runs it under the same run grant
-                raise IterationInterrupted(f"run {epoch} (t={t}) under run grant {grant.id} was interrupted by "
-                                           f"{environment_error_text(exc)}") from exc
+                raise IterationInterrupted(
+                    f"run {epoch} (t={t}) under run grant {grant.id} was interrupted by {environment_error_text(exc)}"
+                ) from exc
             error = public_error_text(exc)
             self.ledger.record_outcome(grant.id, Outcome.FAILED, {"error": error})
             self.progress(f"[{self.pipeline}] run {epoch} (t={t}): FAILED ({error}); its run grant stays drawn")
@@ -223,9 +286,11 @@ class ScheduledPipeline(ScheduleIdentity):
         run.outcome, run.bound, run.details = result.outcome, result.bound, result.details
         self.runs.append(run)
         bound = "-" if result.bound is None else f"{result.bound:.6g}"
-        self.progress(f"[{self.pipeline}] run {epoch}: blocks {blocks[0]}..{blocks[-1]} ({t}), epsilon_i "
-                      f"{grant.epsilon:.4g}, delta_i {grant.delta:.3g}, eta {eta:.3g}, bound {bound} -> "
-                      f"{result.outcome}")
+        self.progress(
+            f"[{self.pipeline}] run {epoch}: blocks {blocks[0]}..{blocks[-1]} ({t}), epsilon_i "
+            f"{grant.epsilon:.4g}, delta_i {grant.delta:.3g}, eta {eta:.3g}, bound {bound} -> "
+            f"{result.outcome}"
+        )
         return run
 
     def advance(self, max_runs: int | None = None) -> list[ScheduledRun]:
@@ -233,8 +298,7 @@ class ScheduledPipeline(ScheduleIdentity):
         this call (blocks after that stay uncharged). Returns the runs made or resumed."""
 
         made = []
-        pending = [b.id for b in self.ledger.blocks(self.stream) if b.id in self.grants
-                   or b.state == BlockState.ACTIVE]
+        pending = [b.id for b in self.ledger.blocks(self.stream) if b.id in self.grants or b.state == BlockState.ACTIVE]
         for block in self.order + [b for b in pending if b not in self.grants]:
             if max_runs is not None and len([r for r in made if not r.resumed]) >= max_runs:
                 break
@@ -256,8 +320,11 @@ def scheduler_from_options(options: dict, source: str = "the schedule", strategy
     what = "BBScheduler" if strategy == "bbscheduler" else "BBImprover"
     if not isinstance(options, dict):
         raise GrowthError(f"{source}: {options!r} is not a JSON object of {what} options")
-    known = {"epsilon", "delta", "gamma", "t0", "composition"} if strategy == "bbscheduler" else \
-        {"epsilon", "delta", "a", "t0"}
+    known = (
+        {"epsilon", "delta", "gamma", "t0", "composition"}
+        if strategy == "bbscheduler"
+        else {"epsilon", "delta", "a", "t0"}
+    )
     unknown = sorted(set(options) - known)
     if unknown:
         raise GrowthError(f"{source}: unknown option(s) {unknown}: give {', '.join(sorted(known))}")
@@ -276,6 +343,9 @@ def scheduler_from_options(options: dict, source: str = "the schedule", strategy
 
 def describe(schedule: Schedule) -> str:
     """One line naming a pipeline schedule and its options (progress and summary lines)."""
-    options = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
-                        for k, v in schedule.meta.items() if k not in ("strategy", "approximate") and v is not None)
+    options = ", ".join(
+        f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}"
+        for k, v in schedule.meta.items()
+        if k not in ("strategy", "approximate") and v is not None
+    )
     return f"{schedule.meta['strategy']}: {options}"

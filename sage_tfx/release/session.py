@@ -5,6 +5,7 @@ pipeline's previous grants) and returns a ``ReleaseSession``; ``advance()`` rele
 `sage release` advances once; a `sage serve --release` worker (``sage_tfx.release.worker``) after every replay step --
 one code path (docs/release_strategies.md, "Restart" and "From sage serve / sage run").
 """
+
 from __future__ import annotations
 
 import enum
@@ -36,8 +37,17 @@ class Plan:
     and the previous grants {block: grant} (``resume``); ``limit``: the most blocks the charge covers (a horizon),
     or None; ``finalize()``: the summary's last fields."""
 
-    def __init__(self, summary: dict, observe: Callable, emit: Callable, replaying: ReplayingLedger,
-                 previous: dict, *, limit: int | None = None, finalize: Callable[[], Any] | None = None):
+    def __init__(
+        self,
+        summary: dict,
+        observe: Callable,
+        emit: Callable,
+        replaying: ReplayingLedger,
+        previous: dict,
+        *,
+        limit: int | None = None,
+        finalize: Callable[[], Any] | None = None,
+    ):
         self.summary, self.observe, self.emit = summary, observe, emit
         self.replaying, self.previous, self.limit, self.finalize = replaying, dict(previous), limit, finalize
 
@@ -53,12 +63,18 @@ def previous_grants(ledger, settings: ReleaseSettings, strategies: set, meta: di
         else:
             diff = meta_diff(g.meta, meta)
             if diff:
-                mismatch = ("its grants were charged with " + ", ".join(f"{k}={g.meta.get(k)!r}" for k in diff)
-                            + ", this run asks for " + ", ".join(f"{k}={meta.get(k)!r}" for k in diff))
+                mismatch = (
+                    "its grants were charged with "
+                    + ", ".join(f"{k}={g.meta.get(k)!r}" for k in diff)
+                    + ", this run asks for "
+                    + ", ".join(f"{k}={meta.get(k)!r}" for k in diff)
+                )
         if mismatch:
-            raise ReleaseInputError(f"--pipeline {settings.pipeline!r} already released on stream "
-                                    f"{settings.stream!r} with other parameters: {mismatch}; rerun with the same "
-                                    "parameters to resume, or give a new --pipeline (its blocks are charged again)")
+            raise ReleaseInputError(
+                f"--pipeline {settings.pipeline!r} already released on stream "
+                f"{settings.stream!r} with other parameters: {mismatch}; rerun with the same "
+                "parameters to resume, or give a new --pipeline (its blocks are charged again)"
+            )
         previous[g.blocks[0]] = g
     return previous
 
@@ -73,12 +89,23 @@ def resume(ledger, settings: ReleaseSettings, strategies: set, build: Callable, 
     return build(replaying), previous, replaying
 
 
-def new_summary(command: str, strategy: str, settings: ReleaseSettings, params: dict, fingerprint: str,
-                delta: float, **lists) -> dict:
+def new_summary(
+    command: str, strategy: str, settings: ReleaseSettings, params: dict, fingerprint: str, delta: float, **lists
+) -> dict:
     """The summary a session fills (`sage release --json` prints it)."""
-    return {"command": command, "strategy": strategy, "stream": settings.stream, "pipeline": settings.pipeline,
-            "epsilon": settings.epsilon, "delta": delta, "params": params, "fingerprint": fingerprint,
-            "charged_blocks": 0, "resumed_blocks": 0, **lists}
+    return {
+        "command": command,
+        "strategy": strategy,
+        "stream": settings.stream,
+        "pipeline": settings.pipeline,
+        "epsilon": settings.epsilon,
+        "delta": delta,
+        "params": params,
+        "fingerprint": fingerprint,
+        "charged_blocks": 0,
+        "resumed_blocks": 0,
+        **lists,
+    }
 
 
 def spent_line(grant, replayed: bool) -> str:
@@ -148,9 +175,9 @@ class ReleaseSession:
         """The blocks the next ``advance`` walks: the previous grants' blocks not yet replayed (in charge order),
         then the stream's blocks without a grant of this pipeline (in the ledger's block order)."""
         previous = self.plan.previous
-        return ([b for b in previous if b not in self._seen]
-                + [b.id for b in self.ledger.blocks(self.settings.stream)
-                   if b.id not in previous and b.id not in self._seen])
+        return [b for b in previous if b not in self._seen] + [
+            b.id for b in self.ledger.blocks(self.settings.stream) if b.id not in previous and b.id not in self._seen
+        ]
 
     def _within_limit(self, blocks: list) -> list:
         """``blocks`` up to the plan's horizon; those past it are noted unobserved (never charged), with a warning."""
@@ -161,8 +188,10 @@ class ReleaseSession:
         left = [b for b in blocks[room:] if b not in self.summary["unobserved"]]
         if left:
             self.summary["unobserved"].extend(left)
-            self.settings.warn(f"warning: horizon {limit} reached: {len(left)} block(s) left unobserved (the charge "
-                               "covers the horizon only); give a new --pipeline with a new --horizon")
+            self.settings.warn(
+                f"warning: horizon {limit} reached: {len(left)} block(s) left unobserved (the charge "
+                "covers the horizon only); give a new --pipeline with a new --horizon"
+            )
         return blocks[:room]
 
     def advance(self) -> SessionStatus:
@@ -209,8 +238,10 @@ def _open(settings: ReleaseSettings, schema: dict | None):
         return ledger, dict(schema)
     if config is None:
         ledger.close()
-        raise ReleaseInputError(f"--data-root {settings.data_root!r} holds no stream {settings.stream!r}: give the "
-                                "directory `sage ingest` wrote it to")
+        raise ReleaseInputError(
+            f"--data-root {settings.data_root!r} holds no stream {settings.stream!r}: give the "
+            "directory `sage ingest` wrote it to"
+        )
     return ledger, dict(config["schema"])
 
 

@@ -5,6 +5,7 @@ Each settings object is checked when built (``__post_init__``): a bad value rais
 depends on the stream (its schema, the pipeline's previous grants) is checked by ``open_release``, still before any
 charge. The field names are the `sage release STRATEGY` option names with ``_`` for ``-``.
 """
+
 from __future__ import annotations
 
 import math
@@ -123,8 +124,9 @@ class FeatureSettings(ReleaseSettings):
             except (TypeError, ValueError):
                 raise _bad(f"--scales {raw!r} is not a list of numbers: give S1,S2,... (> 0)") from None
             if len(scales) != n:
-                raise _bad(f"--scales {raw!r} has {len(scales)} value(s) for {n} feature(s): give one divisor per "
-                           "column")
+                raise _bad(
+                    f"--scales {raw!r} has {len(scales)} value(s) for {n} feature(s): give one divisor per column"
+                )
         for name, s in [("--scales", s) for s in scales] + [("--label-scale", self.label_scale)]:
             if not (math.isfinite(s) and s > 0):
                 raise _bad(f"{name} value {s!r} is invalid: give a finite divisor > 0")
@@ -194,8 +196,10 @@ class ContinualSettings(FeatureSettings):
         if (self.sla_target is None) != (self.sla_epsilon is None):
             raise _bad("--sla-target and --sla-epsilon go together: give both for an SLA check, or neither")
         if self.serving_dir is not None and self.push_dir is None:
-            raise _bad(f"--serving-dir {self.serving_dir!r} needs --push-dir: the models and their blessings are "
-                       "written there first (the artifacts a Pusher reads)")
+            raise _bad(
+                f"--serving-dir {self.serving_dir!r} needs --push-dir: the models and their blessings are "
+                "written there first (the artifacts a Pusher reads)"
+            )
 
 
 @dataclass(kw_only=True)
@@ -283,8 +287,9 @@ class GrowthSettings(ReleaseSettings):
         if self.schedule not in ("scheduler", "improver"):
             raise _bad(f"--schedule {self.schedule!r} is unknown: use scheduler or improver")
         if self.schedule == "improver" and self.composition is not None:
-            raise _bad(f"--composition {self.composition!r} is for --schedule scheduler: BBImprover always "
-                       "composes in zCDP")
+            raise _bad(
+                f"--composition {self.composition!r} is for --schedule scheduler: BBImprover always composes in zCDP"
+            )
 
 
 @dataclass(kw_only=True)
@@ -327,10 +332,10 @@ class PMWGSettings(ReleaseSettings):
 
     def __post_init__(self):
         self.universe = parse_bins(self.bins)
-        if isinstance(self.rows_per_block, bool) or not isinstance(self.rows_per_block, int) \
-                or self.rows_per_block < 1:
-            raise _bad(f"--rows-per-block {self.rows_per_block!r} is invalid: give the declared (public) rows per "
-                       "block >= 1")
+        if isinstance(self.rows_per_block, bool) or not isinstance(self.rows_per_block, int) or self.rows_per_block < 1:
+            raise _bad(
+                f"--rows-per-block {self.rows_per_block!r} is invalid: give the declared (public) rows per block >= 1"
+            )
 
 
 def parse_bins(text: str) -> list[tuple[str, float, float, int]]:
@@ -355,5 +360,6 @@ def parse_bins(text: str) -> list[tuple[str, float, float, int]]:
 
 
 SETTINGS: dict[str, type[ReleaseSettings]] = {
-    cls.STRATEGY: cls for cls in (ContinualSettings, IncrementalSettings, GrowthSettings, PMWGSettings)}
+    cls.STRATEGY: cls for cls in (ContinualSettings, IncrementalSettings, GrowthSettings, PMWGSettings)
+}
 """Strategy name (the `sage release` subcommand) -> its settings class."""

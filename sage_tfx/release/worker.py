@@ -5,6 +5,7 @@ function its worker process runs (spawn) under ``sage_tfx.adaptive.workers.Proce
 ``open_release`` / ``ReleaseSession.advance`` as `sage release`, advanced after every replay step (docs/
 release_strategies.md, "From sage serve / sage run"). Killed, it is restarted and resumes under its grants.
 """
+
 import dataclasses
 import os
 from dataclasses import dataclass
@@ -62,8 +63,11 @@ def release_worker_main(spec: ReleaseSpec, conn) -> None:
             while True:
                 status = session.advance()
                 if status != SessionStatus.OK:
-                    why = ("the budget refused a block's charge (nothing charged for it)" if status == SessionStatus.REFUSED
-                           else "a block failed after its charge")
+                    why = (
+                        "the budget refused a block's charge (nothing charged for it)"
+                        if status == SessionStatus.REFUSED
+                        else "a block failed after its charge"
+                    )
                     conn.send(("failed", f"{why}; {session.observed} block(s) released before it ({status})"))
                     conn.close()
                     return
@@ -74,7 +78,15 @@ def release_worker_main(spec: ReleaseSpec, conn) -> None:
             session.close()
     except Exception as exc:
         die(conn, spec.name, public_error_text(exc))
-    conn.send(("done", WorkerResult("RELEASED", summary["charged_blocks"] + summary["resumed_blocks"],
-                                    f"{spec.strategy}: {summary['charged_blocks']} block(s) charged and released, "
-                                    f"{summary['resumed_blocks']} resumed without a charge")))
+    conn.send(
+        (
+            "done",
+            WorkerResult(
+                "RELEASED",
+                summary["charged_blocks"] + summary["resumed_blocks"],
+                f"{spec.strategy}: {summary['charged_blocks']} block(s) charged and released, "
+                f"{summary['resumed_blocks']} resumed without a charge",
+            ),
+        )
+    )
     conn.close()

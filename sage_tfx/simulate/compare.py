@@ -13,6 +13,7 @@ One unlocking parameter per workload, ``n`` (arrivals that unlock a block for DP
 lifetime is the time ``n`` arrivals take on average, ``n / rate`` hours (PrivateKube's T = N x mean
 inter-arrival time), so the three queued policies unlock at the same average pace.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,25 +43,51 @@ def _log(line):
 def fig8(rate: float, n: int, *, hours=240, warmup=48, drain=96, seed=0, config=SimConfig()) -> dict:
     params = queued_params(n, rate)
     for policy, p in params.items():
-        get_policy(policy, p)   # bad n refused before anything runs
+        get_policy(policy, p)  # bad n refused before anything runs
     rows = []
     for policy in policy_names():
         strategy = POLICY_STRATEGIES.get(policy)
         if strategy is None:
             continue
         policy_params = {strategy: params[policy]} if policy in params else None
-        s = simulate(strategy, rate, hours=hours, seed=seed, config=config, warmup=warmup, drain=drain,
-                     policy_params=policy_params).summary()
-        row = {"policy": str(policy), "strategy": strategy, "params": params.get(policy, {}),
-               "pipelines": s["pipelines"], "released": int(round(s["released"] * s["pipelines"])),
-               "released_share": s["released"], "mean_release_h": s["mean_release_h"],
-               "median_release_h": s["median_release_h"], "mean_is_lower_bound": s["mean_is_lower_bound"],
-               "overloaded_at_h": s.get("overloaded_at_h"), "seconds": s["seconds"]}
-        _log(f"  fig8 {policy:10s} released {row['released']}/{row['pipelines']}, mean release "
-             f"{'>=' if row['mean_is_lower_bound'] else ''}{row['mean_release_h']:.2f} h ({row['seconds']:.0f} s)")
+        s = simulate(
+            strategy,
+            rate,
+            hours=hours,
+            seed=seed,
+            config=config,
+            warmup=warmup,
+            drain=drain,
+            policy_params=policy_params,
+        ).summary()
+        row = {
+            "policy": str(policy),
+            "strategy": strategy,
+            "params": params.get(policy, {}),
+            "pipelines": s["pipelines"],
+            "released": int(round(s["released"] * s["pipelines"])),
+            "released_share": s["released"],
+            "mean_release_h": s["mean_release_h"],
+            "median_release_h": s["median_release_h"],
+            "mean_is_lower_bound": s["mean_is_lower_bound"],
+            "overloaded_at_h": s.get("overloaded_at_h"),
+            "seconds": s["seconds"],
+        }
+        _log(
+            f"  fig8 {policy:10s} released {row['released']}/{row['pipelines']}, mean release "
+            f"{'>=' if row['mean_is_lower_bound'] else ''}{row['mean_release_h']:.2f} h ({row['seconds']:.0f} s)"
+        )
         rows.append(row)
-    return {"rate": rate, "n": n, "hours": hours, "warmup": warmup, "drain": drain, "seed": seed,
-            "config": config.to_dict(), "results": rows}
+    return {
+        "rate": rate,
+        "n": n,
+        "hours": hours,
+        "warmup": warmup,
+        "drain": drain,
+        "seed": seed,
+        "config": config.to_dict(),
+        "results": rows,
+    }
 
 
 def micro(n: int, *, config=microbench.MicroConfig(), seed=0) -> dict:
@@ -77,14 +104,26 @@ def micro(n: int, *, config=microbench.MicroConfig(), seed=0) -> dict:
             _log(f"  microbenchmark {policy:10s} = conserve (fixed demands)")
             continue
         r = microbench.run(policy, config, seed, params.get(policy))
-        _log(f"  microbenchmark {policy:10s} granted {r['granted']}/{r['pipelines']}, mean delay "
-             f"{r['mean_delay_h']:.2f} h ({r['seconds']:.0f} s)")
+        _log(
+            f"  microbenchmark {policy:10s} granted {r['granted']}/{r['pipelines']}, mean delay "
+            f"{r['mean_delay_h']:.2f} h ({r['seconds']:.0f} s)"
+        )
         rows.append(r)
     return {"n": n, "seed": seed, "config": config.to_dict(), "results": rows}
 
 
-def compare(*, fig8_rate=1.5, fig8_n=16, micro_n=400, hours=240, warmup=48, drain=96, seed=0,
-            config=SimConfig(), micro_config=microbench.MicroConfig()) -> dict:
+def compare(
+    *,
+    fig8_rate=1.5,
+    fig8_n=16,
+    micro_n=400,
+    hours=240,
+    warmup=48,
+    drain=96,
+    seed=0,
+    config=SimConfig(),
+    micro_config=microbench.MicroConfig(),
+) -> dict:
     started = time.perf_counter()
     _log(f"fig8 workload at {fig8_rate}/h (n = {fig8_n}):")
     a = fig8(fig8_rate, fig8_n, hours=hours, warmup=warmup, drain=drain, seed=seed, config=config)
@@ -102,11 +141,23 @@ def plot(result: dict, path: str) -> str:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     panels = [
-        (axes[0], result["fig8"]["results"], "released", "mean_release_h", "pipelines released (cohort)",
-         f"Fig. 8 workload, {result['fig8']['rate']:g} pipelines/h (n = {result['fig8']['n']})"),
-        (axes[1], result["microbenchmark"]["results"], "granted", "mean_delay_h", "pipelines granted",
-         f"mice/elephants (GENERATED), {result['microbenchmark']['config']['rate']:g}/h "
-         f"(n = {result['microbenchmark']['n']})"),
+        (
+            axes[0],
+            result["fig8"]["results"],
+            "released",
+            "mean_release_h",
+            "pipelines released (cohort)",
+            f"Fig. 8 workload, {result['fig8']['rate']:g} pipelines/h (n = {result['fig8']['n']})",
+        ),
+        (
+            axes[1],
+            result["microbenchmark"]["results"],
+            "granted",
+            "mean_delay_h",
+            "pipelines granted",
+            f"mice/elephants (GENERATED), {result['microbenchmark']['config']['rate']:g}/h "
+            f"(n = {result['microbenchmark']['n']})",
+        ),
     ]
     for ax, rows, count, mean, ylabel, title in panels:
         names = [r["policy"] for r in rows]
@@ -125,8 +176,10 @@ def plot(result: dict, path: str) -> str:
         ax.set_ylabel(ylabel)
         ax.set_title(title, fontsize=9)
         ax.tick_params(axis="x", labelsize=8)
-    fig.suptitle("Allocation policies: pipelines granted (bars; dashed: all pipelines) and mean release time "
-                 "(labels)", fontsize=9)
+    fig.suptitle(
+        "Allocation policies: pipelines granted (bars; dashed: all pipelines) and mean release time (labels)",
+        fontsize=9,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -13,6 +13,7 @@ so the load does not drop) to let the cohort finish. A pipeline of the cohort
 still waiting at the end is *censored*: its release time counts as its wait so
 far, so the reported mean is a lower bound whenever ``released`` < 1.
 """
+
 import math
 import shutil
 import tempfile
@@ -37,11 +38,11 @@ class SimResult:
     warmup: int
     drain: int
     seed: int
-    pipelines: list                     # PipelineState, all arrivals
+    pipelines: list  # PipelineState, all arrivals
     stats: dict = field(default_factory=dict)
     seconds: float = 0.0
 
-    stopped: int | None = None          # the hour an overloaded run stopped at
+    stopped: int | None = None  # the hour an overloaded run stopped at
 
     @property
     def end(self):
@@ -55,15 +56,21 @@ class SimResult:
 
     def summary(self):
         cohort = self.cohort()
-        waits = np.array([(p.released_at if p.released_at is not None else self.end) - p.spec.arrival
-                          for p in cohort])
+        waits = np.array([(p.released_at if p.released_at is not None else self.end) - p.spec.arrival for p in cohort])
         released = [p for p in cohort if p.released_at is not None]
-        out = {"strategy": self.strategy, "rate": self.rate, "pipelines": len(cohort),
-               "released": len(released) / len(cohort) if cohort else math.nan,
-               "censored": len(cohort) - len(released)}
+        out = {
+            "strategy": self.strategy,
+            "rate": self.rate,
+            "pipelines": len(cohort),
+            "released": len(released) / len(cohort) if cohort else math.nan,
+            "censored": len(cohort) - len(released),
+        }
         if len(waits):
-            out.update(mean_release_h=float(waits.mean()), median_release_h=float(np.median(waits)),
-                       p90_release_h=float(np.percentile(waits, 90)))
+            out.update(
+                mean_release_h=float(waits.mean()),
+                median_release_h=float(np.median(waits)),
+                p90_release_h=float(np.percentile(waits, 90)),
+            )
         else:
             out.update(mean_release_h=math.nan, median_release_h=math.nan, p90_release_h=math.nan)
         out["mean_is_lower_bound"] = bool(out["censored"])
@@ -92,7 +99,7 @@ def _serve(sim, order, waiting, now):
     while progress and waiting:  # a release hands budget back: let the others try again
         progress = False
         still = []
-        for state in (waiting if order is None else order(waiting, now)):
+        for state in waiting if order is None else order(waiting, now):
             if sim.advance(state, now):
                 progress = True
             else:
@@ -101,8 +108,20 @@ def _serve(sim, order, waiting, now):
     return waiting
 
 
-def simulate(strategy, rate, hours=336, seed=0, config=SimConfig(), warmup=48, drain=96, workdir=None,
-             keep=False, inspect=None, max_waiting=200, policy_params=None):
+def simulate(
+    strategy,
+    rate,
+    hours=336,
+    seed=0,
+    config=SimConfig(),
+    warmup=48,
+    drain=96,
+    workdir=None,
+    keep=False,
+    inspect=None,
+    max_waiting=200,
+    policy_params=None,
+):
     """Run one strategy at one arrival rate. Returns a SimResult.
 
     The run stops early, flagged ``overloaded``, once more than ``max_waiting``
@@ -121,7 +140,7 @@ def simulate(strategy, rate, hours=336, seed=0, config=SimConfig(), warmup=48, d
     sim = make_strategy(strategy, config, workdir, policy_params)
     states = [PipelineState(s, config) for s in specs]
     waiting = []  # arrival order
-    order = getattr(sim, "order", None)   # queued policies: who is served first at a scheduling point
+    order = getattr(sim, "order", None)  # queued policies: who is served first at a scheduling point
 
     try:
         i = 0

@@ -19,6 +19,7 @@ reservations: new blocks split among the waiting pipelines, own reservation then
 so both behave the same here), DPF-N, DPF-T and DPack (``QueuedAllocation``), and, as PrivateKube's
 baseline, FCFS (arrival order, no unlocking, all-or-nothing; ``Fcfs``, not a registered policy).
 """
+
 from __future__ import annotations
 
 import heapq
@@ -39,19 +40,19 @@ HOUR = 3600.0
 class MicroConfig:
     """The microbenchmark's parameters (module docstring: PrivateKube's values and ours)."""
 
-    rate: float = 32.0                 # pipeline arrivals per hour (one block per hour)
-    hours: int = 30                    # hours of arrivals (PrivateKube: 30 block intervals)
-    initial_blocks: int = 11           # blocks present at time 0 (PrivateKube: 11)
-    epsilon: float = 1.0               # per-block global epsilon (PrivateKube: 1, normalised)
-    delta: float = 1e-6                # per-block global delta
+    rate: float = 32.0  # pipeline arrivals per hour (one block per hour)
+    hours: int = 30  # hours of arrivals (PrivateKube: 30 block intervals)
+    initial_blocks: int = 11  # blocks present at time 0 (PrivateKube: 11)
+    epsilon: float = 1.0  # per-block global epsilon (PrivateKube: 1, normalised)
+    delta: float = 1e-6  # per-block global delta
     mice_blocks: int = 1
     elephant_blocks: int = 10
     mice_epsilon: float = 0.01
     elephant_epsilon: float = 0.1
-    mice_blocks_share: float = 0.75    # P(a pipeline demands mice_blocks blocks)
-    mice_epsilon_share: float = 0.75   # P(a pipeline demands mice_epsilon), independent of the above
-    timeout: float = 12.0              # hours a pipeline waits before it leaves ungranted
-    min_epsilon: float = 0.001         # a block that cannot admit this much more is retired
+    mice_blocks_share: float = 0.75  # P(a pipeline demands mice_blocks blocks)
+    mice_epsilon_share: float = 0.75  # P(a pipeline demands mice_epsilon), independent of the above
+    timeout: float = 12.0  # hours a pipeline waits before it leaves ungranted
+    min_epsilon: float = 0.001  # a block that cannot admit this much more is retired
     accounting: str = Accounting.BASIC  # rdp: Rényi filters, each demand a curve (``demand_curves``)
 
     def __post_init__(self):
@@ -70,8 +71,9 @@ class MicroConfig:
             if getattr(self, name) > 1:
                 raise ValueError(f"microbenchmark parameter {name}={getattr(self, name)!r} must be <= 1")
         if max(self.mice_epsilon, self.elephant_epsilon) > self.epsilon:
-            raise ValueError(f"a demand's epsilon ({self.mice_epsilon}, {self.elephant_epsilon}) must be <= epsilon "
-                             f"{self.epsilon}")
+            raise ValueError(
+                f"a demand's epsilon ({self.mice_epsilon}, {self.elephant_epsilon}) must be <= epsilon {self.epsilon}"
+            )
 
     def to_dict(self):
         return asdict(self)
@@ -86,13 +88,13 @@ class Fcfs(QueuedPolicy):
         return 1.0
 
     def demand_key(self, filt, cost, spents, orders_index=None):
-        return 0.0   # ties: arrival order
+        return 0.0  # ties: arrival order
 
 
 @dataclass(frozen=True)
 class Pipeline:
     index: int
-    arrival: float        # hours
+    arrival: float  # hours
     n_blocks: int
     epsilon: float
 
@@ -105,9 +107,15 @@ def make_pipelines(config: MicroConfig, seed: int) -> list[Pipeline]:
     times = times[times < config.hours]
     mice_b = rng.random(len(times)) < config.mice_blocks_share
     mice_e = rng.random(len(times)) < config.mice_epsilon_share
-    return [Pipeline(i, float(t), config.mice_blocks if mb else config.elephant_blocks,
-                     config.mice_epsilon if me else config.elephant_epsilon)
-            for i, (t, mb, me) in enumerate(zip(times, mice_b, mice_e))]
+    return [
+        Pipeline(
+            i,
+            float(t),
+            config.mice_blocks if mb else config.elephant_blocks,
+            config.mice_epsilon if me else config.elephant_epsilon,
+        )
+        for i, (t, mb, me) in enumerate(zip(times, mice_b, mice_e))
+    ]
 
 
 RDP_MECHANISMS = ("gaussian", "laplace", "dpsgd")
@@ -119,8 +127,11 @@ def demand_curves(filt, epsilons):
     best-order share of a fresh block, min over alpha of curve(alpha) / capacity(alpha), equals ``eps``: the
     same size as the basic demand by DPF's measure, with heterogeneous curves (DPack's setting, §6)."""
 
-    base = {"gaussian": curves.gaussian_curve(1.0, filt.orders), "laplace": curves.laplace_curve(1.0, filt.orders),
-            "dpsgd": curves.dpsgd_curve(1.0, 0.01, 100, filt.orders)}
+    base = {
+        "gaussian": curves.gaussian_curve(1.0, filt.orders),
+        "laplace": curves.laplace_curve(1.0, filt.orders),
+        "dpsgd": curves.dpsgd_curve(1.0, 0.01, 100, filt.orders),
+    }
     out = {}
     for mech, curve in base.items():
         share = min(c / k for c, k in zip(curve, filt.capacity[1:]) if k > 0)
@@ -133,8 +144,9 @@ def _name(i):
     return f"p{i:06d}"
 
 
-def run(policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict | None = None,
-        full_scan: bool = False) -> dict:
+def run(
+    policy, config: MicroConfig = MicroConfig(), seed: int = 0, params: dict | None = None, full_scan: bool = False
+) -> dict:
     """One policy on the workload: pipelines granted, their mean and median delay (arrival to grant, hours).
 
     Args:
@@ -170,8 +182,11 @@ class _Simulation:
         self.config = config
         self.filt = filt = filters.make_filter(config.accounting, config.epsilon, config.delta)
         min_cost = filt.cost(epsilon=config.min_epsilon)
-        self.rdp_costs = (demand_curves(filt, (config.mice_epsilon, config.elephant_epsilon))
-                          if config.accounting == Accounting.RDP else None)
+        self.rdp_costs = (
+            demand_curves(filt, (config.mice_epsilon, config.elephant_epsilon))
+            if config.accounting == Accounting.RDP
+            else None
+        )
         self.pol = pol = Fcfs() if str(policy) == "fcfs" else get_policy(policy, params)
         self.queued = pol.queued
         self.model = QueuedAllocation(filt, min_cost, pol) if self.queued else BlockAllocation(filt, min_cost, pol)
@@ -182,8 +197,10 @@ class _Simulation:
         self.granted_at: dict = {}
         # events: (time h, kind order, seq, kind, payload); blocks before arrivals before timeouts at equal times
         events = [(0.0, 0, i, "block", i) for i in range(config.initial_blocks)]
-        events += [(float(h), 0, config.initial_blocks + h, "block", config.initial_blocks + h)
-                   for h in range(1, config.hours + int(math.ceil(config.timeout)) + 1)]
+        events += [
+            (float(h), 0, config.initial_blocks + h, "block", config.initial_blocks + h)
+            for h in range(1, config.hours + int(math.ceil(config.timeout)) + 1)
+        ]
         events += [(p.arrival, 1, p.index, "arrive", p) for p in self.pipelines]
         heapq.heapify(events)
         self.events = events
@@ -214,9 +231,12 @@ class _Simulation:
 
     def on_arrive(self, now, p) -> None:
         name = _name(p.index)
-        bl = self.blocks[-p.n_blocks:]
-        cost = (self.filt.cost(epsilon=p.epsilon) if self.rdp_costs is None
-                else self.rdp_costs[(RDP_MECHANISMS[p.index % len(RDP_MECHANISMS)], p.epsilon)])
+        bl = self.blocks[-p.n_blocks :]
+        cost = (
+            self.filt.cost(epsilon=p.epsilon)
+            if self.rdp_costs is None
+            else self.rdp_costs[(RDP_MECHANISMS[p.index % len(RDP_MECHANISMS)], p.epsilon)]
+        )
         if self.queued:
             self.model.arrive(now * HOUR)
             self.model.demand(name, bl, cost)
@@ -244,21 +264,27 @@ def _summary(sim: _Simulation, policy, config: MicroConfig, started: float) -> d
     pipelines, granted_at, blocks = sim.pipelines, sim.granted_at, sim.blocks
     arrival = {_name(p.index): p.arrival for p in pipelines}
     delays = np.array([granted_at[n] - arrival[n] for n in granted_at]) if granted_at else np.array([])
-    spent = [sim.filt.summary(sim.model.spent[b])[0] for b in blocks]   # epsilon spent (RDP: at the best order)
+    spent = [sim.filt.summary(sim.model.spent[b])[0] for b in blocks]  # epsilon spent (RDP: at the best order)
     kinds: dict = {}
     for p in pipelines:
         kind = ("mice" if p.n_blocks == config.mice_blocks else "elephant") + "-blocks"
         kinds.setdefault(kind, [0, 0])
         kinds[kind][0] += 1
         kinds[kind][1] += _name(p.index) in granted_at
-    return {"policy": str(policy), "params": sim.pol.params(), "pipelines": len(pipelines),
-            "granted": len(granted_at),
-            "granted_share": len(granted_at) / len(pipelines) if pipelines else math.nan,
-            "granted_by_kind": {k: {"pipelines": v[0], "granted": v[1]} for k, v in sorted(kinds.items())},
-            "mean_delay_h": float(delays.mean()) if len(delays) else math.nan,
-            "median_delay_h": float(np.median(delays)) if len(delays) else math.nan,
-            "max_block_spent": max(spent) if spent else 0.0, "blocks": len(blocks),
-            "seconds": round(time.perf_counter() - started, 2)}
+    return {
+        "policy": str(policy),
+        "params": sim.pol.params(),
+        "pipelines": len(pipelines),
+        "granted": len(granted_at),
+        "granted_share": len(granted_at) / len(pipelines) if pipelines else math.nan,
+        "granted_by_kind": {k: {"pipelines": v[0], "granted": v[1]} for k, v in sorted(kinds.items())},
+        "mean_delay_h": float(delays.mean()) if len(delays) else math.nan,
+        "median_delay_h": float(np.median(delays)) if len(delays) else math.nan,
+        "max_block_spent": max(spent) if spent else 0.0,
+        "blocks": len(blocks),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
 
 def _try_one(model, waiting, name, now, grant):
     """A new arrival under a reservation policy: only its own demand can have become grantable."""

@@ -16,6 +16,7 @@ The ledger is the real one (a temporary SQLite file): its per-block filter check
 The cost model is the simulator's (``SimConfig.n_required``: records to ACCEPT at a per-row epsilon). It models
 group privacy for every stage: a per-unit validator (which now gets the whole share) saves part of it, not modelled.
 """
+
 from __future__ import annotations
 
 import math
@@ -70,8 +71,14 @@ def block_rows(semantics: str, config: SimConfig, units: UnitConfig, hours: int)
     return units.shards, int(units.units * kept_per_unit(lam * hours, units.max_rows) / units.shards)
 
 
-def run_semantics(semantics: str, rate: float, hours: int, seed: int = 0, config: SimConfig = SimConfig(),
-                  units: UnitConfig = UnitConfig()) -> dict:
+def run_semantics(
+    semantics: str,
+    rate: float,
+    hours: int,
+    seed: int = 0,
+    config: SimConfig = SimConfig(),
+    units: UnitConfig = UnitConfig(),
+) -> dict:
     """One semantics at one arrival rate: the pipelines arrived in [0, hours) and how many the ledger granted."""
     if semantics not in SEMANTICS:
         raise ValueError(f"semantics {semantics!r} is unknown: use one of {', '.join(SEMANTICS)}")
@@ -93,14 +100,26 @@ def run_semantics(semantics: str, rate: float, hours: int, seed: int = 0, config
                     waiting.append(specs[i])
                     i += 1
                 need = {s.index: config.n_required(s.n_np, per_row) for s in waiting}
-                waiting = [s for s in waiting if hour - s.arrival <= units.timeout_h
-                           and not _try(ledger, left, s, need[s.index], rows, units, granted)]
+                waiting = [
+                    s
+                    for s in waiting
+                    if hour - s.arrival <= units.timeout_h
+                    and not _try(ledger, left, s, need[s.index], rows, units, granted)
+                ]
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     arrived = len(specs)
-    return {"semantics": semantics, "rate": rate, "hours": hours, "pipelines": arrived, "granted": len(granted),
-            "granted_fraction": len(granted) / arrived if arrived else math.nan, "rows_per_block": rows,
-            "per_row_epsilon": per_row, "units": asdict(units)}
+    return {
+        "semantics": semantics,
+        "rate": rate,
+        "hours": hours,
+        "pipelines": arrived,
+        "granted": len(granted),
+        "granted_fraction": len(granted) / arrived if arrived else math.nan,
+        "rows_per_block": rows,
+        "per_row_epsilon": per_row,
+        "units": asdict(units),
+    }
 
 
 def _add_block(ledger: Ledger, left: dict, block: str, rows: int, config: SimConfig) -> None:
@@ -129,8 +148,9 @@ def _try(ledger, left, spec, need, rows, units, granted) -> bool:
     return True
 
 
-def compare_semantics(rates: list[float], hours: int, seed: int = 0, config: SimConfig = SimConfig(),
-                      units: UnitConfig = UnitConfig()) -> list[dict]:
+def compare_semantics(
+    rates: list[float], hours: int, seed: int = 0, config: SimConfig = SimConfig(), units: UnitConfig = UnitConfig()
+) -> list[dict]:
     """``run_semantics`` for every semantics at every rate."""
     return [run_semantics(s, r, hours, seed, config, units) for r in rates for s in SEMANTICS]
 
@@ -146,12 +166,14 @@ def plot_semantics(rows: list[dict], path: str) -> str:
     fig, ax = plt.subplots(figsize=(7, 4.2))
     width = 0.8 / len(SEMANTICS)
     for j, semantics in enumerate(SEMANTICS):
-        values = [next(r["granted"] for r in rows if r["rate"] == rate and r["semantics"] == semantics)
-                  for rate in rates]
+        values = [
+            next(r["granted"] for r in rows if r["rate"] == rate and r["semantics"] == semantics) for rate in rates
+        ]
         bars = ax.bar([i + j * width for i in range(len(rates))], values, width, label=f"{semantics} DP")
         for bar, value in zip(bars, values):
-            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), str(value), ha="center", va="bottom",
-                    fontsize=8)
+            ax.text(
+                bar.get_x() + bar.get_width() / 2, bar.get_height(), str(value), ha="center", va="bottom", fontsize=8
+            )
     for i, rate in enumerate(rates):
         total = next(r["pipelines"] for r in rows if r["rate"] == rate)
         ax.hlines(total, i - width / 2, i + (len(SEMANTICS) - 0.5) * width, colors="grey", linestyles="--")
@@ -159,8 +181,11 @@ def plot_semantics(rows: list[dict], path: str) -> str:
     ax.set_xticks([i + width for i in range(len(rates))], [f"{r:g}/h" for r in rates])
     ax.set_xlabel("pipeline arrivals per hour (dashed: pipelines arrived)")
     ax.set_ylabel("pipelines granted")
-    ax.set_title(f"Pipelines granted per privacy semantics ({unit['units']} units, K = {unit['max_rows']}, "
-                 f"eps {unit['pipeline_epsilon']:g} per pipeline)", fontsize=9)
+    ax.set_title(
+        f"Pipelines granted per privacy semantics ({unit['units']} units, K = {unit['max_rows']}, "
+        f"eps {unit['pipeline_epsilon']:g} per pipeline)",
+        fontsize=9,
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -39,6 +39,7 @@ waiting pipelines by ``add_block``. An in-memory copy of the allocation
 An attempt ACCEPTs iff the records it reads are at least
 ``config.n_required(n_np, eps)``; there is no REJECT in this workload.
 """
+
 import math
 import os
 
@@ -56,8 +57,13 @@ LABELS = {
     "block-conserve-rdp": "Block/Conserve, RDP",
 }
 # The queued policies as strategies of the same engine (not in STRATEGIES: the default sweep is Fig. 8's five).
-POLICY_STRATEGIES = {Policy.CONSERVE: "block-conserve", Policy.AGGRESSIVE: "block-aggressive",
-                     Policy.DPF_N: "block-dpf-n", Policy.DPF_T: "block-dpf-t", Policy.DPACK: "block-dpack"}
+POLICY_STRATEGIES = {
+    Policy.CONSERVE: "block-conserve",
+    Policy.AGGRESSIVE: "block-aggressive",
+    Policy.DPF_N: "block-dpf-n",
+    Policy.DPF_T: "block-dpf-t",
+    Policy.DPACK: "block-dpack",
+}
 QUEUED_STRATEGIES = ("block-dpf-n", "block-dpf-t", "block-dpack")
 ALL_STRATEGIES = STRATEGIES + QUEUED_STRATEGIES
 LABELS.update({"block-dpf-n": "Block/DPF-N", "block-dpf-t": "Block/DPF-T", "block-dpack": "Block/DPack"})
@@ -72,21 +78,28 @@ class PipelineState:
         self.spec = spec
         self.name = spec.name
         self.epsilon = config.epsilon_start
-        self.window = config.min_window   # blocks (block strategies), hours of records (query, streaming)
+        self.window = config.min_window  # blocks (block strategies), hours of records (query, streaming)
         self.attempts = 0
-        self.block_epsilon = 0.0          # sum over attempts of eps * blocks read
+        self.block_epsilon = 0.0  # sum over attempts of eps * blocks read
         self.released_at = None
-        self.buffer = 0.0                 # streaming: records assigned to this pipeline, unread
+        self.buffer = 0.0  # streaming: records assigned to this pipeline, unread
 
     def to_dict(self):
-        return {"pipeline": self.name, "arrival": self.spec.arrival, "n_np": self.spec.n_np,
-                "released_at": self.released_at, "attempts": self.attempts,
-                "final_epsilon": self.epsilon, "final_window": self.window, "block_epsilon": self.block_epsilon}
+        return {
+            "pipeline": self.name,
+            "arrival": self.spec.arrival,
+            "n_np": self.spec.n_np,
+            "released_at": self.released_at,
+            "attempts": self.attempts,
+            "final_epsilon": self.epsilon,
+            "final_window": self.window,
+            "block_epsilon": self.block_epsilon,
+        }
 
 
 def make_strategy(name, config, workdir, policy_params=None):
     if name in QUEUED_STRATEGIES:
-        return QueuedStrategy(name, config, get_policy(name[len("block-"):], (policy_params or {}).get(name)))
+        return QueuedStrategy(name, config, get_policy(name[len("block-") :], (policy_params or {}).get(name)))
     if name in ("block-conserve", "block-aggressive", "block-conserve-rdp"):
         policy = Policy.AGGRESSIVE if name == "block-aggressive" else Policy.CONSERVE
         accounting = Accounting.RDP if name.endswith("rdp") else Accounting.BASIC
@@ -106,12 +119,18 @@ class _LedgerStrategy:
         self.name, self.config = name, config
         self.path = os.path.join(workdir, f"{name}.sqlite")
         self.ledger = Ledger.open(self.path, create=True)
-        self.ledger.create_stream(STREAM, config.epsilon, config.delta, accounting=self.accounting,
-                                  policy=self.policy, min_epsilon=config.min_epsilon)
+        self.ledger.create_stream(
+            STREAM,
+            config.epsilon,
+            config.delta,
+            accounting=self.accounting,
+            policy=self.policy,
+            min_epsilon=config.min_epsilon,
+        )
         self.filt = self.ledger.stream(STREAM).filter()
         self.model = BlockAllocation(self.filt, self.filt.cost(epsilon=config.min_epsilon), self.policy)
         self.waiting = {}
-        self.refusals = 0   # charges the model proposed but the ledger refused (expected 0)
+        self.refusals = 0  # charges the model proposed but the ledger refused (expected 0)
 
     def arrive(self, state):
         self.ledger.register(STREAM, state.name)
@@ -154,8 +173,7 @@ class BlockStrategy(_LedgerStrategy):
 
     def new_hour(self, hour):
         block = f"h{hour:06d}"
-        self.ledger.add_block(STREAM, block, start=(hour - 1) * HOUR, end=hour * HOUR,
-                              rows=self.config.rows_per_hour)
+        self.ledger.add_block(STREAM, block, start=(hour - 1) * HOUR, end=hour * HOUR, rows=self.config.rows_per_hour)
         self.model.add_block(block, list(self.waiting))
         self.hours = hour
 
@@ -194,8 +212,11 @@ class BlockStrategy(_LedgerStrategy):
                 return True
             # RETRY (the Sage paper §3.3): double eps if it fits the allocation on the window, else the window.
             double = 2 * state.epsilon
-            if (self.policy == Policy.CONSERVE and double <= self.config.epsilon
-                    and all(self.model.fits(b, state.name, self.cost(double, n_rows)) for b in blocks)):
+            if (
+                self.policy == Policy.CONSERVE
+                and double <= self.config.epsilon
+                and all(self.model.fits(b, state.name, self.cost(double, n_rows)) for b in blocks)
+            ):
                 state.epsilon = double
             else:
                 state.window *= 2
@@ -260,7 +281,7 @@ class StreamingStrategy:
             need = state.window * self.config.rows_per_hour
             if state.buffer + 1e-6 < need:
                 return False
-            state.buffer -= need           # these records are read once, then discarded
+            state.buffer -= need  # these records are read once, then discarded
             self.records_read += need
             state.attempts += 1
             state.block_epsilon += self.config.epsilon * need / self.config.rows_per_hour
@@ -285,7 +306,7 @@ class QueuedStrategy:
         self.waiting = {}
         self.refusals = 0
         self.hours = 0
-        self.reschedule_on_arrival = True   # an arrival unlocks budget (DPF-N): the engine lets all retry
+        self.reschedule_on_arrival = True  # an arrival unlocks budget (DPF-N): the engine lets all retry
 
     def arrive(self, state):
         self.model.arrive(state.spec.arrival * HOUR)
@@ -383,16 +404,27 @@ def dpsgd_curve_for_epsilon(epsilon, n_rows, config, orders):
 
     def event(sigma):
         return dp_accounting.SelfComposedDpEvent(
-            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+            dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps
+        )
 
     tol = 1e-6
     try:
-        sigma = float(mechanism_calibration.calibrate_dp_mechanism(
-            lambda: rdp.RdpAccountant(orders=all_orders), event, epsilon, config.delta,
-            bracket_interval=mechanism_calibration.LowerEndpointAndGuess(0.3, 1.0), tol=tol)) + tol
+        sigma = (
+            float(
+                mechanism_calibration.calibrate_dp_mechanism(
+                    lambda: rdp.RdpAccountant(orders=all_orders),
+                    event,
+                    epsilon,
+                    config.delta,
+                    bracket_interval=mechanism_calibration.LowerEndpointAndGuess(0.3, 1.0),
+                    tol=tol,
+                )
+            )
+            + tol
+        )
     except (mechanism_calibration.NoBracketIntervalFoundError, mechanism_calibration.NoOptimumFoundError):
         raise ValueError(f"cannot calibrate DP-SGD to epsilon {epsilon!r} on {n_rows} records") from None
     acc = rdp.RdpAccountant(orders=all_orders)
     acc.compose(event(sigma))
     assert acc.get_epsilon(config.delta) <= epsilon, (sigma, epsilon)
-    return tuple(float(v) for v in acc._rdp[:len(orders)])
+    return tuple(float(v) for v in acc._rdp[: len(orders)])

@@ -1,4 +1,5 @@
 """Sweeps over arrival rates, the highest sustainable rate per strategy, and the Fig. 8 plot."""
+
 import math
 import sys
 
@@ -15,17 +16,22 @@ def _log(line):
 def holds(summary, within=SLA_HOURS, released=0.95):
     """A rate is sustained when the run did not overload, at least 95% of the cohort was released, and the
     cohort's mean release (unreleased ones counted at their wait so far) is under ``within`` hours."""
-    return (summary.get("overloaded_at_h") is None and summary["released"] >= released
-            and summary["mean_release_h"] < within)
+    return (
+        summary.get("overloaded_at_h") is None
+        and summary["released"] >= released
+        and summary["mean_release_h"] < within
+    )
 
 
 def run_one(strategy, rate, hours, seed, config, warmup, drain):
     summary = simulate(strategy, rate, hours=hours, seed=seed, config=config, warmup=warmup, drain=drain).summary()
     flag = "" if summary.get("overloaded_at_h") is None else f" OVERLOADED at h{summary['overloaded_at_h']}"
     bound = ">=" if summary["mean_is_lower_bound"] else ""
-    _log(f"  {strategy:20s} rate {rate:<6g} mean {bound}{summary['mean_release_h']:.1f} h, median "
-         f"{summary['median_release_h']:.1f} h, p90 {summary['p90_release_h']:.1f} h, released "
-         f"{summary['released']:.0%} of {summary['pipelines']}{flag} ({summary['seconds']:.0f} s)")
+    _log(
+        f"  {strategy:20s} rate {rate:<6g} mean {bound}{summary['mean_release_h']:.1f} h, median "
+        f"{summary['median_release_h']:.1f} h, p90 {summary['p90_release_h']:.1f} h, released "
+        f"{summary['released']:.0%} of {summary['pipelines']}{flag} ({summary['seconds']:.0f} s)"
+    )
     return summary
 
 
@@ -79,8 +85,10 @@ def plot(rows, path, title, ceiling_hours=168.0):
     for strategy in strategies:
         mine = sorted((r for r in rows if r["strategy"] == strategy), key=lambda r: r["rate"])
         xs = [r["rate"] for r in mine]
-        ys = [min(ceiling_hours, max(0.1, r["mean_release_h"])) if r.get("overloaded_at_h") is None
-              else ceiling_hours for r in mine]
+        ys = [
+            min(ceiling_hours, max(0.1, r["mean_release_h"])) if r.get("overloaded_at_h") is None else ceiling_hours
+            for r in mine
+        ]
         ax.plot(xs, ys, marker=markers.get(strategy, "o"), label=LABELS.get(strategy, strategy))
     ax.text(min(r["rate"] for r in rows), SLA_HOURS * 1.08, "one day", color="grey", fontsize=8)
     return _save(fig, ax, path, title, "mean model release time (hours)", ceiling_hours)
@@ -117,17 +125,30 @@ def spread(rows_by_seed, ceiling_hours=168.0):
     cells = {}
     for seed, rows in rows_by_seed.items():
         for r in rows:
-            cell = cells.setdefault((r["strategy"], r["rate"]), {"strategy": r["strategy"], "rate": r["rate"],
-                                                                 "seeds": [], "mean_release_h": [],
-                                                                 "overloaded": 0, "lower_bound": 0})
+            cell = cells.setdefault(
+                (r["strategy"], r["rate"]),
+                {
+                    "strategy": r["strategy"],
+                    "rate": r["rate"],
+                    "seeds": [],
+                    "mean_release_h": [],
+                    "overloaded": 0,
+                    "lower_bound": 0,
+                },
+            )
             cell["seeds"].append(seed)
             cell["mean_release_h"].append(release_hours(r, ceiling_hours))
             cell["overloaded"] += r.get("overloaded_at_h") is not None
             cell["lower_bound"] += bool(r["mean_is_lower_bound"])
     for cell in cells.values():
         values = sorted(cell["mean_release_h"])
-        cell.update(median_h=values[len(values) // 2] if len(values) % 2 else
-                    (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2, min_h=values[0], max_h=values[-1])
+        cell.update(
+            median_h=values[len(values) // 2]
+            if len(values) % 2
+            else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2,
+            min_h=values[0],
+            max_h=values[-1],
+        )
     return list(cells.values())
 
 
@@ -148,8 +169,9 @@ def plot_spread(cells, path, title, ceiling_hours=168.0):
         ys = [max(0.1, c["median_h"]) for c in mine]
         low = [y - max(0.1, c["min_h"]) for y, c in zip(ys, mine)]
         high = [max(0.1, c["max_h"]) - y for y, c in zip(ys, mine)]
-        ax.errorbar(xs, ys, yerr=[low, high], marker=markers.get(strategy, "o"), capsize=3,
-                    label=LABELS.get(strategy, strategy))
+        ax.errorbar(
+            xs, ys, yerr=[low, high], marker=markers.get(strategy, "o"), capsize=3, label=LABELS.get(strategy, strategy)
+        )
     return _save(fig, ax, path, title, "mean release time (h): median, min-max over seeds", ceiling_hours)
 
 

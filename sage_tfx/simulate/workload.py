@@ -3,6 +3,7 @@
 Every number is a documented, overridable parameter of `SimConfig`; the model and its sources:
 docs/simulation.md, "The model".
 """
+
 import math
 from dataclasses import asdict, dataclass, fields
 
@@ -35,21 +36,21 @@ class SimConfig:
         ValueError: a parameter out of range, naming it.
     """
 
-    rows_per_hour: int = 16_000          # paper §5.4, Taxi
-    epsilon: float = 1.0                 # global eps_g (paper §5.4)
-    delta: float = 1e-6                  # global delta_g (paper's 1e-6 class)
-    query_delta: float = 1e-9            # delta charged per attempt (leaves room for 1000 attempts per block)
-    gamma_shape: float = 2.0             # inter-arrival Gamma shape (paper: Gamma, shape not given)
-    n_min: float = 2_500.0               # power-law sample complexity (NP SLA records), minimum (calibrated)
-    n_max: float = 1_000_000.0           # ... truncation (about 2.6 days of data)
-    power_law_exponent: float = 1.5      # P(n_np > x) ~ x^-1.5
-    dp_overhead: float = 0.5             # n_required = n_np * (1 + dp_overhead / eps**dp_power)
+    rows_per_hour: int = 16_000  # paper §5.4, Taxi
+    epsilon: float = 1.0  # global eps_g (paper §5.4)
+    delta: float = 1e-6  # global delta_g (paper's 1e-6 class)
+    query_delta: float = 1e-9  # delta charged per attempt (leaves room for 1000 attempts per block)
+    gamma_shape: float = 2.0  # inter-arrival Gamma shape (paper: Gamma, shape not given)
+    n_min: float = 2_500.0  # power-law sample complexity (NP SLA records), minimum (calibrated)
+    n_max: float = 1_000_000.0  # ... truncation (about 2.6 days of data)
+    power_law_exponent: float = 1.5  # P(n_np > x) ~ x^-1.5
+    dp_overhead: float = 0.5  # n_required = n_np * (1 + dp_overhead / eps**dp_power)
     dp_power: float = 1.0
-    epsilon_start: float = 1 / 32        # privacy-adaptive training's first eps (the Sage paper §3.3: "small")
-    min_window: int = 1                  # blocks (hours) of the first attempt
-    min_epsilon: float = 0.005           # a block with less left is retired (ledger default: eps_g/100)
-    preprocessing_share: float = 0.2     # per-attempt split (adaptive.BudgetSplit defaults)
-    dpsgd_batch: int = 1024              # RDP variant: DP-SGD config of the Taxi NN (the Sage paper §3.1, Tab. 1)
+    epsilon_start: float = 1 / 32  # privacy-adaptive training's first eps (the Sage paper §3.3: "small")
+    min_window: int = 1  # blocks (hours) of the first attempt
+    min_epsilon: float = 0.005  # a block with less left is retired (ledger default: eps_g/100)
+    preprocessing_share: float = 0.2  # per-attempt split (adaptive.BudgetSplit defaults)
+    dpsgd_batch: int = 1024  # RDP variant: DP-SGD config of the Taxi NN (the Sage paper §3.1, Tab. 1)
     dpsgd_epochs: int = 3
 
     def __post_init__(self):
@@ -81,14 +82,14 @@ class SimConfig:
         Returns:
             ``n_np * (1 + dp_overhead / epsilon**dp_power)``.
         """
-        return n_np * (1.0 + self.dp_overhead / epsilon ** self.dp_power)
+        return n_np * (1.0 + self.dp_overhead / epsilon**self.dp_power)
 
 
 @dataclass(frozen=True)
 class PipelineSpec:
     index: int
-    arrival: float   # hours since the stream started
-    n_np: float      # NP SLA sample complexity (records)
+    arrival: float  # hours since the stream started
+    n_np: float  # NP SLA sample complexity (records)
 
     @property
     def name(self):

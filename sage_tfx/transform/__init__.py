@@ -6,6 +6,7 @@ and `noise_seed` (trusted code seeds the analyzers' noise, e.g. DPTransform from
 The analyzers (TensorFlow, Beam) load on first use, so importing this package for
 the budget names (`BUDGET_KEY`, `PreprocessingBudget`, ...) stays fast.
 """
+
 from .budget import (
     BUDGET_KEY,
     EPSILON_FIELD,
@@ -35,11 +36,27 @@ _SCALING = ("dp_scale_to_z_score", "dp_scale_to_0_1", "dp_quantiles", "dp_bucket
 _LOOKUP = ("apply_public_vocabulary", "one_hot")  # in .lookup: public vocabularies, no privacy cost
 
 __all__ = [
-    "BUDGET_KEY", "EPSILON_FIELD", "PreprocessingBudget", "Spend", "budget_custom_config",
-    "call_preprocessing_fn", "requested_epsilon", "requested_spends", "trace_requested_epsilon",
-    "BudgetExceeded", "DPTransformError", "MissingBudget", "NonPrivateAnalyzer", "RowMixing", "TraceMismatch",
-    "analyzer_seed", "noise_seed",
-    *_ANALYZERS, *_SCALING, *_VOCABULARY, *_LOOKUP,
+    "BUDGET_KEY",
+    "EPSILON_FIELD",
+    "PreprocessingBudget",
+    "Spend",
+    "budget_custom_config",
+    "call_preprocessing_fn",
+    "requested_epsilon",
+    "requested_spends",
+    "trace_requested_epsilon",
+    "BudgetExceeded",
+    "DPTransformError",
+    "MissingBudget",
+    "NonPrivateAnalyzer",
+    "RowMixing",
+    "TraceMismatch",
+    "analyzer_seed",
+    "noise_seed",
+    *_ANALYZERS,
+    *_SCALING,
+    *_VOCABULARY,
+    *_LOOKUP,
 ]
 
 

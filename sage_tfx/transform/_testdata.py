@@ -12,6 +12,7 @@ fitted to the 15,002 real Chicago taxi trips that ship inside the tfx wheel
 
 Any figure computed from these rows comes from generated data: say so (GENERATED_LABEL).
 """
+
 import csv
 import functools
 import importlib.resources

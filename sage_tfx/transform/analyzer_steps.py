@@ -2,6 +2,7 @@
 TensorFlow graph (nothing random, no sum), and the one full-pass release (``_NoiseOnce``) that draws the noise.
 The mechanism and its proof: ``sage_tfx.transform.analyzers`` and docs/dp_preprocessing.md.
 """
+
 import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)  # isort: skip
 import tensorflow as tf  # noqa: TID253
 import tensorflow_transform as tft  # noqa: TID253
@@ -53,14 +54,20 @@ def _masked(keys, mask, label):
     mask = _dense_vector(mask, "mask", label)
     if mask.dtype != tf.bool:
         if not (mask.dtype.is_integer or mask.dtype.is_floating):
-            raise DPTransformError(f"{label}: mask must be a bool (or 0/1 numeric) tensor, got dtype "
-                                   f"{mask.dtype.name} (e.g. mask=inputs['arr_delay'] > 0)")
+            raise DPTransformError(
+                f"{label}: mask must be a bool (or 0/1 numeric) tensor, got dtype "
+                f"{mask.dtype.name} (e.g. mask=inputs['arr_delay'] > 0)"
+            )
         mask = tf.equal(mask, tf.ones_like(mask))
     if mask.shape[0] is not None and keys.shape[0] is not None and mask.shape[0] != keys.shape[0]:
-        raise DPTransformError(f"{label}: mask has {mask.shape[0]} rows but key has {keys.shape[0]}; "
-                               "give one mask value per row of key")
-    same = tf.debugging.assert_equal(tf.size(mask), tf.size(keys), message=f"{label}: mask and key differ in "
-                                     "rows (a shape error of the preprocessing_fn, never of a value)")
+        raise DPTransformError(
+            f"{label}: mask has {mask.shape[0]} rows but key has {keys.shape[0]}; give one mask value per row of key"
+        )
+    same = tf.debugging.assert_equal(
+        tf.size(mask),
+        tf.size(keys),
+        message=f"{label}: mask and key differ in rows (a shape error of the preprocessing_fn, never of a value)",
+    )
     with tf.control_dependencies([same]):
         return tf.where(mask, keys, tf.constant(OUT_OF_RANGE, tf.int64))
 
@@ -68,13 +75,15 @@ def _masked(keys, mask, label):
 def _lookup(table, keys, default):
     """table[key] per row (keys from _key_vector), the public ``default`` where the key is OUT_OF_RANGE."""
     in_range = keys >= 0
-    return tf.where(in_range, tf.gather(table, tf.where(in_range, keys, tf.zeros_like(keys))),
-                    tf.constant(default, tf.float32))
+    return tf.where(
+        in_range, tf.gather(table, tf.where(in_range, keys, tf.zeros_like(keys))), tf.constant(default, tf.float32)
+    )
 
 
 def _check_finite(value, what):
-    return checks.number(value, what, error=DPTransformError,
-                         message="{what} must be a finite number (a public constant), got {value!r}")
+    return checks.number(
+        value, what, error=DPTransformError, message="{what} must be a finite number (a public constant), got {value!r}"
+    )
 
 
 def _check_fallback(label, min_count, fallback):
@@ -84,7 +93,8 @@ def _check_fallback(label, min_count, fallback):
     if min_count is None or fallback is None:
         raise DPTransformError(
             f"{label}: give both min_count and fallback, got min_count={min_count!r}, fallback={fallback!r} "
-            "(e.g. min_count=20, fallback=value_range / 2 or a public prior)")
+            "(e.g. min_count=20, fallback=value_range / 2 or a public prior)"
+        )
     min_count = _check_finite(min_count, f"{label}: min_count")
     if min_count < 0:
         raise DPTransformError(f"{label}: min_count must be >= 0, got {min_count!r}")
@@ -123,8 +133,9 @@ def _release(scope, keys, values, num_cells, scales, finish, output_shapes, seed
     seed = resolve_seed(seed, scope)
     return tft.experimental.ptransform_analyzer(
         inputs=[keys] + list(values),
-        ptransform=_NoiseOnce(num_cells, scales, finish, len(output_shapes), seed, stream=scope,
-                              sensitivities=sensitivities),
+        ptransform=_NoiseOnce(
+            num_cells, scales, finish, len(output_shapes), seed, stream=scope, sensitivities=sensitivities
+        ),
         output_dtypes=[tf.float64] * len(output_shapes),
         output_shapes=[list(shape) for shape in output_shapes],
         name="noise_once",

@@ -41,6 +41,7 @@ Seeds: by default every analysis draws fresh OS entropy. Trusted code (DPTransfo
 makes the noise reproducible per grant with ``with sage_tfx.transform.noise_seed(s):``
 around the tracing; an analyzer's own ``seed=`` is for tests and is refused there.
 """
+
 import collections
 import functools
 
@@ -120,8 +121,9 @@ class SelectedKeyMean(collections.namedtuple("SelectedKeyMean", ["keys", "counts
         default = _check_finite(default, "SelectedKeyMean.lookup: default")
         index = _search_index(_selection_keys(key, "SelectedKeyMean.lookup"), self.keys)
         found = index >= 0
-        return tf.where(found, tf.gather(self.means, tf.where(found, index, tf.zeros_like(index))),
-                        tf.constant(default, tf.float32))
+        return tf.where(
+            found, tf.gather(self.means, tf.where(found, index, tf.zeros_like(index))), tf.constant(default, tf.float32)
+        )
 
 
 def _selected_mean(label, key, value, epsilon, value_range, seed, name, delta, max_partitions, mean_form):
@@ -130,16 +132,20 @@ def _selected_mean(label, key, value, epsilon, value_range, seed, name, delta, m
     delta, m = check_selection(delta, max_partitions, label)
     release = mean_release(epsilon, value_range, check_mean_form(mean_form, f"{label}: mean_form"))
     keys = _selection_keys(key, label)
-    selection = dict(epsilon=epsilon, delta=delta, value_range=value_range, mean_form=release.form,
-                     max_partitions_contributed=m)
+    selection = dict(
+        epsilon=epsilon, delta=delta, value_range=value_range, mean_form=release.form, max_partitions_contributed=m
+    )
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon, delta)
         values = _clipped_values(value, value_range, label) - release.shift
         key_dtype = object if keys.dtype == tf.string else np.int64
         kept, *tables = tft.experimental.ptransform_analyzer(
-            inputs=[keys, values], ptransform=_SelectOnce(key_dtype, selection, resolve_seed(seed, scope), scope),
-            output_dtypes=[keys.dtype, tf.float64, tf.float64, tf.float64], output_shapes=[[None]] * 4,
-            name="select_once")
+            inputs=[keys, values],
+            ptransform=_SelectOnce(key_dtype, selection, resolve_seed(seed, scope), scope),
+            output_dtypes=[keys.dtype, tf.float64, tf.float64, tf.float64],
+            output_shapes=[[None]] * 4,
+            name="select_once",
+        )
         return SelectedKeyMean(kept, *_float_tables(tables))
 
 
@@ -163,8 +169,11 @@ def dp_count_per_key(key, nkeys, epsilon, *, seed=None, name=None):
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
         keys = _key_vector(key, nkeys, label)
-        (noisy,) = _float_tables(_noisy_tables(scope, keys, [tf.ones_like(keys, dtype=tf.float64)], [1.0 / epsilon],
-                                               nkeys, _as_is, 1, seed, [1.0]))
+        (noisy,) = _float_tables(
+            _noisy_tables(
+                scope, keys, [tf.ones_like(keys, dtype=tf.float64)], [1.0 / epsilon], nkeys, _as_is, 1, seed, [1.0]
+            )
+        )
         return noisy
 
 
@@ -183,13 +192,36 @@ def dp_sum_per_key(key, value, nkeys, epsilon, value_range, *, seed=None, name=N
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
         keys = _key_vector(key, nkeys, label)
-        (noisy,) = _float_tables(_noisy_tables(scope, keys, [_clipped_values(value, value_range, label)],
-                                               [value_range / epsilon], nkeys, _as_is, 1, seed, [value_range]))
+        (noisy,) = _float_tables(
+            _noisy_tables(
+                scope,
+                keys,
+                [_clipped_values(value, value_range, label)],
+                [value_range / epsilon],
+                nkeys,
+                _as_is,
+                1,
+                seed,
+                [value_range],
+            )
+        )
         return noisy
 
 
-def _mean_per_key(label, key, value, nkeys, epsilon, value_range, seed, name, mask=None, min_count=None,
-                  fallback=None, mean_form=CENTRED_MEAN):
+def _mean_per_key(
+    label,
+    key,
+    value,
+    nkeys,
+    epsilon,
+    value_range,
+    seed,
+    name,
+    mask=None,
+    min_count=None,
+    fallback=None,
+    mean_form=CENTRED_MEAN,
+):
     epsilon, seed, nkeys, value_range = _check_common(label, epsilon, seed, nkeys=nkeys, value_range=value_range)
     min_count, fallback = _check_fallback(label, min_count, fallback)
     release = mean_release(epsilon, value_range, check_mean_form(mean_form, f"{label}: mean_form"))
@@ -197,11 +229,22 @@ def _mean_per_key(label, key, value, nkeys, epsilon, value_range, seed, name, ma
         record_spend(scope.rstrip("/"), epsilon)
         keys = _masked(_key_vector(key, nkeys, label), mask, label)
         values = _clipped_values(value, value_range, label) - release.shift  # in [-shift, R - shift]
-        finish = functools.partial(_mean_tables, value_range=value_range, shift=release.shift, min_count=min_count,
-                                   fallback=fallback)
-        counts, sums, means = _float_tables(_noisy_tables(scope, keys, [tf.ones_like(values), values],
-                                                          list(release.scales), nkeys, finish, 3, seed,
-                                                          list(release.sensitivities)))
+        finish = functools.partial(
+            _mean_tables, value_range=value_range, shift=release.shift, min_count=min_count, fallback=fallback
+        )
+        counts, sums, means = _float_tables(
+            _noisy_tables(
+                scope,
+                keys,
+                [tf.ones_like(values), values],
+                list(release.scales),
+                nkeys,
+                finish,
+                3,
+                seed,
+                list(release.sensitivities),
+            )
+        )
         return PerKeyMean(counts, sums, means), fallback
 
 
@@ -231,13 +274,26 @@ def _check_selection_options(label, nkeys, mask, min_count):
         raise DPTransformError(
             f"{label}: with partition_selection the keys come from the data; give {bad[0]}=None (got "
             f"{'a tensor' if bad[0] == 'mask' else repr(given[bad[0]])}): a mask filters rows before the analyzer, "
-            "min_count is the selection's threshold, and public keys in [0, nkeys) need no selection")
+            "min_count is the selection's threshold, and public keys in [0, nkeys) need no selection"
+        )
 
 
-def dp_mean_per_key(key, value, nkeys, epsilon, value_range, *, mask=None, min_count=None, fallback=None,
-                    mean_form=CENTRED_MEAN, partition_selection=None,
-                    max_partitions_contributed=DEFAULT_MAX_PARTITIONS, seed=None,
-                    name=None) -> PerKeyMean | SelectedKeyMean:
+def dp_mean_per_key(
+    key,
+    value,
+    nkeys,
+    epsilon,
+    value_range,
+    *,
+    mask=None,
+    min_count=None,
+    fallback=None,
+    mean_form=CENTRED_MEAN,
+    partition_selection=None,
+    max_partitions_contributed=DEFAULT_MAX_PARTITIONS,
+    seed=None,
+    name=None,
+) -> PerKeyMean | SelectedKeyMean:
     """Noisy per-key counts, sums and means of clip(value, 0, value_range): a `PerKeyMean` of float32 [nkeys].
 
     The tables behind `dp_group_by_mean` (same mechanism, same (epsilon, 0)-DP guarantee and proof);
@@ -258,16 +314,41 @@ def dp_mean_per_key(key, value, nkeys, epsilon, value_range, *, mask=None, min_c
     """
     if partition_selection is not None:
         _check_selection_options("dp_mean_per_key", nkeys, mask, min_count)
-        return _selected_mean("dp_mean_per_key", key, value, epsilon, value_range, seed, name, partition_selection,
-                              max_partitions_contributed, mean_form)
-    tables, _ = _mean_per_key("dp_mean_per_key", key, value, nkeys, epsilon, value_range, seed, name, mask,
-                              min_count, fallback, mean_form)
+        return _selected_mean(
+            "dp_mean_per_key",
+            key,
+            value,
+            epsilon,
+            value_range,
+            seed,
+            name,
+            partition_selection,
+            max_partitions_contributed,
+            mean_form,
+        )
+    tables, _ = _mean_per_key(
+        "dp_mean_per_key", key, value, nkeys, epsilon, value_range, seed, name, mask, min_count, fallback, mean_form
+    )
     return tables
 
 
-def dp_group_by_mean(key_tensor, value_tensor, nkeys, epsilon, value_range, *, mask=None, min_count=None,
-                     fallback=None, lookup_key=None, mean_form=CENTRED_MEAN, partition_selection=None,
-                     max_partitions_contributed=DEFAULT_MAX_PARTITIONS, seed=None, name=None) -> tf.Tensor:
+def dp_group_by_mean(
+    key_tensor,
+    value_tensor,
+    nkeys,
+    epsilon,
+    value_range,
+    *,
+    mask=None,
+    min_count=None,
+    fallback=None,
+    lookup_key=None,
+    mean_form=CENTRED_MEAN,
+    partition_selection=None,
+    max_partitions_contributed=DEFAULT_MAX_PARTITIONS,
+    seed=None,
+    name=None,
+) -> tf.Tensor:
     """Sage's DP feature (paper List. 1): each row gets the noisy mean value of its key. float32 [batch].
 
     Mechanism (docs/dp_preprocessing.md, "The mean's two forms"), with v = clip(value, 0, R),
@@ -304,12 +385,23 @@ def dp_group_by_mean(key_tensor, value_tensor, nkeys, epsilon, value_range, *, m
     label = "dp_group_by_mean"
     if partition_selection is not None:
         _check_selection_options(label, nkeys, mask, min_count)
-        selected = _selected_mean(label, key_tensor, value_tensor, epsilon, value_range, seed, name,
-                                  partition_selection, max_partitions_contributed, mean_form)
+        selected = _selected_mean(
+            label,
+            key_tensor,
+            value_tensor,
+            epsilon,
+            value_range,
+            seed,
+            name,
+            partition_selection,
+            max_partitions_contributed,
+            mean_form,
+        )
         by = key_tensor if lookup_key is None else lookup_key
         return selected.lookup(by, default=float(value_range) / 2.0 if fallback is None else fallback)
-    tables, fallback = _mean_per_key(label, key_tensor, value_tensor, nkeys, epsilon, value_range, seed, name,
-                                     mask, min_count, fallback, mean_form)
+    tables, fallback = _mean_per_key(
+        label, key_tensor, value_tensor, nkeys, epsilon, value_range, seed, name, mask, min_count, fallback, mean_form
+    )
     nkeys = tables.means.shape[0]
     by = key_tensor if lookup_key is None else lookup_key
     keys = _key_vector(by, nkeys, label, what="key" if lookup_key is None else "lookup_key")
@@ -355,8 +447,11 @@ def dp_histogram(x, epsilon, *, num_buckets=None, vocabulary=None, seed=None, na
             ids = _key_vector(x, nbuckets, label, what="value")
         else:
             ids = _vocabulary_ids(_dense_vector(x, "x", label), vocabulary, label)
-        (noisy,) = _float_tables(_noisy_tables(scope, ids, [tf.ones_like(ids, dtype=tf.float64)], [1.0 / epsilon],
-                                               nbuckets, _as_is, 1, seed, [1.0]))
+        (noisy,) = _float_tables(
+            _noisy_tables(
+                scope, ids, [tf.ones_like(ids, dtype=tf.float64)], [1.0 / epsilon], nbuckets, _as_is, 1, seed, [1.0]
+            )
+        )
         return noisy
 
 
@@ -385,8 +480,17 @@ def dp_mean(x, epsilon, value_range, *, mean_form=CENTRED_MEAN, seed=None, name=
     raw sum (sensitivity R) at epsilon/2 each. Guarantee: (epsilon, 0)-DP by basic composition; the rest
     is post-processing (docs/dp_preprocessing.md, "The mean's two forms").
     """
-    tables, _ = _mean_per_key("dp_mean", tf.zeros_like(_dense_vector(x, "x", "dp_mean"), dtype=tf.int64),
-                              x, 1, epsilon, value_range, seed, name, mean_form=mean_form)
+    tables, _ = _mean_per_key(
+        "dp_mean",
+        tf.zeros_like(_dense_vector(x, "x", "dp_mean"), dtype=tf.int64),
+        x,
+        1,
+        epsilon,
+        value_range,
+        seed,
+        name,
+        mean_form=mean_form,
+    )
     return tables.means[0]
 
 
@@ -410,8 +514,17 @@ def dp_variance(x, epsilon, value_range, *, seed=None, name=None):
         third = epsilon / 3.0
         scales = [1.0 / third, (value_range / 2.0) / third, (value_range**2 / 4.0) / third]
         finish = functools.partial(_variance_table, value_range=value_range)
-        (variance,) = _float_tables(_noisy_tables(scope, _one_key(centred), [tf.ones_like(centred), centred,
-                                                                             centred * centred],
-                                                  scales, 1, finish, 1, seed,
-                                                  [1.0, value_range / 2.0, value_range**2 / 4.0]))
+        (variance,) = _float_tables(
+            _noisy_tables(
+                scope,
+                _one_key(centred),
+                [tf.ones_like(centred), centred, centred * centred],
+                scales,
+                1,
+                finish,
+                1,
+                seed,
+                [1.0, value_range / 2.0, value_range**2 / 4.0],
+            )
+        )
         return variance[0]

@@ -2,6 +2,7 @@
 (``_GridSumsFn``, keyed ``_KeyedGridSumsFn``) and the ONE noise draw per analysis (``_NoiseOnce``, with private
 partition selection ``_SelectOnce``), and the post-processing of the noisy tables. ``analyzers`` builds the graph
 side and hands its rows to these transforms; the proof is in its module docstring."""
+
 import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)  # isort: skip
 import operator
 
@@ -40,8 +41,9 @@ class _GridSumsFn(beam.CombineFn):
         keys, values = np.asarray(batch[0]).reshape(-1), batch[1:]
         counted = keys >= 0
         for i, (part, gamma) in enumerate(zip(values, self._gammas)):
-            sums = grid_sums(np.asarray(part, dtype=np.float64).reshape(-1)[counted], gamma, keys[counted],
-                             self._num_cells)
+            sums = grid_sums(
+                np.asarray(part, dtype=np.float64).reshape(-1)[counted], gamma, keys[counted], self._num_cells
+            )
             accumulator[i] = accumulator[i] + np.array(sums, dtype=object)
         return accumulator
 
@@ -54,14 +56,17 @@ class _GridSumsFn(beam.CombineFn):
 
     def extract_output(self, accumulator):
         # gamma times an integer is exact in float64 below 2^53 units; larger sums are refused by the release
-        return [np.array([float(v) for v in total], dtype=np.float64) * gamma
-                for total, gamma in zip(accumulator, self._gammas)]
+        return [
+            np.array([float(v) for v in total], dtype=np.float64) * gamma
+            for total, gamma in zip(accumulator, self._gammas)
+        ]
 
 
 def _noise_and_finish(exact_tables, scales, finish, seed, stream, sensitivities):
     # one record touches at most one cell of each table (one key, one bucket, or a one-cell total)
-    noisy = add_laplace(exact_tables, scales, seed=seed, stream=stream, sensitivities=sensitivities,
-                        cells=[1] * len(scales))
+    noisy = add_laplace(
+        exact_tables, scales, seed=seed, stream=stream, sensitivities=sensitivities, cells=[1] * len(scales)
+    )
     return tuple(np.asarray(t, dtype=np.float64) for t in finish(*noisy))
 
 
@@ -89,12 +94,10 @@ class _NoiseOnce(beam.PTransform):
         outputs = (
             pcoll
             | "SumAllBatches" >> beam.CombineGlobally(_GridSumsFn(self._num_cells, gammas))
-            | "AddNoiseOnce" >> beam.Map(_noise_and_finish, self._scales, self._finish, self._seed, self._stream,
-                                      self._sensitivities)
+            | "AddNoiseOnce"
+            >> beam.Map(_noise_and_finish, self._scales, self._finish, self._seed, self._stream, self._sensitivities)
         )
-        return tuple(
-            outputs | f"Output{i}" >> beam.Map(operator.itemgetter(i)) for i in range(self._n_outputs)
-        )
+        return tuple(outputs | f"Output{i}" >> beam.Map(operator.itemgetter(i)) for i in range(self._n_outputs))
 
 
 class _KeyedGridSumsFn(beam.CombineFn):
@@ -112,8 +115,9 @@ class _KeyedGridSumsFn(beam.CombineFn):
         if not keys.size:
             return accumulator
         distinct, cell = np.unique(keys, return_inverse=True)
-        sums = grid_sums(np.asarray(batch[1], dtype=np.float64).reshape(-1), self._gamma, cell.reshape(-1),
-                         distinct.size)
+        sums = grid_sums(
+            np.asarray(batch[1], dtype=np.float64).reshape(-1), self._gamma, cell.reshape(-1), distinct.size
+        )
         for key, count, units in zip(distinct.tolist(), np.bincount(cell.reshape(-1)).tolist(), sums):
             total = accumulator.setdefault(key, [0, 0])
             total[0] += count
@@ -144,8 +148,12 @@ class _SelectOnce(_NoiseOnce):
 
     def expand(self, pcoll):
         selection, seed, stream, key_dtype = self._selection, self._seed, self._stream, self._key_dtype
-        gamma = sum_grid(selection["epsilon"], selection["value_range"], selection["mean_form"],
-                         selection["max_partitions_contributed"])
+        gamma = sum_grid(
+            selection["epsilon"],
+            selection["value_range"],
+            selection["mean_form"],
+            selection["max_partitions_contributed"],
+        )
 
         def release(tables):
             keys = list(tables)
@@ -154,8 +162,9 @@ class _SelectOnce(_NoiseOnce):
             kept, *out = select_and_release(keys, counts, sums, seed=seed, stream=stream, **selection)
             return (np.array(kept, dtype=key_dtype), *out)
 
-        released = (pcoll | "SumByKey" >> beam.CombineGlobally(_KeyedGridSumsFn(gamma))
-                    | "SelectOnce" >> beam.Map(release))
+        released = (
+            pcoll | "SumByKey" >> beam.CombineGlobally(_KeyedGridSumsFn(gamma)) | "SelectOnce" >> beam.Map(release)
+        )
         return tuple(released | f"Output{i}" >> beam.Map(operator.itemgetter(i)) for i in range(4))
 
 

@@ -4,6 +4,7 @@ Every DP analyzer records its (epsilon, delta) in the graph being traced before 
 preprocessing_fn spends the sum (basic composition). TensorFlow is imported only when tracing. The rule and its
 proof: docs/dp_preprocessing.md, "The budget".
 """
+
 import inspect
 import math
 import sys
@@ -22,7 +23,6 @@ SPEND_COLLECTION = "sage_tfx.transform/spends"
 GRANT_COLLECTION = "sage_tfx.transform/grants"
 
 
-
 class Spend(NamedTuple):
     """What one DP analyzer asks of the preprocessing grant, as recorded in the traced graph.
 
@@ -39,8 +39,14 @@ class Spend(NamedTuple):
 
 def check_budget_delta(delta, what: str = "preprocessing delta") -> float:
     """Return delta as a float; raise naming it unless 0 <= delta < 1."""
-    return probability(delta, what, error=DPTransformError, zero=True, message="{what} must be {rule}, got {value!r}",
-                       not_number="{what} must be a number {rule}, got {value!r}")
+    return probability(
+        delta,
+        what,
+        error=DPTransformError,
+        zero=True,
+        message="{what} must be {rule}, got {value!r}",
+        not_number="{what} must be a number {rule}, got {value!r}",
+    )
 
 
 def budget_custom_config(epsilon, custom_config=None, *, delta=0.0):
@@ -136,8 +142,13 @@ def record_spend(analyzer, epsilon, delta=0.0):
             raise BudgetExceeded(
                 f"{analyzer} asks delta={delta!r}, which brings this preprocessing_fn to delta={total_delta!r} "
                 f"in total, more than its grant of {grant_delta!r}"
-                + ("" if grant_delta else ": the grant gives preprocessing no delta; charge one with a split "
-                   "that has preprocessing_delta (sage run: the pipeline default 'preprocessing_delta')"))
+                + (
+                    ""
+                    if grant_delta
+                    else ": the grant gives preprocessing no delta; charge one with a split "
+                    "that has preprocessing_delta (sage run: the pipeline default 'preprocessing_delta')"
+                )
+            )
     graph.add_to_collection(SPEND_COLLECTION, Spend(analyzer, epsilon, delta))
     return epsilon
 
@@ -248,8 +259,10 @@ class PreprocessingBudget:
             ValueError: as for `split`.
         """
         if not self.delta:
-            raise BudgetExceeded("this preprocessing grant has no delta to split: charge one with a split that has "
-                                 "preprocessing_delta (sage run: the pipeline default 'preprocessing_delta')")
+            raise BudgetExceeded(
+                "this preprocessing grant has no delta to split: charge one with a split that has "
+                "preprocessing_delta (sage run: the pipeline default 'preprocessing_delta')"
+            )
         return _shares(self.delta, n, weights)
 
     @property
@@ -267,8 +280,7 @@ class PreprocessingBudget:
         return max(0.0, self.epsilon - self.requested)
 
     def __repr__(self):
-        return (f"PreprocessingBudget(epsilon={self.epsilon!r}, delta={self.delta!r}, "
-                f"requested={self.requested!r})")
+        return f"PreprocessingBudget(epsilon={self.epsilon!r}, delta={self.delta!r}, requested={self.requested!r})"
 
 
 def call_preprocessing_fn(preprocessing_fn, inputs, custom_config):

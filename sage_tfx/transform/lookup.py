@@ -4,6 +4,7 @@ A vocabulary known without the data is a public constant, so a lookup in it is a
 analyzer, no spend. Both lookups are exact. The rule and the two lookup methods: docs/dp_preprocessing.md,
 "Public vocabularies".
 """
+
 from collections.abc import Sequence
 from typing import Union
 
@@ -15,7 +16,7 @@ from .noise import check_int
 
 VocabularyLike = Union[Sequence[str], Sequence[bytes], Sequence[int], np.ndarray, tf.Tensor]  # noqa: UP007
 
-_HASH_BUCKETS = 2 ** 62  # fingerprint range of the sorted search (tf.strings.to_hash_bucket_fast)
+_HASH_BUCKETS = 2**62  # fingerprint range of the sorted search (tf.strings.to_hash_bucket_fast)
 
 
 def _vocabulary_kind(dtype: tf.DType, label: str) -> str:
@@ -29,8 +30,9 @@ def _vocabulary_kind(dtype: tf.DType, label: str) -> str:
 def _static_vocabulary(vocabulary: VocabularyLike, label: str) -> np.ndarray | None:
     """The vocabulary as a 1-D numpy array if it is known now, else None (a tensor known only at run time)."""
     if isinstance(vocabulary, (tf.SparseTensor, tf.RaggedTensor)):
-        raise DPTransformError(f"{label}: vocabulary must be a list or a dense 1-D tensor, got "
-                               f"{type(vocabulary).__name__}")
+        raise DPTransformError(
+            f"{label}: vocabulary must be a list or a dense 1-D tensor, got {type(vocabulary).__name__}"
+        )
     if isinstance(vocabulary, tf.Tensor):
         if vocabulary.shape.rank is not None and vocabulary.shape.rank != 1:
             raise DPTransformError(f"{label}: vocabulary must be 1-D, got shape {vocabulary.shape}")
@@ -47,8 +49,9 @@ def _static_vocabulary(vocabulary: VocabularyLike, label: str) -> np.ndarray | N
     if all(isinstance(v, (int, np.integer)) for v in values):
         return np.array(values, dtype=np.int64)
     kinds = sorted({type(v).__name__ for v in values})
-    raise DPTransformError(f"{label}: vocabulary values must be all strings or all integers, got {kinds} in "
-                           f"{values[:10]!r}")
+    raise DPTransformError(
+        f"{label}: vocabulary values must be all strings or all integers, got {kinds} in {values[:10]!r}"
+    )
 
 
 def _check_static(values: np.ndarray, label: str) -> np.ndarray:
@@ -77,10 +80,14 @@ def _matching(x: tf.Tensor, vocab_kind: str, label: str) -> tf.Tensor:
         return x
     if x.dtype.is_integer and vocab_kind == "int":
         return tf.cast(x, tf.int64)
-    fix = ("convert x with tf.strings.as_string(x)" if x.dtype.is_integer else
-           "convert x with tf.strings.to_number(x, tf.int64), or give the vocabulary as strings")
-    raise DPTransformError(f"{label}: x of dtype {x.dtype.name} cannot be looked up in a vocabulary of "
-                           f"{vocab_kind}s ({fix})")
+    fix = (
+        "convert x with tf.strings.as_string(x)"
+        if x.dtype.is_integer
+        else "convert x with tf.strings.to_number(x, tf.int64), or give the vocabulary as strings"
+    )
+    raise DPTransformError(
+        f"{label}: x of dtype {x.dtype.name} cannot be looked up in a vocabulary of {vocab_kind}s ({fix})"
+    )
 
 
 def _table_index(x: tf.Tensor, values: np.ndarray) -> tf.Tensor:
@@ -88,7 +95,8 @@ def _table_index(x: tf.Tensor, values: np.ndarray) -> tf.Tensor:
     with tf.init_scope():
         keys = tf.constant(values.tolist(), dtype=tf.string if values.dtype == object else tf.int64)
         table = tf.lookup.StaticHashTable(
-            tf.lookup.KeyValueTensorInitializer(keys, tf.range(len(values), dtype=tf.int64)), default_value=-1)
+            tf.lookup.KeyValueTensorInitializer(keys, tf.range(len(values), dtype=tf.int64)), default_value=-1
+        )
     return table.lookup(x)
 
 
@@ -116,14 +124,22 @@ def _search_index(x: tf.Tensor, vocab: tf.Tensor) -> tf.Tensor:
     padded_vocab = tf.concat([vocab, pad_value], axis=0)
     position = tf.searchsorted(sorted_keys, row_keys, side="left", out_type=tf.int64)
     candidate = tf.gather(padded_order, position)
-    found = (tf.less(position, size) & tf.equal(tf.gather(sorted_keys, position), row_keys)
-             & tf.equal(tf.gather(padded_vocab, candidate), x))
+    found = (
+        tf.less(position, size)
+        & tf.equal(tf.gather(sorted_keys, position), row_keys)
+        & tf.equal(tf.gather(padded_vocab, candidate), x)
+    )
     return tf.where(found, candidate, tf.constant(-1, tf.int64))
 
 
-def apply_public_vocabulary(x: tf.Tensor | tf.SparseTensor | tf.RaggedTensor, vocabulary: VocabularyLike, *,
-                            num_oov_buckets: int = 1, default_value: int = -1,
-                            name: str | None = None) -> tf.Tensor | tf.SparseTensor | tf.RaggedTensor:
+def apply_public_vocabulary(
+    x: tf.Tensor | tf.SparseTensor | tf.RaggedTensor,
+    vocabulary: VocabularyLike,
+    *,
+    num_oov_buckets: int = 1,
+    default_value: int = -1,
+    name: str | None = None,
+) -> tf.Tensor | tf.SparseTensor | tf.RaggedTensor:
     """int64 id of each value of x in a PUBLIC vocabulary (``tft.apply_vocabulary`` for a known list).
 
     A value gets its index in the vocabulary; any other value gets ``len(vocabulary) +
@@ -160,12 +176,19 @@ def apply_public_vocabulary(x: tf.Tensor | tf.SparseTensor | tf.RaggedTensor, vo
     else:
         kind = _vocabulary_kind(vocabulary.dtype, label)
     if isinstance(x, tf.SparseTensor):
-        return tf.SparseTensor(x.indices, apply_public_vocabulary(
-            x.values, vocabulary, num_oov_buckets=num_oov_buckets, default_value=default_value, name=name),
-            x.dense_shape)
+        return tf.SparseTensor(
+            x.indices,
+            apply_public_vocabulary(
+                x.values, vocabulary, num_oov_buckets=num_oov_buckets, default_value=default_value, name=name
+            ),
+            x.dense_shape,
+        )
     if isinstance(x, tf.RaggedTensor):
-        return x.with_flat_values(apply_public_vocabulary(
-            x.flat_values, vocabulary, num_oov_buckets=num_oov_buckets, default_value=default_value, name=name))
+        return x.with_flat_values(
+            apply_public_vocabulary(
+                x.flat_values, vocabulary, num_oov_buckets=num_oov_buckets, default_value=default_value, name=name
+            )
+        )
     with tf.name_scope(name or label):
         x = _matching(tf.convert_to_tensor(x), kind, label)
         if static is not None:
@@ -200,13 +223,16 @@ def one_hot(ids: tf.Tensor, depth: int) -> tf.Tensor:
     label = "one_hot"
     depth = check_int(depth, f"{label}: depth", fix="e.g. len(vocabulary) + num_oov_buckets")
     if isinstance(ids, (tf.SparseTensor, tf.RaggedTensor)):
-        raise DPTransformError(f"{label}: ids must be a dense tensor with one id per row, got {type(ids).__name__} "
-                               "(densify it first, e.g. tf.sparse.to_dense with a default id)")
+        raise DPTransformError(
+            f"{label}: ids must be a dense tensor with one id per row, got {type(ids).__name__} "
+            "(densify it first, e.g. tf.sparse.to_dense with a default id)"
+        )
     ids = tf.convert_to_tensor(ids)
     if not ids.dtype.is_integer:
         raise DPTransformError(f"{label}: ids must be an integer tensor, got dtype {ids.dtype.name}")
     rank = ids.shape.rank
     if rank is not None and not (rank == 1 or (rank == 2 and ids.shape[1] == 1)):
-        raise DPTransformError(f"{label}: ids must have one id per row (shape [batch] or [batch, 1]), "
-                               f"got shape {ids.shape}")
+        raise DPTransformError(
+            f"{label}: ids must have one id per row (shape [batch] or [batch, 1]), got shape {ids.shape}"
+        )
     return tf.one_hot(tf.reshape(ids, [-1]), depth, dtype=tf.float32)

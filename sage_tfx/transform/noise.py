@@ -6,6 +6,7 @@ function to estimate the expected error without re-running a pipeline. The noise
 discrete Laplace on a power-of-two grid (`sage_tfx.privacy.samplers.grid_laplace`), drawn from a
 ChaCha20 keystream (`randomness.SecureRNG`): no floating-point leak (Mironov 2012).
 """
+
 import math
 from typing import NamedTuple
 
@@ -20,8 +21,13 @@ from .errors import DPTransformError
 
 def check_epsilon(epsilon, what="epsilon"):
     """Return epsilon as a float; raise naming it unless it is finite and > 0."""
-    return positive(epsilon, what, error=DPTransformError, message="{what} must be a finite number > 0, got {value!r}",
-                    not_number="{what} must be a positive number, got {value!r}")
+    return positive(
+        epsilon,
+        what,
+        error=DPTransformError,
+        message="{what} must be a finite number > 0, got {value!r}",
+        not_number="{what} must be a positive number, got {value!r}",
+    )
 
 
 def check_value_range(value_range, what="value_range"):
@@ -34,8 +40,10 @@ def check_int(value, what, least=1, allow_none=False, fix=None):
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-        raise DPTransformError(f"{what} must be an integer >= {least}{' or None' if allow_none else ''}, got "
-                               f"{value!r}" + (f" ({fix})" if fix else ""))
+        raise DPTransformError(
+            f"{what} must be an integer >= {least}{' or None' if allow_none else ''}, got "
+            f"{value!r}" + (f" ({fix})" if fix else "")
+        )
     return int(value)
 
 
@@ -135,8 +143,10 @@ class MeanRelease(NamedTuple):
 def check_mean_form(mean_form, what="mean_form") -> str:
     """Return ``mean_form`` if it is one of MEAN_FORMS; raise naming it and the choices otherwise."""
     if not isinstance(mean_form, str) or mean_form not in MEAN_FORMS:
-        raise DPTransformError(f"{what} must be one of {', '.join(map(repr, MEAN_FORMS))}, got {mean_form!r} "
-                               f"({CENTRED_MEAN!r}: the default, the smaller error; {SAGE_MEAN!r}: the paper's form)")
+        raise DPTransformError(
+            f"{what} must be one of {', '.join(map(repr, MEAN_FORMS))}, got {mean_form!r} "
+            f"({CENTRED_MEAN!r}: the default, the smaller error; {SAGE_MEAN!r}: the paper's form)"
+        )
     return mean_form
 
 

@@ -19,6 +19,7 @@ absent from D, every other key's cells are identically distributed, and k is rel
 (true count 1 <= m) passes tau, probability <= delta / m per key (`vocabulary.threshold`); the row adds at most
 m such keys: a union bound gives delta. Outside that event the outputs have the same law.
 """
+
 import numpy as np
 
 from .noise import _table_epsilon, add_laplace, check_int, guarded_mean, mean_release, table_grid
@@ -30,14 +31,27 @@ DEFAULT_MAX_PARTITIONS = 1
 def check_selection(delta, max_partitions_contributed, label: str) -> tuple[float, int]:
     """(delta, m) checked before anything is charged; raise naming the bad one."""
     delta = check_delta(delta, f"{label}: partition_selection delta")
-    m = check_int(max_partitions_contributed, f"{label}: max_partitions_contributed",
-                  fix="the keys one privacy unit (a row) adds to: 1 for these row-level analyzers")
+    m = check_int(
+        max_partitions_contributed,
+        f"{label}: max_partitions_contributed",
+        fix="the keys one privacy unit (a row) adds to: 1 for these row-level analyzers",
+    )
     return delta, m
 
 
-def select_and_release(keys, counts, shifted_sums, *, epsilon: float, delta: float, value_range: float,
-                       mean_form: str, max_partitions_contributed: int = DEFAULT_MAX_PARTITIONS,
-                       seed=None, stream: str = ""):
+def select_and_release(
+    keys,
+    counts,
+    shifted_sums,
+    *,
+    epsilon: float,
+    delta: float,
+    value_range: float,
+    mean_form: str,
+    max_partitions_contributed: int = DEFAULT_MAX_PARTITIONS,
+    seed=None,
+    stream: str = "",
+):
     """The kept keys and their noisy (counts, sums, means), from the exact per-key tables of the present keys.
 
     ``keys``: the distinct keys present (any sortable values); ``counts``: their exact row counts (>= 1);
@@ -52,8 +66,9 @@ def select_and_release(keys, counts, shifted_sums, *, epsilon: float, delta: flo
     shifted_sums = np.asarray(shifted_sums, dtype=np.float64)[order]
     sensitivities = [m * release.sensitivities[0], m * release.sensitivities[1]]
     scales = [m * b for b in release.scales]
-    noisy_c, noisy_s = add_laplace([counts, shifted_sums], scales, seed=seed, stream=stream,
-                                   sensitivities=sensitivities, cells=[m, m])
+    noisy_c, noisy_s = add_laplace(
+        [counts, shifted_sums], scales, seed=seed, stream=stream, sensitivities=sensitivities, cells=[m, m]
+    )
     # the threshold at the count table's epsilon exactly as add_laplace draws it (one float step below m / b)
     kept = noisy_c >= threshold(_table_epsilon(scales[0], sensitivities[0]), delta, m)
     noisy_c, noisy_s = noisy_c[kept], noisy_s[kept]

@@ -5,6 +5,7 @@ Each reads its statistics from ONE Laplace release, drawn once in Beam like ever
 into a public range (which bounds the sensitivities); the per-row mapping is post-processing, and a NaN row gets a
 public default, never an error. Mechanisms and proofs: docs/dp_preprocessing.md, "Scaling and bucketizing".
 """
+
 import functools
 import math
 from typing import Union
@@ -54,8 +55,16 @@ def _check_range(value_range, label) -> tuple[float, float]:
 
 def _check_fraction(value, what, upper, fix):
     fix = fix.replace("{", "{{").replace("}", "}}")
-    return checks.number(value, what, error=DPTransformError, low=0.0, high=upper, low_open=True, high_open=True,
-                         message="{what} must be a number {rule}, got {value!r} (" + fix + ")")
+    return checks.number(
+        value,
+        what,
+        error=DPTransformError,
+        low=0.0,
+        high=upper,
+        low_open=True,
+        high_open=True,
+        message="{what} must be a number {rule}, got {value!r} (" + fix + ")",
+    )
 
 
 # ---------------------------------------------------------------- post-processing (numpy, Beam side)
@@ -153,23 +162,35 @@ def _dp_quantile_positions(label, x, levels, epsilon, low, high, grid_size, seed
     x, values = _numeric(x, label)
     cells = _grid_cells(values, low, high, grid_size)
     finish = functools.partial(_quantile_table, levels=tuple(float(v) for v in levels), low=low, high=high)
-    (positions,) = _release(scope, cells, [tf.ones_like(values)], grid_size, [1.0 / epsilon], finish,
-                            [[len(levels)]], seed, [1.0])
+    (positions,) = _release(
+        scope, cells, [tf.ones_like(values)], grid_size, [1.0 / epsilon], finish, [[len(levels)]], seed, [1.0]
+    )
     return x, values, positions
 
 
 def _quantile_args(label, num_buckets, epsilon, value_range, grid_size, seed):
     epsilon, seed, _, _ = _check_common(label, epsilon, seed)
-    num_buckets = check_int(num_buckets, f"{label}: num_buckets", 2,
-                            fix="num_buckets - 1 boundaries split the values into num_buckets buckets")
+    num_buckets = check_int(
+        num_buckets,
+        f"{label}: num_buckets",
+        2,
+        fix="num_buckets - 1 boundaries split the values into num_buckets buckets",
+    )
     grid_size = check_int(grid_size, f"{label}: grid_size", 2, fix="the number of cells of the public grid")
     low, high = _check_range(value_range, label)
     return epsilon, seed, num_buckets, low, high, grid_size
 
 
-def dp_quantiles(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: ValueRange, *,
-                 grid_size: int = DEFAULT_GRID_SIZE, seed: int | None = None,
-                 name: str | None = None) -> tf.Tensor:
+def dp_quantiles(
+    x: tf.Tensor,
+    num_buckets: int,
+    epsilon: float,
+    value_range: ValueRange,
+    *,
+    grid_size: int = DEFAULT_GRID_SIZE,
+    seed: int | None = None,
+    name: str | None = None,
+) -> tf.Tensor:
     """DP quantile boundaries of x over the whole data set, like ``tft.quantiles(x, num_buckets, ...)``.
 
     One noisy histogram over ``grid_size`` equal cells of the public range (Laplace(1/epsilon) per cell,
@@ -201,16 +222,24 @@ def dp_quantiles(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: Va
 def _dp_boundaries(label, x, num_buckets, epsilon, value_range, grid_size, seed, name):
     """(x as analyzed, the num_buckets - 1 DP boundaries as float32 [1, num_buckets - 1]): dp_quantiles' release."""
     epsilon, seed, num_buckets, low, high, grid_size = _quantile_args(
-        label, num_buckets, epsilon, value_range, grid_size, seed)
+        label, num_buckets, epsilon, value_range, grid_size, seed
+    )
     levels = [i / num_buckets for i in range(1, num_buckets)]
     with tf.compat.v1.name_scope(name, label) as scope:
         x, _, positions = _dp_quantile_positions(label, x, levels, epsilon, low, high, grid_size, seed, scope)
         return x, tf.reshape(tf.cast(positions, tf.float32), [1, num_buckets - 1])
 
 
-def dp_bucketize(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: ValueRange, *,
-                 grid_size: int = DEFAULT_GRID_SIZE, seed: int | None = None,
-                 name: str | None = None) -> tf.Tensor:
+def dp_bucketize(
+    x: tf.Tensor,
+    num_buckets: int,
+    epsilon: float,
+    value_range: ValueRange,
+    *,
+    grid_size: int = DEFAULT_GRID_SIZE,
+    seed: int | None = None,
+    name: str | None = None,
+) -> tf.Tensor:
     """Bucket id of each row in [0, num_buckets), like ``tft.bucketize(x, num_buckets)``.
 
     The boundaries are `dp_quantiles` (same mechanism, (epsilon, 0)-DP); the ids are ``tft.apply_buckets(x,
@@ -237,9 +266,16 @@ def dp_bucketize(x: tf.Tensor, num_buckets: int, epsilon: float, value_range: Va
     return tft.apply_buckets(x, boundaries)
 
 
-def dp_scale_to_0_1(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, tail: float = DEFAULT_TAIL,
-                    grid_size: int = DEFAULT_GRID_SIZE, seed: int | None = None,
-                    name: str | None = None) -> tf.Tensor:
+def dp_scale_to_0_1(
+    x: tf.Tensor,
+    epsilon: float,
+    value_range: ValueRange,
+    *,
+    tail: float = DEFAULT_TAIL,
+    grid_size: int = DEFAULT_GRID_SIZE,
+    seed: int | None = None,
+    name: str | None = None,
+) -> tf.Tensor:
     """x scaled to [0, 1] by the data's DP spread, like ``tft.scale_to_0_1(x)``.
 
     Maps the DP ``tail`` quantile to 0 and the DP ``1 - tail`` quantile to 1 (both from ONE noisy histogram,
@@ -269,8 +305,9 @@ def dp_scale_to_0_1(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, ta
     grid_size = check_int(grid_size, f"{label}: grid_size", 2, fix="the number of cells of the public grid")
     low, high = _check_range(value_range, label)
     with tf.compat.v1.name_scope(name, label) as scope:
-        x, values, positions = _dp_quantile_positions(label, x, [tail, 1.0 - tail], epsilon, low, high, grid_size,
-                                                       seed, scope)
+        x, values, positions = _dp_quantile_positions(
+            label, x, [tail, 1.0 - tail], epsilon, low, high, grid_size, seed, scope
+        )
         lo, hi = positions[0], positions[1]
         span = tf.maximum(hi - lo, (high - low) * 1e-9)  # > 0 by construction; the floor only guards rounding
         scaled = tf.clip_by_value((values - lo) / span, 0.0, 1.0)
@@ -278,8 +315,15 @@ def dp_scale_to_0_1(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, ta
         return tf.reshape(tf.cast(scaled, tf.float32), tf.shape(x))
 
 
-def dp_scale_to_z_score(x: tf.Tensor, epsilon: float, value_range: ValueRange, *, min_std: float | None = None,
-                        seed: int | None = None, name: str | None = None) -> tf.Tensor:
+def dp_scale_to_z_score(
+    x: tf.Tensor,
+    epsilon: float,
+    value_range: ValueRange,
+    *,
+    min_std: float | None = None,
+    seed: int | None = None,
+    name: str | None = None,
+) -> tf.Tensor:
     """(x - mean) / std of each row, like ``tft.scale_to_z_score(x)``, the mean and variance from ONE DP release.
 
     Three Laplace sums (count, centred sum, centred sum of squares; epsilon/3 each) over the values clipped into
@@ -322,8 +366,17 @@ def dp_scale_to_z_score(x: tf.Tensor, epsilon: float, value_range: ValueRange, *
         third = epsilon / 3.0
         scales = [1.0 / third, (width / 2.0) / third, (width**2 / 4.0) / third]
         finish = functools.partial(_mean_and_variance_table, width=width, square_scale=scales[2])
-        shifted_mean, variance = _release(scope, _one_key(centred), [weight, centred, centred * centred], 1, scales,
-                                          finish, [[1], [1]], seed, [1.0, width / 2.0, width**2 / 4.0])
+        shifted_mean, variance = _release(
+            scope,
+            _one_key(centred),
+            [weight, centred, centred * centred],
+            1,
+            scales,
+            finish,
+            [[1], [1]],
+            seed,
+            [1.0, width / 2.0, width**2 / 4.0],
+        )
         mean = low + shifted_mean[0]
         std = tf.maximum(tf.sqrt(variance[0]), min_std)
         z = tf.where(present, (clipped - mean) / std, tf.zeros_like(clipped))

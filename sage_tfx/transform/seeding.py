@@ -4,6 +4,7 @@ Inside ``with noise_seed(grant_seed):`` every DP analyzer traced derives its see
 an explicit ``seed=`` is refused; outside it, analyzers draw fresh OS entropy. The seed is read while the analyzer
 is traced, per thread and per asyncio task: docs/dp_preprocessing.md, "Seeding from trusted code".
 """
+
 import contextlib
 import contextvars
 import hashlib
@@ -66,5 +67,6 @@ def resolve_seed(seed, scope):
     if seed is not None:
         raise NonPrivateAnalyzer(
             f"{scope.rstrip('/')}: seed={seed!r} was given, but under DPTransform (noise_seed) the noise comes "
-            "from the grant; a seed known to the pipeline lets it subtract the noise")
+            "from the grant; a seed known to the pipeline lets it subtract the noise"
+        )
     return analyzer_seed(grant_seed, scope)

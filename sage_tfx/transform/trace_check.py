@@ -28,6 +28,7 @@ The synthetic rows are drawn with a fixed seed from public values of each featur
 missing values). A function that mixes rows only for values the synthetic rows never take passes it: the
 check is made for ordinary code, and the docs say so.
 """
+
 import collections
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +51,7 @@ _RTOL, _ATOL = 1e-5, 1e-6  # float outputs: kernels may round differently for an
 
 
 # ---------------------------------------------------------------- the signature of one trace
+
 
 def _sinks(graph) -> list:
     from tensorflow_transform import analyzer_nodes
@@ -87,15 +89,14 @@ def _replacement_keys(replacements) -> set:
     keys = set()
     for value in (replacements or {}).values():
         array = np.asarray(value.numpy() if hasattr(value, "numpy") else value)
-        keys.add((str(array.dtype), array.shape,
-                  array.tobytes() if array.dtype != object else repr(array.tolist())))
+        keys.add((str(array.dtype), array.shape, array.tobytes() if array.dtype != object else repr(array.tolist())))
     return keys
 
 
 def trace_signature(graph, before: tuple, outputs: dict, replacements=None) -> TraceSignature:
     """The signature of what the preprocessing_fn added to `graph` since `before` (`_marks(graph)` before the call:
     a graph traced inside another one starts with a copy of its collections)."""
-    new_ops = graph.get_operations()[before[0]:]
+    new_ops = graph.get_operations()[before[0] :]
     ops, constants = collections.Counter(), collections.Counter()
     replaced = _replacement_keys(replacements)
     for op in new_ops:
@@ -107,9 +108,14 @@ def trace_signature(graph, before: tuple, outputs: dict, replacements=None) -> T
                 constants[key] += 1
             continue
         ops[op.type] += 1
-    spends = tuple((s.analyzer, s.epsilon, s.delta) for s in requested_spends(graph)[before[1]:])
-    return TraceSignature(_describe_outputs(outputs), spends, _analyzer_labels(_sinks(graph)[before[2]:]),
-                          tuple(sorted(ops.items())), tuple(sorted(constants.items(), key=repr)))
+    spends = tuple((s.analyzer, s.epsilon, s.delta) for s in requested_spends(graph)[before[1] :])
+    return TraceSignature(
+        _describe_outputs(outputs),
+        spends,
+        _analyzer_labels(_sinks(graph)[before[2] :]),
+        tuple(sorted(ops.items())),
+        tuple(sorted(constants.items(), key=repr)),
+    )
 
 
 def _difference(expected: TraceSignature, got: TraceSignature) -> str:
@@ -131,11 +137,14 @@ def check_analyzers_are_dp(signature: TraceSignature) -> None:
     """Raise TraceMismatch naming the first analyzer of the trace that is not a Sage DP analyzer."""
     for label, dp in signature.analyzers:
         if not dp:
-            raise TraceMismatch(f"a trace of the preprocessing_fn uses the tf.Transform analyzer {label!r}, which is "
-                                "not differentially private: use sage_tfx.transform's DP analyzers")
+            raise TraceMismatch(
+                f"a trace of the preprocessing_fn uses the tf.Transform analyzer {label!r}, which is "
+                "not differentially private: use sage_tfx.transform's DP analyzers"
+            )
 
 
 # ---------------------------------------------------------------- the wrapper handed to tf.Transform
+
 
 class TracedFn:
     """``preprocessing_fn(inputs)`` for tf.Transform: the user's function, every call checked against `expected`.
@@ -152,8 +161,13 @@ class TracedFn:
     to a Beam step for its last trace) when the user's function is.
     """
 
-    def __init__(self, preprocessing_fn: Callable, custom_config: dict, kinds: dict[str, str],
-                 expected: TraceSignature | None = None):
+    def __init__(
+        self,
+        preprocessing_fn: Callable,
+        custom_config: dict,
+        kinds: dict[str, str],
+        expected: TraceSignature | None = None,
+    ):
         self.preprocessing_fn = preprocessing_fn
         self.custom_config = custom_config
         self.kinds = dict(kinds)
@@ -174,7 +188,7 @@ class TracedFn:
         check_analyzers_are_dp(signature)
         if self.expected is None:
             self.recorded = signature
-            return dict(outputs, **_analyzer_inputs(graph, graph.get_operations()[before[0]:], signature.spends))
+            return dict(outputs, **_analyzer_inputs(graph, graph.get_operations()[before[0] :], signature.spends))
         if not replacements:
             _require_same(self.expected, signature, "the trace DPTransform checked")
         else:
@@ -182,7 +196,6 @@ class TracedFn:
             checked = _in_own_thread(self._checked_trace, replacements)
             _require_same(checked, signature, "a check trace under the same analyzer outputs")
         return outputs
-
 
     def _checked_trace(self, replacements) -> TraceSignature:
         """A check trace under `replacements`, run on synthetic rows (`check_row_local`); its signature."""
@@ -212,7 +225,8 @@ def _require_same(expected, got, what: str) -> None:
         raise TraceMismatch(
             f"the preprocessing_fn traced differently from {what} ({_difference(expected, got)}): tf.Transform "
             "calls it several times, and each call must build the same computation. Remove what changes between "
-            "calls (a counter, a global flag, state kept across calls, a value read from outside the inputs)")
+            "calls (a counter, a global flag, state kept across calls, a value read from outside the inputs)"
+        )
 
 
 def _analyzer_inputs(graph, new_ops, spends) -> dict:
@@ -237,6 +251,7 @@ def _analyzer_inputs(graph, new_ops, spends) -> dict:
 
 # ---------------------------------------------------------------- the checked trace, and its rows
 
+
 def type_specs(kinds: dict[str, str]) -> dict:
     """The TypeSpecs tf.Transform gives the raw features (each a VarLenFeature: a [batch, n] SparseTensor)."""
     import tensorflow as tf
@@ -253,8 +268,9 @@ def reference_trace(preprocessing_fn: Callable, custom_config: dict, kinds: dict
     from tensorflow_transform import annotators, graph_context, impl_helper
 
     traced = TracedFn(preprocessing_fn, custom_config, kinds)
-    context = graph_context.TFGraphContext(module_to_export=tf.Module(), temp_dir=None,
-                                           evaluated_replacements=replacements)
+    context = graph_context.TFGraphContext(
+        module_to_export=tf.Module(), temp_dir=None, evaluated_replacements=replacements
+    )
     with annotators.object_tracker_scope(annotators.ObjectTracker()):
         concrete = impl_helper.get_traced_transform_fn(traced, type_specs(kinds), context).get_concrete_function()
     return traced.recorded, concrete
@@ -262,13 +278,20 @@ def reference_trace(preprocessing_fn: Callable, custom_config: dict, kinds: dict
 
 def synthetic_rows(kinds: dict[str, str], n: int = SYNTHETIC_ROWS) -> list[dict]:
     """n public rows {feature: value or None (missing)} of the given kinds (int / float / bytes)."""
-    pools = {"int": [0, 1, 2, 3, 7, 12, 23, 5], "float": [0.0, 0.5, 3.25, 17.0, 99.5, 42.0, 1.0, 7.75],
-             "bytes": [b"a", b"b", b"Cash", b"", b"zz", b"Credit Card", b"7"]}
+    pools = {
+        "int": [0, 1, 2, 3, 7, 12, 23, 5],
+        "float": [0.0, 0.5, 3.25, 17.0, 99.5, 42.0, 1.0, 7.75],
+        "bytes": [b"a", b"b", b"Cash", b"", b"zz", b"Credit Card", b"7"],
+    }
     rng = np.random.default_rng(_SEED)
     rows = []
     for i in range(n):
-        rows.append({name: (None if i and rng.random() < 0.2 else pools[kind][rng.integers(len(pools[kind]))])
-                     for name, kind in sorted(kinds.items())})
+        rows.append(
+            {
+                name: (None if i and rng.random() < 0.2 else pools[kind][rng.integers(len(pools[kind]))])
+                for name, kind in sorted(kinds.items())
+            }
+        )
     return rows
 
 
@@ -296,8 +319,10 @@ def _rows_of(value, n: int, key: str) -> list:
         return [np.asarray(value[i].numpy()) for i in range(n)]
     array = np.asarray(value.numpy())
     if array.ndim == 0 or array.shape[0] != n:
-        raise RowMixing(f"{_name(key)} has shape {list(array.shape)} for a batch of {n} rows: each output of a "
-                        "preprocessing_fn has one entry per row; a value for the whole batch mixes its rows")
+        raise RowMixing(
+            f"{_name(key)} has shape {list(array.shape)} for a batch of {n} rows: each output of a "
+            "preprocessing_fn has one entry per row; a value for the whole batch mixes its rows"
+        )
     return list(array)
 
 
@@ -314,7 +339,7 @@ def _same(a, b) -> bool:
 
 def _name(key: str) -> str:
     if key.startswith(ANALYZER_INPUT_PREFIX):
-        scope, tensor = key[len(ANALYZER_INPUT_PREFIX):].split(" <- ", 1)
+        scope, tensor = key[len(ANALYZER_INPUT_PREFIX) :].split(" <- ", 1)
         return f"the input {tensor!r} of the DP analyzer {scope!r}"
     return f"the output {key!r}"
 
@@ -333,10 +358,14 @@ def check_row_local(concrete, kinds: dict[str, str], n: int = SYNTHETIC_ROWS) ->
             raise DPTransformError(
                 f"the preprocessing_fn failed on synthetic rows ({batch_rows!r}), on which DPTransform runs it to "
                 f"check that it transforms each row on its own: {exc.message}. It must accept any value of each "
-                "feature's kind, and missing values (fill them with fill_in_missing)") from None
+                "feature's kind, and missing values (fill them with fill_in_missing)"
+            ) from None
+
     full = run(rows)
-    views = {"the same batch run again": (run(rows), list(range(n))),
-             "the batch in reverse order": (run(rows[::-1]), list(range(n))[::-1])}
+    views = {
+        "the same batch run again": (run(rows), list(range(n))),
+        "the batch in reverse order": (run(rows[::-1]), list(range(n))[::-1]),
+    }
     for key in sorted(full):
         base = _rows_of(full[key], n, key)
         for what, (other, order) in views.items():
@@ -352,9 +381,13 @@ def check_row_local(concrete, kinds: dict[str, str], n: int = SYNTHETIC_ROWS) ->
 
 def _mixing_message(key: str, what: str) -> str:
     if what.startswith("the same batch"):
-        return (f"{_name(key)} differs between two runs of the same synthetic batch: the transform must be a function "
-                "of each row (no random ops in a preprocessing_fn)")
-    return (f"{_name(key)} changes with the other rows of its batch (compared with {what}): the preprocessing_fn "
-            "mixes the records of a batch outside a DP analyzer (e.g. x - tf.reduce_mean(x), a division by the batch "
-            "size, tf.sort / tf.roll / tf.matmul over the batch). Compute statistics of the data with a DP analyzer "
-            "(dp_mean, dp_scale_to_z_score, dp_group_by_mean, ...) and keep every other operation per row")
+        return (
+            f"{_name(key)} differs between two runs of the same synthetic batch: the transform must be a function "
+            "of each row (no random ops in a preprocessing_fn)"
+        )
+    return (
+        f"{_name(key)} changes with the other rows of its batch (compared with {what}): the preprocessing_fn "
+        "mixes the records of a batch outside a DP analyzer (e.g. x - tf.reduce_mean(x), a division by the batch "
+        "size, tf.sort / tf.roll / tf.matmul over the batch). Compute statistics of the data with a DP analyzer "
+        "(dp_mean, dp_scale_to_z_score, dp_group_by_mean, ...) and keep every other operation per row"
+    )

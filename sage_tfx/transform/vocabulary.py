@@ -27,6 +27,7 @@ probability <= delta; on that event the output distributions are within e^epsilo
 Counts of values absent from D are never drawn (no data-dependent domain).
 The noisy counts, never the exact ones, decide the order.
 """
+
 import math
 import zlib
 from collections.abc import Sequence
@@ -43,9 +44,14 @@ from .noise import check_epsilon, check_int
 
 def check_delta(delta, what: str = "delta") -> float:
     """Return delta as a float; raise naming it unless 0 < delta < 1 (partition selection needs delta > 0)."""
-    value = probability(delta, what, error=DPTransformError, not_number="{what} must be a number {rule}, got {value!r}",
-                        message="{what} must be {rule}, got {value!r} (a data-dependent vocabulary needs delta > 0; "
-                                "use e.g. 1e-6, well below 1 / number of rows)")
+    value = probability(
+        delta,
+        what,
+        error=DPTransformError,
+        not_number="{what} must be a number {rule}, got {value!r}",
+        message="{what} must be {rule}, got {value!r} (a data-dependent vocabulary needs delta > 0; "
+        "use e.g. 1e-6, well below 1 / number of rows)",
+    )
     return value
 
 
@@ -63,8 +69,16 @@ def threshold(epsilon: float, delta: float, max_contributions: int = 1) -> float
     return m + scale * math.log(m / (2.0 * delta)) + slack
 
 
-def select_vocabulary(counts: dict, *, epsilon: float, delta: float, top_k: int | None = None,
-                      max_contributions: int = 1, seed: int | None = None, stream: str = "") -> list:
+def select_vocabulary(
+    counts: dict,
+    *,
+    epsilon: float,
+    delta: float,
+    top_k: int | None = None,
+    max_contributions: int = 1,
+    seed: int | None = None,
+    stream: str = "",
+) -> list:
     """The DP vocabulary of exact `counts` (value -> number of rows): kept values, by noisy count, descending.
 
     (epsilon, delta)-DP, see the module docstring. Values with count <= 0 are ignored (they
@@ -89,8 +103,9 @@ def select_vocabulary(counts: dict, *, epsilon: float, delta: float, top_k: int 
     return vocabulary if top_k is None else vocabulary[:top_k]
 
 
-def apply_vocabulary(values: Sequence, vocabulary: Sequence, *, num_oov_buckets: int = 1,
-                     default_value: int = -1) -> np.ndarray:
+def apply_vocabulary(
+    values: Sequence, vocabulary: Sequence, *, num_oov_buckets: int = 1, default_value: int = -1
+) -> np.ndarray:
     """Ids as tft.apply_vocabulary: index in `vocabulary`; else len(vocabulary) + hash bucket, or default_value.
 
     Post-processing of the DP vocabulary and the row's own value: no privacy cost. The OOV

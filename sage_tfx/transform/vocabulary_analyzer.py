@@ -4,6 +4,7 @@ The graph passes each batch's values to a full-pass Beam analyzer that counts th
 runs `select_vocabulary` ONCE; each records its (epsilon, delta) against the preprocessing grant. Mechanism and
 proof: docs/dp_preprocessing.md, "Vocabularies: DP partition selection".
 """
+
 import collections
 
 import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)  # isort: skip
@@ -55,12 +56,19 @@ class _VocabularyOnce(_NoiseOnce):
             vocab = select_vocabulary(dict(counts), seed=seed, stream=stream, **args)
             return np.array(vocab, dtype=object) if vocab else np.array([], dtype=object)
 
-        return (pcoll | "CountAllValues" >> beam.CombineGlobally(_CountValuesFn())
-                | "SelectOnce" >> beam.Map(select),)
+        return (pcoll | "CountAllValues" >> beam.CombineGlobally(_CountValuesFn()) | "SelectOnce" >> beam.Map(select),)
 
 
-def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: int | None = None,
-                  max_contributions: int = 1, seed: int | None = None, name: str | None = None) -> tf.Tensor:
+def dp_vocabulary(
+    x: tf.Tensor,
+    epsilon: float,
+    delta: float,
+    *,
+    top_k: int | None = None,
+    max_contributions: int = 1,
+    seed: int | None = None,
+    name: str | None = None,
+) -> tf.Tensor:
     """The DP vocabulary of string feature x: the values kept by Laplace partition selection.
 
     (epsilon, delta)-DP (Laplace noise of scale max_contributions/epsilon, threshold tau = m + (m/epsilon)
@@ -91,19 +99,33 @@ def dp_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: int | No
     seed = check_seed(seed)
     x = _dense_vector(x, "x", label)
     if x.dtype != tf.string:
-        raise DPTransformError(f"{label}: x must be a tf.string tensor, got dtype {x.dtype.name} (tf.strings.as_string it)")
+        raise DPTransformError(
+            f"{label}: x must be a tf.string tensor, got dtype {x.dtype.name} (tf.strings.as_string it)"
+        )
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon, delta)
         seed = resolve_seed(seed, scope)
         (vocab,) = tft.experimental.ptransform_analyzer(
-            inputs=[x], ptransform=_VocabularyOnce(epsilon, delta, top_k, m, seed, stream=scope),
-            output_dtypes=[tf.string], output_shapes=[[None]], name="vocabulary_once")
+            inputs=[x],
+            ptransform=_VocabularyOnce(epsilon, delta, top_k, m, seed, stream=scope),
+            output_dtypes=[tf.string],
+            output_shapes=[[None]],
+            name="vocabulary_once",
+        )
         return vocab
 
 
-def dp_compute_and_apply_vocabulary(x: tf.Tensor, epsilon: float, delta: float, *, top_k: int | None = None,
-                                    num_oov_buckets: int = 1, default_value: int = -1, seed: int | None = None,
-                                    name: str | None = None) -> tf.Tensor:
+def dp_compute_and_apply_vocabulary(
+    x: tf.Tensor,
+    epsilon: float,
+    delta: float,
+    *,
+    top_k: int | None = None,
+    num_oov_buckets: int = 1,
+    default_value: int = -1,
+    seed: int | None = None,
+    name: str | None = None,
+) -> tf.Tensor:
     """int64 id of each row's value in `dp_vocabulary(x, ...)`.
 
     Same (epsilon, delta)-DP guarantee as `dp_vocabulary`; the lookup is post-processing of the released
@@ -129,7 +151,8 @@ def dp_compute_and_apply_vocabulary(x: tf.Tensor, epsilon: float, delta: float, 
     """
     if isinstance(num_oov_buckets, bool) or not isinstance(num_oov_buckets, (int, np.integer)) or num_oov_buckets < 0:
         raise DPTransformError(
-            f"dp_compute_and_apply_vocabulary: num_oov_buckets must be an integer >= 0, got {num_oov_buckets!r}")
+            f"dp_compute_and_apply_vocabulary: num_oov_buckets must be an integer >= 0, got {num_oov_buckets!r}"
+        )
     with tf.compat.v1.name_scope(name, "dp_compute_and_apply_vocabulary"):
         vocab = dp_vocabulary(x, epsilon, delta, top_k=top_k, seed=seed)
         x = _dense_vector(x, "x", "dp_compute_and_apply_vocabulary")

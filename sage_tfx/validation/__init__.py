@@ -8,6 +8,7 @@ confidence despite DP noise. numpy/scipy only.
 ``mode=`` selects the paper's ablations: "sage" (default), "uncorrected" (UC DP SLA), "non_private"
 (NP SLA), "no_sla" (plain comparison of the DP metric with the target).
 """
+
 from .accuracy import DPAccuracyValidator
 from .bounds import bernstein_upper, clopper_pearson_lower, clopper_pearson_upper, hoeffding_lower, hoeffding_width
 from .core import Mode, Outcome, ValidationInputError, ValidationResult, eta_for_attempt, laplace_tail
@@ -18,9 +19,24 @@ from .statistic import DPAbsoluteErrorValidator, mean_error_bound
 VALIDATORS = {"loss": DPLossValidator, "accuracy": DPAccuracyValidator, "absolute_error": DPAbsoluteErrorValidator}
 
 __all__ = [
-    "Outcome", "Mode", "ValidationResult", "ValidationInputError", "eta_for_attempt",
-    "DPLossValidator", "DPAccuracyValidator", "DPAbsoluteErrorValidator", "VALIDATORS",
-    "squared_errors", "absolute_errors", "log_losses", "correctness",
-    "bernstein_upper", "hoeffding_lower", "hoeffding_width", "clopper_pearson_lower", "clopper_pearson_upper",
-    "laplace_tail", "mean_error_bound",
+    "Outcome",
+    "Mode",
+    "ValidationResult",
+    "ValidationInputError",
+    "eta_for_attempt",
+    "DPLossValidator",
+    "DPAccuracyValidator",
+    "DPAbsoluteErrorValidator",
+    "VALIDATORS",
+    "squared_errors",
+    "absolute_errors",
+    "log_losses",
+    "correctness",
+    "bernstein_upper",
+    "hoeffding_lower",
+    "hoeffding_width",
+    "clopper_pearson_lower",
+    "clopper_pearson_upper",
+    "laplace_tail",
+    "mean_error_bound",
 ]

@@ -34,19 +34,23 @@ if TYPE_CHECKING:
 BOUNDS = ("exact", "clopper_pearson", "bernstein")
 
 
-def release_correct_and_count(correct: np.ndarray, epsilon: float | None, rng: SecureRNG,
-                              mode: Mode) -> tuple[NoisyTotal, NoisyTotal]:
+def release_correct_and_count(
+    correct: np.ndarray, epsilon: float | None, rng: SecureRNG, mode: Mode
+) -> tuple[NoisyTotal, NoisyTotal]:
     """(k~, n~): the number of correct predictions and of examples, each + Lap(2/eps).
 
     Privacy: one record changes k by at most 1 and n by 1; each count is (eps/2)-DP, both eps-DP.
     """
     half = None if epsilon is None else epsilon / 2.0
-    return (NoisyTotal.release(correct.sum(), 1.0, half, rng, mode),
-            NoisyTotal.release(correct.size, 1.0, half, rng, mode))
+    return (
+        NoisyTotal.release(correct.sum(), 1.0, half, rng, mode),
+        NoisyTotal.release(correct.size, 1.0, half, rng, mode),
+    )
 
 
-def accuracy_accept_bound(correct: NoisyTotal, count: NoisyTotal, eta: float,
-                          mode: Mode) -> tuple[float, dict[str, float]]:
+def accuracy_accept_bound(
+    correct: NoisyTotal, count: NoisyTotal, eta: float, mode: Mode
+) -> tuple[float, dict[str, float]]:
     """Lower bound LB on the expected accuracy p (ACCEPT iff LB >= target); eta is the test's whole budget.
 
         t    = (2/eps) ln(3/(2 eta))      k_lo = k~ - t      n_hi = n~ + t
@@ -63,8 +67,9 @@ def accuracy_accept_bound(correct: NoisyTotal, count: NoisyTotal, eta: float,
     return clopper_pearson_lower(k_lo, n_hi, delta), {"correct_lo": k_lo, "n_hi": n_hi}
 
 
-def accuracy_reject_bound(correct: NoisyTotal, count: NoisyTotal, eta: float,
-                          mode: Mode) -> tuple[float, dict[str, float]]:
+def accuracy_reject_bound(
+    correct: NoisyTotal, count: NoisyTotal, eta: float, mode: Mode
+) -> tuple[float, dict[str, float]]:
     """Upper bound UB on the accuracy of a reference model, from the training set (REJECT iff UB < target).
 
         t  = (2/eps) ln(3/(2 eta))      k_hi = k~ + t      n_lo = n~ - t
@@ -113,8 +118,17 @@ class DPAccuracyValidator:
     epsilon: float  # and train_epsilon: None only in non_private mode, where nothing is drawn or spent
     train_epsilon: float
 
-    def __init__(self, target: float, epsilon: float | None, confidence: float = 0.95, *, bound: str = "exact",
-                 train_epsilon: float | None = None, mode: Mode | str = "sage", per_unit: bool = False) -> None:
+    def __init__(
+        self,
+        target: float,
+        epsilon: float | None,
+        confidence: float = 0.95,
+        *,
+        bound: str = "exact",
+        train_epsilon: float | None = None,
+        mode: Mode | str = "sage",
+        per_unit: bool = False,
+    ) -> None:
         """An accuracy validator (the class docstring says what it guarantees).
 
         Args:
@@ -135,9 +149,17 @@ class DPAccuracyValidator:
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
         self.per_unit = check_per_unit(self.name, per_unit, bound, binomial_bounds=("clopper_pearson",))
 
-    def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
-                 attempt: int | None = None, eta: float | None = None, units: npt.ArrayLike | None = None,
-                 train_units: npt.ArrayLike | None = None) -> ValidationResult:
+    def validate(
+        self,
+        test_values: npt.ArrayLike,
+        train_values: npt.ArrayLike | None = None,
+        rng: RngLike = None,
+        *,
+        attempt: int | None = None,
+        eta: float | None = None,
+        units: npt.ArrayLike | None = None,
+        train_units: npt.ArrayLike | None = None,
+    ) -> ValidationResult:
         """``DPLossValidator.validate`` on per-example correctness: the ACCEPT test on the test set and, if given,
         the REJECT test on the training set.
 
@@ -167,15 +189,26 @@ class DPAccuracyValidator:
         decide = self._decide_exact if self.bound == "exact" else self._decide_clopper_pearson
         lower, upper, metric, bounds, details = decide(test, train, rng, eta_accept, eta_reject)
         details.update({"bound": self.bound, "eta_accept": eta_accept, "eta_reject": eta_reject})
-        epsilon_train = self.train_epsilon if train is not None and self.mode.noisy and \
-            self.mode is not Mode.NO_SLA else 0.0
+        epsilon_train = (
+            self.train_epsilon if train is not None and self.mode.noisy and self.mode is not Mode.NO_SLA else 0.0
+        )
         return self._result(lower, upper, metric, bounds, epsilon_train, eta, attempt, details)
 
     def _decide_exact(self, test, train, rng, eta_accept, eta_reject):
         """The joint tests on the 0/1 error (B = 1, target 1 - target), reported as accuracies."""
         accepted, rejected, error, limits, details = joint_decision(
-            1.0 - test, None if train is None else 1.0 - train, 1.0, 1.0 - self.target, self.epsilon,
-            self.train_epsilon, rng, self.mode, eta_accept, eta_reject, binomial=not self.per_unit)
+            1.0 - test,
+            None if train is None else 1.0 - train,
+            1.0,
+            1.0 - self.target,
+            self.epsilon,
+            self.train_epsilon,
+            rng,
+            self.mode,
+            eta_accept,
+            eta_reject,
+            binomial=not self.per_unit,
+        )
         details["errors_noisy"], details["correct_noisy"] = details.pop("sum_noisy"), details.pop("complement_noisy")
         bounds = {"lower": 1.0 - limits["upper"]}
         if "lower" in limits:
@@ -200,23 +233,46 @@ class DPAccuracyValidator:
         return lower >= self.target, upper < self.target, metric, bounds, details
 
     def _validate_bernstein(self, test, train, rng, attempt, eta):
-        errors = DPLossValidator(1.0 - self.target, self.epsilon, self.confidence, loss_bound=1.0,
-                                 bound="bernstein", train_epsilon=self.train_epsilon, mode=self.mode)
-        inner = errors.validate(1.0 - test, None if train is None else 1.0 - train, rng,
-                                attempt=attempt, eta=eta)
+        errors = DPLossValidator(
+            1.0 - self.target,
+            self.epsilon,
+            self.confidence,
+            loss_bound=1.0,
+            bound="bernstein",
+            train_epsilon=self.train_epsilon,
+            mode=self.mode,
+        )
+        inner = errors.validate(1.0 - test, None if train is None else 1.0 - train, rng, attempt=attempt, eta=eta)
         bounds = {"lower": 1.0 - inner.bounds["upper"]}
         if "lower" in inner.bounds:
             bounds["upper"] = 1.0 - inner.bounds["lower"]
         details = dict(inner.details, bound=self.bound, error_bounds=inner.bounds)
-        return self._result(inner.outcome is Outcome.ACCEPT, inner.outcome is Outcome.REJECT, 1.0 - inner.metric,
-                            bounds, inner.epsilon_train, inner.eta, attempt, details)
+        return self._result(
+            inner.outcome is Outcome.ACCEPT,
+            inner.outcome is Outcome.REJECT,
+            1.0 - inner.metric,
+            bounds,
+            inner.epsilon_train,
+            inner.eta,
+            attempt,
+            details,
+        )
 
     def _result(self, accepted, rejected, metric, bounds, epsilon_train, eta, attempt, details):
         outcome = Outcome.ACCEPT if accepted else Outcome.REJECT if rejected else Outcome.RETRY
         return ValidationResult(
-            outcome=outcome, validator=self.name, mode=self.mode.value, target=self.target, metric=metric,
-            bounds=bounds, epsilon_test=self.epsilon if self.mode.noisy else 0.0, epsilon_train=epsilon_train,
-            eta=eta, attempt=attempt, details=details)
+            outcome=outcome,
+            validator=self.name,
+            mode=self.mode.value,
+            target=self.target,
+            metric=metric,
+            bounds=bounds,
+            epsilon_test=self.epsilon if self.mode.noisy else 0.0,
+            epsilon_train=epsilon_train,
+            eta=eta,
+            attempt=attempt,
+            details=details,
+        )
 
 
 def _check_correctness(name, values):

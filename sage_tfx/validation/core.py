@@ -55,8 +55,7 @@ class Mode(enum.StrEnum):
         try:
             return cls(str(value).strip().lower().replace("-", "_"))
         except ValueError:
-            raise ValidationInputError(
-                f"mode {value!r} is not one of {[m.value for m in cls]}") from None
+            raise ValidationInputError(f"mode {value!r} is not one of {[m.value for m in cls]}") from None
 
     @property
     def noisy(self) -> bool:
@@ -116,6 +115,7 @@ def split_eta(eta: float, reject_test: bool) -> tuple[float, float]:
 
 # ---------------------------------------------------------------- input checks
 
+
 def check_positive(name: str, value: object) -> float:
     """A finite number > 0, as float; otherwise an error naming ``name`` and the value."""
     if not is_real(value):
@@ -146,8 +146,10 @@ def check_values(name: str, values: npt.ArrayLike) -> np.ndarray:
     if array.ndim != 1:
         raise ValidationInputError(f"{name} must be 1-D, got shape {array.shape}")
     if not np.isfinite(array).all():
-        raise ValidationInputError(f"{name} holds a value that is not finite (NaN or +-inf): give each such record "
-                                   "the worst value first (e.g. squared_errors(..., loss_bound=B))")
+        raise ValidationInputError(
+            f"{name} holds a value that is not finite (NaN or +-inf): give each such record "
+            "the worst value first (e.g. squared_errors(..., loss_bound=B))"
+        )
     return array
 
 
@@ -162,6 +164,7 @@ def check_rng(rng: RngLike) -> SecureRNG:
 
 
 # ---------------------------------------------------------------- noisy totals
+
 
 def laplace_tail(scale: float, prob: float, two_sided: bool = False) -> float:
     """The t with P(Lap(scale) > t) = prob (one-sided) or P(|Lap(scale)| > t) = prob (two-sided).
@@ -196,8 +199,15 @@ class NoisyTotal:
     slack: float = 0.0
 
     @classmethod
-    def release(cls, exact: float | np.ndarray, sensitivity: float, epsilon: float | None, rng: RngLike, mode: Mode,
-                cells: int = 1) -> NoisyTotal:
+    def release(
+        cls,
+        exact: float | np.ndarray,
+        sensitivity: float,
+        epsilon: float | None,
+        rng: RngLike,
+        mode: Mode,
+        cells: int = 1,
+    ) -> NoisyTotal:
         """The grid-Laplace release of ``exact`` (one cell) with ``sensitivity`` and ``epsilon``.
 
         ``exact``: an integer total (a count: exact in float64 below 2^53), or the per-record values of a sum (a
@@ -216,8 +226,9 @@ class NoisyTotal:
             return cls(math.fsum(np.asarray(exact, dtype=np.float64).tolist()) if records else float(exact), 0.0)
         epsilon = cast(float, epsilon)  # None only in non_private mode (above)
         if records:
-            value = grid_laplace_sum(np.asarray(exact, dtype=np.float64), sensitivity, epsilon, as_secure_rng(rng),
-                                     cells=cells)[0]
+            value = grid_laplace_sum(
+                np.asarray(exact, dtype=np.float64), sensitivity, epsilon, as_secure_rng(rng), cells=cells
+            )[0]
         else:
             value = grid_laplace(np.array([float(exact)]), sensitivity, epsilon, as_secure_rng(rng), cells=cells)[0]
         return cls.coupled(value, sensitivity, epsilon, cells)
@@ -240,6 +251,7 @@ class NoisyTotal:
 
 
 # ---------------------------------------------------------------- the result
+
 
 def _json_safe(value):
     if isinstance(value, enum.Enum):
@@ -309,9 +321,20 @@ class ValidationResult:
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serializable dict (non-finite numbers become None)."""
-        return _json_safe({
-            "outcome": self.outcome, "validator": self.validator, "mode": self.mode, "target": self.target,
-            "metric": self.metric, "bounds": self.bounds, "epsilon_test": self.epsilon_test,
-            "epsilon_train": self.epsilon_train, "epsilon_spent": self.epsilon_spent, "eta": self.eta,
-            "confidence": self.confidence, "attempt": self.attempt, "details": self.details,
-        })
+        return _json_safe(
+            {
+                "outcome": self.outcome,
+                "validator": self.validator,
+                "mode": self.mode,
+                "target": self.target,
+                "metric": self.metric,
+                "bounds": self.bounds,
+                "epsilon_test": self.epsilon_test,
+                "epsilon_train": self.epsilon_train,
+                "epsilon_spent": self.epsilon_spent,
+                "eta": self.eta,
+                "confidence": self.confidence,
+                "attempt": self.attempt,
+                "details": self.details,
+            }
+        )

@@ -32,8 +32,9 @@ if TYPE_CHECKING:
     from .core import NoisyTotal, ValidationResult
 
 
-def release_count_and_sum(values: np.ndarray, bound: float, epsilon: float | None, rng: SecureRNG,
-                          mode: Mode) -> tuple[NoisyTotal, NoisyTotal]:
+def release_count_and_sum(
+    values: np.ndarray, bound: float, epsilon: float | None, rng: SecureRNG, mode: Mode
+) -> tuple[NoisyTotal, NoisyTotal]:
     """(n~, S~): the count and the sum of ``values`` clipped to [0, B], each with half of epsilon.
 
     Privacy: adding or removing one record changes n by 1 and the clipped sum by at most B, so
@@ -47,8 +48,9 @@ def release_count_and_sum(values: np.ndarray, bound: float, epsilon: float | Non
     return count, total
 
 
-def loss_accept_bound(count: NoisyTotal, total: NoisyTotal, bound: float, eta: float,
-                      mode: Mode) -> tuple[float, dict[str, float]]:
+def loss_accept_bound(
+    count: NoisyTotal, total: NoisyTotal, bound: float, eta: float, mode: Mode
+) -> tuple[float, dict[str, float]]:
     """The ACCEPT test's upper bound UB on the expected loss, from the released (n~, S~); eta is the whole
     failure budget of the test. Returns (UB, details).
 
@@ -72,8 +74,9 @@ def loss_accept_bound(count: NoisyTotal, total: NoisyTotal, bound: float, eta: f
     return upper, {"n_lo": n_lo, "sum_hi": s_hi, "mean_hi": mean_hi}
 
 
-def loss_reject_bound(count: NoisyTotal, total: NoisyTotal, bound: float, eta: float,
-                      mode: Mode) -> tuple[float, dict[str, float]]:
+def loss_reject_bound(
+    count: NoisyTotal, total: NoisyTotal, bound: float, eta: float, mode: Mode
+) -> tuple[float, dict[str, float]]:
     """The REJECT test's lower bound LB on the loss, from the training set's released (n~, S~).
 
         c_n  = (2/eps) ln(3/eta)  (two-sided)     n_lo = n~ - c_n     n_hi = n~ + c_n
@@ -141,9 +144,18 @@ class DPLossValidator:
     epsilon: float  # and train_epsilon: None only in non_private mode, where nothing is drawn or spent
     train_epsilon: float
 
-    def __init__(self, target: float, epsilon: float | None, confidence: float = 0.95, *, loss_bound: float = 1.0,
-                 bound: str = "chernoff", train_epsilon: float | None = None, mode: Mode | str = "sage",
-                 per_unit: bool = False) -> None:
+    def __init__(
+        self,
+        target: float,
+        epsilon: float | None,
+        confidence: float = 0.95,
+        *,
+        loss_bound: float = 1.0,
+        bound: str = "chernoff",
+        train_epsilon: float | None = None,
+        mode: Mode | str = "sage",
+        per_unit: bool = False,
+    ) -> None:
         """A loss validator (the class docstring says what it guarantees).
 
         Args:
@@ -166,9 +178,17 @@ class DPLossValidator:
         _set_test_parameters(self, confidence, bound, BOUNDS, epsilon, train_epsilon)
         self.per_unit = check_per_unit(self.name, per_unit, bound)
 
-    def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
-                 attempt: int | None = None, eta: float | None = None, units: npt.ArrayLike | None = None,
-                 train_units: npt.ArrayLike | None = None) -> ValidationResult:
+    def validate(
+        self,
+        test_values: npt.ArrayLike,
+        train_values: npt.ArrayLike | None = None,
+        rng: RngLike = None,
+        *,
+        attempt: int | None = None,
+        eta: float | None = None,
+        units: npt.ArrayLike | None = None,
+        train_units: npt.ArrayLike | None = None,
+    ) -> ValidationResult:
         """Run the ACCEPT test on ``test_values`` and, if given, the REJECT test on ``train_values``.
 
         Args:
@@ -195,19 +215,38 @@ class DPLossValidator:
         eta_accept, eta_reject = split_eta(eta, train is not None)
         decide = self._decide_bernstein if self.bound == "bernstein" else self._decide_chernoff
         accepted, rejected, metric, bounds, details = decide(test, train, rng, eta_accept, eta_reject)
-        details.update({"loss_bound": self.loss_bound, "bound": self.bound, "eta_accept": eta_accept,
-                        "eta_reject": eta_reject})
+        details.update(
+            {"loss_bound": self.loss_bound, "bound": self.bound, "eta_accept": eta_accept, "eta_reject": eta_reject}
+        )
         outcome = Outcome.ACCEPT if accepted else Outcome.REJECT if rejected else Outcome.RETRY
         noisy = self.mode.noisy
         return ValidationResult(
-            outcome=outcome, validator=self.name, mode=self.mode.value, target=self.target, metric=metric,
-            bounds=bounds, epsilon_test=self.epsilon if noisy else 0.0,
-            epsilon_train=self.train_epsilon if noisy and train is not None and self.mode is not Mode.NO_SLA
-            else 0.0, eta=eta, attempt=attempt, details=details)
+            outcome=outcome,
+            validator=self.name,
+            mode=self.mode.value,
+            target=self.target,
+            metric=metric,
+            bounds=bounds,
+            epsilon_test=self.epsilon if noisy else 0.0,
+            epsilon_train=self.train_epsilon if noisy and train is not None and self.mode is not Mode.NO_SLA else 0.0,
+            eta=eta,
+            attempt=attempt,
+            details=details,
+        )
 
     def _decide_chernoff(self, test, train, rng, eta_accept, eta_reject):
-        return joint_decision(test, train, self.loss_bound, self.target, self.epsilon, self.train_epsilon, rng,
-                              self.mode, eta_accept, eta_reject)
+        return joint_decision(
+            test,
+            train,
+            self.loss_bound,
+            self.target,
+            self.epsilon,
+            self.train_epsilon,
+            rng,
+            self.mode,
+            eta_accept,
+            eta_reject,
+        )
 
     def _decide_bernstein(self, test, train, rng, eta_accept, eta_reject):
         mode, bound = self.mode, self.loss_bound
@@ -235,8 +274,9 @@ def _set_test_parameters(validator, confidence, bound, bounds, epsilon, train_ep
         raise ValidationInputError(f"bound {bound!r} must be one of {bounds}")
     validator.bound = bound
     validator.epsilon = _check_epsilon("epsilon", epsilon, validator.mode)
-    validator.train_epsilon = validator.epsilon if train_epsilon is None else _check_epsilon(
-        "train_epsilon", train_epsilon, validator.mode)
+    validator.train_epsilon = (
+        validator.epsilon if train_epsilon is None else _check_epsilon("train_epsilon", train_epsilon, validator.mode)
+    )
 
 
 def _check_epsilon(name, epsilon, mode):

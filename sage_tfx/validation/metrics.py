@@ -34,7 +34,8 @@ def _pair(labels: npt.ArrayLike, predictions: npt.ArrayLike) -> tuple[np.ndarray
     if labels.shape != predictions.shape:  # their lengths are counts of records: only the rest is named
         raise ValidationInputError(
             f"labels and predictions have different shapes (per record: {labels.shape[1:]} and "
-            f"{predictions.shape[1:]}; their lengths are counts of records, not shown): give one prediction per label")
+            f"{predictions.shape[1:]}; their lengths are counts of records, not shown): give one prediction per label"
+        )
     labels, predictions = labels.ravel(), predictions.ravel()
     return labels, predictions, ~(np.isfinite(labels) & np.isfinite(predictions))
 
@@ -46,8 +47,9 @@ def _worst(values, bad, worst, name):
     if not bad.any():
         return values
     if worst is None:
-        raise RecordError(name, None, "label or prediction is not finite: pass loss_bound=B to give it the worst "
-                                      "loss B")
+        raise RecordError(
+            name, None, "label or prediction is not finite: pass loss_bound=B to give it the worst loss B"
+        )
     return np.where(bad, float(worst), values)
 
 
@@ -92,8 +94,9 @@ def absolute_errors(labels: npt.ArrayLike, predictions: npt.ArrayLike, loss_boun
         return _worst(np.abs(labels - predictions), bad, loss_bound, "predictions")
 
 
-def log_losses(labels: npt.ArrayLike, probabilities: npt.ArrayLike, floor: float = 1e-7,
-               loss_bound: float | None = None) -> np.ndarray:
+def log_losses(
+    labels: npt.ArrayLike, probabilities: npt.ArrayLike, floor: float = 1e-7, loss_bound: float | None = None
+) -> np.ndarray:
     """-log p(label) per example for binary labels in {0, 1} and predicted P(label = 1).
 
     Probabilities are kept in [floor, 1 - floor], so each loss is at most ln(1/floor) (a valid B). A record

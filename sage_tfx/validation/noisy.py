@@ -57,8 +57,9 @@ if TYPE_CHECKING:
 COUNT_SHARE = 0.05  # fraction of a test's eta for the event "the true count is outside the noisy count's interval"
 
 
-def release_pair(values: np.ndarray, bound: float, epsilon: float | None, rng: RngLike,
-                 mode: Mode) -> tuple[NoisyTotal, NoisyTotal]:
+def release_pair(
+    values: np.ndarray, bound: float, epsilon: float | None, rng: RngLike, mode: Mode
+) -> tuple[NoisyTotal, NoisyTotal]:
     """(S~, S'~): the sums of ``values`` clipped to [0, B] and of B minus them, each + Lap(B/eps), drawn as the
     exact grid Laplace of the pair, summed exactly on the grid (``samplers.grid_laplace_pair``: one vector of L1
     sensitivity B whose change touches its 2 cells, eps-DP for the pair, exactly).
@@ -77,6 +78,7 @@ def release_pair(values: np.ndarray, bound: float, epsilon: float | None, rng: R
 
 
 # ---------------------------------------------------------------- the noise X = a E1 - c E2
+
 
 def laplace_pair_sf(u: float) -> float:
     """P(E1 + E2 > u) for independent standard Laplace E1, E2 and u >= 0: exp(-u) (2 + u) / 4.
@@ -132,13 +134,15 @@ def noise_sf(z: npt.ArrayLike, a: float, c: float) -> np.ndarray:
 
 def noise_log_mgf(lam: float, a: float, c: float) -> float:
     """log E exp(lam X) = -log(1 - a^2 lam^2) - log(1 - c^2 lam^2) for |lam| < 1/max(a, c) (Laplace MGFs)."""
-    return -math.log1p(-(a * lam) ** 2) - math.log1p(-(c * lam) ** 2)
+    return -math.log1p(-((a * lam) ** 2)) - math.log1p(-((c * lam) ** 2))
 
 
 # ---------------------------------------------------------------- tails of T~ under mean tau
 
-def chernoff_tail(t: float, n: float, tau: float, bound: float, a: float, c: float, side: int,
-                  noise_copies: int = 1) -> float:
+
+def chernoff_tail(
+    t: float, n: float, tau: float, bound: float, a: float, c: float, side: int, noise_copies: int = 1
+) -> float:
     """An upper bound on P(T~ <= t) (side -1) or P(T~ >= t) (side +1) for n values in [0, B] with mean mu,
     valid whenever mu >= tau (side -1) or mu <= tau (side +1); a = c = 0 for no noise. ``noise_copies`` k:
     the noise is a sum of k independent copies of X (k releases of disjoint parts summed, as a partitioned
@@ -201,8 +205,13 @@ def binomial_tail(t: float, counts: npt.ArrayLike, tau: float, a: float, c: floa
         hi = min(int(chunk.max()), int(math.ceil(chunk.max() * tau + 10 * sd + 10)))
         m = np.arange(lo, hi + 1, dtype=np.float64)[None, :]
         with np.errstate(invalid="ignore"):
-            log_pmf = (gammaln(n + 1.0) - gammaln(m + 1.0) - gammaln(n - m + 1.0)
-                       + m * math.log(tau) + (n - m) * math.log1p(-tau))
+            log_pmf = (
+                gammaln(n + 1.0)
+                - gammaln(m + 1.0)
+                - gammaln(n - m + 1.0)
+                + m * math.log(tau)
+                + (n - m) * math.log1p(-tau)
+            )
         pmf = np.where(m <= n, np.exp(log_pmf), 0.0)
         upper_tail = noise_sf(t - m + tau * n, a, c)  # P(X > t - m + tau n): T~ >= t given M = m
         tail = upper_tail if side > 0 else 1.0 - upper_tail
@@ -222,8 +231,10 @@ def binomial_test(m: float, n: float, tau: float, side: int) -> float:
 
 # ---------------------------------------------------------------- the test
 
-def count_interval(total: NoisyTotal, complement: NoisyTotal, bound: float, prob: float, mode: Mode,
-                   two_sided: bool) -> tuple[float, float]:
+
+def count_interval(
+    total: NoisyTotal, complement: NoisyTotal, bound: float, prob: float, mode: Mode, two_sided: bool
+) -> tuple[float, float]:
     """(n_lo, n_hi) containing n = (S + S')/B except with probability ``prob`` (with noise and correction);
     the point (S~ + S'~)/B otherwise. One-sided tests only use n_hi (then n_lo = -inf)."""
     n_noisy = (total.value + complement.value) / bound
@@ -235,8 +246,16 @@ def count_interval(total: NoisyTotal, complement: NoisyTotal, bound: float, prob
     return (n_noisy - half_width if two_sided else -math.inf), n_noisy + half_width
 
 
-def noisy_sum_test(total: NoisyTotal, complement: NoisyTotal, bound: float, tau: float, eta: float, mode: Mode,
-                   side: int, binomial: bool = False) -> tuple[float, float, dict[str, Any]]:
+def noisy_sum_test(
+    total: NoisyTotal,
+    complement: NoisyTotal,
+    bound: float,
+    tau: float,
+    eta: float,
+    mode: Mode,
+    side: int,
+    binomial: bool = False,
+) -> tuple[float, float, dict[str, Any]]:
     """The p-value of the ACCEPT (side -1: mu <= tau) or REJECT (side +1: mu > tau) test and the count
     interval it used. The test passes iff the p-value is <= the sampling share of eta.
 
@@ -266,8 +285,13 @@ def noisy_sum_test(total: NoisyTotal, complement: NoisyTotal, bound: float, tau:
     tested = statistic - side * slack
     a = (bound - tau) / bound * total.scale if corrected else 0.0
     c = tau / bound * total.scale if corrected else 0.0
-    details = {"n_noisy": (total.value + complement.value) / bound, "n_hi": n_hi, "statistic": statistic,
-               "eta_sampling": eta_s, "eta_count": eta_n}
+    details = {
+        "n_noisy": (total.value + complement.value) / bound,
+        "n_hi": n_hi,
+        "statistic": statistic,
+        "eta_sampling": eta_s,
+        "eta_count": eta_n,
+    }
     if n_hi < 1:
         return 1.0, eta_s, details
     if not binomial:
@@ -279,8 +303,9 @@ def noisy_sum_test(total: NoisyTotal, complement: NoisyTotal, bound: float, tau:
     return binomial_tail(tested, counts, tau / bound, a, c, side), eta_s, details
 
 
-def confidence_limit(total: NoisyTotal, complement: NoisyTotal, bound: float, eta: float, mode: Mode, side: int,
-                     binomial: bool = False) -> float:
+def confidence_limit(
+    total: NoisyTotal, complement: NoisyTotal, bound: float, eta: float, mode: Mode, side: int, binomial: bool = False
+) -> float:
     """The reported bound: for side -1 the smallest tau in (0, B) at which the ACCEPT test passes (an upper
     confidence limit on mu; B when none does), for side +1 the largest tau at which REJECT passes (a lower
     limit; 0 when none does). The decision is always the test at the target itself; this limit summarises the
@@ -302,9 +327,19 @@ def confidence_limit(total: NoisyTotal, complement: NoisyTotal, bound: float, et
     return brentq(excess, lo, hi, xtol=bound * 1e-9)
 
 
-def joint_decision(test: np.ndarray, train: np.ndarray | None, bound: float, tau: float, epsilon: float,
-                   train_epsilon: float, rng: RngLike, mode: Mode, eta_accept: float, eta_reject: float,
-                   binomial: bool = False) -> tuple[bool, bool, float, dict[str, float], dict[str, Any]]:
+def joint_decision(
+    test: np.ndarray,
+    train: np.ndarray | None,
+    bound: float,
+    tau: float,
+    epsilon: float,
+    train_epsilon: float,
+    rng: RngLike,
+    mode: Mode,
+    eta_accept: float,
+    eta_reject: float,
+    binomial: bool = False,
+) -> tuple[bool, bool, float, dict[str, float], dict[str, Any]]:
     """Both tests of the default validators on values in [0, B] (clipped losses, or 0/1 errors with B = 1).
 
     Returns (accepted, rejected, mean, limits, details): ``mean`` is the DP mean B S~ / (S~ + S'~) (inf when the
@@ -326,8 +361,9 @@ def joint_decision(test: np.ndarray, train: np.ndarray | None, bound: float, tau
     accepted, rejected = p_value <= eta_s, False
     if train is not None:
         train_total, train_complement = release_pair(train, bound, train_epsilon, rng, mode)
-        p_reject, eta_r, more = noisy_sum_test(train_total, train_complement, bound, tested, eta_reject, mode, +1,
-                                               binomial)
+        p_reject, eta_r, more = noisy_sum_test(
+            train_total, train_complement, bound, tested, eta_reject, mode, +1, binomial
+        )
         details.update({f"train_{k}": v for k, v in more.items()}, train_p_value=p_reject)
         limits["lower"] = confidence_limit(train_total, train_complement, bound, eta_reject, mode, +1, binomial)
         rejected = p_reject <= eta_r

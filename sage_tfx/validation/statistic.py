@@ -33,8 +33,9 @@ if TYPE_CHECKING:
     from .core import ValidationResult
 
 
-def mean_error_bound(dp_sum: float, dp_count: float, value_range: float, epsilon: float, delta: float,
-                     mode: Mode) -> float:
+def mean_error_bound(
+    dp_sum: float, dp_count: float, value_range: float, epsilon: float, delta: float, mode: Mode
+) -> float:
     """Bound on |m~ - mu| for one key's DP mean m~ = clip(S~/c~, 0, R), with probability >= 1 - delta.
 
     Inputs: S~ = S + Lap(2R/eps), c~ = c + Lap(2/eps), S the sum of c values clipped to [0, R] (the release of
@@ -72,8 +73,8 @@ def mean_error_bound(dp_sum: float, dp_count: float, value_range: float, epsilon
     if mode.corrected:
         # tolerance: dp_group_by_mean's tables were drawn at epsilon' = R / fl(2R/eps), within float
         # rounding of eps/2 (noise.add_laplace); the bounds hold for every epsilon' in that range
-        scale_s, slack_s = grid_laplace_coupling(value_range, epsilon / 2.0, 1, epsilon_tolerance=2.0 ** -40)
-        scale_c, slack_c = grid_laplace_coupling(1.0, epsilon / 2.0, 1, epsilon_tolerance=2.0 ** -40)
+        scale_s, slack_s = grid_laplace_coupling(value_range, epsilon / 2.0, 1, epsilon_tolerance=2.0**-40)
+        scale_c, slack_c = grid_laplace_coupling(1.0, epsilon / 2.0, 1, epsilon_tolerance=2.0**-40)
         t_s = laplace_tail(scale_s, delta / 3, two_sided=True) + slack_s
         t_c = laplace_tail(scale_c, delta / 3, two_sided=True) + slack_c
     else:
@@ -106,8 +107,17 @@ class DPAbsoluteErrorValidator:
     name = "absolute_error"
     num_keys: int
 
-    def __init__(self, target: float, epsilon: float | None, confidence: float = 0.95, *, value_range: float,
-                 num_keys: int = 1, per_key: bool = False, mode: Mode | str = "sage") -> None:
+    def __init__(
+        self,
+        target: float,
+        epsilon: float | None,
+        confidence: float = 0.95,
+        *,
+        value_range: float,
+        num_keys: int = 1,
+        per_key: bool = False,
+        mode: Mode | str = "sage",
+    ) -> None:
         """An absolute-error validator of DP per-key means (the class docstring says what it guarantees).
 
         Args:
@@ -125,8 +135,10 @@ class DPAbsoluteErrorValidator:
         """
         self.mode = Mode.parse(mode)
         if self.mode is Mode.NO_SLA:
-            raise ValidationInputError("mode 'no_sla' does not apply to an absolute error: there is no "
-                                       "point estimate of the error to compare with the target")
+            raise ValidationInputError(
+                "mode 'no_sla' does not apply to an absolute error: there is no "
+                "point estimate of the error to compare with the target"
+            )
         self.target = check_positive("target absolute error", target)
         self.epsilon = _check_epsilon("epsilon", epsilon, self.mode)
         self.confidence = check_probability("confidence", confidence)
@@ -136,9 +148,16 @@ class DPAbsoluteErrorValidator:
         self.num_keys = int(num_keys)
         self.per_key = bool(per_key)
 
-    def validate(self, test_values: npt.ArrayLike, train_values: npt.ArrayLike | None = None, rng: RngLike = None, *,
-                 keys: npt.ArrayLike | None = None, attempt: int | None = None,
-                 eta: float | None = None) -> ValidationResult:
+    def validate(
+        self,
+        test_values: npt.ArrayLike,
+        train_values: npt.ArrayLike | None = None,
+        rng: RngLike = None,
+        *,
+        keys: npt.ArrayLike | None = None,
+        attempt: int | None = None,
+        eta: float | None = None,
+    ) -> ValidationResult:
         """Release each key's sum and count with this validator's epsilon and test the error of the DP means.
 
         Args:
@@ -166,8 +185,9 @@ class DPAbsoluteErrorValidator:
         counts = np.bincount(keys, minlength=self.num_keys).astype(np.float64)
         if self.mode.noisy:  # exact grid Laplace, one record in one key's cell (see mean_error_bound)
             # the records summed exactly on the grid, per key (never a float64 sum first)
-            sums = grid_laplace_sum(clipped, self.value_range, self.epsilon / 2.0, rng, cells=1, keys=keys,
-                                    num_cells=self.num_keys)
+            sums = grid_laplace_sum(
+                clipped, self.value_range, self.epsilon / 2.0, rng, cells=1, keys=keys, num_cells=self.num_keys
+            )
             counts = grid_laplace(counts, 1.0, self.epsilon / 2.0, rng, cells=1)
         else:
             sums = np.bincount(keys, weights=clipped, minlength=self.num_keys).astype(np.float64)
@@ -175,8 +195,9 @@ class DPAbsoluteErrorValidator:
         result.epsilon_test = self.epsilon if self.mode.noisy else 0.0
         return result
 
-    def validate_released(self, dp_sums: npt.ArrayLike, dp_counts: npt.ArrayLike, *, attempt: int | None = None,
-                          eta: float | None = None) -> ValidationResult:
+    def validate_released(
+        self, dp_sums: npt.ArrayLike, dp_counts: npt.ArrayLike, *, attempt: int | None = None, eta: float | None = None
+    ) -> ValidationResult:
         """Validate per-key means released as S~ = S + Lap(2R/eps), c~ = c + Lap(2/eps) with this validator's
         epsilon and R (e.g. ``dp_group_by_mean``'s tables). Post-processing: spends no epsilon.
 
@@ -195,27 +216,42 @@ class DPAbsoluteErrorValidator:
         sums = check_values("dp_sums", np.ravel(dp_sums))
         counts = check_values("dp_counts", np.ravel(dp_counts))
         if sums.size != self.num_keys or counts.size != self.num_keys:
-            raise ValidationInputError(f"dp_sums ({sums.size}) and dp_counts ({counts.size}) must have "
-                                       f"num_keys = {self.num_keys} entries")
+            raise ValidationInputError(
+                f"dp_sums ({sums.size}) and dp_counts ({counts.size}) must have num_keys = {self.num_keys} entries"
+            )
         result = self._decide(sums, counts, self.epsilon, resolve_eta(self.confidence, eta, attempt), attempt)
         result.epsilon_test = 0.0
         return result
 
     def _decide(self, sums, counts, epsilon, eta, attempt):
         key_eta = eta if self.per_key else eta / self.num_keys
-        errors = np.array([mean_error_bound(s, c, self.value_range, epsilon, key_eta, self.mode)
-                           for s, c in zip(sums, counts)])
+        errors = np.array(
+            [mean_error_bound(s, c, self.value_range, epsilon, key_eta, self.mode) for s, c in zip(sums, counts)]
+        )
         with np.errstate(divide="ignore", invalid="ignore"):
             means = np.where(counts > 0, np.clip(sums / counts, 0.0, self.value_range), self.value_range / 2)
         accepted = errors <= self.target
         outcome = Outcome.ACCEPT if accepted.all() else Outcome.RETRY
         return ValidationResult(
-            outcome=outcome, validator=self.name, mode=self.mode.value, target=self.target,
-            metric=None, bounds={"error": float(errors.max()), "key_errors": errors.tolist()},
-            epsilon_test=0.0, epsilon_train=0.0, eta=eta, attempt=attempt,
-            details={"means": means.tolist(), "key_eta": key_eta, "per_key": self.per_key,
-                     "key_accepted": accepted.tolist(), "value_range": self.value_range,
-                     "num_keys": self.num_keys})
+            outcome=outcome,
+            validator=self.name,
+            mode=self.mode.value,
+            target=self.target,
+            metric=None,
+            bounds={"error": float(errors.max()), "key_errors": errors.tolist()},
+            epsilon_test=0.0,
+            epsilon_train=0.0,
+            eta=eta,
+            attempt=attempt,
+            details={
+                "means": means.tolist(),
+                "key_eta": key_eta,
+                "per_key": self.per_key,
+                "key_accepted": accepted.tolist(),
+                "value_range": self.value_range,
+                "num_keys": self.num_keys,
+            },
+        )
 
     def _check_keys(self, keys, size):
         if keys is None:

@@ -14,6 +14,7 @@ What cannot take it is refused when the validator is made, before any charge: th
 ``binomial=False``: Hoeffding 1963, the moment generating function of a [0, 1] value of mean p is at most
 Bernoulli(p)'s), and ``"bernstein"`` is the loss validator's, valid for any values in [0, B].
 """
+
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,7 @@ from .core import ValidationInputError, check_values
 
 __all__ = ["unit_means", "check_per_unit"]
 
+
 def check_per_unit(validator: str, per_unit: object, bound: str, binomial_bounds: tuple[str, ...] = ()) -> bool:
     """``per_unit`` as a bool; ValidationInputError naming the reason for a bound of ``binomial_bounds`` (whose
     tail needs 0/1 values) per unit, when the validator is made: before any charge."""
@@ -31,7 +33,8 @@ def check_per_unit(validator: str, per_unit: object, bound: str, binomial_bounds
     if per_unit and bound in binomial_bounds:
         raise ValidationInputError(
             f"bound {bound!r} is invalid per unit: its binomial tail needs 0/1 values and a unit's mean "
-            f"{validator} is a fraction; use bound='exact' (the Chernoff tail of values in [0, 1]) or 'bernstein'")
+            f"{validator} is a fraction; use bound='exact' (the Chernoff tail of values in [0, 1]) or 'bernstein'"
+        )
     return per_unit
 
 
@@ -52,15 +55,23 @@ def unit_means(name: str, values: npt.ArrayLike, units: npt.ArrayLike | None, bo
     return sums / np.bincount(unit)
 
 
-def unit_records(validator: Any, test: np.ndarray, train: np.ndarray | None, units: npt.ArrayLike | None,
-                 train_units: npt.ArrayLike | None, bound: float) -> tuple[np.ndarray, np.ndarray | None]:
+def unit_records(
+    validator: Any,
+    test: np.ndarray,
+    train: np.ndarray | None,
+    units: npt.ArrayLike | None,
+    train_units: npt.ArrayLike | None,
+    bound: float,
+) -> tuple[np.ndarray, np.ndarray | None]:
     """(test, train) as the validator's records: per-unit means for a ``per_unit`` validator, the rows as given
     otherwise. ``units`` / ``train_units`` given to a row-level validator are refused (its release would be
     calibrated to a row while the caller meant a unit)."""
     if not validator.per_unit:
         if units is not None or train_units is not None:
-            raise ValidationInputError(f"units= needs {type(validator).__name__}(per_unit=True): a row-level "
-                                       "validator's release is calibrated to one row")
+            raise ValidationInputError(
+                f"units= needs {type(validator).__name__}(per_unit=True): a row-level "
+                "validator's release is calibrated to one row"
+            )
         return test, train
     test = unit_means("test values", test, units, bound)
     train = None if train is None else unit_means("train values", train, train_units, bound)

@@ -4,6 +4,7 @@ The pipeline run here is a sample-complexity rule (ACCEPT once epsilon x rows
 is large enough), the same model the load simulator uses; the end-to-end tests
 run real TFX pipelines.
 """
+
 import pytest
 
 from sage_tfx.adaptive import BudgetSplit, IterationResult, IteratorSettings, SageIterator, eta_for_attempt
@@ -60,9 +61,14 @@ def test_doubles_epsilon_then_window_until_accept(tmp_path):
     ledger = make_ledger(tmp_path)
     oracle = Oracle(ledger, need=1500)
     lines = []
-    result = SageIterator(ledger, "s", "p", oracle,
-                          settings=IteratorSettings(epsilon_start=0.125, min_window=1, preprocessing_share=0.2),
-                          progress=lines.append).run()
+    result = SageIterator(
+        ledger,
+        "s",
+        "p",
+        oracle,
+        settings=IteratorSettings(epsilon_start=0.125, min_window=1, preprocessing_share=0.2),
+        progress=lines.append,
+    ).run()
     assert result.outcome == "ACCEPT"
     charged = [(it.epsilon, len(it.blocks)) for it in result.iterations]
     # 0.125 -> 0.25 -> 0.5 on one block (training power 94, 188, 375); 1.0 does not fit after 0.875 is
@@ -83,8 +89,9 @@ def test_reject_stops_and_timeout_after_max_iterations(tmp_path):
     ledger = make_ledger(tmp_path)
     result = SageIterator(ledger, "s", "r", Oracle(ledger, need=1e12, reject_at=2)).run()
     assert result.outcome == "REJECT" and len(result.iterations) == 2
-    result = SageIterator(ledger, "s", "t", Oracle(ledger, need=1e12),
-                          settings=IteratorSettings(max_iterations=3)).run()
+    result = SageIterator(
+        ledger, "s", "t", Oracle(ledger, need=1e12), settings=IteratorSettings(max_iterations=3)
+    ).run()
     assert result.outcome == "TIMEOUT" and len(result.iterations) == 3
     assert {p["name"]: p["outcome"] for p in ledger.pipelines("s")} == {"r": "REJECT", "t": "TIMEOUT"}
 
@@ -100,8 +107,14 @@ def test_waits_for_new_blocks_then_times_out_when_the_stream_ends(tmp_path):
         ledger.add_block("s", f"new{i}", start=(10 + i) * DAY, end=(11 + i) * DAY, rows=1000)
         return True
 
-    result = SageIterator(ledger, "s", "w", Oracle(ledger, need=1e12),
-                          settings=IteratorSettings(min_window=2, max_iterations=50), wait_for_blocks=wait).run()
+    result = SageIterator(
+        ledger,
+        "s",
+        "w",
+        Oracle(ledger, need=1e12),
+        settings=IteratorSettings(min_window=2, max_iterations=50),
+        wait_for_blocks=wait,
+    ).run()
     assert result.outcome == "TIMEOUT"
     assert {b for it in result.iterations for b in it.blocks} <= {"b00", "new1", "new2"}
 
@@ -132,7 +145,8 @@ def test_resume_after_kill_reuses_the_grant_without_charging_again(tmp_path):
     spent_after = {b.id: b.spent for b in ledger.blocks("s")}
     extra = sum(it.epsilon * len(it.blocks) for it in result.iterations if not it.resumed)
     assert sum(v[0] for v in spent_after.values()) == pytest.approx(
-        sum(v[0] for v in spent_before.values()) + extra)  # only the new iterations charged
+        sum(v[0] for v in spent_before.values()) + extra
+    )  # only the new iterations charged
     # Running it again after ACCEPT spends nothing and reports the recorded result.
     again = SageIterator(ledger, "s", "p", oracle).run()
     assert again.outcome == "ACCEPT" and {b.id: b.spent for b in ledger.blocks("s")} == spent_after
@@ -147,20 +161,26 @@ def test_aggressive_spends_the_whole_allocation_at_once(tmp_path):
     assert [b.state for b in ledger.blocks("s")][-1] == "retired"
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"epsilon_start": -0.1}, "-0.1"),
-    ({"epsilon_start": float("nan")}, "nan"),
-    ({"epsilon_start": 2.0}, "2.0"),
-    ({"min_window": 0}, "min_window 0"),
-    ({"max_iterations": 0}, "max_iterations 0"),
-    ({"delta": 1e-3}, "0.001"),
-    # checked by sage_tfx.privacy.checks: a non-number, a fraction or a bool is named, not a TypeError
-    ({"epsilon_start": "x"}, r"^epsilon_start 'x' is invalid: must be in \(0, 1\] \(the stream's global epsilon\)$"),
-    ({"min_window": 1.5}, r"^min_window 1\.5 is invalid: must be an integer >= 1 \(blocks\)$"),
-    ({"max_refusals": True}, r"^max_refusals True is invalid: must be an integer >= 1 \(refused requests"),
-    ({"delta": "x"}, r"^iteration delta 'x' is invalid: must be in \[0, "),
-    ({"preprocessing_delta": -1e-9}, r"^preprocessing_delta -1e-09 is invalid: must be finite and >= 0$"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"epsilon_start": -0.1}, "-0.1"),
+        ({"epsilon_start": float("nan")}, "nan"),
+        ({"epsilon_start": 2.0}, "2.0"),
+        ({"min_window": 0}, "min_window 0"),
+        ({"max_iterations": 0}, "max_iterations 0"),
+        ({"delta": 1e-3}, "0.001"),
+        # checked by sage_tfx.privacy.checks: a non-number, a fraction or a bool is named, not a TypeError
+        (
+            {"epsilon_start": "x"},
+            r"^epsilon_start 'x' is invalid: must be in \(0, 1\] \(the stream's global epsilon\)$",
+        ),
+        ({"min_window": 1.5}, r"^min_window 1\.5 is invalid: must be an integer >= 1 \(blocks\)$"),
+        ({"max_refusals": True}, r"^max_refusals True is invalid: must be an integer >= 1 \(refused requests"),
+        ({"delta": "x"}, r"^iteration delta 'x' is invalid: must be in \[0, "),
+        ({"preprocessing_delta": -1e-9}, r"^preprocessing_delta -1e-09 is invalid: must be finite and >= 0$"),
+    ],
+)
 def test_bad_iterator_settings_fail_before_any_charge(tmp_path, kwargs, match):
     ledger = make_ledger(tmp_path)
     with pytest.raises(LedgerError, match=match):
@@ -168,12 +188,15 @@ def test_bad_iterator_settings_fail_before_any_charge(tmp_path, kwargs, match):
     assert ledger.grants() == [] and ledger.pipelines("s") == []
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    ({"min_window": 0}, LedgerError, r"^min_window 0 is invalid: must be an integer >= 1 \(blocks\)$"),
-    ({"max_idle_waits": 2.5}, LedgerError, r"^max_idle_waits 2\.5 is invalid"),
-    ({"eval_share": 0.123}, LedgerError, "eval_share 0.123"),
-    ({"eta": 1.5}, ValidationInputError, r"^eta 1\.5 must be in \(0, 1\)$"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"min_window": 0}, LedgerError, r"^min_window 0 is invalid: must be an integer >= 1 \(blocks\)$"),
+        ({"max_idle_waits": 2.5}, LedgerError, r"^max_idle_waits 2\.5 is invalid"),
+        ({"eval_share": 0.123}, LedgerError, "eval_share 0.123"),
+        ({"eta": 1.5}, ValidationInputError, r"^eta 1\.5 must be in \(0, 1\)$"),
+    ],
+)
 def test_settings_the_stream_does_not_decide_are_refused_when_built(kwargs, error, match):
     """No ledger needed: a bad knob is named as soon as the settings are written down."""
     with pytest.raises(error, match=match):
@@ -217,11 +240,17 @@ def test_platform_serves_several_pipelines_on_one_replayed_stream(tmp_path):
                 oracles[name] = oracle = oracles.get(name) or Oracle(ledger, need)
                 oracle.ledger = ledger
                 return oracle(grant, split, eta, iteration)
+
         return PipelineSpec(name, run, IteratorSettings(epsilon_start=0.1, min_window=1, max_iterations=20))
 
     lines = []
-    platform = Platform(location, "s", [spec("easy", 200), spec("medium", 1500), spec("impossible", 1e9)],
-                        replay_step, progress=lines.append)
+    platform = Platform(
+        location,
+        "s",
+        [spec("easy", 200), spec("medium", 1500), spec("impossible", 1e9)],
+        replay_step,
+        progress=lines.append,
+    )
     results = platform.run()
     assert not platform.errors
     assert results["easy"].outcome == "ACCEPT" and results["medium"].outcome == "ACCEPT"
@@ -238,16 +267,25 @@ def test_run_result_reports_the_largest_per_block_spend_and_the_final_blocks():
     """Iterations on other windows add up per block where they overlap; a sum over iterations would say 1.5."""
     from sage_tfx.adaptive import Iteration, RunResult
 
-    result = RunResult("ACCEPT", [Iteration(1, "g1", ("b1", "b2"), 0.5, 0.025, "RETRY"),
-                                  Iteration(2, "g2", ("b2", "b3"), 0.25, 0.008, "RETRY"),
-                                  Iteration(3, "g3", ("b3", "b4", "b5"), 0.75, 0.004, "ACCEPT")], "g3")
+    result = RunResult(
+        "ACCEPT",
+        [
+            Iteration(1, "g1", ("b1", "b2"), 0.5, 0.025, "RETRY"),
+            Iteration(2, "g2", ("b2", "b3"), 0.25, 0.008, "RETRY"),
+            Iteration(3, "g3", ("b3", "b4", "b5"), 0.75, 0.004, "ACCEPT"),
+        ],
+        "g3",
+    )
     assert result.epsilon_per_block() == {"b1": 0.5, "b2": 0.75, "b3": 1.0, "b4": 0.75, "b5": 0.75}
     assert result.max_block_epsilon == 1.0 and result.final_blocks == ("b3", "b4", "b5")
-    assert result.describe() == ("ACCEPT after 3 iteration(s); this run charged at most epsilon 1 on a block (5 "
-                                 "block(s) charged); the model trained on blocks b3..b5 (3)")
+    assert result.describe() == (
+        "ACCEPT after 3 iteration(s); this run charged at most epsilon 1 on a block (5 "
+        "block(s) charged); the model trained on blocks b3..b5 (3)"
+    )
     timeout = RunResult("TIMEOUT", [], None)
-    assert timeout.describe() == ("TIMEOUT after 0 iteration(s); this run charged at most epsilon 0 on a block (0 "
-                                  "block(s) charged)")
+    assert timeout.describe() == (
+        "TIMEOUT after 0 iteration(s); this run charged at most epsilon 0 on a block (0 block(s) charged)"
+    )
 
 
 def test_the_final_line_reports_the_ledgers_spend_on_the_blocks_and_the_asked_confidence(tmp_path):
@@ -256,30 +294,51 @@ def test_the_final_line_reports_the_ledgers_spend_on_the_blocks_and_the_asked_co
     ledger = make_ledger(tmp_path, blocks=4)
     ledger.register("s", "other")
     ledger.request("other", "s", blocks=[f"b{i:02d}" for i in range(4)], epsilon=0.25)
-    result = SageIterator(ledger, "s", "p", Oracle(ledger, need=100),
-                          settings=IteratorSettings(epsilon_start=0.5, min_window=4), request=_request(0.3)).run()
+    result = SageIterator(
+        ledger,
+        "s",
+        "p",
+        Oracle(ledger, need=100),
+        settings=IteratorSettings(epsilon_start=0.5, min_window=4),
+        request=_request(0.3),
+    ).run()
     assert result.outcome == "ACCEPT" and result.max_block_epsilon == pytest.approx(0.5)
     assert result.ledger_spent == {f"b{i:02d}": pytest.approx(0.75) for i in range(4)}
     line = result.describe()
-    assert "this run charged at most epsilon 0.5 on a block (4 block(s) charged), which now stand at epsilon 0.75 " \
-           "spent in the ledger (every run)" in line, line
+    assert (
+        "this run charged at most epsilon 0.5 on a block (4 block(s) charged), which now stand at epsilon 0.75 "
+        "spent in the ledger (every run)" in line
+    ), line
     assert "; confidence 0.95 over all iterations (iteration i tested at eta_i = 0.05/(i(i+1))); target 0.3" in line
 
 
 def _request(target, **changes):
-    return {"confidence": 0.95, "metric": "mse", "label": "y", "loss_bound": 1.0,
-            "label_threshold": None, "label_signature": None, "loss_function": None, "model": "linear",
-            "definition": "d" * 64, "target": target, **changes}
+    return {
+        "confidence": 0.95,
+        "metric": "mse",
+        "label": "y",
+        "loss_bound": 1.0,
+        "label_threshold": None,
+        "label_signature": None,
+        "loss_function": None,
+        "model": "linear",
+        "definition": "d" * 64,
+        "target": target,
+        **changes,
+    }
 
 
-@pytest.mark.parametrize("changes, named", [
-    ({"target": 0.30}, "target 0.355 -> 0.3"),
-    ({"confidence": 0.99}, "confidence 0.95 -> 0.99"),
-    ({"loss_bound": 2.0}, "loss_bound 1.0 -> 2.0"),
-    ({"label": "z"}, "label 'y' -> 'z'"),
-    ({"model": "dnn"}, "model 'linear' -> 'dnn'"),
-    ({"definition": "e" * 64}, "definition"),
-])
+@pytest.mark.parametrize(
+    "changes, named",
+    [
+        ({"target": 0.30}, "target 0.355 -> 0.3"),
+        ({"confidence": 0.99}, "confidence 0.95 -> 0.99"),
+        ({"loss_bound": 2.0}, "loss_bound 1.0 -> 2.0"),
+        ({"label": "z"}, "label 'y' -> 'z'"),
+        ({"model": "dnn"}, "model 'linear' -> 'dnn'"),
+        ({"definition": "e" * 64}, "definition"),
+    ],
+)
 def test_a_finished_pipeline_asked_another_request_is_refused_before_anything_is_written(tmp_path, changes, named):
     """The certificate: an ACCEPT at target 0.355 certifies 0.355. Asked again for a stricter target (or another
     SLA, model or definition), the iterator used to report the stored ACCEPT as this request's; it is now refused,
@@ -287,20 +346,38 @@ def test_a_finished_pipeline_asked_another_request_is_refused_before_anything_is
     from sage_tfx.adaptive.iterator import RequestMismatch
 
     ledger = make_ledger(tmp_path)
-    first = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), settings=IteratorSettings(epsilon_start=0.5),
-                         request=_request(0.355)).run()
+    first = SageIterator(
+        ledger,
+        "s",
+        "p",
+        Oracle(ledger, need=100),
+        settings=IteratorSettings(epsilon_start=0.5),
+        request=_request(0.355),
+    ).run()
     assert first.outcome == "ACCEPT" and first.iterations[-1].bound is not None
     assert first.iterations and all(g.meta["request"] == _request(0.355) for g in ledger.grants())
     log = ledger.log_entries()
     with pytest.raises(RequestMismatch) as refused:
-        SageIterator(ledger, "s", "p", Oracle(ledger, need=100), settings=IteratorSettings(epsilon_start=0.5),
-                     request={**_request(0.355), **changes}).run()
+        SageIterator(
+            ledger,
+            "s",
+            "p",
+            Oracle(ledger, need=100),
+            settings=IteratorSettings(epsilon_start=0.5),
+            request={**_request(0.355), **changes},
+        ).run()
     message = str(refused.value)
     assert named in message and "finished with ACCEPT" in message and "target 0.355" in message, message
     assert f"bound {first.bound:.6g}" in message and "new pipeline name" in message, message
     assert ledger.log_entries() == log
-    same = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), settings=IteratorSettings(epsilon_start=0.5),
-                        request=_request(0.355)).run()
+    same = SageIterator(
+        ledger,
+        "s",
+        "p",
+        Oracle(ledger, need=100),
+        settings=IteratorSettings(epsilon_start=0.5),
+        request=_request(0.355),
+    ).run()
     assert same.outcome == "ACCEPT" and ledger.log_entries() == log  # the stored outcome, for the same request
     assert same.describe().endswith(f"; target 0.355, bound {first.bound:.6g}"), same.describe()
 
@@ -315,15 +392,28 @@ def test_an_unfinished_pipeline_resumed_with_another_target_is_refused(tmp_path)
         raise KeyboardInterrupt  # the process dies inside the iteration: no outcome recorded
 
     with pytest.raises(KeyboardInterrupt):
-        SageIterator(ledger, "s", "p", killed, settings=IteratorSettings(epsilon_start=0.5),
-                     request=_request(0.355)).run()
+        SageIterator(
+            ledger, "s", "p", killed, settings=IteratorSettings(epsilon_start=0.5), request=_request(0.355)
+        ).run()
     log = ledger.log_entries()
     with pytest.raises(RequestMismatch, match="has 1 iteration"):
-        SageIterator(ledger, "s", "p", Oracle(ledger, need=100), settings=IteratorSettings(epsilon_start=0.5),
-                     request=_request(0.3))
+        SageIterator(
+            ledger,
+            "s",
+            "p",
+            Oracle(ledger, need=100),
+            settings=IteratorSettings(epsilon_start=0.5),
+            request=_request(0.3),
+        )
     assert ledger.log_entries() == log
-    resumed = SageIterator(ledger, "s", "p", Oracle(ledger, need=100), settings=IteratorSettings(epsilon_start=0.5),
-                           request=_request(0.355)).run()
+    resumed = SageIterator(
+        ledger,
+        "s",
+        "p",
+        Oracle(ledger, need=100),
+        settings=IteratorSettings(epsilon_start=0.5),
+        request=_request(0.355),
+    ).run()
     assert resumed.outcome == "ACCEPT" and len(ledger.grants()) == 1
 
 
@@ -339,8 +429,12 @@ def test_a_finished_pipeline_from_before_requests_were_signed_compares_its_valid
     SageIterator(ledger, "s", "p", validated, settings=IteratorSettings(epsilon_start=0.5)).run()
     with pytest.raises(RequestMismatch, match=r"target 0.355 \(bound 0.3415\); this run asks target 0.355 -> 0.3"):
         SageIterator(ledger, "s", "p", validated, settings=IteratorSettings(epsilon_start=0.5), request=_request(0.3))
-    assert SageIterator(ledger, "s", "p", validated, settings=IteratorSettings(epsilon_start=0.5),
-                        request=_request(0.355)).run().outcome == "ACCEPT"
+    assert (
+        SageIterator(ledger, "s", "p", validated, settings=IteratorSettings(epsilon_start=0.5), request=_request(0.355))
+        .run()
+        .outcome
+        == "ACCEPT"
+    )
 
 
 def test_the_platform_reports_a_finished_pipelines_stored_outcome_for_the_same_request(tmp_path):
@@ -384,8 +478,14 @@ def _spent(ledger):
     return {b.id: b.spent for b in ledger.blocks("s")}
 
 
-@pytest.mark.parametrize("error", [OSError(28, "No space left on device"), FileNotFoundError(2, "No such file"),
-                                   PermissionError(13, "Permission denied")])
+@pytest.mark.parametrize(
+    "error",
+    [
+        OSError(28, "No space left on device"),
+        FileNotFoundError(2, "No such file"),
+        PermissionError(13, "Permission denied"),
+    ],
+)
 def test_an_environment_error_after_the_charge_leaves_the_iteration_resumable(tmp_path, error):
     """An OSError after the charge (a full disk, a folder gone) records no outcome: the grant stays in use, and the
     next run resumes it under the same grant, charging nothing new, as after a kill."""
@@ -405,8 +505,13 @@ def test_an_environment_error_after_the_charge_leaves_the_iteration_resumable(tm
     assert [o for _g, o, _d in ledger.history("s", "p")] == ["RETRY"]
 
 
-@pytest.mark.parametrize("first, then", [(OSError(28, "No space left on device"), ValueError("a record's value")),
-                                         (ValueError("a record's value"), FileNotFoundError(2, "No such file"))])
+@pytest.mark.parametrize(
+    "first, then",
+    [
+        (OSError(28, "No space left on device"), ValueError("a record's value")),
+        (ValueError("a record's value"), FileNotFoundError(2, "No such file")),
+    ],
+)
 def test_a_data_error_after_the_charge_is_failed_whatever_it_is_chained_with(tmp_path, first, then):
     """FAILED stays for the errors that may depend on the data: a ValueError raised while handling an OSError, and
     an OSError raised while handling a ValueError (TFX's clean-up after a failed run_fn raises NotFoundError, an
@@ -450,5 +555,6 @@ def test_environment_errors_are_told_by_their_type():
     assert not is_environment_error(beam_reraise(ValueError("fare 12.5")))
     assert not any(is_environment_error(e) for e in (ValueError("x"), KeyError("x"), RuntimeError("x")))
     assert environment_error_text(beam_reraise(OSError(28, "No space left on device", "/secret"))) == (
-        "OSError: ENOSPC (No space left on device)")
+        "OSError: ENOSPC (No space left on device)"
+    )
     assert "database" not in environment_error_text(mlmd("database or disk is full"))

@@ -1,5 +1,6 @@
 """`sage run --check`'s progress lines: a FAILED iteration of the dry run says its grant is spent in the throwaway
 ledger, not the real one (the iterator's own line says "its grant stays spent")."""
+
 import pytest
 
 from pipelines.check import check_line
@@ -19,9 +20,14 @@ def test_a_failed_dry_run_iteration_says_the_throwaway_ledger_paid(tmp_path):
         def broken_module(grant, split, eta, iteration):
             raise ValueError("the trainer module named a feature the schema lacks")
 
-        iterator = SageIterator(ledger, "s", "p", broken_module,
-                                settings=IteratorSettings(epsilon_start=1.0, min_window=2, max_iterations=1),
-                                progress=lambda line: lines.append(check_line(line)))
+        iterator = SageIterator(
+            ledger,
+            "s",
+            "p",
+            broken_module,
+            settings=IteratorSettings(epsilon_start=1.0, min_window=2, max_iterations=1),
+            progress=lambda line: lines.append(check_line(line)),
+        )
         with pytest.raises(ValueError):
             iterator.run()
     (failed,) = [line for line in lines if "FAILED" in line]

@@ -13,6 +13,7 @@ livelock shows up as ``Runaway``, not as a stuck test run.
 Also: what a failed run leaves in the append-only log holds
 no data value.
 """
+
 import json
 import random
 import shutil
@@ -35,8 +36,9 @@ class Runaway(AssertionError):
 
 
 def make_ledger(tmp_path, policy, blocks=8, rows=1000, epsilon=1.0, min_epsilon=None):
-    return daily_ledger(tmp_path, blocks, epsilon=epsilon, delta=1e-6, rows=rows, ids="b{:02d}", policy=policy,
-                        min_epsilon=min_epsilon)
+    return daily_ledger(
+        tmp_path, blocks, epsilon=epsilon, delta=1e-6, rows=rows, ids="b{:02d}", policy=policy, min_epsilon=min_epsilon
+    )
 
 
 class Watched:
@@ -65,7 +67,7 @@ class Watched:
 
     def asked_again_after_refusal(self):
         """Choices requested again after the ledger refused them (the livelock's signature; must be none)."""
-        return [c for i, (c, refused) in enumerate(self.calls) if refused and c in self.requests[i + 1:]]
+        return [c for i, (c, refused) in enumerate(self.calls) if refused and c in self.requests[i + 1 :]]
 
     def available_per_block(self, *args, **kwargs):
         return (self.stale_from or self.ledger).available_per_block(*args, **kwargs)
@@ -75,8 +77,10 @@ class Watched:
 
     def request(self, pipeline, stream, **kwargs):
         if len(self.calls) >= self.limit:
-            raise Runaway(f"{len(self.calls)} request calls by {pipeline!r}, {len(self.refused)} refused; "
-                          f"the last refused choice: {self.refused[-1:]}")
+            raise Runaway(
+                f"{len(self.calls)} request calls by {pipeline!r}, {len(self.refused)} refused; "
+                f"the last refused choice: {self.refused[-1:]}"
+            )
         choice = (tuple(kwargs.get("blocks") or ()), kwargs.get("epsilon"))
         if self.before_request is not None:
             self.before_request(kwargs)
@@ -100,10 +104,12 @@ def snapshot(ledger_path, copy_path):
 
 def power_rule(ledger, need):
     """A stand-in for the TFX run: ACCEPT once grant epsilon x granted rows reaches ``need``."""
+
     def run(grant, split, eta, iteration):
         rows = sum(ledger.private_row_count(grant.stream, b) for b in grant.blocks)
         power = grant.epsilon * rows
         return IterationResult("ACCEPT" if power >= need else "RETRY", bound=1.0 / power)
+
     return run
 
 
@@ -135,7 +141,9 @@ def test_regression_aggressive_window_offering_less_than_the_last_epsilon(tmp_pa
     result = SageIterator(ledger, "s", "a", run).run()
     assert result.outcome == "ACCEPT"
     assert [(it.blocks, round(it.epsilon, 3)) for it in result.iterations] == [
-        (("b07",), 1.0), (("b05", "b06"), 0.5)]  # takes what the window offers NOW
+        (("b07",), 1.0),
+        (("b05", "b06"), 0.5),
+    ]  # takes what the window offers NOW
     assert len(ledger.requests) == 2 and ledger.refused == []
     assert real.audit().ok
 
@@ -150,8 +158,9 @@ def test_regression_aggressive_share_below_epsilon_start(tmp_path):
     for i in range(4):
         real.add_block("s", f"b{i:02d}", start=i * DAY, end=(i + 1) * DAY, rows=1000)
     ledger = Watched(real)
-    result = SageIterator(ledger, "s", "p0", power_rule(real, need=100),
-                          settings=IteratorSettings(epsilon_start=0.125)).run()
+    result = SageIterator(
+        ledger, "s", "p0", power_rule(real, need=100), settings=IteratorSettings(epsilon_start=0.125)
+    ).run()
     assert result.outcome == "ACCEPT"
     assert result.iterations[0].epsilon == pytest.approx(1 / 9, rel=1e-3)
     assert ledger.refused == []
@@ -177,8 +186,9 @@ def test_a_writer_spending_before_each_charge_never_livelocks(tmp_path, policy, 
                 real.request("rival", "s", blocks=[block], epsilon=take, delta=1e-8)
 
     ledger = Watched(real, before_request=rival)
-    iterator = SageIterator(ledger, "s", "a", power_rule(real, need=1200),
-                            settings=IteratorSettings(max_iterations=6, max_refusals=4))
+    iterator = SageIterator(
+        ledger, "s", "a", power_rule(real, need=1200), settings=IteratorSettings(max_iterations=6, max_refusals=4)
+    )
     result = iterator.run()
     assert result.outcome in ("ACCEPT", "TIMEOUT")
     assert len(ledger.requests) <= 6 + 4
@@ -210,8 +220,14 @@ def test_a_stale_availability_read_is_not_asked_again(tmp_path, policy, waits):
             raise Runaway("wait_for_blocks called 1000 times with nothing arriving")
         return True
 
-    result = SageIterator(ledger, "s", "a", always_retry, settings=IteratorSettings(delta=1e-8, max_idle_waits=3),
-                          wait_for_blocks=wait_for_blocks if waits else None).run()
+    result = SageIterator(
+        ledger,
+        "s",
+        "a",
+        always_retry,
+        settings=IteratorSettings(delta=1e-8, max_idle_waits=3),
+        wait_for_blocks=wait_for_blocks if waits else None,
+    ).run()
     assert result.outcome == "TIMEOUT" and result.iterations == []
     assert len(ledger.requests) == len(ledger.refused) == 1
     assert len(iterator_waits) == (3 if waits else 0)
@@ -253,8 +269,15 @@ def test_waiting_with_nothing_arriving_times_out(tmp_path, policy):
 
     lines = []
     ledger = Watched(real)
-    result = SageIterator(ledger, "s", "w", always_retry, settings=IteratorSettings(min_window=2, max_idle_waits=5),
-                          wait_for_blocks=wait_for_blocks, progress=lines.append).run()
+    result = SageIterator(
+        ledger,
+        "s",
+        "w",
+        always_retry,
+        settings=IteratorSettings(min_window=2, max_idle_waits=5),
+        wait_for_blocks=wait_for_blocks,
+        progress=lines.append,
+    ).run()
     assert result.outcome == "TIMEOUT" and ledger.requests == []
     assert len(waited) == 5
     assert any("max_idle_waits" in line for line in lines)
@@ -271,9 +294,15 @@ def test_a_deadline_is_passed_on_to_wait_for_blocks_as_the_time_left(tmp_path, p
         now[0] += 4.0  # each wait takes 4 s and nothing arrives
         return True
 
-    result = SageIterator(real, "s", "w", always_retry,
-                          settings=IteratorSettings(min_window=2, max_seconds=10.0, max_idle_waits=100),
-                          wait_for_blocks=wait_for_blocks, clock=lambda: now[0]).run()
+    result = SageIterator(
+        real,
+        "s",
+        "w",
+        always_retry,
+        settings=IteratorSettings(min_window=2, max_seconds=10.0, max_idle_waits=100),
+        wait_for_blocks=wait_for_blocks,
+        clock=lambda: now[0],
+    ).run()
     assert result.outcome == "TIMEOUT"
     assert waited == [10.0, 6.0, 2.0]
 
@@ -297,8 +326,14 @@ def test_aggressive_below_min_epsilon_waits_then_proceeds_when_budget_is_release
         return len(waited) < 10
 
     ledger = Watched(real)
-    result = SageIterator(ledger, "s", "p00", power_rule(real, need=500), settings=IteratorSettings(max_idle_waits=3),
-                          wait_for_blocks=wait_for_blocks).run()
+    result = SageIterator(
+        ledger,
+        "s",
+        "p00",
+        power_rule(real, need=500),
+        settings=IteratorSettings(max_idle_waits=3),
+        wait_for_blocks=wait_for_blocks,
+    ).run()
     assert result.outcome == "ACCEPT" and len(waited) == 2
     assert ledger.refused == [] and len(ledger.requests) == 1
     assert result.iterations[0].epsilon == pytest.approx(1.0, rel=1e-3)
@@ -357,9 +392,14 @@ def test_random_interleavings_of_rivals_end_within_the_bounds(tmp_path, policy, 
         return rng.random() < 0.8
 
     ledger = Watched(real, before_request=chaos)
-    result = SageIterator(ledger, "s", "a", run,
-                          settings=IteratorSettings(max_iterations=5, max_refusals=3, max_idle_waits=4),
-                          wait_for_blocks=wait_for_blocks).run()
+    result = SageIterator(
+        ledger,
+        "s",
+        "a",
+        run,
+        settings=IteratorSettings(max_iterations=5, max_refusals=3, max_idle_waits=4),
+        wait_for_blocks=wait_for_blocks,
+    ).run()
     assert result.outcome in ("ACCEPT", "REJECT", "TIMEOUT")
     assert len(ledger.requests) <= 5 + 3 and len(ledger.refused) <= 3
     assert ledger.asked_again_after_refusal() == []
@@ -378,6 +418,7 @@ def test_several_pipelines_share_a_stream_in_threads(tmp_path, policy):
     def worker(name, need):
         real = Ledger.open(location)
         try:
+
             def wait_for_blocks(timeout):
                 with lock:
                     i = next(arrivals, None)
@@ -387,9 +428,14 @@ def test_several_pipelines_share_a_stream_in_threads(tmp_path, policy):
                 return True
 
             watched[name] = ledger = Watched(real)
-            results[name] = SageIterator(ledger, "s", name, power_rule(real, need),
-                                         settings=IteratorSettings(max_iterations=6, max_refusals=4, max_idle_waits=3),
-                                         wait_for_blocks=wait_for_blocks).run()
+            results[name] = SageIterator(
+                ledger,
+                "s",
+                name,
+                power_rule(real, need),
+                settings=IteratorSettings(max_iterations=6, max_refusals=4, max_idle_waits=3),
+                wait_for_blocks=wait_for_blocks,
+            ).run()
         except BaseException as exc:  # reported below
             errors[name] = exc
         finally:
@@ -414,12 +460,15 @@ def test_several_pipelines_share_a_stream_in_threads(tmp_path, policy):
 
 
 # ------------------------------------------------------------------ settings
-@pytest.mark.parametrize("kwargs, match", [
-    ({"max_refusals": 0}, "max_refusals 0"),
-    ({"max_refusals": 1.5}, "max_refusals 1.5"),
-    ({"max_idle_waits": 0}, "max_idle_waits 0"),
-    ({"max_idle_waits": None}, "max_idle_waits None"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"max_refusals": 0}, "max_refusals 0"),
+        ({"max_refusals": 1.5}, "max_refusals 1.5"),
+        ({"max_idle_waits": 0}, "max_idle_waits 0"),
+        ({"max_idle_waits": None}, "max_idle_waits None"),
+    ],
+)
 def test_bad_termination_bounds_fail_before_any_charge(tmp_path, kwargs, match):
     ledger = make_ledger(tmp_path, "conserve")
     with pytest.raises(LedgerError, match=match):
@@ -437,7 +486,7 @@ def test_a_failed_run_logs_the_error_type_not_the_data_value(tmp_path):
 
     with pytest.raises(ValueError, match="26.85"):  # the caller still gets the full exception
         SageIterator(ledger, "s", "p", leaky, progress=lines.append).run()
-    (grant, outcome, details), = ledger.history("s", "p")
+    ((grant, outcome, details),) = ledger.history("s", "p")
     assert outcome == "FAILED" and details["error"].startswith("ValueError")
     assert not [entry for entry in ledger.log_entries() if "26.85" in entry[3]]
     assert not [line for line in lines if "26.85" in line]
@@ -448,7 +497,7 @@ def test_a_failed_run_logs_the_error_type_not_the_data_value(tmp_path):
 
     with pytest.raises(RecordError):
         SageIterator(ledger, "s", "q", named).run()
-    (_grant, outcome, details), = ledger.history("s", "q")
+    ((_grant, outcome, details),) = ledger.history("s", "q")
     assert outcome == "FAILED"
     assert details["error"] == "RecordError: column 'fare': is not finite"  # the index is data too: dropped
     outcomes = [json.loads(entry[3]) for entry in ledger.log_entries() if entry[2] == "outcome"]

@@ -5,6 +5,7 @@ Fast: a parsed `sage serve` command line -> its workers' specs -> the pipeline a
 ``build_worker_runner``) -> TFX's compiled IR: BlockExampleGen's ``staging_location`` execution property and the
 Beam args of its executor spec. Bad staging locations are refused (exit 2) before any pipeline is registered.
 """
+
 import json
 import os
 import subprocess
@@ -22,9 +23,26 @@ BEAM = ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]
 def _serve_args(tmp_path, *extra, beam=()):
     from sage_tfx.cli import build_parser
 
-    argv = ["serve", "--db", str(tmp_path / "ledger.db"), "--stream", "s", "--data-root", str(tmp_path / "data"),
-            "--input", "trips.csv", "--time-column", "t", "--pipeline", "a=taxi_regression:600000",
-            "--pipeline", "b=taxi_regression:300000:dnn", "--runner", "beam", *extra]
+    argv = [
+        "serve",
+        "--db",
+        str(tmp_path / "ledger.db"),
+        "--stream",
+        "s",
+        "--data-root",
+        str(tmp_path / "data"),
+        "--input",
+        "trips.csv",
+        "--time-column",
+        "t",
+        "--pipeline",
+        "a=taxi_regression:600000",
+        "--pipeline",
+        "b=taxi_regression:300000:dnn",
+        "--runner",
+        "beam",
+        *extra,
+    ]
     args = build_parser("serve").parse_args(argv)
     args.extra_args = list(beam)  # what sage_tfx.cli.main passes after a bare --
     return args
@@ -80,25 +98,57 @@ def test_serve_passes_beam_options_and_staging_location_to_block_example_gen(tmp
     (spec, _) = worker_specs(args, *beam_options(args))
     _, runner = build_worker_runner(spec)
     params, args_of_gen = _block_example_gen_node(
-        compiler.Compiler().compile(runner.pipeline.build_pipeline(runner.config, grant, None, 0.05, 1)))
+        compiler.Compiler().compile(runner.pipeline.build_pipeline(runner.config, grant, None, 0.05, 1))
+    )
     assert "staging_location" not in params
     assert all(option in args_of_gen for option in BEAM)
     assert not any(a.startswith("--temp_location") for a in args_of_gen)
 
 
-@pytest.mark.parametrize("extra, beam, message", [
-    (["--staging-location", "nosuchfs://bucket/s"], [], "--staging-location 'nosuchfs://bucket/s' has no Beam "
-                                                        "filesystem"),
-    (["--staging-location", "/tmp/sage-a"], ["--temp_location=/tmp/sage-b"],
-     "--staging-location '/tmp/sage-a' and the Beam option '--temp_location=/tmp/sage-b' disagree"),
-])
+@pytest.mark.parametrize(
+    "extra, beam, message",
+    [
+        (
+            ["--staging-location", "nosuchfs://bucket/s"],
+            [],
+            "--staging-location 'nosuchfs://bucket/s' has no Beam filesystem",
+        ),
+        (
+            ["--staging-location", "/tmp/sage-a"],
+            ["--temp_location=/tmp/sage-b"],
+            "--staging-location '/tmp/sage-a' and the Beam option '--temp_location=/tmp/sage-b' disagree",
+        ),
+    ],
+)
 def test_serve_refuses_a_bad_staging_location_before_registering_anything(tmp_path, extra, beam, message):
     with Ledger.open(tmp_path / "ledger.db", create=True) as ledger:
         ledger.create_stream("s", 1.0, 1e-6)
-    proc = subprocess.run([sys.executable, "-m", "sage_tfx", "serve", "--db", tmp_path / "ledger.db", "--stream", "s",
-                           "--data-root", tmp_path / "data", "--input", tmp_path / "none.csv", "--time-column", "t",
-                           "--pipeline", "a=taxi_regression:600000", *extra, "--", *beam],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "serve",
+            "--db",
+            tmp_path / "ledger.db",
+            "--stream",
+            "s",
+            "--data-root",
+            tmp_path / "data",
+            "--input",
+            tmp_path / "none.csv",
+            "--time-column",
+            "t",
+            "--pipeline",
+            "a=taxi_regression:600000",
+            *extra,
+            "--",
+            *beam,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     with Ledger.open(tmp_path / "ledger.db") as ledger:
@@ -140,17 +190,71 @@ def test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and
     db, staging = tmp_path / "ledger.db", tmp_path / "staging"
     root = f"file://{tmp_path / 'object-store'}"
     staging.mkdir()
-    init = subprocess.run([sys.executable, "-m", "sage_tfx", "ledger", "init", "--db", db, "--stream", "taxi",
-                           "--epsilon", "1", "--delta", "1e-6"], capture_output=True, text=True)
+    init = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "ledger",
+            "init",
+            "--db",
+            db,
+            "--stream",
+            "taxi",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert init.returncode == 0, init.stderr
-    proc = subprocess.run([sys.executable, "-m", "sage_tfx", "serve", "--db", db, "--stream", "taxi", "--data-root",
-                           tmp_path / "data", "--input", taxi_csv_path("simple"), "--time-column",
-                           "trip_start_timestamp", "--window", "1d", "--initial-blocks", "256", "--blocks-per-step",
-                           "256", "--pipeline", "easy=taxi_regression:3000000", "--pipeline",
-                           "hard=taxi_regression:100000", "--max-iterations", "1", "--rejection-share", "0",
-                           "--work-dir", tmp_path / "work", "--staging-location", staging, "--pipeline-root", root,
-                           "--metadata-path", tmp_path / "mlmd" / "{name}.sqlite", "--", *BEAM],
-                          capture_output=True, text=True, timeout=1500)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "serve",
+            "--db",
+            db,
+            "--stream",
+            "taxi",
+            "--data-root",
+            tmp_path / "data",
+            "--input",
+            taxi_csv_path("simple"),
+            "--time-column",
+            "trip_start_timestamp",
+            "--window",
+            "1d",
+            "--initial-blocks",
+            "256",
+            "--blocks-per-step",
+            "256",
+            "--pipeline",
+            "easy=taxi_regression:3000000",
+            "--pipeline",
+            "hard=taxi_regression:100000",
+            "--max-iterations",
+            "1",
+            "--rejection-share",
+            "0",
+            "--work-dir",
+            tmp_path / "work",
+            "--staging-location",
+            staging,
+            "--pipeline-root",
+            root,
+            "--metadata-path",
+            tmp_path / "mlmd" / "{name}.sqlite",
+            "--",
+            *BEAM,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "easy: ACCEPT after 1 iteration(s)" in proc.stdout and "audit: OK" in proc.stdout, proc.stdout
     assert "hard: TIMEOUT after 1 iteration(s)" in proc.stdout, proc.stdout

@@ -1,5 +1,6 @@
 """`sage serve` with one worker process per pipeline: pipelines progress at once on one
 ledger, and a worker killed mid-run is reported, restarted and resumes under its grant."""
+
 import os
 import re
 import signal
@@ -25,8 +26,14 @@ def test_a_second_ledger_in_a_process_keeps_the_first_ones_locks(tmp_path):
     first = Ledger.open(db)
     first.register("s", "p")  # a write: the WAL exists while `first` is open
     second = Ledger.open(db)  # a second ledger in this process, as a pipeline component opens one
-    other = subprocess.run([PY, "-c", f"import sqlite3; c = sqlite3.connect({str(db)!r}); "
-                                      "c.execute('select count(*) from sqlite_master').fetchall(); c.close()"])
+    other = subprocess.run(
+        [
+            PY,
+            "-c",
+            f"import sqlite3; c = sqlite3.connect({str(db)!r}); "
+            "c.execute('select count(*) from sqlite_master').fetchall(); c.close()",
+        ]
+    )
     assert other.returncode == 0
     assert os.path.exists(f"{db}-wal"), "another process deleted the WAL that this process's ledgers still use"
     first.register("s", "q")
@@ -44,15 +51,50 @@ def _serve(tmp_path, *extra):
     from sage_tfx.data.taxi import taxi_csv_path
 
     db, data = tmp_path / "ledger.db", tmp_path / "data"
-    init = subprocess.run([PY, "-m", "sage_tfx", "ledger", "init", "--db", db, "--stream", "taxi", "--epsilon", "1",
-                           "--delta", "1e-6"], capture_output=True, text=True)
+    init = subprocess.run(
+        [PY, "-m", "sage_tfx", "ledger", "init", "--db", db, "--stream", "taxi", "--epsilon", "1", "--delta", "1e-6"],
+        capture_output=True,
+        text=True,
+    )
     assert init.returncode == 0, init.stderr
-    proc = subprocess.Popen([PY, "-m", "sage_tfx", "serve", "--db", db, "--stream", "taxi", "--data-root", data,
-                             "--input", taxi_csv_path("simple"), "--time-column", "trip_start_timestamp",
-                             "--window", "1d", "--initial-blocks", "256", "--blocks-per-step", "256",
-                             "--pipeline", "easy=taxi_regression:3000000", "--pipeline", "hard=taxi_regression:100000",
-                             "--max-iterations", "1", "--rejection-share", "0", "--work-dir", tmp_path / "work",
-                             *extra], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "sage_tfx",
+            "serve",
+            "--db",
+            db,
+            "--stream",
+            "taxi",
+            "--data-root",
+            data,
+            "--input",
+            taxi_csv_path("simple"),
+            "--time-column",
+            "trip_start_timestamp",
+            "--window",
+            "1d",
+            "--initial-blocks",
+            "256",
+            "--blocks-per-step",
+            "256",
+            "--pipeline",
+            "easy=taxi_regression:3000000",
+            "--pipeline",
+            "hard=taxi_regression:100000",
+            "--max-iterations",
+            "1",
+            "--rejection-share",
+            "0",
+            "--work-dir",
+            tmp_path / "work",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     lines = []
 
     def read():
@@ -111,8 +153,9 @@ def test_a_killed_worker_is_reported_restarted_and_resumes_under_its_grant(tmp_p
             proc.kill()
     out = "\n".join(line for _t, line in lines)
     assert code == 0, out
-    assert (f"[hard] worker (pid {pid}) died (killed by SIGKILL (signal 9)); restarting (1/3): it resumes under "
-            "its grant") in out, out
+    assert (
+        f"[hard] worker (pid {pid}) died (killed by SIGKILL (signal 9)); restarting (1/3): it resumes under its grant"
+    ) in out, out
     history = _check_ledger(db)
     assert len(history["hard"]) == 1, history  # resumed under the same grant: no second charge
     grant = history["hard"][0].id

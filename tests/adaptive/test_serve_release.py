@@ -5,6 +5,7 @@ is restarted and resumes under its grants; bad --release values exit 2 with the 
 
 No TFX here: strategy-only serve runs (the TFX side of `sage serve` is tests/adaptive/test_serve_parallel.py's). The data
 are the first real taxi days of the tfx wheel's shipped CSV, replayed as daily blocks."""
+
 import json
 import re
 import subprocess
@@ -18,8 +19,17 @@ from tests.helpers.kill import kill_serve_worker
 
 PY = sys.executable
 DAYS = 3
-CONTINUAL = {"label": "tips", "features": ["fare", "trip_miles"], "scales": [100, 30], "intercept": True,
-             "loss": "logistic", "positive_above": 2, "epsilon": 0.3, "delta": 1e-7, "rows_per_block": 100}
+CONTINUAL = {
+    "label": "tips",
+    "features": ["fare", "trip_miles"],
+    "scales": [100, 30],
+    "intercept": True,
+    "loss": "logistic",
+    "positive_above": 2,
+    "epsilon": 0.3,
+    "delta": 1e-7,
+    "rows_per_block": 100,
+}
 GROWTH = {"column": "fare", "bound": 100, "rows_per_block": 100, "epsilon": 0.4, "gamma": 0.5}
 
 
@@ -44,8 +54,11 @@ def replay_input(tmp_path_factory):
 
 def _init(tmp_path):
     db = tmp_path / "ledger.db"
-    init = subprocess.run([PY, "-m", "sage_tfx", "ledger", "init", "--db", db, "--stream", "taxi", "--epsilon", "1",
-                           "--delta", "1e-6"], capture_output=True, text=True)
+    init = subprocess.run(
+        [PY, "-m", "sage_tfx", "ledger", "init", "--db", db, "--stream", "taxi", "--epsilon", "1", "--delta", "1e-6"],
+        capture_output=True,
+        text=True,
+    )
     assert init.returncode == 0, init.stderr
     return db
 
@@ -57,9 +70,29 @@ def _options(tmp_path, name, options):
 
 
 def _serve_cmd(db, data, replay_input, *extra):
-    return [PY, "-m", "sage_tfx", "serve", "--db", db, "--stream", "taxi", "--data-root", data, "--input",
-            replay_input, "--time-column", "trip_start_timestamp", "--window", "1d", "--initial-blocks", "1",
-            "--blocks-per-step", "1", *map(str, extra)]
+    return [
+        PY,
+        "-m",
+        "sage_tfx",
+        "serve",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--input",
+        replay_input,
+        "--time-column",
+        "trip_start_timestamp",
+        "--window",
+        "1d",
+        "--initial-blocks",
+        "1",
+        "--blocks-per-step",
+        "1",
+        *map(str, extra),
+    ]
 
 
 def _grants(db, pipeline):
@@ -95,8 +128,12 @@ def test_strategies_release_every_block_after_each_replay_step(tmp_path, replay_
     that grant."""
     db, data = _init(tmp_path), tmp_path / "data"
     cont, grow = _options(tmp_path, "cr", CONTINUAL), _options(tmp_path, "gr", GROWTH)
-    proc = subprocess.run(_serve_cmd(db, data, replay_input, "--release", f"cr=continual:{cont}",
-                                     "--release", f"gr=growth:{grow}"), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        _serve_cmd(db, data, replay_input, "--release", f"cr=continual:{cont}", "--release", f"gr=growth:{grow}"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr
     assert "audit: OK" in out
@@ -142,25 +179,64 @@ def test_a_killed_strategy_worker_restarts_and_resumes_under_its_grants(tmp_path
         return charged_before
 
     code, lines, pid, charged_before = kill_serve_worker(  # the worker, once its first block is charged and released
-        cmd, "cr", lambda lines: any(line.startswith("[cr] [continual] block ") for line in lines),
-        "the strategy never released a block", charged, poll=0.2)
+        cmd,
+        "cr",
+        lambda lines: any(line.startswith("[cr] [continual] block ") for line in lines),
+        "the strategy never released a block",
+        charged,
+        poll=0.2,
+    )
     out = "\n".join(lines)
     assert code == 0, out
     assert f"[cr] worker (pid {pid}) died (killed by SIGKILL (signal 9)); restarting (1/3)" in out, out
     assert out.count("[cr] worker started") == 2, out
-    resumed = re.findall(r"\[cr\] \[continual\] block \S+: t=\d+ kind=\S+ resumed \(grant (\S+), nothing charged\)",
-                         out)
+    resumed = re.findall(
+        r"\[cr\] \[continual\] block \S+: t=\d+ kind=\S+ resumed \(grant (\S+), nothing charged\)", out
+    )
     assert len(resumed) >= charged_before, out  # the restarted worker replayed every granted block
     _check_one_grant_per_block(db, "cr", 0.3, 1e-7)  # and never charged one twice
     assert "cr: RELEASED continual:" in out and "audit: OK" in out, out
     with Ledger.open(db) as ledger:
         assert ledger.audit().ok
     # `sage release` on the same pipeline resumes every block under its grant: nothing charged, the same models.
-    again = subprocess.run([PY, "-m", "sage_tfx", "release", "continual", "--db", db, "--stream", "taxi",
-                            "--data-root", data, "--pipeline", "cr", "--label", "tips", "--features", "fare,trip_miles",
-                            "--scales", "100,30", "--intercept", "--loss", "logistic", "--positive-above", "2",
-                            "--epsilon", "0.3", "--delta", "1e-7", "--rows-per-block", "100", "--json"],
-                           capture_output=True, text=True, timeout=300)
+    again = subprocess.run(
+        [
+            PY,
+            "-m",
+            "sage_tfx",
+            "release",
+            "continual",
+            "--db",
+            db,
+            "--stream",
+            "taxi",
+            "--data-root",
+            data,
+            "--pipeline",
+            "cr",
+            "--label",
+            "tips",
+            "--features",
+            "fare,trip_miles",
+            "--scales",
+            "100,30",
+            "--intercept",
+            "--loss",
+            "logistic",
+            "--positive-above",
+            "2",
+            "--epsilon",
+            "0.3",
+            "--delta",
+            "1e-7",
+            "--rows-per-block",
+            "100",
+            "--json",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr
     summary = json.loads(again.stdout)
     assert summary["charged_blocks"] == 0 and summary["resumed_blocks"] == DAYS and summary["audit_ok"]
@@ -186,11 +262,15 @@ BAD = [
 @pytest.mark.parametrize("extra, named", BAD)
 def test_bad_release_values_exit_2_with_nothing_written(tmp_path, replay_input, extra, named):
     db, data = _init(tmp_path), tmp_path / "data"
-    files = {"cont": _options(tmp_path, "cont", CONTINUAL), "grow": _options(tmp_path, "grow", GROWTH),
-             "missing": tmp_path / "missing.json", "withdb": _options(tmp_path, "withdb", {**CONTINUAL, "db": "x"}),
-             "badcol": _options(tmp_path, "badcol", {**CONTINUAL, "features": ["fare", "no_such_column"]}),
-             "bad_eps": _options(tmp_path, "bad_eps", {**CONTINUAL, "epsilon": -0.5}),
-             "typo": _options(tmp_path, "typo", {**CONTINUAL, "epsilonn": 0.3})}
+    files = {
+        "cont": _options(tmp_path, "cont", CONTINUAL),
+        "grow": _options(tmp_path, "grow", GROWTH),
+        "missing": tmp_path / "missing.json",
+        "withdb": _options(tmp_path, "withdb", {**CONTINUAL, "db": "x"}),
+        "badcol": _options(tmp_path, "badcol", {**CONTINUAL, "features": ["fare", "no_such_column"]}),
+        "bad_eps": _options(tmp_path, "bad_eps", {**CONTINUAL, "epsilon": -0.5}),
+        "typo": _options(tmp_path, "typo", {**CONTINUAL, "epsilonn": 0.3}),
+    }
     (tmp_path / "notjson.json").write_text("{label: tips")
     files["notjson"] = tmp_path / "notjson.json"
     extra = [e.format(**files) for e in extra]
@@ -209,8 +289,29 @@ def test_a_strategy_name_running_elsewhere_is_refused(tmp_path, replay_input):
 
     db, data = replay_taxi_days(tmp_path, 1)
     cont = _options(tmp_path, "cr", CONTINUAL)
-    release = [PY, "-m", "sage_tfx", "release", "growth", "--db", db, "--stream", "taxi", "--data-root", data,
-               "--pipeline", "cr", "--column", "fare", "--bound", "100", "--rows-per-block", "100", "--epsilon", "0.4"]
+    release = [
+        PY,
+        "-m",
+        "sage_tfx",
+        "release",
+        "growth",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--pipeline",
+        "cr",
+        "--column",
+        "fare",
+        "--bound",
+        "100",
+        "--rows-per-block",
+        "100",
+        "--epsilon",
+        "0.4",
+    ]
     with Ledger.open(db) as holder:
         holder.claim("taxi", ["cr"])
         for cmd in (_serve_cmd(db, data, replay_input, "--release", f"cr=continual:{cont}"), release):

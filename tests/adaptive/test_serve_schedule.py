@@ -5,6 +5,7 @@ once, and runs the pipeline when the schedule says. Bad values exit 2 naming the
 
 The data are the first real taxi days of the tfx wheel's shipped CSV, replayed as daily blocks (tests/
 test_serve_release.py's fixture)."""
+
 import re
 import subprocess
 import time
@@ -38,8 +39,11 @@ BAD = [
     (["--schedule", "grow=bbimprover:{improver}"], "a 0.6 is invalid", "improver.json"),
     (["--schedule", "grow=pmwg:{ok}"], "--schedule 'pmwg:", "must look like bbscheduler:FILE"),
     (["--schedule", "grow"], "--schedule 'grow' must look like NAME=bbscheduler:FILE", ""),
-    (["--schedule", "grow=bbscheduler:{ok}", "--schedule", "grow=bbscheduler:{ok}"],
-     "pipeline 'grow' has a schedule already", ""),
+    (
+        ["--schedule", "grow=bbscheduler:{ok}", "--schedule", "grow=bbscheduler:{ok}"],
+        "pipeline 'grow' has a schedule already",
+        "",
+    ),
 ]
 
 
@@ -48,16 +52,20 @@ def test_bad_schedule_values_exit_2_with_nothing_written(tmp_path, replay_input,
     """Refused before anything is opened, registered or charged: the ledger holds no block, grant or pipeline and
     its audit passes; the data root is untouched."""
     db, data = _init(tmp_path), tmp_path / "data"
-    files = {"ok": _options(tmp_path, "ok", SCHEDULE), "grow": _options(tmp_path, "gr", GROWTH),
-             "missing": tmp_path / "missing.json",
-             "zcdp": _options(tmp_path, "zcdp", {**SCHEDULE, "composition": "zcdp", "delta": 0}),
-             "improver": _options(tmp_path, "improver", {"epsilon": 0.45, "delta": 1e-7, "a": 0.6}),
-             "typo": _options(tmp_path, "typo", {**SCHEDULE, "epsilonn": 0.45})}
+    files = {
+        "ok": _options(tmp_path, "ok", SCHEDULE),
+        "grow": _options(tmp_path, "gr", GROWTH),
+        "missing": tmp_path / "missing.json",
+        "zcdp": _options(tmp_path, "zcdp", {**SCHEDULE, "composition": "zcdp", "delta": 0}),
+        "improver": _options(tmp_path, "improver", {"epsilon": 0.45, "delta": 1e-7, "a": 0.6}),
+        "typo": _options(tmp_path, "typo", {**SCHEDULE, "epsilonn": 0.45}),
+    }
     (tmp_path / "notjson.json").write_text("{epsilon: 0.5")
     files["notjson"] = tmp_path / "notjson.json"
     extra = [e.format(**files) for e in extra]
-    proc = subprocess.run(_serve_cmd(db, data, replay_input, "--pipeline", PIPELINE, *extra), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        _serve_cmd(db, data, replay_input, "--pipeline", PIPELINE, *extra), capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert named in proc.stderr and also in proc.stderr, proc.stderr
     with Ledger.open(db) as ledger:
@@ -80,14 +88,31 @@ def test_serve_schedule_refuses_a_name_run_for_another_target(tmp_path, replay_i
     with Ledger.open(db) as ledger:  # the first scheduled run of "grow" (its pipeline stood in for: no TFX here)
         for i in range(2):
             ledger.add_block("taxi", f"w{i}", start=i * 86400, end=(i + 1) * 86400, rows=10)
-        driver = ScheduledPipeline(ledger, "taxi", "grow", scheduler_from_options(options, "test"),
-                                   lambda *a: IterationResult("RETRY", bound=4e5), name="tfx:taxi_regression",
-                                   request=request)
+        driver = ScheduledPipeline(
+            ledger,
+            "taxi",
+            "grow",
+            scheduler_from_options(options, "test"),
+            lambda *a: IterationResult("RETRY", bound=4e5),
+            name="tfx:taxi_regression",
+            request=request,
+        )
         assert len(driver.advance(max_runs=1)) == 1
         before = (ledger.log_entries(), [g.to_json() for g in ledger.grants()], ledger.pipelines("taxi"))
-    proc = subprocess.run(_serve_cmd(db, data, replay_input, "--pipeline", "grow=taxi_regression:100000",
-                                     "--schedule", f"grow=bbscheduler:{_options(tmp_path, 'ok', options)}"),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        _serve_cmd(
+            db,
+            data,
+            replay_input,
+            "--pipeline",
+            "grow=taxi_regression:100000",
+            "--schedule",
+            f"grow=bbscheduler:{_options(tmp_path, 'ok', options)}",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "target 300000.0 -> 100000.0" in proc.stderr and "bound 400000" in proc.stderr, proc.stderr
     assert "new pipeline name" in proc.stderr, proc.stderr
@@ -108,17 +133,36 @@ def test_a_scheduled_pipeline_runs_in_serve_and_resumes_in_sage_run(tmp_path, re
     options = {**SCHEDULE, "gamma": 0.5}
     schedule, grow = _options(tmp_path, "schedule", options), _options(tmp_path, "gr", GROWTH)
     started = time.monotonic()
-    proc = subprocess.run(_serve_cmd(db, data, replay_input, "--pipeline", PIPELINE, "--schedule",
-                                     f"grow=bbscheduler:{schedule}", "--release", f"gr=growth:{grow}",
-                                     "--rejection-share", "0", "--initial-blocks", FIRST - 1, "--work-dir",
-                                     tmp_path / "work"),
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        _serve_cmd(
+            db,
+            data,
+            replay_input,
+            "--pipeline",
+            PIPELINE,
+            "--schedule",
+            f"grow=bbscheduler:{schedule}",
+            "--release",
+            f"gr=growth:{grow}",
+            "--rejection-share",
+            "0",
+            "--initial-blocks",
+            FIRST - 1,
+            "--work-dir",
+            tmp_path / "work",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     elapsed = time.monotonic() - started
     out = proc.stdout
     assert proc.returncode == 0, out + proc.stderr[-3000:]
     assert "under its growth schedule" in out and "audit: OK" in out, out
-    assert (f"grow: SCHEDULED bbscheduler: 2 scheduled run(s) made, 0 resumed; {DAYS} block(s) charged their "
-            "lifetime (epsilon 0.45, delta 1e-07)") in out, out
+    assert (
+        f"grow: SCHEDULED bbscheduler: 2 scheduled run(s) made, 0 resumed; {DAYS} block(s) charged their "
+        "lifetime (epsilon 0.45, delta 1e-07)"
+    ) in out, out
     blocks = _blocks(db)
     assert len(blocks) == DAYS
     for t, (block, _) in enumerate(blocks, 1):
@@ -145,13 +189,38 @@ def test_a_scheduled_pipeline_runs_in_serve_and_resumes_in_sage_run(tmp_path, re
         for b in ledger.blocks("taxi"):  # the lifetime and the growth strategy's bound: run grants charge nothing
             assert b.spent[0] == pytest.approx(0.45 + GROWTH["epsilon"]), b
         assert {p["name"] for p in ledger.pipelines("taxi")} == {"grow", "gr"}
-    again = subprocess.run([PY, "-m", "sage_tfx", "run", "taxi_regression", "--name", "grow", "--db", db, "--stream",
-                            "taxi", "--data-root", data, "--target", "300000", "--schedule", f"bbscheduler:{schedule}",
-                            "--rejection-share", "0", "--work-dir", tmp_path / "work"],
-                           capture_output=True, text=True, timeout=600)
+    again = subprocess.run(
+        [
+            PY,
+            "-m",
+            "sage_tfx",
+            "run",
+            "taxi_regression",
+            "--name",
+            "grow",
+            "--db",
+            db,
+            "--stream",
+            "taxi",
+            "--data-root",
+            data,
+            "--target",
+            "300000",
+            "--schedule",
+            f"bbscheduler:{schedule}",
+            "--rejection-share",
+            "0",
+            "--work-dir",
+            tmp_path / "work",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert again.returncode == 0, again.stdout + again.stderr[-3000:]
-    assert (f"grow: 0 scheduled run(s) made, 2 resumed; {DAYS} block(s) charged their lifetime"
-            in again.stdout), again.stdout
+    assert f"grow: 0 scheduled run(s) made, 2 resumed; {DAYS} block(s) charged their lifetime" in again.stdout, (
+        again.stdout
+    )
     assert _grants(db, "grow") == grants  # nothing charged, nothing drawn
     audit = subprocess.run([PY, "-m", "sage_tfx", "ledger", "audit", "--db", db], capture_output=True, text=True)
     assert audit.returncode == 0, audit.stdout + audit.stderr
@@ -167,20 +236,36 @@ def test_a_killed_scheduled_worker_resumes_without_a_second_charge_or_draw(tmp_p
     outcome; the audit passes."""
     db, data = _init(tmp_path), tmp_path / "data"
     schedule = _options(tmp_path, "schedule", SCHEDULE)
-    cmd = _serve_cmd(db, data, replay_input, "--pipeline", PIPELINE, "--schedule", f"grow=bbscheduler:{schedule}",
-                     "--max-iterations", "1", "--rejection-share", "0", "--initial-blocks", FIRST - 1,
-                     "--work-dir", tmp_path / "work")
+    cmd = _serve_cmd(
+        db,
+        data,
+        replay_input,
+        "--pipeline",
+        PIPELINE,
+        "--schedule",
+        f"grow=bbscheduler:{schedule}",
+        "--max-iterations",
+        "1",
+        "--rejection-share",
+        "0",
+        "--initial-blocks",
+        FIRST - 1,
+        "--work-dir",
+        tmp_path / "work",
+    )
 
     def drawn(lines):  # the worker, once block 20 is charged and run 0's grant drawn: its TFX run is under way
-        return (any(re.match(rf"\[grow\] block \S+: t={FIRST} charged", line) for line in lines)
-                and any("draw" in g.meta for g in _grants(db, "grow")))
+        return any(re.match(rf"\[grow\] block \S+: t={FIRST} charged", line) for line in lines) and any(
+            "draw" in g.meta for g in _grants(db, "grow")
+        )
 
     def inside_run_0(lines):
         time.sleep(1.5)  # inside run 0 (its TFX run takes several seconds)
         assert not any(line.startswith("[grow] run 0") for line in lines), lines  # not finished yet
 
-    code, lines, pid, _ = kill_serve_worker(cmd, "grow", drawn, f"the scheduled worker never drew run 0 at block {FIRST}",
-                                            inside_run_0)
+    code, lines, pid, _ = kill_serve_worker(
+        cmd, "grow", drawn, f"the scheduled worker never drew run 0 at block {FIRST}", inside_run_0
+    )
     out = "\n".join(lines)
     assert code == 0, out
     assert f"[grow] worker (pid {pid}) died (killed by SIGKILL (signal 9)); restarting (1/3)" in out, out

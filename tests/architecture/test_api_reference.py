@@ -4,6 +4,7 @@ The page is rendered from the code (``render``); this test fails when the two di
 that does. After changing a public name or signature, rewrite the page with
 ``SAGE_API_WRITE=1 .venv/bin/python -m pytest tests/architecture/test_api_reference.py``.
 """
+
 import enum
 import importlib
 import inspect
@@ -26,7 +27,7 @@ PACKAGES = {
     "sage_tfx.release": "release strategies for a growing database",
     "sage_tfx.simulate": "the load simulator",
     "sage_tfx.auditing": "empirical privacy auditing: a lower bound on a mechanism's epsilon (TensorFlow only in the "
-                         "DP-SGD and Beam audits)",
+    "DP-SGD and Beam audits)",
 }
 # modules without __all__ whose public names are part of the surface: module -> names
 MODULES = {
@@ -36,8 +37,12 @@ MODULES = {
     "sage_tfx.components.dp_model_validator": ["DPModelValidator"],
 }
 # what a signature's text shortens: an object's address, TensorFlow's and our own module paths
-SHORTER = [(re.compile(r" at 0x[0-9a-f]+"), ""), (re.compile(r"tensorflow\.python\.[\w.]+\.(\w+)"), r"tf.\1"),
-           (re.compile(r"\bsage_tfx\.[\w.]+\.(\w+)"), r"\1"), (re.compile(r"\bnumpy\."), "np.")]
+SHORTER = [
+    (re.compile(r" at 0x[0-9a-f]+"), ""),
+    (re.compile(r"tensorflow\.python\.[\w.]+\.(\w+)"), r"tf.\1"),
+    (re.compile(r"\bsage_tfx\.[\w.]+\.(\w+)"), r"\1"),
+    (re.compile(r"\bnumpy\."), "np."),
+]
 
 
 def _names(package) -> list:
@@ -93,16 +98,23 @@ def _section(title, about, items) -> list:
 
 
 def render() -> str:
-    lines = ["# API reference", "",
-             "The public names of each package, with their signatures and the first line of their docstrings",
-             "(rendered from the code by tests/architecture/test_api_reference.py, which fails when this page is out of date).",
-             "Everything a user needs is here: no underscore module is part of the API.", ""]
+    lines = [
+        "# API reference",
+        "",
+        "The public names of each package, with their signatures and the first line of their docstrings",
+        "(rendered from the code by tests/architecture/test_api_reference.py, which fails when this page is out of date).",
+        "Everything a user needs is here: no underscore module is part of the API.",
+        "",
+    ]
     for package, about in PACKAGES.items():
         module = importlib.import_module(package)
         lines += _section(package, about, [(n, getattr(module, n)) for n in _names(package)])
     components = [(name, getattr(importlib.import_module(m), name)) for m, names in MODULES.items() for name in names]
-    lines += _section("sage_tfx.components", "the TFX components (each also importable from its module, e.g. "
-                      "`sage_tfx.components.dp_trainer`)", components)
+    lines += _section(
+        "sage_tfx.components",
+        "the TFX components (each also importable from its module, e.g. `sage_tfx.components.dp_trainer`)",
+        components,
+    )
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -115,16 +127,22 @@ def test_the_api_page_matches_the_code():
     with open(PAGE) as f:
         page = f.read()
     if page != text:
-        diff = next((i, a, b) for i, (a, b) in enumerate(zip(page.splitlines() + [""], text.splitlines() + [""]))
-                    if a != b)
-        pytest.fail(f"docs/api.md line {diff[0] + 1} is {diff[1]!r}, the code gives {diff[2]!r}: rewrite it with "
-                    "SAGE_API_WRITE=1 .venv/bin/python -m pytest tests/architecture/test_api_reference.py")
+        diff = next(
+            (i, a, b) for i, (a, b) in enumerate(zip(page.splitlines() + [""], text.splitlines() + [""])) if a != b
+        )
+        pytest.fail(
+            f"docs/api.md line {diff[0] + 1} is {diff[1]!r}, the code gives {diff[2]!r}: rewrite it with "
+            "SAGE_API_WRITE=1 .venv/bin/python -m pytest tests/architecture/test_api_reference.py"
+        )
 
 
 def test_every_public_name_has_a_docstring():
     """A name in the reference without a summary line is a name a user cannot learn from its page."""
-    missing = [f"{package}.{name}" for package in ("sage_tfx.privacy", "sage_tfx.adaptive", "sage_tfx.simulate")
-               for name in _names(package)
-               if (inspect.isclass(obj := getattr(importlib.import_module(package), name)) or callable(obj))
-               and not inspect.getdoc(obj)]
+    missing = [
+        f"{package}.{name}"
+        for package in ("sage_tfx.privacy", "sage_tfx.adaptive", "sage_tfx.simulate")
+        for name in _names(package)
+        if (inspect.isclass(obj := getattr(importlib.import_module(package), name)) or callable(obj))
+        and not inspect.getdoc(obj)
+    ]
     assert not missing, f"public names without a docstring: {missing}"

@@ -5,6 +5,7 @@ function (or method) at most ``MAX_FUNCTION_LINES`` lines from its ``def`` to it
 Exempt: argparse builders (a function named ``add_parser`` that adds sub-parsers or arguments): a flat list of
 options, which reads best in one place.
 """
+
 import ast
 import pathlib
 
@@ -45,22 +46,30 @@ def long_functions(path, limit=MAX_FUNCTION_LINES):
 
 
 def test_no_product_file_is_over_the_line_limit():
-    over = [f"{p.relative_to(ROOT)} ({n} lines)" for p in _product_files()
-            if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES]
-    assert over == [], (f"product files over {MAX_FILE_LINES} lines: {over}; split them along their concepts "
-                        "(a facade re-exporting step modules keeps the import paths)")
+    over = [
+        f"{p.relative_to(ROOT)} ({n} lines)"
+        for p in _product_files()
+        if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES
+    ]
+    assert over == [], (
+        f"product files over {MAX_FILE_LINES} lines: {over}; split them along their concepts "
+        "(a facade re-exporting step modules keeps the import paths)"
+    )
 
 
 def test_no_product_function_is_over_the_line_limit():
     over = [f"{p.relative_to(ROOT)}:{name} ({n} lines)" for p in _product_files() for name, n in long_functions(p)]
-    assert over == [], (f"functions over {MAX_FUNCTION_LINES} lines: {over}; break them into named steps "
-                        "(argparse add_parser builders are exempt)")
+    assert over == [], (
+        f"functions over {MAX_FUNCTION_LINES} lines: {over}; break them into named steps "
+        "(argparse add_parser builders are exempt)"
+    )
 
 
 def test_the_limit_finds_a_long_function_and_exempts_an_argparse_builder(tmp_path):
     body = "\n".join(f"    x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
     args = "\n".join(f"    sub.add_argument('--o{i}')" for i in range(MAX_FUNCTION_LINES))
     path = tmp_path / "m.py"
-    path.write_text(f"class C:\n  def long(self):\n{body}\n\ndef add_parser(sub):\n{args}\n\n"
-                    f"def short():\n    return 1\n")
+    path.write_text(
+        f"class C:\n  def long(self):\n{body}\n\ndef add_parser(sub):\n{args}\n\ndef short():\n    return 1\n"
+    )
     assert long_functions(path) == [("C.long", MAX_FUNCTION_LINES + 1)]

@@ -1,5 +1,6 @@
 """Deferred package __init__s (sage_tfx/compat/deferred_imports.py): submodules import without the package's
 __init__, which runs once, on the first use of a name it defines; TFX's components stay usable."""
+
 import builtins
 import json
 import os
@@ -15,8 +16,10 @@ from sage_tfx.compat.deferred_imports import defer
 def _package(root, name):
     pkg = root / name
     (pkg / "sub").mkdir(parents=True)
-    (pkg / "__init__.py").write_text("import builtins\nbuiltins.INITS = getattr(builtins, 'INITS', 0) + 1\n"
-                                     "from .sub.leaf import VALUE\nNAME = 'init ran'\n")
+    (pkg / "__init__.py").write_text(
+        "import builtins\nbuiltins.INITS = getattr(builtins, 'INITS', 0) + 1\n"
+        "from .sub.leaf import VALUE\nNAME = 'init ran'\n"
+    )
     (pkg / "sub" / "__init__.py").write_text("")
     (pkg / "sub" / "leaf.py").write_text("VALUE = 42\n")
 
@@ -120,8 +123,13 @@ def test_the_launcher_reads_an_iterations_outcome_without_importing_tensorflow(t
     import cost every `sage run` some 10 s of CPU after its first iteration."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("SAGE_EAGER_IMPORTS", None)
-    out = subprocess.run([sys.executable, "-c", LAUNCHER_PROBE, str(tmp_path / "work")], capture_output=True,
-                         text=True, env=env, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCHER_PROBE, str(tmp_path / "work")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"outcome": "RETRY", "bound": 2.0, "scrubbed": True, "imported": []}, seen

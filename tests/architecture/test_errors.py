@@ -1,6 +1,7 @@
 """One exception root: every error sage-tfx raises on purpose derives from ``SageError``, keeps
 the built-in base it had before (``except ValueError`` still catches what it caught), and round-trips through
 pickle (errors cross processes: sage serve workers, Beam workers)."""
+
 from __future__ import annotations
 
 import importlib
@@ -94,14 +95,31 @@ ARGS: dict[str, tuple[object, ...]] = {
 
 # Modules that import no TensorFlow (the core, ingest, validation, the CLI's light parts, the pipeline definition).
 CORE_MODULES = (
-    "sage_tfx.privacy.errors", "sage_tfx.privacy.keys", "sage_tfx.privacy.adassp", "sage_tfx.privacy.dpsgd",
-    "sage_tfx.privacy.samplers", "sage_tfx.privacy.randomness",
-    "sage_tfx.transform.errors", "sage_tfx.validation.core", "sage_tfx.ingest.records", "sage_tfx.ingest.access",
-    "sage_tfx.ingest.sealed", "sage_tfx.components.transform_utils", "sage_tfx.components.trainer_utils",
-    "sage_tfx.pipelines.definition", "sage_tfx.pipelines.template", "sage_tfx.pipelines.scoring", "sage_tfx.beam_boot",
-    "sage_tfx.privacy.noise_schedules", "sage_tfx.release.continual.params", "sage_tfx.release.growth.errors",
-    "sage_tfx.release.incremental_regression", "sage_tfx.cli.release", "sage_tfx.release.settings",
-    "sage_tfx.release.session", "sage_tfx.release.plans",
+    "sage_tfx.privacy.errors",
+    "sage_tfx.privacy.keys",
+    "sage_tfx.privacy.adassp",
+    "sage_tfx.privacy.dpsgd",
+    "sage_tfx.privacy.samplers",
+    "sage_tfx.privacy.randomness",
+    "sage_tfx.transform.errors",
+    "sage_tfx.validation.core",
+    "sage_tfx.ingest.records",
+    "sage_tfx.ingest.access",
+    "sage_tfx.ingest.sealed",
+    "sage_tfx.components.transform_utils",
+    "sage_tfx.components.trainer_utils",
+    "sage_tfx.pipelines.definition",
+    "sage_tfx.pipelines.template",
+    "sage_tfx.pipelines.scoring",
+    "sage_tfx.beam_boot",
+    "sage_tfx.privacy.noise_schedules",
+    "sage_tfx.release.continual.params",
+    "sage_tfx.release.growth.errors",
+    "sage_tfx.release.incremental_regression",
+    "sage_tfx.cli.release",
+    "sage_tfx.release.settings",
+    "sage_tfx.release.session",
+    "sage_tfx.release.plans",
 )
 
 

@@ -1,4 +1,5 @@
 """The package's foundation: fast core imports, the Keras 2 switch, the tf-privacy loader, the CLI."""
+
 import json
 import os
 import subprocess

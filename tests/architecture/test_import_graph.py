@@ -8,6 +8,7 @@ The store package's one-way rule (it imports neither the ledger facade nor the a
 SQL module, never the ledger) is checked on what each module REACHES, ``__init__`` files included, since importing
 ``sage_tfx.privacy.store.sql`` runs the package's ``__init__`` first.
 """
+
 import ast
 import pathlib
 import subprocess
@@ -30,7 +31,7 @@ def _modules(packages=False):
             if name.endswith(".__init__"):
                 if not packages:
                     continue
-                name = name[:-len(".__init__")]
+                name = name[: -len(".__init__")]
             out[name] = path
     return out
 
@@ -44,8 +45,9 @@ def _imports(name, path, known):
     """The core modules ``name`` imports (absolute names), from its source."""
     package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
     found, tree = set(), ast.parse(path.read_text(), str(path))
-    typing_only = {id(n) for block in ast.walk(tree) if _type_checking_block(block)
-                   for stmt in block.body for n in ast.walk(stmt)}
+    typing_only = {
+        id(n) for block in ast.walk(tree) if _type_checking_block(block) for stmt in block.body for n in ast.walk(stmt)
+    }
     for node in ast.walk(tree):
         if id(node) in typing_only:
             continue
@@ -56,7 +58,7 @@ def _imports(name, path, known):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                parts = parts[:len(parts) - (node.level - 1)]
+                parts = parts[: len(parts) - (node.level - 1)]
                 base = ".".join(parts + ([base] if base else []))
             targets = [base] + [f"{base}.{a.name}" for a in node.names]
         for target in targets:
@@ -74,7 +76,7 @@ def _cycle(graph):
         stack.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == "open":
-                return stack[stack.index(nxt):] + [nxt]
+                return stack[stack.index(nxt) :] + [nxt]
             if nxt not in state:
                 found = visit(nxt)
                 if found:
@@ -123,8 +125,13 @@ def test_the_store_package_and_the_audit_import_one_way():
     modules = {m: p for m, p in _modules(packages=True).items() if m not in CORE_PACKAGES}
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     store = sorted(m for m in graph if m == "sage_tfx.privacy.store" or m.startswith("sage_tfx.privacy.store."))
-    assert {"sage_tfx.privacy.store", "sage_tfx.privacy.store.base", "sage_tfx.privacy.store.sql",
-            "sage_tfx.privacy.store.sqlite", "sage_tfx.privacy.store.postgres"} <= set(store)
+    assert {
+        "sage_tfx.privacy.store",
+        "sage_tfx.privacy.store.base",
+        "sage_tfx.privacy.store.sql",
+        "sage_tfx.privacy.store.sqlite",
+        "sage_tfx.privacy.store.postgres",
+    } <= set(store)
     for module in store:
         reached = _reached(graph, module)
         for banned in ("sage_tfx.privacy.ledger", "sage_tfx.privacy.audit"):
@@ -136,7 +143,16 @@ def test_the_store_package_and_the_audit_import_one_way():
     assert "sage_tfx.privacy.store" in graph["sage_tfx.privacy.ledger"]  # the one direction
 
 
-LEDGER_STEPS = ("streams", "blocks", "charges", "grants", "session", "draws", "anchor", "migrations")  # the facade's step modules
+LEDGER_STEPS = (
+    "streams",
+    "blocks",
+    "charges",
+    "grants",
+    "session",
+    "draws",
+    "anchor",
+    "migrations",
+)  # the facade's step modules
 
 
 def test_the_ledger_facade_is_imported_only_from_above_and_its_steps_never_import_it():
@@ -190,15 +206,17 @@ def test_the_cycle_finder_finds_one():
 
 @pytest.mark.parametrize("module", sorted(m for m in _modules() if m.startswith("sage_tfx.privacy.")))
 def test_each_privacy_module_imports_alone_in_a_fresh_interpreter(module):
-    code = (f"import sys, {module}\n"
-            "assert 'tensorflow' not in sys.modules, 'the privacy core imported TensorFlow'\n")
+    code = f"import sys, {module}\nassert 'tensorflow' not in sys.modules, 'the privacy core imported TensorFlow'\n"
     run = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
 
 
 # ---------------------------------------------------------------- the packages above the core
-PACKAGE_DIRS = {"sage_tfx": ROOT / "sage_tfx", "sage_tfx.components": ROOT / "components",
-                "sage_tfx.pipelines": ROOT / "pipelines"}
+PACKAGE_DIRS = {
+    "sage_tfx": ROOT / "sage_tfx",
+    "sage_tfx.components": ROOT / "components",
+    "sage_tfx.pipelines": ROOT / "pipelines",
+}
 
 
 def _all_modules():
@@ -227,7 +245,7 @@ def _targets(name, path):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
-                base = ".".join(parts[:len(parts) - (node.level - 1)] + ([base] if base else []))
+                base = ".".join(parts[: len(parts) - (node.level - 1)] + ([base] if base else []))
             found |= {base} | {f"{base}.{a.name}" for a in node.names}
     return {t for t in found if t.startswith("sage_tfx.")}
 
@@ -241,9 +259,13 @@ def _subpackage(name):
 def test_nothing_outside_the_cli_imports_the_cli():
     """The CLI is the top: no module outside ``sage_tfx.cli`` (and ``__main__``, its entry) imports it, lazily or
     not; the library carries its own vocabulary (e.g. a release session's ``SessionStatus``) and the CLI maps it."""
-    offenders = sorted(f"{name} -> {t}" for name, path in _all_modules().items()
-                       if _subpackage(name) not in ("cli", "__main__") for t in _targets(name, path)
-                       if _subpackage(t) == "cli")
+    offenders = sorted(
+        f"{name} -> {t}"
+        for name, path in _all_modules().items()
+        if _subpackage(name) not in ("cli", "__main__")
+        for t in _targets(name, path)
+        if _subpackage(t) == "cli"
+    )
     assert offenders == [], f"imports of the CLI from the library: {offenders}"
 
 

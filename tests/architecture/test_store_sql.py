@@ -1,6 +1,7 @@
 """The store's SQL module (sage_tfx/privacy/store/sql.py): every statement it holds is valid SQL on the schema it
 describes, a fresh schema and a migrated one agree, and its placeholder helpers build what they say; the ledger's
 modules hold no SQL text of their own (all of it lives in sql.py)."""
+
 import ast
 import inspect
 import pathlib
@@ -31,19 +32,45 @@ def _indexes(conn):
 SQL_WORDS = ("SELECT", "INSERT", "UPDATE", "DELETE", "CREATE")
 # the module's statements: every upper-case constant holding one (the schema's DDL and the backends' PRAGMAs and
 # PostgreSQL-only statements aside: TABLES and MIGRATIONS are run by the migration test below)
-STATEMENTS = sorted(n for n in dir(sql) if n.isupper() and isinstance(getattr(sql, n), str)
-                    and getattr(sql, n).startswith(SQL_WORDS[:4]) and not n.startswith(("PG_", "SQLITE_")))
+STATEMENTS = sorted(
+    n
+    for n in dir(sql)
+    if n.isupper()
+    and isinstance(getattr(sql, n), str)
+    and getattr(sql, n).startswith(SQL_WORDS[:4])
+    and not n.startswith(("PG_", "SQLITE_"))
+)
 # the statements whose text depends on how many ids they name: sql.<name>(n) (a grant's own: built once per n, cached)
-BUILDERS = sorted(n for n, f in vars(sql).items() if inspect.isfunction(inspect.unwrap(f)) and n.startswith(
-    ("block_", "reservation_", "draw_")))
+BUILDERS = sorted(
+    n
+    for n, f in vars(sql).items()
+    if inspect.isfunction(inspect.unwrap(f)) and n.startswith(("block_", "reservation_", "draw_"))
+)
 
 
 def test_the_ledgers_statements_are_all_here():
-    assert len(STATEMENTS) >= 70 and {"STREAM_REQUEST_READ", "GRANT_INSERT", "LOG_INSERT", "DEMAND_ADMIT",
-                                      "AUDIT_LOG", "META_ALL"} <= set(STATEMENTS)
-    assert set(BUILDERS) == {"block_ids_present", "block_digest_owners", "block_rows", "block_budgets",
-                             "block_queue_rows", "block_set_spent", "reservation_rows", "reservation_set_used",
-                             "reservation_upsert", "draw_grants", "draw_releases", "draw_rows"}
+    assert len(STATEMENTS) >= 70 and {
+        "STREAM_REQUEST_READ",
+        "GRANT_INSERT",
+        "LOG_INSERT",
+        "DEMAND_ADMIT",
+        "AUDIT_LOG",
+        "META_ALL",
+    } <= set(STATEMENTS)
+    assert set(BUILDERS) == {
+        "block_ids_present",
+        "block_digest_owners",
+        "block_rows",
+        "block_budgets",
+        "block_queue_rows",
+        "block_set_spent",
+        "reservation_rows",
+        "reservation_set_used",
+        "reservation_upsert",
+        "draw_grants",
+        "draw_releases",
+        "draw_rows",
+    }
 
 
 @pytest.mark.parametrize("name", STATEMENTS)
@@ -64,16 +91,32 @@ def test_each_statement_builder_prepares_on_the_schema(name, n):
 
 
 # the ledger facade and the modules split out of it (sage_tfx/privacy/__init__.py's layout)
-LEDGER_MODULES = ["ledger.py", "ledger_reads.py", "streams.py", "blocks.py", "charges.py", "grants.py", "session.py",
-                  "draws.py", "requests.py", "releases.py", "pipelines.py", "trusted_reads.py", "opening.py"]
+LEDGER_MODULES = [
+    "ledger.py",
+    "ledger_reads.py",
+    "streams.py",
+    "blocks.py",
+    "charges.py",
+    "grants.py",
+    "session.py",
+    "draws.py",
+    "requests.py",
+    "releases.py",
+    "pipelines.py",
+    "trusted_reads.py",
+    "opening.py",
+]
 SQL_TEXT = re.compile(r"^\s*(SELECT|INSERT|UPDATE|DELETE|CREATE)\s")  # how every statement here starts
 
 
 def _string_literals(path):
     """Every string constant of a module's source, with its line (an f-string's literal parts included)."""
     tree = ast.parse(path.read_text(), str(path))
-    return [(node.lineno, node.value) for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str)]
+    return [
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+    ]
 
 
 @pytest.mark.parametrize("module", LEDGER_MODULES)
@@ -96,9 +139,16 @@ def test_the_schema_reached_by_the_migrations_is_the_fresh_schema():
     columns and indexes of a new ledger: the migrations and TABLES describe the same SCHEMA_VERSION."""
     conn = sqlite3.connect(":memory:")
     added = {(s.table, s.column) for steps in sql.MIGRATIONS.values() for s in steps if isinstance(s, sql.AddColumn)}
-    assert added == {("blocks", "digest"), ("streams", "min_grant_epsilon"), ("streams", "policy_params"),
-                     ("blocks", "arrivals"), ("streams", "query_delta_share"), ("streams", "split_orders"),
-                     ("streams", "privacy_unit"), ("streams", "max_rows_per_unit")}
+    assert added == {
+        ("blocks", "digest"),
+        ("streams", "min_grant_epsilon"),
+        ("streams", "policy_params"),
+        ("blocks", "arrivals"),
+        ("streams", "query_delta_share"),
+        ("streams", "split_orders"),
+        ("streams", "privacy_unit"),
+        ("streams", "max_rows_per_unit"),
+    }
     for ddl in sql.TABLES:
         if ddl.startswith("CREATE INDEX") or " releases " in ddl or " demands " in ddl:
             continue  # tables and indexes the migrations create (the two version-1 indexes follow)
@@ -132,8 +182,9 @@ def test_placeholder_helpers():
     assert sql.marks(1) == "?" and sql.marks(3) == "?,?,?"
     assert sql.value_rows(1, 3) == "(?, ?, ?)" and sql.value_rows(2, 2) == "(?, ?),(?, ?)"
     conn = sqlite3.connect(":memory:")
-    assert conn.execute(f"SELECT count(*) FROM (VALUES {sql.value_rows(3, 2)}) WHERE 1 IN ({sql.marks(2)})",
-                        (1, 2, 3, 4, 5, 6, 1, 9)).fetchone() == (3,)
+    assert conn.execute(
+        f"SELECT count(*) FROM (VALUES {sql.value_rows(3, 2)}) WHERE 1 IN ({sql.marks(2)})", (1, 2, 3, 4, 5, 6, 1, 9)
+    ).fetchone() == (3,)
     for bad in (lambda: sql.marks(0), lambda: sql.value_rows(0, 2), lambda: sql.value_rows(2, 0)):
         with pytest.raises(ValueError, match="got"):
             bad()

@@ -6,6 +6,7 @@ but ``self``/``cls`` (``*args`` and ``**kwargs`` too) and the return. Read from 
 components and models load TensorFlow), so a new function without hints fails here before review. mypy
 (mypy.ini) then checks the hints of the packages it lists against their bodies.
 """
+
 import ast
 import pathlib
 
@@ -64,14 +65,22 @@ def _missing(node, in_class):
 def test_public_functions_are_fully_annotated(module):
     tree = ast.parse((ROOT / module).read_text())
     pending = PENDING.get(module, set())
-    bare = {f"{name} (line {node.lineno})": missing for name, node, in_class in _functions(tree.body)
-            if (missing := _missing(node, in_class)) and name not in pending}
+    bare = {
+        f"{name} (line {node.lineno})": missing
+        for name, node, in_class in _functions(tree.body)
+        if (missing := _missing(node, in_class)) and name not in pending
+    }
     assert not bare, f"{module}: public functions without type hints (parameter or return): {bare}"
 
 
 def test_the_walk_sees_the_public_surface():
     """The check reads the modules it means to: the ledger facade's methods and the components' executors."""
-    names = {name for rel in _public_modules()
-             for name, _, _ in _functions(ast.parse((ROOT / rel).read_text()).body)}
-    assert {"Ledger.request", "LedgerBase.__init__", "DPLossValidator.validate", "PrivateModel.fit", "Executor.Do",
-            "make_filter"} <= names
+    names = {name for rel in _public_modules() for name, _, _ in _functions(ast.parse((ROOT / rel).read_text()).body)}
+    assert {
+        "Ledger.request",
+        "LedgerBase.__init__",
+        "DPLossValidator.validate",
+        "PrivateModel.fit",
+        "Executor.Do",
+        "make_filter",
+    } <= names

@@ -7,6 +7,7 @@ misspelt value cannot hide. Docstrings are prose and are not read; argparse choi
 
 ``OTHER_MEANINGS`` lists the literals that spell the same word for another thing, each with what it is.
 """
+
 import ast
 import enum
 import pathlib
@@ -43,7 +44,7 @@ OTHER_MEANINGS = {
     ("sage_tfx/bench/_ledger_growth.py", "FAILED"): _AUDIT_WORD,
     ("sage_tfx/release/queries.py", "count"): "PMWG's count query (a linear query's kind)",
     ("sage_tfx/cli/_exits.py", "ACCEPT"): "the exit-code table every `sage` command imports first: it imports "
-                                          "nothing of the core, so each command starts fast",
+    "nothing of the core, so each command starts fast",
     ("sage_tfx/cli/_exits.py", "REJECT"): "as ACCEPT",
     ("sage_tfx/cli/_exits.py", "TIMEOUT"): "as ACCEPT",
     ("sage_tfx/privacy/head_slots.py", "count"): "an attribute name in __slots__",
@@ -106,9 +107,14 @@ def bare_literals(source: str, values) -> list:
     """(line, value) of each string literal of ``source`` equal to one of ``values``, docstrings left out."""
     tree = ast.parse(source)
     docstrings = _docstring_nodes(tree)
-    return sorted((node.lineno, node.value) for node in ast.walk(tree)
-                  if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in values
-                  and id(node) not in docstrings)
+    return sorted(
+        (node.lineno, node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value in values
+        and id(node) not in docstrings
+    )
 
 
 def _product_files():
@@ -136,12 +142,15 @@ def test_every_other_meaning_is_still_there():
     assert not set(OTHER_MEANINGS) - present, sorted(set(OTHER_MEANINGS) - present)
 
 
-@pytest.mark.parametrize("source,expected", [
-    ('STAGE = "training"\n', [(1, "training")]),
-    ('def f():\n    """training"""\n    return Stage.TRAINING\n', []),
-    ('x = {"preprocessing": 1}  # "count"\n', [(1, "preprocessing")]),
-    ("p.add_argument('--outcome', choices=tuple(Outcome))\n", []),
-])
+@pytest.mark.parametrize(
+    "source,expected",
+    [
+        ('STAGE = "training"\n', [(1, "training")]),
+        ('def f():\n    """training"""\n    return Stage.TRAINING\n', []),
+        ('x = {"preprocessing": 1}  # "count"\n', [(1, "preprocessing")]),
+        ("p.add_argument('--outcome', choices=tuple(Outcome))\n", []),
+    ],
+)
 def test_the_finder_sees_literals_and_skips_docstrings_comments_and_enum_choices(source, expected):
     assert bare_literals(source, vocabulary_values()) == expected
 

@@ -6,6 +6,7 @@ Every audit runs at fixed seeds, so each test is deterministic. The auditor's gu
 assertion below could fail, for a correct mechanism, for at most a 1 - 0.95 = 5% fraction of master seeds (the
 one fixed here passes), and a planted bug's flag holds at 95% confidence.
 """
+
 import json
 
 import numpy as np
@@ -36,6 +37,7 @@ CONFIG = AuditConfig(trials=1000, confidence=0.95, seed=7)
 
 # ---------------------------------------------------------------- planted bugs: each must be flagged
 
+
 def _noise_off(neighbour, seed):
     return float(1000 + int(neighbour))  # the exact count, as a release that forgot its noise
 
@@ -55,10 +57,12 @@ def _sensitivity_understated(neighbour, seed):
 def _split_counts(stream_a, stream_b):
     """Two record counts of disjoint splits A and B (parallel composition: epsilon for the pair), drawn from the
     streams named; D' adds one record to A. Statistic: A~ - B~."""
+
     def release(neighbour, seed):
         a = laplace_count(600 + int(neighbour), EPSILON, secure_rng(seed, stream_a))
         b = laplace_count(400, EPSILON, secure_rng(seed, stream_b))
         return a - b
+
     return release
 
 
@@ -101,8 +105,9 @@ def test_the_centred_mean_release_without_its_shift_is_flagged():
 
     def unshifted(neighbour, seed):
         sums = np.array([800.0 + value_range * int(neighbour)])
-        (noisy,) = add_laplace([sums], release.scales[1:], seed=seed, stream="dp_mean",
-                               sensitivities=release.sensitivities[1:], cells=[1])
+        (noisy,) = add_laplace(
+            [sums], release.scales[1:], seed=seed, stream="dp_mean", sensitivities=release.sensitivities[1:], cells=[1]
+        )
         return float(registry._laplace_llr(noisy[0], 800.0, value_range, release.scales[1]))
 
     result = audit(Mechanism("centred sum, no shift", unshifted, claim), CONFIG)
@@ -110,6 +115,7 @@ def test_the_centred_mean_release_without_its_shift_is_flagged():
 
 
 # ---------------------------------------------------------------- no false alarm on what ships
+
 
 @pytest.mark.parametrize("name", mechanism_names(include_slow=False))
 def test_no_shipped_mechanism_is_flagged(name):
@@ -134,13 +140,16 @@ def test_the_bound_exceeds_a_correct_laplace_mechanism_at_most_one_minus_confide
     exceeds eps in at most 5% of them in law; 30 or more of 300 has probability < 1e-3 if that holds."""
     exceed = 0
     for seed in range(300):
+
         def release(neighbour, s):
             return float(int(neighbour) + np.random.default_rng(s).laplace(0.0, 1.0 / EPSILON))
+
         exceed += audit(Mechanism("numpy laplace", release, EPSILON), AuditConfig(trials=100, seed=seed)).flagged
     assert exceed < 30
 
 
 # ---------------------------------------------------------------- the pieces
+
 
 def test_clopper_pearson_upper_matches_its_closed_forms():
     n, alpha = 100, 0.025
@@ -156,9 +165,16 @@ def test_epsilon_lower_bound_takes_both_directions_and_delta():
     assert epsilon_lower_bound(0.6, 0.6) == 0.0
 
 
-@pytest.mark.parametrize("kwargs, word", [({"trials": 10}, "trials"), ({"trials": 2.5}, "trials"),
-                                          ({"confidence": 1.0}, "confidence"), ({"confidence": 0}, "confidence"),
-                                          ({"seed": -1}, "seed")])
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"trials": 10}, "trials"),
+        ({"trials": 2.5}, "trials"),
+        ({"confidence": 1.0}, "confidence"),
+        ({"confidence": 0}, "confidence"),
+        ({"seed": -1}, "seed"),
+    ],
+)
 def test_bad_parameters_are_refused_before_any_run(kwargs, word):
     with pytest.raises(AuditConfigError, match=word):
         AuditConfig(**kwargs)
@@ -179,6 +195,7 @@ def test_a_claim_in_delta_enters_the_bound():
 
 # ---------------------------------------------------------------- the command
 
+
 def test_cli_prints_json_writes_a_plot_and_lists(tmp_path, capsys):
     png = tmp_path / "audit.png"
     assert main(["audit-privacy", "record-count", "--trials", "200", "--json", "--plot", str(png)]) == 0
@@ -191,8 +208,11 @@ def test_cli_prints_json_writes_a_plot_and_lists(tmp_path, capsys):
 
 
 def test_cli_exits_1_on_a_violation_and_2_on_bad_input(monkeypatch, capsys):
-    monkeypatch.setitem(registry._REGISTRY, "planted-noise-off",
-                        (lambda eps: Mechanism("planted-noise-off", _noise_off, eps), "test only", False))
+    monkeypatch.setitem(
+        registry._REGISTRY,
+        "planted-noise-off",
+        (lambda eps: Mechanism("planted-noise-off", _noise_off, eps), "test only", False),
+    )
     assert main(["audit-privacy", "planted-noise-off", "--trials", "200"]) == 1
     assert "VIOLATION" in capsys.readouterr().out
     assert main(["audit-privacy", "record-count", "--confidence", "2"]) == 2
@@ -219,6 +239,7 @@ def test_bench_privacy_audit_reports_every_fast_mechanism(capsys):
 
 
 # ---------------------------------------------------------------- one-run auditing's bound (pure DP)
+
 
 def _randomized_response_run(epsilon, m, seed):
     """One run of per-canary randomized response: canary i is in with probability 1/2 and the output reports its

@@ -8,6 +8,7 @@ holds at 95% confidence. Where ``make_private`` refuses the broken model or fit,
 the real code first, then audits the unrefused variant (the refusal bypassed by a monkeypatch) to show the
 auditor would have caught it had the refusal not been there.
 """
+
 import json
 import os
 from dataclasses import replace
@@ -30,6 +31,7 @@ AUDIT = CanaryAudit(engine="ghost", seed=0)
 
 # ---------------------------------------------------------------- the (epsilon, delta) bound
 
+
 def test_the_approximate_dp_p_value_adds_a_delta_term_and_the_bound_shrinks_with_delta():
     pure = one_run_p_value(180, 200, 1.0)
     assert one_run_p_value(180, 200, 1.0, delta=1e-5, canaries=1000) > pure
@@ -51,11 +53,12 @@ def test_the_approximate_dp_bound_holds_on_randomized_response_with_a_delta_fail
         included = rng.random(m) < 0.5
         truthful = (rng.random(m) < np.exp(true_eps) / (1 + np.exp(true_eps))) | (rng.random(m) < 1e-5)
         scores = np.where(truthful, included, ~included) + 1e-9 * np.arange(m)
-        correct = int(included[np.argsort(scores)[m // 2:]].sum() + (~included[np.argsort(scores)[:m // 2]]).sum())
+        correct = int(included[np.argsort(scores)[m // 2 :]].sum() + (~included[np.argsort(scores)[: m // 2]]).sum())
         assert check(one_run_epsilon_lower_bound(correct, m, 0.95, delta=1e-5, canaries=m))
 
 
 # ---------------------------------------------------------------- no false alarm, each engine
+
 
 @pytest.mark.parametrize("engine", ["ghost", "vmap", "loop"])
 def test_one_training_run_of_make_private_stays_below_its_claim(engine):
@@ -68,12 +71,13 @@ def test_one_training_run_of_make_private_stays_below_its_claim(engine):
 def test_the_canaries_are_dirac_and_half_of_them_are_in():
     x, y, included, canary_x, canary_y = canary_data(AUDIT)
     assert len(x) == AUDIT.real_rows + included.sum() and 400 < included.sum() < 600
-    assert np.array_equal(canary_x[:, AUDIT.features:], np.eye(AUDIT.canaries))
-    in_rows = x[:, AUDIT.features:].sum(axis=0)
+    assert np.array_equal(canary_x[:, AUDIT.features :], np.eye(AUDIT.canaries))
+    in_rows = x[:, AUDIT.features :].sum(axis=0)
     assert np.array_equal(in_rows, included.astype(np.float32))  # each included canary once, no other row there
 
 
 # ---------------------------------------------------------------- planted bugs: each must be flagged
+
 
 def _scaled_noise(monkeypatch, factor):
     """The planted bug: make_private's calibrated noise multiplier, multiplied by ``factor`` after calibration
@@ -83,6 +87,7 @@ def _scaled_noise(monkeypatch, factor):
     def spend(*args, **kwargs):
         run = real(*args, **kwargs)
         return replace(run, noise_multipliers=run.noise_multipliers * factor)
+
     monkeypatch.setattr(noise_schedules, "scheduled_spend", spend)
 
 
@@ -94,20 +99,29 @@ def test_dpsgd_with_its_noise_removed_or_cut_is_flagged(monkeypatch, factor):
 
 
 def _batch_norm_model(audit):
-    return tf.keras.Sequential([tf.keras.Input((audit.dimension,)), tf.keras.layers.BatchNormalization(),
-                                tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input((audit.dimension,)),
+            tf.keras.layers.BatchNormalization(),
+            tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros"),
+        ]
+    )
 
 
 def _moving_mean_scores(model, canary_x, canary_y):
     """White-box: the exported BatchNormalization's moving mean on each canary's own feature."""
-    return np.asarray(model.layers[0].moving_mean)[-len(canary_x):]
+    return np.asarray(model.layers[0].moving_mean)[-len(canary_x) :]
 
 
 def _row_mixing_model(audit):
     """A Lambda adding the batch total to every row: each record's "per-example" gradient carries the others."""
-    return tf.keras.Sequential([tf.keras.Input((audit.dimension,)),
-                                tf.keras.layers.Lambda(lambda x: x + tf.reduce_sum(x, axis=0, keepdims=True)),
-                                tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros")])
+    return tf.keras.Sequential(
+        [
+            tf.keras.Input((audit.dimension,)),
+            tf.keras.layers.Lambda(lambda x: x + tf.reduce_sum(x, axis=0, keepdims=True)),
+            tf.keras.layers.Dense(1, use_bias=False, kernel_initializer="zeros"),
+        ]
+    )
 
 
 # The row-mixing audit at learning rate 0.05: at 1 the batch total's weight overshoots the ordinary records' labels
@@ -117,14 +131,22 @@ def _row_mixing_model(audit):
 ROW_MIXING_AUDIT = replace(AUDIT, learning_rate=0.05)
 
 
-@pytest.mark.parametrize("build, score, config, floor",
-                         [(_batch_norm_model, _moving_mean_scores, AUDIT, 1.0),
-                          (_row_mixing_model, loss_scores, ROW_MIXING_AUDIT, 3.0)],
-                         ids=["BatchNormalization left in", "row-mixing Lambda"])
+@pytest.mark.parametrize(
+    "build, score, config, floor",
+    [(_batch_norm_model, _moving_mean_scores, AUDIT, 1.0), (_row_mixing_model, loss_scores, ROW_MIXING_AUDIT, 3.0)],
+    ids=["BatchNormalization left in", "row-mixing Lambda"],
+)
 def test_a_row_coupling_model_is_refused_and_would_be_flagged(monkeypatch, build, score, config, floor):
     x, y, *_ = canary_data(config)
-    refused = make_private(build(config), privacy_budget=(1.0, 1e-5), num_examples=config.num_examples, loss="mse",
-                           batch_size=config.batch_size, epochs=config.epochs, seed=1)
+    refused = make_private(
+        build(config),
+        privacy_budget=(1.0, 1e-5),
+        num_examples=config.num_examples,
+        loss="mse",
+        batch_size=config.batch_size,
+        epochs=config.epochs,
+        seed=1,
+    )
     with pytest.raises(RowCouplingError):
         refused.fit(x, y)  # the shipped check, before any step
     monkeypatch.setattr(private, "check_rows_independent", lambda *args, **kwargs: None)  # the unrefused variant
@@ -135,15 +157,24 @@ def test_a_row_coupling_model_is_refused_and_would_be_flagged(monkeypatch, build
 def _fits_under_one_share(fits):
     """``fits`` DP fits of the whole claim in one training block (a search that ignores the share); the release
     is every fitted model."""
+
     def train(audit, model, x, y):
         models = []
         with training_seed(derive_seed("one-run audit", audit.seed, bits=63), share=(audit.epsilon, audit.delta)):
             for _ in range(fits):
-                fit = make_private(linear_model(audit), privacy_budget=(audit.epsilon, audit.delta),
-                                   num_examples=audit.num_examples, loss="mse", batch_size=audit.batch_size,
-                                   epochs=audit.epochs, learning_rate=audit.learning_rate, per_example=audit.engine)
+                fit = make_private(
+                    linear_model(audit),
+                    privacy_budget=(audit.epsilon, audit.delta),
+                    num_examples=audit.num_examples,
+                    loss="mse",
+                    batch_size=audit.batch_size,
+                    epochs=audit.epochs,
+                    learning_rate=audit.learning_rate,
+                    per_example=audit.engine,
+                )
                 models.append(fit.fit(x, y).model)
         return models
+
     return train
 
 
@@ -158,8 +189,11 @@ def test_a_second_fit_under_one_share_is_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("SAGE_LONG_AUDITS"), reason="25 DP-SGD fits (28 min on a loaded 2-core "
-                    "machine): a long audit, run with SAGE_LONG_AUDITS=1 (docs/testing.md)")
+@pytest.mark.skipif(
+    not os.environ.get("SAGE_LONG_AUDITS"),
+    reason="25 DP-SGD fits (28 min on a loaded 2-core "
+    "machine): a long audit, run with SAGE_LONG_AUDITS=1 (docs/testing.md)",
+)
 def test_fits_past_the_share_would_be_flagged(monkeypatch):
     """The unrefused variant: the share's filter bypassed, 25 fits each spending the whole share (the true
     epsilon of the release is that of 25 compositions); one-run audit of the 25 models together. The refusal
@@ -170,6 +204,7 @@ def test_fits_past_the_share_would_be_flagged(monkeypatch):
 
 
 # ---------------------------------------------------------------- the command and the parameters
+
 
 def _figure_texts(monkeypatch):
     """Record every text of each figure saved (title, axis labels, legend entries)."""
@@ -184,6 +219,7 @@ def _figure_texts(monkeypatch):
             texts.extend([axes.get_xlabel(), axes.get_ylabel()])
             texts.extend(t.get_text() for t in axes.get_legend().get_texts())
         return real(fig, *args, **kwargs)
+
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", savefig)
     return texts
 
@@ -198,15 +234,32 @@ def test_cli_audits_dpsgd_ghost_in_one_run_prints_json_and_plots(capsys, monkeyp
     assert out["fit"]["implementation"] == "make_private/ghost"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     shown = " | ".join(texts)  # what the figure says it shows: the scores in and out, the cut-offs, the ROC
-    for words in ("dpsgd-ghost", "one run", f"{out['correct']} of {out['guesses']} guesses right",
-                  "canaries trained on", "canaries left out", "guess cut-offs (20 in, 20 out)", "canary score",
-                  "claimed eps = 1", "false positive rate", "true positive rate"):
+    for words in (
+        "dpsgd-ghost",
+        "one run",
+        f"{out['correct']} of {out['guesses']} guesses right",
+        "canaries trained on",
+        "canaries left out",
+        "guess cut-offs (20 in, 20 out)",
+        "canary score",
+        "claimed eps = 1",
+        "false positive rate",
+        "true positive rate",
+    ):
         assert words in shown, shown
 
 
-@pytest.mark.parametrize("kwargs, word", [({"engine": "tf_privacy"}, "engine"), ({"guesses": 2000}, "guesses"),
-                                          ({"guesses": 3}, "guesses"), ({"confidence": 1.0}, "confidence"),
-                                          ({"epsilon": 0.0}, "epsilon"), ({"canaries": 0}, "canaries")])
+@pytest.mark.parametrize(
+    "kwargs, word",
+    [
+        ({"engine": "tf_privacy"}, "engine"),
+        ({"guesses": 2000}, "guesses"),
+        ({"guesses": 3}, "guesses"),
+        ({"confidence": 1.0}, "confidence"),
+        ({"epsilon": 0.0}, "epsilon"),
+        ({"canaries": 0}, "canaries"),
+    ],
+)
 def test_bad_one_run_parameters_are_refused_before_any_training(kwargs, word):
     with pytest.raises(AuditConfigError, match=word):
         CanaryAudit(**kwargs)

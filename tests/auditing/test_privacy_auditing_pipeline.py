@@ -5,6 +5,7 @@ with the check out of the way, flagged by the auditor.
 
 Fixed seeds: deterministic. A correct analyzer is flagged for at most 5% of master seeds (95% confidence).
 """
+
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
 import numpy as np
 import pytest
@@ -30,6 +31,7 @@ def test_dp_mean_per_key_through_tf_transform_on_beam_stays_below_its_claim(monk
     def recorded(*args, **kwargs):
         seeds.append(real(*args, **kwargs))
         return seeds[-1]
+
     monkeypatch.setattr(transform_beam, "grant_seed", recorded)
     result = audit_transform_beam(EPSILON, CONFIG)
     assert 0.0 <= result.epsilon_lower_bound <= EPSILON, result.to_dict()
@@ -48,6 +50,7 @@ def _exact_mean_baked_in(nkeys):
         counts = tft.sum(onehot, reduce_instance_dims=False)
         out["exact_mean"] = tf.gather(sums / tf.maximum(counts, 1.0), inputs["key"])
         return out
+
     return preprocessing_fn
 
 
@@ -61,6 +64,7 @@ def _exact_mean(transformed, nkeys, epsilon, value_range):
 def test_the_exact_mean_baked_into_the_transform_graph_is_refused_and_would_be_flagged():
     with pytest.raises(NonPrivateAnalyzer, match="not differentially private"):
         trace_spend(_exact_mean_baked_in(CONFIG.trials), SPEC, {}, 12345)  # DPTransform's plan, before any read
-    result = audit_transform_beam(EPSILON, CONFIG, preprocessing_fn=_exact_mean_baked_in(CONFIG.trials),
-                                  statistic=_exact_mean)
+    result = audit_transform_beam(
+        EPSILON, CONFIG, preprocessing_fn=_exact_mean_baked_in(CONFIG.trials), statistic=_exact_mean
+    )
     assert result.flagged and result.epsilon_lower_bound > 3.9, result.to_dict()  # the cap at 200 runs: 3.98

@@ -7,6 +7,7 @@ from a fresh ledger's key (the real path: each grant's private seed), so their a
 mechanism is flagged with probability at most 1 - confidence, and their no-false-alarm tests run at confidence
 0.999 (a false failure at most once in a thousand runs).
 """
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -35,6 +36,7 @@ def test_the_new_entries_are_registered():
 
 # ---------------------------------------------------------------- the Tree Mechanism
 
+
 def _level_one_node(residuals):
     return residuals[LEVEL_ONE_VECTOR]
 
@@ -55,12 +57,12 @@ class _LevelOneNoiseOff(TreeRegressor):
 
 
 def test_the_tree_mechanism_with_its_noise_off_at_one_level_is_flagged():
-    result = audit(tree_mechanism(EPSILON, tree_class=_LevelOneNoiseOff, statistic=_level_one_node),
-                   TREE_CONFIG)
+    result = audit(tree_mechanism(EPSILON, tree_class=_LevelOneNoiseOff, statistic=_level_one_node), TREE_CONFIG)
     assert result.flagged and result.epsilon_lower_bound > 3.0 * EPSILON, result.to_dict()
 
 
 # ---------------------------------------------------------------- PMWG
+
 
 def test_pmwg_is_not_flagged():
     result = audit(pmwg_mechanism(EPSILON), AuditConfig(trials=PMWG_TRIALS, confidence=0.999, seed=7))
@@ -78,6 +80,7 @@ def _laplace_scaled(monkeypatch, which, factor):
                 return np.asarray(values, dtype=np.float64)
             return real(values, sensitivity, epsilon * factor, rng=rng)
         return real(values, sensitivity, epsilon, rng=rng)
+
     monkeypatch.setattr(pmwg, "grid_laplace", draw)
 
 
@@ -89,6 +92,7 @@ def test_pmwg_with_its_hard_answer_released_exactly_is_flagged(monkeypatch):
 
 
 # ---------------------------------------------------------------- the custom validator
+
 
 def _unclipped_custom_losses(loss_fn, labels, outputs, loss_bound):
     """The planted ``custom_losses``: the user's loss used as it comes (non-finite to B, no clip to [0, B])."""
@@ -119,6 +123,7 @@ def test_the_custom_validator_with_both_clips_removed_is_flagged(monkeypatch):
 
 
 # ---------------------------------------------------------------- AdaSSP as DPTrainer fits it
+
 
 @pytest.mark.slow
 def test_adassp_through_the_dptrainer_path_is_not_flagged():

@@ -1,4 +1,5 @@
 """sage bench adaptive-clipping: a tiny end-to-end run on its GENERATED imbalanced task (imports TensorFlow)."""
+
 import argparse
 
 import numpy as np

@@ -1,4 +1,5 @@
 """sage bench adaptive-cost: the iterator's schedule, the oracle's bisection, and a small run on the real flights."""
+
 import argparse
 
 import pytest
@@ -46,8 +47,20 @@ def test_the_schedule_doubles_epsilon_then_the_window_and_the_oracle_finds_the_l
 def test_a_small_run_on_the_real_flights(tmp_path):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args(["--trials", "1", "--fractions", "0.5", "--start-rows", "32000", "--oracle-draws", "1",
-                              "--plot", str(tmp_path / "cost.png")])
+    args = parser.parse_args(
+        [
+            "--trials",
+            "1",
+            "--fractions",
+            "0.5",
+            "--start-rows",
+            "32000",
+            "--oracle-draws",
+            "1",
+            "--plot",
+            str(tmp_path / "cost.png"),
+        ]
+    )
     figures = bench.run(args)
     (row,) = figures["targets"]
     assert "REAL" in figures["data"] and row["start_rows"] == 32000

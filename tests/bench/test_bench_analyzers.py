@@ -1,5 +1,6 @@
 """sage bench analyzers: a tiny end-to-end run (GENERATED rows; imports TensorFlow, tf.Transform, Beam).
 Checks the JSON keys and that the values are sane, never speed."""
+
 import argparse
 import json
 
@@ -18,8 +19,9 @@ def _parse(*argv):
 
 def test_tiny_run_keys_and_sanity():
     # 20,000 rows in 4 batches; epsilon 10 so that the DP figures are close to the exact ones at this size
-    figures = bench.run(_parse("--rows", "20000", "--batch-rows", "5000", "--repeats", "1", "--epsilon", "10",
-                                "--no-warmup"))
+    figures = bench.run(
+        _parse("--rows", "20000", "--batch-rows", "5000", "--repeats", "1", "--epsilon", "10", "--no-warmup")
+    )
     json.dumps(figures)  # --json can print it
     assert figures["rows"] == 20000 and "GENERATED" in figures["data"]
     exact = figures["exact"]
@@ -35,7 +37,9 @@ def test_tiny_run_keys_and_sanity():
     assert z["tft_mean_abs_error"] < 1e-3 * exact["std"] and z["tft_std_abs_error"] < 1e-3 * exact["std"]
     assert z["dp_mean_abs_error"] < 0.05 * exact["std"] and z["dp_std_abs_error"] < 0.05 * exact["std"]
     s01 = figures["scale_0_1"]  # tft: min / max; DP: about the 1% / 99% quantiles
-    assert s01["tft_lo"] == pytest.approx(exact["min"], abs=1e-3) and s01["tft_hi"] == pytest.approx(exact["max"], abs=1e-3)
+    assert s01["tft_lo"] == pytest.approx(exact["min"], abs=1e-3) and s01["tft_hi"] == pytest.approx(
+        exact["max"], abs=1e-3
+    )
     assert abs(s01["dp_lo_rank"] - 0.01) < 0.01 and abs(s01["dp_hi_rank"] - 0.99) < 0.01
     assert 0 <= s01["dp_mean_abs_output_difference"] < 0.2
     q = figures["quantiles"]

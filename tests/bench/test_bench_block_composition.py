@@ -1,4 +1,5 @@
 """sage bench block-composition (Sage Fig. 7): the k-block validation test and a small run on the real flights."""
+
 import argparse
 
 import numpy as np
@@ -15,8 +16,11 @@ def test_one_block_is_exactly_the_validators_test(target):
     values = np.random.default_rng(7).uniform(0, 1, 3000) ** 2 * 1.4  # a mean near 0.47, clipped at B = 1
     for seed in range(20):
         ours = bench.partitioned_accept([values], target, 1.0, 0.05, 1.0, np.random.default_rng(seed))
-        theirs = DPLossValidator(target, 1.0, 0.95, loss_bound=1.0).validate(
-            values, rng=np.random.default_rng(seed)).accepted
+        theirs = (
+            DPLossValidator(target, 1.0, 0.95, loss_bound=1.0)
+            .validate(values, rng=np.random.default_rng(seed))
+            .accepted
+        )
         assert ours == theirs
 
 
@@ -44,8 +48,20 @@ def test_the_count_noise_quantile_covers_the_sum_of_laplace_draws():
 def test_a_small_run_on_the_real_flights(tmp_path):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args(["--trials", "2", "--max-rows", "32000", "--block-rows", "2000",
-                              "--fractions", "0.5,0.7", "--plot", str(tmp_path / "fig.png")])
+    args = parser.parse_args(
+        [
+            "--trials",
+            "2",
+            "--max-rows",
+            "32000",
+            "--block-rows",
+            "2000",
+            "--fractions",
+            "0.5,0.7",
+            "--plot",
+            str(tmp_path / "fig.png"),
+        ]
+    )
     figures = bench.run(args)
     rows = figures["lr"]["targets"]
     for r in rows:  # block composition never needs more rows than the per-block queries

@@ -1,4 +1,5 @@
 """sage bench continual-release: a tiny run on the REAL taxi trips (numpy only, a few seconds)."""
+
 import argparse
 
 import pytest
@@ -9,8 +10,20 @@ from sage_tfx.bench import continual_release as bench
 def test_tiny_run(tmp_path):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args(["--blocks", "6", "--rows-per-block", "150", "--window", "3", "--trials", "1",
-                              "--plot", str(tmp_path / "fig.png")])
+    args = parser.parse_args(
+        [
+            "--blocks",
+            "6",
+            "--rows-per-block",
+            "150",
+            "--window",
+            "3",
+            "--trials",
+            "1",
+            "--plot",
+            str(tmp_path / "fig.png"),
+        ]
+    )
     figures = bench.run(args)
     for v in bench.VARIANTS:
         curve = figures["excess_median_by_t"][v]
@@ -18,7 +31,7 @@ def test_tiny_run(tmp_path):
     assert figures["audit_ok"] and figures["block_epsilon_charged"] == [pytest.approx(1.0), pytest.approx(1.0)]
     assert 0.5 < figures["max_block_rho_over_bound"] <= 1 + 1e-9
     assert set(figures["next_block_logloss_ratio_vs_non_private"]) == set(bench.VARIANTS)
-    assert figures["z_scratch_per_release"] == pytest.approx(figures["z_eff"] * 6 ** 0.5)
+    assert figures["z_scratch_per_release"] == pytest.approx(figures["z_eff"] * 6**0.5)
     assert (tmp_path / "fig.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="--window 9 is larger than the stream"):
         bench.run(parser.parse_args(["--blocks", "6", "--window", "9", "--plot", ""]))
@@ -28,8 +41,24 @@ def test_tiny_digits_run(tmp_path):
     # The REAL scikit-learn digits (10 classes) through the softmax release, two epsilons, one seed.
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args(["--dataset", "digits", "--blocks", "3", "--rows-per-block", "256", "--window", "2",
-                              "--epsilons", "1,10", "--trials", "1", "--plot", str(tmp_path / "fig.png")])
+    args = parser.parse_args(
+        [
+            "--dataset",
+            "digits",
+            "--blocks",
+            "3",
+            "--rows-per-block",
+            "256",
+            "--window",
+            "2",
+            "--epsilons",
+            "1,10",
+            "--trials",
+            "1",
+            "--plot",
+            str(tmp_path / "fig.png"),
+        ]
+    )
     figures = bench.run(args)
     assert figures["audit_ok"] and figures["block_charge_over_epsilon"] == [pytest.approx(1.0), pytest.approx(1.0)]
     assert set(figures["accuracy_median_by_t"]) == {"1", "10"}
@@ -38,5 +67,4 @@ def test_tiny_digits_run(tmp_path):
     assert figures["non_private_last_quarter_accuracy"] > 0.6  # chance is 0.1
     assert (tmp_path / "fig.png").stat().st_size > 1000
     with pytest.raises(SystemExit, match="digits' training part holds"):
-        bench.run(parser.parse_args(["--dataset", "digits", "--rows-per-block", "256", "--blocks", "9",
-                                     "--plot", ""]))
+        bench.run(parser.parse_args(["--dataset", "digits", "--rows-per-block", "256", "--blocks", "9", "--plot", ""]))

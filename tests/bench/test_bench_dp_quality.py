@@ -1,4 +1,5 @@
 """sage bench dp-quality: a small end-to-end run on the real taxi trips (imports TensorFlow)."""
+
 import argparse
 
 import pytest
@@ -11,8 +12,20 @@ pytestmark = pytest.mark.tf
 def test_small_run_end_to_end(tmp_path):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args(["--models", "linear,logistic", "--epsilons", "3", "--seeds", "1", "--epochs", "1",
-                              "--plot", str(tmp_path / "fig.png")])
+    args = parser.parse_args(
+        [
+            "--models",
+            "linear,logistic",
+            "--epsilons",
+            "3",
+            "--seeds",
+            "1",
+            "--epochs",
+            "1",
+            "--plot",
+            str(tmp_path / "fig.png"),
+        ]
+    )
     figures = bench.run(args)
     lin, logit = figures["linear"], figures["logistic"]
     assert lin["metric"] == "mse" and logit["metric"] == "accuracy"

@@ -1,5 +1,6 @@
 """sage bench dp-sgd, the TFX taxi wide-and-deep part: the model is TFX's own architecture, and a tiny run
 gives sane figures (GENERATED rows; imports TensorFlow). Never checks speed."""
+
 import argparse
 
 import pytest
@@ -13,8 +14,11 @@ from sage_tfx.bench import dp_sgd as bench  # noqa: E402
 def _signature(model):
     import tensorflow as tf
 
-    layers = [(type(layer).__name__, tuple(tuple(w.shape) for w in layer.weights)) for layer in model.layers
-              if not isinstance(layer, tf.keras.layers.InputLayer)]
+    layers = [
+        (type(layer).__name__, tuple(tuple(w.shape) for w in layer.weights))
+        for layer in model.layers
+        if not isinstance(layer, tf.keras.layers.InputLayer)
+    ]
     inputs = sorted((t.name.split(":")[0], t.dtype.name, tuple(t.shape)) for t in model.inputs)
     return sorted(layers), inputs, model.count_params()
 
@@ -29,8 +33,21 @@ def test_wide_and_deep_is_tfx_taxi_architecture():
 def test_tiny_wide_deep_run():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args(["--only-wide-deep", "--wide-deep-rows", "3000", "--wide-deep-batch", "100",
-                              "--wide-deep-steps", "4", "--warmup", "1", "--repeats", "2"])
+    args = parser.parse_args(
+        [
+            "--only-wide-deep",
+            "--wide-deep-rows",
+            "3000",
+            "--wide-deep-batch",
+            "100",
+            "--wide-deep-steps",
+            "4",
+            "--warmup",
+            "1",
+            "--repeats",
+            "2",
+        ]
+    )
     figures = bench.run(args)
     assert "GENERATED" in figures["wide_deep_data"]
     assert figures["wide_deep_implementation"] == "make_private/ghost"

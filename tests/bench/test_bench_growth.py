@@ -1,4 +1,5 @@
 """sage bench growth: a tiny run on the REAL taxi trips (numpy only, seconds)."""
+
 import argparse
 
 import pytest
@@ -9,8 +10,20 @@ from sage_tfx.bench import growth as bench
 def test_tiny_run(tmp_path):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args(["--blocks", "6", "--rows-per-block", "100", "--trials", "1", "--queries-per-block", "2",
-                              "--plot", str(tmp_path / "fig.png")])
+    args = parser.parse_args(
+        [
+            "--blocks",
+            "6",
+            "--rows-per-block",
+            "100",
+            "--trials",
+            "1",
+            "--queries-per-block",
+            "2",
+            "--plot",
+            str(tmp_path / "fig.png"),
+        ]
+    )
     figures = bench.run(args)
     for v in bench.VARIANTS:
         assert len(figures["median_abs_error_by_t"][v]) == 6 and min(figures["median_abs_error_by_t"][v]) >= 0
@@ -27,8 +40,9 @@ def test_tiny_ermg_run():
     # ERMG under both schedules and the re-run baseline on REAL taxi blocks, a real ledger audited.
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    figures = bench.run(parser.parse_args(["--ermg", "--blocks", "8", "--rows-per-block", "100", "--trials", "1",
-                                           "--plot", ""]))
+    figures = bench.run(
+        parser.parse_args(["--ermg", "--blocks", "8", "--rows-per-block", "100", "--trials", "1", "--plot", ""])
+    )
     assert figures["audit_ok"]
     for v in ("bbimprover", "bbscheduler", "rerun"):
         curve = [e for e in figures["excess_median_by_t"][v] if e == e]  # NaN before a schedule's first run

@@ -4,6 +4,7 @@ the head-file write's CPU time beside its wall time. On shared storage the wall-
 latency; the CPU figures are what a change to the ledger's own work moves. Figures are not asserted, only their
 presence and the bound a single writer process obeys (its CPU time fits inside its timed span).
 """
+
 import json
 import os
 import re
@@ -13,18 +14,46 @@ import sys
 
 
 def test_bench_ledger_reports_cpu_per_grant_and_per_head_file_write(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sage_tfx", "bench", "ledger", "--json", "--grants", "8",
-                          "--blocks", "4", "--writers", "1", "--repeats", "2", "--choose-blocks", "0",
-                          "--growth-blocks", "0", "--head-sync", "commit", "--storage-samples", "5",
-                          "--db-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "bench",
+            "ledger",
+            "--json",
+            "--grants",
+            "8",
+            "--blocks",
+            "4",
+            "--writers",
+            "1",
+            "--repeats",
+            "2",
+            "--choose-blocks",
+            "0",
+            "--growth-blocks",
+            "0",
+            "--head-sync",
+            "commit",
+            "--storage-samples",
+            "5",
+            "--db-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     figures = json.loads(out.stdout)
     one = figures["writers"]["1"]
     assert len(one["runs"]) == 2 and figures["audit_ok"] is True
     for run in one["runs"]:
-        for kind, rate in (("cpu_ms_per_grant", "grants_per_second"),
-                           ("baseline_cpu_ms_per_transaction", "baseline_transactions_per_second")):
+        for kind, rate in (
+            ("cpu_ms_per_grant", "grants_per_second"),
+            ("baseline_cpu_ms_per_transaction", "baseline_transactions_per_second"),
+        ):
             # one writer: its CPU time lies inside the timed span (rounding aside)
             assert 0 < run[kind] <= 1.01 * 1e3 / run[rate] + 1e-3, (kind, run)
     assert one["cpu_ms_per_grant"] == statistics.median(r["cpu_ms_per_grant"] for r in one["runs"])

@@ -1,4 +1,5 @@
 """sage bench sample-complexity: the window grid, the k fit, and a small end-to-end run (no TensorFlow)."""
+
 import argparse
 import math
 
@@ -25,9 +26,26 @@ def test_fit_k_recovers_k_from_exact_ratios():
 def test_small_run_end_to_end(tmp_path):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args(["--trials", "2", "--tasks", "taxi_accuracy", "--epsilons", "1", "--fractions",
-                              "0.5,0.8", "--max-rows", "40000", "--reference-rows", "50000", "--holdout",
-                              "20000", "--plot", str(tmp_path / "fig.png")])
+    args = parser.parse_args(
+        [
+            "--trials",
+            "2",
+            "--tasks",
+            "taxi_accuracy",
+            "--epsilons",
+            "1",
+            "--fractions",
+            "0.5,0.8",
+            "--max-rows",
+            "40000",
+            "--reference-rows",
+            "50000",
+            "--holdout",
+            "20000",
+            "--plot",
+            str(tmp_path / "fig.png"),
+        ]
+    )
     figures = bench.run(args)
     rows = figures["taxi_accuracy"]["targets"]
     assert [r["fraction"] for r in rows] == [0.5, 0.8]
@@ -42,17 +60,20 @@ def test_small_run_end_to_end(tmp_path):
 def test_bad_arguments_are_named():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    for argv, message in ((["--epsilons", "-1"], "epsilons"), (["--fractions", "1.2"], "fractions"),
-                          (["--tasks", "criteo"], "task 'criteo'"), (["--confidence", "1"], "confidence"),
-                          (["--steps-per-doubling", "0"], "steps_per_doubling 0")):
+    for argv, message in (
+        (["--epsilons", "-1"], "epsilons"),
+        (["--fractions", "1.2"], "fractions"),
+        (["--tasks", "criteo"], "task 'criteo'"),
+        (["--confidence", "1"], "confidence"),
+        (["--steps-per-doubling", "0"], "steps_per_doubling 0"),
+    ):
         with pytest.raises(ValueError, match=message):
             bench.run(parser.parse_args(argv))
 
 
 def test_summary_counts_only_targets_np_reaches():
     def row(np_n, sage_n):
-        return {"np": np_n, "sage": {"1.0": sage_n},
-                "ratio": {"1.0": sage_n / np_n if np_n and sage_n else None}}
+        return {"np": np_n, "sage": {"1.0": sage_n}, "ratio": {"1.0": sage_n / np_n if np_n and sage_n else None}}
 
     met = bench.summarize([row(1000, 1400), row(2000, 2000), row(None, None)], 1.0)
     assert met["goal_met"] and met["max_ratio_sage_over_np"] == pytest.approx(1.4)
@@ -106,8 +127,9 @@ def test_flights_run_on_real_rows():
     per-block charge is split as sage run splits it; a window past the stream's size is named."""
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args(["--dataset", "flights", "--trials", "2", "--epsilons", "4", "--fractions", "0.5",
-                              "--max-rows", "20000"])
+    args = parser.parse_args(
+        ["--dataset", "flights", "--trials", "2", "--epsilons", "4", "--fractions", "0.5", "--max-rows", "20000"]
+    )
     figures = bench.run(args)
     task = figures["flights_mse"]
     assert "REAL rows" in figures["data"] and 250 < task["best_metric"] < task["naive_metric"]

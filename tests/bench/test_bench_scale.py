@@ -1,6 +1,7 @@
 """sage bench scale: argument checks, the input split, the block comparison and the ACCEPT count (fast), and a
 tiny end-to-end ingest run on the in-process DirectRunner and a 2-worker Dask LocalCluster (slow). Checks the
 JSON keys and that the values are sane, never speed."""
+
 import argparse
 import contextlib
 import json
@@ -17,15 +18,18 @@ def _parse(*argv):
     return parser.parse_args(list(argv))
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--rows", "0"], "--rows must be >= 1, got 0"),
-    (["--warm-rows", "1"], "--warm-rows must be >= 2, got 1"),
-    (["--rows", "5", "--files", "6"], r"--files \(6\) must be at most --rows \(5\)"),
-    (["--setups", "direct,spark"], "'spark' is not one of"),
-    (["--setups", "direct,direct"], "distinct"),
-    (["--serve-parallel", "1,x"], "comma list of integers"),
-    (["--serve-parallel", "0,2"], "must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--rows", "0"], "--rows must be >= 1, got 0"),
+        (["--warm-rows", "1"], "--warm-rows must be >= 2, got 1"),
+        (["--rows", "5", "--files", "6"], r"--files \(6\) must be at most --rows \(5\)"),
+        (["--setups", "direct,spark"], "'spark' is not one of"),
+        (["--setups", "direct,direct"], "distinct"),
+        (["--serve-parallel", "1,x"], "comma list of integers"),
+        (["--serve-parallel", "0,2"], "must be >= 1"),
+    ],
+)
 def test_bad_arguments_name_the_value(argv, message):
     with pytest.raises(SystemExit, match=message):
         bench.run(_parse(*argv))
@@ -103,6 +107,7 @@ def test_tiny_run_keys_and_sanity():
         assert s["start_seconds"] >= 0 and s["warmup_seconds"] > 0
     assert ing["setups"]["direct"]["ratio"] == 1.0 and ing["setups"]["direct"]["beam_args"] == []
     dask = ing["setups"]["dask2"]
-    assert dask["ratio"] == pytest.approx(dask["rows_per_second"] / ing["setups"]["direct"]["rows_per_second"],
-                                          rel=2e-2)
+    assert dask["ratio"] == pytest.approx(
+        dask["rows_per_second"] / ing["setups"]["direct"]["rows_per_second"], rel=2e-2
+    )
     assert "--runner=dask" in dask["beam_args"]

@@ -1,6 +1,7 @@
 """The `sage` command's log chatter and exit: TensorFlow's C++ start-up lines and absl's execution errors off
 by default (in the process and in its child processes), back with --verbose; a finished run that loaded
 TensorFlow / Beam ends through ``sage_tfx.exit_now`` (atexit handlers run, exit code kept)."""
+
 import logging
 import subprocess
 import sys
@@ -37,7 +38,7 @@ def test_is_chatter_drops_only_the_start_up_lines():
     assert not any(is_chatter(line.encode()) for line in KEPT)
 
 
-FILTER_SCRIPT = textwrap.dedent('''
+FILTER_SCRIPT = textwrap.dedent("""
     import os, subprocess, sys
     from sage_tfx.cli._quiet import filter_stderr
     chatter, kept = {chatter!r}, {kept!r}
@@ -48,7 +49,7 @@ FILTER_SCRIPT = textwrap.dedent('''
     os.write(2, b"a prompt without newline")
     stop()
     print("stdout untouched")
-''')
+""")
 
 
 def test_the_filter_drops_chatter_of_the_process_and_its_children_and_keeps_the_rest():
@@ -99,7 +100,7 @@ def test_sage_loading_tensorflow_prints_no_start_up_lines_unless_verbose(tmp_pat
     assert "sage run: error: pipeline" in verbose.stderr
 
 
-TFT_SCRIPT = textwrap.dedent('''
+TFT_SCRIPT = textwrap.dedent("""
     import atexit, sys, tempfile
     import sage_tfx  # before TensorFlow
     import numpy as np
@@ -126,7 +127,7 @@ TFT_SCRIPT = textwrap.dedent('''
                 tft_beam.AnalyzeAndTransformDataset(preprocessing_fn, output_record_batches=True)
     print("pipeline done", flush=True)
     sage_tfx.exit_now(0)
-''')
+""")
 
 
 @pytest.mark.tf

@@ -2,6 +2,7 @@
 
 The ledger is real (SQLite, tmp_path); the blocks are real taxi days replayed as sealed daily blocks
 (tests/conftest.py's replay_taxi_days; the stream's budget is epsilon 1, delta 1e-6 per block)."""
+
 import json
 
 import pytest
@@ -16,15 +17,39 @@ FEATURES = ["--label", "tips", "--features", "fare,trip_miles", "--scales", "100
 
 
 def continual(db, data, *extra, pipeline="cr", epsilon=EPS):
-    return sage("release", "continual", "--db", db, "--stream", "taxi", "--data-root", data, "--pipeline", pipeline,
-                *FEATURES, "--loss", "logistic", "--positive-above", 2, "--epsilon", epsilon, "--delta", DELTA,
-                "--rows-per-block", 100, *extra)
+    return sage(
+        "release",
+        "continual",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--pipeline",
+        pipeline,
+        *FEATURES,
+        "--loss",
+        "logistic",
+        "--positive-above",
+        2,
+        "--epsilon",
+        epsilon,
+        "--delta",
+        DELTA,
+        "--rows-per-block",
+        100,
+        *extra,
+    )
 
 
 def snapshot(db):
     with Ledger.open(db) as ledger:
-        return ([g.id for g in ledger.grants()], [(b["id"], b["epsilon_spent"], b["delta_spent"])
-                                                  for b in ledger.status("taxi")["blocks"]], len(ledger.releases()))
+        return (
+            [g.id for g in ledger.grants()],
+            [(b["id"], b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("taxi")["blocks"]],
+            len(ledger.releases()),
+        )
 
 
 def spent(db, pipeline=None):
@@ -80,7 +105,8 @@ def test_continual_charges_each_block_once_and_resumes(world):
         assert sorted(r.stage for r in releases) == ["training"] * 3 + ["validation"] * 3
         # each block's release: the strategy's computation on that block's registered content
         assert {r.grant_id: r.computation for r in releases if r.stage == "training"} == {
-            g.id: bound_to_data(out["fingerprint"], ledger, g) for g in ledger.grants("taxi") if g.pipeline == "cr"}
+            g.id: bound_to_data(out["fingerprint"], ledger, g) for g in ledger.grants("taxi") if g.pipeline == "cr"
+        }
         assert ledger.audit().ok
     assert (push / "model-000003" / "Format-Serving" / "weights.npy").exists()
 
@@ -116,17 +142,20 @@ def test_continual_charges_each_block_once_and_resumes(world):
     assert "epsilon=0.5" in other.stderr and "epsilon=0.4" in other.stderr and snapshot(db) == before
 
 
-@pytest.mark.parametrize("args,named", [
-    (["--window", 0], "window 0 is invalid"),
-    (["--epsilon", -1], "epsilon -1.0 is invalid"),
-    (["--features", "fare,nope"], "column 'nope' is not in stream 'taxi'"),
-    (["--features", "fare,payment_type"], "column 'payment_type' is bytes, not numeric"),
-    (["--scales", "100"], "--scales '100' has 1 value(s) for 2 feature(s)"),
-    (["--sla-target", 0.8], "--sla-target and --sla-epsilon go together"),
-    (["--push-dir", "/proc/no/such"], "--push-dir '/proc/no/such' cannot be created"),
-    (["--serving-dir", "/tmp/x"], "--serving-dir '/tmp/x' needs --push-dir"),
-    (["--sla-target", 0.8, "--sla-epsilon", 2.0], "validation_epsilon 2.0 is larger than epsilon"),
-])
+@pytest.mark.parametrize(
+    "args,named",
+    [
+        (["--window", 0], "window 0 is invalid"),
+        (["--epsilon", -1], "epsilon -1.0 is invalid"),
+        (["--features", "fare,nope"], "column 'nope' is not in stream 'taxi'"),
+        (["--features", "fare,payment_type"], "column 'payment_type' is bytes, not numeric"),
+        (["--scales", "100"], "--scales '100' has 1 value(s) for 2 feature(s)"),
+        (["--sla-target", 0.8], "--sla-target and --sla-epsilon go together"),
+        (["--push-dir", "/proc/no/such"], "--push-dir '/proc/no/such' cannot be created"),
+        (["--serving-dir", "/tmp/x"], "--serving-dir '/tmp/x' needs --push-dir"),
+        (["--sla-target", 0.8, "--sla-epsilon", 2.0], "validation_epsilon 2.0 is larger than epsilon"),
+    ],
+)
 def test_bad_input_exits_2_naming_the_value_with_nothing_charged(world, args, named):
     root, db, data = world
     before = snapshot(db)
@@ -138,9 +167,28 @@ def test_bad_input_exits_2_naming_the_value_with_nothing_charged(world, args, na
 
 def test_incremental_regression_once_and_resume(world):
     root, db, data = world
-    cmd = ["release", "incremental-regression", "--db", db, "--stream", "taxi", "--data-root", data,
-           "--pipeline", "ir", *FEATURES, "--label-scale", 20, "--epsilon", 0.3, "--delta", DELTA,
-           "--horizon", 8, "--json"]
+    cmd = [
+        "release",
+        "incremental-regression",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--pipeline",
+        "ir",
+        *FEATURES,
+        "--label-scale",
+        20,
+        "--epsilon",
+        0.3,
+        "--delta",
+        DELTA,
+        "--horizon",
+        8,
+        "--json",
+    ]
     first = sage(*cmd)
     assert first.returncode == 0, first.stderr
     out = json.loads(first.stdout)
@@ -168,15 +216,26 @@ def test_help():
 @pytest.mark.slow  # about 15 s more on the shared 2 cores; the file's other tests stay under 60 s together
 def test_sliding_window_releases_the_window_and_resumes(world):
     root, db, data = world
-    run = lambda: continual(db, data, "--window", 2, "--loss", "squared", "--label-scale", 20, "--json",  # noqa
-                            pipeline="sw", epsilon=0.15)
+    run = lambda: continual(  # noqa: E731
+        db,
+        data,
+        "--window",
+        2,
+        "--loss",
+        "squared",
+        "--label-scale",
+        20,
+        "--json",
+        pipeline="sw",
+        epsilon=0.15,
+    )
     first = run()
     assert first.returncode == 0, first.stderr
     out = json.loads(first.stdout)
     with Ledger.open(db) as ledger:
         blocks = [b.id for b in ledger.blocks("taxi")]
     assert out["strategy"] == "continual-sliding-window" and out["charged_blocks"] == len(blocks) >= 3
-    assert [m["window_blocks"] for m in out["models"]] == [blocks[max(0, t - 2):t] for t in range(1, len(blocks) + 1)]
+    assert [m["window_blocks"] for m in out["models"]] == [blocks[max(0, t - 2) : t] for t in range(1, len(blocks) + 1)]
     assert spent(db, "sw") == {b: (pytest.approx(0.15), pytest.approx(DELTA)) for b in blocks}
     assert "[sliding-window] block " in first.stderr and out["audit_ok"]
     before = snapshot(db)
@@ -204,7 +263,9 @@ def test_a_refused_or_failed_block_maps_to_its_exit_code(capsys):
     def warn(line):
         print(line, file=sys.stderr)
 
-    assert step(refused, "b1", warn) == (None, SessionStatus.REFUSED) and EXIT_CODES[SessionStatus.REFUSED] == EXIT_REFUSED
+    assert (
+        step(refused, "b1", warn) == (None, SessionStatus.REFUSED) and EXIT_CODES[SessionStatus.REFUSED] == EXIT_REFUSED
+    )
     assert step(failed, "b2", warn) == (None, SessionStatus.FAILED) and EXIT_CODES[SessionStatus.FAILED] == EXIT_FAILED
     assert step(lambda block: block.upper(), "b3", warn) == ("B3", None)
     err = capsys.readouterr().err

@@ -2,6 +2,7 @@
 
 The ledger is real (SQLite, tmp_path); the blocks are the first three real taxi days replayed as sealed daily
 blocks (tests/conftest.py's replay_taxi_days; the stream's budget is epsilon 1, delta 1e-6 per block)."""
+
 import json
 
 import pytest
@@ -20,20 +21,60 @@ QUERIES = [
 
 
 def growth(db, data, *extra, pipeline="g", epsilon=0.2):
-    return sage("release", "growth", "--db", db, "--stream", "taxi", "--data-root", data, "--pipeline", pipeline,
-                "--column", "fare", "--bound", 100, "--rows-per-block", 100, "--epsilon", epsilon, *extra)
+    return sage(
+        "release",
+        "growth",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--pipeline",
+        pipeline,
+        "--column",
+        "fare",
+        "--bound",
+        100,
+        "--rows-per-block",
+        100,
+        "--epsilon",
+        epsilon,
+        *extra,
+    )
 
 
 def pmwg(db, data, queries, *extra, pipeline="pm", epsilon=0.2):
-    return sage("release", "pmwg", "--db", db, "--stream", "taxi", "--data-root", data, "--pipeline", pipeline,
-                "--bins", "fare=0:100:10,trip_miles=0:30:6", "--queries", queries, "--rows-per-block", 100,
-                "--epsilon", epsilon, *extra)
+    return sage(
+        "release",
+        "pmwg",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--pipeline",
+        pipeline,
+        "--bins",
+        "fare=0:100:10,trip_miles=0:30:6",
+        "--queries",
+        queries,
+        "--rows-per-block",
+        100,
+        "--epsilon",
+        epsilon,
+        *extra,
+    )
 
 
 def snapshot(db):
     with Ledger.open(db) as ledger:
-        return ([g.id for g in ledger.grants()], [(b["id"], b["epsilon_spent"], b["delta_spent"])
-                                                  for b in ledger.status("taxi")["blocks"]], len(ledger.releases()))
+        return (
+            [g.id for g in ledger.grants()],
+            [(b["id"], b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("taxi")["blocks"]],
+            len(ledger.releases()),
+        )
 
 
 def spent(db, pipeline):
@@ -81,8 +122,9 @@ def test_growth_scheduler_charges_the_bound_once_runs_on_schedule_and_resumes(wo
     with Ledger.open(db) as ledger:
         grants = {g.id: g for g in ledger.grants("taxi")}
         ours = {b["grant"] for b in out["blocks"]}
-        assert {r.grant_id: r.computation for r in ledger.releases() if r.grant_id in ours} \
-            == {g: bound_to_data(out["fingerprint"], ledger, grants[g]) for g in ours}
+        assert {r.grant_id: r.computation for r in ledger.releases() if r.grant_id in ours} == {
+            g: bound_to_data(out["fingerprint"], ledger, grants[g]) for g in ours
+        }
         assert ledger.audit().ok
     assert sage("ledger", "audit", "--db", db).returncode == 0
 
@@ -102,8 +144,7 @@ def test_growth_scheduler_charges_the_bound_once_runs_on_schedule_and_resumes(wo
 
 def test_growth_improver_with_delta_charges_epsilon_and_delta(world):
     root, db, data, _ = world
-    proc = growth(db, data, "--schedule", "improver", "--delta", 1e-8, "--a", 0.2, "--json", pipeline="gi",
-                  epsilon=0.1)
+    proc = growth(db, data, "--schedule", "improver", "--delta", 1e-8, "--a", 0.2, "--json", pipeline="gi", epsilon=0.1)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
     blocks = blocks_of(db)
@@ -145,17 +186,20 @@ def test_pmwg_answers_the_declared_stream_charges_once_and_resumes(world):
     assert snapshot(db) == before
 
 
-@pytest.mark.parametrize("extra,named", [
-    (["--bound", -1], "bound -1.0 is invalid"),
-    (["--column", "nope"], "column 'nope' is not in stream 'taxi'"),
-    (["--column", "payment_type"], "column 'payment_type' is bytes, not numeric"),
-    (["--gamma", 0], "gamma 0.0 is invalid"),
-    (["--schedule", "improver"], "delta 0.0 is invalid"),
-    (["--rows-per-block", 0], "rows_per_block 0 is invalid"),
-    (["--epsilon", 0], "epsilon 0.0 is invalid"),
-    (["--composition", "zcdp"], "composition 'zcdp' needs delta > 0"),
-    (["--schedule", "improver", "--delta", 1e-8, "--composition", "basic"], "--composition 'basic' is for"),
-])
+@pytest.mark.parametrize(
+    "extra,named",
+    [
+        (["--bound", -1], "bound -1.0 is invalid"),
+        (["--column", "nope"], "column 'nope' is not in stream 'taxi'"),
+        (["--column", "payment_type"], "column 'payment_type' is bytes, not numeric"),
+        (["--gamma", 0], "gamma 0.0 is invalid"),
+        (["--schedule", "improver"], "delta 0.0 is invalid"),
+        (["--rows-per-block", 0], "rows_per_block 0 is invalid"),
+        (["--epsilon", 0], "epsilon 0.0 is invalid"),
+        (["--composition", "zcdp"], "composition 'zcdp' needs delta > 0"),
+        (["--schedule", "improver", "--delta", 1e-8, "--composition", "basic"], "--composition 'basic' is for"),
+    ],
+)
 def test_growth_bad_input_exits_2_with_nothing_charged(world, extra, named):
     root, db, data, _ = world
     before = snapshot(db)
@@ -164,22 +208,25 @@ def test_growth_bad_input_exits_2_with_nothing_charged(world, extra, named):
     assert snapshot(db) == before
 
 
-@pytest.mark.parametrize("lines,extra,named", [
-    (None, ["--bins", "fare=0:100"], "--bins part 'fare=0:100' is invalid"),
-    (None, ["--bins", "fare=5:1:3"], "give finite LO < HI"),
-    (None, ["--bins", "nope=0:1:2"], "column 'nope' is not in stream 'taxi'"),
-    (['{"count": {"tips": [0, 1]}}'], [], "line 1: column 'tips' is not in --bins"),
-    (['{"count": {"fare": [0, 10]}}', "{nope"], [], "--queries line 2 is not JSON"),
-    (['{"count": {"fare": [10, 0]}}'], [], "range [10, 0] of 'fare' is invalid"),
-    (['{"sum": "fare"}'], [], "bound None is invalid"),
-    (['{"count": {"fare": [0, 1]}, "at": 0}'], [], "at 0 is invalid"),
-    (['{"count": {}, "sum": "fare"}'], [], "exactly one of"),
-    (['{"count": {}, "every": 2}'], [], "unknown key(s) ['every']"),
-    ([], [], "holds no query"),
-    (None, ["--hard-budget", 0], "hard_budget 0 is invalid"),
-    (None, ["--growth-exponent", 2], "growth_exponent 2.0 is invalid"),
-    (None, ["--queries", "/no/such/file"], "--queries '/no/such/file' cannot be read"),
-])
+@pytest.mark.parametrize(
+    "lines,extra,named",
+    [
+        (None, ["--bins", "fare=0:100"], "--bins part 'fare=0:100' is invalid"),
+        (None, ["--bins", "fare=5:1:3"], "give finite LO < HI"),
+        (None, ["--bins", "nope=0:1:2"], "column 'nope' is not in stream 'taxi'"),
+        (['{"count": {"tips": [0, 1]}}'], [], "line 1: column 'tips' is not in --bins"),
+        (['{"count": {"fare": [0, 10]}}', "{nope"], [], "--queries line 2 is not JSON"),
+        (['{"count": {"fare": [10, 0]}}'], [], "range [10, 0] of 'fare' is invalid"),
+        (['{"sum": "fare"}'], [], "bound None is invalid"),
+        (['{"count": {"fare": [0, 1]}, "at": 0}'], [], "at 0 is invalid"),
+        (['{"count": {}, "sum": "fare"}'], [], "exactly one of"),
+        (['{"count": {}, "every": 2}'], [], "unknown key(s) ['every']"),
+        ([], [], "holds no query"),
+        (None, ["--hard-budget", 0], "hard_budget 0 is invalid"),
+        (None, ["--growth-exponent", 2], "growth_exponent 2.0 is invalid"),
+        (None, ["--queries", "/no/such/file"], "--queries '/no/such/file' cannot be read"),
+    ],
+)
 def test_pmwg_bad_input_exits_2_with_nothing_charged(world, lines, extra, named):
     root, db, data, queries = world
     if lines is not None:
@@ -204,6 +251,7 @@ def test_growth_scheduler_basic_composition_charges_epsilon_and_delta(world):
     out = json.loads(proc.stdout)
     schedule = BBScheduler(SchedulerParams(epsilon=0.1, delta=1e-8, composition="basic"))
     assert [(r["epsilon_i"], r["delta_i"]) for r in out["runs"]] == [
-        (pytest.approx(schedule.run_budget(t)[1]), pytest.approx(schedule.run_budget(t)[2])) for t in (1, 2, 3)]
+        (pytest.approx(schedule.run_budget(t)[1]), pytest.approx(schedule.run_budget(t)[2])) for t in (1, 2, 3)
+    ]
     assert spent(db, "gb") == {b: (pytest.approx(0.1), pytest.approx(1e-8)) for b in blocks_of(db)}
     assert out["audit_ok"] and " delta_i " in proc.stderr

@@ -11,6 +11,7 @@ it fast. Hypothesis is derandomized (a fixed seed, no example database) with a b
 the same examples every time (SAGE_FUZZ_EXAMPLES and SAGE_FUZZ_RANDOM search longer); each fixed bug keeps its
 input as an ``@example``. SQLite, no TensorFlow.
 """
+
 import argparse
 import collections
 import contextlib
@@ -30,28 +31,114 @@ from sage_tfx.privacy import BudgetRefused, Ledger, SageError
 
 DAY = 86400.0
 # SAGE_FUZZ_EXAMPLES=N (and SAGE_FUZZ_RANDOM=1 for fresh random examples) searches longer, outside CI
-FUZZ = settings(derandomize=not os.environ.get("SAGE_FUZZ_RANDOM"), database=None, deadline=None,
-                max_examples=int(os.environ.get("SAGE_FUZZ_EXAMPLES", "60")),
-                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+FUZZ = settings(
+    derandomize=not os.environ.get("SAGE_FUZZ_RANDOM"),
+    database=None,
+    deadline=None,
+    max_examples=int(os.environ.get("SAGE_FUZZ_EXAMPLES", "60")),
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 
-SPECIAL_NUMBERS = ["nan", "NaN", "inf", "-inf", "Infinity", "1e309", "-1e309", "1e-400", "-0", "0", "-1", "1e300",
-                   "-1e300", "9" * 40, "-" + "9" * 40, "0x10", "1_000", "", " ", "1,5", "\u0663", "\uff11", "1e",
-                   "0.1.2"]
-SPECIAL_NAMES = ["", ".", "..", "../x", "a/b", "/abs", "s", "b0", "-x", "a" * 129, "\u540d\u524d", "a\x00b",
-                 "a\nb", " s", "s ", "CON", "a:b@c+d-e.f", "\U0001f600"]
-SPECIAL_TIMES = ["1970-01-01", "9999-12-31T23:59:59", "0001-01-01", "2024-02-30", "1e300", "-1e300", "nan", "inf",
-                 "2024-01-01T00:00:00+14:00", "2024-01-01T00:00:00-23:59", "", "now", "1e18", "-62135596801"]
+SPECIAL_NUMBERS = [
+    "nan",
+    "NaN",
+    "inf",
+    "-inf",
+    "Infinity",
+    "1e309",
+    "-1e309",
+    "1e-400",
+    "-0",
+    "0",
+    "-1",
+    "1e300",
+    "-1e300",
+    "9" * 40,
+    "-" + "9" * 40,
+    "0x10",
+    "1_000",
+    "",
+    " ",
+    "1,5",
+    "\u0663",
+    "\uff11",
+    "1e",
+    "0.1.2",
+]
+SPECIAL_NAMES = [
+    "",
+    ".",
+    "..",
+    "../x",
+    "a/b",
+    "/abs",
+    "s",
+    "b0",
+    "-x",
+    "a" * 129,
+    "\u540d\u524d",
+    "a\x00b",
+    "a\nb",
+    " s",
+    "s ",
+    "CON",
+    "a:b@c+d-e.f",
+    "\U0001f600",
+]
+SPECIAL_TIMES = [
+    "1970-01-01",
+    "9999-12-31T23:59:59",
+    "0001-01-01",
+    "2024-02-30",
+    "1e300",
+    "-1e300",
+    "nan",
+    "inf",
+    "2024-01-01T00:00:00+14:00",
+    "2024-01-01T00:00:00-23:59",
+    "",
+    "now",
+    "1e18",
+    "-62135596801",
+]
 
-numbers_text = st.one_of(st.sampled_from(SPECIAL_NUMBERS), st.floats().map(repr),
-                         st.integers(-10 ** 30, 10 ** 30).map(str), st.text(max_size=8))
-names_text = st.one_of(st.sampled_from(SPECIAL_NAMES), st.text(max_size=40),
-                       st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,140}", fullmatch=True))
-times_text = st.one_of(st.sampled_from(SPECIAL_TIMES), st.datetimes().map(lambda d: d.isoformat()),
-                       st.floats().map(repr), st.text(max_size=25))
+numbers_text = st.one_of(
+    st.sampled_from(SPECIAL_NUMBERS),
+    st.floats().map(repr),
+    st.integers(-(10**30), 10**30).map(str),
+    st.text(max_size=8),
+)
+names_text = st.one_of(
+    st.sampled_from(SPECIAL_NAMES),
+    st.text(max_size=40),
+    st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._:@+-]{0,140}", fullmatch=True),
+)
+times_text = st.one_of(
+    st.sampled_from(SPECIAL_TIMES),
+    st.datetimes().map(lambda d: d.isoformat()),
+    st.floats().map(repr),
+    st.text(max_size=25),
+)
 # path-like names, relative to the folder of the example (``{root}`` is put in front of those starting with /)
-paths_text = st.one_of(st.sampled_from(["", ".", "..", "{root}", "{root}/nope/x", "{root}/ledger.db/x",
-                                        "{root}/ledger.db.key", "{root}/data", "/proc/1/nope", "/dev/null",
-                                        "a\x00b", "{root}/" + "x" * 300]), names_text.map(lambda n: "{root}/" + n))
+paths_text = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            ".",
+            "..",
+            "{root}",
+            "{root}/nope/x",
+            "{root}/ledger.db/x",
+            "{root}/ledger.db.key",
+            "{root}/data",
+            "/proc/1/nope",
+            "/dev/null",
+            "a\x00b",
+            "{root}/" + "x" * 300,
+        ]
+    ),
+    names_text.map(lambda n: "{root}/" + n),
+)
 
 
 # outcome -> examples run (shown with pytest -s): "refused" (cleanly, else the test fails) or "accepted"
@@ -66,8 +153,10 @@ def _no_env_key(monkeypatch):
 @pytest.fixture(scope="module", autouse=True)
 def _tally():
     yield
-    print(f"\nfuzzed inputs: {sum(TALLY.values())} examples, {TALLY['refused']} refused cleanly, "
-          f"{TALLY['accepted']} accepted; 0 tracebacks, 0 state changes on refusal")
+    print(
+        f"\nfuzzed inputs: {sum(TALLY.values())} examples, {TALLY['refused']} refused cleanly, "
+        f"{TALLY['accepted']} accepted; 0 tracebacks, 0 state changes on refusal"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -175,19 +264,44 @@ def check_cli(folder, argv, value, codes=(0, 2), named=True):
 
 # ------------------------------------------------------------------------------------------ sage ledger ...
 LEDGER_ARGS = {
-    "init": (["--stream", "s2", "--epsilon", "1", "--delta", "1e-6"],
-             {"--stream": names_text, "--epsilon": numbers_text, "--delta": numbers_text,
-              "--min-epsilon": numbers_text, "--min-grant-epsilon": numbers_text, "--max-epsilon": numbers_text,
-              "--query-delta-share": numbers_text, "--policy-param": names_text}),
-    "add-block": (["--stream", "s", "--block", "b9", "--start", str(5 * DAY), "--end", str(6 * DAY)],
-                  {"--stream": names_text, "--block": names_text, "--start": times_text, "--end": times_text,
-                   "--shard": numbers_text, "--rows": numbers_text}),
+    "init": (
+        ["--stream", "s2", "--epsilon", "1", "--delta", "1e-6"],
+        {
+            "--stream": names_text,
+            "--epsilon": numbers_text,
+            "--delta": numbers_text,
+            "--min-epsilon": numbers_text,
+            "--min-grant-epsilon": numbers_text,
+            "--max-epsilon": numbers_text,
+            "--query-delta-share": numbers_text,
+            "--policy-param": names_text,
+        },
+    ),
+    "add-block": (
+        ["--stream", "s", "--block", "b9", "--start", str(5 * DAY), "--end", str(6 * DAY)],
+        {
+            "--stream": names_text,
+            "--block": names_text,
+            "--start": times_text,
+            "--end": times_text,
+            "--shard": numbers_text,
+            "--rows": numbers_text,
+        },
+    ),
     "status": (["--stream", "s"], {"--stream": names_text}),
     "audit": ([], {}),
     "upgrade": ([], {}),
-    "charge": (["--stream", "s", "--pipeline", "p", "--blocks", "b1", "--epsilon", "0.1"],
-               {"--stream": names_text, "--pipeline": names_text, "--blocks": names_text,
-                "--epsilon": numbers_text, "--delta": numbers_text, "--split": names_text}),
+    "charge": (
+        ["--stream", "s", "--pipeline", "p", "--blocks", "b1", "--epsilon", "0.1"],
+        {
+            "--stream": names_text,
+            "--pipeline": names_text,
+            "--blocks": names_text,
+            "--epsilon": numbers_text,
+            "--delta": numbers_text,
+            "--split": names_text,
+        },
+    ),
 }
 
 
@@ -198,17 +312,23 @@ def _ledger_argv(action, flag, value):
         base = ["--stream", "s", "--block", "b9"] + (["--shard", "9"] if flag == "--rows" else [])
     argv = ["ledger", action, "--db", value if flag == "--db" else "{root}/ledger.db"]
     if flag in base:
-        base = base[:base.index(flag)] + base[base.index(flag) + 2:]
+        base = base[: base.index(flag)] + base[base.index(flag) + 2 :]
     argv += base
     if flag != "--db":
         argv.append(f"{flag}={value}")  # '=': a value starting with - is the value, not a flag
     return argv
 
 
-ledger_calls = st.one_of(*[st.tuples(st.just(action), st.sampled_from(sorted(flags) + ["--db"]))
-                           .flatmap(lambda t, flags=flags: st.tuples(st.just(t[0]), st.just(t[1]),
-                                                                     paths_text if t[1] == "--db" else flags[t[1]]))
-                           for action, (_, flags) in LEDGER_ARGS.items()])
+ledger_calls = st.one_of(
+    *[
+        st.tuples(st.just(action), st.sampled_from(sorted(flags) + ["--db"])).flatmap(
+            lambda t, flags=flags: st.tuples(
+                st.just(t[0]), st.just(t[1]), paths_text if t[1] == "--db" else flags[t[1]]
+            )
+        )
+        for action, (_, flags) in LEDGER_ARGS.items()
+    ]
+)
 
 
 @FUZZ
@@ -226,11 +346,31 @@ def test_sage_ledger_refuses_bad_values_changing_nothing(folder, call):
 
 
 # ------------------------------------------------------------------------------------------ sage ingest
-INGEST_BASE = ["ingest", "--db", "{root}/ledger.db", "--stream", "s", "--input", "{root}/nope.csv",
-               "--data-root", "{root}/data", "--time-column", "t", "--window", "1d"]
-INGEST_FLAGS = {"--stream": names_text, "--window": st.one_of(names_text, numbers_text.map(lambda n: n + "d")),
-                "--time-column": names_text, "--data-root": paths_text, "--input": paths_text,
-                "--shards": numbers_text, "--user-column": names_text, "--hash-key": names_text}
+INGEST_BASE = [
+    "ingest",
+    "--db",
+    "{root}/ledger.db",
+    "--stream",
+    "s",
+    "--input",
+    "{root}/nope.csv",
+    "--data-root",
+    "{root}/data",
+    "--time-column",
+    "t",
+    "--window",
+    "1d",
+]
+INGEST_FLAGS = {
+    "--stream": names_text,
+    "--window": st.one_of(names_text, numbers_text.map(lambda n: n + "d")),
+    "--time-column": names_text,
+    "--data-root": paths_text,
+    "--input": paths_text,
+    "--shards": numbers_text,
+    "--user-column": names_text,
+    "--hash-key": names_text,
+}
 
 
 @FUZZ
@@ -241,9 +381,9 @@ def test_sage_ingest_refuses_bad_values_changing_nothing(folder, call):
     flag, value = call
     argv = list(INGEST_BASE)
     if flag in ("--shards", "--user-column", "--hash-key"):
-        argv[argv.index("--time-column"):] = ["--block-by", "user", "--user-column", "u", "--shards", "4"]
+        argv[argv.index("--time-column") :] = ["--block-by", "user", "--user-column", "u", "--shards", "4"]
     if flag in argv:
-        del argv[argv.index(flag):argv.index(flag) + 2]
+        del argv[argv.index(flag) : argv.index(flag) + 2]
     argv.append(f"{flag}={value}")
     code, err = check_cli(folder, argv, value, named=base_refusal(folder, INGEST_BASE))
     assert code == 2, (argv, err)
@@ -259,12 +399,35 @@ def base_refusal(folder, argv):
 
 
 # ------------------------------------------------------------------------------------------ sage run
-RUN_BASE = ["run", "taxi_regression", "--db", "{root}/ledger.db", "--stream", "s", "--data-root", "{root}/data",
-            "--target", "1.0", "--work-dir", "{root}/work"]
-RUN_FLAGS = {"--target": numbers_text, "--confidence": numbers_text, "--max-iterations": numbers_text,
-             "--max-seconds": numbers_text, "--epsilon-start": numbers_text, "--min-window": numbers_text,
-             "--name": names_text, "--work-dir": paths_text, "--data-root": paths_text, "--stream": names_text,
-             "--rejection-share": numbers_text, "--schedule": names_text, "--model": names_text}
+RUN_BASE = [
+    "run",
+    "taxi_regression",
+    "--db",
+    "{root}/ledger.db",
+    "--stream",
+    "s",
+    "--data-root",
+    "{root}/data",
+    "--target",
+    "1.0",
+    "--work-dir",
+    "{root}/work",
+]
+RUN_FLAGS = {
+    "--target": numbers_text,
+    "--confidence": numbers_text,
+    "--max-iterations": numbers_text,
+    "--max-seconds": numbers_text,
+    "--epsilon-start": numbers_text,
+    "--min-window": numbers_text,
+    "--name": names_text,
+    "--work-dir": paths_text,
+    "--data-root": paths_text,
+    "--stream": names_text,
+    "--rejection-share": numbers_text,
+    "--schedule": names_text,
+    "--model": names_text,
+}
 
 
 @FUZZ
@@ -274,22 +437,38 @@ def test_sage_run_refuses_bad_values_changing_nothing(folder, call):
     flag, value = call
     argv = list(RUN_BASE)
     if flag in argv:
-        del argv[argv.index(flag):argv.index(flag) + 2]
+        del argv[argv.index(flag) : argv.index(flag) + 2]
     argv.append(f"{flag}={value}")
     code, err = check_cli(folder, argv, value, named=base_refusal(folder, RUN_BASE))
     assert code == 2, (argv, err)
 
 
 # ------------------------------------------------------------------------------------------ the Ledger API
-wild = st.one_of(st.none(), st.booleans(), st.integers(-2 ** 70, 2 ** 70), st.floats(),
-                 st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-320, 1e308]),
-                 st.text(max_size=20), st.sampled_from(SPECIAL_NAMES), st.lists(st.text(max_size=3), max_size=3),
-                 st.dictionaries(st.text(max_size=3), st.integers(), max_size=2))
+wild = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.sampled_from([math.nan, math.inf, -math.inf, 0.0, -0.0, 1e-320, 1e308]),
+    st.text(max_size=20),
+    st.sampled_from(SPECIAL_NAMES),
+    st.lists(st.text(max_size=3), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+)
 
 # (method, the well-formed call's keyword arguments)
 API_CALLS = {
-    "create_stream": dict(name="s2", epsilon=1.0, delta=1e-6, min_epsilon=0.01, min_grant_epsilon=0.01,
-                          max_epsilon=10.0, query_delta_share=None, policy="conserve", accounting="basic"),
+    "create_stream": dict(
+        name="s2",
+        epsilon=1.0,
+        delta=1e-6,
+        min_epsilon=0.01,
+        min_grant_epsilon=0.01,
+        max_epsilon=10.0,
+        query_delta_share=None,
+        policy="conserve",
+        accounting="basic",
+    ),
     "add_block": dict(stream="s", block_id="b9", start=5 * DAY, end=6 * DAY, shard=None, rows=10, digest=None),
     "add_blocks": dict(stream="s", blocks=[{"id": "b9", "start": 5 * DAY, "end": 6 * DAY, "rows": 10}]),
     "request": dict(pipeline="p", stream="s", blocks=["b1"], epsilon=0.1, delta=0.0),
@@ -314,7 +493,8 @@ def _call(ledger, method, kwargs):
 
 
 api_calls = st.sampled_from(sorted(API_CALLS)).flatmap(
-    lambda m: st.tuples(st.just(m), st.sampled_from(sorted(API_CALLS[m])), wild))
+    lambda m: st.tuples(st.just(m), st.sampled_from(sorted(API_CALLS[m])), wild)
+)
 
 
 @FUZZ
@@ -328,7 +508,7 @@ api_calls = st.sampled_from(sorted(API_CALLS)).flatmap(
 @example(("add_blocks", "blocks", None))
 @example(("add_blocks", "stream", []))
 @example(("finish", "pipeline", []))
-@example(("add_block", "rows", 2 ** 63))
+@example(("add_block", "rows", 2**63))
 @example(("create_stream", "epsilon", 0.0078125))  # below min_epsilon: the message now shows epsilon
 def test_ledger_api_refuses_bad_values_changing_nothing(folder, call):
     method, name, value = call

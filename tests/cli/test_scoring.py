@@ -2,6 +2,7 @@
 rows of a grant and their audit entries, and the command's refusals before anything is read. (A real score of
 a pushed model: tests/pipelines/test_sage_run.py
 ::test_a_users_pipeline_file_runs_to_accept_pushes_and_certifies_only_its_request.)"""
+
 import csv
 import json
 import subprocess
@@ -65,8 +66,14 @@ def world(tmp_path):
     rows = load_taxi("simple").sort_by(TIME_COLUMN)
     ledger = Ledger.open(db, create=True)
     ledger.create_stream("a", 1.0, 1e-5)
-    ingest_batches(ledger, "a", data, rows.slice(0, 600).to_batches(), make_spec("time", "a", TIME_COLUMN, "1d"),
-                   schema_of(rows.schema))
+    ingest_batches(
+        ledger,
+        "a",
+        data,
+        rows.slice(0, 600).to_batches(),
+        make_spec("time", "a", TIME_COLUMN, "1d"),
+        schema_of(rows.schema),
+    )
     yield dict(db=db, data=data, ledger=ledger, rows=rows, tmp=tmp_path)
     ledger.close()
 
@@ -110,8 +117,9 @@ def test_training_rows_are_the_grants_training_side_and_the_read_is_audited(worl
 
 
 def _sage(*args):
-    return subprocess.run([sys.executable, "-m", "sage_tfx", "score", *map(str, args)], capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "sage_tfx", "score", *map(str, args)], capture_output=True, text=True, timeout=300
+    )
 
 
 def test_sage_score_refuses_before_any_read_naming_the_value(world):
@@ -121,12 +129,17 @@ def test_sage_score_refuses_before_any_read_naming_the_value(world):
     held = _held_out_csv(world["tmp"] / "held.csv", later)
     common = ["--db", world["db"], "--stream", "a", "--data-root", world["data"], "--work-dir", world["tmp"] / "w"]
     before = world["ledger"].log_entries()
-    for args, named in ((["taxi_regression", "--held-out", held], "no ACCEPTed 'taxi_regression' grant"),
-                        (["taxi_regression", "--held-out", world["tmp"] / "nope.csv"], "nope.csv"),
-                        (["taxi_regression", "--held-out", held, "--features", "trip_miles,company"], "company"),
-                        (["taxi_regression", "--held-out", held, "--stream", "b"], "'b'")):
-        out = _sage(*args, *common) if "--stream" not in args else _sage(
-            *args, "--db", world["db"], "--data-root", world["data"])
+    for args, named in (
+        (["taxi_regression", "--held-out", held], "no ACCEPTed 'taxi_regression' grant"),
+        (["taxi_regression", "--held-out", world["tmp"] / "nope.csv"], "nope.csv"),
+        (["taxi_regression", "--held-out", held, "--features", "trip_miles,company"], "company"),
+        (["taxi_regression", "--held-out", held, "--stream", "b"], "'b'"),
+    ):
+        out = (
+            _sage(*args, *common)
+            if "--stream" not in args
+            else _sage(*args, "--db", world["db"], "--data-root", world["data"])
+        )
         assert out.returncode == 2 and named in out.stderr, (args, out.stderr)
     with Ledger.open(world["db"]) as ledger:
         assert ledger.log_entries() == before
@@ -137,8 +150,9 @@ def test_the_design_matrix_fills_a_missing_value_with_the_training_mean():
     import pyarrow as pa
 
     def batch(values):
-        return pa.RecordBatch.from_arrays([pa.array([[v] if v is not None else [] for v in values],
-                                                    pa.large_list(pa.float32()))], names=["a"])
+        return pa.RecordBatch.from_arrays(
+            [pa.array([[v] if v is not None else [] for v in values], pa.large_list(pa.float32()))], names=["a"]
+        )
 
     x, center, scale = scoring.design_matrix(batch([1.0, 3.0, None]), ["a"])
     assert center.tolist() == [2.0] and x[2, 0] == 0.0 and x[0, 0] == -x[1, 0]
@@ -184,12 +198,14 @@ def test_the_pushed_model_runs_away_from_the_key(world):
     _save_model(benign / "1", None)
     leak = tmp / "leaked.key"
     _save_model(hostile / "1", ledger.key_file, str(leak))
-    report = scoring.score_model(ledger, "a", "taxi_regression", held, data_root=world["data"],
-                                 serving_dir=str(benign), name="p")
+    report = scoring.score_model(
+        ledger, "a", "taxi_regression", held, data_root=world["data"], serving_dir=str(benign), name="p"
+    )
     assert report["scores"]["dp_model"]["value"] > 0 and report["held_out_rows_scored"] > 50
     with pytest.raises(ValueError):
-        scoring.score_model(ledger, "a", "taxi_regression", held, data_root=world["data"],
-                            serving_dir=str(hostile), name="p")
+        scoring.score_model(
+            ledger, "a", "taxi_regression", held, data_root=world["data"], serving_dir=str(hostile), name="p"
+        )
     assert not leak.exists()
     assert ledger.audit().ok
 
@@ -210,8 +226,9 @@ def test_a_label_signature_derives_the_labels_in_the_confined_child(world):
     _save_model(tmp / "serving" / "1")
     definition = load_pipeline("taxi_regression")
     definition = dataclasses.replace(definition, sla=dataclasses.replace(definition.sla, label_signature="labels"))
-    report = scoring.score_model(ledger, "a", definition, held, data_root=world["data"],
-                                 serving_dir=str(tmp / "serving"), name="p")
+    report = scoring.score_model(
+        ledger, "a", definition, held, data_root=world["data"], serving_dir=str(tmp / "serving"), name="p"
+    )
     assert report["held_out_rows_scored"] == report["held_out_rows"] > 50
     assert report["scores"]["dp_model"]["value"] == pytest.approx(9.0)
     assert report["scores"]["mean_label"]["value"] == pytest.approx(0.0) and report["baseline_rows"] > 20

@@ -1,4 +1,5 @@
 """BlockExampleGen: exactly the granted blocks, deterministic splits, lineage, and the five refusals."""
+
 import json
 import os
 import shutil
@@ -30,12 +31,24 @@ def world(tmp_path_factory):
     schema = infer_schema(path, "csv")
     spec = make_spec("time", "taxi", TIME_COLUMN, "1d")
     ingest_batches(ledger, "taxi", data, read_batches(path, "csv", schema), spec, schema)
-    ingest_batches(ledger, "other", data, read_batches(path, "csv", schema),
-                   make_spec("time", "other", TIME_COLUMN, "1d"), schema, allow_duplicate_of=("taxi",))
+    ingest_batches(
+        ledger,
+        "other",
+        data,
+        read_batches(path, "csv", schema),
+        make_spec("time", "other", TIME_COLUMN, "1d"),
+        schema,
+        allow_duplicate_of=("taxi",),
+    )
     blocks = [b.id for b in ledger.blocks("taxi")][:40]
     grant = ledger.request("p1", "taxi", blocks=blocks, epsilon=0.5, delta=1e-7)
-    counted = ledger.request("p2", "taxi", blocks=blocks[:10], epsilon=0.5, split=BudgetSplit(
-        0.0, 0.1, 0.4, 0.4, 0.0, ChargeRule.PARALLEL.value))
+    counted = ledger.request(
+        "p2",
+        "taxi",
+        blocks=blocks[:10],
+        epsilon=0.5,
+        split=BudgetSplit(0.0, 0.1, 0.4, 0.4, 0.0, ChargeRule.PARALLEL.value),
+    )
     other = ledger.request("p1", "other", blocks=[b.id for b in ledger.blocks("other")][:5], epsilon=0.5)
     # A copy of the ledger (same key) charges a grant the real ledger never charged.
     with sqlite3.connect(db) as src, sqlite3.connect(str(root / "copy.db")) as dst:
@@ -44,8 +57,17 @@ def world(tmp_path_factory):
         shutil.copy(db + suffix, str(root / "copy.db") + suffix)  # copy's grant and refuse the real ledger's log)
     with Ledger.open(str(root / "copy.db")) as copy:
         unknown = copy.request("p1", "taxi", blocks=blocks[:3], epsilon=0.5)
-    yield dict(root=root, db=db, data=data, ledger=ledger, blocks=blocks, grant=grant, counted=counted,
-               other=other, unknown=unknown)
+    yield dict(
+        root=root,
+        db=db,
+        data=data,
+        ledger=ledger,
+        blocks=blocks,
+        grant=grant,
+        counted=counted,
+        other=other,
+        unknown=unknown,
+    )
     ledger.close()
 
 
@@ -57,16 +79,24 @@ def _run_executor(world, grant_json, tmp_path, stream="taxi"):
     examples = standard_artifacts.Examples()
     examples.uri = str(tmp_path / "examples")
     os.makedirs(examples.uri, exist_ok=True)
-    Executor().Do({}, {"examples": [examples]}, {
-        "grant": grant_json, "ledger": world["db"], "data_root": world["data"], "stream": stream,
-        "splits": json.dumps({"train": 9, "eval": 1})})
+    Executor().Do(
+        {},
+        {"examples": [examples]},
+        {
+            "grant": grant_json,
+            "ledger": world["db"],
+            "data_root": world["data"],
+            "stream": stream,
+            "splits": json.dumps({"train": 9, "eval": 1}),
+        },
+    )
     return examples
 
 
 def _refusals(world):
     g = world["grant"]
     forged = json.loads(g.to_json())
-    forged["epsilon"] = 5.0                      # altered after signing
+    forged["epsilon"] = 5.0  # altered after signing
     uncharged = json.loads(g.to_json())
     uncharged["blocks"] = uncharged["blocks"] + [world["ledger"].blocks("taxi")[100].id]
     body = {k: v for k, v in uncharged.items() if k != "signature"}
@@ -166,9 +196,12 @@ def _pipeline(world, root, grant, name):
 
     gen = BlockExampleGen(ledger=world["db"], data_root=world["data"], stream="taxi", grant=grant)
     return pipeline.Pipeline(
-        pipeline_name=name, pipeline_root=str(root / "pipeline_root"), components=[gen],
+        pipeline_name=name,
+        pipeline_root=str(root / "pipeline_root"),
+        components=[gen],
         metadata_connection_config=metadata.sqlite_metadata_connection_config(str(root / "mlmd.sqlite")),
-        enable_cache=False)
+        enable_cache=False,
+    )
 
 
 def _mlmd_examples(root):

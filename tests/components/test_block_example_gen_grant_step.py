@@ -2,6 +2,7 @@
 one ledger connection per run for the grant check, the key door (``access.grant_blocks``) and the DP record
 count, as the DPTransform, DPTrainer and DPModelValidator executors (tests/components/test_grant_step.py).
 """
+
 import os
 
 import pytest

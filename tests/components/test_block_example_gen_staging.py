@@ -12,6 +12,7 @@ and the staged run is deleted when the job ends (docs/scale_out.md, "BlockExampl
   the data root are an empty read-only tmpfs: the same Examples as in process; the control (no staging)
   fails naming --staging-location.
 """
+
 import json
 import os
 import shutil
@@ -36,8 +37,14 @@ def _world(root):
         ledger.create_stream("taxi", 10.0, 1e-5)
         path = taxi_csv_path("simple")
         schema = infer_schema(path, "csv")
-        ingest_batches(ledger, "taxi", data, read_batches(path, "csv", schema),
-                       make_spec("time", "taxi", TIME_COLUMN, "1d"), schema)
+        ingest_batches(
+            ledger,
+            "taxi",
+            data,
+            read_batches(path, "csv", schema),
+            make_spec("time", "taxi", TIME_COLUMN, "1d"),
+            schema,
+        )
         blocks = [b.id for b in ledger.blocks("taxi")][:12]
         grant = ledger.request("p1", "taxi", blocks=blocks, epsilon=0.5, delta=1e-7)
     return dict(db=db, data=data, grant=grant.to_json(), blocks=blocks)
@@ -62,12 +69,26 @@ def _run(world, out, beam_args=(), **props):
     examples = standard_artifacts.Examples()
     examples.uri = str(out)
     os.makedirs(examples.uri, exist_ok=True)
-    Executor(Executor.Context(beam_pipeline_args=list(beam_args))).Do({}, {"examples": [examples]}, {
-        "grant": world["grant"], "ledger": world["db"], "data_root": world["data"], "stream": "taxi",
-        "splits": json.dumps({"train": 9, "eval": 1}), **props})
-    return {split: sorted(r for f in sorted(os.listdir(os.path.join(out, f"Split-{split}")))
-                          for r in read_tfrecords(os.path.join(out, f"Split-{split}", f)))
-            for split in ("train", "eval")}
+    Executor(Executor.Context(beam_pipeline_args=list(beam_args))).Do(
+        {},
+        {"examples": [examples]},
+        {
+            "grant": world["grant"],
+            "ledger": world["db"],
+            "data_root": world["data"],
+            "stream": "taxi",
+            "splits": json.dumps({"train": 9, "eval": 1}),
+            **props,
+        },
+    )
+    return {
+        split: sorted(
+            r
+            for f in sorted(os.listdir(os.path.join(out, f"Split-{split}")))
+            for r in read_tfrecords(os.path.join(out, f"Split-{split}", f))
+        )
+        for split in ("train", "eval")
+    }
 
 
 @pytest.mark.slow  # two Beam jobs and the module's reference, ~40 s on 2 shared cores
@@ -122,7 +143,7 @@ def test_altered_or_moved_staged_files_are_refused_naming_the_file(world, tmp_pa
         with pytest.raises(sealed.SealedError, match=f"block file {p0} fails authentication"):
             list(sealed.read_file(p0, deks[b0], s0, b0, name=name0))
 
-        open(local(p0), "wb").write(bytes(data[:len(data) // 2]))  # truncated
+        open(local(p0), "wb").write(bytes(data[: len(data) // 2]))  # truncated
         with pytest.raises(sealed.SealedError, match=f"block file {p0} does not match the digest recorded"):
             list(sealed.read_file(p0, deks[b0], s0, b0, n0, h0, name=name0))
 
@@ -156,14 +177,23 @@ def test_workers_in_a_mount_namespace_without_the_data_root(world, in_process, t
     hidden, staging = os.path.dirname(world["db"]), tmp_path / "staging"  # the world's ledger, key file, data
     staging.mkdir()
     want = in_process
-    prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-              'mount -t tmpfs -o ro,size=1m,mode=0700 tmpfs "$0" && exec "$@"', str(hidden)]
+    prefix = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs -o ro,size=1m,mode=0700 tmpfs "$0" && exec "$@"',
+        str(hidden),
+    ]
     with portable_cluster(workers=2, worker_prefix=prefix) as cluster:
         pool = [pid for pid in cluster.pids if _mount_ns(pid) != _mount_ns("self")]
         assert len(pool) == 1, "the worker pool runs in a mount namespace of its own"
         got = _run(world, tmp_path / "ns", beam_args=[*cluster.beam_args, f"--temp_location={staging}"])
-        seen = subprocess.run(["nsenter", "-t", str(pool[0]), "-m", "ls", "-A", str(hidden)],
-                              capture_output=True, text=True, check=True)
+        seen = subprocess.run(
+            ["nsenter", "-t", str(pool[0]), "-m", "ls", "-A", str(hidden)], capture_output=True, text=True, check=True
+        )
         assert seen.stdout == "", f"the workers see {seen.stdout!r} in the data root's folder"
         assert os.listdir(staging) == []  # the staged run was deleted
         # the control: without a staging location the same workers cannot open the data root's files

@@ -4,6 +4,7 @@ The child (pipelines/confined.py, sage_tfx/isolation.py) has no key file access 
 other secret in its environment, no ledger handle; the launcher's grant server (components/_grant_server.py)
 serves it one grant. Before, a 12-line pipeline file read every raw record of the stream with the launcher's key.
 """
+
 import json
 import os
 import shutil
@@ -116,7 +117,8 @@ def test_the_confined_child_reads_no_key_and_inherits_no_secret(tmp_path):
         "    except OSError as exc:\n"
         "        out[name] = type(exc).__name__\n"
         "out['env'] = sorted(k for k in os.environ if k in ('SAGE_KEY_FILE', 'PGPASSWORD', 'SAGE_CONFINEMENT'))\n"
-        "print(json.dumps(out))\n")
+        "print(json.dumps(out))\n"
+    )
     from sage_tfx.isolation import CONFINEMENT_ENV, child_environment
 
     secrets = {"SAGE_KEY_FILE": str(tmp_path / "ledger.db.key"), "PGPASSWORD": "hunter2"}
@@ -124,16 +126,27 @@ def test_the_confined_child_reads_no_key_and_inherits_no_secret(tmp_path):
         for name, value in secrets.items():
             patch.setenv(name, value)
         env = child_environment(str(private), {CONFINEMENT_ENV: Confinement(read=[str(tmp_path / "mine")]).to_json()})
-        proc = subprocess.run([PY, str(probe), str(tmp_path / "mine" / "ok.txt"), str(tmp_path / "ledger.db.key")],
-                              env=env, capture_output=True, text=True, cwd=str(private), timeout=120)
+        proc = subprocess.run(
+            [PY, str(probe), str(tmp_path / "mine" / "ok.txt"), str(tmp_path / "ledger.db.key")],
+            env=env,
+            capture_output=True,
+            text=True,
+            cwd=str(private),
+            timeout=120,
+        )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = json.loads(proc.stdout)
     assert out["granted"] == "read"
     assert out["key"] == out["memory"] == out["environ"] == out["home"] == "PermissionError"
     assert out["disk"] in ("PermissionError", "FileNotFoundError")
     assert out["env"] == []
-    unconfined = subprocess.run([PY, "-m", "sage_tfx.pipelines.confined"], capture_output=True, text=True,
-                                env={"PATH": os.environ.get("PATH", "")}, timeout=120)
+    unconfined = subprocess.run(
+        [PY, "-m", "sage_tfx.pipelines.confined"],
+        capture_output=True,
+        text=True,
+        env={"PATH": os.environ.get("PATH", "")},
+        timeout=120,
+    )
     assert unconfined.returncode != 0 and "SAGE_CONFINEMENT" in unconfined.stderr
 
 
@@ -154,7 +167,7 @@ def test_a_folder_the_child_gets_may_not_hold_the_key(tmp_path):
 
 
 # What each hostile module tries; every attempt prints BLOCKED[...] or LEAK[...] on the raw stderr.
-ATTACK = '''
+ATTACK = """
 def _attack(where, key, db, data, other_block):
     import json, os, sqlite3
     from sage_tfx.components._grant_channel import channel_client
@@ -191,7 +204,7 @@ def _attack(where, key, db, data, other_block):
             why = repr(got)[:40]
         verdict = "LEAK" if got else "BLOCKED"
         os.write(2, f"\\n{verdict}[{where}:{what}] {why}\\n".encode())
-'''
+"""
 
 
 def _hostile_pipeline(folder, key, db, data, block):
@@ -201,7 +214,8 @@ def _hostile_pipeline(folder, key, db, data, block):
     (folder / "pipeline.py").write_text(
         "from sage_tfx.pipelines import SLA, SagePipeline\n"
         "PIPELINE = SagePipeline(name='p', sla=SLA(metric='mse', label='y', loss_bound=1.0), "
-        "trainer_module='trainer.py')\n" + ATTACK + f"\n_attack('pipeline', {key!r}, {db!r}, {data!r}, {block!r})\n")
+        "trainer_module='trainer.py')\n" + ATTACK + f"\n_attack('pipeline', {key!r}, {db!r}, {data!r}, {block!r})\n"
+    )
     return str(folder / "pipeline.py")
 
 
@@ -227,8 +241,19 @@ def test_a_hostile_pipeline_file_loaded_by_sage_run_reads_no_key(tmp_path, capfd
     after = capfd.readouterr().err
     assert pipeline.name == "p" and pipeline.module_path("trainer_module") == str(tmp_path / "hostile" / "trainer.py")
     assert "LEAK[" not in after, [line for line in after.splitlines() if "LEAK[" in line]
-    for what in ("key_file", "head_file", "key_env", "secret_env", "launcher_memory", "ledger_open",
-                 "ledger_open_keyed", "database", "block_plaintext", "other_block_key", "other_grant_seed"):
+    for what in (
+        "key_file",
+        "head_file",
+        "key_env",
+        "secret_env",
+        "launcher_memory",
+        "ledger_open",
+        "ledger_open_keyed",
+        "database",
+        "block_plaintext",
+        "other_block_key",
+        "other_grant_seed",
+    ):
         assert f"BLOCKED[pipeline:{what}]" in after, what
 
 
@@ -250,31 +275,65 @@ def test_hostile_pipeline_preprocessing_and_trainer_modules_reach_no_key_ledger_
     key = f"{db}.key"
     with Ledger.open(db) as ledger:
         first = ledger.blocks("taxi")[0].id  # the window of 256 recent days leaves it out of the grant
-    example = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare")
+    example = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare"
+    )
     hostile = tmp_path / "hostile"
     shutil.copytree(example, hostile)
     call = f"({key!r}, {str(db)!r}, {str(data)!r}, {first!r})"
     pipeline = (hostile / "pipeline.py").read_text()
     (hostile / "pipeline.py").write_text(pipeline + ATTACK + f"\n_attack('pipeline', *{call})\n")
-    for name, fn in (("preprocessing.py", "def preprocessing_fn(inputs, custom_config):\n"),
-                     ("trainer.py", "def run_fn(fn_args):\n")):
+    for name, fn in (
+        ("preprocessing.py", "def preprocessing_fn(inputs, custom_config):\n"),
+        ("trainer.py", "def run_fn(fn_args):\n"),
+    ):
         text = (hostile / name).read_text()
         assert fn in text
         where = name.split(".")[0]
         (hostile / name).write_text(text.replace(fn, ATTACK + "\n\n" + fn + f"    _attack({where!r}, *{call})\n"))
     key_bytes = open(key, "rb").read()
-    out = sage("run", hostile / "pipeline.py", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "300",
-               "--epsilon-start", "1", "--min-window", "256", "--max-iterations", "1", "--work-dir", tmp_path / "work",
-               env={**os.environ, "SAGE_KEY_FILE": key, "PGPASSWORD": "hunter2",
-                    "SAGE_SHOW_CONFINED_OUTPUT": "1"})  # the markers are on the child's stderr
+    out = sage(
+        "run",
+        hostile / "pipeline.py",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--target",
+        "300",
+        "--epsilon-start",
+        "1",
+        "--min-window",
+        "256",
+        "--max-iterations",
+        "1",
+        "--work-dir",
+        tmp_path / "work",
+        env={**os.environ, "SAGE_KEY_FILE": key, "PGPASSWORD": "hunter2", "SAGE_SHOW_CONFINED_OUTPUT": "1"},
+    )  # the markers are on the child's stderr
     text = out.stdout + out.stderr
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "LEAK[" not in text, [line for line in text.splitlines() if "LEAK[" in line]
     for where in ("pipeline", "preprocessing", "trainer"):
-        for what in ("key_file", "head_file", "key_env", "secret_env", "launcher_memory", "launcher_environ",
-                     "ledger_open",
-                     "ledger_open_keyed", "database", "block_plaintext", "other_block_key", "other_grant_seed",
-                     "unopened_seed", "exact_count", "request"):
+        for what in (
+            "key_file",
+            "head_file",
+            "key_env",
+            "secret_env",
+            "launcher_memory",
+            "launcher_environ",
+            "ledger_open",
+            "ledger_open_keyed",
+            "database",
+            "block_plaintext",
+            "other_block_key",
+            "other_grant_seed",
+            "unopened_seed",
+            "exact_count",
+            "request",
+        ):
             assert f"BLOCKED[{where}:{what}]" in text, (where, what)
     assert "-> ACCEPT" in out.stdout and os.listdir(tmp_path / "work" / "serving")
     assert open(key, "rb").read() == key_bytes
@@ -283,8 +342,13 @@ def test_hostile_pipeline_preprocessing_and_trainer_modules_reach_no_key_ledger_
         (grant,) = ledger.grants()
         assert first not in grant.blocks
         assert [o for _g, o, _d in ledger.history("taxi", "taxi_fare")] == ["ACCEPT"]
-        assert {r.stage for r in ledger.releases(grant.id)} == {"count", "preprocessing", "training", "rejection",
-                                                                "validation"}
+        assert {r.stage for r in ledger.releases(grant.id)} == {
+            "count",
+            "preprocessing",
+            "training",
+            "rejection",
+            "validation",
+        }
         assert not any("trusted_read" in json.dumps(e) for e in ledger.log_entries())
 
 
@@ -324,7 +388,7 @@ def test_a_validation_result_outside_the_pipeline_root_is_refused(tmp_path):
 # A trainer module that trains honestly, then forges the validator's verdict in its own process (the validator
 # runs after it in the same child) and leaks the granted records it was handed: to an extra file in the pipeline
 # root and the work folder, and to its stdout.
-FORGE_AND_LEAK = '''
+FORGE_AND_LEAK = """
 def _forge_and_leak(fn_args, work_dir):
     import os
     import tensorflow as tf
@@ -346,7 +410,7 @@ def _forge_and_leak(fn_args, work_dir):
             os.write(2, f"NOT WRITTEN {folder}: {exc}\\n".encode())
     print("ROWLEAK", rows[0].hex(), flush=True)
     os.write(2, ("ROWLEAK " + rows[1].hex() + "\\n").encode())
-'''
+"""
 
 
 @pytest.mark.slow
@@ -361,25 +425,50 @@ def test_a_trainer_module_that_forges_its_acceptance_and_leaks_rows_gets_neither
     from tests.pipelines.test_sage_run import _copy_stream, sage
 
     db, data = _copy_stream(taxi_stream_300, tmp_path)
-    example = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare")
+    example = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare"
+    )
     hostile = tmp_path / "hostile"
     shutil.copytree(example, hostile)
     work = tmp_path / "work"
     text = (hostile / "trainer.py").read_text()
     fn = "def run_fn(fn_args):\n"
     assert fn in text and "    return trainer_utils.report_spent(fn_args, model)\n" in text
-    text = text.replace("    return trainer_utils.report_spent(fn_args, model)\n",
-                        f"    _forge_and_leak(fn_args, {str(work)!r})\n"
-                        "    return trainer_utils.report_spent(fn_args, model)\n")
+    text = text.replace(
+        "    return trainer_utils.report_spent(fn_args, model)\n",
+        f"    _forge_and_leak(fn_args, {str(work)!r})\n    return trainer_utils.report_spent(fn_args, model)\n",
+    )
     (hostile / "trainer.py").write_text(text.replace(fn, FORGE_AND_LEAK + "\n\n" + fn))
-    out = sage("run", hostile / "pipeline.py", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "1",
-               "--epsilon-start", "1", "--min-window", "256", "--max-iterations", "1", "--work-dir", work)
+    out = sage(
+        "run",
+        hostile / "pipeline.py",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--target",
+        "1",
+        "--epsilon-start",
+        "1",
+        "--min-window",
+        "256",
+        "--max-iterations",
+        "1",
+        "--work-dir",
+        work,
+    )
     shown = out.stdout + out.stderr
     assert "-> ACCEPT" not in out.stdout, out.stdout
     assert "ROWLEAK" not in shown
     assert not (work / "serving").exists() or not os.listdir(work / "serving")
-    left = [os.path.join(folder, name) for folder, _, names in os.walk(tmp_path) for name in names
-            if name == "leaked_rows.bin"]
+    left = [
+        os.path.join(folder, name)
+        for folder, _, names in os.walk(tmp_path)
+        for name in names
+        if name == "leaked_rows.bin"
+    ]
     assert left == []
     with Ledger.open(db) as ledger:
         assert ledger.audit().ok
@@ -395,8 +484,12 @@ ROOT = pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reaso
 def _other_python():
     """An interpreter of this Python version outside /root (the test host's pyenv lives in /root, 0700), or None."""
     version = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    for candidate in (os.environ.get("SAGE_CONFINED_PYTHON"), sys.executable, f"/usr/bin/{version}",
-                      f"/usr/local/bin/{version}"):
+    for candidate in (
+        os.environ.get("SAGE_CONFINED_PYTHON"),
+        sys.executable,
+        f"/usr/bin/{version}",
+        f"/usr/local/bin/{version}",
+    ):
         if candidate and os.path.exists(candidate):
             from sage_tfx.isolation import ChildUser, _refusal
 
@@ -431,22 +524,31 @@ def test_a_root_launchers_child_runs_as_another_user_and_cannot_open_the_key_wit
         os.makedirs(mine)
         os.makedirs(private, mode=0o700)
         with open(os.path.join(mine, "uid_probe.py"), "w") as f:
-            f.write("import json, os, sys\n"
-                    "from sage_tfx.isolation import confine_from_environment\n"
-                    "print(json.dumps({'abi': confine_from_environment(), 'uid': os.getuid(), 'gid': os.getgid()}))\n"
-                    "for path in sys.argv[1:]:\n"
-                    "    try:\n"
-                    "        open(path, 'rb').read(1)\n"
-                    "        print(json.dumps({path: 'read'}))\n"
-                    "    except OSError as exc:\n"
-                    "        print(json.dumps({path: exc.errno}))\n"
-                    "open(os.path.join(os.environ['TMPDIR'], 'written'), 'w').write('ok')\n")
+            f.write(
+                "import json, os, sys\n"
+                "from sage_tfx.isolation import confine_from_environment\n"
+                "print(json.dumps({'abi': confine_from_environment(), 'uid': os.getuid(), 'gid': os.getgid()}))\n"
+                "for path in sys.argv[1:]:\n"
+                "    try:\n"
+                "        open(path, 'rb').read(1)\n"
+                "        print(json.dumps({path: 'read'}))\n"
+                "    except OSError as exc:\n"
+                "        print(json.dumps({path: exc.errno}))\n"
+                "open(os.path.join(os.environ['TMPDIR'], 'written'), 'w').write('ok')\n"
+            )
         with open(os.path.join(mine, "granted.txt"), "w") as f:
             f.write("fine")
         os.chmod(os.path.join(mine, "granted.txt"), 0o644)
-        child = spawn("uid_probe", [key, os.path.join(mine, "granted.txt")],
-                      Confinement(read=[mine], write=[], landlock=False), private, env={"PYTHONPATH": mine},
-                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        child = spawn(
+            "uid_probe",
+            [key, os.path.join(mine, "granted.txt")],
+            Confinement(read=[mine], write=[], landlock=False),
+            private,
+            env={"PYTHONPATH": mine},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         out, err = child.communicate(timeout=300)
         assert child.returncode == 0, err[-2000:]
         lines = [json.loads(line) for line in out.splitlines()]
@@ -490,8 +592,14 @@ def test_only_declared_artifacts_outlive_a_confined_run(tmp_path):
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep.txt").write_text("not the run's")
-    config = PipelineConfig(name="p", ledger="l.db", stream="s", data_root=str(tmp_path / "data"),
-                            work_dir=str(tmp_path / "work"), target=1.0)
+    config = PipelineConfig(
+        name="p",
+        ledger="l.db",
+        stream="s",
+        data_root=str(tmp_path / "data"),
+        work_dir=str(tmp_path / "work"),
+        target=1.0,
+    )
     root = tmp_path / "work" / "tfx" / "p"
     for folder in ("DPTrainer/model/3", "DPTrainer/model_run/3", "stray/inner"):
         (root / folder).mkdir(parents=True)
@@ -503,8 +611,9 @@ def test_only_declared_artifacts_outlive_a_confined_run(tmp_path):
 
     def record(kind, uri):
         type_id = store.put_artifact_type(metadata_store_pb2.ArtifactType(name=kind))
-        store.put_artifacts([metadata_store_pb2.Artifact(type_id=type_id, uri=str(uri),
-                                                         state=metadata_store_pb2.Artifact.LIVE)])
+        store.put_artifacts(
+            [metadata_store_pb2.Artifact(type_id=type_id, uri=str(uri), state=metadata_store_pb2.Artifact.LIVE)]
+        )
 
     record("Model", root / "DPTrainer" / "model" / "3")
     record("ModelRun", root / "DPTrainer" / "model_run" / "3")

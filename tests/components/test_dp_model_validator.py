@@ -5,6 +5,7 @@ blocks; the grant covers the first three years, and the test models are fitted o
 they are independent of the validation records). Grant ids are random, so the validation noise differs
 between test runs: every target below leaves a margin of many noise standard deviations (stated at each).
 """
+
 import json
 import os
 
@@ -19,7 +20,13 @@ from tests.helpers.taxi_world import ingest_taxi, regrant
 
 pytestmark = pytest.mark.tf
 
-SPLIT = {"preprocessing": 0.0, "training": 1.0, "validation": 1.0, "delta": 1e-6, "rule": "pre+count+max(train+reject,val)"}
+SPLIT = {
+    "preprocessing": 0.0,
+    "training": 1.0,
+    "validation": 1.0,
+    "delta": 1e-6,
+    "rule": "pre+count+max(train+reject,val)",
+}
 FARE_B = 100.0  # squared errors in $^2 clipped to [0, 100]
 
 
@@ -32,13 +39,20 @@ def world(tmp_path_factory):
     ingest_taxi(ledger, data, "big_tipper")
     blocks = ledger.blocks("taxi")
     granted = [b for b in blocks if b.end <= blocks[0].start + 3 * 365 * 86400]
-    grant = ledger.request("p1", "taxi", blocks=[b.id for b in granted], epsilon=1.0, delta=1e-6,
-                           meta={"split": SPLIT})
+    grant = ledger.request("p1", "taxi", blocks=[b.id for b in granted], epsilon=1.0, delta=1e-6, meta={"split": SPLIT})
     fit_after = max(b.end for b in granted)
     models = _export_models(root / "models", fit_after)
     examples = _block_examples(db, data, grant, root / "examples")
-    yield dict(root=root, db=db, data=data, ledger=ledger, grant=grant, models=models, examples=examples,
-               base=(grant, examples))
+    yield dict(
+        root=root,
+        db=db,
+        data=data,
+        ledger=ledger,
+        grant=grant,
+        models=models,
+        examples=examples,
+        base=(grant, examples),
+    )
     ledger.close()
 
 
@@ -74,8 +88,12 @@ def _export_models(folder, fit_after):
         dense = tf.keras.layers.Dense(1)
         keras_model = tf.keras.Model(inputs, dense(inputs))
         dense.set_weights([np.array([[weights[0]]], np.float32), np.array([weights[1]], np.float32)])
-        paths[name] = export_saved_model(str(folder / name / "Format-Serving"), keras_model, layout,
-                                         lambda out: {"predictions": tf.reshape(out, [-1])})
+        paths[name] = export_saved_model(
+            str(folder / name / "Format-Serving"),
+            keras_model,
+            layout,
+            lambda out: {"predictions": tf.reshape(out, [-1])},
+        )
 
     module = tf.Module()
 
@@ -92,16 +110,21 @@ def _export_models(folder, fit_after):
     # taxi_utils_native_keras.py exports it: tips_xf = tips > 0.2 * fare (0 where the fare is missing).
     @tf.function(input_signature=[tf.TensorSpec([None], tf.string, name="examples")])
     def transform_features(examples):
-        parsed = tf.io.parse_example(examples, {k: tf.io.FixedLenFeature([], tf.float32, float("nan"))
-                                                for k in ("tips", "fare")})
-        big = tf.logical_and(tf.logical_not(tf.math.is_nan(parsed["fare"])),
-                             parsed["tips"] > 0.2 * parsed["fare"])
+        parsed = tf.io.parse_example(
+            examples, {k: tf.io.FixedLenFeature([], tf.float32, float("nan")) for k in ("tips", "fare")}
+        )
+        big = tf.logical_and(tf.logical_not(tf.math.is_nan(parsed["fare"])), parsed["tips"] > 0.2 * parsed["fare"])
         return {"tips_xf": tf.cast(big, tf.int64), "fare_xf": parsed["fare"]}
 
     paths["tipper_xf"] = str(folder / "tipper_xf" / "Format-Serving")
-    tf.saved_model.save(module, paths["tipper_xf"], signatures={
-        "serving_default": serve.get_concrete_function(),
-        "transform_features": transform_features.get_concrete_function()})
+    tf.saved_model.save(
+        module,
+        paths["tipper_xf"],
+        signatures={
+            "serving_default": serve.get_concrete_function(),
+            "transform_features": transform_features.get_concrete_function(),
+        },
+    )
     return {k: os.path.dirname(v) for k, v in paths.items()}
 
 
@@ -118,11 +141,20 @@ def _run(world, tmp_path, model="fare_good", grant="default", examples=None, **p
     blessing.uri, result.uri = str(tmp_path / "blessing"), str(tmp_path / "result")
     os.makedirs(blessing.uri, exist_ok=True)
     os.makedirs(result.uri, exist_ok=True)
-    props = {"grant": world["grant"].to_json() if grant == "default" else grant, "ledger": world["db"],
-             "metric": "mse", "target": 35.0, "label_key": "fare", "loss_bound": FARE_B}
+    props = {
+        "grant": world["grant"].to_json() if grant == "default" else grant,
+        "ledger": world["db"],
+        "metric": "mse",
+        "target": 35.0,
+        "label_key": "fare",
+        "loss_bound": FARE_B,
+    }
     props.update(params)
-    Executor().Do({"model": [model_artifact], "examples": [examples or world["examples"]]},
-                  {"blessing": [blessing], "validation_result": [result]}, props)
+    Executor().Do(
+        {"model": [model_artifact], "examples": [examples or world["examples"]]},
+        {"blessing": [blessing], "validation_result": [result]},
+        props,
+    )
     return blessing, result
 
 
@@ -133,20 +165,24 @@ def _report(result):
 
 # ------------------------------------------------------------------ refusals, before any record is read
 
+
 def _forged(world):
     forged = json.loads(world["grant"].to_json())
     forged["meta"]["split"]["validation"] = 5.0  # altered after signing
     return json.dumps(forged)
 
 
-@pytest.mark.parametrize("case,params,error,message", [
-    ("no grant", {"grant": None}, GrantError, "no grant given"),
-    ("forged", {"grant": "forged"}, GrantError, "forged"),
-    ("over share", {"epsilon": 1.5}, GrantError, r"asks for \(epsilon=1.5.*covers only \(epsilon=1"),
-    ("reject test not paid for", {"train_split": "train"}, GrantError, "no rejection stage.*not paid for"),
-    ("bad metric", {"metric": "auc"}, ValueError, "metric 'auc'"),
-    ("no loss bound", {"loss_bound": None}, ValueError, "needs loss_bound"),
-])
+@pytest.mark.parametrize(
+    "case,params,error,message",
+    [
+        ("no grant", {"grant": None}, GrantError, "no grant given"),
+        ("forged", {"grant": "forged"}, GrantError, "forged"),
+        ("over share", {"epsilon": 1.5}, GrantError, r"asks for \(epsilon=1.5.*covers only \(epsilon=1"),
+        ("reject test not paid for", {"train_split": "train"}, GrantError, "no rejection stage.*not paid for"),
+        ("bad metric", {"metric": "auc"}, ValueError, "metric 'auc'"),
+        ("no loss bound", {"loss_bound": None}, ValueError, "needs loss_bound"),
+    ],
+)
 def test_refuses_before_reading_data(world, tmp_path, case, params, error, message):
     from tfx.types import standard_artifacts
 
@@ -177,13 +213,17 @@ def test_refuses_examples_read_under_another_grant(world, tmp_path):
 def test_bad_target_and_confidence_are_named(world, tmp_path):
     from sage_tfx.validation import ValidationInputError
 
-    for params, message in (({"target": -1.0}, "target loss -1.0"), ({"confidence": 1.5}, "confidence 1.5"),
-                            ({"target": float("nan")}, "target nan")):
+    for params, message in (
+        ({"target": -1.0}, "target loss -1.0"),
+        ({"confidence": 1.5}, "confidence 1.5"),
+        ({"target": float("nan")}, "target nan"),
+    ):
         with pytest.raises((ValidationInputError, ValueError), match=message):
             _run(world, tmp_path, **params)
 
 
 # ------------------------------------------------------------------ validation and blessing
+
 
 def test_good_model_is_blessed_and_rerun_gives_the_same_release(world, tmp_path):
     # The good model's clipped eval MSE is ~13 $^2 and its upper bound ~20; 35 leaves a margin of ~15,
@@ -212,9 +252,14 @@ def test_result_reports_the_asked_confidence_beside_this_tests_eta(world, tmp_pa
 
     grant, examples = world["base"]
     request = {"target": 35.0, "confidence": 0.95, "metric": "mse"}
-    world["grant"] = world["ledger"].request(grant.pipeline, grant.stream, blocks=list(grant.blocks),
-                                             epsilon=grant.epsilon, delta=grant.delta,
-                                             meta={**grant.meta, "iteration": 1, "eta": 0.025, "request": request})
+    world["grant"] = world["ledger"].request(
+        grant.pipeline,
+        grant.stream,
+        blocks=list(grant.blocks),
+        epsilon=grant.epsilon,
+        delta=grant.delta,
+        meta={**grant.meta, "iteration": 1, "eta": 0.025, "request": request},
+    )
     world["examples"] = relabelled(examples, world["grant"])
     _, result = _run(world, tmp_path, eta=0.025)
     report = _report(result)
@@ -236,18 +281,29 @@ def test_bad_model_is_not_blessed(world, tmp_path):
 def test_accuracy_through_an_examples_signature_with_attempt_eta(world, tmp_path):
     # Card payers are big tippers far more often than cash payers; the rule's accuracy on real trips is
     # ~0.8, so 0.6 is accepted with a wide margin and 0.95 is out of reach (RETRY).
-    _, result = _run(world, tmp_path / "a", model="tipper", metric="accuracy", target=0.6,
-                     label_key="big_tipper", loss_bound=None, attempt=3, epsilon=0.5)
+    _, result = _run(
+        world,
+        tmp_path / "a",
+        model="tipper",
+        metric="accuracy",
+        target=0.6,
+        label_key="big_tipper",
+        loss_bound=None,
+        attempt=3,
+        epsilon=0.5,
+    )
     report = _report(result)
     assert report["outcome"] == "ACCEPT" and report["bound_kind"] == "lower" and report["bound"] >= 0.6
     assert report["eta"] == pytest.approx(0.05 / 12) and report["epsilon_spent"] == pytest.approx(0.5)
     world["grant"], world["examples"] = regrant(world["ledger"], *world["base"])  # another test: another grant
-    blessing, result = _run(world, tmp_path / "b", model="tipper", metric="accuracy", target=0.95,
-                            label_key="big_tipper", loss_bound=None)
+    blessing, result = _run(
+        world, tmp_path / "b", model="tipper", metric="accuracy", target=0.95, label_key="big_tipper", loss_bound=None
+    )
     assert _report(result)["outcome"] == "RETRY" and blessing.get_int_custom_property("blessed") == 0
     world["grant"], world["examples"] = regrant(world["ledger"], *world["base"])
-    _, result = _run(world, tmp_path / "c", model="tipper", metric="log_loss", target=2.0,
-                     label_key="big_tipper", loss_bound=None)
+    _, result = _run(
+        world, tmp_path / "c", model="tipper", metric="log_loss", target=2.0, label_key="big_tipper", loss_bound=None
+    )
     assert _report(result)["details"]["loss_bound"] == pytest.approx(np.log(1e7))
 
 
@@ -268,16 +324,23 @@ def test_reject_on_the_training_split_under_its_rejection_stage(world, tmp_path)
     """The REJECT test runs on the train split under the split's rejection stage (parallel rule:
     pre + count + max(train + reject, val)): the model that predicts 0 has a clipped training MSE near B."""
     split = dict(SPLIT, training=0.75, rejection=0.25)
-    grant, examples = regrant(world["ledger"], world["ledger"].request(
-        "p1", "taxi", blocks=list(world["grant"].blocks), epsilon=1.0, delta=1e-6, meta={"split": split}),
-        world["examples"])
-    blessing, result = _run(world, tmp_path, model="fare_bad", grant=grant.to_json(), examples=examples,
-                            train_split="train")
+    grant, examples = regrant(
+        world["ledger"],
+        world["ledger"].request(
+            "p1", "taxi", blocks=list(world["grant"].blocks), epsilon=1.0, delta=1e-6, meta={"split": split}
+        ),
+        world["examples"],
+    )
+    blessing, result = _run(
+        world, tmp_path, model="fare_bad", grant=grant.to_json(), examples=examples, train_split="train"
+    )
     report = _report(result)
     assert report["outcome"] == "REJECT", report
     assert report["train_epsilon"] == pytest.approx(0.25) and blessing.get_int_custom_property("blessed") == 0
     assert sorted((r.stage, r.epsilon) for r in world["ledger"].releases(grant.id)) == [
-        ("rejection", 0.25), ("validation", 1.0)]
+        ("rejection", 0.25),
+        ("validation", 1.0),
+    ]
     assert world["ledger"].audit().ok
 
 
@@ -286,16 +349,26 @@ def test_a_custom_bounded_loss_and_a_derived_label(world, tmp_path):
     to the public B = 10; the good fare model's mean absolute error is ~2 $, so a target of 6 is ACCEPTed. A
     derived label: big_tipper > 0.5 is big_tipper itself, and the card-payer rule reaches ~0.8 accuracy on it."""
     loss = tmp_path / "loss.py"
-    loss.write_text("import numpy as np\n\ndef per_example_loss(labels, outputs):\n"
-                    "    out = np.abs(labels - outputs['predictions'].reshape(-1))\n    out[0] = np.nan\n"
-                    "    return out\n")
+    loss.write_text(
+        "import numpy as np\n\ndef per_example_loss(labels, outputs):\n"
+        "    out = np.abs(labels - outputs['predictions'].reshape(-1))\n    out[0] = np.nan\n"
+        "    return out\n"
+    )
     _, result = _run(world, tmp_path / "a", metric="custom", loss_bound=10.0, target=6.0, loss_module=str(loss))
     report = _report(result)
     assert report["outcome"] == "ACCEPT" and report["bound"] <= 6.0 and report["loss_module"] == str(loss)
     (release,) = world["ledger"].releases(world["grant"].id)
     world["grant"], world["examples"] = regrant(world["ledger"], *world["base"])
-    _, result = _run(world, tmp_path / "b", model="tipper", metric="accuracy", target=0.6, label_key="big_tipper",
-                     loss_bound=None, label_threshold=0.5)
+    _, result = _run(
+        world,
+        tmp_path / "b",
+        model="tipper",
+        metric="accuracy",
+        target=0.6,
+        label_key="big_tipper",
+        loss_bound=None,
+        label_threshold=0.5,
+    )
     report = _report(result)
     assert report["outcome"] == "ACCEPT" and report["label_threshold"] == 0.5
     from sage_tfx.components.dp_model_validator_executor import ValidatorConfigError
@@ -303,19 +376,28 @@ def test_a_custom_bounded_loss_and_a_derived_label(world, tmp_path):
     with pytest.raises(ValidatorConfigError, match="needs loss_module"):
         _run(world, tmp_path / "c", metric="custom", loss_bound=10.0, target=6.0)
     with pytest.raises(ValidatorConfigError, match="no function 'nope'"):
-        _run(world, tmp_path / "d", metric="custom", loss_bound=10.0, target=6.0, loss_module=str(loss),
-             loss_function="nope")
+        _run(
+            world,
+            tmp_path / "d",
+            metric="custom",
+            loss_bound=10.0,
+            target=6.0,
+            loss_module=str(loss),
+            loss_function="nope",
+        )
     # the loss module's content is part of the validation's fingerprint: an edited loss is another release
     from sage_tfx.components.dp_model_validator_executor import validation_computation, validation_plan
 
     props = {"metric": "custom", "loss_bound": 10.0, "target": 6.0, "label_key": "fare", "loss_module": str(loss)}
     plan = validation_plan(props, world["grant"])
     model, data = world["models"]["fare_good"], {"records": "d", "splits": ["eval"]}
-    assert validation_computation(plan, model, data) == validation_computation(validation_plan(props, world["grant"]),
-                                                                               model, data)
+    assert validation_computation(plan, model, data) == validation_computation(
+        validation_plan(props, world["grant"]), model, data
+    )
     loss.write_text(loss.read_text().replace("np.abs", "np.square"))
     assert validation_computation(validation_plan(props, world["grant"]), model, data) != validation_computation(
-        plan, model, data)
+        plan, model, data
+    )
     assert release.stage == "validation"
 
 
@@ -329,8 +411,16 @@ def test_a_label_from_the_models_transform_features_signature(world, tmp_path):
         split_records,
     )
 
-    _, result = _run(world, tmp_path / "a", model="tipper_xf", metric="accuracy", target=0.6, label_key="tips_xf",
-                     loss_bound=None, label_signature="transform_features")
+    _, result = _run(
+        world,
+        tmp_path / "a",
+        model="tipper_xf",
+        metric="accuracy",
+        target=0.6,
+        label_key="tips_xf",
+        loss_bound=None,
+        label_signature="transform_features",
+    )
     report = _report(result)
     assert report["outcome"] == "ACCEPT" and report["bound"] >= 0.6, report
     # the labels are exactly the derived ones, one per eval record
@@ -347,12 +437,22 @@ def test_a_label_from_the_models_transform_features_signature(world, tmp_path):
         expected.append(float(np.isfinite(fare) and np.float32(tips) > np.float32(0.2) * np.float32(fare)))
     assert len(labels) == len(records) and np.array_equal(labels, np.array(expected))
     assert 0.1 < labels.mean() < 0.5  # TFX's big tippers: about a fifth of the trips
-    for signature, key, message in [("nope", "tips_xf", r"'nope' is not a signature.*'transform_features'"),
-                                    ("transform_features", "tips", r"returns no 'tips'.*'fare_xf', 'tips_xf'")]:
+    for signature, key, message in [
+        ("nope", "tips_xf", r"'nope' is not a signature.*'transform_features'"),
+        ("transform_features", "tips", r"returns no 'tips'.*'fare_xf', 'tips_xf'"),
+    ]:
         world["grant"], world["examples"] = regrant(world["ledger"], *world["base"])
         with pytest.raises(ValidatorConfigError, match=message):
-            _run(world, tmp_path / signature / key, model="tipper_xf", metric="accuracy", target=0.6, label_key=key,
-                 loss_bound=None, label_signature=signature)
+            _run(
+                world,
+                tmp_path / signature / key,
+                model="tipper_xf",
+                metric="accuracy",
+                target=0.6,
+                label_key=key,
+                loss_bound=None,
+                label_signature=signature,
+            )
 
 
 def test_custom_losses_are_clipped_to_the_public_bound():
@@ -366,6 +466,7 @@ def test_custom_losses_are_clipped_to_the_public_bound():
 
 
 # ------------------------------------------------------------------ in a pipeline, with TFX's own Pusher
+
 
 def _pipeline(world, root, grant, names=("fare_good", "fare_bad")):
     from tfx.components.pusher.component import Pusher
@@ -381,20 +482,36 @@ def _pipeline(world, root, grant, names=("fare_good", "fare_bad")):
     gen = BlockExampleGen(ledger=world["db"], data_root=world["data"], stream="taxi", grant=grant)
     components = [gen]
     for name in names:
-        model = Importer(source_uri=world["models"][name], artifact_type=standard_artifacts.Model,
-                         custom_properties={"tfx_version": tfx_version}).with_id(f"import_{name}")
+        model = Importer(
+            source_uri=world["models"][name],
+            artifact_type=standard_artifacts.Model,
+            custom_properties={"tfx_version": tfx_version},
+        ).with_id(f"import_{name}")
         validator = DPModelValidator(
-            model=model.outputs["result"], examples=gen.outputs["examples"], ledger=world["db"], grant=grant,
-            metric="mse", target=35.0, label_key="fare", loss_bound=FARE_B).with_id(f"validate_{name}")
-        pusher = Pusher(model=model.outputs["result"], model_blessing=validator.outputs["blessing"],
-                        push_destination=pusher_pb2.PushDestination(
-                            filesystem=pusher_pb2.PushDestination.Filesystem(
-                                base_directory=str(root / "serving" / name)))).with_id(f"push_{name}")
+            model=model.outputs["result"],
+            examples=gen.outputs["examples"],
+            ledger=world["db"],
+            grant=grant,
+            metric="mse",
+            target=35.0,
+            label_key="fare",
+            loss_bound=FARE_B,
+        ).with_id(f"validate_{name}")
+        pusher = Pusher(
+            model=model.outputs["result"],
+            model_blessing=validator.outputs["blessing"],
+            push_destination=pusher_pb2.PushDestination(
+                filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=str(root / "serving" / name))
+            ),
+        ).with_id(f"push_{name}")
         components += [model, validator, pusher]
     return pipeline.Pipeline(
-        pipeline_name="dpmv", pipeline_root=str(root / "pipeline_root"), components=components,
+        pipeline_name="dpmv",
+        pipeline_root=str(root / "pipeline_root"),
+        components=components,
         metadata_connection_config=metadata.sqlite_metadata_connection_config(str(root / "mlmd.sqlite")),
-        enable_cache=False)
+        enable_cache=False,
+    )
 
 
 def test_pusher_pushes_only_the_accepted_model(world, tmp_path):

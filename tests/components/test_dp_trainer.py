@@ -4,6 +4,7 @@ Data: the real Chicago taxi trips (tfx wheel) ingested into a ledger in 30-day b
 first three years (about 13,800 trips). Models train with the example module examples/taxi_trainer_module.py
 or small module files written by the tests.
 """
+
 import filecmp
 import json
 import os
@@ -26,8 +27,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 TAXI_MODULE = os.path.join(ROOT, "examples", "taxi_trainer_module.py")
 FEATURES = ("trip_miles", "trip_seconds", "trip_start_hour")  # the example module's features
 COUNT_EPSILON = 0.1  # the DP record count: the count stage of SPLIT
-SPLIT = {"preprocessing": 0.1, "count": COUNT_EPSILON, "training": 0.9, "validation": 0.9, "delta": 1e-6,
-         "rule": "pre+count+max(train+reject,val)"}
+SPLIT = {
+    "preprocessing": 0.1,
+    "count": COUNT_EPSILON,
+    "training": 0.9,
+    "validation": 0.9,
+    "delta": 1e-6,
+    "rule": "pre+count+max(train+reject,val)",
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +49,9 @@ def world(tmp_path_factory):
     grant = ledger.request("p1", "taxi", blocks=first, epsilon=1.1, delta=1e-6, meta={"split": SPLIT})
     other = ledger.request("p2", "taxi", blocks=first[:5], epsilon=0.5, delta=1e-6)
     examples = _block_examples(db, data, grant, root / "examples")
-    yield dict(root=root, db=db, data=data, ledger=ledger, grant=grant, other=other, examples=examples,
-               base=(grant, examples))
+    yield dict(
+        root=root, db=db, data=data, ledger=ledger, grant=grant, other=other, examples=examples, base=(grant, examples)
+    )
     ledger.close()
 
 
@@ -63,8 +71,12 @@ def _run(world, tmp_path, module_file=TAXI_MODULE, grant="default", examples=Non
     model.uri, run.uri = str(tmp_path / "model"), str(tmp_path / "model_run")
     os.makedirs(model.uri, exist_ok=True)
     os.makedirs(run.uri, exist_ok=True)
-    props = {"grant": world["grant"].to_json() if grant == "default" else grant, "ledger": world["db"],
-             "module_file": str(module_file), "custom_config": json.dumps(params.pop("custom_config", None))}
+    props = {
+        "grant": world["grant"].to_json() if grant == "default" else grant,
+        "ledger": world["db"],
+        "module_file": str(module_file),
+        "custom_config": json.dumps(params.pop("custom_config", None)),
+    }
     props.update(params)
     inputs = {"examples": [examples or world["examples"]]}
     inputs.update(extra_inputs or {})
@@ -87,8 +99,9 @@ def _eval_rows(world):
 
     from sage_tfx.components import trainer_utils
 
-    args = SimpleNamespace(eval_files=[os.path.join(world["examples"].uri, "Split-eval", "*")],
-                           transform_graph_path=None)
+    args = SimpleNamespace(
+        eval_files=[os.path.join(world["examples"].uri, "Split-eval", "*")], transform_graph_path=None
+    )
     return trainer_utils.load_examples(args, list(FEATURES), "fare", split="eval")
 
 
@@ -103,6 +116,7 @@ def _served_mse(model, world):
 
 
 # ------------------------------------------------------------------------------ training within the share
+
 
 def test_taxi_module_dnn_within_share_and_serves(world, tmp_path):
     """The example module (DPDNNRegressor) at the training share eps = 0.9: spend audited and recorded, the
@@ -132,13 +146,19 @@ def test_fn_args_carry_the_grant_share_and_a_dp_count(world, tmp_path):
     the grant's training seed, which the module never sees: the same grant trains the same model)."""
     from sage_tfx.components._grant import released_record_count
 
-    module = module_file(tmp_path, LINEAR_RUN_FN.replace("def run_fn(fn_args):", """def run_fn(fn_args):
+    module = module_file(
+        tmp_path,
+        LINEAR_RUN_FN.replace(
+            "def run_fn(fn_args):",
+            """def run_fn(fn_args):
     seen = {k: getattr(fn_args, k) for k in ("train_files", "eval_files", "privacy_budget", "num_examples",
             "grant_id", "custom_config", "serving_model_dir", "model_run_dir", "transform_graph_path")}
     seen["has_data_accessor"] = fn_args.data_accessor is not None
     seen["has_seed"] = hasattr(fn_args, "seed")
     with open(os.path.join(os.path.dirname(fn_args.model_run_dir), "seen.json"), "w") as f:
-        json.dump(seen, f)""").replace("BUDGET", "fn_args.privacy_budget"))
+        json.dump(seen, f)""",
+        ).replace("BUDGET", "fn_args.privacy_budget"),
+    )
     a_model, a_run = _run(world, tmp_path / "a", module, custom_config={"x": 1})
     b_model, _ = _run(world, tmp_path / "b", module, custom_config={"x": 1})
     seen = json.loads((tmp_path / "a" / "seen.json").read_text())
@@ -164,8 +184,12 @@ def test_fn_args_carry_the_grant_share_and_a_dp_count(world, tmp_path):
     import tensorflow as tf
 
     probe = tf.constant(np.linspace(0, 30, 7, dtype=np.float32))
-    outs = [tf.saved_model.load(os.path.join(m.uri, "Format-Serving")).signatures["serving_default"](
-        trip_miles=probe)["predictions"].numpy() for m in (a_model, b_model)]
+    outs = [
+        tf.saved_model.load(os.path.join(m.uri, "Format-Serving"))
+        .signatures["serving_default"](trip_miles=probe)["predictions"]
+        .numpy()
+        for m in (a_model, b_model)
+    ]
     np.testing.assert_array_equal(outs[0], outs[1])
     # fare grows with distance: over 5,000 simulated AdaSSP noise draws on these rows the slope was never
     # below 7.6 $ per 10 miles (median 15.1)
@@ -174,19 +198,23 @@ def test_fn_args_carry_the_grant_share_and_a_dp_count(world, tmp_path):
 
 # ------------------------------------------------------------------------------ refusals
 
+
 def _forged(world):
     forged = json.loads(world["grant"].to_json())
     forged["meta"]["split"]["training"] = 5.0  # altered after signing
     return json.dumps(forged)
 
 
-@pytest.mark.parametrize("case,params,message", [
-    ("no grant", {"grant": None}, "no grant given"),
-    ("forged", {"grant": "forged"}, "forged"),
-    ("examples of another grant", {"grant": "other"}, "made under grant"),
-    ("asks more than the share", {"epsilon": 2.0}, r"asks for \(epsilon=2.*covers only \(epsilon=0.9"),
-    ("asks more delta", {"delta": 1e-5}, r"covers only \(epsilon=0.9, delta=1e-06\)"),
-])
+@pytest.mark.parametrize(
+    "case,params,message",
+    [
+        ("no grant", {"grant": None}, "no grant given"),
+        ("forged", {"grant": "forged"}, "forged"),
+        ("examples of another grant", {"grant": "other"}, "made under grant"),
+        ("asks more than the share", {"epsilon": 2.0}, r"asks for \(epsilon=2.*covers only \(epsilon=0.9"),
+        ("asks more delta", {"delta": 1e-5}, r"covers only \(epsilon=0.9, delta=1e-06\)"),
+    ],
+)
 def test_refuses_before_reading(world, tmp_path, case, params, message):
     module = module_file(tmp_path, LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget"))
     grant = params.pop("grant", "default")
@@ -196,24 +224,38 @@ def test_refuses_before_reading(world, tmp_path, case, params, message):
     assert not (tmp_path / "called").exists()  # run_fn never ran: nothing was read
 
 
-@pytest.mark.parametrize("case,body,message", [
-    ("hard-coded budget above the share", LINEAR_RUN_FN.replace("BUDGET", "(5.0, 1e-6)"),
-     r"asks \(epsilon=5, delta=1e-06\) but the training share \(epsilon=0.9, delta=1e-06\)"),
-    ("calibrated on the exact count", """
+@pytest.mark.parametrize(
+    "case,body,message",
+    [
+        (
+            "hard-coded budget above the share",
+            LINEAR_RUN_FN.replace("BUDGET", "(5.0, 1e-6)"),
+            r"asks \(epsilon=5, delta=1e-06\) but the training share \(epsilon=0.9, delta=1e-06\)",
+        ),
+        (
+            "calibrated on the exact count",
+            """
 def run_fn(fn_args):
     x, y = trainer_utils.load_examples(fn_args, ["trip_miles"], "fare")
     model = DPDNNRegressor(fn_args.privacy_budget, hidden_units=(4,), num_examples=len(y), epochs=0.05,
                            batch_size=64).fit(x, y)
     trainer_utils.export_model(fn_args, model)
     return model
-""", "another num_examples than the run's DP.*never the exact count"),  # the exact count is not echoed
-    ("no spend reported", """
+""",
+            "another num_examples than the run's DP.*never the exact count",
+        ),  # the exact count is not echoed
+        (
+            "no spend reported",
+            """
 def run_fn(fn_args):
     x, y = trainer_utils.load_examples(fn_args, ["trip_miles"], "fare")
     model = DPLinearRegressor(fn_args.privacy_budget, feature_bound=30.0, label_range=(0, 100)).fit(x, y)
     trainer_utils.export_model(fn_args, model)
-""", "reported no privacy spend"),
-])
+""",
+            "reported no privacy spend",
+        ),
+    ],
+)
 def test_overspend_is_refused_and_the_model_deleted(world, tmp_path, case, body, message):
     """A budget above the share is refused when the fit starts (the share's filter), before it reads anything;
     the others by the audit of the reported spend."""
@@ -233,7 +275,9 @@ def test_one_training_release_per_grant_and_computation(world, tmp_path):
     _run(world, tmp_path / "a", module)
     _run(world, tmp_path / "again", module)  # the same computation: re-opened, not refused
     (tmp_path / "o").mkdir()
-    other = module_file(tmp_path / "o", LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget").replace("10.0", "20.0"))
+    other = module_file(
+        tmp_path / "o", LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget").replace("10.0", "20.0")
+    )
     with pytest.raises(GrantError, match="already released its training stage.*different release"):
         _run(world, tmp_path / "b", other)
     with pytest.raises(GrantError, match="different release"):
@@ -250,17 +294,34 @@ def test_a_grant_without_split_pays_for_one_stage_only(world, tmp_path):
     from sage_tfx.components.dp_model_validator_executor import Executor as Validator
 
     ledger = world["ledger"]
-    plain, examples = regrant(ledger, ledger.request("p5", "taxi", blocks=list(world["grant"].blocks), epsilon=0.5,
-                                                     delta=1e-6), world["base"][1])
-    model, _ = _run(world, tmp_path, module_file(tmp_path, LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget")),
-                    grant=plain.to_json(), examples=examples)
+    plain, examples = regrant(
+        ledger,
+        ledger.request("p5", "taxi", blocks=list(world["grant"].blocks), epsilon=0.5, delta=1e-6),
+        world["base"][1],
+    )
+    model, _ = _run(
+        world,
+        tmp_path,
+        module_file(tmp_path, LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget")),
+        grant=plain.to_json(),
+        examples=examples,
+    )
     assert json.loads(model.get_string_custom_property("privacy_spent"))["epsilon_spent"] == 0.5
     blessing, result = standard_artifacts.ModelBlessing(), SageValidationResult()
     blessing.uri, result.uri = str(tmp_path / "blessing"), str(tmp_path / "result")
     with pytest.raises(GrantError, match="single-stage.*training stage already spent it"):
-        Validator().Do({"model": [model], "examples": [examples]}, {"blessing": [blessing], "validation_result": [result]},
-                       {"grant": plain.to_json(), "ledger": world["db"], "metric": "mse", "target": 100.0,
-                        "label_key": "fare", "loss_bound": 400.0})
+        Validator().Do(
+            {"model": [model], "examples": [examples]},
+            {"blessing": [blessing], "validation_result": [result]},
+            {
+                "grant": plain.to_json(),
+                "ledger": world["db"],
+                "metric": "mse",
+                "target": 100.0,
+                "label_key": "fare",
+                "loss_bound": 400.0,
+            },
+        )
     assert not os.path.exists(result.uri)  # nothing drawn, nothing written
     assert [(r.stage, r.epsilon) for r in ledger.releases(plain.id)] == [("training", 0.5)]
     assert ledger.audit().ok
@@ -278,9 +339,14 @@ def test_training_share_comes_from_the_signed_split(world):
     with pytest.raises(GrantError, match="covers only"):
         asked_budget({"epsilon": 0.55}, plain)
     assert asked_budget({"epsilon": 0.3}, plain) == (0.3, 1e-6)
-    no_training = ledger.request("p4", "taxi", blocks=blocks[:2], epsilon=0.5, delta=1e-6,
-                                 meta={"split": dict(SPLIT, preprocessing=0.0, count=0.0, training=0.0,
-                                                     validation=0.5)})
+    no_training = ledger.request(
+        "p4",
+        "taxi",
+        blocks=blocks[:2],
+        epsilon=0.5,
+        delta=1e-6,
+        meta={"split": dict(SPLIT, preprocessing=0.0, count=0.0, training=0.0, validation=0.5)},
+    )
     with pytest.raises(GrantError, match="leaves no training budget"):
         asked_budget({}, no_training)
     with pytest.raises(ValueError, match="epsilon=nan"):
@@ -297,8 +363,13 @@ def test_component_needs_exactly_one_training_function(world):
         DPTrainer(examples=examples, ledger=world["db"], grant=world["grant"])
     with pytest.raises(ValueError, match="exactly one"):
         DPTrainer(examples=examples, ledger=world["db"], module_file=TAXI_MODULE, run_fn="a.b")
-    trainer = DPTrainer(examples=examples, ledger=world["db"], grant=world["grant"], module_file=TAXI_MODULE,
-                        custom_config={"model": "linear"})
+    trainer = DPTrainer(
+        examples=examples,
+        ledger=world["db"],
+        grant=world["grant"],
+        module_file=TAXI_MODULE,
+        custom_config={"model": "linear"},
+    )
     assert set(trainer.outputs) == {"model", "model_run"}
     assert trainer.exec_properties["grant"] == world["grant"].to_json()
 
@@ -310,8 +381,13 @@ def test_audit_reaccounts_the_event():
     from sage_tfx.privacy import dpsgd
 
     sigma, event, eps, _ = dpsgd.dpsgd_spend(1.0, 1e-6, 10_000, 100, 2)
-    report = {"epsilon": eps, "delta": 1e-6, "dp_event": event_to_json(event), "num_examples": 10_000,
-              "accountant": "rdp"}
+    report = {
+        "epsilon": eps,
+        "delta": 1e-6,
+        "dp_event": event_to_json(event),
+        "num_examples": 10_000,
+        "accountant": "rdp",
+    }
     assert audit_spend(report, (1.0, 1e-6), 10_000)[0] == pytest.approx(eps, rel=1e-9)
     louder = dpsgd.dpsgd_event(sigma / 2, 10_000, 100, 2)  # half the noise, same claimed epsilon
     with pytest.raises(SpendError, match="re-accounting"):
@@ -338,7 +414,7 @@ def test_adassp_releases_are_reaccounted_by_their_rdp_curve_not_the_analytic_pro
     low, high = 1.0, 20.0  # the smallest c whose three releases the continuous analytic profile calls (1, 1e-5)-DP
     for _ in range(100):
         mid = (low + high) / 2
-        low, high = (mid, high) if gaussian.analytic_delta(eps, mid / 3 ** 0.5) > delta else (low, mid)
+        low, high = (mid, high) if gaussian.analytic_delta(eps, mid / 3**0.5) > delta else (low, mid)
     analytic, proven = high, adassp.exact_multiplier(eps, delta)
     assert analytic == pytest.approx(6.46, abs=0.01) and proven == pytest.approx(7.01, abs=0.01)
     report = {"epsilon": eps, "delta": delta, "dp_event": event_to_json(releases(analytic)), "accountant": accountant}
@@ -349,6 +425,7 @@ def test_adassp_releases_are_reaccounted_by_their_rdp_curve_not_the_analytic_pro
 
 
 # ------------------------------------------------------------------------------ a real TFX pipeline
+
 
 def _mlmd_artifacts(path, type_name):
     from tfx.orchestration import metadata
@@ -375,15 +452,31 @@ def test_in_local_dag_runner(world, tmp_path):
 
     def build(root, grant, name, **trainer_args):
         gen = BlockExampleGen(ledger=world["db"], data_root=world["data"], stream="taxi", grant=grant)
-        trainer = DPTrainer(examples=gen.outputs["examples"], ledger=world["db"], grant=grant,
-                            module_file=TAXI_MODULE, custom_config={"model": "linear"}, **trainer_args)
-        validator = DPModelValidator(model=trainer.outputs["model"], examples=gen.outputs["examples"],
-                                     ledger=world["db"], grant=grant, metric="mse", target=100.0,
-                                     label_key="fare", loss_bound=400.0)
+        trainer = DPTrainer(
+            examples=gen.outputs["examples"],
+            ledger=world["db"],
+            grant=grant,
+            module_file=TAXI_MODULE,
+            custom_config={"model": "linear"},
+            **trainer_args,
+        )
+        validator = DPModelValidator(
+            model=trainer.outputs["model"],
+            examples=gen.outputs["examples"],
+            ledger=world["db"],
+            grant=grant,
+            metric="mse",
+            target=100.0,
+            label_key="fare",
+            loss_bound=400.0,
+        )
         return pipeline.Pipeline(
-            pipeline_name=name, pipeline_root=str(root / "pipeline_root"), components=[gen, trainer, validator],
+            pipeline_name=name,
+            pipeline_root=str(root / "pipeline_root"),
+            components=[gen, trainer, validator],
             metadata_connection_config=metadata.sqlite_metadata_connection_config(str(root / "mlmd.sqlite")),
-            enable_cache=False)
+            enable_cache=False,
+        )
 
     LocalDagRunner().run(build(tmp_path, world["grant"], "dptr-local"))
     (model,) = _mlmd_artifacts(tmp_path / "mlmd.sqlite", "Model")
@@ -414,6 +507,7 @@ def test_in_local_dag_runner(world, tmp_path):
 
 # ------------------------------------------------------------------------------ through a tf.Transform graph
 
+
 def _tft_output(folder, rows):
     """A tf.Transform output (plain tft analyzers, Beam DirectRunner) for rows {miles, hour, fare}:
     ``miles_z`` = z-score of miles, ``hour_01`` = hour scaled to [0, 1]; returns the transformed rows."""
@@ -421,12 +515,18 @@ def _tft_output(folder, rows):
     import tensorflow_transform as tft
     import tensorflow_transform.beam as tft_beam
 
-    spec = {"miles": tf.io.FixedLenFeature([], tf.float32), "hour": tf.io.FixedLenFeature([], tf.int64),
-            "fare": tf.io.FixedLenFeature([], tf.float32)}
+    spec = {
+        "miles": tf.io.FixedLenFeature([], tf.float32),
+        "hour": tf.io.FixedLenFeature([], tf.int64),
+        "fare": tf.io.FixedLenFeature([], tf.float32),
+    }
 
     def preprocessing_fn(inputs):
-        return {"miles_z": tft.scale_to_z_score(inputs["miles"]),
-                "hour_01": tft.scale_to_0_1(tf.cast(inputs["hour"], tf.float32)), "fare": inputs["fare"]}
+        return {
+            "miles_z": tft.scale_to_z_score(inputs["miles"]),
+            "hour_01": tft.scale_to_0_1(tf.cast(inputs["hour"], tf.float32)),
+            "fare": inputs["fare"],
+        }
 
     metadata = tft.DatasetMetadata.from_feature_spec(spec)
     with tft_beam.Context(temp_dir=str(folder / "tmp")):
@@ -462,8 +562,10 @@ def test_transform_graph_path_and_export_through_it(world, tmp_path):
     from sage_tfx.components.trainer_utils import TrainerDataError, load_examples
 
     rng = np.random.default_rng(0)
-    rows = [{"miles": float(m), "hour": int(h), "fare": float(3 + 2.5 * m + 0.1 * h + rng.normal())}
-            for m, h in zip(rng.exponential(3.0, 6000), rng.integers(0, 24, 6000))]
+    rows = [
+        {"miles": float(m), "hour": int(h), "fare": float(3 + 2.5 * m + 0.1 * h + rng.normal())}
+        for m, h in zip(rng.exponential(3.0, 6000), rng.integers(0, 24, 6000))
+    ]
     transformed = _tft_output(tmp_path, rows)
     examples = standard_artifacts.Examples()
     examples.uri = str(tmp_path / "transformed_examples")
@@ -480,7 +582,9 @@ def test_transform_graph_path_and_export_through_it(world, tmp_path):
     graph = standard_artifacts.TransformGraph()
     graph.uri = str(tmp_path / "transform_graph")
 
-    module = module_file(tmp_path, """
+    module = module_file(
+        tmp_path,
+        """
 def run_fn(fn_args):
     x, y = trainer_utils.load_examples(fn_args, ["miles_z", "hour_01"], "fare")
     model = DPLinearRegressor(fn_args.privacy_budget, feature_bound=3.0,
@@ -490,9 +594,11 @@ def run_fn(fn_args):
     with open(os.path.join(os.path.dirname(fn_args.model_run_dir), "coef.pkl"), "wb") as f:
         pickle.dump((model.coef_, model.intercept_), f)
     return trainer_utils.report_spent(fn_args, model)
-""")
-    model, _ = _run(world, tmp_path, module, examples=examples, extra_inputs={"transform_graph": [graph]},
-                    public_num_examples=5000)
+""",
+    )
+    model, _ = _run(
+        world, tmp_path, module, examples=examples, extra_inputs={"transform_graph": [graph]}, public_num_examples=5000
+    )
 
     coef, intercept = pickle.loads((tmp_path / "coef.pkl").read_bytes())
     served = tf.saved_model.load(os.path.join(model.uri, "Format-Serving")).signatures["serving_default"]
@@ -505,8 +611,9 @@ def run_fn(fn_args):
     # bound 3) the correlation on held-out rows was never below 0.82 (median 0.95)
     assert np.corrcoef(out, [r["fare"] for r in rows[5000:]])[0, 1] > 0.75
 
-    args = type("Args", (), {"train_files": [os.path.join(examples.uri, "Split-train", "*")],
-                             "transform_graph_path": graph.uri})
+    args = type(
+        "Args", (), {"train_files": [os.path.join(examples.uri, "Split-train", "*")], "transform_graph_path": graph.uri}
+    )
     with pytest.raises(TrainerDataError, match="'miles' is not a transformed feature"):
         load_examples(args, ["miles"], "fare")
 
@@ -525,14 +632,16 @@ def test_export_serves_a_residual_over_a_public_offset(tmp_path):
     x = {"a": rng.uniform(0, 1, 2000).astype(np.float32)}
     y = (0.2 + 0.5 * x["a"]).astype(np.float32)
     model = DPLinearRegressor((50.0, 1e-6), feature_bound=1.0, label_range=(0.0, 1.0), seed=3).fit(x, y)
-    fn_args = types.SimpleNamespace(serving_model_dir=str(tmp_path / "serving"), model_run_dir=str(tmp_path / "run"),
-                                    transform_graph_path=None)
+    fn_args = types.SimpleNamespace(
+        serving_model_dir=str(tmp_path / "serving"), model_run_dir=str(tmp_path / "run"), transform_graph_path=None
+    )
     trainer_utils.export_model(fn_args, model, ["a"], output_scale=10.0, output_offset=100.0)
     served = tf.saved_model.load(fn_args.serving_model_dir).signatures["serving_default"]
     probe = np.array([0.0, 0.5, 1.0], dtype=np.float32)
     inner = np.asarray(model.predict({"a": probe})).reshape(-1)
-    np.testing.assert_allclose(served(a=tf.constant(probe))["predictions"].numpy().reshape(-1), 10.0 * inner + 100.0,
-                               rtol=1e-5)
+    np.testing.assert_allclose(
+        served(a=tf.constant(probe))["predictions"].numpy().reshape(-1), 10.0 * inner + 100.0, rtol=1e-5
+    )
     with pytest.raises(TrainerDataError, match="output_offset=nan"):
         trainer_utils.export_model(fn_args, model, ["a"], output_offset=float("nan"))
 
@@ -560,8 +669,11 @@ def test_a_search_of_five_fits_at_the_full_share_is_refused(world, tmp_path):
     from sage_tfx.models.seeding import FitBudgetError
 
     body = SEARCH_RUN_FN.replace("BUDGETS", "[fn_args.privacy_budget] * 5")
-    with pytest.raises(FitBudgetError, match=r"DPLinearRegressor: this fit asks \(epsilon=0.9, delta=1e-06\) but "
-                                             r"the training share .* has \(epsilon=0, delta=0\) left after 1"):
+    with pytest.raises(
+        FitBudgetError,
+        match=r"DPLinearRegressor: this fit asks \(epsilon=0.9, delta=1e-06\) but "
+        r"the training share .* has \(epsilon=0, delta=0\) left after 1",
+    ):
         _run(world, tmp_path, module_file(tmp_path, body))
     assert not os.path.exists(tmp_path / "model" / "Format-Serving")
 
@@ -585,10 +697,15 @@ def test_fits_outside_run_fns_thread_or_without_a_dp_model_are_refused(world, tm
     from sage_tfx.components.dp_trainer_executor import SpendError
     from sage_tfx.models.seeding import FitBudgetError
 
-    threaded = LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget").replace(
-        "    model = DPLinearRegressor(", "    from concurrent.futures import ThreadPoolExecutor\n"
-        "    model = ThreadPoolExecutor(1).submit(lambda: DPLinearRegressor(").replace(
-        ".fit(x, y)\n", ".fit(x, y)).result()\n")
+    threaded = (
+        LINEAR_RUN_FN.replace("BUDGET", "fn_args.privacy_budget")
+        .replace(
+            "    model = DPLinearRegressor(",
+            "    from concurrent.futures import ThreadPoolExecutor\n"
+            "    model = ThreadPoolExecutor(1).submit(lambda: DPLinearRegressor(",
+        )
+        .replace(".fit(x, y)\n", ".fit(x, y)).result()\n")
+    )
     with pytest.raises(FitBudgetError, match="outside the thread of the DPTrainer run"):
         _run(world, tmp_path / "a", module_file(tmp_path, threaded))
     made_up = """
@@ -639,8 +756,12 @@ def test_a_reopened_training_release_keeps_its_first_model(world, tmp_path):
         model.uri, run.uri = str(root / "model" / execution), str(root / "model_run" / execution)
         os.makedirs(model.uri)
         os.makedirs(run.uri)
-        props = {"grant": world["grant"].to_json(), "ledger": world["db"], "module_file": str(module),
-                 "custom_config": json.dumps(None)}
+        props = {
+            "grant": world["grant"].to_json(),
+            "ledger": world["db"],
+            "module_file": str(module),
+            "custom_config": json.dumps(None),
+        }
         Executor().Do({"examples": [world["examples"]]}, {"model": [model], "model_run": [run]}, props)
         models.append(model)
     assert (root / "calls").read_text() == "run_fn\n"  # trained once
@@ -650,7 +771,8 @@ def test_a_reopened_training_release_keeps_its_first_model(world, tmp_path):
     for name in ("variables/variables.data-00000-of-00001", "saved_model.pb"):
         assert filecmp.cmp(os.path.join(first, name), os.path.join(second, name), shallow=False)
     assert models[0].get_string_custom_property("privacy_spent") == models[1].get_string_custom_property(
-        "privacy_spent")
+        "privacy_spent"
+    )
 
 
 # ------------------------------------------------------------------------------ public batch size and epochs
@@ -684,7 +806,8 @@ def test_a_batch_size_or_epochs_computed_from_the_data_is_refused(world, tmp_pat
 def test_public_batch_sizes_and_epochs_are_accepted(world, tmp_path):
     """custom_config values, module constants and trainer_utils.batch_size of the DP count pass."""
     body = COUNTED_BATCH_RUN_FN.replace("BATCH", "trainer_utils.batch_size(fn_args, fn_args.custom_config)").replace(
-        "EPOCHS", "fn_args.custom_config['epochs']")
+        "EPOCHS", "fn_args.custom_config['epochs']"
+    )
     model, _ = _run(world, tmp_path, module_file(tmp_path, body), custom_config={"epochs": 0.05, "batch_size": 96})
     spent = json.loads(model.get_string_custom_property("privacy_spent"))
     assert spent["report"]["sampling_rate"] * spent["num_examples"] == pytest.approx(96)

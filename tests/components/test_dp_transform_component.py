@@ -4,6 +4,7 @@ and the component in real TFX pipelines (BlockExampleGen -> DPTransform) on Loca
 Data: the real Chicago taxi trips of the tfx wheel (15,002), ingested into a ledger in 30-day blocks; every
 grant covers all blocks. The preprocessing_fn is examples/taxi_preprocessing.py (the paper's List. 1).
 """
+
 import json
 import os
 import shutil
@@ -24,8 +25,14 @@ pytestmark = pytest.mark.tf
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TAXI_MODULE = os.path.join(ROOT, "examples", "taxi_preprocessing.py")
 PRE_EPS = 0.5
-SPLIT = {"preprocessing": PRE_EPS, "count": 0.0, "training": 1.0, "validation": 1.0, "delta": 1e-6,
-         "rule": "pre+count+max(train+reject,val)"}
+SPLIT = {
+    "preprocessing": PRE_EPS,
+    "count": 0.0,
+    "training": 1.0,
+    "validation": 1.0,
+    "delta": 1e-6,
+    "rule": "pre+count+max(train+reject,val)",
+}
 SMALL_SPLIT = dict(SPLIT, preprocessing=0.05)
 VOCAB_DELTA = 1e-7
 VOCAB_SPLIT = dict(SPLIT, preprocessing_delta=VOCAB_DELTA)  # preprocessing has a delta: DP vocabularies run
@@ -43,20 +50,34 @@ def world(tmp_path_factory):
 
     def grant(split):
         charge = split["preprocessing"] + max(split["training"], split["validation"])
-        return ledger.request("p1", "taxi", blocks=blocks, epsilon=charge,
-                              delta=split["delta"] + split.get("preprocessing_delta", 0.0), meta={"split": split})
+        return ledger.request(
+            "p1",
+            "taxi",
+            blocks=blocks,
+            epsilon=charge,
+            delta=split["delta"] + split.get("preprocessing_delta", 0.0),
+            meta={"split": split},
+        )
 
-    grants = {"a": grant(SPLIT), "b": grant(SPLIT), "small": grant(SMALL_SPLIT), "traced": grant(SPLIT),
-              "mixed5": grant(SPLIT), "mixed6": grant(SPLIT),
-              "zero": grant(dict(SPLIT, preprocessing=0.0)), "vocab": grant(VOCAB_SPLIT)}
+    grants = {
+        "a": grant(SPLIT),
+        "b": grant(SPLIT),
+        "small": grant(SMALL_SPLIT),
+        "traced": grant(SPLIT),
+        "mixed5": grant(SPLIT),
+        "mixed6": grant(SPLIT),
+        "zero": grant(dict(SPLIT, preprocessing=0.0)),
+        "vocab": grant(VOCAB_SPLIT),
+    }
     # A copy of the ledger (same secret) charges a grant the real ledger never charged.
     with sqlite3.connect(db) as src, sqlite3.connect(str(root / "copy.db")) as dst:
         src.backup(dst)
     shutil.copy(f"{db}.key", root / "copy.db.key")  # the same key beside it (its own head file); mode 0600 kept
     shutil.copy(f"{db}.key.head", root / "copy.db.key.head")  # a copy goes with its head (Ledger.open checks it)
     with Ledger.open(str(root / "copy.db")) as copy:
-        grants["unknown"] = copy.request("p1", "taxi", blocks=blocks[:2], epsilon=1.5, delta=SPLIT["delta"],
-                                         meta={"split": SPLIT})
+        grants["unknown"] = copy.request(
+            "p1", "taxi", blocks=blocks[:2], epsilon=1.5, delta=SPLIT["delta"], meta={"split": SPLIT}
+        )
     yield dict(root=root, db=db, data=data, ledger=ledger, grants=grants)
     ledger.close()
 
@@ -68,8 +89,9 @@ def examples(world):
 
     def get(key):
         if key not in made:
-            made[key] = _block_examples(world["db"], world["data"], world["grants"][key],
-                                        world["root"] / f"examples_{key}")
+            made[key] = _block_examples(
+                world["db"], world["data"], world["grants"][key], world["root"] / f"examples_{key}"
+            )
         return made[key]
 
     return get
@@ -87,12 +109,12 @@ def _run(world, tmp_path, grant, examples, **params):
     os.makedirs(transformed.uri, exist_ok=True)
     props = {"grant": grant, "ledger": world["db"], "module_file": TAXI_MODULE, "data_root": world["data"]}
     props.update(params)
-    Executor().Do({"examples": [examples]}, {"transform_graph": [graph], "transformed_examples": [transformed]},
-                  props)
+    Executor().Do({"examples": [examples]}, {"transform_graph": [graph], "transformed_examples": [transformed]}, props)
     return graph, transformed
 
 
 # ------------------------------------------------------------------ reading outputs
+
 
 def _records(folder):
     import tensorflow as tf
@@ -127,12 +149,17 @@ def _raw_train(examples):
     import tensorflow as tf
 
     folder = os.path.join(examples.uri, "Split-train")
-    spec = {"trip_start_hour": tf.io.FixedLenFeature([], tf.int64, 0),
-            "trip_miles": tf.io.FixedLenFeature([], tf.float32, 0.0),
-            "trip_seconds": tf.io.FixedLenFeature([], tf.int64, 0)}
+    spec = {
+        "trip_start_hour": tf.io.FixedLenFeature([], tf.int64, 0),
+        "trip_miles": tf.io.FixedLenFeature([], tf.float32, 0.0),
+        "trip_seconds": tf.io.FixedLenFeature([], tf.int64, 0),
+    }
     parsed = tf.io.parse_example(_records(folder), spec)
-    return (parsed["trip_start_hour"].numpy(), parsed["trip_miles"].numpy().astype(np.float64),
-            parsed["trip_seconds"].numpy().astype(np.float64))
+    return (
+        parsed["trip_start_hour"].numpy(),
+        parsed["trip_miles"].numpy().astype(np.float64),
+        parsed["trip_seconds"].numpy().astype(np.float64),
+    )
 
 
 def _served_table(graph_uri):
@@ -159,6 +186,7 @@ def _spent(artifact):
 
 # ------------------------------------------------------------------ transform_utils
 
+
 def test_fill_in_missing_and_schema():
     import tensorflow as tf
 
@@ -167,8 +195,7 @@ def test_fill_in_missing_and_schema():
     # rows 0 and 2 have a value, row 1 none, row 3 two values (the first is kept)
     x = tf.SparseTensor(indices=[[0, 0], [2, 0], [3, 0], [3, 1]], values=[5, 7, 8, 9], dense_shape=[4, 2])
     assert fill_in_missing(x, -1).numpy().tolist() == [5, -1, 7, 8]
-    empty = tf.SparseTensor(indices=tf.zeros([0, 2], tf.int64), values=tf.zeros([0], tf.float32),
-                            dense_shape=[3, 0])
+    empty = tf.SparseTensor(indices=tf.zeros([0, 2], tf.int64), values=tf.zeros([0], tf.float32), dense_shape=[3, 0])
     assert fill_in_missing(empty, 0.5).numpy().tolist() == [0.5, 0.5, 0.5]
     words = tf.SparseTensor(indices=[[1, 0]], values=["a"], dense_shape=[2, 1])
     assert fill_in_missing(words, "").numpy().tolist() == [b"", b"a"]
@@ -177,7 +204,10 @@ def test_fill_in_missing_and_schema():
         fill_in_missing(words, 0)
     spec = raw_feature_spec({"a": "int", "b": "float", "c": "bytes"})
     assert [(type(v).__name__, v.dtype) for v in spec.values()] == [
-        ("VarLenFeature", tf.int64), ("VarLenFeature", tf.float32), ("VarLenFeature", tf.string)]
+        ("VarLenFeature", tf.int64),
+        ("VarLenFeature", tf.float32),
+        ("VarLenFeature", tf.string),
+    ]
     for bad, message in (('{"a": "str"}', "'str'"), ("[1]", r"\[1\]"), ("{", "not JSON"), ({}, "non-empty")):
         with pytest.raises(SchemaError, match=message):
             parse_schema(bad)
@@ -185,14 +215,16 @@ def test_fill_in_missing_and_schema():
 
 # ------------------------------------------------------------------ refusals, before any record is read
 
+
 def _module(tmp_path, name):
     """A module file holding MODULES[name] (one file per module: the loader caches by path)."""
     body = MODULES[name]
     path = tmp_path / f"module_{abs(hash(name))}.py"
-    path.write_text("import sage_tfx\nimport tensorflow as tf\nimport tensorflow_transform as tft\n"
-                    "from sage_tfx.transform import PreprocessingBudget, dp_group_by_mean, dp_mean\n"
-                    "from sage_tfx.components.transform_utils import fill_in_missing\n\n"
-                    + textwrap.dedent(body))
+    path.write_text(
+        "import sage_tfx\nimport tensorflow as tf\nimport tensorflow_transform as tft\n"
+        "from sage_tfx.transform import PreprocessingBudget, dp_group_by_mean, dp_mean\n"
+        "from sage_tfx.components.transform_utils import fill_in_missing\n\n" + textwrap.dedent(body)
+    )
     return str(path)
 
 
@@ -202,29 +234,34 @@ HOUR_SPEED = """
         return hour, fill_in_missing(inputs["trip_miles"], 0.0)
 """
 MODULES = {
-    "hard-coded 0.1": HOUR_SPEED + """
+    "hard-coded 0.1": HOUR_SPEED
+    + """
     def preprocessing_fn(inputs):  # TFX's one-argument form, epsilon written in the code
         hour, miles = _hour_speed(inputs)
         return {"s": dp_group_by_mean(hour, miles, 24, 0.1, 100.0)}
 """,
-    "asks twice its budget": HOUR_SPEED + """
+    "asks twice its budget": HOUR_SPEED
+    + """
     def preprocessing_fn(inputs, custom_config):
         budget = PreprocessingBudget.from_custom_config(custom_config)
         hour, miles = _hour_speed(inputs)
         return {"s": dp_group_by_mean(hour, miles, 24, 2 * budget.epsilon, 100.0)}
 """,
-    "exact tft.mean": HOUR_SPEED + """
+    "exact tft.mean": HOUR_SPEED
+    + """
     def preprocessing_fn(inputs, custom_config):
         hour, miles = _hour_speed(inputs)
         return {"s": dp_mean(miles, 0.1, 100.0) + 0 * miles, "centred": miles - tft.mean(miles)}
 """,
-    "own seed": HOUR_SPEED + """
+    "own seed": HOUR_SPEED
+    + """
     def preprocessing_fn(inputs, custom_config):
         hour, miles = _hour_speed(inputs)
         return {"s": dp_group_by_mean(hour, miles, 24, 0.1, 100.0, seed=1)}
 """,
     # Each call of the function is a trace: DPTransform plans on the first, tf.Transform traces it again.
-    "tft.mean after the planning trace": HOUR_SPEED + """
+    "tft.mean after the planning trace": HOUR_SPEED
+    + """
     CALLS = []
 
     def preprocessing_fn(inputs, custom_config):
@@ -233,7 +270,8 @@ MODULES = {
         mean = dp_mean(miles, 0.5, 100.0) if len(CALLS) == 1 else tft.mean(miles)
         return {"centred": miles - mean}
 """,
-    "row mixing after the checked trace": HOUR_SPEED + """
+    "row mixing after the checked trace": HOUR_SPEED
+    + """
     CALLS = []
 
     def preprocessing_fn(inputs, custom_config):
@@ -244,7 +282,9 @@ MODULES = {
 """,
     # Calls 1-4: DPTransform's plan and tf.Transform's traces while the pipeline is built; 5: tf.Transform's trace
     # for the analyzers' inputs, in a Beam step; 6: the transform graph's, in a Beam step after the analysis.
-    **{f"row mixing from call {n}": HOUR_SPEED + f"""
+    **{
+        f"row mixing from call {n}": HOUR_SPEED
+        + f"""
     CALLS = []
 
     def preprocessing_fn(inputs, custom_config):
@@ -252,13 +292,17 @@ MODULES = {
         hour, miles = _hour_speed(inputs)
         centred = miles - tf.reduce_mean(miles) if len(CALLS) >= {n} else miles - 0.0
         return {{"s": dp_group_by_mean(hour, miles, 24, 0.1, 100.0), "centred": centred}}
-""" for n in (5, 6)},
-    "batch-centred": HOUR_SPEED + """
+"""
+        for n in (5, 6)
+    },
+    "batch-centred": HOUR_SPEED
+    + """
     def preprocessing_fn(inputs, custom_config):
         hour, miles = _hour_speed(inputs)
         return {"s": dp_group_by_mean(hour, miles, 24, 0.1, 100.0), "centred": miles - tf.reduce_mean(miles)}
 """,
-    "batch total into the analyzer": HOUR_SPEED + """
+    "batch total into the analyzer": HOUR_SPEED
+    + """
     def preprocessing_fn(inputs, custom_config):
         hour, miles = _hour_speed(inputs)
         return {"s": dp_group_by_mean(hour, tf.reduce_sum(miles) + 0.0 * miles, 24, 0.1, 100.0)}
@@ -320,55 +364,117 @@ def _refusal(world, tmp_path, case):
         "forged grant": (json.dumps(forged), g["a"].id, {}, GrantError, "forged"),
         "unknown grant": (g["unknown"].to_json(), g["unknown"].id, {}, GrantError, "unknown to this ledger"),
         "examples of another grant": (g["a"].to_json(), g["b"].id, {}, GrantError, "read under grant"),
-        "share smaller than the spend": (g["small"].to_json(), g["small"].id,
-                                         {"module_file": _module(tmp_path, "hard-coded 0.1")},
-                                         GrantError, "covers only"),
-        "asks more than its budget": (g["a"].to_json(), g["a"].id,
-                                      {"module_file": _module(tmp_path, "asks twice its budget")},
-                                      BudgetExceeded, "more than its grant of 0.5"),
-        "non-DP analyzer": (g["a"].to_json(), g["a"].id,
-                            {"module_file": _module(tmp_path, "exact tft.mean")},
-                            NonPrivateAnalyzer, "not differentially private"),
-        "own seed": (g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "own seed")},
-                     NonPrivateAnalyzer, "seed=1 was given"),
+        "share smaller than the spend": (
+            g["small"].to_json(),
+            g["small"].id,
+            {"module_file": _module(tmp_path, "hard-coded 0.1")},
+            GrantError,
+            "covers only",
+        ),
+        "asks more than its budget": (
+            g["a"].to_json(),
+            g["a"].id,
+            {"module_file": _module(tmp_path, "asks twice its budget")},
+            BudgetExceeded,
+            "more than its grant of 0.5",
+        ),
+        "non-DP analyzer": (
+            g["a"].to_json(),
+            g["a"].id,
+            {"module_file": _module(tmp_path, "exact tft.mean")},
+            NonPrivateAnalyzer,
+            "not differentially private",
+        ),
+        "own seed": (
+            g["a"].to_json(),
+            g["a"].id,
+            {"module_file": _module(tmp_path, "own seed")},
+            NonPrivateAnalyzer,
+            "seed=1 was given",
+        ),
         "no preprocessing share": (g["zero"].to_json(), g["zero"].id, {}, MissingBudget, "no preprocessing budget"),
-        "budget in custom_config": (g["a"].to_json(), g["a"].id,
-                                    {"custom_config": json.dumps({"sage": {"preprocessing_epsilon": 9.0}})},
-                                    TransformConfigError, "sets 'sage'"),
+        "budget in custom_config": (
+            g["a"].to_json(),
+            g["a"].id,
+            {"custom_config": json.dumps({"sage": {"preprocessing_epsilon": 9.0}})},
+            TransformConfigError,
+            "sets 'sage'",
+        ),
         "a DP vocabulary under a grant with no preprocessing delta": (
-            g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "vocabulary, delta written in the code")},
-            GrantError, r"asks for \(epsilon=0.1, delta=1e-06\).*covers only \(epsilon=0.5, delta=0\)"),
+            g["a"].to_json(),
+            g["a"].id,
+            {"module_file": _module(tmp_path, "vocabulary, delta written in the code")},
+            GrantError,
+            r"asks for \(epsilon=0.1, delta=1e-06\).*covers only \(epsilon=0.5, delta=0\)",
+        ),
         "a DP vocabulary asking a delta of a budget without one": (
-            g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "vocabulary from the budget")},
-            BudgetExceeded, "no delta to split"),
+            g["a"].to_json(),
+            g["a"].id,
+            {"module_file": _module(tmp_path, "vocabulary from the budget")},
+            BudgetExceeded,
+            "no delta to split",
+        ),
         # The landed check traced the function once; tf.Transform's own trace then baked the exact tft.mean.
         "tft.mean after the planning trace": (
-            g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "tft.mean after the planning trace")},
-            TraceMismatch, r"'ExtractCombineMergeOutputs\[mean#mean_and_var\]', which is not differentially"),
+            g["a"].to_json(),
+            g["a"].id,
+            {"module_file": _module(tmp_path, "tft.mean after the planning trace")},
+            TraceMismatch,
+            r"'ExtractCombineMergeOutputs\[mean#mean_and_var\]', which is not differentially",
+        ),
         # Refused at tf.Transform's analysis trace, while the Beam pipeline is built (under its own grant: the
         # release is opened first).
         "row mixing after the checked trace": (
-            g["traced"].to_json(), g["traced"].id,
+            g["traced"].to_json(),
+            g["traced"].id,
             {"module_file": _module(tmp_path, "row mixing after the checked trace")},
-            TraceMismatch, r"traced differently from the trace DPTransform checked \(ops: \[\('Mean', 1\)\]"),
-        "batch-centred": (g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "batch-centred")},
-                          RowMixing, "the output 'centred' changes with the other rows of its batch"),
+            TraceMismatch,
+            r"traced differently from the trace DPTransform checked \(ops: \[\('Mean', 1\)\]",
+        ),
+        "batch-centred": (
+            g["a"].to_json(),
+            g["a"].id,
+            {"module_file": _module(tmp_path, "batch-centred")},
+            RowMixing,
+            "the output 'centred' changes with the other rows of its batch",
+        ),
         "batch total into the analyzer": (
-            g["a"].to_json(), g["a"].id, {"module_file": _module(tmp_path, "batch total into the analyzer")},
-            RowMixing, "the input 'add:0' of the DP analyzer 'dp_group_by_mean' changes with the other rows"),
+            g["a"].to_json(),
+            g["a"].id,
+            {"module_file": _module(tmp_path, "batch total into the analyzer")},
+            RowMixing,
+            "the input 'add:0' of the DP analyzer 'dp_group_by_mean' changes with the other rows",
+        ),
         "a DP vocabulary asking more delta than the grant's": (
-            g["vocab"].to_json(), g["vocab"].id, {"module_file": _module(tmp_path, "vocabulary, delta written in the code")},
-            GrantError, r"covers only \(epsilon=0.5, delta=1e-07\)"),
+            g["vocab"].to_json(),
+            g["vocab"].id,
+            {"module_file": _module(tmp_path, "vocabulary, delta written in the code")},
+            GrantError,
+            r"covers only \(epsilon=0.5, delta=1e-07\)",
+        ),
     }
     return cases[case]
 
 
-REFUSALS = ["no grant", "forged grant", "unknown grant", "examples of another grant", "share smaller than the spend",
-            "asks more than its budget", "non-DP analyzer", "own seed", "no preprocessing share",
-            "budget in custom_config", "a DP vocabulary under a grant with no preprocessing delta",
-            "a DP vocabulary asking a delta of a budget without one",
-            "a DP vocabulary asking more delta than the grant's", "tft.mean after the planning trace", "row mixing after the checked trace", "batch-centred",
-            "batch total into the analyzer"]
+REFUSALS = [
+    "no grant",
+    "forged grant",
+    "unknown grant",
+    "examples of another grant",
+    "share smaller than the spend",
+    "asks more than its budget",
+    "non-DP analyzer",
+    "own seed",
+    "no preprocessing share",
+    "budget in custom_config",
+    "a DP vocabulary under a grant with no preprocessing delta",
+    "a DP vocabulary asking a delta of a budget without one",
+    "a DP vocabulary asking more delta than the grant's",
+    "tft.mean after the planning trace",
+    "row mixing after the checked trace",
+    "batch-centred",
+    "batch total into the analyzer",
+]
 
 
 @pytest.mark.parametrize("case", REFUSALS)
@@ -381,11 +487,16 @@ def test_refuses_before_reading(world, tmp_path, case):
     assert os.listdir(tmp_path / "transform_graph") == [] and os.listdir(tmp_path / "transformed_examples") == []
 
 
-@pytest.mark.parametrize("call, error, message", [
-    (5, "TraceMismatch", r"differently from the trace DPTransform checked \(ops: \[\('Mean', 1\)\] added"),
-    (6, "RowMixing", "the output 'centred' changes with the other rows of its batch")])
-def test_a_function_that_mixes_rows_only_in_a_beam_trace_is_refused_before_any_output(world, examples, tmp_path,
-                                                                                     call, error, message):
+@pytest.mark.parametrize(
+    "call, error, message",
+    [
+        (5, "TraceMismatch", r"differently from the trace DPTransform checked \(ops: \[\('Mean', 1\)\] added"),
+        (6, "RowMixing", "the output 'centred' changes with the other rows of its batch"),
+    ],
+)
+def test_a_function_that_mixes_rows_only_in_a_beam_trace_is_refused_before_any_output(
+    world, examples, tmp_path, call, error, message
+):
     """tf.Transform traces the function again in Beam steps: for the analyzers' inputs (call 5) and, after the
     analysis, with the noisy tables as constants for the transform graph it saves (call 6). A function that
     batch-centres a feature only from such a call on (a call counter) passed every landed check, and the
@@ -395,8 +506,13 @@ def test_a_function_that_mixes_rows_only_in_a_beam_trace_is_refused_before_any_o
 
     grant = world["grants"][f"mixed{call}"]
     with pytest.raises(getattr(errors, error), match=message):
-        _run(world, tmp_path, grant.to_json(), examples(f"mixed{call}"),
-             module_file=_module(tmp_path, f"row mixing from call {call}"))
+        _run(
+            world,
+            tmp_path,
+            grant.to_json(),
+            examples(f"mixed{call}"),
+            module_file=_module(tmp_path, f"row mixing from call {call}"),
+        )
     assert not os.path.exists(tmp_path / "transform_graph" / "transform_fn")
     assert not [f for _, _, files in os.walk(tmp_path / "transformed_examples") for f in files]
 
@@ -423,8 +539,9 @@ def test_dp_vocabularies_run_under_a_grant_whose_split_gives_preprocessing_a_del
 
     grant = world["grants"]["vocab"]
     assert BudgetSplit.from_meta(grant.meta).total_delta == pytest.approx(SPLIT["delta"] + VOCAB_DELTA)
-    graph, transformed = _run(world, tmp_path, grant.to_json(), examples("vocab"),
-                              module_file=_module(tmp_path, "vocabulary from the budget"))
+    graph, transformed = _run(
+        world, tmp_path, grant.to_json(), examples("vocab"), module_file=_module(tmp_path, "vocabulary from the budget")
+    )
     spent = _spent(graph)
     assert spent["delta"] == pytest.approx(VOCAB_DELTA) and spent["epsilon"] == pytest.approx(PRE_EPS)
     assert [a[2] for a in spent["analyzers"]] == pytest.approx([0.75 * VOCAB_DELTA, 0.25 * VOCAB_DELTA])
@@ -441,6 +558,7 @@ def test_dp_vocabularies_run_under_a_grant_whose_split_gives_preprocessing_a_del
 
 
 # ------------------------------------------------------------------ noise once, seeded by the grant
+
 
 @pytest.fixture(scope="module")
 def run_a(world, examples, tmp_path_factory):
@@ -507,8 +625,13 @@ def test_an_edited_function_under_the_same_grant_is_refused_before_any_noise(wor
     so the difference of the two noisy tables was a difference of data alone. The traced graph is the
     computation's fingerprint: a different one is refused before the analysis runs."""
     with pytest.raises(GrantError, match="already released its preprocessing stage.*different release"):
-        _run(world, tmp_path, world["grants"]["a"].to_json(), examples("a"),
-             module_file=_module(tmp_path, "hard-coded 0.1"))
+        _run(
+            world,
+            tmp_path,
+            world["grants"]["a"].to_json(),
+            examples("a"),
+            module_file=_module(tmp_path, "hard-coded 0.1"),
+        )
     assert not os.path.exists(tmp_path / "transform_graph" / "transform_fn")
     (release,) = world["ledger"].releases(world["grants"]["a"].id)
     assert (release.stage, release.epsilon) == ("preprocessing", PRE_EPS)
@@ -523,10 +646,12 @@ def test_the_fingerprint_is_the_traced_graph(world, tmp_path):
     props = {"module_file": TAXI_MODULE, "data_root": world["data"]}
     same = {preprocessing_plan(props, world["grants"]["a"], examples, grant_seed=s)["computation"] for s in (1, 2, 3)}
     assert len(same) == 1
-    edited = preprocessing_plan(dict(props, module_file=_module(tmp_path, "hard-coded 0.1")), world["grants"]["a"],
-                                examples, grant_seed=1)["computation"]
-    configured = preprocessing_plan(dict(props, custom_config=json.dumps({"x": 1})), world["grants"]["a"], examples,
-                                    grant_seed=1)["computation"]
+    edited = preprocessing_plan(
+        dict(props, module_file=_module(tmp_path, "hard-coded 0.1")), world["grants"]["a"], examples, grant_seed=1
+    )["computation"]
+    configured = preprocessing_plan(
+        dict(props, custom_config=json.dumps({"x": 1})), world["grants"]["a"], examples, grant_seed=1
+    )["computation"]
     assert len(same | {edited, configured}) == 3
 
 
@@ -537,9 +662,15 @@ def test_component_parameters():
     from sage_tfx.components.dp_transform import DPTransform
 
     examples = channel.Channel(type=standard_artifacts.Examples)
-    t = DPTransform(examples=examples, ledger="l.db", grant='{"id": "g"}', module_file=TAXI_MODULE,
-                    schema={"trip_miles": "float"}, custom_config={"k": 1},
-                    splits_config=transform_pb2.SplitsConfig(analyze=["train", "eval"], transform=["eval"]))
+    t = DPTransform(
+        examples=examples,
+        ledger="l.db",
+        grant='{"id": "g"}',
+        module_file=TAXI_MODULE,
+        schema={"trip_miles": "float"},
+        custom_config={"k": 1},
+        splits_config=transform_pb2.SplitsConfig(analyze=["train", "eval"], transform=["eval"]),
+    )
     props = t.exec_properties
     assert json.loads(props["splits_config"]) == {"analyze": ["train", "eval"], "transform": ["eval"]}
     assert json.loads(props["schema"]) == {"trip_miles": "float"} and json.loads(props["custom_config"]) == {"k": 1}
@@ -556,9 +687,11 @@ def test_splits_config_and_schema_parameter(world, tmp_path):
     from sage_tfx.components.dp_transform_executor import TransformConfigError, preprocessing_plan
 
     examples = _unreadable_examples(tmp_path, "x")
-    props = {"module_file": TAXI_MODULE, "schema": json.dumps({"trip_start_hour": "int", "trip_miles": "float",
-                                                                "trip_seconds": "int"}),
-             "splits_config": json.dumps({"analyze": ["train", "eval"]})}
+    props = {
+        "module_file": TAXI_MODULE,
+        "schema": json.dumps({"trip_start_hour": "int", "trip_miles": "float", "trip_seconds": "int"}),
+        "splits_config": json.dumps({"analyze": ["train", "eval"]}),
+    }
     plan = preprocessing_plan(props, world["grants"]["a"], examples, grant_seed=0)
     assert plan["analyze"] == ["train", "eval"] and plan["epsilon"] == PRE_EPS
     for bad, message in (({"analyze": ["test"]}, "analyze split 'test'"), ({"other": 1}, "keys analyze")):
@@ -572,6 +705,7 @@ def test_splits_config_and_schema_parameter(world, tmp_path):
 
 # ------------------------------------------------------------------ in TFX pipelines
 
+
 def _pipeline(world, root, grant, name):
     from tfx.orchestration import metadata, pipeline
 
@@ -579,12 +713,20 @@ def _pipeline(world, root, grant, name):
     from sage_tfx.components.dp_transform import DPTransform
 
     gen = BlockExampleGen(ledger=world["db"], data_root=world["data"], stream="taxi", grant=grant)
-    transform = DPTransform(examples=gen.outputs["examples"], ledger=world["db"], grant=grant,
-                            module_file=TAXI_MODULE, data_root=world["data"])
+    transform = DPTransform(
+        examples=gen.outputs["examples"],
+        ledger=world["db"],
+        grant=grant,
+        module_file=TAXI_MODULE,
+        data_root=world["data"],
+    )
     return pipeline.Pipeline(
-        pipeline_name=name, pipeline_root=str(root / "pipeline_root"), components=[gen, transform],
+        pipeline_name=name,
+        pipeline_root=str(root / "pipeline_root"),
+        components=[gen, transform],
         metadata_connection_config=metadata.sqlite_metadata_connection_config(str(root / "mlmd.sqlite")),
-        enable_cache=False)
+        enable_cache=False,
+    )
 
 
 def _mlmd_outputs(root):

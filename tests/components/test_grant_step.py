@@ -3,6 +3,7 @@
 No TensorFlow: GrantedExecutor is a plain mixin; the four executors that use it (BlockExampleGen, DPTransform,
 DPTrainer, DPModelValidator) are exercised end to end in their own (TF) tests.
 """
+
 import pytest
 
 from sage_tfx.components import _grant
@@ -17,8 +18,13 @@ def make_grant(location):
         ledger.create_stream("s", 1.0, 1e-5)
         for i in range(2):
             ledger.add_block("s", f"b{i}", start=i * DAY, end=(i + 1) * DAY, rows=100)
-        return ledger.request("p", "s", blocks=["b0", "b1"], epsilon=0.8, split=BudgetSplit(
-            0.1, 0.05, 0.3, 0.35, 0.0, ChargeRule.PARALLEL.value))
+        return ledger.request(
+            "p",
+            "s",
+            blocks=["b0", "b1"],
+            epsilon=0.8,
+            split=BudgetSplit(0.1, 0.05, 0.3, 0.35, 0.0, ChargeRule.PARALLEL.value),
+        )
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 twice (as a resumed iteration re-trains it under the same seed) has ONE digest, although TensorFlow numbers the
 exported functions, nodes and arguments with a process-wide counter and writes a random uuid into fingerprint.pb;
 any change to a weight or to the graph gives another digest (two releases under one seed must be of one model)."""
+
 import numpy as np
 import pytest
 
@@ -15,8 +16,13 @@ def _export(path, activation="relu", bump=0.0):
 
     tf.keras.backend.clear_session()  # Keras's layer names restart, as in a new process; TensorFlow's counter does not
     tf.keras.utils.set_random_seed(3)
-    model = tf.keras.Sequential([tf.keras.Input(shape=(3,), name="x"),
-                                 tf.keras.layers.Dense(4, activation=activation), tf.keras.layers.Dense(1)])
+    model = tf.keras.Sequential(
+        [
+            tf.keras.Input(shape=(3,), name="x"),
+            tf.keras.layers.Dense(4, activation=activation),
+            tf.keras.layers.Dense(1),
+        ]
+    )
     if bump:
         kernel = model.layers[0].kernel
         kernel.assign(kernel.numpy() + np.eye(3, 4, dtype="float32") * bump)

@@ -14,6 +14,7 @@ The exploits these tests reproduce (each refused now, before any record is read 
 
 Data: the real Chicago taxi trips (tfx wheel) ingested in 30-day blocks; grants cover the first year.
 """
+
 import json
 import os
 import re
@@ -27,10 +28,23 @@ from tests.helpers.taxi_world import block_examples, ingest_taxi, module_file, r
 
 pytestmark = pytest.mark.tf
 
-PARALLEL = {"preprocessing": 0.1, "count": 0.0, "training": 0.9, "validation": 0.9, "rejection": 0.0,
-            "delta": 1e-6, "rule": "pre+count+max(train+reject,val)"}
-SUM = {"preprocessing": 0.1, "count": 0.0, "training": 0.5, "validation": 0.4, "delta": 1e-6,
-       "rule": "pre+count+train+reject+val"}
+PARALLEL = {
+    "preprocessing": 0.1,
+    "count": 0.0,
+    "training": 0.9,
+    "validation": 0.9,
+    "rejection": 0.0,
+    "delta": 1e-6,
+    "rule": "pre+count+max(train+reject,val)",
+}
+SUM = {
+    "preprocessing": 0.1,
+    "count": 0.0,
+    "training": 0.5,
+    "validation": 0.4,
+    "delta": 1e-6,
+    "rule": "pre+count+train+reject+val",
+}
 WITH_REJECT = dict(PARALLEL, training=0.8, rejection=0.1)
 OTHER_RULE = {"buckets": [["train", 8], ["eval", 2]], "training": ["train"], "test": ["eval"]}
 FARE_B = 100.0
@@ -51,8 +65,9 @@ def world(tmp_path_factory):
 
 
 def _grant(world, split=PARALLEL, blocks=None, **meta):
-    return world["ledger"].request("p", "taxi", blocks=blocks or world["year"], epsilon=1.0, delta=1e-6,
-                                   meta={"split": split, **meta})
+    return world["ledger"].request(
+        "p", "taxi", blocks=blocks or world["year"], epsilon=1.0, delta=1e-6, meta={"split": split, **meta}
+    )
 
 
 def _fare_model(folder):
@@ -66,8 +81,12 @@ def _fare_model(folder):
     dense = tf.keras.layers.Dense(1)
     keras_model = tf.keras.Model(inputs, dense(inputs))
     dense.set_weights([np.array([[2.5]], np.float32), np.array([4.0], np.float32)])
-    export_saved_model(str(folder / "Format-Serving"), keras_model, FeatureLayout(["trip_miles"], [1]),
-                       lambda out: {"predictions": tf.reshape(out, [-1])})
+    export_saved_model(
+        str(folder / "Format-Serving"),
+        keras_model,
+        FeatureLayout(["trip_miles"], [1]),
+        lambda out: {"predictions": tf.reshape(out, [-1])},
+    )
     return str(folder)
 
 
@@ -85,8 +104,9 @@ def _validate(world, tmp_path, grant, examples, **params):
     os.makedirs(blessing.uri, exist_ok=True)
     os.makedirs(result.uri, exist_ok=True)
     props = {"grant": grant.to_json(), "ledger": world["db"], **VALIDATION, **params}
-    Executor().Do({"model": [model], "examples": [examples]}, {"blessing": [blessing], "validation_result": [result]},
-                  props)
+    Executor().Do(
+        {"model": [model], "examples": [examples]}, {"blessing": [blessing], "validation_result": [result]}, props
+    )
     with open(os.path.join(result.uri, "result.json")) as f:
         return json.load(f)
 
@@ -124,6 +144,7 @@ def run_fn(fn_args):
 
 # ------------------------------------------------------------------------------------------ the signed rule
 
+
 def test_a_grant_signs_its_record_split(world):
     """Every grant with a split carries the platform's record split (train 9 / eval 1; train the training
     side, eval the test side) under its signature; a request may sign another one, checked."""
@@ -134,10 +155,11 @@ def test_a_grant_signs_its_record_split(world):
     assert record_split(other).splits == {"train": 8, "eval": 2}
     from sage_tfx.privacy import LedgerError
 
-    for bad, message in (({"buckets": [["train", 9], ["eval", 1]], "training": ["train"], "test": []},
-                          "exactly one side"),
-                         ({"buckets": [["train", 0]], "training": ["train"], "test": []}, "need an integer > 0"),
-                         ({"buckets": [["train", 9]], "training": ["train"]}, "buckets, training and test")):
+    for bad, message in (
+        ({"buckets": [["train", 9], ["eval", 1]], "training": ["train"], "test": []}, "exactly one side"),
+        ({"buckets": [["train", 0]], "training": ["train"], "test": []}, "need an integer > 0"),
+        ({"buckets": [["train", 9]], "training": ["train"]}, "buckets, training and test"),
+    ):
         with pytest.raises(LedgerError, match=message):
             _grant(world, records=bad)
     altered = json.loads(grant.to_json())
@@ -146,8 +168,11 @@ def test_a_grant_signs_its_record_split(world):
         world["ledger"].verify(json.dumps(altered))
 
 
-@pytest.mark.parametrize("splits", [{"train": 8, "eval": 2}, {"eval": 1, "train": 9},
-                                    {"train": 8, "eval": 1, "holdout": 1}], ids=["8:2", "reordered", "three"])
+@pytest.mark.parametrize(
+    "splits",
+    [{"train": 8, "eval": 2}, {"eval": 1, "train": 9}, {"train": 8, "eval": 1, "holdout": 1}],
+    ids=["8:2", "reordered", "three"],
+)
 def test_block_example_gen_refuses_splits_the_grant_did_not_sign(world, tmp_path, splits):
     """The first step of the exploit: a second BlockExampleGen run under the grant with other bucket counts
     (or the same counts in another order: other records per split) is refused before anything is read,
@@ -162,9 +187,17 @@ def test_block_example_gen_refuses_splits_the_grant_did_not_sign(world, tmp_path
     second = standard_artifacts.Examples()
     second.uri = str(tmp_path / "second")
     with pytest.raises(GrantError) as refused:
-        Executor().Do({}, {"examples": [second]}, {"grant": grant.to_json(), "ledger": world["db"],
-                                                  "data_root": world["data"], "stream": "taxi",
-                                                  "splits": json.dumps(splits)})
+        Executor().Do(
+            {},
+            {"examples": [second]},
+            {
+                "grant": grant.to_json(),
+                "ledger": world["db"],
+                "data_root": world["data"],
+                "stream": "taxi",
+                "splits": json.dumps(splits),
+            },
+        )
     message = str(refused.value)
     assert str(splits) in message and "{'train': 9, 'eval': 1}" in message and grant.id in message
     assert not os.path.exists(second.uri) or not os.listdir(second.uri)
@@ -181,6 +214,7 @@ def test_block_example_gen_splits_by_a_signed_other_rule(world, tmp_path):
 
 
 # ------------------------------------------------------------------------------ the same noise on other data
+
 
 def _other_split_examples(world, tmp_path, grant):
     """What the landed BlockExampleGen made under ``grant`` with splits {"train": 8, "eval": 2}: the grant's
@@ -227,8 +261,11 @@ def test_components_refuse_other_records_under_the_grant(world, tmp_path, other)
     grant = _grant(world)
     if other == "8:2 split":
         examples = _other_split_examples(world, tmp_path, grant)
-        match = (re.escape('split by {"train": 8, "eval": 2}') + ".*"
-                 + re.escape("signs the record split buckets {'train': 9, 'eval': 1}"))
+        match = (
+            re.escape('split by {"train": 8, "eval": 2}')
+            + ".*"
+            + re.escape("signs the record split buckets {'train': 9, 'eval': 1}")
+        )
     else:
         elsewhere = _grant(world, blocks=world["year"][:3])
         examples = relabelled(block_examples(world["db"], world["data"], elsewhere, tmp_path / "ex"), grant)
@@ -240,9 +277,13 @@ def test_components_refuse_other_records_under_the_grant(world, tmp_path, other)
         "validator": lambda: _validate(world, tmp_path / "v", grant, examples),
         "trainer": lambda: _train(world, tmp_path / "t", grant, examples, module),
         "transform": lambda: dp_transform_executor.Executor().Do(
-            {"examples": [examples]}, {"transform_graph": [standard_artifacts.TransformGraph()],
-                                       "transformed_examples": [standard_artifacts.Examples()]},
-            {"grant": grant.to_json(), "ledger": world["db"], "module_file": str(module), "data_root": world["data"]}),
+            {"examples": [examples]},
+            {
+                "transform_graph": [standard_artifacts.TransformGraph()],
+                "transformed_examples": [standard_artifacts.Examples()],
+            },
+            {"grant": grant.to_json(), "ledger": world["db"], "module_file": str(module), "data_root": world["data"]},
+        ),
     }
     for _name, run in runs.items():
         with pytest.raises(GrantError, match=match):
@@ -284,17 +325,22 @@ def test_release_fingerprints_bind_the_records(world, tmp_path):
     (release,) = ledger.releases(grant.id)
     plan = validation_plan(dict(VALIDATION, grant=grant.to_json()), grant)
     model = os.path.join(world["model"], "Format-Serving")
-    assert release.computation == validation_computation(plan, model, release_data(data_digest(ledger, grant),
-                                                                                   ["eval"]))
-    assert release.computation != validation_computation(plan, model, release_data(data_digest(ledger, fewer),
-                                                                                   ["eval"]))
+    assert release.computation == validation_computation(
+        plan, model, release_data(data_digest(ledger, grant), ["eval"])
+    )
+    assert release.computation != validation_computation(
+        plan, model, release_data(data_digest(ledger, fewer), ["eval"])
+    )
 
 
 # ------------------------------------------------------------------------------------- the parallel rule
 
-@pytest.mark.parametrize("params, side", [({"eval_split": "train"}, "test"),
-                                          ({"train_split": "eval"}, "training")],
-                         ids=["accept-on-train", "reject-on-eval"])
+
+@pytest.mark.parametrize(
+    "params, side",
+    [({"eval_split": "train"}, "test"), ({"train_split": "eval"}, "training")],
+    ids=["accept-on-train", "reject-on-eval"],
+)
 def test_validator_keeps_each_test_on_its_side_under_parallel(world, tmp_path, params, side):
     """Under a parallel grant the ACCEPT test reads the test side only and the REJECT test the training side
     only: the landed validator took eval_split="train" (the training records then paid train + val against a
@@ -343,6 +389,7 @@ def test_run_fn_gets_no_eval_files_under_parallel(world, tmp_path):
 
 
 # ---------------------------------------------------------------------------- grants made before the rule
+
 
 def test_grants_without_a_signed_record_split(world, tmp_path, monkeypatch):
     """Grants made before record splits were signed keep verifying: a sum grant reads by the default rule; a

@@ -8,6 +8,7 @@ released statistic within e^epsilon of that share (statistical test, fixed seeds
 the same share does not. The ledger side (the per-unit release, its refusals and the audit):
 tests/privacy/test_unit_share.py; a real `sage run`: tests/pipelines/test_privacy_unit_runs.py.
 """
+
 import numpy as np
 import pytest
 
@@ -32,8 +33,15 @@ def _plan(tmp_path, unit=UNIT, **props):
         ledger.create_stream("s", 10.0, 1e-5, **kwargs)
         ledger.add_block("s", "b0", start=0.0, end=86400.0, rows=300, digest="aa")
         grant = ledger.request("p", "s", blocks=["b0"], epsilon=2.0, delta=1e-7, split=SPLIT)
-    props = {"grant": grant.to_json(), "ledger": db, "metric": "mse", "target": 0.5, "label_key": "y",
-             "loss_bound": 1.0, **props}
+    props = {
+        "grant": grant.to_json(),
+        "ledger": db,
+        "metric": "mse",
+        "target": 0.5,
+        "label_key": "y",
+        "loss_bound": 1.0,
+        **props,
+    }
     return validation_plan(props, grant), grant
 
 

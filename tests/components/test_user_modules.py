@@ -8,6 +8,7 @@ computation digest and the pipeline's definition digest change with a sibling. (
 its sibling: tests/pipelines/test_sage_run.py
 ::test_a_users_pipeline_file_runs_to_accept_pushes_and_certifies_only_its_request, examples/taxi_fare.)
 """
+
 import sys
 import textwrap
 
@@ -17,13 +18,13 @@ import sage_tfx  # noqa: F401  (before TensorFlow)
 
 pytestmark = pytest.mark.tf  # TFX's udf_utils loads the module
 
-TRAINER = textwrap.dedent('''
+TRAINER = textwrap.dedent("""
     from helpers import SCALE
 
 
     def run_fn(fn_args):
         return SCALE
-''')
+""")
 
 
 def _pipeline(folder, scale):

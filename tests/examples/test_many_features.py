@@ -1,5 +1,6 @@
 """examples/flights/many_features.py (docs/your_pipeline.md, "Many features"): AdaSSP on one-hot features of the
 REAL flights, at a small size: its JSON, and the bounds and ridges the docs explain."""
+
 import json
 import math
 import os
@@ -54,8 +55,23 @@ def test_the_bounds_hold_for_every_real_row(capsys):
 def test_small_run_reports_the_bounds_and_the_ridge(capsys):
     """DPLinearRegressor (imports TensorFlow: about 17 s alone on 2 cores, hence slow)."""
     many_features = _script()
-    assert many_features.main(["--sizes", "1000", "--seeds", "2", "--models", "naive", "right", "target_encoding",
-                               "least_squares", "mean"]) == 0
+    assert (
+        many_features.main(
+            [
+                "--sizes",
+                "1000",
+                "--seeds",
+                "2",
+                "--models",
+                "naive",
+                "right",
+                "target_encoding",
+                "least_squares",
+                "mean",
+            ]
+        )
+        == 0
+    )
     report = json.loads(capsys.readouterr().out)
     assert report["held_out_rows"] == 27_020 and report["one_hot_columns"] == 17 + 4 + 24
     rows = {r["model"]: r for r in report["results"]}
@@ -65,7 +81,10 @@ def test_small_run_reports_the_bounds_and_the_ridge(capsys):
     assert rows["target_encoding"]["bx2"] == pytest.approx(4 / 4 + 1)
     # the ridge scales with B_x^2 and grows with d: the naive bound's is about 9x the right one's (same d), whose is
     # about 8x the target encoding's (B_x^2 5 vs 2, d 47 vs 5, and more noise at the smaller epsilon)
-    assert rows["naive"]["ridge"] > 8 * rows["right"]["ridge"] and rows["right"]["ridge"] > 4 * rows["target_encoding"]["ridge"]
+    assert (
+        rows["naive"]["ridge"] > 8 * rows["right"]["ridge"]
+        and rows["right"]["ridge"] > 4 * rows["target_encoding"]["ridge"]
+    )
     for row in rows.values():
         assert math.isfinite(row["clipped_mse"]) and 0 < row["clipped_mse"] <= 3600 and row["mse"] >= row["clipped_mse"]
     assert rows["least_squares"]["clipped_mse"] < rows["mean"]["clipped_mse"]

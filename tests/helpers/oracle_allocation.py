@@ -27,6 +27,7 @@ anything this model gets wrong, and the tests compare this model with the
 ledger's tables block by block after a simulation (an independent check of
 the ledger's allocation code).
 """
+
 from sage_tfx.privacy import filters
 
 
@@ -34,11 +35,11 @@ class Allocation:
     def __init__(self, filt, min_cost):
         self.filt = filt
         self.min_cost = tuple(min_cost)
-        self.spent = {}          # block -> spent vector
-        self.reservations = {}   # block -> {pipeline: [reserved, used]}
-        self.active = []         # active block ids, oldest first
+        self.spent = {}  # block -> spent vector
+        self.reservations = {}  # block -> {pipeline: [reserved, used]}
+        self.active = []  # active block ids, oldest first
         self.retired = set()
-        self._pools = {}         # block -> (pool_used, pool_reserved), dropped whenever the block changes
+        self._pools = {}  # block -> (pool_used, pool_reserved), dropped whenever the block changes
 
     def add_block(self, block, waiting):
         zero = self.filt.zero()

@@ -1,4 +1,5 @@
 """Shared test helpers: real taxi trips ingested into a ledger, and BlockExampleGen output for a grant."""
+
 import os
 import textwrap
 
@@ -11,8 +12,14 @@ def ingest_taxi(ledger, data_root, source="simple", window="30d", stream="taxi")
     """Ingest the real taxi CSV ``source`` of the tfx wheel into ``stream`` (blocks of ``window``)."""
     path = taxi_csv_path(source)
     schema = infer_schema(path, "csv")
-    return ingest_batches(ledger, stream, data_root, read_batches(path, "csv", schema),
-                          make_spec("time", stream, TIME_COLUMN, window), schema)
+    return ingest_batches(
+        ledger,
+        stream,
+        data_root,
+        read_batches(path, "csv", schema),
+        make_spec("time", stream, TIME_COLUMN, window),
+        schema,
+    )
 
 
 def block_examples(db, data, grant, uri, stream="taxi"):
@@ -24,8 +31,11 @@ def block_examples(db, data, grant, uri, stream="taxi"):
     examples = standard_artifacts.Examples()
     examples.uri = str(uri)
     os.makedirs(examples.uri, exist_ok=True)
-    Executor().Do({}, {"examples": [examples]}, {"grant": grant.to_json(), "ledger": db, "data_root": data,
-                                                  "stream": stream, "splits": None})
+    Executor().Do(
+        {},
+        {"examples": [examples]},
+        {"grant": grant.to_json(), "ledger": db, "data_root": data, "stream": stream, "splits": None},
+    )
     return examples
 
 
@@ -36,8 +46,14 @@ def regrant(ledger, grant, examples):
     something (trains, validates, preprocesses) runs under its own grant. The records are the same blocks'
     records, so the examples artifact is reused: a copy whose ``grant_id`` names the new grant.
     """
-    fresh = ledger.request(grant.pipeline, grant.stream, blocks=list(grant.blocks), epsilon=grant.epsilon,
-                           delta=grant.delta, meta=dict(grant.meta))
+    fresh = ledger.request(
+        grant.pipeline,
+        grant.stream,
+        blocks=list(grant.blocks),
+        epsilon=grant.epsilon,
+        delta=grant.delta,
+        meta=dict(grant.meta),
+    )
     return fresh, relabelled(examples, fresh)
 
 
@@ -58,6 +74,8 @@ def relabelled(examples, grant):
 def module_file(tmp_path, body):
     """A trainer module file ``tmp_path/module.py``: the imports a run_fn of these tests uses, then ``body``."""
     path = tmp_path / "module.py"
-    path.write_text("import sage_tfx\nimport json, os\nfrom sage_tfx.components import trainer_utils\n"
-                    "from sage_tfx.models import DPDNNRegressor, DPLinearRegressor\n" + textwrap.dedent(body))
+    path.write_text(
+        "import sage_tfx\nimport json, os\nfrom sage_tfx.components import trainer_utils\n"
+        "from sage_tfx.models import DPDNNRegressor, DPLinearRegressor\n" + textwrap.dedent(body)
+    )
     return path

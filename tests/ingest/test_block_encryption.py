@@ -2,6 +2,7 @@
 
 No TensorFlow except the last test (a real TFX run: raw copies in the work folder are gone when it ends).
 """
+
 import gzip
 import hashlib
 import json
@@ -30,8 +31,9 @@ def world(tmp_path):
     ledger = Ledger.open(db, create=True)
     for name, rows in (("a", a), ("b", b)):
         ledger.create_stream(name, 10.0, 1e-5)
-        ingest_batches(ledger, name, data, rows.to_batches(), make_spec("time", name, TIME_COLUMN, "1d"),
-                       schema_of(rows.schema))
+        ingest_batches(
+            ledger, name, data, rows.to_batches(), make_spec("time", name, TIME_COLUMN, "1d"), schema_of(rows.schema)
+        )
     yield dict(db=db, data=data, ledger=ledger, a=a, b=b, tmp=tmp_path)
     ledger.close()
 
@@ -106,8 +108,9 @@ def test_a_grant_on_one_stream_cannot_read_another_streams_block(world, tmp_path
 
     # 2. even with a's own key handed over, b's files do not decrypt as a's block (stream and block are bound)
     key = ledger.keyring.block_key("a", mine)
-    dek_guess = sealed.unwrap(json.load(open(os.path.join(other, layout.BLOCK_FILE))), ledger.keyring.block_key(
-        "b", theirs), "b's manifest")  # (trusted code only: b's own key)
+    dek_guess = sealed.unwrap(
+        json.load(open(os.path.join(other, layout.BLOCK_FILE))), ledger.keyring.block_key("b", theirs), "b's manifest"
+    )  # (trusted code only: b's own key)
     path = _files(data, "b", theirs)[0]
     with pytest.raises(sealed.SealedError, match="fails authentication"):
         list(sealed.read_file(path, dek_guess, "a", mine))
@@ -178,11 +181,22 @@ def test_forged_unsigned_or_uncharged_grants_get_no_keys(world, tmp_path):
     uncharged = dict(body, blocks=blocks)  # validly signed, but the ledger never charged or recorded it
     uncharged["signature"] = sign(ledger.keyring, {k: v for k, v in uncharged.items() if k != "signature"})
     other = ledger.request("p", "b", blocks=[ledger.blocks("b")[0].id], epsilon=0.5)
-    cases = {"unsigned": (unsigned, "forged"), "widened": (widened, "forged"),
-             "uncharged": (uncharged, "differs from the ledger's record"),
-             "fabricated": (dict(uncharged, id="g-never-made", signature=sign(ledger.keyring, 
-                 {k: v for k, v in dict(uncharged, id="g-never-made").items() if k != "signature"})), "unknown"),
-             "other stream": (json.loads(other.to_json()), "is for stream 'b'")}
+    cases = {
+        "unsigned": (unsigned, "forged"),
+        "widened": (widened, "forged"),
+        "uncharged": (uncharged, "differs from the ledger's record"),
+        "fabricated": (
+            dict(
+                uncharged,
+                id="g-never-made",
+                signature=sign(
+                    ledger.keyring, {k: v for k, v in dict(uncharged, id="g-never-made").items() if k != "signature"}
+                ),
+            ),
+            "unknown",
+        ),
+        "other stream": (json.loads(other.to_json()), "is for stream 'b'"),
+    }
     for _case, (forged, message) in cases.items():
         with pytest.raises(GrantError, match=message):
             access.grant_block_keys(ledger, json.dumps(forged), stream="a")
@@ -203,13 +217,23 @@ def test_unencrypted_blocks_are_refused_then_encrypted_by_reingesting(world):
     shutil.rmtree(folder)
     os.makedirs(folder)
     write_tfrecords(os.path.join(folder, "part-old-00000.tfrecord.gz"), records)
-    json.dump({"stream": "a", "block": block, "digest": manifest["digest"], "files": ["part-old-00000.tfrecord.gz"],
-               "start": manifest["start"], "end": manifest["end"]}, open(os.path.join(folder, layout.BLOCK_FILE), "w"))
+    json.dump(
+        {
+            "stream": "a",
+            "block": block,
+            "digest": manifest["digest"],
+            "files": ["part-old-00000.tfrecord.gz"],
+            "start": manifest["start"],
+            "end": manifest["end"],
+        },
+        open(os.path.join(folder, layout.BLOCK_FILE), "w"),
+    )
     with pytest.raises(sealed.SealedError, match="stored unencrypted .* ingesting the same input again"):
         list(access.read_block_records(ledger, data, "a", [block], purpose="test"))
     before = [(blk.id, blk.spent) for blk in ledger.blocks("a")]
-    result = ingest_batches(ledger, "a", data, rows.to_batches(), make_spec("time", "a", TIME_COLUMN, "1d"),
-                            schema_of(rows.schema))
+    result = ingest_batches(
+        ledger, "a", data, rows.to_batches(), make_spec("time", "a", TIME_COLUMN, "1d"), schema_of(rows.schema)
+    )
     assert result["added"] == [] and result["encrypted"] == [block]
     assert [(blk.id, blk.spent) for blk in ledger.blocks("a")] == before
     schema = layout.stream_config(data, "a")["schema"]
@@ -223,8 +247,12 @@ def test_unencrypted_blocks_are_refused_then_encrypted_by_reingesting(world):
 
 # ---------------------------------------------------------------- the pipeline work folder (TFX)
 def _raw_files(root):
-    return sorted(os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs
-                  if f.startswith(("data_tfrecord", "transformed_examples")))
+    return sorted(
+        os.path.join(d, f)
+        for d, _, fs in os.walk(root)
+        for f in fs
+        if f.startswith(("data_tfrecord", "transformed_examples"))
+    )
 
 
 _SEEN = {}
@@ -261,15 +289,21 @@ def test_raw_copies_in_the_work_folder_are_gone_when_the_run_ends(world, tmp_pat
 
     ledger, data = world["ledger"], world["data"]
     grant = ledger.request("p", "a", blocks=[blk.id for blk in ledger.blocks("a")], epsilon=0.5)
-    config = PipelineConfig(name="scrub", ledger=world["db"], stream="a", data_root=data,
-                            work_dir=str(tmp_path / "work"), target=1.0)
+    config = PipelineConfig(
+        name="scrub", ledger=world["db"], stream="a", data_root=data, work_dir=str(tmp_path / "work"), target=1.0
+    )
 
     def build(config, grant, split, eta, iteration):
-        gen = BlockExampleGen(ledger=config.ledger, data_root=config.data_root, stream=config.stream,
-                              grant=grant.to_json())
-        return tfx_pipeline.Pipeline(pipeline_name=config.name, pipeline_root=config.pipeline_root,
-                                     components=[gen, Inspect(examples=gen.outputs["examples"])], enable_cache=True,
-                                     metadata_connection_config=metadata_config(config.metadata_path))
+        gen = BlockExampleGen(
+            ledger=config.ledger, data_root=config.data_root, stream=config.stream, grant=grant.to_json()
+        )
+        return tfx_pipeline.Pipeline(
+            pipeline_name=config.name,
+            pipeline_root=config.pipeline_root,
+            components=[gen, Inspect(examples=gen.outputs["examples"])],
+            enable_cache=True,
+            metadata_connection_config=metadata_config(config.metadata_path),
+        )
 
     run = make_run_iteration(build, config)
     with pytest.raises(Exception, match="recorded no validation result" if outcome == "success" else "failed"):

@@ -6,6 +6,7 @@ hidden one and picked the true trip. Now it is an HMAC under a key derived from 
 (``KeyRing.content_digest``), the same in every stream of the ledger, so the cross-stream duplicate check and the
 grants' ``data_digest`` still work; blocks of the previous format (the unkeyed 16-hex-digit digest) keep opening.
 """
+
 import json
 import os
 
@@ -26,9 +27,13 @@ BLOCK = "2020-09-13.1d"
 
 def _trips(fares):
     n = len(fares)
-    return pa.table({"t": pa.array([T0 + 60 * i for i in range(n)], pa.int64()),
-                     "fare_cents": pa.array(fares, pa.int64()),
-                     "company": pa.array(["Flash Cab"] * n)})
+    return pa.table(
+        {
+            "t": pa.array([T0 + 60 * i for i in range(n)], pa.int64()),
+            "fare_cents": pa.array(fares, pa.int64()),
+            "company": pa.array(["Flash Cab"] * n),
+        }
+    )
 
 
 KNOWN = [1250, 700, 3025]  # the block's other trips, which the attacker knows
@@ -37,8 +42,9 @@ CANDIDATES = list(range(4000, 5000))  # 1,000 guesses, the hidden fare among the
 
 
 def _ingest(ledger, data, stream, table):
-    return ingest_batches(ledger, stream, data, table.to_batches(), make_spec("time", stream, "t", "1d"),
-                          schema_of(table.schema))
+    return ingest_batches(
+        ledger, stream, data, table.to_batches(), make_spec("time", stream, "t", "1d"), schema_of(table.schema)
+    )
 
 
 def _attack(data, stream):
@@ -47,14 +53,21 @@ def _attack(data, stream):
     manifest = json.load(open(os.path.join(layout.block_dir(data, stream, BLOCK), layout.BLOCK_FILE)))
     schema = json.load(open(os.path.join(layout.stream_dir(data, stream), layout.STREAM_FILE)))["schema"]
     known = int(row_hashes(to_example_batch(_trips(KNOWN).to_batches()[0], schema)).sum())
-    table = pa.table({"t": pa.array([T0 + 60 * len(KNOWN)] * len(CANDIDATES), pa.int64()),
-                      "fare_cents": pa.array(CANDIDATES, pa.int64()),
-                      "company": pa.array(["Flash Cab"] * len(CANDIDATES))})
+    table = pa.table(
+        {
+            "t": pa.array([T0 + 60 * len(KNOWN)] * len(CANDIDATES), pa.int64()),
+            "fare_cents": pa.array(CANDIDATES, pa.int64()),
+            "company": pa.array(["Flash Cab"] * len(CANDIDATES)),
+        }
+    )
     guesses = row_hashes(to_example_batch(table.to_batches()[0], schema))
     with np.errstate(over="ignore"):
         totals = guesses + np.uint64(known)
-    return [fare for fare, total in zip(CANDIDATES, totals.tolist()) if f"{total:016x}" == manifest["digest"]
-            or f"{total:064x}" == manifest["digest"]], manifest["digest"]
+    return [
+        fare
+        for fare, total in zip(CANDIDATES, totals.tolist())
+        if f"{total:016x}" == manifest["digest"] or f"{total:064x}" == manifest["digest"]
+    ], manifest["digest"]
 
 
 def _previous_format(monkeypatch):

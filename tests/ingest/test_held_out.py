@@ -13,6 +13,7 @@
   and the held-out rows must be none of the rows any model is fitted or validated on.
 No TensorFlow here.
 """
+
 import argparse
 import datetime
 import os
@@ -153,6 +154,7 @@ class _Tagged:
                 ids = rows["row_id"]  # a KeyError means rows reached the features without their tags
                 (tagger.held if tagger.in_task else tagger.used).update(ids.tolist())
                 return features(rows)
+
             return wrapper
 
         init = validation.Task.__init__
@@ -176,8 +178,24 @@ def test_bench_validation_held_out_rows_are_never_trained_or_validated_on(monkey
     tags = _Tagged(monkeypatch, validation)
     parser = argparse.ArgumentParser()
     validation.add_arguments(parser)
-    validation.run(parser.parse_args(["--trials", "2", "--max-iterations", "2", "--holdout", "3000",
-                                      "--reference-rows", "5000", "--start-rows", "2000", "--etas", "0.05"]))
+    validation.run(
+        parser.parse_args(
+            [
+                "--trials",
+                "2",
+                "--max-iterations",
+                "2",
+                "--holdout",
+                "3000",
+                "--reference-rows",
+                "5000",
+                "--start-rows",
+                "2000",
+                "--etas",
+                "0.05",
+            ]
+        )
+    )
     assert len(tags.held) == 3000 and len(tags.used) >= 5000 + 2000
     assert not tags.held & tags.used
 
@@ -188,8 +206,24 @@ def test_bench_sample_complexity_held_out_rows_are_never_trained_or_validated_on
     tags = _Tagged(monkeypatch, validation)
     parser = argparse.ArgumentParser()
     sample_complexity.add_arguments(parser)
-    sample_complexity.run(parser.parse_args(["--trials", "2", "--epsilons", "1", "--fractions", "0.5",
-                                             "--max-rows", "4000", "--reference-rows", "5000", "--holdout", "3000"]))
+    sample_complexity.run(
+        parser.parse_args(
+            [
+                "--trials",
+                "2",
+                "--epsilons",
+                "1",
+                "--fractions",
+                "0.5",
+                "--max-rows",
+                "4000",
+                "--reference-rows",
+                "5000",
+                "--holdout",
+                "3000",
+            ]
+        )
+    )
     assert len(tags.held) == 3000 and len(tags.used) >= 5000 + 4000
     assert not tags.held & tags.used
 
@@ -198,11 +232,11 @@ def test_docs_name_no_unseen_external_trips():
     """The README and the docs never again call the external file's rows unseen, other or extra trips."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     pages = [os.path.join(root, "README.md")] + [
-        os.path.join(root, "docs", f) for f in sorted(os.listdir(os.path.join(root, "docs"))) if f.endswith(".md")]
+        os.path.join(root, "docs", f) for f in sorted(os.listdir(os.path.join(root, "docs"))) if f.endswith(".md")
+    ]
     for page in pages:
         text = open(page).read()
-        for claim in ("25,002", "10,000 other real trips", "10,000 more", "the demo never read",
-                      "9,998 real trips"):
+        for claim in ("25,002", "10,000 other real trips", "10,000 more", "the demo never read", "9,998 real trips"):
             assert claim not in text, f"{os.path.basename(page)} still says {claim!r}"
 
 

@@ -1,4 +1,5 @@
 """Ingest into blocks: real taxi rows by day, idempotence, crash recovery, user shards, formats, replay, bad input."""
+
 import datetime as dt
 import os
 import stat
@@ -34,8 +35,9 @@ def _rows(ledger, stream):
 def test_real_taxi_by_day_with_beam_is_exact_and_idempotent(env):
     real = load_taxi("simple")
     days = len(np.unique(real.column(TIME_COLUMN).to_numpy() // 86400))
-    first = ingest(env["db"], "taxi", taxi_csv_path("simple"), env["data"], time_column=TIME_COLUMN, window="1d",
-                   progress=False)
+    first = ingest(
+        env["db"], "taxi", taxi_csv_path("simple"), env["data"], time_column=TIME_COLUMN, window="1d", progress=False
+    )
     assert len(first["added"]) == days  # one block per distinct calendar day present
     with Ledger.open(env["db"]) as ledger:
         blocks = ledger.blocks("taxi")
@@ -45,8 +47,9 @@ def test_real_taxi_by_day_with_beam_is_exact_and_idempotent(env):
         assert b.id == "2013-01-01.1d" and (b.start, b.end) == (1356998400.0, 1357084800.0)
         on_disk = sum(1 for _ in read_block_records(ledger, env["data"], "taxi", [b.id], purpose="test"))
         assert on_disk == ledger.private_row_count("taxi", b.id)
-    again = ingest(env["db"], "taxi", taxi_csv_path("simple"), env["data"], time_column=TIME_COLUMN, window="1d",
-                   progress=False)
+    again = ingest(
+        env["db"], "taxi", taxi_csv_path("simple"), env["data"], time_column=TIME_COLUMN, window="1d", progress=False
+    )
     assert again["added"] == [] and len(again["unchanged"]) == days
     with Ledger.open(env["db"]) as ledger:
         assert len(ledger.blocks("taxi")) == days and _rows(ledger, "taxi") == real.num_rows
@@ -88,9 +91,14 @@ def test_user_shards_keyed_hash_independent_of_other_records(env):
     with Ledger.open(env["db"]) as ledger:
         ledger.create_stream("users", 1.0, 1e-6)
         clean = table.filter(table.column("company").is_valid())
-        result = ingest_batches(ledger, "users", env["data"], clean.to_batches(max_chunksize=700),
-                                make_spec("user", "users", user_column="company", shards=8),
-                                schema_of(clean.schema))
+        result = ingest_batches(
+            ledger,
+            "users",
+            env["data"],
+            clean.to_batches(max_chunksize=700),
+            make_spec("user", "users", user_column="company", shards=8),
+            schema_of(clean.schema),
+        )
         blocks = ledger.blocks("users")
         assert len(blocks) == len(result["added"]) <= 8
         assert {b.shard for b in blocks} <= set(range(8))
@@ -133,8 +141,11 @@ def test_iso_timestamps_and_hour_windows(env):
     pacsv.write_csv(table, path)
     ingest(env["db"], "taxi", path, env["data"], time_column="when", window="1h", progress=False)
     with Ledger.open(env["db"]) as ledger:
-        assert [b.id for b in ledger.blocks("taxi")] == ["2020-01-01T00:00.1h", "2020-01-01T01:00.1h",
-                                                          "2020-01-01T05:00.1h"]
+        assert [b.id for b in ledger.blocks("taxi")] == [
+            "2020-01-01T00:00.1h",
+            "2020-01-01T01:00.1h",
+            "2020-01-01T05:00.1h",
+        ]
 
 
 def _bad(env, **kw):
@@ -145,13 +156,16 @@ def _bad(env, **kw):
     ingest(env["db"], "taxi", path, data, **args)
 
 
-@pytest.mark.parametrize("case,message", [
-    ("missing time column", "time column 'no_such' is not in the input"),
-    ("unparseable timestamps", "unparseable timestamp 'yesterday'"),
-    ("empty input", "input is empty"),
-    ("window of 0", "window '0d' is invalid"),
-    ("data root not writable", "is not writable"),
-])
+@pytest.mark.parametrize(
+    "case,message",
+    [
+        ("missing time column", "time column 'no_such' is not in the input"),
+        ("unparseable timestamps", "unparseable timestamp 'yesterday'"),
+        ("empty input", "input is empty"),
+        ("window of 0", "window '0d' is invalid"),
+        ("data root not writable", "is not writable"),
+    ],
+)
 def test_bad_input_registers_nothing(env, case, message):
     kw = {}
     if case == "missing time column":
@@ -219,16 +233,59 @@ def test_replay_of_generated_rows_is_labelled(env):
 def test_cli_ingest_and_replay(env, capsys):
     from sage_tfx.cli import main
 
-    rc = main(["ingest", "--db", env["db"], "--stream", "taxi", "--input", taxi_csv_path("simple"),
-               "--data-root", env["data"], "--block-by", "time", "--time-column", TIME_COLUMN, "--window", "1w",
-               "--direct_num_workers=1", "--quiet"])
+    rc = main(
+        [
+            "ingest",
+            "--db",
+            env["db"],
+            "--stream",
+            "taxi",
+            "--input",
+            taxi_csv_path("simple"),
+            "--data-root",
+            env["data"],
+            "--block-by",
+            "time",
+            "--time-column",
+            TIME_COLUMN,
+            "--window",
+            "1w",
+            "--direct_num_workers=1",
+            "--quiet",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and "block(s) added" in out
-    rc = main(["ingest", "--db", env["db"], "--stream", "taxi", "--input", taxi_csv_path("simple"),
-               "--data-root", env["data"], "--time-column", TIME_COLUMN, "--window", "0d"])
+    rc = main(
+        [
+            "ingest",
+            "--db",
+            env["db"],
+            "--stream",
+            "taxi",
+            "--input",
+            taxi_csv_path("simple"),
+            "--data-root",
+            env["data"],
+            "--time-column",
+            TIME_COLUMN,
+            "--window",
+            "0d",
+        ]
+    )
     assert rc == 2 and "window '0d' is invalid" in capsys.readouterr().err
-    replay = ["stream", "replay", "--db", env["db"], "--data-root", env["data"],
-              "--generated-rows", "100", "--rows-per-day", "50"]
+    replay = [
+        "stream",
+        "replay",
+        "--db",
+        env["db"],
+        "--data-root",
+        env["data"],
+        "--generated-rows",
+        "100",
+        "--rows-per-day",
+        "50",
+    ]
     rc = main(replay + ["--stream", "taxi", "--window", "1d"])
     assert rc == 2 and "blocked by" in capsys.readouterr().err  # the stream keeps one block rule (weekly)
     with Ledger.open(env["db"]) as ledger:

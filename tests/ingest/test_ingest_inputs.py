@@ -3,6 +3,7 @@
 Every refusal names the file, the column and the row (or the blocks and streams), registers nothing (a
 full dump of the ledger is unchanged) and leaves nothing in the data root: no block, no _staging tree.
 """
+
 import os
 import signal
 import subprocess
@@ -41,19 +42,30 @@ def _ingest(env, path, stream="s", **kw):
 
 GOOD = f"t,x,s\n{T0},1,a\n{T0 + 1},2,b\n{T0 + 2},3,c\n"
 BAD_INPUTS = [
-    ("duplicate-header", f"t,x,x\n{T0},1,2\n{T0 + 1},3,4\n",
-     ["column 'x' appears twice in the header (columns 2 and 3)", "rename or remove one"]),
-    ("unclosed-quote", f't,x,s\n{T0},1,ok\n{T0 + 1},2,"abc\n{T0 + 2},3,def\n{T0 + 3},4,ghi\n',
-     ["column 's', row 2 (line 3)", "never closes", "would merge"]),
-    ("unclosed-quote-last-line", f't,x,s\n{T0},1,ok\n{T0 + 1},2,"abc',
-     ["column 's', row 2 (line 3)", "never closes"]),
+    (
+        "duplicate-header",
+        f"t,x,x\n{T0},1,2\n{T0 + 1},3,4\n",
+        ["column 'x' appears twice in the header (columns 2 and 3)", "rename or remove one"],
+    ),
+    (
+        "unclosed-quote",
+        f't,x,s\n{T0},1,ok\n{T0 + 1},2,"abc\n{T0 + 2},3,def\n{T0 + 3},4,ghi\n',
+        ["column 's', row 2 (line 3)", "never closes", "would merge"],
+    ),
+    ("unclosed-quote-last-line", f't,x,s\n{T0},1,ok\n{T0 + 1},2,"abc', ["column 's', row 2 (line 3)", "never closes"]),
     ("inf-in-float", f"t,x\n{T0},1.5\n{T0 + 1},inf\n", ["column 'x', row 2: value inf is not finite", "empty"]),
     ("minus-inf-in-int", f"t,x\n{T0},1\n{T0 + 1},2\n{T0 + 2},-inf\n", ["column 'x', row 3: value -inf"]),
     ("minus-inf-in-time", f"t,x\n{T0}.5,1\n-inf,2\n", ["column 't', row 2: value -inf is not finite"]),
-    ("time-in-milliseconds", f"t,x\n{T0},1\n{T0 * 1000},2\n",
-     [f"column 't', row 2: value {T0 * 1000}", "outside [1000-01-01, 9000-01-01)", "milliseconds"]),
-    ("time-in-the-year-100", "t,x\n2020-01-01T00:00:00,1\n0100-01-01T00:00:00,2\n",
-     ["column 't', row 2", "outside [1000-01-01, 9000-01-01)"]),
+    (
+        "time-in-milliseconds",
+        f"t,x\n{T0},1\n{T0 * 1000},2\n",
+        [f"column 't', row 2: value {T0 * 1000}", "outside [1000-01-01, 9000-01-01)", "milliseconds"],
+    ),
+    (
+        "time-in-the-year-100",
+        "t,x\n2020-01-01T00:00:00,1\n0100-01-01T00:00:00,2\n",
+        ["column 't', row 2", "outside [1000-01-01, 9000-01-01)"],
+    ),
 ]
 
 
@@ -96,9 +108,30 @@ def test_refusal_in_an_existing_stream_folder_leaves_it_as_it_was(env):
 
 def test_cli_names_the_row_and_exits_2(env):
     path = _csv(env, "inf.csv", f"t,x\n{T0},1.5\n{T0 + 1},inf\n")
-    out = subprocess.run([sys.executable, "-m", "sage_tfx", "ingest", "--db", env["db"], "--stream", "s",
-                          "--input", path, "--data-root", env["data"], "--time-column", "t", "--window", "1d",
-                          "--quiet"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "ingest",
+            "--db",
+            env["db"],
+            "--stream",
+            "s",
+            "--input",
+            path,
+            "--data-root",
+            env["data"],
+            "--time-column",
+            "t",
+            "--window",
+            "1d",
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stderr
     assert f"input {path}: column 'x', row 2: value inf is not finite" in out.stderr
     assert "Traceback" not in out.stderr and not os.path.exists(env["data"])
@@ -140,17 +173,22 @@ def test_ledger_refuses_a_duplicate_digest_in_the_registering_transaction(ledger
             ledger.add_blocks("b", [dict(id="d2", start=86400, end=2 * 86400, rows=3, digest="00000000deadbeef")])
         assert [b.id for b in ledger.blocks("b")] == before
         assert ledger.digest_owners(["00000000deadbeef"], exclude_stream="b") == {"00000000deadbeef": [("a", "d1")]}
-        ledger.add_blocks("b", [dict(id="d2", start=86400, end=2 * 86400, rows=3, digest="00000000deadbeef")],
-                          allow_duplicate_of=("a",))
+        ledger.add_blocks(
+            "b",
+            [dict(id="d2", start=86400, end=2 * 86400, rows=3, digest="00000000deadbeef")],
+            allow_duplicate_of=("a",),
+        )
         assert ledger.audit().ok
 
 
 # ------------------------------------------------------------------ stale staging folders
 def _hold_a_run(data_root, stream):
     """A child process that creates a staging run (locked) and waits: a live ingest, killable."""
-    code = ("import sys, time; from sage_tfx.ingest import staging; "
-            f"run = staging.new_run_dir({data_root!r}, {stream!r}); "
-            "open(run + '/raw-copy.bin', 'wb').write(b'x' * 1000); print(run, flush=True); time.sleep(600)")
+    code = (
+        "import sys, time; from sage_tfx.ingest import staging; "
+        f"run = staging.new_run_dir({data_root!r}, {stream!r}); "
+        "open(run + '/raw-copy.bin', 'wb').write(b'x' * 1000); print(run, flush=True); time.sleep(600)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     return proc, proc.stdout.readline().strip()
 
@@ -207,12 +245,37 @@ def test_a_window_beyond_999_years_is_refused_before_anything_is_read(env, windo
     now exits 2 naming it, with nothing registered or written."""
     path = _csv(env, "good.csv", GOOD)
     before = dump(env["db"])
-    out = subprocess.run([sys.executable, "-m", "sage_tfx", "ingest", "--db", env["db"], "--stream", "s",
-                          "--input", path, "--data-root", env["data"], "--time-column", "t", "--window", window,
-                          "--quiet"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "ingest",
+            "--db",
+            env["db"],
+            "--stream",
+            "s",
+            "--input",
+            path,
+            "--data-root",
+            env["data"],
+            "--time-column",
+            "t",
+            "--window",
+            window,
+            "--quiet",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert f"window {window!r} is invalid: at most 364877d" in out.stderr and "Traceback" not in out.stderr
     assert dump(env["db"]) == before and not os.path.exists(env["data"])
-    status = subprocess.run([sys.executable, "-m", "sage_tfx", "ledger", "status", "--db", env["db"], "--stream",
-                             "s"], capture_output=True, text=True, timeout=120)
+    status = subprocess.run(
+        [sys.executable, "-m", "sage_tfx", "ledger", "status", "--db", env["db"], "--stream", "s"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert status.returncode == 0, status.stderr

@@ -5,6 +5,7 @@ content digest. A replay that typed the CSV's int columns as floats wrote other 
 Ingest also prints how it typed every column (an ISO date-time column becomes unix seconds), and what its help
 says is refused and rounded holds.
 """
+
 import os
 
 import pytest
@@ -18,10 +19,12 @@ from tests.privacy.test_ledger_bad_input import dump
 
 T0 = 1600000000  # 2020-09-13T12:26:40Z
 # Columns of every kind a CSV reader infers: int, float, text, bool, an ISO date and ISO date-times (not the time).
-TRIPS = ("t,fare,miles,company,paid,day,pickup,dropoff\n"
-         f"{T0},12,1.5,Flash Cab,true,2020-09-13,2020-09-13T12:20:00Z,2020-09-13 12:30:00\n"
-         f"{T0 + 60},7,0.8,Blue Ribbon,false,2020-09-13,2020-09-13T12:21:30+02:00,2020-09-13 12:40:00\n"
-         f"{T0 + 86400},30,9.25,Flash Cab,true,2020-09-14,2020-09-14T08:00:00Z,2020-09-14 08:10:00\n")
+TRIPS = (
+    "t,fare,miles,company,paid,day,pickup,dropoff\n"
+    f"{T0},12,1.5,Flash Cab,true,2020-09-13,2020-09-13T12:20:00Z,2020-09-13 12:30:00\n"
+    f"{T0 + 60},7,0.8,Blue Ribbon,false,2020-09-13,2020-09-13T12:21:30+02:00,2020-09-13 12:40:00\n"
+    f"{T0 + 86400},30,9.25,Flash Cab,true,2020-09-14,2020-09-14T08:00:00Z,2020-09-14 08:10:00\n"
+)
 
 
 @pytest.fixture
@@ -33,26 +36,77 @@ def trips(env):  # noqa: F811
 
 
 def _ingest(env, stream):  # noqa: F811
-    return main(["ingest", "--db", env["db"], "--stream", stream, "--input", env["csv"], "--data-root", env["data"],
-                 "--time-column", "t", "--window", "1d", "--quiet"])
+    return main(
+        [
+            "ingest",
+            "--db",
+            env["db"],
+            "--stream",
+            stream,
+            "--input",
+            env["csv"],
+            "--data-root",
+            env["data"],
+            "--time-column",
+            "t",
+            "--window",
+            "1d",
+            "--quiet",
+        ]
+    )
 
 
 def _replay(env, stream):  # noqa: F811
-    return main(["stream", "replay", "--db", env["db"], "--stream", stream, "--input", env["csv"], "--data-root",
-                 env["data"], "--time-column", "t", "--window", "1d"])
+    return main(
+        [
+            "stream",
+            "replay",
+            "--db",
+            env["db"],
+            "--stream",
+            stream,
+            "--input",
+            env["csv"],
+            "--data-root",
+            env["data"],
+            "--time-column",
+            "t",
+            "--window",
+            "1d",
+        ]
+    )
 
 
 def _serve(env, stream):  # noqa: F811
-    return main(["serve", "--db", env["db"], "--stream", stream, "--input", env["csv"], "--data-root", env["data"],
-                 "--time-column", "t", "--window", "1d", "--pipeline", "a=taxi_regression:600000",
-                 "--work-dir", str(env["tmp"] / "work")])
+    return main(
+        [
+            "serve",
+            "--db",
+            env["db"],
+            "--stream",
+            stream,
+            "--input",
+            env["csv"],
+            "--data-root",
+            env["data"],
+            "--time-column",
+            "t",
+            "--window",
+            "1d",
+            "--pipeline",
+            "a=taxi_regression:600000",
+            "--work-dir",
+            str(env["tmp"] / "work"),
+        ]
+    )
 
 
 PATHS = {"ingest": _ingest, "replay": _replay, "serve": _serve}
 
 
-@pytest.mark.parametrize("first, second", [("ingest", "replay"), ("ingest", "serve"), ("replay", "ingest"),
-                                           ("replay", "serve")])
+@pytest.mark.parametrize(
+    "first, second", [("ingest", "replay"), ("ingest", "serve"), ("replay", "ingest"), ("replay", "serve")]
+)
 def test_the_same_csv_through_another_path_into_a_second_stream_is_refused(trips, capsys, first, second):
     env = trips  # noqa: F811
     assert PATHS[first](env, "s") == 0, capsys.readouterr().err
@@ -81,14 +135,30 @@ def test_ingest_and_replay_store_the_same_types_and_records(tmp_path):
         schema = layout.stream_config(env["data"], "s")["schema"]
         with Ledger.open(env["db"]) as ledger:
             blocks = [b.id for b in ledger.blocks("s")]
-            rows = [sorted(map(str, decode(list(access.read_block_records(ledger, env["data"], "s", [b],
-                                                                          purpose="test")), schema).to_pylist()))
-                    for b in blocks]
+            rows = [
+                sorted(
+                    map(
+                        str,
+                        decode(
+                            list(access.read_block_records(ledger, env["data"], "s", [b], purpose="test")), schema
+                        ).to_pylist(),
+                    )
+                )
+                for b in blocks
+            ]
         seen[name] = (schema, blocks, rows)
     assert seen["ingest"] == seen["replay"]
     schema = seen["ingest"][0]
-    assert schema == {"t": "int", "fare": "int", "miles": "float", "company": "bytes", "paid": "int",
-                      "day": "bytes", "pickup": "int", "dropoff": "int"}
+    assert schema == {
+        "t": "int",
+        "fare": "int",
+        "miles": "float",
+        "company": "bytes",
+        "paid": "int",
+        "day": "bytes",
+        "pickup": "int",
+        "dropoff": "int",
+    }
 
 
 @pytest.mark.parametrize("path", ["ingest", "replay"])
@@ -106,8 +176,10 @@ def test_ingest_prints_how_it_typed_every_column(trips, capsys, path):
     assert "32-bit floats" in lines["miles"] and "exact within +-2^53" in lines["fare"]
     with Ledger.open(env["db"]) as ledger:  # what the lines say is what is stored
         block = ledger.blocks("s")[0].id
-        rows = decode(list(access.read_block_records(ledger, env["data"], "s", [block], purpose="test")),
-                      layout.stream_config(env["data"], "s")["schema"]).to_pylist()
+        rows = decode(
+            list(access.read_block_records(ledger, env["data"], "s", [block], purpose="test")),
+            layout.stream_config(env["data"], "s")["schema"],
+        ).to_pylist()
     by_time = {r["t"][0]: r for r in rows}
     assert by_time[T0]["pickup"] == [T0 - 400] and by_time[T0 + 60]["pickup"] == [T0 - 7510]  # +02:00 -> UTC
     assert by_time[T0]["dropoff"] == [T0 + 200]  # no offset: read as UTC
@@ -129,8 +201,10 @@ def test_what_the_help_says_is_rounded_and_refused_holds(trips, capsys):
     schema = layout.stream_config(env["data"], "s")["schema"]
     assert schema == {"t": "int", "exact": "int", "approx": "float"}
     with Ledger.open(env["db"]) as ledger:
-        rows = decode(list(access.read_block_records(ledger, env["data"], "s", [ledger.blocks("s")[0].id],
-                                                     purpose="test")), schema).to_pylist()
+        rows = decode(
+            list(access.read_block_records(ledger, env["data"], "s", [ledger.blocks("s")[0].id], purpose="test")),
+            schema,
+        ).to_pylist()
     by_time = {r["t"][0]: r for r in rows}
     assert by_time[T0]["exact"] == [33554433] and by_time[T0 + 1]["exact"] == [9007199254740991]
     assert by_time[T0]["approx"] == [33554432.0] and by_time[T0 + 1]["approx"] == [17031832576.0]

@@ -16,6 +16,7 @@ docs/security.md "Staging outside the data root").
   the control, the same workers with the default staging under the data root, fails naming --staging-location
   and registers nothing.
 """
+
 import collections
 import os
 import shutil
@@ -59,7 +60,7 @@ class DirStore(LocalFileSystem):
     def _local(self, url):
         if not url.startswith(f"{SCHEME}://"):
             raise ValueError(f"{url!r} is not a {SCHEME}:// URL")
-        return os.path.join(self.root, url[len(f"{SCHEME}://"):])
+        return os.path.join(self.root, url[len(f"{SCHEME}://") :])
 
     def join(self, basepath, *paths):
         return "/".join([basepath.rstrip("/")] + [p.strip("/") for p in paths])
@@ -150,8 +151,10 @@ def _blocks(db, data, stream="s"):
     with Ledger.open(db) as ledger:
         counts = {b.id: ledger.private_row_count(stream, b.id) for b in ledger.blocks(stream)}
         schema = layout.stream_config(data, stream)["schema"]
-        records = {b: _rows(decode(list(read_block_records(ledger, data, stream, [b], purpose="test")), schema))
-                   for b in counts}
+        records = {
+            b: _rows(decode(list(read_block_records(ledger, data, stream, [b], purpose="test")), schema))
+            for b in counts
+        }
     return counts, records
 
 
@@ -225,8 +228,7 @@ def test_staging_in_a_local_folder_apart_from_the_data_root(tmp_path, reference)
     assert os.listdir(os.path.join(data, "s", layout.STAGING)) == [".commit.lock"]  # the local commit run is gone
 
     # the same input again: nothing added, nothing copied or left anywhere
-    again = ingest(db, "s", inputs, data, time_column="t", window="1d", progress=False,
-                   staging_location=str(staging))
+    again = ingest(db, "s", inputs, data, time_column="t", window="1d", progress=False, staging_location=str(staging))
     assert again["added"] == [] and sorted(again["unchanged"]) == sorted(result["added"])
     assert os.listdir(staging) == []
 
@@ -235,16 +237,26 @@ def test_staging_location_inside_or_around_the_data_root_is_refused(tmp_path, re
     inputs = reference[0]
     db, data = _ledger(tmp_path / "l.db"), str(tmp_path / "d")
     before = dump(db)
-    for location, text in [(os.path.join(data, "stage"), "inside the data root"),
-                           (str(tmp_path), "holds the data root")]:
+    for location, text in [
+        (os.path.join(data, "stage"), "inside the data root"),
+        (str(tmp_path), "holds the data root"),
+    ]:
         with pytest.raises(InputError) as err:
             ingest(db, "s", inputs, data, time_column="t", window="1d", progress=False, staging_location=location)
         assert repr(location) in str(err.value) and text in str(err.value), str(err.value)
         assert "nothing was changed" in str(err.value)
         assert dump(db) == before and not os.path.exists(data)
     # the default folder given explicitly is the default
-    result = ingest(db, "s", inputs, data, time_column="t", window="1d", progress=False,
-                    staging_location=os.path.join(data, "s", layout.STAGING))
+    result = ingest(
+        db,
+        "s",
+        inputs,
+        data,
+        time_column="t",
+        window="1d",
+        progress=False,
+        staging_location=os.path.join(data, "s", layout.STAGING),
+    )
     assert sorted(result["added"]) == sorted(reference[1]["added"])
 
 
@@ -257,8 +269,25 @@ def test_unknown_staging_scheme_is_refused_naming_it_and_changes_nothing(tmp_pat
     before_db, before_data = dump(db), _tree(data)
     bad = "nosuchfs://bucket/staging"
     args = build_parser("ingest").parse_args(
-        ["ingest", "--db", db, "--stream", "s", "--input", inputs[1], "--data-root", data, "--time-column", "t",
-         "--window", "1d", "--staging-location", bad, "--quiet"])
+        [
+            "ingest",
+            "--db",
+            db,
+            "--stream",
+            "s",
+            "--input",
+            inputs[1],
+            "--data-root",
+            data,
+            "--time-column",
+            "t",
+            "--window",
+            "1d",
+            "--staging-location",
+            bad,
+            "--quiet",
+        ]
+    )
     assert args.func(args) == 2
     err = capsys.readouterr().err
     assert f"staging location {bad!r}" in err and "'nosuchfs'" in err, err
@@ -272,8 +301,7 @@ def test_object_store_staging_and_url_inputs(tmp_path, reference, store_root):
     for path in reference[0]:
         os.makedirs(os.path.join(store_root, "in"), exist_ok=True)
         shutil.copy(path, os.path.join(store_root, "in", os.path.basename(path)))
-    result, db, data = _ingest_small(tmp_path, "url", f"{SCHEME}://in/part*.csv",
-                                     staging_location=f"{SCHEME}://stage/")
+    result, db, data = _ingest_small(tmp_path, "url", f"{SCHEME}://in/part*.csv", staging_location=f"{SCHEME}://stage/")
     _same(result, db, data, reference)
     _modes_are_private(data)  # copied into the data root with the local guarantees
     assert sorted(os.listdir(store_root)) == ["in"]  # the staged run is deleted: no sealed leftovers
@@ -378,8 +406,17 @@ def _ingest_taxi(root, name, beam_args, staging_location=None):
 
     os.makedirs(root, exist_ok=True)
     db, data = _ledger(os.path.join(root, f"{name}.db"), ("taxi",)), os.path.join(root, f"{name}-data")
-    result = ingest(db, "taxi", taxi_csv_path("simple"), data, time_column=TIME_COLUMN, window="1d",
-                    beam_args=beam_args, progress=False, staging_location=staging_location)
+    result = ingest(
+        db,
+        "taxi",
+        taxi_csv_path("simple"),
+        data,
+        time_column=TIME_COLUMN,
+        window="1d",
+        beam_args=beam_args,
+        progress=False,
+        staging_location=staging_location,
+    )
     counts, records = _blocks(db, data, "taxi")
     return result, counts, records
 
@@ -401,23 +438,41 @@ def test_workers_in_a_mount_namespace_without_the_data_root(tmp_path):
     reference = _ingest_taxi(str(tmp_path / "ref"), "direct", [])
     hidden, staging = tmp_path / "hidden", tmp_path / "staging"
     hidden.mkdir()
-    prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-              'mount -t tmpfs -o ro,size=1m,mode=0700 tmpfs "$0" && exec "$@"', str(hidden)]
+    prefix = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs -o ro,size=1m,mode=0700 tmpfs "$0" && exec "$@"',
+        str(hidden),
+    ]
     with portable_cluster(workers=2, worker_prefix=prefix) as cluster:
         pool = [pid for pid in cluster.pids if _mount_ns(pid) != _mount_ns("self")]
         assert len(pool) == 1, "the worker pool runs in a mount namespace of its own"
         got = _ingest_taxi(str(hidden), "ns", cluster.beam_args, staging_location=str(staging))
-        seen = subprocess.run(["nsenter", "-t", str(pool[0]), "-m", "ls", "-A", str(hidden)],
-                              capture_output=True, text=True, check=True)
+        seen = subprocess.run(
+            ["nsenter", "-t", str(pool[0]), "-m", "ls", "-A", str(hidden)], capture_output=True, text=True, check=True
+        )
         assert seen.stdout == "", f"the workers see {seen.stdout!r} in the data root's folder"
 
         # the control: with the default staging (under the data root) the same workers cannot deliver their parts
         db = _ledger(hidden / "control.db", ("taxi",))
         before = dump(db)
-        with pytest.raises(InputError, match="does not exist on the Beam worker .* --staging-location .*nothing was "
-                                             "registered"):
-            ingest(db, "taxi", taxi_csv_path("simple"), str(hidden / "control-data"), time_column=TIME_COLUMN,
-                   window="1d", beam_args=cluster.beam_args, progress=False)
+        with pytest.raises(
+            InputError, match="does not exist on the Beam worker .* --staging-location .*nothing was registered"
+        ):
+            ingest(
+                db,
+                "taxi",
+                taxi_csv_path("simple"),
+                str(hidden / "control-data"),
+                time_column=TIME_COLUMN,
+                window="1d",
+                beam_args=cluster.beam_args,
+                progress=False,
+            )
         assert dump(db) == before
     assert {"ns-data", "ns.db", "ns.db.key"} <= set(os.listdir(hidden))  # what the driver wrote there
     result, counts, records = got

@@ -5,6 +5,7 @@ to ONE row (a count's sensitivity 1), so a count at epsilon costs that company h
 stream declared with ``--privacy-unit company --max-rows-per-unit K``, ingest keeps at most K rows of a company per
 block and every stage's mechanisms get the per-row budget epsilon/K: the company's loss is at most the charge.
 """
+
 import collections
 import math
 import os
@@ -57,8 +58,15 @@ def test_a_heavy_unit_keeps_at_most_k_rows_per_block(tmp_path, trips):
         ledger.create_stream("people", 10.0, 1e-5, privacy_unit=UNIT, max_rows_per_unit=K)
         _ingest(ledger, data, "rows", trips, make_spec("time", "rows", TIME_COLUMN, "30d"))
         # the same records in a second stream: allowed here, to compare what each stream stores
-        ingest_batches(ledger, "people", data, trips.to_batches(), make_spec("time", "people", TIME_COLUMN, "30d"),
-                       schema, allow_duplicate_of=["rows"])
+        ingest_batches(
+            ledger,
+            "people",
+            data,
+            trips.to_batches(),
+            make_spec("time", "people", TIME_COLUMN, "30d"),
+            schema,
+            allow_duplicate_of=["rows"],
+        )
         as_rows = _units_per_block(ledger, data, "rows", schema)
         as_people = _units_per_block(ledger, data, "people", schema)
         # the attack as it was: on a row stream one company has far more than K rows in a block
@@ -84,8 +92,9 @@ def test_the_rows_kept_depend_on_the_unit_column_alone_and_a_key(trips):
     # reproducible: the same input and key keep the same rows
     assert _column(bound.keep(trips.to_batches(max_chunksize=700), spec), "tips") == _column(kept, "tips")
     # data-independent: other values in another column keep the same rows
-    fares = [b.set_column(b.schema.get_field_index("fare"), "fare", pc.multiply(b.column("fare"), 3.0))
-             for b in batches]
+    fares = [
+        b.set_column(b.schema.get_field_index("fare"), "fare", pc.multiply(b.column("fare"), 3.0)) for b in batches
+    ]
     assert _column(bound.keep(fares, spec), "tips") == _column(kept, "tips")
     # another key keeps as many rows, other ones of a heavy unit (the choice is the key's, not the input order's)
     other = UnitBound(UNIT, K, b"x" * 32).keep(batches, spec)
@@ -119,8 +128,15 @@ def unit_ledger(tmp_path):
 
 
 def test_every_stage_hands_its_mechanisms_the_per_row_budget(unit_ledger):
-    split = BudgetSplit(preprocessing=0.2, count=0.1, training=0.5, validation=0.2, delta=1e-6, rule=ChargeRule.SUM.value,
-                        preprocessing_delta=1e-7)
+    split = BudgetSplit(
+        preprocessing=0.2,
+        count=0.1,
+        training=0.5,
+        validation=0.2,
+        delta=1e-6,
+        rule=ChargeRule.SUM.value,
+        preprocessing_delta=1e-7,
+    )
     grant = unit_ledger.request("p", "people", blocks=["b0"], epsilon=1.0, delta=1.1e-6, split=split)
     assert grant.meta["unit"] == {"column": UNIT, "max_rows": K}  # signed with the grant
     assert unit_ledger.blocks("people")[0].spent[0] == pytest.approx(1.0)  # the blocks pay the charge per unit
@@ -146,7 +162,9 @@ def test_every_stage_hands_its_mechanisms_the_per_row_budget(unit_ledger):
 def test_the_trainer_gets_the_per_row_budget_and_cannot_ask_the_whole_share(unit_ledger):
     from components.dp_trainer_executor import asked_budget
 
-    split = BudgetSplit(preprocessing=0.0, count=0.1, training=0.5, validation=0.2, delta=1e-6, rule=ChargeRule.SUM.value)
+    split = BudgetSplit(
+        preprocessing=0.0, count=0.1, training=0.5, validation=0.2, delta=1e-6, rule=ChargeRule.SUM.value
+    )
     grant = unit_ledger.request("p", "people", blocks=["b0"], epsilon=0.8, delta=1e-6, split=split)
     assert asked_budget({}, grant) == (pytest.approx(0.1), pytest.approx(per_row_budget(0.5, 1e-6, K)[1]))
     with pytest.raises(GrantError, match="covers only"):
@@ -181,19 +199,23 @@ def test_neighbours_differing_by_a_whole_unit_give_counts_within_e_to_the_epsilo
     mechanism calibrated to one row (epsilon itself) breaks the bound by a factor ~e^4 at the far cut: the test can
     fail.
     """
-    split = BudgetSplit(preprocessing=0.0, count=1.0, training=0.0, validation=0.0, delta=0.0, rule=ChargeRule.SUM.value)
+    split = BudgetSplit(
+        preprocessing=0.0, count=1.0, training=0.0, validation=0.0, delta=0.0, rule=ChargeRule.SUM.value
+    )
     grant = unit_ledger.request("p", "people", blocks=["b0"], epsilon=1.0, split=split)
     eps = stage_budget(grant, "count")[0]
     assert eps == pytest.approx(1.0 / K)
-    n, draws, bound = 100, 15000, math.e ** 1.0
+    n, draws, bound = 100, 15000, math.e**1.0
 
     def violations(epsilon):
         d, d_prime = _dp_counts(n + K, epsilon, draws, 1), _dp_counts(n, epsilon, draws, 2)
         bad = []
         for cut in (n, n + K / 2, n + K, n + 1.5 * K):
-            for p, q in (((d >= cut).mean(), (d_prime >= cut).mean()), ((d_prime <= cut - K).mean(),
-                                                                         (d <= cut - K).mean())):
-                se = math.sqrt(p * (1 - p) / draws + bound ** 2 * q * (1 - q) / draws)
+            for p, q in (
+                ((d >= cut).mean(), (d_prime >= cut).mean()),
+                ((d_prime <= cut - K).mean(), (d <= cut - K).mean()),
+            ):
+                se = math.sqrt(p * (1 - p) / draws + bound**2 * q * (1 - q) / draws)
                 if p > bound * q + 4.5 * max(se, 1.0 / draws):
                     bad.append((cut, p, q))
         return bad
@@ -208,9 +230,11 @@ def test_the_audit_catches_a_changed_unit_or_bound(tmp_path):
         ledger.create_stream("people", 10.0, 1e-5, privacy_unit=UNIT, max_rows_per_unit=K)
         ledger.create_stream("rows", 10.0, 1e-5)
         assert ledger.audit().ok
-    for change in ("UPDATE streams SET max_rows_per_unit = 1 WHERE name = 'people'",
-                   "UPDATE streams SET privacy_unit = 'taxi_id' WHERE name = 'people'",
-                   "UPDATE streams SET privacy_unit = 'company', max_rows_per_unit = 2 WHERE name = 'rows'"):
+    for change in (
+        "UPDATE streams SET max_rows_per_unit = 1 WHERE name = 'people'",
+        "UPDATE streams SET privacy_unit = 'taxi_id' WHERE name = 'people'",
+        "UPDATE streams SET privacy_unit = 'company', max_rows_per_unit = 2 WHERE name = 'rows'",
+    ):
         backup = str(tmp_path / "copy.db")
         with sqlite3.connect(db) as src, sqlite3.connect(backup) as dst:
             src.backup(dst)
@@ -227,12 +251,18 @@ def test_the_audit_catches_a_changed_unit_or_bound(tmp_path):
                 os.unlink(backup + suffix)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--privacy-unit", UNIT, "--max-rows-per-unit", "0"], "max_rows_per_unit 0 is invalid: give an integer K >= 1"),
-    (["--privacy-unit", UNIT], "needs a bound: give --max-rows-per-unit K"),
-    (["--max-rows-per-unit", "3"], "needs a privacy unit: give --privacy-unit COLUMN"),
-    (["--privacy-unit", "", "--max-rows-per-unit", "3"], "privacy unit column '' is invalid"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (
+            ["--privacy-unit", UNIT, "--max-rows-per-unit", "0"],
+            "max_rows_per_unit 0 is invalid: give an integer K >= 1",
+        ),
+        (["--privacy-unit", UNIT], "needs a bound: give --max-rows-per-unit K"),
+        (["--max-rows-per-unit", "3"], "needs a privacy unit: give --privacy-unit COLUMN"),
+        (["--privacy-unit", "", "--max-rows-per-unit", "3"], "privacy unit column '' is invalid"),
+    ],
+)
 def test_a_bad_unit_is_refused_before_a_ledger_exists(tmp_path, args, message):
     db = str(tmp_path / "l.db")
     result = sage("ledger", "init", "--db", db, "--stream", "s", "--epsilon", "1", "--delta", "1e-6", *args)
@@ -292,7 +322,14 @@ def test_a_release_strategy_calibrated_to_one_row_is_refused_before_any_charge(t
         ledger.create_stream("people", 1.0, 1e-6, privacy_unit=UNIT, max_rows_per_unit=K)
         ledger.add_block("people", "b0")
         with pytest.raises(LedgerError, match="ContinualRelease calibrates its mechanisms to one row"):
-            ContinualRelease(ledger, "people", "p", ReleaseParams(epsilon=0.1, delta=1e-7, records_per_block=100), lambda grant: None, dim=2)
+            ContinualRelease(
+                ledger,
+                "people",
+                "p",
+                ReleaseParams(epsilon=0.1, delta=1e-7, records_per_block=100),
+                lambda grant: None,
+                dim=2,
+            )
         assert ledger.grants("people") == [] and ledger.blocks("people")[0].spent[0] == 0
 
 

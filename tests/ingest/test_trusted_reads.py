@@ -1,5 +1,6 @@
 """Trusted reads leave a trace: every decryption of blocks outside a grant (no charge) first writes a keyed
 ``trusted_read`` entry naming the blocks and the caller's purpose, which `sage ledger audit` lists."""
+
 import ast
 import json
 import os
@@ -25,8 +26,9 @@ def world(tmp_path):
     rows = load_taxi("simple").slice(0, 600)
     ledger = Ledger.open(db, create=True)
     ledger.create_stream("a", 1.0, 1e-5)
-    ingest_batches(ledger, "a", data, rows.to_batches(), make_spec("time", "a", TIME_COLUMN, "1d"),
-                   schema_of(rows.schema))
+    ingest_batches(
+        ledger, "a", data, rows.to_batches(), make_spec("time", "a", TIME_COLUMN, "1d"), schema_of(rows.schema)
+    )
     yield dict(db=db, data=data, ledger=ledger)
     ledger.close()
 
@@ -46,24 +48,30 @@ def test_a_trusted_read_of_spent_blocks_is_in_the_audit_with_its_blocks_and_purp
     rows = scoring.block_rows(data, "a", blocks, ledger=ledger, purpose="non-private baseline")
     assert rows.num_rows == sum(ledger.private_row_count("a", b) for b in blocks) > 0
     after = ledger.log_entries()
-    assert after[:len(before)] == before and [e[2] for e in after[len(before):]] == ["trusted_read"]
+    assert after[: len(before)] == before and [e[2] for e in after[len(before) :]] == ["trusted_read"]
     assert json.loads(after[-1][3]) == {"stream": "a", "blocks": blocks, "purpose": "non-private baseline"}
     report = ledger.audit()
     assert report.ok, report.problems
     assert [(r["stream"], r["blocks"], r["purpose"]) for r in report.trusted_reads] == [
-        ("a", blocks, "non-private baseline")]
+        ("a", blocks, "non-private baseline")
+    ]
 
-    text = subprocess.run([sys.executable, "-m", "sage_tfx", "ledger", "audit", "--db", db], capture_output=True,
-                          text=True)
+    text = subprocess.run(
+        [sys.executable, "-m", "sage_tfx", "ledger", "audit", "--db", db], capture_output=True, text=True
+    )
     assert text.returncode == 0, text.stdout + text.stderr
     assert "1 trusted read(s) outside a grant" in text.stdout, text.stdout
     assert f"3 block(s) {', '.join(blocks)}; purpose: non-private baseline" in text.stdout, text.stdout
-    as_json = subprocess.run([sys.executable, "-m", "sage_tfx", "ledger", "audit", "--db", db, "--json"],
-                             capture_output=True, text=True)
+    as_json = subprocess.run(
+        [sys.executable, "-m", "sage_tfx", "ledger", "audit", "--db", db, "--json"], capture_output=True, text=True
+    )
     report = json.loads(as_json.stdout)
     assert report["ok"] and report["trusted_read_count"] == 1 and report["trusted_reads"][0]["blocks"] == blocks
-    status = subprocess.run([sys.executable, "-m", "sage_tfx", "ledger", "status", "--db", db, "--stream", "a",
-                             "--json"], capture_output=True, text=True)
+    status = subprocess.run(
+        [sys.executable, "-m", "sage_tfx", "ledger", "status", "--db", db, "--stream", "a", "--json"],
+        capture_output=True,
+        text=True,
+    )
     assert json.loads(status.stdout)["trusted_reads"] == 1, status.stdout + status.stderr
 
 
@@ -82,8 +90,9 @@ def test_the_entry_is_committed_before_any_block_is_opened(world, monkeypatch):
     assert seen == ["trusted_read"]
 
 
-@pytest.mark.parametrize("purpose, error", [(None, LedgerError), ("", LedgerError), ("   ", LedgerError),
-                                            (3, LedgerError)])
+@pytest.mark.parametrize(
+    "purpose, error", [(None, LedgerError), ("", LedgerError), ("   ", LedgerError), (3, LedgerError)]
+)
 def test_every_door_outside_a_grant_needs_a_purpose_and_gives_no_key_without_its_entry(world, purpose, error):
     ledger, data = world["ledger"], world["data"]
     block = ledger.blocks("a")[0].id
@@ -138,6 +147,9 @@ def test_no_decryption_path_bypasses_the_two_doors():
     ]
     assert [c for c in _calls({"open_block", "unwrap"}) if c[0] != "sage_tfx/ingest/sealed.py"] == [
         ("sage_tfx/ingest/access.py", "check_blocks", "open_block"),
-        ("sage_tfx/ingest/access.py", "open_blocks", "open_block")]
+        ("sage_tfx/ingest/access.py", "open_blocks", "open_block"),
+    ]
     assert sorted({c[:2] for c in _calls({"open_blocks"})}) == [
-        ("sage_tfx/ingest/access.py", "grant_blocks"), ("sage_tfx/ingest/access.py", "read_block_records")]
+        ("sage_tfx/ingest/access.py", "grant_blocks"),
+        ("sage_tfx/ingest/access.py", "read_block_records"),
+    ]

@@ -45,6 +45,7 @@ def _make(kind, model, clip, sigma, seed):
 
 # --------------------------------------------------------------------------- refusals, before anything drawn
 
+
 class _Untouchable:
     """Data that fails the test if read: a refusal must come before any read."""
 
@@ -58,12 +59,19 @@ class _Untouchable:
         raise AssertionError("the data was read (array) before the refusal")
 
 
-@pytest.mark.parametrize("kwargs, named", [
-    ({"target_quantile": 1.0}, "target_quantile=1.0"), ({"target_quantile": 0}, "target_quantile=0"),
-    ({"target_quantile": float("nan")}, "target_quantile=nan"), ({"learning_rate": -0.2}, "learning_rate=-0.2"),
-    ({"initial": 0.0}, "initial=0.0"), ({"count_stddev": 0}, "count_stddev=0"),
-    ({"target_quantile": True}, "target_quantile=True"), ({"learning_rate": "fast"}, "learning_rate='fast'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"target_quantile": 1.0}, "target_quantile=1.0"),
+        ({"target_quantile": 0}, "target_quantile=0"),
+        ({"target_quantile": float("nan")}, "target_quantile=nan"),
+        ({"learning_rate": -0.2}, "learning_rate=-0.2"),
+        ({"initial": 0.0}, "initial=0.0"),
+        ({"count_stddev": 0}, "count_stddev=0"),
+        ({"target_quantile": True}, "target_quantile=True"),
+        ({"learning_rate": "fast"}, "learning_rate='fast'"),
+    ],
+)
 def test_bad_parameters_named(kwargs, named):
     with pytest.raises(DpSgdConfigError, match=named.replace("(", r"\(")):
         AdaptiveClip(**kwargs)
@@ -84,8 +92,15 @@ def test_too_little_count_noise_refused_by_make_private_before_fit():
     model = _logistic()
     z = dpsgd.calibrate_noise_multiplier(1.0, 1e-5, 4000, 200, 1)
     with pytest.raises(DpSgdConfigError, match=rf"count_stddev=0.5 is invalid for noise multiplier {z:.4g}"):
-        make_private(model, privacy_budget=(1.0, 1e-5), num_examples=4000, batch_size=200, epochs=1,
-                     loss="binary_crossentropy", clip_norm=AdaptiveClip(count_stddev=0.5))
+        make_private(
+            model,
+            privacy_budget=(1.0, 1e-5),
+            num_examples=4000,
+            batch_size=200,
+            epochs=1,
+            loss="binary_crossentropy",
+            clip_norm=AdaptiveClip(count_stddev=0.5),
+        )
     with pytest.raises(DpSgdConfigError, match="clip_norm='quantile' is invalid"):
         make_private(model, privacy_budget=(1.0, 1e-5), num_examples=4000, clip_norm="quantile")
 
@@ -117,12 +132,14 @@ def test_data_derived_target_quantile_refused_under_the_share():
             model.fit(_Untouchable(), _Untouchable())
     assert model.model is None
     with training_seed(5, share=(1.0, 1e-5), public=public):
-        ok = DPLogisticRegressor((1.0, 1e-5), num_examples=400, batch_size=200, epochs=1,
-                                 clip_norm="adaptive").fit(x, y)
+        ok = DPLogisticRegressor((1.0, 1e-5), num_examples=400, batch_size=200, epochs=1, clip_norm="adaptive").fit(
+            x, y
+        )
     assert ok.privacy_spent["adaptive_clip"]["target_quantile"] == 0.5
 
 
 # --------------------------------------------------------------------------- the mechanism
+
 
 def test_sum_multiplier_formula_is_one_gaussian_mechanism():
     """Thm 1 through dp_accounting: the sum (sensitivity 1, std z_Delta) and the count (sensitivity 1/2, std
@@ -133,12 +150,14 @@ def test_sum_multiplier_formula_is_one_gaussian_mechanism():
     for z, sigma_b in ((1.1, 10.0), (0.8, 0.6), (3.0, 2.0)):
         z_delta = sum_noise_multiplier(z, sigma_b)
         assert z_delta > z
-        assert (z_delta ** -2 + (2 * sigma_b) ** -2) ** -0.5 == pytest.approx(z, rel=1e-12)
-        pair = dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(z_delta),
-                                              dp_accounting.GaussianDpEvent(2 * sigma_b)])
+        assert (z_delta**-2 + (2 * sigma_b) ** -2) ** -0.5 == pytest.approx(z, rel=1e-12)
+        pair = dp_accounting.ComposedDpEvent(
+            [dp_accounting.GaussianDpEvent(z_delta), dp_accounting.GaussianDpEvent(2 * sigma_b)]
+        )
         for accountant in ("rdp", "pld"):
-            one = dpsgd.event_epsilon(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), 50),
-                                      1e-5, accountant)
+            one = dpsgd.event_epsilon(
+                dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(z), 50), 1e-5, accountant
+            )
             both = dpsgd.event_epsilon(dp_accounting.SelfComposedDpEvent(pair, 50), 1e-5, accountant)
             assert both == pytest.approx(one, rel=2e-3), (z, sigma_b, accountant)
     with pytest.raises(DpSgdConfigError, match="count_stddev=0.5 is invalid for noise multiplier 1"):
@@ -154,24 +173,33 @@ def test_accounted_epsilon_and_share_spend_equal_the_fixed_clip(make_fit):
     for clip in (1.0, "adaptive"):
         with training_seed(9, share=(0.8, 1e-5)) as block:
             if make_fit == "make_private":
-                model = make_private(_logistic(), privacy_budget=(0.8, 1e-5), num_examples=2000, batch_size=100,
-                                     epochs=1, loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
-                                     clip_norm=clip).fit(x, y)
+                model = make_private(
+                    _logistic(),
+                    privacy_budget=(0.8, 1e-5),
+                    num_examples=2000,
+                    batch_size=100,
+                    epochs=1,
+                    loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
+                    clip_norm=clip,
+                ).fit(x, y)
             else:
-                model = DPLogisticRegressor((0.8, 1e-5), num_examples=2000, batch_size=100, epochs=1,
-                                            clip_norm=clip).fit(x, y)
+                model = DPLogisticRegressor(
+                    (0.8, 1e-5), num_examples=2000, batch_size=100, epochs=1, clip_norm=clip
+                ).fit(x, y)
             spent[clip] = (model.privacy_spent, block.composed())
     fixed, adaptive = spent[1.0][0], spent["adaptive"][0]
     for key in ("epsilon", "delta", "noise_multiplier", "steps", "sampling_rate"):
         assert adaptive[key] == fixed[key], key
     assert repr(adaptive["dp_event"]) == repr(fixed["dp_event"])
     assert adaptive["epsilon"] == pytest.approx(
-        dpsgd.epsilon_for(fixed["noise_multiplier"], 1e-5, 2000, 100, 1), rel=1e-12)
+        dpsgd.epsilon_for(fixed["noise_multiplier"], 1e-5, 2000, 100, 1), rel=1e-12
+    )
     assert spent["adaptive"][1] == spent[1.0][1] == (adaptive["epsilon"], 1e-5)
     report = adaptive["adaptive_clip"]
     assert report["count_stddev"] == 100 / 20
     assert report["sum_noise_multiplier"] == pytest.approx(
-        (fixed["noise_multiplier"] ** -2 - (2 * 5.0) ** -2) ** -0.5, rel=1e-12)
+        (fixed["noise_multiplier"] ** -2 - (2 * 5.0) ** -2) ** -0.5, rel=1e-12
+    )
     assert report["final_clip_norm"] > 0 and "adaptive_clip" not in fixed
     # DPTrainer's spend report keeps the clip's parameters, and its audit re-accounts the same event
     from sage_tfx.components.dp_trainer_executor import audit_spend
@@ -197,7 +225,7 @@ def test_sum_noise_has_the_adjusted_multiplier(kind):
     for _ in range(40):
         clip = engine.current_clip_norm  # C_t: the draw's scale; the step then moves it (a DP release)
         noise = np.concatenate([np.asarray(g).ravel() for g in step()])
-        ratios.append(noise ** 2 / (z_delta * clip) ** 2)
+        ratios.append(noise**2 / (z_delta * clip) ** 2)
     ratios = np.concatenate(ratios)
     dof = ratios.size
     band = stats.chi2.ppf(5e-7, dof) / dof, stats.chi2.ppf(1 - 5e-7, dof) / dof
@@ -224,17 +252,20 @@ def test_clip_update_is_the_geometric_step(kind):
 
 # The per-example loop (make_private's fallback) runs one seed: each of its steps costs ~100 gradient tapes, ~40 s
 # of CI per seed. The margin is per seed, so its false-failure bound stays below 1e-6 (2e-6 with two seeds).
-@pytest.mark.parametrize("kind, quantile, seeds", [("ghost", 0.5, (1, 2)), ("vmap", 0.9, (1, 2)),
-                                                   ("ghost", 0.9, (1, 2)), ("loop", 0.5, (1,))],
-                         ids=["ghost-0.5", "vmap-0.9", "ghost-0.9", "loop-0.5"])
+@pytest.mark.parametrize(
+    "kind, quantile, seeds",
+    [("ghost", 0.5, (1, 2)), ("vmap", 0.9, (1, 2)), ("ghost", 0.9, (1, 2)), ("loop", 0.5, (1,))],
+    ids=["ghost-0.5", "vmap-0.9", "ghost-0.9", "loop-0.5"],
+)
 def test_estimate_converges_to_the_quantile_of_the_norms(kind, quantile, seeds):
     """A fixed model (no update applied), Poisson batches of 100 from 3,000 rows, sigma_b = 5 (the default):
     after 120 steps from C_0 = 1 the mean estimate over the last 40 steps leaves between quantile -+ 0.08 of the
     rows unclipped. Each step's b has s.d. about 0.07 (count noise 5/100, sampling 0.05) and moves log C by
     eta = 0.2 times it; the unclipped share at the running C fluctuates by about 0.02 and its mean over 40 steps
     by about 0.01, so 0.08 is about 8 s.d. for each seed (fixed): below 1e-6 per seed."""
-    x = np.random.default_rng(4).normal(size=(3000, 5)).astype(np.float32) * \
-        np.random.default_rng(5).gamma(2.0, 0.5, size=(3000, 1)).astype(np.float32)
+    x = np.random.default_rng(4).normal(size=(3000, 5)).astype(np.float32) * np.random.default_rng(5).gamma(
+        2.0, 0.5, size=(3000, 1)
+    ).astype(np.float32)
     y = (np.random.default_rng(6).random(3000) < 0.12).astype(np.float32)
     for seed in seeds:
         model = _logistic(seed=7)
@@ -256,8 +287,9 @@ def test_same_grant_seed_reproduces_the_estimate_and_imbalanced_default():
     finals = []
     for _ in range(2):
         with training_seed(33):
-            model = DPDNNClassifier((1.0, 1e-5), hidden_units=(4,), num_examples=1000, batch_size=100, epochs=1,
-                                    clip_norm=IMBALANCED).fit(x, y.astype(np.int64))
+            model = DPDNNClassifier(
+                (1.0, 1e-5), hidden_units=(4,), num_examples=1000, batch_size=100, epochs=1, clip_norm=IMBALANCED
+            ).fit(x, y.astype(np.int64))
         finals.append(model.privacy_spent["adaptive_clip"]["final_clip_norm"])
     assert finals[0] == finals[1]
     assert IMBALANCED.target_quantile == 0.9

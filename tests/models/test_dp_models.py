@@ -3,6 +3,7 @@
 Statistical checks use fixed seeds; each bound fails for a correct
 implementation with probability below 1e-6 (stated per test).
 """
+
 import csv
 import importlib.resources
 import math
@@ -53,12 +54,12 @@ def test_per_example_clipping_bound_holds(implementation):
     total = _flat(engine.clipped_sum(x, y)[0])
     singles = []
     for i in range(len(x)):
-        g = _flat(engine.clipped_sum(x[i:i + 1], y[i:i + 1])[0])
+        g = _flat(engine.clipped_sum(x[i : i + 1], y[i : i + 1])[0])
         assert np.linalg.norm(g) <= CLIP * (1 + 1e-5)  # one record moves the sum by <= C
         singles.append(g)
         # and its contribution is its true gradient, scaled down only if longer than C
         with tf.GradientTape() as tape:
-            loss = _mse(y[i:i + 1], model(x[i:i + 1]))[0]
+            loss = _mse(y[i : i + 1], model(x[i : i + 1]))[0]
         raw = _flat(tape.gradient(loss, engine.variables))
         expected = raw * min(1.0, CLIP / np.linalg.norm(raw))
         np.testing.assert_allclose(g, expected, rtol=2e-4, atol=1e-6)
@@ -79,7 +80,7 @@ def test_noise_std_on_summed_gradient_is_sigma_times_clip(implementation):
     noise = np.concatenate([_flat(noisy.noisy_sum(x, y)) - exact for _ in range(20)])
     std = sigma * CLIP
     dof = noise.size
-    ratio = np.mean(noise ** 2) / std ** 2
+    ratio = np.mean(noise**2) / std**2
     assert stats.chi2.ppf(5e-7, dof) / dof < ratio < stats.chi2.ppf(1 - 5e-7, dof) / dof, ratio
     assert abs(noise.mean()) < 5 * std / math.sqrt(dof)
 
@@ -110,8 +111,9 @@ def test_ghost_engine_refuses_models_without_a_dense_or_embedding_graph():
 
     model = Subclassed()
     model(tf.zeros([1, 3]))
-    conv = tf.keras.Sequential([tf.keras.layers.Reshape((3, 1)), tf.keras.layers.Conv1D(1, 3),
-                                tf.keras.layers.Flatten()])
+    conv = tf.keras.Sequential(
+        [tf.keras.layers.Reshape((3, 1)), tf.keras.layers.Conv1D(1, 3), tf.keras.layers.Flatten()]
+    )
     conv.build((None, 3))
     for refused in (model, conv):
         with pytest.raises(ValueError, match="Dense or Embedding"):
@@ -121,6 +123,7 @@ def test_ghost_engine_refuses_models_without_a_dense_or_embedding_graph():
 
 
 # ---- learning on real taxi rows ------------------------------------------------------------
+
 
 def _taxi():
     path = importlib.resources.files("tfx") / "examples/chicago_taxi_pipeline/data/simple/data.csv"
@@ -156,7 +159,7 @@ def _nondp_mlp_mse(x, y, xt, yt, hidden, epochs, batch, lr):
     for _ in range(epochs):
         perm = rng.permutation(len(x))
         for i in range(0, len(x), batch):
-            step(x[perm[i:i + batch]], y[perm[i:i + batch]])
+            step(x[perm[i : i + batch]], y[perm[i : i + batch]])
     return float(np.mean((model(xt).numpy().ravel() - yt) ** 2))
 
 
@@ -165,8 +168,16 @@ def test_dp_dnn_regressor_tracks_nonprivate_on_real_taxi(taxi):
     x, y, xt, yt = taxi
     trivial = float(np.mean((yt - y.mean()) ** 2))
     nondp = _nondp_mlp_mse(x, y, xt, yt, (64, 32), 5, 256, 0.05)
-    dp = DPDNNRegressor((1.0, 1e-5), hidden_units=(64, 32), num_examples=12_000, batch_size=256, epochs=5,
-                        learning_rate=0.05, clip_norm=1.0, seed=0).fit(x, y)
+    dp = DPDNNRegressor(
+        (1.0, 1e-5),
+        hidden_units=(64, 32),
+        num_examples=12_000,
+        batch_size=256,
+        epochs=5,
+        learning_rate=0.05,
+        clip_norm=1.0,
+        seed=0,
+    ).fit(x, y)
     mse = dp.evaluate(xt, yt)["mse"]
     assert mse <= 1.5 * nondp, (mse, nondp)
     assert mse <= 0.4 * trivial, (mse, trivial)
@@ -194,16 +205,17 @@ def test_classifiers_beat_majority_and_export(tmp_path):
     x = rng.normal(size=(n, 5)).astype(np.float32)
     y = (x @ np.array([1.0, -2.0, 0.5, 0.0, 1.0]) + 0.3 * rng.normal(size=n) > 0).astype(np.int32)
     majority = max(y.mean(), 1 - y.mean())
-    for model in (DPDNNClassifier((2.0, 1e-5), hidden_units=(16,), num_examples=8000, batch_size=128,
-                                  learning_rate=0.05, seed=0),
-                  DPLogisticRegressor((2.0, 1e-5), num_examples=8000, batch_size=128, learning_rate=0.05,
-                                      seed=0)):
+    for model in (
+        DPDNNClassifier((2.0, 1e-5), hidden_units=(16,), num_examples=8000, batch_size=128, learning_rate=0.05, seed=0),
+        DPLogisticRegressor((2.0, 1e-5), num_examples=8000, batch_size=128, learning_rate=0.05, seed=0),
+    ):
         model.fit({"a": x[:, :2], "b": x[:, 2:]}, y)
         acc = model.evaluate({"a": x[:, :2], "b": x[:, 2:]}, y)["accuracy"]
         assert acc > majority + 0.2, (type(model).__name__, acc, majority)
         path = model.export(tmp_path / type(model).__name__)
-        served = tf.saved_model.load(path).signatures["serving_default"](a=tf.constant(x[:50, :2]),
-                                                                         b=tf.constant(x[:50, 2:]))
+        served = tf.saved_model.load(path).signatures["serving_default"](
+            a=tf.constant(x[:50, :2]), b=tf.constant(x[:50, 2:])
+        )
         proba = model.predict_proba({"a": x[:50, :2], "b": x[:50, 2:]})
         got = served["probabilities"].numpy()
         np.testing.assert_allclose(got if got.ndim == 2 else np.stack([1 - got, got], 1), proba, atol=1e-5)
@@ -214,8 +226,16 @@ def test_fit_from_dataset_and_linear_export(tmp_path):
     x = rng.normal(size=(4000, 3)).astype(np.float32)
     y = (x @ np.array([1.0, 2.0, -1.0]) + 0.5).astype(np.float32)
     ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(100)
-    reg = DPDNNRegressor((4.0, 1e-5), hidden_units=(8,), num_examples=4000, batch_size=100, epochs=2,
-                         learning_rate=0.05, clip_norm=2.0, seed=1).fit(ds)
+    reg = DPDNNRegressor(
+        (4.0, 1e-5),
+        hidden_units=(8,),
+        num_examples=4000,
+        batch_size=100,
+        epochs=2,
+        learning_rate=0.05,
+        clip_norm=2.0,
+        seed=1,
+    ).fit(ds)
     assert reg.evaluate(ds)["mse"] < 0.5 * float(np.var(y))
     lin = DPLinearRegressor((2.0, 1e-5), feature_bound=5.0, label_range=(-10, 10), seed=0).fit(ds)
     path = lin.export(tmp_path / "lin")
@@ -224,19 +244,22 @@ def test_fit_from_dataset_and_linear_export(tmp_path):
     assert lin.evaluate(x, y)["mse"] < 0.1 * float(np.var(y))
 
 
-@pytest.mark.parametrize("kwargs,bad", [
-    (dict(privacy_budget=(0.0, 1e-5)), "epsilon=0.0"),
-    (dict(privacy_budget=(1.0, 1.5)), "delta=1.5"),
-    (dict(privacy_budget=1.0), "privacy_budget=1.0"),
-    (dict(momentum=1.2), "momentum=1.2"),
-    (dict(clip_norm=-1.0), "clip_norm=-1.0"),
-    (dict(implementation="fast"), "implementation='fast'"),
-    # through sage_tfx.privacy.checks: a fraction, a bool or a string is named, not truncated or a TypeError
-    (dict(hidden_units=(4, 2.5)), "hidden_units=(4, 2.5) is invalid"),
-    (dict(hidden_units=(4, 0)), "hidden_units=(4, 0) is invalid"),
-    (dict(momentum=True), "momentum=True is invalid: must be in [0, 1)"),
-    (dict(learning_rate="fast"), "learning_rate='fast' is invalid: must be finite and > 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs,bad",
+    [
+        (dict(privacy_budget=(0.0, 1e-5)), "epsilon=0.0"),
+        (dict(privacy_budget=(1.0, 1.5)), "delta=1.5"),
+        (dict(privacy_budget=1.0), "privacy_budget=1.0"),
+        (dict(momentum=1.2), "momentum=1.2"),
+        (dict(clip_norm=-1.0), "clip_norm=-1.0"),
+        (dict(implementation="fast"), "implementation='fast'"),
+        # through sage_tfx.privacy.checks: a fraction, a bool or a string is named, not truncated or a TypeError
+        (dict(hidden_units=(4, 2.5)), "hidden_units=(4, 2.5) is invalid"),
+        (dict(hidden_units=(4, 0)), "hidden_units=(4, 0) is invalid"),
+        (dict(momentum=True), "momentum=True is invalid: must be in [0, 1)"),
+        (dict(learning_rate="fast"), "learning_rate='fast' is invalid: must be finite and > 0"),
+    ],
+)
 def test_bad_hyperparameters_name_the_value(kwargs, bad):
     from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
@@ -263,8 +286,9 @@ def test_linear_ranges_are_finite_pairs_low_below_high():
         with pytest.raises(AdaSSPConfigError, match=rf"^label_range={re.escape(repr(bad))} {rule}"):
             DPLinearRegressor((1.0, 1e-5), feature_bound=1.0, label_range=bad)
     with pytest.raises(AdaSSPConfigError, match=rf"^residual_range=\(2\.0, -2\.0\) {rule}"):
-        DPLinearRegressor((1.0, 1e-5), feature_bound=1.0, label_range=(0, 1), prior_coef=[1.0],
-                          residual_range=(2.0, -2.0))
+        DPLinearRegressor(
+            (1.0, 1e-5), feature_bound=1.0, label_range=(0, 1), prior_coef=[1.0], residual_range=(2.0, -2.0)
+        )
 
 
 def test_fit_refuses_without_a_dp_count_and_names_bad_labels():
@@ -289,8 +313,16 @@ def test_dp_tracks_nonprivate_at_one_million_generated_rows():
     xt, yt = x[-50_000:], y[-50_000:]
     x, y = x[:-50_000], y[:-50_000]
     nondp = _nondp_mlp_mse(x, y, xt, yt, (32, 16), 3, 1024, 0.05)
-    dp = DPDNNRegressor((1.0, 1e-6), hidden_units=(32, 16), num_examples=950_000, batch_size=1024, epochs=3,
-                        learning_rate=0.05, clip_norm=1.0, seed=0).fit(x, y)
+    dp = DPDNNRegressor(
+        (1.0, 1e-6),
+        hidden_units=(32, 16),
+        num_examples=950_000,
+        batch_size=1024,
+        epochs=3,
+        learning_rate=0.05,
+        clip_norm=1.0,
+        seed=0,
+    ).fit(x, y)
     assert dp.evaluate(xt, yt)["mse"] <= 1.2 * nondp
 
 
@@ -302,11 +334,18 @@ def test_estimators_train_through_make_private():
     common = dict(num_examples=200, batch_size=20, epochs=1, learning_rate=0.05, clip_norm=1.0, seed=3)
     for engine in ("ghost", "vmap"):
         ours = DPDNNRegressor((1.0, 1e-5), hidden_units=(8,), implementation=engine, **common).fit(x, y)
-        theirs = make_private(lambda init: build_mlp(x.shape[1], (8,), 1, init), privacy_budget=(1.0, 1e-5),
-                              loss=_mse, momentum=0.9, per_example=engine, name="DPDNNRegressor",
-                              **common).fit(x, y)
+        theirs = make_private(
+            lambda init: build_mlp(x.shape[1], (8,), 1, init),
+            privacy_budget=(1.0, 1e-5),
+            loss=_mse,
+            momentum=0.9,
+            per_example=engine,
+            name="DPDNNRegressor",
+            **common,
+        ).fit(x, y)
         for a, b in zip(ours.model.get_weights(), theirs.model.get_weights()):
             np.testing.assert_array_equal(a, b)
         assert ours.privacy_spent["implementation"] == f"DPDNNRegressor/{engine}"
-        assert {k: v for k, v in ours.privacy_spent.items() if k != "dp_event"} == \
-            {k: v for k, v in theirs.privacy_spent.items() if k != "dp_event"}
+        assert {k: v for k, v in ours.privacy_spent.items() if k != "dp_event"} == {
+            k: v for k, v in theirs.privacy_spent.items() if k != "dp_event"
+        }

@@ -1,5 +1,6 @@
 """make_private: DP-SGD on the user's own tf.keras model (per-example clipping, accounting, noise, learning,
 export, argument errors). Imports TensorFlow. All data here is GENERATED (numpy, fixed seeds)."""
+
 import json
 import math
 import os
@@ -50,9 +51,9 @@ def _loop_clipped_sum(model, loss_fn, x, y, clip):
     total = [np.zeros(v.shape, np.float64) for v in variables]
     norms = []
     for i in range(len(y)):
-        xi = [v[i:i + 1] for v in x]
+        xi = [v[i : i + 1] for v in x]
         with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(loss_fn(y[i:i + 1], model(xi, training=True)))
+            loss = tf.reduce_sum(loss_fn(y[i : i + 1], model(xi, training=True)))
         grads = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, variables)]
         norm = math.sqrt(sum(float(np.sum(g.astype(np.float64) ** 2)) for g in grads))
         norms.append(norm)
@@ -94,10 +95,13 @@ def _mixed(seed=0):
     seq_a = tf.keras.layers.Flatten()(tf.keras.layers.Dense(2, activation="tanh", kernel_initializer=init)(emb))
     seq_b = tf.keras.layers.GlobalAveragePooling1D()(tf.keras.layers.Dense(8, kernel_initializer=init)(emb))
     single = tf.keras.layers.Embedding(5, 2, embeddings_initializer=emb_init)(one)
-    wide = tf.keras.layers.Concatenate()([
-        tf.keras.layers.CategoryEncoding(num_tokens=5, output_mode="one_hot")(cat),
-        tf.keras.layers.CategoryEncoding(num_tokens=7, output_mode="multi_hot")(bag),
-        tf.keras.layers.CategoryEncoding(num_tokens=7, output_mode="count")(bag)])
+    wide = tf.keras.layers.Concatenate()(
+        [
+            tf.keras.layers.CategoryEncoding(num_tokens=5, output_mode="one_hot")(cat),
+            tf.keras.layers.CategoryEncoding(num_tokens=7, output_mode="multi_hot")(bag),
+            tf.keras.layers.CategoryEncoding(num_tokens=7, output_mode="count")(bag),
+        ]
+    )
     wide = tf.keras.layers.Dense(2, kernel_initializer=init)(wide)
     shared = tf.keras.layers.Dense(3, kernel_initializer=init)
     ln = tf.keras.layers.LayerNormalization()(tf.keras.layers.Add()([shared(norm), shared(norm * 2.0)]))
@@ -112,8 +116,13 @@ def _mixed_data(n=12, seed=1):
     seq[:, 1] = seq[:, 0]  # repeated ids: their rows of the embedding gradient merge
     bag = rng.integers(0, 7, size=(n, 3)).astype(np.int32)
     bag[: n // 2, 2] = bag[: n // 2, 0]
-    x = [rng.normal(size=(n, 3)).astype(np.float32), seq, rng.integers(0, 5, size=(n, 1)).astype(np.int32), bag,
-         rng.integers(0, 5, size=n).astype(np.int32)]
+    x = [
+        rng.normal(size=(n, 3)).astype(np.float32),
+        seq,
+        rng.integers(0, 5, size=(n, 1)).astype(np.int32),
+        bag,
+        rng.integers(0, 5, size=n).astype(np.int32),
+    ]
     return x, (rng.normal(size=n) * 5).astype(np.float32)
 
 
@@ -131,8 +140,12 @@ def test_layer_ghost_norms_and_sums_match_a_per_example_loop(vectorized):
     model(x, training=False)
     plans, ghost, fallback = ghost_layers(model)
     assert {type(p.layer).__name__ for p in plans.values()} == {"Dense", "Embedding"} and len(plans) == 7
-    assert sorted(v.name.split("/")[0].rstrip("_0123456789") for v in fallback) == \
-        ["dense", "dense", "layer_normalization", "layer_normalization"]
+    assert sorted(v.name.split("/")[0].rstrip("_0123456789") for v in fallback) == [
+        "dense",
+        "dense",
+        "layer_normalization",
+        "layer_normalization",
+    ]
     assert len(ghost) + len(fallback) == len(model.trainable_variables)
     loss_fn = per_example_loss("mse", model)
     engine = LayerGhostEngine(model, loss_fn, CLIP, 0.0, seed=0, vectorized=vectorized)
@@ -165,8 +178,9 @@ def test_layer_ghost_gives_a_non_finite_record_zero():
 def test_mixed_model_fits_with_ghost_and_fallback():
     model = _mixed()
     x, y = _mixed_data(200)
-    private = make_private(model, privacy_budget=(2.0, 1e-5), num_examples=200, loss="mse", batch_size=20,
-                           seed=0).fit(x, y)
+    private = make_private(model, privacy_budget=(2.0, 1e-5), num_examples=200, loss="mse", batch_size=20, seed=0).fit(
+        x, y
+    )
     assert private.privacy_spent["implementation"] == "make_private/ghost+vmap"
     assert np.all(np.isfinite(private.predict(x)))
 
@@ -183,9 +197,17 @@ def test_noise_has_the_calibrated_std():
 
     n, batch, clip, eps, delta = 2000, 100, 0.7, 1.5, 1e-5
     x, y = generated_wide_and_deep(n, np.random.default_rng(0))
-    private = make_private(build_wide_and_deep(0), privacy_budget=(eps, delta), num_examples=n,
-                           loss="binary_crossentropy", optimizer="adam", clip_norm=clip, batch_size=batch,
-                           epochs=0.1, seed=3).fit(x, y)
+    private = make_private(
+        build_wide_and_deep(0),
+        privacy_budget=(eps, delta),
+        num_examples=n,
+        loss="binary_crossentropy",
+        optimizer="adam",
+        clip_norm=clip,
+        batch_size=batch,
+        epochs=0.1,
+        seed=3,
+    ).fit(x, y)
     sigma = dpsgd.dpsgd_spend(eps, delta, n, batch, 0.1, "rdp")[0]
     engine = private.engine
     assert engine.name == "ghost" and not engine.fallback
@@ -223,8 +245,18 @@ def _linear_data(n=4000, seed=3):
 
 def _fit(seed=None, per_example="auto", n=400, **kwargs):
     x, y, _ = _linear_data(n)
-    private = make_private(_sequential(), privacy_budget=(1.0, 1e-5), num_examples=n, loss="mse", batch_size=50,
-                           epochs=1, clip_norm=1.0, per_example=per_example, seed=seed, **kwargs)
+    private = make_private(
+        _sequential(),
+        privacy_budget=(1.0, 1e-5),
+        num_examples=n,
+        loss="mse",
+        batch_size=50,
+        epochs=1,
+        clip_norm=1.0,
+        per_example=per_example,
+        seed=seed,
+        **kwargs,
+    )
     return private.fit(x, y)
 
 
@@ -238,8 +270,16 @@ def test_spend_report_reaccounts_within_the_budget(tmp_path):
     report = trainer_utils.spent_report(private)
     event = trainer_utils.event_from_json(report["dp_event"])
     assert dpsgd.event_epsilon(event, report["delta"], report["accountant"]) <= 1.0
-    for key in ("epsilon", "delta", "noise_multiplier", "steps", "sampling_rate", "num_examples", "accountant",
-                "mechanism"):
+    for key in (
+        "epsilon",
+        "delta",
+        "noise_multiplier",
+        "steps",
+        "sampling_rate",
+        "num_examples",
+        "accountant",
+        "mechanism",
+    ):
         assert key in report
 
     class FnArgs:
@@ -290,8 +330,17 @@ def test_weight_decay_bounds_the_noise_walk_of_weights_no_record_moves():
     spreads, spent = [], []
     for decay in (0.0, 0.05):
         model = _sequential()
-        private = make_private(model, privacy_budget=(1.0, 1e-5), num_examples=n, loss="mse", batch_size=50,
-                               epochs=50, learning_rate=1.0, weight_decay=decay, seed=5)
+        private = make_private(
+            model,
+            privacy_budget=(1.0, 1e-5),
+            num_examples=n,
+            loss="mse",
+            batch_size=50,
+            epochs=50,
+            learning_rate=1.0,
+            weight_decay=decay,
+            seed=5,
+        )
         private.fit(x, y)
         spreads.append(np.concatenate([layer.kernel.numpy().ravel() for layer in model.layers]).std())
         spent.append(private.privacy_spent["epsilon"])
@@ -302,8 +351,7 @@ def test_weight_decay_bounds_the_noise_walk_of_weights_no_record_moves():
 def test_explicit_seed_refused_inside_training_seed():
     with training_seed(7):
         with pytest.raises(ValueError, match="seed=3.*Drop the seed= argument"):
-            make_private(_sequential(), privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10,
-                         seed=3)
+            make_private(_sequential(), privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10, seed=3)
 
 
 class _Untouchable:
@@ -342,9 +390,18 @@ def test_sequential_learns_a_generated_linear_problem(optimizer, per_example):
     x, y, w = _linear_data(4000)
     model = _sequential()
     model.compile(loss="mse")  # the loss comes from compile
-    private = make_private(model, privacy_budget=(8.0, 1e-5), num_examples=4000, batch_size=200, epochs=10,
-                           optimizer=optimizer, learning_rate=0.5 if optimizer == "sgd" else 0.05,
-                           clip_norm=5.0, per_example=per_example, seed=11)
+    private = make_private(
+        model,
+        privacy_budget=(8.0, 1e-5),
+        num_examples=4000,
+        batch_size=200,
+        epochs=10,
+        optimizer=optimizer,
+        learning_rate=0.5 if optimizer == "sgd" else 0.05,
+        clip_norm=5.0,
+        per_example=per_example,
+        seed=11,
+    )
     private.fit(x, y)
     kernel = model.layers[-1].kernel.numpy().ravel()
     np.testing.assert_allclose(kernel, w, atol=0.15)
@@ -374,8 +431,9 @@ def test_export_serving_default(tmp_path):
 def test_functional_model_fits_and_exports(tmp_path):
     model = _functional()
     x, y = _functional_data(200)
-    private = make_private(model, privacy_budget=(2.0, 1e-5), num_examples=200, loss="mse", batch_size=20,
-                           seed=0).fit(x, y)
+    private = make_private(model, privacy_budget=(2.0, 1e-5), num_examples=200, loss="mse", batch_size=20, seed=0).fit(
+        x, y
+    )
     assert private.privacy_spent["implementation"] == "make_private/ghost"
     serve = tf.saved_model.load(private.export(str(tmp_path / "m"))).signatures["serving_default"]
     out = serve(ids=tf.constant(x[0][:3]), num=tf.constant(x[1][:3]))["predictions"].numpy()
@@ -400,27 +458,30 @@ def _bad(**overrides):
     return make_private(_sequential(), **kwargs)
 
 
-@pytest.mark.parametrize("overrides,match", [
-    ({"privacy_budget": 1.0}, r"privacy_budget=1\.0 is invalid"),
-    ({"privacy_budget": (-1.0, 1e-5)}, r"epsilon=-1\.0"),
-    ({"privacy_budget": (1.0, 2.0)}, r"delta=2\.0"),
-    ({"num_examples": None}, r"num_examples=None.*DP"),
-    ({"num_examples": 10.5}, r"num_examples=10\.5"),
-    ({"batch_size": 500}, r"batch_size=500 .*num_examples=100"),
-    ({"clip_norm": 0}, r"clip_norm=0 is invalid"),
-    ({"epochs": float("nan")}, r"epochs=nan"),
-    ({"optimizer": "rmsprop"}, r"optimizer='rmsprop' is invalid"),
-    ({"learning_rate": -1}, r"learning_rate=-1 is invalid"),
-    ({"weight_decay": -0.1}, r"weight_decay=-0\.1 is invalid"),
-    ({"weight_decay": 20.0}, r"weight_decay=20\.0 is invalid.*learning_rate 0\.1"),
-    ({"loss": "hinge"}, r"loss='hinge' is invalid"),
-    ({"accountant": "moments"}, r"accountant='moments' is invalid"),
-    ({"per_example": "jax"}, r"per_example='jax' is invalid"),
-    # through sage_tfx.privacy.checks
-    ({"batch_size": 2.5}, r"^batch_size=2\.5 is invalid: must be an integer >= 1$"),
-    ({"momentum": True}, r"^momentum=True is invalid: must be in \[0, 1\)$"),
-    ({"weight_decay": "x"}, r"^weight_decay='x' is invalid: pass a number in \[0, 1/learning_rate\)"),
-])
+@pytest.mark.parametrize(
+    "overrides,match",
+    [
+        ({"privacy_budget": 1.0}, r"privacy_budget=1\.0 is invalid"),
+        ({"privacy_budget": (-1.0, 1e-5)}, r"epsilon=-1\.0"),
+        ({"privacy_budget": (1.0, 2.0)}, r"delta=2\.0"),
+        ({"num_examples": None}, r"num_examples=None.*DP"),
+        ({"num_examples": 10.5}, r"num_examples=10\.5"),
+        ({"batch_size": 500}, r"batch_size=500 .*num_examples=100"),
+        ({"clip_norm": 0}, r"clip_norm=0 is invalid"),
+        ({"epochs": float("nan")}, r"epochs=nan"),
+        ({"optimizer": "rmsprop"}, r"optimizer='rmsprop' is invalid"),
+        ({"learning_rate": -1}, r"learning_rate=-1 is invalid"),
+        ({"weight_decay": -0.1}, r"weight_decay=-0\.1 is invalid"),
+        ({"weight_decay": 20.0}, r"weight_decay=20\.0 is invalid.*learning_rate 0\.1"),
+        ({"loss": "hinge"}, r"loss='hinge' is invalid"),
+        ({"accountant": "moments"}, r"accountant='moments' is invalid"),
+        ({"per_example": "jax"}, r"per_example='jax' is invalid"),
+        # through sage_tfx.privacy.checks
+        ({"batch_size": 2.5}, r"^batch_size=2\.5 is invalid: must be an integer >= 1$"),
+        ({"momentum": True}, r"^momentum=True is invalid: must be in \[0, 1\)$"),
+        ({"weight_decay": "x"}, r"^weight_decay='x' is invalid: pass a number in \[0, 1/learning_rate\)"),
+    ],
+)
 def test_bad_arguments_name_the_value(overrides, match):
     with pytest.raises(dpsgd.DpSgdConfigError, match=match):
         _bad(**overrides)
@@ -431,7 +492,9 @@ def test_bad_models_and_fits():
         make_private("model", privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse")
     with pytest.raises(ValueError, match="loss=None is invalid"):
         make_private(_sequential(), privacy_budget=(1.0, 1e-5), num_examples=100, batch_size=10).fit(
-            np.zeros((20, 4)), np.zeros(20))
+            np.zeros((20, 4)), np.zeros(20)
+        )
+
     class Subclassed(tf.keras.Model):  # no layer graph to walk
         def __init__(self):
             super().__init__()
@@ -441,17 +504,18 @@ def test_bad_models_and_fits():
             return self.dense(inputs)
 
     with pytest.raises(ValueError, match="per_example='ghost' is invalid"):
-        make_private(Subclassed(), privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10,
-                     per_example="ghost").fit(np.zeros((20, 4)), np.zeros(20))
+        make_private(
+            Subclassed(), privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10, per_example="ghost"
+        ).fit(np.zeros((20, 4)), np.zeros(20))
     conv = tf.keras.Sequential([tf.keras.layers.Conv1D(2, 2), tf.keras.layers.Flatten()])
     conv.build((None, 4, 1))
     with pytest.raises(ValueError, match="per_example='ghost' is invalid"):
-        make_private(conv, privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10,
-                     per_example="ghost")
+        make_private(conv, privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10, per_example="ghost")
     bn = tf.keras.Sequential([tf.keras.layers.BatchNormalization(), tf.keras.layers.Dense(1)])
     with pytest.raises(ValueError, match="BatchNormalization"):
         make_private(bn, privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10).fit(
-            np.zeros((20, 4)), np.zeros(20))
+            np.zeros((20, 4)), np.zeros(20)
+        )
     private = _fit(seed=0)
     assert isinstance(private, PrivateModel)
     with pytest.raises(ValueError, match="already fitted"):
@@ -460,37 +524,55 @@ def test_bad_models_and_fits():
         _bad().predict(np.zeros((2, 4)))
 
 
-
 def test_keras_fit_keywords_equal_to_make_private_are_accepted():
     """What every Keras user types: fit(x, y, epochs=..., batch_size=..., verbose=...) with make_private's values
     trains exactly as fit(x, y) does (same seed, same weights)."""
     x, y, _ = _linear_data(400)
     plain = _fit(seed=0)
-    private = make_private(_sequential(), privacy_budget=(1.0, 1e-5), num_examples=400, loss="mse", batch_size=50,
-                           epochs=1, clip_norm=1.0, seed=0)
+    private = make_private(
+        _sequential(),
+        privacy_budget=(1.0, 1e-5),
+        num_examples=400,
+        loss="mse",
+        batch_size=50,
+        epochs=1,
+        clip_norm=1.0,
+        seed=0,
+    )
     private.fit(x, y, epochs=1, batch_size=50, verbose=0, shuffle=True, workers=4)
     assert private.privacy_spent["steps"] == plain.privacy_spent["steps"]
     for a, b in zip(private.model.get_weights(), plain.model.get_weights()):
         np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    ({"epochs": 3}, r"^fit\(epochs=3\) differs from make_private\(epochs=1\).*pass epochs=3 to make_private"),
-    ({"batch_size": 256}, r"^fit\(batch_size=256\) differs from make_private\(batch_size=50\).*make_private"),
-    ({"validation_data": ([[0.0] * 4], [0.0])}, r"validation_data.*not private.*DPModelValidator"),
-    ({"validation_split": 0.1}, r"validation_split.*DPModelValidator"),
-    ({"callbacks": []}, r"callbacks.*exact loss on private rows.*callback=fn\(step\)"),
-    ({"class_weight": {0: 1.0, 1: 5.0}}, r"class_weight.*not supported"),
-    ({"steps_per_epoch": 10}, r"steps_per_epoch.*fixed by make_private"),
-    ({"shuffle": False}, r"shuffle=False.*Poisson sample"),
-    ({"epoch": 3}, r"fit\(epoch=...\) is not an argument of PrivateModel.fit"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        ({"epochs": 3}, r"^fit\(epochs=3\) differs from make_private\(epochs=1\).*pass epochs=3 to make_private"),
+        ({"batch_size": 256}, r"^fit\(batch_size=256\) differs from make_private\(batch_size=50\).*make_private"),
+        ({"validation_data": ([[0.0] * 4], [0.0])}, r"validation_data.*not private.*DPModelValidator"),
+        ({"validation_split": 0.1}, r"validation_split.*DPModelValidator"),
+        ({"callbacks": []}, r"callbacks.*exact loss on private rows.*callback=fn\(step\)"),
+        ({"class_weight": {0: 1.0, 1: 5.0}}, r"class_weight.*not supported"),
+        ({"steps_per_epoch": 10}, r"steps_per_epoch.*fixed by make_private"),
+        ({"shuffle": False}, r"shuffle=False.*Poisson sample"),
+        ({"epoch": 3}, r"fit\(epoch=...\) is not an argument of PrivateModel.fit"),
+    ],
+)
 def test_keras_fit_keywords_that_change_the_run_are_refused_before_any_read(kwargs, match):
     """A Keras keyword that would change the calibrated run (or read private rows outside it) is refused naming
     where it goes, before any data is read: the model is unchanged and nothing is spent."""
     x, y, _ = _linear_data(400)
-    private = make_private(_sequential(), privacy_budget=(1.0, 1e-5), num_examples=400, loss="mse", batch_size=50,
-                           epochs=1, clip_norm=1.0, seed=0)
+    private = make_private(
+        _sequential(),
+        privacy_budget=(1.0, 1e-5),
+        num_examples=400,
+        loss="mse",
+        batch_size=50,
+        epochs=1,
+        clip_norm=1.0,
+        seed=0,
+    )
     before = [w.copy() for w in private.model.get_weights()]
     with pytest.raises(dpsgd.DpSgdConfigError, match=match):
         private.fit(x, y, **kwargs)
@@ -501,7 +583,7 @@ def test_keras_fit_keywords_that_change_the_run_are_refused_before_any_read(kwar
 
 # ------------------------------------------------------------------------------ inside DPTrainer
 
-KERAS_MODULE = '''
+KERAS_MODULE = """
 import sage_tfx
 import tensorflow as tf
 from sage_tfx.components import trainer_utils
@@ -522,7 +604,7 @@ def run_fn(fn_args):
     private.fit(x, y / 10.0)
     trainer_utils.export_model(fn_args, private, FEATURES, output_scale=10.0)
     return trainer_utils.report_spent(fn_args, private)
-'''
+"""
 
 
 @pytest.mark.slow
@@ -539,8 +621,14 @@ def test_dp_trainer_runs_a_module_with_its_own_keras_model(tmp_path):
     from sage_tfx.privacy import Ledger
     from tests.helpers.taxi_world import block_examples, ingest_taxi
 
-    split = {"preprocessing": 0.1, "count": 0.1, "training": 0.9, "validation": 0.9, "delta": 1e-6,
-             "rule": "pre+count+max(train+reject,val)"}
+    split = {
+        "preprocessing": 0.1,
+        "count": 0.1,
+        "training": 0.9,
+        "validation": 0.9,
+        "delta": 1e-6,
+        "rule": "pre+count+max(train+reject,val)",
+    }
     db, data = str(tmp_path / "ledger.db"), str(tmp_path / "data")
     ledger = Ledger.open(db, create=True)
     try:
@@ -556,8 +644,7 @@ def test_dp_trainer_runs_a_module_with_its_own_keras_model(tmp_path):
         model.uri, run.uri = str(tmp_path / "model"), str(tmp_path / "model_run")
         os.makedirs(model.uri)
         os.makedirs(run.uri)
-        props = {"grant": grant.to_json(), "ledger": db, "module_file": str(module),
-                 "custom_config": json.dumps(None)}
+        props = {"grant": grant.to_json(), "ledger": db, "module_file": str(module), "custom_config": json.dumps(None)}
         Executor().Do({"examples": [examples]}, {"model": [model], "model_run": [run]}, props)
     finally:
         ledger.close()
@@ -582,9 +669,9 @@ def test_dp_trainer_runs_a_module_with_its_own_keras_model(tmp_path):
 
 # ------------------------------------------------------------------------------ records mixed in a batch
 
+
 def _with(*middle, inputs=3):
-    return tf.keras.Sequential([tf.keras.Input((inputs,)), tf.keras.layers.Dense(4), *middle,
-                                tf.keras.layers.Dense(1)])
+    return tf.keras.Sequential([tf.keras.Input((inputs,)), tf.keras.layers.Dense(4), *middle, tf.keras.layers.Dense(1)])
 
 
 def _batch_softmax(y, out):
@@ -603,18 +690,36 @@ def _gradient_only_coupling(t):
 
 
 COUPLED = {
-    "SyncBatchNormalization": (lambda: _with(tf.keras.layers.experimental.SyncBatchNormalization()), "mse",
-                               "changes its non-trainable variable"),
-    "tf.compat.v1 BatchNormalization": (lambda: _with(tf.compat.v1.keras.layers.BatchNormalization()), "mse",
-                                        "changes its non-trainable variable"),
+    "SyncBatchNormalization": (
+        lambda: _with(tf.keras.layers.experimental.SyncBatchNormalization()),
+        "mse",
+        "changes its non-trainable variable",
+    ),
+    "tf.compat.v1 BatchNormalization": (
+        lambda: _with(tf.compat.v1.keras.layers.BatchNormalization()),
+        "mse",
+        "changes its non-trainable variable",
+    ),
     "BatchNormalization(moving statistics frozen)": (
-        lambda: _with(tf.keras.layers.BatchNormalization(momentum=1.0)), "mse", "outputs for the same records"),
-    "batch-centring Lambda": (lambda: _with(tf.keras.layers.Lambda(_centred_by_batch)), "mse",
-                              "outputs for the same records change with the other records"),
-    "batch-size Lambda": (lambda: _with(tf.keras.layers.Lambda(lambda t: t * tf.cast(tf.shape(t)[0], t.dtype))),
-                          "mse", "change with the batch size"),
-    "gradient-only coupling": (lambda: _with(tf.keras.layers.Lambda(_gradient_only_coupling)), "mse",
-                               "gradients of the same records' losses"),
+        lambda: _with(tf.keras.layers.BatchNormalization(momentum=1.0)),
+        "mse",
+        "outputs for the same records",
+    ),
+    "batch-centring Lambda": (
+        lambda: _with(tf.keras.layers.Lambda(_centred_by_batch)),
+        "mse",
+        "outputs for the same records change with the other records",
+    ),
+    "batch-size Lambda": (
+        lambda: _with(tf.keras.layers.Lambda(lambda t: t * tf.cast(tf.shape(t)[0], t.dtype))),
+        "mse",
+        "change with the batch size",
+    ),
+    "gradient-only coupling": (
+        lambda: _with(tf.keras.layers.Lambda(_gradient_only_coupling)),
+        "mse",
+        "gradients of the same records' losses",
+    ),
     "batch-softmax loss": (lambda: _with(), _batch_softmax, "per-example losses of the same records"),
 }
 
@@ -654,8 +759,9 @@ def test_batch_mixing_models_and_losses_are_refused_before_training(case):
     for seed in (3, 4):
         x, y = _regression_rows(seed=seed)
         with pytest.raises(RowCouplingError, match=message) as raised:
-            make_private(model, privacy_budget=(1.0, 1e-5), num_examples=200, batch_size=20, loss=loss,
-                         seed=0).fit(x, y)
+            make_private(model, privacy_budget=(1.0, 1e-5), num_examples=200, batch_size=20, loss=loss, seed=0).fit(
+                x, y
+            )
         errors.append(str(raised.value))
     assert errors[0] == errors[1]
     for value, v in zip(before, model.variables):
@@ -666,25 +772,42 @@ def test_records_treated_one_by_one_are_accepted_and_the_check_leaves_no_trace()
     """Dense, Dropout, LayerNormalization, a frozen BatchNormalization (inference mode: per record) and an
     Embedding model pass; the check restores TensorFlow's global seed (a module's own seed is untouched)."""
     x, y = _regression_rows()
-    for model in (_with(), _with(tf.keras.layers.Dropout(0.5)), _with(tf.keras.layers.LayerNormalization()),
-                  _with(tf.keras.layers.BatchNormalization(trainable=False))):
-        private = make_private(model, privacy_budget=(1.0, 1e-5), num_examples=200, batch_size=20, loss="mse",
-                               seed=0)
+    for model in (
+        _with(),
+        _with(tf.keras.layers.Dropout(0.5)),
+        _with(tf.keras.layers.LayerNormalization()),
+        _with(tf.keras.layers.BatchNormalization(trainable=False)),
+    ):
+        private = make_private(model, privacy_budget=(1.0, 1e-5), num_examples=200, batch_size=20, loss="mse", seed=0)
         assert private.fit(x, y).privacy_spent["steps"] == 10
     tf.keras.backend.experimental.enable_tf_random_generator()  # Dropout masks from tf.random.Generator states
     try:
-        make_private(_with(tf.keras.layers.Dropout(0.5)), privacy_budget=(1.0, 1e-5), num_examples=200,
-                     batch_size=20, loss="mse", seed=0).fit(x, y)
+        make_private(
+            _with(tf.keras.layers.Dropout(0.5)),
+            privacy_budget=(1.0, 1e-5),
+            num_examples=200,
+            batch_size=20,
+            loss="mse",
+            seed=0,
+        ).fit(x, y)
     finally:
         tf.keras.backend.experimental.disable_tf_random_generator()
     ids, _ = _functional_data(n=200)
-    make_private(_functional(), privacy_budget=(1.0, 1e-5), num_examples=200, batch_size=20, loss="mse",
-                 seed=0).fit(ids, y)
+    make_private(_functional(), privacy_budget=(1.0, 1e-5), num_examples=200, batch_size=20, loss="mse", seed=0).fit(
+        ids, y
+    )
     tf.random.set_seed(11)
     expected = tf.random.uniform([3]).numpy()
     tf.random.set_seed(11)
-    make_private(_with(tf.keras.layers.Dropout(0.5)), privacy_budget=(1.0, 1e-5), num_examples=200,
-                 batch_size=20, loss="mse", seed=0, epochs=0.1)._build(*map(_spec_of, (x, y)))
+    make_private(
+        _with(tf.keras.layers.Dropout(0.5)),
+        privacy_budget=(1.0, 1e-5),
+        num_examples=200,
+        batch_size=20,
+        loss="mse",
+        seed=0,
+        epochs=0.1,
+    )._build(*map(_spec_of, (x, y)))
     np.testing.assert_array_equal(tf.random.uniform([3]).numpy(), expected)
 
 

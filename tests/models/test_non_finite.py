@@ -12,6 +12,7 @@
 All comparisons are exact (same seeds, same mapped data) except "two fits differ", which fails only if two
 independent continuous noise draws coincide (probability 0 up to floating point).
 """
+
 import math
 import re
 import threading
@@ -65,6 +66,7 @@ def _no_value(err, *values):
 
 # ---------------------------------------------------------------- AdaSSP (numpy only)
 
+
 def _regression(n=200, d=3, seed=0):
     rng = np.random.default_rng(seed)
     x = rng.normal(size=(n, d))
@@ -76,18 +78,22 @@ def _with_row(x, y, row, label):
     return np.vstack([x, row]), np.append(y, label)
 
 
-@pytest.mark.parametrize("row,label,default_row,default_label", [
-    ([np.nan, 0.5, 0.5], 0.3, [0.0, 0.5, 0.5], 0.3),          # NaN feature entry -> 0, then row clipping
-    ([np.inf, 0.5, -np.inf], 0.3, [0.0, 0.5, 0.0], 0.3),      # +-inf feature entries -> 0
-    ([0.5, 0.5, 0.5], np.nan, [0.5, 0.5, 0.5], 0.0),          # NaN label -> 0, the centre of [-B_y, B_y]
-    ([0.5, 0.5, 0.5], np.inf, [0.5, 0.5, 0.5], 2.0),          # +inf label -> clipped to B_y
-    ([0.5, 0.5, 0.5], -np.inf, [0.5, 0.5, 0.5], -2.0),        # -inf label -> -B_y
-])
+@pytest.mark.parametrize(
+    "row,label,default_row,default_label",
+    [
+        ([np.nan, 0.5, 0.5], 0.3, [0.0, 0.5, 0.5], 0.3),  # NaN feature entry -> 0, then row clipping
+        ([np.inf, 0.5, -np.inf], 0.3, [0.0, 0.5, 0.0], 0.3),  # +-inf feature entries -> 0
+        ([0.5, 0.5, 0.5], np.nan, [0.5, 0.5, 0.5], 0.0),  # NaN label -> 0, the centre of [-B_y, B_y]
+        ([0.5, 0.5, 0.5], np.inf, [0.5, 0.5, 0.5], 2.0),  # +inf label -> clipped to B_y
+        ([0.5, 0.5, 0.5], -np.inf, [0.5, 0.5, 0.5], -2.0),  # -inf label -> -B_y
+    ],
+)
 def test_adassp_maps_a_non_finite_row_to_its_public_default(row, label, default_row, default_label):
     x, y = _regression()
     bad = adassp.adassp(*_with_row(x, y, row, label), 1.0, 1e-6, 1.5, 2.0, rng=np.random.default_rng(5))
-    mapped = adassp.adassp(*_with_row(x, y, default_row, default_label), 1.0, 1e-6, 1.5, 2.0,
-                           rng=np.random.default_rng(5))
+    mapped = adassp.adassp(
+        *_with_row(x, y, default_row, default_label), 1.0, 1e-6, 1.5, 2.0, rng=np.random.default_rng(5)
+    )
     clean = adassp.adassp(x, y, 1.0, 1e-6, 1.5, 2.0, rng=np.random.default_rng(5))
     for name in ("theta", "xtx_noisy", "xty_noisy"):
         np.testing.assert_array_equal(getattr(bad, name), getattr(mapped, name))
@@ -110,6 +116,7 @@ def test_adassp_row_clipping_survives_huge_finite_entries():
 
 
 # ---------------------------------------------------------------- per-example values (numpy only)
+
 
 def test_metric_helpers_give_a_non_finite_record_the_worst_value():
     labels = np.array([1.0, np.nan, 2.0, 0.0])
@@ -164,6 +171,7 @@ def test_validators_run_on_values_with_a_nan_record():
 
 # ---------------------------------------------------------------- DP models (TensorFlow)
 
+
 def _tf():
     pytest.importorskip("tensorflow")
     import sage_tfx.models as models
@@ -183,15 +191,23 @@ def _dpsgd_common():
 
 FAMILIES = {
     # name: (factory, labels, default label of a non-finite one)
-    "DPDNNRegressor": (lambda m, seed: m.DPDNNRegressor(BUDGET, hidden_units=(4,), seed=seed, **_dpsgd_common()),
-                       "real", 0.0),
-    "DPDNNClassifier": (lambda m, seed: m.DPDNNClassifier(BUDGET, hidden_units=(4,), n_classes=3, seed=seed,
-                                                          **_dpsgd_common()), "three", 0.0),
-    "DPLogisticRegressor": (lambda m, seed: m.DPLogisticRegressor(BUDGET, seed=seed, **_dpsgd_common()),
-                            "binary", 0.0),
+    "DPDNNRegressor": (
+        lambda m, seed: m.DPDNNRegressor(BUDGET, hidden_units=(4,), seed=seed, **_dpsgd_common()),
+        "real",
+        0.0,
+    ),
+    "DPDNNClassifier": (
+        lambda m, seed: m.DPDNNClassifier(BUDGET, hidden_units=(4,), n_classes=3, seed=seed, **_dpsgd_common()),
+        "three",
+        0.0,
+    ),
+    "DPLogisticRegressor": (lambda m, seed: m.DPLogisticRegressor(BUDGET, seed=seed, **_dpsgd_common()), "binary", 0.0),
     # AdaSSP: NaN label -> the midpoint of label_range (0.5); +inf -> its high end (handled below)
-    "DPLinearRegressor": (lambda m, seed: m.DPLinearRegressor(BUDGET, feature_bound=2.0, label_range=(0.0, 1.0),
-                                                              seed=seed), "unit", 0.5),
+    "DPLinearRegressor": (
+        lambda m, seed: m.DPLinearRegressor(BUDGET, feature_bound=2.0, label_range=(0.0, 1.0), seed=seed),
+        "unit",
+        0.5,
+    ),
 }
 
 
@@ -199,14 +215,20 @@ def _data(kind, n=63, seed=1):
     rng = np.random.default_rng(seed)
     x = {"a": rng.normal(size=n).astype(np.float32), "b": rng.normal(size=(n, 2)).astype(np.float32)}
     score = x["a"] + x["b"][:, 0]
-    y = {"real": score, "three": np.digitize(score, [-0.5, 0.5]), "binary": (score > 0),
-         "unit": 1 / (1 + np.exp(-score))}[kind].astype(np.float64)
+    y = {
+        "real": score,
+        "three": np.digitize(score, [-0.5, 0.5]),
+        "binary": (score > 0),
+        "unit": 1 / (1 + np.exp(-score)),
+    }[kind].astype(np.float64)
     return x, y
 
 
 def _append(x, y, a, b, label):
-    return ({"a": np.append(x["a"], np.float32(a)), "b": np.vstack([x["b"], np.asarray(b, np.float32)])},
-            np.append(y, label))
+    return (
+        {"a": np.append(x["a"], np.float32(a)), "b": np.vstack([x["b"], np.asarray(b, np.float32)])},
+        np.append(y, label),
+    )
 
 
 CASES = {  # name: (bad a, bad b, bad label) -> mapped by the family's defaults
@@ -271,7 +293,8 @@ def test_a_label_that_is_not_a_class_id_names_the_column_not_the_record():
     x = np.zeros((10, 2), np.float32)
     with pytest.raises(RecordError) as err:
         m.DPDNNClassifier(BUDGET, hidden_units=(2,), n_classes=3, num_examples=10, batch_size=2).fit(
-            x, np.array([0, 1, 2, 2.5, 0, 0, 0, 0, 0, 0]))
+            x, np.array([0, 1, 2, 2.5, 0, 0, 0, 0, 0, 0])
+        )
     assert str(err.value) == "column 'label': is not a class id in [0, 3)"
     with pytest.raises(RecordError) as err:
         m.DPLogisticRegressor(BUDGET, num_examples=10, batch_size=2).fit(x, np.array([0, 1, 0, 0, 0.75] + [0] * 5))
@@ -296,6 +319,7 @@ def test_an_empty_dataset_fits_without_an_error():
 
 
 # ---------------------------------------------------------------- the validator executor's values
+
 
 def _executor():
     pytest.importorskip("tfx")
@@ -352,14 +376,14 @@ def test_validator_messages_after_the_charge_name_no_record_count_or_value():
     class NoRecordCarriesTheLabel:
         examples_input = "examples"
 
-    labels, outputs = ex.model_outputs(NoRecordCarriesTheLabel(), [tf.train.Example().SerializeToString()] * 3,
-                                       "tips")
+    labels, outputs = ex.model_outputs(NoRecordCarriesTheLabel(), [tf.train.Example().SerializeToString()] * 3, "tips")
     assert labels.size == 0 and outputs == {}
     for validator in (DPLossValidator(0.5, 1.0, loss_bound=1.0), DPAccuracyValidator(0.5, 1.0)):
         assert validator.validate(np.zeros(0), np.zeros(0), None, eta=0.01).outcome == "RETRY"
 
 
 # ---------------------------------------------------------------- load_examples
+
 
 @pytest.mark.tf
 def test_load_examples_drops_incomplete_records_and_never_fails_on_data(tmp_path):
@@ -379,18 +403,19 @@ def test_load_examples_drops_incomplete_records_and_never_fails_on_data(tmp_path
                 w.write(ex.SerializeToString())
 
     write(tmp_path / "a.tfrecord", [(1.0, 5.0), (float("nan"), 6.0), (2.0, float("inf")), (3.0, None), (4.0, 8.0)])
-    x, y = trainer_utils.load_examples(SimpleNamespace(train_files=[str(tmp_path / "a.tfrecord")]),
-                                       {"miles": (0.0, 10.0)}, "fare")
+    x, y = trainer_utils.load_examples(
+        SimpleNamespace(train_files=[str(tmp_path / "a.tfrecord")]), {"miles": (0.0, 10.0)}, "fare"
+    )
     np.testing.assert_allclose(x["miles"], [0.1, 0.4])
     np.testing.assert_allclose(y, [5.0, 8.0])
     # no complete record: empty arrays, not an error after the charge
     write(tmp_path / "b.tfrecord", [(1.0, None), (None, 2.0), (float("nan"), 1.0)])
-    x, y = trainer_utils.load_examples(SimpleNamespace(train_files=[str(tmp_path / "b.tfrecord")]),
-                                       ["miles"], "fare")
+    x, y = trainer_utils.load_examples(SimpleNamespace(train_files=[str(tmp_path / "b.tfrecord")]), ["miles"], "fare")
     assert x["miles"].shape == (0,) and y.shape == (0,)
 
 
 # ---------------------------------------------------------------- training_seed
+
 
 def _linear(m, seed=None):
     return m.DPLinearRegressor(BUDGET, feature_bound=2.0, label_range=(-3.0, 3.0), seed=seed)
@@ -419,7 +444,7 @@ def test_training_seed_reproduces_dpsgd():
     x, y = _data("real")
     runs = []
     for _ in range(2):
-        with m.training_seed(2 ** 100 + 7):
+        with m.training_seed(2**100 + 7):
             runs.append(_weights(m.DPDNNRegressor(BUDGET, hidden_units=(4,), **_dpsgd_common()).fit(x, y)))
     for a, b in zip(*runs):
         np.testing.assert_array_equal(a, b)

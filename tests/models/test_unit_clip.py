@@ -4,6 +4,7 @@ The attack as row-level clipping allows it: a unit with K rows of huge gradients
 (each row clipped on its own), so a step calibrated to C leaks K times its epsilon about that unit. Per-unit
 clipping sums the unit's rows first and clips the sum. All data here is GENERATED (numpy, fixed seeds).
 """
+
 import math
 
 import numpy as np
@@ -130,17 +131,21 @@ def test_neighbours_differing_by_a_whole_unit_give_steps_within_e_to_the_epsilon
         model = _model()
         engine = make_engine("vmap", model, per_example_loss("mse", model), C, 0.0, seed=0)
         clipped = unit_clipped_sum if per_unit else (lambda e, x, y, *_: e.clipped_sum(x, y))
-        shift = (_flat(clipped(engine, d[0], d[1], *_segments(d[2]))[0])
-                 - _flat(clipped(engine, d_prime[0], d_prime[1], *_segments(d_prime[2]))[0]))
+        shift = _flat(clipped(engine, d[0], d[1], *_segments(d[2]))[0]) - _flat(
+            clipped(engine, d_prime[0], d_prime[1], *_segments(d_prime[2]))[0]
+        )
         direction = shift / np.linalg.norm(shift)
-        out, out_prime = (_projected_draws(data, draws, seed, sigma, direction, per_unit)
-                          for data, seed in ((d, 11), (d_prime, 12)))
+        out, out_prime = (
+            _projected_draws(data, draws, seed, sigma, direction, per_unit) for data, seed in ((d, 11), (d_prime, 12))
+        )
         base = float(_flat(clipped(engine, d_prime[0], d_prime[1], *_segments(d_prime[2]))[0]) @ direction)
         bad = []
         for cut in (0.5 * C, C, 2 * C, 4 * C):
-            for p, q in (((out >= base + cut).mean(), (out_prime >= base + cut).mean()),
-                         ((out_prime <= base + C - cut).mean(), (out <= base + C - cut).mean())):
-                se = math.sqrt(p * (1 - p) / draws + bound ** 2 * q * (1 - q) / draws)
+            for p, q in (
+                ((out >= base + cut).mean(), (out_prime >= base + cut).mean()),
+                ((out_prime <= base + C - cut).mean(), (out <= base + C - cut).mean()),
+            ):
+                se = math.sqrt(p * (1 - p) / draws + bound**2 * q * (1 - q) / draws)
                 if p > bound * q + delta + 4.5 * max(se, 1.0 / draws):
                     bad.append((cut, p, q))
         return bad
@@ -157,8 +162,17 @@ def _data(units=40, rows=3, seed=0):
 
 def test_a_per_unit_fit_counts_units_and_learns():
     x, y, units = _data(units=200)
-    private = make_private(_model(), privacy_budget=(8.0, 1e-5), num_examples=200, loss="mse", batch_size=50,
-                           epochs=20, clip_norm=5.0, seed=0, per_unit=True)
+    private = make_private(
+        _model(),
+        privacy_budget=(8.0, 1e-5),
+        num_examples=200,
+        loss="mse",
+        batch_size=50,
+        epochs=20,
+        clip_norm=5.0,
+        seed=0,
+        per_unit=True,
+    )
     assert private.fit(x, y, units=units.astype(str)) is private  # any hashable ids: strings here
     spent = private.privacy_spent
     assert spent["privacy_unit"] == "unit" and spent["num_examples"] == 200
@@ -169,29 +183,42 @@ def test_a_per_unit_fit_counts_units_and_learns():
     assert float(np.mean((private.predict(x).ravel() - y) ** 2)) < 0.5 * before
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    ({"per_example": "ghost"}, r"per_example='ghost' is invalid with per-unit clipping.*use per_example='auto'"),
-    ({"per_example": "tf_privacy"}, "per_example='tf_privacy' is invalid with per-unit clipping"),
-    ({"per_unit": "yes"}, "per_unit='yes' is invalid: pass True"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"per_example": "ghost"}, r"per_example='ghost' is invalid with per-unit clipping.*use per_example='auto'"),
+        ({"per_example": "tf_privacy"}, "per_example='tf_privacy' is invalid with per-unit clipping"),
+        ({"per_unit": "yes"}, "per_unit='yes' is invalid: pass True"),
+    ],
+)
 def test_an_engine_that_cannot_sum_a_units_rows_is_refused_by_make_private(kwargs, match):
     model = _model()
     with pytest.raises(DpSgdConfigError, match=match):
-        make_private(model, privacy_budget=(1.0, 1e-5), num_examples=40, loss="mse", batch_size=10,
-                     **{"per_unit": True, **kwargs})
+        make_private(
+            model,
+            privacy_budget=(1.0, 1e-5),
+            num_examples=40,
+            loss="mse",
+            batch_size=10,
+            **{"per_unit": True, **kwargs},
+        )
 
 
-@pytest.mark.parametrize("per_unit, units, match", [
-    (True, None, r"make_private\(per_unit=True\) needs fit\(units=...\)"),
-    (False, "ids", r"fit\(units=...\) needs make_private\(per_unit=True\)"),
-    (True, "short", "pass one unit id per row of x"),
-])
+@pytest.mark.parametrize(
+    "per_unit, units, match",
+    [
+        (True, None, r"make_private\(per_unit=True\) needs fit\(units=...\)"),
+        (False, "ids", r"fit\(units=...\) needs make_private\(per_unit=True\)"),
+        (True, "short", "pass one unit id per row of x"),
+    ],
+)
 def test_a_fit_without_its_units_is_refused_before_any_read(per_unit, units, match):
     x, y, ids = _data()
     given = {"ids": ids, "short": ids[:-1], None: None}[units]
     model = _model()
-    private = make_private(model, privacy_budget=(1.0, 1e-5), num_examples=40, loss="mse", batch_size=10, seed=0,
-                           per_unit=per_unit)
+    private = make_private(
+        model, privacy_budget=(1.0, 1e-5), num_examples=40, loss="mse", batch_size=10, seed=0, per_unit=per_unit
+    )
     weights = [w.numpy().copy() for w in model.weights]
     with pytest.raises((DpSgdConfigError, ValueError), match=match):
         private.fit(x, y, units=given)
@@ -202,8 +229,18 @@ def test_a_fit_without_its_units_is_refused_before_any_read(per_unit, units, mat
 @pytest.mark.slow
 def test_a_per_unit_fit_takes_an_adaptive_clip_and_a_noise_schedule():
     x, y, units = _data(units=200)
-    private = make_private(_model(), privacy_budget=(2.0, 1e-5), num_examples=200, loss="mse", batch_size=100,
-                           epochs=2, clip_norm="adaptive", noise_schedule="exponential", seed=0, per_unit=True)
+    private = make_private(
+        _model(),
+        privacy_budget=(2.0, 1e-5),
+        num_examples=200,
+        loss="mse",
+        batch_size=100,
+        epochs=2,
+        clip_norm="adaptive",
+        noise_schedule="exponential",
+        seed=0,
+        per_unit=True,
+    )
     private.fit(x, y, units=units)
     spent = private.privacy_spent
     assert spent["privacy_unit"] == "unit" and "adaptive_clip" in spent and "noise_schedule" in spent

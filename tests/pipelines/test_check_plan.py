@@ -1,6 +1,7 @@
 """Know before you spend: the attempts a stream's budget allows (``plan_attempts``), a target a constant predictor
 meets refused before any charge, several targets from one estimate, ``eval_share`` signed into every grant, and
 the dry run's generated labels, all on a real ledger (no TensorFlow, except BlockExampleGen's split reader)."""
+
 import json
 import math
 import os
@@ -35,14 +36,20 @@ def always_retry(calls):
     def run(grant, split, eta, iteration):
         calls.append(grant)
         return IterationResult("RETRY", bound=1.0)
+
     return run
 
 
-@pytest.mark.parametrize("policy,epsilon_start,min_window", [
-    ("conserve", 0.125, 8), ("conserve", 0.5, 29), ("conserve", 0.25, 4), ("aggressive", 0.125, 8),
-])
-def test_the_plan_is_what_the_iterator_charges_when_every_attempt_retries(tmp_path, policy, epsilon_start,
-                                                                          min_window):
+@pytest.mark.parametrize(
+    "policy,epsilon_start,min_window",
+    [
+        ("conserve", 0.125, 8),
+        ("conserve", 0.5, 29),
+        ("conserve", 0.25, 4),
+        ("aggressive", 0.125, 8),
+    ],
+)
+def test_the_plan_is_what_the_iterator_charges_when_every_attempt_retries(tmp_path, policy, epsilon_start, min_window):
     """On a 29-block stream of global epsilon 1, the attempts ``plan_attempts`` lists (read from the ledger,
     nothing charged) are exactly those the real iterator charges when each one ends in RETRY (epsilon, window,
     blocks), and then the run ends in TIMEOUT: the plan's RETRY count is the budget's."""
@@ -51,8 +58,9 @@ def test_the_plan_is_what_the_iterator_charges_when_every_attempt_retries(tmp_pa
     plan = stream_plan(ledger, "s", "p", settings)
     assert ledger.grants("s") == []  # planning reads only
     calls, lines = [], []
-    result = SageIterator(ledger, "s", "p", always_retry(calls), settings=IteratorSettings(**settings),
-                          progress=lines.append).run()
+    result = SageIterator(
+        ledger, "s", "p", always_retry(calls), settings=IteratorSettings(**settings), progress=lines.append
+    ).run()
     assert result.outcome == "TIMEOUT"
     charged = [(it.epsilon, len(it.blocks), tuple(it.blocks)) for it in result.iterations]
     planned = [(a.epsilon, a.window, a.blocks) for a in plan.attempts]
@@ -69,8 +77,14 @@ def test_a_window_the_stream_cannot_fill_is_said_before_the_run(tmp_path):
     plan = stream_plan(ledger, "s", "p", {"epsilon_start": 0.25, "min_window": 64})
     assert plan.attempts == () and plan.retries == 0 and "fewer than 64 block(s)" in plan.describe()
     lines = []
-    result = SageIterator(ledger, "s", "p", always_retry([]),
-                          settings=IteratorSettings(epsilon_start=0.25, min_window=64), progress=lines.append).run()
+    result = SageIterator(
+        ledger,
+        "s",
+        "p",
+        always_retry([]),
+        settings=IteratorSettings(epsilon_start=0.25, min_window=64),
+        progress=lines.append,
+    ).run()
     assert result.outcome == "TIMEOUT" and ledger.grants("s") == []
     assert lines == [lines[-1]] and "TIMEOUT: fewer than 64 blocks" in lines[0] and "does not wait" in lines[0]
 
@@ -98,6 +112,7 @@ def test_plan_attempts_on_a_dict():
 
 
 # ---------------------------------------------------------------- a constant predictor's metric
+
 
 def test_trivial_baselines_from_a_public_prior():
     accuracy, log_loss = SLA(metric="accuracy", label="y"), SLA(metric="log_loss", label="y")
@@ -146,8 +161,20 @@ def test_a_trivial_target_is_refused_before_any_charge(fare_stream):
     assert "--allow-trivial-target" in out.stderr
     with Ledger.open(db) as ledger:
         assert ledger.grants("taxi") == []
-    out = _sage("run", example, *common, "--target", "300,100", "--check", "--estimate-only", "--label-std", "15",
-                "--allow-trivial-target", "--min-window", "8")
+    out = _sage(
+        "run",
+        example,
+        *common,
+        "--target",
+        "300,100",
+        "--check",
+        "--estimate-only",
+        "--label-std",
+        "15",
+        "--allow-trivial-target",
+        "--min-window",
+        "8",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     text = out.stdout
     assert "2 attempt(s) (epsilon per block on blocks: 0.5 on 8, 0.5 on 16), so 1 RETRY(s)" in text
@@ -166,6 +193,7 @@ def test_a_trivial_target_is_refused_before_any_charge(fare_stream):
 
 # ---------------------------------------------------------------- eval_share
 
+
 @pytest.mark.tf
 def test_eval_share_is_signed_into_every_grant_and_read_by_blockexamplegen(tmp_path):
     """SagePipeline(eval_share=0.2): the iterator signs train 4 / eval 1 buckets into each grant; BlockExampleGen
@@ -173,16 +201,25 @@ def test_eval_share_is_signed_into_every_grant_and_read_by_blockexamplegen(tmp_p
     from sage_tfx.components.block_example_gen_executor import granted_splits
 
     ledger = make_ledger(tmp_path, blocks=4)
-    pipeline = SagePipeline(name="p", sla=MSE, trainer_module="t.py", eval_share=0.2,
-                            defaults={"epsilon_start": 0.25, "min_window": 2})
+    pipeline = SagePipeline(
+        name="p", sla=MSE, trainer_module="t.py", eval_share=0.2, defaults={"epsilon_start": 0.25, "min_window": 2}
+    )
     calls = []
-    SageIterator(ledger, "s", "p", always_retry(calls),
-                 settings=IteratorSettings(max_iterations=2, **pipeline.iterator_defaults())).run()
+    SageIterator(
+        ledger,
+        "s",
+        "p",
+        always_retry(calls),
+        settings=IteratorSettings(max_iterations=2, **pipeline.iterator_defaults()),
+    ).run()
     assert len(calls) == 2
     for grant in calls:
         verified = ledger.verify(grant.to_json())
-        assert verified.meta["records"] == {"buckets": [["train", 4], ["eval", 1]], "training": ["train"],
-                                            "test": ["eval"]}
+        assert verified.meta["records"] == {
+            "buckets": [["train", 4], ["eval", 1]],
+            "training": ["train"],
+            "test": ["eval"],
+        }
         assert record_split(verified).test_share == 0.2 and pipeline.record_split() == record_split(verified)
         assert granted_splits(None, verified) == [("train", 4), ("eval", 1)]
         with pytest.raises(GrantError, match="differ from the record split signed"):
@@ -197,16 +234,24 @@ def test_eval_share_is_signed_into_every_grant_and_read_by_blockexamplegen(tmp_p
 def test_no_eval_share_keeps_the_default_record_split(tmp_path):
     ledger = make_ledger(tmp_path, blocks=2)
     calls = []
-    SageIterator(ledger, "s", "p", always_retry(calls),
-                 settings=IteratorSettings(max_iterations=1, epsilon_start=0.25)).run()
+    SageIterator(
+        ledger, "s", "p", always_retry(calls), settings=IteratorSettings(max_iterations=1, epsilon_start=0.25)
+    ).run()
     assert calls[0].meta["records"] == DEFAULT_RECORD_SPLIT.to_dict()
 
 
-@pytest.mark.parametrize("value,named", [
-    (0.0, "eval_share 0.0 is invalid"), (1.0, "eval_share 1.0 is invalid"), (-0.2, "eval_share -0.2"),
-    (0.123, "eval_share 0.123 is invalid: records are split into whole hash buckets.*e.g. 0.12"),
-    ("0.2", "eval_share '0.2'"), (float("nan"), "eval_share nan"), (True, "eval_share True"),
-])
+@pytest.mark.parametrize(
+    "value,named",
+    [
+        (0.0, "eval_share 0.0 is invalid"),
+        (1.0, "eval_share 1.0 is invalid"),
+        (-0.2, "eval_share -0.2"),
+        (0.123, "eval_share 0.123 is invalid: records are split into whole hash buckets.*e.g. 0.12"),
+        ("0.2", "eval_share '0.2'"),
+        (float("nan"), "eval_share nan"),
+        (True, "eval_share True"),
+    ],
+)
 def test_bad_eval_shares_are_named_before_any_charge(tmp_path, value, named):
     with pytest.raises(PipelineDefinitionError, match=named):
         SagePipeline(name="p", sla=MSE, trainer_module="t.py", eval_share=value)
@@ -226,6 +271,7 @@ def test_eval_share_fractions():
 
 # ---------------------------------------------------------------- the dry run's generated rows
 
+
 @pytest.mark.parametrize("metric", ["accuracy", "log_loss"])
 def test_generated_labels_are_binary_for_binary_metrics(metric):
     """Before: log_loss got labels 0..23 and the validator refused them ("is not 0 or 1")."""
@@ -241,19 +287,46 @@ def test_init_pipeline_fits_the_window_to_the_stream_and_states_the_plan(fare_st
     from sage_tfx.pipelines import load_pipeline
 
     db, data = fare_stream
-    out = _sage("init-pipeline", tmp_path / "mine", "--label", "fare", "--metric", "mse", "--loss-bound", "900",
-                "--data-root", data, "--stream", "taxi", "--db", db)
+    out = _sage(
+        "init-pipeline",
+        tmp_path / "mine",
+        "--label",
+        "fare",
+        "--metric",
+        "mse",
+        "--loss-bound",
+        "900",
+        "--data-root",
+        data,
+        "--stream",
+        "taxi",
+        "--db",
+        db,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     text = (tmp_path / "mine" / "pipeline.py").read_text()
     assert "'min_window': 20" in text and "The stream had 20 block(s)" in text
     assert "2 attempt(s) (epsilon per block on blocks: 0.25 on 20, 0.5 on 20), so 1 RETRY(s)" in " ".join(
-        line.strip().lstrip("# ") for line in text.splitlines())
+        line.strip().lstrip("# ") for line in text.splitlines()
+    )
     definition = load_pipeline(str(tmp_path / "mine" / "pipeline.py"))
     with Ledger.open(db) as ledger:
         assert stream_plan(ledger, "taxi", "mine", definition.iterator_defaults()).retries == 1
         assert ledger.grants("taxi") == []
-    out = _sage("init-pipeline", tmp_path / "other", "--label", "fare", "--metric", "mse", "--loss-bound", "900",
-                "--data-root", data, "--stream", "taxi")
+    out = _sage(
+        "init-pipeline",
+        tmp_path / "other",
+        "--label",
+        "fare",
+        "--metric",
+        "mse",
+        "--loss-bound",
+        "900",
+        "--data-root",
+        data,
+        "--stream",
+        "taxi",
+    )
     assert out.returncode == 0 and "'min_window': 20" in (tmp_path / "other" / "pipeline.py").read_text()
 
 
@@ -265,12 +338,33 @@ def test_check_runs_a_log_loss_pipeline_and_keeps_its_candidate_model(fare_strea
     Now the dry run ends in an outcome, the candidate SavedModel is under WORK_DIR/check/NAME/model, and the
     real ledger has no grant."""
     db, data = fare_stream
-    out = _sage("init-pipeline", tmp_path / "ll", "--label", "trip_start_hour", "--metric", "log_loss",
-                "--data-root", data, "--stream", "taxi")
+    out = _sage(
+        "init-pipeline",
+        tmp_path / "ll",
+        "--label",
+        "trip_start_hour",
+        "--metric",
+        "log_loss",
+        "--data-root",
+        data,
+        "--stream",
+        "taxi",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     work = tmp_path / "work"
-    out = _sage("run", tmp_path / "ll" / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data,
-                "--work-dir", work)
+    out = _sage(
+        "run",
+        tmp_path / "ll" / "pipeline.py",
+        "--check",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--work-dir",
+        work,
+    )
     assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
     assert "check OK: ll ran end to end" in out.stdout and "is not 0 or 1" not in out.stdout + out.stderr
     model = work / "check" / "ll" / "model"
@@ -303,11 +397,30 @@ def test_check_says_a_pipeline_name_with_iterations_resumes(fare_stream, tmp_pat
     db, data = fare_stream
     example = os.path.join(ROOT, "examples", "taxi_fare", "pipeline.py")
     with Ledger.open(db) as ledger:
-        SageIterator(ledger, "taxi", "taxi_fare", always_retry([]),
-                     settings=IteratorSettings(epsilon_start=0.25, min_window=4, max_iterations=1)).run()
+        SageIterator(
+            ledger,
+            "taxi",
+            "taxi_fare",
+            always_retry([]),
+            settings=IteratorSettings(epsilon_start=0.25, min_window=4, max_iterations=1),
+        ).run()
         before = len(ledger.log_entries())
-    out = _sage("run", example, "--check", "--estimate-only", "--db", db, "--stream", "taxi", "--data-root", data,
-                "--target", "100", "--min-window", "4")
+    out = _sage(
+        "run",
+        example,
+        "--check",
+        "--estimate-only",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--target",
+        "100",
+        "--min-window",
+        "4",
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "pipeline 'taxi_fare' has 1 iteration(s) already: a run resumes after them" in out.stdout
     with Ledger.open(db) as ledger:

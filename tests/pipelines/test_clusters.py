@@ -3,6 +3,7 @@ cluster runs a Beam job on 2 SDK worker processes of its EXTERNAL worker pool (s
 DoFn, none of them the launcher's, the job service's or the pool's), and stops every process it started.
 Plus the upstream limitation the cluster's job service works around: Beam 2.77's own local job service runs
 each stage on one SDK worker whatever the job asks for."""
+
 import base64
 import hashlib
 import importlib
@@ -20,12 +21,15 @@ def make_wheel(folder, module, source):
     """A pure-Python wheel holding one module (what Beam's --extra_package stages)."""
 
     dist = f"{module}-0.1.dist-info"
-    files = {f"{module}.py": source.encode(),
-             f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n".encode(),
-             f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: sage-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        f"{module}.py": source.encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: 0.1\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: sage-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     digest = {n: base64.urlsafe_b64encode(hashlib.sha256(d).digest()).rstrip(b"=").decode() for n, d in files.items()}
-    files[f"{dist}/RECORD"] = ("".join(f"{n},sha256={digest[n]},{len(d)}\n" for n, d in files.items())
-                               + f"{dist}/RECORD,,\n").encode()
+    files[f"{dist}/RECORD"] = (
+        "".join(f"{n},sha256={digest[n]},{len(d)}\n" for n, d in files.items()) + f"{dist}/RECORD,,\n"
+    ).encode()
     path = os.path.join(folder, f"{module}-0.1-py3-none-any.whl")
     with zipfile.ZipFile(path, "w") as wheel:
         for name, data in files.items():
@@ -83,9 +87,12 @@ def test_portable_cluster_runs_a_job_on_two_worker_processes_and_stops_them(tmp_
 
     wheel = make_wheel(str(tmp_path), "sage_probe_module", PROBE)
     with portable_cluster(workers=2) as cluster:
-        assert cluster.beam_args[:4] == ["--runner=PortableRunner", f"--job_endpoint={cluster.job_endpoint}",
-                                         "--environment_type=EXTERNAL",
-                                         f"--environment_config={cluster.worker_address}"]
+        assert cluster.beam_args[:4] == [
+            "--runner=PortableRunner",
+            f"--job_endpoint={cluster.job_endpoint}",
+            "--environment_type=EXTERNAL",
+            f"--environment_config={cluster.worker_address}",
+        ]
         assert "--sdk_worker_parallelism=2" in cluster.beam_args
         seen = _pids(cluster.beam_args + [f"--extra_package={wheel}"], module="sage_probe_module")
         pids = {pid for pid, _ in seen}
@@ -113,11 +120,14 @@ def test_bad_arguments_are_refused_naming_the_value():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="upstream: Beam 2.77's local job service (apache_beam/runners/portability/"
-                          "local_job_service.py BeamJob._invoke_runner) builds its FnApiRunner with one worker and "
-                          "run_via_runner_api never reads --sdk_worker_parallelism or --direct_num_workers; "
-                          "sage_tfx.clusters' job service sets the worker count")
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="upstream: Beam 2.77's local job service (apache_beam/runners/portability/"
+    "local_job_service.py BeamJob._invoke_runner) builds its FnApiRunner with one worker and "
+    "run_via_runner_api never reads --sdk_worker_parallelism or --direct_num_workers; "
+    "sage_tfx.clusters' job service sets the worker count",
+)
 def test_beams_own_local_job_service_runs_one_worker():
     from apache_beam.runners.portability import local_job_service
 
@@ -133,11 +143,14 @@ def test_beams_own_local_job_service_runs_one_worker():
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, raises=ModuleNotFoundError,
-                   reason="upstream: Beam 2.77's worker pool without --container_executable (apache_beam/runners/"
-                          "worker/worker_pool_main.py StartWorker, use_process) starts a bare `python -c SdkHarness(...)` "
-                          "that installs none of the job's staged packages (--extra_package): ModuleNotFoundError in "
-                          "the worker. portable_cluster's pool runs its workers through sage_tfx/beam_boot.py")
+@pytest.mark.xfail(
+    strict=True,
+    raises=ModuleNotFoundError,
+    reason="upstream: Beam 2.77's worker pool without --container_executable (apache_beam/runners/"
+    "worker/worker_pool_main.py StartWorker, use_process) starts a bare `python -c SdkHarness(...)` "
+    "that installs none of the job's staged packages (--extra_package): ModuleNotFoundError in "
+    "the worker. portable_cluster's pool runs its workers through sage_tfx/beam_boot.py",
+)
 def test_beams_bare_process_worker_pool_ignores_extra_packages(tmp_path, monkeypatch):
 
     from apache_beam.runners.portability import local_job_service
@@ -149,8 +162,17 @@ def test_beams_bare_process_worker_pool_ignores_extra_packages(tmp_path, monkeyp
     servicer = local_job_service.LocalJobServicer()
     port = servicer.start_grpc_server(0)
     try:
-        _pids(["--runner=PortableRunner", f"--job_endpoint=localhost:{port}", "--environment_type=EXTERNAL",
-               f"--environment_config={address}", f"--extra_package={wheel}"], n=4, module="sage_probe_module_bare")
+        _pids(
+            [
+                "--runner=PortableRunner",
+                f"--job_endpoint=localhost:{port}",
+                "--environment_type=EXTERNAL",
+                f"--environment_config={address}",
+                f"--extra_package={wheel}",
+            ],
+            n=4,
+            module="sage_probe_module_bare",
+        )
     except RuntimeError as exc:  # the job's failure, with the worker's traceback in its message
         if "No module named 'sage_probe_module_bare'" in str(exc):
             raise ModuleNotFoundError("the worker did not install the staged wheel") from exc

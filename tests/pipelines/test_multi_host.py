@@ -10,6 +10,7 @@ As root, each host runs in its own network namespace and reaches PostgreSQL only
 relay in the test process to the loopback server), so it shares no network with the other host or the server;
 without root (or without `ip netns`), both run on loopback and the test says so.
 """
+
 import json
 import os
 import re
@@ -109,12 +110,16 @@ class Network:
         ns, outer, inner = f"sage-{self.tag}-{host}", f"smh{self.tag}{host}0", f"smh{self.tag}{host}1"
         net = f"10.213.{int(self.tag) % 250}"
         here, there = f"{net}.{4 * index + 1}", f"{net}.{4 * index + 2}"
-        for cmd in (["ip", "netns", "add", ns],
-                    ["ip", "link", "add", outer, "type", "veth", "peer", "name", inner],
-                    ["ip", "link", "set", inner, "netns", ns],
-                    ["ip", "addr", "add", f"{here}/30", "dev", outer], ["ip", "link", "set", outer, "up"],
-                    ["ip", "-n", ns, "addr", "add", f"{there}/30", "dev", inner],
-                    ["ip", "-n", ns, "link", "set", inner, "up"], ["ip", "-n", ns, "link", "set", "lo", "up"]):
+        for cmd in (
+            ["ip", "netns", "add", ns],
+            ["ip", "link", "add", outer, "type", "veth", "peer", "name", inner],
+            ["ip", "link", "set", inner, "netns", ns],
+            ["ip", "addr", "add", f"{here}/30", "dev", outer],
+            ["ip", "link", "set", outer, "up"],
+            ["ip", "-n", ns, "addr", "add", f"{there}/30", "dev", inner],
+            ["ip", "-n", ns, "link", "set", inner, "up"],
+            ["ip", "-n", ns, "link", "set", "lo", "up"],
+        ):
             subprocess.run(cmd, check=True, capture_output=True, timeout=30)
             if cmd[:3] == ["ip", "netns", "add"]:
                 self.namespaces[host] = ns
@@ -156,16 +161,46 @@ class Host:
         pipelines = []
         for pipeline in HOSTS[name]:
             pipelines += ["--pipeline", f"{pipeline}={pipeline_file}:{TARGETS[pipeline.split('-')[1]]}"]
-        self.argv = [*prefix, PY, "-m", "sage_tfx", "serve", "--db", url, "--key-file", self.key_file,
-                     "--stream", "taxi", "--data-root", data, "--input", csv, "--time-column", "trip_start_timestamp",
-                     "--window", "30d", "--blocks-per-step", "8", *pipelines, "--max-iterations", "1",
-                     "--work-dir", self.work]
+        self.argv = [
+            *prefix,
+            PY,
+            "-m",
+            "sage_tfx",
+            "serve",
+            "--db",
+            url,
+            "--key-file",
+            self.key_file,
+            "--stream",
+            "taxi",
+            "--data-root",
+            data,
+            "--input",
+            csv,
+            "--time-column",
+            "trip_start_timestamp",
+            "--window",
+            "30d",
+            "--blocks-per-step",
+            "8",
+            *pipelines,
+            "--max-iterations",
+            "1",
+            "--work-dir",
+            self.work,
+        ]
         self.lines, self.proc, self.started, self.ended = [], None, None, None
 
     def start(self):
         self.started = time.time()
-        self.proc = subprocess.Popen([str(a) for a in self.argv], cwd=self.root, env=_host_env(self.root),
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [str(a) for a in self.argv],
+            cwd=self.root,
+            env=_host_env(self.root),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.reader = threading.Thread(target=self._read, daemon=True)
         self.reader.start()
 
@@ -200,7 +235,10 @@ def _tfx_span(host, name):
     store = metadata_store.MetadataStore(metadata_config(str(path)))
     runs = store.get_executions()
     assert runs, name
-    return (min(e.create_time_since_epoch for e in runs) / 1000, max(e.last_update_time_since_epoch for e in runs) / 1000)
+    return (
+        min(e.create_time_since_epoch for e in runs) / 1000,
+        max(e.last_update_time_since_epoch for e in runs) / 1000,
+    )
 
 
 @pytest.mark.slow
@@ -214,8 +252,21 @@ def test_two_hosts_serve_two_pipelines_each_on_one_postgres_ledger(postgres_serv
     keys = tmp_path / "keys"
     keys.mkdir(mode=0o700)
     key_file = keys / "ledger.key"
-    init = sage("ledger", "init", "--db", url, "--key-file", key_file, "--stream", "taxi", "--epsilon", "1",
-                "--delta", "1e-6", env=_host_env(tmp_path))
+    init = sage(
+        "ledger",
+        "init",
+        "--db",
+        url,
+        "--key-file",
+        key_file,
+        "--stream",
+        "taxi",
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-6",
+        env=_host_env(tmp_path),
+    )
     assert init.returncode == 0, init.stderr
     data = tmp_path / "shared" / "data"  # the data root both hosts mount
     data.parent.mkdir()
@@ -231,8 +282,15 @@ def test_two_hosts_serve_two_pipelines_each_on_one_postgres_ledger(postgres_serv
             if network is not None:  # the same database, reached only through this host's veth
                 prefix, (addr, port) = network.prefixes[name], network.relays[name].address
                 host_url = url.replace(f"127.0.0.1:{postgres_server.port}", f"{addr}:{port}")
-                probe = subprocess.run([*prefix, PY, "-c", "import socket, sys; socket.create_connection(("
-                                        f"'127.0.0.1', {postgres_server.port}), 5)"], capture_output=True)
+                probe = subprocess.run(
+                    [
+                        *prefix,
+                        PY,
+                        "-c",
+                        f"import socket, sys; socket.create_connection(('127.0.0.1', {postgres_server.port}), 5)",
+                    ],
+                    capture_output=True,
+                )
                 assert probe.returncode != 0, f"host {name}'s namespace reaches the server's loopback"
             hosts[name] = Host(name, tmp_path / f"host{name}", host_url, key_file, data, csv, pipeline_file, prefix)
         for host in hosts.values():
@@ -259,8 +317,9 @@ def test_two_hosts_serve_two_pipelines_each_on_one_postgres_ledger(postgres_serv
         status = {p["name"]: p for p in ledger.pipelines("taxi")}
         assert sorted(status) == sorted(names), status
         for name in names:
-            assert status[name]["state"] == "done" and status[name]["outcome"] in ("ACCEPT", "REJECT", "TIMEOUT"), \
+            assert status[name]["state"] == "done" and status[name]["outcome"] in ("ACCEPT", "REJECT", "TIMEOUT"), (
                 status[name]
+            )
             history = ledger.history("taxi", name)
             assert history, f"{name} was never granted anything"
             assert all(outcome in ("ACCEPT", "REJECT", "RETRY") for _g, outcome, _d in history), (name, history)
@@ -274,8 +333,11 @@ def test_two_hosts_serve_two_pipelines_each_on_one_postgres_ledger(postgres_serv
         blocks = {b.id: b for b in ledger.blocks("taxi")}
         assert blocks
         # Each block was added by exactly one host's replay; the other's step found it registered and said so.
-        added = [int(m) for host in hosts.values()
-                 for m in re.findall(r"\[replay\] step \d+: (\d+) new block\(s\)", host.output)]
+        added = [
+            int(m)
+            for host in hosts.values()
+            for m in re.findall(r"\[replay\] step \d+: (\d+) new block\(s\)", host.output)
+        ]
         assert sum(added) == len(blocks), (added, len(blocks))
         for b in blocks.values():
             assert b.spent[0] <= stream.epsilon + 1e-9 and b.spent[1] <= stream.delta + 1e-15, (b.id, b.spent)
@@ -284,8 +346,13 @@ def test_two_hosts_serve_two_pipelines_each_on_one_postgres_ledger(postgres_serv
     assert audit.returncode == 0, audit.stdout + audit.stderr
 
     # Independently of the ledger's code: the charges summed in SQL, per block, against the capacity.
-    charged = dict(raw_sql(url, "SELECT b.value, sum((g.body::json->>'epsilon')::float8) FROM grants g, "
-                             "json_array_elements_text(g.body::json->'blocks') b GROUP BY b.value"))
+    charged = dict(
+        raw_sql(
+            url,
+            "SELECT b.value, sum((g.body::json->>'epsilon')::float8) FROM grants g, "
+            "json_array_elements_text(g.body::json->'blocks') b GROUP BY b.value",
+        )
+    )
     capacity = raw_sql(url, "SELECT epsilon FROM streams WHERE name = 'taxi'")[0][0]
     assert charged and max(charged.values()) <= capacity + 1e-9, max(charged.values())
     spent = {b: json.loads(s)[0] for b, s in raw_sql(url, "SELECT id, spent FROM blocks WHERE stream = 'taxi'")}
@@ -344,8 +411,9 @@ def test_audit_of_a_ledger_another_process_is_writing(postgres_server, tmp_path,
         shutil.copy2(key_file, writer_key)
         shutil.copy2(f"{key_file}.head", f"{writer_key}.head")  # a host joins with a copy of a head file
     env = {k: v for k, v in os.environ.items() if k != "SAGE_KEY_FILE"}
-    writer = subprocess.Popen([PY, "-c", _WRITER, url, str(writer_key), "6"], stdout=subprocess.PIPE, text=True,
-                              env=env)
+    writer = subprocess.Popen(
+        [PY, "-c", _WRITER, url, str(writer_key), "6"], stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert writer.stdout.readline().strip() == "writing"
         audits, problems = 0, []
@@ -377,8 +445,9 @@ time.sleep(600)
 def _hold_claim(location, key_file):
     """A process (another 'host') that claims pipeline 'p' of stream 's' and holds it until killed."""
     env = {k: v for k, v in os.environ.items() if k != "SAGE_KEY_FILE"}
-    holder = subprocess.Popen([PY, "-c", _HOLDER, str(location), str(key_file)], stdout=subprocess.PIPE, text=True,
-                              env=env)
+    holder = subprocess.Popen(
+        [PY, "-c", _HOLDER, str(location), str(key_file)], stdout=subprocess.PIPE, text=True, env=env
+    )
     assert holder.stdout.readline().strip() == "held"
     return holder
 
@@ -442,11 +511,43 @@ def test_serve_and_run_refuse_a_pipeline_name_another_host_runs(postgres_server,
     holder = _hold_claim(url, key_file)
     try:
         env = {k: v for k, v in os.environ.items() if k != "SAGE_KEY_FILE"}
-        serve = sage("serve", "--db", url, "--key-file", key_file, "--stream", "s", "--data-root", tmp_path / "data",
-                     "--input", taxi_csv_path("simple"), "--time-column", "trip_start_timestamp",
-                     "--pipeline", "mine=taxi_regression:3000000", "--pipeline", "p=taxi_regression:3000000", env=env)
-        run = sage("run", "taxi_regression", "--name", "p", "--db", url, "--key-file", key_file, "--stream", "s",
-                   "--data-root", tmp_path / "data", "--target", "3000000", env=env)
+        serve = sage(
+            "serve",
+            "--db",
+            url,
+            "--key-file",
+            key_file,
+            "--stream",
+            "s",
+            "--data-root",
+            tmp_path / "data",
+            "--input",
+            taxi_csv_path("simple"),
+            "--time-column",
+            "trip_start_timestamp",
+            "--pipeline",
+            "mine=taxi_regression:3000000",
+            "--pipeline",
+            "p=taxi_regression:3000000",
+            env=env,
+        )
+        run = sage(
+            "run",
+            "taxi_regression",
+            "--name",
+            "p",
+            "--db",
+            url,
+            "--key-file",
+            key_file,
+            "--stream",
+            "s",
+            "--data-root",
+            tmp_path / "data",
+            "--target",
+            "3000000",
+            env=env,
+        )
         for out in (serve, run):
             assert out.returncode == 2, out.stdout + out.stderr
             assert "'p' (held by sage@" in out.stderr and f"pid {holder.pid}" in out.stderr, out.stderr
@@ -478,8 +579,7 @@ def test_a_replay_step_another_host_committed_is_checked_not_written_again(ledge
         a = Replay.from_file(first, "taxi", str(data), csv, "trip_start_timestamp", "30d")
         b = Replay.from_file(second, "taxi", str(data), csv, "trip_start_timestamp", "30d")
         # A third host's input lacks one row of the fifth window (made before anything is registered).
-        c = Replay(second, "taxi", str(data), _without_row(a._table, int(a._bounds[4])), "trip_start_timestamp",
-                   "30d")
+        c = Replay(second, "taxi", str(data), _without_row(a._table, int(a._bounds[4])), "trip_start_timestamp", "30d")
         ahead = a.run(steps=3)
         assert [s.added for s in ahead] == [True] * 3
         staging = data / "taxi" / "_staging"

@@ -3,6 +3,7 @@
 Bad pipeline files are refused naming the file (and the line), and `sage run` exits 2 before any budget is
 spent. The end-to-end run of a user's pipeline file is in tests/pipelines/test_sage_run.py.
 """
+
 import importlib.util
 import os
 import subprocess
@@ -25,8 +26,11 @@ def test_builtins_are_plain_users_of_the_public_api():
         assert isinstance(pipeline, SagePipeline) and pipeline.name == name
         assert os.path.isfile(pipeline.module_path("trainer_module"))
     regression = load_pipeline("taxi_regression")
-    assert (regression.sla.metric, regression.sla.label, regression.sla.loss_bound) == ("mse", "trip_seconds",
-                                                                                        1800.0 ** 2)
+    assert (regression.sla.metric, regression.sla.label, regression.sla.loss_bound) == (
+        "mse",
+        "trip_seconds",
+        1800.0**2,
+    )
     assert regression.model_family() == "linear" and regression.model_family("dnn") == "dnn"
     with pytest.raises(ValueError, match="'svm'"):
         regression.model_family("svm")
@@ -45,38 +49,46 @@ def test_a_dotted_module_path(tmp_path, monkeypatch):
     (tmp_path / "mypkg").mkdir()
     (tmp_path / "mypkg" / "__init__.py").write_text("")
     (tmp_path / "mypkg" / "trainer.py").write_text("def run_fn(fn_args): pass\n")
-    (tmp_path / "mypkg" / "pipe.py").write_text(textwrap.dedent("""
+    (tmp_path / "mypkg" / "pipe.py").write_text(
+        textwrap.dedent("""
         from sage_tfx.pipelines import SLA, SagePipeline
         PIPELINE = SagePipeline(name="mine", sla=SLA(metric="accuracy", label="y"), trainer_module="trainer.py")
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     pipeline = load_pipeline("mypkg.pipe")
     assert pipeline.name == "mine" and pipeline.module_path("trainer_module") == str(tmp_path / "mypkg" / "trainer.py")
     assert pipeline.model_family() is None
 
 
-@pytest.mark.parametrize("bad, named", [
-    (dict(sla=SLA("mse", "y", 4.0), name="bad name!"), "'bad name!'"),
-    (dict(sla="mse"), "sla 'mse'"),
-    (dict(sla=SLA("accuracy", "y"), defaults={"epsilon_strat": 0.5}), "epsilon_strat"),
-    (dict(sla=SLA("accuracy", "y"), components="all"), "components 'all'"),
-    (dict(sla=SLA("accuracy", "y"), models=(1,)), "models"),
-])
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (dict(sla=SLA("mse", "y", 4.0), name="bad name!"), "'bad name!'"),
+        (dict(sla="mse"), "sla 'mse'"),
+        (dict(sla=SLA("accuracy", "y"), defaults={"epsilon_strat": 0.5}), "epsilon_strat"),
+        (dict(sla=SLA("accuracy", "y"), components="all"), "components 'all'"),
+        (dict(sla=SLA("accuracy", "y"), models=(1,)), "models"),
+    ],
+)
 def test_bad_definitions_name_the_value(bad, named):
     with pytest.raises(PipelineDefinitionError, match=named.replace("(", r"\(")):
         SagePipeline(**{"name": "p", "trainer_module": "t.py", **bad})
 
 
-@pytest.mark.parametrize("args, named", [
-    (("auc", "y"), "'auc'"),
-    (("mse", "y"), "needs loss_bound"),
-    (("mse", "y", -1.0), "-1.0"),
-    (("accuracy", "y", 1.0), "does not apply"),
-    (("mse", ""), "label ''"),
-    (("custom", "y", 4.0), "metric 'custom' needs one"),
-    (("mse", "y", 4.0, "x"), "label_threshold 'x'"),
-    (("mse", "y", 4.0, None, "loss.py"), "loss_module 'loss.py'"),
-])
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (("auc", "y"), "'auc'"),
+        (("mse", "y"), "needs loss_bound"),
+        (("mse", "y", -1.0), "-1.0"),
+        (("accuracy", "y", 1.0), "does not apply"),
+        (("mse", ""), "label ''"),
+        (("custom", "y", 4.0), "metric 'custom' needs one"),
+        (("mse", "y", 4.0, "x"), "label_threshold 'x'"),
+        (("mse", "y", 4.0, None, "loss.py"), "loss_module 'loss.py'"),
+    ],
+)
 def test_bad_slas_name_the_value(args, named):
     with pytest.raises(PipelineDefinitionError, match=named):
         SLA(*args)
@@ -89,15 +101,21 @@ PIPELINE = SagePipeline(name="p", sla=SLA(metric="accuracy", label="y"), trainer
 """
 
 
-@pytest.mark.parametrize("case, files, named", [
-    ("missing file", {}, "does not exist"),
-    ("no pipeline", {"pipe.py": "x = 1\n"}, "defines no SagePipeline"),
-    ("raises on import", {"pipe.py": "import os\n\nraise RuntimeError('boom')\n"}, "at line 3: RuntimeError: boom"),
-    ("syntax error", {"pipe.py": "def f(:\n"}, "at line 1: SyntaxError"),
-    ("two pipelines", {"pipe.py": PIPE.replace("PIPELINE =", "A =") + PIPE.replace("PIPELINE =", "B =")},
-     r"several SagePipelines \(A, B\)"),
-    ("missing trainer module", {"pipe.py": PIPE}, "trainer_module .*trainer.py' does not exist"),
-])
+@pytest.mark.parametrize(
+    "case, files, named",
+    [
+        ("missing file", {}, "does not exist"),
+        ("no pipeline", {"pipe.py": "x = 1\n"}, "defines no SagePipeline"),
+        ("raises on import", {"pipe.py": "import os\n\nraise RuntimeError('boom')\n"}, "at line 3: RuntimeError: boom"),
+        ("syntax error", {"pipe.py": "def f(:\n"}, "at line 1: SyntaxError"),
+        (
+            "two pipelines",
+            {"pipe.py": PIPE.replace("PIPELINE =", "A =") + PIPE.replace("PIPELINE =", "B =")},
+            r"several SagePipelines \(A, B\)",
+        ),
+        ("missing trainer module", {"pipe.py": PIPE}, "trainer_module .*trainer.py' does not exist"),
+    ],
+)
 def test_bad_pipeline_files_exit_2_naming_the_file_before_any_spend(tmp_path, case, files, named):
     for name, text in files.items():
         (tmp_path / name).write_text(text)
@@ -109,9 +127,28 @@ def test_bad_pipeline_files_exit_2_naming_the_file_before_any_spend(tmp_path, ca
         ledger.create_stream("s", 1.0, 1e-6)
         ledger.add_block("s", "b0", start=0, end=86400, rows=10)
         before = [ledger.log_entries(), [g.to_json() for g in ledger.grants()]]
-    out = subprocess.run([sys.executable, "-m", "sage_tfx", "run", path, "--db", db, "--stream", "s", "--data-root",
-                          str(tmp_path / "data"), "--target", "0.5", "--work-dir", str(tmp_path / "work")],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "run",
+            path,
+            "--db",
+            db,
+            "--stream",
+            "s",
+            "--data-root",
+            str(tmp_path / "data"),
+            "--target",
+            "0.5",
+            "--work-dir",
+            str(tmp_path / "work"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert path in out.stderr and "Traceback" not in out.stderr, out.stderr
     with Ledger.open(db) as ledger:
@@ -121,8 +158,12 @@ def test_bad_pipeline_files_exit_2_naming_the_file_before_any_spend(tmp_path, ca
 
 def test_a_custom_loss_module_is_resolved_beside_the_pipeline_and_checked(tmp_path):
     (tmp_path / "trainer.py").write_text("def run_fn(fn_args): pass\n")
-    (tmp_path / "pipe.py").write_text(PIPE.replace('SLA(metric="accuracy", label="y")',
-                                                   'SLA(metric="custom", label="y", loss_bound=9.0, loss_module="loss.py")'))
+    (tmp_path / "pipe.py").write_text(
+        PIPE.replace(
+            'SLA(metric="accuracy", label="y")',
+            'SLA(metric="custom", label="y", loss_bound=9.0, loss_module="loss.py")',
+        )
+    )
     with pytest.raises(PipelineDefinitionError, match="loss_module .*loss.py' does not exist"):
         load_pipeline(str(tmp_path / "pipe.py"))
     (tmp_path / "loss.py").write_text("def per_example_loss(labels, outputs): return labels\n")
@@ -141,27 +182,67 @@ def test_init_pipeline_writes_three_files_that_load(tmp_path):
     from sage_tfx.data.taxi import taxi_csv_path
 
     target = tmp_path / "mine"
-    out = subprocess.run([sys.executable, "-m", "sage_tfx", "init-pipeline", str(target), "--label", "fare",
-                          "--metric", "mse", "--loss-bound", "900", "--input", taxi_csv_path("simple"),
-                          "--time-column", "trip_start_timestamp"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "init-pipeline",
+            str(target),
+            "--label",
+            "fare",
+            "--metric",
+            "mse",
+            "--loss-bound",
+            "900",
+            "--input",
+            taxi_csv_path("simple"),
+            "--time-column",
+            "trip_start_timestamp",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     files = ["pipeline.py", "preprocessing.py", "trainer.py"]
     assert sorted(os.listdir(target)) == files
     pipeline = load_pipeline(str(target / "pipeline.py"))
-    assert (pipeline.name, pipeline.sla.metric, pipeline.sla.label, pipeline.sla.loss_bound) == ("mine", "mse", "fare",
-                                                                                                900.0)
+    assert (pipeline.name, pipeline.sla.metric, pipeline.sla.label, pipeline.sla.loss_bound) == (
+        "mine",
+        "mse",
+        "fare",
+        900.0,
+    )
     text = (target / "preprocessing.py").read_text()
     assert "'trip_miles': (0.0, 1.0)" in text and "'trip_start_timestamp'" not in text and "company" in text
     # the three files (loading them may add Python's __pycache__ beside them: not ours, and not a file to compare)
     before = {f: (target / f).read_text() for f in files}
-    for args, named in [([], "exist"), (["--label", "company"], "holds bytes"), (["--label", "nope"], "'nope'"),
-                        (["--metric", "mae"], "needs loss_bound")]:
+    for args, named in [
+        ([], "exist"),
+        (["--label", "company"], "holds bytes"),
+        (["--label", "nope"], "'nope'"),
+        (["--metric", "mae"], "needs loss_bound"),
+    ]:
         argv = ["--label", "fare", "--metric", "mse", "--loss-bound", "900", *args]
         if args and args[0] == "--metric":
             argv = ["--label", "fare", *args]
-        out = subprocess.run([sys.executable, "-m", "sage_tfx", "init-pipeline", str(target), *argv, "--input",
-                              taxi_csv_path("simple"), *(["--force"] if args else [])],
-                             capture_output=True, text=True, timeout=300)
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "sage_tfx",
+                "init-pipeline",
+                str(target),
+                *argv,
+                "--input",
+                taxi_csv_path("simple"),
+                *(["--force"] if args else []),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert out.returncode == 2 and named in out.stderr, (args, out.stderr)
     assert sorted(set(os.listdir(target)) - {"__pycache__"}) == files
     assert {f: (target / f).read_text() for f in files} == before
@@ -170,8 +251,12 @@ def test_init_pipeline_writes_three_files_that_load(tmp_path):
 def _init(target, *args):
     from sage_tfx.data.taxi import taxi_csv_path
 
-    return subprocess.run([sys.executable, "-m", "sage_tfx", "init-pipeline", str(target), "--input",
-                           taxi_csv_path("simple"), *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "sage_tfx", "init-pipeline", str(target), "--input", taxi_csv_path("simple"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_init_pipeline_leaves_out_the_time_and_the_labels_source_and_one_hot_encodes_codes(tmp_path):
@@ -179,18 +264,33 @@ def test_init_pipeline_leaves_out_the_time_and_the_labels_source_and_one_hot_enc
     is the label's (e.g. trip_total for a label trip_total_usd) and category codes as numbers. Now the time
     column (unix seconds, found in the file's first rows), a --label-source and a name overlapping the label's
     are never features, each said so; day and month codes are one-hot encoded; a regression gets a public prior."""
-    out = _init(tmp_path / "mine", "--label", "fare", "--metric", "mse", "--loss-bound", "900", "--label-source",
-                "tips", "--categorical", "trip_start_hour")
+    out = _init(
+        tmp_path / "mine",
+        "--label",
+        "fare",
+        "--metric",
+        "mse",
+        "--loss-bound",
+        "900",
+        "--label-source",
+        "tips",
+        "--categorical",
+        "trip_start_hour",
+    )
     assert out.returncode == 0, out.stderr
     assert "not a feature: trip_start_timestamp (the time column)" in out.stdout
     assert "not a feature: tips (the label's source (--label-source))" in out.stdout
     assert "one-hot: trip_start_day, codes [1, 2, 3, 4, 5, 6, 7]" in out.stdout
     assert "missing are dropped (never filled)" in out.stdout
     pre, trainer = ((tmp_path / "mine" / f).read_text() for f in ("preprocessing.py", "trainer.py"))
-    ranges = pre[pre.index("PUBLIC_RANGES"):pre.index("FEATURES =")]
+    ranges = pre[pre.index("PUBLIC_RANGES") : pre.index("FEATURES =")]
     for left_out in ("trip_start_timestamp", "tips", "trip_start_day", "trip_start_month", "trip_start_hour"):
         assert repr(left_out) not in ranges, left_out
-    assert "'trip_start_hour': [0, 1, 2," in pre and "'trip_start_hour': [0, 1, 2]" not in pre and "'trip_start_hour_23'" in trainer
+    assert (
+        "'trip_start_hour': [0, 1, 2," in pre
+        and "'trip_start_hour': [0, 1, 2]" not in pre
+        and "'trip_start_hour_23'" in trainer
+    )
     assert "'trip_start_month_12'" in trainer and "'trip_miles'" in trainer and "'tips'" not in trainer
     assert "fill_in_missing(inputs[LABEL], 0)" not in pre and 'float("nan")' in pre
     assert "PRIOR_INTERCEPT = " in trainer and "prior_intercept=PRIOR_INTERCEPT" in trainer
@@ -198,8 +298,11 @@ def test_init_pipeline_leaves_out_the_time_and_the_labels_source_and_one_hot_enc
     out = _init(tmp_path / "other", "--label", "trip_seconds", "--metric", "mae", "--loss-bound", "600")
     assert out.returncode == 0, out.stderr
     assert "not a feature: trip_start_timestamp" in out.stdout
-    for args, named in ((["--label-source", "nope"], "'nope'"), (["--categorical", "fare"], "'fare' is the label"),
-                        (["--categorical", "company"], "'company' holds bytes")):
+    for args, named in (
+        (["--label-source", "nope"], "'nope'"),
+        (["--categorical", "fare"], "'fare' is the label"),
+        (["--categorical", "company"], "'company' holds bytes"),
+    ):
         out = _init(tmp_path / "bad", "--label", "fare", "--metric", "mse", "--loss-bound", "900", *args)
         assert out.returncode == 2 and named in out.stderr, (args, out.stderr)
     assert not (tmp_path / "bad").exists()
@@ -209,7 +312,6 @@ def test_init_pipeline_leaves_out_the_time_and_the_labels_source_and_one_hot_enc
 def test_the_templates_preprocessing_keeps_a_missing_label_missing(tmp_path):
     """The template filled a missing label with 0, so training saw those rows as label 0 while the validator
     skipped them. Now the label is NaN (load_examples drops the row); a category code one-hot encodes."""
-
 
     import tensorflow as tf
 
@@ -223,8 +325,9 @@ def test_the_templates_preprocessing_keeps_a_missing_label_missing(tmp_path):
 
     def column(values, dtype):  # one value per row, None: missing
         present = [(i, v) for i, v in enumerate(values) if v is not None]
-        return tf.SparseTensor([[i, 0] for i, _ in present], tf.constant([v for _, v in present], dtype),
-                               [len(values), 1])
+        return tf.SparseTensor(
+            [[i, 0] for i, _ in present], tf.constant([v for _, v in present], dtype), [len(values), 1]
+        )
 
     names = list(module.PUBLIC_RANGES) + list(module.CATEGORIES)
     inputs = {n: column([1, 2, 3], tf.int64) for n in names}
@@ -243,9 +346,26 @@ def test_init_pipeline_writes_a_classifier_for_a_log_loss_sla(tmp_path):
     target = tmp_path / "rain"
     csv = tmp_path / "weather.csv"
     csv.write_text("time_hour,humid,rain\n2013-01-01T06:00:00Z,59.4,0\n2013-01-01T07:00:00Z,97.1,1\n")
-    out = subprocess.run([sys.executable, "-m", "sage_tfx", "init-pipeline", str(target), "--label", "rain",
-                          "--metric", "log_loss", "--input", str(csv), "--time-column", "time_hour"],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "init-pipeline",
+            str(target),
+            "--label",
+            "rain",
+            "--metric",
+            "log_loss",
+            "--input",
+            str(csv),
+            "--time-column",
+            "time_hour",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     trainer = (target / "trainer.py").read_text()
     assert "DPLogisticRegressor(" in trainer and "DPLinearRegressor" not in trainer

@@ -5,6 +5,7 @@ K flights of a plane for all time): examples/flights runs to ACCEPT under both, 
 validator runs per unit (each plane's mean loss one record, the count of planes) at its whole share, its release
 signed per unit; every other stage is released at its per-row budget (the unit's share through group privacy).
 """
+
 import glob
 import json
 import os
@@ -22,8 +23,9 @@ PIPELINE = os.path.join(ROOT, "examples", "flights", "pipeline.py")
 
 
 def _sage(*args):
-    return subprocess.run([sys.executable, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "sage_tfx", *map(str, args)], capture_output=True, text=True, timeout=900
+    )
 
 
 def _validation_result(work):
@@ -40,21 +42,55 @@ def _release_entries(db):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("semantics, k, block_args", [
-    ("user-time", 3, ["--block-by", "time", "--time-column", flights.TIME_COLUMN, "--window", "1d"]),
-    ("user", 2, ["--block-by", "user", "--shards", "8"]),
-])
+@pytest.mark.parametrize(
+    "semantics, k, block_args",
+    [
+        ("user-time", 3, ["--block-by", "time", "--time-column", flights.TIME_COLUMN, "--window", "1d"]),
+        ("user", 2, ["--block-by", "user", "--shards", "8"]),
+    ],
+)
 def test_sage_run_accepts_on_a_unit_stream_with_the_validator_per_unit(tmp_path, semantics, k, block_args):
     db, data, csv, work = tmp_path / "ledger.db", tmp_path / "data", tmp_path / "flights.csv", tmp_path / "work"
     flights.write_flights_csv(str(csv), since="2013-11-01", until="2013-11-09")  # 8 real days
-    init = _sage("ledger", "init", "--db", db, "--stream", "flights", "--epsilon", "1", "--delta", "1e-6",
-                 "--privacy-unit", "tailnum", "--max-rows-per-unit", k)
+    init = _sage(
+        "ledger",
+        "init",
+        "--db",
+        db,
+        "--stream",
+        "flights",
+        "--epsilon",
+        "1",
+        "--delta",
+        "1e-6",
+        "--privacy-unit",
+        "tailnum",
+        "--max-rows-per-unit",
+        k,
+    )
     assert init.returncode == 0, init.stderr[-2000:]
-    ingest = _sage("ingest", "--db", db, "--stream", "flights", "--input", csv, "--data-root", data, *block_args,
-                   "--quiet")
+    ingest = _sage(
+        "ingest", "--db", db, "--stream", "flights", "--input", csv, "--data-root", data, *block_args, "--quiet"
+    )
     assert ingest.returncode == 0, ingest.stderr[-2000:]
-    run = _sage("run", PIPELINE, "--db", db, "--stream", "flights", "--data-root", data, "--target", 700,
-                "--min-window", 8, "--max-iterations", 1, "--work-dir", work)
+    run = _sage(
+        "run",
+        PIPELINE,
+        "--db",
+        db,
+        "--stream",
+        "flights",
+        "--data-root",
+        data,
+        "--target",
+        700,
+        "--min-window",
+        8,
+        "--max-iterations",
+        1,
+        "--work-dir",
+        work,
+    )
     assert run.returncode == 0, (run.stdout[-2000:], run.stderr[-2000:])
     assert "(8), epsilon 0.5" in run.stdout and "-> ACCEPT" in run.stdout, run.stdout[-2000:]
     with Ledger.open(str(db), read_only=True) as ledger:

@@ -4,6 +4,7 @@ model was pushed.
 TFX's launcher raises a clean-up error (a NotFoundError on the run's output folder) while handling the module's own;
 naming only the last error sent a user looking for a missing file when their run_fn had raised TypeError.
 """
+
 import pytest
 
 from sage_tfx.pipelines.check import describe_failure
@@ -34,8 +35,7 @@ def test_the_first_error_of_the_chain_is_named_then_the_clean_up_error():
 
 def test_a_record_error_keeps_its_value_free_message_in_the_chain():
     exc = _cleanup_after(RecordError("rain", 3, "is not 0 or 1"))
-    assert public_error_text(exc) == ("RecordError: column 'rain': is not 0 or 1, then NotFoundError while "
-                                      "handling it")
+    assert public_error_text(exc) == ("RecordError: column 'rain': is not 0 or 1, then NotFoundError while handling it")
 
 
 def test_a_single_error_reads_as_before():

@@ -7,6 +7,7 @@ PortableRunner whose Beam jobs run on an EXTERNAL worker pool (sage_tfx.clusters
 module files travelling with each job as a wheel (docs/scale_out.md, "PortableRunner with an external worker
 pool"), the pool in a mount namespace that hides the launcher's ledger, data root and work dir: the workers
 share only a staging folder and a file:// pipeline root with it."""
+
 import collections
 import json
 import os
@@ -47,13 +48,23 @@ def _ingest(tmp_path, name, beam_args):
     db, data = str(tmp_path / f"{name}.db"), str(tmp_path / f"{name}-data")
     with Ledger.open(db, create=True) as ledger:
         ledger.create_stream("taxi", 1.0, 1e-6)
-    result = ingest(db, "taxi", taxi_csv_path("simple"), data, time_column=TIME_COLUMN, window="1d",
-                    beam_args=beam_args, progress=False)
+    result = ingest(
+        db,
+        "taxi",
+        taxi_csv_path("simple"),
+        data,
+        time_column=TIME_COLUMN,
+        window="1d",
+        beam_args=beam_args,
+        progress=False,
+    )
     with Ledger.open(db) as ledger:
         blocks = {b.id: ledger.private_row_count("taxi", b.id) for b in ledger.blocks("taxi")}
         schema = stream_config(data, "taxi")["schema"]
-        records = {b: _rows(decode(list(read_block_records(ledger, data, "taxi", [b], purpose="test")), schema))
-                   for b in blocks}
+        records = {
+            b: _rows(decode(list(read_block_records(ledger, data, "taxi", [b], purpose="test")), schema))
+            for b in blocks
+        }
     return result, blocks, records
 
 
@@ -99,10 +110,27 @@ def test_cli_passes_runner_shorthands_to_beam_options(monkeypatch):
     from sage_tfx.cli import build_parser
 
     seen = {}
-    monkeypatch.setattr(pipeline, "ingest", lambda *a, **kw: seen.update(kw) or {"added": [], "unchanged": [], "columns": {}})
+    monkeypatch.setattr(
+        pipeline, "ingest", lambda *a, **kw: seen.update(kw) or {"added": [], "unchanged": [], "columns": {}}
+    )
     args = build_parser("ingest").parse_args(
-        ["ingest", "--db", "l.db", "--stream", "s", "--input", "x.csv", "--data-root", "d", "--runner", "dask",
-         "--dask-address", "tcp://127.0.0.1:8786", "--direct_num_workers=2"])
+        [
+            "ingest",
+            "--db",
+            "l.db",
+            "--stream",
+            "s",
+            "--input",
+            "x.csv",
+            "--data-root",
+            "d",
+            "--runner",
+            "dask",
+            "--dask-address",
+            "tcp://127.0.0.1:8786",
+            "--direct_num_workers=2",
+        ]
+    )
     assert args.func(args) == 0
     opts = beam_options(seen["beam_args"], n_inputs=1).get_all_options()
     assert opts["runner"] == DASK_RUNNER and opts["address"] == "tcp://127.0.0.1:8786"
@@ -128,6 +156,7 @@ def _count_in_finish_bundle(beam_args):
     p = beam.Pipeline(options=beam_options(beam_args))
     counts = p | beam.Create(range(10)) | beam.ParDo(CountInFinishBundle()) | beam.combiners.ToList()
     from apache_beam.testing.util import assert_that, equal_to
+
     assert_that(counts | beam.Map(sum), equal_to([10]))
     result = p.run()
     try:
@@ -141,15 +170,19 @@ def test_finish_bundle_output_on_direct_runner():
     _count_in_finish_bundle([])
 
 
-@pytest.mark.xfail(strict=True, raises=Exception,
-                   reason="upstream: Beam 2.77 DaskRunner drops finish_bundle outputs "
-                          "(apache_beam/runners/dask/transform_evaluator.py apply_dofn_to_bundle collects the "
-                          "receivers' values before invoke_finish_bundle); sage ingest emits from process")
+@pytest.mark.xfail(
+    strict=True,
+    raises=Exception,
+    reason="upstream: Beam 2.77 DaskRunner drops finish_bundle outputs "
+    "(apache_beam/runners/dask/transform_evaluator.py apply_dofn_to_bundle collects the "
+    "receivers' values before invoke_finish_bundle); sage ingest emits from process",
+)
 def test_finish_bundle_output_on_dask_runner(dask_cluster):
     _count_in_finish_bundle(["--runner=dask", f"--dask-address={dask_cluster.address}"])
 
 
 # ------------------------------------------------------------------ sage run on worker processes
+
 
 @pytest.fixture(scope="module")
 def taxi_days(tmp_path_factory):
@@ -171,11 +204,38 @@ def _sage_run_rejects(taxi_days, tmp_path, beam_args, *, data=None, options=(), 
     shutil.copy(f"{db}.key.head", tmp_path / "ledger.db.key.head")  # a copy goes with its head (Ledger.open checks it)
     db, work = tmp_path / "ledger.db", tmp_path / "work"
     out = subprocess.run(
-        [sys.executable, "-m", "sage_tfx", "run", "taxi_regression", "--db", str(db), "--stream", "taxi",
-         "--data-root", str(data), "--target", "1", "--epsilon-start", "1", "--min-window", "256",
-         "--max-iterations", "1", "--runner", "beam", "--work-dir", str(work), *map(str, options),
-         "--", *beam_args],
-        capture_output=True, text=True, timeout=1500)
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "run",
+            "taxi_regression",
+            "--db",
+            str(db),
+            "--stream",
+            "taxi",
+            "--data-root",
+            str(data),
+            "--target",
+            "1",
+            "--epsilon-start",
+            "1",
+            "--min-window",
+            "256",
+            "--max-iterations",
+            "1",
+            "--runner",
+            "beam",
+            "--work-dir",
+            str(work),
+            *map(str, options),
+            "--",
+            *beam_args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
     assert out.returncode == 4, out.stdout + out.stderr[-4000:]
     assert "-> REJECT" in out.stdout and "taxi_regression: REJECT after 1 iteration(s)" in out.stdout, out.stdout
     assert "Successfully installed" not in out.stdout and "bdist_wheel" not in out.stdout, out.stdout
@@ -221,18 +281,31 @@ def test_sage_run_on_portable_runner_with_external_workers(taxi_days, tmp_path):
     shutil.copytree(taxi_days[1], data)
     metadata = hidden / "work" / "metadata.sqlite"
     root = f"file://{roots}"
-    prefix = ["unshare", "-m", "--propagation", "private", "sh", "-c",
-              'mount -t tmpfs -o ro,size=1m,mode=0700 tmpfs "$0" && exec "$@"', str(hidden)]
+    prefix = [
+        "unshare",
+        "-m",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        'mount -t tmpfs -o ro,size=1m,mode=0700 tmpfs "$0" && exec "$@"',
+        str(hidden),
+    ]
     with clusters.portable_cluster(workers=2, worker_prefix=prefix) as cluster:
         self_ns = os.readlink("/proc/self/ns/mnt")
         pool = [pid for pid in cluster.pids if os.readlink(f"/proc/{pid}/ns/mnt") != self_ns]
         assert len(pool) == 1, "the worker pool runs in a mount namespace of its own"
-        wheel = _sage_run_rejects(taxi_days, hidden, cluster.beam_args, data=data,
-                                  wheels=roots / "taxi_regression" / "_wheels", options=[
-                                      "--staging-location", staging, "--pipeline-root", root,
-                                      "--metadata-path", metadata])
-        seen = subprocess.run(["nsenter", "-t", str(pool[0]), "-m", "ls", "-A", str(hidden)],
-                              capture_output=True, text=True, check=True)
+        wheel = _sage_run_rejects(
+            taxi_days,
+            hidden,
+            cluster.beam_args,
+            data=data,
+            wheels=roots / "taxi_regression" / "_wheels",
+            options=["--staging-location", staging, "--pipeline-root", root, "--metadata-path", metadata],
+        )
+        seen = subprocess.run(
+            ["nsenter", "-t", str(pool[0]), "-m", "ls", "-A", str(hidden)], capture_output=True, text=True, check=True
+        )
         assert seen.stdout == "", f"the workers see {seen.stdout!r} in the launcher's folder"
         worker_log = cluster.worker_log
     assert os.listdir(staging) == []  # BlockExampleGen's staged run was deleted
@@ -246,8 +319,9 @@ def test_sage_run_on_portable_runner_with_external_workers(taxi_days, tmp_path):
     assert metadata.is_file()
     store = metadata_store.MetadataStore(metadata_config(str(metadata)))
     artifacts = store.get_artifacts()
-    assert artifacts and all(a.uri.startswith(f"{root}/taxi_regression/") for a in artifacts), \
-        [a.uri for a in artifacts]
+    assert artifacts and all(a.uri.startswith(f"{root}/taxi_regression/") for a in artifacts), [
+        a.uri for a in artifacts
+    ]
     by_type = {t.id: t.name for t in store.get_artifact_types()}
     (result,) = [a for a in artifacts if by_type[a.type_id] == "SageValidationResult"]
     with fileio.open(f"{result.uri}/result.json") as f:
@@ -268,10 +342,19 @@ def test_module_files_travel_only_to_remote_workers():
     in-process DirectRunner imports the module files itself."""
     from sage_tfx.pipelines._runner import runs_on_remote_workers
 
-    for args in ([], ["--runner=DirectRunner"], ["--runner", "direct"], ["--direct_num_workers=2"],
-                 ["--runner=apache_beam.runners.direct.direct_runner.DirectRunner"]):
+    for args in (
+        [],
+        ["--runner=DirectRunner"],
+        ["--runner", "direct"],
+        ["--direct_num_workers=2"],
+        ["--runner=apache_beam.runners.direct.direct_runner.DirectRunner"],
+    ):
         assert not runs_on_remote_workers(args), args
-    for args in (["--runner=PortableRunner", "--job_endpoint=127.0.0.1:1"], ["--runner=FlinkRunner"],
-                 ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"], ["--runner", "DataflowRunner"],
-                 ["--direct_running_mode=multi_processing", "--direct_num_workers=2"]):
+    for args in (
+        ["--runner=PortableRunner", "--job_endpoint=127.0.0.1:1"],
+        ["--runner=FlinkRunner"],
+        ["--runner=apache_beam.runners.dask.dask_runner.DaskRunner"],
+        ["--runner", "DataflowRunner"],
+        ["--direct_running_mode=multi_processing", "--direct_num_workers=2"],
+    ):
         assert runs_on_remote_workers(args), args

@@ -1,4 +1,5 @@
 """`sage run`: bad input before any spend, real TFX iterations on real taxi days, crash and resume."""
+
 import csv
 import datetime
 import hashlib
@@ -41,20 +42,25 @@ def _dump(db):
         return [ledger.log_entries(), [g.to_json() for g in ledger.grants()]]
 
 
-@pytest.mark.parametrize("args, message", [
-    (["no_such_pipeline", "--target", "1000"], "no_such_pipeline"),
-    (["taxi_regression", "--target", "-5"], "-5.0"),
-    (["taxi_regression", "--target", "nan"], "nan"),
-    (["taxi_classification", "--target", "1.5"], "1.5"),
-    (["taxi_regression", "--target", "1000", "--stream", "empty"], "'empty' has no blocks"),
-    (["taxi_regression", "--target", "1000", "--stream", "nope"], "'nope' does not exist"),
-    (["taxi_regression", "--target", "1000", "--epsilon-start", "-1"], "-1.0"),
-    (["taxi_regression", "--target", "1000", "--confidence", "1.5"], "1.5"),
-    (["taxi_regression", "--target", "1000", "--model", "svm"], "'svm'"),
-    # a first window larger than the stream: a TIMEOUT at once would have finished the name for good
-    (["taxi_regression", "--target", "1000", "--min-window", "512"], "has 300 active block(s) and pipeline "
-     "'taxi_regression''s first attempt needs min_window 512"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["no_such_pipeline", "--target", "1000"], "no_such_pipeline"),
+        (["taxi_regression", "--target", "-5"], "-5.0"),
+        (["taxi_regression", "--target", "nan"], "nan"),
+        (["taxi_classification", "--target", "1.5"], "1.5"),
+        (["taxi_regression", "--target", "1000", "--stream", "empty"], "'empty' has no blocks"),
+        (["taxi_regression", "--target", "1000", "--stream", "nope"], "'nope' does not exist"),
+        (["taxi_regression", "--target", "1000", "--epsilon-start", "-1"], "-1.0"),
+        (["taxi_regression", "--target", "1000", "--confidence", "1.5"], "1.5"),
+        (["taxi_regression", "--target", "1000", "--model", "svm"], "'svm'"),
+        # a first window larger than the stream: a TIMEOUT at once would have finished the name for good
+        (
+            ["taxi_regression", "--target", "1000", "--min-window", "512"],
+            "has 300 active block(s) and pipeline 'taxi_regression''s first attempt needs min_window 512",
+        ),
+    ],
+)
 def test_bad_input_fails_before_any_budget_is_spent(taxi_stream, tmp_path, args, message):
     db, data = _copy_stream(taxi_stream, tmp_path)
     before = _dump(db)
@@ -90,7 +96,9 @@ def _copy_stream_and_data(taxi_stream, tmp_path):
 def _label_typo(tmp_path):
     """examples/taxi_fare with its SLA label misspelled ("fair", no column of the stream)."""
 
-    example = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare")
+    example = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare"
+    )
     shutil.copytree(example, tmp_path / "typo")
     pipeline = tmp_path / "typo" / "pipeline.py"
     pipeline.write_text(pipeline.read_text().replace('label="fare"', 'label="fair"'))
@@ -132,8 +140,26 @@ def _interrupted_then_resumed(db, data, work, interruptions):
     ``interruptions`` entry ``(says, fix)``: each run exits 1 saying the grant stays in use, ``says(stderr)`` holds,
     no outcome is recorded and nothing is charged after the first run; then ``fix()``.
     After the last fix the same command resumes that iteration under the same grant, charging nothing new."""
-    cmd = ["run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "100000",
-           "--max-iterations", "1", "--min-window", "64", "--rejection-share", "0", "--work-dir", work]
+    cmd = [
+        "run",
+        "taxi_regression",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--target",
+        "100000",
+        "--max-iterations",
+        "1",
+        "--min-window",
+        "64",
+        "--rejection-share",
+        "0",
+        "--work-dir",
+        work,
+    ]
     spent = None
     for says, fix in interruptions:
         out = sage(*cmd)
@@ -159,8 +185,13 @@ def _interrupted_then_resumed(db, data, work, interruptions):
 def _tmpfs(path, size):
     """Mount a tmpfs of ``size`` at ``path`` (pytest.skip where this process may not mount)."""
     path.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
-                                           capture_output=True).returncode != 0:
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True
+        ).returncode
+        != 0
+    ):
         pytest.skip("mounting a tmpfs needs root with CAP_SYS_ADMIN")
 
 
@@ -188,9 +219,15 @@ def test_a_full_disk_then_a_damaged_block_leave_the_iteration_resumable(taxi_str
         part.write_bytes(bytes(damaged))
 
     try:
-        _interrupted_then_resumed(db, data, disk / "work", [
-            (lambda err: "interrupted by" in err and "Traceback" not in err, grow_the_disk_and_damage_the_block),
-            (lambda err: "SealedError" in err and part.name in err, lambda: part.write_bytes(original))])
+        _interrupted_then_resumed(
+            db,
+            data,
+            disk / "work",
+            [
+                (lambda err: "interrupted by" in err and "Traceback" not in err, grow_the_disk_and_damage_the_block),
+                (lambda err: "SealedError" in err and part.name in err, lambda: part.write_bytes(original)),
+            ],
+        )
     finally:
         subprocess.run(["umount", str(disk)], check=False)
 
@@ -219,9 +256,30 @@ def test_one_iteration_runs_the_whole_tfx_pipeline_under_its_grant(taxi_stream, 
     db, data = _copy_stream(taxi_stream, tmp_path)
     work, roots = tmp_path / "work", tmp_path / "object-store"
     root = f"file://{roots}"
-    out = sage("run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data,
-               "--target", "100000", "--max-iterations", "1", "--min-window", "128", "--runner", "beam",
-               "--rejection-share", "0", "--work-dir", work, "--pipeline-root", root)
+    out = sage(
+        "run",
+        "taxi_regression",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--target",
+        "100000",
+        "--max-iterations",
+        "1",
+        "--min-window",
+        "128",
+        "--runner",
+        "beam",
+        "--rejection-share",
+        "0",
+        "--work-dir",
+        work,
+        "--pipeline-root",
+        root,
+    )
     # 100,000 s^2 is below what the model reaches (~400,000 and more): never ACCEPTed (the ACCEPT bound on 128
     # days at epsilon 0.25 measured 1.06e6-1.34e6). Without the REJECT test (--rejection-share 0; on so little
     # budget its outcome rides on the noise; REJECT: test_taxi_classification_iteration_on_big_tipper_days): RETRY,
@@ -249,8 +307,12 @@ def test_one_iteration_runs_the_whole_tfx_pipeline_under_its_grant(taxi_stream, 
     examples = [a for a in artifacts if by_type[a.type_id] == "Examples"]
     assert len(examples) == 2 and all(a.state == a.DELETED for a in examples)  # BlockExampleGen's, DPTransform's
     assert all(not fileio.exists(a.uri) for a in examples)  # scrubbed from the URL root
-    raw = [os.path.join(d, f) for d, _, fs in os.walk(roots) for f in fs
-           if f.startswith(("data_tfrecord", "transformed_examples"))]
+    raw = [
+        os.path.join(d, f)
+        for d, _, fs in os.walk(roots)
+        for f in fs
+        if f.startswith(("data_tfrecord", "transformed_examples"))
+    ]
     assert raw == []
     model = [a for a in artifacts if by_type[a.type_id] == "Model"]
     assert len(model) == 1 and fileio.exists(model[0].uri) and fileio.listdir(model[0].uri)
@@ -270,8 +332,10 @@ def _blessings_under_the_grant(work, pipeline, grant):
     from sage_tfx.pipelines._runner import metadata_config
 
     store = metadata_store.MetadataStore(metadata_config(str(work / "tfx" / pipeline / "metadata.sqlite")))
-    grant_ids = {t: {a.custom_properties["grant_id"].string_value for a in store.get_artifacts_by_type(t)}
-                 for t in ("Examples", "TransformGraph", "Model", "SageValidationResult")}
+    grant_ids = {
+        t: {a.custom_properties["grant_id"].string_value for a in store.get_artifacts_by_type(t)}
+        for t in ("Examples", "TransformGraph", "Model", "SageValidationResult")
+    }
     assert all(ids == {grant.id} for ids in grant_ids.values()), grant_ids
     return [b.custom_properties["blessed"].int_value for b in store.get_artifacts_by_type("ModelBlessing")]
 
@@ -289,15 +353,36 @@ def test_killed_runs_resume_without_double_charging(taxi_stream, tmp_path):
     different release the grant did not pay for", exit 1). Now the first model is kept and re-used: the run
     finishes. (One run for both: each kill costs a TFX iteration's start.)"""
     db, data = _copy_stream(taxi_stream, tmp_path)
-    cmd = [PY, "-m", "sage_tfx", "run", "taxi_regression", "--db", str(db), "--stream", "taxi",
-           "--data-root", str(data), "--target", "100000", "--max-iterations", "3", "--min-window", "64",
-           "--rejection-share", "0",
-           "--work-dir", str(tmp_path / "work")]
+    cmd = [
+        PY,
+        "-m",
+        "sage_tfx",
+        "run",
+        "taxi_regression",
+        "--db",
+        str(db),
+        "--stream",
+        "taxi",
+        "--data-root",
+        str(data),
+        "--target",
+        "100000",
+        "--max-iterations",
+        "3",
+        "--min-window",
+        "64",
+        "--rejection-share",
+        "0",
+        "--work-dir",
+        str(tmp_path / "work"),
+    ]
 
     def validated_iteration_2():
         with Ledger.open(db) as ledger:
-            return any(r.stage == "validation" and ledger.get_grant(r.grant_id).meta.get("iteration") == 2
-                       for r in ledger.releases())
+            return any(
+                r.stage == "validation" and ledger.get_grant(r.grant_id).meta.get("iteration") == 2
+                for r in ledger.releases()
+            )
 
     rng = random.Random(7)
     kills = 0
@@ -355,9 +440,26 @@ def test_taxi_classification_iteration_on_big_tipper_days(tmp_path):
     with Ledger.open(db, create=True) as ledger:
         ledger.create_stream("tips", 1.0, 1e-6)
         Replay.from_file(ledger, "tips", str(data), taxi_csv_path("big_tipper"), "trip_start_timestamp", "1d").run(
-            steps=400)
-    out = sage("run", "taxi_classification", "--db", db, "--stream", "tips", "--data-root", data,
-               "--target", "0.999", "--epsilon-start", "1", "--max-iterations", "1", "--work-dir", tmp_path / "work")
+            steps=400
+        )
+    out = sage(
+        "run",
+        "taxi_classification",
+        "--db",
+        db,
+        "--stream",
+        "tips",
+        "--data-root",
+        data,
+        "--target",
+        "0.999",
+        "--epsilon-start",
+        "1",
+        "--max-iterations",
+        "1",
+        "--work-dir",
+        tmp_path / "work",
+    )
     # Accuracy 0.999 is out of reach (the models reach ~0.8): the REJECT test on the ~2,300 training records
     # sees hundreds of errors where ~2 are allowed, far beyond its noise (Lap(1/0.075) per count): REJECT.
     assert out.returncode == 4, out.stdout + out.stderr[-3000:]
@@ -368,7 +470,9 @@ def test_taxi_classification_iteration_on_big_tipper_days(tmp_path):
     assert audit.ok and [o for _g, o, _d in history] == ["REJECT"]
     (grant, _, details) = history[0]
     report = details["validation"]
-    assert report["train_split"] == "train" and report["train_epsilon"] == pytest.approx(grant.meta["split"]["rejection"])
+    assert report["train_split"] == "train" and report["train_epsilon"] == pytest.approx(
+        grant.meta["split"]["rejection"]
+    )
     with Ledger.open(db) as ledger:
         stages = {r.stage for r in ledger.releases(grant.id)}
     assert stages == {"count", "preprocessing", "training", "rejection", "validation"}
@@ -396,12 +500,28 @@ def test_a_users_pipeline_file_runs_to_accept_pushes_and_certifies_only_its_requ
     import shutil
 
     db, data = _copy_stream(taxi_stream, tmp_path)
-    example = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare")
+    example = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare"
+    )
     folder = tmp_path / "taxi_fare"
     shutil.copytree(example, folder, ignore=shutil.ignore_patterns("__pycache__"))
     pipeline_file = folder / "pipeline.py"
-    common = ["--db", db, "--stream", "taxi", "--data-root", data, "--epsilon-start", "1", "--min-window", "256",
-              "--max-iterations", "1", "--work-dir", tmp_path / "work"]
+    common = [
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--epsilon-start",
+        "1",
+        "--min-window",
+        "256",
+        "--max-iterations",
+        "1",
+        "--work-dir",
+        tmp_path / "work",
+    ]
     out = sage("run", pipeline_file, "--target", "300", *common)
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "[taxi_fare] iteration 1:" in out.stdout and "-> ACCEPT" in out.stdout
@@ -417,15 +537,26 @@ def test_a_users_pipeline_file_runs_to_accept_pushes_and_certifies_only_its_requ
     assert stages == {"count", "preprocessing", "training", "rejection", "validation"}
     bound = details["bound"]
     assert outcome == "ACCEPT" and grant.meta["request"]["target"] == 300.0
-    assert out.stdout.strip().splitlines()[-1].split("; model pushed")[0].endswith(
-        f"target 300, bound {bound:.6g}"), out.stdout
+    assert out.stdout.strip().splitlines()[-1].split("; model pushed")[0].endswith(f"target 300, bound {bound:.6g}"), (
+        out.stdout
+    )
     _certifies_only_its_request(db, folder, common, bound)
 
     # `sage score` on the trips of the days after the stream's 300 (never ingested), beside non-private
     # baselines on the grant's training rows; a hold-out holding one stream trip is refused, writing nothing
     held, leaky = _taxi_trips_after(db, tmp_path / "held.csv"), _taxi_trips_after(db, tmp_path / "leaky.csv", 1)
-    common = ["--db", db, "--stream", "taxi", "--data-root", data, "--work-dir", tmp_path / "work",
-              "--features", "trip_miles,trip_seconds,trip_start_hour"]
+    common = [
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--work-dir",
+        tmp_path / "work",
+        "--features",
+        "trip_miles,trip_seconds,trip_start_hour",
+    ]
     refused = sage("score", pipeline_file, "--held-out", leaky, *common, "--out", tmp_path / "refused")
     assert refused.returncode == 2 and "1 row(s) of the hold-out" in refused.stderr, refused.stderr[-3000:]
     assert not (tmp_path / "refused").exists()
@@ -449,14 +580,18 @@ def _certifies_only_its_request(db, folder, common, bound):
     """After an ACCEPT of ``folder``'s pipeline at target 300 (``bound``): another request is refused (exit 2)
     changing nothing in the ledger, and the same request reports the stored outcome."""
     before = _dump(db)
-    for changed, named in ((["--target", "150"], "target 300.0 -> 150.0"),
-                           (["--target", "300", "--confidence", "0.99"], "confidence 0.95 -> 0.99"),
-                           (["--target", "300", "--model", "dnn"], "model 'linear' -> 'dnn'")):
+    for changed, named in (
+        (["--target", "150"], "target 300.0 -> 150.0"),
+        (["--target", "300", "--confidence", "0.99"], "confidence 0.95 -> 0.99"),
+        (["--target", "300", "--model", "dnn"], "model 'linear' -> 'dnn'"),
+    ):
         again = sage("run", folder / "pipeline.py", *changed, *common)
         assert again.returncode == 2, again.stdout + again.stderr[-3000:]
         assert "ACCEPT" not in again.stdout and named in again.stderr, again.stderr
-        assert (f"finished with ACCEPT on stream 'taxi' for target 300.0 (bound {bound:.6g})" in again.stderr
-                and "new pipeline name" in again.stderr), again.stderr
+        assert (
+            f"finished with ACCEPT on stream 'taxi' for target 300.0 (bound {bound:.6g})" in again.stderr
+            and "new pipeline name" in again.stderr
+        ), again.stderr
         assert _dump(db) == before
     with open(folder / "trainer.py", "a") as f:
         f.write("\n# another model than the one certified\n")
@@ -467,7 +602,7 @@ def _certifies_only_its_request(db, folder, common, bound):
     with open(folder / "trainer.py") as f:
         text = f.read()
     with open(folder / "trainer.py", "w") as f:
-        f.write(text[:-len("\n# another model than the one certified\n")])
+        f.write(text[: -len("\n# another model than the one certified\n")])
     same = sage("run", folder / "pipeline.py", "--target", "300", *common)
     assert same.returncode == 0, same.stdout + same.stderr[-3000:]
     assert "ACCEPT after 1 iteration(s)" in same.stdout and f"target 300, bound {bound:.6g}" in same.stdout
@@ -511,7 +646,9 @@ def test_check_finds_module_errors_on_generated_rows_before_any_charge(taxi_stre
 
     db, data = _copy_stream(taxi_stream, tmp_path)
     before = _dump(db)
-    example = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare")
+    example = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare"
+    )
     broken = tmp_path / "broken"
     shutil.copytree(example, broken)
     text = (broken / "preprocessing.py").read_text().replace('inputs["fare"]', 'inputs["fare_amount"]')
@@ -532,13 +669,40 @@ def test_init_pipeline_files_pass_the_check_on_the_stream(taxi_stream, tmp_path)
     with a one-hot category column, a label source left out, the label's missing rows dropped and a regression
     prior."""
     db, data = _copy_stream(taxi_stream, tmp_path)
-    out = sage("init-pipeline", tmp_path / "mine", "--label", "fare", "--metric", "mse", "--loss-bound", "900",
-               "--data-root", data, "--stream", "taxi", "--categorical", "trip_start_day", "--label-source", "tips")
+    out = sage(
+        "init-pipeline",
+        tmp_path / "mine",
+        "--label",
+        "fare",
+        "--metric",
+        "mse",
+        "--loss-bound",
+        "900",
+        "--data-root",
+        data,
+        "--stream",
+        "taxi",
+        "--categorical",
+        "trip_start_day",
+        "--label-source",
+        "tips",
+    )
     assert out.returncode == 0, out.stderr
     assert "not a feature: trip_start_timestamp (the time column)" in out.stdout
     assert "one-hot: trip_start_day, codes [0, 1, 2]" in out.stdout  # no file read: placeholder codes to edit
-    out = sage("run", tmp_path / "mine" / "pipeline.py", "--check", "--db", db, "--stream", "taxi", "--data-root", data,
-               "--work-dir", tmp_path / "work")
+    out = sage(
+        "run",
+        tmp_path / "mine" / "pipeline.py",
+        "--check",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--work-dir",
+        tmp_path / "work",
+    )
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     assert "check OK: mine ran end to end" in out.stdout
 
@@ -551,18 +715,39 @@ def test_a_failed_iteration_exits_1_without_data_values(taxi_stream, tmp_path):
     shows the whole error on generated rows."""
 
     db, data = _copy_stream(taxi_stream, tmp_path)
-    example = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare")
+    example = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare"
+    )
     broken = tmp_path / "broken"
     shutil.copytree(example, broken)
-    text = (broken / "trainer.py").read_text().replace(
-        "    x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)\n",
-        "    x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)\n"
-        "    raise ValueError(f'fare {float(y[0])!r}QX8642QX is odd')\n")
+    text = (
+        (broken / "trainer.py")
+        .read_text()
+        .replace(
+            "    x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)\n",
+            "    x, y = trainer_utils.load_examples(fn_args, FEATURES, LABEL)\n"
+            "    raise ValueError(f'fare {float(y[0])!r}QX8642QX is odd')\n",
+        )
+    )
     # the marker has letters outside hex: the bare 4-digit marker "8642" matched a block's creation timestamp in
     # the log by chance ("created": 1795464862.1386428; a fresh-clone run failed on it), as it could a hex digest
     (broken / "trainer.py").write_text(text)
-    out = sage("run", broken / "pipeline.py", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "300",
-               "--max-iterations", "1", "--work-dir", tmp_path / "work")
+    out = sage(
+        "run",
+        broken / "pipeline.py",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--target",
+        "300",
+        "--max-iterations",
+        "1",
+        "--work-dir",
+        tmp_path / "work",
+    )
     assert out.returncode == 1, out.stdout + out.stderr[-3000:]
     assert "an iteration failed after its charge" in out.stderr and "--check" in out.stderr
     assert "QX8642QX" not in out.stdout + out.stderr and "Traceback" not in out.stderr

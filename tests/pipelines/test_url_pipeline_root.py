@@ -22,6 +22,7 @@ a URL filesystem").
   shared with the Beam options' and several pipelines' checks, tests/adaptive/test_serve_beam_options.py::
   test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and_a_url_root.)
 """
+
 import argparse
 import os
 import shutil
@@ -67,16 +68,38 @@ def test_config_keeps_mlmd_local_whatever_the_root(tmp_path):
     local = PipelineConfig(name="p", ledger="l", stream="s", data_root="d", work_dir=str(tmp_path), target=1.0)
     assert local.pipeline_root == str(tmp_path / "tfx" / "p") and not local.remote_root
     assert local.metadata_path == str(tmp_path / "tfx" / "p" / "metadata.sqlite")  # as before
-    url = PipelineConfig(name="p", ledger="l", stream="s", data_root="d", work_dir=str(tmp_path), target=1.0,
-                         artifact_root="gs://bucket/roots/")
+    url = PipelineConfig(
+        name="p",
+        ledger="l",
+        stream="s",
+        data_root="d",
+        work_dir=str(tmp_path),
+        target=1.0,
+        artifact_root="gs://bucket/roots/",
+    )
     assert url.pipeline_root == "gs://bucket/roots/p" and url.remote_root
     assert url.metadata_path == str(tmp_path / "tfx" / "p" / "metadata.sqlite")
-    mine = PipelineConfig(name="p", ledger="l", stream="s", data_root="d", work_dir=str(tmp_path), target=1.0,
-                          artifact_root="s3://b/r", metadata_file="m.sqlite")
+    mine = PipelineConfig(
+        name="p",
+        ledger="l",
+        stream="s",
+        data_root="d",
+        work_dir=str(tmp_path),
+        target=1.0,
+        artifact_root="s3://b/r",
+        metadata_file="m.sqlite",
+    )
     assert mine.metadata_path == os.path.abspath("m.sqlite")
     with pytest.raises(ValueError, match="'gs://b/m.sqlite' is a URL"):
-        PipelineConfig(name="p", ledger="l", stream="s", data_root="d", work_dir=str(tmp_path), target=1.0,
-                       metadata_file="gs://b/m.sqlite")
+        PipelineConfig(
+            name="p",
+            ledger="l",
+            stream="s",
+            data_root="d",
+            work_dir=str(tmp_path),
+            target=1.0,
+            metadata_file="gs://b/m.sqlite",
+        )
 
 
 def test_config_paths_are_absolute_for_the_confined_child(tmp_path, monkeypatch):
@@ -85,12 +108,17 @@ def test_config_paths_are_absolute_for_the_confined_child(tmp_path, monkeypatch)
     from sage_tfx.pipelines._runner import PipelineConfig
 
     monkeypatch.chdir(tmp_path)
-    config = PipelineConfig(name="p", ledger="l", stream="s", data_root="data", work_dir="work", target=1.0,
-                            staging_location="stage")
+    config = PipelineConfig(
+        name="p", ledger="l", stream="s", data_root="data", work_dir="work", target=1.0, staging_location="stage"
+    )
     assert (config.data_root, config.work_dir, config.staging_location) == (
-        str(tmp_path / "data"), str(tmp_path / "work"), str(tmp_path / "stage"))
-    remote = PipelineConfig(name="p", ledger="l", stream="s", data_root="data", work_dir="work", target=1.0,
-                            staging_location="gs://b/stage")
+        str(tmp_path / "data"),
+        str(tmp_path / "work"),
+        str(tmp_path / "stage"),
+    )
+    remote = PipelineConfig(
+        name="p", ledger="l", stream="s", data_root="data", work_dir="work", target=1.0, staging_location="gs://b/stage"
+    )
     assert remote.staging_location == "gs://b/stage"
 
 
@@ -104,9 +132,17 @@ def test_serve_needs_name_in_a_shared_metadata_path_and_hands_both_to_workers(tm
     args.metadata_path = str(tmp_path / "mlmd" / "{name}.sqlite")
     roots = root_options(args, ["a", "b"])
     assert roots == (str(tmp_path / "roots"), str(tmp_path / "mlmd" / "{name}.sqlite"))
-    serve = argparse.Namespace(pipelines=[("a", "taxi_regression", 1e6, None), ("b", "taxi_regression", 2e6, None)],
-                               db="l.db", stream="s", data_root="d", work_dir=str(tmp_path / "w"), confidence=0.95,
-                               runner="local", max_iterations=1, rejection_share=None)
+    serve = argparse.Namespace(
+        pipelines=[("a", "taxi_regression", 1e6, None), ("b", "taxi_regression", 2e6, None)],
+        db="l.db",
+        stream="s",
+        data_root="d",
+        work_dir=str(tmp_path / "w"),
+        confidence=0.95,
+        runner="local",
+        max_iterations=1,
+        rejection_share=None,
+    )
     specs = worker_specs(serve, roots=roots)
     assert [(s.pipeline_root, s.metadata_path) for s in specs] == [roots, roots]
     from sage_tfx.pipelines.workers import build_worker_runner
@@ -118,18 +154,38 @@ def test_serve_needs_name_in_a_shared_metadata_path_and_hands_both_to_workers(tm
 
 
 @pytest.mark.tf
-@pytest.mark.parametrize("root, message", [
-    ("nosuchfs://bucket/roots", "--pipeline-root 'nosuchfs://bucket/roots' has no Beam filesystem"),
-    # Beam has s3://, TensorFlow 2.21 does not (without tensorflow-io): TFX could not write its artifacts there
-    ("s3://bucket/roots", "--pipeline-root 's3://bucket/roots' cannot be used: UnimplementedError"),
-    # both have gs://, but this host reaches no GCS (no network here; elsewhere: no such bucket, or no credentials)
-    ("gs://sage-tfx-no-such-bucket-0/roots", "--pipeline-root 'gs://sage-tfx-no-such-bucket-0/roots' cannot be used"),
-])
+@pytest.mark.parametrize(
+    "root, message",
+    [
+        ("nosuchfs://bucket/roots", "--pipeline-root 'nosuchfs://bucket/roots' has no Beam filesystem"),
+        # Beam has s3://, TensorFlow 2.21 does not (without tensorflow-io): TFX could not write its artifacts there
+        ("s3://bucket/roots", "--pipeline-root 's3://bucket/roots' cannot be used: UnimplementedError"),
+        # both have gs://, but this host reaches no GCS (no network here; elsewhere: no such bucket, or no credentials)
+        (
+            "gs://sage-tfx-no-such-bucket-0/roots",
+            "--pipeline-root 'gs://sage-tfx-no-such-bucket-0/roots' cannot be used",
+        ),
+    ],
+)
 def test_a_bad_pipeline_root_exits_2_naming_it_before_any_charge(taxi_stream, tmp_path, capsys, root, message):
     db, data = _copy_stream(taxi_stream, tmp_path)
     before = _dump(db)
-    code = _sage("run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", 1e5,
-                 "--work-dir", tmp_path / "work", "--pipeline-root", root)
+    code = _sage(
+        "run",
+        "taxi_regression",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--target",
+        1e5,
+        "--work-dir",
+        tmp_path / "work",
+        "--pipeline-root",
+        root,
+    )
     err = capsys.readouterr().err
     assert code == 2 and message in err, err
     assert _dump(db) == before and not (tmp_path / "work").exists()
@@ -138,8 +194,22 @@ def test_a_bad_pipeline_root_exits_2_naming_it_before_any_charge(taxi_stream, tm
 def test_a_url_metadata_path_exits_2_naming_it(taxi_stream, tmp_path, capsys):
     db, data = _copy_stream(taxi_stream, tmp_path)
     before = _dump(db)
-    code = _sage("run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", 1e5,
-                 "--work-dir", tmp_path / "work", "--metadata-path", "gs://bucket/mlmd.sqlite")
+    code = _sage(
+        "run",
+        "taxi_regression",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--target",
+        1e5,
+        "--work-dir",
+        tmp_path / "work",
+        "--metadata-path",
+        "gs://bucket/mlmd.sqlite",
+    )
     err = capsys.readouterr().err
     assert code == 2 and "--metadata-path 'gs://bucket/mlmd.sqlite' must be a local file path" in err, err
     assert _dump(db) == before
@@ -156,11 +226,15 @@ def test_scrub_on_a_url_root_goes_through_tfx_file_layer(tmp_path):
     from sage_tfx.pipelines._runner import PipelineConfig, metadata_config, scrub_raw_artifacts
 
     root = f"ram://scrub-{uuid.uuid4().hex}"
-    config = PipelineConfig(name="p", ledger="l", stream="s", data_root="d", work_dir=str(tmp_path), target=1.0,
-                            artifact_root=root)
+    config = PipelineConfig(
+        name="p", ledger="l", stream="s", data_root="d", work_dir=str(tmp_path), target=1.0, artifact_root=root
+    )
     base = config.pipeline_root
-    recorded, cut_short, model = (f"{base}/BlockExampleGen/examples/1", f"{base}/DPTransform/transformed_examples/7",
-                                  f"{base}/DPTrainer/model/3")
+    recorded, cut_short, model = (
+        f"{base}/BlockExampleGen/examples/1",
+        f"{base}/DPTransform/transformed_examples/7",
+        f"{base}/DPTrainer/model/3",
+    )
     for folder in (recorded, cut_short, model):
         fileio.makedirs(f"{folder}/Split-train")
         with fileio.open(f"{folder}/Split-train/data.gz", "wb") as f:
@@ -172,8 +246,9 @@ def test_scrub_on_a_url_root_goes_through_tfx_file_layer(tmp_path):
     with fileio.open(f"{outside}/keep", "wb") as f:
         f.write(b"not ours")
     live = metadata_store_pb2.Artifact.LIVE
-    store.put_artifacts([metadata_store_pb2.Artifact(type_id=kind, uri=uri, state=live)
-                         for uri in (recorded, f"{base}/../elsewhere/x")])
+    store.put_artifacts(
+        [metadata_store_pb2.Artifact(type_id=kind, uri=uri, state=live) for uri in (recorded, f"{base}/../elsewhere/x")]
+    )
     removed = scrub_raw_artifacts(config)
     assert sorted(removed) == sorted([recorded, cut_short])
     assert not fileio.exists(recorded) and not fileio.exists(cut_short)
@@ -220,15 +295,27 @@ def test_block_example_gen_writes_to_a_ram_url_root_and_the_scrub_removes_it(tax
         grant = ledger.request("p", "taxi", blocks=blocks, epsilon=0.5, delta=1e-7)
         rows = sum(ledger.private_row_count("taxi", b) for b in blocks)
     root = f"ram://sage-{uuid.uuid4().hex}/roots"
-    config = PipelineConfig(name="p", ledger=db, stream="taxi", data_root=data, work_dir=str(tmp_path / "work"),
-                            target=1.0, artifact_root=root)
+    config = PipelineConfig(
+        name="p",
+        ledger=db,
+        stream="taxi",
+        data_root=data,
+        work_dir=str(tmp_path / "work"),
+        target=1.0,
+        artifact_root=root,
+    )
 
     def build(config, grant, split, eta, iteration):
-        gen = BlockExampleGen(ledger=config.ledger, data_root=config.data_root, stream=config.stream,
-                              grant=grant.to_json())
-        return tfx_pipeline.Pipeline(pipeline_name=config.name, pipeline_root=config.pipeline_root,
-                                     components=[gen, Inspect(examples=gen.outputs["examples"])], enable_cache=True,
-                                     metadata_connection_config=metadata_config(config.metadata_path))
+        gen = BlockExampleGen(
+            ledger=config.ledger, data_root=config.data_root, stream=config.stream, grant=grant.to_json()
+        )
+        return tfx_pipeline.Pipeline(
+            pipeline_name=config.name,
+            pipeline_root=config.pipeline_root,
+            components=[gen, Inspect(examples=gen.outputs["examples"])],
+            enable_cache=True,
+            metadata_connection_config=metadata_config(config.metadata_path),
+        )
 
     with pytest.raises(RuntimeError, match="recorded no validation result"):  # no validator in this pipeline
         make_run_iteration(build, config)(grant, None, 0.05, 1)
@@ -243,9 +330,12 @@ def test_block_example_gen_writes_to_a_ram_url_root_and_the_scrub_removes_it(tax
 
 
 @pytest.mark.tf
-@pytest.mark.xfail(strict=True, reason="upstream: TensorFlow's ram:// filesystem renames a folder without its "
-                                       "contents, and tf.Transform's WriteTransformFn renames its output folders "
-                                       "with tf.io.gfile.rename, so DPTransform's transform graph is empty on ram://")
+@pytest.mark.xfail(
+    strict=True,
+    reason="upstream: TensorFlow's ram:// filesystem renames a folder without its "
+    "contents, and tf.Transform's WriteTransformFn renames its output folders "
+    "with tf.io.gfile.rename, so DPTransform's transform graph is empty on ram://",
+)
 def test_ram_directory_rename_keeps_its_files():
     """Why a whole taxi iteration cannot run on ram:// (the full run above uses file://; gs://, whose TensorFlow
     client renames folders object by object, is the one to use on Dataflow)."""
@@ -302,10 +392,32 @@ def _serve(tmp_path, *extra, timeout=300):
 
     from sage_tfx.data.taxi import taxi_csv_path
 
-    return subprocess.run([sys.executable, "-m", "sage_tfx", "serve", "--db", tmp_path / "ledger.db", "--stream",
-                           "taxi", "--data-root", tmp_path / "data", "--input", taxi_csv_path("simple"),
-                           "--time-column", "trip_start_timestamp", "--window", "1d", "--work-dir", tmp_path / "work",
-                           *map(str, extra)], capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "serve",
+            "--db",
+            tmp_path / "ledger.db",
+            "--stream",
+            "taxi",
+            "--data-root",
+            tmp_path / "data",
+            "--input",
+            taxi_csv_path("simple"),
+            "--time-column",
+            "trip_start_timestamp",
+            "--window",
+            "1d",
+            "--work-dir",
+            tmp_path / "work",
+            *map(str, extra),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _init(tmp_path):
@@ -313,14 +425,16 @@ def _init(tmp_path):
         ledger.create_stream("taxi", 1.0, 1e-6)
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--metadata-path", "mlmd.sqlite"], "--metadata-path 'mlmd.sqlite' would be shared by the pipelines a, b"),
-    (["--pipeline-root", "nosuchfs://b/r"], "--pipeline-root 'nosuchfs://b/r' has no Beam filesystem"),
-])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--metadata-path", "mlmd.sqlite"], "--metadata-path 'mlmd.sqlite' would be shared by the pipelines a, b"),
+        (["--pipeline-root", "nosuchfs://b/r"], "--pipeline-root 'nosuchfs://b/r' has no Beam filesystem"),
+    ],
+)
 def test_serve_refuses_a_shared_metadata_path_or_bad_root_before_registering_anything(tmp_path, extra, message):
     _init(tmp_path)
-    proc = _serve(tmp_path, "--pipeline", "a=taxi_regression:600000", "--pipeline", "b=taxi_regression:600000",
-                  *extra)
+    proc = _serve(tmp_path, "--pipeline", "a=taxi_regression:600000", "--pipeline", "b=taxi_regression:600000", *extra)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     with Ledger.open(tmp_path / "ledger.db") as ledger:
         assert ledger.pipelines("taxi") == [] and ledger.blocks("taxi") == []  # nothing registered, added, charged

@@ -3,6 +3,7 @@
 Statistical checks use fixed seeds; each bound is set so that a correct
 implementation fails it with probability below 1e-6 (stated per test).
 """
+
 import math
 
 import numpy as np
@@ -17,11 +18,10 @@ def test_paper_constants_are_the_papers_formulas():
     s = adassp.noise_scales(eps, delta, bx, by, d, rho)
     log6 = math.log(6 / delta)
     assert s["multiplier"] == pytest.approx(math.sqrt(log6) / (eps / 3))
-    assert s["lambda_min_std"] == pytest.approx(math.sqrt(log6) / (eps / 3) * bx ** 2)
-    assert s["lambda_min_shift"] == pytest.approx(log6 / (eps / 3) * bx ** 2)
-    assert s["ridge_target"] == pytest.approx(
-        math.sqrt(d * log6 * math.log(2 * d ** 2 / rho)) * bx ** 2 / (eps / 3))
-    assert s["xtx_std"] == pytest.approx(math.sqrt(log6) / (eps / 3) * bx ** 2)
+    assert s["lambda_min_std"] == pytest.approx(math.sqrt(log6) / (eps / 3) * bx**2)
+    assert s["lambda_min_shift"] == pytest.approx(log6 / (eps / 3) * bx**2)
+    assert s["ridge_target"] == pytest.approx(math.sqrt(d * log6 * math.log(2 * d**2 / rho)) * bx**2 / (eps / 3))
+    assert s["xtx_std"] == pytest.approx(math.sqrt(log6) / (eps / 3) * bx**2)
     assert s["xty_std"] == pytest.approx(math.sqrt(log6) / (eps / 3) * bx * by)
 
 
@@ -37,7 +37,11 @@ def test_three_releases_are_jointly_eps_delta_dp(eps, delta, calibration):
     c = adassp.noise_multiplier(eps, delta, calibration)
     assert gaussian.analytic_delta(eps, c / math.sqrt(3)) <= delta
     result = adassp.AdaSSPResult(None, None, None, 0.0, 0.0, c, eps, delta, calibration)
-    spent = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3).compose(result.dp_event).get_epsilon(delta)
+    spent = (
+        pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3)
+        .compose(result.dp_event)
+        .get_epsilon(delta)
+    )
     assert spent <= eps * 1.001  # PLD discretisation is pessimistic, never optimistic
     via_rdp = rdp.RdpAccountant().compose(result.dp_event).get_epsilon(delta)
     assert via_rdp <= eps * (1 + 1e-9)  # the guarantee the discrete Gaussian releases carry (module docstring)
@@ -58,7 +62,8 @@ def test_gaussian_delta_matches_dp_accounting():
 
     for sigma in (0.5, 1.0, 3.0):
         acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=1e-3).compose(
-            dp_accounting.GaussianDpEvent(sigma))
+            dp_accounting.GaussianDpEvent(sigma)
+        )
         for eps in (0.5, 1.0, 2.0):
             assert gaussian.analytic_delta(eps, sigma) == pytest.approx(acc.get_delta(eps), rel=0.02, abs=1e-12)
 
@@ -87,11 +92,13 @@ def test_noise_scales_match_formulas_statistically():
         xtx_noise.append((r.xtx_noisy - xtx)[np.triu_indices(d)])
         xty_noise.append(r.xty_noisy - xty)
         lam_noise.append(r.lambda_min_noisy - lam_min + scales["lambda_min_shift"])
-    for noise, std in ((np.concatenate(xtx_noise), scales["xtx_std"]),
-                       (np.concatenate(xty_noise), scales["xty_std"]),
-                       (np.array(lam_noise), scales["lambda_min_std"])):
+    for noise, std in (
+        (np.concatenate(xtx_noise), scales["xtx_std"]),
+        (np.concatenate(xty_noise), scales["xty_std"]),
+        (np.array(lam_noise), scales["lambda_min_std"]),
+    ):
         low, high = _variance_ratio_bounds(noise.size)
-        ratio = np.mean(noise ** 2) / std ** 2  # the noise has mean 0: no dof lost
+        ratio = np.mean(noise**2) / std**2  # the noise has mean 0: no dof lost
         assert low < ratio < high, (ratio, low, high)
         assert abs(noise.mean()) < 5.0 * std / math.sqrt(noise.size)  # |N(0,1)| > 5: p = 6e-7
 
@@ -131,16 +138,19 @@ def test_mse_approaches_ols_as_n_grows():
     assert ratios[1_000] > ratios[100_000] > 1.0, ratios
 
 
-@pytest.mark.parametrize("kwargs,bad", [
-    (dict(epsilon=0.0), "epsilon=0.0"),
-    (dict(epsilon=float("nan")), "epsilon=nan"),
-    (dict(delta=1.0), "delta=1.0"),
-    (dict(delta=-0.1), "delta=-0.1"),
-    (dict(bound_x=0.0), "bound_x=0.0"),
-    (dict(bound_y=float("inf")), "bound_y=inf"),
-    (dict(rho=1.5), "rho=1.5"),
-    (dict(calibration="table"), "calibration='table'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,bad",
+    [
+        (dict(epsilon=0.0), "epsilon=0.0"),
+        (dict(epsilon=float("nan")), "epsilon=nan"),
+        (dict(delta=1.0), "delta=1.0"),
+        (dict(delta=-0.1), "delta=-0.1"),
+        (dict(bound_x=0.0), "bound_x=0.0"),
+        (dict(bound_y=float("inf")), "bound_y=inf"),
+        (dict(rho=1.5), "rho=1.5"),
+        (dict(calibration="table"), "calibration='table'"),
+    ],
+)
 def test_bad_input_names_the_value(kwargs, bad):
     args = dict(epsilon=1.0, delta=1e-6, bound_x=1.0, bound_y=1.0)
     args.update(kwargs)

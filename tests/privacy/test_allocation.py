@@ -5,6 +5,7 @@ independently of the ledger's code. Both are driven with the same random workloa
 with the pipelines waiting then, charges on chosen windows, finishes) and must agree exactly: every choice,
 every source, every spent vector, reservation and retirement. Deterministic (fixed seeds): no false failures.
 """
+
 import random
 
 import pytest
@@ -60,7 +61,8 @@ def _drive(seed, filt, policy, steps=600):
                 assert state.source(block, pipeline, cost) == oracle.source(block, pipeline, cost)
                 if filt.accounting == "basic":
                     assert state.available_epsilon(block, pipeline, cost[1]) == oracle.available_epsilon(
-                        block, pipeline, cost[1])
+                        block, pipeline, cost[1]
+                    )
             chosen = oracle.choose(pipeline, cost, window)
             assert state.choose(pipeline, cost, window) == chosen
             if chosen is not None:

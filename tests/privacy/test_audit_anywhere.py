@@ -5,6 +5,7 @@ database to WAL (creating ``-wal``/``-shm`` files) and exited 2 ("cannot write",
 
 The read-only mount and the full disk are real: a bind mount ``-o ro`` and a small filled tmpfs, each in a private
 mount namespace (``unshare -m``: root, as in CI). SQLite, no TensorFlow."""
+
 import hashlib
 import os
 import shlex
@@ -27,8 +28,9 @@ def _no_env_key(monkeypatch):
 
 def _namespace(script, timeout=300):
     """Run the shell ``script`` in a private mount namespace (its mounts vanish with it)."""
-    return subprocess.run(["unshare", "-m", "sh", "-c", "set -e\n" + script], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        ["unshare", "-m", "sh", "-c", "set -e\n" + script], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,8 +50,10 @@ def _audit_command(path):
 
 def _snapshot(folder):
     """{file name: SHA-256} of every file in ``folder``."""
-    return {name: hashlib.sha256(open(os.path.join(folder, name), "rb").read()).hexdigest()
-            for name in sorted(os.listdir(folder))}
+    return {
+        name: hashlib.sha256(open(os.path.join(folder, name), "rb").read()).hexdigest()
+        for name in sorted(os.listdir(folder))
+    }
 
 
 def _copy(tmp_path, name="copy", tamper=None):
@@ -79,8 +83,9 @@ def test_the_audit_of_a_read_only_mount_reports_ok_and_writes_nothing(tmp_path, 
     assert _snapshot(folder) == before  # the same files, byte for byte: no -wal, -shm, head or lock file
 
 
-@pytest.mark.parametrize("tamper", [t_block_rows_edited, t_last_grant_truncated],
-                         ids=["table_edited", "last_grant_truncated"])
+@pytest.mark.parametrize(
+    "tamper", [t_block_rows_edited, t_last_grant_truncated], ids=["table_edited", "last_grant_truncated"]
+)
 def test_the_audit_of_a_read_only_mount_still_catches_a_tamper(tmp_path, mounts, tamper):
     folder, path, found = _copy(tmp_path, tamper=tamper)
     before = _snapshot(folder)
@@ -114,12 +119,15 @@ def test_the_audit_on_a_full_disk_reports_ok_and_catches_a_tamper(tmp_path, moun
     disk.mkdir()
     d = shlex.quote(str(disk))
     size_k = sum(os.path.getsize(os.path.join(copies[c][0], n)) for c in before for n in before[c]) // 1024 + 256
-    audits = "".join(f"""
+    audits = "".join(
+        f"""
 echo "-- {name}"
 cp -rp {shlex.quote(folder)} {d}/{name}
-""" for name, (folder, _, _) in copies.items())
+"""
+        for name, (folder, _, _) in copies.items()
+    )
     audits += f"dd if=/dev/zero of={d}/filler bs=1k 2>/dev/null || true\n"
-    audits += f'test "$(df --output=avail {d} | tail -1 | tr -d \' \')" = 0\n'
+    audits += f"test \"$(df --output=avail {d} | tail -1 | tr -d ' ')\" = 0\n"
     for name in copies:
         audits += f"""echo "== {name}"
 {_audit_command(f"{disk}/{name}/ledger.db")} || echo "exit $?"
@@ -129,8 +137,11 @@ cp -rp {shlex.quote(folder)} {d}/{name}
     assert done.returncode == 0, done.stdout + done.stderr
     parts = dict(part.split("\n", 1) for part in done.stdout.split("== ")[1:])
     for name, out in parts.items():
-        hashes = dict(reversed(line.split("  ")) for line in out.splitlines() if line[:64].isalnum()
-                      and len(line.split("  ")) == 2 and len(line.split("  ")[0]) == 64)
+        hashes = dict(
+            reversed(line.split("  "))
+            for line in out.splitlines()
+            if line[:64].isalnum() and len(line.split("  ")) == 2 and len(line.split("  ")[0]) == 64
+        )
         assert hashes == before[name], out  # nothing written on the full disk: the same files, byte for byte
     assert "audit OK" in parts["honest"] and "exit" not in parts["honest"], done.stdout + done.stderr
     assert "audit FAILED" in parts["tampered"] and "exit 1" in parts["tampered"], done.stdout + done.stderr

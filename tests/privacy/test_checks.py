@@ -1,4 +1,5 @@
 """sage_tfx.privacy.checks: one numpy-free module of argument checks, each layer keeping its error class."""
+
 import math
 import re
 
@@ -84,8 +85,11 @@ def test_interval_is_a_finite_pair_low_below_high():
 
     assert interval((-1, 2), "label_range") == (-1.0, 2.0) and interval([0, "0.5"], "r") == (0.0, 0.5)
     for bad in ((1, 1), (2, 1), (0, math.inf), (math.nan, 1), (1,), (1, 2, 3), 5, "ab", None):
-        with pytest.raises(LayerError, match=rf"^label_range={re.escape(repr(bad))} is invalid: must be a pair "
-                                             r"\(low, high\) of finite numbers, low < high$"):
+        with pytest.raises(
+            LayerError,
+            match=rf"^label_range={re.escape(repr(bad))} is invalid: must be a pair "
+            r"\(low, high\) of finite numbers, low < high$",
+        ):
             interval(bad, "label_range", error=LayerError, message="{what}={value!r} is invalid: must be {rule}")
 
 
@@ -98,33 +102,62 @@ def test_converted_modules_raise_their_sage_error_naming_the_value():
     cases = [
         # a bool is no budget: refused (it used to pass as 1.0)
         (lambda: filters.BasicFilter(True, 1e-6), LedgerError, r"^global epsilon True is not a number$"),
-        (lambda: filters.BasicFilter(math.inf, 1e-6), LedgerError,
-         r"^global epsilon inf is invalid: must be finite and > 0$"),
+        (
+            lambda: filters.BasicFilter(math.inf, 1e-6),
+            LedgerError,
+            r"^global epsilon inf is invalid: must be finite and > 0$",
+        ),
         (lambda: filters.BasicFilter(1.0, "x"), LedgerError, r"^global delta 'x' is not a number$"),
         (lambda: filters.RdpFilter(1.0, 0.0), LedgerError, r"^global delta 0\.0 is invalid: need 0 < delta < 1$"),
         (lambda: filters.make_filter("moments", 1.0, 1e-6), LedgerError, r"accounting 'moments' is unknown"),
-        (lambda: curves.check_orders([2.0, "x"]), LedgerError,
-         r"^RDP order 'x' is invalid: orders must be finite and > 1\.01$"),
-        (lambda: curves.as_curve([0.1, -1.0], (2.0, 4.0)), LedgerError,
-         r"^RDP curve value -1\.0 at order 4\.0 is invalid: must be finite and >= 0$"),
+        (
+            lambda: curves.check_orders([2.0, "x"]),
+            LedgerError,
+            r"^RDP order 'x' is invalid: orders must be finite and > 1\.01$",
+        ),
+        (
+            lambda: curves.as_curve([0.1, -1.0], (2.0, 4.0)),
+            LedgerError,
+            r"^RDP curve value -1\.0 at order 4\.0 is invalid: must be finite and >= 0$",
+        ),
         (lambda: curves.as_curve({2.0: "x"}, (2.0,)), LedgerError, r"^RDP curve value 'x' at order 2\.0 is invalid"),
-        (lambda: BudgetSplit.for_epsilon("x", 1e-6), LedgerError,
-         r"^iteration epsilon 'x' is invalid: must be finite"),
-        (lambda: BudgetSplit.for_epsilon(1.0, 1e-6, preprocessing_share=0.5, count_share=0.5), LedgerError,
-         r"^count_share 0\.5 is invalid: must be in \[0, 1 - preprocessing_share = 0\.5\)$"),
-        (lambda: BudgetSplit.for_epsilon(1.0, 1e-6, disjoint_split=False, validation_share=0), LedgerError,
-         r"^validation_share 0 is invalid: must be in \(0, 1\)$"),
-        (lambda: samplers.discrete_laplace(2.5, 3, 0), randomness.SamplerError,
-         r"^discrete_laplace: the scale t must be an integer in \[1, 4503599627370496\], got 2\.5$"),
-        (lambda: samplers.grid_laplace_params(1.0, 1.0, cells=2.5), randomness.SamplerError,
-         r"^cells must be an integer >= 1, got 2\.5$"),
-        (lambda: samplers.grid_gaussian_params(1.0, math.inf), randomness.SamplerError,
-         r"^sigma must be a finite number > 0, got inf$"),
+        (lambda: BudgetSplit.for_epsilon("x", 1e-6), LedgerError, r"^iteration epsilon 'x' is invalid: must be finite"),
+        (
+            lambda: BudgetSplit.for_epsilon(1.0, 1e-6, preprocessing_share=0.5, count_share=0.5),
+            LedgerError,
+            r"^count_share 0\.5 is invalid: must be in \[0, 1 - preprocessing_share = 0\.5\)$",
+        ),
+        (
+            lambda: BudgetSplit.for_epsilon(1.0, 1e-6, disjoint_split=False, validation_share=0),
+            LedgerError,
+            r"^validation_share 0 is invalid: must be in \(0, 1\)$",
+        ),
+        (
+            lambda: samplers.discrete_laplace(2.5, 3, 0),
+            randomness.SamplerError,
+            r"^discrete_laplace: the scale t must be an integer in \[1, 4503599627370496\], got 2\.5$",
+        ),
+        (
+            lambda: samplers.grid_laplace_params(1.0, 1.0, cells=2.5),
+            randomness.SamplerError,
+            r"^cells must be an integer >= 1, got 2\.5$",
+        ),
+        (
+            lambda: samplers.grid_gaussian_params(1.0, math.inf),
+            randomness.SamplerError,
+            r"^sigma must be a finite number > 0, got inf$",
+        ),
         (lambda: randomness.secure_rng(-1), randomness.SamplerError, r"^seed must be an integer >= 0, got -1$"),
-        (lambda: adassp.noise_scales(1.0, 1e-6, 1.0, 1.0, 2.5), adassp.AdaSSPConfigError,
-         r"^dim=2\.5 is invalid: need at least one feature \(an integer >= 1\)$"),
-        (lambda: adassp.noise_scales(1.0, "x", 1.0, 1.0, 1), adassp.AdaSSPConfigError,
-         r"^delta='x' is invalid: must be in \(0, 1\)$"),
+        (
+            lambda: adassp.noise_scales(1.0, 1e-6, 1.0, 1.0, 2.5),
+            adassp.AdaSSPConfigError,
+            r"^dim=2\.5 is invalid: need at least one feature \(an integer >= 1\)$",
+        ),
+        (
+            lambda: adassp.noise_scales(1.0, "x", 1.0, 1.0, 1),
+            adassp.AdaSSPConfigError,
+            r"^delta='x' is invalid: must be in \(0, 1\)$",
+        ),
     ]
     for call, error, match in cases:
         with pytest.raises(error, match=match) as info:

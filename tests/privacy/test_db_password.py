@@ -6,6 +6,7 @@ Before, the password went into the ``--db`` URL: visible in the process list, an
 LedgerError, before anything is created, connected or charged) and the password comes from ``$PGPASSWORD`` or a
 libpq password file (``passfile=PATH``, ``$PGPASSFILE``, ``~/.pgpass``). On the suite's real PostgreSQL server, with
 a role that must authenticate (scram-sha-256; the server's other roles are trusted)."""
+
 import os
 import secrets
 import subprocess
@@ -39,8 +40,11 @@ def no_password_source(monkeypatch, tmp_path):
 def password_role(postgres_server):
     """``USER`` logs in with ``PASSWORD`` only (pg_hba.conf: scram-sha-256 for it, checked first)."""
     admin = postgres_server.url()
-    run_sql(admin, f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{USER}') THEN "
-                   f"CREATE ROLE {USER} LOGIN SUPERUSER; END IF; END $$")
+    run_sql(
+        admin,
+        f"DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = '{USER}') THEN "
+        f"CREATE ROLE {USER} LOGIN SUPERUSER; END IF; END $$",
+    )
     run_sql(admin, f"ALTER ROLE {USER} PASSWORD '{PASSWORD}'")
     hba = os.path.join(postgres_server.datadir, "pg_hba.conf")
     with open(hba) as f:
@@ -73,8 +77,9 @@ def _with_password(url):
 
 
 @pytest.mark.postgres
-def test_the_password_comes_from_pgpassword_or_a_password_file(postgres_server, password_role, no_password_source,
-                                                               tmp_path, monkeypatch):
+def test_the_password_comes_from_pgpassword_or_a_password_file(
+    postgres_server, password_role, no_password_source, tmp_path, monkeypatch
+):
     monkeypatch.setenv("SAGE_KEY_FILE", str(tmp_path / "ledger.key"))
     url = _url(postgres_server)
     port, database = url.split(":")[2].split("/")[0], url.split("/")[-1].split("?")[0]
@@ -89,7 +94,11 @@ def test_the_password_comes_from_pgpassword_or_a_password_file(postgres_server, 
     monkeypatch.delenv("PGPASSWORD")
 
     # libpq's password file: comments, a line for another database first, then wildcards; the first match wins
-    lines = ["# host:port:database:user:password", f"127.0.0.1:{port}:other:{USER}:wrong", f"*:{port}:*:{USER}:{ESCAPED}"]
+    lines = [
+        "# host:port:database:user:password",
+        f"127.0.0.1:{port}:other:{USER}:wrong",
+        f"*:{port}:*:{USER}:{ESCAPED}",
+    ]
     pgpass = _password_file(no_password_source / ".pgpass", *lines)
     with Ledger.open(url) as ledger:  # ~/.pgpass
         assert ledger.stream("s").epsilon == 1.0
@@ -115,8 +124,14 @@ def test_the_password_comes_from_pgpassword_or_a_password_file(postgres_server, 
 def test_a_password_file_line_is_read_as_libpq_reads_it(tmp_path, no_password_source):
     """Escaped ':' and '\\', '*' in any of the first four fields, comments skipped, the first match wins."""
     url = "postgresql://u@db.example:6543/ledger"
-    path = _password_file(tmp_path / "p", "# comment", "db.example:6543:other:u:no", "db.example:*:ledger:v:no",
-                          f"db.example:6543:*:u:{ESCAPED}", "*:*:*:*:later")
+    path = _password_file(
+        tmp_path / "p",
+        "# comment",
+        "db.example:6543:other:u:no",
+        "db.example:*:ledger:v:no",
+        f"db.example:6543:*:u:{ESCAPED}",
+        "*:*:*:*:later",
+    )
     assert postgres_password(f"{url}?passfile={path}") == PASSWORD
     assert postgres_password(f"postgresql://w@h/x?passfile={path}") == "later"
     assert postgres_password("postgresql://u@db.example:6543/ledger") is None  # no ~/.pgpass, no PGPASSWORD
@@ -129,16 +144,35 @@ def _refused_at_argv(out, secret):
 
 
 @pytest.mark.postgres
-def test_a_password_in_the_url_is_refused_before_anything_changes(postgres_server, password_role, tmp_path,
-                                                                   monkeypatch):
+def test_a_password_in_the_url_is_refused_before_anything_changes(
+    postgres_server, password_role, tmp_path, monkeypatch
+):
     """`sage ledger init`, `sage run` and the library API (Ledger.open, a component's spec) refuse the URL, never
     echo the password, and create, connect and charge nothing."""
     url = _url(postgres_server)
     secret_url = _with_password(url)
     key = tmp_path / "ledger.key"
     sage = [sys.executable, "-m", "sage_tfx"]
-    out = subprocess.run([*sage, "ledger", "init", "--db", secret_url, "--key-file", key, "--stream", "s",
-                          "--epsilon", "1", "--delta", "1e-6"], capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            *sage,
+            "ledger",
+            "init",
+            "--db",
+            secret_url,
+            "--key-file",
+            key,
+            "--stream",
+            "s",
+            "--epsilon",
+            "1",
+            "--delta",
+            "1e-6",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     _refused_at_argv(out, PASSWORD)
     assert not key.exists()
     admin = url.replace(f"{USER}@", "postgres@")
@@ -151,9 +185,28 @@ def test_a_password_in_the_url_is_refused_before_anything_changes(postgres_serve
         before = ledger.log_entries()
     monkeypatch.delenv("PGPASSWORD")
     work = tmp_path / "work"
-    out = subprocess.run([*sage, "run", "taxi_regression", "--db", secret_url, "--key-file", key, "--stream", "s",
-                          "--data-root", tmp_path, "--target", "1000", "--work-dir", work],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            *sage,
+            "run",
+            "taxi_regression",
+            "--db",
+            secret_url,
+            "--key-file",
+            key,
+            "--stream",
+            "s",
+            "--data-root",
+            tmp_path,
+            "--target",
+            "1000",
+            "--work-dir",
+            work,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     _refused_at_argv(out, PASSWORD)
     assert not work.exists()
     for bad in (secret_url, f"{url}&password={secrets.token_hex(4)}"):
@@ -212,7 +265,8 @@ def _watch_processes(root_pid, seen, stop):
 @pytest.mark.slow
 @pytest.mark.tf
 def test_a_run_on_postgresql_keeps_the_password_out_of_argv_and_the_pipeline_metadata(
-        postgres_server, password_role, no_password_source, tmp_path, monkeypatch):
+    postgres_server, password_role, no_password_source, tmp_path, monkeypatch
+):
     """A real `sage run` iteration (TFX on Beam) on a PostgreSQL ledger whose role needs a password, given by a
     password file: the run is granted and audited, the pipeline metadata (MLMD) records the ledger's location, and
     neither MLMD nor any file of the work dir, nor the argv or environment of the run and of every process it
@@ -229,10 +283,36 @@ def test_a_run_on_postgresql_keeps_the_password_out_of_argv_and_the_pipeline_met
         pass
     _, data = replay_taxi_days_on(url, tmp_path, 40)
     work = tmp_path / "work"
-    proc = subprocess.Popen([sys.executable, "-m", "sage_tfx", "run", "taxi_regression", "--db", url, "--stream",
-                             "taxi", "--data-root", str(data), "--target", "100000", "--max-iterations", "1",
-                             "--min-window", "32", "--rejection-share", "0", "--runner", "beam", "--work-dir",
-                             str(work)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "run",
+            "taxi_regression",
+            "--db",
+            url,
+            "--stream",
+            "taxi",
+            "--data-root",
+            str(data),
+            "--target",
+            "100000",
+            "--max-iterations",
+            "1",
+            "--min-window",
+            "32",
+            "--rejection-share",
+            "0",
+            "--runner",
+            "beam",
+            "--work-dir",
+            str(work),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen, stop = {}, threading.Event()
     watcher = threading.Thread(target=_watch_processes, args=(proc.pid, seen, stop), daemon=True)
     watcher.start()
@@ -254,8 +334,9 @@ def test_a_run_on_postgresql_keeps_the_password_out_of_argv_and_the_pipeline_met
     metadata = work / "tfx" / "taxi_regression" / "metadata.sqlite"
     store = metadata_store.MetadataStore(metadata_config(str(metadata)))
     ledgers = {e.properties["ledger"].string_value for e in store.get_executions() if "ledger" in e.properties}
-    ledgers |= {e.custom_properties["ledger"].string_value for e in store.get_executions()
-                if "ledger" in e.custom_properties}
+    ledgers |= {
+        e.custom_properties["ledger"].string_value for e in store.get_executions() if "ledger" in e.custom_properties
+    }
     from sage_tfx.components._grant_channel import ADDRESS
 
     # the components reach the ledger through the launcher's grant server: its address is all MLMD holds

@@ -4,6 +4,7 @@ Checked against dp_accounting directly and against tensorflow-privacy's
 ``compute_dp_sgd_privacy_statement`` (loaded through the compat loader, which
 imports that module without TensorFlow).
 """
+
 import math
 import re
 import subprocess
@@ -53,8 +54,12 @@ def _tf_privacy_statement_epsilon(n, batch, epochs, sigma, delta):
 
     lib = import_submodule("privacy.analysis.compute_dp_sgd_privacy_lib")
     text = lib.compute_dp_sgd_privacy_statement(
-        number_of_examples=n, batch_size=batch, num_epochs=epochs, noise_multiplier=sigma,
-        delta=delta, used_microbatching=False,
+        number_of_examples=n,
+        batch_size=batch,
+        num_epochs=epochs,
+        noise_multiplier=sigma,
+        delta=delta,
+        used_microbatching=False,
     )
     match = re.search(r"Epsilon assuming Poisson sampling \(\*\):\s+([0-9.]+)", text)
     assert match, text
@@ -103,18 +108,21 @@ def test_pld_calibration_reproduces_pld_epsilon():
     assert sigma < dpsgd.calibrate_noise_multiplier(1.0, 1e-5, 6_000, 600, 1)
 
 
-@pytest.mark.parametrize("kwargs,bad", [
-    (dict(epsilon=0.0), "epsilon=0.0"),
-    (dict(epsilon=-1.0), "epsilon=-1.0"),
-    (dict(epsilon=float("nan")), "epsilon=nan"),
-    (dict(epsilon=float("inf")), "epsilon=inf"),
-    (dict(delta=1.0), "delta=1.0"),
-    (dict(delta=0.0), "delta=0.0"),
-    (dict(num_examples=0), "num_examples=0"),
-    (dict(batch_size=2_000_000), "batch_size=2000000"),
-    (dict(epochs=-3), "epochs=-3"),
-    (dict(accountant="moments"), "accountant='moments'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,bad",
+    [
+        (dict(epsilon=0.0), "epsilon=0.0"),
+        (dict(epsilon=-1.0), "epsilon=-1.0"),
+        (dict(epsilon=float("nan")), "epsilon=nan"),
+        (dict(epsilon=float("inf")), "epsilon=inf"),
+        (dict(delta=1.0), "delta=1.0"),
+        (dict(delta=0.0), "delta=0.0"),
+        (dict(num_examples=0), "num_examples=0"),
+        (dict(batch_size=2_000_000), "batch_size=2000000"),
+        (dict(epochs=-3), "epochs=-3"),
+        (dict(accountant="moments"), "accountant='moments'"),
+    ],
+)
 def test_bad_input_names_the_value(kwargs, bad):
     args = dict(epsilon=1.0, delta=1e-5, num_examples=10_000, batch_size=100, epochs=1)
     args.update(kwargs)

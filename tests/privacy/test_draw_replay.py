@@ -1,6 +1,7 @@
 """The audit's replay of run-grant draws keeps exact running sums per lifetime grant (privacy/draws.py ``ExactSum``,
 ``DrawTotals``, ``DrawReplay``): they must decide every draw exactly as summing each grant's whole history does
 (``math.fsum`` over the list, what ``Ledger.draw`` runs), and replaying one draw must not read the others' rows."""
+
 import math
 import random
 
@@ -10,8 +11,12 @@ from sage_tfx.privacy.draws import DrawTotals, ExactSum, _list_terms, overdraws
 
 
 def _values(rng, n):
-    kinds = [lambda: rng.uniform(0, 1), lambda: rng.uniform(0, 1) * 10 ** rng.randint(-300, 300),
-             lambda: rng.choice([0.1, 0.2, 0.3, 1e-16, 1e16]), lambda: rng.uniform(-1, 1) * 10 ** rng.randint(-20, 20)]
+    kinds = [
+        lambda: rng.uniform(0, 1),
+        lambda: rng.uniform(0, 1) * 10 ** rng.randint(-300, 300),
+        lambda: rng.choice([0.1, 0.2, 0.3, 1e-16, 1e16]),
+        lambda: rng.uniform(-1, 1) * 10 ** rng.randint(-20, 20),
+    ]
     return [rng.choice(kinds)() for _ in range(n)]
 
 
@@ -23,7 +28,7 @@ def test_exact_sum_plus_one_more_is_fsum_of_the_whole_list(seed):
     for i, v in enumerate(values):
         total.add(v)
         extra = _values(rng, 1)[0]
-        assert math.fsum(total.partials + [extra]) == math.fsum(values[:i + 1] + [extra])
+        assert math.fsum(total.partials + [extra]) == math.fsum(values[: i + 1] + [extra])
     assert math.fsum(total.partials) == math.fsum(values)
 
 
@@ -112,11 +117,11 @@ def test_the_audit_replays_a_draw_from_its_own_grants_state_only(tmp_path, monke
         def walk(self, *args):
             walks[name] += 1
             return method(self, *args)
+
         return walk
 
     class CountedRows(dict):
-        items, keys, values, __iter__ = (walker("rows", m) for m in (dict.items, dict.keys, dict.values,
-                                                                      dict.__iter__))
+        items, keys, values, __iter__ = (walker("rows", m) for m in (dict.items, dict.keys, dict.values, dict.__iter__))
 
     real_init, real_audit_draw = draws_module.DrawReplay.__init__, draws_module.audit_draw
 
@@ -125,8 +130,9 @@ def test_the_audit_replays_a_draw_from_its_own_grants_state_only(tmp_path, monke
         self.rows = CountedRows()
 
     class WatchedReleases(dict):
-        items, keys, values, __iter__ = (walker("releases", m) for m in (dict.items, dict.keys, dict.values,
-                                                                          dict.__iter__))
+        items, keys, values, __iter__ = (
+            walker("releases", m) for m in (dict.items, dict.keys, dict.values, dict.__iter__)
+        )
 
     def audit_draw(ledger_, seq, body, grants, releases, replay, problems):
         return real_audit_draw(ledger_, seq, body, grants, WatchedReleases(releases), replay, problems)

@@ -3,6 +3,7 @@
 Each former caller's own search is written out here as it was (same accountant, bracket and tolerance), and the
 module must give the same multiplier to within the searches' tolerances on a grid of budgets.
 """
+
 import math
 
 import dp_accounting
@@ -17,19 +18,31 @@ GRID = [(eps, delta) for eps in (0.1, 0.5, 1.0, 3.0, 10.0) for delta in (1e-9, 1
 
 def _old_continual_z(epsilon, delta):
     """continual.calibrate_z_eff as it was: one Gaussian, bracket [1e-3, 1e4], absolute tolerance 1e-6."""
-    return float(mechanism_calibration.calibrate_dp_mechanism(
-        calibration_accountant, lambda z: dp_accounting.GaussianDpEvent(z), epsilon, delta,
-        mechanism_calibration.ExplicitBracketInterval(1e-3, 1e4), tol=1e-6))
+    return float(
+        mechanism_calibration.calibrate_dp_mechanism(
+            calibration_accountant,
+            lambda z: dp_accounting.GaussianDpEvent(z),
+            epsilon,
+            delta,
+            mechanism_calibration.ExplicitBracketInterval(1e-3, 1e4),
+            tol=1e-6,
+        )
+    )
 
 
 def _old_adassp_c(epsilon, delta, releases):
     """adassp.exact_multiplier as it was: from the paper's c, bracket [c 1e-3, c], tolerance c 1e-7."""
     guess = adassp.paper_multiplier(epsilon, delta)
-    return float(mechanism_calibration.calibrate_dp_mechanism(
-        calibration_accountant,
-        lambda c: dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(noise_multiplier=c)] * releases),
-        epsilon, delta, bracket_interval=mechanism_calibration.LowerEndpointAndGuess(guess * 1e-3, guess),
-        tol=guess * 1e-7))
+    return float(
+        mechanism_calibration.calibrate_dp_mechanism(
+            calibration_accountant,
+            lambda c: dp_accounting.ComposedDpEvent([dp_accounting.GaussianDpEvent(noise_multiplier=c)] * releases),
+            epsilon,
+            delta,
+            bracket_interval=mechanism_calibration.LowerEndpointAndGuess(guess * 1e-3, guess),
+            tol=guess * 1e-7,
+        )
+    )
 
 
 @pytest.mark.parametrize("epsilon,delta", GRID)
@@ -37,7 +50,7 @@ def test_the_one_search_gives_the_former_callers_multipliers(epsilon, delta):
     z = gaussian.rdp_multiplier(epsilon, delta)
     tol = max(1e-6, gaussian.classic_guess(epsilon, delta) * gaussian.RELATIVE_TOL)
     assert abs(z - _old_continual_z(epsilon, delta)) <= tol  # continual.calibrate_z_eff and growth's mean
-    assert gaussian.zcdp_rho(epsilon, delta) == 1 / (2 * z ** 2)  # growth.rho_for was 1 / (2 z^2) of the same z
+    assert gaussian.zcdp_rho(epsilon, delta) == 1 / (2 * z**2)  # growth.rho_for was 1 / (2 z^2) of the same z
     for releases in (3, 12):  # adassp.exact_multiplier keeps its own start, so its numbers are the same
         assert adassp.exact_multiplier(epsilon, delta, releases) == _old_adassp_c(epsilon, delta, releases)
 
@@ -56,4 +69,3 @@ def test_the_event_epsilon_is_the_rdp_conversion_and_inf_at_delta_zero():
     expected = calibration_accountant().compose(event).get_epsilon(1e-5)
     assert gaussian.rdp_event_epsilon(event, 1e-5) == expected == gaussian.rdp_epsilon(4.0, 1e-5, 3)
     assert gaussian.rdp_event_epsilon(event, 0.0) == math.inf
-

@@ -6,6 +6,7 @@ Findings of the review this answers (each test below failed on the code before i
 3. a second computation under the same grant and stage drew the same noise (an exact leak).
 The same tests run on SQLite and PostgreSQL (``ledger_url``).
 """
+
 import json
 
 import pytest
@@ -50,9 +51,14 @@ def test_split_from_the_command_line():
     assert (split.preprocessing, split.training, split.validation, split.count) == (0.1, 0.3, 0.1, 0.0)
     assert split.rule == ChargeRule.SUM.value and split.delta == 1e-8
     assert BudgetSplit.parse("training=0.3,validation=0.3,rule=parallel").charged_epsilon == pytest.approx(0.3)
-    for bad, named in [("trainng=0.3", "'trainng'"), ("training", "'training'"), ("training=x", "'x'"),
-                       ("training=0.1,training=0.2", "twice"), ("rule=parallel", "names no stage"),
-                       ("training=0.1,rule=max", "'max'")]:
+    for bad, named in [
+        ("trainng=0.3", "'trainng'"),
+        ("training", "'training'"),
+        ("training=x", "'x'"),
+        ("training=0.1,training=0.2", "twice"),
+        ("rule=parallel", "names no stage"),
+        ("training=0.1,rule=max", "'max'"),
+    ]:
         with pytest.raises(LedgerError, match=named):
             BudgetSplit.parse(bad)
 
@@ -66,8 +72,14 @@ def test_request_refuses_a_split_above_the_charge(ledger_url):
     with pytest.raises(LedgerError, match="composes to epsilon 15"):
         ledger.request("p", "s", blocks=["b0"], epsilon=0.1, delta=1e-6, meta={"split": over})
     with pytest.raises(LedgerError, match="split delta"):
-        ledger.request("p", "s", blocks=["b0"], epsilon=0.5, delta=1e-7,
-                       split=BudgetSplit(0.1, 0, 0.2, 0.2, 1e-6, ChargeRule.PARALLEL.value))
+        ledger.request(
+            "p",
+            "s",
+            blocks=["b0"],
+            epsilon=0.5,
+            delta=1e-7,
+            split=BudgetSplit(0.1, 0, 0.2, 0.2, 1e-6, ChargeRule.PARALLEL.value),
+        )
     with pytest.raises(LedgerError, match="unknown field"):
         ledger.request("p", "s", blocks=["b0"], epsilon=0.5, meta={"split": {"train": 0.1, "rule": "x"}})
     with pytest.raises(LedgerError, match="a stage of the split"):
@@ -80,8 +92,9 @@ def test_request_refuses_a_split_above_the_charge(ledger_url):
 def test_components_recheck_a_split_the_ledger_would_not_sign(ledger_url):
     """A grant signed with an over-charged split (as a ledger holding the key could) is refused at every stage."""
     ledger = make_ledger(ledger_url)
-    grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5, split=BudgetSplit(
-        0.1, 0.0, 0.4, 0.4, 0.0, ChargeRule.PARALLEL.value))
+    grant = ledger.request(
+        "p", "s", blocks=["b0"], epsilon=0.5, split=BudgetSplit(0.1, 0.0, 0.4, 0.4, 0.0, ChargeRule.PARALLEL.value)
+    )
     assert stage_budget(grant, "training") == (0.4, 0.0)
     body = grant.body()
     body["meta"]["split"]["training"] = 5.0
@@ -134,9 +147,12 @@ def test_preprocessing_delta_is_its_own_share_and_adds_to_training_delta(ledger_
     parsed = BudgetSplit.parse("preprocessing=0.1,training=0.3,preprocessing_delta=1e-8", delta=1e-7)
     assert parsed.stage_budget("preprocessing") == (0.1, 1e-8) and parsed.total_delta == pytest.approx(1e-7)
     assert parsed.stage_budget("training")[1] == pytest.approx(9e-8)
-    for bad, named in [("preprocessing_delta=1.5", "preprocessing_delta 1.5 is more"),
-                       ("preprocessing_delta=-1e-9", "-1e-9"), ("preprocessing_delta=x", "'x'"),
-                       ("preprocessing_delta=1e-3", "more than the grant's delta 0.0001")]:
+    for bad, named in [
+        ("preprocessing_delta=1.5", "preprocessing_delta 1.5 is more"),
+        ("preprocessing_delta=-1e-9", "-1e-9"),
+        ("preprocessing_delta=x", "'x'"),
+        ("preprocessing_delta=1e-3", "more than the grant's delta 0.0001"),
+    ]:
         with pytest.raises(LedgerError, match=named):
             BudgetSplit.parse("training=0.1," + bad, delta=1e-4)
 
@@ -157,8 +173,9 @@ def test_preprocessing_delta_is_its_own_share_and_adds_to_training_delta(ledger_
 # --------------------------------------------------------------- one release per grant, stage, computation
 def test_a_second_computation_is_refused_before_anything_is_drawn(ledger_url):
     ledger = make_ledger(ledger_url)
-    grant = ledger.request("p", "s", blocks=["b0"], epsilon=1.0, split=BudgetSplit(
-        0.5, 0.0, 0.5, 0.5, 0.0, ChargeRule.PARALLEL.value))
+    grant = ledger.request(
+        "p", "s", blocks=["b0"], epsilon=1.0, split=BudgetSplit(0.5, 0.0, 0.5, 0.5, 0.0, ChargeRule.PARALLEL.value)
+    )
     ledger.release(grant, "validation", "model-a", 0.5)
     with pytest.raises(GrantError, match="different release"):
         ledger.release(grant, "validation", "model-b", 0.5)
@@ -175,12 +192,21 @@ def test_a_second_computation_is_refused_before_anything_is_drawn(ledger_url):
 # ------------------------------------------------------------------ the audit recomputes what the stages spent
 def _append_release(ledger, grant, stage, epsilon):
     """Write a release behind the ledger's checks, as a buggy or older writer could: table and chained log."""
-    body = {"grant": grant.id, "stream": grant.stream, "pipeline": grant.pipeline, "stage": stage,
-            "computation": f"forged-{stage}", "epsilon": epsilon, "delta": 0.0}
+    body = {
+        "grant": grant.id,
+        "stream": grant.stream,
+        "pipeline": grant.pipeline,
+        "stage": stage,
+        "computation": f"forged-{stage}",
+        "epsilon": epsilon,
+        "delta": 0.0,
+    }
     with ledger._store.transaction() as tx:
-        tx.run("INSERT INTO releases (grant_id, stage, stream, pipeline, computation, epsilon, delta, created)"
-               " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (grant.id, stage, grant.stream, grant.pipeline,
-                                                    body["computation"], epsilon, 0.0, 0.0))
+        tx.run(
+            "INSERT INTO releases (grant_id, stage, stream, pipeline, computation, epsilon, delta, created)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (grant.id, stage, grant.stream, grant.pipeline, body["computation"], epsilon, 0.0, 0.0),
+        )
         ledger._log(tx, "release", body, at=0.0)  # the row's time: only the budget is wrong
 
 
@@ -192,8 +218,9 @@ def test_audit_fails_when_the_stages_spent_more_than_the_charge(ledger_url):
     problems = ledger.audit().problems
     assert any("single-stage" in p and single.id in p for p in problems), problems
 
-    grant = ledger.request("q", "s", blocks=["b1"], epsilon=0.5, split=BudgetSplit(
-        0.1, 0.0, 0.2, 0.2, 0.0, ChargeRule.SUM.value))
+    grant = ledger.request(
+        "q", "s", blocks=["b1"], epsilon=0.5, split=BudgetSplit(0.1, 0.0, 0.2, 0.2, 0.0, ChargeRule.SUM.value)
+    )
     _append_release(ledger, grant, "training", 0.3)
     problems = ledger.audit().problems
     assert any("more than its share" in p and grant.id in p for p in problems), problems
@@ -204,8 +231,11 @@ def test_audit_sees_a_release_missing_from_the_log(ledger_url):
     ledger = make_ledger(ledger_url)
     grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5)
     with ledger._store.transaction() as tx:
-        tx.run("INSERT INTO releases (grant_id, stage, stream, pipeline, computation, epsilon, delta, created)"
-               " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (grant.id, "training", "s", "p", "c", 0.5, 0.0, 0.0))
+        tx.run(
+            "INSERT INTO releases (grant_id, stage, stream, pipeline, computation, epsilon, delta, created)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (grant.id, "training", "s", "p", "c", 0.5, 0.0, 0.0),
+        )
     assert any("in the table but not in the log" in p for p in ledger.audit().problems)
 
 
@@ -233,16 +263,19 @@ def test_every_component_door_rechecks_the_split(ledger_url):
     from sage_tfx.privacy.chain import canonical
 
     ledger = make_ledger(ledger_url)
-    grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5, split=BudgetSplit(
-        0.1, 0.0, 0.4, 0.4, 0.0, ChargeRule.PARALLEL.value))
+    grant = ledger.request(
+        "p", "s", blocks=["b0"], epsilon=0.5, split=BudgetSplit(0.1, 0.0, 0.4, 0.4, 0.0, ChargeRule.PARALLEL.value)
+    )
     assert check_grant(ledger_url, grant.to_json()).id == grant.id
     body = grant.body()
     body["meta"]["split"]["training"] = 5.0
     forged = Grant.from_json(body)
     forged = Grant(**{**forged.__dict__, "signature": sign(ledger.keyring, forged.body())})
     with ledger._store.transaction() as tx:
-        tx.run("UPDATE grants SET body = ?, signature = ? WHERE id = ?",
-               (canonical(forged.body()), forged.signature, grant.id))
+        tx.run(
+            "UPDATE grants SET body = ?, signature = ? WHERE id = ?",
+            (canonical(forged.body()), forged.signature, grant.id),
+        )
     with pytest.raises(GrantError, match="composes to epsilon 5.1"):
         check_grant(ledger_url, forged.to_json())
     assert any("differs from the log" in p or "differ" in p for p in ledger.audit().problems)

@@ -11,6 +11,7 @@ writer that keeps its descriptor and its last view of the file between commits s
   keeps the generations (a restored copy, another writer's slot) is seen; so is a file replaced by a new one of
   the same size (new inode: the descriptor is re-opened, nothing written into the unlinked file).
 """
+
 import json
 import os
 import stat
@@ -32,19 +33,27 @@ def _dumps(heads):
     return json.dumps(heads, sort_keys=True, separators=(",", ":")).encode()
 
 
-@pytest.mark.parametrize("heads", [
-    {},
-    {"L": {"seq": 1, "chain": "c1"}},
-    {"b" * 32: {"seq": 2 ** 70, "chain": "ab" * 32}, "a" * 32: {"seq": 0, "chain": ""}},
-    {"ledger \"quoted\" \\ slash": {"seq": 3, "chain": "tab\there\nnewline\x00nul\x7fdel"}},
-    {"l\u00e9dger-\u00fc\u2603-\U0001F600": {"seq": 4, "chain": "\u00e9\U0001F600"}},
-    {"Z": {"seq": 1, "chain": "c"}, "a": {"seq": 2, "chain": "c"}, "_": {"seq": 3, "chain": "c"},
-     "\u00e9": {"seq": 4, "chain": "c"}, "": {"seq": 5, "chain": "c"}},  # sort order: by code point, as json's
-    {"extra": {"seq": 1, "chain": "c", "note": "written by another version"}},
-    {"bool": {"seq": True, "chain": "c"}, "float": {"seq": 1.5, "chain": "c"}, "none": {"seq": 1, "chain": None}},
-    {"list": [1, 2], "text": "t", "missing": {"seq": 1}, "number": 7},
-    {"seq-first": {"seq": -1, "chain": "c"}},
-])
+@pytest.mark.parametrize(
+    "heads",
+    [
+        {},
+        {"L": {"seq": 1, "chain": "c1"}},
+        {"b" * 32: {"seq": 2**70, "chain": "ab" * 32}, "a" * 32: {"seq": 0, "chain": ""}},
+        {'ledger "quoted" \\ slash': {"seq": 3, "chain": "tab\there\nnewline\x00nul\x7fdel"}},
+        {"l\u00e9dger-\u00fc\u2603-\U0001f600": {"seq": 4, "chain": "\u00e9\U0001f600"}},
+        {
+            "Z": {"seq": 1, "chain": "c"},
+            "a": {"seq": 2, "chain": "c"},
+            "_": {"seq": 3, "chain": "c"},
+            "\u00e9": {"seq": 4, "chain": "c"},
+            "": {"seq": 5, "chain": "c"},
+        },  # sort order: by code point, as json's
+        {"extra": {"seq": 1, "chain": "c", "note": "written by another version"}},
+        {"bool": {"seq": True, "chain": "c"}, "float": {"seq": 1.5, "chain": "c"}, "none": {"seq": 1, "chain": None}},
+        {"list": [1, 2], "text": "t", "missing": {"seq": 1}, "number": 7},
+        {"seq-first": {"seq": -1, "chain": "c"}},
+    ],
+)
 def test_the_payload_is_the_json_sage_always_wrote(heads):
     assert head_slots._heads_payload(heads) == _dumps(heads)
     assert json.loads(head_slots._heads_payload(heads)) == heads
@@ -84,7 +93,7 @@ def _same_layout_other_heads(path, heads):
     state = head_slots._parse_head_file(data, path)
     slot = head_slots._slot_bytes(state.slot_size, state.generation, _dumps(heads))
     offset = state.newest * state.slot_size
-    return data[:offset] + slot + data[offset + state.slot_size:], offset, slot
+    return data[:offset] + slot + data[offset + state.slot_size :], offset, slot
 
 
 def test_an_in_place_rewrite_keeping_the_generations_is_seen(tmp_path):
@@ -99,7 +108,7 @@ def test_an_in_place_rewrite_keeping_the_generations_is_seen(tmp_path):
     restored = {"L": {"seq": 9, "chain": "c9"}, "X": {"seq": 4, "chain": "x4"}}  # the same payload length
     data, offset, slot = _same_layout_other_heads(path, restored)
     header = head_slots._SLOT_HEADER.size
-    assert data[:header] == before[:header] and data[SIZE:SIZE + header] == before[SIZE:SIZE + header] != data
+    assert data[:header] == before[:header] and data[SIZE : SIZE + header] == before[SIZE : SIZE + header] != data
     with open(path, "r+b") as f:  # same inode, same slot headers (generations, lengths): only the bytes after differ
         f.seek(offset)
         f.write(slot)
@@ -116,7 +125,9 @@ def test_a_file_replaced_by_one_of_the_same_size_is_reopened(tmp_path):
     head.advance("L", 1, "c1")
     head.advance("L", 2, "c2")
     inode = os.stat(path).st_ino
-    data, _offset, _slot = _same_layout_other_heads(path, {"L": {"seq": 2, "chain": "c2"}, "Y": {"seq": 8, "chain": "y"}})
+    data, _offset, _slot = _same_layout_other_heads(
+        path, {"L": {"seq": 2, "chain": "c2"}, "Y": {"seq": 8, "chain": "y"}}
+    )
     tmp = path + ".new"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, data)

@@ -7,6 +7,7 @@ log's last entry (read through the head file, which flushes first); a process ki
 leaves a head at most BEHIND the log, which the audit accepts with a note (no false alarm, no overspend), and a
 truncated log is still caught once the head was written; a bad mode is refused naming the value.
 """
+
 import json
 import os
 import signal
@@ -166,13 +167,15 @@ def _slot_end(data, offset):
     return head_slots._SLOT_HEADER.size + length + head_slots._SLOT_DIGEST
 
 
-@pytest.mark.parametrize("tear", ["nothing", "header", "half", "all but one byte", "new tail, old head",
-                                  "garbage after the header"])
-def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_ahead_of_it(tmp_path, monkeypatch,
-                                                                                          tear):
+@pytest.mark.parametrize(
+    "tear", ["nothing", "header", "half", "all but one byte", "new tail, old head", "garbage after the header"]
+)
+def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_ahead_of_it(tmp_path, monkeypatch, tear):
     """A crash mid-write (the newer slot partly written) leaves the older slot: the previous head, never a false
     alarm, and a truncation below that head is still caught."""
-    monkeypatch.setenv(ENV_HEAD_SYNC, "commit")  # every write in place into A or B (use mode: tests/privacy/test_head_use.py)
+    monkeypatch.setenv(
+        ENV_HEAD_SYNC, "commit"
+    )  # every write in place into A or B (use mode: tests/privacy/test_head_use.py)
     ledger = small_ledger(tmp_path / "l.db")
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
     before, old_seq = _head_bytes(ledger), last_seq(ledger)
@@ -180,18 +183,20 @@ def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_a
     after, last = _head_bytes(ledger), last_seq(ledger)
     assert len(before) == len(after) == 2 * head_module.HEAD_SLOT_BYTES and last > old_seq
     size = head_module.HEAD_SLOT_BYTES
-    written = [i for i in (0, 1) if before[i * size:(i + 1) * size] != after[i * size:(i + 1) * size]]
+    written = [i for i in (0, 1) if before[i * size : (i + 1) * size] != after[i * size : (i + 1) * size]]
     assert len(written) == 1  # one slot written in place, the other untouched
     offset = written[0] * size
-    old, new = before[offset:offset + size], after[offset:offset + size]
+    old, new = before[offset : offset + size], after[offset : offset + size]
     end = _slot_end(after, offset)
     header = head_slots._SLOT_HEADER.size
-    torn = {"nothing": old,
-            "header": new[:header] + old[header:],
-            "half": new[:end // 2] + old[end // 2:],
-            "all but one byte": new[:end - 1] + old[end - 1:],
-            "new tail, old head": old[:header] + new[header:],
-            "garbage after the header": new[:header] + bytes(b ^ 0x5A for b in new[header:end]) + new[end:]}[tear]
+    torn = {
+        "nothing": old,
+        "header": new[:header] + old[header:],
+        "half": new[: end // 2] + old[end // 2 :],
+        "all but one byte": new[: end - 1] + old[end - 1 :],
+        "new tail, old head": old[:header] + new[header:],
+        "garbage after the header": new[:header] + bytes(b ^ 0x5A for b in new[header:end]) + new[end:],
+    }[tear]
     with open(ledger.head_file.path, "r+b") as f:
         f.seek(offset)
         f.write(torn)
@@ -201,8 +206,9 @@ def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_a
     report = ledger.audit()
     assert report.ok, report.problems
     if torn != new:
-        assert any(f"{last - old_seq} log entr" in n and f"after the head file's entry {old_seq}" in n
-                   for n in report.notes), report.notes
+        assert any(
+            f"{last - old_seq} log entr" in n and f"after the head file's entry {old_seq}" in n for n in report.notes
+        ), report.notes
     torn_file = _head_bytes(ledger)
     # the next write goes to the torn slot (the other is intact and newest): the head moves on, audit clean
     ledger.request("p", "s", blocks=["b2"], epsilon=1.0)
@@ -216,8 +222,9 @@ def test_a_torn_newer_slot_leaves_the_older_head_and_the_audit_accepts_the_log_a
     ledger.close()
 
 
-OLD_WRITER_OUTPUT = ('{{"{other}": {{"chain": "{other_chain}", "seq": 41}}, '
-                     '"{ledger}": {{"chain": "{chain}", "seq": {seq}}}}}')
+OLD_WRITER_OUTPUT = (
+    '{{"{other}": {{"chain": "{other_chain}", "seq": 41}}, "{ledger}": {{"chain": "{chain}", "seq": {seq}}}}}'
+)
 # ^ what HeadFile wrote before the two-slot form (json.dumps(heads, sort_keys=True), replaced atomically), for a
 # file holding two ledgers' heads; "{other}" sorts first.
 OTHER_LEDGER = "0" * 32
@@ -226,15 +233,19 @@ OTHER_LEDGER = "0" * 32
 def test_an_old_json_head_file_is_refused_until_upgraded(tmp_path, monkeypatch, capsys):
     """A head file in the JSON form of an older sage: every open refuses it (exit 2, naming `sage ledger upgrade`,
     nothing written); the upgrade rewrites it in slots with every ledger's head unchanged, once."""
-    monkeypatch.setenv(ENV_HEAD_SYNC, "commit")  # migrated to two slots (use mode's three: tests/privacy/test_head_use.py)
+    monkeypatch.setenv(
+        ENV_HEAD_SYNC, "commit"
+    )  # migrated to two slots (use mode's three: tests/privacy/test_head_use.py)
     ledger = small_ledger(tmp_path / "l.db")
     ledger.request("p", "s", blocks=["b0"], epsilon=1.0)
     path = ledger.head_file.path
     current = HeadFile(path, "commit").read()[ledger.ledger_id]
-    old_text = OLD_WRITER_OUTPUT.format(other=OTHER_LEDGER, other_chain="ab" * 32, ledger=ledger.ledger_id,
-                                        chain=current["chain"], seq=current["seq"])
-    assert old_text == json.dumps({OTHER_LEDGER: {"seq": 41, "chain": "ab" * 32}, ledger.ledger_id: current},
-                                  sort_keys=True)  # the literal is the old writer's format
+    old_text = OLD_WRITER_OUTPUT.format(
+        other=OTHER_LEDGER, other_chain="ab" * 32, ledger=ledger.ledger_id, chain=current["chain"], seq=current["seq"]
+    )
+    assert old_text == json.dumps(
+        {OTHER_LEDGER: {"seq": 41, "chain": "ab" * 32}, ledger.ledger_id: current}, sort_keys=True
+    )  # the literal is the old writer's format
     os.unlink(path)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, old_text.encode())
@@ -367,6 +378,7 @@ def test_a_head_file_open_to_others_or_malformed_is_refused_naming_the_fix(tmp_p
 def test_a_process_keeps_at_most_max_open_head_files_descriptors_open(tmp_path):
     """Ledgers closed but not yet collected keep their HeadFile: its descriptors are bounded, and a HeadFile whose
     descriptors were closed writes again (forwards only) by opening them anew."""
+
     def open_fds():
         return len(os.listdir("/proc/self/fd"))
 

@@ -13,6 +13,7 @@ crash before the grant's commit). What is claimed, and checked:
 * an unused grant whose head a power loss lost can be truncated unnoticed, and then it is refused at the door:
   nothing was, or can be, read under it (the state an honest crash before its commit leaves).
 """
+
 import os
 import signal
 import subprocess
@@ -104,8 +105,7 @@ def test_every_write_but_a_grant_is_durable_before_it_returns(tmp_path):
 
 @pytest.mark.parametrize("lost", ["unwritten", "torn"])
 @pytest.mark.parametrize("used", [True, False])
-def test_after_a_power_loss_a_used_grant_s_truncation_is_caught_and_an_unused_one_cannot_be_read(tmp_path, used,
-                                                                                                 lost):
+def test_after_a_power_loss_a_used_grant_s_truncation_is_caught_and_an_unused_one_cannot_be_read(tmp_path, used, lost):
     path = tmp_path / "l.db"
     ledger = small_ledger(path)
     me, head_path = ledger.ledger_id, ledger.head_file.path  # noqa: F841
@@ -122,8 +122,8 @@ def test_after_a_power_loss_a_used_grant_s_truncation_is_caught_and_an_unused_on
         at_power_loss = f.read()
     ledger.close()
     # what a power loss leaves: slots A and B as they were (always synced), slot C's unsynced write lost or torn
-    slot_c = head_before[C * SLOT:(C + 1) * SLOT] if lost == "unwritten" else bytes(SLOT)
-    on_disk = at_power_loss[:C * SLOT] + slot_c
+    slot_c = head_before[C * SLOT : (C + 1) * SLOT] if lost == "unwritten" else bytes(SLOT)
+    on_disk = at_power_loss[: C * SLOT] + slot_c
     # ... and someone who can write the database and not the key file puts back the database before the grant
     restore(path, before_grant)
     with open(head_path, "wb") as f:
@@ -185,12 +185,12 @@ def test_a_torn_or_stale_slot_c_falls_back_to_the_durable_head(tmp_path, tear):
     head.advance("L", 2, "c2", until_use=True)  # three slots now, written whole (durable)
     head.advance("L", 3, "c3", until_use=True)  # slot C, unsynced
     with open(path, "rb") as f:
-        stale = f.read()[C * SLOT:]
+        stale = f.read()[C * SLOT :]
     head.advance("L", 4, "c4", until_use=True)
     with open(path, "rb") as f:
         data = f.read()
     assert HeadFile(path, "commit").read()["L"]["seq"] == 4
-    new = data[C * SLOT:]
+    new = data[C * SLOT :]
     slot_c = {"zeros": bytes(SLOT), "half": new[:60] + bytes(SLOT - 60), "old generation": stale}[tear]
     with open(path, "r+b") as f:
         f.seek(C * SLOT)
@@ -245,7 +245,8 @@ def test_a_head_file_that_cannot_be_written_at_first_use_is_warned_about_and_the
     os.chmod(ledger.head_file.path, 0o664)
     with caplog.at_level("WARNING", logger="sage_tfx.privacy.head_file"):
         assert ledger.verify(grant).id == grant.id
-    assert any("could not update head file" in r.getMessage() and "chmod 600" in r.getMessage()
-               for r in caplog.records), caplog.records
+    assert any(
+        "could not update head file" in r.getMessage() and "chmod 600" in r.getMessage() for r in caplog.records
+    ), caplog.records
     os.chmod(ledger.head_file.path, 0o600)
     ledger.close()

@@ -1,4 +1,5 @@
 """The ledger's key file (docs/security.md): out of the database, 0600, derived keys."""
+
 import hashlib
 import hmac
 import json
@@ -86,8 +87,15 @@ def test_postgresql_ledger_with_explicit_key_file(postgres_url, tmp_path, monkey
 
 def test_derived_keys_are_distinct_and_block_keys_per_block(tmp_path):
     ring = KeyRing.create(str(tmp_path / "k"))
-    keys = {ring.signing_key, ring.noise_key, ring.audit_key, ring.block_key("s", "b0"), ring.block_key("s", "b1"),
-            ring.block_key("t", "b0"), ring._master}
+    keys = {
+        ring.signing_key,
+        ring.noise_key,
+        ring.audit_key,
+        ring.block_key("s", "b0"),
+        ring.block_key("s", "b1"),
+        ring.block_key("t", "b0"),
+        ring._master,
+    }
     assert len(keys) == 7 and all(len(k) == 32 for k in keys)
     assert ring.block_key("s", "b0") == KeyRing.load(str(tmp_path / "k")).block_key("s", "b0")
     assert not any(k.hex() in repr(ring) for k in keys)  # no key bytes in a repr
@@ -137,8 +145,10 @@ def test_a_grant_signed_without_the_key_is_refused_by_check_grant(tmp_path):
     guesses = [v.encode() for (v,) in conn.execute("SELECT value FROM meta")] + [b""]
     for guess in guesses:
         forged = dict(body, signature=hmac.new(guess, canonical(body).encode(), hashlib.sha256).hexdigest())
-        conn.execute("INSERT OR REPLACE INTO grants (id, stream, pipeline, body, signature, created) VALUES "
-                     "(?, ?, ?, ?, ?, ?)", (body["id"], "s", "p", canonical(body), forged["signature"], 0.0))
+        conn.execute(
+            "INSERT OR REPLACE INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
+            (body["id"], "s", "p", canonical(body), forged["signature"], 0.0),
+        )
         conn.commit()
         with pytest.raises(GrantError, match="forged"):
             check_grant(path, canonical(forged))
@@ -227,8 +237,9 @@ def _make_schema3_ledger(path):
         prev = value
     conn.commit()
     conn.close()
-    seed = int.from_bytes(hmac.new(secret.encode(), f"seed|{grant.id}|training".encode(),
-                                   hashlib.sha256).digest()[:16], "big")
+    seed = int.from_bytes(
+        hmac.new(secret.encode(), f"seed|{grant.id}|training".encode(), hashlib.sha256).digest()[:16], "big"
+    )
     return type(grant)(**{**grant.__dict__, "signature": sig}), seed
 
 
@@ -237,8 +248,10 @@ def test_cli_key_file_flag(tmp_path):
 
     db, key = str(tmp_path / "l.db"), str(tmp_path / "keys" / "l.key")
     os.mkdir(tmp_path / "keys", 0o700)
-    assert main(["ledger", "init", "--db", db, "--key-file", key, "--stream", "s", "--epsilon", "1",
-                 "--delta", "1e-6"]) == 0
+    assert (
+        main(["ledger", "init", "--db", db, "--key-file", key, "--stream", "s", "--epsilon", "1", "--delta", "1e-6"])
+        == 0
+    )
     assert _mode(key) == 0o600 and not os.path.exists(db + ".key")
     assert main(["ledger", "audit", "--db", db, "--key-file", key]) == 0
     assert main(["ledger", "audit", "--db", db]) == 2  # its key is not beside it

@@ -3,6 +3,7 @@
 Budgets use binary-exact numbers (0.25, 0.5, ...) wherever the test asserts
 equality, so sums are exact in floating point and equality is the right check.
 """
+
 import json
 import os
 import random
@@ -130,8 +131,14 @@ def test_grants_are_signed_and_verified(ledger_url, tmp_path):
     assert [g.id for g in ledger.grants("s")] == [grant.id]
 
     body = json.loads(grant.to_json())
-    for field, value in [("epsilon", 1.0), ("blocks", ["b0", "b1", "b2"]), ("stream", "other"),
-                         ("pipeline", "q"), ("cost", [0.0, 0.0]), ("meta", {"iteration": 2})]:
+    for field, value in [
+        ("epsilon", 1.0),
+        ("blocks", ["b0", "b1", "b2"]),
+        ("stream", "other"),
+        ("pipeline", "q"),
+        ("cost", [0.0, 0.0]),
+        ("meta", {"iteration": 2}),
+    ]:
         with pytest.raises(GrantError, match="forged"):
             ledger.verify(json.dumps(dict(body, **{field: value})))
     with pytest.raises(GrantError, match="forged"):
@@ -162,8 +169,10 @@ def test_grants_are_signed_and_verified(ledger_url, tmp_path):
 
 # ------------------------------------------------------------------ reservations (paper §3.3)
 def reserved(raw_sql, location, block):
-    return {p: (json.loads(r), json.loads(u)) for p, r, u in raw_sql(
-        location, "SELECT pipeline, reserved, used FROM reservations WHERE block = ?", (block,))}
+    return {
+        p: (json.loads(r), json.loads(u))
+        for p, r, u in raw_sql(location, "SELECT pipeline, reserved, used FROM reservations WHERE block = ?", (block,))
+    }
 
 
 def test_block_budget_is_split_among_waiting_pipelines(ledger_url, raw_sql):
@@ -171,8 +180,7 @@ def test_block_budget_is_split_among_waiting_pipelines(ledger_url, raw_sql):
     ledger.register("s", "p1")
     ledger.register("s", "p2")
     ledger.add_block("s", "b1", start=DAY, end=2 * DAY)
-    assert reserved(raw_sql, ledger_url, "b1") == {"p1": ([0.5, 5e-6], [0.0, 0.0]),
-                                                     "p2": ([0.5, 5e-6], [0.0, 0.0])}
+    assert reserved(raw_sql, ledger_url, "b1") == {"p1": ([0.5, 5e-6], [0.0, 0.0]), "p2": ([0.5, 5e-6], [0.0, 0.0])}
     assert reserved(raw_sql, ledger_url, "b0") == {}
 
     # p1 draws on its own reservation first...
@@ -188,8 +196,11 @@ def test_block_budget_is_split_among_waiting_pipelines(ledger_url, raw_sql):
     ledger.request("late", "s", blocks=["b0"], epsilon=0.5)
     ledger.request("p2", "s", blocks=["b1"], epsilon=0.5)
     assert reserved(raw_sql, ledger_url, "b1")["p2"] == ([0.5, 5e-6], [0.5, 0.0])
-    grant_logs = [json.loads(body) for kind, body in raw_sql(ledger_url, "SELECT kind, body FROM log ORDER BY seq")
-                  if kind == "grant"]
+    grant_logs = [
+        json.loads(body)
+        for kind, body in raw_sql(ledger_url, "SELECT kind, body FROM log ORDER BY seq")
+        if kind == "grant"
+    ]
     assert [g["sources"] for g in grant_logs] == [["own"], ["pool"], ["own"]]
     assert ledger.audit().ok
 
@@ -328,8 +339,11 @@ def test_mechanism_curves_are_dp_accountings():
     orders = curves.DEFAULT_ORDERS
     assert curves.gaussian_curve(2.0) == pytest.approx([a / (2 * 4.0) for a in orders], rel=1e-12)
     accountant = dp_accounting.rdp.RdpAccountant(list(orders))
-    accountant.compose(dp_accounting.SelfComposedDpEvent(
-        dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(SIGMA)), STEPS))
+    accountant.compose(
+        dp_accounting.SelfComposedDpEvent(
+            dp_accounting.PoissonSampledDpEvent(Q, dp_accounting.GaussianDpEvent(SIGMA)), STEPS
+        )
+    )
     curve = curves.dpsgd_curve(SIGMA, Q, STEPS)
     assert curves.rdp_to_dp(orders, curve, DELTA_G)[0] == accountant.get_epsilon(DELTA_G)
     # A Laplace query of epsilon e is e-DP: its curve converts to at most e (+ the conversion slack).
@@ -345,8 +359,7 @@ def honest_ledger(location):
     ledger.register("s", "p2")
     ledger.add_block("s", "b4", start=4 * DAY, end=5 * DAY)
     for i in range(6):
-        ledger.request("p1" if i % 2 else "p2", "s", blocks=[f"b{i % 5}", f"b{(i + 1) % 5}"], epsilon=0.125,
-                       delta=1e-7)
+        ledger.request("p1" if i % 2 else "p2", "s", blocks=[f"b{i % 5}", f"b{(i + 1) % 5}"], epsilon=0.125, delta=1e-7)
     ledger.request("p2", "s", blocks=["b0"], epsilon=0.5)  # b0: 3 x 0.125 + 0.5 = 0.875
     ledger.close()
 
@@ -373,8 +386,11 @@ def _tamper_log_body(raw_sql, location):
     seq, body = _grant_log_row(raw_sql, location)
     data = json.loads(body)
     data["cost"] = [c / 2 for c in data["cost"]]  # pretend the grant cost half as much
-    raw_sql(location, "UPDATE log SET body = ? WHERE seq = ?", (json.dumps(data, sort_keys=True,
-                                                                             separators=(",", ":")), seq))
+    raw_sql(
+        location,
+        "UPDATE log SET body = ? WHERE seq = ?",
+        (json.dumps(data, sort_keys=True, separators=(",", ":")), seq),
+    )
     return "hash chain broken"
 
 
@@ -411,8 +427,9 @@ def _rechain_after_overspend(raw_sql, location):
     return "invalid signature"
 
 
-@pytest.mark.parametrize("tamper", [_tamper_log_body, _tamper_block_spent, _delete_log_row, _delete_last_log_row,
-                                    _rechain_after_overspend])
+@pytest.mark.parametrize(
+    "tamper", [_tamper_log_body, _tamper_block_spent, _delete_log_row, _delete_last_log_row, _rechain_after_overspend]
+)
 def test_audit_detects_tampering(ledger_url, raw_sql, tamper):
     honest_ledger(ledger_url)
     assert audit_cli(ledger_url)[0] == 0
@@ -443,10 +460,35 @@ def test_audit_detects_overspending_after_the_stream_table_is_edited(ledger_url,
 @pytest.mark.slow  # a benchmark at its smallest sizes: about 20 s
 def test_bench_ledger_reports_its_figures(tmp_path):
     # add_blocks on a 2,000-block old stream (the default 100,000 takes minutes: a figure, not a check)
-    out = subprocess.run([sys.executable, "-m", "sage_tfx", "bench", "ledger", "--json", "--grants", "6",
-                          "--blocks", "4", "--writers", "1,2", "--repeats", "1", "--choose-blocks", "60",
-                          "--growth-blocks", "2000", "--growth-batch", "100", "--db-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "bench",
+            "ledger",
+            "--json",
+            "--grants",
+            "6",
+            "--blocks",
+            "4",
+            "--writers",
+            "1,2",
+            "--repeats",
+            "1",
+            "--choose-blocks",
+            "60",
+            "--growth-blocks",
+            "2000",
+            "--growth-batch",
+            "100",
+            "--db-dir",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     figures = json.loads(out.stdout)
     for key in ("grants_per_second", "baseline_transactions_per_second", "ratio"):

@@ -14,6 +14,7 @@ curves on `rdp` streams), pipelines finishing, and blocks retiring. On it:
   here, leaves on an identical stream, with the same audit-log entry;
 * the iterator chooses the same blocks as the old newest-first walk.
 """
+
 import json
 import math
 import random
@@ -43,7 +44,7 @@ def new_stream(ledger, name, accounting):
 def random_charge(rng, accounting, orders):
     if accounting == "rdp" and rng.random() < 0.4:  # a Gaussian-like curve, alpha / (2 sigma^2) per step
         sigma, steps = rng.uniform(2.0, 8.0), rng.randint(1, 30)
-        return dict(curve=[steps * a / (2 * sigma ** 2) for a in orders], delta=rng.choice([0.0, 1e-7]))
+        return dict(curve=[steps * a / (2 * sigma**2) for a in orders], delta=rng.choice([0.0, 1e-7]))
     epsilon = rng.choice([0.0625, 0.125, 0.25, 0.5, rng.uniform(0.01, 0.6)])
     if accounting == "rdp":
         epsilon *= 2
@@ -77,7 +78,7 @@ def random_history(ledger, streams, accounting, rng, steps, finish=None):
             pipeline, charge = rng.choice(ASKERS), random_charge(rng, accounting, orders)
             for s in streams:
                 try:
-                    ledger.request(pipeline, s, blocks=ids[start:start + width], **charge)
+                    ledger.request(pipeline, s, blocks=ids[start : start + width], **charge)
                 except (BudgetRefused, LedgerError):  # no budget, or the pipeline has finished
                     pass
         elif op == "drain":  # pipelines in turn spend all they may on one block: the way blocks retire
@@ -103,19 +104,24 @@ def stored_reservations(raw_sql, url, stream):
     """{block: {pipeline: {"reserved", "used"}}}, pipelines in name order (the order the pool is summed in)."""
     out = {}
     for block, pipeline, reserved, used in raw_sql(
-            url, "SELECT block, pipeline, reserved, used FROM reservations WHERE stream = ? ORDER BY block, pipeline",
-            (stream,)):
+        url,
+        "SELECT block, pipeline, reserved, used FROM reservations WHERE stream = ? ORDER BY block, pipeline",
+        (stream,),
+    ):
         out.setdefault(block, {})[pipeline] = {"reserved": json.loads(reserved), "used": json.loads(used)}
     return out
 
 
 def scalar_available(filt, blocks, reservations, pipeline, delta, tolerance=1e-4):
     """``available_epsilon`` as it was: a scalar bisection over the filter's ``admits`` and the request's rule."""
+
     def fits(eps):
         cost = filt.cost(epsilon=eps, delta=delta)
-        return all(filt.admits(b.spent, cost)
-                   and isinstance(pick_source(filt, b.spent, cost, reservations.get(b.id, {}), pipeline), str)
-                   for b in blocks)
+        return all(
+            filt.admits(b.spent, cost)
+            and isinstance(pick_source(filt, b.spent, cost, reservations.get(b.id, {}), pipeline), str)
+            for b in blocks
+        )
 
     lo, hi = 0.0, filt.epsilon
     if fits(hi):
@@ -153,19 +159,21 @@ def test_available_per_block_equals_the_scalar_bisection_on_random_ledgers(ledge
                     partial += 0 < want < filt.epsilon
                 # Named blocks: in their order; retired and unknown ones get 0.0, like available_epsilon.
                 named = [b.id for b in reversed(blocks)] + ["nope"]
-                assert ledger.available_per_block(pipeline, stream, named, delta) == {
-                    **{b: 0.0 for b in named}, **got}
+                assert ledger.available_per_block(pipeline, stream, named, delta) == {**{b: 0.0 for b in named}, **got}
                 assert list(ledger.available_per_block(pipeline, stream, named, delta)) == named
                 for b in rng.sample(blocks, 3) + [None]:
                     one = "nope" if b is None else b.id
-                    assert ledger.available_epsilon(pipeline, stream, [one], delta) == \
-                        ledger.available_per_block(pipeline, stream, [one], delta)[one]
+                    assert (
+                        ledger.available_epsilon(pipeline, stream, [one], delta)
+                        == ledger.available_per_block(pipeline, stream, [one], delta)[one]
+                    )
                 # Several blocks at once: the scalar bisection over all of them.
                 width = rng.randint(2, min(5, len(active)))
                 start = rng.randrange(len(active) - width + 1)
-                window = active[start:start + width]
-                assert ledger.available_epsilon(pipeline, stream, [b.id for b in window], delta) == \
-                    scalar_available(filt, window, reservations, pipeline, delta)
+                window = active[start : start + width]
+                assert ledger.available_epsilon(pipeline, stream, [b.id for b in window], delta) == scalar_available(
+                    filt, window, reservations, pipeline, delta
+                )
     # The random ledgers exercised every case: blocks with nothing, some and all of the budget left.
     assert checked > 200 and nonzero > 20 and partial > 20
     assert ledger.audit().ok
@@ -197,8 +205,21 @@ def test_the_array_rules_are_the_filters_bit_for_bit(tmp_path, raw_sql, accounti
                     eps = []
                     for b in blocks:
                         left = max(1e-3, filt.epsilon - b.spent[0])
-                        eps.append(rng.choice([0.0625, 0.125, 0.25, 0.5, 1.0, filt.epsilon, left,
-                                               math.nextafter(left, 0), math.nextafter(left, math.inf)]))
+                        eps.append(
+                            rng.choice(
+                                [
+                                    0.0625,
+                                    0.125,
+                                    0.25,
+                                    0.5,
+                                    1.0,
+                                    filt.epsilon,
+                                    left,
+                                    math.nextafter(left, 0),
+                                    math.nextafter(left, math.inf),
+                                ]
+                            )
+                        )
                 costs = budgets.cost(eps)
                 fits = budgets.fits(eps)
                 slack = budgets.best_slack(costs) if accounting == "rdp" else None
@@ -228,8 +249,7 @@ def test_what_is_available_is_granted_and_a_step_more_is_not(tmp_path):
             top = ledger.stream(accounting).epsilon
             if eps < top:  # the bisection stopped within tolerance of the largest grantable epsilon
                 with pytest.raises((BudgetRefused, LedgerError)):
-                    ledger.request(pipeline, accounting, blocks=[block], epsilon=eps + 2 * tolerance * top,
-                                   delta=1e-7)
+                    ledger.request(pipeline, accounting, blocks=[block], epsilon=eps + 2 * tolerance * top, delta=1e-7)
             try:
                 ledger.request(pipeline, accounting, blocks=[block], epsilon=eps, delta=1e-7)
             except LedgerError as exc:  # only a finished pipeline may be refused this way
@@ -241,11 +261,17 @@ def test_available_per_block_rejects_bad_arguments_naming_them(tmp_path):
     ledger = Ledger.open(str(tmp_path / "l.db"), create=True)
     new_stream(ledger, "s", "basic")
     ledger.add_block("s", "b0", start=0, end=DAY)
-    for kwargs, named in [(dict(delta=1.5), "1.5"), (dict(delta=float("nan")), "nan"),
-                          (dict(tolerance=0.0), "0.0"), (dict(tolerance=-1e-3), "-0.001"),
-                          (dict(tolerance=float("inf")), "inf")]:
-        for call in (lambda: ledger.available_per_block("p", "s", **kwargs),  # noqa: B023
-                     lambda: ledger.available_epsilon("p", "s", ["b0"], **kwargs)):  # noqa: B023
+    for kwargs, named in [
+        (dict(delta=1.5), "1.5"),
+        (dict(delta=float("nan")), "nan"),
+        (dict(tolerance=0.0), "0.0"),
+        (dict(tolerance=-1e-3), "-0.001"),
+        (dict(tolerance=float("inf")), "inf"),
+    ]:
+        for call in (
+            lambda: ledger.available_per_block("p", "s", **kwargs),  # noqa: B023
+            lambda: ledger.available_epsilon("p", "s", ["b0"], **kwargs),  # noqa: B023
+        ):
             with pytest.raises(LedgerError, match=named):
                 call()
     with pytest.raises(LedgerError, match="nostream"):
@@ -277,8 +303,9 @@ def test_the_iterator_chooses_the_blocks_the_old_walk_chose(tmp_path, raw_sql, a
     n_active = len(ledger.blocks("s", state="active"))
     found = 0
     for pipeline in ASKERS:
-        iterator = SageIterator(ledger, "s", pipeline, lambda *a: None,
-                                settings=IteratorSettings(epsilon_start=0.125, delta=1e-7))
+        iterator = SageIterator(
+            ledger, "s", pipeline, lambda *a: None, settings=IteratorSettings(epsilon_start=0.125, delta=1e-7)
+        )
         per_block = ledger.available_per_block(pipeline, "s", delta=1e-7)
         # Ties with a block's exact availability are where a difference would show.
         for epsilon in sorted(set(per_block.values()) | {0.0625, 0.125, 0.3})[:12]:
@@ -302,32 +329,52 @@ def old_finish(ledger, stream, pipeline, outcome):
         if row is None or row[0] != "waiting":
             raise LedgerError(f"pipeline {pipeline!r} is not waiting on stream {stream!r}")
         now = time.time()  # the finish entry's time: the row's display time, bound by the keyed chain
-        tx.run("UPDATE pipelines SET state = 'done', outcome = ?, finished = ? WHERE stream = ? AND name = ?",
-               (outcome, now, stream, pipeline))
-        others = [r[0] for r in tx.all(
-            "SELECT name FROM pipelines WHERE stream = ? AND state = 'waiting' ORDER BY name", (stream,))]
+        tx.run(
+            "UPDATE pipelines SET state = 'done', outcome = ?, finished = ? WHERE stream = ? AND name = ?",
+            (outcome, now, stream, pipeline),
+        )
+        others = [
+            r[0]
+            for r in tx.all(
+                "SELECT name FROM pipelines WHERE stream = ? AND state = 'waiting' ORDER BY name", (stream,)
+            )
+        ]
         moved = 0
         for block_id, reserved, used in tx.all(
             "SELECT r.block, r.reserved, r.used FROM reservations r JOIN blocks b"
             " ON b.stream = r.stream AND b.id = r.block"
-            " WHERE r.stream = ? AND r.pipeline = ? AND b.state = 'active'", (stream, pipeline)):
+            " WHERE r.stream = ? AND r.pipeline = ? AND b.state = 'active'",
+            (stream, pipeline),
+        ):
             reserved, used = json.loads(reserved), json.loads(used)
             leftover = [max(0.0, r - u) for r, u in zip(reserved, used)]
-            tx.run("UPDATE reservations SET reserved = ? WHERE stream = ? AND block = ? AND pipeline = ?",
-                   (json.dumps(used), stream, block_id, pipeline))
+            tx.run(
+                "UPDATE reservations SET reserved = ? WHERE stream = ? AND block = ? AND pipeline = ?",
+                (json.dumps(used), stream, block_id, pipeline),
+            )
             moved += 1
             for other in others:
                 share = [x / len(others) for x in leftover]
-                cur = tx.one("SELECT reserved FROM reservations WHERE stream = ? AND block = ? AND pipeline = ?",
-                             (stream, block_id, other))
+                cur = tx.one(
+                    "SELECT reserved FROM reservations WHERE stream = ? AND block = ? AND pipeline = ?",
+                    (stream, block_id, other),
+                )
                 if cur is None:
-                    tx.run("INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES (?, ?, ?, ?, ?)",
-                           (stream, block_id, other, json.dumps(share), json.dumps(s.filter().zero())))
+                    tx.run(
+                        "INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES (?, ?, ?, ?, ?)",
+                        (stream, block_id, other, json.dumps(share), json.dumps(s.filter().zero())),
+                    )
                 else:
-                    tx.run("UPDATE reservations SET reserved = ? WHERE stream = ? AND block = ? AND pipeline = ?",
-                           (json.dumps(filters.add(json.loads(cur[0]), share)), stream, block_id, other))
-        ledger._log(tx, "finish", {"stream": stream, "pipeline": pipeline, "outcome": outcome,
-                                   "blocks_released": moved, "to": others}, at=now)
+                    tx.run(
+                        "UPDATE reservations SET reserved = ? WHERE stream = ? AND block = ? AND pipeline = ?",
+                        (json.dumps(filters.add(json.loads(cur[0]), share)), stream, block_id, other),
+                    )
+        ledger._log(
+            tx,
+            "finish",
+            {"stream": stream, "pipeline": pipeline, "outcome": outcome, "blocks_released": moved, "to": others},
+            at=now,
+        )
 
 
 def table(raw_sql, url, sql, stream):
@@ -340,12 +387,17 @@ def test_finish_leaves_exactly_what_the_per_row_algorithm_left(ledger_url, raw_s
     rng = random.Random(f"finish-{accounting}")
 
     def compare(old, new):
-        for sql in ("SELECT block, pipeline, reserved, used FROM reservations WHERE stream = ?",
-                    "SELECT id, state, spent FROM blocks WHERE stream = ?",
-                    "SELECT name, state, outcome FROM pipelines WHERE stream = ?"):
+        for sql in (
+            "SELECT block, pipeline, reserved, used FROM reservations WHERE stream = ?",
+            "SELECT id, state, spent FROM blocks WHERE stream = ?",
+            "SELECT name, state, outcome FROM pipelines WHERE stream = ?",
+        ):
             assert table(raw_sql, ledger_url, sql, old) == table(raw_sql, ledger_url, sql, new), sql
-        logs = [json.loads(body) for kind, body in raw_sql(ledger_url, "SELECT kind, body FROM log ORDER BY seq")
-                if kind == "finish"]
+        logs = [
+            json.loads(body)
+            for kind, body in raw_sql(ledger_url, "SELECT kind, body FROM log ORDER BY seq")
+            if kind == "finish"
+        ]
         assert logs[-1] == {**logs[-2], "stream": new}
 
     def both(stream, pipeline, outcome):  # random_history calls it on "old<r>", then on "new<r>"
@@ -365,7 +417,7 @@ def test_finish_leaves_exactly_what_the_per_row_algorithm_left(ledger_url, raw_s
             if p["state"] == "waiting":
                 both(old, p["name"], "TIMEOUT")
                 both(new, p["name"], "TIMEOUT")
-    assert sum(kind == "finish" for kind, in raw_sql(ledger_url, "SELECT kind FROM log")) >= 20
+    assert sum(kind == "finish" for (kind,) in raw_sql(ledger_url, "SELECT kind FROM log")) >= 20
     assert ledger.audit().ok
 
 
@@ -385,9 +437,12 @@ def test_finish_redistributes_with_the_same_audit_entry_and_reconciles(ledger_ur
     kind, body = raw_sql(ledger_url, "SELECT kind, body FROM log ORDER BY seq DESC LIMIT 1")[0]
     body = json.loads(body)
     assert kind == "finish" and body["pipeline"] == waiting[0] and body["to"] == sorted(waiting[1:])
-    held = raw_sql(ledger_url, "SELECT count(*) FROM reservations r JOIN blocks b ON b.stream = r.stream AND"
-                               " b.id = r.block WHERE r.stream = 's' AND r.pipeline = ? AND b.state = 'active'",
-                   (waiting[0],))[0][0]
+    held = raw_sql(
+        ledger_url,
+        "SELECT count(*) FROM reservations r JOIN blocks b ON b.stream = r.stream AND"
+        " b.id = r.block WHERE r.stream = 's' AND r.pipeline = ? AND b.state = 'active'",
+        (waiting[0],),
+    )[0][0]
     assert body["blocks_released"] == held >= 2
     assert ledger.audit().ok
 

@@ -3,6 +3,7 @@
 "Unchanged" is checked on a full dump of every table (and, for broken files, of the
 file's bytes and its directory) taken before and after each bad input.
 """
+
 import concurrent.futures
 import contextlib
 import io
@@ -23,8 +24,9 @@ DAY = 86400.0
 
 
 def sage(*args):
-    return subprocess.run([sys.executable, "-m", "sage_tfx", "ledger", *args], capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "sage_tfx", "ledger", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def sage_each(actions, location):
@@ -81,8 +83,11 @@ def state(location):
     if is_postgres(location):
         return tables
     folder = os.path.dirname(location)
-    return tables, {name: open(os.path.join(folder, name), "rb").read() for name in sorted(os.listdir(folder))
-                    if not name.endswith("-shm") and os.path.isfile(os.path.join(folder, name))}
+    return tables, {
+        name: open(os.path.join(folder, name), "rb").read()
+        for name in sorted(os.listdir(folder))
+        if not name.endswith("-shm") and os.path.isfile(os.path.join(folder, name))
+    }
 
 
 def populate(location):
@@ -129,8 +134,11 @@ ADD = ["add-block", "--stream", "s", "--block", "b9"]
 # (case id, `sage ledger` arguments after the action's --db, substrings the error must contain)
 CLI_CASES = [
     # epsilon: negative, zero, NaN, +-inf, not a number
-    ("charge-split-above-charge", CHARGE + ["--epsilon=0.1", "--split", "preprocessing=5,training=5,validation=5"],
-     ["composes to epsilon 15", "charges (0.1)"]),
+    (
+        "charge-split-above-charge",
+        CHARGE + ["--epsilon=0.1", "--split", "preprocessing=5,training=5,validation=5"],
+        ["composes to epsilon 15", "charges (0.1)"],
+    ),
     ("charge-split-unknown-stage", CHARGE + ["--epsilon=0.1", "--split", "trainng=0.1"], ["'trainng'"]),
     ("charge-split-bad-number", CHARGE + ["--epsilon=0.1", "--split", "training=x"], ["'x'"]),
     ("charge-split-bad-rule", CHARGE + ["--epsilon=0.1", "--split", "training=0.1,rule=max"], ["'max'"]),
@@ -146,54 +154,102 @@ CLI_CASES = [
     ("charge-delta-negative", CHARGE + ["--epsilon=0.1", "--delta=-1e-09"], ["delta -1e-09"]),
     ("charge-delta-nan", CHARGE + ["--epsilon=0.1", "--delta=nan"], ["delta nan"]),
     # blocks: unknown, retired, duplicate, empty
-    ("charge-unknown-block", ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", "nope", "--epsilon=0.1"],
-     ["unknown block", "nope"]),
-    ("charge-unknown-among-known", ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", "b0,b1,ghost",
-                                    "--epsilon=0.1"], ["ghost"]),
-    ("charge-retired-block", ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", "b0,bret",
-                              "--epsilon=0.1"], ["bret", "retired"]),
-    ("charge-duplicate-block", ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", "b0,b1,b0",
-                                "--epsilon=0.1"], ["more than once", "b0"]),
-    ("charge-empty-block-set", ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", "", "--epsilon=0.1"],
-     ["block set is empty"]),
-    ("charge-only-commas", ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", ",,", "--epsilon=0.1"],
-     ["block set is empty"]),
+    (
+        "charge-unknown-block",
+        ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", "nope", "--epsilon=0.1"],
+        ["unknown block", "nope"],
+    ),
+    (
+        "charge-unknown-among-known",
+        ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", "b0,b1,ghost", "--epsilon=0.1"],
+        ["ghost"],
+    ),
+    (
+        "charge-retired-block",
+        ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", "b0,bret", "--epsilon=0.1"],
+        ["bret", "retired"],
+    ),
+    (
+        "charge-duplicate-block",
+        ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", "b0,b1,b0", "--epsilon=0.1"],
+        ["more than once", "b0"],
+    ),
+    (
+        "charge-empty-block-set",
+        ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", "", "--epsilon=0.1"],
+        ["block set is empty"],
+    ),
+    (
+        "charge-only-commas",
+        ["charge", "--stream", "s", "--pipeline", "p1", "--blocks", ",,", "--epsilon=0.1"],
+        ["block set is empty"],
+    ),
     # streams and pipelines
-    ("charge-unknown-stream", ["charge", "--stream", "nosuch", "--pipeline", "p1", "--blocks", "b0",
-                               "--epsilon=0.1"], ["stream 'nosuch' does not exist"]),
-    ("charge-bad-pipeline-name", ["charge", "--stream", "s", "--pipeline", "bad name!", "--blocks", "b0",
-                                  "--epsilon=0.1"], ["'bad name!'"]),
-    ("charge-finished-pipeline", ["charge", "--stream", "s", "--pipeline", "pdone", "--blocks", "b0",
-                                  "--epsilon=0.1"], ["pdone", "already finished"]),
-    ("init-duplicate-stream", ["init", "--stream", "s", "--epsilon", "1", "--delta", "1e-6"],
-     ["stream 's' already exists"]),
+    (
+        "charge-unknown-stream",
+        ["charge", "--stream", "nosuch", "--pipeline", "p1", "--blocks", "b0", "--epsilon=0.1"],
+        ["stream 'nosuch' does not exist"],
+    ),
+    (
+        "charge-bad-pipeline-name",
+        ["charge", "--stream", "s", "--pipeline", "bad name!", "--blocks", "b0", "--epsilon=0.1"],
+        ["'bad name!'"],
+    ),
+    (
+        "charge-finished-pipeline",
+        ["charge", "--stream", "s", "--pipeline", "pdone", "--blocks", "b0", "--epsilon=0.1"],
+        ["pdone", "already finished"],
+    ),
+    (
+        "init-duplicate-stream",
+        ["init", "--stream", "s", "--epsilon", "1", "--delta", "1e-6"],
+        ["stream 's' already exists"],
+    ),
     ("init-eps-zero", ["init", "--stream", "s2", "--epsilon=0", "--delta", "1e-6"], ["epsilon 0.0"]),
     ("init-eps-nan", ["init", "--stream", "s2", "--epsilon=nan", "--delta", "1e-6"], ["epsilon nan"]),
     ("init-eps-negative", ["init", "--stream", "s2", "--epsilon=-2", "--delta", "1e-6"], ["epsilon -2.0"]),
     ("init-eps-inf", ["init", "--stream", "s2", "--epsilon=inf", "--delta", "1e-6"], ["epsilon inf"]),
     ("init-delta-one", ["init", "--stream", "s2", "--epsilon", "1", "--delta=1"], ["delta 1.0"]),
     ("init-delta-negative", ["init", "--stream", "s2", "--epsilon", "1", "--delta=-0.1"], ["delta -0.1"]),
-    ("init-bad-stream-name", ["init", "--stream", "white space", "--epsilon", "1", "--delta", "1e-6"],
-     ["'white space'"]),
+    (
+        "init-bad-stream-name",
+        ["init", "--stream", "white space", "--epsilon", "1", "--delta", "1e-6"],
+        ["'white space'"],
+    ),
     ("init-min-eps-above-eps", INIT + ["--min-epsilon=2"], ["min_epsilon 2.0"]),
     ("init-min-eps-nan", INIT + ["--min-epsilon=nan"], ["min_epsilon nan"]),
-    ("init-rdp-zero-delta", ["init", "--stream", "s2", "--epsilon", "1", "--delta=0", "--accounting", "rdp"],
-     ["delta 0.0", "0 < delta"]),
+    (
+        "init-rdp-zero-delta",
+        ["init", "--stream", "s2", "--epsilon", "1", "--delta=0", "--accounting", "rdp"],
+        ["delta 0.0", "0 < delta"],
+    ),
     ("init-unknown-accounting", INIT + ["--accounting", "fancy"], ["'fancy'"]),
     ("init-unknown-policy", INIT + ["--policy", "greedy"], ["'greedy'"]),
     # limits: a stream epsilon above the maximum (default 10), a grant below the stream's min_epsilon
-    ("init-eps-above-max", ["init", "--stream", "s2", "--epsilon=1e308", "--delta", "1e-6"],
-     ["stream epsilon 1e+308", "maximum 10", "--max-epsilon"]),
-    ("init-eps-above-raised-max", INIT[:3] + ["--epsilon=50", "--delta", "1e-6", "--max-epsilon=20"],
-     ["stream epsilon 50.0", "maximum 20"]),
+    (
+        "init-eps-above-max",
+        ["init", "--stream", "s2", "--epsilon=1e308", "--delta", "1e-6"],
+        ["stream epsilon 1e+308", "maximum 10", "--max-epsilon"],
+    ),
+    (
+        "init-eps-above-raised-max",
+        INIT[:3] + ["--epsilon=50", "--delta", "1e-6", "--max-epsilon=20"],
+        ["stream epsilon 50.0", "maximum 20"],
+    ),
     ("init-max-eps-nan", INIT + ["--max-epsilon=nan"], ["max_epsilon nan"]),
-    ("charge-eps-below-minimum", CHARGE + ["--epsilon=1e-300"],
-     ["epsilon 1e-300", "minimum grant epsilon 0.001", "epsilon >= 0.001", "--min-grant-epsilon"]),
+    (
+        "charge-eps-below-minimum",
+        CHARGE + ["--epsilon=1e-300"],
+        ["epsilon 1e-300", "minimum grant epsilon 0.001", "epsilon >= 0.001", "--min-grant-epsilon"],
+    ),
     ("charge-eps-just-below-minimum", CHARGE + ["--epsilon=0.000999"], ["epsilon 0.000999", "minimum"]),
     ("init-min-grant-eps-zero", INIT + ["--min-grant-epsilon=0"], ["min_grant_epsilon 0.0"]),
     # blocks: duplicate id, overlapping windows, bad orders, bad keys
-    ("add-duplicate-block", ["add-block", "--stream", "s", "--block", "b0", "--start=864000", "--end=950400"],
-     ["block 'b0' already exists"]),
+    (
+        "add-duplicate-block",
+        ["add-block", "--stream", "s", "--block", "b0", "--start=864000", "--end=950400"],
+        ["block 'b0' already exists"],
+    ),
     ("add-overlapping-window", ADD + ["--start=43200", "--end=129600"], ["overlaps", "b0", "43200"]),
     ("add-window-inside-another", ADD + ["--start=90000", "--end=100000"], ["overlaps", "b1"]),
     ("add-window-end-before-start", ADD + ["--start=900000", "--end=800000"], ["900000", "800000", "before"]),
@@ -252,29 +308,45 @@ def _rdp_curve_of(n):
 
 
 API_CASES = [
-    ("window-reversed", lambda l, g: l.request("p1", "s", window=(2 * DAY, 0), epsilon=0.1),
-     ["window [172800.0, 0.0) is empty"]),
+    (
+        "window-reversed",
+        lambda l, g: l.request("p1", "s", window=(2 * DAY, 0), epsilon=0.1),
+        ["window [172800.0, 0.0) is empty"],
+    ),
     ("window-nan", lambda l, g: l.request("p1", "s", window=(0, math.nan), epsilon=0.1), ["window end nan"]),
     ("window-not-a-pair", lambda l, g: l.request("p1", "s", window=5, epsilon=0.1), ["window 5"]),
-    ("window-without-blocks", lambda l, g: l.request("p1", "s", window=(10 * DAY, 11 * DAY), epsilon=0.1),
-     ["holds no active blocks"]),
-    ("blocks-and-window", lambda l, g: l.request("p1", "s", blocks=["b0"], window=(0, DAY), epsilon=0.1),
-     ["either blocks or window"]),
+    (
+        "window-without-blocks",
+        lambda l, g: l.request("p1", "s", window=(10 * DAY, 11 * DAY), epsilon=0.1),
+        ["holds no active blocks"],
+    ),
+    (
+        "blocks-and-window",
+        lambda l, g: l.request("p1", "s", blocks=["b0"], window=(0, DAY), epsilon=0.1),
+        ["either blocks or window"],
+    ),
     ("no-epsilon", lambda l, g: l.request("p1", "s", blocks=["b0"]), ["give epsilon"]),
     ("epsilon-text", lambda l, g: l.request("p1", "s", blocks=["b0"], epsilon="abc"), ["'abc' is not a number"]),
     ("epsilon-none-list", lambda l, g: l.request("p1", "s", blocks=[], epsilon=0.1), ["block set is empty"]),
-    ("curve-wrong-length", lambda l, g: l.request("p1", "r", blocks=["r0"], curve=_rdp_curve_of(3)),
-     ["has 3 values"]),
-    ("curve-negative", lambda l, g: l.request("p1", "r", blocks=["r0"], curve=[-0.5] + _rdp_curve_of(11)),
-     ["-0.5"]),
+    ("curve-wrong-length", lambda l, g: l.request("p1", "r", blocks=["r0"], curve=_rdp_curve_of(3)), ["has 3 values"]),
+    ("curve-negative", lambda l, g: l.request("p1", "r", blocks=["r0"], curve=[-0.5] + _rdp_curve_of(11)), ["-0.5"]),
     ("curve-nan", lambda l, g: l.request("p1", "r", blocks=["r0"], curve=[math.nan] * 12), ["nan"]),
     ("curve-missing-order", lambda l, g: l.request("p1", "r", blocks=["r0"], curve={2.0: 0.1}), ["lacks"]),
-    ("curve-on-basic-without-delta", lambda l, g: l.request("p1", "s", blocks=["b0"], curve=_rdp_curve_of(12)),
-     ["needs delta > 0"]),
-    ("rdp-orders-too-small", lambda l, g: l.create_stream("s3", 1.0, 1e-6, accounting="rdp", orders=[1.0, 2.0]),
-     ["order 1.0"]),
-    ("rdp-orders-duplicate", lambda l, g: l.create_stream("s3", 1.0, 1e-6, accounting="rdp", orders=[2, 2]),
-     ["duplicates"]),
+    (
+        "curve-on-basic-without-delta",
+        lambda l, g: l.request("p1", "s", blocks=["b0"], curve=_rdp_curve_of(12)),
+        ["needs delta > 0"],
+    ),
+    (
+        "rdp-orders-too-small",
+        lambda l, g: l.create_stream("s3", 1.0, 1e-6, accounting="rdp", orders=[1.0, 2.0]),
+        ["order 1.0"],
+    ),
+    (
+        "rdp-orders-duplicate",
+        lambda l, g: l.create_stream("s3", 1.0, 1e-6, accounting="rdp", orders=[2, 2]),
+        ["duplicates"],
+    ),
     ("rdp-no-budget", lambda l, g: l.create_stream("s3", 1e-6, 1e-12, accounting="rdp"), ["no RDP budget"]),
     ("stream-bad-accounting", lambda l, g: l.create_stream("s3", 1.0, 1e-6, accounting="zcdp"), ["'zcdp'"]),
     ("stream-name-not-str", lambda l, g: l.create_stream(42, 1.0, 1e-6), ["42"]),
@@ -284,19 +356,31 @@ API_CASES = [
     ("block-id-too-long", lambda l, g: l.add_block("s", "b" * 200), ["'" + "b" * 200 + "'"]),
     ("add-blocks-names-not-dicts", lambda l, g: l.add_blocks("s", ["b8", "b9"]), ["block 'b8' is not a dict"]),
     ("add-blocks-a-string", lambda l, g: l.add_blocks("s", "b9"), ["block 'b9' is not a dict"]),
-    ("rdp-grant-below-minimum", lambda l, g: l.request("p1", "r", blocks=["r0"], epsilon=1e-300, delta=1e-7),
-     ["epsilon 1e-300", "minimum grant epsilon 0.001"]),
-    ("rdp-curve-below-minimum", lambda l, g: l.request("p1", "r", blocks=["r0"], curve=[1e-12] * 12),
-     ["RDP curve below", "minimum grant epsilon 0.001"]),
+    (
+        "rdp-grant-below-minimum",
+        lambda l, g: l.request("p1", "r", blocks=["r0"], epsilon=1e-300, delta=1e-7),
+        ["epsilon 1e-300", "minimum grant epsilon 0.001"],
+    ),
+    (
+        "rdp-curve-below-minimum",
+        lambda l, g: l.request("p1", "r", blocks=["r0"], curve=[1e-12] * 12),
+        ["RDP curve below", "minimum grant epsilon 0.001"],
+    ),
     ("stream-eps-above-max", lambda l, g: l.create_stream("s3", 1e308, 1e-6), ["stream epsilon 1e+308", "maximum 10"]),
-    ("stream-eps-above-given-max", lambda l, g: l.create_stream("s3", 11.0, 1e-6, max_epsilon=10.5),
-     ["stream epsilon 11.0", "maximum 10.5"]),
+    (
+        "stream-eps-above-given-max",
+        lambda l, g: l.create_stream("s3", 11.0, 1e-6, max_epsilon=10.5),
+        ["stream epsilon 11.0", "maximum 10.5"],
+    ),
     ("outcome-unknown-grant", lambda l, g: l.record_outcome("g-nope", "ACCEPT"), ["'g-nope'"]),
     ("outcome-twice", lambda l, g: l.record_outcome(g, "ACCEPT"), ["already has an outcome", "g-"]),
     ("finish-outcome-unknown", lambda l, g: l.finish("s", "p1", "RETRY"), ["'RETRY'"]),
     ("blocks-bad-state", lambda l, g: l.blocks("s", state="zombie"), ["'zombie'"]),
-    ("verify-altered-grant", lambda l, g: l.verify(dict(json.loads(l.get_grant(g).to_json()), epsilon=1.0)),
-     ["forged"]),
+    (
+        "verify-altered-grant",
+        lambda l, g: l.verify(dict(json.loads(l.get_grant(g).to_json()), epsilon=1.0)),
+        ["forged"],
+    ),
 ]
 
 
@@ -432,8 +516,9 @@ def test_read_only_path(tmp_path, monkeypatch, where):
 # --------------------------------------------------------------------------- schema versions (both backends)
 def test_newer_schema_version_is_refused_untouched(ledger_url):
     populate(ledger_url)
-    run_sql(ledger_url, "UPDATE meta SET value = ? WHERE key = 'schema_version'",
-            (str(ledger_store.SCHEMA_VERSION + 1),))
+    run_sql(
+        ledger_url, "UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(ledger_store.SCHEMA_VERSION + 1),)
+    )
     before = dump(ledger_url)
     for action, out in sage_each(ACTIONS, ledger_url):
         assert out.returncode == 2, (action, out.stdout, out.stderr)

@@ -5,6 +5,7 @@ include it, added in log order (the ledger adds floats in commit order, so the s
 gives the same bits), no block is over budget, every grant a worker was handed is in the
 ledger exactly as handed, and the budget really ran out (refusals and retirements happened).
 """
+
 import json
 import multiprocessing
 import random
@@ -106,8 +107,10 @@ def run_contention(location, n_blocks, workers=8, time_limit=240.0):
     ctx = multiprocessing.get_context("spawn")
     barrier, results = ctx.Barrier(workers), ctx.Queue()
     deadline = time.time() + time_limit
-    procs = [ctx.Process(target=charge_worker, args=(location, i, 1000 + i, barrier, results, deadline, quota))
-             for i in range(workers)]
+    procs = [
+        ctx.Process(target=charge_worker, args=(location, i, 1000 + i, barrier, results, deadline, quota))
+        for i in range(workers)
+    ]
     for p in procs:
         p.start()
     outcomes = [results.get(timeout=time_limit + 120) for _ in procs]

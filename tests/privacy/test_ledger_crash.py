@@ -5,6 +5,7 @@ AFTER ``request`` returned, so a line in a file is an acknowledged grant. Afterw
 the ledger must pass ``audit`` (hash chain, log replay, and SQLite's integrity_check),
 hold every acknowledged grant exactly as handed, overspend no block, and still work.
 """
+
 import json
 import multiprocessing
 import os
@@ -32,8 +33,13 @@ def crash_worker(location, ack_path, seed):
                     continue
             chosen = rng.sample(active, min(len(active), rng.randint(1, 5)))
             try:
-                grant = ledger.request(f"w{seed}", "s", blocks=chosen, epsilon=round(rng.uniform(0.005, 0.05), 5),
-                                       delta=rng.choice((0.0, 2e-9)))
+                grant = ledger.request(
+                    f"w{seed}",
+                    "s",
+                    blocks=chosen,
+                    epsilon=round(rng.uniform(0.005, 0.05), 5),
+                    delta=rng.choice((0.0, 2e-9)),
+                )
             except (BudgetRefused, BlockRetired):
                 active = []
                 continue
@@ -68,8 +74,9 @@ def run_crash_rounds(location, ack_dir, seed=7):
     ctx = multiprocessing.get_context("spawn")
     for round_no in range(ROUNDS):
         paths = [os.path.join(ack_dir, f"ack-{round_no}-{w}.txt") for w in range(WORKERS)]
-        procs = [ctx.Process(target=crash_worker, args=(location, path, 100 * round_no + w))
-                 for w, path in enumerate(paths)]
+        procs = [
+            ctx.Process(target=crash_worker, args=(location, path, 100 * round_no + w)) for w, path in enumerate(paths)
+        ]
         # Let the workers get going (at least one acknowledged grant), then kill each at a random moment; on a
         # loaded machine, let a block run out before the last round's kills (the test needs one).
         ready = (lambda: any_retired(location)) if round_no == ROUNDS - 1 else None
@@ -77,8 +84,7 @@ def run_crash_rounds(location, ack_dir, seed=7):
         # New data arrives between rounds, while old blocks run out.
         with Ledger.open(location) as ledger:
             for _ in range(NEW_BLOCKS_PER_ROUND):
-                ledger.add_block("s", f"b{next_block:03d}", start=next_block * 3600.0,
-                                 end=(next_block + 1) * 3600.0)
+                ledger.add_block("s", f"b{next_block:03d}", start=next_block * 3600.0, end=(next_block + 1) * 3600.0)
                 next_block += 1
 
 

@@ -4,6 +4,7 @@ Counted, not timed: the SQL statements the store executes (both backends) and, o
 instructions it runs (a progress handler), for the same 40-block add on a 40-block and on a 3,000-block stream.
 Before the fix, the window-clash check walked every older window: its instruction count grew with the stream.
 """
+
 import pytest
 
 from sage_tfx.privacy import Ledger
@@ -17,8 +18,10 @@ ADD = 40  # blocks in the counted add_blocks call
 def _blocks(i0, n, keyed, tag=0):
     """GENERATED block descriptions: hourly windows (or shards) with distinct content digests."""
     if keyed == "window":
-        return [dict(id=f"b{i:06d}", start=i * HOUR, end=(i + 1) * HOUR, rows=10, digest=f"{tag:02x}{i:062x}")
-                for i in range(i0, i0 + n)]
+        return [
+            dict(id=f"b{i:06d}", start=i * HOUR, end=(i + 1) * HOUR, rows=10, digest=f"{tag:02x}{i:062x}")
+            for i in range(i0, i0 + n)
+        ]
     return [dict(id=f"b{i:06d}", shard=i, rows=10, digest=f"{tag:02x}{i:062x}") for i in range(i0, i0 + n)]
 
 
@@ -42,6 +45,7 @@ def _count_add(ledger, stream, size, keyed, vm_steps=None):
         def step():
             vm_steps[0] += 1
             return 0
+
         ledger._store._conn.set_progress_handler(step, 10)
     try:
         ledger.add_blocks(stream, _blocks(size, ADD, keyed, len(stream)))
@@ -83,17 +87,24 @@ def test_clash_checks_still_refuse_on_an_old_stream(ledger_url, keyed):
     with Ledger.open(ledger_url) as ledger:
         before = ledger._store.statements
         if keyed == "window":
-            bad = [dict(id="x0", start=0.5 * HOUR, end=0.75 * HOUR),         # inside the oldest window
-                   dict(id="x1", start=700.5 * HOUR, end=701.5 * HOUR),      # across two middle windows
-                   dict(id="x2", start=-5 * HOUR, end=2000 * HOUR),          # covering them all
-                   dict(id="x3", start=1499.9 * HOUR, end=1600 * HOUR)]      # the newest window's tail
+            bad = [
+                dict(id="x0", start=0.5 * HOUR, end=0.75 * HOUR),  # inside the oldest window
+                dict(id="x1", start=700.5 * HOUR, end=701.5 * HOUR),  # across two middle windows
+                dict(id="x2", start=-5 * HOUR, end=2000 * HOUR),  # covering them all
+                dict(id="x3", start=1499.9 * HOUR, end=1600 * HOUR),
+            ]  # the newest window's tail
             for block in bad:
                 with pytest.raises(LedgerError, match="overlaps block"):
                     ledger.add_blocks("s", [*_blocks(5000, 3, keyed), block])
             # two new blocks of one call that overlap each other
             with pytest.raises(LedgerError, match="overlaps block 'y0'"):
-                ledger.add_blocks("s", [dict(id="y0", start=9000 * HOUR, end=9002 * HOUR),
-                                        dict(id="y1", start=9001 * HOUR, end=9003 * HOUR)])
+                ledger.add_blocks(
+                    "s",
+                    [
+                        dict(id="y0", start=9000 * HOUR, end=9002 * HOUR),
+                        dict(id="y1", start=9001 * HOUR, end=9003 * HOUR),
+                    ],
+                )
             # touching windows do not overlap
             ledger.add_blocks("s", [dict(id="z0", start=1500 * HOUR, end=1501 * HOUR)])
         else:
@@ -118,8 +129,11 @@ def test_a_version_3_ledger_gains_the_shard_index(tmp_path):
     Ledger.upgrade(path, progress=lambda line: None)
     with Ledger.open(path) as ledger:
         with ledger._store.transaction(write=False) as tx:
-            assert tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0] == str(
-                ledger_store.SCHEMA_VERSION) == "10"
+            assert (
+                tx.one("SELECT value FROM meta WHERE key = 'schema_version'")[0]
+                == str(ledger_store.SCHEMA_VERSION)
+                == "10"
+            )
             assert tx.one("SELECT 1 FROM sqlite_master WHERE type = 'index' AND name = 'blocks_shard'")
         ledger.add_block("s", "b1", shard=1, rows=5)
         with pytest.raises(LedgerError, match="shard 0 is already block 'b0'"):

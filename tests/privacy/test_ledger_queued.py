@@ -5,6 +5,7 @@ point (request, add_blocks, register, finish) runs ``allocation.QueuedAllocation
 demands; an admitted demand is charged at once and its grant handed to the pipeline's next identical request.
 Each test ends with the audit, which replays demands and admissions from the log.
 """
+
 import json
 import multiprocessing
 import os
@@ -31,8 +32,10 @@ def spent(ledger, block):
 
 def demands(ledger):
     with ledger.store.transaction(write=False) as tx:
-        return {r[0]: (json.loads(r[1]), r[2], r[3]) for r in tx.all(
-            "SELECT pipeline, blocks, state, grant_id FROM demands WHERE stream = 's'")}
+        return {
+            r[0]: (json.loads(r[1]), r[2], r[3])
+            for r in tx.all("SELECT pipeline, blocks, state, grant_id FROM demands WHERE stream = 's'")
+        }
 
 
 def log_kinds(ledger, kind):
@@ -42,19 +45,19 @@ def log_kinds(ledger, kind):
 def test_dpf_n_queues_a_demand_and_grants_it_on_arrivals_all_or_nothing(ledger_url):
     ledger = make(ledger_url, n=4)
     ledger.add_blocks("s", [{"id": "b0"}, {"id": "b1"}])
-    ledger.register("s", "p")                      # one arrival on both blocks: 1/4 unlocked
-    ledger.add_block("s", "b2")                    # arrives after p: nothing unlocked on it yet
+    ledger.register("s", "p")  # one arrival on both blocks: 1/4 unlocked
+    ledger.add_block("s", "b2")  # arrives after p: nothing unlocked on it yet
     with pytest.raises(BudgetRefused, match="waits in the dpf-n queue") as refused:
         ledger.request("p", "s", blocks=["b0", "b2"], epsilon=0.25)
     assert set(refused.value.shortfalls) == {"b2"}  # b0 fits alone: all-or-nothing keeps it uncharged
     assert spent(ledger, "b0") == spent(ledger, "b2") == 0.0
     assert demands(ledger) == {"p": (["b0", "b2"], "pending", None)}
-    ledger.register("s", "q")                      # an arrival: b2 has 1/4 unlocked now, b0 2/4
+    ledger.register("s", "q")  # an arrival: b2 has 1/4 unlocked now, b0 2/4
     # admitted at q's registration: charged on both blocks at once, BEFORE p asks again (charge before read)
     assert (spent(ledger, "b0"), spent(ledger, "b1"), spent(ledger, "b2")) == (0.25, 0.0, 0.25)
     (pending,) = demands(ledger).values()
     assert pending[1] == "admitted"
-    grant = ledger.request("p", "s", blocks=["b0", "b2"], epsilon=0.25)   # collected: nothing charged again
+    grant = ledger.request("p", "s", blocks=["b0", "b2"], epsilon=0.25)  # collected: nothing charged again
     assert grant.id == pending[2] and ledger.verify(grant) == grant
     assert spent(ledger, "b0") == 0.25 and demands(ledger) == {}
     assert [a["admitted"] for a in log_kinds(ledger, "admit")] == [[["p", grant.id]]]
@@ -71,18 +74,18 @@ def test_dpf_n_queues_a_demand_and_grants_it_on_arrivals_all_or_nothing(ledger_u
 def test_dpf_t_grants_a_waiting_demand_when_a_block_arrives_later(ledger_url):
     lifetime = 10.0  # seconds: the refusal below holds unless this process stalls for 2 s between two calls
     ledger = make(ledger_url, "dpf-t", lifetime=lifetime)
-    ledger.add_block("s", "b0", created=time.time() - 0.3 * lifetime)   # 30% of its budget unlocked by age
+    ledger.add_block("s", "b0", created=time.time() - 0.3 * lifetime)  # 30% of its budget unlocked by age
     with pytest.raises(BudgetRefused, match="waits in the dpf-t queue"):
         ledger.request("p", "s", blocks=["b0"], epsilon=0.5)
     assert spent(ledger, "b0") == 0.0
-    time.sleep(0.25 * lifetime)                    # >= 55% unlocked now, but nobody asked: still pending
+    time.sleep(0.25 * lifetime)  # >= 55% unlocked now, but nobody asked: still pending
     assert demands(ledger)["p"][1] == "pending"
-    ledger.add_block("s", "b1")                    # a scheduling point: the demand is admitted and charged
+    ledger.add_block("s", "b1")  # a scheduling point: the demand is admitted and charged
     assert spent(ledger, "b0") == 0.5 and demands(ledger)["p"][1] == "admitted"
     grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5)
     assert grant.epsilon == 0.5 and spent(ledger, "b0") == 0.5
     (admit,) = log_kinds(ledger, "admit")
-    assert grant.created == admit["now"]           # charged at admission, not at collection
+    assert grant.created == admit["now"]  # charged at admission, not at collection
     report = ledger.audit()
     assert report.ok, report.problems
 
@@ -93,17 +96,17 @@ def test_pending_demands_are_admitted_in_the_policys_order(ledger_url, policy):
     dominant share; for DPack higher efficiency) are admitted first and leave no room for it: FCFS would grant
     it first."""
     ledger = make(ledger_url, policy, n=4)
-    for pipeline in ("big", "small1", "small2"):   # registered before b0 arrives: no share of it unlocked
+    for pipeline in ("big", "small1", "small2"):  # registered before b0 arrives: no share of it unlocked
         ledger.register("s", pipeline)
     ledger.add_block("s", "b0")
     for pipeline, epsilon in [("big", 0.5), ("small1", 0.25), ("small2", 0.25)]:
         with pytest.raises(BudgetRefused):
             ledger.request(pipeline, "s", blocks=["b0"], epsilon=epsilon)
     ledger.register("s", "a1")
-    ledger.register("s", "a2")                     # 2/4 unlocked: room for big alone, or for both small ones
+    ledger.register("s", "a2")  # 2/4 unlocked: room for big alone, or for both small ones
     assert [a["admitted"][0][0] for a in log_kinds(ledger, "admit")] == ["small1", "small2"]
     assert demands(ledger)["big"][1] == "pending" and spent(ledger, "b0") == 0.5
-    ledger.finish("s", "big", "TIMEOUT")           # a finished pipeline's demand is withdrawn
+    ledger.finish("s", "big", "TIMEOUT")  # a finished pipeline's demand is withdrawn
     assert "big" not in demands(ledger)
     report = ledger.audit()
     assert report.ok, report.problems
@@ -126,9 +129,9 @@ def test_a_request_that_changes_its_demand_replaces_it_and_an_uncollected_grant_
     ledger.add_block("s", "b0")
     with pytest.raises(BudgetRefused):
         ledger.request("p", "s", blocks=["b0"], epsilon=0.4)
-    ledger.register("s", "a")                      # 1/2 unlocked: admitted, charged
+    ledger.register("s", "a")  # 1/2 unlocked: admitted, charged
     assert demands(ledger)["p"][1] == "admitted"
-    with pytest.raises(BudgetRefused):              # another demand: the admitted one is replaced, still charged
+    with pytest.raises(BudgetRefused):  # another demand: the admitted one is replaced, still charged
         ledger.request("p", "s", blocks=["b0"], epsilon=0.3)
     assert demands(ledger)["p"][1] == "pending" and spent(ledger, "b0") == 0.4
     (old,) = [g for g in ledger.grants("s") if g.pipeline == "p"]
@@ -141,13 +144,17 @@ def test_bad_input_leaves_the_ledger_unchanged(ledger_url):
     ledger = make(ledger_url, n=2)
     ledger.add_block("s", "b0")
     before = len(ledger.log_entries())
-    for params, needle in [({"n": 0}, "n=0"), ({"n": True}, "n=True"), ({"lifetime": 5}, "parameters"),
-                           ("n=5", "give a dict")]:
+    for params, needle in [
+        ({"n": 0}, "n=0"),
+        ({"n": True}, "n=True"),
+        ({"lifetime": 5}, "parameters"),
+        ("n=5", "give a dict"),
+    ]:
         with pytest.raises(LedgerError, match=needle):
             ledger.create_stream("t", 1.0, 1e-6, policy="dpf-n", policy_params=params)
     with pytest.raises(LedgerError, match="lifetime=inf"):
         ledger.create_stream("t", 1.0, 1e-6, policy="dpf-t", policy_params={"lifetime": float("inf")})
-    with pytest.raises(LedgerError):                # unknown block: no demand recorded
+    with pytest.raises(LedgerError):  # unknown block: no demand recorded
         ledger.request("p", "s", blocks=["b0", "nope"], epsilon=0.5)
     with pytest.raises(LedgerError, match="below"):  # under the grant floor: no demand recorded
         ledger.request("p", "s", blocks=["b0"], epsilon=1e-6)
@@ -179,7 +186,7 @@ def test_audit_catches_an_admission_out_of_the_policys_order(ledger_url):
     for pipeline, epsilon in [("big", 0.5), ("small", 0.25)]:
         with pytest.raises(BudgetRefused):
             ledger.request(pipeline, "s", blocks=["b0"], epsilon=epsilon)
-    ledger.register("s", "a1")                     # 1/4 unlocked: small admitted
+    ledger.register("s", "a1")  # 1/4 unlocked: small admitted
     assert ledger.audit().ok
     ((seq, body),) = [(e[0], json.loads(e[3])) for e in ledger.log_entries() if e[2] == "admit"]
     assert body["admitted"][0][0] == "small"
@@ -189,11 +196,14 @@ def test_audit_catches_an_admission_out_of_the_policys_order(ledger_url):
     assert any("scheduler at time" in p and "admits ['small']" in p for p in problems), problems
 
 
-@pytest.mark.parametrize("sql, needle", [
-    ("UPDATE blocks SET arrivals = arrivals + 1", "pipeline arrivals since it arrived"),
-    ("DELETE FROM demands", "demand of pipeline 'big'"),
-    ("UPDATE demands SET seq = 0", "demand of pipeline 'big'"),
-])
+@pytest.mark.parametrize(
+    "sql, needle",
+    [
+        ("UPDATE blocks SET arrivals = arrivals + 1", "pipeline arrivals since it arrived"),
+        ("DELETE FROM demands", "demand of pipeline 'big'"),
+        ("UPDATE demands SET seq = 0", "demand of pipeline 'big'"),
+    ],
+)
 def test_audit_catches_tampered_queue_tables(ledger_url, sql, needle):
     ledger = make(ledger_url, n=4)
     ledger.add_block("s", "b0")
@@ -214,9 +224,12 @@ def test_a_schema_4_ledger_opens_unchanged_and_stays_valid(ledger_url):
         ledger.register("s", "p")
         grant = ledger.request("p", "s", blocks=["b0"], epsilon=0.5)
         with ledger.store.transaction() as tx:  # back to schema 4: no demands table, policy_params, arrivals
-            for sql in ("DROP TABLE demands", "ALTER TABLE streams DROP COLUMN policy_params",
-                        "ALTER TABLE blocks DROP COLUMN arrivals",
-                        "UPDATE meta SET value = '4' WHERE key = 'schema_version'"):
+            for sql in (
+                "DROP TABLE demands",
+                "ALTER TABLE streams DROP COLUMN policy_params",
+                "ALTER TABLE blocks DROP COLUMN arrivals",
+                "UPDATE meta SET value = '4' WHERE key = 'schema_version'",
+            ):
                 tx.run(sql)
     with pytest.raises(LedgerUpgradeNeeded, match="sage ledger upgrade"):
         Ledger.open(ledger_url)
@@ -308,8 +321,10 @@ def test_queued_stream_never_overspends_under_concurrent_writers(ledger_url, tmp
         with pytest.raises(BudgetRefused):
             ledger.request("main", "s", blocks=["m0"], epsilon=0.25)
     ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=queue_worker, args=(ledger_url, i, 500 + i, 12.0, str(ack_dir / f"{i}.txt")))
-             for i in range(4)]  # 12 s each from its own start: spawning is slow under load
+    procs = [
+        ctx.Process(target=queue_worker, args=(ledger_url, i, 500 + i, 12.0, str(ack_dir / f"{i}.txt")))
+        for i in range(4)
+    ]  # 12 s each from its own start: spawning is slow under load
     for p in procs:
         p.start()
     with Ledger.open(ledger_url) as ledger:  # new data arrives meanwhile
@@ -337,9 +352,19 @@ def test_queued_stream_survives_sigkill(ledger_url, tmp_path):
     ctx = multiprocessing.get_context("spawn")
     rng = random.Random(11)
     for round_no in range(2):
-        procs = [ctx.Process(target=queue_worker, args=(ledger_url, 10 * round_no + i, 900 + 10 * round_no + i,
-                                                        120.0, str(ack_dir / f"{round_no}-{i}.txt")))
-                 for i in range(3)]
+        procs = [
+            ctx.Process(
+                target=queue_worker,
+                args=(
+                    ledger_url,
+                    10 * round_no + i,
+                    900 + 10 * round_no + i,
+                    120.0,
+                    str(ack_dir / f"{round_no}-{i}.txt"),
+                ),
+            )
+            for i in range(3)
+        ]
         paths = [str(ack_dir / f"{round_no}-{i}.txt") for i in range(3)]
         # the workers get going (one acknowledged grant), then each is killed at random
         kill_after_first_ack(procs, paths, rng, settle=(0.5, 2.0), spacing=0.3)
@@ -364,8 +389,8 @@ def test_availability_answers_what_fits_the_unlocked_budget(ledger_url, accounti
     ledger = Ledger.open(ledger_url, create=True)
     ledger.create_stream("s", 1.0, 1e-6, accounting=accounting, policy="dpf-n", policy_params={"n": 4})
     ledger.add_blocks("s", [{"id": "b0"}, {"id": "b1"}])
-    ledger.register("s", "a")                      # 1/4 of b0 and b1 unlocked
-    ledger.add_block("s", "b2")                    # nothing of b2 unlocked
+    ledger.register("s", "a")  # 1/4 of b0 and b1 unlocked
+    ledger.add_block("s", "b2")  # nothing of b2 unlocked
     ledger.request("a", "s", blocks=["b1"], epsilon=0.1, delta=1e-8)
     tol = 1e-4
     per_block = ledger.available_per_block("p", "s", delta=1e-8, tolerance=tol)

@@ -4,6 +4,7 @@ backends, and a stream row changed behind the ledger's back is never served from
 
 Budgets are binary-exact (0.25, 0.5, ...) so equality is the right check.
 """
+
 import pytest
 
 from sage_tfx.privacy import BudgetRefused, Ledger
@@ -29,8 +30,15 @@ def test_mixed_block_states_get_their_own_values_in_few_statements(ledger_url):
     assert list(grant.blocks) == order
     blocks = {b.id: b for b in ledger.blocks("s")}
     assert {b: blocks[b].spent for b in blocks} == {
-        "b0": (1.0, 0.0), "b1": (1.0, 0.0), "b2": (0.5, 0.0), "b3": (0.5, 0.0), "b4": (0.5, 0.0),
-        "b5": (0.5, 0.0), "b6": (0.5, 0.0), "b7": (0.5, 0.0)}
+        "b0": (1.0, 0.0),
+        "b1": (1.0, 0.0),
+        "b2": (0.5, 0.0),
+        "b3": (0.5, 0.0),
+        "b4": (0.5, 0.0),
+        "b5": (0.5, 0.0),
+        "b6": (0.5, 0.0),
+        "b7": (0.5, 0.0),
+    }
     # b0, b1 cannot admit min_epsilon 0.25 more: retired, with the grant's time; the rest stay active
     assert {b for b in blocks if blocks[b].state == "retired"} == {"b0", "b1"}
     assert all(blocks[b].retired == grant.created for b in ("b0", "b1"))
@@ -38,7 +46,9 @@ def test_mixed_block_states_get_their_own_values_in_few_statements(ledger_url):
     with ledger.store.transaction(write=False) as tx:
         used = dict(tx.all("SELECT block, used FROM reservations WHERE stream = 's' AND pipeline = 'p'"))
     assert {b: tuple(float(x) for x in v.strip("[]").split(",")) for b, v in used.items()} == {
-        "b6": (0.5, 0.0), "b7": (0.5, 0.0)}  # drawn from p's own reservation; the others from the pool
+        "b6": (0.5, 0.0),
+        "b7": (0.5, 0.0),
+    }  # drawn from p's own reservation; the others from the pool
     entries = [e for e in ledger.log_entries() if e[2] in ("grant", "retire")]
     assert [e[2] for e in entries[-2:]] == ["grant", "retire"] and '"blocks":["b0","b1"]' in entries[-1][3]
     assert '"sources":["own","pool","pool","own","pool","pool","pool","pool"]' in entries[-2][3]

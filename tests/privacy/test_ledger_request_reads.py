@@ -4,6 +4,7 @@ have) interleaving writes on the same ledger keep one unbroken log chain that th
 other's charges, a pipeline finished through the other ledger is refused, and refusals name every failing block
 in the grant's order. Budgets are binary-exact (0.25, 0.5, ...) so equality is the right check.
 """
+
 import json
 
 import pytest
@@ -34,8 +35,7 @@ def test_two_ledgers_interleaving_writes_keep_one_chain(ledger_url):
     with pytest.raises(LedgerError, match="already finished"):  # a sees the pipeline b finished
         a.request("w", "s", blocks=["b1"], epsilon=0.25)
     spent = {blk.id: blk.spent[0] for blk in b.blocks("s")}
-    assert spent == {"b0": 2.0, "b1": 1.5, "b2": 1.5, "b3": 1.5, "b4": 1.0, "b5": 1.0, "b6": 1.0, "b7": 1.0,
-                     "b8": 0.5}
+    assert spent == {"b0": 2.0, "b1": 1.5, "b2": 1.5, "b3": 1.5, "b4": 1.0, "b5": 1.0, "b6": 1.0, "b7": 1.0, "b8": 0.5}
     entries = _chain_is_unbroken(a)
     grant = [e for e in entries if e[2] == "grant"][-1]
     assert '"sources":["own","pool"]' in grant[3]
@@ -59,8 +59,7 @@ def test_refusal_names_every_failing_block_in_grant_order(ledger_url):
         ledger.request("p", "s", blocks=["b4", "b3", "b0", "b1"], epsilon=0.75)
     assert list(info.value.shortfalls) == ["b3", "b1"]  # the half-spent blocks, in the order asked
     assert [e[0] for e in ledger.log_entries()] == before  # nothing charged or logged
-    assert {b.id: b.spent[0] for b in ledger.blocks("s")} == {"b0": 0.0, "b1": 0.5, "b2": 0.0, "b3": 0.5,
-                                                                 "b4": 0.0}
+    assert {b.id: b.spent[0] for b in ledger.blocks("s")} == {"b0": 0.0, "b1": 0.5, "b2": 0.0, "b3": 0.5, "b4": 0.0}
     with pytest.raises(UnknownStream, match="streams: s"):  # the one read finds no stream row: named as before
         ledger.request("p", "nope", blocks=["b0"], epsilon=0.5)
     ledger.close()
@@ -81,11 +80,14 @@ def test_a_stream_recreated_with_other_parameters_uses_its_new_floor(ledger_url)
     ledger.close()
 
 
-@pytest.mark.parametrize("stream, meta", [
-    ("s", {}),
-    ("stream-é", {"note": 'ends like a body: ,"stream":"s"}', "stream": "nested", "zz": [1, 2]}),
-    ("a.b_c", {"split": {"rule": "single"}, "ü": "\u2603"}),
-])
+@pytest.mark.parametrize(
+    "stream, meta",
+    [
+        ("s", {}),
+        ("stream-é", {"note": 'ends like a body: ,"stream":"s"}', "stream": "nested", "zz": [1, 2]}),
+        ("a.b_c", {"split": {"rule": "single"}, "ü": "\u2603"}),
+    ],
+)
 def test_grant_log_text_is_the_canonical_text_of_the_log_body(stream, meta):
     """The grant's log entry text is spliced from its signed body text: byte for byte what encoding the whole
     log body gives (what the ledger stored before, and what the audit replays)."""
@@ -93,19 +95,39 @@ def test_grant_log_text_is_the_canonical_text_of_the_log_body(stream, meta):
     from sage_tfx.privacy.grants import SPLICE_GRANT_LOG, Grant, grant_log_text
 
     assert SPLICE_GRANT_LOG  # Grant.body's keys still allow the splice: the fast path is the one tested here
-    grant = Grant(id="g-1", stream=stream, pipeline="p", blocks=("b1", "b0"), epsilon=0.5, delta=1e-7,
-                  accounting="basic", cost=(0.5, 1e-7), rule="single", created=1234.5, meta=meta, signature="ab" * 32)
+    grant = Grant(
+        id="g-1",
+        stream=stream,
+        pipeline="p",
+        blocks=("b1", "b0"),
+        epsilon=0.5,
+        delta=1e-7,
+        accounting="basic",
+        cost=(0.5, 1e-7),
+        rule="single",
+        created=1234.5,
+        meta=meta,
+        signature="ab" * 32,
+    )
     sources = ["own", "pool"]
     expected = canonical(dict(grant.body(), signature=grant.signature, sources=sources))
     assert grant_log_text(grant, canonical(grant.body()), sources) == expected
 
 
-@pytest.mark.parametrize("obj", [
-    {"b": 1, "a": [1.5, "x\u00e9\n\u2603", None, True, -0.0, 1e300]},
-    "stream-é", 7, [], {}, {"k": {"z": 1, "y": [{}, []]}, "1": "one", "10": 2.5},
-    {3: "an int key", 1: 2}, {"nan": float("nan"), "inf": [float("inf"), -float("inf")], "t": (1, 2.0)},
-    [{"blocks": [f"b{i:03d}" for i in range(32)], "cost": (1.0, 0.0)}, 1e-320, 12345678901234567890],
-])
+@pytest.mark.parametrize(
+    "obj",
+    [
+        {"b": 1, "a": [1.5, "x\u00e9\n\u2603", None, True, -0.0, 1e300]},
+        "stream-é",
+        7,
+        [],
+        {},
+        {"k": {"z": 1, "y": [{}, []]}, "1": "one", "10": 2.5},
+        {3: "an int key", 1: 2},
+        {"nan": float("nan"), "inf": [float("inf"), -float("inf")], "t": (1, 2.0)},
+        [{"blocks": [f"b{i:03d}" for i in range(32)], "cost": (1.0, 0.0)}, 1e-320, 12345678901234567890],
+    ],
+)
 def test_canonical_is_the_json_text_every_stored_ledger_holds(obj):
     """``chain.canonical`` (one encoder built once) gives json.dumps(sort_keys, compact separators) character for
     character: the text signed, chained and stored by every earlier version."""

@@ -24,6 +24,7 @@ columns and schema_version changed; nothing else), and for schema 10 (every log 
 the log's chain values and schema_version changed; nothing else). The schema-9 recording is kept
 (tests/data/ledger_snapshot_v9.json): an old ledger, which only ``sage ledger upgrade`` opens, then audits OK.
 """
+
 import json
 import os
 import pathlib
@@ -81,8 +82,13 @@ def _scenario(ledger, clock):
     at(3)
     ledger.create_stream("q", 1.0, 1e-6, policy="dpf-n", policy_params={"n": 4}, min_epsilon=0.01)
     at(4)
-    ledger.add_blocks("s", [{"id": "w0", "start": 0.0, "end": 10.0, "rows": 5, "digest": "ab01"},
-                            {"id": "w1", "start": 10.0, "end": 20.0, "rows": 7}])
+    ledger.add_blocks(
+        "s",
+        [
+            {"id": "w0", "start": 0.0, "end": 10.0, "rows": 5, "digest": "ab01"},
+            {"id": "w1", "start": 10.0, "end": 20.0, "rows": 7},
+        ],
+    )
     at(5)
     ledger.register("s", "p")
     ledger.register("s", "o")
@@ -218,9 +224,11 @@ def test_an_upgraded_ledgers_old_times_are_bound(tmp_path, monkeypatch):
     it, through the keyed upgrade entry that carries the old values."""
     path = _old_ledger(tmp_path, monkeypatch)
     assert main(["ledger", "upgrade", "--db", path]) == 0
-    for statement in ("UPDATE streams SET created = created + 1 WHERE name = 's'",
-                      "UPDATE pipelines SET finished = finished - 1 WHERE finished IS NOT NULL",
-                      "UPDATE log SET ts = ts + 1 WHERE seq = 3"):
+    for statement in (
+        "UPDATE streams SET created = created + 1 WHERE name = 's'",
+        "UPDATE pipelines SET finished = finished - 1 WHERE finished IS NOT NULL",
+        "UPDATE log SET ts = ts + 1 WHERE seq = 3",
+    ):
         conn = sqlite3.connect(path)
         conn.execute("SAVEPOINT edit")
         conn.execute(statement)

@@ -6,6 +6,7 @@ naming the value. TF tests (marked): the engine really adds N(0, (sigma_t C)^2) 
 and make_private record the composed event, refuse bad schedules before training, and the default is
 unchanged. All data here is GENERATED (numpy, fixed seeds).
 """
+
 import math
 import re
 
@@ -24,8 +25,9 @@ DELTA = 1e-5
 
 def _per_step_event(sigmas, q):
     """The run as the brief states it: one PoissonSampled Gaussian event per step, composed in order."""
-    return dp_accounting.ComposedDpEvent([
-        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(float(s))) for s in sigmas])
+    return dp_accounting.ComposedDpEvent(
+        [dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(float(s))) for s in sigmas]
+    )
 
 
 @pytest.mark.slow(weight=20)
@@ -52,18 +54,22 @@ def test_constant_schedule_is_the_dpsgd_event():
     assert ns.schedule_event(run.noise_multipliers, 100 / 5_000) == event
 
 
-@pytest.mark.parametrize("schedule", [  # one calibration each (5-10 s): one in the edit-test loop, all in `make test`
-    ns.StepSchedule(factor=0.5, drops=2),
-    pytest.param(ns.ExponentialSchedule(final_ratio=0.3, stages=5), marks=pytest.mark.slow(weight=20)),
-    pytest.param(ns.PolynomialSchedule(final_ratio=0.3, power=2.0, stages=5), marks=pytest.mark.slow(weight=20)),
-    pytest.param(ns.BoundOptimalSchedule(gamma=0.97, stages=5), marks=pytest.mark.slow(weight=20)),
-], ids=lambda s: s.kind.value)
+@pytest.mark.parametrize(
+    "schedule",
+    [  # one calibration each (5-10 s): one in the edit-test loop, all in `make test`
+        ns.StepSchedule(factor=0.5, drops=2),
+        pytest.param(ns.ExponentialSchedule(final_ratio=0.3, stages=5), marks=pytest.mark.slow(weight=20)),
+        pytest.param(ns.PolynomialSchedule(final_ratio=0.3, power=2.0, stages=5), marks=pytest.mark.slow(weight=20)),
+        pytest.param(ns.BoundOptimalSchedule(gamma=0.97, stages=5), marks=pytest.mark.slow(weight=20)),
+    ],
+    ids=lambda s: s.kind.value,
+)
 def test_calibrated_schedule_spends_the_budget(schedule):
     epsilon, steps, q = 1.0, 40, 0.05
     scale = ns.calibrate_schedule(schedule, epsilon=epsilon, delta=DELTA, steps=steps, sampling_rate=q)
     sigmas = schedule.noise_multipliers(scale, steps)
     direct = rdp_privacy_accountant.RdpAccountant().compose(_per_step_event(sigmas, q)).get_epsilon(DELTA)
-    assert direct <= epsilon * (1 + 1e-9)           # never over the budget
+    assert direct <= epsilon * (1 + 1e-9)  # never over the budget
     assert direct == pytest.approx(epsilon, rel=1e-3)  # and spends it
     # tight: 1% less noise on the whole schedule overshoots
     assert ns.schedule_epsilon(sigmas * 0.99, q, DELTA) > epsilon
@@ -91,43 +97,52 @@ def test_bound_optimal_is_lemma_3_1_minimiser():
     lemma = np.sqrt(np.array([np.sum(np.sqrt(q / qt)) for qt in q]) / R)
     f = ns.BoundOptimalSchedule(gamma=gamma, stages=T).factors(T)
     assert f == pytest.approx(lemma / lemma[0], rel=1e-12)
-    assert np.sum(lemma ** -2.0) == pytest.approx(R)
-    assert R * np.sum(q * lemma ** 2) == pytest.approx(np.sum(np.sqrt(q)) ** 2)
+    assert np.sum(lemma**-2.0) == pytest.approx(R)
+    assert R * np.sum(q * lemma**2) == pytest.approx(np.sum(np.sqrt(q)) ** 2)
     constant = np.full(T, math.sqrt(T / R))  # sum sigma^-2 = R
-    assert R * np.sum(q * lemma ** 2) < R * np.sum(q * constant ** 2)
+    assert R * np.sum(q * lemma**2) < R * np.sum(q * constant**2)
 
 
-@pytest.mark.parametrize("make,bad", [
-    (lambda: ns.StepSchedule(factor=1.5), "factor=1.5"),
-    (lambda: ns.StepSchedule(factor=0.0), "factor=0.0"),
-    (lambda: ns.StepSchedule(factor=0.1, drops=3), "factor=0.1 with drops=3"),
-    (lambda: ns.StepSchedule(drops=0), "drops=0"),
-    (lambda: ns.ExponentialSchedule(final_ratio=0.001), "final_ratio=0.001"),
-    (lambda: ns.ExponentialSchedule(final_ratio=-0.5), "final_ratio=-0.5"),
-    (lambda: ns.PolynomialSchedule(power=-1), "power=-1"),
-    (lambda: ns.PolynomialSchedule(final_ratio=float("nan")), "final_ratio=nan"),
-    (lambda: ns.BoundOptimalSchedule(gamma=1.0), "gamma=1.0"),
-    (lambda: ns.ConstantSchedule(stages=0), "stages=0"),
-    (lambda: ns.make_schedule("linear"), "kind='linear'"),
-    (lambda: ns.as_schedule(3), "noise_schedule=3"),
-    (lambda: ns.schedule_event([1.0, 0.0, 1.0], 0.1), "noise multiplier 0.0 of step 1"),
-    (lambda: ns.schedule_event([1.0, -2.0], 0.1), "noise multiplier -2.0 of step 1"),
-    (lambda: ns.schedule_event([1.0], 1.5), "sampling_rate=1.5"),
-    # a decay that breaks the budget over this run: gamma^(t/4) falls below 1/100 of the first sigma
-    (lambda: ns.BoundOptimalSchedule(gamma=0.9).check_for_run(400), "decays to"),
-    (lambda: ns.calibrate_schedule(ns.BoundOptimalSchedule(gamma=0.9), epsilon=1.0, delta=DELTA, steps=400,
-                                   sampling_rate=0.01), "decays to"),
-    (lambda: ns.calibrate_schedule(ns.StepSchedule(), epsilon=0.0, delta=DELTA, steps=10, sampling_rate=0.1),
-     "epsilon=0.0"),
-    # the floor is a parameter; nonsense floors are refused naming the value
-    (lambda: ns.BoundOptimalSchedule(gamma=0.9, floor=0.0), "floor=0.0"),
-    (lambda: ns.BoundOptimalSchedule(gamma=0.9, floor=1e-9), "floor=1e-09"),
-    (lambda: ns.ExponentialSchedule(final_ratio=0.5, floor=1.5), "floor=1.5"),
-    (lambda: ns.ExponentialSchedule(floor=float("inf")), "floor=inf"),
-    (lambda: ns.StepSchedule(floor="low"), "floor='low'"),
-    (lambda: ns.ExponentialSchedule(final_ratio=1e-3, floor=1e-2), "final_ratio=0.001"),
-    (lambda: ns.BoundOptimalSchedule(gamma=0.9, floor=1e-4).check_for_run(400), "below floor=0.0001"),
-])
+@pytest.mark.parametrize(
+    "make,bad",
+    [
+        (lambda: ns.StepSchedule(factor=1.5), "factor=1.5"),
+        (lambda: ns.StepSchedule(factor=0.0), "factor=0.0"),
+        (lambda: ns.StepSchedule(factor=0.1, drops=3), "factor=0.1 with drops=3"),
+        (lambda: ns.StepSchedule(drops=0), "drops=0"),
+        (lambda: ns.ExponentialSchedule(final_ratio=0.001), "final_ratio=0.001"),
+        (lambda: ns.ExponentialSchedule(final_ratio=-0.5), "final_ratio=-0.5"),
+        (lambda: ns.PolynomialSchedule(power=-1), "power=-1"),
+        (lambda: ns.PolynomialSchedule(final_ratio=float("nan")), "final_ratio=nan"),
+        (lambda: ns.BoundOptimalSchedule(gamma=1.0), "gamma=1.0"),
+        (lambda: ns.ConstantSchedule(stages=0), "stages=0"),
+        (lambda: ns.make_schedule("linear"), "kind='linear'"),
+        (lambda: ns.as_schedule(3), "noise_schedule=3"),
+        (lambda: ns.schedule_event([1.0, 0.0, 1.0], 0.1), "noise multiplier 0.0 of step 1"),
+        (lambda: ns.schedule_event([1.0, -2.0], 0.1), "noise multiplier -2.0 of step 1"),
+        (lambda: ns.schedule_event([1.0], 1.5), "sampling_rate=1.5"),
+        # a decay that breaks the budget over this run: gamma^(t/4) falls below 1/100 of the first sigma
+        (lambda: ns.BoundOptimalSchedule(gamma=0.9).check_for_run(400), "decays to"),
+        (
+            lambda: ns.calibrate_schedule(
+                ns.BoundOptimalSchedule(gamma=0.9), epsilon=1.0, delta=DELTA, steps=400, sampling_rate=0.01
+            ),
+            "decays to",
+        ),
+        (
+            lambda: ns.calibrate_schedule(ns.StepSchedule(), epsilon=0.0, delta=DELTA, steps=10, sampling_rate=0.1),
+            "epsilon=0.0",
+        ),
+        # the floor is a parameter; nonsense floors are refused naming the value
+        (lambda: ns.BoundOptimalSchedule(gamma=0.9, floor=0.0), "floor=0.0"),
+        (lambda: ns.BoundOptimalSchedule(gamma=0.9, floor=1e-9), "floor=1e-09"),
+        (lambda: ns.ExponentialSchedule(final_ratio=0.5, floor=1.5), "floor=1.5"),
+        (lambda: ns.ExponentialSchedule(floor=float("inf")), "floor=inf"),
+        (lambda: ns.StepSchedule(floor="low"), "floor='low'"),
+        (lambda: ns.ExponentialSchedule(final_ratio=1e-3, floor=1e-2), "final_ratio=0.001"),
+        (lambda: ns.BoundOptimalSchedule(gamma=0.9, floor=1e-4).check_for_run(400), "below floor=0.0001"),
+    ],
+)
 def test_bad_schedules_refused_naming_the_value(make, bad):
     with pytest.raises(dpsgd.DpSgdConfigError, match=re.escape(bad)) as info:
         make()
@@ -155,6 +170,7 @@ def test_schedule_round_trips_through_dict():
 
 # --------------------------------------------------------------------------------------------- TensorFlow
 
+
 @pytest.mark.tf
 def test_engine_adds_the_scheduled_sigma_per_step():
     """make_private with a zero-gradient loss and SGD (lr 1, no momentum): step t moves the d = 1001 weights
@@ -176,8 +192,18 @@ def test_engine_adds_the_scheduled_sigma_per_step():
     model = tf.keras.Sequential([tf.keras.layers.Dense(1, kernel_initializer=init)])
     model.build((None, d_in))
     sched = ns.ExponentialSchedule(final_ratio=0.25, stages=5)
-    private = make_private(model, privacy_budget=(2.0, DELTA), num_examples=n, clip_norm=clip, batch_size=batch,
-                           epochs=1, learning_rate=1.0, loss=_zero_loss, seed=3, noise_schedule=sched)
+    private = make_private(
+        model,
+        privacy_budget=(2.0, DELTA),
+        num_examples=n,
+        clip_norm=clip,
+        batch_size=batch,
+        epochs=1,
+        learning_rate=1.0,
+        loss=_zero_loss,
+        seed=3,
+        noise_schedule=sched,
+    )
     weights = []
     x = np.random.default_rng(0).normal(size=(n, d_in)).astype(np.float32)
     y = np.zeros(n, np.float32)
@@ -201,8 +227,11 @@ def test_engine_adds_the_scheduled_sigma_per_step():
             stat0 = np.sum(dw.astype(np.float64) ** 2) * (batch / (sigmas[0] * clip)) ** 2
             assert not lo < stat0 < hi
     # the run's event is the per-step composition, and it spends the budget
-    direct = rdp_privacy_accountant.RdpAccountant().compose(
-        _per_step_event(sigmas, spent["sampling_rate"])).get_epsilon(DELTA)
+    direct = (
+        rdp_privacy_accountant.RdpAccountant()
+        .compose(_per_step_event(sigmas, spent["sampling_rate"]))
+        .get_epsilon(DELTA)
+    )
     assert dpsgd.event_epsilon(spent["dp_event"], DELTA) == pytest.approx(direct, rel=1e-12)
     assert spent["epsilon"] <= 2.0 and spent["epsilon"] == pytest.approx(2.0, rel=1e-3)
 
@@ -217,14 +246,20 @@ def test_models_refuse_bad_schedules_before_training_and_default_is_unchanged():
     with pytest.raises(ValueError, match=re.escape("kind='linear'")):
         DPDNNRegressor((1.0, DELTA), hidden_units=(4,), noise_schedule="linear")
     with pytest.raises(ValueError, match="tf_privacy"):
-        DPDNNRegressor((1.0, DELTA), hidden_units=(4,), implementation="tf_privacy",
-                       noise_schedule=ns.StepSchedule())
+        DPDNNRegressor((1.0, DELTA), hidden_units=(4,), implementation="tf_privacy", noise_schedule=ns.StepSchedule())
     model = tf.keras.Sequential([tf.keras.layers.Dense(1)])
     model.build((None, 3))
     before = [w.copy() for w in model.get_weights()]
     with pytest.raises(ns.NoiseScheduleError, match="decays to"):  # 400 steps: gamma^(t/4) too steep
-        make_private(model, privacy_budget=(1.0, DELTA), num_examples=4_000, batch_size=10, epochs=1,
-                     loss="mse", noise_schedule=ns.BoundOptimalSchedule(gamma=0.9))
+        make_private(
+            model,
+            privacy_budget=(1.0, DELTA),
+            num_examples=4_000,
+            batch_size=10,
+            epochs=1,
+            loss="mse",
+            noise_schedule=ns.BoundOptimalSchedule(gamma=0.9),
+        )
     assert all(np.array_equal(a, b) for a, b in zip(before, model.get_weights()))  # nothing trained
 
     rng = np.random.default_rng(1)
@@ -233,16 +268,24 @@ def test_models_refuse_bad_schedules_before_training_and_default_is_unchanged():
     fits = []
     for schedule in (None, ns.ConstantSchedule()):
         kwargs = {} if schedule is None else {"noise_schedule": schedule}
-        est = DPDNNRegressor((1.0, DELTA), hidden_units=(4,), num_examples=300, batch_size=30, epochs=2,
-                             seed=5, **kwargs).fit(x, y)
+        est = DPDNNRegressor(
+            (1.0, DELTA), hidden_units=(4,), num_examples=300, batch_size=30, epochs=2, seed=5, **kwargs
+        ).fit(x, y)
         fits.append(est)
     a, b = fits
     assert all(np.array_equal(u, v) for u, v in zip(a.model.get_weights(), b.model.get_weights()))
     sigma, event, eps, steps = dpsgd.dpsgd_spend(1.0, DELTA, 300, 30, 2)
     assert a.privacy_spent["dp_event"] == event and a.privacy_spent["noise_multiplier"] == sigma
     assert a.privacy_spent["epsilon"] == eps and "noise_schedule" not in a.privacy_spent
-    dec = DPDNNRegressor((1.0, DELTA), hidden_units=(4,), num_examples=300, batch_size=30, epochs=2, seed=5,
-                         noise_schedule=ns.StepSchedule(factor=0.5, drops=1)).fit(x, y)
+    dec = DPDNNRegressor(
+        (1.0, DELTA),
+        hidden_units=(4,),
+        num_examples=300,
+        batch_size=30,
+        epochs=2,
+        seed=5,
+        noise_schedule=ns.StepSchedule(factor=0.5, drops=1),
+    ).fit(x, y)
     spent = dec.privacy_spent
     assert isinstance(spent["dp_event"], dp_accounting.ComposedDpEvent)
     assert spent["noise_schedule"]["kind"] == "step" and spent["epsilon"] <= 1.0

@@ -4,6 +4,7 @@ The session's loopback server (conftest.py) offers TLS with a self-signed certif
 still accepts plain connections, so each sslmode can be checked against a real server; a fake server that
 answers "no TLS" checks that the default refuses plain text instead of falling back to it.
 """
+
 import socket
 import struct
 import threading
@@ -39,8 +40,9 @@ def _encrypted(ledger):
 
 
 def _tables(url):
-    return run_sql(url + "?sslmode=disable",
-                   "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'")
+    return run_sql(
+        url + "?sslmode=disable", "SELECT table_name FROM information_schema.tables WHERE table_schema = 'public'"
+    )
 
 
 def test_default_refuses_a_certificate_it_cannot_verify(tls_server):
@@ -73,11 +75,14 @@ def test_explicit_opt_outs(tls_server):
         assert _encrypted(ledger) is False
 
 
-@pytest.mark.parametrize("mode, message", [
-    ("prefer", "sslmode=prefer .* may fall back to plain text"),
-    ("allow", "sslmode=allow .* may fall back to plain text"),
-    ("verify_full", "sslmode='verify_full' .* is unknown"),
-])
+@pytest.mark.parametrize(
+    "mode, message",
+    [
+        ("prefer", "sslmode=prefer .* may fall back to plain text"),
+        ("allow", "sslmode=allow .* may fall back to plain text"),
+        ("verify_full", "sslmode='verify_full' .* is unknown"),
+    ],
+)
 def test_modes_that_fall_back_or_are_unknown_are_refused(postgres_server, mode, message):
     url = _database(postgres_server)
     with pytest.raises(LedgerError, match=message):

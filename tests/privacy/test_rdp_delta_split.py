@@ -13,6 +13,7 @@ deltas chosen after seeing outputs, which the filter proofs do not cover; stream
 * the audit replays the split from the stream's log entry and catches a table edited behind the log's back;
 * the array form (``budget_arrays.BudgetArrays``) answers as the scalar filter, under both rules.
 """
+
 import os
 import subprocess
 import sys
@@ -80,14 +81,16 @@ def test_a_bad_share_is_refused_naming_it_and_nothing_is_written(tmp_path, share
 def test_sage_ledger_init_takes_the_share_and_refuses_a_bad_one_leaving_no_file(tmp_path):
     good, bad = tmp_path / "good.db", tmp_path / "bad.db"
     cmd = [sys.executable, "-m", "sage_tfx", "ledger", "init", "--stream", "s", "--epsilon", "1", "--delta", "1e-6"]
-    out = subprocess.run([*cmd, "--db", good, "--accounting", "rdp", "--query-delta-share", "0"], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [*cmd, "--db", good, "--accounting", "rdp", "--query-delta-share", "0"], capture_output=True, text=True
+    )
     assert out.returncode == 0, out.stderr
     assert "accounting=rdp, query_delta_share=0," in out.stdout
     with Ledger.open(str(good)) as ledger:
         assert ledger.stream("s").query_delta_share == 0.0
-    out = subprocess.run([*cmd, "--db", bad, "--accounting", "rdp", "--query-delta-share", "1.5"], capture_output=True,
-                         text=True)
+    out = subprocess.run(
+        [*cmd, "--db", bad, "--accounting", "rdp", "--query-delta-share", "1.5"], capture_output=True, text=True
+    )
     assert out.returncode == 2 and "query_delta_share 1.5 is invalid" in out.stderr, out.stderr
     assert not bad.exists() and not os.path.exists(f"{bad}.key")
 
@@ -99,8 +102,9 @@ def test_a_stream_stored_before_schema_7_keeps_the_legacy_rule_and_audits(tmp_pa
     from tests.helpers.old_streams import stream_stored_before
 
     path = str(tmp_path / "v6.db")  # the filter sage built before schema 7: no delta split
-    stream_stored_before(path, monkeypatch, 6, "query_delta_share", lambda real, *a: real(*a[:4], None), "old", 1.0,
-                         1e-5)
+    stream_stored_before(
+        path, monkeypatch, 6, "query_delta_share", lambda real, *a: real(*a[:4], None), "old", 1.0, 1e-5
+    )
     with Ledger.open(path) as ledger:
         s = ledger.stream("old")
         assert s.query_delta_share is None and s.filter().terms is None

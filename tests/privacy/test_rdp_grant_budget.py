@@ -14,6 +14,7 @@ saw 17 x 0.05. Now:
   may spend only what its charge pays for: a single stage that much, a split scaled down to it; the audit replays the
   same cap and lists a release above it, made when the older rule allowed it, as a problem.
 """
+
 import re
 
 import pytest
@@ -67,18 +68,29 @@ def test_seventeen_grants_of_005_cannot_each_release_the_converted_0_1875(ledger
 def test_a_split_is_checked_against_what_was_asked(ledger_url):
     ledger = _rdp_ledger(ledger_url)
     with pytest.raises(LedgerError, match=r"composes to epsilon 0.15 .* more than the grant charges \(0.05\)"):
-        ledger.request("p", "r", blocks=["b0"], epsilon=ASKED,
-                       split=BudgetSplit(0.0, 0.0, 0.15, 0.15, 0.0, ChargeRule.PARALLEL.value))
+        ledger.request(
+            "p",
+            "r",
+            blocks=["b0"],
+            epsilon=ASKED,
+            split=BudgetSplit(0.0, 0.0, 0.15, 0.15, 0.0, ChargeRule.PARALLEL.value),
+        )
     assert ledger.blocks("r")[0].spent == ledger.stream("r").filter().zero()  # nothing charged
-    grant = ledger.request("p", "r", blocks=["b0"], epsilon=ASKED, delta=1e-8,
-                           split=BudgetSplit(0.01, 0.0, 0.04, 0.04, 1e-8, ChargeRule.PARALLEL.value))
+    grant = ledger.request(
+        "p",
+        "r",
+        blocks=["b0"],
+        epsilon=ASKED,
+        delta=1e-8,
+        split=BudgetSplit(0.01, 0.0, 0.04, 0.04, 1e-8, ChargeRule.PARALLEL.value),
+    )
     assert stage_budget(grant, "training") == (0.04, 1e-8)
 
 
 def test_a_curve_grant_may_spend_the_largest_pure_epsilon_its_curve_covers(ledger_url):
     ledger = _rdp_ledger(ledger_url)
     orders = ledger.stream("r").orders
-    curve = [a / (2 * 20.0 ** 2) for a in orders]  # a Gaussian mechanism's curve, noise multiplier 20
+    curve = [a / (2 * 20.0**2) for a in orders]  # a Gaussian mechanism's curve, noise multiplier 20
     grant = ledger.request("p", "r", blocks=["b0"], curve=curve)
     assert grant.epsilon < grant.converted_epsilon
     assert all(p <= c * (1 + 1e-12) for p, c in zip(curves.pure_dp_curve(grant.epsilon, orders), curve))
@@ -90,12 +102,21 @@ def test_a_curve_grant_may_spend_the_largest_pure_epsilon_its_curve_covers(ledge
 
 def _append_release(ledger, grant, stage, epsilon):
     """A release written behind the ledger's checks (table and chained log), as a buggy writer could."""
-    body = {"grant": grant.id, "stream": grant.stream, "pipeline": grant.pipeline, "stage": stage,
-            "computation": "forged", "epsilon": epsilon, "delta": 0.0}
+    body = {
+        "grant": grant.id,
+        "stream": grant.stream,
+        "pipeline": grant.pipeline,
+        "stage": stage,
+        "computation": "forged",
+        "epsilon": epsilon,
+        "delta": 0.0,
+    }
     with ledger._store.transaction() as tx:
-        tx.run("INSERT INTO releases (grant_id, stage, stream, pipeline, computation, epsilon, delta, created)"
-               " VALUES (?, ?, ?, ?, ?, ?, ?, ?)", (grant.id, stage, grant.stream, grant.pipeline, "forged", epsilon,
-                                                    0.0, 0.0))
+        tx.run(
+            "INSERT INTO releases (grant_id, stage, stream, pipeline, computation, epsilon, delta, created)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (grant.id, stage, grant.stream, grant.pipeline, "forged", epsilon, 0.0, 0.0),
+        )
         ledger._log(tx, "release", body, at=0.0)  # the row's time: only the budget is wrong
 
 
@@ -111,8 +132,9 @@ def test_the_audit_flags_a_grant_recording_the_conversion_for_its_stages(ledger_
     """A writer holding the key that records the converted figure as the stages' epsilon (beside it) is caught."""
     ledger = _rdp_ledger(ledger_url)
     with monkeypatch.context() as m:
-        m.setattr(grants, "grant_budget", lambda filt, cost: (filt.query_epsilon(cost), cost[0],
-                                                              filt.query_epsilon(cost)))
+        m.setattr(
+            grants, "grant_budget", lambda filt, cost: (filt.query_epsilon(cost), cost[0], filt.query_epsilon(cost))
+        )
         bad = ledger.request("p", "r", blocks=["b0"], epsilon=ASKED)
     problems = ledger.audit().problems
     assert any(bad.id in p and "but its charge pays for (0.05" in p for p in problems), problems
@@ -135,8 +157,10 @@ def test_rdp_grants_made_before_cannot_each_release_the_converted_0_1875(ledger_
         assert old.converted_epsilon is None and "converted_epsilon" not in old.to_json()
         assert old.epsilon == pytest.approx(0.1875, abs=1e-3)
         assert ledger.verify(old.to_json()).epsilon == old.epsilon
-        refused = (rf"asks for \(epsilon=0.18\d+.* covers only \(epsilon=0.05\b.*grant '{old.id}' is an rdp grant "
-                   r"made before .* recorded epsilon 0.18\d+ .* pays for epsilon 0.05\b.*request a new grant")
+        refused = (
+            rf"asks for \(epsilon=0.18\d+.* covers only \(epsilon=0.05\b.*grant '{old.id}' is an rdp grant "
+            r"made before .* recorded epsilon 0.18\d+ .* pays for epsilon 0.05\b.*request a new grant"
+        )
         with pytest.raises(GrantError, match=refused):
             ledger.release(old, "training", f"model-{i}", old.epsilon)
         with pytest.raises(GrantError, match=refused):  # a component's door: the same rule
@@ -145,8 +169,11 @@ def test_rdp_grants_made_before_cannot_each_release_the_converted_0_1875(ledger_
     assert ledger.releases() and sum(r.epsilon for r in ledger.releases()) == pytest.approx(len(issued) * ASKED)
     report = ledger.audit()
     assert report.ok, report.problems
-    assert any(f"{len(issued)} rdp grant(s) were made before grants recorded what was asked" in n and
-               "only what the charge pays for" in n for n in report.notes), report.notes
+    assert any(
+        f"{len(issued)} rdp grant(s) were made before grants recorded what was asked" in n
+        and "only what the charge pays for" in n
+        for n in report.notes
+    ), report.notes
 
 
 def test_an_older_rdp_split_is_scaled_down_to_what_its_charge_pays_for(ledger_url, monkeypatch):
@@ -160,8 +187,11 @@ def test_an_older_rdp_split_is_scaled_down_to_what_its_charge_pays_for(ledger_ur
     assert old.converted_epsilon is None and split.charged_epsilon <= old.epsilon
     factor = ASKED / old.epsilon
     assert stage_budget(old, "training") == (0.1, 1e-8)  # what the grant records: the components plan with it
-    with pytest.raises(GrantError, match=rf"covers only \(epsilon={0.1 * factor:.6g}, delta=1e-08\) for training"
-                                         r": .*its split scaled down to it; request a new grant"):
+    with pytest.raises(
+        GrantError,
+        match=rf"covers only \(epsilon={0.1 * factor:.6g}, delta=1e-08\) for training"
+        r": .*its split scaled down to it; request a new grant",
+    ):
         ledger.release(old, "training", "model", 0.1, 1e-8)
     for stage, share in (("preprocessing", 0.0375), ("training", 0.1), ("rejection", 0.05), ("validation", 0.15)):
         ledger.release(old, stage, stage, share * factor, 1e-8 if stage == "training" else 0.0)
@@ -184,6 +214,9 @@ def test_the_audit_lists_a_release_an_older_rdp_grant_made_above_its_charge(ledg
     ledger.release(new, "training", "new-model", ASKED)
     problems = ledger.audit().problems
     assert len(problems) == 1, problems
-    assert re.search(rf"grant '{old.id}': stage 'training' released \(epsilon=0.18\d+, delta=0\), more than the "
-                     rf"charge allows \(epsilon=0.05, delta=0\) \(grant '{old.id}' is an rdp grant made before .* recorded "
-                     r"epsilon 0.18\d+ .* pays for epsilon 0.05\b", problems[0]), problems
+    assert re.search(
+        rf"grant '{old.id}': stage 'training' released \(epsilon=0.18\d+, delta=0\), more than the "
+        rf"charge allows \(epsilon=0.05, delta=0\) \(grant '{old.id}' is an rdp grant made before .* recorded "
+        r"epsilon 0.18\d+ .* pays for epsilon 0.05\b",
+        problems[0],
+    ), problems

@@ -13,6 +13,7 @@ rule (``split_orders`` NULL), so their grants still audit.
   (tests/privacy/test_rdp_delta_split.py, with the delta split);
 * the array form (``budget_arrays.BudgetArrays``) answers as the scalar filter under both rules.
 """
+
 import numpy as np
 import pytest
 
@@ -45,8 +46,9 @@ def test_a_stream_stored_before_schema_8_keeps_its_rule_and_audits(tmp_path, mon
     from tests.helpers.old_streams import stream_stored_before
 
     path = str(tmp_path / "v7.db")  # the filter sage built before schema 8: every order at all of delta_c
-    stream_stored_before(path, monkeypatch, 7, "split_orders", lambda real, *a: real(*a[:5], split_orders=False), "old",
-                         1.0, 1e-6)
+    stream_stored_before(
+        path, monkeypatch, 7, "split_orders", lambda real, *a: real(*a[:5], split_orders=False), "old", 1.0, 1e-6
+    )
     with Ledger.open(path) as ledger:
         s = ledger.stream("old")
         assert s.split_orders is None and not s.filter().split_orders and s.query_delta_share == 0.5
@@ -63,8 +65,10 @@ def test_a_stream_stored_before_schema_8_keeps_its_rule_and_audits(tmp_path, mon
 def test_the_array_form_answers_as_the_scalar_filter(split_orders):
     rng = np.random.default_rng(11)
     filt = filters.make_filter("rdp", 2.0, 1e-5, None, 0.5, split_orders)
-    spent = {f"b{i}": (float(rng.choice([0.0, 1e-6, 4.9e-6])),) + tuple(float(x) for x in rng.uniform(0, 1.5, 12))
-             for i in range(200)}
+    spent = {
+        f"b{i}": (float(rng.choice([0.0, 1e-6, 4.9e-6])),) + tuple(float(x) for x in rng.uniform(0, 1.5, 12))
+        for i in range(200)
+    }
     blocks = list(spent)
     answers = []
     for delta in (0.0, 1e-6):

@@ -4,6 +4,7 @@ refused by ``Ledger.open`` before any write, naming what was found and the fix, 
 (sage_tfx/privacy/anchor.py, docs/security.md "Rollback"). Before the anchor, each let one block be charged its
 whole global epsilon twice with an audit that said OK. An honest operator's way out is ``sage ledger anchor``,
 explicit and logged. SQLite, no TensorFlow."""
+
 import os
 import secrets
 import shutil
@@ -150,7 +151,7 @@ def test_an_operator_re_anchors_a_known_good_copy_explicitly_and_the_audit_lists
         report = ledger.audit()
         assert report.ok, report.problems
         assert any("re-anchored by an operator" in n and "restored the nightly backup" in n for n in report.notes)
-        kind, = sql(path, "SELECT kind FROM log ORDER BY seq DESC LIMIT 1")[0]
+        (kind,) = sql(path, "SELECT kind FROM log ORDER BY seq DESC LIMIT 1")[0]
         assert kind == "anchor"
         bound = sql(path, "SELECT body FROM log WHERE kind = 'ledger'")[0][0]
         assert ledger.ledger_id in bound  # meta's id put back to the bound one

@@ -4,6 +4,7 @@ Statistical tests use fixed seeds (so they are deterministic); each states the f
 have for a random seed. Chi-square tests pass at p > 1e-6 (false failure <= 1e-6, asymptotically); mean and
 frequency checks use 6 standard errors (false failure < 2e-9 by the normal approximation).
 """
+
 import math
 import subprocess
 import sys
@@ -39,8 +40,9 @@ def _dlap_pmf(t, ks):
     return (1 - q) / (1 + q) * q ** np.abs(ks)
 
 
-@pytest.mark.parametrize("t,n,batch", [(3, 200_000, 200_000), (3, 20_000, 10), (1, 50_000, 50_000),
-                                       (40, 100_000, 100_000)])
+@pytest.mark.parametrize(
+    "t,n,batch", [(3, 200_000, 200_000), (3, 20_000, 10), (1, 50_000, 50_000), (40, 100_000, 100_000)]
+)
 def test_discrete_laplace_matches_its_pmf(t, n, batch):
     """Vectorised (big batches) and scalar (batches <= 48) paths: chi-square vs the exact pmf, mean and variance."""
     rng = R.secure_rng(11, f"dlap{t}/{batch}")
@@ -65,7 +67,7 @@ def test_discrete_gaussian_matches_its_pmf(s, batch):
     if s > 10**6:  # bin the wide support: 200 equal-probability-ish bins of the continuous approximation
         edges = np.unique(np.round(stats.norm.ppf(np.linspace(0, 1, 201)[1:-1]) * math.sqrt(s)).astype(np.int64))
         ks_all = np.arange(-width, width + 1)
-        w = np.exp(-ks_all.astype(float) ** 2 / (2 * s))
+        w = np.exp(-(ks_all.astype(float) ** 2) / (2 * s))
         pmf_all = w / w.sum()
         bins_exp = np.add.reduceat(pmf_all, np.searchsorted(ks_all, np.concatenate([[-width], edges])))
         obs = np.bincount(np.searchsorted(edges, draws, side="right"), minlength=bins_exp.size)
@@ -76,7 +78,7 @@ def test_discrete_gaussian_matches_its_pmf(s, batch):
         assert abs(draws.var() - var) < 6 * math.sqrt(2.5 * var**2 / draws.size)
         return
     ks = np.arange(-width, width + 1)
-    weights = np.exp(-ks.astype(float) ** 2 / (2 * s))
+    weights = np.exp(-(ks.astype(float) ** 2) / (2 * s))
     pmf = weights / weights.sum()  # the mass beyond 12 sigma is < 1e-30: normalising on ks is exact enough
     assert _chi_square_p(draws, ks, pmf) > P_MIN
     var = float((pmf * ks**2).sum())
@@ -115,8 +117,10 @@ def test_uniform_below_is_uniform_for_32_and_64_bit_bounds():
 # ---------------------------------------------------------------- grid releases: privacy arithmetic
 
 
-@pytest.mark.parametrize("delta,epsilon,cells", [(1.0, 1.0, 1), (1.0, 0.01, 1), (7.3, 0.35, 1), (2.0, 5.0, 3),
-                                                 (0.25, 1e-4, 100), (1e6, 0.7, 1)])
+@pytest.mark.parametrize(
+    "delta,epsilon,cells",
+    [(1.0, 1.0, 1), (1.0, 0.01, 1), (7.3, 0.35, 1), (2.0, 5.0, 3), (0.25, 1e-4, 100), (1e6, 0.7, 1)],
+)
 def test_grid_laplace_parameters_give_exactly_epsilon(delta, epsilon, cells):
     gamma, t = S.grid_laplace_params(delta, epsilon, cells)
     assert math.frexp(gamma)[0] == 0.5  # a power of two
@@ -257,8 +261,10 @@ def test_bad_arguments_are_refused():
 
 def test_the_privacy_core_imports_without_tensorflow():
 
-    code = ("import sys; import sage_tfx.privacy.samplers, sage_tfx.transform.noise; "
-            "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'")
+    code = (
+        "import sys; import sage_tfx.privacy.samplers, sage_tfx.transform.noise; "
+        "assert 'tensorflow' not in sys.modules, 'tensorflow was imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -267,7 +273,7 @@ def test_grid_gaussian_refuses_more_noise_than_its_int64_sampler_holds_naming_th
     from sage_tfx.privacy.samplers import grid_gaussian_params
 
     gamma, s = grid_gaussian_params(1.0, 30000.0)  # just inside: sigma / sensitivity < 2^15
-    assert s < 2 ** 30 and gamma > 0
+    assert s < 2**30 and gamma > 0
     with pytest.raises(SamplerError, match=r"sigma 100000.0 is 1e\+05 times the L2 sensitivity 1.0 over 1 cell"):
         grid_gaussian_params(1.0, 1e5)  # was an OverflowError from a grid doubled to infinity
     with pytest.raises(SamplerError, match="over 4 cell"):

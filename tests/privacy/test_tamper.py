@@ -1,5 +1,6 @@
 """The security review's 14 tamper cases: a writer of the database WITHOUT the key file edits
 the ledger behind its back; ``audit_ledger`` (``sage ledger audit``) must name every one. No TensorFlow."""
+
 import json
 import os
 import sqlite3
@@ -95,8 +96,11 @@ def t_log_reordered(path, grant):
 
 def t_forged_zero_cost_grant(path, grant):
     body = dict(grant.body(), id="g-" + "f" * 24, epsilon=0.0, cost=[0.0, 0.0])
-    sql(path, "INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
-        (body["id"], "s", "p", canonical(body), "00" * 32, body["created"]))
+    sql(
+        path,
+        "INSERT INTO grants (id, stream, pipeline, body, signature, created) VALUES (?, ?, ?, ?, ?, ?)",
+        (body["id"], "s", "p", canonical(body), "00" * 32, body["created"]),
+    )
     return f"grant {body['id']!r} is in the table but not in the log"
 
 
@@ -155,10 +159,23 @@ def t_schema_version_edited(path, grant):
     return f"meta's schema_version is '0{SCHEMA_VERSION}'"
 
 
-CASES = [t_chain_recomputed, t_last_grant_truncated, t_log_body_edited, t_log_reordered, t_forged_zero_cost_grant,
-         t_grant_epsilon_edited, t_grant_row_deleted, t_reservation_edited, t_pipeline_edited, t_block_window_edited,
-         t_block_rows_edited, t_block_digest_edited, t_stream_epsilon_edited, t_meta_secret_reinserted,
-         t_schema_version_edited]
+CASES = [
+    t_chain_recomputed,
+    t_last_grant_truncated,
+    t_log_body_edited,
+    t_log_reordered,
+    t_forged_zero_cost_grant,
+    t_grant_epsilon_edited,
+    t_grant_row_deleted,
+    t_reservation_edited,
+    t_pipeline_edited,
+    t_block_window_edited,
+    t_block_rows_edited,
+    t_block_digest_edited,
+    t_stream_epsilon_edited,
+    t_meta_secret_reinserted,
+    t_schema_version_edited,
+]
 
 
 @pytest.mark.parametrize("tamper", CASES, ids=[c.__name__[2:] for c in CASES])

@@ -9,6 +9,7 @@ counts them all. Every column is bound by the keyed log, the display times (``DI
 the time of the keyed entry that wrote its row, and the chain value binds that time (privacy/stamps.py). SQLite,
 no TensorFlow.
 """
+
 import json
 import os
 import secrets
@@ -23,16 +24,32 @@ from sage_tfx.release.growth import charge_lifetime, schedule_fingerprint
 from tests.helpers.head_file import backup, restore
 
 DAY = 86400.0
-PRIMARY_KEYS = {"meta": ["key"], "streams": ["name"], "blocks": ["stream", "id"], "demands": ["stream", "pipeline"],
-                "draws": ["lifetime_grant", "run"], "grants": ["id"], "pipelines": ["stream", "name"],
-                "reservations": ["stream", "block", "pipeline"], "log": ["seq"], "outcomes": ["grant_id"],
-                "releases": ["grant_id", "stage"]}
+PRIMARY_KEYS = {
+    "meta": ["key"],
+    "streams": ["name"],
+    "blocks": ["stream", "id"],
+    "demands": ["stream", "pipeline"],
+    "draws": ["lifetime_grant", "run"],
+    "grants": ["id"],
+    "pipelines": ["stream", "name"],
+    "reservations": ["stream", "block", "pipeline"],
+    "log": ["seq"],
+    "outcomes": ["grant_id"],
+    "releases": ["grant_id", "stage"],
+}
 # (table, column): columns no keyed entry binds; none is left (every display time is bound: privacy/stamps.py)
 UNBOUND: set[tuple[str, str]] = set()
 # (table, column): the display times no budget decision reads, shown by status, history and the audit's trusted reads
-DISPLAY_TIMES = {("streams", "created"), ("blocks", "retired"), ("pipelines", "registered"),
-                 ("pipelines", "finished"), ("draws", "created"), ("outcomes", "created"), ("releases", "created"),
-                 ("log", "ts")}
+DISPLAY_TIMES = {
+    ("streams", "created"),
+    ("blocks", "retired"),
+    ("pipelines", "registered"),
+    ("pipelines", "finished"),
+    ("draws", "created"),
+    ("outcomes", "created"),
+    ("releases", "created"),
+    ("log", "ts"),
+}
 
 
 @pytest.fixture(autouse=True)
@@ -131,8 +148,13 @@ def _table_cases(conn, table, keys):
         name = f"{table}[{','.join(str(row[k]) for k in keys)}]"
         for column in _edited_columns(table, columns, n, len(rows)):
             new = last_seq + 1 if (table, column) == ("log", "seq") else _changed(row[column])
-            cases.append((f"edit {name}.{column}", [(f"UPDATE {table} SET {column} = ? WHERE rowid = ?",
-                                                     (new, rowid))], (table, column)))
+            cases.append(
+                (
+                    f"edit {name}.{column}",
+                    [(f"UPDATE {table} SET {column} = ? WHERE rowid = ?", (new, rowid))],
+                    (table, column),
+                )
+            )
         cases.append((f"delete {name}", [(f"DELETE FROM {table} WHERE rowid = ?", (rowid,))], None))
         copy = dict(row, **({"seq": last_seq + 1} if table == "log" else {k: _changed(row[k]) for k in keys}))
         insert = f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
@@ -144,9 +166,16 @@ def _table_cases(conn, table, keys):
         if all(a[c] == b[c] for c in others):
             continue
         sets = ", ".join(f"{c} = ?" for c in others)
-        cases.append((f"swap {table} rows {id_a} and {id_b}", [
-            (f"UPDATE {table} SET {sets} WHERE rowid = ?", tuple(b[c] for c in others) + (id_a,)),
-            (f"UPDATE {table} SET {sets} WHERE rowid = ?", tuple(a[c] for c in others) + (id_b,))], None))
+        cases.append(
+            (
+                f"swap {table} rows {id_a} and {id_b}",
+                [
+                    (f"UPDATE {table} SET {sets} WHERE rowid = ?", tuple(b[c] for c in others) + (id_a,)),
+                    (f"UPDATE {table} SET {sets} WHERE rowid = ?", tuple(a[c] for c in others) + (id_b,)),
+                ],
+                None,
+            )
+        )
     return cases
 
 
@@ -170,8 +199,11 @@ def _cut_last_grant(path):
         for table, column in (("grants", "id"), ("releases", "grant_id"), ("outcomes", "grant_id")):
             conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (grant["id"],))
         conn.execute("DELETE FROM draws WHERE lifetime_grant = ? OR run_grant = ?", (grant["id"], grant["id"]))
-        conn.execute("UPDATE blocks SET spent = '[0.0, 0.0]', state = 'active' WHERE stream = ? AND id IN "
-                     f"({', '.join('?' * len(grant['blocks']))})", (grant["stream"], *grant["blocks"]))
+        conn.execute(
+            "UPDATE blocks SET spent = '[0.0, 0.0]', state = 'active' WHERE stream = ? AND id IN "
+            f"({', '.join('?' * len(grant['blocks']))})",
+            (grant["stream"], *grant["blocks"]),
+        )
         conn.commit()
     finally:
         conn.close()
@@ -183,6 +215,7 @@ def _new_ledger_id(path):
 
 def _scenario_cases(old):
     """The review's rollback cases, each alone and with a changed ledger_id."""
+
     def restored(path):
         restore(path, old)
 
@@ -192,12 +225,15 @@ def _scenario_cases(old):
     def both(*steps):
         return lambda path: [step(path) for step in steps]
 
-    return [("change ledger_id", _new_ledger_id), ("restore an old copy", restored),
-            ("restore an old copy and change ledger_id", both(restored, _new_ledger_id)),
-            ("truncate the last grant", _cut_last_grant),
-            ("truncate the last grant and change ledger_id", both(_cut_last_grant, _new_ledger_id)),
-            ("delete the head file", head_deleted),
-            ("delete the head file and restore an old copy", both(head_deleted, restored))]
+    return [
+        ("change ledger_id", _new_ledger_id),
+        ("restore an old copy", restored),
+        ("restore an old copy and change ledger_id", both(restored, _new_ledger_id)),
+        ("truncate the last grant", _cut_last_grant),
+        ("truncate the last grant and change ledger_id", both(_cut_last_grant, _new_ledger_id)),
+        ("delete the head file", head_deleted),
+        ("delete the head file and restore an old copy", both(head_deleted, restored)),
+    ]
 
 
 def _caught(path, at_open=True):
@@ -258,8 +294,10 @@ def test_every_database_only_tamper_case_is_caught(honest, tmp_path):
     for name, tamper in _scenario_cases(old):
         results[name] = _run(honest, tmp_path, name, tamper)
     missed = sorted(name for name, how in results.items() if not how)
-    print(f"\ntamper catalogue: {len(results)} cases, {len(results) - len(missed)} caught; "
-          f"{len(unbound)} edits of unbound display timestamps, {sum(1 for n in unbound if results[n])} of them caught")
+    print(
+        f"\ntamper catalogue: {len(results)} cases, {len(results) - len(missed)} caught; "
+        f"{len(unbound)} edits of unbound display timestamps, {sum(1 for n in unbound if results[n])} of them caught"
+    )
     assert set(missed) <= set(unbound), [m for m in missed if m not in unbound]
     assert {column for column, _ in times} == DISPLAY_TIMES  # each display time is edited, and caught above
     assert all(results[name] for _, name in times), [name for _, name in times if not results[name]]
@@ -282,13 +320,16 @@ def test_sage_ledger_audit_names_each_rollback_case(honest, tmp_path, capsys):
         assert {f: (case / f).read_bytes() for f in sorted(os.listdir(case))} == before, name
 
 
-@pytest.mark.parametrize("statement, named", [
-    ("UPDATE streams SET created = created - 86400 WHERE name = 's'", "streams.created of s: the table says"),
-    ("UPDATE pipelines SET finished = NULL WHERE name = 'r'", "pipelines.finished of s/r"),
-    ("UPDATE blocks SET retired = 0 WHERE id = 'b0'", "blocks.retired of s/b0"),
-    ("UPDATE releases SET created = 0", "releases.created of"),
-    ("UPDATE log SET ts = ts - 3600 WHERE kind = 'trusted_read'", "keyed hash chain broken"),
-])
+@pytest.mark.parametrize(
+    "statement, named",
+    [
+        ("UPDATE streams SET created = created - 86400 WHERE name = 's'", "streams.created of s: the table says"),
+        ("UPDATE pipelines SET finished = NULL WHERE name = 'r'", "pipelines.finished of s/r"),
+        ("UPDATE blocks SET retired = 0 WHERE id = 'b0'", "blocks.retired of s/b0"),
+        ("UPDATE releases SET created = 0", "releases.created of"),
+        ("UPDATE log SET ts = ts - 3600 WHERE kind = 'trusted_read'", "keyed hash chain broken"),
+    ],
+)
 def test_an_edited_display_time_is_named_by_the_audit(honest, tmp_path, statement, named):
     """A writer of the database alone backdates a display time (a stream's creation, a pipeline's end, a block's
     retirement, a release, a trusted read's time): the audit names the row and column, or the broken chain."""

@@ -6,6 +6,7 @@ safe budget on a unit stream was the per-row one. Now a release names the unit c
 stages and the grant's own unit, refuses the rest before anything is recorded, and the audit replays the claim
 from the signed log. No TensorFlow.
 """
+
 import json
 import sqlite3
 
@@ -50,14 +51,18 @@ def test_the_validators_stages_take_their_whole_share_per_unit_and_the_audit_rep
     assert [e.get(PER_UNIT_KEY) for e in entries] == [UNIT, UNIT, None]
 
 
-@pytest.mark.parametrize("unit, stage, per_unit, match", [
-    (UNIT, "validation", "taxi_id", "is not the grant's privacy unit 'company'"),
-    (UNIT, "preprocessing", UNIT, "stage 'preprocessing' has no mechanism calibrated to the unit"),
-    (UNIT, "training", UNIT, "stage 'training' has no mechanism calibrated to the unit"),
-    (None, "validation", UNIT, "its stream's unit is the row"),
-])
+@pytest.mark.parametrize(
+    "unit, stage, per_unit, match",
+    [
+        (UNIT, "validation", "taxi_id", "is not the grant's privacy unit 'company'"),
+        (UNIT, "preprocessing", UNIT, "stage 'preprocessing' has no mechanism calibrated to the unit"),
+        (UNIT, "training", UNIT, "stage 'training' has no mechanism calibrated to the unit"),
+        (None, "validation", UNIT, "its stream's unit is the row"),
+    ],
+)
 def test_a_per_unit_claim_the_grant_does_not_support_is_refused_before_anything_is_recorded(
-        tmp_path, unit, stage, per_unit, match):
+    tmp_path, unit, stage, per_unit, match
+):
     path = str(tmp_path / "l.db")
     ledger, grant, split = _world(path, unit)
     with ledger:
@@ -74,16 +79,26 @@ def _forge_release(ledger, grant, stage, epsilon, per_unit):
 
     with ledger._store.transaction() as tx:
         tx.run(sql.RELEASE_INSERT, (grant.id, stage, grant.stream, grant.pipeline, "c", epsilon, 0.0, 1.0))
-        body = {"grant": grant.id, "stream": grant.stream, "pipeline": grant.pipeline, "stage": stage,
-                "computation": "c", "epsilon": epsilon, "delta": 0.0}
+        body = {
+            "grant": grant.id,
+            "stream": grant.stream,
+            "pipeline": grant.pipeline,
+            "stage": stage,
+            "computation": "c",
+            "epsilon": epsilon,
+            "delta": 0.0,
+        }
         ledger._log(tx, "release", body if per_unit is None else {**body, PER_UNIT_KEY: per_unit}, at=1.0)
 
 
-@pytest.mark.parametrize("stage, per_unit, problem", [
-    ("validation", None, "more than its share"),  # the whole share with no per-unit calibration
-    ("validation", "taxi_id", "is not the grant's privacy unit 'company'"),
-    ("preprocessing", UNIT, "stage 'preprocessing' has no mechanism calibrated to the unit"),
-])
+@pytest.mark.parametrize(
+    "stage, per_unit, problem",
+    [
+        ("validation", None, "more than its share"),  # the whole share with no per-unit calibration
+        ("validation", "taxi_id", "is not the grant's privacy unit 'company'"),
+        ("preprocessing", UNIT, "stage 'preprocessing' has no mechanism calibrated to the unit"),
+    ],
+)
 def test_the_audit_flags_a_whole_share_release_without_a_valid_per_unit_claim(tmp_path, stage, per_unit, problem):
     path = str(tmp_path / "l.db")
     ledger, grant, split = _world(path)

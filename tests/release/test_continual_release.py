@@ -1,6 +1,7 @@
 """Continual and sliding-window release (sage_tfx/release/continual/; the paper seed 000). numpy only.
 
 Data here is GENERATED (a fixed-seed logistic model); the ledger is real (SQLite, tmp_path)."""
+
 import math
 import os
 
@@ -61,11 +62,13 @@ def spent_by_block(ledger):
 def test_solver_reaches_the_minimiser(loss):
     x, y = clip_features(*generated_block(0, loss=loss), loss)
     w = solve_erm(x, y, normaliser=len(y), lam=0.1, radius=10.0, loss=loss, tolerance=1e-12)
+
     # First-order optimality checked numerically: every coordinate's central difference of the objective is 0.
     def objective(u):
         z = x @ u
         loss_values = np.logaddexp(0, -y * z) if loss == "logistic" else 0.5 * (z - y) ** 2
         return loss_values.mean() + 0.05 * u @ u
+
     for k in range(D):
         e = np.zeros(D)
         e[k] = 1e-5
@@ -77,8 +80,12 @@ def test_sensitivity_bound_holds_for_neighbours():
     params = ReleaseParams(epsilon=1.0, delta=1e-6, records_per_block=200, lam=0.05)
     x, y = clip_features(*generated_block(3), "logistic")
     w = solve_erm(x, y, normaliser=200, lam=0.05, radius=10.0, loss="logistic")
-    worst = max(np.linalg.norm(w - solve_erm(np.delete(x, i, 0), np.delete(y, i), normaliser=200, lam=0.05,
-                                             radius=10.0, loss="logistic")) for i in range(0, 200, 7))
+    worst = max(
+        np.linalg.norm(
+            w - solve_erm(np.delete(x, i, 0), np.delete(y, i), normaliser=200, lam=0.05, radius=10.0, loss="logistic")
+        )
+        for i in range(0, 200, 7)
+    )
     assert 0 < worst <= sensitivity(params, 1)
 
 
@@ -88,14 +95,15 @@ def test_noise_statistics():
     # probability < 1e-8 under the stated distribution, so the false-failure rate is < 1e-7.
     params = ReleaseParams(epsilon=1.0, delta=1e-6, records_per_block=200)
     x, y = generated_block(5)
-    w = solve_erm(*clip_features(x, y, "logistic"), normaliser=200, lam=params.lam, radius=params.radius,
-                  loss="logistic")
+    w = solve_erm(
+        *clip_features(x, y, "logistic"), normaliser=200, lam=params.lam, radius=params.radius, loss="logistic"
+    )
     sigma = 0.2
     rng = secure_rng(12345)
     noise = np.array([private_erm(x, y, params=params, blocks=1, sigma=sigma, rng=rng) - w for _ in range(1000)])
     flat = noise.reshape(-1)
     assert abs(flat.mean()) < 6 * sigma / math.sqrt(flat.size)
-    assert 0.85 < flat.var() / sigma ** 2 < 1.15
+    assert 0.85 < flat.var() / sigma**2 < 1.15
 
 
 def test_calibration_matches_the_budget():
@@ -132,7 +140,8 @@ def test_per_block_charge_equals_the_bound_and_audit_passes(tmp_path, cls, windo
     assert len(releases) == blocks  # one release per block's grant, re-opened by later reads, never recounted
     # each grant's release is the strategy's computation on that grant's block (its registered content)
     assert {r.grant_id: r.computation for r in releases} == {
-        g.id: bound_to_data(rel.fingerprint, ledger, g) for g in rel.grants.values()}
+        g.id: bound_to_data(rel.fingerprint, ledger, g) for g in rel.grants.values()
+    }
 
 
 def test_a_block_grants_release_reopened_on_other_data_is_refused(tmp_path):
@@ -212,15 +221,18 @@ def test_dyadic_cover():
             assert all(iv[0] % (iv[1] - iv[0]) == 0 and iv[1] - iv[0] <= 8 for iv in cover)
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(epsilon=-1.0), "epsilon -1.0 is invalid"),
-    (dict(delta=0.0), "delta 0.0 is invalid"),
-    (dict(records_per_block=0), "records_per_block 0 is invalid"),
-    (dict(lam=0.0), "lam 0.0 is invalid"),
-    (dict(loss="hinge"), "loss 'hinge' is unknown"),
-    (dict(window=0), "window 0 is invalid"),
-    (dict(window=-3), "window -3 is invalid"),
-])
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(epsilon=-1.0), "epsilon -1.0 is invalid"),
+        (dict(delta=0.0), "delta 0.0 is invalid"),
+        (dict(records_per_block=0), "records_per_block 0 is invalid"),
+        (dict(lam=0.0), "lam 0.0 is invalid"),
+        (dict(loss="hinge"), "loss 'hinge' is unknown"),
+        (dict(window=0), "window 0 is invalid"),
+        (dict(window=-3), "window -3 is invalid"),
+    ],
+)
 def test_bad_parameters_are_refused_before_any_charge(tmp_path, kwargs, match):
     ledger = make_ledger(tmp_path, 3)
     before = ledger.status("s")
@@ -239,8 +251,7 @@ def test_window_larger_than_the_stream_is_refused(tmp_path):
     with pytest.raises(ContinualReleaseError, match="window 9 is for SlidingWindowRelease"):
         ContinualRelease(ledger, "s", "p", params, reader, dim=D)
     with pytest.raises(ContinualReleaseError, match="dim 0 is invalid"):
-        ContinualRelease(ledger, "s", "p", ReleaseParams(epsilon=1.0, delta=1e-6, records_per_block=2), reader,
-                         dim=0)
+        ContinualRelease(ledger, "s", "p", ReleaseParams(epsilon=1.0, delta=1e-6, records_per_block=2), reader, dim=0)
     assert ledger.grants() == [] and reader.read == []
 
 
@@ -272,12 +283,29 @@ def test_release_stream_on_real_taxi_blocks_with_sla_and_push(tmp_path):
     schema = {"fare": "float", "tips": "float", "trip_miles": "float"}  # the columns the features need
     params = ReleaseParams(epsilon=1.0, delta=1e-7, records_per_block=100)
     with pytest.raises(ContinualReleaseError, match="validation_epsilon 2.0 is larger than epsilon"):
-        release_stream(ledger, str(data), "taxi", "cr", params, featurize=_taxi_featurize(schema), dim=3,
-                       validator=DPLossValidator(5.0, 2.0, loss_bound=5.0))
+        release_stream(
+            ledger,
+            str(data),
+            "taxi",
+            "cr",
+            params,
+            featurize=_taxi_featurize(schema),
+            dim=3,
+            validator=DPLossValidator(5.0, 2.0, loss_bound=5.0),
+        )
     assert ledger.grants() == []
-    rel, out = release_stream(ledger, str(data), "taxi", "cr", params, featurize=_taxi_featurize(schema), dim=3,
-                              validator=DPLossValidator(5.0, 0.5, loss_bound=5.0), push_dir=str(tmp_path / "push"),
-                              serving_dir=str(tmp_path / "serve"))
+    rel, out = release_stream(
+        ledger,
+        str(data),
+        "taxi",
+        "cr",
+        params,
+        featurize=_taxi_featurize(schema),
+        dim=3,
+        validator=DPLossValidator(5.0, 0.5, loss_bound=5.0),
+        push_dir=str(tmp_path / "push"),
+        serving_dir=str(tmp_path / "serve"),
+    )
     blocks = [b.id for b in ledger.blocks("taxi")]
     assert [o["block"] for o in out] == blocks and len(blocks) == 4
     assert all(o["sla"] in ("ACCEPT", "REJECT", "RETRY") for o in out)

@@ -1,6 +1,7 @@
 """Growth schedules and PMWG (sage_tfx/release/growth/; the paper seed 001). numpy only.
 
 Data here is GENERATED (fixed-seed uniform values); the ledger is real (SQLite, tmp_path)."""
+
 import math
 
 import numpy as np
@@ -56,8 +57,7 @@ class CheckedReader:
 def dp_mean(blocks, epsilon, rng):
     """epsilon-DP mean of column 0 (values in [0, 1]) over the public count: sensitivity 1 / n."""
     n = ROWS * len(blocks)
-    return float(grid_laplace(np.array([sum(float(b[:, 0].sum()) for b in blocks) / n]), 1.0 / n, epsilon,
-                              rng=rng)[0])
+    return float(grid_laplace(np.array([sum(float(b[:, 0].sum()) for b in blocks) / n]), 1.0 / n, epsilon, rng=rng)[0])
 
 
 @pytest.mark.parametrize("gamma,t0", [(0.05, 1), (0.5, 3), (2.0, 1)])
@@ -88,9 +88,15 @@ def test_scheduler_holds_n_epsilon():
     assert max(products) / min(products) == pytest.approx(1.0)
 
 
-@pytest.mark.parametrize("params,match", [
-    (dict(epsilon=-1.0), "epsilon -1.0"), (dict(epsilon=1.0, gamma=0), "gamma 0"),
-    (dict(epsilon=1.0, t0=0), "t0 0"), (dict(epsilon=1.0, delta=1.5), "delta 1.5")])
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        (dict(epsilon=-1.0), "epsilon -1.0"),
+        (dict(epsilon=1.0, gamma=0), "gamma 0"),
+        (dict(epsilon=1.0, t0=0), "t0 0"),
+        (dict(epsilon=1.0, delta=1.5), "delta 1.5"),
+    ],
+)
 def test_scheduler_bad_params_refused(params, match):
     with pytest.raises(GrowthError, match=match):
         SchedulerParams(**params)
@@ -107,8 +113,11 @@ def test_improver_needs_delta():
 def test_ledger_charges_bound_per_block_and_audit(tmp_path, kind):
     T = 12
     ledger = make_ledger(tmp_path, T)
-    schedule = (BBScheduler(SchedulerParams(epsilon=1.0, gamma=0.5)) if kind == "scheduler"
-                else BBImprover(ImproverParams(epsilon=1.0, delta=1e-6)))
+    schedule = (
+        BBScheduler(SchedulerParams(epsilon=1.0, gamma=0.5))
+        if kind == "scheduler"
+        else BBImprover(ImproverParams(epsilon=1.0, delta=1e-6))
+    )
     reader = CheckedReader(ledger)
     rel = ScheduledRelease(ledger, "s", kind, schedule, dp_mean, reader, name="dp_mean")
     before = spent(ledger)
@@ -123,7 +132,8 @@ def test_ledger_charges_bound_per_block_and_audit(tmp_path, kind):
     assert ledger.audit().ok
     # each lifetime grant's one release is the schedule's computation on its own block (registered content)
     assert {r.grant_id: r.computation for r in ledger.releases()} == {
-        g.id: bound_to_data(rel.fingerprint, ledger, g) for g in rel.grants.values()}
+        g.id: bound_to_data(rel.fingerprint, ledger, g) for g in rel.grants.values()
+    }
     assert len({r.computation for r in ledger.releases()}) == T
     with pytest.raises(GrowthError, match="b003"):
         rel.observe("b003")
@@ -173,8 +183,11 @@ def observe_and_query(pm, uni, blocks, rows, per_block=10, seed=3):
         pm.observe(f"b{i:03d}", rows)
         for _ in range(per_block):
             lo = qrng.uniform(0, 0.7)
-            w = (count_query(uni, lambda c: (c[:, 0] > lo) & (c[:, 1] < lo + 0.3)) if qrng.random() < 0.5  # noqa: B023
-                 else sum_query(uni, 0, 1.0, lambda c: c[:, 1] > lo))  # noqa: B023
+            w = (
+                count_query(uni, lambda c: (c[:, 0] > lo) & (c[:, 1] < lo + 0.3))  # noqa: B023
+                if qrng.random() < 0.5
+                else sum_query(uni, 0, 1.0, lambda c: c[:, 1] > lo)  # noqa: B023
+            )
             errors.append(abs(pm.query(w).answer - pm.true_answer(w)))
     return errors
 
@@ -211,7 +224,8 @@ def test_pmwg_public_histogram_arrival_update(tmp_path):
     assert pm.public == pytest.approx([0.75, 0.25])  # (100 * [1, 0] + 100 * [.5, .5]) / 200
     pm.query(np.array([1.0, 0.0]))  # re-opens every block's release: each bound to its own block
     assert {r.grant_id: r.computation for r in ledger.releases()} == {
-        g.id: bound_to_data(pm.fingerprint, ledger, g) for g in pm.grants.values()}
+        g.id: bound_to_data(pm.fingerprint, ledger, g) for g in pm.grants.values()
+    }
     with pytest.raises(GrowthError, match="edges"):
         Universe(columns=("x",), edges=([1.0, 0.0],))
 
@@ -245,7 +259,7 @@ def test_pmwg_hard_budget_grows_with_n_and_the_rounds_stay_within_epsilon(tmp_pa
     qrng = np.random.default_rng(11)
     limits = []
     for i in range(T):
-        declared = ROWS * 2 ** i  # a public declared size that doubles: n = 100 (2^(i+1) - 1)
+        declared = ROWS * 2**i  # a public declared size that doubles: n = 100 (2^(i+1) - 1)
         pm.observe(f"b{i:03d}", declared)
         assert pm.hard_limit() == math.floor(k * (1 + math.log(pm.n / 100)))
         limits.append(pm.hard_limit())
@@ -274,8 +288,7 @@ def test_pmwg_worst_case_rounds_sum_to_epsilon(tmp_path, k, p):
     the rounds' epsilons sum to c (k + 1 / (exp(p/k) - 1)) = epsilon, approached and never exceeded."""
     ledger = make_ledger(tmp_path, 1)
     uni = Universe(columns=("x", "y"), edges=(np.linspace(0, 1, 3), np.linspace(0, 1, 3)))
-    pm = PMWG(ledger, "s", "wc", PMWGParams(epsilon=1.5, hard_budget=k, growth_exponent=p), uni,
-              CheckedReader(ledger))
+    pm = PMWG(ledger, "s", "wc", PMWGParams(epsilon=1.5, hard_budget=k, growth_exponent=p), uni, CheckedReader(ledger))
     pm.observe("b000", ROWS)
     total, i = 0.0, 0
     while True:
@@ -309,8 +322,15 @@ def test_scheduler_with_delta_ledger_spend_equals_the_analysis_bound(tmp_path, c
     ledger = make_ledger(tmp_path, T, epsilon=2.0, delta=1e-5)
     schedule = BBScheduler(SchedulerParams(epsilon=eps, delta=delta, gamma=0.25, composition=composition))
     reader = CheckedReader(ledger)
-    rel = ScheduledRelease(ledger, "s", f"sched-{composition}", schedule, clipped_mean(1.0, ROWS),
-                           lambda g: reader(g)[:, 0], name="clipped_mean(x0)")
+    rel = ScheduledRelease(
+        ledger,
+        "s",
+        f"sched-{composition}",
+        schedule,
+        clipped_mean(1.0, ROWS),
+        lambda g: reader(g)[:, 0],
+        name="clipped_mean(x0)",
+    )
     for i in range(T):
         rel.observe(f"b{i:03d}")
         assert reader.read[-1] == f"b{i:03d}"  # read only after its charge (CheckedReader asserts it)
@@ -321,13 +341,13 @@ def test_scheduler_with_delta_ledger_spend_equals_the_analysis_bound(tmp_path, c
     assert [r.t for r in runs] == [t for t in range(1, T + 1) if schedule.run_at(t)] and len(runs) >= 6
     if composition == "zcdp":
         assert all(r.delta == 0.0 for r in runs)
-        rho_used = sum(r.epsilon ** 2 / 2 for r in runs)
+        rho_used = sum(r.epsilon**2 / 2 for r in runs)
         assert rho_used <= schedule.rho * (1 + 1e-12)
         z = 1.0 / math.sqrt(2 * rho_used)  # rho-zCDP has the RDP curve of the Gaussian with multiplier z
         eps_used = RdpAccountant().compose(dp_accounting.GaussianDpEvent(z)).get_epsilon(delta)
         assert eps_used <= eps * (1 + 1e-6)
         # the infinite horizon reaches the bound: the geometric tail after T blocks is what is left
-        assert schedule.total_loss(10 ** 5) == pytest.approx(schedule.rho, rel=1e-6)
+        assert schedule.total_loss(10**5) == pytest.approx(schedule.rho, rel=1e-6)
     else:
         eps_i, delta_i = [r.epsilon for r in runs], [r.delta for r in runs]
         # run k covers the epochs after the previous run's up to its own: (eps, delta) g / (1 + g)^(j + 1) each
@@ -337,15 +357,16 @@ def test_scheduler_with_delta_ledger_spend_equals_the_analysis_bound(tmp_path, c
         assert eps_i[-1] < eps_i[-2] < eps_i[-3]  # they shrink as the stream grows
         assert [d / e for d, e in zip(delta_i, eps_i)] == [pytest.approx(delta / eps)] * len(runs)
         assert sum(eps_i) < eps and sum(delta_i) < delta
-        assert schedule.total_loss(10 ** 5) == pytest.approx(eps, rel=1e-4)  # tail 1.25^-52 ~ 1e-5 left
-        assert schedule.total_delta(10 ** 5) == pytest.approx(delta, rel=1e-4)
+        assert schedule.total_loss(10**5) == pytest.approx(eps, rel=1e-4)  # tail 1.25^-52 ~ 1e-5 left
+        assert schedule.total_delta(10**5) == pytest.approx(delta, rel=1e-4)
     # the last run's output is the true mean plus its stated noise: grid Gaussian of sigma z(eps_i, delta_i) / n
     # in basic mode, grid Laplace of scale 1 / (n eps_i) otherwise; |noise| > 6 sigma has probability < 2e-9 and
     # |noise| > 21 scales < 1e-9 (the grants' seeds are random: these are the false-failure rates)
     last = runs[-1]
     n = ROWS * len(last.blocks)
-    limit = (6 * gaussian.rdp_multiplier(last.epsilon, last.delta) / n if composition == "basic"
-             else 21 / (n * last.epsilon)) + 1e-6  # + the grid's rounding (<= gamma / 2, far below 1e-6)
+    limit = (
+        6 * gaussian.rdp_multiplier(last.epsilon, last.delta) / n if composition == "basic" else 21 / (n * last.epsilon)
+    ) + 1e-6  # + the grid's rounding (<= gamma / 2, far below 1e-6)
     assert abs(rel.current - np.mean([generated_block(i)[:, 0].mean() for i in range(T)])) < limit
 
 

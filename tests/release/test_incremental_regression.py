@@ -1,6 +1,7 @@
 """PrivIncReg1 (sage_tfx.release.incremental_regression): the tree's noise statistics, its O(log T) memory, the
 ledger charge (== the whole-horizon bound per block, before the read; audit OK), refusals before any charge, a
 utility sanity check with fixed seeds, and a tiny run of `sage bench incremental-regression`."""
+
 import argparse
 import json
 import math
@@ -42,8 +43,11 @@ def make_ledger(tmp_path, blocks=8, accounting="basic"):
 
 
 def snapshot(ledger):
-    return ({b.id: b.spent for b in ledger.blocks("s")}, [g.id for g in ledger.grants()],
-            [r.grant_id for r in ledger.releases()])
+    return (
+        {b.id: b.spent for b in ledger.blocks("s")},
+        [g.id for g in ledger.grants()],
+        [r.grant_id for r in ledger.releases()],
+    )
 
 
 def test_levels_are_floor_log2_plus_one():
@@ -73,7 +77,7 @@ def test_tree_noise_statistics():
         level = (t & -t).bit_length() - 1
         draws.append(tree._nodes[level].noisy / c)
         q_matrix, q_vector = tree.noisy_prefix()
-        prefix_sq += float(np.sum(np.triu(q_matrix) ** 2) + np.sum(q_vector ** 2)) / c ** 2
+        prefix_sq += float(np.sum(np.triu(q_matrix) ** 2) + np.sum(q_vector**2)) / c**2
         prefix_nodes += bin(t).count("1") * tree.cells
     z = np.concatenate(draws)
     assert z.size == 256 * tree.cells
@@ -91,19 +95,31 @@ def test_noise_multiplier_meets_the_budget_by_rdp():
     acc.compose(p.dp_event)
     assert acc.get_epsilon(p.delta) <= p.epsilon + 1e-6
     loose = rdp.RdpAccountant()
-    loose.compose(dp_accounting.ComposedDpEvent(
-        [dp_accounting.GaussianDpEvent(noise_multiplier=0.98 * p.noise_multiplier)] * (2 * p.levels)))
+    loose.compose(
+        dp_accounting.ComposedDpEvent(
+            [dp_accounting.GaussianDpEvent(noise_multiplier=0.98 * p.noise_multiplier)] * (2 * p.levels)
+        )
+    )
     assert loose.get_epsilon(p.delta) > p.epsilon  # the smallest c, not just a feasible one
     assert params(horizon=256).noise_multiplier > params(horizon=8).noise_multiplier  # more levels, more noise
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(horizon=0), "horizon=0"), (dict(horizon=2.5), "horizon=2.5"), (dict(horizon=True), "horizon=True"),
-    (dict(epsilon=-1.0), "epsilon=-1.0"), (dict(epsilon=float("nan")), "epsilon=nan"),
-    (dict(delta=0.0), "delta=0.0"), (dict(delta=1.0), "delta=1.0"), (dict(bound_x=0), "bound_x=0"),
-    (dict(bound_y="a"), "bound_y='a'"), (dict(radius=float("inf")), "radius=inf"),
-    (dict(iterations=0), "iterations=0"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(horizon=0), "horizon=0"),
+        (dict(horizon=2.5), "horizon=2.5"),
+        (dict(horizon=True), "horizon=True"),
+        (dict(epsilon=-1.0), "epsilon=-1.0"),
+        (dict(epsilon=float("nan")), "epsilon=nan"),
+        (dict(delta=0.0), "delta=0.0"),
+        (dict(delta=1.0), "delta=1.0"),
+        (dict(bound_x=0), "bound_x=0"),
+        (dict(bound_y="a"), "bound_y='a'"),
+        (dict(radius=float("inf")), "radius=inf"),
+        (dict(iterations=0), "iterations=0"),
+    ],
+)
 def test_bad_parameters_name_the_value(kw, message):
     with pytest.raises(IncrementalRegressionError, match=message) as info:
         params(**kw)
@@ -147,11 +163,14 @@ def test_charge_equals_bound_before_read_and_audit_passes(tmp_path):
     assert spent == {"b0": (1.0, 1e-6), "b1": (1.0, 1e-6), "b2": (1.0, 1e-6), "b3": (1.0, 1e-6), "b4": (0.0, 0.0)}
     grants = ledger.grants("s")
     assert [g.blocks for g in grants] == [("b0",), ("b1",), ("b2",), ("b3",)]
-    assert all(g.meta["strategy"] == "incremental_regression" and g.meta["horizon"] == 4
-               and g.meta["levels"] == 3 for g in grants)
+    assert all(
+        g.meta["strategy"] == "incremental_regression" and g.meta["horizon"] == 4 and g.meta["levels"] == 3
+        for g in grants
+    )
     releases = ledger.releases()
     assert len(releases) == 4 and [r.computation for r in releases] == [
-        bound_to_data(strategy.fingerprint, ledger, g) for g in grants]  # each its own block's data
+        bound_to_data(strategy.fingerprint, ledger, g) for g in grants
+    ]  # each its own block's data
     assert len({r.computation for r in releases}) == 4
     assert [r.grant_id for r in releases] == [g.id for g in grants] and all(r.epsilon == 1.0 for r in releases)
     assert ledger.audit().ok
@@ -168,7 +187,7 @@ def test_rdp_stream_is_charged_the_tree_event(tmp_path):
     strategy = IncrementalRegression(ledger, "s", "p", p, dim=DIM, reader=lambda g: block_rows(0))
     strategy.arrive("b0")
     orders = ledger.stream("s").orders
-    want = [p.levels * a / p.noise_multiplier ** 2 for a in orders]  # 2L Gaussians: alpha * 2L / (2 c^2)
+    want = [p.levels * a / p.noise_multiplier**2 for a in orders]  # 2L Gaussians: alpha * 2L / (2 c^2)
     spent = ledger.block("s", "b0").spent  # (delta, then the RDP curve at the stream's orders)
     assert spent[0] == 0.0 and np.allclose(spent[1:], want, rtol=1e-9)
     assert all(v == 0 for v in ledger.block("s", "b1").spent)
@@ -230,8 +249,20 @@ def _bench_args(tmp_path, **kw):
 
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    argv = ["--data", "generated", "--rows", "400", "--horizons", "2,4", "--seeds", "1", "--iterations", "50",
-            "--plot", str(tmp_path / "plot.png")]
+    argv = [
+        "--data",
+        "generated",
+        "--rows",
+        "400",
+        "--horizons",
+        "2,4",
+        "--seeds",
+        "1",
+        "--iterations",
+        "50",
+        "--plot",
+        str(tmp_path / "plot.png"),
+    ]
     for k, v in kw.items():
         argv += [f"--{k}", str(v)]
     return bench, parser.parse_args(argv)
@@ -248,7 +279,7 @@ def test_bench_tiny_run(tmp_path):
             assert r[key] >= -1e-9 and math.isfinite(r[key])
         assert r["ratio_mean_rerun_over_tree"] > 0 and 0 <= r["tree_better_fraction"] <= 1
         assert len(r["tree_excess_by_t"]) == len(r["rerun_excess_by_t"]) == r["horizon"]
-        assert r["tree_excess_second_half"] == pytest.approx(np.mean(r["tree_excess_by_t"][r["horizon"] // 2:]))
+        assert r["tree_excess_second_half"] == pytest.approx(np.mean(r["tree_excess_by_t"][r["horizon"] // 2 :]))
         assert r["tree_excess_final"] == pytest.approx(r["tree_excess_by_t"][-1])
         assert 0 < r["rerun_epsilon_per_run"] < args.epsilon
     assert (tmp_path / "plot.png").stat().st_size > 1000
@@ -282,11 +313,17 @@ def test_bench_rerun_budget_composes_to_the_target():
     assert acc.get_epsilon(1e-6) <= 1.0 + 1e-4
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(horizons="2,x"), "comma list of integers"), (dict(horizons="0,2"), "must be >= 1"),
-    (dict(epsilon=0), "--epsilon"), (dict(delta=1), "--delta"), (dict(seeds=0), "--seeds"),
-    (dict(horizons="1000"), "only 400 rows"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(horizons="2,x"), "comma list of integers"),
+        (dict(horizons="0,2"), "must be >= 1"),
+        (dict(epsilon=0), "--epsilon"),
+        (dict(delta=1), "--delta"),
+        (dict(seeds=0), "--seeds"),
+        (dict(horizons="1000"), "only 400 rows"),
+    ],
+)
 def test_bench_bad_arguments_name_the_value(tmp_path, kw, message):
     bench, args = _bench_args(tmp_path, **kw)
     with pytest.raises(SystemExit, match=message):
@@ -300,8 +337,10 @@ def test_ridge_is_post_processing_and_fixes_ill_conditioned_rows():
     charge: the ridge changes neither the noise multiplier nor the DpEvent nor the released tree nodes."""
     from sage_tfx.release.incremental_regression import noise_ridge
 
-    plain, ridged = params(horizon=16, radius=4.0, iterations=200), params(horizon=16, radius=4.0, iterations=200,
-                                                                        ridge=True)
+    plain, ridged = (
+        params(horizon=16, radius=4.0, iterations=200),
+        params(horizon=16, radius=4.0, iterations=200, ridge=True),
+    )
     assert plain.noise_multiplier == ridged.noise_multiplier and plain.dp_event == ridged.dp_event
     assert noise_ridge(ridged, 1, DIM) == pytest.approx(2 * math.sqrt(DIM) * ridged.noise_multiplier)
     rng = np.random.default_rng(9)
@@ -312,7 +351,7 @@ def test_ridge_is_post_processing_and_fixes_ill_conditioned_rows():
     excess = [[], []]
     for t in range(16):
         rows = slice(200 * t, 200 * (t + 1))
-        seen_x, seen_y = x[:200 * (t + 1)], y[:200 * (t + 1)]
+        seen_x, seen_y = x[: 200 * (t + 1)], y[: 200 * (t + 1)]
         best = np.linalg.lstsq(seen_x, seen_y, rcond=None)[0]
         for k, tree in enumerate(trees):
             theta = tree.add(x[rows], y[rows], 77 + t)

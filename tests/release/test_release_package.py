@@ -1,4 +1,5 @@
 """sage_tfx.release: every exported name resolves to the class or function of its module, lazily, without TF."""
+
 import subprocess
 import sys
 
@@ -23,7 +24,9 @@ def test_unknown_name_is_an_attribute_error():
 
 
 def test_importing_the_strategies_loads_no_tensorflow():
-    code = ("import sys, sage_tfx.release as r\n"
-            "[getattr(r, n) for n in r.__all__]\n"
-            "assert 'tensorflow' not in sys.modules, 'tensorflow imported'")
+    code = (
+        "import sys, sage_tfx.release as r\n"
+        "[getattr(r, n) for n in r.__all__]\n"
+        "assert 'tensorflow' not in sys.modules, 'tensorflow imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -3,6 +3,7 @@ is_blessed, push_blessed): every released model is written as a TFX Model artifa
 only when its SLA check ACCEPTs, and only blessed models are pushed -- by our push path and by TFX's own Pusher.
 
 Blocks are GENERATED (fixed seeds, 2000 rows, tests/release/test_continual_release.py's generator); the ledger is real."""
+
 import json
 import os
 
@@ -23,8 +24,15 @@ def two_models(tmp_path):
         (block,) = ledger.verify(grant).blocks
         return generated_block(int(block[1:]), n=2000)
 
-    rel = ContinualRelease(ledger, "s", "p", ReleaseParams(epsilon=2.0, delta=1e-6, records_per_block=2000),
-                           reader, dim=D, validation_epsilon=1.0)
+    rel = ContinualRelease(
+        ledger,
+        "s",
+        "p",
+        ReleaseParams(epsilon=2.0, delta=1e-6, records_per_block=2000),
+        reader,
+        dim=D,
+        validation_epsilon=1.0,
+    )
     m1 = rel.observe("b000")
     good = check_sla(rel, m1, DPLossValidator(1.0, 1.0, loss_bound=2.0))
     m2 = rel.observe("b001")
@@ -44,8 +52,12 @@ def test_only_blessed_models_are_pushed(tmp_path):
     assert os.path.exists(os.path.join(p1.blessing_uri, "BLESSED")) and is_blessed(p1.blessing_uri)
     assert os.path.exists(os.path.join(p2.blessing_uri, "NOT_BLESSED")) and not is_blessed(p2.blessing_uri)
     props = json.loads(open(os.path.join(p2.blessing_uri, "blessing.json")).read())
-    assert props == {"blessed": 0, "current_model": p2.model_uri, "current_model_id": 2,
-                     "sla_outcome": str(bad.outcome)}
+    assert props == {
+        "blessed": 0,
+        "current_model": p2.model_uri,
+        "current_model_id": 2,
+        "sla_outcome": str(bad.outcome),
+    }
     # the push: the blessed model only, as version t
     assert p1.blessed and p1.pushed_to == os.path.join(serve, "1")
     assert not p2.blessed and p2.pushed_to is None and sorted(os.listdir(serve)) == ["1"]
@@ -82,9 +94,13 @@ def test_tfx_pusher_pushes_exactly_the_blessed_models(tmp_path):
         out = standard_artifacts.PushedModel()
         out.uri = str(tmp_path / f"pushed-{model.t}")
         destination = pusher_pb2.PushDestination(
-            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=str(base / str(model.t))))
-        pusher_executor.Executor().Do({"model": [art], "model_blessing": [blessing]}, {"pushed_model": [out]},
-                                      {"push_destination": proto_utils.proto_to_json(destination)})
+            filesystem=pusher_pb2.PushDestination.Filesystem(base_directory=str(base / str(model.t)))
+        )
+        pusher_executor.Executor().Do(
+            {"model": [art], "model_blessing": [blessing]},
+            {"pushed_model": [out]},
+            {"push_destination": proto_utils.proto_to_json(destination)},
+        )
         outcomes[model.t] = out.get_int_custom_property("pushed")
     assert outcomes == {1: 1, 2: 0}
     (version,) = os.listdir(base / "1")  # Pusher's own version (a timestamp)

@@ -6,6 +6,7 @@ too), a draw beyond a lifetime grant's (epsilon, delta) is refused, a malformed 
 audit replays draws and catches tampering, and kill -9 mid-draw leaves an audited ledger. Then the driver
 (``ScheduledPipeline``) and `sage run --schedule`, and ONE real TFX pipeline (taxi_regression) through two runs.
 """
+
 import json
 import math
 import multiprocessing
@@ -59,20 +60,19 @@ def test_draw_charges_nothing_and_is_audited(ledger_url):
         lifes = _lifetimes(ledger, 3)
         spent = {b["id"]: (b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("s")["blocks"]}
         split = BudgetSplit.for_epsilon(0.2, 4e-8)
-        run = ledger.draw(lifes, 0, split.charged_epsilon, split.total_delta, schedule=FP, split=split,
-                          meta={"t": 3})
+        run = ledger.draw(lifes, 0, split.charged_epsilon, split.total_delta, schedule=FP, split=split, meta={"t": 3})
         assert run.blocks == ("b0", "b1", "b2") and run.pipeline == "p"
         assert run.epsilon == pytest.approx(0.2) and run.delta == pytest.approx(4e-8)
-        assert run.meta["draw"] == {"from": [g.id for g in lifes], "run": 0, "schedule": FP,
-                                    "composition": "basic"}
+        assert run.meta["draw"] == {"from": [g.id for g in lifes], "run": 0, "schedule": FP, "composition": "basic"}
         assert ledger.verify(run) == run  # an ordinary grant to every reader
         assert {b["id"]: (b["epsilon_spent"], b["delta_spent"]) for b in ledger.status("s")["blocks"]} == spent
         assert sorted(ledger.draws()) == sorted((g.id, 0, run.id, "s", run.epsilon, run.delta) for g in lifes)
         # the stages release under it as under any split grant
         ledger.release(run, "training", "train-fp", split.training, split.delta)
         before = _snapshot(ledger)
-        again = ledger.draw([g.id for g in lifes], 0, split.charged_epsilon, split.total_delta, schedule=FP,
-                            split=split, meta={"t": 3})
+        again = ledger.draw(
+            [g.id for g in lifes], 0, split.charged_epsilon, split.total_delta, schedule=FP, split=split, meta={"t": 3}
+        )
         assert again == run and _snapshot(ledger) == before  # the same grant back, nothing written
         assert ledger.release(run, "training", "train-fp", split.training, split.delta).reopened
         second = ledger.draw(lifes, 1, 0.1, 2e-8, schedule=FP)
@@ -110,8 +110,11 @@ def _zcdp_fits(epsilons, cap_eps=ZE, cap_delta=ZD):
     from sage_tfx.privacy.curves import DEFAULT_ORDERS
 
     half = cap_delta / 2
-    return any(math.fsum(min(e, a * e * e / 2) for e in epsilons) + math.log1p(-1 / a)
-               - math.log(half * a) / (a - 1) <= cap_eps for a in DEFAULT_ORDERS)
+    return any(
+        math.fsum(min(e, a * e * e / 2) for e in epsilons) + math.log1p(-1 / a) - math.log(half * a) / (a - 1)
+        <= cap_eps
+        for a in DEFAULT_ORDERS
+    )
 
 
 def test_zcdp_draws_admitted_to_the_filter_bound(ledger_url):
@@ -158,8 +161,9 @@ def test_malformed_draws_refused_before_anything(ledger_url):
         no_release = ledger.request("p", "s", blocks=["b3"], epsilon=E, delta=D, meta=META)
         foreign = charge_lifetime(ledger, "s", "p", "b4", E, D, META, "another-fingerprint")
         wide = ledger.request("p", "s", blocks=["b5", "b0"], epsilon=0.1, meta=META)
-        staged = ledger.request("p", "s", blocks=["b5"], epsilon=0.2, delta=D, meta=META,
-                                split=BudgetSplit.for_epsilon(0.2, D))
+        staged = ledger.request(
+            "p", "s", blocks=["b5"], epsilon=0.2, delta=D, meta=META, split=BudgetSplit.for_epsilon(0.2, D)
+        )
         ledger.release(staged, "training", FP, 0.1, D)
         run = ledger.draw(lifes, 0, 0.1, 0.0, schedule=FP)
         before = _snapshot(ledger)
@@ -176,8 +180,12 @@ def test_malformed_draws_refused_before_anything(ledger_url):
         for grants, match in cases:
             with pytest.raises(GrantError, match=match):
                 ledger.draw(grants, 5, 0.01, 0.0, schedule=FP)
-        for bad, match in [(dict(run=-1), "run -1"), (dict(epsilon=0.0), "run epsilon 0.0"),
-                           (dict(delta=1.0), "run delta 1.0"), (dict(meta={"draw": 1}), "meta key 'draw'")]:
+        for bad, match in [
+            (dict(run=-1), "run -1"),
+            (dict(epsilon=0.0), "run epsilon 0.0"),
+            (dict(delta=1.0), "run delta 1.0"),
+            (dict(meta={"draw": 1}), "meta key 'draw'"),
+        ]:
             args = dict(run=6, epsilon=0.01, delta=0.0, meta=None) | bad
             with pytest.raises(LedgerError, match=match):
                 ledger.draw(lifes, args["run"], args["epsilon"], args["delta"], schedule=FP, meta=args["meta"])
@@ -187,18 +195,31 @@ def test_malformed_draws_refused_before_anything(ledger_url):
         assert ledger.audit().ok
 
 
-@pytest.mark.parametrize("tamper, match, composition", [
-    ("UPDATE draws SET epsilon = 0.01 WHERE run = 0", "draw of run 0 from lifetime grant", "basic"),
-    ("DELETE FROM draws WHERE run = 1", "is in the log but missing from the table", "basic"),
-    ("UPDATE draws SET run = 7 WHERE run = 1", "is in the table but not in the log", "basic"),
-    ("UPDATE grants SET body = replace(body, '\"run\":0', '\"run\":3') WHERE body LIKE '%\"draw\"%'",
-     "the table's record differs from the log's", "basic"),
-    ("UPDATE draws SET epsilon = 0.3 WHERE run = 1", "draw of run 1 from lifetime grant", "zcdp"),
-    ("UPDATE log SET body = replace(body, '\"composition\":\"zcdp\"', '\"composition\":\"basic\"') "
-     "WHERE kind = 'draw'", "hash", "zcdp"),
-    ("UPDATE log SET body = replace(body, '\"epsilon\":0.1,', '\"epsilon\":0.3,') WHERE kind = 'draw'",
-     "hash", "zcdp"),
-])
+@pytest.mark.parametrize(
+    "tamper, match, composition",
+    [
+        ("UPDATE draws SET epsilon = 0.01 WHERE run = 0", "draw of run 0 from lifetime grant", "basic"),
+        ("DELETE FROM draws WHERE run = 1", "is in the log but missing from the table", "basic"),
+        ("UPDATE draws SET run = 7 WHERE run = 1", "is in the table but not in the log", "basic"),
+        (
+            "UPDATE grants SET body = replace(body, '\"run\":0', '\"run\":3') WHERE body LIKE '%\"draw\"%'",
+            "the table's record differs from the log's",
+            "basic",
+        ),
+        ("UPDATE draws SET epsilon = 0.3 WHERE run = 1", "draw of run 1 from lifetime grant", "zcdp"),
+        (
+            'UPDATE log SET body = replace(body, \'"composition":"zcdp"\', \'"composition":"basic"\') '
+            "WHERE kind = 'draw'",
+            "hash",
+            "zcdp",
+        ),
+        (
+            "UPDATE log SET body = replace(body, '\"epsilon\":0.1,', '\"epsilon\":0.3,') WHERE kind = 'draw'",
+            "hash",
+            "zcdp",
+        ),
+    ],
+)
 def test_audit_catches_tampered_draws(ledger_url, raw_sql, tamper, match, composition):
     with _ledger(ledger_url) as ledger:
         lifes = _lifetimes(ledger, 2)
@@ -211,12 +232,15 @@ def test_audit_catches_tampered_draws(ledger_url, raw_sql, tamper, match, compos
     assert not report.ok and any(match in p for p in report.problems), report.problems
 
 
-@pytest.mark.parametrize("broken, first, second, match", [
-    ("overdraws", "basic", ("basic", 0.4), "overdraws block 'b0'.*epsilon 0.6"),
-    ("overdraws", "zcdp", ("zcdp", 0.2), "overdraws block 'b0'.*Renyi filter under composition 'zcdp'"),
-    ("mixed_compositions", "zcdp", ("basic", 0.01), "drawn under composition 'zcdp': a draw under 'basic'"),
-    ("mixed_compositions", "basic", ("zcdp", 0.01), "drawn under composition 'basic': a draw under 'zcdp'"),
-])
+@pytest.mark.parametrize(
+    "broken, first, second, match",
+    [
+        ("overdraws", "basic", ("basic", 0.4), "overdraws block 'b0'.*epsilon 0.6"),
+        ("overdraws", "zcdp", ("zcdp", 0.2), "overdraws block 'b0'.*Renyi filter under composition 'zcdp'"),
+        ("mixed_compositions", "zcdp", ("basic", 0.01), "drawn under composition 'zcdp': a draw under 'basic'"),
+        ("mixed_compositions", "basic", ("zcdp", 0.01), "drawn under composition 'basic': a draw under 'zcdp'"),
+    ],
+)
 def test_audit_recomputes_the_rule_from_the_log(tmp_path, monkeypatch, broken, first, second, match):
     """A writer with the key but a broken check (the rule or the one-composition check switched off) overdraws or
     mixes compositions (a draw whose composition or epsilon is not what the rule admits): the audit's replay says
@@ -260,9 +284,17 @@ def _draw_worker(location, lifetime_ids, run, epsilon, composition, out_path, st
         f.write(text)
 
 
-@pytest.mark.parametrize("case, composition", [("same budget", "basic"), ("other budgets", "basic"),
-                                               ("same budget", "zcdp"), ("other budgets", "zcdp"),
-                                               ("last budget", "basic"), ("last budget", "zcdp")])
+@pytest.mark.parametrize(
+    "case, composition",
+    [
+        ("same budget", "basic"),
+        ("other budgets", "basic"),
+        ("same budget", "zcdp"),
+        ("other budgets", "zcdp"),
+        ("last budget", "basic"),
+        ("last budget", "zcdp"),
+    ],
+)
 def test_concurrent_draws_of_one_index(ledger_url, tmp_path, case, composition):
     """Four writers at once: one run index with the same budget (all get the one grant) or other budgets (one
     wins); or four run indices racing for the last budget (2 fit: 0.2 each of E = 0.5 under basic; 0.12 each
@@ -275,10 +307,16 @@ def test_concurrent_draws_of_one_index(ledger_url, tmp_path, case, composition):
     ctx = multiprocessing.get_context("spawn")
     start = time.time() + 3.0
     outs = [str(tmp_path / f"out{i}") for i in range(4)]
-    budgets = [(i, {"basic": 0.2, "zcdp": 0.12}[composition]) if last else
-               (0, 0.1 if case == "same budget" else 0.1 + 0.01 * i) for i in range(4)]
-    procs = [ctx.Process(target=_draw_worker, args=(ledger_url, ids, *budgets[i], composition, outs[i], start))
-             for i in range(4)]
+    budgets = [
+        (i, {"basic": 0.2, "zcdp": 0.12}[composition])
+        if last
+        else (0, 0.1 if case == "same budget" else 0.1 + 0.01 * i)
+        for i in range(4)
+    ]
+    procs = [
+        ctx.Process(target=_draw_worker, args=(ledger_url, ids, *budgets[i], composition, outs[i], start))
+        for i in range(4)
+    ]
     for p in procs:
         p.start()
     for p in procs:
@@ -327,8 +365,9 @@ def test_sigkill_mid_draw_leaves_an_audited_ledger(ledger_url, tmp_path):
         assert acked <= set(by_grant)  # every acknowledged draw is there, with all its rows
         assert all(len(v) == 4 for v in by_grant.values())
         assert {g.id for g in ledger.grants("s") if "draw" in g.meta} == set(by_grant)
-        ledger.draw([g.id for g, _, _ in ledger.history("s", "p") if "draw" not in g.meta], 10 ** 7, 1e-4, 0.0,
-                    schedule=FP)  # still works
+        ledger.draw(
+            [g.id for g, _, _ in ledger.history("s", "p") if "draw" not in g.meta], 10**7, 1e-4, 0.0, schedule=FP
+        )  # still works
         assert ledger.audit().ok
 
 
@@ -359,8 +398,9 @@ class _Pipeline:
 def _driver(ledger, run_iteration, request=None, **params):
     from sage_tfx.release.scheduled_pipeline import ScheduledPipeline
 
-    schedule = BBScheduler(SchedulerParams(**({"epsilon": E, "delta": D, "gamma": 1.0, "t0": 2,
-                                               "composition": "basic"} | params)))
+    schedule = BBScheduler(
+        SchedulerParams(**({"epsilon": E, "delta": D, "gamma": 1.0, "t0": 2, "composition": "basic"} | params))
+    )
     return ScheduledPipeline(ledger, "s", "p", schedule, run_iteration, name="stand-in", request=request), schedule
 
 
@@ -447,7 +487,7 @@ def test_driver_refuses_a_name_run_for_another_request_before_anything(tmp_path,
         pipeline = _Pipeline()
         with pytest.raises(RequestMismatch) as refused:
             _driver(ledger, pipeline, request={**REQUEST, **changes})
-        (key, value), = changes.items()
+        ((key, value),) = changes.items()
         assert f"{key} {REQUEST[key]!r} -> {value!r}" in str(refused.value)
         assert "target 0.355 (bound 1)" in str(refused.value) and "new pipeline name" in str(refused.value)
         assert (ledger.log_entries(), [g.to_json() for g in ledger.grants()], ledger.status("s")) == before
@@ -457,11 +497,14 @@ def test_driver_refuses_a_name_run_for_another_request_before_anything(tmp_path,
         assert ledger.audit().ok
 
 
-@pytest.mark.parametrize("params, match", [
-    ({"composition": None, "delta": 0.0}, "composition None with delta 0.0"),
-    ({"composition": "zcdp"}, "BBScheduler .*'composition': 'zcdp'.* has pure runs: .*approximate=True"),
-    ({"composition": "basic", "delta": 0.0}, "delta 0.0"),
-])
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"composition": None, "delta": 0.0}, "composition None with delta 0.0"),
+        ({"composition": "zcdp"}, "BBScheduler .*'composition': 'zcdp'.* has pure runs: .*approximate=True"),
+        ({"composition": "basic", "delta": 0.0}, "delta 0.0"),
+    ],
+)
 def test_driver_refuses_schedules_a_pipeline_cannot_run_under(tmp_path, params, match):
     with _ledger(str(tmp_path / "l.db"), blocks=2) as ledger:
         before = _snapshot(ledger)
@@ -478,8 +521,12 @@ def test_driver_refuses_schedules_a_pipeline_cannot_run_under(tmp_path, params, 
 
 APPROXIMATE = [
     ("bbimprover", lambda e, d: BBImprover(ImproverParams(epsilon=e, delta=d, a=0.1, t0=3), approximate=True)),
-    ("bbscheduler zcdp", lambda e, d: BBScheduler(SchedulerParams(epsilon=e, delta=d, gamma=0.2, t0=2,
-                                                                  composition="zcdp"), approximate=True)),
+    (
+        "bbscheduler zcdp",
+        lambda e, d: BBScheduler(
+            SchedulerParams(epsilon=e, delta=d, gamma=0.2, t0=2, composition="zcdp"), approximate=True
+        ),
+    ),
 ]
 
 
@@ -536,9 +583,12 @@ def test_approximate_schedules_are_admitted_forever_and_tightly(name, build):
     """A typical schedule's first 10^5 runs (BBScheduler: 200 epochs, their epsilons below 1e-15 by then) are all
     admitted by the ledger's rule; with c 10% larger, a run is refused: the calibration is tight, not just safe."""
     schedule = build(0.8, 1e-6)
-    n = 10 ** 5 if name == "bbimprover" else 200
-    budgets = [schedule.run_budget(schedule.epoch_start(i)) for i in range(n)] if name == "bbimprover" else \
-        [(i, schedule.epsilon_of(i), schedule.delta_of(i)) for i in range(n)]
+    n = 10**5 if name == "bbimprover" else 200
+    budgets = (
+        [schedule.run_budget(schedule.epoch_start(i)) for i in range(n)]
+        if name == "bbimprover"
+        else [(i, schedule.epsilon_of(i), schedule.delta_of(i)) for i in range(n)]
+    )
     eps, deltas = np.array([b[1] for b in budgets]), np.array([b[2] for b in budgets])
     assert math.fsum(deltas) <= 1e-6 / 2 * (1 + 1e-12)
     assert _admitted_runs(eps, deltas, 0.8, 1e-6) == n
@@ -559,24 +609,27 @@ def _copy_stream(taxi_stream_300, tmp_path):
     return tmp_path / "ledger.db", data
 
 
-@pytest.mark.parametrize("strategy, options, message", [
-    ("bbscheduler", [1], "is not a JSON object of BBScheduler options"),
-    ("bbscheduler", {"delta": 1e-7}, "'epsilon' is missing"),
-    ("bbscheduler", {"epsilon": -1, "delta": 1e-7}, "epsilon -1"),
-    ("bbscheduler", {"epsilon": 0.8, "delta": 0.0}, "delta 0.0"),
-    ("bbscheduler", {"epsilon": 0.8, "delta": 0.0, "composition": "zcdp"}, "composition 'zcdp' needs delta > 0"),
-    ("bbscheduler", {"epsilon": 0.8, "delta": 1e-7, "gama": 1}, "unknown option(s) ['gama']"),
-    ("bbscheduler", {"epsilon": 0.8, "delta": 1e-7, "gamma": 0}, "gamma 0"),
-    ("bbscheduler", {"epsilon": 0.8, "delta": 1e-7, "t0": 0}, "t0 0"),
-    ("bbimprover", "x", "is not a JSON object of BBImprover options"),
-    ("bbimprover", {"epsilon": 0.8}, "'delta' is missing"),
-    ("bbimprover", {"epsilon": 0.8, "delta": 1e-7, "gamma": 1}, "unknown option(s) ['gamma']"),
-    ("bbimprover", {"epsilon": 0.8, "delta": 1e-7, "a": 0.5}, "a 0.5"),
-    ("bbimprover", {"epsilon": 0.8, "delta": 1.0}, "delta 1.0"),
-    ("bbimprover", {"epsilon": 0.8, "delta": 1e-7, "t0": 1.5}, "t0 1.5"),
-    ("bbimprover", {"epsilon": 1e-3, "delta": 1e-7}, "leaves no Renyi budget at any order"),
-    ("growth", {}, "strategy 'growth' is unknown"),
-])
+@pytest.mark.parametrize(
+    "strategy, options, message",
+    [
+        ("bbscheduler", [1], "is not a JSON object of BBScheduler options"),
+        ("bbscheduler", {"delta": 1e-7}, "'epsilon' is missing"),
+        ("bbscheduler", {"epsilon": -1, "delta": 1e-7}, "epsilon -1"),
+        ("bbscheduler", {"epsilon": 0.8, "delta": 0.0}, "delta 0.0"),
+        ("bbscheduler", {"epsilon": 0.8, "delta": 0.0, "composition": "zcdp"}, "composition 'zcdp' needs delta > 0"),
+        ("bbscheduler", {"epsilon": 0.8, "delta": 1e-7, "gama": 1}, "unknown option(s) ['gama']"),
+        ("bbscheduler", {"epsilon": 0.8, "delta": 1e-7, "gamma": 0}, "gamma 0"),
+        ("bbscheduler", {"epsilon": 0.8, "delta": 1e-7, "t0": 0}, "t0 0"),
+        ("bbimprover", "x", "is not a JSON object of BBImprover options"),
+        ("bbimprover", {"epsilon": 0.8}, "'delta' is missing"),
+        ("bbimprover", {"epsilon": 0.8, "delta": 1e-7, "gamma": 1}, "unknown option(s) ['gamma']"),
+        ("bbimprover", {"epsilon": 0.8, "delta": 1e-7, "a": 0.5}, "a 0.5"),
+        ("bbimprover", {"epsilon": 0.8, "delta": 1.0}, "delta 1.0"),
+        ("bbimprover", {"epsilon": 0.8, "delta": 1e-7, "t0": 1.5}, "t0 1.5"),
+        ("bbimprover", {"epsilon": 1e-3, "delta": 1e-7}, "leaves no Renyi budget at any order"),
+        ("growth", {}, "strategy 'growth' is unknown"),
+    ],
+)
 def test_schedule_options_refused_naming_the_value(strategy, options, message):
     from sage_tfx.release.scheduled_pipeline import scheduler_from_options
 
@@ -584,26 +637,45 @@ def test_schedule_options_refused_naming_the_value(strategy, options, message):
         scheduler_from_options(options, "FILE", strategy)
 
 
-@pytest.mark.parametrize("schedule, options, extra, message", [
-    ("bbimprover:{file}", {"epsilon": 1}, [], "bbimprover:"),  # the source named, then what is missing:
-    ("bbimprover:{file}", {"epsilon": 1}, [], "'delta' is missing"),
-    ("bbimprover:{file}", {"epsilon": 1, "delta": 1e-7, "a": 0.75}, [], "a 0.75 is invalid"),
-    ("bbimprover:{file}", {"epsilon": 1, "delta": 1e-7}, ["--min-window", "3"], "--min-window 3"),
-    ("pmwg:{file}", {"epsilon": 1}, [], "must look like bbscheduler:FILE"),
-    ("bbscheduler:{file}", "not json", [], "the file is not JSON"),
-    ("bbscheduler:{file}", {"epsilon": 0.8, "delta": 0.0, "composition": "zcdp"}, [], "composition 'zcdp' needs"),
-    ("bbscheduler:{file}", {"epsilon": 0.8, "delta": 1e-7}, ["--epsilon-start", "0.5"], "--epsilon-start 0.5"),
-])
-def test_sage_run_schedule_bad_values_exit_2_before_any_charge(taxi_stream_300, tmp_path, schedule, options,
-                                                                extra, message):
+@pytest.mark.parametrize(
+    "schedule, options, extra, message",
+    [
+        ("bbimprover:{file}", {"epsilon": 1}, [], "bbimprover:"),  # the source named, then what is missing:
+        ("bbimprover:{file}", {"epsilon": 1}, [], "'delta' is missing"),
+        ("bbimprover:{file}", {"epsilon": 1, "delta": 1e-7, "a": 0.75}, [], "a 0.75 is invalid"),
+        ("bbimprover:{file}", {"epsilon": 1, "delta": 1e-7}, ["--min-window", "3"], "--min-window 3"),
+        ("pmwg:{file}", {"epsilon": 1}, [], "must look like bbscheduler:FILE"),
+        ("bbscheduler:{file}", "not json", [], "the file is not JSON"),
+        ("bbscheduler:{file}", {"epsilon": 0.8, "delta": 0.0, "composition": "zcdp"}, [], "composition 'zcdp' needs"),
+        ("bbscheduler:{file}", {"epsilon": 0.8, "delta": 1e-7}, ["--epsilon-start", "0.5"], "--epsilon-start 0.5"),
+    ],
+)
+def test_sage_run_schedule_bad_values_exit_2_before_any_charge(
+    taxi_stream_300, tmp_path, schedule, options, extra, message
+):
     db, data = _copy_stream(taxi_stream_300, tmp_path)
     path = tmp_path / "schedule.json"
     if options is not None:
         path.write_text(options if isinstance(options, str) else json.dumps(options))
     with Ledger.open(db) as ledger:
         before = (ledger.log_entries(), [g.to_json() for g in ledger.grants()])
-    out = _sage("run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "1e5",
-                "--schedule", schedule.format(file=path), "--work-dir", tmp_path / "work", *extra)
+    out = _sage(
+        "run",
+        "taxi_regression",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--target",
+        "1e5",
+        "--schedule",
+        schedule.format(file=path),
+        "--work-dir",
+        tmp_path / "work",
+        *extra,
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr, out.stderr
     with Ledger.open(db) as ledger:
@@ -624,13 +696,33 @@ def test_sage_run_schedule_refuses_a_name_run_for_another_target(taxi_stream_300
     path.write_text(json.dumps(options))
     request = pipelines.load_pipeline("taxi_regression").certificate_request(1e5, 0.95)
     with Ledger.open(db) as ledger:  # the first scheduled run (its pipeline stood in for: no TFX here)
-        driver = ScheduledPipeline(ledger, "taxi", "taxi_regression", scheduler_from_options(options, "test"),
-                                   lambda *a: IterationResult("RETRY", bound=2e5), name="tfx:taxi_regression",
-                                   request=request)
+        driver = ScheduledPipeline(
+            ledger,
+            "taxi",
+            "taxi_regression",
+            scheduler_from_options(options, "test"),
+            lambda *a: IterationResult("RETRY", bound=2e5),
+            name="tfx:taxi_regression",
+            request=request,
+        )
         assert len(driver.advance(max_runs=1)) == 1
         before = (ledger.log_entries(), [g.to_json() for g in ledger.grants()])
-    out = _sage("run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "5e4",
-                "--schedule", f"bbscheduler:{path}", "--work-dir", tmp_path / "work")
+    out = _sage(
+        "run",
+        "taxi_regression",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--target",
+        "5e4",
+        "--schedule",
+        f"bbscheduler:{path}",
+        "--work-dir",
+        tmp_path / "work",
+    )
     assert out.returncode == 2, out.stdout + out.stderr
     assert "target 100000.0 -> 50000.0" in out.stderr and "bound 200000" in out.stderr, out.stderr
     assert "new pipeline name" in out.stderr, out.stderr
@@ -641,10 +733,13 @@ def test_sage_run_schedule_refuses_a_name_run_for_another_target(taxi_stream_300
 
 @pytest.mark.slow
 @pytest.mark.tf
-@pytest.mark.parametrize("strategy, options, at", [
-    ("bbscheduler", {"epsilon": 0.8, "delta": 5e-7, "gamma": 1.0, "t0": 64}, (64, 128)),
-    ("bbimprover", {"epsilon": 1.0, "delta": 5e-7, "a": 0.4, "t0": 64}, (64, 65)),
-])
+@pytest.mark.parametrize(
+    "strategy, options, at",
+    [
+        ("bbscheduler", {"epsilon": 0.8, "delta": 5e-7, "gamma": 1.0, "t0": 64}, (64, 128)),
+        ("bbimprover", {"epsilon": 1.0, "delta": 5e-7, "a": 0.4, "t0": 64}, (64, 65)),
+    ],
+)
 def test_a_tfx_pipeline_runs_under_a_growth_schedule(taxi_stream_300, tmp_path, strategy, options, at):
     """taxi_regression (real taxi days) through two scheduled runs: BBScheduler basic, t0 = 64 blocks, gamma = 1
     (runs at 64 and 128 blocks, draw rule "basic"), or BBImprover, t0 = 64 (runs at 64 and 65 blocks, draw rule
@@ -657,9 +752,26 @@ def test_a_tfx_pipeline_runs_under_a_growth_schedule(taxi_stream_300, tmp_path, 
     path = tmp_path / "schedule.json"
     path.write_text(json.dumps(options))
     started = time.monotonic()
-    out = _sage("run", "taxi_regression", "--db", db, "--stream", "taxi", "--data-root", data, "--target", "1e5",
-                "--schedule", f"{strategy}:{path}", "--max-iterations", "2", "--rejection-share", "0",
-                "--work-dir", tmp_path / "work")
+    out = _sage(
+        "run",
+        "taxi_regression",
+        "--db",
+        db,
+        "--stream",
+        "taxi",
+        "--data-root",
+        data,
+        "--target",
+        "1e5",
+        "--schedule",
+        f"{strategy}:{path}",
+        "--max-iterations",
+        "2",
+        "--rejection-share",
+        "0",
+        "--work-dir",
+        tmp_path / "work",
+    )
     elapsed = time.monotonic() - started
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
     schedule = scheduler_from_options(options, "test", strategy)
@@ -673,7 +785,8 @@ def test_a_tfx_pipeline_runs_under_a_growth_schedule(taxi_stream_300, tmp_path, 
         runs = [(g, o) for g, o, _ in history if "draw" in g.meta]
         lifetimes = [g for g, _, _ in history if "draw" not in g.meta]
         assert [(g.meta["draw"]["run"], len(g.blocks), o) for g, o in runs] == [
-            (schedule.run_budget(t)[0], t, "RETRY") for t in at]
+            (schedule.run_budget(t)[0], t, "RETRY") for t in at
+        ]
         for g, _ in runs:
             _, epsilon_i, delta_i = schedule.run_budget(len(g.blocks))
             assert g.meta["draw"]["composition"] == schedule.draw_composition

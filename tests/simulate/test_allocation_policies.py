@@ -6,6 +6,7 @@ point the grants are checked against an independent reference written here (its 
 dominant share and efficiency): no overspend, all-or-nothing, the policy's order, maximality, and the
 skip-what-cannot-have-changed shortcut equal to a full scan.
 """
+
 import math
 import random
 
@@ -28,11 +29,14 @@ def _ref_fraction(policy, arrivals, age):
 def _ref_key(filt, policy, cost, spents):
     """Independent: DPF's dominant share / DPack's sum of demand over remaining (best order for RDP)."""
     if filt.accounting == "rdp":
+
         def share(cap):
             return min((c / k if k > 0 else math.inf) for c, k in zip(cost[1:], cap[1:]))
     else:
+
         def share(cap):
             return max(((c / k if k > 0 else math.inf) if c > 0 else 0.0) for c, k in zip(cost, cap))
+
     if policy.name == Policy.DPACK:
         return sum(share([max(0.0, k - s) for k, s in zip(filt.capacity, sp)]) for sp in spents)
     return share(filt.capacity)
@@ -77,7 +81,7 @@ def _drive(seed, filt, name, params, steps=400):
         pending_max = max(pending_max, len(pending_before))
         spent_before = dict(shadow)
         got = fast.schedule(now)
-        assert got == full.schedule(now)   # the shortcut grants exactly what a full scan grants
+        assert got == full.schedule(now)  # the shortcut grants exactly what a full scan grants
         keys = []
         for pipeline, gblocks, cost in got:
             assert pipeline in pending_before and pending_before[pipeline][:2] == (gblocks, cost)
@@ -90,7 +94,7 @@ def _drive(seed, filt, name, params, steps=400):
             grants += 1
         # all-or-nothing: the model's spend is exactly the granted demands' costs, on all of their blocks
         assert fast.spent == shadow == full.spent
-        if policy.name != Policy.DPACK:   # DPF: granted in increasing dominant share (static keys)
+        if policy.name != Policy.DPACK:  # DPF: granted in increasing dominant share (static keys)
             assert keys == sorted(keys)
         # maximality: nothing still pending fits now
         for pipeline, e in fast.pending.items():
@@ -117,12 +121,12 @@ def test_dpf_serves_the_smallest_dominant_share_first():
     m.add_block("b", 0)
     m.demand("big", ["a", "b"], filt.cost(epsilon=0.3))
     m.demand("small", ["a"], filt.cost(epsilon=0.2))
-    assert m.schedule(0) == []                      # nothing unlocked before any arrival
-    m.arrive(0)                                     # half of each block unlocks: 0.5
+    assert m.schedule(0) == []  # nothing unlocked before any arrival
+    m.arrive(0)  # half of each block unlocks: 0.5
     m.demand("mid", ["b"], filt.cost(epsilon=0.25))
     got = [p for p, _, _ in m.schedule(0)]
-    assert got == ["small", "mid"]                  # 0.2 then 0.25; 0.3 would not fit on a after 0.2
-    m.arrive(0)                                     # fully unlocked
+    assert got == ["small", "mid"]  # 0.2 then 0.25; 0.3 would not fit on a after 0.2
+    m.arrive(0)  # fully unlocked
     assert [p for p, _, _ in m.schedule(0)] == ["big"]
     assert m.spent["a"] == (0.5, 0.0) and m.spent["b"] == (0.55, 0.0)
 
@@ -134,8 +138,8 @@ def test_dpack_prefers_the_efficient_demand_where_dpf_prefers_the_fair_one():
         for b in "abcd":
             m.add_block(b, 0)
         m.arrive(0)
-        m.demand("wide", list("abcd"), filt.cost(epsilon=0.3))   # dominant share 0.3, DPack cost 1.2
-        m.demand("narrow", ["a"], filt.cost(epsilon=0.4))         # dominant share 0.4, DPack cost 0.4
+        m.demand("wide", list("abcd"), filt.cost(epsilon=0.3))  # dominant share 0.3, DPack cost 1.2
+        m.demand("narrow", ["a"], filt.cost(epsilon=0.4))  # dominant share 0.4, DPack cost 0.4
         order = sorted(m.pending, key=m.key)
         assert order[0] == first, policy.name
 
@@ -148,7 +152,7 @@ def test_unlock_schedules():
         assert n.unlocked("a", 1e9) == (min(1.0, k / 4), min(1.0, k / 4) * 1e-6)
         n.arrive()
     n.add_block("late", 0)
-    assert n.unlocked("late", 0) == (0.0, 0.0)      # arrivals before a block unlock nothing of it
+    assert n.unlocked("late", 0) == (0.0, 0.0)  # arrivals before a block unlock nothing of it
     t = QueuedAllocation(filt, filt.cost(epsilon=0.01), DpfT(lifetime=100.0))
     t.add_block("a", 1000.0)
     assert [t.unlocked("a", 1000.0 + s)[0] for s in (-5, 0, 25, 100, 400)] == [0.0, 0.0, 0.25, 1.0, 1.0]
@@ -159,12 +163,17 @@ def test_registry_and_bad_parameters_named():
     assert {p.value for p in Policy} == {"conserve", "aggressive", "dpf-n", "dpf-t", "dpack"}
     assert get_policy("dpf-n").params() == {"n": DpfN.DEFAULT_N}
     assert get_policy("dpf-t", {"lifetime": 60}).params() == {"lifetime": 60.0}
-    for name, params, needle in [("dpf-n", {"n": 0}, "n=0"), ("dpf-n", {"n": 2.5}, "n=2.5"),
-                                 ("dpf-n", {"n": True}, "n=True"), ("dpack", {"n": -3}, "n=-3"),
-                                 ("dpf-t", {"lifetime": 0}, "lifetime=0"),
-                                 ("dpf-t", {"lifetime": float("nan")}, "lifetime=nan"),
-                                 ("dpf-t", {"lifetime": float("inf")}, "lifetime=inf"),
-                                 ("dpf-n", {"lifetime": 5}, "it takes n"), ("conserve", {"n": 3}, "takes no")]:
+    for name, params, needle in [
+        ("dpf-n", {"n": 0}, "n=0"),
+        ("dpf-n", {"n": 2.5}, "n=2.5"),
+        ("dpf-n", {"n": True}, "n=True"),
+        ("dpack", {"n": -3}, "n=-3"),
+        ("dpf-t", {"lifetime": 0}, "lifetime=0"),
+        ("dpf-t", {"lifetime": float("nan")}, "lifetime=nan"),
+        ("dpf-t", {"lifetime": float("inf")}, "lifetime=inf"),
+        ("dpf-n", {"lifetime": 5}, "it takes n"),
+        ("conserve", {"n": 3}, "takes no"),
+    ]:
         with pytest.raises(LedgerError, match=needle):
             get_policy(name, params)
     with pytest.raises(LedgerError, match="not a queued policy"):
@@ -182,19 +191,38 @@ def test_a_demand_must_name_distinct_known_blocks():
     assert m.pending == {}
 
 
-@pytest.mark.parametrize("policy,bad,good,stored", [
-    ("dpf-n", ["n=0"], ["n=50"], {"n": 50}),
-    ("dpf-t", ["lifetime=-1"], ["lifetime=3600"], {"lifetime": 3600.0}),
-    ("dpack", ["n=2.5"], [], {"n": 100}),
-])
-def test_the_ledger_runs_a_queued_policy_and_refuses_bad_parameters_before_writing(ledger_url, policy, bad, good,
-                                                                                   stored):
+@pytest.mark.parametrize(
+    "policy,bad,good,stored",
+    [
+        ("dpf-n", ["n=0"], ["n=50"], {"n": 50}),
+        ("dpf-t", ["lifetime=-1"], ["lifetime=3600"], {"lifetime": 3600.0}),
+        ("dpack", ["n=2.5"], [], {"n": 100}),
+    ],
+)
+def test_the_ledger_runs_a_queued_policy_and_refuses_bad_parameters_before_writing(
+    ledger_url, policy, bad, good, stored
+):
     from sage_tfx.cli import main
     from sage_tfx.privacy import Ledger
 
     def init(params):
-        return main(["ledger", "init", "--db", ledger_url, "--stream", "s", "--epsilon", "1", "--delta", "1e-6",
-                     "--policy", policy, *[a for p in params for a in ("--policy-param", p)]])
+        return main(
+            [
+                "ledger",
+                "init",
+                "--db",
+                ledger_url,
+                "--stream",
+                "s",
+                "--epsilon",
+                "1",
+                "--delta",
+                "1e-6",
+                "--policy",
+                policy,
+                *[a for p in params for a in ("--policy-param", p)],
+            ]
+        )
 
     for params in (bad, ["bogus=1"], ["n"]):
         assert init(params) == 2, params
@@ -211,8 +239,15 @@ def test_the_ledger_runs_a_queued_policy_and_refuses_bad_parameters_before_writi
 
             assert not os.path.exists(ledger_url)
     with pytest.raises(LedgerError, match=f"policy '{policy}' parameter"):
-        Ledger.check_stream_args("s", 1.0, 1e-6, policy=policy, policy_params=dict(
-            [(bad[0].split("=")[0], float(bad[0].split("=")[1]) if "." in bad[0] else int(bad[0].split("=")[1]))]))
+        Ledger.check_stream_args(
+            "s",
+            1.0,
+            1e-6,
+            policy=policy,
+            policy_params=dict(
+                [(bad[0].split("=")[0], float(bad[0].split("=")[1]) if "." in bad[0] else int(bad[0].split("=")[1]))]
+            ),
+        )
     with pytest.raises(LedgerError, match="takes no parameters"):
         Ledger.check_stream_args("s", 1.0, 1e-6, policy="conserve", policy_params={"n": 5})
     # the queued policy is accepted and its parameters (defaults written down) stored with the stream
@@ -229,10 +264,16 @@ def test_fig8_queued_strategies_stay_within_budget():
 
     for strategy in ("block-dpf-n", "block-dpf-t", "block-dpack"):
         seen = {}
-        result = simulate(strategy, 1.0, hours=40, warmup=8, drain=16, seed=3,
-                          inspect=lambda sim: seen.update(spent=dict(sim.model.spent), filt=sim.filt),  # noqa: B023
-                          policy_params={"block-dpf-t": {"lifetime": 4 * 3600.0}, "block-dpf-n": {"n": 4},
-                                         "block-dpack": {"n": 4}})
+        result = simulate(
+            strategy,
+            1.0,
+            hours=40,
+            warmup=8,
+            drain=16,
+            seed=3,
+            inspect=lambda sim: seen.update(spent=dict(sim.model.spent), filt=sim.filt),  # noqa: B023
+            policy_params={"block-dpf-t": {"lifetime": 4 * 3600.0}, "block-dpf-n": {"n": 4}, "block-dpack": {"n": 4}},
+        )
         s = result.summary()
         assert s["pipelines"] > 20 and s["released"] > 0.5, (strategy, s)
         assert all(seen["filt"].admits(sp, seen["filt"].zero()) for sp in seen["spent"].values())
@@ -244,8 +285,17 @@ def test_compare_policies_on_a_tiny_run(tmp_path):
     from sage_tfx.simulate.workload import SimConfig
 
     micro = microbench.MicroConfig(rate=16.0, hours=6, timeout=4.0)
-    result = compare.compare(fig8_rate=1.0, fig8_n=4, micro_n=20, hours=30, warmup=6, drain=12, seed=1,
-                             config=SimConfig(), micro_config=micro)
+    result = compare.compare(
+        fig8_rate=1.0,
+        fig8_n=4,
+        micro_n=20,
+        hours=30,
+        warmup=6,
+        drain=12,
+        seed=1,
+        config=SimConfig(),
+        micro_config=micro,
+    )
     assert [r["policy"] for r in result["fig8"]["results"]] == list(policy_names())
     assert [r["policy"] for r in result["microbenchmark"]["results"]] == list(policy_names()) + ["fcfs"]
     for r in result["microbenchmark"]["results"]:
@@ -272,7 +322,8 @@ def test_microbench_conserve_and_aggressive_grant_the_same_fixed_demands():
     config = microbench.MicroConfig(rate=16.0, hours=6, timeout=4.0)
     a, b = microbench.run("conserve", config, seed=4), microbench.run("aggressive", config, seed=4)
     assert a["granted"] > 0 and {k: v for k, v in a.items() if k not in ("policy", "seconds")} == {
-        k: v for k, v in b.items() if k not in ("policy", "seconds")}
+        k: v for k, v in b.items() if k not in ("policy", "seconds")
+    }
 
 
 def test_microbench_rdp_demands_stay_within_the_filters():
@@ -282,9 +333,11 @@ def test_microbench_rdp_demands_stay_within_the_filters():
     config = microbench.MicroConfig(rate=32.0, hours=4, timeout=3.0, accounting="rdp")
     filt = f.RdpFilter(1.0, 1e-6)
     costs = microbench.demand_curves(filt, (0.01, 0.1))
-    best = {k: min((i for i in range(1, len(c)) if filt.capacity[i] > 0), key=lambda i: c[i] / filt.capacity[i])
-            for k, c in costs.items()}
-    assert len({best[(m, 0.1)] for m in microbench.RDP_MECHANISMS}) > 1   # heterogeneous best orders
+    best = {
+        k: min((i for i in range(1, len(c)) if filt.capacity[i] > 0), key=lambda i: c[i] / filt.capacity[i])
+        for k, c in costs.items()
+    }
+    assert len({best[(m, 0.1)] for m in microbench.RDP_MECHANISMS}) > 1  # heterogeneous best orders
     for policy in ("fcfs", "dpf-n", "dpack"):
         r = microbench.run(policy, config, seed=1, params=None if policy == "fcfs" else {"n": 50})
         assert r["granted"] > 10 and r["max_block_spent"] <= 1.0
@@ -322,6 +375,6 @@ def test_dpsgd_calibration_is_private_and_tight():
     for eps in (0.25, 0.8):
         curve = dpsgd_curve_for_epsilon(eps, 16000, config, curves.DEFAULT_ORDERS)
         got = rdp.compute_epsilon(list(curves.DEFAULT_ORDERS), list(curve), config.delta)[0]
-        assert got >= 0.9 * eps   # at the stream's orders alone (the high orders certify small eps)
+        assert got >= 0.9 * eps  # at the stream's orders alone (the high orders certify small eps)
         assert len(curve) == len(curves.DEFAULT_ORDERS) and all(v > 0 for v in curve)
         assert _CALIBRATION_ORDERS[0] > max(curves.DEFAULT_ORDERS)

@@ -1,4 +1,5 @@
 """`sage simulate --semantics`: pipelines granted under event, user-time and user DP, on the real ledger."""
+
 import json
 import math
 

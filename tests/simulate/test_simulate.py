@@ -1,4 +1,5 @@
 """The load simulator (paper Fig. 8): determinism, ledger invariants after a run, the qualitative ordering."""
+
 import math
 
 import pytest
@@ -94,12 +95,15 @@ def test_ordering_under_load():
     assert conserve["released"] >= streaming["released"]
 
 
-@pytest.mark.parametrize("kwargs, needle", [
-    (dict(strategy="block-conserve", rate=-1.0), "-1.0"),
-    (dict(strategy="block-conserve", rate=float("nan")), "nan"),
-    (dict(strategy="blocks", rate=1.0), "blocks"),
-    (dict(strategy="streaming", rate=1.0, hours=10, warmup=10), "warmup"),
-])
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [
+        (dict(strategy="block-conserve", rate=-1.0), "-1.0"),
+        (dict(strategy="block-conserve", rate=float("nan")), "nan"),
+        (dict(strategy="blocks", rate=1.0), "blocks"),
+        (dict(strategy="streaming", rate=1.0, hours=10, warmup=10), "warmup"),
+    ],
+)
 def test_bad_input_is_named(kwargs, needle):
     with pytest.raises(ValueError, match=needle):
         simulate(**kwargs)

@@ -3,6 +3,7 @@ noisy count is low, and a lookup key separate from the aggregation key. Run thro
 DirectRunner. Statistical tests use FIXED seeds (deterministic); each states the chance that a correct
 implementation fails it for a random seed.
 """
+
 import tempfile
 
 import numpy as np
@@ -56,11 +57,15 @@ def test_masked_rows_change_nothing():
 
     nkeys, eps, value_range, seed = 10, 1.0, 20.0, 77
     rng = np.random.default_rng(3)
-    kept = [{"key": int(k), "value": float(v), "m": 1.0}
-            for k, v in zip(rng.integers(0, nkeys, 300), rng.uniform(0, 20, 300))]
+    kept = [
+        {"key": int(k), "value": float(v), "m": 1.0}
+        for k, v in zip(rng.integers(0, nkeys, 300), rng.uniform(0, 20, 300))
+    ]
     wild = [1e9, -1e9, float("nan"), float("inf"), 5.0]
-    dropped = [{"key": int(k), "value": wild[i % 5], "m": [0.0, 2.0, float("nan")][i % 3]}
-               for i, k in enumerate(rng.integers(-3, nkeys + 3, 300))]
+    dropped = [
+        {"key": int(k), "value": wild[i % 5], "m": [0.0, 2.0, float("nan")][i % 3]}
+        for i, k in enumerate(rng.integers(-3, nkeys + 3, 300))
+    ]
     mixed = [r for pair in zip(kept, dropped) for r in pair]
 
     def fn(mask_of):
@@ -68,8 +73,12 @@ def test_masked_rows_change_nothing():
             k, v, m = inputs["key"], inputs["value"], inputs["m"]
             t = dp_mean_per_key(k, v, nkeys, eps, value_range, mask=mask_of(m), seed=seed)
             ones = tf.ones([tf.shape(k)[0], 1])
-            return {"counts": ones * t.counts[None, :], "sums": ones * t.sums[None, :],
-                    "means": ones * t.means[None, :]}
+            return {
+                "counts": ones * t.counts[None, :],
+                "sums": ones * t.sums[None, :],
+                "means": ones * t.means[None, :],
+            }
+
         return preprocessing_fn
 
     from sage_tfx.transform import dp_mean_per_key
@@ -105,8 +114,10 @@ def data():
     other = rng.integers(0, NKEYS, n)
     other[::97] = -3
     other[::89] = NKEYS + 5
-    rows = [{"key": int(k), "value": float(v), "m": float(mm), "slot": i % NKEYS, "other": int(o)}
-            for i, (k, v, mm, o) in enumerate(zip(key, value, m, other))]
+    rows = [
+        {"key": int(k), "value": float(v), "m": float(mm), "slot": i % NKEYS, "other": int(o)}
+        for i, (k, v, mm, o) in enumerate(zip(key, value, m, other))
+    ]
     kept = m == 1
     exact_counts = np.bincount(key[kept], minlength=NKEYS).astype(float)
     exact_sums = np.bincount(key[kept], weights=np.clip(value[kept], 0, RANGE), minlength=NKEYS)
@@ -121,12 +132,27 @@ def tables_run(data):
     def preprocessing_fn(inputs):
         import tensorflow as tf
 
-        t = dp_mean_per_key(inputs["key"], inputs["value"], NKEYS, EPS, RANGE, mask=inputs["m"] > 0.5,
-                            min_count=MIN_COUNT, fallback=FALLBACK, seed=SEED, name="agg")
+        t = dp_mean_per_key(
+            inputs["key"],
+            inputs["value"],
+            NKEYS,
+            EPS,
+            RANGE,
+            mask=inputs["m"] > 0.5,
+            min_count=MIN_COUNT,
+            fallback=FALLBACK,
+            seed=SEED,
+            name="agg",
+        )
         slot = inputs["slot"]
-        return {"slot": slot, "counts": tf.gather(t.counts, slot), "sums": tf.gather(t.sums, slot),
-                "means": tf.gather(t.means, slot), "looked": t.lookup(inputs["other"], default=FALLBACK),
-                "other": inputs["other"]}
+        return {
+            "slot": slot,
+            "counts": tf.gather(t.counts, slot),
+            "sums": tf.gather(t.sums, slot),
+            "means": tf.gather(t.means, slot),
+            "looked": t.lookup(inputs["other"], default=FALLBACK),
+            "other": inputs["other"],
+        }
 
     return _analyze(data["rows"], _spec("key", "value", "m", "slot", "other"), preprocessing_fn)
 
@@ -141,8 +167,10 @@ def test_masked_noise_matches_the_calibrated_laplace_scales(data, tables_run):
     release = noise.mean_release(EPS, RANGE)
     t["centred"] = t["sums"].astype(np.float64) - release.shift * t["counts"]
     exact_centred = data["exact_sums"] - release.shift * data["exact_counts"]
-    for column, exact, scale in (("counts", data["exact_counts"], release.scales[0]),
-                                 ("centred", exact_centred, release.scales[1])):
+    for column, exact, scale in (
+        ("counts", data["exact_counts"], release.scales[0]),
+        ("centred", exact_centred, release.scales[1]),
+    ):
         err = t[column] - exact
         p = stats.kstest(err, stats.laplace(scale=scale).cdf).pvalue
         assert p > KS_ALPHA, f"{column}: errors do not look Laplace({scale}) (KS p={p:.2g})"
@@ -166,8 +194,9 @@ def test_fallback_reads_only_the_noisy_count(data, tables_run):
     assert np.all(t["means"][low] == np.float32(FALLBACK))
     shift = noise.mean_release(EPS, RANGE).shift
     centred = t["sums"].astype(np.float64) - shift * t["counts"]
-    np.testing.assert_allclose(t["means"][~low], noise.guarded_mean(centred[~low], t["counts"][~low], RANGE,
-                                                                    shift=shift), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(
+        t["means"][~low], noise.guarded_mean(centred[~low], t["counts"][~low], RANGE, shift=shift), rtol=1e-5, atol=1e-4
+    )
     empty = data["exact_counts"] == 0
     assert 0 < np.sum(low & empty) < empty.sum() and 0 < np.sum(low & ~empty) < np.sum(~empty)
 
@@ -179,10 +208,23 @@ def test_lookup_key_reads_the_table_at_another_column(data, tables_run):
     from sage_tfx.transform import dp_group_by_mean
 
     def preprocessing_fn(inputs):
-        return {"other": inputs["other"], "m": inputs["m"],
-                "per_row": dp_group_by_mean(inputs["key"], inputs["value"], NKEYS, EPS, RANGE, mask=inputs["m"] > 0.5,
-                                            min_count=MIN_COUNT, fallback=FALLBACK, lookup_key=inputs["other"],
-                                            seed=SEED, name="agg")}
+        return {
+            "other": inputs["other"],
+            "m": inputs["m"],
+            "per_row": dp_group_by_mean(
+                inputs["key"],
+                inputs["value"],
+                NKEYS,
+                EPS,
+                RANGE,
+                mask=inputs["m"] > 0.5,
+                min_count=MIN_COUNT,
+                fallback=FALLBACK,
+                lookup_key=inputs["other"],
+                seed=SEED,
+                name="agg",
+            ),
+        }
 
     out = _analyze(data["rows"], _spec("key", "value", "m", "other"), preprocessing_fn)
     means = _tables_by_slot(tables_run, ["means"])["means"]
@@ -231,8 +273,9 @@ def test_bad_options_are_named():
         with pytest.raises(DPTransformError, match="default must be a finite number"):
             dp_mean_per_key(*args).lookup(key, default=None)
         with pytest.raises(DPTransformError, match="mask has 5 rows but key has 4"):
-            dp_mean_per_key(tf.constant([0, 1, 2, 0], tf.int64), tf.constant([1.0] * 4), 3, 1.0, 10.0,
-                            mask=tf.constant([True] * 5))
+            dp_mean_per_key(
+                tf.constant([0, 1, 2, 0], tf.int64), tf.constant([1.0] * 4), 3, 1.0, 10.0, mask=tf.constant([True] * 5)
+            )
 
 
 # ---------------------------------------------------------------- the tables are summed exactly on the grid
@@ -244,9 +287,9 @@ def test_the_combiner_sums_each_row_on_the_grid_exactly():
     0 there) and adds the integers, so the table is exactly 2^20 whatever the batching."""
     from sage_tfx.transform.analyzers import _GridSumsFn
 
-    gamma = 2.0 ** -20
-    records = np.concatenate([np.ones(2 ** 20), np.full(2 ** 14, 1.5 * 2.0 ** -33)])
-    assert round(float(np.cumsum(records)[-1]) / gamma) - 2 ** 40 == 4  # the float64 running sum
+    gamma = 2.0**-20
+    records = np.concatenate([np.ones(2**20), np.full(2**14, 1.5 * 2.0**-33)])
+    assert round(float(np.cumsum(records)[-1]) / gamma) - 2**40 == 4  # the float64 running sum
     fn = _GridSumsFn(1, [gamma])
     accumulators = []
     for part in np.array_split(records, 3):  # three bundles, merged
@@ -255,7 +298,7 @@ def test_the_combiner_sums_each_row_on_the_grid_exactly():
             acc = fn.add_input(acc, (np.zeros(batch.size, dtype=np.int64), batch))
         accumulators.append(acc)
     (table,) = fn.extract_output(fn.merge_accumulators(accumulators))
-    assert table.tolist() == [2.0 ** 20]
+    assert table.tolist() == [2.0**20]
 
 
 @pytest.mark.parametrize("mean_form", noise.MEAN_FORMS)
@@ -275,8 +318,9 @@ def test_dp_mean_per_key_releases_the_exact_grid_sums_through_tf_transform(mean_
     rows = [{"key": 0, "value": 0.75 * gamma}] * 4 + [{"key": 1, "value": 0.5}] * 2
 
     def preprocessing_fn(inputs):
-        tables = dp_mean_per_key(inputs["key"], inputs["value"], nkeys, eps, value_range, seed=seed,
-                                 mean_form=mean_form)
+        tables = dp_mean_per_key(
+            inputs["key"], inputs["value"], nkeys, eps, value_range, seed=seed, mean_form=mean_form
+        )
         return {"sums": tf.ones_like(inputs["value"])[:, None] * tables.sums[None, :]}
 
     def sums(data, batch_size=1000):

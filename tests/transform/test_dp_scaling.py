@@ -4,6 +4,7 @@ dp_scale_to_0_1, dp_quantiles, dp_bucketize, run through tf.Transform on the Bea
 Statistical tests use FIXED seeds, so they are deterministic; the false-failure rate stated at each is
 the chance that a correct implementation fails for a random seed. All data here is GENERATED.
 """
+
 import math
 import tempfile
 import time
@@ -143,10 +144,12 @@ def test_shapes_and_dtypes_are_tfts_and_the_budget_recorded_is_epsilon():
     with tf.Graph().as_default():
         for shape in ([None], [None, 1]):
             x = tf.compat.v1.placeholder(tf.float32, shape)
-            pairs = [(dp_scale_to_z_score(x, 1.0, 10.0), tft.scale_to_z_score(x)),
-                     (dp_scale_to_0_1(x, 1.0, 10.0), tft.scale_to_0_1(x)),
-                     (dp_quantiles(x, 5, 1.0, 10.0), tft.quantiles(x, 5, 0.01)),
-                     (dp_bucketize(x, 5, 1.0, 10.0), tft.bucketize(x, 5))]
+            pairs = [
+                (dp_scale_to_z_score(x, 1.0, 10.0), tft.scale_to_z_score(x)),
+                (dp_scale_to_0_1(x, 1.0, 10.0), tft.scale_to_0_1(x)),
+                (dp_quantiles(x, 5, 1.0, 10.0), tft.quantiles(x, 5, 0.01)),
+                (dp_bucketize(x, 5, 1.0, 10.0), tft.bucketize(x, 5)),
+            ]
             for ours, theirs in pairs:
                 assert ours.dtype == theirs.dtype and ours.shape.as_list() == theirs.shape.as_list(), (ours, theirs)
         # integer input works as in tft
@@ -155,12 +158,20 @@ def test_shapes_and_dtypes_are_tfts_and_the_budget_recorded_is_epsilon():
 
     def preprocessing_fn(inputs):
         x = inputs["x"]
-        return {"z": dp_scale_to_z_score(x, 0.25, 10.0), "s": dp_scale_to_0_1(x, 0.125, (-1.0, 1.0)),
-                "q": tf.ones_like(x)[:, None] * dp_quantiles(x, 4, 0.5, 10.0), "b": dp_bucketize(x, 3, 0.0625, 10.0)}
+        return {
+            "z": dp_scale_to_z_score(x, 0.25, 10.0),
+            "s": dp_scale_to_0_1(x, 0.125, (-1.0, 1.0)),
+            "q": tf.ones_like(x)[:, None] * dp_quantiles(x, 4, 0.5, 10.0),
+            "b": dp_bucketize(x, 3, 0.0625, 10.0),
+        }
 
     total, spends = trace_requested_epsilon(preprocessing_fn, _spec())
     assert [(s.analyzer, s.epsilon) for s in spends] == [
-        ("dp_scale_to_z_score", 0.25), ("dp_scale_to_0_1", 0.125), ("dp_quantiles", 0.5), ("dp_bucketize", 0.0625)]
+        ("dp_scale_to_z_score", 0.25),
+        ("dp_scale_to_0_1", 0.125),
+        ("dp_quantiles", 0.5),
+        ("dp_bucketize", 0.0625),
+    ]
     assert total == 0.9375
 
     def greedy_fn(inputs, custom_config):
@@ -190,7 +201,8 @@ def test_dptransform_refuses_tfts_analyzers_naming_the_dp_counterpart_and_accept
         "dp_quantiles": lambda i: {"o": tft.apply_buckets(i["x"], tft.quantiles(i["x"], 4, 0.01))},
         "dp_bucketize": lambda i: {"o": tft.bucketize(i["x"], 4)},
         r"dp_compute_and_apply_vocabulary\(x, epsilon, delta.*dp_histogram\(x, epsilon, vocabulary=": lambda i: {
-            "o": tft.compute_and_apply_vocabulary(i["s"])},
+            "o": tft.compute_and_apply_vocabulary(i["s"])
+        },
         # a scope of the user's own name: the inner analyzer still names the counterpart
         r"dp_scale_to_z_score \(or dp_mean / dp_variance\)": lambda i: {"o": tft.scale_to_z_score(i["x"], name="z")},
     }
@@ -200,8 +212,12 @@ def test_dptransform_refuses_tfts_analyzers_naming_the_dp_counterpart_and_accept
 
     def dp_fn(inputs):
         x = inputs["x"]
-        return {"z": dp_scale_to_z_score(x, 0.1, 10.0), "s": dp_scale_to_0_1(x, 0.1, 10.0),
-                "q": tf.ones_like(x)[:, None] * dp_quantiles(x, 4, 0.1, 10.0), "b": dp_bucketize(x, 4, 0.1, 10.0)}
+        return {
+            "z": dp_scale_to_z_score(x, 0.1, 10.0),
+            "s": dp_scale_to_0_1(x, 0.1, 10.0),
+            "q": tf.ones_like(x)[:, None] * dp_quantiles(x, 4, 0.1, 10.0),
+            "b": dp_bucketize(x, 4, 0.1, 10.0),
+        }
 
     total, delta, spends, _ = trace_spend(dp_fn, spec, {}, grant_seed=7)
     assert math.isclose(total, 0.4) and delta == 0.0 and len(spends) == 4
@@ -229,11 +245,13 @@ def test_each_release_is_exactly_the_stated_mechanism():
     def preprocessing_fn(inputs):
         x = inputs["x"]
         ones = tf.ones_like(x)[:, None]
-        return {"x": x,
-                "z": dp_scale_to_z_score(x, eps, (low, high), seed=seed, name="z"),
-                "s": dp_scale_to_0_1(x, eps, (low, high), tail=0.05, grid_size=grid, seed=seed, name="s"),
-                "q": ones * dp_quantiles(x, 5, eps, (low, high), grid_size=grid, seed=seed, name="q"),
-                "b": dp_bucketize(x, 5, eps, (low, high), grid_size=grid, seed=seed, name="b")}
+        return {
+            "x": x,
+            "z": dp_scale_to_z_score(x, eps, (low, high), seed=seed, name="z"),
+            "s": dp_scale_to_0_1(x, eps, (low, high), tail=0.05, grid_size=grid, seed=seed, name="s"),
+            "q": ones * dp_quantiles(x, 5, eps, (low, high), grid_size=grid, seed=seed, name="q"),
+            "b": dp_bucketize(x, 5, eps, (low, high), grid_size=grid, seed=seed, name="b"),
+        }
 
     out = _analyze(xs, preprocessing_fn, batch_size=256)
     x = _column(out, "x").astype(np.float64)
@@ -242,8 +260,14 @@ def test_each_release_is_exactly_the_stated_mechanism():
     # z-score: three sums over the non-NaN rows, centred at W/2, scales 3/eps, 3(W/2)/eps, 3(W^2/4)/eps
     centred = np.clip(xs[finite].astype(np.float64), low, high) - low - width / 2
     exact = [np.array([finite.sum()], float), np.array([centred.sum()]), np.array([(centred**2).sum()])]
-    n, s, q = noise.add_laplace(exact, [3 / eps, 3 * (width / 2) / eps, 3 * (width**2 / 4) / eps], seed=seed,
-                                stream="z/", sensitivities=[1.0, width / 2, width**2 / 4], cells=[1, 1, 1])
+    n, s, q = noise.add_laplace(
+        exact,
+        [3 / eps, 3 * (width / 2) / eps, 3 * (width**2 / 4) / eps],
+        seed=seed,
+        stream="z/",
+        sensitivities=[1.0, width / 2, width**2 / 4],
+        cells=[1, 1, 1],
+    )
     m = np.clip(s / max(n[0], 1.0), -width / 2, width / 2)
     mean = low + width / 2 + m[0]
     b = 3 * (width**2 / 4) / eps
@@ -255,8 +279,7 @@ def test_each_release_is_exactly_the_stated_mechanism():
     # the three quantile releases: the grid histogram plus Laplace(1/eps) per cell, each its own stream
     counts = _grid_counts(xs, low, high, grid)
     for name, levels in (("s", [0.05, 0.95]), ("q", [0.2, 0.4, 0.6, 0.8]), ("b", [0.2, 0.4, 0.6, 0.8])):
-        (noisy,) = noise.add_laplace([counts], [1 / eps], seed=seed, stream=f"{name}/", sensitivities=[1.0],
-                                     cells=[1])
+        (noisy,) = noise.add_laplace([counts], [1 / eps], seed=seed, stream=f"{name}/", sensitivities=[1.0], cells=[1])
         want = cdf_quantiles(monotone_cdf(noisy), levels, low, high)
         if name == "s":
             lo, hi = want
@@ -269,9 +292,19 @@ def test_each_release_is_exactly_the_stated_mechanism():
             want_b[np.isnan(x)] = 4  # tft.apply_buckets: NaN in the last bucket
             np.testing.assert_array_equal(_column(out, "b"), want_b)
     # the streams are independent: the two quantile analyzers on the same data drew different noise
-    assert not np.array_equal(out[0]["q"], np.float32(cdf_quantiles(
-        monotone_cdf(noise.add_laplace([counts], [1 / eps], seed=seed, stream="b/", sensitivities=[1.0], cells=[1])[0]),
-        [.2, .4, .6, .8], low, high)))
+    assert not np.array_equal(
+        out[0]["q"],
+        np.float32(
+            cdf_quantiles(
+                monotone_cdf(
+                    noise.add_laplace([counts], [1 / eps], seed=seed, stream="b/", sensitivities=[1.0], cells=[1])[0]
+                ),
+                [0.2, 0.4, 0.6, 0.8],
+                low,
+                high,
+            )
+        ),
+    )
 
 
 @pytest.mark.tf
@@ -288,10 +321,16 @@ def test_semantics_like_tft_on_small_data_when_the_noise_is_negligible():
     def preprocessing_fn(inputs):
         x = inputs["x"]
         ones = tf.ones_like(x)[:, None]
-        return {"x": x, "z": dp_scale_to_z_score(x, eps, 100.0, seed=1), "z_tft": tft.scale_to_z_score(x),
-                "s": dp_scale_to_0_1(x, eps, 100.0, seed=1),
-                "q": ones * dp_quantiles(x, 8, eps, 100.0, seed=1), "q_tft": ones * tft.quantiles(x, 8, 1e-4),
-                "b": dp_bucketize(x, 8, eps, 100.0, seed=1), "b_tft": tft.bucketize(x, 8, epsilon=1e-4)}
+        return {
+            "x": x,
+            "z": dp_scale_to_z_score(x, eps, 100.0, seed=1),
+            "z_tft": tft.scale_to_z_score(x),
+            "s": dp_scale_to_0_1(x, eps, 100.0, seed=1),
+            "q": ones * dp_quantiles(x, 8, eps, 100.0, seed=1),
+            "q_tft": ones * tft.quantiles(x, 8, 1e-4),
+            "b": dp_bucketize(x, 8, eps, 100.0, seed=1),
+            "b_tft": tft.bucketize(x, 8, epsilon=1e-4),
+        }
 
     out = _analyze(xs, preprocessing_fn, batch_size=2000)
     np.testing.assert_allclose(_column(out, "z"), _column(out, "z_tft"), atol=2e-3)
@@ -319,9 +358,12 @@ def test_nan_and_out_of_range_rows_get_public_defaults_and_change_no_table():
 
     def preprocessing_fn(inputs):
         x = inputs["x"]
-        return {"z": dp_scale_to_z_score(x, 1.0, 10.0, seed=9), "s": dp_scale_to_0_1(x, 1.0, 10.0, seed=9),
-                "q": tf.ones_like(x)[:, None] * dp_quantiles(x, 4, 1.0, 10.0, seed=9),
-                "b": dp_bucketize(x, 4, 1.0, 10.0, seed=9)}
+        return {
+            "z": dp_scale_to_z_score(x, 1.0, 10.0, seed=9),
+            "s": dp_scale_to_0_1(x, 1.0, 10.0, seed=9),
+            "q": tf.ones_like(x)[:, None] * dp_quantiles(x, 4, 1.0, 10.0, seed=9),
+            "b": dp_bucketize(x, 4, 1.0, 10.0, seed=9),
+        }
 
     def same_tables(rows, other):
         """The counts are integers: boundaries, 0_1 and buckets bit-identical. The z-score's sums are float64 sums
@@ -404,8 +446,10 @@ def test_z_score_noise_matches_the_stated_laplace_scales():
         std = width / (z_high - z_low)
         mean_err.append(0.0 - z_low * std - mean_exact)
         var_err.append(std**2 - var_exact)
-    for what, err, scale in (("mean", mean_err, 3 * (width / 2) / eps / n),
-                             ("variance", var_err, 3 * (width**2 / 4) / eps / n)):
+    for what, err, scale in (
+        ("mean", mean_err, 3 * (width / 2) / eps / n),
+        ("variance", var_err, 3 * (width**2 / 4) / eps / n),
+    ):
         p = stats.kstest(err, stats.laplace(scale=scale).cdf).pvalue
         assert p > KS_ALPHA, f"{what}: errors do not look Laplace({scale:.3g}) (KS p={p:.2g})"
         total = float(np.sum(np.abs(err)) / scale)
@@ -425,8 +469,13 @@ def test_quantile_ranks_are_within_the_kolmogorov_bound():
     grid, eps, buckets = 100, 1.0, 10
     rng = np.random.default_rng(21)
     xs = np.concatenate([rng.lognormal(2.5, 0.6, size=45_000), rng.uniform(0, 100, size=5_000)]).astype(np.float32)
-    out = _analyze(xs, lambda i: {"q": tf.ones_like(i["x"])[:, None] * dp_quantiles(
-        i["x"], buckets, eps, 100.0, grid_size=grid, seed=2718)}, batch_size=5000)
+    out = _analyze(
+        xs,
+        lambda i: {
+            "q": tf.ones_like(i["x"])[:, None] * dp_quantiles(i["x"], buckets, eps, 100.0, grid_size=grid, seed=2718)
+        },
+        batch_size=5000,
+    )
     bounds = out[0]["q"].astype(np.float64)
     clipped = np.clip(xs.astype(np.float64), 0, 100)
     t = math.sqrt(2 * grid / 1e-3) / eps
@@ -452,15 +501,18 @@ def _taxi_batch(index, rows, batch_rows):
     size = min(batch_rows, rows - index * batch_rows)
     _, speeds = generate_taxi_speeds(size, seed=[2026, index])
     offsets = pa.array(np.arange(size + 1, dtype=np.int64))
-    return pa.RecordBatch.from_arrays([pa.LargeListArray.from_arrays(offsets, pa.array(speeds.astype(np.float32)))],
-                                      ["x"])
+    return pa.RecordBatch.from_arrays(
+        [pa.LargeListArray.from_arrays(offsets, pa.array(speeds.astype(np.float32)))], ["x"]
+    )
 
 
 def _columns(batch):
-    return {name: np.asarray(batch.column(name).flatten()).reshape(batch.num_rows, -1).squeeze(1)
-            if name not in ("q", "q_tft", "tails_tft") else np.asarray(batch.column(name).flatten()).reshape(
-                batch.num_rows, -1)[:1]
-            for name in batch.schema.names}
+    return {
+        name: np.asarray(batch.column(name).flatten()).reshape(batch.num_rows, -1).squeeze(1)
+        if name not in ("q", "q_tft", "tails_tft")
+        else np.asarray(batch.column(name).flatten()).reshape(batch.num_rows, -1)[:1]
+        for name in batch.schema.names
+    }
 
 
 def _collect(batch_and_metadata, run_id):
@@ -477,7 +529,7 @@ def _prefix_noise_bound(cells, epsilon, alpha):
     lambdas = np.linspace(1e-4, 1 - 1e-4, 20_000) / b
 
     def tail(t):
-        return 2 * math.exp(np.min(-cells * np.log1p(-(lambdas * b) ** 2) - lambdas * t))
+        return 2 * math.exp(np.min(-cells * np.log1p(-((lambdas * b) ** 2)) - lambdas * t))
 
     lo, hi = 0.0, 1e3 * b * math.sqrt(cells)
     for _ in range(100):
@@ -502,8 +554,12 @@ def _z_error_bound(values, epsilon, width, alpha):
     noisy = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3) + [n, s, q]
     means, variances = _mean_and_variance_table(noisy[:, 0], noisy[:, 1], noisy[:, 2], width, width**2 / 4 / third)
     stds = np.sqrt(variances)
-    return max(abs((x - m) / d - (x - mean) / std) for x in (0.0, width)
-               for m in (means.min(), means.max()) for d in (stds.min(), stds.max()))
+    return max(
+        abs((x - m) / d - (x - mean) / std)
+        for x in (0.0, width)
+        for m in (means.min(), means.max())
+        for d in (stds.min(), stds.max())
+    )
 
 
 def _rank_errors(sorted_values, bounds, levels):
@@ -540,12 +596,14 @@ def test_error_against_tfts_own_analyzers_on_1m_generated_rows():
         ones = tf.ones_like(x)[:, None]
         return {
             "x": x,
-            "z": dp_scale_to_z_score(x, eps, high), "z_tft": tft.scale_to_z_score(clipped),
+            "z": dp_scale_to_z_score(x, eps, high),
+            "z_tft": tft.scale_to_z_score(clipped),
             "s": dp_scale_to_0_1(x, eps, high, grid_size=grid),
             "tails_tft": ones * tft.quantiles(clipped, 100, 1e-4),  # [0] is the 1%, [-1] the 99% quantile
             "q": ones * dp_quantiles(x, 10, eps, high, grid_size=grid),
             "q_tft": ones * tft.quantiles(clipped, 10, 1e-4),
-            "b": dp_bucketize(x, 10, eps, high, grid_size=grid), "b_tft": tft.bucketize(clipped, 10, epsilon=1e-4),
+            "b": dp_bucketize(x, 10, eps, high, grid_size=grid),
+            "b_tft": tft.bucketize(clipped, 10, epsilon=1e-4),
         }
 
     schema = tft.DatasetMetadata.from_feature_spec(_spec()).schema
@@ -555,10 +613,14 @@ def test_error_against_tfts_own_analyzers_on_1m_generated_rows():
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         with beam.Pipeline(argv=[]) as pipeline, tft_beam.Context(temp_dir=tmp):
-            raw = (pipeline | beam.Create(range(-(-rows // batch_rows)), reshuffle=False)
-                   | beam.Map(_taxi_batch, rows, batch_rows))
+            raw = (
+                pipeline
+                | beam.Create(range(-(-rows // batch_rows)), reshuffle=False)
+                | beam.Map(_taxi_batch, rows, batch_rows)
+            )
             (transformed, _), _ = (raw, config) | tft_beam.AnalyzeAndTransformDataset(
-                preprocessing_fn, output_record_batches=True)
+                preprocessing_fn, output_record_batches=True
+            )
             _ = transformed | beam.Map(_collect, "1m")
     seconds = time.perf_counter() - start
     parts = _SINK.pop("1m")
@@ -597,8 +659,9 @@ def test_error_against_tfts_own_analyzers_on_1m_generated_rows():
         "rows with b != b_tft": int(np.sum(col["b"] != col["b_tft"])),
         "rank errors of dp_scale_to_0_1's 1%/99% points (rows)": tails_rank.astype(int).tolist(),
         "max |s - s(tft 1%/99%)|": float(np.max(np.abs(col["s"] - s_tft))),
-        "mean |s - tft.scale_to_0_1 of clipped| (min/max: other semantics)": float(np.mean(np.abs(
-            col["s"] - (clipped - clipped.min()) / (clipped.max() - clipped.min())))),
+        "mean |s - tft.scale_to_0_1 of clipped| (min/max: other semantics)": float(
+            np.mean(np.abs(col["s"] - (clipped - clipped.min()) / (clipped.max() - clipped.min())))
+        ),
     }
     print("\nGENERATED 1M rows, epsilon 1:", figures)
     assert figures["max |z - z_tft|"] <= figures["z bound (1e-6)"]

@@ -3,6 +3,7 @@
 Statistical tests use FIXED seeds, so they are deterministic; the false-failure rate
 stated at each is the chance that a correct implementation fails for a random seed.
 """
+
 import argparse
 import asyncio
 import contextlib
@@ -214,8 +215,9 @@ def test_noise_distributions_match_the_stated_laplace_scales():
     for k in present:
         (count,), (total,), (mean,) = (tables[c][k] for c in ("cmean_count", "cmean_sum", "cmean"))
         centred_sums[k] = total - release.shift * count
-        assert mean == pytest.approx(noise.guarded_mean(centred_sums[k], count, value_range, shift=release.shift),
-                                     rel=1e-5, abs=1e-4)
+        assert mean == pytest.approx(
+            noise.guarded_mean(centred_sums[k], count, value_range, shift=release.shift), rel=1e-5, abs=1e-4
+        )
     result = [dict(r, cmean_centred=centred_sums.get(r["key"], 0.0)) for r in result]
 
     checks = {  # column -> (exact table, stated Laplace scale)
@@ -321,7 +323,10 @@ def test_histogram_over_a_public_vocabulary_counts_unknown_values_in_the_last_bu
 
     def preprocessing_fn(inputs):
         counts = dp_histogram(inputs["c"], 5.0, vocabulary=["a", "b"], seed=3)  # Laplace(0.2)
-        return {"c": inputs["c"], "count": tf.gather(counts, tf.constant([0, 1, 2]))[None, :] + tf.zeros([tf.shape(inputs["c"])[0], 1])}
+        return {
+            "c": inputs["c"],
+            "count": tf.gather(counts, tf.constant([0, 1, 2]))[None, :] + tf.zeros([tf.shape(inputs["c"])[0], 1]),
+        }
 
     with tempfile.TemporaryDirectory() as tmp, tft_beam.Context(temp_dir=tmp):
         (result, _), _ = (rows, metadata) | tft_beam.AnalyzeAndTransformDataset(preprocessing_fn)
@@ -339,8 +344,9 @@ def test_group_by_mean_benchmark_runs_end_to_end_on_a_small_input():
 
     parser = argparse.ArgumentParser()
     group_by_mean.add_arguments(parser)
-    args = parser.parse_args(["--rows", "3000", "--batch-rows", "1000", "--repeats", "1",
-                              "--noise-trials", "10", "--no-pipelinedp"])
+    args = parser.parse_args(
+        ["--rows", "3000", "--batch-rows", "1000", "--repeats", "1", "--noise-trials", "10", "--no-pipelinedp"]
+    )
     figures = group_by_mean.run(args)
     assert figures["data"].startswith("generated")
     for name in ("dp_seconds", "baseline_seconds", "ratio", "segment_baseline_seconds", "dp_mae", "dp_mae_expected"):
@@ -434,8 +440,10 @@ def _count_and_histogram(seeds=None):
     def preprocessing_fn(inputs):
         tf, _, _ = _tf()
         k = inputs["key"]
-        return {"count": tf.gather(dp_count_per_key(k, 8, 1.0, seed=seeds.get("count"), name="count"), k),
-                "hist": tf.gather(dp_histogram(k, 1.0, num_buckets=8, seed=seeds.get("hist"), name="hist"), k)}
+        return {
+            "count": tf.gather(dp_count_per_key(k, 8, 1.0, seed=seeds.get("count"), name="count"), k),
+            "hist": tf.gather(dp_histogram(k, 1.0, num_buckets=8, seed=seeds.get("hist"), name="hist"), k),
+        }
 
     return preprocessing_fn
 
@@ -452,8 +460,10 @@ def _analyze_to(folder, preprocessing_fn, rows, seed=None, workers=1):
     metadata = tft.DatasetMetadata.from_feature_spec(_spec())
     options = PipelineOptions(direct_num_workers=workers, direct_running_mode="multi_threading")
     with beam.Pipeline(options=options) as pipeline:  # runs on exit, after noise_seed has exited
-        with tft_beam.Context(temp_dir=str(folder / "tmp")), (
-                noise_seed(seed) if seed is not None else contextlib.nullcontext()):
+        with (
+            tft_beam.Context(temp_dir=str(folder / "tmp")),
+            noise_seed(seed) if seed is not None else contextlib.nullcontext(),
+        ):
             raw = pipeline | beam.Create(rows)
             transform_fn = (raw, metadata) | tft_beam.AnalyzeDataset(preprocessing_fn)
             _ = transform_fn | tft_beam.WriteTransformFn(str(folder / "out"))
@@ -508,10 +518,12 @@ def test_an_out_of_range_key_or_a_nan_value_changes_nothing_but_the_noisy_output
 
     def preprocessing_fn(inputs):
         tf, _, _ = _tf()
-        return {"key": inputs["key"],
-                "mean": dp_group_by_mean(inputs["key"], inputs["value"], nkeys, 1.0, value_range, seed=seed),
-                "counts": tf.ones_like(inputs["value"])[:, None] * dp_count_per_key(inputs["key"], nkeys, 1.0,
-                                                                                   seed=seed)[None, :]}
+        return {
+            "key": inputs["key"],
+            "mean": dp_group_by_mean(inputs["key"], inputs["value"], nkeys, 1.0, value_range, seed=seed),
+            "counts": tf.ones_like(inputs["value"])[:, None]
+            * dp_count_per_key(inputs["key"], nkeys, 1.0, seed=seed)[None, :],
+        }
 
     clean = _analyze(rows, preprocessing_fn)
     dirty = _analyze(rows + bad, preprocessing_fn)

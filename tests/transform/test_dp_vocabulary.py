@@ -1,4 +1,5 @@
 """DP partition selection behind the DP vocabulary (sage_tfx.transform.vocabulary; numpy only, fast)."""
+
 import math
 import tempfile
 import threading
@@ -42,8 +43,9 @@ def test_order_uses_noisy_counts_and_seed_reproduces():
     assert len(orders) > 1  # equal exact counts, different noisy orders
 
 
-@pytest.mark.parametrize("kwargs", [dict(delta=0.0), dict(delta=1.0), dict(epsilon=-1), dict(top_k=0),
-                                    dict(max_contributions=0)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(delta=0.0), dict(delta=1.0), dict(epsilon=-1), dict(top_k=0), dict(max_contributions=0)]
+)
 def test_bad_arguments_are_named(kwargs):
     args = dict(epsilon=1.0, delta=1e-6)
     args.update(kwargs)
@@ -84,15 +86,17 @@ def test_ids_match_tft_compute_and_apply_vocabulary_when_every_value_is_frequent
     from sage_tfx.transform import dp_compute_and_apply_vocabulary
 
     def fn(i):
-        return {"dp": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=0, seed=3),
-                "tft": tft.compute_and_apply_vocabulary(i["s"])}
+        return {
+            "dp": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=0, seed=3),
+            "tft": tft.compute_and_apply_vocabulary(i["s"]),
+        }
 
     rows = _ROWS + [{"s": f"rare{k}"} for k in range(10)]
     data = _run(fn, rows)
     frequent = [r for r, raw in zip(data, rows) if not raw["s"].startswith("rare")]
     assert all(r["dp"] == r["tft"] for r in frequent)
     # rare values (count 1) are dropped at delta = 1e-6 and take default_value
-    assert all(r["dp"] == -1 for r in data[len(_ROWS):])
+    assert all(r["dp"] == -1 for r in data[len(_ROWS) :])
 
 
 @pytest.mark.tf
@@ -104,8 +108,10 @@ def test_the_vocabulary_is_drawn_once_for_all_batches_and_oov_hashes_after_it():
 
     def fn(i):
         vocab = dp_vocabulary(i["s"], 1.0, 1e-6, seed=11, name="v")
-        return {"id": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=2, seed=11, name="v2"),
-                "n": tf_size(vocab, i["s"])}
+        return {
+            "id": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=2, seed=11, name="v2"),
+            "n": tf_size(vocab, i["s"]),
+        }
 
     data = _run(fn, rows, batch_size=7)
     by_value = {}
@@ -137,8 +143,10 @@ def test_budget_records_epsilon_and_delta_and_the_check_accepts_it():
 
     def fn(i):
         v = dp_vocabulary(i["s"], 0.25, 1e-6, seed=1)
-        return {"id": dp_compute_and_apply_vocabulary(i["s"], 0.5, 2e-6, seed=2),
-                "n": tf.fill(tf.shape(i["s"]), tf.size(v))}
+        return {
+            "id": dp_compute_and_apply_vocabulary(i["s"], 0.5, 2e-6, seed=2),
+            "n": tf.fill(tf.shape(i["s"]), tf.size(v)),
+        }
 
     graph, _, _ = impl_helper.trace_preprocessing_function(fn, spec, use_tf_compat_v1=True)
     check_traced_analyzers(graph)  # our PTransform is accepted (and seeded)
@@ -148,8 +156,9 @@ def test_budget_records_epsilon_and_delta_and_the_check_accepts_it():
     with pytest.raises(NonPrivateAnalyzer, match="not differentially private"):
         trace_spend(lambda i: {"o": tft.compute_and_apply_vocabulary(i["s"])}, spec, {}, grant_seed=7)
     # DPTransform's trace sums both: (epsilon, delta, spends, digest)
-    eps, delta, spends, _ = trace_spend(lambda i: {"o": dp_compute_and_apply_vocabulary(i["s"], 0.5, 1e-6)},
-                                        spec, {}, grant_seed=7)
+    eps, delta, spends, _ = trace_spend(
+        lambda i: {"o": dp_compute_and_apply_vocabulary(i["s"], 0.5, 1e-6)}, spec, {}, grant_seed=7
+    )
     assert (eps, delta, len(spends)) == (0.5, 1e-6, 1)
 
     # a PreprocessingBudget refuses a delta beyond its own, while traced
@@ -167,9 +176,13 @@ def test_an_empty_dp_vocabulary_maps_every_row_to_oov_without_failing():
     from sage_tfx.transform import dp_compute_and_apply_vocabulary
 
     rows = [{"s": f"rare{k}"} for k in range(20)]
-    data = _run(lambda i: {"a": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=0, seed=3),
-                           "b": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=2, seed=3,
-                                                                name="b")}, rows)
+    data = _run(
+        lambda i: {
+            "a": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=0, seed=3),
+            "b": dp_compute_and_apply_vocabulary(i["s"], 1.0, 1e-6, num_oov_buckets=2, seed=3, name="b"),
+        },
+        rows,
+    )
     assert all(r["a"] == -1 and r["b"] in (0, 1) for r in data)
 
 
@@ -277,7 +290,7 @@ def test_value_counts_are_exact_when_bundles_are_split_while_running():
     from sage_tfx.transform.vocabulary_analyzer import _CountValuesFn, _VocabularyOnce
 
     values = _ordered_values()
-    batches = [[values[i:i + 97]] for i in range(0, len(values), 97)]
+    batches = [[values[i : i + 97]] for i in range(0, len(values), 97)]
     counter, splits = _ElementCounter(), []
 
     def split_manager(num_elements):
@@ -292,7 +305,7 @@ def test_value_counts_are_exact_when_bundles_are_split_while_running():
 
     runner = fn_runner.FnApiRunner(default_environment=environments.EmbeddedPythonGrpcEnvironment.default())
     with fn_runner.split_manager("Tap", split_manager), beam.Pipeline(runner=runner) as p:
-        tapped = (p | beam.Create(batches) | beam.Reshuffle() | "Tap" >> beam.Map(_tap, counter))
+        tapped = p | beam.Create(batches) | beam.Reshuffle() | "Tap" >> beam.Map(_tap, counter)
         counts = tapped | "Count" >> beam.CombineGlobally(_CountValuesFn())
         (vocabulary,) = tapped | "Vocabulary" >> _VocabularyOnce(1.0, 1e-6, None, 1, seed=5, stream="v")
         assert_that(counts | beam.Map(dict), equal_to([{b"a": _A, b"b": _B, b"rare": 1}]), label="Counts")
@@ -315,16 +328,21 @@ def test_ids_are_exact_on_the_multi_worker_direct_runner(mode, tmp_path):
     from sage_tfx.transform import dp_compute_and_apply_vocabulary, dp_scale_to_z_score, noise_seed
 
     def fn(inputs):
-        return {"id": dp_compute_and_apply_vocabulary(inputs["s"], 1.0, 1e-6),
-                "z": dp_scale_to_z_score(inputs["x"], 1.0, 10.0), "s": inputs["s"]}
+        return {
+            "id": dp_compute_and_apply_vocabulary(inputs["s"], 1.0, 1e-6),
+            "z": dp_scale_to_z_score(inputs["x"], 1.0, 10.0),
+            "s": inputs["s"],
+        }
 
     spec = {"s": tf.io.FixedLenFeature([], tf.string), "x": tf.io.FixedLenFeature([], tf.float32)}
     rows = [{"s": v, "x": float(i % 10)} for i, v in enumerate(_ordered_values())]
     options = PipelineOptions([f"--direct_running_mode={mode}", "--direct_num_workers=3"])
     with beam.Pipeline(options=options) as p, noise_seed(11):  # seeded as under DPTransform
         with tft_beam.Context(temp_dir=str(tmp_path), desired_batch_size=100):
-            (data, _), _ = ((p | beam.Create(rows), tft.DatasetMetadata.from_feature_spec(spec))
-                            | tft_beam.AnalyzeAndTransformDataset(fn))
+            (data, _), _ = (
+                p | beam.Create(rows),
+                tft.DatasetMetadata.from_feature_spec(spec),
+            ) | tft_beam.AnalyzeAndTransformDataset(fn)
             pairs = data | beam.Map(lambda r: (r["s"], int(r["id"]))) | beam.Distinct()
             assert_that(pairs, equal_to([(b"a", 0), (b"b", 1), (b"rare", 2)]))
 

@@ -5,6 +5,7 @@ checks the noise through tf.Transform and Beam). Statistical checks use FIXED se
 each bound is 5 standard errors (a correct implementation fails one for a random seed with probability below
 1e-6 under the normal approximation, which holds at these sample sizes).
 """
+
 import math
 
 import numpy as np
@@ -19,17 +20,17 @@ DRAWS = 20_000
 
 def _first_order_error(count_share, value_range, centred_mean_square):
     """E[(m~ - m)^2] * n^2 / 2 to first order for the centred tables at epsilon 1: (R/2)^2/eps_s^2 + mu^2/eps_n^2."""
-    return (value_range / 2.0) ** 2 / (1.0 - count_share) ** 2 + centred_mean_square / count_share ** 2
+    return (value_range / 2.0) ** 2 / (1.0 - count_share) ** 2 + centred_mean_square / count_share**2
 
 
 def test_the_centred_split_minimises_the_expected_error_under_a_uniform_prior():
     share = noise.CENTRED_COUNT_SHARE
     assert share == pytest.approx(1.0 / (1.0 + 3.0 ** (1.0 / 3.0)))
-    prior = RANGE ** 2 / 12.0  # E[(m - R/2)^2] for m uniform over [0, R]
+    prior = RANGE**2 / 12.0  # E[(m - R/2)^2] for m uniform over [0, R]
     best = _first_order_error(share, RANGE, prior)
     grid = np.linspace(0.01, 0.99, 981)
     assert best <= min(_first_order_error(s, RANGE, prior) for s in grid) + 1e-9
-    assert best == pytest.approx(RANGE ** 2 * (0.25 ** (1 / 3) + (1 / 12) ** (1 / 3)) ** 3)
+    assert best == pytest.approx(RANGE**2 * (0.25 ** (1 / 3) + (1 / 12) ** (1 / 3)) ** 3)
     assert _first_order_error(0.5, RANGE, prior) / best == pytest.approx(1.0986, abs=1e-3)  # an equal split
 
 
@@ -61,17 +62,23 @@ def test_the_released_tables_are_unbiased_with_the_stated_variance(mean_form):
     n, mean = 800.0, 30.0
     counts = np.full(DRAWS, n)
     shifted = np.full(DRAWS, n * (mean - release.shift))
-    noisy_c, noisy_s = noise.add_laplace([counts, shifted], release.scales, seed=11, stream="mean-forms",
-                                         sensitivities=release.sensitivities, cells=[1, 1])
+    noisy_c, noisy_s = noise.add_laplace(
+        [counts, shifted],
+        release.scales,
+        seed=11,
+        stream="mean-forms",
+        sensitivities=release.sensitivities,
+        cells=[1, 1],
+    )
     for err, b in ((noisy_c - counts, release.scales[0]), (noisy_s - shifted, release.scales[1])):
         var = 2.0 * b * b
         assert abs(err.mean()) < 5.0 * math.sqrt(var / DRAWS)
         assert abs(err.var() - var) < 5.0 * math.sqrt(20.0 / DRAWS) * b * b
     sums = noisy_s + release.shift * noisy_c
-    var = 2.0 * release.scales[1] ** 2 + release.shift ** 2 * 2.0 * release.scales[0] ** 2
+    var = 2.0 * release.scales[1] ** 2 + release.shift**2 * 2.0 * release.scales[0] ** 2
     assert abs(sums.mean() - n * mean) < 5.0 * math.sqrt(var / DRAWS)
     means = noise.guarded_mean(noisy_s, noisy_c, RANGE, shift=release.shift)
-    first_order = 2.0 * (release.scales[1] ** 2 + (mean - release.shift) ** 2 * release.scales[0] ** 2) / n ** 2
+    first_order = 2.0 * (release.scales[1] ** 2 + (mean - release.shift) ** 2 * release.scales[0] ** 2) / n**2
     assert abs(means.mean() - mean) < 5.0 * math.sqrt(first_order / DRAWS) + 1e-3  # bias O(1/n^2)
     assert means.var() == pytest.approx(first_order, rel=0.1)
 
@@ -86,8 +93,11 @@ def test_the_centred_form_beats_the_paper_form_and_an_equal_split_on_generated_r
     counts, sums, exact = exact_clipped_means(keys, speeds, 1000, RANGE)
     unit = np.random.default_rng(5).laplace(0.0, 1.0, size=(300, 2, counts.size))
     equal = noise.MeanRelease("equal split", RANGE / 2, (2.0 / EPS, RANGE / EPS), (1.0, RANGE / 2))
-    releases = {"centred": noise.mean_release(EPS, RANGE), "sage": noise.mean_release(EPS, RANGE, noise.SAGE_MEAN),
-                "equal": equal}
+    releases = {
+        "centred": noise.mean_release(EPS, RANGE),
+        "sage": noise.mean_release(EPS, RANGE, noise.SAGE_MEAN),
+        "equal": equal,
+    }
     maes = {}
     for name, release in releases.items():
         noisy_c = counts + release.scales[0] * unit[:, 0]

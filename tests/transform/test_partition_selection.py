@@ -4,6 +4,7 @@
 Statistical checks use FIXED seeds (deterministic); each bound is 5 standard errors of a binomial count (a
 correct implementation fails one for a random seed with probability below 1e-6).
 """
+
 import tempfile
 
 import numpy as np
@@ -17,8 +18,18 @@ EPS, RANGE = 1.0, 100.0
 
 
 def _release(keys, counts, sums, delta, seed, **kw):
-    return partitions.select_and_release(keys, counts, sums, epsilon=EPS, delta=delta, value_range=RANGE,
-                                         mean_form=noise.CENTRED_MEAN, seed=seed, stream="test", **kw)
+    return partitions.select_and_release(
+        keys,
+        counts,
+        sums,
+        epsilon=EPS,
+        delta=delta,
+        value_range=RANGE,
+        mean_form=noise.CENTRED_MEAN,
+        seed=seed,
+        stream="test",
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("m", [1, 3])
@@ -28,8 +39,7 @@ def test_a_key_held_by_one_row_is_released_with_probability_at_most_delta_over_m
     threshold is not needlessly high)."""
     n, delta = 20_000, 0.03
     keys = list(range(n))
-    kept, counts, sums, means = _release(keys, np.ones(n), np.zeros(n), delta, seed=1,
-                                         max_partitions_contributed=m)
+    kept, counts, sums, means = _release(keys, np.ones(n), np.zeros(n), delta, seed=1, max_partitions_contributed=m)
     p = delta / m
     sd = np.sqrt(n * p * (1 - p))
     assert 0.7 * n * p - 5 * sd < len(kept) <= n * p + 5 * sd
@@ -73,8 +83,10 @@ def test_bad_selection_options_are_refused_before_any_charge():
             (dict(nkeys=None, partition_selection=1.5), "partition_selection delta must be"),
             (dict(nkeys=None, partition_selection=1e-6, min_count=3), "give min_count=None"),
             (dict(nkeys=None, partition_selection=1e-6, mask=tf.ones_like(value)), "give mask=None"),
-            (dict(nkeys=None, partition_selection=1e-6, max_partitions_contributed=0),
-             "max_partitions_contributed must be an integer >= 1"),
+            (
+                dict(nkeys=None, partition_selection=1e-6, max_partitions_contributed=0),
+                "max_partitions_contributed must be an integer >= 1",
+            ),
             (dict(nkeys=None, partition_selection=1e-6, mean_form="raw"), "mean_form must be one of"),
         ]
         for kwargs, named in cases:
@@ -104,8 +116,9 @@ def test_a_grant_without_delta_refuses_the_selection_while_traced():
 
     with pytest.raises(BudgetExceeded, match=r"delta=1e-06"):
         trace_spend(fn, spec, {"sage": {"preprocessing_epsilon": 0.5}}, grant_seed=7)
-    eps, delta, spends, _ = trace_spend(fn, spec, {"sage": {"preprocessing_epsilon": 0.5,
-                                                            "preprocessing_delta": 1e-6}}, grant_seed=7)
+    eps, delta, spends, _ = trace_spend(
+        fn, spec, {"sage": {"preprocessing_epsilon": 0.5, "preprocessing_delta": 1e-6}}, grant_seed=7
+    )
     assert (eps, delta, len(spends)) == (0.5, 1e-6, 1)  # trace_spend ran DPTransform's analyzer check too
 
 
@@ -120,15 +133,19 @@ def test_string_keys_through_tf_transform_release_only_the_frequent_keys():
 
     from sage_tfx.transform import dp_group_by_mean, dp_mean_per_key
 
-    rows = ([{"s": "a", "v": 20.0}] * 400 + [{"s": "b", "v": 70.0}] * 300 + [{"s": "rare", "v": 99.0}])
+    rows = [{"s": "a", "v": 20.0}] * 400 + [{"s": "b", "v": 70.0}] * 300 + [{"s": "rare", "v": 99.0}]
 
     def preprocessing_fn(i):
         tables = dp_mean_per_key(i["s"], i["v"], None, EPS, RANGE, partition_selection=1e-6, seed=4)
         ones = tf.ones_like(i["v"])[:, None]
-        return {"s": i["s"], "n_kept": tf.fill(tf.shape(i["v"]), tf.size(tables.keys, out_type=tf.int64)),
-                "means": ones * tf.reshape(tf.pad(tables.means, [[0, 3 - tf.size(tables.means)]]), [1, 3]),
-                "m": dp_group_by_mean(i["s"], i["v"], None, EPS, RANGE, partition_selection=1e-6, fallback=-1.0,
-                                      seed=4, name="again")}
+        return {
+            "s": i["s"],
+            "n_kept": tf.fill(tf.shape(i["v"]), tf.size(tables.keys, out_type=tf.int64)),
+            "means": ones * tf.reshape(tf.pad(tables.means, [[0, 3 - tf.size(tables.means)]]), [1, 3]),
+            "m": dp_group_by_mean(
+                i["s"], i["v"], None, EPS, RANGE, partition_selection=1e-6, fallback=-1.0, seed=4, name="again"
+            ),
+        }
 
     spec = {"s": tf.io.FixedLenFeature([], tf.string), "v": tf.io.FixedLenFeature([], tf.float32)}
     metadata = tft.DatasetMetadata.from_feature_spec(spec)

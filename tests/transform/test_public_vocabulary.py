@@ -1,6 +1,7 @@
 """apply_public_vocabulary and one_hot (sage_tfx/transform/lookup.py): eager, inside tf.Transform graphs
 (TF2 and compat.v1, a vocabulary that is a list, a tf.constant or an analyzer's output), and through the
 DPTransform component on the real taxi trips (it is not an analyzer: DPTransform lets it through)."""
+
 import json
 import os
 import tempfile
@@ -176,11 +177,15 @@ def _fixed_vocabulary_analyzer(x, values):
 
     class _Fixed(beam.PTransform):
         def expand(self, pcoll):
-            return (pcoll | beam.combiners.Count.Globally()
-                    | beam.Map(lambda _: np.array([v.encode() for v in values], dtype=object)),)
+            return (
+                pcoll
+                | beam.combiners.Count.Globally()
+                | beam.Map(lambda _: np.array([v.encode() for v in values], dtype=object)),
+            )
 
-    (vocab,) = tft.experimental.ptransform_analyzer(inputs=[x], ptransform=_Fixed(), output_dtypes=[tf.string],
-                                                    output_shapes=[[None]])
+    (vocab,) = tft.experimental.ptransform_analyzer(
+        inputs=[x], ptransform=_Fixed(), output_dtypes=[tf.string], output_shapes=[[None]]
+    )
     return vocab
 
 
@@ -214,8 +219,10 @@ def test_inside_analyze_and_transform_dataset(compat_v1):
     spec = {"carrier": tf.io.FixedLenFeature([], tf.string), "code": tf.io.FixedLenFeature([], tf.int64)}
     with tempfile.TemporaryDirectory() as tmp:
         with tft_beam.Context(temp_dir=tmp, force_tf_compat_v1=compat_v1):
-            (out, _), transform_fn = ((rows, tft.DatasetMetadata.from_feature_spec(spec))
-                                      | tft_beam.AnalyzeAndTransformDataset(preprocessing_fn))
+            (out, _), transform_fn = (
+                rows,
+                tft.DatasetMetadata.from_feature_spec(spec),
+            ) | tft_beam.AnalyzeAndTransformDataset(preprocessing_fn)
             _ = transform_fn | tft_beam.WriteTransformFn(tmp)
         assert [r["listed"] for r in out] == _expected(carriers, CARRIERS)
         assert [r["constant"] for r in out] == _expected(carriers, CARRIERS, 0)
@@ -223,7 +230,8 @@ def test_inside_analyze_and_transform_dataset(compat_v1):
         assert [r["code"] for r in out] == [0, 1, 2, 9] * 10
         assert [list(r["hot"]).index(1.0) for r in out] == _expected(carriers, CARRIERS)
         served = tft.TFTransformOutput(tmp).transform_features_layer()(
-            {"carrier": tf.constant(["UA", "NK", "WN"]), "code": tf.constant([30, 11, 10], tf.int64)})
+            {"carrier": tf.constant(["UA", "NK", "WN"]), "code": tf.constant([30, 11, 10], tf.int64)}
+        )
         assert served["listed"].numpy().tolist() == _expected(["UA", "NK", "WN"], CARRIERS)
         assert served["analyzed"].numpy().tolist() == _expected(["UA", "NK", "WN"], late, 2)
         assert served["code"].numpy().tolist() == [2, 9, 0]
@@ -232,7 +240,7 @@ def test_inside_analyze_and_transform_dataset(compat_v1):
 # ---------------------------------------------------------------- through DPTransform
 
 PAYMENTS = ["Cash", "Credit Card", "No Charge", "Dispute"]  # public: the payment types a taxi meter offers
-MODULE = '''
+MODULE = """
 import sage_tfx
 import tensorflow as tf
 from sage_tfx.components.transform_utils import fill_in_missing
@@ -248,7 +256,7 @@ def preprocessing_fn(inputs, custom_config):
     miles = fill_in_missing(inputs["trip_miles"], 0.0)
     return {{"payment": ids, "payment_raw": payment, "payment_hot": one_hot(ids, len(PAYMENTS) + 1),
             "payment_miles": dp_group_by_mean(ids, miles, len(PAYMENTS) + 1, budget.epsilon, 50.0)}}
-'''.format(PAYMENTS)  # noqa: UP032
+""".format(PAYMENTS)  # noqa: UP032
 
 
 def test_through_the_dp_transform_component(tmp_path):
@@ -262,8 +270,14 @@ def test_through_the_dp_transform_component(tmp_path):
     from sage_tfx.privacy import Ledger
     from tests.helpers.taxi_world import block_examples, ingest_taxi
 
-    split = {"preprocessing": 0.5, "count": 0.0, "training": 1.0, "validation": 1.0, "delta": 1e-6,
-             "rule": "pre+count+max(train+reject,val)"}
+    split = {
+        "preprocessing": 0.5,
+        "count": 0.0,
+        "training": 1.0,
+        "validation": 1.0,
+        "delta": 1e-6,
+        "rule": "pre+count+max(train+reject,val)",
+    }
     db, data = str(tmp_path / "ledger.db"), str(tmp_path / "data")
     with Ledger.open(db, create=True) as ledger:
         ledger.create_stream("taxi", 100.0, 1e-4, max_epsilon=100.0)
@@ -276,21 +290,32 @@ def test_through_the_dp_transform_component(tmp_path):
     graph, transformed = standard_artifacts.TransformGraph(), standard_artifacts.Examples()
     graph.uri, transformed.uri = str(tmp_path / "transform_graph"), str(tmp_path / "transformed_examples")
     os.makedirs(graph.uri), os.makedirs(transformed.uri)
-    Executor().Do({"examples": [examples]}, {"transform_graph": [graph], "transformed_examples": [transformed]},
-                  {"grant": grant.to_json(), "ledger": db, "module_file": str(module), "data_root": data})
+    Executor().Do(
+        {"examples": [examples]},
+        {"transform_graph": [graph], "transformed_examples": [transformed]},
+        {"grant": grant.to_json(), "ledger": db, "module_file": str(module), "data_root": data},
+    )
 
     spent = json.loads(graph.get_string_custom_property("privacy_spent"))
     assert spent["analyzers"] == [["dp_group_by_mean", 0.5]]
     output = tft.TFTransformOutput(graph.uri)
     folder = os.path.join(transformed.uri, "Split-train")
-    records = [r.numpy() for r in tf.data.TFRecordDataset(
-        sorted(os.path.join(folder, f) for f in os.listdir(folder)), compression_type="GZIP")]
+    records = [
+        r.numpy()
+        for r in tf.data.TFRecordDataset(
+            sorted(os.path.join(folder, f) for f in os.listdir(folder)), compression_type="GZIP"
+        )
+    ]
     out = {k: v.numpy() for k, v in tf.io.parse_example(records, output.transformed_feature_spec()).items()}
     raw = [v.decode() for v in out["payment_raw"]]
     assert len(raw) > 10_000 and {"Cash", "Credit Card"} <= set(raw)
     assert out["payment"].tolist() == _expected(raw, PAYMENTS)
     assert np.array_equal(out["payment_hot"].argmax(axis=1), out["payment"])
     assert np.all(out["payment_hot"].sum(axis=1) == 1.0)
-    served = output.transform_raw_features({"payment_type": tf.sparse.from_dense(tf.constant([["Dispute"], ["Cash"]])),
-                                            "trip_miles": tf.sparse.from_dense(tf.constant([[1.0], [2.0]]))})
+    served = output.transform_raw_features(
+        {
+            "payment_type": tf.sparse.from_dense(tf.constant([["Dispute"], ["Cash"]])),
+            "trip_miles": tf.sparse.from_dense(tf.constant([[1.0], [2.0]])),
+        }
+    )
     assert served["payment"].numpy().tolist() == [3, 0]

@@ -5,6 +5,7 @@ DPTransform runs these checks before any record is read (tests/components/test_d
 through the executor); here each rule is exercised on the checks themselves, on placeholders and synthetic
 rows only.
 """
+
 import importlib.util
 import os
 
@@ -35,8 +36,11 @@ def _dense(inputs):
 
     from sage_tfx.components.transform_utils import fill_in_missing
 
-    return (fill_in_missing(inputs["miles"], 0.0), tf.clip_by_value(fill_in_missing(inputs["hour"], 0), 0, 23),
-            fill_in_missing(inputs["company"], ""))
+    return (
+        fill_in_missing(inputs["miles"], 0.0),
+        tf.clip_by_value(fill_in_missing(inputs["hour"], 0), 0, 23),
+        fill_in_missing(inputs["company"], ""),
+    )
 
 
 def _row_local_fns():
@@ -54,20 +58,26 @@ def _row_local_fns():
     def per_row(inputs, custom_config):
         miles, hour, company = _dense(inputs)
         w = tf.constant([[1.0, 2.0, 3.0]])
-        return {"proj": tf.matmul(tf.stack([miles, miles * 2, miles - 1], axis=1), tf.transpose(w)),
-                "hot": one_hot(apply_public_vocabulary(company, ["a", "b"]), 3),
-                "sum_over_features": tf.reduce_sum(tf.stack([miles, tf.cast(hour, tf.float32)], axis=1), axis=1),
-                "sparse": inputs["miles"], "hour": hour}
+        return {
+            "proj": tf.matmul(tf.stack([miles, miles * 2, miles - 1], axis=1), tf.transpose(w)),
+            "hot": one_hot(apply_public_vocabulary(company, ["a", "b"]), 3),
+            "sum_over_features": tf.reduce_sum(tf.stack([miles, tf.cast(hour, tf.float32)], axis=1), axis=1),
+            "sparse": inputs["miles"],
+            "hour": hour,
+        }
 
     def analyzers(inputs, custom_config):
         miles, hour, company = _dense(inputs)
         eps = custom_config["sage"]["preprocessing_epsilon"] / 4
         delta = custom_config["sage"]["preprocessing_delta"]
         counts = dp_histogram(hour, eps, num_buckets=24)
-        return {"speed": dp_group_by_mean(hour, miles, 24, eps, 100.0), "z": dp_scale_to_z_score(miles, eps, 100.0),
-                "company": dp_compute_and_apply_vocabulary(company, eps, delta),
-                # post-processing of a released table, reduced over the TABLE's axis: not a batch reduction
-                "share": tf.gather(counts / tf.maximum(tf.reduce_sum(counts), 1.0), hour)}
+        return {
+            "speed": dp_group_by_mean(hour, miles, 24, eps, 100.0),
+            "z": dp_scale_to_z_score(miles, eps, 100.0),
+            "company": dp_compute_and_apply_vocabulary(company, eps, delta),
+            # post-processing of a released table, reduced over the TABLE's axis: not a batch reduction
+            "share": tf.gather(counts / tf.maximum(tf.reduce_sum(counts), 1.0), hour),
+        }
 
     return {"per-row ops": per_row, "DP analyzers and their post-processing": analyzers}
 
@@ -85,8 +95,15 @@ def _shipped(path):
     return module.preprocessing_fn
 
 
-@pytest.mark.parametrize("path", ["examples/taxi_preprocessing.py", "examples/taxi_fare/preprocessing.py",
-                                  "pipelines/modules/taxi_preprocessing.py", "examples/flights/preprocessing.py"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "examples/taxi_preprocessing.py",
+        "examples/taxi_fare/preprocessing.py",
+        "pipelines/modules/taxi_preprocessing.py",
+        "examples/flights/preprocessing.py",
+    ],
+)
 def test_the_shipped_preprocessing_fns_pass(path):
     from sage_tfx.data.flights import FLIGHTS_SCHEMA
     from sage_tfx.data.taxi import TAXI_SCHEMA
@@ -120,8 +137,9 @@ def _mixing_fns():
     def batch_gram(inputs, custom_config):
         miles, _, _ = _dense(inputs)
         column = tf.reshape(miles, [-1, 1])
-        return {"gram": tf.reshape(tf.matmul(tf.matmul(column, column, transpose_a=True), column, transpose_b=True),
-                                   [-1])}
+        return {
+            "gram": tf.reshape(tf.matmul(tf.matmul(column, column, transpose_a=True), column, transpose_b=True), [-1])
+        }
 
     def batch_sum_into_dp_mean(inputs, custom_config):  # every row carries the batch total into the analyzer
         miles, _, _ = _dense(inputs)
@@ -131,17 +149,20 @@ def _mixing_fns():
         miles, _, _ = _dense(inputs)
         return {"noisy": miles + tf.random.uniform(tf.shape(miles))}
 
-    return {"centred": (centred, "output 'centred' changes with the other rows"),
-            "per batch size": (per_batch_size, "output 'per_batch' changes with the other rows"),
-            "rank": (rank, "output 'rank' changes with the other rows"),
-            "previous row": (previous_row, "output 'delta' changes with the other rows"),
-            "batch gram": (batch_gram, "output 'gram' changes with the other rows"),
-            "batch sum into dp_mean": (batch_sum_into_dp_mean, "input 'add:0' of the DP analyzer 'dp_mean' changes"),
-            "random": (random, "differs between two runs of the same synthetic batch")}
+    return {
+        "centred": (centred, "output 'centred' changes with the other rows"),
+        "per batch size": (per_batch_size, "output 'per_batch' changes with the other rows"),
+        "rank": (rank, "output 'rank' changes with the other rows"),
+        "previous row": (previous_row, "output 'delta' changes with the other rows"),
+        "batch gram": (batch_gram, "output 'gram' changes with the other rows"),
+        "batch sum into dp_mean": (batch_sum_into_dp_mean, "input 'add:0' of the DP analyzer 'dp_mean' changes"),
+        "random": (random, "differs between two runs of the same synthetic batch"),
+    }
 
 
-@pytest.mark.parametrize("name", ["centred", "per batch size", "rank", "previous row", "batch gram",
-                                  "batch sum into dp_mean", "random"])
+@pytest.mark.parametrize(
+    "name", ["centred", "per batch size", "rank", "previous row", "batch gram", "batch sum into dp_mean", "random"]
+)
 def test_row_mixing_is_refused_naming_the_output(name):
     from sage_tfx.transform.errors import RowMixing
 
@@ -201,8 +222,11 @@ def test_every_later_trace_is_compared_with_the_checked_one():
             impl_helper.get_traced_transform_fn(traced, specs, context).get_concrete_function()
 
     trace()  # the same function traces to the same signature
-    for mode, message in (("centred", r"ops: \[\('Mean', 1\)"), ("constant", "constants: 1 added, 1 gone"),
-                          ("spend", r"spends: \[\('dp_mean', 0.25")):
+    for mode, message in (
+        ("centred", r"ops: \[\('Mean', 1\)"),
+        ("constant", "constants: 1 added, 1 gone"),
+        ("spend", r"spends: \[\('dp_mean', 0.25"),
+    ):
         state["mode"] = mode
         with pytest.raises(TraceMismatch, match=message):
             trace()
@@ -237,19 +261,26 @@ def test_tf_transform_runs_an_honest_multi_phase_function_through_every_check(tm
         miles, _, company = _dense(inputs)
         mean = dp_mean(miles, eps_mean, 10.0)
         spread = dp_mean(tf.abs(miles - mean), eps_spread, 10.0, name="spread")  # second phase
-        return {"c": (miles - mean) / (spread + 1.0), "z": dp_scale_to_z_score(miles, eps_z, 10.0),
-                "id": dp_compute_and_apply_vocabulary(company, eps_vocab, budget.delta)}
+        return {
+            "c": (miles - mean) / (spread + 1.0),
+            "z": dp_scale_to_z_score(miles, eps_z, 10.0),
+            "id": dp_compute_and_apply_vocabulary(company, eps_vocab, budget.delta),
+        }
 
     kinds = {"miles": "float", "hour": "int", "company": "bytes"}
     config = budget_custom_config(EPS, delta=1e-7)
     expected, concrete = reference_trace(fn, config, kinds)
     check_row_local(concrete, kinds)
-    spec = {"miles": tf.io.VarLenFeature(tf.float32), "hour": tf.io.VarLenFeature(tf.int64),
-            "company": tf.io.VarLenFeature(tf.string)}
+    spec = {
+        "miles": tf.io.VarLenFeature(tf.float32),
+        "hour": tf.io.VarLenFeature(tf.int64),
+        "company": tf.io.VarLenFeature(tf.string),
+    }
     rows = [{"miles": [float(i % 7)], "hour": [i % 24], "company": [b"a" if i % 3 else b"b"]} for i in range(300)]
     with tft_beam.Context(temp_dir=str(tmp_path)), noise_seed(5):
-        (data, _), _ = ((rows, tft.DatasetMetadata.from_feature_spec(spec))
-                        | tft_beam.AnalyzeAndTransformDataset(TracedFn(fn, config, kinds, expected)))
+        (data, _), _ = (rows, tft.DatasetMetadata.from_feature_spec(spec)) | tft_beam.AnalyzeAndTransformDataset(
+            TracedFn(fn, config, kinds, expected)
+        )
     assert len(data) == 300 and {r["id"] for r in data} == {0, 1}
     # phase 2's analyzer inputs (the mean released), the transform graph and its schema (everything released)
     assert len(checked_in_beam) >= 3

@@ -1,5 +1,6 @@
 """`sage run --check --target`: the estimate of the rows and epsilon at which the validator's ACCEPT test passes
 (pipelines/check.py estimate_accept), checked against the validator's own functions and the validator class."""
+
 import math
 import os
 import subprocess
@@ -27,8 +28,9 @@ CASES = [(MSE, 300.0, None), (MSE, 300.0, 250.0), (ACCURACY, 0.8, None), (ACCURA
 def _limit(sla, n, expected, epsilon, eta):
     """The validator's reported bound (joint_decision's confidence_limit) at n rows whose released sums equal their
     expectations, in the SLA's unit: the upper limit on the loss, or the lower limit on the accuracy."""
-    bound, mean, binomial = (1.0, 1.0 - expected, True) if sla.metric == "accuracy" else (sla.loss_bound, expected,
-                                                                                           False)
+    bound, mean, binomial = (
+        (1.0, 1.0 - expected, True) if sla.metric == "accuracy" else (sla.loss_bound, expected, False)
+    )
     total, complement = NoisyTotal(n * mean, bound / epsilon), NoisyTotal(n * (bound - mean), bound / epsilon)
     limit = confidence_limit(total, complement, bound, eta, Mode.SAGE, -1, binomial)
     return 1.0 - limit if sla.metric == "accuracy" else limit
@@ -48,8 +50,14 @@ def test_estimate_is_where_the_validators_bound_crosses_the_target(sla, target, 
     for row in estimate.rows:
         n = row.test_rows
         assert n is not None and n > 1
-        args = dict(metric=sla.metric, target=target, expected=estimate.expected, bound=estimate.bound,
-                    epsilon=row.validation_epsilon, eta_accept=row.eta_accept)
+        args = dict(
+            metric=sla.metric,
+            target=target,
+            expected=estimate.expected,
+            bound=estimate.bound,
+            epsilon=row.validation_epsilon,
+            eta_accept=row.eta_accept,
+        )
         assert accept_passes(n, **args) and not accept_passes(n - 1, **args) and not accept_passes(n // 2, **args)
         at = lambda m: _limit(sla, m, estimate.expected, row.validation_epsilon, row.eta_accept)  # noqa: B023, E731
         # confidence_limit solves for tau to 1e-9 B: compare with that tolerance
@@ -72,8 +80,14 @@ def test_defaults_and_the_iterators_split():
     s = iterator_settings({})
     first = e.rows[0]
     assert first.epsilon == s["epsilon_start"] and first.attempt == 1
-    split = BudgetSplit.for_epsilon(first.epsilon, 0.0, s["preprocessing_share"], s["count_share"],
-                                    rejection_share=s["rejection_share"], disjoint_split=s["disjoint_split"])
+    split = BudgetSplit.for_epsilon(
+        first.epsilon,
+        0.0,
+        s["preprocessing_share"],
+        s["count_share"],
+        rejection_share=s["rejection_share"],
+        disjoint_split=s["disjoint_split"],
+    )
     assert first.validation_epsilon == pytest.approx(split.validation)
     assert [r.eta_accept for r in e.rows] == pytest.approx([0.05 / (i * (i + 1)) for i in range(1, 5)])
     with_reject = estimate_accept(MSE, 300.0, settings={"rejection_share": 0.1})
@@ -88,12 +102,18 @@ def test_defaults_and_the_iterators_split():
     assert "out of reach" in text and "first window is 4 block(s)" in text and "training: not estimated" in text
 
 
-@pytest.mark.parametrize("sla,target,expected,named", [
-    (MSE, 300.0, 300.0, "expected loss 300.0 must be in"), (MSE, 300.0, -1.0, "expected loss -1.0"),
-    (MSE, 300.0, float("nan"), "expected loss nan"), (ACCURACY, 0.8, 0.8, "expected accuracy 0.8 must be above"),
-    (ACCURACY, 0.8, 1.5, "expected accuracy 1.5"), (MSE, 900.0, None, "at least the loss bound"),
-    (ACCURACY, 1.0, None, "must lie in"),
-])
+@pytest.mark.parametrize(
+    "sla,target,expected,named",
+    [
+        (MSE, 300.0, 300.0, "expected loss 300.0 must be in"),
+        (MSE, 300.0, -1.0, "expected loss -1.0"),
+        (MSE, 300.0, float("nan"), "expected loss nan"),
+        (ACCURACY, 0.8, 0.8, "expected accuracy 0.8 must be above"),
+        (ACCURACY, 0.8, 1.5, "expected accuracy 1.5"),
+        (MSE, 900.0, None, "at least the loss bound"),
+        (ACCURACY, 1.0, None, "must lie in"),
+    ],
+)
 def test_bad_guesses_and_targets_are_named(sla, target, expected, named):
     with pytest.raises(ValueError, match=named):
         estimate_accept(sla, target, expected=expected)
@@ -127,9 +147,27 @@ def test_the_validator_itself_accepts_above_the_estimate_and_not_below():
 
 
 def test_expected_loss_needs_a_target_on_the_command_line(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "sage_tfx", "run", "taxi_regression", "--check", "--expected-loss",
-                          "5", "--db", str(tmp_path / "l.db"), "--stream", "taxi", "--data-root", str(tmp_path)],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sage_tfx",
+            "run",
+            "taxi_regression",
+            "--check",
+            "--expected-loss",
+            "5",
+            "--db",
+            str(tmp_path / "l.db"),
+            "--stream",
+            "taxi",
+            "--data-root",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 2 and "--expected-loss needs --target" in out.stderr, out.stderr[-2000:]
 
 
@@ -147,13 +185,34 @@ def test_check_prints_the_estimate_after_the_dry_run(tmp_path):
     with Ledger.open(db, create=True) as ledger:
         ledger.create_stream("taxi", 1.0, 1e-6)
         Replay.from_file(ledger, "taxi", str(data), taxi_csv_path("simple"), "trip_start_timestamp", "1d").run(steps=20)
-    example = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "examples", "taxi_fare",
-                           "pipeline.py")
-    base = [sys.executable, "-m", "sage_tfx", "run", example, "--check", "--db", str(db), "--stream", "taxi",
-            "--data-root", str(data), "--target", "300", "--work-dir", str(tmp_path / "work")]
+    example = os.path.join(
+        os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+        "examples",
+        "taxi_fare",
+        "pipeline.py",
+    )
+    base = [
+        sys.executable,
+        "-m",
+        "sage_tfx",
+        "run",
+        example,
+        "--check",
+        "--db",
+        str(db),
+        "--stream",
+        "taxi",
+        "--data-root",
+        str(data),
+        "--target",
+        "300",
+        "--work-dir",
+        str(tmp_path / "work"),
+    ]
     out = subprocess.run(base + ["--expected-loss", "400"], capture_output=True, text=True, timeout=900)
     assert out.returncode == 2 and "expected loss 400.0 must be in [0, target 300)" in out.stderr, out.stderr[-2000:]
     assert "GENERATED rows" not in out.stdout  # refused before the dry run
+
     def dump():
         with Ledger.open(db) as ledger:
             return [ledger.log_entries(), [g.to_json() for g in ledger.grants()]]

@@ -6,6 +6,7 @@ P(Bin(N, r) >= X) < ALPHA. If the implementation is right, each such check fails
 ALPHA = 1e-3 (and, with its fixed seed, deterministically passes or fails). Power checks state their own
 expected rates.
 """
+
 import argparse
 import json
 import math
@@ -40,14 +41,18 @@ ALPHA = 1e-3
 def assert_rate_at_most(failures, trials, rate, what):
     """One-sided binomial test of H0: true failure rate <= rate (false-failure probability <= ALPHA)."""
     p_value = stats.binom.sf(failures - 1, trials, rate)  # P(Bin(trials, rate) >= failures)
-    assert p_value >= ALPHA, (f"{what}: {failures}/{trials} = {failures / trials:.4f} exceeds the "
-                              f"guaranteed rate {rate} (one-sided binomial p = {p_value:.2e} < {ALPHA})")
+    assert p_value >= ALPHA, (
+        f"{what}: {failures}/{trials} = {failures / trials:.4f} exceeds the "
+        f"guaranteed rate {rate} (one-sided binomial p = {p_value:.2e} < {ALPHA})"
+    )
 
 
 def assert_rate_at_least(successes, trials, rate, what):
     p_value = stats.binom.cdf(successes, trials, rate)  # P(Bin(trials, rate) <= successes)
-    assert p_value >= ALPHA, (f"{what}: {successes}/{trials} = {successes / trials:.4f} below {rate} "
-                              f"(one-sided binomial p = {p_value:.2e} < {ALPHA})")
+    assert p_value >= ALPHA, (
+        f"{what}: {successes}/{trials} = {successes / trials:.4f} below {rate} "
+        f"(one-sided binomial p = {p_value:.2e} < {ALPHA})"
+    )
 
 
 def bernoulli_losses(rng, n, mean, bound=1.0):
@@ -57,12 +62,14 @@ def bernoulli_losses(rng, n, mean, bound=1.0):
 
 # ------------------------------------------------------------------ formulas, exactly as in the Sage paper §3.3, List. 2, App. B
 
+
 def test_loss_accept_bound_matches_the_spec_formula():
     rng = np.random.default_rng(1)
     losses = rng.uniform(0, 2.0, 3000)
     eps, B, conf = 0.7, 2.0, 0.9
     result = DPLossValidator(0.9, eps, conf, loss_bound=B, bound="bernstein").validate(
-        losses, rng=np.random.default_rng(5))
+        losses, rng=np.random.default_rng(5)
+    )
     eta_a = 1 - conf  # no REJECT test: the ACCEPT test has all of eta
     n_noisy, s_noisy = result.details["n_noisy"], result.details["sum_noisy"]
     # The stated scales 2/eps and 2B/eps are now those of the exact grid Laplace: in law the release is
@@ -83,7 +90,8 @@ def test_loss_reject_bound_formula_uses_a_two_sided_count_interval():
     rng = np.random.default_rng(2)
     eps, B, conf = 1.0, 1.0, 0.95
     result = DPLossValidator(0.1, eps, conf, loss_bound=B, bound="bernstein").validate(
-        rng.uniform(0.3, 0.5, 500), rng.uniform(0.3, 0.5, 4000), rng=np.random.default_rng(3))
+        rng.uniform(0.3, 0.5, 500), rng.uniform(0.3, 0.5, 4000), rng=np.random.default_rng(3)
+    )
     eta_r = (1 - conf) / 2
     d = result.details
     b_n, s_n = grid_laplace_coupling(1.0, eps / 2)  # the grid release's scale and slack (see the test above)
@@ -101,7 +109,8 @@ def test_accuracy_accept_bound_matches_clopper_pearson_on_corrected_counts():
     correct = (rng.random(2000) < 0.9).astype(float)
     eps, conf = 0.5, 0.95
     result = DPAccuracyValidator(0.8, eps, conf, bound="clopper_pearson").validate(
-        correct, rng=np.random.default_rng(6))
+        correct, rng=np.random.default_rng(6)
+    )
     eta_a = 1 - conf  # no REJECT test: the ACCEPT test has all of eta
     b_1, s_1 = grid_laplace_coupling(1.0, eps / 2)  # the grid release's scale and slack (see above)
     t = b_1 * math.log(3 / (2 * eta_a)) + s_1
@@ -121,8 +130,10 @@ def test_absolute_error_bound_matches_the_spec_formula():
     rng2 = as_secure_rng(np.random.default_rng(8), "validation")
     s_noisy = grid_laplace(np.array([values.sum()]), R, eps / 2, rng2)[0]
     c_noisy = grid_laplace(np.array([float(values.size)]), 1.0, eps / 2, rng2)[0]
-    (b_s, sl_s), (b_c, sl_c) = (grid_laplace_coupling(R, eps / 2, 1, epsilon_tolerance=2.0**-40),
-                                grid_laplace_coupling(1.0, eps / 2, 1, epsilon_tolerance=2.0**-40))
+    (b_s, sl_s), (b_c, sl_c) = (
+        grid_laplace_coupling(R, eps / 2, 1, epsilon_tolerance=2.0**-40),
+        grid_laplace_coupling(1.0, eps / 2, 1, epsilon_tolerance=2.0**-40),
+    )
     assert 2 * R / eps <= b_s <= (2 * R / eps) * (1 + 2e-6) and 2 / eps <= b_c <= (2 / eps) * (1 + 2e-6)
     t_s, t_c = b_s * math.log(3 / eta) + sl_s, b_c * math.log(3 / eta) + sl_c
     c_lo = c_noisy - t_c
@@ -149,10 +160,12 @@ def test_laplace_tail_probabilities():
         # exact: P(Lap(b) > b ln(1/(2p))) = p; the binomial sd at N = 400k is < 3.5e-4
         assert np.mean(draws > laplace_tail(2.0, prob)) == pytest.approx(prob, abs=5 * math.sqrt(prob / 4e5))
         assert np.mean(np.abs(draws) > laplace_tail(2.0, prob, two_sided=True)) == pytest.approx(
-            prob, abs=5 * math.sqrt(prob / 4e5))
+            prob, abs=5 * math.sqrt(prob / 4e5)
+        )
 
 
 # ------------------------------------------------------------------ noise scales (KS tests, level ALPHA)
+
 
 @pytest.mark.slow(weight=20)
 def test_count_and_sum_noise_are_laplace_at_the_stated_scales():
@@ -206,6 +219,7 @@ def test_default_rng_is_fresh_each_call_and_non_private_mode_is_exact():
 
 # ------------------------------------------------------------------ coverage of each bound (the proofs' events)
 
+
 def test_bernstein_and_hoeffding_coverage_at_delta():
     rng = np.random.default_rng(21)
     trials, n, delta = 20_000, 200, 0.05
@@ -240,6 +254,7 @@ def test_loss_upper_bound_covers_the_true_mean(mode):
 
 
 # ------------------------------------------------------------------ false ACCEPT / REJECT rates (the SLA)
+
 
 def _false_accept_rate(validator, draw, trials, rng, **kwargs):
     accepts = sum(validator.validate(draw(), rng=rng, **kwargs).outcome is Outcome.ACCEPT for _ in range(trials))
@@ -334,8 +349,10 @@ def test_loss_false_reject_rate_under_the_assumption_with_an_independent_model()
     trials, n, target, eta = 4000, 20_000, 0.3, 0.2
     v = DPLossValidator(target, 1.0, 1 - eta)
     test = np.full(10, 1.0)  # no ACCEPT possible: the REJECT test decides
-    rejects = sum(v.validate(test, bernoulli_losses(rng, n, target * 0.98), rng=rng).outcome is Outcome.REJECT
-                  for _ in range(trials))
+    rejects = sum(
+        v.validate(test, bernoulli_losses(rng, n, target * 0.98), rng=rng).outcome is Outcome.REJECT
+        for _ in range(trials)
+    )
     assert_rate_at_most(rejects, trials, eta / 2, "false REJECT (independent model)")
 
 
@@ -366,12 +383,15 @@ def test_accuracy_false_reject_rate_under_the_assumption():
     rng = np.random.default_rng(43)
     trials, n, target, eta = 1000, 5000, 0.7, 0.2
     v = DPAccuracyValidator(target, 1.0, 1 - eta)
-    rejects = sum(v.validate(np.zeros(10), (rng.random(n) < target + 0.005).astype(float), rng=rng).outcome
-                  is Outcome.REJECT for _ in range(trials))
+    rejects = sum(
+        v.validate(np.zeros(10), (rng.random(n) < target + 0.005).astype(float), rng=rng).outcome is Outcome.REJECT
+        for _ in range(trials)
+    )
     assert_rate_at_most(rejects, trials, eta / 2, "false REJECT (accuracy)")
 
 
 # ------------------------------------------------------------------ power and the decision order
+
 
 @pytest.mark.slow(weight=20)
 def test_power_ample_data_and_a_comfortable_margin_accepts_almost_always():
@@ -416,6 +436,7 @@ def test_ablations_order_on_small_noisy_data():
 
 # ------------------------------------------------------------------ results, modes, bad input
 
+
 def test_result_is_json_serializable_even_with_undefined_bounds():
     rng = np.random.default_rng(61)
     r = DPLossValidator(0.1, 0.01, bound="bernstein").validate(np.full(3, 0.1), np.full(3, 0.1), rng=rng)
@@ -439,31 +460,35 @@ def test_modes_parse_and_epsilon_accounting():
     assert DPLossValidator(0.5, 1.0, mode="no_sla").validate(x, x, rng=rng).epsilon_spent == 1.0
     assert DPLossValidator(0.5, 1.0, train_epsilon=0.25).validate(x, x, rng=rng).epsilon_spent == 1.25
     assert DPLossValidator(0.5, 1.0, mode="non_private").validate(x, x, rng=rng).epsilon_spent == 0.0
-    released = DPAbsoluteErrorValidator(0.5, 1.0, value_range=1.0, num_keys=2).validate_released([50.0, 60.0],
-                                                                                                 [100.0, 120.0])
+    released = DPAbsoluteErrorValidator(0.5, 1.0, value_range=1.0, num_keys=2).validate_released(
+        [50.0, 60.0], [100.0, 120.0]
+    )
     assert released.epsilon_spent == 0.0 and released.details["means"] == [0.5, 0.5]
 
 
-@pytest.mark.parametrize("make, match", [
-    (lambda: DPLossValidator(0.1, 1.0, confidence=1.0), "confidence 1.0"),
-    (lambda: DPLossValidator(0.1, 1.0, confidence=0.0), "confidence 0.0"),
-    (lambda: DPLossValidator(0.1, 1.0, confidence=float("nan")), "confidence nan"),
-    (lambda: DPLossValidator(0.1, 0.0), "epsilon 0.0"),
-    (lambda: DPLossValidator(0.1, -1.0), "epsilon -1.0"),
-    (lambda: DPLossValidator(0.1, float("inf")), "epsilon inf"),
-    (lambda: DPLossValidator(0.1, None), "epsilon None"),
-    (lambda: DPLossValidator(0.1, 1.0, loss_bound=0), "loss bound B 0"),
-    (lambda: DPLossValidator(0.1, 1.0, loss_bound=-2.0), "loss bound B -2.0"),
-    (lambda: DPLossValidator(-0.1, 1.0), "target loss -0.1"),
-    (lambda: DPLossValidator(0.1, 1.0, mode="strict"), "mode 'strict'"),
-    (lambda: DPAccuracyValidator(1.2, 1.0), "target accuracy 1.2"),
-    (lambda: DPAccuracyValidator(0.8, 1.0, bound="wilson"), "bound 'wilson'"),
-    (lambda: DPAbsoluteErrorValidator(0.1, 1.0, value_range=0.0), "value_range R 0.0"),
-    (lambda: DPAbsoluteErrorValidator(0.1, 1.0, value_range=1.0, num_keys=0), "num_keys 0"),
-    (lambda: DPAbsoluteErrorValidator(0.1, 1.0, value_range=1.0, mode="no_sla"), "no_sla"),
-    (lambda: eta_for_attempt(0.05, 0), "attempt 0"),
-    (lambda: eta_for_attempt(1.5, 1), "eta 1.5"),
-])
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: DPLossValidator(0.1, 1.0, confidence=1.0), "confidence 1.0"),
+        (lambda: DPLossValidator(0.1, 1.0, confidence=0.0), "confidence 0.0"),
+        (lambda: DPLossValidator(0.1, 1.0, confidence=float("nan")), "confidence nan"),
+        (lambda: DPLossValidator(0.1, 0.0), "epsilon 0.0"),
+        (lambda: DPLossValidator(0.1, -1.0), "epsilon -1.0"),
+        (lambda: DPLossValidator(0.1, float("inf")), "epsilon inf"),
+        (lambda: DPLossValidator(0.1, None), "epsilon None"),
+        (lambda: DPLossValidator(0.1, 1.0, loss_bound=0), "loss bound B 0"),
+        (lambda: DPLossValidator(0.1, 1.0, loss_bound=-2.0), "loss bound B -2.0"),
+        (lambda: DPLossValidator(-0.1, 1.0), "target loss -0.1"),
+        (lambda: DPLossValidator(0.1, 1.0, mode="strict"), "mode 'strict'"),
+        (lambda: DPAccuracyValidator(1.2, 1.0), "target accuracy 1.2"),
+        (lambda: DPAccuracyValidator(0.8, 1.0, bound="wilson"), "bound 'wilson'"),
+        (lambda: DPAbsoluteErrorValidator(0.1, 1.0, value_range=0.0), "value_range R 0.0"),
+        (lambda: DPAbsoluteErrorValidator(0.1, 1.0, value_range=1.0, num_keys=0), "num_keys 0"),
+        (lambda: DPAbsoluteErrorValidator(0.1, 1.0, value_range=1.0, mode="no_sla"), "no_sla"),
+        (lambda: eta_for_attempt(0.05, 0), "attempt 0"),
+        (lambda: eta_for_attempt(1.5, 1), "eta 1.5"),
+    ],
+)
 def test_bad_construction_names_the_value(make, match):
     with pytest.raises(ValidationInputError, match=match.replace("(", r"\(")):
         make()
@@ -520,9 +545,24 @@ def test_bench_validation_runs_small(tmp_path):
 
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
-    args = parser.parse_args(["--trials", "3", "--max-iterations", "2", "--holdout", "5000",
-                              "--reference-rows", "20000", "--start-rows", "2000", "--etas", "0.05",
-                              "--plot", str(tmp_path / "false_accepts.png")])
+    args = parser.parse_args(
+        [
+            "--trials",
+            "3",
+            "--max-iterations",
+            "2",
+            "--holdout",
+            "5000",
+            "--reference-rows",
+            "20000",
+            "--start-rows",
+            "2000",
+            "--etas",
+            "0.05",
+            "--plot",
+            str(tmp_path / "false_accepts.png"),
+        ]
+    )
     figures = bench.run(args)
     assert (tmp_path / "false_accepts.png").stat().st_size > 1000
     json.dumps(figures, allow_nan=False)

@@ -3,6 +3,7 @@
 Fixed seeds; every statistical check is a one-sided binomial or KS test at level ALPHA = 1e-3 (see
 test_validation.py), so a correct implementation fails each with probability at most 1e-3.
 """
+
 import math
 
 import numpy as np
@@ -30,6 +31,7 @@ def _within(observed, trials, probability, what):
 
 # ------------------------------------------------------------------ the noise law and the exact tails
 
+
 @pytest.mark.parametrize("a, c", [(0.9, 0.1), (0.5, 0.5), (2.0, 0.0), (1.0, 1.0 - 1e-8)])
 def test_noise_sf_is_the_law_of_a_difference_of_laplaces(a, c):
     rng = np.random.default_rng(1)
@@ -45,8 +47,12 @@ def test_laplace_pair_tail_and_quantile():
         _within(np.mean(pair > u), pair.size, laplace_pair_sf(u), f"P(E1 + E2 > {u})")
     for prob in (0.01, 0.0025):
         assert laplace_pair_sf(laplace_pair_quantile(prob, two_sided=False)) == pytest.approx(prob, rel=1e-9)
-        _within(np.mean(np.abs(pair) > laplace_pair_quantile(prob, two_sided=True)), pair.size, prob,
-                f"two-sided quantile at {prob}")
+        _within(
+            np.mean(np.abs(pair) > laplace_pair_quantile(prob, two_sided=True)),
+            pair.size,
+            prob,
+            f"two-sided quantile at {prob}",
+        )
 
 
 def test_binomial_tail_is_exact():
@@ -68,9 +74,11 @@ def test_chernoff_tail_bounds_the_true_tail(law):
     """The Chernoff p-value is an upper bound on the tail for any law on [0, B] with mean tau."""
     rng = np.random.default_rng(4)
     n, bound, tau, eps, trials = 400, 2.0, 0.3, 1.0, 100_000
-    draw = {"bernoulli": lambda: bound * (rng.random((trials, n)) < tau / bound),
-            "uniform": lambda: rng.uniform(0, 2 * tau, (trials, n)),
-            "beta": lambda: bound * rng.beta(1.0, bound / tau - 1.0, (trials, n))}[law]
+    draw = {
+        "bernoulli": lambda: bound * (rng.random((trials, n)) < tau / bound),
+        "uniform": lambda: rng.uniform(0, 2 * tau, (trials, n)),
+        "beta": lambda: bound * rng.beta(1.0, bound / tau - 1.0, (trials, n)),
+    }[law]
     values = draw()
     a, c = (bound - tau) / eps, tau / eps
     statistic = values.sum(axis=1) - tau * n + a * rng.laplace(size=trials) - c * rng.laplace(size=trials)
@@ -82,6 +90,7 @@ def test_chernoff_tail_bounds_the_true_tail(law):
 
 
 # ------------------------------------------------------------------ the release
+
 
 @pytest.mark.slow(weight=20)
 def test_release_pair_noise_is_laplace_b_over_eps_on_each_sum():
@@ -115,14 +124,14 @@ def test_accuracy_release_is_error_and_correct_counts_with_lap_one_over_eps():
 
 # ------------------------------------------------------------------ the SLA at the boundary, and sharpness
 
+
 @pytest.mark.slow(weight=20)
 @pytest.mark.parametrize("law", ["bernoulli", "uniform"])
 def test_loss_default_false_accept_at_the_boundary(law):
     """True mean exactly at the target (the worst case of a miss): ACCEPT rate <= eta."""
     rng = np.random.default_rng(7)
     trials, n, target, eta, eps = 4000, 2000, 0.1, 0.1, 1.0
-    draw = (lambda: bernoulli_losses(rng, n, target)) if law == "bernoulli" else (
-        lambda: rng.uniform(0, 2 * target, n))
+    draw = (lambda: bernoulli_losses(rng, n, target)) if law == "bernoulli" else (lambda: rng.uniform(0, 2 * target, n))
     v = DPLossValidator(target, eps, 1 - eta)
     accepts = sum(v.validate(draw(), rng=rng).accepted for _ in range(trials))
     assert_rate_at_most(accepts, trials, eta, f"false ACCEPT at the boundary ({law})")
@@ -149,10 +158,14 @@ def test_default_rejects_within_budget_at_the_boundary():
     trials, n, target, eta = 1000, 3000, 0.8, 0.2
     acc = DPAccuracyValidator(target, 1.0, 1 - eta)
     loss = DPLossValidator(0.2, 1.0, 1 - eta)
-    acc_rejects = sum(acc.validate(np.zeros(5), (rng.random(n) < target).astype(float), rng=rng).outcome
-                      is Outcome.REJECT for _ in range(trials))
-    loss_rejects = sum(loss.validate(np.ones(5), bernoulli_losses(rng, n, 0.2), rng=rng).outcome
-                       is Outcome.REJECT for _ in range(trials))
+    acc_rejects = sum(
+        acc.validate(np.zeros(5), (rng.random(n) < target).astype(float), rng=rng).outcome is Outcome.REJECT
+        for _ in range(trials)
+    )
+    loss_rejects = sum(
+        loss.validate(np.ones(5), bernoulli_losses(rng, n, 0.2), rng=rng).outcome is Outcome.REJECT
+        for _ in range(trials)
+    )
     assert_rate_at_most(acc_rejects, trials, eta / 2, "false REJECT at the boundary (accuracy)")
     assert_rate_at_most(loss_rejects, trials, eta / 2, "false REJECT at the boundary (loss)")
 
@@ -174,6 +187,7 @@ def test_reported_bound_agrees_with_the_decision():
 
 # ------------------------------------------------------------------ what the joint test buys: samples vs NP
 
+
 @pytest.mark.slow(weight=20)
 @pytest.mark.parametrize("task", ["accuracy", "loss"])
 def test_sage_with_half_again_the_data_accepts_as_often_as_np(task):
@@ -191,12 +205,16 @@ def test_sage_with_half_again_the_data_accepts_as_often_as_np(task):
             return sum(v.validate((rng.random(size) < p).astype(float), rng=rng).accepted for _ in range(trials))
     else:
         mu, n = 0.03, 4000
-        target = DPLossValidator(0.5, None, 0.95, mode="non_private").validate(
-            bernoulli_losses(np.random.default_rng(0), n, mu)).bounds["upper"]
+        target = (
+            DPLossValidator(0.5, None, 0.95, mode="non_private")
+            .validate(bernoulli_losses(np.random.default_rng(0), n, mu))
+            .bounds["upper"]
+        )
 
         def run(mode, eps, size):
             v = DPLossValidator(target, eps, 0.95, mode=mode)
             return sum(v.validate(bernoulli_losses(rng, size, mu), rng=rng).accepted for _ in range(trials))
+
     np_accepts = run("non_private", None, n)
     sage_accepts = run("sage", 1.0, int(1.5 * n))
     assert 0.2 * trials < np_accepts < 0.8 * trials  # the target is where NP is undecided

@@ -29,8 +29,9 @@ def test_unit_means_are_one_clipped_value_per_unit():
 
 def test_a_per_unit_validator_counts_units_and_accepts_on_their_means():
     values, units = _rows(units=2000)
-    result = DPLossValidator(0.4, 1.0, loss_bound=1.0, per_unit=True).validate(values, rng=secure_rng(0, "t"),
-                                                                               units=units)
+    result = DPLossValidator(0.4, 1.0, loss_bound=1.0, per_unit=True).validate(
+        values, rng=secure_rng(0, "t"), units=units
+    )
     assert result.outcome is Outcome.ACCEPT
     assert abs(result.details["n_noisy"] - 2000) < 50  # the count of units, not of the 6,000 rows
     correct = (values < 0.45).astype(float)
@@ -38,16 +39,29 @@ def test_a_per_unit_validator_counts_units_and_accepts_on_their_means():
     assert accuracy.outcome is Outcome.ACCEPT and abs(accuracy.details["n_noisy"] - 2000) < 50
 
 
-@pytest.mark.parametrize("make, call, match", [
-    (lambda: DPAccuracyValidator(0.6, 1.0, per_unit=True, bound="clopper_pearson"), None,
-     "bound 'clopper_pearson' is invalid per unit: its binomial tail needs 0/1 values"),
-    (lambda: DPLossValidator(0.3, 1.0, per_unit="yes"), None, "per_unit='yes' is invalid"),
-    (lambda: DPLossValidator(0.3, 1.0, per_unit=True), {}, "a per-unit validator needs units="),
-    (lambda: DPLossValidator(0.3, 1.0, per_unit=True), {"units": np.arange(5)}, "one unit id per row"),
-    (lambda: DPLossValidator(0.3, 1.0), {"units": np.arange(300)}, r"units= needs DPLossValidator\(per_unit=True\)"),
-    (lambda: DPAccuracyValidator(0.6, 1.0), {"units": np.arange(300)},
-     r"units= needs DPAccuracyValidator\(per_unit=True\)"),
-])
+@pytest.mark.parametrize(
+    "make, call, match",
+    [
+        (
+            lambda: DPAccuracyValidator(0.6, 1.0, per_unit=True, bound="clopper_pearson"),
+            None,
+            "bound 'clopper_pearson' is invalid per unit: its binomial tail needs 0/1 values",
+        ),
+        (lambda: DPLossValidator(0.3, 1.0, per_unit="yes"), None, "per_unit='yes' is invalid"),
+        (lambda: DPLossValidator(0.3, 1.0, per_unit=True), {}, "a per-unit validator needs units="),
+        (lambda: DPLossValidator(0.3, 1.0, per_unit=True), {"units": np.arange(5)}, "one unit id per row"),
+        (
+            lambda: DPLossValidator(0.3, 1.0),
+            {"units": np.arange(300)},
+            r"units= needs DPLossValidator\(per_unit=True\)",
+        ),
+        (
+            lambda: DPAccuracyValidator(0.6, 1.0),
+            {"units": np.arange(300)},
+            r"units= needs DPAccuracyValidator\(per_unit=True\)",
+        ),
+    ],
+)
 def test_what_cannot_be_calibrated_to_the_unit_is_refused_before_any_noise(make, call, match):
     values, _ = _rows()
     with pytest.raises(ValidationInputError, match=match):
@@ -85,12 +99,16 @@ def test_neighbours_differing_by_a_whole_unit_give_validator_releases_within_e_t
     def violations(per_unit):
         validator = DPLossValidator(0.3, eps, loss_bound=1.0, per_unit=per_unit, mode="no_sla")
         if per_unit:
-            d, d_prime = (_released_sums(validator, heavy_values, heavy_units, draws, 1),
-                          _released_sums(validator, values, units, draws, 2))
+            d, d_prime = (
+                _released_sums(validator, heavy_values, heavy_units, draws, 1),
+                _released_sums(validator, values, units, draws, 2),
+            )
             shift = 1.0
         else:
-            d, d_prime = (_released_sums(validator, heavy_values, None, draws, 1),
-                          _released_sums(validator, values, None, draws, 2))
+            d, d_prime = (
+                _released_sums(validator, heavy_values, None, draws, 1),
+                _released_sums(validator, values, None, draws, 2),
+            )
             base_rows = float(np.sum(values))
             d, d_prime, shift = d - base_rows + base, d_prime - base_rows + base, float(K)
         return [(shift, *v) for v in neighbour_violations(d, d_prime, base, eps)]

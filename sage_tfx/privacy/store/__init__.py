@@ -24,14 +24,34 @@ from .sqlite import SqliteStore
 
 _Store = Store  # the base class's name before the package (store.py)
 
-__all__ = ["open_store", "check_location", "display", "is_postgres", "postgres_password", "Store", "Tx",
-           "SqliteStore", "PostgresStore", "SCHEMA_VERSION", "TABLES", "MIGRATIONS",
-           "SSLMODES", "DEFAULT_SSLMODE", "postgres_ssl_context", "claim_key", "process_label"]
+__all__ = [
+    "open_store",
+    "check_location",
+    "display",
+    "is_postgres",
+    "postgres_password",
+    "Store",
+    "Tx",
+    "SqliteStore",
+    "PostgresStore",
+    "SCHEMA_VERSION",
+    "TABLES",
+    "MIGRATIONS",
+    "SSLMODES",
+    "DEFAULT_SSLMODE",
+    "postgres_ssl_context",
+    "claim_key",
+    "process_label",
+]
 
 
-def open_store(location: str | os.PathLike[str], create: bool = False,
-               on_create: Callable[[], Mapping[str, str]] | None = None, read_only: bool = False,
-               upgrade: bool = False) -> Store:
+def open_store(
+    location: str | os.PathLike[str],
+    create: bool = False,
+    on_create: Callable[[], Mapping[str, str]] | None = None,
+    read_only: bool = False,
+    upgrade: bool = False,
+) -> Store:
     """A SqliteStore for a path, a PostgresStore for a ``postgresql://`` URL; ``read_only`` (never with ``create``):
     opened for reads only, writing nothing (``SqliteStore._open_read_only``; PostgreSQL: a read-only session).
     A ledger of an older schema is refused (``LedgerUpgradeNeeded``) unless ``upgrade`` (``sage ledger upgrade``:

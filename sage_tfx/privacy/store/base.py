@@ -114,9 +114,11 @@ class Store:
 
 def upgrade_text(display: str, version: object) -> str:
     """The refusal of a ledger of an older schema, naming the one command that upgrades it."""
-    return (f"ledger {display} has schema version {version}, older than this sage-tfx's {SCHEMA_VERSION}: nothing "
-            f"was written; upgrade it once (keyed, logged in the ledger, idempotent) with: sage ledger upgrade "
-            f"--db {display} (add --key-file PATH if its key file is not the default), then retry")
+    return (
+        f"ledger {display} has schema version {version}, older than this sage-tfx's {SCHEMA_VERSION}: nothing "
+        f"was written; upgrade it once (keyed, logged in the ledger, idempotent) with: sage ledger upgrade "
+        f"--db {display} (add --key-file PATH if its key file is not the default), then retry"
+    )
 
 
 def claim_key(name: str) -> int:
@@ -133,6 +135,7 @@ class _Transaction:
     """``Store.transaction``'s context (a class, not a generator: entered once per ledger call, the hot path of a
     grant): begin; on leaving, roll back on any exception, else commit and hand a write's ``tx.head`` to
     ``after_commit``."""
+
     __slots__ = ("store", "write", "tx")
 
     def __init__(self, store, write) -> None:

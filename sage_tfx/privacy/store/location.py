@@ -23,8 +23,10 @@ import urllib.parse
 from ..errors import LedgerError
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-PASSWORD_SOURCES = ("PGPASSWORD=..., or a password file in libpq's format (lines host:port:database:user:password, "
-                    "mode 0600): ~/.pgpass, PGPASSFILE=PATH, or passfile=PATH in the URL")
+PASSWORD_SOURCES = (
+    "PGPASSWORD=..., or a password file in libpq's format (lines host:port:database:user:password, "
+    "mode 0600): ~/.pgpass, PGPASSFILE=PATH, or passfile=PATH in the URL"
+)
 
 
 def is_postgres(location: str | os.PathLike[str]) -> bool:
@@ -54,15 +56,17 @@ def check_location(location: object) -> str:
                 f"the ledger URL {_redacted(parsed)} holds a password "
                 "(in its user information or a password= parameter): a ledger location is "
                 "shown in the process list, stored in the pipeline metadata and passed to worker processes. Remove "
-                f"it from the URL and give it by {PASSWORD_SOURCES}")
+                f"it from the URL and give it by {PASSWORD_SOURCES}"
+            )
     return text
 
 
 def _redacted(parsed) -> str:
     """A URL with its password (user information, ``password=`` parameter) shown as ``***``."""
     user = f"{parsed.username}:***@" if parsed.username else ""
-    query = urllib.parse.urlencode([(k, "***" if k == "password" else v)
-                                    for k, v in urllib.parse.parse_qsl(parsed.query)], safe="*/")
+    query = urllib.parse.urlencode(
+        [(k, "***" if k == "password" else v) for k, v in urllib.parse.parse_qsl(parsed.query)], safe="*/"
+    )
     return parsed._replace(netloc=user + parsed.netloc.rpartition("@")[2], query=query).geturl()
 
 
@@ -77,8 +81,12 @@ def postgres_password(url: str) -> str | None:
     path = query.get("passfile") or os.environ.get("PGPASSFILE")
     explicit = path is not None
     path = os.path.expanduser(path if path is not None else "~/.pgpass")
-    key = (parsed.hostname or "127.0.0.1", str(parsed.port or 5432), (parsed.path or "/postgres").lstrip("/")
-           or "postgres", urllib.parse.unquote(parsed.username or "postgres"))
+    key = (
+        parsed.hostname or "127.0.0.1",
+        str(parsed.port or 5432),
+        (parsed.path or "/postgres").lstrip("/") or "postgres",
+        urllib.parse.unquote(parsed.username or "postgres"),
+    )
     return _password_file_lookup(path, key, explicit)
 
 
@@ -87,8 +95,10 @@ def _password_file_lookup(path, key, explicit):
         fd = os.open(path, os.O_RDONLY)
     except FileNotFoundError:
         if explicit:
-            raise LedgerError(f"the PostgreSQL password file {path} does not exist: create it (mode 0600, lines "
-                              "host:port:database:user:password) or give another passfile=PATH / PGPASSFILE") from None
+            raise LedgerError(
+                f"the PostgreSQL password file {path} does not exist: create it (mode 0600, lines "
+                "host:port:database:user:password) or give another passfile=PATH / PGPASSFILE"
+            ) from None
         return None
     except OSError as exc:
         raise LedgerError(f"cannot read the PostgreSQL password file {path}: {exc.strerror}") from None
@@ -97,8 +107,10 @@ def _password_file_lookup(path, key, explicit):
         if not stat.S_ISREG(st.st_mode):
             raise LedgerError(f"the PostgreSQL password file {path} is not a regular file")
         if st.st_mode & 0o077:
-            raise LedgerError(f"the PostgreSQL password file {path} is readable or writable by group or others (mode "
-                              f"{stat.S_IMODE(st.st_mode):04o}): refusing to use it. Fix: chmod 600 {path}")
+            raise LedgerError(
+                f"the PostgreSQL password file {path} is readable or writable by group or others (mode "
+                f"{stat.S_IMODE(st.st_mode):04o}): refusing to use it. Fix: chmod 600 {path}"
+            )
         with os.fdopen(os.dup(fd), encoding="utf-8") as f:
             lines = f.read().splitlines()
     finally:

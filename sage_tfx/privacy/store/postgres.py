@@ -36,9 +36,11 @@ def postgres_ssl_context(query: Mapping[str, str], display: str) -> ssl.SSLConte
 
     mode = query.get("sslmode", DEFAULT_SSLMODE)
     if mode in ("allow", "prefer"):
-        raise LedgerError(f"sslmode={mode} in {display} may fall back to plain text silently: use sslmode=verify-full "
-                          "(the default: TLS with a verified server certificate), or sslmode=disable explicitly for a "
-                          "loopback or test server")
+        raise LedgerError(
+            f"sslmode={mode} in {display} may fall back to plain text silently: use sslmode=verify-full "
+            "(the default: TLS with a verified server certificate), or sslmode=disable explicitly for a "
+            "loopback or test server"
+        )
     if mode not in SSLMODES:
         raise LedgerError(f"sslmode={mode!r} in {display} is unknown: use one of {', '.join(SSLMODES)}")
     if mode == "disable":
@@ -68,11 +70,15 @@ def _connect_hint(exc, password):
     if "password authentication failed" in text:
         return f"{text}: check the password given by {PASSWORD_SOURCES}"
     if "refuses SSL" in text:
-        return ("the server does not offer TLS, and plain text is refused by default: enable TLS on the server, or "
-                "add sslmode=disable to the URL for a loopback or test server")
+        return (
+            "the server does not offer TLS, and plain text is refused by default: enable TLS on the server, or "
+            "add sslmode=disable to the URL for a loopback or test server"
+        )
     if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text or "match target host" in text:
-        return (f"{text}: the server's certificate must verify against sslrootcert=PATH (or the system's CAs) and "
-                "name the host; sslmode=require skips the check explicitly (encrypted, not authenticated)")
+        return (
+            f"{text}: the server's certificate must verify against sslrootcert=PATH (or the system's CAs) and "
+            "name the host; sslmode=require skips the check explicitly (encrypted, not authenticated)"
+        )
     return text
 
 
@@ -80,8 +86,14 @@ class PostgresStore(Store):
     kind = "postgresql"
     placeholder = "%s"
 
-    def __init__(self, url: str, create: bool = False, on_create: Callable[[], Mapping[str, str]] | None = None,
-                 read_only: bool = False, upgrade: bool = False) -> None:
+    def __init__(
+        self,
+        url: str,
+        create: bool = False,
+        on_create: Callable[[], Mapping[str, str]] | None = None,
+        read_only: bool = False,
+        upgrade: bool = False,
+    ) -> None:
         import pg8000.dbapi
 
         self.on_create, self.read_only, self.upgrade = on_create, read_only, upgrade

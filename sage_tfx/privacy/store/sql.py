@@ -20,6 +20,7 @@ lower-case function of ``n`` (``marks(n)`` for an ``IN (...)`` list, ``value_row
 Changing a text here changes stored data only through ``TABLES``/``MIGRATIONS``: a change of those needs a new
 ``SCHEMA_VERSION`` and a migration step, so that every existing ledger still opens (tests/privacy/test_ledger*.py).
 """
+
 import functools
 from typing import Any, NamedTuple
 
@@ -41,7 +42,8 @@ def add_column(step: AddColumn) -> str:
 def if_not_exists(ddl: str) -> str:
     """A CREATE TABLE / CREATE INDEX statement made a no-op where its object exists (a re-run migration)."""
     return ddl.replace("CREATE TABLE", "CREATE TABLE IF NOT EXISTS").replace(
-        "CREATE INDEX", "CREATE INDEX IF NOT EXISTS")
+        "CREATE INDEX", "CREATE INDEX IF NOT EXISTS"
+    )
 
 
 def marks(n: int) -> str:
@@ -113,24 +115,30 @@ TABLES = [
 # The steps that bring a ledger of the key's schema version to the next one (run in one write transaction).
 MIGRATIONS: dict[int, list[Any]] = {
     # 2: the releases of each grant's stages
-    1: ["""CREATE TABLE IF NOT EXISTS releases (
+    1: [
+        """CREATE TABLE IF NOT EXISTS releases (
         grant_id TEXT NOT NULL, stage TEXT NOT NULL, stream TEXT NOT NULL, pipeline TEXT NOT NULL,
         computation TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL, delta DOUBLE PRECISION NOT NULL,
-        created DOUBLE PRECISION NOT NULL, PRIMARY KEY (grant_id, stage))"""],
+        created DOUBLE PRECISION NOT NULL, PRIMARY KEY (grant_id, stage))"""
+    ],
     # 3: each block's content digest (ingest), to refuse the same records registered in a second stream, and
     # each stream's minimum grant epsilon (NULL on older streams: the default)
-    2: [AddColumn("blocks", "digest", "TEXT"),
+    2: [
+        AddColumn("blocks", "digest", "TEXT"),
         AddColumn("streams", "min_grant_epsilon", "DOUBLE PRECISION"),
-        "CREATE INDEX IF NOT EXISTS blocks_digest ON blocks (digest)"],
+        "CREATE INDEX IF NOT EXISTS blocks_digest ON blocks (digest)",
+    ],
     # 4: an index on each stream's shards, so add_blocks' shard-clash check is one index look-up, not a scan of the
     # stream's blocks (its cost no longer grows with the stream: docs/BENCHMARKS.md); nothing stored changes
     3: ["CREATE INDEX IF NOT EXISTS blocks_shard ON blocks (stream, shard)"],
     # 5: the queued policies (docs/scheduling_policies.md): each stream's policy parameters (NULL: none, as every
     # stream before), each block's count of pipeline arrivals since it arrived (0 on older blocks: only queued
     # streams count them), and the demands a queued stream's scheduler holds (pending or admitted)
-    4: [AddColumn("streams", "policy_params", "TEXT"),
+    4: [
+        AddColumn("streams", "policy_params", "TEXT"),
         AddColumn("blocks", "arrivals", "BIGINT NOT NULL DEFAULT 0"),
-        if_not_exists(DEMANDS)],
+        if_not_exists(DEMANDS),
+    ],
     # 6: growth schedules over a TFX pipeline (docs/release_strategies.md): the draws of each run grant from the
     # per-block lifetime grants it reads under (privacy/draws.py); nothing stored before changes
     5: [if_not_exists(DRAWS)],
@@ -185,8 +193,9 @@ def sqlite_columns(table: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------------- PostgreSQL
-PG_HAS_COLUMN = ("SELECT 1 FROM information_schema.columns WHERE table_schema = 'public' AND table_name = ?"
-                 " AND column_name = ?")
+PG_HAS_COLUMN = (
+    "SELECT 1 FROM information_schema.columns WHERE table_schema = 'public' AND table_name = ? AND column_name = ?"
+)
 PG_HAS_META = "SELECT to_regclass('public.meta') IS NOT NULL"
 PG_INIT_LOCK = "SELECT pg_advisory_xact_lock(727272)"  # serializes concurrent inits of one database
 # Every write transaction first locks the meta 'lock' row: writers on every host take turns.
@@ -196,14 +205,18 @@ PG_BEGIN_READ = "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY"
 PG_TRY_CLAIM = "SELECT pg_try_advisory_lock(?)"
 PG_RELEASE_CLAIM = "SELECT pg_advisory_unlock(?)"
 # Who holds the advisory lock of a claim key (its two 32-bit halves): the holder's application_name and address.
-PG_CLAIM_HOLDER = ("SELECT a.application_name, host(a.client_addr) FROM pg_locks l JOIN pg_stat_activity a"
-                   " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
-                   " AND l.classid = ?::bigint::oid AND l.objid = ?::bigint::oid AND l.database ="
-                   " (SELECT oid FROM pg_database WHERE datname = current_database())")
+PG_CLAIM_HOLDER = (
+    "SELECT a.application_name, host(a.client_addr) FROM pg_locks l JOIN pg_stat_activity a"
+    " ON a.pid = l.pid WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1"
+    " AND l.classid = ?::bigint::oid AND l.objid = ?::bigint::oid AND l.database ="
+    " (SELECT oid FROM pg_database WHERE datname = current_database())"
+)
 
 # ------------------------------------------------------------------------------------------- the ledger: streams
-STREAM_COLUMNS = ("name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon,"
-                  " policy_params, query_delta_share, split_orders, privacy_unit, max_rows_per_unit")  # a stream row as Ledger.stream parses it
+STREAM_COLUMNS = (
+    "name, accounting, epsilon, delta, orders, policy, min_epsilon, created, min_grant_epsilon,"
+    " policy_params, query_delta_share, split_orders, privacy_unit, max_rows_per_unit"
+)  # a stream row as Ledger.stream parses it
 STREAM_WIDTH = len(STREAM_COLUMNS.split(","))  # how many columns STREAM_COLUMNS names
 STREAM_EXISTS = "SELECT 1 FROM streams WHERE name = ?"
 STREAM_INSERT = "INSERT INTO streams (" + STREAM_COLUMNS + ") VALUES (" + marks(STREAM_WIDTH) + ")"
@@ -214,7 +227,8 @@ STREAM_REQUEST_READ = (
     "SELECT " + STREAM_COLUMNS + ","
     " (SELECT state FROM pipelines WHERE stream = ? AND name = ?),"
     " (SELECT seq FROM log ORDER BY seq DESC LIMIT 1), (SELECT hash FROM log ORDER BY seq DESC LIMIT 1)"
-    " FROM streams WHERE name = ?")
+    " FROM streams WHERE name = ?"
+)
 
 # -------------------------------------------------------------------------------------------- the ledger: blocks
 BLOCK_COLUMNS = "id, start_ts, end_ts, shard, created, state, spent, retired"  # a Block's row
@@ -222,17 +236,25 @@ BLOCK_KEY_ORDER = " ORDER BY start_ts, shard, created, id"  # key order: time wi
 BLOCK_ROWS = "SELECT " + BLOCK_COLUMNS + " FROM blocks WHERE stream = ?" + BLOCK_KEY_ORDER
 BLOCK_ROWS_IN_STATE = "SELECT " + BLOCK_COLUMNS + " FROM blocks WHERE stream = ? AND state = ?" + BLOCK_KEY_ORDER
 # add_blocks' overlap check: the one window starting last before ``end``, if it ends after ``start``
-BLOCK_LAST_WINDOW_CLASH = ("SELECT id FROM (SELECT id, end_ts FROM blocks WHERE stream = ? AND start_ts < ?"
-                           " ORDER BY start_ts DESC LIMIT 1) last_window WHERE end_ts > ?")
-BLOCK_FIRST_WINDOW_CLASH = ("SELECT id FROM blocks WHERE stream = ? AND start_ts < ? AND end_ts > ?"
-                            " ORDER BY start_ts LIMIT 1")  # the earliest overlapping window, for the refusal
+BLOCK_LAST_WINDOW_CLASH = (
+    "SELECT id FROM (SELECT id, end_ts FROM blocks WHERE stream = ? AND start_ts < ?"
+    " ORDER BY start_ts DESC LIMIT 1) last_window WHERE end_ts > ?"
+)
+BLOCK_FIRST_WINDOW_CLASH = (
+    "SELECT id FROM blocks WHERE stream = ? AND start_ts < ? AND end_ts > ?"
+    " ORDER BY start_ts LIMIT 1"
+)  # the earliest overlapping window, for the refusal
 BLOCK_SHARD_CLASH = "SELECT id FROM blocks WHERE stream = ? AND shard = ?"
-BLOCK_INSERT = ("INSERT INTO blocks (stream, id, start_ts, end_ts, shard, n_rows, created, state, spent, digest)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, 'active', ?, ?)")  # a fresh block: active, spent zero
+BLOCK_INSERT = (
+    "INSERT INTO blocks (stream, id, start_ts, end_ts, shard, n_rows, created, state, spent, digest)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, 'active', ?, ?)"
+)  # a fresh block: active, spent zero
 BLOCK_N_ROWS = "SELECT n_rows FROM blocks WHERE stream = ? AND id = ?"
 BLOCK_DIGEST = "SELECT digest FROM blocks WHERE stream = ? AND id = ?"
-BLOCK_WINDOW_IDS = ("SELECT id FROM blocks WHERE stream = ? AND state = 'active' AND start_ts >= ? AND end_ts <= ?"
-                    " ORDER BY start_ts")  # the active blocks inside a window
+BLOCK_WINDOW_IDS = (
+    "SELECT id FROM blocks WHERE stream = ? AND state = 'active' AND start_ts >= ? AND end_ts <= ?"
+    " ORDER BY start_ts"
+)  # the active blocks inside a window
 BLOCK_ACTIVE_SPENT = "SELECT id, spent FROM blocks WHERE stream = ? AND state = 'active'" + BLOCK_KEY_ORDER
 BLOCK_COUNT_ARRIVAL = "UPDATE blocks SET arrivals = arrivals + 1 WHERE stream = ? AND state = 'active'"
 BLOCK_SET_SPENT = "UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id = ?"
@@ -256,9 +278,11 @@ def block_rows(n: int) -> str:
 @functools.cache  # a grant's statement, built once per block count
 def block_budgets(n: int) -> str:
     """``n`` blocks' state and spent with their reservations, one row per (block, holder) (params: stream, ids)."""
-    return ("SELECT b.id, b.state, b.spent, r.pipeline, r.reserved, r.used FROM blocks b"
-            " LEFT JOIN reservations r ON r.stream = b.stream AND r.block = b.id"
-            f" WHERE b.stream = ? AND b.id IN ({marks(n)}) ORDER BY b.id, r.pipeline")
+    return (
+        "SELECT b.id, b.state, b.spent, r.pipeline, r.reserved, r.used FROM blocks b"
+        " LEFT JOIN reservations r ON r.stream = b.stream AND r.block = b.id"
+        f" WHERE b.stream = ? AND b.id IN ({marks(n)}) ORDER BY b.id, r.pipeline"
+    )
 
 
 def block_queue_rows(n: int) -> str:
@@ -277,26 +301,31 @@ PIPELINE_INSERT = "INSERT INTO pipelines (stream, name, state, registered) VALUE
 PIPELINE_STATE = "SELECT state FROM pipelines WHERE stream = ? AND name = ?"
 PIPELINE_STATE_OUTCOME = "SELECT state, outcome FROM pipelines WHERE stream = ? AND name = ?"
 PIPELINE_WAITING = "SELECT name FROM pipelines WHERE stream = ? AND state = 'waiting' ORDER BY name"
-PIPELINE_ROWS = ("SELECT name, state, outcome, registered, finished FROM pipelines WHERE stream = ?"
-                 " ORDER BY registered")
+PIPELINE_ROWS = "SELECT name, state, outcome, registered, finished FROM pipelines WHERE stream = ? ORDER BY registered"
 PIPELINE_FINISH = "UPDATE pipelines SET state = 'done', outcome = ?, finished = ? WHERE stream = ? AND name = ?"
 
 # -------------------------------------------------------------------------------------- the ledger: reservations
 RESERVATION_INSERT = "INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES (?, ?, ?, ?, ?)"
 # finish: the reservations on active blocks held by the finishing pipeline or one still waiting
-RESERVATION_HELD = ("SELECT r.block, r.pipeline, r.reserved, r.used FROM reservations r"
-                    " JOIN blocks b ON b.stream = r.stream AND b.id = r.block"
-                    " JOIN pipelines p ON p.stream = r.stream AND p.name = r.pipeline"
-                    " WHERE r.stream = ? AND b.state = 'active' AND (r.pipeline = ? OR p.state = 'waiting')")
-RESERVATION_ACTIVE = ("SELECT r.block, r.pipeline, r.reserved, r.used FROM reservations r JOIN blocks b"
-                      " ON b.stream = r.stream AND b.id = r.block WHERE r.stream = ? AND b.state = 'active'"
-                      " ORDER BY r.block, r.pipeline")  # every active block's reservations
+RESERVATION_HELD = (
+    "SELECT r.block, r.pipeline, r.reserved, r.used FROM reservations r"
+    " JOIN blocks b ON b.stream = r.stream AND b.id = r.block"
+    " JOIN pipelines p ON p.stream = r.stream AND p.name = r.pipeline"
+    " WHERE r.stream = ? AND b.state = 'active' AND (r.pipeline = ? OR p.state = 'waiting')"
+)
+RESERVATION_ACTIVE = (
+    "SELECT r.block, r.pipeline, r.reserved, r.used FROM reservations r JOIN blocks b"
+    " ON b.stream = r.stream AND b.id = r.block WHERE r.stream = ? AND b.state = 'active'"
+    " ORDER BY r.block, r.pipeline"
+)  # every active block's reservations
 
 
 def reservation_rows(n: int) -> str:
     """The reservations on ``n`` blocks (params: stream, block ids)."""
-    return (f"SELECT block, pipeline, reserved, used FROM reservations WHERE stream = ? AND block IN ({marks(n)})"
-            " ORDER BY block, pipeline")
+    return (
+        f"SELECT block, pipeline, reserved, used FROM reservations WHERE stream = ? AND block IN ({marks(n)})"
+        " ORDER BY block, pipeline"
+    )
 
 
 def reservation_set_used(n: int) -> str:
@@ -306,8 +335,11 @@ def reservation_set_used(n: int) -> str:
 
 def reservation_upsert(n: int) -> str:
     """``n`` reservation rows written; an existing row's ``reserved`` alone changes (params: 5 values a row)."""
-    return ("INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES " + value_rows(n, 5)
-            + " ON CONFLICT (stream, block, pipeline) DO UPDATE SET reserved = excluded.reserved")
+    return (
+        "INSERT INTO reservations (stream, block, pipeline, reserved, used) VALUES "
+        + value_rows(n, 5)
+        + " ON CONFLICT (stream, block, pipeline) DO UPDATE SET reserved = excluded.reserved"
+    )
 
 
 # -------------------------------------------------------------------------------------------- the ledger: grants
@@ -319,31 +351,43 @@ GRANT_OWNER = "SELECT stream, pipeline FROM grants WHERE id = ?"
 GRANT_COUNT = "SELECT count(*) FROM grants WHERE stream = ?"
 GRANT_IDS = "SELECT id FROM grants"
 # a pipeline's grants in order, each with its outcome if recorded
-GRANT_HISTORY = ("SELECT g.body, g.signature, o.outcome, o.details FROM grants g LEFT JOIN outcomes o"
-                 " ON o.grant_id = g.id WHERE g.stream = ? AND g.pipeline = ? ORDER BY g.created, g.id")
+GRANT_HISTORY = (
+    "SELECT g.body, g.signature, o.outcome, o.details FROM grants g LEFT JOIN outcomes o"
+    " ON o.grant_id = g.id WHERE g.stream = ? AND g.pipeline = ? ORDER BY g.created, g.id"
+)
 
 # ------------------------------------------------------------------------------ the ledger: demands (queued policies)
 DEMAND_ROW = "SELECT blocks, cost, rule, meta, state, grant_id FROM demands WHERE stream = ? AND pipeline = ?"
 DEMAND_DELETE = "DELETE FROM demands WHERE stream = ? AND pipeline = ?"
-DEMAND_INSERT = ("INSERT INTO demands (stream, pipeline, blocks, cost, rule, meta, seq, state, grant_id)"
-                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)")
-DEMAND_IN_STATE = ("SELECT pipeline, blocks, cost, rule, meta, seq FROM demands WHERE stream = ? AND state = ?"
-                   " ORDER BY seq")  # the queue, in arrival order
+DEMAND_INSERT = (
+    "INSERT INTO demands (stream, pipeline, blocks, cost, rule, meta, seq, state, grant_id)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, NULL)"
+)
+DEMAND_IN_STATE = (
+    "SELECT pipeline, blocks, cost, rule, meta, seq FROM demands WHERE stream = ? AND state = ?"
+    " ORDER BY seq"
+)  # the queue, in arrival order
 DEMAND_ADMIT = "UPDATE demands SET state = ?, grant_id = ? WHERE stream = ? AND pipeline = ?"
 
 # ------------------------------------------------------------------------------------------ the ledger: releases
 RELEASE_OF_GRANT = "SELECT stage, computation, epsilon, delta, created FROM releases WHERE grant_id = ?"
-RELEASE_INSERT = ("INSERT INTO releases (grant_id, stage, stream, pipeline, computation, epsilon, delta, created)"
-                  " VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
-RELEASE_ROWS = ("SELECT grant_id, stage, computation, epsilon, delta, created FROM releases"
-                " ORDER BY created, grant_id, stage")
-RELEASE_ROWS_OF_GRANT = ("SELECT grant_id, stage, computation, epsilon, delta, created FROM releases"
-                         " WHERE grant_id = ? ORDER BY created, grant_id, stage")
+RELEASE_INSERT = (
+    "INSERT INTO releases (grant_id, stage, stream, pipeline, computation, epsilon, delta, created)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+)
+RELEASE_ROWS = (
+    "SELECT grant_id, stage, computation, epsilon, delta, created FROM releases ORDER BY created, grant_id, stage"
+)
+RELEASE_ROWS_OF_GRANT = (
+    "SELECT grant_id, stage, computation, epsilon, delta, created FROM releases"
+    " WHERE grant_id = ? ORDER BY created, grant_id, stage"
+)
 
 # ------------------------------------------------------------------------------------------ the ledger: outcomes
 OUTCOME_EXISTS = "SELECT 1 FROM outcomes WHERE grant_id = ?"
-OUTCOME_INSERT = ("INSERT INTO outcomes (grant_id, stream, pipeline, outcome, details, created)"
-                  " VALUES (?, ?, ?, ?, ?, ?)")
+OUTCOME_INSERT = (
+    "INSERT INTO outcomes (grant_id, stream, pipeline, outcome, details, created) VALUES (?, ?, ?, ?, ?, ?)"
+)
 
 # ----------------------------------------------------------------------------------------------- the ledger: log
 LOG_ALL = "SELECT seq, ts, kind, body, prev, hash FROM log ORDER BY seq"
@@ -357,8 +401,10 @@ LOG_FIRST_KEYS_ENTRY = "SELECT seq, kind, body, prev, hash, ts FROM log WHERE ki
 
 # ------------------------------------------------------------------------------------- the audit (audit.py, step 4)
 AUDIT_LOG = LOG_ALL
-AUDIT_STREAMS = ("SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, min_grant_epsilon,"
-                 " policy_params, query_delta_share, split_orders, privacy_unit, max_rows_per_unit FROM streams")
+AUDIT_STREAMS = (
+    "SELECT name, accounting, epsilon, delta, orders, policy, min_epsilon, min_grant_epsilon,"
+    " policy_params, query_delta_share, split_orders, privacy_unit, max_rows_per_unit FROM streams"
+)
 AUDIT_BLOCK_SPENT = "SELECT stream, id, spent, state FROM blocks"
 AUDIT_GRANTS = "SELECT id, body, signature FROM grants"
 AUDIT_RELEASES = "SELECT grant_id, stage, computation, epsilon, delta, stream, pipeline FROM releases"
@@ -372,8 +418,9 @@ AUDIT_DEMANDS = "SELECT stream, pipeline, blocks, cost, rule, meta, seq, state, 
 AUDIT_BLOCK_ARRIVALS = "SELECT stream, id, arrivals FROM blocks"
 
 # --------------------------------------------------------------------- draws of run grants (privacy/draws.py)
-DRAW_INSERT = ("INSERT INTO draws (lifetime_grant, run, run_grant, stream, epsilon, delta, created)"
-               " VALUES (?, ?, ?, ?, ?, ?, ?)")
+DRAW_INSERT = (
+    "INSERT INTO draws (lifetime_grant, run, run_grant, stream, epsilon, delta, created) VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 DRAW_ALL = "SELECT lifetime_grant, run, run_grant, stream, epsilon, delta FROM draws ORDER BY run, lifetime_grant"
 
 

@@ -51,9 +51,14 @@ class SqliteStore(Store):
     kind = "sqlite"
     _file = None
 
-    def __init__(self, path: str | os.PathLike[str], create: bool = False,
-                 on_create: Callable[[], Mapping[str, str]] | None = None, read_only: bool = False,
-                 upgrade: bool = False) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        create: bool = False,
+        on_create: Callable[[], Mapping[str, str]] | None = None,
+        read_only: bool = False,
+        upgrade: bool = False,
+    ) -> None:
         self.on_create = on_create
         self.read_only, self.upgrade = read_only, upgrade
         self.path = os.path.abspath(path)
@@ -85,8 +90,9 @@ class SqliteStore(Store):
             except FileExistsError:
                 pass
             except OSError as exc:
-                raise LedgerError(f"cannot create ledger at {self.path}: {exc.strerror}; check the path and its "
-                                  "permissions") from None
+                raise LedgerError(
+                    f"cannot create ledger at {self.path}: {exc.strerror}; check the path and its permissions"
+                ) from None
         try:
             self._conn = sqlite3.connect(self.path, timeout=120.0, isolation_level=None, check_same_thread=False)
             self._conn.execute(sql.SQLITE_BUSY_TIMEOUT)
@@ -96,8 +102,9 @@ class SqliteStore(Store):
         try:
             empty = not exists or self._is_empty()
             if empty and not create:
-                raise LedgerNotFound(f"{self.path} is empty, not a sage ledger: create one with "
-                                     f"`sage ledger init --db {path} ...`")
+                raise LedgerNotFound(
+                    f"{self.path} is empty, not a sage ledger: create one with `sage ledger init --db {path} ...`"
+                )
             if not empty:
                 # Before any write: never switch another application's database to WAL.
                 self._check_schema()
@@ -133,17 +140,20 @@ class SqliteStore(Store):
         wal = os.path.exists(self.path + "-wal")
         uri = f"file:{urllib.parse.quote(self.path)}?{'mode=ro' if wal else 'immutable=1'}"
         try:
-            self._conn = sqlite3.connect(uri, uri=True, timeout=120.0, isolation_level=None,
-                                         check_same_thread=False)
+            self._conn = sqlite3.connect(uri, uri=True, timeout=120.0, isolation_level=None, check_same_thread=False)
             self._conn.execute(sql.SQLITE_BUSY_TIMEOUT)
             self._unlocked_state = None if wal else self._file_state()
             if self._is_empty():
                 raise LedgerNotFound(f"{self.path} is empty, not a sage ledger")
         except sqlite3.Error as exc:
             self._conn.close()
-            hint = (f": its -wal file holds transactions not yet in the database file, and SQLite cannot read them "
-                    f"without a writable -shm file beside it; checkpoint it where it is writable (sqlite3 "
-                    f"{self.path} 'PRAGMA wal_checkpoint') and copy it again" if wal else "")
+            hint = (
+                f": its -wal file holds transactions not yet in the database file, and SQLite cannot read them "
+                f"without a writable -shm file beside it; checkpoint it where it is writable (sqlite3 "
+                f"{self.path} 'PRAGMA wal_checkpoint') and copy it again"
+                if wal
+                else ""
+            )
             if hint:
                 raise LedgerError(f"cannot open ledger {self.path} read-only ({exc}){hint}") from None
             raise self._wrap(exc, f"cannot open ledger {self.path} read-only") from None
@@ -159,8 +169,10 @@ class SqliteStore(Store):
         """An ``immutable`` read (``_open_read_only``): LedgerError if a writer opened or changed the file since the
         open (what was read may mix two states)."""
         if getattr(self, "_unlocked_state", None) is not None and self._file_state() != self._unlocked_state:
-            raise LedgerError(f"ledger {self.path} was opened for writing while it was read without locks "
-                              "(read-only open): what was read may mix two states; run the audit again")
+            raise LedgerError(
+                f"ledger {self.path} was opened for writing while it was read without locks "
+                "(read-only open): what was read may mix two states; run the audit again"
+            )
 
     def _check_header(self):
         try:

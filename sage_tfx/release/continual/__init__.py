@@ -7,6 +7,7 @@ each arriving block gets ONE grant charged the whole per-record bound before it 
 ``sla``, ``push``, ``stream``. The analysis: docs/release_strategies.md, "Continual and sliding-window release: the
 proofs".
 """
+
 from .base import Reader, Released, record_hash_fraction
 from .calibration import participation_sum
 from .cumulative import ContinualRelease
@@ -29,8 +30,33 @@ from .sliding_window import SlidingWindowRelease, dyadic_cover
 from .stream import grant_reader, release_stream
 
 __all__ = [
-    "ContinualRelease", "ContinualReleaseError", "Loss", "MAX_ITERATIONS", "Pushed", "Reader", "ReleaseParams",
-    "Released", "STAGE", "SlidingWindowAsWritten", "SlidingWindowRelease", "Strategy", "XI", "check_sla", "clip_features", "dyadic_cover",
-    "empirical_loss", "grant_reader", "lipschitz", "participation_sum", "predict", "private_erm", "push_model",
-    "record_hash_fraction", "record_losses", "release_stream", "sensitivity", "smoothness", "solve_erm"
+    "ContinualRelease",
+    "ContinualReleaseError",
+    "Loss",
+    "MAX_ITERATIONS",
+    "Pushed",
+    "Reader",
+    "ReleaseParams",
+    "Released",
+    "STAGE",
+    "SlidingWindowAsWritten",
+    "SlidingWindowRelease",
+    "Strategy",
+    "XI",
+    "check_sla",
+    "clip_features",
+    "dyadic_cover",
+    "empirical_loss",
+    "grant_reader",
+    "lipschitz",
+    "participation_sum",
+    "predict",
+    "private_erm",
+    "push_model",
+    "record_hash_fraction",
+    "record_losses",
+    "release_stream",
+    "sensitivity",
+    "smoothness",
+    "solve_erm",
 ]

@@ -2,6 +2,7 @@
 reads bound to its content, one sigma for every release (docs/release_strategies.md, "Continual and sliding-window
 release: the proofs").
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,23 +42,35 @@ def record_hash_fraction(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     """A public per-record number in [0, 1) from the record's own (clipped) values: the train/test split."""
     out = np.empty(len(y))
     for i in range(len(y)):
-        digest = hashlib.sha256(x[i].tobytes() + y[i:i + 1].tobytes()).digest()
-        out[i] = int.from_bytes(digest[:8], "big") / 2.0 ** 64
+        digest = hashlib.sha256(x[i].tobytes() + y[i : i + 1].tobytes()).digest()
+        out[i] = int.from_bytes(digest[:8], "big") / 2.0**64
     return out
 
 
 class _Base:
     strategy: Strategy
 
-    def __init__(self, ledger, stream: str, pipeline: str, params: ReleaseParams, reader: Reader, *,
-                 dim: int, validation_epsilon: float | None = None, test_fraction: float = 0.1):
+    def __init__(
+        self,
+        ledger,
+        stream: str,
+        pipeline: str,
+        params: ReleaseParams,
+        reader: Reader,
+        *,
+        dim: int,
+        validation_epsilon: float | None = None,
+        test_fraction: float = 0.1,
+    ):
         require_row_unit(ledger, stream, type(self).__name__)
         if validation_epsilon is not None:
             v = _positive("validation_epsilon", validation_epsilon, "give 0 < validation_epsilon <= epsilon")
             if v > params.epsilon:
-                raise ContinualReleaseError(f"validation_epsilon {validation_epsilon!r} is larger than epsilon "
-                                            f"{params.epsilon!r}: the parallel split charges max(training, "
-                                            "validation); give validation_epsilon <= epsilon")
+                raise ContinualReleaseError(
+                    f"validation_epsilon {validation_epsilon!r} is larger than epsilon "
+                    f"{params.epsilon!r}: the parallel split charges max(training, "
+                    "validation); give validation_epsilon <= epsilon"
+                )
             if not 0 < float(test_fraction) < 1:
                 raise ContinualReleaseError(f"test_fraction {test_fraction!r} is invalid: give 0 < fraction < 1")
         self.validation_epsilon, self.test_fraction = validation_epsilon, float(test_fraction)
@@ -92,8 +105,14 @@ class _Base:
 
         if self.validation_epsilon is None:
             return None
-        return BudgetSplit(preprocessing=0.0, count=0.0, training=self.params.epsilon,
-                           validation=self.validation_epsilon, delta=self.params.delta, rule=ChargeRule.PARALLEL.value)
+        return BudgetSplit(
+            preprocessing=0.0,
+            count=0.0,
+            training=self.params.epsilon,
+            validation=self.validation_epsilon,
+            delta=self.params.delta,
+            rule=ChargeRule.PARALLEL.value,
+        )
 
     @property
     def fingerprint(self) -> str:
@@ -104,8 +123,15 @@ class _Base:
         """Charge ``block``'s grant (the whole per-record bound), read it under that grant, release a model."""
         if block in self.grants:
             raise ContinualReleaseError(f"block {block!r} was already observed: give each block once, in order")
-        grant = self.ledger.request(self.pipeline, self.stream, blocks=[block], epsilon=self.params.epsilon,
-                                    delta=self.params.delta, meta=self.meta, split=self._split())
+        grant = self.ledger.request(
+            self.pipeline,
+            self.stream,
+            blocks=[block],
+            epsilon=self.params.epsilon,
+            delta=self.params.delta,
+            meta=self.meta,
+            split=self._split(),
+        )
         self.grants[block] = grant
         self.order.append(block)
         self._open(block)  # before reading: the read is under this release
@@ -126,8 +152,9 @@ class _Base:
 
     def _open(self, block):
         grant = self.grants[block]
-        self.ledger.release(grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), self.params.epsilon,
-                            self.params.delta)
+        self.ledger.release(
+            grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), self.params.epsilon, self.params.delta
+        )
 
     def _rng(self, t, purpose):
         first = self.grants[self.order[t - 1]]
@@ -138,8 +165,9 @@ class _Base:
             self._open(b)  # re-opens the block's grant's release (same computation): nothing counted twice
         x = np.concatenate([self.data[b][0] for b in blocks])
         y = np.concatenate([self.data[b][1] for b in blocks])
-        w = private_erm(x, y, params=self.params, blocks=len(blocks), sigma=self.sigma,
-                        rng=self._rng(t, kind), reference=reference)
+        w = private_erm(
+            x, y, params=self.params, blocks=len(blocks), sigma=self.sigma, rng=self._rng(t, kind), reference=reference
+        )
         return Released(t, list(blocks), kind, w, len(blocks))
 
     def per_record_rho(self) -> dict[str, float]:
@@ -147,9 +175,9 @@ class _Base:
         rho = {b: 0.0 for b in self.order}
         for rel in self._trained:
             for b in rel.blocks:
-                rho[b] += sensitivity(self.params, rel.noise_blocks) ** 2 / (2 * self.sigma ** 2)
+                rho[b] += sensitivity(self.params, rel.noise_blocks) ** 2 / (2 * self.sigma**2)
         return rho
 
     def rho_bound(self) -> float:
         """The rho of one Gaussian with multiplier z_eff: what each block was charged for (as (epsilon, delta))."""
-        return 1.0 / (2 * self.z_eff ** 2)  # c Delta_1^2 / (2 sigma^2) with sigma = z Delta_1, z^2 = c z_eff^2
+        return 1.0 / (2 * self.z_eff**2)  # c Delta_1^2 / (2 sigma^2) with sigma = z Delta_1, z^2 = c z_eff^2

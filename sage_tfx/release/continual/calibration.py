@@ -1,6 +1,7 @@
 """A strategy's participation sum: a record's worst-case zCDP over all its releases, in units of 1/z^2
 (docs/release_strategies.md, "Continual and sliding-window release: the proofs").
 """
+
 from __future__ import annotations
 
 import math
@@ -16,4 +17,4 @@ def participation_sum(strategy: Strategy, window: int | None = None) -> float:
     if Strategy(strategy) is Strategy.SLIDING_AS_WRITTEN:
         return alg5.participation(window)
     levels = int(math.floor(math.log2(window)))
-    return sum(4.0 ** -j for j in range(levels + 1))
+    return sum(4.0**-j for j in range(levels + 1))

@@ -1,6 +1,7 @@
 """Cumulative continual release (the paper's Algorithm 4 over Algorithm 2's bases; docs/release_strategies.md,
 "Continual and sliding-window release: the proofs").
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -34,8 +35,10 @@ class ContinualRelease(_Base):
 
     def _check_window(self, params):
         if params.window is not None:
-            raise ContinualReleaseError(f"window {params.window!r} is for SlidingWindowRelease: the cumulative "
-                                        "release uses all history (give window=None)")
+            raise ContinualReleaseError(
+                f"window {params.window!r} is for SlidingWindowRelease: the cumulative "
+                "release uses all history (give window=None)"
+            )
 
     def _step(self) -> Released:
         t = len(self.order)
@@ -45,7 +48,7 @@ class ContinualRelease(_Base):
         else:
             i = t - self.t_g
             if i & (i - 1) == 0:  # i = 2^j: the blocks since t_g, regularised toward the base
-                rel = self._train(t, self.order[self.t_g:], self.base, "doubling-update")
+                rel = self._train(t, self.order[self.t_g :], self.base, "doubling-update")
                 self.chain = rel.weights
             else:  # the newest block, regularised toward the chain's model
                 rel = self._train(t, self.order[-1:], self.chain, "block-update")

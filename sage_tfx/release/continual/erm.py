@@ -2,6 +2,7 @@
 perturbation with the grid discrete Gaussian (the paper's Algorithms 1 and 3; docs/release_strategies.md,
 "Continual and sliding-window release: the proofs").
 """
+
 from __future__ import annotations
 
 import math
@@ -13,8 +14,9 @@ from sage_tfx.privacy.samplers import grid_gaussian
 from .params import MAX_ITERATIONS, XI, ContinualReleaseError, Loss, ReleaseParams, lipschitz, smoothness
 
 
-def clip_features(x: np.ndarray, y: np.ndarray, loss: Loss, classes: int | None = None
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def clip_features(
+    x: np.ndarray, y: np.ndarray, loss: Loss, classes: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Rows clipped to ||x||_2 <= 1; labels to {-1, +1} (logistic: y > 0 is +1), [-1, 1] (squared) or, for
     softmax, rounded to an integer class in 0..classes-1 (out-of-range labels clipped, never refused: the
     labels are private).
@@ -28,8 +30,10 @@ def clip_features(x: np.ndarray, y: np.ndarray, loss: Loss, classes: int | None 
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64).reshape(-1)
     if x.ndim != 2 or x.shape[0] != y.shape[0]:
-        raise ContinualReleaseError(f"features of shape {x.shape} and labels of shape {y.shape} do not match: "
-                                    "give a 2-D (n, d) array and n labels")
+        raise ContinualReleaseError(
+            f"features of shape {x.shape} and labels of shape {y.shape} do not match: "
+            "give a 2-D (n, d) array and n labels"
+        )
     if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
         raise ContinualReleaseError("features or labels hold NaN or infinity: clean the block's records first")
     norms = np.linalg.norm(x, axis=1)
@@ -68,8 +72,7 @@ def _loss_grad(w, x, y, loss):
     return value, x.T @ g
 
 
-def record_losses(w: np.ndarray, x: np.ndarray, y: np.ndarray, loss: Loss, classes: int | None = None
-                  ) -> np.ndarray:
+def record_losses(w: np.ndarray, x: np.ndarray, y: np.ndarray, loss: Loss, classes: int | None = None) -> np.ndarray:
     """Each record's loss of w on already clipped (x, y) (``clip_features``).
 
     Args:
@@ -119,9 +122,18 @@ def _project(w, radius):
     return w if n <= radius else w * (radius / n)
 
 
-def solve_erm(x: np.ndarray, y: np.ndarray, *, normaliser: float, lam: float, radius: float, loss: Loss,
-              reference: np.ndarray | None = None, tolerance: float | None = None, classes: int | None = None
-              ) -> np.ndarray:
+def solve_erm(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    normaliser: float,
+    lam: float,
+    radius: float,
+    loss: Loss,
+    reference: np.ndarray | None = None,
+    tolerance: float | None = None,
+    classes: int | None = None,
+) -> np.ndarray:
     """argmin_{||w|| <= R} (1/N) sum loss + (lam/2)||w - ref||^2, to gradient-mapping norm <= ``tolerance``.
 
     Non-private. Inputs must already be clipped (``clip_features``). The default tolerance is XI L / N, the
@@ -163,8 +175,10 @@ def solve_erm(x: np.ndarray, y: np.ndarray, *, normaliser: float, lam: float, ra
         w_next = _project(v - step * grad(v), radius)
         v = w_next + momentum * (w_next - w)
         w = w_next
-    raise ContinualReleaseError(f"the ERM solver did not reach tolerance {tol:.3g} in {MAX_ITERATIONS} steps "
-                                f"(condition number {kappa:.3g}): raise lam")
+    raise ContinualReleaseError(
+        f"the ERM solver did not reach tolerance {tol:.3g} in {MAX_ITERATIONS} steps "
+        f"(condition number {kappa:.3g}): raise lam"
+    )
 
 
 def sensitivity(params: ReleaseParams, blocks: int) -> float:
@@ -177,8 +191,16 @@ def sensitivity(params: ReleaseParams, blocks: int) -> float:
     return (1 + 4 * XI) * params.lipschitz / (params.lam * blocks * params.records_per_block)
 
 
-def private_erm(x: np.ndarray, y: np.ndarray, *, params: ReleaseParams, blocks: int, sigma: float, rng,
-                reference: np.ndarray | None = None) -> np.ndarray:
+def private_erm(
+    x: np.ndarray,
+    y: np.ndarray,
+    *,
+    params: ReleaseParams,
+    blocks: int,
+    sigma: float,
+    rng,
+    reference: np.ndarray | None = None,
+) -> np.ndarray:
     """The base learner (Algorithms 1/3, output perturbation): solve_erm + grid discrete Gaussian N(0, sigma^2).
 
     Sensitivity ``sensitivity(params, blocks)`` (docs/release_strategies.md); guarantee rho-zCDP with
@@ -197,6 +219,14 @@ def private_erm(x: np.ndarray, y: np.ndarray, *, params: ReleaseParams, blocks: 
     """
     x, y = clip_features(x, y, params.loss, params.classes)
     n_norm = blocks * params.records_per_block
-    w = solve_erm(x, y, normaliser=n_norm, lam=params.lam, radius=params.radius, loss=params.loss,
-                  reference=reference, classes=params.classes)
+    w = solve_erm(
+        x,
+        y,
+        normaliser=n_norm,
+        lam=params.lam,
+        radius=params.radius,
+        loss=params.loss,
+        reference=reference,
+        classes=params.classes,
+    )
     return grid_gaussian(w, sensitivity(params, blocks), sigma, rng=rng, cells=w.size)  # a record moves every cell

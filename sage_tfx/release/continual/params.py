@@ -1,5 +1,5 @@
-"""A continual release's checked parameters, its losses and strategies (checked before anything is charged).
-"""
+"""A continual release's checked parameters, its losses and strategies (checked before anything is charged)."""
+
 from __future__ import annotations
 
 import enum
@@ -61,8 +61,13 @@ def smoothness(loss: Loss) -> float:
 
 def _positive(name: str, value, fix: str) -> float:
     fix = fix.replace("{", "{{").replace("}", "}}")  # a literal in the message template
-    return checks.positive(value, name, error=ContinualReleaseError, message="{what} {value!r} is invalid: " + fix,
-                           not_number="{what} {value!r} is not a number: " + fix)
+    return checks.positive(
+        value,
+        name,
+        error=ContinualReleaseError,
+        message="{what} {value!r} is invalid: " + fix,
+        not_number="{what} {value!r} is not a number: " + fix,
+    )
 
 
 @dataclass(frozen=True)
@@ -96,15 +101,17 @@ class ReleaseParams:
             raise ContinualReleaseError(f"delta {d!r} is invalid: give 0 < delta < 1 (the Gaussian needs delta > 0)")
         m0 = self.records_per_block
         if isinstance(m0, bool) or not isinstance(m0, (int, np.integer)) or m0 < 1:
-            raise ContinualReleaseError(f"records_per_block {m0!r} is invalid: give an integer >= 1 (the declared "
-                                        "number of records per block)")
+            raise ContinualReleaseError(
+                f"records_per_block {m0!r} is invalid: give an integer >= 1 (the declared number of records per block)"
+            )
         _positive("lam", self.lam, "give a ridge weight lam > 0 (the strong convexity the sensitivity needs)")
         _positive("radius", self.radius, "give a parameter-ball radius R > 0")
         try:
             object.__setattr__(self, "loss", Loss(self.loss))
         except ValueError:
-            raise ContinualReleaseError(f"loss {self.loss!r} is unknown: use one of "
-                                        f"{', '.join(l.value for l in Loss)}") from None
+            raise ContinualReleaseError(
+                f"loss {self.loss!r} is unknown: use one of {', '.join(l.value for l in Loss)}"
+            ) from None
         self._check_classes()
         if self.window is not None:
             w = self.window
@@ -115,12 +122,15 @@ class ReleaseParams:
         k = self.classes
         if self.loss is not Loss.SOFTMAX:
             if k is not None:
-                raise ContinualReleaseError(f"classes {k!r} is for the softmax loss: give loss='softmax' or "
-                                            "classes=None")
+                raise ContinualReleaseError(
+                    f"classes {k!r} is for the softmax loss: give loss='softmax' or classes=None"
+                )
             return
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
-            raise ContinualReleaseError(f"classes {k!r} is invalid: the softmax loss needs the number of classes "
-                                        "(an integer >= 2), declared before any block is read")
+            raise ContinualReleaseError(
+                f"classes {k!r} is invalid: the softmax loss needs the number of classes "
+                "(an integer >= 2), declared before any block is read"
+            )
 
     @property
     def lipschitz(self) -> float:

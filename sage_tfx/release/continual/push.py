@@ -1,5 +1,5 @@
-"""A released model as a TFX Model artifact and its ModelBlessing (``release.blessing``), pushed if blessed.
-"""
+"""A released model as a TFX Model artifact and its ModelBlessing (``release.blessing``), pushed if blessed."""
+
 from __future__ import annotations
 
 import json
@@ -55,7 +55,8 @@ def push_model(push_dir: str, model: Released, result=None, serving_dir: str | N
     with open(os.path.join(serving, "model.json"), "w") as f:
         json.dump(info, f, indent=1)
     accepted = result is None or outcome == Outcome.ACCEPT
-    blessing_uri = write_blessing(os.path.join(push_dir, f"blessing-{model.t:06d}"), model_uri, model.t, accepted,
-                                  outcome=outcome)
+    blessing_uri = write_blessing(
+        os.path.join(push_dir, f"blessing-{model.t:06d}"), model_uri, model.t, accepted, outcome=outcome
+    )
     pushed = push_blessed(model_uri, blessing_uri, serving_dir, model.t) if serving_dir else None
     return Pushed(model_uri, blessing_uri, accepted, pushed)

@@ -1,5 +1,5 @@
-"""The SLA check of a released model under its newest block's grant's ``validation`` release (parallel split).
-"""
+"""The SLA check of a released model under its newest block's grant's ``validation`` release (parallel split)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -28,16 +28,21 @@ def check_sla(release: _Base, model: Released, validator) -> object:
         validator: the DPLossValidator (epsilon == the release's validation_epsilon).
     """
     if release.validation_epsilon is None:
-        raise ContinualReleaseError("validation_epsilon None: build the release with validation_epsilon=... to "
-                                    "run an SLA check (its grants then carry a parallel train/test split)")
+        raise ContinualReleaseError(
+            "validation_epsilon None: build the release with validation_epsilon=... to "
+            "run an SLA check (its grants then carry a parallel train/test split)"
+        )
     if not math.isclose(float(validator.epsilon), release.validation_epsilon, rel_tol=1e-12):
-        raise ContinualReleaseError(f"validator epsilon {validator.epsilon!r} differs from validation_epsilon "
-                                    f"{release.validation_epsilon!r}: give the validator that epsilon")
+        raise ContinualReleaseError(
+            f"validator epsilon {validator.epsilon!r} differs from validation_epsilon "
+            f"{release.validation_epsilon!r}: give the validator that epsilon"
+        )
     block = release.order[model.t - 1]
     grant = release.grants[block]
     bound = bound_to_data(release.fingerprint, release.ledger, grant)
-    fingerprint = hashlib.sha256((bound + "/sla/" + model.weights.tobytes().hex() +
-                                  json.dumps(getattr(validator, "target", None))).encode()).hexdigest()
+    fingerprint = hashlib.sha256(
+        (bound + "/sla/" + model.weights.tobytes().hex() + json.dumps(getattr(validator, "target", None))).encode()
+    ).hexdigest()
     release.ledger.release(grant, Stage.VALIDATION, fingerprint, release.validation_epsilon, 0.0)
     x, y = release.tests[block]  # none at all is validated too (noise only): no count of 0 in the result
     losses = record_losses(model.weights, x, y, release.params.loss, release.params.classes)

@@ -1,6 +1,7 @@
 """Sliding-window release over the last w blocks (a dyadic variant of the paper's Algorithm 5;
 docs/release_strategies.md, "Continual and sliding-window release: the proofs").
 """
+
 from __future__ import annotations
 
 import math
@@ -18,8 +19,8 @@ def dyadic_cover(start: int, end: int, max_level: int) -> list[tuple[int, int]]:
         j = 0
         while j < max_level and s % (2 ** (j + 1)) == 0 and s + 2 ** (j + 1) <= end:
             j += 1
-        out.append((s, s + 2 ** j))
-        s += 2 ** j
+        out.append((s, s + 2**j))
+        s += 2**j
     return sorted(out, key=lambda iv: -(iv[1] - iv[0]))
 
 
@@ -45,8 +46,10 @@ class SlidingWindowRelease(_Base):
             if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
                 raise ContinualReleaseError(f"horizon {horizon!r} is invalid: give the stream's length in blocks")
             if self.params.window > horizon:
-                raise ContinualReleaseError(f"window {self.params.window} is larger than the stream "
-                                            f"({horizon} blocks): give a window <= {horizon}")
+                raise ContinualReleaseError(
+                    f"window {self.params.window} is larger than the stream "
+                    f"({horizon} blocks): give a window <= {horizon}"
+                )
         self.levels = int(math.floor(math.log2(self.params.window)))
         self.buckets: dict[tuple[int, int], Released] = {}
         self.latest: dict[int, np.ndarray] = {}
@@ -61,9 +64,9 @@ class SlidingWindowRelease(_Base):
         t = len(self.order)
         # 1. train the buckets completed by this arrival, largest first (they regularise the smaller ones)
         for j in range(self.levels, -1, -1):
-            if t % (2 ** j) == 0:
-                iv = (t - 2 ** j, t)
-                rel = self._train(t, self.order[iv[0]:iv[1]], self.latest.get(j + 1), f"bucket-{j}")
+            if t % (2**j) == 0:
+                iv = (t - 2**j, t)
+                rel = self._train(t, self.order[iv[0] : iv[1]], self.latest.get(j + 1), f"bucket-{j}")
                 self.buckets[iv] = rel
                 self.latest[j] = rel.weights
                 self._trained.append(rel)

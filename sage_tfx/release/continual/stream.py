@@ -1,5 +1,5 @@
-"""The entry point: a model released for every new block of a stream, SLA-checked and pushed (``release_stream``).
-"""
+"""The entry point: a model released for every new block of a stream, SLA-checked and pushed (``release_stream``)."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -16,8 +16,7 @@ from .sla import check_sla
 from .sliding_window import SlidingWindowRelease
 
 
-def grant_reader(ledger, data_root: str, featurize: Callable[[list[bytes]], tuple[np.ndarray, np.ndarray]]
-                 ) -> Reader:
+def grant_reader(ledger, data_root: str, featurize: Callable[[list[bytes]], tuple[np.ndarray, np.ndarray]]) -> Reader:
     """A Reader that opens a grant's block through ``sage_tfx.ingest.access.grant_blocks`` (checked, charged
     grants only) and turns its tf.Example records into (X, y) with ``featurize``."""
 
@@ -29,11 +28,21 @@ def grant_reader(ledger, data_root: str, featurize: Callable[[list[bytes]], tupl
     return read
 
 
-def release_stream(ledger, data_root: str, stream: str, pipeline: str, params: ReleaseParams, *,
-                   featurize: Callable[[list[bytes]], tuple[np.ndarray, np.ndarray]], dim: int,
-                   blocks: Sequence[str] | None = None, validator=None, push_dir: str | None = None,
-                   serving_dir: str | None = None, release: _Base | None = None
-                   ) -> tuple[_Base, list[dict]]:
+def release_stream(
+    ledger,
+    data_root: str,
+    stream: str,
+    pipeline: str,
+    params: ReleaseParams,
+    *,
+    featurize: Callable[[list[bytes]], tuple[np.ndarray, np.ndarray]],
+    dim: int,
+    blocks: Sequence[str] | None = None,
+    validator=None,
+    push_dir: str | None = None,
+    serving_dir: str | None = None,
+    release: _Base | None = None,
+) -> tuple[_Base, list[dict]]:
     """The entry point: release a model for every new block of ``stream`` (``blocks``, default the stream's
     blocks not yet observed, in ledger order), each charged before it is read; with ``validator`` every model
     goes through the SLA check (``check_sla``) and, with ``push_dir``, is written with its ModelBlessing
@@ -56,13 +65,22 @@ def release_stream(ledger, data_root: str, stream: str, pipeline: str, params: R
         release: the release returned by an earlier call, to continue the stream.
     """
     if serving_dir is not None and push_dir is None:
-        raise ContinualReleaseError(f"serving_dir {serving_dir!r} needs push_dir: the models and their blessings "
-                                    "are written there first (the artifacts a Pusher reads)")
+        raise ContinualReleaseError(
+            f"serving_dir {serving_dir!r} needs push_dir: the models and their blessings "
+            "are written there first (the artifacts a Pusher reads)"
+        )
     if release is None:
         cls = ContinualRelease if params.window is None else SlidingWindowRelease
         v_eps = None if validator is None else float(validator.epsilon)
-        release = cls(ledger, stream, pipeline, params, grant_reader(ledger, data_root, featurize), dim=dim,
-                      validation_epsilon=v_eps)
+        release = cls(
+            ledger,
+            stream,
+            pipeline,
+            params,
+            grant_reader(ledger, data_root, featurize),
+            dim=dim,
+            validation_epsilon=v_eps,
+        )
     if blocks is None:
         blocks = [b.id for b in ledger.blocks(stream) if b.id not in release.grants]
     out = []
@@ -70,8 +88,16 @@ def release_stream(ledger, data_root: str, stream: str, pipeline: str, params: R
         model = release.observe(block)
         result = check_sla(release, model, validator) if validator is not None else None
         pushed = push_model(push_dir, model, result, serving_dir) if push_dir else None
-        out.append({"t": model.t, "block": block, "kind": model.kind,
-                    "sla": None if result is None else str(result.outcome),
-                    "model": pushed and pushed.model_uri, "blessing": pushed and pushed.blessing_uri,
-                    "blessed": pushed and pushed.blessed, "pushed": pushed and pushed.pushed_to})
+        out.append(
+            {
+                "t": model.t,
+                "block": block,
+                "kind": model.kind,
+                "sla": None if result is None else str(result.outcome),
+                "model": pushed and pushed.model_uri,
+                "blessing": pushed and pushed.blessing_uri,
+                "blessed": pushed and pushed.blessed,
+                "pushed": pushed and pushed.pushed_to,
+            }
+        )
     return release, out

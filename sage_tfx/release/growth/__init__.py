@@ -5,6 +5,7 @@ Every arriving block gets ONE grant charging the whole (epsilon, delta) its reco
 read. The schedules, the mechanism and the proofs: docs/release_strategies.md, "Growth schedules and PMWG: the
 proofs".
 """
+
 from .calibration import filter_scale
 from .ermg import erm_mechanism, ermg
 from .errors import STAGE, GrowthError
@@ -24,7 +25,28 @@ from .scheduled import (
 from .scheduler import BBScheduler, SchedulerParams
 
 __all__ = [
-    "Answer", "BBImprover", "BBScheduler", "GrowthError", "ImproverParams", "Mechanism", "PMWG", "PMWGParams",
-    "Reader", "Run", "STAGE", "Schedule", "ScheduleIdentity", "ScheduledRelease", "SchedulerParams", "Universe",
-    "charge_lifetime", "clipped_mean", "count_query", "erm_mechanism", "ermg", "filter_scale", "schedule_fingerprint", "sum_query"
+    "Answer",
+    "BBImprover",
+    "BBScheduler",
+    "GrowthError",
+    "ImproverParams",
+    "Mechanism",
+    "PMWG",
+    "PMWGParams",
+    "Reader",
+    "Run",
+    "STAGE",
+    "Schedule",
+    "ScheduleIdentity",
+    "ScheduledRelease",
+    "SchedulerParams",
+    "Universe",
+    "charge_lifetime",
+    "clipped_mean",
+    "count_query",
+    "erm_mechanism",
+    "ermg",
+    "filter_scale",
+    "schedule_fingerprint",
+    "sum_query",
 ]

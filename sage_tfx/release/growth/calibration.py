@@ -1,6 +1,7 @@
 """The scale of an approximate schedule's runs: the largest the ledger's zCDP filter admits forever
 (docs/release_strategies.md, "Growth schedules and PMWG: the proofs").
 """
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,7 @@ def filter_scale(epsilon: float, delta: float, head: np.ndarray, tail_squares: f
         filt = zcdp_filter(epsilon, delta)
     except LedgerError:  # no order has any budget once delta / 2 converts: refused below
         filt = None
-    for alpha, term in ([] if filt is None else zip(filt.orders, filt.terms)):
+    for alpha, term in [] if filt is None else zip(filt.orders, filt.terms):
         budget = epsilon - term
         if budget <= 0:
             continue
@@ -41,8 +42,10 @@ def filter_scale(epsilon: float, delta: float, head: np.ndarray, tail_squares: f
             low, high = (mid, high) if cost(mid) <= budget else (low, mid)
         best = max(best, low)
     if best <= 0:
-        raise GrowthError(f"(epsilon {epsilon!r}, delta {delta!r}) leaves no Renyi budget at any order once delta / 2 "
-                          "converts it: raise epsilon or delta")
+        raise GrowthError(
+            f"(epsilon {epsilon!r}, delta {delta!r}) leaves no Renyi budget at any order once delta / 2 "
+            "converts it: raise epsilon or delta"
+        )
     return best * (1.0 - 1e-9)
 
 

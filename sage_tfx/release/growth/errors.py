@@ -1,5 +1,5 @@
-"""A growth schedule's and PMWG's argument errors, raised before anything is charged.
-"""
+"""A growth schedule's and PMWG's argument errors, raised before anything is charged."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -1,6 +1,7 @@
 """BBImprover (Cummings et al. 2018, Algorithm 2): re-run at every block with a shrinking epsilon
 (docs/release_strategies.md, "Growth schedules and PMWG: the proofs").
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,10 @@ class ImproverParams:
     def __post_init__(self):
         _positive("epsilon", self.epsilon, "give the total per-record epsilon > 0")
         if not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
-            raise GrowthError(f"delta {self.delta!r} is invalid: BBImprover composes infinitely many runs under "
-                              "zCDP, give 0 < delta < 1 (use BBScheduler for pure epsilon-DP)")
+            raise GrowthError(
+                f"delta {self.delta!r} is invalid: BBImprover composes infinitely many runs under "
+                "zCDP, give 0 < delta < 1 (use BBScheduler for pure epsilon-DP)"
+            )
         if not (isinstance(self.a, (int, float)) and 0 < self.a < 0.5):
             raise GrowthError(f"a {self.a!r} is invalid: give 0 < a < 1/2 (epsilon_t ~ t^-(1/2 + a))")
         _int_at_least("t0", self.t0, 1, "give the first run's block count t0 >= 1")
@@ -89,7 +92,7 @@ class BBImprover:
         """
         if not self.approximate or t < self.params.t0:
             return 0.0
-        return self.params.delta * ZCDP_SHARE * 6.0 / math.pi ** 2 / (t - self.params.t0 + 1) ** 2
+        return self.params.delta * ZCDP_SHARE * 6.0 / math.pi**2 / (t - self.params.t0 + 1) ** 2
 
     def run_at(self, t: int) -> tuple[int, float] | None:
         """(run index t, epsilon_t) of the run made at t blocks, None before t0.

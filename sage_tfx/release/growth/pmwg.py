@@ -1,6 +1,7 @@
 """PMWG (Cummings et al. 2018, Algorithm 3): private multiplicative weights on a growing database
 (docs/release_strategies.md, "Growth schedules and PMWG: the proofs").
 """
+
 from __future__ import annotations
 
 import functools
@@ -57,8 +58,10 @@ class Universe:
         rows = np.asarray(rows, dtype=float)
         if rows.ndim != 2 or rows.shape[1] != len(self.columns):
             raise GrowthError(f"rows of shape {rows.shape} do not match the universe's {len(self.columns)} columns")
-        idx = [np.clip(np.searchsorted(np.asarray(e), rows[:, k], side="right") - 1, 0, len(e) - 2)
-               for k, e in enumerate(self.edges)]
+        idx = [
+            np.clip(np.searchsorted(np.asarray(e), rows[:, k], side="right") - 1, 0, len(e) - 2)
+            for k, e in enumerate(self.edges)
+        ]
         return np.ravel_multi_index(idx, self.shape)
 
     def centres(self) -> np.ndarray:
@@ -97,8 +100,10 @@ class PMWGParams:
         _positive("eta", self.eta, "give the multiplicative-weights rate eta > 0")
         p = self.growth_exponent
         if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 < p <= 1:
-            raise GrowthError(f"growth_exponent {p!r} is invalid: give 0 < p <= 1 (a round opened at size n "
-                              "gets epsilon c (n0 / n)^p; p <= 0 would not converge under a growing budget)")
+            raise GrowthError(
+                f"growth_exponent {p!r} is invalid: give 0 < p <= 1 (a round opened at size n "
+                "gets epsilon c (n0 / n)^p; p <= 0 would not converge under a growing budget)"
+            )
         d = self.delta
         if isinstance(d, bool) or not isinstance(d, (int, float)) or not 0 <= d < 1:
             raise GrowthError(f"delta {d!r} is invalid: give 0 <= delta < 1 (0 = pure epsilon-DP)")
@@ -144,8 +149,17 @@ class PMWG:
         computation: a public description of the declared query stream (signed into every grant), or None.
     """
 
-    def __init__(self, ledger, stream: str, pipeline: str, params: PMWGParams, universe: Universe,
-                 reader: Reader, *, computation: str | None = None):
+    def __init__(
+        self,
+        ledger,
+        stream: str,
+        pipeline: str,
+        params: PMWGParams,
+        universe: Universe,
+        reader: Reader,
+        *,
+        computation: str | None = None,
+    ):
         if not isinstance(params, PMWGParams):
             raise GrowthError(f"params {params!r} must be a PMWGParams")
         if not isinstance(universe, Universe):
@@ -153,8 +167,10 @@ class PMWG:
         require_row_unit(ledger, stream, type(self).__name__)
         self.ledger, self.stream, self.pipeline = ledger, stream, pipeline
         if computation is not None and not isinstance(computation, str):
-            raise GrowthError(f"computation {computation!r} must be a string (a public description of the "
-                              "declared query stream, e.g. its digest) or None")
+            raise GrowthError(
+                f"computation {computation!r} must be a string (a public description of the "
+                "declared query stream, e.g. its digest) or None"
+            )
         self.params, self.universe, self.reader, self.computation = params, universe, reader, computation
         self.grants: dict[str, object] = {}
         self.order: list[str] = []
@@ -192,12 +208,19 @@ class PMWG:
         if block in self.grants:
             raise GrowthError(f"block {block!r} was already observed: give each block once, in order")
         m = _int_at_least("declared_rows", declared_rows, 1, "give the block's declared (public) row count >= 1")
-        grant = self.ledger.request(self.pipeline, self.stream, blocks=[block], epsilon=self.params.epsilon,
-                                    delta=self.params.delta, meta=self.meta)
+        grant = self.ledger.request(
+            self.pipeline,
+            self.stream,
+            blocks=[block],
+            epsilon=self.params.epsilon,
+            delta=self.params.delta,
+            meta=self.meta,
+        )
         self.grants[block] = grant
         self.order.append(block)
-        self.ledger.release(grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), self.params.epsilon,
-                            self.params.delta)
+        self.ledger.release(
+            grant, STAGE, bound_to_data(self.fingerprint, self.ledger, grant), self.params.epsilon, self.params.delta
+        )
         rows = self.reader(grant)
         self.reads.append((block, grant.id))
         self.counts += np.bincount(self.universe.cells(rows), minlength=self.universe.size)
@@ -261,8 +284,10 @@ class PMWG:
         """
         w = np.asarray(weights, dtype=float)
         if w.shape != (self.universe.size,) or not np.isfinite(w).all() or w.min() < 0 or w.max() > 1:
-            raise GrowthError(f"query weights of shape {w.shape} are invalid: give {self.universe.size} values "
-                              "in [0, 1], one per cell")
+            raise GrowthError(
+                f"query weights of shape {w.shape} are invalid: give {self.universe.size} values "
+                "in [0, 1], one per cell"
+            )
         if not self.order:
             raise GrowthError("no block observed yet: observe a block before querying")
         estimate = float(w @ self.public)
@@ -272,15 +297,23 @@ class PMWG:
             self.answers.append(ans)
             return ans
         for b in self.order:  # every query reads all blocks: re-open their releases (same computation)
-            self.ledger.release(self.grants[b], STAGE, bound_to_data(self.fingerprint, self.ledger, self.grants[b]),
-                                self.params.epsilon, self.params.delta)
+            self.ledger.release(
+                self.grants[b],
+                STAGE,
+                bound_to_data(self.fingerprint, self.ledger, self.grants[b]),
+                self.params.epsilon,
+                self.params.delta,
+            )
         if self.noisy_threshold is None:  # a new AboveThreshold round at the current sensitivity and epsilon
             self.round_sensitivity = 1.0 / self.n
             eps_r = self.round_epsilon()
             self.round_epsilons.append(eps_r)
             self.eps1 = self.eps2 = eps_r / 2
-            self.noisy_threshold = float(grid_laplace(np.array([self.params.threshold]), self.round_sensitivity,
-                                                      self.eps1 / 2, rng=self._rng())[0])
+            self.noisy_threshold = float(
+                grid_laplace(np.array([self.params.threshold]), self.round_sensitivity, self.eps1 / 2, rng=self._rng())[
+                    0
+                ]
+            )
         d = self.round_sensitivity
         true = self.true_answer(w)
         gap = abs(true - estimate)
@@ -309,8 +342,9 @@ def count_query(universe: Universe, predicate: Callable[[np.ndarray], np.ndarray
     return np.asarray(predicate(universe.centres()), dtype=float)
 
 
-def sum_query(universe: Universe, column: int, bound: float,
-              predicate: Callable[[np.ndarray], np.ndarray] | None = None) -> np.ndarray:
+def sum_query(
+    universe: Universe, column: int, bound: float, predicate: Callable[[np.ndarray], np.ndarray] | None = None
+) -> np.ndarray:
     """Weights centre[column] / bound (clipped to [0, 1]) on the cells satisfying ``predicate``.
 
     Args:

@@ -2,6 +2,7 @@
 charged before it is read, each run's releases bound to the blocks it reads (docs/release_strategies.md, "Growth
 schedules and PMWG: the proofs").
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -73,8 +74,18 @@ def schedule_fingerprint(pipeline: str, stream: str, meta: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def charge_lifetime(ledger, stream: str, pipeline: str, block: str, epsilon: float, delta: float, meta: dict,
-                    fingerprint: str, *, reads: bool = False):
+def charge_lifetime(
+    ledger,
+    stream: str,
+    pipeline: str,
+    block: str,
+    epsilon: float,
+    delta: float,
+    meta: dict,
+    fingerprint: str,
+    *,
+    reads: bool = False,
+):
     """A block's lifetime grant under a schedule: ONE grant charging ``block`` alone the whole (epsilon, delta)
     its records can ever lose under the schedule, BEFORE it is read, and its one release opened (or re-opened)
     with the schedule's ``fingerprint``, so nothing but the schedule's runs ever spends it (docs/growing_database.md).
@@ -87,8 +98,12 @@ def charge_lifetime(ledger, stream: str, pipeline: str, block: str, epsilon: flo
     grant = ledger.request(pipeline, stream, blocks=[block], epsilon=epsilon, delta=delta, meta=meta)
     # the schedule's one release, at what the grant hands a stage (per row on a unit stream; the run grants drawn
     # from it hand their stages the per-row budget of their own share)
-    ledger.release(grant, STAGE, bound_to_data(fingerprint, ledger, grant) if reads else fingerprint,
-                   *per_row_budget(epsilon, delta, ledger.stream(stream).unit_rows))
+    ledger.release(
+        grant,
+        STAGE,
+        bound_to_data(fingerprint, ledger, grant) if reads else fingerprint,
+        *per_row_budget(epsilon, delta, ledger.stream(stream).unit_rows),
+    )
     return grant
 
 
@@ -135,8 +150,17 @@ class ScheduledRelease(ScheduleIdentity):
         name: the mechanism's public name (in the grants' meta).
     """
 
-    def __init__(self, ledger, stream: str, pipeline: str, schedule: Schedule, mechanism: Mechanism,
-                 reader: Reader, *, name: str = "mechanism"):
+    def __init__(
+        self,
+        ledger,
+        stream: str,
+        pipeline: str,
+        schedule: Schedule,
+        mechanism: Mechanism,
+        reader: Reader,
+        *,
+        name: str = "mechanism",
+    ):
         if not isinstance(schedule, (BBScheduler, BBImprover)):
             raise GrowthError(f"schedule {schedule!r} must be a BBScheduler or BBImprover")
         if not callable(mechanism) or not callable(reader):
@@ -160,8 +184,17 @@ class ScheduledRelease(ScheduleIdentity):
         """
         if block in self.grants:
             raise GrowthError(f"block {block!r} was already observed: give each block once, in order")
-        grant = charge_lifetime(self.ledger, self.stream, self.pipeline, block, self.epsilon, self.delta,
-                                self.meta, self.fingerprint, reads=True)
+        grant = charge_lifetime(
+            self.ledger,
+            self.stream,
+            self.pipeline,
+            block,
+            self.epsilon,
+            self.delta,
+            self.meta,
+            self.fingerprint,
+            reads=True,
+        )
         self.grants[block] = grant
         self.order.append(block)
         self.data[block] = self.reader(grant)
@@ -174,8 +207,13 @@ class ScheduledRelease(ScheduleIdentity):
         basic = isinstance(self.schedule, BBScheduler) and self.schedule.params.mode is Composition.BASIC
         delta_i = self.schedule.run_budget(t)[2] if basic else 0.0
         for b in self.order:  # re-open (same computation): nothing counted twice
-            self.ledger.release(self.grants[b], STAGE, bound_to_data(self.fingerprint, self.ledger, self.grants[b]),
-                                self.epsilon, self.delta)
+            self.ledger.release(
+                self.grants[b],
+                STAGE,
+                bound_to_data(self.fingerprint, self.ledger, self.grants[b]),
+                self.epsilon,
+                self.delta,
+            )
         rng = as_secure_rng(self.ledger.private_seed(self.grants[self.order[0]].id, f"{self.name}/run/{t}"))
         data = [self.data[b] for b in self.order]
         out = self.mechanism(data, eps, rng, delta=delta_i) if basic else self.mechanism(data, eps, rng)

@@ -1,6 +1,7 @@
 """BBScheduler (Cummings et al. 2018, Algorithm 1): re-run when the database has grown by (1 + gamma)
 (docs/release_strategies.md, "Growth schedules and PMWG: the proofs").
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,10 @@ class SchedulerParams:
         _positive("gamma", self.gamma, "give the growth factor gamma > 0 (re-run at size t0 (1 + gamma)^i)")
         _int_at_least("t0", self.t0, 1, "give the first run's block count t0 >= 1")
         if self.composition not in (None, Composition.BASIC, Composition.ZCDP):
-            raise GrowthError(f"composition {self.composition!r} is invalid: give None (pure if delta = 0, zCDP "
-                              "otherwise), 'zcdp' (needs delta > 0) or 'basic' ((epsilon_i, delta_i) runs)")
+            raise GrowthError(
+                f"composition {self.composition!r} is invalid: give None (pure if delta = 0, zCDP "
+                "otherwise), 'zcdp' (needs delta > 0) or 'basic' ((epsilon_i, delta_i) runs)"
+            )
         if self.composition == Composition.ZCDP and self.delta == 0:
             raise GrowthError("composition 'zcdp' needs delta > 0: give delta, or composition None for pure DP")
 
@@ -70,10 +73,16 @@ class BBScheduler:
         if not isinstance(params, SchedulerParams):
             raise GrowthError(f"params {params!r} must be a SchedulerParams")
         if approximate and params.mode is not Composition.ZCDP:
-            raise GrowthError(f"approximate runs need composition 'zcdp' and delta > 0, not composition "
-                              f"{params.composition!r} with delta {params.delta!r}")
+            raise GrowthError(
+                f"approximate runs need composition 'zcdp' and delta > 0, not composition "
+                f"{params.composition!r} with delta {params.delta!r}"
+            )
         self.params, self.approximate = params, bool(approximate)
-        self.rho = gaussian.zcdp_rho(params.epsilon, params.delta) if params.mode is Composition.ZCDP and not approximate else None
+        self.rho = (
+            gaussian.zcdp_rho(params.epsilon, params.delta)
+            if params.mode is Composition.ZCDP and not approximate
+            else None
+        )
         self.c = None
         if self.approximate:
             r, n = 1.0 / (1.0 + params.gamma), 400
@@ -98,8 +107,8 @@ class BBScheduler:
             return self.params.epsilon * g / (1.0 + g) ** (i + 1)
         r = 1.0 / (1.0 + g)
         if self.approximate:
-            return self.c * r ** i
-        return math.sqrt(2.0 * self.rho * (1.0 - r * r)) * r ** i
+            return self.c * r**i
+        return math.sqrt(2.0 * self.rho * (1.0 - r * r)) * r**i
 
     def delta_of(self, i: int) -> float:
         """delta_i of epoch i's run: delta gamma / (1 + gamma)^(i + 1) in basic mode, (delta / 2) gamma /
