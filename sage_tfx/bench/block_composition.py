@@ -35,7 +35,7 @@ from sage_tfx.bench.sample_complexity import FLIGHTS_DELTA, FLIGHTS_SPLIT, Fligh
 from sage_tfx.privacy import BudgetSplit
 from sage_tfx.privacy.vocabulary import Metric, Stage
 from sage_tfx.validation import DPLossValidator, noisy
-from sage_tfx.validation.core import Mode
+from sage_tfx.validation.core import Mode, NoisyTotal
 
 BLOCK = "block"
 HELD_OUT_DAYS = 20
@@ -65,42 +65,21 @@ def add_arguments(parser):
     parser.add_argument("--plot", metavar="FILE", help="write a PNG of figures (a), (b) and, with --nn, (c)")
 
 
-def count_noise_quantile(prob, copies):
-    """u with P(sum of 2 * copies independent standard Laplace > u) <= prob: the exact quantile for one pair
-    (``noisy.laplace_pair_quantile``), else the Chernoff bound exp(-lam u) (1 - lam^2)^(-2 copies) = prob
-    minimised over lam in (0, 1) (the standard Laplace MGF is 1 / (1 - lam^2))."""
-    if copies == 1:
-        return noisy.laplace_pair_quantile(prob, two_sided=False)
-    lams = np.linspace(1e-4, 1 - 1e-4, 20_000)
-    return float(np.min((math.log(1 / prob) - 2 * copies * np.log1p(-(lams**2))) / lams))
-
-
 def partitioned_accept(errors_by_block, target, epsilon, eta, bound, rng):
     """The validator's ACCEPT test (mean clipped loss <= target) on k per-block releases summed.
 
     Each block b releases its pair (S_b~, S'_b~) with ``noisy.release_pair`` at ``epsilon`` (one query per
-    block, each eps-DP on its own rows); the sums are S~ = S + sum_b L1_b (likewise S'~). The test is
-    ``noisy.noisy_sum_test``'s with the noise X replaced by the sum of k independent copies: eta is split as
-    the validator splits it (COUNT_SHARE to the count interval), the interval's half width is
-    ``count_noise_quantile`` times scale / B, and the statistic's tail is Chernoff's with the k-fold MGF;
-    the grid release's slacks add up over the blocks. Returns True iff the test ACCEPTs.
+    block, each eps-DP on its own rows); the sums are S~ = S + sum_b L1_b (likewise S'~), their grid slacks the
+    sums of the blocks'. The test is ``noisy.noisy_sum_test`` with ``noise_copies=k``: the validator's test with
+    the noise X replaced by the sum of k independent copies. Returns True iff the test ACCEPTs.
     """
     pairs = [noisy.release_pair(np.asarray(e, dtype=float), bound, epsilon, rng, Mode.SAGE) for e in errors_by_block]
-    k = len(pairs)
-    total = sum(p[0].value for p in pairs)
-    complement = sum(p[1].value for p in pairs)
-    scale = pairs[0][0].scale
-    slack = sum(max(p[0].slack, p[1].slack) for p in pairs)  # the statistic's, as noisy_sum_test's
-    count_slack = sum(p[0].slack + p[1].slack for p in pairs)  # the count's, as noisy.count_interval's
-    eta_n = noisy.COUNT_SHARE * eta
-    eta_s = eta - eta_n
-    n_hi = (total + complement) / bound + count_noise_quantile(eta_n, k) * scale / bound + count_slack / bound
-    if n_hi < 1:
-        return False
+    total, complement = (
+        NoisyTotal(sum(p[i].value for p in pairs), pairs[0][i].scale, sum(p[i].slack for p in pairs)) for i in (0, 1)
+    )
     tau = min(target, bound * (1 - 1e-9))
-    statistic = total - tau * (total + complement) / bound + slack
-    a, c = (bound - tau) / bound * scale, tau / bound * scale
-    return noisy.chernoff_tail(statistic, n_hi, tau, bound, a, c, -1, noise_copies=k) <= eta_s
+    p_value, eta_s, _ = noisy.noisy_sum_test(total, complement, bound, tau, eta, Mode.SAGE, -1, noise_copies=len(pairs))
+    return p_value <= eta_s
 
 
 def _blocks(rows, size):

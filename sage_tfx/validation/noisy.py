@@ -110,6 +110,29 @@ def laplace_pair_quantile(prob: float, two_sided: bool) -> float:
     return u
 
 
+def laplace_sum_quantile(prob: float, copies: int, two_sided: bool = False) -> float:
+    """The u >= 0 with P(S > u) <= prob (or P(|S| > u) <= prob), S the sum of ``copies`` independent pairs E1 + E2
+    of standard Laplace draws: the noise of ``copies`` disjoint releases summed (a partitioned query).
+
+    One pair: the exact quantile (``laplace_pair_quantile``). More: Chernoff's bound exp(-lam u) (1 - lam^2)^(-2
+    copies) = prob (the standard Laplace MGF is 1 / (1 - lam^2)), minimised over a grid of lam in (0, 1); any lam
+    gives a valid u, so the grid only costs tightness.
+
+    Args:
+        prob: the probability u may be exceeded, in (0, 1).
+        copies: how many pairs are summed (>= 1).
+        two_sided: bound P(|S| > u) instead (S is symmetric: prob / 2 a side).
+
+    Returns:
+        u.
+    """
+    if copies == 1:
+        return laplace_pair_quantile(prob, two_sided)
+    target = prob / 2.0 if two_sided else prob
+    lams = np.linspace(1e-4, 1 - 1e-4, 20_000)
+    return float(np.min((math.log(1 / target) - 2 * copies * np.log1p(-(lams**2))) / lams))
+
+
 def noise_sf(z: npt.ArrayLike, a: float, c: float) -> np.ndarray:
     """P(a E1 - c E2 > z), vectorized in z (a, c >= 0).
 
@@ -233,14 +256,21 @@ def binomial_test(m: float, n: float, tau: float, side: int) -> float:
 
 
 def count_interval(
-    total: NoisyTotal, complement: NoisyTotal, bound: float, prob: float, mode: Mode, two_sided: bool
+    total: NoisyTotal,
+    complement: NoisyTotal,
+    bound: float,
+    prob: float,
+    mode: Mode,
+    two_sided: bool,
+    noise_copies: int = 1,
 ) -> tuple[float, float]:
     """(n_lo, n_hi) containing n = (S + S')/B except with probability ``prob`` (with noise and correction);
-    the point (S~ + S'~)/B otherwise. One-sided tests only use n_hi (then n_lo = -inf)."""
+    the point (S~ + S'~)/B otherwise. One-sided tests only use n_hi (then n_lo = -inf). ``noise_copies`` k: each
+    total is the sum of k disjoint releases (``laplace_sum_quantile``; its slack the sum of theirs)."""
     n_noisy = (total.value + complement.value) / bound
     if not mode.corrected or total.scale == 0.0:
         return n_noisy, n_noisy
-    half_width = laplace_pair_quantile(prob, two_sided) * total.scale / bound  # (L1 + L2)/B = (scale/B)(E1 + E2)
+    half_width = laplace_sum_quantile(prob, noise_copies, two_sided) * total.scale / bound  # (scale/B)(E1 + E2)
     # the grid release: each total is exact + L + xi in law, |xi| <= slack (samplers.grid_laplace_coupling)
     half_width += (total.slack + complement.slack) / bound
     return (n_noisy - half_width if two_sided else -math.inf), n_noisy + half_width
@@ -255,9 +285,12 @@ def noisy_sum_test(
     mode: Mode,
     side: int,
     binomial: bool = False,
+    noise_copies: int = 1,
 ) -> tuple[float, float, dict[str, Any]]:
     """The p-value of the ACCEPT (side -1: mu <= tau) or REJECT (side +1: mu > tau) test and the count
-    interval it used. The test passes iff the p-value is <= the sampling share of eta.
+    interval it used. The test passes iff the p-value is <= the sampling share of eta. ``noise_copies`` k: each
+    total sums k disjoint releases of the same scale (a partitioned query, ``sage bench block-composition``):
+    the noise is k copies of X (``count_interval``, ``chernoff_tail``); the Chernoff test only.
 
     Claim (side -1; side +1 is symmetric): if the n values are i.i.d. with mean mu >= tau (the model misses the
     target), P(p-value <= eta_s) <= eta_s + eta_n = eta, where eta_n = COUNT_SHARE * eta in Sage mode.
@@ -275,7 +308,9 @@ def noisy_sum_test(
     corrected = mode.corrected and total.scale > 0.0
     eta_n = COUNT_SHARE * eta if corrected else 0.0
     eta_s = eta - eta_n
-    n_lo, n_hi = count_interval(total, complement, bound, eta_n, mode, two_sided=binomial)
+    if binomial and noise_copies != 1:
+        raise ValueError(f"noise_copies={noise_copies!r}: the binomial test takes one release (noise_copies=1)")
+    n_lo, n_hi = count_interval(total, complement, bound, eta_n, mode, two_sided=binomial, noise_copies=noise_copies)
     statistic = total.value - tau * (total.value + complement.value) / bound
     # Grid noise (samplers.grid_laplace_coupling): in law S~ = S + L1 + xi1, S'~ = S' + L2 + xi2 with
     # |xi_i| <= slack_i, so T~ = T + X + xi, |xi| <= (1 - tau/B) slack1 + (tau/B) slack2 <= slack. The
@@ -295,7 +330,7 @@ def noisy_sum_test(
     if n_hi < 1:
         return 1.0, eta_s, details
     if not binomial:
-        return chernoff_tail(tested, n_hi, tau, bound, a, c, side), eta_s, details
+        return chernoff_tail(tested, n_hi, tau, bound, a, c, side, noise_copies=noise_copies), eta_s, details
     details["n_lo"] = n_lo
     if not corrected:  # no noise to convolve: the exact binomial test (Clopper-Pearson) on the (noisy) counts
         return binomial_test(total.value, n_hi, tau / bound, side), eta_s, details

@@ -7,7 +7,7 @@ import pytest
 from scipy.stats import binom
 
 from sage_tfx.bench import block_composition as bench
-from sage_tfx.validation import DPLossValidator
+from sage_tfx.validation import DPLossValidator, noisy
 
 
 @pytest.mark.parametrize("target", [0.3, 0.45, 0.6])
@@ -39,7 +39,7 @@ def test_the_k_block_test_keeps_its_false_accept_rate():
 def test_the_count_noise_quantile_covers_the_sum_of_laplace_draws():
     rng = np.random.default_rng(3)
     for copies in (1, 4, 16):
-        u = bench.count_noise_quantile(0.01, copies)
+        u = noisy.laplace_sum_quantile(0.01, copies)
         draws = rng.laplace(size=(200_000, 2 * copies)).sum(axis=1)
         assert np.mean(draws > u) <= 0.01 + 0.002  # 200k draws: the binomial sd at 0.01 is 2.2e-4
         assert u < 2 * copies * np.log(2 * copies / 0.01)  # and tighter than a union bound over the draws
