@@ -48,15 +48,36 @@ class ScoreError(SageError, ValueError):
 
 
 def pushed_models(serving_dir: str) -> list:
-    """The model versions Pusher wrote under ``serving_dir`` (each a SavedModel directory), oldest first."""
+    """The model versions Pusher wrote under ``serving_dir`` (each a SavedModel directory), oldest first.
+
+    Args:
+        serving_dir: The directory Pusher pushes to (``sage run --work-dir W`` pushes to W/serving).
+
+    Returns:
+        The paths of its numbered version directories, oldest first; empty if ``serving_dir`` does not exist.
+    """
     if not os.path.isdir(serving_dir):
         return []
     return sorted(os.path.join(serving_dir, d) for d in os.listdir(serving_dir) if d.isdigit())
 
 
 def accepted_model(ledger_location, stream: str, pipeline: str, serving_dir: str):
-    """(the pipeline's last ACCEPTed grant, the newest model pushed under ``serving_dir``), e.g. to score it on
-    held-out rows; LookupError naming what is missing. ``ledger_location``: a Ledger or its location."""
+    """The pipeline's last ACCEPTed grant and the newest model pushed under ``serving_dir``.
+
+    E.g. to score that model on held-out rows.
+
+    Args:
+        ledger_location: A Ledger or its location (file or postgresql:// URL).
+        stream: The stream the pipeline ran on.
+        pipeline: The pipeline's name in the ledger.
+        serving_dir: The directory the run pushed to (W/serving).
+
+    Returns:
+        (the last ACCEPTed ``Grant``, the path of the newest pushed model).
+
+    Raises:
+        LookupError: no ACCEPTed grant of the pipeline on the stream, or no model pushed under ``serving_dir``.
+    """
     if isinstance(ledger_location, Ledger):
         history = ledger_location.history(stream, pipeline)
     else:
@@ -312,22 +333,29 @@ def score_model(
 ) -> dict:
     """Score the model ``pipeline`` pushed after its last ACCEPT on the rows of the file ``held_out``.
 
+    Two trusted reads are logged in the ledger: every block (the overlap check) and the grant's blocks (the
+    baselines' rows).
+
     Args:
         ledger: a Ledger or its location (file or postgresql:// URL).
         stream: the stream the pipeline ran on.
         pipeline: a SagePipeline, or what ``sage run`` takes (built-in name, pipeline file, module path).
         held_out: a CSV (like the stream's input), TFRecord of tf.Examples or Parquet file, read in the stream's
             schema; rows without the label (or with several values) are left out and counted.
-        data_root, serving_dir: where the stream's blocks are and where the run pushed (W/serving).
+        data_root: the data root the stream's blocks are under.
+        serving_dir: the directory the run pushed to (W/serving).
         name: the pipeline name the run used (``sage run --name``); default the pipeline's.
         features: the baselines' raw columns (default: every numeric column but the label and the stream's
             time column). Leave out columns computed from the label: the baselines are only as fair as them.
         fmt: the hold-out's format when its name does not tell.
 
-    Returns the report (JSON-ready). Raises ScoreError (a ValueError) naming the bad value, LookupError for no
-    ACCEPT or no pushed model, and ScoreError when a hold-out row is a row of the stream (nothing is scored).
-    Two trusted reads are logged in the ledger: every block (the overlap check) and the grant's blocks (the
-    baselines' rows).
+    Returns:
+        The report (JSON-ready).
+
+    Raises:
+        ScoreError: a bad value (a ValueError naming it), or a hold-out row that is a row of the stream (nothing
+            is scored).
+        LookupError: no ACCEPT, or no pushed model.
     """
     from sage_tfx.ingest.layout import stream_config
     from sage_tfx.pipelines import SagePipeline

@@ -1,51 +1,48 @@
 """`sage run PIPELINE`: privacy-adaptive training of a ready pipeline until ACCEPT, REJECT or TIMEOUT.
 
-Each iteration is one TFX run under a fresh grant (charged before any read);
-one progress line per iteration gives its blocks, epsilon, the validator's
-bound and the outcome. Killed and run again with the same arguments, it
+Each iteration is one TFX run under a fresh grant (charged before any read); one progress line per iteration gives
+its blocks, epsilon, the validator's bound and the outcome. Killed and run again with the same arguments, it
 resumes: the interrupted iteration re-runs under its grant, without a new charge. Run again once finished, with the
 same request, it reports the stored outcome and charges nothing. The last line names the target and the bound.
 
-Beam pipeline options go after a bare --, e.g. `sage run ... -- --direct_num_workers=2`. On a Beam job service
-with an external SDK worker pool (docs/scale_out.md, "PortableRunner with an external worker pool"):
-`sage run ... --runner beam -- --runner=PortableRunner --job_endpoint=HOST:PORT --environment_type=EXTERNAL
---environment_config=HOST:POOL_PORT --sdk_worker_parallelism=2`; module files are then staged with each Beam job
-as a wheel (--extra_package), and the workers need --work-dir at the same path, and the data root too unless
+Beam pipeline options go after a bare --, e.g. `sage run ... -- --direct_num_workers=2`. On a Beam job service with
+an external SDK worker pool (docs/scale_out.md, "PortableRunner with an external worker pool"): `sage run ...
+--runner beam -- --runner=PortableRunner --job_endpoint=HOST:PORT --environment_type=EXTERNAL
+--environment_config=HOST:POOL_PORT --sdk_worker_parallelism=2`; module files are then staged with each Beam job as
+a wheel (--extra_package), and the workers need --work-dir at the same path, and the data root too unless
 --staging-location URL_OR_DIR is given (BlockExampleGen then stages the granted sealed files there for them).
 
---check runs one iteration on GENERATED rows of the stream's schema in a throwaway ledger first: schema
-and module errors show there, before anything is charged; the candidate model is kept in WORK_DIR/check/NAME/model.
-It lists the attempts (and RETRYs) the stream's remaining budget allows, read from the ledger without writing it.
-With --target A[,B,...] it then estimates the rows the validator's ACCEPT test needs at those attempts, for a
-public guess of the model's loss (--expected-loss); --estimate-only skips the dry run. --positive-rate or
---label-std (a PUBLIC prior on the label) say what a constant predictor reaches: a target it meets is refused,
-here and in a real run, before any charge, unless --allow-trivial-target.
+--check runs one iteration on GENERATED rows of the stream's schema in a throwaway ledger first: schema and module
+errors show there, before anything is charged; the candidate model is kept in WORK_DIR/check/NAME/model. It lists
+the attempts (and RETRYs) the stream's remaining budget allows, read from the ledger without writing it. With
+--target A[,B,...] it then estimates the rows the validator's ACCEPT test needs at those attempts, for a public
+guess of the model's loss (--expected-loss); --estimate-only skips the dry run. --positive-rate or --label-std (a
+PUBLIC prior on the label) say what a constant predictor reaches: a target it meets is refused, here and in a real
+run, before any charge, unless --allow-trivial-target.
 
---schedule bbscheduler:FILE re-runs the pipeline under a growth schedule instead (BBScheduler, Cummings et al.
-2018, Section 3.1; docs/release_strategies.md, "A TFX pipeline under a growth schedule"): FILE is a JSON object
-{"epsilon": E, "delta": D, "gamma": G, "t0": T0, "composition": "basic" (default) or "zcdp"}. Each block of the
-stream is charged ONCE its lifetime (E, D) before anything reads it, and at block counts ceil(T0 (1 + G)^i) the
-pipeline runs on ALL blocks so far under a run grant of (epsilon_i, delta_i) drawn from those charges (Ledger.draw:
-nothing more is charged): (E, D) G / (1 + G)^(i + 1) under "basic"; under "zcdp" epsilon_i = c / (1 + G)^i, c
-calibrated to the ledger's RDP filter of (E, D), and delta_i = (D / 2) G / (1 + G)^(i + 1) (composed as
-approximate zCDP; for BBScheduler's few, geometrically shrinking runs this gives slightly SMALLER epsilon_i than
-"basic", docs/release_strategies.md). --schedule bbimprover:FILE (Section 3.2), FILE
-{"epsilon": E, "delta": D, "a": A, "t0": T0}: a run at EVERY block count t >= T0, epsilon_t = c t^-(1/2 + A),
-delta_t = (D / 2) (6 / pi^2) / (t - T0 + 1)^2, composed as approximate zCDP likewise. --max-iterations
-bounds the runs made by one invocation (blocks after the last run stay uncharged); run again as blocks arrive: it
-resumes (a run without an outcome re-runs under its same run grant). Exit 0 when this invocation's runs ended,
-whatever their outcomes (one progress line each), 1 if a run failed.
+--schedule bbscheduler:FILE re-runs the pipeline under a growth schedule instead (BBScheduler, Cummings et al. 2018,
+Section 3.1; docs/release_strategies.md, "A TFX pipeline under a growth schedule"): FILE is a JSON object {"epsilon":
+E, "delta": D, "gamma": G, "t0": T0, "composition": "basic" (default) or "zcdp"}. Each block of the stream is charged
+ONCE its lifetime (E, D) before anything reads it, and at block counts ceil(T0 (1 + G)^i) the pipeline runs on ALL
+blocks so far under a run grant of (epsilon_i, delta_i) drawn from those charges (Ledger.draw: nothing more is
+charged): (E, D) G / (1 + G)^(i + 1) under "basic"; under "zcdp" epsilon_i = c / (1 + G)^i, c calibrated to the
+ledger's RDP filter of (E, D), and delta_i = (D / 2) G / (1 + G)^(i + 1) (composed as approximate zCDP; for
+BBScheduler's few, geometrically shrinking runs this gives slightly SMALLER epsilon_i than "basic",
+docs/release_strategies.md). --schedule bbimprover:FILE (Section 3.2), FILE {"epsilon": E, "delta": D, "a": A, "t0":
+T0}: a run at EVERY block count t >= T0, epsilon_t = c t^-(1/2 + A), delta_t = (D / 2) (6 / pi^2) / (t - T0 + 1)^2,
+composed as approximate zCDP likewise. --max-iterations bounds the runs made by one invocation (blocks after the last
+run stay uncharged); run again as blocks arrive: it resumes (a run without an outcome re-runs under its same run
+grant). Exit 0 when this invocation's runs ended, whatever their outcomes (a progress line each); 1 if one failed.
 
-Exit codes: 0 ACCEPT (the model was pushed, or --check ran end to end), 4 REJECT (the REJECT test on the
-training split showed the target is out of reach), 5 TIMEOUT, 2 bad input (or a --name another process runs:
-one process runs a pipeline name at a time, on any host of the ledger; or a name already run for another
---target, --confidence, --model, SLA or pipeline/module file: its outcome certifies only what it was run for,
-so a new request needs a new --name; or a --data-root, --work-dir, SLA label or block folder that cannot be used:
-checked before each charge), 1 an iteration failed after its charge (the message withholds details that may hold
-data values: run --check to see them on generated rows; FAILED is recorded and its grant is spent) or was
-interrupted by an error of the environment (an OSError such as a full disk, a block file missing or altered,
-TensorFlow's filesystem errors: no outcome is recorded, and the same command run again after fixing the cause
-resumes it under its grant, with no new charge).
+Exit codes: 0 ACCEPT (the model was pushed, or --check ran end to end), 4 REJECT (the REJECT test on the training
+split showed the target is out of reach), 5 TIMEOUT, 2 bad input (or a --name another process runs: one process runs
+a pipeline name at a time, on any host of the ledger; or a name already run for another --target, --confidence,
+--model, SLA or pipeline/module file: its outcome certifies only what it was run for, so a new request needs a new
+--name; or a --data-root, --work-dir, SLA label or block folder that cannot be used: checked before each charge), 1
+an iteration failed after its charge (the message withholds details that may hold data values: run --check to see
+them on generated rows; FAILED is recorded and its grant is spent) or was interrupted by an error of the environment
+(an OSError such as a full disk, a block file missing or altered, TensorFlow's filesystem errors: no outcome is
+recorded, and the same command run again after fixing the cause resumes it under its grant, with no new charge).
 """
 
 import argparse

@@ -1,22 +1,19 @@
 """`sage serve`: the multi-pipeline platform on one stream.
 
-Several pipelines wait on one stream; a replay of a historical data set adds
-its blocks step by step, and each new block's budget is split evenly among the
-pipelines waiting at that moment. Each pipeline runs its privacy-adaptive
-iterator (one TFX run per iteration) in its own worker process, so the pipelines
-progress at once (--parallel bounds how many TFX runs go at once). A live status
-line is printed per event; it ends when every pipeline is done or the stream ends.
+Several pipelines wait on one stream; a replay of a historical data set adds its blocks step by step, and each new
+block's budget is split evenly among the pipelines waiting at that moment. Each pipeline runs its privacy-adaptive
+iterator (one TFX run per iteration) in its own worker process, so the pipelines progress at once (--parallel bounds
+how many TFX runs go at once). A live status line is printed per event; it ends when every pipeline is done or the
+stream ends.
 
-A worker that dies (killed, or an error outside an iteration) is reported with its
-pipeline's name and exit status and started again: it resumes its unfinished
-iteration under the grant already charged (no new charge). After --max-restarts
-restarts the pipeline is reported FAILED; the others go on.
+A worker that dies (killed, or an error outside an iteration) is reported with its pipeline's name and exit status
+and started again: it resumes its unfinished iteration under the grant already charged (no new charge). After
+--max-restarts restarts the pipeline is reported FAILED; the others go on.
 
-A pipeline name is served by one process at a time: a name another `sage serve` or
-`sage run` is running (on this host, or on any host sharing a PostgreSQL ledger) is
-refused (exit 2) before anything is registered. Several hosts on one stream: give each
-its own pipeline names and work dir (docs/scale_out.md, "Several hosts on one
-PostgreSQL ledger").
+A pipeline name is served by one process at a time: a name another `sage serve` or `sage run` is running (on this
+host, or on any host sharing a PostgreSQL ledger) is refused (exit 2) before anything is registered. Several hosts
+on one stream: give each its own pipeline names and work dir (docs/scale_out.md, "Several hosts on one PostgreSQL
+ledger").
 
 Beam: --runner, --staging-location, --pipeline-root (a URL the Beam workers can read; MLMD stays local, per
 pipeline: --metadata-path with {name}) and the Beam pipeline options after a bare -- are `sage run`'s (the same
@@ -24,32 +21,29 @@ code, sage_tfx/cli/run.py ``beam_options``) and reach every worker's TFX runs, e
 gs://bucket/staging -- --runner=PortableRunner --job_endpoint=HOST:PORT --environment_type=EXTERNAL
 --environment_config=HOST:POOL_PORT` for Beam workers that do not see --data-root (docs/scale_out.md).
 
-Release strategies (docs/release_strategies.md, "From sage serve / sage run"): --release
-NAME=STRATEGY:FILE, repeatable, runs `sage release STRATEGY` (continual, incremental-regression, growth, pmwg) as
-a participant named NAME, in its own worker beside the pipelines: FILE is a JSON object holding that command's
-options (without --db, --stream, --data-root and --pipeline, which serve gives; NAME is the ledger's pipeline
-name), e.g. {"label": "tips", "features": ["fare", "trip_miles"], "scales": [100, 30], "intercept": true,
-"loss": "logistic", "positive_above": 2, "epsilon": 0.3, "delta": 1e-7, "rows_per_block": 100}. Every file is
-checked by `sage release`'s own parser and checks before anything is registered (a bad value exits 2 naming it).
-After each replay step the strategy charges every new block its whole bound in ONE grant, before reading it, and
-releases (the `sage release` code, not a copy); a killed strategy worker is restarted and resumes under its
-grants with no second charge. Like a pipeline it is registered, so it gets an even share of every block that
-arrives (its bound must fit in that share, or the block is refused and the strategy FAILS: it cannot skip a
-block), and it stays registered afterwards: a later `sage serve --release` or `sage release --pipeline NAME`
-resumes it. Its name is claimed like a pipeline's. --pipeline is optional when a --release is given.
+Release strategies (docs/release_strategies.md, "From sage serve / sage run"): --release NAME=STRATEGY:FILE,
+repeatable, runs `sage release STRATEGY` (continual, incremental-regression, growth, pmwg) as a participant named
+NAME, in its own worker beside the pipelines: FILE is a JSON object holding that command's options (without --db,
+--stream, --data-root and --pipeline, which serve gives; NAME is the ledger's pipeline name), e.g. {"label": "tips",
+"features": ["fare", "trip_miles"], "scales": [100, 30], "intercept": true, "loss": "logistic", "positive_above": 2,
+"epsilon": 0.3, "delta": 1e-7, "rows_per_block": 100}. Every file is checked by `sage release`'s own parser and
+checks before anything is registered (a bad value exits 2 naming it). After each replay step the strategy charges
+every new block its whole bound in ONE grant, before reading it, and releases (the `sage release` code, not a copy);
+a killed strategy worker is restarted and resumes under its grants with no second charge. Like a pipeline it is
+registered, so it gets an even share of every block that arrives (its bound must fit in that share, or the block is
+refused and the strategy FAILS: it cannot skip a block), and it stays registered afterwards: a later `sage serve
+--release` or `sage release --pipeline NAME` resumes it. Its name is claimed like a pipeline's. --pipeline is
+optional when a --release is given.
 
 Growth schedules (docs/release_strategies.md, "A TFX pipeline under a growth schedule"): --schedule
 NAME=bbscheduler:FILE or NAME=bbimprover:FILE, at most one per --pipeline NAME, runs that pipeline under a
-BBScheduler or BBImprover instead of the Sage
-iterator, through `sage run --schedule`'s code (``ScheduledPipeline``), in its own worker: after each replay step it
-charges each new block the schedule's lifetime (epsilon, delta) in one grant, before anything reads it, and runs the
-pipeline when the schedule says (a run grant drawn from the lifetime grants of every block so far; --max-iterations
-bounds the runs). FILE is `sage run --schedule`'s JSON object (bbscheduler: epsilon, delta, gamma, t0,
-composition basic or zcdp; bbimprover: epsilon, delta, a, t0) and is refused as that command refuses it. A killed
-worker restarts and resumes from the ledger: no block charged twice, no
-run drawn twice, a run with an outcome not re-run. The lifetime must fit in the pipeline's share of every block
-(or the block is refused and the pipeline FAILS). The spelling names a --pipeline, as --release names a strategy:
-the other pipelines of the same serve keep the Sage iterator.
+BBScheduler or BBImprover instead of the Sage iterator, through `sage run --schedule`'s code (``ScheduledPipeline``),
+in its own worker: after each replay step it charges each new block the schedule's lifetime (epsilon, delta) in one
+grant, before anything reads it, and runs the pipeline when the schedule says (a run grant drawn from the lifetime
+grants of every block so far; --max-iterations bounds the runs). FILE is `sage run --schedule`'s JSON object and is
+refused as that command refuses it. A killed worker restarts and resumes from the ledger: no block charged twice, no
+run drawn twice, a run with an outcome not re-run. The lifetime must fit in the pipeline's share of every block (or
+the block is refused and the pipeline FAILS). The other pipelines of the same serve keep the Sage iterator.
 
 Exit codes: 0 every pipeline reached an outcome, every strategy released every block and the audit passed; 1 a
 pipeline or strategy failed or the audit did not pass; 2 bad input, or a name another process runs.

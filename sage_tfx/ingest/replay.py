@@ -89,8 +89,26 @@ class Replay:
 
     @classmethod
     def from_file(cls, ledger, stream, data_root, path, time_column, window, fmt=None):
-        """A replay of an input file, read and typed exactly as ``sage ingest`` reads it (``plan_schema``,
-        ``read_batches`` with its checks): the same file gives the same blocks and content digests either way."""
+        """A replay of an input file, read and typed exactly as ``sage ingest`` reads it.
+
+        The file goes through ``plan_schema`` and ``read_batches`` with their checks, so the same file gives the
+        same blocks and content digests either way.
+
+        Args:
+          ledger: The open ``Ledger`` holding ``stream``.
+          stream: The stream the blocks are registered in.
+          data_root: The data root the block files are written under.
+          path: The input file (CSV, TFRecord or Parquet).
+          time_column: The column holding each record's time.
+          window: The block window (e.g. ``1d``).
+          fmt: The input format (``csv``, ``tfrecord`` or ``parquet``); None: from the file name.
+
+        Returns:
+          The ``Replay``, positioned at the first window not yet registered.
+
+        Raises:
+          InputError: an empty or unreadable input, an unknown format, or a time column the input lacks.
+        """
         import pyarrow as pa
 
         spec = TimeBlocks(time_column, window)

@@ -106,6 +106,17 @@ class Grant:
 
     @classmethod
     def from_json(cls, text: str | Mapping[str, Any] | Grant) -> Grant:
+        """A grant from its JSON form (``to_json``); the signature is carried, not checked.
+
+        Args:
+          text: The grant's JSON text, its decoded mapping, or a ``Grant`` (returned as it is).
+
+        Returns:
+          The ``Grant``.
+
+        Raises:
+          GrantError: malformed JSON, or a field missing or of the wrong type.
+        """
         if isinstance(text, Grant):
             return text
         try:
@@ -130,7 +141,19 @@ class Grant:
 
     @classmethod
     def from_row(cls, body: str, signature: str) -> Grant:
-        """The grant of a stored ``grants`` row: its body text and its signature."""
+        """The grant of a stored ``grants`` row: its body text and its signature (carried, not checked).
+
+        Args:
+          body: The row's body, the grant's canonical JSON without its signature.
+          signature: The row's signature of ``body``.
+
+        Returns:
+          The ``Grant``.
+
+        Raises:
+          GrantError: a field missing or of the wrong type.
+          ValueError: a body that is not JSON (``json.JSONDecodeError``).
+        """
         return cls.from_json(dict(json.loads(body), signature=signature))
 
 

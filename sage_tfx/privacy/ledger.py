@@ -70,18 +70,26 @@ class Ledger(LedgerBase):
       store: The open backend store (``store/``); ``Ledger.open`` makes it.
       keys: The ledger's key source (``session``); ``Ledger.open`` makes it.
       head_sync: When the head file is made durable (``head_file.HeadSync``; None: $SAGE_HEAD_SYNC, else ``use``).
-      check_head: Refuse (``LedgerRollback``) a database that does not match its anchor; False keeps the problem
-        in ``anchor_problem`` and opens a ledger that writes nothing.
+      check_head: Refuse (``LedgerRollback``) a database its anchor does not match; False: ``anchor_problem``.
       read_only: Open for the audit: nothing is written anywhere.
       upgrade: Allow an older ledger's migration (``sage ledger upgrade``).
     """
 
     @classmethod
     def reanchor(cls, location: str, reason: str, key_file: str | None = None) -> Ledger:
-        """Re-anchor this host's head on the ledger as it is now, on purpose (``anchor.reanchor``): a known-good
-        copy restored deliberately, or a host joining a PostgreSQL ledger without a copy of a head file. The keyed
-        ``anchor`` entry records ``reason``, the host and the head it replaces; the head file is reset to it.
-        Returns the open ledger (audit it: ``ledger.audit()``)."""
+        """Re-anchor this host's head on the ledger as it is now, on purpose (``anchor.reanchor``).
+
+        For a restored known-good copy or a new host of a PostgreSQL ledger: the keyed ``anchor`` entry records
+        ``reason``, the host and the head it replaces; the head file is reset.
+
+        Args:
+          location: The ledger's SQLite path or PostgreSQL URL.
+          reason: Why the head is re-anchored, recorded in the ``anchor`` entry.
+          key_file: The ledger's key file (None: $SAGE_KEY_FILE, else ``<sqlite path>.key``).
+
+        Returns:
+          The open ledger (audit it: ``ledger.audit()``).
+        """
         ledger = cls.open(location, key_file=key_file, head_sync=HeadSync.COMMIT, check_head=False)
         try:
             head = ledger._head.get(ledger._ledger_id)
@@ -116,17 +124,26 @@ class Ledger(LedgerBase):
         read_only: bool = False,
         upgrade: bool = False,
     ) -> Ledger:
-        """Open the ledger at ``location`` with its key file (``keys.resolve_key_path``: ``key_file``, else
-        $SAGE_KEY_FILE, else ``<sqlite path>.key``). ``create=True`` creates the ledger, and its key file
-        (mode 0600) if that does not exist yet. ``head_sync`` (``head_file.HeadSync``: ``use``, ``commit`` or
-        ``group``; default $SAGE_HEAD_SYNC, else ``use``) says when the audit's head file is made durable
-        (docs/security.md). The database is checked against the head file before any write
-        (``LedgerRollback`` if it was rolled back, cut, re-identified or replaced); ``check_head=False``
-        (the audit) records the problem in ``anchor_problem`` instead and opens a ledger that never writes the
-        head file. ``read_only=True`` (``sage ledger audit``: a read-only copy or mount, a full disk) implies
-        ``check_head=False`` and writes no byte anywhere: the database is opened read-only (``store/sqlite.py``),
-        never migrated, its id never bound, the head file only read; every write is refused. A ledger of an older
-        version is refused (``LedgerUpgradeNeeded``) unless ``upgrade`` (``migrations.upgrade`` alone gives it)."""
+        """Open the ledger at ``location``, checked against its head file before any write (docs/security.md).
+
+        Args:
+          location: The ledger's SQLite path or PostgreSQL URL (never with a password in it).
+          create: Create the ledger, and its key file (mode 0600), if they do not exist yet.
+          key_file: The key file (``keys.resolve_key_path``; None: $SAGE_KEY_FILE, else ``<sqlite path>.key``).
+          head_sync: When the head file is made durable (``head_file.HeadSync``; None: $SAGE_HEAD_SYNC, else ``use``).
+          check_head: Refuse a database its head file does not match; False: ``anchor_problem``, no head file write.
+          read_only: Write no byte anywhere (``sage ledger audit``: a read-only copy or mount, a full disk), and
+            refuse every write: implies ``check_head=False``; never migrated, the head file only read.
+          upgrade: Allow an older ledger's migration (``migrations.upgrade`` alone gives it).
+
+        Returns:
+          The open ``Ledger``.
+
+        Raises:
+          LedgerError: ``read_only`` with ``create``; a bad location or ``head_sync`` mode (``KeyFileError``).
+          LedgerRollback: the database was rolled back, cut, re-identified or replaced (``check_head``).
+          LedgerUpgradeNeeded: a ledger of an older version, without ``upgrade``.
+        """
         if read_only and create:
             raise LedgerError("a read-only open cannot create a ledger: give create=False")
         check_head = check_head and not read_only
@@ -142,9 +159,16 @@ class Ledger(LedgerBase):
 
     @classmethod
     def upgrade(cls, location: str, key_file: str | None = None, progress: Callable[[str], None] = print) -> int:
-        """``sage ledger upgrade``: bring a ledger written by an older sage-tfx to this version, keyed and idempotent
-        (``migrations.py``, the one home of every migration); ``progress(text)`` hears each step. Returns how many
-        steps ran (0: already up to date, nothing written)."""
+        """``sage ledger upgrade``: bring an older ledger to this version (``migrations.py``), keyed and idempotent.
+
+        Args:
+          location: The ledger's SQLite path or PostgreSQL URL.
+          key_file: The ledger's key file (None: as ``open`` finds it).
+          progress: Called with a line of text for each step.
+
+        Returns:
+          How many steps ran (0: already up to date, nothing written).
+        """
         with cls.open(location, key_file=key_file, upgrade=True) as ledger:
             return _migrations.upgrade(ledger, ledger._log, location, progress)
 

@@ -100,6 +100,17 @@ class RecordSplit:
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> RecordSplit:
+        """The record split of its signed form (``to_dict``), checked as the constructor checks it.
+
+        Args:
+          raw: A dict with exactly ``buckets`` ([[name, count], ...]), ``training`` and ``test`` (lists of names).
+
+        Returns:
+          The ``RecordSplit``.
+
+        Raises:
+          LedgerError: other keys, sides that are not lists, or a rule the constructor refuses.
+        """
         if not isinstance(raw, dict) or sorted(raw) != sorted(["buckets", *SIDES]):
             raise LedgerError(f"record split {raw!r} must be an object with buckets, training and test")
         if not all(isinstance(raw[side], (list, tuple)) for side in SIDES):

@@ -233,7 +233,17 @@ class BudgetSplit:
     # ------------------------------------------------------------------ making one
     @classmethod
     def from_meta(cls, meta: Mapping[str, Any]) -> BudgetSplit | None:
-        """The split signed into a grant's ``meta`` (None: a single-stage grant); LedgerError naming a bad field."""
+        """The split signed into a grant's ``meta``, or None for a single-stage grant.
+
+        Args:
+          meta: The grant's signed metadata (its split under ``SPLIT_KEY``).
+
+        Returns:
+          The ``BudgetSplit``, or None if ``meta`` holds no split.
+
+        Raises:
+          LedgerError: a split that is not an object, names unknown fields, has no rule or a bad value.
+        """
         raw = (meta or {}).get(SPLIT_KEY)
         if raw is None:
             return None
@@ -256,9 +266,16 @@ class BudgetSplit:
     def parse(cls, text: str, delta: float = 0.0) -> BudgetSplit:
         """A split from the command line: ``"preprocessing=0.1,training=0.3,validation=0.3[,rule=parallel]"``.
 
-        The rule is ``sum`` (default) or ``parallel``; missing stages get 0; ``delta`` is the grant's
-        delta, all of it training's unless ``preprocessing_delta=D`` gives preprocessing D of it (for DP
-        vocabularies); training then gets ``delta - D``.
+        Args:
+          text: Comma-separated ``STAGE=EPSILON`` (missing stages get 0), ``rule=sum|parallel`` (default sum) and
+            ``preprocessing_delta=D`` parts.
+          delta: The grant's delta: training's, less the D ``preprocessing_delta`` gives preprocessing.
+
+        Returns:
+          The ``BudgetSplit``.
+
+        Raises:
+          LedgerError: a malformed or unknown part, a stage named twice, no stage, or a bad value.
         """
         fields: dict[str, Any] = {}  # the stage values as given: BudgetSplit checks and converts them
         rule, pre_delta = ChargeRule.SUM.value, cast(Any, 0.0)  # pre_delta: the text given, then its float
@@ -311,12 +328,22 @@ class BudgetSplit:
     ) -> BudgetSplit:
         """Split a per-block charge ``epsilon`` into the stages so that ``charged_epsilon == epsilon``.
 
-        Preprocessing and the count take their shares of ``epsilon``; ``rest`` is what they leave. With
-        ``disjoint_split`` (a per-record train/test split, rule PARALLEL) the ACCEPT test gets all of
-        ``rest`` and training and the REJECT test share it (``rejection_share`` of it to the REJECT test).
-        Otherwise (rule SUM) ``validation_share`` of ``rest`` (default a third) goes to the ACCEPT test and
-        the remainder is shared between training and the REJECT test alike. ``delta`` is training's;
-        ``preprocessing_delta`` (default 0) is preprocessing's, charged on top (``total_delta``).
+        Args:
+          epsilon: The per-block charge to split (> 0); ``rest`` is what preprocessing and the count leave.
+          delta: Training's delta.
+          preprocessing_share: Preprocessing's share of ``epsilon``, in [0, 1).
+          count_share: The count's share of ``epsilon``, in [0, 1 - preprocessing_share).
+          validation_share: Without ``disjoint_split``: the ACCEPT test's share of ``rest`` (None: a third).
+          rejection_share: The REJECT test's share of training's side of ``rest``, in [0, 1).
+          disjoint_split: A per-record train/test split (rule PARALLEL): the ACCEPT test gets all of ``rest``,
+            and so does the training side; otherwise (rule SUM) the two share ``rest``.
+          preprocessing_delta: Preprocessing's delta, charged on top of ``delta`` (``total_delta``).
+
+        Returns:
+          The ``BudgetSplit``, its ``charged_epsilon`` equal to ``epsilon``.
+
+        Raises:
+          LedgerError: a non-positive ``epsilon`` or a share out of its range.
         """
         epsilon = positive(epsilon, "iteration epsilon")
         preprocessing_share = _share(preprocessing_share, "preprocessing_share", 1.0)

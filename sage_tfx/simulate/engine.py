@@ -32,6 +32,21 @@ def _tmp_root():
 
 @dataclass
 class SimResult:
+    """One simulated run: its parameters, every pipeline's state and the run's counters; ``summary()`` reports it.
+
+    Args:
+        strategy: the strategy simulated (``ALL_STRATEGIES``).
+        rate: the mean pipeline arrivals per hour.
+        hours: the hours of arrivals measured (the cohort arrives in [warmup, hours)).
+        warmup: the first hours, excluded from the cohort.
+        drain: the hours run after ``hours`` for the cohort to finish.
+        seed: the workload's seed.
+        pipelines: every arrival's ``PipelineState``, in arrival order.
+        stats: the run's counters (refusals, waiting_at_end, overloaded_at_h), added to the summary.
+        seconds: the wall time the run took.
+        stopped: the hour an overloaded run stopped at (None: it ran to the end).
+    """
+
     strategy: str
     rate: float
     hours: int
@@ -122,14 +137,28 @@ def simulate(
     max_waiting=200,
     policy_params=None,
 ):
-    """Run one strategy at one arrival rate. Returns a SimResult.
+    """Run one strategy at one arrival rate.
 
-    The run stops early, flagged ``overloaded``, once more than ``max_waiting``
-    pipelines wait at once: the queue only grows from there, and the ledger's
-    cost per hour grows with it. Its cohort's unreleased pipelines are then
-    censored at the stop time (the mean is a lower bound).
-    ``inspect(strategy_object)`` is called before the ledger is closed (tests
-    use it to audit the ledger); with ``keep`` the temporary directory stays.
+    Args:
+        strategy: the strategy's name (``ALL_STRATEGIES``).
+        rate: the mean pipeline arrivals per hour.
+        hours: the hours of arrivals measured; blocks arrive one an hour.
+        seed: the workload's seed (the run is deterministic per seed).
+        config: the simulation's parameters (``SimConfig``).
+        warmup: the first hours, excluded from the measured cohort (shorter than ``hours``).
+        drain: the hours run after ``hours`` for the cohort to finish.
+        workdir: where the strategy's ledger is written (None: a temporary directory, removed after).
+        keep: keep that temporary directory.
+        inspect: called with the strategy object before its ledger is closed (tests audit the ledger).
+        max_waiting: stop early (``overloaded_at_h``) once more pipelines wait at once: the cohort's unreleased
+            pipelines are censored at the stop (the mean is a lower bound).
+        policy_params: {queued strategy name: its policy's parameters}.
+
+    Returns:
+        The ``SimResult``.
+
+    Raises:
+        ValueError: an unknown strategy, or hours, warmup or drain not an integer >= 0, or warmup >= hours.
     """
     _check_run(strategy, hours, warmup, drain)
     started = time.perf_counter()

@@ -1,45 +1,28 @@
 """Differentially private tf.Transform analyzers: dp_group_by_mean (Sage, List. 1) and its family.
 
-How the noise is drawn ONCE per analysis (the Sage paper List. 1):
+The noise is drawn ONCE per analysis (the Sage paper List. 1; docs/dp_preprocessing.md, "Noise once per analysis"):
+a full-pass analyzer (`_NoiseOnce`) adds each table's rows exactly on its public grid (`_GridSumsFn`,
+`samplers.grid_sums`), then ONE ``Map`` draws grid Laplace noise for every cell and post-processes; tf.Transform
+bakes the noisy tables into the transform graph as constants. Each analyzer's "Laplace(0, b)" below means that
+release: (sensitivity / b)-DP exactly, with a noise scale within a relative 2^-20 of b.
 
-1. In the TensorFlow graph, each row gets its key (or OUT_OF_RANGE) and its contribution to each
-   table (1 for a count, its clipped value for a sum). Nothing random, and no sum, happens here.
-2. A full-pass analyzer (``tft.experimental.ptransform_analyzer``) hands those rows, batch by
-   batch, to a Beam PTransform (`_NoiseOnce`): ``CombineGlobally`` (`_GridSumsFn`) puts each
-   row's contribution on its table's public power-of-two grid gamma on its own and adds the
-   integers exactly (`samplers.grid_sums`), giving the exact grid tables of the whole data set
-   (one element, even for an empty data set), then ONE ``Map`` draws gamma times exact discrete
-   Laplace noise for every cell (`noise.add_laplace`, `sage_tfx.privacy.samplers`) and
-   post-processes the tables (e.g. guarded means). The grid is a function of the table's scale
-   and sensitivity only (`noise.table_grid`), so it is fixed before any row is read; a float64
-   sum of the rows would round by an amount that depends on the other rows and the batching,
-   outside the integer sensitivity the grid release's proof uses. Each analyzer's "Laplace(0, b)"
-   below means that release: (sensitivity / b)-DP exactly, with a noise scale within a relative
-   2^-20 of b.
-3. tf.Transform bakes the noisy tables into the transform graph as constants. The
-   transform phase, every batch of it and serving all read those constants;
-   nothing in the transform graph draws noise.
+Neighbouring data sets differ by adding or removing one row (event-level privacy inside a Sage block). Each row has
+exactly one key, so the rows of different keys are disjoint and the per-key tables compose in parallel: the
+sensitivity of a whole table is that of a single key's cell.
 
-Neighbouring data sets differ by adding or removing one row (event-level privacy
-inside a Sage block). Each row has exactly one key, so the rows of different keys
-are disjoint and the per-key tables compose in parallel: the sensitivity of a whole
-table is that of a single key's cell.
+Values are clipped to [0, value_range] (the paper's listing omits this; without it the sensitivity bound is false).
+NaN values count as 0 and +-inf clip to the bounds, so one row always moves a sum by at most value_range. Keys
+belong in [0, nkeys); a row whose key is outside counts in no table (its key becomes -1, which the per-key sums
+drop), and ``dp_group_by_mean`` gives it the public default value_range / 2. Both are fixed functions of the row
+alone, so no sensitivity changes, and nothing fails because of one row's key: the analysis runs after the grant is
+charged, and a failure (or an error message naming the key) would reveal that row.
 
-Values are clipped to [0, value_range] (the paper's listing omits this; without it
-the sensitivity bound is false). NaN values count as 0 and +-inf clip to the bounds,
-so one row always moves a sum by at most value_range. Keys belong in [0, nkeys); a row
-whose key is outside counts in no table (its key becomes -1, which the per-key sums
-drop), and ``dp_group_by_mean`` gives it the public default value_range / 2. Both are
-fixed functions of the row alone, so no sensitivity changes, and nothing fails because
-of one row's key: the analysis runs after the grant is charged, and a failure (or an
-error message naming the key, as an assertion used to) would reveal that row.
+Every analyzer returns float32 tensors and records its epsilon with `sage_tfx.transform.budget.record_spend` (see
+`PreprocessingBudget`).
 
-Every analyzer returns float32 tensors and records its epsilon with
-`sage_tfx.transform.budget.record_spend` (see `PreprocessingBudget`).
-
-Seeds: by default every analysis draws fresh OS entropy. Trusted code (DPTransform)
-makes the noise reproducible per grant with ``with sage_tfx.transform.noise_seed(s):``
-around the tracing; an analyzer's own ``seed=`` is for tests and is refused there.
+Seeds: by default every analysis draws fresh OS entropy. Trusted code (DPTransform) makes the noise reproducible per
+grant with ``with sage_tfx.transform.noise_seed(s):`` around the tracing; an analyzer's own ``seed=`` is for tests
+and is refused there.
 """
 
 import collections
@@ -91,8 +74,13 @@ from .seeding import resolve_seed
 class PerKeyMean(collections.namedtuple("PerKeyMean", ["counts", "sums", "means"])):
     """Noisy per-key tables of dp_mean_per_key, each a float32 tensor of shape [nkeys].
 
-    ``means`` already holds the public fallback for keys whose noisy count is below ``min_count``
-    (when dp_mean_per_key was given one). `lookup` maps rows to their key's mean.
+    `lookup` maps rows to their key's mean.
+
+    Args:
+      counts: The noisy row count of each key.
+      sums: The noisy sum of each key's clipped values.
+      means: The mean of each key, the public fallback where the noisy count is below ``min_count`` (when
+        dp_mean_per_key was given one).
     """
 
     __slots__ = ()
@@ -102,6 +90,17 @@ class PerKeyMean(collections.namedtuple("PerKeyMean", ["counts", "sums", "means"
 
         Post-processing of the released table with the row's own key: no privacy cost. Out-of-range
         keys get ``default`` instead of failing (nothing may fail after the charge).
+
+        Args:
+          key: An integer tensor of keys, one per row, over the tables' key space [0, nkeys).
+          default: The PUBLIC mean of a key outside [0, nkeys) (finite; never computed from the data).
+
+        Returns:
+          A float32 tensor [batch] of each row's mean.
+
+        Raises:
+          DPTransformError: a non-finite ``default``, a key that is not an integer tensor, or tables without
+            a static size.
         """
         default = _check_finite(default, "PerKeyMean.lookup: default")
         nkeys = self.means.shape[0]
@@ -162,7 +161,19 @@ def dp_count_per_key(key, nkeys, epsilon, *, seed=None, name=None):
     sensitivity/epsilon = 1/epsilon on an L1-sensitivity-1 vector is epsilon-DP
     (Dwork et al. 2006); everything after it is post-processing.
 
-    `seed` is for tests only (None draws a fresh key); see `randomness.secure_rng`.
+    Args:
+      key: An integer tensor, each row's key; a row whose key is outside [0, nkeys) counts nowhere.
+      nkeys: The number of keys (a public integer >= 1).
+      epsilon: What the analyzer spends (finite, > 0).
+      seed: For tests only (None draws fresh OS entropy).
+      name: The name scope of the analyzer (and of its recorded spend).
+
+    Returns:
+      A float32 tensor [nkeys] of noisy counts.
+
+    Raises:
+      DPTransformError: a bad argument (a ValueError naming it), checked while the function is traced.
+      BudgetExceeded: the spend is more than the active ``PreprocessingBudget`` allows.
     """
     label = "dp_count_per_key"
     epsilon, seed, nkeys, _ = _check_common(label, epsilon, seed, nkeys=nkeys)
@@ -186,6 +197,22 @@ def dp_sum_per_key(key, value, nkeys, epsilon, value_range, *, seed=None, name=N
     Guarantee: (epsilon, 0)-DP (Laplace mechanism, scale = sensitivity/epsilon).
     Centring does not apply to a sum alone: an estimate of the sum from a centred sum needs a
     noisy count too, twice this noise variance at best (docs/dp_preprocessing.md, "The mean's two forms").
+
+    Args:
+      key: An integer tensor, each row's key; a row whose key is outside [0, nkeys) counts nowhere.
+      value: A numeric tensor, each row's value (NaN counts as 0).
+      nkeys: The number of keys (a public integer >= 1).
+      epsilon: What the analyzer spends (finite, > 0).
+      value_range: R: values are clipped to [0, R] (finite, > 0).
+      seed: For tests only (None draws fresh OS entropy).
+      name: The name scope of the analyzer (and of its recorded spend).
+
+    Returns:
+      A float32 tensor [nkeys] of noisy sums.
+
+    Raises:
+      DPTransformError: a bad argument (a ValueError naming it), checked while the function is traced.
+      BudgetExceeded: the spend is more than the active ``PreprocessingBudget`` allows.
     """
     label = "dp_sum_per_key"
     epsilon, seed, nkeys, value_range = _check_common(label, epsilon, seed, nkeys=nkeys, value_range=value_range)
@@ -248,24 +275,6 @@ def _mean_per_key(
         return PerKeyMean(counts, sums, means), fallback
 
 
-_MEAN_OPTIONS = """
-    Options (keyword-only, public constants; none changes the sensitivity or the guarantee):
-
-    - ``mask``: a bool tensor (or numeric: exactly 1 keeps the row), one value per row of ``key``.
-      A row whose mask is not set contributes to no count and no sum, exactly as if it were absent
-      (e.g. the mean arr_delay per carrier over delayed flights only: ``mask=arr_delay > 0``).
-      Sensitivity unchanged: a row still moves at most one count by 1 and one sum by at most
-      value_range (a masked row moves nothing); whether a row counts is a function of that row alone.
-    - ``min_count`` and ``fallback`` (both or neither): a key whose NOISY count is below ``min_count``
-      gets the PUBLIC ``fallback`` (e.g. value_range / 2 or a public prior) as its mean instead of
-      a ratio of two small noisy numbers. The choice reads only the released noisy count, so it is
-      post-processing: free. ``fallback`` must not be computed from the data.
-    - ``mean_form``: ``"centred"`` (the default) or ``"sage"`` (the paper's List. 1, for the Sage
-      reproduction). Both are (epsilon, 0)-DP; the centred form has about half the error
-      (docs/dp_preprocessing.md, "The mean's two forms", states both mechanisms and proofs).
-"""
-
-
 def _check_selection_options(label, nkeys, mask, min_count):
     """With partition_selection the keys come from the data: refuse nkeys, mask and min_count (before any charge)."""
     given = {"nkeys": nkeys, "mask": mask, "min_count": min_count}
@@ -296,21 +305,38 @@ def dp_mean_per_key(
 ) -> PerKeyMean | SelectedKeyMean:
     """Noisy per-key counts, sums and means of clip(value, 0, value_range): a `PerKeyMean` of float32 [nkeys].
 
-    The tables behind `dp_group_by_mean` (same mechanism, same (epsilon, 0)-DP guarantee and proof);
-    ``sums`` is the noisy sum of the clipped values: S~ itself (``mean_form="sage"``), or the released
-    centred sum plus (R/2) times the noisy count (the default centred form; post-processing). The
-    ``"sage"`` form's tables are what `DPAbsoluteErrorValidator.validate_released` bounds. Map rows
-    to their key's mean with ``tables.lookup(any_key, default=...)`` (any key tensor over [0, nkeys),
-    e.g. another column than the one aggregated over), or use ``dp_group_by_mean(..., lookup_key=)``.
-    ``means`` holds the fallback where the noisy count is below ``min_count``; ``counts`` and ``sums``
-    are the raw noisy tables.
+    The tables behind `dp_group_by_mean`: the same mechanism, sensitivities (1 for a count, R/2 for a centred
+    sum, R for the ``"sage"`` form's) and (epsilon, 0)-DP guarantee; with ``partition_selection``,
+    (epsilon, delta)-DP. The proofs: docs/dp_preprocessing.md, "The mean's two forms" and "Keys not known in
+    advance"; the options: its "Masks, fallbacks and lookup keys". None of the options changes the guarantee.
+    Map rows to their key's mean with ``tables.lookup(any_key, default=...)``.
 
-    ``partition_selection=delta`` (with ``nkeys=None``): keys NOT known in advance (any tf.string or
-    integer key): only the keys whose noisy count passes the Laplace threshold at ``delta`` are released,
-    as a `SelectedKeyMean` (keys, counts, sums, means); (epsilon, delta)-DP, both recorded with
-    `record_spend`, so a preprocessing grant without delta refuses it before anything is read
-    (docs/dp_preprocessing.md, "Keys not known in advance"; `partitions` has the proof).
-    ``max_partitions_contributed``: the keys one row adds to (1, exact here; more only adds noise).
+    Args:
+      key: Each row's key: an integer tensor over [0, nkeys), or with ``partition_selection`` a tf.string or
+        integer tensor of keys not known in advance.
+      value: A numeric tensor, each row's value (NaN counts as 0).
+      nkeys: The number of keys (a public integer >= 1); None with ``partition_selection``.
+      epsilon: What the analyzer spends (finite, > 0).
+      value_range: R: values are clipped to [0, R] (finite, > 0).
+      mask: A bool (or numeric: exactly 1 keeps the row) tensor, one value per row: a row not kept counts in
+        no table, as if absent.
+      min_count: With ``fallback``: a key whose NOISY count is below it gets ``fallback`` as its mean.
+      fallback: The PUBLIC mean of such keys (never computed from the data).
+      mean_form: ``"centred"`` (default, about half the error) or ``"sage"`` (the paper's List. 1; the tables
+        `DPAbsoluteErrorValidator.validate_released` bounds).
+      partition_selection: delta in (0, 1): release only the keys whose noisy count passes the Laplace
+        threshold at delta, as a `SelectedKeyMean`; spends (epsilon, delta).
+      max_partitions_contributed: The keys one row adds to (1, exact here; more only adds noise).
+      seed: For tests only (None draws fresh OS entropy).
+      name: The name scope of the analyzer (and of its recorded spend).
+
+    Returns:
+      A `PerKeyMean` (``sums`` the noisy sum of the clipped values, ``means`` holding the fallback), or with
+      ``partition_selection`` a `SelectedKeyMean` over the kept keys.
+
+    Raises:
+      DPTransformError: a bad argument (a ValueError naming it), checked while the function is traced.
+      BudgetExceeded: the spend is more than the active ``PreprocessingBudget`` allows.
     """
     if partition_selection is not None:
         _check_selection_options("dp_mean_per_key", nkeys, mask, min_count)
@@ -351,36 +377,38 @@ def dp_group_by_mean(
 ) -> tf.Tensor:
     """Sage's DP feature (paper List. 1): each row gets the noisy mean value of its key. float32 [batch].
 
-    Mechanism (docs/dp_preprocessing.md, "The mean's two forms"), with v = clip(value, 0, R),
-    R = value_range, keys in [0, nkeys), c the shift and eps_n + eps_s = epsilon (`noise.mean_release`):
-        dp_counts = group_by_sum(key, 1, nkeys) + Laplace(0, 1/eps_n, nkeys)
-        dp_sums   = group_by_sum(key, v - c, nkeys) + Laplace(0, Delta_s/eps_s, nkeys)
-        means     = clip(c + dp_sums / max(dp_counts, 1), 0, R)
-        output    = gather(means, key), or R / 2 for a key outside [0, nkeys)
-    centred (default): c = R/2, Delta_s = R/2 (|v - R/2| <= R/2), eps_n = epsilon / (1 + 3^(1/3))
-    (about 0.41 epsilon: the split of least expected error); sage (``mean_form="sage"``, the paper's
-    List. 1): c = 0, Delta_s = R, eps_n = eps_s = epsilon/2.
-    Sensitivity: one row changes one count by 1 and one sum by at most Delta_s
-    (it has one key, and its clipped value lies in [0, R]).
-    Guarantee: (epsilon, 0)-DP. Proof sketch: the counts are eps_n-DP (Laplace, scale
-    1/eps_n) and the sums eps_s-DP (scale Delta_s/eps_s); by basic composition the pair
-    is epsilon-DP. The guarded division, the shift, the clip and
-    the gather use only the noisy tables and the row's own key: post-processing.
-    The noise is drawn once per analysis over the whole data set; every row of a key,
-    every transform batch and serving see the same value.
+    ``gather(means, key)`` over `dp_mean_per_key`'s tables, drawn once per analysis: every row of a key, every
+    transform batch and serving see the same value. One row moves one count by 1 and one sum by at most R/2
+    (R for ``mean_form="sage"``); the pair is (epsilon, 0)-DP, (epsilon, delta)-DP with
+    ``partition_selection``. Mechanism and proof: docs/dp_preprocessing.md, "The mean's two forms" and "Keys
+    not known in advance"; the options: its "Masks, fallbacks and lookup keys".
 
-    ``lookup_key`` (keyword-only, with the options below): the output is ``means[lookup_key]``
-    instead of ``means[key]`` (an integer tensor over the same key space [0, nkeys), one value per
-    OUTPUT row; out-of-range values are handled like out-of-range keys): aggregate over one
-    column and look up by another (the mean delay at each row's origin, looked up by its
-    destination), or aggregate with a mask and look up every row (masked rows too get their key's
-    mean: the mask only selects what is aggregated). Post-processing with the row's own key.
-    A lookup key outside [0, nkeys) gets ``fallback`` if given, else value_range / 2 (public).
+    Args:
+      key_tensor: Each row's key: an integer tensor over [0, nkeys), or with ``partition_selection`` a
+        tf.string or integer tensor of keys not known in advance.
+      value_tensor: A numeric tensor, each row's value (NaN counts as 0).
+      nkeys: The number of keys (a public integer >= 1); None with ``partition_selection``.
+      epsilon: What the analyzer spends (finite, > 0).
+      value_range: R: values are clipped to [0, R] (finite, > 0).
+      mask: A bool (or numeric: exactly 1 keeps the row) tensor, one value per row: a row not kept counts in
+        no table but still gets its key's mean.
+      min_count: With ``fallback``: a key whose NOISY count is below it gets ``fallback`` as its mean.
+      fallback: The PUBLIC mean of such keys, and of a key outside [0, nkeys) or not kept (default R/2).
+      lookup_key: Look up ``means[lookup_key]`` (same key space, one value per output row) instead of
+        ``means[key]``: aggregate over one column, look up by another.
+      mean_form: ``"centred"`` (default, about half the error) or ``"sage"`` (the paper's List. 1).
+      partition_selection: delta in (0, 1): keep only the keys whose noisy count passes the Laplace
+        threshold at delta; spends (epsilon, delta).
+      max_partitions_contributed: The keys one row adds to (1, exact here; more only adds noise).
+      seed: For tests only (None draws fresh OS entropy).
+      name: The name scope of the analyzer (and of its recorded spend).
 
-    ``partition_selection=delta`` with ``nkeys=None``: keys not known in advance, as in `dp_mean_per_key`
-    ((epsilon, delta)-DP); a row whose key was not kept gets ``fallback`` if given, else value_range / 2.
+    Returns:
+      A float32 tensor [batch]: each row's noisy key mean.
 
-    `seed` is for tests only (None draws fresh OS entropy).
+    Raises:
+      DPTransformError: a bad argument (a ValueError naming it), checked while the function is traced.
+      BudgetExceeded: the spend is more than the active ``PreprocessingBudget`` allows.
     """
     label = "dp_group_by_mean"
     if partition_selection is not None:
@@ -408,10 +436,6 @@ def dp_group_by_mean(
     return _lookup(tables.means, keys, float(value_range) / 2.0 if fallback is None else fallback)
 
 
-dp_mean_per_key.__doc__ += _MEAN_OPTIONS
-dp_group_by_mean.__doc__ += _MEAN_OPTIONS
-
-
 def dp_histogram(x, epsilon, *, num_buckets=None, vocabulary=None, seed=None, name=None):
     """Noisy counts of each value of a categorical feature (Criteo-style count features): float32.
 
@@ -424,6 +448,21 @@ def dp_histogram(x, epsilon, *, num_buckets=None, vocabulary=None, seed=None, na
     Mechanism: count_b + Laplace(0, 1/epsilon) for every bucket b.
     Sensitivity: a row falls in exactly one bucket, so one row changes the L1 norm of
     the histogram by 1. Guarantee: (epsilon, 0)-DP (Laplace mechanism).
+
+    Args:
+      x: The categorical feature: integer ids, or values of the vocabulary's type.
+      epsilon: What the analyzer spends (finite, > 0).
+      num_buckets: The number of ids (x in [0, num_buckets)); give it or ``vocabulary``.
+      vocabulary: The PUBLIC values (strings or ints, no duplicates); give it or ``num_buckets``.
+      seed: For tests only (None draws fresh OS entropy).
+      name: The name scope of the analyzer (and of its recorded spend).
+
+    Returns:
+      A float32 tensor of noisy counts, [num_buckets] or [len(vocabulary) + 1].
+
+    Raises:
+      DPTransformError: a bad argument (a ValueError naming it), checked while the function is traced.
+      BudgetExceeded: the spend is more than the active ``PreprocessingBudget`` allows.
     """
     label = "dp_histogram"
     if (num_buckets is None) == (vocabulary is None):
@@ -479,6 +518,21 @@ def dp_mean(x, epsilon, value_range, *, mean_form=CENTRED_MEAN, seed=None, name=
     (sensitivity R/2), mean = clip(R/2 + sum / max(count, 1), 0, R); ``mean_form="sage"``: count and
     raw sum (sensitivity R) at epsilon/2 each. Guarantee: (epsilon, 0)-DP by basic composition; the rest
     is post-processing (docs/dp_preprocessing.md, "The mean's two forms").
+
+    Args:
+      x: A numeric tensor, one value per row (NaN counts as 0).
+      epsilon: What the analyzer spends (finite, > 0).
+      value_range: R: values are clipped to [0, R] (finite, > 0).
+      mean_form: ``"centred"`` (default) or ``"sage"``.
+      seed: For tests only (None draws fresh OS entropy).
+      name: The name scope of the analyzer (and of its recorded spend).
+
+    Returns:
+      A float32 scalar in [0, value_range].
+
+    Raises:
+      DPTransformError: a bad argument (a ValueError naming it), checked while the function is traced.
+      BudgetExceeded: the spend is more than the active ``PreprocessingBudget`` allows.
     """
     tables, _ = _mean_per_key(
         "dp_mean",
@@ -505,6 +559,20 @@ def dp_variance(x, epsilon, value_range, *, seed=None, name=None):
     Centring at R/2 cuts the sensitivities of the two sums by 2 and 4 against raw sums.
     Guarantee: (epsilon, 0)-DP. Proof sketch: three Laplace mechanisms, each
     (epsilon/3)-DP for its sensitivity, compose to epsilon; the rest is post-processing.
+
+    Args:
+      x: A numeric tensor, one value per row (NaN counts as 0).
+      epsilon: What the analyzer spends (finite, > 0).
+      value_range: R: values are clipped to [0, R] (finite, > 0).
+      seed: For tests only (None draws fresh OS entropy).
+      name: The name scope of the analyzer (and of its recorded spend).
+
+    Returns:
+      A float32 scalar in [0, value_range^2/4].
+
+    Raises:
+      DPTransformError: a bad argument (a ValueError naming it), checked while the function is traced.
+      BudgetExceeded: the spend is more than the active ``PreprocessingBudget`` allows.
     """
     label = "dp_variance"
     epsilon, seed, _, value_range = _check_common(label, epsilon, seed, value_range=value_range)
