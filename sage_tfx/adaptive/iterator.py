@@ -2,7 +2,8 @@
 
 Each iteration charges a grant on the newest window of blocks BEFORE any read, runs the DP pipeline
 validated at eta_i = eta / (i (i+1)) and, on RETRY, doubles epsilon or the window. Contract: the eta_i
-sum to eta, so the SLA holds across retries; the total spend is at most about 4x the ideal budget; a run
+sum to eta, so the SLA holds across retries; doubling bounds the total at about 4x the ideal budget where
+its premises hold (docs/BENCHMARKS.md, "Privacy-adaptive training's budget against the ideal"); a run
 resumes an attempt without an outcome under the SAME grant (no new charge). The loop, the cost bound and
 resumption: docs/block_composition.md, "Privacy-adaptive training: the iterator".
 """
