@@ -92,7 +92,7 @@ def _pip(args: Sequence[str], what: str) -> None:
 
 
 def install(staged_dir: str, names: Sequence[str], site_dir: str) -> list[str]:
-    """Install the staged packages into ``site_dir`` (see the module docstring); return what was installed."""
+    """Install the staged packages into ``site_dir`` (the steps: docs/scale_out.md, "The worker boot"); return what was installed."""
     installed = []
     packages = []
     if EXTRA_PACKAGES_FILE in names:
