@@ -1,33 +1,12 @@
 #!/usr/bin/env python
-"""A Beam SDK worker boot for worker pools without Beam's SDK container (docs/scale_out.md, "PortableRunner with
-an external worker pool").
+"""A Beam SDK worker boot for worker pools without Beam's SDK container.
 
-Beam's worker pool (``python -m apache_beam.runners.worker.worker_pool_main``) starts each Python SDK worker
-either as a bare ``python -c SdkHarness(...)``, which installs none of the job's staged packages
-(``--extra_package``, ``--setup_file``, ``--requirements_file``), or as ``--container_executable BOOT`` with
-the SDK container's contract (``BOOT --id=... --logging_endpoint=... --artifact_endpoint=...
---provision_endpoint=... --control_endpoint=...``). Inside Beam's SDK container BOOT is its Go program
-``/opt/apache/beam/boot``; this file is that contract in Python, for a worker pool run from a Python
-environment that already holds Beam, TFX and sage-tfx (``sage_tfx.clusters.portable_cluster`` runs one):
-
-1. asks the provision service for the job's pipeline options and staged artifacts;
-2. fetches every artifact from the artifact service (over gRPC: nothing is read from the launcher's disk) into
-   SEMI_PERSIST_DIR/staged;
-3. installs the packages the job staged, in ``extra_packages.txt`` order, then ``workflow.tar.gz`` (a
-   ``--setup_file`` package) and ``requirements.txt`` (from the staged files only), into
-   SEMI_PERSIST_DIR/site: pure-Python wheels (``*-none-any.whl``) by unpacking, anything else with
-   ``pip install --no-deps --target``;
-4. runs Beam's ``apache_beam.runners.worker.sdk_worker_main`` with SEMI_PERSIST_DIR/site last on its
-   ``sys.path`` (where a pip install would put it: it shadows nothing installed), and removes
-   SEMI_PERSIST_DIR (a fresh private temporary folder unless ``--semi_persist_dir`` is given) when the
-   worker exits.
-
-It reports each worker on stderr (the worker pool's output): ``beam_boot: worker ID (pid PID) installed
-[NAMES]``.
-
-Use it with any worker pool: ``python -m apache_beam.runners.worker.worker_pool_main --service_port=50000
---container_executable=$(python -c "import sage_tfx.beam_boot as b; print(b.__file__)")`` (the file is
-executable and runs the ``python`` found on PATH, as Beam's worker pool does).
+Beam's SDK container boot contract (``BOOT --id=... --provision_endpoint=... --artifact_endpoint=...``) in
+Python, for a worker pool run from a Python environment that already holds Beam, TFX and sage-tfx: it
+fetches the job's staged artifacts over gRPC, installs them into a private temporary folder last on
+``sys.path``, runs Beam's ``sdk_worker_main`` and removes the folder when the worker exits. Use as the
+worker pool's ``--container_executable``. Steps and usage: docs/scale_out.md, "PortableRunner with an
+external worker pool" ("The worker boot").
 """
 
 from __future__ import annotations
@@ -113,7 +92,7 @@ def _pip(args: Sequence[str], what: str) -> None:
 
 
 def install(staged_dir: str, names: Sequence[str], site_dir: str) -> list[str]:
-    """Install the staged packages into ``site_dir`` (see the module docstring); return what was installed."""
+    """Install the staged packages into ``site_dir`` (the steps: docs/scale_out.md, "The worker boot"); return what was installed."""
     installed = []
     packages = []
     if EXTRA_PACKAGES_FILE in names:

@@ -1,23 +1,11 @@
-"""Loopback clusters for running sage's Beam jobs on distributed runners (docs/scale_out.md).
+"""Loopback clusters for running sage's Beam jobs on distributed runners.
 
-Two launchers, each a context manager that starts its processes on 127.0.0.1, waits until they answer and
-stops them on exit:
-
-- ``portable_cluster``: a Beam job service and an EXTERNAL SDK worker pool (Beam's
-  ``apache_beam.runners.worker.worker_pool_main``, the way Flink, Spark and Dataflow run Python workers),
-  whose SDK workers are processes of their own, started through ``sage_tfx.beam_boot`` so that they install
-  the packages a job stages (``--extra_package``). Its ``beam_args`` are the options a job needs
-  (``--runner=PortableRunner --job_endpoint=... --environment_type=EXTERNAL --environment_config=...
-  --sdk_worker_parallelism=N``), e.g. ``sage run taxi_regression --runner beam ... -- *cluster.beam_args``.
-- ``dask_cluster``: a ``distributed.LocalCluster`` of worker processes, for Beam's DaskRunner
-  (``sage ingest --runner dask --dask-address ADDRESS``).
-
-Run as ``python -m sage_tfx.clusters job-service --port P``, this module is the job service that
-``portable_cluster`` starts: Beam's own local job service (``apache_beam.runners.portability.
-local_job_service``), except that it runs each stage on ``--sdk_worker_parallelism`` SDK workers; Beam 2.77's
-local job service always runs one (docs/scale_out.md, "PortableRunner with an external worker pool").
-
-This module never imports TensorFlow.
+``portable_cluster`` (a Beam job service and an EXTERNAL SDK worker pool whose workers boot through
+``sage_tfx.beam_boot``) and ``dask_cluster`` (a ``distributed.LocalCluster`` for Beam's DaskRunner): each a
+context manager that starts its processes on 127.0.0.1, waits until they answer and stops them on exit.
+``python -m sage_tfx.clusters job-service --port P`` is the job service ``portable_cluster`` starts. This
+module never imports TensorFlow. Details: docs/scale_out.md, "PortableRunner with an external worker pool"
+("The loopback clusters").
 """
 
 from __future__ import annotations

@@ -1,37 +1,11 @@
 """Privacy-adaptive training: Sage's iterator for one pipeline (paper §3.3).
 
-    eps <- eps_start; window <- min_window; i <- 1
-    loop:
-        blocks <- the newest `window` blocks with enough budget (in this pipeline's allocation) for eps
-        grant  <- ledger.request(...)              # atomic; charged BEFORE any read
-        outcome <- run the DP pipeline under the grant, validated at eta_i = eta / (i (i+1))
-        ACCEPT: push, stop     REJECT: stop
-        RETRY : eps <- 2 eps if it fits the allocation on the window, else window <- 2 window
-        TIMEOUT past max_iterations or max_seconds
-
-Doubling means the failed attempts together cost at most the final one, and
-the final eps overshoots the smallest sufficient one by at most 2x, so the
-total is at most 4x the ideal budget. The eta_i sum to eta over any number of
-attempts (sum 1/(i(i+1)) = 1), so the SLA holds across retries.
-
-Each iteration's epsilon is split between the stages (``sage_tfx.privacy.BudgetSplit``) and the split is signed
-into the grant; with a per-record train/test split a block is charged pre + count + max(train + reject, val)
-(ChargeRule.PARALLEL), else the sum (docs/block_composition.md).
-
-The certificate request a pipeline name is run for is checked by ``sage_tfx.adaptive.request``.
-
-Resumable: the ledger keeps every grant with its iteration number and the
-outcome recorded after the run. A new iterator for the same pipeline first
-looks at that history; a grant without an outcome (the process was killed
-mid-iteration) is run again under the SAME grant: no new charge. Re-running is
-safe because the TFX pipeline is cached by its inputs (the grant is one of
-them), so components that finished before the kill are reused, with the noise
-they already drew, and are not recomputed with fresh noise. An iteration stopped by an error of the
-environment (``IterationInterrupted``: a full disk, a missing folder or block file) is left the same way,
-without an outcome, so that fixing the cause and running again resumes it; FAILED (its grant spent, the next
-run moves on) is reserved for the other errors, which may depend on the data. Before each charge,
-``check_blocks(blocks)`` (if given) verifies what the run will read, so a missing data root or block folder is
-refused with nothing charged.
+Each iteration charges a grant on the newest window of blocks BEFORE any read, runs the DP pipeline
+validated at eta_i = eta / (i (i+1)) and, on RETRY, doubles epsilon or the window. Contract: the eta_i
+sum to eta, so the SLA holds across retries; doubling bounds the total at about 4x the ideal budget where
+its premises hold (docs/BENCHMARKS.md, "Privacy-adaptive training's budget against the ideal"); a run
+resumes an attempt without an outcome under the SAME grant (no new charge). The loop, the cost bound and
+resumption: docs/block_composition.md, "Privacy-adaptive training: the iterator".
 """
 
 import time

@@ -1,30 +1,12 @@
 """`sage serve`'s pipelines in parallel: one worker PROCESS per pipeline.
 
-TFX's orchestrators keep process-wide state and are not safe to run concurrently in one process, so the
-threaded ``Platform`` makes its pipelines' TFX runs take turns. ``ProcessPlatform`` runs each pipeline's
-``SageIterator`` in its own process, started with multiprocessing's "spawn" context (a fresh interpreter:
-no TensorFlow, TFX or ledger state is inherited); each worker opens the ledger itself, by its location, and
-the key file's path reaches it in ``SAGE_KEY_FILE`` (``--key-file``), never the key. The ledger is safe under
-concurrent writers (SQLite WAL or PostgreSQL), so N pipelines progress at once on one ledger.
-
-The parent keeps the replay clock, as the threaded platform does: it talks to each worker over a pipe
-(progress lines, "waiting for blocks", "may I run an iteration", the result) and advances the replay when
-every unfinished pipeline waits for data. ``parallel`` bounds how many iterations (TFX runs) run at once
-(0: all pipelines at once; 1: one at a time, as before).
-
-A worker that dies (killed, a signal, or an exception outside an iteration) is reported with the pipeline's
-name and exit status and started again: the new worker's iterator finds the unfinished attempt in the ledger
-and re-runs it under its grant, with no new charge (``SageIterator.run``). After ``max_restarts`` restarts
-the pipeline is reported as failed; the other workers go on throughout. An iteration that RAISES after its
-charge is not a death: the iterator records FAILED on its grant and the pipeline fails, as in the threaded
-platform and `sage run` (restarting would move on to a new, charged iteration); nor is a block refused before
-its charge (``RefusedBeforeCharge``). An error of the environment after the charge (``IterationInterrupted``: a
-full disk, a missing folder) records no outcome and is a death: the restarted worker resumes under the grant.
-
-The participants' own code lives with what they run: ``sage_tfx.pipelines.workers`` (a pipeline's Sage iterator,
-``WorkerSpec``) and ``sage_tfx.release.worker`` (a release strategy's session, ``ReleaseSpec``, docs/
-release_strategies.md); each spec's ``entry()`` names the function its worker process runs. This module is the
-platform only: it imports neither, nor the CLI.
+``ProcessPlatform`` runs each pipeline's ``SageIterator`` in its own "spawn" process (TFX's orchestrators
+are not safe to run concurrently in one process); each worker opens the ledger itself and gets the key
+file's path, never the key. The parent keeps the replay clock and bounds the TFX runs at once
+(``parallel``). Contract: a worker that dies is restarted (up to ``max_restarts``) and resumes its attempt
+under its grant with no new charge; an iteration that raises after its charge records FAILED. This module is
+the platform only: it imports neither the participants' code nor the CLI. Details: docs/scale_out.md,
+"Pipelines in parallel".
 """
 
 import multiprocessing

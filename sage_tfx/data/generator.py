@@ -1,27 +1,10 @@
 """A taxi-like stream GENERATED from distributions fitted to the real Chicago taxi rows.
 
-Every generated row carries ``generated = 1``, and every figure computed from
-these rows must say "generated". The model (``TaxiModel.fit``), fitted on the
-15,002 distinct real trips shipped in the tfx wheel (``load_all_taxi``: the
-``external`` test file repeats 10,000 of them, counted once):
-
-* start time: a steady stream of ``rows_per_day`` trips per day; the hour of day
-  follows the real hourly histogram, minutes are 15-minute slots (as in the real
-  data, which is rounded to 15 minutes); month and day of week are derived.
-* trip_miles: a point mass at 0 (the real data records many unknown distances
-  as 0) plus a log-normal, rounded to 0.1 mile.
-* trip_seconds: log(seconds) = a + b*log1p(miles) + c[hour] + N(0, s^2) (least
-  squares on the real rows), a point mass at 0, rounded to whole minutes.
-* fare: log(fare) = f0 + f1*log1p(miles) + f2*log1p(minutes) + N(0, s^2) (least
-  squares on the real paid rows), at least the flag drop, rounded to 5 cents.
-* tips: tipped with the real per-payment-type probability; the amount is the
-  fare times a log-normal ratio fitted to real tipped card trips.
-* payment type, company, pickup/dropoff community areas: the real categorical
-  frequencies (missing values included); coordinates are the real per-area
-  centroids; the dropoff census tract is the area's most common real tract.
-
-Rows are made in chunks with vectorized numpy; chunk k uses its own seeded
-generator (seed, k), so any chunk can be regenerated on its own.
+``TaxiModel.fit`` fits the model to the 15,002 distinct real trips shipped in the tfx wheel; the generator
+makes ``rows_per_day`` rows a day in vectorized chunks, chunk k from its own seeded generator (seed, k).
+Contract: every generated row carries ``generated = 1``, and every figure computed from these rows must say
+"generated". The model, column by column, and its measured fit: docs/growing_database.md, "Real and
+generated data".
 """
 
 import datetime as _dt

@@ -1,23 +1,10 @@
 """The main job (`make demo`): privacy-adaptive training on the real Chicago taxi trips, end to end.
 
-1. The 15,002 real trips shipped in the tfx wheel (its ``big_tipper`` file: the trips with TFX's label, is the
-   tip more than 20% of the fare) are split by time: the trips that start before HELD_OUT_FROM (2016-01-01,
-   Chicago local time as the file writes it) are replayed, all at once, as a stream of daily blocks into an
-   embedded SQLite ledger (one global guarantee: epsilon = 1, delta = 1e-6); the trips from that day on (the
-   file's last year) are held out and never replayed.
-2. taxi_classification (BlockExampleGen -> DPTransform -> DPTrainer -> DPModelValidator -> Pusher) runs under
-   Sage's iterator: each RETRY doubles epsilon or the window of days (days the stream already holds), until
-   the SLAed validator ACCEPTs with 95% confidence that the model's accuracy is at least the target. The
-   target (0.8) is above what the majority class reaches on the window it tests (0.735 on the newest 512 days,
-   about 0.78 on 1,024) and on the held-out trips (0.730), so no constant predictor meets it.
-3. The ACCEPTed model is pushed to ``serving/``.
-4. The pushed model is loaded with plain TensorFlow and scored from raw features on the held-out trips,
-   beside two NON-PRIVATE baselines fitted, for comparison only, on exactly the rows the ACCEPTed iteration
-   trained on (the train split of its granted blocks, read as trusted code reads them): logistic regression
-   on the same features with exact hourly speeds, and the majority class. The demo checks that no held-out
-   trip is a row of any ingested block. (The tfx wheel's ``external`` test file is no held-out set: each of
-   its rows is also a row of the replayed file.)
-5. The ledger summary, the audit and the budget heat-map PNG close the run.
+The real trips before HELD_OUT_FROM are replayed as daily blocks into an SQLite ledger (epsilon = 1,
+delta = 1e-6); taxi_classification runs under Sage's iterator until the SLAed validator ACCEPTs accuracy
+>= 0.8 (above what the majority class reaches); the pushed model is scored on the held-out trips beside
+two non-private baselines; the ledger summary, the audit and the budget heat-map close the run. No
+held-out trip is a row of any ingested block. Steps and measurements: docs/running.md, "The demo".
 """
 
 import datetime as _dt

@@ -1,32 +1,10 @@
 """Adaptive clipping for DP-SGD: the clip norm estimated privately as a quantile of per-example gradient norms.
 
-Andrew, Thakkar, McMahan, Ramaswamy, "Differentially Private Learning with Adaptive Clipping" (NeurIPS 2021);
-tensorflow-privacy's ``QuantileAdaptiveClipSumQuery`` has the same shape. docs/models.md "Adaptive clipping".
-
-Each DP-SGD step t, with clip norm C_t and the Poisson-sampled batch B_t (expected size m, public):
-
-  * the clipped gradient sum gets N(0, (z_Delta C_t)^2) on every coordinate (sensitivity C_t);
-  * the count of unclipped records is released as ``s = sum_{i in B_t} ([||g_i|| <= C_t] - 1/2) + N(0, sigma_b^2)``
-    (each record adds +-1/2: sensitivity 1/2 under add/remove; a record with a non-finite norm counts as
-    clipped), ``b = clip(s / m + 1/2, 0, 1)`` the noisy unclipped fraction;
-  * the clip norm moves geometrically towards the target quantile gamma:
-    ``C_{t+1} = C_t exp(-eta (b - gamma))`` (too many unclipped records: C shrinks; too few: C grows).
-
-C_{t+1} is a function of the DP release b (post-processing): the clip norm depends on the data only through
-the noisy counts, which this accounting covers.
-
-Privacy (Andrew et al. Thm 1). Divide the sum by C_t: the pair (sum / C_t, s) of one step is one
-Gaussian mechanism on the vector (clipped sum / C_t, centred count), whose parts have L2 sensitivities
-(1, 1/2) and noise stds (z_Delta, sigma_b). Its privacy loss is that of a single Gaussian with noise multiplier
-z where ``z^-2 = z_Delta^-2 + (2 sigma_b)^-2``: the privacy loss of independent Gaussian coordinates is a
-Gaussian whose variance parameter is the sum of the squared sensitivity-to-std ratios (1/z_Delta)^2 +
-(1/(2 sigma_b))^2 (one record moves both parts at once, and the same Poisson sample holds it in both or in
-neither). So given the noise multiplier z that the accountant calibrated for the budget, the sum takes
-``z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2`` (> z: a little more noise on the sum pays for the count), and each step is
-exactly the Poisson-sampled Gaussian(z) event the fixed-clip run is
-accounted with: same DpEvent, same (epsilon, delta), same grant spend. This needs ``2 sigma_b > z``.
-
-Numpy-free (the privacy core): the TensorFlow side is sage_tfx.models.dpsgd_engine.
+Andrew, Thakkar, McMahan, Ramaswamy (NeurIPS 2021). Contract: each step releases the clipped sum and the
+centred unclipped count on the same Poisson sample; with ``z_Delta = (z^-2 - (2 sigma_b)^-2)^-1/2`` on the
+sum (needs 2 sigma_b > z) the pair is exactly the Poisson-sampled Gaussian(z) event of the fixed-clip run
+(same DpEvent, epsilon and grant spend), and C_{t+1} is post-processing. Numpy-free (the TensorFlow side
+is sage_tfx.models.dpsgd_engine). Proof: docs/models.md, "Adaptive clipping".
 """
 
 from __future__ import annotations
@@ -107,7 +85,7 @@ class AdaptiveClip:
         return float(batch_size) * COUNT_STDDEV_PER_BATCH
 
     def sum_multiplier(self, noise_multiplier: float, batch_size: int) -> float:
-        """z_Delta of the gradient sum for the accounted noise multiplier z (module docstring)."""
+        """z_Delta of the gradient sum for the accounted noise multiplier z (docs/models.md)."""
         return sum_noise_multiplier(noise_multiplier, self.count_stddev_for(batch_size))
 
     def public_numbers(self) -> dict[str, float]:
@@ -167,7 +145,7 @@ def public_numbers(clip_norm: float | AdaptiveClip) -> dict[str, float]:
 
 
 def next_clip(clip: float, noisy_count: float, batch_size: int, adaptive: AdaptiveClip) -> float:
-    """C_{t+1} from C_t and the noisy centred count s (module docstring); the reference of the TF update."""
+    """C_{t+1} from C_t and the noisy centred count s (docs/models.md); the reference of the TF update."""
     fraction = min(1.0, max(0.0, noisy_count / float(batch_size) + 0.5))
     return clip * math.exp(-adaptive.learning_rate * (fraction - adaptive.target_quantile))
 

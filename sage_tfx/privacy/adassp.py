@@ -1,75 +1,11 @@
 """AdaSSP: (epsilon, delta)-DP linear regression by adaptive sufficient-statistics perturbation.
 
-Wang 2018, "Revisiting differentially private linear regression: optimal and
-adaptive prediction & estimation in unbounded domain" (UAI 2018, arXiv
-1803.02596), Algorithm 2. Inputs: rows x_i clipped to L2 norm B_x, labels y_i
-clipped to [-B_y, B_y], budget (eps, delta), failure probability rho. With
-``c = sqrt(log(6/delta)) / (eps/3)`` (the paper's per-release noise multiplier)::
-
-    1. lam_min~ = max(0, lam_min(X'X) + c*B_x^2*Z - c*B_x^2*sqrt(log(6/delta)))     Z ~ N(0, 1)
-                 (the paper writes the shift as log(6/delta)/(eps/3) * B_x^2: the same number)
-    2. lam     = max(0, sqrt(d*log(6/delta)*log(2*d^2/rho)) * B_x^2/(eps/3) - lam_min~)
-                 (= c*B_x^2*sqrt(d*log(2*d^2/rho)) - lam_min~)
-    3. XtX~    = X'X + c*B_x^2 * Sym(Z)      Sym(Z): upper triangle and diagonal iid N(0,1), mirrored
-    4. Xty~    = X'y + c*B_x*B_y * z         z ~ N(0, I_d)
-    5. theta   = (XtX~ + lam*I)^-1 Xty~
-
-These constants are the paper's, as the Sage paper §3.1, Tab. 1 and Google's
-dp_regression baseline also transcribe them. Only steps 1, 3, 4 read the data;
-lam and theta are post-processing.
-
-Sensitivity (add/remove-one adjacency, the ledger's)
-----------------------------------------------------
-Adding or removing a record (x, y) with ||x|| <= B_x, |y| <= B_y changes
-  * lam_min(X'X) by at most ||x||^2 <= B_x^2 (Weyl: lam_min(A) <= lam_min(A + xx') <= lam_min(A) + ||x||^2);
-  * the upper triangle (with diagonal) of X'X, as a vector, by sqrt(sum_{i<=j} (x_i x_j)^2) <= ||x||^2 <= B_x^2;
-  * X'y by ||x y|| <= B_x * B_y.
-Each release adds Gaussian noise of std c times its sensitivity: three Gaussian
-mechanisms of noise multiplier c (dp_accounting: ``ComposedDpEvent`` of three
-``GaussianDpEvent(c)``; ``AdaSSPResult.dp_event``).
-
-Privacy: why not simply "three (eps/3, delta/3) releases"
---------------------------------------------------------
-The paper argues each release is (eps/3, delta/3)-DP and composes basically.
-With c = sqrt(log(6/delta))/(eps/3) that per-release claim is false for most
-budgets by the exact Gaussian privacy profile (Balle & Wang 2018, Thm. 8): at
-eps = 1, delta = 1e-5 (c = 10.94) a release is (1/3, 3.47e-6)-DP, not
-(1/3, 3.33e-6); at eps = 10 it is (10/3, 1.4e-4)-DP. We prove privacy differently: the three
-releases, each divided by its sensitivity, form ONE Gaussian-type mechanism on the
-concatenated vector, with L2 sensitivity sqrt(3) and noise multiplier c.
-
-The noise is drawn floating-point safe (``samplers.grid_gaussian``, docs/noise.md): each
-release is rounded to a public power-of-two grid and gets exact discrete Gaussian noise
-(Canonne, Kamath, Steinke 2020). Its Renyi divergences are bounded by the continuous
-Gaussian's of the same multiplier (``grid_gaussian``'s proof: D_alpha <= alpha / (2 c^2) per
-release), so the three together satisfy the RDP curve alpha * 3 / (2 c^2) of a Gaussian
-mechanism of multiplier c / sqrt(3) -- but not, as far as we can prove, its exact analytic
-(eps, delta) profile. The (eps, delta) guarantee is therefore the RDP conversion of that curve
-(dp_accounting's ``RdpAccountant``, Balle et al. 2020's conversion, valid for any mechanism
-with those Renyi divergences): ``exact_multiplier`` is the smallest c it makes (eps, delta)-DP,
-found by ``gaussian.rdp_multiplier`` (dp-accounting's ``calibrate_dp_mechanism``, which returns a
-feasible c). It costs about 8% more noise than the continuous analytic calibration (eps = 1,
-delta = 1e-5: c = 7.01 against 6.46).
-
-``noise_multiplier`` uses the paper's c wherever it is at least that (calibration "paper",
-the default: the paper's constants wherever they are private, more noise where they are not,
-e.g. eps = 50, delta = 1e-9); calibration "exact" always uses the smallest c: less noise than
-the paper for typical budgets, same proof. The lam_min~ shift and lam keep the paper's form as
-multiples of c*B_x^2, so they reduce to the paper's numbers exactly when c is the paper's.
-
-The result's (epsilon, delta) is the target; ``AdaSSPResult.dp_event`` is what
-a ledger on RDP accounting should charge (three GaussianDpEvent(c): the discrete releases'
-RDP is at most theirs).
-
-Non-finite data (public defaults, never an error)
--------------------------------------------------
-The release runs after the budget is charged: it must not fail, nor behave
-visibly differently, because of one record's value. ``sufficient_statistics``
-therefore maps, before anything is computed: a NaN or +-inf feature entry to 0.0
-(then the row is clipped as usual: a zero entry adds nothing to its norm); a label
-clipped to [-B_y, B_y] first (so +-inf become +-B_y) and then NaN to 0, the centre
-of that range. Each is a fixed function of the record alone, so ||x|| <= B_x and
-|y| <= B_y still hold and the sensitivities above are unchanged.
+Wang 2018 (arXiv 1803.02596), Algorithm 2, with the paper's constants. Contract: on rows clipped to L2
+norm B_x and labels clipped to [-B_y, B_y] (non-finite values mapped to public defaults first), the three
+data releases (lam_min(X'X), X'X, X'y) have sensitivities B_x^2, B_x^2 and B_x*B_y and together are
+(epsilon, delta)-DP by the RDP conversion of three Gaussian mechanisms of multiplier c
+(``AdaSSPResult.dp_event``); lam and theta are post-processing. Proof, the calibrations "paper" and
+"exact", and the non-finite defaults: docs/models.md, "AdaSSP: sensitivity and privacy (the proof)".
 """
 
 from __future__ import annotations
@@ -122,7 +58,7 @@ def paper_multiplier(epsilon: float, delta: float) -> float:
 def exact_multiplier(epsilon: float, delta: float, releases: int = 3) -> float:
     """Smallest per-release multiplier c making ``releases`` Gaussian-type releases jointly (eps, delta)-DP.
 
-    ``gaussian.rdp_multiplier`` (the RDP conversion the module docstring proves), its search started from the
+    ``gaussian.rdp_multiplier`` (the RDP conversion docs/models.md proves), its search started from the
     paper's c; the returned c meets the target (tolerance 1e-7 c).
     """
     epsilon, delta = _check_budget(epsilon, delta)
@@ -130,7 +66,7 @@ def exact_multiplier(epsilon: float, delta: float, releases: int = 3) -> float:
 
 
 def noise_multiplier(epsilon: float, delta: float, calibration: str = "paper") -> float:
-    """Per-release noise multiplier c (see the module docstring for the proof)."""
+    """Per-release noise multiplier c (see docs/models.md for the proof)."""
     if calibration not in CALIBRATIONS:
         raise AdaSSPConfigError(f"calibration={calibration!r} is invalid: choose one of {CALIBRATIONS}")
     exact = exact_multiplier(epsilon, delta)
@@ -174,7 +110,7 @@ def noise_scales(
 def clip_rows(x: npt.ArrayLike, bound_x: float) -> np.ndarray:
     """Scale each row of x down to L2 norm <= bound_x (rows already inside are unchanged).
 
-    NaN / +-inf entries become 0.0 first (the public default, module docstring). The norm is taken as
+    NaN / +-inf entries become 0.0 first (the public default, docs/models.md). The norm is taken as
     max|x_j| * ||x / max|x_j|||, so huge finite entries cannot overflow it to inf (inf * 0 = NaN).
     """
     x = np.asarray(x, dtype=float)
@@ -201,7 +137,7 @@ def _check_data(x, y):
         raise AdaSSPConfigError(f"features must be a 2-D array, got shape {x.shape}")
     if x.shape[0] != y.shape[0]:
         raise AdaSSPConfigError("features and labels have different numbers of rows: pass one label per row")
-    return x, y  # non-finite values are mapped by clip_rows / clip_labels (module docstring), never refused
+    return x, y  # non-finite values are mapped by clip_rows / clip_labels (docs/models.md), never refused
 
 
 def sufficient_statistics(
@@ -209,7 +145,7 @@ def sufficient_statistics(
 ) -> tuple[np.ndarray, np.ndarray]:
     """(X'X, X'y) of the clipped data. Sum them over chunks to stream large data.
 
-    Non-finite features and labels are mapped to the public defaults of the module docstring, then clipped:
+    Non-finite features and labels are mapped to the public defaults of docs/models.md, then clipped:
     each row contributes x x' with ||x|| <= bound_x and x y with |y| <= bound_y (the sensitivities used).
     """
     x, y = _check_data(x, y)
@@ -292,7 +228,7 @@ def prior_residuals(
     Fitting the residual instead of the label makes AdaSSP's ridge shrink the coefficients towards the prior
     instead of towards 0 (``DPLinearRegressor(prior_coef=...)``). Privacy: each residual is a fixed function of
     its own record (its already clipped row and label) and of public constants, and lies in [low, high]; centred
-    at (low + high) / 2 it is bounded by B_y = (high - low) / 2, so the sensitivities of the module docstring hold
+    at (low + high) / 2 it is bounded by B_y = (high - low) / 2, so the sensitivities of docs/models.md hold
     with that B_y. A NaN residual (from a NaN label) becomes the centre, as in ``clip_labels``.
     """
     rows = np.asarray(rows, dtype=float)
@@ -335,7 +271,7 @@ def release(
 ) -> AdaSSPResult:
     """AdaSSP on sufficient statistics ``xtx = X'X``, ``xty = X'y`` of CLIPPED data.
 
-    The caller guarantees the clipping; the privacy proof in the module docstring needs ||x_i|| <= bound_x and
+    The caller guarantees the clipping; the privacy proof in docs/models.md needs ||x_i|| <= bound_x and
     |y_i| <= bound_y. Give the statistics summed exactly on the release's grids (``statistic_grids``,
     ``grid_statistics``, ``statistics_on_grid``): the grid releases' integer sensitivity holds for those; a
     float64 sum (``sufficient_statistics``) is rounded onto the grid as a whole, and its rounding depends on the
@@ -353,7 +289,7 @@ def release(
     scales = noise_scales(epsilon, delta, bound_x, bound_y, dim, rho, calibration)
     rng = as_secure_rng(rng, "adassp")
     # Three releases, each on its public grid with exact discrete Gaussian noise of std c times its sensitivity
-    # (samplers.grid_gaussian; privacy in the module docstring). cells: how many coordinates one record moves.
+    # (samplers.grid_gaussian; privacy in docs/models.md). cells: how many coordinates one record moves.
     lam_min = float(np.linalg.eigvalsh(xtx)[0])
     bx2 = bound_x**2
     lam_min_released = float(grid_gaussian([lam_min], bx2, scales["lambda_min_std"], rng, cells=1)[0])

@@ -1,28 +1,10 @@
 """Budget allocation among a stream's pipelines: the rules, written once, and the policies that plug into them.
 
-Sage's allocation (paper §3.3), on in-memory state. A block's *holdings* map each
-pipeline holding a reservation on it to ``{"reserved": vector, "used": vector}``, in pipeline name
-order (every reader sums a block's pool in that order, so the floats agree everywhere):
-
-* **new-block shares**: a new block's capacity is split evenly among the pipelines waiting then;
-* **own reservation, then the pool**: a charge draws on the pipeline's own reservation if it fits
-  there (``filt.fits_share``), else on the unreserved pool (capacity not reserved, minus what was
-  spent outside reservations);
-* **redistribution on finish**: a finished pipeline keeps what it used; the rest of each of its
-  reservations on active blocks is split evenly among those still waiting (with nobody waiting it
-  falls back to the pool);
-* **retirement**: a block that cannot admit the stream's ``min_epsilon`` more is retired for good.
-
-Privacy rests on the filter alone (``filt.admits``, checked by the ledger on every charge, whatever
-the policy); reservations are a fairness device. A policy never grants more than the filter admits.
-
-``AllocationPolicy`` is the plug-in point: Conserve and Aggressive (the paper's two, §3.3) differ
-only in how much epsilon a pipeline asks for (``plan_epsilon``); a policy that changes the rules
-(DPF-N, DPF-T, a DPack-style one) overrides the methods it changes and registers itself by name
-(``register``). ``Ledger`` (the tables) and the simulator (``BlockAllocation``, in memory) both apply
-the rules through a policy, so they cannot drift apart.
-
-``budget_arrays.BudgetArrays`` is the same rule as array operations, for the ledger's availability queries.
+Sage's allocation (paper §3.3) on in-memory state: new-block shares, own reservation then the pool,
+redistribution on finish, retirement. ``AllocationPolicy`` is the plug-in point (Conserve, Aggressive,
+DPF-N, DPF-T, DPack); the ledger and the simulator both apply the rules through a policy. Contract: a
+policy never grants more than the filter admits; privacy rests on the filter alone (``filt.admits``),
+reservations are a fairness device. The rules: docs/scheduling_policies.md, "The allocation rules".
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
-"""The ledger's anchor outside the database, checked on every open before any write (docs/security.md, "Rollback").
+"""The ledger's anchor outside the database, checked on every open before any write.
 
-A writer of the database alone can restore an old copy of it, cut its log's tail, or change the unkeyed
-``meta.ledger_id``; it cannot write a keyed log entry. Two facts a restored copy cannot match make every
-rollback of a used ledger visible, at ``Ledger.open`` (refused before any write) and in the audit:
-
-* the **ledger entry**: the first keyed log entry of kind ``ledger`` names the ledger's id ({"ledger_id": id}). A new
-  ledger writes it as entry 1; an older one when it is first opened (``bind_ledger_id``). The ledger's id is the
-  one this entry names; a ``meta.ledger_id`` that differs was changed.
-* the **head**: the head file beside the key file records, per ledger id, the sequence number and keyed chain value
-  of the last entry this host committed (``head_file.HeadFile``): a monotonic counter. The log must reach that entry
-  with that chain value; a ledger whose log has entries must have a head (a missing head is never recreated).
-
-A deliberate recovery (a known-good backup restored on purpose, or a host that joins a PostgreSQL ledger without a
-copy of a head file) is ``sage ledger anchor --reason TEXT`` (``Ledger.reanchor``): a keyed ``anchor`` log entry
-records the reason, the host and the head it replaced, and the head file is reset to it; the audit lists every
-such entry. This module imports neither the ``Ledger`` facade nor the audit.
+Contract: the keyed ``ledger`` log entry (the ledger's id) and the head file's record of the last entry this
+host committed make every rollback of a used ledger (an old copy restored, the log's tail cut,
+``meta.ledger_id`` changed) visible, refused at ``Ledger.open`` before any write and flagged by the audit; a
+deliberate recovery is a keyed ``anchor`` entry (``Ledger.reanchor``). This module imports neither the
+``Ledger`` facade nor the audit. Explanation: docs/security.md, "Rollback".
 """
 
 from __future__ import annotations

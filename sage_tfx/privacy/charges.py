@@ -1,20 +1,11 @@
 """Charging: a grant's check and charge under each policy, the queued policies' demands and scheduling points,
-and the reservation moves when a pipeline finishes (paper §3.3; docs/scheduling_policies.md).
+and the reservation moves when a pipeline finishes (paper §3.3).
 
-Conserve and Aggressive (``charge_now``): every block of a request is checked, and charged, in the request's one
-write transaction, all blocks or none; the policy's source (``allocation.py``: the pipeline's own reservation
-first, then the unreserved pool) must admit the charge on each block, and the filter must admit it on each
-(``filters.py``); nothing un-charges a grant. The queued policies (DPF-N, DPF-T, DPack): a request the scheduler
-does not grant at once is recorded as the pipeline's demand (table ``demands``, log ``demand``) in the
-transaction that refuses it; every scheduling point (request, add_blocks, register, finish) runs
-``allocation.QueuedAllocation.schedule`` (the simulator's code: the rules are not written here) over the pending
-demands, charges each admitted one at once (the filter checked as it is charged, all blocks or none: log
-``admit`` then one ``grant`` per admission) and keeps its grant for the pipeline's next identical request (log
-``collect``). The audit replays all of it (audit.py).
-
-The writing functions take a ``write.StreamWrite`` (the caller's write transaction, the facade's ``Ledger._log``,
-the ``KeyRing`` that signs each grant, the stream and its filter) and, for a request, a ``write.Charge``. This
-module imports neither the ``Ledger`` facade nor the audit.
+Contract: a charge is all blocks or none, in the caller's one write transaction, and only if the policy's
+source and the filter admit it on every block; nothing un-charges a grant; the queued policies' admissions
+run ``allocation.QueuedAllocation.schedule`` (the simulator's code) and the audit replays them. This module
+imports neither the ``Ledger`` facade nor the audit. How: docs/scheduling_policies.md, "The allocation
+rules" and "How the ledger runs them".
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Rényi-DP accounting curves and their exact conversion to (epsilon, delta).
 
-A *curve* is the vector eps(alpha) of a query's Rényi-DP guarantee over a fixed
-tuple of orders alpha (``DEFAULT_ORDERS``, the Sage paper §4). The curves of
-real mechanisms (Laplace, Gaussian, Poisson-sampled Gaussian = DP-SGD) come from
-dp-accounting's RDP accountant, so they are exactly what Google's library
-computes; it is imported lazily because it takes over a second to load and the
-ledger CLI must start fast.
-
-The conversion from a curve to (epsilon, delta) is the one dp-accounting uses
-(Balle et al. 2020, arXiv 2004.00010, Prop. 12; Canonne et al. 2020 eq. 20)::
-
-    epsilon(delta) = min over alpha of  rdp(alpha) + log1p(-1/alpha) - log(delta*alpha)/(alpha-1)
-
-``conversion_term`` is the part that does not depend on the curve, so a
-per-block filter can test "exists alpha: spent(alpha) + query(alpha) +
-conversion_term(alpha, delta) <= epsilon_global" without dp-accounting.
+A *curve* is a query's Rényi-DP guarantee eps(alpha) over a fixed tuple of orders (``DEFAULT_ORDERS``).
+Contract: mechanisms' curves are exactly dp-accounting's (imported lazily), and a curve converts to
+(epsilon, delta) by dp-accounting's conversion (Balle et al. 2020, Prop. 12); ``conversion_term`` is its
+curve-free part, so a filter can test admission without dp-accounting. Details: docs/block_composition.md,
+"Rényi curves and their conversion".
 """
 
 from __future__ import annotations

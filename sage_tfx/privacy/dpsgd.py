@@ -1,30 +1,10 @@
 """DP-SGD accounting: the privacy event of a training run and noise calibration.
 
-DP-SGD (Abadi et al. 2016) as the sage models run it: every step includes each
-training record independently with probability ``q = batch_size / num_examples``
-(Poisson sampling), clips each included record's gradient to L2 norm C, sums,
-and adds N(0, (sigma*C)^2) to every coordinate of the sum. Under add/remove-one
-adjacency the clipped sum has L2 sensitivity C, so one step is a Poisson-sampled
-Gaussian mechanism with noise multiplier sigma, and the run is that mechanism
-self-composed over ``steps = ceil(epochs * num_examples / batch_size)`` steps::
-
-    SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), steps)
-
-(the same event and step count as tensorflow-privacy's
-``compute_dp_sgd_privacy_statement`` under Poisson sampling, without
-microbatching). Its (epsilon, delta) comes from dp_accounting's RDP accountant
-(default) or PLD accountant. Calibration is a binary search over sigma on that
-accountant: epsilon is decreasing in sigma, so the search returns the smallest
-sigma (to a relative tolerance) whose epsilon is <= the target. Never a table.
-
-``num_examples`` fixes q and the step count. It must be a public number or a DP
-count (e.g. the ledger's DP row count of the granted blocks), never the exact
-private count: the noise multiplier is released with the model, so a sigma
-computed from the exact count would leak it. The accounting stays valid when the
-true row count differs from ``num_examples``, because Poisson sampling includes
-each present record with probability q whatever the number of records.
-
-dp_accounting is imported lazily (it takes over a second to load).
+Contract: one DP-SGD step (Poisson sampling at q = batch_size / num_examples, per-example clip C,
+N(0, (sigma*C)^2) on the sum) is a Poisson-sampled Gaussian mechanism of multiplier sigma, the run is
+``SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma)), steps)``, and calibration returns
+a sigma whose epsilon (dp_accounting's RDP or PLD accountant) is <= the target. ``num_examples`` must be
+public or a DP count. dp_accounting is imported lazily. Proof: docs/models.md, "DP-SGD calibration".
 """
 
 from __future__ import annotations

@@ -1,67 +1,13 @@
 """Run grants drawn from per-block lifetime grants: a pipeline re-run under a growth schedule.
 
-Under a growth schedule (``sage_tfx.release.growth``: BBScheduler, the paper seed 001's Section 3.1) every
-arriving block is charged ONCE, at arrival, the whole (E, D) its records can ever lose under the schedule: its
-*lifetime grant* (one block, single-stage, whose one release is the schedule's computation, fingerprint F). Run i
-of the schedule reads ALL blocks so far with a budget (epsilon_i, delta_i) the schedule fixes in advance. The
-ledger serves that run with a *run grant*: an ordinary signed ``Grant`` over the lifetime grants' blocks, of
-(epsilon_i, delta_i) and the run's stage split, that charges NO block (its budget is drawn from the lifetime grants,
-already charged), recorded as one ``draws`` row per (lifetime grant, run index) and one ``draw`` entry of the
-chained log. Everything downstream (BlockExampleGen, the stage split, ``Ledger.release``, the validator, Pusher)
-sees an ordinary grant.
-
-The rule (basic composition of both parameters). A draw of run i at (epsilon_i, delta_i) from lifetime grants
-L_1..L_t is admitted only if, for EVERY L_j, the draws on L_j (this one included, one per run index) satisfy
-    sum_i epsilon_i <= E_j  and  sum_i delta_i <= D_j   (relative float slack ``split.SLACK``),
-with (E_j, D_j) the (epsilon, delta) L_j charged on its block; and L_j is a one-block grant of the run grant's
-stream and pipeline, with the same meta as the others (the schedule's), whose only release is F's (so nothing else
-ever spends it), and which is not itself drawn.
-
-Proof sketch (add/remove one record x of block b, adaptive basic composition: Dwork & Roth 2014, Thm. 3.16 and
-its adaptive form, Dwork, Rothblum & Vadhan 2010). x is read only by computations under grants naming b: its
-lifetime grant L (charged (E, D) on b's filter before anything read b: ``Ledger.request``), and run grants drawn
-from L (a run grant's blocks are exactly its lifetime grants' blocks, one each). L's own release is F's, which the
-draws subdivide: the run grants are F's runs. Run grant i's stages compose, under its split's rule, to at most
-(epsilon_i, delta_i) (``split.BudgetSplit.check_covered`` at the draw, ``Ledger.release`` per stage, the audit
-after), so run i is (epsilon_i, delta_i)-DP in x, whatever earlier runs released (its budget is the public
-schedule's, fixed before any data was read). By adaptive basic composition the sequence of all runs drawn from L
-is (sum epsilon_i, sum delta_i)-DP <= (E, D): x loses no more than its block was charged, over any number of runs.
-The primary key (lifetime grant, run) makes a second draw of one run index impossible, under concurrent writers
-too (each draw is one write transaction, the ledger's write lock held); a draw asked again with the same budget
-returns the SAME run grant (a re-run after a crash re-opens its releases with the same seeds: nothing new).
-
-The second rule, composition "zcdp" (approximate zCDP; BBImprover and BBScheduler's zcdp mode over a pipeline).
-A draw records its composition in the run grant's meta (``DRAW_KEY``: "composition"; a draw without one, from
-an older ledger, is "basic") and all draws of one lifetime grant share ONE composition (a mix is refused, naming
-both). Under "zcdp" the draws (epsilon_i, delta_i) on L_j of (E_j, D_j), D_j > 0, are admitted iff
-    sum_i delta_i <= D_j / 2  (slack ``split.SLACK``)  and
-    ``zcdp_filter(E_j, D_j).admits((D_j / 2, sum_i c_i), (0, c))`` (``RdpFilter`` split at D_j / 2), c_i = ``curves.pure_dp_curve(epsilon_i)``,
-i.e. some order alpha of ``curves.DEFAULT_ORDERS`` has sum_i min(epsilon_i, alpha epsilon_i^2 / 2) +
-``curves.conversion_term(alpha, D_j / 2) <= E_j``: the filter's own test, with its delta coordinate FIXED at half
-the lifetime delta (the orders are the ledger's defaults because the lifetime grant is charged on a 'basic'
-block, which has no orders of its own; any fixed set is valid). Proof sketch (add/remove one record x of b, as
-above, only L's draws read x). Each run is (epsilon_i, delta_i)-DP, so its output distributions on neighbours
-are mixtures (1 - delta_i) P'_i + delta_i P''_i, (1 - delta_i) Q'_i + delta_i Q''_i with P'_i, Q'_i
-epsilon_i-indistinguishable both ways, whose Renyi divergence is at most min(epsilon_i, alpha epsilon_i^2 / 2)
-at every order (Bun & Steinke 2016, "Concentrated differential privacy", Prop. 3.3 and Section 8, approximate
-zCDP). Couple the runs with the "good" process that always draws from P'_i: they differ with probability at most
-sum_i delta_i <= D / 2 on every path, and the good part of each transcript measure is below the real one. The
-good process is an adaptive composition of RDP queries stopped by a Renyi filter of fixed per-order budgets
-E - conversion_term(alpha, D / 2) (Feldman & Zrnic 2021, "Individual privacy accounting via a Renyi filter",
-per order), so it is (E, D / 2)-DP at an order fixed in advance (conversion: Balle et al. 2020); adding the
-coupled-away mass gives (E, D) over any number of runs. The rule accepts whichever default order fits, every
-order converting at all of D / 2: sound because the runs' budgets are the schedule's, fixed before any data is read
-(their composed curve is one fixed curve, whose best order may be chosen after the fact). Budgets a caller chose
-after seeing outputs would need the union bound over the orders that ``filters.RdpFilter`` pays; the draw rule
-does not check that draws follow a schedule and does not apply it. The delta half is
-FIXED, as in the advanced-composition filter of Rogers, Roth, Ullman & Vadhan 2016: converting at the path-
-dependent D - sum_i delta_i (what ``RdpFilter``'s legacy rule, on streams made before schema 7, does for a plain
-query) is not covered by these proofs when the deltas are chosen adaptively. A schedule drawing under "zcdp" therefore keeps sum_i delta_i <= D / 2 and
-calibrates its epsilons so the filter admits its whole infinite sequence (``release.growth``).
-
-This module holds the rule once: ``Ledger.draw`` runs it in its write transaction and the audit (audit.py)
-re-runs it on the replayed log. It imports neither the ledger facade nor the audit (the facade hands ``draw`` its
-store, log and keys; the audit hands ``audit_draw`` the ledger).
+Every arriving block is charged once, at arrival, a *lifetime grant* (E, D); run i of the schedule reads
+all blocks so far under a *run grant* (epsilon_i, delta_i) drawn from those lifetime grants, charging no
+block. Contract: a draw is admitted only if, on every lifetime grant, the runs drawn compose under the
+draws' one composition ("basic": sums of epsilon and delta; "zcdp": the RDP filter at D / 2 plus deltas
+summing to at most D / 2) to at most (E, D), so a record loses no more than its block was charged, over
+any number of runs. ``Ledger.draw`` runs the rule in its write transaction and the audit re-runs it on the
+replayed log; this module imports neither. Rules and proofs: docs/release_strategies.md, "Run grants drawn
+from lifetime grants: the two rules and their proofs".
 """
 
 from __future__ import annotations
@@ -246,7 +192,7 @@ def overdraws(
 ) -> dict:
     """{block: why} for every lifetime grant on which the draws of the other runs (``prior``: {id: [(run, eps,
     delta)]}, or {id: ``DrawTotals``} as the audit's replay keeps them) plus this one break ``composition``'s rule
-    ("basic" or "zcdp", module docstring); {} if all fit. Both forms give the same sums (``ExactSum``)."""
+    ("basic" or "zcdp", docs/release_strategies.md); {} if all fit. Both forms give the same sums (``ExactSum``)."""
     out = {}
     zcdp = composition != COMPOSITION
     for gid, body in lifetimes:
@@ -286,11 +232,11 @@ def _pure_curve(epsilon: float) -> tuple:
 @functools.lru_cache(maxsize=256)
 def zcdp_filter(epsilon: float, delta: float) -> RdpFilter:
     """The RDP filter of a lifetime grant of (epsilon, delta) under the "zcdp" rule: its delta split at
-    ``ZCDP_RUN_DELTA_SHARE`` (the runs' deltas; the rest converts), at the default orders (module docstring).
+    ``ZCDP_RUN_DELTA_SHARE`` (the runs' deltas; the rest converts), at the default orders (docs/release_strategies.md).
     LedgerError if it leaves no budget at any order. Built once per (epsilon, delta) (filters are not changed
     after construction; a schedule's lifetime grants share one budget, and every draw checks each of them)."""
     # every order converts at all of the conversion's half: the rule the draws were made and are audited by. Its
-    # runs' budgets are the schedule's, fixed before any data is read (module docstring), so their composed curve
+    # runs' budgets are the schedule's, fixed before any data is read (docs/release_strategies.md), so their composed curve
     # is one fixed curve, whose best order may be chosen after the fact (the ordinary conversion); the per-path
     # choice that filters.RdpFilter pays a union bound for does not arise.
     return RdpFilter(epsilon, delta, query_delta_share=ZCDP_RUN_DELTA_SHARE, split_orders=False)
@@ -299,7 +245,7 @@ def zcdp_filter(epsilon: float, delta: float) -> RdpFilter:
 def _zcdp_overdraw(delta_terms: list, curve_terms: list, epsilon: float, cap_eps: float, cap_delta: float) -> str:
     """Why the RDP filter of (cap_eps, cap_delta), its delta coordinate fixed at the runs' share, refuses a draw of
     ``epsilon`` after the other runs (their pure-DP curves summed per order: ``curve_terms``; every run's delta,
-    this one's too: ``delta_terms``) ("" if it admits it; module docstring)."""
+    this one's too: ``delta_terms``) ("" if it admits it; docs/release_strategies.md)."""
     if cap_delta <= 0:
         return "has delta 0: composition 'zcdp' needs a lifetime delta > 0 (draw under 'basic')"
     runs_delta = cap_delta * ZCDP_RUN_DELTA_SHARE
@@ -337,7 +283,7 @@ def draw(
 ) -> Grant:
     """``Ledger.draw``: the run grant of run ``run`` at (epsilon, delta) over ``lifetime_grants``.
 
-    Drawn under ``composition`` ("basic" or "zcdp": the module docstring's two rules) in one write transaction of
+    Drawn under ``composition`` ("basic" or "zcdp": the two rules of docs/release_strategies.md) in one write transaction of
     ``store``; nothing is written unless a new run grant is returned.
 
     Args:

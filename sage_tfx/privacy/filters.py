@@ -1,74 +1,12 @@
 """Per-block privacy filters: the rule that decides whether a query may still touch a block.
 
-Sage's block composition (the Sage paper §4, Thm. 4.2/4.3): the
-privacy loss of the whole adaptive interaction with a stream is at most the
-largest loss accumulated by any single block, so each block keeps its own
-budget filter and a query runs only if every block it reads admits it.
-
-A filter works on plain float vectors (tuples), so the ledger can store them
-and sum them identically on every backend:
-
-* ``BasicFilter`` (the paper): vector (epsilon, delta). A query (eps_q, delta_q)
-  is admitted iff spent + query <= (eps_g, delta_g) in both coordinates. Valid
-  under fully adaptive choice of queries and parameters: basic composition is
-  a privacy filter (Rogers et al. 2016).
-* ``RdpFilter`` (beyond the paper): vector (delta, rdp(alpha_1), ..., rdp(alpha_k)).
-  The delta coordinate sums the delta of approximate-DP queries that declared
-  no curve (their eps part is charged with the pure-DP curve); the rest sums
-  RDP curves. The global delta_g is split ONCE, when the stream is made
-  (``query_delta_share`` q, default ``DEFAULT_QUERY_DELTA_SHARE``):
-  delta_q_max = q delta_g for the queries' deltas, delta_c = delta_g - delta_q_max
-  for the conversion, and delta_c is split evenly over the k orders
-  (``split_orders``). A query is admitted iff delta_spent + delta_q <= delta_q_max
-  and there is an order alpha with
-  rdp(alpha) + rdp_q(alpha) + T(alpha, delta_c / k) <= eps_g, T the conversion
-  term of ``curves.conversion_term``. q = 0 is a curves-only stream: a query with
-  a delta is refused, the conversion is at delta_g / k.
-  Proof sketch (add or remove one record of the block). An (eps_i, delta_i)-DP
-  query is delta_i-approximately (eps_i^2/2)-zCDP, its good part within
-  min(eps_i, alpha eps_i^2/2) at every order (Bun & Steinke 2016, Prop. 3.3 and
-  Section 8; a curve query has delta_i = 0 and its own curve). Couple the real
-  interaction with the one that always takes the good parts: they differ with
-  probability at most the deltas' sum, <= delta_q_max on EVERY path, however
-  adaptively the deltas were chosen. In the good interaction fix an order alpha
-  and let M_alpha be the same interaction stopped the first time an admitted
-  query would take alpha's sum past B_alpha = eps_g - T(alpha, delta_c / k):
-  the Rényi filter of Feldman & Zrnic (2021, "Individual privacy accounting via
-  a Rényi filter": adaptively chosen queries stopped at a budget fixed in
-  advance, at ONE order), so M_alpha is (alpha, B_alpha)-RDP, and by the
-  conversion (Balle et al. 2020, Prop. 12) (eps_g, delta_c / k)-DP. Which orders
-  stayed within their bound is a function of the transcript (each query's curve
-  is chosen from the outputs before it), and some order did, since admission
-  requires one; let a(t) be the first such order of transcript t. For any set S
-  of transcripts, on S_alpha = {t in S : a(t) = alpha} the interaction and
-  M_alpha give the same transcript (M_alpha never stopped), so
-      P[out in S] = sum_alpha P[M_alpha in S_alpha]
-                 <= sum_alpha (e^eps_g P'[M_alpha in S_alpha] + delta_c / k)
-                  = e^eps_g P'[out in S] + delta_c,
-  P' the neighbouring data set's. The coupling adds delta_q_max: (eps_g, delta_g).
-  Why delta_c is split: "some order fits" lets each path use the order that
-  suits it after seeing outputs, and the filter theorem above is for one order
-  with its budget fixed in advance; we found no theorem that covers the choice
-  per path with every order converting at all of delta_c, so the union bound
-  over the k orders pays for it (T(alpha, delta_c / k) = T(alpha, delta_c) +
-  log(k) / (alpha - 1): 0.04 more epsilon at order 64, 0.36 at order 8 for the
-  12 default orders). Streams made before schema 8 (``split_orders`` False,
-  NULL in the table) convert every order at all of delta_c: what this proof
-  gives them is (eps_g, delta_q_max + k delta_c). They keep that rule so their
-  grants still audit; docs/block_composition.md says what to do.
-  Streams made before schema 7 (``query_delta_share`` None, the LEGACY rule)
-  convert at the delta left, delta_g - delta_spent - delta_q: a budget that
-  depends on deltas an analyst may choose after seeing outputs, which the filter
-  proofs do not cover. Proven for them: T(alpha, delta_g - D) >= T(alpha, delta_g),
-  so every path stays within the fixed budget eps_g - T(alpha, delta_g) at its
-  order and the argument above gives (eps_g, k delta_g) for a block charged
-  curves only, (eps_g, (k + 1) delta_g) otherwise (coupling away at most delta_g).
-  They keep that rule so their grants still audit.
-
-Both filters also check *reservations* (budget set aside for one pipeline, paper
-§3.3): ``fits_share(used, cost, reserved)`` tests a query against a reserved
-capacity vector. Reservations are a fairness device only; the privacy
-guarantee rests on ``admits`` alone, which the ledger always checks.
+Sage's block composition (the Sage paper §4, Thm. 4.2/4.3): the privacy loss of the whole adaptive
+interaction with a stream is at most the largest loss accumulated by any single block, so each block keeps
+its own budget filter and a query runs only if every block it reads admits it. Contract: ``BasicFilter``
+((epsilon, delta) sums) and ``RdpFilter`` (Rényi curves, its delta split once per stream) each admit only
+queries whose composition stays (eps_g, delta_g)-DP per block under fully adaptive choice; reservations
+(``fits_share``) are a fairness device, privacy rests on ``admits`` alone. Rules and proof sketch:
+docs/block_composition.md, "The filters: their rules and the rdp filter's proof sketch".
 """
 
 from __future__ import annotations
@@ -162,7 +100,7 @@ class BasicFilter:
 
 
 class RdpFilter:
-    """Per-block Rényi filter over a vector of orders (see the module docstring for the proof)."""
+    """Per-block Rényi filter over a vector of orders (proof: docs/block_composition.md, "The filters")."""
 
     accounting = Accounting.RDP
 
@@ -174,15 +112,15 @@ class RdpFilter:
         query_delta_share: float | None = DEFAULT_QUERY_DELTA_SHARE,
         split_orders: bool = True,
     ) -> None:
-        """``query_delta_share``: q in [0, 1), the fixed split of delta (module docstring); None: the legacy rule of
+        """``query_delta_share``: q in [0, 1), the fixed split of delta (docs/block_composition.md); None: the legacy rule of
         streams made before schema 7. ``split_orders``: the conversion's delta is split evenly over the orders (the
-        union bound of the module docstring); False: every order converts at all of it, the rule of streams made
+        union bound of docs/block_composition.md); False: every order converts at all of it, the rule of streams made
         before schema 8 (and of the legacy rule, whatever is given)."""
         self.epsilon = check_epsilon(epsilon, "global epsilon")
         self.delta = check_delta(delta, "global delta", allow_zero=False)
         self.orders = curves.check_orders(orders)
         self.query_delta_share = check_query_delta_share(query_delta_share)
-        legacy = self.query_delta_share is None  # legacy: the conversion at the delta left (module docstring)
+        legacy = self.query_delta_share is None  # legacy: the conversion at the delta left (docs/block_composition.md)
         self.split_orders = bool(split_orders) and not legacy
         self.delta_queries = self.delta if legacy else self.delta * cast(float, self.query_delta_share)
         conversion = self.delta if legacy else self.delta - self.delta_queries
@@ -272,7 +210,7 @@ class RdpFilter:
         """(epsilon, delta) the stages of a grant charged ``cost`` may spend: what was asked.
 
         The filter charged the pure-DP curve of the epsilon asked (or the curve given) and the delta asked, and its
-        proof covers a query that spends exactly that (module docstring). So the stages get the largest epsilon
+        proof covers a query that spends exactly that (docs/block_composition.md). So the stages get the largest epsilon
         whose pure-DP curve lies within the charged curve (``curves.pure_epsilon``: the epsilon asked, for an
         (epsilon, delta) charge) and the charge's own delta; never ``query_epsilon``, the curve converted at the
         stream's delta, which is larger (0.1875 for a charge of 0.05 at delta 1e-6) and which the filter did not

@@ -1,28 +1,11 @@
-"""The ledger's keys, kept OUT of the ledger (docs/security.md; paper §3.2: only trusted code holds the key
-that signs grants and seeds releases).
+"""The ledger's keys, kept OUT of the ledger (paper §3.2: only trusted code holds the key that signs grants and
+seeds releases).
 
-One master key, 32 random bytes from ``secrets``, lives in a key file the operator chooses:
-
-* ``key_file=`` (``--key-file``), else the environment variable ``SAGE_KEY_FILE``, else, for an SQLite
-  ledger only, ``<ledger path>.key`` beside the ledger file. A PostgreSQL ledger has no default: its
-  database is shared by many hosts and the key must never be in it.
-* created with ``O_CREAT|O_EXCL`` and mode 0600; loading refuses a key file that its group or others may
-  read or write (as ssh refuses a private key), naming the path and the ``chmod 600`` fix.
-
-Nothing uses the master key itself: HKDF-SHA256 (RFC 5869) derives one key per purpose, with distinct
-``info`` labels: ``signing_key`` signs grants (``grants.sign``), ``noise_key`` seeds every DP release
-(``Ledger.private_seed``), ``audit_key`` chains the audit log (``chain_value``), and
-``block_key(stream, block)`` encrypts one block's records, and ``content_key`` keys each block's content
-digest (``content_digest``: the one digest of a block's records the ledger, the manifests and the
-cross-stream duplicate check compare). Knowing one derived key reveals neither the master nor another
-derived key.
-
-Migrated ledgers (schema 3 kept the signing secret in ``meta.secret``): the key file then holds the NEW
-master key (32 bytes) followed by the OLD secret (its 64 hex characters). The old secret is kept only to
-re-verify grants signed, and re-derive seeds of grants made, before the migration (``legacy_secret``);
-old copies of the database still hold it, which is why new grants never use it.
-
-The head file beside the key file (``<key file>.head``) is ``head_file.py``'s.
+One master key (32 random bytes) in a key file the operator chooses, created 0600 and refused when its group
+or others may read or write it; HKDF-SHA256 derives one key per purpose (signing, noise seeds, the audit
+chain, block encryption, content digests), so knowing one derived key reveals neither the master nor
+another. Where the key file is, the derived keys and migrated ledgers' key files: docs/security.md,
+"The key file".
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Every migration of an older ledger, in one place, run by ``sage ledger upgrade`` (``Ledger.upgrade``) and by
-nothing else (docs/security.md, "Upgrading a ledger"; docs/running.md lists the command).
+nothing else.
 
-The runtime opens only ledgers of this version (``store.SCHEMA_VERSION``): any other open of an older one is
-refused with ``LedgerUpgradeNeeded`` naming the command. ``upgrade`` runs, each step once and in order:
-
-1. the key migration of a ledger whose secret is still in the database (``session.migrate_secret``: the key
-   file written first, then the keyed ``keys`` entry), and the keyed ``ledger`` entry binding its id
-   (``anchor.bind_ledger_id``), both by the ledger's open in upgrade mode, after the head file is checked;
-2. the head file's JSON form of older versions rewritten in the slot form (``HeadFile.upgrade_form``), every
-   ledger's head unchanged;
-3. the DDL steps (``store.sql.MIGRATIONS``, one write transaction per version: ``Store.schema_steps``);
-4. schema 9 -> 10 (``stamp_times``): the keyed ``upgrade`` entry binding the rows' display times as they are and
-   the digest of every earlier entry's time (``stamps.py``); every entry after it binds its own time.
-
-Each step is idempotent (a second upgrade, or one after a kill, does what is left and nothing else) and writes
-only keyed entries, so the audit verifies an upgraded ledger as it verifies a new one.
+The runtime opens only ledgers of this version (``store.SCHEMA_VERSION``); an older one is refused with
+``LedgerUpgradeNeeded`` naming the command. Contract: each step (key migration and ledger id, head file
+form, DDL per version, the schema 10 time stamps) runs once and in order, is idempotent and writes only
+keyed entries, so the audit verifies an upgraded ledger as a new one. The steps: docs/security.md,
+"Upgrading a ledger"; docs/running.md lists the command.
 """
 
 from collections.abc import Callable

@@ -1,57 +1,12 @@
 """Noise schedules for DP-SGD: a noise multiplier sigma_t that changes over the run, at a fixed budget.
 
-Hong et al., "Dynamic Policies on Differentially Private Learning" (seed 002; Algorithm 1, Theorem 3.2,
-Lemma 3.1) let the noise multiplier of step t decay while the total privacy loss stays the budget:
-early steps (far from the optimum, large gradients) take more noise, late steps less. This module gives
-the schedules, their exact accounting and their calibration; docs/models.md "Noise schedules".
-
-Shape and scale. A schedule is a SHAPE: relative factors f_0 = 1 >= f_1 >= ... >= f_{T-1} > 0 over the
-T steps of a run; the noise multiplier of step t is ``sigma_t = s * f_t``. The SCALE s is calibrated
-so that the whole run spends exactly the budget (``calibrate_schedule``). The shape is piecewise
-constant over ``stages`` contiguous blocks of near-equal length (stage of step t: floor(t * S / T)),
-as the paper's schedules change sigma per epoch; this keeps the accounting exact and fast (one
-accountant event per distinct sigma) and is what the engine applies: the same sigma_t in the graph.
-
-Shapes (``ScheduleKind``), with x = stage / (S - 1) in [0, 1] (x = 0 for S = 1):
-  * ``constant``: f = 1 (the plain DP-SGD of sage_tfx.privacy.dpsgd; the default everywhere).
-  * ``step``: f = factor ** floor(t * (drops + 1) / T): multiplied by ``factor`` at ``drops`` evenly
-    spaced points (the step decay of the paper).
-  * ``exponential``: f = final_ratio ** x (sigma_t = sigma_0 exp(-k x), k = -ln final_ratio).
-  * ``polynomial``: f = final_ratio + (1 - final_ratio) (1 - x) ** power.
-  * ``bound_optimal``: the paper's schedule chosen by its convergence bound. Theorem 3.2 bounds the
-    excess risk of T noisy GD steps under an M-smooth, mu-PL loss by
-    (gamma^T + R sum_t q_t sigma_t^2)(f(theta_1) - f*), q_t = gamma^(T-t) alpha, gamma = 1 - mu/M, under
-    the zCDP budget sum_t sigma_t^-2 = R. Lemma 3.1: the minimiser of sum_t q_t sigma_t^2 under that
-    constraint is sigma_t^2 = (1/R) sum_i sqrt(q_i / q_t) = (1/R) gamma^(t/2) sum_i gamma^(-i/2), so
-    sigma_t is proportional to gamma^(t/4). We take that shape (per stage, t the stage's first step)
-    and, like every shape here, calibrate its scale on dp_accounting's accountant for the Poisson-
-    sampled run rather than the paper's zCDP sum (which ignores the sampling amplification).
-    ``gamma`` in (0, 1) is 1 - 1/kappa, kappa the loss' condition number (unknown in practice: a
-    hyper-parameter).
-
-The floor. Every shape must keep f_{T-1} >= its ``floor`` (a field of every schedule; default
-``MIN_FINAL_RATIO`` = 1/100). Why a default floor: under subsampled DP-SGD with a heuristic shape, a
-decay steeper than 1/100 calibrates to almost no noise on the last steps and a large first sigma (the
-budget spent on few steps), which the taxi bench measured as no gain. But in the paper's regime (full-
-batch GD on a strongly convex loss, T well above the condition number kappa) the bound-optimal shape
-gamma^(t/4) decays far below 1/100 (to about exp(-T / (4 kappa))) and that is where it helps most
-(``sage bench noise-schedule --regime full-batch``): pass ``floor=1e-4`` (or lower, down to
-``LOWEST_FLOOR`` = 1e-8) for it. A shape below its floor is refused when the schedule is built or, for
-``bound_optimal`` and ``step`` whose last factor depends on the run, before any training
-(``check_for_run``); a floor outside [``LOWEST_FLOOR``, 1] is refused naming it.
-
-Privacy (add/remove one record). Step t releases the clipped gradient sum (L2 sensitivity C, the clip
-norm) plus N(0, (sigma_t C)^2 I) on a Poisson sample of rate q: a Poisson-sampled Gaussian mechanism
-of noise multiplier sigma_t, whatever sigma_t is, because the schedule is fixed before training (a
-function of public T, q, the shape and the budget; it reads no data). The run is the adaptive
-composition of these T mechanisms, so its DpEvent is
-``ComposedDpEvent([SelfComposed(PoissonSampled(q, Gaussian(sigma)), n_sigma) for each run of equal
-sigma, in order])``, exactly the per-step events composed (consecutive equal events grouped by
-SelfComposed, which the accountants compose identically). Its (epsilon, delta) is dp_accounting's
-(RDP or PLD accountant): no approximation beyond the accountant's. The calibrated scale gives
-epsilon <= the target (``dpsgd.calibrate_scale`` never overspends).
-
-Numpy only (and dp_accounting, imported lazily): no TensorFlow.
+Hong et al., "Dynamic Policies on Differentially Private Learning" (seed 002): the shapes (constant, step,
+exponential, polynomial, bound-optimal) of sigma_t = s * f_t, their exact accounting and the calibration of
+the scale s. Contract: the schedule is fixed before training, so the run is the composition of Poisson-
+sampled Gaussian mechanisms of multipliers sigma_t (sensitivity the clip norm), its DpEvent is exactly that
+composition, and the calibrated scale gives epsilon <= the target; a shape below its floor is refused.
+Numpy only (and dp_accounting, imported lazily): no TensorFlow. Details and proof: docs/models.md,
+"Noise schedules" and "Noise schedules: shapes, the floor and privacy in detail".
 """
 
 from __future__ import annotations
@@ -71,7 +26,7 @@ from .dpsgd import DpSgdConfigError
 if TYPE_CHECKING:
     import dp_accounting
 
-MIN_FINAL_RATIO = 0.01  # the default floor of f_{T-1} (module docstring: why)
+MIN_FINAL_RATIO = 0.01  # the default floor of f_{T-1} (docs/models.md: why)
 LOWEST_FLOOR = 1e-8  # below it the first sigma is > 1e8 x the last: a floor that low is a typo
 DEFAULT_STAGES = 10
 
@@ -157,7 +112,7 @@ class NoiseSchedule:
     Args:
         stages: contiguous blocks of steps of equal sigma (the shape is piecewise constant over them).
         floor: the smallest f_{T-1} (last sigma / first sigma) allowed, in [LOWEST_FLOOR, 1]; default
-            MIN_FINAL_RATIO (module docstring: when a lower floor helps).
+            MIN_FINAL_RATIO (docs/models.md: when a lower floor helps).
     """
 
     stages: int = DEFAULT_STAGES

@@ -1,36 +1,11 @@
 """Floating-point-safe noise: exact discrete Laplace and discrete Gaussian samplers on a public grid.
 
-numpy and the standard library (the privacy core imports without TensorFlow).
-
-Why. A release ``x + rng.laplace(0, b)`` in float64 leaks: the set of doubles it can output depends on
-``x`` (Mironov 2012), e.g. at b = 1 most releases of the value 1 are impossible from the value 0. Here
-every release is ``gamma * (r(x / gamma) + Y)`` with ``gamma`` a public power of two, ``r`` a fixed
-rounding to the integers and ``Y`` integer noise drawn EXACTLY (integer and rational arithmetic only,
-no floating point) by the algorithms of Canonne, Kamath, Steinke 2020 ("The Discrete Gaussian for
-Differential Privacy", CKS below):
-
-* ``bernoulli_exp``: Bernoulli(exp(-num/den)) for integers num >= 0, den >= 1 (CKS Algorithm 1, with
-  the exp(-1) product for num/den > 1);
-* ``discrete_laplace``: P(Y = y) proportional to exp(-|y| / t) for an integer t >= 1 (CKS Algorithm 2
-  with s = 1: U uniform in [0, t) accepted with probability exp(-U/t), V geometric by exp(-1)
-  Bernoullis, X = U + tV, a random sign, rejecting the negative zero);
-* ``discrete_gaussian``: P(Y = y) proportional to exp(-y^2 / (2 S)) for an integer variance
-  parameter S >= 1 (CKS Algorithm 3: discrete Laplace proposals of scale floor(sqrt(S)) + 1 accepted
-  with probability exp(-(|Y| - S/t)^2 / (2S))).
-
-Every output value is on the grid gamma * Z whatever the input, so the support of a release of 0 and of
-1 is the same grid: the Mironov attack no longer separates them. The samplers are vectorised: each
-step runs on the whole batch of cells still pending, with numpy integer arrays.
-
-The randomness is ``randomness.py``'s (``SecureRNG``; ``as_secure_rng`` turns a seed or generator into one).
-
-The grid releases (``grid_laplace``, ``grid_gaussian``) state their privacy in their docstrings; the
-rounding ``r(y) = floor(y + 1/2)`` is computed exactly in float64 (``y = x / gamma`` is exact because
-gamma is a power of two, ``floor`` is exact, and ``y - floor(y)`` is exact for the |y| < 2^52 we
-allow), is non-decreasing and satisfies r(y + n) = r(y) + n for integers n. Hence for reals a, b
-(Lemma G): |r(a) - r(b)| <= ceil(|a - b|), and the grid sensitivity of a table whose change by one
-record has L1 norm <= Delta and touches at most k cells is at most floor(Delta / gamma) + k grid
-units (sum over the changed cells of ceil(d_i / gamma) <= floor(sum d_i / gamma) + k).
+Every release is ``gamma * (r(x / gamma) + Y)``, ``gamma`` a public power of two, ``r`` an exact rounding
+and ``Y`` integer noise drawn exactly (Canonne, Kamath, Steinke 2020), so its support is the same grid
+whatever the input (no Mironov 2012 attack); the grid releases (``grid_laplace``, ``grid_gaussian``) state
+their privacy in their docstrings. numpy and the standard library only (no TensorFlow); randomness from
+``randomness.py``. Samplers, the rounding lemma (Lemma G) and the proofs: docs/noise.md, "The samplers and
+the rounding" and "Privacy, as stated in each docstring".
 """
 
 from __future__ import annotations
@@ -330,7 +305,7 @@ def _cells(cells):
 
 
 def _grid_index(values, gamma):
-    """r(x / gamma) = floor(x / gamma + 1/2) as int64, computed exactly (see the module docstring)."""
+    """r(x / gamma) = floor(x / gamma + 1/2) as int64, computed exactly (Lemma G, docs/noise.md)."""
     x = np.asarray(values, dtype=np.float64)
     if not np.isfinite(x).all():
         raise SamplerError("grid release: values must be finite")
@@ -371,7 +346,7 @@ def grid_laplace(
     record is added or removed, and ``cells`` k bounds how many cells that change touches (k = the
     array's size is always safe).
     Guarantee: (epsilon, 0)-DP, exactly, with no floating-point caveat.
-    Proof sketch: by Lemma G (module docstring) the integer vectors r(x / gamma), r(x' / gamma) of
+    Proof sketch: by Lemma G (docs/noise.md) the integer vectors r(x / gamma), r(x' / gamma) of
     neighbouring inputs differ by at most D = floor(Delta / gamma) + k in L1. The discrete Laplace
     density ratio is p(z) / p(z + d) <= exp(|d| / t), so the product over cells of the density
     ratios at any output is at most exp(D / t) <= exp(epsilon) because t >= D / epsilon. The output

@@ -1,44 +1,11 @@
 """What each stage of one grant may spend, and how the stages compose into what the ledger charged.
 
-This module is the one home of that rule. ``Ledger.request`` refuses a grant whose split does not
-compose to at most its charge; every data-reading component re-checks it (``stage_budget``) before
-reading; ``Ledger.release`` refuses a stage that asks for more than its share, and the audit
-recomputes what the stages released from the log (docs/block_composition.md, "What a grant pays for").
-
-A grant either carries a split in ``meta["split"]`` (a ``BudgetSplit``) or none:
-
-* **No split: a single-stage grant.** Its whole (epsilon, delta) may be spent by ONE stage (the
-  first to open a release under it); every other stage is refused. This is what ``sage ledger
-  charge`` makes without ``--split``.
-* **A split**: an epsilon per stage, training's delta (DP-SGD and AdaSSP), preprocessing's delta
-  (``preprocessing_delta``: DP vocabularies, whose partition selection needs one; 0 by default), and a
-  ``ChargeRule`` saying how the stages compose on a record. Deltas add under basic composition (Dwork &
-  Roth 2014, Thm. 3.16) and every rule lets preprocessing and training read the same record, so the
-  grant's delta must be at least ``delta + preprocessing_delta`` (``total_delta``).
-  The epsilons compose by the rule:
-
-  - ``SUM`` ("pre+count+train+reject+val"): every stage may read every granted record. By basic
-    sequential composition (Dwork & Roth 2014, Thm. 3.16) the grant is
-    (pre + count + train + reject + val, delta)-DP for each record, so the charge must be at least that.
-  - ``PARALLEL`` ("pre+count+max(train+reject,val)"): a public per-record hash splits the records
-    into training records (read by training and by the validator's REJECT test) and test records
-    (read by the validator's ACCEPT test only); preprocessing and the DP count read all of them.
-    A record is in one part only, so by parallel composition (McSherry 2009, Thm. 4) it takes part
-    in mechanisms of total epsilon pre + count + train + reject (a training record) or
-    pre + count + val (a test record): the charge must be at least the larger. This is the paper's
-    §3.3 charge with the REJECT test (§3.4) added on the training side.
-
-Which records are training records and which are test records is part of the grant too: its
-``RecordSplit`` (``meta["records"]``), signed when the grant is made (the platform's default, "train" 9
-buckets on the training side and "eval" 1 bucket on the test side, unless the request names another). It
-says how BlockExampleGen hashes each record into named splits and which splits are on which side; under
-``PARALLEL`` the components refuse to read a test-side split for training or for the REJECT test, and a
-training-side split for the ACCEPT test (``require_side``). A grant made before records were signed reads
-by the default rule, unless its rule is ``PARALLEL`` (then its separation cannot be enforced: refused).
-
-The stages: ``preprocessing`` (DPTransform's analyzers), ``count`` (the DP record count BlockExampleGen
-releases and DPTrainer calibrates with), ``training`` (the DP model), ``rejection`` (the validator's
-REJECT test on the training split) and ``validation`` (its ACCEPT test on the test split).
+This module is the one home of that rule. Contract: a grant's ``BudgetSplit`` (an epsilon per stage,
+training's and preprocessing's deltas, and a ``ChargeRule``: ``SUM`` by basic composition, ``PARALLEL`` by
+parallel composition over a signed ``RecordSplit`` of training and test records) composes to at most what
+the grant charged, or the grant is refused; a grant without a split is single-stage. ``Ledger.request``,
+every data-reading component (``stage_budget``, ``require_side``), ``Ledger.release`` and the audit all
+apply this one rule. Rules and proofs: docs/block_composition.md, "What a grant pays for".
 """
 
 from __future__ import annotations
@@ -139,7 +106,7 @@ class BudgetSplit:
 
     @property
     def charged_epsilon(self) -> float:
-        """The least per-block epsilon that pays for every stage under the rule (module docstring)."""
+        """The least per-block epsilon that pays for every stage under the rule (docs/block_composition.md)."""
         shared = self.preprocessing + self.count
         if self.parallel:
             return shared + max(self.training + self.rejection, self.validation)
@@ -224,7 +191,7 @@ class BudgetSplit:
 
     def to_dict(self) -> dict:
         """The split as signed into a grant's meta (``preprocessing_delta`` only when set, so a split without
-        one is stored as before it existed)."""
+        one is stored without that key)."""
         out = asdict(self)
         if not self.preprocessing_delta:
             del out["preprocessing_delta"]

@@ -1,20 +1,11 @@
 """A stage calibrated to the privacy unit itself gets its whole share of the grant, not the per-row budget.
 
-On a stream whose privacy unit has K rows (``split.unit_rows``) every stage gets the per-row budget epsilon / K of
-its share (``split.per_row_budget``: group privacy). A mechanism that treats a whole unit as one record (the
-validators' ``per_unit=True``: each unit's mean loss or accuracy is one record, the count is the count of units) is
-(e, d)-DP per unit at its own (e, d): it needs no factor K, so it may spend the stage's whole share of the signed
-split. The release that does so says so: ``Ledger.release(..., per_unit=C)`` names the unit column C the mechanism
-was calibrated to, recorded (signed, chained) in the release's log entry as ``PER_UNIT_KEY``. The ledger refuses,
-before anything is drawn, and the audit flags (``per_unit_problem``):
-
-* a ``per_unit`` column that is not the grant's signed unit (``split.UNIT_KEY``: the stream's, never the
-  requester's), including any on a stream whose unit is the row;
-* a ``per_unit`` release on a stage whose platform mechanism is not calibrated to the unit (``PER_UNIT_STAGES``);
-* any release above the per-row budget that does not carry ``per_unit``.
-
-The stages still compose on a unit by the split's rule: a per-unit stage costs a unit its share, a per-row stage
-costs a unit K times its per-row budget, i.e. its share (group privacy), so the split composes to the charge.
+Contract: a release above the per-row budget epsilon / K must carry ``per_unit=C`` (signed into its log
+entry as ``PER_UNIT_KEY``), with C the grant's signed unit column and a stage whose mechanism is calibrated
+to the unit (``PER_UNIT_STAGES``); otherwise the ledger refuses it before anything is drawn and the audit
+flags it (``per_unit_problem``). The stages still compose on a unit to the charge. Explanation:
+docs/block_composition.md, "Privacy units: protect people, not rows" ("Mechanisms calibrated to the unit
+itself").
 """
 
 from __future__ import annotations

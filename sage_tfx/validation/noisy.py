@@ -1,39 +1,11 @@
 """Tests on a DP sum of bounded per-example values that account for the Laplace noise and the sampling
 error *jointly*, the default of the loss and accuracy validators.
 
-The spec's tests (the Sage paper §3.3, List. 2, App. B) move each noisy count and sum by the worst case of its noise at
-probability eta/3 and then apply a concentration bound at eta/3: a union of three events that pays the
-noise's tail in full on top of the sampling tail. Here the noise and the sample enter one tail bound, so
-the noise only adds its variance (about 2 (B/eps)^2) to the sample's (n B mu): for n in the thousands at
-epsilon = 1 the test needs about as many records as the non-private one (docs/validation.md, measured by
-``sage bench sample-complexity``).
-
-The release (``release_pair``). Per-example values v_i in [0, B] (clipped losses, or 0/1 errors):
-
-    S~  = sum_i v_i       + L1        L1, L2 ~ Lap(B/eps), independent
-    S'~ = sum_i (B - v_i) + L2
-
-Privacy: adding or removing one record changes (S, S') by (v, B - v), whose L1 norm is exactly B, so the
-pair with Lap(B/eps) on each coordinate is eps-DP (the Laplace mechanism on a vector of L1 sensitivity B;
-for 0/1 errors S and S' are the error and the correct counts, disjoint, so this is parallel composition).
-The count is n = (S + S')/B, released as n~ = (S~ + S'~)/B = n + (L1 + L2)/B at no further cost.
-
-The statistic. For a target tau in (0, B), T = S - tau n = sum_i (v_i - tau) has mean n (mu - tau), and
-
-    T~ = S~ - tau n~ = T + X,     X = (1 - tau/B) L1 - (tau/B) L2 = a E1 - c E2,  a = (B - tau)/eps, c = tau/eps
-
-with E1, E2 standard Laplace. X does not depend on the data.
-
-ACCEPT (mu <= tau, "loss below target") iff the p-value sup_{n'} P_{n', tau}(T~ <= t) <= eta_s at the observed
-t, the sup over the counts n' the noisy count allows at probability eta_n (eta_s + eta_n = the test's eta).
-REJECT (on the training set, mu_h > tau under the assumption of the validators) is the mirror image, with
-upper tails. The p-value is either
-- ``chernoff_tail``: Hoeffding's (1963) Chernoff bound for values in [0, B] (the two-point law on {0, B} has
-  the largest moment generating function of any law on [0, B] with mean tau) times the exact moment
-  generating function of X; valid for any distribution of the v_i; or
-- ``binomial_tail``: the exact tail of Bin(n', tau) - tau n' + X, for 0/1 values (Clopper-Pearson's exact
-  binomial test with the noise convolved in).
-Each function's docstring has its proof; ``noisy_sum_test`` assembles them and proves the guarantee.
+Contract: the release (``release_pair``: S~, S'~ with Lap(B/eps) each, L1 sensitivity B) is eps-DP, and a
+false ACCEPT (or REJECT) has probability at most the test's eta, for either p-value (``chernoff_tail``:
+any law on [0, B]; ``binomial_tail``: 0/1 values). Each function's docstring has its proof;
+``noisy_sum_test`` assembles them. The release, the statistic and the tails: docs/validation.md, "The
+default tests: noise and sample together".
 """
 
 from __future__ import annotations

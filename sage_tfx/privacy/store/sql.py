@@ -1,24 +1,9 @@
 """All the SQL text of the ledger's store and of the audit, in one place.
 
-Nothing here runs a statement: the store (``base``, ``sqlite``, ``postgres``) and the audit (``audit.py``) run
-these. Every statement is written once with ``?`` placeholders; ``PostgresStore`` rewrites them to pg8000's
-``%s``. The module imports nothing, so any module of the privacy core may import it.
-
-Sections, each a prefix of its names; a statement whose text depends on how many ids it names is a small
-lower-case function of ``n`` (``marks(n)`` for an ``IN (...)`` list, ``value_rows(n, width)`` for a multi-row
-``VALUES``), named after its table as the constants are:
-
-* the schema: ``SCHEMA_VERSION``, ``TABLES`` (a new ledger's DDL) and ``MIGRATIONS`` (the DDL that brings a
-  ledger of one version to the next: text, or an ``AddColumn`` the store applies when the column is missing);
-* ``META_*``: the schema version, the write-lock row and the key's rows in ``meta``;
-* ``SQLITE_*`` and ``PG_*``: statements one backend alone runs;
-* the ledger's statements, one section per table: ``STREAM_*``, ``BLOCK_*``/``block_*``, ``PIPELINE_*``,
-  ``RESERVATION_*``/``reservation_*``, ``GRANT_*``, ``DEMAND_*``, ``RELEASE_*``, ``OUTCOME_*``, ``LOG_*``
-  (``ledger.py`` and its modules hold no SQL text: tests/architecture/test_store_sql.py checks it);
-* ``AUDIT_*``: what the audit reads, in its one read transaction.
-
-Changing a text here changes stored data only through ``TABLES``/``MIGRATIONS``: a change of those needs a new
-``SCHEMA_VERSION`` and a migration step, so that every existing ledger still opens (tests/privacy/test_ledger*.py).
+Nothing here runs a statement; every statement is written once with ``?`` placeholders, in sections named
+by prefix (``META_*``, ``STREAM_*``, ``AUDIT_*``, ...). The module imports nothing. Contract: a change of
+``TABLES``/``MIGRATIONS`` needs a new ``SCHEMA_VERSION`` and a migration step, so every existing ledger
+still opens. Sections and rules: docs/block_composition.md, "The store's SQL".
 """
 
 import functools
