@@ -1,45 +1,15 @@
 """Differentially private tf.Transform analyzers: dp_group_by_mean (Sage, List. 1) and its family.
 
-How the noise is drawn ONCE per analysis (the Sage paper List. 1):
+Each analyzer puts every row's clipped contribution on its table's public grid, sums the integers exactly in ONE
+Beam full pass and draws the noise ONCE per analysis; tf.Transform bakes the noisy tables into the transform
+graph as constants. Contract: under add/remove one row, values clipped to [0, value_range] (NaN as 0, a key
+outside [0, nkeys) in no table) bound each table's sensitivity, and an analyzer's "Laplace(0, b)" below is the
+grid release, (sensitivity / b)-DP exactly with a noise scale within a relative 2^-20 of b. Every analyzer
+returns float32 tensors and records its epsilon (`sage_tfx.transform.budget.record_spend`); seeds: fresh OS
+entropy, or ``sage_tfx.transform.noise_seed`` from trusted code (an analyzer's own ``seed=`` is for tests).
 
-1. In the TensorFlow graph, each row gets its key (or OUT_OF_RANGE) and its contribution to each
-   table (1 for a count, its clipped value for a sum). Nothing random, and no sum, happens here.
-2. A full-pass analyzer (``tft.experimental.ptransform_analyzer``) hands those rows, batch by
-   batch, to a Beam PTransform (`_NoiseOnce`): ``CombineGlobally`` (`_GridSumsFn`) puts each
-   row's contribution on its table's public power-of-two grid gamma on its own and adds the
-   integers exactly (`samplers.grid_sums`), giving the exact grid tables of the whole data set
-   (one element, even for an empty data set), then ONE ``Map`` draws gamma times exact discrete
-   Laplace noise for every cell (`noise.add_laplace`, `sage_tfx.privacy.samplers`) and
-   post-processes the tables (e.g. guarded means). The grid is a function of the table's scale
-   and sensitivity only (`noise.table_grid`), so it is fixed before any row is read; a float64
-   sum of the rows would round by an amount that depends on the other rows and the batching,
-   outside the integer sensitivity the grid release's proof uses. Each analyzer's "Laplace(0, b)"
-   below means that release: (sensitivity / b)-DP exactly, with a noise scale within a relative
-   2^-20 of b.
-3. tf.Transform bakes the noisy tables into the transform graph as constants. The
-   transform phase, every batch of it and serving all read those constants;
-   nothing in the transform graph draws noise.
-
-Neighbouring data sets differ by adding or removing one row (event-level privacy
-inside a Sage block). Each row has exactly one key, so the rows of different keys
-are disjoint and the per-key tables compose in parallel: the sensitivity of a whole
-table is that of a single key's cell.
-
-Values are clipped to [0, value_range] (the paper's listing omits this; without it
-the sensitivity bound is false). NaN values count as 0 and +-inf clip to the bounds,
-so one row always moves a sum by at most value_range. Keys belong in [0, nkeys); a row
-whose key is outside counts in no table (its key becomes -1, which the per-key sums
-drop), and ``dp_group_by_mean`` gives it the public default value_range / 2. Both are
-fixed functions of the row alone, so no sensitivity changes, and nothing fails because
-of one row's key: the analysis runs after the grant is charged, and a failure (or an
-error message naming the key, as an assertion used to) would reveal that row.
-
-Every analyzer returns float32 tensors and records its epsilon with
-`sage_tfx.transform.budget.record_spend` (see `PreprocessingBudget`).
-
-Seeds: by default every analysis draws fresh OS entropy. Trusted code (DPTransform)
-makes the noise reproducible per grant with ``with sage_tfx.transform.noise_seed(s):``
-around the tracing; an analyzer's own ``seed=`` is for tests and is refused there.
+The functions, their sensitivities and proofs: docs/dp_preprocessing.md ("The functions", "Noise once per
+analysis").
 """
 
 import collections
