@@ -1,26 +1,12 @@
 """Empirical privacy auditing: a high-confidence LOWER bound on a mechanism's epsilon from its outputs.
 
-numpy and scipy only. The method is the black-box distinguisher of the auditing literature (Jagielski, Ullman,
-Oprea 2020; Nasr et al. 2021; Lu et al. 2022), in its simplest sound form:
+numpy and scipy only. The black-box distinguisher of the auditing literature (Jagielski, Ullman, Oprea 2020;
+Nasr et al. 2021; Lu et al. 2022): run the mechanism on D and on a neighbour D' with fresh seeds, choose a
+threshold test on one half of the runs and bound its error rates on the other half by Clopper-Pearson. Contract:
+for an (epsilon, delta)-DP mechanism, P(epsilon_lb > epsilon) <= 1 - confidence; a result above the claim is a
+violation at that confidence, a result below it proves nothing.
 
-1. Run the mechanism ``trials`` times on a data set D and ``trials`` times on a neighbour D' (D with one record
-   added), every run with its own fresh seed, and keep one scalar statistic of each output (post-processing,
-   so a bound on the statistic is a bound on the mechanism).
-2. Split each side's outputs in two halves. On the first half (selection), try every threshold test
-   "say D' iff s > t" and "say D' iff s < t" and keep the one whose bound (below, on that half) is largest.
-3. On the second half (evaluation), count the chosen test's false positives (on D) and false negatives (on D')
-   and take one-sided Clopper-Pearson upper bounds FPR_u, FNR_u, each at level (1 - confidence) / 2.
-4. If the mechanism is (epsilon, delta)-DP, every test satisfies 1 - FNR <= e^eps FPR + delta and
-   1 - FPR <= e^eps FNR + delta, hence
-
-       epsilon >= epsilon_lb = max(log((1 - delta - FNR_u) / FPR_u), log((1 - delta - FPR_u) / FNR_u), 0).
-
-Confidence. The test is chosen on samples independent of the evaluation half, so it is fixed when the
-evaluation half is drawn; by the union bound, FPR <= FPR_u and FNR <= FNR_u hold together with probability at
-least ``confidence`` over the evaluation runs. Hence: for an (epsilon, delta)-DP mechanism,
-P(epsilon_lb > epsilon) <= 1 - confidence. A result above the claim is a violation at that confidence (or the
-event of probability <= 1 - confidence); a result below it proves nothing (a lower bound, never a proof of
-privacy: a better test, other neighbours or more trials may find more).
+The method, the bound and its confidence: docs/privacy_auditing.md ("The method", "Limits").
 """
 
 from __future__ import annotations

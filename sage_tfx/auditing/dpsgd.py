@@ -1,33 +1,14 @@
 """One-run canary auditing of DP-SGD: ``make_private`` trained ONCE with m canaries, each included with
 probability 1/2, its membership guesses turned into a lower bound on epsilon (Steinke, Nasr, Jagielski 2023).
 
-The experiment (``audit_dpsgd``):
+``audit_dpsgd`` builds ordinary records and Dirac-gradient input-space canaries, trains once through
+``make_private`` inside ``training_seed(seed, share=(epsilon, delta))`` as DPTrainer runs ``run_fn``, scores
+each canary (minus its loss, or a caller's ``score``) and turns the fixed guesses into
+``one_run_epsilon_lower_bound``. Contract: above the true epsilon of an (epsilon, delta)-DP training with
+probability at most 1 - confidence; loose by design for a correct training, lifted above the claim by a planted
+bug that removes the noise or lets a canary move more than one clipped gradient.
 
-1. **Data.** ``real_rows`` ordinary records (``features`` Gaussian features, a noisy linear label with intercept
-   ``REAL_INTERCEPT``, which the bias-free model cannot fit: their gradients stay large) and ``canaries``
-   canary records. Canary i is the input-space canary of the paper's white-box setting, made to give a Dirac
-   gradient: its input is 1 on its own feature (column ``features + i``) and 0 elsewhere, its label
-   ``CANARY_LABEL`` (far from any prediction, so its gradient is clipped to exactly C on every step it is
-   sampled, always pointing the same way). No other record touches that feature. Each canary is included
-   independently with probability 1/2 (membership drawn from ``seed``); the rows are shuffled.
-2. **One run.** The model (default: one Dense unit without bias on ``features + canaries`` inputs, zero
-   initial weights) is trained once through ``make_private`` with ``per_example=engine`` (ghost, vmap or loop)
-   and ``privacy_budget=(epsilon, delta)``, inside ``sage_tfx.models.training_seed(seed, share=(epsilon,
-   delta))``: the seeds of sampling and noise derived from one private seed and the fit admitted by the
-   training share, as DPTrainer runs a module's ``run_fn``. ``num_examples`` is public:
-   ``real_rows + canaries // 2`` (the expected count; the guarantee holds whatever the true count).
-3. **Scores.** Minus each canary's loss under the trained model (the black-box membership score: a canary that
-   was in has been pulled toward its label). A caller may pass another ``score(model, x, y)`` (white-box).
-4. **Guesses and bound.** The ``guesses // 2`` highest scores are guessed in, the ``guesses // 2`` lowest out
-   (fixed before training); W correct guesses give ``one_run_epsilon_lower_bound(W, guesses, confidence,
-   delta=delta, canaries=canaries)``: above the true epsilon of an (epsilon, delta)-DP training with
-   probability at most 1 - confidence.
-
-What one run measures: with noise multiplier sigma, sampling rate q and T steps, a canary's weight moves by
-about q T C lr / B against noise of std sigma sqrt(T) C lr / B, a signal-to-noise ratio q sqrt(T) / sigma
-(about 0.24 at epsilon 1 here). That bounds what any attack on this run can see, so the one-run bound of a
-correct training is far below its claim (loose by design: docs/privacy_auditing.md); a planted bug that
-removes or shrinks the noise, or lets a canary move more than one clipped gradient, lifts it above.
+The experiment and why it is loose: docs/privacy_auditing.md ("One-run auditing").
 """
 
 from __future__ import annotations
@@ -173,7 +154,7 @@ class OneRunResult(Verdict):
 
 def canary_data(audit: CanaryAudit) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(x, y, included, canary_x, canary_y): the training rows (ordinary records and the included canaries,
-    shuffled), which canaries are in, and every canary's row (module docstring, step 1)."""
+    shuffled), which canaries are in, and every canary's row (docs/privacy_auditing.md, the DP-SGD driver)."""
     rng = np.random.default_rng(np.random.SeedSequence([audit.seed, 1]))
     included = rng.random(audit.canaries) < 0.5
     real_x = np.zeros((audit.real_rows, audit.dimension), np.float32)

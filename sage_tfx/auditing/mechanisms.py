@@ -1,25 +1,13 @@
 """The registry of auditable mechanisms, each driven through the function the pipeline itself calls.
 
-Every entry is a factory ``factory(epsilon) -> Mechanism`` registered under a name (``register_mechanism``).
-Its ``release(neighbour, seed)`` runs the shipped release once on D, or on D' = D plus one worst-case record,
-with the noise generator the executor builds from its ledger seed, ``randomness.secure_rng(seed, stream)`` (same
-stream name), but with a FRESH seed per trial (``core.trial_seeds``) in place of the grant's one seed: the audit
-measures the mechanism, the ledger decides separately that each grant draws it once. The statistic returned is
-a post-processing of the release (so any bound on it is a bound on the release). The claimed (epsilon, delta)
-is the budget the release is called with: what its stage's share of the grant charges.
+Every entry is a factory ``factory(epsilon) -> Mechanism`` registered under a name (``register_mechanism``). Its
+``release(neighbour, seed)`` runs the shipped release once on D, or on D' = D plus one worst-case record, with
+the generator the executor builds (``randomness.secure_rng(seed, stream)``) but a FRESH seed per trial. Contract:
+the statistic returned is a post-processing of the release, and the claimed (epsilon, delta) is the budget the
+release is called with (its stage's share of the grant). The numpy cores are registered here; DP-SGD
+(``dpsgd``), the Beam analyzer (``transform_beam``) and the release strategies (``releases``) elsewhere.
 
-The numpy cores only (no TensorFlow, TFX or Beam): the DP count of BlockExampleGen
-(``components._grant.laplace_count``), the validators' releases (``validation.noisy.release_pair``, which
-``DPLossValidator`` / ``DPAccuracyValidator.validate`` call, after ``validation.metrics.log_losses`` for log
-loss), the tf.Transform analyzers' noise (``transform.noise.add_laplace`` with ``dp_mean_per_key``'s scales)
-and DP vocabulary (``transform.vocabulary.select_vocabulary``), the grid Laplace and Gaussian samplers of
-``privacy.samplers``, AdaSSP (``privacy.adassp.adassp``) and the continual release's base learner
-(``release.continual.private_erm`` at its strategy's sigma) and the growth schedules' black box
-(``release.growth.clipped_mean``), the quantiles' histogram and the z-score's three cells (``add_laplace`` at
-their scales), and per-unit neighbours (a whole unit of K rows added, the release at ``split.per_row_budget``).
-Elsewhere: DP-SGD by one-run canary auditing (``dpsgd``), the dp-mean analyzer through tf.Transform on Beam with
-grant seeds (``transform_beam``), the Tree Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's
-path (``releases``, registered here). Not covered: whole pipeline stages.
+Each entry's code, neighbour, statistic and claim: docs/privacy_auditing.md ("What is covered").
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """The statistical core of one-run auditing (Steinke, Nasr, Jagielski, "Privacy Auditing with One (1) Training
 Run", NeurIPS 2023): numpy and scipy only.
 
-The experiment: m canaries, each included in the input independently with probability 1/2 (S_i = +1 in, -1
-out); the mechanism runs ONCE; an attacker looks at the output and guesses S_i on r canaries of its choice
-(abstaining on the rest), making W correct guesses. Their Theorem 3.1 (pure DP): if the mechanism is epsilon-DP
-(with respect to adding or removing one canary), W is stochastically dominated by Binomial(r, q) with
-q = e^eps / (1 + e^eps). Their approximate-DP theorem (Theorem 5.2, and the p-value code of their appendix): if
-it is (epsilon, delta)-DP, then for every v
+m canaries, each in with probability 1/2, one run, r guesses of which W are right. ``one_run_p_value`` is the
+bound of their approximate-DP theorem (Theorem 5.2) on P(W >= v); ``one_run_epsilon_lower_bound`` is the largest
+epsilon (to 1e-6) whose p-value for the observed W is below 1 - confidence. Contract: P(epsilon_lb > epsilon)
+<= 1 - confidence for an (epsilon, delta)-DP mechanism, if the guessing rule is fixed before the output is seen
+(``guesses_from_scores``: the k_plus highest scores in, the k_minus lowest out). DP-SGD driver: ``dpsgd``.
 
-    P(W >= v) <= P(Binomial(r, q) >= v) + 2 m delta * max_{1 <= i <= v} P(v - i <= Binomial(r, q) < v) / i.
-
-``one_run_p_value`` is that right-hand side; ``one_run_epsilon_lower_bound`` is the largest epsilon (to 1e-6)
-whose p-value for the observed W is below beta = 1 - confidence: P(epsilon_lb > epsilon) <= beta for an
-(epsilon, delta)-DP mechanism. At delta = 0 it is the one-sided Clopper-Pearson bound, epsilon_lb =
-log(p_lb / (1 - p_lb)). The attacker's rule (which canaries to guess, how) must be fixed before the output is
-seen; ``guesses_from_scores`` is one such rule (the k_plus highest scores guessed in, the k_minus lowest
-guessed out, fixed k's). The DP-SGD driver that plants the canaries into a ``make_private`` run: ``dpsgd``.
+The theorem and the bound: docs/privacy_auditing.md ("One-run auditing").
 """
 
 from __future__ import annotations

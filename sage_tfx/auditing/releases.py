@@ -1,30 +1,14 @@
 """Auditable entries for the release strategies and the stages' own paths: the Tree Mechanism, PMWG, the custom
 validator and AdaSSP as DPTrainer runs it (registered in ``mechanisms``' registry, ``sage audit-privacy --list``).
 
-Each drives the public functions the strategy or executor calls, not a re-implementation:
+Each drives the public functions the strategy or executor calls, not a re-implementation: ``tree-mechanism``
+(``TreeRegressor``, ``TREE_HORIZON`` = 4 blocks; ``tree_residuals`` gives the per-cell residuals),
+``pmwg`` (``PMWG`` on a throwaway ledger, claim ``PMWG.round_epsilon``), ``validator-custom`` (the custom
+metric's clip and ``release_pair``) and ``adassp-dptrainer`` (``DPLinearRegressor`` under ``training_seed``).
+Contract: as ``mechanisms``' entries; the ledger-seeded ones (``pmwg``, ``adassp-dptrainer``) are not
+reproducible run to run (the bound's law is the same).
 
-- ``tree-mechanism``: ``release.incremental_regression.TreeRegressor`` (PrivIncReg1's Tree Mechanism), a
-  horizon of ``TREE_HORIZON`` = 4 blocks of one feature, each block's node drawn from a seed of its own (as
-  ``IncrementalRegression.arrive`` draws it from that block's grant). D' adds one record (x, y) = (B_x, B_y)
-  to block 1, which enters the L = 3 nodes [1], [1, 2] and [1..4]: the prefixes ``noisy_prefix()`` releases
-  after blocks 1, 2 and 4. Statistic: the Gaussian log-likelihood ratio of those 6 noisy cells (the sum of
-  their standardised residuals, as the shift of every cell is its sensitivity), D's exact cells public here.
-  ``tree_residuals`` exposes the per-cell residuals for other statistics (a planted variant's).
-- ``pmwg``: ``release.growth.PMWG`` on a throwaway SQLite ledger (one per audit, a stream with its row unit):
-  each trial is its own instance on its own block and grant (charge, release, read, then one AboveThreshold
-  round on one linear query), its noise from that grant's private seed. The claim is the round's epsilon
-  (``PMWG.round_epsilon``: the epsilon a record spends here; the grant charges more, the reserve for later
-  rounds). Statistic: the noisy answer if the query was hard, else a value below every answer.
-- ``validator-custom``: the custom metric's path of DPModelValidator: a user loss module written to a temporary
-  file, planned by ``custom_loss_plan``, loaded by ``load_loss_function``, applied and clipped by
-  ``per_example_values`` (metric "custom", B = 1), released by ``validation.noisy.release_pair`` (stream
-  ``validation``). The user's loss is unbounded (a squared error times 1000): the clip is what bounds it.
-- ``adassp-dptrainer``: ``DPLinearRegressor`` (AdaSSP) fitted as DPTrainer's ``train_and_audit`` runs a
-  module's ``run_fn``: the seed from ``open_release`` of the training stage on a grant of a throwaway ledger,
-  the fit inside ``training_seed(seed, share=(epsilon, delta))``, its report re-checked by ``audit_fits``.
-
-Ledger-seeded entries (``pmwg``, ``adassp-dptrainer``) draw their noise from a fresh ledger's key: the trial
-seed does not fix it, so their audits are not reproducible run to run (the bound's law is the same).
+Neighbours, statistics and claims: docs/privacy_auditing.md ("What is covered", "Limits").
 """
 
 from __future__ import annotations
@@ -88,7 +72,8 @@ def _tree_exact(params) -> tuple:
 
 def tree_residuals(params, neighbour: bool, seed: int, tree_class: Callable | None = None) -> np.ndarray:
     """The Tree Mechanism's noisy prefixes after blocks 1, 2 and 4 (the three nodes holding block 1), minus D's
-    exact values, over each cell's sigma: 6 numbers, N(0, 1) on D, shifted by about 1/c on D' (module docstring).
+    exact values, over each cell's sigma: 6 numbers, N(0, 1) on D, shifted by about 1/c on D'
+    (docs/privacy_auditing.md).
 
     Args:
         params: the ``IncrementalRegressionParams`` (horizon ``TREE_HORIZON``, one feature).

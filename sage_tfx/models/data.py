@@ -1,25 +1,12 @@
-"""Input handling shared by the DP models: arrays, feature dicts, tf.data datasets.
+"""Input handling shared by the DP models: arrays, feature dicts, tf.data datasets, as one float32 matrix.
 
-A model sees one float32 matrix. Features given as a dict are laid out in a
-fixed key order (remembered at fit time, reused by predict and by the serving
-signature), each key taking ``width`` columns.
+Features given as a dict are laid out in a fixed key order (remembered at fit time, reused by predict and
+serving). Contract: every non-finite value maps to a PUBLIC default before any DP computation
+(``FEATURE_DEFAULT`` = 0.0 for features, ``LABEL_DEFAULT`` = 0.0 for the DP-SGD models' labels), a fixed
+function of the record, so no sensitivity changes and a fit never fails because of one value; what cannot be
+mapped raises ``RecordError`` naming the column only.
 
-Non-finite values: a fit runs AFTER the ledger charged the budget, so it must not fail, or
-behave visibly differently, because of one record's value. Every value is therefore mapped to a PUBLIC
-default, the same for every record and chosen without looking at the data, before any DP computation:
-
-* a feature entry that is NaN or +-inf after the conversion to float32 (which also turns values beyond
-  float32's range into +-inf) becomes ``FEATURE_DEFAULT`` = 0.0. Why 0: it is public, it adds nothing to a
-  row's L2 norm (so AdaSSP's row clipping bound still holds) and nothing to a Dense layer's
-  pre-activation, and for features scaled to a public range [low, high] -> [0, 1] it is the low end;
-* a label that is NaN or +-inf becomes ``LABEL_DEFAULT`` = 0.0 for the DP-SGD models (a regression
-  target 0, class 0 of a classifier). DPLinearRegressor clips labels to its public range first (+-inf
-  become its ends) and maps NaN to the range's midpoint (sage_tfx.privacy.adassp).
-
-Each mapping is a fixed function of the record alone, so no sensitivity changes: DP-SGD clips each
-record's gradient whatever its values, AdaSSP clips each row. The same mapping applies in predict and
-evaluate. What cannot be mapped (a finite label that is not a class id) raises ``RecordError``: the
-column only, never a value, index or count.
+The defaults and why: docs/models.md ("Non-finite inputs: public defaults").
 """
 
 from __future__ import annotations

@@ -1,52 +1,12 @@
 """DP-SGD gradient engines: the clipped, noised gradient SUM of one Poisson-sampled batch.
 
-Every engine computes, for a batch of records (x_i, y_i) and the model's
-trainable variables::
+Every engine computes ``sum_i clip(grad loss_i, C) + N(0, (sigma*C)^2 I)``, the clip over ALL trainable
+variables together, so one record moves the sum by at most C: a Gaussian mechanism of noise multiplier sigma
+(accounted in sage_tfx.privacy.dpsgd). Engines: the one registry ``ENGINES`` (``ghost``, ``vmap``, ``loop``,
+``tf_privacy``), built by ``make_engine``.
 
-    noisy_sum = sum_i clip(grad loss_i, C) + N(0, (sigma*C)^2 I)
-    clip(g, C) = g * min(1, C / ||g||_2)        (||g|| over ALL variables together)
-
-so one record changes the sum by at most C in L2 norm (its clipped gradient),
-and the noise is Gaussian of std sigma*C on every coordinate: a Gaussian
-mechanism of noise multiplier sigma (sage_tfx.privacy.dpsgd accounts for it).
-sigma may change between steps (``set_noise_multiplier``: a noise schedule's
-sigma_t, sage_tfx.privacy.noise_schedules, accounted step by step there); it is
-held in a variable the traced step reads, and so is C.
-
-Adaptive clipping (``adapt_clip``; sage_tfx.privacy.adaptive_clip, Andrew et al.
-2021): C_t moves each step towards a target quantile of the per-example norms,
-driven only by a noisy count of the unclipped records (std sigma_b, drawn from the
-same generator), and the sum's noise multiplier is z_Delta =
-(z^-2 - (2 sigma_b)^-2)^-1/2, so the step (sum and count) is the Gaussian
-mechanism of the accounted z. Every own engine supports it (their clipped_sum
-returns the norms); tf_privacy refuses it.
-The training loop divides by the EXPECTED batch size, a public number, never by
-the sampled size.
-
-A record whose gradient norm is not finite (NaN, or an overflow to inf) would
-turn the whole sum into NaN and so reveal itself; the own engines give it the
-clipped gradient 0 instead (``clip(g, C) := 0`` when ||g|| is not finite: a
-fixed function of the record and the current model, of norm 0 <= C, so the
-sensitivity stays C). The models map non-finite inputs to public defaults
-before (sage_tfx.models.data); this guards what remains. The tf_privacy engine
-has no such guard.
-
-Engines (the one registry, ``ENGINES``; ``make_engine(name, ...)`` builds one):
-  * ``ghost``: ghost clipping per layer (``LayerGhostEngine``; Goodfellow 2015, Li et al. 2022) on any
-    Keras graph network with at least one Dense or Embedding layer: one backward pass to each such
-    layer's output gives every record's squared gradient norm and the clipped sum without materialising
-    per-example gradients (sage_tfx.models.ghost_plans); the other trainable variables get exact
-    per-example gradients (vmap, or the loop).
-  * ``vmap``: any Keras model; per-example gradients by ``tf.vectorized_map`` over a GradientTape, then
-    clip and sum (memory: batch x parameters).
-  * ``loop``: the same per-example gradients by a ``tf.map_fn`` loop (slowest, any differentiable model).
-  * ``tf_privacy``: tensorflow-privacy's ``DPKerasSGDOptimizer`` (through
-    sage_tfx.compat.tf_privacy) with one example per microbatch; its averaged
-    result is multiplied back by the batch size to give the same sum. Optional: fixed clip norm and
-    noise multiplier, noise from TensorFlow's global generator.
-
-Noise comes from TensorFlow's Philox generator (as in tensorflow-privacy), not a
-cryptographic source; floating-point noise has the usual caveats (Mironov 2012).
+Formula, adaptive clipping, the non-finite guard, the engines and the noise source: docs/models.md ("DP-SGD
+implementation: `ghost` is the default" and "The gradient engines in detail").
 """
 
 from __future__ import annotations

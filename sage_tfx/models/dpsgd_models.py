@@ -1,58 +1,13 @@
 """DP-SGD models with an estimator-like surface: DPDNNRegressor, DPDNNClassifier, DPLogisticRegressor.
 
-Each builds its network (``build_mlp``, weights seeded by the fit's init seed) and trains it through
-``make_private`` (sage_tfx.models.private): the one DP-SGD loop, engine registry and ``privacy_spent``
-builder. ``implementation`` names the engine (sage_tfx.models.dpsgd_engine.ENGINES; default ``ghost``);
-``privacy_spent["implementation"]`` is ``<class name>/<engine>``.
+Each builds its network (``build_mlp``) and trains it through ``make_private`` (sage_tfx.models.private) with
+the engine ``implementation`` names (sage_tfx.models.dpsgd_engine.ENGINES; default ``ghost``). Contract: Poisson
+sampling at q = batch_size / num_examples, per-record clipping to ``clip_norm`` (sensitivity C under add/remove
+one record) and Gaussian noise calibrated so that the run is ``privacy_budget``-DP; ``privacy_spent`` reports
+the DpEvent and its (epsilon, delta). ``num_examples`` must be public or a DP count; ``evaluate`` is NOT private;
+non-finite inputs map to public defaults, so a fit never fails because of a value.
 
-Training (Abadi et al. 2016, with the sampling the accounting assumes):
-  * ``steps = ceil(epochs * num_examples / batch_size)``; at every step each
-    training record is included independently with probability
-    ``q = batch_size / num_examples`` (Poisson sampling: the batch size is
-    Binomial(n, q), the batch a uniform subset of that size, which is the same
-    distribution). An empty batch still takes a noise-only step.
-  * The batch's gradient sum is clipped per example to ``clip_norm`` and noised
-    with std ``noise_multiplier * clip_norm`` (sage_tfx.models.dpsgd_engine),
-    divided by the expected batch size, and applied with SGD + momentum.
-  * The noise multiplier is calibrated from ``privacy_budget=(epsilon, delta)``,
-    ``num_examples``, ``batch_size`` and ``epochs`` by a binary search on
-    dp_accounting (sage_tfx.privacy.dpsgd). What the run spent is
-    ``privacy_spent``: the DpEvent (Poisson-sampled Gaussian self-composed over
-    the steps) and its (epsilon, delta); epsilon <= the budget's.
-
-``num_examples`` MUST be a public number or a DP count (the ledger's DP row
-count of the granted blocks), never the exact private count: the noise
-multiplier is derived from it and published with the model. The guarantee holds
-whatever the true row count, because each present record is sampled with
-probability q. Neighbouring data sets differ by adding or removing one record.
-
-Noise schedules (keyword ``noise_schedule``; docs/models.md "Noise schedules"): a
-sigma_t that decays over the steps (sage_tfx.privacy.noise_schedules: step,
-exponential, polynomial, the bound-optimal shape of Hong et al.), its scale
-calibrated so that the composition of the per-step Poisson-sampled Gaussian
-events spends the budget; step t adds N(0, (sigma_t C)^2). ``privacy_spent``
-then holds the composed DpEvent, ``noise_multiplier`` = sigma_0 (the largest)
-and ``noise_schedule`` (kind, parameters, the per-stage sigmas). Default
-constant: the run, its sigma and its report are those without the option.
-
-``evaluate`` computes metrics on the data it is given without noise: it is NOT
-differentially private (use Sage's DP validation for released metrics).
-
-Non-finite inputs: NaN / +-inf features become 0.0 and NaN / +-inf labels become
-0 (regression target 0, class 0), the public defaults of sage_tfx.models.data,
-before the first step; a record whose gradient norm still is not finite (e.g.
-overflow) contributes a zero gradient (sage_tfx.models.dpsgd_engine). Both are
-fixed functions of the record, so the sensitivity stays ``clip_norm`` and the
-guarantee (epsilon, delta) is unchanged; a fit never fails because of a value. A
-label that is not a class id raises RecordError (column, record index, no value).
-
-Seeds: ``seed=None`` draws fresh OS entropy; inside
-``sage_tfx.models.training_seed`` (DPTrainer) the initialisation, sampling and
-noise come from the grant's private seed and ``seed=`` is refused
-(sage_tfx.models.seeding), and so is ``implementation="tf_privacy"``, whose
-noise comes from TensorFlow's global generator (a module's
-``tf.random.set_seed`` fixes it). An explicit ``seed`` outside it is for tests and
-benchmarks: a known seed makes the noise predictable.
+Training, noise schedules, non-finite inputs and seeds: docs/models.md ("The DP-SGD estimators in detail").
 """
 
 from __future__ import annotations

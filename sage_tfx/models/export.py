@@ -1,19 +1,11 @@
 """SavedModel export with a serving signature, optionally behind a tf.Transform graph.
 
-Without a transform, ``serving_default`` takes the model's features by name
-(float32, shape [None] for width 1, [None, width] otherwise).
+``serving_default`` takes the model's features by name, or, with ``transform_output``, serialized
+``tf.Example``s run through the transform graph. Contract: serving adds no privacy cost (the DP statistics in
+the transform graph were released once at analysis time), and non-finite feature values become 0.0 as in
+``fit``. ``export_keras_model`` exports a ``make_private`` model by its own Keras inputs.
 
-With ``transform_output`` (a tf.Transform output directory or a
-``tft.TFTransformOutput``, e.g. the DP Transform component's output), the
-signature takes serialized ``tf.Example``s (``examples``: string [None]), parses
-them with the raw feature spec (minus the label), applies the transform graph
-(``transform_features_layer``) and feeds the transformed features named by the
-model's layout. The DP statistics baked into that graph were released once at
-analysis time, so serving adds no privacy cost.
-
-Either way, NaN / +-inf feature values become 0.0 before the model, as in ``fit``
-and ``predict`` (sage_tfx.models.data.FEATURE_DEFAULT). ``export_keras_model`` exports
-a ``make_private`` model by its own Keras inputs instead of a feature layout.
+Signatures in detail: docs/models.md ("Export and serving signatures").
 """
 
 from __future__ import annotations

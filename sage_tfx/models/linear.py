@@ -1,40 +1,12 @@
 """DPLinearRegressor: linear regression with AdaSSP (sage_tfx.privacy.adassp).
 
-Features are shifted by the public ``feature_center`` (default 0: none) and then
-clipped per row to L2 norm ``feature_bound`` (B_x); labels to
-``label_range=(low, high)`` and centred at its midpoint, so B_y = (high-low)/2.
-With ``fit_intercept`` a constant-1 column is appended AFTER clipping, so the
-rows AdaSSP sees have norm <= sqrt(B_x^2 + 1), the bound it is given. The bounds
-and the centre must be public (chosen without looking at the private data).
+Features are shifted by a public ``feature_center`` and clipped per row to ``feature_bound``; labels (or the
+residual against a public prior) are clipped to a public range. Contract: exactly AdaSSP's guarantee,
+(epsilon, delta)-DP under add/remove-one adjacency (three Gaussian releases, proof in sage_tfx.privacy.adassp);
+``privacy_spent`` reports the DpEvent and (epsilon, delta); no row count is needed. Non-finite inputs map to
+public defaults.
 
-Why a centre: AdaSSP's noise on X'X and its ridge both scale with B_x^2, so a
-bound that fits the rows tightly is worth rows of data. Features scaled to
-[0, 1] need B_x = sqrt(d); centred at 0.5 (``feature_center=0.5``) they lie in
-[-0.5, 0.5]^d and B_x = sqrt(d)/2, a quarter of the noise and of the ridge on
-the features (the intercept absorbs the shift). On the real NYC flights of 2013
-(docs/your_pipeline.md, "A second data set") this took the DP model's held-out
-MSE at 32 daily blocks from 648 to 451 min^2 (non-private: 339).
-
-A public prior: ``prior_coef`` (per feature) and ``prior_intercept`` give a prediction known before any
-data, e.g. "a flight arrives as late as it left" (docs/your_pipeline.md, "A second data set"). The model then
-fits the residual label - prior, clipped to the public ``residual_range``, and adds the prior back, so
-AdaSSP's ridge shrinks towards the prior instead of towards 0, and B_y is half the residual range, not the
-label range. On the flights this took the DP model's held-out MSE at 8 daily blocks from the mean label's
-level to the prior's and below (docs/your_pipeline.md).
-
-Privacy: exactly AdaSSP's, (epsilon, delta)-DP under add/remove-one adjacency
-(three Gaussian releases; the proof is in sage_tfx.privacy.adassp).
-``privacy_spent`` reports the DpEvent and (epsilon, delta). AdaSSP does not use
-the row count, so no ``num_examples`` is needed.
-
-Non-finite inputs (public defaults, fixed functions of the record: the bounds
-above still hold): a NaN / +-inf feature entry becomes 0.0 before row clipping; a
-label is clipped to ``label_range`` first (+-inf become its ends), and a NaN
-label becomes the range's midpoint (0 after centring: it adds nothing to X'y).
-
-Seeds: ``seed=None`` draws fresh OS entropy; inside
-``sage_tfx.models.training_seed`` (DPTrainer) the noise comes from the grant's
-private seed and ``seed=`` is refused (sage_tfx.models.seeding).
+Bounds, centre, prior, non-finite inputs and seeds: docs/models.md ("DPLinearRegressor in detail").
 """
 
 from __future__ import annotations
@@ -212,7 +184,7 @@ class DPLinearRegressor:
         """Fit on (x, y) or a tf.data.Dataset of (features, label); return self.
 
         Non-finite features become 0.0 (``to_matrix``); labels keep theirs here and AdaSSP clips them
-        (+-inf to the range's ends) and maps NaN to the centre (the midpoint), see the module docstring.
+        (+-inf to the range's ends) and maps NaN to the centre (the midpoint), see docs/models.md.
 
         Args:
           x: The features: a matrix, {feature name: column}, or a tf.data.Dataset of (features, label).

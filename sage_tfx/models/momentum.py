@@ -1,21 +1,12 @@
 """Debiased momentum for DP-SGD (Hong et al., "Dynamic Policies on Differentially Private Learning", seed 002:
 Algorithm 2, Theorem 3.4).
 
-The update. Given the privatised gradient g_t of step t = 1, 2, ... (the engine's clipped sum plus
-N(0, (sigma_t C)^2 I), divided by the expected batch size), Algorithm 2 keeps
-    v_1 = 0,  v_{t+1} = beta v_t + (1 - beta) g_t,  v_hat_{t+1} = v_{t+1} / (1 - beta^t),
-and moves the weights by -eta_t v_hat_{t+1}. v_hat_{t+1} = sum_{i<=t} w_i g_i with
-w_i = (1 - beta) beta^(t-i) / (1 - beta^t), weights that sum to 1: an average of the noisy gradients (its
-noise variance shrinks by about (1 - beta) / (1 + beta) once t >> 1 / (1 - beta)), debiased at the start
-where plain heavy-ball momentum would take only (1 - beta) of the first gradient.
+``make_private(..., optimizer="debiased_momentum", momentum=beta)`` moves the weights by the debiased average
+v_hat of the noisy gradients. Contract: it reads only the released noisy gradients and public constants, so it
+is post-processing: the run's DpEvent and epsilon are the engine's, unchanged. ``debiased_momentum_steps`` is
+the numpy reference of Algorithm 2 lines 6-8.
 
-Privacy. The optimizer reads nothing but the released noisy gradients g_1..g_t and public constants (beta,
-eta, t): it is post-processing of the DP-SGD releases, so the run's DpEvent and epsilon are those of the
-engine (any noise schedule or adaptive clip included), unchanged. ``make_private(..., optimizer=
-"debiased_momentum", momentum=beta)`` selects it (``DEBIASED_MOMENTUM``); weight decay applies as for SGD.
-
-``debiased_momentum_steps`` is the numpy reference of Algorithm 2 lines 6-8 (tests check the TF optimizer
-against it).
+The update and its measured effect: docs/models.md ("Your own Keras model: make_private", debiased momentum).
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """``make_private``: DP-SGD training of the user's own tf.keras model (Opacus-like, one call).
 
-::
-
-    from sage_tfx.models import make_private
-
-    model = tf.keras.Sequential([tf.keras.layers.Dense(16, activation="relu"), tf.keras.layers.Dense(1)])
-    private = make_private(model, privacy_budget=fn_args.privacy_budget, num_examples=fn_args.num_examples,
-                           loss="mse", clip_norm=1.0, batch_size=256, epochs=2)
-    private.fit(x, y)
-    trainer_utils.export_model(fn_args, private)
-    return trainer_utils.report_spent(fn_args, private)
-
 Contract: ``fit`` runs ``ceil(epochs * num_examples / batch_size)`` Poisson-sampled steps (rate
 ``q = batch_size / num_examples``), clips each record's whole gradient to L2 norm C = ``clip_norm`` and adds
-N(0, (sigma C)^2) to the sum: the run is the DpEvent ``SelfComposed(PoissonSampled(q, Gaussian(sigma)),
-steps)``, with sigma calibrated so that it is (epsilon, delta)-DP under add/remove one record (one unit with
-``per_unit``). ``num_examples`` must be public or a DP count. Layers or losses that couple records are refused
-before the first step (``sage_tfx.models.row_checks``); the weights are post-processing of the noisy sums.
-The DP estimators (``sage_tfx.models.dpsgd_models``) train through ``make_private`` too.
+N(0, (sigma C)^2) to the sum: the run is ``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)``,
+(epsilon, delta)-DP under add/remove one record (one unit with ``per_unit``). ``num_examples`` must be public or
+a DP count; layers or losses that couple records are refused before the first step (``row_checks``).
 
-Mechanism, proof sketch, engines (``ghost``, ``vmap``, ``loop``, ``tf_privacy``) and seeds: docs/models.md
-("Your own Keras model: make_private").
+Example, mechanism, proof sketch, engines and seeds: docs/models.md ("Your own Keras model: make_private").
 """
 
 from __future__ import annotations

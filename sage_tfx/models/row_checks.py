@@ -1,30 +1,12 @@
 """Structural checks that a Keras model and its per-example loss treat the records of a batch one by one.
 
-DP-SGD's bound (one record moves the clipped gradient sum by at most C) assumes that record i's loss, and so
-its gradient, is a function of record i alone, and that a training step changes nothing but the trainable
-weights (the optimiser moves them with the noisy sum only). Layers that mix the rows of a batch (any
-BatchNormalization in training mode: Keras' own, ``SyncBatchNormalization``, ``tf.compat.v1``'s; a Lambda
-centring on the batch mean; a loss normalised over the batch) or that keep batch statistics in
-non-trainable variables (a moving mean that ends up holding one record's value) break it.
+DP-SGD's sensitivity C assumes record i's loss depends on record i alone and that a step changes only the
+trainable weights. ``check_rows_independent`` checks both on SYNTHETIC batches built from the input and label
+specs (no value of the data) and refuses a model that couples rows or keeps batch statistics with
+``RowCouplingError``; it restores the model's variables and TensorFlow's global seed. It does not prove a layer
+that couples rows only for some values.
 
-``check_rows_independent`` runs the model and loss on SYNTHETIC batches built from the input and label
-specs (shape after the batch axis and dtype; no value of the data): fixed-seed normal floats, integers in
-{0, 1}, booleans, strings "a"/"b". With TensorFlow's random seed fixed for each pass (so Dropout draws the
-same mask at the same position) it compares, on the first half of the rows:
-
-  1. batch X (2m rows) against X' (the same first m rows, the others replaced): outputs, per-example losses
-     and the gradient of the first m records' summed loss w.r.t. every trainable variable must agree;
-  2. batch X against its first m rows alone (a batch of another size): the same three must agree;
-  3. no variable of the model (other than a random generator's state) may change in the training-mode
-     forward and backward passes.
-
-When Keras draws Dropout masks from ``tf.random.Generator`` objects (``enable_tf_random_generator``), their
-states are reset before each compared pass, so the masks are the same there too.
-
-Any difference beyond float round-off (relative 1e-4) is refused with ``RowCouplingError`` naming what
-differs. The model's variables and TensorFlow's global seed are restored afterwards: the check changes
-nothing. What it does not prove: a layer written to couple rows only for some values (it sees one synthetic
-batch), or to write a variable only for some values; module files must not do that (docs/models.md).
+The checks, their tolerance and their limits: docs/models.md ("Records one by one: the structural checks").
 """
 
 from collections.abc import Callable

@@ -1,44 +1,13 @@
 """`training_seed`: the public hook through which trusted code seeds the DP models' noise and sampling (stdlib only).
 
-The pattern of ``sage_tfx.transform.noise_seed``. Outside any ``training_seed`` context a DP model draws
-fresh OS entropy (``seed=None``) or uses its ``seed=`` (tests, benchmarks, notebooks). Inside
-``with training_seed(private_seed):`` (DPTrainer wraps the user's ``run_fn`` in it, with the ledger's
-private seed of the grant):
+Inside ``with training_seed(private_seed, share=..., public=...):`` (DPTrainer wraps ``run_fn`` in it) every DP
+fit with ``seed=None`` draws its initialisation, sampling and noise from seeds derived from ``private_seed``, an
+explicit ``seed=`` is refused, the fits together must fit the training share (a basic-composition filter,
+``FitBudgetError``), and a DP-SGD fit's batch size and epochs must be public numbers. Outside it a model uses its
+``seed=`` or fresh OS entropy.
 
-* every DP model fitted with ``seed=None`` (DPDNNRegressor, DPDNNClassifier, DPLogisticRegressor, and
-  DPLinearRegressor, the AdaSSP model) draws its weight initialisation, its Poisson sampling and its noise
-  from seeds derived from ``private_seed`` (``fit_seeds``);
-* a model given an explicit ``seed=`` is refused (ValueError naming the model): a seed the user's code
-  knows (``seed=0``, or a seed handed to it) makes the training noise predictable, so it can be subtracted.
-
-Derivation: the k-th fit started inside one ``with training_seed(s):`` block (k = 0, 1, ...) of model class
-M uses ``sha256("s|fit k|M|<purpose>")`` for purpose "init" (31 bits: Keras initialisers take small
-seeds; the initial weights need no secrecy), "sampling" (128 bits, numpy's PCG64) and "noise" (192 bits:
-all three words of TensorFlow's Philox state, key included). So re-running the same ``run_fn`` under the
-same seed (a new block) reproduces every fit bit for bit (CPU; the tf_privacy engine, which draws from
-TensorFlow's global generator, is refused inside a block), while two fits in one block get unrelated, independent noise,
-as the composition of their releases assumes.
-
-The active seed lives in a ``contextvars.ContextVar``: threads do not share it (a new thread starts
-without one), asyncio tasks get their own copy, and nested blocks restore the outer one (and its fit
-count) on exit.
-
-One training share, every fit (``training_seed(seed, share=(epsilon, delta))``, as DPTrainer opens it):
-each DP fit declares its ``privacy_budget`` when it starts, before it reads anything, and the block refuses
-(``FitBudgetError``) a fit whose budget, added to those of the fits already started in the block, exceeds
-the share in epsilon or in delta. The block is a basic-composition privacy filter (Rogers et al. 2016: the
-sum of the (epsilon_i, delta_i) of adaptively chosen mechanisms, stopped before it exceeds the share), so
-whatever ``run_fn`` does with the fitted models (keep the best of a search, retrain), all its fits together
-are (epsilon, delta)-DP for the share. A hyper-parameter search declares its candidates' shares up front:
-``candidate_budgets(fn_args.privacy_budget, k)``. While such a block is open in the process, a DP fit in a
-thread without it (a thread pool in ``run_fn``) is refused: it would escape both the seed and the filter.
-
-Public batch size and epochs (``training_seed(..., public=numbers)``): they set the sampling rate and the
-step count published with the model, so a value computed from the data (``len(x) // 100``) would publish
-it. DPTrainer passes the numbers a module may use: the constants of its source, the numbers of its
-``custom_config``, the models' defaults and ``trainer_utils.batch_size`` of the DP count; a DP-SGD fit
-whose batch size or epochs is another number is refused before it reads anything (the error does not
-name the value).
+Seed derivation, thread/task scope, the filter and public numbers: docs/models.md ("One training share, every
+fit", "Public batch size and epochs", "Seeds of the DP fits").
 """
 
 import contextlib
@@ -270,10 +239,10 @@ def fit_seeds(
     """The seeds for one fit of ``model_name`` given its ``seed=`` argument; call it when the fit starts, before
     it reads data, with the fit's ``budget`` (epsilon, delta).
 
-    Outside ``training_seed``: ``seed`` for all three (None: fresh OS entropy), as before the hook existed
-    (FitBudgetError while a block with a share is open in another thread). Inside: seeds derived from the
-    block's seed (module docstring), TrainingSeedError if ``seed`` was given, FitBudgetError if the fit
-    would take the block past its share, PublicParameterError if one of ``params`` (its batch size and
+    Outside ``training_seed``: ``seed`` for all three (None: fresh OS entropy) (FitBudgetError while a block
+    with a share is open in another thread). Inside: seeds derived from the block's seed (docs/models.md, "Seeds
+    of the DP fits"), TrainingSeedError if ``seed`` was given, FitBudgetError if the fit would take the block
+    past its share, PublicParameterError if one of ``params`` (its batch size and
     epochs) is not among the block's public numbers.
     """
     current = _checked_block(seed, model_name)

@@ -1,31 +1,13 @@
 """Per-unit DP-SGD (McMahan et al., ICLR 2018): protect a privacy unit's rows together, not each row.
 
-On a stream whose privacy unit (a rider, a company, a device) has up to K rows, row-level DP-SGD protects a unit
-only through group privacy: K times the epsilon (sage_tfx.privacy.split.per_row_budget). Per-unit clipping makes
-the unit the record of DP-SGD instead:
+Each step samples UNITS with probability q = batch_size / num_units, sums each sampled unit's per-example
+gradients over its rows and clips that sum to C. Contract: adding or removing one whole unit moves the noisy sum
+by at most C, so the run is the row-level DpEvent with ``num_examples`` the (public or DP) count of units:
+(epsilon, delta)-DP per unit, with no factor K. Only ``UNIT_ENGINES`` ("vmap", "loop") support it; the unit ids
+must be the stream's unit column.
 
-  * every step includes each UNIT independently with probability ``q = batch_size / num_units`` (Poisson sampling
-    of units: all rows of a sampled unit enter the batch, none of the others);
-  * each sampled unit's per-example gradients are summed over its rows (``tf.math.unsorted_segment_sum``), and
-    the unit's summed gradient, over ALL trainable variables together, is clipped to L2 norm C (a unit whose sum
-    is not finite contributes 0, a fixed function of the unit's rows);
-  * the clipped sum gets N(0, (sigma C)^2) on every coordinate and is divided by the expected number of units per
-    batch, as the row-level step does.
-
-Sensitivity: adding or removing one whole unit (all its rows, however many) changes the sum by one clipped unit
-gradient, at most C in L2 norm; each step is the Poisson-subsampled Gaussian mechanism of noise multiplier sigma
-over units, so the accountant's event is the row-level one with ``num_examples`` the number of units
-(``SelfComposed(PoissonSampled(q, Gaussian(sigma)), steps)``). ``num_examples`` must be public or a DP count of
-UNITS, never the exact count. The K of the stream does not enter the cost: a unit's rows share one clip.
-
-Engines: the per-unit sum needs each row's own gradient before the clip, so only the engines that materialise
-per-example gradients support it (``UNIT_ENGINES``: "vmap", "loop"; "auto" picks "vmap" and may fall back to
-the loop as the row-level fit does). "ghost" computes per-row norms without per-row gradients, so it cannot
-sum them per unit, and "tf_privacy" clips per microbatch of its own: both are refused before anything is read.
-
-The unit ids are an input of ``fit`` (``units=``, one per row of x): the guarantee is per unit of THOSE ids,
-so they must be the stream's unit column, never an id made up per row (which is row-level clipping calibrated
-as if rows were units).
+Mechanism, engines and what the user must do: docs/models.md ("Per-unit clipping: protect a unit's rows
+together").
 """
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip

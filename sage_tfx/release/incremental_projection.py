@@ -1,28 +1,12 @@
 """PrivIncReg2: private incremental regression in a random projection (Kasiviswanathan, Nissim, Jin, PODS 2017,
-seed 004: Section 5, Algorithm 3). Numpy only (scipy for the L1 lifting).
+Section 5, Algorithm 3). Numpy only (scipy for the L1 lifting).
 
-PrivIncReg1 (sage_tfx.release.incremental_regression) adds noise to d x d and d sized sums: its excess risk
-grows as sqrt(d). PrivIncReg2 sums the rows in R^m instead, m << d, so the noise is m x m and m sized:
-  1. Phi: an m x d matrix of i.i.d. N(0, 1/m) entries drawn from a PUBLIC seed (``projection_seed``), before
-     any data and independent of it (Algorithm 3, step 2).
-  2. Each clipped row x (||x|| <= B_x) becomes z = (||x|| / ||Phi x||) Phi x = Phi x~ with x~ = (||x|| /
-     ||Phi x||) x (step 4); so ||z|| = ||x|| <= B_x exactly (z = 0 when Phi x = 0).
-  3. The rows z with their clipped labels go through the SAME Tree Mechanism and descent as PrivIncReg1
-     (``TreeRegressor`` of dimension m, steps 5-8): (Q_t, q_t) the noisy prefix of (Z'Z, Z'y).
-  4. vartheta_t = Phi theta with theta the projected-gradient minimiser of theta' Phi'Q_t Phi theta - 2 q_t'
-     Phi theta over C (the descent over Phi C, written in theta); then the released theta_t is the lifting
-     argmin ||theta||_C subject to Phi theta = vartheta_t (step 9; ``incremental_constraints.lift``), in C.
+Rows are mapped to R^m (m << d) by a Gaussian Phi drawn from a public seed and rescaled to keep their clipped
+norm, then go through PrivIncReg1's Tree Mechanism and descent; theta_t is lifted back to C. Contract: the
+sensitivities, the charge and the (epsilon, delta) of PrivIncReg1 (``IncrementalRegressionParams``), with the
+noise in dimension m; the lifting is post-processing.
 
-Privacy (add/remove one record). Phi is data-independent. A record's z has ||z|| = ||x|| <= B_x, so its
-contribution to upper(Z'Z) has L2 norm <= ||z||^2 <= B_x^2 and to Z'y norm <= B_x B_y: the sensitivities
-of PrivIncReg1 (its module docstring), now in dimension m. The tree releases the same <= 2L Gaussian-type
-releases of multiplier c per record, so the SAME ``IncrementalRegressionParams`` (noise_multiplier,
-dp_event, the per-block charge) holds; steps 4 and the lifting are post-processing. (The paper's Frobenius
-bound 2 is for replace-one with ||x|| <= 1; add/remove gives our B_x^2.)
-
-Utility (Theorem 5.7): excess risk about T^(1/3) W^(2/3) with W = w(X) + w(C) the Gaussian widths, for
-m about (W^2 T^2)^(1/3); it beats PrivIncReg1 when the widths are small (sparse or L1-bounded rows, an L1
-ball C) and d is large. ``tests/release/test_incremental_projection.py`` measures it.
+Steps, privacy and utility: docs/release_strategies.md ("Incremental regression: the proofs", PrivIncReg2).
 """
 
 from __future__ import annotations

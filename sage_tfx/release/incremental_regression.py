@@ -1,62 +1,14 @@
 """Private incremental linear regression by the Tree Mechanism (PrivIncReg1), one regressor per arriving block.
 
-Kasiviswanathan, Nissim, Jin, "Private Incremental Regression" (PODS 2017): Section 4 (Algorithm 2,
-PrivIncReg1), Appendix B (NoisyProjGrad) and Appendix C (Algorithm 4, TreeMech). Numpy only (no TensorFlow).
+Kasiviswanathan, Nissim, Jin, "Private Incremental Regression" (PODS 2017), Algorithm 2 with the Tree Mechanism
+of Algorithm 4. Numpy only. Over a declared horizon of T blocks, each block's clipped rows (||x|| <= B_x,
+|y| <= B_y) enter at most L = floor(log2 T) + 1 tree nodes of noisy sums of (X'X, X'y), and theta_t is projected
+gradient descent on the noisy prefix over the declared ball C. Contract: per record (add/remove), 2L Gaussian
+releases of multiplier c (sensitivities B_x^2 and B_x B_y), calibrated by RDP so the whole horizon is
+(epsilon, delta)-DP; each block is charged that bound once, at arrival, before it is read, and never re-read.
 
-What it does
-------------
-A stream of blocks b_1, ..., b_T arrives (T = ``horizon``, declared up front). Block t's rows are clipped
-(||x|| <= B_x, |y| <= B_y, ``adassp.clip_rows`` / ``clip_labels``: non-finite values map to public defaults)
-and summarised as the leaf v_t = (upper triangle of sum x x^T, sum x y). The Tree Mechanism releases every
-dyadic range sum [m 2^k + 1, (m + 1) 2^k] of the leaves once, with Gaussian noise, when its last block arrives;
-the prefix sum at t is the sum of the <= floor(log2 t) + 1 noisy nodes of t's binary expansion (Appendix C). With
-(Q_t, q_t) the noisy prefix of (X'X, X'y), the private gradient function is g_t(theta) = 2 (Q_t theta - q_t)
-(Algorithm 2, step 5) and the released regressor theta_t is projected gradient descent on g_t
-over the declared set C (step 6): the L2 ball {||theta|| <= R} or the L1 ball {||theta||_1 <= R} (``constraint``,
-sage_tfx.release.incremental_constraints). Memory: the noisy nodes of the binary expansion of t and the matching
-exact partial sums (the a_j of Algorithm 4), at most floor(log2 T) + 1 of each (``stored_nodes``).
-
-Sensitivity (add/remove one record, the ledger's adjacency)
------------------------------------------------------------
-A record (x, y) with ||x|| <= B_x, |y| <= B_y changes the upper triangle (with diagonal) of x x^T, as a vector,
-by sqrt(sum_{i<=j} (x_i x_j)^2) <= ||x||^2 <= B_x^2, and x y by ||x|| |y| <= B_x B_y (as in
-``sage_tfx.privacy.adassp``). It lies in exactly one block, hence in one leaf, hence in at most
-L = floor(log2 T) + 1 tree nodes (one per level, only nodes that end by T are ever released).
-
-Privacy: (epsilon, delta) per block over the whole horizon
-----------------------------------------------------------
-Each node releases its two parts with ``samplers.grid_gaussian`` at standard deviation c B_x^2 and c B_x B_y
-(noise multiplier c): each is 1/(2 c^2)-zCDP with respect to the record (grid_gaussian's docstring: the exact
-discrete Gaussian on a public grid keeps the continuous Gaussian's Renyi divergences, alpha / (2 c^2)). A
-record enters at most L nodes, so all its releases over the horizon are at most 2 L Gaussian-type releases of
-multiplier c: RDP alpha * 2L / (2 c^2), i.e. (L / c^2)-zCDP. Everything else (prefix sums, Q_t, g_t, the
-descent, theta_t) is post-processing. ``noise_multiplier`` is the smallest c whose composition
-``ComposedDpEvent([GaussianDpEvent(c)] * 2L)`` is (epsilon, delta)-DP under dp_accounting's ``RdpAccountant``,
-found by ``mechanism_calibration.calibrate_dp_mechanism``. This replaces the paper's split (epsilon/2,
-delta/2) per TreeMech and its closed-form sigma (Algorithm 4, step 8): the same proof shape (Gaussian
-mechanism composed over the log T levels, Theorem A.3 there, RDP here), a tighter constant.
-
-Ledger: what is charged, when, and what each release reads
-----------------------------------------------------------
-Under Sage's block composition (docs/block_composition.md) a record's loss is what its block is charged. The
-bound above is the WHOLE loss a record of block t can ever suffer under this strategy instance, over all T
-releases. ``IncrementalRegression.arrive(block)`` therefore, in this order: (1) refuses if the horizon is
-exhausted (nothing charged); (2) charges that block alone the whole bound (``Ledger.request`` with
-epsilon/delta on a basic stream, or the 2L-Gaussian DpEvent as an RDP curve on an RDP stream, ``meta``
-naming the strategy and its parameters); (3) opens the grant's ONE release (stage ``training``, the
-instance's fingerprint bound to the block's registered content: ``privacy.digests.bound_to_data``); (4) only
-then reads the block, through the caller's ``reader(grant)``; (5) releases the one tree node that ends at t
-(noise keyed by ``ledger.private_seed(grant.id, ...)``) and theta_t.
-A block is read exactly once, at its arrival, under its own grant. Its exact contribution stays in process
-memory only inside the O(log T) exact partial sums a_j of Algorithm 4 (never released, never written), and
-leaves the process only through the <= L noisy nodes that contain it -- all of them covered by its own
-charge. So the release at time t reads nothing new but block t, and only block t's grant is opened; earlier
-blocks are neither re-read nor re-charged (a re-charge would double-count: the bound is already reserved).
-
-Deviation from the paper's descent: NoisyProjGrad (Appendix B) with the step ||C|| / (sqrt(r) (alpha + L))
-and the averaged iterate is a worst-case device; here the step is 1 / (2 ||Q_t||_2) (the smoothness step of
-the noisy quadratic, a function of released values only) and the last iterate of ``iterations`` steps from 0.
-Both are post-processing of (Q_t, q_t): the privacy statement is unchanged.
+Mechanism, sensitivity, proof, ledger order and the deviation from the paper's descent: docs/release_strategies.md
+("Incremental regression: the proofs").
 """
 
 from __future__ import annotations

@@ -1,37 +1,15 @@
 """A TFX pipeline re-run under a growth schedule (BBScheduler and BBImprover, the paper seed 001's Sections 3.1
 and 3.2).
 
-``ScheduledPipeline`` drives any pipeline's ``run_iteration(grant, split, eta, iteration)`` (the function the Sage
-iterator calls: ``sage_tfx.pipelines`` builds one per pipeline, ``sage run`` too) by a schedule instead of the Sage
-iterator: for each arriving block it charges the block's LIFETIME grant (``growth.charge_lifetime``: the whole
-per-record (epsilon, delta) of the schedule on that block alone, before anything reads it, its one release opened
-with the schedule's fingerprint); when the schedule runs at block count t (run index i: BBScheduler's epoch, or
-t - t0 for BBImprover), it draws the run grant of run i from the lifetime grants of blocks 1..t (``Ledger.draw``:
-a signed grant of (epsilon_i, delta_i) that charges no block) and runs the pipeline under it, validated at
-eta_i = eta / ((i + 1) (i + 2)) (the Sage iterator's union bound over attempts: the eta_i sum to eta over any
-number of runs, BBImprover's infinitely many included).
+``ScheduledPipeline`` drives any pipeline's ``run_iteration(grant, split, eta, iteration)`` by a schedule: each
+arriving block is charged its LIFETIME grant once (``growth.charge_lifetime``), each run i draws an
+(epsilon_i, delta_i) run grant from the lifetime grants of the blocks so far (``Ledger.draw``, rule "basic" or
+"zcdp") and is validated at eta_i = eta / ((i + 1) (i + 2)). Contract: every record is (epsilon, delta)-DP over
+all runs, what its block was charged once; a name run for another request is refused; a run killed before its
+outcome re-runs under the same run grant.
 
-Privacy (per record, add/remove, over the infinite horizon): a record of block b is read by run grants drawn from
-b's lifetime grant only; run i is (epsilon_i, delta_i)-DP (its stage split composes to at most that: BudgetSplit,
-``Ledger.release``). Two schedules of runs, two draw rules of the ledger (privacy/draws.py, with the proofs):
-- BBScheduler's basic mode, draw rule "basic": sum_i epsilon_i = epsilon and sum_i delta_i = delta (docs/release_strategies.md,
-  Theorem 3 of the paper);
-- BBScheduler's zcdp mode and BBImprover, built with ``approximate=True``, draw rule "zcdp": each run is
-  delta_i-approximately (epsilon_i^2 / 2)-zCDP (Bun & Steinke 2016, Section 8), the deltas sum to delta / 2 and the
-  epsilons are calibrated so the ledger's RDP filter of (epsilon, delta) admits the whole infinite sequence
-  (docs/release_strategies.md, "Approximate runs").
-The ledger refuses any draw beyond the lifetime grant by its rule, so every record is (epsilon, delta)-DP over all
-runs, what its block was charged once (docs/release_strategies.md, "A TFX pipeline under a growth schedule").
-
-The certificate: each run grant signs the request it runs for (``request``: ``sage run``'s target, confidence, SLA,
-model and pipeline definition, as the Sage iterator's grants do), and a pipeline name whose grants were run for
-another request is refused (``adaptive.iterator.check_request``: ``RequestMismatch`` naming the stored and asked
-values, before anything is charged or drawn): a run's outcome certifies only what it was run for.
-
-Resuming: everything is recovered from the ledger (the pipeline's lifetime grants, in charge order, and its run
-grants with their outcomes). A run killed before its outcome was recorded is re-run under the SAME run grant (the
-draw returns it again: no second draw; its releases re-open with the same seeds); a run with an outcome is not
-re-run.
+Proofs, draw rules, certificate and resuming: docs/release_strategies.md ("A TFX pipeline under a growth
+schedule").
 """
 
 from __future__ import annotations

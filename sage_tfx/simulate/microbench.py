@@ -1,23 +1,14 @@
 """A GENERATED multi-block workload of small and large pipelines, after PrivateKube's microbenchmark.
 
-PrivateKube (Luo et al., OSDI'21 "Privacy Budget Scheduling" §6.2; its artifact's
-``evaluation/microbenchmark/microbench_multi_block.py``) schedules a stream of pipelines of two sizes on
-blocks that arrive at a fixed interval: *mice* demand the newest block, *elephants* the newest 10; a
-pipeline's epsilon is independently 0.01 (mouse) or 0.1 (elephant); 75% mice on each axis; blocks of
-global (1, 1e-6); 11 blocks at the start; 30 block intervals of arrivals; a pipeline not granted within
-its timeout leaves. Our units: one block per hour, arrivals Poisson at ``rate`` per hour. PrivateKube's
-contention point is 128 arrivals per block interval (10 s blocks, 0.078 s between arrivals) with a
-timeout of 117 s (11.7 intervals); our default ``rate`` is 32/h (a quarter, so that the reservation
-policies' per-waiting-pipeline bookkeeping stays fast) with a 12 h timeout: the epsilon demanded per
-block is still about 3.4x its capacity (mice 32 * 0.75 * 0.0325 * 1 h + elephants 32 * 0.25 * 0.0325
-* 10 h), so the policies compete for budget.
+PrivateKube (Luo et al., OSDI'21 "Privacy Budget Scheduling" §6.2): blocks arrive one per hour; *mice* (75%)
+demand the newest block, *elephants* the newest 10, each at epsilon 0.01 (75%) or 0.1; arrivals are Poisson at
+``rate`` per hour; each pipeline has ONE demand, fixed at arrival and granted all-or-nothing, or leaves at its
+timeout (no RETRY). It runs every registered policy of ``privacy/allocation.py`` and PrivateKube's FCFS
+baseline (``Fcfs``). Contract: a workload generator for comparing policies (the demand per block is several
+times its capacity), not a privacy mechanism.
 
-Each pipeline has ONE demand (eps on its blocks, fixed at arrival: the newest ``k`` blocks that exist
-then); it is granted all-or-nothing or times out. There is no RETRY (PrivateKube's pipelines do not
-adapt). Policies: every registered policy of ``privacy/allocation.py``: Conserve and Aggressive (Sage's
-reservations: new blocks split among the waiting pipelines, own reservation then pool; a demand is fixed,
-so both behave the same here), DPF-N, DPF-T and DPack (``QueuedAllocation``), and, as PrivateKube's
-baseline, FCFS (arrival order, no unlocking, all-or-nothing; ``Fcfs``, not a registered policy).
+Parameters, PrivateKube's values and results: docs/simulation.md ("Policies compared", "Workload 2: mice and
+elephants").
 """
 
 from __future__ import annotations
@@ -38,7 +29,7 @@ HOUR = 3600.0
 
 @dataclass(frozen=True)
 class MicroConfig:
-    """The microbenchmark's parameters (module docstring: PrivateKube's values and ours)."""
+    """The microbenchmark's parameters (docs/simulation.md: PrivateKube's values and ours)."""
 
     rate: float = 32.0  # pipeline arrivals per hour (one block per hour)
     hours: int = 30  # hours of arrivals (PrivateKube: 30 block intervals)

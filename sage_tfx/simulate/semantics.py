@@ -1,20 +1,12 @@
 """Pipelines granted under each privacy semantics: event, user-time and user DP (PrivateKube's macrobenchmark shape).
 
-The workload is the Fig. 8 one (``workload.make_workload``: Gamma arrivals, power-law sample complexity, ``SimConfig``
-rows per hour), on a stream whose rows belong to ``UnitConfig.units`` units (each unit's rows a Poisson process of
-rate rows_per_hour / units). Every pipeline asks for a fixed ``pipeline_epsilon`` on the blocks that hold the
-records it needs, first come first served, and retries after each new block until ``timeout_h`` hours have passed.
-The ledger is the real one (a temporary SQLite file): its per-block filter checks every charge.
+The Fig. 8 workload on a stream whose rows belong to ``UnitConfig.units`` units; each pipeline asks a fixed
+``pipeline_epsilon`` of the blocks holding the records it needs, first come first served, and retries after each
+new block until ``timeout_h``. Event DP: hourly blocks at epsilon per row; user-time DP: hourly blocks, each unit
+bounded to K rows a block, stages at epsilon / K (``split.per_row_budget``); user DP: ``shards`` blocks registered
+once whose budget never renews. Contract: the real ledger (a temporary SQLite file) checks every charge.
 
-* **event DP**: hourly blocks of ``rows_per_hour`` records; each stage gets the pipeline's epsilon per row.
-* **user-time DP**: hourly blocks, each unit bounded to K rows a block (the kept rows: E[min(Poisson(lam), K)] per
-  unit); every stage gets epsilon / K per row (group privacy, ``split.per_row_budget``), so a pipeline needs
-  ``n_required(n_np, epsilon / K)`` records.
-* **user DP**: ``shards`` blocks of units, registered once, each unit bounded to K rows for all time; the shards'
-  budget never renews (no new block ever joins the stream); stages at epsilon / K as above.
-
-The cost model is the simulator's (``SimConfig.n_required``: records to ACCEPT at a per-row epsilon). It models
-group privacy for every stage: a per-unit validator (which now gets the whole share) saves part of it, not modelled.
+The semantics table and the cost model: docs/simulation.md ("Privacy semantics").
 """
 
 from __future__ import annotations

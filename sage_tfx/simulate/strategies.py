@@ -1,43 +1,12 @@
-"""The five budgeting strategies of the load simulation (paper Fig. 8).
+"""The five budgeting strategies of the load simulation (paper Fig. 8), and the queued policies beside them.
 
-Block strategies and query composition charge the REAL ledger
-(``sage_tfx.privacy.Ledger`` on a throw-away SQLite file): every attempt is a
-``request`` (atomic check-and-charge), every pipeline ``register``s when it
-arrives and ``finish``es on ACCEPT, and new hourly blocks are split among the
-waiting pipelines by ``add_block``. An in-memory copy of the allocation
-(``Allocation``) only proposes which blocks to ask for.
+Block strategies (``block-conserve``, ``block-aggressive``, ``block-conserve-rdp``) and ``query`` charge the REAL
+ledger on a throw-away SQLite file (every attempt a ``request``; an in-memory ``Allocation`` only proposes
+blocks); ``streaming`` reads each record once at eps_g, so needs no ledger; ``block-dpf-n``, ``block-dpf-t`` and
+``block-dpack`` run the queued policies in memory (``QueuedAllocation``). Contract: no block exceeds the global
+budget; an attempt ACCEPTs iff it reads at least ``config.n_required(n_np, eps)`` records (no REJECT).
 
-* ``block-conserve`` (Sage): privacy-adaptive training. Start at
-  ``epsilon_start`` on the newest ``min_window`` blocks that can pay it; on
-  RETRY double eps if 2 eps fits this pipeline's allocation on the same
-  blocks, else double the window (waiting for blocks when too few can pay).
-* ``block-aggressive``: each attempt takes the whole budget available to the
-  pipeline on the newest ``window`` blocks it can use (the minimum over them);
-  on RETRY the window doubles.
-* ``block-conserve-rdp`` (beyond the paper): block-conserve on an RDP stream;
-  each attempt is charged its Rényi curve: Laplace preprocessing + the
-  per-order max of DP-SGD training (calibrated to the attempt's training
-  epsilon) and Laplace validation (disjoint train/test records).
-* ``query``: query composition. The whole stream is ONE ledger block, so every
-  attempt of every pipeline charges the same global (eps_g, delta_g) budget,
-  whatever data it reads; a pipeline reads all data so far. RETRY: double eps
-  if the global budget has it, else retry when the data has doubled.
-* ``streaming``: streaming composition. Each hour's records are split evenly
-  among the waiting pipelines; each record is read by exactly one attempt, at
-  the full eps_g, then discarded. An attempt runs once the pipeline holds its
-  window (min_window hours of records, doubling after each RETRY). No ledger:
-  a record is never reused, so each record's loss is eps_g by construction.
-
-* ``block-dpf-n``, ``block-dpf-t``, ``block-dpack``: the queued policies of
-  ``privacy/allocation.py`` (docs/scheduling_policies.md) on the same per-block filters, in memory
-  (``QueuedAllocation``; the ledger does not run queued policies yet). A pipeline's attempt is a demand
-  (eps on its newest ``window`` blocks that fit the unlocked budget, cost as block-conserve's); the
-  engine offers the waiting pipelines their turn in the policy's order (``order``) at every scheduling
-  point (arrival, block, release), and a demand is charged all-or-nothing. RETRY as block-conserve's
-  (double eps if it fits the unlocked budget on the same blocks, else double the window).
-
-An attempt ACCEPTs iff the records it reads are at least
-``config.n_required(n_np, eps)``; there is no REJECT in this workload.
+Each strategy's attempt and RETRY rule: docs/simulation.md ("The model", "Policies compared").
 """
 
 import math

@@ -1,28 +1,15 @@
 """Differentially private tf.Transform analyzers: dp_group_by_mean (Sage, List. 1) and its family.
 
-The noise is drawn ONCE per analysis (the Sage paper List. 1; docs/dp_preprocessing.md, "Noise once per analysis"):
-a full-pass analyzer (`_NoiseOnce`) adds each table's rows exactly on its public grid (`_GridSumsFn`,
-`samplers.grid_sums`), then ONE ``Map`` draws grid Laplace noise for every cell and post-processes; tf.Transform
-bakes the noisy tables into the transform graph as constants. Each analyzer's "Laplace(0, b)" below means that
-release: (sensitivity / b)-DP exactly, with a noise scale within a relative 2^-20 of b.
+Each analyzer puts every row's clipped contribution on its table's public grid, sums the integers exactly in ONE
+Beam full pass and draws the noise ONCE per analysis; tf.Transform bakes the noisy tables into the transform
+graph as constants. Contract: under add/remove one row, values clipped to [0, value_range] (NaN as 0, a key
+outside [0, nkeys) in no table) bound each table's sensitivity, and an analyzer's "Laplace(0, b)" below is the
+grid release, (sensitivity / b)-DP exactly with a noise scale within a relative 2^-20 of b. Every analyzer
+returns float32 tensors and records its epsilon (`sage_tfx.transform.budget.record_spend`); seeds: fresh OS
+entropy, or ``sage_tfx.transform.noise_seed`` from trusted code (an analyzer's own ``seed=`` is for tests).
 
-Neighbouring data sets differ by adding or removing one row (event-level privacy inside a Sage block). Each row has
-exactly one key, so the rows of different keys are disjoint and the per-key tables compose in parallel: the
-sensitivity of a whole table is that of a single key's cell.
-
-Values are clipped to [0, value_range] (the paper's listing omits this; without it the sensitivity bound is false).
-NaN values count as 0 and +-inf clip to the bounds, so one row always moves a sum by at most value_range. Keys
-belong in [0, nkeys); a row whose key is outside counts in no table (its key becomes -1, which the per-key sums
-drop), and ``dp_group_by_mean`` gives it the public default value_range / 2. Both are fixed functions of the row
-alone, so no sensitivity changes, and nothing fails because of one row's key: the analysis runs after the grant is
-charged, and a failure (or an error message naming the key) would reveal that row.
-
-Every analyzer returns float32 tensors and records its epsilon with `sage_tfx.transform.budget.record_spend` (see
-`PreprocessingBudget`).
-
-Seeds: by default every analysis draws fresh OS entropy. Trusted code (DPTransform) makes the noise reproducible per
-grant with ``with sage_tfx.transform.noise_seed(s):`` around the tracing; an analyzer's own ``seed=`` is for tests
-and is refused there.
+The functions, their sensitivities and proofs: docs/dp_preprocessing.md ("The functions", "Noise once per
+analysis").
 """
 
 import collections

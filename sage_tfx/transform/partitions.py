@@ -1,23 +1,11 @@
 """Private partition selection for the per-key mean: keys not known in advance (numpy only).
 
 `select_and_release` is what ``dp_mean_per_key(..., partition_selection=...)``'s Beam step runs ONCE on the
-exact per-key tables of the whole data set (like `noise.add_laplace`); docs/dp_preprocessing.md, "Keys not
-known in advance", states the mechanism and its proof.
+exact per-key tables of the whole data set: the mean's grid-Laplace count (eps_n) and centred sum (eps_s) over
+the keys present, a key kept iff its noisy count reaches `vocabulary.threshold(eps_n, delta, m)`. Contract:
+(epsilon, delta)-DP with epsilon = eps_n + eps_s, under add/remove one row.
 
-Mechanism, with the mean's release `noise.mean_release` (count at eps_n, sum of v - c at eps_s), m =
-max_partitions_contributed (a row holds one key, so m = 1 is exact; a larger m only adds noise) and, over the
-keys PRESENT in the data (count >= 1; absent keys are never drawn):
-    noisy counts n~ = the grid-Laplace release of the counts at eps_n, sensitivity m, m cells
-    noisy sums   S~ = the grid-Laplace release of the sums of v - c at eps_s, sensitivity m * Delta_s, m cells
-    keep k  iff  n~_k >= tau = `vocabulary.threshold(eps_n, delta, m)` (Laplace thresholding: Korolova et al.
-             2009, Gopi et al. 2020; the rule PipelineDP's LAPLACE_THRESHOLDING applies)
-    release the kept keys (sorted) with their n~, S~ + c n~ and clip(c + S~ / max(n~, 1), 0, R).
-Guarantee: (epsilon, delta)-DP, epsilon = eps_n + eps_s. Proof sketch: let D' = D plus one row of key k. If k
-is present in D, the two tables move by one row in one cell each: the counts are eps_n-DP and the sums eps_s-DP
-(`samplers.grid_laplace`), and the selection, the order and the means read only the noisy tables. If k is
-absent from D, every other key's cells are identically distributed, and k is released only if its noisy count
-(true count 1 <= m) passes tau, probability <= delta / m per key (`vocabulary.threshold`); the row adds at most
-m such keys: a union bound gives delta. Outside that event the outputs have the same law.
+Mechanism and proof: docs/dp_preprocessing.md ("Keys not known in advance: private partition selection").
 """
 
 import numpy as np

@@ -1,32 +1,13 @@
 """Every trace of a preprocessing_fn is the checked one, and every row is transformed on its own.
 
-tf.Transform calls a ``preprocessing_fn`` several times: DPTransform traces it to plan (analyzers,
-spend, fingerprint), then tf.Transform traces it again in TF2 mode to build the analysis, to infer the
-output schema, and (in a Beam step, once the analyzers have run) to write the transform graph with the
-noisy tables as constants. A Python function may behave differently from one call to the next (a
-counter, a global flag), so checking one trace says nothing about the others. Two checks close that:
+`TracedFn` wraps the function handed to tf.Transform and compares each trace's `TraceSignature` (outputs, DP
+spends, analyzers, operation types, constants) with the checked trace's, raising `TraceMismatch` before any
+output is written or used. `check_row_local` runs the checked trace on synthetic batches (no private data) and
+refuses (`RowMixing`) code whose output or DP-analyzer input for one row depends on the other rows of its batch
+or on randomness. A function that mixes rows only for values the synthetic rows never take passes.
 
-- `TracedFn` wraps the function handed to tf.Transform. Each call computes the trace's `TraceSignature`
-  (its outputs, the spends its DP analyzers record, its analyzers, the multiset of the operation types
-  it built and of its constants) and compares it with the signature of the checked trace; a call
-  that differs raises `TraceMismatch`, naming what differs. The analysis trace and the schema trace run
-  while the Beam pipeline is built, before any record is read; the traces for each analysis phase's inputs
-  and for the transform graph run in Beam steps, so a mismatch there fails the run before any output is
-  written or used. The analyzers' outputs are placeholders in the first traces and constants (the noisy
-  tables) in the later ones, where TensorFlow may fold shapes of those constants: a trace with constants is
-  compared with a check trace made there under the same constants (and run on synthetic rows).
-- `check_row_local` runs the checked trace on synthetic batches (no private data): each row's outputs,
-  and each row's inputs to the DP analyzers, must be the same whether the row is alone in its batch or
-  among other rows, in any order. Code that mixes the rows of a batch outside a DP analyzer
-  (``x - tf.reduce_mean(x)``, a division by ``tf.shape(x)[0]``, ``tf.sort``, ``tf.roll``, a batch
-  ``tf.matmul``, ...) fails it, naming the output or analyzer input: its value for one record would
-  depend on the other records of the batch, outside any DP mechanism (an exact statistic of the batch
-  in the transformed data, or one record moving a DP analyzer's input by more than its sensitivity).
-  Code whose output is not a function of its inputs (a random op) fails it too.
-
-The synthetic rows are drawn with a fixed seed from public values of each feature's kind (including
-missing values). A function that mixes rows only for values the synthetic rows never take passes it: the
-check is made for ordinary code, and the docs say so.
+Why, and what each check compares: docs/dp_preprocessing.md ("The DPTransform component": "Every trace is the
+checked one" and the row check).
 """
 
 import collections

@@ -1,31 +1,12 @@
 """DP vocabularies: DP partition selection on value counts (numpy only).
 
-`select_vocabulary` is the mechanism ``dp_vocabulary`` (in `vocabulary_analyzer`) runs ONCE
-in its Beam full pass, on the exact counts of the whole data set (like `noise.add_laplace`).
+`select_vocabulary` is the mechanism ``dp_vocabulary`` (in `vocabulary_analyzer`) runs ONCE in its Beam full
+pass, on the exact counts of the whole data set: Laplace thresholding (Korolova et al. 2009, Gopi et al. 2020)
+of the grid-Laplace noisy counts at threshold `threshold(epsilon, delta, m)`, the kept values ordered by noisy
+count. Contract: one row changes at most m = max_contributions counts by 1 (L1 sensitivity m), and the release
+is (epsilon, delta)-DP; counts of values absent from the data are never drawn.
 
-Mechanism (Laplace thresholding, as PipelineDP's and Tumult's partition selection;
-Korolova et al. 2009 "Releasing search queries and clicks privately"; Gopi et al. 2020
-"Differentially private set union"). With m = max_contributions (each row adds 1 to the
-count of at most m distinct values; a row holds one value here, so m = 1 is exact) and
-b = m / epsilon:
-    noisy_v = the grid-Laplace release of count_v      for every value v with count_v >= 1
-              (`sage_tfx.privacy.samplers.grid_laplace(counts, m, epsilon, cells=m)`: exact discrete
-              Laplace on a power-of-two grid, noise scale b' = gamma t in [b, b (1 + 2^-20) + gamma])
-    keep v  iff  noisy_v >= tau,  tau = m + b' * ln(m / (2 delta)) + s,  s = 3 gamma / 2
-              (~ 1 + ln(1/(2 delta))/epsilon for m = 1, larger by a relative ~1e-6)
-    release the kept values ordered by noisy_v (descending; ties by value), first top_k.
-Sensitivity: one row changes at most m counts by 1 each (L1 sensitivity m, m cells).
-Guarantee: (epsilon, delta)-DP. Proof sketch: let D' = D plus one row. Values whose count
-is >= 1 in both are released by `grid_laplace` on an L1-sensitivity-m vector touching at
-most m cells (epsilon-DP exactly, see its docstring) followed by a threshold and a sort
-(post-processing). A value present only in D' is held by the added row alone, so its
-count there is 1 <= m; in law its release is count + L + xi with L ~ Laplace(b') and
-|xi| <= s (`samplers.grid_laplace_coupling`), so it is released only with probability
-<= P[L >= tau - m - s] = exp(-ln(m/(2 delta))) / 2 = delta / m. The row
-adds at most m such values, so by a union bound all of them stay hidden except with
-probability <= delta; on that event the output distributions are within e^epsilon.
-Counts of values absent from D are never drawn (no data-dependent domain).
-The noisy counts, never the exact ones, decide the order.
+Mechanism, threshold and proof: docs/dp_preprocessing.md ("Vocabularies: DP partition selection").
 """
 
 import math
@@ -81,7 +62,7 @@ def select_vocabulary(
 ) -> list:
     """The DP vocabulary of exact `counts` (value -> number of rows): kept values, by noisy count, descending.
 
-    (epsilon, delta)-DP, see the module docstring. Values with count <= 0 are ignored (they
+    (epsilon, delta)-DP, proof in docs/dp_preprocessing.md. Values with count <= 0 are ignored (they
     are not in the data). One exact grid-Laplace draw per value present, in a fixed (sorted) order, from
     `randomness.secure_rng(seed, stream)`: seed=None draws a fresh key from `secrets`; a seed (the grant's
     derived seed under DPTransform, or a test seed) makes it reproducible.
