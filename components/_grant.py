@@ -1,24 +1,14 @@
 """What a component may learn about its grant, and the one release each stage opens under it.
 
-Written once for the four components: the execution-parameter keys ``GRANT_KEY`` /
-``LEDGER_KEY`` (their ``ExecutionParameter`` fragment is ``components/_spec.py``'s ``GRANT_PARAMETERS``),
-the grant-to-JSON coercion ``grant_to_json``, and the executors' shared first step
-``GrantedExecutor.CheckGrant``: one ledger connection for the whole run, the grant verified through it, and
-the run's releases (``GrantRun.open_release``) and DP record count opened on that same connection.
+``check_grant`` is the one door: every data-reading component calls it BEFORE reading a record. ``open_release``
+opens the stage's one release under the grant with the ledger and only then hands out the stage's noise seed,
+so nothing is drawn before the ledger has recorded what is drawn. Shared by the four components: the
+execution-parameter keys ``GRANT_KEY`` / ``LEDGER_KEY``, ``grant_to_json`` and ``GrantedExecutor.CheckGrant`` (one
+ledger connection per run). A pipeline never sees an exact row count: only the public number of blocks, or the
+DP count released under the grant's ``count`` stage. Neither needs TensorFlow, TFX or Beam.
 
-``check_grant`` is the one door: every data-reading component (BlockExampleGen,
-DPTransform, DPTrainer, DPModelValidator) calls it BEFORE reading a record.
-``open_release`` is the second step, shared by every component that releases
-something: it opens the stage's one release under the grant with the ledger
-(``Ledger.release``: refused for a second computation, or beyond the stage's
-share) and only then hands out the stage's noise seed, so nothing is drawn
-before the ledger has recorded what is drawn. Neither needs TensorFlow, TFX
-or Beam.
-
-The rule for data size (docs/growing_database.md): a pipeline never sees an
-exact row count. It may see the public number of blocks in its grant, or a
-Laplace count released under the ``count`` stage of the grant's split, which
-the grant paid for as part of its charge.
+The rules: docs/growing_database.md, "The rule: what a pipeline learns about its data size"; releases:
+docs/block_composition.md, "What a grant pays for".
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The launcher's side of the grant channel: it serves one confined run ONE grant, checked against the ledger.
 
-``GrantServer.serve`` answers a confined child's requests (``components._grant_channel.GrantClient``) until the
-child closes the socket. Every answer is the ledger's, for the iteration's grant only:
+``GrantServer.serve`` answers a confined child's JSON requests (never pickles) until the child closes the
+socket; every answer is the ledger's, for the served grant only, and nothing else is served: no other grant,
+registration or exact count.
 
-* ``job``: what the child is to do (the launcher's JSON);
-* ``verify``: the grant, re-verified by the ledger (signature, record, stream, epsilon, delta); another grant
-  than the served one is refused;
-* ``blocks`` / ``block_digest``: the served grant's registered blocks and the digests the ledger registered;
-* ``block_key``: the data key of one of its blocks, through the key door (``ingest.access.grant_block_keys``);
-* ``release``: ``Ledger.release`` of a stage of the served grant (refused beyond its share, for a second
-  computation, ...), and ``private_seed`` only for a stage whose release this run opened first;
-* ``released_record_count``: the grant's DP count (the exact count never leaves the launcher);
-* ``result``: the child's last message.
-
-Nothing else: no request, draw, other grant, registration or exact count. Requests are JSON, never pickles.
+The requests it answers: docs/security.md, "User code runs without the key".
 """
 
 from __future__ import annotations

@@ -1,27 +1,12 @@
 """BlockExampleGen: the only door from the growing database into a TFX pipeline.
 
-Input: a grant from the ledger (JSON; an execution parameter or a
-RuntimeParameter), the ledger location, the data root and the stream. Output: a
-standard ``Examples`` artifact holding exactly the granted blocks' records,
-split by a hash of each record alone into the splits of the grant's signed record
-split (default train/eval, 9:1 buckets; ``sage_tfx.privacy.split.RecordSplit``). The
-executor verifies the grant with the ledger before it reads any data, and refuses
-``splits`` other than the grant's rule.
+It reads exactly a grant's blocks into a standard ``Examples`` artifact, split by a hash of each record alone
+by the grant's signed record split. The executor verifies the grant with the ledger before it reads any data;
+the output's lineage (grant, blocks, split rule, data digest, the DP record count) lets the other components
+refuse Examples of other records. No exact row count is ever recorded.
 
-Lineage (MLMD custom properties of the output): ``grant_id``, ``stream``,
-``block_ids`` (JSON list), ``block_count``, ``epsilon``, ``delta``, ``charge`` (the
-exact epsilon/delta as JSON: MLMD's SQLite store rounds doubles), and, when the
-grant's split has a ``count`` stage, ``dp_record_count`` with
-``dp_record_count_epsilon`` (that stage's one release, opened with the ledger:
-DPTrainer reads the same value), ``split_rule`` ({name: buckets} JSON) and
-``data_digest`` (the grant's blocks, their registered content digests and its
-record split: ``components/_grant.py`` ``data_digest``; the other components refuse
-Examples whose rule or digest is not their grant's). No exact row count is ever
-recorded.
-
-``staging_location`` (optional): for Beam workers that do not share the launcher's disk, the launcher
-copies the granted sealed (encrypted) files there and the workers read them through Beam's FileSystems
-(docs/scale_out.md); `sage run`/`sage serve --staging-location` set it.
+Parameters and lineage: docs/growing_database.md, "BlockExampleGen"; remote workers: docs/scale_out.md,
+"BlockExampleGen on remote workers".
 """
 
 from __future__ import annotations

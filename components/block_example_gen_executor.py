@@ -1,19 +1,12 @@
 """BlockExampleGen executor: verify the grant, then copy exactly its blocks into train/eval splits.
 
-Block files are encrypted at rest (``sage_tfx/ingest/sealed.py``); the executor gets the keys of exactly the
-grant's blocks through ``access.grant_blocks`` (a signed grant the ledger recorded when it charged it), checks
-every block's manifest, paths and file digests, and decrypts in the read step. Its output is the plain
-TFRecords TFX's Transform and Trainer read: files 0600 in 0700 folders (umask 077 while it writes), removed
-with the run's other raw artifacts when the run ends (``pipelines/_runner.py``, ``scrub_raw_artifacts``).
+It gets the keys of exactly the grant's blocks (``access.grant_blocks``), checks every block's manifest,
+paths and file digests, decrypts, and writes the plain TFRecords TFX reads (files 0600, folders 0700),
+removed with the run's other raw artifacts when the run ends. With a staging location, workers without the
+launcher's disk read staged copies of the sealed files under the same checks, holding only the grant's data keys.
 
-Workers without the launcher's disk (docs/scale_out.md, "BlockExampleGen on remote workers"): given a
-staging location (the ``staging_location`` exec property, else the Beam ``--temp_location`` of the run;
-a local folder or any Beam FileSystems URL), the launcher, which alone opens the ledger and the data root,
-copies the granted blocks' sealed files (ciphertext: safe to copy) to a fresh run folder there, and the
-workers read those copies through Beam's FileSystems with the same checks as the local reader
-(``sealed.read_file``: the manifest's size and SHA-256, every chunk authenticated as the file the manifest
-names in its block and stream). The workers get the grant's blocks' data keys (in the pickled DoFn), never
-the ledger's master key or a block key. The staged run is deleted when the job ends, success or failure.
+docs/security.md, "Blocks at rest, and reads gated by a grant"; docs/scale_out.md, "BlockExampleGen on
+remote workers".
 """
 
 from __future__ import annotations

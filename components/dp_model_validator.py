@@ -1,45 +1,13 @@
 """DPModelValidator: Sage's SLAed validation of a model as a TFX component (paper §3.3).
 
-Inputs: ``model`` (a Model artifact whose serving SavedModel has a ``serving_default`` signature: serialized
-tf.Examples as ``examples``, or features by name, as ``sage_tfx.models.export`` writes them) and
-``examples`` (an Examples artifact read under the same grant, e.g. by BlockExampleGen; its eval split is the
-test set). Execution parameters: the ``grant`` (JSON, or a RuntimeParameter of type str) and the ``ledger``
-location; ``metric`` (mse, mae, log_loss, accuracy, custom), ``target``, ``label_key``, ``loss_bound`` B for a loss
-(losses are clipped to [0, B]; log_loss defaults to ln(1e7), its maximum with probabilities kept in
-[1e-7, 1 - 1e-7]); ``confidence`` (default 0.95) or an explicit ``eta``; ``attempt`` i (eta_i =
-eta/(i(i+1)) for repeated validation); ``epsilon`` (default: the grant's validation share; more is refused).
+It tests a trained model against the SLA (``metric``, ``target``) on the eval split read under the grant, and
+writes a standard ModelBlessing, blessed ONLY on ACCEPT (what TFX's Pusher reads), beside a SageValidationResult.
+Its release is epsilon-DP on the test records, within the validation share the ledger charged to the grant, with
+noise seeded by the ledger per grant: a re-run of the same validation releases the same outcome at no cost, and
+another model or test under the same grant is refused before any noise is drawn.
 
-Outputs: ``blessing``, a standard ModelBlessing, blessed ONLY on ACCEPT (BLESSED / NOT_BLESSED file,
-``blessed`` = 1 / 0, ``current_model``, ``current_model_id``: what TFX's Pusher reads), and
-``validation_result``, a SageValidationResult whose ``result.json`` holds the outcome, the bounds, the
-epsilon spent, eta and the confidence (custom properties ``outcome``, ``bound``, ``grant_id``, ``result``).
-
-Privacy: the validator's release is epsilon-DP on the eval records (the clipped loss sum and its complement
-B - loss summed, Lap(B/eps) each: the error and correct counts for accuracy; see sage_tfx.validation.noisy),
-within the validation share the ledger charged to the grant.
-Its noise comes from the ledger's private seed for (grant, "validation"), handed out only after the
-executor opened the validation release with the ledger (``Ledger.release``) for this computation: the
-digest of the model's SavedModel and every test parameter. Re-running the same validation under the same
-grant releases the same values and the same outcome, at no further cost; validating another model, or
-with another B or target, under the same grant is refused before any noise is drawn (it would be a
-second release the grant did not pay for).
-
-``label_threshold`` (optional) derives a binary label: 1 where the raw label exceeds it, else 0 (e.g. "delayed"
-= arr_delay > 15). ``label_signature`` (optional) takes the label from a signature of the model instead, as
-TFMA's ``preprocessing_function_names``: e.g. ``"transform_features"`` with ``label_key="tips_xf"`` reads the
-transformed label TFX's taxi example computes (tips > 0.2 * fare) from each raw record. Metric ``custom`` takes the
-user's bounded per-example loss: ``loss_module`` (a Python file)
-defining ``loss_function`` (default ``per_example_loss``) of (labels, signature outputs) -> one loss per
-record, clipped to [0, ``loss_bound``] (a public B: the validator's sensitivity); the file's digest is part of
-the validation's fingerprint.
-
-``train_split`` (optional; the ready pipelines pass "train") adds the REJECT test on that split's records.
-It is the split's ``rejection`` stage (``sage_tfx.privacy.BudgetSplit``): with a per-record train/test
-split the ledger charged each block pre + count + max(train + reject, val), so the training records pay
-for training and the REJECT test, the test records for the ACCEPT test. It is refused under a
-single-stage grant or a split without a rejection stage. Under that parallel rule ``eval_split`` must be on
-the test side and ``train_split`` on the training side of the grant's signed record split (refused otherwise,
-before any read).
+Parameters, outputs and the privacy argument: docs/validation.md, "The DPModelValidator component"; how labels
+and predictions are read: docs/your_pipeline.md, "The raw-label rule".
 """
 
 from __future__ import annotations

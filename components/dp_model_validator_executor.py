@@ -1,19 +1,12 @@
 """DPModelValidator executor: verify the grant, then validate the model on the eval split with a Sage SLA.
 
-Order of work (the privacy argument depends on it):
-1. verify the grant with the ledger and take the validation stage's epsilon from its signed split
-   (refuse a larger one); refuse Examples not read under this grant or not of its records (another split rule,
-   another ``data_digest``); under a parallel grant refuse an ``eval_split`` off the test side or a
-   ``train_split`` off the training side of its signed record split — all before a record is read;
-2. read the eval split's tf.Examples, run the SavedModel's serving signature, form per-example losses or
-   0/1 correctness;
-3. validate with ``sage_tfx.validation`` (Sage mode), the Laplace noise drawn from the ledger's private seed
-   for (grant, "validation"), so a re-run under the same grant releases the same values (no extra loss);
-4. write a standard ModelBlessing (blessed only on ACCEPT) and a SageValidationResult (result.json).
+Order of work, on which the privacy argument depends: verify the grant, its validation share and the
+Examples' lineage (and the sides of a parallel grant's record split) before a record is read; run the
+model's serving signature on the eval split; validate with ``sage_tfx.validation`` under noise seeded from
+the ledger per grant; write the ModelBlessing (blessed only on ACCEPT) and the SageValidationResult. Records
+are skipped by a fixed rule on each record alone, so sensitivities hold; no exact count is written out.
 
-Records that lack the label or a feature the signature needs are skipped. The skip is a fixed function of
-each record alone, so every count and sum keeps its sensitivity (one record changes n by at most 1 and a
-clipped sum by at most B). No exact count is ever written out.
+docs/validation.md, "The DPModelValidator component".
 """
 
 from __future__ import annotations

@@ -1,36 +1,11 @@
 """DPTrainer: TFX's Trainer convention (a module file's ``run_fn(fn_args)``) under a grant's training share.
 
-Inputs: ``examples`` (Examples read under the grant: BlockExampleGen's, or DPTransform's
-``transformed_examples``), optional ``transform_graph`` (a tf.Transform output, e.g. DPTransform's) and
-optional ``schema``. Execution parameters: ``grant`` (JSON, or a RuntimeParameter of type str), ``ledger``
-(location), ``module_file`` / ``module_path`` / ``run_fn`` (as TFX's Trainer), ``train_args`` /
-``eval_args`` (``trainer_pb2`` protos; default splits train / eval), ``custom_config`` (dict), optional
-``epsilon`` / ``delta`` (spend less than the training share; more is refused) and ``public_num_examples``
-(a public training-set size, used only when the grant released no DP record count).
+It trains on the Examples read under the grant (BlockExampleGen's or DPTransform's) and writes a standard Model
+and a ModelRun. The executor refuses, before reading any data, a grant that is not genuine, Examples not of its
+records and a budget above the training share; after ``run_fn`` it re-accounts the spend the module reported and
+deletes a model outside the asked budget (``dp_trainer_executor``).
 
-``fn_args`` is TFX's ``FnArgs`` (train_files, eval_files (empty under a parallel grant: its test records are
-the validator's alone), data_accessor, transform_graph_path /
-transform_output, schema_path, serving_model_dir, model_run_dir, custom_config, ...) plus:
-  * ``privacy_budget``: (epsilon, delta), the grant's training share (from its signed split), assigned at
-    run time: module files never hard-code it;
-  * ``num_examples``: the training splits' share of the ledger's DP record count (or the public number;
-    None if neither): what DP-SGD calibrates on, never the exact count;
-  * ``seed``: derived from the ledger secret for (grant, "training"): a re-run under the same grant
-    trains the same model, so resuming costs no extra privacy. Secret: never write it out;
-  * ``grant_id``, ``stream``.
-
-Outputs: standard ``model`` (Model; the SavedModel in ``Format-Serving``) and ``model_run`` (ModelRun,
-holding ``privacy_spent.json``). Both carry MLMD custom properties ``grant_id``, ``stream``,
-``epsilon_spent``, ``delta_spent``, ``accounting`` (``rdp`` / ``pld`` for DP-SGD, ``rdp`` for AdaSSP's
-grid-Gaussian releases), ``mechanism``, ``noise_multiplier``, ``steps`` (DP-SGD), ``num_examples`` with
-``num_examples_source``, ``training_share_epsilon`` / ``_delta``, and ``privacy_spent`` (exact JSON with the
-DpEvent).
-
-The executor refuses to run, before reading any data, without a genuine grant, on Examples read under
-another grant or not of its records (``split_rule`` / ``data_digest``), on a test-side split among
-``train_args.splits`` under a parallel grant, or when asked for more than the training share; after ``run_fn`` it re-accounts the spend
-the module reported (``trainer_utils.report_spent`` or the returned model) and deletes the model if it is
-outside the asked budget (sage_tfx.components.dp_trainer_executor).
+``fn_args``, parameters and outputs: docs/your_pipeline.md, "Inside `run_fn`: `fn_args` and `trainer_utils`".
 """
 
 from __future__ import annotations

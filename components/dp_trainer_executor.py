@@ -1,33 +1,12 @@
-"""DPTrainer executor: verify the grant and the training share, run the module's ``run_fn(fn_args)``, audit
-what the model spent, record it in MLMD.
+"""DPTrainer executor: verify the grant and the training share, run ``run_fn(fn_args)``, audit the spend.
 
-Order of work (nothing is read before step 3):
-  1. ``check_grant``: the grant is genuine and charged by this ledger.
-  2. The Examples were read under that grant (their ``grant_id``) and hold its records (its signed split rule
-     and ``data_digest``); under a parallel grant the training splits are on the training side of its signed
-     record split and ``run_fn`` gets no eval files (``hide_test_records``); the asked (epsilon, delta) fits the
-     grant's training share (``require_budget``), the DP record count is taken from the ledger, and the
-     training release is opened with the ledger (``open_release``): its computation is the module's
-     source, ``run_fn``'s name, the run's parameters, the transform graph's own release and the records
-     read, so a different module, configuration or data under the same grant is refused before anything is
-     drawn.
-  3. ``run_fn(fn_args)`` reads the examples and trains inside ``sage_tfx.models.training_seed``: every DP
-     model draws from the grant's training seed, which never reaches the module (there is no
-     ``fn_args.seed``, and a model given an explicit ``seed=`` there is refused).
-  4. The spend the module reported is audited: its (epsilon, delta) within the asked budget, its DpEvent
-     re-accounted here, and a DP-SGD model's ``num_examples`` equal to the DP count it was given (a sigma
-     calibrated on the exact count would publish that count). Every DP fit run_fn started counts: the
-     training seed's block refused, before it read anything, a fit that would take them past the share
-     (``sage_tfx.models.seeding``: a basic-composition filter), and their composition is recorded as the
-     spend (``epsilon_spent``, ``fits``). On any failure the model is deleted and the run fails.
-  5. The audited model is kept beside the component's Model artifacts (``kept_release_dir``). A re-run of
-     the same release (a resumed iteration: the ledger re-opens it with the same seed) copies that first
-     model into its outputs and does not call run_fn: one training release, one model, never a second,
-     different one (DP-SGD is not bit-for-bit reproducible) under the same noise.
+Nothing is read before the grant, the Examples' lineage and the asked budget are checked and the training
+release is opened with the ledger. ``run_fn`` then trains inside ``sage_tfx.models.training_seed`` (the seed
+never reaches the module); the spend it reports is re-accounted, and on any failure the model is deleted. A
+re-opened release copies its first, kept model instead of training again. The audit bounds what the DP models
+spend; it does not stop a module written to leak data (module files must train through sage_tfx's DP models).
 
-The module file runs inside this trusted executor and sees every record; the audit catches a module that
-spends more than its share through the DP models, not a module written to leak data on purpose: module
-files must train through sage_tfx's DP models.
+The steps: docs/models.md, "The DPTrainer executor, step by step".
 """
 
 from __future__ import annotations

@@ -1,39 +1,11 @@
 """DPTransform: tf.Transform under a grant, with Sage's DP analyzers (paper List. 1).
 
-Input: ``examples`` (an Examples artifact read under the grant, e.g. BlockExampleGen's: train/eval splits
-of gzipped tf.Example TFRecords). Execution parameters:
+It runs the user's ``preprocessing_fn`` on the Examples read under the grant and writes what TFX's Transform
+writes (``transform_graph``, ``transformed_examples``). Before a record is read, the executor refuses a function
+that uses a non-DP analyzer or spends more than the grant's preprocessing share; the analysis is then one DP
+release whose noise the ledger seeds per grant, so a re-run reproduces it at no extra cost.
 
-- ``grant`` (JSON, or a RuntimeParameter of type str) and ``ledger`` (location);
-- the user's ``preprocessing_fn(inputs, custom_config)``: ``module_file`` (a path; ``preprocessing_fn`` may
-  then name the function), ``module_path`` (an importable module), or ``preprocessing_fn`` alone (a dotted
-  path). The one-argument TFX form ``preprocessing_fn(inputs)`` is accepted too; what it spends is traced
-  and checked like any other;
-- ``custom_config`` (JSON object) for the function; DPTransform adds the budget under
-  ``custom_config["sage"]["preprocessing_epsilon"]`` (read it with ``PreprocessingBudget.from_custom_config``);
-- the raw schema: ``schema`` ({feature: "int" | "float" | "bytes"} as JSON) or ``data_root`` (+ ``stream``,
-  default the grant's) to read the stream's ``_stream.json``. Every raw feature parses as a
-  ``tf.io.VarLenFeature`` (a SparseTensor), as TFX parses features of optional presence; densify with
-  ``sage_tfx.components.transform_utils.fill_in_missing(x, public_default)``;
-- ``splits_config`` ({"analyze": [...], "transform": [...]}, as TFX's SplitsConfig; default: analyze
-  train, transform every split).
-
-Before it reads a record, the executor verifies the grant, checks the Examples were read under it, traces
-the function on placeholders and refuses it if it uses a non-DP tf.Transform analyzer or spends more than
-the grant's preprocessing share (``meta["split"]["preprocessing"]``; the whole grant if it has no split, and
-then no other stage may spend it), then opens the preprocessing release with the ledger for the traced graph:
-a different preprocessing_fn under the same grant is refused before any noise is drawn.
-
-Outputs, in TFX Transform's layout: ``transform_graph`` (TransformGraph: ``transform_fn/``,
-``transformed_metadata/``, ``metadata/``; read it with ``tft.TFTransformOutput(uri)``) and
-``transformed_examples`` (Examples: ``Split-<name>/transformed_examples-*.gz``, ``split_names`` set).
-Both carry MLMD custom properties ``grant_id``, ``release_computation`` (the release's fingerprint, part of
-DPTrainer's), ``preprocessing_epsilon`` (the epsilon spent) and
-``privacy_spent`` (exact JSON: epsilon, share, per-analyzer spends, analyze splits); the transformed
-examples also keep the input's lineage (``stream``, ``block_ids``, ``charge``, ``split_rule``,
-``dp_record_count``...).
-
-Privacy: see ``dp_transform_executor``: the analysis over the analyze splits is one (epsilon_spent, 0)-DP
-release, its noise seeded from the ledger per grant, so re-runs reproduce it at no extra cost.
+Parameters, checks, outputs and lineage: docs/dp_preprocessing.md, "The DPTransform component".
 """
 
 from __future__ import annotations

@@ -1,33 +1,12 @@
 """DPTransform executor: verify the grant, trace the preprocessing_fn, then run tf.Transform on Beam.
 
-Order of work (the privacy argument depends on it):
-1. verify the grant with the ledger (``check_grant``) and refuse Examples not read under it or not of its
-   records (another split rule or ``data_digest``: ``_grant.check_examples_data``);
-2. load the preprocessing_fn and the raw schema, and trace the function on placeholders (no data): refuse it
-   if it uses any tf.Transform analyzer that is not one of Sage's DP analyzers (tft.mean, tft.min/max,
-   scale_to_z_score, vocabularies... would bake an exact statistic into the graph), and refuse it unless
-   the grant's preprocessing share (its signed ``meta["split"]``) covers the epsilon and the delta it spends
-   (delta: the DP vocabularies' partition selection, paid from the split's ``preprocessing_delta``);
-3. only then read records: analyze the ``analyze`` splits (default: train) and transform every
-   ``transform`` split (default: all) with tf.Transform, the budget passed to the function in
-   ``custom_config`` (``budget_custom_config``).
+Order of work, on which the privacy argument depends: verify the grant and the Examples' lineage; trace the
+function on placeholders and refuse a non-DP analyzer or a spend above the preprocessing share; open the
+preprocessing release with the ledger for the traced graph; only then read records. The analysis is ONE
+(epsilon_spent, delta_spent)-DP release over the analyze splits, its noise seeded from the ledger per grant
+(re-runs reproduce it); the transform phase releases nothing new.
 
-What the grant pays for: the analysis reads the records of the analyze splits only; it is ONE
-(epsilon_spent, delta_spent)-DP release over those records (basic composition over the DP analyzers),
-within the preprocessing share that the ledger charged to every block of the grant. The transform phase releases
-nothing: each transformed record is a function of that record and of the noisy tables alone.
-
-Noise: the DP analyzers draw from a seed derived from the ledger's private seed for (grant,
-"preprocessing") and the analyzer's graph scope, so a re-run under the same grant reproduces the same
-noisy tables (post-processing of one release: no extra privacy loss, which resumable training relies on),
-two analyzers never share noise, and two grants get independent noise. The executor supplies it with
-``sage_tfx.transform.noise_seed`` around the tracing (each analyzer fixes its seed while traced, and refuses
-an explicit ``seed=`` there); the pipeline never sees the seed.
-A grant covers ONE preprocessing_fn: running a different one under the same grant is a release the
-grant did not pay for. The executor fingerprints the traced graph (with the custom_config, the analyze
-splits, the analyzers' epsilons and the records read: ``_grant.release_data``) and opens the preprocessing release with the ledger
-(``Ledger.release``) before the analysis runs: the same computation re-runs (and draws the same noise),
-a different one is refused before any noise is drawn.
+The full argument: docs/dp_preprocessing.md, "The DPTransform component".
 """
 
 from __future__ import annotations
@@ -523,7 +502,7 @@ class Executor(GrantedExecutor, base_beam_executor.BaseBeamExecutor):
                             | f"Encode[{split}]" >> beam.FlatMap(encode)
                             | f"Write[{split}]" >> beam.io.WriteToTFRecord(out, file_name_suffix=".gz")
                         )
-        finally:  # the job's temporary files, also after a refused trace (a leftover is harmless, as before)
+        finally:  # the job's temporary files, also after a refused trace (a leftover is harmless)
             try:
                 if tf.io.gfile.exists(temp_dir):
                     tf.io.gfile.rmtree(temp_dir)

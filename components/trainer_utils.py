@@ -1,33 +1,12 @@
 """Helpers for DPTrainer module files: read the examples, export the model, report what it spent.
 
-A module file stays as short as a TFX one::
+``load_examples`` drops each record that lacks a declared feature or the label or holds a non-finite value
+there (a rule applied to each record alone), ``export_model`` writes the serving SavedModel, and
+``report_spent`` writes ``privacy_spent.json`` (the DpEvent as JSON) for DPTrainer to re-account; a spend
+outside the grant's training share is refused and the model deleted. DP models fitted inside ``run_fn`` take
+their seed from the grant (pass none).
 
-    import sage_tfx  # before TensorFlow
-    from sage_tfx.components import trainer_utils
-    from sage_tfx.models import DPDNNRegressor
-
-    FEATURES = {"trip_miles": (0, 30), "trip_seconds": (0, 7200)}   # public ranges, scales, or a list
-
-    def run_fn(fn_args):
-        x, y = trainer_utils.load_examples(fn_args, FEATURES, "fare")
-        model = DPDNNRegressor(fn_args.privacy_budget, hidden_units=(32, 16),
-                               num_examples=fn_args.num_examples).fit(x, y)
-        trainer_utils.export_model(fn_args, model, FEATURES, label_key="fare")
-        return trainer_utils.report_spent(fn_args, model)
-
-``report_spent`` writes ``privacy_spent.json`` into ``fn_args.model_run_dir``; DPTrainer reads it after
-``run_fn`` returns and refuses (deleting the model) a spend outside the grant's training share. The DpEvent
-is stored as JSON (``event_to_json``) so the trainer can re-account it with dp_accounting.
-
-Seeds: pass none. DPTrainer runs ``run_fn`` inside ``sage_tfx.models.training_seed`` with the ledger's
-private seed of the grant, so every DP model fitted there (``seed=None``) draws its noise and sampling from
-it (a re-run under the same grant reproduces the model); a model given ``seed=`` there is refused, since a
-seed the module file knows makes the noise predictable.
-
-Data: ``run_fn`` runs after the grant is charged, so reading must not fail because of one
-record: ``load_examples`` drops each record that lacks a declared feature or the label, or holds a
-non-finite value there (a fixed rule applied to each record alone), and returns empty arrays when no record
-is left; the DP models map any remaining non-finite value to a public default (sage_tfx.models.data).
+A module file, step by step: docs/your_pipeline.md, "Inside `run_fn`: `fn_args` and `trainer_utils`".
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Run one privacy-adaptive iteration as one TFX pipeline run, and read back its outcome.
 
-Each iteration of the Sage iterator builds the pipeline anew with the grant as
-an execution parameter of every data-reading component, runs it on
-``LocalDagRunner`` or ``BeamDagRunner`` (Beam pipeline options pass through),
-then reads the DPModelValidator's result for that grant from MLMD. TFX caching
-is on: re-running an iteration under the same grant (after a crash) reuses the
-components that already finished, with the DP noise they already drew.
+Each iteration builds the pipeline anew with the grant as an execution parameter of every data-reading
+component, runs it on ``LocalDagRunner`` or ``BeamDagRunner`` (Beam options pass through), and reads the
+DPModelValidator's result for that grant from MLMD. TFX caching is on: a re-run under the same grant reuses
+finished components and their noise.
+Raw-record artifacts are written 0600 under a 0700 root and scrubbed when a run ends (``scrub_raw_artifacts``).
 
-Raw records in the work folder (docs/security.md, "The pipeline work folder"): BlockExampleGen's output
-(the granted blocks' records, decrypted: TFX's Transform and Trainer read plain TFRecords) and DPTransform's
-transformed examples hold one entry per record. The pipeline root is made 0700 and every TFX run writes under
-umask 077 (files 0600, folders 0700); when a run ends, on success or failure, ``scrub_raw_artifacts`` removes
-every Examples artifact of the pipeline and marks it DELETED in MLMD (so TFX's cache never hands a removed
-artifact to a re-run: a resumed iteration re-reads its blocks under its grant, without a new charge, and
-re-opens its releases with the same seeds). A run killed outright (SIGKILL) leaves them until the next run of
-the pipeline starts, which scrubs first.
+docs/security.md, "The pipeline work folder".
 """
 
 import json

@@ -1,23 +1,12 @@
 """A dry run that spends nothing: one iteration of a pipeline on GENERATED rows of the stream's schema.
 
-``sage run PIPELINE --check`` runs ``dry_run``: it reads the stream's public schema and block layout from
-the data root, GENERATES rows of that schema (random values of each column's kind, about one in a hundred
-missing, the label 0/1 for accuracy and log_loss), ingests them into a throwaway ledger and data root, and runs one
-iteration of the whole TFX pipeline there: DPTransform traces and runs the preprocessing_fn, DPTrainer
-runs run_fn, DPModelValidator validates. A schema mismatch (a feature the stream lacks, a string where a
-number is expected) or a bug in a module file shows up here, with its traceback, BEFORE anything is
-charged on the real ledger, which is never opened for writing. The outcome itself (ACCEPT, RETRY, ...)
-means nothing: the rows are noise. The candidate model it trained is kept for inspection (``keep_model``).
+``sage run PIPELINE --check`` (``dry_run``) generates rows of the stream's public schema into a throwaway ledger
+and data root and runs one whole iteration there, so a schema mismatch or a bug in a module file shows up
+before anything is charged; the real ledger is only read. From public numbers only it also estimates the test
+rows the ACCEPT test needs (``estimate_accept``) and refuses a target a constant predictor meets
+(``check_targets``).
 
-It reads the real ledger (never writing it) for the attempts the stream's remaining budget allows now
-(``stream_plan``: ``sage_tfx.adaptive.plan_attempts``). Given targets, it then estimates, from public numbers
-only, how many rows the validator's ACCEPT test needs (``estimate_accept``): at each of those attempts, the
-least number of test rows at which the ACCEPT test at the SLA's target passes when the model's true loss is a
-public guess (``expected``) and the released sums equal their expectations. The test is the validator's own
-(``noisy_sum_test``, the function ``joint_decision`` decides with), so the estimate cannot drift from it.
-Beside it, what a constant predictor reaches under the user's PUBLIC prior on the label (``trivial_baseline``:
-never computed from the stream, whose label distribution is data); a target it meets is refused
-(``check_targets``) before the dry run and any charge.
+What it generates, estimates and keeps: docs/your_pipeline.md, "Checking it first, for free".
 """
 
 from __future__ import annotations

@@ -1,29 +1,12 @@
-"""User code without the key: a pipeline file is loaded, and each iteration's TFX pipeline run, in a confined child.
+"""User code without the key: pipeline files, and each iteration's TFX run, load in a confined child.
 
-The launcher (``sage run``) holds the ledger, its key and the iterator; it never imports a user's pipeline file.
+The launcher (``sage run``) holds the ledger, its key and the iterator, and never imports a user's pipeline file:
+``describe`` loads it in a child for its declarative fields, ``confined_execute`` runs the iteration's pipeline in
+a child served one grant (``components._grant_server``), ``validate_confined`` validates the run's model again in a
+child that runs no user code, and ``score_outputs`` runs a pushed model for ``sage score``. A child holds no key,
+secret or ledger handle, and its errors come back classified (``ConfinedRunError``).
 
-* ``describe(spec)``: a child loads the pipeline file (or dotted module) and sends back its declarative fields
-  (name, SLA, module paths, models, defaults, trainer configuration); the launcher rebuilds a ``SagePipeline``
-  from them (no ``components`` function: that runs in the iteration's child) for its checks, its certificate
-  digest (over the files' bytes, which the launcher reads itself) and the iterator's settings. Built-in pipelines
-  are the package's own code and load in the launcher.
-* ``confined_execute(spec, config)``: the ``execute`` step of ``make_run_iteration``: a child loads the pipeline
-  again, builds the iteration's TFX pipeline with ``ledger`` = the grant server's ``ADDRESS`` and runs it
-  (``run_built``); the launcher serves it the iteration's grant (``components._grant_server.GrantServer``), keeps
-  only its declared artifacts (``_runner.keep_declared_outputs``) and shows none of its output (``child_output``).
-* ``validate_confined``: the outcome the launcher acts on: the run's model validated again in a fresh child that
-  runs no user Python code, on the grant's records from their sealed blocks; the launcher pushes that model on
-  its ACCEPT (the iteration's child cannot write the serving folder).
-* ``score_outputs(model_dir, ...)``: ``sage score`` runs the pushed model (a graph user code built) on hold-out
-  rows in a child that reads only the model and the rows.
-
-The child (``python -m sage_tfx.pipelines.confined``, ``sage_tfx.isolation.spawn``) has no key file path, no
-secret in its environment, no ledger handle; under Landlock it reads only the system, Python and sage-tfx, the
-pipeline's folders and the data root (sealed blocks: it gets the keys of its grant's blocks only), and writes only
-its pipeline root, the MLMD folder, a staging folder and a private temporary folder; as another OS user where a
-root launcher can start one (``isolation.child_user``). A run refuses (ValueError, before any charge)
-to grant it a folder that holds the ledger's key, head or database file. Its errors come back classified as they
-would be in the launcher (``ConfinedRunError``): FAILED for data-dependent errors, resumable for the environment's.
+What a child may read and write: docs/security.md, "User code runs without the key".
 """
 
 from __future__ import annotations

@@ -1,25 +1,11 @@
 """Score an ACCEPTed model on hold-out rows beside NON-PRIVATE baselines fitted on the rows it trained on.
 
-``score_model`` (and ``sage score``) takes the model a pipeline pushed after its last ACCEPT and a hold-out
-file the user names (a CSV like the stream's input, or TFRecords of tf.Examples), refuses a hold-out that
-shares a row with the stream, and reports the SLA's metric on the hold-out for:
+``score_model`` (``sage score``) refuses a hold-out that shares a row with the stream and reports the SLA's
+metric for the pushed DP model and, for comparison only, for baselines fitted without privacy on the training
+side of the ACCEPTed grant's records. It is TRUSTED code: each block read leaves a ``trusted_read`` entry in
+the ledger's audit log, nothing is charged, and user code (the pushed model) runs only in a confined child.
 
-- the pushed DP model, served raw tf.Examples as the validator serves them (same outputs, same label rule);
-- baselines fitted WITHOUT privacy, for comparison only, on the training side of the ACCEPTed grant's record
-  split (the rows its training read): the mean label and least squares for a loss (mse, mae), the majority
-  class (its rate, for log_loss) and logistic regression for a binary label (accuracy, log_loss).
-
-Scoring is TRUSTED code: it decrypts blocks outside any grant (the overlap check reads every block of the
-stream, the baselines the grant's blocks), so each read leaves a ``trusted_read`` entry with its purpose in
-the ledger's audit log (``Ledger.trusted_reads``, ``sage ledger audit``). Nothing is charged. The helpers it
-is built from (``block_rows``, ``training_rows``, ``held_out_overlap``, ``accepted_model``) are public for
-scripts that score in their own way (examples/*/score_held_out.py, ``make demo``).
-
-User code never runs beside the key here: a pipeline file is described by a confined child
-(``confined.describe``), and the pushed model (a graph user code built) is run in another
-(``confined.score_outputs``) that reads only the model and the rows it is given, opens no TCP connection and
-keeps nothing: the labelled hold-out rows, plus the training rows when the SLA's ``label_signature`` derives
-their labels for the baselines.
+What is reported and how: docs/your_pipeline.md, "Scoring the ACCEPTed model on a hold-out: `sage score`".
 """
 
 from __future__ import annotations

@@ -1,19 +1,9 @@
 """preprocessing_fn of the ready taxi pipelines (paper List. 1, plus one post-processed feature).
 
-Features (every scale is a PUBLIC constant, never read from the data):
-- ``dist_scaled``: trip_miles clipped to [0, 100] and scaled to [0, 1];
-- ``hour_of_day``: trip_start_hour, clipped into [0, 23];
-- ``hour_of_day_speed``: ``dp_group_by_mean(hour, mph / 100, 24, epsilon, 1.0)``, the DP mean speed of
-  the trip's hour (the paper's DP feature; it spends the whole preprocessing epsilon);
-- ``expected_hours``: miles / (the hour's DP mean speed), capped at one hour: the duration a trip of
-  this length would take at its hour's typical speed. It is computed from the DP table, so it is
-  post-processing and costs nothing more; it lets a linear model fit duration well;
-- ``fare_scaled``: fare clipped to [0, 100] dollars, scaled to [0, 1];
-- ``credit_card``: 1 if the trip was paid by credit card (tips on cash trips are rarely recorded);
-- the labels, passed through: ``trip_seconds`` clipped to [0, 1 h] (regression), ``big_tipper`` (0/1,
-  classification), when the stream has them.
+Every scale is a PUBLIC constant and missing values are filled with public constants; the one DP feature,
+the hour's mean speed, spends the whole preprocessing epsilon, and ``expected_hours`` is post-processing of it.
 
-Missing values are filled with public constants (fill_in_missing).
+The features: docs/dp_preprocessing.md, "The DPTransform component" ("The ready taxi pipelines' module").
 """
 
 import sage_tfx  # noqa: F401  (before TensorFlow)  # isort: skip

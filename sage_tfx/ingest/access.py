@@ -1,22 +1,11 @@
-"""Who gets a block's key: a charged, signed grant, or trusted code (docs/security.md, "Blocks at rest").
+"""Who gets a block's key: a charged, signed grant, or trusted code.
 
-Block files are encrypted (``sealed.py``); a block's key is ``KeyRing.block_key(stream, block)``, derived
-from the ledger's master key, which only processes holding the key file can derive. Two doors hand keys out:
+Two doors hand out block keys: ``grant_block_keys`` for a grant the ledger signed and recorded (exactly its
+blocks), and ``trusted_block_keys`` for trusted code only, which logs a ``trusted_read`` entry with its purpose
+before deriving a key. ``open_blocks`` then opens each block and checks its content digest against the ledger's.
+The key file remains the trust boundary: these are the only doors this package has.
 
-* ``grant_block_keys(ledger, grant)``: for a grant the ledger signed AND recorded (``Ledger.verify``: a
-  forged, altered or never-charged grant is refused; the record is written in the transaction that
-  charges its blocks), on blocks registered in its stream: the keys of exactly its blocks. BlockExampleGen
-  reads through this door only (``grant_blocks``).
-* ``trusted_block_keys(ledger, stream, blocks, purpose=...)``: TRUSTED CODE ONLY (the demo's non-private
-  baselines, held-out checks and tests), as ``Ledger.private_row_count`` is. Nothing is charged, but the read
-  is not invisible: before any key is derived it writes a ``trusted_read`` entry naming the blocks and the
-  caller's purpose into the ledger's keyed audit log (``Ledger.record_trusted_read``), which ``sage ledger
-  audit`` lists. Whoever holds the key file can still derive keys by hand (``ledger.keyring``): the key file
-  is the trust boundary (docs/security.md); these doors are the only ones this package has.
-
-``open_blocks`` then opens each block (``sealed.open_block``: safe paths, the manifest authenticated by
-unwrapping the data key) and checks the manifest's content digest against the one the ledger registered
-at ingest.
+docs/security.md, "Blocks at rest, and reads gated by a grant".
 """
 
 import os

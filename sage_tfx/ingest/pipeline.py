@@ -1,27 +1,12 @@
 """``sage ingest``: a Beam pipeline from input files to registered blocks.
 
-    Create(files) -> IngestFile (per file: read Arrow RecordBatches typed to the stream schema, block of
-                     each record, tf.Example bytes, encrypted part files in staging; yields the part list)
-                  -> ToList -> write the part list
-    then, in the driver: commit (rename each block into place, register it in the ledger).
+One DoFn call per input file reads Arrow RecordBatches typed to the stream schema, assigns each record its
+block and writes encrypted part files to staging; then the driver alone commits (renames each block into
+place, registers it in the ledger) and deletes a staged run, also after an error. Runs on the DirectRunner
+unless the standard Beam options (``--runner``) say otherwise; with a ``staging_location``, no step assumes
+the workers share the launcher's disk.
 
-Records travel as Arrow RecordBatches inside one DoFn call per file, so Beam's per-element cost is paid
-per file. Each input file is read by one worker: pass several files (or a glob) to read in parallel.
-Parts are emitted from ``process``, never from ``finish_bundle``: Beam 2.77's DaskRunner drops what
-``finish_bundle`` outputs (apache_beam/runners/dask/transform_evaluator.py, ``apply_dofn_to_bundle``
-collects the outputs before it calls ``invoke_finish_bundle``; docs/scale_out.md).
-Runs on the DirectRunner unless ``--runner`` and the other standard Beam options say otherwise
-(``--runner dask``: Beam's DaskRunner; see ``beam_options``).
-
-No step assumes that workers share the launcher's disk when ``staging_location`` is given (docs/scale_out.md):
-inputs given as URLs (``gs://bucket/*.csv``) are matched with ``FileSystems.match`` and read by the workers
-through ``FileSystems.open``; the workers write the sealed part files and the sealed part list under a
-fresh run prefix of the staging location through ``FileSystems.create`` (a local folder: O_EXCL, 0600); the
-driver alone touches the data root: it copies the parts it commits into it (sizes and SHA-256 checked against
-what the workers reported), commits as before, and deletes the staged run, also after an error
-(``staging.fetch_parts``, ``staging.remove_staged_run``; why an object store without O_EXCL or file modes is
-acceptable: docs/security.md, "Staging outside the data root"). Without it, staging is
-``DATA_ROOT/STREAM/_staging`` as before: then workers and driver must share the data root.
+Runners, staging and the DaskRunner work-around: docs/scale_out.md, "Ingest on distributed runners".
 """
 
 import glob

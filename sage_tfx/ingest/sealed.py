@@ -1,39 +1,12 @@
-"""Blocks encrypted at rest: the ONE writer and reader of block files (docs/security.md, "Blocks at rest").
+"""Blocks encrypted at rest: the ONE writer and reader of block files.
 
-Every path that writes or reads a block's records goes through here: ``sage ingest`` and replay/serve
-(``store.BlockWriter``, ``store.commit``, and the run's part list for ``staging.write_parts``), BlockExampleGen
-(``components/block_example_gen_executor.py``), ``sage data encrypt`` and trusted readers
-(``access.read_block_records``). Nothing in it opens the ledger:
-keys come in as bytes, from ``access.grant_block_keys`` (a verified, charged grant) or trusted code.
+Every path that writes or reads a block's records (ingest, replay and serve, BlockExampleGen, trusted readers)
+goes through here. Files are AES-256-GCM in authenticated chunks bound to their stream, block, file name and
+place; each block's data key is wrapped under the block's key with its manifest as associated data, and every
+read checks paths, manifest, size and SHA-256 before it decrypts a byte (refusals: ``SealedError``). Nothing
+here opens the ledger: keys come in as bytes, from ``access.grant_block_keys`` or trusted code.
 
-File format (``part-*.sealed``), authenticated encryption with AES-256-GCM (``cryptography``'s AESGCM)::
-
-    header  = b"SAGEBLK1" | chunk size (u32, big endian)                 12 bytes, plain
-    chunk i = nonce (12 random bytes) | AES-GCM(dek, nonce, plaintext_i, ad_i) (plaintext + 16-byte tag)
-    plaintext_i = length n (u32) | n bytes of the file's stream | zero padding
-    ad_i    = header | JSON [stream, block, file name] | i (u64) | final flag (1 byte)
-
-The stream inside is a gzip-compressed TFRecord file (the bytes ``tfrecords.write_tfrecords`` writes), so a
-decrypted block is a standard TFX Examples file. Chunks other than the last hold CHUNK - 4 bytes of it; the
-last holds the rest, padded to a multiple of PAD bytes, so a file's size tells its size rounded up to
-4 KiB, never a record count. The associated data binds every chunk to its stream, block, file name, place
-and finality: a file moved to another block or stream, renamed, truncated at a chunk boundary, or with chunks
-reordered fails authentication. Nonces are 96 random bits per chunk (os.urandom): a data key encrypts the
-chunks of one block of one ingest run (far below the 2^32 random-nonce limit for GCM), so a collision is
-negligible and no counter state must survive crashes or parallel writers.
-
-Keys (envelope encryption): each block's records are encrypted under a data key (DEK) derived with HKDF
-from a random 32-byte RUN key that the ingest driver draws and hands to its writers in memory only; the
-master key never leaves the driver. At commit the DEK is wrapped (AES-GCM) under the block's key
-(``KeyRing.block_key(stream, block)``, HKDF of the master key), with the whole manifest as associated
-data: ``_BLOCK.json``'s stream, block, content digest, files with their sizes and SHA-256 are thereby
-authenticated, and a manifest edited to name another stream's block, drop or add a file, or change a
-digest fails to unwrap. A block's key opens that block alone.
-
-Reads: ``open_block`` checks the folder and every file name (a plain name, no ``..``, no symlink, the
-resolved path inside the block folder), unwraps the DEK (authenticating the manifest), and ``read_file``
-checks a file's size and SHA-256 against the manifest before it decrypts a byte. Every refusal is a
-``SealedError`` naming the file and the fix.
+File format, keys and read checks: docs/security.md, "Blocks at rest, and reads gated by a grant".
 """
 
 import gzip

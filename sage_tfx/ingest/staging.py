@@ -1,25 +1,11 @@
 """Staging runs: where an ingest's writers put part files and the part list before ``store.commit``.
 
-Staging location (``sage ingest --staging-location``, docs/scale_out.md): where the Beam workers write a run's
-part files and part list. By default it is ``DATA_ROOT/STREAM/_staging`` and a run is committed by renaming its
-folders into place. It may instead be any Beam FileSystems URL or local folder outside the data root that the
-workers reach (``gs://B/P``, ``s3://B/P``, ``hdfs://H/P``, ``/shared/staging``): workers write through Beam's
-``FileSystems`` (a local folder: with the same O_EXCL / 0600 / O_NOFOLLOW files and 0700 folders), runs are
-``LOCATION/RUN_ID`` (a fresh random id), and the driver copies each part it commits into a local run under
-``DATA_ROOT/STREAM/_staging`` (``fetch_parts``: O_EXCL, 0600, size and SHA-256 checked against what the writer
-reported) before the same commit; then it deletes the staged run, also after an error. The part list is
-sealed under the run key (``write_parts``/``read_parts``, sealed by ``sealed.seal_part_list``), and so are the
-part files (``sealed.py``): a store without O_EXCL or file modes sees only ciphertext, and an altered part
-or list is refused at commit (docs/security.md, "Staging outside the data root").
+By default a run is ``DATA_ROOT/STREAM/_staging`` and is committed by renaming; a staging location outside the
+data root (a Beam FileSystems URL or a local folder) gets a fresh run id, and the driver fetches each part it
+commits (size and SHA-256 checked) before the same commit. Part files and the part list are sealed, so a store
+without O_EXCL or file modes sees only ciphertext. Runs left by killed ingests are removed by a later one.
 
-Staging runs left by killed ingests are removed by the next ingest of the stream (``clean_stale_runs``):
-a run whose ``.run.lock`` can be locked belongs to a process that is gone (the kernel drops a dead
-process's flock), so it is removed; a locked one is live and kept. A new run is created under a
-dot-name, locked, then renamed into place, so no run is ever visible unlocked. Folders without a lock
-(left by older versions) are removed once older than ``STALE_SECONDS``. The lock is host-local: with a
-distributed Beam runner on a shared filesystem, run one ingest of a stream at a time. A staging URL holds no
-locks: runs there whose newest object is older than ``REMOTE_STALE_SECONDS`` are removed by the next ingest
-that stages there (``clean_stale_remote_runs``). Only names of the form of a run id are ever removed.
+Guarantees and stale runs: docs/security.md, "Staging outside the data root"; usage: docs/scale_out.md.
 """
 
 import fcntl

@@ -1,27 +1,12 @@
 """Block files written, and the commit that makes a block visible.
 
-``BlockWriter`` (in each ingest worker) buffers a run's records per block and writes them as sealed part files into
-its staging run (``staging.py``); ``commit`` (in the driver) moves each block into place (``layout.py``) and
-registers it in the ledger.
+``BlockWriter`` (in each ingest worker) writes a run's records as sealed part files into its staging run;
+``commit`` (in the driver) renames each block into place and registers it in the ledger, the only index readers
+use. A crash at any step leaves no visible partial block, re-ingesting the same input adds nothing, and a
+registered block is immutable. Exact row counts go only into the ledger.
 
-Visibility: a block is visible to pipelines only once the ledger holds it; the
-ledger is the only index readers use. Commit order per block: finish every part
-file in staging (fsynced), write its manifest, rename the staging directory to
-DATA_ROOT/STREAM/BLOCK_ID (atomic on one filesystem), then ``add_block``. A crash
-before the rename leaves only staging; a crash between the rename and
-``add_block`` leaves an unregistered (invisible) directory that the next ingest
-of the same input checks by digest and registers. Re-ingesting the same input
-finds the block registered with the same digest and skips it: no duplicate rows
-or blocks. A registered block is immutable: different rows for it are refused.
-
-Exact row counts go only into the ledger (``add_block(rows=...)``), never into
-the data root's manifests or any output a pipeline sees.
-
-At rest every part file is encrypted (``sealed.py``, the one writer and reader of block files): writers
-encrypt each block under a data key derived from the run's random key (``BlockWriter(run_key=...)``, in
-memory only), and ``commit`` wraps it under the block's key from the ledger's key ring, with the manifest as
-associated data. Folders are created 0700 and files 0600. Reading needs the block's key: a charged,
-signed grant (``access.grant_block_keys``) or trusted code (``access.trusted_block_keys``).
+Commit order and crash cases: docs/growing_database.md, "Ingest (`sage ingest`)"; encryption:
+docs/security.md, "Blocks at rest, and reads gated by a grant".
 """
 
 import contextlib

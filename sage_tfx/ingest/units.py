@@ -1,21 +1,11 @@
 """Contribution bounding at ingest: at most K rows of each privacy unit in each block.
 
-A stream created with ``--privacy-unit COLUMN --max-rows-per-unit K`` (``privacy.streams.check_unit``) protects
-every row of a unit (a rider, a company, a device), up to K per block: every grant hands its mechanisms the budget
-that makes them DP on K rows (``privacy.split.per_row_budget``). That holds only if no unit has more than K rows in
-a block, so ingest keeps at most K and stores nothing else.
+A unit stream's grants make their mechanisms DP on K rows, which holds only if no unit has more than K rows in a
+block: ingest keeps K of a unit's rows per block, chosen by a keyed hash of (block, unit) alone, stores nothing
+else and reports no drop count. A block is written by one run, and a unit stream's run reads all its files in
+one writer, so the bound holds per block.
 
-Which rows are kept depends on no value but the unit column's, so the choice is itself stable: among the n rows a
-unit has in a block (in input order), the kept ones are K occurrence numbers drawn by a generator seeded with a keyed
-hash of (block, unit) (``UnitBound.keep``). The key is derived from the ledger's key ring (its content-digest key,
-as the block digests are), so the same input gives the same blocks, and without the key nobody can say which rows a
-unit keeps. The rows dropped are not stored and their number is not reported (only the ledger holds a block's exact
-row count, as for every block).
-
-A block is written by one ingest run and is immutable after it, so a bound over one run is a bound over the block:
-a unit stream's run reads all its input files in ONE writer (``pipeline.ingest``), so a unit's rows in two files
-are counted together. On ``--block-by user`` the shards hash the unit column itself (``check_spec``), so all of a
-unit's rows fall in one shard: a unit never straddles two blocks.
+docs/block_composition.md, "Privacy units: protect people, not rows".
 """
 
 import hashlib
