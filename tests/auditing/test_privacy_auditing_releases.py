@@ -15,7 +15,7 @@ import pytest
 
 from sage_tfx.auditing import AuditConfig, audit, mechanism, mechanism_names
 from sage_tfx.auditing.releases import adassp_dptrainer_mechanism, pmwg_mechanism, tree_mechanism
-from sage_tfx.components import dp_model_validator_executor as executor
+from sage_tfx.components import validator_records
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_laplace
 from sage_tfx.release.growth import pmwg
@@ -109,14 +109,14 @@ def _unclipped_release_pair(values, bound, epsilon, rng, mode):
 def test_the_custom_validator_keeps_its_bound_when_one_clip_is_removed(monkeypatch):
     """Defence in depth: with ``custom_losses``' clip removed, ``release_pair`` still clips to [0, B]: the neighbour's
     loss of about 1e9 moves the noisy sum by B = 1 only, and the audit stays below the claim."""
-    monkeypatch.setattr(executor, "custom_losses", _unclipped_custom_losses)
+    monkeypatch.setattr(validator_records, "custom_losses", _unclipped_custom_losses)
     result = audit(mechanism("validator-custom", EPSILON), AuditConfig(trials=400, seed=7))
     assert 0.0 <= result.epsilon_lower_bound <= EPSILON, result.to_dict()
 
 
 def test_the_custom_validator_with_both_clips_removed_is_flagged(monkeypatch):
     """The planted bug: the user's loss reaches the Laplace release unclipped (released at sensitivity B = 1)."""
-    monkeypatch.setattr(executor, "custom_losses", _unclipped_custom_losses)
+    monkeypatch.setattr(validator_records, "custom_losses", _unclipped_custom_losses)
     monkeypatch.setattr(noisy, "release_pair", _unclipped_release_pair)
     result = audit(mechanism("validator-custom", EPSILON), AuditConfig(trials=400, seed=7))
     assert result.flagged and result.epsilon_lower_bound > 3.0 * EPSILON, result.to_dict()

@@ -322,10 +322,11 @@ def test_an_empty_dataset_fits_without_an_error():
 
 
 def _executor():
+    """The validator executor's record-reading step (``components/validator_records.py``)."""
     pytest.importorskip("tfx")
-    import sage_tfx.components.dp_model_validator_executor as executor
+    import sage_tfx.components.validator_records as records
 
-    return executor
+    return records
 
 
 @pytest.mark.tf

