@@ -12,10 +12,7 @@ Nothing here comes from user code: the column is the grant's, the ids are the re
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
-
-import numpy as np
 
 from sage_tfx.privacy import GrantError, require_budget, stage_budget
 from sage_tfx.privacy.split import over_budget
@@ -56,18 +53,13 @@ def require_share(grant: Grant, stage: str, epsilon: float) -> None:
         )
 
 
-def record_units(records: Sequence[bytes], column: str) -> np.ndarray:
-    """Each serialized tf.Example's unit id: its ``column`` value as text (bytes decoded, numbers as written), or
-    ``MISSING_UNIT`` when it has none. A fixed function of each record alone; no value is ever put in a message."""
-    import tensorflow as tf
-
-    ids = []
-    for record in records:
-        feature = tf.train.Example.FromString(record).features.feature.get(column)
-        kind = None if feature is None else feature.WhichOneof("kind")
-        values = [] if kind is None else list(getattr(feature, kind).value)
-        ids.append(MISSING_UNIT if not values else _text(values[0]))
-    return np.asarray(ids, dtype=object)
+def unit_id(example: Any, column: str) -> str:
+    """A parsed tf.Example's unit id: its ``column`` value as text (bytes decoded, numbers as written), or
+    ``MISSING_UNIT`` when it has none. A fixed function of the record alone; no value is ever put in a message."""
+    feature = example.features.feature.get(column)
+    kind = None if feature is None else feature.WhichOneof("kind")
+    values = [] if kind is None else list(getattr(feature, kind).value)
+    return MISSING_UNIT if not values else _text(values[0])
 
 
 def _text(value: Any) -> str:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from tfx.types import artifact_utils
 
-from sage_tfx.components._units import UNIT_PLAN_KEY, record_units
+from sage_tfx.components._units import UNIT_PLAN_KEY, unit_id
 from sage_tfx.privacy.errors import SageError
 from sage_tfx.privacy.vocabulary import LOG_LOSS_FLOOR, Metric
 
@@ -143,15 +143,21 @@ class ServingModel:
 def model_outputs(
     model: ServingModel, records: Sequence[bytes], label_key: str, label_signature: str | None = None
 ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """``kept_outputs`` without the kept records."""
+    """``kept_outputs`` without unit ids."""
     labels, outputs, _ = kept_outputs(model, records, label_key, label_signature)
     return labels, outputs
 
 
 def kept_outputs(
-    model: ServingModel, records: Sequence[bytes], label_key: str, label_signature: str | None = None
-) -> tuple[np.ndarray, dict[str, np.ndarray], list[bytes]]:
-    """(labels, {output: array}) over the records that carry the label and every feature the model reads.
+    model: ServingModel,
+    records: Sequence[bytes],
+    label_key: str,
+    label_signature: str | None = None,
+    unit_column: str | None = None,
+) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]:
+    """(labels, {output: array}, units) over the records that carry the label and every feature the model reads;
+    ``units``: each kept record's ``unit_column`` id (``_units.unit_id``, read in the same parse), None without a
+    column.
 
     Which records are kept is a fixed function of each record alone (its label and inputs present with the
     right width). Values are not checked here: a NaN / inf label or output gets the worst per-example value.
@@ -163,6 +169,7 @@ def kept_outputs(
 
     widths = {} if model.examples_input is not None else model.widths()
     labels, kept, features = [], [], {k: [] for k in widths}
+    units: list[str] | None = None if unit_column is None else []
     for index, record in enumerate(records):
         example = tf.train.Example.FromString(record)
         if label_signature is None:
@@ -174,10 +181,12 @@ def kept_outputs(
             continue
         labels.append(label[0] if label_signature is None else None)
         kept.append(record)
+        if units is not None:
+            units.append(unit_id(example, unit_column))
         for k in widths:
             features[k].append(values[k])
     if not labels:  # validated as an empty set (noise only): saying so after the charge would publish a count
-        return np.zeros(0), {}, []
+        return np.zeros(0), {}, None if units is None else np.asarray(units, dtype=object)
     if label_signature is not None:
         labels = model.labels(kept, label_signature, label_key)
     outputs = {}
@@ -185,7 +194,8 @@ def kept_outputs(
         part = model.run(kept[start : start + BATCH], {k: v[start : start + BATCH] for k, v in features.items()})
         for k, v in part.items():
             outputs.setdefault(k, []).append(v)
-    return np.asarray(labels), {k: np.concatenate(v) for k, v in outputs.items()}, kept
+    unit_ids = None if units is None else np.asarray(units, dtype=object)
+    return np.asarray(labels), {k: np.concatenate(v) for k, v in outputs.items()}, unit_ids
 
 
 def _pick(outputs, wanted, metric):
@@ -204,10 +214,11 @@ def split_values(
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """(values, units): the per-example values of one split's serialized records (the model run on them, the label
     derived by ``label_threshold`` when the plan has one, then ``per_example_values``), and on a unit stream each
-    kept record's unit id (``_units.record_units``; None on a row stream)."""
+    kept record's unit id (``_units.unit_id``; None on a row stream)."""
 
-    labels, outputs, kept = kept_outputs(model, records, plan["label_key"], plan.get("label_signature"))
-    units = None if plan.get(UNIT_PLAN_KEY) is None else record_units(kept, plan[UNIT_PLAN_KEY])
+    labels, outputs, units = kept_outputs(
+        model, records, plan["label_key"], plan.get("label_signature"), plan.get(UNIT_PLAN_KEY)
+    )
     if not len(labels):
         return np.zeros(0), units
     if plan.get("label_threshold") is not None:
