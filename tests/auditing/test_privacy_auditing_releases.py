@@ -15,7 +15,7 @@ import pytest
 
 from sage_tfx.auditing import AuditConfig, audit, mechanism, mechanism_names
 from sage_tfx.auditing.releases import adassp_dptrainer_mechanism, pmwg_mechanism, tree_mechanism
-from sage_tfx.components import validator_records
+from sage_tfx.components import dp_model_validator_executor, validator_records
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_laplace
 from sage_tfx.release.growth import pmwg
@@ -92,6 +92,10 @@ def test_pmwg_with_its_hard_answer_released_exactly_is_flagged(monkeypatch):
 
 
 # ---------------------------------------------------------------- the custom validator
+
+
+# Imported before any test patches validator_records: its names re-exported by the executor stay the real ones.
+assert dp_model_validator_executor.custom_losses is validator_records.custom_losses
 
 
 def _unclipped_custom_losses(loss_fn, labels, outputs, loss_bound):

@@ -457,7 +457,8 @@ def test_a_label_from_the_models_transform_features_signature(world, tmp_path):
 
 def test_custom_losses_are_clipped_to_the_public_bound():
 
-    from sage_tfx.components.dp_model_validator_executor import ValidatorConfigError, custom_losses
+    from sage_tfx.components.dp_model_validator_executor import ValidatorConfigError
+    from sage_tfx.components.validator_records import custom_losses
 
     out = custom_losses(lambda y, o: np.array([1.0, -3.0, 50.0, np.nan, np.inf]), np.zeros(5), {}, 10.0)
     np.testing.assert_array_equal(out, [1.0, 0.0, 10.0, 10.0, 10.0])
