@@ -20,9 +20,10 @@ from sage_tfx.privacy.split import BudgetSplit
 from sage_tfx.privacy.streams import require_row_unit
 from sage_tfx.privacy.vocabulary import ChargeRule
 
+from . import sampling
 from .calibration import participation_sum
 from .erm import clip_features, private_erm, sensitivity
-from .params import STAGE, ContinualReleaseError, ReleaseParams, Strategy, _positive
+from .params import STAGE, ContinualReleaseError, ReleaseParams, Sampling, Strategy, _positive
 
 Reader = Callable[[object], tuple[np.ndarray, np.ndarray]]  # grant -> (X, y) of its (single) block
 
@@ -36,6 +37,7 @@ class Released:
     kind: str
     weights: np.ndarray
     noise_blocks: int  # the release's data size in blocks (its noise multiplier is z * noise_blocks)
+    rate: float = 1.0  # the Poisson sampling rate of its records (1: every record)
 
 
 def record_hash_fraction(x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -82,9 +84,15 @@ class _Base:
         self._check_window(params)
         self.ledger, self.stream, self.pipeline, self.params = ledger, stream, pipeline, params
         self.reader, self.dim = reader, int(dim)
-        self.z_eff = gaussian.rdp_multiplier(params.epsilon, params.delta)
-        self.z = self.z_eff * math.sqrt(participation_sum(self.strategy, params.window))
-        self.sigma = self.z * sensitivity(params, 1)  # the same sigma for every release
+        self.sampled = params.sampling is Sampling.POISSON
+        if self.sampled:  # each release (epsilon0, delta0)-DP before its sample; a record sums S of them (App. B)
+            share = sampling.sampling_sum(self.strategy, params.window)
+            self.epsilon0, self.delta0 = params.epsilon / share, params.delta / share
+            self.z_eff = self.z = gaussian.rdp_multiplier(self.epsilon0, self.delta0)
+        else:
+            self.z_eff = gaussian.rdp_multiplier(params.epsilon, params.delta)
+            self.z = self.z_eff * math.sqrt(participation_sum(self.strategy, params.window))
+        self.sigma = self.z * sensitivity(params, 1)  # every release's sigma (unsampled), the smallest size's
         self.grants: dict[str, object] = {}
         self.data: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         self.order: list[str] = []
@@ -165,13 +173,30 @@ class _Base:
             self._open(b)  # re-opens the block's grant's release (same computation): nothing counted twice
         x = np.concatenate([self.data[b][0] for b in blocks])
         y = np.concatenate([self.data[b][1] for b in blocks])
-        w = private_erm(
-            x, y, params=self.params, blocks=len(blocks), sigma=self.sigma, rng=self._rng(t, kind), reference=reference
-        )
-        return Released(t, list(blocks), kind, w, len(blocks))
+        n, p, sigma = len(blocks), 1.0, self.sigma
+        if self.sampled:  # the sample's rate and the noise of the full declared size (sigma z Delta_n)
+            p, sigma = sampling.sampling_rate(self.epsilon0, n), self.z * sensitivity(self.params, n)
+            keep = sampling.poisson_mask(len(y), p, self._rng(t, f"{kind}/sample"))
+            x, y = x[keep], y[keep]
+        w = private_erm(x, y, params=self.params, blocks=n, sigma=sigma, rng=self._rng(t, kind), reference=reference)
+        return Released(t, list(blocks), kind, w, n, p)
+
+    def per_record_epsilon(self) -> dict[str, tuple[float, float]]:
+        """Sampled releases: each observed block's (epsilon, delta) so far, the sum over the releases that read it
+        of their amplified (epsilon0, delta0) at their rates (basic composition; ``sampling.amplified``)."""
+        if not self.sampled:
+            raise ContinualReleaseError("per_record_epsilon is the sampled releases' account: use per_record_rho")
+        out = {b: (0.0, 0.0) for b in self.order}
+        for rel in self._trained:
+            e, d = sampling.amplified(self.epsilon0, self.delta0, rel.rate)
+            for b in rel.blocks:
+                out[b] = (out[b][0] + e, out[b][1] + d)
+        return out
 
     def per_record_rho(self) -> dict[str, float]:
         """Each observed block's zCDP rho so far: the sum over releases that read it of Delta_j^2/(2 sigma^2)."""
+        if self.sampled:
+            raise ContinualReleaseError("a sampled release is accounted in (epsilon, delta): use per_record_epsilon")
         rho = {b: 0.0 for b in self.order}
         for rel in self._trained:
             for b in rel.blocks:

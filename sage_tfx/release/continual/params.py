@@ -31,6 +31,13 @@ class Loss(enum.StrEnum):
     SOFTMAX = "softmax"
 
 
+class Sampling(enum.StrEnum):
+    """How a release reads its blocks: all records, or a Poisson sample of rate p_j on 2^j blocks (App. B)."""
+
+    NONE = "none"
+    POISSON = "poisson"
+
+
 class Strategy(enum.StrEnum):
     CUMULATIVE = "continual-cumulative"
     SLIDING = "continual-sliding-window"
@@ -83,6 +90,8 @@ class ReleaseParams:
         loss: logistic, squared or softmax (multiclass: labels 0..classes-1).
         window: blocks, for the sliding window (None: cumulative).
         classes: k >= 2 for the softmax loss (its weights are d x k, flattened row-major); None otherwise.
+        sampling: "none" (every record) or "poisson": a release on 2^j blocks reads a Poisson sample of rate
+            p_j with the noise of its full size (amplification by sampling, the paper's App. B; ``sampling``).
     """
 
     epsilon: float
@@ -93,6 +102,7 @@ class ReleaseParams:
     loss: Loss = Loss.LOGISTIC
     window: int | None = None
     classes: int | None = None
+    sampling: Sampling = Sampling.NONE
 
     def __post_init__(self):
         _positive("epsilon", self.epsilon, "give a finite epsilon > 0")
@@ -113,6 +123,12 @@ class ReleaseParams:
                 f"loss {self.loss!r} is unknown: use one of {', '.join(l.value for l in Loss)}"
             ) from None
         self._check_classes()
+        try:
+            object.__setattr__(self, "sampling", Sampling(self.sampling))
+        except ValueError:
+            raise ContinualReleaseError(
+                f"sampling {self.sampling!r} is unknown: use one of {', '.join(m.value for m in Sampling)}"
+            ) from None
         if self.window is not None:
             w = self.window
             if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
@@ -146,4 +162,8 @@ class ReleaseParams:
         d["loss"] = self.loss.value
         if self.classes is None:
             del d["classes"]  # binary releases keep the fingerprints they always had
+        if self.sampling is Sampling.NONE:
+            del d["sampling"]  # so do unsampled ones
+        else:
+            d["sampling"] = self.sampling.value
         return d

@@ -8,7 +8,8 @@ import numpy as np
 
 from . import alg5
 from .base import Released, _Base
-from .params import ContinualReleaseError, Strategy
+from .params import ContinualReleaseError, Sampling, Strategy
+from .sampling import sampling_sum
 
 
 class SlidingWindowAsWritten(_Base):
@@ -38,6 +39,8 @@ class SlidingWindowAsWritten(_Base):
         if params.window is None:
             raise ContinualReleaseError("window None is invalid: give the sliding window in blocks (2^k - 1)")
         alg5.check_window(params.window)
+        if params.sampling is not Sampling.NONE:
+            sampling_sum(self.strategy, params.window)  # refuses, naming the fix
 
     def _step(self) -> Released:
         t = len(self.order)
