@@ -83,14 +83,30 @@ def add_parser(subparsers):
     sub.required = True
     cont = sub.add_parser(
         "continual",
-        help="a regularised ERM model (logistic / least squares) at every block, "
+        help="a regularised ERM model (logistic / least squares / softmax) at every block, "
         "all history or a sliding window (Watson et al.)",
         description="Continual (all history) or, with --window, sliding-window release of a "
         "regularised ERM model at every new block; each block is charged its whole "
         "per-record bound (--epsilon, --delta) once, before it is read.",
     )
     _common(cont)
-    cont.add_argument("--loss", choices=("logistic", "squared"), help="the ERM loss (default %(default)s)")
+    cont.add_argument(
+        "--loss",
+        choices=("logistic", "squared", "softmax"),
+        help="the ERM loss (default %(default)s); softmax: multiclass, needs --classes",
+    )
+    cont.add_argument(
+        "--classes",
+        type=int,
+        metavar="K",
+        help="softmax: the number of classes K >= 2 (the label / --label-scale rounded to a class 0..K-1)",
+    )
+    cont.add_argument(
+        "--sampling",
+        choices=("none", "poisson"),
+        help="poisson: each release on 2^j blocks reads a Poisson sample of its records with the noise of its "
+        "full size (amplification by sampling; the same per-record bound) (default %(default)s)",
+    )
     cont.add_argument(
         "--rows-per-block",
         type=int,

@@ -87,6 +87,8 @@ def plan_continual(s: ContinualSettings, ledger, schema: dict) -> Plan:
         radius=s.radius,
         loss=s.loss,
         window=s.window,
+        classes=s.classes,
+        sampling=s.sampling,
     )
     validator = (
         None

@@ -159,7 +159,10 @@ class ContinualSettings(FeatureSettings):
         intercept: as in `FeatureSettings`.
         epsilon: as in `FeatureSettings`.
         delta: as in `FeatureSettings`.
-        loss: "logistic" or "squared".
+        loss: "logistic", "squared" or "softmax" (multiclass: the label / label_scale rounded to a class 0..k-1).
+        classes: softmax: the number of classes k (an integer >= 2, required); refused with any other loss.
+        sampling: "none", or "poisson": each release on 2^j blocks reads a Poisson sample of its records with the
+            noise of its full size (amplification by sampling, the paper's App. B).
         rows_per_block: the DECLARED records per block m0 that normalises the objective (public).
         window: the sliding window in blocks, or None for all history.
         lam: the ridge weight (lam/2 ||w - w_ref||^2), > 0.
@@ -179,6 +182,8 @@ class ContinualSettings(FeatureSettings):
     STRATEGY: ClassVar[str] = "continual"
 
     loss: str = "logistic"
+    classes: int | None = None
+    sampling: str = "none"
     rows_per_block: int
     window: int | None = None
     lam: float = 0.05
@@ -200,6 +205,18 @@ class ContinualSettings(FeatureSettings):
                 f"--serving-dir {self.serving_dir!r} needs --push-dir: the models and their blessings are "
                 "written there first (the artifacts a Pusher reads)"
             )
+        self._check_classes()
+
+    def _check_classes(self) -> None:
+        k = self.classes
+        if self.loss != "softmax":
+            if k is not None:
+                raise _bad(f"--classes {k!r} is for --loss softmax: drop --classes or give --loss softmax")
+            return
+        if k is None:
+            raise _bad("--loss softmax needs --classes K: give the number of classes (an integer >= 2)")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 2:
+            raise _bad(f"--classes {k!r} is invalid: give the number of classes, an integer >= 2")
 
 
 @dataclass(kw_only=True)

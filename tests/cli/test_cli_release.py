@@ -154,6 +154,10 @@ def test_continual_charges_each_block_once_and_resumes(world):
         (["--push-dir", "/proc/no/such"], "--push-dir '/proc/no/such' cannot be created"),
         (["--serving-dir", "/tmp/x"], "--serving-dir '/tmp/x' needs --push-dir"),
         (["--sla-target", 0.8, "--sla-epsilon", 2.0], "validation_epsilon 2.0 is larger than epsilon"),
+        (["--loss", "softmax"], "--loss softmax needs --classes K: give the number of classes"),
+        (["--classes", 3], "--classes 3 is for --loss softmax: drop --classes or give --loss softmax"),
+        (["--loss", "softmax", "--classes", 1], "--classes 1 is invalid: give the number of classes, an integer >= 2"),
+        (["--sampling", "bernoulli"], "invalid choice: 'bernoulli'"),
     ],
 )
 def test_bad_input_exits_2_naming_the_value_with_nothing_charged(world, args, named):
@@ -163,6 +167,26 @@ def test_bad_input_exits_2_naming_the_value_with_nothing_charged(world, args, na
     assert proc.returncode == 2, (proc.stdout, proc.stderr)
     assert named in proc.stderr and proc.stdout == ""
     assert snapshot(db) == before  # nothing charged, no release opened
+
+
+def test_softmax_with_sampling_from_the_command_line(world):
+    """A multiclass (softmax) continual release from `sage release`, sampled: the label (trip_start_hour / 6,
+    rounded, a class 0..3) and K = 4 declared; each block is charged once, the weights are d x K, and a rerun
+    with another K is another computation, refused before any charge."""
+    root, db, data = world
+    args = ["--label", "trip_start_hour", "--label-scale", 6, "--loss", "softmax", "--classes", 4]
+    first = continual(db, data, *args, "--sampling", "poisson", "--json", pipeline="mc")
+    assert first.returncode == 0, first.stderr
+    out = json.loads(first.stdout)
+    assert out["params"]["loss"] == "softmax" and out["params"]["classes"] == 4
+    assert out["params"]["sampling"] == "poisson" and out["audit_ok"]
+    assert all(len(m["weights"]) == 3 * 4 for m in out["models"])  # (fare, miles, intercept) x 4 classes
+    blocks = [m["block"] for m in out["models"]]
+    assert spent(db, "mc") == {b: (pytest.approx(EPS), pytest.approx(DELTA)) for b in blocks}
+    before = snapshot(db)
+    other = continual(db, data, *args[:-1], 5, "--sampling", "poisson", pipeline="mc")
+    assert other.returncode == 2 and "classes=4" in other.stderr and "classes=5" in other.stderr
+    assert snapshot(db) == before
 
 
 def test_incremental_regression_once_and_resume(world):
