@@ -116,23 +116,22 @@ class ReleaseParams:
             )
         _positive("lam", self.lam, "give a ridge weight lam > 0 (the strong convexity the sensitivity needs)")
         _positive("radius", self.radius, "give a parameter-ball radius R > 0")
-        try:
-            object.__setattr__(self, "loss", Loss(self.loss))
-        except ValueError:
-            raise ContinualReleaseError(
-                f"loss {self.loss!r} is unknown: use one of {', '.join(l.value for l in Loss)}"
-            ) from None
+        self._set_member("loss", Loss)
         self._check_classes()
-        try:
-            object.__setattr__(self, "sampling", Sampling(self.sampling))
-        except ValueError:
-            raise ContinualReleaseError(
-                f"sampling {self.sampling!r} is unknown: use one of {', '.join(m.value for m in Sampling)}"
-            ) from None
+        self._set_member("sampling", Sampling)
         if self.window is not None:
             w = self.window
             if isinstance(w, bool) or not isinstance(w, (int, np.integer)) or w < 1:
                 raise ContinualReleaseError(f"window {w!r} is invalid: give a window of >= 1 blocks")
+
+    def _set_member(self, name: str, kind: type[enum.StrEnum]) -> None:
+        value = getattr(self, name)
+        try:
+            object.__setattr__(self, name, kind(value))
+        except ValueError:
+            raise ContinualReleaseError(
+                f"{name} {value!r} is unknown: use one of {', '.join(m.value for m in kind)}"
+            ) from None
 
     def _check_classes(self):
         k = self.classes
