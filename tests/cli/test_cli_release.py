@@ -169,11 +169,12 @@ def test_bad_input_exits_2_naming_the_value_with_nothing_charged(world, args, na
     assert snapshot(db) == before  # nothing charged, no release opened
 
 
-def test_softmax_with_sampling_from_the_command_line(world):
+def test_softmax_with_sampling_from_the_command_line(tmp_path):
     """A multiclass (softmax) continual release from `sage release`, sampled: the label (trip_start_hour / 6,
     rounded, a class 0..3) and K = 4 declared; each block is charged once, the weights are d x K, and a rerun
-    with another K is another computation, refused before any charge."""
-    root, db, data = world
+    with another K is another computation, refused before any charge. (Its own ledger: the module's `world`
+    blocks are spent by the other tests.)"""
+    db, data = (str(p) for p in replay_taxi_days(tmp_path, 2))
     args = ["--label", "trip_start_hour", "--label-scale", 6, "--loss", "softmax", "--classes", 4]
     first = continual(db, data, *args, "--sampling", "poisson", "--json", pipeline="mc")
     assert first.returncode == 0, first.stderr
