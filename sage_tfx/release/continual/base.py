@@ -36,7 +36,7 @@ class Released:
     blocks: list[str]
     kind: str
     weights: np.ndarray
-    noise_blocks: int  # the release's data size in blocks (its noise multiplier is z * noise_blocks)
+    noise_blocks: int  # its data size in blocks (noise multiplier z * noise_blocks; sampled: z on its Delta)
     rate: float = 1.0  # the Poisson sampling rate of its records (1: every record)
 
 
