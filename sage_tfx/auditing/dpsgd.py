@@ -213,7 +213,7 @@ def fit_once(audit: CanaryAudit, model, x: np.ndarray, y: np.ndarray):
     return private
 
 
-def _training_report(private) -> dict[str, Any]:
+def training_report(private) -> dict[str, Any]:
     spent = getattr(private, "privacy_spent", None) or {}
     keys = ("implementation", "noise_multiplier", "steps", "sampling_rate", "epsilon", "delta")
     return {
@@ -250,7 +250,7 @@ def audit_dpsgd(
     bound = one_run_epsilon_lower_bound(correct, guesses, audit.confidence, delta=audit.delta, canaries=audit.canaries)
     fit = {
         "engine": audit.engine,
-        **_training_report(trained),
+        **training_report(trained),
         "config": {k: v for k, v in asdict(audit).items() if k not in ("confidence", "seed")},
     }
     return OneRunResult(
