@@ -24,12 +24,13 @@ from typing import Any
 
 import numpy as np
 
+from sage_tfx.privacy.dpsgd import ACCOUNTANTS
+
 from .core import AuditConfig, AuditConfigError, AuditResult, audit_outputs
-from .dpsgd import CANARY_LABEL, DPSGD_ENGINES, training_report
+from .dpsgd import CANARY_LABEL, DPSGD_ENGINES, audit_fit, training_report
 
 __all__ = ["CoordinateAudit", "CoordinateResult", "audit_dpsgd_coordinates", "coordinate_data", "fit_coordinates"]
 
-ACCOUNTANTS = ("rdp", "pld")
 DENSE_GRADIENT_CAP = 10_000_000  # vmap / loop make each example's gradient dense: batch x coordinates floats
 
 
@@ -95,6 +96,15 @@ class CoordinateResult(AuditResult):
     """One coordinate audit's outcome (``AuditResult``, each coordinate one trial), with the fits' report.
 
     Args:
+        mechanism: ``dpsgd-coordinates``.
+        claimed_epsilon: the claimed epsilon.
+        claimed_delta: the claimed delta (subtracted in the bound).
+        epsilon_lower_bound: the bound at ``confidence``.
+        confidence: the bound's confidence.
+        trials: the coordinates on each side (N / 2).
+        seed: the audit's seed.
+        test: the threshold test and its evaluation counts (``AuditResult``).
+        outputs: the statistics, ``d`` (the coordinates out) and ``d_prime`` (in), in coordinate order.
         fit: what the fits reported (engine, noise multiplier, steps, sampling rate), how many releases were
             summed, and the configuration.
     """
@@ -135,20 +145,7 @@ def coordinate_model(audit: CoordinateAudit):
 def make_coordinate_fit(audit: CoordinateAudit):
     """``make_private`` of a fresh ``coordinate_model`` at the claim, q = 1 (module docstring); call it inside
     the training block."""
-    from sage_tfx.models import make_private
-
-    return make_private(
-        coordinate_model(audit),
-        privacy_budget=(audit.epsilon, audit.delta),
-        num_examples=audit.num_examples,
-        loss="mse",
-        clip_norm=audit.clip_norm,
-        batch_size=audit.num_examples,
-        epochs=audit.epochs,
-        learning_rate=audit.learning_rate,
-        accountant=audit.accountant,
-        per_example=audit.engine,
-    )
+    return audit_fit(coordinate_model(audit), audit, audit.num_examples, accountant=audit.accountant)
 
 
 def fit_coordinates(audit: CoordinateAudit, ids: np.ndarray, y: np.ndarray) -> list:

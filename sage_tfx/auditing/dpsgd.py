@@ -193,24 +193,32 @@ def loss_scores(model, canary_x: np.ndarray, canary_y: np.ndarray) -> np.ndarray
 def fit_once(audit: CanaryAudit, model, x: np.ndarray, y: np.ndarray):
     """Train ``model`` once through ``make_private`` inside a training block with the claim as its share (module
     docstring, step 2); return the PrivateModel."""
-    from sage_tfx.models import make_private
     from sage_tfx.models.seeding import derive_seed, training_seed
 
     private_seed = derive_seed("one-run audit", audit.seed, bits=63)
     with training_seed(private_seed, share=(audit.epsilon, audit.delta)):
-        private = make_private(
-            model,
-            privacy_budget=(audit.epsilon, audit.delta),
-            num_examples=audit.num_examples,
-            loss="mse",
-            clip_norm=audit.clip_norm,
-            batch_size=audit.batch_size,
-            epochs=audit.epochs,
-            learning_rate=audit.learning_rate,
-            per_example=audit.engine,
-        )
+        private = audit_fit(model, audit, audit.batch_size)
         private.fit(x, y)
     return private
+
+
+def audit_fit(model, audit, batch_size: int, **options):
+    """``make_private(model)`` at the audit's claim (its ``privacy_budget``), public count, C, epochs, SGD rate
+    and engine, MSE, batch size ``batch_size``; ``options``: further ``make_private`` arguments."""
+    from sage_tfx.models import make_private
+
+    return make_private(
+        model,
+        privacy_budget=(audit.epsilon, audit.delta),
+        num_examples=audit.num_examples,
+        loss="mse",
+        clip_norm=audit.clip_norm,
+        batch_size=batch_size,
+        epochs=audit.epochs,
+        learning_rate=audit.learning_rate,
+        per_example=audit.engine,
+        **options,
+    )
 
 
 def training_report(private) -> dict[str, Any]:

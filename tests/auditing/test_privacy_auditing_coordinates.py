@@ -5,7 +5,7 @@ observed) are flagged.
 
 Fixed seeds, so each test is deterministic. False-failure rates: for a fit that is (epsilon, delta)-DP as claimed,
 P(bound > epsilon) <= 1 - confidence = 5% (the audit's guarantee); the planted second fit's miss rate is measured
-by ``test_two_fits_are_flagged_at_every_seed_of_the_gaussian_the_fit_draws`` (0 of 20 seeds, the weakest 1.26
+by ``test_two_fits_are_flagged_at_every_seed_of_the_gaussian_the_fit_draws`` (0 of 20 seeds, the weakest 1.23
 times the claim, on the per-coordinate distribution the fit draws, itself checked on the real fit by
 ``test_the_coordinates_are_independent_runs_of_the_calibrated_gaussian``).
 """
