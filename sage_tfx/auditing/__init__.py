@@ -3,13 +3,16 @@ high-confidence LOWER bound on its epsilon beside the claim (docs/privacy_auditi
 
 ``audit_privacy(name, trials=..., epsilon=..., confidence=...)`` audits a registered mechanism
 (``mechanism_names()``); ``audit(Mechanism(...), AuditConfig(...))`` any release; ``audit_dpsgd(CanaryAudit(...))`` one-run canary auditing of
-a ``make_private`` training (``dpsgd-ghost`` / ``dpsgd-vmap`` / ``dpsgd-loop``); ``audit_transform_beam`` a
+a ``make_private`` training (``dpsgd-ghost`` / ``dpsgd-vmap`` / ``dpsgd-loop``); ``audit_dpsgd_coordinates(CoordinateAudit(...))``
+the many-run audit of ONE ``make_private`` fit whose coordinates are independent runs (``dpsgd-coordinates``);
+``audit_transform_beam`` a
 tf.Transform analyzer on Beam seeded through a grant (``transform-dp-mean-beam``); ``releases`` registers the Tree
 Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's path. numpy and scipy only at import
 (TensorFlow is imported by the DP-SGD audit when it runs).
 """
 
 from . import releases  # noqa: F401  (registers the release strategies' entries)
+from .coordinates import CoordinateAudit, CoordinateResult, audit_dpsgd_coordinates
 from .core import (
     AuditConfig,
     AuditConfigError,
@@ -62,4 +65,7 @@ __all__ = [
     "one_run_p_value",
     "audit_outputs",
     "audit_transform_beam",
+    "CoordinateAudit",
+    "CoordinateResult",
+    "audit_dpsgd_coordinates",
 ]

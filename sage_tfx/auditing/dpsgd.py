@@ -193,27 +193,35 @@ def loss_scores(model, canary_x: np.ndarray, canary_y: np.ndarray) -> np.ndarray
 def fit_once(audit: CanaryAudit, model, x: np.ndarray, y: np.ndarray):
     """Train ``model`` once through ``make_private`` inside a training block with the claim as its share (module
     docstring, step 2); return the PrivateModel."""
-    from sage_tfx.models import make_private
     from sage_tfx.models.seeding import derive_seed, training_seed
 
     private_seed = derive_seed("one-run audit", audit.seed, bits=63)
     with training_seed(private_seed, share=(audit.epsilon, audit.delta)):
-        private = make_private(
-            model,
-            privacy_budget=(audit.epsilon, audit.delta),
-            num_examples=audit.num_examples,
-            loss="mse",
-            clip_norm=audit.clip_norm,
-            batch_size=audit.batch_size,
-            epochs=audit.epochs,
-            learning_rate=audit.learning_rate,
-            per_example=audit.engine,
-        )
+        private = audit_fit(model, audit, audit.batch_size)
         private.fit(x, y)
     return private
 
 
-def _training_report(private) -> dict[str, Any]:
+def audit_fit(model, audit, batch_size: int, **options):
+    """``make_private(model)`` at the audit's claim (its ``privacy_budget``), public count, C, epochs, SGD rate
+    and engine, MSE, batch size ``batch_size``; ``options``: further ``make_private`` arguments."""
+    from sage_tfx.models import make_private
+
+    return make_private(
+        model,
+        privacy_budget=(audit.epsilon, audit.delta),
+        num_examples=audit.num_examples,
+        loss="mse",
+        clip_norm=audit.clip_norm,
+        batch_size=batch_size,
+        epochs=audit.epochs,
+        learning_rate=audit.learning_rate,
+        per_example=audit.engine,
+        **options,
+    )
+
+
+def training_report(private) -> dict[str, Any]:
     spent = getattr(private, "privacy_spent", None) or {}
     keys = ("implementation", "noise_multiplier", "steps", "sampling_rate", "epsilon", "delta")
     return {
@@ -250,7 +258,7 @@ def audit_dpsgd(
     bound = one_run_epsilon_lower_bound(correct, guesses, audit.confidence, delta=audit.delta, canaries=audit.canaries)
     fit = {
         "engine": audit.engine,
-        **_training_report(trained),
+        **training_report(trained),
         "config": {k: v for k, v in asdict(audit).items() if k not in ("confidence", "seed")},
     }
     return OneRunResult(

@@ -1,4 +1,5 @@
-"""``audit_privacy``: audit a registered mechanism, or DP-SGD in one run (``dpsgd-<engine>``), by name;
+"""``audit_privacy``: audit a registered mechanism, DP-SGD in one run (``dpsgd-<engine>``) or by its coordinates
+(``dpsgd-coordinates``), by name;
 ``write_plot``: an audit's two distributions (a many-run audit's outputs on D and D', a one-run audit's canary
 scores in and out) and the ROC beside the claimed curve."""
 
@@ -6,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .coordinates import CoordinateAudit, audit_dpsgd_coordinates
 from .core import AuditConfig, AuditConfigError, AuditResult, _rates, audit
 from .dpsgd import DPSGD_ENGINES, CanaryAudit, OneRunResult, audit_dpsgd
 from .mechanisms import DEFAULT_EPSILON, describe_mechanisms, mechanism, mechanism_names
@@ -15,11 +17,12 @@ __all__ = ["audit_privacy", "audit_names", "describe_audits", "write_plot"]
 
 ONE_RUN = {f"dpsgd-{engine}": engine for engine in DPSGD_ENGINES}
 BEAM = "transform-dp-mean-beam"
+COORDINATES = "dpsgd-coordinates"
 
 
 def audit_names() -> list[str]:
-    """Every name ``audit_privacy`` takes: the registered mechanisms and the one-run DP-SGD audits."""
-    return sorted(mechanism_names() + list(ONE_RUN) + [BEAM])
+    """Every name ``audit_privacy`` takes: the registered mechanisms and the DP-SGD audits."""
+    return sorted(mechanism_names() + list(ONE_RUN) + [BEAM, COORDINATES])
 
 
 def describe_audits() -> dict[str, str]:
@@ -33,7 +36,12 @@ def describe_audits() -> dict[str, str]:
         BEAM: "dp_mean_per_key through tf.Transform on Beam's DirectRunner, each run seeded by a grant on a "
         "throwaway ledger; --trials keys (sage_tfx.auditing.transform_beam)"
     }
-    return dict(sorted({**describe_mechanisms(), **one_run, **beam}.items()))
+    coordinates = {
+        COORDINATES: "make_private (DP-SGD, ghost, q = 1): ONE fit whose 2 x --trials coordinates are independent "
+        "runs, each with a Dirac canary in for half of them; claim (epsilon, 1e-2), pld accountant "
+        "(sage_tfx.auditing.coordinates)"
+    }
+    return dict(sorted({**describe_mechanisms(), **one_run, **beam, **coordinates}.items()))
 
 
 def audit_privacy(
@@ -47,14 +55,15 @@ def audit_privacy(
 ) -> AuditResult | OneRunResult:
     """Audit ``name`` at claimed ``epsilon``; the result's ``epsilon_lower_bound`` exceeds a correct mechanism's
     epsilon with probability at most 1 - ``confidence``. A registered mechanism: ``trials`` runs on each
-    neighbour, fresh seeds from ``seed`` (``transform-dp-mean-beam``: ``trials`` keys, two Beam runs).
+    neighbour, fresh seeds from ``seed`` (``transform-dp-mean-beam``: ``trials`` keys, two Beam runs;
+    ``dpsgd-coordinates``: one ``make_private`` fit of 2 x ``trials`` coordinates, ``CoordinateAudit``).
     ``dpsgd-<engine>``: one ``make_private`` training with ``canaries``
     canaries (a fifth of them guessed, at least 2), delta 1e-5 (``CanaryAudit``). Parameters are checked before
     any run.
 
     Args:
         name: one of ``audit_names()``.
-        trials: runs per data set (the Beam audit: keys).
+        trials: runs per data set (the Beam audit: keys; the coordinate audit: coordinates per side).
         epsilon: the claim to run it at.
         confidence: in (0, 1).
         seed: the master seed.
@@ -74,6 +83,12 @@ def audit_privacy(
                 confidence=confidence,
                 seed=seed,
             )
+        )
+    if name == COORDINATES:
+        if isinstance(trials, bool) or not isinstance(trials, int) or trials < 20:
+            raise AuditConfigError(f"trials {trials!r} must be an integer >= 20 (coordinates per side), e.g. 50000")
+        return audit_dpsgd_coordinates(
+            CoordinateAudit(coordinates=2 * trials, epsilon=epsilon, confidence=confidence, seed=seed)
         )
     config = AuditConfig(trials=trials, confidence=confidence, seed=seed)
     if name == BEAM:

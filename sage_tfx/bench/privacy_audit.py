@@ -5,7 +5,8 @@ seeds from ``--seed``) at claimed ``--epsilon``; the figures per mechanism are t
 the claim and their ratio (at most 1 for a correct mechanism, except with probability 1 - confidence; the
 closer to 1 the tighter the audit). ``--slow`` adds the slow mechanisms (AdaSSP, the continual release) at
 ``--slow-trials``; ``--dpsgd`` the one-run canary audits of ``make_private`` on each engine (one training run
-each, ``--canaries``). Method and limits: docs/privacy_auditing.md.
+each, ``--canaries``) and the coordinate audit of one fit (``--coordinates``, claim (``--epsilon``, 1e-2)).
+Method and limits: docs/privacy_auditing.md.
 """
 
 from sage_tfx.auditing import DPSGD_ENGINES, AuditConfig, audit, audit_privacy, mechanism, mechanism_names
@@ -20,6 +21,9 @@ def add_arguments(parser):
     parser.add_argument("--slow-trials", type=int, default=400, help="runs per data set for the slow ones")
     parser.add_argument("--dpsgd", action="store_true", help="also make_private on each engine, one run each")
     parser.add_argument("--canaries", type=int, default=1000, help="canaries of the one-run DP-SGD audits")
+    parser.add_argument(
+        "--coordinates", type=int, default=100000, help="coordinates of the DP-SGD coordinate audit (default 100000)"
+    )
 
 
 def run(args):
@@ -50,6 +54,22 @@ def run(args):
             "flagged": one_run.flagged,
             "canaries": one_run.canaries,
             "correct": one_run.correct,
+        }
+    if args.dpsgd:
+        coordinates = audit_privacy(
+            "dpsgd-coordinates",
+            trials=args.coordinates // 2,
+            epsilon=args.epsilon,
+            confidence=args.confidence,
+            seed=args.seed,
+        )
+        figures[coordinates.mechanism] = {
+            "claimed_epsilon": coordinates.claimed_epsilon,
+            "claimed_delta": coordinates.claimed_delta,
+            "epsilon_lower_bound": round(coordinates.epsilon_lower_bound, 4),
+            "ratio": round(coordinates.ratio, 4),
+            "flagged": coordinates.flagged,
+            "coordinates": 2 * coordinates.trials,
         }
     figures["flagged"] = sorted(n for n, f in figures.items() if f["flagged"])
     return figures

@@ -197,7 +197,8 @@ def test_a_second_fit_under_one_share_is_refused():
 def test_fits_past_the_share_would_be_flagged(monkeypatch):
     """The unrefused variant: the share's filter bypassed, 25 fits each spending the whole share (the true
     epsilon of the release is that of 25 compositions); one-run audit of the 25 models together. The refusal
-    itself (``test_a_second_fit_under_one_share_is_refused``) runs in every suite."""
+    itself (``test_a_second_fit_under_one_share_is_refused``) runs in every suite, and so does the coordinate
+    audit that flags TWO such fits (test_privacy_auditing_coordinates.py)."""
     monkeypatch.setattr(TrainingBlock, "_admit", lambda self, name, budget: None)
     result = audit_dpsgd(AUDIT, train=_fits_under_one_share(25), score=_summed_loss_scores)
     assert result.flagged, result.to_dict()
