@@ -192,3 +192,29 @@ def test_ledger_driver_charges_before_the_read_and_names_privincreg2(tmp_path):
     with pytest.raises(HorizonExhausted, match="horizon=2"):
         strategy.arrive("b2")
     assert {b.id: b.spent for b in ledger.blocks("s")} == before and reads == ["b0", "b1"]
+
+
+def test_privincreg1_and_2_over_the_simplex_fit_a_non_negative_sparse_truth():
+    """4 blocks x 1000 sparse rows in d = 100 with a non-negative truth of sum 1, epsilon 1 per block: both
+    mechanisms release points of the simplex whose excess risk is below a quarter of theta = 0's (PrivIncReg1 measured at
+    0.16 of it at these seeds)."""
+    truth = np.zeros(D)
+    truth[:3] = [0.5, 0.3, 0.2]
+    p = params(constraint="simplex", horizon=4)
+    reg1, reg2 = TreeRegressor(p, D), ProjectedTreeRegressor(p, D, 40, projection_seed=7)
+    xs, ys = [], []
+    for i in range(4):
+        x, _ = sparse_rows(i, 1000)
+        y = x @ truth + 0.05 * np.random.default_rng(900 + i).normal(size=1000)
+        xs.append(x)
+        ys.append(y)
+        th1, th2 = reg1.add(x, y, 21 + i), reg2.add(x, y, 21 + i)
+    x, y = np.vstack(xs), np.concatenate(ys)
+    opt = projected_gradient(x.T @ x, x.T @ y, 1.0, 3000, "simplex")
+
+    def excess(theta):
+        return float(np.mean((y - x @ theta) ** 2) - np.mean((y - x @ opt) ** 2))
+
+    for theta in (th1, th2):
+        assert gauge(theta, "simplex", 1.0) <= 1 + 1e-6
+        assert excess(theta) < 0.25 * excess(np.zeros(D)), (excess(theta), excess(np.zeros(D)))
