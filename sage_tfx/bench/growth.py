@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from sage_tfx.bench import _growth_ermg
+from sage_tfx.bench import _growth_ermg, _growth_smalldbg
 from sage_tfx.bench._trials import block_reader, trial_ledger
 
 DEFAULT_PLOT = "docs/img/growth.png"
@@ -49,6 +49,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead: ERMG (private logistic regression re-run on growth) under BBImprover and "
         "BBScheduler vs a run at every block, on the REAL taxi big-tipper task (Theorem 12)",
     )
+    parser.add_argument(
+        "--smalldbg",
+        action="store_true",
+        help="instead: SmallDBG (SmallDB synthetic databases re-run on growth) under BBImprover and BBScheduler vs "
+        "a run at every block, on GENERATED rows over 8 cells and 36 range counts (Theorem 9; exponential in the "
+        "domain, so the domain is this small); plot docs/img/growth_smalldbg.png",
+    )
+    parser.add_argument(
+        "--synthetic-size", type=int, default=6, help="SmallDBG: the synthetic database's records m (default 6)"
+    )
 
 
 def taxi_rows(blocks: int, rows: int) -> list[np.ndarray]:
@@ -71,7 +81,9 @@ def taxi_rows(blocks: int, rows: int) -> list[np.ndarray]:
 
 
 def _check(args):
-    for name in ("blocks", "rows_per_block", "trials", "queries_per_block", "hard_budget"):
+    if args.ermg and args.smalldbg:
+        raise SystemExit("--ermg and --smalldbg are two benchmarks: give one of them")
+    for name in ("blocks", "rows_per_block", "trials", "queries_per_block", "hard_budget", "synthetic_size"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} {getattr(args, name)} is invalid: give an integer >= 1")
     for name in ("epsilon", "gamma"):
@@ -122,6 +134,8 @@ def run(args: argparse.Namespace) -> dict:
     _check(args)
     if args.ermg:
         return _growth_ermg.run(args)
+    if args.smalldbg:
+        return _growth_smalldbg.run(args, DEFAULT_PLOT)
     began = time.time()
     data = taxi_rows(args.blocks, args.rows_per_block)
     T = args.blocks

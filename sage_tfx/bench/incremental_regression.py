@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from sage_tfx.bench import _incremental_highdim
+
 DEFAULT_PLOT = os.path.join("docs", "img", "incremental_regression.png")
 GENERATED = "GENERATED rows: x ~ N(0, I/4) in 4 dimensions, y = x theta* + N(0, 0.1^2), theta* fixed"
 TAXI = (
@@ -55,15 +57,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="the tree descends on Q_t + lambda_t I (incremental_regression.noise_ridge)",
     )
     parser.add_argument("--plot", default=DEFAULT_PLOT, help=f"PNG to write ('' for none; default {DEFAULT_PLOT})")
+    parser.add_argument(
+        "--high-dim",
+        action="store_true",
+        help="instead: PrivIncReg2 vs PrivIncReg1 as d grows, on GENERATED sparse rows with a small-width set "
+        "(--dims, --sketch-dims, --set, --blocks, --rows-per-block; the paper's Section 5 regime)",
+    )
+    parser.add_argument("--dims", default="50,200,800", help="--high-dim: comma list of dimensions d")
+    parser.add_argument("--sketch-dims", default="20,80", help="--high-dim: comma list of PrivIncReg2's m (<= d)")
+    parser.add_argument("--set", choices=("l1_ball", "simplex"), default="l1_ball", help="--high-dim: the set C")
+    parser.add_argument("--blocks", type=int, default=4, help="--high-dim: the horizon T in blocks (default 4)")
+    parser.add_argument("--rows-per-block", type=int, default=500, help="--high-dim: rows per block (default 500)")
+
+
+def _int_list(option: str, text) -> list[int]:
+    try:
+        values = [int(h) for h in str(text).split(",") if h.strip()]
+    except ValueError:
+        raise SystemExit(f"{option} {text!r} must be a comma list of integers") from None
+    if not values or min(values) < 1:
+        raise SystemExit(f"{option} {text!r}: every value must be >= 1")
+    return values
 
 
 def _check_args(args) -> list[int]:
-    try:
-        horizons = [int(h) for h in str(args.horizons).split(",") if h.strip()]
-    except ValueError:
-        raise SystemExit(f"--horizons {args.horizons!r} must be a comma list of integers") from None
-    if not horizons or min(horizons) < 1:
-        raise SystemExit(f"--horizons {args.horizons!r}: every horizon must be >= 1")
+    horizons = _int_list("--horizons", args.horizons)
     if not (math.isfinite(args.epsilon) and args.epsilon > 0):
         raise SystemExit(f"--epsilon must be a finite number > 0, got {args.epsilon}")
     if not 0 < args.delta < 1:
@@ -170,6 +188,12 @@ def one_horizon(
 
 def run(args: argparse.Namespace) -> dict:
     horizons = _check_args(args)
+    if args.high_dim:
+        args.dims, args.sketch_dims = _int_list("--dims", args.dims), _int_list("--sketch-dims", args.sketch_dims)
+        args.horizon = args.blocks
+        if args.blocks < 1 or args.rows_per_block < 1:
+            raise SystemExit("--blocks and --rows-per-block must be >= 1")
+        return _incremental_highdim.run(args)
     x, y, description = load_rows(args.data, args.rows)
     if x.shape[0] < max(horizons):
         raise SystemExit(f"--horizons: {max(horizons)} blocks but only {x.shape[0]} rows; give fewer blocks")

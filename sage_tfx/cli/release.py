@@ -9,7 +9,7 @@
       --rows-per-block M --epsilon E [--delta D [--composition zcdp|basic]] [--schedule scheduler|improver]
       [--gamma G] [--a A] [--t0 T0]
   sage release pmwg --db LEDGER --stream S --data-root DIR --pipeline NAME --bins COL=LO:HI:K,...
-      --queries FILE --rows-per-block M --epsilon E [--hard-budget K] [--threshold T] [--eta ETA]
+      --queries FILE --rows-per-block M --epsilon E [--delta D] [--hard-budget K] [--threshold T] [--eta ETA]
       [--growth-exponent P]
 
 Each command releases one model for every block of the stream this pipeline has not yet observed, in the
@@ -238,7 +238,7 @@ def add_parser(subparsers):
         "answered on the growing stream (Cummings et al.)",
         description="Private multiplicative weights for a growing database over the declared "
         "universe --bins. The queries of --queries (JSON lines) are answered as the "
-        "blocks arrive; each block is charged --epsilon once, before it is read. "
+        "blocks arrive; each block is charged --epsilon (and --delta) once, before it is read. "
         'A query line: {"count": {COL: [LO, HI], ...}} or {"sum": COL, '
         '"bound": B, "where": {COL: [LO, HI]}}, with "at": T to ask it '
         "once when the stream has T blocks (default: after every block). A cell "
@@ -266,7 +266,14 @@ def add_parser(subparsers):
         metavar="M",
         help="the DECLARED records per block (public; answers are fractions of n = blocks * M)",
     )
-    pm.add_argument("--epsilon", type=float, required=True, help="each record's whole-lifetime epsilon (pure)")
+    pm.add_argument("--epsilon", type=float, required=True, help="each record's whole-lifetime epsilon")
+    pm.add_argument(
+        "--delta",
+        type=float,
+        help="each record's whole-lifetime delta (default %(default)s: pure DP); > 0: the rounds compose in zCDP "
+        "(Theorem 17), each round's epsilon larger, so less noise per round, and every block is charged "
+        "(--epsilon, --delta)",
+    )
     pm.add_argument("--hard-budget", type=int, help="hard queries k at the first block (default %(default)s)")
     pm.add_argument("--threshold", type=float, help="hardness threshold (fraction; default %(default)s)")
     pm.add_argument("--eta", type=float, help="multiplicative-weights rate (default %(default)s)")

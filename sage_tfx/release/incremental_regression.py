@@ -82,8 +82,8 @@ class IncrementalRegressionParams:
         bound_y: B_y, labels are clipped to [-B_y, B_y] (public).
         radius: R, the size of the constraint set the regressor is confined to.
         iterations: projected-gradient steps per release.
-        constraint: the set C: "l2_ball" ({||theta||_2 <= R}, the default) or "l1_ball" ({||theta||_1 <= R});
-            sage_tfx.release.incremental_constraints. Post-processing: the charge does not depend on it.
+        constraint: the set C: "l2_ball" ({||theta||_2 <= R}, the default), "l1_ball" ({||theta||_1 <= R}) or
+            "simplex" ({theta >= 0, sum theta <= R}); sage_tfx.release.incremental_constraints. Post-processing: the charge does not depend on it.
         ridge: descend on Q_t + lambda_t I instead of Q_t, lambda_t = ``noise_ridge`` (a public bound on the
             tree noise's operator norm): keeps the noisy quadratic convex when X'X is ill-conditioned (the taxi
             rows: docs/BENCHMARKS.md). Post-processing (lambda_t is a function of public values only).

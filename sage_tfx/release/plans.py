@@ -271,6 +271,7 @@ def plan_pmwg(s: PMWGSettings, ledger, schema: dict) -> Plan:
         threshold=s.threshold,
         eta=s.eta,
         growth_exponent=s.growth_exponent,
+        delta=s.delta,
     )
     queries, digest = parse_queries(s.queries, cols, universe)
     computation = json.dumps(
@@ -283,7 +284,7 @@ def plan_pmwg(s: PMWGSettings, ledger, schema: dict) -> Plan:
         {"pmwg"},
         lambda led: PMWG(led, s.stream, s.pipeline, params, universe, reader, computation=computation),
     )
-    summary = new_summary("pmwg", "pmwg", s, pm.meta, pm.fingerprint, 0.0, answers=[])
+    summary = new_summary("pmwg", "pmwg", s, pm.meta, pm.fingerprint, s.delta, answers=[])
 
     def emit(block, _, replayed):
         grant, t = pm.grants[block], len(pm.order)

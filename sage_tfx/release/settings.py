@@ -326,11 +326,13 @@ class PMWGSettings(ReleaseSettings):
             the grants' computation.
         queries: the file of the declared query stream (JSON lines).
         rows_per_block: the DECLARED records per block (public; answers are fractions of n = blocks * M).
-        epsilon: each record's whole-lifetime epsilon (pure).
+        epsilon: each record's whole-lifetime epsilon.
         hard_budget: the hard-query budget k at the first block's size.
         threshold: the hardness threshold T (in fraction units).
         eta: the MW learning rate.
         growth_exponent: the exponent p of the per-round epsilon c (n0 / n)^p.
+        delta: each record's whole-lifetime delta: 0 for pure epsilon-DP, > 0 for (epsilon, delta)-DP by zCDP
+            composition of the rounds (the paper's Theorem 17; ``PMWGParams.delta``).
 
     Raises:
         ReleaseInputError: a bad value, named as the `sage release` option that spells it, with the fix.
@@ -346,6 +348,7 @@ class PMWGSettings(ReleaseSettings):
     threshold: float = PMWGParams.threshold
     eta: float = PMWGParams.eta
     growth_exponent: float = PMWGParams.growth_exponent
+    delta: float = PMWGParams.delta
 
     def __post_init__(self):
         self.universe = parse_bins(self.bins)

@@ -47,3 +47,23 @@ def test_tiny_ermg_run():
     for v in ("bbimprover", "bbscheduler", "rerun"):
         curve = [e for e in figures["excess_median_by_t"][v] if e == e]  # NaN before a schedule's first run
         assert len(curve) >= 1 and min(curve) >= -1e-9  # excess over the exact minimiser of the same objective
+
+
+def test_tiny_smalldbg_run(tmp_path):
+    # SmallDBG under both schedules and the re-run baseline on GENERATED blocks, a real ledger audited
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    plot = tmp_path / "sdb.png"
+    figures = bench.run(
+        parser.parse_args(
+            ["--smalldbg", "--blocks", "4", "--rows-per-block", "50", "--trials", "1", "--plot", str(plot)]
+        )
+    )
+    assert figures["audit_ok"] and figures["candidates"] == 1716 and plot.stat().st_size > 1000
+    for v in ("bbimprover", "bbscheduler", "rerun"):
+        assert len(figures["median_error_by_t"][v]) == 4
+    # every error is at least the best synthetic database's (opt_m, the floor)
+    assert all(e >= o - 1e-9 for v in figures["median_error_by_t"].values() for e, o in zip(v, figures["opt_m_by_t"]))
+    assert figures["doubling_bins_first_t"] == [1, 2, 4]
+    with pytest.raises(SystemExit, match="two benchmarks"):
+        bench.run(parser.parse_args(["--smalldbg", "--ermg", "--plot", ""]))

@@ -9,7 +9,7 @@ import pytest
 
 from sage_tfx.privacy import Ledger
 from sage_tfx.privacy.digests import bound_to_data
-from sage_tfx.release.growth import BBImprover, BBScheduler, ImproverParams, SchedulerParams
+from sage_tfx.release.growth import BBImprover, BBScheduler, ImproverParams, PMWGParams, SchedulerParams
 from tests.conftest import replay_taxi_days
 from tests.helpers.cli import sage
 
@@ -225,6 +225,8 @@ def test_growth_bad_input_exits_2_with_nothing_charged(world, extra, named):
         (None, ["--hard-budget", 0], "hard_budget 0 is invalid"),
         (None, ["--growth-exponent", 2], "growth_exponent 2.0 is invalid"),
         (None, ["--queries", "/no/such/file"], "--queries '/no/such/file' cannot be read"),
+        (None, ["--delta", 1.5], "delta 1.5 is invalid"),
+        (None, ["--delta=-1e-09"], "delta -1e-09 is invalid"),
     ],
 )
 def test_pmwg_bad_input_exits_2_with_nothing_charged(world, lines, extra, named):
@@ -255,3 +257,24 @@ def test_growth_scheduler_basic_composition_charges_epsilon_and_delta(world):
     ]
     assert spent(db, "gb") == {b: (pytest.approx(0.1), pytest.approx(1e-8)) for b in blocks_of(db)}
     assert out["audit_ok"] and " delta_i " in proc.stderr
+
+
+def test_pmwg_with_delta_charges_epsilon_and_delta_and_signs_it(world):
+    # (epsilon, delta) PMWG (Theorem 17) from the command line: every block charged (epsilon, delta) once, the delta
+    # signed into the grants' meta; a restart with another delta is another computation, refused before a charge
+    root, db, data, queries = world
+    proc = pmwg(db, data, queries, "--delta", 1e-8, "--json", pipeline="pmd")
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout)
+    assert spent(db, "pmd") == {b: (pytest.approx(0.2), pytest.approx(1e-8)) for b in blocks_of(db)}
+    assert out["delta"] == 1e-8 and out["params"]["delta"] == 1e-8 and out["audit_ok"]
+    assert "charged eps 0.2 delta 1e-08" in proc.stderr
+    with Ledger.open(db) as ledger:
+        assert {g.meta["delta"] for g in ledger.grants("taxi") if g.pipeline == "pmd"} == {1e-8}
+    # zCDP composition of the rounds: a larger per-round epsilon than the pure run's at the same epsilon
+    assert PMWGParams(epsilon=0.2, delta=1e-8).round_scale > PMWGParams(epsilon=0.2).round_scale
+
+    before = snapshot(db)
+    other = pmwg(db, data, queries, "--delta", 1e-7, pipeline="pmd")
+    assert other.returncode == 2 and "delta=1e-08" in other.stderr and "delta=1e-07" in other.stderr
+    assert snapshot(db) == before

@@ -6,7 +6,7 @@ definitions, and the excess risk on GENERATED sparse rows (numpy, fixed seeds)."
 import numpy as np
 import pytest
 
-from sage_tfx.release.incremental_constraints import gauge, lift, project_l1_ball
+from sage_tfx.release.incremental_constraints import gauge, lift, project_l1_ball, project_simplex
 from sage_tfx.release.incremental_projection import ProjectedTreeRegressor, projection_matrix
 from sage_tfx.release.incremental_regression import (
     IncrementalRegressionError,
@@ -66,8 +66,38 @@ def test_projected_gradient_over_the_l1_ball():
     q = np.diag([2.0, 1.0, 1.0])
     theta = projected_gradient(q, q @ np.array([3.0, 0.1, 0.0]), radius=1.0, iterations=500, constraint="l1_ball")
     assert np.abs(theta).sum() <= 1.0 + 1e-9 and theta[0] > 0.9
-    with pytest.raises(IncrementalRegressionError, match="constraint='simplex'"):
-        params(constraint="simplex")
+    with pytest.raises(IncrementalRegressionError, match="constraint='linf_ball'"):
+        params(constraint="linf_ball")
+
+
+def test_simplex_projection_is_the_euclidean_projection():
+    # p = P_C(v) iff <v - p, c - p> <= 0 for every c in C; C = {theta >= 0, sum <= R} is the hull of 0 and R e_i,
+    # so checking its d + 1 vertices decides it exactly
+    rng = np.random.default_rng(1)
+    radius = 1.5
+    vertices = np.vstack([np.zeros(6), radius * np.eye(6)])
+    for scale in (0.1, 1.0, 3.0):
+        for _ in range(20):
+            v = rng.normal(size=6) * scale
+            p = project_simplex(v, radius)
+            assert p.min() >= 0 and p.sum() <= radius + 1e-12 and gauge(p, "simplex", radius) <= 1 + 1e-12
+            assert np.all((vertices - p) @ (v - p) <= 1e-12)
+    np.testing.assert_allclose(project_simplex(np.array([3.0, 1.0, -1.0]), 1.0), [1.0, 0.0, 0.0])
+    np.testing.assert_allclose(project_simplex(np.array([0.2, -0.3, 0.1]), 1.0), [0.2, 0.0, 0.1])
+    assert gauge(np.array([0.2, -0.1]), "simplex", 1.0) == float("inf")
+
+
+def test_simplex_lift_and_descent():
+    """A non-negative 3-sparse theta is recovered from m = 40 Gaussian measurements in d = 100 (min sum theta over
+    theta >= 0, Phi theta = vartheta); the descent over the simplex stays in it and finds a non-negative optimum."""
+    truth = np.zeros(D)
+    truth[:3] = [0.5, 0.3, 0.2]
+    phi = projection_matrix(40, D, 3)
+    lifted = lift(phi, phi @ truth, "simplex")
+    assert np.linalg.norm(lifted - truth) < 1e-6 and gauge(lifted, "simplex", 1.0) <= 1 + 1e-6
+    q = np.diag([2.0, 1.0, 1.0])
+    theta = projected_gradient(q, q @ np.array([3.0, -2.0, 0.1]), radius=1.0, iterations=500, constraint="simplex")
+    assert theta.min() >= 0 and theta.sum() <= 1.0 + 1e-9 and theta[0] > 0.9 and theta[1] == 0
 
 
 def test_privacy_contract_is_privincreg1s_charge_on_norm_preserving_rows():
@@ -162,3 +192,29 @@ def test_ledger_driver_charges_before_the_read_and_names_privincreg2(tmp_path):
     with pytest.raises(HorizonExhausted, match="horizon=2"):
         strategy.arrive("b2")
     assert {b.id: b.spent for b in ledger.blocks("s")} == before and reads == ["b0", "b1"]
+
+
+def test_privincreg1_and_2_over_the_simplex_fit_a_non_negative_sparse_truth():
+    """4 blocks x 1000 sparse rows in d = 100 with a non-negative truth of sum 1, epsilon 1 per block: both
+    mechanisms release points of the simplex whose excess risk is below a quarter of theta = 0's (PrivIncReg1 measured at
+    0.16 of it at these seeds)."""
+    truth = np.zeros(D)
+    truth[:3] = [0.5, 0.3, 0.2]
+    p = params(constraint="simplex", horizon=4)
+    reg1, reg2 = TreeRegressor(p, D), ProjectedTreeRegressor(p, D, 40, projection_seed=7)
+    xs, ys = [], []
+    for i in range(4):
+        x, _ = sparse_rows(i, 1000)
+        y = x @ truth + 0.05 * np.random.default_rng(900 + i).normal(size=1000)
+        xs.append(x)
+        ys.append(y)
+        th1, th2 = reg1.add(x, y, 21 + i), reg2.add(x, y, 21 + i)
+    x, y = np.vstack(xs), np.concatenate(ys)
+    opt = projected_gradient(x.T @ x, x.T @ y, 1.0, 3000, "simplex")
+
+    def excess(theta):
+        return float(np.mean((y - x @ theta) ** 2) - np.mean((y - x @ opt) ** 2))
+
+    for theta in (th1, th2):
+        assert gauge(theta, "simplex", 1.0) <= 1 + 1e-6
+        assert excess(theta) < 0.25 * excess(np.zeros(D)), (excess(theta), excess(np.zeros(D)))

@@ -358,3 +358,25 @@ def test_ridge_is_post_processing_and_fixes_ill_conditioned_rows():
             excess[k].append(np.mean((seen_y - seen_x @ theta) ** 2) - np.mean((seen_y - seen_x @ best) ** 2))
     np.testing.assert_array_equal(trees[0].noisy_prefix()[0], trees[1].noisy_prefix()[0])  # same releases
     assert np.mean(excess[1]) < 0.5 * np.mean(excess[0]), (np.mean(excess[1]), np.mean(excess[0]))
+
+
+@pytest.mark.parametrize("constraint", ["l1_ball", "simplex"])
+def test_bench_high_dim_tiny_run(tmp_path, constraint):
+    # PrivIncReg1 (L2 ball and the small-width set) and PrivIncReg2 (m <= d only) on GENERATED sparse rows
+    bench, args = _bench_args(tmp_path, **{"dims": "12,30", "sketch-dims": "8,20", "set": constraint})
+    args.blocks, args.rows_per_block, args.high_dim = 2, 60, True
+    figures = bench.run(args)
+    json.dumps(figures)
+    assert figures["set"] == constraint and [r["dim"] for r in figures["by_dim"]] == [12, 30]
+    small, large = figures["by_dim"]
+    assert set(small["final"]) == {"reg1_l2", f"reg1_{constraint}", f"reg2_{constraint}_m8", "zero"}
+    assert set(large["final"]) == {
+        "reg1_l2",
+        f"reg1_{constraint}",
+        f"reg2_{constraint}_m8",
+        f"reg2_{constraint}_m20",
+        "zero",
+    }
+    for r in figures["by_dim"]:
+        assert all(math.isfinite(v) for v in r["final"].values())
+        assert r["final"][f"reg1_{constraint}"] >= -1e-6  # the set's own non-private optimum is the floor

@@ -1,4 +1,5 @@
-"""Release on a growing database (Cummings et al., NeurIPS 2018): BBScheduler, BBImprover, ERMG and PMWG; numpy only.
+"""Release on a growing database (Cummings et al., NeurIPS 2018): BBScheduler, BBImprover, ERMG, SmallDBG, PMWG;
+numpy only.
 
 A database size is counted in blocks and its public record count in DECLARED rows, never the ledger's exact count.
 Every arriving block gets ONE grant charging the whole (epsilon, delta) its records can ever lose, before it is
@@ -23,6 +24,7 @@ from .scheduled import (
     schedule_fingerprint,
 )
 from .scheduler import BBScheduler, SchedulerParams
+from .smalldbg import smalldb_mechanism, smalldbg, synthetic_answers
 
 __all__ = [
     "Answer",
@@ -48,5 +50,8 @@ __all__ = [
     "ermg",
     "filter_scale",
     "schedule_fingerprint",
+    "smalldb_mechanism",
+    "smalldbg",
     "sum_query",
+    "synthetic_answers",
 ]
