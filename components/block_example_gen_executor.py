@@ -22,6 +22,7 @@ from tfx.dsl.components.base import base_beam_executor
 from tfx.types import artifact_utils
 
 from sage_tfx.components._grant import DATA_PROPERTY, SPLIT_RULE_PROPERTY, GrantedExecutor
+from sage_tfx.ingest.layout import STAGED_PREFIX
 from sage_tfx.privacy import DEFAULT_RECORD_SPLIT, GrantError, record_split
 
 if TYPE_CHECKING:
@@ -149,9 +150,6 @@ def _make_private(root):
             os.chmod(os.path.join(folder, d), 0o700)
         for f in files:
             os.chmod(os.path.join(folder, f), 0o600)
-
-
-STAGED_PREFIX = "sage-blocks-"
 
 
 def staging_location(exec_properties: Mapping[str, Any], beam_pipeline_args: Sequence[str] | None) -> str | None:

@@ -7,6 +7,8 @@ in MLMD so TFX's cache never hands it to a re-run.
 import os
 import shutil
 
+from sage_tfx.ingest.layout import STAGED_PREFIX
+
 
 def is_url(path):
     """Whether ``path`` names a filesystem by a scheme (``gs://...``) rather than a local path."""
@@ -169,8 +171,6 @@ def keep_declared_outputs(config, before: dict | None = None) -> list:
     ({folder: names}, ``folder_names``): other folders the run could write (the MLMD folder, a local staging
     location) lose every entry not there before, the MLMD store's files excepted. Returns the paths removed. A
     URL pipeline root is left as it is."""
-    from sage_tfx.components.block_example_gen_executor import STAGED_PREFIX
-
     removed = []
     metadata = {
         where(config.metadata_path) + suffix for suffix in _JOURNALS for where in (os.path.abspath, os.path.realpath)

@@ -1,5 +1,5 @@
-"""Start-up: the CPU a fresh process spends importing what a TFX iteration needs, with TFX's component package
-deferred (the default) against the same imports with ``SAGE_EAGER_IMPORTS=1``, in the same run.
+"""Start-up: the CPU a fresh process spends importing what a TFX iteration needs, with TFX's component package and
+TFMA's ``__init__`` deferred (the default) against the same imports with ``SAGE_EAGER_IMPORTS=1``, in the same run.
 
 Each measurement is a fresh Python process that imports ``sage_tfx``, TensorFlow, TFX's local DAG runner, the
 Pusher, tf.Transform's Beam implementation and sage's four components, then prints its own CPU time
@@ -21,8 +21,10 @@ import sage_tfx, tensorflow, tensorflow_transform.beam
 import tfx.orchestration.local.local_dag_runner, tfx.components.pusher.component
 import sage_tfx.components.block_example_gen, sage_tfx.components.dp_transform
 import sage_tfx.components.dp_trainer, sage_tfx.components.dp_model_validator
+heavy = {"keras3": "keras.src", "kubernetes": "kubernetes", "tfma": "tensorflow_model_analysis.evaluators",
+         "nltk": "nltk", "sklearn": "sklearn"}
 print(json.dumps({"cpu": time.process_time() - start, "modules": len(sys.modules),
-                  "keras3": "keras.src" in sys.modules, "kubernetes": "kubernetes" in sys.modules}))
+                  "loads": sorted(k for k, m in heavy.items() if m in sys.modules)}))
 """
 
 
@@ -55,8 +57,9 @@ def run(args):
         "ratio": round(d / e, 3),
         "deferred_modules": deferred[0]["modules"],
         "eager_modules": eager[0]["modules"],
-        "deferred_loads_keras3": deferred[0]["keras3"],
-        "eager_loads_keras3": eager[0]["keras3"],
-        "deferred_loads_kubernetes": deferred[0]["kubernetes"],
+        "deferred_cpu_range": [round(min(p["cpu"] for p in deferred), 2), round(max(p["cpu"] for p in deferred), 2)],
+        "eager_cpu_range": [round(min(p["cpu"] for p in eager), 2), round(max(p["cpu"] for p in eager), 2)],
+        "deferred_loads": deferred[0]["loads"],
+        "eager_loads": eager[0]["loads"],
         "repeats": args.repeats,
     }

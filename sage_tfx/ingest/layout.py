@@ -25,6 +25,8 @@ from .records import InputError
 STREAM_FILE = "_stream.json"
 BLOCK_FILE = "_BLOCK.json"
 STAGING = "_staging"
+# a BlockExampleGen run's copy of the sealed blocks under a staging location (components/block_example_gen_executor)
+STAGED_PREFIX = "sage-blocks-"
 FILE_MODE, DIR_MODE = 0o600, 0o700
 PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,200}$")  # a stream, block or block file name
 
