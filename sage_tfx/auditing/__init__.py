@@ -5,11 +5,17 @@ high-confidence LOWER bound on its epsilon beside the claim (docs/privacy_auditi
 (``mechanism_names()``); ``audit(Mechanism(...), AuditConfig(...))`` any release; ``audit_dpsgd(CanaryAudit(...))`` one-run canary auditing of
 a ``make_private`` training (``dpsgd-ghost`` / ``dpsgd-vmap`` / ``dpsgd-loop``); ``audit_transform_beam`` a
 tf.Transform analyzer on Beam seeded through a grant (``transform-dp-mean-beam``); ``releases`` registers the Tree
-Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's path. numpy and scipy only at import
+Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's path; ``sparse_vector`` PMWG's sparse vector
+over a crafted query stream; ``sliding_window`` the sliding-window release's buckets; ``audit_estimator`` the
+DP-SGD estimators through their public API in one run. numpy and scipy only at import
 (TensorFlow is imported by the DP-SGD audit when it runs).
 """
 
-from . import releases  # noqa: F401  (registers the release strategies' entries)
+from . import (
+    releases,  # noqa: F401  (registers the release strategies' entries)
+    sliding_window,  # noqa: F401  (registers sliding-window)
+    sparse_vector,  # noqa: F401  (registers pmwg-sparse-vector)
+)
 from .core import (
     AuditConfig,
     AuditConfigError,
@@ -22,6 +28,7 @@ from .core import (
     trial_seeds,
 )
 from .dpsgd import DPSGD_ENGINES, CanaryAudit, OneRunResult, audit_dpsgd
+from .estimators import ESTIMATORS, audit_estimator
 from .mechanisms import (
     DEFAULT_EPSILON,
     describe_mechanisms,
@@ -62,4 +69,6 @@ __all__ = [
     "one_run_p_value",
     "audit_outputs",
     "audit_transform_beam",
+    "ESTIMATORS",
+    "audit_estimator",
 ]

@@ -4,10 +4,13 @@ scores in and out) and the ROC beside the claimed curve."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .core import AuditConfig, AuditConfigError, AuditResult, _rates, audit
 from .dpsgd import DPSGD_ENGINES, CanaryAudit, OneRunResult, audit_dpsgd
+from .estimators import ESTIMATOR_LEARNING_RATE, ESTIMATORS, audit_estimator
 from .mechanisms import DEFAULT_EPSILON, describe_mechanisms, mechanism, mechanism_names
 from .transform_beam import audit_transform_beam
 
@@ -19,7 +22,7 @@ BEAM = "transform-dp-mean-beam"
 
 def audit_names() -> list[str]:
     """Every name ``audit_privacy`` takes: the registered mechanisms and the one-run DP-SGD audits."""
-    return sorted(mechanism_names() + list(ONE_RUN) + [BEAM])
+    return sorted(mechanism_names() + list(ONE_RUN) + [BEAM] + list(ESTIMATORS))
 
 
 def describe_audits() -> dict[str, str]:
@@ -33,7 +36,12 @@ def describe_audits() -> dict[str, str]:
         BEAM: "dp_mean_per_key through tf.Transform on Beam's DirectRunner, each run seeded by a grant on a "
         "throwaway ledger; --trials keys (sage_tfx.auditing.transform_beam)"
     }
-    return dict(sorted({**describe_mechanisms(), **one_run, **beam}.items()))
+    estimators = {
+        name: f"{kind} fitted once through its public API, one training run with canaries, the one-run bound "
+        "(sage_tfx.auditing.estimators)"
+        for name, kind in ESTIMATORS.items()
+    }
+    return dict(sorted({**describe_mechanisms(), **one_run, **beam, **estimators}.items()))
 
 
 def audit_privacy(
@@ -49,8 +57,9 @@ def audit_privacy(
     epsilon with probability at most 1 - ``confidence``. A registered mechanism: ``trials`` runs on each
     neighbour, fresh seeds from ``seed`` (``transform-dp-mean-beam``: ``trials`` keys, two Beam runs).
     ``dpsgd-<engine>``: one ``make_private`` training with ``canaries``
-    canaries (a fifth of them guessed, at least 2), delta 1e-5 (``CanaryAudit``). Parameters are checked before
-    any run.
+    canaries (a fifth of them guessed, at least 2), delta 1e-5 (``CanaryAudit``); ``dp-logistic-regressor``,
+    ``dp-dnn-regressor``, ``dp-dnn-classifier``: the same, the estimator's own ``fit`` at learning rate
+    ``ESTIMATOR_LEARNING_RATE`` (``audit_estimator``). Parameters are checked before any run.
 
     Args:
         name: one of ``audit_names()``.
@@ -60,21 +69,22 @@ def audit_privacy(
         seed: the master seed.
         canaries: the one-run audits' canaries (>= 10).
     """
-    if name in ONE_RUN:
+    if name in ONE_RUN or name in ESTIMATORS:
         if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 10:
             raise AuditConfigError(f"canaries {canaries!r} must be an integer >= 10, e.g. 1000")
-        return audit_dpsgd(
-            CanaryAudit(
-                engine=ONE_RUN[name],
-                canaries=canaries,
-                guesses=max(2, canaries // 10 * 2),
-                real_rows=max(10, canaries // 2),
-                batch_size=max(5, canaries // 2),
-                epsilon=epsilon,
-                confidence=confidence,
-                seed=seed,
-            )
+        one_run = CanaryAudit(
+            engine=ONE_RUN.get(name, "ghost"),
+            canaries=canaries,
+            guesses=max(2, canaries // 10 * 2),
+            real_rows=max(10, canaries // 2),
+            batch_size=max(5, canaries // 2),
+            epsilon=epsilon,
+            confidence=confidence,
+            seed=seed,
         )
+        if name in ESTIMATORS:
+            return audit_estimator(name, replace(one_run, learning_rate=ESTIMATOR_LEARNING_RATE))
+        return audit_dpsgd(one_run)
     config = AuditConfig(trials=trials, confidence=confidence, seed=seed)
     if name == BEAM:
         return audit_transform_beam(epsilon, config)
