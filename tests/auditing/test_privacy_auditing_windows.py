@@ -7,12 +7,15 @@ run to run: a correct mechanism is flagged with probability at most 1 - confiden
 run at confidence 0.999.
 """
 
+import json
+
 import numpy as np
 import pytest
 
 from sage_tfx.auditing import AuditConfig, audit, mechanism_names
 from sage_tfx.auditing.sliding_window import exact_bucket, sliding_window_mechanism
 from sage_tfx.auditing.sparse_vector import sparse_vector_mechanism
+from sage_tfx.cli import main
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.release.continual import SlidingWindowRelease
 from tests.auditing.test_privacy_auditing_releases import _laplace_scaled
@@ -20,8 +23,13 @@ from tests.auditing.test_privacy_auditing_releases import _laplace_scaled
 EPSILON = 1.0
 
 
-def test_the_window_entries_are_registered():
+def test_the_window_entries_are_registered_and_run_from_the_cli(capsys):
     assert {"pmwg-sparse-vector", "sliding-window"} <= set(mechanism_names())
+    assert main(["audit-privacy", "sliding-window", "--trials", "20", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mechanism"] == "sliding-window" and out["claimed_delta"] == 1e-5 and not out["flagged"]
+    assert main(["audit-privacy", "--list"]) == 0
+    assert "pmwg-sparse-vector" in capsys.readouterr().out
 
 
 # ---------------------------------------------------------------- PMWG's sparse vector
