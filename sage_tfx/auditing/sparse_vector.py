@@ -29,6 +29,7 @@ import numpy as np
 
 from .core import Mechanism
 from .mechanisms import register_mechanism
+from .releases import _pmwg_ledger, observed_pmwg
 
 __all__ = ["QUERIES", "ROUNDS", "sparse_vector_mechanism"]
 
@@ -49,14 +50,6 @@ def _queries(size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     away[0], away[2] = 1.0, (THRESHOLD + d) / 0.1  # gap 0.1 w_2; the row in cell 0 lowers it by d
     close[1] = 1.0
     return toward, away, close
-
-
-def _ledger(directory: str, epsilon: float):
-    from sage_tfx.privacy import Ledger
-
-    ledger = Ledger.open(os.path.join(directory, "sparse.db"), create=True)
-    ledger.create_stream("audit", epsilon, 0.0, max_epsilon=epsilon)
-    return ledger
 
 
 def _round(pmwg, toward, away, close) -> float:
@@ -92,17 +85,13 @@ def sparse_vector_mechanism(
     queries = _queries(universe.size)
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     folder = tempfile.TemporaryDirectory(prefix="sage-audit-svt-", dir=shm)
-    ledger = _ledger(folder.name, chosen.epsilon)
+    ledger = _pmwg_ledger(folder.name, chosen.epsilon)
     sides: dict[bool, list] = {False: [], True: []}
     blocks = iter(range(1 << 62))
 
     def fresh_grant(neighbour: bool) -> None:
-        index = next(blocks)
-        block = f"b{index}"
         rows = np.vstack([base, [[0.5]]]) if neighbour else base
-        ledger.add_block("audit", block, start=float(index), end=index + 1.0, rows=ROWS)
-        pmwg = (pmwg_class or PMWG)(ledger, "audit", f"audit-{block}", chosen, universe, lambda grant: rows)
-        pmwg.observe(block, ROWS)
+        pmwg = observed_pmwg(ledger, next(blocks), (pmwg_class or PMWG), chosen, universe, rows, ROWS)
         sides[neighbour] = [_round(pmwg, *queries) for _ in range(ROUNDS)]
 
     def release(neighbour, seed):
