@@ -13,6 +13,7 @@ from .dpsgd import DPSGD_ENGINES, CanaryAudit, OneRunResult, audit_dpsgd
 from .estimators import ESTIMATOR_LEARNING_RATE, ESTIMATORS, audit_estimator
 from .mechanisms import DEFAULT_EPSILON, describe_mechanisms, mechanism, mechanism_names
 from .transform_beam import audit_transform_beam
+from .vocabulary_beam import VOCABULARY_BEAM, audit_vocabulary_beam
 
 __all__ = ["audit_privacy", "audit_names", "describe_audits", "write_plot"]
 
@@ -22,7 +23,7 @@ BEAM = "transform-dp-mean-beam"
 
 def audit_names() -> list[str]:
     """Every name ``audit_privacy`` takes: the registered mechanisms and the one-run DP-SGD audits."""
-    return sorted(mechanism_names() + list(ONE_RUN) + [BEAM] + list(ESTIMATORS))
+    return sorted(mechanism_names() + list(ONE_RUN) + [BEAM, VOCABULARY_BEAM] + list(ESTIMATORS))
 
 
 def describe_audits() -> dict[str, str]:
@@ -34,7 +35,9 @@ def describe_audits() -> dict[str, str]:
     }
     beam = {
         BEAM: "dp_mean_per_key through tf.Transform on Beam's DirectRunner, each run seeded by a grant on a "
-        "throwaway ledger; --trials keys (sage_tfx.auditing.transform_beam)"
+        "throwaway ledger; --trials keys (sage_tfx.auditing.transform_beam)",
+        VOCABULARY_BEAM: "dp_compute_and_apply_vocabulary through tf.Transform on Beam's DirectRunner, each run "
+        "seeded by a grant on a throwaway ledger; --trials values (sage_tfx.auditing.vocabulary_beam)",
     }
     estimators = {
         name: f"{kind} fitted once through its public API, one training run with canaries, the one-run bound "
@@ -55,7 +58,8 @@ def audit_privacy(
 ) -> AuditResult | OneRunResult:
     """Audit ``name`` at claimed ``epsilon``; the result's ``epsilon_lower_bound`` exceeds a correct mechanism's
     epsilon with probability at most 1 - ``confidence``. A registered mechanism: ``trials`` runs on each
-    neighbour, fresh seeds from ``seed`` (``transform-dp-mean-beam``: ``trials`` keys, two Beam runs).
+    neighbour, fresh seeds from ``seed`` (``transform-dp-mean-beam``: ``trials`` keys, two Beam runs;
+    ``transform-vocabulary-beam``: ``trials`` values).
     ``dpsgd-<engine>``: one ``make_private`` training with ``canaries``
     canaries (a fifth of them guessed, at least 2), delta 1e-5 (``CanaryAudit``); ``dp-logistic-regressor``,
     ``dp-dnn-regressor``, ``dp-dnn-classifier``: the same, the estimator's own ``fit`` at learning rate
@@ -88,6 +92,8 @@ def audit_privacy(
     config = AuditConfig(trials=trials, confidence=confidence, seed=seed)
     if name == BEAM:
         return audit_transform_beam(epsilon, config)
+    if name == VOCABULARY_BEAM:
+        return audit_vocabulary_beam(epsilon, config)
     return audit(mechanism(name, epsilon), config)
 
 

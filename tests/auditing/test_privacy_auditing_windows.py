@@ -1,6 +1,7 @@
-"""Auditing PMWG's sparse vector over a crafted query stream (``sage_tfx.auditing.sparse_vector``) and the
-sliding-window release's dyadic buckets (``sage_tfx.auditing.sliding_window``): the shipped code stays below its
-claim; deliberately broken variants (built here, never shipped) are flagged.
+"""Auditing PMWG's sparse vector over a crafted query stream (``sage_tfx.auditing.sparse_vector``), the
+sliding-window release's dyadic buckets (``sage_tfx.auditing.sliding_window``) and the DP vocabulary through
+tf.Transform on Beam (``sage_tfx.auditing.vocabulary_beam``): the shipped code stays below its claim;
+deliberately broken variants (built here, never shipped) are flagged.
 
 Both draw their noise from a fresh ledger's key (the real path: each grant's private seed), so their audits vary
 run to run: a correct mechanism is flagged with probability at most 1 - confidence, and the no-false-alarm tests
@@ -8,16 +9,20 @@ run at confidence 0.999.
 """
 
 import json
+import math
 
 import numpy as np
 import pytest
 
 from sage_tfx.auditing import AuditConfig, audit, mechanism_names
+from sage_tfx.auditing.mechanisms import GAUSSIAN_DELTA
 from sage_tfx.auditing.sliding_window import exact_bucket, sliding_window_mechanism
 from sage_tfx.auditing.sparse_vector import sparse_vector_mechanism
+from sage_tfx.auditing.vocabulary_beam import audit_vocabulary_beam
 from sage_tfx.cli import main
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.release.continual import SlidingWindowRelease
+from sage_tfx.transform.vocabulary import threshold
 from tests.auditing.test_privacy_auditing_releases import _laplace_scaled
 
 EPSILON = 1.0
@@ -87,3 +92,34 @@ def test_the_sliding_window_with_its_bucket_noise_reused_is_flagged():
     mechanism = sliding_window_mechanism(EPSILON, _NoiseReusedAcrossArrivals, _bucket_difference)
     result = audit(mechanism, AuditConfig(trials=60, seed=7))
     assert result.flagged and result.epsilon_lower_bound > 1.5 * EPSILON, result.to_dict()
+
+
+# ---------------------------------------------------------------- the DP vocabulary through tf.Transform on Beam
+
+
+def _exact_vocabulary_fn(at_threshold):
+    """The planted bug: tf.Transform's exact vocabulary (every value with more than ``at_threshold`` - 1 rows)
+    in place of the DP one: no noise on the counts."""
+
+    def preprocessing_fn(inputs):
+        import tensorflow as tf
+        import tensorflow_transform as tft
+
+        ids = tft.compute_and_apply_vocabulary(
+            inputs["value"], frequency_threshold=at_threshold + 1, num_oov_buckets=0, default_value=-1
+        )
+        return {"value": tf.identity(inputs["value"]), "id": ids}
+
+    return preprocessing_fn
+
+
+def test_the_dp_vocabulary_through_beam_is_not_flagged():
+    result = audit_vocabulary_beam(EPSILON, AuditConfig(trials=200, confidence=0.999, seed=7))
+    assert 0.0 <= result.epsilon_lower_bound <= EPSILON, result.to_dict()
+
+
+def test_the_exact_vocabulary_through_beam_is_flagged():
+    at_threshold = math.ceil(threshold(EPSILON, GAUSSIAN_DELTA))
+    fn = _exact_vocabulary_fn(at_threshold)
+    result = audit_vocabulary_beam(EPSILON, AuditConfig(trials=200, seed=7), preprocessing_fn=fn)
+    assert result.flagged and result.epsilon_lower_bound > 3.0 * EPSILON, result.to_dict()
