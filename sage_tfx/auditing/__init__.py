@@ -7,7 +7,8 @@ a ``make_private`` training (``dpsgd-ghost`` / ``dpsgd-vmap`` / ``dpsgd-loop``);
 tf.Transform analyzer on Beam seeded through a grant (``transform-dp-mean-beam``); ``releases`` registers the Tree
 Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's path; ``sparse_vector`` PMWG's sparse vector
 over a crafted query stream; ``sliding_window`` the sliding-window release's buckets; ``audit_estimator`` the
-DP-SGD estimators through their public API in one run. numpy and scipy only at import
+DP-SGD estimators through their public API in one run; ``audit_vocabulary_beam`` the DP vocabulary on Beam
+(``transform-vocabulary-beam``). numpy and scipy only at import
 (TensorFlow is imported by the DP-SGD audit when it runs).
 """
 
@@ -40,6 +41,7 @@ from .mechanisms import (
 from .one_run import guesses_from_scores, one_run_epsilon_lower_bound, one_run_p_value
 from .report import audit_names, audit_privacy, describe_audits, write_plot
 from .transform_beam import audit_transform_beam
+from .vocabulary_beam import audit_vocabulary_beam
 
 __all__ = [
     "AuditConfig",
@@ -71,4 +73,5 @@ __all__ = [
     "audit_transform_beam",
     "ESTIMATORS",
     "audit_estimator",
+    "audit_vocabulary_beam",
 ]
