@@ -83,11 +83,11 @@ def exact_bucket(epsilon: float, first: int, last: int, neighbour: bool) -> np.n
     )
 
 
-def _ledger(directory: str):
+def _ledger(directory: str, epsilon: float):
     from sage_tfx.privacy import Ledger
 
     ledger = Ledger.open(os.path.join(directory, "window.db"), create=True)
-    ledger.create_stream("audit", 1.0, 0.5, max_epsilon=20.0)
+    ledger.create_stream("audit", epsilon, GAUSSIAN_DELTA, max_epsilon=max(epsilon, 10.0))
     return ledger
 
 
@@ -96,7 +96,7 @@ def window_releases(ledger, trial: int, params, neighbour: bool, release_class: 
     ``ledger``).
 
     Args:
-        ledger: the throwaway ledger (stream ``audit``, budget >= the params' per block).
+        ledger: the throwaway ledger (stream ``audit``, a budget of the params' (epsilon, delta) per block).
         trial: a number naming this trial's blocks and pipeline (one per call).
         params: ``window_params(epsilon)``.
         neighbour: run on D' (``RECORD`` added to block 1).
@@ -135,7 +135,7 @@ def sliding_window_mechanism(
     params = window_params(epsilon)
     shm = "/dev/shm" if os.path.isdir("/dev/shm") else None
     folder = tempfile.TemporaryDirectory(prefix="sage-audit-window-", dir=shm)
-    ledger = _ledger(folder.name)
+    ledger = _ledger(folder.name, epsilon)
     trials = iter(range(1 << 62))
     chosen = statistic or likelihood_ratio
 
