@@ -7,11 +7,18 @@ a ``make_private`` training (``dpsgd-ghost`` / ``dpsgd-vmap`` / ``dpsgd-loop``);
 the many-run audit of ONE ``make_private`` fit whose coordinates are independent runs (``dpsgd-coordinates``);
 ``audit_transform_beam`` a
 tf.Transform analyzer on Beam seeded through a grant (``transform-dp-mean-beam``); ``releases`` registers the Tree
-Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's path. numpy and scipy only at import
+Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's path; ``sparse_vector`` PMWG's sparse vector
+over a crafted query stream; ``sliding_window`` the sliding-window release's buckets; ``audit_estimator`` the
+DP-SGD estimators through their public API in one run; ``audit_vocabulary_beam`` the DP vocabulary on Beam
+(``transform-vocabulary-beam``). numpy and scipy only at import
 (TensorFlow is imported by the DP-SGD audit when it runs).
 """
 
-from . import releases  # noqa: F401  (registers the release strategies' entries)
+from . import (
+    releases,  # noqa: F401  (registers the release strategies' entries)
+    sliding_window,  # noqa: F401  (registers sliding-window)
+    sparse_vector,  # noqa: F401  (registers pmwg-sparse-vector)
+)
 from .coordinates import CoordinateAudit, CoordinateResult, audit_dpsgd_coordinates
 from .core import (
     AuditConfig,
@@ -25,6 +32,7 @@ from .core import (
     trial_seeds,
 )
 from .dpsgd import DPSGD_ENGINES, CanaryAudit, OneRunResult, audit_dpsgd
+from .estimators import ESTIMATORS, audit_estimator
 from .mechanisms import (
     DEFAULT_EPSILON,
     describe_mechanisms,
@@ -36,6 +44,7 @@ from .mechanisms import (
 from .one_run import guesses_from_scores, one_run_epsilon_lower_bound, one_run_p_value
 from .report import audit_names, audit_privacy, describe_audits, write_plot
 from .transform_beam import audit_transform_beam
+from .vocabulary_beam import audit_vocabulary_beam
 
 __all__ = [
     "AuditConfig",
@@ -68,4 +77,7 @@ __all__ = [
     "CoordinateAudit",
     "CoordinateResult",
     "audit_dpsgd_coordinates",
+    "ESTIMATORS",
+    "audit_estimator",
+    "audit_vocabulary_beam",
 ]

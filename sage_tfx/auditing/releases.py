@@ -31,6 +31,7 @@ __all__ = [
     "tree_residuals",
     "tree_mechanism",
     "pmwg_mechanism",
+    "observed_pmwg",
     "custom_validator_mechanism",
     "adassp_dptrainer_mechanism",
 ]
@@ -137,6 +138,26 @@ def _pmwg_ledger(directory: str, epsilon: float):
     return ledger
 
 
+def observed_pmwg(ledger, index: int, pmwg_class: Callable, params, universe, rows: np.ndarray, declared: int):
+    """A fresh ``pmwg_class`` on a new block ``b<index>`` of the stream ``audit`` of ``ledger``, that block observed
+    (its grant charged and released, ``rows`` read under it, ``declared`` public rows).
+
+    Args:
+        ledger: the throwaway ledger (``_pmwg_ledger``).
+        index: a number naming the block and the pipeline (one per call).
+        pmwg_class: ``PMWG`` or a planted variant's subclass.
+        params: the ``PMWGParams``.
+        universe: the ``Universe``.
+        rows: the block's records.
+        declared: its declared (public) row count.
+    """
+    block = f"b{index}"
+    ledger.add_block("audit", block, start=float(index), end=index + 1.0, rows=declared)
+    pmwg = pmwg_class(ledger, "audit", f"audit-{block}", params, universe, lambda grant: rows)
+    pmwg.observe(block, declared)
+    return pmwg
+
+
 def pmwg_mechanism(epsilon: float, pmwg_class: Callable | None = None, name: str = "pmwg") -> Mechanism:
     """PMWG's AboveThreshold round and hard answer, on a throwaway ledger, at a round epsilon of ``epsilon``
     (module docstring). The ledger lives in a temporary folder for the process's lifetime.
@@ -159,12 +180,8 @@ def pmwg_mechanism(epsilon: float, pmwg_class: Callable | None = None, name: str
     trials = iter(range(1 << 62))
 
     def release(neighbour, seed):
-        index = next(trials)
-        block = f"b{index}"
         rows = np.vstack([base, [[0.5]]]) if neighbour else base
-        ledger.add_block("audit", block, start=float(index), end=index + 1.0, rows=PMWG_ROWS)
-        pmwg = (pmwg_class or PMWG)(ledger, "audit", f"audit-{block}", params, universe, lambda grant: rows)
-        pmwg.observe(block, PMWG_ROWS)
+        pmwg = observed_pmwg(ledger, next(trials), (pmwg_class or PMWG), params, universe, rows, PMWG_ROWS)
         answer = pmwg.query(weights)
         return float(answer.answer) if answer.hard else -1.0
 

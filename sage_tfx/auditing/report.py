@@ -5,13 +5,17 @@ scores in and out) and the ROC beside the claimed curve."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .coordinates import CoordinateAudit, audit_dpsgd_coordinates
 from .core import AuditConfig, AuditConfigError, AuditResult, _rates, audit
 from .dpsgd import DPSGD_ENGINES, CanaryAudit, OneRunResult, audit_dpsgd
+from .estimators import ESTIMATOR_LEARNING_RATE, ESTIMATORS, audit_estimator
 from .mechanisms import DEFAULT_EPSILON, describe_mechanisms, mechanism, mechanism_names
 from .transform_beam import audit_transform_beam
+from .vocabulary_beam import VOCABULARY_BEAM, audit_vocabulary_beam
 
 __all__ = ["audit_privacy", "audit_names", "describe_audits", "write_plot"]
 
@@ -21,8 +25,8 @@ COORDINATES = "dpsgd-coordinates"
 
 
 def audit_names() -> list[str]:
-    """Every name ``audit_privacy`` takes: the registered mechanisms and the DP-SGD audits."""
-    return sorted(mechanism_names() + list(ONE_RUN) + [BEAM, COORDINATES])
+    """Every name ``audit_privacy`` takes: the registered mechanisms, the DP-SGD and the estimators' audits."""
+    return sorted(mechanism_names() + list(ONE_RUN) + [BEAM, VOCABULARY_BEAM, COORDINATES] + list(ESTIMATORS))
 
 
 def describe_audits() -> dict[str, str]:
@@ -34,14 +38,21 @@ def describe_audits() -> dict[str, str]:
     }
     beam = {
         BEAM: "dp_mean_per_key through tf.Transform on Beam's DirectRunner, each run seeded by a grant on a "
-        "throwaway ledger; --trials keys (sage_tfx.auditing.transform_beam)"
+        "throwaway ledger; --trials keys (sage_tfx.auditing.transform_beam)",
+        VOCABULARY_BEAM: "dp_compute_and_apply_vocabulary through tf.Transform on Beam's DirectRunner, each run "
+        "seeded by a grant on a throwaway ledger; --trials values (sage_tfx.auditing.vocabulary_beam)",
     }
     coordinates = {
         COORDINATES: "make_private (DP-SGD, ghost, q = 1): ONE fit whose 2 x --trials coordinates are independent "
         "runs, each with a Dirac canary in for half of them; claim (epsilon, 1e-2), pld accountant "
         "(sage_tfx.auditing.coordinates)"
     }
-    return dict(sorted({**describe_mechanisms(), **one_run, **beam, **coordinates}.items()))
+    estimators = {
+        name: f"{kind} fitted once through its public API, one training run with canaries, the one-run bound "
+        "(sage_tfx.auditing.estimators)"
+        for name, kind in ESTIMATORS.items()
+    }
+    return dict(sorted({**describe_mechanisms(), **one_run, **beam, **coordinates, **estimators}.items()))
 
 
 def audit_privacy(
@@ -56,10 +67,12 @@ def audit_privacy(
     """Audit ``name`` at claimed ``epsilon``; the result's ``epsilon_lower_bound`` exceeds a correct mechanism's
     epsilon with probability at most 1 - ``confidence``. A registered mechanism: ``trials`` runs on each
     neighbour, fresh seeds from ``seed`` (``transform-dp-mean-beam``: ``trials`` keys, two Beam runs;
-    ``dpsgd-coordinates``: one ``make_private`` fit of 2 x ``trials`` coordinates, ``CoordinateAudit``).
+    ``transform-vocabulary-beam``: ``trials`` values; ``dpsgd-coordinates``: one ``make_private`` fit of
+    2 x ``trials`` coordinates, ``CoordinateAudit``).
     ``dpsgd-<engine>``: one ``make_private`` training with ``canaries``
-    canaries (a fifth of them guessed, at least 2), delta 1e-5 (``CanaryAudit``). Parameters are checked before
-    any run.
+    canaries (a fifth of them guessed, at least 2), delta 1e-5 (``CanaryAudit``); ``dp-logistic-regressor``,
+    ``dp-dnn-regressor``, ``dp-dnn-classifier``: the same, the estimator's own ``fit`` at learning rate
+    ``ESTIMATOR_LEARNING_RATE`` (``audit_estimator``). Parameters are checked before any run.
 
     Args:
         name: one of ``audit_names()``.
@@ -69,21 +82,22 @@ def audit_privacy(
         seed: the master seed.
         canaries: the one-run audits' canaries (>= 10).
     """
-    if name in ONE_RUN:
+    if name in ONE_RUN or name in ESTIMATORS:
         if isinstance(canaries, bool) or not isinstance(canaries, int) or canaries < 10:
             raise AuditConfigError(f"canaries {canaries!r} must be an integer >= 10, e.g. 1000")
-        return audit_dpsgd(
-            CanaryAudit(
-                engine=ONE_RUN[name],
-                canaries=canaries,
-                guesses=max(2, canaries // 10 * 2),
-                real_rows=max(10, canaries // 2),
-                batch_size=max(5, canaries // 2),
-                epsilon=epsilon,
-                confidence=confidence,
-                seed=seed,
-            )
+        one_run = CanaryAudit(
+            engine=ONE_RUN.get(name, "ghost"),
+            canaries=canaries,
+            guesses=max(2, canaries // 10 * 2),
+            real_rows=max(10, canaries // 2),
+            batch_size=max(5, canaries // 2),
+            epsilon=epsilon,
+            confidence=confidence,
+            seed=seed,
         )
+        if name in ESTIMATORS:
+            return audit_estimator(name, replace(one_run, learning_rate=ESTIMATOR_LEARNING_RATE))
+        return audit_dpsgd(one_run)
     if name == COORDINATES:
         if isinstance(trials, bool) or not isinstance(trials, int) or trials < 20:
             raise AuditConfigError(f"trials {trials!r} must be an integer >= 20 (coordinates per side), e.g. 50000")
@@ -93,6 +107,8 @@ def audit_privacy(
     config = AuditConfig(trials=trials, confidence=confidence, seed=seed)
     if name == BEAM:
         return audit_transform_beam(epsilon, config)
+    if name == VOCABULARY_BEAM:
+        return audit_vocabulary_beam(epsilon, config)
     return audit(mechanism(name, epsilon), config)
 
 

@@ -34,25 +34,26 @@ VALUE_RANGE = 10.0
 BASE_FRACTION = 0.4
 
 
-def grant_seed(directory: str, epsilon: float, computation: str, label: str) -> int:
+def grant_seed(directory: str, epsilon: float, computation: str, label: str, delta: float = 0.0) -> int:
     """A fresh throwaway SQLite ledger under ``directory`` (file ``label``.db): one stream and block, one grant
-    whose preprocessing share is ``epsilon``, and the seed its ``open_release`` of ``computation`` returns for
-    the preprocessing stage (what DPTransform's executor gets)."""
+    whose preprocessing share is (``epsilon``, ``delta``), and the seed its ``open_release`` of ``computation``
+    returns for the preprocessing stage (what DPTransform's executor gets)."""
     from sage_tfx.components._grant import open_release
     from sage_tfx.privacy import BudgetSplit, ChargeRule, Ledger
 
     location = os.path.join(directory, f"{label}.db")
     with Ledger.open(location, create=True) as ledger:
-        ledger.create_stream("audit", epsilon, 1e-5)
+        ledger.create_stream("audit", epsilon, max(delta, 1e-5))
         ledger.add_block("audit", "b0", start=0.0, end=86400.0, rows=1)
         grant = ledger.request(
             "audit",
             "audit",
             blocks=["b0"],
             epsilon=epsilon,
-            split=BudgetSplit(epsilon, 0.0, 0.0, 0.0, 0.0, ChargeRule.PARALLEL.value),
+            delta=delta,
+            split=BudgetSplit(epsilon, 0.0, 0.0, 0.0, 0.0, ChargeRule.PARALLEL.value, preprocessing_delta=delta),
         )
-        return open_release(ledger, grant, Stage.PREPROCESSING, computation, epsilon)
+        return open_release(ledger, grant, Stage.PREPROCESSING, computation, epsilon, delta)
 
 
 def dp_mean_tables_fn(nkeys: int, epsilon: float, value_range: float = VALUE_RANGE) -> Callable:
@@ -79,8 +80,9 @@ def _rows(nkeys: int, neighbour: bool, value_range: float) -> list[dict[str, Any
     return base + ([{"key": k, "value": value_range} for k in range(nkeys)] if neighbour else [])
 
 
-def _run(preprocessing_fn, rows, seed: int, temp_dir: str) -> list[dict[str, Any]]:
-    """AnalyzeAndTransformDataset on the DirectRunner, traced under ``noise_seed(seed)`` (DPTransform's way)."""
+def _run(preprocessing_fn, rows, seed: int, temp_dir: str, spec: dict | None = None) -> list[dict[str, Any]]:
+    """AnalyzeAndTransformDataset on the DirectRunner, traced under ``noise_seed(seed)`` (DPTransform's way);
+    ``spec`` the rows' feature spec (default int64 ``key``, float32 ``value``)."""
     import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
     import tensorflow as tf  # noqa: TID253
     import tensorflow_transform as tft  # noqa: TID253
@@ -88,7 +90,7 @@ def _run(preprocessing_fn, rows, seed: int, temp_dir: str) -> list[dict[str, Any
 
     from sage_tfx.transform import noise_seed
 
-    spec = {"key": tf.io.FixedLenFeature([], tf.int64), "value": tf.io.FixedLenFeature([], tf.float32)}
+    spec = spec or {"key": tf.io.FixedLenFeature([], tf.int64), "value": tf.io.FixedLenFeature([], tf.float32)}
     metadata = tft.DatasetMetadata.from_feature_spec(spec)
     with tft_beam.Context(temp_dir=temp_dir), noise_seed(seed):
         (transformed, _), _ = (rows, metadata) | tft_beam.AnalyzeAndTransformDataset(preprocessing_fn)
