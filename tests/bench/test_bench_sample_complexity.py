@@ -155,7 +155,7 @@ def test_centred_release_is_least_squares_in_raw_coordinates_without_noise():
 
 
 def test_centred_trainer_lowers_the_dp_models_excess_mse():
-    """On the generated taxi rows at epsilon 1 (30,000 train rows, 8 seeds), AdaSSP with the public centre has
+    """On the generated taxi rows at epsilon 1 (30,000 train rows, 8 streams, fixed seed), AdaSSP with the public centre has
     a lower test MSE than without it: its feature and label bounds are sqrt(3) and 0.5 instead of sqrt(6) and 1."""
     from types import SimpleNamespace
 
