@@ -4,9 +4,10 @@ Setting (GENERATED data, as in ``sage bench validation``: rows drawn from distri
 real Chicago taxi trips in the tfx wheel; the same two tasks, features, trainers and validators):
 - ``np``: non-private training (exact least squares / the exact regularised logistic minimiser) and NP SLA
   validation (exact counts, the concentration bound at the whole eta) — the best a rigorous test can do;
-- ``sage``: DP training at epsilon (the library's AdaSSP linear regression at (epsilon, 1e-6) /
-  objective-perturbation logistic regression) and Sage SLA validation at epsilon (the validators' default
-  bounds), on a per-record 90:10 train:test split (each record pays epsilon once: rule pre+max(train, val));
+- ``sage``: DP training at epsilon (the library's AdaSSP linear regression at (epsilon, 1e-6), with the
+  public centre 0.5 unless ``--taxi-trainer uncentred`` / objective-perturbation logistic regression) and
+  Sage SLA validation at epsilon (the validators' default bounds), on a per-record 90:10 train:test split
+  (each record pays epsilon once: rule pre+max(train, val));
 - ``sage_validation_only``: the non-private model with Sage SLA validation at epsilon: the part of the
   cost due to DP validation alone.
 Per trial, one stream of rows is drawn; the window (the first n rows) grows by a factor 2^(1/s) (s =
@@ -51,11 +52,14 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from ._taxi_centred import centred_release
+
 TASKS = ("taxi_mse", "taxi_accuracy")
 DATASETS = ("taxi", "flights")
 FLIGHTS_TASK = "flights_mse"
 FLIGHTS_TRAINERS = ("prior", "centred", "uncentred-paper")
 VARIANTS = ("np", "sage", "sage_validation_only")
+TAXI_TRAINERS = ("uncentred", "centred")
 GOAL_RATIO = 1.5  # the issue's goal at epsilon = 1
 
 
@@ -103,6 +107,14 @@ def add_arguments(parser):
         help="flights: the SLA's bound B on each squared error, minutes^2 (default 3600, the example's)",
     )
     parser.add_argument(
+        "--taxi-trainer",
+        default="centred",
+        choices=TAXI_TRAINERS,
+        help="taxi_mse's AdaSSP: with DPLinearRegressor's public feature_center 0.5 and the label's mid-range "
+        "(centred, the default: bounds sqrt(3) and 0.5), or on the raw features as sage bench validation trains "
+        "(uncentred: bounds sqrt(6) and 1)",
+    )
+    parser.add_argument(
         "--plot",
         metavar="FILE",
         help="write a PNG of samples needed vs target (epsilon 1 if measured, else the largest)",
@@ -129,7 +141,7 @@ def exact_model(task, fitted):
     return fitted[2]
 
 
-def run_trial(task, generator, grid, epsilons, targets, eta, rng):
+def run_trial(task, generator, grid, epsilons, targets, eta, rng, trainer="centred"):
     """{(variant, epsilon, target index): [ACCEPTed at each window of the grid]} for one stream of rows.
 
     The trial stops at the first window where every (variant, epsilon, target) ACCEPTs; larger windows
@@ -140,6 +152,11 @@ def run_trial(task, generator, grid, epsilons, targets, eta, rng):
         if task.regression:
             return DPLossValidator(target, epsilon, 1 - eta, loss_bound=1.0, mode=mode)
         return DPAccuracyValidator(target, epsilon, 1 - eta, mode=mode)
+
+    def release(fitted, epsilon, n_train):
+        if trainer == "centred" and task.regression:
+            return centred_release(fitted, epsilon, task.args.delta, rng)
+        return task.release(fitted, epsilon, n_train, rng)
 
     rows = generator.draw(grid[-1], rng)
     x, y = task.features(rows)
@@ -153,7 +170,7 @@ def run_trial(task, generator, grid, epsilons, targets, eta, rng):
         fitted = task.fit(xs[~test], ys[~test])
         n_train = int((~test).sum())
         np_values = task.values(exact_model(task, fitted), xs[test], ys[test])
-        dp_values = {e: task.values(task.release(fitted, e, n_train, rng), xs[test], ys[test]) for e in epsilons}
+        dp_values = {e: task.values(release(fitted, e, n_train), xs[test], ys[test]) for e in epsilons}
         for variant, epsilon, t in keys:
             values = dp_values[epsilon] if variant == "sage" else np_values
             mode = "non_private" if variant == "np" else "sage"
@@ -206,7 +223,8 @@ def run_task(task, generator, args, epsilons, fractions, rng):
     targets = [naive + f * (best - naive) for f in fractions]
     grid = windows(args.start_rows, args.max_rows, args.steps_per_doubling)
     runs, started = [], time.time()
-    trial_fn = getattr(task, "run_trial", None) or (lambda *a: run_trial(task, generator, *a))
+    trainer = getattr(args, "taxi_trainer", "centred")
+    trial_fn = getattr(task, "run_trial", None) or (lambda *a: run_trial(task, generator, *a, trainer=trainer))
     for trial in range(args.trials):
         runs.append(trial_fn(grid, epsilons, targets, 1 - args.confidence, rng))
         print(
@@ -361,6 +379,7 @@ def run(args):
             "max_rows": args.max_rows,
             "window_growth": f"2^(1/{args.steps_per_doubling}) per step",
             "train_test": "90:10 per record",
+            "taxi_trainer": getattr(args, "taxi_trainer", "centred"),
             "seed": args.seed,
             "figure": "window at which half of the trials ACCEPT (log-interpolated); paired bootstrap "
             "90% interval of each ratio over the trials",

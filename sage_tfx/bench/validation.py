@@ -25,6 +25,7 @@ it violates when its held-out metric misses the target. Reported: violations / a
 with a 95% Clopper-Pearson upper limit, beside the paper's numbers.
 """
 
+import copy
 import csv
 import math
 import sys
@@ -32,6 +33,8 @@ import time
 from importlib import resources
 
 import numpy as np
+
+from . import _validation_epsilons as sweep
 
 PAPER_TABLE2 = {  # the Sage paper §5, Tab. 2: fraction of ACCEPTed models that violate their target (100K held-out)
     "taxi_mse": {
@@ -78,6 +81,13 @@ def add_arguments(parser):
         help="rows of the non-private fit that defines the best achievable metric",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the whole run (a benchmark, not a pipeline)")
+    parser.add_argument(
+        "--by-epsilon",
+        metavar="LIST",
+        help="instead of Tab. 2: the paper's §5.1 over epsilon: for each epsilon in LIST (comma-separated), "
+        "every iteration trains and validates at that fixed epsilon (the window doubles), and only No SLA "
+        "(a plain TFX evaluator) and Sage SLA are compared; --plot then draws the rate against epsilon",
+    )
 
 
 # ---------------------------------------------------------------- generated taxi rows fitted to the real ones
@@ -362,14 +372,25 @@ def schedule(args):
     return steps
 
 
-def run_task(task, generator, etas, rng):
-    best, naive = task.reference(generator, rng)
-    configs = [(mode, eta) for eta in etas for mode in MODES]
-    counts = {c: {"accepted": 0, "violations": 0, "iterations": 0} for c in configs}
+TARGET_BINS = 3  # targets by their fraction of the way from the naive metric to the best: easy, middle, hard
+
+
+def run_task(task, generator, etas, rng, modes=MODES, reference=None):
+    """(best, naive, counts): per (mode, eta), the models ACCEPTed, how many miss their target on the held-out
+    rows, the iterations spent, and ``by_target``: [accepted, violations] per third of the target range.
+    ``reference``: (best, naive) already measured (else ``task.reference`` on fresh rows)."""
+    best, naive = reference or task.reference(generator, rng)
+    configs = [(mode, eta) for eta in etas for mode in modes]
+    counts = {
+        c: {"accepted": 0, "violations": 0, "iterations": 0, "by_target": [[0, 0] for _ in range(TARGET_BINS)]}
+        for c in configs
+    }
     steps = schedule(task.args)
     started = time.time()
     for trial in range(task.args.trials):
         target = float(rng.uniform(min(best, naive), max(best, naive)))
+        fraction = (naive - target) / (naive - best)
+        target_bin = min(TARGET_BINS - 1, int(fraction * TARGET_BINS))  # 0: near the naive metric (easy)
         pending = set(configs)
         x = np.empty((0, task.held_x.shape[1]))
         y, is_test, fitted = np.empty(0), np.empty(0, bool), None
@@ -389,6 +410,8 @@ def run_task(task, generator, etas, rng):
                     counts[(mode, eta)]["accepted"] += 1
                     counts[(mode, eta)]["violations"] += task.violates(held_metric, target)
                     counts[(mode, eta)]["iterations"] += i
+                    counts[(mode, eta)]["by_target"][target_bin][0] += 1
+                    counts[(mode, eta)]["by_target"][target_bin][1] += task.violates(held_metric, target)
                     pending.discard((mode, eta))
             if not pending:
                 break
@@ -421,10 +444,14 @@ def run(args):
             f"need trials >= 1 ({args.trials}), max_iterations >= 1 ({args.max_iterations}), "
             f"start_rows >= 100 ({args.start_rows})"
         )
+    if getattr(args, "by_epsilon", None):
+        sweep.parse_epsilons(args.by_epsilon)  # a bad list fails before any row is drawn
     rng = np.random.default_rng(args.seed)
     started = time.time()
     generator = TaxiGenerator(load_real_rows())
     held_out = generator.draw(args.holdout, rng)
+    if getattr(args, "by_epsilon", None):
+        return run_by_epsilon(args, tasks, etas, generator, held_out, rng, started)
     figures = {
         "data": (
             "GENERATED rows from distributions fitted to the 15,002 real Chicago taxi trips in the tfx "
@@ -474,6 +501,27 @@ def run(args):
         }
     if getattr(args, "plot", None):
         plot(figures, tasks, etas, args.plot)
+        figures["plot"] = args.plot
+    figures["seconds"] = round(time.time() - started, 1)
+    return figures
+
+
+def run_by_epsilon(args, tasks, etas, generator, held_out, rng, started):
+    """The figures of ``--by-epsilon``: per task and epsilon, No SLA's and Sage SLA's false-ACCEPT rates
+    (``_validation_epsilons``), each epsilon on fresh trials against the task's one reference."""
+    epsilons = sweep.parse_epsilons(args.by_epsilon)
+    figures = {"data": "GENERATED taxi rows (as Tab. 2)", "settings": sweep.settings(args, etas, epsilons)}
+    for name in tasks:
+        reference = Task(name, args, held_out).reference(generator, rng)
+        rows = {}
+        for epsilon in epsilons:
+            fixed = copy.copy(args)
+            fixed.epsilon_start = fixed.epsilon_max = epsilon
+            _, _, counts = run_task(Task(name, fixed, held_out), generator, etas, rng, sweep.MODES, reference)
+            rows[str(epsilon)] = sweep.summarize(counts, args.trials)
+        figures[name] = {"best_metric": reference[0], "naive_metric": reference[1], "by_epsilon": rows}
+    if getattr(args, "plot", None):
+        sweep.plot(figures, tasks, etas, epsilons, args.plot)
         figures["plot"] = args.plot
     figures["seconds"] = round(time.time() - started, 1)
     return figures
