@@ -49,6 +49,7 @@ from .beam_tables import (  # noqa: F401 (_GridSumsFn, _NoiseOnce: the executor 
 from .budget import record_spend
 from .errors import DPTransformError
 from .lookup import _search_index
+from .moments import sum_release, variance_release
 from .noise import (
     CENTRED_MEAN,
     check_mean_form,
@@ -178,12 +179,12 @@ def dp_count_per_key(key, nkeys, epsilon, *, seed=None, name=None):
 def dp_sum_per_key(key, value, nkeys, epsilon, value_range, *, seed=None, name=None):
     """Noisy sum of clip(value, 0, value_range) over the rows of each key: float32 [nkeys].
 
-    Mechanism: sum_k + Laplace(0, value_range/epsilon), independently for each k.
+    Mechanism: sum_k + Laplace(0, value_range/epsilon), independently for each k (`moments.sum_release`).
     Sensitivity: one row adds or removes one clipped value in [0, value_range] from
     exactly one sum, so the L1 sensitivity of the sum vector is value_range.
     Guarantee: (epsilon, 0)-DP (Laplace mechanism, scale = sensitivity/epsilon).
-    Centring does not apply to a sum alone: an estimate of the sum from a centred sum needs a
-    noisy count too, twice this noise variance at best (docs/dp_preprocessing.md, "The mean's two forms").
+    The expected error chooses the raw sum: a centred sum needs a noisy count too, twice this noise
+    variance at its best split (docs/dp_preprocessing.md, "Sums and variances").
 
     Args:
       key: An integer tensor, each row's key; a row whose key is outside [0, nkeys) counts nowhere.
@@ -206,17 +207,11 @@ def dp_sum_per_key(key, value, nkeys, epsilon, value_range, *, seed=None, name=N
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
         keys = _key_vector(key, nkeys, label)
+        release = sum_release(epsilon, value_range)
+        values = [_clipped_values(value, value_range, label)]
         (noisy,) = _float_tables(
             _noisy_tables(
-                scope,
-                keys,
-                [_clipped_values(value, value_range, label)],
-                [value_range / epsilon],
-                nkeys,
-                _as_is,
-                1,
-                seed,
-                [value_range],
+                scope, keys, values, list(release.scales), nkeys, _as_is, 1, seed, list(release.sensitivities)
             )
         )
         return noisy
@@ -538,14 +533,15 @@ def dp_mean(x, epsilon, value_range, *, mean_form=CENTRED_MEAN, seed=None, name=
 def dp_variance(x, epsilon, value_range, *, seed=None, name=None):
     """Noisy (population) variance of clip(x, 0, value_range): a float32 scalar in [0, value_range^2/4].
 
-    Mechanism: with c = value_range/2 and v = clip(x, 0, R), three sums, epsilon/3 each:
-        n~ = count + Laplace(3/epsilon)                    (sensitivity 1)
-        s~ = sum(v - c) + Laplace(3*(R/2)/epsilon)         (sensitivity R/2: |v - c| <= R/2)
-        q~ = sum((v - c)^2) + Laplace(3*(R^2/4)/epsilon)   (sensitivity R^2/4)
+    Mechanism: with c = value_range/2 and v = clip(x, 0, R), three sums at eps_n + eps_s + eps_q = epsilon,
+    split by the expected error (`moments.variance_release`: ~0.229, 0.404, 0.367 of epsilon):
+        n~ = count + Laplace(1/eps_n)                      (sensitivity 1)
+        s~ = sum(v - c) + Laplace((R/2)/eps_s)             (sensitivity R/2: |v - c| <= R/2)
+        q~ = sum((v - c)^2) + Laplace((R^2/4)/eps_q)       (sensitivity R^2/4)
         variance = clip(q~/n' - clip(s~/n', -c, c)^2, 0, R^2/4), n' = max(n~, 1)
     Centring at R/2 cuts the sensitivities of the two sums by 2 and 4 against raw sums.
-    Guarantee: (epsilon, 0)-DP. Proof sketch: three Laplace mechanisms, each
-    (epsilon/3)-DP for its sensitivity, compose to epsilon; the rest is post-processing.
+    Guarantee: (epsilon, 0)-DP. Proof sketch: three Laplace mechanisms, each eps_i-DP for its
+    sensitivity, compose to epsilon; the rest is post-processing (docs/dp_preprocessing.md, "Sums and variances").
 
     Args:
       x: A numeric tensor, one value per row (NaN counts as 0).
@@ -565,21 +561,20 @@ def dp_variance(x, epsilon, value_range, *, seed=None, name=None):
     epsilon, seed, _, value_range = _check_common(label, epsilon, seed, value_range=value_range)
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
-        centred = _clipped_values(x, value_range, label) - value_range / 2.0
-        third = epsilon / 3.0
-        scales = [1.0 / third, (value_range / 2.0) / third, (value_range**2 / 4.0) / third]
+        release = variance_release(epsilon, value_range)
+        centred = _clipped_values(x, value_range, label) - release.shift
         finish = functools.partial(_variance_table, value_range=value_range)
         (variance,) = _float_tables(
             _noisy_tables(
                 scope,
                 _one_key(centred),
                 [tf.ones_like(centred), centred, centred * centred],
-                scales,
+                list(release.scales),
                 1,
                 finish,
                 1,
                 seed,
-                [1.0, value_range / 2.0, value_range**2 / 4.0],
+                list(release.sensitivities),
             )
         )
         return variance[0]
