@@ -11,6 +11,7 @@ import numpy as np
 
 from sage_tfx.privacy.samplers import grid_sums
 
+from . import beam_memo
 from .noise import (
     add_laplace,
     guarded_mean,
@@ -18,6 +19,8 @@ from .noise import (
     table_grid,
 )
 from .partitions import MEAN, output_count, select_tables, selection_grid
+
+beam_memo.install()  # Beam re-inspects each DoFn's methods several times per transform: once per object
 
 
 class _GridSumsFn(beam.CombineFn):
