@@ -28,6 +28,9 @@ same tiny sink. The figures:
   dp_mae_expected / pipelinedp_mae_expected (target <= 1), and the same ratio over
   10 x --noise-trials PAIRED draws (`paired_mae_ratio`: the two mechanisms on the same
   standard Laplace draws), mae_ratio_vs_pipelinedp_paired, the steadier figure;
+- sum_mae / variance_mae and their ratios against PipelineDP 0.3.1's SUM and VARIANCE mechanisms
+  (`moment_mae_ratios`: per-key, --noise-trials PAIRED draws on the same rows; its SUM is the same Lap(R/eps),
+  its VARIANCE an equal split with the squares at sensitivity R^2/2);
 - with --partition-delta D, keys not known in advance on both sides: dp_group_by_mean's
   partition_selection=D against PipelineDP's private partitions at total_delta D;
   dp_keys_released / pipelinedp_keys_released and the measured MAEs over the keys each
@@ -263,6 +266,59 @@ def paired_mae_ratio(counts, sums, exact_means, value_range, ours, theirs, trial
     return float(totals[0] / totals[1])
 
 
+def pipelinedp_variance_scales(epsilon, value_range):
+    """PipelineDP 0.3.1's VARIANCE (dp_computations.compute_dp_var): count, sum of v - R/2 and sum of (v - R/2)^2 at
+    epsilon / 3 each, the squares at sensitivity R^2/2 (its interval [0, R^2] for values in [0, R]); no clip."""
+    third = epsilon / 3.0
+    return (1.0 / third, value_range / 2.0 / third, value_range**2 / 2.0 / third)
+
+
+def moment_mae_ratios(keys, speeds, nkeys, epsilon, value_range, trials, seed=0):
+    """Per-key SUM and VARIANCE, ours over PipelineDP 0.3.1's mechanism: expected mean absolute errors over the
+    present keys on the SAME `trials` standard Laplace draws scaled by each side's b (as `paired_mae_ratio`).
+
+    Ours: `moments.sum_release` (Lap(R/eps) on the raw sum) and `moments.variance_release` (the split chosen by the
+    expected error, `noise.guarded_variance`); PipelineDP's SUM is Lap(R/eps) too (its L1 sensitivity max(|0|, |R|)),
+    its VARIANCE `pipelinedp_variance_scales`."""
+    from sage_tfx.transform.moments import sum_release, variance_release
+
+    v = np.clip(np.nan_to_num(speeds, nan=0.0), 0.0, value_range)
+    counts = np.bincount(keys, minlength=nkeys).astype(np.float64)
+    present = counts > 0
+    c = value_range / 2.0
+    exact = [counts, np.bincount(keys, v - c, nkeys), np.bincount(keys, (v - c) ** 2, nkeys)]
+    raw = np.bincount(keys, v, nkeys)
+    n = np.maximum(counts, 1.0)
+    exact_var = exact[2] / n - (exact[1] / n) ** 2
+    ours, theirs = variance_release(epsilon, value_range).scales, pipelinedp_variance_scales(epsilon, value_range)
+    sum_scale = sum_release(epsilon, value_range).scales[0]
+    rng = np.random.default_rng(seed)
+    totals = np.zeros(3)
+    for _ in range(trials):
+        unit = rng.laplace(0.0, 1.0, size=(3, nkeys))
+        totals[0] += np.mean(np.abs(sum_scale * unit[0][present]))  # the same mechanism on both sides
+        mine = _noisy_variance(exact, ours, unit, value_range)
+        tables = [t + b * u for t, b, u in zip(exact, theirs, unit)]
+        dp_n = np.maximum(tables[0], 1.0)
+        totals[1] += np.mean(np.abs(mine[present] - exact_var[present]))
+        totals[2] += np.mean(np.abs((tables[2] / dp_n - (tables[1] / dp_n) ** 2)[present] - exact_var[present]))
+    return {
+        "sum_mae": float(totals[0] / trials),
+        "sum_mae_relative": float(totals[0] / trials / np.mean(raw[present])),
+        "sum_mae_ratio_vs_pipelinedp_paired": 1.0,
+        "variance_mae": float(totals[1] / trials),
+        "pipelinedp_variance_mae": float(totals[2] / trials),
+        "variance_mae_ratio_vs_pipelinedp_paired": round(float(totals[1] / totals[2]), 4),
+    }
+
+
+def _noisy_variance(exact, scales, unit, value_range):
+    """`noise.guarded_variance` of the exact (count, centred sum, centred squares) tables plus scales x unit draws."""
+    from sage_tfx.transform.noise import guarded_variance
+
+    return guarded_variance(*(t + b * u for t, b, u in zip(exact, scales, unit)), value_range)
+
+
 def _run_pipelinedp_once(args, data):
     cmd = [
         str(args.bench_python),
@@ -377,6 +433,7 @@ def run(args):
         ),
         "baseline_mae": max(maes["baseline"] + maes["segment"]),  # float32 rounding only: exact means
     }
+    figures.update(moment_mae_ratios(keys, speeds, args.keys, args.epsilon, args.value_range, args.noise_trials))
     if not args.no_pipelinedp:
         _add_pipelinedp(figures, args, keys, speeds, (counts, sums, exact_means), dp_seconds)
     return figures

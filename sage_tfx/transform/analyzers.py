@@ -16,9 +16,7 @@ import collections
 import functools
 
 import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)  # isort: skip
-import numpy as np
 import tensorflow as tf  # noqa: TID253
-import tensorflow_transform as tft  # noqa: TID253
 
 from .analyzer_steps import (  # noqa: F401 (OUT_OF_RANGE, _release: scaling and tests name them here)
     OUT_OF_RANGE,
@@ -48,14 +46,14 @@ from .beam_tables import (  # noqa: F401 (_GridSumsFn, _NoiseOnce: the executor 
 )
 from .budget import record_spend
 from .errors import DPTransformError
-from .lookup import _search_index
+from .moments import sum_release, variance_release
 from .noise import (
     CENTRED_MEAN,
     check_mean_form,
     mean_release,
 )
-from .partitions import DEFAULT_MAX_PARTITIONS, check_selection
-from .seeding import resolve_seed
+from .partitions import COUNT, DEFAULT_MAX_PARTITIONS, MEAN, SUM
+from .selected import SelectedKeyMean, SelectedKeyTable, check_selection_options, selected_tables
 
 
 class PerKeyMean(collections.namedtuple("PerKeyMean", ["counts", "sums", "means"])):
@@ -96,49 +94,19 @@ class PerKeyMean(collections.namedtuple("PerKeyMean", ["counts", "sums", "means"
         return _lookup(self.means, _key_vector(key, nkeys, "PerKeyMean.lookup"), default)
 
 
-class SelectedKeyMean(collections.namedtuple("SelectedKeyMean", ["keys", "counts", "sums", "means"])):
-    """The per-key mean's tables over the keys kept by private partition selection (``partition_selection=``):
-    ``keys`` (1-D, the key's dtype: tf.string or tf.int64, sorted) and float32 tables aligned with it.
-    `lookup` maps rows to their key's mean, the PUBLIC ``default`` for a key that was not kept."""
-
-    __slots__ = ()
-
-    def lookup(self, key, *, default: float) -> tf.Tensor:
-        default = _check_finite(default, "SelectedKeyMean.lookup: default")
-        index = _search_index(_selection_keys(key, "SelectedKeyMean.lookup"), self.keys)
-        found = index >= 0
-        return tf.where(
-            found, tf.gather(self.means, tf.where(found, index, tf.zeros_like(index))), tf.constant(default, tf.float32)
-        )
-
-
-def _selected_mean(label, key, value, epsilon, value_range, seed, name, delta, max_partitions, mean_form):
-    """The per-key mean with private partition selection (`partitions`): (epsilon, delta) recorded, then one pass."""
-    epsilon, seed, _, value_range = _check_common(label, epsilon, seed, value_range=value_range)
-    delta, m = check_selection(delta, max_partitions, label)
-    release = mean_release(epsilon, value_range, check_mean_form(mean_form, f"{label}: mean_form"))
-    keys = _selection_keys(key, label)
-    selection = dict(
-        epsilon=epsilon, delta=delta, value_range=value_range, mean_form=release.form, max_partitions_contributed=m
-    )
-    with tf.compat.v1.name_scope(name, label) as scope:
-        record_spend(scope.rstrip("/"), epsilon, delta)
-        values = _clipped_values(value, value_range, label) - release.shift
-        key_dtype = object if keys.dtype == tf.string else np.int64
-        kept, *tables = tft.experimental.ptransform_analyzer(
-            inputs=[keys, values],
-            ptransform=_SelectOnce(key_dtype, selection, resolve_seed(seed, scope), scope),
-            output_dtypes=[keys.dtype, tf.float64, tf.float64, tf.float64],
-            output_shapes=[[None]] * 4,
-            name="select_once",
-        )
-        return SelectedKeyMean(kept, *_float_tables(tables))
-
-
 # ---------------------------------------------------------------- the analyzers
 
 
-def dp_count_per_key(key, nkeys, epsilon, *, seed=None, name=None):
+def dp_count_per_key(
+    key,
+    nkeys,
+    epsilon,
+    *,
+    partition_selection=None,
+    max_partitions_contributed=DEFAULT_MAX_PARTITIONS,
+    seed=None,
+    name=None,
+) -> tf.Tensor | SelectedKeyTable:
     """Noisy number of rows of each key in [0, nkeys), over the whole data set: float32 [nkeys].
 
     Mechanism: count_k + Laplace(0, 1/epsilon), independently for each k.
@@ -146,23 +114,33 @@ def dp_count_per_key(key, nkeys, epsilon, *, seed=None, name=None):
     L1 sensitivity of the whole count vector is 1.
     Guarantee: (epsilon, 0)-DP. Proof sketch: the Laplace mechanism with scale
     sensitivity/epsilon = 1/epsilon on an L1-sensitivity-1 vector is epsilon-DP
-    (Dwork et al. 2006); everything after it is post-processing.
+    (Dwork et al. 2006); everything after it is post-processing. With ``partition_selection``, the same count
+    over the keys present, kept where it passes the Laplace threshold: (epsilon, delta)-DP
+    (docs/dp_preprocessing.md, "Keys not known in advance").
 
     Args:
-      key: An integer tensor, each row's key; a row whose key is outside [0, nkeys) counts nowhere.
-      nkeys: The number of keys (a public integer >= 1).
+      key: An integer tensor, each row's key; a row whose key is outside [0, nkeys) counts nowhere. With
+        ``partition_selection``: a tf.string or integer tensor of keys not known in advance.
+      nkeys: The number of keys (a public integer >= 1); None with ``partition_selection``.
       epsilon: What the analyzer spends (finite, > 0).
+      partition_selection: delta in (0, 1): release only the keys whose noisy count passes the threshold at
+        delta, as a `SelectedKeyTable`; spends (epsilon, delta).
+      max_partitions_contributed: The keys one row adds to (1, exact here; more only adds noise).
       seed: For tests only (None draws fresh OS entropy).
       name: The name scope of the analyzer (and of its recorded spend).
 
     Returns:
-      A float32 tensor [nkeys] of noisy counts.
+      A float32 tensor [nkeys] of noisy counts, or with ``partition_selection`` a `SelectedKeyTable`.
 
     Raises:
       DPTransformError: a bad argument (a ValueError naming it), checked while the function is traced.
       BudgetExceeded: the spend is more than the active ``PreprocessingBudget`` allows.
     """
     label = "dp_count_per_key"
+    if partition_selection is not None:
+        check_selection_options(label, nkeys)
+        args = (None, epsilon, None, seed, name, partition_selection, max_partitions_contributed, CENTRED_MEAN)
+        return selected_tables(label, COUNT, key, *args)
     epsilon, seed, nkeys, _ = _check_common(label, epsilon, seed, nkeys=nkeys)
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
@@ -175,48 +153,62 @@ def dp_count_per_key(key, nkeys, epsilon, *, seed=None, name=None):
         return noisy
 
 
-def dp_sum_per_key(key, value, nkeys, epsilon, value_range, *, seed=None, name=None):
+def dp_sum_per_key(
+    key,
+    value,
+    nkeys,
+    epsilon,
+    value_range,
+    *,
+    partition_selection=None,
+    max_partitions_contributed=DEFAULT_MAX_PARTITIONS,
+    seed=None,
+    name=None,
+) -> tf.Tensor | SelectedKeyTable:
     """Noisy sum of clip(value, 0, value_range) over the rows of each key: float32 [nkeys].
 
-    Mechanism: sum_k + Laplace(0, value_range/epsilon), independently for each k.
+    Mechanism: sum_k + Laplace(0, value_range/epsilon), independently for each k (`moments.sum_release`).
     Sensitivity: one row adds or removes one clipped value in [0, value_range] from
     exactly one sum, so the L1 sensitivity of the sum vector is value_range.
     Guarantee: (epsilon, 0)-DP (Laplace mechanism, scale = sensitivity/epsilon).
-    Centring does not apply to a sum alone: an estimate of the sum from a centred sum needs a
-    noisy count too, twice this noise variance at best (docs/dp_preprocessing.md, "The mean's two forms").
+    The expected error chooses the raw sum: a centred sum needs a noisy count too, twice this noise
+    variance at its best split (docs/dp_preprocessing.md, "Sums and variances"). With ``partition_selection``:
+    a count at epsilon/2 selects the keys, the sum at epsilon/2 is released for them: (epsilon, delta)-DP.
 
     Args:
-      key: An integer tensor, each row's key; a row whose key is outside [0, nkeys) counts nowhere.
+      key: An integer tensor, each row's key; a row whose key is outside [0, nkeys) counts nowhere. With
+        ``partition_selection``: a tf.string or integer tensor of keys not known in advance.
       value: A numeric tensor, each row's value (NaN counts as 0).
-      nkeys: The number of keys (a public integer >= 1).
+      nkeys: The number of keys (a public integer >= 1); None with ``partition_selection``.
       epsilon: What the analyzer spends (finite, > 0).
       value_range: R: values are clipped to [0, R] (finite, > 0).
+      partition_selection: delta in (0, 1): release only the keys whose noisy count passes the threshold at
+        delta, as a `SelectedKeyTable`; spends (epsilon, delta).
+      max_partitions_contributed: The keys one row adds to (1, exact here; more only adds noise).
       seed: For tests only (None draws fresh OS entropy).
       name: The name scope of the analyzer (and of its recorded spend).
 
     Returns:
-      A float32 tensor [nkeys] of noisy sums.
+      A float32 tensor [nkeys] of noisy sums, or with ``partition_selection`` a `SelectedKeyTable`.
 
     Raises:
       DPTransformError: a bad argument (a ValueError naming it), checked while the function is traced.
       BudgetExceeded: the spend is more than the active ``PreprocessingBudget`` allows.
     """
     label = "dp_sum_per_key"
+    if partition_selection is not None:
+        check_selection_options(label, nkeys)
+        args = (epsilon, value_range, seed, name, partition_selection, max_partitions_contributed, CENTRED_MEAN)
+        return selected_tables(label, SUM, key, value, *args)
     epsilon, seed, nkeys, value_range = _check_common(label, epsilon, seed, nkeys=nkeys, value_range=value_range)
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
         keys = _key_vector(key, nkeys, label)
+        release = sum_release(epsilon, value_range)
+        values = [_clipped_values(value, value_range, label)]
         (noisy,) = _float_tables(
             _noisy_tables(
-                scope,
-                keys,
-                [_clipped_values(value, value_range, label)],
-                [value_range / epsilon],
-                nkeys,
-                _as_is,
-                1,
-                seed,
-                [value_range],
+                scope, keys, values, list(release.scales), nkeys, _as_is, 1, seed, list(release.sensitivities)
             )
         )
         return noisy
@@ -260,18 +252,6 @@ def _mean_per_key(
             )
         )
         return PerKeyMean(counts, sums, means), fallback
-
-
-def _check_selection_options(label, nkeys, mask, min_count):
-    """With partition_selection the keys come from the data: refuse nkeys, mask and min_count (before any charge)."""
-    given = {"nkeys": nkeys, "mask": mask, "min_count": min_count}
-    bad = [k for k, v in given.items() if v is not None]
-    if bad:
-        raise DPTransformError(
-            f"{label}: with partition_selection the keys come from the data; give {bad[0]}=None (got "
-            f"{'a tensor' if bad[0] == 'mask' else repr(given[bad[0]])}): a mask filters rows before the analyzer, "
-            "min_count is the selection's threshold, and public keys in [0, nkeys) need no selection"
-        )
 
 
 def dp_mean_per_key(
@@ -326,9 +306,10 @@ def dp_mean_per_key(
       BudgetExceeded: the spend is more than the active ``PreprocessingBudget`` allows.
     """
     if partition_selection is not None:
-        _check_selection_options("dp_mean_per_key", nkeys, mask, min_count)
-        return _selected_mean(
+        check_selection_options("dp_mean_per_key", nkeys, mask, min_count)
+        return selected_tables(
             "dp_mean_per_key",
+            MEAN,
             key,
             value,
             epsilon,
@@ -399,9 +380,10 @@ def dp_group_by_mean(
     """
     label = "dp_group_by_mean"
     if partition_selection is not None:
-        _check_selection_options(label, nkeys, mask, min_count)
-        selected = _selected_mean(
+        check_selection_options(label, nkeys, mask, min_count)
+        selected = selected_tables(
             label,
+            MEAN,
             key_tensor,
             value_tensor,
             epsilon,
@@ -538,14 +520,15 @@ def dp_mean(x, epsilon, value_range, *, mean_form=CENTRED_MEAN, seed=None, name=
 def dp_variance(x, epsilon, value_range, *, seed=None, name=None):
     """Noisy (population) variance of clip(x, 0, value_range): a float32 scalar in [0, value_range^2/4].
 
-    Mechanism: with c = value_range/2 and v = clip(x, 0, R), three sums, epsilon/3 each:
-        n~ = count + Laplace(3/epsilon)                    (sensitivity 1)
-        s~ = sum(v - c) + Laplace(3*(R/2)/epsilon)         (sensitivity R/2: |v - c| <= R/2)
-        q~ = sum((v - c)^2) + Laplace(3*(R^2/4)/epsilon)   (sensitivity R^2/4)
+    Mechanism: with c = value_range/2 and v = clip(x, 0, R), three sums at eps_n + eps_s + eps_q = epsilon,
+    split by the expected error (`moments.variance_release`: ~0.229, 0.404, 0.367 of epsilon):
+        n~ = count + Laplace(1/eps_n)                      (sensitivity 1)
+        s~ = sum(v - c) + Laplace((R/2)/eps_s)             (sensitivity R/2: |v - c| <= R/2)
+        q~ = sum((v - c)^2) + Laplace((R^2/4)/eps_q)       (sensitivity R^2/4)
         variance = clip(q~/n' - clip(s~/n', -c, c)^2, 0, R^2/4), n' = max(n~, 1)
     Centring at R/2 cuts the sensitivities of the two sums by 2 and 4 against raw sums.
-    Guarantee: (epsilon, 0)-DP. Proof sketch: three Laplace mechanisms, each
-    (epsilon/3)-DP for its sensitivity, compose to epsilon; the rest is post-processing.
+    Guarantee: (epsilon, 0)-DP. Proof sketch: three Laplace mechanisms, each eps_i-DP for its
+    sensitivity, compose to epsilon; the rest is post-processing (docs/dp_preprocessing.md, "Sums and variances").
 
     Args:
       x: A numeric tensor, one value per row (NaN counts as 0).
@@ -565,21 +548,20 @@ def dp_variance(x, epsilon, value_range, *, seed=None, name=None):
     epsilon, seed, _, value_range = _check_common(label, epsilon, seed, value_range=value_range)
     with tf.compat.v1.name_scope(name, label) as scope:
         record_spend(scope.rstrip("/"), epsilon)
-        centred = _clipped_values(x, value_range, label) - value_range / 2.0
-        third = epsilon / 3.0
-        scales = [1.0 / third, (value_range / 2.0) / third, (value_range**2 / 4.0) / third]
+        release = variance_release(epsilon, value_range)
+        centred = _clipped_values(x, value_range, label) - release.shift
         finish = functools.partial(_variance_table, value_range=value_range)
         (variance,) = _float_tables(
             _noisy_tables(
                 scope,
                 _one_key(centred),
                 [tf.ones_like(centred), centred, centred * centred],
-                scales,
+                list(release.scales),
                 1,
                 finish,
                 1,
                 seed,
-                [1.0, value_range / 2.0, value_range**2 / 4.0],
+                list(release.sensitivities),
             )
         )
         return variance[0]

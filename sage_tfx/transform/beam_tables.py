@@ -11,13 +11,16 @@ import numpy as np
 
 from sage_tfx.privacy.samplers import grid_sums
 
+from . import beam_memo
 from .noise import (
     add_laplace,
     guarded_mean,
     guarded_variance,
     table_grid,
 )
-from .partitions import select_and_release, sum_grid
+from .partitions import MEAN, output_count, select_tables, selection_grid
+
+beam_memo.install()  # Beam re-inspects each DoFn's methods several times per transform: once per object
 
 
 class _GridSumsFn(beam.CombineFn):
@@ -139,16 +142,20 @@ class _KeyedGridSumsFn(beam.CombineFn):
 
 
 class _SelectOnce(_NoiseOnce):
-    """Exact keyed grid sums of the whole data set, then ONE `partitions.select_and_release`: four 1-D arrays."""
+    """Exact keyed grid sums of the whole data set, then ONE `partitions.select_tables`: its 1-D arrays (the kept
+    keys first)."""
 
     def __init__(self, key_dtype, selection, seed, stream):
-        super().__init__(0, [], None, 4, seed, stream, sensitivities=[])
+        selection = dict(selection)
+        selection.setdefault("kind", MEAN)
+        super().__init__(0, [], None, output_count(selection["kind"]), seed, stream, sensitivities=[])
         self._key_dtype = key_dtype
-        self._selection = dict(selection)
+        self._selection = selection
 
     def expand(self, pcoll):
         selection, seed, stream, key_dtype = self._selection, self._seed, self._stream, self._key_dtype
-        gamma = sum_grid(
+        gamma = selection_grid(
+            selection["kind"],
             selection["epsilon"],
             selection["value_range"],
             selection["mean_form"],
@@ -159,13 +166,13 @@ class _SelectOnce(_NoiseOnce):
             keys = list(tables)
             counts = [float(tables[k][0]) for k in keys]
             sums = [float(tables[k][1]) * gamma for k in keys]  # exact below 2^53 grid units
-            kept, *out = select_and_release(keys, counts, sums, seed=seed, stream=stream, **selection)
+            kept, *out = select_tables(keys, counts, sums, seed=seed, stream=stream, **selection)
             return (np.array(kept, dtype=key_dtype), *out)
 
         released = (
             pcoll | "SumByKey" >> beam.CombineGlobally(_KeyedGridSumsFn(gamma)) | "SelectOnce" >> beam.Map(release)
         )
-        return tuple(released | f"Output{i}" >> beam.Map(operator.itemgetter(i)) for i in range(4))
+        return tuple(released | f"Output{i}" >> beam.Map(operator.itemgetter(i)) for i in range(self._n_outputs))
 
 
 def _as_is(*tables):

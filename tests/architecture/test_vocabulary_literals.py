@@ -43,6 +43,7 @@ OTHER_MEANINGS = {
     ("sage_tfx/cli/release.py", "FAILED"): _AUDIT_WORD,
     ("sage_tfx/bench/_ledger_growth.py", "FAILED"): _AUDIT_WORD,
     ("sage_tfx/release/queries.py", "count"): "PMWG's count query (a linear query's kind)",
+    ("sage_tfx/transform/partitions.py", "count"): "the kind of table a private partition selection releases",
     ("sage_tfx/cli/_exits.py", "ACCEPT"): "the exit-code table every `sage` command imports first: it imports "
     "nothing of the core, so each command starts fast",
     ("sage_tfx/cli/_exits.py", "REJECT"): "as ACCEPT",
