@@ -69,6 +69,12 @@ def add_arguments(parser):
     parser.add_argument(
         "--repeats", type=int, default=5, help="wide-and-deep: DP and non-DP runs, alternating (median; default 5)"
     )
+    parser.add_argument("--skip-fit", action="store_true", help="skip the whole-fit comparison")
+    parser.add_argument("--only-fit", action="store_true", help="only the whole-fit comparison")
+    parser.add_argument("--fit-rows", type=int, default=20_000, help="whole fit: generated rows (default 20000)")
+    parser.add_argument("--fit-batch", type=int, default=256, help="whole fit: batch size (default 256)")
+    parser.add_argument("--fit-epochs", type=int, default=4, help="whole fit: epochs (default 4, ~313 steps)")
+    parser.add_argument("--fit-repeats", type=int, default=3, help="whole fit: repeats per side (default 3)")
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -141,6 +147,12 @@ def _measure(label, hidden, batch, lr, x, y, implementations, steps, slow_steps,
         figures[f"{label}_{name}_examples_per_second"] = round(dp, 1)
         figures[f"{label}_{name}_overhead_ratio"] = round(nondp / dp, 3)
     return figures
+
+
+def _fits(args):
+    from sage_tfx.bench._dp_sgd_fit import FIT_MODELS, measure_fits
+
+    return measure_fits(FIT_MODELS, args.fit_rows, args.fit_batch, args.fit_epochs, args.fit_repeats, args.seed)
 
 
 # TFX taxi_utils_native_keras.py: (transformed name, tokens) of each wide input, and the dense inputs
@@ -307,7 +319,18 @@ def run(args):
     for name in implementations:
         if name not in IMPLEMENTATIONS:
             raise SystemExit(f"--implementations: {name!r} is not one of {IMPLEMENTATIONS}")
-    for name in ("rows", "steps", "wide_deep_rows", "wide_deep_batch", "wide_deep_steps", "repeats"):
+    for name in (
+        "rows",
+        "steps",
+        "wide_deep_rows",
+        "wide_deep_batch",
+        "wide_deep_steps",
+        "repeats",
+        "fit_rows",
+        "fit_batch",
+        "fit_epochs",
+        "fit_repeats",
+    ):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.warmup < 0:
@@ -316,6 +339,8 @@ def run(args):
         raise SystemExit(
             f"--wide-deep-batch {args.wide_deep_batch} exceeds --wide-deep-rows {args.wide_deep_rows}: lower it"
         )
+    if args.only_fit:
+        return _fits(args)
     if args.only_wide_deep:
         return measure_wide_deep(
             args.wide_deep_rows, args.wide_deep_batch, args.wide_deep_steps, args.warmup, args.repeats, args.seed
@@ -355,4 +380,12 @@ def run(args):
                 args.wide_deep_rows, args.wide_deep_batch, args.wide_deep_steps, args.warmup, args.repeats, args.seed
             )
         )
+    if not args.skip_fit:
+        figures.update(_fits(args))
     return figures
+
+
+def _fits(args):
+    from sage_tfx.bench._dp_sgd_fit import FIT_MODELS, measure_fits
+
+    return measure_fits(FIT_MODELS, args.fit_rows, args.fit_batch, args.fit_epochs, args.fit_repeats, args.seed)

@@ -8,6 +8,7 @@ from typing import Any
 import tensorflow as tf  # noqa: TID253
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
+from sage_tfx.models.step_function import user_function
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
 
 __all__ = ["LOSSES", "per_example_loss"]
@@ -45,6 +46,8 @@ def _keras_loss(cls, match_shape, **config):
 
 
 def _wrap_callable(loss):
+    loss = user_function(loss)
+
     def per_example(y, out):
         # labels [B] for an output [B, 1]: Keras would squeeze the output and average over the BATCH
         y, out = tf.convert_to_tensor(y), tf.convert_to_tensor(out)

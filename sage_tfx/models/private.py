@@ -36,6 +36,7 @@ from sage_tfx.models.private_checks import (  # noqa: F401 (OPTIMIZERS, check_mo
 )
 from sage_tfx.models.row_checks import check_rows_independent, spec_of, synthetic_batch
 from sage_tfx.models.seeding import fit_seeds
+from sage_tfx.models.step_function import row_signature, step_function
 from sage_tfx.models.unit_clip import unit_batches, unit_engine_name, unit_index, unit_noisy_sum
 from sage_tfx.privacy import adaptive_clip, noise_schedules
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
@@ -279,23 +280,24 @@ class PrivateModel:
             raise DpSgdConfigError(GHOST_REFUSED)
         return make_engine(name, self.model, loss_fn, clip_norm, sigma, seed, vectorized=vectorized)
 
-    def _steps(self, optimizer):
-        """(dp_step(x, y), noise_step()): the engine's noisy sum / expected batch size, applied by ``optimizer``."""
+    def _steps(self, optimizer, x, y):
+        """(dp_step(x, y), noise_step()): the engine's noisy sum / expected batch size, applied by ``optimizer``.
+        Traced once for every batch size (``step_function``: the batch axis is None)."""
         expected = float(self.batch_size)
 
         def apply(sums):
             optimizer.apply_gradients(zip([g / expected for g in sums], self.engine.variables))
 
+        rows = [row_signature(x), row_signature(y)]
         if self.per_unit:  # hook of per-unit clipping: the rows of each sampled unit summed, then clipped
+            units = [tf.TensorSpec([None], tf.int32), tf.TensorSpec([], tf.int32)]
             return (
-                tf.function(
-                    lambda xb, yb, seg, k: apply(unit_noisy_sum(self.engine, xb, yb, seg, k)), reduce_retracing=True
-                ),
-                tf.function(lambda: apply(self.engine.noise_sum())),
+                step_function(lambda xb, yb, seg, k: apply(unit_noisy_sum(self.engine, xb, yb, seg, k)), rows + units),
+                step_function(lambda: apply(self.engine.noise_sum()), []),
             )
         return (
-            tf.function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), reduce_retracing=True),
-            tf.function(lambda: apply(self.engine.noise_sum())),
+            step_function(lambda xb, yb: apply(self.engine.noisy_sum(xb, yb)), rows),
+            step_function(lambda: apply(self.engine.noise_sum()), []),
         )
 
     def _batches(self, rng, n, run):
@@ -315,7 +317,7 @@ class PrivateModel:
         step at the schedule's sigma_t. With ``per_example="auto"``, if vectorisation fails when the step is
         first traced, ``fall_back()`` swaps in the per-example loop and the step runs again."""
         optimizer = self._make_optimizer()
-        dp_step, noise_step = self._steps(optimizer)
+        dp_step, noise_step = self._steps(optimizer, x, y)
         traced = False
         rng = np.random.default_rng(sampling_seed)
         for i, (rows, *units) in enumerate(self._batches(rng, n, run)):
@@ -331,7 +333,7 @@ class PrivateModel:
                     if traced or not self._can_fall_back():
                         raise
                     fall_back()
-                    dp_step, noise_step = self._steps(optimizer)
+                    dp_step, noise_step = self._steps(optimizer, x, y)
                     dp_step(xb, yb, *units)
                 traced = True
             if callback is not None:

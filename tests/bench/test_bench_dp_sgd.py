@@ -57,3 +57,17 @@ def test_tiny_wide_deep_run():
     assert figures["wide_deep_overhead_ratio"] > 0 and figures["wide_deep_overhead_ratio_total_time"] > 0
     with pytest.raises(SystemExit, match="--wide-deep-batch 5000 exceeds"):
         bench.run(parser.parse_args(["--only-wide-deep", "--wide-deep-rows", "3000", "--wide-deep-batch", "5000"]))
+
+
+def test_tiny_whole_fit_comparison():
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = ["--only-fit", "--fit-rows", "1000", "--fit-batch", "100", "--fit-epochs", "1", "--fit-repeats", "1"]
+    figures = bench.run(parser.parse_args(args))
+    assert "GENERATED" in figures["fit_setting"]
+    for model in ("mlp_3x256", "embedding_10k"):
+        one = figures["fit_comparison"][model]
+        for side in ("make_private", "tf_privacy_fast"):
+            for key in ("fit", "first_step", "step"):
+                assert one[f"{side}_{key}_ratio"]["median"] > 0
+        assert one["keras_fit_cpu_s"]["min"] >= one["keras_first_step_cpu_s"]["min"] > 0
