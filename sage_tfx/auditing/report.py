@@ -16,6 +16,7 @@ from .estimators import ESTIMATOR_LEARNING_RATE, ESTIMATORS, audit_estimator
 from .mechanisms import DEFAULT_EPSILON, describe_mechanisms, mechanism, mechanism_names
 from .transform_beam import audit_transform_beam
 from .vocabulary_beam import VOCABULARY_BEAM, audit_vocabulary_beam
+from .z_score_beam import Z_SCORE_BEAM, audit_z_score_beam
 
 __all__ = ["audit_privacy", "audit_names", "describe_audits", "write_plot"]
 
@@ -26,7 +27,9 @@ COORDINATES = "dpsgd-coordinates"
 
 def audit_names() -> list[str]:
     """Every name ``audit_privacy`` takes: the registered mechanisms, the DP-SGD and the estimators' audits."""
-    return sorted(mechanism_names() + list(ONE_RUN) + [BEAM, VOCABULARY_BEAM, COORDINATES] + list(ESTIMATORS))
+    return sorted(
+        mechanism_names() + list(ONE_RUN) + [BEAM, VOCABULARY_BEAM, Z_SCORE_BEAM, COORDINATES] + list(ESTIMATORS)
+    )
 
 
 def describe_audits() -> dict[str, str]:
@@ -41,6 +44,9 @@ def describe_audits() -> dict[str, str]:
         "throwaway ledger; --trials keys (sage_tfx.auditing.transform_beam)",
         VOCABULARY_BEAM: "dp_compute_and_apply_vocabulary through tf.Transform on Beam's DirectRunner, each run "
         "seeded by a grant on a throwaway ledger; --trials values (sage_tfx.auditing.vocabulary_beam)",
+        Z_SCORE_BEAM: "dp_scale_to_z_score on --trials features through tf.Transform on Beam's DirectRunner, each "
+        "run seeded by a grant on a throwaway ledger; each feature's release against (eps, 0) "
+        "(sage_tfx.auditing.z_score_beam)",
     }
     coordinates = {
         COORDINATES: "make_private (DP-SGD, ghost, q = 1): ONE fit whose 2 x --trials coordinates are independent "
@@ -67,7 +73,8 @@ def audit_privacy(
     """Audit ``name`` at claimed ``epsilon``; the result's ``epsilon_lower_bound`` exceeds a correct mechanism's
     epsilon with probability at most 1 - ``confidence``. A registered mechanism: ``trials`` runs on each
     neighbour, fresh seeds from ``seed`` (``transform-dp-mean-beam``: ``trials`` keys, two Beam runs;
-    ``transform-vocabulary-beam``: ``trials`` values; ``dpsgd-coordinates``: one ``make_private`` fit of
+    ``transform-vocabulary-beam``: ``trials`` values; ``transform-z-score-beam``: ``trials`` features, each
+    ``dp_scale_to_z_score`` at ``epsilon``; ``dpsgd-coordinates``: one ``make_private`` fit of
     2 x ``trials`` coordinates, ``CoordinateAudit``).
     ``dpsgd-<engine>``: one ``make_private`` training with ``canaries``
     canaries (a fifth of them guessed, at least 2), delta 1e-5 (``CanaryAudit``); ``dp-logistic-regressor``,
@@ -76,7 +83,8 @@ def audit_privacy(
 
     Args:
         name: one of ``audit_names()``.
-        trials: runs per data set (the Beam audit: keys; the coordinate audit: coordinates per side).
+        trials: runs per data set (the Beam audits: keys, values or features; the coordinate audit: coordinates
+            per side).
         epsilon: the claim to run it at.
         confidence: in (0, 1).
         seed: the master seed.
@@ -109,6 +117,8 @@ def audit_privacy(
         return audit_transform_beam(epsilon, config)
     if name == VOCABULARY_BEAM:
         return audit_vocabulary_beam(epsilon, config)
+    if name == Z_SCORE_BEAM:
+        return audit_z_score_beam(epsilon, config)
     return audit(mechanism(name, epsilon), config)
 
 

@@ -37,13 +37,15 @@ BASE_FRACTION = 0.4
 def grant_seed(directory: str, epsilon: float, computation: str, label: str, delta: float = 0.0) -> int:
     """A fresh throwaway SQLite ledger under ``directory`` (file ``label``.db): one stream and block, one grant
     whose preprocessing share is (``epsilon``, ``delta``), and the seed its ``open_release`` of ``computation``
-    returns for the preprocessing stage (what DPTransform's executor gets)."""
+    returns for the preprocessing stage (what DPTransform's executor gets). The stream's limit is raised to
+    ``epsilon`` when it is above the default (an audit of F analyzers over one record's F columns holds F x eps)."""
     from sage_tfx.components._grant import open_release
     from sage_tfx.privacy import BudgetSplit, ChargeRule, Ledger
+    from sage_tfx.privacy.streams import DEFAULT_MAX_STREAM_EPSILON
 
     location = os.path.join(directory, f"{label}.db")
     with Ledger.open(location, create=True) as ledger:
-        ledger.create_stream("audit", epsilon, max(delta, 1e-5))
+        ledger.create_stream("audit", epsilon, max(delta, 1e-5), max_epsilon=max(epsilon, DEFAULT_MAX_STREAM_EPSILON))
         ledger.add_block("audit", "b0", start=0.0, end=86400.0, rows=1)
         grant = ledger.request(
             "audit",

@@ -1,0 +1,63 @@
+"""Auditing ``dp_scale_to_z_score`` through tf.Transform on Beam (``sage_tfx.auditing.z_score_beam``): F features
+in two DirectRunner runs, each seeded from its own throwaway grant; the shipped analyzer stays below each
+feature's claim (eps, 0); tf.Transform's exact ``scale_to_z_score`` in its place (built here, never shipped) is
+flagged.
+
+The noise comes from a fresh ledger's key (the real path: each grant's private seed), so the audits vary run to
+run: a correct analyzer is flagged with probability at most 1 - confidence, and the no-false-alarm test runs at
+confidence 0.999.
+"""
+
+import json
+
+import pytest
+
+from sage_tfx.auditing import AuditConfig
+from sage_tfx.auditing.report import audit_names, describe_audits
+from sage_tfx.auditing.z_score_beam import Z_SCORE_BEAM, _column, audit_z_score_beam, z_score_features_fn
+from sage_tfx.cli import main
+
+EPSILON = 1.0
+FEATURES = 40
+
+
+def _exact_z_score_fn(features):
+    """The planted bug: tf.Transform's exact ``scale_to_z_score`` on each column in place of the DP one."""
+
+    def preprocessing_fn(inputs):
+        import tensorflow_transform as tft
+
+        return {f"z{f}": tft.scale_to_z_score(inputs[_column(f)]) for f in range(features)}
+
+    return preprocessing_fn
+
+
+def test_each_feature_is_one_release_charged_its_own_epsilon():
+    """The preprocessing_fn records one spend of eps per feature (F x eps in all: the neighbour's record is in
+    every column), so each feature's release is audited against (eps, 0)."""
+    import tensorflow as tf
+
+    from sage_tfx.transform import trace_requested_epsilon
+
+    spec = {_column(f): tf.io.FixedLenFeature([], tf.float32) for f in range(3)}
+    total, spends = trace_requested_epsilon(z_score_features_fn(3, EPSILON), spec)
+    assert [s.epsilon for s in spends] == [EPSILON] * 3 and total == pytest.approx(3 * EPSILON)
+
+
+def test_the_dp_z_score_through_beam_is_not_flagged():
+    result = audit_z_score_beam(EPSILON, AuditConfig(trials=FEATURES, confidence=0.999, seed=7))
+    assert result.claimed_epsilon == EPSILON and result.claimed_delta == 0.0
+    assert 0.0 <= result.epsilon_lower_bound <= EPSILON, result.to_dict()
+
+
+def test_the_exact_z_score_through_beam_is_flagged():
+    fn = _exact_z_score_fn(FEATURES)
+    result = audit_z_score_beam(EPSILON, AuditConfig(trials=FEATURES, seed=7), preprocessing_fn=fn)
+    assert result.flagged and result.epsilon_lower_bound > 1.2 * EPSILON, result.to_dict()
+
+
+def test_the_z_score_beam_audit_is_registered_and_runs_from_the_cli(capsys):
+    assert Z_SCORE_BEAM in audit_names() and "dp_scale_to_z_score" in describe_audits()[Z_SCORE_BEAM]
+    assert main(["audit-privacy", Z_SCORE_BEAM, "--trials", "20", "--seed", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mechanism"] == Z_SCORE_BEAM and out["claimed_epsilon"] == EPSILON and not out["flagged"]
