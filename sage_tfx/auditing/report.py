@@ -14,6 +14,7 @@ from .core import AuditConfig, AuditConfigError, AuditResult, _rates, audit
 from .dpsgd import DPSGD_ENGINES, CanaryAudit, OneRunResult, audit_dpsgd
 from .estimators import ESTIMATOR_LEARNING_RATE, ESTIMATORS, audit_estimator
 from .mechanisms import DEFAULT_EPSILON, describe_mechanisms, mechanism, mechanism_names
+from .quantiles_beam import QUANTILES_BEAM, audit_quantiles_beam
 from .transform_beam import audit_transform_beam
 from .vocabulary_beam import VOCABULARY_BEAM, audit_vocabulary_beam
 from .z_score_beam import Z_SCORE_BEAM, audit_z_score_beam
@@ -28,7 +29,10 @@ COORDINATES = "dpsgd-coordinates"
 def audit_names() -> list[str]:
     """Every name ``audit_privacy`` takes: the registered mechanisms, the DP-SGD and the estimators' audits."""
     return sorted(
-        mechanism_names() + list(ONE_RUN) + [BEAM, VOCABULARY_BEAM, Z_SCORE_BEAM, COORDINATES] + list(ESTIMATORS)
+        mechanism_names()
+        + list(ONE_RUN)
+        + [BEAM, VOCABULARY_BEAM, Z_SCORE_BEAM, QUANTILES_BEAM, COORDINATES]
+        + list(ESTIMATORS)
     )
 
 
@@ -47,6 +51,9 @@ def describe_audits() -> dict[str, str]:
         Z_SCORE_BEAM: "dp_scale_to_z_score on --trials features through tf.Transform on Beam's DirectRunner, each "
         "run seeded by a grant on a throwaway ledger; each feature's release against (eps, 0) "
         "(sage_tfx.auditing.z_score_beam)",
+        QUANTILES_BEAM: "dp_quantiles (the median) on --trials features through tf.Transform on Beam's "
+        "DirectRunner, each run seeded by a grant on a throwaway ledger; each feature's release against (eps, 0) "
+        "(sage_tfx.auditing.quantiles_beam)",
     }
     coordinates = {
         COORDINATES: "make_private (DP-SGD, ghost, q = 1): ONE fit whose 2 x --trials coordinates are independent "
@@ -74,7 +81,8 @@ def audit_privacy(
     epsilon with probability at most 1 - ``confidence``. A registered mechanism: ``trials`` runs on each
     neighbour, fresh seeds from ``seed`` (``transform-dp-mean-beam``: ``trials`` keys, two Beam runs;
     ``transform-vocabulary-beam``: ``trials`` values; ``transform-z-score-beam``: ``trials`` features, each
-    ``dp_scale_to_z_score`` at ``epsilon``; ``dpsgd-coordinates``: one ``make_private`` fit of
+    ``dp_scale_to_z_score`` at ``epsilon``; ``transform-quantiles-beam``: the same with ``dp_quantiles``;
+    ``dpsgd-coordinates``: one ``make_private`` fit of
     2 x ``trials`` coordinates, ``CoordinateAudit``).
     ``dpsgd-<engine>``: one ``make_private`` training with ``canaries``
     canaries (a fifth of them guessed, at least 2), delta 1e-5 (``CanaryAudit``); ``dp-logistic-regressor``,
@@ -119,6 +127,8 @@ def audit_privacy(
         return audit_vocabulary_beam(epsilon, config)
     if name == Z_SCORE_BEAM:
         return audit_z_score_beam(epsilon, config)
+    if name == QUANTILES_BEAM:
+        return audit_quantiles_beam(epsilon, config)
     return audit(mechanism(name, epsilon), config)
 
 

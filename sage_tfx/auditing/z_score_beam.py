@@ -115,20 +115,39 @@ def audit_z_score_beam(
         preprocessing_fn: the traced function (default ``z_score_features_fn(trials, epsilon)``; a planted
             variant's in the tests).
     """
+    config = config or AuditConfig(trials=200)
+    fn = preprocessing_fn or z_score_features_fn(config.trials, epsilon)
+    return audit_features_beam(Z_SCORE_BEAM, epsilon, config, fn, _rows, _z_score_llr)
+
+
+def audit_features_beam(
+    name: str, epsilon: float, config: AuditConfig, preprocessing_fn: Callable, rows: Callable, statistic: Callable
+) -> AuditResult:
+    """The per-feature Beam audit: ``config.trials`` float columns x_0 .. x_{F-1}, one DirectRunner run of
+    ``preprocessing_fn`` on ``rows(F, False, R)`` and one on ``rows(F, True, R)``, each seeded from its own
+    throwaway grant of F x ``epsilon``; ``statistic(transformed, F, epsilon, R)`` per feature, each feature's
+    release audited against (``epsilon``, 0).
+
+    Args:
+        name: the audit's name (in its result and its grants' computation).
+        epsilon: each feature's analyzer's claimed epsilon.
+        config: trials (features), confidence and seed.
+        preprocessing_fn: the traced function.
+        rows: the data set's rows, D or D' (``neighbour``).
+        statistic: the per-feature statistic of the transformed rows.
+    """
     import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
     import tensorflow as tf  # noqa: TID253
 
-    config = config or AuditConfig(trials=200)
     features = config.trials
-    preprocessing_fn = preprocessing_fn or z_score_features_fn(features, epsilon)
     spec = {_column(f): tf.io.FixedLenFeature([], tf.float32) for f in range(features)}
     outputs = []
     with tempfile.TemporaryDirectory() as tmp:
         for neighbour in (False, True):
             label = "d_prime" if neighbour else "d"
-            computation = f"audit {Z_SCORE_BEAM} {config.seed} {trial_seeds(config.seed, 1)[0]}"
+            computation = f"audit {name} {config.seed} {trial_seeds(config.seed, 1)[0]}"
             seed = grant_seed(tmp, features * epsilon, computation, label)
-            rows = _rows(features, neighbour, VALUE_RANGE)
-            transformed = _run(preprocessing_fn, rows, seed, os.path.join(tmp, f"tft_{label}"), spec)
-            outputs.append(_z_score_llr(transformed, features, epsilon, VALUE_RANGE))
-    return audit_outputs(Z_SCORE_BEAM, outputs[0], outputs[1], epsilon, 0.0, config)
+            data = rows(features, neighbour, VALUE_RANGE)
+            transformed = _run(preprocessing_fn, data, seed, os.path.join(tmp, f"tft_{label}"), spec)
+            outputs.append(statistic(transformed, features, epsilon, VALUE_RANGE))
+    return audit_outputs(name, outputs[0], outputs[1], epsilon, 0.0, config)
