@@ -10,7 +10,8 @@ tf.Transform analyzer on Beam seeded through a grant (``transform-dp-mean-beam``
 Mechanism, PMWG, the custom validator and AdaSSP through DPTrainer's path; ``sparse_vector`` PMWG's sparse vector
 over a crafted query stream; ``sliding_window`` the sliding-window release's buckets; ``audit_estimator`` the
 DP-SGD estimators through their public API in one run; ``audit_vocabulary_beam`` the DP vocabulary on Beam
-(``transform-vocabulary-beam``). numpy and scipy only at import
+(``transform-vocabulary-beam``); ``audit_z_score_beam`` and ``audit_quantiles_beam`` the z-score and the quantiles
+on Beam over many features (``transform-z-score-beam``, ``transform-quantiles-beam``). numpy and scipy only at import
 (TensorFlow is imported by the DP-SGD audit when it runs).
 """
 
@@ -42,9 +43,11 @@ from .mechanisms import (
     register_mechanism,
 )
 from .one_run import guesses_from_scores, one_run_epsilon_lower_bound, one_run_p_value
+from .quantiles_beam import audit_quantiles_beam
 from .report import audit_names, audit_privacy, describe_audits, write_plot
 from .transform_beam import audit_transform_beam
 from .vocabulary_beam import audit_vocabulary_beam
+from .z_score_beam import audit_z_score_beam
 
 __all__ = [
     "AuditConfig",
@@ -80,4 +83,6 @@ __all__ = [
     "ESTIMATORS",
     "audit_estimator",
     "audit_vocabulary_beam",
+    "audit_z_score_beam",
+    "audit_quantiles_beam",
 ]
