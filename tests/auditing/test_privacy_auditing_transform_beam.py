@@ -61,27 +61,18 @@ def test_each_feature_is_one_release_charged_its_own_epsilon(features_fn):
     assert [s.epsilon for s in spends] == [EPSILON] * 3 and total == pytest.approx(3 * EPSILON)
 
 
-def test_the_dp_z_score_through_beam_is_not_flagged():
-    result = audit_z_score_beam(EPSILON, AuditConfig(trials=FEATURES, confidence=0.999, seed=7))
+@pytest.mark.parametrize("audit_fn", [audit_z_score_beam, audit_quantiles_beam])
+def test_the_dp_analyzers_through_beam_are_not_flagged(audit_fn):
+    result = audit_fn(EPSILON, AuditConfig(trials=FEATURES, confidence=0.999, seed=7))
     assert result.claimed_epsilon == EPSILON and result.claimed_delta == 0.0
     assert 0.0 <= result.epsilon_lower_bound <= EPSILON, result.to_dict()
 
 
-def test_the_exact_z_score_through_beam_is_flagged():
-    fn = _exact_z_score_fn(FEATURES)
-    result = audit_z_score_beam(EPSILON, AuditConfig(trials=FEATURES, seed=7), preprocessing_fn=fn)
-    assert result.flagged and result.epsilon_lower_bound > 1.2 * EPSILON, result.to_dict()
-
-
-def test_the_dp_quantiles_through_beam_are_not_flagged():
-    result = audit_quantiles_beam(EPSILON, AuditConfig(trials=FEATURES, confidence=0.999, seed=7))
-    assert result.claimed_epsilon == EPSILON and result.claimed_delta == 0.0
-    assert 0.0 <= result.epsilon_lower_bound <= EPSILON, result.to_dict()
-
-
-def test_the_exact_quantiles_through_beam_are_flagged():
-    fn = _exact_quantiles_fn(FEATURES)
-    result = audit_quantiles_beam(EPSILON, AuditConfig(trials=FEATURES, seed=7), preprocessing_fn=fn)
+@pytest.mark.parametrize(
+    ("audit_fn", "planted_fn"), [(audit_z_score_beam, _exact_z_score_fn), (audit_quantiles_beam, _exact_quantiles_fn)]
+)
+def test_the_exact_analyzers_through_beam_are_flagged(audit_fn, planted_fn):
+    result = audit_fn(EPSILON, AuditConfig(trials=FEATURES, seed=7), preprocessing_fn=planted_fn(FEATURES))
     assert result.flagged and result.epsilon_lower_bound > 1.2 * EPSILON, result.to_dict()
 
 
