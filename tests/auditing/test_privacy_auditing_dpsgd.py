@@ -10,7 +10,6 @@ auditor would have caught it had the refusal not been there.
 """
 
 import json
-import os
 from dataclasses import replace
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
@@ -25,6 +24,7 @@ from sage_tfx.models import make_private, private
 from sage_tfx.models.row_checks import RowCouplingError
 from sage_tfx.models.seeding import FitBudgetError, TrainingBlock, derive_seed, training_seed
 from sage_tfx.privacy import noise_schedules
+from tests.helpers.long_audits import long_audit
 
 AUDIT = CanaryAudit(engine="ghost", seed=0)
 
@@ -189,11 +189,7 @@ def test_a_second_fit_under_one_share_is_refused():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("SAGE_LONG_AUDITS"),
-    reason="25 DP-SGD fits (28 min on a loaded 2-core "
-    "machine): a long audit, run with SAGE_LONG_AUDITS=1 (docs/testing.md)",
-)
+@long_audit("25 DP-SGD fits (28 min on a loaded 2-core machine)")
 def test_fits_past_the_share_would_be_flagged(monkeypatch):
     """The unrefused variant: the share's filter bypassed, 25 fits each spending the whole share (the true
     epsilon of the release is that of 25 compositions); one-run audit of the 25 models together. The refusal

@@ -10,7 +10,6 @@ run at confidence 0.999.
 
 import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.release.continual import SlidingWindowRelease
 from sage_tfx.transform.vocabulary import threshold
 from tests.auditing.test_privacy_auditing_releases import _laplace_scaled
+from tests.helpers.long_audits import long_audit
 
 EPSILON = 1.0
 
@@ -53,10 +53,9 @@ def test_pmwg_sparse_vector_is_not_flagged():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not os.environ.get("SAGE_LONG_AUDITS"),
-    reason="12,000 PMWG rounds a side (6 min under load), and its bound (1.18 measured) sits near the claim with "
-    "the ledger's fresh seeds: a long audit, run with SAGE_LONG_AUDITS=1 (docs/testing.md)",
+@long_audit(
+    "12,000 PMWG rounds a side (6 min under load), and its bound (1.18 measured) sits near the claim with the "
+    "ledger's fresh seeds"
 )
 def test_pmwg_with_its_sparse_vector_noise_halved_is_flagged(monkeypatch):
     """The planted bug: the threshold's and every gap's noise scale halved (their epsilons doubled), the hard

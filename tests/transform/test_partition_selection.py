@@ -71,7 +71,7 @@ def test_an_empty_data_set_releases_no_key_and_does_not_fail():
 def test_bad_selection_options_are_refused_before_any_charge():
     import tensorflow as tf
 
-    from sage_tfx.transform import dp_group_by_mean, dp_mean_per_key
+    from sage_tfx.transform import dp_count_per_key, dp_group_by_mean, dp_mean_per_key, dp_sum_per_key
     from sage_tfx.transform.budget import requested_spends
 
     with tf.Graph().as_default() as graph:
@@ -94,6 +94,12 @@ def test_bad_selection_options_are_refused_before_any_charge():
             for fn in (dp_mean_per_key, dp_group_by_mean):
                 with pytest.raises(DPTransformError, match=named):
                     fn(key, value, nkeys, EPS, RANGE, **kwargs)
+            if {"min_count", "mask", "mean_form"} & kwargs.keys():
+                continue  # options of the means only
+            with pytest.raises(DPTransformError, match=named):  # the selected count and sum check the same way
+                dp_count_per_key(key, nkeys, EPS, **kwargs)
+            with pytest.raises(DPTransformError, match=named):
+                dp_sum_per_key(key, value, nkeys, EPS, RANGE, **kwargs)
         with pytest.raises(DPTransformError, match="key must be a tf.string or integer tensor, got dtype float32"):
             dp_mean_per_key(value, value, None, EPS, RANGE, partition_selection=1e-6)
         assert requested_spends(graph) == []  # nothing was recorded, so nothing can be charged

@@ -91,30 +91,16 @@ def test_an_empty_data_set_releases_no_key_and_does_not_fail():
         assert kept == [] and values.size == 0
 
 
-def test_bad_selection_options_are_refused_before_any_charge():
+def test_bad_sum_options_are_refused_before_any_charge():
+    """The sum's own checks (the options it shares with the means: test_partition_selection.py)."""
     import tensorflow as tf
 
-    from sage_tfx.transform import dp_count_per_key, dp_sum_per_key
+    from sage_tfx.transform import dp_sum_per_key
     from sage_tfx.transform.budget import requested_spends
 
     with tf.Graph().as_default() as graph:
         key = tf.compat.v1.placeholder(tf.string, [None])
         value = tf.compat.v1.placeholder(tf.float32, [None])
-        cases = [
-            (dict(nkeys=3, partition_selection=1e-6), "give nkeys=None.*got 3"),
-            (dict(nkeys=None, partition_selection=0.0), "partition_selection delta must be"),
-            (dict(nkeys=None, partition_selection=1.5), "partition_selection delta must be"),
-            (
-                dict(nkeys=None, partition_selection=1e-6, max_partitions_contributed=0),
-                "max_partitions_contributed must be an integer >= 1",
-            ),
-        ]
-        for kwargs, named in cases:
-            nkeys = kwargs.pop("nkeys")
-            with pytest.raises(DPTransformError, match=named):
-                dp_count_per_key(key, nkeys, EPS, **kwargs)
-            with pytest.raises(DPTransformError, match=named):
-                dp_sum_per_key(key, value, nkeys, EPS, RANGE, **kwargs)
         with pytest.raises(DPTransformError, match="key must be a tf.string or integer tensor, got dtype float32"):
             dp_sum_per_key(value, value, None, EPS, RANGE, partition_selection=1e-6)
         with pytest.raises(DPTransformError, match="value_range must be a finite number > 0"):
