@@ -13,6 +13,7 @@ from typing import Any
 import tensorflow as tf  # noqa: TID253
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
+from sage_tfx.models.ghost_plans_norm import layer_norm_plan
 
 
 def _row_sq(t):
@@ -237,7 +238,7 @@ def _ghost_plan(layer, node, shared):
         and not getattr(layer, "sparse", False)
     ):
         return _EmbeddingPlan(layer, keras_input)
-    return None
+    return layer_norm_plan(layer, keras_input)
 
 
 def ghost_layers(model: tf.keras.Model) -> tuple[dict[int, Any], list[tf.Variable], list[tf.Variable]] | None:
