@@ -1,6 +1,6 @@
 """Ghost clipping plans: per-layer squared gradient norms and clipped sums without per-example gradients.
 
-A plan covers one Dense or Embedding node of a Keras graph network; ``ghost_layers`` finds them and
+A plan covers one Dense, Embedding (here) or LayerNormalization (ghost_plans_norm) node of a Keras graph network; ``ghost_layers`` finds them and
 ``graph_nodes`` gives the graph's execution order. The engine that runs them is
 sage_tfx.models.dpsgd_engine.LayerGhostEngine (docs/models.md "Your own Keras model: make_private").
 """
@@ -243,7 +243,8 @@ def _ghost_plan(layer, node, shared):
 
 def ghost_layers(model: tf.keras.Model) -> tuple[dict[int, Any], list[tf.Variable], list[tf.Variable]] | None:
     """(plans by node id, ghost variables, fallback variables) for a graph network, or None if it has no
-    graph. Ghost: Dense (a dense float input of any rank >= 2) and Embedding (dense integer ids), each used
+    graph. Ghost: Dense (a dense float input of any rank >= 2), Embedding (dense integer ids) and
+    LayerNormalization (last axis, ghost_plans_norm.layer_norm_plan), each used
     by exactly one node, with no variable shared with another layer. Every other trainable variable
     (including those of a shared layer, a nested model, any other layer type) is a fallback variable."""
     nodes = graph_nodes(model)

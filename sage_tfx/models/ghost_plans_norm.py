@@ -28,7 +28,7 @@ class LayerNormPlan:
         self.rank = keras_input.shape.rank
         self.variables = ([layer.gamma] if layer.scale else []) + ([layer.beta] if layer.center else [])
 
-    def forward(self, x, row_sq=None):
+    def forward(self, x: tf.Tensor, row_sq: Any = None) -> tuple[tf.Tensor, tuple[tf.Tensor, tf.Tensor, None]]:
         """(output, saved): saved = (x_hat, output, None)."""
         layer = self.layer
         x = tf.convert_to_tensor(x)
@@ -48,7 +48,7 @@ class LayerNormPlan:
             out._keras_mask = mask
         return out, (x_hat, out, None)
 
-    def _per_example(self, x_hat, g):
+    def _per_example(self, x_hat: tf.Tensor, g: tf.Tensor) -> list[tf.Tensor]:
         """The per-example gradients [B, d] of the plan's variables, in their order."""
         axes = list(range(1, self.rank - 1))
         grads = []
@@ -58,10 +58,10 @@ class LayerNormPlan:
             grads.append(tf.reduce_sum(g, axis=axes) if axes else g)
         return grads
 
-    def sq_norms(self, x_hat, g, a_sq=None):
+    def sq_norms(self, x_hat: tf.Tensor, g: tf.Tensor, a_sq: Any = None) -> tf.Tensor:
         return tf.add_n([tf.reduce_sum(tf.square(p), axis=1) for p in self._per_example(x_hat, g)])
 
-    def clipped(self, x_hat, g, scale):
+    def clipped(self, x_hat: tf.Tensor, g: tf.Tensor, scale: tf.Tensor) -> list[tf.Tensor]:
         """scale: c_i for the rows kept, 0 for the others (x_hat, g already zeroed there)."""
         return [tf.linalg.matvec(p, scale, transpose_a=True) for p in self._per_example(x_hat, g)]
 
