@@ -503,7 +503,7 @@ def test_bad_models_and_fits():
         make_private(
             Subclassed(), privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10, per_example="ghost"
         ).fit(np.zeros((20, 4)), np.zeros(20))
-    conv = tf.keras.Sequential([tf.keras.layers.Conv1D(2, 2), tf.keras.layers.Flatten()])
+    conv = tf.keras.Sequential([tf.keras.layers.Conv1D(2, 2, dilation_rate=2), tf.keras.layers.Flatten()])  # not ghost
     conv.build((None, 4, 1))
     with pytest.raises(ValueError, match="per_example='ghost' is invalid"):
         make_private(conv, privacy_budget=(1.0, 1e-5), num_examples=100, loss="mse", batch_size=10, per_example="ghost")
