@@ -12,9 +12,8 @@ import sage_tfx  # noqa: E402,F401  (before TensorFlow)
 tf = pytest.importorskip("tensorflow")
 
 from sage_tfx.models import make_private  # noqa: E402
-from sage_tfx.models.dpsgd_engine import LayerGhostEngine, make_engine  # noqa: E402
 from sage_tfx.models.ghost_plans import ghost_layers  # noqa: E402
-from sage_tfx.models.losses import per_example_loss  # noqa: E402
+from tests.helpers.ghost import assert_ghost_equals_vmap  # noqa: E402
 
 CLIP = 0.5
 
@@ -50,11 +49,6 @@ def _data(n=10, seed=1):
     return x, (rng.normal(size=n) * 5).astype(np.float32)
 
 
-def _aligned(engine, sums, model):
-    order = {v.ref(): i for i, v in enumerate(engine.variables)}
-    return [sums[order[v.ref()]].numpy() for v in model.trainable_variables]
-
-
 @pytest.mark.parametrize(
     "padding,strides,use_bias", [("valid", (1, 1), True), ("same", (2, 2), True), ("same", (1, 2), False)]
 )
@@ -65,16 +59,7 @@ def test_conv_ghost_equals_the_vmap_per_example_gradients(padding, strides, use_
     plans, _, fallback = ghost_layers(model)
     assert not fallback
     assert sum(type(p.layer).__name__.startswith("Conv") for p in plans.values()) == 4
-    loss_fn = per_example_loss("mse", model)
-    xs = [tf.constant(v) for v in x]
-    ghost = LayerGhostEngine(model, loss_fn, CLIP, 0.0, seed=0)
-    vmap = make_engine("vmap", model, loss_fn, CLIP, 0.0, seed=0)
-    sums, norms = ghost.clipped_sum(xs, tf.constant(y))
-    want, want_norms = vmap.clipped_sum(xs, tf.constant(y))
-    assert (want_norms.numpy() > CLIP).sum() >= len(y) // 2  # the test exercises clipping
-    np.testing.assert_allclose(norms.numpy(), want_norms.numpy(), rtol=1e-4)
-    for got, ref in zip(_aligned(ghost, sums, model), _aligned(vmap, want, model)):
-        np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-5)
+    assert_ghost_equals_vmap(model, x, y, CLIP)
 
 
 def test_dilated_grouped_and_causal_convs_stay_in_the_fallback():
