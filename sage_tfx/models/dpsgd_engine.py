@@ -287,8 +287,8 @@ class LayerGhostEngine(_Engine):
     One forward pass walks the model's graph (as Keras' Functional does) but computes each ghost layer's
     output itself, keeping its input and pre-activation; one backward pass gives every ghost layer's
     output gradient, from which its per-example squared gradient norm and clipped sum follow (_DensePlan,
-    _EmbeddingPlan; layers without trainable weights, e.g. Normalization, CategoryEncoding, Concatenate,
-    run as they are). The fallback variables (if any) get explicit per-example gradients: tf.vectorized_map
+    _EmbeddingPlan, LayerNormPlan, ConvPlan; layers without trainable weights, e.g. Normalization,
+    CategoryEncoding, Concatenate, run as they are). The fallback variables (if any) get explicit per-example gradients: tf.vectorized_map
     over a GradientTape (``vectorized=True``) or a tf.map_fn loop. A record's squared norm over ALL
     trainable variables is the sum of the ghost layers' and the fallback's, so the clip factor
     min(1, C/||g_i||) is the one of the full per-example gradient, and one record moves the sum by at most
@@ -389,14 +389,16 @@ class LayerGhostEngine(_Engine):
 
 
 def ghost_applies(model: tf.keras.Model) -> bool:
-    """True if the ghost engine applies: a graph network with at least one Dense or Embedding layer."""
+    """True if the ghost engine applies: a graph network with at least one Dense, Embedding,
+    LayerNormalization or Conv1D/Conv2D layer."""
     found = ghost_layers(model)
     return found is not None and bool(found[0])
 
 
 GHOST_REFUSED = (
     "the ghost engine is invalid for this model: it needs a Keras graph network (Functional, or "
-    "Sequential with a known input shape) with at least one Dense or Embedding layer; use 'vmap'"
+    "Sequential with a known input shape) with at least one Dense, Embedding, LayerNormalization or "
+    "Conv1D/Conv2D layer; use 'vmap'"
 )
 
 

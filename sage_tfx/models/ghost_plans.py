@@ -1,6 +1,7 @@
 """Ghost clipping plans: per-layer squared gradient norms and clipped sums without per-example gradients.
 
-A plan covers one Dense or Embedding node of a Keras graph network; ``ghost_layers`` finds them and
+A plan covers one Dense, Embedding (here), LayerNormalization (ghost_plans_norm) or Conv1D / Conv2D
+(ghost_plans_conv) node of a Keras graph network; ``ghost_layers`` finds them and
 ``graph_nodes`` gives the graph's execution order. The engine that runs them is
 sage_tfx.models.dpsgd_engine.LayerGhostEngine (docs/models.md "Your own Keras model: make_private").
 """
@@ -13,6 +14,8 @@ from typing import Any
 import tensorflow as tf  # noqa: TID253
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
+from sage_tfx.models.ghost_plans_conv import conv_plan
+from sage_tfx.models.ghost_plans_norm import layer_norm_plan
 
 
 def _row_sq(t):
@@ -237,12 +240,14 @@ def _ghost_plan(layer, node, shared):
         and not getattr(layer, "sparse", False)
     ):
         return _EmbeddingPlan(layer, keras_input)
-    return None
+    return layer_norm_plan(layer, keras_input) or conv_plan(layer, keras_input)
 
 
 def ghost_layers(model: tf.keras.Model) -> tuple[dict[int, Any], list[tf.Variable], list[tf.Variable]] | None:
     """(plans by node id, ghost variables, fallback variables) for a graph network, or None if it has no
-    graph. Ghost: Dense (a dense float input of any rank >= 2) and Embedding (dense integer ids), each used
+    graph. Ghost: Dense (a dense float input of any rank >= 2), Embedding (dense integer ids) and
+    LayerNormalization (last axis, ghost_plans_norm.layer_norm_plan) and Conv1D / Conv2D (ghost_plans_conv.conv_plan),
+    each used
     by exactly one node, with no variable shared with another layer. Every other trainable variable
     (including those of a shared layer, a nested model, any other layer type) is a fallback variable."""
     nodes = graph_nodes(model)

@@ -25,7 +25,8 @@ OPTIMIZERS = ("sgd", "adam", "debiased_momentum")  # the last: sage_tfx.models.m
 PER_EXAMPLE = ("auto",) + ENGINES
 GHOST_REFUSED = (
     "per_example='ghost' is invalid for this model: the ghost engine needs a Keras graph network "
-    "(Functional, or Sequential with a known input shape) with at least one Dense or Embedding "
+    "(Functional, or Sequential with a known input shape) with at least one Dense, Embedding, "
+    "LayerNormalization or Conv1D/Conv2D "
     "layer; use per_example='auto' or 'vmap'"
 )
 

@@ -112,11 +112,11 @@ def test_ghost_engine_refuses_models_without_a_dense_or_embedding_graph():
     model = Subclassed()
     model(tf.zeros([1, 3]))
     conv = tf.keras.Sequential(
-        [tf.keras.layers.Reshape((3, 1)), tf.keras.layers.Conv1D(1, 3), tf.keras.layers.Flatten()]
+        [tf.keras.layers.Reshape((3, 1)), tf.keras.layers.Conv1D(1, 2, dilation_rate=2), tf.keras.layers.Flatten()]
     )
     conv.build((None, 3))
     for refused in (model, conv):
-        with pytest.raises(ValueError, match="Dense or Embedding"):
+        with pytest.raises(ValueError, match="Dense, Embedding, LayerNormalization or Conv1D/Conv2D"):
             make_engine("ghost", refused, _mse, 1.0, 1.0)
     with pytest.raises(ValueError, match="engine 'fast' is invalid"):
         make_engine("fast", conv, _mse, 1.0, 1.0)
