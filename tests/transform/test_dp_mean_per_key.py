@@ -4,14 +4,13 @@ DirectRunner. Statistical tests use FIXED seeds (deterministic); each states the
 implementation fails it for a random seed.
 """
 
-import tempfile
-
 import numpy as np
 import pytest
 from scipy import stats
 
 import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
 from sage_tfx.transform import DPTransformError, noise
+from tests.helpers.tft_run import analyze
 
 pytestmark = pytest.mark.tf
 
@@ -19,13 +18,7 @@ KS_ALPHA = 1e-3
 
 
 def _analyze(rows, spec, preprocessing_fn, batch_size=1000):
-    import tensorflow_transform as tft
-    import tensorflow_transform.beam as tft_beam
-
-    metadata = tft.DatasetMetadata.from_feature_spec(spec)
-    with tempfile.TemporaryDirectory() as tmp, tft_beam.Context(temp_dir=tmp, desired_batch_size=batch_size):
-        (transformed, _), _ = (rows, metadata) | tft_beam.AnalyzeAndTransformDataset(preprocessing_fn)
-    return transformed
+    return analyze(rows, spec, preprocessing_fn, batch_size)
 
 
 def _spec(*names):

@@ -27,6 +27,7 @@ from sage_tfx.transform import (
     budget_custom_config,
     noise,
 )
+from tests.helpers.tft_run import analyze
 
 KS_ALPHA = 1e-3  # per KS test: a correct implementation fails it with probability 0.001
 
@@ -49,11 +50,7 @@ def _spec():
 
 def _analyze(rows, preprocessing_fn, batch_size=None):
     """Run AnalyzeAndTransformDataset on in-memory rows; return the transformed rows."""
-    tf, tft, tft_beam = _tf()
-    metadata = tft.DatasetMetadata.from_feature_spec(_spec())
-    with tempfile.TemporaryDirectory() as tmp, tft_beam.Context(temp_dir=tmp, desired_batch_size=batch_size):
-        (transformed, _), _ = (rows, metadata) | tft_beam.AnalyzeAndTransformDataset(preprocessing_fn)
-    return transformed
+    return analyze(rows, _spec(), preprocessing_fn, batch_size)
 
 
 def _per_key(rows, column):

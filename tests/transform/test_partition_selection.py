@@ -5,14 +5,13 @@ Statistical checks use FIXED seeds (deterministic); each bound is 5 standard err
 correct implementation fails one for a random seed with probability below 1e-6).
 """
 
-import tempfile
-
 import numpy as np
 import pytest
 
 import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
 from sage_tfx.transform import DPTransformError, noise, partitions
 from sage_tfx.transform.vocabulary import threshold
+from tests.helpers.tft_run import analyze
 
 EPS, RANGE = 1.0, 100.0
 
@@ -134,8 +133,6 @@ def test_string_keys_through_tf_transform_release_only_the_frequent_keys():
     means near their values; 'rare' (one row) is not (P <= 1e-6), and its row gets the public fallback. The
     tables come out aligned with the sorted kept keys."""
     import tensorflow as tf
-    import tensorflow_transform as tft
-    import tensorflow_transform.beam as tft_beam
 
     from sage_tfx.transform import dp_group_by_mean, dp_mean_per_key
 
@@ -154,9 +151,7 @@ def test_string_keys_through_tf_transform_release_only_the_frequent_keys():
         }
 
     spec = {"s": tf.io.FixedLenFeature([], tf.string), "v": tf.io.FixedLenFeature([], tf.float32)}
-    metadata = tft.DatasetMetadata.from_feature_spec(spec)
-    with tempfile.TemporaryDirectory() as tmp, tft_beam.Context(temp_dir=tmp, desired_batch_size=128):
-        (out, _), _ = (rows, metadata) | tft_beam.AnalyzeAndTransformDataset(preprocessing_fn)
+    out = analyze(rows, spec, preprocessing_fn, batch_size=128)
     by_key = {}
     for r in out:
         by_key.setdefault(r["s"], set()).add(round(float(r["m"]), 4))

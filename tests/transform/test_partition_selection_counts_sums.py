@@ -6,7 +6,6 @@ Laplace sample variance (a correct implementation fails one for a random seed wi
 """
 
 import math
-import tempfile
 
 import numpy as np
 import pytest
@@ -14,6 +13,7 @@ import pytest
 import sage_tfx  # noqa: F401  (Keras 2 before TensorFlow)
 from sage_tfx.transform import DPTransformError, noise, partitions
 from sage_tfx.transform.vocabulary import threshold
+from tests.helpers.tft_run import analyze
 
 EPS, RANGE = 1.0, 100.0
 
@@ -140,8 +140,6 @@ def test_string_keys_through_tf_transform_release_only_the_frequent_keys():
     counts and sums near the truth; 'rare' (one row of value R) is not (P <= 1e-6), and its row gets the public
     default."""
     import tensorflow as tf
-    import tensorflow_transform as tft
-    import tensorflow_transform.beam as tft_beam
 
     from sage_tfx.transform import dp_count_per_key, dp_sum_per_key
 
@@ -160,9 +158,7 @@ def test_string_keys_through_tf_transform_release_only_the_frequent_keys():
         }
 
     spec = {"s": tf.io.FixedLenFeature([], tf.string), "v": tf.io.FixedLenFeature([], tf.float32)}
-    metadata = tft.DatasetMetadata.from_feature_spec(spec)
-    with tempfile.TemporaryDirectory() as tmp, tft_beam.Context(temp_dir=tmp, desired_batch_size=128):
-        (out, _), _ = (rows, metadata) | tft_beam.AnalyzeAndTransformDataset(preprocessing_fn)
+    out = analyze(rows, spec, preprocessing_fn, batch_size=128)
     by_key = {}
     for r in out:
         by_key.setdefault(r["s"], set()).add((round(float(r["n"]), 3), round(float(r["t"]), 1)))
