@@ -18,9 +18,9 @@ from sage_tfx.auditing.releases import adassp_dptrainer_mechanism, pmwg_mechanis
 from sage_tfx.components import dp_model_validator_executor, validator_records
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.privacy.samplers import grid_laplace
-from sage_tfx.release.growth import pmwg
 from sage_tfx.release.incremental_regression import TreeRegressor
 from sage_tfx.validation import noisy
+from tests.helpers.planted import pmwg_laplace_scaled
 
 EPSILON = 1.0
 TREE_CONFIG = AuditConfig(trials=400, seed=7)
@@ -69,24 +69,9 @@ def test_pmwg_is_not_flagged():
     assert 0.0 <= result.epsilon_lower_bound <= EPSILON, result.to_dict()
 
 
-def _laplace_scaled(monkeypatch, which, factor):
-    """A planted PMWG: the sparse vector's draws of epsilon ``which(eps, round_eps)`` with their epsilon times
-    ``factor`` (factor inf: no noise at all), PMWG's code otherwise unchanged."""
-    real = pmwg.grid_laplace
-
-    def draw(values, sensitivity, epsilon, rng=None):
-        if which(epsilon):
-            if factor == np.inf:
-                return np.asarray(values, dtype=np.float64)
-            return real(values, sensitivity, epsilon * factor, rng=rng)
-        return real(values, sensitivity, epsilon, rng=rng)
-
-    monkeypatch.setattr(pmwg, "grid_laplace", draw)
-
-
 def test_pmwg_with_its_hard_answer_released_exactly_is_flagged(monkeypatch):
     # the round's halves: threshold at eps1 / 2, gap at eps1 / 4, the hard answer at eps2 = eps1 = round / 2
-    _laplace_scaled(monkeypatch, lambda eps: np.isclose(eps, EPSILON / 2), np.inf)
+    pmwg_laplace_scaled(monkeypatch, lambda eps: np.isclose(eps, EPSILON / 2), np.inf)
     result = audit(pmwg_mechanism(EPSILON), AuditConfig(trials=PMWG_TRIALS, seed=7))
     assert result.flagged and result.epsilon_lower_bound > 2.0 * EPSILON, result.to_dict()
 

@@ -23,8 +23,8 @@ from sage_tfx.cli import main
 from sage_tfx.privacy.randomness import as_secure_rng
 from sage_tfx.release.continual import SlidingWindowRelease
 from sage_tfx.transform.vocabulary import threshold
-from tests.auditing.test_privacy_auditing_releases import _laplace_scaled
 from tests.helpers.long_audits import long_audit
+from tests.helpers.planted import pmwg_laplace_scaled
 
 EPSILON = 1.0
 
@@ -60,7 +60,7 @@ def test_pmwg_sparse_vector_is_not_flagged():
 def test_pmwg_with_its_sparse_vector_noise_halved_is_flagged(monkeypatch):
     """The planted bug: the threshold's and every gap's noise scale halved (their epsilons doubled), the hard
     answer's unchanged; PMWG's code otherwise as shipped."""
-    _laplace_scaled(monkeypatch, _sparse_vector_draws, 2.0)
+    pmwg_laplace_scaled(monkeypatch, _sparse_vector_draws, 2.0)
     # the variant's outcomes are at most 2 eps1-DP, reached in the tail event "the away query is the first hard
     # one" (about 0.10 on D, 0.023 on D'): 12,000 rounds a side put the bound near 1.2 (1.18 measured, 6 min)
     result = audit(sparse_vector_mechanism(EPSILON), AuditConfig(trials=12000, seed=7))
