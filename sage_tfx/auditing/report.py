@@ -9,6 +9,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from sage_tfx.plots import pyplot, save_figure
+
 from .coordinates import CoordinateAudit, audit_dpsgd_coordinates
 from .core import AuditConfig, AuditConfigError, AuditResult, _rates, audit
 from .dpsgd import DPSGD_ENGINES, CanaryAudit, OneRunResult, audit_dpsgd
@@ -153,11 +155,7 @@ def write_plot(result: AuditResult | OneRunResult, path: str, title: str | None 
         path: the PNG file to write.
         title: the figure's title; default names the mechanism, the bound, its confidence and the claim.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     if isinstance(result, OneRunResult):
         fpr, tpr = _one_run_panels(result, left)
@@ -181,9 +179,7 @@ def write_plot(result: AuditResult | OneRunResult, path: str, title: str | None 
         or f"{result.mechanism}: empirical eps >= {result.epsilon_lower_bound:.3f} at "
         f"{result.confidence:.0%} (claimed {result.claimed_epsilon:g}; {what})"
     )
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_figure(fig, path, dpi="figure")
 
 
 def _many_run_panels(result: AuditResult, axes) -> tuple[np.ndarray, np.ndarray]:

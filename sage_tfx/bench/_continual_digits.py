@@ -17,13 +17,13 @@ Variants at every arrival t:
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 
 import numpy as np
 
 from sage_tfx.bench._trials import block_reader, trial_ledger
+from sage_tfx.plots import pyplot, save_figure
 
 DEFAULT_PLOT = "docs/img/continual_release_digits.png"
 VARIANTS = ("continual", "sliding", "independent")
@@ -203,11 +203,7 @@ def plot(figures: dict, path: str) -> None:
         figures: what ``run`` returns.
         path: the PNG to write.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     np_curve = figures["non_private_accuracy_by_t"]
     t = np.arange(1, len(np_curve) + 1)
@@ -226,7 +222,4 @@ def plot(figures: dict, path: str) -> None:
     right.set_ylabel("test accuracy, last quarter of t")
     right.legend(fontsize=7)
     fig.suptitle(f"REAL digits (10 classes), {figures['data'].split(':')[1].split(';')[0].strip()}", fontsize=9)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

@@ -17,10 +17,9 @@ sampling rate 1); each schedule's realised epsilon is reported on the same accou
 The metric: excess empirical risk f(theta_{T+1}) - f*, f* by Newton's method (non-private).
 """
 
-import os
-
 import numpy as np
 
+from sage_tfx.plots import pyplot, save_figure
 from sage_tfx.privacy import noise_schedules as ns
 
 DELTA = 1e-5
@@ -174,11 +173,7 @@ def run_full_batch(args, data):
 
 def plot_full_batch(figures, path):
     """Ratio of excess risk vs constant (median over seeds) against T / kappa, one line per schedule."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     runs = figures["runs"]
     for name in runs[0]["ratio_vs_constant"]:
@@ -189,8 +184,5 @@ def plot_full_batch(figures, path):
     ax.set_ylabel("excess risk / constant's (median of seeds)")
     ax.set_title(f"full-batch GD, logistic (kappa {figures['kappa']:.1f}), eps {figures['epsilon']:g}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
     return path

@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import tempfile
 import time
 
 import numpy as np
 
 from sage_tfx.bench._trials import block_reader, trial_ledger
+from sage_tfx.plots import pyplot, save_figure
 
 VARIANTS = ("bbimprover", "bbscheduler", "rerun")
 CELLS = 8
@@ -150,11 +150,7 @@ def _trial(args: argparse.Namespace, trial: int, tmp: str, world: tuple, err: di
 
 
 def _plot(med: dict, opt: list, figures: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     t = np.arange(1, len(opt) + 1)
     for v in VARIANTS:
@@ -165,7 +161,4 @@ def _plot(med: dict, opt: list, figures: dict, path: str) -> None:
     ax.set_ylabel("worst range-count error")
     ax.set_title(f"SmallDBG, GENERATED, m={figures['synthetic_size']}, total eps={figures['epsilon']}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

@@ -10,6 +10,7 @@ windows and held-out re-evaluation are Tab. 2's (``sage_tfx.bench.validation``).
 
 import numpy as np
 
+from sage_tfx.plots import pyplot, save_figure
 from sage_tfx.validation import clopper_pearson_upper
 
 MODES = ("no_sla", "sage")
@@ -66,11 +67,7 @@ def summarize(counts, trials):
 def plot(figures, tasks, etas, epsilons, path):
     """Per task: the false-ACCEPT rate against epsilon (log x) of No SLA and Sage SLA at each eta, with the 95%
     Clopper-Pearson upper limit as the bar above each point, and the eta lines."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.2), squeeze=False)
     for ax, name in zip(axes[0], tasks):
         rows = figures[name]["by_epsilon"]
@@ -97,6 +94,4 @@ def plot(figures, tasks, etas, epsilons, path):
         )
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -17,10 +17,11 @@ realised epsilon; median over --seeds seeds and every seed's value. ``nonprivate
 fitted without DP (the same SGD steps, no clipping or noise) as a reference.
 """
 
-import os
 import sys
 
 import numpy as np
+
+from sage_tfx.plots import pyplot, save_figure
 
 VARIANTS = ("fixed", "adaptive", "imbalanced")
 DEFAULT_PLOT = "docs/img/adaptive_clipping.png"
@@ -141,11 +142,7 @@ def run(args):
 
 def plot(figures, path):
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     panels = (
         ("fitted_positive_rate", "fitted positive rate (test)"),
         ("log_loss", "test log loss"),
@@ -168,7 +165,4 @@ def plot(figures, path):
         f"DP logistic regression, 12% positives, epsilon={figures['epsilon']:g} each (seeds grey, median red)",
         fontsize=9,
     )
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)

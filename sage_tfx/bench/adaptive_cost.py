@@ -31,6 +31,7 @@ import numpy as np
 from sage_tfx.adaptive.settings import IteratorSettings
 from sage_tfx.bench.block_composition import Trial
 from sage_tfx.bench.sample_complexity import FLIGHTS_DELTA, FLIGHTS_SPLIT, FlightsTask
+from sage_tfx.plots import pyplot, save_figure
 from sage_tfx.privacy import BudgetSplit
 from sage_tfx.validation import DPLossValidator
 from sage_tfx.validation.core import eta_for_attempt
@@ -212,11 +213,7 @@ def summary(start, fraction, target, found):
 
 
 def plot(rows, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     shown = [r for r in rows if r["ratios"]]
     ax.boxplot([r["ratios"] for r in shown], tick_labels=[f"{r['fraction']:g}\n{r['start_rows']:,}" for r in shown])
@@ -229,6 +226,4 @@ def plot(rows, path):
     )
     ax.legend()
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -32,6 +32,7 @@ import time
 import numpy as np
 
 from sage_tfx.bench.sample_complexity import FLIGHTS_DELTA, FLIGHTS_SPLIT, FlightsTask, samples_needed, windows
+from sage_tfx.plots import pyplot, save_figure
 from sage_tfx.privacy import BudgetSplit
 from sage_tfx.privacy.vocabulary import Metric, Stage
 from sage_tfx.validation import DPLossValidator, noisy
@@ -286,11 +287,7 @@ def run(args):
 
 
 def plot(figures, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     lr = figures["lr"]
     panels = 3 if "nn" in figures else 2
     fig, axes = plt.subplots(1, panels, figsize=(5.2 * panels, 4.2))
@@ -327,6 +324,4 @@ def plot(figures, path):
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"Block composition vs per-block queries, real flights, eps={figures['settings']['epsilon']:g}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

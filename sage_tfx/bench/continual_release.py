@@ -37,6 +37,7 @@ import numpy as np
 
 from sage_tfx.bench import _continual_digits
 from sage_tfx.bench._trials import block_reader, trial_ledger
+from sage_tfx.plots import pyplot, save_figure
 
 DEFAULT_PLOT = "docs/img/continual_release.png"
 DIGITS_PLOT = "docs/img/continual_release_digits.png"
@@ -384,11 +385,7 @@ LABELS = {
 
 
 def plot(med: dict, figures: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for v, curve in med.items():
         t = np.arange(1, len(curve) + 1)
@@ -398,7 +395,4 @@ def plot(med: dict, figures: dict, path: str) -> None:
     ax.set_ylabel("excess regularised risk vs non-private ERM")
     ax.set_title(f"REAL taxi, eps={figures['epsilon']} per record, delta={figures['delta']:g}")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

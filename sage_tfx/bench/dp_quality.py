@@ -16,6 +16,8 @@ import sys
 
 import numpy as np
 
+from sage_tfx.plots import pyplot, save_figure
+
 EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)
 MODELS = ("linear", "dnn_regressor", "logistic", "dnn_classifier")
 PAYMENTS = ("Cash", "Credit Card", "No Charge", "Unknown", "Dispute")
@@ -209,11 +211,7 @@ def run(args):
 
 
 def plot(figures, models, epsilons, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     titles = {
         "mse": "fare regression: test MSE (fare/10)^2, lower is better",
@@ -232,6 +230,4 @@ def plot(figures, models, epsilons, path):
         ax.set_title(titles[metric], fontsize=10)
         ax.legend(fontsize=8)
     fig.suptitle("DP models on the real taxi trips (same rows, same run)", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -18,7 +18,6 @@ schedule) on the epoch-start snapshot. Figures: per-t median errors over ``--tri
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 
@@ -26,6 +25,7 @@ import numpy as np
 
 from sage_tfx.bench import _growth_ermg, _growth_smalldbg
 from sage_tfx.bench._trials import block_reader, trial_ledger
+from sage_tfx.plots import pyplot, save_figure
 
 DEFAULT_PLOT = "docs/img/growth.png"
 VARIANTS = ("bbscheduler", "bbimprover", "naive_every", "naive_once")
@@ -280,11 +280,7 @@ def _figures(
 
 
 def plot(med: dict, pmed: dict, figures: dict, path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4))
     t = np.arange(1, len(med["bbscheduler"]) + 1)
     for v in VARIANTS:
@@ -301,7 +297,4 @@ def plot(med: dict, pmed: dict, figures: dict, path: str) -> None:
     bx.set_ylabel("mean |answer - truth| (range-count fraction)")
     bx.set_title("PMWG vs static PMW re-run per epoch")
     bx.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

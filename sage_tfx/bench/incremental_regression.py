@@ -33,6 +33,7 @@ import time
 import numpy as np
 
 from sage_tfx.bench import _incremental_highdim
+from sage_tfx.plots import pyplot, save_figure
 
 DEFAULT_PLOT = os.path.join("docs", "img", "incremental_regression.png")
 GENERATED = "GENERATED rows: x ~ N(0, I/4) in 4 dimensions, y = x theta* + N(0, 0.1^2), theta* fixed"
@@ -258,11 +259,7 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def write_plot(path: str, results: list[dict], description: str, epsilon: float, delta: float) -> str:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     horizons = [r["horizon"] for r in results]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.5))
     ax.plot(horizons, [r["tree_excess_mean"] for r in results], "o-", label="tree (PrivIncReg1), mean over t")
@@ -284,8 +281,5 @@ def write_plot(path: str, results: list[dict], description: str, epsilon: float,
     ax.set_ylabel("excess empirical risk per row")
     ax.set_title(f"Incremental regression, eps={epsilon:g}, delta={delta:g} per block\n{description[:70]}", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)
     return path

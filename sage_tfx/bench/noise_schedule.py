@@ -21,12 +21,12 @@ rows, T = each of ``--t-over-kappa`` times kappa, every schedule at the same zCD
 excess empirical risk (sage_tfx.bench._full_batch_gd says exactly how).
 """
 
-import os
 import sys
 
 import numpy as np
 
 from sage_tfx.bench._full_batch_gd import run_full_batch
+from sage_tfx.plots import pyplot, save_figure
 
 MODELS = ("dnn_regressor", "dnn_classifier")
 SCHEDULES = ("constant", "step", "exponential", "polynomial", "bound_optimal")
@@ -180,11 +180,7 @@ def run(args):
 
 def plot(figures, models, curves, path):
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 1 + len(models), figsize=(5 * (1 + len(models)), 4))
     ax = axes[0]
     for sname, stages in curves.items():
@@ -205,7 +201,4 @@ def plot(figures, models, curves, path):
         ax.set_xticklabels(names, rotation=30, fontsize=8)
         ax.set_ylabel(f"test {row['metric']} (real taxi trips)")
         ax.set_title(f"{name}: seeds (grey), median (red)")
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path, dpi=100)

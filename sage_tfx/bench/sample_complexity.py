@@ -52,6 +52,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from sage_tfx.plots import pyplot, save_figure
+
 from ._taxi_centred import centred_release
 
 TASKS = ("taxi_mse", "taxi_accuracy")
@@ -303,11 +305,7 @@ def summarize(rows, at):
 
 
 def plot(figures, tasks, epsilon, path):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(tasks), figsize=(5.5 * len(tasks), 4.2), squeeze=False)
     for ax, name in zip(axes[0], tasks):
         rows = figures[name]["targets"]
@@ -331,9 +329,7 @@ def plot(figures, tasks, epsilon, path):
             ax.invert_xaxis()
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def run(args):

@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from sage_tfx.plots import pyplot, save_figure
 from sage_tfx.privacy.keys import KeyRing
 from sage_tfx.privacy.vocabulary import Outcome
 
@@ -523,11 +524,7 @@ def run(args: argparse.Namespace) -> dict:
 
 def plot(figures: dict, path: str) -> None:
     """Ingest rows/s per setup and, if measured, serve ACCEPTs/hour per --parallel, side by side."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     serve = figures.get("serve")
     fig, axes = plt.subplots(1, 2 if serve else 1, figsize=(11 if serve else 6, 4.2), squeeze=False)
     ing = figures["ingest"]
@@ -565,6 +562,4 @@ def plot(figures: dict, path: str) -> None:
         ax.set_title(
             f"sage serve, {first['pipelines']} taxi_regression pipelines\n(real taxi days; one run each)", fontsize=10
         )
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -34,6 +34,8 @@ from importlib import resources
 
 import numpy as np
 
+from sage_tfx.plots import pyplot, save_figure
+
 from . import _validation_epsilons as sweep
 
 PAPER_TABLE2 = {  # the Sage paper §5, Tab. 2: fraction of ACCEPTed models that violate their target (100K held-out)
@@ -540,11 +542,7 @@ def plot(figures, tasks, etas, path):
     """The paper's §5.1 claim as its own figure: per task and eta, the false-ACCEPT rate (ACCEPTed models that
     miss their target on the held-out rows) of each validator, with its 95% Clopper-Pearson upper limit, the
     eta line, and the paper's No SLA rate."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(tasks), figsize=(6 * len(tasks), 4.2), squeeze=False)
     for ax, name in zip(axes[0], tasks):
         width = 0.8 / len(etas)
@@ -569,6 +567,4 @@ def plot(figures, tasks, etas, path):
         ax.set(ylabel="false-ACCEPT rate (among ACCEPTed)", title=f"{name} (GENERATED taxi rows)")
         ax.grid(True, axis="y", alpha=0.3)
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sage_tfx.plots import pyplot, save_figure
+
 if TYPE_CHECKING:
     from .ledger import Ledger
 
@@ -125,11 +127,9 @@ def spending_history(
 
 def heatmap_png(ledger: Ledger, stream: str, out_path: str) -> str:
     """Write the budget heat-map: blocks (rows) by time (columns), colour = share of epsilon spent."""
-    import matplotlib
+    import matplotlib  # its colormap registry
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     blocks, times, labels, matrix = spending_history(ledger, stream)
     height = min(12.0, 2.5 + 0.25 * min(len(blocks), 40))
     fig, ax = plt.subplots(figsize=(11, height))
@@ -151,7 +151,5 @@ def heatmap_png(ledger: Ledger, stream: str, out_path: str) -> str:
         f"{s.accounting}); grey = not yet arrived"
     )
     fig.colorbar(image, ax=ax, label="share of the block's epsilon spent")
-    fig.tight_layout()
-    fig.savefig(out_path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, out_path)
     return out_path

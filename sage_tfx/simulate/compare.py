@@ -20,6 +20,7 @@ import math
 import sys
 import time
 
+from sage_tfx.plots import pyplot, save_figure
 from sage_tfx.privacy.allocation import get_policy, policy_names
 from sage_tfx.privacy.vocabulary import Policy
 
@@ -134,11 +135,7 @@ def compare(
 
 def plot(result: dict, path: str) -> str:
     """Two panels (one per workload): pipelines granted per policy (bars), mean release/delay written above."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
     panels = [
         (
@@ -180,7 +177,5 @@ def plot(result: dict, path: str) -> str:
         "Allocation policies: pipelines granted (bars; dashed: all pipelines) and mean release time (labels)",
         fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return path

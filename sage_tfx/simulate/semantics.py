@@ -16,6 +16,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 
+from sage_tfx.plots import pyplot, save_figure
 from sage_tfx.privacy import BudgetRefused, Ledger
 
 from .workload import SimConfig, make_workload
@@ -149,11 +150,7 @@ def compare_semantics(
 
 def plot_semantics(rows: list[dict], path: str) -> str:
     """Pipelines granted per semantics (bars, one group per rate), the arrivals as a dashed line."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     rates = sorted({r["rate"] for r in rows})
     fig, ax = plt.subplots(figsize=(7, 4.2))
     width = 0.8 / len(SEMANTICS)
@@ -179,7 +176,5 @@ def plot_semantics(rows: list[dict], path: str) -> str:
         fontsize=9,
     )
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return path

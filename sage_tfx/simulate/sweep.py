@@ -3,6 +3,8 @@
 import math
 import sys
 
+from sage_tfx.plots import pyplot, save_figure
+
 from .engine import simulate
 from .strategies import LABELS
 
@@ -74,11 +76,7 @@ def max_sustainable_rate(strategy, rows, hours, seed, config, warmup, drain, ste
 
 def plot(rows, path, title, ceiling_hours=168.0):
     """Mean release time vs arrival rate per strategy (log y), overloaded runs drawn at the ceiling."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     strategies = list(dict.fromkeys(r["strategy"] for r in rows))
     markers = dict(zip(LABELS, "vsoD^"))
@@ -96,8 +94,6 @@ def plot(rows, path, title, ceiling_hours=168.0):
 
 def _save(fig, ax, path, title, ylabel, ceiling_hours):
     """The release-time axes (log hours up to the ceiling, the one-day line), saved to ``path``."""
-    import matplotlib.pyplot as plt
-
     ax.axhline(SLA_HOURS, color="grey", linestyle="--", linewidth=1)
     ax.set_yscale("log")
     ax.set_ylim(0.1, ceiling_hours * 1.3)
@@ -106,9 +102,7 @@ def _save(fig, ax, path, title, ylabel, ceiling_hours):
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(True, which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
     return path
 
 
@@ -155,11 +149,7 @@ def spread(rows_by_seed, ceiling_hours=168.0):
 def plot_spread(cells, path, title, ceiling_hours=168.0):
     """Fig. 8 with its spread: the median over seeds of the mean release time per strategy and rate, with a bar
     from the seeds' min to max (overloaded runs at the ceiling)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     strategies = list(dict.fromkeys(c["strategy"] for c in cells))
     markers = dict(zip(LABELS, "vsoD^"))
