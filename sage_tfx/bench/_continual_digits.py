@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> dict:
     began = time.time()
     data, test = digits_blocks(args.blocks, args.rows_per_block)
     T = len(data)
-    epsilons = [float(e) for e in args.epsilons.split(",")]
+    epsilons = args.epsilons
     non_private = _non_private_accuracy(data, test, args)
     acc = {e: {v: np.zeros((args.trials, T)) for v in VARIANTS} for e in epsilons}
     charged, audits = [], []

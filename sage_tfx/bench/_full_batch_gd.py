@@ -144,7 +144,7 @@ def run_full_batch(args, data):
         "floor": args.floor,
         "runs": [],
     }
-    for mult in [float(m) for m in args.t_over_kappa.split(",") if m]:
+    for mult in args.t_over_kappa:
         steps = max(2, int(round(mult * kappa)))
         result = compare(task, args.epsilon, steps, args.seeds, args.floor, args.momentum)
         base = np.array(result["constant"]["excess_risk"])

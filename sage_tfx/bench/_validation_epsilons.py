@@ -18,15 +18,6 @@ LABELS = {"no_sla": "No SLA (TFX evaluator on the DP metric)", "sage": "Sage SLA
 BIN_NAMES = ("easy", "middle", "hard")  # thirds of the target range, from the naive metric to the best one
 
 
-def parse_epsilons(text):
-    """The epsilons of ``--by-epsilon``, each finite and > 0 (ValueError naming the bad one)."""
-    epsilons = [float(e) for e in text.split(",") if e.strip()]
-    bad = [e for e in epsilons if not 0 < e < float("inf")]
-    if not epsilons or bad:
-        raise ValueError(f"--by-epsilon {text!r}: need comma-separated epsilons > 0 (bad: {bad or 'none given'})")
-    return epsilons
-
-
 def settings(args, etas, epsilons):
     return {
         "trials": args.trials,

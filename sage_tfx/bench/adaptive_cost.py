@@ -28,6 +28,7 @@ import time
 
 import numpy as np
 
+from sage_tfx import comma_lists
 from sage_tfx.adaptive.settings import IteratorSettings
 from sage_tfx.bench.block_composition import Trial
 from sage_tfx.bench.sample_complexity import FLIGHTS_DELTA, FLIGHTS_SPLIT, FlightsTask
@@ -42,7 +43,10 @@ GRID_STEP = 2 ** (1 / 8)
 def add_arguments(parser):
     parser.add_argument("--trials", type=int, default=10, help="random day orders of the stream (default 10)")
     parser.add_argument(
-        "--fractions", default="0.5,0.7,0.8,0.9", help="targets: fraction of the way from the naive MSE to the best one"
+        "--fractions",
+        type=comma_lists.numbers,
+        default="0.5,0.7,0.8,0.9",
+        help="targets: fraction of the way from the naive MSE to the best one",
     )
     parser.add_argument(
         "--epsilon-start",
@@ -54,6 +58,7 @@ def add_arguments(parser):
     parser.add_argument("--confidence", type=float, default=1 - IteratorSettings.eta, help="1 - eta")
     parser.add_argument(
         "--start-rows",
+        type=comma_lists.counts,
         default="4000,64000",
         help="the first attempt's windows (rows), one run per value (default 4000,64000: a "
         "window that must grow, and one where only epsilon doubles)",
@@ -155,8 +160,7 @@ def run(args):
     rng = np.random.default_rng(args.seed)
     task = FlightsTask(args.loss_bound)
     best, naive = task.reference()
-    fractions = [float(f) for f in args.fractions.split(",")]
-    starts = [int(r) for r in args.start_rows.split(",")]
+    fractions, starts = args.fractions, args.start_rows
     started = time.time()
     runs = {(n, f): {"ratios": [], "oldest": [], "timeouts": 0} for n in starts for f in fractions}
     for t in range(args.trials):

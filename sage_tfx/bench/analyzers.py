@@ -35,6 +35,7 @@ import statistics
 
 import numpy as np
 
+from sage_tfx import comma_lists
 from sage_tfx.bench import _tft_harness as harness
 
 BENCH = "analyzers"
@@ -56,7 +57,10 @@ def add_arguments(parser):
     parser.add_argument("--batch-rows", type=int, default=10_000, help="rows per Arrow record batch fed to Beam")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each pipeline, rotating (median)")
     parser.add_argument(
-        "--analyzers", default=",".join(ANALYZERS), help=f"comma list of {','.join(ANALYZERS)} (default all)"
+        "--analyzers",
+        type=comma_lists.names,
+        default=",".join(ANALYZERS),
+        help=f"comma list of {','.join(ANALYZERS)} (default all)",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of the generated data (not of the DP noise)")
     parser.add_argument(
@@ -305,7 +309,7 @@ def run(args):
     for option in ("rows", "batch_rows", "repeats"):
         if getattr(args, option) < 1:
             raise SystemExit(f"--{option.replace('_', '-')} must be >= 1, got {getattr(args, option)}")
-    names = [n for n in args.analyzers.split(",") if n]
+    names = args.analyzers
     for name in names:
         if name not in ANALYZERS:
             raise SystemExit(f"--analyzers: {name!r} is not one of {ANALYZERS}")

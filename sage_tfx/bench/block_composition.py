@@ -31,6 +31,7 @@ import time
 
 import numpy as np
 
+from sage_tfx import comma_lists
 from sage_tfx.bench.sample_complexity import FLIGHTS_DELTA, FLIGHTS_SPLIT, FlightsTask, samples_needed, windows
 from sage_tfx.plots import pyplot, save_figure
 from sage_tfx.privacy import BudgetSplit
@@ -46,10 +47,14 @@ def add_arguments(parser):
     parser.add_argument("--trials", type=int, default=10, help="random day orders of the stream (default 10)")
     parser.add_argument("--epsilon", type=float, default=1.0, help="the per-block charge (default 1)")
     parser.add_argument(
-        "--block-rows", default="2000,10000", help="block sizes B of the partitioned variants (default 2000,10000)"
+        "--block-rows",
+        type=comma_lists.counts,
+        default="2000,10000",
+        help="block sizes B of the partitioned variants (default 2000,10000)",
     )
     parser.add_argument(
         "--fractions",
+        type=comma_lists.numbers,
         default="0.5,0.7,0.8,0.9,0.95",
         help="targets: fraction of the way from the naive MSE to the best one",
     )
@@ -59,7 +64,9 @@ def add_arguments(parser):
     parser.add_argument("--steps-per-doubling", type=int, default=2, help="window grid: x 2^(1/s) per step")
     parser.add_argument("--loss-bound", type=float, default=3600.0, help="the SLA's bound on a squared error")
     parser.add_argument("--nn", action="store_true", help="also (c): DP-SGD MLPs by make_private (TensorFlow)")
-    parser.add_argument("--nn-rows", default="16000,64000", help="--nn: window sizes (default 16000,64000)")
+    parser.add_argument(
+        "--nn-rows", type=comma_lists.counts, default="16000,64000", help="--nn: window sizes (default 16000,64000)"
+    )
     parser.add_argument("--nn-block-rows", type=int, default=4000, help="--nn: the partitioned block size")
     parser.add_argument("--nn-trials", type=int, default=3, help="--nn: trials (default 3)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the whole run (a benchmark, not a pipeline)")
@@ -135,9 +142,9 @@ def lr_window(task, trial, n, variants, split, targets, eta, rng):
 def run_lr(task, args, rng):
     split = BudgetSplit.for_epsilon(args.epsilon, FLIGHTS_DELTA, **FLIGHTS_SPLIT)
     best, naive = task.reference()
-    fractions = [float(f) for f in args.fractions.split(",")]
+    fractions = args.fractions
     targets = [naive + f * (best - naive) for f in fractions]
-    variants = [BLOCK] + [f"partitioned:{int(b)}" for b in args.block_rows.split(",")]
+    variants = [BLOCK] + [f"partitioned:{b}" for b in args.block_rows]
     grid = windows(args.start_rows, args.max_rows, args.steps_per_doubling)
     eta = 1 - args.confidence
     mse = {v: [[] for _ in grid] for v in variants}
@@ -227,7 +234,7 @@ def train_nn(task, rows, epsilon, seed):
 def run_nn(task, args, rng):
     """(c): held-out clipped MSE of the window's one DP-SGD model vs the per-block models' averaged predictions."""
     epsilon = BudgetSplit.for_epsilon(args.epsilon, FLIGHTS_DELTA, **FLIGHTS_SPLIT).training
-    sizes = [int(n) for n in args.nn_rows.split(",")]
+    sizes = args.nn_rows
     variants = [BLOCK, f"partitioned:{args.nn_block_rows}"]
     mse = {v: [[] for _ in sizes] for v in variants}
     started = time.time()

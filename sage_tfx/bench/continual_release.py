@@ -35,6 +35,7 @@ import time
 
 import numpy as np
 
+from sage_tfx import comma_lists
 from sage_tfx.bench import _continual_digits
 from sage_tfx.bench._trials import block_reader, trial_ledger
 from sage_tfx.plots import pyplot, save_figure
@@ -78,6 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epsilon", type=float, default=1.0, help="per-record budget charged per block (default 1)")
     parser.add_argument(
         "--epsilons",
+        type=comma_lists.positive_numbers,
         default="0.3,1,3,10",
         help="digits: the per-record epsilons compared, comma-separated (default 0.3,1,3,10; the ledger refuses above 10)",
     )

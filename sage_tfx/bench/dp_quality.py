@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 
+from sage_tfx import comma_lists
 from sage_tfx.plots import pyplot, save_figure
 
 EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)
@@ -25,9 +26,14 @@ PAYMENTS = ("Cash", "Credit Card", "No Charge", "Unknown", "Dispute")
 
 def add_arguments(parser):
     parser.add_argument(
-        "--epsilons", default=",".join(str(e) for e in EPSILONS), help="comma list of epsilons (default 0.1,0.3,1,3,10)"
+        "--epsilons",
+        type=comma_lists.positive_numbers,
+        default=",".join(str(e) for e in EPSILONS),
+        help="comma list of epsilons (default 0.1,0.3,1,3,10)",
     )
-    parser.add_argument("--models", default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}")
+    parser.add_argument(
+        "--models", type=comma_lists.names, default=",".join(MODELS), help=f"comma list of {','.join(MODELS)}"
+    )
     parser.add_argument("--seeds", type=int, default=3, help="seeds per point, median taken (default 3)")
     parser.add_argument("--epochs", type=int, default=5, help="epochs of SGD, DP and non-DP (default 5)")
     parser.add_argument("--plot", default=None, help="write the quality-vs-epsilon figure to this PNG")
@@ -171,8 +177,7 @@ def run(args):
 
     import sage_tfx  # noqa: F401  (before TensorFlow)
 
-    epsilons = [float(e) for e in args.epsilons.split(",") if e]
-    models = [m for m in args.models.split(",") if m]
+    epsilons, models = args.epsilons, args.models
     for m in models:
         if m not in MODELS:
             raise SystemExit(f"--models: {m!r} is not one of {MODELS}")

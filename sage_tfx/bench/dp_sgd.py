@@ -33,6 +33,8 @@ import time
 
 import numpy as np
 
+from sage_tfx import comma_lists
+
 IMPLEMENTATIONS = ("ghost", "vmap", "tf_privacy")
 # (name, cardinality): 24 + 7 + 5 + 10 + 10 + 5 = 61 one-hot columns
 CONTEXT = (("hour", 24), ("day", 7), ("week_of_month", 5), ("pickup_zone", 10), ("dropoff_zone", 10), ("payment", 5))
@@ -49,7 +51,10 @@ def add_arguments(parser):
     )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (default 2)")
     parser.add_argument(
-        "--implementations", default=",".join(IMPLEMENTATIONS), help="comma list of ghost,vmap,tf_privacy (default all)"
+        "--implementations",
+        type=comma_lists.names,
+        default=",".join(IMPLEMENTATIONS),
+        help="comma list of ghost,vmap,tf_privacy (default all)",
     )
     parser.add_argument("--skip-taxi-nn", action="store_true", help="skip the paper's Taxi NN")
     parser.add_argument("--skip-wide-deep", action="store_true", help="skip TFX's taxi wide-and-deep model")
@@ -315,7 +320,7 @@ def run(args):
     import sage_tfx  # noqa: F401  (before TensorFlow)
     from sage_tfx.models.dpsgd_models import DEFAULT_ENGINE as DEFAULT_IMPLEMENTATION
 
-    implementations = [i for i in args.implementations.split(",") if i]
+    implementations = args.implementations
     for name in implementations:
         if name not in IMPLEMENTATIONS:
             raise SystemExit(f"--implementations: {name!r} is not one of {IMPLEMENTATIONS}")

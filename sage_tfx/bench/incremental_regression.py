@@ -32,6 +32,7 @@ import time
 
 import numpy as np
 
+from sage_tfx import comma_lists
 from sage_tfx.bench import _incremental_highdim
 from sage_tfx.plots import pyplot, save_figure
 
@@ -45,7 +46,9 @@ BOUND_X, BOUND_Y, RADIUS = 1.0, 1.0, 4.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--horizons", default="8,16,32,64,128,256", help="comma list of horizons T (blocks)")
+    parser.add_argument(
+        "--horizons", type=comma_lists.counts, default="8,16,32,64,128,256", help="comma list of horizons T (blocks)"
+    )
     parser.add_argument("--epsilon", type=float, default=1.0, help="each block's epsilon over the horizon (default 1)")
     parser.add_argument("--delta", type=float, default=1e-6, help="each block's delta over the horizon (default 1e-6)")
     parser.add_argument("--seeds", type=int, default=3, help="noise seeds per horizon (default 3)")
@@ -64,25 +67,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="instead: PrivIncReg2 vs PrivIncReg1 as d grows, on GENERATED sparse rows with a small-width set "
         "(--dims, --sketch-dims, --set, --blocks, --rows-per-block; the paper's Section 5 regime)",
     )
-    parser.add_argument("--dims", default="50,200,800", help="--high-dim: comma list of dimensions d")
-    parser.add_argument("--sketch-dims", default="20,80", help="--high-dim: comma list of PrivIncReg2's m (<= d)")
+    parser.add_argument(
+        "--dims", type=comma_lists.counts, default="50,200,800", help="--high-dim: comma list of dimensions d"
+    )
+    parser.add_argument(
+        "--sketch-dims",
+        type=comma_lists.counts,
+        default="20,80",
+        help="--high-dim: comma list of PrivIncReg2's m (<= d)",
+    )
     parser.add_argument("--set", choices=("l1_ball", "simplex"), default="l1_ball", help="--high-dim: the set C")
     parser.add_argument("--blocks", type=int, default=4, help="--high-dim: the horizon T in blocks (default 4)")
     parser.add_argument("--rows-per-block", type=int, default=500, help="--high-dim: rows per block (default 500)")
 
 
-def _int_list(option: str, text) -> list[int]:
-    try:
-        values = [int(h) for h in str(text).split(",") if h.strip()]
-    except ValueError:
-        raise SystemExit(f"{option} {text!r} must be a comma list of integers") from None
-    if not values or min(values) < 1:
-        raise SystemExit(f"{option} {text!r}: every value must be >= 1")
-    return values
-
-
 def _check_args(args) -> list[int]:
-    horizons = _int_list("--horizons", args.horizons)
+    horizons = args.horizons
     if not (math.isfinite(args.epsilon) and args.epsilon > 0):
         raise SystemExit(f"--epsilon must be a finite number > 0, got {args.epsilon}")
     if not 0 < args.delta < 1:
@@ -190,7 +190,6 @@ def one_horizon(
 def run(args: argparse.Namespace) -> dict:
     horizons = _check_args(args)
     if args.high_dim:
-        args.dims, args.sketch_dims = _int_list("--dims", args.dims), _int_list("--sketch-dims", args.sketch_dims)
         args.horizon = args.blocks
         if args.blocks < 1 or args.rows_per_block < 1:
             raise SystemExit("--blocks and --rows-per-block must be >= 1")

@@ -31,6 +31,7 @@ import time
 import urllib.parse
 import uuid
 
+from sage_tfx import comma_lists
 from sage_tfx.bench._ledger_growth import LEDGER_FILE_SUFFIXES, _measure_choice, _measure_growth
 from sage_tfx.bench._ledger_storage import _filesystem, _measure_storage
 from sage_tfx.privacy.head_file import ENV_HEAD_SYNC
@@ -47,7 +48,9 @@ def add_arguments(parser):
         help="grants (and baseline transactions) per measurement, split among the writers",
     )
     parser.add_argument("--blocks", type=int, default=32, help="blocks per grant (rows per baseline transaction)")
-    parser.add_argument("--writers", default="1,4", help="comma-separated writer process counts")
+    parser.add_argument(
+        "--writers", type=comma_lists.counts, default="1,4", help="comma-separated writer process counts"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="alternating ledger/baseline runs per writer count")
     parser.add_argument(
         "--db-dir", default=None, help="directory for the databases (default: a fresh temporary directory)"
@@ -82,6 +85,7 @@ def add_arguments(parser):
     )
     parser.add_argument(
         "--head-sync",
+        type=comma_lists.names,
         default="use,commit,group",
         metavar="MODES",
         help="comma-separated head-file sync modes to measure the grants in (head_file.HeadSync: use, "
@@ -277,12 +281,7 @@ def _measure(pair, location, args, writer_counts, label):
 
 
 def _check_args(args):
-    try:
-        writer_counts = [int(w) for w in str(args.writers).split(",") if w.strip()]
-    except ValueError:
-        raise SystemExit(f"sage bench ledger: --writers {args.writers!r} must be comma-separated integers")  # noqa: B904
-    if not writer_counts or any(w < 1 for w in writer_counts):
-        raise SystemExit(f"sage bench ledger: --writers {args.writers!r} must list writer counts >= 1")
+    writer_counts = args.writers
     if args.growth_blocks < 0 or args.growth_batch < 1:
         raise SystemExit(
             f"sage bench ledger: --growth-blocks {args.growth_blocks} must be >= 0 and --growth-batch "
@@ -299,11 +298,9 @@ def _check_args(args):
     from sage_tfx.privacy.keys import KeyFileError
 
     try:
-        args.head_sync_modes = [head_sync_mode(m) for m in str(args.head_sync).split(",") if m.strip()]
+        args.head_sync_modes = [head_sync_mode(m) for m in args.head_sync]
     except KeyFileError as exc:
         raise SystemExit(f"sage bench ledger: --head-sync: {exc}")  # noqa: B904
-    if not args.head_sync_modes:
-        raise SystemExit(f"sage bench ledger: --head-sync {args.head_sync!r} names no mode (use, commit, group)")
     if args.grants < max(writer_counts):
         raise SystemExit(f"sage bench ledger: --grants {args.grants} must be at least the writer count")
     return writer_counts

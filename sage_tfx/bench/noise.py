@@ -25,12 +25,17 @@ import time
 
 import numpy as np
 
+from sage_tfx import comma_lists
+
 GOAL_RATIO = 2.0
 
 
 def add_arguments(parser):
     parser.add_argument(
-        "--sizes", default="1,100,10000,1000000", help="comma-separated cell counts for the sampler figures"
+        "--sizes",
+        type=comma_lists.counts,
+        default="1,100,10000,1000000",
+        help="comma-separated cell counts for the sampler figures",
     )
     parser.add_argument("--rows", type=int, default=1_000_000, help="GENERATED rows per release (default 1e6)")
     parser.add_argument("--keys", type=int, default=100, help="keys of the group-by-mean release")
@@ -90,7 +95,7 @@ def _bench_samplers(args, repeats: int, figures: dict, np_rng, safe_rng) -> None
     from sage_tfx.privacy import samplers
 
     print("per-cell samplers (one release of N cells):", flush=True)
-    for n in (int(v) for v in args.sizes.split(",")):
+    for n in args.sizes:
         x = np.zeros(n)
         _pair(
             f"sampler_laplace_{n}",

@@ -25,6 +25,7 @@ import sys
 
 import numpy as np
 
+from sage_tfx import comma_lists
 from sage_tfx.bench._full_batch_gd import run_full_batch
 from sage_tfx.plots import pyplot, save_figure
 
@@ -36,8 +37,12 @@ REGIMES = ("subsampled", "full-batch")
 
 def add_arguments(parser):
     parser.add_argument("--epsilon", type=float, default=1.0, help="the budget of every run (default 1)")
-    parser.add_argument("--models", default="dnn_regressor", help=f"comma list of {','.join(MODELS)}")
-    parser.add_argument("--schedules", default=",".join(SCHEDULES), help=f"comma list of {','.join(SCHEDULES)}")
+    parser.add_argument(
+        "--models", type=comma_lists.names, default="dnn_regressor", help=f"comma list of {','.join(MODELS)}"
+    )
+    parser.add_argument(
+        "--schedules", type=comma_lists.names, default=",".join(SCHEDULES), help=f"comma list of {','.join(SCHEDULES)}"
+    )
     parser.add_argument("--seeds", type=int, default=3, help="seeds (paired across schedules; default 3)")
     parser.add_argument("--epochs", type=int, default=3, help="epochs of DP-SGD (default 3)")
     parser.add_argument("--rows", type=int, default=0, help="use only this many training rows (0: all)")
@@ -50,7 +55,12 @@ def add_arguments(parser):
         "logistic regression (the paper's regime)",
     )
     parser.add_argument("--lam", type=float, default=0.01, help="full-batch: the L2 weight (mu; default 0.01)")
-    parser.add_argument("--t-over-kappa", default="2,8,32", help="full-batch: run lengths T / kappa (default 2,8,32)")
+    parser.add_argument(
+        "--t-over-kappa",
+        type=comma_lists.positive_numbers,
+        default="2,8,32",
+        help="full-batch: run lengths T / kappa (default 2,8,32)",
+    )
     parser.add_argument(
         "--floor", type=float, default=1e-8, help="full-batch: the floor of the bound-optimal schedule (default 1e-8)"
     )
@@ -107,7 +117,7 @@ def run(args):
     from sage_tfx.bench.dp_quality import taxi_task_data
     from sage_tfx.privacy import dpsgd
 
-    models = [m for m in args.models.split(",") if m]
+    models = args.models
     for m in models:
         if m not in MODELS:
             raise SystemExit(f"--models: {m!r} is not one of {MODELS}")
@@ -123,7 +133,7 @@ def run(args):
             data[i] = data[i][: args.rows]
     n = len(data[0])
     steps = dpsgd.num_steps(n, 256, args.epochs)
-    schedules = make_schedules([s for s in args.schedules.split(",") if s], steps)
+    schedules = make_schedules(args.schedules, steps)
     if "constant" not in schedules:
         raise SystemExit("--schedules must include constant (the baseline)")
     figures = {

@@ -52,6 +52,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from sage_tfx import comma_lists
 from sage_tfx.plots import pyplot, save_figure
 
 from ._taxi_centred import centred_release
@@ -67,14 +68,18 @@ GOAL_RATIO = 1.5  # the issue's goal at epsilon = 1
 
 def add_arguments(parser):
     parser.add_argument("--trials", type=int, default=20, help="independent row streams per task (default 20)")
-    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {TASKS}")
+    parser.add_argument(
+        "--tasks", type=comma_lists.names, default=",".join(TASKS), help=f"comma-separated, from {TASKS}"
+    )
     parser.add_argument(
         "--epsilons",
+        type=comma_lists.positive_numbers,
         default="0.25,0.5,1,2",
         help="epsilon for DP training and for validation each (default 0.25,0.5,1,2)",
     )
     parser.add_argument(
         "--fractions",
+        type=comma_lists.numbers,
         default="0.5,0.7,0.8,0.9,0.95,0.98",
         help="targets: fraction of the way from the naive metric to the best one",
     )
@@ -336,14 +341,11 @@ def run(args):
     from sage_tfx.bench.validation import Task, TaxiGenerator, load_real_rows
 
     dataset = getattr(args, "dataset", "taxi")
-    tasks = [FLIGHTS_TASK] if dataset == "flights" else [t.strip() for t in args.tasks.split(",")]
+    tasks = [FLIGHTS_TASK] if dataset == "flights" else args.tasks
     for name in tasks:
         if name not in TASKS + (FLIGHTS_TASK,):
             raise ValueError(f"task {name!r} is not one of {TASKS}")
-    epsilons = [float(e) for e in args.epsilons.split(",")]
-    fractions = [float(f) for f in args.fractions.split(",")]
-    if not all(0 < e < float("inf") for e in epsilons):
-        raise ValueError(f"epsilons {epsilons}: each must be a positive finite number")
+    epsilons, fractions = args.epsilons, args.fractions
     if not all(0 < f < 1 for f in fractions):
         raise ValueError(f"fractions {fractions}: each must be in (0, 1)")
     if not 0 < args.confidence < 1:

@@ -39,6 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 
+from sage_tfx import comma_lists
 from sage_tfx.plots import pyplot, save_figure
 from sage_tfx.privacy.keys import KeyRing
 from sage_tfx.privacy.vocabulary import Outcome
@@ -83,6 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--setups",
+        type=comma_lists.names,
         default=",".join(SETUPS),
         help=f"comma list of ingest setups, the first is the baseline (default {','.join(SETUPS)})",
     )
@@ -96,6 +98,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--serve-parallel",
+        type=comma_lists.counts,
         default="1,2",
         help="`sage serve --parallel` values to compare, the first is the reference (default 1,2)",
     )
@@ -139,19 +142,13 @@ def _check_args(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         raise SystemExit(f"--files ({args.files}) must be at most --rows ({args.rows})")
     if args.serve_pipelines < 0 or args.serve_initial_blocks < 1:
         raise SystemExit("--serve-pipelines must be >= 0 and --serve-initial-blocks >= 1")
-    setups = [s for s in args.setups.split(",") if s]
+    setups = args.setups
     for name in setups:
         if name not in SETUPS:
             raise SystemExit(f"--setups: {name!r} is not one of {', '.join(SETUPS)}")
-    if not setups or len(set(setups)) != len(setups):
-        raise SystemExit(f"--setups must name distinct setups, got {args.setups!r}")
-    try:
-        parallels = [int(p) for p in args.serve_parallel.split(",") if p]
-    except ValueError:
-        raise SystemExit(f"--serve-parallel must be a comma list of integers, got {args.serve_parallel!r}") from None
-    if args.serve_pipelines and (not parallels or min(parallels) < 1):
-        raise SystemExit(f"--serve-parallel values must be >= 1, got {args.serve_parallel!r}")
-    return setups, parallels
+    if len(set(setups)) != len(setups):
+        raise SystemExit(f"--setups must name distinct setups, got {','.join(setups)!r}")
+    return setups, args.serve_parallel
 
 
 def machine() -> dict:

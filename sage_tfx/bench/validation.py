@@ -34,6 +34,7 @@ from importlib import resources
 
 import numpy as np
 
+from sage_tfx import comma_lists
 from sage_tfx.plots import pyplot, save_figure
 
 from . import _validation_epsilons as sweep
@@ -58,8 +59,15 @@ HOUR_BANDS = np.array([0, 0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 
 def add_arguments(parser):
     parser.add_argument("--plot", metavar="FILE", help="write a PNG of the false-ACCEPT rates (the paper's §5.1)")
     parser.add_argument("--trials", type=int, default=250, help="models (targets) per task (default 250)")
-    parser.add_argument("--etas", default="0.01,0.05", help="comma-separated eta = 1 - confidence values")
-    parser.add_argument("--tasks", default=",".join(TASKS), help=f"comma-separated, from {TASKS}")
+    parser.add_argument(
+        "--etas",
+        type=comma_lists.positive_numbers,
+        default="0.01,0.05",
+        help="comma-separated eta = 1 - confidence values",
+    )
+    parser.add_argument(
+        "--tasks", type=comma_lists.names, default=",".join(TASKS), help=f"comma-separated, from {TASKS}"
+    )
     parser.add_argument(
         "--epsilon-start",
         type=float,
@@ -85,6 +93,7 @@ def add_arguments(parser):
     parser.add_argument("--seed", type=int, default=0, help="seed of the whole run (a benchmark, not a pipeline)")
     parser.add_argument(
         "--by-epsilon",
+        type=comma_lists.positive_numbers,
         metavar="LIST",
         help="instead of Tab. 2: the paper's §5.1 over epsilon: for each epsilon in LIST (comma-separated), "
         "every iteration trains and validates at that fixed epsilon (the window doubles), and only No SLA "
@@ -434,8 +443,7 @@ def _upper95(violations, accepted):
 
 
 def run(args):
-    etas = [float(e) for e in args.etas.split(",")]
-    tasks = [t.strip() for t in args.tasks.split(",")]
+    etas, tasks = args.etas, args.tasks
     for name in tasks:
         if name not in TASKS:
             raise ValueError(f"task {name!r} is not one of {TASKS}")
@@ -446,8 +454,6 @@ def run(args):
             f"need trials >= 1 ({args.trials}), max_iterations >= 1 ({args.max_iterations}), "
             f"start_rows >= 100 ({args.start_rows})"
         )
-    if getattr(args, "by_epsilon", None):
-        sweep.parse_epsilons(args.by_epsilon)  # a bad list fails before any row is drawn
     rng = np.random.default_rng(args.seed)
     started = time.time()
     generator = TaxiGenerator(load_real_rows())
@@ -511,7 +517,7 @@ def run(args):
 def run_by_epsilon(args, tasks, etas, generator, held_out, rng, started):
     """The figures of ``--by-epsilon``: per task and epsilon, No SLA's and Sage SLA's false-ACCEPT rates
     (``_validation_epsilons``), each epsilon on fresh trials against the task's one reference."""
-    epsilons = sweep.parse_epsilons(args.by_epsilon)
+    epsilons = args.by_epsilon
     figures = {"data": "GENERATED taxi rows (as Tab. 2)", "settings": sweep.settings(args, etas, epsilons)}
     for name in tasks:
         reference = Task(name, args, held_out).reference(generator, rng)

@@ -36,13 +36,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def run(args: argparse.Namespace, parse_rates: Callable[[str], list], parse_config: Callable[[list], Any]) -> int:
+def run(args: argparse.Namespace, parse_config: Callable[[list], Any]) -> int:
     """Run the comparison; print a table (or JSON), write --plot. EXIT_BAD_INPUT, before anything runs, for a bad
-    rate, workload or unit parameter (``parse_rates`` / ``parse_config``: `sage simulate`'s parsers)."""
+    workload or unit parameter (``parse_config``: `sage simulate`'s parser of --set; --rates is parsed by
+    argparse)."""
     from sage_tfx.simulate import semantics
 
     try:
-        rates, config = parse_rates(args.rates), parse_config(args.set)
+        rates, config = args.rates, parse_config(args.set)
         if args.hours < 1:
             raise ValueError(f"--hours {args.hours} must be >= 1")
         units = semantics.UnitConfig(

@@ -50,6 +50,7 @@ import math
 import os
 import sys
 
+from sage_tfx import comma_lists
 from sage_tfx.privacy.vocabulary import Outcome
 
 from ._exits import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK
@@ -76,7 +77,7 @@ def add_parser(subparsers):
     p.add_argument("--data-root", required=True, help="where `sage ingest` wrote the stream's blocks")
     p.add_argument(
         "--target",
-        type=target_list,
+        type=comma_lists.numbers,  # one number, or several A,B,C for --check
         default=None,
         help="quality target (required unless --check): MSE in seconds^2 (taxi_regression), accuracy "
         "(taxi_classification), in the unit of the pipeline's SLA. With --check, several "
@@ -154,15 +155,6 @@ def add_parser(subparsers):
     )
     p.add_argument("--serving-dir", default=None, help="push destination (default: WORK_DIR/serving)")
     p.set_defaults(func=_run)
-
-
-def target_list(text):
-    """``--target``'s value: one number, or several "A,B,C" (for --check); argparse names a bad one."""
-    try:
-        values = [float(part) for part in str(text).split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number or a list A,B,C of numbers") from None
-    return values
 
 
 def add_beam_options(parser):

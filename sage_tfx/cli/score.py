@@ -15,6 +15,8 @@ import argparse
 import os
 import sys
 
+from sage_tfx import comma_lists
+
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
 
 
@@ -41,6 +43,7 @@ def add_parser(subparsers):
     p.add_argument("--name", default=None, help="the pipeline name the run used (sage run --name)")
     p.add_argument(
         "--features",
+        type=comma_lists.names,
         default=None,
         metavar="COL,COL",
         help="the baselines' numeric columns (default: all but the label and the time column; leave "
@@ -55,7 +58,7 @@ def _run(args):
     from sage_tfx.privacy import LedgerError
 
     serving_dir = args.serving_dir or os.path.join(args.work_dir, "serving")
-    features = [f.strip() for f in args.features.split(",") if f.strip()] if args.features else None
+    features = args.features
     try:
         report = score_model(
             args.db,

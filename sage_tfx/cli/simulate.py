@@ -4,21 +4,11 @@ import json
 import sys
 from dataclasses import fields
 
+from sage_tfx import comma_lists
 from sage_tfx.privacy.vocabulary import Accounting, Policy
 
 from . import _simulate_semantics as simulate_semantics
 from ._exits import EXIT_BAD_INPUT, EXIT_OK
-
-
-def _rates(text):
-    try:
-        rates = [float(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise ValueError(f"--rates {text!r} must be comma-separated numbers (pipelines per hour)") from None
-    bad = [r for r in rates if not (r > 0 and r < float("inf"))]
-    if not rates or bad:
-        raise ValueError(f"--rates {text!r}: every rate must be a finite number > 0")
-    return rates
 
 
 def add_parser(subparsers):
@@ -31,7 +21,12 @@ def add_parser(subparsers):
         "ledger (a temporary SQLite file). See docs/simulation.md.",
     )
     p.add_argument("--json", action="store_true", help="print the results as one JSON object")
-    p.add_argument("--rates", default="0.1,0.3,0.5,0.7,1.0,1.5", help="arrival rates, pipelines per hour")
+    p.add_argument(
+        "--rates",
+        type=comma_lists.positive_numbers,
+        default="0.1,0.3,0.5,0.7,1.0,1.5",
+        help="arrival rates, pipelines per hour",
+    )
     p.add_argument("--hours", type=int, default=240, help="hours of arrivals measured (default 240)")
     p.add_argument("--warmup", type=int, default=48, help="first hours excluded from the measured cohort")
     p.add_argument("--drain", type=int, default=96, help="extra hours simulated for the cohort to finish")
@@ -44,7 +39,9 @@ def add_parser(subparsers):
         help="run the sweep for seeds SEED..SEED+N-1 and report each cell's median and min-max over "
         "them (the plot draws the spread; the rate search uses SEED only)",
     )
-    p.add_argument("--strategies", default=None, help="comma-separated subset (default: all five)")
+    p.add_argument(
+        "--strategies", type=comma_lists.names, default=None, help="comma-separated subset (default: all five)"
+    )
     p.add_argument("--plot", default=None, metavar="FILE.png", help="write the release-time plot")
     p.add_argument(
         "--no-search",
@@ -158,7 +155,7 @@ def _compare(args):
 def _run(args):
 
     if args.compare_policies or args.semantics:
-        return _compare(args) if args.compare_policies else simulate_semantics.run(args, _rates, _config)
+        return _compare(args) if args.compare_policies else simulate_semantics.run(args, _config)
 
     from sage_tfx.simulate import sweep as sw
 
@@ -212,8 +209,8 @@ def _sweep_options(args):
     """(rates, strategies, config) of a sweep, every option checked (ValueError naming it)."""
     from sage_tfx.simulate import STRATEGIES
 
-    rates = _rates(args.rates)
-    strategies = STRATEGIES if args.strategies is None else tuple(s.strip() for s in args.strategies.split(","))
+    rates = args.rates
+    strategies = STRATEGIES if args.strategies is None else tuple(args.strategies)
     unknown = [s for s in strategies if s not in STRATEGIES]
     if unknown:
         raise ValueError(f"--strategies: unknown {', '.join(unknown)} (use {', '.join(STRATEGIES)})")

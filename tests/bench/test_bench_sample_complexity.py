@@ -61,7 +61,6 @@ def test_bad_arguments_are_named():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
     for argv, message in (
-        (["--epsilons", "-1"], "epsilons"),
         (["--fractions", "1.2"], "fractions"),
         (["--tasks", "criteo"], "task 'criteo'"),
         (["--confidence", "1"], "confidence"),
@@ -69,6 +68,16 @@ def test_bad_arguments_are_named():
     ):
         with pytest.raises(ValueError, match=message):
             bench.run(parser.parse_args(argv))
+
+
+def test_a_bad_epsilon_is_a_usage_error(capsys):
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    with pytest.raises(SystemExit) as exc:
+        parser.parse_args(["--epsilons", "-1"])
+    assert (
+        exc.value.code == 2 and "argument --epsilons: '-1': '-1' is not a finite number > 0" in capsys.readouterr().err
+    )
 
 
 def test_summary_counts_only_targets_np_reaches():

@@ -26,13 +26,18 @@ def _parse(*argv):
         (["--rows", "5", "--files", "6"], r"--files \(6\) must be at most --rows \(5\)"),
         (["--setups", "direct,spark"], "'spark' is not one of"),
         (["--setups", "direct,direct"], "distinct"),
-        (["--serve-parallel", "1,x"], "comma list of integers"),
-        (["--serve-parallel", "0,2"], "must be >= 1"),
     ],
 )
 def test_bad_arguments_name_the_value(argv, message):
     with pytest.raises(SystemExit, match=message):
         bench.run(_parse(*argv))
+
+
+@pytest.mark.parametrize("value, message", [("1,x", "'x' is not a whole number >= 1"), ("0,2", "'0' is not")])
+def test_a_bad_serve_parallel_is_a_usage_error(capsys, value, message):
+    with pytest.raises(SystemExit) as exc:
+        _parse("--serve-parallel", value)
+    assert exc.value.code == 2 and f"argument --serve-parallel: {value!r}: {message}" in capsys.readouterr().err
 
 
 def test_inputs_split_consecutive_rows_over_files(tmp_path):

@@ -46,6 +46,7 @@ def test_summarize_counts_rates_and_target_thirds():
 
 
 @pytest.mark.parametrize("text", ["0", "-1,1", "inf", ","])
-def test_by_epsilon_refuses_a_bad_epsilon_before_any_trial(text):
-    with pytest.raises(ValueError, match="--by-epsilon"):
-        sweep.parse_epsilons(text)
+def test_by_epsilon_refuses_a_bad_epsilon_before_any_trial(capsys, text):
+    with pytest.raises(SystemExit) as exc:
+        _args(f"--by-epsilon={text}")  # "=": argparse reads "-1,1" after a space as an option
+    assert exc.value.code == 2 and f"argument --by-epsilon: {text!r}: " in capsys.readouterr().err

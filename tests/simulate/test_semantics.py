@@ -42,4 +42,6 @@ def test_the_cli_prints_each_semantics_and_refuses_a_bad_unit_parameter(capsys, 
     assert (tmp_path / "sem.png").stat().st_size > 0
     assert sage_main([*args, "--max-rows-per-unit", "0"]) == 2
     assert "max_rows=0 must be an integer >= 1" in capsys.readouterr().err
-    assert sage_main([*args, "--rates", "-1"]) == 2
+    with pytest.raises(SystemExit) as exc:  # argparse's usage error, before anything runs
+        sage_main([*args, "--rates", "-1"])
+    assert exc.value.code == 2 and "argument --rates: '-1': '-1' is not a finite number > 0" in capsys.readouterr().err

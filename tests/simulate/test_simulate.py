@@ -117,6 +117,9 @@ def test_bad_config_is_named():
 
 
 def test_cli_bad_input_exits_2(capsys):
-    assert sage_main(["simulate", "--rates", "0.5,-1"]) == 2
-    assert "-1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:  # argparse's usage error, before anything runs
+        sage_main(["simulate", "--rates", "0.5,-1"])
+    assert (
+        exc.value.code == 2 and "argument --rates: '0.5,-1': '-1' is not a finite number > 0" in capsys.readouterr().err
+    )
     assert sage_main(["simulate", "--set", "bogus=1"]) == 2
