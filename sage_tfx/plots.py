@@ -22,6 +22,19 @@ def pyplot() -> Any:
     return plt
 
 
+def label_bars(ax: Any, bars: Any, texts: list[str], **text_options: Any) -> None:
+    """Write ``texts[i]`` centred above bar ``i`` of ``bars`` (what ``ax.bar`` returned).
+
+    Args:
+        ax: the bars' axes.
+        bars: the bars, in the order of ``texts``.
+        texts: one label per bar.
+        **text_options: more options of ``ax.text`` (e.g. ``fontsize``).
+    """
+    for bar, text in zip(bars, texts, strict=True):
+        ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), text, ha="center", va="bottom", **text_options)
+
+
 def save_figure(fig: Any, path: str, *, dpi: float | str = DEFAULT_DPI) -> str:
     """Lay ``fig`` out tightly, write it to ``path`` (its folder made if missing) and close it.
 

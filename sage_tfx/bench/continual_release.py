@@ -37,7 +37,7 @@ import numpy as np
 
 from sage_tfx import comma_lists
 from sage_tfx.bench import _continual_digits
-from sage_tfx.bench._trials import block_reader, trial_ledger
+from sage_tfx.bench._trials import block_reader, first_taxi_trips, numeric_column, trial_ledger
 from sage_tfx.plots import pyplot, save_figure
 
 DEFAULT_PLOT = "docs/img/continual_release.png"
@@ -122,25 +122,13 @@ RANGES = {"fare": 100.0, "trip_miles": 30.0, "trip_seconds": 3600.0, "trip_start
 
 def taxi_blocks(blocks: int, rows: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """The first blocks * rows REAL taxi trips in time order as ``blocks`` (X, y) blocks (big tipper label)."""
-    from sage_tfx.data.taxi import TIME_COLUMN, load_taxi
-
-    table = load_taxi().sort_by(TIME_COLUMN)
-    need = blocks * rows
-    if need > table.num_rows:
-        raise SystemExit(
-            f"--blocks {blocks} x --rows-per-block {rows} = {need} rows: the taxi data has only "
-            f"{table.num_rows}; lower one of them"
-        )
-
-    def col(name):
-        return np.nan_to_num(np.asarray(table.column(name).to_pylist()[:need], dtype=np.float64))
-
-    fare, tips = col("fare"), col("tips")
+    table = first_taxi_trips(blocks, rows)
+    fare, tips = numeric_column(table, "fare"), numeric_column(table, "tips")
     x = np.stack(
-        [np.clip(col(n) / RANGES[n], 0, 1) for n in RANGES]
+        [np.clip(numeric_column(table, n) / RANGES[n], 0, 1) for n in RANGES]
         + [
-            np.array([p == "Credit Card" for p in table.column("payment_type").to_pylist()[:need]], float),
-            np.ones(need),
+            np.array([p == "Credit Card" for p in table.column("payment_type").to_pylist()], float),
+            np.ones(table.num_rows),
         ],
         axis=1,
     ) / math.sqrt(len(FEATURES))

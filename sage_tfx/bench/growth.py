@@ -24,7 +24,7 @@ import time
 import numpy as np
 
 from sage_tfx.bench import _growth_ermg, _growth_smalldbg
-from sage_tfx.bench._trials import block_reader, trial_ledger
+from sage_tfx.bench._trials import block_reader, first_taxi_trips, numeric_column, trial_ledger
 from sage_tfx.plots import pyplot, save_figure
 
 DEFAULT_PLOT = "docs/img/growth.png"
@@ -63,20 +63,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def taxi_rows(blocks: int, rows: int) -> list[np.ndarray]:
     """The first blocks * rows REAL taxi trips in time order: per block an (rows, 2) array (fare, miles)."""
-    from sage_tfx.data.taxi import TIME_COLUMN, load_taxi
-
-    table = load_taxi().sort_by(TIME_COLUMN)
-    need = blocks * rows
-    if need > table.num_rows:
-        raise SystemExit(
-            f"--blocks {blocks} x --rows-per-block {rows} = {need} rows: the taxi data has only "
-            f"{table.num_rows}; lower one of them"
-        )
-
-    def col(name, cap):
-        return np.clip(np.nan_to_num(np.asarray(table.column(name).to_pylist()[:need], dtype=np.float64)), 0, cap)
-
-    x = np.stack([col("fare", FARE_MAX), col("trip_miles", MILES_MAX)], axis=1)
+    table = first_taxi_trips(blocks, rows)
+    fare, miles = numeric_column(table, "fare"), numeric_column(table, "trip_miles")
+    x = np.stack([np.clip(fare, 0, FARE_MAX), np.clip(miles, 0, MILES_MAX)], axis=1)
     return [x[i * rows : (i + 1) * rows] for i in range(blocks)]
 
 

@@ -40,7 +40,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 from sage_tfx import comma_lists
-from sage_tfx.plots import pyplot, save_figure
+from sage_tfx.plots import label_bars, pyplot, save_figure
 from sage_tfx.privacy.keys import KeyRing
 from sage_tfx.privacy.vocabulary import Outcome
 
@@ -529,13 +529,7 @@ def plot(figures: dict, path: str) -> None:
     rps = [ing["setups"][n]["rows_per_second"] for n in names]
     ax = axes[0][0]
     bars = ax.bar(names, rps, color=[f"C{i}" for i in range(len(names))])
-    for bar, n in zip(bars, names):
-        ax.annotate(
-            f"{ing['setups'][n]['ratio']:.2f}x",
-            (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-            ha="center",
-            va="bottom",
-        )
+    label_bars(ax, bars, [f"{ing['setups'][n]['ratio']:.2f}x" for n in names])
     ax.set_ylabel("ingest rows/s (median of rounds)")
     ax.set_title(
         f"sage ingest, {ing['rows']:,} GENERATED rows in {ing['files']} files\n"
@@ -547,13 +541,7 @@ def plot(figures: dict, path: str) -> None:
         keys = list(serve["runs"])
         aph = [serve["runs"][k]["accepts_per_hour"] for k in keys]
         bars = ax.bar([f"--parallel {k}" for k in keys], aph, color=["C4", "C5", "C6", "C7"][: len(keys)])
-        for bar, k in zip(bars, keys):
-            ax.annotate(
-                f"{serve['runs'][k]['ratio']:.2f}x",
-                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                ha="center",
-                va="bottom",
-            )
+        label_bars(ax, bars, [f"{serve['runs'][k]['ratio']:.2f}x" for k in keys])
         first = serve["runs"][keys[0]]
         ax.set_ylabel("models ACCEPTed per hour")
         ax.set_title(

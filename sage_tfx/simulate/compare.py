@@ -20,7 +20,7 @@ import math
 import sys
 import time
 
-from sage_tfx.plots import pyplot, save_figure
+from sage_tfx.plots import label_bars, pyplot, save_figure
 from sage_tfx.privacy.allocation import get_policy, policy_names
 from sage_tfx.privacy.vocabulary import Policy
 
@@ -133,6 +133,17 @@ def compare(
     return {"fig8": a, "microbenchmark": b, "seconds": round(time.perf_counter() - started, 1)}
 
 
+def _mean_label(r: dict, mean: str) -> str:
+    """Policy row ``r``'s bar label: its mean release/delay ``r[mean]`` (">=" if a lower bound; overload noted)."""
+    m = r[mean]
+    text = "n/a" if not (isinstance(m, float) and math.isfinite(m)) else f"{m:.2g} h"
+    if r.get("mean_is_lower_bound"):
+        text = ">=" + text
+    if r.get("overloaded_at_h") is not None:
+        text += f"\n(overloaded,\n{r['pipelines']} measured)"
+    return text
+
+
 def plot(result: dict, path: str) -> str:
     """Two panels (one per workload): pipelines granted per policy (bars), mean release/delay written above."""
     plt = pyplot()
@@ -160,14 +171,7 @@ def plot(result: dict, path: str) -> str:
         names = [r["policy"] for r in rows]
         values = [r[count] for r in rows]
         bars = ax.bar(names, values, color=["#888888" if n == "fcfs" else "#4477aa" for n in names])
-        for bar, r in zip(bars, rows):
-            m = r[mean]
-            text = "n/a" if not (isinstance(m, float) and math.isfinite(m)) else f"{m:.2g} h"
-            if r.get("mean_is_lower_bound"):
-                text = ">=" + text
-            if r.get("overloaded_at_h") is not None:
-                text += f"\n(overloaded,\n{r['pipelines']} measured)"
-            ax.text(bar.get_x() + bar.get_width() / 2, bar.get_height(), text, ha="center", va="bottom", fontsize=8)
+        label_bars(ax, bars, [_mean_label(r, mean) for r in rows], fontsize=8)
         total = max((r["pipelines"] for r in rows), default=0)
         ax.axhline(total, color="grey", linestyle="--", linewidth=1)
         ax.set_ylabel(ylabel)

@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 
-from sage_tfx.plots import pyplot, save_figure
+from sage_tfx.plots import label_bars, pyplot, save_figure
 from sage_tfx.privacy import BudgetRefused, Ledger
 
 from .workload import SimConfig, make_workload
@@ -159,10 +159,7 @@ def plot_semantics(rows: list[dict], path: str) -> str:
             next(r["granted"] for r in rows if r["rate"] == rate and r["semantics"] == semantics) for rate in rates
         ]
         bars = ax.bar([i + j * width for i in range(len(rates))], values, width, label=f"{semantics} DP")
-        for bar, value in zip(bars, values):
-            ax.text(
-                bar.get_x() + bar.get_width() / 2, bar.get_height(), str(value), ha="center", va="bottom", fontsize=8
-            )
+        label_bars(ax, bars, [str(value) for value in values], fontsize=8)
     for i, rate in enumerate(rates):
         total = next(r["pipelines"] for r in rows if r["rate"] == rate)
         ax.hlines(total, i - width / 2, i + (len(SEMANTICS) - 0.5) * width, colors="grey", linestyles="--")
