@@ -15,6 +15,7 @@ audit.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .store.base import Tx
 
 RANGE_SLACK = 32  # rows of other blocks a range read may pass over before the IN lists are cheaper
+_place = operator.itemgetter(2)  # a found row's place in the store's id order
 
 
 def ranged_budgets(
@@ -62,15 +64,9 @@ def ranged_budgets(
 def runs(ids: Sequence[str], found: Mapping[str, tuple[Any, ...]]) -> list[list[str]]:
     """``ids`` cut into runs of consecutive places in the store's id order (``found[id][2]``), in that order;
     each id its own run, in the given order, where a place is unknown (None)."""
-    places = [found[b][2] for b in ids]
+    places = list(map(_place, map(found.__getitem__, ids)))
     if None in places:
         return [[b] for b in ids]
-    first, last = min(places), max(places)
-    if last - first + 1 == len(ids):  # one run (distinct ids have distinct places): placed, not sorted
-        run: list[str] = [""] * len(ids)
-        for block, place in zip(ids, places):
-            run[place - first] = block
-        return [run]
     out: list[list[str]] = []
     last = -2
     for place, block in sorted(zip(places, ids)):
@@ -93,6 +89,12 @@ def set_spent(tx: Tx, stream: str, values: Sequence[Any], ids: Sequence[str], fo
         ids: the blocks getting them.
         found: ``ranged_budgets``'s or ``blocks.block_budgets``'s rows of (at least) ``ids``.
     """
+    places = list(map(_place, map(found.__getitem__, ids)))
+    if len(ids) > 1 and None not in places:
+        first, last = min(places), max(places)
+        if last - first + 1 == len(ids):  # one run (distinct ids have distinct places): the usual grant, no sort
+            tx.run(sql.BLOCK_RANGE_SET_SPENT, [*values, stream, ids[places.index(first)], ids[places.index(last)]])
+            return
     singles: list[str] = []
     for run in runs(ids, found):
         if len(run) > 1:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import json
+import operator
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ if TYPE_CHECKING:
     from .streams import Stream
 
 PENDING, ADMITTED = DemandState.PENDING, DemandState.ADMITTED
+_spent_text = operator.itemgetter(1)  # a found row's spent text
 
 
 def pick_source(
@@ -138,7 +140,7 @@ def state_groups(blocks: Sequence[str], found: dict, reservations: dict) -> tupl
             for b in blocks
         ]
     else:  # no reservation on any of the blocks: its spent text alone
-        texts = [found[b][1] for b in blocks]
+        texts = list(map(_spent_text, map(found.__getitem__, blocks)))
         one = texts.count(texts[0]) == len(texts)
         keys = [(texts[0], ())] * len(texts) if one else [(t, ()) for t in texts]
     if keys.count(keys[0]) == len(keys):
