@@ -47,8 +47,8 @@ def ranged_budgets(
         ``({id: (state, spent text, place)}, {})`` (no reservations) or None.
     """
     wanted = set(ids)
-    if not wanted or tx.range_reserved:  # reservations there: the IN lists read blocks and reservations in one
-        return None
+    if not wanted or getattr(tx, "range_reserved", True):  # reservations there (or not known): the IN lists read
+        return None  # blocks and reservations in one statement
     lo, hi = min(wanted), max(wanted)
     rows = tx.all(sql.BLOCK_RANGE_BUDGETS, (stream, lo, hi, len(wanted) + RANGE_SLACK))
     found: dict[str, tuple[str, str, int | None]] = {
