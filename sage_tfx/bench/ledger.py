@@ -256,6 +256,7 @@ def _measure(pair, location, args, writer_counts, label):
                     "audit_ok": audit_ok,
                     "cpu_ms_per_grant": round(grant_cpu, 4),
                     "baseline_cpu_ms_per_transaction": round(baseline_cpu, 4),
+                    "cpu_ratio": round(baseline_cpu / grant_cpu, 3),
                 }
             )
             print(
@@ -274,6 +275,8 @@ def _measure(pair, location, args, writer_counts, label):
             "ratio": round(statistics.median(x["ratio"] for x in runs), 3),
             "cpu_ms_per_grant": statistics.median(x["cpu_ms_per_grant"] for x in runs),
             "baseline_cpu_ms_per_transaction": statistics.median(x["baseline_cpu_ms_per_transaction"] for x in runs),
+            "cpu_ratio": statistics.median(x["cpu_ratio"] for x in runs),  # bare transaction CPU / grant CPU
+            "cpu_ratio_min_max": [min(x["cpu_ratio"] for x in runs), max(x["cpu_ratio"] for x in runs)],
             "audit_ok": all(x["audit_ok"] for x in runs),
             "runs": runs,
         }

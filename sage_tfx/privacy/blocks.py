@@ -185,7 +185,7 @@ def check_block_set(blocks: str | Iterable[str] | None) -> list[str]:
     if not isinstance(blocks, collections.abc.Iterable):
         raise LedgerError(f"blocks {blocks!r} is not a list of block ids: give a list (or one comma-separated text)")
     blocks = list(blocks)
-    bad = [b for b in blocks if not isinstance(b, str)]
+    bad = [] if set(map(type, blocks)) <= {str} else [b for b in blocks if not isinstance(b, str)]
     if bad:
         raise LedgerError(f"block id {bad[0]!r} is not a text: give block ids as texts, e.g. ['b0', 'b1']")
     if not blocks:
@@ -292,16 +292,19 @@ def read_blocks(tx: Tx, stream: str, ids: Iterable[str]) -> dict[str, Block]:
     return found
 
 
-def block_budgets(tx: Tx, stream: str, ids: Iterable[str]) -> tuple[dict[str, tuple[str, str]], dict[str, Holdings]]:
-    """What ``request`` checks of the blocks ``ids`` that exist, in one read: ({id: (state, spent TEXT as
-    stored)}, their reservations as ``read_reservations`` gives them: {block: {pipeline: {"reserved", "used"}}},
-    pipelines in name order). The spent text is decoded by the caller once per distinct text."""
-    found: dict[str, tuple[str, str]]
+def block_budgets(
+    tx: Tx, stream: str, ids: Iterable[str]
+) -> tuple[dict[str, tuple[str, str, int | None]], dict[str, Holdings]]:
+    """What ``request`` checks of the blocks ``ids`` that exist, in one read by ``IN`` lists: ({id: (state, spent
+    TEXT as stored, None)}, their reservations as ``read_reservations`` gives them: {block: {pipeline: {"reserved",
+    "used"}}}, pipelines in name order). The spent text is decoded by the caller once per distinct text; the None
+    says the blocks' places in the store's id order are unknown (``block_ranges.ranged_budgets`` knows them)."""
+    found: dict[str, tuple[str, str, int | None]]
     reservations: dict[str, Holdings]
     found, reservations, decode = {}, {}, vector_decoder()
     for chunk in chunks(list(ids)):
         for block, state, spent, pipeline, reserved, used in tx.all(sql.block_budgets(len(chunk)), [stream, *chunk]):
-            found[block] = (state, spent)
+            found[block] = (state, spent, None)
             if pipeline is not None:
                 reservations.setdefault(block, {})[pipeline] = {"reserved": decode(reserved), "used": decode(used)}
     return found, reservations

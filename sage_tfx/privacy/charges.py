@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import collections
 import json
+import operator
 import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import filters
 from .allocation import QueuedAllocation, get_policy
+from .block_ranges import set_spent
 from .blocks import chunks, read_blocks, read_reservations, vector_decoder, vector_text
 from .budget_arrays import BudgetArrays
 from .chain import canonical
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
     from .streams import Stream
 
 PENDING, ADMITTED = DemandState.PENDING, DemandState.ADMITTED
+_spent_text = operator.itemgetter(1)  # a found row's spent text
 
 
 def pick_source(
@@ -70,30 +73,18 @@ def charge_now(w: StreamWrite, charge: Charge, found: dict, reservations: dict) 
     Args:
         w: the stream's write.
         charge: the request.
-        found: {block: (state, spent text)} of the request's blocks, read in ``w.tx``.
+        found: {block: (state, spent text, place in the store's id order or None)} of the request's blocks, read
+            in ``w.tx``.
         reservations: {block: {pipeline: {"reserved", "used"}}} of those blocks.
 
     Every block is checked, but blocks in the same state (the same stored spent text and the same
     reservations) get the same answer and the same new values from these pure functions, so each distinct
     state is decoded, evaluated and encoded once (32 fresh blocks: once), and written in one UPDATE per
-    distinct new value, naming its blocks."""
+    distinct new value, naming its blocks (by id range where they lie next to each other: ``block_ranges``)."""
     tx, log, s, filt = w.tx, w.log, w.stream, w.filt
     pipeline, blocks, cost = charge.pipeline, charge.blocks, charge.cost
     stream = s.name
-    if reservations:  # a block's state: its spent text and its reservations
-        keys = [
-            (found[b][1], tuple((p, h["reserved"], h["used"]) for p, h in reservations.get(b, {}).items()))
-            for b in blocks
-        ]
-    else:  # no reservation on any of the blocks: its spent text alone
-        keys = [(found[b][1], ()) for b in blocks]
-    groups: dict[tuple, list[str]] = {}  # {state key: [blocks, in grant order]}
-    for b, key in zip(blocks, keys):
-        group = groups.get(key)
-        if group is None:
-            groups[key] = [b]
-        else:
-            group.append(b)
+    keys, groups = state_groups(blocks, found, reservations)
     verdicts: dict[tuple, tuple[bool, Any, tuple[float, ...]]]
     verdicts, rules = {}, s.rules()
     for key, members in groups.items():
@@ -129,16 +120,39 @@ def charge_now(w: StreamWrite, charge: Charge, found: dict, reservations: dict) 
         for i in range(0, len(ids), 500):  # stay under SQL variable limits
             chunk = ids[i : i + 500]
             tx.run(sql.reservation_set_used(len(chunk)), [used, stream, pipeline, *chunk])
-    for (spent_text, state, retired_at), ids in sorted(block_groups.items(), key=lambda kv: kv[1][0]):
-        for i in range(0, len(ids), 500):
-            chunk = ids[i : i + 500]
-            tx.run(sql.block_set_spent(len(chunk)), [spent_text, state, retired_at, stream, *chunk])
+    for values, ids in sorted(block_groups.items(), key=lambda kv: kv[1][0]):  # (spent text, state, retired)
+        set_spent(tx, stream, values, ids, found)
     tx.run(sql.GRANT_INSERT, (grant.id, stream, pipeline, body_text, grant.signature, now))
-    sources = [verdicts[k][1] for k in keys]
+    sources = [verdicts[keys[0]][1]] * len(keys) if len(groups) == 1 else [verdicts[k][1] for k in keys]
     log(tx, "grant", None, grant_log_text(grant, body_text, sources))
     if not all(alive_of.values()):
         log(tx, "retire", {"stream": stream, "blocks": [b for b, k in zip(blocks, keys) if not alive_of[k]]}, at=now)
     return grant
+
+
+def state_groups(blocks: Sequence[str], found: dict, reservations: dict) -> tuple[list[tuple], dict[tuple, list[str]]]:
+    """Each block's state key (its spent text as stored and its reservations) in grant order, and the blocks of
+    each distinct key ({key: [blocks, in grant order]}); a grant's blocks usually share one state, found at C
+    speed (``list.count``) before any per-block loop."""
+    if reservations:  # a block's state: its spent text and its reservations
+        keys = [
+            (found[b][1], tuple((p, h["reserved"], h["used"]) for p, h in reservations.get(b, {}).items()))
+            for b in blocks
+        ]
+    else:  # no reservation on any of the blocks: its spent text alone
+        texts = list(map(_spent_text, map(found.__getitem__, blocks)))
+        one = texts.count(texts[0]) == len(texts)
+        keys = [(texts[0], ())] * len(texts) if one else [(t, ()) for t in texts]
+    if keys.count(keys[0]) == len(keys):
+        return keys, {keys[0]: list(blocks)}
+    groups: dict[tuple, list[str]] = {}
+    for b, key in zip(blocks, keys):
+        group = groups.get(key)
+        if group is None:
+            groups[key] = [b]
+        else:
+            group.append(b)
+    return keys, groups
 
 
 def queued_request(w: StreamWrite, charge: Charge) -> tuple[Grant | None, dict[str, str] | None]:

@@ -434,7 +434,7 @@ class Ledger(LedgerBase):
         blocks = _requests.requested_ids(blocks, window, lambda start, end: self.window_blocks(stream, start, end))
         meta, split, rule = grant_terms(meta, split, rule)
         with self._store.transaction() as tx:
-            s, pipeline_state = _requests.read_request(tx, stream, pipeline)
+            s, pipeline_state = _requests.read_request(tx, stream, pipeline, blocks)
             filt = stream_filter(s)
             cost = _requests.request_cost(s, filt, epsilon, delta, curve)
             found, reservations = _requests.requested_blocks(tx, stream, blocks)

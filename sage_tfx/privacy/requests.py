@@ -9,11 +9,13 @@ imports neither the ``Ledger`` facade nor the audit.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from . import blocks as _blocks
 from . import charges as _charges
+from .block_ranges import ranged_budgets
 from .errors import BlockRetired, LedgerError, UnknownBlock
 from .store import sql
 from .streams import Stream, check_minimum, check_unit_charge, parsed_stream, read_stream
@@ -55,18 +57,20 @@ def requested_ids(
     return _blocks.check_block_set(blocks)
 
 
-def read_request(tx: Tx, stream: str, pipeline: str) -> tuple[Stream, str | None]:
+def read_request(tx: Tx, stream: str, pipeline: str, blocks: Sequence[str] = ()) -> tuple[Stream, str | None]:
     """The stream and the pipeline's state, read with the log's last entry in ONE statement.
 
     All three are as of this write transaction, which is exclusive (SQLite's write lock, PostgreSQL's meta lock
     row), so nothing read here is from before another writer's commit. The log's last entry (what the grant's
-    entry chains to) is kept in ``tx.log_last``; ``tx.head_until_use`` asks ``HeadSync.USE``'s head write (durable
+    entry chains to) is kept in ``tx.log_last``; ``tx.range_reserved`` says whether any reservation lies in the
+    requested blocks' id range (``block_ranges.ranged_budgets``); ``tx.head_until_use`` asks ``HeadSync.USE``'s head write (durable
     before the grant's first use, ``verify``).
 
     Args:
         tx: the request's write transaction.
         stream: the stream's name.
         pipeline: the requesting pipeline's name.
+        blocks: the requested block ids.
 
     Returns:
         ``(stream, pipeline state)``; the state is None for a pipeline never registered.
@@ -74,12 +78,16 @@ def read_request(tx: Tx, stream: str, pipeline: str) -> tuple[Stream, str | None
     Raises:
         UnknownStream: no such stream (naming the streams there are).
     """
-    row = tx.one(sql.STREAM_REQUEST_READ, (stream, pipeline, stream)) if isinstance(stream, str) else None
+    lo, hi = (min(blocks), max(blocks)) if blocks else ("", "")
+    row = (
+        tx.one(sql.STREAM_REQUEST_READ, (stream, pipeline, stream, lo, hi, stream)) if isinstance(stream, str) else None
+    )
     if row is None:
         read_stream(tx, stream)  # raises UnknownStream, naming the streams there are
     w = sql.STREAM_WIDTH
     s = parsed_stream(tuple(row[:w]))
     tx.log_last = (row[w + 1], row[w + 2]) if row[w + 1] is not None else None
+    tx.range_reserved = row[w + 3] is not None
     tx.head_until_use = True
     return s, row[w]
 
@@ -100,27 +108,32 @@ def request_cost(s: Stream, filt: BasicFilter | RdpFilter, epsilon: float | None
 
 
 def requested_blocks(tx: Tx, stream: str, blocks: Sequence[str]) -> tuple[dict, dict]:
-    """Every requested block's budget row and reservations (``blocks.block_budgets``), all of them active.
+    """Every requested block's budget row and reservations, all of them active: read as one id range where the
+    blocks lie next to each other in the store (``block_ranges.ranged_budgets``), else by ``blocks.block_budgets``.
 
     Returns:
-        ``(found, reservations)`` as ``blocks.block_budgets`` returns them.
+        ``(found, reservations)`` as ``blocks.block_budgets`` returns them (``found`` with each block's place in
+        the store's id order where the range read knows it).
 
     Raises:
         UnknownBlock: a block the stream does not hold.
         BlockRetired: a retired block (it is never offered again).
     """
-    found, reservations = _blocks.block_budgets(tx, stream, blocks)
-    missing = [b for b in blocks if b not in found]
-    if missing:
+    found, reservations = ranged_budgets(tx, stream, blocks) or _blocks.block_budgets(tx, stream, blocks)
+    if len(found) != len(blocks):  # found holds requested blocks only
+        missing = [b for b in blocks if b not in found]
         raise UnknownBlock(f"unknown block(s) in stream {stream!r}: {', '.join(map(str, missing))}")
     active = BlockState.ACTIVE.value
-    retired = [b for b in blocks if found[b][0] != active]
-    if retired:
+    if list(map(_state, found.values())).count(active) != len(found):  # no per-block loop while all are active
+        retired = [b for b in blocks if found[b][0] != active]
         raise BlockRetired(
             f"block(s) {', '.join(retired)} of stream {stream!r} are retired "
             "(budget exhausted) and are never offered again"
         )
     return found, reservations
+
+
+_state = operator.itemgetter(0)  # a found row's state
 
 
 def check_request(

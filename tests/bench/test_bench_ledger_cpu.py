@@ -57,6 +57,10 @@ def test_bench_ledger_reports_cpu_per_grant_and_per_head_file_write(tmp_path):
             # one writer: its CPU time lies inside the timed span (rounding aside)
             assert 0 < run[kind] <= 1.01 * 1e3 / run[rate] + 1e-3, (kind, run)
     assert one["cpu_ms_per_grant"] == statistics.median(r["cpu_ms_per_grant"] for r in one["runs"])
+    for run in one["runs"]:  # the bare transaction's CPU over the grant's, per repeat; the median and range of them
+        assert abs(run["cpu_ratio"] - run["baseline_cpu_ms_per_transaction"] / run["cpu_ms_per_grant"]) < 0.01, run
+    ratios = [r["cpu_ratio"] for r in one["runs"]]
+    assert one["cpu_ratio"] == statistics.median(ratios) and one["cpu_ratio_min_max"] == [min(ratios), max(ratios)]
     storage = figures["storage"]
     assert storage["head_file_write_cpu_ms"] > 0
     assert storage["cpu_ms_per_grant"] == round(one["cpu_ms_per_grant"], 4)

@@ -166,6 +166,7 @@ class Tx:
     # request read it, and whether the head must be durable before the grant's first use (HeadSync.USE).
     head: tuple
     log_last: tuple | None
+    range_reserved: bool  # a reservation lies in the requested blocks' id range (requests.read_request)
     head_until_use: bool
 
     def __init__(self, store: Store) -> None:

@@ -207,11 +207,13 @@ STREAM_EXISTS = "SELECT 1 FROM streams WHERE name = ?"
 STREAM_INSERT = "INSERT INTO streams (" + STREAM_COLUMNS + ") VALUES (" + marks(STREAM_WIDTH) + ")"
 STREAM_ROW = "SELECT " + STREAM_COLUMNS + " FROM streams WHERE name = ?"
 STREAM_NAMES = "SELECT name FROM streams ORDER BY name"
-# ``request``'s one read: the stream row, the pipeline's state, the log's last entry (seq, hash)
+# ``request``'s one read: the stream row, the pipeline's state, the log's last entry (seq, hash), and 1 if any
+# reservation lies in the requested blocks' id range (params: stream, pipeline, stream, lo, hi, stream)
 STREAM_REQUEST_READ = (
     "SELECT " + STREAM_COLUMNS + ","
     " (SELECT state FROM pipelines WHERE stream = ? AND name = ?),"
-    " (SELECT seq FROM log ORDER BY seq DESC LIMIT 1), (SELECT hash FROM log ORDER BY seq DESC LIMIT 1)"
+    " (SELECT seq FROM log ORDER BY seq DESC LIMIT 1), (SELECT hash FROM log ORDER BY seq DESC LIMIT 1),"
+    " (SELECT 1 FROM reservations WHERE stream = ? AND block BETWEEN ? AND ? LIMIT 1)"
     " FROM streams WHERE name = ?"
 )
 
@@ -268,6 +270,13 @@ def block_budgets(n: int) -> str:
         " LEFT JOIN reservations r ON r.stream = b.stream AND r.block = b.id"
         f" WHERE b.stream = ? AND b.id IN ({marks(n)}) ORDER BY b.id, r.pipeline"
     )
+
+
+# A grant's blocks as one id range (block_ranges.py): each block's state and spent in the store's id order, up to
+# a row limit (params: stream, lo, hi, limit)
+BLOCK_RANGE_BUDGETS = "SELECT id, state, spent FROM blocks WHERE stream = ? AND id BETWEEN ? AND ? ORDER BY id LIMIT ?"
+# one new (spent, state, retired) for the blocks of one id range (params: the three values, stream, first, last)
+BLOCK_RANGE_SET_SPENT = "UPDATE blocks SET spent = ?, state = ?, retired = ? WHERE stream = ? AND id BETWEEN ? AND ?"
 
 
 def block_queue_rows(n: int) -> str:
