@@ -112,6 +112,20 @@ def test_attention_ghost_equals_the_vmap_per_example_gradients(use_bias, mask):
     assert_ghost_equals_vmap(model, *_attention_data(), CLIP)
 
 
+@pytest.mark.parametrize("axes", [None, (1, 2)])
+def test_attention_on_a_grid_equals_the_vmap_per_example_gradients(axes):
+    """A [B, 3, 4, 8] query (projection equations of rank 4), attention over one or both grid axes,
+    value_dim 2 and an output_shape other than the query's."""
+    init = tf.keras.initializers.GlorotUniform(seed=0)
+    grid = tf.keras.Input(shape=(3, 4, 8))
+    h = layers.MultiHeadAttention(2, 3, value_dim=2, attention_axes=axes, output_shape=(5,), kernel_initializer=init)(
+        grid, grid
+    )
+    model = tf.keras.Model(grid, layers.Dense(1, kernel_initializer=init)(layers.Flatten()(h)))
+    assert not ghost_layers(model)[2]
+    assert_ghost_equals_vmap(model, *_data([(3, 4, 8)]), CLIP)
+
+
 def test_attention_dropout_is_drawn_once_for_norm_and_sum():
     """With attention dropout, one record's clipped sum has norm min(||g||, C) for the norm the engine reports:
     the norm and the sum come from the same dropout mask (the clip bound C holds exactly)."""
