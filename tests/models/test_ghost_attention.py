@@ -112,6 +112,20 @@ def test_attention_ghost_equals_the_vmap_per_example_gradients(use_bias, mask):
     assert_ghost_equals_vmap(model, *_attention_data(), CLIP)
 
 
+def test_attention_passes_the_query_mask_on_like_keras():
+    """Self-attention on an Embedding with mask_zero: the query's mask masks the attention and, kept on the
+    layer's output, the pooling after it (without it the norms differ)."""
+    init = tf.keras.initializers.GlorotUniform(seed=0)
+    ids = tf.keras.Input(shape=(6,), dtype=tf.int32)
+    tokens = layers.Embedding(7, 8, mask_zero=True, embeddings_initializer=init)(ids)
+    h = layers.GlobalAveragePooling1D()(layers.MultiHeadAttention(2, 3, kernel_initializer=init)(tokens, tokens))
+    model = tf.keras.Model(ids, layers.Dense(1, kernel_initializer=init)(h))
+    x = np.random.default_rng(2).integers(0, 7, size=(10, 6)).astype(np.int32)
+    x[:, 0] = 1
+    assert not ghost_layers(model)[2]
+    assert_ghost_equals_vmap(model, [x], _data([], seed=1)[1], CLIP)
+
+
 @pytest.mark.parametrize("axes", [None, (1, 2)])
 def test_attention_on_a_grid_equals_the_vmap_per_example_gradients(axes):
     """A [B, 3, 4, 8] query (projection equations of rank 4), attention over one or both grid axes,
