@@ -1,8 +1,8 @@
-"""CPU time per DP-SGD step with a ghost plan (LayerNormalization or Conv) against the vmap fallback.
+"""CPU time per DP-SGD step: a ghost plan (LayerNormalization, Conv, EinsumDense, attention) vs the vmap fallback.
 
-The same model, its layer's variables clipped by the ghost plan or (the plan switched off) by the per-example
-vmap fallback the engine used for them before. Run: ``sage bench ghost-plans --layer layer-norm --json``
-(or ``--layer conv``; GENERATED data).
+The same model, its layer's variables clipped by the ghost plan or (the layer type left out of the engine's
+``ghost_types``) by the per-example vmap fallback the engine used for them before. Run:
+``sage bench ghost-plans --layer layer-norm --json`` (or ``--layer conv``, ``einsum``, ``mha``; GENERATED data).
 """
 
 from __future__ import annotations
@@ -10,39 +10,53 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
-from unittest import mock
 
 import numpy as np
 
 import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.privacy.vocabulary import Metric
 
+LAYERS = ("layer-norm", "conv", "einsum", "mha")
+_PLANNED = {"layer-norm": ("LayerNormalization",), "conv": ("Conv1D", "Conv2D"), "einsum": ("EinsumDense",)}
+_FALLBACK = {"layer-norm": 4, "conv": 4, "einsum": 4, "mha": 8}  # the timed layers' variables
+
 
 def _model(tf, layer: str):
     """layer-norm: [B, 16, 32] Dense -> LayerNormalization -> Dense -> LayerNormalization -> head.
-    conv: [B, 16, 16, 3] Conv2D 16 (3x3, same) -> Conv2D 16 (3x3, stride 2) -> head."""
+    conv: [B, 16, 16, 3] Conv2D 16 (3x3, same) -> Conv2D 16 (3x3, stride 2) -> head.
+    einsum: [B, 16, 32] EinsumDense abc,cde->abde (4 heads x 8) -> EinsumDense abde,dej->abj (32) -> head.
+    mha: [B, 16, 32] MultiHeadAttention self-attention (4 heads, key_dim 8) -> head."""
+    inp = tf.keras.Input(shape=(16, 32))
+    if layer == "einsum":
+        dense = tf.keras.layers.EinsumDense
+        h = dense("abc,cde->abde", output_shape=(16, 4, 8), bias_axes="de", activation="relu")(inp)
+        h = dense("abde,dej->abj", output_shape=(16, 32), bias_axes="j")(h)
+        return tf.keras.Model(inp, tf.keras.layers.Dense(1)(tf.keras.layers.GlobalAveragePooling1D()(h)))
+    if layer == "mha":
+        h = tf.keras.layers.MultiHeadAttention(4, 8)(inp, inp)
+        return tf.keras.Model(inp, tf.keras.layers.Dense(1)(tf.keras.layers.GlobalAveragePooling1D()(h)))
     if layer == "conv":
         inp = tf.keras.Input(shape=(16, 16, 3))
         h = tf.keras.layers.Conv2D(16, 3, padding="same", activation="relu")(inp)
         h = tf.keras.layers.Conv2D(16, 3, strides=2, activation="relu")(h)
         return tf.keras.Model(inp, tf.keras.layers.Dense(1)(tf.keras.layers.GlobalAveragePooling2D()(h)))
-    inp = tf.keras.Input(shape=(16, 32))
     h = tf.keras.layers.LayerNormalization()(tf.keras.layers.Dense(64, activation="relu")(inp))
     h = tf.keras.layers.LayerNormalization()(tf.keras.layers.Dense(32)(h))
     return tf.keras.Model(inp, tf.keras.layers.Dense(1)(tf.keras.layers.GlobalAveragePooling1D()(h)))
 
 
-def _engine(tf, model, plan: str | None):
-    """The engine with every plan (plan None) or with the plan function ``plan`` of ghost_plans switched off."""
-    from sage_tfx.models import ghost_plans
-    from sage_tfx.models.dpsgd_engine import LayerGhostEngine
+def _engine(tf, model, layer: str | None):
+    """The ghost engine planning every layer type (layer None) or all but ``layer``'s (its variables in the
+    per-example vmap fallback)."""
+    from sage_tfx.models.dpsgd_engine import make_engine
+    from sage_tfx.models.ghost_plans import ghost_types
     from sage_tfx.models.losses import per_example_loss
 
-    if plan is None:
-        engine = LayerGhostEngine(model, per_example_loss(Metric.MSE, model), 1.0, 1.0, seed=0)
-    else:
-        with mock.patch.object(ghost_plans, plan, lambda layer, keras_input: None):
-            engine = LayerGhostEngine(model, per_example_loss(Metric.MSE, model), 1.0, 1.0, seed=0)
+    types = None
+    if layer is not None:
+        left_out = _PLANNED.get(layer, ("MultiHeadAttention",))
+        types = {t for t in ghost_types() if t.__name__ not in left_out}
+    engine = make_engine("ghost", model, per_example_loss(Metric.MSE, model), 1.0, 1.0, 0, ghost_types=types)
     return engine, tf.function(engine.noisy_sum)
 
 
@@ -52,7 +66,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     Args:
       parser: the ``sage bench ghost-plans`` parser.
     """
-    parser.add_argument("--layer", choices=("layer-norm", "conv"), default="layer-norm", help="the plan timed")
+    parser.add_argument("--layer", choices=LAYERS, default="layer-norm", help="the plan timed")
     parser.add_argument("--batch", type=int, default=64, help="records a step (default 64)")
     parser.add_argument("--steps", type=int, default=30, help="steps timed in each round (default 30)")
     parser.add_argument("--repeats", type=int, default=5, help="interleaved rounds, median taken (default 5)")
@@ -73,10 +87,10 @@ def run(args: argparse.Namespace) -> dict:
     x = tf.constant(rng.normal(size=(batch, *shape)).astype(np.float32))
     y = tf.constant(rng.normal(size=batch).astype(np.float32))
     model = _model(tf, args.layer)
-    plan = "conv_plan" if args.layer == "conv" else "layer_norm_plan"
-    runs = {name: _engine(tf, model, None if name == "ghost" else plan) for name in ("ghost", "vmap_fallback")}
-    if runs["ghost"][0].fallback or len(runs["vmap_fallback"][0].fallback) != 4:
-        raise RuntimeError(f"the {args.layer} plan did not take (or leave) the model's 4 variables")
+    runs = {name: _engine(tf, model, None if name == "ghost" else args.layer) for name in ("ghost", "vmap_fallback")}
+    want = _FALLBACK[args.layer]
+    if runs["ghost"][0].fallback or len(runs["vmap_fallback"][0].fallback) != want:
+        raise RuntimeError(f"the {args.layer} plan did not take (or leave) the model's {want} variables")
     times: dict[str, list[float]] = {name: [] for name in runs}
     for _, step in runs.values():
         step(x, y)  # trace

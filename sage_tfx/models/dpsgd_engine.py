@@ -12,12 +12,12 @@ implementation: `ghost` is the default" and "The gradient engines in detail").
 from __future__ import annotations
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)  # isort: skip
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Any, Never
 
 import tensorflow as tf  # noqa: TID253
 
-from sage_tfx.models.ghost_plans import ghost_layers, graph_nodes, row_sq_hint
+from sage_tfx.models.ghost_plans import GHOST_LAYERS, ghost_layers, ghost_types, graph_nodes, row_sq_hint
 from sage_tfx.privacy import checks
 from sage_tfx.privacy.adaptive_clip import sum_noise_multiplier
 from sage_tfx.privacy.dpsgd import DpSgdConfigError
@@ -157,9 +157,14 @@ class _Engine:
 
 
 def _zero_rows(t, keep):
-    """``t`` with the rows (first axis) where ``keep`` is False set to 0 (so that inf * 0 never makes NaN)."""
-    mask = tf.reshape(keep, tf.concat([[-1], tf.ones([tf.rank(t) - 1], tf.int32)], axis=0))
-    return tf.where(mask, t, tf.zeros_like(t))
+    """``t`` (a tensor or a nest of them) with the rows (first axis) where ``keep`` is False set to 0 (so that
+    inf * 0 never makes NaN)."""
+
+    def zero(part):
+        mask = tf.reshape(keep, tf.concat([[-1], tf.ones([tf.rank(part) - 1], tf.int32)], axis=0))
+        return tf.where(mask, part, tf.zeros_like(part))
+
+    return tf.nest.map_structure(zero, t)
 
 
 # ------------------------------------------------------------------------- per-example gradients
@@ -287,7 +292,9 @@ class LayerGhostEngine(_Engine):
     One forward pass walks the model's graph (as Keras' Functional does) but computes each ghost layer's
     output itself, keeping its input and pre-activation; one backward pass gives every ghost layer's
     output gradient, from which its per-example squared gradient norm and clipped sum follow (_DensePlan,
-    _EmbeddingPlan, LayerNormPlan, ConvPlan; layers without trainable weights, e.g. Normalization,
+    _EmbeddingPlan, LayerNormPlan, ConvPlan, EinsumPlan, AttentionPlan: MultiHeadAttention's four
+    projections, the plan running the layer's forward; ``ghost_types`` restricts the planned layer types,
+    default all of ghost_plans.ghost_types()); layers without trainable weights, e.g. Normalization,
     CategoryEncoding, Concatenate, run as they are). The fallback variables (if any) get explicit per-example gradients: tf.vectorized_map
     over a GradientTape (``vectorized=True``) or a tf.map_fn loop. A record's squared norm over ALL
     trainable variables is the sum of the ghost layers' and the fallback's, so the clip factor
@@ -307,9 +314,11 @@ class LayerGhostEngine(_Engine):
         noise_multiplier: float,
         seed: int | None = None,
         vectorized: bool = True,
+        *,
+        ghost_types: Collection[type] | None = None,
     ) -> None:
         super().__init__(model, per_example_loss, clip_norm, noise_multiplier, seed)
-        found = ghost_layers(model)
+        found = ghost_layers(model, _check_ghost_types(ghost_types))
         if found is None or not found[0]:
             raise DpSgdConfigError(GHOST_REFUSED)
         self.plans, ghost, self.fallback = found
@@ -348,7 +357,10 @@ class LayerGhostEngine(_Engine):
                 if hint is not None and len(node.flat_output_ids) == 1:
                     hints[node.flat_output_ids[0]] = hint
             else:
-                outputs, keep = plan.forward(args[0], hints.get(node.flat_input_ids[0]))
+                if getattr(plan, "takes_call", False):  # MultiHeadAttention: several tensors, masks, flags
+                    outputs, keep = plan.forward_call(args, kwargs)
+                else:
+                    outputs, keep = plan.forward(args[0], hints.get(node.flat_input_ids[0]))
                 saved.append((plan, keep))
             for out_id, value in zip(node.flat_output_ids, tf.nest.flatten(outputs)):
                 tensors[out_id] = [value] * usage[out_id]
@@ -389,16 +401,28 @@ class LayerGhostEngine(_Engine):
 
 
 def ghost_applies(model: tf.keras.Model) -> bool:
-    """True if the ghost engine applies: a graph network with at least one Dense, Embedding,
-    LayerNormalization or Conv1D/Conv2D layer."""
+    """True if the ghost engine applies: a graph network with at least one layer it plans (Dense, Embedding,
+    LayerNormalization, Conv1D/Conv2D, EinsumDense or MultiHeadAttention; ghost_plans.ghost_layers)."""
     found = ghost_layers(model)
     return found is not None and bool(found[0])
 
 
+def _check_ghost_types(types: Collection[type] | None) -> frozenset[type] | None:
+    """``types`` as a set of layer classes the ghost engine plans (None: all), else a DpSgdConfigError."""
+    if types is None:
+        return None
+    known = ghost_types()
+    if isinstance(types, (str, type)) or any(t not in known for t in types):
+        raise DpSgdConfigError(
+            f"ghost_types={types!r} is invalid: must be a collection of layer classes among "
+            f"{[t.__name__ for t in known]}"
+        )
+    return frozenset(types)
+
+
 GHOST_REFUSED = (
     "the ghost engine is invalid for this model: it needs a Keras graph network (Functional, or "
-    "Sequential with a known input shape) with at least one Dense, Embedding, LayerNormalization or "
-    "Conv1D/Conv2D layer; use 'vmap'"
+    f"Sequential with a known input shape) with at least one {GHOST_LAYERS} layer; use 'vmap'"
 )
 
 
@@ -423,10 +447,13 @@ def make_engine(
       noise_multiplier: sigma; the noise std on each coordinate is sigma * C.
       seed: the noise generator's seed (None: fresh OS entropy; tf_privacy draws from TensorFlow's global one).
       vectorized: for ghost, how its fallback variables get per-example gradients (vmap or the loop).
-      **options: tf_privacy's ``num_microbatches`` (speed comparisons only).
+      **options: tf_privacy's ``num_microbatches`` (speed comparisons only); ghost's ``ghost_types`` (the layer
+        classes it plans, default all; the others' variables go to the per-example fallback).
     """
     if name == "ghost":
-        return LayerGhostEngine(model, per_example_loss, clip_norm, noise_multiplier, seed, vectorized=vectorized)
+        return LayerGhostEngine(
+            model, per_example_loss, clip_norm, noise_multiplier, seed, vectorized=vectorized, **options
+        )
     if name in ("vmap", "loop"):
         return PerExampleEngine(model, per_example_loss, clip_norm, noise_multiplier, seed, vectorized=name == "vmap")
     if name == "tf_privacy":

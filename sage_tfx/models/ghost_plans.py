@@ -1,20 +1,23 @@
 """Ghost clipping plans: per-layer squared gradient norms and clipped sums without per-example gradients.
 
-A plan covers one Dense, Embedding (here), LayerNormalization (ghost_plans_norm) or Conv1D / Conv2D
-(ghost_plans_conv) node of a Keras graph network; ``ghost_layers`` finds them and
+A plan covers one Dense, Embedding (here), LayerNormalization (ghost_plans_norm), Conv1D / Conv2D
+(ghost_plans_conv), EinsumDense (ghost_plans_einsum) or MultiHeadAttention (ghost_plans_attention) node of a
+Keras graph network; ``ghost_layers`` finds them and
 ``graph_nodes`` gives the graph's execution order. The engine that runs them is
 sage_tfx.models.dpsgd_engine.LayerGhostEngine (docs/models.md "Your own Keras model: make_private").
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import tensorflow as tf  # noqa: TID253
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
+from sage_tfx.models.ghost_plans_attention import attention_plan
 from sage_tfx.models.ghost_plans_conv import conv_plan
+from sage_tfx.models.ghost_plans_einsum import einsum_plan
 from sage_tfx.models.ghost_plans_norm import layer_norm_plan
 
 
@@ -222,6 +225,8 @@ def _ghost_plan(layer, node, shared):
     """The ghost plan of one node's layer, or None (its trainable variables go to the per-example fallback)."""
     if not layer.trainable_weights or id(layer) in shared:
         return None
+    if type(layer) is tf.keras.layers.MultiHeadAttention:
+        return attention_plan(layer, node)
     if not getattr(node, "_single_positional_tensor_passed", False) or len(node.keras_inputs) != 1:
         return None
     if getattr(layer, "_compute_dtype", None) != getattr(layer, "dtype", None):  # mixed precision: not here
@@ -240,16 +245,36 @@ def _ghost_plan(layer, node, shared):
         and not getattr(layer, "sparse", False)
     ):
         return _EmbeddingPlan(layer, keras_input)
-    return layer_norm_plan(layer, keras_input) or conv_plan(layer, keras_input)
+    return layer_norm_plan(layer, keras_input) or conv_plan(layer, keras_input) or einsum_plan(layer, keras_input)
 
 
-def ghost_layers(model: tf.keras.Model) -> tuple[dict[int, Any], list[tf.Variable], list[tf.Variable]] | None:
+GHOST_LAYERS = "Dense, Embedding, LayerNormalization, Conv1D/Conv2D, EinsumDense or MultiHeadAttention"
+
+
+def ghost_types() -> tuple[type, ...]:
+    """The layer types a ghost plan covers (GHOST_LAYERS): the default of ``ghost_layers``'s ``types``."""
+    layers = tf.keras.layers
+    return (
+        layers.Dense,
+        layers.Embedding,
+        layers.LayerNormalization,
+        layers.Conv1D,
+        layers.Conv2D,
+        layers.EinsumDense,
+        layers.MultiHeadAttention,
+    )
+
+
+def ghost_layers(
+    model: tf.keras.Model, types: Collection[type] | None = None
+) -> tuple[dict[int, Any], list[tf.Variable], list[tf.Variable]] | None:
     """(plans by node id, ghost variables, fallback variables) for a graph network, or None if it has no
-    graph. Ghost: Dense (a dense float input of any rank >= 2), Embedding (dense integer ids) and
-    LayerNormalization (last axis, ghost_plans_norm.layer_norm_plan) and Conv1D / Conv2D (ghost_plans_conv.conv_plan),
-    each used
-    by exactly one node, with no variable shared with another layer. Every other trainable variable
-    (including those of a shared layer, a nested model, any other layer type) is a fallback variable."""
+    graph. Ghost: Dense (a dense float input of any rank >= 2), Embedding (dense integer ids),
+    LayerNormalization (last axis, ghost_plans_norm.layer_norm_plan), Conv1D / Conv2D
+    (ghost_plans_conv.conv_plan), EinsumDense (ghost_plans_einsum.einsum_plan) and MultiHeadAttention
+    (ghost_plans_attention.attention_plan), each used by exactly one node, with no variable shared with another
+    layer, and (``types`` given) of one of ``types`` exactly. Every other trainable variable (including those of
+    a shared layer, a nested model, any other layer type) is a fallback variable."""
     nodes = graph_nodes(model)
     if nodes is None:
         return None
@@ -267,6 +292,8 @@ def ghost_layers(model: tf.keras.Model) -> tuple[dict[int, Any], list[tf.Variabl
             shared |= layers
     plans = {}
     for node in nodes:
+        if types is not None and type(node.layer) not in types:
+            continue
         plan = _ghost_plan(node.layer, node, shared)
         if (
             plan is not None

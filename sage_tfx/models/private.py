@@ -468,8 +468,8 @@ def make_private(
       loss: None (the model's compiled loss), one of ``LOSSES``, or a per-example Keras loss.
       accountant: ``"rdp"`` or ``"pld"`` (dp_accounting), calibrating sigma.
       per_example: one of ``PER_EXAMPLE``: how per-example gradients are computed (``"auto"``: ghost clipping
-        when the model has a graph with a Dense, Embedding, LayerNormalization or Conv1D/Conv2D layer, else
-        vmap).
+        when the model has a graph with a Dense, Embedding, LayerNormalization, Conv1D/Conv2D, EinsumDense or
+        MultiHeadAttention layer, else vmap).
       seed: tests only: refused inside ``training_seed`` (DPTrainer), where the grant's seed is used.
       noise_schedule: None (constant sigma) or a ``sage_tfx.privacy.noise_schedules`` schedule, its scale
         calibrated to the same ``privacy_budget``.

@@ -11,6 +11,7 @@ import tensorflow as tf  # noqa: TID253
 
 import sage_tfx  # noqa: F401  (before TensorFlow: tf.keras is Keras 2)
 from sage_tfx.models.dpsgd_engine import _INVALID, ENGINES, ghost_applies
+from sage_tfx.models.ghost_plans import GHOST_LAYERS
 from sage_tfx.models.losses import per_example_loss
 from sage_tfx.models.seeding import active as _seed_active
 from sage_tfx.models.seeding import check_fit
@@ -25,8 +26,7 @@ OPTIMIZERS = ("sgd", "adam", "debiased_momentum")  # the last: sage_tfx.models.m
 PER_EXAMPLE = ("auto",) + ENGINES
 GHOST_REFUSED = (
     "per_example='ghost' is invalid for this model: the ghost engine needs a Keras graph network "
-    "(Functional, or Sequential with a known input shape) with at least one Dense, Embedding, "
-    "LayerNormalization or Conv1D/Conv2D "
+    f"(Functional, or Sequential with a known input shape) with at least one {GHOST_LAYERS} "
     "layer; use per_example='auto' or 'vmap'"
 )
 

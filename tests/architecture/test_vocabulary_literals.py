@@ -52,6 +52,7 @@ OTHER_MEANINGS = {
     ("sage_tfx/privacy/streams.py", "retired"): "the key of a block's retirement time in a stream report",
     ("sage_tfx/models/ghost_plans.py", "count"): "a Keras preprocessing layer's output_mode",
     ("sage_tfx/models/dpsgd_engine.py", "training"): "Keras' `training` call argument",
+    ("sage_tfx/models/ghost_plans_attention.py", "training"): "Keras' `training` call argument",
     ("sage_tfx/models/dpsgd_models.py", "accuracy"): _REPORT,
     ("sage_tfx/models/dpsgd_models.py", "log_loss"): _REPORT,
     ("sage_tfx/models/dpsgd_models.py", "mae"): _REPORT,

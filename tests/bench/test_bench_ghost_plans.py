@@ -9,7 +9,7 @@ from sage_tfx.bench import ghost_plans as bench
 pytestmark = pytest.mark.tf
 
 
-@pytest.mark.parametrize("layer", ["layer-norm", "conv"])
+@pytest.mark.parametrize("layer", bench.LAYERS)
 def test_tiny_run_times_both_engines(layer):
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

@@ -116,7 +116,9 @@ def test_ghost_engine_refuses_models_without_a_dense_or_embedding_graph():
     )
     conv.build((None, 3))
     for refused in (model, conv):
-        with pytest.raises(ValueError, match="Dense, Embedding, LayerNormalization or Conv1D/Conv2D"):
+        with pytest.raises(
+            ValueError, match="Dense, Embedding, LayerNormalization, Conv1D/Conv2D, EinsumDense or MultiHeadAttention"
+        ):
             make_engine("ghost", refused, _mse, 1.0, 1.0)
     with pytest.raises(ValueError, match="engine 'fast' is invalid"):
         make_engine("fast", conv, _mse, 1.0, 1.0)
