@@ -17,6 +17,7 @@ def _parse(*argv):
     return parser.parse_args(list(argv))
 
 
+@pytest.mark.slow  # every analyzer's Beam job, DP and tf.Transform's: 56 s alone at load 10
 def test_tiny_run_keys_and_sanity():
     # 20,000 rows in 4 batches; epsilon 10 so that the DP figures are close to the exact ones at this size
     figures = bench.run(

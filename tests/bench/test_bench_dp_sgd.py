@@ -30,6 +30,7 @@ def test_wide_and_deep_is_tfx_taxi_architecture():
     assert _signature(ours) == _signature(theirs)
 
 
+@pytest.mark.slow(weight=20)  # 26 s alone at load 10
 def test_tiny_wide_deep_run():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)
@@ -59,6 +60,7 @@ def test_tiny_wide_deep_run():
         bench.run(parser.parse_args(["--only-wide-deep", "--wide-deep-rows", "3000", "--wide-deep-batch", "5000"]))
 
 
+@pytest.mark.slow  # six whole fits of two models: 41 s and a 15 s teardown alone at load 10
 def test_tiny_whole_fit_comparison():
     parser = argparse.ArgumentParser()
     bench.add_arguments(parser)

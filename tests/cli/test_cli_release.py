@@ -71,6 +71,7 @@ def world(tmp_path_factory):
     return root, str(db), str(data)
 
 
+@pytest.mark.slow(weight=20)  # 26 s alone at load 6
 def test_continual_charges_each_block_once_and_resumes(world):
     root, db, data = world
     push, serve = root / "push", root / "serve"

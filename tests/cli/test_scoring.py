@@ -184,6 +184,7 @@ def _save_model(path, key_path=None, leak_path=None):
     tf.saved_model.save(model, str(path), signatures={"serving_default": model.serve, "labels": model.labels})
 
 
+@pytest.mark.slow(weight=20)  # a confined child loads the model: 28 s alone at load 6
 @pytest.mark.tf
 def test_the_pushed_model_runs_away_from_the_key(world):
     """A pushed model is a graph user code built: `sage score` runs it in a confined child. A benign model is

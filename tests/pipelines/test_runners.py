@@ -25,7 +25,6 @@ from sage_tfx.ingest.layout import stream_config
 from sage_tfx.ingest.pipeline import beam_options, ingest
 from sage_tfx.ingest.records import decode
 from sage_tfx.privacy import Ledger
-from tests.conftest import replay_taxi_days
 
 DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
 
@@ -185,9 +184,11 @@ def test_finish_bundle_output_on_dask_runner(dask_cluster):
 
 
 @pytest.fixture(scope="module")
-def taxi_days(tmp_path_factory):
-    """A ledger and data root holding the first 260 real taxi days as daily blocks (ingested here)."""
-    return replay_taxi_days(tmp_path_factory.mktemp("taxi_days"), 260)
+def taxi_days(taxi_stream_300):
+    """A ledger and data root holding the first 300 real taxi days as daily blocks: conftest's session-wide
+    ``taxi_stream_300``, replayed once per test process and shared with tests/pipelines/test_sage_run.py (this
+    module's own replay of 260 days cost a second replay on the worker). Read only: `sage run` runs on a copy."""
+    return taxi_stream_300
 
 
 def _sage_run_rejects(taxi_days, tmp_path, beam_args, *, data=None, options=(), wheels=None):
