@@ -77,6 +77,7 @@ def _fit(side, name, x, y, batch, epochs, sigma, seed):
     inputs, outputs = _build(name, seed)
     if side == "make_private":
         dpsgd._calibrated_multiplier.cache_clear()  # every fit calibrates, as a fresh process does
+        dpsgd._memo_epsilon.cache_clear()
         private = make_private(
             tf.keras.Model(inputs, outputs),
             privacy_budget=(1.0, 1e-5),
