@@ -65,7 +65,7 @@ def test_tiny_whole_fit_comparison():
     args = ["--only-fit", "--fit-rows", "1000", "--fit-batch", "100", "--fit-epochs", "1", "--fit-repeats", "1"]
     figures = bench.run(parser.parse_args(args))
     assert "GENERATED" in figures["fit_setting"]
-    for model in bench.FIT_MODELS:
+    for model in bench.DEFAULT_FIT_MODELS:
         one = figures["fit_comparison"][model]
         for side in ("make_private", "tf_privacy_fast"):
             for key in ("fit", "first_step", "step"):
