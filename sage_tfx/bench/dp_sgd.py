@@ -24,7 +24,8 @@ optimizer with a plain Keras train step (GradientTape, mean loss, Adam) over the
 --repeats times alternating the order. Per repeat, ``overhead_ratio`` = median DP step time / median
 non-DP step time over the same batches (a step's median resists the load spikes of a shared machine, a
 few ms per step here); ``overhead_ratio_total_time`` = non-DP examples/s / DP examples/s over all timed
-steps. Each figure is the median over the repeats.
+steps. Each figure is the median over the repeats. ``--nn-repeats`` repeats the small and Taxi NN runs the
+same way (each ratio's median, min and runs); ``..._overhead_ratio_cpu`` is the same ratio in process CPU time.
 """
 
 import statistics
@@ -34,6 +35,7 @@ import time
 import numpy as np
 
 from sage_tfx import comma_lists
+from sage_tfx.bench._dp_sgd_fit import DEFAULT_FIT_MODELS, FIT_MODELS, measure_fits
 
 IMPLEMENTATIONS = ("ghost", "vmap", "tf_privacy")
 # (name, cardinality): 24 + 7 + 5 + 10 + 10 + 5 = 61 one-hot columns
@@ -74,12 +76,24 @@ def add_arguments(parser):
     parser.add_argument(
         "--repeats", type=int, default=5, help="wide-and-deep: DP and non-DP runs, alternating (median; default 5)"
     )
+    parser.add_argument(
+        "--nn-repeats",
+        type=int,
+        default=1,
+        help="small and Taxi NN: runs of every implementation and the baseline (median, min, all; default 1)",
+    )
     parser.add_argument("--skip-fit", action="store_true", help="skip the whole-fit comparison")
     parser.add_argument("--only-fit", action="store_true", help="only the whole-fit comparison")
     parser.add_argument("--fit-rows", type=int, default=20_000, help="whole fit: generated rows (default 20000)")
     parser.add_argument("--fit-batch", type=int, default=256, help="whole fit: batch size (default 256)")
     parser.add_argument("--fit-epochs", type=int, default=4, help="whole fit: epochs (default 4, ~313 steps)")
     parser.add_argument("--fit-repeats", type=int, default=3, help="whole fit: repeats per side (default 3)")
+    parser.add_argument(
+        "--fit-models",
+        type=comma_lists.names,
+        default=",".join(DEFAULT_FIT_MODELS),
+        help=f"whole fit: comma list of {FIT_MODELS} (default all but wide_deep: tf-privacy takes ~4 s a step on it)",
+    )
     parser.add_argument("--seed", type=int, default=0)
 
 
@@ -96,13 +110,14 @@ def generated_taxi(rows, rng):
 
 
 def _time_steps(step, batches, x, y, warmup):
+    """(examples per wall second, examples per process CPU second) of the steps after ``warmup``."""
     for rows in batches[:warmup]:
         step(x[rows], y[rows])
-    examples, start = 0, time.perf_counter()
+    examples, start, cpu = 0, time.perf_counter(), time.process_time()
     for rows in batches[warmup:]:
         step(x[rows], y[rows])
         examples += len(rows)
-    return examples / (time.perf_counter() - start)
+    return examples / (time.perf_counter() - start), examples / (time.process_time() - cpu)
 
 
 def _measure(label, hidden, batch, lr, x, y, implementations, steps, slow_steps, warmup, seed):
@@ -139,7 +154,7 @@ def _measure(label, hidden, batch, lr, x, y, implementations, steps, slow_steps,
         y,
         warmup,
     )
-    figures = {f"{label}_nondp_examples_per_second": round(nondp, 1)}
+    figures = {f"{label}_nondp_examples_per_second": round(nondp[0], 1)}
     for implementation in implementations:
         n = steps if implementation == "ghost" or label == "small" else slow_steps
         name, rows, options = implementation, batches[: warmup + n], {}
@@ -149,15 +164,23 @@ def _measure(label, hidden, batch, lr, x, y, implementations, steps, slow_steps,
         print(f"[{label}] DP-SGD {name} ({n} steps)", file=sys.stderr, flush=True)
         step = dp_step(implementation, **options)
         dp = _time_steps(step, rows, x, y, warmup)
-        figures[f"{label}_{name}_examples_per_second"] = round(dp, 1)
-        figures[f"{label}_{name}_overhead_ratio"] = round(nondp / dp, 3)
+        figures[f"{label}_{name}_examples_per_second"] = round(dp[0], 1)
+        figures[f"{label}_{name}_overhead_ratio"] = round(nondp[0] / dp[0], 3)
+        figures[f"{label}_{name}_overhead_ratio_cpu"] = round(nondp[1] / dp[1], 3)
     return figures
 
 
-def _fits(args):
-    from sage_tfx.bench._dp_sgd_fit import FIT_MODELS, measure_fits
-
-    return measure_fits(FIT_MODELS, args.fit_rows, args.fit_batch, args.fit_epochs, args.fit_repeats, args.seed)
+def _repeated(measure, repeats):
+    """``measure()``'s figures over ``repeats`` runs: each figure's median, and every ratio's runs
+    (``..._all``) and minimum (``..._min``)."""
+    runs = [measure() for _ in range(repeats)]
+    figures = {}
+    for key in runs[0]:
+        values = [run[key] for run in runs]
+        figures[key] = round(statistics.median(values), 3)
+        if "_ratio" in key:
+            figures[f"{key}_all"], figures[f"{key}_min"] = values, min(values)
+    return figures
 
 
 # TFX taxi_utils_native_keras.py: (transformed name, tokens) of each wide input, and the dense inputs
@@ -331,6 +354,7 @@ def run(args):
         "wide_deep_batch",
         "wide_deep_steps",
         "repeats",
+        "nn_repeats",
         "fit_rows",
         "fit_batch",
         "fit_epochs",
@@ -355,23 +379,18 @@ def run(args):
         "data": f"generated taxi-like rows: {args.rows} x {x.shape[1]} one-hot features",
         "default_implementation": DEFAULT_IMPLEMENTATION,
     }
+    common = (x, y, implementations, args.steps)
     figures.update(
-        _measure("small", (64, 32), 256, 0.01, x, y, implementations, args.steps, args.steps, args.warmup, args.seed)
+        _repeated(
+            lambda: _measure("small", (64, 32), 256, 0.01, *common, args.steps, args.warmup, args.seed),
+            args.nn_repeats,
+        )
     )
     if not args.skip_taxi_nn:
         figures.update(
-            _measure(
-                "taxi_nn",
-                (5000, 100),
-                1024,
-                0.01,
-                x,
-                y,
-                implementations,
-                args.steps,
-                args.slow_steps,
-                args.warmup,
-                args.seed,
+            _repeated(
+                lambda: _measure("taxi_nn", (5000, 100), 1024, 0.01, *common, args.slow_steps, args.warmup, args.seed),
+                args.nn_repeats,
             )
         )
     main = "taxi_nn" if not args.skip_taxi_nn else "small"
@@ -391,6 +410,8 @@ def run(args):
 
 
 def _fits(args):
-    from sage_tfx.bench._dp_sgd_fit import FIT_MODELS, measure_fits
-
-    return measure_fits(FIT_MODELS, args.fit_rows, args.fit_batch, args.fit_epochs, args.fit_repeats, args.seed)
+    models = args.fit_models
+    for name in models:
+        if name not in FIT_MODELS:
+            raise SystemExit(f"--fit-models: {name!r} is not one of {FIT_MODELS}")
+    return measure_fits(models, args.fit_rows, args.fit_batch, args.fit_epochs, args.fit_repeats, args.seed)

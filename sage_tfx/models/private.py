@@ -317,6 +317,7 @@ class PrivateModel:
         step at the schedule's sigma_t. With ``per_example="auto"``, if vectorisation fails when the step is
         first traced, ``fall_back()`` swaps in the per-example loop and the step runs again."""
         optimizer = self._make_optimizer()
+        optimizer.build(self.engine.variables)  # its variables exist before the trace: the step traces once
         dp_step, noise_step = self._steps(optimizer, x, y)
         traced = False
         rng = np.random.default_rng(sampling_seed)

@@ -98,9 +98,43 @@ def _make_accountant(accountant):
 
 
 def event_epsilon(event: dp_accounting.DpEvent, delta: float, accountant: str = "rdp") -> float:
-    """Epsilon at ``delta`` of any DpEvent, from dp_accounting's RDP or PLD accountant."""
+    """Epsilon at ``delta`` of any DpEvent, from dp_accounting's RDP or PLD accountant.
+
+    Memoized on the event's value (a hashable event, e.g. a DP-SGD run's; others are computed each time): a
+    calibration asks for the same event more than once (its bracket's ends, Brent's last point, the realised
+    epsilon), and the answer is the same float either way."""
     check_accountant(accountant)
+    try:
+        return _memo_epsilon(event, float(delta), accountant)
+    except TypeError:  # an unhashable event (a ComposedDpEvent holds a list)
+        return _accounted_epsilon(event, delta, accountant)
+
+
+def _accounted_epsilon(event, delta, accountant):
     return float(_make_accountant(accountant).compose(event).get_epsilon(delta))
+
+
+@functools.lru_cache(maxsize=512)
+def _memo_epsilon(event, delta, accountant):
+    return _accounted_epsilon(event, delta, accountant)
+
+
+class _MemoAccountant:
+    """The fresh accountant ``calibrate_dp_mechanism`` asks for, answering from ``event_epsilon``'s memo (the
+    same float a fresh dp_accounting accountant gives)."""
+
+    def __init__(self, accountant: str) -> None:
+        import dp_accounting
+
+        self.ledger = dp_accounting.NoOpDpEvent()
+        self._accountant, self._event = accountant, None
+
+    def compose(self, event: dp_accounting.DpEvent) -> _MemoAccountant:
+        self._event = event
+        return self
+
+    def get_epsilon(self, delta: float) -> float:
+        return event_epsilon(self._event, delta, self._accountant)
 
 
 def epsilon_for(
@@ -132,7 +166,8 @@ def calibrate_scale(
     (down to MIN_SIGMA when 1 already suffices; above ``max_sigma`` refused), with tolerance
     log(1 + rtol) in x, i.e. relative ``rtol`` in s; calibrate_dp_mechanism only returns a value
     whose epsilon is <= the target (it steps by the tolerance if Brent's root is above it), so the
-    result never overspends. ``context`` names the training shape in the error messages.
+    result never overspends. Each epsilon comes from ``event_epsilon``'s memo (the same search and result,
+    without accounting an event twice). ``context`` names the training shape in the error messages.
     """
     from dp_accounting import mechanism_calibration as mc
 
@@ -162,7 +197,7 @@ def calibrate_scale(
                 f"{context}: that is no meaningful privacy; lower epsilon"
             )
     log_scale = mc.calibrate_dp_mechanism(
-        lambda: _make_accountant(accountant),
+        lambda: _MemoAccountant(accountant),
         lambda x: make_event(math.exp(x)),
         epsilon,
         delta,

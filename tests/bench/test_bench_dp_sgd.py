@@ -67,9 +67,24 @@ def test_tiny_whole_fit_comparison():
     args = ["--only-fit", "--fit-rows", "1000", "--fit-batch", "100", "--fit-epochs", "1", "--fit-repeats", "1"]
     figures = bench.run(parser.parse_args(args))
     assert "GENERATED" in figures["fit_setting"]
-    for model in ("mlp_3x256", "embedding_10k"):
+    for model in bench.DEFAULT_FIT_MODELS:
         one = figures["fit_comparison"][model]
         for side in ("make_private", "tf_privacy_fast"):
             for key in ("fit", "first_step", "step"):
                 assert one[f"{side}_{key}_ratio"]["median"] > 0
         assert one["keras_fit_cpu_s"]["min"] >= one["keras_first_step_cpu_s"]["min"] > 0
+
+
+def test_nn_repeats_give_median_min_and_runs():
+    parser = argparse.ArgumentParser()
+    bench.add_arguments(parser)
+    args = ["--skip-taxi-nn", "--skip-wide-deep", "--skip-fit", "--implementations", "ghost"]
+    figures = bench.run(
+        parser.parse_args(args + ["--rows", "2000", "--steps", "3", "--warmup", "1", "--nn-repeats", "2"])
+    )
+    runs = figures["small_ghost_overhead_ratio_all"]
+    assert len(runs) == 2 and figures["small_ghost_overhead_ratio_min"] == min(runs)
+    assert figures["overhead_ratio"] == figures["small_ghost_overhead_ratio"] > 0
+    assert figures["small_ghost_overhead_ratio_cpu"] > 0
+    with pytest.raises(SystemExit, match="--fit-models: 'conv3d'"):
+        bench.run(parser.parse_args(["--only-fit", "--fit-models", "conv3d"]))

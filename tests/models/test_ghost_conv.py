@@ -85,3 +85,20 @@ def test_make_private_fits_a_conv_model_all_ghost():
     conv_vars = {v.ref() for layer in model.layers if "conv" in layer.name for v in layer.trainable_weights}
     assert len(conv_vars) == 8 and conv_vars <= {v.ref() for v in private.engine.variables}
     assert np.all(np.isfinite(private.predict(x)))
+
+
+@pytest.mark.parametrize("padding", ["VALID", "SAME"])
+def test_unfold_patches_is_extract_patches(padding):
+    """The slice-and-reshape unfold gives extract_patches' values in its order, for every kernel, stride and
+    odd / even size (SAME's zeros split as TensorFlow splits them)."""
+    from sage_tfx.models.ghost_plans_conv import unfold_patches
+
+    rng = np.random.default_rng(0)
+    for rows, cols in [(5, 1), (8, 6), (9, 7)]:
+        for kernel in [(1, 1), (3, 3), (2, 3), (3, 1)]:
+            for strides in [(1, 1), (2, 2), (1, 3)]:
+                if kernel[0] > rows or kernel[1] > cols:
+                    continue
+                x = tf.constant(rng.normal(size=(2, rows, cols, 3)).astype(np.float32))
+                want = tf.image.extract_patches(x, [1, *kernel, 1], [1, *strides, 1], [1, 1, 1, 1], padding)
+                np.testing.assert_array_equal(unfold_patches(x, kernel, strides, padding).numpy(), want.numpy())

@@ -77,3 +77,33 @@ def test_row_signature_leaves_the_batch_axis_open():
     spec = row_signature(x)
     assert spec["a"] == tf.TensorSpec([None, 2], tf.float32)
     assert spec["b"] == tf.TensorSpec([None, 1], tf.string)
+
+
+def test_the_step_is_traced_once_per_fit(monkeypatch):
+    """The optimizer's variables exist before the step is first traced: created inside the first trace, they
+    made tf.function trace the step a second time."""
+    from sage_tfx.models import private as private_module
+    from sage_tfx.models.step_function import step_function
+
+    traces = []
+
+    def counting(fn, signature):
+        return step_function(lambda *args: (traces.append(1), fn(*args))[1], signature)
+
+    monkeypatch.setattr(private_module, "step_function", counting)
+    x, y = _data()
+    for optimizer in ("sgd", "adam", "debiased_momentum"):
+        traces.clear()
+        momentum = 0.9 if optimizer != "adam" else 0.0
+        private = make_private(
+            _model(),
+            privacy_budget=(1.0, 1e-5),
+            num_examples=len(y),
+            loss="mse",
+            batch_size=60,
+            optimizer=optimizer,
+            momentum=momentum,
+            seed=0,
+        )
+        private.fit(x, y)
+        assert len(traces) == 1, optimizer
