@@ -358,8 +358,8 @@ def _validate(job: dict) -> dict:
     """The child's side of ``validate_confined``: no user Python code runs here (the pipeline is not loaded)."""
     from sage_tfx.components._grant import GrantedExecutor
     from sage_tfx.components._grant_channel import ADDRESS
-    from sage_tfx.components.block_example_gen_executor import granted_records
-    from sage_tfx.components.dp_model_validator_executor import validate_model, validation_plan, validation_report
+    from sage_tfx.components.granted_reads import granted_records  # neither imports TFX nor Beam
+    from sage_tfx.components.validation_steps import validate_model, validation_plan, validation_report
 
     with GrantedExecutor().CheckGrant({"grant": job["grant"], "ledger": ADDRESS}) as run:
         plan = validation_plan(job["properties"], run.grant)
@@ -376,7 +376,7 @@ def _score(job: dict) -> dict:
 
     import numpy as np
 
-    from sage_tfx.components.dp_model_validator_executor import ServingModel, model_outputs
+    from sage_tfx.components.validator_records import ServingModel, model_outputs
 
     with open(job["records"]) as f:
         records = {name: [base64.b64decode(r) for r in items] for name, items in json.load(f).items()}
