@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 
+from sage_tfx.privacy.vocabulary import Outcome
+
 STOCK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_stock_taxi", "pipeline.py")
 TARGET = 3_000_000  # taxi_regression's MSE target (s^2): its first iteration ACCEPTs (bench/scale.py's)
 SCHEMA_TYPES = {"i": "INT", "f": "FLOAT", "O": "BYTES"}
@@ -99,7 +101,7 @@ def _private(root: str, days: int) -> dict:
     with open(profile) as f:
         processes = json.load(f)
     stdout = result.pop("stdout")
-    outcome = [w for w in ("ACCEPT", "RETRY", "REJECT") if f"-> {w}" in stdout]
+    outcome = [o.value for o in (Outcome.ACCEPT, Outcome.RETRY, Outcome.REJECT) if f"-> {o.value}" in stdout]
     return {**result, "outcome": outcome[0] if outcome else None, "processes": processes}
 
 
@@ -118,6 +120,17 @@ def _split(processes: dict) -> dict:
         for phase, seconds in process["phases"].items():
             total[phase] = total.get(phase, 0.0) + seconds
     return total
+
+
+def _process_cpu(private: list) -> dict:
+    """The median CPU of each sampled process of the private side: the launcher, then its children in order (the
+    iteration's, the validation's)."""
+    names = ["launcher", "iteration_child", "validation_child"]
+    per_run = [[r["processes"]["launcher"], *r["processes"]["children"]] for r in private]
+    counts = {len(p) for p in per_run}
+    if counts != {len(names)}:
+        return {}
+    return {name: round(statistics.median(p[i]["cpu"] for p in per_run), 2) for i, name in enumerate(names)}
 
 
 def _summary(runs: list, key: str) -> dict:
@@ -165,6 +178,7 @@ def _figures(args, rows: int, private: list, stock: list) -> dict:
         },
         "split": split,
         "split_processes": len(private[0]["processes"]["children"]) + 1,
+        "process_cpu": _process_cpu(private),
         "dp_share": round(split.get("dp", 0.0) / sampled, 3) if sampled else None,
         "outcomes": [r["outcome"] for r in private],
         "stock_components": stock[0]["components"],

@@ -64,7 +64,11 @@ def test_bench_iteration_reports_both_sides_and_the_private_split(tmp_path):
     assert set(split) <= KNOWN_PHASES and split["imports"] > 0 and split.get("dp", 0) > 0
     # the launcher and its two confined children (the iteration's, the validation's) are sampled, and what they
     # sampled is part of the CPU the whole process tree used
-    assert figures["split_processes"] == 3
+    assert figures["split_processes"] == 3 and set(figures["process_cpu"]) == {
+        "launcher",
+        "iteration_child",
+        "validation_child",
+    }
     assert 0 < sum(split.values()) <= 1.05 * figures["private"]["cpu"]["median"]
     assert 0 < figures["dp_share"] < 1
     assert figures["stock_components"] == ["CsvExampleGen", "ImportSchemaGen", "Transform", "Trainer"] + [
