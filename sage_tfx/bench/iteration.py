@@ -32,6 +32,8 @@ import sys
 import tempfile
 import time
 
+from sage_tfx.isolation import PASS_ENVIRONMENT
+from sage_tfx.phases import PROFILE_ENV
 from sage_tfx.privacy.vocabulary import Outcome
 
 STOCK = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_stock_taxi", "pipeline.py")
@@ -93,8 +95,8 @@ def _timed(cmd: list, env: dict) -> dict:
 def _private(root: str, days: int) -> dict:
     db, data = _replay(root, days)
     profile = os.path.join(root, "profile.json")
-    passed = ",".join(filter(None, [os.environ.get("SAGE_CONFINED_ENV", ""), "SAGE_PROFILE"]))
-    env = {**os.environ, "SAGE_PROFILE": profile, "SAGE_CONFINED_ENV": passed}
+    passed = ",".join(filter(None, [os.environ.get(PASS_ENVIRONMENT, ""), PROFILE_ENV]))
+    env = {**os.environ, PROFILE_ENV: profile, PASS_ENVIRONMENT: passed}
     cmd = [sys.executable, "-m", "sage_tfx", "run", "taxi_regression", "--db", db, "--stream", "taxi"]
     cmd += ["--data-root", data, "--target", str(TARGET), "--max-iterations", "1", "--min-window", str(days)]
     result = _timed(cmd + ["--work-dir", os.path.join(root, "work")], env)
