@@ -12,7 +12,6 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from tfx.types import artifact_utils
 
 from sage_tfx.components._units import UNIT_PLAN_KEY, unit_id
 from sage_tfx.privacy.errors import SageError
@@ -31,6 +30,7 @@ class ValidatorConfigError(SageError, ValueError):
 def split_records(examples: Artifact, split: str) -> list[bytes]:
     """The serialized tf.Examples of one split of an Examples artifact (gzip or plain TFRecord files)."""
     import tensorflow as tf
+    from tfx.types import artifact_utils
 
     names = artifact_utils.decode_split_names(examples.split_names)
     if split not in names:

@@ -22,6 +22,7 @@ import sys
 import tempfile
 from multiprocessing.connection import Connection
 
+from sage_tfx import phases
 from sage_tfx.isolation import Confinement, child_user, confine_from_environment, landlock_abi, spawn
 from sage_tfx.pipelines import BUILTIN, is_pipeline_file, load_pipeline
 from sage_tfx.pipelines.definition import SLA, PipelineDefinitionError, SagePipeline
@@ -318,6 +319,7 @@ def run_child(job: dict, confinement: Confinement, location=None, grant=None, ou
         finally:
             connection.close()
             code = child.wait()
+        phases.add_child(result.pop("profile", None) if result else None)
     finally:
         theirs.close()
         shutil.rmtree(private_tmp, ignore_errors=True)
@@ -358,8 +360,8 @@ def _validate(job: dict) -> dict:
     """The child's side of ``validate_confined``: no user Python code runs here (the pipeline is not loaded)."""
     from sage_tfx.components._grant import GrantedExecutor
     from sage_tfx.components._grant_channel import ADDRESS
-    from sage_tfx.components.block_example_gen_executor import granted_records
-    from sage_tfx.components.dp_model_validator_executor import validate_model, validation_plan, validation_report
+    from sage_tfx.components.granted_reads import granted_records  # neither imports TFX nor Beam
+    from sage_tfx.components.validation_steps import validate_model, validation_plan, validation_report
 
     with GrantedExecutor().CheckGrant({"grant": job["grant"], "ledger": ADDRESS}) as run:
         plan = validation_plan(job["properties"], run.grant)
@@ -376,7 +378,7 @@ def _score(job: dict) -> dict:
 
     import numpy as np
 
-    from sage_tfx.components.dp_model_validator_executor import ServingModel, model_outputs
+    from sage_tfx.components.validator_records import ServingModel, model_outputs
 
     with open(job["records"]) as f:
         records = {name: [base64.b64decode(r) for r in items] for name, items in json.load(f).items()}
@@ -425,6 +427,7 @@ def main() -> None:
 
     ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)  # PR_SET_PDEATHSIG, SIGKILL: it never outlives the launcher
     confine_from_environment()
+    phases.start()  # after the confinement: the sampling thread is confined too
     from sage_tfx.components._grant_channel import channel_client
 
     client = channel_client()
@@ -441,6 +444,9 @@ def main() -> None:
             result = {"status": "ok"}
     except BaseException as exc:  # noqa: B036 (SystemExit from user code too: reported, classified)
         result = _failure(exc, job)
+    profile = phases.finish()
+    if profile:
+        result["profile"] = profile
     client.report(result)
     sys.stdout.flush()
     sys.stderr.flush()

@@ -122,7 +122,7 @@ def training_rows(data_root: str, stream: str, grant, *, ledger, purpose: str):
 
 def _of_splits(rows, rule, names):
     """The serialized records of ``rows`` that BlockExampleGen puts in one of the splits ``names`` of ``rule``."""
-    from sage_tfx.components.block_example_gen_executor import split_index
+    from sage_tfx.components.granted_reads import split_index
 
     order, bounds, total = list(rule.splits), [], 0
     for name in order:
@@ -374,7 +374,7 @@ def score_model(
 
 
 def _score(ledger, stream, definition, name, held, held_path, data_root, serving_dir, features):
-    from sage_tfx.components.dp_model_validator_executor import per_example_values
+    from sage_tfx.components.validation_steps import per_example_values
     from sage_tfx.pipelines.confined import score_outputs
 
     sla = definition.sla
@@ -470,7 +470,7 @@ def _labelled(served, sla, name, batch):
 def _score_baselines(scores, sla, train_rows, y_train, held_rows, y_held, features, target) -> dict:
     """Fit the NON-PRIVATE baselines on the training rows, add their hold-out scores to ``scores``; return
     {baseline: its description}."""
-    from sage_tfx.components.dp_model_validator_executor import per_example_values
+    from sage_tfx.components.validation_steps import per_example_values
 
     x_train, center, scale = design_matrix(train_rows, features)
     x_held, _, _ = design_matrix(held_rows, features, center, scale)

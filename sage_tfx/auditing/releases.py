@@ -205,7 +205,7 @@ def custom_validator_mechanism(epsilon: float, name: str = "validator-custom") -
         epsilon: the claimed epsilon (the validation share).
         name: the mechanism's name in the result.
     """
-    from sage_tfx.components.dp_model_validator_executor import (
+    from sage_tfx.components.validation_steps import (
         Metric,
         custom_loss_plan,
         load_loss_function,

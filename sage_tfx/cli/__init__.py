@@ -27,6 +27,8 @@ import os
 import pkgutil
 import sys
 
+from sage_tfx.phases import start_launcher
+
 from ._exits import EXIT_BAD_INPUT, EXIT_BROKEN_PIPE, EXIT_INTERRUPTED, EXIT_OK  # noqa: F401  (re-exported)
 from ._quiet import exit_process, filter_stderr, quiet_libraries
 
@@ -56,6 +58,8 @@ def main(argv=None):
     ``--verbose``, descriptor 2 goes through the chatter filter, and after the command the process ends by
     ``_quiet.exit_process``. With an explicit ``argv`` (a caller in Python) only the log levels change."""
     own_process = argv is None
+    if own_process:
+        start_launcher()  # $SAGE_PROFILE only: `sage bench iteration`'s split of this process's CPU
     argv = sys.argv[1:] if own_process else list(argv)
     extra = []
     if "--" in argv:  # everything after a bare -- passes through (e.g. Beam pipeline options)

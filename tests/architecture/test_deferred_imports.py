@@ -152,3 +152,26 @@ def test_the_launcher_reads_an_iterations_outcome_without_importing_tensorflow(t
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     assert seen == {"outcome": "RETRY", "bound": 2.0, "scrubbed": True, "imported": []}, seen
+
+
+VALIDATOR_PROBE = textwrap.dedent("""
+    import json, sys
+    import sage_tfx.pipelines.confined  # what pipelines/confined.py's _validate imports:
+    from sage_tfx.components._grant import GrantedExecutor
+    from sage_tfx.components._grant_channel import ADDRESS
+    from sage_tfx.components.granted_reads import granted_records
+    from sage_tfx.components.validation_steps import validate_model, validation_plan, validation_report
+    import tensorflow
+    print(json.dumps(sorted(m for m in ("tfx", "apache_beam", "tensorflow_transform") if m in sys.modules)))
+""")
+
+
+def test_the_validation_child_imports_neither_tfx_nor_beam():
+    """The confined child that validates a model again reads the grant's records and runs the model: it needs
+    TensorFlow, not TFX's executors nor Beam, whose imports cost it about 5 s of CPU of its ~16 (measured with
+    `sage bench iteration`)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("SAGE_EAGER_IMPORTS", None)
+    out = subprocess.run([sys.executable, "-c", VALIDATOR_PROBE], capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -158,8 +158,8 @@ def test_the_finder_sees_literals_and_skips_docstrings_comments_and_enum_choices
 
 
 def test_one_outcome_one_mode_one_home_for_the_shared_constants():
-    from sage_tfx.components import dp_model_validator_executor as validator
     from sage_tfx.components import transform_utils
+    from sage_tfx.components import validation_steps as validator
     from sage_tfx.ingest import records
     from sage_tfx.pipelines import definition
     from sage_tfx.release import blessing, growth
