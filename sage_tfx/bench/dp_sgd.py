@@ -347,6 +347,9 @@ def run(args):
     for name in implementations:
         if name not in IMPLEMENTATIONS:
             raise SystemExit(f"--implementations: {name!r} is not one of {IMPLEMENTATIONS}")
+    for name in args.fit_models:
+        if name not in FIT_MODELS:
+            raise SystemExit(f"--fit-models: {name!r} is not one of {FIT_MODELS}")
     for name in (
         "rows",
         "steps",
@@ -410,8 +413,4 @@ def run(args):
 
 
 def _fits(args):
-    models = args.fit_models
-    for name in models:
-        if name not in FIT_MODELS:
-            raise SystemExit(f"--fit-models: {name!r} is not one of {FIT_MODELS}")
-    return measure_fits(models, args.fit_rows, args.fit_batch, args.fit_epochs, args.fit_repeats, args.seed)
+    return measure_fits(args.fit_models, args.fit_rows, args.fit_batch, args.fit_epochs, args.fit_repeats, args.seed)

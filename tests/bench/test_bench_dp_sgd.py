@@ -88,3 +88,6 @@ def test_nn_repeats_give_median_min_and_runs():
     assert figures["small_ghost_overhead_ratio_cpu"] > 0
     with pytest.raises(SystemExit, match="--fit-models: 'conv3d'"):
         bench.run(parser.parse_args(["--only-fit", "--fit-models", "conv3d"]))
+    # checked with the other options, before any model is built (the other checks come after it)
+    with pytest.raises(SystemExit, match="--fit-models: 'conv3d'"):
+        bench.run(parser.parse_args(["--fit-models", "conv3d", "--rows", "0"]))
