@@ -9,8 +9,6 @@ each, ``--canaries``) and the coordinate audit of one fit (``--coordinates``, cl
 Method and limits: docs/privacy_auditing.md.
 """
 
-from sage_tfx.auditing import DPSGD_ENGINES, AuditConfig, audit, audit_privacy, mechanism, mechanism_names
-
 
 def add_arguments(parser):
     parser.add_argument("--trials", type=int, default=10000, help="runs on each data set (default 10000)")
@@ -27,6 +25,17 @@ def add_arguments(parser):
 
 
 def run(args):
+    # lazy: the auditing package imports scipy.stats (about 0.9 s), which every `sage` command would pay through the
+    # bench registry otherwise
+    from sage_tfx.auditing import (  # noqa: PLC0415
+        DPSGD_ENGINES,
+        AuditConfig,
+        audit,
+        audit_privacy,
+        mechanism,
+        mechanism_names,
+    )
+
     figures = {}
     fast = set(mechanism_names(include_slow=False))
     for name in mechanism_names(include_slow=args.slow):
