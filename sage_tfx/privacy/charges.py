@@ -123,7 +123,7 @@ def charge_now(w: StreamWrite, charge: Charge, found: dict, reservations: dict) 
     for values, ids in sorted(block_groups.items(), key=lambda kv: kv[1][0]):  # (spent text, state, retired)
         set_spent(tx, stream, values, ids, found)
     tx.run(sql.GRANT_INSERT, (grant.id, stream, pipeline, body_text, grant.signature, now))
-    sources = [verdicts[keys[0]][1]] * len(keys) if len(groups) == 1 else [verdicts[k][1] for k in keys]
+    sources = [verdicts[k][1] for k in keys]
     log(tx, "grant", None, grant_log_text(grant, body_text, sources))
     if not all(alive_of.values()):
         log(tx, "retire", {"stream": stream, "blocks": [b for b, k in zip(blocks, keys) if not alive_of[k]]}, at=now)
@@ -140,18 +140,12 @@ def state_groups(blocks: Sequence[str], found: dict, reservations: dict) -> tupl
             for b in blocks
         ]
     else:  # no reservation on any of the blocks: its spent text alone
-        texts = list(map(_spent_text, map(found.__getitem__, blocks)))
-        one = texts.count(texts[0]) == len(texts)
-        keys = [(texts[0], ())] * len(texts) if one else [(t, ()) for t in texts]
+        keys = [(text, ()) for text in map(_spent_text, map(found.__getitem__, blocks))]
     if keys.count(keys[0]) == len(keys):
         return keys, {keys[0]: list(blocks)}
     groups: dict[tuple, list[str]] = {}
     for b, key in zip(blocks, keys):
-        group = groups.get(key)
-        if group is None:
-            groups[key] = [b]
-        else:
-            group.append(b)
+        groups.setdefault(key, []).append(b)
     return keys, groups
 
 
