@@ -17,7 +17,12 @@ import sage_tfx  # noqa: F401  (before TensorFlow)
 from sage_tfx.privacy.vocabulary import Metric
 
 LAYERS = ("layer-norm", "conv", "einsum", "mha")
-_PLANNED = {"layer-norm": ("LayerNormalization",), "conv": ("Conv1D", "Conv2D"), "einsum": ("EinsumDense",)}
+_PLANNED = {
+    "layer-norm": ("LayerNormalization",),
+    "conv": ("Conv1D", "Conv2D"),
+    "einsum": ("EinsumDense",),
+    "mha": ("MultiHeadAttention",),
+}  # the layer classes each --layer times
 _FALLBACK = {"layer-norm": 4, "conv": 4, "einsum": 4, "mha": 8}  # the timed layers' variables
 
 
@@ -54,8 +59,7 @@ def _engine(tf, model, layer: str | None):
 
     types = None
     if layer is not None:
-        left_out = _PLANNED.get(layer, ("MultiHeadAttention",))
-        types = {t for t in ghost_types() if t.__name__ not in left_out}
+        types = {t for t in ghost_types() if t.__name__ not in _PLANNED[layer]}
     engine = make_engine("ghost", model, per_example_loss(Metric.MSE, model), 1.0, 1.0, 0, ghost_types=types)
     return engine, tf.function(engine.noisy_sum)
 
