@@ -1,30 +1,26 @@
 """Whole ``fit`` against whole ``fit`` (part of ``sage bench dp-sgd``): make_private, plain Keras ``fit`` and
-tensorflow-privacy 0.9.0's fast gradient clipping (``make_dp_model_class`` with its default layer registry, Dense
-and Embedding) on the same model, data, batch size and epochs, in one process, interleaved.
+tensorflow-privacy 0.9.0's fast gradient clipping (``make_dp_model_class`` with its default layer registry,
+Dense and Embedding) on the same model, data, batch size and epochs, in one process, interleaved.
 
-Figures are process CPU seconds (the machine is shared: CPU time is the steadier measure): the whole fit (from the
-call, model built, to its return: tracing, noise calibration, every step), the first step (to the end of step 0, the
-fixed start-up) and the median later step, each timed by a per-step callback. Each side builds a fresh model from
-the same seed; make_private's calibration memos are cleared before each of its fits and its on-disk memo is turned
-off (``SAGE_CALIBRATION_CACHE=off`` in the bench's process), so every fit calibrates (dp_accounting is imported
-before any timing, as in a pipeline's process). tensorflow-privacy gets make_private's noise multiplier. Ratios are
-DP / Keras per repeat; the figures are min and median over ``repeats`` (the order of the three sides rotates).
-Models: a 3x256 ReLU MLP on 32 GENERATED normal features, an Embedding(10000, 32) of 4 GENERATED Zipf-like ids ->
-Dense 64 -> Dense 1, and a small Conv2D (16x16x3 GENERATED normal images -> Conv2D 16 3x3 -> Conv2D 16 3x3 stride 2
--> Dense 1) and TFX's taxi wide-and-deep (``dp_sgd.build_wide_and_deep`` on ``dp_sgd.generated_wide_and_deep``
-rows); Keras MeanSquaredError, SGD lr 0.05 on every model. tensorflow-privacy's default registry has no Conv2D
-entry: on that model its DP model class turns its fast clipping off for the whole model and computes per-example
-gradients (its ``vectorized_map`` path).
+Figures are process CPU seconds (the machine is shared: CPU time is the steadier measure): the whole fit (from
+the call, model built, to its return: tracing, noise calibration, every step), the first step (to the end of
+step 0, the fixed start-up) and the median later step, each timed by a per-step callback. Each side builds a
+fresh model from the same seed; make_private's calibration cache is cleared before each of its fits, so every
+fit calibrates (dp_accounting is imported before any timing, as in a pipeline's process). tensorflow-privacy
+gets make_private's noise multiplier. Ratios are DP / Keras per repeat; the figures are min and median over
+``repeats`` (the order of the three sides rotates). Models: a 3x256 ReLU MLP on 32 GENERATED normal features,
+an Embedding(10000, 32) of 4 GENERATED Zipf-like ids -> Dense 64 -> Dense 1, and a small Conv2D (16x16x3
+GENERATED normal images -> Conv2D 16 3x3 -> Conv2D 16 3x3 stride 2 -> Dense 1) and TFX's taxi wide-and-deep
+(``dp_sgd.build_wide_and_deep`` on ``dp_sgd.generated_wide_and_deep`` rows); Keras MeanSquaredError, SGD
+lr 0.05 on every model. tensorflow-privacy's default registry has no Conv2D entry: on that model its DP model class turns its
+fast clipping off for the whole model and computes per-example gradients (its ``vectorized_map`` path).
 """
 
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
-
-from sage_tfx.privacy import calibration_cache
 
 SIDES = ("keras", "make_private", "tf_privacy_fast")
 FIT_MODELS = ("mlp_3x256", "embedding_10k", "conv2d_small", "wide_deep")
@@ -104,7 +100,6 @@ def _fit(side, name, x, y, batch, epochs, sigma, seed):
     if side == "make_private":
         dpsgd._calibrated_multiplier.cache_clear()  # every fit calibrates, as a fresh process does
         dpsgd._memo_epsilon.cache_clear()
-        os.environ[calibration_cache.ENV_CACHE] = calibration_cache.OFF  # ... that never calibrated these numbers
         private = make_private(
             tf.keras.Model(inputs, outputs),
             privacy_budget=(1.0, 1e-5),

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from . import calibration_cache, checks
+from . import checks
 from .errors import SageError
 
 if TYPE_CHECKING:
@@ -242,16 +242,8 @@ def _calibrated_multiplier(
     rtol: float,
     max_sigma: float,
 ) -> float:
-    """``calibrate_noise_multiplier``'s search: a deterministic function of public numbers, remembered on disk
-    (``calibration_cache``): a stored multiplier is used only if its epsilon, accounted afresh, is <= the target
-    (one accountant run instead of the search's nine or so); otherwise the search runs and its result is stored."""
-    key = ("dpsgd-search-1", epsilon, delta, num_examples, batch_size, epochs, accountant, rtol, max_sigma)
-    sigma = calibration_cache.stored(key)
-    if sigma is not None and _admissible(
-        sigma, epsilon, delta, num_examples, batch_size, epochs, accountant, max_sigma
-    ):
-        return sigma
-    sigma = calibrate_scale(
+    """``calibrate_noise_multiplier``'s search: a deterministic function of public numbers."""
+    return calibrate_scale(
         lambda sigma: dpsgd_event(sigma, num_examples, batch_size, epochs),
         epsilon,
         delta,
@@ -260,17 +252,6 @@ def _calibrated_multiplier(
         max_sigma=max_sigma,
         context=f"(num_examples={num_examples}, batch_size={batch_size}, epochs={epochs})",
     )
-    calibration_cache.remember(key, sigma)
-    return sigma
-
-
-def _admissible(sigma, epsilon, delta, num_examples, batch_size, epochs, accountant, max_sigma):
-    """A remembered multiplier is used only if it is a finite number in (0, max_sigma] whose run, accounted now,
-    is (epsilon, delta)-DP: whoever wrote the file, it cannot lower the noise below the target's."""
-    if not (math.isfinite(sigma) and 0 < sigma <= max_sigma):
-        return False
-    event = dpsgd_event(sigma, num_examples, batch_size, epochs)
-    return event_epsilon(event, delta, accountant) <= epsilon
 
 
 def dpsgd_spend(

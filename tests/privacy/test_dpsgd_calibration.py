@@ -5,7 +5,6 @@ Checked against dp_accounting directly and against tensorflow-privacy's
 imports that module without TensorFlow).
 """
 
-import json
 import math
 import re
 import subprocess
@@ -13,7 +12,7 @@ import sys
 
 import pytest
 
-from sage_tfx.privacy import calibration_cache, dpsgd
+from sage_tfx.privacy import dpsgd
 
 # (epsilon, delta, num_examples, batch_size, epochs): spans small/large budgets,
 # sampling rates from 2.6e-4 to 0.1 and 1 to 5 epochs.
@@ -134,70 +133,3 @@ def test_bad_input_names_the_value(kwargs, bad):
 def test_unreachable_budget_is_refused():
     with pytest.raises(ValueError, match="noise multiplier above"):
         dpsgd.calibrate_noise_multiplier(1e-6, 1e-5, 100, 100, 100)
-
-
-def _fresh(monkeypatch, directory):
-    """Point the on-disk memo at ``directory`` and forget the in-process memos (a new process)."""
-    monkeypatch.setenv(calibration_cache.ENV_CACHE, str(directory))
-    dpsgd._calibrated_multiplier.cache_clear()
-    dpsgd._memo_epsilon.cache_clear()
-
-
-def _counting_runs(monkeypatch):
-    runs = []
-    real = dpsgd._accounted_epsilon
-    monkeypatch.setattr(dpsgd, "_accounted_epsilon", lambda *a: runs.append(a) or real(*a))
-    return runs
-
-
-SHAPE = (1.0, 1e-5, 20_000, 256, 4)
-
-
-def test_a_remembered_calibration_is_bit_identical_and_takes_one_accountant_run(monkeypatch, tmp_path):
-    _fresh(monkeypatch, calibration_cache.OFF)
-    searched = dpsgd.calibrate_noise_multiplier(*SHAPE)
-    _fresh(monkeypatch, tmp_path)
-    runs = _counting_runs(monkeypatch)
-    assert dpsgd.calibrate_noise_multiplier(*SHAPE) == searched  # a miss: the search, then stored
-    assert len(runs) > 5 and len(list(tmp_path.iterdir())) == 1
-    _fresh(monkeypatch, tmp_path)
-    runs.clear()
-    remembered = dpsgd.calibrate_noise_multiplier(*SHAPE)
-    assert remembered.hex() == searched.hex() and len(runs) == 1
-    assert dpsgd.dpsgd_spend(*SHAPE)[0] == searched and len(runs) == 1  # the realised epsilon is that run's
-    _fresh(monkeypatch, tmp_path)
-    assert dpsgd.calibrate_noise_multiplier(2.0, *SHAPE[1:]) > 0 and len(list(tmp_path.iterdir())) == 2
-
-
-@pytest.mark.parametrize("planted", ["half", "garbage", "nan", "other key"])
-def test_a_planted_entry_never_lowers_the_noise(monkeypatch, tmp_path, planted):
-    """Other code of the user may write the cache directory: an entry whose epsilon is over the target, or one
-    that does not parse, is ignored and the search's own sigma is used (and stored again)."""
-    _fresh(monkeypatch, calibration_cache.OFF)
-    searched = dpsgd.calibrate_noise_multiplier(*SHAPE)
-    _fresh(monkeypatch, tmp_path)
-    dpsgd.calibrate_noise_multiplier(*SHAPE)
-    (entry,) = tmp_path.iterdir()
-    stored = json.loads(entry.read_text())
-    text = {
-        "half": json.dumps({**stored, "sigma": (searched / 2).hex()}),
-        "garbage": "{not json",
-        "nan": json.dumps({**stored, "sigma": float("nan").hex()}),
-        "other key": json.dumps({"key": ["1.0"], "sigma": (searched / 2).hex()}),
-    }[planted]
-    entry.write_text(text)
-    _fresh(monkeypatch, tmp_path)
-    sigma = dpsgd.calibrate_noise_multiplier(*SHAPE)
-    assert sigma == searched
-    assert _rdp_epsilon_direct(sigma, *SHAPE[1:]) <= SHAPE[0]
-    assert json.loads(entry.read_text())["sigma"] == searched.hex()
-
-
-def test_off_writes_nothing_and_an_unwritable_directory_is_a_miss(monkeypatch, tmp_path):
-    _fresh(monkeypatch, calibration_cache.OFF)
-    assert calibration_cache.cache_dir() is None
-    searched = dpsgd.calibrate_noise_multiplier(*SHAPE)
-    blocked = tmp_path / "file"
-    blocked.write_text("")  # a file where the directory should be: mkdir fails
-    _fresh(monkeypatch, blocked / "calibration")
-    assert dpsgd.calibrate_noise_multiplier(*SHAPE) == searched
