@@ -10,7 +10,8 @@ and the median of the repeats is reported. ``--postgres URL`` adds the same
 comparison on a PostgreSQL server (baseline: bare transactions updating 32 rows
 there).
 
-``choose_blocks`` and ``add_blocks``: ``_ledger_growth.py``; ``storage``: ``_ledger_storage.py``.
+``choose_blocks`` and ``add_blocks``: ``_ledger_growth.py``; ``storage``: ``_ledger_storage.py``; ``grant_floor`` (one
+grant's statements, WAL pages and CPU by part against the bare transaction's): ``_ledger_floor.py``.
 
 ``--head-sync`` (default ``use,commit,group``) measures the grants in each head-file sync mode of
 ``head_file.HeadSync`` in the same run, each against its own baseline runs (``by_head_sync``): ``use`` (the
@@ -32,6 +33,7 @@ import urllib.parse
 import uuid
 
 from sage_tfx import comma_lists
+from sage_tfx.bench._ledger_floor import _measure_floor
 from sage_tfx.bench._ledger_growth import LEDGER_FILE_SUFFIXES, _measure_choice, _measure_growth
 from sage_tfx.bench._ledger_storage import _filesystem, _measure_storage
 from sage_tfx.privacy.head_file import ENV_HEAD_SYNC
@@ -82,6 +84,14 @@ def add_arguments(parser):
         default=50,
         metavar="N",
         help="fsync'd page writes and head-file writes timed for the storage note (0: skip it)",
+    )
+    parser.add_argument(
+        "--floor-grants",
+        type=int,
+        default=300,
+        metavar="N",
+        help="grants per round for the grant_floor figure: one grant's statements, WAL pages and CPU by part "
+        "against the bare transaction's (0: skip it)",
     )
     parser.add_argument(
         "--head-sync",
@@ -292,6 +302,8 @@ def _check_args(args):
         )
     if args.storage_samples < 0:
         raise SystemExit(f"sage bench ledger: --storage-samples {args.storage_samples} must be >= 0")
+    if args.floor_grants < 0:
+        raise SystemExit(f"sage bench ledger: --floor-grants {args.floor_grants} must be >= 0")
     if args.choose_blocks < 0:
         raise SystemExit(f"sage bench ledger: --choose-blocks {args.choose_blocks} must be >= 0")
     for name in ("grants", "blocks", "repeats"):
@@ -362,6 +374,8 @@ def run(args):
     }
     if args.storage_samples:
         figures["storage"] = _measure_storage(db_dir, args.storage_samples, headline, args.head_sync_modes[0].value)
+    if args.floor_grants:
+        figures["grant_floor"] = _measure_floor(db_dir, args.blocks, args.floor_grants, args.repeats)
     if args.choose_blocks:
         figures["choose_blocks"] = _measure_choice(db_dir, args.choose_blocks, args.repeats)
     if args.growth_blocks:

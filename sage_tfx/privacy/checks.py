@@ -67,19 +67,21 @@ def number(
     """
     if value is None and allow_none:
         return None
-    rule = rule_text(low, high, low_open=low_open, high_open=high_open)
     try:
         if isinstance(value, bool) and not allow_bool:
             raise TypeError
         out = float(value)
     except (TypeError, ValueError):
+        rule = rule_text(low, high, low_open=low_open, high_open=high_open)
         raise error((not_number or message).format(what=what, value=value, rule=rule)) from None
     if (
         not math.isfinite(out)
         or (low is not None and (out <= low if low_open else out < low))
         or (high is not None and (out >= high if high_open else out > high))
-    ):
-        raise error(message.format(what=what, value=value, rule=rule))
+    ):  # the rule's words are built for the error alone (a grant checks two numbers)
+        raise error(
+            message.format(what=what, value=value, rule=rule_text(low, high, low_open=low_open, high_open=high_open))
+        )
     return out
 
 
