@@ -20,8 +20,9 @@ if "tensorflow" in sys.modules and os.environ.get("TF_USE_LEGACY_KERAS") != "1":
     )
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-# TFX's ``tfx.components`` runs its __init__ (every TFX component, Keras 3, Kubernetes...) only when one of its
-# names is used, not when a TFX run imports one of its submodules (sage_tfx/compat/deferred_imports.py).
+# Heavy package __init__s (TFX's ``tfx.components``: every TFX component, Keras 3, Kubernetes...; TFMA's;
+# dp_accounting's PLD accountant) run only when one of their names is used, not when one of their submodules is
+# imported (sage_tfx/compat/deferred_imports.py).
 from sage_tfx.compat.deferred_imports import DEFERRED as _DEFERRED  # noqa: E402
 from sage_tfx.compat.deferred_imports import defer as _defer
 

@@ -19,7 +19,8 @@ and their ratios (private / stock, lower is better). The private side runs with 
 median over repeats of each phase summed over those processes (imports: interpreter start-up and imports;
 export: SavedModel writing; tracing: tf.function graph building; dp: the DP tables, AdaSSP, the validator's
 bounds, the ledger's charge and grant checks; beam; other: TFX's orchestration, MLMD, running models, reading
-records, ledger set-up), with ``dp_share`` the DP work's share of the sampled CPU.
+records, ledger set-up), with ``dp_share`` the DP work's share of the sampled CPU; ``process_cpu`` and
+``process_imports`` give each process's median CPU and the imports' part of it.
 """
 
 import json
@@ -124,15 +125,19 @@ def _split(processes: dict) -> dict:
     return total
 
 
-def _process_cpu(private: list) -> dict:
+def _process_cpu(private: list, phase: str | None = None) -> dict:
     """The median CPU of each sampled process of the private side: the launcher, then its children in order (the
-    iteration's, the validation's)."""
+    iteration's, the validation's); ``phase``: of that phase only (e.g. "imports")."""
     names = ["launcher", "iteration_child", "validation_child"]
     per_run = [[r["processes"]["launcher"], *r["processes"]["children"]] for r in private]
     counts = {len(p) for p in per_run}
     if counts != {len(names)}:
         return {}
-    return {name: round(statistics.median(p[i]["cpu"] for p in per_run), 2) for i, name in enumerate(names)}
+
+    def seconds(process: dict) -> float:
+        return process["cpu"] if phase is None else process["phases"].get(phase, 0.0)
+
+    return {name: round(statistics.median(seconds(p[i]) for p in per_run), 2) for i, name in enumerate(names)}
 
 
 def _summary(runs: list, key: str) -> dict:
@@ -181,6 +186,7 @@ def _figures(args, rows: int, private: list, stock: list) -> dict:
         "split": split,
         "split_processes": len(private[0]["processes"]["children"]) + 1,
         "process_cpu": _process_cpu(private),
+        "process_imports": _process_cpu(private, "imports"),
         "dp_share": round(split.get("dp", 0.0) / sampled, 3) if sampled else None,
         "outcomes": [r["outcome"] for r in private],
         "stock_components": stock[0]["components"],

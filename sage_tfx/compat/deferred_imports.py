@@ -8,6 +8,11 @@ Keras 3, the Kubernetes client, matplotlib and more, none of which a sage pipeli
 TFMA, with NLTK, scikit-learn and pandas' plotting behind its metrics. Together about a third of the CPU a
 process spends importing what a TFX run needs (``sage bench startup``; docs/BENCHMARKS.md, "Start-up").
 
+One more in an iteration's confined child (``sage bench iteration``; docs/BENCHMARKS.md, "What each process
+imports"): ``dp_accounting``'s ``__init__`` imports its PLD accountant, whose ``dp_accounting.pld`` package pulls in
+scipy.signal and scipy.stats (194 modules, about 0.8 s of CPU after TensorFlow, TFX and Beam), where AdaSSP's
+release, the Gaussian calibration and the spend audit use the RDP accountant and the events alone.
+
 ``defer(name)`` installs an import hook for package ``name``: importing the package or any of its submodules
 works as before (``from tensorflow_model_analysis import sdk`` imports the submodule alone), but the package's
 own ``__init__`` runs on the first access to any other attribute (``from tfx.components import Pusher`` or
@@ -25,7 +30,7 @@ import sys
 import threading
 
 # The packages sage_tfx defers when it is imported (sage_tfx/__init__.py).
-DEFERRED = ("tfx.components", "tensorflow_model_analysis")
+DEFERRED = ("tfx.components", "tensorflow_model_analysis", "dp_accounting.pld")
 
 
 class _DeferredInit(importlib.abc.Loader):

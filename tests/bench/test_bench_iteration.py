@@ -69,6 +69,10 @@ def test_bench_iteration_reports_both_sides_and_the_private_split(tmp_path):
         "iteration_child",
         "validation_child",
     }
+    imports = figures["process_imports"]
+    assert set(imports) == set(figures["process_cpu"]) and all(
+        0 < imports[p] <= figures["process_cpu"][p] for p in imports
+    ), imports
     assert 0 < sum(split.values()) <= 1.05 * figures["private"]["cpu"]["median"]
     assert 0 < figures["dp_share"] < 1
     assert figures["stock_components"] == ["CsvExampleGen", "ImportSchemaGen", "Transform", "Trainer"] + [
