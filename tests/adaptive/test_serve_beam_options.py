@@ -179,7 +179,12 @@ def test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and
       spans of the two pipelines' MLMD executions overlap by more than half the shorter one (with --parallel 1
       the second run would start after the first), each pipeline granted once, the audit OK and no block over
       budget (was tests/adaptive/test_serve_parallel.py::test_two_pipelines_run_their_tfx_iterations_at_once, which ran
-      the same serve of easy and hard on the same 256 days without the Beam options).
+      the same serve of easy and hard on the same 256 days without the Beam options);
+    - module files on the multi_processing workers: each pipeline's preprocessing module packaged as one wheel
+      under URL/NAME/_wheels and installed while DPTransform's job runs (before: ModuleNotFoundError 'user_module_0'
+      in DPTransform's job), no wheel-build or pip output on stdout (was tests/pipelines/test_runners.py::
+      test_sage_run_on_direct_runner_multi_processing, a `sage run` of the same options through the same
+      pipelines/_runner.py; `sage run -- BEAM_OPTIONS`: test_sage_run_on_portable_runner_with_external_workers).
     """
     from ml_metadata.metadata_store import metadata_store
     from tfx.dsl.io import fileio
@@ -258,6 +263,7 @@ def test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "easy: ACCEPT after 1 iteration(s)" in proc.stdout and "audit: OK" in proc.stdout, proc.stdout
     assert "hard: TIMEOUT after 1 iteration(s)" in proc.stdout, proc.stdout
+    assert "Successfully installed" not in proc.stdout and "bdist_wheel" not in proc.stdout, proc.stdout
     assert not (tmp_path / "work" / "tfx").exists()  # the MLMD files went to --metadata-path
     spans = {}
     for name in ("easy", "hard"):
@@ -272,6 +278,8 @@ def test_serve_runs_pipelines_on_multi_processing_workers_with_a_staging_dir_and
         by_type = {t.id: t.name for t in store.get_artifact_types()}
         examples = [a for a in artifacts if by_type[a.type_id] == "Examples"]
         assert len(examples) == 2 and all(a.state == a.DELETED and not fileio.exists(a.uri) for a in examples)
+        (wheel,) = os.listdir(tmp_path / "object-store" / name / "_wheels")  # the preprocessing module
+        assert wheel.startswith("tfx_user_code_DPTransform-") and wheel.endswith("-py3-none-any.whl"), wheel
     assert os.listdir(staging) == []  # the staged runs were deleted
     with Ledger.open(db) as ledger:
         assert ledger.audit().ok

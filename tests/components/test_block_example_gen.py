@@ -142,19 +142,25 @@ def _check_output(world, examples, grant):
     assert json.loads(examples.split_names) == ["train", "eval"]
 
 
-def test_executor_reads_exactly_the_grant(world, tmp_path):
-    examples = _run_executor(world, world["grant"].to_json(), tmp_path)
+@pytest.fixture(scope="module")
+def grant_examples(world, tmp_path_factory):
+    """The executor's output for ``world["grant"]``, read (never changed) by the tests below."""
+    return _run_executor(world, world["grant"].to_json(), tmp_path_factory.mktemp("grant_examples"))
+
+
+def test_executor_reads_exactly_the_grant(world, grant_examples):
+    examples = grant_examples
     _check_output(world, examples, world["grant"])
     assert not examples.has_custom_property("dp_record_count")  # no count declared: none released
 
 
-def test_granted_records_are_the_splits_the_executor_writes(world, tmp_path):
+def test_granted_records_are_the_splits_the_executor_writes(world, grant_examples):
     """The launcher's own validation (pipelines.confined.validate_confined) reads the grant's records from the
     sealed blocks itself, never the Examples a confined run wrote: ``granted_records`` gives each split exactly
     the records the executor writes to it, so the launcher's test reads what the run's validator read."""
     from sage_tfx.components.block_example_gen_executor import granted_records
 
-    examples = _run_executor(world, world["grant"].to_json(), tmp_path)
+    examples = grant_examples
     found = granted_records(world["ledger"], world["data"], world["grant"], ["eval", "train"])
     assert set(found) == {"eval", "train"}
     for split in ("train", "eval"):

@@ -64,6 +64,23 @@ def world(tmp_path_factory):
     ledger.close()
 
 
+@pytest.fixture(scope="module")
+def examples_of(world, tmp_path_factory):
+    """``examples_of(grant)``: BlockExampleGen's Examples of ``grant``. Grants with the same blocks and meta (so the
+    same split and record split: the same ``data_digest``) read the same records, so BlockExampleGen runs once
+    for them and the later ones get its output marked as read under them (``relabelled``)."""
+    made = {}
+
+    def get(grant):
+        key = (tuple(grant.blocks), repr(grant.meta))
+        if key not in made:
+            made[key] = block_examples(world["db"], world["data"], grant, tmp_path_factory.mktemp("examples"))
+            return made[key]
+        return relabelled(made[key], grant)
+
+    return get
+
+
 def _grant(world, split=PARALLEL, blocks=None, **meta):
     return world["ledger"].request(
         "p", "taxi", blocks=blocks or world["year"], epsilon=1.0, delta=1e-6, meta={"split": split, **meta}
@@ -224,13 +241,13 @@ def _other_split_examples(world, tmp_path, grant):
     return relabelled(block_examples(world["db"], world["data"], sibling, tmp_path / "other_split"), grant)
 
 
-def test_validator_reopened_on_other_records_is_refused(world, tmp_path):
+def test_validator_reopened_on_other_records_is_refused(world, examples_of, tmp_path):
     """The exploit end to end on the validator: validate under a grant, then validate the same model with the
     same test on the 8:2 Examples of the same grant. The landed code re-opened the release (same seed, same
     noise) and released the loss bound of other records; now refused before a record is read, naming both
     rules; the grant keeps its one release."""
     grant = _grant(world, SUM)
-    examples = block_examples(world["db"], world["data"], grant, tmp_path / "ex")
+    examples = examples_of(grant)
     first = _validate(world, tmp_path / "a", grant, examples)
     assert first["outcome"] in ("ACCEPT", "RETRY", "REJECT")
     releases = world["ledger"].releases(grant.id)
@@ -292,10 +309,10 @@ def test_components_refuse_other_records_under_the_grant(world, tmp_path, other)
     assert not (tmp_path / "seen.json").exists()
 
 
-def test_components_refuse_examples_without_the_lineage(world, tmp_path):
+def test_components_refuse_examples_without_the_lineage(world, examples_of, tmp_path):
     """Examples with the grant's id but no split rule / data digest (not BlockExampleGen's) are refused."""
     grant = _grant(world)
-    examples = block_examples(world["db"], world["data"], grant, tmp_path / "ex")
+    examples = examples_of(grant)
     bare = relabelled(examples, grant)
     bare.mlmd_artifact.custom_properties.pop("data_digest")
     with pytest.raises(GrantError, match="carries no data_digest"):
@@ -303,7 +320,7 @@ def test_components_refuse_examples_without_the_lineage(world, tmp_path):
     assert world["ledger"].releases(grant.id) == []
 
 
-def test_release_fingerprints_bind_the_records(world, tmp_path):
+def test_release_fingerprints_bind_the_records(world, examples_of, tmp_path):
     """``data_digest``: the same for two grants on the same blocks and rule (a regrant or a resumed run keeps its
     fingerprint), another for other blocks or another signed rule; a release's stored fingerprint includes it."""
     from sage_tfx.components._grant import data_digest, release_data
@@ -320,8 +337,7 @@ def test_release_fingerprints_bind_the_records(world, tmp_path):
     from sage_tfx.components.dp_model_validator_executor import validation_computation, validation_plan
 
     grant = _grant(world, SUM)
-    examples = block_examples(world["db"], world["data"], grant, tmp_path / "ex")
-    _validate(world, tmp_path / "v", grant, examples)
+    _validate(world, tmp_path / "v", grant, examples_of(grant))
     (release,) = ledger.releases(grant.id)
     plan = validation_plan(dict(VALIDATION, grant=grant.to_json()), grant)
     model = os.path.join(world["model"], "Format-Serving")
@@ -341,28 +357,26 @@ def test_release_fingerprints_bind_the_records(world, tmp_path):
     [({"eval_split": "train"}, "test"), ({"train_split": "eval"}, "training")],
     ids=["accept-on-train", "reject-on-eval"],
 )
-def test_validator_keeps_each_test_on_its_side_under_parallel(world, tmp_path, params, side):
+def test_validator_keeps_each_test_on_its_side_under_parallel(world, examples_of, tmp_path, params, side):
     """Under a parallel grant the ACCEPT test reads the test side only and the REJECT test the training side
     only: the landed validator took eval_split="train" (the training records then paid train + val against a
     charge of max(train, val)); refused before anything is read or released."""
     grant = _grant(world, WITH_REJECT)
-    examples = block_examples(world["db"], world["data"], grant, tmp_path / "ex")
     with pytest.raises(GrantError, match=f"not put on the {side} side"):
-        _validate(world, tmp_path / "v", grant, examples, **params)
+        _validate(world, tmp_path / "v", grant, examples_of(grant), **params)
     assert world["ledger"].releases(grant.id) == []
 
 
-def test_validator_under_sum_reads_any_split(world, tmp_path):
+def test_validator_under_sum_reads_any_split(world, examples_of, tmp_path):
     """Under the sum rule every stage is charged for every record: eval_split="train" is validated as before."""
     grant = _grant(world, SUM)
-    examples = block_examples(world["db"], world["data"], grant, tmp_path / "ex")
-    assert _validate(world, tmp_path / "v", grant, examples, eval_split="train")["eval_split"] == "train"
+    assert _validate(world, tmp_path / "v", grant, examples_of(grant), eval_split="train")["eval_split"] == "train"
 
 
-def test_dp_trainer_refuses_test_splits_among_its_training_splits(world, tmp_path):
+def test_dp_trainer_refuses_test_splits_among_its_training_splits(world, examples_of, tmp_path):
     """Under a parallel grant DPTrainer refuses "eval" among train_args.splits before run_fn runs."""
     grant = _grant(world)
-    examples = block_examples(world["db"], world["data"], grant, tmp_path / "ex")
+    examples = examples_of(grant)
     module = module_file(tmp_path, TRAIN_RUN_FN)
     with pytest.raises(GrantError, match=r"split\(s\) \['eval'\].*training side"):
         _train(world, tmp_path, grant, examples, module, train_args=json.dumps({"splits": ["train", "eval"]}))

@@ -329,14 +329,6 @@ def test_sage_run_on_portable_runner_with_external_workers(taxi_days, tmp_path):
         assert json.loads(f.read())["outcome"] == "REJECT"
 
 
-@pytest.mark.slow
-@pytest.mark.tf
-def test_sage_run_on_direct_runner_multi_processing(taxi_days, tmp_path):
-    """The DirectRunner's multi_processing mode runs the jobs in worker subprocesses too (before: ModuleNotFoundError
-    'user_module_0' in DPTransform's job); the wheel is installed on PYTHONPATH while the job runs."""
-    _sage_run_rejects(taxi_days, tmp_path, ["--direct_running_mode=multi_processing", "--direct_num_workers=2"])
-
-
 def test_module_files_travel_only_to_remote_workers():
     """Wheels are built and staged only when the Beam jobs run in worker processes other than the launcher
     (pipelines/_runner.py stage_user_modules): another runner, or the DirectRunner's multi_processing mode; the
