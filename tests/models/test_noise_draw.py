@@ -40,6 +40,15 @@ def test_the_draw_is_normal_with_the_given_std(dtype):
     assert abs(values.mean()) < 5.3 * 1.7 / math.sqrt(SIZE)
 
 
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16], ids=["float16", "bfloat16"])
+def test_a_16_bit_draw_keeps_the_float32_tails(dtype):
+    """16-bit uniforms (steps of 2^-10 or 2^-7) would cap |value| at 3.7 or 3.1 sd; the draw is made in float32
+    and cast. 400,001 values from N(0, 1): P(none beyond 4 sd) = (1 - 6.3e-5)^400001 < 1e-10 (false failure)."""
+    _, values = _draw(11, dtype, stddev=1.0)
+    assert values.dtype == dtype.as_numpy_dtype
+    assert np.max(np.abs(values.astype(np.float64))) > 4.0
+
+
 def test_the_cosine_and_sine_halves_are_independent():
     """The two halves share their radii: for independent normals the squares are uncorrelated, and so are the
     values themselves and two successive draws. Each |correlation| < 5.3 / sqrt(n) (false failure < 1e-7 each,
