@@ -18,15 +18,14 @@ writer; 0: skip it):
   filters, signing, the chained entry, the head file's bookkeeping).
 """
 
-import json
 import os
 import resource
 import shutil
-import sqlite3
 import statistics
 import uuid
 
-from sage_tfx.bench._ledger_growth import LEDGER_FILE_SUFFIXES
+from sage_tfx.bench._ledger_baseline import bare_transaction, connect_bare, create_bare_blocks, prepare_stream
+from sage_tfx.bench._ledger_growth import remove_ledger_files
 from sage_tfx.bench._ledger_storage import _timed_head_writes
 
 WARM_UP = 5  # grants (and bare transactions) before anything is timed or counted
@@ -63,15 +62,6 @@ def _per_op(ops, count):
     return 1e3 * (_cpu() - start) / count
 
 
-def _connect(path, checkpoint=True):
-    conn = sqlite3.connect(path, timeout=120.0, isolation_level=None)
-    for pragma in ("journal_mode=WAL", "synchronous=FULL", "busy_timeout=120000"):  # the ledger's pragmas
-        conn.execute(f"PRAGMA {pragma}")
-    if not checkpoint:
-        conn.execute("PRAGMA wal_autocheckpoint=0")
-    return conn
-
-
 def _replayer(conn, grants):
     """``replay(i)``: the ``i``-th recorded grant's statements on ``conn``, each fetched as the ledger fetched it."""
 
@@ -83,13 +73,7 @@ def _replayer(conn, grants):
 
 
 def _bare(conn, blocks):
-    def bare(i):  # the bench's baseline transaction (ledger.py, _sqlite_baseline_worker)
-        value = json.dumps([float(i), 0.0])
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany("UPDATE blocks SET spent = ? WHERE id = ?", [(value, b) for b in blocks])
-        conn.execute("COMMIT")
-
-    return bare
+    return lambda i: bare_transaction(conn, blocks, i)
 
 
 def _wal_pages(path, conn, ops, count):
@@ -121,16 +105,8 @@ def _spread(values):
     return [round(min(values), 4), round(statistics.median(values), 4), round(max(values), 4)]
 
 
-def _remove(*paths):
-    for path in paths:
-        for suffix in LEDGER_FILE_SUFFIXES:
-            if os.path.exists(path + suffix):
-                os.remove(path + suffix)
-
-
 def _measure_floor(db_dir, block_count, count, rounds):
     """The ``grant_floor`` figure (module docstring) on fresh files in ``db_dir``."""
-    from sage_tfx.bench.ledger import _prepare_stream
     from sage_tfx.privacy import Ledger
     from sage_tfx.privacy.head_file import HeadSync
 
@@ -140,13 +116,12 @@ def _measure_floor(db_dir, block_count, count, rounds):
     )
     blocks = [f"b{i:03d}" for i in range(block_count)]
     with Ledger.open(path, create=True, head_sync=HeadSync.USE) as ledger:
-        _prepare_stream(ledger, "bench", blocks)
+        prepare_stream(ledger, "bench", blocks)
         for _ in range(WARM_UP):
             ledger.request("floor", "bench", blocks=blocks, epsilon=1.0)
     shutil.copyfile(path, before)  # closed: its WAL checkpointed into the file
-    bare_conn = _connect(bare_path)
-    bare_conn.execute("CREATE TABLE blocks (id TEXT PRIMARY KEY, spent TEXT NOT NULL)")
-    bare_conn.executemany("INSERT INTO blocks VALUES (?, ?)", [(b, "[0.0, 0.0]") for b in blocks])
+    bare_conn = connect_bare(bare_path)
+    create_bare_blocks(bare_conn, blocks)
     bare = _bare(bare_conn, blocks)
     cpu: dict[str, list[float]] = {"bare": [], "grant_sql": [], "head_write": [], "grant": []}
     with Ledger.open(path, head_sync=HeadSync.USE) as ledger:
@@ -157,10 +132,10 @@ def _measure_floor(db_dir, block_count, count, rounds):
                 bare(i)
             cpu["bare"].append(_per_op(bare, count))
             shutil.copyfile(before, copy)
-            with_copy = _connect(copy)
+            with_copy = connect_bare(copy)
             cpu["grant_sql"].append(_per_op(_replayer(with_copy, recorded), count))
             with_copy.close()
-            _remove(copy)
+            remove_ledger_files(copy)
             cpu["head_write"].append(
                 _timed_head_writes(
                     db_dir, count, HeadSync.USE, lambda head, seq: head.advance("bench", seq, "0" * 64, until_use=True)
@@ -169,14 +144,14 @@ def _measure_floor(db_dir, block_count, count, rounds):
             cpu["grant"].append(_per_op(grant, count))
         audit_ok = ledger.audit().ok
     shutil.copyfile(before, copy)
-    with_copy = _connect(copy, checkpoint=False)
+    with_copy = connect_bare(copy, checkpoint=False)
     grant_pages = _wal_pages(copy, with_copy, _replayer(with_copy, recorded), count)
     with_copy.close()
     bare_conn.close()
-    bare_conn = _connect(bare_path, checkpoint=False)
+    bare_conn = connect_bare(bare_path, checkpoint=False)
     bare_pages = _wal_pages(bare_path, bare_conn, _bare(bare_conn, blocks), count)
     bare_conn.close()
-    _remove(path, before, copy, bare_path)
+    remove_ledger_files(path, before, copy, bare_path)
     medians = {k: statistics.median(v) for k, v in cpu.items()}
     floor = medians["grant_sql"] + medians["head_write"]
     return {

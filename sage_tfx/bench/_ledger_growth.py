@@ -28,6 +28,16 @@ from sage_tfx.privacy.vocabulary import Accounting, BlockState
 
 # Files a SQLite ledger leaves beside itself: WAL, shared memory, and its key file with the head file and its lock.
 LEDGER_FILE_SUFFIXES = ("", "-wal", "-shm", ".key", ".key.head", ".key.head.lock")
+
+
+def remove_ledger_files(*paths):
+    """Delete each ledger file at ``paths`` and its companions (``LEDGER_FILE_SUFFIXES``) that exist."""
+    for path in paths:
+        for suffix in LEDGER_FILE_SUFFIXES:
+            if os.path.exists(path + suffix):
+                os.remove(path + suffix)
+
+
 GOAL_GROWTH_RATIO = 2.0  # cost per added block at --growth-blocks over at 1,000 blocks
 YOUNG_BLOCKS = 1000
 
@@ -93,9 +103,7 @@ def _measure_choice(db_dir, n_blocks, repeats):
             call_times.append(time.perf_counter() - start)
             same = same and loop == call
         ledger.close()
-        for suffix in LEDGER_FILE_SUFFIXES:
-            if os.path.exists(path + suffix):
-                os.remove(path + suffix)
+        remove_ledger_files(path)
         loop_s, call_s = statistics.median(loop_times), statistics.median(call_times)
         out[accounting] = {
             "per_block_loop_seconds": round(loop_s, 5),

@@ -33,8 +33,9 @@ import urllib.parse
 import uuid
 
 from sage_tfx import comma_lists
+from sage_tfx.bench._ledger_baseline import bare_transaction, connect_bare, create_bare_blocks, prepare_stream
 from sage_tfx.bench._ledger_floor import _measure_floor
-from sage_tfx.bench._ledger_growth import LEDGER_FILE_SUFFIXES, _measure_choice, _measure_growth
+from sage_tfx.bench._ledger_growth import _measure_choice, _measure_growth, remove_ledger_files
 from sage_tfx.bench._ledger_storage import _filesystem, _measure_storage
 from sage_tfx.privacy.head_file import ENV_HEAD_SYNC
 from sage_tfx.privacy.store.location import check_location, postgres_password
@@ -125,17 +126,11 @@ def _ledger_worker(location, stream, blocks, count, barrier, results):
 
 
 def _sqlite_baseline_worker(path, blocks, count, barrier, results):
-
-    conn = sqlite3.connect(path, timeout=120.0, isolation_level=None)
-    for pragma in ("journal_mode=WAL", "synchronous=FULL", "busy_timeout=120000"):  # the ledger's pragmas
-        conn.execute(f"PRAGMA {pragma}")
+    conn = connect_bare(path)
     barrier.wait()
     start, cpu = time.monotonic(), time.process_time()
     for i in range(count):
-        value = json.dumps([float(i), 0.0])
-        conn.execute("BEGIN IMMEDIATE")
-        conn.executemany("UPDATE blocks SET spent = ? WHERE id = ?", [(value, b) for b in blocks])
-        conn.execute("COMMIT")
+        bare_transaction(conn, blocks, i)
     results.put((start, time.monotonic(), time.process_time() - cpu))
     conn.close()
 
@@ -200,7 +195,7 @@ def _sqlite_pair(db_dir, blocks, total, writers, run_id):
 
     ledger_path = os.path.join(db_dir, f"ledger-{run_id}.db")
     with Ledger.open(ledger_path, create=True) as ledger:
-        _prepare_stream(ledger, "bench", blocks)
+        prepare_stream(ledger, "bench", blocks)
     grants, grant_cpu = _timed(_ledger_worker, writers, total, (ledger_path, "bench", blocks))
     with Ledger.open(ledger_path) as ledger:
         audit_ok = ledger.audit().ok and len(ledger.grants("bench")) == total
@@ -208,14 +203,10 @@ def _sqlite_pair(db_dir, blocks, total, writers, run_id):
     base_path = os.path.join(db_dir, f"baseline-{run_id}.db")
     conn = sqlite3.connect(base_path, isolation_level=None)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("CREATE TABLE blocks (id TEXT PRIMARY KEY, spent TEXT NOT NULL)")
-    conn.executemany("INSERT INTO blocks VALUES (?, ?)", [(b, "[0.0, 0.0]") for b in blocks])
+    create_bare_blocks(conn, blocks)
     conn.close()
     baseline, baseline_cpu = _timed(_sqlite_baseline_worker, writers, total, (base_path, blocks))
-    for path in (ledger_path, base_path):
-        for suffix in LEDGER_FILE_SUFFIXES:
-            if os.path.exists(path + suffix):
-                os.remove(path + suffix)
+    remove_ledger_files(ledger_path, base_path)
     return grants, baseline, audit_ok, (grant_cpu, baseline_cpu)
 
 
@@ -224,7 +215,7 @@ def _postgres_pair(url, blocks, total, writers, run_id):
 
     stream = f"bench-{run_id}"
     with Ledger.open(url, create=True) as ledger:
-        _prepare_stream(ledger, stream, blocks)
+        prepare_stream(ledger, stream, blocks)
     grants, grant_cpu = _timed(_ledger_worker, writers, total, (url, stream, blocks))
     with Ledger.open(url) as ledger:
         audit_ok = ledger.audit().ok and len(ledger.grants(stream)) == total
@@ -241,13 +232,6 @@ def _postgres_pair(url, blocks, total, writers, run_id):
         cur.execute(f"DROP TABLE {table}")
         conn.close()
     return grants, baseline, audit_ok, (grant_cpu, baseline_cpu)
-
-
-def _prepare_stream(ledger, stream, blocks):
-    # A budget no grant of the run can exhaust: every grant is admitted and charged.
-    ledger.create_stream(stream, 1e12, 0.5, min_epsilon=1e-9, max_epsilon=1e12)
-    for b in blocks:
-        ledger.add_block(stream, b)
 
 
 def _measure(pair, location, args, writer_counts, label):
@@ -381,9 +365,7 @@ def run(args):
     if args.growth_blocks:
         path = os.path.join(db_dir, f"growth-{uuid.uuid4().hex[:12]}.db")
         figures["add_blocks"] = _measure_growth(path, args.growth_blocks, args.growth_batch, args.repeats, "sqlite")
-        for suffix in LEDGER_FILE_SUFFIXES:
-            if os.path.exists(path + suffix):
-                os.remove(path + suffix)
+        remove_ledger_files(path)
     if args.postgres:
         figures["postgres"] = _measure(_postgres_pair, args.postgres, args, writer_counts, "postgresql")
         if args.growth_blocks:
