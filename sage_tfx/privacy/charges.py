@@ -141,10 +141,8 @@ def state_groups(blocks: Sequence[str], found: dict, reservations: dict) -> tupl
         ]
     else:  # no reservation on any of the blocks: its spent text alone
         texts = list(map(_spent_text, map(found.__getitem__, blocks)))
-        if texts.count(texts[0]) == len(texts):  # the usual grant: one key, no per-block tuple
-            one: tuple = (texts[0], ())
-            return [one] * len(texts), {one: list(blocks)}
-        keys = [(text, ()) for text in texts]
+        one = texts.count(texts[0]) == len(texts)  # the usual grant: one shared key, no per-block tuple
+        keys = [(texts[0], ())] * len(texts) if one else [(text, ()) for text in texts]
     if keys.count(keys[0]) == len(keys):
         return keys, {keys[0]: list(blocks)}
     groups: dict[tuple, list[str]] = {}
